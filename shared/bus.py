@@ -1,0 +1,222 @@
+"""The event bus on NATS JetStream.
+
+Contract:
+- ``Bus.connect`` creates the event stream (``trainyard.>``) and the dead-letter stream
+  (``deadletter.>``) idempotently, and drains the connection on exit.
+- ``publish`` sends an envelope with ``Nats-Msg-Id`` = event id, so a re-publish inside the
+  duplicate window is dropped by the server (this is what makes the outbox relay exactly-once).
+- ``consume`` runs a durable pull consumer: each message is parsed, handled, and acknowledged
+  only after the handler returned (for database services: after its transaction committed).
+  A handler error leads to a delayed redelivery; after ``max_deliver`` deliveries, or at once
+  for bytes that are not a valid event or a handler's ``Reject``, the message is copied to
+  ``deadletter.<consumer>`` with the reason and terminated. Nothing crash-loops.
+- Each message is handled in a span whose parent is the trace context from its headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext, api
+from nats.js.errors import BadRequestError
+from opentelemetry import trace
+
+from shared.events import Envelope, EventParseError, Payload, parse_envelope
+from shared.settings import NatsSettings
+from shared.telemetry import extract, inject, tracer
+
+log = logging.getLogger(__name__)
+_tracer = tracer(__name__)
+
+EVENT_SUBJECTS = "trainyard.>"
+DEADLETTER_PREFIX = "deadletter"
+REASON_HEADER = "Trainyard-Dead-Letter-Reason"
+ORIGINAL_SUBJECT_HEADER = "Trainyard-Original-Subject"
+
+Handler = Callable[[Envelope[Payload]], Awaitable[None]]
+
+
+class Reject(Exception):
+    """Raised by a handler for an event that can never be applied; it is dead-lettered at once."""
+
+
+class Bus:
+    """A JetStream connection with Trainyard's publish and consume rules."""
+
+    def __init__(self, nc: NatsClient, settings: NatsSettings) -> None:
+        self._nc = nc
+        self._js: JetStreamContext = nc.jetstream()
+        self._settings = settings
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(cls, settings: NatsSettings, name: str) -> AsyncIterator[Bus]:
+        """Connect, make sure the streams exist, and drain on exit."""
+        nc = await nats.connect(settings.url, name=name, max_reconnect_attempts=-1)
+        bus = cls(nc, settings)
+        try:
+            await bus.ensure_streams()
+            yield bus
+        finally:
+            if nc.is_connected:
+                await nc.drain()
+            else:
+                await nc.close()
+
+    @property
+    def jetstream(self) -> JetStreamContext:
+        return self._js
+
+    @property
+    def nats(self) -> NatsClient:
+        return self._nc
+
+    async def ping(self) -> bool:
+        """Readiness: connected, and JetStream answers."""
+        if not self._nc.is_connected:
+            return False
+        await self._js.stream_info(self._settings.stream)
+        return True
+
+    async def ensure_streams(self) -> None:
+        for name, subjects in (
+            (self._settings.stream, [EVENT_SUBJECTS]),
+            (self._settings.deadletter_stream, [f"{DEADLETTER_PREFIX}.>"]),
+        ):
+            config = api.StreamConfig(
+                name=name,
+                subjects=subjects,
+                storage=api.StorageType.FILE,
+                retention=api.RetentionPolicy.LIMITS,
+                duplicate_window=self._settings.duplicate_window_seconds,
+            )
+            try:
+                await self._js.add_stream(config)
+            except BadRequestError:
+                # Exists with another configuration (e.g. an older duplicate window).
+                await self._js.update_stream(config)
+
+    async def publish(
+        self, envelope: Envelope[Payload], headers: dict[str, str] | None = None
+    ) -> None:
+        """Publish one event now, with the current trace context (no outbox: for services
+        without a database, such as the runner, whose event ids are deterministic)."""
+        with _tracer.start_as_current_span(
+            f"{envelope.type} publish", kind=trace.SpanKind.PRODUCER, attributes=_attrs(envelope)
+        ):
+            await self.publish_raw(
+                envelope.nats_subject, envelope.to_json(), envelope.id, inject(headers)
+            )
+
+    async def publish_raw(
+        self, subject: str, body: bytes, event_id: str, headers: dict[str, str]
+    ) -> None:
+        await self._js.publish(subject, body, headers={**headers, "Nats-Msg-Id": event_id})
+
+    async def consume(
+        self,
+        consumer: str,
+        subjects: list[str],
+        handler: Handler,
+        stop: asyncio.Event,
+        batch: int = 16,
+    ) -> None:
+        """Handle messages of ``subjects`` in order until ``stop`` is set, then return after
+        the batch in hand is finished (graceful drain)."""
+        config = api.ConsumerConfig(
+            durable_name=consumer,
+            filter_subjects=subjects,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            deliver_policy=api.DeliverPolicy.ALL,
+            max_deliver=self._settings.max_deliver,
+            ack_wait=self._settings.ack_wait_seconds,
+        )
+        await self._ensure_consumer(config)
+        sub = await self._js.pull_subscribe_bind(durable=consumer, stream=self._settings.stream)
+        try:
+            while not stop.is_set():
+                try:
+                    messages = await sub.fetch(batch, timeout=0.5)
+                except (TimeoutError, NatsTimeoutError):
+                    continue
+                for msg in messages:
+                    await self._handle(consumer, msg, handler)
+        finally:
+            await sub.unsubscribe()
+
+    async def _ensure_consumer(self, config: api.ConsumerConfig) -> None:
+        # NATS 2.10+ treats a create for an existing durable as create-or-update, so a
+        # consumer whose filters changed between releases is updated in place.
+        await self._js.add_consumer(self._settings.stream, config)
+
+    async def _handle(self, consumer: str, msg: Msg, handler: Handler) -> None:
+        deliveries = msg.metadata.num_delivered
+        try:
+            envelope = parse_envelope(msg.data)
+        except EventParseError as exc:
+            await self._dead_letter(consumer, msg, f"unparseable event: {exc}")
+            return
+        parent = extract(dict(msg.headers or {}))
+        with _tracer.start_as_current_span(
+            f"{envelope.type} process",
+            context=parent,
+            kind=trace.SpanKind.CONSUMER,
+            attributes={**_attrs(envelope), "messaging.consumer.group.name": consumer},
+        ) as span:
+            try:
+                await handler(envelope)
+            except Reject as exc:
+                span.record_exception(exc)
+                await self._dead_letter(consumer, msg, f"rejected: {exc}")
+                return
+            except Exception as exc:
+                span.record_exception(exc)
+                reason = f"{type(exc).__name__}: {exc}"
+                if deliveries >= self._settings.max_deliver:
+                    log.error(
+                        "%s: giving up on %s after %d deliveries: %s",
+                        consumer,
+                        envelope.id,
+                        deliveries,
+                        reason,
+                    )
+                    await self._dead_letter(consumer, msg, f"failed {deliveries} times: {reason}")
+                else:
+                    log.warning(
+                        "%s: %s failed (delivery %d), will retry: %s",
+                        consumer,
+                        envelope.id,
+                        deliveries,
+                        reason,
+                    )
+                    await msg.nak(delay=self._settings.retry_delay_seconds * 2 ** (deliveries - 1))
+                return
+        await msg.ack()
+
+    async def _dead_letter(self, consumer: str, msg: Msg, reason: str) -> None:
+        seq = msg.metadata.sequence.stream
+        await self.publish_raw(
+            f"{DEADLETTER_PREFIX}.{consumer}",
+            msg.data,
+            f"deadletter:{consumer}:{seq}",
+            {REASON_HEADER: reason[:1000], ORIGINAL_SUBJECT_HEADER: msg.subject},
+        )
+        await msg.term()
+        log.error("%s: dead-lettered message %d from %s: %s", consumer, seq, msg.subject, reason)
+
+
+def _attrs(envelope: Envelope[Payload]) -> dict[str, str]:
+    return {
+        "messaging.system": "nats",
+        "messaging.destination.name": envelope.nats_subject,
+        "messaging.message.id": envelope.id,
+        "cloudevents.event_type": envelope.type,
+        "cloudevents.event_subject": envelope.subject,
+    }

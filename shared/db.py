@@ -1,0 +1,119 @@
+"""PostgreSQL access: one asyncpg pool per service, confined to the service's own schema.
+
+Contract:
+- ``open_pool`` yields a pool whose connections have ``search_path`` set to the service's
+  schema, so unqualified table names in a service's SQL always mean its own tables.
+- ``migrate`` applies forward-only numbered SQL files (``NNNN_name.sql``) exactly once each,
+  in order, each in its own transaction, under an advisory lock so that several replicas
+  starting together do not race. The platform's own tables (outbox, inbox) come first from
+  ``shared/migrations``; a service's files follow from its ``migrations/`` folder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import asyncpg
+
+from shared.settings import DatabaseSettings
+
+PLATFORM_MIGRATIONS = Path(__file__).parent / "migrations"
+_MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+@asynccontextmanager
+async def open_pool(settings: DatabaseSettings, schema: str) -> AsyncIterator[asyncpg.Pool]:
+    """Open a pool bound to ``schema`` (created if missing); close it on exit."""
+    _check_schema(schema)
+    await _ensure_schema(settings.url, schema)
+    pool = await asyncpg.create_pool(
+        settings.url,
+        min_size=settings.pool_min_size,
+        max_size=settings.pool_max_size,
+        server_settings={"search_path": schema},
+        init=_init_connection,
+    )
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    # jsonb columns round-trip as Python objects instead of strings.
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def _ensure_schema(dsn: str, schema: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+    except asyncpg.UniqueViolationError:
+        pass  # another replica created it between our check and our create
+    finally:
+        await conn.close()
+
+
+async def migrate(pool: asyncpg.Pool, schema: str, service_migrations: Path) -> list[str]:
+    """Apply pending migrations (platform first, then the service's); return those applied."""
+    _check_schema(schema)
+    applied: list[str] = []
+    async with pool.acquire() as conn:
+        # One lock per schema: replicas of one service wait for each other, services don't.
+        await conn.execute("SELECT pg_advisory_lock(hashtext($1))", f"migrate:{schema}")
+        try:
+            await conn.execute(
+                """CREATE TABLE IF NOT EXISTS schema_migrations (
+                       id text PRIMARY KEY,
+                       applied_at timestamptz NOT NULL DEFAULT now())"""
+            )
+            done = {r["id"] for r in await conn.fetch("SELECT id FROM schema_migrations")}
+            for source, folder in (
+                ("platform", PLATFORM_MIGRATIONS),
+                ("service", service_migrations),
+            ):
+                for path in migration_files(folder):
+                    migration_id = f"{source}/{path.name}"
+                    if migration_id in done:
+                        continue
+                    async with conn.transaction():
+                        await conn.execute(path.read_text())
+                        await conn.execute(
+                            "INSERT INTO schema_migrations (id) VALUES ($1)", migration_id
+                        )
+                    applied.append(migration_id)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(hashtext($1))", f"migrate:{schema}")
+    return applied
+
+
+async def ping(pool: asyncpg.Pool) -> bool:
+    """Readiness: the database answers a trivial query."""
+    async with pool.acquire(timeout=2) as conn:
+        return bool(await conn.fetchval("SELECT true", timeout=2))
+
+
+def migration_files(folder: Path) -> list[Path]:
+    """The numbered migration files of ``folder`` in order; anything else there is an error."""
+    if not folder.is_dir():
+        return []
+    files = sorted(p for p in folder.iterdir() if p.suffix == ".sql")
+    for path in files:
+        if not _MIGRATION_FILE.match(path.name):
+            raise ValueError(f"migration {path.name}: name must look like 0001_what_it_does.sql")
+    numbers = [int(p.name[:4]) for p in files]
+    if numbers != list(range(1, len(files) + 1)):
+        raise ValueError(
+            f"migrations in {folder.name}: numbers must run 0001, 0002, ... without gaps"
+        )
+    return files
+
+
+def _check_schema(schema: str) -> None:
+    if not _SCHEMA_NAME.match(schema):
+        raise ValueError(f"schema {schema!r}: must be a lower-case SQL identifier")

@@ -1,0 +1,101 @@
+"""The CloudEvents 1.0 envelope (structured JSON mode) that carries every Trainyard event.
+
+Contract:
+- ``id`` is a UUID unique per event; it is published as ``Nats-Msg-Id`` so JetStream
+  drops duplicates, and consumers record it to stay idempotent.
+- ``type`` names the payload model and its version (``trainyard.job.submitted.v1``).
+- ``subject`` is the routing key (a job id or a node id); the NATS subject is
+  ``<type>.<subject>`` so consumers can filter per node or per job.
+- ``data`` is validated against the payload model registered for ``type``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any, Generic, Literal, TypeVar, cast
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shared.events.payloads import EVENT_TYPES, Payload
+
+P = TypeVar("P", bound=Payload)
+
+
+class EventParseError(ValueError):
+    """Raised when bytes on the wire are not a valid Trainyard event; carries the reason."""
+
+
+class Envelope(BaseModel, Generic[P]):
+    """A CloudEvents 1.0 structured-mode event whose ``data`` is a typed payload."""
+
+    model_config = ConfigDict(frozen=True)
+
+    specversion: Literal["1.0"] = "1.0"
+    id: str = Field(default_factory=lambda: str(uuid.uuid4()))
+    source: str
+    type: str
+    time: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    subject: str
+    datacontenttype: Literal["application/json"] = "application/json"
+    data: P
+
+    @classmethod
+    def wrap(
+        cls, payload: P, *, source: str, subject: str, event_id: str | None = None
+    ) -> Envelope[P]:
+        """Build an envelope for ``payload``; ``event_id`` makes the event deterministic."""
+        fields: dict[str, Any] = {
+            "source": source,
+            "type": payload.event_type(),
+            "subject": subject,
+            "data": payload,
+        }
+        if event_id is not None:
+            fields["id"] = event_id
+        model = cast("type[Envelope[P]]", Envelope[type(payload)])  # type: ignore[misc]
+        return model(**fields)
+
+    @property
+    def nats_subject(self) -> str:
+        """The NATS subject this event is published on."""
+        return f"{self.type}.{self.subject}"
+
+    def to_json(self) -> bytes:
+        """Serialise to CloudEvents structured JSON."""
+        return self.model_dump_json().encode()
+
+
+def parse_envelope(raw: bytes) -> Envelope[Payload]:
+    """Parse wire bytes into an envelope with its typed payload.
+
+    Raises EventParseError naming the field and the reason when the bytes are not
+    JSON, not a CloudEvent, of an unknown type, or carry an invalid payload.
+    """
+    try:
+        head = _Head.model_validate_json(raw)
+    except ValidationError as exc:
+        raise EventParseError(_describe(exc)) from exc
+    payload_model = EVENT_TYPES.get(head.type)
+    if payload_model is None:
+        raise EventParseError(f"type: unknown event type {head.type!r}")
+    try:
+        model = cast("type[Envelope[Payload]]", Envelope[payload_model])  # type: ignore[valid-type]
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise EventParseError(_describe(exc)) from exc
+
+
+class _Head(BaseModel):
+    """The envelope's attributes without the payload: enough to find the payload model."""
+
+    specversion: Literal["1.0"]
+    id: str
+    type: str
+    subject: str
+
+
+def _describe(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in exc.errors()
+    )

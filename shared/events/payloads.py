@@ -1,0 +1,317 @@
+"""One frozen pydantic model per event payload, registered under its versioned type.
+
+Adding an optional field to a payload keeps its version; removing or changing the
+meaning of a field is a new version (``...v2``) published beside the old one.
+The catalogue in docs/events.md lists every type here.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+HyperValue = float | int | str | bool
+
+
+class Payload(BaseModel):
+    """Base of every event payload; subclasses set ``TYPE``."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    TYPE: ClassVar[str]
+
+    @classmethod
+    def event_type(cls) -> str:
+        return cls.TYPE
+
+
+class JobSpec(BaseModel):
+    """What a job asks for, as accepted by submission (the wire copy, not the HTTP schema)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    team: str
+    user: str
+    entrypoint: str
+    args: list[str] = Field(default_factory=list)
+    gpus: int
+    gpu_flavor: str
+    hyperparameters: dict[str, HyperValue] = Field(default_factory=dict)
+    seed: int
+    max_runtime_seconds: int
+    dataset: str | None = None
+    max_restarts: int = 3
+
+
+# --- submission ------------------------------------------------------------------
+
+
+class JobSubmitted(Payload):
+    TYPE = "trainyard.job.submitted.v1"
+    job_id: str
+    spec: JobSpec
+    submitted_at: datetime
+
+
+class JobCancelRequested(Payload):
+    TYPE = "trainyard.job.cancel_requested.v1"
+    job_id: str
+    team: str
+    user: str
+    reason: str = "cancelled by user"
+
+
+# --- scheduler -------------------------------------------------------------------
+
+
+class AllocationGranted(Payload):
+    """GPUs leased to one job on one node. Routed to the node (envelope subject = node id)."""
+
+    TYPE = "trainyard.allocation.granted.v1"
+    allocation_id: str
+    job_id: str
+    node_id: str
+    gpu_indices: list[int]
+    epoch: int
+    attempt: int
+    granted_at: datetime
+    spec: JobSpec
+
+
+class AllocationRevoked(Payload):
+    """The runner must stop the job (checkpoint first, within the grace period)."""
+
+    TYPE = "trainyard.allocation.revoked.v1"
+    allocation_id: str
+    job_id: str
+    node_id: str
+    epoch: int
+    reason: Literal["cancelled", "preempted", "fenced"]
+    grace_seconds: float = 30.0
+
+
+class AllocationReleased(Payload):
+    """A lease ended; billing turns ``granted_at``..``released_at`` into GPU-seconds."""
+
+    TYPE = "trainyard.allocation.released.v1"
+    allocation_id: str
+    job_id: str
+    node_id: str
+    team: str
+    user: str
+    gpu_flavor: str
+    gpus: int
+    granted_at: datetime
+    released_at: datetime
+    outcome: Literal["succeeded", "failed", "cancelled", "preempted", "lost"]
+
+
+class JobPending(Payload):
+    """Why a job waits, where it stands and when it may start."""
+
+    TYPE = "trainyard.job.pending.v1"
+    job_id: str
+    reason: str
+    position: int
+    estimated_start: datetime | None = None
+
+
+class JobCancelled(Payload):
+    TYPE = "trainyard.job.cancelled.v1"
+    job_id: str
+    reason: str
+
+
+# --- runner ----------------------------------------------------------------------
+
+
+class RunnerHeartbeat(Payload):
+    TYPE = "trainyard.runner.heartbeat.v1"
+    node_id: str
+    hostname: str
+    gpu_flavor: str
+    gpu_count: int
+    gpu_names: list[str] = Field(default_factory=list)
+    running_allocations: list[str] = Field(default_factory=list)
+    sent_at: datetime
+
+
+class Environment(BaseModel):
+    """Where a job ran: interpreter, libraries, hardware."""
+
+    model_config = ConfigDict(frozen=True)
+
+    python: str
+    torch: str
+    platform: str
+    hostname: str
+    node_id: str
+    gpu_flavor: str
+    gpu_names: list[str] = Field(default_factory=list)
+    cuda: str | None = None
+
+
+class JobStarted(Payload):
+    TYPE = "trainyard.job.started.v1"
+    job_id: str
+    allocation_id: str
+    node_id: str
+    attempt: int
+    epoch: int
+    started_at: datetime
+    code_version: str
+    environment: Environment
+    spec: JobSpec
+    resumed_from: str | None = None
+
+
+class JobProgress(Payload):
+    TYPE = "trainyard.job.progress.v1"
+    job_id: str
+    allocation_id: str
+    step: int
+    metrics: dict[str, float]
+
+
+class CheckpointRef(BaseModel):
+    """A complete checkpoint: its object, and the manifest written after it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    uri: str
+    manifest_uri: str
+    step: int
+    size_bytes: int
+    sha256: str
+
+
+class CheckpointSaved(Payload):
+    TYPE = "trainyard.checkpoint.saved.v1"
+    job_id: str
+    allocation_id: str
+    epoch: int
+    checkpoint: CheckpointRef
+    saved_at: datetime
+
+
+class JobSucceeded(Payload):
+    TYPE = "trainyard.job.succeeded.v1"
+    job_id: str
+    allocation_id: str
+    node_id: str
+    epoch: int
+    finished_at: datetime
+    metrics: dict[str, float] = Field(default_factory=dict)
+    artifact: CheckpointRef | None = None
+
+
+class JobFailed(Payload):
+    TYPE = "trainyard.job.failed.v1"
+    job_id: str
+    allocation_id: str
+    node_id: str
+    epoch: int
+    finished_at: datetime
+    exit_code: int | None
+    reason: str
+    log_tail: str = ""
+
+
+class JobPreempted(Payload):
+    """The job stopped because its allocation was revoked; it resumes from ``checkpoint``."""
+
+    TYPE = "trainyard.job.preempted.v1"
+    job_id: str
+    allocation_id: str
+    node_id: str
+    epoch: int
+    finished_at: datetime
+    reason: str
+    checkpoint: CheckpointRef | None = None
+
+
+# --- registry --------------------------------------------------------------------
+
+
+class Lineage(BaseModel):
+    """How a model version was made: everything needed to reproduce it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str
+    spec: JobSpec
+    code_version: str
+    dataset: str | None
+    seed: int
+    environment: Environment
+    attempts: int
+    parent_checkpoints: list[str] = Field(default_factory=list)
+
+
+class ModelRegistered(Payload):
+    TYPE = "trainyard.model.registered.v1"
+    model_version_id: str
+    model_name: str
+    version: int
+    team: str
+    job_id: str
+    artifact_uri: str
+    artifact_sha256: str
+    metrics: dict[str, float]
+    lineage: Lineage
+
+
+# --- billing ---------------------------------------------------------------------
+
+
+class CostRecorded(Payload):
+    """GPU-seconds x price for one ended allocation, attributed to job, user and team."""
+
+    TYPE = "trainyard.cost.recorded.v1"
+    allocation_id: str
+    job_id: str
+    team: str
+    user: str
+    gpu_flavor: str
+    gpus: int
+    started_at: datetime
+    ended_at: datetime
+    gpu_seconds: float
+    price_per_gpu_hour: float
+    cost: float
+    currency: str
+
+
+EVENT_TYPES: dict[str, type[Payload]] = {
+    model.TYPE: model
+    for model in (
+        JobSubmitted,
+        JobCancelRequested,
+        AllocationGranted,
+        AllocationRevoked,
+        AllocationReleased,
+        JobPending,
+        JobCancelled,
+        RunnerHeartbeat,
+        JobStarted,
+        JobProgress,
+        CheckpointSaved,
+        JobSucceeded,
+        JobFailed,
+        JobPreempted,
+        ModelRegistered,
+        CostRecorded,
+    )
+}
+
+
+def nats_subject(payload_type: type[Payload], key: str = "*") -> str:
+    """The NATS subject (or filter, with the default ``*``) for events of one type."""
+    return f"{payload_type.TYPE}.{key}"
+
+
+def dump(payload: BaseModel) -> dict[str, Any]:
+    """JSON-compatible dict of a model (datetimes as ISO strings)."""
+    return payload.model_dump(mode="json")

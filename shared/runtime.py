@@ -1,0 +1,154 @@
+"""The life of one service process: tracing, signals, background tasks, health, drain.
+
+Contract:
+- SIGTERM or SIGINT sets ``runtime.stopping``. Background tasks started with ``spawn`` are
+  expected to return when it is set, after finishing the work in hand; ``run`` waits for them
+  up to ``shutdown_grace_seconds`` and cancels what is left, then stops the HTTP server, and
+  only then do the resources entered on ``runtime.resources`` close (in reverse order).
+- A background task that crashes stops the whole process with exit status 1: a service never
+  limps on with half its consumers dead.
+- Every service serves ``GET /healthz`` (the process is alive) and ``GET /readyz`` (200 only
+  when every registered readiness check passes; 503 with the failing check names otherwise).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from contextlib import AsyncExitStack
+from typing import Any
+
+import uvicorn
+from litestar import Litestar, Response, get
+from litestar.handlers import HTTPRouteHandler
+from opentelemetry.sdk.trace import TracerProvider
+
+from shared.settings import ServiceSettings
+from shared.telemetry import setup_tracing
+
+log = logging.getLogger(__name__)
+
+ReadinessCheck = Callable[[], Awaitable[bool]]
+
+
+class ServiceRuntime:
+    """Composition root helper: owns the stop event, tasks, checks and resources."""
+
+    def __init__(self, name: str, settings: ServiceSettings) -> None:
+        self.name = name
+        self.settings = settings
+        self.stopping = asyncio.Event()
+        self.resources = AsyncExitStack()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._checks: dict[str, ReadinessCheck] = {}
+        self._crashed = False
+        self._provider: TracerProvider | None = None
+
+    async def __aenter__(self) -> ServiceRuntime:
+        logging.basicConfig(
+            level=logging.INFO,
+            format=f"%(asctime)s {self.name} %(levelname)s %(name)s: %(message)s",
+        )
+        self._provider = setup_tracing(self.name, self.settings.telemetry)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        await self.resources.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await self.resources.__aexit__(*exc)  # type: ignore[arg-type]
+        finally:
+            if self._provider is not None:
+                self._provider.shutdown()
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("%s received %s: draining", self.name, sig.name)
+        self.stopping.set()
+
+    def add_readiness_check(self, name: str, check: ReadinessCheck) -> None:
+        self._checks[name] = check
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``coro`` in the background for the life of the service."""
+        task = asyncio.create_task(coro, name=name)
+        task.add_done_callback(self._on_task_done)
+        self._tasks.append(task)
+
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        log.error("%s: task %s crashed", self.name, task.get_name(), exc_info=task.exception())
+        self._crashed = True
+        self.stopping.set()
+
+    async def run(self, app: Litestar | None = None) -> int:
+        """Serve HTTP (``app``, or the health endpoints alone) until stopped; return the exit
+        status."""
+        app = app or Litestar(route_handlers=self.health_handlers())
+        server = _EmbeddedServer(
+            uvicorn.Config(
+                app,
+                host=self.settings.host,
+                port=self.settings.port,
+                log_level="warning",
+                lifespan="off",
+            )
+        )
+        serving = asyncio.create_task(server.serve(), name="http")
+        await self.stopping.wait()
+        await self._drain()
+        server.should_exit = True
+        await serving
+        return 1 if self._crashed else 0
+
+    async def _drain(self) -> None:
+        pending = [t for t in self._tasks if not t.done()]
+        if not pending:
+            return
+        _, still_running = await asyncio.wait(pending, timeout=self.settings.shutdown_grace_seconds)
+        for task in still_running:
+            log.warning("%s: %s did not finish within the grace period", self.name, task.get_name())
+            task.cancel()
+        if still_running:
+            await asyncio.wait(still_running)
+
+    async def is_ready(self) -> dict[str, bool]:
+        results: dict[str, bool] = {}
+        for name, check in self._checks.items():
+            try:
+                results[name] = bool(await check())
+            except Exception:  # a failing check means "not ready", never a crash
+                results[name] = False
+        return results
+
+    def health_handlers(self) -> list[HTTPRouteHandler]:
+        """``/healthz`` and ``/readyz`` route handlers, for inclusion in a service's own app."""
+        runtime = self
+
+        @get("/healthz", sync_to_thread=False, include_in_schema=False)
+        def healthz() -> dict[str, str]:
+            return {"status": "ok", "service": runtime.name}
+
+        @get("/readyz", include_in_schema=False)
+        async def readyz() -> Response[dict[str, Any]]:
+            checks = await runtime.is_ready()
+            ready = all(checks.values()) and not runtime.stopping.is_set()
+            return Response(
+                {"ready": ready, "service": runtime.name, "checks": checks},
+                status_code=200 if ready else 503,
+            )
+
+        return [healthz, readyz]
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn inside our own loop: the runtime owns the signals, not uvicorn."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield

@@ -1,0 +1,92 @@
+"""Typed settings, read once from the environment at process start.
+
+Infrastructure settings are shared by every service and read with their own prefix
+(``TRAINYARD_NATS_``, ``TRAINYARD_DATABASE_``, ``TRAINYARD_STORAGE_``,
+``TRAINYARD_TELEMETRY_``); a service's own settings subclass ``ServiceSettings`` with
+the prefix ``TRAINYARD_<SERVICE>_``. Nothing outside this module's subclasses reads
+``os.environ`` for configuration.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class NatsSettings(BaseSettings):
+    """How to reach NATS JetStream and how consumers retry."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAINYARD_NATS_")
+
+    url: str = "nats://127.0.0.1:4222"
+    """NATS server URL."""
+    stream: str = "TRAINYARD"
+    """JetStream stream that holds every ``trainyard.>`` event."""
+    deadletter_stream: str = "TRAINYARD_DEADLETTER"
+    """Stream for ``deadletter.>``: messages that could not be parsed or kept failing."""
+    max_deliver: int = 5
+    """Deliveries of one message before it is dead-lettered."""
+    ack_wait_seconds: float = 30.0
+    """Seconds a delivered message may stay unacknowledged before redelivery."""
+    retry_delay_seconds: float = 0.5
+    """Base delay before a failed message is redelivered (grows per attempt)."""
+    duplicate_window_seconds: float = 120.0
+    """Window in which JetStream drops a re-published ``Nats-Msg-Id``."""
+
+
+class DatabaseSettings(BaseSettings):
+    """PostgreSQL connection; each service works in its own schema of this database."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAINYARD_DATABASE_")
+
+    url: str = "postgresql://postgres@127.0.0.1:5432/trainyard"
+    """asyncpg DSN (a Unix socket works: ``postgresql://user@/db?host=/run/dir``)."""
+    pool_min_size: int = 1
+    """Connections opened at start."""
+    pool_max_size: int = 10
+    """Most connections held at once."""
+
+
+class StorageSettings(BaseSettings):
+    """Object store for checkpoints, artifacts and logs, chosen by URI scheme."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAINYARD_STORAGE_")
+
+    uri: str = "file://./.trainyard/objects"
+    """``file:///path`` or ``s3://bucket/prefix``."""
+    s3_endpoint: str = "127.0.0.1:9000"
+    """host:port of the S3 API (MinIO in deployment)."""
+    s3_access_key: str = "minioadmin"
+    """S3 access key id."""
+    s3_secret_key: SecretStr = SecretStr("minioadmin")
+    """S3 secret key."""
+    s3_secure: bool = False
+    """Use HTTPS to the S3 endpoint."""
+    s3_region: str = "us-east-1"
+    """Region sent to the S3 endpoint (avoids a bucket-location lookup)."""
+
+
+class TelemetrySettings(BaseSettings):
+    """OpenTelemetry: OTLP export is on when OTEL_EXPORTER_OTLP_ENDPOINT is set."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAINYARD_TELEMETRY_")
+
+    otlp_endpoint: str | None = Field(default=None, validation_alias="OTEL_EXPORTER_OTLP_ENDPOINT")
+    """OTLP/HTTP collector (Jaeger), e.g. ``http://jaeger:4318``."""
+    span_file: str | None = None
+    """Append finished spans as JSON lines to this file (tests and local debugging)."""
+
+
+class ServiceSettings(BaseSettings):
+    """What every service process has: a listen address, the infrastructure, a drain time."""
+
+    host: str = "127.0.0.1"
+    """Address of the service's HTTP server (health, readiness, API)."""
+    port: int = 8000
+    """Port of the service's HTTP server."""
+    shutdown_grace_seconds: float = 20.0
+    """On SIGTERM, how long in-flight work may take to finish before the process exits."""
+    nats: NatsSettings = Field(default_factory=NatsSettings)
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)

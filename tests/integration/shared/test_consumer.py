@@ -1,0 +1,120 @@
+"""Consumers: idempotent under redelivery, dead-letter for bad and failing messages."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+import pytest
+
+from shared.bus import ORIGINAL_SUBJECT_HEADER, REASON_HEADER, Bus, Handler
+from shared.events import Envelope, Payload, nats_subject
+from shared.events.payloads import JobCancelRequested
+from shared.inbox import idempotent
+
+pytestmark = pytest.mark.integration
+
+
+def _event(job_id: str) -> Envelope[JobCancelRequested]:
+    return Envelope.wrap(
+        JobCancelRequested(job_id=job_id, team="t", user="u"), source="test", subject=job_id
+    )
+
+
+async def _consume_until(
+    bus: Bus, handler: Handler, done: Callable[[], Awaitable[bool]], timeout: float = 10
+) -> None:
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        bus.consume("test-consumer", [nats_subject(JobCancelRequested)], handler, stop)
+    )
+    try:
+        async with asyncio.timeout(timeout):
+            while not await done():
+                await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await task
+
+
+async def _dead_letters(bus: Bus) -> list[tuple[str, str, bytes]]:
+    info = await bus.jetstream.stream_info("TRAINYARD_DEADLETTER")
+    found = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        if info.state.messages == 0:
+            break
+        msg = await bus.jetstream.get_msg("TRAINYARD_DEADLETTER", seq)
+        assert msg.headers is not None
+        found.append((msg.headers[REASON_HEADER], msg.headers[ORIGINAL_SUBJECT_HEADER], msg.data))
+    return found
+
+
+async def test_redelivered_event_applied_once(pool: asyncpg.Pool, bus: Bus) -> None:
+    async with pool.acquire() as conn:
+        await conn.execute("CREATE TABLE effects (job_id text)")
+    deliveries = 0
+
+    async def apply(envelope: Envelope[Payload], conn: asyncpg.Connection) -> None:
+        await conn.execute("INSERT INTO effects VALUES ($1)", envelope.subject)
+
+    transactional = idempotent(pool, "test-consumer", apply)
+
+    async def ack_lost_the_first_time(envelope: Envelope[Payload]) -> None:
+        nonlocal deliveries
+        deliveries += 1
+        await transactional(envelope)  # committed...
+        if deliveries == 1:
+            raise ConnectionError("...but the ack never reached the server")
+
+    await bus.publish(_event("job-1"))
+
+    async def redelivered() -> bool:
+        return deliveries >= 2
+
+    await _consume_until(bus, ack_lost_the_first_time, redelivered)
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM effects") == 1
+
+
+async def test_malformed_events_are_dead_lettered_and_consumption_goes_on(bus: Bus) -> None:
+    subject = nats_subject(JobCancelRequested, "job-x")
+    await bus.publish_raw(subject, b"{not json", "raw-1", {})
+    bad_payload = _event("job-2").model_dump(mode="json")
+    bad_payload["data"]["team"] = 42
+    import json
+
+    await bus.publish_raw(subject, json.dumps(bad_payload).encode(), "raw-2", {})
+    await bus.publish(_event("job-3"))
+    handled: list[str] = []
+
+    async def record(envelope: Envelope[Payload]) -> None:
+        handled.append(envelope.subject)
+
+    async def good_one_seen() -> bool:
+        return handled == ["job-3"]
+
+    await _consume_until(bus, record, good_one_seen)
+    letters = await _dead_letters(bus)
+    assert len(letters) == 2
+    assert "Invalid JSON" in letters[0][0] and letters[0][1] == subject
+    assert "data.team" in letters[1][0]
+
+
+async def test_handler_that_keeps_failing_is_dead_lettered_after_max_deliver(bus: Bus) -> None:
+    attempts = 0
+
+    async def always_fails(envelope: Envelope[Payload]) -> None:
+        nonlocal attempts
+        attempts += 1
+        raise ValueError("downstream is broken")
+
+    await bus.publish(_event("job-4"))
+
+    async def dead_lettered() -> bool:
+        return len(await _dead_letters(bus)) == 1
+
+    await _consume_until(bus, always_fails, dead_lettered)
+    assert attempts == 3  # nats_settings.max_deliver
+    reason = (await _dead_letters(bus))[0][0]
+    assert "failed 3 times" in reason and "downstream is broken" in reason

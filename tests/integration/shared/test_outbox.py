@@ -1,0 +1,74 @@
+"""The outbox: a rollback publishes nothing; a crash after commit still publishes once."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from shared.bus import Bus
+from shared.events import Envelope
+from shared.events.payloads import JobCancelRequested
+from shared.outbox import OutboxRelay, enqueue
+
+pytestmark = pytest.mark.integration
+
+
+def _event(job_id: str = "job-1") -> Envelope[JobCancelRequested]:
+    return Envelope.wrap(
+        JobCancelRequested(job_id=job_id, team="t", user="u"), source="test", subject=job_id
+    )
+
+
+async def _stream_messages(bus: Bus) -> int:
+    info = await bus.jetstream.stream_info("TRAINYARD")
+    return info.state.messages
+
+
+async def test_rollback_publishes_nothing(pool: asyncpg.Pool, bus: Bus) -> None:
+    with pytest.raises(RuntimeError):
+        async with pool.acquire() as conn, conn.transaction():
+            await enqueue(conn, _event())
+            raise RuntimeError("the change failed after the event was enqueued")
+
+    assert await OutboxRelay(pool, bus).relay_once() == 0
+    assert await _stream_messages(bus) == 0
+
+
+async def test_committed_event_published_once_and_marked(pool: asyncpg.Pool, bus: Bus) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await enqueue(conn, _event())
+
+    relay = OutboxRelay(pool, bus)
+    assert await relay.relay_once() == 1
+    assert await relay.relay_once() == 0
+    assert await _stream_messages(bus) == 1
+
+
+class _CrashAfterPublish(Bus):
+    """A bus whose process 'dies' right after the server accepted the publish."""
+
+    async def publish_raw(
+        self, subject: str, body: bytes, event_id: str, headers: dict[str, str]
+    ) -> None:
+        await super().publish_raw(subject, body, event_id, headers)
+        raise SystemExit("crashed before marking the row published")
+
+
+async def test_crash_between_publish_and_mark_publishes_exactly_once(
+    pool: asyncpg.Pool, bus: Bus
+) -> None:
+    event = _event()
+    async with pool.acquire() as conn, conn.transaction():
+        await enqueue(conn, event)
+
+    crashing = _CrashAfterPublish(bus.nats, bus._settings)
+    with pytest.raises(SystemExit):
+        await OutboxRelay(pool, crashing).relay_once()
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL") == 1
+
+    # The restarted relay publishes the row again; JetStream drops the duplicate id.
+    assert await OutboxRelay(pool, bus).relay_once() == 1
+    assert await _stream_messages(bus) == 1
+    msg = await bus.jetstream.get_msg("TRAINYARD", 1)
+    assert msg.headers is not None and msg.headers["Nats-Msg-Id"] == event.id
