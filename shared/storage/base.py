@@ -12,8 +12,8 @@ addresses objects by *keys*: ``/``-separated relative names such as
 * ``list(prefix)`` returns the keys (relative to the root) that start with ``prefix`` as a
   plain string prefix, like S3 (``"step-"`` matches ``"step-00000001/manifest.json"``),
   sorted.
-* ``uri_for(key)`` is the object's absolute URI; ``split_uri`` in ``shared.storage`` turns it
-  back into a store root and a key.
+* ``uri_for(key)`` is the object's absolute URI; ``split_uri`` in ``shared.storage`` splits
+  it into the URI of the object's folder and its name, which open the object again.
 
 The interface is synchronous; async callers wrap calls in ``asyncio.to_thread``.
 
@@ -99,7 +99,9 @@ def write_file_atomically(path: Path, chunks: Iterable[bytes]) -> None:
     """Write ``chunks`` to ``path`` via a temp file in the same folder and ``os.replace``.
 
     The temp file lives beside the destination so the final rename stays on one
-    filesystem, which is what makes it atomic. Parent folders are created.
+    filesystem, which is what makes it atomic. Parent folders are created; the data and
+    then the folder entry are fsynced, so a checkpoint that was reported saved survives
+    a crash of the machine.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f"{TEMP_PREFIX}{path.name}.")
@@ -113,6 +115,21 @@ def write_file_atomically(path: Path, chunks: Iterable[bytes]) -> None:
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
+    _fsync_folder(path.parent)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Persist the rename itself: without this a power cut can undo a finished write."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # some filesystems refuse to open folders; the write itself is complete
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # not supported here (e.g. some network filesystems); best effort only
+    finally:
+        os.close(fd)
 
 
 def read_file_chunks(path: Path, chunk_size: int = 1024 * 1024) -> Iterable[bytes]:

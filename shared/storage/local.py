@@ -44,7 +44,7 @@ class LocalStore(ObjectStore):
         return self._root.joinpath(*validate_key(key).split("/"))
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        write_file_atomically(self._path(key), [bytes(data)])
+        write_file_atomically(self._path(key), [data])
 
     def put_file(self, key: str, path: Path) -> None:
         write_file_atomically(self._path(key), read_file_chunks(path))

@@ -1,0 +1,1 @@
+"""Benchmarks and simulators; not shipped with the platform (see BENCHMARKS.md)."""

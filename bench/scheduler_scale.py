@@ -1,0 +1,332 @@
+"""Scale benchmark of the pure scheduling policy (no I/O): one full pass, the arrival fast
+path, and memory, for 10 / 100 / 1,000 nodes of 8 GPUs.
+
+Run: ``.venv/bin/python -m bench.scheduler_scale`` (``--quick`` for a smoke run). Prints a
+table and writes ``bench/results/scheduler_scale.json``.
+
+Scenario (seeded, the same on every run), scaled with the node count ``N``:
+- ``N`` nodes x 8 GPUs, 60% a100 / 40% h100, topology domains (racks) of 16 nodes;
+- 50 queues (one team each) in 5 cohorts; each cohort gets a fifth of every flavor as nominal
+  quota, split evenly among its queues; some queues have borrowing or lending limits;
+- three priority classes (low / normal preemptible, high not), 10-30 min minimum runtimes;
+- running jobs filling about 70% of the GPUs (ages, checkpoints and declared runtimes mixed);
+- ``10 * N`` pending jobs of 1-64 GPUs (mostly small: 1, 2, 4, 8; some 16, 32, 64), submitted
+  over the last day, declared runtimes 10 min - 24 h, decayed usage per team.
+
+Measures:
+- full pass: ``schedule(snapshot)``, building the state included, best / median of repeats;
+- arrival: ``decide_arrival`` on the state after a full pass of a variant in which the backlog
+  is held back by quota (its queues are at their nominal quota and may not borrow) while a
+  quarter of the GPUs is free; 1-64-GPU jobs arrive in the other queues; p50 / p99 / max;
+- memory: peak traced allocation (tracemalloc) of building and running the 1,000-node pass,
+  and the process's peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import random
+import resource
+import statistics
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+from services.scheduler.policy import PolicyState, decide_arrival, schedule
+from services.scheduler.policy.model import (
+    Decisions,
+    Node,
+    PendingJob,
+    PolicyConfig,
+    PriorityClass,
+    Queue,
+    RunningJob,
+    Snapshot,
+)
+
+NOW = 1_750_000_000.0
+HOUR = 3600.0
+GPUS_PER_NODE = 8
+QUEUES = 50
+COHORTS = 5
+SIZES = (1, 2, 4, 8, 16, 32, 64)
+SIZE_WEIGHTS = (30, 20, 20, 18, 6, 4, 2)
+CLASSES = (
+    PriorityClass("low", 0, preemptible=True, min_runtime_s=600.0),
+    PriorityClass("normal", 10, preemptible=True, min_runtime_s=1800.0),
+    PriorityClass("high", 20, preemptible=False, min_runtime_s=0.0),
+)
+RESULTS = Path(__file__).parent / "results" / "scheduler_scale.json"
+
+
+# --- scenario ------------------------------------------------------------------------------
+
+
+def flavor_of(i: int, nodes: int) -> str:
+    return "a100" if i < round(nodes * 0.6) else "h100"
+
+
+def build_queues(nodes: int, backlog_blocked: bool = False) -> tuple[Queue, ...]:
+    capacity = {"a100": 0, "h100": 0}
+    for i in range(nodes):
+        capacity[flavor_of(i, nodes)] += GPUS_PER_NODE
+    per_queue = {f: c // QUEUES for f, c in capacity.items()}
+    spare = {f: c - per_queue[f] * QUEUES for f, c in capacity.items()}
+    queues = []
+    for q in range(QUEUES):
+        nominal = {f: per_queue[f] + (1 if q < spare[f] else 0) for f in capacity}
+        borrowing: dict[str, int] = {}
+        lending: dict[str, int] = {}
+        if q % 7 == 3:
+            borrowing = {f: max(8, 2 * n) for f, n in nominal.items()}
+        if q % 11 == 5:
+            lending = {f: n // 2 for f, n in nominal.items()}
+        if backlog_blocked and q % 2 == 0:
+            borrowing = {f: 0 for f in nominal}
+        queues.append(
+            Queue(f"q{q:02d}", f"team-{q:02d}", f"cohort-{q % COHORTS}", nominal, borrowing, lending)
+        )
+    return tuple(queues)
+
+
+def job_size(rng: random.Random) -> int:
+    return rng.choices(SIZES, SIZE_WEIGHTS)[0]
+
+
+def fill_running(
+    rng: random.Random, nodes: int, queues: tuple[Queue, ...], fraction: float
+) -> tuple[list[Node], list[RunningJob]]:
+    """Running jobs filling ``fraction`` of the GPUs: whole-node gangs and smaller jobs."""
+    used: list[dict[int, str]] = [{} for _ in range(nodes)]
+    jobs: list[RunningJob] = []
+    target = int(nodes * GPUS_PER_NODE * fraction)
+    filled = 0
+    order = list(range(nodes))
+    rng.shuffle(order)
+    cursor = 0
+    # Queue usage per flavor, so running jobs stay within quota as a real cluster would.
+    room = {(q.name, f): n for q in queues for f, n in q.nominal.items()}
+    while filled < target and cursor < len(order):
+        i = order[cursor]
+        flavor = flavor_of(i, nodes)
+        free = [g for g in range(GPUS_PER_NODE) if g not in used[i]]
+        size = min(rng.choice((1, 2, 4, 8)), len(free))
+        candidates = [q for q in queues if room[(q.name, flavor)] >= size]
+        if not free or not candidates:
+            cursor += 1
+            continue
+        queue = rng.choice(candidates)
+        room[(queue.name, flavor)] -= size
+        job_id = f"run-{len(jobs):06d}"
+        for g in free[:size]:
+            used[i][g] = job_id
+        started = NOW - rng.uniform(60, 12 * HOUR)
+        checkpoint = rng.choice([None, started + rng.uniform(0, NOW - started)])
+        jobs.append(
+            RunningJob(
+                job_id,
+                queue.name,
+                flavor,
+                size,
+                rng.choice(("low", "normal", "normal", "high")),
+                started,
+                rng.uniform(0.5, 24) * HOUR + (NOW - started),
+                {f"node-{i:04d}": tuple(free[:size])},
+                checkpoint,
+            )
+        )
+        filled += size
+        if len(used[i]) == GPUS_PER_NODE or rng.random() < 0.3:
+            cursor += 1
+    node_list = [
+        Node(f"node-{i:04d}", flavor_of(i, nodes), GPUS_PER_NODE, f"rack-{i // 16:03d}", used[i])
+        for i in range(nodes)
+    ]
+    return node_list, jobs
+
+
+def pending_jobs(
+    rng: random.Random, count: int, nodes: int, queues: tuple[Queue, ...], prefix: str = "job"
+) -> list[PendingJob]:
+    total = nodes * GPUS_PER_NODE
+    jobs = []
+    for n in range(count):
+        size = min(job_size(rng), total // 2 or 1)
+        queue = queues[rng.randrange(len(queues))]
+        jobs.append(
+            PendingJob(
+                f"{prefix}-{n:06d}",
+                queue.name,
+                rng.choice(("a100", "a100", "h100")),
+                size,
+                rng.choice(("low", "normal", "normal", "high")),
+                NOW - rng.uniform(0, 24 * HOUR),
+                rng.choice((600.0, 1800.0, 3600.0, 4 * HOUR, 12 * HOUR, 24 * HOUR)),
+                n,
+            )
+        )
+    return jobs
+
+
+def scenario(nodes: int, seed: int = 1) -> Snapshot:
+    rng = random.Random(seed)
+    queues = build_queues(nodes)
+    node_list, running = fill_running(rng, nodes, queues, 0.7)
+    pending = pending_jobs(rng, 10 * nodes, nodes, queues)
+    usage = {q.team: rng.uniform(0, 50) * HOUR * GPUS_PER_NODE for q in queues}
+    return Snapshot(NOW, tuple(node_list), queues, CLASSES, tuple(pending), tuple(running), usage)
+
+
+def arrival_scenario(nodes: int, seed: int = 2) -> tuple[Snapshot, list[PendingJob]]:
+    """Backlog held back by quota, a quarter of the GPUs free, and arrivals that fit."""
+    rng = random.Random(seed)
+    queues = build_queues(nodes, backlog_blocked=True)
+    blocked = tuple(q for i, q in enumerate(queues) if i % 2 == 0)
+    open_ = tuple(q for i, q in enumerate(queues) if i % 2 == 1)
+    node_list, running = fill_running(rng, nodes, blocked, 0.75)
+    backlog = pending_jobs(rng, 10 * nodes, nodes, blocked)
+    arrivals = pending_jobs(rng, 1000, nodes, open_, prefix="arrival")
+    arrivals = [a for a in arrivals if a.gpus <= 8 or nodes >= 100]
+    snapshot = Snapshot(NOW, tuple(node_list), queues, CLASSES, tuple(backlog), tuple(running))
+    return snapshot, arrivals
+
+
+# --- measurements ----------------------------------------------------------------------------
+
+
+def time_pass(snapshot: Snapshot, repeats: int) -> tuple[list[float], Decisions]:
+    times = []
+    decisions = Decisions()
+    for _ in range(repeats):
+        start = time.perf_counter()
+        decisions = schedule(snapshot, PolicyConfig())
+        times.append(time.perf_counter() - start)
+    return times, decisions
+
+
+def time_arrivals(nodes: int) -> dict[str, float]:
+    snapshot, arrivals = arrival_scenario(nodes)
+    state = PolicyState(snapshot, PolicyConfig())
+    state.run()
+    placed, waited = [], []
+    for job in arrivals:
+        start = time.perf_counter()
+        d = decide_arrival(state, job)
+        took = time.perf_counter() - start
+        (placed if d.placements else waited).append(took)
+    return {
+        "arrivals": len(arrivals),
+        "placed": len(placed),
+        "p50_ms": 1000 * percentile(placed, 50),
+        "p99_ms": 1000 * percentile(placed, 99),
+        "max_ms": 1000 * max(placed, default=0.0),
+        "waiting_p99_ms": 1000 * percentile(waited, 99),
+    }
+
+
+def percentile(values: list[float], pct: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(pct / 100 * len(ordered) + 0.5) - 1))
+    return ordered[index]
+
+
+def peak_memory(snapshot_nodes: int) -> float:
+    """Peak traced MiB of building the scenario's snapshot and running one pass."""
+    tracemalloc.start()
+    snapshot = scenario(snapshot_nodes)
+    schedule(snapshot, PolicyConfig())
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak / 2**20
+
+
+def row(nodes: int, repeats: int) -> dict[str, float]:
+    snapshot = scenario(nodes)
+    times, decisions = time_pass(snapshot, repeats)
+    arrivals = time_arrivals(nodes)
+    return {
+        "nodes": nodes,
+        "gpus": nodes * GPUS_PER_NODE,
+        "pending": len(snapshot.pending),
+        "running": len(snapshot.running),
+        "pass_best_s": min(times),
+        "pass_median_s": statistics.median(times),
+        "placed": len(decisions.placements),
+        "preempted": len(decisions.preemptions),
+        "waiting": len(decisions.explanations),
+        "arrival_p50_ms": arrivals["p50_ms"],
+        "arrival_p99_ms": arrivals["p99_ms"],
+        "arrival_max_ms": arrivals["max_ms"],
+        "arrivals_placed": arrivals["placed"],
+        "arrival_waiting_p99_ms": arrivals["waiting_p99_ms"],
+    }
+
+
+def table(rows: list[dict[str, float]]) -> str:
+    head = (
+        "| nodes | GPUs | pending | running | pass median | pass best | placed | preempted "
+        "| arrival p50 | arrival p99 | arrival max |"
+    )
+    lines = [head, "|" + "---|" * 11]
+    for r in rows:
+        lines.append(
+            f"| {r['nodes']:,} | {r['gpus']:,} | {r['pending']:,} | {r['running']:,} "
+            f"| {r['pass_median_s'] * 1000:.0f} ms | {r['pass_best_s'] * 1000:.0f} ms "
+            f"| {r['placed']:,} | {r['preempted']:,} | {r['arrival_p50_ms']:.2f} ms "
+            f"| {r['arrival_p99_ms']:.2f} ms | {r['arrival_max_ms']:.2f} ms |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="10 and 100 nodes, one repeat")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    sizes = (10, 100) if args.quick else (10, 100, 1000)
+    repeats = 1 if args.quick else args.repeats
+    rows = [row(n, repeats) for n in sizes]
+    peak = peak_memory(sizes[-1])
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    big = rows[-1]
+    targets = {
+        "pass_under_1s": big["pass_median_s"] < 1.0,
+        "arrival_p99_under_5ms": big["arrival_p99_ms"] < 5.0,
+        "memory_under_500MB": peak < 500 and rss < 500,
+    }
+    print(table(rows))
+    print(
+        f"\npeak traced memory ({sizes[-1]} nodes, build + pass): {peak:.0f} MiB; "
+        f"process peak RSS: {rss:.0f} MiB"
+    )
+    print("targets:", ", ".join(f"{k}={'met' if v else 'MISSED'}" for k, v in targets.items()))
+    result = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "platform": platform.platform(),
+            "python": sys.version.split()[0],
+            "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+        },
+        "rows": rows,
+        "peak_traced_mib": peak,
+        "peak_rss_mib": rss,
+        "targets": targets,
+        "quick": args.quick,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

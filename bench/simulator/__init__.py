@@ -1,0 +1,7 @@
+"""Trace-driven simulation of the scheduler: the real policy code on a simulated clock.
+
+``python -m bench.simulator`` replays the Philly trace (``../shared/traces``) under strict FIFO
+and under ``services.scheduler.policy.schedule`` and compares them (see BENCHMARKS.md).
+Modules: ``trace`` (loader), ``cluster`` (nodes and gang shapes), ``engine`` (discrete-event
+simulator), ``policies`` (FIFO and ours), ``metrics`` (pure figures), ``report`` (tables, JSON).
+"""

@@ -1,0 +1,122 @@
+"""Load a Gavel/Philly trace folder into simulator jobs.
+
+Contract of ``load_trace``:
+- Every ``*.trace`` file in the folder is one team (the file name without ``.trace``); its lines
+  are tab-separated with 7 columns (see ``../shared/traces/README.md``): job type, command,
+  steps flag, needs-data-dir, total steps, arrival second, GPUs (the gang size).
+- The true duration of a job is ``total_steps / throughput`` on a V100, the throughput read from
+  ``physical_cluster_throughputs.json`` under the key ``repr((job_type, gpus))``. The file has no
+  entry for 16, 32 and 64 GPUs nor for multi-GPU runs of the job types that were only measured
+  on one GPU; for those the largest measured gang size ``s <= gpus`` of the same job type is
+  scaled linearly (``throughput(s) * gpus / s``, ideal data-parallel scaling) and the job is
+  flagged ``extrapolated``. No job is dropped.
+- The declared maximum runtime is the true duration times an over-estimate factor drawn
+  uniformly from [1, 5] by a ``random.Random(seed)``, one draw per job in arrival order, so the
+  same seed always gives the same declarations.
+- Jobs come back sorted by (arrival, team, line number); ``limit`` keeps the first ``limit``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+THROUGHPUTS_FILE = "physical_cluster_throughputs.json"
+CLUSTER_SPECS_FILE = "cluster_specs.json"
+GPU_TYPE = "v100"
+OVERESTIMATE_RANGE = (1.0, 5.0)
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    """One job of the trace. ``duration`` is the simulator's secret: policies never see it."""
+
+    job_id: str
+    team: str
+    job_type: str
+    arrival: float
+    """Seconds from the start of the trace."""
+    gpus: int
+    duration: float
+    """True run time in seconds on ``gpus`` V100s, without interruptions."""
+    declared_runtime: float
+    """What the user declared as the maximum run time (what a scheduler may plan with)."""
+    extrapolated: bool = False
+    """The throughput of this (job type, gpus) was scaled from a smaller measured gang."""
+
+
+class TraceError(ValueError):
+    """The trace folder or one of its lines is malformed."""
+
+
+def load_throughputs(path: Path) -> dict[tuple[str, int], float]:
+    """Steps per second on a V100 for each measured (job type, gpus)."""
+    raw = json.loads(path.read_text())
+    table: dict[tuple[str, int], float] = {}
+    for key, entry in raw[GPU_TYPE].items():
+        job_type, _, scale = key.strip("()").rpartition(", ")
+        table[(job_type.strip("'\""), int(scale))] = float(entry["null"])
+    return table
+
+
+def throughput(table: Mapping[tuple[str, int], float], job_type: str, gpus: int) -> tuple[float, bool]:
+    """(steps per second, extrapolated?) for a gang of ``gpus``; see the module docstring."""
+    exact = table.get((job_type, gpus))
+    if exact is not None:
+        return exact, False
+    measured = [s for (t, s) in table if t == job_type and s <= gpus]
+    if not measured:
+        raise TraceError(f"no throughput for job type {job_type!r} at or below {gpus} GPUs")
+    base = max(measured)
+    return table[(job_type, base)] * gpus / base, True
+
+
+def cluster_gpus(trace_dir: Path) -> int:
+    """GPUs of the cluster from ``cluster_specs.json`` (``"v100:p100:k80"``, V100s counted)."""
+    specs = json.loads((trace_dir / CLUSTER_SPECS_FILE).read_text())
+    (spec,) = next(iter(specs.values()))
+    return int(spec.split(":")[0])
+
+
+def load_trace(trace_dir: Path, seed: int = 0, limit: int | None = None) -> list[TraceJob]:
+    """All jobs of ``trace_dir`` (see the module docstring)."""
+    table = load_throughputs(trace_dir / THROUGHPUTS_FILE)
+    files = sorted(trace_dir.glob("*.trace"))
+    if not files:
+        raise TraceError(f"no *.trace files in {trace_dir}")
+    rows: list[tuple[float, str, int, str, int, float, bool]] = []
+    for file in files:
+        team = file.stem
+        for number, line in enumerate(file.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            cols = line.split("\t")
+            if len(cols) != 7:
+                raise TraceError(f"{file.name}:{number}: expected 7 columns, got {len(cols)}")
+            job_type, steps, arrival, gpus = cols[0], int(cols[4]), float(cols[5]), int(cols[6])
+            if gpus < 1 or steps < 1:
+                raise TraceError(f"{file.name}:{number}: needs >= 1 GPU and >= 1 step")
+            rate, extrapolated = throughput(table, job_type, gpus)
+            rows.append((arrival, team, number, job_type, gpus, steps / rate, extrapolated))
+    rows.sort(key=lambda r: (r[0], r[1], r[2]))
+    if limit is not None:
+        rows = rows[:limit]
+    rng = random.Random(seed)
+    low, high = OVERESTIMATE_RANGE
+    return [
+        TraceJob(
+            job_id=f"{team}-{number:05d}",
+            team=team,
+            job_type=job_type,
+            arrival=arrival,
+            gpus=gpus,
+            duration=duration,
+            declared_runtime=duration * rng.uniform(low, high),
+            extrapolated=extrapolated,
+        )
+        for arrival, team, number, job_type, gpus, duration, extrapolated in rows
+    ]

@@ -1,0 +1,1 @@
+"""Deployment: the compose file, container image and the embedded local stack."""

@@ -1,0 +1,465 @@
+"""The whole platform on one machine: infrastructure and services as local processes.
+
+``LocalStack(data_dir)`` is a context manager. Entering it starts, in order, NATS with
+JetStream, PostgreSQL (database ``trainyard``), a moto S3 endpoint with bucket
+``trainyard`` when ``storage="s3"``, then the five services and one runner (node
+``local-node-1``, flavor ``cpu``, ``runner_gpus`` virtual GPUs), each as
+``python -m services.<name>`` on its own free loopback port. The services are launched
+together (as compose would) and the stack returns once every ``/readyz`` answers 200; a
+service that exits or is not ready in time raises ``ProcessFailedError`` carrying the tail
+of its log. Leaving the context stops everything in reverse order, also on exceptions and
+Ctrl-C: services get SIGTERM and ``shutdown_grace_s`` to drain (passed to them as
+``TRAINYARD_<SERVICE>_SHUTDOWN_GRACE_SECONDS``; the runner's jobs get three quarters of it
+as ``TRAINYARD_RUNNER_DRAIN_TIMEOUT_SECONDS``), and SIGKILL 5 s after that.
+
+Layout under ``data_dir``: ``nats/`` (JetStream store), ``postgres/`` (PGDATA),
+``objects/`` (file storage), ``runners/<node>/`` (runner work dirs) and
+``logs/<name>.log`` for every process (``logs/postgres.log`` links to the server log).
+
+Every child gets this process's environment without any inherited ``TRAINYARD_*``
+variable, then the stack's settings (``env``: infrastructure plus ``extra_env``), then its
+own ``TRAINYARD_<SERVICE>_*`` settings; ``extra_env`` is applied last and so wins.
+
+``service_argv(kind)`` says how a service starts (default ``python -m services.<kind>``);
+tests replace it with stand-ins, and ``bootstrap_admin`` appends its sub-command to it.
+
+Fault tests use ``stop_service``/``kill_service``/``start_service`` (a restarted service
+keeps its port) and ``add_runner`` for a second node; ``check_alive`` raises when a
+service died on its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Final, Literal
+
+from deploy.local.nats import NatsServer
+from deploy.local.ports import LOOPBACK, free_port
+from deploy.local.postgres import PostgresServer
+from deploy.local.processes import ManagedProcess, ProcessFailedError, Supervisor, read_log_tail
+
+if TYPE_CHECKING:
+    from deploy.local.s3 import S3Server
+
+SERVICES: Final[tuple[str, ...]] = ("registry", "billing", "scheduler", "runner", "submission")
+"""Start order (stop order is the reverse): the HTTP entry point last, so it is the last to
+come up and the first to stop taking work; runners stop while the scheduler still listens."""
+
+RUNNER_NODE_ID: Final = "local-node-1"
+RUNNER_FLAVOR: Final = "cpu"
+BUCKET: Final = "trainyard"
+_PORT_ATTEMPTS: Final = 3
+_KILL_MARGIN_S: Final = 5.0  # beyond the service's own drain time before SIGKILL
+
+StorageKind = Literal["file", "s3"]
+
+
+def project_root() -> Path | None:
+    """The source checkout this package runs from, when it is one (editable installs)."""
+    candidate = Path(__file__).resolve().parents[2]
+    return candidate if (candidate / "pyproject.toml").is_file() else None
+
+
+def default_service_argv(kind: str) -> list[str]:
+    """How a service starts: ``python -m services.<kind>`` with this interpreter."""
+    return [sys.executable, "-m", f"services.{kind}"]
+
+
+def http_ready(url: str, timeout_s: float = 1.0) -> bool:
+    """True when ``GET url`` answers 200 (proxies from the environment are ignored)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout_s) as response:
+            return int(response.status) == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+class LocalStack:
+    """NATS, PostgreSQL, optional S3 and all services as processes (see module docstring)."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        storage: StorageKind = "file",
+        span_file: Path | None = None,
+        runner_gpus: int = 2,
+        extra_env: Mapping[str, str] | None = None,
+        *,
+        ready_timeout_s: float = 120.0,
+        shutdown_grace_s: float = 20.0,
+        progress: Callable[[str], None] | None = None,
+        service_argv: Callable[[str], Sequence[str]] | None = None,
+    ) -> None:
+        if storage not in ("file", "s3"):
+            raise ValueError(f"storage must be 'file' or 's3', not {storage!r}")
+        self.data_dir = Path(data_dir).resolve()
+        self.storage: StorageKind = storage
+        self.span_file = Path(span_file).resolve() if span_file is not None else None
+        self.runner_gpus = runner_gpus
+        self.extra_env = dict(extra_env or {})
+        self.ready_timeout_s = ready_timeout_s
+        self.shutdown_grace_s = shutdown_grace_s
+        self.timings: dict[str, float] = {}
+        """Seconds each component took to become ready, by name."""
+        self._progress = progress
+        self._service_argv = service_argv or default_service_argv
+        self._nats: NatsServer | None = None
+        self._postgres: PostgresServer | None = None
+        self._s3: S3Server | None = None
+        self._supervisor = Supervisor(grace_s=shutdown_grace_s + _KILL_MARGIN_S)
+        self._ports: dict[str, int] = {}
+        self._kinds: dict[str, str] = {}  # process name -> service package
+        self._own_env: dict[str, dict[str, str]] = {}  # process name -> its own settings
+        self._infra_env: dict[str, str] = {}
+        self._launched_at: dict[str, float] = {}
+        self._exit_stack: contextlib.ExitStack | None = None
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def __enter__(self) -> LocalStack:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Start everything and wait until every service is ready (see module docstring)."""
+        if self._exit_stack is not None:
+            raise RuntimeError("the stack is already started")
+        self._exit_stack = contextlib.ExitStack()
+        self._supervisor = Supervisor(grace_s=self.shutdown_grace_s + _KILL_MARGIN_S)
+        self._ports.clear()
+        self._kinds.clear()
+        self._own_env.clear()
+        try:
+            self._start_infrastructure(self._exit_stack)
+            # Registered after the infrastructure, so services stop before it does.
+            self._exit_stack.callback(self._supervisor.stop_all)
+            for name in SERVICES:
+                self._define_service(name, name, self._service_env_for(name))
+            for name in SERVICES:
+                self._launch(name)
+            for name in SERVICES:
+                self._wait_ready(name)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop services (reverse order), then S3, PostgreSQL and NATS. Safe to repeat."""
+        exit_stack, self._exit_stack = self._exit_stack, None
+        if exit_stack is not None:
+            self._say("stopping the stack")
+            exit_stack.close()
+
+    def _start_infrastructure(self, exit_stack: contextlib.ExitStack) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+
+        nats = NatsServer(self.data_dir / "nats", log_path=self.log_path("nats"))
+        exit_stack.callback(nats.stop)
+        self._nats = nats
+        self._timed("nats", nats.start)
+        self._say(f"nats ready at {nats.url} ({self.timings['nats']:.1f} s)")
+
+        postgres = PostgresServer(self.data_dir / "postgres")
+        exit_stack.callback(postgres.stop)
+        self._postgres = postgres
+        self._timed("postgres", postgres.start)
+        self._link_log("postgres", postgres.log_path)
+        self._say(f"postgres ready in {postgres.pgdata} ({self.timings['postgres']:.1f} s)")
+
+        env = {
+            "TRAINYARD_NATS_URL": nats.url,
+            "TRAINYARD_DATABASE_URL": postgres.dsn,
+        }
+        if self.storage == "s3":
+            # Imported lazily: moto is a local/dev extra, and the file path needs none of it.
+            from deploy.local.s3 import S3Server
+
+            s3 = S3Server(log_dir=self.log_dir)
+            exit_stack.callback(s3.stop)
+            self._s3 = s3
+            self._timed("s3", s3.start)
+            self._ensure_bucket(s3)
+            env.update(s3.storage_env(f"s3://{BUCKET}"))
+            self._say(f"s3 ready at {s3.url}, bucket {BUCKET} ({self.timings['s3']:.1f} s)")
+        else:
+            objects = self.data_dir / "objects"
+            objects.mkdir(parents=True, exist_ok=True)
+            env["TRAINYARD_STORAGE_URI"] = objects.as_uri()
+        if self.span_file is not None:
+            self.span_file.parent.mkdir(parents=True, exist_ok=True)
+            env["TRAINYARD_TELEMETRY_SPAN_FILE"] = str(self.span_file)
+        self._infra_env = env
+
+    # --- what callers read -----------------------------------------------------------
+
+    @property
+    def log_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+    def log_path(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        return read_log_tail(self.log_path(name), lines)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The settings every service gets: infrastructure locations plus ``extra_env``."""
+        return {**self._infra_env, **self.extra_env}
+
+    @property
+    def nats(self) -> NatsServer:
+        if self._nats is None:
+            raise RuntimeError("the stack is not started")
+        return self._nats
+
+    @property
+    def postgres(self) -> PostgresServer:
+        if self._postgres is None:
+            raise RuntimeError("the stack is not started")
+        return self._postgres
+
+    @property
+    def s3(self) -> S3Server | None:
+        return self._s3
+
+    @property
+    def nats_url(self) -> str:
+        return self.nats.url
+
+    @property
+    def database_url(self) -> str:
+        return self.postgres.dsn
+
+    @property
+    def storage_uri(self) -> str:
+        return self.env["TRAINYARD_STORAGE_URI"]
+
+    @property
+    def service_urls(self) -> dict[str, str]:
+        """``http://127.0.0.1:PORT`` of every service process, by process name."""
+        return {name: f"http://{LOOPBACK}:{port}" for name, port in self._ports.items()}
+
+    @property
+    def submission_url(self) -> str:
+        return self.service_urls["submission"]
+
+    @property
+    def process_names(self) -> list[str]:
+        return self._supervisor.names
+
+    def process(self, name: str) -> ManagedProcess:
+        return self._supervisor[name]
+
+    # --- operations ------------------------------------------------------------------
+
+    def bootstrap_admin(self, team: str, user: str, timeout_s: float = 120.0) -> str:
+        """Create the first admin of ``team`` and return its bearer token."""
+        argv = [*self._service_argv("submission"), "bootstrap-admin"]
+        argv += ["--team", team, "--user", user]
+        result = subprocess.run(
+            argv,
+            env=self._child_env("submission"),
+            cwd=project_root(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+        lines = [line.strip() for line in result.stdout.splitlines() if line.strip()]
+        if result.returncode != 0 or len(lines) != 1 or " " in lines[0]:
+            raise RuntimeError(
+                f"bootstrap-admin failed (exit status {result.returncode}); it must print "
+                f"only the token on stdout.\n--- stdout ---\n{result.stdout.rstrip()}\n"
+                f"--- stderr ---\n{result.stderr.rstrip()}\n---"
+            )
+        return lines[0]
+
+    def stop_service(self, name: str, grace_s: float | None = None) -> int | None:
+        """SIGTERM a service (SIGKILL after the grace); returns its exit status."""
+        self._say(f"stopping {name}")
+        return self._supervisor.stop(name, grace_s)
+
+    def kill_service(self, name: str) -> int | None:
+        """SIGKILL a service and its children at once, as a crash would."""
+        self._say(f"killing {name}")
+        return self._supervisor.kill(name)
+
+    def start_service(self, name: str, *, wait: bool = True) -> None:
+        """Start a stopped service again on its old port; waits for ``/readyz`` by default."""
+        if name not in self._kinds:
+            raise KeyError(f"no service named {name!r} (known: {', '.join(self._kinds)})")
+        self._launch(name)
+        if wait:
+            self._wait_ready(name)
+
+    def add_runner(self, node_id: str, gpus: int | None = None, *, wait: bool = True) -> str:
+        """Start another runner node; returns its process name ``runner-<node_id>``."""
+        if self._exit_stack is None:
+            raise RuntimeError("the stack is not started")
+        name = f"runner-{node_id}"
+        env = self._service_env_for("runner", node_id=node_id, gpus=gpus)
+        self._define_service(name, "runner", env)
+        self._launch(name)
+        if wait:
+            self._wait_ready(name)
+        return name
+
+    def check_alive(self) -> None:
+        """Raise ``ProcessFailedError`` if NATS or a service exited without being asked."""
+        dead = self._supervisor.first_unexpected_exit()
+        if dead is not None:
+            raise ProcessFailedError(
+                dead.name,
+                f"exited unexpectedly with status {dead.returncode}",
+                dead.log_path,
+                dead.log_tail(),
+            )
+        if self._nats is not None and not self._nats.is_running():
+            raise ProcessFailedError(
+                "nats",
+                "NATS server is not running",
+                self.log_path("nats"),
+                self.log_tail("nats"),
+            )
+
+    # --- internals -------------------------------------------------------------------
+
+    def _say(self, message: str) -> None:
+        if self._progress is not None:
+            self._progress(message)
+
+    def _timed(self, name: str, start: Callable[[], object]) -> None:
+        started = time.monotonic()
+        start()
+        self.timings[name] = time.monotonic() - started
+
+    def _link_log(self, name: str, target: Path) -> None:
+        link = self.log_path(name)
+        with contextlib.suppress(OSError):
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(target)
+
+    def _ensure_bucket(self, s3: S3Server) -> None:
+        """Create the bucket once, before services race each other to create it."""
+        from minio import Minio
+
+        client = Minio(
+            s3.endpoint,
+            access_key=s3.access_key,
+            secret_key=s3.secret_key,
+            secure=False,
+            region=s3.region,
+        )
+        if not client.bucket_exists(BUCKET):
+            client.make_bucket(BUCKET)
+
+    def _service_env_for(
+        self, kind: str, *, node_id: str = RUNNER_NODE_ID, gpus: int | None = None
+    ) -> dict[str, str]:
+        """A service's own ``TRAINYARD_<SERVICE>_*`` settings (the port is added later)."""
+        prefix = f"TRAINYARD_{kind.upper()}_"
+        env = {
+            f"{prefix}HOST": LOOPBACK,
+            f"{prefix}SHUTDOWN_GRACE_SECONDS": f"{self.shutdown_grace_s:g}",
+        }
+        if kind == "runner":
+            work_dir = self.data_dir / "runners" / node_id
+            work_dir.mkdir(parents=True, exist_ok=True)
+            env.update(
+                {
+                    # The runner insists that its jobs' drain ends before its own grace does.
+                    "TRAINYARD_RUNNER_DRAIN_TIMEOUT_SECONDS": f"{self.shutdown_grace_s * 0.75:g}",
+                    "TRAINYARD_RUNNER_NODE_ID": node_id,
+                    "TRAINYARD_RUNNER_GPU_FLAVOR": RUNNER_FLAVOR,
+                    "TRAINYARD_RUNNER_VIRTUAL_GPUS": str(
+                        self.runner_gpus if gpus is None else gpus
+                    ),
+                    "TRAINYARD_RUNNER_WORK_DIR": str(work_dir),
+                }
+            )
+        return env
+
+    def _define_service(self, name: str, kind: str, own_env: dict[str, str]) -> None:
+        if name in self._kinds:
+            raise ValueError(f"a process named {name!r} exists already")
+        self._kinds[name] = kind
+        self._own_env[name] = own_env
+        self._ports[name] = self._new_port()
+
+    def _new_port(self) -> int:
+        """A free port that no other process of this stack has been given."""
+        taken = set(self._ports.values())
+        if self._nats is not None:
+            taken.add(self._nats.port)
+        while (port := free_port()) in taken:
+            pass
+        return port
+
+    def _child_env(self, name: str) -> dict[str, str]:
+        kind = self._kinds.get(name, name)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")}
+        env.update(self._infra_env)
+        env.update(self._own_env.get(name, {}))
+        if name in self._ports:
+            env[f"TRAINYARD_{kind.upper()}_PORT"] = str(self._ports[name])
+        # Logs must reach the file as they happen, not when a buffer fills.
+        env["PYTHONUNBUFFERED"] = "1"
+        no_proxy = ",".join(p for p in (env.get("NO_PROXY"), LOOPBACK, "localhost") if p)
+        env["NO_PROXY"] = env["no_proxy"] = no_proxy
+        env.update(self.extra_env)
+        return env
+
+    def _launch(self, name: str) -> None:
+        self._launched_at[name] = time.monotonic()
+        self._supervisor.start(
+            name,
+            self._service_argv(self._kinds[name]),
+            env=self._child_env(name),
+            log_path=self.log_path(name),
+            cwd=project_root(),
+        )
+
+    def _wait_ready(self, name: str) -> None:
+        for attempt in range(1, _PORT_ATTEMPTS + 1):
+            process = self._supervisor[name]
+            url = f"{self.service_urls[name]}/readyz"
+            # The budget counts from the launch: services start together, waits run in turn.
+            launched = self._launched_at.get(name, time.monotonic())
+            left = max(1.0, self.ready_timeout_s - (time.monotonic() - launched))
+            try:
+                process.wait_until(partial(http_ready, url), timeout_s=left, what="ready")
+            except ProcessFailedError as exc:
+                # The port chosen for it was taken before it could bind: try a new one.
+                lost_port = "address already in use" in exc.log_tail.lower()
+                if not lost_port or attempt == _PORT_ATTEMPTS:
+                    raise
+                process.stop(self.shutdown_grace_s)
+                self._ports[name] = self._new_port()
+                self._launch(name)
+                continue
+            took = time.monotonic() - launched
+            self.timings[name] = took
+            self._say(f"{name} ready at {self.service_urls[name]} ({took:.1f} s)")
+            return

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Trainyard's one entry point for development, from a fresh machine on.
+
+Standard library only, Python 3.11+. Every target first makes sure ``.venv`` exists and
+holds the project (``pip install -e ".[dev]"``); the install is skipped while the stamp
+file ``.venv/.trainyard-installed`` holds the sha256 of the current ``pyproject.toml``.
+
+    python3 dev.py demo    run one training job end to end on a local stack
+    python3 dev.py test    the gate: format, lint, types, import contracts, then pytest
+    python3 dev.py check   the gate without pytest
+    python3 dev.py fmt     format and auto-fix lint findings
+    python3 dev.py up      start the local stack until Ctrl-C
+    python3 dev.py help    this list
+
+Extra arguments go to the last tool: ``python3 dev.py test -k stack -x`` passes
+``-k stack -x`` to pytest. Each step is printed before it runs; the first step that fails
+ends the run with that step's exit status.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+STAMP = VENV / ".trainyard-installed"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
+
+
+class StepFailed(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"exit status {status}")
+        self.status = status
+
+
+def step(argv: Sequence[str | Path]) -> None:
+    """Print a command, run it in the repository root, stop everything if it fails."""
+    shown = " ".join(_shown(a) for a in argv)
+    print(f"==> {shown}", flush=True)
+    status = subprocess.run([str(a) for a in argv], cwd=ROOT, check=False).returncode
+    if status != 0:
+        print(f"==> failed ({status}): {shown}", file=sys.stderr, flush=True)
+        raise StepFailed(status)
+
+
+def _shown(arg: str | Path) -> str:
+    """Commands are printed relative to the repository, as one would type them."""
+    text = str(arg)
+    prefix = str(ROOT) + os.sep
+    return text[len(prefix) :] if text.startswith(prefix) else text
+
+
+def tool(name: str) -> Path:
+    return BIN / name
+
+
+def ensure_venv() -> None:
+    """Create ``.venv`` and install the project into it unless the stamp says it is current."""
+    if not PYTHON.exists():
+        step([sys.executable, "-m", "venv", VENV])
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if STAMP.exists() and STAMP.read_text().strip() == digest:
+        return
+    step([PYTHON, "-m", "pip", "install", "-e", ".[dev]"])
+    STAMP.write_text(digest + "\n")
+
+
+def gate(pytest_args: Sequence[str] | None) -> None:
+    step([tool("ruff"), "format", "--check", "."])
+    step([tool("ruff"), "check", "."])
+    step([tool("mypy")])
+    step([tool("lint-imports")])
+    if pytest_args is not None:
+        step([PYTHON, "-m", "pytest", *pytest_args])
+
+
+def exec_python(args: Sequence[str]) -> None:
+    """Replace this process, so signals (Ctrl-C) reach the program directly."""
+    argv = [str(PYTHON), *args]
+    print(f"==> {' '.join(_shown(a) for a in argv)}", flush=True)
+    os.chdir(ROOT)
+    os.execv(argv[0], argv)
+
+
+def cmd_demo(args: Sequence[str]) -> None:
+    exec_python(["-m", "deploy.local", "demo", *args])
+
+
+def cmd_up(args: Sequence[str]) -> None:
+    exec_python(["-m", "deploy.local", "up", *args])
+
+
+def cmd_test(args: Sequence[str]) -> None:
+    gate(list(args))
+
+
+def cmd_check(args: Sequence[str]) -> None:
+    gate(None)
+
+
+def cmd_fmt(args: Sequence[str]) -> None:
+    step([tool("ruff"), "format", "."])
+    step([tool("ruff"), "check", "--fix", "."])
+
+
+TARGETS: dict[str, tuple[Callable[[Sequence[str]], None], str]] = {
+    "demo": (cmd_demo, "run one training job end to end on a fresh local stack"),
+    "test": (cmd_test, "the gate: ruff format --check, ruff check, mypy, lint-imports, pytest"),
+    "check": (cmd_check, "the gate without pytest"),
+    "fmt": (cmd_fmt, "ruff format, then ruff check --fix"),
+    "up": (cmd_up, "start the local stack and keep it running until Ctrl-C"),
+}
+
+
+def print_help() -> None:
+    print("usage: python3 dev.py TARGET [ARGS...]\n\ntargets:")
+    for name, (_, text) in TARGETS.items():
+        print(f"  {name:<6} {text}")
+    print(f"  {'help':<6} this list")
+
+
+def main(argv: Sequence[str]) -> int:
+    # A fresh machine's python3 may be older than the project's floor: say so plainly.
+    if sys.version_info < (3, 11):  # noqa: UP036
+        print("dev.py needs Python 3.11 or newer", file=sys.stderr)
+        return 2
+    if not argv or argv[0] in ("help", "-h", "--help"):
+        print_help()
+        return 0 if argv else 2
+    name, args = argv[0], argv[1:]
+    if name not in TARGETS:
+        print(f"unknown target {name!r}\n", file=sys.stderr)
+        print_help()
+        return 2
+    try:
+        ensure_venv()
+        TARGETS[name][0](args)
+    except StepFailed as exc:
+        return exc.status
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,7 @@
+"""Billing: owns the price book and the usage ledger.
+
+It listens to ``allocation.released`` and turns each ended allocation into one ledger row:
+GPU-seconds (GPUs x lease duration) x the flavor's price per GPU-hour, in exact decimals,
+attributed to job, user and team. It says ``cost.recorded`` once per allocation; a
+redelivered or repeated release never bills twice (the ledger is keyed by allocation id).
+"""

@@ -1,0 +1,63 @@
+"""Billing's HTTP app: health, readiness and the operator's usage summary.
+
+``GET /v1/usage?team=<team>`` sums GPU-seconds and cost per team, per user and per job (all
+teams without ``team``). It is an operator endpoint (see ``schemas``); when the
+``admin_token`` setting is set it requires ``Authorization: Bearer <admin_token>``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Annotated, Any
+
+import asyncpg
+from litestar import Litestar, get
+from litestar.connection import ASGIConnection
+from litestar.exceptions import NotAuthorizedException
+from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
+from litestar.params import QueryParameter
+from litestar.types import Guard
+from pydantic import SecretStr
+
+from services.billing import repository as repo
+from services.billing.schemas import UsageSummary, usage_summary
+from shared.auth import bearer_token
+from shared.http_tracing import tracing_middleware
+
+
+def admin_guard(token: SecretStr | None) -> Guard:
+    """A Litestar guard that checks the admin bearer token (a no-op when none is set)."""
+
+    def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+        if token is None:
+            return
+        presented = bearer_token(connection.headers.get("authorization"))
+        if presented is None or not secrets.compare_digest(
+            presented.encode(), token.get_secret_value().encode()
+        ):
+            raise NotAuthorizedException("operator endpoint: Authorization: Bearer <admin token>")
+
+    return guard
+
+
+def create_app(
+    pool: asyncpg.Pool,
+    admin_token: SecretStr | None,
+    health_handlers: list[HTTPRouteHandler],
+) -> Litestar:
+    @get("/v1/usage", guards=[admin_guard(admin_token)])
+    async def usage(
+        team: Annotated[str | None, QueryParameter(description="only this team")] = None,
+    ) -> UsageSummary:
+        async with (
+            pool.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            return usage_summary(
+                team,
+                await repo.usage_by_team(conn, team),
+                await repo.usage_by_user(conn, team),
+                await repo.usage_by_job(conn, team),
+            )
+
+    return Litestar(route_handlers=[*health_handlers, usage], middleware=[tracing_middleware])

@@ -1,0 +1,36 @@
+"""Settings of the billing service (environment prefix ``TRAINYARD_BILLING_``)."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import SettingsConfigDict
+
+from shared.settings import ServiceSettings
+
+DEFAULT_PRICES: dict[str, float] = {
+    "cpu": 0.10,
+    "t4": 0.35,
+    "a100": 2.50,
+    "h100": 4.00,
+    "h200": 5.50,
+}
+
+
+class Settings(ServiceSettings):
+    """Billing: price book and usage ledger."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAINYARD_BILLING_")
+
+    port: int = 8084
+    """Port of the HTTP server (health, readiness, ``GET /v1/usage``)."""
+    prices: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_PRICES))
+    """Price per GPU-hour by GPU flavor, written into the price book at every start (an
+    upsert: listed flavors take these prices, flavors not listed keep what the book has).
+    From the environment as JSON, which replaces the whole default:
+    ``TRAINYARD_BILLING_PRICES='{"cpu": 0.1, "h100": 4.2}'``. A price change applies to
+    allocations that end after it; recorded usage keeps the price it was billed at."""
+    currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")
+    """ISO 4217 currency of the prices above."""
+    admin_token: SecretStr | None = None
+    """When set, ``GET /v1/usage`` requires ``Authorization: Bearer <admin_token>``. Usage is
+    an operator endpoint (job ids, user and team names, spend): never expose it publicly."""

@@ -1,0 +1,136 @@
+"""Billing's pure rules: prices, GPU-seconds and cost, in exact decimals.
+
+Contract:
+- ``gpu_seconds`` is GPUs x the lease's duration, computed from the timedelta's integer parts
+  (days, seconds, microseconds), so it is exact: no float ever enters the arithmetic.
+- ``cost`` is gpu_seconds x price per GPU-hour / 3600, rounded half-up to 6 decimal places
+  (``MONEY_PLACES``) once, at the end.
+- ``PriceBook.price`` raises ``UnknownFlavor`` for a flavor it has no price for; billing
+  rejects such a release (dead letter) rather than bill it at a made-up price.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal, localcontext
+
+from shared.events.payloads import AllocationReleased, CostRecorded
+
+MONEY_PLACES = Decimal("0.000001")
+SECONDS_PER_HOUR = Decimal(3600)
+
+
+class UnknownFlavor(LookupError):
+    """No price for a GPU flavor."""
+
+
+@dataclass(frozen=True)
+class Price:
+    flavor: str
+    per_gpu_hour: Decimal
+    currency: str
+
+    def __post_init__(self) -> None:
+        if not self.per_gpu_hour.is_finite() or self.per_gpu_hour < 0:
+            raise ValueError(f"price of {self.flavor}: must be >= 0, got {self.per_gpu_hour}")
+
+
+@dataclass(frozen=True)
+class PriceBook:
+    prices: Mapping[str, Price]
+
+    @classmethod
+    def from_settings(cls, prices: Mapping[str, float], currency: str) -> PriceBook:
+        """Prices from settings; a float goes through its shortest text form (0.1 -> "0.1")."""
+        return cls({f: Price(f, Decimal(str(p)), currency) for f, p in sorted(prices.items())})
+
+    def price(self, flavor: str) -> Price:
+        try:
+            return self.prices[flavor]
+        except KeyError:
+            known = ", ".join(sorted(self.prices)) or "none"
+            raise UnknownFlavor(
+                f"gpu_flavor: no price for {flavor!r} in the price book (priced: {known})"
+            ) from None
+
+
+def duration_seconds(start: datetime, end: datetime) -> Decimal:
+    """Exact seconds from ``start`` to ``end`` (microsecond resolution)."""
+    delta = end - start
+    whole = Decimal(delta.days * 86_400 + delta.seconds)
+    return whole + Decimal(delta.microseconds).scaleb(-6)
+
+
+def gpu_seconds(gpus: int, start: datetime, end: datetime) -> Decimal:
+    if gpus < 0:
+        raise ValueError(f"gpus: must be >= 0, got {gpus}")
+    if end < start:
+        raise ValueError(f"released_at {end.isoformat()} is before granted_at {start.isoformat()}")
+    return Decimal(gpus) * duration_seconds(start, end)
+
+
+def cost(gpu_secs: Decimal, per_gpu_hour: Decimal) -> Decimal:
+    # Enough precision that the division is never rounded before the one money rounding.
+    with localcontext(prec=60):
+        exact = gpu_secs * per_gpu_hour / SECONDS_PER_HOUR
+        return exact.quantize(MONEY_PLACES, rounding=ROUND_HALF_UP)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """One ended allocation, priced: a row of the usage ledger."""
+
+    allocation_id: str
+    job_id: str
+    team: str
+    user: str
+    node_id: str
+    gpu_flavor: str
+    gpus: int
+    started_at: datetime
+    ended_at: datetime
+    outcome: str
+    gpu_seconds: Decimal
+    price_per_gpu_hour: Decimal
+    currency: str
+    cost: Decimal
+
+    @classmethod
+    def from_release(cls, released: AllocationReleased, price: Price) -> Usage:
+        """Price a released allocation; ValueError when its times or GPUs are impossible."""
+        secs = gpu_seconds(released.gpus, released.granted_at, released.released_at)
+        return cls(
+            allocation_id=released.allocation_id,
+            job_id=released.job_id,
+            team=released.team,
+            user=released.user,
+            node_id=released.node_id,
+            gpu_flavor=released.gpu_flavor,
+            gpus=released.gpus,
+            started_at=released.granted_at,
+            ended_at=released.released_at,
+            outcome=released.outcome,
+            gpu_seconds=secs,
+            price_per_gpu_hour=price.per_gpu_hour,
+            currency=price.currency,
+            cost=cost(secs, price.per_gpu_hour),
+        )
+
+    def to_event(self) -> CostRecorded:
+        """The wire event (floats there; the ledger keeps the exact decimals)."""
+        return CostRecorded(
+            allocation_id=self.allocation_id,
+            job_id=self.job_id,
+            team=self.team,
+            user=self.user,
+            gpu_flavor=self.gpu_flavor,
+            gpus=self.gpus,
+            started_at=self.started_at,
+            ended_at=self.ended_at,
+            gpu_seconds=float(self.gpu_seconds),
+            price_per_gpu_hour=float(self.price_per_gpu_hour),
+            cost=float(self.cost),
+            currency=self.currency,
+        )

@@ -1,0 +1,74 @@
+"""Event handlers of billing: one ``dispatch`` for every event it consumes.
+
+Runs inside the transaction of ``shared.inbox.idempotent``. An ``AllocationReleased`` becomes
+one usage row and one ``CostRecorded`` (through the outbox, same transaction); the ledger's key
+on allocation id makes a repeated release a logged no-op. A release that cannot be priced
+(unknown flavor, end before start) is rejected to the dead-letter stream with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import asyncpg
+
+from services.billing import repository as repo
+from services.billing.domain import UnknownFlavor, Usage
+from shared import outbox
+from shared.bus import Reject
+from shared.events import Envelope, Payload
+from shared.events.payloads import AllocationReleased
+
+log = logging.getLogger(__name__)
+
+SOURCE = "trainyard/billing"
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class BillingHandlers:
+    def __init__(self, clock: Clock = utc_now) -> None:
+        self._clock = clock
+
+    async def dispatch(self, envelope: Envelope[Payload], conn: asyncpg.Connection) -> None:
+        match envelope.data:
+            case AllocationReleased() as released:
+                await self.on_released(conn, released, envelope.id)
+            case _:
+                pass
+
+    async def on_released(
+        self, conn: asyncpg.Connection, released: AllocationReleased, event_id: str
+    ) -> None:
+        book = await repo.price_book(conn)
+        try:
+            usage = Usage.from_release(released, book.price(released.gpu_flavor))
+        except (UnknownFlavor, ValueError) as exc:
+            raise Reject(str(exc)) from exc
+        if not await repo.insert_usage(conn, usage, event_id, self._clock()):
+            log.info("allocation %s already billed; ignored", released.allocation_id)
+            return
+        # A fixed id: whatever happens upstream, one allocation gives one CostRecorded.
+        recorded: Payload = usage.to_event()
+        envelope = Envelope.wrap(
+            recorded,
+            source=SOURCE,
+            subject=usage.job_id,
+            event_id=f"cost:{usage.allocation_id}",
+        )
+        await outbox.enqueue(conn, envelope)
+        log.info(
+            "job %s allocation %s: %s GPU-s of %s = %s %s",
+            usage.job_id,
+            usage.allocation_id,
+            usage.gpu_seconds,
+            usage.gpu_flavor,
+            usage.cost,
+            usage.currency,
+        )

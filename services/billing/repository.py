@@ -1,0 +1,102 @@
+"""Billing's SQL: one function per query, each taking a connection. Tables are unqualified:
+the pool's ``search_path`` is the ``billing`` schema."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import asyncpg
+
+from services.billing.domain import Price, PriceBook, Usage
+
+Row = Mapping[str, Any]
+"""A fetched record (asyncpg.Record), read by column name."""
+
+
+async def upsert_prices(conn: asyncpg.Connection, prices: Iterable[Price], now: datetime) -> None:
+    await conn.executemany(
+        """INSERT INTO price_book (flavor, price_per_gpu_hour, currency, updated_at)
+           VALUES ($1, $2, $3, $4)
+           ON CONFLICT (flavor) DO UPDATE SET
+               price_per_gpu_hour = EXCLUDED.price_per_gpu_hour,
+               currency = EXCLUDED.currency,
+               updated_at = EXCLUDED.updated_at""",
+        [(p.flavor, p.per_gpu_hour, p.currency, now) for p in prices],
+    )
+
+
+async def price_book(conn: asyncpg.Connection) -> PriceBook:
+    rows = await conn.fetch("SELECT flavor, price_per_gpu_hour, currency FROM price_book")
+    return PriceBook(
+        {
+            r["flavor"]: Price(r["flavor"], Decimal(r["price_per_gpu_hour"]), r["currency"])
+            for r in rows
+        }
+    )
+
+
+async def insert_usage(
+    conn: asyncpg.Connection, usage: Usage, event_id: str, now: datetime
+) -> bool:
+    """Record ``usage``; False when its allocation was billed already."""
+    inserted = await conn.fetchval(
+        """INSERT INTO usage_ledger (allocation_id, job_id, team, user_name, node_id, gpu_flavor,
+                                     gpus, started_at, ended_at, outcome, gpu_seconds,
+                                     price_per_gpu_hour, currency, cost, event_id, recorded_at)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+           ON CONFLICT (allocation_id) DO NOTHING RETURNING true""",
+        usage.allocation_id,
+        usage.job_id,
+        usage.team,
+        usage.user,
+        usage.node_id,
+        usage.gpu_flavor,
+        usage.gpus,
+        usage.started_at,
+        usage.ended_at,
+        usage.outcome,
+        usage.gpu_seconds,
+        usage.price_per_gpu_hour,
+        usage.currency,
+        usage.cost,
+        event_id,
+        now,
+    )
+    return bool(inserted)
+
+
+_SUMS = "currency, sum(gpu_seconds) AS gpu_seconds, sum(cost) AS cost, count(*) AS allocations"
+
+
+async def usage_by_team(conn: asyncpg.Connection, team: str | None) -> list[Row]:
+    rows: list[Row] = await conn.fetch(
+        f"SELECT team, {_SUMS} FROM usage_ledger WHERE ($1::text IS NULL OR team = $1) "
+        "GROUP BY team, currency ORDER BY team, currency",
+        team,
+    )
+    return rows
+
+
+async def usage_by_user(conn: asyncpg.Connection, team: str | None) -> list[Row]:
+    rows: list[Row] = await conn.fetch(
+        f"SELECT team, user_name, {_SUMS} FROM usage_ledger "
+        "WHERE ($1::text IS NULL OR team = $1) "
+        "GROUP BY team, user_name, currency ORDER BY team, user_name, currency",
+        team,
+    )
+    return rows
+
+
+async def usage_by_job(conn: asyncpg.Connection, team: str | None) -> list[Row]:
+    rows: list[Row] = await conn.fetch(
+        f"SELECT team, user_name, job_id, gpu_flavor, min(started_at) AS first_started_at, "
+        f"max(ended_at) AS last_ended_at, {_SUMS} FROM usage_ledger "
+        "WHERE ($1::text IS NULL OR team = $1) "
+        "GROUP BY team, user_name, job_id, gpu_flavor, currency "
+        "ORDER BY team, user_name, min(started_at), job_id",
+        team,
+    )
+    return rows

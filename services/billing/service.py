@@ -1,0 +1,53 @@
+"""Billing's composition root: ``serve(settings)`` runs it until SIGTERM."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import asyncpg
+
+from services.billing import repository as repo
+from services.billing.api import create_app
+from services.billing.config import Settings
+from services.billing.domain import PriceBook
+from services.billing.handlers import BillingHandlers
+from shared.bus import Bus
+from shared.db import migrate, open_pool, ping
+from shared.events import nats_subject
+from shared.events.payloads import AllocationReleased
+from shared.inbox import idempotent
+from shared.outbox import OutboxRelay
+from shared.runtime import ServiceRuntime
+
+NAME = "billing"
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+async def seed_prices(pool: asyncpg.Pool, settings: Settings) -> None:
+    """Upsert the configured prices into the price book (see ``Settings.prices``)."""
+    book = PriceBook.from_settings(settings.prices, settings.currency)
+    async with pool.acquire() as conn, conn.transaction():
+        await repo.upsert_prices(conn, book.prices.values(), datetime.now(UTC))
+
+
+async def serve(settings: Settings) -> int:
+    async with ServiceRuntime(NAME, settings) as rt:
+        pool = await rt.resources.enter_async_context(open_pool(settings.database, NAME))
+        await migrate(pool, NAME, MIGRATIONS)
+        await seed_prices(pool, settings)
+        bus = await rt.resources.enter_async_context(Bus.connect(settings.nats, NAME))
+        rt.add_readiness_check("database", lambda: ping(pool))
+        rt.add_readiness_check("nats", bus.ping)
+        handlers = BillingHandlers()
+        rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
+        rt.spawn(
+            bus.consume(
+                NAME,
+                [nats_subject(AllocationReleased)],
+                idempotent(pool, NAME, handlers.dispatch),
+                rt.stopping,
+            ),
+            "events",
+        )
+        return await rt.run(create_app(pool, settings.admin_token, rt.health_handlers()))

@@ -1,0 +1,75 @@
+"""The registry's HTTP app: health, readiness and the model read API.
+
+- ``GET /v1/models/{team}/{name}/versions``: every version of a model, oldest first.
+- ``GET /v1/models/{team}/{name}/versions/{version}``: one version with its full lineage.
+
+Both answer 404 for an unknown model or version. These are operator endpoints for now: the
+caller's team is not checked yet (per-team access comes with submission's tokens), so when
+the ``admin_token`` setting is set they require ``Authorization: Bearer <admin_token>``, and
+without it they must not be exposed beyond the operators' network.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import asyncpg
+from litestar import Litestar, get
+from litestar.connection import ASGIConnection
+from litestar.exceptions import NotAuthorizedException, NotFoundException
+from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
+from litestar.params import FromPath
+from litestar.types import Guard
+from pydantic import SecretStr
+
+from services.registry import repository as repo
+from services.registry.schemas import VersionDetail, VersionList, VersionSummary
+from shared.auth import bearer_token
+from shared.http_tracing import tracing_middleware
+
+
+def admin_guard(token: SecretStr | None) -> Guard:
+    """A Litestar guard that checks the admin bearer token (a no-op when none is set)."""
+
+    def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+        if token is None:
+            return
+        presented = bearer_token(connection.headers.get("authorization"))
+        if presented is None or not secrets.compare_digest(
+            presented.encode(), token.get_secret_value().encode()
+        ):
+            raise NotAuthorizedException("operator endpoint: Authorization: Bearer <admin token>")
+
+    return guard
+
+
+def create_app(
+    pool: asyncpg.Pool, admin_token: SecretStr | None, health_handlers: list[HTTPRouteHandler]
+) -> Litestar:
+    guards = [admin_guard(admin_token)]
+
+    @get("/v1/models/{team:str}/{name:str}/versions", guards=guards)
+    async def list_versions(team: FromPath[str], name: FromPath[str]) -> VersionList:
+        async with pool.acquire() as conn:
+            versions = await repo.versions_of_model(conn, team, name)
+            if not versions and not await repo.model_exists(conn, team, name):
+                raise NotFoundException(f"no model {name!r} in team {team!r}")
+        return VersionList(
+            team=team, model=name, versions=[VersionSummary.from_domain(v) for v in versions]
+        )
+
+    @get("/v1/models/{team:str}/{name:str}/versions/{version:int}", guards=guards)
+    async def get_version(
+        team: FromPath[str], name: FromPath[str], version: FromPath[int]
+    ) -> VersionDetail:
+        async with pool.acquire() as conn:
+            found = await repo.model_version(conn, team, name, version)
+        if found is None:
+            raise NotFoundException(f"no version {version} of model {name!r} in team {team!r}")
+        return VersionDetail.from_domain(found)
+
+    return Litestar(
+        route_handlers=[*health_handlers, list_versions, get_version],
+        middleware=[tracing_middleware],
+    )

@@ -1,0 +1,118 @@
+"""Event handlers of the registry: one ``dispatch`` for every event it consumes.
+
+Runs inside the transaction of ``shared.inbox.idempotent``.
+- ``job.started``: the run is recorded (once per allocation).
+- ``checkpoint.saved``: the checkpoint is recorded (once per job and object).
+- ``job.succeeded``: a model version is registered and ``model.registered`` goes to the
+  outbox, both in this transaction. A job registers at most one version: a second success
+  (a redelivery under another event id, a fenced runner that finished too) is a logged
+  no-op, and the unique job id makes a concurrent one fail and retry into that no-op. If the
+  run's ``job.started`` is not recorded yet, the handler raises an ordinary error so the
+  event is redelivered after it; a success without any checkpoint is rejected.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import asyncpg
+
+from services.registry import domain
+from services.registry import repository as repo
+from services.registry.domain import ModelVersion, NoArtifact, Run, RunNotRecorded
+from shared import outbox
+from shared.bus import Reject
+from shared.events import Envelope, Payload
+from shared.events.payloads import CheckpointSaved, JobStarted, JobSucceeded
+
+log = logging.getLogger(__name__)
+
+SOURCE = "trainyard/registry"
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class RegistryHandlers:
+    def __init__(self, clock: Clock = utc_now) -> None:
+        self._clock = clock
+
+    async def dispatch(self, envelope: Envelope[Payload], conn: asyncpg.Connection) -> None:
+        match envelope.data:
+            case JobStarted() as started:
+                await self.on_started(conn, started)
+            case CheckpointSaved() as saved:
+                await self.on_checkpoint(conn, saved)
+            case JobSucceeded() as succeeded:
+                await self.on_succeeded(conn, succeeded)
+            case _:
+                pass
+
+    async def on_started(self, conn: asyncpg.Connection, started: JobStarted) -> None:
+        if not await repo.insert_run(conn, Run.from_event(started), self._clock()):
+            log.info("run %s of job %s recorded already", started.allocation_id, started.job_id)
+
+    async def on_checkpoint(self, conn: asyncpg.Connection, saved: CheckpointSaved) -> None:
+        if not await repo.insert_checkpoint(conn, saved):
+            log.info("checkpoint %s of job %s recorded already", saved.checkpoint.uri, saved.job_id)
+
+    async def on_succeeded(self, conn: asyncpg.Connection, succeeded: JobSucceeded) -> None:
+        existing = await repo.version_of_job(conn, succeeded.job_id)
+        if existing is not None:
+            log.info(
+                "job %s is registered already as %s/%s v%d; success of allocation %s ignored",
+                succeeded.job_id,
+                existing.team,
+                existing.model_name,
+                existing.version,
+                succeeded.allocation_id,
+            )
+            return
+        runs = await repo.runs_of_job(conn, succeeded.job_id)
+        final = next((r for r in runs if r.allocation_id == succeeded.allocation_id), None)
+        if final is None:
+            # Retried, not rejected: the runner publishes job.started first, so it will come.
+            raise RunNotRecorded(
+                f"job {succeeded.job_id}: job.started of allocation {succeeded.allocation_id} "
+                "is not recorded yet"
+            )
+        try:
+            artifact = domain.choose_artifact(
+                succeeded.artifact, await repo.checkpoints_of_job(conn, succeeded.job_id)
+            )
+        except NoArtifact as exc:
+            raise Reject(f"job {succeeded.job_id}: {exc}") from exc
+
+        now = self._clock()
+        model_id, latest = await repo.lock_model(conn, final.spec.team, final.spec.name, now)
+        version = ModelVersion(
+            id=str(uuid.uuid4()),
+            team=final.spec.team,
+            model_name=final.spec.name,
+            version=domain.next_version(latest),
+            job_id=succeeded.job_id,
+            allocation_id=succeeded.allocation_id,
+            artifact=artifact,
+            metrics=dict(succeeded.metrics),
+            lineage=domain.build_lineage(final, runs),
+            registered_at=now,
+        )
+        await repo.insert_version(conn, model_id, version)
+        registered: Payload = version.to_event()
+        await outbox.enqueue(
+            conn, Envelope.wrap(registered, source=SOURCE, subject=succeeded.job_id)
+        )
+        log.info(
+            "registered %s/%s v%d from job %s (%s)",
+            version.team,
+            version.model_name,
+            version.version,
+            version.job_id,
+            artifact.uri,
+        )

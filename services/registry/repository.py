@@ -1,0 +1,178 @@
+"""The registry's SQL: one function per query, each taking a connection. Tables are
+unqualified: the pool's ``search_path`` is the ``registry`` schema."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from services.registry.domain import ModelVersion, RecordedCheckpoint, Run
+from shared.events.payloads import CheckpointSaved, dump
+
+Row = Mapping[str, Any]
+
+
+def _json_metrics(metrics: Mapping[str, float]) -> dict[str, float | str]:
+    # jsonb has no NaN or infinity; they are kept as the strings float() reads back.
+    return {k: v if math.isfinite(v) else str(v) for k, v in metrics.items()}
+
+
+# --- runs and checkpoints --------------------------------------------------------------
+
+
+async def insert_run(conn: asyncpg.Connection, run: Run, now: datetime) -> bool:
+    """Record a started run; False when it was recorded already."""
+    inserted = await conn.fetchval(
+        """INSERT INTO runs (allocation_id, job_id, attempt, epoch, node_id, started_at, spec,
+                             code_version, environment, resumed_from, recorded_at)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+           ON CONFLICT (allocation_id) DO NOTHING RETURNING true""",
+        run.allocation_id,
+        run.job_id,
+        run.attempt,
+        run.epoch,
+        run.node_id,
+        run.started_at,
+        dump(run.spec),
+        run.code_version,
+        dump(run.environment),
+        run.resumed_from,
+        now,
+    )
+    return bool(inserted)
+
+
+async def runs_of_job(conn: asyncpg.Connection, job_id: str) -> list[Run]:
+    rows = await conn.fetch(
+        "SELECT * FROM runs WHERE job_id = $1 ORDER BY started_at, attempt", job_id
+    )
+    return [Run.from_row(r) for r in rows]
+
+
+async def insert_checkpoint(conn: asyncpg.Connection, saved: CheckpointSaved) -> bool:
+    """Record a checkpoint; False when this object was recorded for the job already."""
+    ref = saved.checkpoint
+    inserted = await conn.fetchval(
+        """INSERT INTO checkpoints (job_id, uri, allocation_id, epoch, step, manifest_uri,
+                                    size_bytes, sha256, saved_at)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+           ON CONFLICT (job_id, uri) DO NOTHING RETURNING true""",
+        saved.job_id,
+        ref.uri,
+        saved.allocation_id,
+        saved.epoch,
+        ref.step,
+        ref.manifest_uri,
+        ref.size_bytes,
+        ref.sha256,
+        saved.saved_at,
+    )
+    return bool(inserted)
+
+
+async def checkpoints_of_job(conn: asyncpg.Connection, job_id: str) -> list[RecordedCheckpoint]:
+    rows = await conn.fetch(
+        "SELECT * FROM checkpoints WHERE job_id = $1 ORDER BY step, saved_at", job_id
+    )
+    return [RecordedCheckpoint.from_row(r) for r in rows]
+
+
+# --- models and versions ----------------------------------------------------------------
+
+_VERSION_COLUMNS = """v.id, m.team, m.name, v.version, v.job_id, v.allocation_id,
+    v.artifact_uri, v.artifact_manifest_uri, v.artifact_step, v.artifact_size_bytes,
+    v.artifact_sha256, v.metrics, v.lineage, v.registered_at"""
+
+
+async def version_of_job(conn: asyncpg.Connection, job_id: str) -> ModelVersion | None:
+    row = await conn.fetchrow(
+        f"SELECT {_VERSION_COLUMNS} FROM model_versions v JOIN models m ON m.id = v.model_id "
+        "WHERE v.job_id = $1",
+        job_id,
+    )
+    return ModelVersion.from_row(row) if row is not None else None
+
+
+async def lock_model(
+    conn: asyncpg.Connection, team: str, name: str, now: datetime
+) -> tuple[int, int]:
+    """``(model id, latest version)``, creating the model if needed, with its row locked
+    until the transaction ends (so concurrent registrations number versions in turn)."""
+    await conn.execute(
+        "INSERT INTO models (team, name, created_at) VALUES ($1, $2, $3) "
+        "ON CONFLICT (team, name) DO NOTHING",
+        team,
+        name,
+        now,
+    )
+    row = await conn.fetchrow(
+        "SELECT id, latest_version FROM models WHERE team = $1 AND name = $2 FOR UPDATE",
+        team,
+        name,
+    )
+    assert row is not None  # inserted above or there already; models are never deleted
+    return int(row["id"]), int(row["latest_version"])
+
+
+async def insert_version(conn: asyncpg.Connection, model_id: int, version: ModelVersion) -> None:
+    """Store ``version`` and make it the model's latest (same transaction as ``lock_model``)."""
+    artifact = version.artifact
+    await conn.execute(
+        """INSERT INTO model_versions (id, model_id, version, job_id, allocation_id,
+               artifact_uri, artifact_manifest_uri, artifact_step, artifact_size_bytes,
+               artifact_sha256, metrics, lineage, code_version, dataset, registered_at)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)""",
+        version.id,
+        model_id,
+        version.version,
+        version.job_id,
+        version.allocation_id,
+        artifact.uri,
+        artifact.manifest_uri,
+        artifact.step,
+        artifact.size_bytes,
+        artifact.sha256,
+        _json_metrics(version.metrics),
+        dump(version.lineage),
+        version.lineage.code_version,
+        version.lineage.dataset,
+        version.registered_at,
+    )
+    await conn.execute(
+        "UPDATE models SET latest_version = $2 WHERE id = $1", model_id, version.version
+    )
+
+
+async def versions_of_model(conn: asyncpg.Connection, team: str, name: str) -> list[ModelVersion]:
+    rows = await conn.fetch(
+        f"SELECT {_VERSION_COLUMNS} FROM model_versions v JOIN models m ON m.id = v.model_id "
+        "WHERE m.team = $1 AND m.name = $2 ORDER BY v.version",
+        team,
+        name,
+    )
+    return [ModelVersion.from_row(r) for r in rows]
+
+
+async def model_version(
+    conn: asyncpg.Connection, team: str, name: str, version: int
+) -> ModelVersion | None:
+    row = await conn.fetchrow(
+        f"SELECT {_VERSION_COLUMNS} FROM model_versions v JOIN models m ON m.id = v.model_id "
+        "WHERE m.team = $1 AND m.name = $2 AND v.version = $3",
+        team,
+        name,
+        version,
+    )
+    return ModelVersion.from_row(row) if row is not None else None
+
+
+async def model_exists(conn: asyncpg.Connection, team: str, name: str) -> bool:
+    return bool(
+        await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM models WHERE team = $1 AND name = $2)", team, name
+        )
+    )

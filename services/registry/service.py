@@ -1,0 +1,36 @@
+"""The registry's composition root: ``serve(settings)`` runs it until SIGTERM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from services.registry.api import create_app
+from services.registry.config import Settings
+from services.registry.handlers import RegistryHandlers
+from shared.bus import Bus
+from shared.db import migrate, open_pool, ping
+from shared.events import nats_subject
+from shared.events.payloads import CheckpointSaved, JobStarted, JobSucceeded
+from shared.inbox import idempotent
+from shared.outbox import OutboxRelay
+from shared.runtime import ServiceRuntime
+
+NAME = "registry"
+MIGRATIONS = Path(__file__).parent / "migrations"
+SUBJECTS = [nats_subject(JobStarted), nats_subject(CheckpointSaved), nats_subject(JobSucceeded)]
+
+
+async def serve(settings: Settings) -> int:
+    async with ServiceRuntime(NAME, settings) as rt:
+        pool = await rt.resources.enter_async_context(open_pool(settings.database, NAME))
+        await migrate(pool, NAME, MIGRATIONS)
+        bus = await rt.resources.enter_async_context(Bus.connect(settings.nats, NAME))
+        rt.add_readiness_check("database", lambda: ping(pool))
+        rt.add_readiness_check("nats", bus.ping)
+        handlers = RegistryHandlers()
+        rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
+        rt.spawn(
+            bus.consume(NAME, SUBJECTS, idempotent(pool, NAME, handlers.dispatch), rt.stopping),
+            "events",
+        )
+        return await rt.run(create_app(pool, settings.admin_token, rt.health_handlers()))

@@ -1,0 +1,45 @@
+"""``python -m services.runner``: run this node's agent until SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+from services.runner.config import Settings
+from services.runner.service import serve
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m services.runner",
+        description="Trainyard runner: runs the jobs allocated to this node "
+        "(settings come from TRAINYARD_RUNNER_* and the shared TRAINYARD_* variables).",
+    )
+    parser.add_argument(
+        "--virtual-gpus",
+        type=int,
+        metavar="N",
+        help="offer N virtual GPUs (jobs run on CPU) instead of discovering real ones",
+    )
+    parser.add_argument("--node-id", metavar="ID", help="this node's id (default: host name)")
+    parser.add_argument("--gpu-flavor", metavar="F", help="GPU flavor offered (default: cpu)")
+    parser.add_argument("--port", type=int, help="HTTP port (default 8082)")
+    args = parser.parse_args(argv)
+    overrides: dict[str, Any] = {
+        key: value
+        for key, value in (
+            ("virtual_gpus", args.virtual_gpus),
+            ("node_id", args.node_id),
+            ("gpu_flavor", args.gpu_flavor),
+            ("port", args.port),
+        )
+        if value is not None
+    }
+    settings = Settings(**overrides)
+    return asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

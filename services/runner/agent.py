@@ -1,0 +1,319 @@
+"""The node agent: turns this node's allocations into supervised job processes.
+
+Contract:
+- ``on_granted`` launches a job at most once per allocation id, across redeliveries and
+  runner restarts (the ledger remembers every allocation this node saw). It publishes
+  ``job.started`` (awaited: if that fails the grant is redelivered and nothing ran), records
+  the launch, spawns the process and returns; a background task supervises the process.
+  A grant that cannot run here (GPU indices this node lacks, a malformed entrypoint) ends at
+  once with ``job.failed``. A grant arriving while the runner shuts down raises, so it stays
+  unacknowledged and goes to the next runner of this node.
+- ``on_revoked`` (same allocation id *and* epoch) stops the job: SIGTERM, then SIGKILL after
+  the revocation's grace; the outcome is ``job.preempted`` with the revocation's reason
+  (``cancelled`` too). A revocation of an allocation this node never ran ends it with
+  ``job.preempted`` so the scheduler is not left waiting, and a later grant for it is ignored.
+- ``recover`` (at start) publishes what a previous runner process left unsaid: stored
+  terminal events, and ``job.preempted`` for jobs whose process died with that runner.
+- ``drain_on(stop)``: stop accepting, SIGTERM every job, SIGKILL after the drain timeout,
+  wait for their terminal events (``job.preempted``, reason ``runner shutting down``).
+- ``heartbeats`` publishes ``runner.heartbeat`` every interval until the drain is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from datetime import UTC, datetime, timedelta
+
+from opentelemetry import context as otel_context
+
+from services.runner import domain, launch
+from services.runner.config import Settings
+from services.runner.domain import JobIdentity, StopRequest
+from services.runner.gpus import GpuInventory
+from services.runner.ledger import Ledger, safe_file_name
+from services.runner.publishing import JobEvents, publish_in_trace, publish_until_sent
+from services.runner.supervisor import JobRun, end_allocation
+from shared.bus import Bus
+from shared.events import Envelope, Payload, parse_envelope
+from shared.events.payloads import (
+    AllocationGranted,
+    AllocationRevoked,
+    JobStarted,
+    RunnerHeartbeat,
+)
+from shared.storage import ObjectStore
+from shared.telemetry import extract, inject
+
+log = logging.getLogger(__name__)
+
+LEDGER_RETENTION = timedelta(days=14)
+
+
+class NodeAgent:
+    """Runs this node's allocations (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        bus: Bus,
+        store: ObjectStore,
+        gpus: GpuInventory,
+        stop: asyncio.Event,
+    ) -> None:
+        self.settings = settings
+        self.gpus = gpus
+        self._bus = bus
+        self._store = store
+        self._stop = stop
+        self._ledger = Ledger(settings.work_dir / "ledger" / safe_file_name(settings.node_id))
+        self._runs: dict[str, JobRun] = {}
+        self._supervisors: set[asyncio.Task[None]] = set()
+        self._launching = asyncio.Lock()
+        self.drained = asyncio.Event()
+
+    @property
+    def node_id(self) -> str:
+        return self.settings.node_id
+
+    def running(self) -> list[JobRun]:
+        return list(self._runs.values())
+
+    def running_allocations(self) -> list[str]:
+        return sorted(self._runs)
+
+    # --- start-up ------------------------------------------------------------------------
+
+    async def recover(self) -> None:
+        """Publish what the previous runner process of this node left unsaid."""
+        pruned = await asyncio.to_thread(self._ledger.prune, LEDGER_RETENTION)
+        if pruned:
+            log.info("pruned %d old allocations from the ledger", pruned)
+        for entry in await asyncio.to_thread(self._ledger.unfinished):
+            parent = extract(entry.trace_headers)
+            if entry.terminal_event is None:
+                log.warning(
+                    "allocation %s of job %s was running when the runner stopped; "
+                    "its process is gone: reporting it preempted",
+                    entry.allocation_id,
+                    entry.job_id,
+                )
+                payload = domain.lost_on_restart(entry.job, datetime.now(UTC))
+                events = JobEvents(self._bus, parent, entry.job_id)
+                await end_allocation(entry.job, payload, events, self._ledger, entry.trace_headers)
+                continue
+            log.info("publishing the stored end of allocation %s", entry.allocation_id)
+            await publish_until_sent(
+                self._bus, parse_envelope(entry.terminal_event.encode()), parent
+            )
+            await asyncio.to_thread(self._ledger.finished, entry.allocation_id)
+
+    # --- allocation.granted ----------------------------------------------------------------
+
+    async def on_granted(self, grant: AllocationGranted) -> None:
+        if grant.node_id != self.node_id:
+            log.warning("ignoring allocation %s for node %s", grant.allocation_id, grant.node_id)
+            return
+        # Held until the job is spawned: a drain that begins meanwhile waits, then stops it.
+        async with self._launching:
+            if self._stop.is_set():
+                raise RuntimeError(
+                    "the runner is shutting down; the grant waits for its next start"
+                )
+            await self._grant(grant)
+
+    async def _grant(self, grant: AllocationGranted) -> None:
+        if grant.allocation_id in self._runs:
+            log.info(
+                "allocation %s is running already: duplicate grant ignored", grant.allocation_id
+            )
+            return
+        seen = await asyncio.to_thread(self._ledger.get, grant.allocation_id)
+        if seen is not None:
+            log.info(
+                "allocation %s is %s on this node: duplicate grant ignored",
+                grant.allocation_id,
+                seen.state.value,
+            )
+            return
+        job = JobIdentity.from_grant(grant)
+        # The consumer span of this grant: every later event of the job is published in it.
+        parent = otel_context.get_current()
+        trace_headers = inject()
+        problem = launch.cannot_run(grant, self.gpus)
+        if problem is not None:
+            log.error("allocation %s cannot run here: %s", grant.allocation_id, problem)
+            payload = domain.failed_to_start(job, problem, datetime.now(UTC))
+            await end_allocation(
+                job, payload, JobEvents(self._bus, parent, job.job_id), self._ledger, trace_headers
+            )
+            return
+        prepared = await asyncio.to_thread(
+            launch.prepare, grant, self.settings, self._store, self.gpus
+        )
+        started = JobStarted(
+            job_id=grant.job_id,
+            allocation_id=grant.allocation_id,
+            node_id=grant.node_id,
+            attempt=grant.attempt,
+            epoch=grant.epoch,
+            started_at=datetime.now(UTC),
+            code_version=prepared.code_version,
+            environment=prepared.environment,
+            spec=grant.spec,
+            resumed_from=prepared.resumed_from,
+        )
+        await publish_in_trace(
+            self._bus,
+            Envelope.wrap(
+                started,
+                source=domain.SOURCE,
+                subject=grant.job_id,
+                event_id=domain.event_id(grant.allocation_id, "started"),
+            ),
+            parent,
+        )
+        await asyncio.to_thread(self._ledger.launched, job, trace_headers)
+        await self._launch(grant, job, prepared, parent, trace_headers)
+
+    async def _launch(
+        self,
+        grant: AllocationGranted,
+        job: JobIdentity,
+        prepared: launch.Prepared,
+        parent: otel_context.Context,
+        trace_headers: dict[str, str],
+    ) -> None:
+        events = JobEvents(self._bus, parent, job.job_id)
+        log_path = launch.job_log_path(self.settings.work_dir, job.job_id, job.allocation_id)
+        run = JobRun(
+            job,
+            events=events,
+            ledger=self._ledger,
+            store=self._store,
+            log_path=log_path,
+            trace_headers=trace_headers,
+            progress_interval_s=self.settings.progress_interval_seconds,
+            log_tail_lines=self.settings.log_tail_lines,
+        )
+        argv = launch.job_argv(self.settings.python, grant)
+        env = launch.job_env(
+            grant,
+            prepared,
+            base=launch.runner_environ(),
+            storage=self.settings.storage,
+            store_uri=self._store.root_uri,
+            gpus=self.gpus,
+            trace_headers=trace_headers,
+        )
+        try:
+            await run.start(argv, cwd=self.settings.code_dir, env=env)
+        except Exception as exc:  # whatever stops the spawn, the allocation must still end
+            log.error("allocation %s: could not start %s: %s", job.allocation_id, argv, exc)
+            payload = domain.failed_to_start(job, f"could not start: {exc}", datetime.now(UTC))
+            await end_allocation(job, payload, events, self._ledger, trace_headers)
+            return
+        self._runs[job.allocation_id] = run
+        task = asyncio.create_task(
+            self._supervise(run, grant.spec.max_runtime_seconds), name=f"job {job.job_id}"
+        )
+        self._supervisors.add(task)
+        task.add_done_callback(self._supervisors.discard)
+
+    async def _supervise(self, run: JobRun, max_runtime_s: int) -> None:
+        try:
+            await run.supervise(max_runtime_s, self.settings.kill_grace_seconds)
+        except Exception:
+            # The terminal event stays in the ledger (or the launch does) for the next start.
+            log.exception("supervising allocation %s failed", run.job.allocation_id)
+        finally:
+            self._runs.pop(run.job.allocation_id, None)
+
+    # --- allocation.revoked ------------------------------------------------------------------
+
+    async def on_revoked(self, revoked: AllocationRevoked) -> None:
+        run = self._runs.get(revoked.allocation_id)
+        if run is not None:
+            if run.job.epoch != revoked.epoch:
+                log.warning(
+                    "ignoring revocation of allocation %s at epoch %d: it runs at epoch %d",
+                    revoked.allocation_id,
+                    revoked.epoch,
+                    run.job.epoch,
+                )
+                return
+            run.request_stop(StopRequest("revoked", revoked.reason), revoked.grace_seconds)
+            return
+        seen = await asyncio.to_thread(self._ledger.get, revoked.allocation_id)
+        if seen is not None:
+            log.info("allocation %s already ended here: revocation ignored", revoked.allocation_id)
+            return
+        log.warning(
+            "revocation of allocation %s, which never ran here: ending it", revoked.allocation_id
+        )
+        job = JobIdentity(
+            revoked.job_id, revoked.allocation_id, revoked.node_id, revoked.epoch, attempt=0
+        )
+        outcome = domain.Outcome("preempted", revoked.reason, None)
+        payload = domain.terminal_event(
+            job, outcome, domain.JobResults({}, None, ""), datetime.now(UTC)
+        )
+        parent = otel_context.get_current()
+        await end_allocation(
+            job, payload, JobEvents(self._bus, parent, job.job_id), self._ledger, inject()
+        )
+
+    # --- heartbeats and shutdown -----------------------------------------------------------
+
+    async def heartbeats(self) -> None:
+        """Publish a heartbeat every interval until the drain is done, then a last one."""
+        hostname = socket.gethostname()
+        while True:
+            sent_at = datetime.now(UTC)
+            beat = RunnerHeartbeat(
+                node_id=self.node_id,
+                hostname=hostname,
+                gpu_flavor=self.settings.gpu_flavor,
+                gpu_count=self.gpus.count,
+                gpu_names=list(self.gpus.names),
+                running_allocations=self.running_allocations(),
+                sent_at=sent_at,
+            )
+            envelope: Envelope[Payload] = Envelope.wrap(
+                beat,
+                source=domain.SOURCE,
+                subject=self.node_id,
+                event_id=domain.event_id(self.node_id, "heartbeat", sent_at.isoformat()),
+            )
+            try:
+                await self._bus.publish(envelope)
+            except Exception as exc:  # a missed heartbeat is not worth crashing the node for
+                log.warning("heartbeat not published: %s", exc)
+            if self.drained.is_set():
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self.drained.wait(), timeout=self.settings.heartbeat_interval_seconds
+                )
+
+    async def drain_on(self, stop: asyncio.Event) -> None:
+        """When ``stop`` is set: stop every job and wait for their ends (module docstring)."""
+        try:
+            await stop.wait()
+            async with self._launching:
+                pass  # a launch in progress finishes first; no new one starts after this
+            runs = self.running()
+            if runs:
+                log.info(
+                    "draining %d jobs (up to %g s)", len(runs), self.settings.drain_timeout_seconds
+                )
+            for run in runs:
+                run.request_stop(domain.shutdown_stop(), self.settings.drain_timeout_seconds)
+            if self._supervisors:
+                await asyncio.wait(set(self._supervisors))
+        finally:
+            for task in self._supervisors:
+                task.cancel()
+            self.drained.set()

@@ -1,0 +1,71 @@
+"""Settings of the runner (environment prefix ``TRAINYARD_RUNNER_``; the CLI overrides some)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import sys
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from shared.settings import ServiceSettings
+
+NODE_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+
+
+def default_node_id(hostname: str | None = None) -> str:
+    """The host name, lower-cased, with anything but ``[a-z0-9-]`` turned into ``-``.
+
+    Node ids are NATS subject tokens (``...granted.<node_id>``), so dots must go.
+    """
+    name = (hostname if hostname is not None else socket.gethostname()).lower()
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", name)[:63].strip("-")
+    return cleaned or "node"
+
+
+class Settings(ServiceSettings):
+    """The node agent: one per GPU machine, no database."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAINYARD_RUNNER_")
+
+    port: int = 8082
+    """Port of the HTTP server (health, readiness, ``GET /v1/node``)."""
+    shutdown_grace_seconds: float = 90.0
+    """On SIGTERM, how long the runner's tasks may take in all; must exceed
+    ``drain_timeout_seconds`` so the jobs' last events still go out."""
+    node_id: str = Field(default_factory=default_node_id, pattern=NODE_ID_PATTERN)
+    """This node's id, the routing key of its allocations (default: the sanitised host name)."""
+    gpu_flavor: str = Field(default="cpu", pattern=r"^[a-z0-9][a-z0-9-]*$")
+    """The GPU flavor this node offers (``h200``, ``a100``, ...; ``cpu`` for development)."""
+    virtual_gpus: int | None = Field(default=None, ge=0)
+    """Offer this many virtual GPUs (``virtual-cpu-<i>``; jobs run on CPU) instead of
+    discovering real ones. Unset: discover with NVML, else torch."""
+    heartbeat_interval_seconds: float = Field(default=2.0, gt=0)
+    """How often ``runner.heartbeat`` is published."""
+    work_dir: Path = Path(".trainyard/runner")
+    """Local folder for job logs (``jobs/<job>/<allocation>.log``) and the allocation ledger
+    (``ledger/<node_id>/``) that survives runner restarts."""
+    code_dir: Path = Field(default_factory=Path.cwd)
+    """Folder the jobs run in and import their entrypoint module from (default: the
+    current folder, the repository root)."""
+    python: str = Field(default_factory=lambda: sys.executable)
+    """Interpreter that runs the jobs (``python -m <entrypoint>``)."""
+    kill_grace_seconds: float = Field(default=30.0, ge=0)
+    """After SIGTERM for exceeding the max runtime, seconds before SIGKILL."""
+    drain_timeout_seconds: float = Field(default=60.0, ge=0)
+    """On runner shutdown, seconds the jobs get to checkpoint and exit before SIGKILL."""
+    progress_interval_seconds: float = Field(default=1.0, ge=0)
+    """At most one ``job.progress`` per job per this many seconds (the newest is kept)."""
+    log_tail_lines: int = Field(default=40, ge=1)
+    """Lines of output carried in ``job.failed``."""
+
+    @model_validator(mode="after")
+    def _drain_fits_grace(self) -> Settings:
+        if self.drain_timeout_seconds >= self.shutdown_grace_seconds:
+            raise ValueError(
+                "drain_timeout_seconds must be shorter than shutdown_grace_seconds, so the "
+                "jobs' final events can be published before the process exits"
+            )
+        return self

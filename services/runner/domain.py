@@ -1,0 +1,341 @@
+"""The runner's pure rules: event identities, progress throttling, how a job's exit becomes
+an event, and the life of an allocation on this node.
+
+Contract:
+- Every event the runner publishes has a deterministic id (``event_id``): a re-publish after
+  a lost ack or a runner restart is dropped by JetStream's duplicate window. All terminal
+  events of one allocation (succeeded, failed, preempted) share one id, so at most one of
+  them is ever accepted for an allocation inside the window.
+- ``ProgressThrottle`` lets at most one progress report per interval through and never loses
+  the newest one: a report held back is released when its turn comes or when the job ends.
+- ``decide_outcome`` is the single place that maps (exit status, why the runner stopped the
+  job) to succeeded / failed / preempted; ``terminal_event`` builds the payload for it.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import math
+import signal
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Generic, Literal, TypeVar
+
+from shared.control import PREEMPTED_EXIT_CODE, CheckpointMessage, MetricsMessage
+from shared.events.payloads import (
+    AllocationGranted,
+    CheckpointRef,
+    CheckpointSaved,
+    JobFailed,
+    JobPreempted,
+    JobProgress,
+    JobSucceeded,
+)
+
+SOURCE = "trainyard/runner"
+_EVENT_NAMESPACE = uuid.UUID("6f1c3a52-7d0e-4c8b-9a57-2f4e51d0b6a1")
+
+EventKind = Literal["started", "progress", "checkpoint", "end", "heartbeat"]
+
+
+class IllegalTransition(ValueError):
+    """A change of an allocation's state that the transition table does not allow."""
+
+
+class AllocationState(enum.StrEnum):
+    """An allocation as this node's ledger remembers it (across runner restarts)."""
+
+    LAUNCHED = "launched"
+    """The job was started (or is about to be); no outcome yet."""
+    ENDING = "ending"
+    """The job ended; its terminal event is stored but maybe not yet published."""
+    FINISHED = "finished"
+    """The terminal event was published: the allocation is done on this node for good."""
+
+    @property
+    def is_terminal(self) -> bool:
+        return self is AllocationState.FINISHED
+
+    def check(self, new: AllocationState) -> AllocationState:
+        if new not in _TRANSITIONS[self]:
+            raise IllegalTransition(f"allocation {self.value} -> {new.value} is not allowed")
+        return new
+
+
+_TRANSITIONS: dict[AllocationState, frozenset[AllocationState]] = {
+    AllocationState.LAUNCHED: frozenset({AllocationState.ENDING}),
+    AllocationState.ENDING: frozenset({AllocationState.FINISHED}),
+    AllocationState.FINISHED: frozenset(),
+}
+
+
+def event_id(scope: str, kind: EventKind, step: int | str | None = None) -> str:
+    """Deterministic event id: uuid5 of ``"<scope>:<kind>[:<step>]"`` (scope: allocation or
+    node id). The same logical event always gets the same id."""
+    name = f"{scope}:{kind}" if step is None else f"{scope}:{kind}:{step}"
+    return str(uuid.uuid5(_EVENT_NAMESPACE, name))
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    """Which allocation of which job an event is about."""
+
+    job_id: str
+    allocation_id: str
+    node_id: str
+    epoch: int
+    attempt: int
+
+    @classmethod
+    def from_grant(cls, grant: AllocationGranted) -> JobIdentity:
+        return cls(grant.job_id, grant.allocation_id, grant.node_id, grant.epoch, grant.attempt)
+
+
+# --- progress throttling ------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+class ProgressThrottle(Generic[T]):
+    """At most one item per ``interval`` seconds; the newest held-back item is kept.
+
+    Times are plain floats (``time.monotonic()`` in the runner) so the rule is testable
+    without a clock.
+    """
+
+    def __init__(self, interval: float) -> None:
+        self._interval = interval
+        self._last_sent: float | None = None
+        self._pending: T | None = None
+
+    def offer(self, item: T, now: float) -> T | None:
+        """The item to send now, or None when it is held back until ``next_due()``."""
+        if self._last_sent is None or now - self._last_sent >= self._interval:
+            self._last_sent = now
+            self._pending = None
+            return item
+        self._pending = item  # replaces an older held-back item: only the newest matters
+        return None
+
+    def next_due(self) -> float | None:
+        """When the held-back item may go, or None when nothing is held back."""
+        if self._pending is None or self._last_sent is None:
+            return None
+        return self._last_sent + self._interval
+
+    def due(self, now: float) -> T | None:
+        """The held-back item if its time has come (it is then counted as sent)."""
+        due_at = self.next_due()
+        if due_at is None or now < due_at:
+            return None
+        item, self._pending = self._pending, None
+        self._last_sent = now
+        return item
+
+    def flush(self) -> T | None:
+        """The held-back item regardless of time (the job ended)."""
+        item, self._pending = self._pending, None
+        return item
+
+
+# --- control messages -> events --------------------------------------------------------
+
+
+def publishable_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The finite metrics: events are JSON, where the envelope writes NaN and infinities as
+    ``null``, which no consumer could then parse. The job's log still shows them."""
+    return {name: value for name, value in metrics.items() if math.isfinite(value)}
+
+
+def progress_event(job: JobIdentity, message: MetricsMessage) -> JobProgress:
+    return JobProgress(
+        job_id=job.job_id,
+        allocation_id=job.allocation_id,
+        step=message.step,
+        metrics=publishable_metrics(message.metrics),
+    )
+
+
+def checkpoint_event(
+    job: JobIdentity, message: CheckpointMessage, now: datetime
+) -> CheckpointSaved:
+    return CheckpointSaved(
+        job_id=job.job_id,
+        allocation_id=job.allocation_id,
+        epoch=job.epoch,
+        checkpoint=message.checkpoint,
+        saved_at=now,
+    )
+
+
+def progress_event_id(job: JobIdentity, message: MetricsMessage) -> str:
+    # Step *and* content: a job may report different metrics at one step (training loss,
+    # then validation accuracy), and those are different events; the same report twice is not.
+    content = json.dumps(message.metrics, sort_keys=True)
+    digest = hashlib.sha256(content.encode()).hexdigest()[:16]
+    return event_id(job.allocation_id, "progress", f"{message.step}:{digest}")
+
+
+def checkpoint_event_id(job: JobIdentity, message: CheckpointMessage) -> str:
+    # The URI, not only the step: a job may save twice at one step (e.g. final + preempt).
+    return event_id(job.allocation_id, "checkpoint", message.checkpoint.uri)
+
+
+# --- outcomes ----------------------------------------------------------------------------
+
+StopKind = Literal["revoked", "shutdown", "max_runtime"]
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """Why the runner asked a job to stop (SIGTERM, then SIGKILL after a grace)."""
+
+    kind: StopKind
+    reason: str
+    """``cancelled`` / ``preempted`` / ``fenced`` (the revocation's reason),
+    ``runner shutting down``, or ``max runtime exceeded (N s)``."""
+
+
+def shutdown_stop() -> StopRequest:
+    return StopRequest("shutdown", "runner shutting down")
+
+
+def max_runtime_stop(seconds: int) -> StopRequest:
+    return StopRequest("max_runtime", f"max runtime exceeded ({seconds} s)")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: Literal["succeeded", "failed", "preempted"]
+    reason: str
+    exit_code: int | None
+
+
+def describe_exit(exit_code: int | None) -> str:
+    """``exited with status 3`` / ``killed by SIGKILL`` / ``did not start``."""
+    if exit_code is None:
+        return "did not start"
+    if exit_code < 0:
+        try:
+            return f"killed by {signal.Signals(-exit_code).name}"
+        except ValueError:
+            return f"killed by signal {-exit_code}"
+    return f"exited with status {exit_code}"
+
+
+def decide_outcome(exit_code: int, stop: StopRequest | None) -> Outcome:
+    """How a job that exited with ``exit_code`` ended, given why the runner stopped it.
+
+    - Over its max runtime: failed, whatever the exit status.
+    - Exit 0: succeeded (also when it finished its work during a stop's grace period).
+    - Stopped by a revocation or the runner's shutdown: preempted with the stop's reason
+      (``cancelled`` included: the scheduler already knows it is cancelling and ends the job
+      CANCELLED). Exit 75 is the clean case; any other status (killed after the grace, a
+      crash while checkpointing) is still the platform's doing, so still preempted; the job
+      resumes from its last reported checkpoint.
+    - Exit 75 without a stop request: failed (the job was not asked to stop).
+    - Anything else: failed.
+    """
+    if stop is not None and stop.kind == "max_runtime":
+        return Outcome("failed", stop.reason, exit_code)
+    if exit_code == 0:
+        return Outcome("succeeded", "exited with status 0", 0)
+    if stop is not None:
+        return Outcome("preempted", stop.reason, exit_code)
+    if exit_code == PREEMPTED_EXIT_CODE:
+        return Outcome(
+            "failed",
+            f"exited with status {PREEMPTED_EXIT_CODE} (preempted) although the runner "
+            "never asked it to stop",
+            exit_code,
+        )
+    return Outcome("failed", describe_exit(exit_code), exit_code)
+
+
+@dataclass(frozen=True)
+class JobResults:
+    """What the runner learned from the job while it ran."""
+
+    last_metrics: dict[str, float]
+    """The newest value of every metric the job reported (not only its last report's)."""
+    last_checkpoint: CheckpointRef | None
+    """The last checkpoint the job reported."""
+    log_tail: str
+
+
+def terminal_event(
+    job: JobIdentity, outcome: Outcome, results: JobResults, now: datetime
+) -> JobSucceeded | JobFailed | JobPreempted:
+    """The one event that ends an allocation (its id: ``event_id(allocation, "end")``)."""
+    common = {
+        "job_id": job.job_id,
+        "allocation_id": job.allocation_id,
+        "node_id": job.node_id,
+        "epoch": job.epoch,
+        "finished_at": now,
+    }
+    match outcome.kind:
+        case "succeeded":
+            return JobSucceeded(
+                **common,
+                metrics=publishable_metrics(results.last_metrics),
+                artifact=results.last_checkpoint,
+            )
+        case "preempted":
+            return JobPreempted(**common, reason=outcome.reason, checkpoint=results.last_checkpoint)
+        case "failed":
+            return JobFailed(
+                **common,
+                exit_code=outcome.exit_code,
+                reason=outcome.reason,
+                log_tail=results.log_tail,
+            )
+    raise AssertionError(f"unknown outcome {outcome.kind!r}")  # pragma: no cover
+
+
+def failed_to_start(job: JobIdentity, reason: str, now: datetime) -> JobFailed:
+    """The terminal event of an allocation whose job never ran."""
+    return JobFailed(
+        job_id=job.job_id,
+        allocation_id=job.allocation_id,
+        node_id=job.node_id,
+        epoch=job.epoch,
+        finished_at=now,
+        exit_code=None,
+        reason=reason,
+    )
+
+
+def lost_on_restart(job: JobIdentity, now: datetime) -> JobPreempted:
+    """The terminal event of an allocation whose process died with a previous runner.
+
+    Reported as preempted, not failed: the job did nothing wrong, and the scheduler requeues
+    a preempted job to resume from its latest checkpoint (a failed one would end for good).
+    """
+    return JobPreempted(
+        job_id=job.job_id,
+        allocation_id=job.allocation_id,
+        node_id=job.node_id,
+        epoch=job.epoch,
+        finished_at=now,
+        reason="lost: the runner restarted while the job was running",
+        checkpoint=None,
+    )
+
+
+class LogTail:
+    """The last ``size`` lines of a job's output."""
+
+    def __init__(self, size: int) -> None:
+        self._lines: deque[str] = deque(maxlen=size)
+
+    def add(self, line: str) -> None:
+        self._lines.append(line)
+
+    def text(self) -> str:
+        return "\n".join(self._lines)

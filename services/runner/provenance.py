@@ -1,0 +1,159 @@
+"""What a job ran: its code version and its environment, recorded by default, never by hand.
+
+``code_version`` format (space-separated parts, the first optional)::
+
+    git:<40-hex commit>[+dirty] src:sha256:<64-hex>
+
+- ``git:`` part only when ``code_dir`` is a git work tree: the commit of ``HEAD``
+  (``unborn`` before the first commit), ``+dirty`` when ``git status --porcelain`` lists
+  anything (uncommitted or untracked files: the commit alone would not reproduce the run).
+- ``src:`` part always: the sha256 of the entrypoint module's source file as it was when
+  the job started (``pkg/mod.py``, or ``pkg/mod/__main__.py`` for a package), so even a
+  dirty tree or a checkout without git pins the file that ran. ``src:unknown`` when the
+  module is not a file under ``code_dir`` (e.g. installed into site-packages).
+
+``environment`` asks the job's own interpreter (``settings.python``, which need not be the
+runner's) for its Python, torch and torch's CUDA build, without importing torch.
+
+Everything here blocks (subprocesses, file reads): call it through ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import platform
+import re
+import socket
+import subprocess
+from pathlib import Path
+
+from services.runner.gpus import GpuInventory
+from shared.events.payloads import Environment
+
+log = logging.getLogger(__name__)
+
+ENTRYPOINT_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_GIT_TIMEOUT_S = 20
+
+
+def entrypoint_source(code_dir: Path, entrypoint: str) -> Path | None:
+    """The file ``python -m <entrypoint>`` runs from ``code_dir``, if it is there."""
+    if not ENTRYPOINT_PATTERN.match(entrypoint):
+        return None
+    base = code_dir.joinpath(*entrypoint.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__main__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def source_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as src:
+        while chunk := src.read(1024 * 1024):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _git(code_dir: Path, *args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(code_dir), *args],
+            capture_output=True,
+            text=True,
+            timeout=_GIT_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.info("git %s in %s failed: %s", " ".join(args), code_dir, exc)
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def git_version(code_dir: Path) -> str | None:
+    """``git:<commit>[+dirty]``, or None when ``code_dir`` is not in a git work tree."""
+    if _git(code_dir, "rev-parse", "--is-inside-work-tree") != "true":
+        return None
+    commit = _git(code_dir, "rev-parse", "--verify", "--quiet", "HEAD") or "unborn"
+    status = _git(code_dir, "status", "--porcelain")
+    # An unreadable status counts as dirty: claiming a clean tree we could not check
+    # would make the record lie.
+    dirty = status is None or status != ""
+    return f"git:{commit}{'+dirty' if dirty else ''}"
+
+
+def code_version(code_dir: Path, entrypoint: str) -> str:
+    """The code version string of the module docstring."""
+    source = entrypoint_source(code_dir, entrypoint)
+    src = f"src:sha256:{source_digest(source)}" if source is not None else "src:unknown"
+    git = git_version(code_dir)
+    return f"{git} {src}" if git else src
+
+
+# Runs in the job's interpreter: stdlib only, and torch is located, not imported.
+_PROBE = r"""
+import importlib.metadata as md, importlib.util as iu, json, pathlib, platform, re
+def version(name):
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+cuda = None
+spec = iu.find_spec("torch")
+if spec is not None and spec.origin:
+    try:
+        text = (pathlib.Path(spec.origin).parent / "version.py").read_text()
+        m = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+        cuda = m.group(1) if m else None
+    except OSError:
+        pass
+print(json.dumps({
+    "python": platform.python_implementation() + " " + platform.python_version(),
+    "torch": version("torch"),
+    "torch_cuda": cuda,
+}))
+"""
+
+
+def probe_interpreter(python: str, code_dir: Path) -> dict[str, str | None]:
+    """Python and torch versions as the job's interpreter sees them."""
+    try:
+        done = subprocess.run(
+            [python, "-c", _PROBE],
+            cwd=code_dir,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        found: dict[str, str | None] = json.loads(done.stdout)
+        return found
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        log.warning("could not probe the job interpreter %s: %s", python, exc)
+        return {"python": None, "torch": None, "torch_cuda": None}
+
+
+def capture_environment(
+    *,
+    python: str,
+    code_dir: Path,
+    node_id: str,
+    gpu_flavor: str,
+    gpus: GpuInventory,
+    gpu_indices: list[int],
+) -> Environment:
+    """Where the job runs: interpreter, torch, OS, host, node, and the job's own GPUs."""
+    probe = probe_interpreter(python, code_dir)
+    cuda = None if gpus.virtual else (probe.get("torch_cuda") or gpus.cuda)
+    return Environment(
+        python=probe.get("python") or f"unknown ({python})",
+        torch=probe.get("torch") or "not installed",
+        platform=platform.platform(),
+        hostname=socket.gethostname(),
+        node_id=node_id,
+        gpu_flavor=gpu_flavor,
+        gpu_names=[gpus.names[i] for i in gpu_indices if 0 <= i < gpus.count],
+        cuda=cuda,
+    )

@@ -1,0 +1,199 @@
+"""Event handlers of the scheduler: one ``dispatch`` for every event it consumes.
+
+Each handler runs inside the transaction opened by ``shared.inbox.idempotent`` (so a
+redelivered event does nothing) and under the scheduling lock (so replicas never interleave).
+Events about allocations are fenced by allocation id and epoch; a stale or out-of-order
+event is logged and ignored, never applied. An event that can never apply is rejected to the
+dead-letter stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+
+import asyncpg
+
+from services.scheduler import repository as repo
+from services.scheduler.domain import AllocationStatus, EndKind, JobStatus, NodeStatus, fence
+from services.scheduler.scheduling import Clock, emit, end_allocation, run_pass, utc_now
+from shared.bus import Reject
+from shared.events import Envelope, Payload
+from shared.events.payloads import (
+    AllocationRevoked,
+    JobCancelled,
+    JobCancelRequested,
+    JobFailed,
+    JobPreempted,
+    JobStarted,
+    JobSubmitted,
+    JobSucceeded,
+    RunnerHeartbeat,
+)
+
+log = logging.getLogger(__name__)
+
+
+class SchedulerHandlers:
+    """The scheduler's event handling; ``dispatch`` is the transactional handler."""
+
+    def __init__(self, revoke_grace_seconds: float = 30.0, clock: Clock = utc_now) -> None:
+        self._grace = revoke_grace_seconds
+        self._clock = clock
+
+    async def dispatch(self, envelope: Envelope[Payload], conn: asyncpg.Connection) -> None:
+        await repo.lock_scheduler(conn)
+        now = self._clock()
+        match envelope.data:
+            case RunnerHeartbeat() as heartbeat:
+                await self.on_heartbeat(conn, heartbeat, now)
+            case JobSubmitted() as submitted:
+                await self.on_submitted(conn, submitted, now)
+            case JobCancelRequested() as cancel:
+                await self.on_cancel_requested(conn, cancel, now)
+            case JobStarted() as started:
+                await self.on_started(conn, started, now)
+            case JobSucceeded() as ended:
+                await self.on_ended(conn, ended, "succeeded", now)
+            case JobFailed() as ended:
+                await self.on_ended(conn, ended, "failed", now)
+            case JobPreempted() as ended:
+                await self.on_ended(conn, ended, "preempted", now)
+            case _:
+                pass
+
+    async def on_heartbeat(
+        self, conn: asyncpg.Connection, heartbeat: RunnerHeartbeat, now: datetime
+    ) -> None:
+        if heartbeat.gpu_count < 0:
+            raise Reject(f"gpu_count: must be >= 0, got {heartbeat.gpu_count}")
+        old = await repo.node_for_update(conn, heartbeat.node_id)
+        await repo.upsert_node(
+            conn,
+            heartbeat.node_id,
+            heartbeat.hostname,
+            heartbeat.gpu_flavor,
+            heartbeat.gpu_count,
+            now,
+        )
+        await self._fence_strays(conn, heartbeat)
+        supply_changed = (
+            old is None
+            or old["status"] != NodeStatus.READY
+            or old["gpu_count"] != heartbeat.gpu_count
+            or old["gpu_flavor"] != heartbeat.gpu_flavor
+        )
+        if supply_changed:
+            log.info(
+                "node %s ready: %d %s GPUs",
+                heartbeat.node_id,
+                heartbeat.gpu_count,
+                heartbeat.gpu_flavor,
+            )
+            await run_pass(conn, now)
+
+    async def _fence_strays(self, conn: asyncpg.Connection, heartbeat: RunnerHeartbeat) -> None:
+        """A runner still running an allocation that ended here (e.g. its node was declared
+        lost and the job moved on) is told to stop it, once."""
+        ids: list[uuid.UUID] = []
+        for raw in heartbeat.running_allocations:
+            try:
+                ids.append(uuid.UUID(raw))
+            except ValueError:
+                log.warning("node %s reports unknown allocation %r", heartbeat.node_id, raw)
+        if not ids:
+            return
+        for allocation, live in await repo.allocations_by_id(conn, ids):
+            if live and allocation.node_id == heartbeat.node_id:
+                continue
+            revoke = AllocationRevoked(
+                allocation_id=allocation.allocation_id,
+                job_id=allocation.job_id,
+                node_id=heartbeat.node_id,
+                epoch=allocation.epoch,
+                reason="fenced",
+                grace_seconds=self._grace,
+            )
+            # A fixed event id: the outbox keeps one such revocation however often it is seen.
+            event_id = f"fence:{allocation.allocation_id}:{heartbeat.node_id}"
+            await emit(conn, revoke, heartbeat.node_id, event_id=event_id)
+
+    async def on_submitted(
+        self, conn: asyncpg.Connection, submitted: JobSubmitted, now: datetime
+    ) -> None:
+        spec = submitted.spec
+        if spec.gpus < 1:
+            raise Reject(f"spec.gpus: a job needs at least 1 GPU, got {spec.gpus}")
+        if spec.max_restarts < 0:
+            raise Reject(f"spec.max_restarts: must be >= 0, got {spec.max_restarts}")
+        if not await repo.insert_job(conn, submitted.job_id, spec, submitted.submitted_at, now):
+            log.info("job %s already known; duplicate submission ignored", submitted.job_id)
+            return
+        await run_pass(conn, now)
+
+    async def on_cancel_requested(
+        self, conn: asyncpg.Connection, cancel: JobCancelRequested, now: datetime
+    ) -> None:
+        job = await repo.job_for_update(conn, cancel.job_id)
+        if job is None:
+            log.warning("cancel for unknown job %s ignored", cancel.job_id)
+            return
+        if job.status.is_terminal or job.status is JobStatus.CANCELLING:
+            log.info("cancel for %s job %s ignored", job.status.value, job.job_id)
+            return
+        if job.status is JobStatus.QUEUED:
+            await repo.set_job_status(
+                conn, job.job_id, job.status.check(JobStatus.CANCELLED), now, cancel.reason
+            )
+            await emit(conn, JobCancelled(job_id=job.job_id, reason=cancel.reason), job.job_id)
+            await run_pass(conn, now)  # positions behind it moved up
+            return
+        allocation = await repo.live_allocation(conn, job.job_id)
+        if allocation is None:  # pragma: no cover - a job holding GPUs always has one
+            raise RuntimeError(f"job {job.job_id} is {job.status.value} without an allocation")
+        await repo.set_job_status(
+            conn, job.job_id, job.status.check(JobStatus.CANCELLING), now, cancel.reason
+        )
+        revoke = AllocationRevoked(
+            allocation_id=allocation.allocation_id,
+            job_id=job.job_id,
+            node_id=allocation.node_id,
+            epoch=allocation.epoch,
+            reason="cancelled",
+            grace_seconds=self._grace,
+        )
+        await emit(conn, revoke, allocation.node_id)
+
+    async def on_started(
+        self, conn: asyncpg.Connection, started: JobStarted, now: datetime
+    ) -> None:
+        job = await repo.job_for_update(conn, started.job_id)
+        allocation = await repo.live_allocation(conn, started.job_id)
+        stale = fence(allocation.live if allocation else None, started.allocation_id, started.epoch)
+        if job is None or allocation is None or stale:
+            log.info("JobStarted for %s ignored: %s", started.job_id, stale or "unknown job")
+            return
+        if allocation.status is not AllocationStatus.GRANTED:
+            log.info("JobStarted for %s ignored: already %s", job.job_id, allocation.status.value)
+            return
+        allocation.status.check(AllocationStatus.RUNNING)
+        await repo.mark_allocation_started(conn, allocation.allocation_id, started.started_at)
+        if job.status is JobStatus.ALLOCATED:
+            await repo.set_job_status(conn, job.job_id, job.status.check(JobStatus.RUNNING), now)
+
+    async def on_ended(
+        self,
+        conn: asyncpg.Connection,
+        ended: JobSucceeded | JobFailed | JobPreempted,
+        kind: EndKind,
+        now: datetime,
+    ) -> None:
+        job = await repo.job_for_update(conn, ended.job_id)
+        allocation = await repo.live_allocation(conn, ended.job_id)
+        stale = fence(allocation.live if allocation else None, ended.allocation_id, ended.epoch)
+        if job is None or allocation is None or stale:
+            log.info("job %s %s ignored: %s", ended.job_id, kind, stale or "unknown job")
+            return
+        await end_allocation(conn, job, allocation, kind, ended.finished_at, now)
+        await run_pass(conn, now)

@@ -1,0 +1,86 @@
+"""Lost nodes: a node that misses heartbeats for ``node_timeout_seconds`` is LOST.
+
+Contract of ``sweep_lost_nodes`` (one transaction, under the scheduling lock): every READY node
+whose last heartbeat is older than the timeout becomes LOST; each of its live allocations is
+released with outcome ``lost`` (``AllocationReleased``), billed up to the node's last
+heartbeat; each job is requeued for its next attempt, or FAILED ("node lost; max restarts
+reached") once ``spec.max_restarts`` restarts are used; then a pass places what it can.
+
+``NodeWatch.run`` sweeps every ``node_check_interval_seconds`` until stopped. It declares
+nothing lost until the process has been up for one timeout, so a scheduler that was down
+does not take its own downtime for silent nodes. A failed sweep is logged and retried on
+the next tick: a database outage must not stop the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from datetime import datetime, timedelta
+
+import asyncpg
+
+from services.scheduler import repository as repo
+from services.scheduler.scheduling import Clock, end_allocation, run_pass, utc_now
+
+log = logging.getLogger(__name__)
+
+
+async def sweep_lost_nodes(
+    conn: asyncpg.Connection, now: datetime, node_timeout: timedelta
+) -> list[str]:
+    """Declare silent nodes lost and requeue their jobs; returns the ids of the lost nodes."""
+    await repo.lock_scheduler(conn)
+    lost = await repo.mark_lost_nodes(conn, now - node_timeout, now)
+    for node in lost:
+        allocations = await repo.live_allocations_on(conn, node["node_id"])
+        log.warning(
+            "node %s lost (last heartbeat %s); releasing %d allocation(s)",
+            node["node_id"],
+            node["last_heartbeat"].isoformat(),
+            len(allocations),
+        )
+        for allocation in allocations:
+            job = await repo.job_for_update(conn, allocation.job_id)
+            if job is None:  # pragma: no cover - a foreign key makes this impossible
+                continue
+            await end_allocation(conn, job, allocation, "lost", node["last_heartbeat"], now)
+    if lost:
+        await run_pass(conn, now)
+    return [n["node_id"] for n in lost]
+
+
+class NodeWatch:
+    """The periodic lost-node sweep of one scheduler process."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        interval_seconds: float,
+        timeout_seconds: float,
+        clock: Clock = utc_now,
+    ) -> None:
+        self._pool = pool
+        self._interval = interval_seconds
+        self._timeout = timedelta(seconds=timeout_seconds)
+        self._clock = clock
+
+    async def sweep(self) -> list[str]:
+        async with self._pool.acquire() as conn, conn.transaction():
+            return await sweep_lost_nodes(conn, self._clock(), self._timeout)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        armed_at = time.monotonic() + self._timeout.total_seconds()
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self._interval)
+            if stop.is_set():
+                return
+            if time.monotonic() < armed_at:
+                continue
+            try:
+                await self.sweep()
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("lost-node sweep failed: %s; retrying next tick", exc)

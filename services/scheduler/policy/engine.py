@@ -1,0 +1,434 @@
+"""One scheduling pass over a snapshot: ``schedule`` and the arrival fast path.
+
+Contract of ``schedule(snapshot, config)`` (pure and deterministic: equal snapshots, in any
+tuple order, give equal decisions):
+1. Pending jobs are considered one at a time: within a queue by priority, ageing and submit
+   time (``fairshare.queue_key``); across queues the head with the lowest standing goes next
+   -- first jobs that stay within their queue's nominal quota, then borrowers; within each,
+   by fair share, priority level and waiting time (``fairshare``). Standings are recomputed
+   as jobs are placed, so teams take turns.
+2. A job starts now when its quota allows it (``quota``) and a gang shape fits on free GPUs
+   (``packing``) without delaying any reservation (``backfill``). Its GPUs are then busy for
+   every later job of the pass.
+3. Otherwise it waits. The first waiting job of each queue and flavor may preempt (per
+   ``preemption``): victims get a notice; the job starts in a later pass once they left. The
+   first ``config.reservations`` capacity-blocked jobs of each flavor get a reservation that
+   later jobs may not delay.
+4. Every waiting job gets an ``Explanation``: its position among the waiting jobs of its
+   queue (in the order above), a reason naming the blocking constraint and its holders, a
+   suggestion when a smaller or shorter request would start now, and an estimated start.
+
+``PolicyState`` keeps the pass's state so that ``decide_arrival`` can decide a new job in
+about a millisecond: it starts it now when quota and free GPUs allow without delaying any
+reservation (the same test a pass applies to a backfill candidate), else explains why it
+waits; the next full pass reconsiders it with everyone else.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from services.scheduler.policy import backfill, explain
+from services.scheduler.policy.fairshare import FairShare, queue_key
+from services.scheduler.policy.model import (
+    DEFAULT_PRIORITY,
+    Decisions,
+    Explanation,
+    PendingJob,
+    Placement,
+    PolicyConfig,
+    Preemption,
+    PriorityClass,
+    RunningJob,
+    Snapshot,
+)
+from services.scheduler.policy.packing import FlavorPool, NodeSlot, Shape, job_shapes
+from services.scheduler.policy.preemption import candidates_for, select
+from services.scheduler.policy.quota import QuotaBook, Verdict
+from services.scheduler.policy.reasons import explain_all
+
+HeapKey = tuple[int, float, float, int, str]
+
+
+@dataclass(slots=True)
+class Waiting:
+    """Why a job could not start in this pass (turned into an ``Explanation`` at the end)."""
+
+    job: PendingJob
+    kind: str
+    """invalid | quota | capacity | reserved | behind | preempting"""
+    position: int = 0
+    text: str = ""
+    """(invalid) the finished reason."""
+    blocking: str = ""
+    """(invalid) what stands in the way."""
+    suggestion: str | None = None
+    """(invalid) what to change."""
+    verdict: Verdict | None = None
+    shape: Shape = (1, 1)
+    reservation: backfill.Reservation | None = None
+    conflicts: list[backfill.Reservation] = field(default_factory=list)
+    victims: list[str] = field(default_factory=list)
+    victim_kind: str = ""
+    start: float | None = None
+
+
+class PolicyState:
+    """The cluster as one pass sees it; built from a ``Snapshot`` (see module docstring)."""
+
+    def __init__(self, snapshot: Snapshot, config: PolicyConfig | None = None):
+        self.now = snapshot.now
+        self.config = config or PolicyConfig()
+        self.classes = {c.name: c for c in snapshot.priority_classes}
+        values = sorted({c.value for c in snapshot.priority_classes} | {DEFAULT_PRIORITY.value})
+        self._level = {v: i for i, v in enumerate(values)}
+        self.quota = QuotaBook(snapshot.queues)
+        by_flavor: dict[str, list[NodeSlot]] = {}
+        for n in snapshot.nodes:
+            by_flavor.setdefault(n.flavor, []).append(
+                NodeSlot(n.node_id, n.topology, n.gpu_count, n.used)
+            )
+        self.pools = {f: FlavorPool(f, nodes) for f, nodes in sorted(by_flavor.items())}
+        self.running: dict[tuple[str, str], list[RunningJob]] = {}
+        self.leaving: dict[str, list[RunningJob]] = {}
+        self.holding: dict[tuple[str, str], list[tuple[float, int, str]]] = {}
+        self.team_of_job: dict[str, str] = {}
+        held: dict[str, int] = {}
+        for r in sorted(snapshot.running, key=lambda r: r.job_id):
+            self._admit_running(r, held)
+        cluster_gpus = sum(p.total for p in self.pools.values())
+        self.fair = FairShare(
+            self.quota.queues.values(),
+            snapshot.usage,
+            held,
+            self.config.half_life_s,
+            cluster_gpus,
+            self.config.fair_share,
+        )
+        self.pending = sorted(snapshot.pending, key=lambda j: j.job_id)
+        self.placements: list[Placement] = []
+        self.preemptions: list[Preemption] = []
+        self.waiting: list[Waiting] = []
+        self.reservations: dict[str, list[backfill.Reservation]] = {}
+        self._positions: dict[str, int] = {}
+        self._tried: set[tuple[str, str]] = set()
+        self._claimed: set[str] = set()
+        self._shape_cache: dict[tuple[str, int, int | None], tuple[Shape, ...]] = {}
+        self._invalid_cache: dict[
+            tuple[str, str, int, int | None], tuple[str, str, str | None] | None
+        ] = {}
+
+    # --- building ------------------------------------------------------------------------
+
+    def _admit_running(self, r: RunningJob, held: dict[str, int]) -> None:
+        queue = self.quota.queues.get(r.queue)
+        team = queue.team if queue is not None else r.queue
+        self.team_of_job[r.job_id] = team
+        held[team] = held.get(team, 0) + r.gpus
+        self.quota.add(r.queue, r.flavor, r.gpus)
+        if r.notice_at is not None:
+            end = max(self.now, r.notice_at + self.config.grace_s)
+            self.leaving.setdefault(r.flavor, []).append(r)
+        else:
+            end = max(self.now, r.started_at + r.declared_runtime_s)
+        self.running.setdefault((r.queue, r.flavor), []).append(r)
+        self.holding.setdefault((r.queue, r.flavor), []).append((end, r.gpus, r.job_id))
+        pool = self.pools.get(r.flavor)
+        for node_id, indices in sorted(r.placement.items()):
+            node = pool.nodes.get(node_id) if pool is not None else None
+            if node is not None:
+                backfill.add_release(node, end, len(indices))
+
+    def priority(self, name: str) -> PriorityClass:
+        return self.classes.get(name, DEFAULT_PRIORITY)
+
+    def level(self, job: PendingJob) -> int:
+        return self._level[self.priority(job.priority).value]
+
+    # --- the pass ------------------------------------------------------------------------
+
+    def run(self) -> Decisions:
+        """Decide every pending job once, in order (see module docstring)."""
+        ageing = max(self.config.ageing_s, 1e-9)
+        queues: dict[str, list[PendingJob]] = {}
+        for job in self.pending:
+            if job.queue not in self.quota.queues:
+                self.decide(job)
+                continue
+            queues.setdefault(job.queue, []).append(job)
+        heap: list[tuple[HeapKey, str]] = []
+        cursor: dict[str, int] = {}
+        for name, jobs in sorted(queues.items()):
+            jobs.sort(
+                key=lambda j: queue_key(j.submitted_at, self.level(j), j.seq, j.job_id, ageing)
+            )
+            cursor[name] = 0
+            heap.append((self._standing(jobs[0], ageing), name))
+        heapq.heapify(heap)
+        while heap:
+            key, name = heapq.heappop(heap)
+            job = queues[name][cursor[name]]
+            fresh = self._standing(job, ageing)
+            if fresh != key and heap and fresh > heap[0][0]:
+                heapq.heappush(heap, (fresh, name))
+                continue
+            self.decide(job)
+            cursor[name] += 1
+            if cursor[name] < len(queues[name]):
+                heapq.heappush(heap, (self._standing(queues[name][cursor[name]], ageing), name))
+        return self.decisions()
+
+    def _standing(self, job: PendingJob, ageing: float) -> HeapKey:
+        queue = self.quota.queues[job.queue]
+        tier = 0 if self.quota.within_nominal(job.queue, job.flavor, job.gpus) else 1
+        order = job.submitted_at / ageing - self.level(job)
+        return (tier, self.fair.share(queue) + order, job.submitted_at, job.seq, job.job_id)
+
+    def decide(self, job: PendingJob, quick: bool = False) -> Placement | None:
+        """Start ``job`` now if the rules allow, else record why it waits. ``quick`` (the
+        arrival fast path) neither preempts nor reserves."""
+        invalid = self._invalid(job)
+        if invalid is not None:
+            self._wait(invalid)
+            return None
+        pool = self.pools[job.flavor]
+        shapes = self._shapes(job, pool)
+        verdict = self.quota.check(job.queue, job.flavor, job.gpus)
+        end = self.now + job.declared_runtime_s
+        waiting: Waiting
+        if not verdict.ok:
+            waiting = Waiting(job, "quota", verdict=verdict, shape=shapes[0])
+        elif not self.config.backfill and self.reservations.get(job.flavor):
+            first = self.reservations[job.flavor][0]
+            waiting = Waiting(job, "behind", reservation=first, shape=shapes[0])
+        else:
+            found = self._find(pool, shapes, end)
+            if found is not None:
+                return self._place(job, pool, found[0], found[1], end, verdict.borrowing)
+            waiting = Waiting(job, "capacity", verdict=verdict, shape=shapes[0])
+            for shape in shapes:
+                nodes = pool.find(shape)
+                if nodes is not None:
+                    waiting.kind, waiting.shape = "reserved", shape
+                    waiting.conflicts = _conflicts(nodes, shape[1], end)
+                    break
+        if quick:
+            self._wait(waiting)
+            return None
+        if waiting.kind in ("quota", "capacity"):
+            self._try_preempt(job, pool, shapes, waiting)
+        if waiting.kind in ("capacity", "reserved") and self.config.reservations > 0:
+            taken = self.reservations.setdefault(job.flavor, [])
+            if len(taken) < self.config.reservations:
+                reservation = backfill.reserve(
+                    pool, job.job_id, shapes, job.declared_runtime_s, self.now
+                )
+                if reservation is not None:
+                    taken.append(reservation)
+                    waiting.reservation = reservation
+        self._wait(waiting)
+        return None
+
+    def _invalid(self, job: PendingJob) -> Waiting | None:
+        """Why ``job`` can never start as asked, or None (cached per kind of request)."""
+        key = (job.queue, job.flavor, job.gpus, job.gpus_per_node)
+        if key not in self._invalid_cache:
+            found = self._why_invalid(job)
+            self._invalid_cache[key] = (
+                None if found is None else (found.text, found.blocking, found.suggestion)
+            )
+        cached = self._invalid_cache[key]
+        if cached is None:
+            return None
+        text, blocking, suggestion = cached
+        return Waiting(job, "invalid", text=text, blocking=blocking, suggestion=suggestion)
+
+    def _why_invalid(self, job: PendingJob) -> Waiting | None:
+        if job.queue not in self.quota.queues:
+            return Waiting(
+                job, "invalid", text=explain.unknown_queue(job.queue), blocking=f"queue {job.queue}"
+            )
+        if job.gpus < 1:
+            return Waiting(
+                job,
+                "invalid",
+                text=explain.bad_request(job.gpus),
+                blocking="the request",
+                suggestion="ask for at least 1 GPU",
+            )
+        pool = self.pools.get(job.flavor)
+        if pool is None or pool.total == 0:
+            ready = [f for f, p in self.pools.items() if p.total]
+            hint = f"flavors with ready nodes: {', '.join(ready)}" if ready else None
+            return Waiting(
+                job,
+                "invalid",
+                text=explain.no_nodes(job.flavor),
+                blocking=f"{job.flavor} nodes",
+                suggestion=hint,
+            )
+        if not self._shapes(job, pool):
+            text = explain.no_shape(
+                job.gpus, job.flavor, job.gpus_per_node, pool.capacity, pool.total
+            )
+            fits = [
+                n
+                for n in range(job.gpus - 1, 0, -1)
+                if job_shapes(n, None, pool.capacity) and n <= pool.total
+            ]
+            hint = f"ask for {fits[0]} GPUs" if fits else None
+            return Waiting(job, "invalid", text=text, blocking="the request", suggestion=hint)
+        ceiling = self.quota.ceiling(job.queue, job.flavor)
+        if job.gpus > ceiling:
+            text = explain.quota_ceiling(job.queue, job.gpus, job.flavor, ceiling)
+            hint = f"ask for at most {ceiling} GPUs" if ceiling > 0 else None
+            return Waiting(
+                job, "invalid", text=text, blocking=f"queue {job.queue} quota", suggestion=hint
+            )
+        return None
+
+    def _shapes(self, job: PendingJob, pool: FlavorPool) -> tuple[Shape, ...]:
+        """The job's shapes that enough nodes of its flavor are big enough for (cached)."""
+        key = (job.flavor, job.gpus, job.gpus_per_node)
+        shapes = self._shape_cache.get(key)
+        if shapes is None:
+            every = job_shapes(job.gpus, job.gpus_per_node, pool.capacity)
+            shapes = tuple(s for s in every if s[0] <= pool.count_nodes_with(s[1]))
+            self._shape_cache[key] = shapes
+        return shapes
+
+    def _find(
+        self, pool: FlavorPool, shapes: tuple[Shape, ...], end: float
+    ) -> tuple[list[NodeSlot], int] | None:
+        def allow(node: NodeSlot, gpus: int) -> bool:
+            return backfill.allows(node, gpus, end)
+
+        for shape in shapes:
+            nodes = pool.find(shape, allow)
+            if nodes is not None:
+                return nodes, shape[1]
+        return None
+
+    def _place(
+        self,
+        job: PendingJob,
+        pool: FlavorPool,
+        nodes: list[NodeSlot],
+        per_node: int,
+        end: float,
+        borrowed: bool,
+    ) -> Placement:
+        for node in nodes:
+            backfill.commit(node, per_node, end)
+            backfill.add_release(node, end, per_node)
+        gpus = pool.take(nodes, per_node, job.job_id)
+        placement = Placement(job.job_id, gpus, borrowed)
+        self.placements.append(placement)
+        self.quota.add(job.queue, job.flavor, job.gpus)
+        team = self.quota.queues[job.queue].team
+        self.team_of_job[job.job_id] = team
+        self.fair.charge(team, job.gpus)
+        self.holding.setdefault((job.queue, job.flavor), []).append((end, job.gpus, job.job_id))
+        return placement
+
+    def _wait(self, waiting: Waiting) -> None:
+        queue = waiting.job.queue
+        self._positions[queue] = waiting.position = self._positions.get(queue, 0) + 1
+        self.waiting.append(waiting)
+
+    # --- preemption ----------------------------------------------------------------------
+
+    def _try_preempt(
+        self, job: PendingJob, pool: FlavorPool, shapes: tuple[Shape, ...], waiting: Waiting
+    ) -> None:
+        key = (job.queue, job.flavor)
+        if key in self._tried:
+            return
+        self._tried.add(key)
+        leaving = [r for r in self.leaving.get(job.flavor, ()) if r.job_id not in self._claimed]
+        if not self.config.preemption and not leaving:
+            return
+        within = self.quota.within_nominal(job.queue, job.flavor, job.gpus)
+        found, reclaimable = candidates_for(
+            self.quota,
+            job.queue,
+            job.flavor,
+            self.priority(job.priority).value,
+            within,
+            self.running if self.config.preemption else {},
+            leaving,
+            self.priority,
+            self.now,
+        )
+        if not found:
+            return
+
+        def quota_ok(freed: Mapping[str, int]) -> bool:
+            return self.quota.check(job.queue, job.flavor, job.gpus, freed).ok
+
+        chosen = select(found, pool, shapes, quota_ok, reclaimable)
+        if chosen is None:
+            return
+        ends = []
+        job_class = self.priority(job.priority)
+        for c in chosen:
+            self._claimed.add(c.job.job_id)
+            if c.kind is None:
+                assert c.job.notice_at is not None
+                ends.append(c.job.notice_at + self.config.grace_s)
+                continue
+            ends.append(self.now + self.config.grace_s)
+            victim_class = self.priority(c.job.priority)
+            if c.kind == "priority":
+                detail = (
+                    f"priority {job_class.name} outranks {victim_class.name} in queue {job.queue}"
+                )
+            else:
+                detail = f"queue {c.job.queue} borrows {job.flavor} quota that {job.queue} needs"
+            self.preemptions.append(
+                Preemption(
+                    c.job.job_id, job.job_id, c.kind, explain.victim(job.job_id, c.kind, detail)
+                )
+            )
+            self.leaving.setdefault(job.flavor, []).append(c.job)
+        kinds = {c.kind for c in chosen}
+        waiting.kind = "preempting"
+        waiting.victims = sorted(c.job.job_id for c in chosen)
+        waiting.victim_kind = (
+            "leaving" if kinds == {None} else "priority" if "priority" in kinds else "reclaim"
+        )
+        waiting.start = max(ends)
+
+    # --- result --------------------------------------------------------------------------
+
+    def decisions(self) -> Decisions:
+        explanations = explain_all(self, self.waiting)
+        return Decisions(tuple(self.placements), tuple(self.preemptions), explanations)
+
+
+def _conflicts(nodes: Iterable[NodeSlot], gpus: int, end: float) -> list[backfill.Reservation]:
+    found: dict[str, backfill.Reservation] = {}
+    for node in nodes:
+        for r in backfill.conflicts(node, gpus, end):
+            found[r.job_id] = r
+    return [found[k] for k in sorted(found)]
+
+
+def schedule(snapshot: Snapshot, config: PolicyConfig | None = None) -> Decisions:
+    """One full pass (see module docstring)."""
+    return PolicyState(snapshot, config).run()
+
+
+def decide_arrival(state: PolicyState, job: PendingJob) -> Decisions:
+    """Decide a newly arrived job against ``state`` (a pass's state, updated in place):
+    start it now if it fits without delaying anyone reserved, else explain why it waits."""
+    mark = len(state.waiting)
+    placement = state.decide(job, quick=True)
+    if placement is not None:
+        return Decisions(placements=(placement,))
+    return Decisions(explanations=explain_all(state, state.waiting[mark:], quick=True))
+
+
+__all__ = ["Explanation", "PolicyState", "decide_arrival", "schedule"]

@@ -1,0 +1,173 @@
+"""Explanations: human sentences for why a pending job waits, who holds what it needs, what
+would let it start now, and when it should start.
+
+Contract: pure text builders over plain values; every function returns a non-empty reason
+and a non-empty ``blocking`` (who or what holds it: job ids, queue names, or the constraint
+itself). Durations are rendered relative to the snapshot's ``now`` ("~12 min").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+MAX_NAMES = 3
+
+
+def duration(seconds: float) -> str:
+    """'~45 s', '~12 min', '~3.5 h', '~2 d'."""
+    if seconds < 60:
+        return f"~{max(0, round(seconds))} s"
+    if seconds < 3600:
+        return f"~{round(seconds / 60)} min"
+    if seconds < 86400:
+        return f"~{seconds / 3600:.1f} h"
+    return f"~{seconds / 86400:.1f} d"
+
+
+def eta(start: float | None, now: float) -> str:
+    if start is None:
+        return "no start can be estimated yet"
+    if start <= now:
+        return "expected to start at the next pass"
+    return f"expected start in {duration(start - now)}"
+
+
+def names(items: Sequence[str]) -> str:
+    """'a', 'a and b', 'a, b, c and 2 more'."""
+    shown = list(items[:MAX_NAMES])
+    rest = len(items) - len(shown)
+    if rest > 0:
+        return f"{', '.join(shown)} and {rest} more"
+    if len(shown) <= 1:
+        return "".join(shown)
+    return f"{', '.join(shown[:-1])} and {shown[-1]}"
+
+
+def gpus(n: int, flavor: str) -> str:
+    return f"{n} {flavor} GPU{'s' if n != 1 else ''}"
+
+
+def layout(count: int, per_node: int) -> str:
+    return "on one node" if count == 1 else f"as {count} nodes x {per_node}"
+
+
+# --- reasons -------------------------------------------------------------------------------
+
+
+def unknown_queue(queue: str) -> str:
+    return f"queue {queue} does not exist; resubmit to an existing queue"
+
+
+def bad_request(job_gpus: int) -> str:
+    return f"asks for {job_gpus} GPUs; a job needs at least 1"
+
+
+def no_nodes(flavor: str) -> str:
+    return f"no ready node has {flavor} GPUs"
+
+
+def no_shape(job_gpus: int, flavor: str, per_node: int | None, capacity: int, total: int) -> str:
+    if job_gpus > total:
+        return f"needs {gpus(job_gpus, flavor)}; all ready {flavor} nodes together have {total}"
+    if per_node is not None:
+        return (
+            f"needs {gpus(job_gpus, flavor)} as equal parts of {per_node} per node, which "
+            f"{flavor} nodes (at most {capacity} GPUs each) cannot hold"
+        )
+    return (
+        f"needs {gpus(job_gpus, flavor)}, which cannot be split into equal parts on "
+        f"{flavor} nodes of at most {capacity} GPUs"
+    )
+
+
+def quota_ceiling(queue: str, job_gpus: int, flavor: str, ceiling: int) -> str:
+    return (
+        f"needs {gpus(job_gpus, flavor)} but queue {queue} can never hold more than {ceiling} "
+        f"(its quota plus what it may borrow)"
+    )
+
+
+def nominal_full(queue: str, flavor: str, used: int, nominal: int, holders: Sequence[str]) -> str:
+    held = f" (jobs {names(holders)})" if holders else ""
+    if nominal == 0:
+        return f"queue {queue} has no {flavor} quota"
+    return f"queue {queue} uses {used} of its {nominal} {flavor} quota{held}"
+
+
+def borrow_limit(queue: str, flavor: str, borrowed: int, limit: int) -> str:
+    return (
+        f"queue {queue} already borrows {borrowed} {flavor} GPUs of its cohort; its borrowing "
+        f"limit is {limit}"
+    )
+
+
+def cohort_full(
+    queue: str, flavor: str, used: int, nominal: int, idle: int, holders: Sequence[str]
+) -> str:
+    """'queue qa uses 15 of its 16 a100 quota and the cohort has 1 idle GPU to lend
+    (held by qb using 16)'."""
+    held = f" (the rest is used by {names(holders)})" if holders else ""
+    return (
+        f"queue {queue} uses {used} of its {nominal} {flavor} quota and its cohort has "
+        f"{idle} idle to lend{held}"
+    )
+
+
+def reclaim(flavor: str, nominal: int, taken: Sequence[tuple[str, int]], when: str) -> str:
+    """'team-b borrows 6 of your 8 a100 quota; reclaim expected in ~12 min'."""
+    parts = [f"{team} borrows {n}" for team, n in taken[:MAX_NAMES]] or ["other queues borrow it"]
+    joined = names(parts)
+    return f"{joined} of your {nominal} {flavor} quota; reclaim {when}"
+
+
+def capacity(
+    job_gpus: int,
+    flavor: str,
+    shape: tuple[int, int],
+    largest: int,
+    where: str,
+    holders: Sequence[str],
+) -> str:
+    held = f"; the rest is held by {names(holders)}" if holders else ""
+    at = f" on {where}" if where else ""
+    return (
+        f"needs {gpus(job_gpus, flavor)} {layout(*shape)}; the largest free block is "
+        f"{largest}{at}{held}"
+    )
+
+
+def reserved_for(flavor: str, holders: Sequence[str]) -> str:
+    return (
+        f"the free {flavor} GPUs it fits on are reserved for {names(holders)} (ahead in line), "
+        f"and it would still be running when they start"
+    )
+
+
+def behind(job_id: str) -> str:
+    return f"waits behind job {job_id}, which is first in line for its GPUs (backfill is off)"
+
+
+def preempting(victims: Sequence[str], kind: str, grace: str) -> str:
+    why = {
+        "priority": "lower priority jobs of its queue",
+        "reclaim": "jobs running on borrowed quota",
+        "leaving": "jobs already leaving",
+    }[kind]
+    return f"freeing GPUs held by {why} ({names(victims)}); they checkpoint and stop within {grace}"
+
+
+def victim(for_job: str, kind: str, detail: str) -> str:
+    if kind == "priority":
+        return f"preempted for job {for_job}: {detail}"
+    return f"preempted to return borrowed quota for job {for_job}: {detail}"
+
+
+# --- suggestions ---------------------------------------------------------------------------
+
+
+def fewer_gpus(n: int) -> str:
+    return f"asking for {n} GPU{'s' if n != 1 else ''} would let it start now"
+
+
+def shorter_runtime(seconds: float) -> str:
+    return f"a declared max runtime under {duration(seconds)[1:]} would let it start now"

@@ -1,0 +1,168 @@
+"""Preemption: which running jobs to stop so a blocked job can start, losing the least work.
+
+Contract:
+- A running job may be a victim only if its class is preemptible, it has run at least its
+  class's minimum runtime in this allocation, and it holds no notice already (``eligible``).
+- Priority preemption: victims come from the blocked job's own queue and flavor and have a
+  strictly lower priority value. Reclaim: a job that stays within its queue's nominal quota
+  may take back lent quota from queues of its cohort that borrow the flavor, whatever their
+  priority, and only from a queue while it still borrows (after the victims already chosen).
+- Jobs already under notice (leaving anyway) are used first and cost nothing; they are
+  *claimed* so that two blocked jobs never count on the same leaving GPUs.
+- Among the others, victims are preferred by least work lost: the most recent checkpoint
+  (time since the last checkpoint, or since the start when there is none, in whole minutes),
+  then lowest priority, then youngest, then job id. For reclaim, jobs no bigger than what
+  their queue borrows come before bigger ones, so a lender takes back borrowed GPUs rather
+  than the borrower's own quota where it can.
+- ``select`` adds victims in that order until the blocked job would fit (quota and a gang
+  shape on the freed nodes), then drops, least preferred first, every victim not needed.
+  None when even all candidates would not do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from services.scheduler.policy.model import PreemptionKind, PriorityClass, RunningJob
+from services.scheduler.policy.packing import FlavorPool, Shape
+from services.scheduler.policy.quota import QuotaBook
+
+MAX_CANDIDATES = 512
+"""Victim candidates examined per attempt (bounds the cost of one pass)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    job: RunningJob
+    kind: PreemptionKind | None
+    """None for a job already leaving under notice."""
+    key: tuple[int, int, int, int, float, str]
+
+
+def eligible(job: RunningJob, cls: PriorityClass, now: float) -> bool:
+    """Whether ``job`` may receive a preemption notice now."""
+    return job.notice_at is None and cls.preemptible and now - job.started_at >= cls.min_runtime_s
+
+
+def victim_key(
+    job: RunningJob, priority: int, now: float, leaving: bool = False, oversize: bool = False
+) -> tuple[int, int, int, int, float, str]:
+    """Preference order of victims, smallest first (see module docstring)."""
+    saved = job.last_checkpoint_at if job.last_checkpoint_at is not None else job.started_at
+    lost_minutes = int(max(0.0, now - max(saved, job.started_at)) // 60)
+    return (
+        0 if leaving else 1,
+        1 if oversize else 0,
+        lost_minutes,
+        priority,
+        -job.started_at,
+        job.job_id,
+    )
+
+
+@dataclass
+class _Freeing:
+    """GPUs that the chosen victims would free, kept incrementally."""
+
+    pool: FlavorPool
+    shapes: tuple[Shape, ...]
+    nodes: dict[str, int] = field(default_factory=dict)
+    queues: dict[str, int] = field(default_factory=dict)
+    have: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.have = [
+            self.pool.count_at_least(per) if per <= self.pool.capacity else 0
+            for _, per in self.shapes
+        ]
+
+    def change(self, job: RunningJob, sign: int) -> None:
+        self.queues[job.queue] = self.queues.get(job.queue, 0) + sign * job.gpus
+        for node_id, gpus in job.placement.items():
+            node = self.pool.nodes.get(node_id)
+            if node is None:
+                continue
+            base = node.free_count
+            before = base + self.nodes.get(node_id, 0)
+            after = before + sign * len(gpus)
+            self.nodes[node_id] = after - base
+            for i, (_, per_node) in enumerate(self.shapes):
+                if before < per_node <= after:
+                    self.have[i] += 1
+                elif after < per_node <= before:
+                    self.have[i] -= 1
+
+    def fits(self) -> bool:
+        return any(have >= count for have, (count, _) in zip(self.have, self.shapes, strict=True))
+
+
+def select(
+    candidates: list[Candidate],
+    pool: FlavorPool,
+    shapes: tuple[Shape, ...],
+    quota_ok: Callable[[Mapping[str, int]], bool],
+    reclaimable: Mapping[str, int],
+) -> list[Candidate] | None:
+    """The victims to free for a blocked job (see module docstring), or None.
+
+    ``quota_ok(freed)`` says whether the job fits its quota once ``freed`` (queue -> GPUs)
+    are released; ``reclaimable`` caps what reclaim may take from each queue.
+    """
+    ordered = sorted(candidates, key=lambda c: c.key)[:MAX_CANDIDATES]
+    freeing = _Freeing(pool, shapes)
+    taken: dict[str, int] = {}
+    chosen: list[Candidate] = []
+    for candidate in ordered:
+        job = candidate.job
+        if candidate.kind == "reclaim":
+            if taken.get(job.queue, 0) >= reclaimable.get(job.queue, 0):
+                continue
+            taken[job.queue] = taken.get(job.queue, 0) + job.gpus
+        freeing.change(job, +1)
+        chosen.append(candidate)
+        if freeing.fits() and quota_ok(freeing.queues):
+            break
+    else:
+        return None
+    for candidate in reversed(list(chosen)):
+        freeing.change(candidate.job, -1)
+        if freeing.fits() and quota_ok(freeing.queues):
+            chosen.remove(candidate)
+        else:
+            freeing.change(candidate.job, +1)
+    return chosen
+
+
+def candidates_for(
+    quota: QuotaBook,
+    queue: str,
+    flavor: str,
+    priority: int,
+    within_nominal: bool,
+    running: Mapping[tuple[str, str], list[RunningJob]],
+    leaving: list[RunningJob],
+    classes: Callable[[str], PriorityClass],
+    now: float,
+) -> tuple[list[Candidate], dict[str, int]]:
+    """Candidate victims for a job of ``queue``/``flavor`` and what reclaim may take per
+    queue (see module docstring)."""
+    found = [
+        Candidate(job, None, victim_key(job, classes(job.priority).value, now, leaving=True))
+        for job in leaving
+    ]
+    for job in running.get((queue, flavor), ()):
+        cls = classes(job.priority)
+        if cls.value < priority and eligible(job, cls, now):
+            found.append(Candidate(job, "priority", victim_key(job, cls.value, now)))
+    reclaimable: dict[str, int] = {}
+    cohort = quota.queues[queue].cohort
+    if within_nominal and cohort is not None:
+        for other, borrowed in quota.borrowers(cohort, flavor, exclude=queue):
+            reclaimable[other] = borrowed
+            for job in running.get((other, flavor), ()):
+                cls = classes(job.priority)
+                if eligible(job, cls, now):
+                    key = victim_key(job, cls.value, now, oversize=job.gpus > borrowed)
+                    found.append(Candidate(job, "reclaim", key))
+    return found, reclaimable

@@ -1,0 +1,194 @@
+"""Quota accounting: nominal quota per queue and flavor, cohorts, borrowing and lending.
+
+Contract (per flavor ``f``; Kueue's ClusterQueue/cohort model):
+- ``lendable(q) = min(lending_limit(q), nominal(q))`` (all of the nominal when no limit is
+  set) goes into its cohort's pool; ``guaranteed(q) = nominal(q) - lendable(q)`` is never lent.
+- A queue's use beyond its guaranteed part draws on the pool:
+  ``pool_used = sum(max(0, used(p) - guaranteed(p)))`` over the cohort, and it must stay at or
+  below ``pool = sum(lendable(p))``.
+- A queue *borrows* what it uses beyond its nominal; that may never exceed its borrowing
+  limit (no limit when none is set). A queue without a cohort never borrows.
+- A job that keeps its queue within the nominal quota but finds the pool used up is entitled
+  to *reclaim*: borrowers (queues above their nominal) may be preempted for it.
+- ``check`` never changes anything; ``add``/``remove`` keep ``used`` and ``pool_used`` in step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from services.scheduler.policy.model import Queue
+
+UNLIMITED = 1 << 40
+
+VerdictKind = Literal["ok", "no_quota", "nominal_full", "borrow_limit", "cohort_full", "reclaim"]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Whether ``n`` more GPUs fit the quota, and if not, by how much they miss."""
+
+    kind: VerdictKind
+    used: int
+    """The queue's use of the flavor before the job."""
+    nominal: int
+    borrowing: bool = False
+    """(ok) the job takes quota beyond the queue's nominal."""
+    excess: int = 0
+    """(not ok) how many GPUs too many: over the nominal, over the borrowing limit, or over
+    what the cohort's pool has left."""
+
+    @property
+    def ok(self) -> bool:
+        return self.kind == "ok"
+
+
+@dataclass(frozen=True, slots=True)
+class Terms:
+    """A queue's fixed quota figures for one flavor."""
+
+    nominal: int
+    guaranteed: int
+    """The part of the nominal quota it never lends."""
+    limit: int
+    """The most it may borrow beyond its nominal (0 without a cohort)."""
+    cohort: str | None
+
+
+class QuotaBook:
+    """Used quota per (queue, flavor) and per (cohort, flavor); see the module docstring."""
+
+    def __init__(self, queues: Iterable[Queue]):
+        self.queues: dict[str, Queue] = {q.name: q for q in sorted(queues, key=lambda q: q.name)}
+        self.members: dict[str, list[str]] = {}
+        for q in self.queues.values():
+            if q.cohort is not None:
+                self.members.setdefault(q.cohort, []).append(q.name)
+        self._terms: dict[tuple[str, str], Terms] = {}
+        self._used: dict[tuple[str, str], int] = {}
+        self._pool: dict[tuple[str, str], int] = {}
+        self._pool_used: dict[tuple[str, str], int] = {}
+        for q in self.queues.values():
+            if q.cohort is not None:
+                for flavor in q.nominal:
+                    key = (q.cohort, flavor)
+                    self._pool[key] = self._pool.get(key, 0) + self.lendable(q.name, flavor)
+
+    # --- per queue figures ---------------------------------------------------------------
+
+    def terms(self, queue: str, flavor: str) -> Terms:
+        """The queue's fixed quota figures for ``flavor`` (cached)."""
+        key = (queue, flavor)
+        terms = self._terms.get(key)
+        if terms is None:
+            q = self.queues[queue]
+            nominal = max(0, q.nominal.get(flavor, 0))
+            lendable = max(0, min(q.lending_limit.get(flavor, nominal), nominal))
+            limit = 0 if q.cohort is None else max(0, q.borrowing_limit.get(flavor, UNLIMITED))
+            terms = self._terms[key] = Terms(nominal, nominal - lendable, limit, q.cohort)
+        return terms
+
+    def nominal(self, queue: str, flavor: str) -> int:
+        return self.terms(queue, flavor).nominal
+
+    def lendable(self, queue: str, flavor: str) -> int:
+        t = self.terms(queue, flavor)
+        return t.nominal - t.guaranteed
+
+    def guaranteed(self, queue: str, flavor: str) -> int:
+        return self.terms(queue, flavor).guaranteed
+
+    def borrowing_limit(self, queue: str, flavor: str) -> int:
+        return self.terms(queue, flavor).limit
+
+    def used(self, queue: str, flavor: str) -> int:
+        return self._used.get((queue, flavor), 0)
+
+    def borrowed(self, queue: str, flavor: str) -> int:
+        return max(0, self.used(queue, flavor) - self.nominal(queue, flavor))
+
+    def pool(self, cohort: str, flavor: str) -> tuple[int, int]:
+        """(size, used) of a cohort's pool of lendable quota."""
+        key = (cohort, flavor)
+        return self._pool.get(key, 0), self._pool_used.get(key, 0)
+
+    def ceiling(self, queue: str, flavor: str) -> int:
+        """The most GPUs the queue could ever hold at once (everyone else idle)."""
+        t = self.terms(queue, flavor)
+        if t.cohort is None:
+            return t.nominal
+        reach = t.guaranteed + self.pool(t.cohort, flavor)[0]
+        return min(t.nominal + t.limit, max(t.nominal, reach))
+
+    def borrowers(self, cohort: str, flavor: str, exclude: str = "") -> list[tuple[str, int]]:
+        """(queue, GPUs borrowed) of the cohort's queues above their nominal, most first."""
+        found = [
+            (name, self.borrowed(name, flavor))
+            for name in self.members.get(cohort, ())
+            if name != exclude and self.borrowed(name, flavor) > 0
+        ]
+        return sorted(found, key=lambda b: (-b[1], b[0]))
+
+    # --- decisions -----------------------------------------------------------------------
+
+    def within_nominal(self, queue: str, flavor: str, gpus: int) -> bool:
+        return self._used.get((queue, flavor), 0) + gpus <= self.terms(queue, flavor).nominal
+
+    def check(
+        self, queue: str, flavor: str, gpus: int, freed: Mapping[str, int] | None = None
+    ) -> Verdict:
+        """Whether ``gpus`` more fit ``queue``'s quota, as if ``freed`` (queue -> GPUs of
+        this flavor) had been released first."""
+        t = self.terms(queue, flavor)
+        current = self._used.get((queue, flavor), 0)
+        used = current - freed.get(queue, 0) if freed else current
+        after = used + gpus
+        nominal = t.nominal
+        if t.cohort is None:
+            if after <= nominal:
+                return Verdict("ok", used, nominal)
+            kind: VerdictKind = "no_quota" if nominal == 0 else "nominal_full"
+            return Verdict(kind, used, nominal, excess=after - nominal)
+        borrow = after - nominal if after > nominal else 0
+        if borrow > t.limit:
+            kind = "no_quota" if nominal == 0 and t.limit == 0 else "borrow_limit"
+            return Verdict(kind, used, nominal, excess=borrow - t.limit)
+        key = (t.cohort, flavor)
+        size = self._pool.get(key, 0)
+        pool_used = self._pool_used.get(key, 0)
+        if freed:
+            for other, gone in freed.items():
+                if other != queue and gone:
+                    before = self.used(other, flavor)
+                    pool_used += self._draw(other, flavor, before - gone) - self._draw(
+                        other, flavor, before
+                    )
+        g = t.guaranteed
+        pool_used += max(0, after - g) - max(0, current - g)
+        if pool_used <= size:
+            return Verdict("ok", used, nominal, borrowing=borrow > 0)
+        kind = "reclaim" if after <= nominal else "cohort_full"
+        return Verdict(kind, used, nominal, excess=pool_used - size)
+
+    def _draw(self, queue: str, flavor: str, used: int) -> int:
+        """What a queue using ``used`` GPUs draws from its cohort's pool."""
+        return max(0, used - self.terms(queue, flavor).guaranteed)
+
+    def add(self, queue: str, flavor: str, gpus: int) -> None:
+        self._change(queue, flavor, gpus)
+
+    def remove(self, queue: str, flavor: str, gpus: int) -> None:
+        self._change(queue, flavor, -gpus)
+
+    def _change(self, queue: str, flavor: str, delta: int) -> None:
+        q = self.queues.get(queue)
+        if q is None:
+            return
+        before = self.used(queue, flavor)
+        self._used[(queue, flavor)] = before + delta
+        if q.cohort is not None:
+            key = (q.cohort, flavor)
+            draw = self._draw(queue, flavor, before + delta) - self._draw(queue, flavor, before)
+            self._pool_used[key] = self._pool_used.get(key, 0) + draw

@@ -1,0 +1,64 @@
+"""``python -m services.submission`` serves the API; ``... bootstrap-admin`` seeds a team.
+
+``bootstrap-admin --team TEAM --user NAME`` applies the migrations, creates the team (if
+new) and an admin user in it, and prints only that user's token on stdout, so that
+``TOKEN=$(python -m services.submission bootstrap-admin ...)`` works. It refuses, with exit
+status 1, when the user already exists: there are no default credentials, and a token is
+shown exactly once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import sys
+
+import asyncpg
+
+from services.submission.commands import UserExists
+from services.submission.config import Settings
+from services.submission.schemas import NAME_PATTERN
+from services.submission.service import bootstrap_admin, serve
+
+
+def _name(value: str) -> str:
+    if not re.fullmatch(NAME_PATTERN, value):
+        raise argparse.ArgumentTypeError(f"{value!r}: use 1-100 of A-Z a-z 0-9 . _ -")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m services.submission",
+        description="Trainyard submission service (no command: serve the HTTP API).",
+    )
+    commands = parser.add_subparsers(dest="command")
+    boot = commands.add_parser(
+        "bootstrap-admin", help="create a team's admin user and print its token"
+    )
+    boot.add_argument("--team", required=True, type=_name, help="team name (created if new)")
+    boot.add_argument("--user", required=True, type=_name, help="the admin's user name")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    settings = Settings()
+    if args.command != "bootstrap-admin":
+        return asyncio.run(serve(settings))
+    try:
+        token = asyncio.run(bootstrap_admin(settings, args.team, args.user))
+    except UserExists as exc:
+        print(f"bootstrap-admin: {exc}; nothing changed", file=sys.stderr)
+        return 1
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        # The DSN is not echoed: it may hold a password.
+        print(f"bootstrap-admin: database (TRAINYARD_DATABASE_URL) failed: {exc}", file=sys.stderr)
+        return 1
+    print(token)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

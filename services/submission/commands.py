@@ -1,0 +1,198 @@
+"""What users can do, each as one database transaction: the layer under the controllers.
+
+Contract:
+- Every operation on jobs takes the authenticated ``Caller`` and touches only the
+  caller's team; a job of another team is ``NotFound``, exactly like a job that does not
+  exist, so ids of other teams cannot be probed.
+- ``submit_job`` stores the job, its first history entry and the ``JobSubmitted`` event in
+  one transaction: a job that got 201 is announced, and a job that is announced exists.
+- ``cancel_job`` announces ``JobCancelRequested`` once; the status turns CANCELLED only when
+  the scheduler confirms with ``JobCancelled``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import asyncpg
+
+from services.submission import repository as repo
+from services.submission.domain import JobStatus
+from services.submission.schemas import (
+    CreateUserRequest,
+    JobRequest,
+    JobSummary,
+    JobView,
+    UserCreated,
+)
+from services.submission.views import job_summary, job_view
+from shared import outbox
+from shared.auth import hash_token, new_token
+from shared.events import Envelope
+from shared.events.payloads import JobCancelRequested, JobSubmitted, dump
+
+SOURCE = "trainyard/submission"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The user behind a request's bearer token."""
+
+    user_id: int
+    user: str
+    team_id: int
+    team: str
+    role: str
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+
+class NotFound(Exception):
+    """No such thing in the caller's team (answered 404)."""
+
+
+class Forbidden(Exception):
+    """The caller may not do this (answered 403)."""
+
+
+class Conflict(Exception):
+    """The request contradicts the current state (answered 409)."""
+
+
+class UserExists(Exception):
+    """The team already has a user of that name."""
+
+
+async def authenticate(pool: asyncpg.Pool, token: str) -> Caller | None:
+    async with pool.acquire() as conn:
+        row = await repo.caller_by_token(conn, hash_token(token))
+    if row is None:
+        return None
+    return Caller(
+        user_id=row["user_id"],
+        user=row["user_name"],
+        team_id=row["team_id"],
+        team=row["team_name"],
+        role=row["role"],
+    )
+
+
+async def add_user(conn: asyncpg.Connection, team: str, name: str, role: str) -> str:
+    """Create ``team`` if needed and a user in it; return the user's token (shown once)."""
+    team_id = await repo.ensure_team(conn, team)
+    user_id = await repo.insert_user(conn, team_id, name, role)
+    if user_id is None:
+        raise UserExists(f"user {name!r} already exists in team {team!r}")
+    token, token_hash = new_token()
+    await repo.insert_token(conn, token_hash, user_id)
+    return token
+
+
+async def bootstrap_admin(pool: asyncpg.Pool, team: str, name: str) -> str:
+    """The first admin of ``team`` (creating the team); returns the token."""
+    async with pool.acquire() as conn, conn.transaction():
+        return await add_user(conn, team, name, "admin")
+
+
+async def create_user(
+    pool: asyncpg.Pool, caller: Caller, request: CreateUserRequest
+) -> UserCreated:
+    if not caller.is_admin:
+        raise Forbidden("only admins can create users")
+    team = request.team or caller.team
+    if team != caller.team:
+        raise Forbidden(f"admins create users in their own team ({caller.team}) only")
+    async with pool.acquire() as conn, conn.transaction():
+        try:
+            token = await add_user(conn, team, request.name, request.role)
+        except UserExists as exc:
+            raise Conflict(str(exc)) from None
+    return UserCreated(user=request.name, team=team, role=request.role, token=token)
+
+
+async def submit_job(
+    pool: asyncpg.Pool, caller: Caller, request: JobRequest, idempotency_key: str | None
+) -> tuple[JobView, bool]:
+    """Store and announce a job; return its view and whether it is new (False: the same
+    idempotency key was used before, and the earlier job is returned)."""
+    if request.team is not None and request.team != caller.team:
+        raise Forbidden(f"you can submit jobs for your own team ({caller.team}) only")
+    spec = request.to_spec(user=caller.user, team=caller.team)
+    job_id, now = str(uuid.uuid4()), datetime.now(UTC)
+    async with pool.acquire() as conn, conn.transaction():
+        created = await repo.insert_job(
+            conn,
+            job_id,
+            caller.team_id,
+            caller.user_id,
+            spec.name,
+            dump(spec),
+            idempotency_key,
+            now,
+        )
+        if created:
+            await repo.insert_history(conn, job_id, JobStatus.QUEUED, now, "submitted")
+            event = JobSubmitted(job_id=job_id, spec=spec, submitted_at=now)
+            await outbox.enqueue(conn, Envelope.wrap(event, source=SOURCE, subject=job_id))
+        else:
+            assert idempotency_key is not None  # only a repeated key can conflict
+            job_id = await _replayed_job(conn, caller, idempotency_key, dump(spec))
+        view = await _read_view(conn, caller, job_id)
+    return view, created
+
+
+async def _replayed_job(
+    conn: asyncpg.Connection, caller: Caller, key: str, spec: dict[str, object]
+) -> str:
+    row = await repo.job_by_idempotency_key(conn, caller.team_id, caller.user_id, key)
+    assert row is not None  # the insert conflicted on exactly this row
+    if row["spec"] != spec:
+        raise Conflict("this Idempotency-Key was already used for a different job spec")
+    return str(row["id"])
+
+
+async def get_job(pool: asyncpg.Pool, caller: Caller, job_id: str) -> JobView:
+    async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+        return await _read_view(conn, caller, job_id)
+
+
+async def list_jobs(
+    pool: asyncpg.Pool, caller: Caller, status: JobStatus | None, limit: int
+) -> list[JobSummary]:
+    async with pool.acquire() as conn:
+        rows = await repo.jobs_for_team(conn, caller.team_id, status, limit)
+    return [job_summary(row) for row in rows]
+
+
+async def cancel_job(pool: asyncpg.Pool, caller: Caller, job_id: str) -> JobView:
+    """Ask the scheduler to cancel the job (once; asking again changes nothing)."""
+    async with pool.acquire() as conn, conn.transaction():
+        row = await repo.lock_job_for_team(conn, caller.team_id, job_id)
+        if row is None:
+            raise NotFound(f"job {job_id} not found")
+        status = JobStatus(row["status"])
+        if status.is_terminal:
+            raise Conflict(f"job {job_id} has already ended ({status})")
+        if row["cancel_requested_at"] is None:
+            await repo.set_cancel_requested(conn, caller.team_id, job_id, datetime.now(UTC))
+            event = JobCancelRequested(job_id=job_id, team=caller.team, user=caller.user)
+            await outbox.enqueue(conn, Envelope.wrap(event, source=SOURCE, subject=job_id))
+        return await _read_view(conn, caller, job_id)
+
+
+async def _read_view(conn: asyncpg.Connection, caller: Caller, job_id: str) -> JobView:
+    job = await repo.job_for_team(conn, caller.team_id, job_id)
+    if job is None:
+        raise NotFound(f"job {job_id} not found")
+    return job_view(
+        job,
+        history=await repo.history(conn, job_id),
+        checkpoints=await repo.checkpoints(conn, job_id),
+        model=await repo.latest_model(conn, job_id),
+        costs=await repo.costs(conn, job_id),
+        allocations=await repo.allocation_count(conn, job_id),
+    )

@@ -1,0 +1,218 @@
+"""Event handlers: keep the job view in step with what the platform says about each job.
+
+Each handler runs inside the ``idempotent`` transaction (inbox record + effect commit
+together). Lifecycle events move the status only as ``domain.judge`` allows; the rest are
+logged and dropped. Data (metrics, checkpoints, allocations, models, costs) is always
+recorded. Events about jobs this service never accepted are logged and dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+import asyncpg
+
+from services.submission import repository as repo
+from services.submission.domain import (
+    Apply,
+    Ignore,
+    JobState,
+    JobStatus,
+    LifecycleEvent,
+    event_time,
+    finite_metrics,
+    history_reason,
+    judge,
+)
+from shared.events import Envelope, Payload
+from shared.events.payloads import (
+    AllocationGranted,
+    CheckpointSaved,
+    CostRecorded,
+    JobCancelled,
+    JobFailed,
+    JobPending,
+    JobPreempted,
+    JobProgress,
+    JobStarted,
+    JobSucceeded,
+    ModelRegistered,
+    dump,
+)
+
+log = logging.getLogger(__name__)
+
+CONSUMED: tuple[type[Payload], ...] = (
+    JobPending,
+    AllocationGranted,
+    JobStarted,
+    JobProgress,
+    CheckpointSaved,
+    JobSucceeded,
+    JobFailed,
+    JobPreempted,
+    JobCancelled,
+    ModelRegistered,
+    CostRecorded,
+)
+
+
+async def dispatch(envelope: Envelope[Payload], conn: asyncpg.Connection) -> None:
+    data = envelope.data
+    match data:
+        case (
+            JobPending()
+            | AllocationGranted()
+            | JobStarted()
+            | JobSucceeded()
+            | JobFailed()
+            | JobPreempted()
+            | JobCancelled()
+        ):
+            await _lifecycle(envelope, data, conn)
+        case JobProgress():
+            if await _known(conn, envelope, data.job_id):
+                await repo.merge_metrics(
+                    conn, data.job_id, data.step, finite_metrics(data.metrics), envelope.time
+                )
+        case CheckpointSaved():
+            if await _known(conn, envelope, data.job_id):
+                await _checkpoint(data, conn)
+        case ModelRegistered():
+            if await _known(conn, envelope, data.job_id):
+                await _model(envelope, data, conn)
+        case CostRecorded():
+            if await _known(conn, envelope, data.job_id):
+                await _cost(data, conn)
+        case _:
+            return
+
+
+async def _lifecycle(
+    envelope: Envelope[Payload], event: LifecycleEvent, conn: asyncpg.Connection
+) -> None:
+    row = await repo.lock_job(conn, event.job_id)
+    if row is None:
+        _unknown(envelope, event.job_id)
+        return
+    if isinstance(event, AllocationGranted):
+        # Whatever the status does, the lease exists and will be billed.
+        await repo.insert_allocation(
+            conn,
+            event.allocation_id,
+            event.job_id,
+            event.node_id,
+            event.gpu_indices,
+            event.attempt,
+            event.epoch,
+            event.granted_at,
+        )
+    if isinstance(event, JobSucceeded) and event.metrics:
+        await repo.merge_metrics(
+            conn, event.job_id, None, finite_metrics(event.metrics), envelope.time
+        )
+    state = JobState(
+        status=JobStatus(row["status"]),
+        allocation_id=row["allocation_id"],
+        attempt=row["attempt"],
+        pending_reason=row["pending_reason"],
+        cancel_requested=row["cancel_requested_at"] is not None,
+    )
+    verdict = judge(state, event)
+    if isinstance(verdict, Ignore):
+        log.info(
+            "job %s: ignoring %s (%s): %s", event.job_id, envelope.type, envelope.id, verdict.reason
+        )
+        return
+    at = event_time(event, envelope.time)
+    await _apply(conn, event, verdict, at)
+    if verdict.record:
+        await repo.insert_history(conn, event.job_id, verdict.status, at, history_reason(event))
+
+
+async def _apply(
+    conn: asyncpg.Connection, event: LifecycleEvent, verdict: Apply, at: datetime
+) -> None:
+    job_id = event.job_id
+    match event:
+        case JobPending():
+            await repo.set_pending(
+                conn, job_id, event.reason, event.position, event.estimated_start
+            )
+        case AllocationGranted():
+            await repo.set_scheduled(
+                conn, job_id, event.allocation_id, event.node_id, event.gpu_indices, event.attempt
+            )
+        case JobStarted():
+            await repo.set_running(conn, job_id, event.started_at)
+        case JobPreempted():
+            await repo.set_preempted(conn, job_id)
+        case JobFailed():
+            failure = {
+                "reason": event.reason,
+                "exit_code": event.exit_code,
+                "log_tail": event.log_tail,
+            }
+            await repo.set_finished(conn, job_id, verdict.status, at, failure)
+        case JobSucceeded() | JobCancelled():
+            await repo.set_finished(conn, job_id, verdict.status, at, None)
+
+
+async def _checkpoint(event: CheckpointSaved, conn: asyncpg.Connection) -> None:
+    ref = event.checkpoint
+    await repo.insert_checkpoint(
+        conn,
+        event.job_id,
+        ref.uri,
+        ref.manifest_uri,
+        ref.step,
+        ref.size_bytes,
+        ref.sha256,
+        event.allocation_id,
+        event.saved_at,
+    )
+
+
+async def _model(
+    envelope: Envelope[Payload], event: ModelRegistered, conn: asyncpg.Connection
+) -> None:
+    await repo.insert_model(
+        conn,
+        event.model_version_id,
+        event.job_id,
+        event.model_name,
+        event.version,
+        event.artifact_uri,
+        event.artifact_sha256,
+        finite_metrics(event.metrics),
+        dump(event.lineage),
+        envelope.time,
+    )
+
+
+async def _cost(event: CostRecorded, conn: asyncpg.Connection) -> None:
+    await repo.upsert_cost(
+        conn,
+        event.allocation_id,
+        event.job_id,
+        event.gpu_flavor,
+        event.gpus,
+        event.started_at,
+        event.ended_at,
+        event.gpu_seconds,
+        event.price_per_gpu_hour,
+        event.cost,
+        event.currency,
+    )
+
+
+async def _known(conn: asyncpg.Connection, envelope: Envelope[Payload], job_id: str) -> bool:
+    if await repo.job_exists(conn, job_id):
+        return True
+    _unknown(envelope, job_id)
+    return False
+
+
+def _unknown(envelope: Envelope[Payload], job_id: str) -> None:
+    log.warning("ignoring %s (%s) for unknown job %s", envelope.type, envelope.id, job_id)

@@ -1,0 +1,432 @@
+"""SQL of the submission service: one function per query, each on a given connection.
+
+Every query a user's request runs is scoped by the caller's team (``team_id`` is always a
+parameter and always in the WHERE clause). Queries run by event handlers address a job by
+its id: events come from the platform, not from a user.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+# --- teams, users, tokens ----------------------------------------------------------
+
+
+async def caller_by_token(conn: asyncpg.Connection, token_hash: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(
+        """SELECT u.id AS user_id, u.name AS user_name, u.role, t.id AS team_id,
+                  t.name AS team_name
+           FROM tokens k JOIN users u ON u.id = k.user_id JOIN teams t ON t.id = u.team_id
+           WHERE k.token_hash = $1 AND k.revoked_at IS NULL""",
+        token_hash,
+    )
+
+
+async def ensure_team(conn: asyncpg.Connection, name: str) -> int:
+    team_id = await conn.fetchval(
+        "INSERT INTO teams (name) VALUES ($1) ON CONFLICT (name) DO NOTHING RETURNING id", name
+    )
+    if team_id is None:
+        team_id = await conn.fetchval("SELECT id FROM teams WHERE name = $1", name)
+    return int(team_id)
+
+
+async def insert_user(conn: asyncpg.Connection, team_id: int, name: str, role: str) -> int | None:
+    """The new user's id, or None when the team already has a user of that name."""
+    user_id = await conn.fetchval(
+        "INSERT INTO users (team_id, name, role) VALUES ($1, $2, $3) "
+        "ON CONFLICT (team_id, name) DO NOTHING RETURNING id",
+        team_id,
+        name,
+        role,
+    )
+    return None if user_id is None else int(user_id)
+
+
+async def insert_token(conn: asyncpg.Connection, token_hash: str, user_id: int) -> None:
+    await conn.execute(
+        "INSERT INTO tokens (token_hash, user_id) VALUES ($1, $2)", token_hash, user_id
+    )
+
+
+# --- jobs, as users see them (always scoped by team) ---------------------------------
+
+
+async def insert_job(
+    conn: asyncpg.Connection,
+    job_id: str,
+    team_id: int,
+    user_id: int,
+    name: str,
+    spec: dict[str, Any],
+    idempotency_key: str | None,
+    submitted_at: datetime,
+) -> bool:
+    """False when this user already submitted a job with this idempotency key."""
+    inserted = await conn.fetchval(
+        """INSERT INTO jobs (id, team_id, user_id, name, spec, status, idempotency_key,
+                             submitted_at, updated_at)
+           VALUES ($1, $2, $3, $4, $5, 'QUEUED', $6, $7, $7)
+           ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING true""",
+        job_id,
+        team_id,
+        user_id,
+        name,
+        spec,
+        idempotency_key,
+        submitted_at,
+    )
+    return bool(inserted)
+
+
+async def job_by_idempotency_key(
+    conn: asyncpg.Connection, team_id: int, user_id: int, key: str
+) -> asyncpg.Record | None:
+    return await conn.fetchrow(
+        "SELECT id, spec FROM jobs WHERE team_id = $1 AND user_id = $2 AND idempotency_key = $3",
+        team_id,
+        user_id,
+        key,
+    )
+
+
+_JOB_COLUMNS = """j.id, j.name, j.spec, j.status, j.submitted_at, j.updated_at,
+    j.cancel_requested_at, j.pending_reason, j.pending_position, j.estimated_start,
+    j.allocation_id, j.node_id, j.gpu_indices, j.attempt, j.started_at, j.finished_at,
+    j.metrics, j.metrics_step, j.failure, u.name AS user_name, t.name AS team_name"""
+
+
+async def job_for_team(
+    conn: asyncpg.Connection, team_id: int, job_id: str
+) -> asyncpg.Record | None:
+    return await conn.fetchrow(
+        f"""SELECT {_JOB_COLUMNS}
+            FROM jobs j JOIN users u ON u.id = j.user_id JOIN teams t ON t.id = j.team_id
+            WHERE j.team_id = $1 AND j.id = $2""",
+        team_id,
+        job_id,
+    )
+
+
+async def jobs_for_team(
+    conn: asyncpg.Connection, team_id: int, status: str | None, limit: int
+) -> list[asyncpg.Record]:
+    """The team's jobs, newest first, each with its cost so far."""
+    rows: list[asyncpg.Record] = await conn.fetch(
+        f"""SELECT {_JOB_COLUMNS},
+                   (SELECT coalesce(sum(c.cost), 0) FROM job_costs c WHERE c.job_id = j.id)
+                       AS cost,
+                   (SELECT min(c.currency) FROM job_costs c WHERE c.job_id = j.id) AS currency
+            FROM jobs j JOIN users u ON u.id = j.user_id JOIN teams t ON t.id = j.team_id
+            WHERE j.team_id = $1 AND ($2::text IS NULL OR j.status = $2)
+            ORDER BY j.submitted_at DESC, j.id DESC
+            LIMIT $3""",
+        team_id,
+        status,
+        limit,
+    )
+    return rows
+
+
+async def lock_job_for_team(
+    conn: asyncpg.Connection, team_id: int, job_id: str
+) -> asyncpg.Record | None:
+    return await conn.fetchrow(
+        "SELECT status, cancel_requested_at FROM jobs WHERE team_id = $1 AND id = $2 FOR UPDATE",
+        team_id,
+        job_id,
+    )
+
+
+async def set_cancel_requested(
+    conn: asyncpg.Connection, team_id: int, job_id: str, at: datetime
+) -> None:
+    await conn.execute(
+        "UPDATE jobs SET cancel_requested_at = $3, updated_at = $3 WHERE team_id = $1 AND id = $2",
+        team_id,
+        job_id,
+        at,
+    )
+
+
+# --- the parts of a job view (the job's team was checked when the job was read) -------
+
+
+async def history(conn: asyncpg.Connection, job_id: str) -> list[asyncpg.Record]:
+    rows: list[asyncpg.Record] = await conn.fetch(
+        "SELECT status, at, reason FROM job_history WHERE job_id = $1 ORDER BY id", job_id
+    )
+    return rows
+
+
+async def checkpoints(conn: asyncpg.Connection, job_id: str) -> list[asyncpg.Record]:
+    rows: list[asyncpg.Record] = await conn.fetch(
+        "SELECT step, uri, sha256, size_bytes, saved_at FROM job_checkpoints "
+        "WHERE job_id = $1 ORDER BY step, saved_at",
+        job_id,
+    )
+    return rows
+
+
+async def latest_model(conn: asyncpg.Connection, job_id: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(
+        "SELECT model_name, version, artifact_uri, artifact_sha256, metrics, lineage "
+        "FROM job_models WHERE job_id = $1 ORDER BY registered_at DESC, version DESC LIMIT 1",
+        job_id,
+    )
+
+
+async def costs(conn: asyncpg.Connection, job_id: str) -> list[asyncpg.Record]:
+    rows: list[asyncpg.Record] = await conn.fetch(
+        "SELECT gpu_seconds, cost, currency, price_per_gpu_hour FROM job_costs "
+        "WHERE job_id = $1 ORDER BY ended_at, allocation_id",
+        job_id,
+    )
+    return rows
+
+
+async def allocation_count(conn: asyncpg.Connection, job_id: str) -> int:
+    return int(
+        await conn.fetchval("SELECT count(*) FROM job_allocations WHERE job_id = $1", job_id)
+    )
+
+
+# --- event side: addressed by job id ------------------------------------------------
+
+
+async def job_exists(conn: asyncpg.Connection, job_id: str) -> bool:
+    return bool(await conn.fetchval("SELECT true FROM jobs WHERE id = $1", job_id))
+
+
+async def lock_job(conn: asyncpg.Connection, job_id: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(
+        "SELECT status, allocation_id, attempt, pending_reason, cancel_requested_at "
+        "FROM jobs WHERE id = $1 FOR UPDATE",
+        job_id,
+    )
+
+
+async def insert_history(
+    conn: asyncpg.Connection, job_id: str, status: str, at: datetime, reason: str | None
+) -> None:
+    await conn.execute(
+        "INSERT INTO job_history (job_id, status, at, reason) VALUES ($1, $2, $3, $4)",
+        job_id,
+        status,
+        at,
+        reason,
+    )
+
+
+async def set_pending(
+    conn: asyncpg.Connection,
+    job_id: str,
+    reason: str,
+    position: int,
+    estimated_start: datetime | None,
+) -> None:
+    await conn.execute(
+        """UPDATE jobs SET status = 'PENDING', pending_reason = $2, pending_position = $3,
+                          estimated_start = $4, updated_at = clock_timestamp()
+           WHERE id = $1""",
+        job_id,
+        reason,
+        position,
+        estimated_start,
+    )
+
+
+async def set_scheduled(
+    conn: asyncpg.Connection,
+    job_id: str,
+    allocation_id: str,
+    node_id: str,
+    gpu_indices: list[int],
+    attempt: int,
+) -> None:
+    await conn.execute(
+        """UPDATE jobs SET status = 'SCHEDULED', allocation_id = $2, node_id = $3,
+                          gpu_indices = $4, attempt = $5, pending_reason = NULL,
+                          pending_position = NULL, estimated_start = NULL,
+                          updated_at = clock_timestamp()
+           WHERE id = $1""",
+        job_id,
+        allocation_id,
+        node_id,
+        gpu_indices,
+        attempt,
+    )
+
+
+async def set_running(conn: asyncpg.Connection, job_id: str, started_at: datetime) -> None:
+    await conn.execute(
+        """UPDATE jobs SET status = 'RUNNING', started_at = coalesce(started_at, $2),
+                          updated_at = clock_timestamp()
+           WHERE id = $1""",
+        job_id,
+        started_at,
+    )
+
+
+async def set_preempted(conn: asyncpg.Connection, job_id: str) -> None:
+    await conn.execute(
+        "UPDATE jobs SET status = 'PREEMPTED', updated_at = clock_timestamp() WHERE id = $1",
+        job_id,
+    )
+
+
+async def set_finished(
+    conn: asyncpg.Connection,
+    job_id: str,
+    status: str,
+    finished_at: datetime,
+    failure: dict[str, Any] | None,
+) -> None:
+    await conn.execute(
+        # coalesce: a FAILED job turned CANCELLED keeps when and how its process ended.
+        """UPDATE jobs SET status = $2, finished_at = coalesce(finished_at, $3),
+                          failure = coalesce($4, failure), updated_at = clock_timestamp()
+           WHERE id = $1""",
+        job_id,
+        status,
+        finished_at,
+        failure,
+    )
+
+
+async def insert_allocation(
+    conn: asyncpg.Connection,
+    allocation_id: str,
+    job_id: str,
+    node_id: str,
+    gpu_indices: list[int],
+    attempt: int,
+    epoch: int,
+    granted_at: datetime,
+) -> None:
+    await conn.execute(
+        """INSERT INTO job_allocations
+               (allocation_id, job_id, node_id, gpu_indices, attempt, epoch, granted_at)
+           VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (allocation_id) DO NOTHING""",
+        allocation_id,
+        job_id,
+        node_id,
+        gpu_indices,
+        attempt,
+        epoch,
+        granted_at,
+    )
+
+
+async def merge_metrics(
+    conn: asyncpg.Connection,
+    job_id: str,
+    step: int | None,
+    metrics: dict[str, float | None],
+    at: datetime,
+) -> None:
+    """Keep the newest value of each metric; an event older than the last one is dropped."""
+    await conn.execute(
+        """UPDATE jobs SET metrics = metrics || $2::jsonb,
+                          metrics_step = coalesce($3, metrics_step), metrics_at = $4,
+                          updated_at = clock_timestamp()
+           WHERE id = $1 AND (metrics_at IS NULL OR metrics_at <= $4)""",
+        job_id,
+        metrics,
+        step,
+        at,
+    )
+
+
+async def insert_checkpoint(
+    conn: asyncpg.Connection,
+    job_id: str,
+    uri: str,
+    manifest_uri: str,
+    step: int,
+    size_bytes: int,
+    sha256: str,
+    allocation_id: str,
+    saved_at: datetime,
+) -> None:
+    await conn.execute(
+        """INSERT INTO job_checkpoints
+               (job_id, uri, manifest_uri, step, size_bytes, sha256, allocation_id, saved_at)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (job_id, uri) DO NOTHING""",
+        job_id,
+        uri,
+        manifest_uri,
+        step,
+        size_bytes,
+        sha256,
+        allocation_id,
+        saved_at,
+    )
+
+
+async def insert_model(
+    conn: asyncpg.Connection,
+    model_version_id: str,
+    job_id: str,
+    model_name: str,
+    version: int,
+    artifact_uri: str,
+    artifact_sha256: str,
+    metrics: dict[str, float | None],
+    lineage: dict[str, Any],
+    registered_at: datetime,
+) -> None:
+    await conn.execute(
+        """INSERT INTO job_models (model_version_id, job_id, model_name, version, artifact_uri,
+                                   artifact_sha256, metrics, lineage, registered_at)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+           ON CONFLICT (model_version_id) DO NOTHING""",
+        model_version_id,
+        job_id,
+        model_name,
+        version,
+        artifact_uri,
+        artifact_sha256,
+        metrics,
+        lineage,
+        registered_at,
+    )
+
+
+async def upsert_cost(
+    conn: asyncpg.Connection,
+    allocation_id: str,
+    job_id: str,
+    gpu_flavor: str,
+    gpus: int,
+    started_at: datetime,
+    ended_at: datetime,
+    gpu_seconds: float,
+    price_per_gpu_hour: float,
+    cost: float,
+    currency: str,
+) -> None:
+    await conn.execute(
+        """INSERT INTO job_costs (allocation_id, job_id, gpu_flavor, gpus, started_at, ended_at,
+                                  gpu_seconds, price_per_gpu_hour, cost, currency)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+           ON CONFLICT (allocation_id) DO UPDATE SET
+               gpu_flavor = EXCLUDED.gpu_flavor, gpus = EXCLUDED.gpus,
+               started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at,
+               gpu_seconds = EXCLUDED.gpu_seconds,
+               price_per_gpu_hour = EXCLUDED.price_per_gpu_hour,
+               cost = EXCLUDED.cost, currency = EXCLUDED.currency""",
+        allocation_id,
+        job_id,
+        gpu_flavor,
+        gpus,
+        started_at,
+        ended_at,
+        gpu_seconds,
+        price_per_gpu_hour,
+        cost,
+        currency,
+    )

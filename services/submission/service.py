@@ -1,0 +1,51 @@
+"""Composition root of the submission service: ``serve`` runs it, ``bootstrap`` seeds it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import asyncpg
+
+from services.submission import commands, handlers
+from services.submission.api import AppDeps, create_app
+from services.submission.config import Settings
+from shared.bus import Bus, Handler
+from shared.db import migrate, open_pool, ping
+from shared.events import nats_subject
+from shared.inbox import TransactionalHandler, idempotent
+from shared.outbox import OutboxRelay
+from shared.runtime import ServiceRuntime
+
+NAME = "submission"
+MIGRATIONS = Path(__file__).parent / "migrations"
+SUBJECTS = [nats_subject(event) for event in handlers.CONSUMED]
+
+
+def event_handler(
+    pool: asyncpg.Pool, dispatch: TransactionalHandler = handlers.dispatch
+) -> Handler:
+    """The consumer's handler: each event is applied at most once, in one transaction with
+    its inbox record."""
+    return idempotent(pool, NAME, dispatch)
+
+
+async def serve(settings: Settings) -> int:
+    async with ServiceRuntime(NAME, settings) as rt:
+        pool = await rt.resources.enter_async_context(open_pool(settings.database, NAME))
+        await migrate(pool, NAME, MIGRATIONS)
+        bus = await rt.resources.enter_async_context(Bus.connect(settings.nats, NAME))
+        rt.add_readiness_check("database", lambda: ping(pool))
+        rt.add_readiness_check("nats", bus.ping)
+        rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
+        rt.spawn(bus.consume(NAME, SUBJECTS, event_handler(pool), rt.stopping), "events")
+        app = create_app(settings, AppDeps(pool=pool, health_handlers=rt.health_handlers()))
+        return await rt.run(app)
+
+
+async def bootstrap_admin(settings: Settings, team: str, user: str) -> str:
+    """Migrate, then create ``team`` (if new) and its admin ``user``; return the token.
+
+    Raises ``commands.UserExists`` when the team already has that user."""
+    async with open_pool(settings.database, NAME) as pool:
+        await migrate(pool, NAME, MIGRATIONS)
+        return await commands.bootstrap_admin(pool, team, user)

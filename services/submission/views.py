@@ -1,0 +1,122 @@
+"""Assembly of the job view from stored rows (pure: rows in, HTTP schema out)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from services.submission.domain import CostLine, JobStatus, summarize_cost
+from services.submission.schemas import (
+    CheckpointView,
+    CostView,
+    FailureView,
+    HistoryEntry,
+    JobSummary,
+    JobView,
+    ModelView,
+    PendingView,
+)
+
+Row = Mapping[str, Any]
+
+
+def job_view(
+    job: Row,
+    history: Sequence[Row],
+    checkpoints: Sequence[Row],
+    model: Row | None,
+    costs: Sequence[Row],
+    allocations: int,
+) -> JobView:
+    """The view of one job from its row and the rows of its parts."""
+    status = JobStatus(job["status"])
+    cost = summarize_cost(
+        [
+            CostLine(
+                gpu_seconds=c["gpu_seconds"],
+                cost=c["cost"],
+                currency=c["currency"],
+                price_per_gpu_hour=c["price_per_gpu_hour"],
+            )
+            for c in costs
+        ],
+        allocations,
+        status,
+    )
+    return JobView(
+        id=job["id"],
+        name=job["name"],
+        team=job["team_name"],
+        user=job["user_name"],
+        spec=job["spec"],
+        status=status,
+        terminal=status.is_terminal,
+        history=[HistoryEntry(status=h["status"], at=h["at"], reason=h["reason"]) for h in history],
+        pending=_pending(job, status),
+        node=job["node_id"],
+        gpu_indices=list(job["gpu_indices"] or []),
+        attempt=job["attempt"],
+        submitted_at=job["submitted_at"],
+        started_at=job["started_at"],
+        finished_at=job["finished_at"],
+        updated_at=job["updated_at"],
+        cancel_requested=job["cancel_requested_at"] is not None,
+        failure=FailureView(**job["failure"]) if job["failure"] else None,
+        step=job["metrics_step"],
+        metrics=job["metrics"] or {},
+        checkpoints=[CheckpointView(**dict(c)) for c in checkpoints],
+        model=_model(model),
+        cost=CostView(
+            gpu_seconds=cost.gpu_seconds,
+            cost=cost.cost,
+            currency=cost.currency,
+            price_per_gpu_hour=cost.price_per_gpu_hour,
+            final=cost.final,
+        ),
+    )
+
+
+def _pending(job: Row, status: JobStatus) -> PendingView | None:
+    if status is not JobStatus.PENDING:
+        return None
+    return PendingView(
+        reason=job["pending_reason"],
+        position=job["pending_position"],
+        estimated_start=job["estimated_start"],
+    )
+
+
+def _model(model: Row | None) -> ModelView | None:
+    if model is None:
+        return None
+    return ModelView(
+        name=model["model_name"],
+        version=model["version"],
+        artifact_uri=model["artifact_uri"],
+        artifact_sha256=model["artifact_sha256"],
+        metrics=model["metrics"],
+        lineage=model["lineage"],
+    )
+
+
+def job_summary(job: Row) -> JobSummary:
+    """One line of the job list from a row of ``repository.jobs_for_team``."""
+    status = JobStatus(job["status"])
+    return JobSummary(
+        id=job["id"],
+        name=job["name"],
+        team=job["team_name"],
+        user=job["user_name"],
+        status=status,
+        terminal=status.is_terminal,
+        gpu_flavor=job["spec"]["gpu_flavor"],
+        gpus=job["spec"]["gpus"],
+        submitted_at=job["submitted_at"],
+        started_at=job["started_at"],
+        finished_at=job["finished_at"],
+        node=job["node_id"],
+        attempt=job["attempt"],
+        step=job["metrics_step"],
+        cost=job["cost"],
+        currency=job["currency"],
+    )

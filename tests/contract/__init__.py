@@ -1,0 +1,1 @@
+"""Contract suites: one set of tests run against every implementation of an interface."""

@@ -1,0 +1,120 @@
+"""Billing's handlers on the real bus and a fresh database: releases in, costs out."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import asyncpg
+import nats
+import pytest
+from nats.js.errors import NotFoundError
+
+from services.billing.config import Settings
+from services.billing.handlers import BillingHandlers
+from services.billing.service import MIGRATIONS, NAME, seed_prices
+from shared.bus import Bus
+from shared.db import migrate, open_pool
+from shared.events import Envelope, Payload, nats_subject, parse_envelope
+from shared.events.payloads import AllocationReleased, CostRecorded
+from shared.inbox import idempotent
+from shared.outbox import OutboxRelay
+from shared.settings import DatabaseSettings, NatsSettings
+
+WAIT_S = 15.0
+
+
+@pytest.fixture
+async def nats_settings(nats_url: str) -> NatsSettings:
+    """Settings for a bus whose streams start empty (tests share one server)."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    for stream in ("TRAINYARD", "TRAINYARD_DEADLETTER"):
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream(stream)
+    await nc.close()
+    return NatsSettings(url=nats_url, max_deliver=3, retry_delay_seconds=0.05, ack_wait_seconds=5)
+
+
+async def until(done: Callable[[], Any], timeout: float = WAIT_S) -> None:
+    """Wait until ``done()`` (a plain or async predicate) is true; fail after ``timeout``."""
+    async with asyncio.timeout(timeout):
+        while True:
+            result = done()
+            if inspect.isawaitable(result):
+                result = await result
+            if result:
+                return
+            await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    async with open_pool(DatabaseSettings(url=database_url), NAME) as p:
+        await migrate(p, NAME, MIGRATIONS)
+        await seed_prices(p, Settings(prices={"cpu": 0.10, "a100": 2.50}, currency="USD"))
+        yield p
+
+
+class Billing:
+    """Billing's consumer and outbox relay running; helpers to talk to it."""
+
+    def __init__(self, pool: asyncpg.Pool, bus: Bus) -> None:
+        self.pool = pool
+        self.bus = bus
+        self.seen: list[Envelope[Payload]] = []
+
+    async def send(self, released: AllocationReleased) -> Envelope[Payload]:
+        """Publish and wait until billing has handled it."""
+        payload: Payload = released
+        envelope = Envelope.wrap(payload, source="test", subject=released.job_id)
+        await self.bus.publish(envelope)
+        await self.processed(envelope)
+        return envelope
+
+    async def processed(self, envelope: Envelope[Payload]) -> None:
+        async def done() -> bool:
+            return bool(
+                await self.pool.fetchval(
+                    "SELECT true FROM inbox WHERE consumer = $1 AND event_id = $2",
+                    NAME,
+                    envelope.id,
+                )
+            )
+
+        await until(done)
+
+    def costs(self) -> list[CostRecorded]:
+        return [e.data for e in self.seen if isinstance(e.data, CostRecorded)]
+
+
+@pytest.fixture
+async def billing(pool: asyncpg.Pool, nats_settings: NatsSettings) -> AsyncIterator[Billing]:
+    async with Bus.connect(nats_settings, "billing-test") as bus:
+        harness = Billing(pool, bus)
+
+        async def collect(msg: Any) -> None:
+            harness.seen.append(parse_envelope(msg.data))
+
+        sub = await bus.nats.subscribe("trainyard.>", cb=collect)
+        stop = asyncio.Event()
+        tasks = [
+            asyncio.create_task(OutboxRelay(pool, bus, idle_poll_s=0.1).run(stop)),
+            asyncio.create_task(
+                bus.consume(
+                    NAME,
+                    [nats_subject(AllocationReleased)],
+                    idempotent(pool, NAME, BillingHandlers().dispatch),
+                    stop,
+                )
+            ),
+        ]
+        try:
+            yield harness
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+            await sub.unsubscribe()

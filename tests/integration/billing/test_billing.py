@@ -1,0 +1,152 @@
+"""Billing through NATS and Postgres: one ledger row and one CostRecorded per allocation."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import asyncpg
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from services.billing.api import create_app
+from services.billing.config import Settings
+from services.billing.service import seed_prices
+from shared.bus import REASON_HEADER
+from shared.events import Envelope, Payload
+from shared.events.payloads import AllocationReleased
+from tests.integration.billing.conftest import Billing, until
+
+pytestmark = pytest.mark.integration
+
+T0 = datetime(2025, 3, 1, 8, 0, tzinfo=UTC)
+
+
+def released(
+    allocation_id: str = "alloc-1",
+    *,
+    job_id: str = "job-1",
+    team: str = "vision",
+    user: str = "ada",
+    flavor: str = "a100",
+    gpus: int = 2,
+    duration: timedelta = timedelta(minutes=90, microseconds=7),
+) -> AllocationReleased:
+    return AllocationReleased(
+        allocation_id=allocation_id,
+        job_id=job_id,
+        node_id="node-1",
+        team=team,
+        user=user,
+        gpu_flavor=flavor,
+        gpus=gpus,
+        granted_at=T0,
+        released_at=T0 + duration,
+        outcome="succeeded",
+    )
+
+
+async def test_release_is_billed_once_at_gpu_seconds_times_price(billing: Billing) -> None:
+    await billing.send(released())
+    row = await billing.pool.fetchrow("SELECT * FROM usage_ledger")
+    gpu_seconds = Decimal("10800.000014")  # 2 GPUs x 5400.000007 s
+    expected = (gpu_seconds * Decimal("2.5") / 3600).quantize(Decimal("0.000001"))
+    assert row["gpu_seconds"] == gpu_seconds
+    assert row["price_per_gpu_hour"] == Decimal("2.5")
+    assert row["cost"] == expected == Decimal("7.500000")
+    assert (row["job_id"], row["team"], row["user_name"], row["gpu_flavor"]) == (
+        "job-1",
+        "vision",
+        "ada",
+        "a100",
+    )
+    await until(lambda: len(billing.costs()) == 1)
+    (recorded,) = billing.costs()
+    assert (recorded.allocation_id, recorded.job_id, recorded.currency) == (
+        "alloc-1",
+        "job-1",
+        "USD",
+    )
+    assert Decimal(str(recorded.cost)) == expected
+    assert recorded.gpu_seconds == pytest.approx(10800.000014)
+    envelope = next(e for e in billing.seen if e.type == "trainyard.cost.recorded.v1")
+    assert envelope.subject == "job-1"
+
+
+async def test_duplicate_release_is_billed_once(billing: Billing) -> None:
+    first = await billing.send(released())
+    # The same event past JetStream's de-duplication, then the same allocation as a new event.
+    await billing.bus.publish_raw(first.nats_subject, first.to_json(), "redelivery-1", {})
+    await billing.send(released())
+    await billing.send(released("alloc-2", gpus=1, flavor="cpu", duration=timedelta(hours=2)))
+    assert await billing.pool.fetchval("SELECT count(*) FROM usage_ledger") == 2
+    await until(lambda: len(billing.costs()) == 2)
+    assert sorted(c.allocation_id for c in billing.costs()) == ["alloc-1", "alloc-2"]
+    assert await billing.pool.fetchval(
+        "SELECT cost FROM usage_ledger WHERE allocation_id = 'alloc-2'"
+    ) == Decimal("0.200000")
+
+
+async def test_unknown_flavor_is_dead_lettered_with_the_reason(billing: Billing) -> None:
+    payload: Payload = released("alloc-9", flavor="tpu")
+    bad = Envelope.wrap(payload, source="test", subject="job-9")
+    await billing.bus.publish(bad)
+    await billing.send(released("alloc-10"))  # consumption goes on behind it
+
+    async def dead() -> list[str]:
+        info = await billing.bus.jetstream.stream_info("TRAINYARD_DEADLETTER")
+        reasons = []
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            if info.state.messages == 0:
+                break
+            msg = await billing.bus.jetstream.get_msg("TRAINYARD_DEADLETTER", seq)
+            reasons.append((msg.headers or {})[REASON_HEADER])
+        return reasons
+
+    await until(lambda: dead())
+    reasons = await dead()
+    assert any("no price for 'tpu' in the price book (priced: a100, cpu)" in r for r in reasons)
+    ids = [
+        r["allocation_id"]
+        for r in await billing.pool.fetch("SELECT allocation_id FROM usage_ledger")
+    ]
+    assert ids == ["alloc-10"]
+
+
+async def test_prices_are_upserted_from_settings(pool: asyncpg.Pool) -> None:
+    await seed_prices(pool, Settings(prices={"cpu": 0.12, "h200": 5.5}, currency="USD"))
+    rows = await pool.fetch("SELECT flavor, price_per_gpu_hour FROM price_book ORDER BY flavor")
+    assert [(r["flavor"], r["price_per_gpu_hour"]) for r in rows] == [
+        ("a100", Decimal("2.5")),  # not listed any more: kept
+        ("cpu", Decimal("0.12")),
+        ("h200", Decimal("5.5")),
+    ]
+
+
+async def test_usage_summary_per_team_user_and_job(billing: Billing) -> None:
+    await billing.send(released("a1", job_id="j1", user="ada", gpus=1, duration=timedelta(hours=1)))
+    await billing.send(released("a2", job_id="j1", user="ada", gpus=1, duration=timedelta(hours=1)))
+    await billing.send(released("a3", job_id="j2", user="bob", gpus=2, duration=timedelta(hours=1)))
+    await billing.send(
+        released("a4", job_id="j3", team="nlp", user="cy", duration=timedelta(hours=1))
+    )
+    app = create_app(billing.pool, SecretStr("s3cret"), [])
+    # In this event loop (the pool's), not in a test client's thread.
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="http://billing") as client:
+        assert (await client.get("/v1/usage")).status_code == 401
+        response = await client.get(
+            "/v1/usage", params={"team": "vision"}, headers={"Authorization": "Bearer s3cret"}
+        )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["team"] == "vision"
+    assert [(t["team"], Decimal(t["cost"]), t["allocations"]) for t in body["teams"]] == [
+        ("vision", Decimal("10"), 3)
+    ]
+    assert [(u["user"], Decimal(u["gpu_seconds"]), Decimal(u["cost"])) for u in body["users"]] == [
+        ("ada", Decimal(7200), Decimal("5")),
+        ("bob", Decimal(7200), Decimal("5")),
+    ]
+    assert [(j["job_id"], j["allocations"]) for j in body["jobs"]] == [("j1", 2), ("j2", 1)]

@@ -1,0 +1,105 @@
+"""Fixtures for the registry's integration tests: a clean bus, a migrated registry schema,
+and the registry's consumer and outbox relay running in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import nats
+import pytest
+from nats.js import api
+from nats.js.errors import NotFoundError
+
+from services.registry.handlers import RegistryHandlers
+from services.registry.service import MIGRATIONS, NAME, SUBJECTS
+from shared.bus import Bus
+from shared.db import migrate, open_pool
+from shared.events import Envelope, Payload, parse_envelope
+from shared.inbox import idempotent
+from shared.outbox import OutboxRelay
+from shared.settings import DatabaseSettings, NatsSettings
+
+
+@pytest.fixture
+async def nats_settings(nats_url: str) -> NatsSettings:
+    """Settings for a bus whose streams start empty (tests share one server)."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    for stream in ("TRAINYARD", "TRAINYARD_DEADLETTER"):
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream(stream)
+    await nc.close()
+    return NatsSettings(url=nats_url, max_deliver=4, retry_delay_seconds=0.05, ack_wait_seconds=5)
+
+
+@pytest.fixture
+async def bus(nats_settings: NatsSettings) -> AsyncIterator[Bus]:
+    async with Bus.connect(nats_settings, "test") as connected:
+        yield connected
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    async with open_pool(DatabaseSettings(url=database_url), NAME) as p:
+        await migrate(p, NAME, MIGRATIONS)
+        yield p
+
+
+@pytest.fixture
+async def registry(pool: asyncpg.Pool, bus: Bus) -> AsyncIterator[None]:
+    """The registry's event consumer and outbox relay (``serve`` without HTTP)."""
+    stop = asyncio.Event()
+    handlers = RegistryHandlers()
+    tasks = [
+        asyncio.create_task(OutboxRelay(pool, bus, idle_poll_s=0.2).run(stop)),
+        asyncio.create_task(
+            bus.consume(NAME, SUBJECTS, idempotent(pool, NAME, handlers.dispatch), stop)
+        ),
+    ]
+    yield
+    stop.set()
+    async with asyncio.timeout(20):
+        await asyncio.gather(*tasks)
+
+
+@dataclass
+class EventLog:
+    """Every event on the stream, in order."""
+
+    events: list[Envelope[Payload]] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def wait_for(self, predicate: Any, timeout: float = 20, what: str = "event") -> Any:
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    self.changed.clear()
+                    found = predicate()
+                    if found:
+                        return found
+                    await self.changed.wait()
+        except TimeoutError:
+            seen = [f"{e.type} {e.subject}" for e in self.events][-20:]
+            raise AssertionError(f"no {what} within {timeout} s; last events: {seen}") from None
+
+
+@pytest.fixture
+async def events(bus: Bus) -> AsyncIterator[EventLog]:
+    log = EventLog()
+
+    async def record(msg: Any) -> None:
+        log.events.append(parse_envelope(msg.data))
+        log.changed.set()
+
+    sub = await bus.jetstream.subscribe(
+        "trainyard.>", cb=record, ordered_consumer=True, deliver_policy=api.DeliverPolicy.ALL
+    )
+    try:
+        yield log
+    finally:
+        await sub.unsubscribe()

@@ -1,0 +1,79 @@
+"""``python -m services.registry`` as a process: migrates, registers, serves, drains."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from deploy.local.ports import free_port
+from shared.bus import Bus
+from shared.events import Envelope, Payload
+from shared.settings import NatsSettings
+from tests.integration.registry.conftest import EventLog
+from tests.integration.registry.test_registry import ref, spec, started, succeeded
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+async def test_the_registry_process_registers_and_serves_a_version(
+    database_url: str, nats_settings: NatsSettings, bus: Bus, events: EventLog, tmp_path: Path
+) -> None:
+    port = free_port()
+    env = {
+        **os.environ,
+        "TRAINYARD_DATABASE_URL": database_url,
+        "TRAINYARD_NATS_URL": nats_settings.url,
+    }
+    log_path = tmp_path / "registry.log"
+    with log_path.open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "services.registry",
+            "--port",
+            str(port),
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=log,
+        )
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=2) as http:
+            async with asyncio.timeout(60):
+                while True:
+                    assert process.returncode is None, log_path.read_text()
+                    try:
+                        if (await http.get("/readyz")).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    await asyncio.sleep(0.2)
+
+            job = f"job-{uuid.uuid4().hex[:8]}"
+            for payload in (
+                started(job, "alloc-1", 0, spec("proc")),
+                succeeded(job, "alloc-1", ref(job, 4)),
+            ):
+                envelope: Envelope[Payload] = Envelope.wrap(payload, source="t", subject=job)
+                await bus.publish(envelope)
+            await events.wait_for(
+                lambda: [e for e in events.events if e.type.startswith("trainyard.model.")],
+                what="model.registered",
+            )
+            detail = await http.get("/v1/models/vision/proc/versions/1")
+            assert detail.status_code == 200, detail.text
+            assert detail.json()["lineage"]["job_id"] == job
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(process.wait(), timeout=60)
+    assert code == 0, log_path.read_text()

@@ -1,0 +1,300 @@
+"""The registry against real PostgreSQL and NATS: versions, lineage, idempotency, outbox."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import httpx
+import pytest
+from litestar import Litestar
+from pydantic import SecretStr
+
+from services.registry.api import create_app
+from services.registry.handlers import RegistryHandlers
+from shared.bus import REASON_HEADER, Bus
+from shared.events import Envelope, Payload
+from shared.events.payloads import (
+    CheckpointRef,
+    CheckpointSaved,
+    Environment,
+    JobSpec,
+    JobStarted,
+    JobSucceeded,
+    ModelRegistered,
+)
+from shared.inbox import idempotent
+from tests.integration.registry.conftest import EventLog
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("registry")]
+
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+ENV = Environment(
+    python="CPython 3.11.9",
+    torch="2.13.0",
+    platform="Linux-6.1",
+    hostname="gpu-host",
+    node_id="node-a",
+    gpu_flavor="cpu",
+    gpu_names=["virtual-cpu-0"],
+)
+
+
+def spec(name: str = "digits", team: str = "vision") -> JobSpec:
+    return JobSpec(
+        name=name,
+        team=team,
+        user="alice",
+        entrypoint="examples.digits_cnn",
+        gpus=1,
+        gpu_flavor="cpu",
+        hyperparameters={"lr": 0.003, "epochs": 2},
+        seed=42,
+        max_runtime_seconds=600,
+        dataset="digits@sklearn-1.5",
+    )
+
+
+def ref(job_id: str, step: int) -> CheckpointRef:
+    folder = f"s3://ty/jobs/{job_id}/checkpoints/step-{step:08d}"
+    return CheckpointRef(
+        uri=f"{folder}/checkpoint.pt",
+        manifest_uri=f"{folder}/manifest.json",
+        step=step,
+        size_bytes=1000 + step,
+        sha256=f"{step:064x}",
+    )
+
+
+def started(
+    job_id: str,
+    allocation_id: str,
+    attempt: int,
+    job_spec: JobSpec,
+    resumed_from: str | None = None,
+) -> JobStarted:
+    return JobStarted(
+        job_id=job_id,
+        allocation_id=allocation_id,
+        node_id="node-a",
+        attempt=attempt,
+        epoch=attempt + 1,
+        started_at=T0 + timedelta(minutes=attempt),
+        code_version=f"git:{attempt:040x} src:sha256:{'a' * 64}",
+        environment=ENV,
+        spec=job_spec,
+        resumed_from=resumed_from,
+    )
+
+
+def succeeded(
+    job_id: str, allocation_id: str, artifact: CheckpointRef | None, epoch: int = 1
+) -> JobSucceeded:
+    return JobSucceeded(
+        job_id=job_id,
+        allocation_id=allocation_id,
+        node_id="node-a",
+        epoch=epoch,
+        finished_at=T0 + timedelta(hours=1),
+        metrics={"val_accuracy": 0.97, "loss": 0.08},
+        artifact=artifact,
+    )
+
+
+def client_of(app: Litestar) -> httpx.AsyncClient:
+    """An HTTP client calling the app in this event loop (where the pool lives)."""
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    return httpx.AsyncClient(transport=transport, base_url="http://registry")
+
+
+async def publish(bus: Bus, payload: Payload, subject: str) -> None:
+    await bus.publish(Envelope.wrap(payload, source="test", subject=subject))
+
+
+def registered(events: EventLog, job_id: str) -> list[ModelRegistered]:
+    return [
+        e.data for e in events.events if isinstance(e.data, ModelRegistered) and e.subject == job_id
+    ]
+
+
+async def wait_registered(events: EventLog, job_id: str) -> ModelRegistered:
+    found: list[ModelRegistered] = await events.wait_for(
+        lambda: registered(events, job_id), what=f"model.registered for {job_id}"
+    )
+    return found[0]
+
+
+async def version_rows(pool: asyncpg.Pool, job_id: str) -> list[asyncpg.Record]:
+    async with pool.acquire() as conn:
+        rows: list[asyncpg.Record] = await conn.fetch(
+            "SELECT * FROM model_versions WHERE job_id = $1", job_id
+        )
+        return rows
+
+
+async def test_a_preempted_then_succeeded_job_is_one_version_with_its_full_lineage(
+    bus: Bus, events: EventLog, pool: asyncpg.Pool
+) -> None:
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    job_spec = spec()
+    await publish(bus, started(job, "alloc-1", 0, job_spec), job)
+    await publish(
+        bus,
+        CheckpointSaved(
+            job_id=job, allocation_id="alloc-1", epoch=1, checkpoint=ref(job, 50), saved_at=T0
+        ),
+        job,
+    )
+    await publish(bus, started(job, "alloc-2", 1, job_spec, resumed_from=ref(job, 50).uri), job)
+    await publish(bus, succeeded(job, "alloc-2", ref(job, 120), epoch=2), job)
+
+    event = await wait_registered(events, job)
+    assert (event.team, event.model_name, event.version) == ("vision", "digits", 1)
+    assert event.artifact_uri == ref(job, 120).uri
+    assert event.artifact_sha256 == ref(job, 120).sha256
+    assert event.metrics == {"val_accuracy": 0.97, "loss": 0.08}
+    lineage = event.lineage
+    assert lineage.job_id == job and lineage.spec == job_spec
+    assert lineage.code_version == f"git:{1:040x} src:sha256:{'a' * 64}"
+    assert lineage.environment == ENV
+    assert (lineage.dataset, lineage.seed) == ("digits@sklearn-1.5", 42)
+    assert lineage.attempts == 2
+    assert lineage.parent_checkpoints == [ref(job, 50).uri]
+    assert len(await version_rows(pool, job)) == 1
+
+    # The same through the read API.
+    async with client_of(create_app(pool, None, [])) as client:
+        listing = await client.get("/v1/models/vision/digits/versions")
+        assert listing.status_code == 200
+        assert [v["version"] for v in listing.json()["versions"]] == [1]
+        detail = await client.get("/v1/models/vision/digits/versions/1")
+        assert detail.status_code == 200
+        body = detail.json()
+        assert body["job_id"] == job and body["allocation_id"] == "alloc-2"
+        assert body["artifact"]["uri"] == ref(job, 120).uri
+        assert body["lineage"]["parent_checkpoints"] == [ref(job, 50).uri]
+        assert body["lineage"]["environment"]["hostname"] == "gpu-host"
+        assert (await client.get("/v1/models/vision/digits/versions/2")).status_code == 404
+        assert (await client.get("/v1/models/vision/nope/versions")).status_code == 404
+        assert (await client.get("/v1/models/other/digits/versions")).status_code == 404
+
+
+async def test_a_redelivered_success_registers_once(
+    bus: Bus, events: EventLog, pool: asyncpg.Pool
+) -> None:
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    await publish(bus, started(job, "alloc-1", 0, spec()), job)
+    success: Envelope[Payload] = Envelope.wrap(
+        succeeded(job, "alloc-1", ref(job, 10)), source="t", subject=job
+    )
+    await bus.publish(success)
+    await wait_registered(events, job)
+    # Again under a new event id (the inbox can't tell), and a fenced runner's late success.
+    await publish(bus, succeeded(job, "alloc-1", ref(job, 10)), job)
+    await publish(bus, started(job, "alloc-0", 0, spec()), job)
+    await publish(bus, succeeded(job, "alloc-0", ref(job, 9)), job)
+    barrier = f"job-{uuid.uuid4().hex[:8]}"
+    await publish(bus, started(barrier, "alloc-b", 0, spec()), barrier)
+    await publish(bus, succeeded(barrier, "alloc-b", ref(barrier, 1)), barrier)
+    await wait_registered(events, barrier)  # in order: the duplicates were handled before
+
+    assert len(registered(events, job)) == 1
+    rows = await version_rows(pool, job)
+    assert len(rows) == 1 and rows[0]["allocation_id"] == "alloc-1"
+    assert (await version_rows(pool, barrier))[0]["version"] == 2
+
+
+async def test_jobs_of_one_name_are_successive_versions_per_team(
+    bus: Bus, events: EventLog
+) -> None:
+    jobs = [f"job-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    specs = [spec("resnet", "vision"), spec("resnet", "vision"), spec("resnet", "speech")]
+    for job, job_spec in zip(jobs, specs, strict=True):
+        await publish(bus, started(job, f"alloc-{job}", 0, job_spec), job)
+        await publish(bus, succeeded(job, f"alloc-{job}", ref(job, 5)), job)
+    found = [await wait_registered(events, job) for job in jobs]
+    assert [(e.team, e.model_name, e.version) for e in found] == [
+        ("vision", "resnet", 1),
+        ("vision", "resnet", 2),
+        ("speech", "resnet", 1),
+    ]
+    assert len({e.model_version_id for e in found}) == 3
+
+
+async def test_a_success_that_overtakes_its_start_is_retried_until_the_start_arrives(
+    bus: Bus, events: EventLog
+) -> None:
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    await publish(bus, succeeded(job, "alloc-1", ref(job, 3)), job)
+    await publish(bus, started(job, "alloc-1", 0, spec("late")), job)
+    event = await wait_registered(events, job)
+    assert (event.model_name, event.version) == ("late", 1)
+
+
+async def test_without_a_reported_artifact_the_newest_checkpoint_is_registered(
+    bus: Bus, events: EventLog
+) -> None:
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    await publish(bus, started(job, "alloc-1", 0, spec("fallback")), job)
+    for step in (10, 30, 20):
+        saved = CheckpointSaved(
+            job_id=job, allocation_id="alloc-1", epoch=1, checkpoint=ref(job, step), saved_at=T0
+        )
+        await publish(bus, saved, job)
+        await publish(bus, saved, job)  # recorded once
+    await publish(bus, succeeded(job, "alloc-1", None), job)
+    event = await wait_registered(events, job)
+    assert event.artifact_uri == ref(job, 30).uri
+
+
+async def test_a_success_without_any_checkpoint_is_dead_lettered_with_the_reason(
+    bus: Bus, events: EventLog, pool: asyncpg.Pool
+) -> None:
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    await publish(bus, started(job, "alloc-1", 0, spec("empty")), job)
+    await publish(bus, succeeded(job, "alloc-1", None), job)
+
+    async def dead_letters() -> list[str]:
+        info = await bus.jetstream.stream_info("TRAINYARD_DEADLETTER")
+        if info.state.messages == 0:
+            return []
+        msg = await bus.jetstream.get_msg("TRAINYARD_DEADLETTER", info.state.first_seq)
+        return [(msg.headers or {}).get(REASON_HEADER, "")]
+
+    async with asyncio.timeout(20):
+        while not (reasons := await dead_letters()):
+            await asyncio.sleep(0.1)
+    assert "without reporting any checkpoint" in reasons[0]
+    assert await version_rows(pool, job) == []
+
+
+async def test_the_read_api_can_require_the_admin_token(pool: asyncpg.Pool) -> None:
+    app = create_app(pool, SecretStr("s3cret"), [])
+    async with client_of(app) as client:
+        assert (await client.get("/v1/models/vision/digits/versions")).status_code == 401
+        ok = await client.get(
+            "/v1/models/vision/digits/versions", headers={"Authorization": "Bearer s3cret"}
+        )
+        assert ok.status_code == 404  # authorised; there is no such model
+
+
+async def test_concurrent_registrations_of_one_model_take_turns(pool: asyncpg.Pool) -> None:
+    """Replicas registering versions of one existing model at once: the model row's lock
+    makes them take turns (without it several would read the same latest version, and
+    all but one would fail on the unique (model, version) constraint)."""
+    handle = idempotent(pool, "registry", RegistryHandlers().dispatch)
+    jobs = [f"job-{uuid.uuid4().hex[:8]}" for _ in range(6)]
+    for job in jobs:
+        await handle(
+            Envelope.wrap(started(job, f"a-{job}", 0, spec("race")), source="t", subject=job)
+        )
+
+    def success(job: str) -> Envelope[Payload]:
+        return Envelope.wrap(succeeded(job, f"a-{job}", ref(job, 1)), source="t", subject=job)
+
+    await handle(success(jobs[0]))
+    await asyncio.gather(*(handle(success(job)) for job in jobs[1:]))
+    versions = sorted([(await version_rows(pool, job))[0]["version"] for job in jobs])
+    assert versions == [1, 2, 3, 4, 5, 6]

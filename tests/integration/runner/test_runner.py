@@ -1,0 +1,282 @@
+"""The runner against a real NATS server, running stand-in jobs on virtual GPUs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from services.runner import domain
+from services.runner.config import Settings
+from services.runner.ledger import Ledger, safe_file_name
+from shared.bus import Bus
+from shared.events.payloads import (
+    AllocationRevoked,
+    CheckpointSaved,
+    JobFailed,
+    JobPreempted,
+    JobProgress,
+    JobStarted,
+    JobSucceeded,
+    RunnerHeartbeat,
+)
+from shared.storage import open_store
+from tests.integration.runner.conftest import (
+    EventLog,
+    StartRunner,
+    grant,
+    launched,
+    publish,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def trace_id(traceparent: str) -> str:
+    return traceparent.split("-")[1]
+
+
+async def test_heartbeats_announce_the_node_and_its_virtual_gpus(
+    settings: Settings, start_runner: StartRunner, events: EventLog
+) -> None:
+    await start_runner(settings)
+    beat = await events.first(RunnerHeartbeat, settings.node_id)
+    assert beat.node_id == settings.node_id
+    assert beat.gpu_flavor == "cpu"
+    assert beat.gpu_count == 2
+    assert beat.gpu_names == ["virtual-cpu-0", "virtual-cpu-1"]
+    assert beat.running_allocations == []
+
+
+async def test_a_job_is_started_reports_progress_and_checkpoint_and_succeeds(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    code_dir: Path,
+    launches: Path,
+) -> None:
+    await start_runner(settings)
+    allocation = grant(settings.node_id, ["succeed", str(launches)])
+    await publish(bus, allocation, settings.node_id)
+
+    done = await events.first(JobSucceeded, allocation.job_id)
+    started = await events.first(JobStarted, allocation.job_id)
+    source = hashlib.sha256((code_dir / "fakejob.py").read_bytes()).hexdigest()
+    assert started.allocation_id == allocation.allocation_id
+    assert started.epoch == 3 and started.attempt == 1
+    assert started.code_version.endswith(f"src:sha256:{source}")
+    assert started.environment.node_id == settings.node_id
+    assert started.environment.gpu_names == ["virtual-cpu-1"]
+    assert started.environment.cuda is None
+    assert started.spec == allocation.spec
+    assert started.resumed_from is None
+
+    # Throttled, but the newest report is never lost.
+    progress = events.of(JobProgress, allocation.job_id)
+    assert progress and progress[-1].step == 5
+    assert progress[-1].metrics == {"loss": pytest.approx(0.2)}
+    assert [p.step for p in progress] == sorted({p.step for p in progress})
+
+    saved = events.of(CheckpointSaved, allocation.job_id)
+    assert [s.checkpoint.step for s in saved] == [5]
+    assert saved[0].epoch == 3
+    assert done.artifact == saved[0].checkpoint
+    assert done.metrics == {"loss": pytest.approx(0.2)}
+    assert done.node_id == settings.node_id and done.epoch == 3
+
+    # The job saw its context; the runner kept and uploaded its output.
+    store = open_store(settings.storage.uri)
+    log_text = store.get_bytes(f"logs/{allocation.job_id}/{allocation.allocation_id}.log").decode()
+    assert f"env {allocation.job_id} 1234 ''" in log_text
+    assert "step 5" in log_text and "done" in log_text
+    assert launched(launches) == [allocation.allocation_id]
+
+    # Every event of the job is in one trace: the one the grant was consumed in.
+    records = events.records(allocation.job_id)
+    assert {type(r.envelope.data) for r in records} >= {
+        JobStarted,
+        JobProgress,
+        CheckpointSaved,
+        JobSucceeded,
+    }
+    assert len({trace_id(r.headers["traceparent"]) for r in records}) == 1
+    # Deterministic ids: the terminal event's is derived from the allocation.
+    ends = [r for r in records if isinstance(r.envelope.data, JobSucceeded)]
+    assert ends[0].envelope.id == domain.event_id(allocation.allocation_id, "end")
+
+
+async def test_a_failing_job_is_reported_with_its_log_tail(
+    settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
+) -> None:
+    await start_runner(settings)
+    allocation = grant(settings.node_id, ["fail", str(launches)])
+    await publish(bus, allocation, settings.node_id)
+
+    failed = await events.first(JobFailed, allocation.job_id)
+    assert failed.exit_code == 3
+    assert failed.reason == "exited with status 3"
+    lines = failed.log_tail.splitlines()
+    assert len(lines) == settings.log_tail_lines
+    assert lines[-1] == "Traceback: something broke"
+    assert "noise 59" in lines and "noise 0" not in lines
+    assert not events.of(JobSucceeded, allocation.job_id)
+
+
+async def test_a_revoked_job_checkpoints_and_is_reported_preempted(
+    settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
+) -> None:
+    await start_runner(settings)
+    allocation = grant(settings.node_id, ["wait", str(launches)])
+    await publish(bus, allocation, settings.node_id)
+    await events.first(JobProgress, allocation.job_id)
+    await events.wait_for(
+        lambda: [
+            b
+            for b in events.of(RunnerHeartbeat, settings.node_id)
+            if allocation.allocation_id in b.running_allocations
+        ],
+        what="heartbeat listing the allocation",
+    )
+
+    await publish(
+        bus,
+        AllocationRevoked(
+            allocation_id=allocation.allocation_id,
+            job_id=allocation.job_id,
+            node_id=settings.node_id,
+            epoch=allocation.epoch,
+            reason="preempted",
+            grace_seconds=20,
+        ),
+        settings.node_id,
+    )
+    preempted = await events.first(JobPreempted, allocation.job_id)
+    assert preempted.reason == "preempted"
+    assert preempted.checkpoint is not None and preempted.checkpoint.step == 7
+    assert [s.checkpoint.step for s in events.of(CheckpointSaved, allocation.job_id)] == [7]
+    assert not events.of(JobFailed, allocation.job_id)
+
+
+async def test_a_job_ignoring_sigterm_is_killed_after_the_grace_and_cancelled(
+    settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
+) -> None:
+    await start_runner(settings)
+    allocation = grant(settings.node_id, ["ignore-term", str(launches)])
+    await publish(bus, allocation, settings.node_id)
+    await events.first(JobProgress, allocation.job_id)
+    stale = AllocationRevoked(
+        allocation_id=allocation.allocation_id,
+        job_id=allocation.job_id,
+        node_id=settings.node_id,
+        epoch=allocation.epoch - 1,
+        reason="fenced",
+        grace_seconds=0,
+    )
+    await publish(bus, stale, settings.node_id)  # an older epoch: ignored
+    await publish(
+        bus,
+        stale.model_copy(
+            update={"epoch": allocation.epoch, "reason": "cancelled", "grace_seconds": 0.5}
+        ),
+        settings.node_id,
+    )
+    preempted = await events.first(JobPreempted, allocation.job_id)
+    assert preempted.reason == "cancelled"
+    assert preempted.checkpoint is None
+
+
+async def test_a_job_over_its_max_runtime_fails(
+    settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
+) -> None:
+    await start_runner(settings)
+    allocation = grant(settings.node_id, ["wait", str(launches)], max_runtime_seconds=1)
+    await publish(bus, allocation, settings.node_id)
+    failed = await events.first(JobFailed, allocation.job_id)
+    assert failed.reason == "max runtime exceeded (1 s)"
+    assert failed.exit_code == 75  # it checkpointed on SIGTERM, but too late to matter
+    assert "checkpointed on SIGTERM" in failed.log_tail
+
+
+async def test_a_redelivered_grant_does_not_launch_twice_even_after_a_restart(
+    settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
+) -> None:
+    first = await start_runner(settings)
+    allocation = grant(settings.node_id, ["succeed", str(launches)])
+    await publish(bus, allocation, settings.node_id)
+    await publish(bus, allocation, settings.node_id)  # a new event id: not deduplicated
+    await events.first(JobSucceeded, allocation.job_id)
+    await first.shutdown()
+
+    await start_runner(settings)
+    await publish(bus, allocation, settings.node_id)
+    # Grants are handled in order: once this one has started, the duplicate was handled.
+    barrier = grant(settings.node_id, ["succeed", str(launches)])
+    await publish(bus, barrier, settings.node_id)
+    await events.first(JobSucceeded, barrier.job_id)
+
+    assert launched(launches) == [allocation.allocation_id, barrier.allocation_id]
+    assert len(events.of(JobStarted, allocation.job_id)) == 1
+    assert len(events.of(JobSucceeded, allocation.job_id)) == 1
+
+
+async def test_a_grant_naming_missing_gpus_fails_without_running(
+    settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
+) -> None:
+    await start_runner(settings)
+    allocation = grant(settings.node_id, ["succeed", str(launches)], gpu_indices=[5])
+    await publish(bus, allocation, settings.node_id)
+    failed = await events.first(JobFailed, allocation.job_id)
+    assert failed.exit_code is None
+    assert "do not exist on this node" in failed.reason
+    assert launched(launches) == []
+    assert not events.of(JobStarted, allocation.job_id)
+
+
+async def test_the_job_resumes_from_the_latest_complete_checkpoint(
+    settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
+) -> None:
+    allocation = grant(settings.node_id, ["succeed", str(launches)])
+    store = open_store(settings.storage.uri)
+    folder = f"jobs/{allocation.job_id}/checkpoints"
+    for step, complete in ((10, True), (20, True), (30, False)):
+        key = f"{folder}/step-{step:08d}/checkpoint.pt"
+        store.put_bytes(key, b"weights")
+        if complete:
+            manifest = {"step": step, "object": f"step-{step:08d}/checkpoint.pt"}
+            store.put_bytes(
+                f"{folder}/step-{step:08d}/manifest.json", json.dumps(manifest).encode()
+            )
+    await start_runner(settings)
+    await publish(bus, allocation, settings.node_id)
+    started = await events.first(JobStarted, allocation.job_id)
+    assert started.resumed_from == store.uri_for(f"{folder}/step-00000020/checkpoint.pt")
+
+
+async def test_a_restarted_runner_reports_what_its_predecessor_left_unsaid(
+    settings: Settings, start_runner: StartRunner, events: EventLog
+) -> None:
+    ledger = Ledger(settings.work_dir / "ledger" / safe_file_name(settings.node_id))
+    lost = domain.JobIdentity("job-lost", "alloc-lost", settings.node_id, 2, 1)
+    ledger.launched(lost, {})
+    await start_runner(settings)
+    preempted = await events.first(JobPreempted, "job-lost")
+    assert preempted.allocation_id == "alloc-lost" and preempted.epoch == 2
+    assert preempted.reason.startswith("lost")
+    entry = ledger.get("alloc-lost")
+    assert entry is not None and entry.state is domain.AllocationState.FINISHED
+
+
+async def test_a_job_that_cannot_be_spawned_fails_with_the_reason(
+    settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
+) -> None:
+    broken = settings.model_copy(update={"python": str(settings.work_dir / "no-python")})
+    await start_runner(broken)
+    allocation = grant(settings.node_id, ["succeed", str(launches)])
+    await publish(bus, allocation, settings.node_id)
+    failed = await events.first(JobFailed, allocation.job_id)
+    assert failed.exit_code is None and failed.reason.startswith("could not start")
+    started = await events.first(JobStarted, allocation.job_id)
+    assert started.environment.python.startswith("unknown")

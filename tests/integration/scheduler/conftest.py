@@ -1,0 +1,178 @@
+"""The scheduler's handlers on the real bus and a fresh database: events in, events out."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import asyncpg
+import nats
+import pytest
+from nats.js.errors import NotFoundError
+
+from services.scheduler.handlers import SchedulerHandlers
+from services.scheduler.service import CONSUMED, MIGRATIONS, NAME
+from shared.bus import Bus
+from shared.db import migrate, open_pool
+from shared.events import Envelope, Payload, nats_subject, parse_envelope
+from shared.events.payloads import JobSpec, JobSubmitted, RunnerHeartbeat
+from shared.inbox import idempotent
+from shared.outbox import OutboxRelay
+from shared.settings import DatabaseSettings, NatsSettings
+
+P = TypeVar("P", bound=Payload)
+WAIT_S = 15.0
+
+
+@pytest.fixture
+async def nats_settings(nats_url: str) -> NatsSettings:
+    """Settings for a bus whose streams start empty (tests share one server)."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    for stream in ("TRAINYARD", "TRAINYARD_DEADLETTER"):
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream(stream)
+    await nc.close()
+    return NatsSettings(url=nats_url, max_deliver=3, retry_delay_seconds=0.05, ack_wait_seconds=5)
+
+
+class Scheduler:
+    """The scheduler's consumer and outbox relay running; helpers to talk to it."""
+
+    def __init__(self, pool: asyncpg.Pool, bus: Bus) -> None:
+        self.pool = pool
+        self.bus = bus
+        self.seen: list[Envelope[Payload]] = []
+
+    def on_message(self, raw: bytes) -> None:
+        self.seen.append(parse_envelope(raw))
+
+    async def publish(self, payload: Payload, subject: str) -> Envelope[Payload]:
+        envelope = Envelope.wrap(payload, source="test", subject=subject)
+        await self.bus.publish(envelope)
+        return envelope
+
+    async def processed(self, envelope: Envelope[Payload]) -> None:
+        """Wait until the scheduler has applied (committed) ``envelope``."""
+
+        async def done() -> bool:
+            return bool(
+                await self.pool.fetchval(
+                    "SELECT true FROM inbox WHERE consumer = $1 AND event_id = $2",
+                    NAME,
+                    envelope.id,
+                )
+            )
+
+        await until(done)
+
+    async def send(self, payload: Payload, subject: str) -> Envelope[Payload]:
+        """Publish and wait until handled."""
+        envelope = await self.publish(payload, subject)
+        await self.processed(envelope)
+        return envelope
+
+    def events(self, kind: type[P], where: Callable[[P], bool] = lambda _: True) -> list[P]:
+        return [e.data for e in self.seen if isinstance(e.data, kind) and where(e.data)]
+
+    def envelopes(self, kind: type[Payload]) -> list[Envelope[Payload]]:
+        return [e for e in self.seen if isinstance(e.data, kind)]
+
+    async def wait_for(
+        self, kind: type[P], where: Callable[[P], bool] = lambda _: True, count: int = 1
+    ) -> list[P]:
+        async def done() -> bool:
+            return len(self.events(kind, where)) >= count
+
+        await until(done)
+        return self.events(kind, where)
+
+    async def heartbeat(self, node_id: str, gpus: int, flavor: str = "cpu") -> None:
+        await self.send(
+            RunnerHeartbeat(
+                node_id=node_id,
+                hostname=f"{node_id}.local",
+                gpu_flavor=flavor,
+                gpu_count=gpus,
+                sent_at=datetime.now(UTC),
+            ),
+            node_id,
+        )
+
+    async def submit(self, job_id: str, gpus: int, flavor: str = "cpu", **spec: Any) -> None:
+        await self.send(
+            JobSubmitted(
+                job_id=job_id,
+                spec=make_spec(gpus=gpus, gpu_flavor=flavor, **spec),
+                submitted_at=datetime.now(UTC),
+            ),
+            job_id,
+        )
+
+
+def make_spec(**overrides: Any) -> JobSpec:
+    fields: dict[str, Any] = {
+        "name": "mnist",
+        "team": "vision",
+        "user": "ada",
+        "entrypoint": "train.py",
+        "gpus": 1,
+        "gpu_flavor": "cpu",
+        "seed": 1,
+        "max_runtime_seconds": 3600,
+    }
+    fields.update(overrides)
+    return JobSpec(**fields)
+
+
+async def until(done: Callable[[], Any], timeout: float = WAIT_S) -> None:
+    """Wait until ``done()`` (a plain or async predicate) is true; fail after ``timeout``."""
+    async with asyncio.timeout(timeout):
+        while True:
+            result = done()
+            if inspect.isawaitable(result):
+                result = await result
+            if result:
+                return
+            await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    async with open_pool(DatabaseSettings(url=database_url), NAME) as p:
+        await migrate(p, NAME, MIGRATIONS)
+        yield p
+
+
+@pytest.fixture
+async def scheduler(pool: asyncpg.Pool, nats_settings: NatsSettings) -> AsyncIterator[Scheduler]:
+    async with Bus.connect(nats_settings, "scheduler-test") as bus:
+        harness = Scheduler(pool, bus)
+
+        async def collect(msg: Any) -> None:
+            harness.on_message(msg.data)
+
+        sub = await bus.nats.subscribe("trainyard.>", cb=collect)
+        stop = asyncio.Event()
+        handlers = SchedulerHandlers(revoke_grace_seconds=5)
+        tasks = [
+            asyncio.create_task(OutboxRelay(pool, bus, idle_poll_s=0.1).run(stop)),
+            asyncio.create_task(
+                bus.consume(
+                    NAME,
+                    [nats_subject(m) for m in CONSUMED],
+                    idempotent(pool, NAME, handlers.dispatch),
+                    stop,
+                )
+            ),
+        ]
+        try:
+            yield harness
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+            await sub.unsubscribe()

@@ -1,0 +1,390 @@
+"""The scheduler end to end through NATS and Postgres: grant, pend, release, fence, recover."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+
+from services.scheduler import repository as repo
+from services.scheduler.node_watch import NodeWatch, sweep_lost_nodes
+from services.scheduler.scheduling import run_pass
+from shared.events.payloads import (
+    AllocationGranted,
+    AllocationReleased,
+    AllocationRevoked,
+    JobCancelled,
+    JobCancelRequested,
+    JobFailed,
+    JobPending,
+    JobPreempted,
+    JobStarted,
+    JobSubmitted,
+    JobSucceeded,
+    RunnerHeartbeat,
+)
+from shared.events.payloads import Environment as RunEnvironment
+from tests.integration.scheduler.conftest import Scheduler, make_spec, until
+
+pytestmark = pytest.mark.integration
+
+
+def succeeded(grant: AllocationGranted, epoch: int | None = None) -> JobSucceeded:
+    return JobSucceeded(
+        job_id=grant.job_id,
+        allocation_id=grant.allocation_id,
+        node_id=grant.node_id,
+        epoch=grant.epoch if epoch is None else epoch,
+        finished_at=datetime.now(UTC),
+    )
+
+
+async def job_row(pool: asyncpg.Pool, job_id: str) -> asyncpg.Record:
+    return await pool.fetchrow(
+        "SELECT status, attempt, restarts FROM jobs WHERE job_id = $1", job_id
+    )
+
+
+async def test_grant_is_routed_to_the_node(scheduler: Scheduler) -> None:
+    received: list[bytes] = []
+
+    async def on_grant(msg) -> None:  # type: ignore[no-untyped-def]
+        received.append(msg.data)
+
+    await scheduler.bus.nats.subscribe("trainyard.allocation.granted.v1.local-node-1", cb=on_grant)
+    await scheduler.heartbeat("local-node-1", gpus=2)
+    await scheduler.submit("job-1", gpus=2, name="resnet")
+
+    (grant,) = await scheduler.wait_for(AllocationGranted)
+    assert (grant.job_id, grant.node_id, grant.gpu_indices, grant.attempt) == (
+        "job-1",
+        "local-node-1",
+        [0, 1],
+        0,
+    )
+    assert grant.spec.name == "resnet"
+    (envelope,) = scheduler.envelopes(AllocationGranted)
+    assert envelope.subject == "local-node-1"
+    assert envelope.source == "trainyard/scheduler"
+    await until(lambda: bool(received))  # the node's own subscription too
+    leases = await scheduler.pool.fetch(
+        "SELECT node_id, gpu_index FROM gpu_leases WHERE released_at IS NULL ORDER BY gpu_index"
+    )
+    assert [(r["node_id"], r["gpu_index"]) for r in leases] == [
+        ("local-node-1", 0),
+        ("local-node-1", 1),
+    ]
+
+
+async def test_job_that_does_not_fit_pends_then_gets_the_gpus(scheduler: Scheduler) -> None:
+    await scheduler.heartbeat("local-node-1", gpus=2)
+    await scheduler.submit("job-1", gpus=2)
+    (first,) = await scheduler.wait_for(AllocationGranted)
+
+    await scheduler.submit("job-2", gpus=2)
+    (pending,) = await scheduler.wait_for(JobPending)
+    assert pending.job_id == "job-2"
+    assert pending.position == 1
+    assert pending.reason == (
+        "needs 2 cpu GPUs; the largest free block is 0 on local-node-1 (2 in use by job job-1)"
+    )
+
+    await scheduler.send(succeeded(first), "job-1")
+    (released,) = await scheduler.wait_for(AllocationReleased)
+    assert released.outcome == "succeeded"
+    assert (released.job_id, released.team, released.user, released.gpus) == (
+        "job-1",
+        "vision",
+        "ada",
+        2,
+    )
+    assert released.granted_at == first.granted_at
+    assert released.released_at >= released.granted_at
+    (second,) = await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == "job-2")
+    assert second.gpu_indices == [0, 1]
+    assert second.epoch > first.epoch
+    assert (await job_row(scheduler.pool, "job-1"))["status"] == "SUCCEEDED"
+    assert (await job_row(scheduler.pool, "job-2"))["status"] == "ALLOCATED"
+
+
+async def test_unchanged_pending_reason_is_not_republished(scheduler: Scheduler) -> None:
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.submit("job-1", gpus=4)
+    await scheduler.wait_for(JobPending)
+    # Another pass (a new node of another flavor) changes nothing for job-1.
+    await scheduler.heartbeat("n2", gpus=8, flavor="h100")
+    await scheduler.submit("job-2", gpus=1, flavor="h100")
+    await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == "job-2")
+    assert len(scheduler.events(JobPending, lambda p: p.job_id == "job-1")) == 1
+
+
+async def test_no_node_of_the_flavor(scheduler: Scheduler) -> None:
+    await scheduler.heartbeat("n1", gpus=4)
+    await scheduler.submit("job-1", gpus=1, flavor="a100")
+    (pending,) = await scheduler.wait_for(JobPending)
+    assert pending.reason == "no ready node has a100 GPUs"
+
+
+async def test_database_refuses_a_second_live_lease_on_a_gpu(scheduler: Scheduler) -> None:
+    await scheduler.heartbeat("n1", gpus=2)
+    await scheduler.submit("job-1", gpus=1)
+    (grant,) = await scheduler.wait_for(AllocationGranted)
+    async with scheduler.pool.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO jobs (job_id, team, user_name, gpu_flavor, gpus, max_restarts, spec, "
+            "status, submitted_at, updated_at) "
+            "VALUES ('intruder', 't', 'u', 'cpu', 1, 0, '{}', 'ALLOCATED', now(), now())"
+        )
+        other = uuid.uuid4()
+        await conn.execute(
+            "INSERT INTO allocations (allocation_id, job_id, node_id, epoch, attempt, gpu_indices,"
+            " status, granted_at) VALUES ($1, 'intruder', 'n1', 999, 0, $2, 'GRANTED', now())",
+            other,
+            grant.gpu_indices,
+        )
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await conn.execute(
+                "INSERT INTO gpu_leases (allocation_id, node_id, gpu_index) VALUES ($1, 'n1', $2)",
+                other,
+                grant.gpu_indices[0],
+            )
+        # The free GPU next to it is fine.
+        await conn.execute(
+            "INSERT INTO gpu_leases (allocation_id, node_id, gpu_index) VALUES ($1, 'n1', 1)",
+            other,
+        )
+
+
+async def test_redelivered_submission_creates_one_job(scheduler: Scheduler) -> None:
+    await scheduler.heartbeat("n1", gpus=1)
+    submitted = JobSubmitted(job_id="job-1", spec=make_spec(gpus=1), submitted_at=datetime.now(UTC))
+    first = await scheduler.send(submitted, "job-1")
+    # The same event again past JetStream's de-duplication (another message id): the inbox
+    # must stop it. Then the same job under a new event id: the job table must.
+    await scheduler.bus.publish_raw(first.nats_subject, first.to_json(), "redelivery-1", {})
+    await scheduler.send(submitted, "job-1")
+    await scheduler.heartbeat("n2", gpus=1)  # a pass after both: still one allocation
+    assert await scheduler.pool.fetchval("SELECT count(*) FROM jobs") == 1
+    assert await scheduler.pool.fetchval("SELECT count(*) FROM allocations") == 1
+    assert len(scheduler.events(AllocationGranted)) == 1
+
+
+async def test_stale_epoch_is_ignored(scheduler: Scheduler) -> None:
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.submit("job-1", gpus=1)
+    (grant,) = await scheduler.wait_for(AllocationGranted)
+    await scheduler.send(succeeded(grant, epoch=grant.epoch - 1), "job-1")
+    await scheduler.send(
+        JobSucceeded(
+            job_id="job-1",
+            allocation_id=str(uuid.uuid4()),
+            node_id="n1",
+            epoch=grant.epoch,
+            finished_at=datetime.now(UTC),
+        ),
+        "job-1",
+    )
+    assert (await job_row(scheduler.pool, "job-1"))["status"] == "ALLOCATED"
+    assert (
+        await scheduler.pool.fetchval("SELECT count(*) FROM gpu_leases WHERE released_at IS NULL")
+        == 1
+    )
+    assert scheduler.events(AllocationReleased) == []
+    # The live epoch applies.
+    await scheduler.send(succeeded(grant), "job-1")
+    assert (await job_row(scheduler.pool, "job-1"))["status"] == "SUCCEEDED"
+
+
+async def test_started_marks_running_and_stale_start_is_ignored(scheduler: Scheduler) -> None:
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.submit("job-1", gpus=1)
+    (grant,) = await scheduler.wait_for(AllocationGranted)
+
+    def started(epoch: int) -> JobStarted:
+        return JobStarted(
+            job_id="job-1",
+            allocation_id=grant.allocation_id,
+            node_id="n1",
+            attempt=0,
+            epoch=epoch,
+            started_at=datetime.now(UTC),
+            code_version="abc",
+            environment=RunEnvironment(
+                python="3.11",
+                torch="2",
+                platform="linux",
+                hostname="h",
+                node_id="n1",
+                gpu_flavor="cpu",
+            ),
+            spec=grant.spec,
+        )
+
+    await scheduler.send(started(grant.epoch + 5), "job-1")
+    assert (await job_row(scheduler.pool, "job-1"))["status"] == "ALLOCATED"
+    await scheduler.send(started(grant.epoch), "job-1")
+    assert (await job_row(scheduler.pool, "job-1"))["status"] == "RUNNING"
+    status = await scheduler.pool.fetchval("SELECT status FROM allocations")
+    assert status == "RUNNING"
+
+
+async def test_preempted_job_is_requeued_for_its_next_attempt(scheduler: Scheduler) -> None:
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.submit("job-1", gpus=1)
+    (grant,) = await scheduler.wait_for(AllocationGranted)
+    await scheduler.send(
+        JobPreempted(
+            job_id="job-1",
+            allocation_id=grant.allocation_id,
+            node_id="n1",
+            epoch=grant.epoch,
+            finished_at=datetime.now(UTC),
+            reason="revoked",
+        ),
+        "job-1",
+    )
+    (released,) = await scheduler.wait_for(AllocationReleased)
+    assert released.outcome == "preempted"
+    grants = await scheduler.wait_for(AllocationGranted, count=2)
+    assert grants[1].attempt == 1
+    assert grants[1].epoch > grant.epoch
+
+
+async def test_lost_node_requeues_its_jobs_elsewhere(scheduler: Scheduler) -> None:
+    await scheduler.heartbeat("n1", gpus=2)
+    await scheduler.submit("job-1", gpus=2, max_restarts=1)
+    (grant,) = await scheduler.wait_for(AllocationGranted)
+    await scheduler.heartbeat("n2", gpus=2)
+    async with scheduler.pool.acquire() as conn, conn.transaction():
+        lost = await sweep_lost_nodes(conn, datetime.now(UTC), timedelta(seconds=15))
+    assert lost == []  # nobody has been silent for 15 s
+    # Five minutes on, n2 has kept beating and n1 has been silent.
+    later = datetime.now(UTC) + timedelta(minutes=5)
+    await scheduler.pool.execute("UPDATE nodes SET last_heartbeat = $1 WHERE node_id = 'n2'", later)
+    async with scheduler.pool.acquire() as conn, conn.transaction():
+        lost = await sweep_lost_nodes(conn, later + timedelta(seconds=1), timedelta(seconds=15))
+    assert lost == ["n1"]
+
+    (released,) = await scheduler.wait_for(AllocationReleased)
+    assert (released.allocation_id, released.outcome) == (grant.allocation_id, "lost")
+    (regrant,) = await scheduler.wait_for(AllocationGranted, lambda g: g.node_id == "n2")
+    assert (regrant.job_id, regrant.attempt) == ("job-1", 1)
+    row = await job_row(scheduler.pool, "job-1")
+    assert (row["status"], row["attempt"], row["restarts"]) == ("ALLOCATED", 1, 1)
+    assert await scheduler.pool.fetchval("SELECT status FROM nodes WHERE node_id = 'n1'") == "LOST"
+
+    # The old runner's late report is fenced off.
+    await scheduler.send(succeeded(grant), "job-1")
+    assert (await job_row(scheduler.pool, "job-1"))["status"] == "ALLOCATED"
+
+    # n1 comes back: READY again, and told to stop the allocation it still runs.
+    await scheduler.send(
+        RunnerHeartbeat(
+            node_id="n1",
+            hostname="n1.local",
+            gpu_flavor="cpu",
+            gpu_count=2,
+            running_allocations=[grant.allocation_id],
+            sent_at=datetime.now(UTC),
+        ),
+        "n1",
+    )
+    assert await scheduler.pool.fetchval("SELECT status FROM nodes WHERE node_id = 'n1'") == "READY"
+    (revoke,) = await scheduler.wait_for(AllocationRevoked)
+    assert (revoke.allocation_id, revoke.reason, revoke.node_id) == (
+        grant.allocation_id,
+        "fenced",
+        "n1",
+    )
+
+    # n2 is lost too: the one restart is used up, so the job fails.
+    async with scheduler.pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "UPDATE nodes SET last_heartbeat = $1 WHERE node_id = 'n1'", later + timedelta(hours=1)
+        )
+        lost = await sweep_lost_nodes(conn, later + timedelta(minutes=5), timedelta(seconds=15))
+    assert lost == ["n2"]
+    (failed,) = await scheduler.wait_for(JobFailed)
+    assert failed.reason == "node lost; max restarts reached"
+    assert (await job_row(scheduler.pool, "job-1"))["status"] == "FAILED"
+
+
+async def test_cancel_queued_and_running_jobs(scheduler: Scheduler) -> None:
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.submit("job-1", gpus=1)
+    await scheduler.submit("job-2", gpus=1)
+    (grant,) = await scheduler.wait_for(AllocationGranted)
+    await scheduler.wait_for(JobPending)
+
+    await scheduler.send(JobCancelRequested(job_id="job-2", team="vision", user="ada"), "job-2")
+    (cancelled,) = await scheduler.wait_for(JobCancelled)
+    assert cancelled.job_id == "job-2"
+    assert (await job_row(scheduler.pool, "job-2"))["status"] == "CANCELLED"
+
+    await scheduler.send(
+        JobCancelRequested(job_id="job-1", team="vision", user="ada", reason="not needed"), "job-1"
+    )
+    (revoke,) = await scheduler.wait_for(AllocationRevoked)
+    assert (revoke.allocation_id, revoke.epoch, revoke.reason) == (
+        grant.allocation_id,
+        grant.epoch,
+        "cancelled",
+    )
+    assert (await job_row(scheduler.pool, "job-1"))["status"] == "CANCELLING"
+    await scheduler.send(
+        JobPreempted(
+            job_id="job-1",
+            allocation_id=grant.allocation_id,
+            node_id="n1",
+            epoch=grant.epoch,
+            finished_at=datetime.now(UTC),
+            reason="revoked: cancelled",
+        ),
+        "job-1",
+    )
+    (released,) = await scheduler.wait_for(AllocationReleased)
+    assert released.outcome == "cancelled"
+    cancels = await scheduler.wait_for(JobCancelled, count=2)
+    assert cancels[1].reason == "not needed"
+    assert (await job_row(scheduler.pool, "job-1"))["status"] == "CANCELLED"
+
+
+async def test_node_watch_declares_a_silent_node_lost(scheduler: Scheduler) -> None:
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.submit("job-1", gpus=1)
+    (grant,) = await scheduler.wait_for(AllocationGranted)
+    stop = asyncio.Event()
+    watch = NodeWatch(scheduler.pool, interval_seconds=0.05, timeout_seconds=0.2)
+    task = asyncio.create_task(watch.run(stop))
+    try:
+        (released,) = await scheduler.wait_for(AllocationReleased)
+    finally:
+        stop.set()
+        await task
+    assert (released.allocation_id, released.outcome) == (grant.allocation_id, "lost")
+    # Billed up to the last heartbeat, not to when the loss was noticed.
+    last = await scheduler.pool.fetchval("SELECT last_heartbeat FROM nodes WHERE node_id = 'n1'")
+    assert released.released_at == max(last, grant.granted_at)
+    (pending,) = await scheduler.wait_for(JobPending)
+    assert (pending.job_id, pending.reason) == ("job-1", "no ready node has cpu GPUs")
+    assert (await job_row(scheduler.pool, "job-1"))["status"] == "QUEUED"
+
+
+async def test_concurrent_passes_are_serialised(scheduler: Scheduler) -> None:
+    """Two replicas placing at once: the second pass waits for the first and sees its lease."""
+    await scheduler.heartbeat("n1", gpus=1)
+
+    async def replica(job_id: str) -> None:
+        async with scheduler.pool.acquire() as conn, conn.transaction():
+            now = datetime.now(UTC)
+            await repo.insert_job(conn, job_id, make_spec(gpus=1), now, now)
+            await run_pass(conn, now)
+            await asyncio.sleep(0.2)  # hold the transaction open while the other one runs
+
+    await asyncio.gather(replica("job-a"), replica("job-b"))
+    rows = await scheduler.pool.fetch("SELECT job_id, status FROM jobs ORDER BY status")
+    assert sorted(r["status"] for r in rows) == ["ALLOCATED", "QUEUED"]
+    assert await scheduler.pool.fetchval("SELECT count(*) FROM gpu_leases") == 1

@@ -1,0 +1,164 @@
+"""Fixtures for the submission service against real PostgreSQL and NATS.
+
+``submission`` runs the service's parts in the test's event loop exactly as ``serve`` wires
+them (migrated pool, outbox relay, the ``submission`` consumer through ``idempotent``, the
+Litestar app) and talks to the app over ASGI with an httpx client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import httpx
+import nats
+import pytest
+from nats.js.errors import NotFoundError
+
+from services.submission import commands, handlers
+from services.submission.api import AppDeps, create_app
+from services.submission.config import Settings
+from services.submission.service import MIGRATIONS, NAME, SUBJECTS, event_handler
+from shared.bus import Bus, Handler
+from shared.db import migrate, open_pool
+from shared.events import Envelope, Payload
+from shared.events.payloads import AllocationGranted
+from shared.inbox import TransactionalHandler
+from shared.outbox import OutboxRelay
+from shared.settings import DatabaseSettings, NatsSettings
+
+SPEC: dict[str, Any] = {
+    "name": "digits-cnn",
+    "entrypoint": "examples.digits_cnn",
+    "args": ["--epochs", "2"],
+    "gpus": 1,
+    "gpu_flavor": "cpu",
+    "hyperparameters": {"lr": 0.01, "batch_size": 64, "optimizer": "adam", "amsgrad": False},
+    "seed": 7,
+}
+
+
+@pytest.fixture
+async def nats_settings(nats_url: str) -> NatsSettings:
+    """Settings for a bus whose streams start empty (tests share one NATS server)."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    for stream in ("TRAINYARD", "TRAINYARD_DEADLETTER"):
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream(stream)
+    await nc.close()
+    return NatsSettings(url=nats_url, max_deliver=3, retry_delay_seconds=0.05, ack_wait_seconds=5)
+
+
+@pytest.fixture
+def settings(database_url: str, nats_settings: NatsSettings) -> Settings:
+    return Settings(database=DatabaseSettings(url=database_url), nats=nats_settings)
+
+
+@pytest.fixture
+async def pool(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
+    async with open_pool(settings.database, NAME) as p:
+        await migrate(p, NAME, MIGRATIONS)
+        yield p
+
+
+@pytest.fixture
+async def bus(nats_settings: NatsSettings) -> AsyncIterator[Bus]:
+    async with Bus.connect(nats_settings, "submission-test") as connected:
+        yield connected
+
+
+@dataclass
+class Submission:
+    """The service's parts, running, plus an HTTP client and a token per team."""
+
+    client: httpx.AsyncClient
+    pool: asyncpg.Pool
+    bus: Bus
+    admin_token: str
+    other_team_token: str
+
+    def auth(self, token: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token or self.admin_token}"}
+
+    async def submit(self, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+        response = await self.client.post("/v1/jobs", json=spec or SPEC, headers=self.auth())
+        assert response.status_code == 201, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    async def job(self, job_id: str) -> dict[str, Any]:
+        response = await self.client.get(f"/v1/jobs/{job_id}", headers=self.auth())
+        assert response.status_code == 200, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    async def publish(self, payload: Payload, subject: str | None = None) -> Envelope[Payload]:
+        if subject is None:
+            # Routing key: the node for grants, the job for everything else (docs/events.md).
+            key = "node_id" if isinstance(payload, AllocationGranted) else "job_id"
+            subject = str(getattr(payload, key))
+        envelope = Envelope.wrap(payload, source="test", subject=subject)
+        await self.bus.publish(envelope)
+        return envelope
+
+    async def wait_for(
+        self, job_id: str, done: Callable[[dict[str, Any]], bool], timeout: float = 15
+    ) -> dict[str, Any]:
+        """Poll the job view until ``done(view)``; fail with the last view on timeout."""
+        view: dict[str, Any] = {}
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    view = await self.job(job_id)
+                    if done(view):
+                        return view
+                    await asyncio.sleep(0.05)
+        except TimeoutError:
+            pytest.fail(f"job view never reached the expected state; last view: {view}")
+
+
+@contextlib.asynccontextmanager
+async def running_submission(
+    settings: Settings,
+    pool: asyncpg.Pool,
+    bus: Bus,
+    dispatch: TransactionalHandler = handlers.dispatch,
+    wrap: Callable[[Handler], Handler] = lambda h: h,
+) -> AsyncIterator[Submission]:
+    """The service's parts around ``dispatch`` (the service's own unless a test spies on
+    it); ``wrap`` sees every delivery, before the inbox check."""
+    stop = asyncio.Event()
+    consumer = wrap(event_handler(pool, dispatch))
+    tasks = [
+        asyncio.create_task(OutboxRelay(pool, bus, idle_poll_s=0.1).run(stop)),
+        asyncio.create_task(bus.consume(NAME, SUBJECTS, consumer, stop)),
+    ]
+    admin = await commands.bootstrap_admin(pool, "ml", "alice")
+    other = await commands.bootstrap_admin(pool, "vision", "bob")
+    try:
+        # ASGI in this event loop (Litestar's AsyncTestClient runs the app on another loop,
+        # where the pool's connections cannot be used).
+        app = create_app(settings, AppDeps(pool=pool))
+        transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://submission") as client:
+            yield Submission(client, pool, bus, admin, other)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+
+
+@pytest.fixture
+async def submission(settings: Settings, pool: asyncpg.Pool, bus: Bus) -> AsyncIterator[Submission]:
+    async with running_submission(settings, pool, bus) as running:
+        yield running
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 15) -> None:
+    async with asyncio.timeout(timeout):
+        while not await check():
+            await asyncio.sleep(0.05)

@@ -1,0 +1,264 @@
+"""The HTTP API against real PostgreSQL and NATS: auth, validation, tenancy, submission."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import pytest
+
+from shared.events import nats_subject, parse_envelope
+from shared.events.payloads import JobCancelRequested, JobSubmitted
+from tests.integration.submission.conftest import SPEC, Submission, eventually
+
+pytestmark = pytest.mark.integration
+
+
+async def _counts(pool: asyncpg.Pool) -> tuple[int, int, int]:
+    async with pool.acquire() as conn:
+        jobs = await conn.fetchval("SELECT count(*) FROM jobs")
+        history = await conn.fetchval("SELECT count(*) FROM job_history")
+        outbox = await conn.fetchval("SELECT count(*) FROM outbox")
+    return jobs, history, outbox
+
+
+async def _published(submission: Submission, subject: str) -> list[bytes]:
+    """Every message on ``subject`` in the event stream, read with a JetStream consumer."""
+    sub = await submission.bus.jetstream.pull_subscribe(subject, stream="TRAINYARD")
+    found: list[bytes] = []
+    try:
+        while True:
+            try:
+                batch = await sub.fetch(10, timeout=0.5)
+            except TimeoutError:
+                return found
+            for msg in batch:
+                found.append(msg.data)
+                await msg.ack()
+    finally:
+        await sub.unsubscribe()
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer ty_not-a-real-token"}, {"Authorization": "Basic abc"}],
+)
+async def test_every_v1_route_needs_a_valid_token(
+    submission: Submission, headers: dict[str, str]
+) -> None:
+    for method, path in [
+        ("GET", "/v1/jobs"),
+        ("GET", "/v1/jobs/x"),
+        ("POST", "/v1/jobs"),
+        ("POST", "/v1/jobs/x/cancel"),
+        ("POST", "/v1/admin/users"),
+    ]:
+        response = await submission.client.request(method, path, json=SPEC, headers=headers)
+        assert response.status_code == 401, (method, path)
+        assert response.json()["detail"]
+        assert response.headers["WWW-Authenticate"] == "Bearer"
+    assert await _counts(submission.pool) == (0, 0, 0)
+
+
+async def test_unknown_paths_are_json_404s(submission: Submission) -> None:
+    response = await submission.client.get("/nowhere")
+    assert response.status_code == 404
+    assert response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"gpus": None}, "gpus"),  # missing
+        ({"gpus": "four"}, "gpus"),  # wrong type
+        ({"gpus": -1}, "gpus"),  # negative
+        ({"gpu_flavor": "tpu"}, "gpu_flavor"),  # unknown flavor
+        ({"colour": "blue"}, "colour"),  # unknown field
+        ({"entrypoint": "../etc/passwd"}, "entrypoint"),
+        ({"name": ""}, "name"),
+        ({"hyperparameters": {"lr": [0.1]}}, "hyperparameters.lr"),
+        ({"args": ["ok", 3]}, "args[1]"),
+    ],
+)
+async def test_invalid_job_is_422_naming_the_field_and_nothing_is_stored(
+    submission: Submission, change: dict[str, Any], field: str
+) -> None:
+    spec = {**SPEC, **change}
+    spec = {k: v for k, v in spec.items() if v is not None}
+    response = await submission.client.post("/v1/jobs", json=spec, headers=submission.auth())
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert body["detail"]
+    assert field in [e["field"] for e in body["errors"]], body
+    assert all(e["message"] for e in body["errors"])
+    assert await _counts(submission.pool) == (0, 0, 0)
+
+
+async def test_unknown_flavor_error_lists_the_allowed_flavors(submission: Submission) -> None:
+    response = await submission.client.post(
+        "/v1/jobs", json={**SPEC, "gpu_flavor": "tpu"}, headers=submission.auth()
+    )
+    (error,) = response.json()["errors"]
+    assert error["field"] == "gpu_flavor"
+    for flavor in ("cpu", "t4", "a100", "h100", "h200"):
+        assert flavor in error["message"]
+
+
+async def test_body_that_is_not_a_json_object_is_422(submission: Submission) -> None:
+    for content in (b"not json", b"[1, 2]"):
+        response = await submission.client.post(
+            "/v1/jobs",
+            content=content,
+            headers={**submission.auth(), "Content-Type": "application/json"},
+        )
+        assert response.status_code == 422
+        assert response.json()["errors"][0]["field"] == "body"
+
+
+async def test_bad_query_parameter_is_422_in_the_same_shape(submission: Submission) -> None:
+    response = await submission.client.get("/v1/jobs?limit=lots", headers=submission.auth())
+    assert response.status_code == 422
+    assert response.json()["errors"][0]["field"] == "limit"
+    response = await submission.client.get("/v1/jobs?status=DONE", headers=submission.auth())
+    assert response.status_code == 422
+    assert response.json()["errors"][0]["field"] == "status"
+
+
+async def test_good_job_is_stored_and_announced_exactly_once(submission: Submission) -> None:
+    response = await submission.client.post("/v1/jobs", json=SPEC, headers=submission.auth())
+    assert response.status_code == 201, response.text
+    view = response.json()
+    assert response.headers["Location"] == f"/v1/jobs/{view['id']}"
+    assert view["status"] == "QUEUED"
+    assert (view["team"], view["user"]) == ("ml", "alice")
+    assert view["spec"]["hyperparameters"] == SPEC["hyperparameters"]
+    assert view["spec"]["max_runtime_seconds"] == 3600  # defaults filled in
+    assert [h["status"] for h in view["history"]] == ["QUEUED"]
+
+    async def relayed() -> bool:
+        async with submission.pool.acquire() as conn:
+            return bool(
+                await conn.fetchval("SELECT bool_and(published_at IS NOT NULL) FROM outbox")
+            )
+
+    await eventually(relayed)
+    (raw,) = await _published(submission, nats_subject(JobSubmitted))
+    envelope = parse_envelope(raw)
+    assert isinstance(envelope.data, JobSubmitted)
+    assert envelope.subject == view["id"]
+    assert envelope.data.job_id == view["id"]
+    assert envelope.data.spec.user == "alice"
+    assert envelope.data.spec.team == "ml"
+    assert envelope.data.spec.seed == 7
+    assert envelope.data.spec.hyperparameters == SPEC["hyperparameters"]
+    assert envelope.source == "trainyard/submission"
+
+
+async def test_other_team_cannot_see_or_cancel_the_job(submission: Submission) -> None:
+    job = await submission.submit()
+    other = submission.auth(submission.other_team_token)
+    assert (await submission.client.get(f"/v1/jobs/{job['id']}", headers=other)).status_code == 404
+    cancel = await submission.client.post(f"/v1/jobs/{job['id']}/cancel", headers=other)
+    assert cancel.status_code == 404
+    listed = await submission.client.get("/v1/jobs", headers=other)
+    assert listed.json() == []
+    mine = await submission.client.get("/v1/jobs", headers=submission.auth())
+    assert [j["id"] for j in mine.json()] == [job["id"]]
+
+
+async def test_submitting_for_another_team_is_forbidden(submission: Submission) -> None:
+    response = await submission.client.post(
+        "/v1/jobs", json={**SPEC, "team": "vision"}, headers=submission.auth()
+    )
+    assert response.status_code == 403
+    assert await _counts(submission.pool) == (0, 0, 0)
+    ok = await submission.client.post(
+        "/v1/jobs", json={**SPEC, "team": "ml"}, headers=submission.auth()
+    )
+    assert ok.status_code == 201
+
+
+async def test_list_is_newest_first_and_filters_by_status(submission: Submission) -> None:
+    first = await submission.submit({**SPEC, "name": "first"})
+    second = await submission.submit({**SPEC, "name": "second"})
+    listed = (await submission.client.get("/v1/jobs", headers=submission.auth())).json()
+    assert [j["id"] for j in listed] == [second["id"], first["id"]]
+    assert listed[0]["gpu_flavor"] == "cpu"
+    one = await submission.client.get("/v1/jobs?limit=1", headers=submission.auth())
+    assert [j["id"] for j in one.json()] == [second["id"]]
+    none = await submission.client.get("/v1/jobs?status=RUNNING", headers=submission.auth())
+    assert none.json() == []
+
+
+async def test_idempotency_key_returns_the_same_job(submission: Submission) -> None:
+    headers = {**submission.auth(), "Idempotency-Key": "nightly-2024-06-01"}
+    first = await submission.client.post("/v1/jobs", json=SPEC, headers=headers)
+    again = await submission.client.post("/v1/jobs", json=SPEC, headers=headers)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert first.json()["id"] == again.json()["id"]
+    assert await _counts(submission.pool) == (1, 1, 1)
+    different = await submission.client.post("/v1/jobs", json={**SPEC, "seed": 8}, headers=headers)
+    assert different.status_code == 409
+    # The same key from another user is another job.
+    other = {
+        **submission.auth(submission.other_team_token),
+        "Idempotency-Key": "nightly-2024-06-01",
+    }
+    assert (await submission.client.post("/v1/jobs", json=SPEC, headers=other)).status_code == 201
+
+
+async def test_cancel_announces_once_and_refuses_ended_jobs(submission: Submission) -> None:
+    job = await submission.submit()
+    url = f"/v1/jobs/{job['id']}/cancel"
+    first = await submission.client.post(url, headers=submission.auth())
+    assert first.status_code == 202
+    assert first.json()["cancel_requested"] is True
+    assert (await submission.client.post(url, headers=submission.auth())).status_code == 202
+    async with submission.pool.acquire() as conn:
+        subjects = await conn.fetch("SELECT subject FROM outbox ORDER BY seq")
+    assert [r["subject"] for r in subjects] == [
+        f"{JobSubmitted.TYPE}.{job['id']}",
+        f"{JobCancelRequested.TYPE}.{job['id']}",
+    ]
+    async with submission.pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE jobs SET status = 'SUCCEEDED', finished_at = now() WHERE id = $1", job["id"]
+        )
+    ended = await submission.client.post(url, headers=submission.auth())
+    assert ended.status_code == 409
+    assert "SUCCEEDED" in ended.json()["detail"]
+
+
+async def test_admin_creates_members_who_cannot_create_users(submission: Submission) -> None:
+    created = await submission.client.post(
+        "/v1/admin/users", json={"name": "carol"}, headers=submission.auth()
+    )
+    assert created.status_code == 201, created.text
+    body = created.json()
+    assert (body["user"], body["team"], body["role"]) == ("carol", "ml", "member")
+    carol = submission.auth(body["token"])
+    job = await submission.client.post("/v1/jobs", json=SPEC, headers=carol)
+    assert job.json()["user"] == "carol"
+    refused = await submission.client.post("/v1/admin/users", json={"name": "dave"}, headers=carol)
+    assert refused.status_code == 403
+    again = await submission.client.post(
+        "/v1/admin/users", json={"name": "carol"}, headers=submission.auth()
+    )
+    assert again.status_code == 409
+    elsewhere = await submission.client.post(
+        "/v1/admin/users", json={"name": "eve", "team": "vision"}, headers=submission.auth()
+    )
+    assert elsewhere.status_code == 403
+    invalid = await submission.client.post(
+        "/v1/admin/users", json={"name": "x y", "role": "root"}, headers=submission.auth()
+    )
+    assert invalid.status_code == 422
+    assert {e["field"] for e in invalid.json()["errors"]} == {"name", "role"}
+
+
+async def test_tokens_are_stored_hashed(submission: Submission) -> None:
+    async with submission.pool.acquire() as conn:
+        stored = [r["token_hash"] for r in await conn.fetch("SELECT token_hash FROM tokens")]
+    assert len(stored) == 2
+    assert submission.admin_token not in stored
+    assert all(len(h) == 64 for h in stored)

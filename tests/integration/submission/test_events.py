@@ -1,0 +1,192 @@
+"""Lifecycle events published on NATS keep the job view up to date, once each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import pytest
+
+from services.submission import handlers
+from services.submission.config import Settings
+from shared.bus import Bus, Handler
+from shared.events import Envelope, Payload
+from tests.integration.submission.conftest import Submission, eventually, running_submission
+from tests.unit.submission import factories as ev
+
+pytestmark = pytest.mark.integration
+
+
+def _statuses(view: dict[str, Any]) -> list[str]:
+    return [h["status"] for h in view["history"]]
+
+
+async def test_a_successful_run_fills_in_the_whole_view(submission: Submission) -> None:
+    job = (await submission.submit())["id"]
+    await submission.publish(ev.pending(job, reason="team ml is at its cpu quota", position=3))
+    view = await submission.wait_for(job, lambda v: v["status"] == "PENDING")
+    assert view["pending"]["reason"] == "team ml is at its cpu quota"
+    assert view["pending"]["position"] == 3
+    assert view["pending"]["estimated_start"] is not None
+
+    for payload in (
+        ev.granted(job),
+        ev.started(job),
+        ev.progress(job, 10, loss=1.5),
+        ev.checkpoint(job, 50),
+        ev.progress(job, 100, loss=0.25, accuracy=0.9),
+        ev.checkpoint(job, 100),
+        ev.succeeded(job, accuracy=0.97),
+        ev.model_registered(job),
+    ):
+        await submission.publish(payload)
+    await submission.publish(ev.cost(job))
+    view = await submission.wait_for(job, lambda v: v["cost"]["final"] and v["model"])
+
+    assert _statuses(view) == ["QUEUED", "PENDING", "SCHEDULED", "RUNNING", "SUCCEEDED"]
+    assert view["terminal"] is True
+    assert view["pending"] is None
+    assert (view["node"], view["gpu_indices"], view["attempt"]) == ("node-1", [0, 1], 1)
+    assert view["started_at"] is not None and view["finished_at"] is not None
+    assert view["step"] == 100
+    assert view["metrics"] == {"loss": 0.25, "accuracy": 0.97}
+    assert [c["step"] for c in view["checkpoints"]] == [50, 100]
+    assert view["checkpoints"][1]["sha256"] == f"{100:064x}"
+    assert view["model"]["name"] == "digits-cnn"
+    assert view["model"]["version"] == 1
+    assert view["model"]["lineage"]["code_version"] == "git:abc123"
+    assert view["cost"] == {
+        "gpu_seconds": 7200.0,
+        "cost": 4.0,
+        "currency": "USD",
+        "price_per_gpu_hour": 2.0,
+        "final": True,
+    }
+
+
+async def test_preempted_job_resumes_and_cost_is_final_when_every_lease_is_billed(
+    submission: Submission,
+) -> None:
+    job = (await submission.submit())["id"]
+    for payload in (
+        ev.granted(job, "alloc-1", attempt=1),
+        ev.started(job, "alloc-1", attempt=1),
+        ev.preempted(job, "alloc-1"),
+        ev.pending(job, reason="preempted; waiting for capacity"),
+        ev.granted(job, "alloc-2", attempt=2),
+        ev.started(job, "alloc-2", attempt=2),
+        ev.failed(job, "alloc-2", exit_code=3),
+        ev.cost(job, "alloc-1", gpu_seconds=3600.0),
+    ):
+        await submission.publish(payload)
+    view = await submission.wait_for(job, lambda v: v["cost"]["gpu_seconds"] > 0)
+    assert _statuses(view) == [
+        "QUEUED",
+        "SCHEDULED",
+        "RUNNING",
+        "PREEMPTED",
+        "PENDING",
+        "SCHEDULED",
+        "RUNNING",
+        "FAILED",
+    ]
+    assert view["attempt"] == 2
+    assert view["failure"]["exit_code"] == 3
+    assert "ValueError" in view["failure"]["log_tail"]
+    assert view["cost"]["final"] is False  # alloc-2 is not billed yet
+
+    await submission.publish(ev.cost(job, "alloc-2", gpu_seconds=1800.0))
+    view = await submission.wait_for(job, lambda v: v["cost"]["final"])
+    assert view["cost"]["gpu_seconds"] == 5400.0
+    assert view["cost"]["cost"] == pytest.approx(3.0)
+
+
+async def test_late_and_out_of_order_events_do_not_move_the_status(submission: Submission) -> None:
+    job = (await submission.submit())["id"]
+    await submission.publish(ev.succeeded(job))  # before it was even scheduled
+    await submission.publish(ev.granted(job, "alloc-1"))
+    await submission.publish(ev.started(job, "alloc-old"))  # not the allocation it holds
+    await submission.publish(ev.pending(job))  # stale: it is already placed
+    await submission.publish(ev.checkpoint(job, 5))  # a marker that all of the above was seen
+    view = await submission.wait_for(job, lambda v: len(v["checkpoints"]) == 1)
+    assert view["status"] == "SCHEDULED"
+    assert _statuses(view) == ["QUEUED", "SCHEDULED"]
+
+    await submission.publish(ev.cancelled(job))
+    await submission.publish(ev.started(job, "alloc-1"))  # too late: cancelled is final
+    await submission.publish(ev.progress(job, 7, loss=0.5))  # data is still recorded
+    view = await submission.wait_for(job, lambda v: v["step"] == 7)
+    assert view["status"] == "CANCELLED"
+    assert _statuses(view) == ["QUEUED", "SCHEDULED", "CANCELLED"]
+    assert view["finished_at"] is not None
+    cancel = await submission.client.post(f"/v1/jobs/{job}/cancel", headers=submission.auth())
+    assert cancel.status_code == 409
+
+
+async def test_cancelled_job_whose_process_failed_ends_cancelled(submission: Submission) -> None:
+    job = (await submission.submit())["id"]
+    await submission.publish(ev.granted(job))
+    await submission.publish(ev.started(job))
+    cancel = await submission.client.post(f"/v1/jobs/{job}/cancel", headers=submission.auth())
+    assert cancel.status_code == 202
+    await submission.publish(ev.failed(job, exit_code=-15))  # SIGTERM, no checkpoint
+    await submission.publish(ev.cancelled(job))  # the scheduler's verdict
+    view = await submission.wait_for(job, lambda v: v["status"] == "CANCELLED")
+    assert _statuses(view) == ["QUEUED", "SCHEDULED", "RUNNING", "FAILED", "CANCELLED"]
+    assert view["finished_at"].startswith("2024-06-01T12:06:40")  # when the process ended
+    assert view["failure"]["exit_code"] == -15
+
+
+async def test_events_for_unknown_jobs_are_ignored_and_consumption_goes_on(
+    submission: Submission,
+) -> None:
+    for payload in (
+        ev.pending("no-such-job"),
+        ev.progress("no-such-job", 1, loss=1.0),
+        ev.checkpoint("no-such-job", 1),
+        ev.model_registered("no-such-job"),
+        ev.cost("no-such-job"),
+    ):
+        await submission.publish(payload)
+    job = (await submission.submit())["id"]
+    await submission.publish(ev.pending(job))
+    await submission.wait_for(job, lambda v: v["status"] == "PENDING")
+    info = await submission.bus.jetstream.stream_info("TRAINYARD_DEADLETTER")
+    assert info.state.messages == 0
+
+
+async def test_a_redelivered_event_is_applied_once(
+    settings: Settings, pool: asyncpg.Pool, bus: Bus
+) -> None:
+    deliveries: dict[str, int] = {}
+    applications: dict[str, int] = {}
+
+    def count_deliveries(handler: Handler) -> Handler:
+        async def counting(envelope: Envelope[Payload]) -> None:
+            deliveries[envelope.id] = deliveries.get(envelope.id, 0) + 1
+            await handler(envelope)
+
+        return counting
+
+    async def count_applications(envelope: Envelope[Payload], conn: asyncpg.Connection) -> None:
+        applications[envelope.id] = applications.get(envelope.id, 0) + 1
+        await handlers.dispatch(envelope, conn)
+
+    async with running_submission(
+        settings, pool, bus, dispatch=count_applications, wrap=count_deliveries
+    ) as submission:
+        job = (await submission.submit())["id"]
+        envelope: Envelope[Any] = Envelope.wrap(ev.granted(job), source="test", subject="node-1")
+        await bus.publish(envelope)
+        # The same event again under another Nats-Msg-Id, so JetStream keeps both: this is
+        # what a redelivery after a lost ack looks like to the consumer.
+        await bus.publish_raw(envelope.nats_subject, envelope.to_json(), "again", {})
+        await eventually(lambda: _delivered(deliveries, envelope.id, 2))
+        view = await submission.wait_for(job, lambda v: v["status"] == "SCHEDULED")
+    assert deliveries[envelope.id] == 2
+    assert applications[envelope.id] == 1
+    assert _statuses(view) == ["QUEUED", "SCHEDULED"]
+
+
+async def _delivered(deliveries: dict[str, int], event_id: str, times: int) -> bool:
+    return deliveries.get(event_id, 0) >= times

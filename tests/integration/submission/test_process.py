@@ -1,0 +1,190 @@
+"""The service as a real process (``python -m services.submission``), used through
+``TrainyardClient`` and the ``trainyard`` CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from deploy.local.ports import free_port
+from deploy.local.processes import ManagedProcess
+from shared.bus import Bus
+from shared.events import Envelope, Payload, nats_subject, parse_envelope
+from shared.events.payloads import AllocationGranted, JobSubmitted
+from shared.settings import NatsSettings
+from tests.integration.submission.conftest import SPEC
+from tests.unit.submission import factories as ev
+from trainyard.client import TrainyardClient, TrainyardError
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _env(database_url: str, nats_url: str, **extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "TRAINYARD_DATABASE_URL": database_url,
+        "TRAINYARD_NATS_URL": nats_url,
+        **extra,
+    }
+
+
+def _bootstrap(env: dict[str, str], team: str, user: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "services.submission",
+            "bootstrap-admin",
+            "--team",
+            team,
+            "--user",
+            user,
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trainyard.cli", *argv],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_bootstrap_admin_prints_only_the_token_and_refuses_twice(database_url: str) -> None:
+    env = _env(database_url, "nats://127.0.0.1:1")
+    first = _bootstrap(env, "ml", "alice")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("ty_")
+    assert first.stdout.strip().count("\n") == 0
+    again = _bootstrap(env, "ml", "alice")
+    assert again.returncode == 1
+    assert again.stdout == ""
+    assert "already exists" in again.stderr
+    other_team = _bootstrap(env, "vision", "alice")
+    assert other_team.returncode == 0
+    invalid = _bootstrap(env, "no spaces allowed", "bob")
+    assert invalid.returncode != 0 and invalid.stdout == ""
+
+
+@pytest.fixture
+def served(database_url: str, nats_settings: NatsSettings, tmp_path: Path) -> Iterator[str]:
+    """The service running as its own process; yields its base URL."""
+    port = free_port()
+    env = _env(database_url, nats_settings.url, TRAINYARD_SUBMISSION_PORT=str(port))
+    process = ManagedProcess(
+        "submission",
+        [sys.executable, "-m", "services.submission"],
+        env=env,
+        log_path=tmp_path / "submission.log",
+        cwd=ROOT,
+    )
+    process.start()
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        process.wait_until(ready, timeout_s=60, what="ready")
+        yield url
+        assert process.stop(grace_s=30) == 0, process.log_tail()
+        assert "Traceback" not in process.log_tail(400)
+    finally:
+        process.kill()
+
+
+async def test_served_process_end_to_end_through_client_and_cli(
+    served: str, database_url: str, nats_settings: NatsSettings, tmp_path: Path
+) -> None:
+    env = _env(database_url, nats_settings.url)
+    token = (await asyncio.to_thread(_bootstrap, env, "ml", "alice")).stdout.strip()
+    api = TrainyardClient(served, token)
+    health = await asyncio.to_thread(httpx.get, f"{served}/healthz")
+    assert health.json()["status"] == "ok"
+
+    with pytest.raises(TrainyardError) as caught:
+        await asyncio.to_thread(api.submit, {**SPEC, "gpus": -2})
+    assert (caught.value.status, caught.value.errors[0]["field"]) == (422, "gpus")
+    with pytest.raises(TrainyardError) as caught:
+        await asyncio.to_thread(TrainyardClient(served, "ty_wrong").list_jobs)
+    assert caught.value.status == 401
+
+    job = await asyncio.to_thread(api.submit, SPEC)
+    job_id = job["id"]
+    async with Bus.connect(nats_settings, "test-feeder") as bus:
+        sub = await bus.jetstream.pull_subscribe(nats_subject(JobSubmitted), stream="TRAINYARD")
+        (msg,) = await sub.fetch(1, timeout=15)
+        submitted = parse_envelope(msg.data)
+        assert isinstance(submitted.data, JobSubmitted) and submitted.data.job_id == job_id
+        assert msg.headers is not None and "traceparent" in msg.headers  # from the request
+
+        seen: list[str] = []
+        waiting = asyncio.create_task(
+            asyncio.to_thread(api.wait, job_id, 60, lambda v: seen.append(v["status"]), 0.05)
+        )
+        for payload in (
+            ev.pending(job_id),
+            ev.granted(job_id),
+            ev.started(job_id),
+            ev.progress(job_id, 100, loss=0.2),
+            ev.checkpoint(job_id, 100),
+            ev.succeeded(job_id, accuracy=0.98),
+            ev.model_registered(job_id),
+            ev.cost(job_id),
+        ):
+            await bus.publish(_envelope(payload))
+            await asyncio.sleep(0.02)
+        final = await waiting
+    assert final["status"] == "SUCCEEDED"
+    assert final["model"]["version"] == 1 and final["cost"]["final"] is True
+    assert seen[0] in ("QUEUED", "PENDING", "SCHEDULED") and seen[-1] == "SUCCEEDED"
+
+    cli_env = {**env, "TRAINYARD_URL": served, "TRAINYARD_TOKEN": token}
+    status = await asyncio.to_thread(_cli, cli_env, "status", job_id)
+    assert status.returncode == 0, status.stderr
+    assert "SUCCEEDED (attempt 1 on node-1, GPUs 0,1)" in status.stdout
+    assert "digits-cnn v1" in status.stdout
+    listing = await asyncio.to_thread(_cli, cli_env, "list")
+    assert job_id in listing.stdout
+    spec_file = tmp_path / "job.json"
+    spec_file.write_text(json.dumps({**SPEC, "gpu_flavor": "tpu"}))
+    refused = await asyncio.to_thread(_cli, cli_env, "submit", str(spec_file))
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("trainyard: error: 422 invalid job spec (gpu_flavor:")
+    assert "Traceback" not in refused.stderr
+    spec_file.write_text(json.dumps(SPEC))
+    submitted_by_cli = await asyncio.to_thread(_cli, cli_env, "submit", str(spec_file))
+    assert submitted_by_cli.returncode == 0, submitted_by_cli.stderr
+    new_id = submitted_by_cli.stdout.split()[2]
+    cancelled = await asyncio.to_thread(_cli, cli_env, "cancel", new_id)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert "cancellation requested" in cancelled.stdout
+
+
+def _envelope(payload: Payload) -> Envelope[Payload]:
+    key = payload.node_id if isinstance(payload, AllocationGranted) else payload.job_id  # type: ignore[attr-defined]
+    return Envelope.wrap(payload, source="test", subject=key)

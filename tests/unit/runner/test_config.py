@@ -1,0 +1,55 @@
+"""Runner settings: a node id that is a valid NATS token, and a drain that fits the grace."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from services.runner.__main__ import main
+from services.runner.config import Settings, default_node_id
+
+
+@pytest.mark.parametrize(
+    ("hostname", "node_id"),
+    [
+        ("gpu-01", "gpu-01"),
+        ("GPU_01.cluster.example.com", "gpu-01-cluster-example-com"),
+        ("--weird--", "weird"),
+        ("...", "node"),
+    ],
+)
+def test_the_default_node_id_is_the_sanitised_host_name(hostname: str, node_id: str) -> None:
+    assert default_node_id(hostname) == node_id
+    Settings(node_id=default_node_id(hostname))  # always valid
+
+
+def test_node_ids_with_subject_wildcards_or_dots_are_refused() -> None:
+    for bad in ("a.b", "a*", "a>", "A", ""):
+        with pytest.raises(ValidationError):
+            Settings(node_id=bad)
+
+
+def test_the_drain_must_fit_in_the_shutdown_grace() -> None:
+    with pytest.raises(ValidationError, match="drain_timeout_seconds"):
+        Settings(drain_timeout_seconds=100, shutdown_grace_seconds=90)
+
+
+def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINYARD_RUNNER_VIRTUAL_GPUS", "4")
+    monkeypatch.setenv("TRAINYARD_RUNNER_GPU_FLAVOR", "a100")
+    settings = Settings()
+    assert settings.virtual_gpus == 4 and settings.gpu_flavor == "a100"
+    assert settings.port == 8082
+
+
+def test_the_cli_overrides_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINYARD_RUNNER_VIRTUAL_GPUS", "4")
+    seen: list[Settings] = []
+
+    async def fake_serve(settings: Settings) -> int:
+        seen.append(settings)
+        return 0
+
+    monkeypatch.setattr("services.runner.__main__.serve", fake_serve)
+    assert main(["--virtual-gpus", "2", "--node-id", "n-1", "--gpu-flavor", "h200"]) == 0
+    assert (seen[0].virtual_gpus, seen[0].node_id, seen[0].gpu_flavor) == (2, "n-1", "h200")

@@ -1,0 +1,236 @@
+"""The runner's pure rules: ids, throttling, control messages -> events, outcomes."""
+
+from __future__ import annotations
+
+import signal
+from datetime import UTC, datetime
+
+import pytest
+
+from services.runner import domain
+from services.runner.domain import (
+    AllocationState,
+    IllegalTransition,
+    JobIdentity,
+    JobResults,
+    LogTail,
+    Outcome,
+    ProgressThrottle,
+    StopRequest,
+)
+from shared.control import CheckpointMessage, MetricsMessage, parse_control_line
+from shared.events.payloads import (
+    CheckpointRef,
+    CheckpointSaved,
+    JobFailed,
+    JobPreempted,
+    JobProgress,
+    JobSucceeded,
+)
+
+JOB = JobIdentity("job-1", "alloc-1", "node-a", epoch=4, attempt=2)
+NOW = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+REF = CheckpointRef(
+    uri="file:///s/jobs/job-1/checkpoints/step-00000010/checkpoint.pt",
+    manifest_uri="file:///s/jobs/job-1/checkpoints/step-00000010/manifest.json",
+    step=10,
+    size_bytes=5,
+    sha256="0" * 64,
+)
+
+
+# --- event ids -------------------------------------------------------------------------
+
+
+def test_event_ids_are_deterministic_and_distinct_per_kind_and_step() -> None:
+    assert domain.event_id("alloc-1", "end") == domain.event_id("alloc-1", "end")
+    ids = {
+        domain.event_id("alloc-1", "end"),
+        domain.event_id("alloc-2", "end"),
+        domain.event_id("alloc-1", "started"),
+        domain.event_id("alloc-1", "progress", 1),
+        domain.event_id("alloc-1", "progress", 2),
+    }
+    assert len(ids) == 5
+
+
+def test_progress_ids_tell_apart_different_reports_at_one_step() -> None:
+    loss = MetricsMessage(step=100, metrics={"loss": 0.5})
+    accuracy = MetricsMessage(step=100, metrics={"val_accuracy": 0.9})
+    assert domain.progress_event_id(JOB, loss) != domain.progress_event_id(JOB, accuracy)
+    again = MetricsMessage(step=100, metrics={"loss": 0.5})
+    assert domain.progress_event_id(JOB, loss) == domain.progress_event_id(JOB, again)
+
+
+# --- throttling ------------------------------------------------------------------------
+
+
+def test_throttle_lets_the_first_through_and_holds_back_the_rest_of_the_interval() -> None:
+    throttle: ProgressThrottle[int] = ProgressThrottle(1.0)
+    assert throttle.offer(1, now=10.0) == 1
+    assert throttle.offer(2, now=10.2) is None
+    assert throttle.offer(3, now=10.5) is None
+    assert throttle.next_due() == 11.0
+    assert throttle.due(10.9) is None
+    assert throttle.due(11.0) == 3  # the newest held back, never the older one
+    assert throttle.due(11.5) is None
+    assert throttle.next_due() is None
+
+
+def test_throttle_counts_a_released_item_as_sent() -> None:
+    throttle: ProgressThrottle[int] = ProgressThrottle(1.0)
+    throttle.offer(1, now=0.0)
+    throttle.offer(2, now=0.5)
+    assert throttle.due(1.0) == 2
+    assert throttle.offer(3, now=1.5) is None  # 2 went out at 1.0
+    assert throttle.offer(4, now=2.0) == 4
+
+
+def test_throttle_flush_hands_out_the_held_item_at_the_end() -> None:
+    throttle: ProgressThrottle[int] = ProgressThrottle(1.0)
+    throttle.offer(1, now=0.0)
+    throttle.offer(2, now=0.1)
+    assert throttle.flush() == 2
+    assert throttle.flush() is None
+
+
+def test_throttle_with_zero_interval_passes_everything() -> None:
+    throttle: ProgressThrottle[int] = ProgressThrottle(0.0)
+    assert [throttle.offer(i, now=5.0) for i in range(3)] == [0, 1, 2]
+
+
+# --- control messages -> events ----------------------------------------------------------
+
+
+def test_a_metrics_line_becomes_job_progress() -> None:
+    message = parse_control_line(b'{"kind": "metrics", "step": 7, "metrics": {"loss": 0.25}}\n')
+    assert isinstance(message, MetricsMessage)
+    event = domain.progress_event(JOB, message)
+    assert event == JobProgress(
+        job_id="job-1", allocation_id="alloc-1", step=7, metrics={"loss": 0.25}
+    )
+
+
+def test_a_checkpoint_line_becomes_checkpoint_saved_with_the_allocation_epoch() -> None:
+    message = parse_control_line(CheckpointMessage(checkpoint=REF).encode())
+    assert isinstance(message, CheckpointMessage)
+    event = domain.checkpoint_event(JOB, message, NOW)
+    assert event == CheckpointSaved(
+        job_id="job-1", allocation_id="alloc-1", epoch=4, checkpoint=REF, saved_at=NOW
+    )
+    other = CheckpointMessage(checkpoint=REF.model_copy(update={"uri": "file:///elsewhere"}))
+    assert domain.checkpoint_event_id(JOB, message) != domain.checkpoint_event_id(JOB, other)
+
+
+# --- outcomes ----------------------------------------------------------------------------
+
+REVOKED = StopRequest("revoked", "preempted")
+CANCELLED = StopRequest("revoked", "cancelled")
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "stop", "expected"),
+    [
+        (0, None, Outcome("succeeded", "exited with status 0", 0)),
+        (0, REVOKED, Outcome("succeeded", "exited with status 0", 0)),
+        (75, REVOKED, Outcome("preempted", "preempted", 75)),
+        (75, CANCELLED, Outcome("preempted", "cancelled", 75)),
+        (-9, REVOKED, Outcome("preempted", "preempted", -9)),
+        (75, domain.shutdown_stop(), Outcome("preempted", "runner shutting down", 75)),
+        (1, None, Outcome("failed", "exited with status 1", 1)),
+        (-9, None, Outcome("failed", "killed by SIGKILL", -9)),
+        (0, domain.max_runtime_stop(60), Outcome("failed", "max runtime exceeded (60 s)", 0)),
+        (75, domain.max_runtime_stop(60), Outcome("failed", "max runtime exceeded (60 s)", 75)),
+    ],
+)
+def test_decide_outcome(exit_code: int, stop: StopRequest | None, expected: Outcome) -> None:
+    assert domain.decide_outcome(exit_code, stop) == expected
+
+
+def test_exit_75_without_a_stop_request_is_a_failure_that_says_so() -> None:
+    outcome = domain.decide_outcome(75, None)
+    assert outcome.kind == "failed"
+    assert "never asked it to stop" in outcome.reason
+
+
+def test_describe_exit() -> None:
+    assert domain.describe_exit(None) == "did not start"
+    assert domain.describe_exit(2) == "exited with status 2"
+    assert domain.describe_exit(-int(signal.SIGTERM)) == "killed by SIGTERM"
+    assert domain.describe_exit(-200) == "killed by signal 200"
+
+
+RESULTS = JobResults({"loss": 0.1, "val_accuracy": 0.9}, REF, "line 1\nline 2")
+
+
+def test_terminal_event_of_a_success_carries_metrics_and_artifact() -> None:
+    event = domain.terminal_event(JOB, Outcome("succeeded", "ok", 0), RESULTS, NOW)
+    assert event == JobSucceeded(
+        job_id="job-1",
+        allocation_id="alloc-1",
+        node_id="node-a",
+        epoch=4,
+        finished_at=NOW,
+        metrics={"loss": 0.1, "val_accuracy": 0.9},
+        artifact=REF,
+    )
+
+
+def test_terminal_event_of_a_failure_carries_exit_code_reason_and_log_tail() -> None:
+    event = domain.terminal_event(JOB, Outcome("failed", "exited with status 3", 3), RESULTS, NOW)
+    assert isinstance(event, JobFailed)
+    assert (event.exit_code, event.reason, event.log_tail) == (
+        3,
+        "exited with status 3",
+        "line 1\nline 2",
+    )
+
+
+def test_terminal_event_of_a_preemption_carries_the_last_checkpoint() -> None:
+    event = domain.terminal_event(JOB, Outcome("preempted", "cancelled", 75), RESULTS, NOW)
+    assert isinstance(event, JobPreempted)
+    assert (event.reason, event.checkpoint) == ("cancelled", REF)
+
+
+def test_a_lost_job_is_reported_preempted_so_it_resumes() -> None:
+    event = domain.lost_on_restart(JOB, NOW)
+    assert isinstance(event, JobPreempted)
+    assert event.checkpoint is None and event.reason.startswith("lost")
+
+
+def test_failed_to_start_has_no_exit_code() -> None:
+    event = domain.failed_to_start(JOB, "GPU indices [5] do not exist", NOW)
+    assert event.exit_code is None and event.reason == "GPU indices [5] do not exist"
+
+
+# --- states and tails ----------------------------------------------------------------------
+
+
+def test_allocation_states_only_move_forward() -> None:
+    launched, ending, finished = (
+        AllocationState.LAUNCHED,
+        AllocationState.ENDING,
+        AllocationState.FINISHED,
+    )
+    assert launched.check(ending) is ending
+    assert ending.check(finished) is finished
+    assert finished.is_terminal and not ending.is_terminal
+    for old, new in ((launched, finished), (finished, ending), (ending, launched)):
+        with pytest.raises(IllegalTransition):
+            old.check(new)
+
+
+def test_log_tail_keeps_the_last_lines() -> None:
+    tail = LogTail(3)
+    for i in range(10):
+        tail.add(f"line {i}")
+    assert tail.text() == "line 7\nline 8\nline 9"
+
+
+def test_non_finite_metrics_are_left_out_of_events_so_consumers_can_parse_them() -> None:
+    message = MetricsMessage(step=3, metrics={"loss": float("nan"), "lr": 0.1, "g": float("inf")})
+    event = domain.progress_event(JOB, message)
+    assert event.metrics == {"lr": 0.1}
+    results = JobResults({"loss": float("nan"), "acc": 0.5}, None, "")
+    done = domain.terminal_event(JOB, Outcome("succeeded", "ok", 0), results, NOW)
+    assert isinstance(done, JobSucceeded) and done.metrics == {"acc": 0.5}

@@ -1,0 +1,130 @@
+"""Code version and environment capture: recorded by default, honest about dirty trees."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.runner.gpus import GpuInventory, virtual_inventory
+from services.runner.provenance import (
+    capture_environment,
+    code_version,
+    entrypoint_source,
+    git_version,
+)
+
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false"]
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def code(tmp_path: Path) -> Path:
+    folder = tmp_path / "code"
+    (folder / "pkg" / "app").mkdir(parents=True)
+    (folder / "train.py").write_text("print('train')\n")
+    (folder / "pkg" / "__init__.py").write_text("")
+    (folder / "pkg" / "job.py").write_text("print('job')\n")
+    (folder / "pkg" / "app" / "__init__.py").write_text("")
+    (folder / "pkg" / "app" / "__main__.py").write_text("print('app')\n")
+    return folder
+
+
+def git(folder: Path, *args: str) -> str:
+    return subprocess.run(
+        [*GIT, "-C", str(folder), *args], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def test_the_entrypoint_file_is_the_one_python_m_would_run(code: Path) -> None:
+    assert entrypoint_source(code, "train") == code / "train.py"
+    assert entrypoint_source(code, "pkg.job") == code / "pkg" / "job.py"
+    assert entrypoint_source(code, "pkg.app") == code / "pkg" / "app" / "__main__.py"
+    assert entrypoint_source(code, "missing") is None
+    assert entrypoint_source(code, "../etc/passwd") is None
+
+
+def test_outside_git_the_version_is_the_source_digest(code: Path) -> None:
+    assert code_version(code, "pkg.job") == f"src:sha256:{sha(code / 'pkg' / 'job.py')}"
+    assert code_version(code, "not.there") == "src:unknown"
+
+
+def test_a_clean_checkout_is_named_by_its_commit(code: Path) -> None:
+    git(code, "init", "-q")
+    git(code, "add", ".")
+    git(code, "commit", "-q", "-m", "first")
+    commit = git(code, "rev-parse", "HEAD")
+    assert code_version(code, "train") == f"git:{commit} src:sha256:{sha(code / 'train.py')}"
+
+
+def test_uncommitted_or_untracked_changes_mark_the_tree_dirty(code: Path) -> None:
+    git(code, "init", "-q")
+    git(code, "add", ".")
+    git(code, "commit", "-q", "-m", "first")
+    commit = git(code, "rev-parse", "HEAD")
+    (code / "train.py").write_text("print('changed')\n")
+    version = code_version(code, "train")
+    assert version == f"git:{commit}+dirty src:sha256:{sha(code / 'train.py')}"
+    git(code, "checkout", "-q", "--", "train.py")
+    (code / "notes.txt").write_text("untracked\n")
+    assert git_version(code) == f"git:{commit}+dirty"
+
+
+def test_a_repository_without_commits_is_unborn(code: Path) -> None:
+    git(code, "init", "-q")
+    assert git_version(code) == "git:unborn+dirty"
+
+
+def test_not_a_git_tree_has_no_git_part(tmp_path: Path) -> None:
+    assert git_version(tmp_path) is None
+
+
+def test_the_environment_is_the_job_interpreters(code: Path) -> None:
+    env = capture_environment(
+        python=sys.executable,
+        code_dir=code,
+        node_id="node-a",
+        gpu_flavor="cpu",
+        gpus=virtual_inventory(4),
+        gpu_indices=[2, 3],
+    )
+    assert re.fullmatch(r"\w+ 3\.\d+\.\d+.*", env.python)
+    assert env.torch == importlib.metadata.version("torch")
+    assert env.node_id == "node-a" and env.gpu_flavor == "cpu"
+    assert env.gpu_names == ["virtual-cpu-2", "virtual-cpu-3"]
+    assert env.cuda is None  # virtual GPUs: the job does not use CUDA
+    assert env.platform and env.hostname
+
+
+def test_on_real_gpus_the_cuda_version_is_recorded(code: Path) -> None:
+    env = capture_environment(
+        python=sys.executable,
+        code_dir=code,
+        node_id="node-a",
+        gpu_flavor="h200",
+        gpus=GpuInventory(("NVIDIA H200", "NVIDIA H200"), "nvml", "12.4"),
+        gpu_indices=[1],
+    )
+    assert env.gpu_names == ["NVIDIA H200"]
+    # torch's own CUDA build when it has one (not this CPU wheel), else the driver's.
+    assert env.cuda is not None
+
+
+def test_an_interpreter_that_does_not_run_is_recorded_as_unknown(code: Path) -> None:
+    env = capture_environment(
+        python=str(code / "no-such-python"),
+        code_dir=code,
+        node_id="n",
+        gpu_flavor="cpu",
+        gpus=virtual_inventory(1),
+        gpu_indices=[0],
+    )
+    assert env.python.startswith("unknown") and env.torch == "not installed"

@@ -1,0 +1,91 @@
+"""Backfill: later jobs may start ahead of a blocked one only without delaying it."""
+
+from __future__ import annotations
+
+from services.scheduler.policy import schedule
+from services.scheduler.policy.model import PolicyConfig
+
+from .builders import HOUR, NOW, node, pending, queue, running, snap
+
+QUEUES = (queue("a", nominal=100), queue("b", nominal=100))
+
+
+def blocked_head() -> tuple:
+    """n1 busy for another hour, n2 half busy for 10 min; a 16-GPU head waits for both."""
+    nodes = (node("n1"), node("n2"))
+    run = (
+        running("long", "b", {"n1": 8}, started=NOW - HOUR, runtime=2 * HOUR),
+        running("short", "b", {"n2": 4}, started=NOW - 600, runtime=1200),
+    )
+    head = pending("head", "a", gpus=16, at=NOW - 900, seq=0)
+    return nodes, run, head
+
+
+def test_head_gets_a_reservation_and_an_estimated_start() -> None:
+    nodes, run, head = blocked_head()
+    d = schedule(snap(nodes, QUEUES, (head,), run))
+    e = d.explanations["head"]
+    assert e.estimated_start == NOW + HOUR  # when "long" reaches its declared end
+    assert "expected start in ~1.0 h" in e.reason
+
+
+def test_short_job_backfills_without_delaying_the_head() -> None:
+    nodes, run, head = blocked_head()
+    short = pending("fits", "a", gpus=4, at=NOW - 60, seq=1, runtime=HOUR / 2)
+    d = schedule(snap(nodes, QUEUES, (head, short), run))
+    assert [p.job_id for p in d.placements] == ["fits"]
+    assert d.explanations["head"].estimated_start == NOW + HOUR
+
+
+def test_long_job_must_not_delay_the_head() -> None:
+    nodes, run, head = blocked_head()
+    long = pending("too-long", "a", gpus=4, at=NOW - 60, seq=1, runtime=3 * HOUR)
+    d = schedule(snap(nodes, QUEUES, (head, long), run))
+    assert d.placements == ()
+    e = d.explanations["too-long"]
+    assert e.reason.startswith("the free a100 GPUs it fits on are reserved for job head")
+    assert e.blocking == "head"
+    assert e.suggestion == "a declared max runtime under 1.0 h would let it start now"
+
+
+def test_a_long_job_may_use_the_slack_of_a_reservation() -> None:
+    # n1 has 16 GPUs: 12 busy for 10 more min, 4 free. The head needs 12 there at +10 min,
+    # so 4 are spare even then: a long 4-GPU job may take them, a fifth GPU may not.
+    nodes = (node("n1", 16),)
+    run = (running("r", "b", {"n1": 12}, started=NOW - 600, runtime=1200),)
+    head = pending("head", "a", gpus=12, at=NOW - 900, seq=0)
+    spare = pending("spare", "a", gpus=4, at=NOW - 60, seq=1, runtime=10 * HOUR)
+    d = schedule(snap(nodes, QUEUES, (head, spare), run))
+    assert [p.job_id for p in d.placements] == ["spare"]
+    assert d.explanations["head"].estimated_start == NOW + 600
+
+
+def test_a_long_job_on_the_reserved_node_is_refused() -> None:
+    nodes = (node("n1"), node("n2"))
+    run = (
+        running("long", "b", {"n1": 8}, runtime=2 * HOUR),
+        running("short", "b", {"n2": 4}, started=NOW - 600, runtime=1200),
+    )
+    head = pending("head", "a", gpus=8, at=NOW - 900, seq=0)
+    other = pending("other", "a", gpus=4, at=NOW - 60, seq=1, runtime=10 * HOUR)
+    d = schedule(snap(nodes, QUEUES, (head, other), run))
+    assert d.explanations["head"].estimated_start == NOW + 600  # on n2, when "short" ends
+    assert d.placements == ()
+
+
+def test_backfill_off_keeps_everyone_behind_the_blocked_head() -> None:
+    nodes, run, head = blocked_head()
+    short = pending("fits", "a", gpus=1, at=NOW - 60, seq=1, runtime=60)
+    d = schedule(snap(nodes, QUEUES, (head, short), run), PolicyConfig(backfill=False))
+    assert d.placements == ()
+    assert d.explanations["fits"].reason.startswith("waits behind job head")
+
+
+def test_reservations_are_limited_per_flavor() -> None:
+    nodes, run, head = blocked_head()
+    second = pending("second", "a", gpus=16, at=NOW - 800, seq=1)
+    long = pending("long-small", "a", gpus=4, at=NOW - 60, seq=2, runtime=3 * HOUR)
+    d = schedule(snap(nodes, QUEUES, (head, second, long), run), PolicyConfig(reservations=1))
+    assert [p.job_id for p in d.placements] == []  # the head's reservation still protects it
+    d = schedule(snap(nodes, QUEUES, (head, second, long), run), PolicyConfig(reservations=0))
+    assert [p.job_id for p in d.placements] == ["long-small"]

@@ -1,0 +1,141 @@
+"""Preemption: reclaim of lent quota, priority within a queue, minimum runtime, victim choice."""
+
+from __future__ import annotations
+
+from services.scheduler.policy import schedule
+from services.scheduler.policy.model import PolicyConfig
+
+from .builders import HOUR, NOW, node, pending, queue, running, snap
+
+COHORT = (queue("a", nominal=8, cohort="c"), queue("b", nominal=8, cohort="c"))
+
+
+def borrowed_cluster(started: float = NOW - HOUR, priority: str = "normal") -> tuple:
+    """b uses its own node and 6 GPUs of a's quota on n2 in three jobs."""
+    nodes = (node("n1"), node("n2"))
+    run = (
+        running("b-own", "b", {"n1": 8}, started=started, priority=priority),
+        running("b1", "b", {"n2": 2}, started=started, priority=priority),
+        running("b2", "b", {"n2": 2}, started=started, priority=priority),
+        running("b3", "b", {"n2": 2}, started=started, priority=priority),
+    )
+    return nodes, run
+
+
+def test_reclaim_preempts_borrowers_to_return_quota() -> None:
+    nodes, run = borrowed_cluster()
+    d = schedule(snap(nodes, COHORT, (pending("a-job", "a", gpus=6),), run))
+    assert d.placements == ()
+    victims = sorted(p.job_id for p in d.preemptions)
+    assert len(victims) == 2 and set(victims) <= {"b1", "b2", "b3"}  # 2 free + 4 reclaimed
+    assert {p.kind for p in d.preemptions} == {"reclaim"}
+    assert all(p.for_job_id == "a-job" for p in d.preemptions)
+    e = d.explanations["a-job"]
+    assert e.reason.startswith("freeing GPUs held by jobs running on borrowed quota")
+    assert e.estimated_start == NOW + PolicyConfig().grace_s
+
+
+def test_reclaim_never_takes_a_queues_own_quota() -> None:
+    nodes = (node("n1"), node("n2"))
+    run = (running("b-own", "b", {"n1": 8}), running("a-own", "a", {"n2": 8}))
+    d = schedule(snap(nodes, COHORT, (pending("x", "a", gpus=1),), run))
+    assert d.preemptions == ()
+
+
+def test_minimum_runtime_protects_borrowers_and_says_when_reclaim_comes() -> None:
+    nodes, run = borrowed_cluster(started=NOW - 600, priority="guarded")  # min runtime 30 min
+    d = schedule(snap(nodes, COHORT, (pending("a-job", "a", gpus=8),), run))
+    assert d.preemptions == ()
+    e = d.explanations["a-job"]
+    # Guarded jobs may be preempted 30 min after their start (20 min from now) + 5 min grace.
+    assert e.reason == "team-b borrows 6 of your 8 a100 quota; reclaim expected in ~25 min"
+    assert e.blocking == "b"
+    assert e.estimated_start == NOW - 600 + 1800 + 300
+
+
+def test_priority_preemption_within_a_queue() -> None:
+    nodes = (node("n1"),)
+    queues = (queue("a", nominal=8),)
+    run = (
+        running("low1", "a", {"n1": 4}, priority="low", started=NOW - 2000),
+        running("low2", "a", {"n1": 4}, priority="low", started=NOW - 1000),
+    )
+    d = schedule(snap(nodes, queues, (pending("hi", "a", gpus=4, priority="high"),), run))
+    assert [(p.job_id, p.kind) for p in d.preemptions] == [("low2", "priority")]
+    assert "priority high outranks low in queue a" in d.preemptions[0].reason
+
+
+def test_equal_priority_does_not_preempt() -> None:
+    nodes = (node("n1"),)
+    run = (running("r", "a", {"n1": 8}, priority="normal"),)
+    d = schedule(snap(nodes, (queue("a", 8),), (pending("p", "a", 4, priority="normal"),), run))
+    assert d.preemptions == ()
+
+
+def test_priority_never_preempts_across_queues() -> None:
+    nodes = (node("n1"),)
+    queues = (queue("a", 8, cohort="c"), queue("b", 0, cohort="c"))
+    run = (running("theirs", "a", {"n1": 8}, priority="low"),)
+    d = schedule(snap(nodes, queues, (pending("hi", "b", 8, priority="high"),), run))
+    assert d.preemptions == ()
+
+
+def test_non_preemptible_class_is_never_a_victim() -> None:
+    nodes = (node("n1"),)
+    run = (running("pinned", "a", {"n1": 8}, priority="pinned"),)
+    d = schedule(snap(nodes, (queue("a", 8),), (pending("hi", "a", 8, priority="high"),), run))
+    assert d.preemptions == ()
+
+
+def test_preemption_can_be_switched_off() -> None:
+    nodes, run = borrowed_cluster()
+    config = PolicyConfig(preemption=False)
+    d = schedule(snap(nodes, COHORT, (pending("a-job", "a", gpus=6),), run), config)
+    assert d.preemptions == ()
+    assert "reclaim expected in" in d.explanations["a-job"].reason
+
+
+def test_victims_lose_least_work_first() -> None:
+    nodes = (node("n1", 4),)
+    queues = (queue("a", 4),)
+    base = dict(priority="low", started=NOW - 5 * HOUR)
+    run = (
+        running("stale-ckpt", "a", {"n1": 1}, checkpoint=NOW - 3600, **base),
+        running("fresh-ckpt", "a", {"n1": 1}, checkpoint=NOW - 60, **base),
+        running("no-ckpt", "a", {"n1": 1}, **base),
+        running("older-fresh", "a", {"n1": 1}, checkpoint=NOW - 70, **base),
+    )
+    d = schedule(snap(nodes, queues, (pending("hi", "a", 1, priority="high"),), run))
+    # fresh-ckpt and older-fresh lost 1 whole minute each; the younger of the two goes.
+    assert [p.job_id for p in d.preemptions] == ["fresh-ckpt"]
+
+
+def test_victim_ties_go_to_lowest_priority_then_youngest() -> None:
+    nodes = (node("n1", 3),)
+    queues = (queue("a", 3),)
+    ckpt = NOW - 30
+    run = (
+        running(
+            "normal-young", "a", {"n1": 1}, priority="normal", started=NOW - 100, checkpoint=ckpt
+        ),
+        running("low-old", "a", {"n1": 1}, priority="low", started=NOW - 900, checkpoint=ckpt),
+        running("low-young", "a", {"n1": 1}, priority="low", started=NOW - 200, checkpoint=ckpt),
+    )
+    d = schedule(snap(nodes, queues, (pending("hi", "a", 1, priority="high"),), run))
+    assert [p.job_id for p in d.preemptions] == ["low-young"]
+    d2 = schedule(snap(nodes, queues, (pending("hi", "a", 2, priority="high"),), run))
+    assert sorted(p.job_id for p in d2.preemptions) == ["low-old", "low-young"]
+
+
+def test_jobs_already_leaving_are_used_before_new_victims() -> None:
+    nodes = (node("n1", 4),)
+    queues = (queue("a", 4),)
+    run = (
+        running("leaving", "a", {"n1": 2}, priority="low", notice=NOW - 60),
+        running("other", "a", {"n1": 2}, priority="low"),
+    )
+    d = schedule(snap(nodes, queues, (pending("hi", "a", 2, priority="high"),), run))
+    assert d.preemptions == ()
+    e = d.explanations["hi"]
+    assert e.reason.startswith("freeing GPUs held by jobs already leaving (leaving)")
+    assert e.estimated_start == NOW - 60 + 300

@@ -1,0 +1,125 @@
+"""Scheduler state machines, fencing and what an ended allocation does to its job."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from services.scheduler.domain import (
+    AllocationStatus,
+    IllegalTransition,
+    JobStatus,
+    LiveAllocation,
+    allocation_ended,
+    fence,
+    release_time,
+)
+
+LIVE = LiveAllocation("alloc-1", "node-1", epoch=7)
+
+
+def test_fence_applies_only_to_the_live_allocation_and_epoch() -> None:
+    assert fence(LIVE, "alloc-1", 7) is None
+    assert fence(LIVE, "alloc-1", 6) == "epoch 6 is stale (live epoch 7)"
+    assert fence(LIVE, "alloc-0", 7) == "allocation alloc-0 is not the live one (alloc-1)"
+    assert fence(None, "alloc-1", 7) == "the job holds no live allocation"
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (JobStatus.QUEUED, JobStatus.ALLOCATED),
+        (JobStatus.QUEUED, JobStatus.CANCELLED),
+        (JobStatus.ALLOCATED, JobStatus.RUNNING),
+        (JobStatus.RUNNING, JobStatus.QUEUED),
+        (JobStatus.RUNNING, JobStatus.CANCELLING),
+        (JobStatus.CANCELLING, JobStatus.CANCELLED),
+    ],
+)
+def test_allowed_job_transitions(old: JobStatus, new: JobStatus) -> None:
+    assert old.check(new) is new
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (JobStatus.QUEUED, JobStatus.RUNNING),
+        (JobStatus.SUCCEEDED, JobStatus.QUEUED),
+        (JobStatus.CANCELLED, JobStatus.ALLOCATED),
+        (JobStatus.FAILED, JobStatus.RUNNING),
+        (JobStatus.CANCELLING, JobStatus.QUEUED),
+        (JobStatus.RUNNING, JobStatus.ALLOCATED),
+    ],
+)
+def test_illegal_job_transitions_raise(old: JobStatus, new: JobStatus) -> None:
+    with pytest.raises(IllegalTransition, match=f"{old.value} -> {new.value}"):
+        old.check(new)
+
+
+def test_terminal_states_have_no_way_out() -> None:
+    for status in JobStatus:
+        if status.is_terminal:
+            assert not any(status.can_become(other) for other in JobStatus)
+
+
+def test_allocation_transitions() -> None:
+    assert AllocationStatus.GRANTED.check(AllocationStatus.RUNNING) is AllocationStatus.RUNNING
+    assert AllocationStatus.RUNNING.check(AllocationStatus.RELEASED) is AllocationStatus.RELEASED
+    with pytest.raises(IllegalTransition):
+        AllocationStatus.RELEASED.check(AllocationStatus.RUNNING)
+    with pytest.raises(IllegalTransition):
+        AllocationStatus.RUNNING.check(AllocationStatus.GRANTED)
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "job_status", "outcome"),
+    [
+        (JobStatus.RUNNING, "succeeded", JobStatus.SUCCEEDED, "succeeded"),
+        (JobStatus.ALLOCATED, "succeeded", JobStatus.SUCCEEDED, "succeeded"),
+        (JobStatus.RUNNING, "failed", JobStatus.FAILED, "failed"),
+        (JobStatus.RUNNING, "preempted", JobStatus.QUEUED, "preempted"),
+        (JobStatus.RUNNING, "lost", JobStatus.QUEUED, "lost"),
+        (JobStatus.CANCELLING, "preempted", JobStatus.CANCELLED, "cancelled"),
+        (JobStatus.CANCELLING, "failed", JobStatus.CANCELLED, "cancelled"),
+        (JobStatus.CANCELLING, "succeeded", JobStatus.SUCCEEDED, "succeeded"),
+        (JobStatus.CANCELLING, "lost", JobStatus.CANCELLED, "lost"),
+    ],
+)
+def test_allocation_ended(
+    status: JobStatus, kind: str, job_status: JobStatus, outcome: str
+) -> None:
+    decision = allocation_ended(status, kind, restarts=0, max_restarts=3)  # type: ignore[arg-type]
+    assert (decision.job_status, decision.outcome) == (job_status, outcome)
+    assert decision.requeued is (job_status is JobStatus.QUEUED)
+
+
+def test_lost_node_requeues_until_max_restarts() -> None:
+    assert allocation_ended(JobStatus.RUNNING, "lost", restarts=1, max_restarts=2).requeued
+    last = allocation_ended(JobStatus.RUNNING, "lost", restarts=2, max_restarts=2)
+    assert last.job_status is JobStatus.FAILED
+    assert last.reason == "node lost; max restarts reached"
+    never = allocation_ended(JobStatus.RUNNING, "lost", restarts=0, max_restarts=0)
+    assert never.job_status is JobStatus.FAILED
+
+
+def test_preemption_does_not_use_up_restarts() -> None:
+    decision = allocation_ended(JobStatus.RUNNING, "preempted", restarts=5, max_restarts=0)
+    assert decision.requeued
+
+
+@pytest.mark.parametrize("status", [JobStatus.QUEUED, JobStatus.SUCCEEDED, JobStatus.CANCELLED])
+def test_a_job_without_gpus_has_nothing_to_end(status: JobStatus) -> None:
+    with pytest.raises(IllegalTransition):
+        allocation_ended(status, "succeeded", restarts=0, max_restarts=3)
+
+
+def test_release_time_is_kept_between_grant_and_now() -> None:
+    granted = datetime(2025, 1, 1, 12, tzinfo=UTC)
+    now = granted + timedelta(hours=1)
+    inside = granted + timedelta(minutes=20)
+    assert release_time(inside, granted, now) == inside
+    assert release_time(granted - timedelta(minutes=5), granted, now) == granted
+    assert release_time(now + timedelta(minutes=5), granted, now) == now
+    # A clock behind the grant still never makes a negative lease.
+    assert release_time(inside, granted, granted - timedelta(seconds=1)) == granted

@@ -1,0 +1,123 @@
+"""Assembly of the job view and the list lines from stored rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.submission.views import job_summary, job_view
+from tests.unit.submission.factories import at
+
+SPEC = {"name": "digits-cnn", "gpus": 2, "gpu_flavor": "h200", "user": "alice", "team": "ml"}
+
+
+def _job(**changes: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "id": "job-1",
+        "name": "digits-cnn",
+        "spec": SPEC,
+        "status": "QUEUED",
+        "submitted_at": at(0),
+        "updated_at": at(1),
+        "cancel_requested_at": None,
+        "pending_reason": None,
+        "pending_position": None,
+        "estimated_start": None,
+        "allocation_id": None,
+        "node_id": None,
+        "gpu_indices": None,
+        "attempt": None,
+        "started_at": None,
+        "finished_at": None,
+        "metrics": {},
+        "metrics_step": None,
+        "failure": None,
+        "user_name": "alice",
+        "team_name": "ml",
+    }
+    return {**row, **changes}
+
+
+def test_a_new_job_has_an_empty_view() -> None:
+    view = job_view(
+        _job(), [{"status": "QUEUED", "at": at(0), "reason": "submitted"}], [], None, [], 0
+    )
+    assert (view.status, view.terminal, view.team, view.user) == ("QUEUED", False, "ml", "alice")
+    assert [h.status for h in view.history] == ["QUEUED"]
+    assert view.pending is None and view.model is None and view.failure is None
+    assert view.gpu_indices == [] and view.checkpoints == []
+    assert view.cost.cost == 0 and not view.cost.final
+    assert view.spec == SPEC
+
+
+def test_pending_details_are_shown_only_while_pending() -> None:
+    pending = _job(
+        status="PENDING", pending_reason="quota", pending_position=4, estimated_start=at(60)
+    )
+    view = job_view(pending, [], [], None, [], 0)
+    assert view.pending is not None
+    assert (view.pending.reason, view.pending.position) == ("quota", 4)
+    assert job_view({**pending, "status": "QUEUED"}, [], [], None, [], 0).pending is None
+
+
+def test_finished_job_view_has_placement_results_and_cost() -> None:
+    row = _job(
+        status="FAILED",
+        allocation_id="alloc-2",
+        node_id="node-7",
+        gpu_indices=[2, 3],
+        attempt=2,
+        started_at=at(10),
+        finished_at=at(99),
+        metrics={"loss": 0.5, "acc": None},
+        metrics_step=40,
+        cancel_requested_at=at(50),
+        failure={"reason": "oom", "exit_code": 137, "log_tail": "killed"},
+    )
+    checkpoints = [
+        {"step": 20, "uri": "s3://c/20", "sha256": "a" * 64, "size_bytes": 10, "saved_at": at(20)},
+        {"step": 40, "uri": "s3://c/40", "sha256": "b" * 64, "size_bytes": 11, "saved_at": at(40)},
+    ]
+    model = {
+        "model_name": "digits",
+        "version": 3,
+        "artifact_uri": "s3://m/3",
+        "artifact_sha256": "c" * 64,
+        "metrics": {"acc": 0.9},
+        "lineage": {"job_id": "job-1", "seed": 7},
+    }
+    costs = [
+        {"gpu_seconds": 100.0, "cost": 1.0, "currency": "EUR", "price_per_gpu_hour": 36.0},
+        {"gpu_seconds": 200.0, "cost": 2.0, "currency": "EUR", "price_per_gpu_hour": 36.0},
+    ]
+    view = job_view(row, [], checkpoints, model, costs, allocations=2)
+    assert view.terminal
+    assert (view.node, view.gpu_indices, view.attempt) == ("node-7", [2, 3], 2)
+    assert view.cancel_requested
+    assert view.failure is not None and view.failure.exit_code == 137
+    assert (view.step, view.metrics) == (40, {"loss": 0.5, "acc": None})
+    assert [c.step for c in view.checkpoints] == [20, 40]
+    assert view.model is not None and (view.model.name, view.model.version) == ("digits", 3)
+    assert view.model.lineage["seed"] == 7
+    assert (view.cost.gpu_seconds, view.cost.cost, view.cost.currency) == (300.0, 3.0, "EUR")
+    assert view.cost.final
+    assert not job_view(row, [], [], None, costs[:1], allocations=2).cost.final
+
+
+def test_view_serialises_to_json() -> None:
+    body = job_view(_job(), [], [], None, [], 0).model_dump(mode="json")
+    assert body["submitted_at"].startswith("2024-06-01T12:00:00")
+    assert body["cost"] == {
+        "gpu_seconds": 0.0,
+        "cost": 0.0,
+        "currency": None,
+        "price_per_gpu_hour": None,
+        "final": False,
+    }
+
+
+def test_summary_line() -> None:
+    line = job_summary(
+        _job(status="RUNNING", node_id="node-1", attempt=1, cost=1.5, currency="USD")
+    )
+    assert (line.status, line.gpus, line.gpu_flavor, line.cost) == ("RUNNING", 2, "h200", 1.5)
+    assert not line.terminal

@@ -1,0 +1,356 @@
+"""``trainyard``: submit, follow, list and cancel training jobs from a shell.
+
+    trainyard submit job.json [--follow]     submit a job spec (and follow it to the end)
+    trainyard status JOB_ID                  the job's status, metrics, model and cost
+    trainyard list [--status S]              the team's jobs, newest first
+    trainyard cancel JOB_ID                  ask for a job to be cancelled
+
+The server and the token come from ``--url``/``--token`` or the environment
+(``TRAINYARD_URL``, default ``http://127.0.0.1:8080``; ``TRAINYARD_TOKEN``). Output is for
+people; ``--json`` prints the API's JSON instead. Any error is one line on stderr and exit
+status 1 (``submit --follow`` also exits 1 when the job does not succeed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from trainyard.client import TrainyardClient, TrainyardError
+
+
+class CliSettings(BaseSettings):
+    """Where the CLI finds the API (env prefix ``TRAINYARD_``)."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAINYARD_")
+
+    url: str = "http://127.0.0.1:8080"
+    """Base URL of the submission API."""
+    token: SecretStr | None = None
+    """Bearer token (from ``bootstrap-admin`` or ``POST /v1/admin/users``)."""
+
+
+class CliError(Exception):
+    """A problem to report as one line on stderr."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(1)
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = _Parser(add_help=False)
+    # SUPPRESS: an option given before the command is not reset by the command's parser.
+    common.add_argument("--url", default=argparse.SUPPRESS, help="API base URL ($TRAINYARD_URL)")
+    common.add_argument(
+        "--token", default=argparse.SUPPRESS, help="bearer token ($TRAINYARD_TOKEN)"
+    )
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print the API's JSON"
+    )
+    parser = _Parser(
+        prog="trainyard", description="Trainyard: training jobs on shared GPUs.", parents=[common]
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    submit = commands.add_parser("submit", parents=[common], help="submit a job spec (JSON file)")
+    submit.add_argument("file", type=Path, help="job spec, e.g. examples/digits_cnn.json")
+    submit.add_argument("--follow", action="store_true", help="follow the job until it ends")
+    submit.add_argument(
+        "--timeout", type=float, default=86_400.0, help="seconds --follow waits (default 1 day)"
+    )
+    submit.add_argument("--idempotency-key", help="submit at most once under this key")
+    status = commands.add_parser("status", parents=[common], help="show one job")
+    status.add_argument("job_id")
+    listing = commands.add_parser("list", parents=[common], help="list the team's jobs")
+    listing.add_argument("--status", help="only jobs in this status (e.g. RUNNING)")
+    listing.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    cancel = commands.add_parser("cancel", parents=[common], help="cancel a job")
+    cancel.add_argument("job_id")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        with _client(args) as client:
+            return _run(client, args)
+    except CliError as exc:
+        return _fail(str(exc))
+    except TrainyardError as exc:
+        return _fail(str(exc))
+    except TimeoutError as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # the CLI never shows a traceback
+        return _fail(f"unexpected {type(exc).__name__}: {exc}")
+
+
+def _client(args: argparse.Namespace) -> TrainyardClient:
+    settings = CliSettings()
+    token = getattr(args, "token", None) or (
+        settings.token.get_secret_value() if settings.token else None
+    )
+    if not token:
+        raise CliError("no token: set TRAINYARD_TOKEN or pass --token")
+    return TrainyardClient(getattr(args, "url", None) or settings.url, token)
+
+
+def _run(client: TrainyardClient, args: argparse.Namespace) -> int:
+    as_json = getattr(args, "json", False)
+    if args.command == "submit":
+        return _submit(client, args, as_json)
+    if args.command == "status":
+        view = client.get_job(args.job_id)
+        print(_dumps(view) if as_json else render_job(view))
+    elif args.command == "list":
+        jobs = client.list_jobs(status=args.status, limit=args.limit)
+        print(_dumps(jobs) if as_json else render_list(jobs))
+    elif args.command == "cancel":
+        view = client.cancel(args.job_id)
+        print(
+            _dumps(view)
+            if as_json
+            else f"cancellation requested for job {view['id']} (status now {view['status']})"
+        )
+    return 0
+
+
+def _submit(client: TrainyardClient, args: argparse.Namespace, as_json: bool) -> int:
+    spec = read_spec(args.file)
+    view = client.submit(spec, idempotency_key=args.idempotency_key)
+    if not args.follow:
+        print(_dumps(view) if as_json else f"submitted job {view['id']} ({view['name']})")
+        return 0
+    if not as_json:
+        print(f"submitted job {view['id']} ({view['name']}); following (Ctrl-C stops following)")
+    printer = FollowPrinter(quiet=as_json)
+    try:
+        final = client.wait(view["id"], timeout_s=args.timeout, on_change=printer)
+    except KeyboardInterrupt:
+        raise CliError(
+            f"stopped following; the job goes on: trainyard status {view['id']}"
+        ) from None
+    print(_dumps(final) if as_json else "\n" + render_job(final))
+    if final["status"] != "SUCCEEDED":
+        return _fail(f"job {final['id']} ended {final['status']}{_why(final)}")
+    return 0
+
+
+def read_spec(path: Path) -> dict[str, Any]:
+    """A job spec file: one JSON object."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(
+            f"{path} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+        ) from None
+    if not isinstance(spec, dict):
+        raise CliError(f"{path} must hold one JSON object (the job spec)")
+    return spec
+
+
+class FollowPrinter:
+    """Prints what changed in a job view since the last one: new history entries, metrics,
+    checkpoints, the model and the final cost."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self._quiet = quiet
+        self._history = 0
+        self._step: int | None = None
+        self._checkpoints = 0
+        self._model = False
+        self._cost = False
+
+    def __call__(self, view: dict[str, Any]) -> None:
+        for line in self.changes(view):
+            if not self._quiet:
+                print(line, flush=True)
+
+    def changes(self, view: dict[str, Any]) -> list[str]:
+        lines: list[str] = []
+        for entry in view["history"][self._history :]:
+            reason = f"  {entry['reason']}" if entry.get("reason") else ""
+            lines.append(f"{_time(entry['at'])}  {entry['status']}{reason}")
+        self._history = len(view["history"])
+        if view.get("pending") and lines:
+            lines.append(f"          {_pending(view['pending'])}")
+        if view.get("step") is not None and view["step"] != self._step:
+            self._step = view["step"]
+            lines.append(f"          step {view['step']}: {_metrics(view['metrics'])}")
+        for ckpt in view["checkpoints"][self._checkpoints :]:
+            lines.append(
+                f"          checkpoint at step {ckpt['step']} ({_size(ckpt['size_bytes'])})"
+            )
+        self._checkpoints = len(view["checkpoints"])
+        if view.get("model") and not self._model:
+            self._model = True
+            lines.append(f"          model registered: {_model(view['model'])}")
+        if view["cost"]["final"] and not self._cost:
+            self._cost = True
+            lines.append(f"          cost: {_cost(view['cost'])}")
+        return lines
+
+
+def render_job(view: dict[str, Any]) -> str:
+    """A job view for people."""
+    spec = view["spec"]
+    status = view["status"]
+    if view.get("node"):
+        gpus = ",".join(str(i) for i in view.get("gpu_indices") or []) or "none"
+        status += f" (attempt {view['attempt']} on {view['node']}, GPUs {gpus})"
+    if view.get("cancel_requested") and not view.get("terminal"):
+        status += ", cancellation requested"
+    rows = [
+        ("job", f"{view['id']}  {view['name']}"),
+        ("status", status),
+        ("owner", f"{view['team']}/{view['user']}"),
+        (
+            "resources",
+            f"{spec['gpus']} x {spec['gpu_flavor']}, {spec['entrypoint']} "
+            f"{' '.join(spec.get('args') or [])}".rstrip(),
+        ),
+        (
+            "times",
+            "  ".join(
+                f"{label} {_time(view[key])}"
+                for label, key in (
+                    ("submitted", "submitted_at"),
+                    ("started", "started_at"),
+                    ("finished", "finished_at"),
+                )
+                if view.get(key)
+            ),
+        ),
+    ]
+    if view.get("pending"):
+        rows.append(("pending", _pending(view["pending"])))
+    if view.get("step") is not None or view.get("metrics"):
+        rows.append(("metrics", f"step {view.get('step')}: {_metrics(view['metrics'])}"))
+    if view["checkpoints"]:
+        last = view["checkpoints"][-1]
+        rows.append(
+            ("checkpoints", f"{len(view['checkpoints'])}, latest step {last['step']} {last['uri']}")
+        )
+    if view.get("model"):
+        rows.append(("model", _model(view["model"])))
+    rows.append(("cost", _cost(view["cost"])))
+    if view.get("failure"):
+        failure = view["failure"]
+        code = "" if failure.get("exit_code") is None else f" (exit code {failure['exit_code']})"
+        rows.append(("failure", failure["reason"] + code))
+        rows.extend(("", line) for line in (failure.get("log_tail") or "").splitlines()[-10:])
+    rows.append(("history", ""))
+    rows.extend(
+        ("", f"{_time(h['at'])}  {h['status']:<10} {h.get('reason') or ''}".rstrip())
+        for h in view["history"]
+    )
+    return "\n".join(f"{label:<12}{value}".rstrip() for label, value in rows)
+
+
+def render_list(jobs: list[dict[str, Any]]) -> str:
+    """The job list as a table."""
+    if not jobs:
+        return "no jobs"
+    header = ("ID", "NAME", "USER", "STATUS", "GPUS", "SUBMITTED", "COST")
+    rows = [header] + [
+        (
+            j["id"],
+            j["name"],
+            j["user"],
+            j["status"],
+            f"{j['gpus']}x{j['gpu_flavor']}",
+            _time(j["submitted_at"]),
+            f"{j['cost']:.4f} {j['currency']}" if j.get("currency") else "-",
+        )
+        for j in jobs
+    ]
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def _pending(pending: dict[str, Any]) -> str:
+    parts = [pending.get("reason") or "waiting"]
+    if pending.get("position") is not None:
+        parts.append(f"position {pending['position']}")
+    if pending.get("estimated_start"):
+        parts.append(f"estimated start {_time(pending['estimated_start'])}")
+    return ", ".join(parts)
+
+
+def _metrics(metrics: dict[str, Any]) -> str:
+    if not metrics:
+        return "(none)"
+    return " ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(metrics.items())
+    )
+
+
+def _model(model: dict[str, Any]) -> str:
+    return f"{model['name']} v{model['version']} {model['artifact_uri']}"
+
+
+def _cost(cost: dict[str, Any]) -> str:
+    state = "final" if cost["final"] else "so far"
+    if not cost.get("currency"):
+        return f"nothing billed yet ({state})"
+    hours = cost["gpu_seconds"] / 3600
+    price = cost.get("price_per_gpu_hour")
+    at_price = f" at {price:.2f} {cost['currency']}/GPU-hour" if price is not None else ""
+    return f"{cost['cost']:.4f} {cost['currency']} for {hours:.3f} GPU-hours{at_price} ({state})"
+
+
+def _size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
+
+
+def _time(value: str | None) -> str:
+    if not value:
+        return "-"
+    try:
+        return datetime.fromisoformat(value).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    except ValueError:
+        return value
+
+
+def _why(view: dict[str, Any]) -> str:
+    if view.get("failure"):
+        return f": {view['failure']['reason']}"
+    reasons = [h.get("reason") for h in view["history"] if h["status"] == view["status"]]
+    return f": {reasons[-1]}" if reasons and reasons[-1] else ""
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, indent=2, sort_keys=True)
+
+
+def _fail(message: str) -> int:
+    print(f"trainyard: error: {message}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""A small synchronous client of the Trainyard submission API.
+
+Contract:
+- Every call sends ``Authorization: Bearer <token>`` and the current W3C trace context
+  (``traceparent``), so a job's trace starts at the caller's span when there is one.
+- A response other than 2xx raises ``TrainyardError(status, message, errors)``; ``errors`` is
+  the server's list of ``{"field", "message"}`` for invalid input. A server that cannot be
+  reached raises ``TrainyardError`` with status 0.
+- ``wait`` polls a job until it has ended and its results have settled (see ``wait``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from shared.telemetry import inject
+
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+SETTLE_SECONDS = 10.0
+"""After a job ends, how long ``wait`` waits for its model and final cost to arrive."""
+
+
+class TrainyardError(Exception):
+    """The API refused a request (or could not be reached: ``status`` 0)."""
+
+    def __init__(
+        self, status: int, message: str, errors: list[dict[str, str]] | None = None
+    ) -> None:
+        self.status = status
+        self.message = message
+        self.errors = list(errors or [])
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        head = f"{self.status} {self.message}" if self.status else self.message
+        if not self.errors:
+            return head
+        fields = "; ".join(f"{e.get('field', '?')}: {e.get('message', '?')}" for e in self.errors)
+        return f"{head} ({fields})"
+
+
+class TrainyardClient:
+    """The submission API at ``base_url`` (e.g. ``http://127.0.0.1:8080``) as ``token``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        timeout: float = 10,
+        *,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+            timeout=timeout,
+            transport=transport,
+        )
+
+    def __enter__(self) -> TrainyardClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        """Submit a job spec; return the job view. With ``idempotency_key``, submitting the
+        same spec again returns the job created the first time."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self._object("POST", "/v1/jobs", json=spec, headers=headers)
+
+    def get_job(self, job_id: str) -> dict[str, Any]:
+        return self._object("GET", f"/v1/jobs/{_segment(job_id)}")
+
+    def list_jobs(self, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        """The team's jobs, newest first (optionally only those in ``status``)."""
+        params: dict[str, str | int] = {"limit": limit}
+        if status:
+            params["status"] = status
+        body = self._request("GET", "/v1/jobs", params=params)
+        if not isinstance(body, list):
+            raise TrainyardError(0, "unexpected response: expected a list of jobs")
+        return body
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """Ask for the job to be cancelled; return its view (status changes when the
+        scheduler confirms)."""
+        return self._object("POST", f"/v1/jobs/{_segment(job_id)}/cancel")
+
+    def wait(
+        self,
+        job_id: str,
+        timeout_s: float,
+        on_change: Callable[[dict[str, Any]], None] | None = None,
+        poll_s: float = 0.5,
+    ) -> dict[str, Any]:
+        """Poll until the job has ended, and return its view.
+
+        A job's results arrive after it ends: the model from the registry (for SUCCEEDED)
+        and the cost from billing. ``wait`` therefore keeps polling an ended job until
+        its cost is final and, for SUCCEEDED, its model is there, or until
+        ``SETTLE_SECONDS`` have passed since it ended (or ``timeout_s`` runs out), and
+        then returns the view as it is.
+
+        ``on_change`` is called with the view each time it differs from the last one seen
+        (status, metrics, checkpoints, ...). Raises ``TimeoutError`` naming the last
+        status when the job has not ended within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        ended_at: float | None = None
+        last: dict[str, Any] | None = None
+        while True:
+            view = self.get_job(job_id)
+            if view != last and on_change is not None:
+                on_change(view)
+            last = view
+            now = time.monotonic()
+            if view.get("status") in TERMINAL:
+                ended_at = ended_at if ended_at is not None else now
+                if _settled(view) or now - ended_at >= SETTLE_SECONDS or now >= deadline:
+                    return view
+            elif now >= deadline:
+                raise TimeoutError(
+                    f"job {job_id} did not finish within {timeout_s:g}s "
+                    f"(last status: {view.get('status')})"
+                )
+            time.sleep(min(poll_s, max(deadline - now, 0.0)))
+
+    def _object(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        body = self._request(method, path, **kwargs)
+        if not isinstance(body, dict):
+            raise TrainyardError(0, "unexpected response: expected a JSON object")
+        return body
+
+    def _request(
+        self, method: str, path: str, headers: dict[str, str] | None = None, **kwargs: Any
+    ) -> Any:
+        try:
+            response = self._http.request(method, path, headers=inject(headers), **kwargs)
+        except httpx.HTTPError as exc:
+            raise TrainyardError(0, f"cannot reach {self._http.base_url}: {exc}") from exc
+        if response.is_success:
+            return _json(response)
+        body = _json(response, default={})
+        detail = body.get("detail") if isinstance(body, dict) else None
+        errors = body.get("errors") if isinstance(body, dict) else None
+        raise TrainyardError(
+            response.status_code,
+            str(detail or response.reason_phrase or "request failed"),
+            errors if isinstance(errors, list) else None,
+        )
+
+
+def _settled(view: dict[str, Any]) -> bool:
+    cost_final = bool((view.get("cost") or {}).get("final"))
+    model_in = view.get("status") != "SUCCEEDED" or view.get("model") is not None
+    return cost_final and model_in
+
+
+def _segment(job_id: str) -> str:
+    """A job id as one URL path segment (an id can never reach another route)."""
+    return quote(job_id, safe="")
+
+
+def _json(response: httpx.Response, default: Any = None) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        if default is not None:
+            return default
+        raise TrainyardError(response.status_code, "response is not JSON") from None

@@ -1,0 +1,330 @@
+"""``JobContext``: what training code sees of the platform, with local fallbacks.
+
+Inside the platform the runner sets the ``TRAINYARD_*`` variables of
+``shared.control.JobRuntimeEnv``; outside it (no ``TRAINYARD_JOB_ID``) the same code runs
+with the caller's defaults, seed ``defaults["seed"]`` (else 0), metrics printed to stdout
+and checkpoints in ``./.trainyard/local-checkpoints/<name>``, so a rerun there resumes too.
+
+Stopping: ``init`` installs a SIGTERM handler (main thread only) that merely sets a flag.
+The runner sends SIGTERM on preemption, cancellation and node shutdown, then SIGKILL
+after a grace period; the loop should poll ``should_stop()``, save a checkpoint and call
+``exit_preempted()``, which waits for the upload and exits with ``PREEMPTED_EXIT_CODE``
+(75) so the runner can tell "stopped early, resume me" from "finished" (0). A loop that
+never polls ``should_stop()`` keeps running until the SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import re
+import signal
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any, NoReturn, SupportsFloat
+
+import numpy as np
+import torch
+
+from shared.control import (
+    MAX_CONTROL_LINE_BYTES,
+    PREEMPTED_EXIT_CODE,
+    CheckpointMessage,
+    JobRuntimeEnv,
+    MetricsMessage,
+)
+from shared.events.payloads import CheckpointRef
+from shared.storage import ObjectStore, open_store
+from trainyard.sdk.checkpoints import CheckpointWriter, restore_latest
+
+log = logging.getLogger("trainyard.sdk")
+
+LOCAL_CHECKPOINT_ROOT = "file://./.trainyard/local-checkpoints"
+"""Where checkpoints go outside the platform: one folder per job name under this."""
+
+LOCAL_JOB_ID = "local"
+
+_SignalHandler = Any  # what signal.signal returns: a callable, a Handlers value, or None
+
+
+class ControlChannel:
+    """Writes control messages as lines to the runner's pipe; safe from several threads.
+
+    If the runner has gone (broken pipe) the job keeps training: it warns once and drops
+    further messages, since checkpoints in the store are what a restart relies on.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+        self._lock = threading.Lock()
+        # Subprocesses the job starts must not hold the pipe open, or the runner would
+        # not see end-of-file when the job itself exits.
+        os.set_inheritable(fd, False)
+
+    def send(self, message: MetricsMessage | CheckpointMessage) -> None:
+        data = message.encode()
+        if len(data) > MAX_CONTROL_LINE_BYTES:
+            raise ValueError(f"control message is {len(data)} bytes, over the limit")
+        with self._lock:
+            if self._fd is None:
+                return
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self._fd, view) :]
+            except OSError as exc:
+                log.warning("control channel to the runner failed (%s); messages dropped", exc)
+                self._close_locked()
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            # OSError: already closed by someone else; there is nothing left to flush.
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class JobContext:
+    """One job's view of the platform. Create it with ``trainyard.sdk.init``."""
+
+    def __init__(
+        self,
+        *,
+        runtime: JobRuntimeEnv | None,
+        hyperparameters: Mapping[str, Any],
+        seed: int,
+        store: ObjectStore,
+        control: ControlChannel | None = None,
+    ) -> None:
+        self.runtime = runtime
+        """The platform's variables; ``None`` outside the platform."""
+        self._hyperparameters = dict(hyperparameters)
+        self._seed = seed
+        self._store = store
+        self._control = control
+        self._writer = CheckpointWriter(
+            store,
+            job_id=self.job_id,
+            attempt=self.attempt,
+            on_saved=self._checkpoint_saved,
+        )
+        self._stop_requested = False
+        self._stop_logged = False
+        self._previous_sigterm: _SignalHandler = None
+        self._handler_installed = False
+        self._closed = False
+
+    # --- identity and configuration ---------------------------------------------------
+
+    @property
+    def job_id(self) -> str:
+        return self.runtime.job_id if self.runtime else LOCAL_JOB_ID
+
+    @property
+    def attempt(self) -> int:
+        """The platform's attempt number; 0 outside the platform."""
+        return self.runtime.attempt if self.runtime else 0
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    @property
+    def hyperparameters(self) -> dict[str, Any]:
+        """A copy: the defaults given to ``init``, overridden by the platform's values."""
+        return dict(self._hyperparameters)
+
+    @property
+    def dataset(self) -> str | None:
+        return self.runtime.dataset if self.runtime else None
+
+    @property
+    def checkpoint_store(self) -> ObjectStore:
+        return self._store
+
+    @property
+    def checkpoint_uri(self) -> str:
+        return self._store.root_uri
+
+    def seed_everything(self) -> int:
+        """Seed Python's ``random``, NumPy and torch (CPU and CUDA) with ``seed``."""
+        random.seed(self._seed)
+        np.random.seed(self._seed % 2**32)  # NumPy accepts only 32-bit seeds
+        torch.manual_seed(self._seed)
+        return self._seed
+
+    # --- metrics ------------------------------------------------------------------------
+
+    def report_metrics(self, step: int, **metrics: SupportsFloat) -> None:
+        """Report metrics at ``step`` to the runner (outside the platform: print them).
+
+        Values are anything ``float()`` takes except text: Python and NumPy numbers, and
+        one-element tensors (which ``float()`` copies from the GPU).
+        """
+        values: dict[str, float] = {}
+        for name, value in metrics.items():
+            try:
+                if isinstance(value, str | bytes):
+                    raise TypeError  # float("0.5") works, but a string here is a bug
+                values[name] = float(value)
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"metric {name!r} must be a number, not {type(value).__name__}"
+                ) from None
+        message = MetricsMessage(step=step, metrics=values)
+        if self._control is not None:
+            self._control.send(message)
+        else:
+            shown = " ".join(f"{k}={v:.6g}" for k, v in values.items())
+            print(f"[trainyard] step {step}: {shown}", flush=True)
+
+    # --- checkpoints ------------------------------------------------------------------
+
+    def save_checkpoint(self, step: int, state: dict[str, Any]) -> None:
+        """Copy ``state`` to CPU memory now and upload it in the background.
+
+        Waits first for the previous upload (and raises ``CheckpointError`` if it failed),
+        so at most one checkpoint is in flight.
+        """
+        self._writer.save(step, state)
+
+    def wait_for_checkpoints(self) -> CheckpointRef | None:
+        """Block until the upload in flight is done; returns its reference, re-raises its
+        error as ``CheckpointError``."""
+        return self._writer.wait()
+
+    def restore_latest(self) -> tuple[int, dict[str, Any]] | None:
+        """``(step, state)`` of the newest checkpoint whose object matches its manifest."""
+        restored = restore_latest(self._store)
+        if restored is not None:
+            log.info("restored checkpoint of step %d from %s", restored[0], self.checkpoint_uri)
+        return restored
+
+    def _checkpoint_saved(self, ref: CheckpointRef) -> None:
+        if self._control is not None:
+            self._control.send(CheckpointMessage(checkpoint=ref))
+
+    # --- stopping -----------------------------------------------------------------------
+
+    def install_sigterm_handler(self) -> bool:
+        """Make SIGTERM set the ``should_stop`` flag; False if not on the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("trainyard.sdk.init() not called on the main thread: SIGTERM not handled")
+            return False
+        self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._handler_installed = True
+        return True
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        # Only set a flag: logging or I/O from a signal handler can deadlock or raise.
+        self._stop_requested = True
+
+    def should_stop(self) -> bool:
+        """True once SIGTERM arrived: checkpoint, then call ``exit_preempted()``."""
+        if self._stop_requested and not self._stop_logged:
+            self._stop_logged = True
+            log.warning("SIGTERM received: the job should checkpoint and exit")
+        return self._stop_requested
+
+    def exit_preempted(self) -> NoReturn:
+        """Wait for checkpoints, close, and exit with ``PREEMPTED_EXIT_CODE`` (75).
+
+        An upload that failed is logged, not raised: the job still stopped because it was
+        asked to, and the runner resumes it from the newest complete checkpoint.
+        """
+        try:
+            self.close()
+        except Exception:
+            log.exception("a checkpoint failed while stopping; resuming from an older one")
+        raise SystemExit(PREEMPTED_EXIT_CODE)
+
+    # --- lifetime -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Wait for checkpoint uploads (re-raising a failure), restore the SIGTERM
+        handler and close the control channel. Safe to call more than once."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._writer.close()
+        finally:
+            if self._handler_installed and threading.current_thread() is threading.main_thread():
+                # None: the old handler wasn't set from Python; the default is closest.
+                previous = self._previous_sigterm
+                signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+                self._handler_installed = False
+            if self._control is not None:
+                self._control.close()
+
+    def __enter__(self) -> JobContext:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.close()
+            return
+        # Don't let an upload error hide the exception that is already propagating.
+        try:
+            self.close()
+        except Exception:
+            log.exception("checkpoint upload failed while handling another error")
+
+
+def init(defaults: Mapping[str, Any] | None = None, *, name: str | None = None) -> JobContext:
+    """Create the job's context from the runner's environment, or local fallbacks.
+
+    ``defaults`` are the hyperparameters used when the platform gives none; the
+    platform's values override them key by key. ``defaults["seed"]`` is the local seed
+    (not a hyperparameter). ``name`` names the local checkpoint folder (default: the
+    script's file name).
+    """
+    hyperparameters = dict(defaults or {})
+    local_seed = int(hyperparameters.pop("seed", 0))
+    runtime = JobRuntimeEnv.from_env(os.environ)
+    if runtime is not None:
+        hyperparameters.update(runtime.hyperparameters)
+        seed, checkpoint_uri = runtime.seed, runtime.checkpoint_uri
+    else:
+        seed = local_seed
+        checkpoint_uri = f"{LOCAL_CHECKPOINT_ROOT}/{_safe_name(name or _script_name())}"
+    control = None
+    if runtime is not None and runtime.control_fd is not None:
+        control = ControlChannel(runtime.control_fd)
+    context = JobContext(
+        runtime=runtime,
+        hyperparameters=hyperparameters,
+        seed=seed,
+        store=open_store(checkpoint_uri),
+        control=control,
+    )
+    context.install_sigterm_handler()
+    return context
+
+
+def _script_name() -> str:
+    script = Path(sys.argv[0]) if sys.argv and sys.argv[0] not in ("", "-c") else None
+    if script is None:
+        return "job"
+    # ``python -m package`` runs package/__main__.py: the package is the better name.
+    return script.parent.name if script.stem == "__main__" else script.stem
+
+
+def _safe_name(name: str) -> str:
+    """A single, safe key segment: anything but letters, digits, ``._-`` becomes ``_``."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", name).strip(".") or "job"
+    return cleaned
