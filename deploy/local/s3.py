@@ -113,6 +113,9 @@ class S3Server:
             stdin=subprocess.DEVNULL,
             stdout=output,
             stderr=output,
+            # Own process group: a terminal Ctrl-C must not kill the object store while the
+            # services are still draining checkpoints into it; stop() ends it explicitly.
+            process_group=0,
         )
         self._process, self._port = process, port
         deadline = time.monotonic() + self._start_timeout_s

@@ -29,7 +29,9 @@ class EventParseError(ValueError):
 class Envelope(BaseModel, Generic[P]):
     """A CloudEvents 1.0 structured-mode event whose ``data`` is a typed payload."""
 
-    model_config = ConfigDict(frozen=True)
+    # NaN and infinity travel as JSON constants, not null: a diverging loss is a fact to
+    # report, and null would fail validation of every float field that carries it.
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="constants")
 
     specversion: Literal["1.0"] = "1.0"
     id: str = Field(default_factory=lambda: str(uuid.uuid4()))

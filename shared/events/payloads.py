@@ -18,7 +18,7 @@ HyperValue = float | int | str | bool
 class Payload(BaseModel):
     """Base of every event payload; subclasses set ``TYPE``."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", ser_json_inf_nan="constants")
     TYPE: ClassVar[str]
 
     @classmethod
@@ -29,7 +29,7 @@ class Payload(BaseModel):
 class JobSpec(BaseModel):
     """What a job asks for, as accepted by submission (the wire copy, not the HTTP schema)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="constants")
 
     name: str
     team: str
@@ -141,7 +141,7 @@ class RunnerHeartbeat(Payload):
 class Environment(BaseModel):
     """Where a job ran: interpreter, libraries, hardware."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="constants")
 
     python: str
     torch: str
@@ -178,7 +178,7 @@ class JobProgress(Payload):
 class CheckpointRef(BaseModel):
     """A complete checkpoint: its object, and the manifest written after it."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="constants")
 
     uri: str
     manifest_uri: str
@@ -238,7 +238,7 @@ class JobPreempted(Payload):
 class Lineage(BaseModel):
     """How a model version was made: everything needed to reproduce it."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="constants")
 
     job_id: str
     spec: JobSpec

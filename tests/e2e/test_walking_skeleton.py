@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -29,10 +31,15 @@ SERVICES = {"submission", "scheduler", "runner", "registry", "billing"}
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    data = tmp_path_factory.mktemp("stack")
-    with LocalStack(data, storage="s3", span_file=data / "spans.jsonl", runner_gpus=2) as running:
-        yield running
+def stack() -> Iterator[LocalStack]:
+    # Not pytest's tmp_path: another pytest run resets its base folder to mode 0700, which
+    # locks out PostgreSQL (it runs as its own system user when we are root).
+    data = Path(tempfile.mkdtemp(prefix="trainyard-e2e-"))
+    try:
+        with LocalStack(data, storage="s3", span_file=data / "spans.jsonl") as running:
+            yield running
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +72,10 @@ def test_checkpoint_in_s3_opens_with_plain_torch_load(
     s3 = stack.s3
     assert s3 is not None
     minio = Minio(s3.endpoint, s3.access_key, s3.secret_key, secure=False, region="us-east-1")
-    for checkpoint in (finished_job["checkpoints"][-1]["uri"], finished_job["model"]["artifact_uri"]):
+    for checkpoint in (
+        finished_job["checkpoints"][-1]["uri"],
+        finished_job["model"]["artifact_uri"],
+    ):
         bucket, _, key = checkpoint.removeprefix("s3://").partition("/")
         response = minio.get_object(bucket, key)
         try:

@@ -13,7 +13,9 @@ tuple order, give equal decisions):
 3. Otherwise it waits. The first waiting job of each queue and flavor may preempt (per
    ``preemption``): victims get a notice; the job starts in a later pass once they left. The
    first ``config.reservations`` capacity-blocked jobs of each flavor get a reservation that
-   later jobs may not delay.
+   later jobs may not delay. A job that has waited ``ageing_s`` for its queue's quota holds
+   that quota: later jobs of its queue and flavor wait behind it (no starvation by a stream
+   of smaller jobs).
 4. Every waiting job gets an ``Explanation``: its position among the waiting jobs of its
    queue (in the order above), a reason naming the blocking constraint and its holders, a
    suggestion when a smaller or shorter request would start now, and an estimated start.
@@ -30,7 +32,7 @@ import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from services.scheduler.policy import backfill, explain
+from services.scheduler.policy import backfill
 from services.scheduler.policy.fairshare import FairShare, queue_key
 from services.scheduler.policy.model import (
     DEFAULT_PRIORITY,
@@ -44,10 +46,11 @@ from services.scheduler.policy.model import (
     RunningJob,
     Snapshot,
 )
-from services.scheduler.policy.packing import FlavorPool, NodeSlot, Shape, job_shapes
-from services.scheduler.policy.preemption import candidates_for, select
+from services.scheduler.policy.packing import FlavorPool, NodeSlot, Shape
+from services.scheduler.policy.preemption import candidates_for, notice, select
 from services.scheduler.policy.quota import QuotaBook, Verdict
 from services.scheduler.policy.reasons import explain_all
+from services.scheduler.policy.validation import Invalid, usable_shapes, why_invalid
 
 HeapKey = tuple[int, float, float, int, str]
 
@@ -58,7 +61,7 @@ class Waiting:
 
     job: PendingJob
     kind: str
-    """invalid | quota | capacity | reserved | behind | preempting"""
+    """invalid | quota | held | capacity | reserved | behind | preempting"""
     position: int = 0
     text: str = ""
     """(invalid) the finished reason."""
@@ -70,6 +73,8 @@ class Waiting:
     shape: Shape = (1, 1)
     reservation: backfill.Reservation | None = None
     conflicts: list[backfill.Reservation] = field(default_factory=list)
+    holder: PendingJob | None = None
+    """(held) the starving job of the same queue and flavor that holds the quota."""
     victims: list[str] = field(default_factory=list)
     victim_kind: str = ""
     start: float | None = None
@@ -115,10 +120,9 @@ class PolicyState:
         self._positions: dict[str, int] = {}
         self._tried: set[tuple[str, str]] = set()
         self._claimed: set[str] = set()
+        self._holds: dict[tuple[str, str], PendingJob] = {}
         self._shape_cache: dict[tuple[str, int, int | None], tuple[Shape, ...]] = {}
-        self._invalid_cache: dict[
-            tuple[str, str, int, int | None], tuple[str, str, str | None] | None
-        ] = {}
+        self._invalid_cache: dict[tuple[str, str, int, int | None], Invalid | None] = {}
 
     # --- building ------------------------------------------------------------------------
 
@@ -158,32 +162,38 @@ class PolicyState:
                 self.decide(job)
                 continue
             queues.setdefault(job.queue, []).append(job)
-        heap: list[tuple[HeapKey, str]] = []
+        # Entries carry the number of placements made when their key was computed: keys only
+        # change when something is placed, so an entry from the same count is still exact.
+        heap: list[tuple[HeapKey, int, str]] = []
         cursor: dict[str, int] = {}
         for name, jobs in sorted(queues.items()):
             jobs.sort(
                 key=lambda j: queue_key(j.submitted_at, self.level(j), j.seq, j.job_id, ageing)
             )
             cursor[name] = 0
-            heap.append((self._standing(jobs[0], ageing), name))
+            heap.append((self._standing(jobs[0], ageing), 0, name))
         heapq.heapify(heap)
         while heap:
-            key, name = heapq.heappop(heap)
+            key, placed, name = heapq.heappop(heap)
             job = queues[name][cursor[name]]
-            fresh = self._standing(job, ageing)
-            if fresh != key and heap and fresh > heap[0][0]:
-                heapq.heappush(heap, (fresh, name))
-                continue
+            if placed != len(self.placements):
+                fresh = self._standing(job, ageing)
+                if fresh != key and heap and fresh > heap[0][0]:
+                    heapq.heappush(heap, (fresh, len(self.placements), name))
+                    continue
             self.decide(job)
             cursor[name] += 1
             if cursor[name] < len(queues[name]):
-                heapq.heappush(heap, (self._standing(queues[name][cursor[name]], ageing), name))
+                following = queues[name][cursor[name]]
+                heapq.heappush(
+                    heap, (self._standing(following, ageing), len(self.placements), name)
+                )
         return self.decisions()
 
     def _standing(self, job: PendingJob, ageing: float) -> HeapKey:
         queue = self.quota.queues[job.queue]
         tier = 0 if self.quota.within_nominal(job.queue, job.flavor, job.gpus) else 1
-        order = job.submitted_at / ageing - self.level(job)
+        order = job.submitted_at / ageing - self._level[self.priority(job.priority).value]
         return (tier, self.fair.share(queue) + order, job.submitted_at, job.seq, job.job_id)
 
     def decide(self, job: PendingJob, quick: bool = False) -> Placement | None:
@@ -200,6 +210,9 @@ class PolicyState:
         waiting: Waiting
         if not verdict.ok:
             waiting = Waiting(job, "quota", verdict=verdict, shape=shapes[0])
+        elif (job.queue, job.flavor) in self._holds:
+            holder = self._holds[(job.queue, job.flavor)]
+            waiting = Waiting(job, "held", verdict=verdict, shape=shapes[0], holder=holder)
         elif not self.config.backfill and self.reservations.get(job.flavor):
             first = self.reservations[job.flavor][0]
             waiting = Waiting(job, "behind", reservation=first, shape=shapes[0])
@@ -210,15 +223,24 @@ class PolicyState:
             waiting = Waiting(job, "capacity", verdict=verdict, shape=shapes[0])
             for shape in shapes:
                 nodes = pool.find(shape)
-                if nodes is not None:
-                    waiting.kind, waiting.shape = "reserved", shape
-                    waiting.conflicts = _conflicts(nodes, shape[1], end)
+                conflicts = _conflicts(nodes, shape[1], end) if nodes is not None else []
+                if conflicts:  # it fits now, but only on GPUs reserved for someone ahead
+                    waiting.kind, waiting.shape, waiting.conflicts = "reserved", shape, conflicts
                     break
         if quick:
             self._wait(waiting)
             return None
         if waiting.kind in ("quota", "capacity"):
             self._try_preempt(job, pool, shapes, waiting)
+        if (
+            waiting.kind == "quota"
+            and waiting.verdict is not None
+            and waiting.verdict.kind in ("nominal_full", "borrow_limit", "cohort_full")
+            and self.now - job.submitted_at >= self.config.ageing_s
+        ):
+            # A job starving for its queue's quota keeps later jobs of the queue from taking
+            # the quota it waits for; without this, a stream of small jobs could starve it.
+            self._holds.setdefault((job.queue, job.flavor), job)
         if waiting.kind in ("capacity", "reserved") and self.config.reservations > 0:
             taken = self.reservations.setdefault(job.flavor, [])
             if len(taken) < self.config.reservations:
@@ -235,68 +257,22 @@ class PolicyState:
         """Why ``job`` can never start as asked, or None (cached per kind of request)."""
         key = (job.queue, job.flavor, job.gpus, job.gpus_per_node)
         if key not in self._invalid_cache:
-            found = self._why_invalid(job)
-            self._invalid_cache[key] = (
-                None if found is None else (found.text, found.blocking, found.suggestion)
-            )
-        cached = self._invalid_cache[key]
-        if cached is None:
+            pool = self.pools.get(job.flavor)
+            shapes = self._shapes(job, pool) if pool is not None else ()
+            self._invalid_cache[key] = why_invalid(job, self.quota, self.pools, shapes)
+        found = self._invalid_cache[key]
+        if found is None:
             return None
-        text, blocking, suggestion = cached
-        return Waiting(job, "invalid", text=text, blocking=blocking, suggestion=suggestion)
-
-    def _why_invalid(self, job: PendingJob) -> Waiting | None:
-        if job.queue not in self.quota.queues:
-            return Waiting(
-                job, "invalid", text=explain.unknown_queue(job.queue), blocking=f"queue {job.queue}"
-            )
-        if job.gpus < 1:
-            return Waiting(
-                job,
-                "invalid",
-                text=explain.bad_request(job.gpus),
-                blocking="the request",
-                suggestion="ask for at least 1 GPU",
-            )
-        pool = self.pools.get(job.flavor)
-        if pool is None or pool.total == 0:
-            ready = [f for f, p in self.pools.items() if p.total]
-            hint = f"flavors with ready nodes: {', '.join(ready)}" if ready else None
-            return Waiting(
-                job,
-                "invalid",
-                text=explain.no_nodes(job.flavor),
-                blocking=f"{job.flavor} nodes",
-                suggestion=hint,
-            )
-        if not self._shapes(job, pool):
-            text = explain.no_shape(
-                job.gpus, job.flavor, job.gpus_per_node, pool.capacity, pool.total
-            )
-            fits = [
-                n
-                for n in range(job.gpus - 1, 0, -1)
-                if job_shapes(n, None, pool.capacity) and n <= pool.total
-            ]
-            hint = f"ask for {fits[0]} GPUs" if fits else None
-            return Waiting(job, "invalid", text=text, blocking="the request", suggestion=hint)
-        ceiling = self.quota.ceiling(job.queue, job.flavor)
-        if job.gpus > ceiling:
-            text = explain.quota_ceiling(job.queue, job.gpus, job.flavor, ceiling)
-            hint = f"ask for at most {ceiling} GPUs" if ceiling > 0 else None
-            return Waiting(
-                job, "invalid", text=text, blocking=f"queue {job.queue} quota", suggestion=hint
-            )
-        return None
+        return Waiting(
+            job, "invalid", text=found.reason, blocking=found.blocking, suggestion=found.suggestion
+        )
 
     def _shapes(self, job: PendingJob, pool: FlavorPool) -> tuple[Shape, ...]:
-        """The job's shapes that enough nodes of its flavor are big enough for (cached)."""
+        """The job's usable gang shapes (cached per flavor and request)."""
         key = (job.flavor, job.gpus, job.gpus_per_node)
         shapes = self._shape_cache.get(key)
         if shapes is None:
-            every = job_shapes(job.gpus, job.gpus_per_node, pool.capacity)
-            shapes = tuple(s for s in every if s[0] <= pool.count_nodes_with(s[1]))
-            self._shape_cache[key] = shapes
+            shapes = self._shape_cache[key] = usable_shapes(job, pool)
         return shapes
 
     def _find(
@@ -372,26 +348,15 @@ class PolicyState:
         if chosen is None:
             return
         ends = []
-        job_class = self.priority(job.priority)
         for c in chosen:
             self._claimed.add(c.job.job_id)
-            if c.kind is None:
+            if c.kind is None:  # already leaving: its notice ends on its own clock
                 assert c.job.notice_at is not None
                 ends.append(c.job.notice_at + self.config.grace_s)
                 continue
             ends.append(self.now + self.config.grace_s)
-            victim_class = self.priority(c.job.priority)
-            if c.kind == "priority":
-                detail = (
-                    f"priority {job_class.name} outranks {victim_class.name} in queue {job.queue}"
-                )
-            else:
-                detail = f"queue {c.job.queue} borrows {job.flavor} quota that {job.queue} needs"
-            self.preemptions.append(
-                Preemption(
-                    c.job.job_id, job.job_id, c.kind, explain.victim(job.job_id, c.kind, detail)
-                )
-            )
+            reason = notice(job, self.priority(job.priority), c, self.priority(c.job.priority))
+            self.preemptions.append(Preemption(c.job.job_id, job.job_id, c.kind, reason))
             self.leaving.setdefault(job.flavor, []).append(c.job)
         kinds = {c.kind for c in chosen}
         waiting.kind = "preempting"

@@ -128,6 +128,9 @@ def capacity(
     where: str,
     holders: Sequence[str],
 ) -> str:
+    if largest == 0:
+        held = f"; they are held by {names(holders)}" if holders else ""
+        return f"needs {gpus(job_gpus, flavor)} {layout(*shape)}; no {flavor} GPU is free{held}"
     held = f"; the rest is held by {names(holders)}" if holders else ""
     at = f" on {where}" if where else ""
     return (
@@ -140,6 +143,13 @@ def reserved_for(flavor: str, holders: Sequence[str]) -> str:
     return (
         f"the free {flavor} GPUs it fits on are reserved for {names(holders)} (ahead in line), "
         f"and it would still be running when they start"
+    )
+
+
+def held(job_id: str, queue: str, flavor: str, waited: str) -> str:
+    return (
+        f"waits behind job {job_id}, which has waited {waited} for queue {queue}'s {flavor} "
+        f"quota and goes first when it frees up"
     )
 
 

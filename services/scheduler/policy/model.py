@@ -150,8 +150,10 @@ class PolicyConfig:
     half_life_s: float = 7 * 24 * 3600.0
     """Half-life of past usage in fair share (Slurm's default is 7 days)."""
     ageing_s: float = 3600.0
-    """Waiting this long counts as much as a whole fair-share step (a team using its entire
-    fair share); after ``ageing_s * 8`` any job outranks every younger one of equal priority."""
+    """Every ``ageing_s`` of waiting lifts a job by one priority level in the order of its
+    queue and by one whole fair share (a team using exactly its weighted share of its cohort)
+    across queues, so no job starves. A job that has waited this long for its queue's quota
+    holds that quota against later jobs of its queue and flavor."""
     fair_share: bool = True
     """Order teams of a cohort by weighted decayed usage (else by submit time only)."""
     backfill: bool = True

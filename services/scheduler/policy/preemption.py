@@ -24,7 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from services.scheduler.policy.model import PreemptionKind, PriorityClass, RunningJob
+from services.scheduler.policy import explain
+from services.scheduler.policy.model import PendingJob, PreemptionKind, PriorityClass, RunningJob
 from services.scheduler.policy.packing import FlavorPool, Shape
 from services.scheduler.policy.quota import QuotaBook
 
@@ -166,3 +167,14 @@ def candidates_for(
                     key = victim_key(job, cls.value, now, oversize=job.gpus > borrowed)
                     found.append(Candidate(job, "reclaim", key))
     return found, reclaimable
+
+
+def notice(
+    job: PendingJob, job_class: PriorityClass, victim: Candidate, victim_class: PriorityClass
+) -> str:
+    """The reason a victim is told: for whom, and which rule allowed it."""
+    if victim.kind == "priority":
+        detail = f"priority {job_class.name} outranks {victim_class.name} in queue {job.queue}"
+        return explain.victim(job.job_id, "priority", detail)
+    detail = f"queue {victim.job.queue} borrows {job.flavor} quota that {job.queue} needs"
+    return explain.victim(job.job_id, "reclaim", detail)

@@ -47,6 +47,7 @@ class _Explainer:
         self._capacity: dict[tuple[str, Shape], tuple[int, str, list[str]]] = {}
         self._headroom: dict[tuple[str, str], int] = {}
         self._hints: dict[tuple[str, str, int], str | None] = {}
+        self._borrowing: dict[tuple[str, str], list[tuple[str, int]]] = {}
         self._quota: dict[tuple[str, str, int], tuple[str, str, float | None]] = {}
         self._timelines: dict[tuple[tuple[str, ...], str, bool], _Timeline] = {}
 
@@ -67,12 +68,20 @@ class _Explainer:
             return Explanation(w.position, text, ", ".join(w.victims), None, w.start)
         if w.kind == "quota":
             return self.quota(w)
+        if w.kind == "held":
+            assert w.holder is not None
+            holder = w.holder
+            waited = explain.duration(self.now - holder.submitted_at)
+            text = explain.held(holder.job_id, job.queue, job.flavor, waited)
+            cached = self._quota.get((holder.queue, holder.flavor, holder.gpus))
+            start = cached[2] if cached is not None else None
+            return Explanation(w.position, text, holder.job_id, None, start)
         start = self.fluid(job)
         if w.reservation is not None and w.reservation.job_id == job.job_id:
             start = w.reservation.start
         if w.kind == "reserved":
             holders = [f"job {r.job_id}" for r in w.conflicts]
-            text = explain.reserved_for(job.flavor, holders)
+            text = f"{explain.reserved_for(job.flavor, holders)}; {explain.eta(start, self.now)}"
             first = min((r.start for r in w.conflicts), default=self.now)
             hint = explain.shorter_runtime(first - self.now) if first > self.now else None
             blocking = ", ".join(r.job_id for r in w.conflicts)
@@ -83,7 +92,7 @@ class _Explainer:
             return Explanation(w.position, text, w.reservation.job_id, None, start)
         largest, where, holders = self.capacity(job.flavor, w.shape)
         text = explain.capacity(job.gpus, job.flavor, w.shape, largest, where, holders)
-        blocking = ", ".join(h.split(" ", 1)[0] for h in holders) or f"{job.flavor} nodes"
+        blocking = _ids([h.split(" ", 1)[0] for h in holders]) or f"{job.flavor} nodes"
         text = f"{text}; {explain.eta(start, self.now)}"
         return Explanation(w.position, text, blocking, self.fewer(job), start)
 
@@ -121,7 +130,7 @@ class _Explainer:
             blocking = _ids(sorted(j for _, _, j in holding)) or f"queue {job.queue} quota"
             return text, blocking, start
         assert queue.cohort is not None
-        borrowers = q.borrowers(queue.cohort, job.flavor, exclude=job.queue)
+        borrowers = [b for b in self._borrowers(queue.cohort, job.flavor) if b[0] != job.queue]
         teams = [(q.queues[name].team, n) for name, n in borrowers]
         if verdict.kind == "reclaim":
             blocking = _ids([name for name, _ in borrowers]) or f"cohort {queue.cohort}"
@@ -148,6 +157,12 @@ class _Explainer:
         start = self._released(tuple(q.members[queue.cohort]), job.flavor, verdict.excess)
         text = f"{text}; {explain.eta(start, self.now)}"
         return text, blocking, start
+
+    def _borrowers(self, cohort: str, flavor: str) -> list[tuple[str, int]]:
+        key = (cohort, flavor)
+        if key not in self._borrowing:
+            self._borrowing[key] = self.state.quota.borrowers(cohort, flavor)
+        return self._borrowing[key]
 
     def _released(self, queues: tuple[str, ...], flavor: str, gpus: int) -> float | None:
         """When ``gpus`` held by ``queues`` will have reached their declared ends."""

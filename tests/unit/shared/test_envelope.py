@@ -81,3 +81,19 @@ def test_every_type_is_versioned() -> None:
     assert all(
         t.startswith("trainyard.") and t.rsplit(".", 1)[1].startswith("v") for t in EVENT_TYPES
     )
+
+
+def test_non_finite_metrics_survive_the_wire() -> None:
+    from shared.events.payloads import JobProgress
+
+    env = Envelope.wrap(
+        JobProgress(
+            job_id="j", allocation_id="a", step=3, metrics={"loss": float("nan"), "x": float("inf")}
+        ),
+        source="s",
+        subject="j",
+    )
+    parsed = parse_envelope(env.to_json())
+    assert isinstance(parsed.data, JobProgress)
+    loss = parsed.data.metrics["loss"]
+    assert loss != loss and parsed.data.metrics["x"] == float("inf")

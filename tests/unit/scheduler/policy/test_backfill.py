@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from services.scheduler.policy import schedule
-from services.scheduler.policy.model import PolicyConfig
+from services.scheduler.policy.model import Node, PendingJob, PolicyConfig, RunningJob
 
 from .builders import HOUR, NOW, node, pending, queue, running, snap
 
 QUEUES = (queue("a", nominal=100), queue("b", nominal=100))
 
 
-def blocked_head() -> tuple:
+def blocked_head() -> tuple[tuple[Node, ...], tuple[RunningJob, ...], PendingJob]:
     """n1 busy for another hour, n2 half busy for 10 min; a 16-GPU head waits for both."""
     nodes = (node("n1"), node("n2"))
     run = (
@@ -44,6 +44,7 @@ def test_long_job_must_not_delay_the_head() -> None:
     assert d.placements == ()
     e = d.explanations["too-long"]
     assert e.reason.startswith("the free a100 GPUs it fits on are reserved for job head")
+    assert "; expected start in ~" in e.reason
     assert e.blocking == "head"
     assert e.suggestion == "a declared max runtime under 1.0 h would let it start now"
 

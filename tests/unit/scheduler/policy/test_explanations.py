@@ -84,3 +84,13 @@ def test_text_helpers() -> None:
         "~1.5 h",
         "~3.0 d",
     ]
+
+
+def test_nothing_free_names_the_holders() -> None:
+    nodes = (node("n1", 4),)
+    run = (running("r", "a", {"n1": 4}, started=NOW, runtime=HOUR),)
+    d = schedule(snap(nodes, (queue("a", 100),), (pending("j", "a", 2),), run))
+    assert d.explanations["j"].reason == (
+        "needs 2 a100 GPUs on one node; no a100 GPU is free; they are held by r (team-a); "
+        "expected start in ~1.0 h"
+    )

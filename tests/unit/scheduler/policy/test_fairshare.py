@@ -8,7 +8,7 @@ from services.scheduler.policy import decay_usage, schedule
 from services.scheduler.policy.fairshare import charge
 from services.scheduler.policy.model import PolicyConfig
 
-from .builders import HOUR, NOW, node, pending, queue, snap
+from .builders import HOUR, NOW, node, pending, queue, running, snap
 
 DAY = 24 * HOUR
 COHORT = (queue("a", nominal=4, cohort="c"), queue("b", nominal=4, cohort="c"))
@@ -102,3 +102,21 @@ def test_no_job_starves_under_a_stream_of_higher_priority_work() -> None:
             assert hour <= 4
             return
     pytest.fail("the low-priority job starved")
+
+
+def test_a_job_starving_for_quota_keeps_later_small_jobs_from_taking_it() -> None:
+    run = (running("r", "a", {"n1": 6}, started=NOW - HOUR, runtime=2 * HOUR),)
+    big = pending("big", "a", 4, at=NOW - 2 * HOUR)  # waited past ageing_s (1 h)
+    small = pending("small", "a", 2, at=NOW - 60, seq=1)
+    d = schedule(snap((node("n1"),), (queue("a", 8),), (big, small), run))
+    assert d.placements == ()
+    e = d.explanations["small"]
+    assert e.reason == (
+        "waits behind job big, which has waited ~2.0 h for queue a's a100 quota and goes "
+        "first when it frees up"
+    )
+    assert e.blocking == "big"
+    assert e.estimated_start == NOW + HOUR
+    fresh = pending("big", "a", 4, at=NOW - 600)  # not starving yet: the small job backfills
+    d = schedule(snap((node("n1"),), (queue("a", 8),), (fresh, small), run))
+    assert [p.job_id for p in d.placements] == ["small"]

@@ -27,7 +27,9 @@ BIG = (queue("a", nominal=1000),)
         (0, None, 8, ()),
     ],
 )
-def test_job_shapes(gpus: int, per_node: int | None, capacity: int, shapes: tuple) -> None:
+def test_job_shapes(
+    gpus: int, per_node: int | None, capacity: int, shapes: tuple[tuple[int, int], ...]
+) -> None:
     assert job_shapes(gpus, per_node, capacity) == shapes
 
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from services.scheduler.policy import schedule
-from services.scheduler.policy.model import PolicyConfig
+from services.scheduler.policy.model import Node, PolicyConfig, RunningJob
 
 from .builders import HOUR, NOW, node, pending, queue, running, snap
 
 COHORT = (queue("a", nominal=8, cohort="c"), queue("b", nominal=8, cohort="c"))
 
 
-def borrowed_cluster(started: float = NOW - HOUR, priority: str = "normal") -> tuple:
+def borrowed_cluster(
+    started: float = NOW - HOUR, priority: str = "normal"
+) -> tuple[tuple[Node, ...], tuple[RunningJob, ...]]:
     """b uses its own node and 6 GPUs of a's quota on n2 in three jobs."""
     nodes = (node("n1"), node("n2"))
     run = (
@@ -98,12 +100,17 @@ def test_preemption_can_be_switched_off() -> None:
 def test_victims_lose_least_work_first() -> None:
     nodes = (node("n1", 4),)
     queues = (queue("a", 4),)
-    base = dict(priority="low", started=NOW - 5 * HOUR)
+
+    def low(job_id: str, checkpoint: float | None) -> RunningJob:
+        return running(
+            job_id, "a", {"n1": 1}, priority="low", started=NOW - 5 * HOUR, checkpoint=checkpoint
+        )
+
     run = (
-        running("stale-ckpt", "a", {"n1": 1}, checkpoint=NOW - 3600, **base),
-        running("fresh-ckpt", "a", {"n1": 1}, checkpoint=NOW - 60, **base),
-        running("no-ckpt", "a", {"n1": 1}, **base),
-        running("older-fresh", "a", {"n1": 1}, checkpoint=NOW - 70, **base),
+        low("stale-ckpt", NOW - 3600),
+        low("fresh-ckpt", NOW - 60),
+        low("no-ckpt", None),
+        low("older-fresh", NOW - 70),
     )
     d = schedule(snap(nodes, queues, (pending("hi", "a", 1, priority="high"),), run))
     # fresh-ckpt and older-fresh lost 1 whole minute each; the younger of the two goes.

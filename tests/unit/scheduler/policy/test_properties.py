@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from services.scheduler.policy import schedule
@@ -32,6 +33,7 @@ from services.scheduler.policy.quota import QuotaBook
 from .builders import CLASSES
 
 FLAVORS = ("a100", "h100")
+T = TypeVar("T")
 
 
 @dataclass
@@ -133,7 +135,7 @@ def check_pass(snapshot: Snapshot, decisions: Decisions) -> None:
 
 
 def shuffled(snapshot: Snapshot, rng: random.Random) -> Snapshot:
-    def mix(items: tuple) -> tuple:  # type: ignore[type-arg]
+    def mix(items: tuple[T, ...]) -> tuple[T, ...]:
         return tuple(rng.sample(items, len(items)))
 
     return replace(
@@ -174,7 +176,7 @@ def test_passes_over_a_job_stream_keep_every_invariant(
         while arrivals and arrivals[0].submitted_at <= now:
             job = arrivals.pop(0)
             waiting[job.job_id] = job
-        used = {n.node_id: {} for n in world.nodes}  # type: dict[str, dict[int, str]]
+        used: dict[str, dict[int, str]] = {n.node_id: {} for n in world.nodes}
         for r in running.values():
             for node_id, ix in r.placement.items():
                 for i in ix:
@@ -190,6 +192,17 @@ def test_passes_over_a_job_stream_keep_every_invariant(
         )
         decisions = schedule(snapshot, config)
         check_pass(snapshot, decisions)
+        for what, happened in (
+            ("a pass placed jobs", decisions.placements),
+            ("a pass preempted", decisions.preemptions),
+            (
+                "a pass placed a multi-node gang",
+                [p for p in decisions.placements if len(p.gpus) > 1],
+            ),
+            ("a pass borrowed quota", [p for p in decisions.placements if p.borrowed]),
+        ):
+            if happened:
+                event(what)
         assert schedule(shuffled(snapshot, rng), config) == decisions, "deterministic"
         for p in decisions.placements:
             job = waiting.pop(p.job_id)
