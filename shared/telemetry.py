@@ -41,12 +41,17 @@ def setup_tracing(service_name: str, settings: TelemetrySettings) -> TracerProvi
     exporters are added to it instead: OpenTelemetry allows one global provider per process.
     """
     current = trace.get_tracer_provider()
-    installed = isinstance(current, TracerProvider)
-    provider = (
-        current
-        if isinstance(current, TracerProvider)
-        else TracerProvider(resource=Resource.create({"service.name": service_name}))
-    )
+    if isinstance(current, TracerProvider):
+        add_exporters(current, settings)
+        return current
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    add_exporters(provider, settings)
+    trace.set_tracer_provider(provider)
+    return provider
+
+
+def add_exporters(provider: TracerProvider, settings: TelemetrySettings) -> None:
+    """Attach the exporters ``settings`` ask for (OTLP/HTTP, JSON-lines file) to ``provider``."""
     if settings.otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -56,9 +61,6 @@ def setup_tracing(service_name: str, settings: TelemetrySettings) -> TracerProvi
         # Simple (synchronous) processor: a span is on disk as soon as it ends, so tests
         # can read it without waiting for a batch flush.
         provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(settings.span_file)))
-    if not installed:
-        trace.set_tracer_provider(provider)
-    return provider
 
 
 def tracer(name: str) -> trace.Tracer:

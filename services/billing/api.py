@@ -7,37 +7,18 @@ teams without ``team``). It is an operator endpoint (see ``schemas``); when the
 
 from __future__ import annotations
 
-import secrets
-from typing import Annotated, Any
+from typing import Annotated
 
 import asyncpg
 from litestar import Litestar, get
-from litestar.connection import ASGIConnection
-from litestar.exceptions import NotAuthorizedException
-from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
+from litestar.handlers import HTTPRouteHandler
 from litestar.params import QueryParameter
-from litestar.types import Guard
 from pydantic import SecretStr
 
 from services.billing import repository as repo
 from services.billing.schemas import UsageSummary, usage_summary
-from shared.auth import bearer_token
 from shared.http_tracing import tracing_middleware
-
-
-def admin_guard(token: SecretStr | None) -> Guard:
-    """A Litestar guard that checks the admin bearer token (a no-op when none is set)."""
-
-    def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-        if token is None:
-            return
-        presented = bearer_token(connection.headers.get("authorization"))
-        if presented is None or not secrets.compare_digest(
-            presented.encode(), token.get_secret_value().encode()
-        ):
-            raise NotAuthorizedException("operator endpoint: Authorization: Bearer <admin token>")
-
-    return guard
+from shared.operator_auth import admin_guard
 
 
 def create_app(

@@ -11,37 +11,17 @@ without it they must not be exposed beyond the operators' network.
 
 from __future__ import annotations
 
-import secrets
-from typing import Any
-
 import asyncpg
 from litestar import Litestar, get
-from litestar.connection import ASGIConnection
-from litestar.exceptions import NotAuthorizedException, NotFoundException
-from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
+from litestar.exceptions import NotFoundException
+from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath
-from litestar.types import Guard
 from pydantic import SecretStr
 
 from services.registry import repository as repo
 from services.registry.schemas import VersionDetail, VersionList, VersionSummary
-from shared.auth import bearer_token
 from shared.http_tracing import tracing_middleware
-
-
-def admin_guard(token: SecretStr | None) -> Guard:
-    """A Litestar guard that checks the admin bearer token (a no-op when none is set)."""
-
-    def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-        if token is None:
-            return
-        presented = bearer_token(connection.headers.get("authorization"))
-        if presented is None or not secrets.compare_digest(
-            presented.encode(), token.get_secret_value().encode()
-        ):
-            raise NotAuthorizedException("operator endpoint: Authorization: Bearer <admin token>")
-
-    return guard
+from shared.operator_auth import admin_guard
 
 
 def create_app(
