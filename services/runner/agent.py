@@ -280,6 +280,7 @@ class NodeAgent:
                 gpu_names=list(self.gpus.names),
                 running_allocations=self.running_allocations(),
                 sent_at=sent_at,
+                topology=self.settings.topology,
             )
             envelope: Envelope[Payload] = Envelope.wrap(
                 beat,

@@ -39,6 +39,9 @@ class Settings(ServiceSettings):
     """This node's id, the routing key of its allocations (default: the sanitised host name)."""
     gpu_flavor: str = Field(default="cpu", pattern=r"^[a-z0-9][a-z0-9-]*$")
     """The GPU flavor this node offers (``h200``, ``a100``, ...; ``cpu`` for development)."""
+    topology: str = Field(default="default", pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
+    """This node's topology domain (NVLink domain, rack, ...), sent in every heartbeat: the
+    scheduler keeps the nodes of a multi-node job in one domain when it can."""
     virtual_gpus: int | None = Field(default=None, ge=0)
     """Offer this many virtual GPUs (``virtual-cpu-<i>``; jobs run on CPU) instead of
     discovering real ones. Unset: discover with NVML, else torch."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from shared.settings import ServiceSettings
@@ -14,7 +14,7 @@ class Settings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="TRAINYARD_SCHEDULER_")
 
     port: int = 8081
-    """Port of the HTTP server (health, readiness, ``GET /v1/queue``)."""
+    """Port of the HTTP server (health, readiness, ``GET /v1/queue``, ``/v1/admin/...``)."""
     node_check_interval_seconds: float = Field(default=2.0, gt=0)
     """How often nodes are checked for missed heartbeats."""
     node_timeout_seconds: float = Field(default=15.0, gt=0)
@@ -23,6 +23,41 @@ class Settings(ServiceSettings):
     long, so a restarted scheduler does not mistake its own downtime for dead nodes."""
     revoke_grace_seconds: float = Field(default=30.0, ge=0)
     """Time a runner gets to checkpoint and stop a job whose allocation is revoked (cancel)."""
+    preemption_grace_seconds: float = Field(default=300.0, ge=0)
+    """Time a preempted job gets to checkpoint and stop after its notice; then its GPUs are
+    revoked by force (lease released, job requeued, the old runner fenced)."""
+    pass_interval_seconds: float = Field(default=5.0, gt=0)
+    """A scheduling pass runs after every change of supply or demand, and at least this often
+    (ageing, estimates, forced releases after the preemption grace)."""
+    fair_share_half_life_seconds: float = Field(default=7 * 24 * 3600.0, gt=0)
+    """Half-life of a team's past GPU-seconds in fair share (Slurm's default: 7 days)."""
+    ageing_seconds: float = Field(default=3600.0, gt=0)
+    """Every this long of waiting lifts a job by one priority level and one fair share."""
+    backfill: bool = True
+    """Let smaller, shorter jobs start ahead of blocked ones when they cannot delay them."""
+    preemption: bool = True
+    """Priority preemption within a queue and reclaim of lent quota across a cohort."""
+    reservations: int = Field(default=8, ge=0)
+    """Blocked jobs per flavor that get a reservation backfill must not delay."""
+    leader_retry_seconds: float = Field(default=1.0, gt=0)
+    """How often a follower tries to take the leader lock."""
+    leader_check_seconds: float = Field(default=1.0, gt=0)
+    """How often the leader checks its lock connection; a failed check ends its leadership."""
+    leader_session_timeout_seconds: float = Field(default=10.0, ge=0)
+    """Postgres ends the leader's lock session after this long without a query from it (a
+    hung or partitioned leader), freeing the lock for a follower; 0 disables (PostgreSQL
+    14+ only)."""
     admin_token: SecretStr | None = None
-    """When set, ``GET /v1/queue`` requires ``Authorization: Bearer <admin_token>``. The queue
-    view is an operator endpoint (job ids, team names, node names): never expose it publicly."""
+    """When set, ``GET /v1/queue`` and every ``/v1/admin/...`` route require
+    ``Authorization: Bearer <admin_token>``. Set it in production: without it anyone who
+    reaches the port can read the whole cluster's queue and change quotas."""
+
+    @model_validator(mode="after")
+    def _lock_session_stays_busy(self) -> Settings:
+        timeout = self.leader_session_timeout_seconds
+        if timeout and max(self.leader_check_seconds, self.leader_retry_seconds) >= timeout:
+            raise ValueError(
+                "leader_session_timeout_seconds must exceed leader_check_seconds and "
+                "leader_retry_seconds, or Postgres ends a healthy leader's lock session"
+            )
+        return self

@@ -5,8 +5,9 @@ Contract:
 - Every status change goes through ``JobStatus.check`` / ``AllocationStatus.check``; a change
   outside the transition table raises ``IllegalTransition`` and is never written.
 - ``fence`` decides whether a runner's event about an allocation still applies: only when it
-  names the job's live allocation *and* that allocation's epoch. Anything else is stale (a
-  runner that was fenced off, a redelivery after the lease ended) and must be ignored.
+  names one of the job's live allocations (a gang has one per node) *and* that allocation's
+  epoch. Anything else is stale (a runner that was fenced off, a redelivery after the lease
+  ended) and must be ignored.
 - ``allocation_ended`` maps how an allocation ended, and the job's state, to the job's next
   state and the outcome billed for the allocation.
 """
@@ -14,7 +15,7 @@ Contract:
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -117,6 +118,10 @@ class Job:
     submitted_at: datetime
     pending_reason: str | None
     pending_position: int | None
+    queue: str = ""
+    """The team's queue (``default:<team>`` until an operator defines one)."""
+    trace_context: Mapping[str, str] | None = None
+    """W3C trace headers of the job's submission (its events join that trace)."""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:
@@ -130,6 +135,8 @@ class Job:
             submitted_at=row["submitted_at"],
             pending_reason=row["pending_reason"],
             pending_position=row["pending_position"],
+            queue=row["queue"],
+            trace_context=row["trace_context"],
         )
 
 
@@ -145,6 +152,12 @@ class Allocation:
     gpu_indices: tuple[int, ...]
     status: AllocationStatus
     granted_at: datetime
+    gang_id: str = ""
+    """Shared by the allocations of one placement of a job on several nodes ('' = its own)."""
+    gang_size: int = 1
+    borrowed: bool = False
+    notice_at: datetime | None = None
+    """When a preemption notice was sent; None without one."""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Allocation:
@@ -157,6 +170,10 @@ class Allocation:
             gpu_indices=tuple(row["gpu_indices"]),
             status=AllocationStatus(row["status"]),
             granted_at=row["granted_at"],
+            gang_id=str(row["gang_id"]),
+            gang_size=row["gang_size"],
+            borrowed=row["borrowed"],
+            notice_at=row["notice_at"],
         )
 
     @property
@@ -173,15 +190,21 @@ class LiveAllocation:
     epoch: int
 
 
-def fence(live: LiveAllocation | None, allocation_id: str, epoch: int) -> str | None:
-    """None when an event about ``allocation_id``/``epoch`` applies; otherwise why it is stale."""
-    if live is None:
+def fence(
+    live: LiveAllocation | Sequence[LiveAllocation] | None, allocation_id: str, epoch: int
+) -> str | None:
+    """None when an event about ``allocation_id``/``epoch`` applies to one of the job's live
+    allocations (``live``: the one, or all of a gang's); otherwise why it is stale."""
+    lives = [] if live is None else [live] if isinstance(live, LiveAllocation) else list(live)
+    if not lives:
         return "the job holds no live allocation"
-    if live.allocation_id != allocation_id:
-        return f"allocation {allocation_id} is not the live one ({live.allocation_id})"
-    if live.epoch != epoch:
-        return f"epoch {epoch} is stale (live epoch {live.epoch})"
-    return None
+    for one in lives:
+        if one.allocation_id == allocation_id:
+            if one.epoch != epoch:
+                return f"epoch {epoch} is stale (live epoch {one.epoch})"
+            return None
+    names = ", ".join(one.allocation_id for one in lives)
+    return f"allocation {allocation_id} is not the live one ({names})"
 
 
 @dataclass(frozen=True)

@@ -1,27 +1,36 @@
 """Event handlers of the scheduler: one ``dispatch`` for every event it consumes.
 
 Each handler runs inside the transaction opened by ``shared.inbox.idempotent`` (so a
-redelivered event does nothing) and under the scheduling lock (so replicas never interleave).
+redelivered event does nothing), under the scheduling lock (so replicas never interleave),
+and after the leader check (``guard``: a scheduler that is no longer the leader fails the
+transaction, and the event is redelivered to the new leader). Two events skip the lock: a
+heartbeat that changes no supply (it only moves the node's last heartbeat) and a submission
+(it only adds a QUEUED row, which the next pass takes).
+
 Events about allocations are fenced by allocation id and epoch; a stale or out-of-order
 event is logged and ignored, never applied. An event that can never apply is rejected to the
-dead-letter stream.
+dead-letter stream. A change of supply or demand asks for a scheduling pass (``poke``),
+which runs in its own transaction right after this one commits.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 import asyncpg
 
 from services.scheduler import repository as repo
-from services.scheduler.domain import AllocationStatus, EndKind, JobStatus, NodeStatus, fence
-from services.scheduler.scheduling import Clock, emit, end_allocation, run_pass, utc_now
+from services.scheduler.domain import AllocationStatus, EndKind, JobStatus, fence
+from services.scheduler.leases import end_gang
+from services.scheduler.scheduling import Clock, Tuning, emit, utc_now
 from shared.bus import Reject
 from shared.events import Envelope, Payload
 from shared.events.payloads import (
     AllocationRevoked,
+    CheckpointSaved,
     JobCancelled,
     JobCancelRequested,
     JobFailed,
@@ -34,26 +43,58 @@ from shared.events.payloads import (
 
 log = logging.getLogger(__name__)
 
+Guard = Callable[[asyncpg.Connection], Awaitable[None]]
+"""Raises unless this process may change the scheduler's state (the leader check)."""
+
+
+async def no_guard(_: asyncpg.Connection) -> None:
+    return None
+
 
 class SchedulerHandlers:
     """The scheduler's event handling; ``dispatch`` is the transactional handler."""
 
-    def __init__(self, revoke_grace_seconds: float = 30.0, clock: Clock = utc_now) -> None:
-        self._grace = revoke_grace_seconds
+    def __init__(
+        self,
+        revoke_grace_seconds: float | None = None,
+        clock: Clock = utc_now,
+        *,
+        tuning: Tuning | None = None,
+        guard: Guard = no_guard,
+        poke: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._tuning = tuning or Tuning()
+        if revoke_grace_seconds is not None:
+            self._tuning = Tuning(self._tuning.policy, revoke_grace_seconds)
         self._clock = clock
+        self._guard = guard
+        self._poke = poke
+
+    @property
+    def tuning(self) -> Tuning:
+        return self._tuning
 
     async def dispatch(self, envelope: Envelope[Payload], conn: asyncpg.Connection) -> None:
-        await repo.lock_scheduler(conn)
         now = self._clock()
+        if isinstance(envelope.data, RunnerHeartbeat):
+            await self.on_heartbeat(conn, envelope.data, now)
+            return
+        if isinstance(envelope.data, JobSubmitted):
+            # A new QUEUED row changes nothing a running pass holds, so arrivals don't wait
+            # for the pass lock (a pass can take most of a second on a big cluster); the
+            # pass loop picks them up. Queue renames reach them through ON UPDATE CASCADE.
+            await self._guard(conn)
+            await self.on_submitted(conn, envelope.data, now)
+            return
+        await repo.lock_scheduler(conn)
+        await self._guard(conn)
         match envelope.data:
-            case RunnerHeartbeat() as heartbeat:
-                await self.on_heartbeat(conn, heartbeat, now)
-            case JobSubmitted() as submitted:
-                await self.on_submitted(conn, submitted, now)
             case JobCancelRequested() as cancel:
                 await self.on_cancel_requested(conn, cancel, now)
             case JobStarted() as started:
                 await self.on_started(conn, started, now)
+            case CheckpointSaved() as saved:
+                await self.on_checkpoint(conn, saved)
             case JobSucceeded() as ended:
                 await self.on_ended(conn, ended, "succeeded", now)
             case JobFailed() as ended:
@@ -68,30 +109,22 @@ class SchedulerHandlers:
     ) -> None:
         if heartbeat.gpu_count < 0:
             raise Reject(f"gpu_count: must be >= 0, got {heartbeat.gpu_count}")
-        old = await repo.node_for_update(conn, heartbeat.node_id)
-        await repo.upsert_node(
-            conn,
-            heartbeat.node_id,
-            heartbeat.hostname,
-            heartbeat.gpu_flavor,
-            heartbeat.gpu_count,
-            now,
-        )
-        await self._fence_strays(conn, heartbeat)
-        supply_changed = (
-            old is None
-            or old["status"] != NodeStatus.READY
-            or old["gpu_count"] != heartbeat.gpu_count
-            or old["gpu_flavor"] != heartbeat.gpu_flavor
-        )
-        if supply_changed:
+        await self._guard(conn)
+        report = (heartbeat.hostname, heartbeat.gpu_flavor, heartbeat.gpu_count)
+        if not await repo.touch_node(conn, heartbeat.node_id, *report, heartbeat.topology, now):
+            # New supply (a new node, a lost one back, other GPUs): under the lock, then a pass.
+            await repo.lock_scheduler(conn)
+            await self._guard(conn)
+            await repo.upsert_node(conn, heartbeat.node_id, *report, now, heartbeat.topology)
             log.info(
-                "node %s ready: %d %s GPUs",
+                "node %s ready: %d %s GPUs (topology %s)",
                 heartbeat.node_id,
                 heartbeat.gpu_count,
                 heartbeat.gpu_flavor,
+                heartbeat.topology,
             )
-            await run_pass(conn, now)
+            self._poke()
+        await self._fence_strays(conn, heartbeat)
 
     async def _fence_strays(self, conn: asyncpg.Connection, heartbeat: RunnerHeartbeat) -> None:
         """A runner still running an allocation that ended here (e.g. its node was declared
@@ -113,7 +146,7 @@ class SchedulerHandlers:
                 node_id=heartbeat.node_id,
                 epoch=allocation.epoch,
                 reason="fenced",
-                grace_seconds=self._grace,
+                grace_seconds=self._tuning.cancel_grace_s,
             )
             # A fixed event id: the outbox keeps one such revocation however often it is seen.
             event_id = f"fence:{allocation.allocation_id}:{heartbeat.node_id}"
@@ -130,7 +163,7 @@ class SchedulerHandlers:
         if not await repo.insert_job(conn, submitted.job_id, spec, submitted.submitted_at, now):
             log.info("job %s already known; duplicate submission ignored", submitted.job_id)
             return
-        await run_pass(conn, now)
+        self._poke()
 
     async def on_cancel_requested(
         self, conn: asyncpg.Connection, cancel: JobCancelRequested, now: datetime
@@ -147,33 +180,35 @@ class SchedulerHandlers:
                 conn, job.job_id, job.status.check(JobStatus.CANCELLED), now, cancel.reason
             )
             await emit(conn, JobCancelled(job_id=job.job_id, reason=cancel.reason), job.job_id)
-            await run_pass(conn, now)  # positions behind it moved up
+            self._poke()  # positions behind it moved up
             return
-        allocation = await repo.live_allocation(conn, job.job_id)
-        if allocation is None:  # pragma: no cover - a job holding GPUs always has one
+        allocations = await repo.live_allocations(conn, job.job_id)
+        if not allocations:  # pragma: no cover - a job holding GPUs always has one
             raise RuntimeError(f"job {job.job_id} is {job.status.value} without an allocation")
         await repo.set_job_status(
             conn, job.job_id, job.status.check(JobStatus.CANCELLING), now, cancel.reason
         )
-        revoke = AllocationRevoked(
-            allocation_id=allocation.allocation_id,
-            job_id=job.job_id,
-            node_id=allocation.node_id,
-            epoch=allocation.epoch,
-            reason="cancelled",
-            grace_seconds=self._grace,
-        )
-        await emit(conn, revoke, allocation.node_id)
+        for allocation in allocations:
+            revoke = AllocationRevoked(
+                allocation_id=allocation.allocation_id,
+                job_id=job.job_id,
+                node_id=allocation.node_id,
+                epoch=allocation.epoch,
+                reason="cancelled",
+                grace_seconds=self._tuning.cancel_grace_s,
+            )
+            await emit(conn, revoke, allocation.node_id)
 
     async def on_started(
         self, conn: asyncpg.Connection, started: JobStarted, now: datetime
     ) -> None:
         job = await repo.job_for_update(conn, started.job_id)
-        allocation = await repo.live_allocation(conn, started.job_id)
-        stale = fence(allocation.live if allocation else None, started.allocation_id, started.epoch)
-        if job is None or allocation is None or stale:
+        allocations = await repo.live_allocations(conn, started.job_id)
+        stale = fence([a.live for a in allocations], started.allocation_id, started.epoch)
+        if job is None or stale:
             log.info("JobStarted for %s ignored: %s", started.job_id, stale or "unknown job")
             return
+        (allocation,) = [a for a in allocations if a.allocation_id == started.allocation_id]
         if allocation.status is not AllocationStatus.GRANTED:
             log.info("JobStarted for %s ignored: already %s", job.job_id, allocation.status.value)
             return
@@ -181,6 +216,16 @@ class SchedulerHandlers:
         await repo.mark_allocation_started(conn, allocation.allocation_id, started.started_at)
         if job.status is JobStatus.ALLOCATED:
             await repo.set_job_status(conn, job.job_id, job.status.check(JobStatus.RUNNING), now)
+
+    async def on_checkpoint(self, conn: asyncpg.Connection, saved: CheckpointSaved) -> None:
+        """Remember when the job last saved a complete checkpoint (victims are chosen to lose
+        the least work)."""
+        allocations = await repo.live_allocations(conn, saved.job_id)
+        stale = fence([a.live for a in allocations], saved.allocation_id, saved.epoch)
+        if stale:
+            log.info("checkpoint of %s ignored: %s", saved.job_id, stale)
+            return
+        await repo.record_checkpoint(conn, saved.allocation_id, saved.saved_at)
 
     async def on_ended(
         self,
@@ -190,10 +235,19 @@ class SchedulerHandlers:
         now: datetime,
     ) -> None:
         job = await repo.job_for_update(conn, ended.job_id)
-        allocation = await repo.live_allocation(conn, ended.job_id)
-        stale = fence(allocation.live if allocation else None, ended.allocation_id, ended.epoch)
-        if job is None or allocation is None or stale:
+        allocations = await repo.live_allocations(conn, ended.job_id)
+        stale = fence([a.live for a in allocations], ended.allocation_id, ended.epoch)
+        if job is None or stale:
             log.info("job %s %s ignored: %s", ended.job_id, kind, stale or "unknown job")
             return
-        await end_allocation(conn, job, allocation, kind, ended.finished_at, now)
-        await run_pass(conn, now)
+        await end_gang(
+            conn,
+            job,
+            allocations,
+            kind,
+            ended.finished_at,
+            now,
+            self._tuning,
+            reporter=ended.allocation_id,
+        )
+        self._poke()

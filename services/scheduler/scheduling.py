@@ -1,47 +1,59 @@
-"""The scheduler's transactional steps, shared by the event handlers and the node watch.
+"""One scheduling pass in one transaction: snapshot in, the policy's decisions applied.
 
-Contract:
-- ``run_pass`` takes the scheduling lock, loads a snapshot, asks the policy, and applies its
-  decisions in the caller's transaction: an allocation, one lease per GPU and an
-  ``AllocationGranted`` per placement; a ``JobPending`` for a waiting job only when its reason
-  or position differs from the last one published.
-- ``end_allocation`` releases a live allocation (its leases too), says ``AllocationReleased``,
-  and moves the job on (requeued, finished, failed or cancelled) as ``domain`` decides.
+Contract of ``run_pass(conn, now, tuning)`` (inside the caller's transaction, under the
+scheduling lock, so replicas never interleave and the snapshot's queries see one state):
+- The snapshot is built from the repository's rows (``convert.build_snapshot``) and given to
+  the pure policy (``policy.engine.schedule``).
+- Each placement becomes one allocation per node (a gang shares one ``gang_id``), one lease
+  per GPU (the partial unique index refuses a GPU leased twice, whatever the code does), and
+  one ``AllocationGranted`` routed to each node; the job becomes ALLOCATED.
+- Each preemption puts a notice on the victim's live allocations and sends each node an
+  ``AllocationRevoked(reason="preempted", grace_seconds=<preemption grace>)``. The victim
+  keeps its GPUs until its runner reports ``JobPreempted`` or the grace runs out
+  (``leases.release_expired_notices``).
+- Each waiting job's ``JobPending`` (reason, position, blocking, suggestion, estimated start)
+  is published only when it is news (``convert.note_changed``), so a pass over thousands of
+  waiting jobs publishes only what changed. With ``settled_notes`` a pass that placed jobs
+  publishes no notes at all: its explanations describe the cluster half-way through its own
+  placements (which node's holders they name depends on the order GPUs filled up), so the
+  caller runs a follow-up pass on the settled state, whose notes the next passes repeat
+  exactly -- otherwise every placement would re-publish thousands of unchanged waits.
 Every event leaves through the outbox, so it is published exactly when the change commits.
+Events about a job are said inside the job's own trace (``job_trace``): a pass triggered by
+anything at all still continues the trace its submission started.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
+from opentelemetry import trace
 
 from services.scheduler import repository as repo
-from services.scheduler.domain import (
-    Allocation,
-    AllocationStatus,
-    EndDecision,
-    EndKind,
-    Job,
-    JobStatus,
-    allocation_ended,
-    release_time,
+from services.scheduler.convert import (
+    Built,
+    PendingNote,
+    build_snapshot,
+    note_changed,
+    pending_notes,
 )
-from services.scheduler.policy import Decisions, Placement, first_fit
+from services.scheduler.domain import Allocation, AllocationStatus, Job, JobStatus
+from services.scheduler.policy.engine import schedule
+from services.scheduler.policy.model import Decisions, Placement, PolicyConfig, Preemption
 from shared import outbox
 from shared.events import Envelope, Payload
-from shared.events.payloads import (
-    AllocationGranted,
-    AllocationReleased,
-    JobCancelled,
-    JobFailed,
-    JobPending,
-)
+from shared.events.payloads import AllocationGranted, AllocationRevoked
+from shared.telemetry import extract, tracer
 
 log = logging.getLogger(__name__)
+_tracer = tracer(__name__)
 
 SOURCE = "trainyard/scheduler"
 
@@ -50,6 +62,24 @@ Clock = Callable[[], datetime]
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The scheduler's tunables, read once from its settings."""
+
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """The policy's own (``grace_s`` is the preemption grace)."""
+    cancel_grace_s: float = 30.0
+    """Time a runner gets to stop a job whose allocation is revoked for a cancel."""
+
+    @property
+    def preemption_grace_s(self) -> float:
+        return self.policy.grace_s
+
+    @property
+    def half_life_s(self) -> float:
+        return self.policy.half_life_s
 
 
 async def emit(
@@ -61,126 +91,136 @@ async def emit(
     )
 
 
-async def run_pass(conn: asyncpg.Connection, now: datetime) -> Decisions:
+@contextmanager
+def job_trace(job_id: str, carrier: Mapping[str, Any] | None, what: str) -> Iterator[None]:
+    """Run the block in a span of the job's own trace (from its submission), unless a span
+    is active already (an event handler's, which carries the trace it came with)."""
+    if not carrier or trace.get_current_span().get_span_context().is_valid:
+        yield
+        return
+    with _tracer.start_as_current_span(
+        f"scheduler {what}",
+        context=extract({str(k): str(v) for k, v in carrier.items()}),
+        attributes={"trainyard.job_id": job_id},
+    ):
+        yield
+
+
+async def run_pass(
+    conn: asyncpg.Connection,
+    now: datetime,
+    tuning: Tuning | None = None,
+    settled_notes: bool = False,
+) -> Decisions:
     """One scheduling pass inside the caller's transaction (see the module docstring)."""
+    tuning = tuning or Tuning()
     await repo.lock_scheduler(conn)
-    snapshot = await repo.load_snapshot(conn)
-    decisions = first_fit(snapshot)
-    job_ids = [p.job_id for p in decisions.placements] + [w.job_id for w in decisions.waiting]
-    jobs = await repo.jobs_by_id(conn, job_ids)
-    gpu_counts = {n.node_id: n.gpu_count for n in snapshot.nodes}
+    built = build_snapshot(await repo.load_snapshot_rows(conn), now, tuning.half_life_s)
+    decisions = schedule(built.snapshot, tuning.policy)
     for placement in decisions.placements:
-        await _grant(conn, jobs[placement.job_id], placement, gpu_counts, now)
-    for waiting in decisions.waiting:
-        job = jobs[waiting.job_id]
-        if (job.pending_reason, job.pending_position) == (waiting.reason, waiting.position):
-            continue
-        await repo.set_pending(conn, job.job_id, waiting.reason, waiting.position)
-        await emit(
-            conn,
-            JobPending(job_id=job.job_id, reason=waiting.reason, position=waiting.position),
-            job.job_id,
-        )
-    if decisions.placements:
+        await _grant(conn, built, placement, now)
+    for preemption in decisions.preemptions:
+        await _give_notice(conn, built, preemption, now, tuning.preemption_grace_s)
+    published = 0
+    if not (settled_notes and decisions.placements):
+        published = await _publish_pending(conn, built, decisions, now)
+    if decisions.placements or decisions.preemptions:
         log.info(
-            "pass placed %s; %d waiting",
+            "pass placed %s; preempted %s; %d waiting, %d pending notes published",
             ", ".join(
-                f"{p.job_id}->{p.node_id}{list(p.gpu_indices)}" for p in decisions.placements
-            ),
-            len(decisions.waiting),
+                f"{p.job_id}->{','.join(f'{n}{list(g)}' for n, g in sorted(p.gpus.items()))}"
+                for p in decisions.placements
+            )
+            or "nothing",
+            ", ".join(f"{p.job_id} for {p.for_job_id}" for p in decisions.preemptions) or "none",
+            len(decisions.explanations) + len(built.held_back),
+            published,
         )
     return decisions
 
 
 async def _grant(
-    conn: asyncpg.Connection,
-    job: Job,
-    placement: Placement,
-    gpu_counts: dict[str, int],
-    now: datetime,
+    conn: asyncpg.Connection, built: Built, placement: Placement, now: datetime
 ) -> None:
-    count = gpu_counts[placement.node_id]
-    if any(not 0 <= i < count for i in placement.gpu_indices):
-        # The policy must only hand out indices the node has; the lease index cannot see it.
-        raise ValueError(f"placement {placement} is outside the {count} GPUs of the node")
+    jobs = await repo.jobs_by_id(conn, [placement.job_id])
+    job = jobs[placement.job_id]
     job.status.check(JobStatus.ALLOCATED)
-    allocation = Allocation(
-        allocation_id=str(uuid.uuid4()),
-        job_id=job.job_id,
-        node_id=placement.node_id,
-        epoch=await repo.next_epoch(conn),
-        attempt=job.attempt,
-        gpu_indices=placement.gpu_indices,
-        status=AllocationStatus.GRANTED,
-        granted_at=now,
-    )
-    await repo.insert_allocation(conn, allocation)
-    await repo.set_job_status(conn, job.job_id, JobStatus.ALLOCATED, now)
-    granted = AllocationGranted(
-        allocation_id=allocation.allocation_id,
-        job_id=job.job_id,
-        node_id=allocation.node_id,
-        gpu_indices=list(allocation.gpu_indices),
-        epoch=allocation.epoch,
-        attempt=allocation.attempt,
-        granted_at=now,
-        spec=job.spec,
-    )
-    await emit(conn, granted, allocation.node_id)
+    with job_trace(job.job_id, job.trace_context, "grant"):
+        await _grant_job(conn, built, placement, job, now)
 
 
-async def end_allocation(
-    conn: asyncpg.Connection,
-    job: Job,
-    allocation: Allocation,
-    kind: EndKind,
-    reported_at: datetime,
-    now: datetime,
-) -> EndDecision:
-    """Release ``allocation`` (the job's live one) and move the job on; the caller runs a pass."""
-    decision = allocation_ended(
-        job.status, kind, restarts=job.restarts, max_restarts=job.spec.max_restarts
-    )
-    released_at = release_time(reported_at, allocation.granted_at, now)
-    await repo.release_allocation(conn, allocation.allocation_id, released_at, decision.outcome)
-    released = AllocationReleased(
-        allocation_id=allocation.allocation_id,
-        job_id=job.job_id,
-        node_id=allocation.node_id,
-        team=job.spec.team,
-        user=job.spec.user,
-        gpu_flavor=job.spec.gpu_flavor,
-        gpus=len(allocation.gpu_indices),
-        granted_at=allocation.granted_at,
-        released_at=released_at,
-        outcome=decision.outcome,
-    )
-    await emit(conn, released, job.job_id)
-    if decision.requeued:
-        reason = decision.reason or f"{kind}; requeued"
-        await repo.requeue_job(conn, job.job_id, now, reason, count_restart=kind == "lost")
-    else:
-        await repo.set_job_status(conn, job.job_id, decision.job_status, now, decision.reason)
-    if decision.job_status is JobStatus.CANCELLED:
-        cancel_reason = job.status_reason or "cancelled"
-        await emit(conn, JobCancelled(job_id=job.job_id, reason=cancel_reason), job.job_id)
-    elif kind == "lost" and decision.job_status is JobStatus.FAILED:
-        # The runner is gone and cannot say it; the scheduler says it for it.
-        failed = JobFailed(
+async def _grant_job(
+    conn: asyncpg.Connection, built: Built, placement: Placement, job: Job, now: datetime
+) -> None:
+    counts = {n.node_id: n.gpu_count for n in built.snapshot.nodes}
+    members = sorted(placement.gpus.items())
+    gang_id = str(uuid.uuid4())
+    for node_id, indices in members:
+        count = counts.get(node_id, 0)
+        if not indices or any(not 0 <= i < count for i in indices):
+            # The policy must only hand out GPUs the node has; the lease index cannot see it.
+            raise ValueError(f"placement {placement} is outside the {count} GPUs of {node_id}")
+        allocation = Allocation(
+            allocation_id=str(uuid.uuid4()),
             job_id=job.job_id,
-            allocation_id=allocation.allocation_id,
-            node_id=allocation.node_id,
-            epoch=allocation.epoch,
-            finished_at=released_at,
-            exit_code=None,
-            reason=decision.reason or "node lost",
+            node_id=node_id,
+            epoch=await repo.next_epoch(conn),
+            attempt=job.attempt,
+            gpu_indices=tuple(indices),
+            status=AllocationStatus.GRANTED,
+            granted_at=now,
+            gang_id=gang_id,
+            gang_size=len(members),
+            borrowed=placement.borrowed,
         )
-        await emit(conn, failed, job.job_id)
-    log.info(
-        "allocation %s of job %s ended (%s): job %s",
-        allocation.allocation_id,
-        job.job_id,
-        decision.outcome,
-        decision.job_status.value,
-    )
-    return decision
+        await repo.insert_allocation(conn, allocation)
+        granted = AllocationGranted(
+            allocation_id=allocation.allocation_id,
+            job_id=job.job_id,
+            node_id=node_id,
+            gpu_indices=list(allocation.gpu_indices),
+            epoch=allocation.epoch,
+            attempt=allocation.attempt,
+            granted_at=now,
+            spec=job.spec,
+        )
+        await emit(conn, granted, node_id)
+    await repo.set_job_status(conn, job.job_id, JobStatus.ALLOCATED, now)
+
+
+async def _give_notice(
+    conn: asyncpg.Connection, built: Built, preemption: Preemption, now: datetime, grace: float
+) -> None:
+    members = built.running.get(preemption.job_id, ())
+    fresh = [m for m in members if m["notice_at"] is None]
+    if not fresh:
+        return  # the policy never picks a job under notice; nothing to say twice
+    await repo.set_notice(conn, [str(m["allocation_id"]) for m in fresh], now, preemption.reason)
+    with job_trace(preemption.job_id, fresh[0]["trace_context"], "preempt"):
+        for m in fresh:
+            revoke = AllocationRevoked(
+                allocation_id=str(m["allocation_id"]),
+                job_id=preemption.job_id,
+                node_id=m["node_id"],
+                epoch=m["epoch"],
+                reason="preempted",
+                grace_seconds=grace,
+            )
+            await emit(conn, revoke, m["node_id"], event_id=f"preempt:{m['allocation_id']}")
+    log.info("preemption notice to %s: %s", preemption.job_id, preemption.reason)
+
+
+async def _publish_pending(
+    conn: asyncpg.Connection, built: Built, decisions: Decisions, now: datetime
+) -> int:
+    news: list[tuple[str, PendingNote]] = []
+    for job_id, note in sorted(pending_notes(decisions, built).items()):
+        row = built.pending.get(job_id)
+        if row is not None and note_changed(PendingNote.from_row(row), note, now):
+            news.append((job_id, note))
+    if news:
+        await repo.set_pending(conn, news)
+        for job_id, note in news:
+            with job_trace(job_id, built.pending[job_id]["trace_context"], "pending"):
+                await emit(conn, note.to_event(job_id), job_id)
+    return len(news)

@@ -1,8 +1,12 @@
-"""HTTP schemas of the scheduler's operator API (never published as events), and the
-converters from rows to them.
+"""HTTP schemas of the scheduler's queue view (never published as events), and the converter
+from rows to it.
 
-The queue view holds no user data beyond job ids, team names and node names, but it shows
-the whole cluster across teams: it is an operator endpoint and must not be exposed publicly.
+``GET /v1/queue`` shows nodes (free and used GPUs), live allocations, and per queue: its
+quota use and borrowing per flavor, its running jobs, and its pending jobs in order with
+position, reason, blocking, suggestion and estimated start (as last published); per cohort,
+the size of its shared pool of lendable quota and how much of it is in use. It holds no
+user data beyond job ids, team and node names, but it shows the whole cluster across teams:
+it is an operator endpoint and must not be exposed publicly.
 """
 
 from __future__ import annotations
@@ -13,6 +17,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from services.scheduler.convert import queues_from_rows
+from services.scheduler.policy.quota import QuotaBook
+
+Row = Mapping[str, Any]
+
 
 class _Schema(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -22,6 +31,7 @@ class NodeView(_Schema):
     node_id: str
     hostname: str
     gpu_flavor: str
+    topology: str
     status: str
     gpu_count: int
     free_gpus: list[int]
@@ -35,88 +45,249 @@ class AllocationView(_Schema):
     allocation_id: str
     job_id: str
     team: str
+    queue: str
     node_id: str
     gpu_indices: list[int]
     epoch: int
     attempt: int
     status: str
     job_status: str
+    gang_id: str
     granted_at: datetime
     started_at: datetime | None
+    notice_at: datetime | None
+    """When a preemption notice was sent (its GPUs are revoked after the grace)."""
 
 
-class PendingView(_Schema):
+class QuotaUsage(_Schema):
+    flavor: str
+    nominal: int | None
+    """None for an implicit queue (no limit but the cluster)."""
+    borrowing_limit: int | None
+    lending_limit: int | None
+    used: int
+    """GPUs of the flavor its jobs hold now."""
+    borrowed: int
+    """Of ``used``, how many are beyond its nominal quota (lent by its cohort)."""
+
+
+class RunningJobView(_Schema):
     job_id: str
-    team: str
     gpu_flavor: str
     gpus: int
+    priority: str
+    status: str
+    nodes: dict[str, list[int]]
+    granted_at: datetime
+    started_at: datetime | None
+    borrowed: bool
+    last_checkpoint_at: datetime | None
+    notice_at: datetime | None
+    notice_reason: str | None
+
+
+class PendingJobView(_Schema):
+    job_id: str
+    gpu_flavor: str
+    gpus: int
+    priority: str
     attempt: int
     position: int | None
-    """1-based place among the waiting jobs of its flavor."""
+    """1-based place among the waiting jobs of its queue (None until the first pass)."""
     reason: str | None
+    blocking: str | None
+    suggestion: str | None
+    estimated_start: datetime | None
     submitted_at: datetime
+
+
+class QueueStateView(_Schema):
+    name: str
+    team: str
+    cohort: str | None
+    weight: float
+    implicit: bool
+    quotas: list[QuotaUsage]
+    running: list[RunningJobView]
+    pending: list[PendingJobView]
+    """In queue order."""
+
+
+class CohortPoolView(_Schema):
+    flavor: str
+    size: int
+    """The nominal quota its queues lend while they do not use it (the shared pool)."""
+    used: int
+    """How much of the pool is in use, by its owners or by borrowers."""
+
+
+class CohortStateView(_Schema):
+    name: str
+    queues: list[str]
+    pools: list[CohortPoolView]
 
 
 class QueueView(_Schema):
     nodes: list[NodeView]
     allocations: list[AllocationView]
     """Live allocations (granted or running)."""
-    pending: list[PendingView]
-    """Queued jobs in queue order."""
+    queues: list[QueueStateView]
+    cohorts: list[CohortStateView]
 
 
 def queue_view(
-    nodes: Sequence[Mapping[str, Any]],
-    allocations: Sequence[Mapping[str, Any]],
-    pending: Sequence[Mapping[str, Any]],
+    nodes: Sequence[Row],
+    allocations: Sequence[Row],
+    pending: Sequence[Row],
+    queues: Sequence[Row],
+    quotas: Sequence[Row],
 ) -> QueueView:
     used: dict[str, dict[int, str]] = {}
     for a in allocations:
         for index in a["gpu_indices"]:
             used.setdefault(a["node_id"], {})[index] = a["job_id"]
+    totals: dict[str, int] = {}
+    for n in nodes:
+        if n["status"] == "READY":
+            totals[n["gpu_flavor"]] = totals.get(n["gpu_flavor"], 0) + n["gpu_count"]
+    book = QuotaBook(queues_from_rows(queues, quotas, totals))
+    for a in allocations:
+        book.add(a["queue"], a["gpu_flavor"], len(a["gpu_indices"]))
     return QueueView(
         nodes=[_node(n, used.get(n["node_id"], {})) for n in nodes],
-        allocations=[
-            AllocationView(
-                allocation_id=str(a["allocation_id"]),
-                job_id=a["job_id"],
-                team=a["team"],
-                node_id=a["node_id"],
-                gpu_indices=list(a["gpu_indices"]),
-                epoch=a["epoch"],
-                attempt=a["attempt"],
-                status=a["status"],
-                job_status=a["job_status"],
-                granted_at=a["granted_at"],
-                started_at=a["started_at"],
-            )
-            for a in allocations
-        ],
-        pending=[
-            PendingView(
-                job_id=p["job_id"],
-                team=p["team"],
-                gpu_flavor=p["gpu_flavor"],
-                gpus=p["gpus"],
-                attempt=p["attempt"],
-                position=p["pending_position"],
-                reason=p["pending_reason"],
-                submitted_at=p["submitted_at"],
-            )
-            for p in pending
-        ],
+        allocations=[_allocation(a) for a in allocations],
+        queues=[_queue(q, quotas, allocations, pending, book) for q in queues],
+        cohorts=_cohorts(queues, quotas, book),
     )
 
 
-def _node(row: Mapping[str, Any], used: dict[int, str]) -> NodeView:
+def _node(row: Row, used: dict[int, str]) -> NodeView:
     ready = row["status"] == "READY"
     return NodeView(
         node_id=row["node_id"],
         hostname=row["hostname"],
         gpu_flavor=row["gpu_flavor"],
+        topology=row["topology"],
         status=row["status"],
         gpu_count=row["gpu_count"],
         free_gpus=[i for i in range(row["gpu_count"]) if i not in used] if ready else [],
         used_gpus=dict(sorted(used.items())),
         last_heartbeat=row["last_heartbeat"],
     )
+
+
+def _allocation(a: Row) -> AllocationView:
+    return AllocationView(
+        allocation_id=str(a["allocation_id"]),
+        job_id=a["job_id"],
+        team=a["team"],
+        queue=a["queue"],
+        node_id=a["node_id"],
+        gpu_indices=list(a["gpu_indices"]),
+        epoch=a["epoch"],
+        attempt=a["attempt"],
+        status=a["status"],
+        job_status=a["job_status"],
+        gang_id=str(a["gang_id"]),
+        granted_at=a["granted_at"],
+        started_at=a["started_at"],
+        notice_at=a["notice_at"],
+    )
+
+
+def _queue(
+    q: Row,
+    quotas: Sequence[Row],
+    allocations: Sequence[Row],
+    pending: Sequence[Row],
+    book: QuotaBook,
+) -> QueueStateView:
+    name = q["name"]
+    own = {r["flavor"]: r for r in quotas if r["queue"] == name}
+    members = [a for a in allocations if a["queue"] == name]
+    flavors = sorted(set(own) | {a["gpu_flavor"] for a in members})
+    usage = []
+    for flavor in flavors:
+        quota = own.get(flavor)
+        usage.append(
+            QuotaUsage(
+                flavor=flavor,
+                nominal=None if q["implicit"] else (quota["nominal"] if quota else 0),
+                borrowing_limit=quota["borrowing_limit"] if quota else None,
+                lending_limit=quota["lending_limit"] if quota else None,
+                used=book.used(name, flavor),
+                borrowed=0 if q["implicit"] else book.borrowed(name, flavor),
+            )
+        )
+    return QueueStateView(
+        name=name,
+        team=q["team"],
+        cohort=q["cohort"],
+        weight=q["weight"],
+        implicit=q["implicit"],
+        quotas=usage,
+        running=_running(members),
+        pending=[_pending(p) for p in pending if p["queue"] == name],
+    )
+
+
+def _running(members: Sequence[Row]) -> list[RunningJobView]:
+    by_job: dict[str, list[Row]] = {}
+    for a in members:
+        by_job.setdefault(a["job_id"], []).append(a)
+    views = []
+    for job_id, gang in by_job.items():
+        first = gang[0]
+        checkpoints = [a["last_checkpoint_at"] for a in gang if a["last_checkpoint_at"]]
+        started = [a["started_at"] for a in gang if a["started_at"]]
+        views.append(
+            RunningJobView(
+                job_id=job_id,
+                gpu_flavor=first["gpu_flavor"],
+                gpus=sum(len(a["gpu_indices"]) for a in gang),
+                priority=first["priority_class"],
+                status=first["job_status"],
+                nodes={a["node_id"]: list(a["gpu_indices"]) for a in gang},
+                granted_at=min(a["granted_at"] for a in gang),
+                started_at=min(started) if started else None,
+                borrowed=any(a["borrowed"] for a in gang),
+                last_checkpoint_at=max(checkpoints) if checkpoints else None,
+                notice_at=first["notice_at"],
+                notice_reason=first["notice_reason"],
+            )
+        )
+    return views
+
+
+def _pending(p: Row) -> PendingJobView:
+    return PendingJobView(
+        job_id=p["job_id"],
+        gpu_flavor=p["gpu_flavor"],
+        gpus=p["gpus"],
+        priority=p["priority_class"],
+        attempt=p["attempt"],
+        position=p["pending_position"],
+        reason=p["pending_reason"],
+        blocking=p["pending_blocking"],
+        suggestion=p["pending_suggestion"],
+        estimated_start=p["pending_estimated_start"],
+        submitted_at=p["submitted_at"],
+    )
+
+
+def _cohorts(
+    queues: Sequence[Row], quotas: Sequence[Row], book: QuotaBook
+) -> list[CohortStateView]:
+    members: dict[str, list[str]] = {}
+    for q in queues:
+        if q["cohort"] is not None:
+            members.setdefault(q["cohort"], []).append(q["name"])
+    views = []
+    for cohort, names in sorted(members.items()):
+        flavors = sorted({r["flavor"] for r in quotas if r["queue"] in names})
+        pools = []
+        for flavor in flavors:
+            size, used = book.pool(cohort, flavor)
+            pools.append(CohortPoolView(flavor=flavor, size=size, used=used))
+        views.append(CohortStateView(name=cohort, queues=sorted(names), pools=pools))
+    return views

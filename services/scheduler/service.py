@@ -1,17 +1,27 @@
-"""The scheduler's composition root: ``serve(settings)`` runs it until SIGTERM."""
+"""The scheduler's composition root: ``serve(settings)`` runs it until SIGTERM.
+
+Every replica serves HTTP (health, readiness with its role, the queue view, the admin API)
+and relays its outbox (rows are claimed with SKIP LOCKED, so replicas never publish one
+twice). Only the leader (``leader.Leadership``) consumes events, runs passes and sweeps for
+lost nodes (``loops.LeaderWork``); the others stand by and take over within seconds.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from services.scheduler.api import create_app
+from services.scheduler.api import create_app, readiness_handler
 from services.scheduler.config import Settings
-from services.scheduler.handlers import SchedulerHandlers
-from services.scheduler.node_watch import NodeWatch
+from services.scheduler.leader import Leadership
+from services.scheduler.loops import LeaderWork
+from services.scheduler.policy.model import PolicyConfig
+from services.scheduler.scheduling import Tuning
 from shared.bus import Bus
 from shared.db import migrate, open_pool, ping
 from shared.events import Payload, nats_subject
 from shared.events.payloads import (
+    CheckpointSaved,
     JobCancelRequested,
     JobFailed,
     JobPreempted,
@@ -20,7 +30,6 @@ from shared.events.payloads import (
     JobSucceeded,
     RunnerHeartbeat,
 )
-from shared.inbox import idempotent
 from shared.outbox import OutboxRelay
 from shared.runtime import ServiceRuntime
 
@@ -31,10 +40,26 @@ CONSUMED: list[type[Payload]] = [
     JobSubmitted,
     JobCancelRequested,
     JobStarted,
+    CheckpointSaved,
     JobSucceeded,
     JobFailed,
     JobPreempted,
 ]
+SUBJECTS = [nats_subject(model) for model in CONSUMED]
+
+
+def tuning_from(settings: Settings) -> Tuning:
+    return Tuning(
+        policy=PolicyConfig(
+            half_life_s=settings.fair_share_half_life_seconds,
+            ageing_s=settings.ageing_seconds,
+            backfill=settings.backfill,
+            preemption=settings.preemption,
+            grace_s=settings.preemption_grace_seconds,
+            reservations=settings.reservations,
+        ),
+        cancel_grace_s=settings.revoke_grace_seconds,
+    )
 
 
 async def serve(settings: Settings) -> int:
@@ -44,17 +69,38 @@ async def serve(settings: Settings) -> int:
         bus = await rt.resources.enter_async_context(Bus.connect(settings.nats, NAME))
         rt.add_readiness_check("database", lambda: ping(pool))
         rt.add_readiness_check("nats", bus.ping)
-        handlers = SchedulerHandlers(revoke_grace_seconds=settings.revoke_grace_seconds)
-        watch = NodeWatch(pool, settings.node_check_interval_seconds, settings.node_timeout_seconds)
-        rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
-        rt.spawn(
-            bus.consume(
-                NAME,
-                [nats_subject(model) for model in CONSUMED],
-                idempotent(pool, NAME, handlers.dispatch),
-                rt.stopping,
-            ),
-            "events",
+        leadership = Leadership(
+            settings.database.url,
+            retry_s=settings.leader_retry_seconds,
+            check_s=settings.leader_check_seconds,
+            session_timeout_s=settings.leader_session_timeout_seconds,
         )
-        rt.spawn(watch.run(rt.stopping), "node-watch")
-        return await rt.run(create_app(pool, settings.admin_token, rt.health_handlers()))
+        work = LeaderWork(
+            NAME,
+            pool,
+            bus,
+            SUBJECTS,
+            tuning_from(settings),
+            pass_interval_s=settings.pass_interval_seconds,
+            node_check_interval_s=settings.node_check_interval_seconds,
+            node_timeout_s=settings.node_timeout_seconds,
+            guard=leadership.check,
+        )
+        rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
+        rt.spawn(leadership.run(rt.stopping, work.run), "leadership")
+
+        async def readiness() -> tuple[bool, dict[str, Any]]:
+            checks = await rt.is_ready()
+            ready = all(checks.values()) and not rt.stopping.is_set()
+            since = leadership.since.isoformat() if leadership.since else None
+            return ready, {
+                "ready": ready,
+                "service": NAME,
+                "checks": checks,
+                "role": leadership.role,
+                "leader_since": since,
+            }
+
+        health = [h for h in rt.health_handlers() if "/readyz" not in h.paths]
+        app = create_app(pool, settings.admin_token, [*health, readiness_handler(readiness)])
+        return await rt.run(app)

@@ -138,7 +138,13 @@ async def _apply(
     match event:
         case JobPending():
             await repo.set_pending(
-                conn, job_id, event.reason, event.position, event.estimated_start
+                conn,
+                job_id,
+                event.reason,
+                event.position,
+                event.estimated_start,
+                event.blocking,
+                event.suggestion,
             )
         case AllocationGranted():
             await repo.set_scheduled(

@@ -95,6 +95,7 @@ async def job_by_idempotency_key(
 
 _JOB_COLUMNS = """j.id, j.name, j.spec, j.status, j.submitted_at, j.updated_at,
     j.cancel_requested_at, j.pending_reason, j.pending_position, j.estimated_start,
+    j.pending_blocking, j.pending_suggestion,
     j.allocation_id, j.node_id, j.gpu_indices, j.attempt, j.started_at, j.finished_at,
     j.metrics, j.metrics_step, j.failure, u.name AS user_name, t.name AS team_name"""
 
@@ -227,15 +228,20 @@ async def set_pending(
     reason: str,
     position: int,
     estimated_start: datetime | None,
+    blocking: str | None = None,
+    suggestion: str | None = None,
 ) -> None:
     await conn.execute(
         """UPDATE jobs SET status = 'PENDING', pending_reason = $2, pending_position = $3,
-                          estimated_start = $4, updated_at = clock_timestamp()
+                          estimated_start = $4, pending_blocking = $5,
+                          pending_suggestion = $6, updated_at = clock_timestamp()
            WHERE id = $1""",
         job_id,
         reason,
         position,
         estimated_start,
+        blocking,
+        suggestion,
     )
 
 
@@ -251,6 +257,7 @@ async def set_scheduled(
         """UPDATE jobs SET status = 'SCHEDULED', allocation_id = $2, node_id = $3,
                           gpu_indices = $4, attempt = $5, pending_reason = NULL,
                           pending_position = NULL, estimated_start = NULL,
+                          pending_blocking = NULL, pending_suggestion = NULL,
                           updated_at = clock_timestamp()
            WHERE id = $1""",
         job_id,

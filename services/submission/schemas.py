@@ -29,6 +29,10 @@ from services.submission.domain import JobStatus
 from shared.events.payloads import HyperValue, JobSpec
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,100}$"
+PRIORITY_PATTERN = r"^[a-z][a-z0-9-]{0,39}$"
+"""A priority class name; the scheduler's operators define the classes (``low``, ``normal``
+and ``high`` exist from the start). A name no class has keeps the job pending, with that
+reason, until an operator defines it."""
 ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 M = TypeVar("M", bound=BaseModel)
 IDEMPOTENCY_KEY = re.compile(r"[\x20-\x7e]{1,200}")
@@ -90,6 +94,8 @@ class JobRequest(BaseModel):
     max_runtime_seconds: Annotated[int, Field(ge=1, le=604_800)] = 3600
     dataset: Annotated[str, Field(min_length=1, max_length=1000)] | None = None
     max_restarts: Annotated[int, Field(ge=0, le=20)] = 3
+    priority: Annotated[str, Field(pattern=PRIORITY_PATTERN)] = "normal"
+    """Name of the job's priority class (see ``PRIORITY_PATTERN``)."""
 
     @field_validator("gpu_flavor")
     @classmethod
@@ -134,6 +140,10 @@ class PendingView(BaseModel):
     reason: str | None
     position: int | None
     estimated_start: datetime | None
+    blocking: str | None = None
+    """Who or what holds what the job needs (jobs, a queue, a quota)."""
+    suggestion: str | None = None
+    """What would let the job start now, e.g. "ask for 4 GPUs"."""
 
 
 class FailureView(BaseModel):

@@ -83,6 +83,8 @@ def _pending(job: Row, status: JobStatus) -> PendingView | None:
         reason=job["pending_reason"],
         position=job["pending_position"],
         estimated_start=job["estimated_start"],
+        blocking=job["pending_blocking"],
+        suggestion=job["pending_suggestion"],
     )
 
 

@@ -43,6 +43,8 @@ class JobSpec(BaseModel):
     max_runtime_seconds: int
     dataset: str | None = None
     max_restarts: int = 3
+    priority: str = "normal"
+    """Priority class name; the scheduler's admin API defines the classes."""
 
 
 # --- submission ------------------------------------------------------------------
@@ -116,6 +118,10 @@ class JobPending(Payload):
     reason: str
     position: int
     estimated_start: datetime | None = None
+    blocking: str | None = None
+    """Who or what holds what the job needs (a team, a job, a quota)."""
+    suggestion: str | None = None
+    """What would let the job start now, e.g. "ask for 4 GPUs instead of 8"."""
 
 
 class JobCancelled(Payload):
@@ -136,6 +142,8 @@ class RunnerHeartbeat(Payload):
     gpu_names: list[str] = Field(default_factory=list)
     running_allocations: list[str] = Field(default_factory=list)
     sent_at: datetime
+    topology: str = "default"
+    """Topology domain of the node (NVLink domain, rack) for gang placement."""
 
 
 class Environment(BaseModel):

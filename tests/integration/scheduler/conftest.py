@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -14,13 +14,14 @@ import nats
 import pytest
 from nats.js.errors import NotFoundError
 
-from services.scheduler.handlers import SchedulerHandlers
-from services.scheduler.service import CONSUMED, MIGRATIONS, NAME
+from services.scheduler.loops import LeaderWork
+from services.scheduler.policy.model import PolicyConfig
+from services.scheduler.scheduling import Tuning
+from services.scheduler.service import MIGRATIONS, NAME, SUBJECTS
 from shared.bus import Bus
 from shared.db import migrate, open_pool
-from shared.events import Envelope, Payload, nats_subject, parse_envelope
+from shared.events import Envelope, Payload, parse_envelope
 from shared.events.payloads import JobSpec, JobSubmitted, RunnerHeartbeat
-from shared.inbox import idempotent
 from shared.outbox import OutboxRelay
 from shared.settings import DatabaseSettings, NatsSettings
 
@@ -43,9 +44,10 @@ async def nats_settings(nats_url: str) -> NatsSettings:
 class Scheduler:
     """The scheduler's consumer and outbox relay running; helpers to talk to it."""
 
-    def __init__(self, pool: asyncpg.Pool, bus: Bus) -> None:
+    def __init__(self, pool: asyncpg.Pool, bus: Bus, work: LeaderWork | None = None) -> None:
         self.pool = pool
         self.bus = bus
+        self.work = work
         self.seen: list[Envelope[Payload]] = []
 
     def on_message(self, raw: bytes) -> None:
@@ -91,7 +93,9 @@ class Scheduler:
         await until(done)
         return self.events(kind, where)
 
-    async def heartbeat(self, node_id: str, gpus: int, flavor: str = "cpu") -> None:
+    async def heartbeat(
+        self, node_id: str, gpus: int, flavor: str = "cpu", topology: str = "default"
+    ) -> None:
         await self.send(
             RunnerHeartbeat(
                 node_id=node_id,
@@ -99,6 +103,7 @@ class Scheduler:
                 gpu_flavor=flavor,
                 gpu_count=gpus,
                 sent_at=datetime.now(UTC),
+                topology=topology,
             ),
             node_id,
         )
@@ -148,31 +153,44 @@ async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
         yield p
 
 
+Tuned = Callable[..., Awaitable["Scheduler"]]
+
+
 @pytest.fixture
-async def scheduler(pool: asyncpg.Pool, nats_settings: NatsSettings) -> AsyncIterator[Scheduler]:
-    async with Bus.connect(nats_settings, "scheduler-test") as bus:
-        harness = Scheduler(pool, bus)
+async def scheduler_with(pool: asyncpg.Pool, nats_settings: NatsSettings) -> AsyncIterator[Tuned]:
+    """Start the scheduler's leader work (consumer, passes) and outbox relay with the given
+    tunables: ``await scheduler_with(grace_s=1, ...)``."""
+    async with contextlib.AsyncExitStack() as stack:
 
-        async def collect(msg: Any) -> None:
-            harness.on_message(msg.data)
+        async def start(cancel_grace_s: float = 5.0, **policy: Any) -> Scheduler:
+            bus = await stack.enter_async_context(Bus.connect(nats_settings, "scheduler-test"))
+            tuning = Tuning(PolicyConfig(**policy), cancel_grace_s=cancel_grace_s)
+            work = LeaderWork(
+                NAME, pool, bus, SUBJECTS, tuning, pass_interval_s=0.2, node_timeout_s=3600
+            )
+            harness = Scheduler(pool, bus, work)
 
-        sub = await bus.nats.subscribe("trainyard.>", cb=collect)
-        stop = asyncio.Event()
-        handlers = SchedulerHandlers(revoke_grace_seconds=5)
-        tasks = [
-            asyncio.create_task(OutboxRelay(pool, bus, idle_poll_s=0.1).run(stop)),
-            asyncio.create_task(
-                bus.consume(
-                    NAME,
-                    [nats_subject(m) for m in CONSUMED],
-                    idempotent(pool, NAME, handlers.dispatch),
-                    stop,
-                )
-            ),
-        ]
-        try:
-            yield harness
-        finally:
-            stop.set()
-            await asyncio.gather(*tasks)
-            await sub.unsubscribe()
+            async def collect(msg: Any) -> None:
+                harness.on_message(msg.data)
+
+            sub = await bus.nats.subscribe("trainyard.>", cb=collect)
+            stop = asyncio.Event()
+            tasks = [
+                asyncio.create_task(OutboxRelay(pool, bus, idle_poll_s=0.1).run(stop)),
+                asyncio.create_task(work.run(stop)),
+            ]
+
+            async def shut() -> None:
+                stop.set()
+                await asyncio.gather(*tasks)
+                await sub.unsubscribe()
+
+            stack.push_async_callback(shut)
+            return harness
+
+        yield start
+
+
+@pytest.fixture
+async def scheduler(scheduler_with: Tuned) -> Scheduler:
+    return await scheduler_with()

@@ -89,11 +89,25 @@ async def test_process_schedules_and_serves_the_queue(
             assert [(a["job_id"], a["gpu_indices"]) for a in queue["allocations"]] == [
                 ("j1", [0, 1])
             ]
-            (pending,) = queue["pending"]
-            assert (pending["job_id"], pending["position"]) == ("j2", 1)
-            assert pending["reason"].startswith(
-                "needs 1 cpu GPUs; the largest free block is 0 on n1"
+            (team_queue,) = queue["queues"]
+            assert (team_queue["name"], team_queue["team"], team_queue["implicit"]) == (
+                "default:vision",
+                "vision",
+                True,
             )
+            assert [(r["job_id"], r["nodes"]) for r in team_queue["running"]] == [
+                ("j1", {"n1": [0, 1]})
+            ]
+            assert [(q["flavor"], q["used"], q["nominal"]) for q in team_queue["quotas"]] == [
+                ("cpu", 2, None)
+            ]
+            (pending,) = team_queue["pending"]
+            assert (pending["job_id"], pending["position"], pending["blocking"]) == ("j2", 1, "j1")
+            assert pending["reason"].startswith("needs 1 cpu GPU on one node; no cpu GPU is free")
+            assert pending["estimated_start"] is not None
+
+            ready = (await http.get("/readyz")).json()
+            assert (ready["ready"], ready["role"]) == (True, "leader")
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)

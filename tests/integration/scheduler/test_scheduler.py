@@ -89,8 +89,13 @@ async def test_job_that_does_not_fit_pends_then_gets_the_gpus(scheduler: Schedul
     assert pending.job_id == "job-2"
     assert pending.position == 1
     assert pending.reason == (
-        "needs 2 cpu GPUs; the largest free block is 0 on local-node-1 (2 in use by job job-1)"
+        "needs 2 cpu GPUs on one node; no cpu GPU is free; they are held by job-1 (vision); "
+        "expected start in ~60 min"
     )
+    assert pending.blocking == "job-1"
+    # job-1 declared an hour (make_spec): job-2 is expected when that hour is over.
+    assert pending.estimated_start is not None
+    assert abs((pending.estimated_start - first.granted_at).total_seconds() - 3600) < 5
 
     await scheduler.send(succeeded(first), "job-1")
     (released,) = await scheduler.wait_for(AllocationReleased)
@@ -134,14 +139,18 @@ async def test_database_refuses_a_second_live_lease_on_a_gpu(scheduler: Schedule
     (grant,) = await scheduler.wait_for(AllocationGranted)
     async with scheduler.pool.acquire() as conn:
         await conn.execute(
+            "INSERT INTO queues (name, team, implicit) VALUES ('default:t', 't', true)"
+        )
+        await conn.execute(
             "INSERT INTO jobs (job_id, team, user_name, gpu_flavor, gpus, max_restarts, spec, "
-            "status, submitted_at, updated_at) "
-            "VALUES ('intruder', 't', 'u', 'cpu', 1, 0, '{}', 'ALLOCATED', now(), now())"
+            "status, submitted_at, updated_at, queue) "
+            "VALUES ('intruder', 't', 'u', 'cpu', 1, 0, '{}', 'ALLOCATED', now(), now(), 'default:t')"
         )
         other = uuid.uuid4()
         await conn.execute(
             "INSERT INTO allocations (allocation_id, job_id, node_id, epoch, attempt, gpu_indices,"
-            " status, granted_at) VALUES ($1, 'intruder', 'n1', 999, 0, $2, 'GRANTED', now())",
+            " status, granted_at, gang_id) "
+            "VALUES ($1, 'intruder', 'n1', 999, 0, $2, 'GRANTED', now(), $1)",
             other,
             grant.gpu_indices,
         )
@@ -167,6 +176,10 @@ async def test_redelivered_submission_creates_one_job(scheduler: Scheduler) -> N
     await scheduler.bus.publish_raw(first.nats_subject, first.to_json(), "redelivery-1", {})
     await scheduler.send(submitted, "job-1")
     await scheduler.heartbeat("n2", gpus=1)  # a pass after both: still one allocation
+    # Passes run after the events (submissions don't wait for the pass lock): wait for the
+    # grant, then give a wrong second grant the time of a few more passes to show up.
+    await scheduler.wait_for(AllocationGranted)
+    await asyncio.sleep(1.0)
     assert await scheduler.pool.fetchval("SELECT count(*) FROM jobs") == 1
     assert await scheduler.pool.fetchval("SELECT count(*) FROM allocations") == 1
     assert len(scheduler.events(AllocationGranted)) == 1

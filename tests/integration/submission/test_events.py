@@ -11,6 +11,7 @@ from services.submission import handlers
 from services.submission.config import Settings
 from shared.bus import Bus, Handler
 from shared.events import Envelope, Payload
+from shared.events.payloads import JobPending
 from tests.integration.submission.conftest import Submission, eventually, running_submission
 from tests.unit.submission import factories as ev
 
@@ -62,6 +63,25 @@ async def test_a_successful_run_fills_in_the_whole_view(submission: Submission) 
         "price_per_gpu_hour": 2.0,
         "final": True,
     }
+
+
+async def test_pending_view_shows_who_blocks_and_what_would_help(submission: Submission) -> None:
+    job = (await submission.submit())["id"]
+    await submission.publish(
+        JobPending(
+            job_id=job,
+            reason="needs 8 h200 GPUs on one node; the largest free block is 4",
+            position=2,
+            blocking="job-7, job-9",
+            suggestion="asking for 4 GPUs would let it start now",
+        )
+    )
+    view = await submission.wait_for(job, lambda v: v["status"] == "PENDING")
+    assert view["pending"]["blocking"] == "job-7, job-9"
+    assert view["pending"]["suggestion"] == "asking for 4 GPUs would let it start now"
+    await submission.publish(ev.granted(job))
+    view = await submission.wait_for(job, lambda v: v["status"] == "SCHEDULED")
+    assert view["pending"] is None
 
 
 async def test_preempted_job_resumes_and_cost_is_final_when_every_lease_is_billed(

@@ -42,6 +42,14 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     assert settings.port == 8082
 
 
+def test_topology_defaults_and_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings().topology == "default"
+    monkeypatch.setenv("TRAINYARD_RUNNER_TOPOLOGY", "rack-7")
+    assert Settings().topology == "rack-7"
+    with pytest.raises(ValidationError):
+        Settings(topology="has space")
+
+
 def test_the_cli_overrides_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAINYARD_RUNNER_VIRTUAL_GPUS", "4")
     seen: list[Settings] = []

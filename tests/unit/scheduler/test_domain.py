@@ -24,6 +24,15 @@ def test_fence_applies_only_to_the_live_allocation_and_epoch() -> None:
     assert fence(LIVE, "alloc-1", 6) == "epoch 6 is stale (live epoch 7)"
     assert fence(LIVE, "alloc-0", 7) == "allocation alloc-0 is not the live one (alloc-1)"
     assert fence(None, "alloc-1", 7) == "the job holds no live allocation"
+    assert fence([], "alloc-1", 7) == "the job holds no live allocation"
+
+
+def test_fence_of_a_gang_applies_to_each_member_with_its_own_epoch() -> None:
+    gang = [LIVE, LiveAllocation("alloc-2", "node-2", epoch=8)]
+    assert fence(gang, "alloc-1", 7) is None
+    assert fence(gang, "alloc-2", 8) is None
+    assert fence(gang, "alloc-2", 7) == "epoch 7 is stale (live epoch 8)"
+    assert fence(gang, "alloc-3", 8) == "allocation alloc-3 is not the live one (alloc-1, alloc-2)"
 
 
 @pytest.mark.parametrize(

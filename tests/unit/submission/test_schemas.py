@@ -113,7 +113,15 @@ def test_configured_flavors_are_the_allowed_ones() -> None:
 
 
 def test_unknown_field_is_named() -> None:
-    assert _errors({**GOOD, "priority": "high"}) == {"priority": "unknown field"}
+    assert _errors({**GOOD, "colour": "blue"}) == {"colour": "unknown field"}
+
+
+def test_priority_is_a_class_name_defaulting_to_normal() -> None:
+    assert parse_job_request(json.dumps(GOOD).encode(), DEFAULT_FLAVORS).priority == "normal"
+    job = parse_job_request(json.dumps({**GOOD, "priority": "high"}).encode(), DEFAULT_FLAVORS)
+    assert job.to_spec("alice", "ml").priority == "high"
+    for bad in ("High", "9lives", "", "x" * 41, "a_b"):
+        assert set(_errors({**GOOD, "priority": bad})) == {"priority"}
 
 
 def test_nested_errors_carry_their_path() -> None:

@@ -22,6 +22,8 @@ def _job(**changes: Any) -> dict[str, Any]:
         "pending_reason": None,
         "pending_position": None,
         "estimated_start": None,
+        "pending_blocking": None,
+        "pending_suggestion": None,
         "allocation_id": None,
         "node_id": None,
         "gpu_indices": None,
@@ -56,6 +58,16 @@ def test_pending_details_are_shown_only_while_pending() -> None:
     view = job_view(pending, [], [], None, [], 0)
     assert view.pending is not None
     assert (view.pending.reason, view.pending.position) == ("quota", 4)
+    hinted = job_view(
+        {**pending, "pending_blocking": "job-7", "pending_suggestion": "ask for 2 GPUs"},
+        [],
+        [],
+        None,
+        [],
+        0,
+    )
+    assert hinted.pending is not None
+    assert (hinted.pending.blocking, hinted.pending.suggestion) == ("job-7", "ask for 2 GPUs")
     assert job_view({**pending, "status": "QUEUED"}, [], [], None, [], 0).pending is None
 
 

@@ -1,0 +1,214 @@
+"""End-to-end allocation throughput: the real scheduler process over NATS and PostgreSQL.
+
+Run: ``.venv/bin/python -m bench.scheduler_e2e [--nodes 100] [--jobs 800]``. Prints a line per
+run and writes ``bench/results/scheduler_e2e.json``.
+
+What is measured: a real ``python -m services.scheduler`` (one process, its own Postgres schema,
+JetStream consumer, outbox relay) on a local NATS server and PostgreSQL. ``--nodes`` runners are
+simulated by publishing their heartbeats (8 GPUs each); then ``--jobs`` one-GPU jobs are
+published as ``job.submitted`` events as fast as the client can, and the clock runs from the
+first submit until the last ``allocation.granted`` is seen on NATS. Every decision therefore
+includes: consume, inbox record, a scheduling pass, leases written under the unique-lease
+constraint, outbox row, commit, relay to JetStream. The reference is the issue's target of
+500 decisions per second (Slurm documents about 500 jobs/s; the Kubernetes scheduler about
+180 pods/s with GPU resources); there is no in-run baseline process to compare against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import nats
+from nats.aio.msg import Msg
+from nats.js.errors import NotFoundError
+
+from deploy.local.nats import NatsServer
+from deploy.local.ports import free_port
+from deploy.local.postgres import PostgresServer
+from deploy.local.processes import ManagedProcess
+from shared.events import Envelope
+from shared.events.payloads import JobSpec, JobSubmitted, RunnerHeartbeat
+
+RESULTS = Path(__file__).parent / "results" / "scheduler_e2e.json"
+TARGET_PER_S = 500.0
+
+
+async def _run(nats_url: str, nodes: int, jobs: int, queue_url: str) -> dict[str, float]:
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    granted: set[str] = set()
+    done = asyncio.Event()
+
+    async def on_grant(msg: Msg) -> None:
+        granted.add(json.loads(msg.data)["data"]["job_id"])
+        if len(granted) >= jobs:
+            done.set()
+
+    await nc.subscribe("trainyard.allocation.granted.v1.>", cb=on_grant)
+    run_tag = uuid.uuid4().hex[:6]
+    for i in range(nodes):
+        node = f"bench-{run_tag}-{i:04d}"
+        beat = RunnerHeartbeat(
+            node_id=node,
+            hostname=node,
+            gpu_flavor="a100",
+            gpu_count=8,
+            sent_at=dt.datetime.now(dt.UTC),
+        )
+        beat_env = Envelope.wrap(beat, source="bench", subject=node)
+        await js.publish(
+            beat_env.nats_subject, beat_env.to_json(), headers={"Nats-Msg-Id": beat_env.id}
+        )
+    await _wait_for_nodes(queue_url, nodes)
+
+    t0 = time.perf_counter()
+    for _ in range(jobs):
+        job_id = str(uuid.uuid4())
+        spec = JobSpec(
+            name="bench",
+            team=f"team-{len(granted) % 5}",
+            user="bench",
+            entrypoint="examples.digits_cnn",
+            gpus=1,
+            gpu_flavor="a100",
+            seed=0,
+            max_runtime_seconds=3600,
+        )
+        env = Envelope.wrap(
+            JobSubmitted(job_id=job_id, spec=spec, submitted_at=dt.datetime.now(dt.UTC)),
+            source="bench",
+            subject=job_id,
+        )
+        await js.publish(env.nats_subject, env.to_json(), headers={"Nats-Msg-Id": env.id})
+    t_submitted = time.perf_counter()
+    with contextlib.suppress(TimeoutError):  # a shortfall is reported, not raised
+        await asyncio.wait_for(done.wait(), timeout=max(120.0, jobs / 5))
+    t_end = time.perf_counter()
+    await nc.close()
+    return {
+        "nodes": nodes,
+        "gpus": nodes * 8,
+        "jobs": jobs,
+        "granted": len(granted),
+        "submit_seconds": round(t_submitted - t0, 3),
+        "seconds": round(t_end - t0, 3),
+        "decisions_per_second": round(len(granted) / (t_end - t0), 1),
+    }
+
+
+async def _wait_for_nodes(queue_url: str, nodes: int) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        body = await asyncio.to_thread(_get_json, queue_url)
+        if len(body.get("nodes", [])) >= nodes:
+            return
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"the scheduler did not register {nodes} nodes within 60 s")
+
+
+def _get_json(url: str) -> dict[str, list[object]]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        body: dict[str, list[object]] = json.loads(response.read())
+    return body
+
+
+def _wait_ready(url: str, process: ManagedProcess) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if not process.is_running():
+            raise RuntimeError(f"scheduler exited:\n{process.log_tail()}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError("scheduler not ready within 120 s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scheduler_e2e")
+    parser.add_argument("--nodes", type=int, nargs="+", default=[25, 100])
+    parser.add_argument("--jobs-per-gpu", type=float, default=1.0)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="trainyard-bench-") as tmp:
+        base = Path(tmp)
+        os.chmod(base, 0o755)  # PostgreSQL runs as its own user when we are root
+        with NatsServer(base / "nats") as nats_server, PostgresServer(base / "pg") as pg:
+            for nodes in args.nodes:
+                port = free_port()
+                dsn = pg.create_database(f"bench_{nodes}")
+                env = {
+                    **{k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")},
+                    "TRAINYARD_NATS_URL": nats_server.url,
+                    "TRAINYARD_DATABASE_URL": dsn,
+                    "TRAINYARD_SCHEDULER_PORT": str(port),
+                    "TRAINYARD_SCHEDULER_NODE_TIMEOUT_SECONDS": "600",
+                }
+                process = ManagedProcess(
+                    "scheduler",
+                    [sys.executable, "-m", "services.scheduler"],
+                    env=env,
+                    log_path=base / f"scheduler-{nodes}.log",
+                    cwd=Path(__file__).parents[1],
+                )
+                process.start()
+                try:
+                    _wait_ready(f"http://127.0.0.1:{port}/readyz", process)
+                    jobs = int(nodes * 8 * args.jobs_per_gpu)
+                    run = asyncio.run(
+                        _run(nats_server.url, nodes, jobs, f"http://127.0.0.1:{port}/v1/queue")
+                    )
+                finally:
+                    process.stop()
+                    # A fresh stream per run: the next scheduler must not replay this one.
+                    asyncio.run(_delete_streams(nats_server.url))
+                runs.append(run)
+                print(
+                    f"{run['nodes']:>5} nodes {run['gpus']:>5} GPUs {run['jobs']:>5} jobs: "
+                    f"{run['granted']} granted in {run['seconds']:.2f} s = "
+                    f"{run['decisions_per_second']:.0f} decisions/s "
+                    f"({run['decisions_per_second'] / TARGET_PER_S:.2f}x the 500/s target)"
+                )
+    result = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_average": os.getloadavg(),
+        },
+        "target_decisions_per_second": TARGET_PER_S,
+        "runs": runs,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+async def _delete_streams(url: str) -> None:
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    for stream in ("TRAINYARD", "TRAINYARD_DEADLETTER"):
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream(stream)
+    await nc.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

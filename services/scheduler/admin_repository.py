@@ -1,0 +1,214 @@
+"""SQL of the operator's configuration: flavors, cohorts, queues with quotas, priority
+classes. One function per query, each taking a connection; tables are the ``scheduler``
+schema's (the pool's ``search_path``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import asyncpg
+
+Row = Mapping[str, Any]
+
+CONFIG_CHANNEL = "trainyard_scheduler_config"
+"""Admin changes notify this channel when they commit; the leader's pass loop listens."""
+
+# --- flavors ---------------------------------------------------------------------------
+
+_FLAVOR_VIEW = """SELECT f.name, f.description, f.created_at,
+           count(n.node_id) AS nodes,
+           count(n.node_id) FILTER (WHERE n.status = 'READY') AS ready_nodes,
+           COALESCE(sum(n.gpu_count), 0) AS gpus,
+           COALESCE(sum(n.gpu_count) FILTER (WHERE n.status = 'READY'), 0) AS ready_gpus
+    FROM flavors f LEFT JOIN nodes n ON n.gpu_flavor = f.name"""
+
+
+async def flavors(conn: asyncpg.Connection) -> list[Row]:
+    rows: list[Row] = await conn.fetch(f"{_FLAVOR_VIEW} GROUP BY f.name ORDER BY f.name")
+    return rows
+
+
+async def flavor(conn: asyncpg.Connection, name: str) -> Row | None:
+    row: Row | None = await conn.fetchrow(f"{_FLAVOR_VIEW} WHERE f.name = $1 GROUP BY f.name", name)
+    return row
+
+
+async def flavor_names(conn: asyncpg.Connection, names: Sequence[str]) -> set[str]:
+    """Which of ``names`` are known flavors."""
+    rows = await conn.fetch("SELECT name FROM flavors WHERE name = ANY($1::text[])", list(names))
+    return {r["name"] for r in rows}
+
+
+async def upsert_flavor(conn: asyncpg.Connection, name: str, description: str) -> bool:
+    """Create or describe a flavor; True when it was created."""
+    created: bool = await conn.fetchval(
+        "INSERT INTO flavors (name, description) VALUES ($1, $2) "
+        "ON CONFLICT (name) DO UPDATE SET description = EXCLUDED.description "
+        "RETURNING xmax = 0",
+        name,
+        description,
+    )
+    return created
+
+
+# --- cohorts ---------------------------------------------------------------------------
+
+_COHORT_VIEW = """SELECT c.name, c.description, c.created_at, c.updated_at,
+           COALESCE(array_agg(q.name ORDER BY q.name) FILTER (WHERE q.name IS NOT NULL),
+                    '{}') AS queues
+    FROM cohorts c LEFT JOIN queues q ON q.cohort = c.name"""
+
+
+async def cohorts(conn: asyncpg.Connection) -> list[Row]:
+    rows: list[Row] = await conn.fetch(f"{_COHORT_VIEW} GROUP BY c.name ORDER BY c.name")
+    return rows
+
+
+async def cohort(conn: asyncpg.Connection, name: str) -> Row | None:
+    row: Row | None = await conn.fetchrow(f"{_COHORT_VIEW} WHERE c.name = $1 GROUP BY c.name", name)
+    return row
+
+
+async def upsert_cohort(conn: asyncpg.Connection, name: str, description: str) -> bool:
+    created: bool = await conn.fetchval(
+        "INSERT INTO cohorts (name, description) VALUES ($1, $2) "
+        "ON CONFLICT (name) DO UPDATE SET description = EXCLUDED.description, "
+        "updated_at = now() RETURNING xmax = 0",
+        name,
+        description,
+    )
+    return created
+
+
+# --- queues and quotas -----------------------------------------------------------------
+
+
+async def queues(conn: asyncpg.Connection) -> list[Row]:
+    rows: list[Row] = await conn.fetch(
+        "SELECT name, team, cohort, weight, implicit, created_at, updated_at FROM queues "
+        "ORDER BY name"
+    )
+    return rows
+
+
+async def queue(conn: asyncpg.Connection, name: str) -> Row | None:
+    row: Row | None = await conn.fetchrow(
+        "SELECT name, team, cohort, weight, implicit, created_at, updated_at FROM queues "
+        "WHERE name = $1",
+        name,
+    )
+    return row
+
+
+async def queue_of_team(conn: asyncpg.Connection, team: str) -> Row | None:
+    row: Row | None = await conn.fetchrow(
+        "SELECT name, team, cohort, weight, implicit FROM queues WHERE team = $1", team
+    )
+    return row
+
+
+async def quotas(conn: asyncpg.Connection, queue_names: Sequence[str] | None = None) -> list[Row]:
+    """Quota rows of these queues (all queues when None), by queue and flavor."""
+    rows: list[Row] = await conn.fetch(
+        "SELECT queue, flavor, nominal, borrowing_limit, lending_limit FROM quotas "
+        "WHERE $1::text[] IS NULL OR queue = ANY($1::text[]) ORDER BY queue, flavor",
+        None if queue_names is None else list(queue_names),
+    )
+    return rows
+
+
+async def upsert_queue(
+    conn: asyncpg.Connection, name: str, team: str, cohort: str | None, weight: float
+) -> bool:
+    created: bool = await conn.fetchval(
+        "INSERT INTO queues (name, team, cohort, weight) VALUES ($1, $2, $3, $4) "
+        "ON CONFLICT (name) DO UPDATE SET cohort = EXCLUDED.cohort, weight = EXCLUDED.weight, "
+        "updated_at = now() RETURNING xmax = 0",
+        name,
+        team,
+        cohort,
+        weight,
+    )
+    return created
+
+
+async def replace_quotas(
+    conn: asyncpg.Connection,
+    queue_name: str,
+    rows: Sequence[tuple[str, int, int | None, int | None]],
+) -> None:
+    """The queue's quotas become ``rows`` of (flavor, nominal, borrowing, lending limit)."""
+    await conn.execute("DELETE FROM quotas WHERE queue = $1", queue_name)
+    await conn.executemany(
+        "INSERT INTO quotas (queue, flavor, nominal, borrowing_limit, lending_limit) "
+        "VALUES ($1, $2, $3, $4, $5)",
+        [(queue_name, *row) for row in rows],
+    )
+
+
+async def adopt_implicit_queue(
+    conn: asyncpg.Connection, implicit: str, name: str, cohort: str | None, weight: float
+) -> None:
+    """Turn a team's implicit queue into its named queue; its jobs follow (the foreign key
+    cascades the rename)."""
+    await conn.execute(
+        "UPDATE queues SET name = $2, implicit = false, cohort = $3, weight = $4, "
+        "updated_at = now() WHERE name = $1 AND implicit",
+        implicit,
+        name,
+        cohort,
+        weight,
+    )
+
+
+# --- priority classes ------------------------------------------------------------------
+
+_CLASS_COLUMNS = (
+    "name, value, preemptible, min_runtime_seconds, description, created_at, updated_at"
+)
+
+
+async def priority_classes(conn: asyncpg.Connection) -> list[Row]:
+    rows: list[Row] = await conn.fetch(
+        f"SELECT {_CLASS_COLUMNS} FROM priority_classes ORDER BY value DESC, name"
+    )
+    return rows
+
+
+async def priority_class(conn: asyncpg.Connection, name: str) -> Row | None:
+    row: Row | None = await conn.fetchrow(
+        f"SELECT {_CLASS_COLUMNS} FROM priority_classes WHERE name = $1", name
+    )
+    return row
+
+
+async def upsert_priority_class(
+    conn: asyncpg.Connection,
+    name: str,
+    value: int,
+    preemptible: bool,
+    min_runtime_seconds: float,
+    description: str,
+) -> bool:
+    created: bool = await conn.fetchval(
+        "INSERT INTO priority_classes (name, value, preemptible, min_runtime_seconds, "
+        "description) VALUES ($1, $2, $3, $4, $5) "
+        "ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, "
+        "preemptible = EXCLUDED.preemptible, min_runtime_seconds = EXCLUDED.min_runtime_seconds, "
+        "description = EXCLUDED.description, updated_at = now() RETURNING xmax = 0",
+        name,
+        value,
+        preemptible,
+        min_runtime_seconds,
+        description,
+    )
+    return created
+
+
+# --- change notification ---------------------------------------------------------------
+
+
+async def notify_config_changed(conn: asyncpg.Connection) -> None:
+    """Wake the leader's pass loop when this transaction commits."""
+    await conn.execute("SELECT pg_notify($1, '')", CONFIG_CHANNEL)

@@ -1,0 +1,250 @@
+"""HTTP schemas of the scheduler's admin API (never published as events), their validation
+into field errors, and the converters from rows to views.
+
+Every request body is validated whole; each bad field is reported as ``FieldError(field,
+message)`` with its path (``quotas.a100.nominal``), all at once, answered with 422.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Annotated, Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+NAME_PATTERN = r"^[a-z][a-z0-9-]{0,39}$"
+"""Names of queues, cohorts and priority classes (the same rule as a job's ``priority``)."""
+FLAVOR_PATTERN = r"^[a-z0-9][a-z0-9-]{0,39}$"
+TEAM_PATTERN = r"^[A-Za-z0-9._-]{1,100}$"
+MAX_GPUS = 1_000_000
+M = TypeVar("M", bound=BaseModel)
+
+Description = Annotated[str, Field(max_length=1000)]
+Flavor = Annotated[str, Field(pattern=FLAVOR_PATTERN)]
+
+
+class FieldError(BaseModel):
+    field: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error response: a summary and, for invalid requests, one entry per field."""
+
+    detail: str
+    errors: list[FieldError] = Field(default_factory=list)
+
+
+class RequestInvalid(Exception):
+    """A request failed validation; answered with 422 and ``errors``."""
+
+    def __init__(self, errors: Sequence[FieldError], detail: str = "invalid request") -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.errors = list(errors)
+
+    @classmethod
+    def one(cls, field: str, message: str) -> RequestInvalid:
+        return cls([FieldError(field=field, message=message)])
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class FlavorRequest(_Request):
+    """``PUT /v1/admin/flavors/{name}``: declare a flavor before any node of it exists."""
+
+    description: Description = ""
+
+
+class CohortRequest(_Request):
+    """``PUT /v1/admin/cohorts/{name}``."""
+
+    description: Description = ""
+
+
+class QuotaRequest(_Request):
+    nominal: Annotated[int, Field(ge=0, le=MAX_GPUS)]
+    """GPUs of the flavor the queue is guaranteed (lent to its cohort while unused)."""
+    borrowing_limit: Annotated[int, Field(ge=0, le=MAX_GPUS)] | None = None
+    """Most GPUs it may borrow beyond ``nominal`` from its cohort (none: no limit)."""
+    lending_limit: Annotated[int, Field(ge=0, le=MAX_GPUS)] | None = None
+    """Most of its unused nominal it lends (none: all of it); at most ``nominal``."""
+
+    @model_validator(mode="after")
+    def _lending_within_nominal(self) -> QuotaRequest:
+        if self.lending_limit is not None and self.lending_limit > self.nominal:
+            raise ValueError("lending_limit: must not exceed nominal")
+        return self
+
+
+class QueueRequest(_Request):
+    """``PUT /v1/admin/queues/{name}``: a team's queue and its quota per flavor."""
+
+    team: Annotated[str, Field(pattern=TEAM_PATTERN)]
+    cohort: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
+    weight: Annotated[float, Field(gt=0, le=1000)] = 1.0
+    quotas: dict[Flavor, QuotaRequest] = Field(default_factory=dict, max_length=100)
+
+    @model_validator(mode="after")
+    def _limits_need_a_cohort(self) -> QueueRequest:
+        if self.cohort is None:
+            for flavor, quota in self.quotas.items():
+                if quota.borrowing_limit is not None or quota.lending_limit is not None:
+                    raise ValueError(f"quotas.{flavor}: borrowing and lending limits need a cohort")
+        return self
+
+
+class PriorityClassRequest(_Request):
+    """``PUT /v1/admin/priority-classes/{name}``."""
+
+    value: Annotated[int, Field(ge=-1_000_000_000, le=1_000_000_000)]
+    """Higher runs first and may preempt lower values in the same queue."""
+    preemptible: bool
+    min_runtime_seconds: Annotated[float, Field(ge=0, le=30 * 86400)] = 0.0
+    """A job of the class runs at least this long before it may be preempted."""
+    description: Description = ""
+
+
+class FlavorView(BaseModel):
+    name: str
+    description: str
+    nodes: int
+    ready_nodes: int
+    gpus: int
+    ready_gpus: int
+
+
+class CohortView(BaseModel):
+    name: str
+    description: str
+    queues: list[str]
+    created_at: datetime
+    updated_at: datetime
+
+
+class QuotaView(BaseModel):
+    nominal: int
+    borrowing_limit: int | None
+    lending_limit: int | None
+
+
+class QueueConfigView(BaseModel):
+    name: str
+    team: str
+    cohort: str | None
+    weight: float
+    implicit: bool
+    """Made on the team's first submission; may use every ready GPU; replaced by a PUT."""
+    quotas: dict[str, QuotaView]
+
+
+class PriorityClassView(BaseModel):
+    name: str
+    value: int
+    preemptible: bool
+    min_runtime_seconds: float
+    description: str
+
+
+def parse_body(model: type[M], body: bytes) -> M:
+    """Validate a JSON body; raise ``RequestInvalid`` naming every bad field."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise RequestInvalid(field_errors(exc)) from None
+
+
+def field_errors(exc: ValidationError) -> list[FieldError]:
+    errors = []
+    for err in exc.errors(include_url=False):
+        path = _path(err["loc"])
+        message = _message(err["type"], err["msg"])
+        head, sep, rest = message.partition(": ")
+        if err["type"] == "value_error" and sep and re.fullmatch(r"[\w.-]+", head):
+            # A model check that names its own field ("lending_limit: ...").
+            path, message = (f"{path}.{head}" if path != "body" else head), rest
+        errors.append(FieldError(field=path, message=message))
+    return errors
+
+
+def _path(loc: Sequence[int | str]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else part)
+    return path or "body"
+
+
+def _message(kind: str, message: str) -> str:
+    if kind == "extra_forbidden":
+        return "unknown field"
+    if kind == "missing":
+        return "field required"
+    if kind == "model_type":
+        return "must be a JSON object"
+    return message.removeprefix("Value error, ")
+
+
+def check_name(value: str, pattern: str = NAME_PATTERN) -> str:
+    """A path name must match ``pattern``; else 422 naming ``name``."""
+    if not re.fullmatch(pattern, value):
+        raise RequestInvalid.one("name", f"must match {pattern}")
+    return value
+
+
+# --- rows to views -----------------------------------------------------------------------
+
+
+def flavor_view(row: Mapping[str, Any]) -> FlavorView:
+    return FlavorView(
+        name=row["name"],
+        description=row["description"],
+        nodes=row["nodes"],
+        ready_nodes=row["ready_nodes"],
+        gpus=row["gpus"],
+        ready_gpus=row["ready_gpus"],
+    )
+
+
+def cohort_view(row: Mapping[str, Any]) -> CohortView:
+    return CohortView(
+        name=row["name"],
+        description=row["description"],
+        queues=list(row["queues"]),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def queue_config_view(
+    row: Mapping[str, Any], quotas: Sequence[Mapping[str, Any]]
+) -> QueueConfigView:
+    return QueueConfigView(
+        name=row["name"],
+        team=row["team"],
+        cohort=row["cohort"],
+        weight=row["weight"],
+        implicit=row["implicit"],
+        quotas={
+            q["flavor"]: QuotaView(
+                nominal=q["nominal"],
+                borrowing_limit=q["borrowing_limit"],
+                lending_limit=q["lending_limit"],
+            )
+            for q in quotas
+            if q["queue"] == row["name"]
+        },
+    )
+
+
+def priority_class_view(row: Mapping[str, Any]) -> PriorityClassView:
+    return PriorityClassView(
+        name=row["name"],
+        value=row["value"],
+        preemptible=row["preemptible"],
+        min_runtime_seconds=row["min_runtime_seconds"],
+        description=row["description"],
+    )

@@ -1,0 +1,338 @@
+"""Converters between the scheduler's rows and the policy's types (pure: no I/O).
+
+Contract:
+- ``build_snapshot(rows, now, half_life_s)`` turns what the repository loaded into the
+  policy's ``Snapshot`` (times as epoch seconds). Rules the service adds around the policy:
+  an *implicit* queue (``default:<team>``, made for a team no operator gave a queue) gets no
+  cohort and a nominal quota of twice the ready GPUs of every flavor -- more than it can
+  ever use -- so a fresh install schedules everything; a job whose priority class does not exist is held back from the
+  policy (it waits, and ``unknown_priority_note`` says why); a job being cancelled, or under
+  a preemption notice, is *leaving* (never chosen as a victim again); usage is decayed to
+  ``now`` with the policy's ``decay_usage``.
+- ``pending_notes(decisions, built, now)`` gives every waiting job its ``PendingNote``
+  (reason, position, blocking, suggestion, estimated start as a datetime) and
+  ``note_changed`` says whether a note is news compared with the last one published: the
+  durations inside a reason ("~12 min") and small drifts of the estimate are not.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from services.scheduler.policy.fairshare import decay_usage
+from services.scheduler.policy.model import (
+    Decisions,
+    Explanation,
+    Node,
+    PendingJob,
+    PriorityClass,
+    Queue,
+    RunningJob,
+    Snapshot,
+)
+from shared.events.payloads import JobPending
+
+Row = Mapping[str, Any]
+
+IMPLICIT_PREFIX = "default:"
+"""Name prefix of the queue made for a team on its first submission."""
+_DURATION = re.compile(r"~\d+(?:\.\d+)? (?:s|min|h|d)\b")
+_LATEST = datetime.max.replace(tzinfo=UTC).timestamp()
+
+
+def implicit_queue(team: str) -> str:
+    return f"{IMPLICIT_PREFIX}{team}"
+
+
+def to_epoch(at: datetime) -> float:
+    return at.timestamp()
+
+
+def from_epoch(seconds: float | None) -> datetime | None:
+    """The policy's clock back to a datetime; None for no (or an unrepresentable) time."""
+    if seconds is None or not math.isfinite(seconds) or seconds >= _LATEST:
+        return None
+    return datetime.fromtimestamp(max(seconds, 0.0), UTC)
+
+
+@dataclass(frozen=True)
+class SnapshotRows:
+    """What ``repository.load_snapshot_rows`` reads, one list per query."""
+
+    nodes: Sequence[Row]
+    """Ready nodes: node_id, gpu_flavor, gpu_count, topology."""
+    leases: Sequence[Row]
+    """Live leases on ready nodes: node_id, gpu_index, job_id."""
+    running: Sequence[Row]
+    """Live allocations with their job: allocation_id, epoch, job_id, queue, gpu_flavor, gpus,
+    priority_class,
+    max_runtime_seconds, job_status, job_updated_at, node_id, gpu_indices, granted_at,
+    last_checkpoint_at, notice_at, borrowed."""
+    queues: Sequence[Row]
+    """name, team, cohort, weight, implicit."""
+    quotas: Sequence[Row]
+    """queue, flavor, nominal, borrowing_limit, lending_limit."""
+    classes: Sequence[Row]
+    """name, value, preemptible, min_runtime_seconds."""
+    usage: Sequence[Row]
+    """team, gpu_seconds, as_of."""
+    pending: Sequence[Row]
+    """Queued jobs: job_id, queue, gpu_flavor, gpus, priority_class, submitted_at,
+    max_runtime_seconds, seq and the last published pending_* columns."""
+
+
+@dataclass(frozen=True)
+class Built:
+    """A snapshot and what the service keeps beside it for applying the decisions."""
+
+    snapshot: Snapshot
+    held_back: tuple[Row, ...] = ()
+    """Queued jobs kept from the policy: their priority class does not exist."""
+    pending: Mapping[str, Row] = field(default_factory=dict)
+    """Every queued job's row, by id."""
+    running: Mapping[str, Sequence[Row]] = field(default_factory=dict)
+    """Every job holding GPUs: its live allocation rows (one per node of its gang)."""
+    class_names: tuple[str, ...] = ()
+
+
+def build_snapshot(rows: SnapshotRows, now: datetime, half_life_s: float) -> Built:
+    """The policy's view of the cluster at ``now`` (see the module docstring)."""
+    nodes, totals = _nodes(rows.nodes, rows.leases)
+    classes = tuple(
+        PriorityClass(c["name"], c["value"], c["preemptible"], float(c["min_runtime_seconds"]))
+        for c in rows.classes
+    )
+    known = {c.name for c in classes}
+    queues = queues_from_rows(rows.queues, rows.quotas, totals)
+    pending: list[PendingJob] = []
+    held: list[Row] = []
+    for j in rows.pending:
+        if j["priority_class"] not in known:
+            held.append(j)
+            continue
+        pending.append(
+            PendingJob(
+                job_id=j["job_id"],
+                queue=j["queue"],
+                flavor=j["gpu_flavor"],
+                gpus=j["gpus"],
+                priority=j["priority_class"],
+                submitted_at=to_epoch(j["submitted_at"]),
+                declared_runtime_s=float(j["max_runtime_seconds"]),
+                seq=j["seq"],
+            )
+        )
+    by_job: dict[str, list[Row]] = {}
+    for a in rows.running:
+        by_job.setdefault(a["job_id"], []).append(a)
+    usage: dict[str, float] = {}
+    for u in rows.usage:
+        elapsed = (now - u["as_of"]).total_seconds()
+        usage.update(decay_usage({u["team"]: u["gpu_seconds"]}, elapsed, half_life_s))
+    snapshot = Snapshot(
+        now=to_epoch(now),
+        nodes=nodes,
+        queues=queues,
+        priority_classes=classes,
+        pending=tuple(pending),
+        running=tuple(_running(members) for members in by_job.values()),
+        usage=usage,
+    )
+    return Built(
+        snapshot=snapshot,
+        held_back=tuple(held),
+        pending={j["job_id"]: j for j in rows.pending},
+        running=by_job,
+        class_names=tuple(sorted(known)),
+    )
+
+
+def _nodes(
+    node_rows: Sequence[Row], lease_rows: Sequence[Row]
+) -> tuple[tuple[Node, ...], dict[str, int]]:
+    used: dict[str, dict[int, str]] = {}
+    for lease in lease_rows:
+        used.setdefault(lease["node_id"], {})[lease["gpu_index"]] = lease["job_id"]
+    totals: dict[str, int] = {}
+    nodes = []
+    for n in node_rows:
+        totals[n["gpu_flavor"]] = totals.get(n["gpu_flavor"], 0) + n["gpu_count"]
+        nodes.append(
+            Node(
+                n["node_id"],
+                n["gpu_flavor"],
+                n["gpu_count"],
+                n["topology"],
+                used.get(n["node_id"], {}),
+            )
+        )
+    return tuple(nodes), totals
+
+
+def queues_from_rows(
+    queue_rows: Sequence[Row], quota_rows: Sequence[Row], totals: Mapping[str, int]
+) -> tuple[Queue, ...]:
+    """The policy's queues; ``totals`` (flavor -> ready GPUs) sizes an implicit queue's quota."""
+    quotas: dict[str, list[Row]] = {}
+    for q in quota_rows:
+        quotas.setdefault(q["queue"], []).append(q)
+    queues = []
+    for q in queue_rows:
+        if q["implicit"]:
+            # No operator set this team up: it may use every ready GPU of every flavor. Twice
+            # the cluster, so the quota never binds before the GPUs run out (the reason then
+            # names the jobs holding them, not a quota nobody set), while fair share still
+            # compares teams by the fraction of the cluster they use.
+            nominal = {flavor: 2 * gpus for flavor, gpus in totals.items()}
+            queues.append(Queue(q["name"], q["team"], None, nominal, {}, {}, q["weight"]))
+            continue
+        own = quotas.get(q["name"], [])
+        queues.append(
+            Queue(
+                name=q["name"],
+                team=q["team"],
+                cohort=q["cohort"],
+                nominal={r["flavor"]: r["nominal"] for r in own},
+                borrowing_limit={
+                    r["flavor"]: r["borrowing_limit"]
+                    for r in own
+                    if r["borrowing_limit"] is not None
+                },
+                lending_limit={
+                    r["flavor"]: r["lending_limit"] for r in own if r["lending_limit"] is not None
+                },
+                weight=float(q["weight"]),
+            )
+        )
+    return tuple(queues)
+
+
+def _running(members: Sequence[Row]) -> RunningJob:
+    """One job holding GPUs, from its live allocations (one per node)."""
+    first = members[0]
+    checkpoints = [m["last_checkpoint_at"] for m in members if m["last_checkpoint_at"]]
+    notices = [m["notice_at"] for m in members if m["notice_at"]]
+    if first["job_status"] == "CANCELLING":
+        notices.append(first["job_updated_at"])  # it is leaving: never a victim again
+    return RunningJob(
+        job_id=first["job_id"],
+        queue=first["queue"],
+        flavor=first["gpu_flavor"],
+        gpus=sum(len(m["gpu_indices"]) for m in members),
+        priority=first["priority_class"],
+        started_at=to_epoch(min(m["granted_at"] for m in members)),
+        declared_runtime_s=float(first["max_runtime_seconds"]),
+        placement={m["node_id"]: tuple(sorted(m["gpu_indices"])) for m in members},
+        last_checkpoint_at=to_epoch(max(checkpoints)) if checkpoints else None,
+        borrowed=any(m["borrowed"] for m in members),
+        notice_at=to_epoch(min(notices)) if notices else None,
+    )
+
+
+# --- decisions back ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PendingNote:
+    """What a waiting job is told (the fields of ``JobPending``)."""
+
+    reason: str
+    position: int
+    blocking: str | None = None
+    suggestion: str | None = None
+    estimated_start: datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: Row) -> PendingNote | None:
+        """The note last published for a queued job, or None if none was."""
+        if row["pending_reason"] is None:
+            return None
+        return cls(
+            row["pending_reason"],
+            row["pending_position"],
+            row["pending_blocking"],
+            row["pending_suggestion"],
+            row["pending_estimated_start"],
+        )
+
+    @classmethod
+    def from_explanation(cls, explanation: Explanation) -> PendingNote:
+        return cls(
+            explanation.reason,
+            explanation.position,
+            explanation.blocking or None,
+            explanation.suggestion,
+            from_epoch(explanation.estimated_start),
+        )
+
+    def to_event(self, job_id: str) -> JobPending:
+        return JobPending(
+            job_id=job_id,
+            reason=self.reason,
+            position=self.position,
+            estimated_start=self.estimated_start,
+            blocking=self.blocking,
+            suggestion=self.suggestion,
+        )
+
+
+def unknown_priority_note(priority: str, classes: Sequence[str], position: int) -> PendingNote:
+    """The note of a job whose priority class does not exist (it waits until it does)."""
+    defined = ", ".join(classes) or "none"
+    return PendingNote(
+        reason=f"unknown priority class {priority}; defined classes: {defined}",
+        position=position,
+        blocking=f"priority class {priority}",
+        suggestion=(
+            f"resubmit with one of: {defined}, or ask an operator to define {priority}"
+            if classes
+            else f"ask an operator to define priority class {priority}"
+        ),
+    )
+
+
+def pending_notes(decisions: Decisions, built: Built) -> dict[str, PendingNote]:
+    """A note for every waiting job: the policy's explanations, then held-back jobs last in
+    their queues."""
+    notes = {
+        job_id: PendingNote.from_explanation(e) for job_id, e in decisions.explanations.items()
+    }
+    behind: dict[str, int] = {}
+    for job_id in notes:
+        queue = built.pending[job_id]["queue"] if job_id in built.pending else ""
+        behind[queue] = behind.get(queue, 0) + 1
+    for row in sorted(built.held_back, key=lambda r: (r["submitted_at"], r["seq"])):
+        behind[row["queue"]] = behind.get(row["queue"], 0) + 1
+        notes[row["job_id"]] = unknown_priority_note(
+            row["priority_class"], built.class_names, behind[row["queue"]]
+        )
+    return notes
+
+
+def normalise_reason(reason: str) -> str:
+    """A reason without its relative durations, which change with every pass."""
+    return _DURATION.sub("~…", reason)
+
+
+def note_changed(old: PendingNote | None, new: PendingNote, now: datetime) -> bool:
+    """Whether ``new`` is news compared with ``old`` (the last note published): another
+    position, holder, suggestion or reason (durations aside), or an estimated start that
+    appeared, vanished or moved by more than a minute and a tenth of the wait."""
+    if old is None:
+        return True
+    if (old.position, old.blocking, old.suggestion) != (new.position, new.blocking, new.suggestion):
+        return True
+    if normalise_reason(old.reason) != normalise_reason(new.reason):
+        return True
+    if (old.estimated_start is None) != (new.estimated_start is None):
+        return True
+    if old.estimated_start is None or new.estimated_start is None:
+        return False
+    wait = max(0.0, (old.estimated_start - now).total_seconds())
+    moved = abs((new.estimated_start - old.estimated_start).total_seconds())
+    return moved > max(60.0, 0.1 * wait)

@@ -1,0 +1,166 @@
+"""The leader's work: consume events, run passes, sweep for lost nodes.
+
+Contract:
+- ``PassLoop`` runs a scheduling pass (in its own transaction, under the scheduling lock and
+  the leader check) whenever it is poked -- by a handler after a change of supply or demand,
+  or by an admin change of queues, quotas or classes (``NOTIFY`` on ``CONFIG_CHANNEL``) --
+  and at least every ``interval_s``. Pokes that arrive while a pass runs are coalesced into
+  the next pass, so a burst of events costs a few passes, not one each. Before each pass it
+  revokes the GPUs of victims whose preemption grace is over (``leases``). A pass that
+  placed jobs leaves the pending notes to an immediate follow-up pass over the settled
+  state (``run_pass(settled_notes=True)``), unless notes have waited ``interval_s`` already.
+- ``LeaderWork.run(stop)`` is what a leader does until ``stop``: the event consumer, the pass
+  loop and the lost-node watch. A database error in a pass is logged and retried; a crash of
+  any part stops the process (``ServiceRuntime``'s rule).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import asyncpg
+
+from services.scheduler import repository as repo
+from services.scheduler.admin_repository import CONFIG_CHANNEL
+from services.scheduler.handlers import Guard, SchedulerHandlers, no_guard
+from services.scheduler.leader import NotLeader
+from services.scheduler.leases import release_expired_notices
+from services.scheduler.node_watch import NodeWatch
+from services.scheduler.scheduling import Clock, Tuning, run_pass, utc_now
+from shared.bus import Bus
+from shared.inbox import idempotent
+
+log = logging.getLogger(__name__)
+
+
+class PassLoop:
+    """Scheduling passes on demand and on a timer (see the module docstring)."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        tuning: Tuning,
+        interval_s: float = 5.0,
+        clock: Clock = utc_now,
+        guard: Guard = no_guard,
+    ) -> None:
+        self._pool = pool
+        self._tuning = tuning
+        self._interval_s = interval_s
+        self._clock = clock
+        self._guard = guard
+        self._wake = asyncio.Event()
+        self._notes_at = time.monotonic()
+        self.passes = 0
+
+    def poke(self) -> None:
+        """Ask for a pass soon (after the caller's transaction commits)."""
+        self._wake.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        listener = await self._pool.acquire()
+        await listener.add_listener(CONFIG_CHANNEL, self._on_notify)
+        self.poke()
+        try:
+            while not stop.is_set():
+                await self._sleep(stop)
+                if stop.is_set():
+                    return
+                self._wake.clear()
+                try:
+                    await self.run_once()
+                except NotLeader as exc:
+                    log.info("pass skipped: %s", exc)
+                except (
+                    OSError,
+                    TimeoutError,
+                    asyncpg.PostgresError,
+                    asyncpg.InterfaceError,
+                ) as exc:
+                    log.warning("scheduling pass failed: %s; retrying", exc)
+                    await asyncio.sleep(min(1.0, self._interval_s))
+                    self.poke()
+        finally:
+            with contextlib.suppress(OSError, asyncpg.InterfaceError):
+                await listener.remove_listener(CONFIG_CHANNEL, self._on_notify)
+            await self._pool.release(listener)
+
+    async def run_once(self) -> None:
+        """One pass now: forced releases first, then the policy, in one transaction."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            await repo.lock_scheduler(conn)
+            await self._guard(conn)
+            now = self._clock()
+            await release_expired_notices(conn, now, self._tuning)
+            overdue = time.monotonic() - self._notes_at >= self._interval_s
+            decisions = await run_pass(conn, now, self._tuning, settled_notes=not overdue)
+        self.passes += 1
+        if decisions.placements and not overdue:
+            self.poke()  # the follow-up pass tells the waiting jobs
+        else:
+            self._notes_at = time.monotonic()
+
+    def _on_notify(self, *_: object) -> None:
+        self.poke()
+
+    async def _sleep(self, stop: asyncio.Event) -> None:
+        waiters = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
+        try:
+            await asyncio.wait(
+                waiters, timeout=self._interval_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for task in waiters:
+                task.cancel()
+
+
+class LeaderWork:
+    """Everything the leader runs (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        pool: asyncpg.Pool,
+        bus: Bus,
+        subjects: list[str],
+        tuning: Tuning,
+        *,
+        pass_interval_s: float = 5.0,
+        node_check_interval_s: float = 2.0,
+        node_timeout_s: float = 15.0,
+        clock: Clock = utc_now,
+        guard: Guard = no_guard,
+    ) -> None:
+        self.passes = PassLoop(pool, tuning, pass_interval_s, clock, guard)
+        self.handlers = SchedulerHandlers(
+            clock=clock, tuning=tuning, guard=guard, poke=self.passes.poke
+        )
+        self.watch = NodeWatch(pool, node_check_interval_s, node_timeout_s, clock, tuning, guard)
+        self._name = name
+        self._pool = pool
+        self._bus = bus
+        self._subjects = subjects
+
+    async def run(self, stop: asyncio.Event) -> None:
+        handle = idempotent(self._pool, self._name, self.handlers.dispatch)
+        tasks = [
+            asyncio.create_task(
+                self._bus.consume(self._name, self._subjects, handle, stop),
+                name="events",
+            ),
+            asyncio.create_task(self.passes.run(stop), name="passes"),
+            asyncio.create_task(self.watch.run(stop), name="node-watch"),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()  # a crash propagates
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

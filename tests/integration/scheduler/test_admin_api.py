@@ -1,0 +1,190 @@
+"""The admin API on a real database: define, read back, refuse bad input naming the field."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from services.scheduler import repository as repo
+from services.scheduler.api import create_app
+from tests.integration.scheduler.conftest import make_spec
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "op-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+async def http(pool: asyncpg.Pool) -> AsyncIterator[httpx.AsyncClient]:
+    # The app runs in the test's own event loop (the pool's), not in a portal thread.
+    transport = httpx.ASGITransport(app=create_app(pool, SecretStr(TOKEN)))
+    async with httpx.AsyncClient(transport=transport, base_url="http://scheduler") as client:
+        yield client
+
+
+async def put(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> Any:
+    return await http.put(f"/v1/admin/{path}", json=body, headers=AUTH)
+
+
+def fields(response: Any) -> dict[str, str]:
+    assert response.status_code == 422, response.text
+    return {e["field"]: e["message"] for e in response.json()["errors"]}
+
+
+async def test_every_admin_route_needs_the_token(http: httpx.AsyncClient) -> None:
+    for path in ("flavors", "cohorts", "queues", "priority-classes"):
+        assert (await http.get(f"/v1/admin/{path}")).status_code == 401
+    response = await http.put("/v1/admin/cohorts/research", json={})
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert (await http.get("/v1/queue")).status_code == 401
+
+
+async def test_define_a_cohort_and_queues_with_quotas(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    response = await put(http, "flavors/a100", {"description": "80 GB"})
+    assert response.status_code == 201
+    assert response.json() == {
+        "name": "a100",
+        "description": "80 GB",
+        "nodes": 0,
+        "ready_nodes": 0,
+        "gpus": 0,
+        "ready_gpus": 0,
+    }
+    assert (await put(http, "cohorts/research", {})).status_code == 201
+    assert (await put(http, "cohorts/research", {"description": "ML"})).status_code == 200
+    body = {
+        "team": "vision",
+        "cohort": "research",
+        "weight": 2,
+        "quotas": {"a100": {"nominal": 8, "borrowing_limit": 4}},
+    }
+    response = await put(http, "queues/vision", body)
+    assert response.status_code == 201, response.text
+    assert response.json() == {
+        "name": "vision",
+        "team": "vision",
+        "cohort": "research",
+        "weight": 2.0,
+        "implicit": False,
+        "quotas": {"a100": {"nominal": 8, "borrowing_limit": 4, "lending_limit": None}},
+    }
+    # Replacing the quotas replaces them all.
+    body["quotas"] = {"a100": {"nominal": 4, "lending_limit": 2}}
+    response = await put(http, "queues/vision", body)
+    assert response.status_code == 200
+    assert response.json()["quotas"] == {
+        "a100": {"nominal": 4, "borrowing_limit": None, "lending_limit": 2}
+    }
+    (listed,) = (await http.get("/v1/admin/queues", headers=AUTH)).json()
+    assert listed == response.json()
+    cohort = (await http.get("/v1/admin/cohorts/research", headers=AUTH)).json()
+    assert (cohort["description"], cohort["queues"]) == ("ML", ["vision"])
+    assert (await http.get("/v1/admin/queues/nope", headers=AUTH)).status_code == 404
+    rows = await pool.fetch("SELECT queue, flavor, nominal, lending_limit FROM quotas")
+    assert [tuple(r) for r in rows] == [("vision", "a100", 4, 2)]
+
+
+async def test_priority_classes_are_seeded_and_can_be_defined(http: httpx.AsyncClient) -> None:
+    seeded = (await http.get("/v1/admin/priority-classes", headers=AUTH)).json()
+    assert [(c["name"], c["value"], c["preemptible"]) for c in seeded] == [
+        ("high", 1000, False),
+        ("normal", 100, True),
+        ("low", 0, True),
+    ]
+    body = {"value": 500, "preemptible": True, "min_runtime_seconds": 600, "description": "x"}
+    assert (await put(http, "priority-classes/urgent", body)).status_code == 201
+    got = (await http.get("/v1/admin/priority-classes/urgent", headers=AUTH)).json()
+    assert (got["value"], got["min_runtime_seconds"]) == (500, 600.0)
+
+
+async def test_bad_input_is_refused_with_the_field_named(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    await put(http, "flavors/a100", {})
+    assert fields(await put(http, "queues/Vision", {"team": "vision"})) == {
+        "name": "must match ^[a-z][a-z0-9-]{0,39}$"
+    }
+    found = fields(
+        await put(
+            http,
+            "queues/vision",
+            {"team": "vision", "quotas": {"a100": {"nominal": -1}}, "extra": 1},
+        )
+    )
+    assert set(found) == {"quotas.a100.nominal", "extra"}
+    found = fields(
+        await put(
+            http,
+            "queues/vision",
+            {"team": "vision", "cohort": "ghost", "quotas": {"h900": {"nominal": 1}}},
+        )
+    )
+    assert set(found) == {"cohort", "quotas.h900"}
+    assert "PUT /v1/admin/cohorts/ghost" in found["cohort"]
+    found = fields(
+        await put(
+            http,
+            "queues/vision",
+            {"team": "vision", "quotas": {"a100": {"nominal": 1, "lending_limit": 1}}},
+        )
+    )
+    assert found == {"quotas.a100": "borrowing and lending limits need a cohort"}
+    found = fields(await put(http, "priority-classes/urgent", {"value": 1.5, "preemptible": "yes"}))
+    assert set(found) == {"value", "preemptible"}
+    found = fields(await http.put("/v1/admin/cohorts/c1", content=b"{not json", headers=AUTH))
+    assert list(found) == ["body"]
+    # Nothing of it was stored.
+    assert await pool.fetchval("SELECT count(*) FROM queues") == 0
+    assert await pool.fetchval("SELECT count(*) FROM priority_classes") == 3
+
+
+async def test_a_team_has_one_queue_and_a_queue_keeps_its_team(http: httpx.AsyncClient) -> None:
+    assert (await put(http, "queues/vision", {"team": "vision"})).status_code == 201
+    response = await put(http, "queues/vision-2", {"team": "vision"})
+    assert response.status_code == 409
+    assert response.json()["detail"] == "team vision already has queue vision"
+    assert fields(await put(http, "queues/vision", {"team": "nlp"})) == {
+        "team": "queue vision belongs to team vision; a queue keeps its team"
+    }
+
+
+async def test_defining_a_queue_takes_over_the_teams_implicit_queue(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    now = datetime.now(UTC)
+    async with pool.acquire() as conn:
+        await repo.insert_job(conn, "job-1", make_spec(team="vision"), now, now)
+    assert await pool.fetchval("SELECT queue FROM jobs") == "default:vision"
+    implicit = (await http.get("/v1/admin/queues/default:vision", headers=AUTH)).json()
+    assert (implicit["implicit"], implicit["quotas"]) == (True, {})
+
+    await put(http, "flavors/cpu", {})
+    response = await put(
+        http, "queues/vision", {"team": "vision", "quotas": {"cpu": {"nominal": 2}}}
+    )
+    assert response.status_code == 201
+    assert response.json()["implicit"] is False
+    assert await pool.fetchval("SELECT queue FROM jobs") == "vision"
+    names = [q["name"] for q in (await http.get("/v1/admin/queues", headers=AUTH)).json()]
+    assert names == ["vision"]
+
+
+async def test_flavors_show_their_nodes(http: httpx.AsyncClient, pool: asyncpg.Pool) -> None:
+    now = datetime.now(UTC)
+    async with pool.acquire() as conn:
+        await repo.upsert_node(conn, "n1", "h1", "h200", 8, now, "rack-1")
+        await repo.upsert_node(conn, "n2", "h2", "h200", 8, now, "rack-1")
+    (flavor,) = (await http.get("/v1/admin/flavors", headers=AUTH)).json()
+    assert (flavor["name"], flavor["nodes"], flavor["ready_gpus"]) == ("h200", 2, 16)
+    queue = (await http.get("/v1/queue", headers=AUTH)).json()
+    assert [n["topology"] for n in queue["nodes"]] == ["rack-1", "rack-1"]

@@ -1,0 +1,56 @@
+"""Events a pass says about a job continue the job's trace, whatever triggered the pass."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+
+from shared.events import Envelope
+from shared.events.payloads import AllocationGranted, JobPending, JobSubmitted
+from tests.integration.scheduler.conftest import Scheduler, make_spec, until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def tracing() -> None:
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        trace.set_tracer_provider(TracerProvider())
+
+
+def trace_id_of(headers: dict[str, str] | None) -> int | None:
+    parent = (headers or {}).get("traceparent")
+    return int(parent.split("-")[1], 16) if parent else None
+
+
+async def test_grants_and_pending_notes_join_the_jobs_trace(
+    tracing: None, scheduler: Scheduler
+) -> None:
+    received: dict[str, dict[str, str] | None] = {}
+
+    async def on_message(msg: Any) -> None:
+        received[msg.subject] = msg.headers
+
+    await scheduler.bus.nats.subscribe("trainyard.allocation.granted.v1.>", cb=on_message)
+    await scheduler.bus.nats.subscribe("trainyard.job.pending.v1.>", cb=on_message)
+    await scheduler.heartbeat("n1", gpus=1)
+    roots: dict[str, int] = {}
+    for job_id in ("first", "second"):
+        submitted = JobSubmitted(
+            job_id=job_id, spec=make_spec(gpus=1), submitted_at=datetime.now(UTC)
+        )
+        with trace.get_tracer("test").start_as_current_span(f"submit {job_id}") as root:
+            await scheduler.bus.publish(Envelope.wrap(submitted, source="test", subject=job_id))
+        roots[job_id] = root.get_span_context().trace_id
+
+    await scheduler.wait_for(AllocationGranted)
+    await scheduler.wait_for(JobPending, lambda p: p.job_id == "second")
+    granted = "trainyard.allocation.granted.v1.n1"
+    pending = "trainyard.job.pending.v1.second"
+    await until(lambda: granted in received and pending in received)
+    assert trace_id_of(received[granted]) == roots["first"]
+    assert trace_id_of(received[pending]) == roots["second"]

@@ -1,0 +1,34 @@
+"""Scheduler settings: defaults, the environment, and a lock session that cannot time out."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from services.scheduler.config import Settings
+from services.scheduler.service import tuning_from
+
+
+def test_defaults_become_the_policys_tunables() -> None:
+    tuning = tuning_from(Settings())
+    assert tuning.preemption_grace_s == 300.0
+    assert tuning.cancel_grace_s == 30.0
+    assert tuning.half_life_s == 7 * 24 * 3600.0
+    assert (tuning.policy.backfill, tuning.policy.preemption) == (True, True)
+
+
+def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINYARD_SCHEDULER_PREEMPTION_GRACE_SECONDS", "45")
+    monkeypatch.setenv("TRAINYARD_SCHEDULER_BACKFILL", "false")
+    monkeypatch.setenv("TRAINYARD_SCHEDULER_ADMIN_TOKEN", "secret")
+    settings = Settings()
+    assert tuning_from(settings).preemption_grace_s == 45.0
+    assert tuning_from(settings).policy.backfill is False
+    assert settings.admin_token is not None
+    assert settings.admin_token.get_secret_value() == "secret"
+
+
+def test_the_leader_session_must_outlive_its_checks() -> None:
+    with pytest.raises(ValidationError, match="leader_session_timeout_seconds"):
+        Settings(leader_check_seconds=10, leader_session_timeout_seconds=5)
+    Settings(leader_check_seconds=10, leader_session_timeout_seconds=0)  # off: any check
