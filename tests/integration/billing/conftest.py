@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import asyncpg
-import nats
 import pytest
-from nats.js.errors import NotFoundError
 
 from services.billing.config import Settings
 from services.billing.handlers import BillingHandlers
@@ -25,18 +22,6 @@ from shared.outbox import OutboxRelay
 from shared.settings import DatabaseSettings, NatsSettings
 
 WAIT_S = 15.0
-
-
-@pytest.fixture
-async def nats_settings(nats_url: str) -> NatsSettings:
-    """Settings for a bus whose streams start empty (tests share one server)."""
-    nc = await nats.connect(nats_url)
-    js = nc.jetstream()
-    for stream in ("TRAINYARD", "TRAINYARD_DEADLETTER"):
-        with contextlib.suppress(NotFoundError):
-            await js.delete_stream(stream)
-    await nc.close()
-    return NatsSettings(url=nats_url, max_deliver=3, retry_delay_seconds=0.05, ack_wait_seconds=5)
 
 
 async def until(done: Callable[[], Any], timeout: float = WAIT_S) -> None:

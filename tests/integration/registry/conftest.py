@@ -4,16 +4,13 @@ and the registry's consumer and outbox relay running in-process."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
-import nats
 import pytest
 from nats.js import api
-from nats.js.errors import NotFoundError
 
 from services.registry.handlers import RegistryHandlers
 from services.registry.service import MIGRATIONS, NAME, SUBJECTS
@@ -26,21 +23,9 @@ from shared.settings import DatabaseSettings, NatsSettings
 
 
 @pytest.fixture
-async def nats_settings(nats_url: str) -> NatsSettings:
-    """Settings for a bus whose streams start empty (tests share one server)."""
-    nc = await nats.connect(nats_url)
-    js = nc.jetstream()
-    for stream in ("TRAINYARD", "TRAINYARD_DEADLETTER"):
-        with contextlib.suppress(NotFoundError):
-            await js.delete_stream(stream)
-    await nc.close()
-    return NatsSettings(url=nats_url, max_deliver=4, retry_delay_seconds=0.05, ack_wait_seconds=5)
-
-
-@pytest.fixture
-async def bus(nats_settings: NatsSettings) -> AsyncIterator[Bus]:
-    async with Bus.connect(nats_settings, "test") as connected:
-        yield connected
+def nats_settings(nats_settings: NatsSettings) -> NatsSettings:
+    """One more delivery than the default: these tests let a success wait for its start."""
+    return nats_settings.model_copy(update={"max_deliver": 4})
 
 
 @pytest.fixture

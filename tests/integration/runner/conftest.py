@@ -13,10 +13,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-import nats
 import pytest
 from nats.js import api
-from nats.js.errors import NotFoundError
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -92,24 +90,6 @@ def _tracer_provider() -> None:
     """A recording tracer provider, so trace context is injected into NATS headers."""
     if not isinstance(trace.get_tracer_provider(), TracerProvider):
         trace.set_tracer_provider(TracerProvider())
-
-
-@pytest.fixture
-async def nats_settings(nats_url: str) -> NatsSettings:
-    """Settings for a bus whose streams start empty (tests share one server)."""
-    nc = await nats.connect(nats_url)
-    js = nc.jetstream()
-    for stream in ("TRAINYARD", "TRAINYARD_DEADLETTER"):
-        with contextlib.suppress(NotFoundError):
-            await js.delete_stream(stream)
-    await nc.close()
-    return NatsSettings(url=nats_url, max_deliver=3, retry_delay_seconds=0.05, ack_wait_seconds=5)
-
-
-@pytest.fixture
-async def bus(nats_settings: NatsSettings) -> AsyncIterator[Bus]:
-    async with Bus.connect(nats_settings, "test") as connected:
-        yield connected
 
 
 @dataclass

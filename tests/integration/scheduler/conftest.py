@@ -10,9 +10,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import asyncpg
-import nats
 import pytest
-from nats.js.errors import NotFoundError
 
 from services.scheduler.loops import LeaderWork
 from services.scheduler.policy.model import PolicyConfig
@@ -27,18 +25,6 @@ from shared.settings import DatabaseSettings, NatsSettings
 
 P = TypeVar("P", bound=Payload)
 WAIT_S = 15.0
-
-
-@pytest.fixture
-async def nats_settings(nats_url: str) -> NatsSettings:
-    """Settings for a bus whose streams start empty (tests share one server)."""
-    nc = await nats.connect(nats_url)
-    js = nc.jetstream()
-    for stream in ("TRAINYARD", "TRAINYARD_DEADLETTER"):
-        with contextlib.suppress(NotFoundError):
-            await js.delete_stream(stream)
-    await nc.close()
-    return NatsSettings(url=nats_url, max_deliver=3, retry_delay_seconds=0.05, ack_wait_seconds=5)
 
 
 class Scheduler:

@@ -15,9 +15,7 @@ from typing import Any
 
 import asyncpg
 import httpx
-import nats
 import pytest
-from nats.js.errors import NotFoundError
 
 from services.submission import commands, handlers
 from services.submission.api import AppDeps, create_app
@@ -40,18 +38,6 @@ SPEC: dict[str, Any] = {
     "hyperparameters": {"lr": 0.01, "batch_size": 64, "optimizer": "adam", "amsgrad": False},
     "seed": 7,
 }
-
-
-@pytest.fixture
-async def nats_settings(nats_url: str) -> NatsSettings:
-    """Settings for a bus whose streams start empty (tests share one NATS server)."""
-    nc = await nats.connect(nats_url)
-    js = nc.jetstream()
-    for stream in ("TRAINYARD", "TRAINYARD_DEADLETTER"):
-        with contextlib.suppress(NotFoundError):
-            await js.delete_stream(stream)
-    await nc.close()
-    return NatsSettings(url=nats_url, max_deliver=3, retry_delay_seconds=0.05, ack_wait_seconds=5)
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.simulator.engine import SimConfig, SimulationError
+from bench.simulator.engine import Policy, SimConfig, SimulationError
 from bench.simulator.policies import fifo
 from services.scheduler.policy.model import Decisions, Placement, Preemption, Snapshot
 from tests.unit.simulator.helpers import job, run
@@ -20,7 +21,7 @@ NEVER = SimConfig(checkpoint_s=math.inf, grace_s=0.0)
 class Recorder:
     """Wraps a policy, keeps every snapshot and checks it never shows an over-allocation."""
 
-    def __init__(self, policy=fifo, preempt: dict[float, str] | None = None) -> None:
+    def __init__(self, policy: Policy = fifo, preempt: dict[float, str] | None = None) -> None:
         self.policy = policy
         self.preempt = preempt or {}
         self.snapshots: list[Snapshot] = []
@@ -55,10 +56,11 @@ def test_every_job_completes_after_running_its_duration() -> None:
 
 
 def test_fifo_blocks_behind_the_head_of_the_line() -> None:
-    # b needs both nodes; c fits at once but must not pass b under FIFO.
+    # b needs both nodes; c fits on the free node at once but must not pass b under FIFO,
+    # and b then holds the whole cluster until 110.
     jobs = [job("a", 0, 8, 100), job("b", 1, 16, 10), job("c", 2, 1, 10)]
     starts = {o.job_id: o.first_start for o in run(jobs, fifo, config=NEVER).outcomes}
-    assert starts == {"a": 0, "b": 100, "c": 100}
+    assert starts == {"a": 0, "b": 100, "c": 110}
 
 
 def test_fifo_starts_jobs_in_arrival_order_on_a_random_stream() -> None:
@@ -149,7 +151,10 @@ def test_a_policy_that_never_places_leaves_jobs_unfinished() -> None:
 
 streams = st.lists(
     st.tuples(
-        st.integers(0, 500), st.sampled_from([1, 2, 4, 8, 16]), st.integers(1, 300), st.integers(0, 2)
+        st.integers(0, 500),
+        st.sampled_from([1, 2, 4, 8, 16]),
+        st.integers(1, 300),
+        st.integers(0, 2),
     ),
     min_size=1,
     max_size=25,
@@ -158,7 +163,9 @@ streams = st.lists(
 
 @settings(max_examples=30, deadline=None)
 @given(streams, st.sampled_from([0.0, 15.0]))
-def test_random_streams_complete_without_over_allocation(stream, grace) -> None:
+def test_random_streams_complete_without_over_allocation(
+    stream: list[tuple[int, int, int, int]], grace: float
+) -> None:
     jobs = [
         job(f"j{i:02d}", float(at), gpus, float(d), team=f"t{team}")
         for i, (at, gpus, d, team) in enumerate(stream)
@@ -170,3 +177,32 @@ def test_random_streams_complete_without_over_allocation(stream, grace) -> None:
     assert len(result.outcomes) == len(jobs)
     for o in result.outcomes:
         assert o.completion - o.first_start >= o.duration - 1e-6
+
+
+def test_passes_are_at_least_the_minimum_interval_apart() -> None:
+    recorder = Recorder()
+    jobs = [job(f"j{i}", float(i * 7), 1, 50.0) for i in range(20)]
+    result = run(jobs, recorder, config=SimConfig(checkpoint_s=math.inf, min_pass_interval_s=30))
+    times = [s.now for s in recorder.snapshots]
+    assert all(b - a >= 30 for a, b in itertools.pairwise(times))
+    assert result.unfinished == [] and len(times) < 20
+
+
+def test_a_wake_up_on_an_inexact_due_time_still_runs_the_pass() -> None:
+    # (0.7 + 0.1) - 0.7 < 0.1 in floating point: the pass due at 0.7 + 0.1 must still run.
+    recorder = Recorder()
+    jobs = [job("a", 0.7, 16, 1.0), job("b", 0.75, 1, 1.0)]
+    config = SimConfig(checkpoint_s=math.inf, min_pass_interval_s=0.1)
+    result = run(jobs, recorder, config=config)
+    assert result.unfinished == []
+    assert [s.now for s in recorder.snapshots][:2] == [0.7, 0.7 + 0.1]
+
+
+def test_a_checkpoint_due_on_an_inexact_time_is_seen_and_the_next_one_planned() -> None:
+    # (0.7 + 0.1 - 0.7) / 0.1 floors to 0 although the checkpoint at 0.7 + 0.1 is taken.
+    recorder = Recorder()
+    jobs = [job("a", 0.7, 1, 10.0), job("b", 0.7 + 0.1, 1, 1.0)]
+    result = run(jobs, recorder, config=SimConfig(checkpoint_s=0.1, grace_s=0.0))
+    assert result.unfinished == []
+    at_b = next(s for s in recorder.snapshots if s.now == 0.7 + 0.1)
+    assert at_b.running[0].last_checkpoint_at == 0.7 + 0.1
