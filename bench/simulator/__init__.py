@@ -3,5 +3,6 @@
 ``python -m bench.simulator`` replays the Philly trace (``../shared/traces``) under strict FIFO
 and under ``services.scheduler.policy.schedule`` and compares them (see BENCHMARKS.md).
 Modules: ``trace`` (loader), ``cluster`` (nodes and gang shapes), ``engine`` (discrete-event
-simulator), ``policies`` (FIFO and ours), ``metrics`` (pure figures), ``report`` (tables, JSON).
+simulator), ``policies`` (FIFO and ours), ``metrics`` (pure figures), ``report`` (tables, JSON),
+``synthetic`` (small traces in the same format, for tests).
 """

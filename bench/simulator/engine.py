@@ -6,7 +6,9 @@ Contract of ``simulate``:
   over a ``Snapshot`` of what a real scheduler sees: nodes and who holds which GPU, queues,
   pending jobs (queue, GPUs, gang shape, submit time, declared runtime), running jobs (start
   of their allocation, latest checkpoint, notice) and per-team decayed usage. True durations
-  never leave the engine. No time passes during a pass.
+  never leave the engine. No time passes during a pass. With ``min_pass_interval_s`` > 0
+  passes are at least that far apart: events in between are applied at their times and a
+  wake-up runs the pass when it is due.
 - Decisions are checked before they are applied; a placement on a GPU that is taken, a gang of
   the wrong shape or a preemption of a job that does not run raises ``SimulationError``. So the
   engine never over-allocates, whatever the policy does.
@@ -43,6 +45,8 @@ from services.scheduler.policy.model import (
 )
 
 Policy = Callable[[Snapshot], Decisions]
+Progress = Callable[[float, int, int], None]
+"""Called after every pass with (simulated time, pending jobs, running jobs)."""
 
 _COMPLETION, _REVOKE, _ARRIVAL, _WAKE = 0, 1, 2, 3
 
@@ -116,8 +120,10 @@ class _Engine:
         priority_classes: tuple[PriorityClass, ...],
         policy: Policy,
         config: SimConfig,
+        progress: Progress | None,
     ) -> None:
         self.cfg = config
+        self.progress = progress
         self.policy = policy
         self.queues = queues
         self.classes = priority_classes
@@ -156,11 +162,14 @@ class _Engine:
                 _, kind, _, job_id, epoch = heapq.heappop(self.events)
                 self._apply(kind, job_id, epoch)
             if self.pending and self.wake_at is None:
-                if at - self.last_pass >= self.cfg.min_pass_interval_s:
+                # Compare with the due time itself (not ``at - last_pass``): a wake-up lands
+                # exactly on it, and a rounded difference could postpone it forever.
+                due = self.last_pass + self.cfg.min_pass_interval_s
+                if at >= due:
                     self._pass()
                 else:
-                    self.wake_at = self.last_pass + self.cfg.min_pass_interval_s
-                    self._push(self.wake_at, _WAKE, "", 0)
+                    self.wake_at = due
+                    self._push(due, _WAKE, "", 0)
         self.result.outcomes = sorted(self.outcomes, key=lambda o: self.jobs[o.job_id].seq)
         self.result.unfinished = sorted(self.pending, key=lambda j: self.jobs[j].seq)
         return self.result
@@ -186,20 +195,33 @@ class _Engine:
             )  # fmt: skip
         else:  # _REVOKE
             ran = self.now - state.run_start
-            kept = self._checkpointed(ran)
+            kept = self._checkpointed(state.run_start)
             state.saved += kept
-            state.lost_gpu_s += (ran - kept) * state.job.gpus
+            state.lost_gpu_s += max(0.0, ran - kept) * state.job.gpus
             state.preemptions += 1
             self.result.preemptions += 1
             self._stop(state)
             self._enqueue(state)
 
-    def _checkpointed(self, ran: float) -> float:
-        """Runtime covered by the latest checkpoint after running ``ran`` seconds."""
+    def _checkpoints(self, run_start: float) -> int:
+        """Checkpoints taken by now in an allocation that began at ``run_start``: the ``k``
+        with ``run_start + k * every <= now < run_start + (k + 1) * every`` as floats compute
+        it (``floor(ran / every)`` alone can be one short, and the next refresh would then be
+        due now, forever)."""
         every = self.cfg.checkpoint_s
         if not math.isfinite(every) or every <= 0:
-            return 0.0
-        return math.floor(ran / every) * every
+            return 0
+        k = max(0, math.floor((self.now - run_start) / every))
+        while run_start + (k + 1) * every <= self.now:
+            k += 1
+        while k > 0 and run_start + k * every > self.now:
+            k -= 1
+        return k
+
+    def _checkpointed(self, run_start: float) -> float:
+        """Runtime covered by the latest checkpoint of the allocation begun at ``run_start``."""
+        k = self._checkpoints(run_start)
+        return k * self.cfg.checkpoint_s if k else 0.0
 
     def _enqueue(self, state: _Job) -> None:
         job = state.job
@@ -262,6 +284,8 @@ class _Engine:
         # Counted, not listed: a policy explains exactly the pending jobs it did not place.
         unplaced = len(snapshot.pending) - len(decisions.placements)
         self.result.missing_explanations += max(0, unplaced - len(decisions.explanations))
+        if self.progress is not None:
+            self.progress(self.now, len(self.pending), len(self.running))
 
     def _start(self, state: _Job, gpus: Mapping[str, tuple[int, ...]]) -> None:
         job = state.job
@@ -288,14 +312,18 @@ class _Engine:
             nodes, per_node = gang_shape(pending.gpus)
             shape = sorted(len(ix) for ix in placement.gpus.values())
             if shape != [per_node] * nodes:
-                raise SimulationError(f"{placement.job_id} placed as {shape}, needs {nodes}x{per_node}")
+                raise SimulationError(
+                    f"{placement.job_id} placed as {shape}, needs {nodes}x{per_node}"
+                )
             for node_id, indices in placement.gpus.items():
                 node = self.nodes.get(node_id)
                 if node is None:
                     raise SimulationError(f"{placement.job_id} placed on unknown node {node_id}")
                 for index in indices:
                     if not 0 <= index < node.gpus or index in self.used[node_id]:
-                        raise SimulationError(f"{placement.job_id}: GPU {node_id}/{index} is not free")
+                        raise SimulationError(
+                            f"{placement.job_id}: GPU {node_id}/{index} is not free"
+                        )
                     if (node_id, index) in taken:
                         raise SimulationError(f"GPU {node_id}/{index} placed twice in one pass")
                     taken.add((node_id, index))
@@ -335,7 +363,8 @@ class _Engine:
     def _view(self, state: _Job) -> None:
         """Rebuild the policy's view of a running job and plan its next refresh."""
         job = state.job
-        kept = self._checkpointed(self.now - state.run_start)
+        done = self._checkpoints(state.run_start)
+        kept = done * self.cfg.checkpoint_s if done else 0.0
         self.views[job.job_id] = RunningJob(
             job_id=job.job_id,
             queue=job.team,
@@ -345,12 +374,12 @@ class _Engine:
             started_at=state.run_start,
             declared_runtime_s=job.declared_runtime - state.saved,
             placement=dict(state.placement),
-            last_checkpoint_at=state.run_start + kept if kept > 0 else None,
+            last_checkpoint_at=state.run_start + kept if done else None,
             notice_at=state.notice_at,
         )
         every = self.cfg.checkpoint_s
         if math.isfinite(every) and every > 0:
-            due = state.run_start + kept + every
+            due = state.run_start + (done + 1) * every  # > now, by ``_checkpoints``
             heapq.heappush(self.checkpoints, (due, job.job_id, state.epoch))
 
 
@@ -361,9 +390,11 @@ def simulate(
     priority_classes: tuple[PriorityClass, ...],
     policy: Policy,
     config: SimConfig | None = None,
+    progress: Progress | None = None,
 ) -> SimResult:
     """Run ``jobs`` on ``nodes`` under ``policy`` to the end (see the module docstring)."""
     started = time.perf_counter()
-    result = _Engine(jobs, nodes, queues, priority_classes, policy, config or SimConfig()).run()
+    engine = _Engine(jobs, nodes, queues, priority_classes, policy, config or SimConfig(), progress)
+    result = engine.run()
     result.wall_s = time.perf_counter() - started
     return result

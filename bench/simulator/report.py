@@ -65,12 +65,12 @@ def targets(v: Verdict) -> str:
     )
 
 
-def run_stats(name: str, r: SimResult) -> str:
+def run_stats(name: str, r: SimResult, explains: bool = True) -> str:
     mean_ms = r.policy_s / r.passes * 1000 if r.passes else 0.0
     return (
         f"{name}: {r.passes:,} passes, {r.policy_s:.1f} s in the policy (mean {mean_ms:.2f} ms, "
         f"max {r.max_pass_s * 1000:.1f} ms), {r.wall_s:.1f} s wall, {len(r.unfinished)} unfinished"
-        + (f", {r.missing_explanations:,} pending-job passes without an explanation" if r.missing_explanations else "")
+        + (f", {r.missing_explanations:,} pending-job passes without an explanation" if explains and r.missing_explanations else "")
     )  # fmt: skip
 
 

@@ -58,12 +58,14 @@ def load_throughputs(path: Path) -> dict[tuple[str, int], float]:
     raw = json.loads(path.read_text())
     table: dict[tuple[str, int], float] = {}
     for key, entry in raw[GPU_TYPE].items():
-        job_type, _, scale = key.strip("()").rpartition(", ")
-        table[(job_type.strip("'\""), int(scale))] = float(entry["null"])
+        job_type, scale = ast.literal_eval(key)  # the key is repr((job_type, gpus))
+        table[(str(job_type), int(scale))] = float(entry["null"])
     return table
 
 
-def throughput(table: Mapping[tuple[str, int], float], job_type: str, gpus: int) -> tuple[float, bool]:
+def throughput(
+    table: Mapping[tuple[str, int], float], job_type: str, gpus: int
+) -> tuple[float, bool]:
     """(steps per second, extrapolated?) for a gang of ``gpus``; see the module docstring."""
     exact = table.get((job_type, gpus))
     if exact is not None:
