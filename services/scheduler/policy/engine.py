@@ -327,13 +327,21 @@ class PolicyState:
         if not self.config.preemption and not leaving:
             return
         within = self.quota.within_nominal(job.queue, job.flavor, job.gpus)
+        running = self.running if self.config.preemption else {}
+        if self._claimed and running:
+            # A job already chosen as a victim in this pass frees its GPUs once: it must not
+            # be chosen again for another waiting job (nor its GPUs counted twice).
+            running = {
+                key: [r for r in jobs if r.job_id not in self._claimed]
+                for key, jobs in running.items()
+            }
         found, reclaimable = candidates_for(
             self.quota,
             job.queue,
             job.flavor,
             self.priority(job.priority).value,
             within,
-            self.running if self.config.preemption else {},
+            running,
             leaving,
             self.priority,
             self.now,

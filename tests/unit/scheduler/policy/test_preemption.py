@@ -146,3 +146,17 @@ def test_jobs_already_leaving_are_used_before_new_victims() -> None:
     e = d.explanations["hi"]
     assert e.reason.startswith("freeing GPUs held by jobs already leaving (leaving)")
     assert e.estimated_start == NOW - 60 + 300
+
+
+def test_a_victim_is_chosen_once_per_pass_even_when_two_queues_reclaim() -> None:
+    # c borrows a's and b's whole quota with one 8-GPU job; a and b each want theirs back.
+    queues = (
+        queue("a", nominal=4, cohort="c3"),
+        queue("b", nominal=4, cohort="c3"),
+        queue("c", nominal=0, cohort="c3"),
+    )
+    run = (running("c-big", "c", {"n1": 8}, started=NOW - HOUR),)
+    waiting = (pending("a-job", "a", gpus=4), pending("b-job", "b", gpus=4, seq=2))
+    d = schedule(snap((node("n1"),), queues, waiting, run))
+    victims = [p.job_id for p in d.preemptions]
+    assert victims == ["c-big"]

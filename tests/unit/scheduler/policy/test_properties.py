@@ -125,6 +125,8 @@ def check_pass(snapshot: Snapshot, decisions: Decisions) -> None:
         assert sorted(found) == list(range(1, len(found) + 1))
     running = {r.job_id: r for r in snapshot.running}
     classes = {c.name: c for c in snapshot.priority_classes}
+    victims = [pre.job_id for pre in decisions.preemptions]
+    assert len(victims) == len(set(victims)), "a job was chosen as a victim twice in one pass"
     for pre in decisions.preemptions:
         victim = running[pre.job_id]
         cls = classes.get(victim.priority)
