@@ -13,13 +13,14 @@ Contract:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 from litestar import Litestar, Response, get
@@ -32,6 +33,7 @@ from shared.telemetry import setup_tracing
 log = logging.getLogger(__name__)
 
 ReadinessCheck = Callable[[], Awaitable[bool]]
+ServiceSettingsT = TypeVar("ServiceSettingsT", bound=ServiceSettings)
 
 
 class ServiceRuntime:
@@ -152,3 +154,25 @@ class _EmbeddedServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+
+def serve_from_command_line(
+    name: str,
+    summary: str,
+    settings_type: type[ServiceSettingsT],
+    serve: Callable[[ServiceSettingsT], Coroutine[Any, Any, int]],
+    argv: list[str] | None = None,
+) -> int:
+    """``python -m services.<name> [--host H] [--port P]``: build the settings (the flags
+    override ``TRAINYARD_<NAME>_HOST/PORT``), serve until SIGTERM, return the exit status."""
+    prefix = f"TRAINYARD_{name.upper()}_"
+    parser = argparse.ArgumentParser(
+        prog=f"python -m services.{name}",
+        description=f"Trainyard {name}: {summary} (settings come from {prefix}* and the "
+        "shared TRAINYARD_* variables).",
+    )
+    parser.add_argument("--host", help=f"listen address (overrides {prefix}HOST)")
+    parser.add_argument("--port", type=int, help=f"listen port (overrides {prefix}PORT)")
+    args = parser.parse_args(argv)
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    return asyncio.run(serve(settings_type(**overrides)))
