@@ -144,9 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, nargs="+", default=[25, 100])
     parser.add_argument("--jobs-per-gpu", type=float, default=1.0)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--log-dir", type=Path, help="keep the scheduler's logs here (with one line per pass)"
+    )
     args = parser.parse_args(argv)
 
     runs = []
+    if args.log_dir:
+        args.log_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="trainyard-bench-") as tmp:
         base = Path(tmp)
         os.chmod(base, 0o755)  # PostgreSQL runs as its own user when we are root
@@ -160,12 +165,13 @@ def main(argv: list[str] | None = None) -> int:
                     "TRAINYARD_DATABASE_URL": dsn,
                     "TRAINYARD_SCHEDULER_PORT": str(port),
                     "TRAINYARD_SCHEDULER_NODE_TIMEOUT_SECONDS": "600",
+                    "TRAINYARD_SCHEDULER_LOG_LEVEL": "DEBUG" if args.log_dir else "INFO",
                 }
                 process = ManagedProcess(
                     "scheduler",
                     [sys.executable, "-m", "services.scheduler"],
                     env=env,
-                    log_path=base / f"scheduler-{nodes}.log",
+                    log_path=(args.log_dir or base) / f"scheduler-{nodes}.log",
                     cwd=Path(__file__).parents[1],
                 )
                 process.start()

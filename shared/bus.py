@@ -10,15 +10,30 @@ Contract:
   A handler error leads to a delayed redelivery; after ``max_deliver`` deliveries, or at once
   for bytes that are not a valid event or a handler's ``Reject``, the message is copied to
   ``deadletter.<consumer>`` with the reason and terminated. Nothing crash-loops.
-- Each message is handled in a span whose parent is the trace context from its headers.
+- ``consume_batches`` is the same for a handler that applies several events all-or-nothing
+  (``shared.inbox.idempotent``: one transaction): each fetched batch is handed over whole
+  and acknowledged after it returns, so a burst costs one commit, not one per event. If the
+  batch fails, its events are handled again one at a time with the rules above, so one bad
+  event costs its neighbours nothing but a retry.
+- Each event is handled in a span whose parent is the trace context from its headers
+  (``Delivery.span``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
 
 import nats
 from nats.aio.client import Client as NatsClient
@@ -41,6 +56,30 @@ REASON_HEADER = "Trainyard-Dead-Letter-Reason"
 ORIGINAL_SUBJECT_HEADER = "Trainyard-Original-Subject"
 
 Handler = Callable[[Envelope[Payload]], Awaitable[None]]
+"""Handles one event."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """An event as it came off the stream, with the headers its trace context travels in."""
+
+    envelope: Envelope[Payload]
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @contextmanager
+    def span(self, consumer: str) -> Iterator[trace.Span]:
+        """The consumer span of handling this event, inside the producer's trace."""
+        with _tracer.start_as_current_span(
+            f"{self.envelope.type} process",
+            context=extract(dict(self.headers)),
+            kind=trace.SpanKind.CONSUMER,
+            attributes={**_attrs(self.envelope), "messaging.consumer.group.name": consumer},
+        ) as span:
+            yield span
+
+
+BatchHandler = Callable[[Sequence[Delivery]], Awaitable[None]]
+"""Applies all the deliveries or, by raising, none of them; opens each one's span."""
 
 
 class Reject(Exception):
@@ -118,7 +157,26 @@ class Bus:
     async def publish_raw(
         self, subject: str, body: bytes, event_id: str, headers: dict[str, str]
     ) -> None:
-        await self._js.publish(subject, body, headers={**headers, "Nats-Msg-Id": event_id})
+        await self._js.publish(
+            subject,
+            body,
+            timeout=self._settings.publish_timeout_seconds,
+            headers={**headers, "Nats-Msg-Id": event_id},
+        )
+
+    async def publish_many(
+        self, messages: Iterable[tuple[str, bytes, str, dict[str, str]]]
+    ) -> None:
+        """Publish ``(subject, body, event id, headers)`` messages in order, pipelined: all are
+        sent before the first acknowledgement is awaited. Raises if any was not stored."""
+        acks = [
+            await self._js.publish_async(
+                subject, body, headers={**headers, "Nats-Msg-Id": event_id}
+            )
+            for subject, body, event_id, headers in messages
+        ]
+        async with asyncio.timeout(self._settings.publish_timeout_seconds):
+            await asyncio.gather(*acks)
 
     async def consume(
         self,
@@ -128,8 +186,37 @@ class Bus:
         stop: asyncio.Event,
         batch: int = 16,
     ) -> None:
-        """Handle messages of ``subjects`` in order until ``stop`` is set, then return after
-        the batch in hand is finished (graceful drain)."""
+        """Handle messages of ``subjects`` in order, one at a time, until ``stop`` is set, then
+        return after the batch in hand is finished (graceful drain)."""
+
+        async def each(deliveries: Sequence[Delivery]) -> None:
+            for delivery in deliveries:
+                with delivery.span(consumer):
+                    await handler(delivery.envelope)
+
+        await self._pull(consumer, subjects, each, stop, batch, atomic=False)
+
+    async def consume_batches(
+        self,
+        consumer: str,
+        subjects: list[str],
+        handler: BatchHandler,
+        stop: asyncio.Event,
+        batch: int = 64,
+    ) -> None:
+        """Like ``consume``, handing each fetched batch (up to ``batch`` events, in order) to an
+        all-or-nothing ``handler`` at once."""
+        await self._pull(consumer, subjects, handler, stop, batch, atomic=True)
+
+    async def _pull(
+        self,
+        consumer: str,
+        subjects: list[str],
+        handler: BatchHandler,
+        stop: asyncio.Event,
+        batch: int,
+        atomic: bool,
+    ) -> None:
         config = api.ConsumerConfig(
             durable_name=consumer,
             filter_subjects=subjects,
@@ -146,8 +233,11 @@ class Bus:
                     messages = await sub.fetch(batch, timeout=0.5)
                 except (TimeoutError, NatsTimeoutError):
                     continue
-                for msg in messages:
-                    await self._handle(consumer, msg, handler)
+                parsed = [p for p in [await self._parse(consumer, m) for m in messages] if p]
+                if atomic and len(parsed) > 1 and await self._handle_all(parsed, handler):
+                    continue
+                for msg, delivery in parsed:
+                    await self._handle(consumer, msg, delivery, handler)
         finally:
             await sub.unsubscribe()
 
@@ -156,48 +246,58 @@ class Bus:
         # consumer whose filters changed between releases is updated in place.
         await self._js.add_consumer(self._settings.stream, config)
 
-    async def _handle(self, consumer: str, msg: Msg, handler: Handler) -> None:
-        deliveries = msg.metadata.num_delivered
+    async def _parse(self, consumer: str, msg: Msg) -> tuple[Msg, Delivery] | None:
         try:
             envelope = parse_envelope(msg.data)
         except EventParseError as exc:
             await self._dead_letter(consumer, msg, f"unparseable event: {exc}")
+            return None
+        return msg, Delivery(envelope, msg.headers or {})
+
+    async def _handle_all(
+        self, parsed: Sequence[tuple[Msg, Delivery]], handler: BatchHandler
+    ) -> bool:
+        """Apply a whole batch at once; False (nothing applied) if any event failed."""
+        try:
+            await handler([delivery for _, delivery in parsed])
+        except Exception as exc:
+            log.info("batch of %d failed (%s); handling them one at a time", len(parsed), exc)
+            return False
+        for msg, _ in parsed:
+            await msg.ack()
+        return True
+
+    async def _handle(
+        self, consumer: str, msg: Msg, delivery: Delivery, handler: BatchHandler
+    ) -> None:
+        deliveries = msg.metadata.num_delivered
+        envelope = delivery.envelope
+        try:
+            await handler([delivery])
+        except Reject as exc:
+            await self._dead_letter(consumer, msg, f"rejected: {exc}")
             return
-        parent = extract(dict(msg.headers or {}))
-        with _tracer.start_as_current_span(
-            f"{envelope.type} process",
-            context=parent,
-            kind=trace.SpanKind.CONSUMER,
-            attributes={**_attrs(envelope), "messaging.consumer.group.name": consumer},
-        ) as span:
-            try:
-                await handler(envelope)
-            except Reject as exc:
-                span.record_exception(exc)
-                await self._dead_letter(consumer, msg, f"rejected: {exc}")
-                return
-            except Exception as exc:
-                span.record_exception(exc)
-                reason = f"{type(exc).__name__}: {exc}"
-                if deliveries >= self._settings.max_deliver:
-                    log.error(
-                        "%s: giving up on %s after %d deliveries: %s",
-                        consumer,
-                        envelope.id,
-                        deliveries,
-                        reason,
-                    )
-                    await self._dead_letter(consumer, msg, f"failed {deliveries} times: {reason}")
-                else:
-                    log.warning(
-                        "%s: %s failed (delivery %d), will retry: %s",
-                        consumer,
-                        envelope.id,
-                        deliveries,
-                        reason,
-                    )
-                    await msg.nak(delay=self._settings.retry_delay_seconds * 2 ** (deliveries - 1))
-                return
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            if deliveries >= self._settings.max_deliver:
+                log.error(
+                    "%s: giving up on %s after %d deliveries: %s",
+                    consumer,
+                    envelope.id,
+                    deliveries,
+                    reason,
+                )
+                await self._dead_letter(consumer, msg, f"failed {deliveries} times: {reason}")
+            else:
+                log.warning(
+                    "%s: %s failed (delivery %d), will retry: %s",
+                    consumer,
+                    envelope.id,
+                    deliveries,
+                    reason,
+                )
+                await msg.nak(delay=self._settings.retry_delay_seconds * 2 ** (deliveries - 1))
+            return
         await msg.ack()
 
     async def _dead_letter(self, consumer: str, msg: Msg, reason: str) -> None:

@@ -1,12 +1,15 @@
 """The transactional outbox: events leave the service exactly when their change commits.
 
 Contract:
-- ``enqueue(conn, envelope)`` must run inside the transaction that makes the change; it
-  stores the event with the current trace context and notifies the relay on commit. A rolled
-  back transaction therefore publishes nothing.
+- ``enqueue(conn, *envelopes)`` must run inside the transaction that makes the change; it
+  stores the events with the current trace context (in one statement) and notifies the relay
+  on commit. A rolled back transaction therefore publishes nothing. ``enqueue_traced`` does
+  the same for events that each carry their own trace context (``traced`` takes it).
 - ``OutboxRelay.run`` publishes unpublished events in commit order with ``Nats-Msg-Id`` = event
-  id and marks them published. A crash between publish and mark re-publishes the event on
-  restart; JetStream drops the duplicate inside its window, so each event is published once.
+  id and marks them published. A batch is published pipelined (all sent in order, then the
+  acknowledgements awaited together). A crash between publish and mark re-publishes the
+  event on restart; JetStream drops the duplicate inside its window, so each event is
+  published once.
 - Several replicas may relay one outbox: rows are claimed with ``FOR UPDATE SKIP LOCKED``.
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Sequence
 
 import asyncpg
 
@@ -26,15 +30,37 @@ log = logging.getLogger(__name__)
 _CHANNEL = "trainyard_outbox"
 
 
-async def enqueue(conn: asyncpg.Connection, envelope: Envelope[Payload]) -> None:
-    """Record ``envelope`` for publication when the surrounding transaction commits."""
+Traced = tuple[Envelope[Payload], dict[str, str]]
+"""An event and the trace context (W3C headers) it is to be published in."""
+
+
+def traced(envelope: Envelope[Payload]) -> Traced:
+    """``envelope`` with the trace context current now."""
+    return envelope, inject()
+
+
+async def enqueue(conn: asyncpg.Connection, *envelopes: Envelope[Payload]) -> None:
+    """Record ``envelopes`` for publication, in this order, in the current trace context,
+    when the surrounding transaction commits."""
+    context = inject()
+    await enqueue_traced(conn, [(e, context) for e in envelopes])
+
+
+async def enqueue_traced(conn: asyncpg.Connection, events: Sequence[Traced]) -> None:
+    """Record ``events`` for publication, in this order, each in its own trace context, when
+    the surrounding transaction commits."""
+    if not events:
+        return
     await conn.execute(
-        "INSERT INTO outbox (event_id, subject, body, headers) VALUES ($1, $2, $3, $4) "
+        "INSERT INTO outbox (event_id, subject, body, headers) "
+        "SELECT e.id, e.subject, e.body, e.headers "
+        "FROM unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[]) "
+        "WITH ORDINALITY AS e(id, subject, body, headers, n) ORDER BY e.n "
         "ON CONFLICT (event_id) DO NOTHING",
-        envelope.id,
-        envelope.nats_subject,
-        envelope.to_json(),
-        inject(),
+        [e.id for e, _ in events],
+        [e.nats_subject for e, _ in events],
+        [e.to_json() for e, _ in events],
+        [headers for _, headers in events],
     )
     # Delivered to listeners only if and when the transaction commits.
     await conn.execute("SELECT pg_notify($1, current_schema())", _CHANNEL)
@@ -80,12 +106,10 @@ class OutboxRelay:
                 "WHERE published_at IS NULL ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED",
                 self._batch,
             )
-            for row in rows:
-                headers = row["headers"]
-                if isinstance(headers, str):
-                    headers = json.loads(headers)
-                await self._bus.publish_raw(row["subject"], row["body"], row["event_id"], headers)
             if rows:
+                await self._bus.publish_many(
+                    (r["subject"], r["body"], r["event_id"], _headers(r["headers"])) for r in rows
+                )
                 await conn.execute(
                     "UPDATE outbox SET published_at = now() WHERE seq = ANY($1::bigint[])",
                     [r["seq"] for r in rows],
@@ -102,3 +126,10 @@ class OutboxRelay:
         )
         for task in pending:
             task.cancel()
+
+
+def _headers(stored: str | dict[str, str] | None) -> dict[str, str]:
+    if isinstance(stored, str):  # a pool without the jsonb codec
+        loaded: dict[str, str] = json.loads(stored)
+        return loaded
+    return stored or {}

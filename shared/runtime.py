@@ -50,10 +50,7 @@ class ServiceRuntime:
         self._provider: TracerProvider | None = None
 
     async def __aenter__(self) -> ServiceRuntime:
-        logging.basicConfig(
-            level=logging.INFO,
-            format=f"%(asctime)s {self.name} %(levelname)s %(name)s: %(message)s",
-        )
+        self._configure_logging()
         self._provider = setup_tracing(self.name, self.settings.telemetry)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -88,10 +85,18 @@ class ServiceRuntime:
         self._crashed = True
         self.stopping.set()
 
+    def _configure_logging(self) -> None:
+        logging.basicConfig(
+            level=self.settings.log_level,
+            format=f"%(asctime)s {self.name} %(levelname)s %(name)s: %(message)s",
+            force=True,
+        )
+
     async def run(self, app: Litestar | None = None) -> int:
         """Serve HTTP (``app``, or the health endpoints alone) until stopped; return the exit
         status."""
         app = app or Litestar(route_handlers=self.health_handlers())
+        self._configure_logging()  # building a Litestar app replaces the root logging setup
         server = _EmbeddedServer(
             uvicorn.Config(
                 app,

@@ -9,6 +9,8 @@ the prefix ``TRAINYARD_<SERVICE>_``. Nothing outside this module's subclasses re
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -32,6 +34,8 @@ class NatsSettings(BaseSettings):
     """Base delay before a failed message is redelivered (grows per attempt)."""
     duplicate_window_seconds: float = 120.0
     """Window in which JetStream drops a re-published ``Nats-Msg-Id``."""
+    publish_timeout_seconds: float = 10.0
+    """How long a publish waits for JetStream to acknowledge that the event is stored."""
 
 
 class DatabaseSettings(BaseSettings):
@@ -86,6 +90,8 @@ class ServiceSettings(BaseSettings):
     """Port of the service's HTTP server."""
     shutdown_grace_seconds: float = 20.0
     """On SIGTERM, how long in-flight work may take to finish before the process exits."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Lowest level of log lines the process writes (DEBUG adds e.g. one line per pass)."""
     nats: NatsSettings = Field(default_factory=NatsSettings)
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)

@@ -42,7 +42,7 @@ async def serve(settings: Settings) -> int:
         handlers = BillingHandlers()
         rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
         rt.spawn(
-            bus.consume(
+            bus.consume_batches(
                 NAME,
                 [nats_subject(AllocationReleased)],
                 idempotent(pool, NAME, handlers.dispatch),

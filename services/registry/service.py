@@ -30,7 +30,9 @@ async def serve(settings: Settings) -> int:
         handlers = RegistryHandlers()
         rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
         rt.spawn(
-            bus.consume(NAME, SUBJECTS, idempotent(pool, NAME, handlers.dispatch), rt.stopping),
+            bus.consume_batches(
+                NAME, SUBJECTS, idempotent(pool, NAME, handlers.dispatch), rt.stopping
+            ),
             "events",
         )
         return await rt.run(create_app(pool, settings.admin_token, rt.health_handlers()))

@@ -1,17 +1,27 @@
-"""The operator's commands: define flavors, cohorts, queues with quotas, priority classes.
+"""The operator's commands: define and delete flavors, cohorts, queues with quotas, priority
+classes.
 
 Contract:
 - Every ``put_*`` validates the whole request first (unknown cohort or flavor, a team that
   already has another queue, a queue that would change team) and changes nothing when any
   check fails: ``RequestInvalid`` (422, naming each field) or ``Conflict`` (409).
+- Every ``delete_*`` raises ``NotFound`` (404) for an absent name, and ``Conflict`` (409,
+  naming what still uses it) rather than orphan anything: a flavor of a node, a quota or an
+  unfinished job; a cohort with queues; a queue or a priority class of unfinished jobs.
+- Deleting a queue removes its quotas; its team falls back to its implicit queue
+  (``default:<team>``). Finished jobs keep their history there: a queue they name becomes
+  that implicit queue rather than vanish.
 - Writes run under the scheduling lock, so a pass never sees half a change, and notify the
   leader's pass loop, which reschedules with the new configuration at once.
-- A team's implicit queue (``default:<team>``) becomes its named queue when an operator
-  defines one for the team: the row is renamed, its jobs follow, and nothing waits twice.
+- A team's implicit queue becomes its named queue when an operator defines one for the team:
+  the row is renamed, its jobs follow, and nothing waits twice.
 - Reads need no lock and work on every replica, leader or not.
 """
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 
 import asyncpg
 
@@ -21,20 +31,23 @@ from services.scheduler.admin_schemas import (
     FLAVOR_PATTERN,
     CohortRequest,
     CohortView,
-    FieldError,
     FlavorRequest,
     FlavorView,
     PriorityClassRequest,
     PriorityClassView,
     QueueConfigView,
     QueueRequest,
-    RequestInvalid,
     check_name,
     cohort_view,
     flavor_view,
     priority_class_view,
     queue_config_view,
 )
+from services.scheduler.convert import implicit_queue
+from shared.http_errors import FieldError, RequestInvalid
+
+_SHOWN = 5
+"""How many of the things that block a delete its ``Conflict`` names (then "and N more")."""
 
 
 class NotFound(Exception):
@@ -45,16 +58,52 @@ class Conflict(Exception):
     """The change contradicts the configuration in place (409)."""
 
 
+@asynccontextmanager
+async def _writing(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+    """A transaction under the scheduling lock that wakes the pass loop when it commits."""
+    async with pool.acquire() as conn, conn.transaction():
+        await repo.lock_scheduler(conn)
+        yield conn
+        await admin_repo.notify_config_changed(conn)
+
+
+def _refuse_if_used(what: str, users: Mapping[str, Sequence[str]]) -> None:
+    """Raise ``Conflict`` naming, by kind, whatever still uses ``what``."""
+    named = [f"{kind} {_few(names)}" for kind, names in users.items() if names]
+    if named:
+        raise Conflict(f"{what} is in use by {'; '.join(named)}")
+
+
+def _few(names: Sequence[str]) -> str:
+    more = len(names) - _SHOWN
+    return ", ".join(names[:_SHOWN]) + (f" and {more} more" if more > 0 else "")
+
+
 # --- flavors ---------------------------------------------------------------------------
 
 
 async def put_flavor(pool: asyncpg.Pool, name: str, body: FlavorRequest) -> tuple[FlavorView, bool]:
     check_name(name, FLAVOR_PATTERN)
-    async with pool.acquire() as conn, conn.transaction():
+    async with _writing(pool) as conn:
         created = await admin_repo.upsert_flavor(conn, name, body.description)
         row = await admin_repo.flavor(conn, name)
     assert row is not None
     return flavor_view(row), created
+
+
+async def delete_flavor(pool: asyncpg.Pool, name: str) -> None:
+    async with _writing(pool) as conn:
+        if await admin_repo.flavor(conn, name) is None:
+            raise NotFound(f"no flavor {name}")
+        _refuse_if_used(
+            f"flavor {name}",
+            {
+                "nodes": await admin_repo.nodes_of_flavor(conn, name),
+                "the quotas of queues": await admin_repo.queues_with_quota_of(conn, name),
+                "unfinished jobs": await admin_repo.unfinished_jobs(conn, flavor=name),
+            },
+        )
+        await admin_repo.delete_flavor(conn, name)
 
 
 async def list_flavors(pool: asyncpg.Pool) -> list[FlavorView]:
@@ -75,11 +124,20 @@ async def get_flavor(pool: asyncpg.Pool, name: str) -> FlavorView:
 
 async def put_cohort(pool: asyncpg.Pool, name: str, body: CohortRequest) -> tuple[CohortView, bool]:
     check_name(name)
-    async with pool.acquire() as conn, conn.transaction():
+    async with _writing(pool) as conn:
         created = await admin_repo.upsert_cohort(conn, name, body.description)
         row = await admin_repo.cohort(conn, name)
     assert row is not None
     return cohort_view(row), created
+
+
+async def delete_cohort(pool: asyncpg.Pool, name: str) -> None:
+    async with _writing(pool) as conn:
+        row = await admin_repo.cohort(conn, name)
+        if row is None:
+            raise NotFound(f"no cohort {name}")
+        _refuse_if_used(f"cohort {name}", {"queues": list(row["queues"])})
+        await admin_repo.delete_cohort(conn, name)
 
 
 async def list_cohorts(pool: asyncpg.Pool) -> list[CohortView]:
@@ -102,8 +160,7 @@ async def put_queue(
     pool: asyncpg.Pool, name: str, body: QueueRequest
 ) -> tuple[QueueConfigView, bool]:
     check_name(name)
-    async with pool.acquire() as conn, conn.transaction():
-        await repo.lock_scheduler(conn)
+    async with _writing(pool) as conn:
         await _check_references(conn, body)
         existing = await admin_repo.queue(conn, name)
         current = await admin_repo.queue_of_team(conn, body.team)
@@ -128,11 +185,27 @@ async def put_queue(
                 for flavor, q in sorted(body.quotas.items())
             ],
         )
-        await admin_repo.notify_config_changed(conn)
         row = await admin_repo.queue(conn, name)
         quotas = await admin_repo.quotas(conn, [name])
     assert row is not None
     return queue_config_view(row, quotas), created
+
+
+async def delete_queue(pool: asyncpg.Pool, name: str) -> None:
+    async with _writing(pool) as conn:
+        row = await admin_repo.queue(conn, name)
+        if row is None:
+            raise NotFound(f"no queue {name}")
+        _refuse_if_used(
+            f"queue {name}", {"unfinished jobs": await admin_repo.unfinished_jobs(conn, queue=name)}
+        )
+        if await admin_repo.queue_has_jobs(conn, name):
+            # Finished jobs still name it (a foreign key): they keep it as their team's
+            # implicit queue, which a submission would make anyway.
+            await admin_repo.replace_quotas(conn, name, [])
+            await admin_repo.make_queue_implicit(conn, name, implicit_queue(row["team"]))
+        else:
+            await admin_repo.delete_queue(conn, name)
 
 
 async def _check_references(conn: asyncpg.Connection, body: QueueRequest) -> None:
@@ -181,15 +254,22 @@ async def put_priority_class(
     pool: asyncpg.Pool, name: str, body: PriorityClassRequest
 ) -> tuple[PriorityClassView, bool]:
     check_name(name)
-    async with pool.acquire() as conn, conn.transaction():
-        await repo.lock_scheduler(conn)
+    async with _writing(pool) as conn:
         created = await admin_repo.upsert_priority_class(
             conn, name, body.value, body.preemptible, body.min_runtime_seconds, body.description
         )
-        await admin_repo.notify_config_changed(conn)
         row = await admin_repo.priority_class(conn, name)
     assert row is not None
     return priority_class_view(row), created
+
+
+async def delete_priority_class(pool: asyncpg.Pool, name: str) -> None:
+    async with _writing(pool) as conn:
+        if await admin_repo.priority_class(conn, name) is None:
+            raise NotFound(f"no priority class {name}")
+        unfinished = await admin_repo.unfinished_jobs(conn, priority_class=name)
+        _refuse_if_used(f"priority class {name}", {"unfinished jobs": unfinished})
+        await admin_repo.delete_priority_class(conn, name)
 
 
 async def list_priority_classes(pool: asyncpg.Pool) -> list[PriorityClassView]:

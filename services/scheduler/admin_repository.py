@@ -1,6 +1,6 @@
 """SQL of the operator's configuration: flavors, cohorts, queues with quotas, priority
-classes. One function per query, each taking a connection; tables are the ``scheduler``
-schema's (the pool's ``search_path``)."""
+classes, and what uses them. One function per query, each taking a connection; tables are the
+``scheduler`` schema's (the pool's ``search_path``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,11 @@ from typing import Any
 
 import asyncpg
 
+from services.scheduler.domain import JobStatus
+
 Row = Mapping[str, Any]
+
+_UNFINISHED = [s.value for s in JobStatus if not s.is_terminal]
 
 CONFIG_CHANNEL = "trainyard_scheduler_config"
 """Admin changes notify this channel when they commit; the leader's pass loop listens."""
@@ -52,6 +56,23 @@ async def upsert_flavor(conn: asyncpg.Connection, name: str, description: str) -
     return created
 
 
+async def nodes_of_flavor(conn: asyncpg.Connection, name: str) -> list[str]:
+    """Every node of the flavor, ready or lost (a lost node may come back)."""
+    rows = await conn.fetch(
+        "SELECT node_id FROM nodes WHERE gpu_flavor = $1 ORDER BY node_id", name
+    )
+    return [r["node_id"] for r in rows]
+
+
+async def queues_with_quota_of(conn: asyncpg.Connection, flavor: str) -> list[str]:
+    rows = await conn.fetch("SELECT queue FROM quotas WHERE flavor = $1 ORDER BY queue", flavor)
+    return [r["queue"] for r in rows]
+
+
+async def delete_flavor(conn: asyncpg.Connection, name: str) -> None:
+    await conn.execute("DELETE FROM flavors WHERE name = $1", name)
+
+
 # --- cohorts ---------------------------------------------------------------------------
 
 _COHORT_VIEW = """SELECT c.name, c.description, c.created_at, c.updated_at,
@@ -79,6 +100,10 @@ async def upsert_cohort(conn: asyncpg.Connection, name: str, description: str) -
         description,
     )
     return created
+
+
+async def delete_cohort(conn: asyncpg.Connection, name: str) -> None:
+    await conn.execute("DELETE FROM cohorts WHERE name = $1", name)
 
 
 # --- queues and quotas -----------------------------------------------------------------
@@ -162,6 +187,28 @@ async def adopt_implicit_queue(
     )
 
 
+async def queue_has_jobs(conn: asyncpg.Connection, name: str) -> bool:
+    """Whether any job, finished or not, names the queue."""
+    found: bool = await conn.fetchval("SELECT EXISTS (SELECT 1 FROM jobs WHERE queue = $1)", name)
+    return found
+
+
+async def make_queue_implicit(conn: asyncpg.Connection, name: str, implicit: str) -> None:
+    """Turn a queue without quotas back into its team's implicit queue named ``implicit``;
+    its jobs follow (the foreign key cascades the rename)."""
+    await conn.execute(
+        "UPDATE queues SET name = $2, implicit = true, cohort = NULL, weight = DEFAULT, "
+        "updated_at = now() WHERE name = $1",
+        name,
+        implicit,
+    )
+
+
+async def delete_queue(conn: asyncpg.Connection, name: str) -> None:
+    """Delete a queue no job names; its quotas go with it (``ON DELETE CASCADE``)."""
+    await conn.execute("DELETE FROM queues WHERE name = $1", name)
+
+
 # --- priority classes ------------------------------------------------------------------
 
 _CLASS_COLUMNS = (
@@ -204,6 +251,34 @@ async def upsert_priority_class(
         description,
     )
     return created
+
+
+async def delete_priority_class(conn: asyncpg.Connection, name: str) -> None:
+    await conn.execute("DELETE FROM priority_classes WHERE name = $1", name)
+
+
+# --- jobs ------------------------------------------------------------------------------
+
+
+async def unfinished_jobs(
+    conn: asyncpg.Connection,
+    *,
+    flavor: str | None = None,
+    queue: str | None = None,
+    priority_class: str | None = None,
+) -> list[str]:
+    """Ids of the jobs not yet in a terminal status with the given flavor, queue and class
+    (each filter optional), in arrival order."""
+    rows = await conn.fetch(
+        "SELECT job_id FROM jobs WHERE status = ANY($1::text[]) "
+        "AND ($2::text IS NULL OR gpu_flavor = $2) AND ($3::text IS NULL OR queue = $3) "
+        "AND ($4::text IS NULL OR priority_class = $4) ORDER BY seq",
+        _UNFINISHED,
+        flavor,
+        queue,
+        priority_class,
+    )
+    return [r["job_id"] for r in rows]
 
 
 # --- change notification ---------------------------------------------------------------

@@ -1,8 +1,8 @@
-"""HTTP schemas of the scheduler's admin API (never published as events), their validation
-into field errors, and the converters from rows to views.
+"""HTTP schemas of the scheduler's admin API (never published as events) and the converters
+from rows to views.
 
-Every request body is validated whole; each bad field is reported as ``FieldError(field,
-message)`` with its path (``quotas.a100.nominal``), all at once, answered with 422.
+Every request body is validated whole (``shared.http_errors.parse_body``); each bad field is
+reported with its path (``quotas.a100.nominal``), all at once, answered with 422.
 """
 
 from __future__ import annotations
@@ -10,44 +10,20 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from shared.http_errors import RequestInvalid
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,39}$"
 """Names of queues, cohorts and priority classes (the same rule as a job's ``priority``)."""
 FLAVOR_PATTERN = r"^[a-z0-9][a-z0-9-]{0,39}$"
 TEAM_PATTERN = r"^[A-Za-z0-9._-]{1,100}$"
 MAX_GPUS = 1_000_000
-M = TypeVar("M", bound=BaseModel)
 
 Description = Annotated[str, Field(max_length=1000)]
 Flavor = Annotated[str, Field(pattern=FLAVOR_PATTERN)]
-
-
-class FieldError(BaseModel):
-    field: str
-    message: str
-
-
-class ErrorBody(BaseModel):
-    """Every error response: a summary and, for invalid requests, one entry per field."""
-
-    detail: str
-    errors: list[FieldError] = Field(default_factory=list)
-
-
-class RequestInvalid(Exception):
-    """A request failed validation; answered with 422 and ``errors``."""
-
-    def __init__(self, errors: Sequence[FieldError], detail: str = "invalid request") -> None:
-        super().__init__(detail)
-        self.detail = detail
-        self.errors = list(errors)
-
-    @classmethod
-    def one(cls, field: str, message: str) -> RequestInvalid:
-        return cls([FieldError(field=field, message=message)])
 
 
 class _Request(BaseModel):
@@ -148,44 +124,6 @@ class PriorityClassView(BaseModel):
     preemptible: bool
     min_runtime_seconds: float
     description: str
-
-
-def parse_body(model: type[M], body: bytes) -> M:
-    """Validate a JSON body; raise ``RequestInvalid`` naming every bad field."""
-    try:
-        return model.model_validate_json(body)
-    except ValidationError as exc:
-        raise RequestInvalid(field_errors(exc)) from None
-
-
-def field_errors(exc: ValidationError) -> list[FieldError]:
-    errors = []
-    for err in exc.errors(include_url=False):
-        path = _path(err["loc"])
-        message = _message(err["type"], err["msg"])
-        head, sep, rest = message.partition(": ")
-        if err["type"] == "value_error" and sep and re.fullmatch(r"[\w.-]+", head):
-            # A model check that names its own field ("lending_limit: ...").
-            path, message = (f"{path}.{head}" if path != "body" else head), rest
-        errors.append(FieldError(field=path, message=message))
-    return errors
-
-
-def _path(loc: Sequence[int | str]) -> str:
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else part)
-    return path or "body"
-
-
-def _message(kind: str, message: str) -> str:
-    if kind == "extra_forbidden":
-        return "unknown field"
-    if kind == "missing":
-        return "field required"
-    if kind == "model_type":
-        return "must be a JSON object"
-    return message.removeprefix("Value error, ")
 
 
 def check_name(value: str, pattern: str = NAME_PATTERN) -> str:

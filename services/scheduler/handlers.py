@@ -1,11 +1,13 @@
 """Event handlers of the scheduler: one ``dispatch`` for every event it consumes.
 
 Each handler runs inside the transaction opened by ``shared.inbox.idempotent`` (so a
-redelivered event does nothing), under the scheduling lock (so replicas never interleave),
-and after the leader check (``guard``: a scheduler that is no longer the leader fails the
-transaction, and the event is redelivered to the new leader). Two events skip the lock: a
-heartbeat that changes no supply (it only moves the node's last heartbeat) and a submission
-(it only adds a QUEUED row, which the next pass takes).
+redelivered event does nothing), which checks leadership once for the whole batch (its
+``guard``: a scheduler that is no longer the leader fails the transaction, and the events are
+redelivered to the new leader). Handlers take the scheduling lock (so replicas never
+interleave) and check leadership again after every wait for it, since the leader may have
+changed while they waited. Two events skip the lock: a heartbeat that changes no supply (it
+only moves the node's last heartbeat) and a submission (it only adds a QUEUED row, which the
+next pass takes).
 
 Events about allocations are fenced by allocation id and epoch; a stale or out-of-order
 event is logged and ignored, never applied. An event that can never apply is rejected to the
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import datetime
 
 import asyncpg
@@ -40,15 +42,9 @@ from shared.events.payloads import (
     JobSucceeded,
     RunnerHeartbeat,
 )
+from shared.inbox import Guard, no_guard
 
 log = logging.getLogger(__name__)
-
-Guard = Callable[[asyncpg.Connection], Awaitable[None]]
-"""Raises unless this process may change the scheduler's state (the leader check)."""
-
-
-async def no_guard(_: asyncpg.Connection) -> None:
-    return None
 
 
 class SchedulerHandlers:
@@ -83,7 +79,6 @@ class SchedulerHandlers:
             # A new QUEUED row changes nothing a running pass holds, so arrivals don't wait
             # for the pass lock (a pass can take most of a second on a big cluster); the
             # pass loop picks them up. Queue renames reach them through ON UPDATE CASCADE.
-            await self._guard(conn)
             await self.on_submitted(conn, envelope.data, now)
             return
         await repo.lock_scheduler(conn)
@@ -109,7 +104,6 @@ class SchedulerHandlers:
     ) -> None:
         if heartbeat.gpu_count < 0:
             raise Reject(f"gpu_count: must be >= 0, got {heartbeat.gpu_count}")
-        await self._guard(conn)
         report = (heartbeat.hostname, heartbeat.gpu_flavor, heartbeat.gpu_count)
         if not await repo.touch_node(conn, heartbeat.node_id, *report, heartbeat.topology, now):
             # New supply (a new node, a lost one back, other GPUs): under the lock, then a pass.
@@ -177,7 +171,7 @@ class SchedulerHandlers:
             return
         if job.status is JobStatus.QUEUED:
             await repo.set_job_status(
-                conn, job.job_id, job.status.check(JobStatus.CANCELLED), now, cancel.reason
+                conn, [job.job_id], job.status.check(JobStatus.CANCELLED), now, cancel.reason
             )
             await emit(conn, JobCancelled(job_id=job.job_id, reason=cancel.reason), job.job_id)
             self._poke()  # positions behind it moved up
@@ -186,7 +180,7 @@ class SchedulerHandlers:
         if not allocations:  # pragma: no cover - a job holding GPUs always has one
             raise RuntimeError(f"job {job.job_id} is {job.status.value} without an allocation")
         await repo.set_job_status(
-            conn, job.job_id, job.status.check(JobStatus.CANCELLING), now, cancel.reason
+            conn, [job.job_id], job.status.check(JobStatus.CANCELLING), now, cancel.reason
         )
         for allocation in allocations:
             revoke = AllocationRevoked(
@@ -215,7 +209,7 @@ class SchedulerHandlers:
         allocation.status.check(AllocationStatus.RUNNING)
         await repo.mark_allocation_started(conn, allocation.allocation_id, started.started_at)
         if job.status is JobStatus.ALLOCATED:
-            await repo.set_job_status(conn, job.job_id, job.status.check(JobStatus.RUNNING), now)
+            await repo.set_job_status(conn, [job.job_id], job.status.check(JobStatus.RUNNING), now)
 
     async def on_checkpoint(self, conn: asyncpg.Connection, saved: CheckpointSaved) -> None:
         """Remember when the job last saved a complete checkpoint (victims are chosen to lose

@@ -101,7 +101,7 @@ async def _end_gang(
         reason = decision.reason or f"{kind}; requeued"
         await repo.requeue_job(conn, job.job_id, now, reason, count_restart=kind == "lost")
     else:
-        await repo.set_job_status(conn, job.job_id, decision.job_status, now, decision.reason)
+        await repo.set_job_status(conn, [job.job_id], decision.job_status, now, decision.reason)
     if decision.job_status is JobStatus.CANCELLED:
         cancel_reason = job.status_reason or "cancelled"
         await emit(conn, JobCancelled(job_id=job.job_id, reason=cancel_reason), job.job_id)

@@ -24,10 +24,10 @@ from datetime import datetime, timedelta
 import asyncpg
 
 from services.scheduler import repository as repo
-from services.scheduler.handlers import Guard, no_guard
 from services.scheduler.leader import NotLeader
 from services.scheduler.leases import end_gang
 from services.scheduler.scheduling import Clock, Tuning, run_pass, utc_now
+from shared.inbox import Guard, no_guard
 
 log = logging.getLogger(__name__)
 

@@ -132,7 +132,7 @@ async def load_snapshot_rows(conn: asyncpg.Connection) -> SnapshotRows:
         pending=await conn.fetch(
             "SELECT job_id, queue, gpu_flavor, gpus, priority_class, submitted_at, "
             "max_runtime_seconds, seq, pending_reason, pending_position, pending_blocking, "
-            "pending_suggestion, pending_estimated_start, trace_context "
+            "pending_suggestion, pending_estimated_start "
             "FROM jobs WHERE status = $1",
             JobStatus.QUEUED.value,
         ),
@@ -151,7 +151,7 @@ async def load_snapshot_rows(conn: asyncpg.Connection) -> SnapshotRows:
             "j.priority_class, "
             "j.max_runtime_seconds, j.status AS job_status, j.updated_at AS job_updated_at, "
             "a.node_id, a.gpu_indices, a.granted_at, a.last_checkpoint_at, a.notice_at, "
-            "a.borrowed, j.trace_context FROM allocations a JOIN jobs j USING (job_id) "
+            "a.borrowed FROM allocations a JOIN jobs j USING (job_id) "
             "WHERE a.released_at IS NULL"
         ),
         queues=await conn.fetch("SELECT name, team, cohort, weight, implicit FROM queues"),
@@ -239,20 +239,32 @@ async def jobs_by_id(conn: asyncpg.Connection, job_ids: Sequence[str]) -> dict[s
 
 async def set_job_status(
     conn: asyncpg.Connection,
-    job_id: str,
+    job_ids: Sequence[str],
     status: JobStatus,
     now: datetime,
     reason: str | None = None,
 ) -> None:
-    """Change a job's status; leaving QUEUED forgets its last published pending note."""
+    """Change these jobs' status; leaving QUEUED forgets their last published pending note."""
     await conn.execute(
         "UPDATE jobs SET status = $2, updated_at = $3, status_reason = COALESCE($4, status_reason),"
-        f" {_NO_PENDING} WHERE job_id = $1",
-        job_id,
+        f" {_NO_PENDING} WHERE job_id = ANY($1::text[])",
+        list(job_ids),
         status.value,
         now,
         reason,
     )
+
+
+async def trace_contexts(
+    conn: asyncpg.Connection, job_ids: Sequence[str]
+) -> dict[str, Mapping[str, str]]:
+    """The trace context each job's submission started (jobs without one are left out)."""
+    rows = await conn.fetch(
+        "SELECT job_id, trace_context FROM jobs "
+        "WHERE job_id = ANY($1::text[]) AND trace_context IS NOT NULL",
+        list(job_ids),
+    )
+    return {r["job_id"]: r["trace_context"] for r in rows}
 
 
 async def requeue_job(
@@ -295,34 +307,46 @@ _ALLOCATION_COLUMNS = (
 )
 
 
-async def next_epoch(conn: asyncpg.Connection) -> int:
-    epoch: int = await conn.fetchval("SELECT nextval('allocation_epoch')")
-    return epoch
+async def next_epochs(conn: asyncpg.Connection, count: int) -> list[int]:
+    """``count`` fresh fencing epochs, ascending."""
+    rows = await conn.fetch(
+        "SELECT nextval('allocation_epoch') AS epoch FROM generate_series(1, $1) ORDER BY 1",
+        count,
+    )
+    return [r["epoch"] for r in rows]
 
 
-async def insert_allocation(conn: asyncpg.Connection, allocation: Allocation) -> None:
-    """Insert an allocation and one live lease per GPU (the unique index may refuse them)."""
+async def insert_allocations(conn: asyncpg.Connection, allocations: Sequence[Allocation]) -> None:
+    """Insert allocations and one live lease per GPU (the unique index may refuse them), in
+    two statements however many there are."""
     await conn.execute(
         f"INSERT INTO allocations ({_ALLOCATION_COLUMNS}) "
-        "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, NULL)",
-        uuid.UUID(allocation.allocation_id),
-        allocation.job_id,
-        allocation.node_id,
-        allocation.epoch,
-        allocation.attempt,
-        list(allocation.gpu_indices),
-        allocation.status.value,
-        allocation.granted_at,
-        uuid.UUID(allocation.gang_id or allocation.allocation_id),
-        allocation.gang_size,
-        allocation.borrowed,
+        "SELECT a.id, a.job_id, a.node_id, a.epoch, a.attempt, a.gpus::integer[], a.status, "
+        "a.granted_at, a.gang_id, a.gang_size, a.borrowed, NULL "
+        "FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::integer[], "
+        "$6::text[], $7::text[], $8::timestamptz[], $9::uuid[], $10::integer[], "
+        "$11::boolean[]) AS a(id, job_id, node_id, epoch, attempt, gpus, status, granted_at, "
+        "gang_id, gang_size, borrowed)",
+        [uuid.UUID(a.allocation_id) for a in allocations],
+        [a.job_id for a in allocations],
+        [a.node_id for a in allocations],
+        [a.epoch for a in allocations],
+        [a.attempt for a in allocations],
+        # One array per row: as array literals, since unnest() would flatten a 2-D array.
+        ["{" + ",".join(map(str, a.gpu_indices)) + "}" for a in allocations],
+        [a.status.value for a in allocations],
+        [a.granted_at for a in allocations],
+        [uuid.UUID(a.gang_id or a.allocation_id) for a in allocations],
+        [a.gang_size for a in allocations],
+        [a.borrowed for a in allocations],
     )
+    leases = [(a.allocation_id, a.node_id, i) for a in allocations for i in a.gpu_indices]
     await conn.execute(
         "INSERT INTO gpu_leases (allocation_id, node_id, gpu_index) "
-        "SELECT $1, $2, unnest($3::integer[])",
-        uuid.UUID(allocation.allocation_id),
-        allocation.node_id,
-        list(allocation.gpu_indices),
+        "SELECT * FROM unnest($1::uuid[], $2::text[], $3::integer[])",
+        [uuid.UUID(a) for a, _, _ in leases],
+        [n for _, n, _ in leases],
+        [i for _, _, i in leases],
     )
 
 

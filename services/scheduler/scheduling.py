@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -44,7 +44,7 @@ from services.scheduler.convert import (
     note_changed,
     pending_notes,
 )
-from services.scheduler.domain import Allocation, AllocationStatus, Job, JobStatus
+from services.scheduler.domain import Allocation, AllocationStatus, JobStatus
 from services.scheduler.policy.engine import schedule
 from services.scheduler.policy.model import Decisions, Placement, PolicyConfig, Preemption
 from shared import outbox
@@ -82,13 +82,15 @@ class Tuning:
         return self.policy.half_life_s
 
 
+def _envelope(payload: Payload, subject: str, event_id: str | None = None) -> Envelope[Payload]:
+    return Envelope.wrap(payload, source=SOURCE, subject=subject, event_id=event_id)
+
+
 async def emit(
     conn: asyncpg.Connection, payload: Payload, subject: str, event_id: str | None = None
 ) -> None:
     """Enqueue ``payload`` in the outbox of the current transaction."""
-    await outbox.enqueue(
-        conn, Envelope.wrap(payload, source=SOURCE, subject=subject, event_id=event_id)
-    )
+    await outbox.enqueue(conn, _envelope(payload, subject, event_id))
 
 
 @contextmanager
@@ -117,8 +119,7 @@ async def run_pass(
     await repo.lock_scheduler(conn)
     built = build_snapshot(await repo.load_snapshot_rows(conn), now, tuning.half_life_s)
     decisions = schedule(built.snapshot, tuning.policy)
-    for placement in decisions.placements:
-        await _grant(conn, built, placement, now)
+    await _grant(conn, built, decisions.placements, now)
     for preemption in decisions.preemptions:
         await _give_notice(conn, built, preemption, now, tuning.preemption_grace_s)
     published = 0
@@ -140,52 +141,57 @@ async def run_pass(
 
 
 async def _grant(
-    conn: asyncpg.Connection, built: Built, placement: Placement, now: datetime
+    conn: asyncpg.Connection, built: Built, placements: Sequence[Placement], now: datetime
 ) -> None:
-    jobs = await repo.jobs_by_id(conn, [placement.job_id])
-    job = jobs[placement.job_id]
-    job.status.check(JobStatus.ALLOCATED)
-    with job_trace(job.job_id, job.trace_context, "grant"):
-        await _grant_job(conn, built, placement, job, now)
-
-
-async def _grant_job(
-    conn: asyncpg.Connection, built: Built, placement: Placement, job: Job, now: datetime
-) -> None:
+    """Apply a pass's placements together: a few statements however many there are."""
+    if not placements:
+        return
+    jobs = await repo.jobs_by_id(conn, [p.job_id for p in placements])
+    members = [(p, sorted(p.gpus.items())) for p in placements]
+    epochs = iter(await repo.next_epochs(conn, sum(len(m) for _, m in members)))
     counts = {n.node_id: n.gpu_count for n in built.snapshot.nodes}
-    members = sorted(placement.gpus.items())
-    gang_id = str(uuid.uuid4())
-    for node_id, indices in members:
-        count = counts.get(node_id, 0)
-        if not indices or any(not 0 <= i < count for i in indices):
-            # The policy must only hand out GPUs the node has; the lease index cannot see it.
-            raise ValueError(f"placement {placement} is outside the {count} GPUs of {node_id}")
-        allocation = Allocation(
-            allocation_id=str(uuid.uuid4()),
-            job_id=job.job_id,
-            node_id=node_id,
-            epoch=await repo.next_epoch(conn),
-            attempt=job.attempt,
-            gpu_indices=tuple(indices),
-            status=AllocationStatus.GRANTED,
-            granted_at=now,
-            gang_id=gang_id,
-            gang_size=len(members),
-            borrowed=placement.borrowed,
-        )
-        await repo.insert_allocation(conn, allocation)
-        granted = AllocationGranted(
-            allocation_id=allocation.allocation_id,
-            job_id=job.job_id,
-            node_id=node_id,
-            gpu_indices=list(allocation.gpu_indices),
-            epoch=allocation.epoch,
-            attempt=allocation.attempt,
-            granted_at=now,
-            spec=job.spec,
-        )
-        await emit(conn, granted, node_id)
-    await repo.set_job_status(conn, job.job_id, JobStatus.ALLOCATED, now)
+    allocations: list[Allocation] = []
+    events: list[outbox.Traced] = []
+    for placement, nodes in members:
+        job = jobs[placement.job_id]
+        job.status.check(JobStatus.ALLOCATED)
+        gang_id = str(uuid.uuid4())
+        with job_trace(job.job_id, job.trace_context, "grant"):
+            for node_id, indices in nodes:
+                count = counts.get(node_id, 0)
+                if not indices or any(not 0 <= i < count for i in indices):
+                    # The policy must only hand out GPUs the node has; the lease index can't see it.
+                    raise ValueError(
+                        f"placement {placement} is outside the {count} GPUs of {node_id}"
+                    )
+                allocation = Allocation(
+                    allocation_id=str(uuid.uuid4()),
+                    job_id=job.job_id,
+                    node_id=node_id,
+                    epoch=next(epochs),
+                    attempt=job.attempt,
+                    gpu_indices=tuple(indices),
+                    status=AllocationStatus.GRANTED,
+                    granted_at=now,
+                    gang_id=gang_id,
+                    gang_size=len(nodes),
+                    borrowed=placement.borrowed,
+                )
+                allocations.append(allocation)
+                granted = AllocationGranted(
+                    allocation_id=allocation.allocation_id,
+                    job_id=job.job_id,
+                    node_id=node_id,
+                    gpu_indices=list(allocation.gpu_indices),
+                    epoch=allocation.epoch,
+                    attempt=allocation.attempt,
+                    granted_at=now,
+                    spec=job.spec,
+                )
+                events.append(outbox.traced(_envelope(granted, node_id)))
+    await repo.insert_allocations(conn, allocations)
+    await repo.set_job_status(conn, list(jobs), JobStatus.ALLOCATED, now)
+    await outbox.enqueue_traced(conn, events)
 
 
 async def _give_notice(
@@ -196,7 +202,8 @@ async def _give_notice(
     if not fresh:
         return  # the policy never picks a job under notice; nothing to say twice
     await repo.set_notice(conn, [str(m["allocation_id"]) for m in fresh], now, preemption.reason)
-    with job_trace(preemption.job_id, fresh[0]["trace_context"], "preempt"):
+    contexts = await repo.trace_contexts(conn, [preemption.job_id])
+    with job_trace(preemption.job_id, contexts.get(preemption.job_id), "preempt"):
         for m in fresh:
             revoke = AllocationRevoked(
                 allocation_id=str(m["allocation_id"]),
@@ -220,7 +227,10 @@ async def _publish_pending(
             news.append((job_id, note))
     if news:
         await repo.set_pending(conn, news)
+        contexts = await repo.trace_contexts(conn, [job_id for job_id, _ in news])
+        events = []
         for job_id, note in news:
-            with job_trace(job_id, built.pending[job_id]["trace_context"], "pending"):
-                await emit(conn, note.to_event(job_id), job_id)
+            with job_trace(job_id, contexts.get(job_id), "pending"):
+                events.append(outbox.traced(_envelope(note.to_event(job_id), job_id)))
+        await outbox.enqueue_traced(conn, events)
     return len(news)

@@ -3,14 +3,14 @@
 Contract:
 - Every ``/v1`` route needs ``Authorization: Bearer <token>``; without a valid one the answer
   is 401 before anything else is looked at.
-- Every error is JSON ``{"detail": ..., "errors": [{"field": ..., "message": ...}]}``:
-  422 for invalid input (every bad field named, nothing stored), 401/403/404/409 as usual,
-  and 500 with a generic message (the traceback goes to the log, never to the user).
+- Every error is JSON ``{"detail": ..., "errors": [{"field": ..., "message": ...}]}``
+  (``shared.http_errors``): 422 for invalid input (every bad field named, nothing stored),
+  401/403/404/409 as usual, and 500 with a generic message (the traceback goes to the log,
+  never to the user).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import asyncpg
 from litestar import Litestar, Request, Response, Router, get, post
 from litestar.di import NamedDependency, Provide
-from litestar.exceptions import HTTPException, NotAuthorizedException, ValidationException
+from litestar.exceptions import NotAuthorizedException
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import OpenAPIConfig
 from litestar.params import FromPath, FromQuery, HeaderParameter, QueryParameter
@@ -29,20 +29,15 @@ from services.submission.config import Settings
 from services.submission.domain import JobStatus
 from services.submission.schemas import (
     CreateUserRequest,
-    ErrorBody,
-    FieldError,
     JobSummary,
     JobView,
-    RequestInvalid,
     UserCreated,
-    parse_body,
     parse_idempotency_key,
     parse_job_request,
 )
 from shared.auth import bearer_token
+from shared.http_errors import exception_handlers, parse_body
 from shared.http_tracing import tracing_middleware
-
-log = logging.getLogger(__name__)
 
 Pool = NamedDependency[asyncpg.Pool]
 Me = NamedDependency[Caller]
@@ -109,61 +104,6 @@ async def resolve_caller(request: AnyRequest, pool: Pool) -> Caller:
     return caller
 
 
-# --- errors ----------------------------------------------------------------------------
-
-
-def _error(
-    status: int,
-    detail: str,
-    errors: Sequence[FieldError] = (),
-    headers: dict[str, str] | None = None,
-) -> Response[ErrorBody]:
-    body = ErrorBody(detail=detail, errors=list(errors))
-    return Response(body, status_code=status, headers=headers or None)
-
-
-def _invalid(_: AnyRequest, exc: RequestInvalid) -> Response[ErrorBody]:
-    return _error(422, exc.detail, exc.errors)
-
-
-def _litestar_invalid(_: AnyRequest, exc: ValidationException) -> Response[ErrorBody]:
-    extra = exc.extra if isinstance(exc.extra, list) else []
-    errors = [
-        FieldError(field=str(e.get("key") or "body"), message=str(e.get("message", "invalid")))
-        for e in extra
-        if isinstance(e, dict)
-    ]
-    return _error(422, "invalid request", errors)
-
-
-def _http(_: AnyRequest, exc: HTTPException) -> Response[ErrorBody]:
-    if exc.status_code >= 500:
-        # Litestar wraps failures in dependencies; the cause is in the chain, for the log only.
-        log.error("HTTP %d: %s", exc.status_code, exc.detail, exc_info=exc)
-        return _error(exc.status_code, "internal error")
-    headers = dict(exc.headers or {})
-    if exc.status_code == 401:
-        headers.setdefault("WWW-Authenticate", "Bearer")
-    return _error(exc.status_code, exc.detail, headers=headers)
-
-
-def _not_found(_: AnyRequest, exc: NotFound) -> Response[ErrorBody]:
-    return _error(404, str(exc))
-
-
-def _forbidden(_: AnyRequest, exc: Forbidden) -> Response[ErrorBody]:
-    return _error(403, str(exc))
-
-
-def _conflict(_: AnyRequest, exc: Conflict) -> Response[ErrorBody]:
-    return _error(409, str(exc))
-
-
-def _crash(request: AnyRequest, exc: Exception) -> Response[ErrorBody]:
-    log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-    return _error(500, "internal error")
-
-
 # --- the app ---------------------------------------------------------------------------
 
 
@@ -188,15 +128,7 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
             "settings": Provide(provide_settings, sync_to_thread=False),
         },
         middleware=[tracing_middleware],
-        exception_handlers={
-            RequestInvalid: _invalid,
-            ValidationException: _litestar_invalid,
-            NotFound: _not_found,
-            Forbidden: _forbidden,
-            Conflict: _conflict,
-            HTTPException: _http,
-            Exception: _crash,
-        },
+        exception_handlers=exception_handlers({NotFound: 404, Forbidden: 403, Conflict: 409}),
         openapi_config=OpenAPIConfig(title="Trainyard submission", version="1.0.0"),
         debug=False,
     )

@@ -3,8 +3,8 @@
 These are not wire events: ``JobRequest`` is turned into the wire ``JobSpec`` by
 ``to_spec`` after the caller's identity is known, and nothing here is ever published.
 
-Validation errors are reported as ``FieldError(field, message)`` with the field's path
-(``hyperparameters.lr``, ``args[2]``), every error of a request at once.
+Validation errors are reported in the shared shape (``shared.http_errors``): every bad field
+by its path (``hyperparameters.lr``, ``args[2]``), all at once.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 import re
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -27,6 +27,7 @@ from pydantic import (
 
 from services.submission.domain import JobStatus
 from shared.events.payloads import HyperValue, JobSpec
+from shared.http_errors import FieldError, RequestInvalid, field_errors
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,100}$"
 PRIORITY_PATTERN = r"^[a-z][a-z0-9-]{0,39}$"
@@ -34,7 +35,6 @@ PRIORITY_PATTERN = r"^[a-z][a-z0-9-]{0,39}$"
 and ``high`` exist from the start). A name no class has keeps the job pending, with that
 reason, until an operator defines it."""
 ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
-M = TypeVar("M", bound=BaseModel)
 IDEMPOTENCY_KEY = re.compile(r"[\x20-\x7e]{1,200}")
 MAX_SEED = 2**32 - 1  # the widest seed every RNG a job may use (numpy's included) accepts
 
@@ -49,27 +49,6 @@ def _hyper_value(value: object) -> HyperValue:
 
 Name = Annotated[str, Field(min_length=1, max_length=100, pattern=NAME_PATTERN)]
 Hyper = Annotated[HyperValue, PlainValidator(_hyper_value)]
-
-
-class FieldError(BaseModel):
-    field: str
-    message: str
-
-
-class ErrorBody(BaseModel):
-    """Every error response: a summary and, for invalid requests, one entry per field."""
-
-    detail: str
-    errors: list[FieldError] = Field(default_factory=list)
-
-
-class RequestInvalid(Exception):
-    """A request failed validation; answered with 422 and ``errors``."""
-
-    def __init__(self, errors: Sequence[FieldError], detail: str = "invalid request") -> None:
-        super().__init__(detail)
-        self.detail = detail
-        self.errors = list(errors)
 
 
 class JobRequest(BaseModel):
@@ -225,41 +204,6 @@ def parse_idempotency_key(value: str | None) -> str | None:
         )
         raise RequestInvalid([error], "invalid Idempotency-Key header")
     return value
-
-
-def parse_body(model: type[M], body: bytes) -> M:
-    """Validate a JSON body against ``model``; raise ``RequestInvalid`` naming every bad
-    field."""
-    try:
-        return model.model_validate_json(body)
-    except ValidationError as exc:
-        raise RequestInvalid(field_errors(exc)) from None
-
-
-def field_errors(exc: ValidationError) -> list[FieldError]:
-    return [
-        FieldError(field=field_path(err["loc"]), message=_message(err["type"], err["msg"]))
-        for err in exc.errors(include_url=False)
-    ]
-
-
-def field_path(loc: Sequence[int | str]) -> str:
-    """``("args", 2)`` -> ``args[2]``; ``("hyperparameters", "lr")`` -> ``hyperparameters.lr``;
-    the whole body -> ``body``."""
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else part)
-    return path or "body"
-
-
-def _message(kind: str, message: str) -> str:
-    if kind == "extra_forbidden":
-        return "unknown field"
-    if kind == "missing":
-        return "field required"
-    if kind == "model_type":
-        return "must be a JSON object"
-    return message.removeprefix("Value error, ")
 
 
 class JobSummary(BaseModel):

@@ -9,7 +9,7 @@ import asyncpg
 from services.submission import commands, handlers
 from services.submission.api import AppDeps, create_app
 from services.submission.config import Settings
-from shared.bus import Bus, Handler
+from shared.bus import BatchHandler, Bus
 from shared.db import migrate, open_pool, ping
 from shared.events import nats_subject
 from shared.inbox import TransactionalHandler, idempotent
@@ -23,9 +23,9 @@ SUBJECTS = [nats_subject(event) for event in handlers.CONSUMED]
 
 def event_handler(
     pool: asyncpg.Pool, dispatch: TransactionalHandler = handlers.dispatch
-) -> Handler:
+) -> BatchHandler:
     """The consumer's handler: each event is applied at most once, in one transaction with
-    its inbox record."""
+    its inbox record (a batch of events shares one)."""
     return idempotent(pool, NAME, dispatch)
 
 
@@ -37,7 +37,7 @@ async def serve(settings: Settings) -> int:
         rt.add_readiness_check("database", lambda: ping(pool))
         rt.add_readiness_check("nats", bus.ping)
         rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
-        rt.spawn(bus.consume(NAME, SUBJECTS, event_handler(pool), rt.stopping), "events")
+        rt.spawn(bus.consume_batches(NAME, SUBJECTS, event_handler(pool), rt.stopping), "events")
         app = create_app(settings, AppDeps(pool=pool, health_handlers=rt.health_handlers()))
         return await rt.run(app)
 

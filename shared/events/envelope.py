@@ -11,6 +11,7 @@ Contract:
 
 from __future__ import annotations
 
+import functools
 import uuid
 from datetime import UTC, datetime
 from typing import Any, Generic, Literal, TypeVar, cast
@@ -55,8 +56,7 @@ class Envelope(BaseModel, Generic[P]):
         }
         if event_id is not None:
             fields["id"] = event_id
-        model = cast("type[Envelope[P]]", Envelope[type(payload)])  # type: ignore[misc]
-        return model(**fields)
+        return cast("type[Envelope[P]]", envelope_model(type(payload)))(**fields)
 
     @property
     def nats_subject(self) -> str:
@@ -66,6 +66,13 @@ class Envelope(BaseModel, Generic[P]):
     def to_json(self) -> bytes:
         """Serialise to CloudEvents structured JSON."""
         return self.model_dump_json().encode()
+
+
+@functools.cache
+def envelope_model(payload_type: type[Payload]) -> type[Envelope[Payload]]:
+    """The envelope class for one payload type, made once (parametrising a generic model is
+    costly, and events are wrapped and parsed on every hot path)."""
+    return Envelope[payload_type]  # type: ignore[valid-type]
 
 
 def parse_envelope(raw: bytes) -> Envelope[Payload]:
@@ -82,8 +89,7 @@ def parse_envelope(raw: bytes) -> Envelope[Payload]:
     if payload_model is None:
         raise EventParseError(f"type: unknown event type {head.type!r}")
     try:
-        model = cast("type[Envelope[Payload]]", Envelope[payload_model])  # type: ignore[valid-type]
-        return model.model_validate_json(raw)
+        return envelope_model(payload_model).model_validate_json(raw)
     except ValidationError as exc:
         raise EventParseError(_describe(exc)) from exc
 

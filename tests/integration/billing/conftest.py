@@ -89,7 +89,7 @@ async def billing(pool: asyncpg.Pool, nats_settings: NatsSettings) -> AsyncItera
         tasks = [
             asyncio.create_task(OutboxRelay(pool, bus, idle_poll_s=0.1).run(stop)),
             asyncio.create_task(
-                bus.consume(
+                bus.consume_batches(
                     NAME,
                     [nats_subject(AllocationReleased)],
                     idempotent(pool, NAME, BillingHandlers().dispatch),

@@ -43,7 +43,7 @@ async def registry(pool: asyncpg.Pool, bus: Bus) -> AsyncIterator[None]:
     tasks = [
         asyncio.create_task(OutboxRelay(pool, bus, idle_poll_s=0.2).run(stop)),
         asyncio.create_task(
-            bus.consume(NAME, SUBJECTS, idempotent(pool, NAME, handlers.dispatch), stop)
+            bus.consume_batches(NAME, SUBJECTS, idempotent(pool, NAME, handlers.dispatch), stop)
         ),
     ]
     yield

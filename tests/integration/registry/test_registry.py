@@ -14,7 +14,7 @@ from pydantic import SecretStr
 
 from services.registry.api import create_app
 from services.registry.handlers import RegistryHandlers
-from shared.bus import REASON_HEADER, Bus
+from shared.bus import REASON_HEADER, Bus, Delivery
 from shared.events import Envelope, Payload
 from shared.events.payloads import (
     CheckpointRef,
@@ -284,7 +284,11 @@ async def test_concurrent_registrations_of_one_model_take_turns(pool: asyncpg.Po
     """Replicas registering versions of one existing model at once: the model row's lock
     makes them take turns (without it several would read the same latest version, and
     all but one would fail on the unique (model, version) constraint)."""
-    handle = idempotent(pool, "registry", RegistryHandlers().dispatch)
+    apply = idempotent(pool, "registry", RegistryHandlers().dispatch)
+
+    async def handle(envelope: Envelope[Payload]) -> None:
+        await apply([Delivery(envelope)])
+
     jobs = [f"job-{uuid.uuid4().hex[:8]}" for _ in range(6)]
     for job in jobs:
         await handle(

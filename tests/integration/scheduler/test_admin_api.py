@@ -1,4 +1,5 @@
-"""The admin API on a real database: define, read back, refuse bad input naming the field."""
+"""The admin API on a real database: define, read back, delete, refuse bad input naming the
+field and deletes that would orphan something."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pydantic import SecretStr
 
 from services.scheduler import repository as repo
 from services.scheduler.api import create_app
-from tests.integration.scheduler.conftest import make_spec
+from shared.events.payloads import AllocationGranted, JobCancelRequested, JobPending
+from tests.integration.scheduler.conftest import Scheduler, make_spec
 
 pytestmark = pytest.mark.integration
 
@@ -31,6 +33,28 @@ async def http(pool: asyncpg.Pool) -> AsyncIterator[httpx.AsyncClient]:
 
 async def put(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> Any:
     return await http.put(f"/v1/admin/{path}", json=body, headers=AUTH)
+
+
+async def delete(http: httpx.AsyncClient, path: str) -> Any:
+    return await http.delete(f"/v1/admin/{path}", headers=AUTH)
+
+
+def conflict(response: Any) -> str:
+    assert response.status_code == 409, response.text
+    body = response.json()
+    assert body["errors"] == []
+    detail: str = body["detail"]
+    return detail
+
+
+async def add_job(pool: asyncpg.Pool, job_id: str, **spec: Any) -> None:
+    now = datetime.now(UTC)
+    async with pool.acquire() as conn:
+        await repo.insert_job(conn, job_id, make_spec(**spec), now, now)
+
+
+async def finish(pool: asyncpg.Pool, job_id: str) -> None:
+    await pool.execute("UPDATE jobs SET status = 'CANCELLED' WHERE job_id = $1", job_id)
 
 
 def fields(response: Any) -> dict[str, str]:
@@ -188,3 +212,125 @@ async def test_flavors_show_their_nodes(http: httpx.AsyncClient, pool: asyncpg.P
     assert (flavor["name"], flavor["nodes"], flavor["ready_gpus"]) == ("h200", 2, 16)
     queue = (await http.get("/v1/queue", headers=AUTH)).json()
     assert [n["topology"] for n in queue["nodes"]] == ["rack-1", "rack-1"]
+
+
+# --- DELETE ----------------------------------------------------------------------------
+
+
+async def test_delete_answers_204_then_404(http: httpx.AsyncClient, pool: asyncpg.Pool) -> None:
+    await put(http, "flavors/a100", {})
+    await put(http, "cohorts/research", {})
+    await put(http, "queues/vision", {"team": "vision", "quotas": {"a100": {"nominal": 2}}})
+    await put(http, "priority-classes/urgent", {"value": 500, "preemptible": True})
+    assert (await http.delete("/v1/admin/cohorts/research")).status_code == 401
+    for path, absent in [
+        ("queues/vision", "no queue vision"),
+        ("flavors/a100", "no flavor a100"),
+        ("cohorts/research", "no cohort research"),
+        ("priority-classes/urgent", "no priority class urgent"),
+    ]:
+        response = await delete(http, path)
+        assert response.status_code == 204, response.text
+        assert response.content == b""
+        assert (await http.get(f"/v1/admin/{path}", headers=AUTH)).status_code == 404
+        response = await delete(http, path)
+        assert response.status_code == 404
+        assert response.json() == {"detail": absent, "errors": []}
+    # A queue no job ever named leaves nothing behind, its quotas included.
+    assert await pool.fetchval("SELECT count(*) FROM queues") == 0
+    assert await pool.fetchval("SELECT count(*) FROM quotas") == 0
+
+
+async def test_a_flavor_of_a_node_a_quota_or_an_unfinished_job_stays(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    now = datetime.now(UTC)
+    async with pool.acquire() as conn:
+        await repo.upsert_node(conn, "n1", "h1", "h200", 8, now)
+    assert conflict(await delete(http, "flavors/h200")) == "flavor h200 is in use by nodes n1"
+
+    await put(http, "flavors/a100", {})
+    await put(http, "queues/vision", {"team": "vision", "quotas": {"a100": {"nominal": 2}}})
+    await add_job(pool, "job-1", team="nlp", gpu_flavor="a100")
+    assert conflict(await delete(http, "flavors/a100")) == (
+        "flavor a100 is in use by the quotas of queues vision; unfinished jobs job-1"
+    )
+    await put(http, "queues/vision", {"team": "vision"})
+    assert conflict(await delete(http, "flavors/a100")) == (
+        "flavor a100 is in use by unfinished jobs job-1"
+    )
+    await finish(pool, "job-1")
+    assert (await delete(http, "flavors/a100")).status_code == 204
+
+
+async def test_a_cohort_with_queues_stays(http: httpx.AsyncClient) -> None:
+    await put(http, "cohorts/research", {})
+    for team in ("nlp", "vision"):
+        await put(http, f"queues/{team}", {"team": team, "cohort": "research"})
+    assert conflict(await delete(http, "cohorts/research")) == (
+        "cohort research is in use by queues nlp, vision"
+    )
+    await delete(http, "queues/nlp")
+    await put(http, "queues/vision", {"team": "vision"})
+    assert (await delete(http, "cohorts/research")).status_code == 204
+
+
+async def test_a_queue_with_unfinished_jobs_stays_and_finished_ones_keep_their_history(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    await put(http, "flavors/cpu", {})
+    await put(http, "queues/vision", {"team": "vision", "quotas": {"cpu": {"nominal": 2}}})
+    for n in range(1, 8):
+        await add_job(pool, f"job-{n}", team="vision")
+    assert conflict(await delete(http, "queues/vision")) == (
+        "queue vision is in use by unfinished jobs job-1, job-2, job-3, job-4, job-5 and 2 more"
+    )
+    assert await pool.fetchval("SELECT count(*) FROM quotas") == 1
+    await pool.execute("UPDATE jobs SET status = 'SUCCEEDED'")
+    assert (await delete(http, "queues/vision")).status_code == 204
+    assert (await http.get("/v1/admin/queues/vision", headers=AUTH)).status_code == 404
+    (implicit,) = (await http.get("/v1/admin/queues", headers=AUTH)).json()
+    assert implicit == {
+        "name": "default:vision",
+        "team": "vision",
+        "cohort": None,
+        "weight": 1.0,
+        "implicit": True,
+        "quotas": {},
+    }
+    assert set(await pool.fetch("SELECT DISTINCT queue FROM jobs")) == {("default:vision",)}
+    # The team can be given a queue again: it takes over the implicit one.
+    assert (await put(http, "queues/vision-2", {"team": "vision"})).status_code == 201
+
+
+async def test_a_priority_class_of_unfinished_jobs_stays(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    await put(http, "priority-classes/urgent", {"value": 500, "preemptible": False})
+    await add_job(pool, "job-1", priority="urgent")
+    await add_job(pool, "job-2", priority="low")
+    assert conflict(await delete(http, "priority-classes/urgent")) == (
+        "priority class urgent is in use by unfinished jobs job-1"
+    )
+    await finish(pool, "job-1")
+    assert (await delete(http, "priority-classes/urgent")).status_code == 204
+
+
+async def test_after_its_queue_is_deleted_a_team_schedules_in_its_implicit_queue(
+    http: httpx.AsyncClient, scheduler: Scheduler
+) -> None:
+    await scheduler.heartbeat("n1", gpus=2)
+    await put(http, "queues/vision", {"team": "vision", "quotas": {"cpu": {"nominal": 0}}})
+    await scheduler.submit("job-1", gpus=1)
+    await scheduler.wait_for(JobPending, lambda p: p.job_id == "job-1")
+    assert conflict(await delete(http, "queues/vision")) == (
+        "queue vision is in use by unfinished jobs job-1"
+    )
+    await scheduler.send(JobCancelRequested(job_id="job-1", team="vision", user="ada"), "job-1")
+    assert (await delete(http, "queues/vision")).status_code == 204
+
+    await scheduler.submit("job-2", gpus=2)
+    (grant,) = await scheduler.wait_for(AllocationGranted)
+    assert (grant.job_id, len(grant.gpu_indices)) == ("job-2", 2)
+    queues = await scheduler.pool.fetch("SELECT job_id, queue FROM jobs ORDER BY job_id")
+    assert [tuple(r) for r in queues] == [("job-1", "default:vision"), ("job-2", "default:vision")]

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import asyncpg
 import pytest
 
-from shared.bus import ORIGINAL_SUBJECT_HEADER, REASON_HEADER, Bus, Handler
+from shared.bus import (
+    ORIGINAL_SUBJECT_HEADER,
+    REASON_HEADER,
+    BatchHandler,
+    Bus,
+    Delivery,
+    Handler,
+    Reject,
+)
 from shared.events import Envelope, Payload, nats_subject
 from shared.events.payloads import JobCancelRequested
 from shared.inbox import idempotent
@@ -23,11 +31,19 @@ def _event(job_id: str) -> Envelope[JobCancelRequested]:
 
 
 async def _consume_until(
-    bus: Bus, handler: Handler, done: Callable[[], Awaitable[bool]], timeout: float = 10
+    bus: Bus,
+    handler: Handler,
+    done: Callable[[], Awaitable[bool]],
+    timeout: float = 10,
+    batches: BatchHandler | None = None,
 ) -> None:
+    """Consume until ``done``: one at a time through ``handler``, or through ``batches``."""
     stop = asyncio.Event()
+    subjects = [nats_subject(JobCancelRequested)]
     task = asyncio.create_task(
-        bus.consume("test-consumer", [nats_subject(JobCancelRequested)], handler, stop)
+        bus.consume_batches("test-consumer", subjects, batches, stop)
+        if batches
+        else bus.consume("test-consumer", subjects, handler, stop)
     )
     try:
         async with asyncio.timeout(timeout):
@@ -63,7 +79,7 @@ async def test_redelivered_event_applied_once(pool: asyncpg.Pool, bus: Bus) -> N
     async def ack_lost_the_first_time(envelope: Envelope[Payload]) -> None:
         nonlocal deliveries
         deliveries += 1
-        await transactional(envelope)  # committed...
+        await transactional([Delivery(envelope)])  # committed...
         if deliveries == 1:
             raise ConnectionError("...but the ack never reached the server")
 
@@ -118,3 +134,42 @@ async def test_handler_that_keeps_failing_is_dead_lettered_after_max_deliver(bus
     assert attempts == 3  # nats_settings.max_deliver
     reason = (await _dead_letters(bus))[0][0]
     assert "failed 3 times" in reason and "downstream is broken" in reason
+
+
+async def test_a_batch_commits_together_and_a_bad_event_costs_only_itself(
+    pool: asyncpg.Pool, bus: Bus
+) -> None:
+    async with pool.acquire() as conn:
+        await conn.execute("CREATE TABLE effects (job_id text)")
+
+    async def apply(envelope: Envelope[Payload], conn: asyncpg.Connection) -> None:
+        if envelope.subject == "job-3":
+            raise Reject("job-3 can never apply")
+        await conn.execute("INSERT INTO effects VALUES ($1)", envelope.subject)
+
+    transactional = idempotent(pool, "test-consumer", apply)
+    batch_sizes: list[int] = []
+
+    async def spy(deliveries: Sequence[Delivery]) -> None:
+        batch_sizes.append(len(deliveries))
+        await transactional(deliveries)
+
+    for i in range(6):
+        await bus.publish(_event(f"job-{i}"))
+
+    async def settled() -> bool:
+        async with pool.acquire() as conn:
+            applied = await conn.fetchval("SELECT count(*) FROM effects")
+        return applied == 5 and len(await _dead_letters(bus)) == 1
+
+    async def unused(_: Envelope[Payload]) -> None:
+        raise AssertionError("the batch consumer calls the batch handler")
+
+    await _consume_until(bus, unused, settled, batches=spy)
+    async with pool.acquire() as conn:
+        rows = await conn.fetch("SELECT job_id FROM effects ORDER BY job_id")
+    assert [r["job_id"] for r in rows] == ["job-0", "job-1", "job-2", "job-4", "job-5"]
+    # The six were handed over together; the rejected one rolled the batch back, and each
+    # was then applied alone (none twice: the inbox of the failed batch rolled back too).
+    assert batch_sizes[0] == 6 and batch_sizes[1:] == [1] * 6
+    assert "job-3 can never apply" in (await _dead_letters(bus))[0][0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import asyncpg
 import pytest
 
@@ -47,11 +49,11 @@ async def test_committed_event_published_once_and_marked(pool: asyncpg.Pool, bus
 class _CrashAfterPublish(Bus):
     """A bus whose process 'dies' right after the server accepted the publish."""
 
-    async def publish_raw(
-        self, subject: str, body: bytes, event_id: str, headers: dict[str, str]
+    async def publish_many(
+        self, messages: Iterable[tuple[str, bytes, str, dict[str, str]]]
     ) -> None:
-        await super().publish_raw(subject, body, event_id, headers)
-        raise SystemExit("crashed before marking the row published")
+        await super().publish_many(messages)
+        raise SystemExit("crashed before marking the rows published")
 
 
 async def test_crash_between_publish_and_mark_publishes_exactly_once(

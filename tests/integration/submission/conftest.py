@@ -21,7 +21,7 @@ from services.submission import commands, handlers
 from services.submission.api import AppDeps, create_app
 from services.submission.config import Settings
 from services.submission.service import MIGRATIONS, NAME, SUBJECTS, event_handler
-from shared.bus import Bus, Handler
+from shared.bus import BatchHandler, Bus
 from shared.db import migrate, open_pool
 from shared.events import Envelope, Payload
 from shared.events.payloads import AllocationGranted
@@ -114,7 +114,7 @@ async def running_submission(
     pool: asyncpg.Pool,
     bus: Bus,
     dispatch: TransactionalHandler = handlers.dispatch,
-    wrap: Callable[[Handler], Handler] = lambda h: h,
+    wrap: Callable[[BatchHandler], BatchHandler] = lambda h: h,
 ) -> AsyncIterator[Submission]:
     """The service's parts around ``dispatch`` (the service's own unless a test spies on
     it); ``wrap`` sees every delivery, before the inbox check."""
@@ -122,7 +122,7 @@ async def running_submission(
     consumer = wrap(event_handler(pool, dispatch))
     tasks = [
         asyncio.create_task(OutboxRelay(pool, bus, idle_poll_s=0.1).run(stop)),
-        asyncio.create_task(bus.consume(NAME, SUBJECTS, consumer, stop)),
+        asyncio.create_task(bus.consume_batches(NAME, SUBJECTS, consumer, stop)),
     ]
     admin = await commands.bootstrap_admin(pool, "ml", "alice")
     other = await commands.bootstrap_admin(pool, "vision", "bob")

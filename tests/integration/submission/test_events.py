@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -9,7 +10,7 @@ import pytest
 
 from services.submission import handlers
 from services.submission.config import Settings
-from shared.bus import Bus, Handler
+from shared.bus import BatchHandler, Bus, Delivery
 from shared.events import Envelope, Payload
 from shared.events.payloads import JobPending
 from tests.integration.submission.conftest import Submission, eventually, running_submission
@@ -181,10 +182,11 @@ async def test_a_redelivered_event_is_applied_once(
     deliveries: dict[str, int] = {}
     applications: dict[str, int] = {}
 
-    def count_deliveries(handler: Handler) -> Handler:
-        async def counting(envelope: Envelope[Payload]) -> None:
-            deliveries[envelope.id] = deliveries.get(envelope.id, 0) + 1
-            await handler(envelope)
+    def count_deliveries(handler: BatchHandler) -> BatchHandler:
+        async def counting(batch: Sequence[Delivery]) -> None:
+            for delivery in batch:
+                deliveries[delivery.envelope.id] = deliveries.get(delivery.envelope.id, 0) + 1
+            await handler(batch)
 
         return counting
 

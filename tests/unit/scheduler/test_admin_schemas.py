@@ -11,10 +11,9 @@ from services.scheduler.admin_schemas import (
     FLAVOR_PATTERN,
     PriorityClassRequest,
     QueueRequest,
-    RequestInvalid,
     check_name,
-    parse_body,
 )
+from shared.http_errors import RequestInvalid, parse_body
 
 
 def errors(model: type[Any], body: dict[str, Any] | bytes) -> dict[str, str]:

@@ -11,12 +11,10 @@ from services.submission.config import DEFAULT_FLAVORS
 from services.submission.schemas import (
     CreateUserRequest,
     JobRequest,
-    RequestInvalid,
-    field_path,
-    parse_body,
     parse_idempotency_key,
     parse_job_request,
 )
+from shared.http_errors import RequestInvalid, field_path, parse_body
 
 GOOD: dict[str, Any] = {
     "name": "digits-cnn",

@@ -1,0 +1,132 @@
+"""The shared HTTP error shape: every failure is ``{"detail", "errors"}``, never a traceback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from litestar import Litestar, get
+from litestar.exceptions import HTTPException, NotAuthorizedException
+from litestar.params import FromQuery
+from litestar.testing import TestClient
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from shared.http_errors import RequestInvalid, exception_handlers, parse_body
+
+
+class Missing(Exception):
+    pass
+
+
+class Limits(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    nominal: int
+    lending: int = 0
+
+    @model_validator(mode="after")
+    def _lending_within_nominal(self) -> Limits:
+        if self.lending > self.nominal:
+            raise ValueError("lending: must not exceed nominal")
+        return self
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    limits: dict[str, Limits]
+
+
+@get("/invalid")
+async def invalid() -> None:
+    raise RequestInvalid.one("name", "must be lower case")
+
+
+@get("/missing")
+async def missing() -> None:
+    raise Missing("no queue q")
+
+
+@get("/unauthorized")
+async def unauthorized() -> None:
+    raise NotAuthorizedException("bad token")
+
+
+@get("/unavailable")
+async def unavailable() -> None:
+    raise HTTPException(status_code=503, detail="db.internal:5432 is down")
+
+
+@get("/crash")
+async def crash() -> None:
+    raise RuntimeError("password=hunter2")
+
+
+@get("/count")
+async def count(limit: FromQuery[int]) -> int:
+    return limit
+
+
+@pytest.fixture
+def client() -> Iterator[TestClient[Any]]:
+    app = Litestar(
+        [invalid, missing, unauthorized, unavailable, crash, count],
+        exception_handlers=exception_handlers({Missing: 404}),
+    )
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+def test_invalid_requests_name_their_fields(client: TestClient[Any]) -> None:
+    response = client.get("/invalid")
+    assert response.status_code == 422
+    assert response.json() == {
+        "detail": "invalid request",
+        "errors": [{"field": "name", "message": "must be lower case"}],
+    }
+    response = client.get("/count", params={"limit": "many"})
+    assert response.status_code == 422
+    assert response.json()["detail"] == "invalid request"
+    assert [e["field"] for e in response.json()["errors"]] == ["limit"]
+
+
+def test_a_services_own_exception_answers_its_status(client: TestClient[Any]) -> None:
+    response = client.get("/missing")
+    assert response.status_code == 404
+    assert response.json() == {"detail": "no queue q", "errors": []}
+    response = client.get("/unauthorized")
+    assert response.status_code == 401
+    assert response.json() == {"detail": "bad token", "errors": []}
+    assert response.headers["WWW-Authenticate"] == "Bearer"
+    assert client.get("/nowhere").json()["detail"]
+
+
+def test_server_errors_are_generic_and_logged(
+    client: TestClient[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    for path, status, secret in [
+        ("/crash", 500, "hunter2"),
+        ("/unavailable", 503, "db.internal"),
+    ]:
+        response = client.get(path)
+        assert response.status_code == status
+        assert response.json() == {"detail": "internal error", "errors": []}
+        assert secret not in response.text and "Traceback" not in response.text
+        assert secret in caplog.text
+
+
+def test_body_errors_are_reported_by_path_all_at_once() -> None:
+    raw = b'{"limits": {"a100": {"nominal": 1, "lending": 2}, "h200": {"nominal": "x"}}, "x": 1}'
+    with pytest.raises(RequestInvalid) as caught:
+        parse_body(Body, raw)
+    assert {e.field: e.message for e in caught.value.errors} == {
+        "limits.a100.lending": "must not exceed nominal",
+        "limits.h200.nominal": "Input should be a valid integer",
+        "x": "unknown field",
+    }
+    with pytest.raises(RequestInvalid) as caught:
+        parse_body(Body, b"[]")
+    assert [(e.field, e.message) for e in caught.value.errors] == [
+        ("body", "must be a JSON object")
+    ]
