@@ -1,7 +1,7 @@
 """End-to-end allocation throughput: the real scheduler process over NATS and PostgreSQL.
 
-Run: ``.venv/bin/python -m bench.scheduler_e2e [--nodes 100] [--jobs 800]``. Prints a line per
-run and writes ``bench/results/scheduler_e2e.json``.
+Run: ``.venv/bin/python -m bench.scheduler_e2e [--nodes 25 100] [--repeat 3]``. Prints a line
+per run and the median per cluster size, and writes ``bench/results/scheduler_e2e.json``.
 
 What is measured: a real ``python -m services.scheduler`` (one process, its own Postgres schema,
 JetStream consumer, outbox relay) on a local NATS server and PostgreSQL. ``--nodes`` runners are
@@ -23,6 +23,7 @@ import datetime as dt
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -139,17 +140,49 @@ def _wait_ready(url: str, process: ManagedProcess) -> None:
     raise TimeoutError("scheduler not ready within 120 s")
 
 
+def _measure(
+    base: Path, nats_url: str, pg: PostgresServer, nodes: int, jobs: int, log_dir: Path | None
+) -> dict[str, float]:
+    """One run: a fresh scheduler on a fresh database and stream."""
+    port = free_port()
+    name = f"bench_{nodes}_{uuid.uuid4().hex[:6]}"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")},
+        "TRAINYARD_NATS_URL": nats_url,
+        "TRAINYARD_DATABASE_URL": pg.create_database(name),
+        "TRAINYARD_SCHEDULER_PORT": str(port),
+        "TRAINYARD_SCHEDULER_NODE_TIMEOUT_SECONDS": "600",
+        "TRAINYARD_SCHEDULER_LOG_LEVEL": "DEBUG" if log_dir else "INFO",
+    }
+    process = ManagedProcess(
+        "scheduler",
+        [sys.executable, "-m", "services.scheduler"],
+        env=env,
+        log_path=(log_dir or base) / f"scheduler-{name}.log",
+        cwd=Path(__file__).parents[1],
+    )
+    process.start()
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}/readyz", process)
+        return asyncio.run(_run(nats_url, nodes, jobs, f"http://127.0.0.1:{port}/v1/queue"))
+    finally:
+        process.stop()
+        # A fresh stream per run: the next scheduler must not replay this one.
+        asyncio.run(_delete_streams(nats_url))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scheduler_e2e")
     parser.add_argument("--nodes", type=int, nargs="+", default=[25, 100])
     parser.add_argument("--jobs-per-gpu", type=float, default=1.0)
+    parser.add_argument("--repeat", type=int, default=3, help="runs per cluster size")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
         "--log-dir", type=Path, help="keep the scheduler's logs here (with one line per pass)"
     )
     args = parser.parse_args(argv)
 
-    runs = []
+    runs, summary = [], []
     if args.log_dir:
         args.log_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="trainyard-bench-") as tmp:
@@ -157,40 +190,32 @@ def main(argv: list[str] | None = None) -> int:
         os.chmod(base, 0o755)  # PostgreSQL runs as its own user when we are root
         with NatsServer(base / "nats") as nats_server, PostgresServer(base / "pg") as pg:
             for nodes in args.nodes:
-                port = free_port()
-                dsn = pg.create_database(f"bench_{nodes}")
-                env = {
-                    **{k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")},
-                    "TRAINYARD_NATS_URL": nats_server.url,
-                    "TRAINYARD_DATABASE_URL": dsn,
-                    "TRAINYARD_SCHEDULER_PORT": str(port),
-                    "TRAINYARD_SCHEDULER_NODE_TIMEOUT_SECONDS": "600",
-                    "TRAINYARD_SCHEDULER_LOG_LEVEL": "DEBUG" if args.log_dir else "INFO",
-                }
-                process = ManagedProcess(
-                    "scheduler",
-                    [sys.executable, "-m", "services.scheduler"],
-                    env=env,
-                    log_path=(args.log_dir or base) / f"scheduler-{nodes}.log",
-                    cwd=Path(__file__).parents[1],
-                )
-                process.start()
-                try:
-                    _wait_ready(f"http://127.0.0.1:{port}/readyz", process)
-                    jobs = int(nodes * 8 * args.jobs_per_gpu)
-                    run = asyncio.run(
-                        _run(nats_server.url, nodes, jobs, f"http://127.0.0.1:{port}/v1/queue")
+                jobs = int(nodes * 8 * args.jobs_per_gpu)
+                rates = []
+                for _ in range(args.repeat):
+                    run = _measure(base, nats_server.url, pg, nodes, jobs, args.log_dir)
+                    runs.append(run)
+                    rates.append(run["decisions_per_second"])
+                    print(
+                        f"{run['nodes']:>5} nodes {run['gpus']:>5} GPUs {run['jobs']:>5} jobs: "
+                        f"{run['granted']} granted in {run['seconds']:.2f} s = "
+                        f"{run['decisions_per_second']:.0f} decisions/s"
                     )
-                finally:
-                    process.stop()
-                    # A fresh stream per run: the next scheduler must not replay this one.
-                    asyncio.run(_delete_streams(nats_server.url))
-                runs.append(run)
+                median = statistics.median(rates)
+                summary.append(
+                    {
+                        "nodes": nodes,
+                        "jobs": jobs,
+                        "median_decisions_per_second": median,
+                        "min": min(rates),
+                        "max": max(rates),
+                        "vs_target": round(median / TARGET_PER_S, 2),
+                    }
+                )
                 print(
-                    f"{run['nodes']:>5} nodes {run['gpus']:>5} GPUs {run['jobs']:>5} jobs: "
-                    f"{run['granted']} granted in {run['seconds']:.2f} s = "
-                    f"{run['decisions_per_second']:.0f} decisions/s "
-                    f"({run['decisions_per_second'] / TARGET_PER_S:.2f}x the 500/s target)"
+                    f"{nodes:>5} nodes: median {median:.0f} decisions/s "
+                    f"(min {min(rates):.0f}, max {max(rates):.0f}) = "
+                    f"{median / TARGET_PER_S:.2f}x the 500/s target"
                 )
     result = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -200,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_average": os.getloadavg(),
         },
         "target_decisions_per_second": TARGET_PER_S,
+        "summary": summary,
         "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -128,16 +128,24 @@ async def run_pass(
     if decisions.placements or decisions.preemptions:
         log.info(
             "pass placed %s; preempted %s; %d waiting, %d pending notes published",
-            ", ".join(
+            _first(
                 f"{p.job_id}->{','.join(f'{n}{list(g)}' for n, g in sorted(p.gpus.items()))}"
                 for p in decisions.placements
             )
             or "nothing",
-            ", ".join(f"{p.job_id} for {p.for_job_id}" for p in decisions.preemptions) or "none",
+            _first(f"{p.job_id} for {p.for_job_id}" for p in decisions.preemptions) or "none",
             len(decisions.explanations) + len(built.held_back),
             published,
         )
     return decisions
+
+
+def _first(items: Iterable[str], shown: int = 10) -> str:
+    """A log-sized list: the first ``shown`` items and how many more (a pass on a big cluster
+    can place thousands; each placement is also in its job's trace and events)."""
+    listed = list(items)
+    more = f" and {len(listed) - shown} more" if len(listed) > shown else ""
+    return ", ".join(listed[:shown]) + more
 
 
 async def _grant(
