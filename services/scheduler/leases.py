@@ -11,7 +11,9 @@ Contract:
   than the grace: outcome ``preempted``, the job requeued for a new attempt (its next
   allocation takes a new, higher epoch, so a late report from the old runner is fenced),
   ``AllocationRevoked(reason="fenced")`` to each node, and a ``JobPreempted`` said on the
-  silent runner's behalf so the job's view moves on.
+  silent runner's behalf so the job's view moves on. A job requeued after a lost node gets
+  the same ``JobPreempted`` (reason ``node lost; requeued``); one that fails for it, a
+  ``JobFailed``.
 The caller holds the scheduling lock and runs a pass afterwards.
 """
 
@@ -118,6 +120,9 @@ async def _end_gang(
             reason=decision.reason or "node lost",
         )
         await emit(conn, failed, job.job_id)
+    elif kind == "lost" and decision.requeued:
+        # Likewise: the job's view must leave RUNNING now, not when it is placed again.
+        await _say_preempted(conn, job.job_id, allocations, reported_at, decision.reason)
     log.info(
         "allocation(s) %s of job %s ended (%s): job %s",
         ", ".join(a.allocation_id for a in allocations),
@@ -174,23 +179,32 @@ async def release_expired_notices(
         log.warning("job %s did not stop within the preemption grace: revoking", job_id)
         await end_gang(conn, job, allocations, "preempted", now, now, tuning)
         with job_trace(job_id, job.trace_context, "preempted"):
-            await _say_preempted(conn, job_id, allocations, now)
+            reason = (
+                "preempted; the runner did not stop within the grace period, so its GPUs "
+                "were revoked"
+            )
+            await _say_preempted(conn, job_id, allocations, now, reason)
         ended.append(job_id)
     return ended
 
 
 async def _say_preempted(
-    conn: asyncpg.Connection, job_id: str, allocations: Sequence[Allocation], now: datetime
+    conn: asyncpg.Connection,
+    job_id: str,
+    allocations: Sequence[Allocation],
+    reported_at: datetime,
+    reason: str | None,
 ) -> None:
-    """``job.preempted`` on behalf of a runner that did not stop within the grace."""
+    """``job.preempted`` on behalf of runners that cannot or did not say it (a lost node, a
+    runner that did not stop within the grace): the job goes back to its queue and resumes
+    from its checkpoint."""
     for allocation in allocations:
         preempted = JobPreempted(
             job_id=job_id,
             allocation_id=allocation.allocation_id,
             node_id=allocation.node_id,
             epoch=allocation.epoch,
-            finished_at=now,
-            reason="preempted; the runner did not stop within the grace period, so its "
-            "GPUs were revoked",
+            finished_at=release_time(reported_at, allocation.granted_at, reported_at),
+            reason=reason or "preempted",
         )
-        await emit(conn, preempted, job_id, event_id=f"forced-preempt:{allocation.allocation_id}")
+        await emit(conn, preempted, job_id, event_id=f"said-preempted:{allocation.allocation_id}")

@@ -283,6 +283,9 @@ async def test_lost_node_requeues_its_jobs_elsewhere(scheduler: Scheduler) -> No
 
     (released,) = await scheduler.wait_for(AllocationReleased)
     assert (released.allocation_id, released.outcome) == (grant.allocation_id, "lost")
+    # Said for the runner, which cannot: the job's view leaves RUNNING at once.
+    (said,) = await scheduler.wait_for(JobPreempted)
+    assert (said.allocation_id, said.reason) == (grant.allocation_id, "node lost; requeued")
     (regrant,) = await scheduler.wait_for(AllocationGranted, lambda g: g.node_id == "n2")
     assert (regrant.job_id, regrant.attempt) == ("job-1", 1)
     row = await job_row(scheduler.pool, "job-1")
