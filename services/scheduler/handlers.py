@@ -24,6 +24,7 @@ from datetime import datetime
 
 import asyncpg
 
+from services.scheduler import allocation_repository as allocation_repo
 from services.scheduler import repository as repo
 from services.scheduler.domain import AllocationStatus, EndKind, JobStatus, fence
 from services.scheduler.leases import end_gang
@@ -131,7 +132,7 @@ class SchedulerHandlers:
                 log.warning("node %s reports unknown allocation %r", heartbeat.node_id, raw)
         if not ids:
             return
-        for allocation, live in await repo.allocations_by_id(conn, ids):
+        for allocation, live in await allocation_repo.allocations_by_id(conn, ids):
             if live and allocation.node_id == heartbeat.node_id:
                 continue
             revoke = AllocationRevoked(
@@ -176,7 +177,7 @@ class SchedulerHandlers:
             await emit(conn, JobCancelled(job_id=job.job_id, reason=cancel.reason), job.job_id)
             self._poke()  # positions behind it moved up
             return
-        allocations = await repo.live_allocations(conn, job.job_id)
+        allocations = await allocation_repo.live_allocations(conn, job.job_id)
         if not allocations:  # pragma: no cover - a job holding GPUs always has one
             raise RuntimeError(f"job {job.job_id} is {job.status.value} without an allocation")
         await repo.set_job_status(
@@ -197,7 +198,7 @@ class SchedulerHandlers:
         self, conn: asyncpg.Connection, started: JobStarted, now: datetime
     ) -> None:
         job = await repo.job_for_update(conn, started.job_id)
-        allocations = await repo.live_allocations(conn, started.job_id)
+        allocations = await allocation_repo.live_allocations(conn, started.job_id)
         stale = fence([a.live for a in allocations], started.allocation_id, started.epoch)
         if job is None or stale:
             log.info("JobStarted for %s ignored: %s", started.job_id, stale or "unknown job")
@@ -207,19 +208,21 @@ class SchedulerHandlers:
             log.info("JobStarted for %s ignored: already %s", job.job_id, allocation.status.value)
             return
         allocation.status.check(AllocationStatus.RUNNING)
-        await repo.mark_allocation_started(conn, allocation.allocation_id, started.started_at)
+        await allocation_repo.mark_allocation_started(
+            conn, allocation.allocation_id, started.started_at
+        )
         if job.status is JobStatus.ALLOCATED:
             await repo.set_job_status(conn, [job.job_id], job.status.check(JobStatus.RUNNING), now)
 
     async def on_checkpoint(self, conn: asyncpg.Connection, saved: CheckpointSaved) -> None:
         """Remember when the job last saved a complete checkpoint (victims are chosen to lose
         the least work)."""
-        allocations = await repo.live_allocations(conn, saved.job_id)
+        allocations = await allocation_repo.live_allocations(conn, saved.job_id)
         stale = fence([a.live for a in allocations], saved.allocation_id, saved.epoch)
         if stale:
             log.info("checkpoint of %s ignored: %s", saved.job_id, stale)
             return
-        await repo.record_checkpoint(conn, saved.allocation_id, saved.saved_at)
+        await allocation_repo.record_checkpoint(conn, saved.allocation_id, saved.saved_at)
 
     async def on_ended(
         self,
@@ -229,7 +232,7 @@ class SchedulerHandlers:
         now: datetime,
     ) -> None:
         job = await repo.job_for_update(conn, ended.job_id)
-        allocations = await repo.live_allocations(conn, ended.job_id)
+        allocations = await allocation_repo.live_allocations(conn, ended.job_id)
         stale = fence([a.live for a in allocations], ended.allocation_id, ended.epoch)
         if job is None or stale:
             log.info("job %s %s ignored: %s", ended.job_id, kind, stale or "unknown job")

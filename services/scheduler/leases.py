@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 
 import asyncpg
 
+from services.scheduler import allocation_repository as allocation_repo
 from services.scheduler import repository as repo
 from services.scheduler.domain import (
     Allocation,
@@ -80,7 +81,9 @@ async def _end_gang(
     gpu_seconds = 0.0
     for allocation in allocations:
         released_at = release_time(reported_at, allocation.granted_at, now)
-        await repo.release_allocation(conn, allocation.allocation_id, released_at, decision.outcome)
+        await allocation_repo.release_allocation(
+            conn, allocation.allocation_id, released_at, decision.outcome
+        )
         gpus = len(allocation.gpu_indices)
         gpu_seconds += gpus * (released_at - allocation.granted_at).total_seconds()
         released = AllocationReleased(
@@ -153,7 +156,7 @@ async def charge_usage(
     """Add ``gpu_seconds`` to ``team``'s fair-share usage, decayed to ``now`` first."""
     if gpu_seconds <= 0:
         return
-    row = await repo.usage_for_update(conn, team)
+    row = await allocation_repo.usage_for_update(conn, team)
     usage: dict[str, float] = {}
     as_of = now
     if row is not None:
@@ -161,7 +164,7 @@ async def charge_usage(
         elapsed = (as_of - row["as_of"]).total_seconds()
         usage = decay_usage({team: row["gpu_seconds"]}, elapsed, half_life_s)
     usage = charge(usage, team, gpu_seconds)
-    await repo.set_usage(conn, team, usage[team], as_of)
+    await allocation_repo.set_usage(conn, team, usage[team], as_of)
 
 
 async def release_expired_notices(
@@ -171,9 +174,9 @@ async def release_expired_notices(
     await repo.lock_scheduler(conn)
     cutoff = now - timedelta(seconds=tuning.preemption_grace_s)
     ended: list[str] = []
-    for job_id in await repo.jobs_with_expired_notice(conn, cutoff):
+    for job_id in await allocation_repo.jobs_with_expired_notice(conn, cutoff):
         job = await repo.job_for_update(conn, job_id)
-        allocations = await repo.live_allocations(conn, job_id)
+        allocations = await allocation_repo.live_allocations(conn, job_id)
         if job is None or not allocations or not job.status.holds_gpus:
             continue
         log.warning("job %s did not stop within the preemption grace: revoking", job_id)

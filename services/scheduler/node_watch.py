@@ -23,6 +23,7 @@ from datetime import datetime, timedelta
 
 import asyncpg
 
+from services.scheduler import allocation_repository as allocation_repo
 from services.scheduler import repository as repo
 from services.scheduler.leader import NotLeader
 from services.scheduler.leases import end_gang
@@ -45,7 +46,7 @@ async def sweep_lost_nodes(
     await guard(conn)
     lost = await repo.mark_lost_nodes(conn, now - node_timeout, now)
     for node in lost:
-        allocations = await repo.live_allocations_on(conn, node["node_id"])
+        allocations = await allocation_repo.live_allocations_on(conn, node["node_id"])
         log.warning(
             "node %s lost (last heartbeat %s); releasing %d allocation(s)",
             node["node_id"],
@@ -54,7 +55,7 @@ async def sweep_lost_nodes(
         )
         for allocation in allocations:
             job = await repo.job_for_update(conn, allocation.job_id)
-            gang = await repo.live_allocations(conn, allocation.job_id)
+            gang = await allocation_repo.live_allocations(conn, allocation.job_id)
             if job is None or not gang:  # its gang already ended with another lost node
                 continue
             await end_gang(

@@ -36,6 +36,7 @@ from typing import Any
 import asyncpg
 from opentelemetry import trace
 
+from services.scheduler import allocation_repository as allocation_repo
 from services.scheduler import repository as repo
 from services.scheduler.convert import (
     Built,
@@ -156,7 +157,7 @@ async def _grant(
         return
     jobs = await repo.jobs_by_id(conn, [p.job_id for p in placements])
     members = [(p, sorted(p.gpus.items())) for p in placements]
-    epochs = iter(await repo.next_epochs(conn, sum(len(m) for _, m in members)))
+    epochs = iter(await allocation_repo.next_epochs(conn, sum(len(m) for _, m in members)))
     counts = {n.node_id: n.gpu_count for n in built.snapshot.nodes}
     allocations: list[Allocation] = []
     events: list[outbox.Traced] = []
@@ -197,7 +198,7 @@ async def _grant(
                     spec=job.spec,
                 )
                 events.append(outbox.traced(_envelope(granted, node_id)))
-    await repo.insert_allocations(conn, allocations)
+    await allocation_repo.insert_allocations(conn, allocations)
     await repo.set_job_status(conn, list(jobs), JobStatus.ALLOCATED, now)
     await outbox.enqueue_traced(conn, events)
 
@@ -209,7 +210,9 @@ async def _give_notice(
     fresh = [m for m in members if m["notice_at"] is None]
     if not fresh:
         return  # the policy never picks a job under notice; nothing to say twice
-    await repo.set_notice(conn, [str(m["allocation_id"]) for m in fresh], now, preemption.reason)
+    await allocation_repo.set_notice(
+        conn, [str(m["allocation_id"]) for m in fresh], now, preemption.reason
+    )
     contexts = await repo.trace_contexts(conn, [preemption.job_id])
     with job_trace(preemption.job_id, contexts.get(preemption.job_id), "preempt"):
         for m in fresh:

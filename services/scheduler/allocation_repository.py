@@ -1,0 +1,187 @@
+"""The scheduler's SQL about allocations, their leases and notices, and fair-share usage:
+one function per query, each taking a connection inside the caller's transaction (the
+scheduling lock held). Tables are unqualified: the pool's ``search_path`` is the
+``scheduler`` schema."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+
+import asyncpg
+
+from services.scheduler.domain import Allocation, AllocationStatus, Outcome
+from services.scheduler.repository import Row
+
+# --- allocations and leases ------------------------------------------------------------
+
+_ALLOCATION_COLUMNS = (
+    "allocation_id, job_id, node_id, epoch, attempt, gpu_indices, status, granted_at, "
+    "gang_id, gang_size, borrowed, notice_at"
+)
+
+
+async def next_epochs(conn: asyncpg.Connection, count: int) -> list[int]:
+    """``count`` fresh fencing epochs, ascending."""
+    rows = await conn.fetch(
+        "SELECT nextval('allocation_epoch') AS epoch FROM generate_series(1, $1) ORDER BY 1",
+        count,
+    )
+    return [r["epoch"] for r in rows]
+
+
+async def insert_allocations(conn: asyncpg.Connection, allocations: Sequence[Allocation]) -> None:
+    """Insert allocations and one live lease per GPU (the unique index may refuse them), in
+    two statements however many there are."""
+    await conn.execute(
+        f"INSERT INTO allocations ({_ALLOCATION_COLUMNS}) "
+        "SELECT a.id, a.job_id, a.node_id, a.epoch, a.attempt, a.gpus::integer[], a.status, "
+        "a.granted_at, a.gang_id, a.gang_size, a.borrowed, NULL "
+        "FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::integer[], "
+        "$6::text[], $7::text[], $8::timestamptz[], $9::uuid[], $10::integer[], "
+        "$11::boolean[]) AS a(id, job_id, node_id, epoch, attempt, gpus, status, granted_at, "
+        "gang_id, gang_size, borrowed)",
+        [uuid.UUID(a.allocation_id) for a in allocations],
+        [a.job_id for a in allocations],
+        [a.node_id for a in allocations],
+        [a.epoch for a in allocations],
+        [a.attempt for a in allocations],
+        # One array per row: as array literals, since unnest() would flatten a 2-D array.
+        ["{" + ",".join(map(str, a.gpu_indices)) + "}" for a in allocations],
+        [a.status.value for a in allocations],
+        [a.granted_at for a in allocations],
+        [uuid.UUID(a.gang_id or a.allocation_id) for a in allocations],
+        [a.gang_size for a in allocations],
+        [a.borrowed for a in allocations],
+    )
+    leases = [(a.allocation_id, a.node_id, i) for a in allocations for i in a.gpu_indices]
+    await conn.execute(
+        "INSERT INTO gpu_leases (allocation_id, node_id, gpu_index) "
+        "SELECT * FROM unnest($1::uuid[], $2::text[], $3::integer[])",
+        [uuid.UUID(a) for a, _, _ in leases],
+        [n for _, n, _ in leases],
+        [i for _, _, i in leases],
+    )
+
+
+async def live_allocations(conn: asyncpg.Connection, job_id: str) -> list[Allocation]:
+    """The job's live allocations: none, one, or one per node of its gang."""
+    rows = await conn.fetch(
+        f"SELECT {_ALLOCATION_COLUMNS} FROM allocations "
+        "WHERE job_id = $1 AND released_at IS NULL ORDER BY node_id FOR UPDATE",
+        job_id,
+    )
+    return [Allocation.from_row(r) for r in rows]
+
+
+async def live_allocations_on(conn: asyncpg.Connection, node_id: str) -> list[Allocation]:
+    rows = await conn.fetch(
+        f"SELECT {_ALLOCATION_COLUMNS} FROM allocations "
+        "WHERE node_id = $1 AND released_at IS NULL ORDER BY granted_at FOR UPDATE",
+        node_id,
+    )
+    return [Allocation.from_row(r) for r in rows]
+
+
+async def allocations_by_id(
+    conn: asyncpg.Connection, allocation_ids: Sequence[uuid.UUID]
+) -> list[tuple[Allocation, bool]]:
+    """The allocations with these ids, each with whether it is still live."""
+    rows = await conn.fetch(
+        f"SELECT {_ALLOCATION_COLUMNS}, released_at IS NULL AS live FROM allocations "
+        "WHERE allocation_id = ANY($1::uuid[])",
+        list(allocation_ids),
+    )
+    return [(Allocation.from_row(r), r["live"]) for r in rows]
+
+
+async def mark_allocation_started(
+    conn: asyncpg.Connection, allocation_id: str, started_at: datetime
+) -> None:
+    await conn.execute(
+        "UPDATE allocations SET status = $2, started_at = $3 WHERE allocation_id = $1",
+        uuid.UUID(allocation_id),
+        AllocationStatus.RUNNING.value,
+        started_at,
+    )
+
+
+async def release_allocation(
+    conn: asyncpg.Connection, allocation_id: str, released_at: datetime, outcome: Outcome
+) -> None:
+    """End an allocation and free its GPUs."""
+    aid = uuid.UUID(allocation_id)
+    await conn.execute(
+        "UPDATE allocations SET status = $2, released_at = $3, outcome = $4 "
+        "WHERE allocation_id = $1",
+        aid,
+        AllocationStatus.RELEASED.value,
+        released_at,
+        outcome,
+    )
+    await conn.execute(
+        "UPDATE gpu_leases SET released_at = $2 WHERE allocation_id = $1 AND released_at IS NULL",
+        aid,
+        released_at,
+    )
+
+
+async def set_notice(
+    conn: asyncpg.Connection, allocation_ids: Sequence[str], at: datetime, reason: str
+) -> None:
+    """A preemption notice on these live allocations (a notice already given stands)."""
+    await conn.execute(
+        "UPDATE allocations SET notice_at = $2, notice_reason = $3 "
+        "WHERE allocation_id = ANY($1::uuid[]) AND released_at IS NULL AND notice_at IS NULL",
+        [uuid.UUID(a) for a in allocation_ids],
+        at,
+        reason,
+    )
+
+
+async def jobs_with_expired_notice(conn: asyncpg.Connection, cutoff: datetime) -> list[str]:
+    """Jobs holding a live allocation whose preemption notice was given at or before
+    ``cutoff`` (their grace is over)."""
+    rows = await conn.fetch(
+        "SELECT DISTINCT job_id FROM allocations "
+        "WHERE released_at IS NULL AND notice_at IS NOT NULL AND notice_at <= $1 ORDER BY job_id",
+        cutoff,
+    )
+    return [r["job_id"] for r in rows]
+
+
+async def record_checkpoint(
+    conn: asyncpg.Connection, allocation_id: str, saved_at: datetime
+) -> None:
+    """The job's latest complete checkpoint, on every live allocation of its gang."""
+    await conn.execute(
+        "UPDATE allocations SET last_checkpoint_at = GREATEST(last_checkpoint_at, $2) "
+        "WHERE released_at IS NULL AND gang_id = "
+        "(SELECT gang_id FROM allocations WHERE allocation_id = $1)",
+        uuid.UUID(allocation_id),
+        saved_at,
+    )
+
+
+# --- fair-share usage ------------------------------------------------------------------
+
+
+async def usage_for_update(conn: asyncpg.Connection, team: str) -> Row | None:
+    row: Row | None = await conn.fetchrow(
+        "SELECT gpu_seconds, as_of FROM usage WHERE team = $1 FOR UPDATE", team
+    )
+    return row
+
+
+async def set_usage(
+    conn: asyncpg.Connection, team: str, gpu_seconds: float, as_of: datetime
+) -> None:
+    await conn.execute(
+        "INSERT INTO usage (team, gpu_seconds, as_of) VALUES ($1, $2, $3) "
+        "ON CONFLICT (team) DO UPDATE SET gpu_seconds = EXCLUDED.gpu_seconds, "
+        "as_of = EXCLUDED.as_of",
+        team,
+        max(0.0, gpu_seconds),
+        as_of,
+    )
