@@ -4,8 +4,7 @@
   blocking: a job starts only once every earlier job has started; first fit (nodes in id
   order, lowest free GPU indices; a multi-node gang takes the first nodes with room for its
   per-node share). Never preempts, explains nothing.
-- ``ours(config)``: the real ``services.scheduler.policy.schedule``, unchanged (see ``Ours``
-  for the one workaround).
+- ``ours(config)``: the real ``services.scheduler.policy.schedule``, unchanged.
 - ``team_queues``: one queue per team, all in one cohort, nominal quotas as equal as whole GPUs
   allow and summing to the cluster (500 GPUs / 15 teams: 5 teams get 34, 10 get 33, by team
   name), lending and borrowing unlimited, weight 1.
@@ -13,8 +12,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import replace
+import functools
+from collections.abc import Callable, Iterable, Mapping
 from operator import attrgetter
 
 from bench.simulator.cluster import FLAVOR
@@ -25,7 +24,6 @@ from services.scheduler.policy.model import (
     PendingJob,
     Placement,
     PolicyConfig,
-    Preemption,
     PriorityClass,
     Queue,
     Snapshot,
@@ -51,33 +49,9 @@ def team_queues(teams: Iterable[str], total_gpus: int) -> tuple[Queue, ...]:
     )
 
 
-class Ours:
-    """The platform's policy with ``config``, called as is.
-
-    One workaround: a pass that names the same victim twice (for two preemptors) keeps only
-    the first notice, and ``duplicate_preemptions`` counts the ones dropped, so the engine's
-    strict check does not stop the run on that known policy bug.
-    """
-
-    def __init__(self, config: PolicyConfig) -> None:
-        self.config = config
-        self.duplicate_preemptions = 0
-
-    def __call__(self, snapshot: Snapshot) -> Decisions:
-        decisions = schedule(snapshot, self.config)
-        victims = {p.job_id for p in decisions.preemptions}
-        if len(victims) == len(decisions.preemptions):
-            return decisions
-        unique: dict[str, Preemption] = {}
-        for p in decisions.preemptions:
-            unique.setdefault(p.job_id, p)
-        self.duplicate_preemptions += len(decisions.preemptions) - len(unique)
-        return replace(decisions, preemptions=tuple(unique.values()))
-
-
-def ours(config: PolicyConfig) -> Ours:
-    """The platform's policy with ``config`` (see ``Ours``)."""
-    return Ours(config)
+def ours(config: PolicyConfig) -> Callable[[Snapshot], Decisions]:
+    """The platform's policy with ``config``, called as is."""
+    return functools.partial(schedule, config=config)
 
 
 def fifo(snapshot: Snapshot) -> Decisions:

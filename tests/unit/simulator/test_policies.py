@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import random
 
-import pytest
-
-from bench.simulator import policies
 from bench.simulator.cluster import FLAVOR
 from bench.simulator.engine import SimConfig
 from bench.simulator.policies import fifo, ours, team_queues
-from services.scheduler.policy.model import Decisions, PolicyConfig, Preemption, Snapshot
+from services.scheduler.policy.model import PolicyConfig
 from tests.unit.simulator.helpers import job, run
 
 
@@ -53,18 +50,3 @@ def test_ours_finishes_a_random_multi_team_stream() -> None:
     assert result.unfinished == []
     assert len(result.outcomes) == len(jobs)
     assert result.missing_explanations == 0
-
-
-def test_ours_drops_a_second_notice_for_the_same_victim(monkeypatch: pytest.MonkeyPatch) -> None:
-    twice = Decisions(
-        preemptions=(
-            Preemption("v", "p1", "reclaim", "for p1"),
-            Preemption("v", "p2", "reclaim", "for p2"),
-            Preemption("w", "p2", "reclaim", "for p2"),
-        )
-    )
-    monkeypatch.setattr(policies, "schedule", lambda snapshot, config: twice)
-    adapter = ours(PolicyConfig())
-    decided = adapter(Snapshot(0.0, (), (), (), (), ()))
-    assert [(p.job_id, p.for_job_id) for p in decided.preemptions] == [("v", "p1"), ("w", "p2")]
-    assert adapter.duplicate_preemptions == 1
