@@ -39,25 +39,53 @@ from deploy.local.nats import NatsServer
 from deploy.local.ports import free_port
 from deploy.local.postgres import PostgresServer
 from deploy.local.processes import ManagedProcess
-from shared.events import Envelope
-from shared.events.payloads import JobSpec, JobSubmitted, RunnerHeartbeat
+from shared.events import Envelope, parse_envelope
+from shared.events.payloads import (
+    AllocationGranted,
+    JobSpec,
+    JobSubmitted,
+    JobSucceeded,
+    RunnerHeartbeat,
+)
 
 RESULTS = Path(__file__).parent / "results" / "scheduler_e2e.json"
 TARGET_PER_S = 500.0
 
 
-async def _run(nats_url: str, nodes: int, jobs: int, queue_url: str) -> dict[str, float]:
+async def _run(
+    nats_url: str, nodes: int, jobs: int, queue_url: str, finish: bool
+) -> dict[str, float]:
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     granted: set[str] = set()
     done = asyncio.Event()
+    to_finish: asyncio.Queue[AllocationGranted] = asyncio.Queue()
 
     async def on_grant(msg: Msg) -> None:
-        granted.add(json.loads(msg.data)["data"]["job_id"])
+        grant = parse_envelope(msg.data).data
+        assert isinstance(grant, AllocationGranted)
+        granted.add(grant.job_id)
+        if finish:
+            to_finish.put_nowait(grant)
         if len(granted) >= jobs:
             done.set()
 
+    async def finish_jobs() -> None:
+        """The runners: each granted job succeeds at once, freeing its GPU for the next."""
+        while True:
+            grant = await to_finish.get()
+            succeeded = JobSucceeded(
+                job_id=grant.job_id,
+                allocation_id=grant.allocation_id,
+                node_id=grant.node_id,
+                epoch=grant.epoch,
+                finished_at=dt.datetime.now(dt.UTC),
+            )
+            env = Envelope.wrap(succeeded, source="bench", subject=grant.job_id)
+            await js.publish(env.nats_subject, env.to_json(), headers={"Nats-Msg-Id": env.id})
+
     await nc.subscribe("trainyard.allocation.granted.v1.>", cb=on_grant)
+    finisher = asyncio.create_task(finish_jobs())
     run_tag = uuid.uuid4().hex[:6]
     for i in range(nodes):
         node = f"bench-{run_tag}-{i:04d}"
@@ -97,11 +125,13 @@ async def _run(nats_url: str, nodes: int, jobs: int, queue_url: str) -> dict[str
     with contextlib.suppress(TimeoutError):  # a shortfall is reported, not raised
         await asyncio.wait_for(done.wait(), timeout=max(120.0, jobs / 5))
     t_end = time.perf_counter()
+    finisher.cancel()
     await nc.close()
     return {
         "nodes": nodes,
         "gpus": nodes * 8,
         "jobs": jobs,
+        "finish": finish,
         "granted": len(granted),
         "submit_seconds": round(t_submitted - t0, 3),
         "seconds": round(t_end - t0, 3),
@@ -141,7 +171,13 @@ def _wait_ready(url: str, process: ManagedProcess) -> None:
 
 
 def _measure(
-    base: Path, nats_url: str, pg: PostgresServer, nodes: int, jobs: int, log_dir: Path | None
+    base: Path,
+    nats_url: str,
+    pg: PostgresServer,
+    nodes: int,
+    jobs: int,
+    finish: bool,
+    log_dir: Path | None,
 ) -> dict[str, float]:
     """One run: a fresh scheduler on a fresh database and stream."""
     port = free_port()
@@ -164,7 +200,8 @@ def _measure(
     process.start()
     try:
         _wait_ready(f"http://127.0.0.1:{port}/readyz", process)
-        return asyncio.run(_run(nats_url, nodes, jobs, f"http://127.0.0.1:{port}/v1/queue"))
+        queue_url = f"http://127.0.0.1:{port}/v1/queue"
+        return asyncio.run(_run(nats_url, nodes, jobs, queue_url, finish))
     finally:
         process.stop()
         # A fresh stream per run: the next scheduler must not replay this one.
@@ -175,6 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scheduler_e2e")
     parser.add_argument("--nodes", type=int, nargs="+", default=[25, 100])
     parser.add_argument("--jobs-per-gpu", type=float, default=1.0)
+    parser.add_argument(
+        "--finish",
+        action="store_true",
+        help="runners report each granted job succeeded at once, so with --jobs-per-gpu > 1 "
+        "the rest wait in the queue (pending notes, releases) and start as GPUs free up",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="runs per cluster size")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
@@ -193,7 +236,9 @@ def main(argv: list[str] | None = None) -> int:
                 jobs = int(nodes * 8 * args.jobs_per_gpu)
                 rates = []
                 for _ in range(args.repeat):
-                    run = _measure(base, nats_server.url, pg, nodes, jobs, args.log_dir)
+                    run = _measure(
+                        base, nats_server.url, pg, nodes, jobs, args.finish, args.log_dir
+                    )
                     runs.append(run)
                     rates.append(run["decisions_per_second"])
                     print(

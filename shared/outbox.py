@@ -51,19 +51,20 @@ async def enqueue_traced(conn: asyncpg.Connection, events: Sequence[Traced]) -> 
     the surrounding transaction commits."""
     if not events:
         return
+    # The notification reaches listeners only if and when the transaction commits.
     await conn.execute(
-        "INSERT INTO outbox (event_id, subject, body, headers) "
-        "SELECT e.id, e.subject, e.body, e.headers "
-        "FROM unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[]) "
-        "WITH ORDINALITY AS e(id, subject, body, headers, n) ORDER BY e.n "
-        "ON CONFLICT (event_id) DO NOTHING",
+        "WITH rows AS (INSERT INTO outbox (event_id, subject, body, headers) "
+        "              SELECT e.id, e.subject, e.body, e.headers "
+        "              FROM unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[]) "
+        "                   WITH ORDINALITY AS e(id, subject, body, headers, n) ORDER BY e.n "
+        "              ON CONFLICT (event_id) DO NOTHING) "
+        "SELECT pg_notify($5, current_schema())",
         [e.id for e, _ in events],
         [e.nats_subject for e, _ in events],
         [e.to_json() for e, _ in events],
         [headers for _, headers in events],
+        _CHANNEL,
     )
-    # Delivered to listeners only if and when the transaction commits.
-    await conn.execute("SELECT pg_notify($1, current_schema())", _CHANNEL)
 
 
 class OutboxRelay:

@@ -111,19 +111,15 @@ async def release_allocation(
     conn: asyncpg.Connection, allocation_id: str, released_at: datetime, outcome: Outcome
 ) -> None:
     """End an allocation and free its GPUs."""
-    aid = uuid.UUID(allocation_id)
     await conn.execute(
+        "WITH leases AS (UPDATE gpu_leases SET released_at = $3 "
+        "                WHERE allocation_id = $1 AND released_at IS NULL) "
         "UPDATE allocations SET status = $2, released_at = $3, outcome = $4 "
         "WHERE allocation_id = $1",
-        aid,
+        uuid.UUID(allocation_id),
         AllocationStatus.RELEASED.value,
         released_at,
         outcome,
-    )
-    await conn.execute(
-        "UPDATE gpu_leases SET released_at = $2 WHERE allocation_id = $1 AND released_at IS NULL",
-        aid,
-        released_at,
     )
 
 

@@ -1,13 +1,10 @@
 """Event handlers of the scheduler: one ``dispatch`` for every event it consumes.
 
 Each handler runs inside the transaction opened by ``shared.inbox.idempotent`` (so a
-redelivered event does nothing), which checks leadership once for the whole batch (its
-``guard``: a scheduler that is no longer the leader fails the transaction, and the events are
-redelivered to the new leader). Handlers take the scheduling lock (so replicas never
-interleave) and check leadership again after every wait for it, since the leader may have
-changed while they waited. Two events skip the lock: a heartbeat that changes no supply (it
-only moves the node's last heartbeat) and a submission (it only adds a QUEUED row, which the
-next pass takes).
+redelivered event does nothing) for a whole batch of events, and after that transaction's
+guard (``LeaderWork``: the scheduling lock, so replicas and passes never interleave, then the
+leader check: a scheduler that is no longer the leader fails the transaction, and the events
+are redelivered to the new leader). Handlers therefore neither lock nor check leadership.
 
 Events about allocations are fenced by allocation id and epoch; a stale or out-of-order
 event is logged and ignored, never applied. An event that can never apply is rejected to the
@@ -43,7 +40,6 @@ from shared.events.payloads import (
     JobSucceeded,
     RunnerHeartbeat,
 )
-from shared.inbox import Guard, no_guard
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +53,12 @@ class SchedulerHandlers:
         clock: Clock = utc_now,
         *,
         tuning: Tuning | None = None,
-        guard: Guard = no_guard,
         poke: Callable[[], None] = lambda: None,
     ) -> None:
         self._tuning = tuning or Tuning()
         if revoke_grace_seconds is not None:
             self._tuning = Tuning(self._tuning.policy, revoke_grace_seconds)
         self._clock = clock
-        self._guard = guard
         self._poke = poke
 
     @property
@@ -73,18 +67,11 @@ class SchedulerHandlers:
 
     async def dispatch(self, envelope: Envelope[Payload], conn: asyncpg.Connection) -> None:
         now = self._clock()
-        if isinstance(envelope.data, RunnerHeartbeat):
-            await self.on_heartbeat(conn, envelope.data, now)
-            return
-        if isinstance(envelope.data, JobSubmitted):
-            # A new QUEUED row changes nothing a running pass holds, so arrivals don't wait
-            # for the pass lock (a pass can take most of a second on a big cluster); the
-            # pass loop picks them up. Queue renames reach them through ON UPDATE CASCADE.
-            await self.on_submitted(conn, envelope.data, now)
-            return
-        await repo.lock_scheduler(conn)
-        await self._guard(conn)
         match envelope.data:
+            case RunnerHeartbeat() as heartbeat:
+                await self.on_heartbeat(conn, heartbeat, now)
+            case JobSubmitted() as submitted:
+                await self.on_submitted(conn, submitted, now)
             case JobCancelRequested() as cancel:
                 await self.on_cancel_requested(conn, cancel, now)
             case JobStarted() as started:
@@ -107,9 +94,7 @@ class SchedulerHandlers:
             raise Reject(f"gpu_count: must be >= 0, got {heartbeat.gpu_count}")
         report = (heartbeat.hostname, heartbeat.gpu_flavor, heartbeat.gpu_count)
         if not await repo.touch_node(conn, heartbeat.node_id, *report, heartbeat.topology, now):
-            # New supply (a new node, a lost one back, other GPUs): under the lock, then a pass.
-            await repo.lock_scheduler(conn)
-            await self._guard(conn)
+            # New supply (a new node, a lost one back, other GPUs): a pass follows.
             await repo.upsert_node(conn, heartbeat.node_id, *report, now, heartbeat.topology)
             log.info(
                 "node %s ready: %d %s GPUs (topology %s)",
