@@ -126,6 +126,8 @@ async def _run(
         await asyncio.wait_for(done.wait(), timeout=max(120.0, jobs / 5))
     t_end = time.perf_counter()
     finisher.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await finisher  # before the connection closes under its last publish
     await nc.close()
     return {
         "nodes": nodes,
