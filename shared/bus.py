@@ -125,15 +125,18 @@ class Bus:
         return True
 
     async def ensure_streams(self) -> None:
-        for name, subjects in (
-            (self._settings.stream, [EVENT_SUBJECTS]),
-            (self._settings.deadletter_stream, [f"{DEADLETTER_PREFIX}.>"]),
+        # Dead letters wait for an operator, however long that takes.
+        events_max_age = self._settings.retention_hours * 3600
+        for name, subjects, max_age in (
+            (self._settings.stream, [EVENT_SUBJECTS], events_max_age),
+            (self._settings.deadletter_stream, [f"{DEADLETTER_PREFIX}.>"], None),
         ):
             config = api.StreamConfig(
                 name=name,
                 subjects=subjects,
                 storage=api.StorageType.FILE,
                 retention=api.RetentionPolicy.LIMITS,
+                max_age=max_age,
                 duplicate_window=self._settings.duplicate_window_seconds,
             )
             try:

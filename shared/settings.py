@@ -34,6 +34,10 @@ class NatsSettings(BaseSettings):
     """Base delay before a failed message is redelivered (grows per attempt)."""
     duplicate_window_seconds: float = 120.0
     """Window in which JetStream drops a re-published ``Nats-Msg-Id``."""
+    retention_hours: float = Field(default=168.0, gt=0)
+    """How long the event stream keeps an event (its ``max_age``), and so how long services
+    keep inbox and published outbox rows (``shared.retention``). A consumer that stays away
+    longer misses the events that aged out."""
     publish_timeout_seconds: float = 10.0
     """How long a publish waits for JetStream to acknowledge that the event is stored."""
 

@@ -18,6 +18,7 @@ from shared.events import nats_subject
 from shared.events.payloads import AllocationReleased
 from shared.inbox import idempotent
 from shared.outbox import OutboxRelay
+from shared.retention import Retention
 from shared.runtime import ServiceRuntime
 
 NAME = "billing"
@@ -41,6 +42,7 @@ async def serve(settings: Settings) -> int:
         rt.add_readiness_check("nats", bus.ping)
         handlers = BillingHandlers()
         rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
+        rt.spawn(Retention(pool, settings.nats.retention_hours).run(rt.stopping), "retention")
         rt.spawn(
             bus.consume_batches(
                 NAME,

@@ -31,6 +31,7 @@ from shared.events.payloads import (
     RunnerHeartbeat,
 )
 from shared.outbox import OutboxRelay
+from shared.retention import Retention
 from shared.runtime import ServiceRuntime
 
 NAME = "scheduler"
@@ -87,6 +88,7 @@ async def serve(settings: Settings) -> int:
             guard=leadership.check,
         )
         rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
+        rt.spawn(Retention(pool, settings.nats.retention_hours).run(rt.stopping), "retention")
         rt.spawn(leadership.run(rt.stopping, work.run), "leadership")
 
         async def readiness() -> tuple[bool, dict[str, Any]]:

@@ -14,6 +14,7 @@ from shared.db import migrate, open_pool, ping
 from shared.events import nats_subject
 from shared.inbox import TransactionalHandler, idempotent
 from shared.outbox import OutboxRelay
+from shared.retention import Retention
 from shared.runtime import ServiceRuntime
 
 NAME = "submission"
@@ -37,6 +38,7 @@ async def serve(settings: Settings) -> int:
         rt.add_readiness_check("database", lambda: ping(pool))
         rt.add_readiness_check("nats", bus.ping)
         rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
+        rt.spawn(Retention(pool, settings.nats.retention_hours).run(rt.stopping), "retention")
         rt.spawn(bus.consume_batches(NAME, SUBJECTS, event_handler(pool), rt.stopping), "events")
         app = create_app(settings, AppDeps(pool=pool, health_handlers=rt.health_handlers()))
         return await rt.run(app)

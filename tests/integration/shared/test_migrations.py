@@ -20,8 +20,10 @@ async def test_migrations_apply_to_empty_database_once(service: str, database_ur
     folder = SERVICES / service / "migrations"
     async with open_pool(DatabaseSettings(url=database_url), service) as pool:
         applied = await migrate(pool, service, folder)
-        assert applied == ["platform/0001_outbox_inbox.sql"] + [
-            f"service/{p.name}" for p in migration_files(folder)
+        assert applied == [
+            "platform/0001_outbox_inbox.sql",
+            "platform/0002_retention_indexes.sql",
+            *(f"service/{p.name}" for p in migration_files(folder)),
         ]
         assert await migrate(pool, service, folder) == []
         async with pool.acquire() as conn:
