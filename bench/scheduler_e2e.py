@@ -59,7 +59,7 @@ async def _run(
     js = nc.jetstream()
     granted: set[str] = set()
     done = asyncio.Event()
-    to_finish: asyncio.Queue[AllocationGranted] = asyncio.Queue()
+    to_finish: asyncio.Queue[AllocationGranted | None] = asyncio.Queue()  # None: stop
 
     async def on_grant(msg: Msg) -> None:
         grant = parse_envelope(msg.data).data
@@ -72,8 +72,7 @@ async def _run(
 
     async def finish_jobs() -> None:
         """The runners: each granted job succeeds at once, freeing its GPU for the next."""
-        while True:
-            grant = await to_finish.get()
+        while (grant := await to_finish.get()) is not None:
             succeeded = JobSucceeded(
                 job_id=grant.job_id,
                 allocation_id=grant.allocation_id,
@@ -125,9 +124,9 @@ async def _run(
     with contextlib.suppress(TimeoutError):  # a shortfall is reported, not raised
         await asyncio.wait_for(done.wait(), timeout=max(120.0, jobs / 5))
     t_end = time.perf_counter()
-    finisher.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await finisher  # before the connection closes under its last publish
+    # Stopped in turn, not cancelled: a JetStream publish may swallow the cancellation.
+    to_finish.put_nowait(None)
+    await finisher
     await nc.close()
     return {
         "nodes": nodes,

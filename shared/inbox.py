@@ -8,6 +8,10 @@ order and inside each event's span, for the events not recorded before. JetStrea
 one commit. Events the handler enqueues in the outbox commit with the same transaction; if
 any event fails, none of the batch is applied. An optional ``guard`` runs once, first thing in
 the transaction, for the whole batch (e.g. a leader check: it raises to refuse the batch).
+
+``idempotent_batches(pool, consumer, handler)`` is the same with a handler of
+``(deliveries, connection)`` that gets the batch's first-time deliveries at once, in order,
+and opens their spans itself: for a consumer that applies runs of events in bulk.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from shared.bus import BatchHandler, Delivery
 from shared.events import Envelope, Payload
 
 TransactionalHandler = Callable[[Envelope[Payload], asyncpg.Connection], Awaitable[None]]
+TransactionalBatchHandler = Callable[[Sequence[Delivery], asyncpg.Connection], Awaitable[None]]
 Guard = Callable[[asyncpg.Connection], Awaitable[None]]
 """Raises unless the transaction on this connection may go on."""
 
@@ -31,6 +36,21 @@ async def no_guard(_: asyncpg.Connection) -> None:
 def idempotent(
     pool: asyncpg.Pool, consumer: str, handler: TransactionalHandler, *, guard: Guard = no_guard
 ) -> BatchHandler:
+    async def each(deliveries: Sequence[Delivery], conn: asyncpg.Connection) -> None:
+        for delivery in deliveries:
+            with delivery.span(consumer):
+                await handler(delivery.envelope, conn)
+
+    return idempotent_batches(pool, consumer, each, guard=guard)
+
+
+def idempotent_batches(
+    pool: asyncpg.Pool,
+    consumer: str,
+    handler: TransactionalBatchHandler,
+    *,
+    guard: Guard = no_guard,
+) -> BatchHandler:
     async def handle(deliveries: Sequence[Delivery]) -> None:
         async with pool.acquire() as conn, conn.transaction():
             await guard(conn)
@@ -41,10 +61,11 @@ def idempotent(
                 [d.envelope.id for d in deliveries],
             )
             first_time = {r["event_id"] for r in rows}
+            fresh = []
             for delivery in deliveries:
                 if delivery.envelope.id in first_time:
                     first_time.discard(delivery.envelope.id)  # a repeat inside the batch
-                    with delivery.span(consumer):
-                        await handler(delivery.envelope, conn)
+                    fresh.append(delivery)
+            await handler(fresh, conn)
 
     return handle

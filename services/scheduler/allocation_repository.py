@@ -67,12 +67,23 @@ async def insert_allocations(conn: asyncpg.Connection, allocations: Sequence[All
 
 async def live_allocations(conn: asyncpg.Connection, job_id: str) -> list[Allocation]:
     """The job's live allocations: none, one, or one per node of its gang."""
+    return (await live_allocations_of(conn, [job_id])).get(job_id, [])
+
+
+async def live_allocations_of(
+    conn: asyncpg.Connection, job_ids: Sequence[str]
+) -> dict[str, list[Allocation]]:
+    """Each of these jobs' live allocations, by job (jobs without one are left out)."""
     rows = await conn.fetch(
         f"SELECT {_ALLOCATION_COLUMNS} FROM allocations "
-        "WHERE job_id = $1 AND released_at IS NULL ORDER BY node_id FOR UPDATE",
-        job_id,
+        "WHERE job_id = ANY($1::text[]) AND released_at IS NULL ORDER BY job_id, node_id "
+        "FOR UPDATE",
+        list(job_ids),
     )
-    return [Allocation.from_row(r) for r in rows]
+    by_job: dict[str, list[Allocation]] = {}
+    for row in rows:
+        by_job.setdefault(row["job_id"], []).append(Allocation.from_row(row))
+    return by_job
 
 
 async def live_allocations_on(conn: asyncpg.Connection, node_id: str) -> list[Allocation]:
@@ -107,19 +118,26 @@ async def mark_allocation_started(
     )
 
 
-async def release_allocation(
-    conn: asyncpg.Connection, allocation_id: str, released_at: datetime, outcome: Outcome
+async def release_allocations(
+    conn: asyncpg.Connection, releases: Sequence[tuple[str, datetime, Outcome]]
 ) -> None:
-    """End an allocation and free its GPUs."""
+    """End these allocations, each ``(allocation id, released at, outcome)``, and free their
+    GPUs."""
+    if not releases:
+        return
     await conn.execute(
-        "WITH leases AS (UPDATE gpu_leases SET released_at = $3 "
-        "                WHERE allocation_id = $1 AND released_at IS NULL) "
-        "UPDATE allocations SET status = $2, released_at = $3, outcome = $4 "
-        "WHERE allocation_id = $1",
-        uuid.UUID(allocation_id),
+        "WITH ended AS (SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::text[]) "
+        "               AS e(allocation_id, released_at, outcome)), "
+        "     leases AS (UPDATE gpu_leases l SET released_at = ended.released_at FROM ended "
+        "                WHERE l.allocation_id = ended.allocation_id "
+        "                  AND l.released_at IS NULL) "
+        "UPDATE allocations a SET status = $4, released_at = ended.released_at, "
+        "                         outcome = ended.outcome "
+        "FROM ended WHERE a.allocation_id = ended.allocation_id",
+        [uuid.UUID(allocation_id) for allocation_id, _, _ in releases],
+        [released_at for _, released_at, _ in releases],
+        [outcome for _, _, outcome in releases],
         AllocationStatus.RELEASED.value,
-        released_at,
-        outcome,
     )
 
 

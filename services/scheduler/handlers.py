@@ -1,6 +1,6 @@
-"""Event handlers of the scheduler: one ``dispatch`` for every event it consumes.
+"""Event handlers of the scheduler: ``apply`` takes every batch of events it consumes.
 
-Each handler runs inside the transaction opened by ``shared.inbox.idempotent`` (so a
+``apply`` runs inside the transaction opened by ``shared.inbox.idempotent_batches`` (so a
 redelivered event does nothing) for a whole batch of events, and after that transaction's
 guard (``LeaderWork``: the scheduling lock, so replicas and passes never interleave, then the
 leader check: a scheduler that is no longer the leader fails the transaction, and the events
@@ -10,13 +10,20 @@ Events about allocations are fenced by allocation id and epoch; a stale or out-o
 event is logged and ignored, never applied. An event that can never apply is rejected to the
 dead-letter stream. A change of supply or demand asks for a scheduling pass (``poke``),
 which runs in its own transaction right after this one commits.
+
+Events are applied in order, one by one, except runs of end reports (``job.succeeded``,
+``job.failed``, ``job.preempted``) for distinct jobs: each such run is read and written in a
+few statements (``on_ended``), since a busy cluster's completions would otherwise cost most
+of the scheduler's time in round trips to the database (it holds the scheduling lock all
+along). A run ends at any other event, or at a second report about a job already in it, so
+the outcome is the same as one by one.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 import asyncpg
@@ -24,9 +31,10 @@ import asyncpg
 from services.scheduler import allocation_repository as allocation_repo
 from services.scheduler import repository as repo
 from services.scheduler.domain import AllocationStatus, EndKind, JobStatus, fence
-from services.scheduler.leases import end_gang
+from services.scheduler.leases import apply_endings, fence_revocation, plan_end
 from services.scheduler.scheduling import Clock, Tuning, emit, utc_now
-from shared.bus import Reject
+from shared import outbox
+from shared.bus import Delivery, Reject
 from shared.events import Envelope, Payload
 from shared.events.payloads import (
     AllocationRevoked,
@@ -43,18 +51,27 @@ from shared.events.payloads import (
 
 log = logging.getLogger(__name__)
 
+EndReport = JobSucceeded | JobFailed | JobPreempted
+_END_KINDS: dict[type[EndReport], EndKind] = {
+    JobSucceeded: "succeeded",
+    JobFailed: "failed",
+    JobPreempted: "preempted",
+}
+
 
 class SchedulerHandlers:
-    """The scheduler's event handling; ``dispatch`` is the transactional handler."""
+    """The scheduler's event handling; ``apply`` is the transactional batch handler."""
 
     def __init__(
         self,
         revoke_grace_seconds: float | None = None,
         clock: Clock = utc_now,
         *,
+        consumer: str = "scheduler",
         tuning: Tuning | None = None,
         poke: Callable[[], None] = lambda: None,
     ) -> None:
+        self._consumer = consumer
         self._tuning = tuning or Tuning()
         if revoke_grace_seconds is not None:
             self._tuning = Tuning(self._tuning.policy, revoke_grace_seconds)
@@ -65,8 +82,28 @@ class SchedulerHandlers:
     def tuning(self) -> Tuning:
         return self._tuning
 
-    async def dispatch(self, envelope: Envelope[Payload], conn: asyncpg.Connection) -> None:
+    async def apply(self, deliveries: Sequence[Delivery], conn: asyncpg.Connection) -> None:
+        """Apply a batch of first-time deliveries in order (see the module docstring)."""
         now = self._clock()
+        run: dict[str, tuple[Delivery, EndReport]] = {}  # by job id
+        for delivery in deliveries:
+            data = delivery.envelope.data
+            if isinstance(data, EndReport) and data.job_id not in run:
+                run[data.job_id] = (delivery, data)
+                continue
+            await self.on_ended(conn, list(run.values()), now)
+            run = {}
+            if isinstance(data, EndReport):
+                run[data.job_id] = (delivery, data)
+                continue
+            with delivery.span(self._consumer):
+                await self.dispatch(delivery.envelope, conn, now)
+        await self.on_ended(conn, list(run.values()), now)
+
+    async def dispatch(
+        self, envelope: Envelope[Payload], conn: asyncpg.Connection, now: datetime
+    ) -> None:
+        """Apply one event other than an end report."""
         match envelope.data:
             case RunnerHeartbeat() as heartbeat:
                 await self.on_heartbeat(conn, heartbeat, now)
@@ -78,12 +115,6 @@ class SchedulerHandlers:
                 await self.on_started(conn, started, now)
             case CheckpointSaved() as saved:
                 await self.on_checkpoint(conn, saved)
-            case JobSucceeded() as ended:
-                await self.on_ended(conn, ended, "succeeded", now)
-            case JobFailed() as ended:
-                await self.on_ended(conn, ended, "failed", now)
-            case JobPreempted() as ended:
-                await self.on_ended(conn, ended, "preempted", now)
             case _:
                 pass
 
@@ -120,17 +151,9 @@ class SchedulerHandlers:
         for allocation, live in await allocation_repo.allocations_by_id(conn, ids):
             if live and allocation.node_id == heartbeat.node_id:
                 continue
-            revoke = AllocationRevoked(
-                allocation_id=allocation.allocation_id,
-                job_id=allocation.job_id,
-                node_id=heartbeat.node_id,
-                epoch=allocation.epoch,
-                reason="fenced",
-                grace_seconds=self._tuning.cancel_grace_s,
-            )
-            # A fixed event id: the outbox keeps one such revocation however often it is seen.
-            event_id = f"fence:{allocation.allocation_id}:{heartbeat.node_id}"
-            await emit(conn, revoke, heartbeat.node_id, event_id=event_id)
+            grace = self._tuning.cancel_grace_s
+            revoke = fence_revocation(allocation, heartbeat.node_id, grace)
+            await outbox.enqueue_traced(conn, [revoke])
 
     async def on_submitted(
         self, conn: asyncpg.Connection, submitted: JobSubmitted, now: datetime
@@ -212,24 +235,36 @@ class SchedulerHandlers:
     async def on_ended(
         self,
         conn: asyncpg.Connection,
-        ended: JobSucceeded | JobFailed | JobPreempted,
-        kind: EndKind,
+        reports: Sequence[tuple[Delivery, EndReport]],
         now: datetime,
     ) -> None:
-        job = await repo.job_for_update(conn, ended.job_id)
-        allocations = await allocation_repo.live_allocations(conn, ended.job_id)
-        stale = fence([a.live for a in allocations], ended.allocation_id, ended.epoch)
-        if job is None or stale:
-            log.info("job %s %s ignored: %s", ended.job_id, kind, stale or "unknown job")
+        """End the allocations these runners report ended (distinct jobs), in bulk."""
+        if not reports:
             return
-        await end_gang(
-            conn,
-            job,
-            allocations,
-            kind,
-            ended.finished_at,
-            now,
-            self._tuning,
-            reporter=ended.allocation_id,
-        )
-        self._poke()
+        job_ids = [report.job_id for _, report in reports]
+        jobs = await repo.jobs_by_id(conn, job_ids)
+        live = await allocation_repo.live_allocations_of(conn, job_ids)
+        endings = []
+        for delivery, report in reports:
+            with delivery.span(self._consumer):
+                job = jobs.get(report.job_id)
+                allocations = live.get(report.job_id, [])
+                stale = fence([a.live for a in allocations], report.allocation_id, report.epoch)
+                kind = _END_KINDS[type(report)]
+                if job is None or stale:
+                    log.info("job %s %s ignored: %s", report.job_id, kind, stale or "unknown job")
+                    continue
+                endings.append(
+                    plan_end(
+                        job,
+                        allocations,
+                        kind,
+                        report.finished_at,
+                        now,
+                        self._tuning,
+                        reporter=report.allocation_id,
+                    )
+                )
+        if endings:
+            await apply_endings(conn, endings, now, self._tuning)
+            self._poke()

@@ -6,7 +6,10 @@ Contract:
   team's fair-share usage (decayed to now with the half-life, then added), and moves the
   job on (requeued, finished, failed or cancelled) as ``domain.allocation_ended`` decides.
   Members of the gang other than the one that reported are told to stop
-  (``AllocationRevoked(reason="fenced")``) unless the job succeeded.
+  (``AllocationRevoked(reason="fenced")``) unless the job succeeded. It is ``plan_end``
+  (decide and build the events, no I/O) then ``apply_endings``, which writes any number of
+  planned endings of distinct jobs in a few statements (the handlers end a batch's run of
+  end reports that way).
 - ``release_expired_notices`` ends, by force, every job whose preemption notice is older
   than the grace: outcome ``preempted``, the job requeued for a new attempt (its next
   allocation takes a new, higher epoch, so a late report from the old runner is fenced),
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import asyncpg
@@ -33,11 +37,13 @@ from services.scheduler.domain import (
     EndKind,
     Job,
     JobStatus,
+    Outcome,
     allocation_ended,
     release_time,
 )
 from services.scheduler.policy.fairshare import charge, decay_usage
-from services.scheduler.scheduling import Tuning, emit, job_trace
+from services.scheduler.scheduling import Tuning, job_trace, traced
+from shared import outbox
 from shared.events.payloads import (
     AllocationReleased,
     AllocationRevoked,
@@ -45,8 +51,23 @@ from shared.events.payloads import (
     JobFailed,
     JobPreempted,
 )
+from shared.outbox import Traced
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Ending:
+    """What ending one job's allocations writes (``plan_end``), for ``apply_endings``."""
+
+    job: Job
+    allocations: Sequence[Allocation]
+    kind: EndKind
+    decision: EndDecision
+    releases: list[tuple[str, datetime, Outcome]]
+    gpu_seconds: float
+    events: list[Traced]
+    """In order, each with the trace context current when it was planned."""
 
 
 async def end_gang(
@@ -62,28 +83,31 @@ async def end_gang(
     """Release ``allocations`` (all the job's live ones) and move the job on; ``reporter``
     is the allocation whose runner said it ended (None: the scheduler decided)."""
     with job_trace(job.job_id, job.trace_context, "release"):
-        return await _end_gang(conn, job, allocations, kind, reported_at, now, tuning, reporter)
+        ending = plan_end(job, allocations, kind, reported_at, now, tuning, reporter)
+    await apply_endings(conn, [ending], now, tuning)
+    return ending.decision
 
 
-async def _end_gang(
-    conn: asyncpg.Connection,
+def plan_end(
     job: Job,
     allocations: Sequence[Allocation],
     kind: EndKind,
     reported_at: datetime,
     now: datetime,
     tuning: Tuning,
-    reporter: str | None,
-) -> EndDecision:
+    reporter: str | None = None,
+) -> Ending:
+    """Decide how ``job``'s ``allocations`` end and what that says, without I/O; the events
+    carry the trace context current now."""
     decision = allocation_ended(
         job.status, kind, restarts=job.restarts, max_restarts=job.spec.max_restarts
     )
+    releases: list[tuple[str, datetime, Outcome]] = []
+    events: list[Traced] = []
     gpu_seconds = 0.0
     for allocation in allocations:
         released_at = release_time(reported_at, allocation.granted_at, now)
-        await allocation_repo.release_allocation(
-            conn, allocation.allocation_id, released_at, decision.outcome
-        )
+        releases.append((allocation.allocation_id, released_at, decision.outcome))
         gpus = len(allocation.gpu_indices)
         gpu_seconds += gpus * (released_at - allocation.granted_at).total_seconds()
         released = AllocationReleased(
@@ -98,18 +122,12 @@ async def _end_gang(
             released_at=released_at,
             outcome=decision.outcome,
         )
-        await emit(conn, released, job.job_id)
+        events.append(traced(released, job.job_id))
         if allocation.allocation_id != reporter and kind != "succeeded":
-            await _fence(conn, allocation, tuning.cancel_grace_s)
-    await charge_usage(conn, job.spec.team, gpu_seconds, now, tuning.half_life_s)
-    if decision.requeued:
-        reason = decision.reason or f"{kind}; requeued"
-        await repo.requeue_job(conn, job.job_id, now, reason, count_restart=kind == "lost")
-    else:
-        await repo.set_job_status(conn, [job.job_id], decision.job_status, now, decision.reason)
+            events.append(fence_revocation(allocation, allocation.node_id, tuning.cancel_grace_s))
     if decision.job_status is JobStatus.CANCELLED:
         cancel_reason = job.status_reason or "cancelled"
-        await emit(conn, JobCancelled(job_id=job.job_id, reason=cancel_reason), job.job_id)
+        events.append(traced(JobCancelled(job_id=job.job_id, reason=cancel_reason), job.job_id))
     elif kind == "lost" and decision.job_status is JobStatus.FAILED and allocations:
         # The runner is gone and cannot say it; the scheduler says it for it.
         first = allocations[0]
@@ -122,32 +140,45 @@ async def _end_gang(
             exit_code=None,
             reason=decision.reason or "node lost",
         )
-        await emit(conn, failed, job.job_id)
+        events.append(traced(failed, job.job_id))
     elif kind == "lost" and decision.requeued:
         # Likewise: the job's view must leave RUNNING now, not when it is placed again.
-        await _say_preempted(conn, job.job_id, allocations, reported_at, decision.reason)
-    log.info(
-        "allocation(s) %s of job %s ended (%s): job %s",
-        ", ".join(a.allocation_id for a in allocations),
-        job.job_id,
-        decision.outcome,
-        decision.job_status.value,
-    )
-    return decision
+        events.extend(_said_preempted(job.job_id, allocations, reported_at, decision.reason))
+    return Ending(job, allocations, kind, decision, releases, gpu_seconds, events)
 
 
-async def _fence(conn: asyncpg.Connection, allocation: Allocation, grace: float) -> None:
-    revoke = AllocationRevoked(
-        allocation_id=allocation.allocation_id,
-        job_id=allocation.job_id,
-        node_id=allocation.node_id,
-        epoch=allocation.epoch,
-        reason="fenced",
-        grace_seconds=grace,
-    )
-    # The same fixed id as a stray seen in a heartbeat: the outbox keeps one revocation.
-    event_id = f"fence:{allocation.allocation_id}:{allocation.node_id}"
-    await emit(conn, revoke, allocation.node_id, event_id=event_id)
+async def apply_endings(
+    conn: asyncpg.Connection, endings: Sequence[Ending], now: datetime, tuning: Tuning
+) -> None:
+    """Write planned endings (of distinct jobs) in a few statements, whatever their number:
+    releases, fair-share usage per team, job states, then every event in plan order."""
+    await allocation_repo.release_allocations(conn, [r for e in endings for r in e.releases])
+    by_team: dict[str, float] = {}
+    for ending in endings:
+        team = ending.job.spec.team
+        by_team[team] = by_team.get(team, 0.0) + ending.gpu_seconds
+    for team, gpu_seconds in by_team.items():
+        await charge_usage(conn, team, gpu_seconds, now, tuning.half_life_s)
+    moved: dict[tuple[JobStatus, str | None], list[str]] = {}
+    for ending in endings:
+        job, decision = ending.job, ending.decision
+        if decision.requeued:
+            why = decision.reason or f"{ending.kind}; requeued"
+            lost = ending.kind == "lost"
+            await repo.requeue_job(conn, job.job_id, now, why, count_restart=lost)
+        else:
+            moved.setdefault((decision.job_status, decision.reason), []).append(job.job_id)
+    for (status, reason), job_ids in moved.items():
+        await repo.set_job_status(conn, job_ids, status, now, reason)
+    await outbox.enqueue_traced(conn, [event for e in endings for event in e.events])
+    for ending in endings:
+        log.info(
+            "allocation(s) %s of job %s ended (%s): job %s",
+            ", ".join(a.allocation_id for a in ending.allocations),
+            ending.job.job_id,
+            ending.decision.outcome,
+            ending.decision.job_status.value,
+        )
 
 
 async def charge_usage(
@@ -186,28 +217,46 @@ async def release_expired_notices(
                 "preempted; the runner did not stop within the grace period, so its GPUs "
                 "were revoked"
             )
-            await _say_preempted(conn, job_id, allocations, now, reason)
+            await outbox.enqueue_traced(conn, _said_preempted(job_id, allocations, now, reason))
         ended.append(job_id)
     return ended
 
 
-async def _say_preempted(
-    conn: asyncpg.Connection,
+def _said_preempted(
     job_id: str,
     allocations: Sequence[Allocation],
     reported_at: datetime,
     reason: str | None,
-) -> None:
+) -> list[Traced]:
     """``job.preempted`` on behalf of runners that cannot or did not say it (a lost node, a
     runner that did not stop within the grace): the job goes back to its queue and resumes
     from its checkpoint."""
-    for allocation in allocations:
-        preempted = JobPreempted(
-            job_id=job_id,
-            allocation_id=allocation.allocation_id,
-            node_id=allocation.node_id,
-            epoch=allocation.epoch,
-            finished_at=release_time(reported_at, allocation.granted_at, reported_at),
-            reason=reason or "preempted",
+    return [
+        traced(
+            JobPreempted(
+                job_id=job_id,
+                allocation_id=allocation.allocation_id,
+                node_id=allocation.node_id,
+                epoch=allocation.epoch,
+                finished_at=release_time(reported_at, allocation.granted_at, reported_at),
+                reason=reason or "preempted",
+            ),
+            job_id,
+            event_id=f"said-preempted:{allocation.allocation_id}",
         )
-        await emit(conn, preempted, job_id, event_id=f"said-preempted:{allocation.allocation_id}")
+        for allocation in allocations
+    ]
+
+
+def fence_revocation(allocation: Allocation, node_id: str, grace: float) -> Traced:
+    """``AllocationRevoked(reason="fenced")`` telling ``node_id`` to stop ``allocation``. Its
+    event id is fixed, so the outbox keeps one such revocation however often it is said."""
+    revoke = AllocationRevoked(
+        allocation_id=allocation.allocation_id,
+        job_id=allocation.job_id,
+        node_id=node_id,
+        epoch=allocation.epoch,
+        reason="fenced",
+        grace_seconds=grace,
+    )
+    return traced(revoke, node_id, event_id=f"fence:{allocation.allocation_id}:{node_id}")

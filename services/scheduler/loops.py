@@ -35,7 +35,7 @@ from services.scheduler.leases import release_expired_notices
 from services.scheduler.node_watch import NodeWatch
 from services.scheduler.scheduling import Clock, Tuning, run_pass, utc_now
 from shared.bus import Bus, Delivery
-from shared.inbox import Guard, idempotent, no_guard
+from shared.inbox import Guard, idempotent_batches, no_guard
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,9 @@ class LeaderWork:
         guard: Guard = no_guard,
     ) -> None:
         self.passes = PassLoop(pool, tuning, pass_interval_s, clock, guard)
-        self.handlers = SchedulerHandlers(clock=clock, tuning=tuning, poke=self._ask_for_pass)
+        self.handlers = SchedulerHandlers(
+            clock=clock, consumer=name, tuning=tuning, poke=self._ask_for_pass
+        )
         self._pass_asked = False
         self.watch = NodeWatch(pool, node_check_interval_s, node_timeout_s, clock, tuning, guard)
         self._guard = guard
@@ -181,7 +183,7 @@ class LeaderWork:
             await repo.lock_scheduler(conn)
             await self._guard(conn)
 
-        apply = idempotent(self._pool, self._name, self.handlers.dispatch, guard=locked)
+        apply = idempotent_batches(self._pool, self._name, self.handlers.apply, guard=locked)
 
         async def handle(deliveries: Sequence[Delivery]) -> None:
             await apply(deliveries)

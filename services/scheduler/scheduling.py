@@ -51,7 +51,7 @@ from services.scheduler.policy.model import Decisions, Placement, PolicyConfig, 
 from shared import outbox
 from shared.events import Envelope, Payload
 from shared.events.payloads import AllocationGranted, AllocationRevoked
-from shared.telemetry import extract, tracer
+from shared.telemetry import extract, inject, tracer
 
 log = logging.getLogger(__name__)
 _tracer = tracer(__name__)
@@ -91,7 +91,12 @@ async def emit(
     conn: asyncpg.Connection, payload: Payload, subject: str, event_id: str | None = None
 ) -> None:
     """Enqueue ``payload`` in the outbox of the current transaction."""
-    await outbox.enqueue(conn, _envelope(payload, subject, event_id))
+    await outbox.enqueue_traced(conn, [traced(payload, subject, event_id)])
+
+
+def traced(payload: Payload, subject: str, event_id: str | None = None) -> outbox.Traced:
+    """``payload`` as an event to enqueue later, in the trace context current now."""
+    return _envelope(payload, subject, event_id), inject()
 
 
 @contextmanager

@@ -12,6 +12,8 @@ import pytest
 from services.scheduler import repository as repo
 from services.scheduler.node_watch import NodeWatch, sweep_lost_nodes
 from services.scheduler.scheduling import run_pass
+from shared.bus import Delivery
+from shared.events import Envelope
 from shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
@@ -404,3 +406,56 @@ async def test_concurrent_passes_are_serialised(scheduler: Scheduler) -> None:
     rows = await scheduler.pool.fetch("SELECT job_id, status FROM jobs ORDER BY status")
     assert sorted(r["status"] for r in rows) == ["ALLOCATED", "QUEUED"]
     assert await scheduler.pool.fetchval("SELECT count(*) FROM gpu_leases") == 1
+
+
+async def test_a_batch_of_end_reports_applies_as_one_by_one(scheduler: Scheduler) -> None:
+    # Four jobs end in one batch, applied in bulk. A second report about job-0 inside the
+    # batch closes the bulk run and, applied after it, is fenced: job-0's allocation ended.
+    await scheduler.heartbeat("n1", gpus=4)
+    for i in range(4):
+        await scheduler.submit(f"job-{i}", gpus=1)
+    grants = await scheduler.wait_for(AllocationGranted, count=4)
+    g = {grant.job_id: grant for grant in grants}
+    late_failure = JobFailed(
+        job_id="job-0",
+        allocation_id=g["job-0"].allocation_id,
+        node_id="n1",
+        epoch=g["job-0"].epoch,
+        finished_at=datetime.now(UTC),
+        exit_code=1,
+        reason="crashed",
+    )
+    preempted = JobPreempted(
+        job_id="job-3",
+        allocation_id=g["job-3"].allocation_id,
+        node_id="n1",
+        epoch=g["job-3"].epoch,
+        finished_at=datetime.now(UTC),
+        reason="revoked",
+    )
+    batch = [
+        succeeded(g["job-0"]),
+        succeeded(g["job-1"]),
+        late_failure,
+        succeeded(g["job-2"]),
+        preempted,
+    ]
+    assert scheduler.work is not None
+    async with scheduler.pool.acquire() as conn, conn.transaction():
+        await repo.lock_scheduler(conn)
+        await scheduler.work.handlers.apply(
+            [Delivery(Envelope.wrap(p, source="test", subject=p.job_id)) for p in batch], conn
+        )
+
+    rows = await scheduler.pool.fetch("SELECT job_id, status, attempt FROM jobs ORDER BY 1")
+    assert [(r["status"], r["attempt"]) for r in rows[:3]] == [("SUCCEEDED", 0)] * 3
+    assert rows[3]["attempt"] == 1  # job-3 requeued for its next attempt
+    outcomes = await scheduler.pool.fetch(
+        "SELECT job_id, outcome FROM allocations WHERE attempt = 0 ORDER BY 1"
+    )
+    assert [r["outcome"] for r in outcomes] == ["succeeded"] * 3 + ["preempted"]
+    released = await scheduler.pool.fetchval(
+        "SELECT count(*) FROM outbox WHERE subject LIKE '%allocation.released%'"
+    )
+    assert released == 4
+    assert await scheduler.pool.fetchval("SELECT gpu_seconds FROM usage") > 0
