@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
@@ -26,8 +27,10 @@ import uvicorn
 from litestar import Litestar, Response, get
 from litestar.handlers import HTTPRouteHandler
 from opentelemetry.sdk.trace import TracerProvider
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings
 
-from shared.settings import ServiceSettings
+from shared.settings import ServiceSettings, invalid_settings
 from shared.telemetry import setup_tracing
 
 log = logging.getLogger(__name__)
@@ -169,7 +172,8 @@ def serve_from_command_line(
     argv: list[str] | None = None,
 ) -> int:
     """``python -m services.<name> [--host H] [--port P]``: build the settings (the flags
-    override ``TRAINYARD_<NAME>_HOST/PORT``), serve until SIGTERM, return the exit status."""
+    override ``TRAINYARD_<NAME>_HOST/PORT``), serve until SIGTERM, return the exit status.
+    Bad settings are named, one line each, with exit status 2 and nothing started."""
     prefix = f"TRAINYARD_{name.upper()}_"
     parser = argparse.ArgumentParser(
         prog=f"python -m services.{name}",
@@ -180,4 +184,18 @@ def serve_from_command_line(
     parser.add_argument("--port", type=int, help=f"listen port (overrides {prefix}PORT)")
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    return asyncio.run(serve(settings_type(**overrides)))
+    return asyncio.run(serve(settings_or_exit(parser.prog, settings_type, **overrides)))
+
+
+SettingsT = TypeVar("SettingsT", bound=BaseSettings)
+
+
+def settings_or_exit(prog: str, settings_type: type[SettingsT], **overrides: Any) -> SettingsT:
+    """The settings from the environment and ``overrides``; if any is bad, print one line
+    per bad setting (its variable, the reason, the value) and exit with status 2."""
+    try:
+        return settings_type(**overrides)
+    except ValidationError as error:
+        for line in invalid_settings(settings_type, error):
+            print(f"{prog}: invalid setting {line}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -100,3 +100,19 @@ class ServiceSettings(BaseSettings):
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+
+
+def invalid_settings(settings_type: type[BaseSettings], error: ValidationError) -> list[str]:
+    """One line per bad setting of ``settings_type`` (or of the shared settings it holds),
+    naming its environment variable, the reason and the value given."""
+    prefixes = {settings_type.__name__: settings_type.model_config.get("env_prefix", "")}
+    for field in settings_type.model_fields.values():
+        kind = field.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseSettings):
+            prefixes[kind.__name__] = kind.model_config.get("env_prefix", "")
+    prefix = prefixes.get(error.title, "")
+    return [
+        f"{prefix}{'_'.join(str(part) for part in e['loc']).upper()}: {e['msg']} "
+        f"(got {e['input']!r})"
+        for e in error.errors()
+    ]

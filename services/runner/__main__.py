@@ -9,6 +9,7 @@ from typing import Any
 
 from services.runner.config import Settings
 from services.runner.service import serve
+from shared.runtime import settings_or_exit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if value is not None
     }
-    settings = Settings(**overrides)
+    settings = settings_or_exit(parser.prog, Settings, **overrides)
     return asyncio.run(serve(settings))
 
 

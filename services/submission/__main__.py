@@ -20,6 +20,7 @@ from services.submission.commands import UserExists
 from services.submission.config import Settings
 from services.submission.schemas import NAME_PATTERN
 from services.submission.service import bootstrap_admin, serve
+from shared.runtime import settings_or_exit
 
 
 def _name(value: str) -> str:
@@ -43,8 +44,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    settings = Settings()
+    parser = _parser()
+    args = parser.parse_args(argv)
+    settings = settings_or_exit(parser.prog, Settings)
     if args.command != "bootstrap-admin":
         return asyncio.run(serve(settings))
     try:
