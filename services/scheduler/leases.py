@@ -151,7 +151,8 @@ async def apply_endings(
     conn: asyncpg.Connection, endings: Sequence[Ending], now: datetime, tuning: Tuning
 ) -> None:
     """Write planned endings (of distinct jobs) in a few statements, whatever their number:
-    releases, fair-share usage per team, job states, then every event in plan order."""
+    releases, fair-share usage (two per team), job states (one per distinct next state and
+    reason), then every event in plan order."""
     await allocation_repo.release_allocations(conn, [r for e in endings for r in e.releases])
     by_team: dict[str, float] = {}
     for ending in endings:
@@ -159,15 +160,17 @@ async def apply_endings(
         by_team[team] = by_team.get(team, 0.0) + ending.gpu_seconds
     for team, gpu_seconds in by_team.items():
         await charge_usage(conn, team, gpu_seconds, now, tuning.half_life_s)
-    moved: dict[tuple[JobStatus, str | None], list[str]] = {}
+    requeued: dict[tuple[str, bool], list[str]] = {}  # (reason, restart counted) -> jobs
+    moved: dict[tuple[JobStatus, str | None], list[str]] = {}  # (status, reason) -> jobs
     for ending in endings:
-        job, decision = ending.job, ending.decision
+        job_id, decision = ending.job.job_id, ending.decision
         if decision.requeued:
             why = decision.reason or f"{ending.kind}; requeued"
-            lost = ending.kind == "lost"
-            await repo.requeue_job(conn, job.job_id, now, why, count_restart=lost)
+            requeued.setdefault((why, ending.kind == "lost"), []).append(job_id)
         else:
-            moved.setdefault((decision.job_status, decision.reason), []).append(job.job_id)
+            moved.setdefault((decision.job_status, decision.reason), []).append(job_id)
+    for (why, lost), job_ids in requeued.items():
+        await repo.requeue_jobs(conn, job_ids, now, why, count_restart=lost)
     for (status, reason), job_ids in moved.items():
         await repo.set_job_status(conn, job_ids, status, now, reason)
     await outbox.enqueue_traced(conn, [event for e in endings for event in e.events])

@@ -10,7 +10,8 @@ Contract:
   gathers into a few passes, not one each (a 10 ms pass delays the next by 10 ms). Before
   each pass it revokes the GPUs of victims whose preemption grace is over (``leases``). A
   pass that placed jobs leaves the pending notes to an immediate follow-up pass over the
-  settled state (``run_pass(settled_notes=True)``), unless notes have waited ``interval_s`` already.
+  settled state (``run_pass(settled_notes=True)``), unless notes have waited ``interval_s``
+  already.
 - ``LeaderWork.run(stop)`` is what a leader does until ``stop``: the event consumer (each
   fetched batch applied in one transaction, under the scheduling lock and the leader check),
   the pass loop and the lost-node watch. A database error in a pass is logged and retried; a

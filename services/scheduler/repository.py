@@ -263,15 +263,19 @@ async def trace_contexts(
     return {r["job_id"]: r["trace_context"] for r in rows}
 
 
-async def requeue_job(
-    conn: asyncpg.Connection, job_id: str, now: datetime, reason: str, count_restart: bool
+async def requeue_jobs(
+    conn: asyncpg.Connection,
+    job_ids: Sequence[str],
+    now: datetime,
+    reason: str,
+    count_restart: bool,
 ) -> None:
     """Back to QUEUED for the next attempt (and one restart used, after a lost node)."""
     await conn.execute(
         "UPDATE jobs SET status = 'QUEUED', attempt = attempt + 1, "
         "restarts = restarts + $3::int, status_reason = $4, updated_at = $2, "
-        f"{_NO_PENDING} WHERE job_id = $1",
-        job_id,
+        f"{_NO_PENDING} WHERE job_id = ANY($1::text[])",
+        list(job_ids),
         now,
         1 if count_restart else 0,
         reason,
