@@ -9,6 +9,7 @@ by its path (``hyperparameters.lr``, ``args[2]``), all at once.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -23,10 +25,16 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from services.submission.domain import JobStatus
-from shared.events.payloads import HyperValue, JobSpec
+from shared.events.payloads import (
+    BUNDLE_SHA256_PATTERN,
+    GIT_COMMIT_PATTERN,
+    HyperValue,
+    JobSpec,
+)
 from shared.http_errors import FieldError, RequestInvalid, field_errors
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,100}$"
@@ -35,8 +43,162 @@ PRIORITY_PATTERN = r"^[a-z][a-z0-9-]{0,39}$"
 and ``high`` exist from the start). A name no class has keeps the job pending, with that
 reason, until an operator defines it."""
 ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+"""A dotted module, run as ``python -m``."""
+SCRIPT_SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+"""One folder or file name of a ``.py`` script path: no ``.``/``..``, no hidden or
+option-like (``-x``) names."""
 IDEMPOTENCY_KEY = re.compile(r"[\x20-\x7e]{1,200}")
 MAX_SEED = 2**32 - 1  # the widest seed every RNG a job may use (numpy's included) accepts
+
+
+# --- code, command, requirements, image ----------------------------------------------------
+
+_NO_CONTROL = r"[^\s\x00-\x1f\x7f]"
+GIT_URL = re.compile(
+    rf"(?:https|ssh|git)://(?:[A-Za-z0-9._~-]+@)?[A-Za-z0-9][A-Za-z0-9.-]*(?::[0-9]{{1,5}})?"
+    rf"/{_NO_CONTROL}+"
+    rf"|[A-Za-z0-9._-]+@[A-Za-z0-9][A-Za-z0-9.-]*:{_NO_CONTROL}+"
+)
+"""``https://host/path``, ``ssh://[user@]host[:port]/path``, ``git://host/path`` or the
+scp form ``user@host:path``: no whitespace, no credentials, nothing option-like."""
+
+_REQ_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+_REQ_EXTRAS = rf"\[ *{_REQ_NAME}(?: *, *{_REQ_NAME})* *\]"
+_REQ_VERSION = r"(?:===|==|!=|<=|>=|~=|<|>) *[A-Za-z0-9*][A-Za-z0-9.*+!_-]*"
+_REQ_VERSIONS = rf"{_REQ_VERSION}(?: *, *{_REQ_VERSION})*"
+_REQ_URL = r"(?:https|git\+https|git\+ssh)://[^\s;\x00-\x1f\x7f\"'\\]+"
+_MARKER_VAR = (
+    r"(?:python_version|python_full_version|os_name|sys_platform|platform_release"
+    r"|platform_system|platform_version|platform_machine|platform_python_implementation"
+    r"|implementation_name|implementation_version|extra)"
+)
+_MARKER_OP = r"(?:===|==|!=|<=|>=|~=|<|>|not +in|in)"
+_MARKER_STR = r"(?:'[A-Za-z0-9_.*+!<>=~-]*'|\"[A-Za-z0-9_.*+!<>=~-]*\")"
+_MARKER_ATOM = (
+    rf"\(* *(?:{_MARKER_VAR} *{_MARKER_OP} *{_MARKER_STR}"
+    rf"|{_MARKER_STR} *{_MARKER_OP} *{_MARKER_VAR}) *\)*"
+)
+_MARKER = rf"{_MARKER_ATOM}(?: +(?:and|or) +{_MARKER_ATOM})*"
+REQUIREMENT = re.compile(
+    rf"{_REQ_NAME} *(?:{_REQ_EXTRAS})? *"
+    rf"(?:{_REQ_VERSIONS}|\( *{_REQ_VERSIONS} *\)|@ *{_REQ_URL})? *"
+    rf"(?:; *{_MARKER})? *"
+)
+"""A conservative subset of PEP 508: ``name[extras] <versions> ; <marker>`` or
+``name @ https://...`` (also ``git+https``/``git+ssh``). Spaces are the only whitespace,
+marker strings hold no spaces, and nothing can start with ``-``: a requirement never turns
+into a pip option (``--index-url``, ``-e``, ``--hash``), not even when written to a
+requirements file, where pip splits a line at spaces."""
+
+_IMAGE_DOMAIN = (
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
+    r"(?::[0-9]{1,5})?/)?"
+)
+_IMAGE_PATH = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
+IMAGE = re.compile(
+    rf"{_IMAGE_DOMAIN}{_IMAGE_PATH}(?:/{_IMAGE_PATH})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
+)
+"""A docker image reference: ``[registry[:port]/]path[:tag][@digest]``."""
+
+
+def _entrypoint(value: str) -> str:
+    if value.endswith(".py"):
+        if value.startswith("/"):
+            raise ValueError("a script path must be relative to the code root (no leading '/')")
+        segments = value.split("/")
+        if any(s in ("", ".", "..") for s in segments):
+            raise ValueError("a script path must not contain '..', '.' or empty segments")
+        if all(SCRIPT_SEGMENT.fullmatch(s) for s in segments):
+            return value
+    elif re.fullmatch(ENTRYPOINT_PATTERN, value):
+        return value
+    raise ValueError(
+        "must be a dotted Python module (examples.digits_cnn) or a .py script path "
+        "relative to the code root (scripts/train.py)"
+    )
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL character")
+    return value
+
+
+def _requirement(value: str) -> str:
+    if value.lstrip().startswith("-"):
+        raise ValueError("must be a requirement such as 'torch>=2.3', not a pip option")
+    if any(c in value for c in "\r\n\x00"):
+        raise ValueError("must be one line (no newline or NUL)")
+    if re.search(r"@ *file:", value, re.IGNORECASE):
+        raise ValueError("must not install from a file: URL")
+    if not value.strip():
+        raise ValueError("must not be blank")
+    if re.search(r"\s-", value) or not REQUIREMENT.fullmatch(value):
+        raise ValueError(
+            "must be a PEP 508 requirement: name[extras], optional versions "
+            "(torch>=2.3,<3), optional marker (; python_version>='3.11'), or "
+            "name @ https://... (git+https, git+ssh)"
+        )
+    return value
+
+
+def _git_url(value: str) -> str:
+    if not GIT_URL.fullmatch(value):
+        raise ValueError(
+            "must be an https://, ssh:// or git:// URL or user@host:path, without "
+            "whitespace or credentials"
+        )
+    return value
+
+
+def _image(value: str) -> str:
+    if not IMAGE.fullmatch(value):
+        raise ValueError(
+            "must be a docker image reference: [registry[:port]/]name[:tag][@sha256:digest]"
+        )
+    return value
+
+
+def program_problem(entrypoint_given: bool, command_given: bool) -> FieldError | None:
+    """The error when a job names neither or both of ``entrypoint`` and ``command``."""
+    if entrypoint_given and command_given:
+        return FieldError(field="command", message="give either entrypoint or command, not both")
+    if not entrypoint_given and not command_given:
+        return FieldError(
+            field="entrypoint",
+            message="field required: give entrypoint (a module or a .py script) or command "
+            "(an argv)",
+        )
+    return None
+
+
+class BundleCode(BaseModel):
+    """Code from a bundle uploaded with ``PUT /v1/bundles/{sha256}`` by the same team."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    kind: Literal["bundle"]
+    sha256: Annotated[str, Field(pattern=BUNDLE_SHA256_PATTERN)]
+    size_bytes: Annotated[int, Field(ge=0, le=2**40)]
+
+
+class GitCode(BaseModel):
+    """Code from a git repository at an exact commit."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    kind: Literal["git"]
+    repository: Annotated[str, Field(min_length=1, max_length=500), AfterValidator(_git_url)]
+    commit: Annotated[str, Field(pattern=GIT_COMMIT_PATTERN)]
+
+
+Code = Annotated[BundleCode | GitCode, Field(discriminator="kind")]
+Entrypoint = Annotated[str, Field(min_length=1, max_length=300), AfterValidator(_entrypoint)]
+Argument = Annotated[str, Field(max_length=10_000), AfterValidator(_no_nul)]
+Requirement = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_requirement)]
+Image = Annotated[str, Field(min_length=1, max_length=300), AfterValidator(_image)]
 
 
 def _hyper_value(value: object) -> HyperValue:
@@ -59,8 +221,18 @@ class JobRequest(BaseModel):
     name: Name
     team: Name | None = None
     """Defaults to the caller's team; any other team is refused (403)."""
-    entrypoint: Annotated[str, Field(max_length=300, pattern=ENTRYPOINT_PATTERN)]
-    """Python module the runner starts, e.g. ``examples.digits_cnn``."""
+    entrypoint: Entrypoint | None = None
+    """What the runner starts: a dotted module (``python -m examples.digits_cnn``) or a
+    ``.py`` script relative to the code root (``scripts/train.py``). Exactly one of
+    ``entrypoint`` and ``command`` is given."""
+    command: Annotated[list[Argument], Field(min_length=1, max_length=200)] | None = None
+    """An argv run as is in the job's working directory (``["bash", "run.sh"]``)."""
+    code: Code | None = None
+    """Where the job's code comes from: an uploaded bundle or a git commit."""
+    requirements: Annotated[list[Requirement], Field(max_length=100)] = Field(default_factory=list)
+    """Python requirements (a conservative PEP 508 subset) installed for the job."""
+    image: Image | None = None
+    """A container image to run the job in."""
     args: list[Annotated[str, Field(max_length=10_000)]] = Field(
         default_factory=list, max_length=1000
     )
@@ -84,9 +256,25 @@ class JobRequest(BaseModel):
             raise ValueError(f"unknown flavor {value!r}; allowed: {', '.join(flavors)}")
         return value
 
+    @field_validator("command")
+    @classmethod
+    def _program_named(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and not value[0]:
+            raise ValueError("the program (command[0]) must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _one_program(self) -> JobRequest:
+        problem = program_problem(self.entrypoint is not None, self.command is not None)
+        if problem is not None:
+            raise ValueError(f"{problem.field}: {problem.message}")
+        return self
+
     def to_spec(self, user: str, team: str) -> JobSpec:
         """The wire spec, as submitted by ``user`` of ``team``."""
         fields = self.model_dump(exclude={"team"})
+        fields["entrypoint"] = self.entrypoint or ""
+        fields["command"] = list(self.command or [])
         return JobSpec(**fields, user=user, team=team)
 
 
@@ -191,7 +379,29 @@ def parse_job_request(body: bytes, flavors: Sequence[str]) -> JobRequest:
     try:
         return JobRequest.model_validate_json(body, context={"flavors": list(flavors)})
     except ValidationError as exc:
-        raise RequestInvalid(field_errors(exc), "invalid job spec") from None
+        errors = [_without_tag(e) for e in field_errors(exc)]
+        # The model check of entrypoint/command runs only once every field is valid; name
+        # its problem together with the others.
+        problem = _program_problem_of(body)
+        if problem is not None and problem.field not in {e.field for e in errors}:
+            errors.append(problem)
+        raise RequestInvalid(errors, "invalid job spec") from None
+
+
+def _without_tag(error: FieldError) -> FieldError:
+    """``code.bundle.sha256`` -> ``code.sha256``: the union's tag is not part of the path."""
+    field = re.sub(r"^code\.(?:bundle|git)(?=\.|$)", "code", error.field)
+    return error if field == error.field else FieldError(field=field, message=error.message)
+
+
+def _program_problem_of(body: bytes) -> FieldError | None:
+    try:
+        raw = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(raw, dict):
+        return None
+    return program_problem(raw.get("entrypoint") is not None, raw.get("command") is not None)
 
 
 def parse_idempotency_key(value: str | None) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -51,7 +52,9 @@ def test_to_spec_stamps_the_caller_and_keeps_value_types() -> None:
 @pytest.mark.parametrize("missing", ["name", "entrypoint", "gpus", "gpu_flavor"])
 def test_missing_field_is_named(missing: str) -> None:
     body = {k: v for k, v in GOOD.items() if k != missing}
-    assert _errors(body) == {missing: "field required"}
+    errors = _errors(body)
+    assert list(errors) == [missing]
+    assert errors[missing].startswith("field required")
 
 
 @pytest.mark.parametrize(
@@ -83,7 +86,8 @@ def test_wrong_type_is_named(field: str, value: object) -> None:
         ("max_restarts", 21),
         ("name", "has space"),
         ("name", "x" * 101),
-        ("entrypoint", "examples/digits.py"),
+        ("entrypoint", "/abs/train.py"),
+        ("entrypoint", "examples/digits"),
         ("entrypoint", "1examples.digits"),
         ("entrypoint", "examples..digits"),
         ("dataset", ""),
@@ -168,3 +172,213 @@ def test_idempotency_key_header() -> None:
         with pytest.raises(RequestInvalid) as caught:
             parse_idempotency_key(bad)
         assert [e.field for e in caught.value.errors] == ["Idempotency-Key"]
+
+
+# --- entrypoint or command, code, requirements, image ----------------------------------------
+
+SHA = "3fa2c1d" + "0" * 57
+COMMIT = "a" * 40
+
+
+def _job(**change: object) -> JobRequest:
+    return parse_job_request(json.dumps({**GOOD, **change}).encode(), DEFAULT_FLAVORS)
+
+
+@pytest.mark.parametrize("entrypoint", ["train.py", "scripts/train.py", "a/b_c/d-e.v2.py", "m"])
+def test_entrypoint_is_a_module_or_a_relative_script(entrypoint: str) -> None:
+    assert _job(entrypoint=entrypoint).to_spec("alice", "ml").entrypoint == entrypoint
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "says"),
+    [
+        ("/etc/train.py", "relative to the code root"),
+        ("../train.py", "'..'"),
+        ("a/../../train.py", "'..'"),
+        ("a//train.py", "empty segments"),
+        ("./train.py", "'.'"),
+        ("-m.py", "dotted Python module"),
+        ("a/.hidden.py", "dotted Python module"),
+        ("a b.py", "dotted Python module"),
+        ("", "at least 1 character"),
+    ],
+)
+def test_entrypoint_paths_that_could_escape_are_refused(entrypoint: str, says: str) -> None:
+    assert says in _errors({**GOOD, "entrypoint": entrypoint})["entrypoint"]
+
+
+def test_command_instead_of_entrypoint() -> None:
+    body = {k: v for k, v in GOOD.items() if k != "entrypoint"}
+    spec = _job(**{**body, "entrypoint": None, "command": ["bash", "run.sh", ""]})
+    wire = spec.to_spec("alice", "ml")
+    assert (wire.entrypoint, wire.command) == ("", ["bash", "run.sh", ""])
+    assert _job().to_spec("alice", "ml").command == []
+
+
+def test_exactly_one_of_entrypoint_and_command() -> None:
+    both = _errors({**GOOD, "command": ["python", "x.py"]})
+    assert both == {"command": "give either entrypoint or command, not both"}
+    neither = {k: v for k, v in GOOD.items() if k != "entrypoint"}
+    assert "or command" in _errors(neither)["entrypoint"]
+    # named together with the other errors, not only once they are fixed
+    assert set(_errors({**neither, "gpus": 0})) == {"entrypoint", "gpus"}
+
+
+@pytest.mark.parametrize(
+    ("command", "field"),
+    [
+        ([], "command"),
+        (["x"] * 201, "command"),
+        ([""], "command"),
+        (["python", "a\x00b"], "command[1]"),
+        (["python", "x" * 10_001], "command[1]"),
+        (["python", 3], "command[1]"),
+        ("python train.py", "command"),
+    ],
+)
+def test_bad_command_is_named(command: object, field: str) -> None:
+    body = {k: v for k, v in GOOD.items() if k != "entrypoint"}
+    assert list(_errors({**body, "command": command})) == [field]
+
+
+def test_code_bundle_and_git_reach_the_wire_spec() -> None:
+    bundle = _job(code={"kind": "bundle", "sha256": SHA, "size_bytes": 1234}).to_spec("a", "ml")
+    assert bundle.code is not None and bundle.code.kind == "bundle"
+    assert bundle.code.sha256 == SHA and bundle.code.size_bytes == 1234
+    repo = "https://github.com/acme/train.git"
+    git = _job(code={"kind": "git", "repository": repo, "commit": COMMIT}).to_spec("a", "ml")
+    assert git.code is not None and git.code.kind == "git" and git.code.repository == repo
+    assert _job().to_spec("a", "ml").code is None
+
+
+@pytest.mark.parametrize(
+    "repository",
+    [
+        "https://github.com/acme/train.git",
+        "ssh://git@github.com:22/acme/train.git",
+        "git://example.org/train",
+        "git@github.com:acme/train.git",
+    ],
+)
+def test_git_repository_urls_accepted(repository: str) -> None:
+    assert _job(code={"kind": "git", "repository": repository, "commit": COMMIT}).code
+
+
+@pytest.mark.parametrize(
+    ("code", "field"),
+    [
+        ({"kind": "bundle", "sha256": "ABC", "size_bytes": 1}, "code.sha256"),
+        ({"kind": "bundle", "sha256": SHA.upper(), "size_bytes": 1}, "code.sha256"),
+        ({"kind": "bundle", "sha256": SHA, "size_bytes": -1}, "code.size_bytes"),
+        ({"kind": "bundle", "sha256": SHA}, "code.size_bytes"),
+        ({"kind": "bundle", "sha256": SHA, "size_bytes": 1, "x": 1}, "code.x"),
+        ({"kind": "git", "repository": "https://h/r", "commit": "abc"}, "code.commit"),
+        ({"kind": "git", "repository": "http://h/r", "commit": COMMIT}, "code.repository"),
+        ({"kind": "git", "repository": "file:///etc", "commit": COMMIT}, "code.repository"),
+        ({"kind": "git", "repository": "--upload-pack=x", "commit": COMMIT}, "code.repository"),
+        ({"kind": "git", "repository": "ext::sh -c x", "commit": COMMIT}, "code.repository"),
+        ({"kind": "git", "repository": "https://h/a b", "commit": COMMIT}, "code.repository"),
+        ({"kind": "git", "repository": "https://u:tok@h/r", "commit": COMMIT}, "code.repository"),
+        (
+            {"kind": "git", "repository": "https://h/" + "x" * 500, "commit": COMMIT},
+            "code.repository",
+        ),
+        ({"kind": "svn", "repository": "https://h/r"}, "code"),
+        ({"sha256": SHA}, "code"),
+        ("bundle", "code"),
+    ],
+)
+def test_bad_code_is_named(code: object, field: str) -> None:
+    assert list(_errors({**GOOD, "code": code})) == [field]
+
+
+@pytest.mark.parametrize(
+    "requirement",
+    [
+        "torch",
+        "torch==2.3.1",
+        "numpy>=1.26,<3",
+        "transformers[torch,sentencepiece]~=4.44",
+        "scipy (>=1.11)",
+        "pkg_name.sub-part===1.0+local",
+        'tomli>=2; python_version < "3.11"',
+        "uvloop; sys_platform != 'win32' and platform_machine == 'x86_64'",
+        "mylib @ https://example.org/mylib-1.0-py3-none-any.whl#sha256=abc",
+        "mylib @ git+https://github.com/acme/mylib@v1.2",
+    ],
+)
+def test_requirements_accepted(requirement: str) -> None:
+    assert _job(requirements=[requirement]).to_spec("a", "ml").requirements == [requirement]
+
+
+@pytest.mark.parametrize(
+    ("requirement", "says"),
+    [
+        ("--index-url http://evil", "not a pip option"),
+        ("--extra-index-url=http://evil", "not a pip option"),
+        ("-e .", "not a pip option"),
+        ("-r other.txt", "not a pip option"),
+        (" -e .", "not a pip option"),
+        ("torch\n--index-url http://evil", "one line"),
+        ("torch\r\n", "one line"),
+        ("torch\x00", "one line"),
+        ("mylib @ file:///etc/passwd", "file: URL"),
+        ("mylib @file:../x", "file: URL"),
+        ("torch --hash=sha256:abc", "PEP 508"),
+        ("torch>= --pre", "PEP 508"),
+        ("torch; python_version == 'x --index-url=y'", "PEP 508"),
+        ("mylib @ http://insecure/x.whl", "PEP 508"),
+        ("./local/path", "PEP 508"),
+        ("torch\t==2", "PEP 508"),
+        ("   ", "blank"),
+        ("", "at least 1 character"),
+        ("x" * 201, "at most 200 characters"),
+    ],
+)
+def test_requirements_that_could_inject_pip_options_are_refused(
+    requirement: str, says: str
+) -> None:
+    errors = _errors({**GOOD, "requirements": ["numpy", requirement]})
+    assert list(errors) == ["requirements[1]"]
+    assert says in errors["requirements[1]"]
+
+
+def test_at_most_100_requirements() -> None:
+    assert list(_errors({**GOOD, "requirements": ["numpy"] * 101})) == ["requirements"]
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "python",
+        "python:3.11-slim",
+        "ghcr.io/acme/train:v1.2",
+        "registry.local:5000/team/img",
+        "nvcr.io/nvidia/pytorch:24.05-py3",
+        "python@sha256:" + "a" * 64,
+        "docker.io/library/python:3.11@sha256:" + "b" * 64,
+    ],
+)
+def test_images_accepted(image: str) -> None:
+    assert _job(image=image).to_spec("a", "ml").image == image
+
+
+@pytest.mark.parametrize(
+    "image", ["", "Python", "python:", "-rm", "img --privileged", "a" * 301, "img:tag\n"]
+)
+def test_bad_images_are_named(image: str) -> None:
+    assert list(_errors({**GOOD, "image": image})) == ["image"]
+
+
+def test_patterns_are_fast_on_hostile_input() -> None:
+    hostile = [
+        "a" * 199 + "!",
+        "a-" * 99 + "!",
+        "a; " + "(" * 190 + "!",
+        "a[" + "b," * 95 + "!",
+        "a==" + "1," * 95 + "!",
+    ]
+    started = time.monotonic()
+    for value in hostile:
+        _errors({**GOOD, "requirements": [value], "image": value[:300]})
+    assert time.monotonic() - started < 1.0
