@@ -1,14 +1,16 @@
 """The contract between the runner (parent process) and a job (child process).
 
 Runner -> job: environment variables, modelled by ``JobRuntimeEnv`` (``to_env`` /
-``from_env``). Storage credentials are not part of it; they travel in the usual
-``TRAINYARD_STORAGE_*`` variables read by ``StorageSettings``.
+``from_env``). A job holds no credential of the platform: its checkpoint folder is a local
+staging folder in its own sandbox, and the runner uploads what the job commits there.
 
-Job -> runner: newline-delimited JSON on the file descriptor named by
-``TRAINYARD_CONTROL_FD`` (the write end of a pipe the runner passed down), one
-``ControlMessage`` per line, at most ``MAX_CONTROL_LINE_BYTES`` long. The runner parses
-each line with ``parse_control_line``; a bad line is the job's bug and raises
-``ValueError`` (the runner should log it and carry on, not crash).
+Job -> runner: newline-delimited JSON over the Unix socket named by
+``TRAINYARD_CONTROL_SOCKET`` (in the job's sandbox; every process of the job, each
+``torchrun`` worker included, may connect), one ``ControlMessage`` per line, at most
+``MAX_CONTROL_LINE_BYTES`` long. The runner parses each line with ``parse_control_line``; a
+bad line is the job's bug and raises ``ValueError`` (the runner logs it and carries on).
+A ``CheckpointMessage`` names a complete checkpoint in the staging folder; the runner
+verifies it against its manifest, uploads it to the job's own prefix and publishes it.
 
 Exit status: 0 means the job finished; ``PREEMPTED_EXIT_CODE`` (75, ``EX_TEMPFAIL``)
 means it stopped early on SIGTERM after its checkpoints were uploaded and should be
@@ -37,7 +39,7 @@ ENV_ATTEMPT = "TRAINYARD_ATTEMPT"
 ENV_SEED = "TRAINYARD_SEED"
 ENV_HYPERPARAMETERS = "TRAINYARD_HYPERPARAMETERS"
 ENV_CHECKPOINT_URI = "TRAINYARD_CHECKPOINT_URI"
-ENV_CONTROL_FD = "TRAINYARD_CONTROL_FD"
+ENV_CONTROL_SOCKET = "TRAINYARD_CONTROL_SOCKET"
 ENV_DATASET = "TRAINYARD_DATASET"
 ENV_GPU_INDICES = "TRAINYARD_GPU_INDICES"
 
@@ -53,9 +55,11 @@ class JobRuntimeEnv(BaseModel):
     seed: int
     hyperparameters: dict[str, HyperValue] = Field(default_factory=dict)
     checkpoint_uri: str = Field(min_length=1)
-    """Object-store folder of this job's checkpoints, e.g. ``s3://b/jobs/<id>/checkpoints``."""
-    control_fd: int | None = Field(default=None, ge=0)
-    """Write end of the control pipe; ``None``: no control channel."""
+    """Folder the job commits checkpoints to: on the platform a local staging folder the
+    runner uploads from (``file:///<sandbox>/checkpoints``), which also holds the verified
+    checkpoint to resume from."""
+    control_socket: str | None = Field(default=None, min_length=1)
+    """Path of the runner's control socket; ``None``: no control channel."""
     dataset: str | None = None
     gpu_indices: list[int] | None = None
     """GPUs leased to the job; ``None``: not set (CPU job), ``[]``: explicitly none."""
@@ -70,8 +74,8 @@ class JobRuntimeEnv(BaseModel):
             ENV_HYPERPARAMETERS: json.dumps(self.hyperparameters, sort_keys=True),
             ENV_CHECKPOINT_URI: self.checkpoint_uri,
         }
-        if self.control_fd is not None:
-            env[ENV_CONTROL_FD] = str(self.control_fd)
+        if self.control_socket is not None:
+            env[ENV_CONTROL_SOCKET] = self.control_socket
         if self.dataset is not None:
             env[ENV_DATASET] = self.dataset
         if self.gpu_indices is not None:
@@ -105,7 +109,6 @@ class JobRuntimeEnv(BaseModel):
         if not isinstance(hyperparameters, dict):
             raise ValueError(f"{ENV_HYPERPARAMETERS} must be a JSON object, got {hyper_text!r}")
 
-        control_fd = environ.get(ENV_CONTROL_FD)
         gpus = environ.get(ENV_GPU_INDICES)
         gpu_indices = None
         if gpus is not None:
@@ -119,7 +122,7 @@ class JobRuntimeEnv(BaseModel):
                 seed=integer(ENV_SEED, required(ENV_SEED)),
                 hyperparameters=hyperparameters,
                 checkpoint_uri=required(ENV_CHECKPOINT_URI),
-                control_fd=integer(ENV_CONTROL_FD, control_fd) if control_fd else None,
+                control_socket=environ.get(ENV_CONTROL_SOCKET) or None,
                 dataset=environ.get(ENV_DATASET) or None,
                 gpu_indices=gpu_indices,
             )

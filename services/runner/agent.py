@@ -12,8 +12,14 @@ Contract:
   the revocation's grace; the outcome is ``job.preempted`` with the revocation's reason
   (``cancelled`` too). A revocation of an allocation this node never ran ends it with
   ``job.preempted`` so the scheduler is not left waiting, and a later grant for it is ignored.
-- ``recover`` (at start) publishes what a previous runner process left unsaid: stored
-  terminal events, and ``job.preempted`` for jobs whose process died with that runner.
+- ``recover`` (at start, before any grant is accepted) first SIGKILLs whatever job processes
+  a previous runner process left (every process of this node's job uids, and the recorded
+  process groups of unfinished allocations) and removes their sandboxes, then publishes what
+  that runner left unsaid: stored terminal events, and ``job.preempted`` for jobs whose
+  process died with it.
+- Each job runs in a fresh sandbox (``sandbox``) as a uid of its own slot; a grant whose
+  code, environment or process cannot be had ends at once with ``job.failed``
+  (``failure_kind`` ``platform_error``), so its GPUs are released promptly.
 - ``drain_on(stop)``: stop accepting, SIGTERM every job, SIGKILL after the drain timeout,
   wait for their terminal events (``job.preempted``, reason ``runner shutting down``).
 - ``heartbeats`` publishes ``runner.heartbeat`` every interval until the drain is done.
@@ -29,12 +35,22 @@ from datetime import UTC, datetime, timedelta
 
 from opentelemetry import context as otel_context
 
-from services.runner import domain, launch
-from services.runner.config import Settings
+from services.runner import checkpoints, domain, launch
+from services.runner.config import JOB_SLOTS, Settings
 from services.runner.domain import JobIdentity, StopRequest
+from services.runner.environments import EnvironmentCache
 from services.runner.gpus import GpuInventory
 from services.runner.ledger import Ledger, safe_file_name
 from services.runner.publishing import JobEvents, publish_in_trace, publish_until_sent
+from services.runner.sandbox import (
+    PlatformError,
+    ProcessGroupRecord,
+    can_switch_users,
+    job_user,
+    kill_leftovers,
+    process_start_time,
+    remove_sandbox,
+)
 from services.runner.supervisor import JobRun, end_allocation
 from shared.bus import Bus
 from shared.events import Envelope, Payload, parse_envelope
@@ -44,7 +60,7 @@ from shared.events.payloads import (
     JobStarted,
     RunnerHeartbeat,
 )
-from shared.storage import ObjectStore
+from shared.storage import ObjectStore, open_store
 from shared.telemetry import extract, inject
 
 log = logging.getLogger(__name__)
@@ -69,7 +85,11 @@ class NodeAgent:
         self._store = store
         self._stop = stop
         self._ledger = Ledger(settings.work_dir / "ledger" / safe_file_name(settings.node_id))
+        self._environments = EnvironmentCache(
+            settings.environments_root, settings.python, settings.installer
+        )
         self._runs: dict[str, JobRun] = {}
+        self._slots: dict[str, int] = {}
         self._supervisors: set[asyncio.Task[None]] = set()
         self._launching = asyncio.Lock()
         self.drained = asyncio.Event()
@@ -87,7 +107,9 @@ class NodeAgent:
     # --- start-up ------------------------------------------------------------------------
 
     async def recover(self) -> None:
-        """Publish what the previous runner process of this node left unsaid."""
+        """Kill what the previous runner process of this node left running, then publish
+        what it left unsaid."""
+        await asyncio.to_thread(self._kill_leftovers)
         pruned = await asyncio.to_thread(self._ledger.prune, LEDGER_RETENTION)
         if pruned:
             log.info("pruned %d old allocations from the ledger", pruned)
@@ -109,6 +131,23 @@ class NodeAgent:
                 self._bus, parse_envelope(entry.terminal_event.encode()), parent
             )
             await asyncio.to_thread(self._ledger.finished, entry.allocation_id)
+
+    def _kill_leftovers(self) -> None:
+        if not can_switch_users():
+            log.warning(
+                "the runner is not root: jobs run as its own user (no isolation by user); "
+                "start it as root to run each job as an unprivileged user of its own"
+            )
+        groups = [
+            ProcessGroupRecord(e.process_group, e.process_started or 0)
+            for e in self._ledger.unfinished()
+            if e.process_group is not None
+        ]
+        uids = self.settings.job_uids if can_switch_users() else None
+        killed = kill_leftovers(uids, groups)
+        if killed:
+            log.warning("killed %d job processes a previous runner left behind", killed)
+        remove_sandbox(self.settings.sandboxes_dir)
 
     # --- allocation.granted ----------------------------------------------------------------
 
@@ -142,17 +181,31 @@ class NodeAgent:
         # The consumer span of this grant: every later event of the job is published in it.
         parent = otel_context.get_current()
         trace_headers = inject()
+        events = JobEvents(self._bus, parent, job.job_id)
         problem = launch.cannot_run(grant, self.gpus)
-        if problem is not None:
+        slot = self._free_slot()
+        if problem is None and slot is None:
+            problem = f"this node runs {JOB_SLOTS} jobs already"
+        if problem is not None or slot is None:
             log.error("allocation %s cannot run here: %s", grant.allocation_id, problem)
-            payload = domain.failed_to_start(job, problem, datetime.now(UTC))
-            await end_allocation(
-                job, payload, JobEvents(self._bus, parent, job.job_id), self._ledger, trace_headers
-            )
+            payload = domain.failed_to_start(job, str(problem), datetime.now(UTC))
+            await end_allocation(job, payload, events, self._ledger, trace_headers)
             return
-        prepared = await asyncio.to_thread(
-            launch.prepare, grant, self.settings, self._store, self.gpus
-        )
+        self._slots[grant.allocation_id] = slot
+        try:
+            prepared = await asyncio.to_thread(
+                launch.prepare,
+                grant,
+                self.settings,
+                self._store,
+                self.gpus,
+                self._environments,
+                job_user(self.settings.job_uids.start, slot),
+                trace_headers,
+            )
+        except PlatformError as exc:
+            await self._failed_to_start(job, str(exc), events, trace_headers)
+            return
         started = JobStarted(
             job_id=grant.job_id,
             allocation_id=grant.allocation_id,
@@ -163,7 +216,7 @@ class NodeAgent:
             code_version=prepared.code_version,
             environment=prepared.environment,
             spec=grant.spec,
-            resumed_from=prepared.resumed_from,
+            resumed_from=prepared.resumed_from.uri if prepared.resumed_from else None,
         )
         await publish_in_trace(
             self._bus,
@@ -176,45 +229,61 @@ class NodeAgent:
             parent,
         )
         await asyncio.to_thread(self._ledger.launched, job, trace_headers)
-        await self._launch(grant, job, prepared, parent, trace_headers)
+        await self._launch(grant, job, prepared, events, trace_headers)
+
+    def _free_slot(self) -> int | None:
+        taken = set(self._slots.values())
+        return next((i for i in range(JOB_SLOTS) if i not in taken), None)
+
+    def _release(self, allocation_id: str) -> None:
+        self._slots.pop(allocation_id, None)
+        remove_sandbox(self.settings.sandboxes_dir / safe_file_name(allocation_id))
+
+    async def _failed_to_start(
+        self, job: JobIdentity, reason: str, events: JobEvents, trace_headers: dict[str, str]
+    ) -> None:
+        log.error("allocation %s could not start: %s", job.allocation_id, reason)
+        payload = domain.failed_to_start(job, reason, datetime.now(UTC))
+        try:
+            await end_allocation(job, payload, events, self._ledger, trace_headers)
+        finally:
+            await asyncio.to_thread(self._release, job.allocation_id)
 
     async def _launch(
         self,
         grant: AllocationGranted,
         job: JobIdentity,
         prepared: launch.Prepared,
-        parent: otel_context.Context,
+        events: JobEvents,
         trace_headers: dict[str, str],
     ) -> None:
-        events = JobEvents(self._bus, parent, job.job_id)
         log_path = launch.job_log_path(self.settings.work_dir, job.job_id, job.allocation_id)
         run = JobRun(
             job,
             events=events,
             ledger=self._ledger,
             store=self._store,
+            checkpoint_store=open_store(
+                self._store.uri_for(checkpoints.job_prefix(job.job_id)), self.settings.storage
+            ),
+            sandbox=prepared.sandbox,
             log_path=log_path,
             trace_headers=trace_headers,
             progress_interval_s=self.settings.progress_interval_seconds,
             log_tail_lines=self.settings.log_tail_lines,
-        )
-        argv = launch.job_argv(self.settings.python, grant)
-        env = launch.job_env(
-            grant,
-            prepared,
-            base=launch.runner_environ(),
-            storage=self.settings.storage,
-            store_uri=self._store.root_uri,
-            gpus=self.gpus,
-            trace_headers=trace_headers,
+            log_ship_interval_s=self.settings.log_ship_interval_seconds,
+            checkpoints_keep=self.settings.checkpoints_keep,
+            resumed_from=prepared.resumed_from,
         )
         try:
-            await run.start(argv, cwd=self.settings.code_dir, env=env)
+            await run.start(prepared.argv, env=prepared.env)
         except Exception as exc:  # whatever stops the spawn, the allocation must still end
-            log.error("allocation %s: could not start %s: %s", job.allocation_id, argv, exc)
-            payload = domain.failed_to_start(job, f"could not start: {exc}", datetime.now(UTC))
-            await end_allocation(job, payload, events, self._ledger, trace_headers)
+            await self._failed_to_start(job, f"could not start: {exc}", events, trace_headers)
             return
+        if run.pid is not None:
+            await asyncio.to_thread(
+                self._ledger.spawned, job.allocation_id, run.pid, process_start_time(run.pid)
+            )
         self._runs[job.allocation_id] = run
         task = asyncio.create_task(
             self._supervise(run, grant.spec.max_runtime_seconds), name=f"job {job.job_id}"
@@ -230,6 +299,7 @@ class NodeAgent:
             log.exception("supervising allocation %s failed", run.job.allocation_id)
         finally:
             self._runs.pop(run.job.allocation_id, None)
+            await asyncio.to_thread(self._release, run.job.allocation_id)
 
     # --- allocation.revoked ------------------------------------------------------------------
 
@@ -281,6 +351,7 @@ class NodeAgent:
                 running_allocations=self.running_allocations(),
                 sent_at=sent_at,
                 topology=self.settings.topology,
+                address=self.settings.address,
             )
             envelope: Envelope[Payload] = Envelope.wrap(
                 beat,

@@ -1,40 +1,238 @@
-"""Which checkpoint a job will resume from, read from the object store without torch.
+"""Checkpoints between a job's staging folder and the object store; the job holds no keys.
 
-The layout is the SDK's (``trainyard.sdk.checkpoints``): ``step-<8+ digits>/checkpoint.pt``
-and ``step-.../manifest.json``, the manifest written last. A step is *complete* when its
-manifest names an object that exists. The runner does not download or hash the object
-(that is the job's work at restore time, and it may skip a corrupt one for an older one),
-so ``resumed_from`` is the checkpoint the job is expected to resume from.
+Store layout, under ``jobs/<job_id>/checkpoints/`` (the job's own prefix)::
 
-Blocking store calls: call through ``asyncio.to_thread``.
+    step-00000100-a0002/checkpoint.pt    the object, as the job wrote it
+    step-00000100-a0002/manifest.json    size and sha256, written by the runner *last*
+
+The attempt in the folder name keeps two attempts that both reach step 100 from ever
+writing the same keys. A checkpoint is complete when its manifest names an object that
+exists; folders of the older layout (``step-00000100/``) are read too.
+
+Staging, in the job's sandbox: the SDK writes ``step-<n>/checkpoint.pt`` then
+``step-<n>/manifest.json`` and sends a ``CheckpointMessage``. ``commit_staged`` reads
+*only* that step folder of the staging root, refuses links and anything that resolves
+outside it (the job owns the folder and could point a file anywhere the runner can read),
+copies the object to a private file while hashing it, checks size and sha256 against the
+manifest, uploads object then manifest, and removes the staged folder.
+
+``stage_resume`` is the way back: it downloads the newest complete checkpoint whose object
+matches its manifest into the staging folder, in the SDK's layout, so the job restores
+exactly what the runner verified, and ``resumed_from`` names what was really loaded.
+
+Blocking store and file calls: run them through ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import re
+import shutil
+import stat
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shared.events.payloads import CheckpointRef
 from shared.storage import ObjectNotFound, ObjectStore, validate_key
 
 log = logging.getLogger(__name__)
 
-_MANIFEST_KEY = re.compile(r"^step-(\d{8,})/manifest\.json$")
+OBJECT_NAME = "checkpoint.pt"
+MANIFEST_NAME = "manifest.json"
+MAX_MANIFEST_BYTES = 64 * 1024
+_STORE_FOLDER = re.compile(r"^step-(\d{8,})(?:-a(\d{4,}))?/manifest\.json$")
+_CHUNK = 1024 * 1024
 
 
-def latest_complete_checkpoint(store: ObjectStore) -> str | None:
-    """The URI of the newest complete checkpoint object in ``store``, or None."""
-    steps = sorted(
-        (int(m.group(1)), key) for key in store.list("step-") if (m := _MANIFEST_KEY.match(key))
+class StagedCheckpointInvalid(ValueError):
+    """What the job staged is not a checkpoint the runner will upload (the message says
+    why); the job's earlier checkpoints are unaffected."""
+
+
+class Manifest(BaseModel):
+    """The fields of the SDK's manifest the runner relies on (others are kept as is)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    step: int = Field(ge=0)
+    object: str
+    size_bytes: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+def job_prefix(job_id: str) -> str:
+    return f"jobs/{job_id}/checkpoints"
+
+
+def store_folder(step: int, attempt: int) -> str:
+    return f"step-{step:08d}-a{attempt:04d}"
+
+
+def staged_folder(step: int) -> str:
+    """The SDK's folder name for ``step`` (``trainyard.sdk.checkpoints.step_folder``)."""
+    return f"step-{step:08d}"
+
+
+# --- job -> store --------------------------------------------------------------------
+
+
+def commit_staged(staging: Path, step: int, store: ObjectStore, attempt: int) -> CheckpointRef:
+    """Verify the staged checkpoint of ``step`` and upload it to ``store`` (the job's
+    checkpoint prefix). Raises ``StagedCheckpointInvalid`` for anything the job got wrong."""
+    folder = staging / staged_folder(step)
+    manifest_bytes = _read_confined(staging, folder / MANIFEST_NAME, MAX_MANIFEST_BYTES)
+    try:
+        manifest = Manifest.model_validate_json(manifest_bytes)
+        object_name = validate_key(manifest.object)
+    except (ValidationError, ValueError) as exc:
+        raise StagedCheckpointInvalid(f"manifest of step {step} is invalid: {exc}") from None
+    if manifest.step != step or "/" in object_name:
+        raise StagedCheckpointInvalid(
+            f"manifest of step {step} names step {manifest.step}, object {object_name!r}"
+        )
+    target = store_folder(step, attempt)
+    with tempfile.TemporaryDirectory(prefix="trainyard-commit-") as private:
+        copy = Path(private) / OBJECT_NAME
+        size, digest = _copy_confined(staging, folder / object_name, copy)
+        if (size, digest) != (manifest.size_bytes, manifest.sha256):
+            raise StagedCheckpointInvalid(
+                f"checkpoint of step {step} does not match its manifest: {size} bytes, "
+                f"sha256 {digest[:12]} (manifest: {manifest.size_bytes}, {manifest.sha256[:12]})"
+            )
+        object_key = f"{target}/{OBJECT_NAME}"
+        manifest_key = f"{target}/{MANIFEST_NAME}"
+        store.put_file(object_key, copy)
+    committed = manifest.model_dump(mode="json") | {
+        "object": OBJECT_NAME,
+        "attempt": attempt,
+        "committed_at": datetime.now(UTC).isoformat(),
+    }
+    # Only now, with the object fully stored, does the checkpoint become visible.
+    store.put_bytes(manifest_key, json.dumps(committed, indent=2).encode())
+    shutil.rmtree(folder, ignore_errors=True)
+    return CheckpointRef(
+        uri=store.uri_for(object_key),
+        manifest_uri=store.uri_for(manifest_key),
+        step=step,
+        size_bytes=size,
+        sha256=digest,
     )
-    for step, manifest_key in reversed(steps):
+
+
+def _open_confined(root: Path, path: Path) -> int:
+    """An fd of the regular file ``path``, which must really lie under ``root``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise StagedCheckpointInvalid(f"cannot open {path.name}: {exc.strerror}") from None
+    try:
+        real = Path(os.readlink(f"/proc/self/fd/{fd}")) if Path("/proc/self/fd").is_dir() else None
+        if real is None:
+            real = path.resolve()
+        if not real.is_relative_to(root.resolve()):
+            raise StagedCheckpointInvalid(f"{path.name} lies outside the staging folder")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StagedCheckpointInvalid(f"{path.name} is not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _read_confined(root: Path, path: Path, limit: int) -> bytes:
+    fd = _open_confined(root, path)
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise StagedCheckpointInvalid(f"{path.name} is larger than {limit} bytes")
+    return data
+
+
+def _copy_confined(root: Path, path: Path, dest: Path) -> tuple[int, str]:
+    fd = _open_confined(root, path)
+    digest = hashlib.sha256()
+    size = 0
+    with os.fdopen(fd, "rb") as source, dest.open("wb") as sink:
+        while chunk := source.read(_CHUNK):
+            digest.update(chunk)
+            sink.write(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+# --- store -> job --------------------------------------------------------------------
+
+
+def complete_folders(store: ObjectStore) -> list[tuple[int, int, str]]:
+    """``(step, attempt, folder)`` of every checkpoint with a manifest, oldest first."""
+    found = []
+    for key in store.list("step-"):
+        match = _STORE_FOLDER.match(key)
+        if match:
+            found.append((int(match.group(1)), int(match.group(2) or 0), key.rsplit("/", 1)[0]))
+    return sorted(found)
+
+
+def stage_resume(store: ObjectStore, staging: Path) -> CheckpointRef | None:
+    """Download the newest checkpoint that matches its manifest into ``staging`` (the SDK's
+    layout); returns its reference in the store, or None when there is none."""
+    for step, _attempt, folder in reversed(complete_folders(store)):
         try:
-            manifest = json.loads(store.get_bytes(manifest_key))
-            object_key = validate_key(str(manifest["object"]))
-        except (ObjectNotFound, ValueError, KeyError, TypeError) as exc:
-            log.warning("checkpoint at step %d in %s is unusable: %s", step, store.root_uri, exc)
+            manifest = Manifest.model_validate_json(store.get_bytes(f"{folder}/{MANIFEST_NAME}"))
+            object_key = f"{folder}/{validate_key(manifest.object)}"
+            local = staging / staged_folder(step)
+            store.get_file(object_key, local / OBJECT_NAME)
+            size = (local / OBJECT_NAME).stat().st_size
+            digest = _file_sha256(local / OBJECT_NAME)
+        except (ObjectNotFound, ValidationError, ValueError, OSError) as exc:
+            log.warning("checkpoint %s is unusable, trying an older one: %s", folder, exc)
             continue
-        if store.exists(object_key):
-            return store.uri_for(object_key)
-        log.warning("checkpoint at step %d in %s has no object", step, store.root_uri)
+        if (size, digest) != (manifest.size_bytes, manifest.sha256):
+            log.warning(
+                "checkpoint %s does not match its manifest (%d bytes, sha256 %s): skipped",
+                folder,
+                size,
+                digest[:12],
+            )
+            shutil.rmtree(local, ignore_errors=True)
+            continue
+        local_manifest = manifest.model_dump(mode="json") | {"object": OBJECT_NAME}
+        (local / MANIFEST_NAME).write_text(json.dumps(local_manifest))
+        return CheckpointRef(
+            uri=store.uri_for(object_key),
+            manifest_uri=store.uri_for(f"{folder}/{MANIFEST_NAME}"),
+            step=step,
+            size_bytes=size,
+            sha256=digest,
+        )
     return None
+
+
+def apply_retention(store: ObjectStore, keep: int, protected: set[str]) -> int:
+    """Delete all but the newest ``keep`` complete checkpoints (never one whose object URI
+    is in ``protected``, e.g. the one a job resumed from); returns how many were deleted."""
+    folders = complete_folders(store)
+    deleted = 0
+    for _step, _attempt, folder in folders[: max(0, len(folders) - keep)]:
+        if store.uri_for(f"{folder}/{OBJECT_NAME}") in protected:
+            continue
+        # The manifest first: a checkpoint without one is incomplete, never half-deleted.
+        store.delete(f"{folder}/{MANIFEST_NAME}")
+        for key in store.list(f"{folder}/"):
+            store.delete(key)
+        deleted += 1
+    return deleted
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()

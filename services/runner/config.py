@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 import socket
 import sys
+import zlib
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -13,6 +15,8 @@ from pydantic_settings import SettingsConfigDict
 from shared.settings import ServiceSettings
 
 NODE_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+JOB_SLOTS = 64
+"""Most jobs one node runs at once (one uid each)."""
 
 
 def default_node_id(hostname: str | None = None) -> str:
@@ -51,10 +55,38 @@ class Settings(ServiceSettings):
     """Local folder for job logs (``jobs/<job>/<allocation>.log``) and the allocation ledger
     (``ledger/<node_id>/``) that survives runner restarts."""
     code_dir: Path = Field(default_factory=Path.cwd)
-    """Folder the jobs run in and import their entrypoint module from (default: the
-    current folder, the repository root)."""
+    """Where the code version of a job that brings no code of its own is read from (its
+    module must be installed in the job environment's base layer)."""
     python: str = Field(default_factory=lambda: sys.executable)
-    """Interpreter that runs the jobs (``python -m <entrypoint>``)."""
+    """The base interpreter of job environments: a job without requirements runs with it,
+    and a job's cached virtual environment sees its packages (torch, the SDK) beneath its
+    own requirements."""
+    installer: Literal["uv", "pip"] = "uv"
+    """What builds job environments (uv: see BENCHMARKS.md for why)."""
+    environments_dir: Path | None = None
+    """Cache of job environments by requirement-set hash (default ``<work_dir>/envs``)."""
+    environments_keep: int = Field(default=20, ge=1)
+    """Cached environments kept; the least recently used beyond this are removed."""
+    job_uid_base: int = Field(default_factory=lambda: 0, ge=0)
+    """First uid of this node's job users (a runner started as root runs each job as
+    ``job_uid_base + slot``); 0: derived from the node id, in 200000-263999."""
+    job_env_passthrough: list[str] = Field(
+        default_factory=lambda: [
+            "LD_LIBRARY_PATH",
+            "NCCL_SOCKET_IFNAME",
+            "NCCL_IB_DISABLE",
+            "NCCL_DEBUG",
+            "GLOO_SOCKET_IFNAME",
+            "OMP_NUM_THREADS",
+        ]
+    )
+    """Variables of the runner's environment a job may see (never ``TRAINYARD_*``)."""
+    address: str = "127.0.0.1"
+    """Where other nodes reach this node's job processes (rank 0's rendezvous)."""
+    checkpoints_keep: int = Field(default=3, ge=1)
+    """Committed checkpoints kept per job; older ones are deleted (the newest never is)."""
+    log_ship_interval_seconds: float = Field(default=1.0, gt=0)
+    """How often a running job's new output is uploaded to the object store."""
     kill_grace_seconds: float = Field(default=30.0, ge=0)
     """After SIGTERM for exceeding the max runtime, seconds before SIGKILL."""
     drain_timeout_seconds: float = Field(default=60.0, ge=0)
@@ -63,6 +95,20 @@ class Settings(ServiceSettings):
     """At most one ``job.progress`` per job per this many seconds (the newest is kept)."""
     log_tail_lines: int = Field(default=40, ge=1)
     """Lines of output carried in ``job.failed``."""
+
+    @property
+    def sandboxes_dir(self) -> Path:
+        return self.work_dir / "sandboxes"
+
+    @property
+    def environments_root(self) -> Path:
+        return self.environments_dir or self.work_dir / "envs"
+
+    @property
+    def job_uids(self) -> range:
+        """The uids this node's jobs run as (one per concurrently running job)."""
+        base = self.job_uid_base or 200_000 + 64 * (zlib.crc32(self.node_id.encode()) % 1000)
+        return range(base, base + JOB_SLOTS)
 
     @model_validator(mode="after")
     def _drain_fits_grace(self) -> Settings:

@@ -31,6 +31,7 @@ from shared.events.payloads import (
     AllocationGranted,
     CheckpointRef,
     CheckpointSaved,
+    FailureKind,
     JobFailed,
     JobPreempted,
     JobProgress,
@@ -214,6 +215,17 @@ class Outcome:
     kind: Literal["succeeded", "failed", "preempted"]
     reason: str
     exit_code: int | None
+    failure_kind: FailureKind | None = None
+    """How a failed attempt failed (None unless ``kind`` is failed)."""
+
+
+_OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "MemoryError", "Killed: out of memory")
+
+
+def looks_out_of_memory(exit_code: int, log_tail: str) -> bool:
+    """A job the kernel's OOM killer ended (SIGKILL the runner did not send) or whose last
+    output names an out-of-memory error."""
+    return exit_code == -signal.SIGKILL or any(m in log_tail for m in _OOM_MARKERS)
 
 
 def describe_exit(exit_code: int | None) -> str:
@@ -228,7 +240,7 @@ def describe_exit(exit_code: int | None) -> str:
     return f"exited with status {exit_code}"
 
 
-def decide_outcome(exit_code: int, stop: StopRequest | None) -> Outcome:
+def decide_outcome(exit_code: int, stop: StopRequest | None, log_tail: str = "") -> Outcome:
     """How a job that exited with ``exit_code`` ended, given why the runner stopped it.
 
     - Over its max runtime: failed, whatever the exit status.
@@ -239,10 +251,11 @@ def decide_outcome(exit_code: int, stop: StopRequest | None) -> Outcome:
       crash while checkpointing) is still the platform's doing, so still preempted; the job
       resumes from its last reported checkpoint.
     - Exit 75 without a stop request: failed (the job was not asked to stop).
-    - Anything else: failed.
+    - Anything else: failed, as ``out_of_memory`` when ``looks_out_of_memory``, else
+      ``user_error``.
     """
     if stop is not None and stop.kind == "max_runtime":
-        return Outcome("failed", stop.reason, exit_code)
+        return Outcome("failed", stop.reason, exit_code, "max_runtime")
     if exit_code == 0:
         return Outcome("succeeded", "exited with status 0", 0)
     if stop is not None:
@@ -253,8 +266,13 @@ def decide_outcome(exit_code: int, stop: StopRequest | None) -> Outcome:
             f"exited with status {PREEMPTED_EXIT_CODE} (preempted) although the runner "
             "never asked it to stop",
             exit_code,
+            "user_error",
         )
-    return Outcome("failed", describe_exit(exit_code), exit_code)
+    if looks_out_of_memory(exit_code, log_tail):
+        return Outcome(
+            "failed", f"out of memory: {describe_exit(exit_code)}", exit_code, "out_of_memory"
+        )
+    return Outcome("failed", describe_exit(exit_code), exit_code, "user_error")
 
 
 @dataclass(frozen=True)
@@ -294,13 +312,16 @@ def terminal_event(
                 exit_code=outcome.exit_code,
                 reason=outcome.reason,
                 log_tail=results.log_tail,
+                failure_kind=outcome.failure_kind or "user_error",
             )
     raise AssertionError(f"unknown outcome {outcome.kind!r}")  # pragma: no cover
 
 
 def failed_to_start(job: JobIdentity, reason: str, now: datetime) -> JobFailed:
-    """The terminal event of an allocation whose job never ran."""
+    """The terminal event of an allocation whose job never ran (a platform error: the code,
+    environment or process could not be had; the scheduler does not retry it)."""
     return JobFailed(
+        failure_kind="platform_error",
         job_id=job.job_id,
         allocation_id=job.allocation_id,
         node_id=job.node_id,

@@ -1,96 +1,204 @@
-"""Everything decided before a job process starts: whether it can run here, what it is
-(code version, environment, checkpoint to resume from), its command and its environment.
+"""Everything decided before a job process starts: whether it can run here, its sandbox,
+code, environment and checkpoint to resume from, its command and its environment.
 
-The job's environment is the runner's own (``os.environ``) minus the runner's settings
-(``TRAINYARD_RUNNER_*``, ``TRAINYARD_NATS_*``, ``TRAINYARD_DATABASE_*``: a job has no business
-with the bus or a database), plus:
+The job's environment is built from nothing, never from the runner's: no object-store
+keys, no bus or database URL, nothing of ``TRAINYARD_*`` but the job's own runtime
+variables. It holds:
 
-- ``TRAINYARD_STORAGE_*`` of the runner's object store, its URI made absolute (a job runs
-  in ``code_dir``, where a relative ``file://./...`` would point elsewhere);
-- the ``shared.control.JobRuntimeEnv`` variables (job, allocation, attempt, seed,
-  hyperparameters, checkpoint folder ``<store>/jobs/<job_id>/checkpoints``, dataset, GPUs);
-  the control pipe's fd is added when the process is spawned;
+- ``PATH`` (the job environment's ``bin`` first), ``HOME``, ``TMPDIR``, ``USER``, ``LANG``;
+- the variables an operator lets through by name (``job_env_passthrough``, e.g.
+  ``LD_LIBRARY_PATH`` or ``NCCL_SOCKET_IFNAME``), never ``TRAINYARD_*`` ones;
+- the ``shared.control.JobRuntimeEnv`` variables: job, allocation, attempt, seed,
+  hyperparameters, dataset, GPUs, the staging checkpoint folder and the control socket;
 - ``CUDA_VISIBLE_DEVICES`` (and ``CUDA_DEVICE_ORDER``) confining it to its GPUs;
-- ``PYTHONUNBUFFERED=1`` so its output arrives line by line, and ``TRACEPARENT`` with the
-  job's trace for code that wants to continue it.
+- ``PYTHONUNBUFFERED=1`` and ``PYTHONNOUSERSITE=1``, and ``TRACEPARENT`` with the job's
+  trace for code that wants to continue it.
 
-``prepare`` blocks (git, a probe of the interpreter, store listings): run it in a thread.
+The command: ``python -m <module>`` or ``python <script.py>`` (inside the code), or the
+spec's ``command``; under ``torchrun`` when the job has more than one process (several GPUs
+here, or a gang of nodes): ``--standalone`` on one node, else a static rendezvous at rank
+0's node (``gang[0].address``) on ``rendezvous_port``, with this node's ``--node_rank``.
+
+``prepare`` blocks (store downloads, environment builds, git): run it in a thread. It raises
+``PlatformError`` when the job cannot be started.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.runner.checkpoints import latest_complete_checkpoint
+from services.runner import checkpoints
 from services.runner.config import Settings
+from services.runner.environments import EnvironmentBuildError, EnvironmentCache, JobEnvironment
 from services.runner.gpus import GpuInventory
 from services.runner.ledger import safe_file_name
 from services.runner.provenance import ENTRYPOINT_PATTERN, capture_environment, code_version
+from services.runner.sandbox import JobUser, PlatformError, Sandbox, create_sandbox, fetch_code
+from services.runner.sandbox import hand_over as hand_over_sandbox
 from shared.control import JobRuntimeEnv
-from shared.events.payloads import AllocationGranted, Environment
-from shared.settings import StorageSettings
+from shared.events.payloads import AllocationGranted, CheckpointRef, Environment, JobSpec
 from shared.storage import ObjectStore, open_store
 
-WITHHELD_ENV_PREFIXES = ("TRAINYARD_RUNNER_", "TRAINYARD_NATS_", "TRAINYARD_DATABASE_")
+SCRIPT_PATTERN = re.compile(r"^(?!/)(?!.*(^|/)\.\.(/|$))[A-Za-z0-9_./-]+\.py$")
+JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
+RENDEZVOUS_PORTS = range(29500, 30500)
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """What is known about a job before it starts."""
+    """A job ready to spawn."""
 
-    checkpoint_uri: str
-    resumed_from: str | None
+    sandbox: Sandbox
+    argv: list[str]
+    env: dict[str, str]
+    resumed_from: CheckpointRef | None
     code_version: str
     environment: Environment
 
 
 def cannot_run(grant: AllocationGranted, gpus: GpuInventory) -> str | None:
     """Why ``grant`` can never run on this node, or None."""
-    if not ENTRYPOINT_PATTERN.match(grant.spec.entrypoint):
-        return f"entrypoint {grant.spec.entrypoint!r} is not a dotted module name"
+    spec = grant.spec
+    if spec.command:
+        if spec.entrypoint:
+            return "the spec names both an entrypoint and a command"
+    elif not spec.entrypoint:
+        return "the spec names neither an entrypoint nor a command"
+    elif not (ENTRYPOINT_PATTERN.match(spec.entrypoint) or SCRIPT_PATTERN.match(spec.entrypoint)):
+        return f"entrypoint {spec.entrypoint!r} is neither a dotted module nor a .py path"
+    if spec.image is not None:
+        return "this runner has no container executor configured for image jobs"
     return gpus.invalid_indices(grant.gpu_indices)
 
 
 def prepare(
-    grant: AllocationGranted, settings: Settings, store: ObjectStore, gpus: GpuInventory
+    grant: AllocationGranted,
+    settings: Settings,
+    store: ObjectStore,
+    gpus: GpuInventory,
+    environments: EnvironmentCache,
+    user: JobUser,
+    trace_headers: Mapping[str, str],
 ) -> Prepared:
-    checkpoint_uri = store.uri_for(f"jobs/{grant.job_id}/checkpoints")
-    checkpoints = open_store(checkpoint_uri, settings.storage)
+    spec = grant.spec
+    box = create_sandbox(settings.sandboxes_dir, safe_file_name(grant.allocation_id), user)
+    code_id = fetch_code(spec, store, box.code)
+    try:
+        job_env = environments.resolve(spec.requirements)
+    except EnvironmentBuildError as exc:
+        raise PlatformError(f"could not build the job's environment: {exc}") from exc
+    resumed_from = checkpoints.stage_resume(
+        open_store(store.uri_for(checkpoints.job_prefix(grant.job_id)), settings.storage),
+        box.checkpoints,
+    )
+    hand_over_sandbox(box)
+    probe_dir = box.code if spec.code is not None else settings.code_dir
+    environment = capture_environment(
+        python=job_env.python,
+        code_dir=probe_dir,
+        node_id=settings.node_id,
+        gpu_flavor=settings.gpu_flavor,
+        gpus=gpus,
+        gpu_indices=grant.gpu_indices,
+    ).model_copy(
+        update={
+            "packages": job_env.packages,
+            "environment_key": job_env.key,
+            "code_sha256": spec.code.sha256 if spec.code and spec.code.kind == "bundle" else None,
+        }
+    )
     return Prepared(
-        checkpoint_uri=checkpoint_uri,
-        resumed_from=latest_complete_checkpoint(checkpoints),
-        code_version=code_version(settings.code_dir, grant.spec.entrypoint),
-        environment=capture_environment(
-            python=settings.python,
-            code_dir=settings.code_dir,
-            node_id=settings.node_id,
-            gpu_flavor=settings.gpu_flavor,
+        sandbox=box,
+        argv=job_argv(job_env.python, grant, rendezvous_port(grant.job_id, grant.attempt)),
+        env=job_env_vars(
+            grant,
+            box,
+            job_env,
+            passthrough=settings.job_env_passthrough,
             gpus=gpus,
-            gpu_indices=grant.gpu_indices,
+            trace_headers=trace_headers,
         ),
+        resumed_from=resumed_from,
+        code_version=code_id or code_version(settings.code_dir, spec.entrypoint),
+        environment=environment,
     )
 
 
-def job_argv(python: str, grant: AllocationGranted) -> list[str]:
-    return [python, "-m", grant.spec.entrypoint, *grant.spec.args]
+def program(python: str, spec: JobSpec) -> list[str]:
+    """What runs, without a launcher: the module, the script, or the command."""
+    if spec.command:
+        return [*spec.command, *spec.args]
+    if SCRIPT_PATTERN.match(spec.entrypoint):
+        return [python, spec.entrypoint, *spec.args]
+    return [python, "-m", spec.entrypoint, *spec.args]
 
 
-def job_env(
+def job_argv(python: str, grant: AllocationGranted, port: int) -> list[str]:
+    """The job's command line (see the module docstring for when ``torchrun`` is used)."""
+    spec = grant.spec
+    procs = max(1, len(grant.gpu_indices))
+    if procs == 1 and len(grant.gang) <= 1:
+        return program(python, spec)
+    launcher = [python, "-m", "torch.distributed.run", f"--nproc_per_node={procs}"]
+    if len(grant.gang) <= 1:
+        launcher.append("--standalone")
+    else:
+        rank = next(i for i, m in enumerate(grant.gang) if m.allocation_id == grant.allocation_id)
+        launcher += [
+            f"--nnodes={len(grant.gang)}",
+            f"--node_rank={rank}",
+            f"--master_addr={grant.gang[0].address}",
+            f"--master_port={port}",
+        ]
+    if spec.command:
+        return [*launcher, "--no-python", *spec.command, *spec.args]
+    if SCRIPT_PATTERN.match(spec.entrypoint):
+        return [*launcher, spec.entrypoint, *spec.args]
+    return [*launcher, "-m", spec.entrypoint, *spec.args]
+
+
+def rendezvous_port(job_id: str, attempt: int, ports: range = RENDEZVOUS_PORTS) -> int:
+    """The port rank 0 listens on, the same on every node of the gang without talking:
+    derived from the job and attempt (a restarted gang does not meet its predecessor)."""
+    digest = hashlib.sha256(f"{job_id}:{attempt}".encode()).digest()
+    return ports[int.from_bytes(digest[:4], "big") % len(ports)]
+
+
+def job_env_vars(
     grant: AllocationGranted,
-    prepared: Prepared,
+    box: Sandbox,
+    job_env: JobEnvironment,
     *,
-    base: Mapping[str, str],
-    storage: StorageSettings,
-    store_uri: str,
+    passthrough: list[str],
     gpus: GpuInventory,
     trace_headers: Mapping[str, str],
+    base: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The job's environment (see the module docstring); ``base`` is the runner's."""
-    env = {k: v for k, v in base.items() if not k.startswith(WITHHELD_ENV_PREFIXES)}
-    env.update(storage_env(storage, store_uri))
+    runner_env = os.environ if base is None else base
+    path = JOB_PATH if job_env.bin_dir is None else f"{job_env.bin_dir}:{JOB_PATH}"
+    env = {
+        name: runner_env[name]
+        for name in passthrough
+        if name in runner_env and not name.startswith("TRAINYARD_")
+    }
+    env.update(
+        {
+            "PATH": path,
+            "HOME": str(box.home),
+            "TMPDIR": str(box.tmp),
+            "USER": "trainyard-job",
+            "LOGNAME": "trainyard-job",
+            "LANG": "C.UTF-8",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONNOUSERSITE": "1",
+        }
+    )
     env.update(
         JobRuntimeEnv(
             job_id=grant.job_id,
@@ -98,33 +206,16 @@ def job_env(
             attempt=grant.attempt,
             seed=grant.spec.seed,
             hyperparameters=grant.spec.hyperparameters,
-            checkpoint_uri=prepared.checkpoint_uri,
+            checkpoint_uri=box.checkpoints.as_uri(),
+            control_socket=str(box.control_socket),
             dataset=grant.spec.dataset,
             gpu_indices=grant.gpu_indices,
         ).to_env()
     )
     env.update(gpus.job_env(grant.gpu_indices))
-    env["PYTHONUNBUFFERED"] = "1"
     if "traceparent" in trace_headers:
         env["TRACEPARENT"] = trace_headers["traceparent"]  # the W3C environment carrier
     return env
-
-
-def runner_environ() -> dict[str, str]:
-    """The runner's own environment, the base a job's is built on."""
-    return dict(os.environ)
-
-
-def storage_env(settings: StorageSettings, root_uri: str) -> dict[str, str]:
-    """``TRAINYARD_STORAGE_*`` for the job: the runner's store, its URI made absolute."""
-    return {
-        "TRAINYARD_STORAGE_URI": root_uri,
-        "TRAINYARD_STORAGE_S3_ENDPOINT": settings.s3_endpoint,
-        "TRAINYARD_STORAGE_S3_ACCESS_KEY": settings.s3_access_key,
-        "TRAINYARD_STORAGE_S3_SECRET_KEY": settings.s3_secret_key.get_secret_value(),
-        "TRAINYARD_STORAGE_S3_SECURE": "true" if settings.s3_secure else "false",
-        "TRAINYARD_STORAGE_S3_REGION": settings.s3_region,
-    }
 
 
 def job_log_path(work_dir: Path, job_id: str, allocation_id: str) -> Path:

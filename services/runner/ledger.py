@@ -54,6 +54,10 @@ class LedgerEntry(BaseModel):
     trace_headers: dict[str, str] = Field(default_factory=dict)
     """``traceparent`` of the job's trace, so a republished event stays in it."""
     updated_at: datetime
+    process_group: int | None = None
+    """The job's process group once spawned, so a later runner can kill what is left."""
+    process_started: int | None = None
+    """Start time of the group's leader (clock ticks since boot): tells a recycled id."""
 
     @property
     def job(self) -> JobIdentity:
@@ -90,6 +94,21 @@ class Ledger:
         )
         self._write(entry)
         return entry
+
+    def spawned(self, allocation_id: str, process_group: int, started: int | None) -> None:
+        """Record the launched job's process group (before anything else can go wrong)."""
+        current = self.get(allocation_id)
+        if current is None:
+            raise KeyError(f"allocation {allocation_id} is not in the ledger")
+        self._write(
+            current.model_copy(
+                update={
+                    "process_group": process_group,
+                    "process_started": started,
+                    "updated_at": datetime.now(UTC),
+                }
+            )
+        )
 
     def ending(
         self, job: JobIdentity, terminal_event: str, trace_headers: dict[str, str]
@@ -152,7 +171,8 @@ class Ledger:
         return removed
 
     def _write(self, entry: LedgerEntry) -> None:
-        self._folder.mkdir(parents=True, exist_ok=True)
+        # Private to the runner: jobs run as other users and must not read it.
+        self._folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = self._path(entry.allocation_id)
         fd, tmp = tempfile.mkstemp(dir=self._folder, prefix=".tmp-")
         try:

@@ -1,16 +1,18 @@
-"""One job process: started with a control pipe, read line by line, stopped by signals.
+"""One job process: started as its own user, its output read line by line, stopped by
+signals.
 
 Contract:
-- The child runs ``argv`` in ``cwd`` with exactly ``env``, stdin closed, stdout and stderr
-  merged into one pipe, and the write end of the control pipe inherited (its number is in
-  the job's environment). The parent closes its copy of the write end, so the control
-  stream ends when the job (and everything it spawned) has exited.
+- The child runs ``argv`` in ``cwd`` with exactly ``env``, as ``user`` when one is given
+  (no supplementary groups), stdin closed, stdout and stderr merged into one pipe.
 - The child leads its own process group. ``terminate`` sends SIGTERM to the leader only (the
-  job's SIGTERM handler checkpoints; its data-loader workers must not die under it);
-  ``kill_group`` SIGKILLs the whole group, and is also done once the leader has exited so no
-  stray grandchild keeps a GPU or the pipes.
-- On Linux the child gets SIGTERM if the runner dies (``PR_SET_PDEATHSIG``), so a crashed
-  runner's jobs checkpoint and stop instead of running on unsupervised.
+  job's SIGTERM handler checkpoints; its data-loader workers must not die under it, and
+  ``torchrun`` forwards it to its workers); ``kill_group`` SIGKILLs the whole group, and is
+  also done once the leader has exited so no stray grandchild keeps a GPU or the pipes.
+- On Linux the child is SIGKILLed if the runner dies (``PR_SET_PDEATHSIG``, set after the
+  switch of user, which would clear it): a job never runs on unsupervised, even one that
+  ignores SIGTERM. It loses at most its last checkpoint interval; anything it spawned that
+  escaped the group is killed by the next runner before it accepts work
+  (``sandbox.kill_leftovers``).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from shared.control import MAX_CONTROL_LINE_BYTES
+from services.runner.sandbox import JobUser
 
 _PR_SET_PDEATHSIG = 1
 OUTPUT_LINE_LIMIT = 64 * 1024
@@ -43,7 +46,7 @@ def _death_signal_preexec() -> Callable[[], None] | None:
     parent = os.getpid()
 
     def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
         if os.getppid() != parent:  # the runner died before prctl took effect
             os._exit(1)
 
@@ -53,52 +56,35 @@ def _death_signal_preexec() -> Callable[[], None] | None:
 class JobProcess:
     """A started job process (use ``await JobProcess.start(...)``)."""
 
-    def __init__(
-        self,
-        proc: asyncio.subprocess.Process,
-        control: asyncio.StreamReader,
-        transport: asyncio.ReadTransport,
-    ) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self._proc = proc
-        self._control = control
-        self._control_transport = transport
 
     @classmethod
     async def start(
-        cls, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], control_fd_var: str
+        cls,
+        argv: Sequence[str],
+        *,
+        cwd: Path,
+        env: Mapping[str, str],
+        user: JobUser | None = None,
     ) -> JobProcess:
-        """Spawn the job; ``env[control_fd_var]`` is set to the control pipe's write end."""
-        read_fd, write_fd = os.pipe()
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                cwd=cwd,
-                env={**env, control_fd_var: str(write_fd)},
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                pass_fds=(write_fd,),
-                process_group=0,
-                preexec_fn=_death_signal_preexec(),
-                limit=OUTPUT_LINE_LIMIT,
-            )
-        except BaseException:
-            os.close(read_fd)
-            raise
-        finally:
-            os.close(write_fd)
-        loop = asyncio.get_running_loop()
-        control = asyncio.StreamReader(limit=MAX_CONTROL_LINE_BYTES + 1, loop=loop)
-        try:
-            transport, _ = await loop.connect_read_pipe(
-                lambda: asyncio.StreamReaderProtocol(control, loop=loop),
-                os.fdopen(read_fd, "rb", buffering=0),
-            )
-        except BaseException:
-            os.close(read_fd)
-            proc.kill()
-            raise
-        return cls(proc, control, transport)
+        """Spawn the job (raises ``OSError`` and the like when it cannot be started)."""
+        identity: dict[str, Any] = {}
+        if user is not None and user.isolated:
+            identity = {"user": user.uid, "group": user.gid, "extra_groups": []}
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=cwd,
+            env=dict(env),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            process_group=0,
+            preexec_fn=_death_signal_preexec(),
+            limit=OUTPUT_LINE_LIMIT,
+            **identity,
+        )
+        return cls(proc)
 
     @property
     def pid(self) -> int:
@@ -107,10 +93,6 @@ class JobProcess:
     @property
     def returncode(self) -> int | None:
         return self._proc.returncode
-
-    def control_lines(self) -> AsyncIterator[bytes]:
-        """Raw control lines until the job closes the pipe."""
-        return read_lines(self._control)
 
     def output_lines(self) -> AsyncIterator[bytes]:
         """Raw stdout/stderr lines until the job closes them."""
@@ -131,9 +113,6 @@ class JobProcess:
         # ProcessLookupError / PermissionError: the group is empty already.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._proc.pid, signal.SIGKILL)
-
-    def close(self) -> None:
-        self._control_transport.close()
 
 
 async def read_lines(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:

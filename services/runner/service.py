@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
+import sys
 
 from services.runner import handlers
 from services.runner.agent import NodeAgent
@@ -18,8 +20,23 @@ from shared.storage import open_store
 
 log = logging.getLogger(__name__)
 
+_PR_SET_DUMPABLE = 4
+
+
+def protect_runner(settings: Settings) -> None:
+    """Close the runner to its own jobs: its work folder may be passed through (a job
+    reaches its sandbox) but not listed, and the process is made non-dumpable, so its
+    ``/proc/<pid>/environ`` (bus, store credentials) is unreadable even to a job that runs
+    as the same user (a runner that is not root)."""
+    settings.work_dir.mkdir(parents=True, exist_ok=True)
+    settings.work_dir.chmod(0o711)
+    (settings.work_dir / "jobs").mkdir(mode=0o700, exist_ok=True)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
 
 async def serve(settings: Settings) -> int:
+    protect_runner(settings)
     async with ServiceRuntime("runner", settings) as rt:
         gpus = await asyncio.to_thread(discover_gpus, settings.virtual_gpus)
         log.info(

@@ -1,41 +1,55 @@
 """Supervision of one running allocation, from spawn to its one terminal event.
 
-While the job runs: control lines become ``job.progress`` (throttled, the newest kept) and
-``checkpoint.saved``; output lines go to the runner's log (prefixed with the job id), to
-``<work_dir>/jobs/<job>/<allocation>.log`` and to a tail kept for ``job.failed``. A stop
-request (revocation, runner shutdown, max runtime) sends SIGTERM and, after its grace,
-SIGKILL to the job's process group; the earliest deadline wins, the first reason is kept.
+While the job runs: lines on its control socket become ``job.progress`` (throttled, the
+newest kept) and, for checkpoints it staged, an upload to the job's own prefix
+(``checkpoints.commit_staged``) followed by ``checkpoint.saved``; its output goes to
+``<work_dir>/jobs/<job>/<allocation>.log``, is shipped to the object store in chunks about
+every second (``logstream.LogShipper``) and feeds a tail kept for ``job.failed``; it never
+goes into the runner's own log. A stop request (revocation, runner shutdown, max runtime)
+sends SIGTERM and, after its grace, SIGKILL to the job's process group; the earliest
+deadline wins, the first reason is kept.
 
-When the job has exited and its pipes are drained: the held-back progress is sent, the log
-is uploaded to ``logs/<job>/<allocation>.log`` in the object store, the outcome is decided
+When the job has exited: its group is killed, its control connections are read to the end
+and every checkpoint it staged is uploaded, the held-back progress is sent, the log's last
+chunk is shipped, old checkpoints beyond the retention are deleted, the outcome is decided
 (``domain.decide_outcome``) and the terminal event is stored in the ledger, then published.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
-from services.runner import domain
+from services.runner import checkpoints, domain
 from services.runner.domain import JobIdentity, JobResults, LogTail, ProgressThrottle, StopRequest
 from services.runner.ledger import Ledger
-from services.runner.process import JobProcess
+from services.runner.logstream import LogShipper, stream_prefix
+from services.runner.process import JobProcess, read_lines
 from services.runner.publishing import JobEvents
-from shared.control import ENV_CONTROL_FD, CheckpointMessage, MetricsMessage, parse_control_line
+from services.runner.sandbox import Sandbox
+from shared.control import (
+    MAX_CONTROL_LINE_BYTES,
+    CheckpointMessage,
+    MetricsMessage,
+    parse_control_line,
+)
 from shared.events import Envelope, Payload
 from shared.events.payloads import CheckpointRef
 from shared.storage import ObjectStore
 
 log = logging.getLogger(__name__)
-job_output_log = logging.getLogger("services.runner.job")
 
 _PIPE_DRAIN_S = 10.0
-"""After the job exited (and its group was killed), how long its pipes may take to close."""
+"""After the job exited (and its group was killed), how long its output may take to close."""
+_UPLOAD_DRAIN_S = 900.0
+"""How long the checkpoints a job staged before it exited may take to upload."""
 
 
 class JobRun:
@@ -48,10 +62,15 @@ class JobRun:
         events: JobEvents,
         ledger: Ledger,
         store: ObjectStore,
+        checkpoint_store: ObjectStore,
+        sandbox: Sandbox,
         log_path: Path,
         trace_headers: dict[str, str],
         progress_interval_s: float,
         log_tail_lines: int,
+        log_ship_interval_s: float = 1.0,
+        checkpoints_keep: int = 3,
+        resumed_from: CheckpointRef | None = None,
     ) -> None:
         self.job = job
         self.started_at = datetime.now(UTC)
@@ -59,7 +78,20 @@ class JobRun:
         self._events = events
         self._ledger = ledger
         self._store = store
+        self._checkpoint_store = checkpoint_store
+        self._sandbox = sandbox
+        self._checkpoints_keep = checkpoints_keep
+        self._resumed_from = resumed_from
         self._log_path = log_path
+        self._shipper = LogShipper(
+            store,
+            stream_prefix(job.job_id, job.attempt, job.node_id),
+            log_path,
+            log_ship_interval_s,
+        )
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._commit_lock = asyncio.Lock()
         self._trace_headers = trace_headers
         self._throttle: ProgressThrottle[MetricsMessage] = ProgressThrottle(progress_interval_s)
         self._flush_timer: asyncio.TimerHandle | None = None
@@ -67,7 +99,7 @@ class JobRun:
         self._kill_at: float | None = None
         self._tail = LogTail(log_tail_lines)
         self._last_metrics: dict[str, float] = {}
-        self._last_checkpoint: CheckpointRef | None = None
+        self._last_checkpoint: CheckpointRef | None = resumed_from
         self._process: JobProcess | None = None
         self._log_file: BinaryIO | None = None
         self._ended = False
@@ -76,22 +108,32 @@ class JobRun:
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
-    async def start(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str]) -> None:
-        """Spawn the job (raises, e.g. ``OSError``, when it cannot be started)."""
+    async def start(self, argv: Sequence[str], *, env: dict[str, str]) -> None:
+        """Open the control socket and spawn the job in its sandbox (raises, e.g.
+        ``OSError``, when it cannot be started)."""
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = self._log_path.open("ab")
         try:
-            self._process = await JobProcess.start(
-                argv, cwd=cwd, env=env, control_fd_var=ENV_CONTROL_FD
+            socket_path = self._sandbox.control_socket
+            self._server = await asyncio.start_unix_server(
+                self._on_connection, path=str(socket_path), limit=MAX_CONTROL_LINE_BYTES + 1
             )
+            user = self._sandbox.user
+            if user.uid is not None and user.gid is not None:
+                os.chown(socket_path, user.uid, user.gid)
+            self._process = await JobProcess.start(argv, cwd=self._sandbox.code, env=env, user=user)
         except BaseException:
             self._log_file.close()
+            if self._server is not None:
+                self._server.close()
             raise
+        self._shipper.start()
         log.info(
-            "job %s allocation %s started: pid %d, %s",
+            "job %s allocation %s started: pid %d, uid %s, %s",
             self.job.job_id,
             self.job.allocation_id,
             self._process.pid,
+            self._sandbox.user.uid if self._sandbox.user.isolated else "(runner's)",
             " ".join(argv),
         )
 
@@ -133,7 +175,6 @@ class JobRun:
         assert process is not None, "start() first"
         loop = asyncio.get_running_loop()
         readers = [
-            asyncio.create_task(self._read_control(process), name=f"control {self.job.job_id}"),
             asyncio.create_task(self._read_output(process), name=f"output {self.job.job_id}"),
         ]
         deadline = loop.call_later(
@@ -159,10 +200,10 @@ class JobRun:
                         task.get_name(),
                         exc_info=task.exception(),
                     )
-            process.close()
             if self._log_file is not None:
                 self._log_file.close()
-        outcome = domain.decide_outcome(exit_code, self.stop_request)
+            await self._close_control()
+        outcome = domain.decide_outcome(exit_code, self.stop_request, self._tail.text())
         log.info(
             "job %s allocation %s %s: %s",
             self.job.job_id,
@@ -180,17 +221,26 @@ class JobRun:
         held = self._throttle.flush()
         if held is not None:
             self._emit_progress(held)
-        await self._upload_log()
+        await self._shipper.close()
+        await self._retain_checkpoints()
         results = JobResults(self._last_metrics, self._last_checkpoint, self._tail.text())
         payload = domain.terminal_event(self.job, outcome, results, datetime.now(UTC))
         await end_allocation(self.job, payload, self._events, self._ledger, self._trace_headers)
 
-    async def _upload_log(self) -> None:
-        key = f"logs/{self.job.job_id}/{self.job.allocation_id}.log"
+    async def _retain_checkpoints(self) -> None:
+        protected = {self._resumed_from.uri} if self._resumed_from is not None else set()
         try:
-            await asyncio.to_thread(self._store.put_file, key, self._log_path)
-        except Exception as exc:  # the log is a convenience; the outcome must still go out
-            log.warning("could not upload the log of job %s to %s: %s", self.job.job_id, key, exc)
+            deleted = await asyncio.to_thread(
+                checkpoints.apply_retention,
+                self._checkpoint_store,
+                self._checkpoints_keep,
+                protected,
+            )
+        except Exception as exc:  # storage freed later is better than an outcome lost now
+            log.warning("checkpoint retention of job %s failed: %s", self.job.job_id, exc)
+            return
+        if deleted:
+            log.info("job %s: deleted %d old checkpoints", self.job.job_id, deleted)
 
     # --- the job's output ---------------------------------------------------------------
 
@@ -200,21 +250,43 @@ class JobRun:
                 # Small appends to a local file; flushed per line so `tail -f` follows along.
                 self._log_file.write(raw)
                 self._log_file.flush()
-            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            self._tail.add(line)
-            job_output_log.info("[%s] %s", self.job.job_id, line)
+            self._tail.add(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
 
-    async def _read_control(self, process: JobProcess) -> None:
-        async for raw in process.control_lines():
-            try:
-                message = parse_control_line(raw)
-            except ValueError as exc:
-                log.warning("job %s sent a bad control line: %s", self.job.job_id, exc)
-                continue
-            if isinstance(message, MetricsMessage):
-                self._on_metrics(message)
-            else:
-                self._on_checkpoint(message)
+    # --- the control socket -------------------------------------------------------------
+
+    async def _on_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            async for raw in read_lines(reader):
+                try:
+                    message = parse_control_line(raw)
+                except ValueError as exc:
+                    log.warning("job %s sent a bad control line: %s", self.job.job_id, exc)
+                    continue
+                if isinstance(message, MetricsMessage):
+                    self._on_metrics(message)
+                else:
+                    await self._on_checkpoint(message)
+        finally:
+            self._connections.discard(task)
+            writer.close()
+
+    async def _close_control(self) -> None:
+        """Stop accepting connections, then let the open ones finish: the job has exited,
+        so they end, and what they staged is uploaded before the outcome goes out."""
+        if self._server is not None:
+            self._server.close()
+        pending = set(self._connections)
+        if pending:
+            _, stuck = await asyncio.wait(pending, timeout=_UPLOAD_DRAIN_S)
+            for task in stuck:
+                task.cancel()
+        with contextlib.suppress(OSError):
+            self._sandbox.control_socket.unlink()
 
     def _on_metrics(self, message: MetricsMessage) -> None:
         dropped = sorted(set(message.metrics) - set(domain.publishable_metrics(message.metrics)))
@@ -253,13 +325,33 @@ class JobRun:
             )
         )
 
-    def _on_checkpoint(self, message: CheckpointMessage) -> None:
-        self._last_checkpoint = message.checkpoint
+    async def _on_checkpoint(self, message: CheckpointMessage) -> None:
+        """Upload the checkpoint the job staged, then say so; one at a time, in order."""
+        step = message.checkpoint.step
+        async with self._commit_lock:
+            try:
+                ref = await asyncio.to_thread(
+                    checkpoints.commit_staged,
+                    self._sandbox.checkpoints,
+                    step,
+                    self._checkpoint_store,
+                    self.job.attempt,
+                )
+            except checkpoints.StagedCheckpointInvalid as exc:
+                log.warning("job %s: checkpoint of step %d refused: %s", self.job.job_id, step, exc)
+                return
+            except Exception as exc:
+                log.error(
+                    "job %s: checkpoint of step %d not uploaded: %s", self.job.job_id, step, exc
+                )
+                return
+        self._last_checkpoint = ref
+        committed = CheckpointMessage(checkpoint=ref)
         self._events.emit(
             _wrap(
-                domain.checkpoint_event(self.job, message, datetime.now(UTC)),
+                domain.checkpoint_event(self.job, committed, datetime.now(UTC)),
                 self.job,
-                domain.checkpoint_event_id(self.job, message),
+                domain.checkpoint_event_id(self.job, committed),
             )
         )
 

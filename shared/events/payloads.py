@@ -8,11 +8,23 @@ The catalogue in docs/events.md lists every type here.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 HyperValue = float | int | str | bool
+
+BUNDLE_SHA256_PATTERN = r"^[0-9a-f]{64}$"
+GIT_COMMIT_PATTERN = r"^[0-9a-f]{40}$"
+
+FailureKind = Literal[
+    "user_error", "out_of_memory", "node_lost", "preempted", "cancelled", "max_runtime",
+    "platform_error",
+]
+"""How an attempt ended badly. ``user_error`` (non-zero exit) and ``node_lost`` use up one
+of the job's ``max_restarts``; ``platform_error`` means the job never ran its code (the
+bundle could not be fetched or verified, the environment not built, the process not
+started)."""
 
 
 class Payload(BaseModel):
@@ -26,6 +38,30 @@ class Payload(BaseModel):
         return cls.TYPE
 
 
+class CodeBundle(BaseModel):
+    """A packed working directory the submission service stores, content-addressed, at
+    ``bundles/<team>/<sha256>.tar.gz`` in the object store."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["bundle"] = "bundle"
+    sha256: str = Field(pattern=BUNDLE_SHA256_PATTERN)
+    size_bytes: int = Field(ge=0)
+
+
+class CodeGit(BaseModel):
+    """A git repository and the exact commit to check out."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["git"] = "git"
+    repository: str
+    commit: str = Field(pattern=GIT_COMMIT_PATTERN)
+
+
+CodeRef = Annotated[CodeBundle | CodeGit, Field(discriminator="kind")]
+
+
 class JobSpec(BaseModel):
     """What a job asks for, as accepted by submission (the wire copy, not the HTTP schema)."""
 
@@ -34,7 +70,9 @@ class JobSpec(BaseModel):
     name: str
     team: str
     user: str
-    entrypoint: str
+    entrypoint: str = ""
+    """A dotted module (``python -m``) or a ``.py`` script path inside the code; empty when
+    ``command`` is given instead."""
     args: list[str] = Field(default_factory=list)
     gpus: int
     gpu_flavor: str
@@ -45,6 +83,14 @@ class JobSpec(BaseModel):
     max_restarts: int = 3
     priority: str = "normal"
     """Priority class name; the scheduler's admin API defines the classes."""
+    code: CodeRef | None = None
+    """Where the job's code comes from; ``None``: only what the environment already has."""
+    command: list[str] = Field(default_factory=list)
+    """An argv run as is in the job's working directory (instead of ``entrypoint``)."""
+    requirements: list[str] = Field(default_factory=list)
+    """Python requirements (PEP 508) installed into a cached virtual environment."""
+    image: str | None = None
+    """A container image to run in (the container executor) instead of a local process."""
 
 
 # --- submission ------------------------------------------------------------------
@@ -68,6 +114,19 @@ class JobCancelRequested(Payload):
 # --- scheduler -------------------------------------------------------------------
 
 
+class GangMember(BaseModel):
+    """One node of a multi-node job: its ranks are ``first_rank .. first_rank+gpus-1``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node_id: str
+    allocation_id: str
+    address: str
+    """Where the node's processes can be reached (its heartbeat's ``address``)."""
+    gpus: int
+    first_rank: int
+
+
 class AllocationGranted(Payload):
     """GPUs leased to one job on one node. Routed to the node (envelope subject = node id)."""
 
@@ -80,6 +139,9 @@ class AllocationGranted(Payload):
     attempt: int
     granted_at: datetime
     spec: JobSpec
+    gang: list[GangMember] = Field(default_factory=list)
+    """Every allocation of the job's gang in rank order, this one included; empty for a
+    job on one node."""
 
 
 class AllocationRevoked(Payload):
@@ -144,12 +206,21 @@ class RunnerHeartbeat(Payload):
     sent_at: datetime
     topology: str = "default"
     """Topology domain of the node (NVLink domain, rack) for gang placement."""
+    address: str = "127.0.0.1"
+    """Address other nodes reach this node's job processes at (distributed rendezvous)."""
 
 
 class Environment(BaseModel):
     """Where a job ran: interpreter, libraries, hardware."""
 
     model_config = ConfigDict(frozen=True, ser_json_inf_nan="constants")
+
+    packages: list[str] = Field(default_factory=list)
+    """The resolved package list (``name==version``) of the job's environment."""
+    environment_key: str | None = None
+    """Hash of the requirement set the cached environment was built for."""
+    image: str | None = None
+    code_sha256: str | None = None
 
     python: str
     torch: str
@@ -225,6 +296,7 @@ class JobFailed(Payload):
     exit_code: int | None
     reason: str
     log_tail: str = ""
+    failure_kind: FailureKind = "user_error"
 
 
 class JobPreempted(Payload):

@@ -168,6 +168,10 @@ class ObjectStore(abc.ABC):
         """Whether an object is stored under ``key``."""
 
     @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the object under ``key``; no error if there is none."""
+
+    @abc.abstractmethod
     def list(self, prefix: str = "") -> builtins.list[str]:
         """Sorted keys (relative to the root) that start with ``prefix``."""
 

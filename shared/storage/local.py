@@ -69,6 +69,18 @@ class LocalStore(ObjectStore):
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        path.unlink(missing_ok=True)
+        # Empty folders left behind would only slow listings down.
+        for folder in path.parents:
+            if folder == self._root or not folder.is_relative_to(self._root):
+                break
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
     def list(self, prefix: str = "") -> builtins.list[str]:
         validate_prefix(prefix)
         # Only walk the folder the prefix's complete segments name, not the whole tree.

@@ -129,6 +129,9 @@ class S3Store(ObjectStore):
             raise
         return True
 
+    def delete(self, key: str) -> None:
+        self._client.remove_object(self._bucket, self._name(key))
+
     def list(self, prefix: str = "") -> builtins.list[str]:
         validate_prefix(prefix)
         keys: builtins.list[str] = []

@@ -21,6 +21,7 @@ import os
 import random
 import re
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Mapping
@@ -53,30 +54,33 @@ _SignalHandler = Any  # what signal.signal returns: a callable, a Handlers value
 
 
 class ControlChannel:
-    """Writes control messages as lines to the runner's pipe; safe from several threads.
+    """Writes control messages as lines to the runner's Unix socket; safe from several
+    threads.
 
-    If the runner has gone (broken pipe) the job keeps training: it warns once and drops
-    further messages, since checkpoints in the store are what a restart relies on.
+    If the runner has gone (connection refused or broken) the job keeps training: it warns
+    once and drops further messages, since committed checkpoints are what a restart relies
+    on.
     """
 
-    def __init__(self, fd: int) -> None:
-        self._fd: int | None = fd
+    def __init__(self, path: str) -> None:
         self._lock = threading.Lock()
-        # Subprocesses the job starts must not hold the pipe open, or the runner would
-        # not see end-of-file when the job itself exits.
-        os.set_inheritable(fd, False)
+        self._sock: socket.socket | None = None
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(path)
+            self._sock = sock
+        except OSError as exc:
+            log.warning("cannot reach the runner's control socket %s (%s)", path, exc)
 
     def send(self, message: MetricsMessage | CheckpointMessage) -> None:
         data = message.encode()
         if len(data) > MAX_CONTROL_LINE_BYTES:
             raise ValueError(f"control message is {len(data)} bytes, over the limit")
         with self._lock:
-            if self._fd is None:
+            if self._sock is None:
                 return
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(self._fd, view) :]
+                self._sock.sendall(data)
             except OSError as exc:
                 log.warning("control channel to the runner failed (%s); messages dropped", exc)
                 self._close_locked()
@@ -86,11 +90,12 @@ class ControlChannel:
             self._close_locked()
 
     def _close_locked(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            # OSError: already closed by someone else; there is nothing left to flush.
+        if self._sock is not None:
+            sock, self._sock = self._sock, None
+            # OSError: the runner closed first; there is nothing left to flush.
             with contextlib.suppress(OSError):
-                os.close(fd)
+                sock.shutdown(socket.SHUT_WR)
+            sock.close()
 
 
 class JobContext:
@@ -104,8 +109,10 @@ class JobContext:
         seed: int,
         store: ObjectStore,
         control: ControlChannel | None = None,
+        all_ranks_metrics: bool = False,
     ) -> None:
         self.runtime = runtime
+        self._all_ranks_metrics = all_ranks_metrics
         """The platform's variables; ``None`` outside the platform."""
         self._hyperparameters = dict(hyperparameters)
         self._seed = seed
@@ -137,6 +144,24 @@ class JobContext:
     @property
     def seed(self) -> int:
         return self._seed
+
+    @property
+    def rank(self) -> int:
+        """This process's global rank (``RANK``, set by ``torchrun``); 0 for one process."""
+        return _env_int("RANK", 0)
+
+    @property
+    def local_rank(self) -> int:
+        return _env_int("LOCAL_RANK", 0)
+
+    @property
+    def world_size(self) -> int:
+        return _env_int("WORLD_SIZE", 1)
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the process that commits checkpoints and reports metrics."""
+        return self.rank == 0
 
     @property
     def hyperparameters(self) -> dict[str, Any]:
@@ -180,6 +205,10 @@ class JobContext:
                 raise TypeError(
                     f"metric {name!r} must be a number, not {type(value).__name__}"
                 ) from None
+        if not self.is_main and not self._all_ranks_metrics:
+            return
+        if not self.is_main:
+            values = {f"rank{self.rank}/{name}": value for name, value in values.items()}
         message = MetricsMessage(step=step, metrics=values)
         if self._control is not None:
             self._control.send(message)
@@ -193,8 +222,12 @@ class JobContext:
         """Copy ``state`` to CPU memory now and upload it in the background.
 
         Waits first for the previous upload (and raises ``CheckpointError`` if it failed),
-        so at most one checkpoint is in flight.
+        so at most one checkpoint is in flight. In a distributed job only rank 0 commits
+        (replicated DDP state is the same on every rank); other ranks return at once, so
+        one checkpoint exists per step whatever the number of processes.
         """
+        if not self.is_main:
+            return
         self._writer.save(step, state)
 
     def wait_for_checkpoints(self) -> CheckpointRef | None:
@@ -229,7 +262,17 @@ class JobContext:
         self._stop_requested = True
 
     def should_stop(self) -> bool:
-        """True once SIGTERM arrived: checkpoint, then call ``exit_preempted()``."""
+        """True once SIGTERM arrived: checkpoint, then call ``exit_preempted()``.
+
+        In a distributed job (``torch.distributed`` initialised, more than one process) this
+        is a collective: every rank must call it at the same point of the loop, and all of
+        them get the same answer (any rank asked to stop stops them all), so no rank is left
+        waiting in a collective its peers never reach.
+        """
+        if self.world_size > 1 and _distributed_ready():
+            flag = torch.tensor([1 if self._stop_requested else 0], dtype=torch.int32)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            self._stop_requested = bool(flag.item())
         if self._stop_requested and not self._stop_logged:
             self._stop_logged = True
             log.warning("SIGTERM received: the job should checkpoint and exit")
@@ -285,13 +328,19 @@ class JobContext:
             log.exception("checkpoint upload failed while handling another error")
 
 
-def init(defaults: Mapping[str, Any] | None = None, *, name: str | None = None) -> JobContext:
+def init(
+    defaults: Mapping[str, Any] | None = None,
+    *,
+    name: str | None = None,
+    all_ranks_metrics: bool = False,
+) -> JobContext:
     """Create the job's context from the runner's environment, or local fallbacks.
 
     ``defaults`` are the hyperparameters used when the platform gives none; the
     platform's values override them key by key. ``defaults["seed"]`` is the local seed
     (not a hyperparameter). ``name`` names the local checkpoint folder (default: the
-    script's file name).
+    script's file name). Metrics come from rank 0 only unless ``all_ranks_metrics`` (then
+    other ranks' names are prefixed ``rank<N>/``).
     """
     hyperparameters = dict(defaults or {})
     local_seed = int(hyperparameters.pop("seed", 0))
@@ -303,17 +352,30 @@ def init(defaults: Mapping[str, Any] | None = None, *, name: str | None = None) 
         seed = local_seed
         checkpoint_uri = f"{LOCAL_CHECKPOINT_ROOT}/{_safe_name(name or _script_name())}"
     control = None
-    if runtime is not None and runtime.control_fd is not None:
-        control = ControlChannel(runtime.control_fd)
+    if runtime is not None and runtime.control_socket is not None:
+        control = ControlChannel(runtime.control_socket)
     context = JobContext(
         runtime=runtime,
         hyperparameters=hyperparameters,
         seed=seed,
         store=open_store(checkpoint_uri),
         control=control,
+        all_ranks_metrics=all_ranks_metrics,
     )
     context.install_sigterm_handler()
     return context
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    try:
+        return int(value) if value else default
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
+def _distributed_ready() -> bool:
+    return bool(torch.distributed.is_available() and torch.distributed.is_initialized())
 
 
 def _script_name() -> str:

@@ -1,0 +1,87 @@
+"""A job's output, shipped to the object store in chunks while it runs.
+
+The supervisor appends the job's raw output to a local file; ``LogShipper`` uploads what is
+new about every ``interval_s`` as ``logs/<job>/<stream>/chunk-<seq:08d>.log`` (at most
+``MAX_CHUNK_BYTES`` each), and when the stream is closed the rest and an empty ``end``
+object. ``<stream>`` is ``a<attempt:04d>-<node_id>``, so the keys of a job sort by attempt,
+then node, then order of writing, and the submission service serves them after a cursor.
+
+The job's output never goes into the runner's own log: a job must not be able to forge the
+platform's log lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+
+from shared.storage import ObjectStore
+
+log = logging.getLogger(__name__)
+
+MAX_CHUNK_BYTES = 1024 * 1024
+
+
+def stream_prefix(job_id: str, attempt: int, node_id: str) -> str:
+    return f"logs/{job_id}/a{attempt:04d}-{node_id}"
+
+
+class LogShipper:
+    """Uploads new bytes of ``path`` to ``store`` under ``prefix`` (see module docstring)."""
+
+    def __init__(
+        self, store: ObjectStore, prefix: str, path: Path, interval_s: float = 1.0
+    ) -> None:
+        self._store = store
+        self._prefix = prefix
+        self._path = path
+        self._interval_s = interval_s
+        self._offset = 0
+        self._seq = 0
+        self._task: asyncio.Task[None] | None = None
+        self._closed = asyncio.Event()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"log shipper {self._prefix}")
+
+    async def close(self) -> None:
+        """Ship the rest and the ``end`` marker; failures are logged, never raised (the
+        outcome of the job must go out whatever happens to its log)."""
+        self._closed.set()
+        if self._task is not None:
+            with contextlib.suppress(Exception):
+                await self._task
+        try:
+            await asyncio.to_thread(self._ship)
+            await asyncio.to_thread(self._store.put_bytes, f"{self._prefix}/end", b"")
+        except Exception as exc:
+            log.warning("could not ship the end of log %s: %s", self._prefix, exc)
+
+    async def _run(self) -> None:
+        while not self._closed.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closed.wait(), timeout=self._interval_s)
+            if self._closed.is_set():
+                return
+            try:
+                await asyncio.to_thread(self._ship)
+            except Exception as exc:  # the store may be down for a while: try again later
+                log.warning("could not ship log chunk of %s: %s", self._prefix, exc)
+
+    def _ship(self) -> None:
+        """Upload every complete chunk's worth of new bytes (one thread at a time)."""
+        try:
+            size = self._path.stat().st_size
+        except FileNotFoundError:
+            return
+        while self._offset < size:
+            with self._path.open("rb") as handle:
+                handle.seek(self._offset)
+                data = handle.read(min(MAX_CHUNK_BYTES, size - self._offset))
+            if not data:
+                return
+            self._seq += 1
+            self._store.put_bytes(f"{self._prefix}/chunk-{self._seq:08d}.log", data)
+            self._offset += len(data)

@@ -1,0 +1,276 @@
+"""A job's sandbox: its own folder, its own unprivileged user, its code, and nothing else.
+
+Layout of ``<sandboxes>/<allocation>/`` (mode 0700, owned by the job's user)::
+
+    code/          the job's code: the verified bundle, unpacked (the working directory)
+    home/          HOME
+    tmp/           TMPDIR
+    checkpoints/   staging: the job commits checkpoints here, the runner uploads them;
+                   before start it holds the verified checkpoint to resume from
+    control.sock   the runner's control socket (made by the supervisor)
+
+Users. A runner started as root runs each job as an unprivileged uid of its own range,
+``uid_base + slot``, where the slot is free among this node's running jobs: jobs never share
+a uid with the runner or with each other, so ``/proc/<runner>/environ``, other sandboxes and
+the runner's files are closed to them. The uids need no passwd entry. A runner that is not
+root cannot switch users: jobs then run as the runner's user (a warning at start says so),
+with the same clean environment and the runner made non-dumpable (``/proc/<pid>/environ``
+unreadable to same-uid processes).
+
+Code. A bundle is fetched from ``bundles/<team>/<sha256>.tar.gz`` of the job's own team, its
+sha256 verified before anything is unpacked, and unpacked with the ``data`` filter (no
+absolute paths, no ``..``, no links leaving the folder, no devices). A git source is cloned
+and the named commit checked out and verified.
+
+Blocking: call through ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.events.payloads import CodeBundle, CodeGit, JobSpec
+from shared.storage import ObjectNotFound, ObjectStore
+
+_CHUNK = 1024 * 1024
+
+
+class PlatformError(RuntimeError):
+    """The job could not be started through no fault of its running code (code not
+    fetched or verified, environment not built, process not spawned)."""
+
+
+@dataclass(frozen=True)
+class JobUser:
+    """Who a job runs as; ``uid`` None: the runner's own user (no isolation by user)."""
+
+    uid: int | None
+    gid: int | None
+
+    @property
+    def isolated(self) -> bool:
+        return self.uid is not None
+
+
+def can_switch_users() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def job_user(uid_base: int, slot: int) -> JobUser:
+    """The user of the job in ``slot``, or the runner's own when it cannot switch users."""
+    if not can_switch_users():
+        return JobUser(None, None)
+    uid = uid_base + slot
+    return JobUser(uid, uid)
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    root: Path
+    user: JobUser
+
+    @property
+    def code(self) -> Path:
+        return self.root / "code"
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def control_socket(self) -> Path:
+        return self.root / "control.sock"
+
+
+def create_sandbox(parent: Path, name: str, user: JobUser) -> Sandbox:
+    """A fresh, empty sandbox (an old one of the same name is removed first)."""
+    parent.mkdir(parents=True, exist_ok=True)
+    # Others may pass through (a job reaches its own sandbox) but never list the folder.
+    parent.chmod(0o711)
+    root = parent / name
+    remove_sandbox(root)
+    root.mkdir(mode=0o700)
+    box = Sandbox(root, user)
+    for folder in (box.code, box.home, box.tmp, box.checkpoints):
+        folder.mkdir(mode=0o700)
+    return box
+
+
+def hand_over(box: Sandbox) -> None:
+    """Give the whole sandbox to the job's user (after the runner has filled it)."""
+    if box.user.uid is None or box.user.gid is None:
+        return
+    for folder, dirs, files in os.walk(box.root):
+        os.lchown(folder, box.user.uid, box.user.gid)
+        for name in (*dirs, *files):
+            os.lchown(os.path.join(folder, name), box.user.uid, box.user.gid)
+
+
+def remove_sandbox(root: Path) -> None:
+    if root.is_symlink():
+        root.unlink()
+    elif root.exists():
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# --- code ----------------------------------------------------------------------------
+
+
+def bundle_key(team: str, sha256: str) -> str:
+    return f"bundles/{team}/{sha256}.tar.gz"
+
+
+def fetch_code(spec: JobSpec, store: ObjectStore, dest: Path) -> str | None:
+    """Put the job's code into ``dest``; returns the code's identity (``sha256:...`` or
+    ``git:<commit>``), None when the spec names no code. Raises ``PlatformError``."""
+    code = spec.code
+    if code is None:
+        return None
+    if isinstance(code, CodeBundle):
+        fetch_bundle(store, spec.team, code, dest)
+        return f"sha256:{code.sha256}"
+    assert isinstance(code, CodeGit)
+    checkout_git(code, dest)
+    return f"git:{code.commit}"
+
+
+def fetch_bundle(store: ObjectStore, team: str, bundle: CodeBundle, dest: Path) -> None:
+    key = bundle_key(team, bundle.sha256)
+    with tempfile.TemporaryDirectory(prefix="bundle-") as scratch:
+        archive = Path(scratch) / "bundle.tar.gz"
+        try:
+            store.get_file(key, archive)
+        except ObjectNotFound:
+            raise PlatformError(
+                f"code bundle {bundle.sha256[:12]} of team {team} is not in the object store"
+            ) from None
+        except Exception as exc:
+            raise PlatformError(f"could not fetch code bundle {bundle.sha256[:12]}: {exc}") from exc
+        digest = file_sha256(archive)
+        if digest != bundle.sha256:
+            raise PlatformError(
+                f"code bundle {bundle.sha256[:12]} failed verification: its sha256 is {digest}"
+            )
+        try:
+            with tarfile.open(archive, "r:gz") as tar:
+                tar.extractall(dest, filter="data")
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise PlatformError(
+                f"code bundle {bundle.sha256[:12]} cannot be unpacked: {exc}"
+            ) from exc
+
+
+def checkout_git(code: CodeGit, dest: Path) -> None:
+    def git(*args: str) -> str:
+        result = subprocess.run(
+            ["git", *args],
+            cwd=dest,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_TERMINAL_PROMPT": "0"},
+            check=False,
+        )
+        if result.returncode != 0:
+            raise PlatformError(
+                f"git {args[0]} of {code.repository} failed: {result.stderr.strip()[-500:]}"
+            )
+        return result.stdout.strip()
+
+    git("init", "-q")
+    git("fetch", "-q", "--depth", "1", code.repository, code.commit)
+    git("checkout", "-q", "FETCH_HEAD")
+    head = git("rev-parse", "HEAD")
+    if head != code.commit:
+        raise PlatformError(f"git checkout of {code.repository} gave {head}, not {code.commit}")
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# --- processes left behind -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProcessGroupRecord:
+    """A job's process group as recorded at launch: its id and its leader's start time
+    (clock ticks since boot), so a recycled group id is never mistaken for the job's."""
+
+    pgid: int
+    started: int
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its last ")".
+    return text[text.rindex(")") + 2 :].split()
+
+
+def process_start_time(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else None
+
+
+def leftover_processes(uids: range | None, groups: list[ProcessGroupRecord]) -> list[int]:
+    """Pids of processes earlier incarnations of this runner left: any process whose real
+    uid is in ``uids`` (jobs run as their own users), and any process of a recorded group
+    that started no earlier than the group's leader."""
+    wanted = {g.pgid: g.started for g in groups}
+    found: list[int] = []
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return found
+    me = os.getpid()
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        pid = int(entry.name)
+        try:
+            uid = entry.stat().st_uid
+        except OSError:
+            continue  # gone meanwhile
+        if uids is not None and uid in uids:
+            found.append(pid)
+            continue
+        fields = _stat_fields(pid)
+        if fields is None:
+            continue
+        pgid, started = int(fields[2]), int(fields[19])
+        if pgid in wanted and started >= wanted[pgid]:
+            found.append(pid)
+    return found
+
+
+def kill_leftovers(uids: range | None, groups: list[ProcessGroupRecord]) -> int:
+    """SIGKILL every process ``leftover_processes`` finds; returns how many."""
+    killed = 0
+    for pid in leftover_processes(uids, groups):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+    return killed
