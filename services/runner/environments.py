@@ -1,0 +1,612 @@
+"""Job Python environments, cached by the hash of their requirement set.
+
+A job with ``requirements`` runs in a virtual environment of its own, built once per
+requirement set and reused by every later job that asks for the same set. A job without
+any runs on the base interpreter as is.
+
+**Layering.** The platform's base layer (torch, the ``trainyard`` SDK, and whatever else is
+installed in ``base_python``'s environment) stays visible in every job environment: the
+venv is created from ``base_python`` and gets a ``.pth`` file (``_trainyard_base.pth``) that
+runs ``site.addsitedir`` on the base environment's site-packages. ``addsitedir`` appends, so
+the job's own packages come first on ``sys.path`` and win over the base's (a requirement
+``six==1.16.0`` shadows a base ``six 1.17``); it also processes the base's own ``.pth``
+files, so an editable ``trainyard`` install (an import-hook ``.pth``) keeps working.
+
+The installers differ in how they see that layer while installing:
+
+- ``pip`` runs under the job venv's interpreter, sees the base packages on ``sys.path``
+  and skips every requirement the base already satisfies (``--system-site-packages``
+  semantics); conflicting versions are installed into the venv and shadow the base.
+- ``uv`` only looks at the venv's own site-packages (astral-sh/uv#4466), so it installs
+  the requirements' whole dependency closure into the venv, even packages the base has.
+  To keep it from pulling a second torch (gigabytes, and possibly a build that does not
+  match the node's driver), the ``provided`` packages (default ``torch`` and
+  ``trainyard``) are passed to ``uv pip install --excludes`` unless the job names them
+  itself: they always come from the base layer. ``--excludes`` needs uv 0.9.8 or later.
+
+**Cache layout** under ``root``::
+
+    <key>              symlink -> .store/<key>.<random>   the published environment
+    <key>.lock         flock: exclusive while building, shared while in use
+    .store/<key>.<random>/
+        bin/python ...                                     the venv
+        .trainyard-ready                                   JSON, written last (the freeze)
+        .last-used                                         touched on every resolve
+
+``key`` is the sha256 of the normalised, sorted requirements, the base interpreter's
+version, the installer, the base's site-packages paths and package list, and the
+``provided`` names: a change of base layer gets new environments rather than reusing ones
+built against the old one.
+
+**Atomic publication.** An environment is built at its final physical path under
+``.store/`` and published by atomically replacing the ``<key>`` symlink once it is complete
+(marker included). A venv cannot be built in a temporary folder and renamed afterwards:
+installers write absolute paths into it (console-script shebangs, ``RECORD``), which a
+rename would break. A crash mid-build therefore leaves an unpublished folder in ``.store/``
+(removed by ``prune``) and never a ``<key>`` that looks ready.
+
+**Concurrency.** Resolves of the same key, from threads or from other runner processes on
+the same ``root``, build once: the builder holds ``fcntl.flock(LOCK_EX)`` on
+``<key>.lock``; everyone else waits for it and then finds the environment ready. A
+resolve takes the lock shared to check readiness, and an :class:`EnvironmentLease` keeps
+it shared for as long as a job runs, so :meth:`EnvironmentCache.prune`, which only removes
+an environment whose lock it can take exclusively without waiting, never removes one in
+use. Lock files are never deleted (deleting a lock file others may have open breaks
+mutual exclusion).
+
+**Permissions.** Jobs run as an unprivileged uid, so everything under ``root`` must be
+readable by others: the installers run with umask 022, and after a build every directory
+is set to 0755 and every file gets read (and, where its owner has it, execute) permission
+for group and others, otherwise keeping its mode. The process-wide umask is not touched
+(the runner is multi-threaded); ``root``'s parents must be traversable by the job's uid.
+
+Every method blocks (subprocesses, file locks): call them in a thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import stat
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Literal
+
+Installer = Literal["uv", "pip"]
+
+MARKER = ".trainyard-ready"
+LAST_USED = ".last-used"
+BASE_PTH = "_trainyard_base.pth"
+STORE = ".store"
+ERROR_TAIL_LINES = 20
+DEFAULT_PROVIDED = ("torch", "trainyard")
+
+_KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+_REQUIREMENT = re.compile(
+    r"^\s*(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*"
+    r"(?:\[(?P<extras>[^\]]*)\])?\s*(?P<rest>.*?)\s*$",
+    re.DOTALL,
+)
+
+# Run with ``python -I``: the interpreter's version, its site-packages folders, and the
+# distributions it imports, the first one per name along sys.path (the one that wins).
+_PROBE = r"""
+import importlib.metadata, json, os, re, site, sys, sysconfig
+packages = {}
+for dist in importlib.metadata.distributions():
+    name = dist.metadata["Name"]
+    if name:
+        packages.setdefault(re.sub(r"[-_.]+", "-", name).lower(), dist.version)
+print(json.dumps({
+    "version": sys.version,
+    "site": [p for p in site.getsitepackages() if os.path.isdir(p)],
+    "purelib": sysconfig.get_path("purelib"),
+    "packages": sorted(f"{k}=={v}" for k, v in packages.items()),
+}))
+"""
+
+
+class EnvironmentBuildError(RuntimeError):
+    """A job environment could not be built; the message ends with the installer's last
+    lines of output (the runner reports it as a ``platform_error``)."""
+
+
+@dataclass(frozen=True)
+class JobEnvironment:
+    """The interpreter a job runs with and what it sees."""
+
+    python: str
+    """The interpreter to run the job with."""
+    bin_dir: Path | None
+    """The venv's ``bin`` (to put first on ``PATH``); None for the base interpreter."""
+    key: str
+    packages: list[str]
+    """``name==version`` of every distribution the job imports (its own over the base's),
+    names normalised (PEP 503), sorted."""
+    cached: bool
+    """True when nothing had to be installed by this resolve."""
+    seconds: float
+
+
+@dataclass(frozen=True)
+class _Probe:
+    version: str
+    site: tuple[str, ...]
+    purelib: str
+    packages: tuple[str, ...]
+
+
+def canonical_name(name: str) -> str:
+    """PEP 503 normalisation of a distribution name."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def normalize_requirement(requirement: str) -> str:
+    """A textual normal form of a PEP 508 requirement: canonical name, sorted extras,
+    whitespace-free sorted version specifiers, marker stripped. Two spellings of the same
+    requirement that still differ (say, in a marker's spacing) only cost an extra build.
+    Raises ValueError for anything that does not start with a distribution name (e.g. an
+    installer option)."""
+    if "\n" in requirement or "\r" in requirement:
+        raise ValueError(f"requirement {requirement!r} spans several lines")
+    match = _REQUIREMENT.match(requirement)
+    if match is None or not match["name"]:
+        raise ValueError(f"requirement {requirement!r} does not start with a package name")
+    name = canonical_name(match["name"])
+    extras = ""
+    if match["extras"] is not None:
+        names = sorted({canonical_name(e.strip()) for e in match["extras"].split(",") if e.strip()})
+        extras = f"[{','.join(names)}]" if names else ""
+    rest = match["rest"]
+    if rest.startswith("@"):
+        url, *marker_part = re.split(r"\s;", rest[1:], maxsplit=1)  # PEP 508: " ;"
+        body = f" @ {url.strip()}"
+        marker = marker_part[0].strip() if marker_part else ""
+    else:
+        spec, _, marker = rest.partition(";")
+        spec = re.sub(r"\s+", "", spec)
+        if spec.startswith("(") and spec.endswith(")"):
+            spec = spec[1:-1]
+        body = ",".join(sorted(s for s in spec.split(",") if s))
+        marker = marker.strip()
+    return f"{name}{extras}{body}" + (f"; {marker}" if marker else "")
+
+
+def normalize_requirements(requirements: Sequence[str]) -> list[str]:
+    """Normalised, deduplicated and sorted (see :func:`normalize_requirement`)."""
+    return sorted({normalize_requirement(r) for r in requirements})
+
+
+def _requirement_name(normalized: str) -> str:
+    match = _REQUIREMENT.match(normalized)
+    assert match is not None
+    return match["name"]
+
+
+class EnvironmentLease:
+    """A resolved environment held in use: until :meth:`release` (or the end of a
+    ``with`` block), :meth:`EnvironmentCache.prune` will not remove it."""
+
+    def __init__(self, env: JobEnvironment, fd: int | None) -> None:
+        self.env = env
+        self._fd = fd
+        self._lock = threading.Lock()
+
+    def release(self) -> None:
+        """Idempotent."""
+        with self._lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing the only descriptor releases the flock
+
+    def __enter__(self) -> JobEnvironment:
+        return self.env
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+class EnvironmentCache:
+    """Job environments under ``root`` (see the module docstring).
+
+    ``installer_env`` is added to the installers' environment (an index URL, a cache
+    folder, ``UV_NO_CACHE``...); ``timeout`` bounds each installer command in seconds.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        base_python: str,
+        installer: Installer = "uv",
+        *,
+        provided: Sequence[str] = DEFAULT_PROVIDED,
+        installer_env: Mapping[str, str] | None = None,
+        timeout: float = 1800.0,
+    ) -> None:
+        if installer not in ("uv", "pip"):
+            raise ValueError(f"installer must be 'uv' or 'pip', not {installer!r}")
+        self.root = Path(root).absolute()
+        # Absolute (installers run in ``root``), but not resolved: a venv's python is a
+        # symlink whose location decides which environment it is.
+        if os.sep in base_python:
+            self.base_python = os.path.abspath(base_python)
+        else:
+            self.base_python = shutil.which(base_python) or base_python
+        self.installer: Installer = installer
+        self.provided = tuple(sorted({canonical_name(p) for p in provided}))
+        self.installer_env = dict(installer_env or {})
+        self.timeout = timeout
+        self._base: _Probe | None = None
+        self._base_lock = threading.Lock()
+
+    # -- public ---------------------------------------------------------------------------
+
+    def key(self, requirements: Sequence[str]) -> str:
+        """The cache key of ``requirements`` on this base and installer."""
+        return self._key(normalize_requirements(requirements))
+
+    def path(self, key: str) -> Path:
+        """Where the environment of ``key`` is published (it may not exist)."""
+        return self.root / key
+
+    def resolve(self, requirements: Sequence[str]) -> JobEnvironment:
+        """The environment for ``requirements``, built if needed. Raises
+        :class:`EnvironmentBuildError` when it cannot be built and ValueError for a
+        requirement that is not a PEP 508 string."""
+        lease = self.acquire(requirements)
+        lease.release()
+        return lease.env
+
+    def acquire(self, requirements: Sequence[str]) -> EnvironmentLease:
+        """Like :meth:`resolve`, and keep the environment from being pruned until the
+        lease is released: hold it for as long as the job runs."""
+        started = time.monotonic()
+        normalized = normalize_requirements(requirements)
+        base = self._probe_base()
+        key = self._key(normalized)
+        if not normalized:
+            env = JobEnvironment(
+                python=self.base_python,
+                bin_dir=None,
+                key=key,
+                packages=list(base.packages),
+                cached=True,
+                seconds=time.monotonic() - started,
+            )
+            return EnvironmentLease(env, None)
+        self._ensure_dir(self.root)
+        fd = os.open(self._lock_path(key), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            built = False
+            while True:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                packages = self._ready_packages(key)
+                if packages is not None:
+                    break
+                fcntl.flock(fd, fcntl.LOCK_EX)  # not atomic: check again once held
+                if self._ready_packages(key) is None:
+                    self._build(key, normalized, base)
+                    built = True
+                # back to shared, and check again: a prune may slip in between
+            self._touch(self.path(key) / LAST_USED)
+            env = JobEnvironment(
+                python=str(self.path(key) / "bin" / "python"),
+                bin_dir=self.path(key) / "bin",
+                key=key,
+                packages=packages,
+                cached=not built,
+                seconds=time.monotonic() - started,
+            )
+        except BaseException:
+            os.close(fd)
+            raise
+        return EnvironmentLease(env, fd)
+
+    def prune(self, keep: int) -> list[str]:
+        """Remove the least recently used environments beyond the ``keep`` most recent,
+        except those in use (resolving, building or leased), and leftovers of crashed
+        builds. Returns the keys removed."""
+        if keep < 0:
+            raise ValueError("keep must be >= 0")
+        if not self.root.is_dir():
+            return []
+        published: list[tuple[float, str]] = []
+        for entry in self.root.iterdir():
+            if _KEY_PATTERN.match(entry.name) and entry.is_symlink():
+                published.append((self._last_used(entry), entry.name))
+        published.sort(reverse=True)
+        removed: list[str] = []
+        for _, key in published[keep:]:
+            with self._try_exclusive(key) as held:
+                if held:
+                    target = self._published_target(key)
+                    self.path(key).unlink(missing_ok=True)
+                    if target is not None:
+                        shutil.rmtree(target, ignore_errors=True)
+                    removed.append(key)
+        self._remove_leftovers()
+        return removed
+
+    # -- building -------------------------------------------------------------------------
+
+    def _build(self, key: str, requirements: list[str], base: _Probe) -> None:
+        """Build and publish ``key``; the caller holds its lock exclusively."""
+        store = self.root / STORE
+        self._ensure_dir(store)
+        stale = self._published_target(key)
+        link = self.path(key)
+        if link.exists() or link.is_symlink():  # not ready: a leftover, never in use
+            if link.is_dir() and not link.is_symlink():
+                shutil.rmtree(link)
+            else:
+                link.unlink()
+            if stale is not None:
+                shutil.rmtree(stale, ignore_errors=True)
+        target = store / f"{key}.{secrets.token_hex(4)}"
+        try:
+            self._create_venv(target)
+            purelib = Path(self._probe(str(target / "bin" / "python"), with_packages=False).purelib)
+            self._write_file(purelib / BASE_PTH, _base_pth(base.site))
+            self._install(target, requirements)
+            _make_readable(target)
+            probe = self._probe(str(target / "bin" / "python"))
+            marker = {
+                "key": key,
+                "requirements": requirements,
+                "installer": self.installer,
+                "base_python": self.base_python,
+                "base_version": base.version,
+                "base_site": list(base.site),
+                "provided": list(self.provided),
+                "packages": list(probe.packages),
+                "built_at": time.time(),
+            }
+            self._write_file(target / LAST_USED, "")
+            self._write_file(target / MARKER, json.dumps(marker, indent=1) + "\n")
+            temp_link = self.root / f".{key}.{secrets.token_hex(4)}.link"
+            os.symlink(os.path.relpath(target, self.root), temp_link)
+            os.replace(temp_link, link)  # the publication: atomic
+        except BaseException:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+
+    def _create_venv(self, target: Path) -> None:
+        if self.installer == "uv":
+            argv = [_uv_bin(), "venv", "--no-project", "--python", self.base_python, str(target)]
+        else:
+            argv = [self.base_python, "-m", "venv", "--without-pip", str(target)]
+        self._run(argv, "creating the virtual environment")
+
+    def _install(self, target: Path, requirements: list[str]) -> None:
+        python = str(target / "bin" / "python")
+        if self.installer == "pip":
+            argv = [
+                self.base_python, "-m", "pip", "--python", python, "install",
+                "--no-input", "--disable-pip-version-check", "--progress-bar", "off",
+                *requirements,
+            ]  # fmt: skip
+            self._run(argv, "pip install")
+            return
+        argv = [_uv_bin(), "pip", "install", "--python", python, "--compile-bytecode"]
+        named = {_requirement_name(r) for r in requirements}
+        excluded = [p for p in self.provided if p not in named]
+        with tempfile.TemporaryDirectory(prefix="trainyard-uv-") as tmp:
+            if excluded:
+                excludes = Path(tmp) / "excludes.txt"
+                excludes.write_text("".join(f"{p}\n" for p in excluded))
+                argv += ["--excludes", str(excludes)]
+            self._run([*argv, *requirements], "uv pip install")
+
+    def _run(self, argv: list[str], what: str) -> str:
+        env = {k: v for k, v in os.environ.items() if k not in _WITHHELD_FROM_INSTALLERS}
+        env.update(NO_COLOR="1", UV_NO_PROGRESS="1", PIP_NO_INPUT="1")
+        env.update(self.installer_env)
+        try:
+            done = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+                env=env,
+                cwd=self.root if self.root.is_dir() else None,
+                timeout=self.timeout,
+                umask=0o022,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise EnvironmentBuildError(
+                f"{what} timed out after {self.timeout:.0f} s{_tail(_text(exc.output))}"
+            ) from None
+        except OSError as exc:
+            raise EnvironmentBuildError(f"{what} could not start: {exc}") from None
+        if done.returncode != 0:
+            raise EnvironmentBuildError(
+                f"{what} failed (exit status {done.returncode}){_tail(done.stdout)}"
+            )
+        return done.stdout
+
+    # -- probing --------------------------------------------------------------------------
+
+    def _probe_base(self) -> _Probe:
+        with self._base_lock:
+            if self._base is None:
+                self._base = self._probe(self.base_python)
+            return self._base
+
+    def _probe(self, python: str, *, with_packages: bool = True) -> _Probe:
+        out = self._run([python, "-I", "-c", _PROBE], f"probing {python}")
+        try:
+            data = json.loads(out.strip().splitlines()[-1])
+            return _Probe(
+                version=str(data["version"]),
+                site=tuple(str(p) for p in data["site"]),
+                purelib=str(data["purelib"]),
+                packages=tuple(str(p) for p in data["packages"]) if with_packages else (),
+            )
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise EnvironmentBuildError(f"probing {python} gave unreadable output: {exc}") from None
+
+    def _key(self, normalized: list[str]) -> str:
+        base = self._probe_base()
+        material = {
+            "requirements": normalized,
+            "python": base.version,
+            "installer": self.installer,
+            "base_site": list(base.site),
+            "base_packages": list(base.packages),
+            "provided": list(self.provided),
+        }
+        return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+    # -- files and locks ------------------------------------------------------------------
+
+    def _lock_path(self, key: str) -> Path:
+        return self.root / f"{key}.lock"
+
+    def _ready_packages(self, key: str) -> list[str] | None:
+        """The published environment's package list, or None when it is not ready."""
+        try:
+            data = json.loads((self.path(key) / MARKER).read_text())
+            return [str(p) for p in data["packages"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _published_target(self, key: str) -> Path | None:
+        link = self.path(key)
+        if not link.is_symlink():
+            return None
+        target = (self.root / os.readlink(link)).resolve()
+        store = (self.root / STORE).resolve()
+        return target if target.parent == store else None
+
+    def _last_used(self, link: Path) -> float:
+        for name in (LAST_USED, MARKER):
+            with contextlib.suppress(OSError):
+                return (link / name).stat().st_mtime
+        return 0.0
+
+    @contextlib.contextmanager
+    def _try_exclusive(self, key: str) -> Iterator[bool]:
+        fd = os.open(self._lock_path(key), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise
+                yield False
+            else:
+                yield True
+        finally:
+            os.close(fd)
+
+    def _remove_leftovers(self) -> None:
+        """Unpublished store folders (crashed or superseded builds) and stray temporary
+        links, each only when its key's lock is free."""
+        for entry in self.root.iterdir():
+            if entry.name.startswith(".") and entry.name.endswith(".link") and entry.is_symlink():
+                key = entry.name[1:].split(".", 1)[0]
+                with self._try_exclusive(key) as held:
+                    if held:
+                        entry.unlink(missing_ok=True)
+        store = self.root / STORE
+        if not store.is_dir():
+            return
+        for entry in store.iterdir():
+            key = entry.name.split(".", 1)[0]
+            if not _KEY_PATTERN.match(key):
+                continue
+            with self._try_exclusive(key) as held:
+                if held and self._published_target(key) != entry.resolve():
+                    shutil.rmtree(entry, ignore_errors=True)
+
+    @staticmethod
+    def _ensure_dir(path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        if stat.S_IMODE(path.stat().st_mode) != 0o755:
+            os.chmod(path, 0o755)
+
+    @staticmethod
+    def _write_file(path: Path, text: str) -> None:
+        """Write ``text`` to ``path`` atomically, mode 0644."""
+        temp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(temp, 0o644)
+        os.replace(temp, path)
+
+    @staticmethod
+    def _touch(path: Path) -> None:
+        with contextlib.suppress(OSError):
+            os.utime(path)
+
+
+_WITHHELD_FROM_INSTALLERS = frozenset(
+    {"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV", "CONDA_PREFIX", "PIP_USER"}
+)
+
+
+def _uv_bin() -> str:
+    import uv
+
+    return str(uv.find_uv_bin())
+
+
+def _base_pth(site_dirs: Sequence[str]) -> str:
+    """A ``.pth`` that appends the base environment's site-packages (and runs their own
+    ``.pth`` files); ``import`` lines are executed by ``site``."""
+    calls = "".join(f"; site.addsitedir({d!r})" for d in site_dirs)
+    return f"import site{calls}\n"  # one line: site executes a line that starts with import
+
+
+def _make_readable(root: Path) -> None:
+    """Directories 0755; files keep their mode plus read (and execute where the owner
+    has it) for group and others."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        os.chmod(dirpath, 0o755)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            mode = stat.S_IMODE(st.st_mode)
+            wanted = mode | 0o044 | (0o011 if mode & 0o100 else 0)
+            if wanted != mode:
+                os.chmod(path, wanted)
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+
+
+def _text(output: str | bytes | None) -> str:
+    if output is None:
+        return ""
+    if isinstance(output, bytes):
+        return output.decode(errors="replace")
+    return output
+
+
+def _tail(output: str) -> str:
+    lines = [line.rstrip() for line in output.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return ":\n" + "\n".join(lines[-ERROR_TAIL_LINES:])

@@ -1,0 +1,258 @@
+"""Job environments built for real: venvs from the test interpreter's environment (the base
+layer), requirements installed from PyPI (small pure-Python wheels the project does not
+depend on), one build per requirement set across threads and processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.runner.environments import (
+    MARKER,
+    STORE,
+    EnvironmentBuildError,
+    EnvironmentCache,
+    JobEnvironment,
+)
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[3]
+BASE = sys.executable
+OLD_SIX = "six==1.16.0"  # the base has another six (pytest's dependency tree)
+TABULATE = "tabulate==0.9.0"  # not in the base at all
+
+
+def run_in(env: JobEnvironment, code: str) -> str:
+    done = subprocess.run(
+        [env.python, "-c", code], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def forbid_installing(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the installer ran")
+
+    monkeypatch.setattr(EnvironmentCache, "_create_venv", refuse)
+    monkeypatch.setattr(EnvironmentCache, "_install", refuse)
+
+
+def test_requirements_override_the_base_which_stays_visible(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert version("six") != "1.16.0"
+    cache = EnvironmentCache(tmp_path / "envs", BASE, "uv")
+    env = cache.resolve([OLD_SIX, TABULATE])
+
+    assert not env.cached
+    assert env.bin_dir == tmp_path / "envs" / env.key / "bin"
+    assert env.python == str(env.bin_dir / "python")
+    assert {OLD_SIX, TABULATE, f"pydantic=={version('pydantic')}"} <= set(env.packages)
+    assert "trainyard==0.1.0" in env.packages
+    out = run_in(
+        env,
+        "import six, tabulate, pydantic, trainyard.sdk, sys;"
+        "print(six.__version__, tabulate.__file__.startswith(sys.prefix),"
+        " pydantic.VERSION, pydantic.__file__.startswith(sys.prefix))",
+    )
+    assert out.split() == ["1.16.0", "True", version("pydantic"), "False"]
+
+    # Same set, spelled and ordered differently, from another cache object: no install.
+    forbid_installing(monkeypatch)
+    again = EnvironmentCache(tmp_path / "envs", BASE, "uv").resolve(
+        ["Tabulate == 0.9.0", "SIX==1.16.0", TABULATE]
+    )
+    assert again.cached
+    assert (again.key, again.python, again.packages) == (env.key, env.python, env.packages)
+    assert again.seconds < 1
+
+
+def test_no_requirements_is_the_base_interpreter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = EnvironmentCache(tmp_path / "envs", BASE)
+    env = cache.resolve([])
+    assert (env.python, env.bin_dir, env.cached) == (BASE, None, True)
+    assert f"pydantic=={version('pydantic')}" in env.packages
+    assert env.key == cache.key([]) and len(env.key) == 64
+    assert not (tmp_path / "envs").exists()
+
+    def no_subprocess(*args: Any, **kwargs: Any) -> str:
+        raise AssertionError("probed the base again")
+
+    monkeypatch.setattr(cache, "_run", no_subprocess)
+    assert cache.resolve([]).packages == env.packages  # memoised
+
+
+def test_the_key_depends_on_the_set_and_the_installer(tmp_path: Path) -> None:
+    uv = EnvironmentCache(tmp_path, BASE, "uv")
+    pip = EnvironmentCache(tmp_path, BASE, "pip")
+    assert uv.key(["a==1", "b>=2,<3"]) == uv.key(["B <3, >=2", "A==1", "a==1"])
+    assert uv.key(["a==1"]) != uv.key(["a==2"]) != uv.key([])
+    assert uv.key(["a==1"]) != pip.key(["a==1"])
+    with pytest.raises(ValueError, match="package name"):
+        uv.key(["--index-url=https://elsewhere"])
+
+
+def test_concurrent_resolves_build_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    builds: list[str] = []
+    real_build = EnvironmentCache._build
+
+    def slow_build(self: EnvironmentCache, *args: Any) -> None:
+        builds.append(threading.current_thread().name)
+        time.sleep(0.3)  # widen the window for the other resolve
+        real_build(self, *args)
+
+    monkeypatch.setattr(EnvironmentCache, "_build", slow_build)
+    results: list[JobEnvironment] = []
+    errors: list[BaseException] = []
+
+    def resolve() -> None:
+        try:  # one cache object per thread, as two runner processes would have
+            results.append(EnvironmentCache(tmp_path / "envs", BASE).resolve([TABULATE]))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=resolve) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    assert len(builds) == 1
+    assert sorted(r.cached for r in results) == [False, True]
+    assert results[0].python == results[1].python
+    assert len(list((tmp_path / "envs" / STORE).iterdir())) == 1
+
+
+def test_another_process_waits_for_the_build(tmp_path: Path) -> None:
+    root = tmp_path / "envs"
+    script = (
+        "import json, sys; from pathlib import Path;"
+        "from services.runner.environments import EnvironmentCache;"
+        f"e = EnvironmentCache(Path({str(root)!r}), {BASE!r}).resolve([{TABULATE!r}]);"
+        "print(json.dumps([e.cached, e.python]))"
+    )
+    other = subprocess.Popen(
+        [BASE, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True, env=os.environ.copy()
+    )
+    mine = EnvironmentCache(root, BASE).resolve([TABULATE])
+    out, _ = other.communicate(timeout=120)
+    assert other.returncode == 0
+    cached, python = json.loads(out)
+    assert python == mine.python
+    assert sorted([cached, mine.cached]) == [False, True]
+
+
+def test_a_failed_install_says_why_and_leaves_nothing(tmp_path: Path) -> None:
+    cache = EnvironmentCache(tmp_path / "envs", BASE)
+    missing = "trainyard-no-such-package-xyz==1.0"
+    with pytest.raises(EnvironmentBuildError) as caught:
+        cache.resolve([missing])
+    message = str(caught.value)
+    assert message.startswith("uv pip install failed (exit status 1):\n")
+    assert "trainyard-no-such-package-xyz" in message
+    assert "not found" in message
+    assert len(message.splitlines()) <= 21
+    assert not cache.path(cache.key([missing])).exists()
+    assert list((tmp_path / "envs" / STORE).iterdir()) == []
+
+
+def test_a_crash_mid_build_leaves_nothing_that_looks_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "envs"
+    cache = EnvironmentCache(root, BASE)
+    key = cache.key([TABULATE])
+
+    def killed(*args: Any) -> None:
+        # as if the runner died here: the venv exists, unpublished and without a marker
+        (root / STORE / f"{key}.dead").mkdir(parents=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(EnvironmentCache, "_install", killed)
+    with pytest.raises(KeyboardInterrupt):
+        cache.resolve([TABULATE])
+    assert not cache.path(key).exists()
+    monkeypatch.undo()
+
+    env = cache.resolve([TABULATE])  # builds afresh
+    assert not env.cached and (cache.path(key) / MARKER).is_file()
+    assert cache.prune(keep=10) == []
+    assert [p.name for p in (root / STORE).iterdir()] == [
+        Path(env.python).parents[1].resolve().name
+    ]
+
+
+def test_everything_is_readable_by_other_users(tmp_path: Path) -> None:
+    root = tmp_path / "envs"
+    old = os.umask(0o077)  # a strict runner umask must not leak into the environments
+    try:
+        env = EnvironmentCache(root, BASE).resolve([TABULATE])
+    finally:
+        os.umask(old)
+    target = Path(env.python).parents[1].resolve()
+    assert stat.S_IMODE(root.stat().st_mode) == 0o755
+    for dirpath, _dirnames, filenames in os.walk(target):
+        assert stat.S_IMODE(os.stat(dirpath).st_mode) == 0o755, dirpath
+        for name in filenames:
+            st = os.lstat(os.path.join(dirpath, name))
+            if stat.S_ISREG(st.st_mode):
+                assert st.st_mode & 0o044 == 0o044, name
+                if st.st_mode & 0o100:
+                    assert st.st_mode & 0o011 == 0o011, name
+    assert os.access(target / "bin" / "tabulate", os.X_OK)
+
+
+def test_pip_as_the_installer(tmp_path: Path) -> None:
+    env = EnvironmentCache(tmp_path / "envs", BASE, "pip").resolve([OLD_SIX])
+    assert not env.cached
+    assert OLD_SIX in env.packages
+    assert run_in(env, "import six, pydantic; print(six.__version__)") == "1.16.0"
+
+
+def test_prune_keeps_the_recent_and_those_in_use(tmp_path: Path) -> None:
+    cache = EnvironmentCache(tmp_path / "envs", BASE)
+    lease = cache.acquire([TABULATE])  # oldest, but in use
+    for n, requirements in enumerate([[OLD_SIX], [OLD_SIX, TABULATE]]):
+        env = cache.resolve(requirements)
+        os.utime(cache.path(env.key) / ".last-used", (time.time() + n + 1,) * 2)
+    old_six = cache.key([OLD_SIX])
+    newest = cache.key([OLD_SIX, TABULATE])
+
+    assert cache.prune(keep=1) == [old_six]
+    assert not cache.path(old_six).exists()
+    assert cache.path(lease.env.key).exists() and cache.path(newest).exists()
+    assert run_in(lease.env, "import tabulate; print('ok')") == "ok"
+
+    lease.release()
+    assert cache.prune(keep=1) == [lease.env.key]
+    left = sorted(p.name for p in (tmp_path / "envs").iterdir() if not p.name.endswith(".lock"))
+    assert left == sorted([STORE, newest])
+    again = cache.resolve([TABULATE])  # pruned: built again
+    assert not again.cached
+
+
+def test_provided_packages_come_from_the_base_unless_named(tmp_path: Path) -> None:
+    # python-dateutil depends on six; with six "provided" (as torch is by default) uv must
+    # not install it into the venv, so the base's six is the one the job imports.
+    cache = EnvironmentCache(tmp_path / "envs", BASE, "uv", provided=["six"])
+    env = cache.resolve(["python-dateutil==2.9.0.post0"])
+    assert "python-dateutil==2.9.0.post0" in env.packages
+    assert f"six=={version('six')}" in env.packages
+    assert run_in(env, "import six, sys; print(six.__file__.startswith(sys.prefix))") == "False"
+
+    named = cache.resolve(["python-dateutil==2.9.0.post0", OLD_SIX])
+    assert OLD_SIX in named.packages
