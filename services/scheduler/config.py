@@ -26,6 +26,12 @@ class Settings(ServiceSettings):
     preemption_grace_seconds: float = Field(default=300.0, ge=0)
     """Time a preempted job gets to checkpoint and stop after its notice; then its GPUs are
     revoked by force (lease released, job requeued, the old runner fenced)."""
+    restart_backoff_seconds: float = Field(default=5.0, ge=0)
+    """A job restarted after a failure (``user_error``, ``out_of_memory``; while
+    ``max_restarts`` allows) waits this long times 2**(restarts-1) before it may be placed
+    again; 0: no back-off."""
+    restart_backoff_max_seconds: float = Field(default=300.0, ge=0)
+    """The longest restart back-off."""
     pass_interval_seconds: float = Field(default=5.0, gt=0)
     """A scheduling pass runs after every change of supply or demand, and at least this often
     (ageing, estimates, forced releases after the preemption grace)."""

@@ -6,7 +6,8 @@ Contract:
   an *implicit* queue (``default:<team>``, made for a team no operator gave a queue) gets no
   cohort and a nominal quota of twice the ready GPUs of every flavor -- more than it can
   ever use -- so a fresh install schedules everything; a job whose priority class does not exist is held back from the
-  policy (it waits, and ``unknown_priority_note`` says why); a job being cancelled, or under
+  policy (it waits, and ``unknown_priority_note`` says why), and so is a job backing off
+  after a failure until its ``eligible_at`` (``restart_note`` says so); a job being cancelled, or under
   a preemption notice, is *leaving* (never chosen as a victim again); usage is decayed to
   ``now`` with the policy's ``decay_usage``.
 - ``pending_notes(decisions, built, now)`` gives every waiting job its ``PendingNote``
@@ -65,7 +66,7 @@ class SnapshotRows:
     """What ``repository.load_snapshot_rows`` reads, one list per query."""
 
     nodes: Sequence[Row]
-    """Ready nodes: node_id, gpu_flavor, gpu_count, topology."""
+    """Ready nodes: node_id, gpu_flavor, gpu_count, topology (and address)."""
     leases: Sequence[Row]
     """Live leases on ready nodes: node_id, gpu_index, job_id."""
     running: Sequence[Row]
@@ -83,7 +84,8 @@ class SnapshotRows:
     """team, gpu_seconds, as_of."""
     pending: Sequence[Row]
     """Queued jobs: job_id, queue, gpu_flavor, gpus, priority_class, submitted_at,
-    max_runtime_seconds, seq and the last published pending_* columns."""
+    max_runtime_seconds, seq, the last published pending_* columns (and eligible_at,
+    restarts, max_restarts)."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,10 @@ class Built:
     snapshot: Snapshot
     held_back: tuple[Row, ...] = ()
     """Queued jobs kept from the policy: their priority class does not exist."""
+    backing_off: tuple[Row, ...] = ()
+    """Queued jobs kept from the policy: restarted after a failure, not yet eligible."""
+    addresses: Mapping[str, str] = field(default_factory=dict)
+    """Ready node id -> its address (the last heartbeat's), for gang rendezvous."""
     pending: Mapping[str, Row] = field(default_factory=dict)
     """Every queued job's row, by id."""
     running: Mapping[str, Sequence[Row]] = field(default_factory=dict)
@@ -111,7 +117,12 @@ def build_snapshot(rows: SnapshotRows, now: datetime, half_life_s: float) -> Bui
     queues = queues_from_rows(rows.queues, rows.quotas, totals)
     pending: list[PendingJob] = []
     held: list[Row] = []
+    backing_off: list[Row] = []
     for j in rows.pending:
+        eligible_at = j.get("eligible_at")
+        if eligible_at is not None and eligible_at > now:
+            backing_off.append(j)
+            continue
         if j["priority_class"] not in known:
             held.append(j)
             continue
@@ -146,6 +157,8 @@ def build_snapshot(rows: SnapshotRows, now: datetime, half_life_s: float) -> Bui
     return Built(
         snapshot=snapshot,
         held_back=tuple(held),
+        backing_off=tuple(backing_off),
+        addresses={n["node_id"]: n.get("address") or "127.0.0.1" for n in rows.nodes},
         pending={j["job_id"]: j for j in rows.pending},
         running=by_job,
         class_names=tuple(sorted(known)),
@@ -296,9 +309,25 @@ def unknown_priority_note(priority: str, classes: Sequence[str], position: int) 
     )
 
 
+def restart_note(row: Row, position: int) -> PendingNote:
+    """The note of a job backing off after a failure: which attempt comes next (restarts
+    used + 1, of ``max_restarts`` + 1) and when it may be placed (``estimated_start``)."""
+    eligible_at: datetime = row["eligible_at"]
+    attempt, attempts = row["restarts"] + 1, row["max_restarts"] + 1
+    return PendingNote(
+        reason=(
+            f"restarting after a failure (attempt {attempt} of {attempts}); eligible at "
+            f"{eligible_at.astimezone(UTC):%H:%M:%S} UTC"
+        ),
+        position=position,
+        blocking="restart back-off",
+        estimated_start=eligible_at,
+    )
+
+
 def pending_notes(decisions: Decisions, built: Built) -> dict[str, PendingNote]:
-    """A note for every waiting job: the policy's explanations, then held-back jobs last in
-    their queues."""
+    """A note for every waiting job: the policy's explanations, then the jobs held back (an
+    unknown priority class, a restart back-off) last in their queues, by submit time."""
     notes = {
         job_id: PendingNote.from_explanation(e) for job_id, e in decisions.explanations.items()
     }
@@ -306,11 +335,19 @@ def pending_notes(decisions: Decisions, built: Built) -> dict[str, PendingNote]:
     for job_id in notes:
         queue = built.pending[job_id]["queue"] if job_id in built.pending else ""
         behind[queue] = behind.get(queue, 0) + 1
-    for row in sorted(built.held_back, key=lambda r: (r["submitted_at"], r["seq"])):
+    backing_off = {row["job_id"] for row in built.backing_off}
+    held = sorted(
+        [*built.held_back, *built.backing_off], key=lambda r: (r["submitted_at"], r["seq"])
+    )
+    for row in held:
         behind[row["queue"]] = behind.get(row["queue"], 0) + 1
-        notes[row["job_id"]] = unknown_priority_note(
-            row["priority_class"], built.class_names, behind[row["queue"]]
-        )
+        position = behind[row["queue"]]
+        if row["job_id"] in backing_off:
+            notes[row["job_id"]] = restart_note(row, position)
+        else:
+            notes[row["job_id"]] = unknown_priority_note(
+                row["priority_class"], built.class_names, position
+            )
     return notes
 
 

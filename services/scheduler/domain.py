@@ -9,7 +9,8 @@ Contract:
   epoch. Anything else is stale (a runner that was fenced off, a redelivery after the lease
   ended) and must be ignored.
 - ``allocation_ended`` maps how an allocation ended, and the job's state, to the job's next
-  state and the outcome billed for the allocation.
+  state, the outcome billed for the allocation, whether a restart is used up and how long
+  the job then backs off (the table is in its docstring).
 """
 
 from __future__ import annotations
@@ -20,10 +21,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from shared.events.payloads import JobSpec
+from shared.events.payloads import FailureKind, JobSpec
 
 Outcome = Literal["succeeded", "failed", "cancelled", "preempted", "lost"]
 EndKind = Literal["succeeded", "failed", "preempted", "lost"]
+
+RESTARTABLE: frozenset[FailureKind] = frozenset({"user_error", "out_of_memory"})
+"""Failure kinds a job is restarted after (while restarts are left). Any other kind
+(``platform_error``, ``max_runtime``, ...) would only fail again: the job fails at once."""
 
 
 class IllegalTransition(ValueError):
@@ -208,51 +213,140 @@ def fence(
 
 
 @dataclass(frozen=True)
+class Failure:
+    """How a runner said an attempt failed (``job.failed``)."""
+
+    kind: FailureKind = "user_error"
+    detail: str = "failed"
+    """The runner's reason, e.g. "exited with status 1"."""
+
+
+@dataclass(frozen=True)
 class EndDecision:
     """What happens when a job's allocation ends."""
 
     job_status: JobStatus
     outcome: Outcome
     reason: str | None = None
-    """Why the job ended where the runner could not say it (lost node), else None."""
+    """Why the job moved on, where the scheduler has something to say (a restart, a final
+    failure, a lost node), else None."""
+    restart: bool = False
+    """The requeue uses up one of the job's ``max_restarts``."""
+    backoff_s: float = 0.0
+    """Seconds the requeued job waits before it may be placed again (0: at once)."""
+    failure_kind: FailureKind | None = None
+    """Why the attempt failed (a failure or a lost node), else None."""
 
     @property
     def requeued(self) -> bool:
         return self.job_status is JobStatus.QUEUED
 
 
+def restart_backoff(restarts: int, base_s: float, max_s: float) -> float:
+    """Seconds to wait before the job's ``restarts``-th restart: ``base_s * 2**(restarts-1)``,
+    at most ``max_s`` (0 for no restart)."""
+    if restarts < 1 or base_s <= 0:
+        return 0.0
+    return min(max_s, base_s * 2.0 ** min(restarts - 1, 64))
+
+
 def allocation_ended(
-    status: JobStatus, kind: EndKind, *, restarts: int, max_restarts: int
+    status: JobStatus,
+    kind: EndKind,
+    *,
+    restarts: int,
+    max_restarts: int,
+    failure: Failure | None = None,
+    backoff_base_s: float = 5.0,
+    backoff_max_s: float = 300.0,
 ) -> EndDecision:
     """The job's next state when its live allocation ends with ``kind``.
 
-    ``restarts`` counts earlier restarts after lost nodes; preemption is not the job's fault
-    and never uses up a restart. A job whose cancel is pending ends CANCELLED unless it
-    finished its work anyway.
+    ``restarts`` counts the restarts used so far; failures and lost nodes share it, so a job
+    runs at most ``max_restarts + 1`` counted attempts ("attempt n of m" below counts those;
+    preemption is not the job's fault and never uses up a restart).
+
+    | job        | ended with                          | next      | outcome   | restart |
+    |------------|-------------------------------------|-----------|-----------|---------|
+    | any        | succeeded                           | SUCCEEDED | succeeded | -       |
+    | CANCELLING | failed / preempted                  | CANCELLED | cancelled | -       |
+    | CANCELLING | lost                                | CANCELLED | lost      | -       |
+    | other      | failed, user_error / out_of_memory, | QUEUED    | failed    | yes,    |
+    |            | restarts < max_restarts             |           |           | backs off |
+    | other      | the same, restarts used up          | FAILED    | failed    | -       |
+    | other      | failed, any other kind              | FAILED    | failed    | -       |
+    | other      | preempted                           | QUEUED    | preempted | -       |
+    | other      | lost, restarts < max_restarts       | QUEUED    | lost      | yes     |
+    | other      | lost, restarts used up              | FAILED    | lost      | -       |
+
+    A restart after a failure backs off ``backoff_base_s * 2**(r-1)`` seconds (``r``: the
+    restart count after this one), at most ``backoff_max_s``. A lost node's job is requeued
+    at once: the node is out of the inventory, so the cause is gone.
     """
     if status.is_terminal or not status.holds_gpus:
         raise IllegalTransition(f"a {status.value} job holds no allocation that could end")
     cancelling = status is JobStatus.CANCELLING
+    attempt, attempts = restarts + 1, max_restarts + 1
+    exhausted = restarts >= max_restarts
     match kind:
         case "succeeded":
             return EndDecision(status.check(JobStatus.SUCCEEDED), "succeeded")
-        case "failed" if cancelling:
+        case "failed" | "preempted" if cancelling:
             return EndDecision(status.check(JobStatus.CANCELLED), "cancelled")
         case "failed":
-            return EndDecision(status.check(JobStatus.FAILED), "failed")
-        case "preempted" if cancelling:
-            return EndDecision(status.check(JobStatus.CANCELLED), "cancelled")
+            failure = failure or Failure()
+            what = f"{failure.kind}: {failure.detail}"
+            if failure.kind not in RESTARTABLE:
+                reason = (
+                    f"{what}; {failure.kind} is not restarted (attempt {attempt} of {attempts})"
+                )
+                return EndDecision(
+                    status.check(JobStatus.FAILED), "failed", reason, failure_kind=failure.kind
+                )
+            if exhausted:
+                reason = f"{what}; max restarts ({max_restarts}) reached after {attempt} attempts"
+                return EndDecision(
+                    status.check(JobStatus.FAILED), "failed", reason, failure_kind=failure.kind
+                )
+            backoff = restart_backoff(restarts + 1, backoff_base_s, backoff_max_s)
+            reason = f"attempt {attempt} failed ({what}); restarting in {format_seconds(backoff)}"
+            return EndDecision(
+                status.check(JobStatus.QUEUED),
+                "failed",
+                reason,
+                restart=True,
+                backoff_s=backoff,
+                failure_kind=failure.kind,
+            )
         case "preempted":
             return EndDecision(status.check(JobStatus.QUEUED), "preempted")
         case "lost" if cancelling:
             return EndDecision(status.check(JobStatus.CANCELLED), "lost", "node lost")
-        case "lost" if restarts >= max_restarts:
+        case "lost" if exhausted:
+            reason = (
+                f"node_lost: node lost; max restarts ({max_restarts}) reached after "
+                f"{attempt} attempts"
+            )
             return EndDecision(
-                status.check(JobStatus.FAILED), "lost", "node lost; max restarts reached"
+                status.check(JobStatus.FAILED), "lost", reason, failure_kind="node_lost"
             )
         case "lost":
-            return EndDecision(status.check(JobStatus.QUEUED), "lost", "node lost; requeued")
+            reason = f"node lost; requeued for attempt {attempt + 1} of {attempts}"
+            return EndDecision(
+                status.check(JobStatus.QUEUED),
+                "lost",
+                reason,
+                restart=True,
+                failure_kind="node_lost",
+            )
     raise AssertionError(f"unknown end kind {kind!r}")  # pragma: no cover
+
+
+def format_seconds(seconds: float) -> str:
+    """A short human duration: "0.2 s", "5 s", "2.5 min"."""
+    if seconds < 60:
+        return f"{round(seconds, 1):g} s"
+    return f"{round(seconds / 60, 1):g} min"
 
 
 def release_time(reported: datetime, granted_at: datetime, now: datetime) -> datetime:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime
 
 import asyncpg
@@ -74,7 +75,7 @@ class SchedulerHandlers:
         self._consumer = consumer
         self._tuning = tuning or Tuning()
         if revoke_grace_seconds is not None:
-            self._tuning = Tuning(self._tuning.policy, revoke_grace_seconds)
+            self._tuning = replace(self._tuning, cancel_grace_s=revoke_grace_seconds)
         self._clock = clock
         self._poke = poke
 
@@ -124,9 +125,10 @@ class SchedulerHandlers:
         if heartbeat.gpu_count < 0:
             raise Reject(f"gpu_count: must be >= 0, got {heartbeat.gpu_count}")
         report = (heartbeat.hostname, heartbeat.gpu_flavor, heartbeat.gpu_count)
-        if not await repo.touch_node(conn, heartbeat.node_id, *report, heartbeat.topology, now):
+        node_id, topology, address = heartbeat.node_id, heartbeat.topology, heartbeat.address
+        if not await repo.touch_node(conn, node_id, *report, topology, now, address):
             # New supply (a new node, a lost one back, other GPUs): a pass follows.
-            await repo.upsert_node(conn, heartbeat.node_id, *report, now, heartbeat.topology)
+            await repo.upsert_node(conn, node_id, *report, now, topology, address)
             log.info(
                 "node %s ready: %d %s GPUs (topology %s)",
                 heartbeat.node_id,
@@ -263,6 +265,7 @@ class SchedulerHandlers:
                         now,
                         self._tuning,
                         reporter=report.allocation_id,
+                        failed=report if isinstance(report, JobFailed) else None,
                     )
                 )
         if endings:

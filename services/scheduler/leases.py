@@ -14,9 +14,14 @@ Contract:
   than the grace: outcome ``preempted``, the job requeued for a new attempt (its next
   allocation takes a new, higher epoch, so a late report from the old runner is fenced),
   ``AllocationRevoked(reason="fenced")`` to each node, and a ``JobPreempted`` said on the
-  silent runner's behalf so the job's view moves on. A job requeued after a lost node gets
-  the same ``JobPreempted`` (reason ``node lost; requeued``); one that fails for it, a
-  ``JobFailed``.
+  silent runner's behalf so the job's view moves on.
+- Said for the runner, so the job's view follows the scheduler's decision: a job requeued
+  after a lost node or a failure gets a ``JobPreempted`` per allocation (event id
+  ``said-preempted:<allocation>``; reason ``node lost; requeued for attempt 2 of 4`` or
+  ``attempt 1 failed (user_error: ...); restarting in 5 s``); a job that ends FAILED gets
+  one ``JobFailed`` (event id ``said-failed:<allocation>``) carrying the decision's reason,
+  its ``failure_kind`` and, after a runner's report, its exit code and log tail. A requeued
+  job backs off until ``jobs.eligible_at`` (``Tuning.restart_backoff_s``).
 The caller holds the scheduling lock and runs a pass afterwards.
 """
 
@@ -35,6 +40,7 @@ from services.scheduler.domain import (
     Allocation,
     EndDecision,
     EndKind,
+    Failure,
     Job,
     JobStatus,
     Outcome,
@@ -79,11 +85,13 @@ async def end_gang(
     now: datetime,
     tuning: Tuning,
     reporter: str | None = None,
+    failed: JobFailed | None = None,
 ) -> EndDecision:
     """Release ``allocations`` (all the job's live ones) and move the job on; ``reporter``
-    is the allocation whose runner said it ended (None: the scheduler decided)."""
+    is the allocation whose runner said it ended (None: the scheduler decided), ``failed``
+    its report when it said the job failed."""
     with job_trace(job.job_id, job.trace_context, "release"):
-        ending = plan_end(job, allocations, kind, reported_at, now, tuning, reporter)
+        ending = plan_end(job, allocations, kind, reported_at, now, tuning, reporter, failed)
     await apply_endings(conn, [ending], now, tuning)
     return ending.decision
 
@@ -96,11 +104,18 @@ def plan_end(
     now: datetime,
     tuning: Tuning,
     reporter: str | None = None,
+    failed: JobFailed | None = None,
 ) -> Ending:
     """Decide how ``job``'s ``allocations`` end and what that says, without I/O; the events
-    carry the trace context current now."""
+    carry the trace context current now. ``failed``: the runner's report of a failure."""
     decision = allocation_ended(
-        job.status, kind, restarts=job.restarts, max_restarts=job.spec.max_restarts
+        job.status,
+        kind,
+        restarts=job.restarts,
+        max_restarts=job.spec.max_restarts,
+        failure=Failure(failed.failure_kind, failed.reason) if failed is not None else None,
+        backoff_base_s=tuning.restart_backoff_s,
+        backoff_max_s=tuning.restart_backoff_max_s,
     )
     releases: list[tuple[str, datetime, Outcome]] = []
     events: list[Traced] = []
@@ -128,31 +143,48 @@ def plan_end(
     if decision.job_status is JobStatus.CANCELLED:
         cancel_reason = job.status_reason or "cancelled"
         events.append(traced(JobCancelled(job_id=job.job_id, reason=cancel_reason), job.job_id))
-    elif kind == "lost" and decision.job_status is JobStatus.FAILED and allocations:
-        # The runner is gone and cannot say it; the scheduler says it for it.
-        first = allocations[0]
-        failed = JobFailed(
-            job_id=job.job_id,
-            allocation_id=first.allocation_id,
-            node_id=first.node_id,
-            epoch=first.epoch,
-            finished_at=release_time(reported_at, first.granted_at, now),
-            exit_code=None,
-            reason=decision.reason or "node lost",
-        )
-        events.append(traced(failed, job.job_id))
-    elif kind == "lost" and decision.requeued:
+    elif decision.job_status is JobStatus.FAILED and allocations:
+        # The scheduler decides the job's outcome and says it: the runner of a lost node
+        # cannot, and a runner's own report is only about its attempt.
+        events.append(_said_failed(job.job_id, allocations, reporter, decision, failed, now))
+    elif decision.requeued and decision.restart:
         # Likewise: the job's view must leave RUNNING now, not when it is placed again.
         events.extend(_said_preempted(job.job_id, allocations, reported_at, decision.reason))
     return Ending(job, allocations, kind, decision, releases, gpu_seconds, events)
+
+
+def _said_failed(
+    job_id: str,
+    allocations: Sequence[Allocation],
+    reporter: str | None,
+    decision: EndDecision,
+    failed: JobFailed | None,
+    now: datetime,
+) -> Traced:
+    """The job's final ``job.failed``, about the reporting allocation (else the first)."""
+    first = next((a for a in allocations if a.allocation_id == reporter), allocations[0])
+    reported = failed.finished_at if failed is not None else now
+    said = JobFailed(
+        job_id=job_id,
+        allocation_id=first.allocation_id,
+        node_id=first.node_id,
+        epoch=first.epoch,
+        finished_at=release_time(reported, first.granted_at, now),
+        exit_code=failed.exit_code if failed is not None else None,
+        reason=decision.reason or "failed",
+        log_tail=failed.log_tail if failed is not None else "",
+        failure_kind=decision.failure_kind or "user_error",
+    )
+    return traced(said, job_id, event_id=f"said-failed:{first.allocation_id}")
 
 
 async def apply_endings(
     conn: asyncpg.Connection, endings: Sequence[Ending], now: datetime, tuning: Tuning
 ) -> None:
     """Write planned endings (of distinct jobs) in a few statements, whatever their number:
-    releases, fair-share usage (two per team), job states (one per distinct next state and
-    reason), then every event in plan order."""
+    releases, fair-share usage (two per team), requeues (one, each with its reason, restart
+    and back-off), other job states (one per distinct next state and reason), then every
+    event in plan order."""
     await allocation_repo.release_allocations(conn, [r for e in endings for r in e.releases])
     by_team: dict[str, float] = {}
     for ending in endings:
@@ -160,17 +192,19 @@ async def apply_endings(
         by_team[team] = by_team.get(team, 0.0) + ending.gpu_seconds
     for team, gpu_seconds in by_team.items():
         await charge_usage(conn, team, gpu_seconds, now, tuning.half_life_s)
-    requeued: dict[tuple[str, bool], list[str]] = {}  # (reason, restart counted) -> jobs
+    requeued: list[tuple[str, str, bool, datetime | None]] = []
     moved: dict[tuple[JobStatus, str | None], list[str]] = {}  # (status, reason) -> jobs
     for ending in endings:
         job_id, decision = ending.job.job_id, ending.decision
         if decision.requeued:
             why = decision.reason or f"{ending.kind}; requeued"
-            requeued.setdefault((why, ending.kind == "lost"), []).append(job_id)
+            eligible_at = None
+            if decision.backoff_s > 0:
+                eligible_at = now + timedelta(seconds=decision.backoff_s)
+            requeued.append((job_id, why, decision.restart, eligible_at))
         else:
             moved.setdefault((decision.job_status, decision.reason), []).append(job_id)
-    for (why, lost), job_ids in requeued.items():
-        await repo.requeue_jobs(conn, job_ids, now, why, count_restart=lost)
+    await repo.requeue_jobs(conn, requeued, now)
     for (status, reason), job_ids in moved.items():
         await repo.set_job_status(conn, job_ids, status, now, reason)
     await outbox.enqueue_traced(conn, [event for e in endings for event in e.events])

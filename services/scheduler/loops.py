@@ -11,7 +11,9 @@ Contract:
   each pass it revokes the GPUs of victims whose preemption grace is over (``leases``). A
   pass that placed jobs leaves the pending notes to an immediate follow-up pass over the
   settled state (``run_pass(settled_notes=True)``), unless notes have waited ``interval_s``
-  already.
+  already. When a job backs off after a failure, the loop also wakes when the first such
+  job becomes eligible (``jobs.eligible_at``), so it is placed then, not up to
+  ``interval_s`` later.
 - ``LeaderWork.run(stop)`` is what a leader does until ``stop``: the event consumer (each
   fetched batch applied in one transaction, under the scheduling lock and the leader check),
   the pass loop and the lost-node watch. A database error in a pass is logged and retried; a
@@ -66,6 +68,8 @@ class PassLoop:
         self._wake = asyncio.Event()
         self._notes_at = time.monotonic()
         self._rest_until = 0.0
+        self._due_at: float | None = None
+        """Monotonic time when the next job backing off becomes eligible (None: none)."""
         self.passes = 0
 
     def poke(self) -> None:
@@ -109,10 +113,14 @@ class PassLoop:
         async with self._pool.acquire() as conn, conn.transaction():
             await repo.lock_scheduler(conn)
             await self._guard(conn)
-            now = self._clock()
+            now, at = self._clock(), time.monotonic()
             await release_expired_notices(conn, now, self._tuning)
             overdue = started - self._notes_at >= self._interval_s
             decisions = await run_pass(conn, now, self._tuning, settled_notes=not overdue)
+            eligible_at = await repo.next_eligible_at(conn, now)
+        self._due_at = None
+        if eligible_at is not None:
+            self._due_at = at + (eligible_at - now).total_seconds()
         self.passes += 1
         log.debug(
             "pass %d: %d placed, %d preempted, %d waiting in %.1f ms",
@@ -131,12 +139,14 @@ class PassLoop:
         self.poke()
 
     async def _sleep(self, stop: asyncio.Event) -> None:
-        """Until poked (after the rest that follows a pass), stopped, or ``interval_s``."""
+        """Until poked (after the rest that follows a pass), stopped, ``interval_s``, or the
+        next job backing off becomes eligible."""
         waiters = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())]
+        timeout = self._interval_s
+        if self._due_at is not None:
+            timeout = max(0.0, min(timeout, self._due_at - time.monotonic()))
         try:
-            await asyncio.wait(
-                waiters, timeout=self._interval_s, return_when=asyncio.FIRST_COMPLETED
-            )
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             rest = self._rest_until - time.monotonic()
             if rest > 0 and not stop.is_set():
                 await asyncio.wait([waiters[1]], timeout=rest)

@@ -4,8 +4,9 @@ Contract of ``sweep_lost_nodes`` (one transaction, under the scheduling lock): e
 whose last heartbeat is older than the timeout becomes LOST; every job with a live allocation
 on it loses its whole gang (each allocation released with outcome ``lost``, billed up to the
 node's last heartbeat; the gang's other nodes are told to stop); each job is requeued for its
-next attempt, or FAILED ("node lost; max restarts reached") once ``spec.max_restarts``
-restarts are used; then a pass places what it can.
+next attempt at once (no back-off: the node is gone), or FAILED ("node_lost: node lost; max
+restarts (N) reached after M attempts") once ``spec.max_restarts`` restarts are used
+(failures and lost nodes share the count); then a pass places what it can.
 
 ``NodeWatch.run`` sweeps every ``node_check_interval_seconds`` until stopped. It declares
 nothing lost until the process has been up for one timeout, so a scheduler that was down

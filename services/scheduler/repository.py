@@ -52,11 +52,13 @@ async def touch_node(
     gpu_count: int,
     topology: str,
     now: datetime,
+    address: str = "127.0.0.1",
 ) -> bool:
     """A heartbeat that changes no supply: a READY node reporting what it reported before
-    only moves its last heartbeat. False when anything else changed (or the node is new)."""
+    only moves its last heartbeat (and takes its hostname and address as reported). False
+    when anything else changed (or the node is new)."""
     touched = await conn.fetchval(
-        """UPDATE nodes SET hostname = $2,
+        """UPDATE nodes SET hostname = $2, address = $7,
                             last_heartbeat = GREATEST(last_heartbeat, $6)
            WHERE node_id = $1 AND status = 'READY' AND gpu_flavor = $3 AND gpu_count = $4
                  AND topology = $5
@@ -67,6 +69,7 @@ async def touch_node(
         gpu_count,
         topology,
         now,
+        address,
     )
     return bool(touched)
 
@@ -79,19 +82,21 @@ async def upsert_node(
     gpu_count: int,
     now: datetime,
     topology: str = "default",
+    address: str = "127.0.0.1",
 ) -> None:
     """Record a heartbeat: the node is READY, with what it reports now (its flavor is
     registered if new)."""
     await conn.execute("INSERT INTO flavors (name) VALUES ($1) ON CONFLICT DO NOTHING", gpu_flavor)
     await conn.execute(
         """INSERT INTO nodes (node_id, hostname, gpu_flavor, gpu_count, topology, status,
-                              last_heartbeat, registered_at)
-           VALUES ($1, $2, $3, $4, $6, 'READY', $5, $5)
+                              last_heartbeat, registered_at, address)
+           VALUES ($1, $2, $3, $4, $6, 'READY', $5, $5, $7)
            ON CONFLICT (node_id) DO UPDATE SET
                hostname = EXCLUDED.hostname,
                gpu_flavor = EXCLUDED.gpu_flavor,
                gpu_count = EXCLUDED.gpu_count,
                topology = EXCLUDED.topology,
+               address = EXCLUDED.address,
                status = 'READY',
                lost_at = NULL,
                last_heartbeat = GREATEST(nodes.last_heartbeat, EXCLUDED.last_heartbeat)""",
@@ -101,6 +106,7 @@ async def upsert_node(
         gpu_count,
         now,
         topology,
+        address,
     )
 
 
@@ -128,12 +134,12 @@ async def load_snapshot_rows(conn: asyncpg.Connection) -> SnapshotRows:
         pending=await conn.fetch(
             "SELECT job_id, queue, gpu_flavor, gpus, priority_class, submitted_at, "
             "max_runtime_seconds, seq, pending_reason, pending_position, pending_blocking, "
-            "pending_suggestion, pending_estimated_start "
+            "pending_suggestion, pending_estimated_start, eligible_at, restarts, max_restarts "
             "FROM jobs WHERE status = $1",
             JobStatus.QUEUED.value,
         ),
         nodes=await conn.fetch(
-            "SELECT node_id, gpu_flavor, gpu_count, topology FROM nodes WHERE status = $1",
+            "SELECT node_id, gpu_flavor, gpu_count, topology, address FROM nodes WHERE status = $1",
             ready,
         ),
         leases=await conn.fetch(
@@ -240,10 +246,11 @@ async def set_job_status(
     now: datetime,
     reason: str | None = None,
 ) -> None:
-    """Change these jobs' status; leaving QUEUED forgets their last published pending note."""
+    """Change these jobs' status; leaving QUEUED forgets their last published pending note and
+    their back-off."""
     await conn.execute(
         "UPDATE jobs SET status = $2, updated_at = $3, status_reason = COALESCE($4, status_reason),"
-        f" {_NO_PENDING} WHERE job_id = ANY($1::text[])",
+        f" eligible_at = NULL, {_NO_PENDING} WHERE job_id = ANY($1::text[])",
         list(job_ids),
         status.value,
         now,
@@ -265,21 +272,34 @@ async def trace_contexts(
 
 async def requeue_jobs(
     conn: asyncpg.Connection,
-    job_ids: Sequence[str],
+    requeues: Sequence[tuple[str, str, bool, datetime | None]],
     now: datetime,
-    reason: str,
-    count_restart: bool,
 ) -> None:
-    """Back to QUEUED for the next attempt (and one restart used, after a lost node)."""
+    """Back to QUEUED for the next attempt, each ``(job id, reason, restart used, eligible
+    at)`` (None: placeable at once), in one statement however many there are."""
+    if not requeues:
+        return
     await conn.execute(
-        "UPDATE jobs SET status = 'QUEUED', attempt = attempt + 1, "
-        "restarts = restarts + $3::int, status_reason = $4, updated_at = $2, "
-        f"{_NO_PENDING} WHERE job_id = ANY($1::text[])",
-        list(job_ids),
+        "UPDATE jobs j SET status = 'QUEUED', attempt = j.attempt + 1, "
+        "restarts = j.restarts + r.restart::int, status_reason = r.reason, updated_at = $5, "
+        f"eligible_at = r.eligible_at, {_NO_PENDING} "
+        "FROM unnest($1::text[], $2::text[], $3::boolean[], $4::timestamptz[]) "
+        "     AS r(job_id, reason, restart, eligible_at) "
+        "WHERE j.job_id = r.job_id",
+        [job_id for job_id, _, _, _ in requeues],
+        [reason for _, reason, _, _ in requeues],
+        [restart for _, _, restart, _ in requeues],
+        [eligible_at for _, _, _, eligible_at in requeues],
         now,
-        1 if count_restart else 0,
-        reason,
     )
+
+
+async def next_eligible_at(conn: asyncpg.Connection, now: datetime) -> datetime | None:
+    """When the next job backing off after a failure becomes placeable (None: none waits)."""
+    at: datetime | None = await conn.fetchval(
+        "SELECT min(eligible_at) FROM jobs WHERE eligible_at > $1", now
+    )
+    return at
 
 
 async def set_pending(conn: asyncpg.Connection, notes: Sequence[tuple[str, PendingNote]]) -> None:
@@ -327,7 +347,7 @@ async def pending_jobs(conn: asyncpg.Connection) -> list[Row]:
     rows: list[Row] = await conn.fetch(
         "SELECT job_id, team, queue, gpu_flavor, gpus, priority_class, attempt, submitted_at, "
         "pending_reason, pending_position, pending_blocking, pending_suggestion, "
-        "pending_estimated_start FROM jobs WHERE status = 'QUEUED' "
+        "pending_estimated_start, eligible_at FROM jobs WHERE status = 'QUEUED' "
         "ORDER BY queue, pending_position NULLS LAST, submitted_at, seq"
     )
     return rows

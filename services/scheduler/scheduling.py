@@ -6,7 +6,12 @@ scheduling lock, so replicas never interleave and the snapshot's queries see one
   the pure policy (``policy.engine.schedule``).
 - Each placement becomes one allocation per node (a gang shares one ``gang_id``), one lease
   per GPU (the partial unique index refuses a GPU leased twice, whatever the code does), and
-  one ``AllocationGranted`` routed to each node; the job becomes ALLOCATED.
+  one ``AllocationGranted`` routed to each node; the job becomes ALLOCATED. A gang's members
+  are in node id order (string order), which is its rank order: every grant of the gang
+  carries the same ``gang`` list (node, allocation, the node's heartbeat address, GPUs, first
+  rank = the GPUs of the members before it); a job on one node gets ``gang=[]``.
+- Queued jobs backing off after a failure (``eligible_at`` ahead) are kept from the policy
+  and told why (``convert.restart_note``).
 - Each preemption puts a notice on the victim's live allocations and sends each node an
   ``AllocationRevoked(reason="preempted", grace_seconds=<preemption grace>)``. The victim
   keeps its GPUs until its runner reports ``JobPreempted`` or the grace runs out
@@ -50,7 +55,7 @@ from services.scheduler.policy.engine import schedule
 from services.scheduler.policy.model import Decisions, Placement, PolicyConfig, Preemption
 from shared import outbox
 from shared.events import Envelope, Payload
-from shared.events.payloads import AllocationGranted, AllocationRevoked
+from shared.events.payloads import AllocationGranted, AllocationRevoked, GangMember
 from shared.telemetry import extract, inject, tracer
 
 log = logging.getLogger(__name__)
@@ -73,6 +78,11 @@ class Tuning:
     """The policy's own (``grace_s`` is the preemption grace)."""
     cancel_grace_s: float = 30.0
     """Time a runner gets to stop a job whose allocation is revoked for a cancel."""
+    restart_backoff_s: float = 5.0
+    """A job restarted after a failure waits ``restart_backoff_s * 2**(restarts-1)`` (0:
+    not at all) before it may be placed again ..."""
+    restart_backoff_max_s: float = 300.0
+    """... but at most this long."""
 
     @property
     def preemption_grace_s(self) -> float:
@@ -140,7 +150,7 @@ async def run_pass(
             )
             or "nothing",
             _first(f"{p.job_id} for {p.for_job_id}" for p in decisions.preemptions) or "none",
-            len(decisions.explanations) + len(built.held_back),
+            len(decisions.explanations) + len(built.held_back) + len(built.backing_off),
             published,
         )
     return decisions
@@ -170,15 +180,14 @@ async def _grant(
         job = jobs[placement.job_id]
         job.status.check(JobStatus.ALLOCATED)
         gang_id = str(uuid.uuid4())
-        with job_trace(job.job_id, job.trace_context, "grant"):
-            for node_id, indices in nodes:
-                count = counts.get(node_id, 0)
-                if not indices or any(not 0 <= i < count for i in indices):
-                    # The policy must only hand out GPUs the node has; the lease index can't see it.
-                    raise ValueError(
-                        f"placement {placement} is outside the {count} GPUs of {node_id}"
-                    )
-                allocation = Allocation(
+        gang: list[Allocation] = []
+        for node_id, indices in nodes:
+            count = counts.get(node_id, 0)
+            if not indices or any(not 0 <= i < count for i in indices):
+                # The policy must only hand out GPUs the node has; the lease index can't see it.
+                raise ValueError(f"placement {placement} is outside the {count} GPUs of {node_id}")
+            gang.append(
+                Allocation(
                     allocation_id=str(uuid.uuid4()),
                     job_id=job.job_id,
                     node_id=node_id,
@@ -191,21 +200,48 @@ async def _grant(
                     gang_size=len(nodes),
                     borrowed=placement.borrowed,
                 )
-                allocations.append(allocation)
+            )
+        allocations.extend(gang)
+        rendezvous = gang_members(gang, built.addresses)
+        with job_trace(job.job_id, job.trace_context, "grant"):
+            for allocation in gang:
                 granted = AllocationGranted(
                     allocation_id=allocation.allocation_id,
                     job_id=job.job_id,
-                    node_id=node_id,
+                    node_id=allocation.node_id,
                     gpu_indices=list(allocation.gpu_indices),
                     epoch=allocation.epoch,
                     attempt=allocation.attempt,
                     granted_at=now,
                     spec=job.spec,
+                    gang=rendezvous,
                 )
-                events.append(outbox.traced(_envelope(granted, node_id)))
+                events.append(outbox.traced(_envelope(granted, allocation.node_id)))
     await allocation_repo.insert_allocations(conn, allocations)
     await repo.set_job_status(conn, list(jobs), JobStatus.ALLOCATED, now)
     await outbox.enqueue_traced(conn, events)
+
+
+def gang_members(gang: Sequence[Allocation], addresses: Mapping[str, str]) -> list[GangMember]:
+    """The rendezvous list of a gang's allocations, in their order (node id order: rank
+    order); empty for a job on one node."""
+    if len(gang) < 2:
+        return []
+    members: list[GangMember] = []
+    first_rank = 0
+    for allocation in gang:
+        gpus = len(allocation.gpu_indices)
+        members.append(
+            GangMember(
+                node_id=allocation.node_id,
+                allocation_id=allocation.allocation_id,
+                address=addresses.get(allocation.node_id, "127.0.0.1"),
+                gpus=gpus,
+                first_rank=first_rank,
+            )
+        )
+        first_rank += gpus
+    return members
 
 
 async def _give_notice(

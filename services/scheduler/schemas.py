@@ -99,6 +99,8 @@ class PendingJobView(_Schema):
     suggestion: str | None
     estimated_start: datetime | None
     submitted_at: datetime
+    eligible_at: datetime | None = None
+    """Backing off after a failure: no pass places it before this time (None: no back-off)."""
 
 
 class QueueStateView(_Schema):
@@ -272,6 +274,7 @@ def _pending(p: Row) -> PendingJobView:
         suggestion=p["pending_suggestion"],
         estimated_start=p["pending_estimated_start"],
         submitted_at=p["submitted_at"],
+        eligible_at=p.get("eligible_at"),
     )
 
 

@@ -60,6 +60,8 @@ def tuning_from(settings: Settings) -> Tuning:
             reservations=settings.reservations,
         ),
         cancel_grace_s=settings.revoke_grace_seconds,
+        restart_backoff_s=settings.restart_backoff_seconds,
+        restart_backoff_max_s=settings.restart_backoff_max_seconds,
     )
 
 

@@ -80,7 +80,12 @@ class Scheduler:
         return self.events(kind, where)
 
     async def heartbeat(
-        self, node_id: str, gpus: int, flavor: str = "cpu", topology: str = "default"
+        self,
+        node_id: str,
+        gpus: int,
+        flavor: str = "cpu",
+        topology: str = "default",
+        address: str = "127.0.0.1",
     ) -> None:
         await self.send(
             RunnerHeartbeat(
@@ -90,6 +95,7 @@ class Scheduler:
                 gpu_count=gpus,
                 sent_at=datetime.now(UTC),
                 topology=topology,
+                address=address,
             ),
             node_id,
         )
@@ -148,11 +154,28 @@ async def scheduler_with(pool: asyncpg.Pool, nats_settings: NatsSettings) -> Asy
     tunables: ``await scheduler_with(grace_s=1, ...)``."""
     async with contextlib.AsyncExitStack() as stack:
 
-        async def start(cancel_grace_s: float = 5.0, **policy: Any) -> Scheduler:
+        async def start(
+            cancel_grace_s: float = 5.0,
+            restart_backoff_s: float = 0.2,
+            restart_backoff_max_s: float = 300.0,
+            pass_interval_s: float = 0.2,
+            **policy: Any,
+        ) -> Scheduler:
             bus = await stack.enter_async_context(Bus.connect(nats_settings, "scheduler-test"))
-            tuning = Tuning(PolicyConfig(**policy), cancel_grace_s=cancel_grace_s)
+            tuning = Tuning(
+                PolicyConfig(**policy),
+                cancel_grace_s=cancel_grace_s,
+                restart_backoff_s=restart_backoff_s,
+                restart_backoff_max_s=restart_backoff_max_s,
+            )
             work = LeaderWork(
-                NAME, pool, bus, SUBJECTS, tuning, pass_interval_s=0.2, node_timeout_s=3600
+                NAME,
+                pool,
+                bus,
+                SUBJECTS,
+                tuning,
+                pass_interval_s=pass_interval_s,
+                node_timeout_s=3600,
             )
             harness = Scheduler(pool, bus, work)
 

@@ -304,7 +304,7 @@ async def test_a_gang_spans_nodes_and_ends_together(scheduler: Scheduler) -> Non
     assert used is not None and used >= 0
 
     # A member that fails takes the gang down; the other node is told to stop.
-    await scheduler.submit("gang-2", gpus=4)
+    await scheduler.submit("gang-2", gpus=4, max_restarts=0)
     second = await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == "gang-2", count=2)
     failed = JobFailed(
         job_id="gang-2",
@@ -323,6 +323,34 @@ async def test_a_gang_spans_nodes_and_ends_together(scheduler: Scheduler) -> Non
         "SELECT count(*) FROM gpu_leases WHERE released_at IS NULL"
     )
     assert live == 0
+
+
+async def test_every_grant_of_a_gang_carries_the_same_rendezvous_list(
+    scheduler: Scheduler,
+) -> None:
+    await scheduler.heartbeat("n2", gpus=2, topology="rack-1", address="10.0.0.2")
+    await scheduler.heartbeat("n1", gpus=2, topology="rack-1", address="10.0.0.9")
+    # A heartbeat that changes nothing but the address still updates it.
+    await scheduler.heartbeat("n1", gpus=2, topology="rack-1", address="10.0.0.1")
+    await scheduler.submit("gang", gpus=4)
+    grants = await scheduler.wait_for(AllocationGranted, count=2)
+    by_node = {g.node_id: g for g in grants}
+    assert grants[0].gang == grants[1].gang  # one list, the same in every grant
+    assert [
+        (m.node_id, m.allocation_id, m.address, m.gpus, m.first_rank) for m in grants[0].gang
+    ] == [
+        ("n1", by_node["n1"].allocation_id, "10.0.0.1", 2, 0),
+        ("n2", by_node["n2"].allocation_id, "10.0.0.2", 2, 2),
+    ]
+    for grant in grants:  # each grant is one member of its own list
+        (me,) = [m for m in grant.gang if m.allocation_id == grant.allocation_id]
+        assert (me.node_id, me.gpus) == (grant.node_id, len(grant.gpu_indices))
+
+    # A job on one node gets no list.
+    await scheduler.heartbeat("n3", gpus=2, address="10.0.0.3")
+    await scheduler.submit("single", gpus=2)
+    (single,) = await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == "single")
+    assert (single.node_id, single.gang) == ("n3", [])
 
 
 async def test_a_placing_pass_leaves_the_notes_to_the_settled_state(pool: asyncpg.Pool) -> None:

@@ -287,7 +287,10 @@ async def test_lost_node_requeues_its_jobs_elsewhere(scheduler: Scheduler) -> No
     assert (released.allocation_id, released.outcome) == (grant.allocation_id, "lost")
     # Said for the runner, which cannot: the job's view leaves RUNNING at once.
     (said,) = await scheduler.wait_for(JobPreempted)
-    assert (said.allocation_id, said.reason) == (grant.allocation_id, "node lost; requeued")
+    assert (said.allocation_id, said.reason) == (
+        grant.allocation_id,
+        "node lost; requeued for attempt 2 of 2",
+    )
     (regrant,) = await scheduler.wait_for(AllocationGranted, lambda g: g.node_id == "n2")
     assert (regrant.job_id, regrant.attempt) == ("job-1", 1)
     row = await job_row(scheduler.pool, "job-1")
@@ -326,7 +329,8 @@ async def test_lost_node_requeues_its_jobs_elsewhere(scheduler: Scheduler) -> No
         lost = await sweep_lost_nodes(conn, later + timedelta(minutes=5), timedelta(seconds=15))
     assert lost == ["n2"]
     (failed,) = await scheduler.wait_for(JobFailed)
-    assert failed.reason == "node lost; max restarts reached"
+    assert failed.reason == "node_lost: node lost; max restarts (1) reached after 2 attempts"
+    assert (failed.failure_kind, failed.allocation_id) == ("node_lost", regrant.allocation_id)
     assert (await job_row(scheduler.pool, "job-1"))["status"] == "FAILED"
 
 

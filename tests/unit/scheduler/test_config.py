@@ -15,13 +15,23 @@ def test_defaults_become_the_policys_tunables() -> None:
     assert tuning.cancel_grace_s == 30.0
     assert tuning.half_life_s == 7 * 24 * 3600.0
     assert (tuning.policy.backfill, tuning.policy.preemption) == (True, True)
+    assert (tuning.restart_backoff_s, tuning.restart_backoff_max_s) == (5.0, 300.0)
 
 
 def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAINYARD_SCHEDULER_PREEMPTION_GRACE_SECONDS", "45")
     monkeypatch.setenv("TRAINYARD_SCHEDULER_BACKFILL", "false")
     monkeypatch.setenv("TRAINYARD_SCHEDULER_ADMIN_TOKEN", "secret")
+    monkeypatch.setenv("TRAINYARD_SCHEDULER_RESTART_BACKOFF_SECONDS", "0.2")
+    monkeypatch.setenv("TRAINYARD_SCHEDULER_RESTART_BACKOFF_MAX_SECONDS", "60")
     settings = Settings()
+    assert (
+        tuning_from(settings).restart_backoff_s,
+        tuning_from(settings).restart_backoff_max_s,
+    ) == (
+        0.2,
+        60.0,
+    )
     assert tuning_from(settings).preemption_grace_s == 45.0
     assert tuning_from(settings).policy.backfill is False
     assert settings.admin_token is not None

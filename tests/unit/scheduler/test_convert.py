@@ -17,8 +17,10 @@ from services.scheduler.convert import (
     pending_notes,
     to_epoch,
 )
+from services.scheduler.domain import Allocation, AllocationStatus
 from services.scheduler.policy.engine import schedule
 from services.scheduler.policy.model import Decisions, Explanation, PolicyConfig
+from services.scheduler.scheduling import gang_members
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 HALF_LIFE = 3600.0
@@ -196,6 +198,39 @@ def test_unknown_priority_is_held_back_and_explained_last_in_its_queue() -> None
     assert odd.suggestion is not None and "ask an operator to define urgent" in odd.suggestion
 
 
+def test_a_job_backing_off_is_held_back_until_eligible_and_says_so() -> None:
+    eligible = NOW + timedelta(seconds=65)
+    restarting = waiting("again", "qa", seq=1, eligible_at=eligible, restarts=1, max_restarts=3)
+    pending = [restarting, waiting("j2", "qa", gpus=8, seq=2)]
+    built = build_snapshot(rows(pending=pending), NOW, HALF_LIFE)
+    assert [j.job_id for j in built.snapshot.pending] == ["j2"]  # the policy never sees it
+    assert [r["job_id"] for r in built.backing_off] == ["again"]
+    notes = pending_notes(schedule(built.snapshot, PolicyConfig()), built)
+    note = notes["again"]
+    assert note == PendingNote(
+        reason="restarting after a failure (attempt 2 of 4); eligible at 12:01:05 UTC",
+        position=2,
+        blocking="restart back-off",
+        estimated_start=eligible,
+    )
+    # The same note a minute on: not news (no duration in it to drift).
+    again = pending_notes(schedule(built.snapshot, PolicyConfig()), built)["again"]
+    assert not note_changed(note, again, NOW + timedelta(minutes=1))
+
+    # Once eligible (or without a back-off) it is an ordinary waiting job again.
+    later = build_snapshot(rows(pending=pending), eligible, HALF_LIFE)
+    assert [j.job_id for j in later.snapshot.pending] == ["again", "j2"]
+    assert later.backing_off == ()
+    assert schedule(later.snapshot, PolicyConfig()).placements[0].job_id == "again"
+
+
+def test_node_addresses_are_kept_for_rendezvous() -> None:
+    built = build_snapshot(
+        rows(nodes=[{**node("n1"), "address": "10.0.0.1"}, node("n2")]), NOW, HALF_LIFE
+    )
+    assert built.addresses == {"n1": "10.0.0.1", "n2": "127.0.0.1"}
+
+
 def test_decisions_on_a_built_snapshot_place_and_explain() -> None:
     pending = [waiting("small", "qa", gpus=2, seq=1), waiting("big", "qa", gpus=8, seq=2)]
     built = build_snapshot(rows(pending=pending), NOW, HALF_LIFE)
@@ -259,3 +294,26 @@ def test_durations_are_taken_out_of_reasons() -> None:
 
 def test_pending_notes_of_no_decisions_is_empty() -> None:
     assert pending_notes(Decisions(), build_snapshot(rows(), NOW, HALF_LIFE)) == {}
+
+
+def test_a_gang_lists_its_members_in_rank_order() -> None:
+    def allocation(node_id: str, gpus: int) -> Allocation:
+        return Allocation(
+            allocation_id=f"a-{node_id}",
+            job_id="g",
+            node_id=node_id,
+            epoch=1,
+            attempt=0,
+            gpu_indices=tuple(range(gpus)),
+            status=AllocationStatus.GRANTED,
+            granted_at=NOW,
+        )
+
+    gang = [allocation("n1", 4), allocation("n2", 4), allocation("n3", 4)]
+    members = gang_members(gang, {"n1": "10.0.0.1", "n2": "10.0.0.2"})
+    assert [(m.node_id, m.allocation_id, m.address, m.gpus, m.first_rank) for m in members] == [
+        ("n1", "a-n1", "10.0.0.1", 4, 0),
+        ("n2", "a-n2", "10.0.0.2", 4, 4),
+        ("n3", "a-n3", "127.0.0.1", 4, 8),  # no address known: the heartbeat's default
+    ]
+    assert gang_members(gang[:1], {"n1": "10.0.0.1"}) == []  # one node: no rendezvous list

@@ -8,12 +8,16 @@ import pytest
 
 from services.scheduler.domain import (
     AllocationStatus,
+    EndDecision,
+    Failure,
     IllegalTransition,
     JobStatus,
     LiveAllocation,
     allocation_ended,
     fence,
+    format_seconds,
     release_time,
+    restart_backoff,
 )
 
 LIVE = LiveAllocation("alloc-1", "node-1", epoch=7)
@@ -86,7 +90,8 @@ def test_allocation_transitions() -> None:
     [
         (JobStatus.RUNNING, "succeeded", JobStatus.SUCCEEDED, "succeeded"),
         (JobStatus.ALLOCATED, "succeeded", JobStatus.SUCCEEDED, "succeeded"),
-        (JobStatus.RUNNING, "failed", JobStatus.FAILED, "failed"),
+        (JobStatus.RUNNING, "failed", JobStatus.QUEUED, "failed"),
+        (JobStatus.ALLOCATED, "failed", JobStatus.QUEUED, "failed"),
         (JobStatus.RUNNING, "preempted", JobStatus.QUEUED, "preempted"),
         (JobStatus.RUNNING, "lost", JobStatus.QUEUED, "lost"),
         (JobStatus.CANCELLING, "preempted", JobStatus.CANCELLED, "cancelled"),
@@ -104,12 +109,101 @@ def test_allocation_ended(
 
 
 def test_lost_node_requeues_until_max_restarts() -> None:
-    assert allocation_ended(JobStatus.RUNNING, "lost", restarts=1, max_restarts=2).requeued
+    first = allocation_ended(JobStatus.RUNNING, "lost", restarts=1, max_restarts=2)
+    assert first.requeued and first.restart
+    assert first.backoff_s == 0.0  # the node is gone: placed again at once
+    assert first.reason == "node lost; requeued for attempt 3 of 3"
     last = allocation_ended(JobStatus.RUNNING, "lost", restarts=2, max_restarts=2)
     assert last.job_status is JobStatus.FAILED
-    assert last.reason == "node lost; max restarts reached"
+    assert last.reason == "node_lost: node lost; max restarts (2) reached after 3 attempts"
+    assert last.failure_kind == "node_lost"
     never = allocation_ended(JobStatus.RUNNING, "lost", restarts=0, max_restarts=0)
     assert never.job_status is JobStatus.FAILED
+
+
+@pytest.mark.parametrize("kind", ["user_error", "out_of_memory"])
+def test_a_failure_requeues_with_back_off_until_max_restarts(kind: str) -> None:
+    failure = Failure(kind, "exit code 1")  # type: ignore[arg-type]
+
+    def ended(restarts: int) -> EndDecision:
+        return allocation_ended(
+            JobStatus.RUNNING,
+            "failed",
+            restarts=restarts,
+            max_restarts=2,
+            failure=failure,
+            backoff_base_s=5.0,
+            backoff_max_s=300.0,
+        )
+
+    first = ended(0)
+    assert first == EndDecision(
+        JobStatus.QUEUED,
+        "failed",
+        f"attempt 1 failed ({kind}: exit code 1); restarting in 5 s",
+        restart=True,
+        backoff_s=5.0,
+        failure_kind=kind,  # type: ignore[arg-type]
+    )
+    second = ended(1)
+    assert (second.job_status, second.backoff_s) == (JobStatus.QUEUED, 10.0)
+    assert second.reason == f"attempt 2 failed ({kind}: exit code 1); restarting in 10 s"
+    last = ended(2)
+    assert (last.job_status, last.outcome, last.restart) == (JobStatus.FAILED, "failed", False)
+    assert last.reason == f"{kind}: exit code 1; max restarts (2) reached after 3 attempts"
+    assert last.failure_kind == kind
+
+
+@pytest.mark.parametrize(
+    "kind", ["platform_error", "max_runtime", "node_lost", "preempted", "cancelled"]
+)
+def test_other_failure_kinds_fail_at_once(kind: str) -> None:
+    decision = allocation_ended(
+        JobStatus.RUNNING,
+        "failed",
+        restarts=0,
+        max_restarts=3,
+        failure=Failure(kind, "bundle sha256 mismatch"),  # type: ignore[arg-type]
+    )
+    assert (decision.job_status, decision.outcome, decision.restart) == (
+        JobStatus.FAILED,
+        "failed",
+        False,
+    )
+    assert decision.reason == (
+        f"{kind}: bundle sha256 mismatch; {kind} is not restarted (attempt 1 of 4)"
+    )
+
+
+def test_a_failure_of_a_job_being_cancelled_cancels_it() -> None:
+    decision = allocation_ended(
+        JobStatus.CANCELLING, "failed", restarts=0, max_restarts=3, failure=Failure()
+    )
+    assert (decision.job_status, decision.outcome, decision.restart) == (
+        JobStatus.CANCELLED,
+        "cancelled",
+        False,
+    )
+
+
+def test_failures_and_lost_nodes_share_one_restart_counter() -> None:
+    # One restart went to a lost node; the next failure is attempt 2 and uses the last one.
+    decision = allocation_ended(
+        JobStatus.RUNNING, "failed", restarts=1, max_restarts=1, failure=Failure()
+    )
+    assert decision.job_status is JobStatus.FAILED
+    assert decision.reason == "user_error: failed; max restarts (1) reached after 2 attempts"
+
+
+def test_restart_backoff_doubles_up_to_its_cap() -> None:
+    assert [restart_backoff(r, 5.0, 300.0) for r in range(0, 9)] == [
+        0.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0, 300.0,
+    ]  # fmt: skip
+    assert restart_backoff(1000, 5.0, 300.0) == 300.0
+    assert restart_backoff(3, 0.0, 300.0) == 0.0
+    assert [format_seconds(s) for s in (0.2, 5.0, 40.0, 80.0, 300.0)] == [
+        "0.2 s", "5 s", "40 s", "1.3 min", "5 min",
+    ]  # fmt: skip
 
 
 def test_preemption_does_not_use_up_restarts() -> None:

@@ -1,0 +1,138 @@
+"""Restarts after failures, through NATS and Postgres: a failing job backs off and is placed
+again until its restarts are used up; a failure that retrying cannot fix ends it at once."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import asyncpg
+import pytest
+
+from shared.events.payloads import (
+    AllocationGranted,
+    AllocationReleased,
+    FailureKind,
+    JobCancelled,
+    JobCancelRequested,
+    JobFailed,
+    JobPending,
+    JobPreempted,
+)
+from tests.integration.scheduler.conftest import Scheduler, Tuned
+
+pytestmark = pytest.mark.integration
+
+BACKOFF_S = 0.5
+
+
+def failed(grant: AllocationGranted, kind: FailureKind = "user_error") -> JobFailed:
+    return JobFailed(
+        job_id=grant.job_id,
+        allocation_id=grant.allocation_id,
+        node_id=grant.node_id,
+        epoch=grant.epoch,
+        finished_at=datetime.now(UTC),
+        exit_code=1,
+        reason="exit code 1",
+        log_tail="Traceback ...",
+        failure_kind=kind,
+    )
+
+
+async def job_row(pool: asyncpg.Pool, job_id: str) -> asyncpg.Record:
+    return await pool.fetchrow(
+        "SELECT status, status_reason, attempt, restarts, eligible_at, updated_at FROM jobs "
+        "WHERE job_id = $1",
+        job_id,
+    )
+
+
+async def test_a_failing_job_backs_off_and_restarts_until_max_restarts(
+    scheduler_with: Tuned,
+) -> None:
+    # Passes on a long timer: the loop must wake by itself when the back-off ends.
+    scheduler = await scheduler_with(restart_backoff_s=BACKOFF_S, pass_interval_s=60)
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.submit("job-1", gpus=1, max_restarts=2)
+    (grant,) = await scheduler.wait_for(AllocationGranted)
+
+    for attempt, backoff in ((1, BACKOFF_S), (2, 2 * BACKOFF_S)):
+        await scheduler.send(failed(grant), "job-1")
+        row = await job_row(scheduler.pool, "job-1")
+        assert (row["status"], row["attempt"], row["restarts"]) == ("QUEUED", attempt, attempt)
+        # Backing off: eligible one back-off after the failure was handled.
+        waited = (row["eligible_at"] - row["updated_at"]).total_seconds()
+        assert waited == pytest.approx(backoff)
+        shown = "0.5 s" if attempt == 1 else "1 s"
+        expected = f"attempt {attempt} failed (user_error: exit code 1); restarting in {shown}"
+        assert row["status_reason"] == expected
+        # The job's view leaves RUNNING at once, said for the runner...
+        (said,) = await scheduler.wait_for(
+            JobPreempted, lambda p, a=grant.allocation_id: p.allocation_id == a
+        )
+        assert said.reason == expected
+        # ... and while it waits, its note says why and until when.
+        (note,) = await scheduler.wait_for(
+            JobPending, lambda p, n=attempt: f"(attempt {n + 1} of 3)" in p.reason
+        )
+        assert note.reason.startswith(f"restarting after a failure (attempt {attempt + 1} of 3)")
+        assert note.reason.endswith(f"eligible at {row['eligible_at']:%H:%M:%S} UTC")
+        assert note.estimated_start == row["eligible_at"]
+        assert note.blocking == "restart back-off"
+        # Placed again once eligible, not before, with a new epoch.
+        grants = await scheduler.wait_for(AllocationGranted, count=attempt + 1)
+        regrant = grants[-1]
+        assert regrant.attempt == attempt and regrant.epoch > grant.epoch
+        assert regrant.granted_at >= row["eligible_at"]
+        late = (regrant.granted_at - row["eligible_at"]).total_seconds()
+        assert late < 5, f"placed {late:.1f} s after it became eligible"
+        assert (await job_row(scheduler.pool, "job-1"))["eligible_at"] is None
+        grant = regrant
+
+    # The third attempt's failure uses up the restarts: FAILED, said by the scheduler.
+    await scheduler.send(failed(grant), "job-1")
+    row = await job_row(scheduler.pool, "job-1")
+    final = "user_error: exit code 1; max restarts (2) reached after 3 attempts"
+    assert (row["status"], row["status_reason"], row["restarts"]) == ("FAILED", final, 2)
+    (said_failed,) = await scheduler.wait_for(JobFailed, lambda f: f.reason == final)
+    assert (said_failed.allocation_id, said_failed.failure_kind) == (
+        grant.allocation_id,
+        "user_error",
+    )
+    assert (said_failed.exit_code, said_failed.log_tail) == (1, "Traceback ...")
+    # Every attempt was billed, each as a failure.
+    released = await scheduler.wait_for(AllocationReleased, count=3)
+    assert [r.outcome for r in released] == ["failed"] * 3
+    assert len({r.allocation_id for r in released}) == 3
+    assert len(scheduler.events(AllocationGranted)) == 3
+
+
+@pytest.mark.parametrize("kind", ["platform_error", "max_runtime"])
+async def test_a_failure_retrying_cannot_fix_fails_at_once(
+    scheduler: Scheduler, kind: FailureKind
+) -> None:
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.submit("job-1", gpus=1, max_restarts=3)
+    (grant,) = await scheduler.wait_for(AllocationGranted)
+    await scheduler.send(failed(grant, kind), "job-1")
+    row = await job_row(scheduler.pool, "job-1")
+    reason = f"{kind}: exit code 1; {kind} is not restarted (attempt 1 of 4)"
+    assert (row["status"], row["status_reason"], row["restarts"]) == ("FAILED", reason, 0)
+    assert row["eligible_at"] is None
+    (said,) = await scheduler.wait_for(JobFailed, lambda f: f.reason == reason)
+    assert said.failure_kind == kind
+    (released,) = await scheduler.wait_for(AllocationReleased)
+    assert released.outcome == "failed"
+    assert scheduler.events(JobPreempted) == []
+    assert len(scheduler.events(AllocationGranted)) == 1
+
+
+async def test_a_failure_while_cancelling_ends_cancelled(scheduler: Scheduler) -> None:
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.submit("job-1", gpus=1, max_restarts=3)
+    (grant,) = await scheduler.wait_for(AllocationGranted)
+    await scheduler.send(JobCancelRequested(job_id="job-1", team="vision", user="ada"), "job-1")
+    await scheduler.send(failed(grant), "job-1")
+    assert (await job_row(scheduler.pool, "job-1"))["status"] == "CANCELLED"
+    await scheduler.wait_for(JobCancelled)
+    assert len(scheduler.events(AllocationGranted)) == 1
