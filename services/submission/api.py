@@ -5,20 +5,25 @@ Contract:
   is 401 before anything else is looked at.
 - Every error is JSON ``{"detail": ..., "errors": [{"field": ..., "message": ...}]}``
   (``shared.http_errors``): 422 for invalid input (every bad field named, nothing stored),
-  401/403/404/409 as usual, and 500 with a generic message (the traceback goes to the log,
-  never to the user).
+  401/403/404/409 as usual, 413 for a bundle over the limit, and 500 with a generic message
+  (the traceback goes to the log, never to the user).
+- Code bundles are per team: ``HEAD /v1/bundles/{sha256}`` answers 200 when the caller's
+  team has uploaded it, else 404; ``PUT /v1/bundles/{sha256}`` stores the body after
+  checking that its sha256 is the one in the path (201 created, 200 already there).
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import asyncpg
-from litestar import Litestar, Request, Response, Router, get, post
+from litestar import Litestar, Request, Response, Router, get, head, post, put
 from litestar.di import NamedDependency, Provide
-from litestar.exceptions import NotAuthorizedException
+from litestar.exceptions import HTTPException, NotAuthorizedException
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import OpenAPIConfig
 from litestar.params import FromPath, FromQuery, HeaderParameter, QueryParameter
@@ -27,31 +32,40 @@ from services.submission import commands
 from services.submission.commands import Caller, Conflict, Forbidden, NotFound
 from services.submission.config import Settings
 from services.submission.domain import JobStatus
+from services.submission.objects import Objects
 from services.submission.schemas import (
+    BundleStored,
     CreateUserRequest,
     JobSummary,
     JobView,
+    LogPage,
     UserCreated,
     parse_idempotency_key,
     parse_job_request,
 )
 from shared.auth import bearer_token
-from shared.http_errors import exception_handlers, parse_body
+from shared.events.payloads import BUNDLE_SHA256_PATTERN
+from shared.http_errors import RequestInvalid, exception_handlers, parse_body
 from shared.http_tracing import tracing_middleware
+from shared.storage import ObjectStore
 
 Pool = NamedDependency[asyncpg.Pool]
 Me = NamedDependency[Caller]
 Config = NamedDependency[Settings]
+Store = NamedDependency[Objects]
 AnyRequest = Request[Any, Any, Any]
 IdempotencyKey = Annotated[str | None, HeaderParameter(name="Idempotency-Key")]
 Limit = Annotated[int, QueryParameter(ge=1, le=500)]
+LogLimit = Annotated[int, QueryParameter(ge=1, le=100)]
 
 
 @dataclass(frozen=True)
 class AppDeps:
-    """What the app is built on: the service's pool, and the runtime's health routes."""
+    """What the app is built on: the service's pool and object store, and the runtime's
+    health routes."""
 
     pool: asyncpg.Pool
+    store: ObjectStore
     health_handlers: Sequence[HTTPRouteHandler] = field(default_factory=tuple)
 
 
@@ -66,10 +80,16 @@ async def create_user(request: AnyRequest, pool: Pool, caller: Me) -> UserCreate
 
 @post("/jobs")
 async def submit_job(
-    request: AnyRequest, pool: Pool, caller: Me, settings: Config, key: IdempotencyKey = None
+    request: AnyRequest,
+    pool: Pool,
+    objects: Store,
+    caller: Me,
+    settings: Config,
+    key: IdempotencyKey = None,
 ) -> Response[JobView]:
     job = parse_job_request(await request.body(), settings.flavors)
-    view, created = await commands.submit_job(pool, caller, job, parse_idempotency_key(key))
+    key = parse_idempotency_key(key)
+    view, created = await commands.submit_job(pool, objects, caller, job, key)
     location = {"Location": f"/v1/jobs/{view.id}"}
     return Response(view, status_code=201 if created else 200, headers=location)
 
@@ -89,6 +109,70 @@ async def list_jobs(
 @post("/jobs/{job_id:str}/cancel", status_code=202)
 async def cancel_job(job_id: FromPath[str], pool: Pool, caller: Me) -> JobView:
     return await commands.cancel_job(pool, caller, job_id)
+
+
+@get("/jobs/{job_id:str}/logs")
+async def job_logs(
+    job_id: FromPath[str],
+    pool: Pool,
+    objects: Store,
+    caller: Me,
+    settings: Config,
+    after: FromQuery[str | None] = None,
+    limit: LogLimit = 20,
+) -> LogPage:
+    return await commands.job_logs(
+        pool, objects, caller, job_id, after, limit, settings.log_page_max_bytes
+    )
+
+
+# --- code bundles ----------------------------------------------------------------------
+
+
+@head("/bundles/{sha256:str}")
+async def bundle_stored(sha256: FromPath[str], objects: Store, caller: Me) -> Response[None]:
+    found = await objects.bundle_exists(caller.team, _bundle_sha256(sha256))
+    return Response(content=None, status_code=200 if found else 404)
+
+
+@put("/bundles/{sha256:str}", request_max_body_size=None)
+async def upload_bundle(
+    request: AnyRequest, sha256: FromPath[str], objects: Store, caller: Me, settings: Config
+) -> Response[BundleStored]:
+    sha256 = _bundle_sha256(sha256)
+    limit = settings.bundle_max_bytes
+    announced = request.headers.get("content-length", "")
+    if announced.isdigit() and int(announced) > limit:
+        raise _too_large(limit)
+    data = bytearray()
+    digest = hashlib.sha256()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > limit:
+            raise _too_large(limit)
+        digest.update(chunk)
+    if digest.hexdigest() != sha256:
+        raise RequestInvalid.one(
+            "body",
+            f"the body's sha256 is {digest.hexdigest()}, not the {sha256} named in the path",
+        )
+    created = await objects.put_bundle(caller.team, sha256, bytes(data))
+    stored = BundleStored(sha256=sha256, size_bytes=len(data), team=caller.team, created=created)
+    return Response(stored, status_code=201 if created else 200)
+
+
+def _bundle_sha256(value: str) -> str:
+    if not re.fullmatch(BUNDLE_SHA256_PATTERN, value):
+        raise RequestInvalid.one("sha256", "must be 64 lowercase hex digits (a sha256)")
+    return value
+
+
+def _too_large(limit: int) -> HTTPException:
+    return HTTPException(
+        status_code=413,
+        detail=f"bundle too large: this server accepts at most {limit} bytes "
+        f"({limit / 2**20:.1f} MiB); leave large files out with .trainyardignore",
+    )
 
 
 # --- authentication --------------------------------------------------------------------
@@ -116,9 +200,23 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
     def provide_settings() -> Settings:
         return settings
 
+    objects = Objects(deps.store)
+
+    def provide_objects() -> Objects:
+        return objects
+
     v1 = Router(
         "/v1",
-        route_handlers=[create_user, submit_job, get_job, list_jobs, cancel_job],
+        route_handlers=[
+            create_user,
+            submit_job,
+            get_job,
+            list_jobs,
+            cancel_job,
+            job_logs,
+            bundle_stored,
+            upload_bundle,
+        ],
         dependencies={"caller": Provide(resolve_caller)},
     )
     return Litestar(
@@ -126,6 +224,7 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
         dependencies={
             "pool": Provide(provide_pool, sync_to_thread=False),
             "settings": Provide(provide_settings, sync_to_thread=False),
+            "objects": Provide(provide_objects, sync_to_thread=False),
         },
         middleware=[tracing_middleware],
         exception_handlers=exception_handlers({NotFound: 404, Forbidden: 403, Conflict: 409}),

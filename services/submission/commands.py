@@ -8,6 +8,9 @@ Contract:
   one transaction: a job that got 201 is announced, and a job that is announced exists.
 - ``cancel_job`` announces ``JobCancelRequested`` once; the status turns CANCELLED only when
   the scheduler confirms with ``JobCancelled``.
+- A job whose code is a bundle is accepted only when the caller's team uploaded that
+  bundle (``PUT /v1/bundles/{sha256}``); otherwise 422 on ``code.sha256``.
+- ``job_logs`` reads a job's log chunks from the object store, scoped like ``get_job``.
 """
 
 from __future__ import annotations
@@ -18,13 +21,18 @@ from datetime import UTC, datetime
 
 import asyncpg
 
+from services.submission import logs
 from services.submission import repository as repo
 from services.submission.domain import JobStatus
+from services.submission.objects import Objects
 from services.submission.schemas import (
+    BundleCode,
     CreateUserRequest,
     JobRequest,
     JobSummary,
     JobView,
+    LogChunk,
+    LogPage,
     UserCreated,
 )
 from services.submission.views import job_summary, job_view
@@ -32,6 +40,7 @@ from shared import outbox
 from shared.auth import hash_token, new_token
 from shared.events import Envelope
 from shared.events.payloads import JobCancelRequested, JobSubmitted, dump
+from shared.http_errors import RequestInvalid
 
 SOURCE = "trainyard/submission"
 
@@ -115,12 +124,21 @@ async def create_user(
 
 
 async def submit_job(
-    pool: asyncpg.Pool, caller: Caller, request: JobRequest, idempotency_key: str | None
+    pool: asyncpg.Pool,
+    objects: Objects,
+    caller: Caller,
+    request: JobRequest,
+    idempotency_key: str | None,
 ) -> tuple[JobView, bool]:
     """Store and announce a job; return its view and whether it is new (False: the same
     idempotency key was used before, and the earlier job is returned)."""
     if request.team is not None and request.team != caller.team:
         raise Forbidden(f"you can submit jobs for your own team ({caller.team}) only")
+    code = request.code
+    if isinstance(code, BundleCode) and not await objects.bundle_exists(caller.team, code.sha256):
+        raise RequestInvalid.one(
+            "code.sha256", f"no bundle with this sha256 was uploaded for team {caller.team}"
+        )
     spec = request.to_spec(user=caller.user, team=caller.team)
     job_id, now = str(uuid.uuid4()), datetime.now(UTC)
     async with pool.acquire() as conn, conn.transaction():
@@ -182,6 +200,48 @@ async def cancel_job(pool: asyncpg.Pool, caller: Caller, job_id: str) -> JobView
             event = JobCancelRequested(job_id=job_id, team=caller.team, user=caller.user)
             await outbox.enqueue(conn, Envelope.wrap(event, source=SOURCE, subject=job_id))
         return await _read_view(conn, caller, job_id)
+
+
+async def job_logs(
+    pool: asyncpg.Pool,
+    objects: Objects,
+    caller: Caller,
+    job_id: str,
+    after: str | None,
+    limit: int,
+    max_bytes: int,
+) -> LogPage:
+    """The job's log chunks after the cursor ``after`` (see ``logs``): at most ``limit``
+    chunks and, past the first, at most ``max_bytes`` of output."""
+    try:
+        cursor = logs.Cursor.decode(after)
+    except logs.BadCursor as exc:
+        raise RequestInvalid.one("after", str(exc)) from None
+    # The job first: a terminal status read here is never newer than the listing below.
+    async with pool.acquire() as conn:
+        job = await repo.job_for_team(conn, caller.team_id, job_id)
+    if job is None:
+        raise NotFound(f"job {job_id} not found")
+    started = job["started_at"] is not None or job["attempt"] is not None
+    index = logs.LogIndex.from_keys(await objects.log_keys(job_id))
+    chunks: list[LogChunk] = []
+    returned: list[logs.ChunkRef] = []
+    size = 0
+    for ref in logs.page(index, cursor, limit):
+        data = await objects.read_log(job_id, ref.key)
+        if data is None or (returned and size + len(data) > max_bytes):
+            break
+        size += len(data)
+        returned.append(ref)
+        text = data.decode("utf-8", errors="replace")
+        chunks.append(LogChunk(stream=ref.stream, seq=ref.seq, text=text))
+    cursor = cursor.advance(returned)
+    return LogPage(
+        chunks=chunks,
+        cursor=cursor.encode(),
+        streams_complete=index.complete(cursor, started),
+        job_terminal=JobStatus(job["status"]).is_terminal,
+    )
 
 
 async def _read_view(conn: asyncpg.Connection, caller: Caller, job_id: str) -> JobView:

@@ -8,6 +8,7 @@ from pydantic_settings import SettingsConfigDict
 from shared.settings import ServiceSettings
 
 DEFAULT_FLAVORS = ["cpu", "t4", "a100", "h100", "h200"]
+DEFAULT_BUNDLE_MAX_BYTES = 100 * 1024 * 1024
 
 
 class Settings(ServiceSettings):
@@ -19,3 +20,8 @@ class Settings(ServiceSettings):
     """Port of the public HTTP API (and ``/healthz``, ``/readyz``)."""
     flavors: list[str] = Field(default_factory=lambda: list(DEFAULT_FLAVORS))
     """GPU flavors a job may ask for (JSON list in the environment, e.g. ``["cpu","h200"]``)."""
+    bundle_max_bytes: int = Field(default=DEFAULT_BUNDLE_MAX_BYTES, ge=1)
+    """Largest code bundle ``PUT /v1/bundles/{sha256}`` accepts (bytes, compressed)."""
+    log_page_max_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
+    """A page of ``GET /v1/jobs/{id}/logs`` stops adding chunks past this many bytes (it
+    always holds at least one)."""

@@ -435,3 +435,32 @@ class JobSummary(BaseModel):
     step: int | None
     cost: float
     currency: str | None
+
+
+class BundleStored(BaseModel):
+    """The answer of ``PUT /v1/bundles/{sha256}``."""
+
+    sha256: str
+    size_bytes: int
+    team: str
+    created: bool
+    """False: the team had uploaded this bundle before (nothing was written)."""
+
+
+class LogChunk(BaseModel):
+    stream: str
+    """``a<attempt:04d>-<node_id>``: one attempt of the job on one node."""
+    seq: int
+    text: str
+    """The chunk's bytes as UTF-8 (undecodable bytes replaced)."""
+
+
+class LogPage(BaseModel):
+    """The answer of ``GET /v1/jobs/{id}/logs``."""
+
+    chunks: list[LogChunk]
+    cursor: str
+    """Pass as ``after`` to get what comes next (opaque; per-stream positions)."""
+    streams_complete: bool
+    """Every stream has ended and this page reached its end (or the job never started)."""
+    job_terminal: bool

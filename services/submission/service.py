@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import asyncpg
@@ -16,6 +17,7 @@ from shared.inbox import TransactionalHandler, idempotent
 from shared.outbox import OutboxRelay
 from shared.retention import Retention
 from shared.runtime import ServiceRuntime
+from shared.storage import open_store
 
 NAME = "submission"
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -34,13 +36,16 @@ async def serve(settings: Settings) -> int:
     async with ServiceRuntime(NAME, settings) as rt:
         pool = await rt.resources.enter_async_context(open_pool(settings.database, NAME))
         await migrate(pool, NAME, MIGRATIONS)
+        # Code bundles are stored, and job logs read, here (S3: the bucket is made if missing).
+        store = await asyncio.to_thread(open_store, settings.storage.uri, settings.storage)
         bus = await rt.resources.enter_async_context(Bus.connect(settings.nats, NAME))
         rt.add_readiness_check("database", lambda: ping(pool))
         rt.add_readiness_check("nats", bus.ping)
         rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
         rt.spawn(Retention(pool, settings.nats.retention_hours).run(rt.stopping), "retention")
         rt.spawn(bus.consume_batches(NAME, SUBJECTS, event_handler(pool), rt.stopping), "events")
-        app = create_app(settings, AppDeps(pool=pool, health_handlers=rt.health_handlers()))
+        deps = AppDeps(pool=pool, store=store, health_handlers=rt.health_handlers())
+        app = create_app(settings, deps)
         return await rt.run(app)
 
 

@@ -2,7 +2,8 @@
 
 ``submission`` runs the service's parts in the test's event loop exactly as ``serve`` wires
 them (migrated pool, outbox relay, the ``submission`` consumer through ``idempotent``, the
-Litestar app) and talks to the app over ASGI with an httpx client.
+Litestar app over the object store ``TRAINYARD_STORAGE_URI`` names: a folder of the test's
+own) and talks to the app over ASGI with an httpx client.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -27,7 +29,8 @@ from shared.events import Envelope, Payload
 from shared.events.payloads import AllocationGranted
 from shared.inbox import TransactionalHandler
 from shared.outbox import OutboxRelay
-from shared.settings import DatabaseSettings, NatsSettings
+from shared.settings import DatabaseSettings, NatsSettings, StorageSettings
+from shared.storage import ObjectStore, open_store
 
 SPEC: dict[str, Any] = {
     "name": "digits-cnn",
@@ -41,8 +44,12 @@ SPEC: dict[str, Any] = {
 
 
 @pytest.fixture
-def settings(database_url: str, nats_settings: NatsSettings) -> Settings:
-    return Settings(database=DatabaseSettings(url=database_url), nats=nats_settings)
+def settings(database_url: str, nats_settings: NatsSettings, tmp_path: Path) -> Settings:
+    return Settings(
+        database=DatabaseSettings(url=database_url),
+        nats=nats_settings,
+        storage=StorageSettings(uri=(tmp_path / "objects").as_uri()),
+    )
 
 
 @pytest.fixture
@@ -65,6 +72,7 @@ class Submission:
     client: httpx.AsyncClient
     pool: asyncpg.Pool
     bus: Bus
+    store: ObjectStore
     admin_token: str
     other_team_token: str
 
@@ -126,13 +134,14 @@ async def running_submission(
     ]
     admin = await commands.bootstrap_admin(pool, "ml", "alice")
     other = await commands.bootstrap_admin(pool, "vision", "bob")
+    store = open_store(settings.storage.uri, settings.storage)
     try:
         # ASGI in this event loop (Litestar's AsyncTestClient runs the app on another loop,
         # where the pool's connections cannot be used).
-        app = create_app(settings, AppDeps(pool=pool))
+        app = create_app(settings, AppDeps(pool=pool, store=store))
         transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
         async with httpx.AsyncClient(transport=transport, base_url="http://submission") as client:
-            yield Submission(client, pool, bus, admin, other)
+            yield Submission(client, pool, bus, store, admin, other)
     finally:
         stop.set()
         await asyncio.gather(*tasks)

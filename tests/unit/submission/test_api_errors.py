@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -11,6 +12,7 @@ from litestar.testing import TestClient
 
 from services.submission.api import AppDeps, create_app
 from services.submission.config import Settings
+from shared.storage import LocalStore
 
 
 class BrokenPool(asyncpg.Pool):  # type: ignore[misc]
@@ -30,8 +32,8 @@ def pool() -> BrokenPool:
 
 
 @pytest.fixture
-def client(pool: BrokenPool) -> Iterator[TestClient[Any]]:
-    app = create_app(Settings(), AppDeps(pool=pool))
+def client(pool: BrokenPool, tmp_path: Path) -> Iterator[TestClient[Any]]:
+    app = create_app(Settings(), AppDeps(pool=pool, store=LocalStore(tmp_path)))
     with TestClient(app) as test_client:
         yield test_client
 

@@ -1,0 +1,261 @@
+"""Code bundles (HEAD/PUT /v1/bundles/{sha256}, jobs that name one) and job logs
+(GET /v1/jobs/{id}/logs) against real PostgreSQL and NATS and a local object store."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import httpx
+import pytest
+
+from services.submission.api import AppDeps, create_app
+from services.submission.config import Settings
+from tests.integration.submission.conftest import SPEC, Submission
+from tests.unit.submission import factories as ev
+
+pytestmark = pytest.mark.integration
+
+BUNDLE = b"\x1f\x8b pretend this is a tar.gz " + os.urandom(64)
+SHA = hashlib.sha256(BUNDLE).hexdigest()
+
+
+def _code(sha: str = SHA, size: int = len(BUNDLE)) -> dict[str, Any]:
+    return {"kind": "bundle", "sha256": sha, "size_bytes": size}
+
+
+async def _put(submission: Submission, data: bytes, sha: str, token: str | None = None) -> Any:
+    return await submission.client.put(
+        f"/v1/bundles/{sha}", content=data, headers=submission.auth(token)
+    )
+
+
+async def _head(submission: Submission, sha: str, token: str | None = None) -> int:
+    response = await submission.client.head(f"/v1/bundles/{sha}", headers=submission.auth(token))
+    return response.status_code
+
+
+# --- bundles ---------------------------------------------------------------------------------
+
+
+async def test_bundle_routes_need_a_token(submission: Submission) -> None:
+    for method in ("HEAD", "PUT"):
+        response = await submission.client.request(method, f"/v1/bundles/{SHA}", content=BUNDLE)
+        assert response.status_code == 401, method
+    response = await submission.client.get("/v1/jobs/x/logs")
+    assert response.status_code == 401
+    assert submission.store.list("bundles/") == []
+
+
+async def test_upload_once_then_already_stored(submission: Submission) -> None:
+    assert await _head(submission, SHA) == 404
+    first = await _put(submission, BUNDLE, SHA)
+    assert first.status_code == 201, first.text
+    assert first.json() == {"sha256": SHA, "size_bytes": len(BUNDLE), "team": "ml", "created": True}
+    assert submission.store.get_bytes(f"bundles/ml/{SHA}.tar.gz") == BUNDLE
+    assert await _head(submission, SHA) == 200
+    again = await _put(submission, BUNDLE, SHA)  # idempotent
+    assert again.status_code == 200 and again.json()["created"] is False
+    assert submission.store.list("bundles/") == [f"bundles/ml/{SHA}.tar.gz"]
+
+
+async def test_body_must_hash_to_the_path(submission: Submission) -> None:
+    wrong = hashlib.sha256(b"something else").hexdigest()
+    response = await _put(submission, BUNDLE, wrong)
+    assert response.status_code == 422
+    (error,) = response.json()["errors"]
+    assert error["field"] == "body" and SHA in error["message"] and wrong in error["message"]
+    assert submission.store.list("bundles/") == []
+
+
+@pytest.mark.parametrize("sha", ["abc", SHA.upper(), SHA + "0", "..%2F..%2Fetc"])
+async def test_malformed_sha256_is_422(submission: Submission, sha: str) -> None:
+    response = await _put(submission, BUNDLE, sha)
+    assert response.status_code in (404, 422)
+    if response.status_code == 422:
+        assert response.json()["errors"][0]["field"] == "sha256"
+    assert await _head(submission, sha) in (404, 422)
+    assert submission.store.list("bundles/") == []
+
+
+async def test_bundle_over_the_limit_is_413(submission: Submission, settings: Settings) -> None:
+    small = settings.model_copy(update={"bundle_max_bytes": 100})
+    app = create_app(small, AppDeps(pool=submission.pool, store=submission.store))
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    big = os.urandom(101)
+    sha = hashlib.sha256(big).hexdigest()
+    async with httpx.AsyncClient(transport=transport, base_url="http://s") as client:
+        response = await client.put(f"/v1/bundles/{sha}", content=big, headers=submission.auth())
+        assert response.status_code == 413
+        assert "at most 100 bytes" in response.json()["detail"]
+        assert ".trainyardignore" in response.json()["detail"]
+
+        async def chunks() -> Any:  # no Content-Length: counted as it streams
+            yield big[:60]
+            yield big[60:]
+
+        response = await client.put(
+            f"/v1/bundles/{sha}", content=chunks(), headers=submission.auth()
+        )
+        assert response.status_code == 413
+    assert submission.store.list("bundles/") == []
+
+
+async def test_job_naming_a_bundle_needs_it_uploaded_by_its_own_team(
+    submission: Submission,
+) -> None:
+    spec = {**SPEC, "code": _code()}
+    refused = await submission.client.post("/v1/jobs", json=spec, headers=submission.auth())
+    assert refused.status_code == 422
+    assert refused.json()["errors"] == [
+        {"field": "code.sha256", "message": "no bundle with this sha256 was uploaded for team ml"}
+    ]
+    assert (await _put(submission, BUNDLE, SHA)).status_code == 201
+    view = await submission.submit(spec)
+    assert view["spec"]["code"] == _code()
+    assert view["spec"]["entrypoint"] == SPEC["entrypoint"] and view["spec"]["command"] == []
+
+    # Another team can neither see the bundle nor run it, however it learnt the hash.
+    other = submission.other_team_token
+    assert await _head(submission, SHA, other) == 404
+    response = await submission.client.post("/v1/jobs", json=spec, headers=submission.auth(other))
+    assert response.status_code == 422
+    assert response.json()["errors"][0]["message"].endswith("for team vision")
+    # Uploading it is its own copy, under its own team.
+    assert (await _put(submission, BUNDLE, SHA, other)).status_code == 201
+    assert submission.store.list("bundles/") == [
+        f"bundles/ml/{SHA}.tar.gz",
+        f"bundles/vision/{SHA}.tar.gz",
+    ]
+
+
+async def test_command_requirements_image_and_git_reach_the_spec(submission: Submission) -> None:
+    spec = {k: v for k, v in SPEC.items() if k != "entrypoint"}
+    spec |= {
+        "command": ["bash", "run.sh", "--fast"],
+        "requirements": ["numpy>=1.26", 'tomli; python_version < "3.11"'],
+        "image": "ghcr.io/acme/train:1.0",
+        "code": {"kind": "git", "repository": "https://github.com/a/b.git", "commit": "f" * 40},
+    }
+    view = await submission.submit(spec)
+    for field in ("command", "requirements", "image", "code"):
+        assert view["spec"][field] == spec[field]
+    assert view["spec"]["entrypoint"] == ""
+    bad = {**spec, "requirements": ["--index-url http://evil"]}
+    response = await submission.client.post("/v1/jobs", json=bad, headers=submission.auth())
+    assert response.status_code == 422
+    assert response.json()["errors"][0]["field"] == "requirements[0]"
+
+
+# --- logs ------------------------------------------------------------------------------------
+
+
+def _chunk(submission: Submission, job_id: str, stream: str, seq: int, data: bytes) -> None:
+    submission.store.put_bytes(f"logs/{job_id}/{stream}/chunk-{seq:08d}.log", data)
+
+
+def _end(submission: Submission, job_id: str, stream: str) -> None:
+    submission.store.put_bytes(f"logs/{job_id}/{stream}/end", b"")
+
+
+async def _logs(
+    submission: Submission, job_id: str, after: str | None = None, **params: Any
+) -> dict[str, Any]:
+    query = {**params, **({"after": after} if after is not None else {})}
+    response = await submission.client.get(
+        f"/v1/jobs/{job_id}/logs", params=query, headers=submission.auth()
+    )
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+async def test_logs_page_by_cursor_until_the_job_and_its_streams_end(
+    submission: Submission,
+) -> None:
+    job_id = (await submission.submit())["id"]
+    queued = await _logs(submission, job_id)  # no stream, and none is coming yet
+    assert queued == {"chunks": [], "cursor": "", "streams_complete": True, "job_terminal": False}
+
+    await submission.publish(ev.granted(job_id))
+    await submission.publish(ev.started(job_id))
+    await submission.wait_for(job_id, lambda v: v["status"] == "RUNNING")
+    assert (await _logs(submission, job_id))["streams_complete"] is False  # output is due
+    _chunk(submission, job_id, "a0001-node-1", 0, b"epoch 1\n")
+    _chunk(submission, job_id, "a0001-node-1", 1, b"caf\xc3")  # a character cut in two
+    _chunk(submission, job_id, "a0001-node-2", 0, b"rank 1\n")
+    first = await _logs(submission, job_id, limit=2)
+    assert [(c["stream"], c["seq"], c["text"]) for c in first["chunks"]] == [
+        ("a0001-node-1", 0, "epoch 1\n"),
+        ("a0001-node-1", 1, "caf\ufffd"),
+    ]
+    assert first["streams_complete"] is False and first["job_terminal"] is False
+
+    # node-1 writes on while node-2's first chunk is still unread: nothing is skipped.
+    _chunk(submission, job_id, "a0001-node-1", 2, b"epoch 2\n")
+    second = await _logs(submission, job_id, first["cursor"])
+    assert [(c["stream"], c["seq"]) for c in second["chunks"]] == [
+        ("a0001-node-1", 2),
+        ("a0001-node-2", 0),
+    ]
+    assert await _logs(submission, job_id, second["cursor"]) == {
+        **second,
+        "chunks": [],
+    }
+
+    _end(submission, job_id, "a0001-node-1")
+    _end(submission, job_id, "a0001-node-2")
+    await submission.publish(ev.succeeded(job_id))
+    await submission.wait_for(job_id, lambda v: v["status"] == "SUCCEEDED")
+    last = await _logs(submission, job_id, second["cursor"])
+    assert last["chunks"] == []
+    assert last["streams_complete"] is True and last["job_terminal"] is True
+    from_start = await _logs(submission, job_id)
+    assert len(from_start["chunks"]) == 4 and from_start["streams_complete"] is True
+
+
+async def test_a_page_stops_at_the_byte_budget(submission: Submission, settings: Settings) -> None:
+    job_id = (await submission.submit())["id"]
+    for seq in range(3):
+        _chunk(submission, job_id, "a0001-node-1", seq, b"x" * 60)
+    small = settings.model_copy(update={"log_page_max_bytes": 100})
+    app = create_app(small, AppDeps(pool=submission.pool, store=submission.store))
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="http://s") as client:
+        seqs: list[int] = []
+        cursor = ""
+        for _ in range(4):
+            response = await client.get(
+                f"/v1/jobs/{job_id}/logs", params={"after": cursor}, headers=submission.auth()
+            )
+            page = response.json()
+            assert len(page["chunks"]) <= 1  # 60 + 60 > 100, yet never an empty page
+            seqs += [c["seq"] for c in page["chunks"]]
+            cursor = page["cursor"]
+    assert seqs == [0, 1, 2]
+
+
+async def test_logs_are_team_scoped_and_check_their_input(submission: Submission) -> None:
+    job_id = (await submission.submit())["id"]
+    _chunk(submission, job_id, "a0001-node-1", 0, b"secret\n")
+    other = await submission.client.get(
+        f"/v1/jobs/{job_id}/logs", headers=submission.auth(submission.other_team_token)
+    )
+    assert other.status_code == 404 and "secret" not in other.text
+    missing = await submission.client.get("/v1/jobs/nope/logs", headers=submission.auth())
+    assert missing.status_code == 404
+    for params, field in (({"after": "garbage!"}, "after"), ({"limit": 0}, "limit")):
+        response = await submission.client.get(
+            f"/v1/jobs/{job_id}/logs", params=params, headers=submission.auth()
+        )
+        assert response.status_code == 422
+        assert response.json()["errors"][0]["field"] == field
+
+
+async def test_a_job_that_never_started_has_complete_empty_logs(submission: Submission) -> None:
+    job_id = (await submission.submit())["id"]
+    await submission.publish(ev.cancelled(job_id))
+    await submission.wait_for(job_id, lambda v: v["terminal"])
+    page = await _logs(submission, job_id)
+    assert page["chunks"] == [] and page["streams_complete"] and page["job_terminal"]
