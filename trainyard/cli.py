@@ -1,30 +1,43 @@
 """``trainyard``: submit, follow, list and cancel training jobs from a shell.
 
     trainyard submit job.json [--follow]     submit a job spec (and follow it to the end)
+              [--workdir DIR | --no-code]    with the code of DIR (default: the spec's folder)
     trainyard status JOB_ID                  the job's status, metrics, model and cost
+    trainyard logs JOB_ID [-f]               the job's output (and follow it to the end)
     trainyard list [--status S]              the team's jobs, newest first
     trainyard cancel JOB_ID                  ask for a job to be cancelled
 
+``submit`` packs the working directory into a code bundle (``trainyard.bundle``: honours
+``.gitignore`` and ``.trainyardignore``), uploads it unless the team has it already, and
+sets the spec's ``code``; a spec that names its own ``code`` (e.g. a git commit) is sent as
+it is, and ``--no-code`` sends none.
+
 The server and the token come from ``--url``/``--token`` or the environment
 (``TRAINYARD_URL``, default ``http://127.0.0.1:8080``; ``TRAINYARD_TOKEN``). Output is for
-people; ``--json`` prints the API's JSON instead. Any error is one line on stderr and exit
-status 1 (``submit --follow`` also exits 1 when the job does not succeed).
+people; ``--json`` prints the API's JSON instead. Progress notes (the bundle, log stream
+headers) go to stderr. Any error is one line on stderr and exit status 1 (``submit
+--follow`` also exits 1 when the job does not succeed).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
-from pydantic import SecretStr
+from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from trainyard.client import TrainyardClient, TrainyardError
+from trainyard.bundle import DEFAULT_MAX_BYTES, BundleError, format_size, pack
+from trainyard.client import SETTLE_SECONDS, TrainyardClient, TrainyardError
+
+LOG_POLL_SECONDS = 1.0
 
 
 class CliSettings(BaseSettings):
@@ -36,6 +49,8 @@ class CliSettings(BaseSettings):
     """Base URL of the submission API."""
     token: SecretStr | None = None
     """Bearer token (from ``bootstrap-admin`` or ``POST /v1/admin/users``)."""
+    bundle_max_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=1)
+    """Largest code bundle ``submit`` uploads (compressed bytes)."""
 
 
 class CliError(Exception):
@@ -69,6 +84,11 @@ def _parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=86_400.0, help="seconds --follow waits (default 1 day)"
     )
     submit.add_argument("--idempotency-key", help="submit at most once under this key")
+    code = submit.add_mutually_exclusive_group()
+    code.add_argument(
+        "--workdir", type=Path, help="folder to pack as the job's code (default: the spec's)"
+    )
+    code.add_argument("--no-code", action="store_true", help="submit without a code bundle")
     status = commands.add_parser("status", parents=[common], help="show one job")
     status.add_argument("job_id")
     listing = commands.add_parser("list", parents=[common], help="list the team's jobs")
@@ -76,15 +96,21 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     cancel = commands.add_parser("cancel", parents=[common], help="cancel a job")
     cancel.add_argument("job_id")
+    logs = commands.add_parser("logs", parents=[common], help="print a job's output")
+    logs.add_argument("job_id")
+    logs.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing until the job has ended"
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        with _client(args) as client:
-            return _run(client, args)
-    except CliError as exc:
+        settings = _settings()
+        with _client(args, settings) as client:
+            return _run(client, args, settings)
+    except (CliError, BundleError) as exc:
         return _fail(str(exc))
     except TrainyardError as exc:
         return _fail(str(exc))
@@ -97,8 +123,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"unexpected {type(exc).__name__}: {exc}")
 
 
-def _client(args: argparse.Namespace) -> TrainyardClient:
-    settings = CliSettings()
+def _settings() -> CliSettings:
+    try:
+        return CliSettings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = "TRAINYARD_" + "_".join(str(part) for part in first["loc"]).upper()
+        raise CliError(f"{name}: {first['msg']} (got {first['input']!r})") from None
+
+
+def _client(args: argparse.Namespace, settings: CliSettings) -> TrainyardClient:
     token = getattr(args, "token", None) or (
         settings.token.get_secret_value() if settings.token else None
     )
@@ -107,10 +141,17 @@ def _client(args: argparse.Namespace) -> TrainyardClient:
     return TrainyardClient(getattr(args, "url", None) or settings.url, token)
 
 
-def _run(client: TrainyardClient, args: argparse.Namespace) -> int:
+def _run(client: TrainyardClient, args: argparse.Namespace, settings: CliSettings) -> int:
     as_json = getattr(args, "json", False)
     if args.command == "submit":
-        return _submit(client, args, as_json)
+        return _submit(client, args, as_json, settings)
+    if args.command == "logs":
+        follower = LogFollower(client, args.job_id, as_json=as_json)
+        try:
+            follower.run(follow=args.follow)
+        except KeyboardInterrupt:
+            return 130  # quietly: the user asked to stop
+        return 0
     if args.command == "status":
         view = client.get_job(args.job_id)
         print(_dumps(view) if as_json else render_job(view))
@@ -127,8 +168,13 @@ def _run(client: TrainyardClient, args: argparse.Namespace) -> int:
     return 0
 
 
-def _submit(client: TrainyardClient, args: argparse.Namespace, as_json: bool) -> int:
+def _submit(
+    client: TrainyardClient, args: argparse.Namespace, as_json: bool, settings: CliSettings
+) -> int:
     spec = read_spec(args.file)
+    if not args.no_code and "code" not in spec:
+        workdir = args.workdir if args.workdir is not None else args.file.parent
+        spec["code"] = upload_code(client, workdir, settings.bundle_max_bytes)
     view = client.submit(spec, idempotency_key=args.idempotency_key)
     if not args.follow:
         print(_dumps(view) if as_json else f"submitted job {view['id']} ({view['name']})")
@@ -136,8 +182,16 @@ def _submit(client: TrainyardClient, args: argparse.Namespace, as_json: bool) ->
     if not as_json:
         print(f"submitted job {view['id']} ({view['name']}); following (Ctrl-C stops following)")
     printer = FollowPrinter(quiet=as_json)
+    logs = None if as_json else LogFollower(client, view["id"], best_effort=True)
     try:
-        final = client.wait(view["id"], timeout_s=args.timeout, on_change=printer)
+        final = client.wait(
+            view["id"],
+            timeout_s=args.timeout,
+            on_change=printer,
+            on_poll=None if logs is None else lambda _: logs.poll(),
+        )
+        if logs is not None:
+            logs.run(follow=True)  # the output's last chunks
     except KeyboardInterrupt:
         raise CliError(
             f"stopped following; the job goes on: trainyard status {view['id']}"
@@ -146,6 +200,110 @@ def _submit(client: TrainyardClient, args: argparse.Namespace, as_json: bool) ->
     if final["status"] != "SUCCEEDED":
         return _fail(f"job {final['id']} ended {final['status']}{_why(final)}")
     return 0
+
+
+def upload_code(client: TrainyardClient, workdir: Path, max_bytes: int) -> dict[str, Any]:
+    """Pack ``workdir``, upload the bundle unless the team has it, and return the spec's
+    ``code``; says what happened in one line on stderr."""
+    bundle = pack(
+        workdir, max_bytes=max_bytes, warn=lambda m: print(f"warning: {m}", file=sys.stderr)
+    )
+    try:
+        uploaded = client.upload_bundle(bundle.path, bundle.sha256)
+    finally:
+        bundle.path.unlink(missing_ok=True)
+    what = "uploaded" if uploaded else "already stored"
+    print(
+        f"code: {format_size(bundle.size_bytes)} bundle {bundle.sha256[:7]} ({what})",
+        file=sys.stderr,
+    )
+    return {"kind": "bundle", "sha256": bundle.sha256, "size_bytes": bundle.size_bytes}
+
+
+class LogFollower:
+    """Prints a job's output as it arrives (``GET /v1/jobs/{id}/logs``).
+
+    Chunks go to ``out`` as they are; a ``==> stream <==`` line on ``err`` says whose output
+    follows whenever the stream (attempt and node) changes. Following ends once the job has
+    ended and all its streams are complete, or ``grace_s`` after the job ended (a runner
+    that died never completes its streams). ``best_effort`` (for ``submit --follow``):
+    an error reading the logs stops printing them instead of failing."""
+
+    def __init__(
+        self,
+        client: TrainyardClient,
+        job_id: str,
+        *,
+        as_json: bool = False,
+        best_effort: bool = False,
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+        poll_s: float = LOG_POLL_SECONDS,
+        grace_s: float = SETTLE_SECONDS,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], None] | None = None,
+    ) -> None:
+        self._client = client
+        self._job_id = job_id
+        self._as_json = as_json
+        self._best_effort = best_effort
+        self._out = out
+        self._err = err
+        self._poll_s = poll_s
+        self._grace_s = grace_s
+        self._clock = clock or time.monotonic
+        self._sleep = sleep or time.sleep
+        self.cursor = ""
+        self.done = False
+        self._stream: str | None = None
+        self._open_line = False
+        self._ended_at: float | None = None
+
+    def run(self, follow: bool) -> None:
+        """Print what there is; with ``follow``, poll until the job's output is complete."""
+        while not self.poll() and follow:
+            self._sleep(self._poll_s)
+
+    def poll(self) -> bool:
+        """Print every chunk available now; True once there will be no more."""
+        if self.done:
+            return True
+        while True:
+            try:
+                page = self._client.logs(self._job_id, after=self.cursor)
+            except TrainyardError:
+                if not self._best_effort:
+                    raise
+                self.done = True  # e.g. a server without logs: follow the status only
+                return True
+            for chunk in page["chunks"]:
+                self._print(chunk)
+            self.cursor = page["cursor"]
+            if not page["chunks"]:
+                break
+        if page["job_terminal"]:
+            now = self._clock()
+            self._ended_at = now if self._ended_at is None else self._ended_at
+            if page["streams_complete"] or now - self._ended_at >= self._grace_s:
+                self.done = True
+        return self.done
+
+    def _print(self, chunk: dict[str, Any]) -> None:
+        out = self._out or sys.stdout
+        if self._as_json:
+            print(json.dumps(chunk, sort_keys=True), file=out, flush=True)
+            return
+        if chunk["stream"] != self._stream:
+            if self._open_line:
+                out.write("\n")
+            out.flush()
+            print(f"==> {chunk['stream']} <==", file=self._err or sys.stderr, flush=True)
+            self._stream = chunk["stream"]
+        text = chunk["text"]
+        if text:
+            out.write(text)
+            out.flush()
+            self._open_line = not text.endswith("\n")
 
 
 def read_spec(path: Path) -> dict[str, Any]:
@@ -222,7 +380,7 @@ def render_job(view: dict[str, Any]) -> str:
         ("owner", f"{view['team']}/{view['user']}"),
         (
             "resources",
-            f"{spec['gpus']} x {spec['gpu_flavor']}, {spec['entrypoint']} "
+            f"{spec['gpus']} x {spec['gpu_flavor']}, {_program(spec)} "
             f"{' '.join(spec.get('args') or [])}".rstrip(),
         ),
         (
@@ -238,6 +396,8 @@ def render_job(view: dict[str, Any]) -> str:
             ),
         ),
     ]
+    if spec.get("code"):
+        rows.append(("code", _code(spec["code"])))
     if view.get("pending"):
         rows.append(("pending", _pending(view["pending"])))
     if view.get("step") is not None or view.get("metrics"):
@@ -287,6 +447,18 @@ def render_list(jobs: list[dict[str, Any]]) -> str:
     )
 
 
+def _program(spec: dict[str, Any]) -> str:
+    return str(spec.get("entrypoint") or shlex.join(spec.get("command") or []))
+
+
+def _code(code: dict[str, Any]) -> str:
+    if code.get("kind") == "bundle":
+        return f"bundle {str(code['sha256'])[:7]} ({_size(int(code['size_bytes']))})"
+    if code.get("kind") == "git":
+        return f"git {code['repository']} @ {str(code['commit'])[:12]}"
+    return json.dumps(code, sort_keys=True)
+
+
 def _pending(pending: dict[str, Any]) -> str:
     parts = [pending.get("reason") or "waiting"]
     if pending.get("position") is not None:
@@ -319,12 +491,7 @@ def _cost(cost: dict[str, Any]) -> str:
 
 
 def _size(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{size} B"
+    return format_size(size)
 
 
 def _time(value: str | None) -> str:

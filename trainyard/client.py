@@ -7,12 +7,15 @@ Contract:
   the server's list of ``{"field", "message"}`` for invalid input. A server that cannot be
   reached raises ``TrainyardError`` with status 0.
 - ``wait`` polls a job until it has ended and its results have settled (see ``wait``).
+- ``upload_bundle`` uploads a code bundle only when the team has not stored it yet: the
+  bundle's sha256 names it, so an identical bundle is uploaded once.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -23,6 +26,8 @@ from shared.telemetry import inject
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 SETTLE_SECONDS = 10.0
 """After a job ends, how long ``wait`` waits for its model and final cost to arrive."""
+UPLOAD_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
+"""A bundle upload may take minutes on a slow link."""
 
 
 class TrainyardError(Exception):
@@ -95,12 +100,50 @@ class TrainyardClient:
         scheduler confirms)."""
         return self._object("POST", f"/v1/jobs/{_segment(job_id)}/cancel")
 
+    def logs(self, job_id: str, after: str = "", limit: int | None = None) -> dict[str, Any]:
+        """One page of the job's output after the cursor ``after`` (``""``: from the start):
+        ``{"chunks": [{"stream", "seq", "text"}], "cursor", "streams_complete",
+        "job_terminal"}``."""
+        params: dict[str, str | int] = {"after": after}
+        if limit is not None:
+            params["limit"] = limit
+        return self._object("GET", f"/v1/jobs/{_segment(job_id)}/logs", params=params)
+
+    def bundle_stored(self, sha256: str) -> bool:
+        """Whether the caller's team has uploaded the bundle ``sha256``."""
+        path = f"/v1/bundles/{_segment(sha256)}"
+        try:
+            response = self._http.request("HEAD", path, headers=inject(None))
+        except httpx.HTTPError as exc:
+            raise TrainyardError(0, f"cannot reach {self._http.base_url}: {exc}") from exc
+        if response.status_code in (200, 404):
+            return response.status_code == 200
+        raise TrainyardError(
+            response.status_code, response.reason_phrase or "cannot check for the bundle"
+        )
+
+    def upload_bundle(self, path: Path, sha256: str) -> bool:
+        """Upload the bundle at ``path`` (whose sha256 is ``sha256``) unless the team has it
+        already; True when it was uploaded, False when it was already stored."""
+        if self.bundle_stored(sha256):
+            return False
+        with path.open("rb") as body:
+            self._request(
+                "PUT",
+                f"/v1/bundles/{_segment(sha256)}",
+                content=body,
+                headers={"Content-Type": "application/gzip"},
+                timeout=UPLOAD_TIMEOUT,
+            )
+        return True
+
     def wait(
         self,
         job_id: str,
         timeout_s: float,
         on_change: Callable[[dict[str, Any]], None] | None = None,
         poll_s: float = 0.5,
+        on_poll: Callable[[dict[str, Any]], object] | None = None,
     ) -> dict[str, Any]:
         """Poll until the job has ended, and return its view.
 
@@ -111,8 +154,9 @@ class TrainyardClient:
         then returns the view as it is.
 
         ``on_change`` is called with the view each time it differs from the last one seen
-        (status, metrics, checkpoints, ...). Raises ``TimeoutError`` naming the last
-        status when the job has not ended within ``timeout_s``.
+        (status, metrics, checkpoints, ...), then ``on_poll`` with every view. Raises
+        ``TimeoutError`` naming the last status when the job has not ended within
+        ``timeout_s``.
         """
         deadline = time.monotonic() + timeout_s
         ended_at: float | None = None
@@ -121,6 +165,8 @@ class TrainyardClient:
             view = self.get_job(job_id)
             if view != last and on_change is not None:
                 on_change(view)
+            if on_poll is not None:
+                on_poll(view)
             last = view
             now = time.monotonic()
             if view.get("status") in TERMINAL:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -91,7 +92,12 @@ def test_bootstrap_admin_prints_only_the_token_and_refuses_twice(database_url: s
 def served(database_url: str, nats_settings: NatsSettings, tmp_path: Path) -> Iterator[str]:
     """The service running as its own process; yields its base URL."""
     port = free_port()
-    env = _env(database_url, nats_settings.url, TRAINYARD_SUBMISSION_PORT=str(port))
+    env = _env(
+        database_url,
+        nats_settings.url,
+        TRAINYARD_SUBMISSION_PORT=str(port),
+        TRAINYARD_STORAGE_URI=(tmp_path / "objects").as_uri(),
+    )
     process = ManagedProcess(
         "submission",
         [sys.executable, "-m", "services.submission"],
@@ -170,16 +176,35 @@ async def test_served_process_end_to_end_through_client_and_cli(
     assert "digits-cnn v1" in status.stdout
     listing = await asyncio.to_thread(_cli, cli_env, "list")
     assert job_id in listing.stdout
-    spec_file = tmp_path / "job.json"
+    workdir = tmp_path / "code"
+    workdir.mkdir()
+    (workdir / "train.py").write_text("print('training')\n")
+    (workdir / "out.log").write_text("ignored\n")
+    (workdir / ".gitignore").write_text("*.log\n")
+    spec_file = workdir / "job.json"
     spec_file.write_text(json.dumps({**SPEC, "gpu_flavor": "tpu"}))
     refused = await asyncio.to_thread(_cli, cli_env, "submit", str(spec_file))
     assert refused.returncode == 1
-    assert refused.stderr.startswith("trainyard: error: 422 invalid job spec (gpu_flavor:")
+    code_line, error_line = refused.stderr.strip().splitlines()
+    assert code_line.startswith("code: ") and code_line.endswith("(uploaded)")
+    assert error_line.startswith("trainyard: error: 422 invalid job spec (gpu_flavor:")
     assert "Traceback" not in refused.stderr
+    spec_file.write_text(json.dumps({**SPEC, "gpu_flavor": "tpu"}))  # the same bundle
+    submitted_by_cli = await asyncio.to_thread(_cli, cli_env, "submit", str(spec_file))
+    assert submitted_by_cli.returncode == 1  # still refused, but nothing uploaded again
+    assert submitted_by_cli.stderr.startswith("code: ")
+    assert "(already stored)" in submitted_by_cli.stderr.splitlines()[0]
     spec_file.write_text(json.dumps(SPEC))
     submitted_by_cli = await asyncio.to_thread(_cli, cli_env, "submit", str(spec_file))
     assert submitted_by_cli.returncode == 0, submitted_by_cli.stderr
+    assert "(uploaded)" in submitted_by_cli.stderr  # job.json changed: a new bundle
     new_id = submitted_by_cli.stdout.split()[2]
+    code = (await asyncio.to_thread(api.get_job, new_id))["spec"]["code"]
+    assert code["kind"] == "bundle"
+    stored = tmp_path / "objects" / "bundles" / "ml" / f"{code['sha256']}.tar.gz"
+    assert stored.stat().st_size == code["size_bytes"]
+    with tarfile.open(stored) as tar:
+        assert sorted(tar.getnames()) == [".gitignore", "job.json", "train.py"]
     cancelled = await asyncio.to_thread(_cli, cli_env, "cancel", new_id)
     assert cancelled.returncode == 0, cancelled.stderr
     assert "cancellation requested" in cancelled.stdout

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +52,39 @@ VIEW: dict[str, Any] = {
 }
 
 
+class Seen(list[httpx.Request]):
+    """The requests the fake server got, and its state."""
+
+    bundles: dict[str, bytes]
+    log_pages: list[dict[str, Any]]
+
+    def submitted(self) -> list[dict[str, Any]]:
+        return [
+            json.loads(r.content) for r in self if r.method == "POST" and r.url.path == "/v1/jobs"
+        ]
+
+
 @pytest.fixture
-def api(monkeypatch: pytest.MonkeyPatch) -> list[httpx.Request]:
+def api(monkeypatch: pytest.MonkeyPatch) -> Seen:
     """Routes the CLI's client to a fake server; returns the requests it got."""
-    seen: list[httpx.Request] = []
+    seen = Seen()
+    seen.bundles = {}
+    seen.log_pages = []
 
     def route(request: httpx.Request) -> httpx.Response:
         seen.append(request)
+        if request.url.path.startswith("/v1/bundles/"):
+            sha = request.url.path.rsplit("/", 1)[1]
+            if request.method == "HEAD":
+                return httpx.Response(200 if sha in seen.bundles else 404)
+            assert hashlib.sha256(request.content).hexdigest() == sha
+            seen.bundles[sha] = request.content
+            return httpx.Response(201, json={"sha256": sha, "created": True})
+        if request.url.path.endswith("/logs"):
+            if seen.log_pages:
+                return httpx.Response(200, json=seen.log_pages.pop(0))
+            after = request.url.params.get("after", "")
+            return httpx.Response(200, json=_page([], after, complete=True, terminal=True))
         if request.url.path == "/v1/jobs" and request.method == "GET":
             return httpx.Response(
                 200,
@@ -80,7 +109,20 @@ def api(monkeypatch: pytest.MonkeyPatch) -> list[httpx.Request]:
     monkeypatch.setattr(cli, "TrainyardClient", make)
     monkeypatch.setenv("TRAINYARD_TOKEN", "ty_env")
     monkeypatch.setenv("TRAINYARD_URL", "http://env.test")
+    monkeypatch.delenv("TRAINYARD_BUNDLE_MAX_BYTES", raising=False)
+    monkeypatch.setattr(cli.time, "sleep", lambda _: None)
     return seen
+
+
+def _page(
+    chunks: list[tuple[str, int, str]], cursor: str, complete: bool = False, terminal: bool = False
+) -> dict[str, Any]:
+    return {
+        "chunks": [{"stream": s, "seq": n, "text": t} for s, n, t in chunks],
+        "cursor": cursor,
+        "streams_complete": complete,
+        "job_terminal": terminal,
+    }
 
 
 def test_status_is_readable(api: list[httpx.Request], capsys: pytest.CaptureFixture[str]) -> None:
@@ -117,17 +159,169 @@ def test_list_is_a_table(api: list[httpx.Request], capsys: pytest.CaptureFixture
     assert api[0].url.params["status"] == "SUCCEEDED"
 
 
-def test_submit_and_follow(
-    api: list[httpx.Request], tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_submit_and_follow(api: Seen, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = tmp_path / "job.json"
     spec.write_text(json.dumps({"name": "digits-cnn", "gpus": 2}))
     assert cli.main(["submit", str(spec)]) == 0
     assert "submitted job job-1" in capsys.readouterr().out
+    api.log_pages = [_page([("a0001-node-1", 0, "epoch 1\n")], "c1", complete=True, terminal=True)]
     assert cli.main(["submit", str(spec), "--follow"]) == 0
+    captured = capsys.readouterr()
+    assert "SUCCEEDED" in captured.out and "model registered: digits v2" in captured.out
+    assert "cost: 4.0000 USD" in captured.out
+    assert "epoch 1\n" in captured.out and "==> a0001-node-1 <==" in captured.err
+
+
+def test_submit_packs_and_uploads_the_spec_folder_once(
+    api: Seen, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "big.bin").write_bytes(b"x" * 10)
+    (tmp_path / ".trainyardignore").write_text("*.bin\n")
+    spec = tmp_path / "job.json"
+    spec.write_text(json.dumps({"name": "n", "entrypoint": "train.py"}))
+    assert cli.main(["submit", str(spec)]) == 0
+    ((sha, data),) = api.bundles.items()
+    code = api.submitted()[-1]["code"]
+    assert code == {"kind": "bundle", "sha256": sha, "size_bytes": len(data)}
+    err = capsys.readouterr().err
+    assert err.startswith("code: ") and f"B bundle {sha[:7]} (uploaded)" in err
+    bundle = tmp_path / "bundle.tar.gz"
+    bundle.write_bytes(data)
+    with tarfile.open(bundle) as tar:
+        assert sorted(tar.getnames()) == [".trainyardignore", "job.json", "train.py"]
+    bundle.unlink()
+
+    assert cli.main(["submit", str(spec)]) == 0  # the same contents: not uploaded again
+    assert f"bundle {sha[:7]} (already stored)" in capsys.readouterr().err
+    assert [r.method for r in api if r.url.path.startswith("/v1/bundles/")] == [
+        "HEAD",
+        "PUT",
+        "HEAD",
+    ]
+    assert api.submitted()[-1]["code"] == code
+
+
+def test_workdir_no_code_and_a_spec_that_names_its_code(
+    api: Seen, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text("1")
+    spec = tmp_path / "job.json"
+    spec.write_text(json.dumps({"name": "n"}))
+    assert cli.main(["submit", str(spec), "--workdir", str(src)]) == 0
+    (data,) = api.bundles.values()
+    (tmp_path / "b.tgz").write_bytes(data)
+    with tarfile.open(tmp_path / "b.tgz") as tar:
+        assert tar.getnames() == ["train.py"]
+    assert cli.main(["submit", str(spec), "--no-code"]) == 0
+    assert "code" not in api.submitted()[-1]
+    git = {"kind": "git", "repository": "https://h/r.git", "commit": "a" * 40}
+    spec.write_text(json.dumps({"name": "n", "code": git}))
+    capsys.readouterr()
+    requests = len(api)
+    assert cli.main(["submit", str(spec)]) == 0
+    assert api.submitted()[-1]["code"] == git
+    assert len(api) == requests + 1  # the submission only
+    assert "code:" not in capsys.readouterr().err
+    assert _exit_code(["submit", str(spec), "--no-code", "--workdir", "."]) == 1
+
+
+def test_a_bundle_over_the_limit_is_a_one_line_error(
+    api: Seen, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "weights.pt").write_bytes(os.urandom(16 * 1024))
+    spec = tmp_path / "job.json"
+    spec.write_text("{}")
+    monkeypatch.setenv("TRAINYARD_BUNDLE_MAX_BYTES", "1000")
+    assert cli.main(["submit", str(spec)]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert "weights.pt (16.0 KiB)" in err and ".trainyardignore" in err
+    assert api.bundles == {} and api.submitted() == []
+    monkeypatch.setenv("TRAINYARD_BUNDLE_MAX_BYTES", "lots")
+    assert cli.main(["submit", str(spec)]) == 1
+    assert "TRAINYARD_BUNDLE_MAX_BYTES" in capsys.readouterr().err
+
+
+def test_logs_prints_chunks_with_stream_headers(
+    api: Seen, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api.log_pages = [
+        _page([("a0001-node-1", 0, "one\n"), ("a0001-node-1", 1, "two (no newline)")], "c1"),
+        _page([("a0002-node-1", 0, "retry\n")], "c2"),
+        _page([], "c2"),
+    ]
+    assert cli.main(["logs", "job-1"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "one\ntwo (no newline)\nretry\n"
+    assert captured.err == "==> a0001-node-1 <==\n==> a0002-node-1 <==\n"
+    logs = [r for r in api if r.url.path == "/v1/jobs/job-1/logs"]
+    assert [r.url.params["after"] for r in logs] == ["", "c1", "c2"]
+
+
+def test_logs_follow_until_the_job_ended_and_its_streams_are_complete(
+    api: Seen, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api.log_pages = [
+        _page([], ""),
+        _page([("a0001-n", 0, "a\n")], "c1"),
+        _page([], "c1"),
+        _page([], "c1", terminal=True),  # ended, but the last chunk is not in yet
+        _page([("a0001-n", 1, "b\n")], "c2", complete=True, terminal=True),
+        _page([], "c2", complete=True, terminal=True),
+    ]
+    assert cli.main(["logs", "job-1", "-f"]) == 0
+    assert capsys.readouterr().out == "a\nb\n"
+    assert api.log_pages == []
+
+
+def test_logs_follow_gives_up_on_streams_that_never_complete(
+    api: Seen, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clock = iter(range(0, 1000, 5))
+    monkeypatch.setattr(cli.time, "monotonic", lambda: float(next(clock)))
+    api.log_pages = [_page([], "", terminal=True)] * 10
+    assert cli.main(["logs", "job-1", "--follow"]) == 0
+    assert len(api.log_pages) == 7  # ended at t=0, still incomplete at t=5, given up at t=10
+
+
+def test_logs_ctrl_c_is_quiet(
+    api: Seen, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def interrupt(_: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.time, "sleep", interrupt)
+    api.log_pages = [_page([("a0001-n", 0, "a\n")], "c1"), _page([], "c1")]
+    assert cli.main(["logs", "job-1", "-f"]) == 130
+    captured = capsys.readouterr()
+    assert captured.out == "a\n" and "Traceback" not in captured.err
+    assert "interrupted" not in captured.err and "error" not in captured.err
+
+
+def test_logs_json_prints_one_chunk_per_line(api: Seen, capsys: pytest.CaptureFixture[str]) -> None:
+    api.log_pages = [_page([("a0001-n", 0, "a\n")], "c1"), _page([], "c1")]
+    assert cli.main(["logs", "job-1", "--json"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert json.loads(line) == {"stream": "a0001-n", "seq": 0, "text": "a\n"}
+
+
+def test_status_shows_a_command_and_its_code(
+    api: Seen, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = {
+        **VIEW["spec"],
+        "entrypoint": "",
+        "command": ["bash", "run.sh", "--lr", "0.1 0.2"],
+        "code": {"kind": "bundle", "sha256": "3fa2c1d" + "0" * 57, "size_bytes": 1_258_291},
+    }
+    monkeypatch.setattr(TrainyardClient, "get_job", lambda *_: {**VIEW, "spec": spec})
+    assert cli.main(["status", "job-1"]) == 0
     out = capsys.readouterr().out
-    assert "SUCCEEDED" in out and "model registered: digits v2" in out
-    assert "cost: 4.0000 USD" in out
+    assert "2 x h200, bash run.sh --lr '0.1 0.2'" in out
+    assert "bundle 3fa2c1d (1.2 MiB)" in out
 
 
 def test_follow_exits_1_when_the_job_fails(
@@ -145,7 +339,7 @@ def test_follow_exits_1_when_the_job_fails(
     monkeypatch.setattr(TrainyardClient, "wait", lambda *a, **k: failed)
     spec = tmp_path / "job.json"
     spec.write_text("{}")
-    assert cli.main(["submit", str(spec), "--follow"]) == 1
+    assert cli.main(["submit", str(spec), "--follow", "--no-code"]) == 1
     assert capsys.readouterr().err.strip() == (
         "trainyard: error: job job-1 ended FAILED: out of memory"
     )
@@ -158,7 +352,7 @@ def test_follow_exits_1_when_the_job_fails(
         (["submit", "NOFILE"], "cannot read NOFILE"),
         (["submit", "BAD"], "BAD is not valid JSON"),
         (["submit", "LIST"], "must hold one JSON object"),
-        (["submit", "NEG"], "422 invalid job spec (gpus: must be >= 1)"),
+        (["submit", "NEG", "--no-code"], "422 invalid job spec (gpus: must be >= 1)"),
         (["explode"], "invalid choice"),
         (["status"], "the following arguments are required"),
     ],

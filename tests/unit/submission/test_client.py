@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -140,3 +141,54 @@ def test_wait_times_out_naming_the_last_status() -> None:
     api = _client(_sequence([_view("PENDING")]))
     with pytest.raises(TimeoutError, match="PENDING"):
         api.wait("job-1", timeout_s=0.05, poll_s=0.01)
+
+
+def test_upload_bundle_skips_what_the_team_has_and_puts_the_rest(tmp_path: Path) -> None:
+    stored: dict[str, bytes] = {}
+    seen: list[str] = []
+
+    def route(request: httpx.Request) -> httpx.Response:
+        sha = request.url.path.rsplit("/", 1)[1]
+        seen.append(f"{request.method} {request.url.path}")
+        if request.method == "HEAD":
+            return httpx.Response(200 if sha in stored else 404)
+        assert request.headers["Content-Type"] == "application/gzip"
+        assert request.headers["Content-Length"] == str(len(request.content))
+        stored[sha] = request.content
+        return httpx.Response(201, json={"sha256": sha, "created": True})
+
+    bundle = tmp_path / "b.tar.gz"
+    bundle.write_bytes(b"bundle bytes")
+    api = _client(route)
+    assert api.upload_bundle(bundle, "ab" * 32) is True
+    assert api.upload_bundle(bundle, "ab" * 32) is False
+    assert stored == {"ab" * 32: b"bundle bytes"}
+    path = "/v1/bundles/" + "ab" * 32
+    assert seen == [f"HEAD {path}", f"PUT {path}", f"HEAD {path}"]
+
+
+def test_upload_bundle_errors(tmp_path: Path) -> None:
+    def route(request: httpx.Request) -> httpx.Response:
+        if request.method == "HEAD":
+            return httpx.Response(404)
+        return httpx.Response(413, json={"detail": "bundle too large: at most 10 bytes"})
+
+    bundle = tmp_path / "b.tar.gz"
+    bundle.write_bytes(b"x" * 11)
+    with pytest.raises(TrainyardError) as caught:
+        _client(route).upload_bundle(bundle, "ab" * 32)
+    assert caught.value.status == 413 and "at most 10 bytes" in str(caught.value)
+    with pytest.raises(TrainyardError) as caught:
+        _client(lambda r: httpx.Response(401)).bundle_stored("ab" * 32)
+    assert caught.value.status == 401
+
+
+def test_logs_passes_the_cursor() -> None:
+    seen: list[httpx.Request] = []
+
+    def route(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"chunks": [], "cursor": "c"})
+
+    assert _client(route).logs("job/1", after="c0", limit=5)["cursor"] == "c"
+    assert seen[0].url.raw_path.decode() == "/v1/jobs/job%2F1/logs?after=c0&limit=5"
