@@ -38,7 +38,11 @@ from opentelemetry import context as otel_context
 from services.runner import checkpoints, domain, launch
 from services.runner.config import JOB_SLOTS, Settings
 from services.runner.domain import JobIdentity, StopRequest
-from services.runner.environments import EnvironmentCache
+from services.runner.environments import (
+    EnvironmentBuildError,
+    EnvironmentCache,
+    job_interpreter,
+)
 from services.runner.gpus import GpuInventory
 from services.runner.ledger import Ledger, safe_file_name
 from services.runner.publishing import JobEvents, publish_in_trace, publish_until_sent
@@ -85,8 +89,15 @@ class NodeAgent:
         self._store = store
         self._stop = stop
         self._ledger = Ledger(settings.work_dir / "ledger" / safe_file_name(settings.node_id))
+        interpreter, self._interpreter_problem = None, None
+        if can_switch_users():
+            try:
+                interpreter = job_interpreter(settings.python)
+            except EnvironmentBuildError as exc:  # every job will say why it cannot start
+                self._interpreter_problem = str(exc)
+                log.error("jobs cannot run on this node: %s", exc)
         self._environments = EnvironmentCache(
-            settings.environments_root, settings.python, settings.installer
+            settings.environments_root, settings.python, settings.installer, interpreter=interpreter
         )
         self._runs: dict[str, JobRun] = {}
         self._slots: dict[str, int] = {}
@@ -182,7 +193,7 @@ class NodeAgent:
         parent = otel_context.get_current()
         trace_headers = inject()
         events = JobEvents(self._bus, parent, job.job_id)
-        problem = launch.cannot_run(grant, self.gpus)
+        problem = launch.cannot_run(grant, self.gpus) or self._interpreter_problem
         slot = self._free_slot()
         if problem is None and slot is None:
             problem = f"this node runs {JOB_SLOTS} jobs already"

@@ -3,7 +3,8 @@
 Store layout, under ``jobs/<job_id>/checkpoints/`` (the job's own prefix)::
 
     step-00000100-a0002/checkpoint.pt    the object, as the job wrote it
-    step-00000100-a0002/manifest.json    size and sha256, written by the runner *last*
+    step-00000100-a0002/manifest.json    size, sha256 and the object's key (relative to
+                                         the prefix), written by the runner *last*
 
 The attempt in the folder name keeps two attempts that both reach step 100 from ever
 writing the same keys. A checkpoint is complete when its manifest names an object that
@@ -89,27 +90,30 @@ def commit_staged(staging: Path, step: int, store: ObjectStore, attempt: int) ->
     manifest_bytes = _read_confined(staging, folder / MANIFEST_NAME, MAX_MANIFEST_BYTES)
     try:
         manifest = Manifest.model_validate_json(manifest_bytes)
-        object_name = validate_key(manifest.object)
+        object_key = validate_key(manifest.object)
     except (ValidationError, ValueError) as exc:
         raise StagedCheckpointInvalid(f"manifest of step {step} is invalid: {exc}") from None
-    if manifest.step != step or "/" in object_name:
+    # The SDK names the object relative to the checkpoint root: it must be in this step's
+    # folder, one level down, and nowhere else.
+    inside = object_key.removeprefix(staged_folder(step) + "/")
+    if manifest.step != step or inside == object_key or "/" in inside:
         raise StagedCheckpointInvalid(
-            f"manifest of step {step} names step {manifest.step}, object {object_name!r}"
+            f"manifest of step {step} names step {manifest.step}, object {object_key!r}"
         )
     target = store_folder(step, attempt)
+    object_key = f"{target}/{OBJECT_NAME}"
+    manifest_key = f"{target}/{MANIFEST_NAME}"
     with tempfile.TemporaryDirectory(prefix="trainyard-commit-") as private:
         copy = Path(private) / OBJECT_NAME
-        size, digest = _copy_confined(staging, folder / object_name, copy)
+        size, digest = _copy_confined(staging, folder / inside, copy)
         if (size, digest) != (manifest.size_bytes, manifest.sha256):
             raise StagedCheckpointInvalid(
                 f"checkpoint of step {step} does not match its manifest: {size} bytes, "
                 f"sha256 {digest[:12]} (manifest: {manifest.size_bytes}, {manifest.sha256[:12]})"
             )
-        object_key = f"{target}/{OBJECT_NAME}"
-        manifest_key = f"{target}/{MANIFEST_NAME}"
         store.put_file(object_key, copy)
     committed = manifest.model_dump(mode="json") | {
-        "object": OBJECT_NAME,
+        "object": object_key,
         "attempt": attempt,
         "committed_at": datetime.now(UTC).isoformat(),
     }
@@ -185,7 +189,7 @@ def stage_resume(store: ObjectStore, staging: Path) -> CheckpointRef | None:
     for step, _attempt, folder in reversed(complete_folders(store)):
         try:
             manifest = Manifest.model_validate_json(store.get_bytes(f"{folder}/{MANIFEST_NAME}"))
-            object_key = f"{folder}/{validate_key(manifest.object)}"
+            object_key = validate_key(manifest.object)
             local = staging / staged_folder(step)
             store.get_file(object_key, local / OBJECT_NAME)
             size = (local / OBJECT_NAME).stat().st_size
@@ -202,7 +206,9 @@ def stage_resume(store: ObjectStore, staging: Path) -> CheckpointRef | None:
             )
             shutil.rmtree(local, ignore_errors=True)
             continue
-        local_manifest = manifest.model_dump(mode="json") | {"object": OBJECT_NAME}
+        local_manifest = manifest.model_dump(mode="json") | {
+            "object": f"{staged_folder(step)}/{OBJECT_NAME}"
+        }
         (local / MANIFEST_NAME).write_text(json.dumps(local_manifest))
         return CheckpointRef(
             uri=store.uri_for(object_key),

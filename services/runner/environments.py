@@ -240,6 +240,7 @@ class EnvironmentCache:
         provided: Sequence[str] = DEFAULT_PROVIDED,
         installer_env: Mapping[str, str] | None = None,
         timeout: float = 1800.0,
+        interpreter: str | None = None,
     ) -> None:
         if installer not in ("uv", "pip"):
             raise ValueError(f"installer must be 'uv' or 'pip', not {installer!r}")
@@ -250,6 +251,10 @@ class EnvironmentCache:
             self.base_python = os.path.abspath(base_python)
         else:
             self.base_python = shutil.which(base_python) or base_python
+        self.interpreter = os.path.abspath(interpreter) if interpreter else self.base_python
+        """What job venvs are made from: ``base_python`` unless that one cannot be run by
+        the job's users (e.g. it lives under ``/root``); then a system interpreter of the
+        same version, and even a job without requirements gets a (cached) venv."""
         self.installer: Installer = installer
         self.provided = tuple(sorted({canonical_name(p) for p in provided}))
         self.installer_env = dict(installer_env or {})
@@ -282,7 +287,7 @@ class EnvironmentCache:
         normalized = normalize_requirements(requirements)
         base = self._probe_base()
         key = self._key(normalized)
-        if not normalized:
+        if not normalized and self.interpreter == self.base_python:
             env = JobEnvironment(
                 python=self.base_python,
                 bin_dir=None,
@@ -365,7 +370,8 @@ class EnvironmentCache:
             self._create_venv(target)
             purelib = Path(self._probe(str(target / "bin" / "python"), with_packages=False).purelib)
             self._write_file(purelib / BASE_PTH, _base_pth(base.site))
-            self._install(target, requirements)
+            if requirements:
+                self._install(target, requirements)
             _make_readable(target)
             probe = self._probe(str(target / "bin" / "python"))
             marker = {
@@ -390,9 +396,9 @@ class EnvironmentCache:
 
     def _create_venv(self, target: Path) -> None:
         if self.installer == "uv":
-            argv = [_uv_bin(), "venv", "--no-project", "--python", self.base_python, str(target)]
+            argv = [_uv_bin(), "venv", "--no-project", "--python", self.interpreter, str(target)]
         else:
-            argv = [self.base_python, "-m", "venv", "--without-pip", str(target)]
+            argv = [self.interpreter, "-m", "venv", "--without-pip", str(target)]
         self._run(argv, "creating the virtual environment")
 
     def _install(self, target: Path, requirements: list[str]) -> None:
@@ -475,6 +481,7 @@ class EnvironmentCache:
             "base_site": list(base.site),
             "base_packages": list(base.packages),
             "provided": list(self.provided),
+            "interpreter": self.interpreter,
         }
         return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
@@ -610,3 +617,55 @@ def _tail(output: str) -> str:
     if not lines:
         return ""
     return ":\n" + "\n".join(lines[-ERROR_TAIL_LINES:])
+
+
+# -- which interpreter job users can run ------------------------------------------------
+
+
+def runnable_by_others(python: str) -> bool:
+    """Whether a user other than the file's owner can run ``python``: the interpreter and
+    its installation prefix (where the standard library lives) must be reachable."""
+    real = Path(os.path.realpath(python))
+    try:
+        if not real.stat().st_mode & stat.S_IXOTH:
+            return False
+        prefix = real.parent.parent
+        for folder in (real.parent, prefix, *prefix.parents):
+            if not folder.stat().st_mode & stat.S_IXOTH:
+                return False
+    except OSError:
+        return False
+    return True
+
+
+SYSTEM_PYTHON_FOLDERS = (Path("/usr/local/bin"), Path("/usr/bin"))
+
+
+def job_interpreter(base_python: str, folders: Sequence[Path] = SYSTEM_PYTHON_FOLDERS) -> str:
+    """``base_python`` when job users can run it, else a system interpreter of the same
+    ``major.minor`` they can run (the base layer's compiled packages need that version).
+    Raises ``EnvironmentBuildError`` when there is none."""
+    if runnable_by_others(base_python):
+        return base_python
+    try:
+        version = subprocess.run(
+            [base_python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise EnvironmentBuildError(
+            f"cannot run the base interpreter {base_python}: {exc}"
+        ) from None
+    for folder in folders:
+        candidate = folder / f"python{version}"
+        if candidate.exists() and runnable_by_others(str(candidate)):
+            return str(candidate)
+    raise EnvironmentBuildError(
+        f"job users cannot run the base interpreter {base_python} (a folder above it is "
+        f"closed to them) and there is no python{version} in "
+        f"{', '.join(map(str, folders))}; install Python {version} where every user can "
+        "run it, or start the runner from such an interpreter"
+    )

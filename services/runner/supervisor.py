@@ -228,7 +228,9 @@ class JobRun:
         await end_allocation(self.job, payload, self._events, self._ledger, self._trace_headers)
 
     async def _retain_checkpoints(self) -> None:
-        protected = {self._resumed_from.uri} if self._resumed_from is not None else set()
+        protected = {
+            ref.uri for ref in (self._resumed_from, self._last_checkpoint) if ref is not None
+        }
         try:
             deleted = await asyncio.to_thread(
                 checkpoints.apply_retention,

@@ -26,7 +26,7 @@ FULL = JobRuntimeEnv(
     seed=1234,
     hyperparameters={"lr": 0.01, "batch_size": 64, "name": "cnn", "augment": True},
     checkpoint_uri="s3://trainyard/jobs/job-1/checkpoints",
-    control_fd=5,
+    control_socket="/sandbox/control.sock",
     dataset="sklearn:digits",
     gpu_indices=[0, 3],
 )
@@ -58,7 +58,7 @@ def test_optional_variables_are_left_out_when_unset() -> None:
         job_id="j", allocation_id="a", attempt=0, seed=0, checkpoint_uri="file:///tmp/c"
     )
     env = minimal.to_env()
-    assert not {"TRAINYARD_CONTROL_FD", "TRAINYARD_DATASET", "TRAINYARD_GPU_INDICES"} & set(env)
+    assert not {"TRAINYARD_CONTROL_SOCKET", "TRAINYARD_DATASET", "TRAINYARD_GPU_INDICES"} & set(env)
     assert JobRuntimeEnv.from_env(env) == minimal
 
 
@@ -89,7 +89,6 @@ def test_from_env_reads_a_real_environment(monkeypatch: pytest.MonkeyPatch) -> N
         ({"TRAINYARD_ATTEMPT": None}, "TRAINYARD_ATTEMPT is missing"),
         ({"TRAINYARD_CHECKPOINT_URI": None}, "TRAINYARD_CHECKPOINT_URI is missing"),
         ({"TRAINYARD_SEED": "forty-two"}, "TRAINYARD_SEED must be an integer"),
-        ({"TRAINYARD_CONTROL_FD": "x"}, "TRAINYARD_CONTROL_FD must be an integer"),
         ({"TRAINYARD_GPU_INDICES": "0,a"}, "TRAINYARD_GPU_INDICES must be an integer"),
         ({"TRAINYARD_HYPERPARAMETERS": "{"}, "TRAINYARD_HYPERPARAMETERS is not valid JSON"),
         ({"TRAINYARD_HYPERPARAMETERS": "[1]"}, "must be a JSON object"),

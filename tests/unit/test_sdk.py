@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import random
 import signal
 import threading
@@ -154,27 +155,32 @@ def test_non_numeric_metrics_are_refused(outside_platform: Path) -> None:
         ctx.report_metrics(1, name="0.5")  # type: ignore[arg-type]
 
 
-def test_control_messages_arrive_on_a_real_pipe(
+def test_control_messages_arrive_on_a_real_socket(
     outside_platform: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    read_fd, write_fd = os.pipe()
+    path = str(outside_platform / "control.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
     runtime = JobRuntimeEnv(
         job_id="job-1",
         allocation_id="alloc-1",
         attempt=1,
         seed=1,
         checkpoint_uri=(outside_platform / "ckpt").as_uri(),
-        control_fd=write_fd,
+        control_socket=path,
     )
     platform_env(monkeypatch, runtime)
     ctx = sdk.init()
+    connection, _ = server.accept()
     ctx.report_metrics(1, loss=2.0)
     ctx.save_checkpoint(1, {"w": torch.ones(2)})
     ctx.report_metrics(2, loss=1.0)
-    ctx.close()  # closes the write end: the reader below sees end-of-file
+    ctx.close()  # shuts the connection down: the reader below sees end-of-file
 
-    with os.fdopen(read_fd, "rb") as reader:
+    with connection, connection.makefile("rb") as reader:
         messages = [parse_control_line(line) for line in reader]
+    server.close()
     metrics = [m for m in messages if isinstance(m, MetricsMessage)]
     checkpoints = [m for m in messages if isinstance(m, CheckpointMessage)]
     assert [(m.step, m.metrics) for m in metrics] == [(1, {"loss": 2.0}), (2, {"loss": 1.0})]
@@ -193,21 +199,19 @@ def test_control_messages_arrive_on_a_real_pipe(
 def test_a_vanished_runner_does_not_stop_training(
     outside_platform: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    read_fd, write_fd = os.pipe()
-    os.close(read_fd)  # the runner is gone: writes now fail with EPIPE
     runtime = JobRuntimeEnv(
         job_id="j",
         allocation_id="a",
         attempt=1,
         seed=1,
         checkpoint_uri=(outside_platform / "ckpt").as_uri(),
-        control_fd=write_fd,
+        control_socket=str(outside_platform / "no-runner.sock"),  # nobody listens
     )
     platform_env(monkeypatch, runtime)
     with caplog.at_level(logging.WARNING, "trainyard.sdk"), sdk.init() as ctx:
         ctx.report_metrics(1, loss=1.0)
         ctx.report_metrics(2, loss=1.0)
-    assert sum("control channel" in r.message for r in caplog.records) == 1
+    assert sum("control socket" in r.message for r in caplog.records) == 1
 
 
 # --- checkpoints ------------------------------------------------------------------------

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
+import tempfile
 import textwrap
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,32 +26,44 @@ from services.runner.config import Settings
 from services.runner.gpus import virtual_inventory
 from shared.bus import Bus
 from shared.events import Envelope, Payload, nats_subject, parse_envelope
-from shared.events.payloads import AllocationGranted, AllocationRevoked, JobSpec
+from shared.events.payloads import AllocationGranted, AllocationRevoked, CodeBundle, JobSpec
 from shared.settings import NatsSettings, StorageSettings
-from shared.storage import open_store
+from shared.storage import ObjectStore, open_store
+from trainyard.bundle import pack
 
 P = TypeVar("P", bound=Payload)
 
 FAKE_JOB = textwrap.dedent(
     '''
     """A stand-in training job: speaks the control protocol with the standard library."""
-    import json, os, signal, sys, time
+    import hashlib, json, os, signal, socket, sys, time
+    from urllib.parse import unquote, urlparse
 
     mode, launches = sys.argv[1], sys.argv[2]
-    with open(launches, "a") as f:
-        f.write(os.environ["TRAINYARD_ALLOCATION_ID"] + "\\n")
-    control = os.fdopen(int(os.environ["TRAINYARD_CONTROL_FD"]), "w", buffering=1)
+    with open(os.path.join(launches, os.environ["TRAINYARD_ALLOCATION_ID"]), "w") as f:
+        f.write(str(os.getuid()))
+    control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    control.connect(os.environ["TRAINYARD_CONTROL_SOCKET"])
 
     def send(message):
-        control.write(json.dumps(message) + "\\n")
-        control.flush()
+        control.sendall((json.dumps(message) + "\\n").encode())
 
     def checkpoint(step):
-        root = os.environ["TRAINYARD_CHECKPOINT_URI"]
+        root = unquote(urlparse(os.environ["TRAINYARD_CHECKPOINT_URI"]).path)
+        folder = f"step-{step:08d}"
+        os.makedirs(os.path.join(root, folder), exist_ok=True)
+        data = f"weights at step {step}".encode()
+        with open(os.path.join(root, folder, "checkpoint.pt"), "wb") as f:
+            f.write(data)
+        digest = hashlib.sha256(data).hexdigest()
+        manifest = {"step": step, "object": f"{folder}/checkpoint.pt",
+                    "size_bytes": len(data), "sha256": digest}
+        with open(os.path.join(root, folder, "manifest.json"), "w") as f:
+            json.dump(manifest, f)
         send({"kind": "checkpoint", "checkpoint": {
-            "uri": f"{root}/step-{step:08d}/checkpoint.pt",
-            "manifest_uri": f"{root}/step-{step:08d}/manifest.json",
-            "step": step, "size_bytes": 123, "sha256": "ab" * 32}})
+            "uri": f"file://{root}/{folder}/checkpoint.pt",
+            "manifest_uri": f"file://{root}/{folder}/manifest.json",
+            "step": step, "size_bytes": len(data), "sha256": digest}})
 
     print("env", os.environ["TRAINYARD_JOB_ID"], os.environ["TRAINYARD_SEED"],
           repr(os.environ["CUDA_VISIBLE_DEVICES"]), flush=True)
@@ -83,6 +97,9 @@ FAKE_JOB = textwrap.dedent(
     raise SystemExit(f"unknown mode {mode}")
     '''
 )
+
+CODE_FOR_NODE: dict[str, CodeBundle] = {}
+"""The fake job's bundle, uploaded for each node's settings: ``grant`` names it."""
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -159,6 +176,15 @@ async def events(bus: Bus) -> AsyncIterator[EventLog]:
 
 
 @pytest.fixture
+def reachable_tmp() -> Iterator[Path]:
+    """A folder the jobs' own users can reach (pytest's tmp_path is private to root)."""
+    folder = Path(tempfile.mkdtemp(prefix="trainyard-test-"))
+    folder.chmod(0o711)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
 def code_dir(tmp_path: Path) -> Path:
     folder = tmp_path / "code"
     folder.mkdir()
@@ -167,27 +193,48 @@ def code_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def launches(tmp_path: Path) -> Path:
-    return tmp_path / "launches.txt"
+def launches(reachable_tmp: Path) -> Path:
+    """A folder every job may write to: each launch leaves a file named by its allocation."""
+    folder = reachable_tmp / "launches"
+    folder.mkdir()
+    folder.chmod(0o1777)
+    return folder
 
 
-def launched(path: Path) -> list[str]:
-    return path.read_text().split() if path.exists() else []
+def launched(folder: Path) -> list[str]:
+    """Allocation ids of the launches, oldest first."""
+    files = sorted(folder.iterdir(), key=lambda p: p.stat().st_mtime_ns)
+    return [p.name for p in files]
+
+
+def upload_bundle(store: ObjectStore, team: str, folder: Path) -> CodeBundle:
+    """Pack ``folder`` and store it where the submission service would have."""
+    bundle = pack(folder)
+    try:
+        store.put_file(f"bundles/{team}/{bundle.sha256}.tar.gz", bundle.path)
+    finally:
+        bundle.path.unlink(missing_ok=True)
+    return CodeBundle(sha256=bundle.sha256, size_bytes=bundle.size_bytes)
 
 
 @pytest.fixture
-def settings(tmp_path: Path, code_dir: Path, nats_settings: NatsSettings) -> Settings:
+def settings(
+    tmp_path: Path, reachable_tmp: Path, code_dir: Path, nats_settings: NatsSettings
+) -> Settings:
+    node_id = f"node-{uuid.uuid4().hex[:8]}"
+    storage = StorageSettings(uri=(tmp_path / "objects").as_uri())
+    CODE_FOR_NODE[node_id] = upload_bundle(open_store(storage.uri), "team-a", code_dir)
     return Settings(
-        node_id=f"node-{uuid.uuid4().hex[:8]}",
+        node_id=node_id,
         virtual_gpus=2,
-        work_dir=tmp_path / "work",
+        work_dir=reachable_tmp / "work",
         code_dir=code_dir,
         heartbeat_interval_seconds=0.2,
         progress_interval_seconds=0.2,
         kill_grace_seconds=0.5,
         drain_timeout_seconds=5,
         nats=nats_settings,
-        storage=StorageSettings(uri=(tmp_path / "objects").as_uri()),
+        storage=storage,
     )
 
 
@@ -253,7 +300,10 @@ def grant(
     job_id: str | None = None,
     max_runtime_seconds: int = 120,
     gpu_indices: list[int] | None = None,
+    code: CodeBundle | None = None,
 ) -> AllocationGranted:
+    """A grant of one GPU of ``node_id`` to a job running the fake job's bundle (or
+    ``code``) with ``args``."""
     job_id = job_id or f"job-{uuid.uuid4().hex[:8]}"
     return AllocationGranted(
         allocation_id=str(uuid.uuid4()),
@@ -274,6 +324,7 @@ def grant(
             hyperparameters={"lr": 0.1},
             seed=1234,
             max_runtime_seconds=max_runtime_seconds,
+            code=code or CODE_FOR_NODE.get(node_id),
         ),
     )
 

@@ -12,7 +12,7 @@ from services.runner.config import Settings
 from shared.bus import Bus
 from shared.events.payloads import CheckpointSaved, JobProgress, JobStarted, JobSucceeded
 from shared.storage import open_store, split_uri
-from tests.integration.runner.conftest import EventLog, StartRunner, grant, publish
+from tests.integration.runner.conftest import EventLog, StartRunner, grant, publish, upload_bundle
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +28,8 @@ async def test_digits_cnn_trains_and_its_artifact_loads_with_plain_torch(
 ) -> None:
     settings = settings.model_copy(update={"code_dir": REPO})
     await start_runner(settings)
-    allocation = grant(settings.node_id, [], entrypoint="examples.digits_cnn")
+    code = upload_bundle(open_store(settings.storage.uri), "team-a", REPO / "examples")
+    allocation = grant(settings.node_id, [], entrypoint="digits_cnn.py", code=code)
     allocation = allocation.model_copy(
         update={
             "spec": allocation.spec.model_copy(update={"hyperparameters": {"epochs": 2}, "seed": 7})
@@ -38,7 +39,8 @@ async def test_digits_cnn_trains_and_its_artifact_loads_with_plain_torch(
 
     done = await events.first(JobSucceeded, allocation.job_id, timeout=180)
     started = await events.first(JobStarted, allocation.job_id)
-    assert started.code_version.split()[-1].startswith("src:sha256:")
+    assert started.code_version == f"sha256:{code.sha256}"
+    assert "torch==" + importlib.metadata.version("torch") in started.environment.packages
     assert started.environment.torch == importlib.metadata.version("torch")
     assert events.of(JobProgress, allocation.job_id)
     assert events.of(CheckpointSaved, allocation.job_id)

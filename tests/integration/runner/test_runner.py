@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -64,10 +65,11 @@ async def test_a_job_is_started_reports_progress_and_checkpoint_and_succeeds(
 
     done = await events.first(JobSucceeded, allocation.job_id)
     started = await events.first(JobStarted, allocation.job_id)
-    source = hashlib.sha256((code_dir / "fakejob.py").read_bytes()).hexdigest()
+    assert allocation.spec.code is not None
     assert started.allocation_id == allocation.allocation_id
     assert started.epoch == 3 and started.attempt == 1
-    assert started.code_version.endswith(f"src:sha256:{source}")
+    assert started.code_version == f"sha256:{allocation.spec.code.sha256}"
+    assert started.environment.code_sha256 == allocation.spec.code.sha256
     assert started.environment.node_id == settings.node_id
     assert started.environment.gpu_names == ["virtual-cpu-1"]
     assert started.environment.cuda is None
@@ -89,10 +91,24 @@ async def test_a_job_is_started_reports_progress_and_checkpoint_and_succeeds(
 
     # The job saw its context; the runner kept and uploaded its output.
     store = open_store(settings.storage.uri)
-    log_text = store.get_bytes(f"logs/{allocation.job_id}/{allocation.allocation_id}.log").decode()
+    stream = f"logs/{allocation.job_id}/a0001-{settings.node_id}"
+    keys = store.list(f"{stream}/")
+    assert keys[-1] == f"{stream}/end"
+    log_text = b"".join(store.get_bytes(k) for k in keys if k.endswith(".log")).decode()
     assert f"env {allocation.job_id} 1234 ''" in log_text
     assert "step 5" in log_text and "done" in log_text
     assert launched(launches) == [allocation.allocation_id]
+    # It ran as a user of its own, and its checkpoint went to its own prefix.
+    assert (launches / allocation.allocation_id).read_text() in {
+        str(uid) for uid in settings.job_uids
+    } | ({str(os.getuid())} if os.getuid() != 0 else set())
+    assert saved[0].checkpoint.uri == store.uri_for(
+        f"jobs/{allocation.job_id}/checkpoints/step-00000005-a0001/checkpoint.pt"
+    )
+    assert (
+        store.get_bytes(f"jobs/{allocation.job_id}/checkpoints/step-00000005-a0001/checkpoint.pt")
+        == b"weights at step 5"
+    )
 
     # Every event of the job is in one trace: the one the grant was consumed in.
     records = events.records(allocation.job_id)
@@ -118,6 +134,7 @@ async def test_a_failing_job_is_reported_with_its_log_tail(
     failed = await events.first(JobFailed, allocation.job_id)
     assert failed.exit_code == 3
     assert failed.reason == "exited with status 3"
+    assert failed.failure_kind == "user_error"
     lines = failed.log_tail.splitlines()
     assert len(lines) == settings.log_tail_lines
     assert lines[-1] == "Traceback: something broke"
@@ -235,24 +252,34 @@ async def test_a_grant_naming_missing_gpus_fails_without_running(
     assert not events.of(JobStarted, allocation.job_id)
 
 
-async def test_the_job_resumes_from_the_latest_complete_checkpoint(
+async def test_the_job_resumes_from_the_latest_checkpoint_that_verifies(
     settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
 ) -> None:
     allocation = grant(settings.node_id, ["succeed", str(launches)])
     store = open_store(settings.storage.uri)
     folder = f"jobs/{allocation.job_id}/checkpoints"
-    for step, complete in ((10, True), (20, True), (30, False)):
-        key = f"{folder}/step-{step:08d}/checkpoint.pt"
-        store.put_bytes(key, b"weights")
-        if complete:
-            manifest = {"step": step, "object": f"step-{step:08d}/checkpoint.pt"}
+    for step, state in ((10, "complete"), (20, "complete"), (30, "tampered"), (40, "torn")):
+        data = f"weights {step}".encode()
+        key = f"step-{step:08d}-a0001/checkpoint.pt"
+        store.put_bytes(f"{folder}/{key}", b"zeroed" if state == "tampered" else data)
+        if state != "torn":
+            manifest = {
+                "step": step,
+                "object": key,
+                "size_bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
             store.put_bytes(
-                f"{folder}/step-{step:08d}/manifest.json", json.dumps(manifest).encode()
+                f"{folder}/step-{step:08d}-a0001/manifest.json", json.dumps(manifest).encode()
             )
     await start_runner(settings)
     await publish(bus, allocation, settings.node_id)
     started = await events.first(JobStarted, allocation.job_id)
-    assert started.resumed_from == store.uri_for(f"{folder}/step-00000020/checkpoint.pt")
+    assert started.resumed_from == store.uri_for(f"{folder}/step-00000020-a0001/checkpoint.pt")
+    await events.first(JobSucceeded, allocation.job_id)
+    # Retention never deletes the checkpoint resumed from or the one just committed.
+    kept = {k.split("/")[0] for k in open_store(store.uri_for(folder)).list("step-")}
+    assert {"step-00000005-a0001", "step-00000020-a0001"} <= kept
 
 
 async def test_a_restarted_runner_reports_what_its_predecessor_left_unsaid(
@@ -277,6 +304,7 @@ async def test_a_job_that_cannot_be_spawned_fails_with_the_reason(
     allocation = grant(settings.node_id, ["succeed", str(launches)])
     await publish(bus, allocation, settings.node_id)
     failed = await events.first(JobFailed, allocation.job_id)
-    assert failed.exit_code is None and failed.reason.startswith("could not start")
-    started = await events.first(JobStarted, allocation.job_id)
-    assert started.environment.python.startswith("unknown")
+    assert failed.exit_code is None and failed.failure_kind == "platform_error"
+    assert "no-python" in failed.reason
+    assert not events.of(JobStarted, allocation.job_id)
+    assert launched(launches) == []

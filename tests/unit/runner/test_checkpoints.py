@@ -1,40 +1,144 @@
-"""Which checkpoint a job resumes from: the newest whose manifest names an existing object."""
+"""Checkpoints between a job's staging folder and the store: verified, confined, retained."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+from datetime import UTC, datetime
 from pathlib import Path
 
-from services.runner.checkpoints import latest_complete_checkpoint
+import pytest
+
+from services.runner.checkpoints import (
+    StagedCheckpointInvalid,
+    apply_retention,
+    commit_staged,
+    complete_folders,
+    stage_resume,
+)
 from shared.storage import LocalStore
 
 
-def put(store: LocalStore, step: int, *, manifest: object | None, obj: bool = True) -> None:
-    folder = f"step-{step:08d}"
-    if obj:
-        store.put_bytes(f"{folder}/checkpoint.pt", b"weights")
-    if manifest is not None:
-        store.put_bytes(f"{folder}/manifest.json", json.dumps(manifest).encode())
+def stage(staging: Path, step: int, data: bytes = b"weights", **overrides: object) -> None:
+    """What the SDK writes: the object, then its manifest (object named from the root)."""
+    folder = staging / f"step-{step:08d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "checkpoint.pt").write_bytes(data)
+    manifest = {
+        "step": step,
+        "object": f"step-{step:08d}/checkpoint.pt",
+        "size_bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "created_at": datetime.now(UTC).isoformat(),
+        "job_id": "job-1",
+        "attempt": 1,
+    } | overrides
+    (folder / "manifest.json").write_text(json.dumps(manifest))
 
 
-def test_no_checkpoints_means_a_fresh_start(tmp_path: Path) -> None:
-    assert latest_complete_checkpoint(LocalStore(tmp_path)) is None
+def test_a_staged_checkpoint_is_uploaded_with_its_manifest_last(tmp_path: Path) -> None:
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    stage(staging, 10, b"abc")
+    ref = commit_staged(staging, 10, store, attempt=2)
+    assert ref.step == 10 and ref.size_bytes == 3
+    assert ref.uri == store.uri_for("step-00000010-a0002/checkpoint.pt")
+    manifest = json.loads(store.get_bytes("step-00000010-a0002/manifest.json"))
+    assert manifest["object"] == "step-00000010-a0002/checkpoint.pt"
+    assert manifest["sha256"] == hashlib.sha256(b"abc").hexdigest()
+    assert not (staging / "step-00000010").exists(), "the staged copy is removed"
 
 
-def test_the_newest_complete_checkpoint_wins(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path)
-    put(store, 5, manifest={"object": "step-00000005/checkpoint.pt"})
-    put(store, 100, manifest={"object": "step-00000100/checkpoint.pt"})
-    put(store, 20, manifest={"object": "step-00000020/checkpoint.pt"})
-    assert latest_complete_checkpoint(store) == store.uri_for("step-00000100/checkpoint.pt")
+def test_attempts_never_write_the_same_keys(tmp_path: Path) -> None:
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    stage(staging, 10, b"first")
+    commit_staged(staging, 10, store, attempt=1)
+    stage(staging, 10, b"second")
+    commit_staged(staging, 10, store, attempt=2)
+    assert [f for _, _, f in complete_folders(store)] == [
+        "step-00000010-a0001",
+        "step-00000010-a0002",
+    ]
+    assert store.get_bytes("step-00000010-a0001/checkpoint.pt") == b"first"
 
 
-def test_incomplete_and_broken_checkpoints_are_skipped(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path)
-    put(store, 1, manifest={"object": "step-00000001/checkpoint.pt"})
-    put(store, 2, manifest=None)  # upload never finished: no manifest
-    put(store, 3, manifest={"object": "step-00000003/checkpoint.pt"}, obj=False)
-    put(store, 4, manifest={"object": "../../etc/passwd"})
-    put(store, 5, manifest=["not", "a", "manifest"])
-    store.put_bytes("step-00000006/manifest.json", b"{not json")
-    assert latest_complete_checkpoint(store) == store.uri_for("step-00000001/checkpoint.pt")
+def test_an_object_that_does_not_match_its_manifest_is_refused(tmp_path: Path) -> None:
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    stage(staging, 3, b"abc", sha256="0" * 64)
+    with pytest.raises(StagedCheckpointInvalid, match="does not match"):
+        commit_staged(staging, 3, store, attempt=1)
+    assert store.list() == []
+
+
+def test_a_link_to_a_file_outside_the_staging_folder_is_refused(tmp_path: Path) -> None:
+    secret = tmp_path / "runner-secret"
+    secret.write_bytes(b"s3 keys")
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    stage(staging, 1, b"s3 keys")
+    target = staging / "step-00000001" / "checkpoint.pt"
+    target.unlink()
+    os.symlink(secret, target)
+    with pytest.raises(StagedCheckpointInvalid):
+        commit_staged(staging, 1, store, attempt=1)
+    assert store.list() == []
+
+
+@pytest.mark.parametrize(
+    "object_key", ["../../runner-secret", "step-00000002/checkpoint.pt", "other/checkpoint.pt"]
+)
+def test_a_manifest_naming_another_object_is_refused(tmp_path: Path, object_key: str) -> None:
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    stage(staging, 1, object=object_key)
+    with pytest.raises(StagedCheckpointInvalid):
+        commit_staged(staging, 1, store, attempt=1)
+
+
+def test_resume_stages_the_newest_checkpoint_that_verifies(tmp_path: Path) -> None:
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    for step, data in ((5, b"five"), (9, b"nine")):
+        stage(staging, step, data)
+        commit_staged(staging, step, store, attempt=1)
+    # The newest one is tampered with after its manifest was written.
+    store.put_bytes("step-00000009-a0001/checkpoint.pt", b"zeroed")
+    resume = tmp_path / "resume"
+    ref = stage_resume(store, resume)
+    assert ref is not None and ref.step == 5
+    assert ref.uri == store.uri_for("step-00000005-a0001/checkpoint.pt")
+    assert (resume / "step-00000005" / "checkpoint.pt").read_bytes() == b"five"
+    local = json.loads((resume / "step-00000005" / "manifest.json").read_text())
+    assert local["object"] == "step-00000005/checkpoint.pt"
+    assert not (resume / "step-00000009").exists()
+
+
+def test_resume_reads_the_older_layout_and_skips_broken_manifests(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    data = b"old"
+    store.put_bytes("step-00000001/checkpoint.pt", data)
+    manifest = {
+        "step": 1,
+        "object": "step-00000001/checkpoint.pt",
+        "size_bytes": 3,
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    store.put_bytes("step-00000001/manifest.json", json.dumps(manifest).encode())
+    store.put_bytes("step-00000002/manifest.json", b"{not json")
+    store.put_bytes(
+        "step-00000003/manifest.json", json.dumps(manifest | {"object": "../x"}).encode()
+    )
+    ref = stage_resume(store, tmp_path / "resume")
+    assert ref is not None and ref.step == 1
+
+
+def test_no_checkpoint_means_a_fresh_start(tmp_path: Path) -> None:
+    assert stage_resume(LocalStore(tmp_path / "store"), tmp_path / "resume") is None
+
+
+def test_retention_keeps_the_newest_and_protected_ones(tmp_path: Path) -> None:
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    for step in range(1, 7):
+        stage(staging, step, f"s{step}".encode())
+        commit_staged(staging, step, store, attempt=1)
+    protected = {store.uri_for("step-00000001-a0001/checkpoint.pt")}
+    assert apply_retention(store, 2, protected) == 3
+    assert [s for s, _, _ in complete_folders(store)] == [1, 5, 6]
+    assert store.list("step-00000002") == []

@@ -137,10 +137,18 @@ CANCELLED = StopRequest("revoked", "cancelled")
         (75, CANCELLED, Outcome("preempted", "cancelled", 75)),
         (-9, REVOKED, Outcome("preempted", "preempted", -9)),
         (75, domain.shutdown_stop(), Outcome("preempted", "runner shutting down", 75)),
-        (1, None, Outcome("failed", "exited with status 1", 1)),
-        (-9, None, Outcome("failed", "killed by SIGKILL", -9)),
-        (0, domain.max_runtime_stop(60), Outcome("failed", "max runtime exceeded (60 s)", 0)),
-        (75, domain.max_runtime_stop(60), Outcome("failed", "max runtime exceeded (60 s)", 75)),
+        (1, None, Outcome("failed", "exited with status 1", 1, "user_error")),
+        (-9, None, Outcome("failed", "out of memory: killed by SIGKILL", -9, "out_of_memory")),
+        (
+            0,
+            domain.max_runtime_stop(60),
+            Outcome("failed", "max runtime exceeded (60 s)", 0, "max_runtime"),
+        ),
+        (
+            75,
+            domain.max_runtime_stop(60),
+            Outcome("failed", "max runtime exceeded (60 s)", 75, "max_runtime"),
+        ),
     ],
 )
 def test_decide_outcome(exit_code: int, stop: StopRequest | None, expected: Outcome) -> None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pydantic import SecretStr
+import pytest
 
 from services.runner import launch
+from services.runner.environments import JobEnvironment
 from services.runner.gpus import GpuInventory, virtual_inventory
+from services.runner.sandbox import JobUser, Sandbox
 from shared.control import JobRuntimeEnv
-from shared.events.payloads import AllocationGranted, Environment, JobSpec
-from shared.settings import StorageSettings
+from shared.events.payloads import AllocationGranted, GangMember, JobSpec
 
 GRANT = AllocationGranted(
     allocation_id="alloc-1",
@@ -35,49 +36,85 @@ GRANT = AllocationGranted(
         dataset="digits@v2",
     ),
 )
-PREPARED = launch.Prepared(
-    checkpoint_uri="s3://ty/jobs/job-1/checkpoints",
-    resumed_from=None,
-    code_version="src:sha256:" + "0" * 64,
-    environment=Environment(
-        python="CPython 3.11",
-        torch="2.13.0",
-        platform="L",
-        hostname="h",
-        node_id="n",
-        gpu_flavor="h200",
-    ),
-)
-STORAGE = StorageSettings(
-    uri="s3://ty", s3_endpoint="minio:9000", s3_access_key="ak", s3_secret_key=SecretStr("sk")
+ONE_GPU = GRANT.model_copy(update={"gpu_indices": [1]})
+BOX = Sandbox(Path("/sandboxes/alloc-1"), JobUser(200_001, 200_001))
+JOB_ENV = JobEnvironment(
+    python="/envs/abc/bin/python",
+    bin_dir=Path("/envs/abc/bin"),
+    key="abc",
+    packages=["tabulate==0.9.0"],
+    cached=True,
+    seconds=0.0,
 )
 H200 = GpuInventory(("H200",) * 4, "nvml", "12.4")
-BASE = {
-    "PATH": "/usr/bin",
-    "HOME": "/home/runner",
+RUNNER_ENV = {
+    "PATH": "/runner/bin:/usr/bin",
+    "HOME": "/root",
     "TRAINYARD_RUNNER_NODE_ID": "node-a",
     "TRAINYARD_NATS_URL": "nats://secret:4222",
     "TRAINYARD_DATABASE_URL": "postgresql://user:password@db/x",
-    "TRAINYARD_STORAGE_URI": "file://./relative",
+    "TRAINYARD_STORAGE_S3_SECRET_KEY": "sk",
+    "AWS_SECRET_ACCESS_KEY": "aws",
+    "NCCL_SOCKET_IFNAME": "eth0",
     "CUDA_VISIBLE_DEVICES": "0,1,2,3",
 }
 
 
-def env_for(gpus: GpuInventory = H200, **overrides: object) -> dict[str, str]:
+def env_for(
+    grant: AllocationGranted = GRANT, gpus: GpuInventory = H200, **overrides: object
+) -> dict[str, str]:
     kwargs: dict[str, object] = {
-        "base": BASE,
-        "storage": STORAGE,
-        "store_uri": "s3://ty",
+        "passthrough": ["NCCL_SOCKET_IFNAME", "TRAINYARD_NATS_URL"],
         "gpus": gpus,
         "trace_headers": {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"},
+        "base": RUNNER_ENV,
     }
     kwargs.update(overrides)
-    return launch.job_env(GRANT, PREPARED, **kwargs)  # type: ignore[arg-type]
+    return launch.job_env_vars(grant, BOX, JOB_ENV, **kwargs)  # type: ignore[arg-type]
 
 
-def test_the_job_is_python_m_its_entrypoint_with_its_args() -> None:
-    assert launch.job_argv("/venv/bin/python", GRANT) == [
-        "/venv/bin/python",
+def spec_with(**update: object) -> AllocationGranted:
+    return ONE_GPU.model_copy(update={"spec": GRANT.spec.model_copy(update=update)})
+
+
+def test_a_module_a_script_or_a_command_runs_with_its_args() -> None:
+    python = "/envs/abc/bin/python"
+    assert launch.job_argv(python, ONE_GPU, 29500) == [
+        python,
+        "-m",
+        "examples.digits_cnn",
+        "--fast",
+        "x y",
+    ]
+    script = spec_with(entrypoint="src/train.py")
+    assert launch.job_argv(python, script, 29500) == [python, "src/train.py", "--fast", "x y"]
+    command = spec_with(entrypoint="", command=["bash", "run.sh"])
+    assert launch.job_argv(python, command, 29500) == ["bash", "run.sh", "--fast", "x y"]
+
+
+def test_several_gpus_on_one_node_start_under_torchrun_standalone() -> None:
+    argv = launch.job_argv("/py", GRANT, 29500)
+    assert argv[:5] == ["/py", "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone"]
+    assert argv[5:] == ["-m", "examples.digits_cnn", "--fast", "x y"]
+
+
+def test_a_gang_meets_at_rank_zeros_node_with_this_nodes_rank() -> None:
+    gang = [
+        GangMember(node_id="a", allocation_id="alloc-0", address="10.0.0.1", gpus=1, first_rank=0),
+        GangMember(node_id="b", allocation_id="alloc-1", address="10.0.0.2", gpus=1, first_rank=1),
+    ]
+    grant = ONE_GPU.model_copy(update={"gang": gang})
+    port = launch.rendezvous_port("job-1", 2)
+    assert launch.rendezvous_port("job-1", 2) == port != launch.rendezvous_port("job-1", 3)
+    assert launch.job_argv("/py", grant, port) == [
+        "/py",
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=1",
+        "--nnodes=2",
+        "--node_rank=1",
+        "--master_addr=10.0.0.1",
+        f"--master_port={port}",
         "-m",
         "examples.digits_cnn",
         "--fast",
@@ -93,37 +130,52 @@ def test_the_job_reads_its_context_back_from_its_environment() -> None:
         attempt=2,
         seed=7,
         hyperparameters={"lr": 0.01, "epochs": 3},
-        checkpoint_uri="s3://ty/jobs/job-1/checkpoints",
+        checkpoint_uri=Path("/sandboxes/alloc-1/checkpoints").as_uri(),
+        control_socket="/sandboxes/alloc-1/control.sock",
         dataset="digits@v2",
         gpu_indices=[0, 2],
     )
 
 
-def test_the_job_sees_its_gpus_the_store_and_the_trace_but_not_the_runners_secrets() -> None:
+def test_the_job_environment_is_built_from_nothing_and_holds_no_credential() -> None:
     env = env_for()
     assert env["CUDA_VISIBLE_DEVICES"] == "0,2" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
-    assert env["TRAINYARD_STORAGE_URI"] == "s3://ty"
-    assert env["TRAINYARD_STORAGE_S3_ENDPOINT"] == "minio:9000"
-    assert env["TRAINYARD_STORAGE_S3_SECRET_KEY"] == "sk"
-    assert env["TRAINYARD_STORAGE_S3_SECURE"] == "false"
-    assert env["PYTHONUNBUFFERED"] == "1"
+    assert env["PATH"].startswith("/envs/abc/bin:") and "/runner/bin" not in env["PATH"]
+    assert env["HOME"] == "/sandboxes/alloc-1/home"
+    assert env["TMPDIR"] == "/sandboxes/alloc-1/tmp"
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0", "the operator let it through"
     assert env["TRACEPARENT"].startswith("00-111")
-    assert env["PATH"] == "/usr/bin" and env["HOME"] == "/home/runner"
-    for withheld in ("TRAINYARD_RUNNER_NODE_ID", "TRAINYARD_NATS_URL", "TRAINYARD_DATABASE_URL"):
-        assert withheld not in env
+    platform_vars = {k for k in env if k.startswith("TRAINYARD_")}
+    assert all(not k.startswith(("TRAINYARD_STORAGE", "TRAINYARD_NATS")) for k in platform_vars)
+    assert "AWS_SECRET_ACCESS_KEY" not in env
+    for value in env.values():
+        assert "secret" not in value and "password" not in value and value != "sk"
 
 
 def test_on_virtual_gpus_the_job_sees_no_cuda_device_and_no_trace_when_none() -> None:
-    env = env_for(virtual_inventory(4), trace_headers={})
+    env = env_for(gpus=virtual_inventory(4), trace_headers={})
     assert env["CUDA_VISIBLE_DEVICES"] == ""
     assert "TRACEPARENT" not in env
 
 
-def test_grants_that_can_never_run_here_say_why() -> None:
+@pytest.mark.parametrize(
+    ("update", "reason"),
+    [
+        ({"entrypoint": "a b"}, "neither a dotted module"),
+        ({"entrypoint": "../escape.py"}, "neither a dotted module"),
+        ({"entrypoint": "/abs/train.py"}, "neither a dotted module"),
+        ({"entrypoint": ""}, "neither an entrypoint nor a command"),
+        ({"command": ["x"]}, "both an entrypoint and a command"),
+        ({"image": "pytorch/pytorch:2.5"}, "no container executor"),
+    ],
+)
+def test_grants_that_can_never_run_here_say_why(update: dict[str, object], reason: str) -> None:
     assert launch.cannot_run(GRANT, H200) is None
+    assert reason in (launch.cannot_run(spec_with(**update), H200) or "")
+
+
+def test_grants_for_gpus_this_node_lacks_say_why() -> None:
     assert "do not exist" in (launch.cannot_run(GRANT, virtual_inventory(2)) or "")
-    bad = GRANT.model_copy(update={"spec": GRANT.spec.model_copy(update={"entrypoint": "a b"})})
-    assert "dotted module name" in (launch.cannot_run(bad, H200) or "")
 
 
 def test_job_logs_live_under_the_work_dir_whatever_the_ids(tmp_path: Path) -> None:
