@@ -18,7 +18,12 @@ BUNDLE_SHA256_PATTERN = r"^[0-9a-f]{64}$"
 GIT_COMMIT_PATTERN = r"^[0-9a-f]{40}$"
 
 FailureKind = Literal[
-    "user_error", "out_of_memory", "node_lost", "preempted", "cancelled", "max_runtime",
+    "user_error",
+    "out_of_memory",
+    "node_lost",
+    "preempted",
+    "cancelled",
+    "max_runtime",
     "platform_error",
 ]
 """How an attempt ended badly. ``user_error`` (non-zero exit) and ``node_lost`` use up one

@@ -6,9 +6,9 @@ import hashlib
 import json
 import logging
 import os
-import socket
 import random
 import signal
+import socket
 import threading
 import time
 from collections import OrderedDict
