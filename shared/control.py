@@ -20,6 +20,7 @@ resumed; anything else is a failure.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from typing import Annotated, Literal
 
@@ -128,6 +129,23 @@ class JobRuntimeEnv(BaseModel):
             )
         except ValidationError as exc:
             raise ValueError(f"invalid job runtime environment: {_describe(exc)}") from None
+
+
+# --- the socket's address --------------------------------------------------------------
+
+MAX_UNIX_PATH = 100
+"""Socket paths at least this long do not fit ``sun_path`` (108 bytes on Linux)."""
+
+
+def unix_address(path: str) -> str:
+    """An address for ``path`` that fits a Unix socket address: ``path`` itself when short
+    enough, else ``/proc/self/fd/<fd>/<name>`` through a descriptor of its folder (kept open
+    for the life of the process), so deep work folders still work on Linux."""
+    if len(os.fsencode(path)) < MAX_UNIX_PATH:
+        return path
+    folder, name = os.path.split(path)
+    fd = os.open(folder, getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY)
+    return f"/proc/self/fd/{fd}/{name}"
 
 
 # --- control messages (job -> runner) -------------------------------------------------

@@ -175,6 +175,8 @@ def _run_demo_job(
     stack: LocalStack, token: str, spec: dict[str, Any], spec_path: Path, timeout_s: float
 ) -> None:
     try:
+        from trainyard.bundle import DEFAULT_MAX_BYTES
+        from trainyard.cli import upload_code
         from trainyard.client import TrainyardClient
     except ImportError as exc:
         raise DemoFailed(f"the Trainyard client cannot be imported: {exc}") from exc
@@ -182,6 +184,8 @@ def _run_demo_job(
     client = TrainyardClient(stack.submission_url, token)
     try:
         try:
+            # What `trainyard submit` does: the spec's folder travels with the job.
+            spec = {**spec, "code": upload_code(client, spec_path.parent, DEFAULT_MAX_BYTES)}
             job = client.submit(spec)
         except Exception as exc:  # the client's HTTP errors carry the field path and reason
             raise DemoFailed(f"the submission was refused: {exc}") from exc

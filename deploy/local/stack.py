@@ -170,13 +170,18 @@ class LocalStack:
             exit_stack.close()
 
     def _start_infrastructure(self, exit_stack: contextlib.ExitStack) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        # Jobs run as other users: they may pass through the data folder to their sandbox
+        # (under runners/) but never list it or read the stack's objects, logs or events.
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.chmod(0o711)
+        self.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
 
         nats = NatsServer(self.data_dir / "nats", log_path=self.log_path("nats"))
         exit_stack.callback(nats.stop)
         self._nats = nats
         self._timed("nats", nats.start)
         self._say(f"nats ready at {nats.url} ({self.timings['nats']:.1f} s)")
+        (self.data_dir / "nats").chmod(0o700)  # the event store, closed to jobs
 
         postgres = PostgresServer(self.data_dir / "postgres")
         exit_stack.callback(postgres.stop)
@@ -202,7 +207,7 @@ class LocalStack:
             self._say(f"s3 ready at {s3.url}, bucket {BUCKET} ({self.timings['s3']:.1f} s)")
         else:
             objects = self.data_dir / "objects"
-            objects.mkdir(parents=True, exist_ok=True)
+            objects.mkdir(mode=0o700, parents=True, exist_ok=True)
             env["TRAINYARD_STORAGE_URI"] = objects.as_uri()
         if self.span_file is not None:
             self.span_file.parent.mkdir(parents=True, exist_ok=True)
@@ -387,6 +392,7 @@ class LocalStack:
         if kind == "runner":
             work_dir = self.data_dir / "runners" / node_id
             work_dir.mkdir(parents=True, exist_ok=True)
+            work_dir.parent.chmod(0o711)
             env.update(
                 {
                     # The runner insists that its jobs' drain ends before its own grace does.

@@ -248,7 +248,7 @@ class NodeAgent:
 
     def _release(self, allocation_id: str) -> None:
         self._slots.pop(allocation_id, None)
-        remove_sandbox(self.settings.sandboxes_dir / safe_file_name(allocation_id))
+        remove_sandbox(self.settings.sandboxes_dir / launch.sandbox_name(allocation_id))
 
     async def _failed_to_start(
         self, job: JobIdentity, reason: str, events: JobEvents, trace_headers: dict[str, str]

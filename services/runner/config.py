@@ -98,7 +98,7 @@ class Settings(ServiceSettings):
 
     @property
     def sandboxes_dir(self) -> Path:
-        return self.work_dir / "sandboxes"
+        return self.work_dir / "sb"  # short: the control socket's path must fit 108 bytes
 
     @property
     def environments_root(self) -> Path:

@@ -86,7 +86,7 @@ def prepare(
     trace_headers: Mapping[str, str],
 ) -> Prepared:
     spec = grant.spec
-    box = create_sandbox(settings.sandboxes_dir, safe_file_name(grant.allocation_id), user)
+    box = create_sandbox(settings.sandboxes_dir, sandbox_name(grant.allocation_id), user)
     code_id = fetch_code(spec, store, box.code)
     try:
         job_env = environments.resolve(spec.requirements)
@@ -127,6 +127,11 @@ def prepare(
         code_version=code_id or code_version(settings.code_dir, spec.entrypoint),
         environment=environment,
     )
+
+
+def sandbox_name(allocation_id: str) -> str:
+    """A short, safe folder name for an allocation's sandbox."""
+    return hashlib.sha256(allocation_id.encode()).hexdigest()[:16]
 
 
 def program(python: str, spec: JobSpec) -> list[str]:

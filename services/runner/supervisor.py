@@ -39,6 +39,7 @@ from shared.control import (
     CheckpointMessage,
     MetricsMessage,
     parse_control_line,
+    unix_address,
 )
 from shared.events import Envelope, Payload
 from shared.events.payloads import CheckpointRef
@@ -116,7 +117,9 @@ class JobRun:
         try:
             socket_path = self._sandbox.control_socket
             self._server = await asyncio.start_unix_server(
-                self._on_connection, path=str(socket_path), limit=MAX_CONTROL_LINE_BYTES + 1
+                self._on_connection,
+                path=unix_address(str(socket_path)),
+                limit=MAX_CONTROL_LINE_BYTES + 1,
             )
             user = self._sandbox.user
             if user.uid is not None and user.gid is not None:

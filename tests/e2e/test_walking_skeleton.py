@@ -22,6 +22,8 @@ import torch
 from minio import Minio
 
 from deploy.local.stack import LocalStack
+from trainyard.bundle import DEFAULT_MAX_BYTES
+from trainyard.cli import upload_code
 from trainyard.client import TrainyardClient
 
 pytestmark = pytest.mark.e2e
@@ -50,6 +52,7 @@ def client(stack: LocalStack) -> TrainyardClient:
 @pytest.fixture(scope="module")
 def finished_job(client: TrainyardClient) -> dict[str, Any]:
     spec = json.loads((ROOT / "examples" / "digits.job.json").read_text())
+    spec["code"] = upload_code(client, ROOT / "examples", DEFAULT_MAX_BYTES)
     submitted_at = time.time()
     job = client.submit(spec)
     final = client.wait(job["id"], timeout_s=300)
@@ -58,7 +61,10 @@ def finished_job(client: TrainyardClient) -> dict[str, Any]:
 
 
 def test_job_succeeds(finished_job: dict[str, Any]) -> None:
-    assert finished_job["status"] == "SUCCEEDED", finished_job
+    assert finished_job["status"] == "SUCCEEDED", (
+        finished_job.get("failure"),
+        finished_job.get("history"),
+    )
     statuses = [h["status"] for h in finished_job["history"]]
     assert statuses[0] == "QUEUED" and statuses[-1] == "SUCCEEDED"
     assert "SCHEDULED" in statuses and "RUNNING" in statuses

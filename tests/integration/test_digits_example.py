@@ -11,6 +11,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -54,8 +55,11 @@ class Run:
 
 
 def start(checkpoint_dir: Path, attempt: int, cwd: Path) -> Run:
-    """Start the example as the runner would: environment variables and a control pipe."""
-    read_fd, write_fd = os.pipe()
+    """Start the example as the runner would: environment variables and a control socket."""
+    socket_path = cwd / f"control-{checkpoint_dir.name}-{attempt}.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(socket_path))
+    server.listen(1)
     runtime = JobRuntimeEnv(
         job_id="digits-test",
         allocation_id=f"alloc-{attempt}",
@@ -63,24 +67,24 @@ def start(checkpoint_dir: Path, attempt: int, cwd: Path) -> Run:
         seed=JOB_SPEC["seed"],
         hyperparameters=HYPERPARAMETERS,
         checkpoint_uri=checkpoint_dir.as_uri(),
-        control_fd=write_fd,
+        control_socket=str(socket_path),
         dataset=JOB_SPEC["dataset"],
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")}
-    env.update(runtime.to_env(), PYTHONPATH=str(REPO))
+    env.update(runtime.to_env())
     process = subprocess.Popen(
-        [sys.executable, "-m", JOB_SPEC["entrypoint"]],
-        cwd=cwd,
+        [sys.executable, JOB_SPEC["entrypoint"]],
+        cwd=REPO / "examples",
         env=env,
-        pass_fds=(write_fd,),
         stdout=subprocess.DEVNULL,
     )
-    os.close(write_fd)  # only the child holds the write end: its exit is our EOF
     run = Run(process)
 
     def read() -> None:
-        with os.fdopen(read_fd, "rb") as pipe:
-            for line in pipe:
+        connection, _ = server.accept()
+        server.close()
+        with connection, connection.makefile("rb") as lines:
+            for line in lines:
                 run.messages.put(parse_control_line(line))
         run.messages.put(None)
 

@@ -5,17 +5,21 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
+from pathlib import Path
 
 import pytest
 
 from shared.control import (
     ENV_JOB_ID,
     MAX_CONTROL_LINE_BYTES,
+    MAX_UNIX_PATH,
     PREEMPTED_EXIT_CODE,
     CheckpointMessage,
     JobRuntimeEnv,
     MetricsMessage,
     parse_control_line,
+    unix_address,
 )
 from shared.events.payloads import CheckpointRef
 
@@ -180,3 +184,21 @@ def test_lines_written_to_a_pipe_are_parsed_in_order() -> None:
             writer.write(message.encode())
     with os.fdopen(read_fd, "rb") as reader:
         assert [parse_control_line(line) for line in reader] == messages
+
+
+def test_a_socket_in_a_deep_folder_is_still_reachable(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    path = str(deep / "control.sock")
+    assert len(path) >= MAX_UNIX_PATH
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(unix_address(path))
+    server.listen(1)
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(unix_address(path))
+    connection, _ = server.accept()
+    client.sendall(b"hello")
+    assert connection.recv(5) == b"hello"
+    for s in (client, connection, server):
+        s.close()
+    assert (deep / "control.sock").exists()

@@ -38,6 +38,7 @@ from shared.control import (
     CheckpointMessage,
     JobRuntimeEnv,
     MetricsMessage,
+    unix_address,
 )
 from shared.events.payloads import CheckpointRef
 from shared.storage import ObjectStore, open_store
@@ -67,7 +68,7 @@ class ControlChannel:
         self._sock: socket.socket | None = None
         try:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.connect(path)
+            sock.connect(unix_address(path))
             self._sock = sock
         except OSError as exc:
             log.warning("cannot reach the runner's control socket %s (%s)", path, exc)

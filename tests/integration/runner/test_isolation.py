@@ -1,0 +1,164 @@
+"""A hostile job of team B against team A's data, the runner and the database.
+
+Team A's job commits a checkpoint. Team B's job then tries, from inside its sandbox, what
+a tenant who read the platform's source would try: read, list and overwrite A's objects in
+the store's folder, read the runner's environment through ``/proc``, find credentials in
+its own environment, reach PostgreSQL's socket, peek into other sandboxes, and make the
+runner upload A's checkpoint into B's prefix (a staged link to A's object) or publish a
+checkpoint under A's URI. Every attempt must fail and A's data must be unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import pytest
+
+from deploy.local.postgres import PostgresServer
+from services.runner.config import Settings
+from shared.bus import Bus
+from shared.events.payloads import CheckpointSaved, JobSucceeded
+from shared.storage import open_store
+from tests.integration.runner.conftest import (
+    EventLog,
+    StartRunner,
+    grant,
+    launched,
+    publish,
+    upload_bundle,
+)
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        not hasattr(os, "geteuid") or os.geteuid() != 0,
+        reason="jobs run as users of their own only under a runner started as root",
+    ),
+]
+
+HOSTILE_JOB = textwrap.dedent(
+    '''
+    """Team B's job: tries everything, reports what worked."""
+    import hashlib, json, os, socket, sys
+    from urllib.parse import unquote, urlparse
+
+    victim_object, victim_uri, pg_socket, sandboxes = sys.argv[1:5]
+    objects = victim_object.split("/jobs/")[0]
+    report = {}
+
+    def attempt(name, action):
+        try:
+            action()
+            report[name] = "ALLOWED"
+        except Exception as exc:
+            report[name] = f"denied ({type(exc).__name__})"
+
+    def overwrite():
+        with open(victim_object, "wb") as f:
+            f.write(b"zeroed")
+
+    def connect_database():
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(pg_socket)
+
+    attempt("read victim checkpoint", lambda: open(victim_object, "rb").read())
+    attempt("list the object store", lambda: os.listdir(objects))
+    attempt("overwrite victim checkpoint", overwrite)
+    attempt("read runner environ", lambda: open(f"/proc/{os.getppid()}/environ", "rb").read())
+    attempt("connect to the database", connect_database)
+    attempt("list other sandboxes", lambda: os.listdir(sandboxes))
+    report["platform variables"] = sorted(
+        k for k in os.environ
+        if k.startswith(("TRAINYARD_STORAGE", "TRAINYARD_NATS", "TRAINYARD_DATABASE", "AWS_"))
+    )
+
+    control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    control.connect(os.environ["TRAINYARD_CONTROL_SOCKET"])
+    staging = unquote(urlparse(os.environ["TRAINYARD_CHECKPOINT_URI"]).path)
+
+    def stage(step, data=None, link=None):
+        folder = os.path.join(staging, f"step-{step:08d}")
+        os.makedirs(folder)
+        target = os.path.join(folder, "checkpoint.pt")
+        if link:
+            os.symlink(link, target)
+            data = b"zeroed"
+        else:
+            with open(target, "wb") as f:
+                f.write(data)
+        digest = hashlib.sha256(data).hexdigest()
+        with open(os.path.join(folder, "manifest.json"), "w") as f:
+            json.dump({"step": step, "object": f"step-{step:08d}/checkpoint.pt",
+                       "size_bytes": len(data), "sha256": digest}, f)
+        ref = {"uri": victim_uri, "manifest_uri": victim_uri, "step": step,
+               "size_bytes": len(data), "sha256": digest}
+        control.sendall((json.dumps({"kind": "checkpoint", "checkpoint": ref}) + "\\n").encode())
+
+    stage(1, link=victim_object)        # "upload A's checkpoint for me"
+    stage(2, data=b"mine, at A's URI")  # "publish this under A's URI"
+    print("REPORT " + json.dumps(report), flush=True)
+    '''
+)
+
+
+async def test_a_job_of_team_b_touches_nothing_of_team_a(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    launches: Path,
+    tmp_path: Path,
+    postgres_server: PostgresServer,
+) -> None:
+    await start_runner(settings)
+    store = open_store(settings.storage.uri)
+
+    victim = grant(settings.node_id, ["succeed", str(launches)])
+    await publish(bus, victim, settings.node_id)
+    done = await events.first(JobSucceeded, victim.job_id)
+    assert done.artifact is not None
+    victim_bytes = store.get_bytes(done.artifact.uri.removeprefix(store.root_uri + "/"))
+
+    hostile_code = tmp_path / "hostile"
+    hostile_code.mkdir()
+    (hostile_code / "attack.py").write_text(HOSTILE_JOB)
+    code = upload_bundle(store, "team-b", hostile_code)
+    pg_socket = Path(unquote(urlparse(postgres_server.dsn).query.split("host=")[1]))
+    attacker = grant(
+        settings.node_id,
+        [
+            unquote(urlparse(done.artifact.uri).path),
+            done.artifact.uri,
+            str(pg_socket / ".s.PGSQL.5432"),
+            str(settings.sandboxes_dir),
+        ],
+        entrypoint="attack.py",
+        code=code,
+    )
+    attacker = attacker.model_copy(
+        update={"spec": attacker.spec.model_copy(update={"team": "team-b", "user": "mallory"})}
+    )
+    await publish(bus, attacker, settings.node_id)
+    await events.first(JobSucceeded, attacker.job_id)
+
+    stream = f"logs/{attacker.job_id}/a0001-{settings.node_id}"
+    output = b"".join(
+        store.get_bytes(k) for k in store.list(f"{stream}/") if k.endswith(".log")
+    ).decode()
+    [line] = [x for x in output.splitlines() if x.startswith("REPORT ")]
+    report = json.loads(line.removeprefix("REPORT "))
+    allowed = [name for name, result in report.items() if result == "ALLOWED"]
+    assert allowed == [], f"the hostile job could: {allowed} ({report})"
+    assert report["platform variables"] == []
+
+    # The runner refused the link, and put the other checkpoint in B's own prefix only.
+    saved = events.of(CheckpointSaved, attacker.job_id)
+    assert [s.checkpoint.step for s in saved] == [2]
+    assert saved[0].checkpoint.uri.startswith(store.uri_for(f"jobs/{attacker.job_id}") + "/")
+    assert store.get_bytes(done.artifact.uri.removeprefix(store.root_uri + "/")) == victim_bytes
+    assert not store.list(f"jobs/{attacker.job_id}/checkpoints/step-00000001")
+    assert launched(launches) == [victim.allocation_id]
