@@ -285,6 +285,7 @@ class NodeAgent:
             log_ship_interval_s=self.settings.log_ship_interval_seconds,
             checkpoints_keep=self.settings.checkpoints_keep,
             resumed_from=prepared.resumed_from,
+            gpus=len(grant.gpu_indices),
         )
         try:
             await run.start(prepared.argv, env=prepared.env)

@@ -275,6 +275,23 @@ def decide_outcome(exit_code: int, stop: StopRequest | None, log_tail: str = "")
     return Outcome("failed", describe_exit(exit_code), exit_code, "user_error")
 
 
+INPUT_BOUND_THRESHOLD = 0.25
+"""A job whose loop waits for data more than this share of the time is input-bound."""
+
+
+def input_bound_metrics(data_waits: list[float], runtime_s: float, gpus: int) -> dict[str, float]:
+    """``data_wait_fraction_mean`` of the job's reports, and for an input-bound job
+    ``input_bound`` (1.0) with the GPU-seconds its GPUs spent waiting for data."""
+    if not data_waits:
+        return {}
+    mean = sum(data_waits) / len(data_waits)
+    figures = {"data_wait_fraction_mean": mean}
+    if mean > INPUT_BOUND_THRESHOLD:
+        figures["input_bound"] = 1.0
+        figures["gpu_seconds_waiting_for_data"] = mean * max(runtime_s, 0.0) * max(gpus, 1)
+    return figures
+
+
 @dataclass(frozen=True)
 class JobResults:
     """What the runner learned from the job while it ran."""

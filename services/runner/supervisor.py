@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -72,6 +73,7 @@ class JobRun:
         log_ship_interval_s: float = 1.0,
         checkpoints_keep: int = 3,
         resumed_from: CheckpointRef | None = None,
+        gpus: int = 1,
     ) -> None:
         self.job = job
         self.started_at = datetime.now(UTC)
@@ -81,6 +83,7 @@ class JobRun:
         self._store = store
         self._checkpoint_store = checkpoint_store
         self._sandbox = sandbox
+        self._gpus = gpus
         self._checkpoints_keep = checkpoints_keep
         self._resumed_from = resumed_from
         self._log_path = log_path
@@ -101,6 +104,7 @@ class JobRun:
         self._tail = LogTail(log_tail_lines)
         self._last_metrics: dict[str, float] = {}
         self._last_checkpoint: CheckpointRef | None = resumed_from
+        self._data_waits: list[float] = []
         self._process: JobProcess | None = None
         self._log_file: BinaryIO | None = None
         self._ended = False
@@ -226,7 +230,12 @@ class JobRun:
             self._emit_progress(held)
         await self._shipper.close()
         await self._retain_checkpoints()
-        results = JobResults(self._last_metrics, self._last_checkpoint, self._tail.text())
+        metrics = self._last_metrics | domain.input_bound_metrics(
+            self._data_waits,
+            (datetime.now(UTC) - self.started_at).total_seconds(),
+            self._gpus,
+        )
+        results = JobResults(metrics, self._last_checkpoint, self._tail.text())
         payload = domain.terminal_event(self.job, outcome, results, datetime.now(UTC))
         await end_allocation(self.job, payload, self._events, self._ledger, self._trace_headers)
 
@@ -304,6 +313,9 @@ class JobRun:
             )
         # The newest value of every metric the job reported, for job.succeeded.
         self._last_metrics.update(message.metrics)
+        wait = message.metrics.get("data_wait_fraction")
+        if wait is not None and math.isfinite(wait):
+            self._data_waits.append(wait)
         now = time.monotonic()
         ready = self._throttle.offer(message, now)
         if ready is not None:

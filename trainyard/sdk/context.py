@@ -24,10 +24,10 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any, NoReturn, SupportsFloat
+from typing import Any, NoReturn, SupportsFloat, TypeVar
 
 import numpy as np
 import torch
@@ -43,6 +43,7 @@ from shared.control import (
 from shared.events.payloads import CheckpointRef
 from shared.storage import ObjectStore, open_store
 from trainyard.sdk.checkpoints import CheckpointWriter, restore_latest
+from trainyard.sdk.throughput import DataMeter
 
 log = logging.getLogger("trainyard.sdk")
 
@@ -50,6 +51,8 @@ LOCAL_CHECKPOINT_ROOT = "file://./.trainyard/local-checkpoints"
 """Where checkpoints go outside the platform: one folder per job name under this."""
 
 LOCAL_JOB_ID = "local"
+
+T = TypeVar("T")
 
 _SignalHandler = Any  # what signal.signal returns: a callable, a Handlers value, or None
 
@@ -114,6 +117,7 @@ class JobContext:
     ) -> None:
         self.runtime = runtime
         self._all_ranks_metrics = all_ranks_metrics
+        self._data_meter = DataMeter()
         """The platform's variables; ``None`` outside the platform."""
         self._hyperparameters = dict(hyperparameters)
         self._seed = seed
@@ -194,7 +198,9 @@ class JobContext:
         """Report metrics at ``step`` to the runner (outside the platform: print them).
 
         Values are anything ``float()`` takes except text: Python and NumPy numbers, and
-        one-element tensors (which ``float()`` copies from the GPU).
+        one-element tensors (which ``float()`` copies from the GPU). When batches come
+        through ``data(loader)``, ``data_wait_fraction`` and ``samples_per_s`` since the
+        previous report are added.
         """
         values: dict[str, float] = {}
         for name, value in metrics.items():
@@ -206,6 +212,7 @@ class JobContext:
                 raise TypeError(
                     f"metric {name!r} must be a number, not {type(value).__name__}"
                 ) from None
+        values.update(self._data_meter.take())
         if not self.is_main and not self._all_ranks_metrics:
             return
         if not self.is_main:
@@ -216,6 +223,11 @@ class JobContext:
         else:
             shown = " ".join(f"{k}={v:.6g}" for k, v in values.items())
             print(f"[trainyard] step {step}: {shown}", flush=True)
+
+    def data(self, loader: Iterable[T]) -> Iterator[T]:
+        """Iterate ``loader`` while measuring how long the loop waits for each batch (see
+        ``trainyard.sdk.throughput``): ``for x, y in ctx.data(train_loader): ...``."""
+        return self._data_meter.wrap(loader)
 
     # --- checkpoints ------------------------------------------------------------------
 

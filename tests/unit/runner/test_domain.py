@@ -242,3 +242,12 @@ def test_non_finite_metrics_are_left_out_of_events_so_consumers_can_parse_them()
     results = JobResults({"loss": float("nan"), "acc": 0.5}, None, "")
     done = domain.terminal_event(JOB, Outcome("succeeded", "ok", 0), results, NOW)
     assert isinstance(done, JobSucceeded) and done.metrics == {"acc": 0.5}
+
+
+def test_a_job_that_waits_on_input_is_flagged_with_the_gpu_time_it_wasted() -> None:
+    assert domain.input_bound_metrics([], 100.0, 2) == {}
+    busy = domain.input_bound_metrics([0.1, 0.2], 100.0, 2)
+    assert busy == {"data_wait_fraction_mean": pytest.approx(0.15)}
+    starved = domain.input_bound_metrics([0.5, 0.7], 100.0, 2)
+    assert starved["input_bound"] == 1.0
+    assert starved["gpu_seconds_waiting_for_data"] == pytest.approx(0.6 * 100 * 2)
