@@ -26,6 +26,7 @@ here, or a gang of nodes): ``--standalone`` on one node, else a static rendezvou
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -43,6 +44,8 @@ from services.runner.sandbox import hand_over as hand_over_sandbox
 from shared.control import JobRuntimeEnv
 from shared.events.payloads import AllocationGranted, CheckpointRef, Environment, JobSpec
 from shared.storage import ObjectStore, open_store
+
+log = logging.getLogger(__name__)
 
 SCRIPT_PATTERN = re.compile(r"^(?!/)(?!.*(^|/)\.\.(/|$))[A-Za-z0-9_./-]+\.py$")
 JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -92,6 +95,13 @@ def prepare(
         job_env = environments.resolve(spec.requirements)
     except EnvironmentBuildError as exc:
         raise PlatformError(f"could not build the job's environment: {exc}") from exc
+    log.info(
+        "job %s: environment %s (%d requirements) %s",
+        grant.job_id,
+        job_env.key[:12],
+        len(spec.requirements),
+        "cached" if job_env.cached else f"built in {job_env.seconds:.1f} s",
+    )
     resumed_from = checkpoints.stage_resume(
         open_store(store.uri_for(checkpoints.job_prefix(grant.job_id)), settings.storage),
         box.checkpoints,

@@ -1,0 +1,262 @@
+"""A team's own project on the whole stack, every component a real process.
+
+- Code that exists only in a temporary folder outside the repository, with a requirement
+  the platform does not have, submitted with the ``trainyard`` CLI, succeeds; a second,
+  identical submission reuses the cached environment.
+- A job that exits 1 with ``max_restarts: 2`` runs three times, then fails with its
+  classification and last log lines.
+- The runner is killed with SIGKILL while a job that ignores SIGTERM trains: no job process
+  survives it, the restarted runner resumes the job from its latest checkpoint, and the
+  final weights equal those of an uninterrupted run of the same script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deploy.local.stack import RUNNER_NODE_ID, LocalStack
+from services.runner.config import Settings as RunnerSettings
+from services.runner.sandbox import leftover_processes
+from trainyard.client import TrainyardClient
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).parents[2]
+CLI = Path(sys.executable).parent / "trainyard"
+
+TRAIN = textwrap.dedent(
+    '''
+    """A deterministic job: the batch of each step depends only on (seed, step)."""
+    import hashlib, os, signal, sys, time
+    import torch
+    from trainyard import sdk
+
+    defaults = {"seed": 11, "steps": 60, "checkpoint_every": 10, "sleep": 0.0, "ignore_term": 0}
+    ctx = sdk.init(defaults)
+    hp = ctx.hyperparameters
+    if int(hp["ignore_term"]):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a job that will not stop politely
+    torch.set_num_threads(1)
+    torch.manual_seed(ctx.seed)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    step = 0
+    restored = ctx.restore_latest()
+    if restored is not None:
+        step, state = restored
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        print(f"resumed at step {step}", flush=True)
+    while step < int(hp["steps"]):
+        g = torch.Generator().manual_seed(ctx.seed * 100_003 + step)
+        x = torch.randn(32, 8, generator=g)
+        y = x.sum(dim=1, keepdim=True)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        step += 1
+        ctx.report_metrics(step, loss=loss.item())
+        if step % int(hp["checkpoint_every"]) == 0:
+            ctx.save_checkpoint(step, {"model": model.state_dict(), "optimizer": opt.state_dict()})
+        time.sleep(float(hp["sleep"]))
+    digest = hashlib.sha256(b"".join(
+        t.detach().numpy().tobytes() for t in model.state_dict().values())).hexdigest()
+    print(f"FINAL_WEIGHTS sha256={digest}", flush=True)
+    ctx.save_checkpoint(step, {"model": model.state_dict(), "optimizer": opt.state_dict()})
+    '''
+)
+
+WITH_REQUIREMENT = textwrap.dedent(
+    """
+    import tabulate
+    from trainyard import sdk
+
+    with sdk.init() as ctx:
+        print(tabulate.tabulate([["team", "vision"]], tablefmt="plain"), flush=True)
+        print("tabulate", tabulate.__version__, flush=True)
+        ctx.report_metrics(1, loss=0.5)
+    """
+)
+
+CRASHES = textwrap.dedent(
+    """
+    import os, sys
+    print("attempt", os.environ["TRAINYARD_ATTEMPT"], "starting", flush=True)
+    print("ValueError: the data is not where I thought", file=sys.stderr, flush=True)
+    sys.exit(1)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[LocalStack]:
+    data = Path(tempfile.mkdtemp(prefix="trainyard-e2e-user-"))
+    restarts = {
+        "TRAINYARD_SCHEDULER_RESTART_BACKOFF_SECONDS": "0.5",
+        "TRAINYARD_SCHEDULER_RESTART_BACKOFF_MAX_SECONDS": "2",
+    }
+    try:
+        with LocalStack(data, storage="file", extra_env=restarts) as running:
+            yield running
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def token(stack: LocalStack) -> str:
+    return stack.bootstrap_admin("vision", "alice")
+
+
+@pytest.fixture(scope="module")
+def client(stack: LocalStack, token: str) -> TrainyardClient:
+    return TrainyardClient(stack.submission_url, token)
+
+
+@pytest.fixture
+def project() -> Iterator[Path]:
+    """A user's project folder, outside the repository."""
+    folder = Path(tempfile.mkdtemp(prefix="my-project-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def write_project(folder: Path, files: dict[str, str], spec: dict[str, Any]) -> Path:
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    (folder / ".gitignore").write_text("data/\n")
+    (folder / "data").mkdir(exist_ok=True)
+    (folder / "data" / "big.bin").write_bytes(b"\0" * 1024)  # ignored: never uploaded
+    path = folder / "job.json"
+    path.write_text(json.dumps({"gpus": 1, "gpu_flavor": "cpu", **spec}))
+    return path
+
+
+def cli(stack: LocalStack, token: str, *args: str, timeout: float = 300) -> str:
+    env = {**os.environ, "TRAINYARD_URL": stack.submission_url, "TRAINYARD_TOKEN": token}
+    done = subprocess.run(
+        [str(CLI), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert done.returncode == 0, f"trainyard {' '.join(args)}: {done.stderr}\n{done.stdout}"
+    return done.stdout + done.stderr
+
+
+def job_id_of(output: str) -> str:
+    match = re.search(r"submitted job ([0-9a-f-]{36})", output)
+    assert match, output
+    return match.group(1)
+
+
+def logs(client: TrainyardClient, job_id: str) -> str:
+    text, cursor = [], ""
+    while True:
+        page = client.logs(job_id, after=cursor)
+        text += [chunk["text"] for chunk in page["chunks"]]
+        if not page["chunks"]:
+            return "".join(text)
+        cursor = page["cursor"]
+
+
+def runner_log(stack: LocalStack) -> str:
+    return stack.log_path("runner").read_text(errors="replace")
+
+
+def test_a_project_outside_the_repository_with_its_own_requirement_runs(
+    stack: LocalStack, token: str, client: TrainyardClient, project: Path
+) -> None:
+    spec_path = write_project(
+        project,
+        {"report.py": WITH_REQUIREMENT},
+        {"name": "with-req", "entrypoint": "report.py", "requirements": ["tabulate==0.9.0"]},
+    )
+    first = job_id_of(cli(stack, token, "submit", str(spec_path), "--follow", timeout=400))
+    view = client.get_job(first)
+    assert view["status"] == "SUCCEEDED", view
+    output = logs(client, first)
+    assert "tabulate 0.9.0" in output and "team  vision" in output
+
+    second_out = cli(stack, token, "submit", str(spec_path), "--follow", timeout=400)
+    assert "already stored" in second_out, "an identical bundle is uploaded once"
+    second = job_id_of(second_out)
+    assert client.get_job(second)["status"] == "SUCCEEDED"
+    environments = re.findall(
+        r"job (\S+): environment (\w+) \(1 requirements\) (\w+)", runner_log(stack)
+    )
+    by_job = {job: (key, how) for job, key, how in environments}
+    assert by_job[first][1] == "built" and by_job[second] == (by_job[first][0], "cached")
+
+
+def test_a_crashing_job_runs_max_restarts_plus_one_times_then_fails(
+    stack: LocalStack, token: str, client: TrainyardClient, project: Path
+) -> None:
+    spec_path = write_project(
+        project,
+        {"crash.py": CRASHES},
+        {"name": "crashes", "entrypoint": "crash.py", "max_restarts": 2},
+    )
+    job_id = job_id_of(cli(stack, token, "submit", str(spec_path)))
+    view = client.wait(job_id, timeout_s=180)
+    assert view["status"] == "FAILED", view
+    failure = view["failure"]
+    assert failure["failure_kind"] == "user_error", failure
+    assert "ValueError: the data is not where I thought" in failure["log_tail"]
+    assert "3 attempts" in failure["reason"], failure
+    output = logs(client, job_id)
+    assert [f"attempt {n} starting" in output for n in (1, 2, 3)] == [True] * 3, output
+
+
+def test_a_runner_killed_mid_training_leaves_no_process_and_the_job_resumes_exactly(
+    stack: LocalStack, token: str, client: TrainyardClient, project: Path
+) -> None:
+    hyper = {"steps": 60, "checkpoint_every": 10, "sleep": 0.15, "ignore_term": 1}
+    spec_path = write_project(
+        project,
+        {"train.py": TRAIN},
+        {"name": "stubborn", "entrypoint": "train.py", "seed": 11, "hyperparameters": hyper},
+    )
+    # The reference: the same script, uninterrupted, outside the platform.
+    bare = subprocess.run(
+        [sys.executable, "train.py"],
+        cwd=project,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    shutil.rmtree(project / ".trainyard", ignore_errors=True)
+    [reference] = re.findall(r"FINAL_WEIGHTS sha256=(\w+)", bare.stdout)
+    job_id = job_id_of(cli(stack, token, "submit", str(spec_path)))
+
+    deadline = time.monotonic() + 120
+    while not client.get_job(job_id)["checkpoints"]:
+        assert time.monotonic() < deadline, "no checkpoint within 120 s"
+        time.sleep(0.5)
+    uids = RunnerSettings(node_id=RUNNER_NODE_ID).job_uids
+    assert leftover_processes(uids, []), "the job runs as a job user"
+    stack.kill_service("runner")
+    deadline = time.monotonic() + 10
+    while leftover_processes(uids, []):
+        assert time.monotonic() < deadline, "a job process outlived its runner"
+        time.sleep(0.2)
+
+    stack.start_service("runner")
+    view = client.wait(job_id, timeout_s=240)
+    assert view["status"] == "SUCCEEDED", view
+    output = logs(client, job_id)
+    assert re.search(r"resumed at step [1-9]\d*", output), output
+    [final] = re.findall(r"FINAL_WEIGHTS sha256=(\w+)", output)
+    assert final == reference
