@@ -10,6 +10,14 @@ Contract:
   move the table does not allow (including every move out of a terminal status). One
   exception: a job whose cancel was requested and whose process then failed becomes
   CANCELLED when the scheduler confirms the cancel (the scheduler decides the outcome).
+- Only the scheduler ends a job FAILED. A ``job.failed`` from any other source (the
+  runner's) reports one attempt: ``judge`` answers ``AttemptFailed`` (record the failure and
+  a FAILED history entry, keep the status) once per attempt, and only while that attempt
+  is the job's current one and still placed (SCHEDULED/RUNNING); the scheduler then says
+  ``job.preempted`` (the job is restarted) or its own, final ``job.failed``
+  (``SCHEDULER_SOURCE``). A failure of any allocation of the current attempt counts (a
+  gang has one allocation per node); a late or repeated report of an older attempt, or of
+  one the scheduler already requeued, is ignored.
 - Data-only events (metrics, checkpoints, models, costs) are not judged: they are always
   recorded.
 """
@@ -17,9 +25,11 @@ Contract:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 from shared.events.payloads import (
     AllocationGranted,
@@ -30,6 +40,9 @@ from shared.events.payloads import (
     JobStarted,
     JobSucceeded,
 )
+
+SCHEDULER_SOURCE = "trainyard/scheduler"
+"""The envelope ``source`` of the scheduler's events: the one that decides a job's outcome."""
 
 
 class JobStatus(StrEnum):
@@ -109,6 +122,11 @@ class JobState:
     attempt: int | None = None
     pending_reason: str | None = None
     cancel_requested: bool = False
+    attempt_allocations: frozenset[str] = frozenset()
+    """Every allocation of the current attempt (a gang holds one per node); the job's
+    ``allocation_id`` counts whether listed or not."""
+    failed_attempt: int | None = None
+    """The attempt whose failure is recorded (the last one that failed), if any."""
 
 
 @dataclass(frozen=True)
@@ -126,24 +144,47 @@ class Ignore:
     reason: str
 
 
-Verdict = Apply | Ignore
+@dataclass(frozen=True)
+class AttemptFailed:
+    """The current attempt failed (a runner's ``job.failed``): record the failure and a
+    FAILED history entry, but leave the status alone; the scheduler decides whether the job
+    restarts (``job.preempted``) or has failed (its own ``job.failed``)."""
+
+
+Verdict = Apply | AttemptFailed | Ignore
 
 
 def target_status(event: LifecycleEvent) -> JobStatus:
     return _TARGET[type(event)]
 
 
-def judge(state: JobState, event: LifecycleEvent) -> Verdict:
-    """What ``event`` does to a job in ``state``."""
+def judge(state: JobState, event: LifecycleEvent, source: str = "") -> Verdict:
+    """What ``event``, sent by ``source`` (the envelope's), does to a job in ``state``."""
     target = target_status(event)
     if _failed_while_cancelling(state, event):
-        # The runner reported the process's failure (it was stopped for the cancel); the
-        # scheduler, which decides a job's outcome, says CANCELLED. Its word stands.
+        # A job that ended FAILED on its runner's word (before only the scheduler's counted)
+        # while its cancel was requested: the scheduler says CANCELLED. Its word stands.
         return Apply(JobStatus.CANCELLED, record=True)
     if state.status.is_terminal:
-        return Ignore(f"job is already {state.status}; {target} arrived late")
+        what = "attempt failure" if is_attempt_failure(event, source) else str(target)
+        return Ignore(f"job is already {state.status}; {what} arrived late")
     match event:
-        case JobStarted() | JobSucceeded() | JobFailed() | JobPreempted():
+        case JobFailed():
+            if not _of_current_attempt(state, event.allocation_id):
+                return Ignore(
+                    f"failure of allocation {event.allocation_id}, but the job's current "
+                    f"attempt {state.attempt} holds {state.allocation_id}"
+                )
+            if state.status not in (JobStatus.SCHEDULED, JobStatus.RUNNING):
+                return Ignore(
+                    f"failure of allocation {event.allocation_id} arrived after the job "
+                    f"moved on to {state.status}"
+                )
+            if is_attempt_failure(event, source):
+                if state.failed_attempt is not None and state.failed_attempt == state.attempt:
+                    return Ignore(f"the failure of attempt {state.attempt} is already recorded")
+                return AttemptFailed()
+        case JobStarted() | JobSucceeded() | JobPreempted():
             if event.allocation_id != state.allocation_id:
                 return Ignore(
                     f"{target} from allocation {event.allocation_id}, "
@@ -166,6 +207,15 @@ def judge(state: JobState, event: LifecycleEvent) -> Verdict:
         # A refresh of the same wait is not news; a new reason is.
         return Apply(target, record=event.reason != state.pending_reason)
     return Apply(target, record=True)
+
+
+def is_attempt_failure(event: LifecycleEvent, source: str) -> bool:
+    """``event`` reports one attempt's failure (a ``job.failed`` not from the scheduler)."""
+    return isinstance(event, JobFailed) and source != SCHEDULER_SOURCE
+
+
+def _of_current_attempt(state: JobState, allocation_id: str) -> bool:
+    return allocation_id == state.allocation_id or allocation_id in state.attempt_allocations
 
 
 def _failed_while_cancelling(state: JobState, event: LifecycleEvent) -> bool:
@@ -206,6 +256,69 @@ def history_reason(event: LifecycleEvent) -> str | None:
             return event.reason
         case _:
             return None
+
+
+def failure_line(failure: Mapping[str, Any]) -> str:
+    """A failure record (``failure_record``) as one history line: its reason and exit code."""
+    code = failure.get("exit_code")
+    return str(failure["reason"]) + ("" if code is None else f" (exit code {code})")
+
+
+def attempt_failure_reason(event: JobFailed, attempt: int | None) -> str:
+    """What failed, e.g. ``attempt 1 failed: user_error: exited with status 1``."""
+    which = "attempt failed" if attempt is None else f"attempt {attempt} failed"
+    return f"{which}: {event.failure_kind}: {event.reason}"
+
+
+def failure_record(
+    event: JobFailed, *, final: bool, attempt: int | None, previous: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """What the job keeps about its latest failure (the ``failure`` the view shows).
+
+    An attempt's failure (``final`` false) is the runner's report; the final one is the
+    scheduler's decision, which keeps the exit code and log tail of the runner's report of
+    the same attempt where it has none of its own. ``failed_attempts`` counts the attempts
+    that failed (an attempt counts once, whoever reported it)."""
+    earlier: Mapping[str, Any] = previous or {}
+    same_attempt = attempt is not None and earlier.get("attempt") == attempt
+    counted = failed_attempts(previous)
+    exit_code = event.exit_code
+    log_tail = event.log_tail
+    if final and same_attempt:
+        exit_code = earlier.get("exit_code") if exit_code is None else exit_code
+        log_tail = log_tail or str(earlier.get("log_tail") or "")
+    return {
+        "reason": event.reason if final else attempt_failure_reason(event, attempt),
+        "exit_code": exit_code,
+        "log_tail": log_tail,
+        "failure_kind": event.failure_kind,
+        "attempt": attempt,
+        "allocation_id": event.allocation_id,
+        "finished_at": event.finished_at.isoformat(),
+        "failed_attempts": counted if same_attempt else counted + 1,
+    }
+
+
+def failed_attempts(failure: Mapping[str, Any] | None) -> int:
+    """How many attempts failed, from the job's failure record (one if it predates the
+    count)."""
+    if not failure:
+        return 0
+    return int(failure.get("failed_attempts", 1))
+
+
+def process_ended_at(state: JobState, failure: Mapping[str, Any] | None) -> datetime | None:
+    """When the current attempt's process ended, if its failure is recorded and the job is
+    still placed (a cancelled job that had failed keeps that time as its end)."""
+    if (
+        failure is None
+        or state.status not in (JobStatus.SCHEDULED, JobStatus.RUNNING)
+        or state.attempt is None
+        or failure.get("attempt") != state.attempt
+        or not failure.get("finished_at")
+    ):
+        return None
+    return datetime.fromisoformat(str(failure["finished_at"]))
 
 
 def finite_metrics(metrics: dict[str, float]) -> dict[str, float | None]:

@@ -2,7 +2,9 @@
 
 Each handler runs inside the ``idempotent`` transaction (inbox record + effect commit
 together). Lifecycle events move the status only as ``domain.judge`` allows; the rest are
-logged and dropped. Data (metrics, checkpoints, allocations, models, costs) is always
+logged and dropped. The envelope's ``source`` tells the scheduler's final ``job.failed``
+from a runner's report of one failed attempt, which is recorded (failure and history) while
+the status waits for the scheduler's decision. Data (metrics, checkpoints, allocations, models, costs) is always
 recorded. Events about jobs this service never accepted are logged and dropped.
 """
 
@@ -10,20 +12,26 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 
 from services.submission import repository as repo
 from services.submission.domain import (
     Apply,
+    AttemptFailed,
     Ignore,
     JobState,
     JobStatus,
     LifecycleEvent,
     event_time,
+    failure_line,
+    failure_record,
     finite_metrics,
     history_reason,
+    is_attempt_failure,
     judge,
+    process_ended_at,
 )
 from shared.events import Envelope, Payload
 from shared.events.payloads import (
@@ -112,20 +120,41 @@ async def _lifecycle(
         await repo.merge_metrics(
             conn, event.job_id, None, finite_metrics(event.metrics), envelope.time
         )
+    failure = row["failure"]
+    attempt_allocations: frozenset[str] = frozenset()
+    if isinstance(event, JobFailed) and row["attempt"] is not None:
+        attempt_allocations = frozenset(
+            await repo.attempt_allocations(conn, event.job_id, row["attempt"])
+        )
     state = JobState(
         status=JobStatus(row["status"]),
         allocation_id=row["allocation_id"],
         attempt=row["attempt"],
         pending_reason=row["pending_reason"],
         cancel_requested=row["cancel_requested_at"] is not None,
+        attempt_allocations=attempt_allocations,
+        failed_attempt=failure.get("attempt") if failure else None,
     )
-    verdict = judge(state, event)
+    verdict = judge(state, event, envelope.source)
     if isinstance(verdict, Ignore):
         log.info(
-            "job %s: ignoring %s (%s): %s", event.job_id, envelope.type, envelope.id, verdict.reason
+            "job %s: ignoring %s (%s) from %s: %s",
+            event.job_id,
+            envelope.type,
+            envelope.id,
+            envelope.source,
+            verdict.reason,
         )
         return
+    if isinstance(event, JobFailed):
+        await _failed(conn, envelope, event, verdict, row["attempt"], failure)
+        return
+    if not isinstance(verdict, Apply):  # pragma: no cover - only a failure is an attempt's
+        return
     at = event_time(event, envelope.time)
+    if isinstance(event, JobCancelled):
+        # A cancelled job whose process had already failed ended when that process did.
+        at = process_ended_at(state, failure) or at
     await _apply(conn, event, verdict, at)
     if verdict.record:
         await repo.insert_history(conn, event.job_id, verdict.status, at, history_reason(event))
@@ -154,15 +183,32 @@ async def _apply(
             await repo.set_running(conn, job_id, event.started_at)
         case JobPreempted():
             await repo.set_preempted(conn, job_id)
-        case JobFailed():
-            failure = {
-                "reason": event.reason,
-                "exit_code": event.exit_code,
-                "log_tail": event.log_tail,
-            }
-            await repo.set_finished(conn, job_id, verdict.status, at, failure)
         case JobSucceeded() | JobCancelled():
+            # The job keeps a recorded failure (of an attempt that failed before).
             await repo.set_finished(conn, job_id, verdict.status, at, None)
+        case _:
+            pass
+
+
+async def _failed(
+    conn: asyncpg.Connection,
+    envelope: Envelope[Payload],
+    event: JobFailed,
+    verdict: Apply | AttemptFailed,
+    attempt: int | None,
+    previous: dict[str, Any] | None,
+) -> None:
+    """Record a failure: an attempt's (the status stays; the scheduler decides what comes
+    next) or the job's, said by the scheduler (the job is FAILED). Either adds a FAILED
+    history entry."""
+    final = not is_attempt_failure(event, envelope.source)
+    record = failure_record(event, final=final, attempt=attempt, previous=previous)
+    at = event.finished_at
+    if isinstance(verdict, AttemptFailed):
+        await repo.set_failure(conn, event.job_id, record)
+    else:
+        await repo.set_finished(conn, event.job_id, verdict.status, at, record)
+    await repo.insert_history(conn, event.job_id, JobStatus.FAILED, at, failure_line(record))
 
 
 async def _checkpoint(event: CheckpointSaved, conn: asyncpg.Connection) -> None:

@@ -204,10 +204,20 @@ async def job_exists(conn: asyncpg.Connection, job_id: str) -> bool:
 
 async def lock_job(conn: asyncpg.Connection, job_id: str) -> asyncpg.Record | None:
     return await conn.fetchrow(
-        "SELECT status, allocation_id, attempt, pending_reason, cancel_requested_at "
+        "SELECT status, allocation_id, attempt, pending_reason, cancel_requested_at, failure "
         "FROM jobs WHERE id = $1 FOR UPDATE",
         job_id,
     )
+
+
+async def attempt_allocations(conn: asyncpg.Connection, job_id: str, attempt: int) -> list[str]:
+    """The allocations granted to one attempt of the job (one per node of a gang)."""
+    rows = await conn.fetch(
+        "SELECT allocation_id FROM job_allocations WHERE job_id = $1 AND attempt = $2",
+        job_id,
+        attempt,
+    )
+    return [str(r["allocation_id"]) for r in rows]
 
 
 async def insert_history(
@@ -282,6 +292,15 @@ async def set_preempted(conn: asyncpg.Connection, job_id: str) -> None:
     await conn.execute(
         "UPDATE jobs SET status = 'PREEMPTED', updated_at = clock_timestamp() WHERE id = $1",
         job_id,
+    )
+
+
+async def set_failure(conn: asyncpg.Connection, job_id: str, failure: dict[str, Any]) -> None:
+    """Record an attempt's failure; the status is the scheduler's to change."""
+    await conn.execute(
+        "UPDATE jobs SET failure = $2, updated_at = clock_timestamp() WHERE id = $1",
+        job_id,
+        failure,
     )
 
 

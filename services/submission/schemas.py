@@ -314,9 +314,17 @@ class PendingView(BaseModel):
 
 
 class FailureView(BaseModel):
+    """The latest failure: the job's (FAILED, as the scheduler decided it) or, while the job
+    goes on (restarted), its last failed attempt's."""
+
     reason: str
     exit_code: int | None = None
     log_tail: str = ""
+    failure_kind: str | None = None
+    """``user_error``, ``out_of_memory``, ``platform_error``, ``max_runtime``, ``node_lost``,
+    ... (``job.failed``'s ``failure_kind``); None for failures recorded before it was kept."""
+    attempt: int | None = None
+    """The attempt that failed."""
 
 
 class CheckpointView(BaseModel):
@@ -367,6 +375,9 @@ class JobView(BaseModel):
     updated_at: datetime
     cancel_requested: bool
     failure: FailureView | None
+    """None once the job has SUCCEEDED (an earlier attempt's failure stays in the history)."""
+    failed_attempts: int = 0
+    """How many of the job's attempts failed (each restart after a failure follows one)."""
     step: int | None
     metrics: dict[str, float | None]
     checkpoints: list[CheckpointView]

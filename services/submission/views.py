@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from services.submission.domain import CostLine, JobStatus, summarize_cost
+from services.submission.domain import CostLine, JobStatus, failed_attempts, summarize_cost
 from services.submission.schemas import (
     CheckpointView,
     CostView,
@@ -61,7 +61,8 @@ def job_view(
         finished_at=job["finished_at"],
         updated_at=job["updated_at"],
         cancel_requested=job["cancel_requested_at"] is not None,
-        failure=FailureView(**job["failure"]) if job["failure"] else None,
+        failure=_failure(job["failure"], status),
+        failed_attempts=failed_attempts(job["failure"]),
         step=job["metrics_step"],
         metrics=job["metrics"] or {},
         checkpoints=[CheckpointView(**dict(c)) for c in checkpoints],
@@ -85,6 +86,18 @@ def _pending(job: Row, status: JobStatus) -> PendingView | None:
         estimated_start=job["estimated_start"],
         blocking=job["pending_blocking"],
         suggestion=job["pending_suggestion"],
+    )
+
+
+def _failure(failure: Row | None, status: JobStatus) -> FailureView | None:
+    if not failure or status is JobStatus.SUCCEEDED:
+        return None
+    return FailureView(
+        reason=failure["reason"],
+        exit_code=failure.get("exit_code"),
+        log_tail=failure.get("log_tail") or "",
+        failure_kind=failure.get("failure_kind"),
+        attempt=failure.get("attempt"),
     )
 
 

@@ -91,12 +91,16 @@ class Submission:
         body: dict[str, Any] = response.json()
         return body
 
-    async def publish(self, payload: Payload, subject: str | None = None) -> Envelope[Payload]:
+    async def publish(
+        self, payload: Payload, subject: str | None = None, source: str = "test"
+    ) -> Envelope[Payload]:
+        """Publish ``payload`` as ``source`` would (the scheduler's ``trainyard/scheduler``
+        is the one whose ``job.failed`` ends a job)."""
         if subject is None:
             # Routing key: the node for grants, the job for everything else (docs/events.md).
             key = "node_id" if isinstance(payload, AllocationGranted) else "job_id"
             subject = str(getattr(payload, key))
-        envelope = Envelope.wrap(payload, source="test", subject=subject)
+        envelope = Envelope.wrap(payload, source=source, subject=subject)
         await self.bus.publish(envelope)
         return envelope
 

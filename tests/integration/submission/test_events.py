@@ -10,6 +10,7 @@ import pytest
 
 from services.submission import handlers
 from services.submission.config import Settings
+from services.submission.domain import SCHEDULER_SOURCE
 from shared.bus import BatchHandler, Bus, Delivery
 from shared.events import Envelope, Payload
 from shared.events.payloads import JobPending
@@ -96,10 +97,20 @@ async def test_preempted_job_resumes_and_cost_is_final_when_every_lease_is_bille
         ev.pending(job, reason="preempted; waiting for capacity"),
         ev.granted(job, "alloc-2", attempt=2),
         ev.started(job, "alloc-2", attempt=2),
-        ev.failed(job, "alloc-2", exit_code=3),
-        ev.cost(job, "alloc-1", gpu_seconds=3600.0),
+        ev.failed(job, "alloc-2", exit_code=3, failure_kind="out_of_memory"),
     ):
         await submission.publish(payload)
+    # The runner reported attempt 2; the scheduler (no restarts left) ends the job.
+    said = ev.failed(
+        job,
+        "alloc-2",
+        exit_code=None,
+        reason="out_of_memory: ...; max restarts (0) reached after 1 attempts",
+        failure_kind="out_of_memory",
+        log_tail="",
+    )
+    await submission.publish(said, source=SCHEDULER_SOURCE)
+    await submission.publish(ev.cost(job, "alloc-1", gpu_seconds=3600.0))
     view = await submission.wait_for(job, lambda v: v["cost"]["gpu_seconds"] > 0)
     assert _statuses(view) == [
         "QUEUED",
@@ -110,10 +121,12 @@ async def test_preempted_job_resumes_and_cost_is_final_when_every_lease_is_bille
         "SCHEDULED",
         "RUNNING",
         "FAILED",
+        "FAILED",
     ]
     assert view["attempt"] == 2
-    assert view["failure"]["exit_code"] == 3
+    assert view["failure"]["exit_code"] == 3  # the runner's, kept
     assert "ValueError" in view["failure"]["log_tail"]
+    assert view["failure"]["failure_kind"] == "out_of_memory"
     assert view["cost"]["final"] is False  # alloc-2 is not billed yet
 
     await submission.publish(ev.cost(job, "alloc-2", gpu_seconds=1800.0))

@@ -10,6 +10,7 @@ from shared.events.payloads import (
     CheckpointSaved,
     CostRecorded,
     Environment,
+    FailureKind,
     JobCancelled,
     JobFailed,
     JobPending,
@@ -125,16 +126,43 @@ def succeeded(job_id: str, allocation: str = "alloc-1", **metrics: float) -> Job
     )
 
 
-def failed(job_id: str, allocation: str = "alloc-1", exit_code: int | None = 1) -> JobFailed:
+def failed(
+    job_id: str,
+    allocation: str = "alloc-1",
+    exit_code: int | None = 1,
+    *,
+    reason: str = "process exited",
+    failure_kind: FailureKind = "user_error",
+    log_tail: str = "Traceback ...\nValueError: bad batch",
+    finished_at: float = 400,
+) -> JobFailed:
+    """A ``job.failed``: the runner's report of an attempt, or (sent with the scheduler's
+    source) the scheduler's final word."""
     return JobFailed(
         job_id=job_id,
         allocation_id=allocation,
         node_id="node-1",
         epoch=1,
-        finished_at=at(400),
+        finished_at=at(finished_at),
         exit_code=exit_code,
-        reason="process exited",
-        log_tail="Traceback ...\nValueError: bad batch",
+        reason=reason,
+        log_tail=log_tail,
+        failure_kind=failure_kind,
+    )
+
+
+def preempted_by_scheduler(
+    job_id: str, allocation: str = "alloc-1", reason: str | None = None, attempt: int = 1
+) -> JobPreempted:
+    """The scheduler's ``job.preempted`` for a failed attempt it restarts."""
+    return JobPreempted(
+        job_id=job_id,
+        allocation_id=allocation,
+        node_id="node-1",
+        epoch=attempt,
+        finished_at=at(400),
+        reason=reason
+        or f"attempt {attempt} failed (user_error: process exited); restarting in 5 s",
     )
 
 

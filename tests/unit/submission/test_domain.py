@@ -3,25 +3,35 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from services.submission.domain import (
+    SCHEDULER_SOURCE,
     TERMINAL,
     TRANSITIONS,
     Apply,
+    AttemptFailed,
     CostLine,
     Ignore,
     IllegalTransition,
     JobState,
     JobStatus,
+    LifecycleEvent,
     check_transition,
     event_time,
+    failed_attempts,
+    failure_line,
+    failure_record,
     finite_metrics,
     history_reason,
+    is_attempt_failure,
     judge,
+    process_ended_at,
     summarize_cost,
 )
+from shared.events.payloads import AllocationGranted, JobFailed
 from tests.unit.submission import factories as ev
 
 S = JobStatus
@@ -195,3 +205,182 @@ def test_cost_is_summed_and_final_only_when_every_allocation_is_billed() -> None
 def test_a_job_cancelled_before_placement_has_a_final_zero_cost() -> None:
     summary = summarize_cost([], allocations=0, status=S.CANCELLED)
     assert (summary.cost, summary.currency, summary.final) == (0, None, True)
+
+
+# --- failures: a runner reports an attempt, the scheduler decides the job -------------------
+
+RUNNER = "trainyard/runner"
+SCHEDULER = SCHEDULER_SOURCE
+
+
+def test_a_runners_failure_records_the_attempt_but_does_not_end_the_job() -> None:
+    for status in (S.SCHEDULED, S.RUNNING):
+        state = JobState(status, allocation_id="alloc-1", attempt=1)
+        assert judge(state, ev.failed(JOB), RUNNER) == AttemptFailed()
+        # Any source but the scheduler's reports an attempt (old events had no other).
+        assert judge(state, ev.failed(JOB), "test") == AttemptFailed()
+        assert judge(state, ev.failed(JOB)) == AttemptFailed()
+
+
+def test_only_the_schedulers_failure_ends_the_job_failed() -> None:
+    running = JobState(S.RUNNING, allocation_id="alloc-1", attempt=3, failed_attempt=3)
+    assert judge(running, ev.failed(JOB), SCHEDULER) == Apply(S.FAILED, record=True)
+    # A platform error fails before the process ever runs: straight from SCHEDULED.
+    placed = JobState(S.SCHEDULED, allocation_id="alloc-1", attempt=1)
+    platform = ev.failed(JOB, exit_code=None, failure_kind="platform_error")
+    assert judge(placed, platform, RUNNER) == AttemptFailed()
+    assert judge(placed, platform, SCHEDULER) == Apply(S.FAILED, record=True)
+
+
+def test_an_attempts_failure_is_recorded_once() -> None:
+    state = JobState(S.RUNNING, allocation_id="alloc-1", attempt=1, failed_attempt=1)
+    verdict = judge(state, ev.failed(JOB), RUNNER)
+    assert isinstance(verdict, Ignore) and "already recorded" in verdict.reason
+    # A failure recorded for an earlier attempt does not hide this one's.
+    later = JobState(S.RUNNING, allocation_id="alloc-2", attempt=2, failed_attempt=1)
+    assert judge(later, ev.failed(JOB, "alloc-2"), RUNNER) == AttemptFailed()
+
+
+@pytest.mark.parametrize("source", [RUNNER, SCHEDULER])
+def test_a_failure_of_an_older_attempt_never_moves_the_job(source: str) -> None:
+    for status in (S.SCHEDULED, S.RUNNING, S.PREEMPTED, S.PENDING):
+        state = JobState(status, allocation_id="alloc-2", attempt=2, failed_attempt=1)
+        verdict = judge(state, ev.failed(JOB, "alloc-1"), source)
+        assert isinstance(verdict, Ignore)
+        assert "alloc-1" in verdict.reason
+
+
+@pytest.mark.parametrize("status", [S.PREEMPTED, S.PENDING, S.QUEUED])
+def test_a_late_failure_of_an_attempt_already_requeued_is_ignored(status: JobStatus) -> None:
+    # The scheduler said job.preempted (restart) for alloc-1; the job no longer runs it.
+    state = JobState(status, allocation_id="alloc-1", attempt=1, failed_attempt=1)
+    for source in (RUNNER, SCHEDULER):
+        verdict = judge(state, ev.failed(JOB, "alloc-1"), source)
+        assert isinstance(verdict, Ignore)
+        assert str(status) in verdict.reason
+
+
+@pytest.mark.parametrize("status", sorted(TERMINAL))
+def test_a_failure_after_the_end_is_ignored(status: JobStatus) -> None:
+    state = JobState(status, allocation_id="alloc-1", attempt=1)
+    verdict = judge(state, ev.failed(JOB), RUNNER)
+    assert isinstance(verdict, Ignore) and "attempt failure arrived late" in verdict.reason
+    assert isinstance(judge(state, ev.failed(JOB), SCHEDULER), Ignore)
+
+
+def test_a_gang_members_failure_counts_for_the_current_attempt() -> None:
+    gang = frozenset({"alloc-a", "alloc-b"})
+    state = JobState(S.RUNNING, allocation_id="alloc-a", attempt=1, attempt_allocations=gang)
+    assert judge(state, ev.failed(JOB, "alloc-b"), RUNNER) == AttemptFailed()
+    assert judge(state, ev.failed(JOB, "alloc-b"), SCHEDULER) == Apply(S.FAILED, True)
+    assert isinstance(judge(state, ev.failed(JOB, "alloc-z"), SCHEDULER), Ignore)
+    # Other runner events keep to the job's own allocation, as before.
+    assert isinstance(judge(state, ev.preempted(JOB, "alloc-b")), Ignore)
+
+
+def test_a_job_whose_process_failed_while_cancelling_ends_cancelled() -> None:
+    state = JobState(S.RUNNING, allocation_id="alloc-1", attempt=1, cancel_requested=True)
+    assert judge(state, ev.failed(JOB, exit_code=-15), RUNNER) == AttemptFailed()
+    assert judge(state, ev.cancelled(JOB)) == Apply(S.CANCELLED, record=True)
+
+
+def _play(events: list[tuple[LifecycleEvent, str]]) -> tuple[JobState, list[JobStatus]]:
+    """Fold ``(event, source)`` through ``judge`` as the handlers do: the job's state and
+    the statuses of its history entries."""
+    state = JobState(S.QUEUED)
+    history = [S.QUEUED]
+    failure: dict[str, object] | None = None
+    for event, source in events:
+        verdict = judge(state, event, source)
+        if isinstance(verdict, Ignore):
+            continue
+        if isinstance(event, JobFailed):
+            final = not is_attempt_failure(event, source)
+            failure = failure_record(event, final=final, attempt=state.attempt, previous=failure)
+            history.append(S.FAILED)
+            state = replace(state, failed_attempt=state.attempt)
+            if isinstance(verdict, AttemptFailed):
+                continue
+        assert isinstance(verdict, Apply)
+        if verdict.record and not isinstance(event, JobFailed):
+            history.append(verdict.status)
+        state = replace(state, status=verdict.status)
+        if isinstance(event, AllocationGranted):
+            state = replace(state, allocation_id=event.allocation_id, attempt=event.attempt)
+    return state, history
+
+
+def test_a_restarted_job_goes_on_until_the_scheduler_says_it_failed() -> None:
+    state, history = _play(
+        [
+            (ev.granted(JOB, "alloc-1", attempt=1), SCHEDULER),
+            (ev.started(JOB, "alloc-1", attempt=1), RUNNER),
+            (ev.failed(JOB, "alloc-1"), RUNNER),
+            (ev.preempted_by_scheduler(JOB, "alloc-1"), SCHEDULER),
+            (ev.failed(JOB, "alloc-1"), RUNNER),  # repeated: ignored
+            (ev.pending(JOB, "backing off"), SCHEDULER),
+            (ev.granted(JOB, "alloc-2", attempt=2), SCHEDULER),
+            (ev.started(JOB, "alloc-2", attempt=2), RUNNER),
+            (ev.failed(JOB, "alloc-1"), RUNNER),  # attempt 1's, late: ignored
+            (ev.failed(JOB, "alloc-2"), RUNNER),
+            (ev.failed(JOB, "alloc-2"), SCHEDULER),
+            (ev.granted(JOB, "alloc-3", attempt=3), SCHEDULER),  # after the end: ignored
+        ]
+    )
+    assert state.status is S.FAILED
+    assert history == [
+        S.QUEUED,
+        S.SCHEDULED,
+        S.RUNNING,
+        S.FAILED,  # attempt 1 failed
+        S.PREEMPTED,
+        S.PENDING,
+        S.SCHEDULED,
+        S.RUNNING,
+        S.FAILED,  # attempt 2 failed
+        S.FAILED,  # the job failed
+    ]
+
+
+def test_an_attempt_failure_record_says_which_attempt_and_why() -> None:
+    event = ev.failed(JOB, exit_code=1, reason="exited with status 1")
+    record = failure_record(event, final=False, attempt=1, previous=None)
+    assert record["reason"] == "attempt 1 failed: user_error: exited with status 1"
+    assert (record["exit_code"], record["failure_kind"], record["attempt"]) == (1, "user_error", 1)
+    assert record["log_tail"].endswith("ValueError: bad batch")
+    assert record["failed_attempts"] == 1
+    assert (
+        failure_line(record) == "attempt 1 failed: user_error: exited with status 1 (exit code 1)"
+    )
+    second = failure_record(ev.failed(JOB, "alloc-2"), final=False, attempt=2, previous=record)
+    assert second["failed_attempts"] == 2
+    assert failed_attempts(second) == 2
+    assert failed_attempts(None) == 0
+    assert failed_attempts({"reason": "from before the count"}) == 1
+
+
+def test_the_final_failure_keeps_the_runners_exit_code_and_log_tail_of_the_same_attempt() -> None:
+    runner = failure_record(ev.failed(JOB, exit_code=3), final=False, attempt=2, previous=None)
+    reason = "user_error: process exited; max restarts (1) reached after 2 attempts"
+    said = ev.failed(JOB, exit_code=None, reason=reason, log_tail="")
+    final = failure_record(said, final=True, attempt=2, previous=runner)
+    assert final["reason"] == reason
+    assert (final["exit_code"], final["failure_kind"], final["attempt"]) == (3, "user_error", 2)
+    assert "ValueError" in final["log_tail"]
+    assert final["failed_attempts"] == 1  # the same attempt, counted once
+    # A failure of an earlier attempt lends nothing (a node lost on attempt 3, say).
+    lost = ev.failed(
+        JOB, exit_code=None, reason="node_lost: ...", failure_kind="node_lost", log_tail=""
+    )
+    ended = failure_record(lost, final=True, attempt=3, previous=runner)
+    assert (ended["exit_code"], ended["log_tail"], ended["failed_attempts"]) == (None, "", 2)
+
+
+def test_a_cancelled_job_whose_process_failed_ended_when_the_process_did() -> None:
+    record = failure_record(ev.failed(JOB), final=False, attempt=1, previous=None)
+    running = JobState(S.RUNNING, allocation_id="alloc-1", attempt=1)
+    assert process_ended_at(running, record) == ev.at(400)
+    assert process_ended_at(running, None) is None
+    # Requeued (or on another attempt): the failed process is not what the cancel ended.
+    assert process_ended_at(replace(running, status=S.PENDING), record) is None
+    assert process_ended_at(replace(running, attempt=2), record) is None

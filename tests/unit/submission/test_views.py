@@ -115,6 +115,37 @@ def test_finished_job_view_has_placement_results_and_cost() -> None:
     assert not job_view(row, [], [], None, costs[:1], allocations=2).cost.final
 
 
+def test_a_restarted_job_shows_why_its_last_attempt_failed() -> None:
+    failure = {
+        "reason": "attempt 1 failed: user_error: exited with status 1",
+        "exit_code": 1,
+        "log_tail": "ValueError",
+        "failure_kind": "user_error",
+        "attempt": 1,
+        "allocation_id": "alloc-1",
+        "finished_at": at(40).isoformat(),
+        "failed_attempts": 1,
+    }
+    row = _job(status="RUNNING", allocation_id="alloc-2", attempt=2, failure=failure)
+    view = job_view(row, [], [], None, [], 1)
+    assert not view.terminal
+    assert view.failure is not None
+    assert (view.failure.failure_kind, view.failure.attempt, view.failure.exit_code) == (
+        "user_error",
+        1,
+        1,
+    )
+    assert view.failed_attempts == 1
+    # Once it succeeds the failure is history: the view no longer shows it as the job's.
+    done = job_view({**row, "status": "SUCCEEDED", "finished_at": at(99)}, [], [], None, [], 2)
+    assert done.failure is None and done.failed_attempts == 1
+    # A failure stored before the kind and the count were kept still reads.
+    old = job_view(_job(status="FAILED", failure={"reason": "oom"}), [], [], None, [], 1)
+    assert old.failure is not None and old.failure.failure_kind is None
+    assert old.failed_attempts == 1
+    assert job_view(_job(), [], [], None, [], 0).failed_attempts == 0
+
+
 def test_view_serialises_to_json() -> None:
     body = job_view(_job(), [], [], None, [], 0).model_dump(mode="json")
     assert body["submitted_at"].startswith("2024-06-01T12:00:00")
