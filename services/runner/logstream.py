@@ -1,10 +1,15 @@
-"""A job's output, shipped to the object store in chunks while it runs.
+"""A job's output (and its metric series), shipped to the object store in chunks while it
+runs.
 
 The supervisor appends the job's raw output to a local file; ``LogShipper`` uploads what is
 new about every ``interval_s`` as ``logs/<job>/<stream>/chunk-<seq:08d>.log`` (at most
 ``MAX_CHUNK_BYTES`` each), and when the stream is closed the rest and an empty ``end``
 object. ``<stream>`` is ``a<attempt:04d>-<node_id>``, so the keys of a job sort by attempt,
 then node, then order of writing, and the submission service serves them after a cursor.
+
+The same shipper carries every metric report of the job, not only the ones ``job.progress``
+lets through: one JSON line per report (``{"step", "time", "metrics"}``, NaN and infinities
+kept as JSON's ``NaN``/``Infinity``) under ``metrics/<job>/<stream>/chunk-<seq:08d>.jsonl``.
 
 The job's output never goes into the runner's own log: a job must not be able to forge the
 platform's log lines.
@@ -24,20 +29,26 @@ log = logging.getLogger(__name__)
 MAX_CHUNK_BYTES = 1024 * 1024
 
 
-def stream_prefix(job_id: str, attempt: int, node_id: str) -> str:
-    return f"logs/{job_id}/a{attempt:04d}-{node_id}"
+def stream_prefix(job_id: str, attempt: int, node_id: str, kind: str = "logs") -> str:
+    return f"{kind}/{job_id}/a{attempt:04d}-{node_id}"
 
 
 class LogShipper:
     """Uploads new bytes of ``path`` to ``store`` under ``prefix`` (see module docstring)."""
 
     def __init__(
-        self, store: ObjectStore, prefix: str, path: Path, interval_s: float = 1.0
+        self,
+        store: ObjectStore,
+        prefix: str,
+        path: Path,
+        interval_s: float = 1.0,
+        suffix: str = ".log",
     ) -> None:
         self._store = store
         self._prefix = prefix
         self._path = path
         self._interval_s = interval_s
+        self._suffix = suffix
         self._offset = 0
         self._seq = 0
         self._task: asyncio.Task[None] | None = None
@@ -83,5 +94,5 @@ class LogShipper:
             if not data:
                 return
             self._seq += 1
-            self._store.put_bytes(f"{self._prefix}/chunk-{self._seq:08d}.log", data)
+            self._store.put_bytes(f"{self._prefix}/chunk-{self._seq:08d}{self._suffix}", data)
             self._offset += len(data)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import os
@@ -93,6 +94,15 @@ class JobRun:
             log_path,
             log_ship_interval_s,
         )
+        self._metrics_path = log_path.with_suffix(".metrics.jsonl")
+        self._metrics_file: BinaryIO | None = None
+        self._metrics_shipper = LogShipper(
+            store,
+            stream_prefix(job.job_id, job.attempt, job.node_id, "metrics"),
+            self._metrics_path,
+            log_ship_interval_s,
+            suffix=".jsonl",
+        )
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._commit_lock = asyncio.Lock()
@@ -118,6 +128,7 @@ class JobRun:
         ``OSError``, when it cannot be started)."""
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = self._log_path.open("ab")
+        self._metrics_file = self._metrics_path.open("ab")
         try:
             socket_path = self._sandbox.control_socket
             self._server = await asyncio.start_unix_server(
@@ -131,10 +142,12 @@ class JobRun:
             self._process = await JobProcess.start(argv, cwd=self._sandbox.code, env=env, user=user)
         except BaseException:
             self._log_file.close()
+            self._metrics_file.close()
             if self._server is not None:
                 self._server.close()
             raise
         self._shipper.start()
+        self._metrics_shipper.start()
         log.info(
             "job %s allocation %s started: pid %d, uid %s, %s",
             self.job.job_id,
@@ -210,6 +223,8 @@ class JobRun:
             if self._log_file is not None:
                 self._log_file.close()
             await self._close_control()
+            if self._metrics_file is not None:
+                self._metrics_file.close()
         outcome = domain.decide_outcome(exit_code, self.stop_request, self._tail.text())
         log.info(
             "job %s allocation %s %s: %s",
@@ -229,6 +244,7 @@ class JobRun:
         if held is not None:
             self._emit_progress(held)
         await self._shipper.close()
+        await self._metrics_shipper.close()
         await self._retain_checkpoints()
         metrics = self._last_metrics | domain.input_bound_metrics(
             self._data_waits,
@@ -311,6 +327,10 @@ class JobRun:
                 ", ".join(f"{k}={message.metrics[k]}" for k in dropped),
                 message.step,
             )
+        if self._metrics_file is not None and not self._metrics_file.closed:
+            record = {"step": message.step, "time": time.time(), "metrics": message.metrics}
+            self._metrics_file.write(json.dumps(record).encode() + b"\n")
+            self._metrics_file.flush()
         # The newest value of every metric the job reported, for job.succeeded.
         self._last_metrics.update(message.metrics)
         wait = message.metrics.get("data_wait_fraction")

@@ -97,6 +97,12 @@ async def test_a_job_is_started_reports_progress_and_checkpoint_and_succeeds(
     log_text = b"".join(store.get_bytes(k) for k in keys if k.endswith(".log")).decode()
     assert f"env {allocation.job_id} 1234 ''" in log_text
     assert "step 5" in log_text and "done" in log_text
+    # Every metric report is kept, not only the throttled progress events.
+    series_prefix = f"metrics/{allocation.job_id}/a0001-{settings.node_id}"
+    series = b"".join(
+        store.get_bytes(k) for k in store.list(f"{series_prefix}/") if k.endswith(".jsonl")
+    )
+    assert [json.loads(line)["step"] for line in series.splitlines()] == [1, 2, 3, 4, 5]
     assert launched(launches) == [allocation.allocation_id]
     # It ran as a user of its own, and its checkpoint went to its own prefix.
     assert (launches / allocation.allocation_id).read_text() in {
