@@ -193,7 +193,7 @@ def stage_resume(store: ObjectStore, staging: Path) -> CheckpointRef | None:
             local = staging / staged_folder(step)
             store.get_file(object_key, local / OBJECT_NAME)
             size = (local / OBJECT_NAME).stat().st_size
-            digest = _file_sha256(local / OBJECT_NAME)
+            digest = file_sha256(local / OBJECT_NAME)
         except (ObjectNotFound, ValidationError, ValueError, OSError) as exc:
             log.warning("checkpoint %s is unusable, trying an older one: %s", folder, exc)
             continue
@@ -236,7 +236,7 @@ def apply_retention(store: ObjectStore, keep: int, protected: set[str]) -> int:
     return deleted
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         while chunk := handle.read(_CHUNK):

@@ -28,7 +28,6 @@ Blocking: call through ``asyncio.to_thread``.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import signal
@@ -38,10 +37,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.runner.checkpoints import file_sha256
 from shared.events.payloads import CodeBundle, CodeGit, JobSpec
 from shared.storage import ObjectNotFound, ObjectStore
-
-_CHUNK = 1024 * 1024
 
 
 class PlatformError(RuntimeError):
@@ -200,14 +198,6 @@ def checkout_git(code: CodeGit, dest: Path) -> None:
     head = git("rev-parse", "HEAD")
     if head != code.commit:
         raise PlatformError(f"git checkout of {code.repository} gave {head}, not {code.commit}")
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # --- processes left behind -----------------------------------------------------------
