@@ -43,7 +43,7 @@ from services.runner.environments import (
     EnvironmentCache,
     job_interpreter,
 )
-from services.runner.gpus import GpuInventory
+from services.runner.gpus import GpuInventory, GpuUsage
 from services.runner.ledger import Ledger, safe_file_name
 from services.runner.publishing import JobEvents, publish_in_trace, publish_until_sent
 from services.runner.sandbox import (
@@ -99,6 +99,7 @@ class NodeAgent:
         self._environments = EnvironmentCache(
             settings.environments_root, settings.python, settings.installer, interpreter=interpreter
         )
+        self._usage = GpuUsage(gpus)
         self._runs: dict[str, JobRun] = {}
         self._slots: dict[str, int] = {}
         self._supervisors: set[asyncio.Task[None]] = set()
@@ -286,6 +287,8 @@ class NodeAgent:
             checkpoints_keep=self.settings.checkpoints_keep,
             resumed_from=prepared.resumed_from,
             gpus=len(grant.gpu_indices),
+            usage=self._usage,
+            gpu_indices=grant.gpu_indices,
         )
         try:
             await run.start(prepared.argv, env=prepared.env)

@@ -126,3 +126,37 @@ def _from_torch() -> GpuInventory | None:
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class GpuUsage:
+    """Utilisation and memory of a job's GPUs, read through NVML while it runs.
+
+    ``sample(indices)`` answers ``{"gpu_utilization": mean % over the GPUs,
+    "gpu_memory_used_bytes": their sum}``, or ``{}`` where NVML is not available (virtual
+    GPUs, no driver, no ``pynvml``) or a read fails: usage is a convenience, never a
+    reason to disturb a job. Blocking (driver calls): run it in a thread.
+    """
+
+    def __init__(self, inventory: GpuInventory, nvml: Any = None) -> None:
+        self._nvml = nvml
+        if nvml is None and inventory.source == "nvml" and importlib.util.find_spec("pynvml"):
+            module: Any = importlib.import_module("pynvml")
+            try:
+                module.nvmlInit()
+                self._nvml = module
+            except Exception as exc:  # discovery worked a moment ago; say why it stopped
+                log.warning("NVML unusable for GPU usage: %s", exc)
+
+    def sample(self, indices: Sequence[int]) -> dict[str, float]:
+        if self._nvml is None or not indices:
+            return {}
+        try:
+            utilization, memory = 0.0, 0.0
+            for index in indices:
+                handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
+                utilization += float(self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+                memory += float(self._nvml.nvmlDeviceGetMemoryInfo(handle).used)
+        except Exception as exc:
+            log.debug("NVML sample failed: %s", exc)
+            return {}
+        return {"gpu_utilization": utilization / len(indices), "gpu_memory_used_bytes": memory}

@@ -31,6 +31,7 @@ from typing import BinaryIO
 
 from services.runner import checkpoints, domain
 from services.runner.domain import JobIdentity, JobResults, LogTail, ProgressThrottle, StopRequest
+from services.runner.gpus import GpuUsage
 from services.runner.ledger import Ledger
 from services.runner.logstream import LogShipper, stream_prefix
 from services.runner.process import JobProcess, read_lines
@@ -75,6 +76,9 @@ class JobRun:
         checkpoints_keep: int = 3,
         resumed_from: CheckpointRef | None = None,
         gpus: int = 1,
+        usage: GpuUsage | None = None,
+        gpu_indices: Sequence[int] = (),
+        usage_interval_s: float = 5.0,
     ) -> None:
         self.job = job
         self.started_at = datetime.now(UTC)
@@ -85,6 +89,11 @@ class JobRun:
         self._checkpoint_store = checkpoint_store
         self._sandbox = sandbox
         self._gpus = gpus
+        self._usage = usage
+        self._gpu_indices = list(gpu_indices)
+        self._usage_interval_s = usage_interval_s
+        self._utilization: list[float] = []
+        self._last_step = 0
         self._checkpoints_keep = checkpoints_keep
         self._resumed_from = resumed_from
         self._log_path = log_path
@@ -103,6 +112,7 @@ class JobRun:
             log_ship_interval_s,
             suffix=".jsonl",
         )
+        self._sampler: asyncio.Task[None] | None = None
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._commit_lock = asyncio.Lock()
@@ -148,6 +158,8 @@ class JobRun:
             raise
         self._shipper.start()
         self._metrics_shipper.start()
+        if self._usage is not None and self._gpu_indices:
+            self._sampler = asyncio.create_task(self._sample_usage(), name="gpu usage")
         log.info(
             "job %s allocation %s started: pid %d, uid %s, %s",
             self.job.job_id,
@@ -243,9 +255,15 @@ class JobRun:
         held = self._throttle.flush()
         if held is not None:
             self._emit_progress(held)
+        if self._sampler is not None:
+            self._sampler.cancel()
         await self._shipper.close()
         await self._metrics_shipper.close()
         await self._retain_checkpoints()
+        if self._utilization:
+            self._last_metrics["gpu_utilization_mean"] = sum(self._utilization) / len(
+                self._utilization
+            )
         metrics = self._last_metrics | domain.input_bound_metrics(
             self._data_waits,
             (datetime.now(UTC) - self.started_at).total_seconds(),
@@ -327,10 +345,8 @@ class JobRun:
                 ", ".join(f"{k}={message.metrics[k]}" for k in dropped),
                 message.step,
             )
-        if self._metrics_file is not None and not self._metrics_file.closed:
-            record = {"step": message.step, "time": time.time(), "metrics": message.metrics}
-            self._metrics_file.write(json.dumps(record).encode() + b"\n")
-            self._metrics_file.flush()
+        self._last_step = message.step
+        self._record_metrics(message.step, message.metrics)
         # The newest value of every metric the job reported, for job.succeeded.
         self._last_metrics.update(message.metrics)
         wait = message.metrics.get("data_wait_fraction")
@@ -346,6 +362,22 @@ class JobRun:
             self._flush_timer = asyncio.get_running_loop().call_later(
                 max(0.0, due - now), self._flush_progress
             )
+
+    def _record_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        """One line of the job's metric series (shipped with its log)."""
+        if self._metrics_file is not None and not self._metrics_file.closed:
+            record = {"step": step, "time": time.time(), "metrics": metrics}
+            self._metrics_file.write(json.dumps(record).encode() + b"\n")
+            self._metrics_file.flush()
+
+    async def _sample_usage(self) -> None:
+        assert self._usage is not None
+        while True:
+            await asyncio.sleep(self._usage_interval_s)
+            sample = await asyncio.to_thread(self._usage.sample, self._gpu_indices)
+            if sample:
+                self._utilization.append(sample["gpu_utilization"])
+                self._record_metrics(self._last_step, sample)
 
     def _flush_progress(self) -> None:
         self._flush_timer = None

@@ -9,7 +9,7 @@ import types
 import pytest
 
 from services.runner import gpus
-from services.runner.gpus import GpuInventory, discover_gpus, virtual_inventory
+from services.runner.gpus import GpuInventory, GpuUsage, discover_gpus, virtual_inventory
 
 
 def test_virtual_gpus_are_named_and_counted() -> None:
@@ -90,3 +90,31 @@ def test_no_gpus_at_all_is_an_empty_inventory(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(gpus, "_from_torch", lambda: None)
     inventory = discover_gpus(None)
     assert inventory.count == 0 and inventory.source == "none"
+
+
+class FakeNvml:
+    """NVML as pynvml shows it: handles by index, utilisation and memory records."""
+
+    def __init__(self, util: dict[int, int], used: dict[int, int]) -> None:
+        self.util, self.used = util, used
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> types.SimpleNamespace:
+        return types.SimpleNamespace(gpu=self.util[handle])
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> types.SimpleNamespace:
+        return types.SimpleNamespace(used=self.used[handle])
+
+
+def test_gpu_usage_is_the_mean_utilisation_and_total_memory_of_the_jobs_gpus() -> None:
+    nvml = FakeNvml({0: 10, 1: 90, 2: 50}, {0: 1, 1: 2_000, 2: 3_000})
+    usage = GpuUsage(GpuInventory(("H200",) * 3, "nvml"), nvml)
+    assert usage.sample([1, 2]) == {"gpu_utilization": 70.0, "gpu_memory_used_bytes": 5_000.0}
+    assert usage.sample([]) == {}
+    assert usage.sample([7]) == {}, "a failing read is no reason to disturb the job"
+
+
+def test_virtual_gpus_have_no_usage() -> None:
+    assert GpuUsage(virtual_inventory(2)).sample([0, 1]) == {}
