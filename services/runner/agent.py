@@ -160,6 +160,10 @@ class NodeAgent:
         if killed:
             log.warning("killed %d job processes a previous runner left behind", killed)
         remove_sandbox(self.settings.sandboxes_dir)
+        # Nothing runs yet, so no environment is in use: keep the most recently used ones.
+        pruned = self._environments.prune(self.settings.environments_keep)
+        if pruned:
+            log.info("removed %d least recently used job environments", len(pruned))
 
     # --- allocation.granted ----------------------------------------------------------------
 
