@@ -222,6 +222,11 @@ class NodeAgent:
         except PlatformError as exc:
             await self._failed_to_start(job, str(exc), events, trace_headers)
             return
+        except Exception:
+            # Something else (the object store down?): free the slot and let the grant be
+            # redelivered, rather than failing a job that did nothing wrong.
+            await asyncio.to_thread(self._release, job.allocation_id)
+            raise
         started = JobStarted(
             job_id=grant.job_id,
             allocation_id=grant.allocation_id,
