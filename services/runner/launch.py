@@ -93,7 +93,7 @@ def prepare(
     code_id = fetch_code(spec, store, box.code)
     try:
         job_env = environments.resolve(spec.requirements)
-    except EnvironmentBuildError as exc:
+    except (EnvironmentBuildError, ValueError) as exc:  # ValueError: a bad requirement
         raise PlatformError(f"could not build the job's environment: {exc}") from exc
     log.info(
         "job %s: environment %s (%d requirements) %s",
