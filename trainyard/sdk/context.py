@@ -282,14 +282,19 @@ class JobContext:
         them get the same answer (any rank asked to stop stops them all), so no rank is left
         waiting in a collective its peers never reach.
         """
+        stop = self._stop_requested
         if self.world_size > 1 and _distributed_ready():
-            flag = torch.tensor([1 if self._stop_requested else 0], dtype=torch.int32)
+            flag = torch.tensor([int(stop)], dtype=torch.int32, device=_collective_device())
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            self._stop_requested = bool(flag.item())
-        if self._stop_requested and not self._stop_logged:
+            # The ranks' answer; the flag is only ever raised here, never cleared: a SIGTERM
+            # that arrived during the collective is not lost, it counts at the next call.
+            stop = bool(flag.item())
+            if stop:
+                self._stop_requested = True
+        if stop and not self._stop_logged:
             self._stop_logged = True
             log.warning("SIGTERM received: the job should checkpoint and exit")
-        return self._stop_requested
+        return stop
 
     def exit_preempted(self) -> NoReturn:
         """Wait for checkpoints, close, and exit with ``PREEMPTED_EXIT_CODE`` (75).
@@ -389,6 +394,16 @@ def _env_int(name: str, default: int) -> int:
 
 def _distributed_ready() -> bool:
     return bool(torch.distributed.is_available() and torch.distributed.is_initialized())
+
+
+def _collective_device() -> torch.device:
+    """Where a tensor for a collective of the default group must live: on the CPU when the
+    group has a CPU backend (gloo: ``"cpu:gloo,cuda:gloo"``, or ``"cpu:gloo,cuda:nccl"``),
+    else on this rank's GPU (NCCL alone, ``"cuda:nccl"``, raises on CPU tensors)."""
+    devices = {pair.split(":")[0] for pair in torch.distributed.get_backend_config().split(",")}
+    if "cpu" in devices or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _script_name() -> str:
