@@ -36,7 +36,7 @@ from services.runner.ledger import Ledger
 from services.runner.logstream import LogShipper, stream_prefix
 from services.runner.process import JobProcess, read_lines
 from services.runner.publishing import JobEvents
-from services.runner.sandbox import Sandbox
+from services.runner.sandbox import Sandbox, kill_leftovers
 from shared.control import (
     MAX_CONTROL_LINE_BYTES,
     CheckpointMessage,
@@ -199,7 +199,16 @@ class JobRun:
                 self.job.job_id,
                 self.job.allocation_id,
             )
-            self._process.kill_group()
+            self._kill_everything(self._process)
+
+    def _kill_everything(self, process: JobProcess) -> None:
+        """SIGKILL the job's process group and, when the job runs as a user of its own,
+        every process of that user: torchrun starts its workers in sessions of their own,
+        out of the group's reach, and a job may double-fork; the uid reaches them all."""
+        process.kill_group()
+        uid = self._sandbox.user.uid
+        if uid is not None:
+            kill_leftovers(range(uid, uid + 1), [])
 
     async def supervise(self, max_runtime_s: int, kill_grace_s: float) -> domain.Outcome:
         """Run until the job has exited and its terminal event is published."""
@@ -219,8 +228,8 @@ class JobRun:
             deadline.cancel()
             if self._kill_timer is not None:
                 self._kill_timer.cancel()
-            # Whatever the job left running in its group goes with it (and closes the pipes).
-            process.kill_group()
+            # Whatever the job left running goes with it (and closes the pipes).
+            self._kill_everything(process)
             done, stuck = await asyncio.wait(readers, timeout=_PIPE_DRAIN_S)
             for task in stuck:
                 task.cancel()
