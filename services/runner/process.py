@@ -56,8 +56,15 @@ def _death_signal_preexec() -> Callable[[], None] | None:
 class JobProcess:
     """A started job process (use ``await JobProcess.start(...)``)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+    def __init__(
+        self,
+        proc: asyncio.subprocess.Process,
+        output: asyncio.StreamReader,
+        transport: asyncio.ReadTransport,
+    ) -> None:
         self._proc = proc
+        self._output = output
+        self._output_transport = transport
 
     @classmethod
     async def start(
@@ -72,19 +79,38 @@ class JobProcess:
         identity: dict[str, Any] = {}
         if user is not None and user.isolated:
             identity = {"user": user.uid, "group": user.gid, "extra_groups": []}
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            cwd=cwd,
-            env=dict(env),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            process_group=0,
-            preexec_fn=_death_signal_preexec(),
-            limit=OUTPUT_LINE_LIMIT,
-            **identity,
-        )
-        return cls(proc)
+        # Our own pipe, not asyncio's: asyncio's wait() also waits for its pipes to close,
+        # which a grandchild that left the group (torchrun's workers do) could delay forever.
+        read_fd, write_fd = os.pipe()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=cwd,
+                env=dict(env),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=write_fd,
+                stderr=write_fd,
+                process_group=0,
+                preexec_fn=_death_signal_preexec(),
+                **identity,
+            )
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        loop = asyncio.get_running_loop()
+        output = asyncio.StreamReader(limit=OUTPUT_LINE_LIMIT, loop=loop)
+        try:
+            transport, _ = await loop.connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(output, loop=loop),
+                os.fdopen(read_fd, "rb", buffering=0),
+            )
+        except BaseException:
+            os.close(read_fd)
+            proc.kill()
+            raise
+        return cls(proc, output, transport)
 
     @property
     def pid(self) -> int:
@@ -95,9 +121,11 @@ class JobProcess:
         return self._proc.returncode
 
     def output_lines(self) -> AsyncIterator[bytes]:
-        """Raw stdout/stderr lines until the job closes them."""
-        assert self._proc.stdout is not None
-        return read_lines(self._proc.stdout)
+        """Raw stdout/stderr lines until every process holding them has closed them."""
+        return read_lines(self._output)
+
+    def close(self) -> None:
+        self._output_transport.close()
 
     async def wait(self) -> int:
         return await self._proc.wait()

@@ -241,6 +241,7 @@ class JobRun:
                         task.get_name(),
                         exc_info=task.exception(),
                     )
+            process.close()
             if self._log_file is not None:
                 self._log_file.close()
             await self._close_control()

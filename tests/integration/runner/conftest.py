@@ -75,6 +75,15 @@ FAKE_JOB = textwrap.dedent(
         send({"kind": "not-a-kind"})
         print("done", flush=True)
         sys.exit(0)
+    if mode == "escape":
+        import subprocess
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import signal, time; signal.signal(15, signal.SIG_IGN); time.sleep(600)"],
+            start_new_session=True,
+        )
+        with open(os.path.join(launches, "escaped-pid"), "w") as f:
+            f.write(str(child.pid))
+        sys.exit(0)
     if mode == "fail":
         for i in range(60):
             print(f"noise {i}", flush=True)

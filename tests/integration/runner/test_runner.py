@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -314,3 +316,29 @@ async def test_a_job_that_cannot_be_spawned_fails_with_the_reason(
     assert "no-python" in failed.reason
     assert not events.of(JobStarted, allocation.job_id)
     assert launched(launches) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a job user of its own needs a root runner")
+async def test_a_process_that_left_the_jobs_session_dies_with_the_job(
+    settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
+) -> None:
+    await start_runner(settings)
+    allocation = grant(settings.node_id, ["escape", str(launches)])
+    await publish(bus, allocation, settings.node_id)
+    await events.first(JobSucceeded, allocation.job_id)
+    pid = int((launches / "escaped-pid").read_text())
+    assert not await asyncio.to_thread(still_alive, pid, 5.0), "the escaped child survived"
+
+
+def still_alive(pid: int, within_s: float) -> bool:
+    """Whether ``pid`` is still a live process (not a zombie) after ``within_s``."""
+    deadline = time.monotonic() + within_s
+    status = Path(f"/proc/{pid}/status")
+    while time.monotonic() < deadline:
+        try:
+            if "zombie" in status.read_text():
+                return False
+        except FileNotFoundError:
+            return False
+        time.sleep(0.1)
+    return True
