@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -115,7 +116,10 @@ class JobRun:
         self._sampler: asyncio.Task[None] | None = None
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
-        self._commit_lock = asyncio.Lock()
+        self._staged_steps: list[int] = []
+        self._staged = asyncio.Event()
+        self._uploader: asyncio.Task[None] | None = None
+        self._closing_control = False
         self._trace_headers = trace_headers
         self._throttle: ProgressThrottle[MetricsMessage] = ProgressThrottle(progress_interval_s)
         self._flush_timer: asyncio.TimerHandle | None = None
@@ -328,21 +332,29 @@ class JobRun:
                 if isinstance(message, MetricsMessage):
                     self._on_metrics(message)
                 else:
-                    await self._on_checkpoint(message)
+                    self._on_checkpoint(message)
         finally:
             self._connections.discard(task)
             writer.close()
 
     async def _close_control(self) -> None:
-        """Stop accepting connections, then let the open ones finish: the job has exited,
-        so they end, and what they staged is uploaded before the outcome goes out."""
+        """Stop accepting connections, let the open ones finish (the job has exited, so
+        they end), then let the uploader commit what was staged, before the outcome goes
+        out."""
         if self._server is not None:
             self._server.close()
         pending = set(self._connections)
         if pending:
-            _, stuck = await asyncio.wait(pending, timeout=_UPLOAD_DRAIN_S)
+            _, stuck = await asyncio.wait(pending, timeout=_PIPE_DRAIN_S)
             for task in stuck:
                 task.cancel()
+        self._closing_control = True
+        self._staged.set()
+        if self._uploader is not None:
+            try:
+                await asyncio.wait_for(self._uploader, timeout=_UPLOAD_DRAIN_S)
+            except Exception as exc:
+                log.error("job %s: checkpoints left unuploaded: %s", self.job.job_id, exc)
         with contextlib.suppress(OSError):
             self._sandbox.control_socket.unlink()
 
@@ -404,26 +416,60 @@ class JobRun:
             )
         )
 
-    async def _on_checkpoint(self, message: CheckpointMessage) -> None:
-        """Upload the checkpoint the job staged, then say so; one at a time, in order."""
-        step = message.checkpoint.step
-        async with self._commit_lock:
-            try:
-                ref = await asyncio.to_thread(
-                    checkpoints.commit_staged,
-                    self._sandbox.checkpoints,
-                    step,
-                    self._checkpoint_store,
-                    self.job.attempt,
+    def _on_checkpoint(self, message: CheckpointMessage) -> None:
+        """Queue the staged checkpoint for the uploader; the reader never waits on it, so
+        metrics keep flowing during an upload."""
+        self._staged_steps.append(message.checkpoint.step)
+        self._staged.set()
+        if self._uploader is None:
+            self._uploader = asyncio.create_task(self._upload_staged(), name="checkpoints")
+
+    async def _upload_staged(self) -> None:
+        """Commit staged checkpoints one at a time. When several wait (uploads slower than
+        the job checkpoints), only the newest is uploaded and the others are dropped from
+        staging: an older checkpoint is worth nothing once a newer one is durable, and
+        staging must not grow without bound."""
+        while True:
+            await self._staged.wait()
+            self._staged.clear()
+            if not self._staged_steps:
+                if self._closing_control:
+                    return
+                continue
+            newest, skipped = max(self._staged_steps), set(self._staged_steps)
+            self._staged_steps.clear()
+            for step in skipped - {newest}:
+                await asyncio.to_thread(
+                    shutil.rmtree,
+                    self._sandbox.checkpoints / checkpoints.staged_folder(step),
+                    ignore_errors=True,
                 )
-            except checkpoints.StagedCheckpointInvalid as exc:
-                log.warning("job %s: checkpoint of step %d refused: %s", self.job.job_id, step, exc)
-                return
-            except Exception as exc:
-                log.error(
-                    "job %s: checkpoint of step %d not uploaded: %s", self.job.job_id, step, exc
+            if len(skipped) > 1:
+                log.info(
+                    "job %s: %d checkpoints waited for upload; only step %d is uploaded",
+                    self.job.job_id,
+                    len(skipped),
+                    newest,
                 )
+            await self._commit(newest)
+            if self._closing_control and not self._staged_steps:
                 return
+
+    async def _commit(self, step: int) -> None:
+        try:
+            ref = await asyncio.to_thread(
+                checkpoints.commit_staged,
+                self._sandbox.checkpoints,
+                step,
+                self._checkpoint_store,
+                self.job.attempt,
+            )
+        except checkpoints.StagedCheckpointInvalid as exc:
+            log.warning("job %s: checkpoint of step %d refused: %s", self.job.job_id, step, exc)
+            return
+        except Exception as exc:
+            log.error("job %s: checkpoint of step %d not uploaded: %s", self.job.job_id, step, exc)
+            return
         self._last_checkpoint = ref
         committed = CheckpointMessage(checkpoint=ref)
         self._events.emit(
