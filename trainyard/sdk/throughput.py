@@ -57,10 +57,14 @@ class DataMeter:
             yield batch
 
     def take(self) -> dict[str, float]:
-        """The window's figures (empty until a loader was wrapped); starts a new window."""
+        """The window's figures (empty until a loader was wrapped, and for a window in which
+        no batch came); starts a new window."""
         if not self._used:
             return {}
         now = time.perf_counter()
+        if self._samples == 0:  # no batch since the last report (e.g. after the loop)
+            self._window_start, self._waiting = now, 0.0
+            return {}
         elapsed = max(now - self._window_start, 1e-9)
         figures = {
             "data_wait_fraction": min(1.0, self._waiting / elapsed),
