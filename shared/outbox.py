@@ -11,6 +11,14 @@ Contract:
   event on restart; JetStream drops the duplicate inside its window, so each event is
   published once.
 - Several replicas may relay one outbox: rows are claimed with ``FOR UPDATE SKIP LOCKED``.
+- A row the bus will never accept is *parked*, not retried: larger than the bus's maximum
+  payload (body and headers; the server's ``max_payload`` or ``max_payload=`` if smaller),
+  or refused for a reason that does not pass (maximum payload exceeded, a permissions
+  violation, a bad subject). Its ``parked_at`` and ``parked_reason`` are set, it is logged
+  once at error level, and it is skipped from then on; the rows after it are published as
+  usual. ``parked_count`` says how many there are (also logged when the relay starts).
+- Transient failures (NATS or PostgreSQL unreachable, timeouts) are retried with a growing
+  pause; ``run`` never raises for a row or an outage, so the service keeps serving.
 """
 
 from __future__ import annotations
@@ -19,8 +27,12 @@ import asyncio
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import asyncpg
+from nats.errors import BadHeaderError, BadSubjectError, MaxPayloadError
+from nats.errors import Error as NatsError
+from nats.js.errors import APIError
 
 from shared.bus import Bus
 from shared.events import Envelope, Payload
@@ -28,6 +40,15 @@ from shared.telemetry import inject
 
 log = logging.getLogger(__name__)
 _CHANNEL = "trainyard_outbox"
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+"""NATS's default ``max_payload``; used when neither the server nor the settings name one."""
+_PERMANENT_MARKERS = (
+    "maximum payload",
+    "max payload",
+    "permissions violation",
+    "message size exceeds maximum",
+)
+_PERMANENT_JS_ERRORS = frozenset({10054})  # JSStreamMessageExceedsMaximumErr
 
 
 Traced = tuple[Envelope[Payload], dict[str, str]]
@@ -68,65 +89,243 @@ async def enqueue_traced(conn: asyncpg.Connection, events: Sequence[Traced]) -> 
 
 
 class OutboxRelay:
-    """Moves committed outbox rows to NATS."""
+    """Moves committed outbox rows to NATS; parks the rows the bus will never take."""
 
-    def __init__(self, pool: asyncpg.Pool, bus: Bus, batch: int = 100, idle_poll_s: float = 1.0):
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        bus: Bus,
+        batch: int = 100,
+        idle_poll_s: float = 1.0,
+        max_payload: int | None = None,
+        max_backoff_s: float = 30.0,
+    ):
         self._pool = pool
         self._bus = bus
         self._batch = batch
         self._idle_poll_s = idle_poll_s
+        self._max_payload = max_payload
+        self._max_backoff_s = max(max_backoff_s, idle_poll_s)
         self._wake = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Relay until ``stop`` is set, then flush what is committed and return."""
+        """Relay until ``stop`` is set, then flush what is committed and return. Never raises
+        for a row or an outage: failures are logged and retried with a growing pause."""
         listener = await self._pool.acquire()
         await listener.add_listener(_CHANNEL, self._on_notify)
         try:
+            await self._report_parked()
+            failures = 0
             while not stop.is_set():
                 # Cleared before reading, so a commit that lands during the read still wakes us.
                 self._wake.clear()
                 try:
                     sent = await self.relay_once()
-                except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
-                    log.warning("outbox relay: %s; retrying", exc)
-                    sent = 0
-                    await asyncio.sleep(self._idle_poll_s)
+                    failures = 0
+                except Exception as exc:
+                    failures += 1
+                    delay = min(self._idle_poll_s * 2 ** min(failures - 1, 16), self._max_backoff_s)
+                    _log_failure(exc, delay)
+                    await self._sleep(stop, delay, wake=False)
+                    continue
                 if sent == 0:
-                    await self._sleep(stop)
-            while await self.relay_once():
-                pass
+                    await self._sleep(stop, self._idle_poll_s)
+            await self._flush()
         finally:
             await listener.remove_listener(_CHANNEL, self._on_notify)
             await self._pool.release(listener)
 
+    async def _flush(self) -> None:
+        try:
+            while await self.relay_once():
+                pass
+        except Exception as exc:  # stopping anyway: what is left goes out after the restart
+            log.warning("outbox relay: final flush stopped: %s", exc)
+
     async def relay_once(self) -> int:
-        """Publish up to one batch of committed, unpublished events; return how many."""
+        """Publish up to one batch of committed, unpublished events; return how many rows it
+        dealt with (published or parked). Raises on a transient failure before any row was
+        dealt with (after it, the rows dealt with are kept and the next call raises)."""
+        error: Exception | None = None
         async with self._pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(
                 "SELECT seq, event_id, subject, body, headers FROM outbox "
-                "WHERE published_at IS NULL ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED",
+                "WHERE published_at IS NULL AND parked_at IS NULL "
+                "ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED",
                 self._batch,
             )
-            if rows:
-                await self._bus.publish_many(
-                    (r["subject"], r["body"], r["event_id"], _headers(r["headers"])) for r in rows
-                )
+            if not rows:
+                return 0
+            limit = self.max_payload()
+            parked: dict[int, str] = {}
+            sendable: list[_Message] = []
+            for row in rows:
+                message = _Message.of(row)
+                if message.size > limit:
+                    parked[message.seq] = (
+                        f"{message.size} bytes, more than the bus accepts ({limit} bytes)"
+                    )
+                else:
+                    sendable.append(message)
+            published, error = await self._publish(sendable, parked)
+            if published:
                 await conn.execute(
                     "UPDATE outbox SET published_at = now() WHERE seq = ANY($1::bigint[])",
-                    [r["seq"] for r in rows],
+                    published,
                 )
-        return len(rows)
+            if parked:
+                await conn.execute(
+                    "UPDATE outbox SET parked_at = now(), parked_reason = r.reason "
+                    "FROM unnest($1::bigint[], $2::text[]) AS r(seq, reason) "
+                    "WHERE outbox.seq = r.seq",
+                    list(parked),
+                    list(parked.values()),
+                )
+        if parked:
+            total = await parked_count(self._pool)
+            for message in (_Message.of(r) for r in rows if r["seq"] in parked):
+                log.error(
+                    "outbox: parked event %s (%s, %d bytes), it can never be published: %s "
+                    "(%d parked rows in all; see outbox.parked_reason)",
+                    message.event_id,
+                    message.subject,
+                    message.size,
+                    parked[message.seq],
+                    total,
+                )
+        handled = len(published) + len(parked)
+        if error is not None and handled == 0:
+            raise error
+        return handled
+
+    def max_payload(self) -> int:
+        """The largest message (body and headers) the bus accepts: the server's limit, or the
+        configured one if smaller."""
+        server = self._bus.nats.max_payload
+        limits = [n for n in (self._max_payload, server) if n is not None and n > 0]
+        return min(limits) if limits else DEFAULT_MAX_PAYLOAD
+
+    async def _publish(
+        self, messages: Sequence[_Message], parked: dict[int, str]
+    ) -> tuple[list[int], Exception | None]:
+        """Publish ``messages``; return the seqs published and the transient failure that
+        stopped it, if any. A message the bus refuses for good is added to ``parked``."""
+        if not messages:
+            return [], None
+        try:
+            await self._bus.publish_many(m.publishable() for m in messages)
+            return [m.seq for m in messages], None
+        except Exception as exc:
+            if len(messages) == 1:
+                return self._one_failed(messages[0], exc, parked)
+        # Find the culprit: one at a time, in order (a re-publish of what the failed batch
+        # stored is dropped by the server as a duplicate).
+        published: list[int] = []
+        for message in messages:
+            try:
+                await self._bus.publish_many([message.publishable()])
+            except Exception as exc:
+                done, error = self._one_failed(message, exc, parked)
+                if error is not None:
+                    return published, error
+                published += done
+            else:
+                published.append(message.seq)
+        return published, None
+
+    def _one_failed(
+        self, message: _Message, exc: Exception, parked: dict[int, str]
+    ) -> tuple[list[int], Exception | None]:
+        reason = permanent_failure(exc, message.subject, self._bus.nats.last_error)
+        if reason is None:
+            return [], exc
+        parked[message.seq] = reason
+        return [], None
+
+    async def _report_parked(self) -> None:
+        try:
+            total = await parked_count(self._pool)
+        except (OSError, asyncpg.PostgresError):
+            return
+        if total:
+            log.warning(
+                "outbox: %d parked rows can never be published (see outbox.parked_reason)", total
+            )
 
     def _on_notify(self, *_: object) -> None:
         self._wake.set()
 
-    async def _sleep(self, stop: asyncio.Event) -> None:
-        waiters = {asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())}
+    async def _sleep(self, stop: asyncio.Event, seconds: float, wake: bool = True) -> None:
+        waiters = {asyncio.ensure_future(stop.wait())}
+        if wake:
+            waiters.add(asyncio.ensure_future(self._wake.wait()))
         _, pending = await asyncio.wait(
-            waiters, timeout=self._idle_poll_s, return_when=asyncio.FIRST_COMPLETED
+            waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED
         )
         for task in pending:
             task.cancel()
+
+
+async def parked_count(pool: asyncpg.Pool) -> int:
+    """How many outbox rows are parked (can never be published)."""
+    async with pool.acquire() as conn:
+        count: int = await conn.fetchval("SELECT count(*) FROM outbox WHERE parked_at IS NOT NULL")
+        return count
+
+
+def permanent_failure(
+    exc: BaseException, subject: str = "", last_error: BaseException | None = None
+) -> str | None:
+    """Why publishing failed for good (the same message will never be accepted), or None
+    when the failure may pass (NATS down, a timeout: retry)."""
+    if isinstance(exc, MaxPayloadError):
+        return "maximum payload exceeded"
+    if isinstance(exc, BadSubjectError | BadHeaderError):
+        return f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, APIError) and exc.err_code in _PERMANENT_JS_ERRORS:
+        return f"refused by JetStream: {exc}"
+    text = str(exc).lower()
+    if any(marker in text for marker in _PERMANENT_MARKERS):
+        return str(exc)[:500]
+    # A publish the server refuses for permissions is dropped with an asynchronous -ERR; the
+    # publisher only sees its acknowledgement time out.
+    if isinstance(exc, TimeoutError) and last_error is not None:
+        error = str(last_error)
+        if "permissions violation" in error.lower() and (not subject or subject in error):
+            return error[:500]
+    return None
+
+
+def _log_failure(exc: Exception, delay: float) -> None:
+    if isinstance(exc, TimeoutError | OSError | asyncpg.PostgresError | NatsError):
+        log.warning("outbox relay: %s; retrying in %.1fs", exc or type(exc).__name__, delay)
+    else:
+        log.error("outbox relay failed; retrying in %.1fs", delay, exc_info=exc)
+
+
+@dataclass(frozen=True)
+class _Message:
+    seq: int
+    event_id: str
+    subject: str
+    body: bytes
+    headers: dict[str, str]
+
+    @classmethod
+    def of(cls, row: asyncpg.Record) -> _Message:
+        return cls(
+            row["seq"], row["event_id"], row["subject"], row["body"], _headers(row["headers"])
+        )
+
+    @property
+    def size(self) -> int:
+        """Bytes the server counts against its maximum payload: body and header block."""
+        headers = {**self.headers, "Nats-Msg-Id": self.event_id}
+        block = "NATS/1.0\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+        return len(self.body) + len(block.encode())
+
+    def publishable(self) -> tuple[str, bytes, str, dict[str, str]]:
+        return self.subject, self.body, self.event_id, self.headers
 
 
 def _headers(stored: str | dict[str, str] | None) -> dict[str, str]:

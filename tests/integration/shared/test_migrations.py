@@ -23,6 +23,7 @@ async def test_migrations_apply_to_empty_database_once(service: str, database_ur
         assert applied == [
             "platform/0001_outbox_inbox.sql",
             "platform/0002_retention_indexes.sql",
+            "platform/0003_outbox_parked.sql",
             *(f"service/{p.name}" for p in migration_files(folder)),
         ]
         assert await migrate(pool, service, folder) == []
