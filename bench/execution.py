@@ -50,6 +50,7 @@ import json
 import logging
 import os
 import platform
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -64,6 +65,7 @@ from typing import Any
 
 import torch
 from nats.js import api
+from pydantic import SecretStr
 
 from deploy.local.nats import NatsServer
 from deploy.local.s3 import S3Server
@@ -88,6 +90,7 @@ from shared.events.payloads import (
     JobStarted,
     JobSucceeded,
 )
+from shared.events.trust import owner
 from shared.settings import NatsSettings, StorageSettings
 from shared.storage import LocalStore, ObjectStore, S3Store
 from shared.storage.s3 import client_from_settings
@@ -225,6 +228,7 @@ async def start_runner(work_dir: Path, nats: NatsSettings, storage: StorageSetti
         drain_timeout_seconds=10,
         nats=nats,
         storage=storage,
+        admin_token=SecretStr(secrets.token_urlsafe(32)),  # no HTTP here; required
     )
     stack = contextlib.AsyncExitStack()
     bus = await stack.enter_async_context(Bus.connect(settings.nats, settings.node_id))
@@ -341,7 +345,7 @@ async def run_job(
     job_id = grant.job_id
     cpu_before = time.process_time()
     published = time.perf_counter()
-    await h.bus.publish(Envelope.wrap(grant, source="bench", subject=node_id))
+    await h.bus.publish(Envelope.wrap(grant, source=owner(grant), subject=node_id))
     end_kinds = (JobSucceeded, JobFailed, JobPreempted)
     ends: list[Seen] = await h.events.wait_for(
         lambda: [s for s in h.events.by_job.get(job_id, []) if isinstance(s.payload, end_kinds)],

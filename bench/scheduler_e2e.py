@@ -23,6 +23,7 @@ import datetime as dt
 import json
 import os
 import platform
+import secrets
 import statistics
 import sys
 import tempfile
@@ -47,6 +48,7 @@ from shared.events.payloads import (
     JobSucceeded,
     RunnerHeartbeat,
 )
+from shared.events.trust import owner
 
 RESULTS = Path(__file__).parent / "results" / "scheduler_e2e.json"
 TARGET_PER_S = 500.0
@@ -80,7 +82,7 @@ async def _run(
                 epoch=grant.epoch,
                 finished_at=dt.datetime.now(dt.UTC),
             )
-            env = Envelope.wrap(succeeded, source="bench", subject=grant.job_id)
+            env = Envelope.wrap(succeeded, source=owner(succeeded), subject=grant.job_id)
             await js.publish(env.nats_subject, env.to_json(), headers={"Nats-Msg-Id": env.id})
 
     await nc.subscribe("trainyard.allocation.granted.v1.>", cb=on_grant)
@@ -95,7 +97,7 @@ async def _run(
             gpu_count=8,
             sent_at=dt.datetime.now(dt.UTC),
         )
-        beat_env = Envelope.wrap(beat, source="bench", subject=node)
+        beat_env = Envelope.wrap(beat, source=owner(beat), subject=node)
         await js.publish(
             beat_env.nats_subject, beat_env.to_json(), headers={"Nats-Msg-Id": beat_env.id}
         )
@@ -116,7 +118,7 @@ async def _run(
         )
         env = Envelope.wrap(
             JobSubmitted(job_id=job_id, spec=spec, submitted_at=dt.datetime.now(dt.UTC)),
-            source="bench",
+            source=owner(JobSubmitted),
             subject=job_id,
         )
         await js.publish(env.nats_subject, env.to_json(), headers={"Nats-Msg-Id": env.id})
@@ -150,8 +152,13 @@ async def _wait_for_nodes(queue_url: str, nodes: int) -> None:
     raise TimeoutError(f"the scheduler did not register {nodes} nodes within 60 s")
 
 
+ADMIN_TOKEN = secrets.token_urlsafe(32)
+"""The operator token the benchmark's scheduler is started with (``GET /v1/queue``)."""
+
+
 def _get_json(url: str) -> dict[str, list[object]]:
-    with urllib.request.urlopen(url, timeout=5) as response:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=5) as response:
         body: dict[str, list[object]] = json.loads(response.read())
     return body
 
@@ -189,6 +196,7 @@ def _measure(
         "TRAINYARD_DATABASE_URL": pg.create_database(name),
         "TRAINYARD_SCHEDULER_PORT": str(port),
         "TRAINYARD_SCHEDULER_NODE_TIMEOUT_SECONDS": "600",
+        "TRAINYARD_SCHEDULER_ADMIN_TOKEN": ADMIN_TOKEN,
         "TRAINYARD_SCHEDULER_LOG_LEVEL": "DEBUG" if log_dir else "INFO",
     }
     process = ManagedProcess(

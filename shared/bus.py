@@ -8,7 +8,9 @@ Contract:
 - ``consume`` runs a durable pull consumer: each message is parsed, handled, and acknowledged
   only after the handler returned (for database services: after its transaction committed).
   A handler error leads to a delayed redelivery; after ``max_deliver`` deliveries, or at once
-  for bytes that are not a valid event or a handler's ``Reject``, the message is copied to
+  for bytes that are not a valid event, an event whose ``source`` may not send its type
+  (``shared.events.trust``, checked before any handler), or a handler's ``Reject``, the
+  message is copied to
   ``deadletter.<consumer>`` with the reason and terminated. Nothing crash-loops.
 - ``consume_batches`` is the same for a handler that applies several events all-or-nothing
   (``shared.inbox.idempotent``: one transaction): each fetched batch is handed over whole
@@ -44,6 +46,7 @@ from nats.js.errors import BadRequestError
 from opentelemetry import trace
 
 from shared.events import Envelope, EventParseError, Payload, parse_envelope
+from shared.events.trust import forged_because
 from shared.settings import NatsSettings
 from shared.telemetry import extract, inject, tracer
 
@@ -98,7 +101,9 @@ class Bus:
     @asynccontextmanager
     async def connect(cls, settings: NatsSettings, name: str) -> AsyncIterator[Bus]:
         """Connect, make sure the streams exist, and drain on exit."""
-        nc = await nats.connect(settings.url, name=name, max_reconnect_attempts=-1)
+        nc = await nats.connect(
+            settings.url, name=name, max_reconnect_attempts=-1, **_auth(settings)
+        )
         bus = cls(nc, settings)
         try:
             await bus.ensure_streams()
@@ -255,6 +260,10 @@ class Bus:
         except EventParseError as exc:
             await self._dead_letter(consumer, msg, f"unparseable event: {exc}")
             return None
+        forged = forged_because(envelope.type, envelope.source)
+        if forged is not None:
+            await self._dead_letter(consumer, msg, f"forged event: {forged}")
+            return None
         return msg, Delivery(envelope, msg.headers or {})
 
     async def _handle_all(
@@ -313,6 +322,15 @@ class Bus:
         )
         await msg.term()
         log.error("%s: dead-lettered message %d from %s: %s", consumer, seq, msg.subject, reason)
+
+
+def _auth(settings: NatsSettings) -> dict[str, str]:
+    """Connect options for the settings' user: its password and its own inbox prefix (a user
+    may subscribe only to ``_INBOX.<user>.>``, so no one reads another's replies)."""
+    if settings.user is None:
+        return {}
+    password = settings.password.get_secret_value() if settings.password is not None else ""
+    return {"user": settings.user, "password": password, "inbox_prefix": f"_INBOX.{settings.user}"}
 
 
 def _attrs(envelope: Envelope[Payload]) -> dict[str, str]:

@@ -9,6 +9,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from pydantic import SecretStr
 
 from services.billing.config import Settings
 from services.billing.handlers import BillingHandlers
@@ -17,6 +18,7 @@ from shared.bus import Bus
 from shared.db import migrate, open_pool
 from shared.events import Envelope, Payload, nats_subject, parse_envelope
 from shared.events.payloads import AllocationReleased, CostRecorded
+from shared.events.trust import owner
 from shared.inbox import idempotent
 from shared.outbox import OutboxRelay
 from shared.settings import DatabaseSettings, NatsSettings
@@ -40,7 +42,12 @@ async def until(done: Callable[[], Any], timeout: float = WAIT_S) -> None:
 async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
     async with open_pool(DatabaseSettings(url=database_url), NAME) as p:
         await migrate(p, NAME, MIGRATIONS)
-        await seed_prices(p, Settings(prices={"cpu": 0.10, "a100": 2.50}, currency="USD"))
+        await seed_prices(
+            p,
+            Settings(
+                prices={"cpu": 0.10, "a100": 2.50}, currency="USD", admin_token=SecretStr("t")
+            ),
+        )
         yield p
 
 
@@ -55,7 +62,7 @@ class Billing:
     async def send(self, released: AllocationReleased) -> Envelope[Payload]:
         """Publish and wait until billing has handled it."""
         payload: Payload = released
-        envelope = Envelope.wrap(payload, source="test", subject=released.job_id)
+        envelope = Envelope.wrap(payload, source=owner(payload), subject=released.job_id)
         await self.bus.publish(envelope)
         await self.processed(envelope)
         return envelope

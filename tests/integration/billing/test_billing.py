@@ -16,6 +16,7 @@ from services.billing.service import seed_prices
 from shared.bus import REASON_HEADER
 from shared.events import Envelope, Payload
 from shared.events.payloads import AllocationReleased
+from shared.events.trust import owner
 from tests.integration.billing.conftest import Billing, until
 
 pytestmark = pytest.mark.integration
@@ -90,7 +91,7 @@ async def test_duplicate_release_is_billed_once(billing: Billing) -> None:
 
 async def test_unknown_flavor_is_dead_lettered_with_the_reason(billing: Billing) -> None:
     payload: Payload = released("alloc-9", flavor="tpu")
-    bad = Envelope.wrap(payload, source="test", subject="job-9")
+    bad = Envelope.wrap(payload, source=owner(payload), subject="job-9")
     await billing.bus.publish(bad)
     await billing.send(released("alloc-10"))  # consumption goes on behind it
 
@@ -115,7 +116,10 @@ async def test_unknown_flavor_is_dead_lettered_with_the_reason(billing: Billing)
 
 
 async def test_prices_are_upserted_from_settings(pool: asyncpg.Pool) -> None:
-    await seed_prices(pool, Settings(prices={"cpu": 0.12, "h200": 5.5}, currency="USD"))
+    await seed_prices(
+        pool,
+        Settings(prices={"cpu": 0.12, "h200": 5.5}, currency="USD", admin_token=SecretStr("t")),
+    )
     rows = await pool.fetch("SELECT flavor, price_per_gpu_hour FROM price_book ORDER BY flavor")
     assert [(r["flavor"], r["price_per_gpu_hour"]) for r in rows] == [
         ("a100", Decimal("2.5")),  # not listed any more: kept

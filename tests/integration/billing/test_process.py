@@ -18,6 +18,7 @@ from deploy.local.ports import free_port
 from shared.bus import Bus
 from shared.events import Envelope, parse_envelope
 from shared.events.payloads import AllocationReleased, CostRecorded
+from shared.events.trust import owner
 from shared.settings import NatsSettings
 from tests.integration.billing.conftest import until
 
@@ -36,6 +37,7 @@ async def test_process_bills_with_configured_prices(
         "TRAINYARD_NATS_URL": nats_settings.url,
         "TRAINYARD_BILLING_PORT": str(port),
         "TRAINYARD_BILLING_PRICES": json.dumps({"h100": 4.2}),
+        "TRAINYARD_BILLING_ADMIN_TOKEN": "op-token",
     }
     log_path = tmp_path / "billing.log"
     with log_path.open("wb") as log:
@@ -75,11 +77,17 @@ async def test_process_bills_with_configured_prices(
                     released_at=start + timedelta(minutes=15),
                     outcome="succeeded",
                 )
-                await bus.publish(Envelope.wrap(released, source="test", subject="j1"))
+                await bus.publish(Envelope.wrap(released, source=owner(released), subject="j1"))
                 await until(lambda: bool(costs))
             assert costs[0].cost == pytest.approx(8.4)  # 8 GPUs x 0.25 h x 4.2
 
-            body = (await http.get("/v1/usage", params={"team": "nlp"})).json()
+            body = (
+                await http.get(
+                    "/v1/usage",
+                    params={"team": "nlp"},
+                    headers={"Authorization": "Bearer op-token"},
+                )
+            ).json()
             assert [(j["job_id"], Decimal(j["cost"])) for j in body["jobs"]] == [
                 ("j1", Decimal("8.4"))
             ]

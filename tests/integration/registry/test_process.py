@@ -15,6 +15,7 @@ import pytest
 from deploy.local.ports import free_port
 from shared.bus import Bus
 from shared.events import Envelope, Payload
+from shared.events.trust import owner
 from shared.settings import NatsSettings
 from tests.integration.registry.conftest import EventLog
 from tests.integration.registry.test_registry import ref, spec, started, succeeded
@@ -32,6 +33,7 @@ async def test_the_registry_process_registers_and_serves_a_version(
         **os.environ,
         "TRAINYARD_DATABASE_URL": database_url,
         "TRAINYARD_NATS_URL": nats_settings.url,
+        "TRAINYARD_REGISTRY_ADMIN_TOKEN": "op-token",
     }
     log_path = tmp_path / "registry.log"
     with log_path.open("wb") as log:
@@ -63,13 +65,18 @@ async def test_the_registry_process_registers_and_serves_a_version(
                 started(job, "alloc-1", 0, spec("proc")),
                 succeeded(job, "alloc-1", ref(job, 4)),
             ):
-                envelope: Envelope[Payload] = Envelope.wrap(payload, source="t", subject=job)
+                envelope: Envelope[Payload] = Envelope.wrap(
+                    payload, source=owner(payload), subject=job
+                )
                 await bus.publish(envelope)
             await events.wait_for(
                 lambda: [e for e in events.events if e.type.startswith("trainyard.model.")],
                 what="model.registered",
             )
-            detail = await http.get("/v1/models/vision/proc/versions/1")
+            detail = await http.get(
+                "/v1/models/vision/proc/versions/1",
+                headers={"Authorization": "Bearer op-token"},
+            )
             assert detail.status_code == 200, detail.text
             assert detail.json()["lineage"]["job_id"] == job
     finally:

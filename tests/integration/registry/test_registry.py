@@ -25,6 +25,7 @@ from shared.events.payloads import (
     JobSucceeded,
     ModelRegistered,
 )
+from shared.events.trust import RUNNER, owner
 from shared.inbox import idempotent
 from tests.integration.registry.conftest import EventLog
 
@@ -110,7 +111,7 @@ def client_of(app: Litestar) -> httpx.AsyncClient:
 
 
 async def publish(bus: Bus, payload: Payload, subject: str) -> None:
-    await bus.publish(Envelope.wrap(payload, source="test", subject=subject))
+    await bus.publish(Envelope.wrap(payload, source=owner(payload), subject=subject))
 
 
 def registered(events: EventLog, job_id: str) -> list[ModelRegistered]:
@@ -165,7 +166,8 @@ async def test_a_preempted_then_succeeded_job_is_one_version_with_its_full_linea
     assert len(await version_rows(pool, job)) == 1
 
     # The same through the read API.
-    async with client_of(create_app(pool, None, [])) as client:
+    async with client_of(create_app(pool, SecretStr("s3cret"), [])) as client:
+        client.headers["Authorization"] = "Bearer s3cret"
         listing = await client.get("/v1/models/vision/digits/versions")
         assert listing.status_code == 200
         assert [v["version"] for v in listing.json()["versions"]] == [1]
@@ -187,7 +189,7 @@ async def test_a_redelivered_success_registers_once(
     job = f"job-{uuid.uuid4().hex[:8]}"
     await publish(bus, started(job, "alloc-1", 0, spec()), job)
     success: Envelope[Payload] = Envelope.wrap(
-        succeeded(job, "alloc-1", ref(job, 10)), source="t", subject=job
+        succeeded(job, "alloc-1", ref(job, 10)), source=RUNNER, subject=job
     )
     await bus.publish(success)
     await wait_registered(events, job)
@@ -292,11 +294,11 @@ async def test_concurrent_registrations_of_one_model_take_turns(pool: asyncpg.Po
     jobs = [f"job-{uuid.uuid4().hex[:8]}" for _ in range(6)]
     for job in jobs:
         await handle(
-            Envelope.wrap(started(job, f"a-{job}", 0, spec("race")), source="t", subject=job)
+            Envelope.wrap(started(job, f"a-{job}", 0, spec("race")), source=RUNNER, subject=job)
         )
 
     def success(job: str) -> Envelope[Payload]:
-        return Envelope.wrap(succeeded(job, f"a-{job}", ref(job, 1)), source="t", subject=job)
+        return Envelope.wrap(succeeded(job, f"a-{job}", ref(job, 1)), source=RUNNER, subject=job)
 
     await handle(success(jobs[0]))
     await asyncio.gather(*(handle(success(job)) for job in jobs[1:]))

@@ -19,6 +19,7 @@ import pytest
 from nats.js import api
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
+from pydantic import SecretStr
 
 from services.runner import handlers
 from services.runner.agent import NodeAgent
@@ -27,6 +28,7 @@ from services.runner.gpus import virtual_inventory
 from shared.bus import Bus
 from shared.events import Envelope, Payload, nats_subject, parse_envelope
 from shared.events.payloads import AllocationGranted, AllocationRevoked, CodeBundle, JobSpec
+from shared.events.trust import owner
 from shared.settings import NatsSettings, StorageSettings
 from shared.storage import ObjectStore, open_store
 from trainyard.bundle import pack
@@ -244,6 +246,7 @@ def settings(
         drain_timeout_seconds=5,
         nats=nats_settings,
         storage=storage,
+        admin_token=SecretStr("op-token"),
     )
 
 
@@ -339,4 +342,4 @@ def grant(
 
 
 async def publish(bus: Bus, payload: Payload, subject: str) -> None:
-    await bus.publish(Envelope.wrap(payload, source="test", subject=subject))
+    await bus.publish(Envelope.wrap(payload, source=owner(payload), subject=subject))

@@ -34,6 +34,7 @@ async def test_sigterm_drains_the_jobs_and_reports_them_preempted(
         "TRAINYARD_RUNNER_CODE_DIR": str(settings.code_dir),
         "TRAINYARD_RUNNER_HEARTBEAT_INTERVAL_SECONDS": "0.2",
         "TRAINYARD_RUNNER_DRAIN_TIMEOUT_SECONDS": "10",
+        "TRAINYARD_RUNNER_ADMIN_TOKEN": "op-token",
     }
     runner = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -57,7 +58,9 @@ async def test_sigterm_drains_the_jobs_and_reports_them_preempted(
         await events.first(JobProgress, allocation.job_id)
 
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-            node = (await client.get("/v1/node")).json()
+            assert (await client.get("/v1/node")).status_code == 401
+            auth = {"Authorization": "Bearer op-token"}
+            node = (await client.get("/v1/node", headers=auth)).json()
             assert (await client.get("/healthz")).status_code == 200
         assert node["node_id"] == settings.node_id
         assert [r["allocation_id"] for r in node["running"]] == [allocation.allocation_id]

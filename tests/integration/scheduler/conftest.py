@@ -20,6 +20,7 @@ from shared.bus import Bus
 from shared.db import migrate, open_pool
 from shared.events import Envelope, Payload, parse_envelope
 from shared.events.payloads import JobSpec, JobSubmitted, RunnerHeartbeat
+from shared.events.trust import owner
 from shared.outbox import OutboxRelay
 from shared.settings import DatabaseSettings, NatsSettings
 
@@ -40,7 +41,7 @@ class Scheduler:
         self.seen.append(parse_envelope(raw))
 
     async def publish(self, payload: Payload, subject: str) -> Envelope[Payload]:
-        envelope = Envelope.wrap(payload, source="test", subject=subject)
+        envelope = Envelope.wrap(payload, source=owner(payload), subject=subject)
         await self.bus.publish(envelope)
         return envelope
 

@@ -16,6 +16,7 @@ from deploy.local.ports import free_port
 from shared.bus import Bus
 from shared.events import Envelope, parse_envelope
 from shared.events.payloads import AllocationGranted, JobPending, JobSubmitted, RunnerHeartbeat
+from shared.events.trust import owner
 from shared.settings import NatsSettings
 from tests.integration.scheduler.conftest import make_spec, until
 
@@ -70,7 +71,9 @@ async def test_process_schedules_and_serves_the_queue(
                     (JobSubmitted(job_id="j1", spec=make_spec(gpus=2), submitted_at=now), "j1"),
                     (JobSubmitted(job_id="j2", spec=make_spec(gpus=1), submitted_at=now), "j2"),
                 ):
-                    await bus.publish(Envelope.wrap(payload, source="test", subject=subject))
+                    await bus.publish(
+                        Envelope.wrap(payload, source=owner(payload), subject=subject)
+                    )
                 await until(lambda: any(isinstance(e.data, JobPending) for e in seen))
                 assert any(
                     isinstance(e.data, AllocationGranted) and e.subject == "n1" for e in seen

@@ -32,6 +32,7 @@ from shared.bus import Bus
 from shared.db import open_pool
 from shared.events import Envelope, Payload, parse_envelope
 from shared.events.payloads import AllocationGranted, JobPending, JobSubmitted, RunnerHeartbeat
+from shared.events.trust import owner
 from shared.settings import DatabaseSettings, NatsSettings
 from tests.integration.scheduler.conftest import make_spec, until
 
@@ -171,7 +172,7 @@ async def test_the_follower_takes_over_and_nothing_is_lost_or_leased_twice(
         await bus.nats.subscribe("trainyard.>", cb=collect)
 
         async def publish(payload: Payload, subject: str) -> None:
-            await bus.publish(Envelope.wrap(payload, source="race-test", subject=subject))
+            await bus.publish(Envelope.wrap(payload, source=owner(payload), subject=subject))
 
         for n in range(1, 5):
             await publish(*heartbeat(f"n{n}"))

@@ -29,6 +29,7 @@ from shared.events.payloads import (
     RunnerHeartbeat,
 )
 from shared.events.payloads import Environment as RunEnvironment
+from shared.events.trust import owner
 from tests.integration.scheduler.conftest import Scheduler, make_spec, until
 
 pytestmark = pytest.mark.integration
@@ -448,7 +449,7 @@ async def test_a_batch_of_end_reports_applies_as_one_by_one(scheduler: Scheduler
     async with scheduler.pool.acquire() as conn, conn.transaction():
         await repo.lock_scheduler(conn)
         await scheduler.work.handlers.apply(
-            [Delivery(Envelope.wrap(p, source="test", subject=p.job_id)) for p in batch], conn
+            [Delivery(Envelope.wrap(p, source=owner(p), subject=p.job_id)) for p in batch], conn
         )
 
     rows = await scheduler.pool.fetch("SELECT job_id, status, attempt FROM jobs ORDER BY 1")

@@ -11,6 +11,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from shared.events import Envelope
 from shared.events.payloads import AllocationGranted, JobPending, JobSubmitted
+from shared.events.trust import owner
 from tests.integration.scheduler.conftest import Scheduler, make_spec, until
 
 pytestmark = pytest.mark.integration
@@ -44,7 +45,9 @@ async def test_grants_and_pending_notes_join_the_jobs_trace(
             job_id=job_id, spec=make_spec(gpus=1), submitted_at=datetime.now(UTC)
         )
         with trace.get_tracer("test").start_as_current_span(f"submit {job_id}") as root:
-            await scheduler.bus.publish(Envelope.wrap(submitted, source="test", subject=job_id))
+            await scheduler.bus.publish(
+                Envelope.wrap(submitted, source=owner(submitted), subject=job_id)
+            )
         roots[job_id] = root.get_span_context().trace_id
 
     await scheduler.wait_for(AllocationGranted)

@@ -19,6 +19,7 @@ from shared.bus import (
 )
 from shared.events import Envelope, Payload, nats_subject
 from shared.events.payloads import JobCancelRequested
+from shared.events.trust import SUBMISSION
 from shared.inbox import idempotent
 
 pytestmark = pytest.mark.integration
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.integration
 
 def _event(job_id: str) -> Envelope[JobCancelRequested]:
     return Envelope.wrap(
-        JobCancelRequested(job_id=job_id, team="t", user="u"), source="test", subject=job_id
+        JobCancelRequested(job_id=job_id, team="t", user="u"), source=SUBMISSION, subject=job_id
     )
 
 

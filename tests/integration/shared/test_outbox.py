@@ -10,6 +10,7 @@ import pytest
 from shared.bus import Bus
 from shared.events import Envelope
 from shared.events.payloads import JobCancelRequested
+from shared.events.trust import SUBMISSION
 from shared.outbox import OutboxRelay, enqueue
 
 pytestmark = pytest.mark.integration
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 def _event(job_id: str = "job-1") -> Envelope[JobCancelRequested]:
     return Envelope.wrap(
-        JobCancelRequested(job_id=job_id, team="t", user="u"), source="test", subject=job_id
+        JobCancelRequested(job_id=job_id, team="t", user="u"), source=SUBMISSION, subject=job_id
     )
 
 

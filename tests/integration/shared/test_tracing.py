@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from shared.bus import Bus
 from shared.events import Envelope, Payload, nats_subject
 from shared.events.payloads import JobCancelRequested
+from shared.events.trust import SUBMISSION
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +33,7 @@ async def test_consumer_span_continues_the_publishers_trace(
     bus: Bus, spans: InMemorySpanExporter
 ) -> None:
     event = Envelope.wrap(
-        JobCancelRequested(job_id="j", team="t", user="u"), source="test", subject="j"
+        JobCancelRequested(job_id="j", team="t", user="u"), source=SUBMISSION, subject="j"
     )
     with trace.get_tracer("test").start_as_current_span("client request") as root:
         await bus.publish(event)

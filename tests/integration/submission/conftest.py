@@ -27,6 +27,7 @@ from shared.bus import BatchHandler, Bus
 from shared.db import migrate, open_pool
 from shared.events import Envelope, Payload
 from shared.events.payloads import AllocationGranted
+from shared.events.trust import owner
 from shared.inbox import TransactionalHandler
 from shared.outbox import OutboxRelay
 from shared.settings import DatabaseSettings, NatsSettings, StorageSettings
@@ -92,15 +93,15 @@ class Submission:
         return body
 
     async def publish(
-        self, payload: Payload, subject: str | None = None, source: str = "test"
+        self, payload: Payload, subject: str | None = None, source: str | None = None
     ) -> Envelope[Payload]:
-        """Publish ``payload`` as ``source`` would (the scheduler's ``trainyard/scheduler``
-        is the one whose ``job.failed`` ends a job)."""
+        """Publish ``payload`` as ``source`` would (default: its owner; the scheduler's
+        ``trainyard/scheduler`` is the one whose ``job.failed`` ends a job)."""
         if subject is None:
             # Routing key: the node for grants, the job for everything else (docs/events.md).
             key = "node_id" if isinstance(payload, AllocationGranted) else "job_id"
             subject = str(getattr(payload, key))
-        envelope = Envelope.wrap(payload, source=source, subject=subject)
+        envelope = Envelope.wrap(payload, source=source or owner(payload), subject=subject)
         await self.bus.publish(envelope)
         return envelope
 

@@ -14,6 +14,7 @@ from services.submission.domain import SCHEDULER_SOURCE
 from shared.bus import BatchHandler, Bus, Delivery
 from shared.events import Envelope, Payload
 from shared.events.payloads import JobPending
+from shared.events.trust import owner
 from tests.integration.submission.conftest import Submission, eventually, running_submission
 from tests.unit.submission import factories as ev
 
@@ -211,7 +212,9 @@ async def test_a_redelivered_event_is_applied_once(
         settings, pool, bus, dispatch=count_applications, wrap=count_deliveries
     ) as submission:
         job = (await submission.submit())["id"]
-        envelope: Envelope[Any] = Envelope.wrap(ev.granted(job), source="test", subject="node-1")
+        envelope: Envelope[Any] = Envelope.wrap(
+            ev.granted(job), source=owner(ev.granted(job)), subject="node-1"
+        )
         await bus.publish(envelope)
         # The same event again under another Nats-Msg-Id, so JetStream keeps both: this is
         # what a redelivery after a lost ack looks like to the consumer.

@@ -20,6 +20,7 @@ from deploy.local.processes import ManagedProcess
 from shared.bus import Bus
 from shared.events import Envelope, Payload, nats_subject, parse_envelope
 from shared.events.payloads import AllocationGranted, JobSubmitted
+from shared.events.trust import owner
 from shared.settings import NatsSettings
 from tests.integration.submission.conftest import SPEC
 from tests.unit.submission import factories as ev
@@ -212,4 +213,4 @@ async def test_served_process_end_to_end_through_client_and_cli(
 
 def _envelope(payload: Payload) -> Envelope[Payload]:
     key = payload.node_id if isinstance(payload, AllocationGranted) else payload.job_id  # type: ignore[attr-defined]
-    return Envelope.wrap(payload, source="test", subject=key)
+    return Envelope.wrap(payload, source=owner(payload), subject=key)
