@@ -1,7 +1,8 @@
 """Command line of the embedded local stack: ``python -m deploy.local up|demo``.
 
 ``up``    starts the stack (``LocalStack``) in ``.trainyard/local`` (kept between runs unless
-          ``--fresh``), prints the service URLs and an admin token, and runs until Ctrl-C or
+          ``--fresh``), prints the service URLs, the operator token (new at every start) and
+          the first admin's token, and runs until Ctrl-C or
           SIGTERM; a service that dies meanwhile is reported with its log tail.
 ``demo``  starts a fresh stack in ``.trainyard/demo``, bootstraps an admin of team
           ``ml-research``, submits ``examples/digits.job.json`` for that team through
@@ -119,6 +120,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         _say(f"  database    {stack.database_url}")
         _say(f"  storage     {stack.storage_uri}")
         _say(f"  logs        {stack.log_dir}")
+        _say(f"  operator    token: {stack.admin_token}")
+        _say("              (Authorization: Bearer <token> on the scheduler, registry, billing")
+        _say("              and runner APIs, e.g.:")
+        _say(
+            f"              curl -H 'Authorization: Bearer {stack.admin_token}' "
+            f"{stack.service_urls['scheduler']}/v1/queue)"
+        )
         if token is not None:
             _say(f"  admin       {args.user} of team {args.team}, token: {token}")
             _say("\nFor the trainyard CLI:")

@@ -16,6 +16,10 @@ Layout under ``data_dir``: ``nats/`` (JetStream store), ``postgres/`` (PGDATA),
 ``objects/`` (file storage), ``runners/<node>/`` (runner work dirs) and
 ``logs/<name>.log`` for every process (``logs/postgres.log`` links to the server log).
 
+The stack makes one random operator token at construction (``admin_token``) and gives it to
+every service as ``TRAINYARD_<SERVICE>_ADMIN_TOKEN``: their operator endpoints (and the
+runner's ``/v1/node``) require ``Authorization: Bearer <admin_token>``.
+
 Every child gets this process's environment without any inherited ``TRAINYARD_*``
 variable, then the stack's settings (``env``: infrastructure plus ``extra_env``), then its
 own ``TRAINYARD_<SERVICE>_*`` settings; ``extra_env`` is applied last and so wins.
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -54,6 +59,10 @@ if TYPE_CHECKING:
 SERVICES: Final[tuple[str, ...]] = ("registry", "billing", "scheduler", "runner", "submission")
 """Start order (stop order is the reverse): the HTTP entry point last, so it is the last to
 come up and the first to stop taking work; runners stop while the scheduler still listens."""
+
+ADMIN_TOKEN_SERVICES: Final = frozenset({"registry", "billing", "scheduler", "runner"})
+"""The services with operator endpoints, which require ``TRAINYARD_<SERVICE>_ADMIN_TOKEN``
+(submission authenticates its users' tokens instead)."""
 
 RUNNER_NODE_ID: Final = "local-node-1"
 RUNNER_FLAVOR: Final = "cpu"
@@ -112,6 +121,8 @@ class LocalStack:
         self.shutdown_grace_s = shutdown_grace_s
         self.timings: dict[str, float] = {}
         """Seconds each component took to become ready, by name."""
+        self.admin_token = secrets.token_urlsafe(32)
+        """The operator token every service of this stack requires (see module docstring)."""
         self._progress = progress
         self._service_argv = service_argv or default_service_argv
         self._nats: NatsServer | None = None
@@ -389,6 +400,8 @@ class LocalStack:
             f"{prefix}HOST": LOOPBACK,
             f"{prefix}SHUTDOWN_GRACE_SECONDS": f"{self.shutdown_grace_s:g}",
         }
+        if kind in ADMIN_TOKEN_SERVICES:
+            env[f"{prefix}ADMIN_TOKEN"] = self.admin_token
         if kind == "runner":
             work_dir = self.data_dir / "runners" / node_id
             work_dir.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,8 @@
 """Billing's HTTP app: health, readiness and the operator's usage summary.
 
 ``GET /v1/usage?team=<team>`` sums GPU-seconds and cost per team, per user and per job (all
-teams without ``team``). It is an operator endpoint (see ``schemas``); when the
-``admin_token`` setting is set it requires ``Authorization: Bearer <admin_token>``.
+teams without ``team``). It is an operator endpoint (see ``schemas``): like every route but the probes it requires
+``Authorization: Bearer <admin_token>`` (``shared.operator_auth``).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from shared.operator_auth import admin_guard
 
 def create_app(
     pool: asyncpg.Pool,
-    admin_token: SecretStr | None,
+    admin_token: SecretStr,
     health_handlers: list[HTTPRouteHandler],
 ) -> Litestar:
-    @get("/v1/usage", guards=[admin_guard(admin_token)])
+    @get("/v1/usage")
     async def usage(
         team: Annotated[str | None, QueryParameter(description="only this team")] = None,
     ) -> UsageSummary:
@@ -41,4 +41,8 @@ def create_app(
                 await repo.usage_by_job(conn, team),
             )
 
-    return Litestar(route_handlers=[*health_handlers, usage], middleware=[tracing_middleware])
+    return Litestar(
+        route_handlers=[*health_handlers, usage],
+        guards=[admin_guard(admin_token)],
+        middleware=[tracing_middleware],
+    )

@@ -31,6 +31,7 @@ class Settings(ServiceSettings):
     allocations that end after it; recorded usage keeps the price it was billed at."""
     currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")
     """ISO 4217 currency of the prices above."""
-    admin_token: SecretStr | None = None
-    """When set, ``GET /v1/usage`` requires ``Authorization: Bearer <admin_token>``. Usage is
-    an operator endpoint (job ids, user and team names, spend): never expose it publicly."""
+    admin_token: SecretStr = Field(min_length=1)
+    """Required (the service refuses to start without it): every route but ``/healthz`` and
+    ``/readyz`` requires ``Authorization: Bearer <admin_token>``. Usage is an operator
+    endpoint (job ids, user and team names, spend): never hand the token to users."""

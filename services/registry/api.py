@@ -4,9 +4,9 @@
 - ``GET /v1/models/{team}/{name}/versions/{version}``: one version with its full lineage.
 
 Both answer 404 for an unknown model or version. These are operator endpoints for now: the
-caller's team is not checked yet (per-team access comes with submission's tokens), so when
-the ``admin_token`` setting is set they require ``Authorization: Bearer <admin_token>``, and
-without it they must not be exposed beyond the operators' network.
+caller's team is not checked yet (per-team access comes with submission's tokens), so like
+every route but the probes they require ``Authorization: Bearer <admin_token>``
+(``shared.operator_auth``).
 """
 
 from __future__ import annotations
@@ -25,11 +25,9 @@ from shared.operator_auth import admin_guard
 
 
 def create_app(
-    pool: asyncpg.Pool, admin_token: SecretStr | None, health_handlers: list[HTTPRouteHandler]
+    pool: asyncpg.Pool, admin_token: SecretStr, health_handlers: list[HTTPRouteHandler]
 ) -> Litestar:
-    guards = [admin_guard(admin_token)]
-
-    @get("/v1/models/{team:str}/{name:str}/versions", guards=guards)
+    @get("/v1/models/{team:str}/{name:str}/versions")
     async def list_versions(team: FromPath[str], name: FromPath[str]) -> VersionList:
         async with pool.acquire() as conn:
             versions = await repo.versions_of_model(conn, team, name)
@@ -39,7 +37,7 @@ def create_app(
             team=team, model=name, versions=[VersionSummary.from_domain(v) for v in versions]
         )
 
-    @get("/v1/models/{team:str}/{name:str}/versions/{version:int}", guards=guards)
+    @get("/v1/models/{team:str}/{name:str}/versions/{version:int}")
     async def get_version(
         team: FromPath[str], name: FromPath[str], version: FromPath[int]
     ) -> VersionDetail:
@@ -51,5 +49,6 @@ def create_app(
 
     return Litestar(
         route_handlers=[*health_handlers, list_versions, get_version],
+        guards=[admin_guard(admin_token)],
         middleware=[tracing_middleware],
     )

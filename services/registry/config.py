@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import SecretStr
+from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from shared.settings import ServiceSettings
@@ -15,6 +15,7 @@ class Settings(ServiceSettings):
 
     port: int = 8083
     """Port of the HTTP server (health, readiness, ``GET /v1/models/...``)."""
-    admin_token: SecretStr | None = None
-    """When set, the model endpoints require ``Authorization: Bearer <admin_token>``. They
-    do not check the caller's team yet: never expose them publicly."""
+    admin_token: SecretStr = Field(min_length=1)
+    """Required (the service refuses to start without it): every route but ``/healthz`` and
+    ``/readyz`` requires ``Authorization: Bearer <admin_token>``. The model endpoints do not
+    check the caller's team yet, so the token is for operators only."""

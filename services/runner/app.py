@@ -1,7 +1,8 @@
 """The runner's HTTP surface: health, readiness, and ``GET /v1/node`` for operators.
 
 ``/v1/node`` shows the node's GPUs and the jobs it runs now (job and allocation ids, pids):
-an operator endpoint without authentication yet, so never expose the port publicly.
+an operator endpoint. Like every route but the probes it requires
+``Authorization: Bearer <admin_token>`` (the ``admin_token`` setting; ``shared.operator_auth``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from litestar import Litestar, get
 
 from services.runner.agent import NodeAgent
 from shared.http_tracing import tracing_middleware
+from shared.operator_auth import admin_guard
 from shared.runtime import ServiceRuntime
 
 
@@ -37,5 +39,7 @@ def create_app(runtime: ServiceRuntime, agent: NodeAgent) -> Litestar:
         }
 
     return Litestar(
-        route_handlers=[*runtime.health_handlers(), node], middleware=[tracing_middleware]
+        route_handlers=[*runtime.health_handlers(), node],
+        guards=[admin_guard(agent.settings.admin_token)],
+        middleware=[tracing_middleware],
     )

@@ -2,9 +2,9 @@
 view and the admin API.
 
 Contract:
-- ``GET /v1/queue`` and every ``/v1/admin/...`` route are operator endpoints: when the
-  ``admin_token`` setting is set they require ``Authorization: Bearer <admin_token>`` (401
-  otherwise). Set it in production.
+- ``GET /v1/queue`` and every ``/v1/admin/...`` route are operator endpoints: like every
+  route but the probes they require ``Authorization: Bearer <admin_token>`` (401 otherwise;
+  ``shared.operator_auth``).
 - They read and write PostgreSQL directly, so they work on every replica, leader or not.
 - Admin routes: ``GET /v1/admin/flavors``, ``GET|PUT|DELETE /v1/admin/flavors/{name}``, and
   the same for ``cohorts``, ``queues`` and ``priority-classes``. ``PUT`` creates (201) or
@@ -26,7 +26,6 @@ import asyncpg
 from litestar import Litestar, Request, Response, Router, delete, get, put
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath
-from litestar.types import Guard
 from pydantic import SecretStr
 
 from services.scheduler import admin
@@ -57,7 +56,7 @@ def _created(view: Any, created: bool) -> Response[Any]:
     return Response(view, status_code=201 if created else 200)
 
 
-def admin_router(pool: asyncpg.Pool, guard: Guard) -> Router:
+def admin_router(pool: asyncpg.Pool) -> Router:
     @get("/flavors")
     async def list_flavors() -> list[FlavorView]:
         return await admin.list_flavors(pool)
@@ -125,7 +124,6 @@ def admin_router(pool: asyncpg.Pool, guard: Guard) -> Router:
 
     return Router(
         "/v1/admin",
-        guards=[guard],
         route_handlers=[
             list_flavors,
             get_flavor,
@@ -162,13 +160,12 @@ def readiness_handler(readiness: Readiness) -> HTTPRouteHandler:
 
 def create_app(
     pool: asyncpg.Pool,
-    admin_token: SecretStr | None,
+    admin_token: SecretStr,
     health_handlers: Sequence[HTTPRouteHandler] = (),
 ) -> Litestar:
     """The scheduler's app over ``pool`` with the given health routes (see the module)."""
-    guard = admin_guard(admin_token)
 
-    @get("/v1/queue", guards=[guard])
+    @get("/v1/queue")
     async def queue() -> QueueView:
         async with (
             pool.acquire() as conn,
@@ -183,7 +180,8 @@ def create_app(
             )
 
     return Litestar(
-        route_handlers=[*health_handlers, queue, admin_router(pool, guard)],
+        route_handlers=[*health_handlers, queue, admin_router(pool)],
+        guards=[admin_guard(admin_token)],
         middleware=[tracing_middleware],
         exception_handlers=exception_handlers({NotFound: 404, Conflict: 409}),
         debug=False,

@@ -53,10 +53,11 @@ class Settings(ServiceSettings):
     """Postgres ends the leader's lock session after this long without a query from it (a
     hung or partitioned leader), freeing the lock for a follower; 0 disables (PostgreSQL
     14+ only)."""
-    admin_token: SecretStr | None = None
-    """When set, ``GET /v1/queue`` and every ``/v1/admin/...`` route require
-    ``Authorization: Bearer <admin_token>``. Set it in production: without it anyone who
-    reaches the port can read the whole cluster's queue and change quotas."""
+    admin_token: SecretStr = Field(min_length=1)
+    """Required (the service refuses to start without it): ``GET /v1/queue``, every
+    ``/v1/admin/...`` route and anything else but ``/healthz`` and ``/readyz`` require
+    ``Authorization: Bearer <admin_token>``. Whoever holds it reads the whole cluster's
+    queue and changes quotas and priority classes."""
 
     @model_validator(mode="after")
     def _lock_session_stays_busy(self) -> Settings:

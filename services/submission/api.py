@@ -1,8 +1,9 @@
 """The HTTP API: ``create_app`` wires controllers, authentication and error shapes.
 
 Contract:
-- Every ``/v1`` route needs ``Authorization: Bearer <token>``; without a valid one the answer
-  is 401 before anything else is looked at.
+- Every route but ``/healthz`` and ``/readyz`` (the ``/v1`` API and the OpenAPI schema) needs
+  ``Authorization: Bearer <token>`` of a user; without a valid one the answer is 401 before
+  anything else is looked at (an app-level guard, so a new route cannot be left open).
 - Every error is JSON ``{"detail": ..., "errors": [{"field": ..., "message": ...}]}``
   (``shared.http_errors``): 422 for invalid input (every bad field named, nothing stored),
   401/403/404/409 as usual, 413 for a bundle over the limit, and 500 with a generic message
@@ -22,11 +23,13 @@ from typing import Annotated, Any
 
 import asyncpg
 from litestar import Litestar, Request, Response, Router, get, head, post, put
+from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency, Provide
 from litestar.exceptions import HTTPException, NotAuthorizedException
-from litestar.handlers import HTTPRouteHandler
+from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
 from litestar.openapi import OpenAPIConfig
 from litestar.params import FromPath, FromQuery, HeaderParameter, QueryParameter
+from litestar.types import Guard
 
 from services.submission import commands
 from services.submission.commands import Caller, Conflict, Forbidden, NotFound
@@ -47,6 +50,7 @@ from shared.auth import bearer_token
 from shared.events.payloads import BUNDLE_SHA256_PATTERN
 from shared.http_errors import RequestInvalid, exception_handlers, parse_body
 from shared.http_tracing import tracing_middleware
+from shared.operator_auth import is_open_probe
 from shared.storage import ObjectStore
 
 Pool = NamedDependency[asyncpg.Pool]
@@ -178,13 +182,33 @@ def _too_large(limit: int) -> HTTPException:
 # --- authentication --------------------------------------------------------------------
 
 
-async def resolve_caller(request: AnyRequest, pool: Pool) -> Caller:
-    token = bearer_token(request.headers.get("authorization"))
-    if token is None:
+def caller_guard(pool: asyncpg.Pool) -> Guard:
+    """The app-level guard: every route but the probes (``shared.operator_auth.OPEN_PATHS``),
+    the OpenAPI schema included, needs a valid user token; the caller is kept for
+    ``resolve_caller``."""
+
+    async def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+        if is_open_probe(connection):
+            return
+        token = bearer_token(connection.headers.get("authorization"))
+        if token is None:
+            raise NotAuthorizedException("missing bearer token (Authorization: Bearer <token>)")
+        caller = await commands.authenticate(pool, token)
+        if caller is None:
+            raise NotAuthorizedException("invalid or revoked token")
+        connection.state[_CALLER] = caller
+
+    return guard
+
+
+_CALLER = "trainyard_caller"
+
+
+def resolve_caller(request: AnyRequest) -> Caller:
+    """The caller ``caller_guard`` authenticated (it runs before any handler)."""
+    caller = request.state.get(_CALLER)
+    if not isinstance(caller, Caller):
         raise NotAuthorizedException("missing bearer token (Authorization: Bearer <token>)")
-    caller = await commands.authenticate(pool, token)
-    if caller is None:
-        raise NotAuthorizedException("invalid or revoked token")
     return caller
 
 
@@ -217,10 +241,11 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
             bundle_stored,
             upload_bundle,
         ],
-        dependencies={"caller": Provide(resolve_caller)},
+        dependencies={"caller": Provide(resolve_caller, sync_to_thread=False)},
     )
     return Litestar(
         route_handlers=[*deps.health_handlers, v1],
+        guards=[caller_guard(deps.pool)],
         dependencies={
             "pool": Provide(provide_pool, sync_to_thread=False),
             "settings": Provide(provide_settings, sync_to_thread=False),

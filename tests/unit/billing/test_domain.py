@@ -22,6 +22,12 @@ from shared.events.payloads import AllocationReleased
 T0 = datetime(2025, 3, 1, 8, 0, tzinfo=UTC)
 
 
+@pytest.fixture(autouse=True)
+def _admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator token is a required setting (``shared.operator_auth``)."""
+    monkeypatch.setenv("TRAINYARD_BILLING_ADMIN_TOKEN", "op-token")
+
+
 def test_duration_is_exact_to_the_microsecond() -> None:
     end = T0 + timedelta(days=2, seconds=7, microseconds=1)
     assert duration_seconds(T0, end) == Decimal("172807.000001")

@@ -9,6 +9,12 @@ from services.runner.__main__ import main
 from services.runner.config import Settings, default_node_id
 
 
+@pytest.fixture(autouse=True)
+def _admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator token is a required setting (``shared.operator_auth``)."""
+    monkeypatch.setenv("TRAINYARD_RUNNER_ADMIN_TOKEN", "op-token")
+
+
 @pytest.mark.parametrize(
     ("hostname", "node_id"),
     [

@@ -9,6 +9,12 @@ from services.scheduler.config import Settings
 from services.scheduler.service import tuning_from
 
 
+@pytest.fixture(autouse=True)
+def _admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator token is a required setting (``shared.operator_auth``)."""
+    monkeypatch.setenv("TRAINYARD_SCHEDULER_ADMIN_TOKEN", "op-token")
+
+
 def test_defaults_become_the_policys_tunables() -> None:
     tuning = tuning_from(Settings())
     assert tuning.preemption_grace_s == 300.0
