@@ -10,11 +10,18 @@ Contract:
 - A service's own exceptions answer the status it maps them to, their message as the detail.
 - Anything else, and every 5xx, is ``internal error``: the traceback goes to the log, never
   to the user.
+- ``check_json`` screens a JSON body before any model sees it: UTF-8, well formed, no
+  duplicate keys, bounded nesting, numbers that fit 64 bits or a finite double, and no
+  control characters (nor lone surrogates) in any key or string, except tab, newline and
+  carriage return in the strings a caller names as free text. Each problem is a 422 naming
+  its field.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -103,6 +110,130 @@ def _message(kind: str, message: str) -> str:
     if kind == "model_type":
         return "must be a JSON object"
     return message.removeprefix("Value error, ")
+
+
+# --- screening raw JSON -----------------------------------------------------------------------
+
+MAX_JSON_DEPTH = 16
+"""How deeply a request body may nest objects and arrays."""
+_INT64 = 2**63
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_CONTROL_BUT_WHITESPACE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+class _Bad:
+    """A value ``json.loads`` produced that no body may hold (the walk names its field)."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+class _Object(dict[str, Any]):
+    duplicates: list[str]
+
+
+def _object(pairs: list[tuple[str, Any]]) -> _Object:
+    obj = _Object(pairs)
+    obj.duplicates = [] if len(obj) == len(pairs) else _repeated([k for k, _ in pairs])
+    return obj
+
+
+def _repeated(keys: list[str]) -> list[str]:
+    seen: set[str] = set()
+    return [k for k in keys if k in seen or seen.add(k)]  # type: ignore[func-returns-value]
+
+
+def _int(text: str) -> int | _Bad:
+    if len(text.lstrip("-")) > 19:  # before int(): Python refuses to parse very long ints
+        return _Bad("number too large (at most 64-bit integers)")
+    return int(text)
+
+
+def _constant(text: str) -> _Bad:
+    return _Bad(f"{text} is not JSON; must be a finite number")
+
+
+def check_json(
+    body: bytes, free_text: Callable[[str], bool] = lambda _: False, max_depth: int = MAX_JSON_DEPTH
+) -> Any:
+    """The parsed ``body``, or ``RequestInvalid`` naming each field that breaks the module's
+    rules (see the contract). ``free_text(path)`` says whether the string at ``path`` may hold
+    tab, newline and carriage return."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestInvalid.one("body", f"must be UTF-8 encoded JSON ({exc.reason})") from None
+    try:
+        value = json.loads(
+            text, object_pairs_hook=_object, parse_int=_int, parse_constant=_constant
+        )
+    except json.JSONDecodeError as exc:
+        message = f"invalid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+        raise RequestInvalid.one("body", message) from None
+    except RecursionError:
+        raise RequestInvalid.one(
+            "body", f"nested too deeply (at most {max_depth} levels)"
+        ) from None
+    except ValueError as exc:
+        raise RequestInvalid.one("body", f"invalid JSON: {exc}") from None
+    errors = _screen(value, free_text, max_depth)
+    if errors:
+        raise RequestInvalid(errors)
+    return value
+
+
+def _screen(value: Any, free_text: Callable[[str], bool], max_depth: int) -> list[FieldError]:
+    errors: list[FieldError] = []
+    stack: list[tuple[str, Any, int]] = [("", value, 0)]
+    while stack:
+        path, item, depth = stack.pop()
+        where = path or "body"
+        if isinstance(item, dict | list) and depth >= max_depth:
+            errors.append(
+                FieldError(field=where, message=f"nested too deeply (at most {max_depth} levels)")
+            )
+            continue
+        if isinstance(item, _Object):
+            for key in item.duplicates:
+                errors.append(FieldError(field=_join(path, key), message="duplicate key"))
+            children = []
+            for key, child in item.items():
+                if _CONTROL.search(key):
+                    message = "field name must not contain control characters"
+                    errors.append(FieldError(field=_join(path, key), message=message))
+                    continue
+                children.append((_join(path, key), child, depth + 1))
+            stack.extend(reversed(children))
+        elif isinstance(item, list):
+            stack.extend(reversed([(f"{path}[{i}]", c, depth + 1) for i, c in enumerate(item)]))
+        elif isinstance(item, _Bad):
+            errors.append(FieldError(field=where, message=item.message))
+        elif isinstance(item, str):
+            allowed = "tab, newline and carriage return only" if free_text(path) else "none"
+            pattern = _CONTROL_BUT_WHITESPACE if free_text(path) else _CONTROL
+            found = pattern.search(item)
+            if found:
+                message = (
+                    f"must not contain control characters (found U+{ord(found.group()):04X}; "
+                    f"allowed: {allowed})"
+                )
+                errors.append(FieldError(field=where, message=message))
+        elif isinstance(item, bool):
+            pass
+        elif isinstance(item, int) and not -_INT64 <= item < _INT64:
+            errors.append(
+                FieldError(field=where, message="number too large (at most 64-bit integers)")
+            )
+        elif isinstance(item, float) and not math.isfinite(item):
+            errors.append(
+                FieldError(field=where, message="number too large (must be a finite double)")
+            )
+    return errors
+
+
+def _join(path: str, key: str) -> str:
+    shown = _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", key)
+    return f"{path}.{shown}" if path else shown
 
 
 # --- exception handlers -----------------------------------------------------------------------

@@ -8,6 +8,13 @@ Contract:
   (``shared.http_errors``): 422 for invalid input (every bad field named, nothing stored),
   401/403/404/409 as usual, 413 for a bundle over the limit, and 500 with a generic message
   (the traceback goes to the log, never to the user).
+- JSON bodies (``POST /v1/jobs``, ``POST /v1/admin/users``) are limited before they are
+  read: 415 unless ``Content-Type: application/json`` (UTF-8), 413 over
+  ``JSON_BODY_MAX_BYTES``; then ``shared.http_errors.check_json`` refuses (422, naming the
+  field) invalid UTF-8, duplicate keys, deep nesting, numbers beyond 64 bits or a double,
+  and control characters in any key or string (tab, newline and carriage return are allowed
+  only in the free text of ``args``, ``command`` and hyperparameter values). The bundle
+  upload has its own limit (``bundle_max_bytes``).
 - Code bundles are per team: ``HEAD /v1/bundles/{sha256}`` answers 200 when the caller's
   team has uploaded it, else 404; ``PUT /v1/bundles/{sha256}`` stores the body after
   checking that its sha256 is the one in the path (201 created, 200 already there).
@@ -48,7 +55,7 @@ from services.submission.schemas import (
 )
 from shared.auth import bearer_token
 from shared.events.payloads import BUNDLE_SHA256_PATTERN
-from shared.http_errors import RequestInvalid, exception_handlers, parse_body
+from shared.http_errors import RequestInvalid, check_json, exception_handlers, parse_body
 from shared.http_tracing import tracing_middleware
 from shared.operator_auth import is_open_probe
 from shared.storage import ObjectStore
@@ -61,6 +68,12 @@ AnyRequest = Request[Any, Any, Any]
 IdempotencyKey = Annotated[str | None, HeaderParameter(name="Idempotency-Key")]
 Limit = Annotated[int, QueryParameter(ge=1, le=500)]
 LogLimit = Annotated[int, QueryParameter(ge=1, le=100)]
+
+JSON_BODY_MAX_BYTES = 64 * 1024
+"""The largest JSON body accepted (a job spec is a few KB; the event that carries it must
+stay well under the bus's 1 MiB message limit)."""
+_JOB_FREE_TEXT = re.compile(r"(?:args|command)\[\d+\]|hyperparameters\..+")
+"""Where a job spec may hold tab, newline and carriage return."""
 
 
 @dataclass(frozen=True)
@@ -76,13 +89,13 @@ class AppDeps:
 # --- controllers ---------------------------------------------------------------------
 
 
-@post("/admin/users", status_code=201)
+@post("/admin/users", status_code=201, request_max_body_size=None)
 async def create_user(request: AnyRequest, pool: Pool, caller: Me) -> UserCreated:
-    body = parse_body(CreateUserRequest, await request.body())
+    body = parse_body(CreateUserRequest, await json_body(request))
     return await commands.create_user(pool, caller, body)
 
 
-@post("/jobs")
+@post("/jobs", request_max_body_size=None)
 async def submit_job(
     request: AnyRequest,
     pool: Pool,
@@ -91,7 +104,7 @@ async def submit_job(
     settings: Config,
     key: IdempotencyKey = None,
 ) -> Response[JobView]:
-    job = parse_job_request(await request.body(), settings.flavors)
+    job = parse_job_request(await json_body(request, _JOB_FREE_TEXT), settings.flavors)
     key = parse_idempotency_key(key)
     view, created = await commands.submit_job(pool, objects, caller, job, key)
     location = {"Location": f"/v1/jobs/{view.id}"}
@@ -127,6 +140,41 @@ async def job_logs(
 ) -> LogPage:
     return await commands.job_logs(
         pool, objects, caller, job_id, after, limit, settings.log_page_max_bytes
+    )
+
+
+async def json_body(request: AnyRequest, free_text: re.Pattern[str] | None = None) -> bytes:
+    """The body of a JSON request, read up to ``JSON_BODY_MAX_BYTES`` and screened by
+    ``check_json`` (``free_text``: the paths whose strings may hold tab, newline, CR)."""
+    media, _, params = request.headers.get("content-type", "").partition(";")
+    charset = re.search(r"charset\s*=\s*\"?([^\";\s]+)", params, re.IGNORECASE)
+    if media.strip().lower() != "application/json" or (
+        charset is not None and charset.group(1).lower() not in ("utf-8", "utf8")
+    ):
+        raise HTTPException(
+            status_code=415,
+            detail="unsupported media type: send the body as JSON with "
+            "Content-Type: application/json (UTF-8)",
+        )
+    limit = JSON_BODY_MAX_BYTES
+    announced = request.headers.get("content-length", "")
+    if announced.isdigit() and int(announced) > limit:
+        raise _body_too_large(limit)
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > limit:
+            raise _body_too_large(limit)
+    body = bytes(data)
+    check_json(body, free_text=lambda path: bool(free_text and free_text.fullmatch(path)))
+    return body
+
+
+def _body_too_large(limit: int) -> HTTPException:
+    return HTTPException(
+        status_code=413,
+        detail=f"request body too large: this endpoint accepts at most {limit} bytes "
+        f"({limit // 1024} KiB) of JSON",
     )
 
 

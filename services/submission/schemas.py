@@ -201,9 +201,15 @@ Requirement = Annotated[str, Field(min_length=1, max_length=200), AfterValidator
 Image = Annotated[str, Field(min_length=1, max_length=300), AfterValidator(_image)]
 
 
+HYPER_STR_MAX = 10_000
+"""The longest hyperparameter string (a job's whole body is limited too: ``api``)."""
+
+
 def _hyper_value(value: object) -> HyperValue:
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError("must be a finite number")
+    if isinstance(value, str) and len(value) > HYPER_STR_MAX:
+        raise ValueError(f"must be at most {HYPER_STR_MAX} characters")
     if isinstance(value, bool | int | float | str):
         return value
     raise ValueError("must be a number, a string or a boolean")
