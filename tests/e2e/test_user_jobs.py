@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
 from deploy.local.stack import RUNNER_NODE_ID, LocalStack
 from services.runner.config import Settings as RunnerSettings
@@ -245,7 +246,7 @@ def test_a_runner_killed_mid_training_leaves_no_process_and_the_job_resumes_exac
     while not client.get_job(job_id)["checkpoints"]:
         assert time.monotonic() < deadline, "no checkpoint within 120 s"
         time.sleep(0.5)
-    uids = RunnerSettings(node_id=RUNNER_NODE_ID).job_uids
+    uids = RunnerSettings(node_id=RUNNER_NODE_ID, admin_token=SecretStr(stack.admin_token)).job_uids
     assert leftover_processes(uids, []), "the job runs as a job user"
     stack.kill_service("runner")
     deadline = time.monotonic() + 10
