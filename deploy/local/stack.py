@@ -12,7 +12,7 @@ Ctrl-C: services get SIGTERM and ``shutdown_grace_s`` to drain (passed to them a
 ``TRAINYARD_<SERVICE>_SHUTDOWN_GRACE_SECONDS``; the runner's jobs get three quarters of it
 as ``TRAINYARD_RUNNER_DRAIN_TIMEOUT_SECONDS``), and SIGKILL 5 s after that.
 
-Layout under ``data_dir``: ``nats/`` (JetStream store), ``postgres/`` (PGDATA),
+Layout under ``data_dir``: ``nats/`` (JetStream store and ``nats.conf``), ``postgres/`` (PGDATA),
 ``objects/`` (file storage), ``runners/<node>/`` (runner work dirs) and
 ``logs/<name>.log`` for every process (``logs/postgres.log`` links to the server log).
 
@@ -30,6 +30,11 @@ tests replace it with stand-ins, and ``bootstrap_admin`` appends its sub-command
 Fault tests use ``stop_service``/``kill_service``/``start_service`` (a restarted service
 keeps its port) and ``add_runner`` for a second node; ``check_alive`` raises when a
 service died on its own.
+
+NATS lets in only its users: the stack makes one per service (one per runner node, also for
+``add_runner``) with a random password and the permissions of
+``deploy.local.nats.service_permissions``, and gives each service process only its own as
+``TRAINYARD_NATS_USER``/``TRAINYARD_NATS_PASSWORD``; ``nats_url`` has no credentials.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, Literal
 
-from deploy.local.nats import NatsServer
+from deploy.local.nats import NatsServer, NatsUser, service_user, service_user_name
 from deploy.local.ports import LOOPBACK, free_port
 from deploy.local.postgres import PostgresServer
 from deploy.local.processes import ManagedProcess, ProcessFailedError, Supervisor, read_log_tail
@@ -133,6 +138,7 @@ class LocalStack:
         self._kinds: dict[str, str] = {}  # process name -> service package
         self._own_env: dict[str, dict[str, str]] = {}  # process name -> its own settings
         self._infra_env: dict[str, str] = {}
+        self._nats_users: dict[str, NatsUser] = {}  # user name -> user, one per service
         self._launched_at: dict[str, float] = {}
         self._exit_stack: contextlib.ExitStack | None = None
 
@@ -187,7 +193,20 @@ class LocalStack:
         self.data_dir.chmod(0o711)
         self.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
 
-        nats = NatsServer(self.data_dir / "nats", log_path=self.log_path("nats"))
+        # One user with a fresh random password per service (per runner node), each allowed
+        # only its own subjects; the configuration file is 0600 in the closed nats/ folder.
+        self._nats_users = {
+            user.name: user
+            for user in (
+                service_user(kind, RUNNER_NODE_ID if kind == "runner" else None)
+                for kind in SERVICES
+            )
+        }
+        nats = NatsServer(
+            self.data_dir / "nats",
+            log_path=self.log_path("nats"),
+            users=list(self._nats_users.values()),
+        )
         exit_stack.callback(nats.stop)
         self._nats = nats
         self._timed("nats", nats.start)
@@ -202,7 +221,7 @@ class LocalStack:
         self._say(f"postgres ready in {postgres.pgdata} ({self.timings['postgres']:.1f} s)")
 
         env = {
-            "TRAINYARD_NATS_URL": nats.url,
+            "TRAINYARD_NATS_URL": nats.address,
             "TRAINYARD_DATABASE_URL": postgres.dsn,
         }
         if self.storage == "s3":
@@ -260,7 +279,8 @@ class LocalStack:
 
     @property
     def nats_url(self) -> str:
-        return self.nats.url
+        """The NATS address, without credentials: each service has its own user."""
+        return self.nats.address
 
     @property
     def database_url(self) -> str:
@@ -418,7 +438,19 @@ class LocalStack:
                     "TRAINYARD_RUNNER_WORK_DIR": str(work_dir),
                 }
             )
+        env.update(self._nats_env(kind, node_id))
         return env
+
+    def _nats_env(self, kind: str, node_id: str) -> dict[str, str]:
+        """The service's own NATS user and password (a new runner node's user is added to
+        the running server first)."""
+        name = service_user_name(kind, node_id if kind == "runner" else None)
+        user = self._nats_users.get(name)
+        if user is None:
+            user = service_user(kind, node_id if kind == "runner" else None)
+            self.nats.add_user(user)
+            self._nats_users[name] = user
+        return {"TRAINYARD_NATS_USER": user.name, "TRAINYARD_NATS_PASSWORD": user.password}
 
     def _define_service(self, name: str, kind: str, own_env: dict[str, str]) -> None:
         if name in self._kinds:

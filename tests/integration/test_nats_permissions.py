@@ -1,0 +1,403 @@
+"""NATS lets in only its users, and each service only to its own subjects.
+
+The server is started the way the local stack starts it (``deploy.local.stack``): one user
+per service and per runner node from ``deploy.local.nats.service_user``, no admin. A denied
+publish or subscription does not raise in nats-py: the server answers ``-ERR 'Permissions
+Violation ...'``, which reaches the connection's error callback, and the message is dropped.
+A PING after it returns only once the server has read the operation, so after ``flush()``
+the verdict on everything sent before it is in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import nats
+import pytest
+from nats.aio.client import Client as NatsClient
+from nats.errors import Error as NatsError
+
+from deploy.local.nats import (
+    COMPOSE_USERS,
+    NatsServer,
+    NatsUser,
+    can_authenticate,
+    compose_config,
+    find_nats_binary,
+    password_variable,
+    service_user,
+    service_user_name,
+)
+from deploy.local.stack import RUNNER_NODE_ID, SERVICES
+from shared.bus import Bus, Reject
+from shared.events import Envelope, Payload, nats_subject
+from shared.events.payloads import (
+    AllocationGranted,
+    AllocationReleased,
+    AllocationRevoked,
+    CostRecorded,
+    JobSpec,
+    JobSubmitted,
+)
+from shared.settings import NatsSettings
+
+NODE_A = RUNNER_NODE_ID
+NODE_B = "local-node-2"
+NODE_X = "node-x"  # nobody's: what is published there is consumed by no test
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    users = [service_user(kind, NODE_A if kind == "runner" else None) for kind in SERVICES]
+    users.append(service_user("runner", NODE_B))
+    folder = tmp_path_factory.mktemp("nats-permissions")
+    with NatsServer(folder / "nats", log_path=folder / "nats.log", users=users) as running:
+        yield running
+
+
+def _user(server: NatsServer, kind: str, node_id: str | None = None) -> NatsUser:
+    name = service_user_name(kind, node_id)
+    return next(user for user in server.users if user.name == name)
+
+
+@dataclass
+class Session:
+    """A connection as one service, recording the permission violations the server reports."""
+
+    nc: NatsClient
+    violations: list[str] = field(default_factory=list)
+
+    async def _reported(
+        self, subject: str, action: Callable[[], Awaitable[object]], wait_s: float
+    ) -> bool:
+        """Whether the server reports a violation naming ``subject`` after ``action``. The
+        verdict usually comes before the PONG of a flush, but not always right after
+        connecting, so this waits ``wait_s`` for it."""
+        await action()
+        await self.nc.flush(timeout=5)
+        deadline = asyncio.get_running_loop().time() + wait_s
+        # nats-py lower-cases the server's error text.
+        while not any(f'"{subject.lower()}"' in v.lower() for v in self.violations):
+            if asyncio.get_running_loop().time() > deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    async def may_publish(self, subject: str) -> bool:
+        return not await self._reported(subject, lambda: self.nc.publish(subject, b"{}"), 0.3)
+
+    async def publish_denied(self, subject: str) -> bool:
+        return await self._reported(subject, lambda: self.nc.publish(subject, b"{}"), 3.0)
+
+    async def may_subscribe(self, subject: str) -> bool:
+        return not await self._reported(subject, lambda: self.nc.subscribe(subject), 0.3)
+
+    async def subscribe_denied(self, subject: str) -> bool:
+        return await self._reported(subject, lambda: self.nc.subscribe(subject), 3.0)
+
+    async def api_denied(self, subject: str, call: Callable[[], Awaitable[object]]) -> bool:
+        """A JetStream API request that is denied gets no answer (a timeout) and a report."""
+
+        async def expect_no_answer() -> None:
+            with pytest.raises((NatsError, asyncio.TimeoutError)):
+                await call()
+
+        return await self._reported(subject, expect_no_answer, 3.0)
+
+
+@contextlib.asynccontextmanager
+async def session(server: NatsServer, user: NatsUser) -> AsyncIterator[Session]:
+    violations: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        if "permissions violation" in str(exc).lower():
+            violations.append(str(exc))
+
+    nc = await nats.connect(
+        server.address,
+        user=user.name,
+        password=user.password,
+        inbox_prefix=f"_INBOX.{user.name}",
+        error_cb=on_error,
+        allow_reconnect=False,
+    )
+    try:
+        yield Session(nc, violations)
+    finally:
+        await nc.close()
+
+
+def _settings(server: NatsServer, user: NatsUser) -> NatsSettings:
+    return NatsSettings(
+        url=server.address,
+        user=user.name,
+        password=user.password,
+        publish_timeout_seconds=3,
+        retry_delay_seconds=0.05,
+    )
+
+
+def _subject(payload: type[Payload], key: str | None = None) -> str:
+    return nats_subject(payload, key or str(uuid.uuid4()))
+
+
+# --- who gets in ---------------------------------------------------------------------
+
+
+def test_the_config_file_is_private_and_anonymous_clients_are_refused(
+    server: NatsServer,
+) -> None:
+    assert server.authenticated
+    assert stat.S_IMODE(server.config_path.stat().st_mode) == 0o600
+    assert server.url == server.address  # no admin: nothing with every permission
+    assert not can_authenticate(server.port, None, None)
+    scheduler = _user(server, "scheduler")
+    assert not can_authenticate(server.port, scheduler.name, "wrong")
+    assert can_authenticate(server.port, scheduler.name, scheduler.password)
+
+
+async def test_nats_py_cannot_connect_anonymously(server: NatsServer) -> None:
+    with pytest.raises((NatsError, OSError, asyncio.TimeoutError)):
+        nc = await nats.connect(server.address, allow_reconnect=False, connect_timeout=2)
+        await nc.close()
+
+
+def test_passwords_stay_out_of_reprs_and_settings_dumps(server: NatsServer) -> None:
+    user = _user(server, "billing")
+    assert user.password not in repr(user)
+    settings = _settings(server, user)
+    assert user.password not in repr(settings)
+    assert user.password not in str(settings.model_dump())
+
+
+# --- what each service may publish and subscribe ---------------------------------------
+
+
+async def test_every_service_makes_sure_of_the_streams_with_its_own_user(
+    server: NatsServer,
+) -> None:
+    for user in server.users:
+        async with Bus.connect(_settings(server, user), user.name) as bus:
+            assert await bus.ping()
+
+
+@pytest.mark.parametrize(
+    ("kind", "node_id", "allowed", "denied"),
+    [
+        (
+            "scheduler",
+            None,
+            [_subject(AllocationGranted, NODE_X), _subject(AllocationReleased)],
+            [_subject(JobSubmitted), _subject(CostRecorded), "deadletter.billing"],
+        ),
+        (
+            "runner",
+            NODE_A,
+            [
+                f"trainyard.runner.heartbeat.v1.{NODE_A}",
+                _subject(JobSubmitted).replace("job.submitted", "job.started"),
+                f"deadletter.runner-{NODE_A}",
+            ],
+            [
+                _subject(AllocationGranted, NODE_A),
+                _subject(AllocationRevoked, NODE_B),
+                f"trainyard.runner.heartbeat.v1.{NODE_B}",
+                f"deadletter.runner-{NODE_B}",
+                "something.else",
+            ],
+        ),
+        (
+            "billing",
+            None,
+            [_subject(CostRecorded)],
+            [_subject(AllocationReleased), _subject(AllocationGranted, NODE_A)],
+        ),
+        (
+            "submission",
+            None,
+            [_subject(JobSubmitted)],
+            [_subject(CostRecorded), _subject(AllocationGranted, NODE_A)],
+        ),
+        (
+            "registry",
+            None,
+            ["trainyard.model.registered.v1.job-1"],
+            [_subject(AllocationGranted, NODE_A), _subject(CostRecorded)],
+        ),
+    ],
+)
+async def test_publishes(
+    server: NatsServer,
+    kind: str,
+    node_id: str | None,
+    allowed: list[str],
+    denied: list[str],
+) -> None:
+    async with session(server, _user(server, kind, node_id)) as s:
+        for subject in allowed:
+            assert await s.may_publish(subject), (subject, s.violations)
+        for subject in denied:
+            assert await s.publish_denied(subject), (subject, s.violations)
+
+
+async def test_only_the_scheduler_may_publish_allocations(server: NatsServer) -> None:
+    for user in server.users:
+        async with session(server, user) as s:
+            for payload in (AllocationGranted, AllocationRevoked, AllocationReleased):
+                subject = _subject(payload, NODE_X)
+                if user.name == "scheduler":
+                    assert await s.may_publish(subject)
+                else:
+                    assert await s.publish_denied(subject), (user.name, subject)
+
+
+async def test_subscriptions(server: NatsServer) -> None:
+    async with session(server, _user(server, "runner", NODE_A)) as runner_a:
+        assert await runner_a.may_subscribe(nats_subject(AllocationGranted, NODE_A))
+        assert await runner_a.may_subscribe(f"_INBOX.runner-{NODE_A}.x")
+        for subject in (
+            nats_subject(AllocationGranted, NODE_B),
+            nats_subject(AllocationRevoked, NODE_B),
+            nats_subject(AllocationGranted),
+            "trainyard.>",
+            "_INBOX.>",  # others' replies and pull deliveries
+            "_INBOX.scheduler.>",
+            "deadletter.>",
+        ):
+            assert await runner_a.subscribe_denied(subject), subject
+    async with session(server, _user(server, "billing")) as billing:
+        assert await billing.may_subscribe(nats_subject(AllocationReleased))
+        assert await billing.subscribe_denied(nats_subject(JobSubmitted))
+        assert await billing.subscribe_denied(nats_subject(AllocationGranted))
+
+
+# --- the JetStream API ---------------------------------------------------------------
+
+
+async def test_services_may_not_delete_streams_or_use_others_consumers(
+    server: NatsServer,
+) -> None:
+    async with Bus.connect(_settings(server, _user(server, "scheduler")), "setup"):
+        pass  # the streams exist
+    for user in server.users:
+        async with session(server, user) as s:
+            js = s.nc.jetstream(timeout=0.25)
+            # (B023: each lambda below is awaited before ``js`` changes.)
+            api = "$JS.API.STREAM"
+            assert await s.api_denied(
+                f"{api}.DELETE.TRAINYARD",
+                lambda: js.delete_stream("TRAINYARD"),  # noqa: B023
+            )
+            assert await s.api_denied(
+                f"{api}.PURGE.TRAINYARD",
+                lambda: js.purge_stream("TRAINYARD"),  # noqa: B023
+            )
+            assert await s.api_denied(
+                f"{api}.DELETE.TRAINYARD_DEADLETTER",
+                lambda: js.delete_stream("TRAINYARD_DEADLETTER"),  # noqa: B023
+            )
+            assert await s.api_denied(
+                f"{api}.MSG.GET.TRAINYARD",
+                lambda: js.get_msg("TRAINYARD", 1),  # noqa: B023
+            )
+    async with session(server, _user(server, "runner", NODE_A)) as runner_a:
+        next_b = f"$JS.API.CONSUMER.MSG.NEXT.TRAINYARD.runner-{NODE_B}"
+        assert await runner_a.publish_denied(next_b)
+        assert await runner_a.publish_denied(
+            f"$JS.API.CONSUMER.DURABLE.CREATE.TRAINYARD.runner-{NODE_B}"
+        )
+        assert await runner_a.publish_denied("$JS.API.CONSUMER.CREATE.TRAINYARD")  # ephemeral
+        assert await runner_a.publish_denied("$JS.ACK.TRAINYARD.scheduler.1.1.1.1.1.1")
+
+
+async def test_a_grant_goes_from_the_scheduler_to_its_runner_and_to_no_other(
+    server: NatsServer,
+) -> None:
+    """The whole pull-consumer path with the services' own users: publish, consumer create,
+    fetch into the runner's inbox, ack, and a dead letter."""
+    scheduler = _settings(server, _user(server, "scheduler"))
+    runner_a = _settings(server, _user(server, "runner", NODE_A))
+    seen: list[str] = []
+    stop = asyncio.Event()
+
+    async def handle(envelope: Envelope[Payload]) -> None:
+        seen.append(envelope.id)
+        if len(seen) == 2:
+            stop.set()
+            raise Reject("the second one is refused")
+
+    async with Bus.connect(scheduler, "scheduler") as bus:
+        before = (await bus.jetstream.stream_info("TRAINYARD_DEADLETTER")).state.messages
+        grants = [_grant(NODE_A), _grant(NODE_B), _grant(NODE_A)]
+        for grant in grants:
+            await bus.publish(grant)
+        async with Bus.connect(runner_a, "runner") as runner:
+            filters = [
+                nats_subject(AllocationGranted, NODE_A),
+                nats_subject(AllocationRevoked, NODE_A),
+            ]
+            consumer = f"runner-{NODE_A}"
+            await asyncio.wait_for(runner.consume(consumer, filters, handle, stop), 30)
+            # Acknowledgements are applied by the server after they arrive: give it a moment.
+            for _ in range(100):
+                info = await runner.jetstream.consumer_info("TRAINYARD", consumer)
+                if info.num_pending == 0 and info.num_ack_pending == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert info.num_pending == 0 and info.num_ack_pending == 0
+        assert seen == [grants[0].id, grants[2].id]
+        after = (await bus.jetstream.stream_info("TRAINYARD_DEADLETTER")).state.messages
+        assert after == before + 1
+
+
+def _grant(node_id: str) -> Envelope[Payload]:
+    job_id = f"job-{uuid.uuid4().hex[:8]}"
+    grant = AllocationGranted(
+        allocation_id=str(uuid.uuid4()),
+        job_id=job_id,
+        node_id=node_id,
+        gpu_indices=[0],
+        epoch=1,
+        attempt=1,
+        granted_at=datetime.now(UTC),
+        spec=JobSpec(
+            name="j", team="t", user="u", gpus=1, gpu_flavor="cpu", seed=1, max_runtime_seconds=60
+        ),
+    )
+    return Envelope.wrap(grant, source="trainyard/scheduler", subject=node_id)  # type: ignore[return-value]
+
+
+# --- the compose deployment ----------------------------------------------------------
+
+
+def test_the_compose_config_is_the_local_rules(tmp_path: Path) -> None:
+    """deploy/nats/nats.conf is what ``compose_config`` renders, compose requires each of its
+    password variables, and nats-server accepts it."""
+    deploy = Path(__file__).resolve().parents[2] / "deploy"
+    conf = deploy / "nats" / "nats.conf"
+    assert conf.read_text() == compose_config(), "regenerate deploy/nats/nats.conf"
+    compose = (deploy / "compose.yaml").read_text()
+    env = {}
+    for kind, node_id in COMPOSE_USERS:
+        variable = password_variable(service_user_name(kind, node_id))
+        assert f"${{{variable}:?" in compose, variable
+        env[variable] = f"p{uuid.uuid4().hex}"
+    result = subprocess.run(
+        [str(find_nats_binary()), "--config", str(conf), "-t"],
+        env={**os.environ, **env},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
