@@ -85,6 +85,7 @@ async def replicas(
                 # The test sends each heartbeat once; nodes must not be declared lost.
                 "TRAINYARD_SCHEDULER_NODE_TIMEOUT_SECONDS": "3600",
                 "TRAINYARD_SCHEDULER_SHUTDOWN_GRACE_SECONDS": "10",
+                "TRAINYARD_SCHEDULER_ADMIN_TOKEN": "race-test-operator-token",
             }
             log = tmp_path / f"scheduler-{i}.log"
             with log.open("wb") as out:
