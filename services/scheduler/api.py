@@ -13,6 +13,11 @@ Contract:
 - Errors are JSON ``{"detail": ..., "errors": [{"field": ..., "message": ...}]}``
   (``shared.http_errors``): 422 for invalid input (every bad field named, nothing stored),
   401/404/409 as usual, 500 with a generic message (the traceback goes to the log).
+- Admin bodies are read up to ``ADMIN_BODY_MAX_BYTES`` (413 past it, checked against
+  ``Content-Length`` and while the body streams in), then screened by
+  ``shared.http_errors.check_json`` (invalid UTF-8, duplicate keys, deep nesting, numbers
+  beyond 64 bits or a double, control characters: 422 naming the field; tab, newline and
+  carriage return are allowed only in ``description``) before the model sees them.
 - ``GET /readyz`` adds ``role`` (``leader`` or ``follower``); a follower is ready (it serves
   reads and stands by).
 """
@@ -24,6 +29,7 @@ from typing import Any
 
 import asyncpg
 from litestar import Litestar, Request, Response, Router, delete, get, put
+from litestar.exceptions import HTTPException
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath
 from pydantic import SecretStr
@@ -43,11 +49,13 @@ from services.scheduler.admin_schemas import (
     QueueRequest,
 )
 from services.scheduler.schemas import QueueView, queue_view
-from shared.http_errors import exception_handlers, parse_body
+from shared.http_errors import check_json, exception_handlers, parse_body
 from shared.http_tracing import tracing_middleware
 from shared.operator_auth import admin_guard
 
 AnyRequest = Request[Any, Any, Any]
+ADMIN_BODY_MAX_BYTES = 64 * 1024
+"""The largest admin body accepted (a queue with 100 quotas is a few KB)."""
 Readiness = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
 """(ready, body) of ``GET /readyz``."""
 
@@ -146,7 +154,26 @@ def admin_router(pool: asyncpg.Pool) -> Router:
 
 
 async def _body(model: type[Any], request: AnyRequest) -> Any:
-    return parse_body(model, await request.body())
+    limit = ADMIN_BODY_MAX_BYTES
+    announced = request.headers.get("content-length", "")
+    if announced.isdigit() and int(announced) > limit:
+        raise _body_too_large(limit)
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > limit:
+            raise _body_too_large(limit)
+    body = bytes(data)
+    check_json(body, free_text=lambda path: path == "description")
+    return parse_body(model, body)
+
+
+def _body_too_large(limit: int) -> HTTPException:
+    return HTTPException(
+        status_code=413,
+        detail=f"request body too large: this endpoint accepts at most {limit} bytes "
+        f"({limit // 1024} KiB) of JSON",
+    )
 
 
 def readiness_handler(readiness: Readiness) -> HTTPRouteHandler:

@@ -18,11 +18,18 @@ Contract:
 - Code bundles are per team: ``HEAD /v1/bundles/{sha256}`` answers 200 when the caller's
   team has uploaded it, else 404; ``PUT /v1/bundles/{sha256}`` stores the body after
   checking that its sha256 is the one in the path (201 created, 200 already there).
+- Every authenticated request spends a token of its user's bucket (``ratelimit``; keyed by
+  the user id the guard resolves, never the token itself nor the client address): reads
+  (``GET``, ``HEAD``) and writes (everything else) have buckets and settings of their own
+  (``read_rate_per_s``/``read_burst``, ``write_rate_per_s``/``write_burst``). An empty bucket
+  answers 429 with ``Retry-After`` (whole seconds, at least 1) and the limit in the detail.
+  The probes are not limited.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,6 +50,7 @@ from services.submission.commands import Caller, Conflict, Forbidden, NotFound
 from services.submission.config import Settings
 from services.submission.domain import JobStatus
 from services.submission.objects import Objects
+from services.submission.ratelimit import RateLimiter
 from services.submission.schemas import (
     BundleStored,
     CreateUserRequest,
@@ -230,10 +238,41 @@ def _too_large(limit: int) -> HTTPException:
 # --- authentication --------------------------------------------------------------------
 
 
-def caller_guard(pool: asyncpg.Pool) -> Guard:
+@dataclass(frozen=True)
+class RateLimits:
+    """The buckets of reads and of writes, per user (see the module)."""
+
+    reads: RateLimiter
+    writes: RateLimiter
+
+    @classmethod
+    def of(cls, settings: Settings) -> RateLimits:
+        return cls(
+            reads=RateLimiter(settings.read_rate_per_s, settings.read_burst),
+            writes=RateLimiter(settings.write_rate_per_s, settings.write_burst),
+        )
+
+    def check(self, method: str, caller: Caller) -> None:
+        """Spend a token of ``caller``'s bucket for ``method``; 429 when it is empty."""
+        kind, limiter = ("read", self.reads) if method in _READS else ("write", self.writes)
+        wait = limiter.take(caller.user_id)
+        if wait > 0:
+            retry = max(1, math.ceil(wait))
+            raise HTTPException(
+                status_code=429,
+                detail=f"rate limit exceeded: at most {limiter.rate:g} {kind} requests per "
+                f"second per user (bursts of {limiter.burst}); retry after {retry} s",
+                headers={"Retry-After": str(retry)},
+            )
+
+
+_READS = frozenset({"GET", "HEAD"})
+
+
+def caller_guard(pool: asyncpg.Pool, limits: RateLimits | None = None) -> Guard:
     """The app-level guard: every route but the probes (``shared.operator_auth.OPEN_PATHS``),
     the OpenAPI schema included, needs a valid user token; the caller is kept for
-    ``resolve_caller``."""
+    ``resolve_caller``, and spends a token of ``limits`` (429 when there is none)."""
 
     async def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
         if is_open_probe(connection):
@@ -244,6 +283,8 @@ def caller_guard(pool: asyncpg.Pool) -> Guard:
         caller = await commands.authenticate(pool, token)
         if caller is None:
             raise NotAuthorizedException("invalid or revoked token")
+        if limits is not None:
+            limits.check(str(connection.scope.get("method", "GET")), caller)
         connection.state[_CALLER] = caller
 
     return guard
@@ -293,7 +334,7 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
     )
     return Litestar(
         route_handlers=[*deps.health_handlers, v1],
-        guards=[caller_guard(deps.pool)],
+        guards=[caller_guard(deps.pool, RateLimits.of(settings))],
         dependencies={
             "pool": Provide(provide_pool, sync_to_thread=False),
             "settings": Provide(provide_settings, sync_to_thread=False),

@@ -25,3 +25,12 @@ class Settings(ServiceSettings):
     log_page_max_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
     """A page of ``GET /v1/jobs/{id}/logs`` stops adding chunks past this many bytes (it
     always holds at least one)."""
+    write_rate_per_s: float = Field(default=10.0, gt=0)
+    """Writes (``POST``, ``PUT``, ``DELETE``) each user may make per second, sustained;
+    past the burst the API answers 429 with ``Retry-After``."""
+    write_burst: int = Field(default=50, ge=1)
+    """Writes a user may make at once before ``write_rate_per_s`` applies."""
+    read_rate_per_s: float = Field(default=50.0, gt=0)
+    """Reads (``GET``, ``HEAD``) each user may make per second, sustained."""
+    read_burst: int = Field(default=200, ge=1)
+    """Reads a user may make at once before ``read_rate_per_s`` applies."""

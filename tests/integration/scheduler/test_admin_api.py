@@ -334,3 +334,57 @@ async def test_after_its_queue_is_deleted_a_team_schedules_in_its_implicit_queue
     assert (grant.job_id, len(grant.gpu_indices)) == ("job-2", 2)
     queues = await scheduler.pool.fetch("SELECT job_id, queue FROM jobs ORDER BY job_id")
     assert [tuple(r) for r in queues] == [("job-1", "default:vision"), ("job-2", "default:vision")]
+
+
+def shape(response: Any, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert "Traceback" not in response.text
+    body: dict[str, Any] = response.json()
+    assert set(body) == {"detail", "errors"} and isinstance(body["detail"], str), body
+    for error in body["errors"]:
+        assert set(error) == {"field", "message"} and error["message"], body
+    return body
+
+
+async def raw_put(http: httpx.AsyncClient, path: str, content: bytes) -> Any:
+    headers = {**AUTH, "Content-Type": "application/json"}
+    return await http.put(f"/v1/admin/{path}", content=content, headers=headers)
+
+
+async def test_bodies_are_screened_before_the_model(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    # A NUL in a queue's cohort name, in a quota's flavor key, and in the queue's own name.
+    response = await put(http, "queues/research", {"team": "ml", "cohort": "re\x00search"})
+    assert "control characters" in fields(response)["cohort"]
+    shape(response, 422)
+    response = await put(http, "queues/research", {"team": "ml", "quotas": {"a1\x00": {}}})
+    assert "control characters" in shape(response, 422)["errors"][0]["message"]
+    shape(await put(http, "queues/re%00search", {"team": "ml"}), 422)
+
+    response = await raw_put(http, "cohorts/research", b'{"description": "a", "description": "b"}')
+    assert fields(response) == {"description": "duplicate key"}
+    response = await raw_put(
+        http, "priority-classes/urgent", b'{"value": 1e999, "preemptible": true}'
+    )
+    assert "finite" in fields(response)["value"]
+    response = await raw_put(http, "cohorts/research", b"[" * 30_000 + b"]" * 30_000)
+    assert shape(response, 422)["errors"]
+    # Free text keeps its newlines.
+    response = await put(http, "flavors/a100", {"description": "80 GB\nSXM"})
+    assert response.status_code == 201, response.text
+
+    big = b'{"description": "' + b"x" * (64 * 1024) + b'"}'
+    assert "64 KiB" in shape(await raw_put(http, "cohorts/research", big), 413)["detail"]
+
+    async def streamed() -> AsyncIterator[bytes]:  # no Content-Length: checked as it streams
+        for _ in range(100):
+            yield b" " * 1024
+
+    response = await http.put(
+        "/v1/admin/cohorts/research",
+        content=streamed(),
+        headers={**AUTH, "Content-Type": "application/json"},
+    )
+    shape(response, 413)
+    assert await pool.fetchval("SELECT count(*) FROM cohorts") == 0

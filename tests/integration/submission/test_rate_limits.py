@@ -1,0 +1,91 @@
+"""Rate limits per user: past the burst a caller gets 429 with Retry-After in the shared
+error shape; another user, and the probes, are unaffected."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import httpx
+import pytest
+from litestar import get
+
+from services.submission.api import AppDeps, create_app
+from services.submission.config import Settings
+from shared.bus import Bus
+from tests.integration.submission.conftest import Submission, running_submission
+
+pytestmark = pytest.mark.integration
+
+
+def tight(settings: Settings) -> Settings:
+    return settings.model_copy(
+        update={
+            "read_rate_per_s": 0.01,
+            "read_burst": 3,
+            "write_rate_per_s": 0.01,
+            "write_burst": 2,
+        }
+    )
+
+
+@pytest.fixture
+async def limited(settings: Settings, pool: asyncpg.Pool, bus: Bus) -> AsyncIterator[Submission]:
+    async with running_submission(tight(settings), pool, bus) as running:
+        yield running
+
+
+async def test_past_the_burst_reads_get_429_with_retry_after(limited: Submission) -> None:
+    for _ in range(3):
+        assert (await limited.client.get("/v1/jobs", headers=limited.auth())).status_code == 200
+    response = await limited.client.get("/v1/jobs", headers=limited.auth())
+    assert response.status_code == 429, response.text
+    retry = response.headers["retry-after"]
+    assert retry.isdigit() and int(retry) >= 1
+    body = response.json()
+    assert set(body) == {"detail", "errors"}
+    assert "rate limit" in body["detail"] and "read" in body["detail"], body
+    assert "bursts of 3" in body["detail"], body
+
+    other = await limited.client.get("/v1/jobs", headers=limited.auth(limited.other_team_token))
+    assert other.status_code == 200, other.text
+
+
+async def test_writes_have_their_own_bucket(limited: Submission) -> None:
+    for _ in range(2):
+        response = await limited.client.post(
+            "/v1/jobs/nope/cancel", headers=limited.auth(limited.other_team_token)
+        )
+        assert response.status_code == 404, response.text
+    response = await limited.client.post(
+        "/v1/jobs/nope/cancel", headers=limited.auth(limited.other_team_token)
+    )
+    assert response.status_code == 429, response.text
+    assert int(response.headers["retry-after"]) >= 1
+    assert "write" in response.json()["detail"]
+    # Reads of the same user still pass; the other user's writes too.
+    listed = await limited.client.get("/v1/jobs", headers=limited.auth(limited.other_team_token))
+    assert listed.status_code == 200, listed.text
+    submitted = await limited.client.post("/v1/jobs/nope/cancel", headers=limited.auth())
+    assert submitted.status_code == 404, submitted.text
+
+
+async def test_a_bad_token_is_401_not_rate_limited(limited: Submission) -> None:
+    for _ in range(5):
+        response = await limited.client.get("/v1/jobs", headers=limited.auth("wrong"))
+        assert response.status_code == 401
+
+
+async def test_probes_are_not_limited(limited: Submission, settings: Settings) -> None:
+    @get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    deps = AppDeps(pool=limited.pool, store=limited.store, health_handlers=[healthz])
+    transport = httpx.ASGITransport(app=create_app(tight(settings), deps))  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="http://submission") as client:
+        for _ in range(20):
+            assert (await client.get("/healthz")).status_code == 200
+        for _ in range(3):
+            assert (await client.get("/v1/jobs", headers=limited.auth())).status_code == 200
+        assert (await client.get("/v1/jobs", headers=limited.auth())).status_code == 429

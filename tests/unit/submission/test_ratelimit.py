@@ -1,0 +1,87 @@
+"""Token buckets with a fake clock: burst, refill, one bucket per key, bounded memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.submission.ratelimit import RateLimiter
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_burst_is_allowed_then_the_next_request_waits() -> None:
+    clock = Clock()
+    limiter = RateLimiter(rate=10, burst=5, clock=clock)
+    assert [limiter.take("a") for _ in range(5)] == [0.0] * 5
+    assert limiter.take("a") == pytest.approx(0.1)
+    assert limiter.take("a") == pytest.approx(0.1)  # a refused request spends nothing
+
+
+def test_tokens_refill_at_the_rate_up_to_the_burst() -> None:
+    clock = Clock()
+    limiter = RateLimiter(rate=2, burst=4, clock=clock)
+    for _ in range(4):
+        limiter.take("a")
+    assert limiter.take("a") == pytest.approx(0.5)
+    clock.now += 0.25
+    assert limiter.take("a") == pytest.approx(0.25)
+    clock.now += 0.25
+    assert limiter.take("a") == 0.0
+    assert limiter.take("a") > 0
+    clock.now += 3600  # idle for an hour: back to the burst, not 7200 tokens
+    assert [limiter.take("a") for _ in range(4)] == [0.0] * 4
+    assert limiter.take("a") > 0
+
+
+def test_each_key_has_its_own_bucket() -> None:
+    clock = Clock()
+    limiter = RateLimiter(rate=1, burst=2, clock=clock)
+    limiter.take(1)
+    limiter.take(1)
+    assert limiter.take(1) > 0
+    assert limiter.take(2) == 0.0
+    assert limiter.take(2) == 0.0
+    assert limiter.take(2) > 0
+
+
+def test_a_slow_rate_waits_longer_than_a_second() -> None:
+    clock = Clock()
+    limiter = RateLimiter(rate=0.1, burst=1, clock=clock)
+    assert limiter.take("a") == 0.0
+    assert limiter.take("a") == pytest.approx(10.0)
+
+
+def test_idle_buckets_are_forgotten() -> None:
+    clock = Clock()
+    limiter = RateLimiter(rate=10, burst=10, clock=clock)  # full again after 1 s
+    for key in range(1000):
+        limiter.take(key)
+    assert len(limiter) == 1000
+    clock.now += 0.5
+    limiter.take("late")
+    assert len(limiter) == 1001
+    clock.now += 0.6
+    limiter.take("now")
+    assert len(limiter) == 2  # "late" (0.6 s idle) may still be short; the rest were full
+
+
+def test_memory_is_bounded_by_max_keys() -> None:
+    clock = Clock()
+    limiter = RateLimiter(rate=1, burst=1, clock=clock, max_keys=100)
+    for key in range(10_000):
+        limiter.take(key)
+        clock.now += 0.001
+    assert len(limiter) == 100
+    assert limiter.take(9_999) > 0  # the most recent callers are still held to the limit
+
+
+def test_nonsense_settings_are_refused() -> None:
+    for rate, burst in ((0, 1), (-1, 1), (1, 0)):
+        with pytest.raises(ValueError):
+            RateLimiter(rate=rate, burst=burst)
