@@ -70,6 +70,7 @@ from shared.events.payloads import (
     Payload,
     RunnerHeartbeat,
 )
+from shared.events.trust import types_said_by
 
 _START_ATTEMPTS = 3  # a free port can be taken between choosing it and binding it
 STREAM = "TRAINYARD"
@@ -86,20 +87,6 @@ def _every(*types: type[Payload]) -> list[str]:
     return [f"{t.TYPE}.>" for t in types]
 
 
-_PRODUCES: dict[str, list[str]] = {
-    "submission": _every(JobSubmitted, JobCancelRequested),
-    "scheduler": _every(
-        AllocationGranted,
-        AllocationRevoked,
-        AllocationReleased,
-        JobPending,
-        JobCancelled,
-        JobPreempted,
-        JobFailed,
-    ),
-    "registry": _every(ModelRegistered),
-    "billing": _every(CostRecorded),
-}
 _CONSUMES: dict[str, list[str]] = {
     "submission": _every(
         JobPending,
@@ -151,16 +138,17 @@ def service_permissions(
         raise ValueError(f"unknown service {kind!r} (known: {', '.join(SERVICE_KINDS)})")
     user = service_user_name(kind, node_id)
     consumer = user  # every service's durable consumer is named like its user
+    # What a service may publish is what shared.events.trust lets its source say; a runner
+    # says its heartbeat only under its own node id.
+    said = types_said_by(f"trainyard/{kind}")
     if kind == "runner":
         produces = [
             f"{RunnerHeartbeat.TYPE}.{node_id}",
-            *_every(
-                JobStarted, JobProgress, CheckpointSaved, JobSucceeded, JobFailed, JobPreempted
-            ),
+            *_every(*(t for t in said if t is not RunnerHeartbeat)),
         ]
         consumes = [f"{AllocationGranted.TYPE}.{node_id}", f"{AllocationRevoked.TYPE}.{node_id}"]
     else:
-        produces, consumes = _PRODUCES[kind], _CONSUMES[kind]
+        produces, consumes = _every(*said), _CONSUMES[kind]
     api = "$JS.API"
     jetstream = [
         *(

@@ -65,6 +65,12 @@ ALLOWED_SOURCES: Mapping[str, frozenset[str]] = {
 }
 
 
+def types_said_by(source: str) -> list[type[Payload]]:
+    """Every event type ``source`` may send (as owner or on an owner's behalf): what the
+    bus lets its user publish."""
+    return [payload for payload, owner_, others in _TABLE if source in others | {owner_}]
+
+
 def owner(payload: Payload | type[Payload]) -> str:
     """The source that says events of this type (the runner for those the scheduler may
     also say on its behalf)."""
