@@ -302,3 +302,25 @@ def _http(_: AnyRequest, exc: HTTPException) -> Response[ErrorBody]:
 def _crash(request: AnyRequest, exc: Exception) -> Response[ErrorBody]:
     log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
     return _error(500, "internal error")
+
+
+async def read_body(request: Request[Any, Any, Any], limit: int, too_large: str) -> bytes:
+    """The request's body, refused with 413 (``too_large`` as the detail) when its
+    ``Content-Length`` announces, or its stream delivers, more than ``limit`` bytes; the
+    stream is cut off there, so a chunked upload never fills memory past the limit."""
+    announced = request.headers.get("content-length", "")
+    if announced.isdigit() and int(announced) > limit:
+        raise HTTPException(status_code=413, detail=too_large)
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > limit:
+            raise HTTPException(status_code=413, detail=too_large)
+    return bytes(data)
+
+
+def json_too_large(limit: int) -> str:
+    return (
+        f"request body too large: this endpoint accepts at most {limit} bytes "
+        f"({limit // 1024} KiB) of JSON"
+    )

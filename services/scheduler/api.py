@@ -29,7 +29,6 @@ from typing import Any
 
 import asyncpg
 from litestar import Litestar, Request, Response, Router, delete, get, put
-from litestar.exceptions import HTTPException
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath
 from pydantic import SecretStr
@@ -49,7 +48,7 @@ from services.scheduler.admin_schemas import (
     QueueRequest,
 )
 from services.scheduler.schemas import QueueView, queue_view
-from shared.http_errors import check_json, exception_handlers, parse_body
+from shared.http_errors import check_json, exception_handlers, json_too_large, parse_body, read_body
 from shared.http_tracing import tracing_middleware
 from shared.operator_auth import admin_guard
 
@@ -154,26 +153,9 @@ def admin_router(pool: asyncpg.Pool) -> Router:
 
 
 async def _body(model: type[Any], request: AnyRequest) -> Any:
-    limit = ADMIN_BODY_MAX_BYTES
-    announced = request.headers.get("content-length", "")
-    if announced.isdigit() and int(announced) > limit:
-        raise _body_too_large(limit)
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
-            raise _body_too_large(limit)
-    body = bytes(data)
+    body = await read_body(request, ADMIN_BODY_MAX_BYTES, json_too_large(ADMIN_BODY_MAX_BYTES))
     check_json(body, free_text=lambda path: path == "description")
     return parse_body(model, body)
-
-
-def _body_too_large(limit: int) -> HTTPException:
-    return HTTPException(
-        status_code=413,
-        detail=f"request body too large: this endpoint accepts at most {limit} bytes "
-        f"({limit // 1024} KiB) of JSON",
-    )
 
 
 def readiness_handler(readiness: Readiness) -> HTTPRouteHandler:

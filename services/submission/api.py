@@ -63,7 +63,14 @@ from services.submission.schemas import (
 )
 from shared.auth import bearer_token
 from shared.events.payloads import BUNDLE_SHA256_PATTERN
-from shared.http_errors import RequestInvalid, check_json, exception_handlers, parse_body
+from shared.http_errors import (
+    RequestInvalid,
+    check_json,
+    exception_handlers,
+    json_too_large,
+    parse_body,
+    read_body,
+)
 from shared.http_tracing import tracing_middleware
 from shared.operator_auth import is_open_probe
 from shared.storage import ObjectStore
@@ -164,26 +171,9 @@ async def json_body(request: AnyRequest, free_text: re.Pattern[str] | None = Non
             detail="unsupported media type: send the body as JSON with "
             "Content-Type: application/json (UTF-8)",
         )
-    limit = JSON_BODY_MAX_BYTES
-    announced = request.headers.get("content-length", "")
-    if announced.isdigit() and int(announced) > limit:
-        raise _body_too_large(limit)
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
-            raise _body_too_large(limit)
-    body = bytes(data)
+    body = await read_body(request, JSON_BODY_MAX_BYTES, json_too_large(JSON_BODY_MAX_BYTES))
     check_json(body, free_text=lambda path: bool(free_text and free_text.fullmatch(path)))
     return body
-
-
-def _body_too_large(limit: int) -> HTTPException:
-    return HTTPException(
-        status_code=413,
-        detail=f"request body too large: this endpoint accepts at most {limit} bytes "
-        f"({limit // 1024} KiB) of JSON",
-    )
 
 
 # --- code bundles ----------------------------------------------------------------------
@@ -201,16 +191,13 @@ async def upload_bundle(
 ) -> Response[BundleStored]:
     sha256 = _bundle_sha256(sha256)
     limit = settings.bundle_max_bytes
-    announced = request.headers.get("content-length", "")
-    if announced.isdigit() and int(announced) > limit:
-        raise _too_large(limit)
-    data = bytearray()
-    digest = hashlib.sha256()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
-            raise _too_large(limit)
-        digest.update(chunk)
+    data = await read_body(
+        request,
+        limit,
+        f"bundle too large: this server accepts at most {limit} bytes "
+        f"({limit / 2**20:.1f} MiB); leave large files out with .trainyardignore",
+    )
+    digest = hashlib.sha256(data)
     if digest.hexdigest() != sha256:
         raise RequestInvalid.one(
             "body",
@@ -225,14 +212,6 @@ def _bundle_sha256(value: str) -> str:
     if not re.fullmatch(BUNDLE_SHA256_PATTERN, value):
         raise RequestInvalid.one("sha256", "must be 64 lowercase hex digits (a sha256)")
     return value
-
-
-def _too_large(limit: int) -> HTTPException:
-    return HTTPException(
-        status_code=413,
-        detail=f"bundle too large: this server accepts at most {limit} bytes "
-        f"({limit / 2**20:.1f} MiB); leave large files out with .trainyardignore",
-    )
 
 
 # --- authentication --------------------------------------------------------------------
