@@ -1,6 +1,8 @@
 """A job's sandbox: its own folder, its own unprivileged user, its code, and nothing else.
 
-Layout of ``<sandboxes>/<allocation>/`` (mode 0700, owned by the job's user)::
+Layout of ``<sandboxes>/<allocation>/`` (the runner's, mode 0711; each folder in it 0700 and
+the job user's, so the job can neither list another sandbox nor swap its own
+``checkpoints/`` for a link to somewhere else)::
 
     code/          the job's code: the verified bundle, unpacked (the working directory)
     home/          HOME
@@ -104,7 +106,10 @@ def create_sandbox(parent: Path, name: str, user: JobUser) -> Sandbox:
     parent.chmod(0o711)
     root = parent / name
     remove_sandbox(root)
-    root.mkdir(mode=0o700)
+    # The root stays the runner's (0711 when a job user passes through it, else 0700): the
+    # job owns what is inside but cannot rename or replace ``checkpoints/`` or the control
+    # socket, which the runner (root) reaches by path.
+    root.mkdir(mode=0o711 if user.isolated else 0o700)
     box = Sandbox(root, user)
     for folder in (box.code, box.home, box.tmp, box.checkpoints):
         folder.mkdir(mode=0o700)
@@ -112,13 +117,15 @@ def create_sandbox(parent: Path, name: str, user: JobUser) -> Sandbox:
 
 
 def hand_over(box: Sandbox) -> None:
-    """Give the whole sandbox to the job's user (after the runner has filled it)."""
+    """Give the sandbox's folders, and all they hold, to the job's user (after the runner
+    has filled them); the sandbox's root stays the runner's."""
     if box.user.uid is None or box.user.gid is None:
         return
-    for folder, dirs, files in os.walk(box.root):
-        os.lchown(folder, box.user.uid, box.user.gid)
-        for name in (*dirs, *files):
-            os.lchown(os.path.join(folder, name), box.user.uid, box.user.gid)
+    for top in (box.code, box.home, box.tmp, box.checkpoints):
+        for folder, dirs, files in os.walk(top):
+            os.lchown(folder, box.user.uid, box.user.gid)
+            for name in (*dirs, *files):
+                os.lchown(os.path.join(folder, name), box.user.uid, box.user.gid)
 
 
 def remove_sandbox(root: Path) -> None:

@@ -79,6 +79,9 @@ HOSTILE_JOB = textwrap.dedent(
     control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     control.connect(os.environ["TRAINYARD_CONTROL_SOCKET"])
     staging = unquote(urlparse(os.environ["TRAINYARD_CHECKPOINT_URI"]).path)
+    # Swap the staging folder for a link elsewhere, so the runner (root) reads through it.
+    attempt("replace the staging folder", lambda: os.rename(staging, staging + ".old"))
+    attempt("replace the control socket", lambda: os.unlink(os.environ["TRAINYARD_CONTROL_SOCKET"]))
 
     def stage(step, data=None, link=None):
         folder = os.path.join(staging, f"step-{step:08d}")
