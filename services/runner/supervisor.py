@@ -456,20 +456,41 @@ class JobRun:
                 return
 
     async def _commit(self, step: int) -> None:
-        try:
-            ref = await asyncio.to_thread(
-                checkpoints.commit_staged,
-                self._sandbox.checkpoints,
-                step,
-                self._checkpoint_store,
-                self.job.attempt,
-            )
-        except checkpoints.StagedCheckpointInvalid as exc:
-            log.warning("job %s: checkpoint of step %d refused: %s", self.job.job_id, step, exc)
-            return
-        except Exception as exc:
-            log.error("job %s: checkpoint of step %d not uploaded: %s", self.job.job_id, step, exc)
-            return
+        """Upload one staged checkpoint. A store that fails (down, throttling) is retried
+        with back-off until it works or a newer checkpoint is staged (which supersedes this
+        one); the end of the job waits for it up to ``_UPLOAD_DRAIN_S``."""
+        delay = 1.0
+        while True:
+            try:
+                ref = await asyncio.to_thread(
+                    checkpoints.commit_staged,
+                    self._sandbox.checkpoints,
+                    step,
+                    self._checkpoint_store,
+                    self.job.attempt,
+                )
+                break
+            except checkpoints.StagedCheckpointInvalid as exc:
+                log.warning("job %s: checkpoint of step %d refused: %s", self.job.job_id, step, exc)
+                return
+            except Exception as exc:
+                if self._staged_steps:
+                    log.error(
+                        "job %s: checkpoint of step %d not uploaded (%s); a newer one waits",
+                        self.job.job_id,
+                        step,
+                        exc,
+                    )
+                    return
+                log.warning(
+                    "job %s: checkpoint of step %d not uploaded yet (%s); retrying in %g s",
+                    self.job.job_id,
+                    step,
+                    exc,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
         self._last_checkpoint = ref
         committed = CheckpointMessage(checkpoint=ref)
         self._events.emit(

@@ -8,10 +8,11 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from services.runner import domain
+from services.runner import checkpoints, domain
 from services.runner.config import Settings
 from services.runner.ledger import Ledger, safe_file_name
 from shared.bus import Bus
@@ -342,3 +343,30 @@ def still_alive(pid: int, within_s: float) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+async def test_a_checkpoint_is_uploaded_once_the_store_comes_back(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    launches: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = checkpoints.commit_staged
+    failures = iter([ConnectionError("object store down"), ConnectionError("still down")])
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoints, "commit_staged", flaky)
+    await start_runner(settings)
+    allocation = grant(settings.node_id, ["succeed", str(launches)])
+    await publish(bus, allocation, settings.node_id)
+    done = await events.first(JobSucceeded, allocation.job_id)
+    saved = events.of(CheckpointSaved, allocation.job_id)
+    assert [s.checkpoint.step for s in saved] == [5]
+    assert done.artifact == saved[0].checkpoint
