@@ -156,7 +156,18 @@ def fetch_code(spec: JobSpec, store: ObjectStore, dest: Path) -> str | None:
     return f"git:{code.commit}"
 
 
-def fetch_bundle(store: ObjectStore, team: str, bundle: CodeBundle, dest: Path) -> None:
+MAX_UNPACKED_BYTES = 4 * 1024**3
+"""A bundle may unpack to at most this much (a small gzip of zeros can unpack to terabytes)."""
+MAX_BUNDLE_MEMBERS = 200_000
+
+
+def fetch_bundle(
+    store: ObjectStore,
+    team: str,
+    bundle: CodeBundle,
+    dest: Path,
+    max_unpacked: int = MAX_UNPACKED_BYTES,
+) -> None:
     key = bundle_key(team, bundle.sha256)
     with tempfile.TemporaryDirectory(prefix="bundle-") as scratch:
         archive = Path(scratch) / "bundle.tar.gz"
@@ -175,7 +186,15 @@ def fetch_bundle(store: ObjectStore, team: str, bundle: CodeBundle, dest: Path) 
             )
         try:
             with tarfile.open(archive, "r:gz") as tar:
-                tar.extractall(dest, filter="data")
+                members = tar.getmembers()  # headers only: sizes are known before writing
+                unpacked = sum(m.size for m in members)
+                if unpacked > max_unpacked or len(members) > MAX_BUNDLE_MEMBERS:
+                    raise PlatformError(
+                        f"code bundle {bundle.sha256[:12]} would unpack to {unpacked} bytes in "
+                        f"{len(members)} entries; at most {max_unpacked} bytes and "
+                        f"{MAX_BUNDLE_MEMBERS} entries are allowed"
+                    )
+                tar.extractall(dest, members=members, filter="data")
         except (tarfile.TarError, OSError, EOFError) as exc:
             raise PlatformError(
                 f"code bundle {bundle.sha256[:12]} cannot be unpacked: {exc}"

@@ -1,0 +1,67 @@
+"""A job's code: only a bundle that verifies and unpacks safely and within bounds."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from services.runner.sandbox import PlatformError, fetch_bundle
+from shared.events.payloads import CodeBundle
+from shared.storage import LocalStore
+
+
+def store_bundle(store: LocalStore, team: str, files: dict[str, bytes]) -> CodeBundle:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    data = raw.getvalue()
+    sha = hashlib.sha256(data).hexdigest()
+    store.put_bytes(f"bundles/{team}/{sha}.tar.gz", data)
+    return CodeBundle(sha256=sha, size_bytes=len(data))
+
+
+def test_a_bundle_unpacks_into_the_sandbox(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    bundle = store_bundle(store, "a", {"train.py": b"print(1)\n", "pkg/m.py": b""})
+    fetch_bundle(store, "a", bundle, tmp_path / "code")
+    assert (tmp_path / "code" / "train.py").read_bytes() == b"print(1)\n"
+
+
+def test_another_teams_bundle_is_not_found(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    bundle = store_bundle(store, "a", {"train.py": b""})
+    with pytest.raises(PlatformError, match="not in the object store"):
+        fetch_bundle(store, "b", bundle, tmp_path / "code")
+
+
+def test_a_tampered_bundle_is_refused_before_unpacking(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    bundle = store_bundle(store, "a", {"train.py": b""})
+    store.put_bytes(f"bundles/a/{bundle.sha256}.tar.gz", b"not the bundle")
+    with pytest.raises(PlatformError, match="failed verification"):
+        fetch_bundle(store, "a", bundle, tmp_path / "code")
+    assert not (tmp_path / "code").exists()
+
+
+def test_a_bundle_that_would_unpack_too_large_is_refused(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    bundle = store_bundle(store, "a", {"zeros.bin": b"\0" * 2_000_000})
+    assert bundle.size_bytes < 10_000, "zeros compress well: a bomb in miniature"
+    with pytest.raises(PlatformError, match="would unpack to 2000000 bytes"):
+        fetch_bundle(store, "a", bundle, tmp_path / "code", max_unpacked=1_000_000)
+    assert not (tmp_path / "code" / "zeros.bin").exists()
+
+
+def test_a_member_escaping_the_folder_is_refused(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    bundle = store_bundle(store, "a", {"../escape.py": b"x"})
+    with pytest.raises(PlatformError, match="cannot be unpacked"):
+        fetch_bundle(store, "a", bundle, tmp_path / "code")
+    assert not (tmp_path / "escape.py").exists()
