@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import io
+import subprocess
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from services.runner.sandbox import PlatformError, fetch_bundle
-from shared.events.payloads import CodeBundle
+from services.runner.sandbox import PlatformError, checkout_git, fetch_bundle
+from shared.events.payloads import CodeBundle, CodeGit
 from shared.storage import LocalStore
 
 
@@ -65,3 +66,30 @@ def test_a_member_escaping_the_folder_is_refused(tmp_path: Path) -> None:
     with pytest.raises(PlatformError, match="cannot be unpacked"):
         fetch_bundle(store, "a", bundle, tmp_path / "code")
     assert not (tmp_path / "escape.py").exists()
+
+
+def git(cwd: Path, *args: str) -> str:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(cwd), "GIT_CONFIG_NOSYSTEM": "1"}
+    done = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_code_named_by_git_commit_is_checked_out_at_that_commit(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "train.py").write_text("print('v1')\n")
+    git(repo, "add", "train.py")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "v1")
+    first = git(repo, "rev-parse", "HEAD")
+    (repo / "train.py").write_text("print('v2')\n")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qam", "v2")
+    dest = tmp_path / "code"
+    dest.mkdir()
+    checkout_git(CodeGit(repository=str(repo), commit=first), dest)
+    assert (dest / "train.py").read_text() == "print('v1')\n"
+    missing = tmp_path / "other"
+    missing.mkdir()
+    with pytest.raises(PlatformError, match="git fetch"):
+        checkout_git(CodeGit(repository=str(repo), commit="0" * 40), missing)
