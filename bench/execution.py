@@ -69,17 +69,17 @@ from pydantic import SecretStr
 
 from deploy.local.nats import NatsServer
 from deploy.local.s3 import S3Server
-from services.runner import checkpoints, handlers, launch
+from services.runner import checkpoints, launch
 from services.runner.agent import NodeAgent
 from services.runner.config import Settings
 from services.runner.environments import EnvironmentCache, job_interpreter
 from services.runner.gpus import virtual_inventory
 from services.runner.sandbox import bundle_key
+from services.runner.service import agent_loops
 from shared.bus import Bus
-from shared.events import Envelope, Payload, nats_subject, parse_envelope
+from shared.events import Envelope, Payload, parse_envelope
 from shared.events.payloads import (
     AllocationGranted,
-    AllocationRevoked,
     CheckpointRef,
     CheckpointSaved,
     CodeBundle,
@@ -236,21 +236,7 @@ async def start_runner(work_dir: Path, nats: NatsSettings, storage: StorageSetti
     stop = asyncio.Event()
     agent = NodeAgent(settings, bus, store, virtual_inventory(1), stop)
     await agent.recover()
-    tasks = [
-        asyncio.create_task(agent.heartbeats()),
-        asyncio.create_task(agent.drain_on(stop)),
-        asyncio.create_task(
-            bus.consume(
-                f"runner-{settings.node_id}",
-                [
-                    nats_subject(AllocationGranted, settings.node_id),
-                    nats_subject(AllocationRevoked, settings.node_id),
-                ],
-                handlers.dispatcher(agent),
-                stop,
-            )
-        ),
-    ]
+    tasks = [asyncio.create_task(loop) for loop in agent_loops(agent, bus, stop).values()]
     return Runner(settings, agent, stop, tasks, stack)
 
 

@@ -6,6 +6,8 @@ import asyncio
 import ctypes
 import logging
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 from services.runner import handlers
 from services.runner.agent import NodeAgent
@@ -54,18 +56,25 @@ async def serve(settings: Settings) -> int:
         rt.add_readiness_check("nats", bus.ping)
         agent = NodeAgent(settings, bus, store, gpus, rt.stopping)
         await agent.recover()
-        rt.spawn(agent.heartbeats(), "heartbeats")
-        rt.spawn(agent.drain_on(rt.stopping), "drain")
-        rt.spawn(
-            bus.consume(
-                f"runner-{settings.node_id}",
-                [
-                    nats_subject(AllocationGranted, settings.node_id),
-                    nats_subject(AllocationRevoked, settings.node_id),
-                ],
-                handlers.dispatcher(agent),
-                rt.stopping,
-            ),
-            "allocations",
-        )
+        for name, loop in agent_loops(agent, bus, rt.stopping).items():
+            rt.spawn(loop, name)
         return await rt.run(create_app(rt, agent))
+
+
+def agent_loops(
+    agent: NodeAgent, bus: Bus, stop: asyncio.Event
+) -> dict[str, Coroutine[Any, Any, None]]:
+    """The work of a recovered node agent until ``stop``, by name: heartbeats, the drain on
+    stop, and the consumer of this node's grants and revocations. ``serve`` runs them, and
+    so does anything that runs a runner in-process (tests, benchmarks)."""
+    node = agent.node_id
+    return {
+        "heartbeats": agent.heartbeats(),
+        "drain": agent.drain_on(stop),
+        "allocations": bus.consume(
+            f"runner-{node}",
+            [nats_subject(AllocationGranted, node), nats_subject(AllocationRevoked, node)],
+            handlers.dispatcher(agent),
+            stop,
+        ),
+    }

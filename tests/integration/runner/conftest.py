@@ -21,13 +21,13 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from pydantic import SecretStr
 
-from services.runner import handlers
 from services.runner.agent import NodeAgent
 from services.runner.config import Settings
 from services.runner.gpus import virtual_inventory
+from services.runner.service import agent_loops
 from shared.bus import Bus
-from shared.events import Envelope, Payload, nats_subject, parse_envelope
-from shared.events.payloads import AllocationGranted, AllocationRevoked, CodeBundle, JobSpec
+from shared.events import Envelope, Payload, parse_envelope
+from shared.events.payloads import AllocationGranted, CodeBundle, JobSpec
 from shared.events.trust import owner
 from shared.settings import NatsSettings, StorageSettings
 from shared.storage import ObjectStore, open_store
@@ -278,21 +278,7 @@ async def start_runner() -> AsyncIterator[StartRunner]:
         stop = asyncio.Event()
         agent = NodeAgent(settings, bus, store, virtual_inventory(settings.virtual_gpus or 0), stop)
         await agent.recover()
-        tasks = [
-            asyncio.create_task(agent.heartbeats()),
-            asyncio.create_task(agent.drain_on(stop)),
-            asyncio.create_task(
-                bus.consume(
-                    f"runner-{settings.node_id}",
-                    [
-                        nats_subject(AllocationGranted, settings.node_id),
-                        nats_subject(AllocationRevoked, settings.node_id),
-                    ],
-                    handlers.dispatcher(agent),
-                    stop,
-                )
-            ),
-        ]
+        tasks = [asyncio.create_task(loop) for loop in agent_loops(agent, bus, stop).values()]
         runner = RunningRunner(agent, stop, tasks)
         started.append((runner, stack))
         return runner
