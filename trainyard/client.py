@@ -28,6 +28,8 @@ SETTLE_SECONDS = 10.0
 """After a job ends, how long ``wait`` waits for its model and final cost to arrive."""
 UPLOAD_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
 """A bundle upload may take minutes on a slow link."""
+LIST_PAGE_MAX = 500
+"""The most jobs ``GET /v1/jobs`` gives in one page (its ``limit`` is at most 500)."""
 
 
 class TrainyardError(Exception):
@@ -86,14 +88,26 @@ class TrainyardClient:
         return self._object("GET", f"/v1/jobs/{_segment(job_id)}")
 
     def list_jobs(self, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
-        """The team's jobs, newest first (optionally only those in ``status``)."""
-        params: dict[str, str | int] = {"limit": limit}
-        if status:
-            params["status"] = status
-        body = self._request("GET", "/v1/jobs", params=params)
-        if not isinstance(body, list):
-            raise TrainyardError(0, "unexpected response: expected a list of jobs")
-        return body
+        """The team's newest ``limit`` jobs, newest first (optionally only those in
+        ``status``). The server gives at most ``LIST_PAGE_MAX`` a request; more are fetched
+        page by page, following its cursor (``Link: <...>; rel="next"``)."""
+        jobs: list[dict[str, Any]] = []
+        after: str | None = None
+        while len(jobs) < limit:
+            params: dict[str, str | int] = {"limit": min(limit - len(jobs), LIST_PAGE_MAX)}
+            if status:
+                params["status"] = status
+            if after:
+                params["after"] = after
+            response = self._response("GET", "/v1/jobs", params=params)
+            page = _json(response)
+            if not isinstance(page, list):
+                raise TrainyardError(0, "unexpected response: expected a list of jobs")
+            jobs.extend(page)
+            after = httpx.URL(response.links.get("next", {}).get("url", "")).params.get("after")
+            if not after or not page:
+                break
+        return jobs
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         """Ask for the job to be cancelled; return its view (status changes when the
@@ -189,12 +203,18 @@ class TrainyardClient:
     def _request(
         self, method: str, path: str, headers: dict[str, str] | None = None, **kwargs: Any
     ) -> Any:
+        return _json(self._response(method, path, headers, **kwargs))
+
+    def _response(
+        self, method: str, path: str, headers: dict[str, str] | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        """The successful response to a request (``TrainyardError`` otherwise)."""
         try:
             response = self._http.request(method, path, headers=inject(headers), **kwargs)
         except httpx.HTTPError as exc:
             raise TrainyardError(0, f"cannot reach {self._http.base_url}: {exc}") from exc
         if response.is_success:
-            return _json(response)
+            return response
         body = _json(response, default={})
         detail = body.get("detail") if isinstance(body, dict) else None
         errors = body.get("errors") if isinstance(body, dict) else None

@@ -34,6 +34,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 import asyncpg
 from litestar import Litestar, Request, Response, Router, get, head, post, put
@@ -133,9 +134,20 @@ async def get_job(job_id: FromPath[str], pool: Pool, caller: Me) -> JobView:
 
 @get("/jobs")
 async def list_jobs(
-    pool: Pool, caller: Me, status: FromQuery[JobStatus | None] = None, limit: Limit = 50
-) -> list[JobSummary]:
-    return await commands.list_jobs(pool, caller, status, limit)
+    pool: Pool,
+    caller: Me,
+    status: FromQuery[JobStatus | None] = None,
+    limit: Limit = 50,
+    after: FromQuery[str | None] = None,
+) -> Response[list[JobSummary]]:
+    """The team's jobs, newest first, a page at a time. When more follow, the answer has
+    ``Link: </v1/jobs?...&after=CURSOR>; rel="next"`` (same filters); the body stays a
+    plain list. A cursor this endpoint did not give is a 422 on ``after``."""
+    jobs, cursor = await commands.list_jobs(pool, caller, status, limit, after)
+    if cursor is None:
+        return Response(jobs)
+    query = {"limit": str(limit), **({"status": str(status)} if status else {}), "after": cursor}
+    return Response(jobs, headers={"Link": f'</v1/jobs?{urlencode(query)}>; rel="next"'})
 
 
 @post("/jobs/{job_id:str}/cancel", status_code=202)

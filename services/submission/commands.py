@@ -15,6 +15,9 @@ Contract:
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -179,11 +182,52 @@ async def get_job(pool: asyncpg.Pool, caller: Caller, job_id: str) -> JobView:
 
 
 async def list_jobs(
-    pool: asyncpg.Pool, caller: Caller, status: JobStatus | None, limit: int
-) -> list[JobSummary]:
+    pool: asyncpg.Pool,
+    caller: Caller,
+    status: JobStatus | None,
+    limit: int,
+    after: str | None = None,
+) -> tuple[list[JobSummary], str | None]:
+    """A page of the team's jobs, newest first: at most ``limit``, those listed after the
+    cursor ``after`` (from an earlier page; none: from the newest). Returns the page and the
+    cursor of the next one (None: this page is the last). A cursor is a position, not a
+    snapshot: jobs submitted since never appear on later pages, none is listed twice."""
+    position = _ListCursor.decode(after)
     async with pool.acquire() as conn:
-        rows = await repo.jobs_for_team(conn, caller.team_id, status, limit)
-    return [job_summary(row) for row in rows]
+        rows = await repo.jobs_for_team(conn, caller.team_id, status, limit + 1, position)
+    page = rows[:limit]
+    more = len(rows) > limit
+    cursor = _ListCursor.encode(page[-1]["submitted_at"], page[-1]["id"]) if more else None
+    return [job_summary(row) for row in page], cursor
+
+
+class _ListCursor:
+    """The opaque cursor of ``GET /v1/jobs``: the ``(submitted_at, id)`` of the last job of
+    a page, as base64url of a JSON pair."""
+
+    MAX_CHARS = 256
+
+    @staticmethod
+    def encode(submitted_at: datetime, job_id: str) -> str:
+        raw = json.dumps([submitted_at.isoformat(), job_id], separators=(",", ":"))
+        return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, text: str | None) -> tuple[datetime, str] | None:
+        if not text:
+            return None
+        bad = RequestInvalid.one("after", "not a cursor returned by GET /v1/jobs")
+        if len(text) > cls.MAX_CHARS:
+            raise bad
+        try:
+            pair = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+            at, job_id = pair
+            submitted_at = datetime.fromisoformat(at)
+        except (binascii.Error, ValueError, TypeError):
+            raise bad from None
+        if submitted_at.tzinfo is None or not isinstance(job_id, str) or not job_id:
+            raise bad
+        return submitted_at, job_id
 
 
 async def cancel_job(pool: asyncpg.Pool, caller: Caller, job_id: str) -> JobView:

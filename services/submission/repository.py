@@ -112,23 +112,44 @@ async def job_for_team(
     )
 
 
-async def jobs_for_team(
-    conn: asyncpg.Connection, team_id: int, status: str | None, limit: int
-) -> list[asyncpg.Record]:
-    """The team's jobs, newest first, each with its cost so far."""
-    rows: list[asyncpg.Record] = await conn.fetch(
-        f"""SELECT {_JOB_COLUMNS},
+def jobs_for_team_query(
+    team_id: int, status: str | None, after: tuple[datetime, str] | None, limit: int
+) -> tuple[str, list[Any]]:
+    """The SQL and parameters of ``jobs_for_team``. Each combination of filters is its own
+    statement (no ``$n IS NULL OR ...``), so each keeps a plan that walks an index in list
+    order: ``jobs_team_newest``, or ``jobs_team_status_newest`` with a status; the keyset
+    ``after`` is a range condition of that same index."""
+    where: list[str] = ["j.team_id = $1"]
+    params: list[Any] = [team_id]
+    if status is not None:
+        params.append(status)
+        where.append(f"j.status = ${len(params)}")
+    if after is not None:
+        params.extend(after)
+        where.append(f"(j.submitted_at, j.id) < (${len(params) - 1}, ${len(params)})")
+    params.append(limit)
+    sql = f"""SELECT {_JOB_COLUMNS},
                    (SELECT coalesce(sum(c.cost), 0) FROM job_costs c WHERE c.job_id = j.id)
                        AS cost,
                    (SELECT min(c.currency) FROM job_costs c WHERE c.job_id = j.id) AS currency
             FROM jobs j JOIN users u ON u.id = j.user_id JOIN teams t ON t.id = j.team_id
-            WHERE j.team_id = $1 AND ($2::text IS NULL OR j.status = $2)
+            WHERE {" AND ".join(where)}
             ORDER BY j.submitted_at DESC, j.id DESC
-            LIMIT $3""",
-        team_id,
-        status,
-        limit,
-    )
+            LIMIT ${len(params)}"""
+    return sql, params
+
+
+async def jobs_for_team(
+    conn: asyncpg.Connection,
+    team_id: int,
+    status: str | None,
+    limit: int,
+    after: tuple[datetime, str] | None = None,
+) -> list[asyncpg.Record]:
+    """The team's jobs, newest first (by ``submitted_at``, then id), each with its cost so
+    far; with ``after`` (a job's ``(submitted_at, id)``), only those listed after it."""
+    sql, params = jobs_for_team_query(team_id, status, after, limit)
+    rows: list[asyncpg.Record] = await conn.fetch(sql, *params)
     return rows
 
 
