@@ -7,7 +7,9 @@ Contract:
   path (``quotas.a100.nominal``, ``args[2]``; ``body`` for the body as a whole), all at once.
 - Litestar's HTTP errors keep their status and detail; a 401 adds ``WWW-Authenticate:
   Bearer``.
-- A service's own exceptions answer the status it maps them to, their message as the detail.
+- A service's own exceptions answer the status it maps them to, their message as the detail;
+  every service answers ``shared.identity.Denied`` with 403 and ``IdentityUnavailable``
+  (user tokens cannot be checked now) with 503.
 - Anything else, and every 5xx, is ``internal error``: the traceback goes to the log, never
   to the user.
 - ``check_json`` screens a JSON body before any model sees it: UTF-8, well formed, no
@@ -30,6 +32,8 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import ExceptionHandlersMap
 from pydantic import BaseModel, Field, ValidationError
+
+from shared.identity import Denied, IdentityUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +252,8 @@ def exception_handlers(
         RequestInvalid: _invalid,
         ValidationException: _litestar_invalid,
         HTTPException: _http,
+        Denied: status_handler(403),
+        IdentityUnavailable: status_handler(503),
         Exception: _crash,
     }
     for kind, status in (statuses or {}).items():

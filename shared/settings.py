@@ -108,6 +108,20 @@ class ServiceSettings(BaseSettings):
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
 
 
+class GuardedServiceSettings(ServiceSettings):
+    """A service whose HTTP API is for operators and, by role, for users (scheduler,
+    registry, billing, runner; see ``shared.access``)."""
+
+    admin_token: SecretStr = Field(min_length=1)
+    """Required (the service refuses to start without it): the operator credential of this
+    service. Every route but ``/healthz`` and ``/readyz`` requires either it or a user token
+    (``Authorization: Bearer <token>``). Never given to jobs or users; rotate it by
+    restarting with a new value."""
+    identity_url: str | None = None
+    """Base URL of the submission service, which checks user tokens (``GET /v1/me``) for
+    this service on every request. Unset: only the operator token is accepted."""
+
+
 def invalid_settings(settings_type: type[BaseSettings], error: ValidationError) -> list[str]:
     """One line per bad setting of ``settings_type`` (or of the shared settings it holds),
     naming its environment variable, the reason and the value given."""

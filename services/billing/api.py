@@ -1,8 +1,9 @@
-"""Billing's HTTP app: health, readiness and the operator's usage summary.
+"""Billing's HTTP app: health, readiness, usage and the audit log.
 
-``GET /v1/usage?team=<team>`` sums GPU-seconds and cost per team, per user and per job (all
-teams without ``team``). It is an operator endpoint (see ``schemas``): like every route but the probes it requires
-``Authorization: Bearer <admin_token>`` (``shared.operator_auth``).
+``GET /v1/usage?team=<team>`` sums GPU-seconds and cost per team, per user and per job.
+Users (viewer and up) read their own team's usage: without ``team`` they get their team's,
+and another team answers 404. Operators read any team's, or every team's without ``team``.
+``GET /v1/audit`` is for operators. Authentication is the shared guard (``shared.access``).
 """
 
 from __future__ import annotations
@@ -11,25 +12,35 @@ from typing import Annotated
 
 import asyncpg
 from litestar import Litestar, get
+from litestar.di import NamedDependency
+from litestar.exceptions import NotFoundException
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import QueryParameter
-from pydantic import SecretStr
+from litestar.types import Guard
 
 from services.billing import repository as repo
 from services.billing.schemas import UsageSummary, usage_summary
-from shared.http_tracing import tracing_middleware
-from shared.operator_auth import admin_guard
+from shared.audit import audit_route
+from shared.http_app import service_app
+from shared.identity import Principal
+
+Caller = NamedDependency[Principal]
 
 
 def create_app(
-    pool: asyncpg.Pool,
-    admin_token: SecretStr,
-    health_handlers: list[HTTPRouteHandler],
+    pool: asyncpg.Pool, guard: Guard, health_handlers: list[HTTPRouteHandler]
 ) -> Litestar:
     @get("/v1/usage")
     async def usage(
-        team: Annotated[str | None, QueryParameter(description="only this team")] = None,
+        principal: Caller,
+        team: Annotated[
+            str | None, QueryParameter(description="only this team", max_length=100)
+        ] = None,
     ) -> UsageSummary:
+        if not principal.is_operator:
+            team = team or principal.team
+            if team is None or not principal.may_see_team(team):
+                raise NotFoundException(f"no usage of team {team!r} for you to read")
         async with (
             pool.acquire() as conn,
             conn.transaction(isolation="repeatable_read", readonly=True),
@@ -41,8 +52,4 @@ def create_app(
                 await repo.usage_by_job(conn, team),
             )
 
-    return Litestar(
-        route_handlers=[*health_handlers, usage],
-        guards=[admin_guard(admin_token)],
-        middleware=[tracing_middleware],
-    )
+    return service_app("billing", [*health_handlers, usage, audit_route(pool)], guard)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from shared.settings import ServiceSettings
+from shared.settings import GuardedServiceSettings
 
 DEFAULT_PRICES: dict[str, float] = {
     "cpu": 0.10,
@@ -16,7 +16,7 @@ DEFAULT_PRICES: dict[str, float] = {
 }
 
 
-class Settings(ServiceSettings):
+class Settings(GuardedServiceSettings):
     """Billing: price book and usage ledger."""
 
     model_config = SettingsConfigDict(env_prefix="TRAINYARD_BILLING_")
@@ -31,7 +31,3 @@ class Settings(ServiceSettings):
     allocations that end after it; recorded usage keeps the price it was billed at."""
     currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")
     """ISO 4217 currency of the prices above."""
-    admin_token: SecretStr = Field(min_length=1)
-    """Required (the service refuses to start without it): every route but ``/healthz`` and
-    ``/readyz`` requires ``Authorization: Bearer <admin_token>``. Usage is an operator
-    endpoint (job ids, user and team names, spend): never hand the token to users."""

@@ -12,6 +12,7 @@ from services.billing.api import create_app
 from services.billing.config import Settings
 from services.billing.domain import PriceBook
 from services.billing.handlers import BillingHandlers
+from shared.access import guard_for
 from shared.bus import Bus
 from shared.db import migrate, open_pool, ping
 from shared.events import nats_subject
@@ -52,4 +53,5 @@ async def serve(settings: Settings) -> int:
             ),
             "events",
         )
-        return await rt.run(create_app(pool, settings.admin_token, rt.health_handlers()))
+        guard = await rt.resources.enter_async_context(guard_for(settings))
+        return await rt.run(create_app(pool, guard, rt.health_handlers()))

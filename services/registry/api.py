@@ -2,53 +2,63 @@
 
 - ``GET /v1/models/{team}/{name}/versions``: every version of a model, oldest first.
 - ``GET /v1/models/{team}/{name}/versions/{version}``: one version with its full lineage.
+- ``GET /v1/audit``: the audit log (operators).
 
-Both answer 404 for an unknown model or version. These are operator endpoints for now: the
-caller's team is not checked yet (per-team access comes with submission's tokens), so like
-every route but the probes they require ``Authorization: Bearer <admin_token>``
-(``shared.operator_auth``).
+Any user of ``team`` (viewer and up) reads that team's models and lineage; operators read
+every team's. Another team's model answers 404, exactly like a model that does not exist,
+so names cannot be probed. Authentication is the shared guard (``shared.access``).
 """
 
 from __future__ import annotations
 
 import asyncpg
 from litestar import Litestar, get
+from litestar.di import NamedDependency
 from litestar.exceptions import NotFoundException
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath
-from pydantic import SecretStr
+from litestar.types import Guard
 
 from services.registry import repository as repo
 from services.registry.schemas import VersionDetail, VersionList, VersionSummary
-from shared.http_tracing import tracing_middleware
-from shared.operator_auth import admin_guard
+from shared.audit import audit_route
+from shared.http_app import service_app
+from shared.identity import Principal
+
+Caller = NamedDependency[Principal]
 
 
 def create_app(
-    pool: asyncpg.Pool, admin_token: SecretStr, health_handlers: list[HTTPRouteHandler]
+    pool: asyncpg.Pool, guard: Guard, health_handlers: list[HTTPRouteHandler]
 ) -> Litestar:
     @get("/v1/models/{team:str}/{name:str}/versions")
-    async def list_versions(team: FromPath[str], name: FromPath[str]) -> VersionList:
+    async def list_versions(
+        team: FromPath[str], name: FromPath[str], principal: Caller
+    ) -> VersionList:
+        missing = NotFoundException(f"no model {name!r} in team {team!r}")
+        if not principal.may_see_team(team):
+            raise missing
         async with pool.acquire() as conn:
             versions = await repo.versions_of_model(conn, team, name)
             if not versions and not await repo.model_exists(conn, team, name):
-                raise NotFoundException(f"no model {name!r} in team {team!r}")
+                raise missing
         return VersionList(
             team=team, model=name, versions=[VersionSummary.from_domain(v) for v in versions]
         )
 
     @get("/v1/models/{team:str}/{name:str}/versions/{version:int}")
     async def get_version(
-        team: FromPath[str], name: FromPath[str], version: FromPath[int]
+        team: FromPath[str], name: FromPath[str], version: FromPath[int], principal: Caller
     ) -> VersionDetail:
+        missing = NotFoundException(f"no version {version} of model {name!r} in team {team!r}")
+        if not principal.may_see_team(team):
+            raise missing
         async with pool.acquire() as conn:
             found = await repo.model_version(conn, team, name, version)
         if found is None:
-            raise NotFoundException(f"no version {version} of model {name!r} in team {team!r}")
+            raise missing
         return VersionDetail.from_domain(found)
 
-    return Litestar(
-        route_handlers=[*health_handlers, list_versions, get_version],
-        guards=[admin_guard(admin_token)],
-        middleware=[tracing_middleware],
+    return service_app(
+        "registry", [*health_handlers, list_versions, get_version, audit_route(pool)], guard
     )

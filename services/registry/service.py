@@ -7,6 +7,7 @@ from pathlib import Path
 from services.registry.api import create_app
 from services.registry.config import Settings
 from services.registry.handlers import RegistryHandlers
+from shared.access import guard_for
 from shared.bus import Bus
 from shared.db import migrate, open_pool, ping
 from shared.events import nats_subject
@@ -37,4 +38,5 @@ async def serve(settings: Settings) -> int:
             ),
             "events",
         )
-        return await rt.run(create_app(pool, settings.admin_token, rt.health_handlers()))
+        guard = await rt.resources.enter_async_context(guard_for(settings))
+        return await rt.run(create_app(pool, guard, rt.health_handlers()))

@@ -1,8 +1,8 @@
 """The runner's HTTP surface: health, readiness, and ``GET /v1/node`` for operators.
 
 ``/v1/node`` shows the node's GPUs and the jobs it runs now (job and allocation ids, pids):
-an operator endpoint. Like every route but the probes it requires
-``Authorization: Bearer <admin_token>`` (the ``admin_token`` setting; ``shared.operator_auth``).
+operators only (403 for users). Authentication is the shared guard (``shared.access``): the
+``admin_token`` setting or, with ``identity_url``, a user token.
 """
 
 from __future__ import annotations
@@ -10,15 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Litestar, get
+from litestar.types import Guard
 
 from services.runner.agent import NodeAgent
-from shared.http_tracing import tracing_middleware
-from shared.operator_auth import admin_guard
+from shared.access import needs
+from shared.http_app import service_app
+from shared.identity import Role
 from shared.runtime import ServiceRuntime
 
 
-def create_app(runtime: ServiceRuntime, agent: NodeAgent) -> Litestar:
-    @get("/v1/node", sync_to_thread=False)
+def create_app(runtime: ServiceRuntime, agent: NodeAgent, guard: Guard) -> Litestar:
+    @get("/v1/node", sync_to_thread=False, opt=needs(Role.OPERATOR))
     def node() -> dict[str, Any]:
         return {
             "node_id": agent.node_id,
@@ -38,8 +40,4 @@ def create_app(runtime: ServiceRuntime, agent: NodeAgent) -> Litestar:
             ],
         }
 
-    return Litestar(
-        route_handlers=[*runtime.health_handlers(), node],
-        guards=[admin_guard(agent.settings.admin_token)],
-        middleware=[tracing_middleware],
-    )
+    return service_app("runner", [*runtime.health_handlers(), node], guard)

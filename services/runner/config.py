@@ -9,10 +9,10 @@ import zlib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from shared.settings import ServiceSettings
+from shared.settings import GuardedServiceSettings
 
 NODE_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 JOB_SLOTS = 64
@@ -29,17 +29,13 @@ def default_node_id(hostname: str | None = None) -> str:
     return cleaned or "node"
 
 
-class Settings(ServiceSettings):
+class Settings(GuardedServiceSettings):
     """The node agent: one per GPU machine, no database."""
 
     model_config = SettingsConfigDict(env_prefix="TRAINYARD_RUNNER_")
 
     port: int = 8082
     """Port of the HTTP server (health, readiness, ``GET /v1/node``)."""
-    admin_token: SecretStr = Field(min_length=1)
-    """Required (the runner refuses to start without it): ``GET /v1/node`` and anything else
-    but ``/healthz`` and ``/readyz`` require ``Authorization: Bearer <admin_token>``. Never
-    given to jobs (no ``TRAINYARD_*`` variable reaches them)."""
     shutdown_grace_seconds: float = 90.0
     """On SIGTERM, how long the runner's tasks may take in all; must exceed
     ``drain_timeout_seconds`` so the jobs' last events still go out."""

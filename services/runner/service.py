@@ -14,6 +14,7 @@ from services.runner.agent import NodeAgent
 from services.runner.app import create_app
 from services.runner.config import Settings
 from services.runner.gpus import discover_gpus
+from shared.access import guard_for
 from shared.bus import Bus
 from shared.events import nats_subject
 from shared.events.payloads import AllocationGranted, AllocationRevoked
@@ -58,7 +59,8 @@ async def serve(settings: Settings) -> int:
         await agent.recover()
         for name, loop in agent_loops(agent, bus, rt.stopping).items():
             rt.spawn(loop, name)
-        return await rt.run(create_app(rt, agent))
+        guard = await rt.resources.enter_async_context(guard_for(settings))
+        return await rt.run(create_app(rt, agent, guard))
 
 
 def agent_loops(

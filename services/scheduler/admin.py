@@ -15,6 +15,8 @@ Contract:
   leader's pass loop, which reschedules with the new configuration at once.
 - A team's implicit queue becomes its named queue when an operator defines one for the team:
   the row is renamed, its jobs follow, and nothing waits twice.
+- Every write names who makes it (``by``) and is recorded in the audit log in its own
+  transaction (``shared.audit``): a change that rolls back leaves no entry.
 - Reads need no lock and work on every replica, leader or not.
 """
 
@@ -24,6 +26,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 
 import asyncpg
+from pydantic import BaseModel
 
 from services.scheduler import admin_repository as admin_repo
 from services.scheduler import repository as repo
@@ -44,7 +47,9 @@ from services.scheduler.admin_schemas import (
     queue_config_view,
 )
 from services.scheduler.convert import implicit_queue
+from shared import audit
 from shared.http_errors import FieldError, RequestInvalid
+from shared.identity import Principal
 
 _SHOWN = 5
 """How many of the things that block a delete its ``Conflict`` names (then "and N more")."""
@@ -59,11 +64,16 @@ class Conflict(Exception):
 
 
 @asynccontextmanager
-async def _writing(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
-    """A transaction under the scheduling lock that wakes the pass loop when it commits."""
+async def _writing(
+    pool: asyncpg.Pool, by: Principal, action: str, target: str, body: BaseModel | None = None
+) -> AsyncIterator[asyncpg.Connection]:
+    """A transaction under the scheduling lock that wakes the pass loop when it commits and
+    records ``action`` on ``target`` by ``by`` in the audit log (with the request's fields)."""
     async with pool.acquire() as conn, conn.transaction():
         await repo.lock_scheduler(conn)
         yield conn
+        detail = body.model_dump(mode="json") if body is not None else {}
+        await audit.record(conn, by, action, target, detail)
         await admin_repo.notify_config_changed(conn)
 
 
@@ -82,17 +92,19 @@ def _few(names: Sequence[str]) -> str:
 # --- flavors ---------------------------------------------------------------------------
 
 
-async def put_flavor(pool: asyncpg.Pool, name: str, body: FlavorRequest) -> tuple[FlavorView, bool]:
+async def put_flavor(
+    pool: asyncpg.Pool, name: str, body: FlavorRequest, by: Principal
+) -> tuple[FlavorView, bool]:
     check_name(name, FLAVOR_PATTERN)
-    async with _writing(pool) as conn:
+    async with _writing(pool, by, "put flavor", name, body) as conn:
         created = await admin_repo.upsert_flavor(conn, name, body.description)
         row = await admin_repo.flavor(conn, name)
     assert row is not None
     return flavor_view(row), created
 
 
-async def delete_flavor(pool: asyncpg.Pool, name: str) -> None:
-    async with _writing(pool) as conn:
+async def delete_flavor(pool: asyncpg.Pool, name: str, by: Principal) -> None:
+    async with _writing(pool, by, "delete flavor", name) as conn:
         if await admin_repo.flavor(conn, name) is None:
             raise NotFound(f"no flavor {name}")
         _refuse_if_used(
@@ -122,17 +134,19 @@ async def get_flavor(pool: asyncpg.Pool, name: str) -> FlavorView:
 # --- cohorts ---------------------------------------------------------------------------
 
 
-async def put_cohort(pool: asyncpg.Pool, name: str, body: CohortRequest) -> tuple[CohortView, bool]:
+async def put_cohort(
+    pool: asyncpg.Pool, name: str, body: CohortRequest, by: Principal
+) -> tuple[CohortView, bool]:
     check_name(name)
-    async with _writing(pool) as conn:
+    async with _writing(pool, by, "put cohort", name, body) as conn:
         created = await admin_repo.upsert_cohort(conn, name, body.description)
         row = await admin_repo.cohort(conn, name)
     assert row is not None
     return cohort_view(row), created
 
 
-async def delete_cohort(pool: asyncpg.Pool, name: str) -> None:
-    async with _writing(pool) as conn:
+async def delete_cohort(pool: asyncpg.Pool, name: str, by: Principal) -> None:
+    async with _writing(pool, by, "delete cohort", name) as conn:
         row = await admin_repo.cohort(conn, name)
         if row is None:
             raise NotFound(f"no cohort {name}")
@@ -157,10 +171,10 @@ async def get_cohort(pool: asyncpg.Pool, name: str) -> CohortView:
 
 
 async def put_queue(
-    pool: asyncpg.Pool, name: str, body: QueueRequest
+    pool: asyncpg.Pool, name: str, body: QueueRequest, by: Principal
 ) -> tuple[QueueConfigView, bool]:
     check_name(name)
-    async with _writing(pool) as conn:
+    async with _writing(pool, by, "put queue", name, body) as conn:
         await _check_references(conn, body)
         existing = await admin_repo.queue(conn, name)
         current = await admin_repo.queue_of_team(conn, body.team)
@@ -191,8 +205,8 @@ async def put_queue(
     return queue_config_view(row, quotas), created
 
 
-async def delete_queue(pool: asyncpg.Pool, name: str) -> None:
-    async with _writing(pool) as conn:
+async def delete_queue(pool: asyncpg.Pool, name: str, by: Principal) -> None:
+    async with _writing(pool, by, "delete queue", name) as conn:
         row = await admin_repo.queue(conn, name)
         if row is None:
             raise NotFound(f"no queue {name}")
@@ -251,10 +265,10 @@ async def get_queue(pool: asyncpg.Pool, name: str) -> QueueConfigView:
 
 
 async def put_priority_class(
-    pool: asyncpg.Pool, name: str, body: PriorityClassRequest
+    pool: asyncpg.Pool, name: str, body: PriorityClassRequest, by: Principal
 ) -> tuple[PriorityClassView, bool]:
     check_name(name)
-    async with _writing(pool) as conn:
+    async with _writing(pool, by, "put priority-class", name, body) as conn:
         created = await admin_repo.upsert_priority_class(
             conn, name, body.value, body.preemptible, body.min_runtime_seconds, body.description
         )
@@ -263,8 +277,8 @@ async def put_priority_class(
     return priority_class_view(row), created
 
 
-async def delete_priority_class(pool: asyncpg.Pool, name: str) -> None:
-    async with _writing(pool) as conn:
+async def delete_priority_class(pool: asyncpg.Pool, name: str, by: Principal) -> None:
+    async with _writing(pool, by, "delete priority-class", name) as conn:
         if await admin_repo.priority_class(conn, name) is None:
             raise NotFound(f"no priority class {name}")
         unfinished = await admin_repo.unfinished_jobs(conn, priority_class=name)

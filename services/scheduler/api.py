@@ -2,9 +2,11 @@
 view and the admin API.
 
 Contract:
-- ``GET /v1/queue`` and every ``/v1/admin/...`` route are operator endpoints: like every
-  route but the probes they require ``Authorization: Bearer <admin_token>`` (401 otherwise;
-  ``shared.operator_auth``).
+- Every route but the probes needs the operator token or a user token (401 otherwise;
+  ``shared.access``). ``GET /v1/queue`` (the whole cluster) and every admin write are for
+  operators (403 for users); the admin reads (flavors, cohorts, queues, priority classes)
+  are open to every authenticated user, who needs them to write a job spec. Every admin
+  write is recorded in the audit log (``GET /v1/audit``, operators).
 - They read and write PostgreSQL directly, so they work on every replica, leader or not.
 - Admin routes: ``GET /v1/admin/flavors``, ``GET|PUT|DELETE /v1/admin/flavors/{name}``, and
   the same for ``cohorts``, ``queues`` and ``priority-classes``. ``PUT`` creates (201) or
@@ -29,9 +31,10 @@ from typing import Any
 
 import asyncpg
 from litestar import Litestar, Request, Response, Router, delete, get, put
+from litestar.di import NamedDependency
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath
-from pydantic import SecretStr
+from litestar.types import Guard
 
 from services.scheduler import admin
 from services.scheduler import admin_repository as admin_repo
@@ -48,11 +51,14 @@ from services.scheduler.admin_schemas import (
     QueueRequest,
 )
 from services.scheduler.schemas import QueueView, queue_view
-from shared.http_errors import check_json, exception_handlers, json_too_large, parse_body, read_body
-from shared.http_tracing import tracing_middleware
-from shared.operator_auth import admin_guard
+from shared.access import needs
+from shared.audit import audit_route
+from shared.http_app import service_app
+from shared.http_errors import check_json, json_too_large, parse_body, read_body
+from shared.identity import Principal, Role
 
 AnyRequest = Request[Any, Any, Any]
+Caller = NamedDependency[Principal]
 ADMIN_BODY_MAX_BYTES = 64 * 1024
 """The largest admin body accepted (a queue with 100 quotas is a few KB)."""
 Readiness = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
@@ -72,13 +78,16 @@ def admin_router(pool: asyncpg.Pool) -> Router:
     async def get_flavor(name: FromPath[str]) -> FlavorView:
         return await admin.get_flavor(pool, name)
 
-    @put("/flavors/{name:str}")
-    async def put_flavor(name: FromPath[str], request: AnyRequest) -> Response[FlavorView]:
-        return _created(*await admin.put_flavor(pool, name, await _body(FlavorRequest, request)))
+    @put("/flavors/{name:str}", opt=needs(Role.OPERATOR))
+    async def put_flavor(
+        name: FromPath[str], request: AnyRequest, principal: Caller
+    ) -> Response[FlavorView]:
+        body = await _body(FlavorRequest, request)
+        return _created(*await admin.put_flavor(pool, name, body, principal))
 
-    @delete("/flavors/{name:str}")
-    async def delete_flavor(name: FromPath[str]) -> None:
-        await admin.delete_flavor(pool, name)
+    @delete("/flavors/{name:str}", opt=needs(Role.OPERATOR))
+    async def delete_flavor(name: FromPath[str], principal: Caller) -> None:
+        await admin.delete_flavor(pool, name, principal)
 
     @get("/cohorts")
     async def list_cohorts() -> list[CohortView]:
@@ -88,13 +97,16 @@ def admin_router(pool: asyncpg.Pool) -> Router:
     async def get_cohort(name: FromPath[str]) -> CohortView:
         return await admin.get_cohort(pool, name)
 
-    @put("/cohorts/{name:str}")
-    async def put_cohort(name: FromPath[str], request: AnyRequest) -> Response[CohortView]:
-        return _created(*await admin.put_cohort(pool, name, await _body(CohortRequest, request)))
+    @put("/cohorts/{name:str}", opt=needs(Role.OPERATOR))
+    async def put_cohort(
+        name: FromPath[str], request: AnyRequest, principal: Caller
+    ) -> Response[CohortView]:
+        body = await _body(CohortRequest, request)
+        return _created(*await admin.put_cohort(pool, name, body, principal))
 
-    @delete("/cohorts/{name:str}")
-    async def delete_cohort(name: FromPath[str]) -> None:
-        await admin.delete_cohort(pool, name)
+    @delete("/cohorts/{name:str}", opt=needs(Role.OPERATOR))
+    async def delete_cohort(name: FromPath[str], principal: Caller) -> None:
+        await admin.delete_cohort(pool, name, principal)
 
     @get("/queues")
     async def list_queues() -> list[QueueConfigView]:
@@ -104,13 +116,16 @@ def admin_router(pool: asyncpg.Pool) -> Router:
     async def get_queue(name: FromPath[str]) -> QueueConfigView:
         return await admin.get_queue(pool, name)
 
-    @put("/queues/{name:str}")
-    async def put_queue(name: FromPath[str], request: AnyRequest) -> Response[QueueConfigView]:
-        return _created(*await admin.put_queue(pool, name, await _body(QueueRequest, request)))
+    @put("/queues/{name:str}", opt=needs(Role.OPERATOR))
+    async def put_queue(
+        name: FromPath[str], request: AnyRequest, principal: Caller
+    ) -> Response[QueueConfigView]:
+        body = await _body(QueueRequest, request)
+        return _created(*await admin.put_queue(pool, name, body, principal))
 
-    @delete("/queues/{name:str}")
-    async def delete_queue(name: FromPath[str]) -> None:
-        await admin.delete_queue(pool, name)
+    @delete("/queues/{name:str}", opt=needs(Role.OPERATOR))
+    async def delete_queue(name: FromPath[str], principal: Caller) -> None:
+        await admin.delete_queue(pool, name, principal)
 
     @get("/priority-classes")
     async def list_classes() -> list[PriorityClassView]:
@@ -120,14 +135,16 @@ def admin_router(pool: asyncpg.Pool) -> Router:
     async def get_class(name: FromPath[str]) -> PriorityClassView:
         return await admin.get_priority_class(pool, name)
 
-    @put("/priority-classes/{name:str}")
-    async def put_class(name: FromPath[str], request: AnyRequest) -> Response[PriorityClassView]:
+    @put("/priority-classes/{name:str}", opt=needs(Role.OPERATOR))
+    async def put_class(
+        name: FromPath[str], request: AnyRequest, principal: Caller
+    ) -> Response[PriorityClassView]:
         body = await _body(PriorityClassRequest, request)
-        return _created(*await admin.put_priority_class(pool, name, body))
+        return _created(*await admin.put_priority_class(pool, name, body, principal))
 
-    @delete("/priority-classes/{name:str}")
-    async def delete_class(name: FromPath[str]) -> None:
-        await admin.delete_priority_class(pool, name)
+    @delete("/priority-classes/{name:str}", opt=needs(Role.OPERATOR))
+    async def delete_class(name: FromPath[str], principal: Caller) -> None:
+        await admin.delete_priority_class(pool, name, principal)
 
     return Router(
         "/v1/admin",
@@ -169,12 +186,12 @@ def readiness_handler(readiness: Readiness) -> HTTPRouteHandler:
 
 def create_app(
     pool: asyncpg.Pool,
-    admin_token: SecretStr,
+    guard: Guard,
     health_handlers: Sequence[HTTPRouteHandler] = (),
 ) -> Litestar:
     """The scheduler's app over ``pool`` with the given health routes (see the module)."""
 
-    @get("/v1/queue")
+    @get("/v1/queue", opt=needs(Role.OPERATOR))
     async def queue() -> QueueView:
         async with (
             pool.acquire() as conn,
@@ -188,10 +205,9 @@ def create_app(
                 await admin_repo.quotas(conn),
             )
 
-    return Litestar(
-        route_handlers=[*health_handlers, queue, admin_router(pool)],
-        guards=[admin_guard(admin_token)],
-        middleware=[tracing_middleware],
-        exception_handlers=exception_handlers({NotFound: 404, Conflict: 409}),
-        debug=False,
+    return service_app(
+        "scheduler",
+        [*health_handlers, queue, admin_router(pool), audit_route(pool)],
+        guard,
+        statuses={NotFound: 404, Conflict: 409},
     )

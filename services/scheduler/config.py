@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from shared.settings import ServiceSettings
+from shared.settings import GuardedServiceSettings
 
 
-class Settings(ServiceSettings):
+class Settings(GuardedServiceSettings):
     """The scheduler: GPU inventory, queue and leases."""
 
     model_config = SettingsConfigDict(env_prefix="TRAINYARD_SCHEDULER_")
@@ -53,11 +53,6 @@ class Settings(ServiceSettings):
     """Postgres ends the leader's lock session after this long without a query from it (a
     hung or partitioned leader), freeing the lock for a follower; 0 disables (PostgreSQL
     14+ only)."""
-    admin_token: SecretStr = Field(min_length=1)
-    """Required (the service refuses to start without it): ``GET /v1/queue``, every
-    ``/v1/admin/...`` route and anything else but ``/healthz`` and ``/readyz`` require
-    ``Authorization: Bearer <admin_token>``. Whoever holds it reads the whole cluster's
-    queue and changes quotas and priority classes."""
 
     @model_validator(mode="after")
     def _lock_session_stays_busy(self) -> Settings:

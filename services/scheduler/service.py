@@ -17,6 +17,7 @@ from services.scheduler.leader import Leadership
 from services.scheduler.loops import LeaderWork
 from services.scheduler.policy.model import PolicyConfig
 from services.scheduler.scheduling import Tuning
+from shared.access import guard_for
 from shared.bus import Bus
 from shared.db import migrate, open_pool, ping
 from shared.events import Payload, nats_subject
@@ -106,5 +107,6 @@ async def serve(settings: Settings) -> int:
             }
 
         health = [h for h in rt.health_handlers() if "/readyz" not in h.paths]
-        app = create_app(pool, settings.admin_token, [*health, readiness_handler(readiness)])
+        guard = await rt.resources.enter_async_context(guard_for(settings))
+        app = create_app(pool, guard, [*health, readiness_handler(readiness)])
         return await rt.run(app)

@@ -1,7 +1,8 @@
 """``python -m services.submission`` serves the API; ``... bootstrap-admin`` seeds a team.
 
-``bootstrap-admin --team TEAM --user NAME`` applies the migrations, creates the team (if
-new) and an admin user in it, and prints only that user's token on stdout, so that
+``bootstrap-admin --team TEAM --user NAME [--role operator]`` applies the migrations, creates
+the team (if new) and an admin user in it (or a platform operator), and prints only that
+user's token on stdout, so that
 ``TOKEN=$(python -m services.submission bootstrap-admin ...)`` works. It refuses, with exit
 status 1, when the user already exists: there are no default credentials, and a token is
 shown exactly once.
@@ -16,10 +17,11 @@ import sys
 
 import asyncpg
 
-from services.submission.commands import UserExists
 from services.submission.config import Settings
+from services.submission.errors import UserExists
 from services.submission.schemas import NAME_PATTERN
-from services.submission.service import bootstrap_admin, serve
+from services.submission.service import bootstrap_user, serve
+from shared.identity import Role
 from shared.runtime import settings_or_exit
 
 
@@ -40,6 +42,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     boot.add_argument("--team", required=True, type=_name, help="team name (created if new)")
     boot.add_argument("--user", required=True, type=_name, help="the admin's user name")
+    boot.add_argument(
+        "--role",
+        choices=[str(Role.ADMIN), str(Role.OPERATOR)],
+        default=str(Role.ADMIN),
+        help="admin of the team (default) or platform operator",
+    )
     return parser
 
 
@@ -50,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != "bootstrap-admin":
         return asyncio.run(serve(settings))
     try:
-        token = asyncio.run(bootstrap_admin(settings, args.team, args.user))
+        token = asyncio.run(bootstrap_user(settings, args.team, args.user, Role(args.role)))
     except UserExists as exc:
         print(f"bootstrap-admin: {exc}; nothing changed", file=sys.stderr)
         return 1

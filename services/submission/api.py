@@ -37,22 +37,30 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 
 import asyncpg
-from litestar import Litestar, Request, Response, Router, get, head, post, put
+from litestar import Litestar, Request, Response, Router, delete, get, head, post, put
 from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency, Provide
 from litestar.exceptions import HTTPException, NotAuthorizedException
 from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
-from litestar.openapi import OpenAPIConfig
 from litestar.params import FromPath, FromQuery, HeaderParameter, QueryParameter
 from litestar.types import Guard
 
-from services.submission import commands
-from services.submission.commands import Caller, Conflict, Forbidden, NotFound
+from services.submission import commands, identity
 from services.submission.config import Settings
 from services.submission.domain import JobStatus
+from services.submission.errors import Conflict, Forbidden, NotFound
+from services.submission.identity import Caller
+from services.submission.identity_schemas import (
+    MeView,
+    TokenCreated,
+    TokenRequest,
+    TokenView,
+    UserView,
+)
 from services.submission.objects import Objects
 from services.submission.ratelimit import RateLimiter
 from services.submission.schemas import (
+    NAME_PATTERN,
     BundleStored,
     CreateUserRequest,
     JobSummary,
@@ -62,18 +70,19 @@ from services.submission.schemas import (
     parse_idempotency_key,
     parse_job_request,
 )
+from shared.access import UNAUTHENTICATED, enforce_least_role, is_open_probe, needs, remember
+from shared.audit import audit_route
 from shared.auth import bearer_token
 from shared.events.payloads import BUNDLE_SHA256_PATTERN
+from shared.http_app import service_app
 from shared.http_errors import (
     RequestInvalid,
     check_json,
-    exception_handlers,
     json_too_large,
     parse_body,
     read_body,
 )
-from shared.http_tracing import tracing_middleware
-from shared.operator_auth import is_open_probe
+from shared.identity import Role
 from shared.storage import ObjectStore
 
 Pool = NamedDependency[asyncpg.Pool]
@@ -84,6 +93,12 @@ AnyRequest = Request[Any, Any, Any]
 IdempotencyKey = Annotated[str | None, HeaderParameter(name="Idempotency-Key")]
 Limit = Annotated[int, QueryParameter(ge=1, le=500)]
 LogLimit = Annotated[int, QueryParameter(ge=1, le=100)]
+TeamName = Annotated[
+    str | None, QueryParameter(pattern=NAME_PATTERN, description="operators: another team")
+]
+UserName = Annotated[
+    str | None, QueryParameter(pattern=NAME_PATTERN, description="admins: another user")
+]
 
 JSON_BODY_MAX_BYTES = 64 * 1024
 """The largest JSON body accepted (a job spec is a few KB; the event that carries it must
@@ -105,13 +120,63 @@ class AppDeps:
 # --- controllers ---------------------------------------------------------------------
 
 
-@post("/admin/users", status_code=201, request_max_body_size=None)
-async def create_user(request: AnyRequest, pool: Pool, caller: Me) -> UserCreated:
+@get("/me")
+async def whoami(caller: Me) -> MeView:
+    """Who the presented token belongs to (other services check user tokens here)."""
+    return caller.me()
+
+
+@post("/admin/users", status_code=201, request_max_body_size=None, opt=needs(Role.ADMIN))
+async def create_user(request: AnyRequest, pool: Pool, caller: Me, settings: Config) -> UserCreated:
     body = parse_body(CreateUserRequest, await json_body(request))
-    return await commands.create_user(pool, caller, body)
+    return await identity.create_user(pool, caller, body, settings.token_ttl_days)
 
 
-@post("/jobs", request_max_body_size=None)
+@get("/admin/users", opt=needs(Role.ADMIN))
+async def list_users(pool: Pool, caller: Me, team: TeamName = None) -> list[UserView]:
+    return await identity.list_users(pool, caller, team)
+
+
+@delete("/admin/users/{name:str}", status_code=204, opt=needs(Role.ADMIN))
+async def disable_user(name: FromPath[str], pool: Pool, caller: Me, team: TeamName = None) -> None:
+    await identity.disable_user(pool, caller, _name("name", name), team)
+
+
+@get("/tokens")
+async def list_tokens(
+    pool: Pool, caller: Me, user: UserName = None, team: TeamName = None
+) -> list[TokenView]:
+    return await identity.list_tokens(pool, caller, user, team)
+
+
+@post("/tokens", status_code=201, request_max_body_size=None)
+async def create_token(
+    request: AnyRequest, pool: Pool, caller: Me, settings: Config
+) -> TokenCreated:
+    body = parse_body(TokenRequest, await json_body(request))
+    return await identity.create_token(pool, caller, body, settings.token_ttl_days)
+
+
+@post("/tokens/rotate", status_code=201, request_max_body_size=None)
+async def rotate_token(
+    request: AnyRequest, pool: Pool, caller: Me, settings: Config
+) -> TokenCreated:
+    body = parse_body(TokenRequest, await json_body(request))
+    return await identity.rotate_token(pool, caller, body, settings.token_ttl_days)
+
+
+@delete("/tokens/{token_id:int}", status_code=204)
+async def revoke_token(token_id: FromPath[int], pool: Pool, caller: Me) -> None:
+    await identity.revoke_token(pool, caller, token_id)
+
+
+def _name(field: str, value: str) -> str:
+    if not re.fullmatch(NAME_PATTERN, value):
+        raise RequestInvalid.one(field, "use 1-100 of A-Z a-z 0-9 . _ -")
+    return value
+
+
+@post("/jobs", request_max_body_size=None, opt=needs(Role.MEMBER))
 async def submit_job(
     request: AnyRequest,
     pool: Pool,
@@ -150,7 +215,7 @@ async def list_jobs(
     return Response(jobs, headers={"Link": f'</v1/jobs?{urlencode(query)}>; rel="next"'})
 
 
-@post("/jobs/{job_id:str}/cancel", status_code=202)
+@post("/jobs/{job_id:str}/cancel", status_code=202, opt=needs(Role.MEMBER))
 async def cancel_job(job_id: FromPath[str], pool: Pool, caller: Me) -> JobView:
     return await commands.cancel_job(pool, caller, job_id)
 
@@ -197,7 +262,7 @@ async def bundle_stored(sha256: FromPath[str], objects: Store, caller: Me) -> Re
     return Response(content=None, status_code=200 if found else 404)
 
 
-@put("/bundles/{sha256:str}", request_max_body_size=None)
+@put("/bundles/{sha256:str}", request_max_body_size=None, opt=needs(Role.MEMBER))
 async def upload_bundle(
     request: AnyRequest, sha256: FromPath[str], objects: Store, caller: Me, settings: Config
 ) -> Response[BundleStored]:
@@ -261,22 +326,26 @@ _READS = frozenset({"GET", "HEAD"})
 
 
 def caller_guard(pool: asyncpg.Pool, limits: RateLimits | None = None) -> Guard:
-    """The app-level guard: every route but the probes (``shared.operator_auth.OPEN_PATHS``),
+    """The app-level guard: every route but the probes (``shared.access.OPEN_PATHS``),
     the OpenAPI schema included, needs a valid user token; the caller is kept for
     ``resolve_caller``, and spends a token of ``limits`` (429 when there is none)."""
 
-    async def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    async def guard(
+        connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
+    ) -> None:
         if is_open_probe(connection):
             return
         token = bearer_token(connection.headers.get("authorization"))
         if token is None:
-            raise NotAuthorizedException("missing bearer token (Authorization: Bearer <token>)")
-        caller = await commands.authenticate(pool, token)
+            raise NotAuthorizedException(UNAUTHENTICATED)
+        caller = await identity.authenticate(pool, token)
         if caller is None:
-            raise NotAuthorizedException("invalid or revoked token")
+            raise NotAuthorizedException(UNAUTHENTICATED)
         if limits is not None:
             limits.check(str(connection.scope.get("method", "GET")), caller)
+        enforce_least_role(caller.principal, connection, handler)
         connection.state[_CALLER] = caller
+        remember(connection, caller.principal)
 
     return guard
 
@@ -288,7 +357,7 @@ def resolve_caller(request: AnyRequest) -> Caller:
     """The caller ``caller_guard`` authenticated (it runs before any handler)."""
     caller = request.state.get(_CALLER)
     if not isinstance(caller, Caller):
-        raise NotAuthorizedException("missing bearer token (Authorization: Bearer <token>)")
+        raise NotAuthorizedException(UNAUTHENTICATED)
     return caller
 
 
@@ -312,7 +381,14 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
     v1 = Router(
         "/v1",
         route_handlers=[
+            whoami,
             create_user,
+            list_users,
+            disable_user,
+            list_tokens,
+            create_token,
+            rotate_token,
+            revoke_token,
             submit_job,
             get_job,
             list_jobs,
@@ -323,16 +399,14 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
         ],
         dependencies={"caller": Provide(resolve_caller, sync_to_thread=False)},
     )
-    return Litestar(
-        route_handlers=[*deps.health_handlers, v1],
-        guards=[caller_guard(deps.pool, RateLimits.of(settings))],
+    return service_app(
+        "submission",
+        [*deps.health_handlers, v1, audit_route(deps.pool)],
+        caller_guard(deps.pool, RateLimits.of(settings)),
+        statuses={NotFound: 404, Forbidden: 403, Conflict: 409},
         dependencies={
             "pool": Provide(provide_pool, sync_to_thread=False),
             "settings": Provide(provide_settings, sync_to_thread=False),
             "objects": Provide(provide_objects, sync_to_thread=False),
         },
-        middleware=[tracing_middleware],
-        exception_handlers=exception_handlers({NotFound: 404, Forbidden: 403, Conflict: 409}),
-        openapi_config=OpenAPIConfig(title="Trainyard submission", version="1.0.0"),
-        debug=False,
     )

@@ -3,7 +3,10 @@
 Contract:
 - Every operation on jobs takes the authenticated ``Caller`` and touches only the
   caller's team; a job of another team is ``NotFound``, exactly like a job that does not
-  exist, so ids of other teams cannot be probed.
+  exist, so ids of other teams cannot be probed. Operators address any team's job by id.
+- Roles (``shared.identity.Role``): viewers read; members also submit and cancel their own
+  jobs; admins cancel any job of their team (403 otherwise). Every write of an admin or an
+  operator is recorded in the audit log in the same transaction (``shared.audit``).
 - ``submit_job`` stores the job, its first history entry and the ``JobSubmitted`` event in
   one transaction: a job that got 201 is announced, and a job that is announced exists.
 - ``cancel_job`` announces ``JobCancelRequested`` once; the status turns CANCELLED only when
@@ -19,7 +22,6 @@ import base64
 import binascii
 import json
 import uuid
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import asyncpg
@@ -27,103 +29,25 @@ import asyncpg
 from services.submission import logs
 from services.submission import repository as repo
 from services.submission.domain import JobStatus
+from services.submission.errors import Conflict, Forbidden, NotFound
+from services.submission.identity import Caller
 from services.submission.objects import Objects
 from services.submission.schemas import (
     BundleCode,
-    CreateUserRequest,
     JobRequest,
     JobSummary,
     JobView,
     LogChunk,
     LogPage,
-    UserCreated,
 )
 from services.submission.views import job_summary, job_view
-from shared import outbox
-from shared.auth import hash_token, new_token
+from shared import audit, outbox
 from shared.events import Envelope
 from shared.events.payloads import JobCancelRequested, JobSubmitted, dump
 from shared.http_errors import RequestInvalid
+from shared.identity import Role
 
 SOURCE = "trainyard/submission"
-
-
-@dataclass(frozen=True)
-class Caller:
-    """The user behind a request's bearer token."""
-
-    user_id: int
-    user: str
-    team_id: int
-    team: str
-    role: str
-
-    @property
-    def is_admin(self) -> bool:
-        return self.role == "admin"
-
-
-class NotFound(Exception):
-    """No such thing in the caller's team (answered 404)."""
-
-
-class Forbidden(Exception):
-    """The caller may not do this (answered 403)."""
-
-
-class Conflict(Exception):
-    """The request contradicts the current state (answered 409)."""
-
-
-class UserExists(Exception):
-    """The team already has a user of that name."""
-
-
-async def authenticate(pool: asyncpg.Pool, token: str) -> Caller | None:
-    async with pool.acquire() as conn:
-        row = await repo.caller_by_token(conn, hash_token(token))
-    if row is None:
-        return None
-    return Caller(
-        user_id=row["user_id"],
-        user=row["user_name"],
-        team_id=row["team_id"],
-        team=row["team_name"],
-        role=row["role"],
-    )
-
-
-async def add_user(conn: asyncpg.Connection, team: str, name: str, role: str) -> str:
-    """Create ``team`` if needed and a user in it; return the user's token (shown once)."""
-    team_id = await repo.ensure_team(conn, team)
-    user_id = await repo.insert_user(conn, team_id, name, role)
-    if user_id is None:
-        raise UserExists(f"user {name!r} already exists in team {team!r}")
-    token, token_hash = new_token()
-    await repo.insert_token(conn, token_hash, user_id)
-    return token
-
-
-async def bootstrap_admin(pool: asyncpg.Pool, team: str, name: str) -> str:
-    """The first admin of ``team`` (creating the team); returns the token."""
-    async with pool.acquire() as conn, conn.transaction():
-        return await add_user(conn, team, name, "admin")
-
-
-async def create_user(
-    pool: asyncpg.Pool, caller: Caller, request: CreateUserRequest
-) -> UserCreated:
-    if not caller.is_admin:
-        raise Forbidden("only admins can create users")
-    team = request.team or caller.team
-    if team != caller.team:
-        raise Forbidden(f"admins create users in their own team ({caller.team}) only")
-    async with pool.acquire() as conn, conn.transaction():
-        try:
-            token = await add_user(conn, team, request.name, request.role)
-        except UserExists as exc:
-            raise Conflict(str(exc)) from None
-    return UserCreated(user=request.name, team=team, role=request.role, token=token)
 
 
 async def submit_job(
@@ -135,6 +59,7 @@ async def submit_job(
 ) -> tuple[JobView, bool]:
     """Store and announce a job; return its view and whether it is new (False: the same
     idempotency key was used before, and the earlier job is returned)."""
+    caller.require(Role.MEMBER, "submitting jobs")
     if request.team is not None and request.team != caller.team:
         raise Forbidden(f"you can submit jobs for your own team ({caller.team}) only")
     code = request.code
@@ -159,6 +84,10 @@ async def submit_job(
             await repo.insert_history(conn, job_id, JobStatus.QUEUED, now, "submitted")
             event = JobSubmitted(job_id=job_id, spec=spec, submitted_at=now)
             await outbox.enqueue(conn, Envelope.wrap(event, source=SOURCE, subject=job_id))
+            if audit.must_record(caller.principal):
+                await audit.record(
+                    conn, caller.principal, "submit job", job_id, {"name": spec.name}
+                )
         else:
             assert idempotency_key is not None  # only a repeated key can conflict
             job_id = await _replayed_job(conn, caller, idempotency_key, dump(spec))
@@ -232,17 +161,23 @@ class _ListCursor:
 
 async def cancel_job(pool: asyncpg.Pool, caller: Caller, job_id: str) -> JobView:
     """Ask the scheduler to cancel the job (once; asking again changes nothing)."""
+    caller.require(Role.MEMBER, "cancelling jobs")
     async with pool.acquire() as conn, conn.transaction():
-        row = await repo.lock_job_for_team(conn, caller.team_id, job_id)
+        team_id = await _team_of_job(conn, caller, job_id)
+        row = await repo.lock_job_for_team(conn, team_id, job_id)
         if row is None:
             raise NotFound(f"job {job_id} not found")
+        if row["user_id"] != caller.user_id and not caller.is_admin:
+            raise Forbidden("members cancel their own jobs only; ask an admin of your team")
         status = JobStatus(row["status"])
         if status.is_terminal:
             raise Conflict(f"job {job_id} has already ended ({status})")
         if row["cancel_requested_at"] is None:
-            await repo.set_cancel_requested(conn, caller.team_id, job_id, datetime.now(UTC))
+            await repo.set_cancel_requested(conn, team_id, job_id, datetime.now(UTC))
             event = JobCancelRequested(job_id=job_id, team=caller.team, user=caller.user)
             await outbox.enqueue(conn, Envelope.wrap(event, source=SOURCE, subject=job_id))
+            if audit.must_record(caller.principal):
+                await audit.record(conn, caller.principal, "cancel job", job_id)
         return await _read_view(conn, caller, job_id)
 
 
@@ -263,7 +198,7 @@ async def job_logs(
         raise RequestInvalid.one("after", str(exc)) from None
     # The job first: a terminal status read here is never newer than the listing below.
     async with pool.acquire() as conn:
-        job = await repo.job_for_team(conn, caller.team_id, job_id)
+        job = await repo.job_for_team(conn, await _team_of_job(conn, caller, job_id), job_id)
     if job is None:
         raise NotFound(f"job {job_id} not found")
     started = job["started_at"] is not None or job["attempt"] is not None
@@ -288,8 +223,18 @@ async def job_logs(
     )
 
 
+async def _team_of_job(conn: asyncpg.Connection, caller: Caller, job_id: str) -> int:
+    """The team whose jobs the caller may address by id: its own, or for an operator the
+    job's own team (any)."""
+    if caller.principal.is_operator:
+        found = await repo.team_of_job(conn, job_id)
+        if found is not None:
+            return found
+    return caller.team_id
+
+
 async def _read_view(conn: asyncpg.Connection, caller: Caller, job_id: str) -> JobView:
-    job = await repo.job_for_team(conn, caller.team_id, job_id)
+    job = await repo.job_for_team(conn, await _team_of_job(conn, caller, job_id), job_id)
     if job is None:
         raise NotFound(f"job {job_id} not found")
     return job_view(

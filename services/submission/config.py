@@ -34,3 +34,6 @@ class Settings(ServiceSettings):
     """Reads (``GET``, ``HEAD``) each user may make per second, sustained."""
     read_burst: int = Field(default=200, ge=1)
     """Reads a user may make at once before ``read_rate_per_s`` applies."""
+    token_ttl_days: int | None = Field(default=90, ge=1, le=3660)
+    """Lifetime of a new token (first tokens of users included) unless its request says
+    otherwise; null: tokens never expire (not recommended)."""

@@ -12,46 +12,6 @@ from typing import Any
 
 import asyncpg
 
-# --- teams, users, tokens ----------------------------------------------------------
-
-
-async def caller_by_token(conn: asyncpg.Connection, token_hash: str) -> asyncpg.Record | None:
-    return await conn.fetchrow(
-        """SELECT u.id AS user_id, u.name AS user_name, u.role, t.id AS team_id,
-                  t.name AS team_name
-           FROM tokens k JOIN users u ON u.id = k.user_id JOIN teams t ON t.id = u.team_id
-           WHERE k.token_hash = $1 AND k.revoked_at IS NULL""",
-        token_hash,
-    )
-
-
-async def ensure_team(conn: asyncpg.Connection, name: str) -> int:
-    team_id = await conn.fetchval(
-        "INSERT INTO teams (name) VALUES ($1) ON CONFLICT (name) DO NOTHING RETURNING id", name
-    )
-    if team_id is None:
-        team_id = await conn.fetchval("SELECT id FROM teams WHERE name = $1", name)
-    return int(team_id)
-
-
-async def insert_user(conn: asyncpg.Connection, team_id: int, name: str, role: str) -> int | None:
-    """The new user's id, or None when the team already has a user of that name."""
-    user_id = await conn.fetchval(
-        "INSERT INTO users (team_id, name, role) VALUES ($1, $2, $3) "
-        "ON CONFLICT (team_id, name) DO NOTHING RETURNING id",
-        team_id,
-        name,
-        role,
-    )
-    return None if user_id is None else int(user_id)
-
-
-async def insert_token(conn: asyncpg.Connection, token_hash: str, user_id: int) -> None:
-    await conn.execute(
-        "INSERT INTO tokens (token_hash, user_id) VALUES ($1, $2)", token_hash, user_id
-    )
-
-
 # --- jobs, as users see them (always scoped by team) ---------------------------------
 
 
@@ -98,6 +58,12 @@ _JOB_COLUMNS = """j.id, j.name, j.spec, j.status, j.submitted_at, j.updated_at,
     j.pending_blocking, j.pending_suggestion,
     j.allocation_id, j.node_id, j.gpu_indices, j.attempt, j.started_at, j.finished_at,
     j.metrics, j.metrics_step, j.failure, u.name AS user_name, t.name AS team_name"""
+
+
+async def team_of_job(conn: asyncpg.Connection, job_id: str) -> int | None:
+    """The team of a job, for operators (who may address any team's job by id)."""
+    found = await conn.fetchval("SELECT team_id FROM jobs WHERE id = $1", job_id)
+    return None if found is None else int(found)
 
 
 async def job_for_team(
@@ -157,7 +123,8 @@ async def lock_job_for_team(
     conn: asyncpg.Connection, team_id: int, job_id: str
 ) -> asyncpg.Record | None:
     return await conn.fetchrow(
-        "SELECT status, cancel_requested_at FROM jobs WHERE team_id = $1 AND id = $2 FOR UPDATE",
+        "SELECT status, cancel_requested_at, user_id FROM jobs "
+        "WHERE team_id = $1 AND id = $2 FOR UPDATE",
         team_id,
         job_id,
     )

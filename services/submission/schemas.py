@@ -291,8 +291,12 @@ class CreateUserRequest(BaseModel):
 
     name: Name
     team: Name | None = None
-    """Defaults to the admin's team; admins create users in their own team only."""
-    role: Literal["admin", "member"] = "member"
+    """Defaults to the caller's team; admins create users in their own team only, operators
+    in any."""
+    role: Literal["viewer", "member", "admin", "operator"] = "member"
+    """viewer reads; member also submits and cancels its own jobs; admin also manages the
+    team's users and tokens and cancels any of its jobs; operator (created by operators
+    only) runs the platform."""
 
 
 class UserCreated(BaseModel):

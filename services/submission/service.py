@@ -7,12 +7,13 @@ from pathlib import Path
 
 import asyncpg
 
-from services.submission import commands, handlers
+from services.submission import handlers, identity
 from services.submission.api import AppDeps, create_app
 from services.submission.config import Settings
 from shared.bus import BatchHandler, Bus
 from shared.db import migrate, open_pool, ping
 from shared.events import nats_subject
+from shared.identity import Role
 from shared.inbox import TransactionalHandler, idempotent
 from shared.outbox import OutboxRelay
 from shared.retention import Retention
@@ -49,10 +50,12 @@ async def serve(settings: Settings) -> int:
         return await rt.run(app)
 
 
-async def bootstrap_admin(settings: Settings, team: str, user: str) -> str:
-    """Migrate, then create ``team`` (if new) and its admin ``user``; return the token.
+async def bootstrap_user(settings: Settings, team: str, user: str, role: Role) -> str:
+    """Migrate, then create ``team`` (if new) and its first ``user`` with ``role`` (an admin
+    of the team, or a platform operator); return the token.
 
-    Raises ``commands.UserExists`` when the team already has that user."""
+    Raises ``UserExists`` when the team already has that user."""
     async with open_pool(settings.database, NAME) as pool:
         await migrate(pool, NAME, MIGRATIONS)
-        return await commands.bootstrap_admin(pool, team, user)
+        token: str = await identity.bootstrap_user(pool, team, user, role, settings.token_ttl_days)
+        return token

@@ -1,17 +1,24 @@
-"""Every endpoint of every service is authenticated: the routes are read from each app itself,
-so an endpoint added later is covered without anyone listing it here.
+"""Every endpoint of every service, called by every kind of caller: who gets in, who does not,
+and that a refused call changes nothing.
 
-Each service's Litestar app is built in-process (as its ``service.serve`` builds it), then every
-route and method is called with no token, a garbage token and a malformed header, and for the
-operator services with a team user's token: all must answer 401. Only the probes in
-``OPEN_PATHS`` answer without a token. A service started without its operator token refuses to
-start, naming the variable.
+The routes are read from each app itself, and each must have an entry in ``POLICY`` (the
+least role it needs): an endpoint added later fails here until someone decides who may call
+it. Every service's app is built in-process as its ``service.serve`` builds it, each over its
+own migrated schema; the operator services check user tokens with the submission app, as
+they do in production (``shared.identity.IdentityClient`` over an in-process transport).
+
+Credentials: none, garbage, malformed headers, a revoked token, an expired token, a disabled
+user's token, and a live token of each role (viewer, member, admin of team ``ml``; an admin
+of team ``vision``; a platform operator) plus each operator service's operator token.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -33,13 +40,14 @@ from services.runner.app import create_app as runner_app
 from services.runner.config import Settings as RunnerSettings
 from services.scheduler.api import create_app as scheduler_app
 from services.scheduler.config import Settings as SchedulerSettings
-from services.submission import commands
+from services.submission import identity
 from services.submission.api import AppDeps
 from services.submission.api import create_app as submission_app
 from services.submission.config import Settings as SubmissionSettings
-from services.submission.service import MIGRATIONS, NAME
+from shared.access import OPEN_PATHS, service_guard
+from shared.auth import hash_token, new_token
 from shared.db import migrate, open_pool
-from shared.operator_auth import OPEN_PATHS, admin_guard
+from shared.identity import IdentityClient, Role
 from shared.runtime import ServiceRuntime, settings_or_exit
 from shared.settings import DatabaseSettings, ServiceSettings
 from shared.storage import LocalStore
@@ -58,37 +66,151 @@ SETTINGS: dict[str, type[BaseSettings]] = {
 _PARAM = re.compile(r"\{(\w+)(?::(\w+))?\}")
 _SAMPLE = {"int": "1", "float": "1.5", "uuid": "00000000-0000-0000-0000-000000000001"}
 
+V, M, A, OP = Role.VIEWER, Role.MEMBER, Role.ADMIN, Role.OPERATOR
+POLICY: dict[str, dict[tuple[str, str], Role]] = {
+    "submission": {
+        ("GET", "/v1/me"): V,
+        ("GET", "/v1/jobs"): V,
+        ("GET", "/v1/jobs/{job_id:str}"): V,
+        ("GET", "/v1/jobs/{job_id:str}/logs"): V,
+        ("POST", "/v1/jobs"): M,
+        ("POST", "/v1/jobs/{job_id:str}/cancel"): M,
+        ("HEAD", "/v1/bundles/{sha256:str}"): V,
+        ("PUT", "/v1/bundles/{sha256:str}"): M,
+        ("GET", "/v1/tokens"): V,
+        ("POST", "/v1/tokens"): V,
+        ("POST", "/v1/tokens/rotate"): V,
+        ("DELETE", "/v1/tokens/{token_id:int}"): V,
+        ("GET", "/v1/admin/users"): A,
+        ("POST", "/v1/admin/users"): A,
+        ("DELETE", "/v1/admin/users/{name:str}"): A,
+        ("GET", "/v1/audit"): OP,
+    },
+    "scheduler": {
+        ("GET", "/v1/queue"): OP,
+        ("GET", "/v1/audit"): OP,
+        **{
+            (method, f"/v1/admin/{kind}{suffix}"): role
+            for kind in ("flavors", "cohorts", "queues", "priority-classes")
+            for method, suffix, role in (
+                ("GET", "", V),
+                ("GET", "/{name:str}", V),
+                ("PUT", "/{name:str}", OP),
+                ("DELETE", "/{name:str}", OP),
+            )
+        },
+    },
+    "registry": {
+        ("GET", "/v1/models/{team:str}/{name:str}/versions"): V,
+        ("GET", "/v1/models/{team:str}/{name:str}/versions/{version:int}"): V,
+        ("GET", "/v1/audit"): OP,
+    },
+    "billing": {("GET", "/v1/usage"): V, ("GET", "/v1/audit"): OP},
+    "runner": {("GET", "/v1/node"): OP},
+}
+"""The least role each route needs (OPTIONS, which Litestar adds, and the OpenAPI document
+under ``/schema`` need a valid token)."""
+
+
+@dataclass
+class World:
+    """Every credential of the test, and the apps."""
+
+    tokens: dict[str, str]
+    apps: dict[str, Litestar]
+    pools: dict[str, asyncpg.Pool]
+
+
+async def _token(conn: asyncpg.Connection, user_id: int, expires: datetime | None) -> str:
+    token, token_hash = new_token()
+    await conn.execute(
+        "INSERT INTO tokens (token_hash, user_id, expires_at) VALUES ($1, $2, $3)",
+        token_hash,
+        user_id,
+        expires,
+    )
+    return token
+
+
+async def _credentials(pool: asyncpg.Pool) -> dict[str, str]:
+    """Live tokens per role, and tokens that must never work."""
+    tokens = {
+        "admin": await identity.bootstrap_user(pool, "ml", "alice"),
+        "other-team": await identity.bootstrap_user(pool, "vision", "bob"),
+        "operator": await identity.bootstrap_user(pool, "platform", "root", Role.OPERATOR),
+    }
+    async with pool.acquire() as conn, conn.transaction():
+        team = await conn.fetchval("SELECT id FROM teams WHERE name = 'ml'")
+        for name in ("viewer", "member", "gone"):
+            user = await conn.fetchval(
+                "INSERT INTO users (team_id, name, role) VALUES ($1, $2, $3) RETURNING id",
+                team,
+                name,
+                "viewer" if name == "viewer" else "member",
+            )
+            tokens[name] = await _token(conn, user, None)
+            if name == "member":
+                tokens["revoked"] = await _token(conn, user, None)
+                await conn.execute(
+                    "UPDATE tokens SET revoked_at = now() WHERE token_hash = $1",
+                    hash_token(tokens["revoked"]),
+                )
+                tokens["expired"] = await _token(conn, user, datetime.now(UTC) - timedelta(1))
+        await conn.execute("UPDATE users SET disabled_at = now() WHERE name = 'gone'")
+        tokens["disabled-user"] = tokens.pop("gone")
+    return tokens
+
 
 @pytest.fixture
-async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    """One migrated pool (submission's schema): it authenticates user tokens; the operator
-    services never reach it without the operator token."""
-    async with open_pool(DatabaseSettings(url=database_url), NAME) as p:
-        await migrate(p, NAME, MIGRATIONS)
-        yield p
+async def world(database_url: str, tmp_path: Path) -> AsyncIterator[World]:
+    from services.billing.service import MIGRATIONS as BILLING
+    from services.registry.service import MIGRATIONS as REGISTRY
+    from services.scheduler.service import MIGRATIONS as SCHEDULER
+    from services.submission.service import MIGRATIONS as SUBMISSION
 
-
-@pytest.fixture
-async def user_token(pool: asyncpg.Pool) -> str:
-    """A team user's real token (a team admin of ``ml``)."""
-    return await commands.bootstrap_admin(pool, "ml", "alice")
-
-
-def build_app(service: str, pool: asyncpg.Pool, tmp_path: Path) -> Litestar:
-    runtime = ServiceRuntime(service, ServiceSettings())
-    health = runtime.health_handlers()
-    if service == "scheduler":
-        return scheduler_app(pool, ADMIN_TOKEN, health)
-    if service == "registry":
-        return registry_app(pool, ADMIN_TOKEN, health)
-    if service == "billing":
-        return billing_app(pool, ADMIN_TOKEN, health)
-    if service == "runner":
-        # The guard runs before the handler, so the agent is never asked anything.
-        agent = SimpleNamespace(settings=SimpleNamespace(admin_token=ADMIN_TOKEN))
-        return runner_app(runtime, cast(NodeAgent, agent))
-    settings = SubmissionSettings(database=DatabaseSettings())
-    return submission_app(settings, AppDeps(pool, LocalStore(tmp_path / "objects"), health))
+    migrations = {
+        "submission": SUBMISSION,
+        "scheduler": SCHEDULER,
+        "registry": REGISTRY,
+        "billing": BILLING,
+    }
+    pools: dict[str, asyncpg.Pool] = {}
+    opened = []
+    try:
+        for name, folder in migrations.items():
+            context = open_pool(DatabaseSettings(url=database_url), name)
+            opened.append(context)
+            pools[name] = await context.__aenter__()
+            await migrate(pools[name], name, folder)
+        tokens = await _credentials(pools["submission"])
+        health = ServiceRuntime("test", ServiceSettings()).health_handlers()
+        settings = SubmissionSettings(database=DatabaseSettings())
+        deps = AppDeps(pools["submission"], LocalStore(tmp_path / "objects"), health)
+        submission = submission_app(settings, deps)
+        ask = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=submission), base_url="http://submission"
+        )
+        guard = service_guard(ADMIN_TOKEN, IdentityClient("http://submission", http=ask))
+        agent = SimpleNamespace(
+            node_id="n1",
+            settings=SimpleNamespace(gpu_flavor="cpu"),
+            gpus=SimpleNamespace(source="virtual", names=[]),
+            running=list,
+        )
+        apps = {
+            "submission": submission,
+            "scheduler": scheduler_app(pools["scheduler"], guard, health),
+            "registry": registry_app(pools["registry"], guard, health),
+            "billing": billing_app(pools["billing"], guard, health),
+            "runner": runner_app(
+                ServiceRuntime("runner", ServiceSettings()), cast(NodeAgent, agent), guard
+            ),
+        }
+        yield World(tokens=tokens, apps=apps, pools=pools)
+        await ask.aclose()
+    finally:
+        for context in reversed(opened):
+            await context.__aexit__(None, None, None)
 
 
 def concrete(path: str) -> str:
@@ -96,54 +218,148 @@ def concrete(path: str) -> str:
     return _PARAM.sub(lambda m: _SAMPLE.get(m.group(2) or "str", "x"), path)
 
 
-def endpoints(app: Litestar) -> Iterator[tuple[str, str]]:
-    """(method, concrete path) of every route of ``app``, the automatic OPTIONS included."""
+def routes(app: Litestar) -> Iterator[tuple[str, str]]:
+    """(method, path template) of every route of ``app``, the automatic OPTIONS included."""
     for route in app.routes:
         assert isinstance(route, HTTPRoute), f"{route.path}: not HTTP; decide how it is guarded"
         for method in sorted(route.methods):
-            yield method, concrete(route.path)
+            yield method, route.path
 
 
-async def call(app: Litestar, method: str, path: str, headers: dict[str, str]) -> httpx.Response:
+async def call(
+    app: Litestar,
+    method: str,
+    path: str,
+    token: str | None,
+    headers: dict[str, str] | None = None,
+    content_json: Any = None,
+) -> httpx.Response:
+    sent = dict(headers or {})
+    if token is not None:
+        sent["Authorization"] = f"Bearer {token}"
+    body = b"{}" if content_json is None else json.dumps(content_json).encode()
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
-        return await http.request(method, path, headers=headers, content=b"{}")
+        return await http.request(
+            method, path, headers={"Content-Type": "application/json", **sent}, content=body
+        )
+
+
+async def snapshot(pools: dict[str, asyncpg.Pool]) -> dict[str, str]:
+    """A digest of every table of every service's schema."""
+    digests: dict[str, str] = {}
+    for schema, pool in pools.items():
+        async with pool.acquire() as conn:
+            tables = await conn.fetch(
+                "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = $1 AND table_type = 'BASE TABLE'",
+                schema,
+            )
+            for row in tables:
+                name = f'"{schema}"."{row["table_name"]}"'
+                digests[name] = await conn.fetchval(
+                    f"SELECT count(*) || ':' || coalesce(md5(string_agg(t::text, '|' "
+                    f"ORDER BY t::text)), '') FROM {name} t"
+                )
+    return digests
+
+
+async def fresh_token(pool: asyncpg.Pool, user: str) -> str:
+    async with pool.acquire() as conn:
+        user_id = await conn.fetchval("SELECT id FROM users WHERE name = $1", user)
+        return await _token(conn, user_id, None)
+
+
+def _policy(service: str, method: str, path: str) -> Role | None:
+    if method == "OPTIONS" or path.startswith("/schema"):
+        return V  # CORS preflight and the OpenAPI document: any valid token
+    return POLICY[service].get((method, path))
+
+
+async def test_every_route_has_a_declared_least_role(world: World) -> None:
+    missing = [
+        f"{service}: {method} {path}"
+        for service, app in world.apps.items()
+        for method, path in routes(app)
+        if path not in OPEN_PATHS and _policy(service, method, path) is None
+    ]
+    assert not missing, "declare who may call these in POLICY:\n" + "\n".join(missing)
 
 
 @pytest.mark.parametrize("service", SERVICES)
-async def test_every_route_refuses_a_request_without_a_valid_token(
-    service: str, pool: asyncpg.Pool, user_token: str, tmp_path: Path
-) -> None:
-    app = build_app(service, pool, tmp_path)
-    refusals: list[dict[str, str]] = [
-        {},
-        {"Authorization": "Bearer garbage"},
-        {"Authorization": "Bearer "},
-        {"Authorization": f"Basic {ADMIN_TOKEN.get_secret_value()}"},
-        {"Authorization": ADMIN_TOKEN.get_secret_value()},
+async def test_no_valid_token_no_access_and_nothing_changes(service: str, world: World) -> None:
+    app = world.apps[service]
+    bad = [world.tokens[k] for k in ("revoked", "expired", "disabled-user")]
+    refusals: list[tuple[str | None, dict[str, str]]] = [
+        (None, {}),
+        ("garbage", {}),
+        (None, {"Authorization": "Bearer "}),
+        (None, {"Authorization": f"Basic {ADMIN_TOKEN.get_secret_value()}"}),
+        (None, {"Authorization": ADMIN_TOKEN.get_secret_value()}),
+        *((token, {}) for token in bad),
     ]
-    if service in OPERATOR_SERVICES:
-        refusals.append({"Authorization": f"Bearer {user_token}"})  # a team user's token
-    found = list(endpoints(app))
-    guarded = [(m, p) for m, p in found if p not in OPEN_PATHS]
-    assert any(p.startswith("/v1/") for _, p in guarded), found  # the enumeration works
+    before = await snapshot(world.pools)
+    guarded = [(m, p) for m, p in routes(app) if p not in OPEN_PATHS]
+    assert any(p.startswith("/v1/") for _, p in guarded)
     wrong: list[str] = []
     for method, path in guarded:
-        for headers in refusals:
-            response = await call(app, method, path, headers)
+        for token, headers in refusals:
+            response = await call(app, method, concrete(path), token, headers)
             if response.status_code != 401:
-                wrong.append(f"{method} {path} {headers}: {response.status_code}")
+                wrong.append(f"{method} {path} {token} {headers}: {response.status_code}")
+            elif method != "HEAD":
+                assert response.json()["detail"], response.text
     assert not wrong, "\n".join(wrong)
+    assert await snapshot(world.pools) == before
+
+
+@pytest.mark.parametrize("service", SERVICES)
+async def test_each_role_reaches_exactly_the_routes_its_role_allows(
+    service: str, world: World
+) -> None:
+    """Below a route's least role: 403 and nothing changes. At or above: never 401/403 (the
+    sample ids are made up, so 404 or 422 are fine: the call was let in)."""
+    app = world.apps[service]
+    callers = {"viewer": V, "member": M, "alice": A, "root": OP}
+    wrong: list[str] = []
+    for name, role in callers.items():
+        for method, path in routes(app):
+            needed = _policy(service, method, path)
+            if path in OPEN_PATHS or needed is None:
+                continue
+            # A fresh token per call: an allowed call may rotate or revoke the one it used.
+            token = await fresh_token(world.pools["submission"], name)
+            before = await snapshot(world.pools)
+            response = await call(app, method, concrete(path), token)
+            allowed = role.rank >= needed.rank
+            if allowed and response.status_code in (401, 403):
+                wrong.append(f"{name} {method} {path}: {response.status_code} {response.text}")
+            if not allowed:
+                if response.status_code != 403:
+                    wrong.append(f"{name} {method} {path}: {response.status_code}, not 403")
+                elif await snapshot(world.pools) != before:
+                    wrong.append(f"{name} {method} {path}: refused, yet something changed")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("service", OPERATOR_SERVICES)
+async def test_the_operator_token_reaches_every_route(service: str, world: World) -> None:
+    app = world.apps[service]
+    for method, path in routes(app):
+        if path in OPEN_PATHS:
+            continue
+        response = await call(app, method, concrete(path), ADMIN_TOKEN.get_secret_value())
+        assert response.status_code not in (401, 403), f"{method} {path}: {response.text}"
 
 
 @pytest.mark.parametrize("service", SERVICES)
 async def test_the_probes_answer_without_a_token_and_tell_only_the_status(
-    service: str, pool: asyncpg.Pool, tmp_path: Path
+    service: str, world: World
 ) -> None:
-    app = build_app(service, pool, tmp_path)
-    assert {p for _, p in endpoints(app)} >= OPEN_PATHS
+    app = world.apps[service]
+    assert {p for _, p in routes(app)} >= OPEN_PATHS
     for path in sorted(OPEN_PATHS):
-        response = await call(app, "GET", path, {})
+        response = await call(app, "GET", path, None)
         assert response.status_code == 200, response.text
         body: dict[str, Any] = response.json()
         assert set(body) <= {"status", "ready", "service", "checks"}, body
@@ -167,4 +383,143 @@ def test_a_service_without_its_operator_token_refuses_to_start(
 
 def test_an_empty_operator_token_is_refused() -> None:
     with pytest.raises(ValueError, match="must not be empty"):
-        admin_guard(SecretStr(" "))
+        service_guard(SecretStr(" "))
+
+
+async def test_another_teams_token_sees_nothing_and_changes_nothing(world: World) -> None:
+    """Team ``vision``'s admin against team ``ml``'s job, users, tokens, models and usage:
+    404 everywhere (as if they did not exist), and no table changes."""
+    from tests.integration.submission.conftest import SPEC
+
+    ml, vision = world.tokens["admin"], world.tokens["other-team"]
+    submission = world.apps["submission"]
+    created = await call(submission, "POST", "/v1/jobs", ml, content_json=SPEC)
+    assert created.status_code == 201, created.text
+    job = created.json()["id"]
+    member_token = await call(submission, "GET", "/v1/tokens?user=member", ml)
+    token_id = member_token.json()[0]["id"]
+    before = await snapshot(world.pools)
+    attempts = [
+        ("submission", "GET", f"/v1/jobs/{job}"),
+        ("submission", "GET", f"/v1/jobs/{job}/logs"),
+        ("submission", "POST", f"/v1/jobs/{job}/cancel"),
+        ("submission", "DELETE", f"/v1/tokens/{token_id}"),
+        ("submission", "GET", "/v1/tokens?user=member&team=ml"),
+        ("submission", "GET", "/v1/admin/users?team=ml"),
+        ("submission", "DELETE", "/v1/admin/users/member?team=ml"),
+        ("registry", "GET", "/v1/models/ml/digits/versions"),
+        ("registry", "GET", "/v1/models/ml/digits/versions/1"),
+        ("billing", "GET", "/v1/usage?team=ml"),
+    ]
+    wrong = []
+    for service, method, path in attempts:
+        response = await call(world.apps[service], method, path, vision)
+        if response.status_code != 404:
+            wrong.append(f"{service} {method} {path}: {response.status_code}")
+    assert not wrong, "\n".join(wrong)
+    listed = await call(submission, "GET", "/v1/jobs", vision)
+    assert listed.json() == [] or all(j["id"] != job for j in listed.json())
+    usage = await call(world.apps["billing"], "GET", "/v1/usage", vision)
+    assert usage.status_code == 200 and usage.json()["team"] == "vision", usage.text
+    assert await snapshot(world.pools) == before
+
+
+async def test_members_cancel_their_own_jobs_and_admins_any_of_their_team(world: World) -> None:
+    from tests.integration.submission.conftest import SPEC
+
+    app = world.apps["submission"]
+    admins = await call(app, "POST", "/v1/jobs", world.tokens["admin"], content_json=SPEC)
+    members = await call(app, "POST", "/v1/jobs", world.tokens["member"], content_json=SPEC)
+    viewer = await call(app, "POST", "/v1/jobs", world.tokens["viewer"], content_json=SPEC)
+    assert viewer.status_code == 403, viewer.text
+    refused = await call(
+        app, "POST", f"/v1/jobs/{admins.json()['id']}/cancel", world.tokens["member"]
+    )
+    assert refused.status_code == 403, refused.text
+    assert "own jobs" in refused.json()["detail"]
+    own = await call(app, "POST", f"/v1/jobs/{members.json()['id']}/cancel", world.tokens["member"])
+    assert own.status_code == 202, own.text
+    by_admin = await call(
+        app, "POST", f"/v1/jobs/{admins.json()['id']}/cancel", world.tokens["admin"]
+    )
+    assert by_admin.status_code == 202, by_admin.text
+    by_operator = await call(
+        app, "POST", f"/v1/jobs/{members.json()['id']}/cancel", world.tokens["operator"]
+    )
+    assert by_operator.status_code == 202, by_operator.text
+
+
+async def test_rotation_revocation_and_expiry_take_effect_at_once_everywhere(world: World) -> None:
+    """A rotated or revoked token is refused by the very next request, by submission and by
+    every service that checks tokens with it; the audit log names who did what."""
+    submission, registry = world.apps["submission"], world.apps["registry"]
+    old = world.tokens["member"]
+    assert (await call(registry, "GET", "/v1/models/ml/x/versions", old)).status_code == 404
+    rotated = await call(
+        submission, "POST", "/v1/tokens/rotate", old, content_json={"expires_in_days": 7}
+    )
+    assert rotated.status_code == 201, rotated.text
+    new = rotated.json()["token"]
+    assert rotated.json()["expires_at"] is not None
+    for app, path in ((submission, "/v1/me"), (registry, "/v1/models/ml/x/versions")):
+        assert (await call(app, "GET", path, old)).status_code == 401
+    me = await call(submission, "GET", "/v1/me", new)
+    assert me.json()["user"] == "member" and me.json()["role"] == "member"
+    revoked = await call(submission, "DELETE", f"/v1/tokens/{me.json()['token_id']}", new)
+    assert revoked.status_code == 204, revoked.text
+    for app, path in ((submission, "/v1/me"), (registry, "/v1/models/ml/x/versions")):
+        assert (await call(app, "GET", path, new)).status_code == 401
+    # An admin revokes a team member's token; a disabled user loses every token.
+    viewer_id = (await call(submission, "GET", "/v1/me", world.tokens["viewer"])).json()["token_id"]
+    assert (
+        await call(submission, "DELETE", f"/v1/tokens/{viewer_id}", world.tokens["admin"])
+    ).status_code == 204
+    assert (await call(submission, "GET", "/v1/me", world.tokens["viewer"])).status_code == 401
+    # Expiry: the test's expired token never worked; a token expiring now stops now.
+    async with world.pools["submission"].acquire() as conn:
+        await conn.execute(
+            "UPDATE tokens SET expires_at = now() WHERE token_hash = $1",
+            hash_token(world.tokens["other-team"]),
+        )
+    expired = await call(world.apps["billing"], "GET", "/v1/usage", world.tokens["other-team"])
+    assert expired.status_code == 401
+    assert (await call(submission, "GET", "/v1/me", world.tokens["other-team"])).status_code == 401
+    audit = await call(submission, "GET", "/v1/audit", world.tokens["operator"])
+    actions = [(e["actor"], e["action"]) for e in audit.json()]
+    assert ("ml/member", "rotate token") in actions
+    assert ("ml/alice", "revoke token") in actions
+    assert all("ty_" not in str(e) for e in audit.json())  # no token in the log
+
+
+async def test_every_operator_write_is_audited_and_the_log_is_append_only(world: World) -> None:
+    scheduler = world.apps["scheduler"]
+    put = await call(
+        scheduler,
+        "PUT",
+        "/v1/admin/priority-classes/urgent",
+        world.tokens["operator"],
+        content_json={"value": 1000, "preemptible": False},
+    )
+    assert put.status_code == 201, put.text
+    refused = await call(
+        scheduler,
+        "PUT",
+        "/v1/admin/priority-classes/sneaky",
+        world.tokens["admin"],
+        content_json={"value": 99999, "preemptible": False},
+    )
+    assert refused.status_code == 403
+    by_token = await call(
+        scheduler, "DELETE", "/v1/admin/priority-classes/urgent", ADMIN_TOKEN.get_secret_value()
+    )
+    assert by_token.status_code == 204, by_token.text
+    log = (await call(scheduler, "GET", "/v1/audit", world.tokens["operator"])).json()
+    assert [(e["actor"], e["action"], e["target"]) for e in reversed(log)] == [
+        ("platform/root", "put priority-class", "urgent"),
+        ("operator-token", "delete priority-class", "urgent"),
+    ]
+    assert log[-1]["detail"]["value"] == 1000 and log[-1]["token_id"] is not None
+    async with world.pools["scheduler"].acquire() as conn:
+        for statement in ("UPDATE audit_log SET actor = 'x'", "DELETE FROM audit_log"):
+            with pytest.raises(asyncpg.RaiseError, match="append-only"):
+                await conn.execute(statement)

@@ -13,6 +13,7 @@ from pydantic import SecretStr
 from services.billing.api import create_app
 from services.billing.config import Settings
 from services.billing.service import seed_prices
+from shared.access import service_guard
 from shared.bus import REASON_HEADER
 from shared.events import Envelope, Payload
 from shared.events.payloads import AllocationReleased
@@ -92,6 +93,7 @@ async def test_duplicate_release_is_billed_once(billing: Billing) -> None:
 async def test_unknown_flavor_is_dead_lettered_with_the_reason(billing: Billing) -> None:
     payload: Payload = released("alloc-9", flavor="tpu")
     bad = Envelope.wrap(payload, source=owner(payload), subject="job-9")
+    await billing.announce(released("alloc-9", flavor="tpu"))
     await billing.bus.publish(bad)
     await billing.send(released("alloc-10"))  # consumption goes on behind it
 
@@ -135,7 +137,7 @@ async def test_usage_summary_per_team_user_and_job(billing: Billing) -> None:
     await billing.send(
         released("a4", job_id="j3", team="nlp", user="cy", duration=timedelta(hours=1))
     )
-    app = create_app(billing.pool, SecretStr("s3cret"), [])
+    app = create_app(billing.pool, service_guard(SecretStr("s3cret")), [])
     # In this event loop (the pool's), not in a test client's thread.
     transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
     async with httpx.AsyncClient(transport=transport, base_url="http://billing") as client:

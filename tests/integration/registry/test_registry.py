@@ -14,6 +14,7 @@ from pydantic import SecretStr
 
 from services.registry.api import create_app
 from services.registry.handlers import RegistryHandlers
+from shared.access import service_guard
 from shared.bus import REASON_HEADER, Bus, Delivery
 from shared.events import Envelope, Payload
 from shared.events.payloads import (
@@ -166,7 +167,7 @@ async def test_a_preempted_then_succeeded_job_is_one_version_with_its_full_linea
     assert len(await version_rows(pool, job)) == 1
 
     # The same through the read API.
-    async with client_of(create_app(pool, SecretStr("s3cret"), [])) as client:
+    async with client_of(create_app(pool, service_guard(SecretStr("s3cret")), [])) as client:
         client.headers["Authorization"] = "Bearer s3cret"
         listing = await client.get("/v1/models/vision/digits/versions")
         assert listing.status_code == 200
@@ -273,7 +274,7 @@ async def test_a_success_without_any_checkpoint_is_dead_lettered_with_the_reason
 
 
 async def test_the_read_api_can_require_the_admin_token(pool: asyncpg.Pool) -> None:
-    app = create_app(pool, SecretStr("s3cret"), [])
+    app = create_app(pool, service_guard(SecretStr("s3cret")), [])
     async with client_of(app) as client:
         assert (await client.get("/v1/models/vision/digits/versions")).status_code == 401
         ok = await client.get(

@@ -14,6 +14,7 @@ from pydantic import SecretStr
 
 from services.scheduler import repository as repo
 from services.scheduler.api import create_app
+from shared.access import service_guard
 from shared.events.payloads import AllocationGranted, JobCancelRequested, JobPending
 from tests.integration.scheduler.conftest import Scheduler, make_spec
 
@@ -26,7 +27,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 @pytest.fixture
 async def http(pool: asyncpg.Pool) -> AsyncIterator[httpx.AsyncClient]:
     # The app runs in the test's own event loop (the pool's), not in a portal thread.
-    transport = httpx.ASGITransport(app=create_app(pool, SecretStr(TOKEN)))
+    transport = httpx.ASGITransport(app=create_app(pool, service_guard(SecretStr(TOKEN))))
     async with httpx.AsyncClient(transport=transport, base_url="http://scheduler") as client:
         yield client
 
@@ -320,8 +321,8 @@ async def test_after_its_queue_is_deleted_a_team_schedules_in_its_implicit_queue
     http: httpx.AsyncClient, scheduler: Scheduler
 ) -> None:
     await scheduler.heartbeat("n1", gpus=2)
-    await put(http, "queues/vision", {"team": "vision", "quotas": {"cpu": {"nominal": 0}}})
-    await scheduler.submit("job-1", gpus=1)
+    await put(http, "queues/vision", {"team": "vision", "quotas": {"cpu": {"nominal": 4}}})
+    await scheduler.submit("job-1", gpus=3)  # more than the cluster has: it waits
     await scheduler.wait_for(JobPending, lambda p: p.job_id == "job-1")
     assert conflict(await delete(http, "queues/vision")) == (
         "queue vision is in use by unfinished jobs job-1"

@@ -15,12 +15,12 @@ from services.scheduler import admin
 from services.scheduler import repository as repo
 from services.scheduler.admin_schemas import (
     CohortRequest,
-    PriorityClassRequest,
     QueueRequest,
     QuotaRequest,
 )
 from services.scheduler.api import create_app
 from services.scheduler.scheduling import run_pass
+from shared.access import service_guard
 from shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
@@ -34,7 +34,10 @@ from shared.events.payloads import (
     JobSucceeded,
 )
 from shared.events.payloads import Environment as RunEnvironment
+from shared.identity import operator_token_principal
 from tests.integration.scheduler.conftest import Scheduler, Tuned, make_spec, until
+
+OPERATOR = operator_token_principal()
 
 pytestmark = pytest.mark.integration
 
@@ -135,16 +138,17 @@ async def test_high_priority_preempts_low_and_gets_its_gpus(scheduler: Scheduler
 async def test_a_lender_reclaims_borrowed_quota_across_its_cohort(scheduler: Scheduler) -> None:
     pool = scheduler.pool
     await scheduler.heartbeat("n1", gpus=4)
-    await admin.put_cohort(pool, "research", CohortRequest())
+    await admin.put_cohort(pool, "research", CohortRequest(), OPERATOR)
     for name, team in (("qa", "team-a"), ("qb", "team-b")):
         quotas = {"cpu": QuotaRequest(nominal=2)}
-        await admin.put_queue(pool, name, QueueRequest(team=team, cohort="research", quotas=quotas))
+        body = QueueRequest(team=team, cohort="research", quotas=quotas)
+        await admin.put_queue(pool, name, body, OPERATOR)
 
     # team-b borrows team-a's idle quota.
     await scheduler.submit("b-big", gpus=4, team="team-b")
     borrower = await running(scheduler, "b-big")
     assert await pool.fetchval("SELECT borrowed FROM allocations") is True
-    transport = httpx.ASGITransport(app=create_app(pool, SecretStr("t")))
+    transport = httpx.ASGITransport(app=create_app(pool, service_guard(SecretStr("t"))))
     async with httpx.AsyncClient(transport=transport, base_url="http://s") as http:
         view = (await http.get("/v1/queue", headers={"Authorization": "Bearer t"})).json()
     qb = next(q for q in view["queues"] if q["name"] == "qb")
@@ -234,20 +238,6 @@ async def test_pending_jobs_are_told_who_blocks_and_what_would_help(scheduler: S
     passes = scheduler.work.passes.passes
     await until(lambda: scheduler.work is not None and scheduler.work.passes.passes >= passes + 5)
     assert len(scheduler.events(JobPending, lambda p: p.job_id == "j2")) == 1
-
-
-async def test_an_unknown_priority_class_waits_until_it_is_defined(scheduler: Scheduler) -> None:
-    await scheduler.heartbeat("n1", gpus=4)
-    await scheduler.submit("odd", gpus=1, priority="urgent")
-    waits = (await scheduler.wait_for(JobPending, lambda p: p.job_id == "odd"))[0]
-    assert waits.reason == "unknown priority class urgent; defined classes: high, low, normal"
-    assert waits.blocking == "priority class urgent"
-    assert scheduler.events(AllocationGranted) == []
-
-    body = PriorityClassRequest(value=500, preemptible=True)
-    await admin.put_priority_class(scheduler.pool, "urgent", body)
-    (grant,) = await scheduler.wait_for(AllocationGranted)
-    assert grant.job_id == "odd"
 
 
 async def test_the_victim_is_the_job_that_loses_the_least_work(scheduler: Scheduler) -> None:

@@ -19,7 +19,7 @@ import asyncpg
 import httpx
 import pytest
 
-from services.submission import commands, handlers
+from services.submission import handlers, identity
 from services.submission.api import AppDeps, create_app
 from services.submission.config import Settings
 from services.submission.service import MIGRATIONS, NAME, SUBJECTS, event_handler
@@ -137,8 +137,8 @@ async def running_submission(
         asyncio.create_task(OutboxRelay(pool, bus, idle_poll_s=0.1).run(stop)),
         asyncio.create_task(bus.consume_batches(NAME, SUBJECTS, consumer, stop)),
     ]
-    admin = await commands.bootstrap_admin(pool, "ml", "alice")
-    other = await commands.bootstrap_admin(pool, "vision", "bob")
+    admin = await identity.bootstrap_user(pool, "ml", "alice")
+    other = await identity.bootstrap_user(pool, "vision", "bob")
     store = open_store(settings.storage.uri, settings.storage)
     try:
         # ASGI in this event loop (Litestar's AsyncTestClient runs the app on another loop,

@@ -24,7 +24,7 @@ T0 = datetime(2025, 3, 1, 8, 0, tzinfo=UTC)
 
 @pytest.fixture(autouse=True)
 def _admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The operator token is a required setting (``shared.operator_auth``)."""
+    """The operator token is a required setting (``shared.access``)."""
     monkeypatch.setenv("TRAINYARD_BILLING_ADMIN_TOKEN", "op-token")
 
 

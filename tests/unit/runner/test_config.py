@@ -11,7 +11,7 @@ from services.runner.config import Settings, default_node_id
 
 @pytest.fixture(autouse=True)
 def _admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The operator token is a required setting (``shared.operator_auth``)."""
+    """The operator token is a required setting (``shared.access``)."""
     monkeypatch.setenv("TRAINYARD_RUNNER_ADMIN_TOKEN", "op-token")
 
 

@@ -11,7 +11,7 @@ from services.scheduler.service import tuning_from
 
 @pytest.fixture(autouse=True)
 def _admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The operator token is a required setting (``shared.operator_auth``)."""
+    """The operator token is a required setting (``shared.access``)."""
     monkeypatch.setenv("TRAINYARD_SCHEDULER_ADMIN_TOKEN", "op-token")
 
 

@@ -1,0 +1,318 @@
+"""Users, teams and tokens: who may call the platform, as the one service that owns them.
+
+Contract:
+- ``authenticate`` turns a bearer token into a ``Caller`` only while the token is unrevoked,
+  unexpired and its user enabled; one primary-key lookup, no cache, so a revocation,
+  expiry or disabling is refused by the very next request.
+- Roles (``shared.identity.Role``): viewer < member < admin within a team; operator over the
+  platform. A user is created by an admin of its team (roles up to admin) or by an operator
+  (any team, any role, operator included). A user manages its own tokens; an admin manages
+  those of its team's users; an operator those of everyone. Another team's user or token
+  is ``NotFound`` for anyone but an operator, exactly like one that does not exist.
+- Every change to users or tokens is recorded in the audit log (``shared.audit``) in the
+  same transaction. Tokens themselves are never stored (only their SHA-256), logged or
+  recorded; a new token is in the response exactly once.
+- Rotation issues a new token with the old one's label and revokes the presented one, in
+  one transaction: a client that got the answer holds a working token, and the old one is
+  dead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+
+from services.submission import identity_repository as repo
+from services.submission.errors import Conflict, Forbidden, NotFound, UserExists
+from services.submission.identity_schemas import (
+    MeView,
+    TokenCreated,
+    TokenRequest,
+    TokenView,
+    UserView,
+)
+from services.submission.schemas import CreateUserRequest, UserCreated
+from shared import audit
+from shared.auth import hash_token, new_token
+from shared.identity import Principal, Role
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The user behind a request's bearer token."""
+
+    user_id: int
+    user: str
+    team_id: int
+    team: str
+    role: Role
+    token_id: int
+    token_name: str = "default"
+    expires_at: datetime | None = None
+
+    @property
+    def principal(self) -> Principal:
+        return Principal(user=self.user, team=self.team, role=self.role, token_id=self.token_id)
+
+    @property
+    def is_admin(self) -> bool:
+        """Admin of its team (operators included)."""
+        return self.principal.has(Role.ADMIN)
+
+    def require(self, role: Role, doing: str) -> None:
+        self.principal.require(role, doing)
+
+    def me(self) -> MeView:
+        return MeView(
+            user=self.user,
+            team=self.team,
+            role=str(self.role),
+            token_id=self.token_id,
+            token_name=self.token_name,
+            expires_at=self.expires_at,
+        )
+
+
+async def authenticate(pool: asyncpg.Pool, token: str) -> Caller | None:
+    async with pool.acquire() as conn:
+        row = await repo.caller_by_token(conn, hash_token(token))
+    if row is None:
+        return None
+    return Caller(
+        user_id=row["user_id"],
+        user=row["user_name"],
+        team_id=row["team_id"],
+        team=row["team_name"],
+        role=Role(row["role"]),
+        token_id=row["token_id"],
+        token_name=row["token_name"],
+        expires_at=row["expires_at"],
+    )
+
+
+def _expiry(days: int | None) -> datetime | None:
+    return None if days is None else datetime.now(UTC) + timedelta(days=days)
+
+
+async def add_user(
+    conn: asyncpg.Connection,
+    team: str,
+    name: str,
+    role: Role,
+    ttl_days: int | None,
+    created_by: int | None = None,
+) -> tuple[str, asyncpg.Record]:
+    """Create ``team`` if needed and a user in it with a first token; return the token (shown
+    once) and its row."""
+    team_id = await repo.ensure_team(conn, team)
+    user_id = await repo.insert_user(conn, team_id, name, str(role))
+    if user_id is None:
+        raise UserExists(f"user {name!r} already exists in team {team!r}")
+    token, token_hash = new_token()
+    row = await repo.insert_token(
+        conn, token_hash, user_id, "default", _expiry(ttl_days), created_by
+    )
+    return token, row
+
+
+async def bootstrap_user(
+    pool: asyncpg.Pool, team: str, name: str, role: Role = Role.ADMIN, ttl_days: int | None = None
+) -> str:
+    """The first admin of ``team`` (or an operator), creating the team; returns the token.
+    Raises ``UserExists`` when the team already has that user."""
+    async with pool.acquire() as conn, conn.transaction():
+        token, row = await add_user(conn, team, name, role, ttl_days)
+        bootstrap = Principal(user="bootstrap", team=None, role=Role.OPERATOR, token_id=None)
+        await audit.record(
+            conn,
+            bootstrap,
+            "create user",
+            f"{team}/{name}",
+            {"role": str(role), "token_id": row["id"]},
+        )
+        return token
+
+
+async def create_user(
+    pool: asyncpg.Pool, caller: Caller, request: CreateUserRequest, ttl_days: int | None
+) -> UserCreated:
+    caller.require(Role.ADMIN, "creating users")
+    team = request.team or caller.team
+    role = Role(request.role)
+    if team != caller.team and not caller.principal.is_operator:
+        raise Forbidden(f"admins create users in their own team ({caller.team}) only")
+    if role is Role.OPERATOR and not caller.principal.is_operator:
+        raise Forbidden("only operators create operators")
+    async with pool.acquire() as conn, conn.transaction():
+        try:
+            token, row = await add_user(conn, team, request.name, role, ttl_days, caller.user_id)
+        except UserExists as exc:
+            raise Conflict(str(exc)) from None
+        await audit.record(
+            conn,
+            caller.principal,
+            "create user",
+            f"{team}/{request.name}",
+            {"role": str(role), "token_id": row["id"]},
+        )
+    return UserCreated(user=request.name, team=team, role=str(role), token=token)
+
+
+async def _team_in_reach(conn: asyncpg.Connection, caller: Caller, team: str | None) -> int:
+    """The id of ``team`` (default: the caller's) when the caller may manage it."""
+    if team is None or team == caller.team:
+        return caller.team_id
+    if not caller.principal.is_operator:
+        raise NotFound(f"no team {team!r}")
+    found = await repo.team_id(conn, team)
+    if found is None:
+        raise NotFound(f"no team {team!r}")
+    return found
+
+
+async def list_users(pool: asyncpg.Pool, caller: Caller, team: str | None) -> list[UserView]:
+    caller.require(Role.ADMIN, "listing users")
+    async with pool.acquire() as conn:
+        team_id = await _team_in_reach(conn, caller, team)
+        rows = await repo.users(conn, team_id)
+    shown = team or caller.team
+    return [
+        UserView(
+            name=r["name"],
+            team=shown,
+            role=r["role"],
+            created_at=r["created_at"],
+            disabled_at=r["disabled_at"],
+        )
+        for r in rows
+    ]
+
+
+async def disable_user(pool: asyncpg.Pool, caller: Caller, name: str, team: str | None) -> None:
+    """Disable a user of the caller's team (operators: any team) and revoke its tokens."""
+    caller.require(Role.ADMIN, "disabling users")
+    async with pool.acquire() as conn, conn.transaction():
+        team_id = await _team_in_reach(conn, caller, team)
+        row = await repo.user(conn, team_id, name)
+        if row is None:
+            raise NotFound(f"no user {name!r} in team {team or caller.team!r}")
+        if row["id"] == caller.user_id:
+            raise Conflict("you cannot disable yourself; ask another admin")
+        if row["role"] == Role.OPERATOR and not caller.principal.is_operator:
+            raise Forbidden("only operators disable operators")
+        await repo.disable_user(conn, row["id"], datetime.now(UTC))
+        await audit.record(conn, caller.principal, "disable user", f"{team or caller.team}/{name}")
+
+
+def _token_view(row: asyncpg.Record) -> TokenView:
+    return TokenView(
+        id=row["id"],
+        name=row["name"],
+        user=row["user_name"],
+        team=row["team_name"],
+        created_at=row["created_at"],
+        expires_at=row["expires_at"],
+        revoked_at=row["revoked_at"],
+    )
+
+
+async def list_tokens(
+    pool: asyncpg.Pool, caller: Caller, user: str | None, team: str | None
+) -> list[TokenView]:
+    """The tokens of ``user`` (default: the caller), never the tokens themselves."""
+    async with pool.acquire() as conn:
+        user_id = await _user_in_reach(conn, caller, user, team)
+        rows = await repo.tokens_of_user(conn, user_id)
+    return [_token_view(r) for r in rows]
+
+
+async def _user_in_reach(
+    conn: asyncpg.Connection, caller: Caller, user: str | None, team: str | None
+) -> int:
+    if (user is None or user == caller.user) and (team is None or team == caller.team):
+        return caller.user_id
+    caller.require(Role.ADMIN, "managing another user's tokens")
+    team_id = await _team_in_reach(conn, caller, team)
+    row = await repo.user(conn, team_id, user or caller.user)
+    if row is None:
+        raise NotFound(f"no user {user!r} in team {team or caller.team!r}")
+    return int(row["id"])
+
+
+async def create_token(
+    pool: asyncpg.Pool, caller: Caller, request: TokenRequest, ttl_days: int | None
+) -> TokenCreated:
+    """A new token for the caller itself (viewers included)."""
+    async with pool.acquire() as conn, conn.transaction():
+        return await _issue(
+            conn, caller, request.name or "default", request, ttl_days, "create token"
+        )
+
+
+async def rotate_token(
+    pool: asyncpg.Pool, caller: Caller, request: TokenRequest, ttl_days: int | None
+) -> TokenCreated:
+    """A new token replacing the one the caller presented, which is revoked."""
+    async with pool.acquire() as conn, conn.transaction():
+        if not await repo.revoke_token(conn, caller.token_id, datetime.now(UTC)):
+            raise Conflict("this token was revoked meanwhile")
+        name = request.name or caller.token_name
+        return await _issue(conn, caller, name, request, ttl_days, "rotate token")
+
+
+async def _issue(
+    conn: asyncpg.Connection,
+    caller: Caller,
+    name: str,
+    request: TokenRequest,
+    ttl_days: int | None,
+    action: str,
+) -> TokenCreated:
+    token, token_hash = new_token()
+    days = request.expires_in_days or ttl_days
+    row = await repo.insert_token(
+        conn, token_hash, caller.user_id, name, _expiry(days), caller.user_id
+    )
+    await audit.record(
+        conn,
+        caller.principal,
+        action,
+        f"{caller.team}/{caller.user}",
+        {
+            "token_id": row["id"],
+            "name": name,
+            "replaces": caller.token_id if action == "rotate token" else None,
+        },
+    )
+    return TokenCreated(
+        id=row["id"],
+        name=row["name"],
+        user=caller.user,
+        team=caller.team,
+        created_at=row["created_at"],
+        expires_at=row["expires_at"],
+        token=token,
+    )
+
+
+async def revoke_token(pool: asyncpg.Pool, caller: Caller, token_id: int) -> None:
+    """Revoke a token of the caller's, of its team's users (admins) or anyone's
+    (operators). Revoking a revoked token changes nothing."""
+    async with pool.acquire() as conn, conn.transaction():
+        row = await repo.token(conn, token_id)
+        missing = NotFound(f"no token {token_id}")
+        if row is None:
+            raise missing
+        others = caller.is_admin and caller.principal.may_see_team(row["team_name"])
+        if row["user_id"] != caller.user_id and not others:
+            raise missing
+        if await repo.revoke_token(conn, token_id, datetime.now(UTC)):
+            await audit.record(
+                conn,
+                caller.principal,
+                "revoke token",
+                f"{row['team_name']}/{row['user_name']}",
+                {"token_id": token_id},
+            )

@@ -1,0 +1,129 @@
+"""Authentication of every HTTP endpoint of every service, and the caller it yields.
+
+Contract:
+- Every service's app is built with one app-level guard, so a route added later is
+  authenticated without anyone remembering to. The only routes open to anyone are the probes
+  in ``OPEN_PATHS`` (``/healthz``, ``/readyz``): they say whether the process is alive and
+  ready, nothing about the cluster.
+- ``service_guard`` (scheduler, registry, billing, runner) accepts two credentials in
+  ``Authorization: Bearer <token>``:
+  * the service's operator token (``TRAINYARD_<SERVICE>_ADMIN_TOKEN``, compared in constant
+    time): the caller is ``shared.identity.operator_token_principal()``;
+  * a user token, checked with the submission service on every request
+    (``shared.identity.IdentityClient``, when the service has an ``identity_url``): the
+    caller is that user with its team and role.
+  Anything else is 401; a missing header, a malformed one and a wrong, revoked or expired
+  token are not told apart. The identity service being down is 503, never an open door.
+- Each route declares the least role it needs with ``opt=needs(Role.X)`` (default: any
+  authenticated caller, i.e. viewer); the guard refuses a caller below it with 403 before
+  the handler runs or the body is read (``enforce_least_role``). Handlers receive the caller
+  as the ``principal`` dependency (``principal_dependency``) for finer checks (whose team).
+- The operator token is a required setting of each operator service: a service started
+  without it exits with status 2 naming the variable. No configuration opens an endpoint.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Final
+
+from litestar.connection import ASGIConnection
+from litestar.di import Provide
+from litestar.exceptions import NotAuthorizedException
+from litestar.handlers import BaseRouteHandler
+from litestar.types import Guard
+from pydantic import SecretStr
+
+from shared.auth import bearer_token
+from shared.identity import IdentityClient, Principal, Role, operator_token_principal
+from shared.settings import GuardedServiceSettings
+
+OPEN_PATHS: Final[frozenset[str]] = frozenset({"/healthz", "/readyz"})
+"""Request paths answered without a token: the liveness and readiness probes."""
+
+UNAUTHENTICATED: Final = (
+    "missing, invalid, expired or revoked token (Authorization: Bearer <token>)"
+)
+_PRINCIPAL: Final = "trainyard_principal"
+
+
+def is_open_probe(connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
+    """True when the request is for one of ``OPEN_PATHS`` (exactly: no prefix, no suffix)."""
+    return connection.scope["path"] in OPEN_PATHS
+
+
+def service_guard(admin_token: SecretStr, identity: IdentityClient | None = None) -> Guard:
+    """An app-level guard: every route but the probes needs the operator token or (with
+    ``identity``) a valid user token. Raises ``ValueError`` for an empty operator token."""
+    expected = admin_token.get_secret_value().encode()
+    if not expected.strip():
+        raise ValueError("the operator (admin) token must not be empty")
+
+    async def guard(
+        connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
+    ) -> None:
+        if is_open_probe(connection):
+            return
+        presented = bearer_token(connection.headers.get("authorization"))
+        if presented is None:
+            raise NotAuthorizedException(UNAUTHENTICATED)
+        principal: Principal | None = None
+        if secrets.compare_digest(presented.encode(), expected):
+            principal = operator_token_principal()
+        elif identity is not None:
+            principal = await identity.principal(presented)
+        if principal is None:
+            raise NotAuthorizedException(UNAUTHENTICATED)
+        enforce_least_role(principal, connection, handler)
+        remember(connection, principal)
+
+    return guard
+
+
+@asynccontextmanager
+async def guard_for(settings: GuardedServiceSettings) -> AsyncIterator[Guard]:
+    """The ``service_guard`` of a service's settings; its identity client (when
+    ``identity_url`` is set) is closed on exit."""
+    identity = IdentityClient(settings.identity_url) if settings.identity_url else None
+    try:
+        yield service_guard(settings.admin_token, identity)
+    finally:
+        if identity is not None:
+            await identity.aclose()
+
+
+_LEAST_ROLE: Final = "least_role"
+
+
+def needs(role: Role) -> dict[str, Any]:
+    """The ``opt`` of a route that only ``role`` and those above it may call."""
+    return {_LEAST_ROLE: role}
+
+
+def enforce_least_role(
+    principal: Principal,
+    connection: ASGIConnection[Any, Any, Any, Any],
+    handler: BaseRouteHandler,
+) -> None:
+    """Raise ``Denied`` (403) when ``principal`` ranks below the route's declared role."""
+    role = handler.opt.get(_LEAST_ROLE, Role.VIEWER)
+    principal.require(role, f"{connection.scope.get('method', '')} {connection.scope['path']}")
+
+
+def remember(connection: ASGIConnection[Any, Any, Any, Any], principal: Principal) -> None:
+    """Keep the authenticated caller for ``principal_dependency`` (guards call this)."""
+    connection.state[_PRINCIPAL] = principal
+
+
+def _principal(request: ASGIConnection[Any, Any, Any, Any]) -> Principal:
+    principal = request.state.get(_PRINCIPAL)
+    if not isinstance(principal, Principal):
+        raise NotAuthorizedException(UNAUTHENTICATED)
+    return principal
+
+
+def principal_dependency() -> dict[str, Provide]:
+    """The app dependency ``principal``: the caller the guard authenticated."""
+    return {"principal": Provide(_principal, sync_to_thread=False)}

@@ -1,0 +1,95 @@
+"""The append-only audit log every service keeps of privileged writes.
+
+Contract:
+- ``record`` appends one row (who: actor, team, role and token id; what: action and target;
+  detail: the request's effective fields, never a token) on the caller's connection, so it
+  commits or rolls back with the change it describes. Call it inside the write's transaction.
+- Every write by an admin or an operator is recorded, and every change to users or tokens
+  whoever makes it (``must_record``).
+- The table refuses UPDATE, DELETE and TRUNCATE (``shared/migrations/0004_audit_log.sql``).
+- ``audit_route`` serves ``GET /v1/audit`` (newest first, keyset-paged with ``before``), to
+  operators only.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+import asyncpg
+from litestar import get
+from litestar.di import NamedDependency
+from litestar.handlers import HTTPRouteHandler
+from litestar.params import QueryParameter
+from pydantic import BaseModel
+
+from shared.access import needs
+from shared.identity import Principal, Role
+
+
+class AuditEntry(BaseModel):
+    """One privileged write: who did what to what, when, with which token."""
+
+    id: int
+    at: datetime
+    actor: str
+    team: str | None
+    role: str
+    token_id: int | None
+    action: str
+    target: str
+    detail: dict[str, Any]
+
+
+def must_record(principal: Principal) -> bool:
+    """True when ``principal``'s writes go to the audit log (admins and operators)."""
+    return principal.has(Role.ADMIN)
+
+
+async def record(
+    conn: asyncpg.Connection,
+    principal: Principal,
+    action: str,
+    target: str,
+    detail: dict[str, Any] | None = None,
+) -> None:
+    """Append one entry on ``conn`` (inside the write's own transaction)."""
+    await conn.execute(
+        """INSERT INTO audit_log (actor, team, role, token_id, action, target, detail)
+           VALUES ($1, $2, $3, $4, $5, $6, $7)""",
+        principal.actor,
+        principal.team,
+        str(principal.role),
+        principal.token_id,
+        action,
+        target,
+        detail or {},
+    )
+
+
+async def entries(conn: asyncpg.Connection, before: int | None, limit: int) -> list[AuditEntry]:
+    """The newest ``limit`` entries with an id below ``before`` (all when None)."""
+    rows = await conn.fetch(
+        """SELECT id, at, actor, team, role, token_id, action, target, detail FROM audit_log
+           WHERE $1::bigint IS NULL OR id < $1 ORDER BY id DESC LIMIT $2""",
+        before,
+        limit,
+    )
+    return [AuditEntry(**dict(row)) for row in rows]
+
+
+def audit_route(pool: asyncpg.Pool) -> HTTPRouteHandler:
+    """``GET /v1/audit?before=<id>&limit=<n>``: the service's audit log, operators only."""
+
+    @get("/v1/audit", opt=needs(Role.OPERATOR))
+    async def audit_log(
+        principal: NamedDependency[Principal],
+        before: Annotated[
+            int | None, QueryParameter(ge=1, description="entries older than this id")
+        ] = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 100,
+    ) -> list[AuditEntry]:
+        async with pool.acquire() as conn:
+            return await entries(conn, before, limit)
+
+    return audit_log

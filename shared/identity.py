@@ -1,0 +1,130 @@
+"""Who is calling, and what each role may do: the one access model of every service.
+
+Contract:
+- Roles rank ``viewer < member < admin`` within a team, and ``operator`` above all of them on
+  the whole platform (Kubernetes' view/edit/admin/cluster-admin, in that order):
+  * viewer: read the team's jobs, logs, metrics, models and costs;
+  * member: also submit jobs, upload code, cancel its own jobs, manage its own tokens;
+  * admin: also manage the team's users and tokens, and cancel any of the team's jobs;
+  * operator: queues, quotas, flavors, priority classes, dead letters, the audit log, and
+    every team's data.
+- A ``Principal`` is the caller a service authenticated: a user of a team (from a user
+  token, which only the submission service can check: it owns users, teams and tokens) or
+  the service's own operator credential (``OPERATOR_TOKEN_ACTOR``, no team, no token id).
+- ``IdentityClient`` is how every other service checks a user token: it asks the submission
+  service ``GET /v1/me`` with that very token, on every request. Nothing is cached, so a
+  revoked or expired token is refused at once everywhere. It never logs a token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+import httpx
+
+
+class Role(StrEnum):
+    VIEWER = "viewer"
+    MEMBER = "member"
+    ADMIN = "admin"
+    OPERATOR = "operator"
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+
+_RANK: Final[dict[Role, int]] = {
+    Role.VIEWER: 0,
+    Role.MEMBER: 1,
+    Role.ADMIN: 2,
+    Role.OPERATOR: 3,
+}
+
+OPERATOR_TOKEN_ACTOR: Final = "operator-token"
+"""The actor name of a request made with a service's configured operator token."""
+
+
+class Denied(Exception):
+    """The caller is authenticated but its role does not allow this (answered 403)."""
+
+
+class IdentityUnavailable(Exception):
+    """The identity service (submission) could not be asked (answered 503)."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    """An authenticated caller: ``user`` of ``team`` with ``role``; ``token_id`` names the
+    token it used (None for the operator token)."""
+
+    user: str
+    team: str | None
+    role: Role
+    token_id: int | None
+
+    @property
+    def is_operator(self) -> bool:
+        return self.role is Role.OPERATOR
+
+    def has(self, role: Role) -> bool:
+        """True when this caller's role is ``role`` or ranks above it."""
+        return self.role.rank >= role.rank
+
+    def require(self, role: Role, doing: str) -> None:
+        """Raise ``Denied`` (403) unless the caller has at least ``role``."""
+        if not self.has(role):
+            raise Denied(f"{doing} needs the {role} role; you are {self.role}")
+
+    def may_see_team(self, team: str) -> bool:
+        """A team's data is visible to its own users and to operators."""
+        return self.is_operator or self.team == team
+
+    @property
+    def actor(self) -> str:
+        """How the audit log names the caller: ``team/user``, or the operator token."""
+        return self.user if self.team is None else f"{self.team}/{self.user}"
+
+
+def operator_token_principal() -> Principal:
+    """The caller behind a service's configured operator token."""
+    return Principal(user=OPERATOR_TOKEN_ACTOR, team=None, role=Role.OPERATOR, token_id=None)
+
+
+class IdentityClient:
+    """Checks user tokens with the submission service (``GET {base_url}/v1/me``)."""
+
+    def __init__(
+        self, base_url: str, timeout_s: float = 5.0, http: httpx.AsyncClient | None = None
+    ):
+        self._http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def principal(self, token: str) -> Principal | None:
+        """The user behind ``token``, or None when the token is not valid now (unknown,
+        revoked, expired, or its user disabled). Raises ``IdentityUnavailable`` when the
+        identity service cannot answer."""
+        try:
+            response = await self._http.get("/v1/me", headers={"Authorization": f"Bearer {token}"})
+        except httpx.HTTPError as exc:
+            raise IdentityUnavailable(
+                f"identity service unreachable ({type(exc).__name__})"
+            ) from None
+        if response.status_code == 401:
+            return None
+        if response.status_code != 200:
+            raise IdentityUnavailable(f"identity service answered {response.status_code}")
+        try:
+            me = response.json()
+            return Principal(
+                user=str(me["user"]),
+                team=str(me["team"]),
+                role=Role(me["role"]),
+                token_id=int(me["token_id"]),
+            )
+        except (ValueError, KeyError, TypeError):
+            raise IdentityUnavailable("identity service answered something unexpected") from None
