@@ -6,6 +6,9 @@
     trainyard logs JOB_ID [-f]               the job's output (and follow it to the end)
     trainyard list [--status S]              the team's jobs, newest first
     trainyard cancel JOB_ID                  ask for a job to be cancelled
+    trainyard whoami | token ... | user ... | audit
+                                             who you are; your tokens; the team's users;
+                                             the audit log (``trainyard.cli_access``)
 
 ``submit`` packs the working directory into a code bundle (``trainyard.bundle``: honours
 ``.gitignore`` and ``.trainyardignore``), uploads it unless the team has it already, and
@@ -34,6 +37,7 @@ from typing import Any, NoReturn, TextIO
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from trainyard import cli_access
 from trainyard.bundle import DEFAULT_MAX_BYTES, BundleError, format_size, pack
 from trainyard.client import SETTLE_SECONDS, TrainyardClient, TrainyardError
 
@@ -101,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     logs.add_argument(
         "-f", "--follow", action="store_true", help="keep printing until the job has ended"
     )
+    cli_access.add_commands(commands, common)
     return parser
 
 
@@ -143,6 +148,10 @@ def _client(args: argparse.Namespace, settings: CliSettings) -> TrainyardClient:
 
 def _run(client: TrainyardClient, args: argparse.Namespace, settings: CliSettings) -> int:
     as_json = getattr(args, "json", False)
+    if args.command in cli_access.COMMANDS:
+        shown = cli_access.run(client, args, as_json)
+        print(shown if isinstance(shown, str) else _dumps(shown))
+        return 0
     if args.command == "submit":
         return _submit(client, args, as_json, settings)
     if args.command == "logs":

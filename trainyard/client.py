@@ -123,6 +123,43 @@ class TrainyardClient:
             params["limit"] = limit
         return self._object("GET", f"/v1/jobs/{_segment(job_id)}/logs", params=params)
 
+    # --- who: the caller, tokens, users, the audit log -----------------------------------
+
+    def whoami(self) -> dict[str, Any]:
+        """The user, team and role of this client's token, and the token's id and expiry."""
+        return self._object("GET", "/v1/me")
+
+    def tokens(self, user: str | None = None, team: str | None = None) -> list[dict[str, Any]]:
+        """Tokens (never their secrets) of ``user`` (default: this client's user)."""
+        params = {k: v for k, v in (("user", user), ("team", team)) if v}
+        return self._list("GET", "/v1/tokens", params=params)
+
+    def create_token(self, name: str | None = None, days: int | None = None) -> dict[str, Any]:
+        """A new token for this client's user; the secret is in ``token``, shown once."""
+        return self._object("POST", "/v1/tokens", json=_token_body(name, days))
+
+    def rotate_token(self, name: str | None = None, days: int | None = None) -> dict[str, Any]:
+        """Replace this client's token: a new one (``token``) and the old one revoked."""
+        return self._object("POST", "/v1/tokens/rotate", json=_token_body(name, days))
+
+    def revoke_token(self, token_id: int) -> None:
+        self._response("DELETE", f"/v1/tokens/{int(token_id)}")
+
+    def users(self, team: str | None = None) -> list[dict[str, Any]]:
+        return self._list("GET", "/v1/admin/users", params={"team": team} if team else {})
+
+    def create_user(self, name: str, role: str, team: str | None = None) -> dict[str, Any]:
+        body = {"name": name, "role": role, **({"team": team} if team else {})}
+        return self._object("POST", "/v1/admin/users", json=body)
+
+    def disable_user(self, name: str, team: str | None = None) -> None:
+        params = {"team": team} if team else {}
+        self._response("DELETE", f"/v1/admin/users/{_segment(name)}", params=params)
+
+    def audit(self, before: int | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        params: dict[str, int] = {"limit": limit, **({"before": before} if before else {})}
+        return self._list("GET", "/v1/audit", params=params)
+
     def bundle_stored(self, sha256: str) -> bool:
         """Whether the caller's team has uploaded the bundle ``sha256``."""
         path = f"/v1/bundles/{_segment(sha256)}"
@@ -200,6 +237,12 @@ class TrainyardClient:
             raise TrainyardError(0, "unexpected response: expected a JSON object")
         return body
 
+    def _list(self, method: str, path: str, **kwargs: Any) -> list[dict[str, Any]]:
+        body = self._request(method, path, **kwargs)
+        if not isinstance(body, list):
+            raise TrainyardError(0, "unexpected response: expected a JSON list")
+        return body
+
     def _request(
         self, method: str, path: str, headers: dict[str, str] | None = None, **kwargs: Any
     ) -> Any:
@@ -223,6 +266,10 @@ class TrainyardClient:
             str(detail or response.reason_phrase or "request failed"),
             errors if isinstance(errors, list) else None,
         )
+
+
+def _token_body(name: str | None, days: int | None) -> dict[str, Any]:
+    return {k: v for k, v in (("name", name), ("expires_in_days", days)) if v is not None}
 
 
 def _settled(view: dict[str, Any]) -> bool:

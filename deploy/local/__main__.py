@@ -34,6 +34,8 @@ from deploy.local.stack import SERVICES, LocalStack, project_root
 
 DEMO_TEAM = "ml-research"
 DEMO_USER = "demo-admin"
+OPERATOR_TEAM = "platform"
+OPERATOR_USER = "operator"
 DEMO_SPEC = Path("examples") / "digits.job.json"
 # How lineage is printed: the keys we know first, then whatever else the registry records.
 LINEAGE_ORDER = (
@@ -107,10 +109,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         progress=_say,
     )
     with stack:
+        token: str | None
+        operator: str | None
         try:
             token = stack.bootstrap_admin(args.team, args.user)
+            operator = stack.bootstrap_admin(OPERATOR_TEAM, OPERATOR_USER, role="operator")
         except RuntimeError as exc:  # e.g. the admin exists already in a kept data dir
-            token = None
+            token = operator = None
             print(f"warning: no admin token: {exc}", file=sys.stderr, flush=True)
         _say("")
         _say("Trainyard is up. Ctrl-C stops it.")
@@ -120,13 +125,15 @@ def cmd_up(args: argparse.Namespace) -> int:
         _say(f"  database    {stack.database_url}")
         _say(f"  storage     {stack.storage_uri}")
         _say(f"  logs        {stack.log_dir}")
-        _say(f"  operator    token: {stack.admin_token}")
-        _say("              (Authorization: Bearer <token> on the scheduler, registry, billing")
-        _say("              and runner APIs, e.g.:")
-        _say(
-            f"              curl -H 'Authorization: Bearer {stack.admin_token}' "
-            f"{stack.service_urls['scheduler']}/v1/queue)"
-        )
+        _say(f"  services' operator token: {stack.admin_token}")
+        _say("              (break-glass: accepted by the scheduler, registry, billing and")
+        _say("              runner APIs, never expires; rotate it by restarting)")
+        if operator is not None:
+            _say(f"  operator    {OPERATOR_USER} of team {OPERATOR_TEAM}, token: {operator}")
+            _say(
+                f"              curl -H 'Authorization: Bearer {operator}' "
+                f"{stack.service_urls['scheduler']}/v1/queue"
+            )
         if token is not None:
             _say(f"  admin       {args.user} of team {args.team}, token: {token}")
             _say("\nFor the trainyard CLI:")

@@ -18,7 +18,9 @@ Layout under ``data_dir``: ``nats/`` (JetStream store and ``nats.conf``), ``post
 
 The stack makes one random operator token at construction (``admin_token``) and gives it to
 every service as ``TRAINYARD_<SERVICE>_ADMIN_TOKEN``: their operator endpoints (and the
-runner's ``/v1/node``) require ``Authorization: Bearer <admin_token>``.
+runner's ``/v1/node``) accept ``Authorization: Bearer <admin_token>``. Each of those services
+also gets ``TRAINYARD_<SERVICE>_IDENTITY_URL`` (the submission service), so users' own tokens
+work there too, within their role.
 
 Every child gets this process's environment without any inherited ``TRAINYARD_*``
 variable, then the stack's settings (``env``: infrastructure plus ``extra_env``), then its
@@ -308,10 +310,13 @@ class LocalStack:
 
     # --- operations ------------------------------------------------------------------
 
-    def bootstrap_admin(self, team: str, user: str, timeout_s: float = 120.0) -> str:
-        """Create the first admin of ``team`` and return its bearer token."""
+    def bootstrap_admin(
+        self, team: str, user: str, timeout_s: float = 120.0, role: str = "admin"
+    ) -> str:
+        """Create the first admin of ``team`` (or, with ``role="operator"``, a platform
+        operator) and return its bearer token."""
         argv = [*self._service_argv("submission"), "bootstrap-admin"]
-        argv += ["--team", team, "--user", user]
+        argv += ["--team", team, "--user", user, "--role", role]
         result = subprocess.run(
             argv,
             env=self._child_env("submission"),
@@ -475,6 +480,9 @@ class LocalStack:
         env.update(self._own_env.get(name, {}))
         if name in self._ports:
             env[f"TRAINYARD_{kind.upper()}_PORT"] = str(self._ports[name])
+        if kind in ADMIN_TOKEN_SERVICES and "submission" in self._ports:
+            # They check user tokens with the submission service (shared.identity).
+            env[f"TRAINYARD_{kind.upper()}_IDENTITY_URL"] = self.submission_url
         # Logs must reach the file as they happen, not when a buffer fills.
         env["PYTHONUNBUFFERED"] = "1"
         no_proxy = ",".join(p for p in (env.get("NO_PROXY"), LOOPBACK, "localhost") if p)

@@ -1,0 +1,99 @@
+"""``trainyard whoami | token | user | audit``: the right request for each, and the output."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from trainyard import cli
+from trainyard.client import TrainyardClient
+
+ME = {
+    "user": "ada",
+    "team": "ml",
+    "role": "member",
+    "token_id": 7,
+    "token_name": "laptop",
+    "expires_at": "2027-03-01T00:00:00Z",
+}
+MADE = {
+    "id": 8,
+    "name": "laptop",
+    "user": "ada",
+    "team": "ml",
+    "created_at": "2026-12-03T00:00:00Z",
+    "expires_at": None,
+    "token": "ty_new",
+}
+
+
+@pytest.fixture
+def seen(monkeypatch: pytest.MonkeyPatch) -> list[httpx.Request]:
+    requests: list[httpx.Request] = []
+
+    def route(request: httpx.Request) -> httpx.Response:
+        requests.append(request)
+        path, method = request.url.path, request.method
+        if path == "/v1/me":
+            return httpx.Response(200, json=ME)
+        if path in ("/v1/tokens", "/v1/tokens/rotate") and method == "POST":
+            return httpx.Response(201, json=MADE)
+        if path.startswith("/v1/tokens/") and method == "DELETE":
+            return httpx.Response(204)
+        if path == "/v1/admin/users" and method == "POST":
+            return httpx.Response(
+                201, json={"user": "bo", "team": "ml", "role": "viewer", "token": "ty_bo"}
+            )
+        if path == "/v1/audit":
+            return httpx.Response(
+                403,
+                json={
+                    "detail": "GET /v1/audit needs the operator role; you are member",
+                    "errors": [],
+                },
+            )
+        return httpx.Response(404, json={"detail": "nope", "errors": []})
+
+    def make(base_url: str, token: str, timeout: float = 10, **_: Any) -> TrainyardClient:
+        return TrainyardClient(base_url, token, timeout, transport=httpx.MockTransport(route))
+
+    monkeypatch.setattr(cli, "TrainyardClient", make)
+    monkeypatch.setenv("TRAINYARD_TOKEN", "ty_old")
+    return requests
+
+
+def test_whoami_names_user_team_role_and_expiry(
+    seen: list[httpx.Request], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["whoami"]) == 0
+    out = capsys.readouterr().out
+    assert "ada of team ml (member)" in out and "2027-03-01" in out
+    assert seen[0].headers["authorization"] == "Bearer ty_old"
+
+
+def test_rotate_prints_only_the_new_token_and_sends_the_lifetime(
+    seen: list[httpx.Request], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["token", "rotate", "--days", "30"]) == 0
+    assert capsys.readouterr().out == "ty_new\n"
+    assert seen[0].url.path == "/v1/tokens/rotate"
+    assert json.loads(seen[0].content) == {"expires_in_days": 30}
+
+
+def test_revoke_and_user_add(seen: list[httpx.Request], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["token", "revoke", "12"]) == 0
+    assert seen[-1].method == "DELETE" and seen[-1].url.path == "/v1/tokens/12"
+    assert cli.main(["user", "add", "bo", "--role", "viewer"]) == 0
+    assert json.loads(seen[-1].content) == {"name": "bo", "role": "viewer"}
+    assert capsys.readouterr().out.splitlines() == ["token 12 revoked", "ty_bo"]
+
+
+def test_a_refusal_is_one_line_naming_the_role(
+    seen: list[httpx.Request], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["audit"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "403" in err and "operator role" in err and "\n" not in err

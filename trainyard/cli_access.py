@@ -1,0 +1,127 @@
+"""The CLI's commands about who may do what: the caller, tokens, users and the audit log.
+
+    trainyard whoami                                 user, team, role and token expiry
+    trainyard token list [--user U] [--team T]       tokens (never their secrets)
+    trainyard token create [--name N] [--days D]     a new token for yourself (shown once)
+    trainyard token rotate [--days D]                replace the token in use (old one dies)
+    trainyard token revoke TOKEN_ID                  revoke a token at once
+    trainyard user list [--team T]                   the team's users (admins)
+    trainyard user add NAME [--role R] [--team T]    a user and its first token (admins)
+    trainyard user disable NAME [--team T]           disable a user, revoke its tokens (admins)
+    trainyard audit [--limit N] [--before ID]        the submission service's audit log
+                                                     (operators)
+
+A new token is printed once, alone on stdout with ``--json`` off, so that
+``export TRAINYARD_TOKEN=$(trainyard token rotate)`` works.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from trainyard.client import TrainyardClient
+
+ROLES = ("viewer", "member", "admin", "operator")
+COMMANDS = frozenset({"whoami", "token", "user", "audit"})
+
+
+def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    """Register the commands on the CLI's sub-parsers (``commands``)."""
+    commands.add_parser("whoami", parents=[common], help="who this token belongs to")
+    token = commands.add_parser("token", parents=[common], help="list, create, rotate, revoke")
+    tokens = token.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = tokens.add_parser("list", parents=[common], help="tokens of a user")
+    listing.add_argument("--user", help="another user of your team (admins)")
+    listing.add_argument("--team", help="another team (operators)")
+    for action, text in (("create", "a new token for yourself"), ("rotate", "replace this one")):
+        made = tokens.add_parser(action, parents=[common], help=text)
+        made.add_argument("--name", help="a label (laptop, ci, ...)")
+        made.add_argument("--days", type=int, help="lifetime in days (server default: 90)")
+    revoke = tokens.add_parser("revoke", parents=[common], help="revoke a token by id")
+    revoke.add_argument("token_id", type=int)
+    user = commands.add_parser("user", parents=[common], help="list, add, disable users")
+    users = user.add_subparsers(dest="action", required=True, metavar="ACTION")
+    users.add_parser("list", parents=[common], help="the team's users").add_argument(
+        "--team", help="another team (operators)"
+    )
+    add = users.add_parser("add", parents=[common], help="a new user and its first token")
+    add.add_argument("name")
+    add.add_argument("--role", choices=ROLES, default="member")
+    add.add_argument("--team", help="another team (operators)")
+    disable = users.add_parser("disable", parents=[common], help="disable a user")
+    disable.add_argument("name")
+    disable.add_argument("--team", help="another team (operators)")
+    audit = commands.add_parser("audit", parents=[common], help="the audit log (operators)")
+    audit.add_argument("--limit", type=int, default=50)
+    audit.add_argument("--before", type=int, help="entries older than this id")
+
+
+def run(client: TrainyardClient, args: argparse.Namespace, as_json: bool) -> Any:
+    """Do the command; return what to print (a string for people, or JSON data)."""
+    if args.command == "whoami":
+        me = client.whoami()
+        return me if as_json else render_whoami(me)
+    if args.command == "audit":
+        entries = client.audit(before=args.before, limit=args.limit)
+        return entries if as_json else render_audit(entries)
+    if args.command == "token":
+        return _token(client, args, as_json)
+    return _user(client, args, as_json)
+
+
+def _token(client: TrainyardClient, args: argparse.Namespace, as_json: bool) -> Any:
+    if args.action == "list":
+        tokens = client.tokens(user=args.user, team=args.team)
+        return tokens if as_json else render_tokens(tokens)
+    if args.action == "revoke":
+        client.revoke_token(args.token_id)
+        return {"revoked": args.token_id} if as_json else f"token {args.token_id} revoked"
+    make = client.create_token if args.action == "create" else client.rotate_token
+    made = make(name=args.name, days=args.days)
+    return made if as_json else str(made["token"])
+
+
+def _user(client: TrainyardClient, args: argparse.Namespace, as_json: bool) -> Any:
+    if args.action == "list":
+        users = client.users(team=args.team)
+        return users if as_json else render_users(users)
+    if args.action == "add":
+        made = client.create_user(args.name, args.role, team=args.team)
+        return made if as_json else str(made["token"])
+    client.disable_user(args.name, team=args.team)
+    return {"disabled": args.name} if as_json else f"user {args.name} disabled, tokens revoked"
+
+
+def render_whoami(me: dict[str, Any]) -> str:
+    expiry = me.get("expires_at") or "never"
+    return (
+        f"{me['user']} of team {me['team']} ({me['role']}); "
+        f"token {me['token_id']} ({me['token_name']}) expires {expiry}"
+    )
+
+
+def render_tokens(tokens: list[dict[str, Any]]) -> str:
+    lines = [f"{'ID':>6}  {'NAME':<16} {'USER':<20} {'EXPIRES':<26} STATE"]
+    for t in tokens:
+        state = "revoked" if t.get("revoked_at") else "active"
+        expires = t.get("expires_at") or "never"
+        lines.append(f"{t['id']:>6}  {t['name']:<16} {t['user']:<20} {expires:<26} {state}")
+    return "\n".join(lines)
+
+
+def render_users(users: list[dict[str, Any]]) -> str:
+    lines = [f"{'NAME':<24} {'ROLE':<9} STATE"]
+    for u in users:
+        state = "disabled" if u.get("disabled_at") else "active"
+        lines.append(f"{u['name']:<24} {u['role']:<9} {state}")
+    return "\n".join(lines)
+
+
+def render_audit(entries: list[dict[str, Any]]) -> str:
+    lines = [f"{'ID':>6}  {'AT':<32} {'ACTOR':<24} {'ACTION':<22} TARGET"]
+    for e in entries:
+        lines.append(
+            f"{e['id']:>6}  {e['at']:<32} {e['actor']:<24} {e['action']:<22} {e['target']}"
+        )
+    return "\n".join(lines)
