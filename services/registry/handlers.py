@@ -8,7 +8,9 @@ Runs inside the transaction of ``shared.inbox.idempotent``.
   (a redelivery under another event id, a fenced runner that finished too) is a logged
   no-op, and the unique job id makes a concurrent one fail and retry into that no-op. If the
   run's ``job.started`` is not recorded yet, the handler raises an ordinary error so the
-  event is redelivered after it; a success without any checkpoint is rejected.
+  event is redelivered after it. A success without any checkpoint (reported or recorded)
+  registers nothing: the job made no model, which is a normal outcome, not an error (logged,
+  never dead-lettered).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from services.registry import domain
 from services.registry import repository as repo
 from services.registry.domain import ModelVersion, NoArtifact, Run, RunNotRecorded
 from shared import outbox
-from shared.bus import Reject
 from shared.events import Envelope, Payload
 from shared.events.payloads import CheckpointSaved, JobStarted, JobSucceeded
 
@@ -87,7 +88,8 @@ class RegistryHandlers:
                 succeeded.artifact, await repo.checkpoints_of_job(conn, succeeded.job_id)
             )
         except NoArtifact as exc:
-            raise Reject(f"job {succeeded.job_id}: {exc}") from exc
+            log.info("job %s: %s; no model version registered", succeeded.job_id, exc)
+            return
 
         now = self._clock()
         model_id, latest = await repo.lock_model(conn, final.spec.team, final.spec.name, now)

@@ -15,7 +15,7 @@ from pydantic import SecretStr
 from services.registry.api import create_app
 from services.registry.handlers import RegistryHandlers
 from shared.access import service_guard
-from shared.bus import REASON_HEADER, Bus, Delivery
+from shared.bus import Bus, Delivery
 from shared.events import Envelope, Payload
 from shared.events.payloads import (
     CheckpointRef,
@@ -250,27 +250,6 @@ async def test_without_a_reported_artifact_the_newest_checkpoint_is_registered(
     await publish(bus, succeeded(job, "alloc-1", None), job)
     event = await wait_registered(events, job)
     assert event.artifact_uri == ref(job, 30).uri
-
-
-async def test_a_success_without_any_checkpoint_is_dead_lettered_with_the_reason(
-    bus: Bus, events: EventLog, pool: asyncpg.Pool
-) -> None:
-    job = f"job-{uuid.uuid4().hex[:8]}"
-    await publish(bus, started(job, "alloc-1", 0, spec("empty")), job)
-    await publish(bus, succeeded(job, "alloc-1", None), job)
-
-    async def dead_letters() -> list[str]:
-        info = await bus.jetstream.stream_info("TRAINYARD_DEADLETTER")
-        if info.state.messages == 0:
-            return []
-        msg = await bus.jetstream.get_msg("TRAINYARD_DEADLETTER", info.state.first_seq)
-        return [(msg.headers or {}).get(REASON_HEADER, "")]
-
-    async with asyncio.timeout(20):
-        while not (reasons := await dead_letters()):
-            await asyncio.sleep(0.1)
-    assert "without reporting any checkpoint" in reasons[0]
-    assert await version_rows(pool, job) == []
 
 
 async def test_the_read_api_can_require_the_admin_token(pool: asyncpg.Pool) -> None:
