@@ -2,21 +2,39 @@
 
 Contract:
 - ``Bus.connect`` creates the event stream (``trainyard.>``) and the dead-letter stream
-  (``deadletter.>``) idempotently, and drains the connection on exit.
+  (``deadletter.>``, kept ``deadletter_max_age_days`` and at most ``deadletter_max_messages``)
+  idempotently, and drains the connection on exit.
 - ``publish`` sends an envelope with ``Nats-Msg-Id`` = event id, so a re-publish inside the
   duplicate window is dropped by the server (this is what makes the outbox relay exactly-once).
 - ``consume`` runs a durable pull consumer: each message is parsed, handled, and acknowledged
   only after the handler returned (for database services: after its transaction committed).
-  A handler error leads to a delayed redelivery; after ``max_deliver`` deliveries, or at once
-  for bytes that are not a valid event, an event whose ``source`` may not send its type
-  (``shared.events.trust``, checked before any handler), or a handler's ``Reject``, the
-  message is copied to
-  ``deadletter.<consumer>`` with the reason and terminated. Nothing crash-loops.
+  While a fetched batch is in hand its messages are kept in progress (``+WPI`` every third of
+  ``ack_wait``), so JetStream never redelivers them to anyone in parallel.
+- A handler that fails because the infrastructure is unreachable (``infrastructure_fault``:
+  PostgreSQL, NATS or the object store down, a connection lost, a pool or request timeout)
+  is retried in place for as long as the outage lasts, with capped exponential back-off and
+  jitter; meanwhile the consumer fetches nothing new (it is *paused*: ``Bus.paused``,
+  ``ping`` and so the service's ``/readyz`` say so, and the metric
+  ``trainyard.consumer.paused`` is 1 for it), and the message is neither acknowledged nor
+  redelivered. An infrastructure fault never dead-letters a message. On stop the messages in
+  hand are handed back (``nak``) for the next process.
+- Any other handler error leads to a delayed redelivery; after ``max_deliver`` deliveries, or
+  at once for bytes that are not a valid event, an event whose ``source`` may not send its
+  type (``shared.events.trust``, checked before any handler), or a handler's ``Reject``, the
+  message is copied to ``deadletter.<consumer>`` with the reason (one line) and its origin in
+  headers, and terminated. A message delivered ``max_unfinished_deliveries`` times without
+  any outcome (the consumer died while handling it, each time) is dead-lettered before it is
+  handled again. Nothing crash-loops, and the server never drops a message on its own
+  (the consumer's ``max_deliver`` is unlimited: these rules decide).
+- Dead letters are listed, redriven and discarded with ``shared.deadletters``: a redrive
+  republishes the event as it was (same body, so the same event id for the inboxes) to
+  ``trainyard.redrive.<consumer>``, which only that consumer reads.
 - ``consume_batches`` is the same for a handler that applies several events all-or-nothing
   (``shared.inbox.idempotent``: one transaction): each fetched batch is handed over whole
-  and acknowledged after it returns, so a burst costs one commit, not one per event. If the
-  batch fails, its events are handled again one at a time with the rules above, so one bad
-  event costs its neighbours nothing but a retry.
+  and acknowledged after it returns, so a burst costs one commit, not one per event. A batch
+  that fails for an infrastructure fault waits out the outage whole; one that fails
+  otherwise is handled again one event at a time with the rules above, so one bad event
+  costs its neighbours nothing but a retry.
 - Each event is handled in a span whose parent is the trace context from its headers
   (``Delivery.span``).
 """
@@ -24,7 +42,9 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import random
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -36,30 +56,56 @@ from collections.abc import (
 )
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
+import asyncpg
 import nats
+import nats.errors
+import nats.js.errors
+import urllib3.exceptions
+from minio.error import S3Error, ServerError
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError
-from opentelemetry import trace
+from opentelemetry import metrics, trace
 
 from shared.events import Envelope, EventParseError, Payload, parse_envelope
 from shared.events.trust import forged_because
 from shared.settings import NatsSettings
 from shared.telemetry import extract, inject, tracer
+from shared.telemetry import meter as telemetry_meter
 
 log = logging.getLogger(__name__)
 _tracer = tracer(__name__)
 
 EVENT_SUBJECTS = "trainyard.>"
 DEADLETTER_PREFIX = "deadletter"
+REDRIVE_PREFIX = "trainyard.redrive"
 REASON_HEADER = "Trainyard-Dead-Letter-Reason"
 ORIGINAL_SUBJECT_HEADER = "Trainyard-Original-Subject"
+CONSUMER_HEADER = "Trainyard-Dead-Letter-Consumer"
+ORIGINAL_SEQUENCE_HEADER = "Trainyard-Original-Sequence"
+ORIGINAL_MSG_ID_HEADER = "Trainyard-Original-Msg-Id"
+DELIVERIES_HEADER = "Trainyard-Deliveries"
+REDRIVEN_FROM_HEADER = "Trainyard-Redriven-From"
 
 Handler = Callable[[Envelope[Payload]], Awaitable[None]]
 """Handles one event."""
+
+T = TypeVar("T")
+
+
+def deadletter_subject(consumer: str) -> str:
+    """Where ``consumer``'s dead letters go (stream ``NatsSettings.deadletter_stream``)."""
+    return f"{DEADLETTER_PREFIX}.{consumer}"
+
+
+def redrive_subject(consumer: str) -> str:
+    """Where a redriven dead letter of ``consumer`` is republished: in the event stream, read
+    by that consumer alone (every consumer's filter includes its own)."""
+    return f"{REDRIVE_PREFIX}.{consumer}"
 
 
 @dataclass(frozen=True)
@@ -89,22 +135,134 @@ class Reject(Exception):
     """Raised by a handler for an event that can never be applied; it is dead-lettered at once."""
 
 
+class _Stopped(Exception):
+    """The consumer was asked to stop while it waited out an outage."""
+
+
+# PostgreSQL errors that say the server, or the way to it, is not there now: connection
+# failures (class 08), shutdowns and "starting up" (57P0x), a session ended by a timeout
+# (57P05), and out of resources (class 53: disk full, memory, too many connections). A
+# cancelled statement (57014) is not among them: it is retried as an ordinary failure.
+_POSTGRES_DOWN: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.IdleSessionTimeoutError,
+    asyncpg.InsufficientResourcesError,
+)
+_NATS_DOWN: tuple[type[BaseException], ...] = (
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.ConnectionDrainingError,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.NoServersError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.ServerError,
+)
+# S3 error codes that mean "the store is overloaded or unavailable; ask again later".
+_S3_UNAVAILABLE = frozenset(
+    {
+        "InternalError",
+        "ServiceUnavailable",
+        "SlowDown",
+        "RequestTimeout",
+        "RequestTimeTooSkewed",
+        "XMinioServerNotInitialized",
+        "XMinioStorageFull",
+    }
+)
+
+
+def infrastructure_fault(exc: BaseException) -> str | None:
+    """Why ``exc`` is an infrastructure fault (PostgreSQL, NATS or the object store
+    unreachable or overloaded; a connection lost; a timeout), or None when it is not.
+
+    An infrastructure fault says nothing about the event: the same event succeeds once the
+    outage is over, so it is retried for as long as the outage lasts, never dead-lettered.
+    The exception's causes and contexts (``raise ... from``) and the members of exception
+    groups are looked at too."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [exc]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        reason = _own_fault(current)
+        if reason is not None:
+            return reason
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        if current.__cause__ is not None:
+            pending.append(current.__cause__)
+        if current.__context__ is not None and not current.__suppress_context__:
+            pending.append(current.__context__)
+    return None
+
+
+def _own_fault(exc: BaseException) -> str | None:
+    what = f"{type(exc).__name__}: {exc}".rstrip(": ")
+    if isinstance(exc, _POSTGRES_DOWN):
+        return f"PostgreSQL unavailable ({what})"
+    if isinstance(exc, asyncpg.InterfaceError) and any(
+        word in str(exc) for word in ("connection is closed", "pool is closing")
+    ):
+        return f"PostgreSQL connection lost ({what})"
+    if isinstance(exc, _NATS_DOWN):
+        return f"NATS unavailable ({what})"
+    if isinstance(exc, urllib3.exceptions.HTTPError | ServerError):
+        return f"object store unreachable ({what})"
+    if isinstance(exc, S3Error) and exc.code in _S3_UNAVAILABLE:
+        return f"object store unavailable ({what})"
+    # Sockets, DNS, refused and reset connections, a PostgreSQL socket that is not there,
+    # a full disk, and every timeout (asyncio's, a pool acquire's, NATS's: all OSError).
+    if isinstance(exc, OSError):
+        return f"unreachable or timed out ({what})"
+    return None
+
+
 class Bus:
     """A JetStream connection with Trainyard's publish and consume rules."""
 
-    def __init__(self, nc: NatsClient, settings: NatsSettings) -> None:
+    def __init__(
+        self, nc: NatsClient, settings: NatsSettings, *, meter: metrics.Meter | None = None
+    ) -> None:
         self._nc = nc
         self._js: JetStreamContext = nc.jetstream()
         self._settings = settings
+        self._paused: dict[str, str] = {}
+        self._stops: dict[str, asyncio.Event] = {}
+        instruments = meter or telemetry_meter(__name__)
+        self._paused_metric = instruments.create_up_down_counter(
+            "trainyard.consumer.paused",
+            unit="{consumer}",
+            description="Consumers waiting out an infrastructure outage with a message in "
+            "hand (alert when above 0 for a few minutes)",
+        )
+        self._outage_retries = instruments.create_counter(
+            "trainyard.consumer.outage_retries",
+            unit="{retry}",
+            description="Retries of a message (or fetch) after an infrastructure fault",
+        )
+        self._dead_letters = instruments.create_counter(
+            "trainyard.consumer.dead_letters",
+            unit="{message}",
+            description="Messages copied to the dead-letter stream, by consumer and kind",
+        )
 
     @classmethod
     @asynccontextmanager
-    async def connect(cls, settings: NatsSettings, name: str) -> AsyncIterator[Bus]:
+    async def connect(
+        cls, settings: NatsSettings, name: str, *, meter: metrics.Meter | None = None
+    ) -> AsyncIterator[Bus]:
         """Connect, make sure the streams exist, and drain on exit."""
         nc = await nats.connect(
             settings.url, name=name, max_reconnect_attempts=-1, **_auth(settings)
         )
-        bus = cls(nc, settings)
+        bus = cls(nc, settings, meter=meter)
         try:
             await bus.ensure_streams()
             yield bus
@@ -122,19 +280,32 @@ class Bus:
     def nats(self) -> NatsClient:
         return self._nc
 
+    @property
+    def settings(self) -> NatsSettings:
+        return self._settings
+
+    @property
+    def paused(self) -> Mapping[str, str]:
+        """The consumers of this bus waiting out an infrastructure outage, with its reason."""
+        return dict(self._paused)
+
     async def ping(self) -> bool:
-        """Readiness: connected, and JetStream answers."""
-        if not self._nc.is_connected:
+        """Readiness: connected, JetStream answers, and no consumer is paused by an outage."""
+        if not self._nc.is_connected or self._paused:
             return False
         await self._js.stream_info(self._settings.stream)
         return True
 
     async def ensure_streams(self) -> None:
-        # Dead letters wait for an operator, however long that takes.
         events_max_age = self._settings.retention_hours * 3600
-        for name, subjects, max_age in (
-            (self._settings.stream, [EVENT_SUBJECTS], events_max_age),
-            (self._settings.deadletter_stream, [f"{DEADLETTER_PREFIX}.>"], None),
+        for name, subjects, max_age, max_msgs in (
+            (self._settings.stream, [EVENT_SUBJECTS], events_max_age, None),
+            (
+                self._settings.deadletter_stream,
+                [f"{DEADLETTER_PREFIX}.>"],
+                self._settings.deadletter_max_age_days * 86400,
+                self._settings.deadletter_max_messages,
+            ),
         ):
             config = api.StreamConfig(
                 name=name,
@@ -142,6 +313,7 @@ class Bus:
                 storage=api.StorageType.FILE,
                 retention=api.RetentionPolicy.LIMITS,
                 max_age=max_age,
+                max_msgs=max_msgs,
                 duplicate_window=self._settings.duplicate_window_seconds,
             )
             try:
@@ -164,8 +336,8 @@ class Bus:
 
     async def publish_raw(
         self, subject: str, body: bytes, event_id: str, headers: dict[str, str]
-    ) -> None:
-        await self._js.publish(
+    ) -> api.PubAck:
+        return await self._js.publish(
             subject,
             body,
             timeout=self._settings.publish_timeout_seconds,
@@ -227,32 +399,69 @@ class Bus:
     ) -> None:
         config = api.ConsumerConfig(
             durable_name=consumer,
-            filter_subjects=subjects,
+            filter_subjects=[*subjects, redrive_subject(consumer)],
             ack_policy=api.AckPolicy.EXPLICIT,
             deliver_policy=api.DeliverPolicy.ALL,
-            max_deliver=self._settings.max_deliver,
+            # Unlimited: the server would otherwise stop delivering a message silently after
+            # so many deliveries; this consumer decides instead (dead letter, with a reason).
+            max_deliver=-1,
             ack_wait=self._settings.ack_wait_seconds,
         )
         await self._ensure_consumer(config)
         sub = await self._js.pull_subscribe_bind(durable=consumer, stream=self._settings.stream)
+        self._stops[consumer] = stop
+
+        async def fetch() -> list[Msg]:
+            try:
+                return await sub.fetch(batch, timeout=0.5)
+            except (TimeoutError, NatsTimeoutError):
+                return []
+
         try:
             while not stop.is_set():
                 try:
-                    messages = await sub.fetch(batch, timeout=0.5)
-                except (TimeoutError, NatsTimeoutError):
-                    continue
-                parsed = [p for p in [await self._parse(consumer, m) for m in messages] if p]
-                if atomic and len(parsed) > 1 and await self._handle_all(parsed, handler):
-                    continue
-                for msg, delivery in parsed:
-                    await self._handle(consumer, msg, delivery, handler)
+                    messages = await self._through_outages(consumer, fetch, stop)
+                except _Stopped:
+                    break
+                if messages:
+                    async with self._kept_in_progress(messages):
+                        await self._handle_batch(consumer, messages, handler, stop, atomic)
         finally:
-            await sub.unsubscribe()
+            self._stops.pop(consumer, None)
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def _ensure_consumer(self, config: api.ConsumerConfig) -> None:
         # NATS 2.10+ treats a create for an existing durable as create-or-update, so a
         # consumer whose filters changed between releases is updated in place.
         await self._js.add_consumer(self._settings.stream, config)
+
+    async def _handle_batch(
+        self,
+        consumer: str,
+        messages: Sequence[Msg],
+        handler: BatchHandler,
+        stop: asyncio.Event,
+        atomic: bool,
+    ) -> None:
+        parsed = []
+        for msg in messages:
+            deliveries = msg.metadata.num_delivered
+            if deliveries > self._settings.max_unfinished_deliveries:
+                await self._dead_letter(
+                    consumer,
+                    msg,
+                    f"abandoned: delivered {deliveries} times without an outcome (the consumer "
+                    "stopped or died while handling it, each time)",
+                )
+                continue
+            found = await self._parse(consumer, msg)
+            if found:
+                parsed.append(found)
+        if atomic and len(parsed) > 1 and await self._handle_all(consumer, parsed, handler, stop):
+            return
+        for msg, delivery in parsed:
+            await self._handle(consumer, msg, delivery, handler, stop)
 
     async def _parse(self, consumer: str, msg: Msg) -> tuple[Msg, Delivery] | None:
         try:
@@ -267,25 +476,43 @@ class Bus:
         return msg, Delivery(envelope, msg.headers or {})
 
     async def _handle_all(
-        self, parsed: Sequence[tuple[Msg, Delivery]], handler: BatchHandler
+        self,
+        consumer: str,
+        parsed: Sequence[tuple[Msg, Delivery]],
+        handler: BatchHandler,
+        stop: asyncio.Event,
     ) -> bool:
-        """Apply a whole batch at once; False (nothing applied) if any event failed."""
+        """Apply a whole batch at once, waiting out outages; False (nothing applied) if it
+        failed otherwise."""
+        deliveries = [delivery for _, delivery in parsed]
         try:
-            await handler([delivery for _, delivery in parsed])
+            await self._through_outages(consumer, lambda: handler(deliveries), stop)
+        except _Stopped:
+            for msg, _ in parsed:
+                await self._hand_back(msg)
+            return True
         except Exception as exc:
             log.info("batch of %d failed (%s); handling them one at a time", len(parsed), exc)
             return False
         for msg, _ in parsed:
-            await msg.ack()
+            await self._ack(msg)
         return True
 
     async def _handle(
-        self, consumer: str, msg: Msg, delivery: Delivery, handler: BatchHandler
+        self,
+        consumer: str,
+        msg: Msg,
+        delivery: Delivery,
+        handler: BatchHandler,
+        stop: asyncio.Event,
     ) -> None:
         deliveries = msg.metadata.num_delivered
         envelope = delivery.envelope
         try:
-            await handler([delivery])
+            await self._through_outages(consumer, lambda: handler([delivery]), stop)
+        except _Stopped:
+            await self._hand_back(msg)
+            return
         except Reject as exc:
             await self._dead_letter(consumer, msg, f"rejected: {exc}")
             return
@@ -310,18 +537,139 @@ class Bus:
                 )
                 await msg.nak(delay=self._settings.retry_delay_seconds * 2 ** (deliveries - 1))
             return
-        await msg.ack()
+        await self._ack(msg)
+
+    async def _through_outages(
+        self, consumer: str, attempt: Callable[[], Awaitable[T]], stop: asyncio.Event
+    ) -> T:
+        """``attempt()``, again and again while it fails with an infrastructure fault, with
+        capped exponential back-off and jitter; the consumer counts as paused meanwhile.
+        Other errors propagate; ``_Stopped`` when ``stop`` is set during an outage."""
+        failures = 0
+        started = asyncio.get_running_loop().time()
+        try:
+            while True:
+                try:
+                    return await attempt()
+                except Exception as exc:
+                    fault = infrastructure_fault(exc)
+                    if fault is None:
+                        raise
+                    if stop.is_set():
+                        raise _Stopped from exc
+                    failures += 1
+                    self._outage_retries.add(1, {"consumer": consumer})
+                    if failures == 1:
+                        log.warning("%s: paused, waiting out an outage: %s", consumer, fault)
+                        self._paused[consumer] = fault
+                        self._paused_metric.add(1, {"consumer": consumer})
+                    delay = self._outage_delay(failures)
+                    log.info(
+                        "%s: still paused (attempt %d failed: %s); next try in %.1f s",
+                        consumer,
+                        failures,
+                        fault,
+                        delay,
+                    )
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(delay):
+                            await stop.wait()
+                    if stop.is_set():
+                        raise _Stopped from exc
+        finally:
+            if failures:
+                self._paused.pop(consumer, None)
+                self._paused_metric.add(-1, {"consumer": consumer})
+                log.warning(
+                    "%s: resumed after %.1f s and %d retries",
+                    consumer,
+                    asyncio.get_running_loop().time() - started,
+                    failures,
+                )
+
+    def _outage_delay(self, failures: int) -> float:
+        """Capped exponential back-off with jitter: half the step, plus up to another half."""
+        step = min(
+            self._settings.outage_retry_max_seconds,
+            self._settings.outage_retry_initial_seconds * 2.0 ** min(failures - 1, 30),
+        )
+        return step / 2 + random.uniform(0, step / 2)
+
+    @asynccontextmanager
+    async def _kept_in_progress(self, messages: Sequence[Msg]) -> AsyncIterator[None]:
+        """While the batch is in hand, tell JetStream every third of ``ack_wait`` that each
+        message not yet settled is still being worked on, so it is not redelivered."""
+        interval = max(self._settings.ack_wait_seconds / 3, 0.05)
+
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                for msg in messages:
+                    if not msg._ackd:  # acked, nak'ed or terminated already
+                        with contextlib.suppress(Exception):  # NATS away: nothing to tell
+                            await msg.in_progress()
+
+        task = asyncio.create_task(beat(), name="in-progress")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _ack(self, msg: Msg) -> None:
+        try:
+            await msg.ack()
+        except Exception as exc:
+            if infrastructure_fault(exc) is None:
+                raise
+            # Handled and committed; the message comes back after ack_wait and the
+            # consumer's inbox (or the handler's own idempotency) makes that harmless.
+            log.warning("ack of message %d lost: %s", msg.metadata.sequence.stream, exc)
+
+    async def _hand_back(self, msg: Msg) -> None:
+        """Stopping: give the message back now for the next process (not dead-lettered)."""
+        try:
+            await msg.nak()
+        except Exception as exc:
+            if infrastructure_fault(exc) is None:
+                raise
+            log.info("message %d goes back after ack_wait", msg.metadata.sequence.stream)
 
     async def _dead_letter(self, consumer: str, msg: Msg, reason: str) -> None:
         seq = msg.metadata.sequence.stream
-        await self.publish_raw(
-            f"{DEADLETTER_PREFIX}.{consumer}",
-            msg.data,
-            f"deadletter:{consumer}:{seq}",
-            {REASON_HEADER: reason[:1000], ORIGINAL_SUBJECT_HEADER: msg.subject},
-        )
+        reason = " ".join(reason.split())[:1000]  # one header line
+        original = dict(msg.headers or {})
+        subject = msg.subject
+        if subject == redrive_subject(consumer):  # failed again after a redrive
+            subject = original.get(ORIGINAL_SUBJECT_HEADER, subject)
+        headers = {k: v for k, v in original.items() if not k.startswith(("Nats-", "Trainyard-"))}
+        headers |= {
+            REASON_HEADER: reason,
+            ORIGINAL_SUBJECT_HEADER: subject,
+            CONSUMER_HEADER: consumer,
+            ORIGINAL_SEQUENCE_HEADER: str(seq),
+            DELIVERIES_HEADER: str(msg.metadata.num_delivered),
+        }
+        if "Nats-Msg-Id" in original:
+            headers[ORIGINAL_MSG_ID_HEADER] = original["Nats-Msg-Id"]
+
+        async def publish() -> None:
+            await self.publish_raw(
+                deadletter_subject(consumer), msg.data, f"deadletter:{consumer}:{seq}", headers
+            )
+
+        try:
+            await self._through_outages(
+                consumer, publish, self._stops.get(consumer) or asyncio.Event()
+            )
+        except _Stopped:
+            await self._hand_back(msg)
+            return
         await msg.term()
-        log.error("%s: dead-lettered message %d from %s: %s", consumer, seq, msg.subject, reason)
+        kind = reason.split(" ", 1)[0].rstrip(":")
+        self._dead_letters.add(1, {"consumer": consumer, "kind": kind})
+        log.error("%s: dead-lettered message %d from %s: %s", consumer, seq, subject, reason)
 
 
 def _auth(settings: NatsSettings) -> dict[str, str]:

@@ -9,6 +9,9 @@ Contract:
   limps on with half its consumers dead.
 - Every service serves ``GET /healthz`` (the process is alive) and ``GET /readyz`` (200 only
   when every registered readiness check passes; 503 with the failing check names otherwise).
+  The bus's check (``Bus.ping``) fails while one of its consumers is paused, waiting out an
+  infrastructure outage with a message in hand (``shared.bus``), so a service that cannot
+  make progress is not ready even when its own connections look fine.
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ from typing import Any, TypeVar
 import uvicorn
 from litestar import Litestar, Response, get
 from litestar.handlers import HTTPRouteHandler
+from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
 from shared.settings import ServiceSettings, invalid_settings
-from shared.telemetry import setup_tracing
+from shared.telemetry import setup_metrics, setup_tracing
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +55,12 @@ class ServiceRuntime:
         self._checks: dict[str, ReadinessCheck] = {}
         self._crashed = False
         self._provider: TracerProvider | None = None
+        self._meter_provider: MeterProvider | None = None
 
     async def __aenter__(self) -> ServiceRuntime:
         self._configure_logging()
         self._provider = setup_tracing(self.name, self.settings.telemetry)
+        self._meter_provider = setup_metrics(self.name, self.settings.telemetry)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
@@ -67,6 +73,8 @@ class ServiceRuntime:
         finally:
             if self._provider is not None:
                 self._provider.shutdown()
+            if self._meter_provider is not None:
+                self._meter_provider.shutdown()
 
     def _on_signal(self, sig: signal.Signals) -> None:
         log.info("%s received %s: draining", self.name, sig.name)

@@ -31,13 +31,29 @@ class NatsSettings(BaseSettings):
     stream: str = "TRAINYARD"
     """JetStream stream that holds every ``trainyard.>`` event."""
     deadletter_stream: str = "TRAINYARD_DEADLETTER"
-    """Stream for ``deadletter.>``: messages that could not be parsed or kept failing."""
-    max_deliver: int = 5
-    """Deliveries of one message before it is dead-lettered."""
-    ack_wait_seconds: float = 30.0
-    """Seconds a delivered message may stay unacknowledged before redelivery."""
+    """Stream for ``deadletter.>``: messages that can never be handled (unparseable, forged,
+    rejected) or kept failing; operators list, redrive and discard them
+    (``shared.deadletters``)."""
+    deadletter_max_age_days: float = Field(default=14.0, gt=0)
+    """How long the dead-letter stream keeps a dead letter (its ``max_age``)."""
+    deadletter_max_messages: int = Field(default=100_000, ge=1)
+    """Most dead letters kept; beyond it the oldest go first."""
+    max_deliver: int = Field(default=5, ge=1)
+    """Deliveries of one message whose handler failed (for anything but an infrastructure
+    outage, which is waited out) before it is dead-lettered."""
+    max_unfinished_deliveries: int = Field(default=20, ge=2)
+    """Deliveries of one message that each ended without any outcome (the consumer stopped
+    or died while handling it) before it is dead-lettered instead of handled again."""
+    ack_wait_seconds: float = Field(default=30.0, gt=0)
+    """Seconds a delivered message may stay unacknowledged before redelivery (a consumer
+    tells JetStream every third of it that the messages in hand are still in progress)."""
     retry_delay_seconds: float = 0.5
     """Base delay before a failed message is redelivered (grows per attempt)."""
+    outage_retry_initial_seconds: float = Field(default=0.5, gt=0)
+    """First pause before a handler that failed for an infrastructure fault (PostgreSQL,
+    NATS or the object store unreachable) is tried again; it doubles per failure."""
+    outage_retry_max_seconds: float = Field(default=30.0, gt=0)
+    """Longest pause between tries while an outage lasts (there is no limit on the tries)."""
     duplicate_window_seconds: float = 120.0
     """Window in which JetStream drops a re-published ``Nats-Msg-Id``."""
     retention_hours: float = Field(default=168.0, gt=0)

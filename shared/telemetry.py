@@ -7,6 +7,12 @@ Contract:
 - ``inject``/``extract`` carry the current context in a plain ``dict[str, str]`` of headers
   (``traceparent``/``tracestate``), the same for NATS messages and HTTP requests, so one job
   is one trace across every service it touches.
+- ``setup_metrics`` installs a meter provider that exports to the same OTLP collector
+  (``/v1/metrics``, every ``METRICS_EXPORT_SECONDS``) when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is
+  set; ``meter(name)`` is where code gets its instruments (no-ops without a provider). The
+  alert metrics are the bus's (``shared.bus``): ``trainyard.consumer.paused`` (a consumer
+  waiting out an outage), ``trainyard.consumer.outage_retries`` and
+  ``trainyard.consumer.dead_letters``.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import trace
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -32,6 +40,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from shared.settings import TelemetrySettings
 
 _PROPAGATOR = TraceContextTextMapPropagator()
+METRICS_EXPORT_SECONDS = 15.0
 
 
 def setup_tracing(service_name: str, settings: TelemetrySettings) -> TracerProvider:
@@ -65,6 +74,31 @@ def add_exporters(provider: TracerProvider, settings: TelemetrySettings) -> None
 
 def tracer(name: str) -> trace.Tracer:
     return trace.get_tracer(name)
+
+
+def setup_metrics(service_name: str, settings: TelemetrySettings) -> MeterProvider | None:
+    """Install a meter provider exporting over OTLP/HTTP when the collector is configured;
+    return it (call ``shutdown()`` on exit), or None when metrics stay in-process no-ops or a
+    provider is installed already (one per process)."""
+    if not settings.otlp_endpoint or isinstance(metrics.get_meter_provider(), MeterProvider):
+        return None
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+    endpoint = settings.otlp_endpoint.rstrip("/") + "/v1/metrics"
+    reader = PeriodicExportingMetricReader(
+        OTLPMetricExporter(endpoint=endpoint),
+        export_interval_millis=METRICS_EXPORT_SECONDS * 1000,
+    )
+    provider = MeterProvider(
+        metric_readers=[reader], resource=Resource.create({"service.name": service_name})
+    )
+    metrics.set_meter_provider(provider)
+    return provider
+
+
+def meter(name: str) -> metrics.Meter:
+    """The meter instruments of module ``name`` come from (the process's provider)."""
+    return metrics.get_meter(name)
 
 
 def inject(headers: dict[str, str] | None = None) -> dict[str, str]:

@@ -55,4 +55,6 @@ async def test_the_event_stream_keeps_events_for_the_same_horizon(
     dead = await bus.jetstream.stream_info(nats_settings.deadletter_stream)
 
     assert events.config.max_age == nats_settings.retention_hours * 3600
-    assert not dead.config.max_age  # dead letters wait for an operator
+    # Dead letters wait for an operator, but not forever (NatsSettings.deadletter_max_*).
+    assert dead.config.max_age == nats_settings.deadletter_max_age_days * 86400
+    assert dead.config.max_msgs == nats_settings.deadletter_max_messages

@@ -1,0 +1,101 @@
+"""Which failures are infrastructure faults (waited out) and which are the event's (retried a
+few times, then dead-lettered): ``shared.bus.infrastructure_fault``."""
+
+from __future__ import annotations
+
+import asyncpg
+import nats.errors
+import nats.js.errors
+import pytest
+import urllib3.exceptions
+from minio.error import S3Error, ServerError
+from pydantic import BaseModel, ValidationError
+from urllib3 import HTTPResponse
+
+from shared.bus import Reject, infrastructure_fault
+
+
+def _s3_error(code: str) -> S3Error:
+    return S3Error(HTTPResponse(status=503), code, "msg", "/b/k", "req", "host")
+
+
+def _validation_error() -> ValidationError:
+    class Model(BaseModel):
+        n: int
+
+    try:
+        Model.model_validate({"n": "x"})
+    except ValidationError as exc:
+        return exc
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        # PostgreSQL down, restarting, gone mid-query, out of resources
+        FileNotFoundError(2, "No such file or directory"),  # its Unix socket is not there
+        ConnectionRefusedError(111, "Connect call failed"),
+        ConnectionResetError(104, "reset by peer"),
+        OSError("Multiple exceptions: [Errno 111] Connect call failed"),
+        asyncpg.CannotConnectNowError("the database system is starting up"),
+        asyncpg.AdminShutdownError("terminating connection due to administrator command"),
+        asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation"),
+        asyncpg.TooManyConnectionsError("sorry, too many clients already"),
+        asyncpg.DiskFullError("could not extend file"),
+        asyncpg.InterfaceError("cannot call Connection.fetch(): connection is closed"),
+        TimeoutError(),  # e.g. pool.acquire(timeout=...)
+        # NATS
+        nats.errors.TimeoutError(),
+        nats.errors.NoRespondersError(),
+        nats.errors.ConnectionClosedError(),
+        nats.errors.ConnectionReconnectingError(),
+        nats.js.errors.ServiceUnavailableError(),
+        # the object store
+        urllib3.exceptions.MaxRetryError(None, "/b/k", "connection refused"),  # type: ignore[arg-type]
+        urllib3.exceptions.ProtocolError("Connection aborted."),
+        ServerError("server failed with HTTP status code 502", 502),
+        _s3_error("SlowDown"),
+        _s3_error("ServiceUnavailable"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_infrastructure_faults(error: Exception) -> None:
+    assert infrastructure_fault(error) is not None
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        Reject("the job is unknown"),
+        ValueError("bad value"),
+        KeyError("job_id"),
+        LookupError("job.started is not recorded yet"),
+        _validation_error(),
+        asyncpg.UniqueViolationError("duplicate key"),
+        asyncpg.UndefinedTableError("relation does not exist"),
+        asyncpg.QueryCanceledError("canceling statement due to statement timeout"),
+        asyncpg.InterfaceError("cannot perform operation: another operation is in progress"),
+        _s3_error("AccessDenied"),
+        _s3_error("NoSuchKey"),
+        nats.js.errors.BadRequestError(),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_everything_else_is_the_events_problem(error: Exception) -> None:
+    assert infrastructure_fault(error) is None
+
+
+def test_a_fault_behind_another_error_counts() -> None:
+    try:
+        try:
+            raise ConnectionRefusedError(111, "refused")
+        except OSError as inner:
+            raise RuntimeError("could not load the job") from inner
+    except RuntimeError as outer:
+        reason = infrastructure_fault(outer)
+    assert reason is not None and "ConnectionRefusedError" in reason
+
+    group = ExceptionGroup("tasks failed", [ValueError("x"), asyncpg.CannotConnectNowError("up")])
+    assert infrastructure_fault(group) is not None
+    assert infrastructure_fault(ExceptionGroup("tasks failed", [ValueError("x")])) is None
