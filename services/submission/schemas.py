@@ -32,6 +32,15 @@ from services.submission.domain import JobStatus
 from shared.events.payloads import (
     BUNDLE_SHA256_PATTERN,
     GIT_COMMIT_PATTERN,
+    MAX_ARGS,
+    MAX_ARGUMENT_CHARS,
+    MAX_COMMAND,
+    MAX_HYPERPARAMETERS,
+    MAX_JOB_GPUS,
+    MAX_JOB_RESTARTS,
+    MAX_JOB_RUNTIME_SECONDS,
+    MAX_REQUIREMENTS,
+    MAX_SEED,
     HyperValue,
     JobSpec,
 )
@@ -40,15 +49,26 @@ from shared.http_errors import FieldError, RequestInvalid, field_errors
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,100}$"
 PRIORITY_PATTERN = r"^[a-z][a-z0-9-]{0,39}$"
 """A priority class name; the scheduler's operators define the classes (``low``, ``normal``
-and ``high`` exist from the start). A name no class has keeps the job pending, with that
-reason, until an operator defines it."""
+and ``high`` exist from the start). The scheduler refuses a job whose class does not exist
+when it takes it in: the job ends FAILED, ``failure_kind`` ``rejected``, with that reason."""
 ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 """A dotted module, run as ``python -m``."""
 SCRIPT_SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 """One folder or file name of a ``.py`` script path: no ``.``/``..``, no hidden or
 option-like (``-x``) names."""
+FLAVOR_PATTERN = r"^[a-z0-9][a-z0-9-]{0,39}$"
+"""A GPU flavor name: the rule of the scheduler's flavors and of a runner's
+``TRAINYARD_RUNNER_GPU_FLAVOR``."""
+NAME_MAX = 255
+"""The longest file name (bytes) Linux file systems hold: every folder or file an entrypoint
+or a program path names must fit."""
+PATH_MAX = 4095
+"""The longest path (bytes, without the final NUL) ``execve`` takes as a program."""
+HYPERPARAMETERS_MAX_CHARS = 65_536
+"""The longest the hyperparameters may be as the runner hands them to the job (JSON with
+``\\uXXXX`` escapes, in one environment variable; Linux refuses a variable over 128 KiB and
+the job would never start)."""
 IDEMPOTENCY_KEY = re.compile(r"[\x20-\x7e]{1,200}")
-MAX_SEED = 2**32 - 1  # the widest seed every RNG a job may use (numpy's included) accepts
 
 
 # --- code, command, requirements, image ----------------------------------------------------
@@ -111,8 +131,19 @@ def _entrypoint(value: str) -> str:
         if any(s in ("", ".", "..") for s in segments):
             raise ValueError("a script path must not contain '..', '.' or empty segments")
         if all(SCRIPT_SEGMENT.fullmatch(s) for s in segments):
+            if any(len(s) > NAME_MAX for s in segments):
+                raise ValueError(
+                    f"every folder and file name of a script path must be at most {NAME_MAX} "
+                    "characters (a longer one cannot be a file name)"
+                )
             return value
     elif re.fullmatch(ENTRYPOINT_PATTERN, value):
+        # Each part is a package folder or, with ``.py``, the module's file.
+        if any(len(part) + len(".py") > NAME_MAX for part in value.split(".")):
+            raise ValueError(
+                f"every part of a dotted module must be at most {NAME_MAX - len('.py')} "
+                "characters (with .py, a longer one cannot be a file name)"
+            )
         return value
     raise ValueError(
         "must be a dotted Python module (examples.digits_cnn) or a .py script path "
@@ -124,6 +155,29 @@ def _no_nul(value: str) -> str:
     if "\x00" in value:
         raise ValueError("must not contain a NUL character")
     return value
+
+
+def _one_line(value: str) -> str:
+    if re.search(r"[\x00-\x1f\x7f]", value):
+        raise ValueError("must not contain control characters (newline, tab, NUL, ...)")
+    return value
+
+
+def program_problem_of_command(program: str) -> str | None:
+    """Why ``command[0]`` cannot be a program ``execve`` starts, or None."""
+    if not program:
+        return "the program (command[0]) must not be empty"
+    if re.search(r"[\x00-\x1f\x7f]", program):
+        return "the program (command[0]) must not contain control characters (newline, tab, NUL)"
+    size = len(program.encode())
+    if size > PATH_MAX:
+        return f"the program (command[0]) must be at most {PATH_MAX} bytes, not {size}"
+    if any(len(part.encode()) > NAME_MAX for part in program.split("/")):
+        return (
+            f"every folder and file name of the program (command[0]) must be at most "
+            f"{NAME_MAX} bytes"
+        )
+    return None
 
 
 def _requirement(value: str) -> str:
@@ -196,7 +250,7 @@ class GitCode(BaseModel):
 
 Code = Annotated[BundleCode | GitCode, Field(discriminator="kind")]
 Entrypoint = Annotated[str, Field(min_length=1, max_length=300), AfterValidator(_entrypoint)]
-Argument = Annotated[str, Field(max_length=10_000), AfterValidator(_no_nul)]
+Argument = Annotated[str, Field(max_length=MAX_ARGUMENT_CHARS), AfterValidator(_no_nul)]
 Requirement = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_requirement)]
 Image = Annotated[str, Field(min_length=1, max_length=300), AfterValidator(_image)]
 
@@ -210,6 +264,8 @@ def _hyper_value(value: object) -> HyperValue:
         raise ValueError("must be a finite number")
     if isinstance(value, str) and len(value) > HYPER_STR_MAX:
         raise ValueError(f"must be at most {HYPER_STR_MAX} characters")
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+        raise ValueError("must be an integer that fits 64 bits")
     if isinstance(value, bool | int | float | str):
         return value
     raise ValueError("must be a number, a string or a boolean")
@@ -231,26 +287,31 @@ class JobRequest(BaseModel):
     """What the runner starts: a dotted module (``python -m examples.digits_cnn``) or a
     ``.py`` script relative to the code root (``scripts/train.py``). Exactly one of
     ``entrypoint`` and ``command`` is given."""
-    command: Annotated[list[Argument], Field(min_length=1, max_length=200)] | None = None
+    command: Annotated[list[Argument], Field(min_length=1, max_length=MAX_COMMAND)] | None = None
     """An argv run as is in the job's working directory (``["bash", "run.sh"]``)."""
     code: Code | None = None
     """Where the job's code comes from: an uploaded bundle or a git commit."""
-    requirements: Annotated[list[Requirement], Field(max_length=100)] = Field(default_factory=list)
+    requirements: Annotated[list[Requirement], Field(max_length=MAX_REQUIREMENTS)] = Field(
+        default_factory=list
+    )
     """Python requirements (a conservative PEP 508 subset) installed for the job."""
     image: Image | None = None
     """A container image to run the job in."""
-    args: list[Annotated[str, Field(max_length=10_000)]] = Field(
-        default_factory=list, max_length=1000
-    )
-    gpus: Annotated[int, Field(ge=1, le=64)]
-    gpu_flavor: str
+    args: list[Argument] = Field(default_factory=list, max_length=MAX_ARGS)
+    gpus: Annotated[int, Field(ge=1, le=MAX_JOB_GPUS)]
+    gpu_flavor: Annotated[str, Field(min_length=1, max_length=100)]
+    """One of the submission service's ``flavors`` when parsed with them, else any name
+    matching ``FLAVOR_PATTERN``."""
     hyperparameters: dict[Annotated[str, Field(min_length=1, max_length=200)], Hyper] = Field(
-        default_factory=dict, max_length=1000
+        default_factory=dict, max_length=MAX_HYPERPARAMETERS
     )
+    """At most ``MAX_HYPERPARAMETERS``, and ``HYPERPARAMETERS_MAX_CHARS`` as the job gets them."""
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
-    max_runtime_seconds: Annotated[int, Field(ge=1, le=604_800)] = 3600
-    dataset: Annotated[str, Field(min_length=1, max_length=1000)] | None = None
-    max_restarts: Annotated[int, Field(ge=0, le=20)] = 3
+    max_runtime_seconds: Annotated[int, Field(ge=1, le=MAX_JOB_RUNTIME_SECONDS)] = 3600
+    dataset: (
+        Annotated[str, Field(min_length=1, max_length=1000), AfterValidator(_one_line)] | None
+    ) = None
+    max_restarts: Annotated[int, Field(ge=0, le=MAX_JOB_RESTARTS)] = 3
     priority: Annotated[str, Field(pattern=PRIORITY_PATTERN)] = "normal"
     """Name of the job's priority class (see ``PRIORITY_PATTERN``)."""
 
@@ -260,13 +321,30 @@ class JobRequest(BaseModel):
         flavors: Sequence[str] | None = (info.context or {}).get("flavors")
         if flavors is not None and value not in flavors:
             raise ValueError(f"unknown flavor {value!r}; allowed: {', '.join(flavors)}")
+        if flavors is None and not re.fullmatch(FLAVOR_PATTERN, value):
+            raise ValueError(f"must be a flavor name matching {FLAVOR_PATTERN}")
         return value
 
     @field_validator("command")
     @classmethod
     def _program_named(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None and not value[0]:
-            raise ValueError("the program (command[0]) must not be empty")
+        problem = None if value is None else program_problem_of_command(value[0])
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("hyperparameters")
+    @classmethod
+    def _hyperparameters_fit_the_environment(
+        cls, value: dict[str, HyperValue]
+    ) -> dict[str, HyperValue]:
+        # Exactly how the runner encodes them (``shared.control.JobRuntimeEnv``).
+        size = len(json.dumps(value, sort_keys=True))
+        if size > HYPERPARAMETERS_MAX_CHARS:
+            raise ValueError(
+                f"as the job gets them (JSON in TRAINYARD_HYPERPARAMETERS, non-ASCII escaped "
+                f"as \\uXXXX) they take {size} characters; at most {HYPERPARAMETERS_MAX_CHARS}"
+            )
         return value
 
     @model_validator(mode="after")

@@ -17,6 +17,19 @@ HyperValue = float | int | str | bool
 BUNDLE_SHA256_PATTERN = r"^[0-9a-f]{64}$"
 GIT_COMMIT_PATTERN = r"^[0-9a-f]{40}$"
 
+# The bounds of a job spec: the submission API refuses anything beyond them (422 naming the
+# field), and the wire ``JobSpec`` holds every consumer to them too.
+MAX_JOB_GPUS = 64
+MAX_JOB_RESTARTS = 20
+MAX_JOB_RUNTIME_SECONDS = 7 * 24 * 3600
+MAX_SEED = 2**32 - 1
+"""The widest seed every RNG a job may use (numpy's included) accepts."""
+MAX_ARGS = 1000
+MAX_COMMAND = 200
+MAX_ARGUMENT_CHARS = 10_000
+MAX_REQUIREMENTS = 100
+MAX_HYPERPARAMETERS = 1000
+
 FailureKind = Literal[
     "user_error",
     "out_of_memory",
@@ -25,11 +38,14 @@ FailureKind = Literal[
     "cancelled",
     "max_runtime",
     "platform_error",
+    "rejected",
 ]
 """How an attempt ended badly. ``user_error`` (non-zero exit) and ``node_lost`` use up one
 of the job's ``max_restarts``; ``platform_error`` means the job never ran its code (the
 bundle could not be fetched or verified, the environment not built, the process not
-started)."""
+started); ``rejected`` means the scheduler refused the job when it arrived, because it asks
+for something this cluster's configuration can never give (an undefined priority class, more
+GPUs than its queue may ever hold, a gang no node size allows): it never held GPUs."""
 
 
 class Payload(BaseModel):
@@ -51,7 +67,7 @@ class CodeBundle(BaseModel):
 
     kind: Literal["bundle"] = "bundle"
     sha256: str = Field(pattern=BUNDLE_SHA256_PATTERN)
-    size_bytes: int = Field(ge=0)
+    size_bytes: int = Field(ge=0, le=2**40)
 
 
 class CodeGit(BaseModel):
@@ -60,7 +76,7 @@ class CodeGit(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     kind: Literal["git"] = "git"
-    repository: str
+    repository: str = Field(min_length=1, max_length=500)
     commit: str = Field(pattern=GIT_COMMIT_PATTERN)
 
 
@@ -68,33 +84,45 @@ CodeRef = Annotated[CodeBundle | CodeGit, Field(discriminator="kind")]
 
 
 class JobSpec(BaseModel):
-    """What a job asks for, as accepted by submission (the wire copy, not the HTTP schema)."""
+    """What a job asks for, as accepted by submission (the wire copy, not the HTTP schema).
+
+    Every field is bounded by the same limits as the HTTP schema (the submission API checks
+    the finer rules: patterns, entrypoint paths, requirements), so a consumer never sees a
+    spec the API would have refused for its size or range."""
 
     model_config = ConfigDict(frozen=True, ser_json_inf_nan="constants")
 
-    name: str
-    team: str
-    user: str
-    entrypoint: str = ""
+    name: str = Field(min_length=1, max_length=100)
+    team: str = Field(min_length=1, max_length=100)
+    user: str = Field(min_length=1, max_length=100)
+    entrypoint: str = Field(default="", max_length=300)
     """A dotted module (``python -m``) or a ``.py`` script path inside the code; empty when
     ``command`` is given instead."""
-    args: list[str] = Field(default_factory=list)
-    gpus: int
-    gpu_flavor: str
-    hyperparameters: dict[str, HyperValue] = Field(default_factory=dict)
-    seed: int
-    max_runtime_seconds: int
-    dataset: str | None = None
-    max_restarts: int = 3
-    priority: str = "normal"
+    args: list[Annotated[str, Field(max_length=MAX_ARGUMENT_CHARS)]] = Field(
+        default_factory=list, max_length=MAX_ARGS
+    )
+    gpus: int = Field(ge=1, le=MAX_JOB_GPUS)
+    gpu_flavor: str = Field(min_length=1, max_length=100)
+    hyperparameters: dict[Annotated[str, Field(max_length=200)], HyperValue] = Field(
+        default_factory=dict, max_length=MAX_HYPERPARAMETERS
+    )
+    seed: int = Field(ge=0, le=MAX_SEED)
+    max_runtime_seconds: int = Field(ge=1, le=MAX_JOB_RUNTIME_SECONDS)
+    dataset: str | None = Field(default=None, max_length=1000)
+    max_restarts: int = Field(default=3, ge=0, le=MAX_JOB_RESTARTS)
+    priority: str = Field(default="normal", min_length=1, max_length=40)
     """Priority class name; the scheduler's admin API defines the classes."""
     code: CodeRef | None = None
     """Where the job's code comes from; ``None``: only what the environment already has."""
-    command: list[str] = Field(default_factory=list)
+    command: list[Annotated[str, Field(max_length=MAX_ARGUMENT_CHARS)]] = Field(
+        default_factory=list, max_length=MAX_COMMAND
+    )
     """An argv run as is in the job's working directory (instead of ``entrypoint``)."""
-    requirements: list[str] = Field(default_factory=list)
+    requirements: list[Annotated[str, Field(max_length=200)]] = Field(
+        default_factory=list, max_length=MAX_REQUIREMENTS
+    )
     """Python requirements (PEP 508) installed into a cached virtual environment."""
-    image: str | None = None
+    image: str | None = Field(default=None, max_length=300)
     """A container image to run in (the container executor) instead of a local process."""
 
 

@@ -92,7 +92,7 @@ WORST_CASES = {
     "1000 hyperparameters": _floats,
     "command of tabs": lambda n: {
         "entrypoint": None,
-        "command": ["\t" * min(n, 10_000)] * max(1, n // 10_000),
+        "command": ["python", *["\t" * min(n, 10_000)] * max(1, n // 10_000)],
     },
 }
 
