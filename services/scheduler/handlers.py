@@ -9,7 +9,9 @@ are redelivered to the new leader). Handlers therefore neither lock nor check le
 Events about allocations are fenced by allocation id and epoch; a stale or out-of-order
 event is logged and ignored, never applied. An event that can never apply is rejected to the
 dead-letter stream. A change of supply or demand asks for a scheduling pass (``poke``),
-which runs in its own transaction right after this one commits.
+which runs in its own transaction right after this one commits. A submitted job that the
+cluster's configuration can never run (``admission``) is refused on arrival: the scheduler says
+its final ``job.failed`` (``failure_kind`` ``rejected``) and never queues it.
 
 Events are applied in order, one by one, except runs of end reports (``job.succeeded``,
 ``job.failed``, ``job.preempted``) for distinct jobs: each such run is read and written in a
@@ -29,6 +31,7 @@ from datetime import datetime
 
 import asyncpg
 
+from services.scheduler import admission
 from services.scheduler import allocation_repository as allocation_repo
 from services.scheduler import repository as repo
 from services.scheduler.domain import AllocationStatus, EndKind, JobStatus, fence
@@ -44,6 +47,7 @@ from shared.events.payloads import (
     JobCancelRequested,
     JobFailed,
     JobPreempted,
+    JobSpec,
     JobStarted,
     JobSubmitted,
     JobSucceeded,
@@ -78,6 +82,8 @@ class SchedulerHandlers:
             self._tuning = replace(self._tuning, cancel_grace_s=revoke_grace_seconds)
         self._clock = clock
         self._poke = poke
+        self._facts: dict[tuple[str, str], admission.Facts] | None = None
+        """Admission facts by (team, flavor), kept for one batch (see ``_admission_facts``)."""
 
     @property
     def tuning(self) -> Tuning:
@@ -85,6 +91,13 @@ class SchedulerHandlers:
 
     async def apply(self, deliveries: Sequence[Delivery], conn: asyncpg.Connection) -> None:
         """Apply a batch of first-time deliveries in order (see the module docstring)."""
+        self._facts = {}
+        try:
+            await self._apply(deliveries, conn)
+        finally:
+            self._facts = None
+
+    async def _apply(self, deliveries: Sequence[Delivery], conn: asyncpg.Connection) -> None:
         now = self._clock()
         run: dict[str, tuple[Delivery, EndReport]] = {}  # by job id
         for delivery in deliveries:
@@ -129,6 +142,8 @@ class SchedulerHandlers:
         if not await repo.touch_node(conn, node_id, *report, topology, now, address):
             # New supply (a new node, a lost one back, other GPUs): a pass follows.
             await repo.upsert_node(conn, node_id, *report, now, topology, address)
+            if self._facts:
+                self._facts.clear()  # the largest node of a flavor may have changed
             log.info(
                 "node %s ready: %d %s GPUs (topology %s)",
                 heartbeat.node_id,
@@ -165,10 +180,28 @@ class SchedulerHandlers:
             raise Reject(f"spec.gpus: a job needs at least 1 GPU, got {spec.gpus}")
         if spec.max_restarts < 0:
             raise Reject(f"spec.max_restarts: must be >= 0, got {spec.max_restarts}")
+        refusal = admission.refusal(spec, await self._admission_facts(conn, spec))
+        if refusal is not None and await repo.job_for_update(conn, submitted.job_id) is None:
+            # Never satisfiable as configured: the job ends here, without entering the tables.
+            job_id = submitted.job_id
+            await emit(conn, admission.refused(job_id, refusal, now), job_id, f"refused:{job_id}")
+            log.info("job %s refused: %s", job_id, refusal)
+            return
         if not await repo.insert_job(conn, submitted.job_id, spec, submitted.submitted_at, now):
             log.info("job %s already known; duplicate submission ignored", submitted.job_id)
             return
         self._poke()
+
+    async def _admission_facts(self, conn: asyncpg.Connection, spec: JobSpec) -> admission.Facts:
+        """``admission.load_facts``, read once per team and flavor in a batch: within its
+        transaction only a node's heartbeat changes them (admin changes wait for the
+        scheduling lock the batch holds), and a new or changed node clears them."""
+        if self._facts is None:
+            return await admission.load_facts(conn, spec)
+        key = (spec.team, spec.gpu_flavor)
+        if key not in self._facts:
+            self._facts[key] = await admission.load_facts(conn, spec)
+        return self._facts[key]
 
     async def on_cancel_requested(
         self, conn: asyncpg.Connection, cancel: JobCancelRequested, now: datetime

@@ -4,7 +4,10 @@ Each handler runs inside the ``idempotent`` transaction (inbox record + effect c
 together). Lifecycle events move the status only as ``domain.judge`` allows; the rest are
 logged and dropped. The envelope's ``source`` tells the scheduler's final ``job.failed``
 from a runner's report of one failed attempt, which is recorded (failure and history) while
-the status waits for the scheduler's decision. Data (metrics, checkpoints, allocations, models, costs) is always
+the status waits for the scheduler's decision. A job the scheduler refused on arrival
+(its ``job.failed`` with ``failure_kind`` ``rejected`` and no allocation) goes from QUEUED or
+PENDING to FAILED with that reason; it never ran, so no attempt failed and nothing is billed.
+Data (metrics, checkpoints, allocations, models, costs) is always
 recorded. Events about jobs this service never accepted are logged and dropped.
 """
 
@@ -18,6 +21,7 @@ import asyncpg
 
 from services.submission import repository as repo
 from services.submission.domain import (
+    SCHEDULER_SOURCE,
     Apply,
     AttemptFailed,
     Ignore,
@@ -25,6 +29,7 @@ from services.submission.domain import (
     JobStatus,
     LifecycleEvent,
     event_time,
+    failed_attempts,
     failure_line,
     failure_record,
     finite_metrics,
@@ -135,6 +140,13 @@ async def _lifecycle(
         attempt_allocations=attempt_allocations,
         failed_attempt=failure.get("attempt") if failure else None,
     )
+    if (
+        isinstance(event, JobFailed)
+        and _refused_on_arrival(event, envelope.source)
+        and state.status in _NOT_PLACED
+    ):
+        await _refused(conn, event, failure)
+        return
     verdict = judge(state, event, envelope.source)
     if isinstance(verdict, Ignore):
         log.info(
@@ -208,6 +220,27 @@ async def _failed(
         await repo.set_failure(conn, event.job_id, record)
     else:
         await repo.set_finished(conn, event.job_id, verdict.status, at, record)
+    await repo.insert_history(conn, event.job_id, JobStatus.FAILED, at, failure_line(record))
+
+
+_NOT_PLACED = (JobStatus.QUEUED, JobStatus.PENDING)
+
+
+def _refused_on_arrival(event: JobFailed, source: str) -> bool:
+    """The scheduler's ``job.failed`` for a job it refused before placing it anywhere."""
+    return (
+        source == SCHEDULER_SOURCE and event.failure_kind == "rejected" and not event.allocation_id
+    )
+
+
+async def _refused(
+    conn: asyncpg.Connection, event: JobFailed, previous: dict[str, Any] | None
+) -> None:
+    """The job is FAILED with the scheduler's reason; no attempt of it ran."""
+    record = failure_record(event, final=True, attempt=None, previous=previous)
+    record["failed_attempts"] = failed_attempts(previous)
+    at = event.finished_at
+    await repo.set_finished(conn, event.job_id, JobStatus.FAILED, at, record)
     await repo.insert_history(conn, event.job_id, JobStatus.FAILED, at, failure_line(record))
 
 
