@@ -44,7 +44,7 @@ def test_missing_token_is_401_before_anything_else(
     response = client.post("/v1/jobs", json={"gpus": -1})
     assert response.status_code == 401
     assert response.json() == {
-        "detail": "missing bearer token (Authorization: Bearer <token>)",
+        "detail": "missing, invalid, expired or revoked token (Authorization: Bearer <token>)",
         "errors": [],
     }
     assert response.headers["WWW-Authenticate"] == "Bearer"
