@@ -16,9 +16,10 @@ Contract:
   filter does not take its redrive subject cannot be redriven to (``CannotRedrive``, 409):
   the dead letter stays.
 - ``discard`` deletes the dead letter. Both are idempotent: the second call finds nothing.
-- ``deadletter_routes(bus, consumer, audit=pool)`` serves the same to operators over HTTP
-  (``Principal.require(Role.OPERATOR)``; the app's guard authenticates), recording redrives
-  and discards in the service's audit log when given its pool:
+- ``deadletter_routes(bus, consumer, audit_pool=pool)`` serves the same to operators over
+  HTTP (each route declares ``opt=needs(Role.OPERATOR)`` for the app's guard, and checks the
+  principal again), recording redrives and discards in the service's audit log when given its
+  pool:
 
   * ``GET /v1/deadletters?after=<seq>&limit=<n>&reason=<text>``: a page, oldest first;
   * ``GET /v1/deadletters/{seq}``: one, with its headers and body;
@@ -44,6 +45,7 @@ from nats.js.errors import NotFoundError
 from pydantic import BaseModel
 
 from shared import audit
+from shared.access import needs
 from shared.bus import (
     CONSUMER_HEADER,
     DELIVERIES_HEADER,
@@ -302,7 +304,7 @@ def deadletter_routes(
                     conn, principal, action, f"deadletter/{consumer}/{sequence}", detail
                 )
 
-    @get("/v1/deadletters")
+    @get("/v1/deadletters", opt=needs(Role.OPERATOR))
     async def list_dead_letters(
         principal: NamedDependency[Principal],
         after: Annotated[
@@ -317,7 +319,7 @@ def deadletter_routes(
         principal.require(Role.OPERATOR, "reading dead letters")
         return await letters.page(after, limit, reason)
 
-    @get("/v1/deadletters/{sequence:int}")
+    @get("/v1/deadletters/{sequence:int}", opt=needs(Role.OPERATOR))
     async def get_dead_letter(
         principal: NamedDependency[Principal], sequence: FromPath[int]
     ) -> DeadLetterDetail:
@@ -327,7 +329,7 @@ def deadletter_routes(
             raise NotFoundException(f"no dead letter {sequence} of {consumer}")
         return found
 
-    @post("/v1/deadletters/{sequence:int}/redrive", status_code=200)
+    @post("/v1/deadletters/{sequence:int}/redrive", status_code=200, opt=needs(Role.OPERATOR))
     async def redrive_dead_letter(
         principal: NamedDependency[Principal], sequence: FromPath[int]
     ) -> Redriven:
@@ -355,7 +357,7 @@ def deadletter_routes(
             raise NotFoundException(f"no dead letter {sequence} of {consumer}")
         return redriven
 
-    @delete("/v1/deadletters/{sequence:int}", status_code=200)
+    @delete("/v1/deadletters/{sequence:int}", status_code=200, opt=needs(Role.OPERATOR))
     async def discard_dead_letter(
         principal: NamedDependency[Principal], sequence: FromPath[int]
     ) -> Discarded:
