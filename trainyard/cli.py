@@ -39,6 +39,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainyard import cli_access
 from trainyard.bundle import DEFAULT_MAX_BYTES, BundleError, format_size, pack
+from trainyard.cli_deadletters import add_deadletter_commands, run_deadletters
 from trainyard.client import SETTLE_SECONDS, TrainyardClient, TrainyardError
 
 LOG_POLL_SECONDS = 1.0
@@ -106,6 +107,7 @@ def _parser() -> argparse.ArgumentParser:
         "-f", "--follow", action="store_true", help="keep printing until the job has ended"
     )
     cli_access.add_commands(commands, common)
+    add_deadletter_commands(commands, common)
     return parser
 
 
@@ -147,6 +149,8 @@ def _client(args: argparse.Namespace, settings: CliSettings) -> TrainyardClient:
 
 
 def _run(client: TrainyardClient, args: argparse.Namespace, settings: CliSettings) -> int:
+    if args.command == "deadletters":
+        return run_deadletters(client, args)
     as_json = getattr(args, "json", False)
     if args.command in cli_access.COMMANDS:
         shown = cli_access.run(client, args, as_json)

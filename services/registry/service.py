@@ -10,6 +10,7 @@ from services.registry.handlers import RegistryHandlers
 from shared.access import guard_for
 from shared.bus import Bus
 from shared.db import migrate, open_pool, ping
+from shared.deadletters import deadletter_routes
 from shared.events import nats_subject
 from shared.events.payloads import CheckpointSaved, JobStarted, JobSucceeded
 from shared.inbox import idempotent
@@ -39,4 +40,5 @@ async def serve(settings: Settings) -> int:
             "events",
         )
         guard = await rt.resources.enter_async_context(guard_for(settings))
-        return await rt.run(create_app(pool, guard, rt.health_handlers()))
+        routes = [*rt.health_handlers(), *deadletter_routes(bus, NAME, pool)]
+        return await rt.run(create_app(pool, guard, routes))

@@ -20,6 +20,7 @@ from services.scheduler.scheduling import Tuning
 from shared.access import guard_for
 from shared.bus import Bus
 from shared.db import migrate, open_pool, ping
+from shared.deadletters import deadletter_routes
 from shared.events import Payload, nats_subject
 from shared.events.payloads import (
     CheckpointSaved,
@@ -108,5 +109,6 @@ async def serve(settings: Settings) -> int:
 
         health = [h for h in rt.health_handlers() if "/readyz" not in h.paths]
         guard = await rt.resources.enter_async_context(guard_for(settings))
-        app = create_app(pool, guard, [*health, readiness_handler(readiness)])
+        routes = [*health, readiness_handler(readiness), *deadletter_routes(bus, NAME, pool)]
+        app = create_app(pool, guard, routes)
         return await rt.run(app)

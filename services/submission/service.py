@@ -12,6 +12,7 @@ from services.submission.api import AppDeps, create_app
 from services.submission.config import Settings
 from shared.bus import BatchHandler, Bus
 from shared.db import migrate, open_pool, ping
+from shared.deadletters import deadletter_routes
 from shared.events import nats_subject
 from shared.identity import Role
 from shared.inbox import TransactionalHandler, idempotent
@@ -45,7 +46,8 @@ async def serve(settings: Settings) -> int:
         rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
         rt.spawn(Retention(pool, settings.nats.retention_hours).run(rt.stopping), "retention")
         rt.spawn(bus.consume_batches(NAME, SUBJECTS, event_handler(pool), rt.stopping), "events")
-        deps = AppDeps(pool=pool, store=store, health_handlers=rt.health_handlers())
+        routes = [*rt.health_handlers(), *deadletter_routes(bus, NAME, pool)]
+        deps = AppDeps(pool=pool, store=store, health_handlers=routes)
         app = create_app(settings, deps)
         return await rt.run(app)
 
