@@ -30,7 +30,7 @@ _PAGE = 200
 
 
 def add_deadletter_commands(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    commands: Any,
     common: argparse.ArgumentParser,
 ) -> None:
     """Add ``deadletters`` (and its actions) to the CLI's sub-commands; ``common`` holds the
