@@ -3,7 +3,8 @@
 Contract:
 - ``Bus.connect`` creates the event stream (``trainyard.>``) and the dead-letter stream
   (``deadletter.>``, kept ``deadletter_max_age_days`` and at most ``deadletter_max_messages``)
-  idempotently, and drains the connection on exit.
+  idempotently (as the scheduler's NATS user or an admin; any other service waits until
+  they exist), and drains the connection on exit.
 - ``publish`` sends an envelope with ``Nats-Msg-Id`` = event id, so a re-publish inside the
   duplicate window is dropped by the server (this is what makes the outbox relay exactly-once).
 - ``consume`` runs a durable pull consumer: each message is parsed, handled, and acknowledged
@@ -20,7 +21,8 @@ Contract:
   hand are handed back (``nak``) for the next process.
 - Any other handler error leads to a delayed redelivery; after ``max_deliver`` deliveries, or
   at once for bytes that are not a valid event, an event whose ``source`` may not send its
-  type (``shared.events.trust``, checked before any handler), or a handler's ``Reject``, the
+  type or that came on another subject than its type, source and routing key give
+  (``shared.events.trust``, checked before any handler), or a handler's ``Reject``, the
   message is copied to ``deadletter.<consumer>`` with the reason (one line) and its origin in
   headers, and terminated. A message delivered ``max_unfinished_deliveries`` times without
   any outcome (the consumer died while handling it, each time) is dead-lettered before it is
@@ -68,11 +70,11 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext, api
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NotFoundError
 from opentelemetry import metrics, trace
 
 from shared.events import Envelope, EventParseError, Payload, parse_envelope
-from shared.events.trust import forged_because
+from shared.events.trust import forged_because, misrouted_because
 from shared.settings import NatsSettings
 from shared.telemetry import extract, inject, tracer
 from shared.telemetry import meter as telemetry_meter
@@ -90,6 +92,10 @@ ORIGINAL_SEQUENCE_HEADER = "Trainyard-Original-Sequence"
 ORIGINAL_MSG_ID_HEADER = "Trainyard-Original-Msg-Id"
 DELIVERIES_HEADER = "Trainyard-Deliveries"
 REDRIVEN_FROM_HEADER = "Trainyard-Redriven-From"
+STREAMS_USER = "scheduler"
+"""The one service NATS user that makes and updates the streams (docs/security.md, "Bus")."""
+STREAM_WAIT_S = 120.0
+"""How long another service waits at start for the streams to exist."""
 
 Handler = Callable[[Envelope[Payload]], Awaitable[None]]
 """Handles one event."""
@@ -297,6 +303,9 @@ class Bus:
         return True
 
     async def ensure_streams(self) -> None:
+        """Make or update both streams where this connection may (the user ``STREAMS_USER``,
+        or credentials in the URL: an operator's, a test's); any other service only waits
+        until they exist, since its NATS user may read a stream's info but not change it."""
         events_max_age = self._settings.retention_hours * 3600
         for name, subjects, max_age, max_msgs in (
             (self._settings.stream, [EVENT_SUBJECTS], events_max_age, None),
@@ -316,11 +325,30 @@ class Bus:
                 max_msgs=max_msgs,
                 duplicate_window=self._settings.duplicate_window_seconds,
             )
+            if self._settings.user not in (None, STREAMS_USER):
+                await self._wait_for_stream(name)
+                continue
             try:
                 await self._js.add_stream(config)
             except BadRequestError:
                 # Exists with another configuration (e.g. an older duplicate window).
                 await self._js.update_stream(config)
+
+    async def _wait_for_stream(self, name: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STREAM_WAIT_S
+        while True:
+            try:
+                await self._js.stream_info(name)
+                return
+            except NotFoundError:
+                if loop.time() > deadline:
+                    raise RuntimeError(
+                        f"stream {name} does not exist after {STREAM_WAIT_S:.0f} s; "
+                        f"the NATS user {STREAMS_USER!r} makes it"
+                    ) from None
+                log.info("waiting for stream %s (made by the %s)", name, STREAMS_USER)
+                await asyncio.sleep(0.5)
 
     async def publish(
         self, envelope: Envelope[Payload], headers: dict[str, str] | None = None
@@ -365,16 +393,21 @@ class Bus:
         handler: Handler,
         stop: asyncio.Event,
         batch: int = 16,
+        *,
+        redrive: bool = True,
     ) -> None:
         """Handle messages of ``subjects`` in order, one at a time, until ``stop`` is set, then
-        return after the batch in hand is finished (graceful drain)."""
+        return after the batch in hand is finished (graceful drain). Without ``redrive`` the
+        consumer reads no redrive subject, so one subject filter stays one: it then travels
+        in the consumer-create request's subject, where NATS permissions can check it (a
+        runner's NATS user may create its consumer only with its own node's filter)."""
 
         async def each(deliveries: Sequence[Delivery]) -> None:
             for delivery in deliveries:
                 with delivery.span(consumer):
                     await handler(delivery.envelope)
 
-        await self._pull(consumer, subjects, each, stop, batch, atomic=False)
+        await self._pull(consumer, subjects, each, stop, batch, atomic=False, redrive=redrive)
 
     async def consume_batches(
         self,
@@ -396,10 +429,15 @@ class Bus:
         stop: asyncio.Event,
         batch: int,
         atomic: bool,
+        redrive: bool = True,
     ) -> None:
+        filters = [*subjects, redrive_subject(consumer)] if redrive else subjects
+        one = filters[0] if len(filters) == 1 else None
         config = api.ConsumerConfig(
+            name=consumer,
             durable_name=consumer,
-            filter_subjects=[*subjects, redrive_subject(consumer)],
+            filter_subject=one,  # then in the create subject, which permissions see
+            filter_subjects=None if one else filters,
             ack_policy=api.AckPolicy.EXPLICIT,
             deliver_policy=api.DeliverPolicy.ALL,
             # Unlimited: the server would otherwise stop delivering a message silently after
@@ -469,7 +507,11 @@ class Bus:
         except EventParseError as exc:
             await self._dead_letter(consumer, msg, f"unparseable event: {exc}")
             return None
-        forged = forged_because(envelope.type, envelope.source)
+        # A redrive comes on the consumer's own redrive subject, which only operators publish.
+        came_on = None if msg.subject == redrive_subject(consumer) else msg.subject
+        forged = forged_because(
+            envelope.type, envelope.source, routing_key=envelope.subject, subject=came_on
+        ) or misrouted_because(envelope.data, envelope.subject)
         if forged is not None:
             await self._dead_letter(consumer, msg, f"forged event: {forged}")
             return None

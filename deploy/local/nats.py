@@ -14,21 +14,28 @@ exits), then SIGKILL after the grace. The port is kept across ``stop()``/``start
 restarted server is the same server to its clients (the JetStream store survives too):
 fault tests use that.
 
-A server given neither users nor an admin has no authorization at all: only for throwaway
-servers of a benchmark or a server test; the local stack and the test fixtures always pass
-users (see ``service_user``).
+There is no anonymous server: one given neither users nor an admin gets a fresh admin
+(``admin_user``), whose credentials are in ``url`` (benchmarks and the server's own tests
+use that); the local stack passes only the services' users, the test fixtures add an admin.
 
 Who may do what (``service_permissions``; docs/security.md, "Bus"): each service publishes
-only the event types it produces (docs/events.md, producer column) and its dead letters
-``deadletter.<consumer>``; it subscribes only to the event types it consumes and its own
-inboxes ``_INBOX.<user>.>`` (the bus connects with that inbox prefix, so no service can
-read another's replies or pull deliveries). Of the JetStream API it may create, update and
-read the two streams (every service makes sure they exist), and create, read and pull from
-its own durable consumer, and acknowledge that consumer's messages (``$JS.ACK.<stream>.
-<consumer>.>``); deleting or purging a stream, reading single messages, other consumers
-and ephemeral consumers are denied. A runner's user is per node: it publishes heartbeats
-only under its node id, and its consumer (``runner-<node>``) and core subscriptions cover
-only its node's grants and revocations.
+only the event types it says (``shared.events.trust``; docs/events.md, producer column) and
+its dead letters ``deadletter.<consumer>``. An event said on its owner's behalf travels on
+``<type>.by-<delegate>`` (``trust.nats_subject_for``): only the delegate may publish there
+(the scheduler's ``job.failed``/``job.preempted`` only there), and the owner (a runner) is
+denied it. It subscribes only to the event types it consumes and its own inboxes
+``_INBOX.<user>.>`` (the bus connects with that inbox prefix, so no service can read
+another's replies or pull deliveries). Of the JetStream API the scheduler
+(``shared.bus.STREAMS_USER``) may create, update and read the two streams; every other
+service may only read their info (and waits at start until they exist). Each service may
+create (``$JS.API.CONSUMER.CREATE.<stream>.<consumer>[.<filter>]``), read and pull from its
+own durable consumer and acknowledge its messages (``$JS.ACK.<stream>.<consumer>.>``); a
+runner may create its consumer only with its node's one filter in the request's subject
+(``trust.node_subjects``; NATS refuses a body whose filter differs from the subject's).
+Deleting or purging a stream, reading single messages, other consumers and ephemeral
+consumers are denied. A runner's user is per node: it publishes heartbeats only under its
+node id, and its consumer (``runner-<node>``) and core subscriptions cover only its node's
+grants and revocations.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from typing import Any
 
 from deploy.local.ports import LOOPBACK, free_port
 from deploy.local.processes import ManagedProcess, ProcessFailedError
+from shared.bus import STREAMS_USER
 from shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
@@ -70,7 +78,7 @@ from shared.events.payloads import (
     Payload,
     RunnerHeartbeat,
 )
-from shared.events.trust import types_said_by
+from shared.events.trust import delegate_key, delegated_keys, node_subjects, owner, types_said_by
 
 _START_ATTEMPTS = 3  # a free port can be taken between choosing it and binding it
 STREAM = "TRAINYARD"
@@ -112,7 +120,7 @@ _CONSUMES: dict[str, list[str]] = {
         JobPreempted,
     ),
     "registry": _every(JobStarted, CheckpointSaved, JobSucceeded),
-    "billing": _every(AllocationReleased),
+    "billing": _every(AllocationGranted, AllocationReleased),
 }
 SERVICE_KINDS = ("submission", "scheduler", "registry", "billing", "runner")
 
@@ -138,35 +146,46 @@ def service_permissions(
         raise ValueError(f"unknown service {kind!r} (known: {', '.join(SERVICE_KINDS)})")
     user = service_user_name(kind, node_id)
     consumer = user  # every service's durable consumer is named like its user
-    # What a service may publish is what shared.events.trust lets its source say; a runner
-    # says its heartbeat only under its own node id.
-    said = types_said_by(f"trainyard/{kind}")
-    if kind == "runner":
-        produces = [
-            f"{RunnerHeartbeat.TYPE}.{node_id}",
-            *_every(*(t for t in said if t is not RunnerHeartbeat)),
-        ]
-        consumes = [f"{AllocationGranted.TYPE}.{node_id}", f"{AllocationRevoked.TYPE}.{node_id}"]
-    else:
-        produces, consumes = _every(*said), _CONSUMES[kind]
+    # What a service may publish is what shared.events.trust lets its source say: as owner
+    # every subject of the type but its delegates' (``<type>.by-<delegate>``), as delegate
+    # only its own; a runner says its heartbeat only under its own node id.
+    source = f"trainyard/{kind}"
+    produces: list[str] = []
+    denied: list[str] = []
+    for said in types_said_by(source):
+        if owner(said) != source:
+            produces.append(f"{said.TYPE}.{delegate_key(source)}")
+            continue
+        produces.extend(
+            [f"{said.TYPE}.{node_id}"]
+            if said is RunnerHeartbeat and kind == "runner"
+            else _every(said)
+        )
+        for key in delegated_keys(said):
+            denied.extend([f"{said.TYPE}.{key}", f"{said.TYPE}.{key}.>"])
     api = "$JS.API"
+    streams = ("CREATE", "UPDATE", "INFO") if user == STREAMS_USER else ("INFO",)
+    if kind == "runner":
+        assert node_id is not None  # service_user_name checked it
+        consumes = [f"{AllocationGranted.TYPE}.{node_id}", f"{AllocationRevoked.TYPE}.{node_id}"]
+        creates = [f"{api}.CONSUMER.CREATE.{stream}.{consumer}.{node_subjects(node_id)}"]
+    else:
+        consumes = _CONSUMES[kind]
+        creates = [
+            f"{api}.CONSUMER.CREATE.{stream}.{consumer}",
+            f"{api}.CONSUMER.CREATE.{stream}.{consumer}.>",
+        ]
     jetstream = [
-        *(
-            f"{api}.STREAM.{op}.{name}"
-            for name in (stream, deadletter_stream)
-            for op in ("CREATE", "UPDATE", "INFO")
-        ),
-        f"{api}.CONSUMER.DURABLE.CREATE.{stream}.{consumer}",
-        f"{api}.CONSUMER.CREATE.{stream}.{consumer}",
-        f"{api}.CONSUMER.CREATE.{stream}.{consumer}.>",
+        *(f"{api}.STREAM.{op}.{name}" for name in (stream, deadletter_stream) for op in streams),
+        *creates,
         f"{api}.CONSUMER.INFO.{stream}.{consumer}",
         f"{api}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
         f"$JS.ACK.{stream}.{consumer}.>",
     ]
-    return {
-        "publish": {"allow": [*produces, f"deadletter.{consumer}", *jetstream]},
-        "subscribe": {"allow": [*consumes, f"{inbox_prefix(user)}.>"]},
-    }
+    publish: dict[str, list[str]] = {"allow": [*produces, f"deadletter.{consumer}", *jetstream]}
+    if denied:
+        publish["deny"] = denied
+    return {"publish": publish, "subscribe": {"allow": [*consumes, f"{inbox_prefix(user)}.>"]}}
 
 
 def inbox_prefix(user: str) -> str:
@@ -210,15 +229,16 @@ def render_config(
 ) -> str:
     """The server's whole configuration (JSON, which the NATS configuration format reads):
     everything is in the file, since a reload (``add_user``) forgets command-line flags.
-    Without users there is no ``authorization`` block: anyone may connect."""
+    There is always an ``authorization`` block: a server without users is refused."""
+    entries = [user.config() for user in users]
+    if not entries:
+        raise ValueError("a NATS server needs users: there is no anonymous bus")
     config: dict[str, Any] = {
         "listen": f"{LOOPBACK}:{port}",
         "server_name": server_name,
         "jetstream": {"store_dir": str(store_dir)},
+        "authorization": {"users": entries},
     }
-    entries = [user.config() for user in users]
-    if entries:
-        config["authorization"] = {"users": entries}
     return json.dumps(config, indent=2) + "\n"
 
 
@@ -261,9 +281,10 @@ _COMPOSE_HEADER = """\
 # (docs/security.md, "Bus"). Generated by deploy.local.nats.compose_config from the rules
 # the local stack uses (service_permissions); a test checks that this file is its output.
 # Each password is read from the environment of the nats container, which compose
-# requires (deploy/README.md, "NATS users"). Another runner node needs a user of its own:
-# runner-<node id>, with that node id in its heartbeat, grant and revocation subjects and
-# its consumer name.
+# requires (deploy/README.md, "NATS users"). Only the scheduler may create or change the
+# streams; the other services wait at start until they exist. Another runner node needs a
+# user of its own: runner-<node id>, with that node id in its heartbeat, grant and
+# revocation subjects and in its consumer's name and filter.
 #
 # JSON, but for the unquoted $VARIABLE references.
 """
@@ -358,6 +379,8 @@ class NatsServer:
         self.config_path = (
             Path(config_path) if config_path is not None else self.store_dir / "nats.conf"
         )
+        if admin is None and not users:
+            admin = admin_user()  # never anonymous: the URL carries this admin's password
         self.admin = admin
         self._users: dict[str, NatsUser] = {}
         for user in [*users, *([admin] if admin is not None else [])]:
@@ -398,7 +421,8 @@ class NatsServer:
 
     @property
     def url(self) -> str:
-        """The address with the admin's credentials in it, or just the address without one."""
+        """The address with the admin's credentials in it, or just the address without an
+        admin (a server of services' users only, as the local stack runs it)."""
         if self.admin is None:
             return self.address
         return f"nats://{self.admin.name}:{self.admin.password}@{LOOPBACK}:{self.port}"
@@ -409,14 +433,12 @@ class NatsServer:
 
     @property
     def authenticated(self) -> bool:
-        """Whether the server lets in only its users (it has any)."""
+        """Whether the server lets in only its users: always (there is no anonymous mode)."""
         return bool(self._users)
 
     def add_user(self, user: NatsUser, timeout_s: float = 10.0) -> None:
         """Add (or replace) a user; a running server reloads its configuration and this
         returns once the user can log in."""
-        if not self._users:
-            raise RuntimeError("a server without users has no authorization to add to")
         self._users[user.name] = user
         if not self.is_running():
             return

@@ -1,9 +1,13 @@
 """Event handlers of billing: one ``dispatch`` for every event it consumes.
 
-Runs inside the transaction of ``shared.inbox.idempotent``. An ``AllocationReleased`` becomes
-one usage row and one ``CostRecorded`` (through the outbox, same transaction); the ledger's key
-on allocation id makes a repeated release a logged no-op. A release that cannot be priced
-(unknown flavor, end before start) is rejected to the dead-letter stream with the reason.
+Runs inside the transaction of ``shared.inbox.idempotent``. An ``AllocationGranted`` is
+remembered as announced. An ``AllocationReleased`` becomes one usage row and one
+``CostRecorded`` (through the outbox, same transaction); the ledger's key on allocation id
+makes a repeated release a logged no-op. A release that cannot be priced (unknown flavor, end
+before start), or that billing cannot believe, is rejected to the dead-letter stream with the
+reason: billing meters only allocations the scheduler announced, and only as announced (the
+release's job, node, team, user, flavor, GPUs and start must be its grant's). The grant comes
+first on the stream, so it is always seen before its release.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ from services.billing import repository as repo
 from services.billing.domain import UnknownFlavor, Usage
 from shared import outbox
 from shared.bus import Reject
-from shared.events import Envelope, Payload
-from shared.events.payloads import AllocationReleased
+from shared.events import Envelope, Payload, nats_subject
+from shared.events.payloads import AllocationGranted, AllocationReleased
 
 log = logging.getLogger(__name__)
 
 SOURCE = "trainyard/billing"
+SUBJECTS = [nats_subject(AllocationGranted), nats_subject(AllocationReleased)]
+"""What billing's consumer reads: grants (what was announced) and releases (what to meter)."""
 
 Clock = Callable[[], datetime]
 
@@ -38,6 +44,8 @@ class BillingHandlers:
 
     async def dispatch(self, envelope: Envelope[Payload], conn: asyncpg.Connection) -> None:
         match envelope.data:
+            case AllocationGranted() as grant:
+                await repo.insert_announced(conn, grant, envelope.id, self._clock())
             case AllocationReleased() as released:
                 await self.on_released(conn, released, envelope.id)
             case _:
@@ -46,6 +54,9 @@ class BillingHandlers:
     async def on_released(
         self, conn: asyncpg.Connection, released: AllocationReleased, event_id: str
     ) -> None:
+        problem = unannounced(released, await repo.announced(conn, released.allocation_id))
+        if problem is not None:
+            raise Reject(problem)
         book = await repo.price_book(conn)
         try:
             usage = Usage.from_release(released, book.price(released.gpu_flavor))
@@ -72,3 +83,31 @@ class BillingHandlers:
             usage.cost,
             usage.currency,
         )
+
+
+def unannounced(released: AllocationReleased, grant: repo.Row | None) -> str | None:
+    """Why ``released`` does not release the allocation the scheduler announced, or None."""
+    if grant is None:
+        return (
+            f"allocation {released.allocation_id} was never announced "
+            "(billing saw no allocation.granted for it)"
+        )
+    differs = [
+        field
+        for field, announced, said in (
+            ("job_id", grant["job_id"], released.job_id),
+            ("node_id", grant["node_id"], released.node_id),
+            ("team", grant["team"], released.team),
+            ("user", grant["user_name"], released.user),
+            ("gpu_flavor", grant["gpu_flavor"], released.gpu_flavor),
+            ("gpus", grant["gpus"], released.gpus),
+            ("granted_at", grant["granted_at"], released.granted_at),
+        )
+        if announced != said
+    ]
+    if differs:
+        return (
+            f"allocation {released.allocation_id}: the release's {', '.join(differs)} "
+            "differ from its grant"
+        )
+    return None

@@ -11,6 +11,7 @@ from typing import Any
 import asyncpg
 
 from services.billing.domain import Price, PriceBook, Usage
+from shared.events.payloads import AllocationGranted
 
 Row = Mapping[str, Any]
 """A fetched record (asyncpg.Record), read by column name."""
@@ -66,6 +67,38 @@ async def insert_usage(
         now,
     )
     return bool(inserted)
+
+
+async def insert_announced(
+    conn: asyncpg.Connection, grant: AllocationGranted, event_id: str, now: datetime
+) -> bool:
+    """Remember an allocation the scheduler announced; False when it was known already."""
+    inserted = await conn.fetchval(
+        """INSERT INTO announced_allocations (allocation_id, job_id, node_id, team, user_name,
+                                              gpu_flavor, gpus, granted_at, event_id,
+                                              recorded_at)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+           ON CONFLICT (allocation_id) DO NOTHING RETURNING true""",
+        grant.allocation_id,
+        grant.job_id,
+        grant.node_id,
+        grant.spec.team,
+        grant.spec.user,
+        grant.spec.gpu_flavor,
+        len(grant.gpu_indices),
+        grant.granted_at,
+        event_id,
+        now,
+    )
+    return bool(inserted)
+
+
+async def announced(conn: asyncpg.Connection, allocation_id: str) -> Row | None:
+    """The announced allocation (columns as in ``announced_allocations``), or None."""
+    row: Row | None = await conn.fetchrow(
+        "SELECT * FROM announced_allocations WHERE allocation_id = $1", allocation_id
+    )
+    return row
 
 
 _SUMS = "currency, sum(gpu_seconds) AS gpu_seconds, sum(cost) AS cost, count(*) AS allocations"

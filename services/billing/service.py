@@ -11,12 +11,10 @@ from services.billing import repository as repo
 from services.billing.api import create_app
 from services.billing.config import Settings
 from services.billing.domain import PriceBook
-from services.billing.handlers import BillingHandlers
+from services.billing.handlers import SUBJECTS, BillingHandlers
 from shared.access import guard_for
 from shared.bus import Bus
 from shared.db import migrate, open_pool, ping
-from shared.events import nats_subject
-from shared.events.payloads import AllocationReleased
 from shared.inbox import idempotent
 from shared.outbox import OutboxRelay
 from shared.retention import Retention
@@ -47,7 +45,7 @@ async def serve(settings: Settings) -> int:
         rt.spawn(
             bus.consume_batches(
                 NAME,
-                [nats_subject(AllocationReleased)],
+                SUBJECTS,
                 idempotent(pool, NAME, handlers.dispatch),
                 rt.stopping,
             ),

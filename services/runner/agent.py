@@ -110,6 +110,11 @@ class NodeAgent:
     def node_id(self) -> str:
         return self.settings.node_id
 
+    @property
+    def ledger(self) -> Ledger:
+        """Every allocation this node saw (blocking file I/O: use a thread)."""
+        return self._ledger
+
     def running(self) -> list[JobRun]:
         return list(self._runs.values())
 

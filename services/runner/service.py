@@ -16,8 +16,6 @@ from services.runner.config import Settings
 from services.runner.gpus import discover_gpus
 from shared.access import guard_for
 from shared.bus import Bus
-from shared.events import nats_subject
-from shared.events.payloads import AllocationGranted, AllocationRevoked
 from shared.runtime import ServiceRuntime
 from shared.storage import open_store
 
@@ -75,8 +73,9 @@ def agent_loops(
         "drain": agent.drain_on(stop),
         "allocations": bus.consume(
             f"runner-{node}",
-            [nats_subject(AllocationGranted, node), nats_subject(AllocationRevoked, node)],
+            handlers.subjects(node),
             handlers.dispatcher(agent),
             stop,
+            redrive=False,  # one filter: the form of consumer create its NATS user may use
         ),
     }

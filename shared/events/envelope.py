@@ -19,6 +19,7 @@ from typing import Any, Generic, Literal, TypeVar, cast
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.events.payloads import EVENT_TYPES, Payload
+from shared.events.trust import nats_subject_for
 
 P = TypeVar("P", bound=Payload)
 
@@ -60,8 +61,9 @@ class Envelope(BaseModel, Generic[P]):
 
     @property
     def nats_subject(self) -> str:
-        """The NATS subject this event is published on."""
-        return f"{self.type}.{self.subject}"
+        """The NATS subject this event is published on: ``<type>.<subject>``, but
+        ``<type>.by-<service>`` for one said on its owner's behalf (``trust.nats_subject_for``)."""
+        return nats_subject_for(self.type, self.source, self.subject)
 
     def to_json(self) -> bytes:
         """Serialise to CloudEvents structured JSON."""

@@ -6,7 +6,12 @@ dead-lettered as forged and changes nothing. The bus's own permissions (each ser
 publish only its subjects) keep a service from sending a type outside its row; this table
 keeps it from claiming another service's identity inside the payload. Events the scheduler
 says on a runner's behalf (``job.preempted``, ``job.failed``) are the only types with two
-allowed sources.
+allowed sources; they travel on a subject of their own (``nats_subject_for``:
+``<type>.by-scheduler``) that only the scheduler may publish, and a consumer believes an
+event only on the subject its type, source and routing key give (``forged_because`` with
+``subject``), so a runner cannot pass its own report off as the scheduler's decision. Nor
+is an event believed whose payload is about another node or job than it is routed to
+(``misrouted_because``: a grant on node A's subject for node B).
 """
 
 from __future__ import annotations
@@ -77,11 +82,74 @@ def owner(payload: Payload | type[Payload]) -> str:
     return OWNERS[payload.TYPE]
 
 
-def forged_because(event_type: str, source: str) -> str | None:
-    """Why an event of ``event_type`` from ``source`` is not to be believed, or None."""
+def delegate_key(source: str) -> str:
+    """The routing key of the events ``source`` says on another's behalf (``by-scheduler``):
+    never a job id (a uuid), so a subject with it is the delegate's alone."""
+    return "by-" + source.rsplit("/", 1)[-1]
+
+
+def nats_subject_for(event_type: str, source: str, routing_key: str) -> str:
+    """The NATS subject of an event: ``<type>.<routing key>``, but ``<type>.by-<delegate>``
+    for one said on its owner's behalf (the scheduler's ``job.failed``: on
+    ``trainyard.job.failed.v1.by-scheduler``). The bus lets only the delegate publish on its
+    subject and keeps the owner off it (deploy.local.nats.service_permissions)."""
+    if source != OWNERS.get(event_type) and source in ALLOWED_SOURCES.get(event_type, ()):
+        return f"{event_type}.{delegate_key(source)}"
+    return f"{event_type}.{routing_key}"
+
+
+def delegated_keys(payload: type[Payload]) -> list[str]:
+    """The routing keys of ``payload``'s subjects that only its delegates may publish on."""
+    return sorted(delegate_key(s) for s in ALLOWED_SOURCES[payload.TYPE] - {owner(payload)})
+
+
+def node_subjects(node_id: str) -> str:
+    """The one subject filter of everything routed to a runner node: its grants and its
+    revocations (``trainyard.allocation.*.v1.<node>``; releases are routed by job). One
+    filter, so that it can stand in the consumer-create API subject, where NATS checks it."""
+    tokens = zip(AllocationGranted.TYPE.split("."), AllocationRevoked.TYPE.split("."), strict=True)
+    return ".".join([*(a if a == b else "*" for a, b in tokens), node_id])
+
+
+_ROUTED_BY_NODE: tuple[type[Payload], ...] = (AllocationGranted, AllocationRevoked, RunnerHeartbeat)
+
+
+def routing_key_of(payload: Payload) -> str:
+    """The routing key an event of ``payload`` carries (docs/events.md): its node id for a
+    grant, a revocation or a heartbeat, its job id for every other event."""
+    field = "node_id" if isinstance(payload, _ROUTED_BY_NODE) else "job_id"
+    return str(getattr(payload, field))
+
+
+def misrouted_because(payload: Payload, routing_key: str) -> str | None:
+    """Why an event routed by ``routing_key`` is not about what it is routed to (a grant on
+    node A's subject for node B), or None. The routing key is in the NATS subject, which the
+    bus's permissions vouch for and consumers filter on; the payload is what they act on."""
+    about = routing_key_of(payload)
+    if about != routing_key:
+        what = "node" if isinstance(payload, _ROUTED_BY_NODE) else "job"
+        return f"{payload.TYPE} routed to {what} {routing_key} is about {what} {about}"
+    return None
+
+
+def forged_because(
+    event_type: str,
+    source: str,
+    *,
+    routing_key: str | None = None,
+    subject: str | None = None,
+) -> str | None:
+    """Why an event of ``event_type`` from ``source`` is not to be believed, or None. Given
+    the NATS ``subject`` it came on (and its ``routing_key``), also why that subject is not
+    the one such an event travels on (``nats_subject_for``): the subject is what the bus's
+    permissions vouch for, the envelope is what the sender wrote."""
     allowed = ALLOWED_SOURCES.get(event_type)
     if allowed is None:
         return f"no source may send {event_type}"
     if source not in allowed:
         return f"{event_type} may come only from {', '.join(sorted(allowed))}, not {source!r}"
+    if subject is not None and routing_key is not None:
+        expected = nats_subject_for(event_type, source, routing_key)
+        if subject != expected:
+            return f"{event_type} from {source} travels on {expected}, not on {subject}"
     return None

@@ -85,7 +85,8 @@ async def test_nats_server_serves_jetstream_and_stops(work_dir: Path) -> None:
     server = NatsServer(work_dir / "nats", log_path=work_dir / "nats.log")
     took = server.start()
     try:
-        assert server.url.startswith("nats://127.0.0.1:")
+        assert server.address.startswith("nats://127.0.0.1:")
+        assert server.admin is not None  # never anonymous: the URL carries its password
         assert took < 10
         nc = await nats.connect(server.url)
         try:

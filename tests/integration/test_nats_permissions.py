@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
 import os
 import stat
 import subprocess
@@ -34,6 +36,7 @@ from deploy.local.nats import (
     compose_config,
     find_nats_binary,
     password_variable,
+    render_config,
     service_user,
     service_user_name,
 )
@@ -45,9 +48,12 @@ from shared.events.payloads import (
     AllocationReleased,
     AllocationRevoked,
     CostRecorded,
+    JobFailed,
+    JobPreempted,
     JobSpec,
     JobSubmitted,
 )
+from shared.events.trust import RUNNER, SCHEDULER, node_subjects
 from shared.settings import NatsSettings
 
 NODE_A = RUNNER_NODE_ID
@@ -171,6 +177,18 @@ async def test_nats_py_cannot_connect_anonymously(server: NatsServer) -> None:
         await nc.close()
 
 
+def test_a_server_started_without_users_is_not_anonymous(tmp_path: Path) -> None:
+    """A bare ``NatsServer`` (benchmarks, the server's own tests) gets a fresh admin; there is
+    no configuration without an ``authorization`` block."""
+    with pytest.raises(ValueError, match="anonymous"):
+        render_config([], port=4222, server_name="x", store_dir=tmp_path)
+    with NatsServer(tmp_path / "nats", log_path=tmp_path / "nats.log") as bare:
+        assert bare.admin is not None and bare.authenticated
+        assert bare.url != bare.address and bare.admin.password in bare.url
+        assert not can_authenticate(bare.port, None, None)
+        assert can_authenticate(bare.port, bare.admin.name, bare.admin.password)
+
+
 def test_passwords_stay_out_of_reprs_and_settings_dumps(server: NatsServer) -> None:
     user = _user(server, "billing")
     assert user.password not in repr(user)
@@ -182,12 +200,48 @@ def test_passwords_stay_out_of_reprs_and_settings_dumps(server: NatsServer) -> N
 # --- what each service may publish and subscribe ---------------------------------------
 
 
-async def test_every_service_makes_sure_of_the_streams_with_its_own_user(
-    server: NatsServer,
+async def test_the_scheduler_makes_the_streams_and_the_others_wait_for_them(
+    tmp_path: Path,
 ) -> None:
+    users = [service_user(kind, NODE_A if kind == "runner" else None) for kind in SERVICES]
+    with NatsServer(tmp_path / "nats", log_path=tmp_path / "nats.log", users=users) as fresh:
+
+        async def connect(user: NatsUser) -> None:
+            async with Bus.connect(_settings(fresh, user), user.name) as bus:
+                assert await bus.ping()
+
+        others = [user for user in users if user.name != "scheduler"]
+        waiting = [asyncio.create_task(connect(user)) for user in others]
+        await asyncio.sleep(1.5)
+        done = [task.exception() for task in waiting if task.done()]
+        assert not done, done  # none of them may make the streams: they wait
+        await connect(_user(fresh, "scheduler"))
+        await asyncio.wait_for(asyncio.gather(*waiting), 10)
+
+
+async def test_only_the_scheduler_may_create_or_change_the_streams(server: NatsServer) -> None:
+    """A service that could change a stream could shorten its retention or drop its subjects;
+    every service but the scheduler may only read a stream's info."""
+    async with Bus.connect(_settings(server, _user(server, "scheduler")), "setup"):
+        pass  # the streams exist
+    shorter = json.dumps({"name": "TRAINYARD", "subjects": ["trainyard.>"], "max_age": 10**9})
     for user in server.users:
-        async with Bus.connect(_settings(server, user), user.name) as bus:
-            assert await bus.ping()
+        if user.name == "scheduler":
+            continue
+        async with session(server, user) as s:
+            for op in ("UPDATE", "CREATE"):
+                for stream in ("TRAINYARD", "TRAINYARD_DEADLETTER"):
+                    subject = f"$JS.API.STREAM.{op}.{stream}"
+
+                    async def change(subject: str = subject, nc: NatsClient = s.nc) -> None:
+                        await nc.request(subject, shorter.encode(), timeout=0.25)
+
+                    assert await s.api_denied(subject, change), (user.name, subject)
+            info = await s.nc.jetstream(timeout=2).stream_info("TRAINYARD")
+            assert info.config.max_age != 1.0  # unchanged
+    async with session(server, _user(server, "scheduler")) as s:
+        for op in ("UPDATE", "CREATE"):
+            assert await s.may_publish(f"$JS.API.STREAM.{op}.TRAINYARD")
 
 
 @pytest.mark.parametrize(
@@ -196,8 +250,19 @@ async def test_every_service_makes_sure_of_the_streams_with_its_own_user(
         (
             "scheduler",
             None,
-            [_subject(AllocationGranted, NODE_X), _subject(AllocationReleased)],
-            [_subject(JobSubmitted), _subject(CostRecorded), "deadletter.billing"],
+            [
+                _subject(AllocationGranted, NODE_X),
+                _subject(AllocationReleased),
+                _subject(JobFailed, "by-scheduler"),
+                _subject(JobPreempted, "by-scheduler"),
+            ],
+            [
+                _subject(JobSubmitted),
+                _subject(CostRecorded),
+                "deadletter.billing",
+                _subject(JobFailed),  # a runner's subject: the scheduler says its own
+                _subject(JobPreempted),
+            ],
         ),
         (
             "runner",
@@ -213,6 +278,9 @@ async def test_every_service_makes_sure_of_the_streams_with_its_own_user(
                 f"trainyard.runner.heartbeat.v1.{NODE_B}",
                 f"deadletter.runner-{NODE_B}",
                 "something.else",
+                _subject(JobFailed, "by-scheduler"),  # the scheduler's decision, not a report
+                _subject(JobPreempted, "by-scheduler"),
+                _subject(JobFailed, "by-scheduler") + ".x",
             ],
         ),
         (
@@ -277,7 +345,8 @@ async def test_subscriptions(server: NatsServer) -> None:
     async with session(server, _user(server, "billing")) as billing:
         assert await billing.may_subscribe(nats_subject(AllocationReleased))
         assert await billing.subscribe_denied(nats_subject(JobSubmitted))
-        assert await billing.subscribe_denied(nats_subject(AllocationGranted))
+        assert await billing.may_subscribe(nats_subject(AllocationGranted))  # what it meters
+        assert await billing.subscribe_denied(nats_subject(AllocationRevoked))
 
 
 # --- the JetStream API ---------------------------------------------------------------
@@ -319,6 +388,46 @@ async def test_services_may_not_delete_streams_or_use_others_consumers(
         assert await runner_a.publish_denied("$JS.ACK.TRAINYARD.scheduler.1.1.1.1.1.1")
 
 
+async def test_a_runner_may_create_its_consumer_only_on_its_own_nodes_subjects(
+    server: NatsServer,
+) -> None:
+    """The filter of a consumer is in the create request's body, which permissions do not
+    see; a runner's user may create its consumer only with the filter in the subject (which
+    they see), and NATS refuses a body whose filter differs from the subject's."""
+    async with Bus.connect(_settings(server, _user(server, "scheduler")), "setup"):
+        pass  # the streams exist
+    own = f"runner-{NODE_A}"
+    create = f"$JS.API.CONSUMER.CREATE.TRAINYARD.{own}"
+
+    def body(**config: object) -> bytes:
+        return json.dumps(
+            {"stream_name": "TRAINYARD", "config": {"name": own, "durable_name": own, **config}}
+        ).encode()
+
+    async with session(server, _user(server, "runner", NODE_A)) as runner_a:
+        for subject, request in (
+            (create, body(filter_subjects=[nats_subject(AllocationGranted, NODE_B)])),
+            (f"{create}.{node_subjects(NODE_B)}", body(filter_subject=node_subjects(NODE_B))),
+            (f"{create}.trainyard.>", body(filter_subject="trainyard.>")),
+            (f"{create}.{nats_subject(AllocationGranted)}", body(filter_subject="x")),
+            (f"$JS.API.CONSUMER.DURABLE.CREATE.TRAINYARD.{own}", body()),
+        ):
+
+            async def send(subject: str = subject, request: bytes = request) -> None:
+                await runner_a.nc.request(subject, request, timeout=0.25)
+
+            assert await runner_a.api_denied(subject, send), subject
+        # Its own filter is allowed; another filter in the body under it is refused by NATS.
+        allowed = f"{create}.{node_subjects(NODE_A)}"
+        answer = await runner_a.nc.request(allowed, body(filter_subject="trainyard.>"), timeout=5)
+        error = json.loads(answer.data).get("error", {})
+        assert error.get("err_code") == 10131, answer.data  # filter does not match the subject
+        answer = await runner_a.nc.request(
+            allowed, body(filter_subject=node_subjects(NODE_A), ack_policy="explicit"), timeout=5
+        )
+        assert "error" not in json.loads(answer.data), answer.data
+
+
 async def test_a_grant_goes_from_the_scheduler_to_its_runner_and_to_no_other(
     server: NatsServer,
 ) -> None:
@@ -341,12 +450,10 @@ async def test_a_grant_goes_from_the_scheduler_to_its_runner_and_to_no_other(
         for grant in grants:
             await bus.publish(grant)
         async with Bus.connect(runner_a, "runner") as runner:
-            filters = [
-                nats_subject(AllocationGranted, NODE_A),
-                nats_subject(AllocationRevoked, NODE_A),
-            ]
             consumer = f"runner-{NODE_A}"
-            await asyncio.wait_for(runner.consume(consumer, filters, handle, stop), 30)
+            await asyncio.wait_for(
+                runner.consume(consumer, [node_subjects(NODE_A)], handle, stop, redrive=False), 30
+            )
             # Acknowledgements are applied by the server after they arrive: give it a moment.
             for _ in range(100):
                 info = await runner.jetstream.consumer_info("TRAINYARD", consumer)
@@ -357,6 +464,60 @@ async def test_a_grant_goes_from_the_scheduler_to_its_runner_and_to_no_other(
         assert seen == [grants[0].id, grants[2].id]
         after = (await bus.jetstream.stream_info("TRAINYARD_DEADLETTER")).state.messages
         assert after == before + 1
+
+
+async def test_a_runner_cannot_pass_its_report_off_as_the_schedulers_decision(
+    server: NatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``job.failed`` is said by a runner (an attempt failed) and by the scheduler (the job
+    failed). The scheduler's travels on ``job.failed.v1.by-scheduler``, which only it may
+    publish; a consumer believes a scheduler's ``job.failed`` only on that subject."""
+    job = str(uuid.uuid4())
+
+    def failed(source: str) -> Envelope[Payload]:
+        payload = JobFailed(
+            job_id=job,
+            allocation_id="a-1",
+            node_id=NODE_A,
+            epoch=1,
+            finished_at=datetime.now(UTC),
+            exit_code=1,
+            reason="exited with status 1",
+        )
+        return Envelope.wrap(payload, source=source, subject=job)
+
+    claim, report, decision = failed(SCHEDULER), failed(RUNNER), failed(SCHEDULER)
+    assert claim.nats_subject == f"{JobFailed.TYPE}.by-scheduler"
+    assert report.nats_subject == f"{JobFailed.TYPE}.{job}"
+    seen: list[str] = []
+    stop = asyncio.Event()
+
+    async def handle(envelope: Envelope[Payload]) -> None:
+        if envelope.subject == job:
+            seen.append(envelope.id)
+        if len(seen) == 2:
+            stop.set()
+
+    scheduler = _settings(server, _user(server, "scheduler"))
+    async with Bus.connect(scheduler, "scheduler") as bus:
+        async with session(server, _user(server, "runner", NODE_A)) as s:
+            assert await s.publish_denied(claim.nats_subject)
+        async with Bus.connect(_settings(server, _user(server, "runner", NODE_A)), "r") as runner:
+            # The claim on the runner's own subject is stored (NATS cannot read the body)...
+            await runner.publish_raw(report.nats_subject, claim.to_json(), claim.id, {})
+            await runner.publish(report)
+        await bus.publish(decision)
+        with caplog.at_level(logging.ERROR, logger="shared.bus"):
+            await asyncio.wait_for(
+                bus.consume("scheduler", [nats_subject(JobFailed)], handle, stop), 30
+            )
+    # ... but only the runner's report and the scheduler's decision are believed.
+    assert seen == [report.id, decision.id]
+    forged = [r.getMessage() for r in caplog.records if "forged event" in r.getMessage()]
+    assert any(
+        f"travels on {JobFailed.TYPE}.by-scheduler, not on {report.nats_subject}" in m
+        for m in forged
+    ), forged
 
 
 def _grant(node_id: str) -> Envelope[Payload]:

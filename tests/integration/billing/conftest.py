@@ -12,12 +12,12 @@ import pytest
 from pydantic import SecretStr
 
 from services.billing.config import Settings
-from services.billing.handlers import BillingHandlers
+from services.billing.handlers import SUBJECTS, BillingHandlers
 from services.billing.service import MIGRATIONS, NAME, seed_prices
 from shared.bus import Bus
 from shared.db import migrate, open_pool
-from shared.events import Envelope, Payload, nats_subject, parse_envelope
-from shared.events.payloads import AllocationReleased, CostRecorded
+from shared.events import Envelope, Payload, parse_envelope
+from shared.events.payloads import AllocationGranted, AllocationReleased, CostRecorded, JobSpec
 from shared.events.trust import owner
 from shared.inbox import idempotent
 from shared.outbox import OutboxRelay
@@ -59,8 +59,14 @@ class Billing:
         self.bus = bus
         self.seen: list[Envelope[Payload]] = []
 
+    async def announce(self, released: AllocationReleased) -> None:
+        """Publish the grant that ``released`` ends, as the scheduler would have: billing
+        meters only allocations it saw announced."""
+        await self.bus.publish(grant_of(released))
+
     async def send(self, released: AllocationReleased) -> Envelope[Payload]:
-        """Publish and wait until billing has handled it."""
+        """Announce its grant, publish it and wait until billing has handled it."""
+        await self.announce(released)
         payload: Payload = released
         envelope = Envelope.wrap(payload, source=owner(payload), subject=released.job_id)
         await self.bus.publish(envelope)
@@ -83,6 +89,29 @@ class Billing:
         return [e.data for e in self.seen if isinstance(e.data, CostRecorded)]
 
 
+def grant_of(released: AllocationReleased) -> Envelope[Payload]:
+    """The ``allocation.granted`` (from the scheduler) that ``released`` ends."""
+    grant: Payload = AllocationGranted(
+        allocation_id=released.allocation_id,
+        job_id=released.job_id,
+        node_id=released.node_id,
+        gpu_indices=list(range(released.gpus)),
+        epoch=1,
+        attempt=1,
+        granted_at=released.granted_at,
+        spec=JobSpec(
+            name="job",
+            team=released.team,
+            user=released.user,
+            gpus=max(released.gpus, 1),
+            gpu_flavor=released.gpu_flavor,
+            seed=1,
+            max_runtime_seconds=3600,
+        ),
+    )
+    return Envelope.wrap(grant, source=owner(grant), subject=released.node_id)
+
+
 @pytest.fixture
 async def billing(pool: asyncpg.Pool, nats_settings: NatsSettings) -> AsyncIterator[Billing]:
     async with Bus.connect(nats_settings, "billing-test") as bus:
@@ -98,7 +127,7 @@ async def billing(pool: asyncpg.Pool, nats_settings: NatsSettings) -> AsyncItera
             asyncio.create_task(
                 bus.consume_batches(
                     NAME,
-                    [nats_subject(AllocationReleased)],
+                    SUBJECTS,
                     idempotent(pool, NAME, BillingHandlers().dispatch),
                     stop,
                 )

@@ -91,9 +91,10 @@ async def test_duplicate_release_is_billed_once(billing: Billing) -> None:
 
 
 async def test_unknown_flavor_is_dead_lettered_with_the_reason(billing: Billing) -> None:
-    payload: Payload = released("alloc-9", flavor="tpu")
+    unpriced = released("alloc-9", job_id="job-9", flavor="tpu")
+    payload: Payload = unpriced
     bad = Envelope.wrap(payload, source=owner(payload), subject="job-9")
-    await billing.announce(released("alloc-9", flavor="tpu"))
+    await billing.announce(unpriced)
     await billing.bus.publish(bad)
     await billing.send(released("alloc-10"))  # consumption goes on behind it
 

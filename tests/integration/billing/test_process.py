@@ -20,7 +20,7 @@ from shared.events import Envelope, parse_envelope
 from shared.events.payloads import AllocationReleased, CostRecorded
 from shared.events.trust import owner
 from shared.settings import NatsSettings
-from tests.integration.billing.conftest import until
+from tests.integration.billing.conftest import grant_of, until
 
 pytestmark = pytest.mark.integration
 
@@ -77,6 +77,7 @@ async def test_process_bills_with_configured_prices(
                     released_at=start + timedelta(minutes=15),
                     outcome="succeeded",
                 )
+                await bus.publish(grant_of(released))  # billing meters what was announced
                 await bus.publish(Envelope.wrap(released, source=owner(released), subject="j1"))
                 await until(lambda: bool(costs))
             assert costs[0].cost == pytest.approx(8.4)  # 8 GPUs x 0.25 h x 4.2
