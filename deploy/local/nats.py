@@ -58,7 +58,7 @@ from typing import Any
 
 from deploy.local.ports import LOOPBACK, free_port
 from deploy.local.processes import ManagedProcess, ProcessFailedError
-from shared.bus import STREAMS_USER
+from shared.bus import STREAMS_USER, redrive_subject
 from shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
@@ -181,8 +181,16 @@ def service_permissions(
         f"{api}.CONSUMER.INFO.{stream}.{consumer}",
         f"{api}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
         f"$JS.ACK.{stream}.{consumer}.>",
+        # Its operators' dead-letter routes (shared.deadletters): read and delete single dead
+        # letters. NATS cannot scope these to a subject inside the stream, so a service could
+        # read or delete another's dead letters (never an event of the main stream).
+        f"{api}.STREAM.MSG.GET.{deadletter_stream}",
+        f"{api}.STREAM.MSG.DELETE.{deadletter_stream}",
     ]
-    publish: dict[str, list[str]] = {"allow": [*produces, f"deadletter.{consumer}", *jetstream]}
+    redrive = [] if kind == "runner" else [redrive_subject(consumer)]
+    publish: dict[str, list[str]] = {
+        "allow": [*produces, f"deadletter.{consumer}", *redrive, *jetstream]
+    }
     if denied:
         publish["deny"] = denied
     return {"publish": publish, "subscribe": {"allow": [*consumes, f"{inbox_prefix(user)}.>"]}}

@@ -15,6 +15,7 @@ from services.billing.handlers import SUBJECTS, BillingHandlers
 from shared.access import guard_for
 from shared.bus import Bus
 from shared.db import migrate, open_pool, ping
+from shared.deadletters import deadletter_routes
 from shared.inbox import idempotent
 from shared.outbox import OutboxRelay
 from shared.retention import Retention
@@ -52,4 +53,5 @@ async def serve(settings: Settings) -> int:
             "events",
         )
         guard = await rt.resources.enter_async_context(guard_for(settings))
-        return await rt.run(create_app(pool, guard, rt.health_handlers()))
+        routes = [*rt.health_handlers(), *deadletter_routes(bus, NAME, pool)]
+        return await rt.run(create_app(pool, guard, routes))

@@ -7,9 +7,11 @@ operators only (403 for users). Authentication is the shared guard (``shared.acc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from litestar import Litestar, get
+from litestar.handlers import HTTPRouteHandler
 from litestar.types import Guard
 
 from services.runner.agent import NodeAgent
@@ -19,7 +21,12 @@ from shared.identity import Role
 from shared.runtime import ServiceRuntime
 
 
-def create_app(runtime: ServiceRuntime, agent: NodeAgent, guard: Guard) -> Litestar:
+def create_app(
+    runtime: ServiceRuntime,
+    agent: NodeAgent,
+    guard: Guard,
+    extra_routes: Sequence[HTTPRouteHandler] = (),
+) -> Litestar:
     @get("/v1/node", sync_to_thread=False, opt=needs(Role.OPERATOR))
     def node() -> dict[str, Any]:
         return {
@@ -40,4 +47,4 @@ def create_app(runtime: ServiceRuntime, agent: NodeAgent, guard: Guard) -> Lites
             ],
         }
 
-    return service_app("runner", [*runtime.health_handlers(), node], guard)
+    return service_app("runner", [*runtime.health_handlers(), node, *extra_routes], guard)

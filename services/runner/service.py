@@ -16,6 +16,7 @@ from services.runner.config import Settings
 from services.runner.gpus import discover_gpus
 from shared.access import guard_for
 from shared.bus import Bus
+from shared.deadletters import deadletter_routes
 from shared.runtime import ServiceRuntime
 from shared.storage import open_store
 
@@ -58,7 +59,8 @@ async def serve(settings: Settings) -> int:
         for name, loop in agent_loops(agent, bus, rt.stopping).items():
             rt.spawn(loop, name)
         guard = await rt.resources.enter_async_context(guard_for(settings))
-        return await rt.run(create_app(rt, agent, guard))
+        dead_letters = deadletter_routes(bus, f"runner-{settings.node_id}")
+        return await rt.run(create_app(rt, agent, guard, dead_letters))
 
 
 def agent_loops(

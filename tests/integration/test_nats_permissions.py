@@ -378,6 +378,10 @@ async def test_services_may_not_delete_streams_or_use_others_consumers(
                 f"{api}.MSG.GET.TRAINYARD",
                 lambda: js.get_msg("TRAINYARD", 1),  # noqa: B023
             )
+            assert await s.api_denied(
+                f"{api}.MSG.DELETE.TRAINYARD",
+                lambda: js.delete_msg("TRAINYARD", 1),  # noqa: B023
+            )
     async with session(server, _user(server, "runner", NODE_A)) as runner_a:
         next_b = f"$JS.API.CONSUMER.MSG.NEXT.TRAINYARD.runner-{NODE_B}"
         assert await runner_a.publish_denied(next_b)
