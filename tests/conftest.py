@@ -1,3 +1,4 @@
-"""Test-wide fixtures: real servers come from the ``tests.fixtures.servers`` plugin."""
+"""Test-wide fixtures: real servers (``tests.fixtures.servers``) and collected spans
+(``tests.fixtures.telemetry``)."""
 
-pytest_plugins = ["tests.fixtures.servers"]
+pytest_plugins = ["tests.fixtures.servers", "tests.fixtures.telemetry"]

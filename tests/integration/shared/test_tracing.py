@@ -6,8 +6,6 @@ import asyncio
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from shared.bus import Bus
@@ -16,17 +14,6 @@ from shared.events.payloads import JobCancelRequested
 from shared.events.trust import SUBMISSION
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def spans() -> InMemorySpanExporter:
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter
 
 
 async def test_consumer_span_continues_the_publishers_trace(

@@ -6,9 +6,6 @@ from __future__ import annotations
 import logging
 
 import pytest
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.integration.submission.conftest import Submission
@@ -17,14 +14,8 @@ pytestmark = pytest.mark.integration
 
 
 async def test_tokens_appear_in_no_span_log_event_or_table(
-    submission: Submission, caplog: pytest.LogCaptureFixture
+    submission: Submission, caplog: pytest.LogCaptureFixture, spans: InMemorySpanExporter
 ) -> None:
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    spans = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(spans))
     caplog.set_level(logging.DEBUG)
     created = await submission.client.post(
         "/v1/tokens", json={"name": "ci"}, headers=submission.auth()
