@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -83,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     submit = commands.add_parser("submit", parents=[common], help="submit a job spec (JSON file)")
-    submit.add_argument("file", type=Path, help="job spec, e.g. examples/digits_cnn.json")
+    submit.add_argument("file", type=Path, help="job spec, e.g. examples/digits.job.json")
     submit.add_argument("--follow", action="store_true", help="follow the job until it ends")
     submit.add_argument(
         "--timeout", type=float, default=86_400.0, help="seconds --follow waits (default 1 day)"
@@ -97,7 +98,11 @@ def _parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", parents=[common], help="show one job")
     status.add_argument("job_id")
     listing = commands.add_parser("list", parents=[common], help="list the team's jobs")
-    listing.add_argument("--status", help="only jobs in this status (e.g. RUNNING)")
+    listing.add_argument(
+        "--status",
+        type=_status,
+        help=f"only jobs in this status, any case: {', '.join(s.lower() for s in JOB_STATUSES)}",
+    )
     listing.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     cancel = commands.add_parser("cancel", parents=[common], help="cancel a job")
     cancel.add_argument("job_id")
@@ -109,6 +114,26 @@ def _parser() -> argparse.ArgumentParser:
     cli_access.add_commands(commands, common)
     add_deadletter_commands(commands, common)
     return parser
+
+
+JOB_STATUSES = (
+    "QUEUED",
+    "PENDING",
+    "SCHEDULED",
+    "RUNNING",
+    "SUCCEEDED",
+    "FAILED",
+    "PREEMPTED",
+    "CANCELLED",
+)
+
+
+def _status(value: str) -> str:
+    """``--status``: any case; an unknown one names the valid ones."""
+    if value.upper() not in JOB_STATUSES:
+        valid = ", ".join(s.lower() for s in JOB_STATUSES)
+        raise argparse.ArgumentTypeError(f"{value!r} is not a status; use one of {valid}")
+    return value.upper()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -126,6 +151,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (``trainyard list | head -1``): not an error. Python would
+        # complain again when it flushes stdout at exit, so point stdout at nothing.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:  # the CLI never shows a traceback
         return _fail(f"unexpected {type(exc).__name__}: {exc}")
 

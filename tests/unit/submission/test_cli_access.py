@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import httpx
@@ -97,3 +98,46 @@ def test_a_refusal_is_one_line_naming_the_role(
     assert cli.main(["audit"]) == 1
     err = capsys.readouterr().err.strip()
     assert "403" in err and "operator role" in err and "\n" not in err
+
+
+def test_status_filter_takes_any_case_and_names_the_valid_ones(
+    seen: list[httpx.Request], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli.main(["list", "--status", "running"])
+    assert seen[-1].url.params["status"] == "RUNNING"
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["list", "--status", "runing"])
+    assert refused.value.code == 1
+    err = capsys.readouterr().err
+    assert "'runing' is not a status" in err and "running, succeeded" in err
+
+
+def test_the_example_named_in_help_exists(capsys: pytest.CaptureFixture[str]) -> None:
+    from pathlib import Path
+
+    with pytest.raises(SystemExit):
+        cli.main(["submit", "--help"])
+    named = re.search(r"e\.g\. (\S+\.json)", capsys.readouterr().out)
+    assert named is not None
+    assert (Path(__file__).parents[3] / named.group(1)).is_file()
+
+
+def test_a_reader_that_goes_away_is_not_an_error() -> None:
+    """``trainyard whoami | head -0``: the pipe closes before the CLI writes."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, trainyard.cli as c\n"
+        "class Gone:\n"
+        "    def write(self, *_): raise BrokenPipeError\n"
+        "    def flush(self): pass\n"
+        "    def fileno(self): return sys.__stdout__.fileno()\n"
+        "c.render_list = lambda jobs: 'x' * 100\n"
+        "c.TrainyardClient.list_jobs = lambda self, **_: []\n"
+        "sys.stdout = Gone()\n"
+        "sys.exit(c.main(['list', '--token', 't']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "unexpected" not in done.stderr
