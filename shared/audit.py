@@ -85,7 +85,8 @@ def audit_route(pool: asyncpg.Pool) -> HTTPRouteHandler:
     async def audit_log(
         principal: NamedDependency[Principal],
         before: Annotated[
-            int | None, QueryParameter(ge=1, description="entries older than this id")
+            int | None,
+            QueryParameter(ge=1, le=2**63 - 1, description="entries older than this id"),
         ] = None,
         limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 100,
     ) -> list[AuditEntry]:

@@ -1,25 +1,165 @@
 """How every service builds its Litestar app, so all of them behave the same at the edge.
 
 ``service_app`` adds, to the service's routes: the app-level guard (``shared.access``), the
-``principal`` dependency, the shared error shapes (``shared.http_errors``), one tracing span
-per request, and an OpenAPI document that declares the bearer-token security scheme and the
+``principal`` dependency, the shared error shapes (``shared.http_errors``), the screen of path
+and query parameters (``check_parameters``: no control characters), one tracing span per
+request, and an OpenAPI document that declares the bearer-token security scheme and the
 error body, so clients and fuzzers see what the service really enforces.
+
+The document is complete (``tests/integration/test_openapi_fuzz.py`` holds every service to
+it):
+- Every route documents the errors any route may answer (``EVERY_ROUTE``: 400, 401, 403, 422,
+  503) and those its service adds (``service_app(errors=...)``: submission's 429) with the
+  ``ErrorBody`` schema; a route adds its own (404, 409, 413, 415) with
+  ``responses=error_responses(...)``, and a second success status (201 created, 200 already
+  there) with ``ResponseSpec``. One mechanism: Litestar's ``responses=``.
+- A route that reads its JSON body by hand (to bound and screen the raw bytes before any
+  model sees them) declares the model it then validates with
+  ``operation_class=json_request_body(Model)``: the document shows the model's JSON Schema
+  as the request body, while the handler still reads the bytes itself
+  (``bytes_request_body`` for a raw upload).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
 
-from litestar import Litestar
+from litestar import Litestar, Router
 from litestar.di import Provide
-from litestar.openapi import OpenAPIConfig
-from litestar.openapi.spec import Components, SecurityScheme
+from litestar.handlers import HTTPRouteHandler
+from litestar.openapi import OpenAPIConfig, ResponseSpec
+from litestar.openapi.spec import (
+    Components,
+    OpenAPIMediaType,
+    OpenAPIType,
+    Operation,
+    RequestBody,
+    Schema,
+    SecurityScheme,
+)
+from litestar.routes import HTTPRoute
 from litestar.types import ControllerRouterHandler, Guard
+from pydantic import BaseModel
 
 from shared.access import principal_dependency
-from shared.http_errors import exception_handlers
+from shared.http_errors import ErrorBody, check_parameters, exception_handlers
 from shared.http_tracing import tracing_middleware
+
+ERRORS: Final[Mapping[int, str]] = {
+    400: "malformed request (a bad Content-Length or Host header), refused before it is read",
+    401: "missing, invalid, expired or revoked token (WWW-Authenticate: Bearer)",
+    403: "the caller's role, or team, may not do this",
+    404: "no such resource (or none the caller's team may see)",
+    409: "conflicts with the resource's current state",
+    413: "request body over this endpoint's limit",
+    415: "the body must be Content-Type: application/json (UTF-8)",
+    422: "invalid input: every bad field named in errors",
+    429: "rate limit exceeded: retry after Retry-After seconds",
+    503: "the token cannot be checked now (the identity service is unavailable)",
+}
+"""Every error status a Trainyard API answers, as its OpenAPI document describes it."""
+EVERY_ROUTE: Final = (400, 401, 403, 422, 503)
+"""The errors any guarded route may answer: a request Litestar cannot read, no valid token, a
+role or team below the route's, an invalid parameter, a token that cannot be checked now."""
+
+
+def error_responses(*statuses: int) -> dict[int, ResponseSpec]:
+    """``responses=`` documenting ``statuses`` (keys of ``ERRORS``) with the ``ErrorBody``
+    schema."""
+    return {
+        status: ResponseSpec(ErrorBody, description=ERRORS[status], generate_examples=False)
+        for status in statuses
+    }
+
+
+@dataclass
+class _JSONSchema(Schema):
+    """A schema written as JSON Schema (Pydantic's), put in the document as it is."""
+
+    document: dict[str, Any] = field(default_factory=dict)
+
+    def to_schema(self) -> dict[str, Any]:
+        return self.document
+
+
+def json_request_body(
+    model: type[BaseModel], example: dict[str, Any] | None = None
+) -> type[Operation]:
+    """The ``operation_class`` of a route that reads its JSON body by hand and validates it
+    with ``model``: its document shows ``model``'s JSON Schema (validation mode, ``$defs``
+    inlined) as the required ``application/json`` request body, with ``example`` (a valid
+    body; fuzzers send it) when given."""
+    if example is not None:
+        model.model_validate(example)  # a wrong example fails here, when the app is built
+    schema = _JSONSchema(document=_inlined(model))
+    return _with_body(
+        model.__name__,
+        RequestBody(
+            content={"application/json": OpenAPIMediaType(schema=schema, example=example)},
+            required=True,
+        ),
+    )
+
+
+def bytes_request_body(description: str) -> type[Operation]:
+    """The ``operation_class`` of a route that reads raw bytes (``description``) as its body."""
+    binary = Schema(type=OpenAPIType.STRING, content_media_type="application/octet-stream")
+    return _with_body(
+        "Bytes",
+        RequestBody(
+            content={"application/octet-stream": OpenAPIMediaType(schema=binary)},
+            description=description,
+            required=True,
+        ),
+    )
+
+
+def _with_body(name: str, body: RequestBody) -> type[Operation]:
+    @dataclass
+    class BodyOperation(Operation):
+        def __post_init__(self) -> None:
+            self.request_body = body
+
+    BodyOperation.__name__ = BodyOperation.__qualname__ = f"{name}BodyOperation"
+    return BodyOperation
+
+
+def _inlined(model: type[BaseModel]) -> dict[str, Any]:
+    schema = model.model_json_schema()
+    defs: dict[str, Any] = schema.pop("$defs", {})
+
+    def resolve(node: Any, depth: int = 0) -> Any:
+        if depth > 32:
+            raise ValueError(f"{model.__name__}: a recursive schema cannot be inlined")
+        if isinstance(node, list):
+            return [resolve(item, depth + 1) for item in node]
+        if not isinstance(node, dict):
+            return node
+        node = dict(node)
+        ref = node.pop("$ref", None)
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            node = {**defs[ref.removeprefix("#/$defs/")], **node}
+        discriminator = node.get("discriminator")
+        if isinstance(discriminator, dict):  # its mapping points into the $defs inlined here
+            node["discriminator"] = {k: v for k, v in discriminator.items() if k != "mapping"}
+        return {key: resolve(value, depth + 1) for key, value in node.items()}
+
+    inlined: dict[str, Any] = resolve(schema)
+    return inlined
+
+
+def _http_handlers(route_handlers: Iterable[ControllerRouterHandler]) -> Iterator[HTTPRouteHandler]:
+    for item in route_handlers:
+        if isinstance(item, HTTPRouteHandler):
+            yield item
+        elif isinstance(item, Router):
+            for route in item.routes:
+                if isinstance(route, HTTPRoute):
+                    yield from route.route_handlers
+        else:
+            raise TypeError(f"{item!r}: give service_app route handlers and Routers")
 
 
 def service_app(
@@ -28,15 +168,22 @@ def service_app(
     guard: Guard,
     statuses: Mapping[type[Exception], int] | None = None,
     dependencies: Mapping[str, Provide] | None = None,
+    errors: Iterable[int] = (),
     **litestar_options: Any,
 ) -> Litestar:
-    """The app of service ``title``: ``route_handlers`` behind ``guard`` (see the module)."""
+    """The app of service ``title``: ``route_handlers`` behind ``guard`` (see the module);
+    ``errors``: the error statuses every route of the service may answer besides
+    ``EVERY_ROUTE``."""
+    everywhere = error_responses(*EVERY_ROUTE, *errors)
+    for handler in _http_handlers(route_handlers):
+        handler.responses = dict(sorted({**everywhere, **(handler.responses or {})}.items()))
     return Litestar(
         route_handlers=list(route_handlers),
         guards=[guard],
         dependencies={**principal_dependency(), **(dependencies or {})},
         middleware=[tracing_middleware],
         exception_handlers=exception_handlers(statuses),
+        before_request=check_parameters,
         openapi_config=OpenAPIConfig(
             title=f"Trainyard {title}",
             version="1.0.0",

@@ -17,6 +17,9 @@ Contract:
   control characters (nor lone surrogates) in any key or string, except tab, newline and
   carriage return in the strings a caller names as free text. Each problem is a 422 naming
   its field.
+- ``check_parameters`` holds every path and query parameter to the same rule: no control
+  characters (a NUL, which PostgreSQL text cannot hold, among them); 422 naming each.
+  ``shared.http_app.service_app`` runs it before every handler, after the guard.
 """
 
 from __future__ import annotations
@@ -233,6 +236,20 @@ def _screen(value: Any, free_text: Callable[[str], bool], max_depth: int) -> lis
                 FieldError(field=where, message="number too large (must be a finite double)")
             )
     return errors
+
+
+def check_parameters(request: Request[Any, Any, Any]) -> None:
+    """Raise ``RequestInvalid`` naming each path or query parameter whose value holds a
+    control character or a lone surrogate (see the contract)."""
+    values = [*request.path_params.items(), *request.query_params.multi_items()]
+    errors = []
+    for name, value in values:
+        found = _CONTROL.search(value) if isinstance(value, str) else None
+        if found:
+            message = f"must not contain control characters (found U+{ord(found.group()):04X})"
+            errors.append(FieldError(field=_join("", name), message=message))
+    if errors:
+        raise RequestInvalid(errors)
 
 
 def _join(path: str, key: str) -> str:

@@ -21,7 +21,7 @@ from litestar.types import Guard
 from services.billing import repository as repo
 from services.billing.schemas import UsageSummary, usage_summary
 from shared.audit import audit_route
-from shared.http_app import service_app
+from shared.http_app import error_responses, service_app
 from shared.identity import Principal
 
 Caller = NamedDependency[Principal]
@@ -30,7 +30,7 @@ Caller = NamedDependency[Principal]
 def create_app(
     pool: asyncpg.Pool, guard: Guard, health_handlers: list[HTTPRouteHandler]
 ) -> Litestar:
-    @get("/v1/usage")
+    @get("/v1/usage", responses=error_responses(404))
     async def usage(
         principal: Caller,
         team: Annotated[

@@ -11,18 +11,20 @@ so names cannot be probed. Authentication is the shared guard (``shared.access``
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import asyncpg
 from litestar import Litestar, get
 from litestar.di import NamedDependency
 from litestar.exceptions import NotFoundException
 from litestar.handlers import HTTPRouteHandler
-from litestar.params import FromPath
+from litestar.params import FromPath, PathParameter
 from litestar.types import Guard
 
 from services.registry import repository as repo
 from services.registry.schemas import VersionDetail, VersionList, VersionSummary
 from shared.audit import audit_route
-from shared.http_app import service_app
+from shared.http_app import error_responses, service_app
 from shared.identity import Principal
 
 Caller = NamedDependency[Principal]
@@ -31,7 +33,7 @@ Caller = NamedDependency[Principal]
 def create_app(
     pool: asyncpg.Pool, guard: Guard, health_handlers: list[HTTPRouteHandler]
 ) -> Litestar:
-    @get("/v1/models/{team:str}/{name:str}/versions")
+    @get("/v1/models/{team:str}/{name:str}/versions", responses=error_responses(404))
     async def list_versions(
         team: FromPath[str], name: FromPath[str], principal: Caller
     ) -> VersionList:
@@ -46,9 +48,15 @@ def create_app(
             team=team, model=name, versions=[VersionSummary.from_domain(v) for v in versions]
         )
 
-    @get("/v1/models/{team:str}/{name:str}/versions/{version:int}")
+    @get(
+        "/v1/models/{team:str}/{name:str}/versions/{version:int}",
+        responses=error_responses(404),
+    )
     async def get_version(
-        team: FromPath[str], name: FromPath[str], version: FromPath[int], principal: Caller
+        team: FromPath[str],
+        name: FromPath[str],
+        version: Annotated[int, PathParameter(ge=1, le=2**31 - 1)],  # the column's integer
+        principal: Caller,
     ) -> VersionDetail:
         missing = NotFoundException(f"no version {version} of model {name!r} in team {team!r}")
         if not principal.may_see_team(team):

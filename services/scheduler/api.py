@@ -27,13 +27,14 @@ Contract:
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import asyncpg
 from litestar import Litestar, Request, Response, Router, delete, get, put
 from litestar.di import NamedDependency
 from litestar.handlers import HTTPRouteHandler
-from litestar.params import FromPath
+from litestar.openapi import ResponseSpec
+from litestar.params import FromPath, PathParameter
 from litestar.types import Guard
 
 from services.scheduler import admin
@@ -41,6 +42,8 @@ from services.scheduler import admin_repository as admin_repo
 from services.scheduler import repository as repo
 from services.scheduler.admin import Conflict, NotFound
 from services.scheduler.admin_schemas import (
+    FLAVOR_PATTERN,
+    NAME_PATTERN,
     CohortRequest,
     CohortView,
     FlavorRequest,
@@ -53,7 +56,7 @@ from services.scheduler.admin_schemas import (
 from services.scheduler.schemas import QueueView, queue_view
 from shared.access import needs
 from shared.audit import audit_route
-from shared.http_app import service_app
+from shared.http_app import error_responses, json_request_body, service_app
 from shared.http_errors import check_json, json_too_large, parse_body, read_body
 from shared.identity import Principal, Role
 
@@ -69,23 +72,37 @@ def _created(view: Any, created: bool) -> Response[Any]:
     return Response(view, status_code=201 if created else 200)
 
 
+def _put_responses(view: type[Any]) -> dict[int, ResponseSpec]:
+    """A ``PUT``: 201 created besides 200 replaced; 409 when the change contradicts the
+    configuration in place, 413 for a body over ``ADMIN_BODY_MAX_BYTES``."""
+    created = ResponseSpec(view, description="created", generate_examples=False)
+    return {201: created, **error_responses(409, 413)}
+
+
 def admin_router(pool: asyncpg.Pool) -> Router:
     @get("/flavors")
     async def list_flavors() -> list[FlavorView]:
         return await admin.list_flavors(pool)
 
-    @get("/flavors/{name:str}")
+    @get("/flavors/{name:str}", responses=error_responses(404))
     async def get_flavor(name: FromPath[str]) -> FlavorView:
         return await admin.get_flavor(pool, name)
 
-    @put("/flavors/{name:str}", opt=needs(Role.OPERATOR))
+    @put(
+        "/flavors/{name:str}",
+        opt=needs(Role.OPERATOR),
+        operation_class=json_request_body(FlavorRequest),
+        responses=_put_responses(FlavorView),
+    )
     async def put_flavor(
-        name: FromPath[str], request: AnyRequest, principal: Caller
+        name: Annotated[str, PathParameter(schema_extra={"pattern": FLAVOR_PATTERN})],
+        request: AnyRequest,
+        principal: Caller,
     ) -> Response[FlavorView]:
         body = await _body(FlavorRequest, request)
         return _created(*await admin.put_flavor(pool, name, body, principal))
 
-    @delete("/flavors/{name:str}", opt=needs(Role.OPERATOR))
+    @delete("/flavors/{name:str}", opt=needs(Role.OPERATOR), responses=error_responses(404, 409))
     async def delete_flavor(name: FromPath[str], principal: Caller) -> None:
         await admin.delete_flavor(pool, name, principal)
 
@@ -93,18 +110,25 @@ def admin_router(pool: asyncpg.Pool) -> Router:
     async def list_cohorts() -> list[CohortView]:
         return await admin.list_cohorts(pool)
 
-    @get("/cohorts/{name:str}")
+    @get("/cohorts/{name:str}", responses=error_responses(404))
     async def get_cohort(name: FromPath[str]) -> CohortView:
         return await admin.get_cohort(pool, name)
 
-    @put("/cohorts/{name:str}", opt=needs(Role.OPERATOR))
+    @put(
+        "/cohorts/{name:str}",
+        opt=needs(Role.OPERATOR),
+        operation_class=json_request_body(CohortRequest),
+        responses=_put_responses(CohortView),
+    )
     async def put_cohort(
-        name: FromPath[str], request: AnyRequest, principal: Caller
+        name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
+        request: AnyRequest,
+        principal: Caller,
     ) -> Response[CohortView]:
         body = await _body(CohortRequest, request)
         return _created(*await admin.put_cohort(pool, name, body, principal))
 
-    @delete("/cohorts/{name:str}", opt=needs(Role.OPERATOR))
+    @delete("/cohorts/{name:str}", opt=needs(Role.OPERATOR), responses=error_responses(404, 409))
     async def delete_cohort(name: FromPath[str], principal: Caller) -> None:
         await admin.delete_cohort(pool, name, principal)
 
@@ -112,18 +136,25 @@ def admin_router(pool: asyncpg.Pool) -> Router:
     async def list_queues() -> list[QueueConfigView]:
         return await admin.list_queues(pool)
 
-    @get("/queues/{name:str}")
+    @get("/queues/{name:str}", responses=error_responses(404))
     async def get_queue(name: FromPath[str]) -> QueueConfigView:
         return await admin.get_queue(pool, name)
 
-    @put("/queues/{name:str}", opt=needs(Role.OPERATOR))
+    @put(
+        "/queues/{name:str}",
+        opt=needs(Role.OPERATOR),
+        operation_class=json_request_body(QueueRequest),
+        responses=_put_responses(QueueConfigView),
+    )
     async def put_queue(
-        name: FromPath[str], request: AnyRequest, principal: Caller
+        name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
+        request: AnyRequest,
+        principal: Caller,
     ) -> Response[QueueConfigView]:
         body = await _body(QueueRequest, request)
         return _created(*await admin.put_queue(pool, name, body, principal))
 
-    @delete("/queues/{name:str}", opt=needs(Role.OPERATOR))
+    @delete("/queues/{name:str}", opt=needs(Role.OPERATOR), responses=error_responses(404, 409))
     async def delete_queue(name: FromPath[str], principal: Caller) -> None:
         await admin.delete_queue(pool, name, principal)
 
@@ -131,18 +162,29 @@ def admin_router(pool: asyncpg.Pool) -> Router:
     async def list_classes() -> list[PriorityClassView]:
         return await admin.list_priority_classes(pool)
 
-    @get("/priority-classes/{name:str}")
+    @get("/priority-classes/{name:str}", responses=error_responses(404))
     async def get_class(name: FromPath[str]) -> PriorityClassView:
         return await admin.get_priority_class(pool, name)
 
-    @put("/priority-classes/{name:str}", opt=needs(Role.OPERATOR))
+    @put(
+        "/priority-classes/{name:str}",
+        opt=needs(Role.OPERATOR),
+        operation_class=json_request_body(PriorityClassRequest),
+        responses=_put_responses(PriorityClassView),
+    )
     async def put_class(
-        name: FromPath[str], request: AnyRequest, principal: Caller
+        name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
+        request: AnyRequest,
+        principal: Caller,
     ) -> Response[PriorityClassView]:
         body = await _body(PriorityClassRequest, request)
         return _created(*await admin.put_priority_class(pool, name, body, principal))
 
-    @delete("/priority-classes/{name:str}", opt=needs(Role.OPERATOR))
+    @delete(
+        "/priority-classes/{name:str}",
+        opt=needs(Role.OPERATOR),
+        responses=error_responses(404, 409),
+    )
     async def delete_class(name: FromPath[str], principal: Caller) -> None:
         await admin.delete_priority_class(pool, name, principal)
 

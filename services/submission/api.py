@@ -42,7 +42,8 @@ from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency, Provide
 from litestar.exceptions import HTTPException, NotAuthorizedException
 from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
-from litestar.params import FromPath, FromQuery, HeaderParameter, QueryParameter
+from litestar.openapi import ResponseSpec
+from litestar.params import FromPath, FromQuery, HeaderParameter, PathParameter, QueryParameter
 from litestar.types import Guard
 
 from services.submission import commands, identity
@@ -63,6 +64,7 @@ from services.submission.schemas import (
     NAME_PATTERN,
     BundleStored,
     CreateUserRequest,
+    JobRequest,
     JobSummary,
     JobView,
     LogPage,
@@ -74,7 +76,12 @@ from shared.access import UNAUTHENTICATED, enforce_least_role, is_open_probe, ne
 from shared.audit import audit_route
 from shared.auth import bearer_token
 from shared.events.payloads import BUNDLE_SHA256_PATTERN
-from shared.http_app import service_app
+from shared.http_app import (
+    bytes_request_body,
+    error_responses,
+    json_request_body,
+    service_app,
+)
 from shared.http_errors import (
     RequestInvalid,
     check_json,
@@ -99,6 +106,13 @@ TeamName = Annotated[
 UserName = Annotated[
     str | None, QueryParameter(pattern=NAME_PATTERN, description="admins: another user")
 ]
+Sha256 = Annotated[
+    str,
+    PathParameter(
+        description="the bundle's sha256", schema_extra={"pattern": BUNDLE_SHA256_PATTERN}
+    ),
+]
+"""Documented with its pattern; ``_bundle_sha256`` checks it (422 naming ``sha256``)."""
 
 JSON_BODY_MAX_BYTES = 64 * 1024
 """The largest JSON body accepted (a job spec is a few KB; the event that carries it must
@@ -126,30 +140,53 @@ async def whoami(caller: Me) -> MeView:
     return caller.me()
 
 
-@post("/admin/users", status_code=201, request_max_body_size=None, opt=needs(Role.ADMIN))
+@post(
+    "/admin/users",
+    status_code=201,
+    request_max_body_size=None,
+    opt=needs(Role.ADMIN),
+    operation_class=json_request_body(CreateUserRequest),
+    responses=error_responses(409, 413, 415),
+)
 async def create_user(request: AnyRequest, pool: Pool, caller: Me, settings: Config) -> UserCreated:
     body = parse_body(CreateUserRequest, await json_body(request))
     return await identity.create_user(pool, caller, body, settings.token_ttl_days)
 
 
-@get("/admin/users", opt=needs(Role.ADMIN))
+@get("/admin/users", opt=needs(Role.ADMIN), responses=error_responses(404))
 async def list_users(pool: Pool, caller: Me, team: TeamName = None) -> list[UserView]:
     return await identity.list_users(pool, caller, team)
 
 
-@delete("/admin/users/{name:str}", status_code=204, opt=needs(Role.ADMIN))
-async def disable_user(name: FromPath[str], pool: Pool, caller: Me, team: TeamName = None) -> None:
+@delete(
+    "/admin/users/{name:str}",
+    status_code=204,
+    opt=needs(Role.ADMIN),
+    responses=error_responses(404, 409),
+)
+async def disable_user(
+    name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
+    pool: Pool,
+    caller: Me,
+    team: TeamName = None,
+) -> None:
     await identity.disable_user(pool, caller, _name("name", name), team)
 
 
-@get("/tokens")
+@get("/tokens", responses=error_responses(404))
 async def list_tokens(
     pool: Pool, caller: Me, user: UserName = None, team: TeamName = None
 ) -> list[TokenView]:
     return await identity.list_tokens(pool, caller, user, team)
 
 
-@post("/tokens", status_code=201, request_max_body_size=None)
+@post(
+    "/tokens",
+    status_code=201,
+    request_max_body_size=None,
+    operation_class=json_request_body(TokenRequest),
+    responses=error_responses(413, 415),
+)
 async def create_token(
     request: AnyRequest, pool: Pool, caller: Me, settings: Config
 ) -> TokenCreated:
@@ -157,7 +194,13 @@ async def create_token(
     return await identity.create_token(pool, caller, body, settings.token_ttl_days)
 
 
-@post("/tokens/rotate", status_code=201, request_max_body_size=None)
+@post(
+    "/tokens/rotate",
+    status_code=201,
+    request_max_body_size=None,
+    operation_class=json_request_body(TokenRequest),
+    responses=error_responses(409, 413, 415),
+)
 async def rotate_token(
     request: AnyRequest, pool: Pool, caller: Me, settings: Config
 ) -> TokenCreated:
@@ -165,8 +208,10 @@ async def rotate_token(
     return await identity.rotate_token(pool, caller, body, settings.token_ttl_days)
 
 
-@delete("/tokens/{token_id:int}", status_code=204)
-async def revoke_token(token_id: FromPath[int], pool: Pool, caller: Me) -> None:
+@delete("/tokens/{token_id:int}", status_code=204, responses=error_responses(404))
+async def revoke_token(
+    token_id: Annotated[int, PathParameter(ge=1, le=2**63 - 1)], pool: Pool, caller: Me
+) -> None:
     await identity.revoke_token(pool, caller, token_id)
 
 
@@ -176,7 +221,24 @@ def _name(field: str, value: str) -> str:
     return value
 
 
-@post("/jobs", request_max_body_size=None, opt=needs(Role.MEMBER))
+@post(
+    "/jobs",
+    status_code=201,
+    request_max_body_size=None,
+    opt=needs(Role.MEMBER),
+    operation_class=json_request_body(
+        JobRequest,
+        example={"name": "digits", "entrypoint": "train", "gpus": 1, "gpu_flavor": "cpu"},
+    ),
+    responses={
+        200: ResponseSpec(
+            JobView,
+            description="the job this Idempotency-Key already submitted, with the same spec",
+            generate_examples=False,
+        ),
+        **error_responses(409, 413, 415),
+    },
+)
 async def submit_job(
     request: AnyRequest,
     pool: Pool,
@@ -192,7 +254,7 @@ async def submit_job(
     return Response(view, status_code=201 if created else 200, headers=location)
 
 
-@get("/jobs/{job_id:str}")
+@get("/jobs/{job_id:str}", responses=error_responses(404))
 async def get_job(job_id: FromPath[str], pool: Pool, caller: Me) -> JobView:
     return await commands.get_job(pool, caller, job_id)
 
@@ -215,12 +277,17 @@ async def list_jobs(
     return Response(jobs, headers={"Link": f'</v1/jobs?{urlencode(query)}>; rel="next"'})
 
 
-@post("/jobs/{job_id:str}/cancel", status_code=202, opt=needs(Role.MEMBER))
+@post(
+    "/jobs/{job_id:str}/cancel",
+    status_code=202,
+    opt=needs(Role.MEMBER),
+    responses=error_responses(404, 409),
+)
 async def cancel_job(job_id: FromPath[str], pool: Pool, caller: Me) -> JobView:
     return await commands.cancel_job(pool, caller, job_id)
 
 
-@get("/jobs/{job_id:str}/logs")
+@get("/jobs/{job_id:str}/logs", responses=error_responses(404))
 async def job_logs(
     job_id: FromPath[str],
     pool: Pool,
@@ -256,15 +323,30 @@ async def json_body(request: AnyRequest, free_text: re.Pattern[str] | None = Non
 # --- code bundles ----------------------------------------------------------------------
 
 
-@head("/bundles/{sha256:str}")
-async def bundle_stored(sha256: FromPath[str], objects: Store, caller: Me) -> Response[None]:
+@head(
+    "/bundles/{sha256:str}",
+    responses={404: ResponseSpec(None, description="the caller's team has no such bundle")},
+)
+async def bundle_stored(sha256: Sha256, objects: Store, caller: Me) -> Response[None]:
     found = await objects.bundle_exists(caller.team, _bundle_sha256(sha256))
     return Response(content=None, status_code=200 if found else 404)
 
 
-@put("/bundles/{sha256:str}", request_max_body_size=None, opt=needs(Role.MEMBER))
+@put(
+    "/bundles/{sha256:str}",
+    status_code=201,
+    request_max_body_size=None,
+    opt=needs(Role.MEMBER),
+    operation_class=bytes_request_body("the bundle (.tar.gz) whose sha256 the path names"),
+    responses={
+        200: ResponseSpec(
+            BundleStored, description="the team had it already", generate_examples=False
+        ),
+        **error_responses(413),
+    },
+)
 async def upload_bundle(
-    request: AnyRequest, sha256: FromPath[str], objects: Store, caller: Me, settings: Config
+    request: AnyRequest, sha256: Sha256, objects: Store, caller: Me, settings: Config
 ) -> Response[BundleStored]:
     sha256 = _bundle_sha256(sha256)
     limit = settings.bundle_max_bytes
@@ -404,6 +486,7 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
         [*deps.health_handlers, v1, audit_route(deps.pool)],
         caller_guard(deps.pool, RateLimits.of(settings)),
         statuses={NotFound: 404, Forbidden: 403, Conflict: 409},
+        errors=(429,),
         dependencies={
             "pool": Provide(provide_pool, sync_to_thread=False),
             "settings": Provide(provide_settings, sync_to_thread=False),
