@@ -1,15 +1,32 @@
 """Leader election on a real database: one leads, a follower takes over when the leader's
-lock session dies, and the deposed leader's transactions fail their check."""
+lock session dies, and the deposed leader's transactions fail their check.
+
+The check has two parts: the process's own belief (``is_leader``, cleared as soon as it
+notices the loss) and, for the window before it notices (a partitioned leader, a watchdog
+not yet run), the database-side check: the leader lock must be granted, in this database,
+to the lock session's backend, in ``pg_locks``. The tests below reach that second part
+with a leadership that still believes it leads (``believes``), and check every condition
+of the ``pg_locks`` query against a lock that differs from the leader lock in one way.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Sequence
 
 import asyncpg
 import pytest
 
+from deploy.local.postgres import PostgresServer
 from services.scheduler import repository as repo
 from services.scheduler.leader import LEADER_LOCK_KEY, Leadership, NotLeader
+from shared.bus import Delivery
+from shared.events import Envelope
+from shared.events.payloads import JobCancelRequested
+from shared.events.trust import SUBMISSION
+from shared.inbox import idempotent_batches
 from tests.integration.scheduler.conftest import until
 
 pytestmark = pytest.mark.integration
@@ -82,3 +99,187 @@ async def test_one_leads_and_a_follower_takes_over(database_url: str, pool: asyn
         stop.set()
         await asyncio.gather(first.task, *([second.task] if second else []))
     assert not first.leadership.is_leader and not second.leadership.is_leader
+
+
+def believes(leadership: Leadership, pid: int) -> Leadership:
+    """``leadership`` as it is between losing its lock and noticing it: it still believes
+    that backend ``pid`` holds the leader lock for it (white box: the belief is ``_pid``)."""
+    leadership._pid = pid
+    assert leadership.is_leader
+    return leadership
+
+
+async def _refused_by_pg_locks(leadership: Leadership, conn: asyncpg.Connection) -> None:
+    """The check fails, and it is the database-side check that fails it."""
+    pid = leadership._pid
+    assert pid is not None, "the process still believes it leads"
+    with pytest.raises(NotLeader, match=f"no longer held by backend {pid}"):
+        await leadership.check(conn)
+
+
+@contextlib.asynccontextmanager
+async def _session(dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def _effects(pool: asyncpg.Pool) -> list[str]:
+    return [r["what"] for r in await pool.fetch("SELECT what FROM t_effects ORDER BY what")]
+
+
+async def test_a_deposed_leader_that_has_not_noticed_cannot_commit(
+    database_url: str, pool: asyncpg.Pool
+) -> None:
+    """A leader's lock session ends and a follower takes over; the old leader has not
+    noticed yet. Its next batch takes the scheduling lock, is refused by the ``pg_locks``
+    check and commits nothing; the new leader's batch commits."""
+    await pool.execute("CREATE TABLE t_effects (what text)")
+    stop = asyncio.Event()
+    first = Candidate(database_url, stop, retry_s=1.0)
+    second: Candidate | None = None
+    try:
+        await until(lambda: first.leadership.is_leader)
+        old_pid = await lock_holder(pool)
+        assert old_pid is not None
+        second = Candidate(database_url, stop)
+        await pool.execute("SELECT pg_terminate_backend($1)", old_pid)
+        await until(lambda: second is not None and second.leadership.is_leader)
+        # Let the first finish stepping down (it competes again), then make it believe again.
+        tries = first.leadership.attempts
+        await until(lambda: first.leadership.attempts > tries)
+        deposed = believes(first.leadership, old_pid)
+
+        def batch_of(leadership: Leadership):  # type: ignore[no-untyped-def]
+            async def locked(conn: asyncpg.Connection) -> None:
+                await repo.lock_scheduler(conn)  # as the scheduler's batches and passes do
+                await leadership.check(conn)
+
+            async def apply(deliveries: Sequence[Delivery], conn: asyncpg.Connection) -> None:
+                for d in deliveries:
+                    await conn.execute("INSERT INTO t_effects VALUES ($1)", d.envelope.subject)
+
+            return idempotent_batches(pool, "scheduler", apply, guard=locked)
+
+        def delivery(job_id: str) -> Delivery:
+            payload = JobCancelRequested(job_id=job_id, team="t", user="u")
+            return Delivery(Envelope.wrap(payload, source=SUBMISSION, subject=job_id))
+
+        with pytest.raises(NotLeader, match=f"no longer held by backend {old_pid}"):
+            await batch_of(deposed)([delivery("from-the-deposed-leader")])
+        await batch_of(second.leadership)([delivery("from-the-new-leader")])
+        assert await _effects(pool) == ["from-the-new-leader"]
+        assert await pool.fetchval("SELECT count(*) FROM inbox") == 1
+    finally:
+        stop.set()
+        first.leadership._pid = None
+        await asyncio.gather(first.task, *([second.task] if second else []))
+
+
+async def test_the_check_reads_the_leader_lock_of_the_lock_session(database_url: str) -> None:
+    """Held by the lock session: passes; released (the session still alive, so nothing in
+    the process notices), or taken by another session: refused; the other session passes."""
+    async with (
+        _session(database_url) as checking,
+        _session(database_url) as mine,
+        _session(database_url) as other,
+    ):
+        leadership = believes(Leadership(database_url), mine.get_server_pid())
+        rival = believes(Leadership(database_url), other.get_server_pid())
+        assert await mine.fetchval("SELECT pg_try_advisory_lock($1)", LEADER_LOCK_KEY)
+        await leadership.check(checking)
+        await _refused_by_pg_locks(rival, checking)
+
+        assert await mine.fetchval("SELECT pg_advisory_unlock($1)", LEADER_LOCK_KEY)
+        await _refused_by_pg_locks(leadership, checking)
+        await _refused_by_pg_locks(rival, checking)
+
+        assert await other.fetchval("SELECT pg_try_advisory_lock($1)", LEADER_LOCK_KEY)
+        await rival.check(checking)
+        await _refused_by_pg_locks(leadership, checking)
+        # A session may check itself too (the check runs on any connection).
+        await rival.check(other)
+
+
+@pytest.mark.parametrize(
+    ("what", "take"),
+    [
+        ("the key above it", "SELECT pg_advisory_lock($1::bigint + 1)"),
+        # Same low 32 bits, but classid 1 (the key's high half): not the leader lock.
+        ("another high half", "SELECT pg_advisory_lock((1::bigint << 32) | $1::bigint)"),
+        # The two-key form: classid 0, objid the key, but objsubid 2.
+        ("the two-key form", "SELECT pg_advisory_lock(0, $1::int)"),
+        ("the key below it", "SELECT pg_advisory_lock($1::bigint - 1)"),
+    ],
+)
+async def test_a_lock_that_is_not_the_leader_lock_does_not_count(
+    database_url: str, what: str, take: str
+) -> None:
+    async with _session(database_url) as checking, _session(database_url) as mine:
+        leadership = believes(Leadership(database_url), mine.get_server_pid())
+        await mine.execute(take, LEADER_LOCK_KEY)
+        await _refused_by_pg_locks(leadership, checking)
+        # The same session with the real leader lock passes.
+        assert await mine.fetchval("SELECT pg_try_advisory_lock($1)", LEADER_LOCK_KEY)
+        await leadership.check(checking)
+
+
+async def test_a_lock_waited_for_is_not_held(database_url: str) -> None:
+    async with (
+        _session(database_url) as checking,
+        _session(database_url) as mine,
+        _session(database_url) as holder,
+    ):
+        leadership = believes(Leadership(database_url), mine.get_server_pid())
+        assert await holder.fetchval("SELECT pg_try_advisory_lock($1)", LEADER_LOCK_KEY)
+        waiting = asyncio.create_task(mine.execute("SELECT pg_advisory_lock($1)", LEADER_LOCK_KEY))
+        try:
+
+            async def queued() -> bool:
+                return bool(
+                    await checking.fetchval(
+                        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted "
+                        "AND locktype = 'advisory')",
+                        leadership._pid,
+                    )
+                )
+
+            await until(queued)
+            await _refused_by_pg_locks(leadership, checking)
+            assert await holder.fetchval("SELECT pg_advisory_unlock($1)", LEADER_LOCK_KEY)
+            await asyncio.wait_for(waiting, 10)
+            await leadership.check(checking)  # granted now
+        finally:
+            waiting.cancel()
+            with contextlib.suppress(BaseException):
+                await waiting
+
+
+async def test_the_leader_lock_of_another_database_does_not_count(
+    database_url: str, postgres_server: PostgresServer
+) -> None:
+    """Advisory locks belong to one database: a scheduler of another installation on the same
+    server holding the same key leads that one, not this one."""
+    name = f"test_{uuid.uuid4().hex}"
+    elsewhere = postgres_server.create_database(name)
+    try:
+        async with (
+            _session(database_url) as checking_here,
+            _session(elsewhere) as checking_there,
+            _session(elsewhere) as theirs,
+        ):
+            leadership = believes(Leadership(elsewhere), theirs.get_server_pid())
+            assert await theirs.fetchval("SELECT pg_try_advisory_lock($1)", LEADER_LOCK_KEY)
+            await leadership.check(checking_there)
+            await _refused_by_pg_locks(leadership, checking_here)
+    finally:
+        postgres_server.drop_database(name)
+
+
+async def test_a_process_that_knows_it_lost_is_refused_without_asking(database_url: str) -> None:
+    leadership = Leadership(database_url)
+    assert not leadership.is_leader and leadership.role == "follower"
+    with pytest.raises(NotLeader, match="not the leader"):
+        await leadership.check(None)  # type: ignore[arg-type]  # no query is made

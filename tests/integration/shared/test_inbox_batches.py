@@ -1,0 +1,138 @@
+"""The inbox on batches: each event applied once, whatever the batch holds, or none at all.
+
+The bus hands a handler whole fetched batches; JetStream may put the same event in one batch
+twice (a redelivery fetched beside its first delivery, an event published twice under two
+message ids). These tests drive ``idempotent`` / ``idempotent_batches`` directly with such
+batches, on a real database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import asyncpg
+import pytest
+
+from shared.bus import Delivery
+from shared.events import Envelope, Payload
+from shared.events.payloads import JobCancelRequested
+from shared.events.trust import SUBMISSION
+from shared.inbox import idempotent, idempotent_batches
+
+pytestmark = pytest.mark.integration
+
+
+def _delivery(job_id: str) -> Delivery:
+    envelope = Envelope.wrap(
+        JobCancelRequested(job_id=job_id, team="t", user="u"), source=SUBMISSION, subject=job_id
+    )
+    return Delivery(envelope)
+
+
+async def _effects(pool: asyncpg.Pool) -> list[str]:
+    rows = await pool.fetch("SELECT job_id FROM effects ORDER BY n")
+    return [r["job_id"] for r in rows]
+
+
+async def _inbox(pool: asyncpg.Pool, consumer: str) -> set[str]:
+    rows = await pool.fetch("SELECT event_id FROM inbox WHERE consumer = $1", consumer)
+    return {r["event_id"] for r in rows}
+
+
+@pytest.fixture
+async def effects(pool: asyncpg.Pool) -> asyncpg.Pool:
+    await pool.execute("CREATE TABLE effects (n serial PRIMARY KEY, job_id text NOT NULL)")
+    return pool
+
+
+async def _apply(envelope: Envelope[Payload], conn: asyncpg.Connection) -> None:
+    await conn.execute("INSERT INTO effects (job_id) VALUES ($1)", envelope.subject)
+
+
+async def test_the_same_event_twice_in_one_batch_is_applied_once(effects: asyncpg.Pool) -> None:
+    a, b, c = _delivery("job-a"), _delivery("job-b"), _delivery("job-c")
+    handle = idempotent(effects, "c1", _apply)
+
+    await handle([a, b, a, c, b, a])
+
+    assert await _effects(effects) == ["job-a", "job-b", "job-c"]  # once each, first order
+    assert await _inbox(effects, "c1") == {a.envelope.id, b.envelope.id, c.envelope.id}
+
+
+async def test_a_batch_handler_sees_each_first_time_delivery_once_in_order(
+    effects: asyncpg.Pool,
+) -> None:
+    a, b, c = _delivery("job-a"), _delivery("job-b"), _delivery("job-c")
+    seen: list[list[str]] = []
+
+    async def bulk(deliveries: Sequence[Delivery], conn: asyncpg.Connection) -> None:
+        seen.append([d.envelope.subject for d in deliveries])
+
+    handle = idempotent_batches(effects, "c1", bulk)
+    await handle([b])
+    # b was applied in an earlier batch; a comes twice, c once.
+    await handle([a, b, a, c, a])
+    await handle([c, b, a])
+
+    assert seen == [["job-b"], ["job-a", "job-c"], []]
+
+
+async def test_an_event_applied_before_is_skipped_and_consumers_are_separate(
+    effects: asyncpg.Pool,
+) -> None:
+    a, b = _delivery("job-a"), _delivery("job-b")
+    await idempotent(effects, "c1", _apply)([a])
+    await idempotent(effects, "c1", _apply)([a, b])
+    await idempotent(effects, "c2", _apply)([a])  # another consumer applies it for itself
+
+    assert await _effects(effects) == ["job-a", "job-b", "job-a"]
+    assert await _inbox(effects, "c1") == {a.envelope.id, b.envelope.id}
+    assert await _inbox(effects, "c2") == {a.envelope.id}
+
+
+async def test_a_failing_batch_applies_and_records_nothing(effects: asyncpg.Pool) -> None:
+    a, bad = _delivery("job-a"), _delivery("job-bad")
+
+    async def apply_or_fail(envelope: Envelope[Payload], conn: asyncpg.Connection) -> None:
+        await _apply(envelope, conn)
+        if envelope.subject == "job-bad":
+            raise RuntimeError("this event cannot be applied")
+
+    with pytest.raises(RuntimeError):
+        await idempotent(effects, "c1", apply_or_fail)([a, bad])
+
+    assert await _effects(effects) == []
+    assert await _inbox(effects, "c1") == set()  # so a retry applies `a` after all
+    await idempotent(effects, "c1", apply_or_fail)([a])
+    assert await _effects(effects) == ["job-a"]
+
+
+async def test_the_guard_runs_first_and_a_refusal_records_nothing(effects: asyncpg.Pool) -> None:
+    a = _delivery("job-a")
+    calls: list[str] = []
+
+    class Refused(Exception):
+        pass
+
+    async def refuse(conn: asyncpg.Connection) -> None:
+        calls.append("guard")
+        # Inside the batch's transaction, before anything of the batch is written.
+        assert conn.is_in_transaction()
+        assert await conn.fetchval("SELECT count(*) FROM inbox") == 0
+        raise Refused("not the leader")
+
+    async def apply(envelope: Envelope[Payload], conn: asyncpg.Connection) -> None:
+        calls.append("handler")
+        await _apply(envelope, conn)
+
+    with pytest.raises(Refused):
+        await idempotent(effects, "c1", apply, guard=refuse)([a])
+    assert calls == ["guard"]
+    assert await _inbox(effects, "c1") == set()
+
+    async def allow(conn: asyncpg.Connection) -> None:
+        calls.append("guard")
+
+    await idempotent(effects, "c1", apply, guard=allow)([a])
+    assert calls == ["guard", "guard", "handler"]
+    assert await _effects(effects) == ["job-a"]
