@@ -3,7 +3,10 @@
 ``up``    starts the stack (``LocalStack``) in ``.trainyard/local`` (kept between runs unless
           ``--fresh``), prints the service URLs, the operator token (new at every start) and
           the first admin's token, and runs until Ctrl-C or
-          SIGTERM; a service that dies meanwhile is reported with its log tail.
+          SIGTERM. Meanwhile every process that dies (NATS, PostgreSQL, S3, each service)
+          is reported on stderr with its exit status or signal and its log tail, and
+          restarted with back-off; a crash loop is reported and, after five failures in a
+          row, left down (see ``deploy.local.stack``).
 ``demo``  starts a fresh stack in ``.trainyard/demo``, bootstraps an admin of team
           ``ml-research``, submits ``examples/digits.job.json`` for that team through
           ``TrainyardClient``, prints each status change, waits for SUCCEEDED, then prints
@@ -75,6 +78,11 @@ def _say(message: str) -> None:
     print(message, flush=True)
 
 
+def _warn(message: str) -> None:
+    """The watchdog's reports: deaths (with log tails), restarts, crash loops."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
 @contextmanager
 def _signals_raise() -> Iterator[None]:
     """Turn SIGINT/SIGTERM into ``Interrupted`` so every ``with`` block unwinds cleanly."""
@@ -107,6 +115,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         runner_gpus=args.gpus,
         extra_env=extra_env,
         progress=_say,
+        report=_warn,
     )
     with stack:
         token: str | None
@@ -138,16 +147,10 @@ def cmd_up(args: argparse.Namespace) -> int:
             _say(f"  admin       {args.user} of team {args.team}, token: {token}")
             _say("\nFor the trainyard CLI:")
             _say(f"  export TRAINYARD_URL={stack.submission_url} TRAINYARD_TOKEN={token}")
-        reported: set[str] = set()
+        # The stack's watchdog reports and restarts whatever dies; a process it leaves
+        # down stays down: someone may be trying out what a dead service does.
         while True:
             time.sleep(1.0)
-            try:
-                stack.check_alive()
-            except ProcessFailedError as exc:
-                # Keep running: someone may be trying out what a dead service does.
-                if exc.name not in reported:
-                    reported.add(exc.name)
-                    print(f"warning: {exc}", file=sys.stderr, flush=True)
 
 
 # --- demo ----------------------------------------------------------------------------

