@@ -342,6 +342,27 @@ async def read_body(request: Request[Any, Any, Any], limit: int, too_large: str)
     return bytes(data)
 
 
+async def read_json_body(
+    request: Request[Any, Any, Any], limit: int, free_text: Callable[[str], bool]
+) -> bytes:
+    """The body of a JSON request: 415 unless ``Content-Type: application/json`` (UTF-8; no
+    other ``charset``), 413 past ``limit`` bytes (``read_body``), then screened by
+    ``check_json`` (``free_text``: the paths whose strings may hold tab, newline, CR)."""
+    media, _, params = request.headers.get("content-type", "").partition(";")
+    charset = re.search(r"charset\s*=\s*\"?([^\";\s]+)", params, re.IGNORECASE)
+    if media.strip().lower() != "application/json" or (
+        charset is not None and charset.group(1).lower() not in ("utf-8", "utf8")
+    ):
+        raise HTTPException(
+            status_code=415,
+            detail="unsupported media type: send the body as JSON with "
+            "Content-Type: application/json (UTF-8)",
+        )
+    body = await read_body(request, limit, json_too_large(limit))
+    check_json(body, free_text=free_text)
+    return body
+
+
 def json_too_large(limit: int) -> str:
     return (
         f"request body too large: this endpoint accepts at most {limit} bytes "

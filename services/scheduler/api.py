@@ -57,7 +57,7 @@ from services.scheduler.schemas import QueueView, queue_view
 from shared.access import needs
 from shared.audit import audit_route
 from shared.http_app import error_responses, json_request_body, service_app
-from shared.http_errors import check_json, json_too_large, parse_body, read_body
+from shared.http_errors import parse_body, read_json_body
 from shared.identity import Principal, Role
 
 AnyRequest = Request[Any, Any, Any]
@@ -212,8 +212,9 @@ def admin_router(pool: asyncpg.Pool) -> Router:
 
 
 async def _body(model: type[Any], request: AnyRequest) -> Any:
-    body = await read_body(request, ADMIN_BODY_MAX_BYTES, json_too_large(ADMIN_BODY_MAX_BYTES))
-    check_json(body, free_text=lambda path: path == "description")
+    body = await read_json_body(
+        request, ADMIN_BODY_MAX_BYTES, free_text=lambda path: path == "description"
+    )
     return parse_body(model, body)
 
 

@@ -84,10 +84,9 @@ from shared.http_app import (
 )
 from shared.http_errors import (
     RequestInvalid,
-    check_json,
-    json_too_large,
     parse_body,
     read_body,
+    read_json_body,
 )
 from shared.identity import Role
 from shared.storage import ObjectStore
@@ -303,21 +302,13 @@ async def job_logs(
 
 
 async def json_body(request: AnyRequest, free_text: re.Pattern[str] | None = None) -> bytes:
-    """The body of a JSON request, read up to ``JSON_BODY_MAX_BYTES`` and screened by
-    ``check_json`` (``free_text``: the paths whose strings may hold tab, newline, CR)."""
-    media, _, params = request.headers.get("content-type", "").partition(";")
-    charset = re.search(r"charset\s*=\s*\"?([^\";\s]+)", params, re.IGNORECASE)
-    if media.strip().lower() != "application/json" or (
-        charset is not None and charset.group(1).lower() not in ("utf-8", "utf8")
-    ):
-        raise HTTPException(
-            status_code=415,
-            detail="unsupported media type: send the body as JSON with "
-            "Content-Type: application/json (UTF-8)",
-        )
-    body = await read_body(request, JSON_BODY_MAX_BYTES, json_too_large(JSON_BODY_MAX_BYTES))
-    check_json(body, free_text=lambda path: bool(free_text and free_text.fullmatch(path)))
-    return body
+    """The body of a JSON request, read up to ``JSON_BODY_MAX_BYTES`` (``read_json_body``;
+    ``free_text``: the paths whose strings may hold tab, newline, CR)."""
+    return await read_json_body(
+        request,
+        JSON_BODY_MAX_BYTES,
+        free_text=lambda path: bool(free_text and free_text.fullmatch(path)),
+    )
 
 
 # --- code bundles ----------------------------------------------------------------------

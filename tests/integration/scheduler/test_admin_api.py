@@ -166,8 +166,12 @@ async def test_bad_input_is_refused_with_the_field_named(
     assert found == {"quotas.a100": "borrowing and lending limits need a cohort"}
     found = fields(await put(http, "priority-classes/urgent", {"value": 1.5, "preemptible": "yes"}))
     assert set(found) == {"value", "preemptible"}
-    found = fields(await http.put("/v1/admin/cohorts/c1", content=b"{not json", headers=AUTH))
+    found = fields(await raw_put(http, "cohorts/c1", b"{not json"))
     assert list(found) == ["body"]
+    form = {**AUTH, "Content-Type": "application/x-www-form-urlencoded"}
+    for headers in (AUTH, form, {**AUTH, "Content-Type": "application/json; charset=latin-1"}):
+        refused = await http.put("/v1/admin/cohorts/c1", content=b"{}", headers=headers)
+        assert shape(refused, 415)["detail"].startswith("unsupported media type")
     # Nothing of it was stored.
     assert await pool.fetchval("SELECT count(*) FROM queues") == 0
     assert await pool.fetchval("SELECT count(*) FROM priority_classes") == 3
