@@ -76,7 +76,7 @@ def _put_responses(view: type[Any]) -> dict[int, ResponseSpec]:
     """A ``PUT``: 201 created besides 200 replaced; 409 when the change contradicts the
     configuration in place, 413 for a body over ``ADMIN_BODY_MAX_BYTES``."""
     created = ResponseSpec(view, description="created", generate_examples=False)
-    return {201: created, **error_responses(409, 413)}
+    return {201: created, **error_responses(409, 413, 415)}
 
 
 def admin_router(pool: asyncpg.Pool) -> Router:
