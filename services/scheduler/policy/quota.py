@@ -160,7 +160,9 @@ class QuotaBook:
         pool_used = self._pool_used.get(key, 0)
         if freed:
             for other, gone in freed.items():
-                if other != queue and gone:
+                # Only the cohort's own members draw on its pool.
+                member = self.queues.get(other)
+                if other != queue and gone and member is not None and member.cohort == t.cohort:
                     before = self.used(other, flavor)
                     pool_used += self._draw(other, flavor, before - gone) - self._draw(
                         other, flavor, before
