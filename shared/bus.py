@@ -5,6 +5,13 @@ Contract:
   (``deadletter.>``, kept ``deadletter_max_age_days`` and at most ``deadletter_max_messages``)
   idempotently (as the scheduler's NATS user or an admin; any other service waits until
   they exist), and drains the connection on exit.
+- A lost stream is made again: when NATS lost its store (or someone deleted a stream), a
+  consumer finds its durable consumer gone; the bus that may make the streams makes them
+  again, any other waits for them as for an outage (``StreamMissingError``: paused, never
+  dead-lettered), and the consumer is created again (it then reads the new stream from its
+  start). ``stream_created`` is the event stream's identity (a stream made again has a new
+  one); the outbox relay (``shared.outbox``) uses it to publish again what the lost stream
+  held.
 - ``publish`` sends an envelope with ``Nats-Msg-Id`` = event id, so a re-publish inside the
   duplicate window is dropped by the server (this is what makes the outbox relay exactly-once).
 - ``consume`` runs a durable pull consumer: each message is parsed, handled, and acknowledged
@@ -58,6 +65,7 @@ from collections.abc import (
 )
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TypeVar
 
 import asyncpg
@@ -145,6 +153,17 @@ class _Stopped(Exception):
     """The consumer was asked to stop while it waited out an outage."""
 
 
+class StreamMissingError(Exception):
+    """A stream this service needs does not exist (NATS lost its store, or it was deleted)
+    and this service may not make it: an outage, waited out until the scheduler's bus has
+    made it again."""
+
+
+class ConsumerLostError(Exception):
+    """A durable consumer was gone (with its stream) and has just been made again: what it
+    had not yet handled of the old stream is lost to it (the producers publish it again)."""
+
+
 # PostgreSQL errors that say the server, or the way to it, is not there now: connection
 # failures (class 08), shutdowns and "starting up" (57P0x), a session ended by a timeout
 # (57P05), and out of resources (class 53: disk full, memory, too many connections). A
@@ -167,6 +186,9 @@ _NATS_DOWN: tuple[type[BaseException], ...] = (
     nats.errors.NoServersError,
     nats.js.errors.ServiceUnavailableError,
     nats.js.errors.ServerError,
+    nats.js.errors.NoStreamResponseError,  # no stream stores the subject (now): it was lost
+    StreamMissingError,
+    ConsumerLostError,
 )
 # S3 error codes that mean "the store is overloaded or unavailable; ask again later".
 _S3_UNAVAILABLE = frozenset(
@@ -302,6 +324,40 @@ class Bus:
         await self._js.stream_info(self._settings.stream)
         return True
 
+    @property
+    def makes_streams(self) -> bool:
+        """Whether this connection makes and updates the streams (the user ``STREAMS_USER``,
+        or credentials in the URL: an operator's, a test's)."""
+        return self._settings.user in (None, STREAMS_USER)
+
+    async def stream_created(self) -> datetime | None:
+        """When the event stream was created: its identity, since a stream that was lost (NATS
+        lost its store) and made again has a new one. A bus that makes the streams makes them
+        again first when they are gone; any other answers None while the stream is missing."""
+        try:
+            info = await self._js.stream_info(self._settings.stream)
+        except NotFoundError:
+            if not self.makes_streams:
+                return None
+            await self.ensure_streams()
+            info = await self._js.stream_info(self._settings.stream)
+        return info.created
+
+    async def _restore_streams(self) -> None:
+        """Make the streams again where this bus may; elsewhere raise ``StreamMissingError``
+        (an outage) while one is missing."""
+        if self.makes_streams:
+            await self.ensure_streams()
+            return
+        for name in (self._settings.stream, self._settings.deadletter_stream):
+            try:
+                await self._js.stream_info(name)
+            except NotFoundError:
+                raise StreamMissingError(
+                    f"stream {name} does not exist (NATS lost it?); the NATS user "
+                    f"{STREAMS_USER!r} makes it again"
+                ) from None
+
     async def ensure_streams(self) -> None:
         """Make or update both streams where this connection may (the user ``STREAMS_USER``,
         or credentials in the URL: an operator's, a test's); any other service only waits
@@ -325,7 +381,7 @@ class Bus:
                 max_msgs=max_msgs,
                 duplicate_window=self._settings.duplicate_window_seconds,
             )
-            if self._settings.user not in (None, STREAMS_USER):
+            if not self.makes_streams:
                 await self._wait_for_stream(name)
                 continue
             try:
@@ -445,8 +501,7 @@ class Bus:
             max_deliver=-1,
             ack_wait=self._settings.ack_wait_seconds,
         )
-        await self._ensure_consumer(config)
-        sub = await self._js.pull_subscribe_bind(durable=consumer, stream=self._settings.stream)
+        sub = await _DurablePull.bind(self, config)
         self._stops[consumer] = stop
 
         async def fetch() -> list[Msg]:
@@ -468,6 +523,14 @@ class Bus:
             self._stops.pop(consumer, None)
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _consumer_gone(self, consumer: str) -> bool:
+        """Whether the durable consumer (or its stream) no longer exists on the server."""
+        try:
+            await self._js.consumer_info(self._settings.stream, consumer)
+        except NotFoundError:
+            return True
+        return False
 
     async def _ensure_consumer(self, config: api.ConsumerConfig) -> None:
         # NATS 2.10+ treats a create for an existing durable as create-or-update, so a
@@ -712,6 +775,53 @@ class Bus:
         kind = reason.split(" ", 1)[0].rstrip(":")
         self._dead_letters.add(1, {"consumer": consumer, "kind": kind})
         log.error("%s: dead-lettered message %d from %s: %s", consumer, seq, subject, reason)
+
+
+class _DurablePull:
+    """A pull subscription to a durable consumer that makes the consumer again when it is
+    gone (its stream lost with the server's store): the fetch that finds it gone restores
+    the streams (``Bus._restore_streams``), binds anew and raises ``ConsumerLostError``, an
+    outage the consumer waits out for a moment, so its loop sees the gap."""
+
+    def __init__(self, bus: Bus, config: api.ConsumerConfig, sub: Pull) -> None:
+        self._bus = bus
+        self._config = config
+        self._sub = sub
+
+    @classmethod
+    async def bind(cls, bus: Bus, config: api.ConsumerConfig) -> _DurablePull:
+        return cls(bus, config, await cls._subscribe(bus, config))
+
+    @staticmethod
+    async def _subscribe(bus: Bus, config: api.ConsumerConfig) -> Pull:
+        await bus._ensure_consumer(config)
+        assert config.durable_name is not None
+        return await bus.jetstream.pull_subscribe_bind(
+            durable=config.durable_name, stream=bus.settings.stream
+        )
+
+    async def fetch(self, batch: int, timeout: float) -> list[Msg]:  # noqa: ASYNC109
+        try:
+            return await self._sub.fetch(batch, timeout=timeout)
+        except nats.js.errors.ServiceUnavailableError:
+            # No one answers for the consumer: NATS is away (waited out), or the consumer
+            # is gone with its stream (a server that lost its store): made again here.
+            name = self._config.durable_name
+            assert name is not None
+            if not await self._bus._consumer_gone(name):
+                raise
+            log.warning("%s: the durable consumer is gone (stream lost?); making it again", name)
+            await self._bus._restore_streams()
+            old, self._sub = self._sub, await self._subscribe(self._bus, self._config)
+            with contextlib.suppress(Exception):
+                await old.unsubscribe()
+            raise ConsumerLostError(f"consumer {name} was gone and is made again") from None
+
+    async def unsubscribe(self) -> None:
+        await self._sub.unsubscribe()
+
+
+Pull = JetStreamContext.PullSubscription
 
 
 def _auth(settings: NatsSettings) -> dict[str, str]:

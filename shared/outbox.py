@@ -19,22 +19,35 @@ Contract:
   usual. ``parked_count`` says how many there are (also logged when the relay starts).
 - Transient failures (NATS or PostgreSQL unreachable, timeouts) are retried with a growing
   pause; ``run`` never raises for a row or an outage, so the service keeps serving.
+- Lost stream: published rows stay for the retention window (``shared.retention``), and the
+  relay remembers the identity (``Bus.stream_created``) of the event stream it publishes to
+  (table ``outbox_stream``). ``check_stream`` compares them, when ``run`` starts, after
+  every failure or NATS reconnect, and at least every ``stream_check_s``: a stream with
+  another identity was lost and made again (NATS lost its store, someone deleted it), so
+  every retained published row is marked unpublished again, in one transaction with the new
+  identity (several replicas: one of them does it), and ``run`` publishes them again in
+  their order, same event ids; consumers' inboxes drop what they had applied. While the
+  stream is missing (made only by the scheduler's bus) nothing is published. A service that
+  first sees a stream records it and re-publishes nothing. ``watch_stream`` tells a service
+  without an outbox (the runner) when the stream it published to was made again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 import asyncpg
 from nats.errors import BadHeaderError, BadSubjectError, MaxPayloadError
 from nats.errors import Error as NatsError
 from nats.js.errors import APIError
 
-from shared.bus import Bus
+from shared.bus import Bus, StreamMissingError
 from shared.events import Envelope, Payload
 from shared.telemetry import inject
 
@@ -49,6 +62,7 @@ _PERMANENT_MARKERS = (
     "message size exceeds maximum",
 )
 _PERMANENT_JS_ERRORS = frozenset({10054})  # JSStreamMessageExceedsMaximumErr
+_STREAM_MISSING_RETRY_S = 2.0
 
 
 Traced = tuple[Envelope[Payload], dict[str, str]]
@@ -99,6 +113,7 @@ class OutboxRelay:
         idle_poll_s: float = 1.0,
         max_payload: int | None = None,
         max_backoff_s: float = 30.0,
+        stream_check_s: float = 1.0,
     ):
         self._pool = pool
         self._bus = bus
@@ -106,6 +121,8 @@ class OutboxRelay:
         self._idle_poll_s = idle_poll_s
         self._max_payload = max_payload
         self._max_backoff_s = max(max_backoff_s, idle_poll_s)
+        self._stream_check_s = stream_check_s
+        self._stream_checked: tuple[float, int] | None = None  # (monotonic time, reconnects)
         self._wake = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -120,13 +137,18 @@ class OutboxRelay:
                 # Cleared before reading, so a commit that lands during the read still wakes us.
                 self._wake.clear()
                 try:
+                    if self._stream_check_due():
+                        await self.check_stream()
                     sent = await self.relay_once()
                     failures = 0
                 except Exception as exc:
+                    self._stream_checked = None  # look at the stream again before publishing
                     failures += 1
                     delay = min(self._idle_poll_s * 2 ** min(failures - 1, 16), self._max_backoff_s)
+                    if isinstance(exc, StreamMissingError):  # the scheduler makes it soon
+                        delay = min(delay, _STREAM_MISSING_RETRY_S)
                     _log_failure(exc, delay)
-                    await self._sleep(stop, delay, wake=False)
+                    await self._pause(stop, delay)
                     continue
                 if sent == 0:
                     await self._sleep(stop, self._idle_poll_s)
@@ -134,6 +156,70 @@ class OutboxRelay:
         finally:
             await listener.remove_listener(_CHANNEL, self._on_notify)
             await self._pool.release(listener)
+
+    def _stream_check_due(self) -> bool:
+        last = self._stream_checked
+        if last is None:
+            return True
+        checked_at, reconnects = last
+        return (
+            reconnects != _reconnects(self._bus)
+            or asyncio.get_running_loop().time() - checked_at >= self._stream_check_s
+        )
+
+    async def check_stream(self) -> int:
+        """Compare the event stream's identity with the one this outbox published to; if the
+        stream was made again (lost), mark every retained published row unpublished, so the
+        relay publishes them again in order. Returns how many rows that marked. Raises
+        ``StreamMissingError`` while the stream does not exist (nothing may be published)."""
+        reconnects = _reconnects(self._bus)
+        stream = self._bus.settings.stream
+        created = await self._bus.stream_created()
+        if created is None:
+            raise StreamMissingError(f"stream {stream} does not exist (made by the scheduler)")
+        async with self._pool.acquire() as conn:
+            seen = await conn.fetchval(
+                "SELECT created FROM outbox_stream WHERE stream = $1", stream
+            )
+        if seen == created:  # the usual answer, read without a lock or a write
+            self._stream_checked = (asyncio.get_running_loop().time(), reconnects)
+            return 0
+        async with self._pool.acquire() as conn, conn.transaction():
+            known = await conn.fetchval(
+                "SELECT created FROM outbox_stream WHERE stream = $1 FOR UPDATE", stream
+            )
+            if known is None:
+                await conn.execute(
+                    "INSERT INTO outbox_stream (stream, created) VALUES ($1, $2) "
+                    "ON CONFLICT (stream) DO NOTHING",
+                    stream,
+                    created,
+                )
+                marked = 0
+            elif known == created:
+                marked = 0
+            else:
+                status = await conn.execute(
+                    "UPDATE outbox SET published_at = NULL WHERE published_at IS NOT NULL"
+                )
+                marked = int(status.split()[-1])  # "UPDATE n"
+                await conn.execute(
+                    "UPDATE outbox_stream SET created = $2, changed_at = now(), "
+                    "replays = replays + 1 WHERE stream = $1",
+                    stream,
+                    created,
+                )
+                log.warning(
+                    "outbox: the event stream %s was lost and made again (created %s; this "
+                    "outbox had published to the one created %s): publishing its %d retained "
+                    "events again, in order",
+                    stream,
+                    created.isoformat(),
+                    known.isoformat(),
+                    marked,
+                )
+        self._stream_checked = (asyncio.get_running_loop().time(), reconnects)
+        return marked
 
     async def _flush(self) -> None:
         try:
@@ -252,6 +338,17 @@ class OutboxRelay:
                 "outbox: %d parked rows can never be published (see outbox.parked_reason)", total
             )
 
+    async def _pause(self, stop: asyncio.Event, seconds: float) -> None:
+        """Wait ``seconds`` after a failure, but no longer than until NATS reconnects."""
+        reconnects = _reconnects(self._bus)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + seconds
+        while not stop.is_set() and _reconnects(self._bus) == reconnects:
+            left = until - loop.time()
+            if left <= 0:
+                return
+            await self._sleep(stop, min(left, 0.25), wake=False)
+
     def _on_notify(self, *_: object) -> None:
         self._wake.set()
 
@@ -264,6 +361,44 @@ class OutboxRelay:
         )
         for task in pending:
             task.cancel()
+
+
+async def watch_stream(
+    bus: Bus,
+    on_remade: Callable[[], Awaitable[None]],
+    stop: asyncio.Event,
+    interval_s: float = 2.0,
+) -> None:
+    """Until ``stop``: look at the event stream's identity every ``interval_s`` (and after a
+    reconnect) and await ``on_remade()`` whenever it differs from the one seen before (the
+    stream was lost and made again). The first identity seen is the reference; failures to
+    look (NATS away, the stream missing) are waited out; ``on_remade`` failing is logged."""
+    seen: datetime | None = None
+    while not stop.is_set():
+        reconnects = _reconnects(bus)
+        try:
+            created = await bus.stream_created()
+        except Exception as exc:  # NATS away: look again later
+            log.debug("stream watch: %s", exc)
+            created = None
+        if created is not None and seen is not None and created != seen:
+            log.warning(
+                "the event stream %s was lost and made again (created %s, was %s)",
+                bus.settings.stream,
+                created.isoformat(),
+                seen.isoformat(),
+            )
+            try:
+                await on_remade()
+            except Exception:
+                log.exception("stream watch: saying again what the lost stream held failed")
+        if created is not None:
+            seen = created
+        loop = asyncio.get_running_loop()
+        until = loop.time() + interval_s
+        while not stop.is_set() and _reconnects(bus) == reconnects and loop.time() < until:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), min(0.25, interval_s))
 
 
 async def parked_count(pool: asyncpg.Pool) -> int:
@@ -296,8 +431,16 @@ def permanent_failure(
     return None
 
 
+def _reconnects(bus: Bus) -> int:
+    """How often the bus's connection has reconnected (a reconnect may hide a lost stream)."""
+    stats = getattr(bus.nats, "stats", None) or {}
+    return int(stats.get("reconnects", 0))
+
+
 def _log_failure(exc: Exception, delay: float) -> None:
-    if isinstance(exc, TimeoutError | OSError | asyncpg.PostgresError | NatsError):
+    if isinstance(
+        exc, TimeoutError | OSError | asyncpg.PostgresError | NatsError | StreamMissingError
+    ):
         log.warning("outbox relay: %s; retrying in %.1fs", exc or type(exc).__name__, delay)
     else:
         log.error("outbox relay failed; retrying in %.1fs", delay, exc_info=exc)
