@@ -78,6 +78,13 @@ async def job_for_team(
     )
 
 
+_SUMMARY_COLUMNS = """j.id, j.name, j.status, j.submitted_at, j.started_at, j.finished_at,
+    j.node_id, j.attempt, j.metrics_step, u.name AS user_name, t.name AS team_name,
+    jsonb_build_object('gpu_flavor', j.spec -> 'gpu_flavor', 'gpus', j.spec -> 'gpus') AS spec"""
+"""What ``views.job_summary`` reads of a job, and no more: a page of 50 then decodes no
+spec, metrics or failure documents, only the two fields of the spec a summary shows."""
+
+
 def jobs_for_team_query(
     team_id: int, status: str | None, after: tuple[datetime, str] | None, limit: int
 ) -> tuple[str, list[Any]]:
@@ -94,11 +101,11 @@ def jobs_for_team_query(
         params.extend(after)
         where.append(f"(j.submitted_at, j.id) < (${len(params) - 1}, ${len(params)})")
     params.append(limit)
-    sql = f"""SELECT {_JOB_COLUMNS},
-                   (SELECT coalesce(sum(c.cost), 0) FROM job_costs c WHERE c.job_id = j.id)
-                       AS cost,
-                   (SELECT min(c.currency) FROM job_costs c WHERE c.job_id = j.id) AS currency
+    sql = f"""SELECT {_SUMMARY_COLUMNS}, c.cost, c.currency
             FROM jobs j JOIN users u ON u.id = j.user_id JOIN teams t ON t.id = j.team_id
+                CROSS JOIN LATERAL (
+                    SELECT coalesce(sum(k.cost), 0) AS cost, min(k.currency) AS currency
+                    FROM job_costs k WHERE k.job_id = j.id) c
             WHERE {" AND ".join(where)}
             ORDER BY j.submitted_at DESC, j.id DESC
             LIMIT ${len(params)}"""
@@ -113,7 +120,8 @@ async def jobs_for_team(
     after: tuple[datetime, str] | None = None,
 ) -> list[asyncpg.Record]:
     """The team's jobs, newest first (by ``submitted_at``, then id), each with its cost so
-    far; with ``after`` (a job's ``(submitted_at, id)``), only those listed after it."""
+    far (the columns of ``views.job_summary``); with ``after`` (a job's ``(submitted_at,
+    id)``), only those listed after it."""
     sql, params = jobs_for_team_query(team_id, status, after, limit)
     rows: list[asyncpg.Record] = await conn.fetch(sql, *params)
     return rows

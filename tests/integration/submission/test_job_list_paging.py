@@ -216,3 +216,28 @@ async def test_the_client_follows_the_cursor_past_one_page(
     limits = [httpx.URL(path).params["limit"] for path in transport.paths]
     assert limits == ["10", "10", "10", "10", "5"]
     assert all("after=" in path for path in transport.paths[1:3] + transport.paths[4:])
+
+
+async def test_a_listed_job_shows_its_cost_so_far_and_its_spec_summary(
+    submission: Submission,
+) -> None:
+    billed_twice, billed_once, unbilled = await _store_jobs(submission, "ml", ["QUEUED"] * 3)
+    async with submission.pool.acquire() as conn:
+        await conn.executemany(
+            "INSERT INTO job_costs (allocation_id, job_id, gpu_flavor, gpus, started_at, "
+            "ended_at, gpu_seconds, price_per_gpu_hour, cost, currency) "
+            "VALUES ($1, $2, 'cpu', 1, $3, $3, 60, 2.0, $4, 'USD')",
+            [
+                ("a-1", billed_twice, T0, 0.25),
+                ("a-2", billed_twice, T0, 0.5),
+                ("a-3", billed_once, T0, 1.0),
+            ],
+        )
+    response = await submission.client.get("/v1/jobs", headers=submission.auth())
+    listed = {job["id"]: job for job in response.json()}
+    assert (listed[billed_twice]["cost"], listed[billed_twice]["currency"]) == (0.75, "USD")
+    assert (listed[billed_once]["cost"], listed[billed_once]["currency"]) == (1.0, "USD")
+    assert (listed[unbilled]["cost"], listed[unbilled]["currency"]) == (0, None)
+    assert {(job["gpu_flavor"], job["gpus"]) for job in listed.values()} == {
+        (SPEC["gpu_flavor"], SPEC["gpus"])
+    }
