@@ -46,6 +46,14 @@ Contract:
   costs its neighbours nothing but a retry.
 - Each event is handled in a span whose parent is the trace context from its headers
   (``Delivery.span``).
+- What a consumer has been able to hear (``Bus.hearing``): ``since``, when it last began
+  hearing without a gap (the latest of its start, the connection's last reconnect, and its
+  first fetch after one that failed), and ``through``, the start of its latest fetch that
+  found nothing more waiting, once what that fetch brought was handled: every message
+  published before ``through`` has been handled. None while disconnected or not caught up
+  since ``since``. ``Bus.connected_since`` is when the connection was last (re)established.
+  A liveness judge (the scheduler's lost-node watch) uses it so that its own outage or lag
+  never passes for the silence of others.
 """
 
 from __future__ import annotations
@@ -65,7 +73,7 @@ from collections.abc import (
 )
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TypeVar
 
 import asyncpg
@@ -143,6 +151,15 @@ class Delivery:
 
 BatchHandler = Callable[[Sequence[Delivery]], Awaitable[None]]
 """Applies all the deliveries or, by raising, none of them; opens each one's span."""
+
+
+@dataclass(frozen=True)
+class Hearing:
+    """What a consumer has been able to hear (``Bus.hearing``): continuously since ``since``,
+    and every message published before ``through`` (``since <= through``) has been handled."""
+
+    since: datetime
+    through: datetime
 
 
 class Reject(Exception):
@@ -263,6 +280,10 @@ class Bus:
         self._settings = settings
         self._paused: dict[str, str] = {}
         self._stops: dict[str, asyncio.Event] = {}
+        self._connected_since: datetime | None = _utc_now() if nc.is_connected else None
+        self._reconnects = _reconnects(nc)
+        self._fetching_since: dict[str, datetime] = {}
+        self._heard_through: dict[str, datetime] = {}
         instruments = meter or telemetry_meter(__name__)
         self._paused_metric = instruments.create_up_down_counter(
             "trainyard.consumer.paused",
@@ -287,10 +308,27 @@ class Bus:
         cls, settings: NatsSettings, name: str, *, meter: metrics.Meter | None = None
     ) -> AsyncIterator[Bus]:
         """Connect, make sure the streams exist, and drain on exit."""
+        buses: list[Bus] = []
+
+        async def disconnected() -> None:
+            for one in buses:
+                one._connected_since = None
+
+        async def reconnected() -> None:
+            for one in buses:
+                one._reconnects = _reconnects(one._nc)
+                one._connected_since = _utc_now()
+
         nc = await nats.connect(
-            settings.url, name=name, max_reconnect_attempts=-1, **_auth(settings)
+            settings.url,
+            name=name,
+            max_reconnect_attempts=-1,
+            disconnected_cb=disconnected,
+            reconnected_cb=reconnected,
+            **_auth(settings),
         )
         bus = cls(nc, settings, meter=meter)
+        buses.append(bus)
         try:
             await bus.ensure_streams()
             yield bus
@@ -316,6 +354,39 @@ class Bus:
     def paused(self) -> Mapping[str, str]:
         """The consumers of this bus waiting out an infrastructure outage, with its reason."""
         return dict(self._paused)
+
+    @property
+    def connected_since(self) -> datetime | None:
+        """When the NATS connection was last (re)established; None while it is down. A
+        reconnect no callback reported (a ``Bus`` made around a client of its own) counts from
+        when it is first noticed here: later than it was, never earlier."""
+        if not self._nc.is_connected:
+            return None
+        reconnects = _reconnects(self._nc)
+        if self._connected_since is None or reconnects != self._reconnects:
+            self._reconnects = reconnects
+            self._connected_since = _utc_now()
+        return self._connected_since
+
+    def hearing(self, consumer: str) -> Hearing | None:
+        """What ``consumer`` (running on this bus) has been able to hear (see the module
+        docstring); None while the connection is down, the consumer is not running, or it has
+        not caught up since it last began hearing."""
+        connected = self.connected_since
+        fetching = self._fetching_since.get(consumer)
+        through = self._heard_through.get(consumer)
+        if connected is None or fetching is None or through is None:
+            return None
+        since = max(connected, fetching)
+        return Hearing(since, through) if through >= since else None
+
+    def _fetched(self, consumer: str, asked_at: datetime, drained: bool) -> None:
+        """A fetch asked at ``asked_at`` came back without a fault and what it brought is
+        handled; ``drained``: it found fewer messages than it asked for."""
+        since = self._fetching_since.setdefault(consumer, asked_at)
+        connected = self.connected_since
+        if drained and connected is not None and max(connected, since) <= asked_at:
+            self._heard_through[consumer] = asked_at
 
     async def ping(self) -> bool:
         """Readiness: connected, JetStream answers, and no consumer is paused by an outage."""
@@ -503,12 +574,18 @@ class Bus:
         )
         sub = await _DurablePull.bind(self, config)
         self._stops[consumer] = stop
+        asked_at = _utc_now()
 
         async def fetch() -> list[Msg]:
+            nonlocal asked_at
+            asked_at = _utc_now()
             try:
                 return await sub.fetch(batch, timeout=0.5)
             except (TimeoutError, NatsTimeoutError):
                 return []
+            except Exception:
+                self._fetching_since.pop(consumer, None)  # a gap: hearing begins again
+                raise
 
         try:
             while not stop.is_set():
@@ -519,8 +596,11 @@ class Bus:
                 if messages:
                     async with self._kept_in_progress(messages):
                         await self._handle_batch(consumer, messages, handler, stop, atomic)
+                self._fetched(consumer, asked_at, drained=len(messages) < batch)
         finally:
             self._stops.pop(consumer, None)
+            self._fetching_since.pop(consumer, None)
+            self._heard_through.pop(consumer, None)
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
@@ -775,6 +855,15 @@ class Bus:
         kind = reason.split(" ", 1)[0].rstrip(":")
         self._dead_letters.add(1, {"consumer": consumer, "kind": kind})
         log.error("%s: dead-lettered message %d from %s: %s", consumer, seq, subject, reason)
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _reconnects(nc: NatsClient) -> int:
+    """How many times ``nc`` has reconnected (nats-py counts them in ``stats``)."""
+    return int(getattr(nc, "stats", {}).get("reconnects", 0))
 
 
 class _DurablePull:

@@ -7,14 +7,18 @@ Contract:
   (``MONEY_PLACES``) once, at the end.
 - ``PriceBook.price`` raises ``UnknownFlavor`` for a flavor it has no price for; billing
   rejects such a release (dead letter) rather than bill it at a made-up price.
+- An allocation has one bill (``Usage``), made by its first release. ``Usage.amended_by``
+  says how a later release of it changes that bill: only a lost allocation's late success
+  does (it is billed for the time it really ran); anything else changes nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal, localcontext
+from typing import Any
 
 from shared.events.payloads import AllocationReleased, CostRecorded
 
@@ -116,6 +120,47 @@ class Usage:
             price_per_gpu_hour=price.per_gpu_hour,
             currency=price.currency,
             cost=cost(secs, price.per_gpu_hour),
+        )
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Usage:
+        """A row of the usage ledger."""
+        return cls(
+            allocation_id=row["allocation_id"],
+            job_id=row["job_id"],
+            team=row["team"],
+            user=row["user_name"],
+            node_id=row["node_id"],
+            gpu_flavor=row["gpu_flavor"],
+            gpus=row["gpus"],
+            started_at=row["started_at"],
+            ended_at=row["ended_at"],
+            outcome=row["outcome"],
+            gpu_seconds=Decimal(row["gpu_seconds"]),
+            price_per_gpu_hour=Decimal(row["price_per_gpu_hour"]),
+            currency=row["currency"],
+            cost=Decimal(row["cost"]),
+        )
+
+    def amended_by(self, released: AllocationReleased) -> Usage | None:
+        """This bill as a later release of its allocation changes it, or None (unchanged).
+
+        One allocation, one bill. The scheduler bills a lost node's allocation up to the
+        node's last heartbeat; when that allocation's runner later reports that the job
+        succeeded, the scheduler releases it again with outcome ``succeeded`` and its real end.
+        Only that changes a bill: its outcome becomes ``succeeded`` and it covers the time the
+        allocation really ran, to the later of both ends (a bill is never cut), at the price
+        it was first billed at. Any other repeated release is already billed."""
+        if self.outcome != "lost" or released.outcome != "succeeded":
+            return None
+        ended_at = max(self.ended_at, released.released_at)
+        secs = gpu_seconds(self.gpus, self.started_at, ended_at)
+        return replace(
+            self,
+            ended_at=ended_at,
+            outcome="succeeded",
+            gpu_seconds=secs,
+            cost=cost(secs, self.price_per_gpu_hour),
         )
 
     def to_event(self) -> CostRecorded:

@@ -3,7 +3,10 @@
 Runs inside the transaction of ``shared.inbox.idempotent``. An ``AllocationGranted`` is
 remembered as announced. An ``AllocationReleased`` becomes one usage row and one
 ``CostRecorded`` (through the outbox, same transaction); the ledger's key on allocation id
-makes a repeated release a logged no-op. A release that cannot be priced (unknown flavor, end
+makes a repeated release a logged no-op, except the one release that amends a bill: a lost
+node's allocation whose runner reported success later is billed for the time it really ran
+(``Usage.amended_by``: the same row, amended once, and a ``CostRecorded`` with the amended
+total, event id ``cost:<allocation>:amended``). A release that cannot be priced (unknown flavor, end
 before start), or that billing cannot believe, is rejected to the dead-letter stream with the
 reason: billing meters only allocations the scheduler announced, and only as announced (the
 release's job, node, team, user, flavor, GPUs and start must be its grant's). The grant comes
@@ -63,17 +66,9 @@ class BillingHandlers:
         except (UnknownFlavor, ValueError) as exc:
             raise Reject(str(exc)) from exc
         if not await repo.insert_usage(conn, usage, event_id, self._clock()):
-            log.info("allocation %s already billed; ignored", released.allocation_id)
+            await self._amend(conn, released, event_id)
             return
-        # A fixed id: whatever happens upstream, one allocation gives one CostRecorded.
-        recorded: Payload = usage.to_event()
-        envelope = Envelope.wrap(
-            recorded,
-            source=SOURCE,
-            subject=usage.job_id,
-            event_id=f"cost:{usage.allocation_id}",
-        )
-        await outbox.enqueue(conn, envelope)
+        await _recorded(conn, usage, f"cost:{usage.allocation_id}")
         log.info(
             "job %s allocation %s: %s GPU-s of %s = %s %s",
             usage.job_id,
@@ -83,6 +78,52 @@ class BillingHandlers:
             usage.cost,
             usage.currency,
         )
+
+    async def _amend(
+        self, conn: asyncpg.Connection, released: AllocationReleased, event_id: str
+    ) -> None:
+        """A release of an allocation billed already: amend its bill if it says the
+        allocation ran longer (``Usage.amended_by``), else nothing."""
+        row = await conn.fetchrow(
+            "SELECT * FROM usage_ledger WHERE allocation_id = $1 FOR UPDATE",
+            released.allocation_id,
+        )
+        billed = Usage.from_row(row) if row is not None else None
+        amended = billed.amended_by(released) if billed is not None else None
+        if billed is None or amended is None:
+            log.info("allocation %s already billed; ignored", released.allocation_id)
+            return
+        await conn.execute(
+            "UPDATE usage_ledger SET ended_at = $2, outcome = $3, gpu_seconds = $4, cost = $5, "
+            "event_id = $6, recorded_at = $7 WHERE allocation_id = $1",
+            amended.allocation_id,
+            amended.ended_at,
+            amended.outcome,
+            amended.gpu_seconds,
+            amended.cost,
+            event_id,
+            self._clock(),
+        )
+        log.info(
+            "allocation %s of job %s ran until %s after all (%s, not lost): bill amended "
+            "from %s to %s %s",
+            amended.allocation_id,
+            amended.job_id,
+            amended.ended_at.isoformat(),
+            amended.outcome,
+            billed.cost,
+            amended.cost,
+            amended.currency,
+        )
+        await _recorded(conn, amended, f"cost:{amended.allocation_id}:amended")
+
+
+async def _recorded(conn: asyncpg.Connection, usage: Usage, event_id: str) -> None:
+    """Say ``usage`` (a new or amended bill) with a fixed id: whatever happens upstream, one
+    allocation gives one ``CostRecorded``, and one more if its bill is amended."""
+    recorded: Payload = usage.to_event()
+    envelope = Envelope.wrap(recorded, source=SOURCE, subject=usage.job_id, event_id=event_id)
+    await outbox.enqueue(conn, envelope)
 
 
 def unannounced(released: AllocationReleased, grant: repo.Row | None) -> str | None:

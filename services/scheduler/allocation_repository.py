@@ -107,6 +107,40 @@ async def allocations_by_id(
     return [(Allocation.from_row(r), r["live"]) for r in rows]
 
 
+async def ended_allocation(
+    conn: asyncpg.Connection, allocation_id: str
+) -> tuple[Allocation, Outcome, datetime] | None:
+    """The released allocation with this id, its outcome and release time (locked for the
+    transaction), or None (unknown, not a uuid, or still live)."""
+    try:
+        key = uuid.UUID(allocation_id)
+    except ValueError:
+        return None
+    row = await conn.fetchrow(
+        f"SELECT {_ALLOCATION_COLUMNS}, outcome, released_at FROM allocations "
+        "WHERE allocation_id = $1 AND released_at IS NOT NULL FOR UPDATE",
+        key,
+    )
+    if row is None:
+        return None
+    return Allocation.from_row(row), row["outcome"], row["released_at"]
+
+
+async def amend_lost_release(
+    conn: asyncpg.Connection, allocation_id: str, released_at: datetime
+) -> bool:
+    """A lost allocation's runner reported success after all: its outcome becomes
+    ``succeeded`` and it ends at ``released_at`` (its GPU leases keep the time the scheduler
+    freed them). False when it was not a lost allocation (any more)."""
+    amended = await conn.fetchval(
+        "UPDATE allocations SET outcome = 'succeeded', released_at = $2 "
+        "WHERE allocation_id = $1 AND outcome = 'lost' RETURNING true",
+        uuid.UUID(allocation_id),
+        released_at,
+    )
+    return bool(amended)
+
+
 async def mark_allocation_started(
     conn: asyncpg.Connection, allocation_id: str, started_at: datetime
 ) -> None:

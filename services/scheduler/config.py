@@ -18,9 +18,14 @@ class Settings(GuardedServiceSettings):
     node_check_interval_seconds: float = Field(default=2.0, gt=0)
     """How often nodes are checked for missed heartbeats."""
     node_timeout_seconds: float = Field(default=15.0, gt=0)
-    """A node whose last heartbeat is older than this is LOST: its leases are released and
-    its jobs requeued. No node is declared lost before the scheduler itself has been up this
-    long, so a restarted scheduler does not mistake its own downtime for dead nodes."""
+    """A node the scheduler could have heard for this long, and did not, is LOST: its leases
+    are released and its jobs requeued. Only time the scheduler itself was hearing counts
+    (up, leading, connected to NATS, its consumer fetching and caught up): its own downtime,
+    outage or backlog never passes for a silent node (``node_watch``)."""
+    node_reconnect_grace_seconds: float = Field(default=5.0, ge=0)
+    """Added to the timeout after the scheduler (re)starts hearing (a start, a NATS
+    reconnect, a consumer resuming after a fault): runners cut off by the same outage get
+    this long to reconnect and beat again before any of them is judged."""
     revoke_grace_seconds: float = Field(default=30.0, ge=0)
     """Time a runner gets to checkpoint and stop a job whose allocation is revoked (cancel)."""
     preemption_grace_seconds: float = Field(default=300.0, ge=0)

@@ -11,6 +11,10 @@ Contract:
 - ``allocation_ended`` maps how an allocation ended, and the job's state, to the job's next
   state, the outcome billed for the allocation, whether a restart is used up and how long
   the job then backs off (the table is in its docstring).
+- ``late_success`` decides what a success reported for an allocation that is no longer live
+  does: only an allocation released because its node was declared lost may still report
+  one, and a real result is kept (the table is in its docstring). It is the one way out of a
+  terminal state (``JobStatus.check_late_success``): FAILED by that very loss.
 """
 
 from __future__ import annotations
@@ -62,6 +66,13 @@ class JobStatus(enum.StrEnum):
             raise IllegalTransition(f"job {self.value} -> {new.value} is not allowed")
         return new
 
+    def check_late_success(self) -> JobStatus:
+        """SUCCEEDED, for a job whose attempt on a node declared lost reports its success
+        after all (``late_success`` says when); the only move out of a terminal state."""
+        if self not in _LATE_SUCCESS:
+            raise IllegalTransition(f"job {self.value} -> SUCCEEDED (late success) is not allowed")
+        return JobStatus.SUCCEEDED
+
 
 _TERMINAL_JOB = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
 
@@ -84,6 +95,19 @@ _JOB_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.FAILED: frozenset(),
     JobStatus.CANCELLED: frozenset(),
 }
+
+
+_LATE_SUCCESS = frozenset(
+    {
+        JobStatus.QUEUED,
+        JobStatus.ALLOCATED,
+        JobStatus.RUNNING,
+        JobStatus.CANCELLING,
+        JobStatus.FAILED,
+    }
+)
+"""States a lost attempt's late success moves to SUCCEEDED (FAILED: only the failure that
+loss caused, see ``late_success``)."""
 
 
 class AllocationStatus(enum.StrEnum):
@@ -340,6 +364,59 @@ def allocation_ended(
                 failure_kind="node_lost",
             )
     raise AssertionError(f"unknown end kind {kind!r}")  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class LateSuccess:
+    """A late success that is kept (``late_success``)."""
+
+    job_succeeds: bool
+    """The job becomes SUCCEEDED (else it keeps its status: only the allocation's outcome and
+    its bill change)."""
+    reason: str
+
+
+def late_success(
+    status: JobStatus,
+    *,
+    job_attempt: int,
+    attempt: int,
+    outcome: Outcome,
+    epoch: int,
+    reported_epoch: int,
+) -> LateSuccess | str:
+    """What a ``job.succeeded`` about an allocation that is no longer live does; a str says
+    why it is ignored.
+
+    Only an allocation released because its node was declared lost (outcome ``lost``) may
+    report a success late, and only at its own epoch: the scheduler presumed that attempt
+    dead, the runner says it finished, and a result a job really produced is never thrown
+    away. Every other ended allocation stays fenced (a failure, a preemption, progress, or a
+    success of an allocation that ended otherwise). A kept success changes the allocation's
+    outcome to ``succeeded`` and its bill to the time it really ran, and the job:
+
+    | job                                 | becomes   | and                                  |
+    |-------------------------------------|-----------|--------------------------------------|
+    | QUEUED (requeued after the loss)    | SUCCEEDED | it is not run again                  |
+    | ALLOCATED / RUNNING / CANCELLING on | SUCCEEDED | the newer attempt is stopped: its    |
+    | a newer attempt                     |           | allocations released (``cancelled``, |
+    |                                     |           | billed to now) and fenced            |
+    | FAILED by this attempt's lost node  | SUCCEEDED | (its ``job_attempt`` is ``attempt``) |
+    | SUCCEEDED, CANCELLED, FAILED later  | unchanged | only the allocation and its bill     |
+
+    The earlier success wins over a newer attempt even once that one has started: it is a
+    complete result, while the newer attempt only repeats the work (its own late reports are
+    then fenced like any stale allocation's).
+    """
+    if reported_epoch != epoch:
+        return f"epoch {reported_epoch} is stale (the allocation's epoch is {epoch})"
+    if outcome != "lost":
+        return f"the allocation ended {outcome}; only a lost node's allocation reports late"
+    if not status.is_terminal:
+        return LateSuccess(True, f"attempt {attempt + 1} succeeded after its node was lost")
+    if status is JobStatus.FAILED and job_attempt == attempt:
+        return LateSuccess(True, f"attempt {attempt + 1} succeeded after its node was lost")
+    return LateSuccess(False, f"attempt {attempt + 1} succeeded; the job is {status.value}")
 
 
 def format_seconds(seconds: float) -> str:

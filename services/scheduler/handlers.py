@@ -7,7 +7,9 @@ leader check: a scheduler that is no longer the leader fails the transaction, an
 are redelivered to the new leader). Handlers therefore neither lock nor check leadership.
 
 Events about allocations are fenced by allocation id and epoch; a stale or out-of-order
-event is logged and ignored, never applied. An event that can never apply is rejected to the
+event is logged and ignored, never applied. One exception: the success of an allocation
+released because its node was declared lost is a real result, and is kept
+(``late_success``). An event that can never apply is rejected to the
 dead-letter stream. A change of supply or demand asks for a scheduling pass (``poke``),
 which runs in its own transaction right after this one commits. A submitted job that the
 cluster's configuration can never run (``admission``) is refused on arrival: the scheduler says
@@ -35,6 +37,7 @@ from services.scheduler import admission
 from services.scheduler import allocation_repository as allocation_repo
 from services.scheduler import repository as repo
 from services.scheduler.domain import AllocationStatus, EndKind, JobStatus, fence
+from services.scheduler.late_success import accept_late_success
 from services.scheduler.leases import apply_endings, fence_revocation, plan_end
 from services.scheduler.scheduling import Clock, Tuning, emit, utc_now
 from shared import outbox
@@ -280,12 +283,18 @@ class SchedulerHandlers:
         jobs = await repo.jobs_by_id(conn, job_ids)
         live = await allocation_repo.live_allocations_of(conn, job_ids)
         endings = []
+        moved = False
         for delivery, report in reports:
             with delivery.span(self._consumer):
                 job = jobs.get(report.job_id)
                 allocations = live.get(report.job_id, [])
                 stale = fence([a.live for a in allocations], report.allocation_id, report.epoch)
                 kind = _END_KINDS[type(report)]
+                if job is not None and stale and isinstance(report, JobSucceeded):
+                    # Perhaps a lost node's real result: kept, not fenced (late_success).
+                    tuning = self._tuning
+                    moved |= await accept_late_success(conn, job, allocations, report, now, tuning)
+                    continue
                 if job is None or stale:
                     log.info("job %s %s ignored: %s", report.job_id, kind, stale or "unknown job")
                     continue
@@ -303,4 +312,5 @@ class SchedulerHandlers:
                 )
         if endings:
             await apply_endings(conn, endings, now, self._tuning)
+        if endings or moved:
             self._poke()

@@ -16,7 +16,8 @@ Contract:
   ``interval_s`` later.
 - ``LeaderWork.run(stop)`` is what a leader does until ``stop``: the event consumer (each
   fetched batch applied in one transaction, under the scheduling lock and the leader check),
-  the pass loop and the lost-node watch. A database error in a pass is logged and retried; a
+  the pass loop and the lost-node watch, which judges nodes only by what this consumer has
+  heard (``node_watch.BusHearing``). A database error in a pass is logged and retried; a
   crash of any part stops the process (``ServiceRuntime``'s rule).
 """
 
@@ -35,7 +36,7 @@ from services.scheduler.admin_repository import CONFIG_CHANNEL
 from services.scheduler.handlers import SchedulerHandlers
 from services.scheduler.leader import NotLeader
 from services.scheduler.leases import release_expired_notices
-from services.scheduler.node_watch import NodeWatch
+from services.scheduler.node_watch import BusHearing, NodeWatch
 from services.scheduler.scheduling import Clock, Tuning, run_pass, utc_now
 from shared.bus import Bus, Delivery
 from shared.inbox import Guard, idempotent_batches, no_guard
@@ -169,6 +170,7 @@ class LeaderWork:
         pass_interval_s: float = 5.0,
         node_check_interval_s: float = 2.0,
         node_timeout_s: float = 15.0,
+        node_reconnect_grace_s: float = 5.0,
         clock: Clock = utc_now,
         guard: Guard = no_guard,
     ) -> None:
@@ -177,7 +179,16 @@ class LeaderWork:
             clock=clock, consumer=name, tuning=tuning, poke=self._ask_for_pass
         )
         self._pass_asked = False
-        self.watch = NodeWatch(pool, node_check_interval_s, node_timeout_s, clock, tuning, guard)
+        self.watch = NodeWatch(
+            pool,
+            node_check_interval_s,
+            node_timeout_s,
+            clock,
+            tuning,
+            guard,
+            hearing=BusHearing(bus, name),
+            grace_seconds=node_reconnect_grace_s,
+        )
         self._guard = guard
         self._name = name
         self._pool = pool

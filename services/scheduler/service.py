@@ -89,6 +89,7 @@ async def serve(settings: Settings) -> int:
             pass_interval_s=settings.pass_interval_seconds,
             node_check_interval_s=settings.node_check_interval_seconds,
             node_timeout_s=settings.node_timeout_seconds,
+            node_reconnect_grace_s=settings.node_reconnect_grace_seconds,
             guard=leadership.check,
         )
         rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")

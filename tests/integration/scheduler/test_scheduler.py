@@ -298,8 +298,17 @@ async def test_lost_node_requeues_its_jobs_elsewhere(scheduler: Scheduler) -> No
     assert (row["status"], row["attempt"], row["restarts"]) == ("ALLOCATED", 1, 1)
     assert await scheduler.pool.fetchval("SELECT status FROM nodes WHERE node_id = 'n1'") == "LOST"
 
-    # The old runner's late report is fenced off.
-    await scheduler.send(succeeded(grant), "job-1")
+    # The old runner's late report is fenced off (a late success would be kept:
+    # test_liveness.py).
+    late = JobPreempted(
+        job_id="job-1",
+        allocation_id=grant.allocation_id,
+        node_id="n1",
+        epoch=grant.epoch,
+        finished_at=datetime.now(UTC),
+        reason="revoked",
+    )
+    await scheduler.send(late, "job-1")
     assert (await job_row(scheduler.pool, "job-1"))["status"] == "ALLOCATED"
 
     # n1 comes back: READY again, and told to stop the allocation it still runs.
