@@ -189,6 +189,8 @@ def _compare_figures(book: QuotaBook, ref: Reference, ceilings: bool = False) ->
             assert book.lendable(name, f) == t.lendable
             assert book.guaranteed(name, f) == t.guaranteed
             assert book.borrowed(name, f) == ref.borrowed(name, f)
+            limit = book.borrowing_limit(name, f)
+            assert limit >= 2**40 if math.isinf(t.limit) else limit == t.limit
             if ceilings:
                 assert book.ceiling(name, f) == ref.ceiling(name, f), (name, f)
             for n in (0, 1, 3):
@@ -200,6 +202,8 @@ def _compare_figures(book: QuotaBook, ref: Reference, ceilings: bool = False) ->
                 assert book.pool(q.cohort, f) == expected
                 assert book.borrowers(q.cohort, f, exclude=name) == ref.borrowers(q.cohort, f, name)
                 assert book.borrowers(q.cohort, f) == ref.borrowers(q.cohort, f, "")
+                if len(ref.borrowers(q.cohort, f, "")) > 1:
+                    _reached("two queues of a cohort borrow at once")
 
 
 def _same(book: QuotaBook, ref: Reference, queue: str, flavor: str, gpus: int, freed=None) -> None:  # type: ignore[no-untyped-def]
@@ -243,6 +247,12 @@ def _book_matches_the_reference(queues: list[Queue], data: st.DataObject) -> Non
                     freed[name] = data.draw(st.integers(1, held), label=f"freed {name}")
             if freed:
                 _reached("checks with GPUs freed first")
+                cohort = ref.queues[queue].cohort
+                for name in freed:
+                    other = ref.queues[name]
+                    keeps = ref.terms(name, flavor).guaranteed
+                    if name != queue and other.cohort == cohort is not None and keeps:
+                        _reached("GPUs freed from a member that keeps some quota back")
         room = ref.room(queue, flavor, freed)
         gpus = data.draw(
             st.one_of(
@@ -299,6 +309,8 @@ def test_quota_book_matches_the_reference_model() -> None:
         "checks with GPUs freed first",
         "ok only once GPUs are freed",
         "removed GPUs",
+        "two queues of a cohort borrow at once",
+        "GPUs freed from a member that keeps some quota back",
     ):
         assert REACHED[what] >= 5, f"{what!r} reached {REACHED[what]} times: {dict(REACHED)}"
 
@@ -308,3 +320,18 @@ def test_changes_to_queues_the_book_does_not_know_are_ignored() -> None:
     book.add("ghost", "a100", 3)
     book.remove("ghost", "a100", 1)
     assert book.used("ghost", "a100") == 0 and book.pool("c1", "a100") == (2, 0)
+
+
+def test_borrowers_most_first_then_by_name() -> None:
+    queues = [
+        Queue("lender", "t0", "c1", {"a100": 12}),
+        Queue("b", "t1", "c1", {"a100": 1}),
+        Queue("c", "t2", "c1", {"a100": 1}),
+        Queue("a", "t3", "c1", {"a100": 1}),
+    ]
+    book = QuotaBook(queues)
+    for name, gpus in (("a", 3), ("b", 4), ("c", 4), ("lender", 2)):
+        book.add(name, "a100", gpus)
+    assert book.borrowers("c1", "a100") == [("b", 3), ("c", 3), ("a", 2)]
+    assert book.borrowers("c1", "a100", exclude="b") == [("c", 3), ("a", 2)]
+    assert book.borrowers("no-such-cohort", "a100") == []
