@@ -215,7 +215,7 @@ def test_candidates_for_priority_and_reclaim() -> None:
     assert kinds == {"gone": None, "a-low": "priority", "b-small": "reclaim", "b-big": "reclaim"}
     assert reclaimable == {"b": 2}
     keys = {c.job.job_id: c.key for c in found}
-    assert keys["gone"] == victim_key(leaving[0], 0, NOW, leaving=True)  # leaving first
+    assert keys["gone"] == victim_key(leaving[0], 10, NOW, leaving=True)  # leaving first
     assert keys["a-low"] == victim_key(runs[("a", "a100")][0], 0, NOW)
     assert keys["b-small"][1] == 0 and keys["b-big"][1] == 1  # bigger than b borrows
     # Beyond its nominal quota the job reclaims nothing.
