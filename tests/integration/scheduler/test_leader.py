@@ -283,3 +283,126 @@ async def test_a_process_that_knows_it_lost_is_refused_without_asking(database_u
     assert not leadership.is_leader and leadership.role == "follower"
     with pytest.raises(NotLeader, match="not the leader"):
         await leadership.check(None)  # type: ignore[arg-type]  # no query is made
+
+
+async def test_a_hung_leader_is_ended_by_the_session_timeout(
+    database_url: str, pool: asyncpg.Pool
+) -> None:
+    """A leader that stops querying its lock session (hung, partitioned; here: a watchdog
+    that checks only every minute) loses it to PostgreSQL's ``idle_session_timeout``."""
+    stop = asyncio.Event()
+    led = asyncio.Event()
+
+    async def lead(stop_leading: asyncio.Event) -> None:
+        led.set()
+        await stop_leading.wait()
+
+    hung = Leadership(database_url, retry_s=5, check_s=60, session_timeout_s=1)
+    task = asyncio.create_task(hung.run(stop, lead))
+    try:
+        await until(lambda: hung.is_leader)
+        holder = await lock_holder(pool)
+        name = await pool.fetchval(
+            "SELECT application_name FROM pg_stat_activity WHERE pid = $1", holder
+        )
+        assert name == "trainyard-scheduler-leader"
+        assert led.is_set()
+        # Ended by the server after 1 s idle: not leading well before the 60 s check.
+        await until(lambda: not hung.is_leader, timeout=8)
+        assert await lock_holder(pool) is None
+    finally:
+        stop.set()
+        await task
+
+
+def test_the_lock_session_settings() -> None:
+    assert Leadership("postgresql://x", session_timeout_s=2.5)._session_settings() == {
+        "application_name": "trainyard-scheduler-leader",
+        "idle_session_timeout": "2500",
+    }
+    # 0: no timeout set (PostgreSQL's default, none).
+    assert Leadership("postgresql://x", session_timeout_s=0)._session_settings() == {
+        "application_name": "trainyard-scheduler-leader"
+    }
+
+
+class Sleeps:
+    """Records the pauses ``leader._sleep`` is asked for until ``stop`` (the election's, not
+    the watchdog's), and takes them shortened."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, stop: asyncio.Event) -> None:
+        from services.scheduler import leader
+
+        self.asked: list[float] = []
+        real = leader._sleep
+
+        async def sleep(until: asyncio.Event, seconds: float) -> None:
+            if until is stop:
+                self.asked.append(seconds)
+            await real(until, min(seconds, 0.05))
+
+        monkeypatch.setattr(leader, "_sleep", sleep)
+
+
+async def test_an_unreachable_database_is_retried_every_retry_s(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    stop = asyncio.Event()
+    sleeps = Sleeps(monkeypatch, stop)
+    nowhere = Leadership("postgresql://trainyard@127.0.0.1:1/none", retry_s=0.25)
+
+    async def never(stop_leading: asyncio.Event) -> None:
+        raise AssertionError("cannot lead without a database")
+
+    with caplog.at_level("WARNING", logger="services.scheduler.leader"):
+        task = asyncio.create_task(nowhere.run(stop, never))
+        await until(lambda: len(sleeps.asked) >= 3)
+        stop.set()
+        await task
+    assert set(sleeps.asked) == {0.25}  # never led: no longer pause
+    assert nowhere.attempts == 0 and not nowhere.is_leader
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings and all(
+        m.startswith("leader election: ") and m.endswith("; retrying") for m in warnings
+    )
+    assert "refused" in warnings[0].lower() or "connect" in warnings[0].lower()
+
+
+async def test_a_deposed_leader_pauses_twice_as_long_and_releases_its_lock_on_stop(
+    database_url: str, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.scheduler import leader
+
+    connects: list[dict[str, object]] = []
+    real_connect = leader.asyncpg.connect
+
+    async def connect(*args: object, **kwargs: object) -> asyncpg.Connection:
+        connects.append(kwargs)
+        return await real_connect(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(leader.asyncpg, "connect", connect)
+    stop = asyncio.Event()
+    sleeps = Sleeps(monkeypatch, stop)
+    first = Candidate(database_url, stop, retry_s=0.5)
+    try:
+        await until(lambda: first.leadership.is_leader)
+        assert connects == [
+            {
+                "timeout": 10,
+                "server_settings": {
+                    "application_name": "trainyard-scheduler-leader",
+                    "idle_session_timeout": "5000",
+                },
+            }
+        ]
+        assert sleeps.asked == []  # won at the first try
+        await pool.execute("SELECT pg_terminate_backend($1)", await lock_holder(pool))
+        await until(lambda: len(sleeps.asked) >= 1)
+        assert sleeps.asked[0] == 1.0  # deposed: 2 x retry_s, so a follower goes first
+        await until(lambda: first.leadership.is_leader)  # nobody else: it leads again
+        assert len(connects) == 2
+    finally:
+        stop.set()
+        await first.task
+    assert not first.leadership.is_leader
+    assert await lock_holder(pool) is None  # stopping closed the lock session
