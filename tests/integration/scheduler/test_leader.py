@@ -281,8 +281,24 @@ async def test_the_leader_lock_of_another_database_does_not_count(
 async def test_a_process_that_knows_it_lost_is_refused_without_asking(database_url: str) -> None:
     leadership = Leadership(database_url)
     assert not leadership.is_leader and leadership.role == "follower"
-    with pytest.raises(NotLeader, match="not the leader"):
+    with pytest.raises(NotLeader, match=r"^this scheduler is not the leader$"):
         await leadership.check(None)  # type: ignore[arg-type]  # no query is made
+
+
+async def test_a_follower_counts_each_try(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stop = asyncio.Event()
+    sleeps = Sleeps(monkeypatch, stop)
+    async with _session(database_url) as holder:
+        assert await holder.fetchval("SELECT pg_try_advisory_lock($1)", LEADER_LOCK_KEY)
+        follower = Candidate(database_url, stop, retry_s=0.3)
+        await until(lambda: len(sleeps.asked) >= 4)
+        stop.set()
+        await follower.task
+    # One try per pause (the last pause may be the election's own, after stopping).
+    assert follower.leadership.attempts in (len(sleeps.asked) - 1, len(sleeps.asked))
+    assert set(sleeps.asked) == {0.3} and follower.led == 0
 
 
 async def test_a_hung_leader_is_ended_by_the_session_timeout(
