@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
 
 import asyncpg
 import pytest
@@ -412,13 +413,19 @@ async def test_a_deposed_leader_pauses_twice_as_long_and_releases_its_lock_on_st
             }
         ]
         assert sleeps.asked == []  # won at the first try
+        since = first.leadership.since
+        assert since is not None and since.tzinfo is not None
+        assert abs((datetime.now(UTC) - since).total_seconds()) < 30
+        assert first.leadership.terms == 1
         await pool.execute("SELECT pg_terminate_backend($1)", await lock_holder(pool))
         await until(lambda: len(sleeps.asked) >= 1)
         assert sleeps.asked[0] == 1.0  # deposed: 2 x retry_s, so a follower goes first
         await until(lambda: first.leadership.is_leader)  # nobody else: it leads again
         assert len(connects) == 2
+        assert first.leadership.terms == 2
+        assert first.leadership.since is not None and first.leadership.since >= since
     finally:
         stop.set()
         await first.task
-    assert not first.leadership.is_leader
+    assert not first.leadership.is_leader and first.leadership.since is None
     assert await lock_holder(pool) is None  # stopping closed the lock session
