@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
@@ -429,3 +431,33 @@ async def test_a_deposed_leader_pauses_twice_as_long_and_releases_its_lock_on_st
         await first.task
     assert not first.leadership.is_leader and first.leadership.since is None
     assert await lock_holder(pool) is None  # stopping closed the lock session
+
+
+async def test_the_watchdog_deposes_a_leader_whose_lock_session_stops_answering(
+    database_url: str, pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lock session's backend freezes (SIGSTOP: a partition or a hung server, the TCP
+    connection still open, so nothing reports its end): the watchdog's query times out and
+    the leader stops leading on its own."""
+    stop = asyncio.Event()
+    with caplog.at_level("INFO", logger="services.scheduler.leader"):
+        first = Candidate(database_url, stop, retry_s=0.2)
+        frozen: int | None = None
+        try:
+            await until(lambda: first.leadership.is_leader)
+            names = {t.get_name() for t in asyncio.all_tasks()}
+            assert {"leader-watchdog", "leader-work"} <= names
+            frozen = await lock_holder(pool)
+            assert frozen is not None
+            assert f"leading (lock held by backend {frozen})" in caplog.messages
+            os.kill(frozen, signal.SIGSTOP)
+            # check_s is 0.1: the query times out after 1 s.
+            await until(lambda: not first.leadership.is_leader, timeout=6)
+            assert first.stepped_down == 1
+            assert any(m.startswith("leader lock connection failed") for m in caplog.messages)
+        finally:
+            if frozen is not None:
+                os.kill(frozen, signal.SIGCONT)
+            stop.set()
+            await first.task
+    assert "no longer leading" in caplog.messages
