@@ -28,19 +28,16 @@ Contract:
   identity (several replicas: one of them does it), and ``run`` publishes them again in
   their order, same event ids; consumers' inboxes drop what they had applied. While the
   stream is missing (made only by the scheduler's bus) nothing is published. A service that
-  first sees a stream records it and re-publishes nothing. ``watch_stream`` tells a service
-  without an outbox (the runner) when the stream it published to was made again.
+  first sees a stream records it and re-publishes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 
 import asyncpg
 from nats.errors import BadHeaderError, BadSubjectError, MaxPayloadError
@@ -361,44 +358,6 @@ class OutboxRelay:
         )
         for task in pending:
             task.cancel()
-
-
-async def watch_stream(
-    bus: Bus,
-    on_remade: Callable[[], Awaitable[None]],
-    stop: asyncio.Event,
-    interval_s: float = 2.0,
-) -> None:
-    """Until ``stop``: look at the event stream's identity every ``interval_s`` (and after a
-    reconnect) and await ``on_remade()`` whenever it differs from the one seen before (the
-    stream was lost and made again). The first identity seen is the reference; failures to
-    look (NATS away, the stream missing) are waited out; ``on_remade`` failing is logged."""
-    seen: datetime | None = None
-    while not stop.is_set():
-        reconnects = _reconnects(bus)
-        try:
-            created = await bus.stream_created()
-        except Exception as exc:  # NATS away: look again later
-            log.debug("stream watch: %s", exc)
-            created = None
-        if created is not None and seen is not None and created != seen:
-            log.warning(
-                "the event stream %s was lost and made again (created %s, was %s)",
-                bus.settings.stream,
-                created.isoformat(),
-                seen.isoformat(),
-            )
-            try:
-                await on_remade()
-            except Exception:
-                log.exception("stream watch: saying again what the lost stream held failed")
-        if created is not None:
-            seen = created
-        loop = asyncio.get_running_loop()
-        until = loop.time() + interval_s
-        while not stop.is_set() and _reconnects(bus) == reconnects and loop.time() < until:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), min(0.25, interval_s))
 
 
 async def parked_count(pool: asyncpg.Pool) -> int:

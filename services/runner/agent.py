@@ -35,7 +35,7 @@ from datetime import UTC, datetime, timedelta
 
 from opentelemetry import context as otel_context
 
-from services.runner import checkpoints, domain, launch
+from services.runner import checkpoints, domain, launch, publishing
 from services.runner.config import JOB_SLOTS, Settings
 from services.runner.domain import JobIdentity, StopRequest
 from services.runner.environments import (
@@ -44,7 +44,7 @@ from services.runner.environments import (
     job_interpreter,
 )
 from services.runner.gpus import GpuInventory, GpuUsage
-from services.runner.ledger import Ledger, safe_file_name
+from services.runner.ledger import Ledger, LedgerEntry, safe_file_name
 from services.runner.publishing import JobEvents, publish_in_trace, publish_until_sent
 from services.runner.sandbox import (
     PlatformError,
@@ -189,6 +189,7 @@ class NodeAgent:
             log.info(
                 "allocation %s is running already: duplicate grant ignored", grant.allocation_id
             )
+            await publishing.say_again(self._bus, grant.allocation_id)
             return
         seen = await asyncio.to_thread(self._ledger.get, grant.allocation_id)
         if seen is not None:
@@ -197,6 +198,10 @@ class NodeAgent:
                 grant.allocation_id,
                 seen.state.value,
             )
+            await publishing.say_again(self._bus, grant.allocation_id, _stored_end(seen))
+            return
+        await publishing.note_grant(self._bus, grant.allocation_id)
+        if not await self._gpus_freed(grant):
             return
         job = JobIdentity.from_grant(grant)
         # The consumer span of this grant: every later event of the job is published in it.
@@ -256,6 +261,45 @@ class NodeAgent:
         )
         await asyncio.to_thread(self._ledger.launched, job, trace_headers)
         await self._launch(grant, job, prepared, events, trace_headers)
+
+    async def _gpus_freed(self, grant: AllocationGranted) -> bool:
+        """Make sure no job of this node still runs on the grant's GPUs. The scheduler
+        grants a GPU only once its previous lease ended, so a job still on it is one whose
+        allocation ended without it (its node was lost, paused or cut off, or its grant came
+        late): the job with the older epoch is stopped as fenced, and the grant waits until its
+        process has exited. A grant older than the job on its GPUs ends at once, unrun
+        (``job.preempted``, fenced). False when the grant must not run."""
+        wanted = set(grant.gpu_indices)
+        on_them = [run for run in self._runs.values() if wanted & set(run.gpu_indices)]
+        holders = [run for run in on_them if run.job.epoch < grant.epoch]
+        if any(run.job.epoch > grant.epoch for run in on_them):
+            log.warning(
+                "allocation %s (epoch %d) is older than the job on its GPUs: not run",
+                grant.allocation_id,
+                grant.epoch,
+            )
+            job = JobIdentity.from_grant(grant)
+            outcome = domain.Outcome("preempted", "fenced", None)
+            payload = domain.terminal_event(
+                job, outcome, domain.JobResults({}, None, ""), datetime.now(UTC)
+            )
+            parent = otel_context.get_current()
+            events = JobEvents(self._bus, parent, job.job_id)
+            await end_allocation(job, payload, events, self._ledger, inject())
+            return False
+        for run in holders:
+            log.warning(
+                "allocation %s wants GPUs %s that allocation %s (epoch %d) still runs on: "
+                "stopping it first",
+                grant.allocation_id,
+                sorted(wanted & set(run.gpu_indices)),
+                run.job.allocation_id,
+                run.job.epoch,
+            )
+            run.request_stop(StopRequest("revoked", "fenced"), self.settings.kill_grace_seconds)
+        if holders:
+            await asyncio.gather(*(run.exited() for run in holders))
+        return True
 
     def _free_slot(self) -> int | None:
         taken = set(self._slots.values())
@@ -348,6 +392,7 @@ class NodeAgent:
         seen = await asyncio.to_thread(self._ledger.get, revoked.allocation_id)
         if seen is not None:
             log.info("allocation %s already ended here: revocation ignored", revoked.allocation_id)
+            await publishing.say_again(self._bus, revoked.allocation_id, _stored_end(seen))
             return
         log.warning(
             "revocation of allocation %s, which never ran here: ending it", revoked.allocation_id
@@ -418,3 +463,10 @@ class NodeAgent:
             for task in self._supervisors:
                 task.cancel()
             self.drained.set()
+
+
+def _stored_end(entry: LedgerEntry) -> publishing.Said | None:
+    """The terminal event the ledger kept for an allocation, in its trace, if any."""
+    if entry.terminal_event is None:
+        return None
+    return parse_envelope(entry.terminal_event.encode()), extract(entry.trace_headers)

@@ -5,7 +5,10 @@ or revocation names this node, and a grant's fencing epoch is one this node can 
 Epochs come from one ascending sequence, so the node holds a grant to what it already knows
 from its ledger: a grant at epoch 0 or below, a grant of a known allocation at another
 epoch, or a grant of a job this node already ran at the same or a later epoch is stale or
-forged. Such an event is rejected (dead-lettered with the reason) and changes nothing.
+forged. Such an event is rejected (dead-lettered with the reason) and changes nothing. A
+grant of a known allocation at its own epoch is a redelivery (a stream made again after
+NATS lost its store holds every grant again): the agent ignores it and says again what it
+said about it.
 """
 
 from __future__ import annotations
@@ -38,12 +41,16 @@ def grant_problem(
         return f"allocation {grant.allocation_id} is for node {grant.node_id}, not {node_id}"
     if grant.epoch < 1:
         return f"allocation {grant.allocation_id}: epoch {grant.epoch} is no fencing epoch"
+    known = list(known)
     for entry in known:
-        if entry.allocation_id == grant.allocation_id and entry.epoch != grant.epoch:
-            return (
-                f"allocation {grant.allocation_id} is known here at epoch {entry.epoch}, "
-                f"not {grant.epoch}"
-            )
+        if entry.allocation_id == grant.allocation_id:
+            if entry.epoch != grant.epoch:
+                return (
+                    f"allocation {grant.allocation_id} is known here at epoch {entry.epoch}, "
+                    f"not {grant.epoch}"
+                )
+            return None  # a redelivery, whatever came after it
+    for entry in known:
         if (
             entry.job_id == grant.job_id
             and entry.allocation_id != grant.allocation_id

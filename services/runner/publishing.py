@@ -9,13 +9,19 @@ event additionally sits in the ledger until then (see ``ledger``).
 Every event of a job is published under a span whose parent is the context captured when
 the job's ``allocation.granted`` was handled, so all of the job's events share its trace.
 
-What was published stays said only while the stream keeps it. The runner remembers the job
-events it published (``Journal``: the last ``JOURNAL_EVENTS``, within the stream's
-retention; not ``job.progress``, which the next report supersedes), and
-``say_again_when_stream_lost`` publishes them again, in order with their ids, when the event
-stream was lost and made again (NATS lost its store): consumers drop what they had applied.
-Heartbeats need nothing: the next one says it all again. A runner process that starts after
-the loss knows only its ledger (``agent.recover``).
+What was published stays said only while the stream keeps it, and a report must never
+reach a stream before the grant it answers (the submission's view drops a report about an
+allocation it has not heard of). So the runner remembers, per allocation, the stream (its
+identity, ``Bus.stream_created``) it received the grant from, and the job events it
+published (``Journal``: the last ``JOURNAL_EVENTS``, within the stream's retention; not
+``job.progress``, which the next report supersedes). An allocation's event waits (up to
+``GRANT_WAIT_S``) while the stream is not the one its grant came from: NATS lost its store
+and the stream was made again. The scheduler then publishes its retained grants again; when
+the grant of an allocation this node knows arrives again (or a revocation of one it
+ended), ``say_again`` publishes that allocation's events again, in order with their ids (or,
+after a restart, the end its ledger kept), and notes the new stream, so the waiting events
+follow. Consumers drop what they had applied. Heartbeats need nothing: the next one says it
+all again.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
+from collections import OrderedDict
+from datetime import datetime
 from weakref import WeakKeyDictionary
 
 from opentelemetry import context as otel_context
@@ -32,7 +39,6 @@ from opentelemetry import trace
 from shared.bus import Bus
 from shared.events import Envelope, Payload
 from shared.events.payloads import JobProgress
-from shared.outbox import watch_stream
 from shared.telemetry import tracer
 
 log = logging.getLogger(__name__)
@@ -41,26 +47,43 @@ _tracer = tracer(__name__)
 _FIRST_RETRY_S = 0.2
 _MAX_RETRY_S = 10.0
 JOURNAL_EVENTS = 20_000
+GRANT_WAIT_S = 600.0
+"""How long an allocation's event waits for its grant to be in the stream again (then it is
+published all the same: the scheduler may be down for long, or the grant aged out)."""
+
+
+Said = tuple[Envelope[Payload], otel_context.Context | None]
 
 
 class Journal:
-    """The job events a runner published (see the module docstring), oldest first."""
+    """The job events a runner published, by allocation (see the module docstring)."""
 
     def __init__(self, max_events: int = JOURNAL_EVENTS) -> None:
-        self._sent: deque[tuple[float, Envelope[Payload], otel_context.Context | None]] = deque(
-            maxlen=max_events
-        )
+        self._max_events = max_events
+        self._events = 0
+        self._by_allocation: OrderedDict[str, list[tuple[float, Said]]] = OrderedDict()
+        self.granted_in: dict[str, datetime] = {}
+        """The stream (its identity) each allocation's grant was last received from."""
+        self.saying: set[str] = set()
+        """Allocations whose events are being said again now."""
 
     def record(self, envelope: Envelope[Payload], parent: otel_context.Context | None) -> None:
-        if not isinstance(envelope.data, JobProgress):
-            self._sent.append((time.monotonic(), envelope, parent))
+        allocation_id = getattr(envelope.data, "allocation_id", None)
+        if isinstance(envelope.data, JobProgress) or not isinstance(allocation_id, str):
+            return
+        said = self._by_allocation.setdefault(allocation_id, [])
+        said.append((time.monotonic(), (envelope, parent)))
+        self._by_allocation.move_to_end(allocation_id)
+        self._events += 1
+        while self._events > self._max_events and self._by_allocation:
+            gone, dropped = self._by_allocation.popitem(last=False)
+            self._events -= len(dropped)
+            self.granted_in.pop(gone, None)
 
-    def since(
-        self, max_age_s: float
-    ) -> list[tuple[Envelope[Payload], otel_context.Context | None]]:
-        """What was published within the last ``max_age_s`` seconds, in order."""
+    def of(self, allocation_id: str, max_age_s: float) -> list[Said]:
+        """What was published about ``allocation_id`` in the last ``max_age_s`` s, in order."""
         oldest = time.monotonic() - max_age_s
-        return [(envelope, parent) for at, envelope, parent in self._sent if at >= oldest]
+        return [said for at, said in self._by_allocation.get(allocation_id, []) if at >= oldest]
 
 
 _journals: WeakKeyDictionary[Bus, Journal] = WeakKeyDictionary()
@@ -74,19 +97,65 @@ def journal(bus: Bus) -> Journal:
     return found
 
 
-async def say_again_when_stream_lost(bus: Bus, stop: asyncio.Event) -> None:
-    """Until ``stop``: when the event stream was lost and made again, publish the journal of
-    ``bus`` again (module docstring)."""
+async def note_grant(bus: Bus, allocation_id: str) -> None:
+    """The grant of ``allocation_id`` was just received: the stream as it is now holds it."""
+    try:
+        created = await bus.stream_created()
+    except Exception as exc:  # NATS away: nothing noted, its events will not wait
+        log.warning("allocation %s: the stream's identity is unknown (%s)", allocation_id, exc)
+        return
+    if created is not None:
+        journal(bus).granted_in[allocation_id] = created
 
-    async def say_again() -> None:
-        events = journal(bus).since(bus.settings.retention_hours * 3600)
-        log.warning("publishing the %d job events of the lost stream again", len(events))
+
+async def say_again(bus: Bus, allocation_id: str, stored_end: Said | None = None) -> None:
+    """The grant (or revocation) of ``allocation_id`` came again: publish again what this
+    runner said about it (its journal; without one, ``stored_end``: the end its ledger
+    kept), in order, same ids, and note that the stream holds its grant."""
+    record = journal(bus)
+    events = record.of(allocation_id, bus.settings.retention_hours * 3600)
+    if not events and stored_end is not None:
+        events = [stored_end]
+    record.saying.add(allocation_id)
+    try:
+        await note_grant(bus, allocation_id)
+        if events:
+            log.info("allocation %s: saying its %d events again", allocation_id, len(events))
         for envelope, parent in events:
-            if stop.is_set():
-                return
-            await publish_until_sent(bus, envelope, parent, record=False)
+            await publish_until_sent(bus, envelope, parent, record=False, after_grant=False)
+    finally:
+        record.saying.discard(allocation_id)
 
-    await watch_stream(bus, say_again, stop)
+
+async def _after_grant(bus: Bus, envelope: Envelope[Payload]) -> None:
+    """Wait (at most ``GRANT_WAIT_S``) until the stream is the one the grant of the event's
+    allocation came from, and nothing is being said again about it (module docstring)."""
+    allocation_id = getattr(envelope.data, "allocation_id", None)
+    record = journal(bus)
+    if not isinstance(allocation_id, str) or allocation_id not in record.granted_in:
+        return
+    deadline = time.monotonic() + GRANT_WAIT_S
+    told = False
+    while time.monotonic() < deadline:
+        if allocation_id not in record.saying:
+            try:
+                created = await bus.stream_created()
+            except Exception:  # NATS away: publishing would fail too
+                created = None
+            if created is not None and created == record.granted_in.get(allocation_id):
+                return
+        if not told:
+            log.warning(
+                "allocation %s: %s waits until its grant is in the event stream again "
+                "(the stream was lost and made again)",
+                allocation_id,
+                envelope.type,
+            )
+            told = True
+        await asyncio.sleep(0.5)
+    log.warning(
+        "allocation %s: its grant did not come again; publishing all the same", allocation_id
+    )
 
 
 async def publish_in_trace(
@@ -115,11 +184,16 @@ async def publish_until_sent(
     parent: otel_context.Context | None,
     *,
     record: bool = True,
+    after_grant: bool = True,
 ) -> None:
-    """Publish, retrying with growing pauses until the server has it (or we're cancelled)."""
+    """Publish, retrying with growing pauses until the server has it (or we're cancelled);
+    with ``after_grant``, only into a stream that holds the allocation's grant (the module
+    docstring)."""
     delay = _FIRST_RETRY_S
     while True:
         try:
+            if after_grant:
+                await _after_grant(bus, envelope)
             await publish_in_trace(bus, envelope, parent, record=record)
             return
         except Exception as exc:  # any NATS or connection error: the event must still go out

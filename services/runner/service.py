@@ -9,7 +9,7 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
-from services.runner import handlers, publishing
+from services.runner import handlers
 from services.runner.agent import NodeAgent
 from services.runner.app import create_app
 from services.runner.config import Settings
@@ -67,13 +67,11 @@ def agent_loops(
     agent: NodeAgent, bus: Bus, stop: asyncio.Event
 ) -> dict[str, Coroutine[Any, Any, None]]:
     """The work of a recovered node agent until ``stop``, by name: heartbeats, the drain on
-    stop, the consumer of this node's grants and revocations, and saying its job events again
-    if the stream loses them. ``serve`` runs them, and so does anything that runs a runner
-    in-process (tests, benchmarks)."""
+    stop, and the consumer of this node's grants and revocations. ``serve`` runs them, and
+    so does anything that runs a runner in-process (tests, benchmarks)."""
     node = agent.node_id
     return {
         "heartbeats": agent.heartbeats(),
-        "say-again": publishing.say_again_when_stream_lost(bus, stop),
         "drain": agent.drain_on(stop),
         "allocations": bus.consume(
             f"runner-{node}",

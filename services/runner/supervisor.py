@@ -137,6 +137,15 @@ class JobRun:
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
+    @property
+    def gpu_indices(self) -> list[int]:
+        return list(self._gpu_indices)
+
+    async def exited(self) -> None:
+        """Return once the job's process has exited (its events may still be on their way)."""
+        if self._process is not None:
+            await self._process.wait()
+
     async def start(self, argv: Sequence[str], *, env: dict[str, str]) -> None:
         """Open the control socket and spawn the job in its sandbox (raises, e.g.
         ``OSError``, when it cannot be started)."""

@@ -1,8 +1,15 @@
-"""Broker data loss: the JetStream store is deleted under the running platform (NATS stopped,
+"""Broker data loss: the JetStream store is deleted under the running platform (NATS killed,
 its store folder removed, NATS started empty) while jobs run and wait; every service makes
 what it needs again (the scheduler the streams, everyone their durable consumer) and says
-again what the lost stream held (the outboxes' retained rows, the runners' journals), and
-every job converges with every invariant of the chaos suite holding."""
+again what the lost stream held (the outboxes' retained rows; each runner its events about
+an allocation once the allocation's grant is in the new stream again), and every job
+converges with every invariant of the chaos suite holding.
+
+The submission service and the scheduler are frozen (SIGSTOP) across the loss: the
+submission has not read what the runners said about the jobs that ran meanwhile, and the
+scheduler publishes its grants again only after the runners could have spoken. A runner
+that said its events again at once would have them in the new stream before their grants,
+and the submission's view would drop them (a report of an allocation it has not heard of)."""
 
 from __future__ import annotations
 
@@ -74,10 +81,16 @@ def test_every_job_converges_after_the_jetstream_store_is_lost() -> None:
             before += [_job(8, ["python3", "-c", CHECKPOINT_JOB])]
             for planned in before:
                 assert load.submit(planned, stop) is not None
-            time.sleep(4)  # some ran, some run, some wait (4 GPUs)
+            time.sleep(1)
+            platform.stack.pause("submission")  # what runs now, it will hear of only later
+            time.sleep(3)  # some ran, some run, some wait (4 GPUs)
             created = asyncio.run(_stream_created(platform.admin_nats_url))
 
+            platform.stack.pause("scheduler")
             platform.lose_jetstream()
+            time.sleep(3)  # the runners are up and about; nothing is granted again yet
+            platform.stack.resume("scheduler")
+            platform.stack.resume("submission")
 
             after = [_job(10 + i, ["sleep", "1"]) for i in range(3)]
             after += [_job(13, ["python3", "-c", CHECKPOINT_JOB])]

@@ -166,31 +166,30 @@ async def test_a_consumer_whose_stream_was_lost_is_made_again(bus: Bus, nats_url
         await asyncio.wait_for(consumer, 10)
 
 
-async def test_the_runner_says_its_job_events_again_when_the_stream_is_made_again(
+async def test_the_runner_says_again_what_it_said_about_an_allocation(
     bus: Bus, nats_url: str
 ) -> None:
-    stop = asyncio.Event()
-    watch = asyncio.create_task(publishing.say_again_when_stream_lost(bus, stop))
-    try:
-        started = _started("job-9")
-        progress = Envelope.wrap(
-            JobProgress(job_id="job-9", allocation_id="a-1", step=1, metrics={"loss": 1.0}),
-            source=RUNNER,
-            subject="job-9",
-        )
-        await publishing.publish_in_trace(bus, started, None)
-        await publishing.publish_in_trace(bus, progress, None)
-        await asyncio.sleep(0.5)  # the watch has seen the first stream
-        await _lose_stream(nats_url)
-        await bus.ensure_streams()
-        await _until(lambda: _count(bus), 1)
-        assert await _msg_ids(bus) == [started.id]  # progress is not kept: the next one says it
-    finally:
-        stop.set()
-        await asyncio.wait_for(watch, 10)
+    started = _started("job-9")
+    progress = Envelope.wrap(
+        JobProgress(job_id="job-9", allocation_id="a-1", step=1, metrics={"loss": 1.0}),
+        source=RUNNER,
+        subject="job-9",
+    )
+    other = _started("job-8", "a-2")
+    for envelope in (started, progress, other):
+        await publishing.publish_in_trace(bus, envelope, None)
+    await _lose_stream(nats_url)
+    await bus.ensure_streams()
+
+    await publishing.say_again(bus, "a-1")  # its grant came again
+    await _until(lambda: _count(bus), 1)
+    await asyncio.sleep(0.3)
+    ours = {started.id, progress.id, other.id}
+    # The other allocation is not said again, and progress is not kept (the next says it).
+    assert [i for i in await _msg_ids(bus) if i in ours] == [started.id]
 
 
-def _started(job_id: str) -> Envelope[JobStarted]:
+def _started(job_id: str, allocation_id: str = "a-1") -> Envelope[JobStarted]:
     from shared.events.payloads import Environment, JobSpec
 
     spec = JobSpec(
@@ -209,7 +208,7 @@ def _started(job_id: str) -> Envelope[JobStarted]:
     return Envelope.wrap(
         JobStarted(
             job_id=job_id,
-            allocation_id="a-1",
+            allocation_id=allocation_id,
             node_id="n1",
             attempt=1,
             epoch=1,
