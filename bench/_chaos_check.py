@@ -11,8 +11,9 @@ and up to ``EXAMPLES`` examples), plus facts for the results table. The invarian
 
 - ``lost``: an accepted job the submission or the scheduler does not know;
 - ``duplicated``: a job of the suite's teams nobody was told about (a retried POST that made a
-  second job), a job with more than one succeeded allocation, or one with more than one
-  model version;
+  second job), or one with more than one model version. A job whose node was declared lost
+  and that finished there all the same while its next attempt ran too has two succeeded
+  allocations: real work, kept and billed (``facts["succeeded_twice"]``), not a duplicate;
 - ``not_terminal``: an accepted job that has not ended in the submission's or the
   scheduler's view (``legitimately_queued`` lets a caller allow QUEUED ones, e.g. a job that
   asks for more GPUs than exist);
@@ -354,9 +355,9 @@ def _jobs(
     succeeded: Counter[str] = Counter(
         a["job_id"] for a in db["allocations"].values() if a["outcome"] == "succeeded"
     )
-    for job_id, count in succeeded.items():
-        if count > 1 and job_id in accepted.jobs:
-            findings["duplicated"].add(f"{job_id}: {count} succeeded allocations")
+    facts["succeeded_twice"] = sum(
+        1 for job_id, count in succeeded.items() if count > 1 and job_id in accepted.jobs
+    )
     for job_id, versions in db["versions"].items():
         if len(versions) > 1:
             findings["duplicated"].add(f"{job_id}: {len(versions)} model versions")

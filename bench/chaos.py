@@ -380,10 +380,11 @@ def table(results: list[dict[str, Any]]) -> str:
     for r in results:
         lines += [
             "",
-            f"Recovery, {r['summary']['scenario']} (seconds from the fault's end; ready = every "
-            "process answers /readyz, probe = a job submitted then has ended with its cost):",
+            f"Recovery, {r['summary']['scenario']} (seconds from the fault's end; ready: every "
+            "process answers /readyz; recovered: ready, and a probe job submitted at the "
+            "fault's end has ended with its cost):",
             "",
-            "| fault | count | outage (s) | ready p50 | ready max | probe p50 | probe max |",
+            "| fault | count | outage (s) | ready p50 | ready max | recovered p50 | recovered max |",
             "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for kind, row in r["recovery"].items():
