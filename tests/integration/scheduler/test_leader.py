@@ -454,7 +454,8 @@ async def test_the_watchdog_deposes_a_leader_whose_lock_session_stops_answering(
             # check_s is 0.1: the query times out after 1 s.
             await until(lambda: not first.leadership.is_leader, timeout=6)
             assert first.stepped_down == 1
-            assert any(m.startswith("leader lock connection failed") for m in caplog.messages)
+            assert any(m.startswith("leader lock connection failed: ") for m in caplog.messages)
+            assert "lost the leader lock connection: no longer leading" in caplog.messages
         finally:
             if frozen is not None:
                 os.kill(frozen, signal.SIGCONT)
