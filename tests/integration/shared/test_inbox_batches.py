@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import asyncpg
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from shared.bus import Delivery
 from shared.events import Envelope, Payload
@@ -136,3 +137,16 @@ async def test_the_guard_runs_first_and_a_refusal_records_nothing(effects: async
     await idempotent(effects, "c1", apply, guard=allow)([a])
     assert calls == ["guard", "guard", "handler"]
     assert await _effects(effects) == ["job-a"]
+
+
+async def test_each_event_is_handled_in_a_span_of_its_consumer(
+    effects: asyncpg.Pool, spans: InMemorySpanExporter
+) -> None:
+    a, b = _delivery("job-a"), _delivery("job-b")
+    await idempotent(effects, "c1", _apply)([a, b, a])
+    handled = [s for s in spans.get_finished_spans() if s.name.endswith(" process")]
+    assert [s.attributes["messaging.message.id"] for s in handled] == [
+        a.envelope.id,
+        b.envelope.id,
+    ]
+    assert {s.attributes["messaging.consumer.group.name"] for s in handled} == {"c1"}
