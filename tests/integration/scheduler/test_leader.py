@@ -440,8 +440,16 @@ async def test_the_watchdog_deposes_a_leader_whose_lock_session_stops_answering(
     connection still open, so nothing reports its end): the watchdog's query times out and
     the leader stops leading on its own."""
     stop = asyncio.Event()
+    seen_by_work: list[bool] = []
+
+    class Observed(Candidate):
+        async def lead(self, stop_leading: asyncio.Event) -> None:
+            await super().lead(stop_leading)
+            # When the work is told to stop, the process already says it is not leading.
+            seen_by_work.append(self.leadership.is_leader)
+
     with caplog.at_level("INFO", logger="services.scheduler.leader"):
-        first = Candidate(database_url, stop, retry_s=0.2)
+        first = Observed(database_url, stop, retry_s=0.2)
         frozen: int | None = None
         try:
             await until(lambda: first.leadership.is_leader)
@@ -453,8 +461,9 @@ async def test_the_watchdog_deposes_a_leader_whose_lock_session_stops_answering(
             os.kill(frozen, signal.SIGSTOP)
             # check_s is 0.1: the query times out after 1 s.
             await until(lambda: not first.leadership.is_leader, timeout=6)
-            assert first.stepped_down == 1
-            assert any(m.startswith("leader lock connection failed: ") for m in caplog.messages)
+            assert first.stepped_down == 1 and seen_by_work == [False]
+            failed = [m for m in caplog.messages if m.startswith("leader lock connection failed")]
+            assert failed and "None" not in failed[0]  # names the failure
             assert "lost the leader lock connection: no longer leading" in caplog.messages
         finally:
             if frozen is not None:
