@@ -335,3 +335,22 @@ def test_borrowers_most_first_then_by_name() -> None:
     assert book.borrowers("c1", "a100") == [("b", 3), ("c", 3), ("a", 2)]
     assert book.borrowers("c1", "a100", exclude="b") == [("c", 3), ("a", 2)]
     assert book.borrowers("no-such-cohort", "a100") == []
+
+
+def test_freeing_gpus_of_a_member_that_keeps_quota_back_returns_only_what_it_drew() -> None:
+    # q0 keeps 3 of its 4 back (lends 1) and uses 4: it draws 1 from the pool of 3. Freeing
+    # 2 of its GPUs returns that 1, not 2; q1 (lends all its 2, uses 2) may then take one.
+    queues = [
+        Queue("q0", "t0", "c1", {"a100": 4}, {}, {"a100": 1}),
+        Queue("q1", "t1", "c1", {"a100": 2}),
+    ]
+    book, ref = QuotaBook(queues), Reference(queues)
+    for name, gpus in (("q0", 4), ("q1", 2)):
+        book.add(name, "a100", gpus)
+        ref.used[(name, "a100")] += gpus
+    assert book.pool("c1", "a100") == (3, 3)
+    for freed in ({"q0": 2}, {"q0": 1}, {"q0": 4}):
+        _same(book, ref, "q1", "a100", 1, freed)
+        _same(book, ref, "q1", "a100", 2, freed)
+    assert book.check("q1", "a100", 1, {"q0": 2}).ok
+    assert not book.check("q1", "a100", 2, {"q0": 2}).ok
