@@ -17,7 +17,9 @@ Contract:
 - ``consume`` runs a durable pull consumer: each message is parsed, handled, and acknowledged
   only after the handler returned (for database services: after its transaction committed).
   While a fetched batch is in hand its messages are kept in progress (``+WPI`` every third of
-  ``ack_wait``), so JetStream never redelivers them to anyone in parallel.
+  ``ack_wait``), so JetStream never redelivers them to anyone in parallel. No more than one
+  batch is ever unacknowledged (``max_ack_pending``): the batch a consumer held when it died
+  comes back after ``ack_wait``, before anything newer, so events stay in stream order.
 - A handler that fails because the infrastructure is unreachable (``infrastructure_fault``:
   PostgreSQL, NATS or the object store down, a connection lost, a pool or request timeout)
   is retried in place for as long as the outage lasts, with capped exponential back-off and
@@ -72,7 +74,7 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TypeVar
 
@@ -571,6 +573,9 @@ class Bus:
             # so many deliveries; this consumer decides instead (dead letter, with a reason).
             max_deliver=-1,
             ack_wait=self._settings.ack_wait_seconds,
+            # At most the batch in hand is unacknowledged: what a consumer that died held
+            # comes back (after ack_wait) before anything newer, so order survives a crash.
+            max_ack_pending=batch,
         )
         sub = await _DurablePull.bind(self, config)
         self._stops[consumer] = stop
@@ -870,16 +875,48 @@ class _DurablePull:
     """A pull subscription to a durable consumer that makes the consumer again when it is
     gone (its stream lost with the server's store): the fetch that finds it gone restores
     the streams (``Bus._restore_streams``), binds anew and raises ``ConsumerLostError``, an
-    outage the consumer waits out for a moment, so its loop sees the gap."""
+    outage the consumer waits out for a moment, so its loop sees the gap.
+
+    It keeps stream order across a consumer that died with messages in hand: binding, it
+    finds them still unacknowledged (``num_ack_pending``) and lowers the consumer's
+    ``max_ack_pending`` to their number, so the server delivers nothing newer until they
+    have come back (after ``ack_wait``) and been settled; then the limit is the batch
+    again."""
 
     def __init__(self, bus: Bus, config: api.ConsumerConfig, sub: Pull) -> None:
         self._bus = bus
         self._config = config
         self._sub = sub
+        self._holding = False
 
     @classmethod
     async def bind(cls, bus: Bus, config: api.ConsumerConfig) -> _DurablePull:
-        return cls(bus, config, await cls._subscribe(bus, config))
+        pull = cls(bus, config, await cls._subscribe(bus, config))
+        await pull._hold_newer_while_pending()
+        return pull
+
+    async def _hold_newer_while_pending(self) -> None:
+        name = self._config.durable_name
+        assert name is not None
+        info = await self._bus.jetstream.consumer_info(self._bus.settings.stream, name)
+        pending = info.num_ack_pending or 0
+        if pending and pending < (self._config.max_ack_pending or 0):
+            log.info(
+                "%s: %d messages of a consumer that stopped are unacknowledged: nothing newer "
+                "until they are back (after ack_wait)",
+                name,
+                pending,
+            )
+            await self._bus._ensure_consumer(replace(self._config, max_ack_pending=pending))
+            self._holding = True
+
+    async def _release_when_settled(self) -> None:
+        name = self._config.durable_name
+        assert name is not None
+        info = await self._bus.jetstream.consumer_info(self._bus.settings.stream, name)
+        if not info.num_ack_pending:
+            await self._bus._ensure_consumer(self._config)
+            self._holding = False
 
     @staticmethod
     async def _subscribe(bus: Bus, config: api.ConsumerConfig) -> Pull:
@@ -891,6 +928,8 @@ class _DurablePull:
 
     async def fetch(self, batch: int, timeout: float) -> list[Msg]:  # noqa: ASYNC109
         try:
+            if self._holding:  # what came before is settled once nothing is pending
+                await self._release_when_settled()
             return await self._sub.fetch(batch, timeout=timeout)
         except nats.js.errors.ServiceUnavailableError:
             # No one answers for the consumer: NATS is away (waited out), or the consumer
