@@ -64,6 +64,7 @@ from bench._chaos_platform import ChaosPlatform, PlatformConfig
 RESULTS = Path(__file__).parent / "results" / "chaos.json"
 SETTLING = frozenset(
     {
+        "lost",  # a job the scheduler has not consumed yet, until the deadline
         "not_terminal",
         "outbox_stuck",
         "views_disagreeing",
