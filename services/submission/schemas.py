@@ -35,10 +35,15 @@ from shared.events.payloads import (
     MAX_ARGS,
     MAX_ARGUMENT_CHARS,
     MAX_COMMAND,
+    MAX_EXPERIMENT,
     MAX_HYPERPARAMETERS,
     MAX_JOB_GPUS,
     MAX_JOB_RESTARTS,
     MAX_JOB_RUNTIME_SECONDS,
+    MAX_LABEL_KEY,
+    MAX_LABEL_VALUE,
+    MAX_LABELS,
+    MAX_PROJECT,
     MAX_REQUIREMENTS,
     MAX_SEED,
     HyperValue,
@@ -69,6 +74,12 @@ HYPERPARAMETERS_MAX_CHARS = 65_536
 ``\\uXXXX`` escapes, in one environment variable; Linux refuses a variable over 128 KiB and
 the job would never start)."""
 IDEMPOTENCY_KEY = re.compile(r"[\x20-\x7e]{1,200}")
+LABEL_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?")
+"""The name part of a label key, as Kubernetes has it: at most 63 characters, alphanumeric at
+both ends, ``-``, ``_`` and ``.`` inside."""
+LABEL_PREFIX = re.compile(r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*")
+"""The optional prefix of a label key (``example.com/`` in ``example.com/owner``): a DNS
+subdomain of at most 253 characters."""
 
 
 # --- code, command, requirements, image ----------------------------------------------------
@@ -198,6 +209,19 @@ def _requirement(value: str) -> str:
     return value
 
 
+def _label_key(value: str) -> str:
+    prefix, slash, name = value.rpartition("/")
+    if (not slash or (len(prefix) <= 253 and LABEL_PREFIX.fullmatch(prefix))) and (
+        LABEL_NAME.fullmatch(name)
+    ):
+        return value
+    raise ValueError(
+        f"label key {value!r} must be a Kubernetes-style key: [prefix/]name, the name at most "
+        "63 characters (letters, digits, '-', '_', '.'; a letter or digit at both ends), the "
+        "optional prefix a lowercase DNS subdomain (example.com)"
+    )
+
+
 def _git_url(value: str) -> str:
     if not GIT_URL.fullmatch(value):
         raise ValueError(
@@ -272,6 +296,10 @@ def _hyper_value(value: object) -> HyperValue:
 
 
 Name = Annotated[str, Field(min_length=1, max_length=100, pattern=NAME_PATTERN)]
+Project = Annotated[str, Field(min_length=1, max_length=MAX_PROJECT, pattern=NAME_PATTERN)]
+Experiment = Annotated[str, Field(min_length=1, max_length=MAX_EXPERIMENT, pattern=NAME_PATTERN)]
+LabelKey = Annotated[str, Field(min_length=1, max_length=MAX_LABEL_KEY), AfterValidator(_label_key)]
+LabelValue = Annotated[str, Field(max_length=MAX_LABEL_VALUE), AfterValidator(_one_line)]
 Hyper = Annotated[HyperValue, PlainValidator(_hyper_value)]
 
 
@@ -314,6 +342,14 @@ class JobRequest(BaseModel):
     max_restarts: Annotated[int, Field(ge=0, le=MAX_JOB_RESTARTS)] = 3
     priority: Annotated[str, Field(pattern=PRIORITY_PATTERN)] = "normal"
     """Name of the job's priority class (see ``PRIORITY_PATTERN``)."""
+    project: Project = "default"
+    """The team's project the job belongs to (a name like a job's)."""
+    experiment: Experiment | None = None
+    """The experiment the job is a run of (a name like a job's); runs of one experiment in
+    one team and project are compared side by side."""
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
+    """Key/value labels to find and group runs by: keys like Kubernetes label keys
+    (``[prefix/]name``), values of at most ``MAX_LABEL_VALUE`` characters on one line."""
 
     @field_validator("gpu_flavor")
     @classmethod

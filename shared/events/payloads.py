@@ -29,6 +29,13 @@ MAX_COMMAND = 200
 MAX_ARGUMENT_CHARS = 10_000
 MAX_REQUIREMENTS = 100
 MAX_HYPERPARAMETERS = 1000
+MAX_PROJECT = 100
+MAX_EXPERIMENT = 100
+MAX_LABELS = 64
+MAX_LABEL_KEY = 317
+"""A Kubernetes label key: an optional DNS-subdomain prefix (253) and ``/``, a name (63)."""
+MAX_LABEL_VALUE = 200
+"""Longer than Kubernetes' 63: a branch name or a short note fits."""
 
 FailureKind = Literal[
     "user_error",
@@ -124,6 +131,15 @@ class JobSpec(BaseModel):
     """Python requirements (PEP 508) installed into a cached virtual environment."""
     image: str | None = Field(default=None, max_length=300)
     """A container image to run in (the container executor) instead of a local process."""
+    project: str = Field(default="default", min_length=1, max_length=MAX_PROJECT)
+    """The team's project the job belongs to (``default`` when the spec names none)."""
+    experiment: str | None = Field(default=None, min_length=1, max_length=MAX_EXPERIMENT)
+    """The experiment (a named group of runs in the team and project) the job is a run of."""
+    labels: dict[
+        Annotated[str, Field(min_length=1, max_length=MAX_LABEL_KEY)],
+        Annotated[str, Field(max_length=MAX_LABEL_VALUE)],
+    ] = Field(default_factory=dict, max_length=MAX_LABELS)
+    """Free key/value labels (keys like Kubernetes label keys) to find and group runs by."""
 
 
 # --- submission ------------------------------------------------------------------

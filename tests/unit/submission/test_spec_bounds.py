@@ -107,6 +107,21 @@ BOUNDS: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
     ("dataset", {"dataset": "d" * 1000}, {"dataset": "d" * 1001}, "dataset"),
     ("max_restarts", {"max_restarts": 20}, {"max_restarts": 21}, "max_restarts"),
     ("priority", {"priority": "p" * 40}, {"priority": "p" * 41}, "priority"),
+    ("project", {"project": "p" * 100}, {"project": "p" * 101}, "project"),
+    ("experiment", {"experiment": "e" * 100}, {"experiment": "e" * 101}, "experiment"),
+    (
+        "labels",
+        {"labels": {f"k{i}": "v" for i in range(64)}},
+        {"labels": {f"k{i}": "v" for i in range(65)}},
+        "labels",
+    ),
+    (
+        "labels",
+        {"labels": {"d" * 253 + "/" + "n" * 63: "v"}},
+        {"labels": {"d" * 253 + "/" + "n" * 64: "v"}},
+        "labels.[key]",
+    ),
+    ("labels", {"labels": {"k": "v" * 200}}, {"labels": {"k": "v" * 201}}, "labels.k"),
 ]
 
 
@@ -123,8 +138,9 @@ def test_a_value_past_its_bound_is_named(
         ok, over = {"image": "r/" + "i" * 298}, {"image": "r/" + "i" * 299}
     _accepted(_body(**ok))  # and the wire spec takes what the API accepts
     errors = _errors(_body(**over))
-    if path == "hyperparameters.[key]":
-        assert list(errors) and all(e.startswith("hyperparameters") for e in errors), errors
+    if path.endswith(".[key]"):
+        prefix = path.removesuffix(".[key]")
+        assert list(errors) and all(e.startswith(prefix) for e in errors), errors
     else:
         assert path in errors, errors
 
@@ -234,3 +250,40 @@ def test_the_wire_spec_holds_consumers_to_the_same_bounds(
     with pytest.raises(ValidationError) as caught:
         JobSpec(**{**fields, **change})
     assert [e["loc"][0] for e in caught.value.errors()] == [field]
+
+
+@pytest.mark.parametrize(
+    "key", ["", "-a", "a-", "a b", "A.Example/x", "ex..com/x", "/x", "x/", "a/b/c", "k" * 64]
+)
+def test_a_label_key_must_look_like_a_kubernetes_one(key: str) -> None:
+    errors = _errors(_body(labels={key: "v"}))
+    assert list(errors) and all(e.startswith("labels") for e in errors), errors
+
+
+@pytest.mark.parametrize("key", ["team", "a.b_c-d", "example.com/owner", "k" * 63, "K8s"])
+def test_kubernetes_style_label_keys_are_accepted(key: str) -> None:
+    assert _accepted(_body(labels={key: "v"})).labels == {key: "v"}
+
+
+def test_project_experiment_and_labels_reach_the_wire_spec() -> None:
+    spec = _accepted(_body(project="vision", experiment="lr-sweep", labels={"stage": "dev"}))
+    assert (spec.project, spec.experiment, spec.labels) == ("vision", "lr-sweep", {"stage": "dev"})
+    plain = _accepted(_body())
+    assert (plain.project, plain.experiment, plain.labels) == ("default", None, {})
+    assert list(_errors(_body(project="a/b"))) == ["project"]
+    assert list(_errors(_body(labels={"k": "a\nb"}))) == ["labels.k"]
+
+
+def test_a_wire_spec_of_before_these_fields_reads_with_their_defaults() -> None:
+    old = JobSpec.model_validate(
+        {
+            "name": "n",
+            "team": "t",
+            "user": "u",
+            "gpus": 1,
+            "gpu_flavor": "h200",
+            "seed": 0,
+            "max_runtime_seconds": 60,
+        }
+    )
+    assert (old.project, old.experiment, old.labels) == ("default", None, {})
