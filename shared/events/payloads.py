@@ -303,6 +303,37 @@ class JobProgress(Payload):
     metrics: dict[str, float]
 
 
+MAX_METRIC_POINTS = 2000
+"""The most points one ``job.metrics`` carries: with keys of ``MAX_METRIC_KEY`` characters
+the event stays well under NATS's 1 MiB payload limit (about 500 KiB at worst)."""
+MAX_METRIC_KEY = 200
+
+
+class MetricPoint(BaseModel):
+    """One value a job reported for one metric at one step, when the runner received it."""
+
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="constants")
+
+    key: str = Field(min_length=1, max_length=MAX_METRIC_KEY)
+    step: int = Field(ge=0, le=2**63 - 1)
+    time: datetime
+    value: float
+    """Any float: NaN and infinities are kept (the event's JSON writes them as ``NaN``,
+    ``Infinity`` and ``-Infinity``)."""
+
+
+class JobMetrics(Payload):
+    """Every metric point a job reported, in batches, in the order it reported them
+    (``job.progress`` is the latest values only)."""
+
+    TYPE = "trainyard.job.metrics.v1"
+    job_id: str
+    allocation_id: str
+    seq: int = Field(ge=0)
+    """The batch's number within its allocation (0, 1, 2, ...)."""
+    points: list[MetricPoint] = Field(min_length=1, max_length=MAX_METRIC_POINTS)
+
+
 class CheckpointRef(BaseModel):
     """A complete checkpoint: its object, and the manifest written after it."""
 
@@ -426,6 +457,7 @@ EVENT_TYPES: dict[str, type[Payload]] = {
         RunnerHeartbeat,
         JobStarted,
         JobProgress,
+        JobMetrics,
         CheckpointSaved,
         JobSucceeded,
         JobFailed,
