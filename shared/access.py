@@ -4,7 +4,10 @@ Contract:
 - Every service's app is built with one app-level guard, so a route added later is
   authenticated without anyone remembering to. The only routes open to anyone are the probes
   in ``OPEN_PATHS`` (``/healthz``, ``/readyz``): they say whether the process is alive and
-  ready, nothing about the cluster.
+  ready, nothing about the cluster; and routes declared ``opt=public_asset()``: files that
+  ship with the code (the web dashboard's HTML, scripts and styles, and the public URLs of the
+  services it calls), which hold no data of anyone. The dashboard then calls the APIs with
+  the user's token like any other client.
 - ``service_guard`` (scheduler, registry, billing, runner) accepts two credentials in
   ``Authorization: Bearer <token>``:
   * the service's operator token (``TRAINYARD_<SERVICE>_ADMIN_TOKEN``, compared in constant
@@ -49,9 +52,22 @@ UNAUTHENTICATED: Final = (
 _PRINCIPAL: Final = "trainyard_principal"
 
 
+_PUBLIC_ASSET: Final = "public_asset"
+
+
+def public_asset() -> dict[str, Any]:
+    """The ``opt`` of a route that serves a file shipped with the code to anyone (see the
+    module): no token is asked for. Never for a route that reads the database or the store."""
+    return {_PUBLIC_ASSET: True}
+
+
 def is_open_probe(connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
-    """True when the request is for one of ``OPEN_PATHS`` (exactly: no prefix, no suffix)."""
-    return connection.scope["path"] in OPEN_PATHS
+    """True when the request is for one of ``OPEN_PATHS`` (exactly: no prefix, no suffix), or
+    for a route declared ``public_asset()``."""
+    if connection.scope["path"] in OPEN_PATHS:
+        return True
+    handler = connection.scope.get("route_handler")
+    return handler is not None and handler.opt.get(_PUBLIC_ASSET) is True
 
 
 def service_guard(admin_token: SecretStr, identity: IdentityClient | None = None) -> Guard:

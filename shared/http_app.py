@@ -18,6 +18,14 @@ it):
   ``operation_class=json_request_body(Model)``: the document shows the model's JSON Schema
   as the request body, while the handler still reads the bytes itself
   (``bytes_request_body`` for a raw upload).
+
+CORS (``cors_origins``, from ``TRAINYARD_CORS_ORIGINS``): off unless origins are configured;
+then pages of exactly those origins (the web dashboard's) may call the API from a browser.
+Preflights (``OPTIONS`` with ``Origin``) are answered before the guard, since browsers send
+them without credentials; every other request still needs its token and role (401/403 keep
+their CORS headers so the page can read them). No cookies are used (``allow_credentials`` is
+off): the dashboard sends ``Authorization: Bearer``. ``Link`` (the next page),
+``Retry-After`` and ``Location`` are exposed to scripts.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from litestar import Litestar, Router
+from litestar.config.cors import CORSConfig
 from litestar.di import Provide
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import OpenAPIConfig, ResponseSpec
@@ -162,6 +171,26 @@ def _http_handlers(route_handlers: Iterable[ControllerRouterHandler]) -> Iterato
             raise TypeError(f"{item!r}: give service_app route handlers and Routers")
 
 
+CORS_ALLOW_HEADERS: Final = ("Authorization", "Content-Type", "Idempotency-Key")
+CORS_EXPOSE_HEADERS: Final = ("Link", "Retry-After", "Location")
+
+
+def cors_config(origins: Sequence[str]) -> CORSConfig | None:
+    """CORS for exactly ``origins`` (None when there are none; see the module)."""
+    if not origins:
+        return None
+    if "*" in origins:
+        raise ValueError("CORS: name the origins; '*' is not allowed")
+    return CORSConfig(
+        allow_origins=list(origins),
+        allow_methods=["GET", "HEAD", "POST", "PUT", "DELETE"],
+        allow_headers=list(CORS_ALLOW_HEADERS),
+        expose_headers=list(CORS_EXPOSE_HEADERS),
+        allow_credentials=False,
+        max_age=600,
+    )
+
+
 def service_app(
     title: str,
     route_handlers: Sequence[ControllerRouterHandler],
@@ -169,11 +198,12 @@ def service_app(
     statuses: Mapping[type[Exception], int] | None = None,
     dependencies: Mapping[str, Provide] | None = None,
     errors: Iterable[int] = (),
+    cors_origins: Sequence[str] = (),
     **litestar_options: Any,
 ) -> Litestar:
     """The app of service ``title``: ``route_handlers`` behind ``guard`` (see the module);
     ``errors``: the error statuses every route of the service may answer besides
-    ``EVERY_ROUTE``."""
+    ``EVERY_ROUTE``; ``cors_origins``: the web origins that may call it from a browser."""
     everywhere = error_responses(*EVERY_ROUTE, *errors)
     for handler in _http_handlers(route_handlers):
         handler.responses = dict(sorted({**everywhere, **(handler.responses or {})}.items()))
@@ -199,5 +229,6 @@ def service_app(
             security=[{"bearer": []}],
         ),
         debug=False,
+        cors_config=cors_config(cors_origins),
         **litestar_options,
     )

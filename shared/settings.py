@@ -9,10 +9,15 @@ the prefix ``TRAINYARD_<SERVICE>_``. Nothing outside this module's subclasses re
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+import re
+from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+_ORIGIN = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+")
+"""A web origin: scheme, host and optional port; no path, no wildcard."""
 
 
 class NatsSettings(BaseSettings):
@@ -122,6 +127,29 @@ class ServiceSettings(BaseSettings):
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, validation_alias="TRAINYARD_CORS_ORIGINS"
+    )
+    """Web origins (``http://host:port``) whose pages may call this service's API from a
+    browser (the web dashboard's, i.e. the submission service's public URL), comma-separated
+    or a JSON list, shared by every service (no service prefix). Empty: no cross-origin
+    access. Requests still need a token; ``*`` is refused."""
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _origins(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip()
+            value = json.loads(text) if text.startswith("[") else text.split(",")
+        if not isinstance(value, list):
+            return value
+        origins = [str(item).strip().rstrip("/") for item in value if str(item).strip()]
+        for origin in origins:
+            if not _ORIGIN.fullmatch(origin):
+                raise ValueError(
+                    f"{origin!r} is not an origin: give scheme://host[:port] (no path, no *)"
+                )
+        return origins
 
 
 class GuardedServiceSettings(ServiceSettings):

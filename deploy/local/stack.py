@@ -20,7 +20,8 @@ The stack makes one random operator token at construction (``admin_token``) and 
 every service as ``TRAINYARD_<SERVICE>_ADMIN_TOKEN``: their operator endpoints (and the
 runner's ``/v1/node``) accept ``Authorization: Bearer <admin_token>``. Each of those services
 also gets ``TRAINYARD_<SERVICE>_IDENTITY_URL`` (the submission service), so users' own tokens
-work there too, within their role.
+work there too, within their role. The web dashboard on the submission service is told the
+scheduler's, registry's and billing's URLs, and those three allow its origin (CORS).
 
 Every child gets this process's environment without any inherited ``TRAINYARD_*``
 variable, then the stack's settings (``env``: infrastructure plus ``extra_env``), then its
@@ -103,6 +104,10 @@ come up and the first to stop taking work; runners stop while the scheduler stil
 ADMIN_TOKEN_SERVICES: Final = frozenset({"registry", "billing", "scheduler", "runner"})
 """The services with operator endpoints, which require ``TRAINYARD_<SERVICE>_ADMIN_TOKEN``
 (submission authenticates its users' tokens instead)."""
+_DASHBOARD_APIS: Final = ("scheduler", "registry", "billing")
+"""The APIs the web dashboard (``/ui/`` on submission) calls from the browser: submission gets
+their URLs (``TRAINYARD_SUBMISSION_<API>_PUBLIC_URL``), they get submission's origin as
+``TRAINYARD_CORS_ORIGINS``."""
 
 RUNNER_NODE_ID: Final = "local-node-1"
 RUNNER_FLAVOR: Final = "cpu"
@@ -660,6 +665,13 @@ class LocalStack:
         if kind in ADMIN_TOKEN_SERVICES and "submission" in self._ports:
             # They check user tokens with the submission service (shared.identity).
             env[f"TRAINYARD_{kind.upper()}_IDENTITY_URL"] = self.submission_url
+        if kind in _DASHBOARD_APIS and "submission" in self._ports:
+            # The web dashboard (served by submission) calls these APIs from the browser.
+            env["TRAINYARD_CORS_ORIGINS"] = self.submission_url
+        if kind == "submission":
+            for api in _DASHBOARD_APIS:
+                if api in self._ports:
+                    env[f"TRAINYARD_SUBMISSION_{api.upper()}_PUBLIC_URL"] = self.service_urls[api]
         # Logs must reach the file as they happen, not when a buffer fills.
         env["PYTHONUNBUFFERED"] = "1"
         no_proxy = ",".join(p for p in (env.get("NO_PROXY"), LOOPBACK, "localhost") if p)

@@ -8,6 +8,7 @@ and another team answers 404. Operators read any team's, or every team's without
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 import asyncpg
@@ -28,7 +29,10 @@ Caller = NamedDependency[Principal]
 
 
 def create_app(
-    pool: asyncpg.Pool, guard: Guard, health_handlers: list[HTTPRouteHandler]
+    pool: asyncpg.Pool,
+    guard: Guard,
+    health_handlers: list[HTTPRouteHandler],
+    cors_origins: Sequence[str] = (),
 ) -> Litestar:
     @get("/v1/usage", responses=error_responses(404))
     async def usage(
@@ -52,4 +56,9 @@ def create_app(
                 await repo.usage_by_job(conn, team),
             )
 
-    return service_app("billing", [*health_handlers, usage, audit_route(pool)], guard)
+    return service_app(
+        "billing",
+        [*health_handlers, usage, audit_route(pool)],
+        guard,
+        cors_origins=cors_origins,
+    )

@@ -11,6 +11,7 @@ so names cannot be probed. Authentication is the shared guard (``shared.access``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 import asyncpg
@@ -31,7 +32,10 @@ Caller = NamedDependency[Principal]
 
 
 def create_app(
-    pool: asyncpg.Pool, guard: Guard, health_handlers: list[HTTPRouteHandler]
+    pool: asyncpg.Pool,
+    guard: Guard,
+    health_handlers: list[HTTPRouteHandler],
+    cors_origins: Sequence[str] = (),
 ) -> Litestar:
     @get("/v1/models/{team:str}/{name:str}/versions", responses=error_responses(404))
     async def list_versions(
@@ -68,5 +72,8 @@ def create_app(
         return VersionDetail.from_domain(found)
 
     return service_app(
-        "registry", [*health_handlers, list_versions, get_version, audit_route(pool)], guard
+        "registry",
+        [*health_handlers, list_versions, get_version, audit_route(pool)],
+        guard,
+        cors_origins=cors_origins,
     )

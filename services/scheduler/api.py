@@ -231,6 +231,7 @@ def create_app(
     pool: asyncpg.Pool,
     guard: Guard,
     health_handlers: Sequence[HTTPRouteHandler] = (),
+    cors_origins: Sequence[str] = (),
 ) -> Litestar:
     """The scheduler's app over ``pool`` with the given health routes (see the module)."""
 
@@ -253,4 +254,5 @@ def create_app(
         [*health_handlers, queue, admin_router(pool), audit_route(pool)],
         guard,
         statuses={NotFound: 404, Conflict: 409},
+        cors_origins=cors_origins,
     )

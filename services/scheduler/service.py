@@ -111,5 +111,5 @@ async def serve(settings: Settings) -> int:
         health = [h for h in rt.health_handlers() if "/readyz" not in h.paths]
         guard = await rt.resources.enter_async_context(guard_for(settings))
         routes = [*health, readiness_handler(readiness), *deadletter_routes(bus, NAME, pool)]
-        app = create_app(pool, guard, routes)
+        app = create_app(pool, guard, routes, settings.cors_origins)
         return await rt.run(app)

@@ -37,3 +37,14 @@ class Settings(ServiceSettings):
     token_ttl_days: int | None = Field(default=90, ge=1, le=3660)
     """Lifetime of a new token (first tokens of users included) unless its request says
     otherwise; null: tokens never expire (not recommended)."""
+    scheduler_public_url: str | None = None
+    """The scheduler's API as browsers reach it (``http://host:port``), for the web
+    dashboard's queue and node pages (``GET /ui/config.json``); unset: those pages say the
+    server does not offer them. The scheduler must list this service's public origin in
+    ``TRAINYARD_CORS_ORIGINS``."""
+    registry_public_url: str | None = None
+    """The registry's API as browsers reach it, for the dashboard's models, experiments and
+    metric charts (see ``scheduler_public_url``)."""
+    billing_public_url: str | None = None
+    """Billing's API as browsers reach it, for the dashboard's costs page (see
+    ``scheduler_public_url``)."""
