@@ -68,6 +68,7 @@ from shared.events.payloads import (
     JobCancelled,
     JobCancelRequested,
     JobFailed,
+    JobMetrics,
     JobPending,
     JobPreempted,
     JobProgress,
@@ -119,7 +120,9 @@ _CONSUMES: dict[str, list[str]] = {
         JobFailed,
         JobPreempted,
     ),
-    "registry": _every(JobStarted, CheckpointSaved, JobSucceeded),
+    "registry": _every(
+        JobStarted, CheckpointSaved, JobSucceeded, JobFailed, JobCancelled, JobMetrics
+    ),
     "billing": _every(AllocationGranted, AllocationReleased),
 }
 SERVICE_KINDS = ("submission", "scheduler", "registry", "billing", "runner")

@@ -3,6 +3,7 @@
 - ``GET /v1/models/{team}/{name}/versions``: every version of a model, oldest first.
 - ``GET /v1/models/{team}/{name}/versions/{version}``: one version with its full lineage.
 - ``GET /v1/audit``: the audit log (operators).
+- Experiment tracking (metrics, experiments, runs, tags, notes): ``tracking_api``.
 
 Any user of ``team`` (viewer and up) reads that team's models and lineage; operators read
 every team's. Another team's model answers 404, exactly like a model that does not exist,
@@ -24,6 +25,7 @@ from litestar.types import Guard
 
 from services.registry import repository as repo
 from services.registry.schemas import VersionDetail, VersionList, VersionSummary
+from services.registry.tracking_api import tracking_routes
 from shared.audit import audit_route
 from shared.http_app import error_responses, service_app
 from shared.identity import Principal
@@ -73,7 +75,7 @@ def create_app(
 
     return service_app(
         "registry",
-        [*health_handlers, list_versions, get_version, audit_route(pool)],
+        [*health_handlers, list_versions, get_version, *tracking_routes(pool), audit_route(pool)],
         guard,
         cors_origins=cors_origins,
     )

@@ -11,27 +11,42 @@ Runs inside the transaction of ``shared.inbox.idempotent``.
   event is redelivered after it. A success without any checkpoint (reported or recorded)
   registers nothing: the job made no model, which is a normal outcome, not an error (logged,
   never dead-lettered).
+- Tracking (``tracking_repository``): ``job.started`` also puts the job in its experiment;
+  ``job.succeeded``, the scheduler's ``job.failed`` (the job's end; a runner's is one
+  attempt's) and ``job.cancelled`` end it; ``job.metrics`` points are stored in bulk, all of
+  a fetched batch's at once, after its other events (``dispatch_batch``).
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 import asyncpg
 
 from services.registry import domain
 from services.registry import repository as repo
+from services.registry import tracking_repository as tracking
 from services.registry.domain import ModelVersion, NoArtifact, Run, RunNotRecorded
 from shared import outbox
+from shared.bus import Delivery
 from shared.events import Envelope, Payload
-from shared.events.payloads import CheckpointSaved, JobStarted, JobSucceeded
+from shared.events.payloads import (
+    CheckpointSaved,
+    JobCancelled,
+    JobFailed,
+    JobMetrics,
+    JobStarted,
+    JobSucceeded,
+)
+from shared.events.trust import SCHEDULER
 
 log = logging.getLogger(__name__)
 
 SOURCE = "trainyard/registry"
+CONSUMER = "registry"
 
 Clock = Callable[[], datetime]
 
@@ -44,6 +59,20 @@ class RegistryHandlers:
     def __init__(self, clock: Clock = utc_now) -> None:
         self._clock = clock
 
+    async def dispatch_batch(
+        self, deliveries: Sequence[Delivery], conn: asyncpg.Connection
+    ) -> None:
+        """Every first-time event of a fetched batch, in one transaction (``shared.inbox``)."""
+        points: list[JobMetrics] = []
+        for delivery in deliveries:
+            with delivery.span(CONSUMER):
+                if isinstance(delivery.envelope.data, JobMetrics):
+                    points.append(delivery.envelope.data)
+                else:
+                    await self.dispatch(delivery.envelope, conn)
+        if points:
+            await tracking.ingest(conn, points)
+
     async def dispatch(self, envelope: Envelope[Payload], conn: asyncpg.Connection) -> None:
         match envelope.data:
             case JobStarted() as started:
@@ -52,10 +81,20 @@ class RegistryHandlers:
                 await self.on_checkpoint(conn, saved)
             case JobSucceeded() as succeeded:
                 await self.on_succeeded(conn, succeeded)
+                await tracking.record_ended(
+                    conn, succeeded.job_id, "succeeded", succeeded.finished_at
+                )
+            case JobFailed() as failed if envelope.source == SCHEDULER:
+                await tracking.record_ended(conn, failed.job_id, "failed", failed.finished_at)
+            case JobCancelled() as cancelled:
+                await tracking.record_ended(conn, cancelled.job_id, "cancelled", envelope.time)
+            case JobMetrics() as batch:
+                await tracking.ingest(conn, [batch])
             case _:
                 pass
 
     async def on_started(self, conn: asyncpg.Connection, started: JobStarted) -> None:
+        await tracking.record_started(conn, started, self._clock())
         if not await repo.insert_run(conn, Run.from_event(started), self._clock()):
             log.info("run %s of job %s recorded already", started.allocation_id, started.job_id)
 

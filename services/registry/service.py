@@ -12,15 +12,25 @@ from shared.bus import Bus
 from shared.db import migrate, open_pool, ping
 from shared.deadletters import deadletter_routes
 from shared.events import nats_subject
-from shared.events.payloads import CheckpointSaved, JobStarted, JobSucceeded
-from shared.inbox import idempotent
+from shared.events.payloads import (
+    CheckpointSaved,
+    JobCancelled,
+    JobFailed,
+    JobMetrics,
+    JobStarted,
+    JobSucceeded,
+)
+from shared.inbox import idempotent_batches
 from shared.outbox import OutboxRelay
 from shared.retention import Retention
 from shared.runtime import ServiceRuntime
 
 NAME = "registry"
 MIGRATIONS = Path(__file__).parent / "migrations"
-SUBJECTS = [nats_subject(JobStarted), nats_subject(CheckpointSaved), nats_subject(JobSucceeded)]
+SUBJECTS = [
+    nats_subject(payload)
+    for payload in (JobStarted, CheckpointSaved, JobSucceeded, JobFailed, JobCancelled, JobMetrics)
+]
 
 
 async def serve(settings: Settings) -> int:
@@ -35,7 +45,7 @@ async def serve(settings: Settings) -> int:
         rt.spawn(Retention(pool, settings.nats.retention_hours).run(rt.stopping), "retention")
         rt.spawn(
             bus.consume_batches(
-                NAME, SUBJECTS, idempotent(pool, NAME, handlers.dispatch), rt.stopping
+                NAME, SUBJECTS, idempotent_batches(pool, NAME, handlers.dispatch_batch), rt.stopping
             ),
             "events",
         )

@@ -17,7 +17,7 @@ from services.registry.service import MIGRATIONS, NAME, SUBJECTS
 from shared.bus import Bus
 from shared.db import migrate, open_pool
 from shared.events import Envelope, Payload, parse_envelope
-from shared.inbox import idempotent
+from shared.inbox import idempotent_batches
 from shared.outbox import OutboxRelay
 from shared.settings import DatabaseSettings, NatsSettings
 
@@ -43,7 +43,9 @@ async def registry(pool: asyncpg.Pool, bus: Bus) -> AsyncIterator[None]:
     tasks = [
         asyncio.create_task(OutboxRelay(pool, bus, idle_poll_s=0.2).run(stop)),
         asyncio.create_task(
-            bus.consume_batches(NAME, SUBJECTS, idempotent(pool, NAME, handlers.dispatch), stop)
+            bus.consume_batches(
+                NAME, SUBJECTS, idempotent_batches(pool, NAME, handlers.dispatch_batch), stop
+            )
         ),
     ]
     yield

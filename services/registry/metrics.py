@@ -1,0 +1,216 @@
+"""The pure rules of experiment tracking: which way a metric is better, how a batch of points
+updates a metric's summary, how a long series is cut into buckets for downsampling, and how
+non-finite floats travel in JSON.
+
+Contract:
+- ``metric_goal``: a metric is minimized or maximized. The job's labels decide first:
+  ``trainyard.io/minimize`` and ``trainyard.io/maximize`` each list metric keys, comma
+  separated. Otherwise a key with a word (split at anything but letters and digits) that is,
+  or ends in, ``loss`` or ``error``, or is one of ``err``, ``nll``, ``perplexity``, ``ppl``,
+  ``mse``, ``mae``, ``rmse``, ``wer``, ``cer``, ``latency``, ``regret``, is minimized; every
+  other key is maximized (accuracy, reward, f1, ...).
+- ``summarize``: count, first and last step (in report order), the last point (NaN
+  included), min and max over the values that are not NaN (None if all were NaN), and the
+  best value (min or max by the goal, not NaN) with its first step. ``merge`` of two
+  summaries is the summary of both batches in order.
+- Downsampling: a range of steps ``lo..hi`` is cut into ``bucket_count(max_points)`` buckets
+  of equal width (``bucket_width``); each bucket keeps its first and last point (by step,
+  then time), its min and its max (NaN aside) and its first NaN, duplicates removed
+  (``pick``), so a curve of any length keeps every extreme, about ``max_points`` points.
+  ``downsample`` is the same rule over points in memory (what the SQL does, for tests).
+- ``json_float``: NaN, +inf and -inf become the strings ``"NaN"``, ``"Infinity"``,
+  ``"-Infinity"``; every other float stays a number.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+Goal = Literal["min", "max"]
+JsonFloat = float | Literal["NaN", "Infinity", "-Infinity"]
+
+MINIMIZE_LABEL = "trainyard.io/minimize"
+MAXIMIZE_LABEL = "trainyard.io/maximize"
+_LOWER_IS_BETTER = frozenset(
+    {"err", "nll", "perplexity", "ppl", "mse", "mae", "rmse", "wer", "cer", "latency", "regret"}
+)
+_WORD = re.compile(r"[A-Za-z0-9]+")
+POINTS_PER_BUCKET = 4
+"""First, last, min and max (a bucket's first NaN is one more, where there is one)."""
+
+
+def _listed(labels: Mapping[str, str], label: str) -> set[str]:
+    return {k.strip() for k in labels.get(label, "").split(",") if k.strip()}
+
+
+def metric_goal(key: str, labels: Mapping[str, str] | None = None) -> Goal:
+    """Whether lower (``min``) or higher (``max``) values of ``key`` are better."""
+    labels = labels or {}
+    if key in _listed(labels, MINIMIZE_LABEL):
+        return "min"
+    if key in _listed(labels, MAXIMIZE_LABEL):
+        return "max"
+    for word in _WORD.findall(key.lower()):
+        if word.endswith(("loss", "error")) or word in _LOWER_IS_BETTER:
+            return "min"
+    return "max"
+
+
+@dataclass(frozen=True)
+class Point:
+    step: int
+    at: datetime
+    value: float
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What a metric's points so far come to (see the module docstring)."""
+
+    goal: Goal
+    count: int
+    first_step: int
+    last_step: int
+    last_time: datetime
+    last_value: float
+    min_value: float | None
+    max_value: float | None
+    best_value: float | None
+    best_step: int | None
+
+
+def _better(goal: Goal, new: float, old: float | None) -> bool:
+    return old is None or (new < old if goal == "min" else new > old)
+
+
+def summarize(points: Sequence[Point], goal: Goal) -> Summary:
+    """The summary of ``points`` (in report order; at least one)."""
+    if not points:
+        raise ValueError("a summary needs at least one point")
+    low: float | None = None
+    high: float | None = None
+    best: float | None = None
+    best_step: int | None = None
+    for p in points:
+        v = p.value
+        if v != v:  # NaN: kept in the series, never an extreme
+            continue
+        if low is None or v < low:
+            low = v
+        if high is None or v > high:
+            high = v
+        if _better(goal, v, best):
+            best, best_step = v, p.step
+    last = points[-1]
+    return Summary(
+        goal, len(points), points[0].step, last.step, last.at, last.value, low, high, best,
+        best_step,
+    )  # fmt: skip
+
+
+def merge(old: Summary, new: Summary) -> Summary:
+    """``old`` followed by ``new`` (the goal is ``old``'s)."""
+
+    take_new = new.best_value is not None and _better(old.goal, new.best_value, old.best_value)
+    return Summary(
+        goal=old.goal,
+        count=old.count + new.count,
+        first_step=old.first_step,
+        last_step=new.last_step,
+        last_time=new.last_time,
+        last_value=new.last_value,
+        min_value=_either(min, old.min_value, new.min_value),
+        max_value=_either(max, old.max_value, new.max_value),
+        best_value=new.best_value if take_new else old.best_value,
+        best_step=new.best_step if take_new else old.best_step,
+    )
+
+
+def _either(
+    choose: Callable[[float, float], float], a: float | None, b: float | None
+) -> float | None:
+    return b if a is None else a if b is None else choose(a, b)
+
+
+# --- downsampling ----------------------------------------------------------------------
+
+
+def bucket_count(max_points: int) -> int:
+    """How many buckets give about ``max_points`` points (4 per bucket)."""
+    if max_points < 1:
+        raise ValueError("max_points must be at least 1")
+    return max(1, max_points // POINTS_PER_BUCKET)
+
+
+def bucket_width(lo: int, hi: int, buckets: int) -> int:
+    """The width in steps of each of ``buckets`` buckets covering ``lo..hi`` (inclusive)."""
+    if hi < lo:
+        raise ValueError(f"an empty step range {lo}..{hi}")
+    span = hi - lo + 1
+    return max(1, -(-span // buckets))
+
+
+def _order(p: Point) -> tuple[int, datetime]:
+    return (p.step, p.at)
+
+
+def pick(candidates: Iterable[Point | None]) -> list[Point]:
+    """The candidates of every bucket, without repeats, in step order."""
+    seen: set[tuple[int, datetime, float | str]] = set()
+    kept: list[Point] = []
+    for p in candidates:
+        if p is None:
+            continue
+        identity = (p.step, p.at, "NaN" if p.value != p.value else p.value)
+        if identity not in seen:
+            seen.add(identity)
+            kept.append(p)
+    kept.sort(key=_order)
+    return kept
+
+
+def downsample(points: Sequence[Point], max_points: int) -> list[Point]:
+    """The rule of the module docstring over ``points`` in memory (the reference of the SQL
+    in ``tracking_repository.series_points``)."""
+    if len(points) <= max_points:
+        return sorted(points, key=_order)
+    lo = min(p.step for p in points)
+    hi = max(p.step for p in points)
+    width = bucket_width(lo, hi, bucket_count(max_points))
+    buckets: dict[int, list[Point]] = {}
+    for p in points:
+        buckets.setdefault((p.step - lo) // width, []).append(p)
+    chosen: list[Point | None] = []
+    for members in buckets.values():
+        finite = [p for p in members if p.value == p.value]
+        nans = [p for p in members if p.value != p.value]
+        chosen += [min(members, key=_order), max(members, key=_order)]
+        if finite:
+            chosen += [
+                min(finite, key=lambda p: (p.value, p.step, p.at)),
+                max(finite, key=lambda p: (p.value, p.step, p.at)),
+            ]
+        if nans:
+            chosen.append(min(nans, key=_order))
+    return pick(chosen)
+
+
+# --- JSON ------------------------------------------------------------------------------
+
+
+def json_float(value: float) -> JsonFloat:
+    """``value`` as JSON can carry it (module docstring)."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return value
+
+
+def json_float_or_none(value: float | None) -> JsonFloat | None:
+    return None if value is None else json_float(value)

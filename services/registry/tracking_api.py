@@ -1,0 +1,350 @@
+"""The registry's tracking API: metrics of a job, experiments and their runs, tags and notes.
+
+- ``GET /v1/jobs/{job_id}/metrics``: the summary of every metric of a job.
+- ``GET /v1/jobs/{job_id}/metrics/{key}?max_points&from_step&to_step``: one metric's
+  points; more than ``max_points`` are downsampled in SQL keeping each bucket's first, last,
+  min and max (``metrics``).
+- ``GET /v1/experiments?project``: the caller's team's experiments (an operator's: every
+  team's, or ``?team``), with run counts.
+- ``GET /v1/experiments/{id}?sort&order&filter&limit``: its runs, sorted or filtered by a
+  metric's final or best value (``sort=best:loss``, ``filter=final:accuracy>=0.9``).
+- ``GET /v1/experiments/{id}/compare?keys&jobs&max_points``: runs side by side.
+- ``PUT``/``DELETE /v1/jobs/{job_id}/tags/{tag}``, ``PUT /v1/jobs/{job_id}/note``: members.
+
+A job or experiment of another team answers 404, exactly like one that does not exist.
+Non-finite values are the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``. Invalid query
+parameters answer 422 naming the parameter (the platform's rule, ``shared.http_errors``).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import asyncpg
+from litestar import delete, get, put
+from litestar.di import NamedDependency
+from litestar.exceptions import NotFoundException
+from litestar.handlers import HTTPRouteHandler
+from litestar.params import FromPath, JSONBody, QueryParameter
+
+from services.registry import metrics
+from services.registry import tracking_repository as repo
+from services.registry.tracking_repository import RunFilter, RunOrder
+from services.registry.tracking_schemas import (
+    Comparison,
+    Experiment,
+    ExperimentList,
+    ExperimentRuns,
+    JobMetricList,
+    MetricCurve,
+    MetricPointRead,
+    MetricSummary,
+    NoteBody,
+    Run,
+    RunAnnotations,
+    RunMetric,
+)
+from shared import audit
+from shared.access import needs
+from shared.http_app import error_responses
+from shared.http_errors import RequestInvalid
+from shared.identity import Principal, Role
+
+Caller = NamedDependency[Principal]
+MaxPoints = Annotated[
+    int, QueryParameter(ge=4, le=100_000, description="downsample beyond this many points")
+]
+Step = Annotated[int | None, QueryParameter(ge=0, le=2**63 - 1)]
+_SORT = re.compile(r"(final|best):(.{1,200})")
+_FILTER = re.compile(r"(final|best):(.{1,200}?)(<=|>=|<|>)(.+)")
+_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
+_MAX_COMPARED = 50
+
+
+def parse_sort(sort: str | None, order: str | None) -> RunOrder | None:
+    if sort is None:
+        return None
+    found = _SORT.fullmatch(sort)
+    if found is None:
+        raise RequestInvalid.one("sort", "must be final:<metric key> or best:<metric key>")
+    field, key = found.group(1), found.group(2)
+    descending = metrics.metric_goal(key) == "max" if order is None else order == "desc"
+    return RunOrder("final" if field == "final" else "best", key, descending)
+
+
+def parse_filter(text: str | None) -> RunFilter | None:
+    if text is None:
+        return None
+    found = _FILTER.fullmatch(text)
+    value = _number(found.group(4)) if found else None
+    if found is None or value is None:
+        raise RequestInvalid.one(
+            "filter", "must be final:<key> or best:<key>, then <, <=, > or >=, then a number"
+        )
+    field, key, op = found.group(1), found.group(2), found.group(3)
+    ops: dict[str, repo.Comparison] = {"<": "<", "<=": "<=", ">": ">", ">=": ">="}
+    return RunFilter("final" if field == "final" else "best", key, ops[op], value)
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _names(text: str | None, field: str, most: int) -> list[str] | None:
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names or len(names) > most or any(len(n) > 200 for n in names):
+        raise RequestInvalid.one(field, f"must be 1 to {most} comma-separated names")
+    return list(dict.fromkeys(names))
+
+
+def _check_tag(tag: str) -> None:
+    if not _TAG.fullmatch(tag):
+        raise RequestInvalid.one(
+            "tag",
+            "must be 1 to 64 letters, digits, '_', '.', ':' or '-', not starting with one "
+            "of the last four",
+        )
+
+
+def _to_run(row: Any, by_job: dict[str, dict[str, RunMetric]], now: datetime) -> Run:
+    spec = row["spec"]
+    end = row["ended_at"] or now
+    return Run(
+        job_id=row["job_id"],
+        name=row["name"],
+        user=row["user_name"],
+        status=row["status"],
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+        duration_seconds=max(0.0, (end - row["started_at"]).total_seconds()),
+        hyperparameters=spec.get("hyperparameters", {}),
+        labels=spec.get("labels", {}),
+        tags=list(row["tags"]),
+        note=row["note"],
+        metrics=by_job.get(row["job_id"], {}),
+    )
+
+
+def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
+    """The routes of the module docstring, over the registry's pool."""
+
+    async def visible_job(conn: asyncpg.Connection, job_id: str, principal: Principal) -> None:
+        team = await repo.job_team(conn, job_id)
+        if team is None or not principal.may_see_team(team):
+            raise NotFoundException(f"no job {job_id!r} with tracked runs")
+
+    async def visible_experiment(
+        conn: asyncpg.Connection, experiment_id: int, principal: Principal
+    ) -> Experiment:
+        row = await repo.experiment(conn, experiment_id)
+        if row is None or not principal.may_see_team(row["team"]):
+            raise NotFoundException(f"no experiment {experiment_id}")
+        return Experiment(**dict(row))
+
+    async def runs_of(
+        conn: asyncpg.Connection,
+        experiment_id: int,
+        order: RunOrder | None = None,
+        where: RunFilter | None = None,
+        limit: int = 1000,
+        job_ids: list[str] | None = None,
+    ) -> list[Run]:
+        rows = await repo.runs(conn, experiment_id, order, where, limit, job_ids)
+        by_job: dict[str, dict[str, RunMetric]] = {}
+        for m in await repo.final_metrics(conn, [r["job_id"] for r in rows]):
+            by_job.setdefault(m["job_id"], {})[m["key"]] = RunMetric(
+                final=metrics.json_float(m["last_value"]),
+                best=metrics.json_float_or_none(m["best_value"]),
+                goal=m["goal"],
+            )
+        now = datetime.now(UTC)
+        return [_to_run(r, by_job, now) for r in rows]
+
+    @get("/v1/jobs/{job_id:str}/metrics", responses=error_responses(404))
+    async def job_metrics(job_id: FromPath[str], principal: Caller) -> JobMetricList:
+        async with pool.acquire() as conn:
+            await visible_job(conn, job_id, principal)
+            found = await repo.series_of_job(conn, job_id)
+        return JobMetricList(
+            job_id=job_id, metrics=[MetricSummary.from_domain(s.key, s.summary) for s in found]
+        )
+
+    @get("/v1/jobs/{job_id:str}/metrics/{key:path}", responses=error_responses(404))
+    async def metric_points(
+        job_id: FromPath[str],
+        key: FromPath[str],
+        principal: Caller,
+        max_points: MaxPoints = 1000,
+        from_step: Step = None,
+        to_step: Step = None,
+    ) -> MetricCurve:
+        key = key.lstrip("/")
+        if from_step is not None and to_step is not None and to_step < from_step:
+            raise RequestInvalid.one("to_step", "must not be less than from_step")
+        async with pool.acquire() as conn:
+            await visible_job(conn, job_id, principal)
+            found = await repo.series(conn, job_id, key)
+            if found is None:
+                raise NotFoundException(f"job {job_id!r} reported no metric {key!r}")
+            got = await repo.curve(conn, found, max_points, from_step, to_step)
+        return MetricCurve(
+            job_id=job_id,
+            key=key,
+            total=got.total,
+            downsampled=got.downsampled,
+            points=[MetricPointRead.from_domain(p) for p in got.points],
+        )
+
+    @get("/v1/experiments")
+    async def list_experiments(
+        principal: Caller,
+        project: Annotated[str | None, QueryParameter(min_length=1, max_length=100)] = None,
+        team: Annotated[
+            str | None,
+            QueryParameter(min_length=1, max_length=100, description="operators: one team"),
+        ] = None,
+    ) -> ExperimentList:
+        if not principal.is_operator:
+            if team is not None and team != principal.team:
+                return ExperimentList(experiments=[])
+            team = principal.team
+        async with pool.acquire() as conn:
+            rows = await repo.experiments(conn, team, project)
+        return ExperimentList(experiments=[Experiment(**dict(r)) for r in rows])
+
+    @get("/v1/experiments/{experiment_id:int}", responses=error_responses(404))
+    async def get_experiment(
+        experiment_id: FromPath[int],
+        principal: Caller,
+        sort: Annotated[str | None, QueryParameter(description="final:<key> or best:<key>")] = None,
+        order: Annotated[
+            str | None,
+            QueryParameter(
+                pattern="^(asc|desc)$", description="default: the metric's better end first"
+            ),
+        ] = None,
+        filter: Annotated[
+            str | None, QueryParameter(description="e.g. final:accuracy>=0.9, best:loss<0.5")
+        ] = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 1000,
+    ) -> ExperimentRuns:
+        run_order, where = parse_sort(sort, order), parse_filter(filter)
+        async with pool.acquire() as conn:
+            found = await visible_experiment(conn, experiment_id, principal)
+            shown = await runs_of(conn, experiment_id, run_order, where, limit)
+        return ExperimentRuns(experiment=found, runs=shown)
+
+    @get("/v1/experiments/{experiment_id:int}/compare", responses=error_responses(404))
+    async def compare(
+        experiment_id: FromPath[int],
+        principal: Caller,
+        keys: Annotated[
+            str | None, QueryParameter(description="metric keys, comma-separated")
+        ] = None,
+        jobs: Annotated[
+            str | None,
+            QueryParameter(
+                description=f"job ids, comma-separated (default: newest {_MAX_COMPARED})"
+            ),
+        ] = None,
+        max_points: Annotated[int, QueryParameter(ge=4, le=10_000)] = 500,
+    ) -> Comparison:
+        wanted = _names(keys, "keys", 20) or []
+        job_ids = _names(jobs, "jobs", _MAX_COMPARED)
+        async with pool.acquire() as conn:
+            found = await visible_experiment(conn, experiment_id, principal)
+            shown = await runs_of(conn, experiment_id, limit=_MAX_COMPARED, job_ids=job_ids)
+            curves: dict[str, dict[str, MetricCurve]] = {}
+            for key in wanted:
+                for run in shown:
+                    series = await repo.series(conn, run.job_id, key)
+                    if series is None:
+                        continue
+                    got = await repo.curve(conn, series, max_points)
+                    curves.setdefault(key, {})[run.job_id] = MetricCurve(
+                        job_id=run.job_id,
+                        key=key,
+                        total=got.total,
+                        downsampled=got.downsampled,
+                        points=[MetricPointRead.from_domain(p) for p in got.points],
+                    )
+        return Comparison(
+            experiment=found,
+            runs=shown,
+            differing_parameters=differing(shown),
+            final={
+                key: {r.job_id: (r.metrics[key].final if key in r.metrics else None) for r in shown}
+                for key in wanted or sorted({k for r in shown for k in r.metrics})
+            },
+            curves=curves,
+        )
+
+    @put("/v1/jobs/{job_id:str}/tags/{tag:str}", opt=needs(Role.MEMBER), status_code=200,
+         responses=error_responses(404))  # fmt: skip
+    async def put_tag(
+        job_id: FromPath[str], tag: FromPath[str], principal: Caller
+    ) -> RunAnnotations:
+        _check_tag(tag)
+        async with pool.acquire() as conn, conn.transaction():
+            await visible_job(conn, job_id, principal)
+            if await repo.add_tag(conn, job_id, tag, datetime.now(UTC)) and audit.must_record(
+                principal
+            ):
+                await audit.record(conn, principal, "tag run", job_id, {"tag": tag})
+            tags, note = await repo.tags_and_note(conn, job_id)
+        return RunAnnotations(job_id=job_id, tags=tags, note=note)
+
+    @delete("/v1/jobs/{job_id:str}/tags/{tag:str}", opt=needs(Role.MEMBER), status_code=200,
+            responses=error_responses(404))  # fmt: skip
+    async def delete_tag(
+        job_id: FromPath[str], tag: FromPath[str], principal: Caller
+    ) -> RunAnnotations:
+        _check_tag(tag)
+        async with pool.acquire() as conn, conn.transaction():
+            await visible_job(conn, job_id, principal)
+            if await repo.remove_tag(conn, job_id, tag) and audit.must_record(principal):
+                await audit.record(conn, principal, "untag run", job_id, {"tag": tag})
+            tags, note = await repo.tags_and_note(conn, job_id)
+        return RunAnnotations(job_id=job_id, tags=tags, note=note)
+
+    @put("/v1/jobs/{job_id:str}/note", opt=needs(Role.MEMBER), status_code=200,
+         responses=error_responses(404))  # fmt: skip
+    async def put_note(
+        job_id: FromPath[str], data: JSONBody[NoteBody], principal: Caller
+    ) -> RunAnnotations:
+        async with pool.acquire() as conn, conn.transaction():
+            await visible_job(conn, job_id, principal)
+            await repo.set_note(conn, job_id, data.note)
+            if audit.must_record(principal):
+                await audit.record(conn, principal, "note run", job_id, {"note": data.note})
+            tags, note = await repo.tags_and_note(conn, job_id)
+        return RunAnnotations(job_id=job_id, tags=tags, note=note)
+
+    return [
+        job_metrics,
+        metric_points,
+        list_experiments,
+        get_experiment,
+        compare,
+        put_tag,
+        delete_tag,
+        put_note,
+    ]
+
+
+def differing(runs: list[Run]) -> dict[str, dict[str, Any]]:
+    """Hyperparameter -> job id -> value, for the hyperparameters not equal in every run."""
+    names = sorted({name for r in runs for name in r.hyperparameters})
+    out: dict[str, dict[str, Any]] = {}
+    for name in names:
+        values = {r.job_id: r.hyperparameters.get(name) for r in runs}
+        if len({repr(v) for v in values.values()}) > 1:
+            out[name] = values
+    return out

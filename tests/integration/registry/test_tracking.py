@@ -1,0 +1,358 @@
+"""Experiment tracking against real PostgreSQL and NATS: metric points arrive through the bus,
+NaN and infinities survive the round trip, redelivery stores nothing twice, downsampling in
+SQL matches the rule, experiments, sorting and filtering, tags and notes, team isolation."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from services.registry import metrics
+from services.registry.api import create_app
+from services.registry.handlers import RegistryHandlers
+from shared.access import remember
+from shared.bus import Bus, Delivery
+from shared.events import Envelope
+from shared.events.payloads import (
+    JobCancelled,
+    JobMetrics,
+    JobSpec,
+    JobStarted,
+    JobSucceeded,
+    MetricPoint,
+)
+from shared.events.trust import RUNNER, SCHEDULER
+from shared.identity import Principal, Role
+from shared.inbox import idempotent_batches
+from tests.integration.registry.test_registry import ENV, client_of, publish
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("registry")]
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+NAN, INF = float("nan"), float("inf")
+
+
+def spec(team: str = "vision", experiment: str | None = "sweep", **hyper: Any) -> JobSpec:
+    return JobSpec(
+        name="digits",
+        team=team,
+        user="alice",
+        entrypoint="examples.digits_cnn",
+        gpus=1,
+        gpu_flavor="cpu",
+        hyperparameters=hyper or {"lr": 0.1, "epochs": 2},
+        seed=1,
+        max_runtime_seconds=600,
+        project="vision-research",
+        experiment=experiment,
+    )
+
+
+def started(job_id: str, job_spec: JobSpec) -> JobStarted:
+    return JobStarted(
+        job_id=job_id,
+        allocation_id=f"a-{job_id}",
+        node_id="node-a",
+        attempt=0,
+        epoch=1,
+        started_at=T0,
+        code_version=f"git:{0:040x} src:sha256:{'a' * 64}",
+        environment=ENV,
+        spec=job_spec,
+    )
+
+
+def batch(job_id: str, seq: int, key: str, values: list[float], first_step: int = 0) -> JobMetrics:
+    return JobMetrics(
+        job_id=job_id,
+        allocation_id=f"a-{job_id}",
+        seq=seq,
+        points=[
+            MetricPoint(
+                key=key, step=first_step + i, time=T0 + timedelta(seconds=first_step + i), value=v
+            )
+            for i, v in enumerate(values)
+        ],
+    )
+
+
+def app_as(pool: asyncpg.Pool, principal: Principal) -> httpx.AsyncClient:
+    """The registry's app with a guard that lets ``principal`` in (``service_guard`` with
+    user tokens is the endpoint auth matrix's to test)."""
+
+    async def guard(connection: Any, _: Any) -> None:
+        remember(connection, principal)
+
+    return client_of(create_app(pool, guard, []))
+
+
+VISION = Principal(user="alice", team="vision", role=Role.MEMBER, token_id=1)
+ML = Principal(user="bob", team="ml", role=Role.ADMIN, token_id=2)
+
+
+@pytest.fixture
+async def vision(pool: asyncpg.Pool) -> AsyncIterator[httpx.AsyncClient]:
+    async with app_as(pool, VISION) as client:
+        yield client
+
+
+async def wait_points(pool: asyncpg.Pool, job_id: str, count: int) -> None:
+    """Until the job's summaries count ``count`` points (and not more)."""
+    for _ in range(200):
+        got = await pool.fetchval(
+            "SELECT coalesce(sum(count), 0) FROM metric_series WHERE job_id = $1", job_id
+        )
+        if got >= count:
+            assert got == count
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"job {job_id}: fewer than {count} points arrived")
+
+
+def job() -> str:
+    return f"job-{uuid.uuid4().hex[:10]}"
+
+
+async def test_points_arrive_with_nan_and_infinities(
+    bus: Bus, pool: asyncpg.Pool, vision: httpx.AsyncClient
+) -> None:
+    j = job()
+    await publish(bus, started(j, spec()), j)
+    await publish(bus, batch(j, 0, "loss", [2.0, NAN, 1.0, -INF]), j)
+    await publish(bus, batch(j, 1, "accuracy", [0.1, INF, 0.5], first_step=1), j)
+    await publish(bus, batch(j, 2, "loss", [0.5, NAN], first_step=4), j)
+    await wait_points(pool, j, 9)
+
+    summary = (await vision.get(f"/v1/jobs/{j}/metrics")).json()
+    by_key = {m["key"]: m for m in summary["metrics"]}
+    loss = by_key["loss"]
+    assert (loss["goal"], loss["count"], loss["first_step"], loss["last_step"]) == ("min", 6, 0, 5)
+    assert (loss["last"], loss["min"], loss["max"], loss["best"], loss["best_step"]) == (
+        "NaN",
+        "-Infinity",
+        2.0,
+        "-Infinity",
+        3,
+    )
+    acc = by_key["accuracy"]
+    assert (acc["goal"], acc["best"], acc["last"]) == ("max", "Infinity", 0.5)
+
+    curve = (await vision.get(f"/v1/jobs/{j}/metrics/loss")).json()
+    assert curve["total"] == 6 and curve["downsampled"] is False
+    assert [p["value"] for p in curve["points"]] == [2.0, "NaN", 1.0, "-Infinity", 0.5, "NaN"]
+    part = (await vision.get(f"/v1/jobs/{j}/metrics/loss?from_step=1&to_step=3")).json()
+    assert [p["step"] for p in part["points"]] == [1, 2, 3] and part["total"] == 3
+
+
+async def test_keys_with_slashes(bus: Bus, pool: asyncpg.Pool, vision: httpx.AsyncClient) -> None:
+    j = job()
+    await publish(bus, started(j, spec()), j)
+    await publish(bus, batch(j, 0, "train/loss", [1.0, 0.5]), j)
+    await wait_points(pool, j, 2)
+    curve = (await vision.get(f"/v1/jobs/{j}/metrics/train/loss")).json()
+    assert curve["key"] == "train/loss" and len(curve["points"]) == 2
+
+
+async def test_redelivery_stores_nothing_twice(pool: asyncpg.Pool) -> None:
+    j = job()
+    apply = idempotent_batches(pool, "registry", RegistryHandlers().dispatch_batch)
+    start = Delivery(Envelope.wrap(started(j, spec()), source=RUNNER, subject=j))
+    points = [
+        Delivery(Envelope.wrap(batch(j, s, "loss", [1.0, 2.0]), source=RUNNER, subject=j))
+        for s in range(3)
+    ]
+    await apply([start, *points])
+    await apply(points[1:])  # a redelivery, partly of the same events
+    await apply([points[2], points[0]])
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM metric_points p JOIN metric_series s ON s.id = p.series_id "
+            "WHERE s.job_id = $1",
+            j,
+        )
+        == 6
+    )
+    assert await pool.fetchval("SELECT count FROM metric_series WHERE job_id = $1", j) == 6
+
+
+async def test_downsampling_in_sql_keeps_extremes(
+    pool: asyncpg.Pool, vision: httpx.AsyncClient
+) -> None:
+    j = job()
+    apply = idempotent_batches(pool, "registry", RegistryHandlers().dispatch_batch)
+    values = [math.sin(i / 300) for i in range(20_000)]
+    values[7_777] = 40.0
+    values[15_001] = -40.0
+    values[19_000] = NAN
+    deliveries = [Delivery(Envelope.wrap(started(j, spec()), source=RUNNER, subject=j))]
+    for seq, first in enumerate(range(0, len(values), 2000)):
+        deliveries.append(
+            Delivery(
+                Envelope.wrap(
+                    batch(j, seq, "loss", values[first : first + 2000], first),
+                    source=RUNNER,
+                    subject=j,
+                )
+            )
+        )
+    await apply(deliveries)
+    curve = (await vision.get(f"/v1/jobs/{j}/metrics/loss?max_points=400")).json()
+    assert curve["downsampled"] is True and curve["total"] == 20_000
+    got = [(p["step"], p["value"]) for p in curve["points"]]
+    expected = metrics.downsample(
+        [metrics.Point(i, T0 + timedelta(seconds=i), v) for i, v in enumerate(values)], 400
+    )
+    assert got == [(p.step, metrics.json_float(p.value)) for p in expected]
+    assert (7_777, 40.0) in got and (15_001, -40.0) in got and (19_000, "NaN") in got
+
+
+async def test_bad_parameters_name_the_field(
+    bus: Bus, pool: asyncpg.Pool, vision: httpx.AsyncClient
+) -> None:
+    j = job()
+    await publish(bus, started(j, spec()), j)
+    await publish(bus, batch(j, 0, "loss", [1.0]), j)
+    await wait_points(pool, j, 1)
+    experiment_id = (await vision.get("/v1/experiments")).json()["experiments"][0]["id"]
+    for path, field in [
+        (f"/v1/jobs/{j}/metrics/loss?max_points=1", "max_points"),
+        (f"/v1/jobs/{j}/metrics/loss?max_points=many", "max_points"),
+        (f"/v1/jobs/{j}/metrics/loss?from_step=-1", "from_step"),
+        (f"/v1/jobs/{j}/metrics/loss?from_step=5&to_step=2", "to_step"),
+        (f"/v1/experiments/{experiment_id}?sort=worst:loss", "sort"),
+        (f"/v1/experiments/{experiment_id}?order=up", "order"),
+        (f"/v1/experiments/{experiment_id}?filter=best:loss~1", "filter"),
+        (f"/v1/experiments/{experiment_id}/compare?keys=,", "keys"),
+    ]:
+        response = await vision.get(path)
+        assert response.status_code == 422, (path, response.text)
+        fields = [e["field"] for e in response.json()["errors"]]
+        assert any(field in f for f in fields), (path, response.json())
+    response = await vision.put(f"/v1/jobs/{j}/tags/-bad", json=None)
+    assert response.status_code == 422 and response.json()["errors"][0]["field"] == "tag"
+
+
+async def test_experiments_runs_sorting_filtering_and_compare(
+    bus: Bus, pool: asyncpg.Pool, vision: httpx.AsyncClient
+) -> None:
+    experiment = f"sweep-{uuid.uuid4().hex[:6]}"
+    jobs = [job() for _ in range(3)]
+    finals = [0.3, 0.1, 0.2]
+    for i, j in enumerate(jobs):
+        await publish(bus, started(j, spec(experiment=experiment, lr=0.1 * (i + 1), epochs=2)), j)
+        await publish(bus, batch(j, 0, "loss", [1.0, finals[i] / 2, finals[i]]), j)
+        await publish(bus, batch(j, 1, "accuracy", [0.5 + i / 10]), j)
+    await publish(
+        bus,
+        JobSucceeded(
+            job_id=jobs[0],
+            allocation_id=f"a-{jobs[0]}",
+            node_id="node-a",
+            epoch=1,
+            finished_at=T0 + timedelta(minutes=10),
+            metrics={},
+        ),
+        jobs[0],
+    )
+    await bus.publish(
+        Envelope.wrap(JobCancelled(job_id=jobs[1], reason="x"), source=SCHEDULER, subject=jobs[1])
+    )
+    for j in jobs:
+        await wait_points(pool, j, 4)
+
+    listed = (await vision.get("/v1/experiments?project=vision-research")).json()["experiments"]
+    mine = next(e for e in listed if e["name"] == experiment)
+    assert (mine["team"], mine["project"], mine["runs"]) == ("vision", "vision-research", 3)
+    eid = mine["id"]
+
+    for _ in range(100):
+        runs = (await vision.get(f"/v1/experiments/{eid}?sort=final:loss")).json()["runs"]
+        if {r["status"] for r in runs} == {"succeeded", "cancelled", "running"}:
+            break
+        await asyncio.sleep(0.05)
+    assert [r["job_id"] for r in runs] == [jobs[1], jobs[2], jobs[0]]
+    first = runs[2]
+    assert first["status"] == "succeeded" and first["duration_seconds"] == 600.0
+    assert first["hyperparameters"] == {"lr": 0.1, "epochs": 2}
+    assert first["metrics"]["loss"] == {"final": 0.3, "best": 0.15, "goal": "min"}
+    best_acc = (await vision.get(f"/v1/experiments/{eid}?sort=best:accuracy")).json()["runs"]
+    assert [r["job_id"] for r in best_acc] == [jobs[2], jobs[1], jobs[0]]
+    ascending = (await vision.get(f"/v1/experiments/{eid}?sort=best:accuracy&order=asc")).json()
+    assert [r["job_id"] for r in ascending["runs"]] == [jobs[0], jobs[1], jobs[2]]
+    low = (await vision.get(f"/v1/experiments/{eid}?filter=final:loss<=0.2")).json()["runs"]
+    assert {r["job_id"] for r in low} == {jobs[1], jobs[2]}
+
+    compared = (await vision.get(f"/v1/experiments/{eid}/compare?keys=loss,accuracy")).json()
+    assert set(compared["differing_parameters"]) == {"lr"}
+    assert compared["final"]["loss"] == {jobs[0]: 0.3, jobs[1]: 0.1, jobs[2]: 0.2}
+    assert len(compared["curves"]["loss"][jobs[0]]["points"]) == 3
+    assert set(compared["curves"]["accuracy"]) == set(jobs)
+
+
+async def test_a_job_without_an_experiment_is_in_one_named_after_it(
+    bus: Bus, pool: asyncpg.Pool, vision: httpx.AsyncClient
+) -> None:
+    j = job()
+    await publish(bus, started(j, spec(experiment=None)), j)
+    await publish(bus, batch(j, 0, "loss", [1.0]), j)
+    await wait_points(pool, j, 1)
+    names = {e["name"] for e in (await vision.get("/v1/experiments")).json()["experiments"]}
+    assert "digits" in names
+
+
+async def test_tags_and_notes(bus: Bus, pool: asyncpg.Pool, vision: httpx.AsyncClient) -> None:
+    j = job()
+    await publish(bus, started(j, spec()), j)
+    await publish(bus, batch(j, 0, "loss", [1.0]), j)
+    await wait_points(pool, j, 1)
+    assert (await vision.put(f"/v1/jobs/{j}/tags/baseline")).json()["tags"] == ["baseline"]
+    assert (await vision.put(f"/v1/jobs/{j}/tags/best-lr")).json()["tags"] == [
+        "baseline",
+        "best-lr",
+    ]
+    assert (await vision.put(f"/v1/jobs/{j}/tags/baseline")).status_code == 200
+    assert (await vision.delete(f"/v1/jobs/{j}/tags/baseline")).json()["tags"] == ["best-lr"]
+    noted = await vision.put(f"/v1/jobs/{j}/note", json={"note": "lr too high"})
+    assert noted.status_code == 200 and noted.json()["note"] == "lr too high"
+    async with app_as(
+        pool, Principal(user="op", team=None, role=Role.OPERATOR, token_id=None)
+    ) as operator:
+        assert (await operator.put(f"/v1/jobs/{j}/tags/checked")).status_code == 200
+    audit = await pool.fetch("SELECT action, target, detail FROM audit_log WHERE target = $1", j)
+    assert [(r["action"], r["detail"]) for r in audit] == [("tag run", {"tag": "checked"})]
+
+
+async def test_another_teams_job_and_experiment_answer_404(
+    bus: Bus, pool: asyncpg.Pool, vision: httpx.AsyncClient
+) -> None:
+    j = job()
+    await publish(bus, started(j, spec(team="vision")), j)
+    await publish(bus, batch(j, 0, "loss", [1.0]), j)
+    await wait_points(pool, j, 1)
+    eid = (await vision.get("/v1/experiments")).json()["experiments"][0]["id"]
+    async with app_as(pool, ML) as ml:
+        for method, path in [
+            ("GET", f"/v1/jobs/{j}/metrics"),
+            ("GET", f"/v1/jobs/{j}/metrics/loss"),
+            ("GET", f"/v1/experiments/{eid}"),
+            ("GET", f"/v1/experiments/{eid}/compare"),
+            ("PUT", f"/v1/jobs/{j}/tags/x"),
+            ("DELETE", f"/v1/jobs/{j}/tags/x"),
+        ]:
+            response = await ml.request(method, path)
+            assert response.status_code == 404, (method, path, response.text)
+        assert (await ml.put(f"/v1/jobs/{j}/note", json={"note": "x"})).status_code == 404
+        mine = (await ml.get("/v1/experiments")).json()["experiments"]
+        assert all(e["team"] == "ml" for e in mine)
+        assert (await ml.get("/v1/experiments?team=vision")).json()["experiments"] == []
+    missing = await vision.get("/v1/jobs/no-such-job/metrics")
+    assert missing.status_code == 404
+    assert (await vision.get(f"/v1/jobs/{j}/metrics/nope")).status_code == 404
