@@ -1,6 +1,6 @@
 """``trainyard``: submit, follow, list and cancel training jobs from a shell.
 
-    trainyard submit job.json [--follow]     submit a job spec (and follow it to the end)
+    trainyard submit job.yaml [--follow]     submit a job spec (and follow it to the end)
               [--workdir DIR | --no-code]    with the code of DIR (default: the spec's folder)
     trainyard status JOB_ID                  the job's status, metrics, model and cost
     trainyard logs JOB_ID [-f]               the job's output (and follow it to the end)
@@ -42,6 +42,7 @@ from trainyard import cli_access
 from trainyard.bundle import DEFAULT_MAX_BYTES, BundleError, format_size, pack
 from trainyard.cli_deadletters import add_deadletter_commands, run_deadletters
 from trainyard.client import SETTLE_SECONDS, TrainyardClient, TrainyardError
+from trainyard.spec import SpecError, SpecFile, load, schema_text
 
 LOG_POLL_SECONDS = 1.0
 
@@ -83,8 +84,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="trainyard", description="Trainyard: training jobs on shared GPUs.", parents=[common]
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    submit = commands.add_parser("submit", parents=[common], help="submit a job spec (JSON file)")
-    submit.add_argument("file", type=Path, help="job spec, e.g. examples/digits.job.json")
+    submit = commands.add_parser("submit", parents=[common], help="submit a job spec file")
+    submit.add_argument("file", type=Path, help="job spec (YAML or JSON): examples/digits.job.yaml")
     submit.add_argument("--follow", action="store_true", help="follow the job until it ends")
     submit.add_argument(
         "--timeout", type=float, default=86_400.0, help="seconds --follow waits (default 1 day)"
@@ -111,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     logs.add_argument(
         "-f", "--follow", action="store_true", help="keep printing until the job has ended"
     )
+    commands.add_parser("schema", help="print the JSON Schema of a job spec file")
     cli_access.add_commands(commands, common)
     add_deadletter_commands(commands, common)
     return parser
@@ -138,10 +140,17 @@ def _status(value: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "schema":
+        print(schema_text(), end="")
+        return 0
     try:
         settings = _settings()
         with _client(args, settings) as client:
             return _run(client, args, settings)
+    except SpecError as exc:
+        for line in str(exc).splitlines():
+            print(f"trainyard: error: {line}", file=sys.stderr)
+        return 1
     except (CliError, BundleError) as exc:
         return _fail(str(exc))
     except TrainyardError as exc:
@@ -214,11 +223,17 @@ def _run(client: TrainyardClient, args: argparse.Namespace, settings: CliSetting
 def _submit(
     client: TrainyardClient, args: argparse.Namespace, as_json: bool, settings: CliSettings
 ) -> int:
-    spec = read_spec(args.file)
+    loaded = read_spec(args.file)
+    spec = loaded.spec
     if not args.no_code and "code" not in spec:
         workdir = args.workdir if args.workdir is not None else args.file.parent
         spec["code"] = upload_code(client, workdir, settings.bundle_max_bytes)
-    view = client.submit(spec, idempotency_key=args.idempotency_key)
+    try:
+        view = client.submit(spec, idempotency_key=args.idempotency_key)
+    except TrainyardError as exc:
+        if exc.status == 422 and exc.errors:
+            raise loaded.explain(exc.errors) from None
+        raise
     if not args.follow:
         print(_dumps(view) if as_json else f"submitted job {view['id']} ({view['name']})")
         return 0
@@ -349,21 +364,9 @@ class LogFollower:
             self._open_line = not text.endswith("\n")
 
 
-def read_spec(path: Path) -> dict[str, Any]:
-    """A job spec file: one JSON object."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        spec = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CliError(
-            f"{path} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
-        ) from None
-    if not isinstance(spec, dict):
-        raise CliError(f"{path} must hold one JSON object (the job spec)")
-    return spec
+def read_spec(path: Path) -> SpecFile:
+    """A job spec file (YAML or JSON, ``trainyard.spec``); warnings go to stderr."""
+    return load(path, warn=lambda message: print(f"warning: {message}", file=sys.stderr))
 
 
 class FollowPrinter:

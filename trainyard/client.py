@@ -87,6 +87,26 @@ class TrainyardClient:
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self._object("GET", f"/v1/jobs/{_segment(job_id)}")
 
+    def list_page(
+        self, limit: int = 50, after: str | None = None, **filters: str | None
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of the team's jobs, newest first, and the cursor of the next (None: no
+        more). ``filters``: ``status``, ``id_prefix``, ... as ``GET /v1/jobs`` takes them."""
+        params: dict[str, str | int] = {"limit": min(limit, LIST_PAGE_MAX)}
+        params.update({k: v for k, v in filters.items() if v})
+        if after:
+            params["after"] = after
+        response = self._response("GET", "/v1/jobs", params=params)
+        page = _json(response)
+        if not isinstance(page, list):
+            raise TrainyardError(0, "unexpected response: expected a list of jobs")
+        cursor = httpx.URL(response.links.get("next", {}).get("url", "")).params.get("after")
+        return page, cursor or None
+
+    def get(self, path: str, **params: str | int | None) -> Any:
+        """The JSON answer of ``GET path`` (any endpoint of this base URL)."""
+        return self._request("GET", path, params={k: v for k, v in params.items() if v is not None})
+
     def list_jobs(self, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         """The team's newest ``limit`` jobs, newest first (optionally only those in
         ``status``). The server gives at most ``LIST_PAGE_MAX`` a request; more are fetched

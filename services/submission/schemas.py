@@ -50,6 +50,7 @@ from shared.events.payloads import (
     JobSpec,
 )
 from shared.http_errors import FieldError, RequestInvalid, field_errors
+from shared.suggest import unknown_field
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,100}$"
 PRIORITY_PATTERN = r"^[a-z][a-z0-9-]{0,39}$"
@@ -73,6 +74,9 @@ HYPERPARAMETERS_MAX_CHARS = 65_536
 """The longest the hyperparameters may be as the runner hands them to the job (JSON with
 ``\\uXXXX`` escapes, in one environment variable; Linux refuses a variable over 128 KiB and
 the job would never start)."""
+API_VERSION = "trainyard.dev/v1"
+"""The ``apiVersion`` of a job spec; with ``kind: Job`` it names the spec's format."""
+JOB_SCHEMA_ID = "https://trainyard.dev/schemas/job.v1.json"
 IDEMPOTENCY_KEY = re.compile(r"[\x20-\x7e]{1,200}")
 LABEL_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?")
 """The name part of a label key, as Kubernetes has it: at most 63 characters, alphanumeric at
@@ -300,15 +304,31 @@ Project = Annotated[str, Field(min_length=1, max_length=MAX_PROJECT, pattern=NAM
 Experiment = Annotated[str, Field(min_length=1, max_length=MAX_EXPERIMENT, pattern=NAME_PATTERN)]
 LabelKey = Annotated[str, Field(min_length=1, max_length=MAX_LABEL_KEY), AfterValidator(_label_key)]
 LabelValue = Annotated[str, Field(max_length=MAX_LABEL_VALUE), AfterValidator(_one_line)]
-Hyper = Annotated[HyperValue, PlainValidator(_hyper_value)]
+Hyper = Annotated[
+    HyperValue, PlainValidator(_hyper_value, json_schema_input_type=bool | int | float | str)
+]
 
 
 class JobRequest(BaseModel):
-    """The body of ``POST /v1/jobs``."""
+    """The body of ``POST /v1/jobs``, and a job spec file (``trainyard submit``).
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    ``apiVersion`` and ``kind`` may be left out: like Kubernetes' API server, the endpoint
+    says what it takes; when given they must be ``trainyard.dev/v1`` and ``Job``."""
 
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        frozen=True,
+        use_attribute_docstrings=True,
+        title="Trainyard job spec",
+    )
+
+    api_version: Literal["trainyard.dev/v1"] | None = Field(default=None, alias="apiVersion")
+    """The spec's format: ``trainyard.dev/v1``."""
+    kind: Literal["Job"] | None = None
+    """What the file describes: ``Job``."""
     name: Name
+    """The job's name (letters, digits, ``.``, ``_``, ``-``); need not be unique."""
     team: Name | None = None
     """Defaults to the caller's team; any other team is refused (403)."""
     entrypoint: Entrypoint | None = None
@@ -326,7 +346,9 @@ class JobRequest(BaseModel):
     image: Image | None = None
     """A container image to run the job in."""
     args: list[Argument] = Field(default_factory=list, max_length=MAX_ARGS)
+    """Arguments after the entrypoint (``python -m module ARGS``)."""
     gpus: Annotated[int, Field(ge=1, le=MAX_JOB_GPUS)]
+    """How many GPUs the job holds (a gang over several nodes when no node has them all)."""
     gpu_flavor: Annotated[str, Field(min_length=1, max_length=100)]
     """One of the submission service's ``flavors`` when parsed with them, else any name
     matching ``FLAVOR_PATTERN``."""
@@ -335,11 +357,15 @@ class JobRequest(BaseModel):
     )
     """At most ``MAX_HYPERPARAMETERS``, and ``HYPERPARAMETERS_MAX_CHARS`` as the job gets them."""
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
+    """The seed the job's RNGs start from (``TRAINYARD_SEED``)."""
     max_runtime_seconds: Annotated[int, Field(ge=1, le=MAX_JOB_RUNTIME_SECONDS)] = 3600
+    """The job is stopped (FAILED, ``max_runtime``) after running this long."""
     dataset: (
         Annotated[str, Field(min_length=1, max_length=1000), AfterValidator(_one_line)] | None
     ) = None
+    """A dataset URI the job reads (recorded in the model's lineage)."""
     max_restarts: Annotated[int, Field(ge=0, le=MAX_JOB_RESTARTS)] = 3
+    """How often a failed attempt is restarted from the latest checkpoint."""
     priority: Annotated[str, Field(pattern=PRIORITY_PATTERN)] = "normal"
     """Name of the job's priority class (see ``PRIORITY_PATTERN``)."""
     project: Project = "default"
@@ -349,7 +375,8 @@ class JobRequest(BaseModel):
     one team and project are compared side by side."""
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
     """Key/value labels to find and group runs by: keys like Kubernetes label keys
-    (``[prefix/]name``), values of at most ``MAX_LABEL_VALUE`` characters on one line."""
+    (``[prefix/]name``, the name at most 63 characters), values of at most 200 characters
+    on one line; at most 64 labels."""
 
     @field_validator("gpu_flavor")
     @classmethod
@@ -392,7 +419,7 @@ class JobRequest(BaseModel):
 
     def to_spec(self, user: str, team: str) -> JobSpec:
         """The wire spec, as submitted by ``user`` of ``team``."""
-        fields = self.model_dump(exclude={"team"})
+        fields = self.model_dump(exclude={"team", "api_version", "kind"})
         fields["entrypoint"] = self.entrypoint or ""
         fields["command"] = list(self.command or [])
         return JobSpec(**fields, user=user, team=team)
@@ -514,13 +541,44 @@ def parse_job_request(body: bytes, flavors: Sequence[str]) -> JobRequest:
     try:
         return JobRequest.model_validate_json(body, context={"flavors": list(flavors)})
     except ValidationError as exc:
-        errors = [_without_tag(e) for e in field_errors(exc)]
+        errors = [_without_tag(_suggested(e)) for e in field_errors(exc)]
         # The model check of entrypoint/command runs only once every field is valid; name
         # its problem together with the others.
         problem = _program_problem_of(body)
         if problem is not None and problem.field not in {e.field for e in errors}:
             errors.append(problem)
         raise RequestInvalid(errors, "invalid job spec") from None
+
+
+def known_fields(path: str) -> list[str]:
+    """The field names a job spec takes in the object at ``path`` (``""``: the spec itself,
+    ``code.bundle``/``code.git``: a code reference of that kind, ``code``: either)."""
+    models: dict[str, list[type[BaseModel]]] = {
+        "": [JobRequest],
+        "code": [BundleCode, GitCode],
+        "code.bundle": [BundleCode],
+        "code.git": [GitCode],
+    }
+    return sorted(
+        {info.alias or name for m in models.get(path, []) for name, info in m.model_fields.items()}
+    )
+
+
+def _suggested(error: FieldError) -> FieldError:
+    """An unknown field's error names the closest known field, if one is close."""
+    if error.message != "unknown field":
+        return error
+    parent, _, name = error.field.rpartition(".")
+    message = unknown_field(name, known_fields(parent))
+    return FieldError(field=error.field, message=message)
+
+
+def job_json_schema() -> dict[str, Any]:
+    """The published JSON Schema of a job spec file (``trainyard/schemas/job.v1.json``)."""
+    schema = JobRequest.model_json_schema(by_alias=True)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": JOB_SCHEMA_ID} | {
+        k: v for k, v in schema.items() if k != "$schema"
+    }
 
 
 def _without_tag(error: FieldError) -> FieldError:

@@ -52,6 +52,17 @@ VIEW: dict[str, Any] = {
 }
 
 
+SPEC: dict[str, Any] = {
+    "apiVersion": "trainyard.dev/v1",
+    "kind": "Job",
+    "name": "n",
+    "entrypoint": "train",
+    "gpus": 1,
+    "gpu_flavor": "cpu",
+}
+"""A spec the client's own checks pass (the fake server takes anything)."""
+
+
 class Seen(list[httpx.Request]):
     """The requests the fake server got, and its state."""
 
@@ -94,10 +105,10 @@ def api(monkeypatch: pytest.MonkeyPatch) -> Seen:
             return httpx.Response(404, json={"detail": "job missing not found", "errors": []})
         if request.method == "POST" and request.url.path == "/v1/jobs":
             spec = json.loads(request.content)
-            if spec.get("gpus", 1) < 1:
+            if spec.get("entrypoint") == "no/module":
                 body = {
                     "detail": "invalid job spec",
-                    "errors": [{"field": "gpus", "message": "must be >= 1"}],
+                    "errors": [{"field": "entrypoint", "message": "must be a dotted module"}],
                 }
                 return httpx.Response(422, json=body)
             return httpx.Response(201, json={**VIEW, "status": "QUEUED"})
@@ -161,7 +172,7 @@ def test_list_is_a_table(api: list[httpx.Request], capsys: pytest.CaptureFixture
 
 def test_submit_and_follow(api: Seen, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = tmp_path / "job.json"
-    spec.write_text(json.dumps({"name": "digits-cnn", "gpus": 2}))
+    spec.write_text(json.dumps({**SPEC, "name": "digits-cnn", "gpus": 2}))
     assert cli.main(["submit", str(spec)]) == 0
     assert "submitted job job-1" in capsys.readouterr().out
     api.log_pages = [_page([("a0001-node-1", 0, "epoch 1\n")], "c1", complete=True, terminal=True)]
@@ -179,7 +190,7 @@ def test_submit_packs_and_uploads_the_spec_folder_once(
     (tmp_path / "big.bin").write_bytes(b"x" * 10)
     (tmp_path / ".trainyardignore").write_text("*.bin\n")
     spec = tmp_path / "job.json"
-    spec.write_text(json.dumps({"name": "n", "entrypoint": "train.py"}))
+    spec.write_text(json.dumps({**SPEC, "entrypoint": "train.py"}))
     assert cli.main(["submit", str(spec)]) == 0
     ((sha, data),) = api.bundles.items()
     code = api.submitted()[-1]["code"]
@@ -209,7 +220,7 @@ def test_workdir_no_code_and_a_spec_that_names_its_code(
     src.mkdir()
     (src / "train.py").write_text("1")
     spec = tmp_path / "job.json"
-    spec.write_text(json.dumps({"name": "n"}))
+    spec.write_text(json.dumps(SPEC))
     assert cli.main(["submit", str(spec), "--workdir", str(src)]) == 0
     (data,) = api.bundles.values()
     (tmp_path / "b.tgz").write_bytes(data)
@@ -218,7 +229,7 @@ def test_workdir_no_code_and_a_spec_that_names_its_code(
     assert cli.main(["submit", str(spec), "--no-code"]) == 0
     assert "code" not in api.submitted()[-1]
     git = {"kind": "git", "repository": "https://h/r.git", "commit": "a" * 40}
-    spec.write_text(json.dumps({"name": "n", "code": git}))
+    spec.write_text(json.dumps({**SPEC, "code": git}))
     capsys.readouterr()
     requests = len(api)
     assert cli.main(["submit", str(spec)]) == 0
@@ -233,7 +244,7 @@ def test_a_bundle_over_the_limit_is_a_one_line_error(
 ) -> None:
     (tmp_path / "weights.pt").write_bytes(os.urandom(16 * 1024))
     spec = tmp_path / "job.json"
-    spec.write_text("{}")
+    spec.write_text(json.dumps(SPEC))
     monkeypatch.setenv("TRAINYARD_BUNDLE_MAX_BYTES", "1000")
     assert cli.main(["submit", str(spec)]) == 1
     err = capsys.readouterr().err
@@ -338,7 +349,7 @@ def test_follow_exits_1_when_the_job_fails(
     }
     monkeypatch.setattr(TrainyardClient, "wait", lambda *a, **k: failed)
     spec = tmp_path / "job.json"
-    spec.write_text("{}")
+    spec.write_text(json.dumps(SPEC))
     assert cli.main(["submit", str(spec), "--follow", "--no-code"]) == 1
     assert capsys.readouterr().err.strip() == (
         "trainyard: error: job job-1 ended FAILED: out of memory"
@@ -349,10 +360,11 @@ def test_follow_exits_1_when_the_job_fails(
     ("argv", "message"),
     [
         (["status", "missing"], "404 job missing not found"),
-        (["submit", "NOFILE"], "cannot read NOFILE"),
-        (["submit", "BAD"], "BAD is not valid JSON"),
-        (["submit", "LIST"], "must hold one JSON object"),
-        (["submit", "NEG", "--no-code"], "422 invalid job spec (gpus: must be >= 1)"),
+        (["submit", "NOFILE"], "NOFILE: cannot read"),
+        (["submit", "BAD"], "BAD:1:2: invalid JSON: Expecting property name"),
+        (["submit", "LIST"], "LIST:1:1: must hold one mapping"),
+        (["submit", "NEG", "--no-code"], "NEG:1:95: gpus: must be at least 1"),
+        (["submit", "SERVER", "--no-code"], "SERVER:5:15: entrypoint: must be a dotted module"),
         (["explode"], "invalid choice"),
         (["status"], "the following arguments are required"),
     ],
@@ -368,7 +380,8 @@ def test_errors_are_one_line_on_stderr_with_exit_1(
     monkeypatch.chdir(tmp_path)
     Path("BAD").write_text("{nope")
     Path("LIST").write_text("[]")
-    Path("NEG").write_text('{"gpus": -1}')
+    Path("NEG").write_text(json.dumps({**SPEC, "gpus": -1}))
+    Path("SERVER").write_text(json.dumps({**SPEC, "entrypoint": "no/module"}, indent=0))
     code = _exit_code(argv)
     captured = capsys.readouterr()
     assert code == 1

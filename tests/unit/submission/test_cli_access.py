@@ -117,7 +117,7 @@ def test_the_example_named_in_help_exists(capsys: pytest.CaptureFixture[str]) ->
 
     with pytest.raises(SystemExit):
         cli.main(["submit", "--help"])
-    named = re.search(r"e\.g\. (\S+\.json)", capsys.readouterr().out)
+    named = re.search(r"(examples/\S+\.(?:json|yaml))", capsys.readouterr().out)
     assert named is not None
     assert (Path(__file__).parents[3] / named.group(1)).is_file()
 

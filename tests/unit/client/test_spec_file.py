@@ -1,0 +1,140 @@
+"""Job spec files: YAML or JSON, each problem named by its line and field."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from trainyard.spec import SpecError, SpecFile, load, parse
+
+GOOD = textwrap.dedent(
+    """\
+    apiVersion: trainyard.dev/v1
+    kind: Job
+    name: digits
+    entrypoint: train
+    gpus: 1
+    gpu_flavor: cpu
+    """
+)
+
+
+def _problems(text: str, file: str = "job.yaml") -> list[str]:
+    with pytest.raises(SpecError) as caught:
+        parse(text, file)
+    return str(caught.value).splitlines()
+
+
+def test_yaml_is_read_as_yaml_1_2_core() -> None:
+    text = GOOD + "hyperparameters:\n  lr: 1e-3\n  on: yes\n  day: 2024-01-01\n  n: 0x10\n"
+    spec = parse(text, "job.yaml").spec
+    assert spec["hyperparameters"] == {"lr": 0.001, "on": "yes", "day": "2024-01-01", "n": 16}
+    assert "apiVersion" not in spec and "kind" not in spec  # sent without them
+
+
+def test_an_unknown_field_names_its_line_and_the_close_name() -> None:
+    text = GOOD + "hyperparameter:\n  lr: 0.1\n"
+    assert _problems(text) == [
+        "job.yaml:7:1: hyperparameter: unknown field 'hyperparameter': "
+        "did you mean 'hyperparameters'?"
+    ]
+
+
+def test_malformed_yaml_names_its_line_and_field() -> None:
+    text = GOOD + "hyperparameters:\n  lr: 0.1\n   batch: 4\n"
+    (problem,) = _problems(text)
+    assert problem.startswith("job.yaml:9:")
+    assert "batch: invalid YAML: mapping values are not allowed here" in problem
+
+
+def test_every_bad_value_is_named_at_its_line_all_at_once() -> None:
+    text = textwrap.dedent(
+        """\
+        name: "a b"
+        entrypoint: train
+        gpus: 100
+        gpu_flavor: cpu
+        args: [ok, 3]
+        code: {kind: git, repository: https://h/r, commit: abc}
+        labels: {"": x}
+        """
+    )
+    assert _problems(text) == [
+        "job.yaml:1:7: name: must match ^[A-Za-z0-9._-]{1,100}$",
+        "job.yaml:3:7: gpus: must be at most 64",
+        "job.yaml:5:12: args[1]: must be a string",
+        "job.yaml:6:52: code.commit: must match ^[0-9a-f]{40}$",
+        "job.yaml:7:9: labels: key '': must be at least 1 character",
+    ]
+
+
+def test_a_missing_field_and_a_key_given_twice() -> None:
+    # A key given twice is found while reading, before the schema.
+    assert _problems("name: a\nname: b\n") == ["job.yaml:2:1: name: given twice"]
+    assert _problems("name: a\n") == [
+        "job.yaml:1:1: gpus: field required",
+        "job.yaml:1:1: gpu_flavor: field required",
+    ]
+
+
+def test_json_errors_name_their_line() -> None:
+    assert _problems('{"name": "a",\n "gpus": 1 "x"}', "job.json") == [
+        "job.json:2:12: gpus: invalid JSON: Expecting ',' delimiter"
+    ]
+    good = '{"name": "a", "entrypoint": "t", "gpu_flavor": "cpu",\n "gpus": 0}'
+    assert _problems(good, "job.json") == ["job.json:2:10: gpus: must be at least 1"]
+
+
+def test_api_version_and_kind() -> None:
+    warnings: list[str] = []
+    plain = GOOD.replace("apiVersion: trainyard.dev/v1\nkind: Job\n", "")
+    parse(plain, "job.yaml", warnings.append)
+    assert warnings == [
+        "job.yaml: no apiVersion/kind; read as apiVersion: trainyard.dev/v1, kind: Job "
+        "(add both to the file)"
+    ]
+    wrong = GOOD.replace("trainyard.dev/v1", "batch/v1").replace("kind: Job", "kind: Pod")
+    assert _problems(wrong) == [
+        "job.yaml:1:13: apiVersion: must be 'trainyard.dev/v1'",
+        "job.yaml:2:7: kind: must be 'Job'",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("", "job.yaml: is empty"),
+        ("- a\n- b\n", "must hold one mapping"),
+        (GOOD + "seed: !!binary aGk=\n", "unsupported YAML tag"),
+        (GOOD + "hyperparameters: {x: .nan}\n", "hyperparameters.x: must be a finite number"),
+    ],
+)
+def test_files_that_are_no_spec(text: str, says: str) -> None:
+    assert says in "\n".join(_problems(text))
+
+
+def test_the_apis_field_errors_land_on_the_files_lines(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(GOOD + "args:\n  - a\n  - b\nhyperparameters:\n  a.b: 1\n")
+    spec: SpecFile = load(path)
+    error = spec.explain(
+        [
+            {"field": "entrypoint", "message": "must be a dotted Python module"},
+            {"field": "args[1]", "message": "bad"},
+            {"field": "hyperparameters.a.b", "message": "bad too"},
+            {"field": "body", "message": "whole"},
+        ]
+    )
+    assert str(error).splitlines() == [
+        f"{path}:4:13: entrypoint: must be a dotted Python module",
+        f"{path}:9:5: args[1]: bad",
+        f"{path}:11:8: hyperparameters.a.b: bad too",
+        f"{path}: body: whole",
+    ]
+
+
+def test_an_unreadable_file(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="cannot read"):
+        load(tmp_path / "nope.yaml")

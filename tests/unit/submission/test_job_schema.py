@@ -1,0 +1,78 @@
+"""The published JSON Schema of a job spec, and the API's answer to unknown fields and to
+``apiVersion``/``kind``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.submission.jobschema import render
+from services.submission.schemas import parse_job_request
+from shared.http_errors import RequestInvalid
+from trainyard.spec import load, schema_text
+
+ROOT = Path(__file__).parents[3]
+FLAVORS = ["cpu", "h200"]
+GOOD: dict[str, Any] = {"name": "n", "entrypoint": "train", "gpus": 1, "gpu_flavor": "cpu"}
+
+
+def _errors(body: dict[str, Any]) -> dict[str, str]:
+    with pytest.raises(RequestInvalid) as caught:
+        parse_job_request(json.dumps(body).encode(), FLAVORS)
+    return {e.field: e.message for e in caught.value.errors}
+
+
+def test_the_committed_schema_is_the_one_the_models_give() -> None:
+    committed = (ROOT / "trainyard" / "schemas" / "job.v1.json").read_text()
+    assert committed == render(), (
+        "trainyard/schemas/job.v1.json is out of date; regenerate it with "
+        "python -m services.submission.jobschema > trainyard/schemas/job.v1.json"
+    )
+    assert schema_text() == committed  # what `trainyard schema` prints
+
+
+def test_the_schema_documents_every_field_for_editors() -> None:
+    schema = json.loads(render())
+    assert schema["$schema"].endswith("2020-12/schema")
+    assert schema["additionalProperties"] is False
+    assert {"apiVersion", "kind", "project", "experiment", "labels"} <= set(schema["properties"])
+    undocumented = [k for k, v in schema["properties"].items() if not v.get("description")]
+    assert undocumented == [], undocumented
+
+
+@pytest.mark.parametrize(
+    ("typo", "message"),
+    [
+        ("hyperparameter", "unknown field 'hyperparameter': did you mean 'hyperparameters'?"),
+        ("maxRestarts", "unknown field 'maxRestarts': did you mean 'max_restarts'?"),
+        ("apiversion", "unknown field 'apiversion': did you mean 'apiVersion'?"),
+        ("zzz", "unknown field 'zzz'"),
+    ],
+)
+def test_the_api_refuses_an_unknown_field_naming_the_close_one(typo: str, message: str) -> None:
+    assert _errors({**GOOD, typo: 1}) == {typo: message}
+
+
+def test_an_unknown_field_of_the_code_names_the_close_one_of_its_kind() -> None:
+    code = {"kind": "git", "repository": "https://h/r", "commit": "a" * 40, "comit": "x"}
+    assert _errors({**GOOD, "code": code}) == {
+        "code.comit": "unknown field 'comit': did you mean 'commit'?"
+    }
+
+
+def test_api_version_and_kind_are_optional_but_checked() -> None:
+    with_them = {**GOOD, "apiVersion": "trainyard.dev/v1", "kind": "Job"}
+    spec = parse_job_request(json.dumps(with_them).encode(), FLAVORS).to_spec("u", "t")
+    assert spec.name == "n"
+    assert parse_job_request(json.dumps(GOOD).encode(), FLAVORS).api_version is None
+    errors = _errors({**GOOD, "apiVersion": "trainyard.dev/v2", "kind": "Pod"})
+    assert set(errors) == {"apiVersion", "kind"}
+
+
+@pytest.mark.parametrize("example", ["digits.job.json", "digits.job.yaml", "ddp_digits.job.json"])
+def test_the_examples_are_valid_specs(example: str) -> None:
+    spec = load(ROOT / "examples" / example).spec
+    parse_job_request(json.dumps(spec).encode(), FLAVORS)
