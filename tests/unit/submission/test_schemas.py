@@ -115,7 +115,7 @@ def test_configured_flavors_are_the_allowed_ones() -> None:
 
 
 def test_unknown_field_is_named() -> None:
-    assert _errors({**GOOD, "colour": "blue"}) == {"colour": "unknown field"}
+    assert _errors({**GOOD, "colour": "blue"}) == {"colour": "unknown field 'colour'"}
 
 
 def test_priority_is_a_class_name_defaulting_to_normal() -> None:
