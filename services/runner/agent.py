@@ -340,6 +340,8 @@ class NodeAgent:
             log_path=log_path,
             trace_headers=trace_headers,
             progress_interval_s=self.settings.progress_interval_seconds,
+            metrics_batch_points=self.settings.metrics_batch_points,
+            metrics_batch_interval_s=self.settings.metrics_batch_seconds,
             log_tail_lines=self.settings.log_tail_lines,
             log_ship_interval_s=self.settings.log_ship_interval_seconds,
             checkpoints_keep=self.settings.checkpoints_keep,

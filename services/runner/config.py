@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from shared.events.payloads import MAX_METRIC_POINTS
 from shared.settings import GuardedServiceSettings
 
 NODE_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
@@ -93,6 +94,10 @@ class Settings(GuardedServiceSettings):
     """On runner shutdown, seconds the jobs get to checkpoint and exit before SIGKILL."""
     progress_interval_seconds: float = Field(default=1.0, ge=0)
     """At most one ``job.progress`` per job per this many seconds (the newest is kept)."""
+    metrics_batch_points: int = Field(default=MAX_METRIC_POINTS, ge=1, le=MAX_METRIC_POINTS)
+    """Metric points per ``job.metrics`` at most (a fuller batch goes at once)."""
+    metrics_batch_seconds: float = Field(default=1.0, ge=0)
+    """How long a job's metric point may wait for its batch to fill before it is sent."""
     log_tail_lines: int = Field(default=40, ge=1)
     """Lines of output carried in ``job.failed``."""
 

@@ -8,6 +8,10 @@ Contract:
   them is ever accepted for an allocation inside the window.
 - ``ProgressThrottle`` lets at most one progress report per interval through and never loses
   the newest one: a report held back is released when its turn comes or when the job ends.
+- ``MetricBatcher`` loses no metric point: every value of every report goes into a
+  ``job.metrics`` batch, in report order, sent when it holds ``max_points`` or its first
+  point is ``max_age`` seconds old, and the rest when the job ends. Batches of an
+  allocation are numbered 0, 1, 2, ... (``seq``, in the event id).
 - ``decide_outcome`` is the single place that maps (exit status, why the runner stopped the
   job) to succeeded / failed / preempted; ``terminal_event`` builds the payload for it.
 """
@@ -21,27 +25,31 @@ import math
 import signal
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Generic, Literal, TypeVar
 
 from shared.control import PREEMPTED_EXIT_CODE, CheckpointMessage, MetricsMessage
 from shared.events.payloads import (
+    MAX_METRIC_KEY,
+    MAX_METRIC_POINTS,
     AllocationGranted,
     CheckpointRef,
     CheckpointSaved,
     FailureKind,
     JobFailed,
+    JobMetrics,
     JobPreempted,
     JobProgress,
     JobSucceeded,
+    MetricPoint,
 )
 
 SOURCE = "trainyard/runner"
 _EVENT_NAMESPACE = uuid.UUID("6f1c3a52-7d0e-4c8b-9a57-2f4e51d0b6a1")
 
-EventKind = Literal["started", "progress", "checkpoint", "end", "heartbeat"]
+EventKind = Literal["started", "progress", "metrics", "checkpoint", "end", "heartbeat"]
 
 
 class IllegalTransition(ValueError):
@@ -142,6 +150,73 @@ class ProgressThrottle(Generic[T]):
         """The held-back item regardless of time (the job ended)."""
         item, self._pending = self._pending, None
         return item
+
+
+class MetricBatcher:
+    """Metric points gathered into ``job.metrics`` batches (module docstring). Times are
+    plain floats (``time.monotonic()`` in the runner)."""
+
+    def __init__(self, max_points: int = MAX_METRIC_POINTS, max_age: float = 1.0) -> None:
+        if not 1 <= max_points <= MAX_METRIC_POINTS:
+            raise ValueError(f"a batch holds 1 to {MAX_METRIC_POINTS} points, not {max_points}")
+        self._max_points = max_points
+        self._max_age = max_age
+        self._points: list[MetricPoint] = []
+        self._since: float | None = None
+        self._seq = 0
+
+    def add(self, points: Sequence[MetricPoint], now: float) -> list[tuple[int, list[MetricPoint]]]:
+        """Take ``points``; the batches (``seq``, points) that are full or due now."""
+        ready: list[tuple[int, list[MetricPoint]]] = []
+        for point in points:
+            if self._since is None:
+                self._since = now
+            self._points.append(point)
+            if len(self._points) >= self._max_points:
+                ready.append(self._take())
+        due = self.due(now)
+        if due is not None:
+            ready.append(due)
+        return ready
+
+    def next_due(self) -> float | None:
+        """When the points held now must go, or None when none are held."""
+        return None if self._since is None else self._since + self._max_age
+
+    def due(self, now: float) -> tuple[int, list[MetricPoint]] | None:
+        """The held points if their time has come."""
+        at = self.next_due()
+        return self._take() if at is not None and now >= at else None
+
+    def flush(self) -> tuple[int, list[MetricPoint]] | None:
+        """The held points regardless of time (the job ended)."""
+        return self._take() if self._points else None
+
+    def _take(self) -> tuple[int, list[MetricPoint]]:
+        batch, self._points, self._since = self._points, [], None
+        seq, self._seq = self._seq, self._seq + 1
+        return seq, batch
+
+
+def metric_points(message: MetricsMessage, at: datetime) -> tuple[list[MetricPoint], list[str]]:
+    """Every value of a report as points (NaN and infinities kept), and the keys refused
+    (longer than ``MAX_METRIC_KEY`` or empty)."""
+    points: list[MetricPoint] = []
+    refused: list[str] = []
+    for key, value in message.metrics.items():
+        if not 1 <= len(key) <= MAX_METRIC_KEY:
+            refused.append(key)
+            continue
+        points.append(MetricPoint(key=key, step=message.step, time=at, value=value))
+    return points, refused
+
+
+def metrics_event(job: JobIdentity, seq: int, points: list[MetricPoint]) -> JobMetrics:
+    return JobMetrics(job_id=job.job_id, allocation_id=job.allocation_id, seq=seq, points=points)
+
+
+def metrics_event_id(job: JobIdentity, seq: int) -> str:
+    return event_id(job.allocation_id, "metrics", str(seq))
 
 
 # --- control messages -> events --------------------------------------------------------

@@ -14,7 +14,9 @@ reach a stream before the grant it answers (the submission's view drops a report
 allocation it has not heard of). So the runner remembers, per allocation, the stream (its
 identity, ``Bus.stream_created``) it received the grant from, and the job events it
 published (``Journal``: the last ``JOURNAL_EVENTS``, within the stream's retention; not
-``job.progress``, which the next report supersedes). An allocation's event waits (up to
+``job.progress``, which the next report supersedes, nor ``job.metrics``, whose points are
+too many to hold: after a lost store the points said before it are in the object store's
+metric log of the job only). An allocation's event waits (up to
 ``GRANT_WAIT_S``) while the stream is not the one its grant came from: NATS lost its store
 and the stream was made again. The scheduler then publishes its retained grants again; when
 the grant of an allocation this node knows arrives again (or a revocation of one it
@@ -38,7 +40,7 @@ from opentelemetry import trace
 
 from shared.bus import Bus
 from shared.events import Envelope, Payload
-from shared.events.payloads import JobProgress
+from shared.events.payloads import JobMetrics, JobProgress
 from shared.telemetry import tracer
 
 log = logging.getLogger(__name__)
@@ -69,7 +71,9 @@ class Journal:
 
     def record(self, envelope: Envelope[Payload], parent: otel_context.Context | None) -> None:
         allocation_id = getattr(envelope.data, "allocation_id", None)
-        if isinstance(envelope.data, JobProgress) or not isinstance(allocation_id, str):
+        if isinstance(envelope.data, JobProgress | JobMetrics) or not isinstance(
+            allocation_id, str
+        ):
             return
         said = self._by_allocation.setdefault(allocation_id, [])
         said.append((time.monotonic(), (envelope, parent)))

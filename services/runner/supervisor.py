@@ -1,7 +1,7 @@
 """Supervision of one running allocation, from spawn to its one terminal event.
 
-While the job runs: lines on its control socket become ``job.progress`` (throttled, the
-newest kept) and, for checkpoints it staged, an upload to the job's own prefix
+While the job runs: lines on its control socket become ``job.metrics`` (every point, in
+batches: ``domain.MetricBatcher``), ``job.progress`` (throttled, the newest kept) and, for checkpoints it staged, an upload to the job's own prefix
 (``checkpoints.commit_staged``) followed by ``checkpoint.saved``; its output goes to
 ``<work_dir>/jobs/<job>/<allocation>.log``, is shipped to the object store in chunks about
 every second (``logstream.LogShipper``) and feeds a tail kept for ``job.failed``; it never
@@ -10,7 +10,7 @@ sends SIGTERM and, after its grace, SIGKILL to the job's process group; the earl
 deadline wins, the first reason is kept.
 
 When the job has exited: its group is killed, its control connections are read to the end
-and every checkpoint it staged is uploaded, the held-back progress is sent, the log's last
+and every checkpoint it staged is uploaded, the held-back metric points and progress are sent, the log's last
 chunk is shipped, old checkpoints beyond the retention are deleted, the outcome is decided
 (``domain.decide_outcome``) and the terminal event is stored in the ledger, then published.
 """
@@ -46,7 +46,7 @@ from shared.control import (
     unix_address,
 )
 from shared.events import Envelope, Payload
-from shared.events.payloads import CheckpointRef
+from shared.events.payloads import MAX_METRIC_KEY, MAX_METRIC_POINTS, CheckpointRef, MetricPoint
 from shared.storage import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,8 @@ class JobRun:
         trace_headers: dict[str, str],
         progress_interval_s: float,
         log_tail_lines: int,
+        metrics_batch_points: int = MAX_METRIC_POINTS,
+        metrics_batch_interval_s: float = 1.0,
         log_ship_interval_s: float = 1.0,
         checkpoints_keep: int = 3,
         resumed_from: CheckpointRef | None = None,
@@ -123,6 +125,8 @@ class JobRun:
         self._trace_headers = trace_headers
         self._throttle: ProgressThrottle[MetricsMessage] = ProgressThrottle(progress_interval_s)
         self._flush_timer: asyncio.TimerHandle | None = None
+        self._batcher = domain.MetricBatcher(metrics_batch_points, metrics_batch_interval_s)
+        self._batch_timer: asyncio.TimerHandle | None = None
         self._kill_timer: asyncio.TimerHandle | None = None
         self._kill_at: float | None = None
         self._tail = LogTail(log_tail_lines)
@@ -275,6 +279,11 @@ class JobRun:
         self._ended = True
         if self._flush_timer is not None:
             self._flush_timer.cancel()
+        if self._batch_timer is not None:
+            self._batch_timer.cancel()
+        batch = self._batcher.flush()
+        if batch is not None:
+            self._emit_metrics(*batch)
         held = self._throttle.flush()
         if held is not None:
             self._emit_progress(held)
@@ -378,6 +387,7 @@ class JobRun:
             )
         self._last_step = message.step
         self._record_metrics(message.step, message.metrics)
+        self._batch_metrics(message)
         # The newest value of every metric the job reported, for job.succeeded.
         self._last_metrics.update(message.metrics)
         wait = message.metrics.get("data_wait_fraction")
@@ -409,6 +419,45 @@ class JobRun:
             if sample:
                 self._utilization.append(sample["gpu_utilization"])
                 self._record_metrics(self._last_step, sample)
+
+    def _batch_metrics(self, message: MetricsMessage) -> None:
+        points, refused = domain.metric_points(message, datetime.now(UTC))
+        if refused:
+            log.warning(
+                "job %s reported metric keys of more than %d characters (left out of the "
+                "series; in its metric log): %s",
+                self.job.job_id,
+                MAX_METRIC_KEY,
+                ", ".join(k[:40] for k in refused),
+            )
+        now = time.monotonic()
+        for seq, batch in self._batcher.add(points, now):
+            self._emit_metrics(seq, batch)
+        due = self._batcher.next_due()
+        if self._batch_timer is None and due is not None:
+            self._batch_timer = asyncio.get_running_loop().call_later(
+                max(0.0, due - now), self._flush_metrics
+            )
+
+    def _flush_metrics(self) -> None:
+        self._batch_timer = None
+        batch = self._batcher.due(time.monotonic())
+        if batch is not None:
+            self._emit_metrics(*batch)
+        due = self._batcher.next_due()
+        if due is not None and not self._ended:
+            self._batch_timer = asyncio.get_running_loop().call_later(
+                max(0.0, due - time.monotonic()), self._flush_metrics
+            )
+
+    def _emit_metrics(self, seq: int, points: list[MetricPoint]) -> None:
+        self._events.emit(
+            _wrap(
+                domain.metrics_event(self.job, seq, points),
+                self.job,
+                domain.metrics_event_id(self.job, seq),
+            )
+        )
 
     def _flush_progress(self) -> None:
         self._flush_timer = None

@@ -71,6 +71,7 @@ from shared.events.payloads import (
     JobCancelled,
     JobCancelRequested,
     JobFailed,
+    JobMetrics,
     JobPending,
     JobPreempted,
     JobProgress,
@@ -79,6 +80,7 @@ from shared.events.payloads import (
     JobSubmitted,
     JobSucceeded,
     Lineage,
+    MetricPoint,
     ModelRegistered,
     RunnerHeartbeat,
 )
@@ -93,7 +95,7 @@ from shared.events.trust import (
     owner,
     routing_key_of,
 )
-from shared.inbox import idempotent
+from shared.inbox import idempotent, idempotent_batches
 from shared.outbox import OutboxRelay
 from shared.settings import DatabaseSettings, NatsSettings, StorageSettings
 from shared.storage import open_store
@@ -194,6 +196,12 @@ SAMPLES: dict[type[Payload], Callable[[str, str, str], Payload]] = {
     ),
     JobProgress: lambda j, n, a: JobProgress(
         job_id=j, allocation_id=a, step=1, metrics={"loss": 0.0}
+    ),
+    JobMetrics: lambda j, n, a: JobMetrics(
+        job_id=j,
+        allocation_id=a,
+        seq=0,
+        points=[MetricPoint(key="loss", step=1, time=T0, value=0.0)],
     ),
     CheckpointSaved: lambda j, n, a: CheckpointSaved(
         job_id=j, allocation_id=a, epoch=10**6, checkpoint=_checkpoint(j), saved_at=T0
@@ -459,7 +467,9 @@ async def platform(
         tasks.append(asyncio.create_task(work.run(stop)))
         handlers = {
             "submission": submission_service.event_handler(pools["submission"]),
-            "registry": idempotent(pools["registry"], "registry", RegistryHandlers().dispatch),
+            "registry": idempotent_batches(
+                pools["registry"], "registry", RegistryHandlers().dispatch_batch
+            ),
             "billing": idempotent(pools["billing"], "billing", BillingHandlers().dispatch),
         }
         for name, handler in handlers.items():

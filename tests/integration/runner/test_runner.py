@@ -20,6 +20,7 @@ from shared.events.payloads import (
     AllocationRevoked,
     CheckpointSaved,
     JobFailed,
+    JobMetrics,
     JobPreempted,
     JobProgress,
     JobStarted,
@@ -84,6 +85,12 @@ async def test_a_job_is_started_reports_progress_and_checkpoint_and_succeeds(
     assert progress and progress[-1].step == 5
     assert progress[-1].metrics == {"loss": pytest.approx(0.2)}
     assert [p.step for p in progress] == sorted({p.step for p in progress})
+    # Every point, in batches numbered in order.
+    batches = events.of(JobMetrics, allocation.job_id)
+    assert [b.seq for b in batches] == list(range(len(batches)))
+    assert [(p.key, p.step, p.value) for b in batches for p in b.points] == [
+        ("loss", step, pytest.approx(1.0 / step)) for step in range(1, 6)
+    ]
 
     saved = events.of(CheckpointSaved, allocation.job_id)
     assert [s.checkpoint.step for s in saved] == [5]
