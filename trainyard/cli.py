@@ -1,73 +1,68 @@
-"""``trainyard``: submit, follow, list and cancel training jobs from a shell.
+"""``trainyard``: the command line of the platform.
 
-    trainyard submit job.yaml [--follow]     submit a job spec (and follow it to the end)
-              [--workdir DIR | --no-code]    with the code of DIR (default: the spec's folder)
-    trainyard status JOB_ID                  the job's status, metrics, model and cost
-    trainyard logs JOB_ID [-f]               the job's output (and follow it to the end)
-    trainyard list [--status S]              the team's jobs, newest first
-    trainyard cancel JOB_ID                  ask for a job to be cancelled
-    trainyard whoami | token ... | user ... | audit
-                                             who you are; your tokens; the team's users;
-                                             the audit log (``trainyard.cli_access``)
+    trainyard login URL [--token T | --token-stdin] [--name CTX]   store a context (0600)
+    trainyard context ls | use CTX | rm CTX                       named contexts
+    trainyard submit SPEC [--follow] [--set K=V] [--label K=V]    submit a spec file (YAML/JSON)
+    trainyard ls [--status S] [--mine] [--project P] [--after C]  the team's jobs, newest first
+    trainyard get JOB... | describe JOB                           a job as a row | in full
+    trainyard logs JOB [-f]                                       its output
+    trainyard attach JOB | wait JOB                               follow it | wait for its end
+    trainyard cancel JOB... | rerun JOB                           cancel | submit its spec again
+    trainyard queue                                               the team's waiting line, why
+    trainyard metrics JOB [KEY] | experiments [EXP] | compare EXP curves, experiments, runs
+    trainyard models NAME | cost                                  model versions | team's cost
+    trainyard whoami | tokens | token ... | user ... | audit      who may do what
+    trainyard schema | version | completion bash|zsh|tcsh
 
-``submit`` packs the working directory into a code bundle (``trainyard.bundle``: honours
-``.gitignore`` and ``.trainyardignore``), uploads it unless the team has it already, and
-sets the spec's ``code``; a spec that names its own ``code`` (e.g. a git commit) is sent as
-it is, and ``--no-code`` sends none.
+JOB is a job id or any unique prefix of one (``trainyard ls`` shows 8 characters).
 
-The server and the token come from ``--url``/``--token`` or the environment
-(``TRAINYARD_URL``, default ``http://127.0.0.1:8080``; ``TRAINYARD_TOKEN``). Output is for
-people; ``--json`` prints the API's JSON instead. Progress notes (the bundle, log stream
-headers) go to stderr. Any error is one line on stderr and exit status 1 (``submit
---follow`` also exits 1 when the job does not succeed).
+Why argparse: the standard library, so the client installs nothing for its command line;
+the command tree, the access and dead-letter modules and their tests were already built on
+it; and shell completion comes from ``shtab``, which generates static bash, zsh and tcsh
+scripts from the parser (no Python started at each TAB, unlike Click's or argcomplete's
+runtime completion). Click with Rich would give coloured help and tables, but would add
+three packages to every training environment and rewrite every command for no behaviour a
+user needs: tables here are plain aligned text that reads the same in a pipe.
+
+Output: people get text and aligned tables on stdout, progress notes on stderr; ``--json``
+prints the API's JSON (one object, or a list) for scripts. Errors are one line each on
+stderr, ``trainyard: error: ...``, never a traceback; exit codes are stable and listed in
+``trainyard.cli_base``. A reader that goes away (``trainyard ls | head -1``) is not an
+error. The server, token and context come from options, then the environment
+(``TRAINYARD_URL``, ``TRAINYARD_TOKEN``, ``TRAINYARD_CONTEXT``), then the config file
+(``trainyard.cli_config``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shlex
 import sys
-import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from importlib import metadata
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, NoReturn
 
-from pydantic import Field, SecretStr, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import ValidationError
 
-from trainyard import cli_access
-from trainyard.bundle import DEFAULT_MAX_BYTES, BundleError, format_size, pack
+from trainyard import cli_access, cli_config, cli_jobs, cli_tracking
+from trainyard.bundle import BundleError
+from trainyard.cli_base import CliError, CliSettings, Exit, Session, dumps, exit_code_of
 from trainyard.cli_deadletters import add_deadletter_commands, run_deadletters
-from trainyard.client import SETTLE_SECONDS, TrainyardClient, TrainyardError
-from trainyard.spec import SpecError, SpecFile, load, schema_text
+from trainyard.cli_jobs import LogFollower, status_arg, upload_code
+from trainyard.cli_render import table
+from trainyard.client import TrainyardClient, TrainyardError
+from trainyard.spec import SpecError, schema_text
 
-LOG_POLL_SECONDS = 1.0
+__all__ = ["LogFollower", "main", "upload_code"]
 
-
-class CliSettings(BaseSettings):
-    """Where the CLI finds the API (env prefix ``TRAINYARD_``)."""
-
-    model_config = SettingsConfigDict(env_prefix="TRAINYARD_")
-
-    url: str = "http://127.0.0.1:8080"
-    """Base URL of the submission API."""
-    token: SecretStr | None = None
-    """Bearer token (from ``bootstrap-admin`` or ``POST /v1/admin/users``)."""
-    bundle_max_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=1)
-    """Largest code bundle ``submit`` uploads (compressed bytes)."""
-
-
-class CliError(Exception):
-    """A problem to report as one line on stderr."""
+Runner = Callable[[Session], int]
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(Exit.USAGE)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -78,95 +73,180 @@ def _parser() -> argparse.ArgumentParser:
         "--token", default=argparse.SUPPRESS, help="bearer token ($TRAINYARD_TOKEN)"
     )
     common.add_argument(
+        "--context", default=argparse.SUPPRESS, help="a context of `trainyard context ls`"
+    )
+    common.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="print the API's JSON"
     )
     parser = _Parser(
-        prog="trainyard", description="Trainyard: training jobs on shared GPUs.", parents=[common]
+        prog="trainyard",
+        description="Trainyard: training jobs on shared GPUs.",
+        epilog="JOB: a job id or a unique prefix of one. Exit codes: 0 ok, 1 error, 2 usage, "
+        "3 not found, 4 not allowed, 5 unreachable, 6 timed out, 10 job failed, "
+        "11 job cancelled, 130 interrupted.",
+        parents=[common],
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    submit = commands.add_parser("submit", parents=[common], help="submit a job spec file")
-    submit.add_argument("file", type=Path, help="job spec (YAML or JSON): examples/digits.job.yaml")
-    submit.add_argument("--follow", action="store_true", help="follow the job until it ends")
+
+    def command(name: str, run: Runner | None, text: str, **kwargs: Any) -> argparse.ArgumentParser:
+        sub: argparse.ArgumentParser = commands.add_parser(
+            name, parents=[common], help=text, description=text, **kwargs
+        )
+        if run is not None:
+            sub.set_defaults(run=run)
+        return sub
+
+    _login_commands(command)
+    submit = command("submit", cli_jobs.submit, "submit a job spec file (YAML or JSON)")
     submit.add_argument(
-        "--timeout", type=float, default=86_400.0, help="seconds --follow waits (default 1 day)"
+        "file", type=Path, help="job spec (YAML or JSON), e.g. examples/digits.job.yaml"
     )
+    _follow_options(submit)
     submit.add_argument("--idempotency-key", help="submit at most once under this key")
     code = submit.add_mutually_exclusive_group()
     code.add_argument(
         "--workdir", type=Path, help="folder to pack as the job's code (default: the spec's)"
     )
     code.add_argument("--no-code", action="store_true", help="submit without a code bundle")
-    status = commands.add_parser("status", parents=[common], help="show one job")
-    status.add_argument("job_id")
-    listing = commands.add_parser("list", parents=[common], help="list the team's jobs")
+    _override_options(submit)
+    rerun = command("rerun", cli_jobs.rerun, "submit the spec (and code) of a job again")
+    rerun.add_argument("job", metavar="JOB")
+    _follow_options(rerun)
+    _override_options(rerun)
+
+    listing = command("ls", cli_jobs.ls, "the team's jobs, newest first", aliases=["list"])
     listing.add_argument(
         "--status",
-        type=_status,
-        help=f"only jobs in this status, any case: {', '.join(s.lower() for s in JOB_STATUSES)}",
+        type=status_arg,
+        help=f"only jobs in this status, any case: {', '.join(s.lower() for s in cli_jobs.JOB_STATUSES)}",
     )
-    listing.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
-    cancel = commands.add_parser("cancel", parents=[common], help="cancel a job")
-    cancel.add_argument("job_id")
-    logs = commands.add_parser("logs", parents=[common], help="print a job's output")
-    logs.add_argument("job_id")
-    logs.add_argument(
-        "-f", "--follow", action="store_true", help="keep printing until the job has ended"
+    listing.add_argument("--user", help="only this user's jobs")
+    listing.add_argument("--mine", action="store_true", help="only your own jobs")
+    listing.add_argument("--project", help="only jobs of this project")
+    listing.add_argument("--experiment", help="only runs of this experiment")
+    listing.add_argument("--limit", type=_positive, default=50, help="at most this many (50)")
+    listing.add_argument("--after", metavar="CURSOR", help="the page after this cursor")
+    listing.add_argument("--all", action="store_true", help="every page")
+    get = command("get", cli_jobs.get, "jobs as table rows")
+    get.add_argument("jobs", nargs="+", metavar="JOB")
+    describe = command(
+        "describe",
+        cli_jobs.describe,
+        "a job in full: status, history, metrics, cost",
+        aliases=["status"],
     )
-    commands.add_parser("schema", help="print the JSON Schema of a job spec file")
+    describe.add_argument("job", metavar="JOB")
+    logs = command("logs", cli_jobs.logs, "a job's output")
+    logs.add_argument("job", metavar="JOB")
+    logs.add_argument("-f", "--follow", action="store_true", help="until the job has ended")
+    attach = command("attach", cli_jobs.attach, "follow a job: status, output, metrics")
+    attach.add_argument("job", metavar="JOB")
+    attach.add_argument("--timeout", type=float, default=86_400.0, help="seconds (1 day)")
+    wait = command("wait", cli_jobs.wait, "wait for a job's end; the exit code says how")
+    wait.add_argument("job", metavar="JOB")
+    wait.add_argument("--timeout", type=float, default=86_400.0, help="seconds (1 day)")
+    cancel = command("cancel", cli_jobs.cancel, "ask for jobs to be cancelled")
+    cancel.add_argument("jobs", nargs="+", metavar="JOB")
+    queue = command("queue", cli_jobs.queue, "the team's waiting jobs and why they wait")
+    queue.add_argument("--limit", type=_positive, default=100, help="at most this many")
+    cli_tracking.add_commands(command)
+
+    command("schema", _schema, "print the JSON Schema of a job spec file")
+    command("version", _version, "the client's version")
+    completion = command("completion", _completion, "print a shell completion script")
+    completion.add_argument("shell", choices=("bash", "zsh", "tcsh"))
     cli_access.add_commands(commands, common)
     add_deadletter_commands(commands, common)
     return parser
 
 
-JOB_STATUSES = (
-    "QUEUED",
-    "PENDING",
-    "SCHEDULED",
-    "RUNNING",
-    "SUCCEEDED",
-    "FAILED",
-    "PREEMPTED",
-    "CANCELLED",
-)
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
+    return number
 
 
-def _status(value: str) -> str:
-    """``--status``: any case; an unknown one names the valid ones."""
-    if value.upper() not in JOB_STATUSES:
-        valid = ", ".join(s.lower() for s in JOB_STATUSES)
-        raise argparse.ArgumentTypeError(f"{value!r} is not a status; use one of {valid}")
-    return value.upper()
+def _follow_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--follow", action="store_true", help="follow the job until it ends")
+    sub.add_argument(
+        "--timeout", type=float, default=86_400.0, help="seconds --follow waits (default 1 day)"
+    )
+
+
+def _override_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--name", help="the job's name instead of the spec's")
+    sub.add_argument("--project", help="the job's project instead of the spec's")
+    sub.add_argument("--experiment", help="the job's experiment instead of the spec's")
+    sub.add_argument(
+        "--label", action="append", type=cli_jobs.key_value, metavar="K=V", help="add a label"
+    )
+    sub.add_argument(
+        "--set",
+        action="append",
+        type=cli_jobs.key_value,
+        metavar="K=V",
+        help="set a hyperparameter (lr=1e-3)",
+    )
+
+
+def _login_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
+    login = command("login", _login, "check a token and store it as a context (0600)")
+    login.add_argument("login_url", metavar="URL", help="the submission API's base URL")
+    given = login.add_mutually_exclusive_group()
+    given.add_argument("--token-stdin", action="store_true", help="read the token from stdin")
+    login.add_argument("--name", default="default", help="the context's name (default)")
+    for service in cli_config.SERVICES:
+        login.add_argument(f"--{service}-url", help=f"the {service} API's base URL")
+    logout = command("logout", _logout, "forget a context and its token")
+    logout.add_argument("name", nargs="?", help="the context (default: the current one)")
+    context = command("context", None, "list, switch or remove contexts")
+    actions = context.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions.add_parser("ls", help="the contexts").set_defaults(run=_context_ls)
+    use = actions.add_parser("use", help="make a context the current one")
+    use.add_argument("name")
+    use.set_defaults(run=_context_use)
+    rm = actions.add_parser("rm", help="remove a context")
+    rm.add_argument("name")
+    rm.set_defaults(run=_logout)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "schema":
-        print(schema_text(), end="")
-        return 0
+    session: Session | None = None
     try:
-        settings = _settings()
-        with _client(args, settings) as client:
-            return _run(client, args, settings)
+        session = Session(_settings(), args, lambda url, token: TrainyardClient(url, token))
+        code = _run(session)
+        sys.stdout.flush()
+        return code
     except SpecError as exc:
-        for line in str(exc).splitlines():
-            print(f"trainyard: error: {line}", file=sys.stderr)
-        return 1
-    except (CliError, BundleError) as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), Exit.ERROR)
+    except CliError as exc:
+        return _fail(str(exc), exc.code)
+    except cli_config.ConfigError as exc:
+        return _fail(str(exc), Exit.ERROR)
+    except BundleError as exc:
+        return _fail(str(exc), Exit.ERROR)
     except TrainyardError as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), exit_code_of(exc))
     except TimeoutError as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), Exit.TIMEOUT)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return Exit.INTERRUPTED
     except BrokenPipeError:
-        # The reader went away (``trainyard list | head -1``): not an error. Python would
+        # The reader went away (``trainyard ls | head -1``): not an error. Python would
         # complain again when it flushes stdout at exit, so point stdout at nothing.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        return Exit.OK
     except Exception as exc:  # the CLI never shows a traceback
-        return _fail(f"unexpected {type(exc).__name__}: {exc}")
+        return _fail(f"unexpected {type(exc).__name__}: {exc}", Exit.ERROR)
+    finally:
+        if session is not None:
+            session.close()
 
 
 def _settings() -> CliSettings:
@@ -178,391 +258,124 @@ def _settings() -> CliSettings:
         raise CliError(f"{name}: {first['msg']} (got {first['input']!r})") from None
 
 
-def _client(args: argparse.Namespace, settings: CliSettings) -> TrainyardClient:
-    token = getattr(args, "token", None) or (
-        settings.token.get_secret_value() if settings.token else None
-    )
-    if not token:
-        raise CliError("no token: set TRAINYARD_TOKEN or pass --token")
-    return TrainyardClient(getattr(args, "url", None) or settings.url, token)
-
-
-def _run(client: TrainyardClient, args: argparse.Namespace, settings: CliSettings) -> int:
+def _run(session: Session) -> int:
+    args = session.args
     if args.command == "deadletters":
-        return run_deadletters(client, args)
-    as_json = getattr(args, "json", False)
-    if args.command in cli_access.COMMANDS:
-        shown = cli_access.run(client, args, as_json)
-        print(shown if isinstance(shown, str) else _dumps(shown))
-        return 0
-    if args.command == "submit":
-        return _submit(client, args, as_json, settings)
-    if args.command == "logs":
-        follower = LogFollower(client, args.job_id, as_json=as_json)
-        try:
-            follower.run(follow=args.follow)
-        except KeyboardInterrupt:
-            return 130  # quietly: the user asked to stop
-        return 0
-    if args.command == "status":
-        view = client.get_job(args.job_id)
-        print(_dumps(view) if as_json else render_job(view))
-    elif args.command == "list":
-        jobs = client.list_jobs(status=args.status, limit=args.limit)
-        print(_dumps(jobs) if as_json else render_list(jobs))
-    elif args.command == "cancel":
-        view = client.cancel(args.job_id)
-        print(
-            _dumps(view)
-            if as_json
-            else f"cancellation requested for job {view['id']} (status now {view['status']})"
-        )
-    return 0
+        return run_deadletters(session.client, args)
+    if args.command in cli_access.COMMANDS or args.command == "tokens":
+        if args.command == "tokens":
+            args.command, args.action, args.user, args.team = "token", "list", None, None
+        shown = cli_access.run(session.client, args, session.as_json)
+        print(shown if isinstance(shown, str) else dumps(shown))
+        return Exit.OK
+    run: Runner = args.run
+    return run(session)
 
 
-def _submit(
-    client: TrainyardClient, args: argparse.Namespace, as_json: bool, settings: CliSettings
-) -> int:
-    loaded = read_spec(args.file)
-    spec = loaded.spec
-    if not args.no_code and "code" not in spec:
-        workdir = args.workdir if args.workdir is not None else args.file.parent
-        spec["code"] = upload_code(client, workdir, settings.bundle_max_bytes)
+def _schema(session: Session) -> int:
+    print(schema_text(), end="")
+    return Exit.OK
+
+
+def _version(session: Session) -> int:
     try:
-        view = client.submit(spec, idempotency_key=args.idempotency_key)
-    except TrainyardError as exc:
-        if exc.status == 422 and exc.errors:
-            raise loaded.explain(exc.errors) from None
-        raise
-    if not args.follow:
-        print(_dumps(view) if as_json else f"submitted job {view['id']} ({view['name']})")
-        return 0
-    if not as_json:
-        print(f"submitted job {view['id']} ({view['name']}); following (Ctrl-C stops following)")
-    printer = FollowPrinter(quiet=as_json)
-    logs = None if as_json else LogFollower(client, view["id"], best_effort=True)
+        version = metadata.version("trainyard")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    session.emit({"client": version}, lambda: f"trainyard {version}")
+    return Exit.OK
+
+
+def _completion(session: Session) -> int:
     try:
-        final = client.wait(
-            view["id"],
-            timeout_s=args.timeout,
-            on_change=printer,
-            on_poll=None if logs is None else lambda _: logs.poll(),
-        )
-        if logs is not None:
-            logs.run(follow=True)  # the output's last chunks
-    except KeyboardInterrupt:
-        raise CliError(
-            f"stopped following; the job goes on: trainyard status {view['id']}"
-        ) from None
-    print(_dumps(final) if as_json else "\n" + render_job(final))
-    if final["status"] != "SUCCEEDED":
-        return _fail(f"job {final['id']} ended {final['status']}{_why(final)}")
-    return 0
+        import shtab
+    except ImportError:
+        raise CliError("shell completion needs shtab: pip install shtab") from None
+    print(shtab.complete(_parser(), shell=session.args.shell))
+    return Exit.OK
 
 
-def upload_code(client: TrainyardClient, workdir: Path, max_bytes: int) -> dict[str, Any]:
-    """Pack ``workdir``, upload the bundle unless the team has it, and return the spec's
-    ``code``; says what happened in one line on stderr."""
-    bundle = pack(
-        workdir, max_bytes=max_bytes, warn=lambda m: print(f"warning: {m}", file=sys.stderr)
+# --- login and contexts ----------------------------------------------------------------------
+
+
+def _login(session: Session) -> int:
+    args = session.args
+    token = getattr(args, "token", None)
+    if args.token_stdin:
+        token = sys.stdin.readline().strip()
+    elif not token:
+        if not sys.stdin.isatty():
+            raise CliError("no token: pass --token or --token-stdin", Exit.USAGE)
+        import getpass
+
+        token = getpass.getpass("token: ").strip()
+    if not token:
+        raise CliError("the token is empty", Exit.USAGE)
+    url = args.login_url.rstrip("/")
+    with session.make(url, token) as client:
+        me = client.whoami()
+    path = session.config_path
+    config = cli_config.read(path)
+    config.named()[args.name] = cli_config.Context(
+        url=url,
+        token=token,
+        user=str(me.get("user", "")),
+        team=str(me.get("team", "")),
+        **{f"{s}_url": getattr(args, f"{s}_url") or "" for s in cli_config.SERVICES},
     )
-    try:
-        uploaded = client.upload_bundle(bundle.path, bundle.sha256)
-    finally:
-        bundle.path.unlink(missing_ok=True)
-    what = "uploaded" if uploaded else "already stored"
-    print(
-        f"code: {format_size(bundle.size_bytes)} bundle {bundle.sha256[:7]} ({what})",
-        file=sys.stderr,
-    )
-    return {"kind": "bundle", "sha256": bundle.sha256, "size_bytes": bundle.size_bytes}
-
-
-class LogFollower:
-    """Prints a job's output as it arrives (``GET /v1/jobs/{id}/logs``).
-
-    Chunks go to ``out`` as they are; a ``==> stream <==`` line on ``err`` says whose output
-    follows whenever the stream (attempt and node) changes. Following ends once the job has
-    ended and all its streams are complete, or ``grace_s`` after the job ended (a runner
-    that died never completes its streams). ``best_effort`` (for ``submit --follow``):
-    an error reading the logs stops printing them instead of failing."""
-
-    def __init__(
-        self,
-        client: TrainyardClient,
-        job_id: str,
-        *,
-        as_json: bool = False,
-        best_effort: bool = False,
-        out: TextIO | None = None,
-        err: TextIO | None = None,
-        poll_s: float = LOG_POLL_SECONDS,
-        grace_s: float = SETTLE_SECONDS,
-        clock: Callable[[], float] | None = None,
-        sleep: Callable[[float], None] | None = None,
-    ) -> None:
-        self._client = client
-        self._job_id = job_id
-        self._as_json = as_json
-        self._best_effort = best_effort
-        self._out = out
-        self._err = err
-        self._poll_s = poll_s
-        self._grace_s = grace_s
-        self._clock = clock or time.monotonic
-        self._sleep = sleep or time.sleep
-        self.cursor = ""
-        self.done = False
-        self._stream: str | None = None
-        self._open_line = False
-        self._ended_at: float | None = None
-
-    def run(self, follow: bool) -> None:
-        """Print what there is; with ``follow``, poll until the job's output is complete."""
-        while not self.poll() and follow:
-            self._sleep(self._poll_s)
-
-    def poll(self) -> bool:
-        """Print every chunk available now; True once there will be no more."""
-        if self.done:
-            return True
-        while True:
-            try:
-                page = self._client.logs(self._job_id, after=self.cursor)
-            except TrainyardError:
-                if not self._best_effort:
-                    raise
-                self.done = True  # e.g. a server without logs: follow the status only
-                return True
-            for chunk in page["chunks"]:
-                self._print(chunk)
-            self.cursor = page["cursor"]
-            if not page["chunks"]:
-                break
-        if page["job_terminal"]:
-            now = self._clock()
-            self._ended_at = now if self._ended_at is None else self._ended_at
-            if page["streams_complete"] or now - self._ended_at >= self._grace_s:
-                self.done = True
-        return self.done
-
-    def _print(self, chunk: dict[str, Any]) -> None:
-        out = self._out or sys.stdout
-        if self._as_json:
-            print(json.dumps(chunk, sort_keys=True), file=out, flush=True)
-            return
-        if chunk["stream"] != self._stream:
-            if self._open_line:
-                out.write("\n")
-            out.flush()
-            print(f"==> {chunk['stream']} <==", file=self._err or sys.stderr, flush=True)
-            self._stream = chunk["stream"]
-        text = chunk["text"]
-        if text:
-            out.write(text)
-            out.flush()
-            self._open_line = not text.endswith("\n")
-
-
-def read_spec(path: Path) -> SpecFile:
-    """A job spec file (YAML or JSON, ``trainyard.spec``); warnings go to stderr."""
-    return load(path, warn=lambda message: print(f"warning: {message}", file=sys.stderr))
-
-
-class FollowPrinter:
-    """Prints what changed in a job view since the last one: new history entries, metrics,
-    checkpoints, the model and the final cost."""
-
-    def __init__(self, quiet: bool = False) -> None:
-        self._quiet = quiet
-        self._history = 0
-        self._step: int | None = None
-        self._checkpoints = 0
-        self._model = False
-        self._cost = False
-
-    def __call__(self, view: dict[str, Any]) -> None:
-        for line in self.changes(view):
-            if not self._quiet:
-                print(line, flush=True)
-
-    def changes(self, view: dict[str, Any]) -> list[str]:
-        lines: list[str] = []
-        for entry in view["history"][self._history :]:
-            reason = f"  {entry['reason']}" if entry.get("reason") else ""
-            lines.append(f"{_time(entry['at'])}  {entry['status']}{reason}")
-        self._history = len(view["history"])
-        if view.get("pending") and lines:
-            lines.append(f"          {_pending(view['pending'])}")
-        if view.get("step") is not None and view["step"] != self._step:
-            self._step = view["step"]
-            lines.append(f"          step {view['step']}: {_metrics(view['metrics'])}")
-        for ckpt in view["checkpoints"][self._checkpoints :]:
-            lines.append(
-                f"          checkpoint at step {ckpt['step']} ({_size(ckpt['size_bytes'])})"
-            )
-        self._checkpoints = len(view["checkpoints"])
-        if view.get("model") and not self._model:
-            self._model = True
-            lines.append(f"          model registered: {_model(view['model'])}")
-        if view["cost"]["final"] and not self._cost:
-            self._cost = True
-            lines.append(f"          cost: {_cost(view['cost'])}")
-        return lines
-
-
-def render_job(view: dict[str, Any]) -> str:
-    """A job view for people."""
-    spec = view["spec"]
-    status = view["status"]
-    if view.get("node"):
-        gpus = ",".join(str(i) for i in view.get("gpu_indices") or []) or "none"
-        status += f" (attempt {view['attempt']} on {view['node']}, GPUs {gpus})"
-    if view.get("cancel_requested") and not view.get("terminal"):
-        status += ", cancellation requested"
-    rows = [
-        ("job", f"{view['id']}  {view['name']}"),
-        ("status", status),
-        ("owner", f"{view['team']}/{view['user']}"),
-        (
-            "resources",
-            f"{spec['gpus']} x {spec['gpu_flavor']}, {_program(spec)} "
-            f"{' '.join(spec.get('args') or [])}".rstrip(),
+    config.current = args.name
+    cli_config.write(path, config)
+    session.emit(
+        {"context": args.name, "url": url, "user": me.get("user"), "team": me.get("team")},
+        lambda: (
+            f"logged in to {url} as {me.get('team')}/{me.get('user')} "
+            f"(context {args.name!r}, stored in {path})"
         ),
-        (
-            "times",
-            "  ".join(
-                f"{label} {_time(view[key])}"
-                for label, key in (
-                    ("submitted", "submitted_at"),
-                    ("started", "started_at"),
-                    ("finished", "finished_at"),
-                )
-                if view.get(key)
-            ),
+    )
+    return Exit.OK
+
+
+def _logout(session: Session) -> int:
+    path = session.config_path
+    config = cli_config.read(path)
+    name = session.args.name or config.current
+    if not name or name not in config.named():
+        raise CliError(f"no context {name!r}", Exit.NOT_FOUND)
+    del config.named()[name]
+    if config.current == name:
+        config.current = ""
+    cli_config.write(path, config)
+    session.emit({"removed": name}, lambda: f"removed context {name!r}")
+    return Exit.OK
+
+
+def _context_ls(session: Session) -> int:
+    rows = cli_config.rows(cli_config.read(session.config_path))
+    session.emit(
+        rows,
+        lambda: table(
+            ("CURRENT", "NAME", "URL", "USER"),
+            [("*" if r["current"] else "", r["name"], r["url"], r["user"]) for r in rows],
+            empty="no contexts: trainyard login URL",
         ),
-    ]
-    if spec.get("code"):
-        rows.append(("code", _code(spec["code"])))
-    if view.get("pending"):
-        rows.append(("pending", _pending(view["pending"])))
-    if view.get("step") is not None or view.get("metrics"):
-        rows.append(("metrics", f"step {view.get('step')}: {_metrics(view['metrics'])}"))
-    if view["checkpoints"]:
-        last = view["checkpoints"][-1]
-        rows.append(
-            ("checkpoints", f"{len(view['checkpoints'])}, latest step {last['step']} {last['uri']}")
-        )
-    if view.get("model"):
-        rows.append(("model", _model(view["model"])))
-    rows.append(("cost", _cost(view["cost"])))
-    if view.get("failure"):
-        failure = view["failure"]
-        code = "" if failure.get("exit_code") is None else f" (exit code {failure['exit_code']})"
-        rows.append(("failure", failure["reason"] + code))
-        rows.extend(("", line) for line in (failure.get("log_tail") or "").splitlines()[-10:])
-    rows.append(("history", ""))
-    rows.extend(
-        ("", f"{_time(h['at'])}  {h['status']:<10} {h.get('reason') or ''}".rstrip())
-        for h in view["history"]
     )
-    return "\n".join(f"{label:<12}{value}".rstrip() for label, value in rows)
+    return Exit.OK
 
 
-def render_list(jobs: list[dict[str, Any]]) -> str:
-    """The job list as a table."""
-    if not jobs:
-        return "no jobs"
-    header = ("ID", "NAME", "USER", "STATUS", "GPUS", "SUBMITTED", "COST")
-    rows = [header] + [
-        (
-            j["id"],
-            j["name"],
-            j["user"],
-            j["status"],
-            f"{j['gpus']}x{j['gpu_flavor']}",
-            _time(j["submitted_at"]),
-            f"{j['cost']:.4f} {j['currency']}" if j.get("currency") else "-",
-        )
-        for j in jobs
-    ]
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
+def _context_use(session: Session) -> int:
+    path = session.config_path
+    config = cli_config.read(path)
+    cli_config.pick(config, session.args.name)  # an error naming the contexts if unknown
+    config.current = session.args.name
+    cli_config.write(path, config)
+    session.emit({"current": config.current}, lambda: f"using context {config.current!r}")
+    return Exit.OK
 
 
-def _program(spec: dict[str, Any]) -> str:
-    return str(spec.get("entrypoint") or shlex.join(spec.get("command") or []))
-
-
-def _code(code: dict[str, Any]) -> str:
-    if code.get("kind") == "bundle":
-        return f"bundle {str(code['sha256'])[:7]} ({_size(int(code['size_bytes']))})"
-    if code.get("kind") == "git":
-        return f"git {code['repository']} @ {str(code['commit'])[:12]}"
-    return json.dumps(code, sort_keys=True)
-
-
-def _pending(pending: dict[str, Any]) -> str:
-    parts = [pending.get("reason") or "waiting"]
-    if pending.get("position") is not None:
-        parts.append(f"position {pending['position']}")
-    if pending.get("estimated_start"):
-        parts.append(f"estimated start {_time(pending['estimated_start'])}")
-    return ", ".join(parts)
-
-
-def _metrics(metrics: dict[str, Any]) -> str:
-    if not metrics:
-        return "(none)"
-    return " ".join(
-        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(metrics.items())
-    )
-
-
-def _model(model: dict[str, Any]) -> str:
-    return f"{model['name']} v{model['version']} {model['artifact_uri']}"
-
-
-def _cost(cost: dict[str, Any]) -> str:
-    state = "final" if cost["final"] else "so far"
-    if not cost.get("currency"):
-        return f"nothing billed yet ({state})"
-    hours = cost["gpu_seconds"] / 3600
-    price = cost.get("price_per_gpu_hour")
-    at_price = f" at {price:.2f} {cost['currency']}/GPU-hour" if price is not None else ""
-    return f"{cost['cost']:.4f} {cost['currency']} for {hours:.3f} GPU-hours{at_price} ({state})"
-
-
-def _size(size: int) -> str:
-    return format_size(size)
-
-
-def _time(value: str | None) -> str:
-    if not value:
-        return "-"
-    try:
-        return datetime.fromisoformat(value).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-    except ValueError:
-        return value
-
-
-def _why(view: dict[str, Any]) -> str:
-    if view.get("failure"):
-        return f": {view['failure']['reason']}"
-    reasons = [h.get("reason") for h in view["history"] if h["status"] == view["status"]]
-    return f": {reasons[-1]}" if reasons and reasons[-1] else ""
-
-
-def _dumps(value: object) -> str:
-    return json.dumps(value, indent=2, sort_keys=True)
-
-
-def _fail(message: str) -> int:
-    print(f"trainyard: error: {message}", file=sys.stderr)
-    return 1
+def _fail(message: str, code: int) -> int:
+    for line in message.splitlines() or [""]:
+        print(f"trainyard: error: {line}", file=sys.stderr)
+    return int(code)
 
 
 if __name__ == "__main__":

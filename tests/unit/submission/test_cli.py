@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from trainyard import cli
+from trainyard import cli, cli_jobs
 from trainyard.client import TrainyardClient
 
 VIEW: dict[str, Any] = {
@@ -75,6 +75,16 @@ class Seen(list[httpx.Request]):
         ]
 
 
+@pytest.fixture(autouse=True)
+def no_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A config file of the test's own (none yet), never the user's."""
+    path = tmp_path / "config" / "config.json"
+    monkeypatch.setenv("TRAINYARD_CONFIG", str(path))
+    for name in ("URL", "TOKEN", "CONTEXT", "REGISTRY_URL", "BILLING_URL"):
+        monkeypatch.delenv(f"TRAINYARD_{name}", raising=False)
+    return path
+
+
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> Seen:
     """Routes the CLI's client to a fake server; returns the requests it got."""
@@ -121,7 +131,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> Seen:
     monkeypatch.setenv("TRAINYARD_TOKEN", "ty_env")
     monkeypatch.setenv("TRAINYARD_URL", "http://env.test")
     monkeypatch.delenv("TRAINYARD_BUNDLE_MAX_BYTES", raising=False)
-    monkeypatch.setattr(cli.time, "sleep", lambda _: None)
+    monkeypatch.setattr(cli_jobs.time, "sleep", lambda _: None)
     return seen
 
 
@@ -165,8 +175,11 @@ def test_json_output(api: list[httpx.Request], capsys: pytest.CaptureFixture[str
 def test_list_is_a_table(api: list[httpx.Request], capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["list", "--status", "SUCCEEDED"]) == 0
     header, row = capsys.readouterr().out.splitlines()
-    assert header.split() == ["ID", "NAME", "USER", "STATUS", "GPUS", "SUBMITTED", "COST"]
-    assert row.split()[:5] == ["job-1", "digits-cnn", "alice", "SUCCEEDED", "2xh200"]
+    assert header.split() == [
+        "ID", "NAME", "USER", "STATUS", "REASON", "GPUS", "SUBMITTED", "DURATION", "COST"
+    ]  # fmt: skip
+    assert row.split()[:6] == ["job-1", "digits-cnn", "alice", "SUCCEEDED", "-", "2xh200"]
+    assert row.split()[8] == "9m00s"
     assert api[0].url.params["status"] == "SUCCEEDED"
 
 
@@ -234,9 +247,9 @@ def test_workdir_no_code_and_a_spec_that_names_its_code(
     requests = len(api)
     assert cli.main(["submit", str(spec)]) == 0
     assert api.submitted()[-1]["code"] == git
-    assert len(api) == requests + 1  # the submission only
+    assert len(api) == requests + 2  # the submission, and one look at where it waits
     assert "code:" not in capsys.readouterr().err
-    assert _exit_code(["submit", str(spec), "--no-code", "--workdir", "."]) == 1
+    assert _exit_code(["submit", str(spec), "--no-code", "--workdir", "."]) == 2  # usage
 
 
 def test_a_bundle_over_the_limit_is_a_one_line_error(
@@ -292,7 +305,7 @@ def test_logs_follow_gives_up_on_streams_that_never_complete(
     api: Seen, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     clock = iter(range(0, 1000, 5))
-    monkeypatch.setattr(cli.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(cli_jobs.time, "monotonic", lambda: float(next(clock)))
     api.log_pages = [_page([], "", terminal=True)] * 10
     assert cli.main(["logs", "job-1", "--follow"]) == 0
     assert len(api.log_pages) == 7  # ended at t=0, still incomplete at t=5, given up at t=10
@@ -304,7 +317,7 @@ def test_logs_ctrl_c_is_quiet(
     def interrupt(_: float) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli.time, "sleep", interrupt)
+    monkeypatch.setattr(cli_jobs.time, "sleep", interrupt)
     api.log_pages = [_page([("a0001-n", 0, "a\n")], "c1"), _page([], "c1")]
     assert cli.main(["logs", "job-1", "-f"]) == 130
     captured = capsys.readouterr()
@@ -335,7 +348,7 @@ def test_status_shows_a_command_and_its_code(
     assert "bundle 3fa2c1d (1.2 MiB)" in out
 
 
-def test_follow_exits_1_when_the_job_fails(
+def test_follow_exits_10_when_the_job_fails(
     api: list[httpx.Request],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -350,29 +363,32 @@ def test_follow_exits_1_when_the_job_fails(
     monkeypatch.setattr(TrainyardClient, "wait", lambda *a, **k: failed)
     spec = tmp_path / "job.json"
     spec.write_text(json.dumps(SPEC))
-    assert cli.main(["submit", str(spec), "--follow", "--no-code"]) == 1
+    assert cli.main(["submit", str(spec), "--follow", "--no-code"]) == 10
     assert capsys.readouterr().err.strip() == (
         "trainyard: error: job job-1 ended FAILED: out of memory"
     )
 
 
 @pytest.mark.parametrize(
-    ("argv", "message"),
+    ("argv", "message", "exit_code"),
     [
-        (["status", "missing"], "404 job missing not found"),
-        (["submit", "NOFILE"], "NOFILE: cannot read"),
-        (["submit", "BAD"], "BAD:1:2: invalid JSON: Expecting property name"),
-        (["submit", "LIST"], "LIST:1:1: must hold one mapping"),
-        (["submit", "NEG", "--no-code"], "NEG:1:95: gpus: must be at least 1"),
-        (["submit", "SERVER", "--no-code"], "SERVER:5:15: entrypoint: must be a dotted module"),
-        (["explode"], "invalid choice"),
-        (["status"], "the following arguments are required"),
+        (["status", "missing"], "404 job missing not found", 3),
+        (["submit", "NOFILE"], "NOFILE: cannot read", 1),
+        (["submit", "BAD"], "BAD:1:2: invalid JSON: Expecting property name", 1),
+        (["submit", "LIST"], "LIST:1:1: must hold one mapping", 1),
+        (["submit", "NEG", "--no-code"], "NEG:1:95: gpus: must be at least 1", 1),
+        (["submit", "SERVER", "--no-code"], "SERVER:5:15: entrypoint: must be a dotted module", 1),
+        (["explode"], "invalid choice", 2),
+        (["status"], "the following arguments are required", 2),
+        (["ls", "--status", "running", "--limit", "0"], "'0' is not a positive integer", 2),
+        (["ls", "--status", "sleeping"], "use one of queued, pending", 2),
     ],
 )
-def test_errors_are_one_line_on_stderr_with_exit_1(
+def test_errors_are_one_line_on_stderr_with_their_exit_code(
     api: list[httpx.Request],
     argv: list[str],
     message: str,
+    exit_code: int,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -384,7 +400,7 @@ def test_errors_are_one_line_on_stderr_with_exit_1(
     Path("SERVER").write_text(json.dumps({**SPEC, "entrypoint": "no/module"}, indent=0))
     code = _exit_code(argv)
     captured = capsys.readouterr()
-    assert code == 1
+    assert code == exit_code
     assert len(captured.err.strip().splitlines()) == 1, captured.err
     assert message in captured.err
     assert "Traceback" not in captured.err + captured.out
@@ -394,7 +410,7 @@ def test_missing_token_is_a_clear_error(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("TRAINYARD_TOKEN", raising=False)
-    assert cli.main(["list"]) == 1
+    assert cli.main(["list"]) == 4
     assert "set TRAINYARD_TOKEN or pass --token" in capsys.readouterr().err
 
 
@@ -409,7 +425,7 @@ def test_unreachable_server_is_one_line(
 
     monkeypatch.setattr(cli, "TrainyardClient", make)
     monkeypatch.setenv("TRAINYARD_TOKEN", "ty_x")
-    assert cli.main(["list", "--url", "http://127.0.0.1:9"]) == 1
+    assert cli.main(["list", "--url", "http://127.0.0.1:9"]) == 5
     err = capsys.readouterr().err
     assert err.startswith("trainyard: error: cannot reach http://127.0.0.1:9")
     assert len(err.strip().splitlines()) == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,6 +30,11 @@ MADE = {
     "expires_at": None,
     "token": "ty_new",
 }
+
+
+@pytest.fixture(autouse=True)
+def no_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINYARD_CONFIG", str(tmp_path / "config.json"))
 
 
 @pytest.fixture
@@ -95,7 +101,7 @@ def test_revoke_and_user_add(seen: list[httpx.Request], capsys: pytest.CaptureFi
 def test_a_refusal_is_one_line_naming_the_role(
     seen: list[httpx.Request], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(["audit"]) == 1
+    assert cli.main(["audit"]) == 4  # not allowed
     err = capsys.readouterr().err.strip()
     assert "403" in err and "operator role" in err and "\n" not in err
 
@@ -107,7 +113,7 @@ def test_status_filter_takes_any_case_and_names_the_valid_ones(
     assert seen[-1].url.params["status"] == "RUNNING"
     with pytest.raises(SystemExit) as refused:
         cli.main(["list", "--status", "runing"])
-    assert refused.value.code == 1
+    assert refused.value.code == 2  # usage
     err = capsys.readouterr().err
     assert "'runing' is not a status" in err and "running, succeeded" in err
 
@@ -133,8 +139,7 @@ def test_a_reader_that_goes_away_is_not_an_error() -> None:
         "    def write(self, *_): raise BrokenPipeError\n"
         "    def flush(self): pass\n"
         "    def fileno(self): return sys.__stdout__.fileno()\n"
-        "c.render_list = lambda jobs: 'x' * 100\n"
-        "c.TrainyardClient.list_jobs = lambda self, **_: []\n"
+        "c.TrainyardClient.list_page = lambda self, **_: ([], None)\n"
         "sys.stdout = Gone()\n"
         "sys.exit(c.main(['list', '--token', 't']))\n"
     )

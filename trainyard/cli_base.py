@@ -1,0 +1,211 @@
+"""What every CLI command shares: settings, the session (which API, which token), exit
+codes, output, and job references by unique id prefix.
+
+Exit codes (stable; scripts may rely on them):
+
+    0    success (``wait``, ``attach``, ``submit --follow``: the job SUCCEEDED)
+    1    error: the API refused the request, a spec file is invalid, anything unexpected
+    2    usage: the command line is wrong
+    3    not found: no such job, or an id prefix that matches no job or several
+    4    not allowed: no token, a token the API refuses (401), or a forbidden action (403)
+    5    unreachable: the API did not answer
+    6    timed out (``wait --timeout``, ``submit --follow --timeout``)
+    10   the job ended FAILED
+    11   the job ended CANCELLED
+    130  interrupted (Ctrl-C)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from trainyard.bundle import DEFAULT_MAX_BYTES
+from trainyard.cli_config import DEFAULT_URL, Context, default_path, pick, read
+from trainyard.cli_render import short
+from trainyard.client import TrainyardClient, TrainyardError
+
+
+class Exit(IntEnum):
+    OK = 0
+    ERROR = 1
+    USAGE = 2
+    NOT_FOUND = 3
+    DENIED = 4
+    UNREACHABLE = 5
+    TIMEOUT = 6
+    JOB_FAILED = 10
+    JOB_CANCELLED = 11
+    INTERRUPTED = 130
+
+
+FINAL_EXIT = {"SUCCEEDED": Exit.OK, "FAILED": Exit.JOB_FAILED, "CANCELLED": Exit.JOB_CANCELLED}
+
+
+class CliSettings(BaseSettings):
+    """What the environment tells the CLI (env prefix ``TRAINYARD_``); options and the
+    config file's context fill in the rest (``trainyard.cli_config``)."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAINYARD_")
+
+    url: str | None = None
+    """Base URL of the submission API (overrides the context's)."""
+    token: SecretStr | None = None
+    """Bearer token (overrides the context's)."""
+    context: str | None = None
+    """The context to use instead of the current one."""
+    config: Path | None = None
+    """The config file (default ``~/.config/trainyard/config.json``)."""
+    registry_url: str | None = None
+    """Base URL of the registry API (models, metrics, experiments)."""
+    billing_url: str | None = None
+    """Base URL of the billing API (``cost``)."""
+    scheduler_url: str | None = None
+    """Base URL of the scheduler API."""
+    bundle_max_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=1)
+    """Largest code bundle ``submit`` uploads (compressed bytes)."""
+
+
+class CliError(Exception):
+    """A problem to report as one line on stderr, with its exit code."""
+
+    def __init__(self, message: str, code: Exit = Exit.ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def exit_code_of(exc: TrainyardError) -> Exit:
+    if exc.status == 0:
+        return Exit.UNREACHABLE
+    if exc.status in (401, 403):
+        return Exit.DENIED
+    if exc.status == 404:
+        return Exit.NOT_FOUND
+    return Exit.ERROR
+
+
+@dataclass
+class Session:
+    """The API, the token and the output options of one command."""
+
+    settings: CliSettings
+    args: argparse.Namespace
+    make: Callable[[str, str], TrainyardClient]
+    """How a client is made (``cli.TrainyardClient``, replaced in tests)."""
+    clients: dict[str, TrainyardClient] = field(default_factory=dict)
+
+    @property
+    def as_json(self) -> bool:
+        return bool(getattr(self.args, "json", False))
+
+    @property
+    def config_path(self) -> Path:
+        return self.settings.config or default_path()
+
+    def context(self) -> Context | None:
+        name = getattr(self.args, "context", None) or self.settings.context
+        return pick(read(self.config_path), name)
+
+    @property
+    def url(self) -> str:
+        ctx = None if self._url_given() else self.context()
+        return (
+            getattr(self.args, "url", None) or self.settings.url or (ctx and ctx.url) or DEFAULT_URL
+        )
+
+    def _url_given(self) -> bool:
+        return bool(getattr(self.args, "url", None) or self.settings.url)
+
+    @property
+    def token(self) -> str:
+        given = getattr(self.args, "token", None) or (
+            self.settings.token.get_secret_value() if self.settings.token else None
+        )
+        if given:
+            return str(given)
+        ctx = self.context()
+        if ctx is not None and ctx.token and (not self._url_given() or self.url == ctx.url):
+            return ctx.token
+        raise CliError(
+            "no token: trainyard login URL, set TRAINYARD_TOKEN or pass --token", Exit.DENIED
+        )
+
+    @property
+    def client(self) -> TrainyardClient:
+        """The submission API's client (made once)."""
+        if "submission" not in self.clients:
+            self.clients["submission"] = self.make(self.url, self.token)
+        return self.clients["submission"]
+
+    def service(self, name: str) -> TrainyardClient:
+        """The client of another service's API (``registry``, ``billing``, ``scheduler``)."""
+        if name not in self.clients:
+            ctx = self.context()
+            url = getattr(self.settings, f"{name}_url") or (ctx and getattr(ctx, f"{name}_url"))
+            if not url:
+                raise CliError(
+                    f"no {name} URL: set TRAINYARD_{name.upper()}_URL or "
+                    f"trainyard login URL --{name}-url {name.upper()}_URL"
+                )
+            self.clients[name] = self.make(str(url), self.token)
+        return self.clients[name]
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+
+    def emit(self, value: Any, text: Callable[[], str]) -> None:
+        """``value`` as JSON with ``--json``, else ``text()``."""
+        print(dumps(value) if self.as_json else text())
+
+
+def dumps(value: object) -> str:
+    return json.dumps(value, indent=2, sort_keys=True)
+
+
+def note(message: str) -> None:
+    """A progress note for people, on stderr."""
+    print(message, file=sys.stderr, flush=True)
+
+
+# --- job references --------------------------------------------------------------------------
+
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_PREFIX = re.compile(r"[0-9a-f][0-9a-f-]{0,34}")
+PREFIX_CANDIDATES = 10
+"""How many jobs an ambiguous prefix lists."""
+
+
+def resolve(client: TrainyardClient, ref: str) -> str:
+    """The job id ``ref`` stands for: a full id, or a unique prefix of one of the team's jobs
+    (``GET /v1/jobs?id_prefix=``). Anything else is passed on as it is (the API answers)."""
+    plain = ref.strip().lower()
+    if _UUID.fullmatch(plain):
+        return plain
+    if not _PREFIX.fullmatch(plain):
+        return ref
+    ref = plain
+    jobs, _ = client.list_page(limit=PREFIX_CANDIDATES + 1, id_prefix=ref)
+    matches = [j for j in jobs if str(j.get("id", "")).startswith(ref)]
+    if not matches:
+        raise CliError(f"no job of your team has an id starting with {ref!r}", Exit.NOT_FOUND)
+    if len(matches) > 1:
+        listed = ", ".join(
+            f"{short(j['id'])} ({j['name']}, {j['status']})" for j in matches[:PREFIX_CANDIDATES]
+        )
+        more = " and more" if len(matches) > PREFIX_CANDIDATES else ""
+        raise CliError(
+            f"{ref!r} is ambiguous: it starts the ids of {listed}{more}; give more characters",
+            Exit.NOT_FOUND,
+        )
+    return str(matches[0]["id"])

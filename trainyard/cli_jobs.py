@@ -1,0 +1,456 @@
+"""The CLI's job commands: submit, ls, get, describe, logs, attach, wait, cancel, rerun, queue.
+
+Every command that takes a job takes its full id or any unique prefix of it
+(``trainyard.cli_base.resolve``). Output for people goes to stdout as text or aligned
+tables; ``--json`` prints the API's JSON instead; progress notes go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from trainyard.bundle import format_size, pack
+from trainyard.cli_base import FINAL_EXIT, CliError, Exit, Session, dumps, note, resolve
+from trainyard.cli_render import (
+    LIST_HEADER,
+    FollowPrinter,
+    list_row,
+    pending_text,
+    render_job,
+    table,
+    time_text,
+    why,
+)
+from trainyard.client import SETTLE_SECONDS, TrainyardClient, TrainyardError
+from trainyard.spec import SpecFile, load
+
+LOG_POLL_SECONDS = 1.0
+ESTIMATE_WAIT_SECONDS = 2.0
+"""How long ``submit`` waits for the scheduler's first word (position, estimated start)."""
+JOB_STATUSES = (
+    "QUEUED",
+    "PENDING",
+    "SCHEDULED",
+    "RUNNING",
+    "SUCCEEDED",
+    "FAILED",
+    "PREEMPTED",
+    "CANCELLED",
+)
+RERUN_LABEL = "trainyard.dev/rerun-of"
+
+
+def status_arg(value: str) -> str:
+    """``--status``: any case; an unknown one names the valid ones."""
+    if value.upper() not in JOB_STATUSES:
+        valid = ", ".join(s.lower() for s in JOB_STATUSES)
+        raise argparse.ArgumentTypeError(f"{value!r} is not a status; use one of {valid}")
+    return value.upper()
+
+
+def key_value(value: str) -> tuple[str, str]:
+    """``KEY=VALUE`` (``--label``, ``--set``)."""
+    key, sep, rest = value.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{value!r} is not KEY=VALUE")
+    return key, rest
+
+
+# --- submit and rerun ------------------------------------------------------------------------
+
+
+def submit(session: Session) -> int:
+    args = session.args
+    loaded = load(args.file, warn=lambda message: note(f"warning: {message}"))
+    spec = _overridden(loaded.spec, args)
+    client = session.client
+    if not args.no_code and "code" not in spec:
+        workdir = args.workdir if args.workdir is not None else args.file.parent
+        spec["code"] = upload_code(client, workdir, session.settings.bundle_max_bytes)
+    return _submitted(session, spec, loaded)
+
+
+def rerun(session: Session) -> int:
+    """Submit the spec of an earlier job again (same code, with the overrides given)."""
+    args = session.args
+    client = session.client
+    old = client.get_job(resolve(client, args.job))
+    spec = {
+        k: v
+        for k, v in old["spec"].items()
+        if k not in ("user", "team") and v is not None and v != "" and v != []
+    }
+    labels = dict(spec.get("labels") or {})
+    labels[RERUN_LABEL] = old["id"]
+    spec["labels"] = labels
+    return _submitted(session, _overridden(spec, args), None, rerun_of=old["id"])
+
+
+def _overridden(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    spec = dict(spec)
+    for name in ("name", "project", "experiment"):
+        if getattr(args, name, None):
+            spec[name] = getattr(args, name)
+    if getattr(args, "label", None):
+        spec["labels"] = {**(spec.get("labels") or {}), **dict(args.label)}
+    if getattr(args, "set", None):
+        values = {k: _scalar(v) for k, v in args.set}
+        spec["hyperparameters"] = {**(spec.get("hyperparameters") or {}), **values}
+    return spec
+
+
+def _scalar(text: str) -> Any:
+    """``--set lr=1e-3``: the value as YAML reads a scalar (a number, true/false, a string)."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str) and text.strip().lower().replace("+", "").lstrip("-")[:1].isdigit():
+        try:  # PyYAML (YAML 1.1) reads 1e-3 as a string
+            return float(text)
+        except ValueError:
+            return value
+    return value if isinstance(value, bool | int | float | str) else text
+
+
+def _submitted(
+    session: Session, spec: dict[str, Any], loaded: SpecFile | None, rerun_of: str | None = None
+) -> int:
+    args = session.args
+    client = session.client
+    try:
+        view = client.submit(spec, idempotency_key=getattr(args, "idempotency_key", None))
+    except TrainyardError as exc:
+        if exc.status == 422 and exc.errors and loaded is not None:
+            raise loaded.explain(exc.errors) from None
+        raise
+    if not args.follow:
+        if session.as_json:
+            print(dumps(view))
+            return Exit.OK
+        again = f" (rerun of {rerun_of})" if rerun_of else ""
+        print(f"submitted job {view['id']} ({view['name']}){again}", flush=True)
+        waiting = _first_word(client, view)
+        if waiting:
+            print(waiting)
+        return Exit.OK
+    if not session.as_json:
+        print(f"submitted job {view['id']} ({view['name']}); following (Ctrl-C stops following)")
+    return follow(session, view["id"], args.timeout)
+
+
+def _first_word(client: TrainyardClient, view: dict[str, Any]) -> str:
+    """The job's status once the scheduler has seen it (its place and estimated start while
+    it waits), or "" if it has not within ``ESTIMATE_WAIT_SECONDS``."""
+    deadline = time.monotonic() + ESTIMATE_WAIT_SECONDS
+    while view["status"] == "QUEUED" and time.monotonic() < deadline:
+        time.sleep(0.2)
+        view = client.get_job(view["id"])
+    if view.get("pending"):
+        return f"{view['status']}: {pending_text(view['pending'])}"
+    return "" if view["status"] == "QUEUED" else f"status: {view['status']}"
+
+
+def upload_code(client: TrainyardClient, workdir: Path, max_bytes: int) -> dict[str, Any]:
+    """Pack ``workdir``, upload the bundle unless the team has it, and return the spec's
+    ``code``; says what happened in one line on stderr."""
+    bundle = pack(workdir, max_bytes=max_bytes, warn=lambda m: note(f"warning: {m}"))
+    try:
+        uploaded = client.upload_bundle(bundle.path, bundle.sha256)
+    finally:
+        bundle.path.unlink(missing_ok=True)
+    what = "uploaded" if uploaded else "already stored"
+    note(f"code: {format_size(bundle.size_bytes)} bundle {bundle.sha256[:7]} ({what})")
+    return {"kind": "bundle", "sha256": bundle.sha256, "size_bytes": bundle.size_bytes}
+
+
+# --- following -------------------------------------------------------------------------------
+
+
+def follow(session: Session, job_id: str, timeout_s: float) -> int:
+    """Print the job's changes (status, metrics, checkpoints) and output until it ends;
+    the exit code says how it ended."""
+    client = session.client
+    printer = FollowPrinter(quiet=session.as_json)
+    output = None if session.as_json else LogFollower(client, job_id, best_effort=True)
+    try:
+        final = client.wait(
+            job_id,
+            timeout_s=timeout_s,
+            on_change=printer,
+            on_poll=None if output is None else lambda _: output.poll(),
+        )
+        if output is not None:
+            output.run(follow=True)  # the output's last chunks
+    except KeyboardInterrupt:
+        raise CliError(
+            f"stopped following; the job goes on: trainyard attach {job_id}", Exit.INTERRUPTED
+        ) from None
+    print(dumps(final) if session.as_json else "\n" + render_job(final))
+    return ended(final)
+
+
+def ended(view: dict[str, Any]) -> int:
+    """The exit code of a job's final view (one line on stderr unless it succeeded)."""
+    code = FINAL_EXIT.get(view["status"], Exit.ERROR)
+    if code != Exit.OK:
+        print(
+            f"trainyard: error: job {view['id']} ended {view['status']}{why(view)}",
+            file=sys.stderr,
+        )
+    return code
+
+
+def attach(session: Session) -> int:
+    job_id = resolve(session.client, session.args.job)
+    if not session.as_json:
+        note(f"following job {job_id} (Ctrl-C stops following; the job goes on)")
+    return follow(session, job_id, session.args.timeout)
+
+
+def wait(session: Session) -> int:
+    client = session.client
+    job_id = resolve(client, session.args.job)
+    try:
+        final = client.wait(job_id, timeout_s=session.args.timeout)
+    except TimeoutError as exc:
+        raise CliError(str(exc), Exit.TIMEOUT) from None
+    session.emit(final, lambda: f"{final['id']}  {final['status']}{why(final)}")
+    return ended(final)
+
+
+class LogFollower:
+    """Prints a job's output as it arrives (``GET /v1/jobs/{id}/logs``).
+
+    Chunks go to ``out`` as they are; a ``==> stream <==`` line on ``err`` says whose output
+    follows whenever the stream (attempt and node) changes. Following ends once the job has
+    ended and all its streams are complete, or ``grace_s`` after the job ended (a runner
+    that died never completes its streams). ``best_effort`` (for ``submit --follow``):
+    an error reading the logs stops printing them instead of failing."""
+
+    def __init__(
+        self,
+        client: TrainyardClient,
+        job_id: str,
+        *,
+        as_json: bool = False,
+        best_effort: bool = False,
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+        poll_s: float = LOG_POLL_SECONDS,
+        grace_s: float = SETTLE_SECONDS,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], None] | None = None,
+    ) -> None:
+        self._client = client
+        self._job_id = job_id
+        self._as_json = as_json
+        self._best_effort = best_effort
+        self._out = out
+        self._err = err
+        self._poll_s = poll_s
+        self._grace_s = grace_s
+        self._clock = clock or (lambda: time.monotonic())
+        self._sleep = sleep or (lambda s: time.sleep(s))
+        self.cursor = ""
+        self.done = False
+        self._stream: str | None = None
+        self._open_line = False
+        self._ended_at: float | None = None
+
+    def run(self, follow: bool) -> None:
+        """Print what there is; with ``follow``, poll until the job's output is complete."""
+        while not self.poll() and follow:
+            self._sleep(self._poll_s)
+
+    def poll(self) -> bool:
+        """Print every chunk available now; True once there will be no more."""
+        if self.done:
+            return True
+        while True:
+            try:
+                page = self._client.logs(self._job_id, after=self.cursor)
+            except TrainyardError:
+                if not self._best_effort:
+                    raise
+                self.done = True  # e.g. a server without logs: follow the status only
+                return True
+            for chunk in page["chunks"]:
+                self._print(chunk)
+            self.cursor = page["cursor"]
+            if not page["chunks"]:
+                break
+        if page["job_terminal"]:
+            now = self._clock()
+            self._ended_at = now if self._ended_at is None else self._ended_at
+            if page["streams_complete"] or now - self._ended_at >= self._grace_s:
+                self.done = True
+        return self.done
+
+    def _print(self, chunk: dict[str, Any]) -> None:
+        out = self._out or sys.stdout
+        if self._as_json:
+            print(dumps_line(chunk), file=out, flush=True)
+            return
+        if chunk["stream"] != self._stream:
+            if self._open_line:
+                out.write("\n")
+            out.flush()
+            print(f"==> {chunk['stream']} <==", file=self._err or sys.stderr, flush=True)
+            self._stream = chunk["stream"]
+        text = chunk["text"]
+        if text:
+            out.write(text)
+            out.flush()
+            self._open_line = not text.endswith("\n")
+
+
+def dumps_line(value: object) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def logs(session: Session) -> int:
+    client = session.client
+    follower = LogFollower(client, resolve(client, session.args.job), as_json=session.as_json)
+    try:
+        follower.run(follow=session.args.follow)
+    except KeyboardInterrupt:
+        return Exit.INTERRUPTED  # quietly: the user asked to stop
+    return Exit.OK
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+def ls(session: Session) -> int:
+    args = session.args
+    client = session.client
+    user = args.user
+    if args.mine:
+        user = client.whoami()["user"]
+    filters = {
+        "status": args.status,
+        "user": user,
+        "project": args.project,
+        "experiment": args.experiment,
+    }
+    jobs: list[dict[str, Any]] = []
+    cursor = args.after
+    while True:
+        page, cursor = client.list_page(limit=args.limit - len(jobs), after=cursor, **filters)
+        # A server that does not know a filter ignores it: hold every row to it here too.
+        jobs += [j for j in page if all(_matches(j, k, v) for k, v in filters.items())]
+        if not cursor or not page or (len(jobs) >= args.limit and not args.all):
+            break
+    session.emit(jobs, lambda: table(LIST_HEADER, [list_row(j) for j in jobs], empty="no jobs"))
+    if cursor and not session.as_json and not args.all:
+        note(f"more jobs: trainyard ls --after {cursor}")
+    return Exit.OK
+
+
+def _matches(job: dict[str, Any], key: str, wanted: str | None) -> bool:
+    if not wanted or key not in job:
+        return True
+    return bool(job[key] == wanted)
+
+
+def get(session: Session) -> int:
+    client = session.client
+    views = [client.get_job(resolve(client, ref)) for ref in session.args.jobs]
+    rows = [list_row(_summary(v)) for v in views]
+    session.emit(views[0] if len(views) == 1 else views, lambda: table(LIST_HEADER, rows))
+    return Exit.OK
+
+
+def _summary(view: dict[str, Any]) -> dict[str, Any]:
+    """A job view as a line of ``GET /v1/jobs``."""
+    spec = view["spec"]
+    reason = (view.get("failure") or {}).get("reason") or (view.get("pending") or {}).get("reason")
+    return {
+        **view,
+        "gpus": spec.get("gpus"),
+        "gpu_flavor": spec.get("gpu_flavor"),
+        "cost": view["cost"]["cost"],
+        "currency": view["cost"].get("currency"),
+        "reason": reason,
+    }
+
+
+def describe(session: Session) -> int:
+    client = session.client
+    view = client.get_job(resolve(client, session.args.job))
+    session.emit(view, lambda: render_job(view))
+    return Exit.OK
+
+
+def cancel(session: Session) -> int:
+    client = session.client
+    views = [client.cancel(resolve(client, ref)) for ref in session.args.jobs]
+    session.emit(
+        views[0] if len(views) == 1 else views,
+        lambda: "\n".join(
+            f"cancellation requested for job {v['id']} (status now {v['status']})" for v in views
+        ),
+    )
+    return Exit.OK
+
+
+QUEUE_HEADER = (
+    "POS",
+    "ID",
+    "NAME",
+    "USER",
+    "GPUS",
+    "STATUS",
+    "WAITING SINCE",
+    "EST. START",
+    "REASON",
+)
+
+
+def queue(session: Session) -> int:
+    """The team's waiting jobs in the scheduler's order, with why each waits."""
+    client = session.client
+    waiting: list[dict[str, Any]] = []
+    for status in ("PENDING", "QUEUED", "PREEMPTED"):
+        page, _ = client.list_page(limit=session.args.limit, status=status)
+        waiting += [client.get_job(j["id"]) for j in page]
+    waiting.sort(
+        key=lambda v: ((v.get("pending") or {}).get("position") or 10**9, v["submitted_at"])
+    )
+    rows = []
+    for view in waiting:
+        pending = view.get("pending") or {}
+        spec = view["spec"]
+        rows.append(
+            (
+                pending.get("position") or "-",
+                view["id"][:8],
+                view["name"],
+                view["user"],
+                f"{spec['gpus']}x{spec['gpu_flavor']}",
+                view["status"],
+                time_text(view["submitted_at"]),
+                time_text(pending.get("estimated_start")),
+                "; ".join(
+                    p
+                    for p in (
+                        pending.get("reason"),
+                        pending.get("blocking") and f"blocked by {pending['blocking']}",
+                        pending.get("suggestion") and f"suggestion: {pending['suggestion']}",
+                    )
+                    if p
+                )
+                or "-",
+            )
+        )
+    session.emit(waiting, lambda: table(QUEUE_HEADER, rows, empty="no job of your team waits"))
+    return Exit.OK

@@ -1,0 +1,269 @@
+"""The CLI's tracking commands: metrics, experiments, compare, models, cost.
+
+Metric series and experiments come from the registry (``--registry-url`` at login, or
+``TRAINYARD_REGISTRY_URL``), costs from billing (``TRAINYARD_BILLING_URL``). Without the
+registry, ``metrics`` shows the job's latest values from the submission API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+from trainyard.cli_base import CliError, Exit, Session, resolve
+from trainyard.cli_render import duration, metrics_text, short, sparkline, table, time_text
+from trainyard.client import TrainyardError
+
+
+def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
+    metrics = command("metrics", run_metrics, "a job's metrics: a table, or one as a sparkline")
+    metrics.add_argument("job", metavar="JOB")
+    metrics.add_argument("key", nargs="?", help="one metric: its curve (points with --json)")
+    metrics.add_argument("--points", type=int, default=1000, help="at most this many points")
+    experiments = command(
+        "experiments", run_experiments, "the team's experiments, or the runs of one"
+    )
+    experiments.add_argument("experiment", nargs="?", metavar="EXP", help="a name or an id")
+    experiments.add_argument("--project", help="only this project's")
+    experiments.add_argument("--sort", help="final:<key> or best:<key>")
+    experiments.add_argument("--filter", help="e.g. final:accuracy>=0.9")
+    compare = command("compare", run_compare, "runs of an experiment side by side")
+    compare.add_argument("experiment", metavar="EXP", help="a name or an id")
+    compare.add_argument("--project", help="the experiment's project (when names repeat)")
+    compare.add_argument("--keys", help="metric keys to compare, comma-separated")
+    compare.add_argument("--jobs", nargs="+", metavar="JOB", help="only these runs")
+    models = command("models", run_models, "the versions of one of the team's models")
+    models.add_argument("name", help="the model's name (a job's model shows it)")
+    models.add_argument("--team", help="another team's (operators)")
+    cost = command("cost", run_cost, "what the team's jobs cost, by user and by job")
+    cost.add_argument("--team", help="another team (operators)")
+
+
+def _number(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4g}"
+    return str(value)
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def run_metrics(session: Session) -> int:
+    args = session.args
+    job_id = resolve(session.client, args.job)
+    try:
+        registry = session.service("registry")
+    except CliError:
+        if args.key:
+            raise
+        view = session.client.get_job(job_id)
+        session.emit(
+            {"job_id": job_id, "step": view.get("step"), "metrics": view.get("metrics")},
+            lambda: f"step {view.get('step')}: {metrics_text(view.get('metrics') or {})}",
+        )
+        return Exit.OK
+    if args.key:
+        curve = registry.get(
+            f"/v1/jobs/{quote(job_id, safe='')}/metrics/{quote(args.key, safe='/')}",
+            max_points=args.points,
+        )
+        points = curve["points"]
+        values = [_float(p["value"]) for p in points]
+        finite = [v for v in values if v is not None and math.isfinite(v)]
+
+        def text() -> str:
+            if not points:
+                return f"{args.key}: no points"
+            return (
+                f"{args.key}  {sparkline(values, 60)}\n"
+                f"steps {points[0]['step']}..{points[-1]['step']}, {curve['total']} points"
+                + (" (downsampled)" if curve.get("downsampled") else "")
+                + (f", min {min(finite):.4g}, max {max(finite):.4g}" if finite else "")
+                + f", last {_number(_float(points[-1]['value']))}"
+            )
+
+        session.emit(curve, text)
+        return Exit.OK
+    listed = registry.get(f"/v1/jobs/{quote(job_id, safe='')}/metrics")
+    rows = []
+    for m in listed["metrics"]:
+        rows.append(
+            (
+                m["key"],
+                m["count"],
+                f"{m['first_step']}..{m['last_step']}",
+                _number(m["last"]),
+                f"{_number(m['best'])} @{m['best_step']}" if m.get("best") is not None else "-",
+                _number(m["min"]),
+                _number(m["max"]),
+            )
+        )
+    session.emit(
+        listed,
+        lambda: table(
+            ("KEY", "POINTS", "STEPS", "LAST", "BEST", "MIN", "MAX"),
+            rows,
+            empty="no metrics reported",
+        ),
+    )
+    return Exit.OK
+
+
+def _experiment_id(session: Session, ref: str, project: str | None) -> int:
+    if ref.isdigit():
+        return int(ref)
+    found = session.service("registry").get("/v1/experiments", project=project)
+    matches = [e for e in found["experiments"] if e["name"] == ref]
+    if not matches:
+        raise CliError(f"no experiment {ref!r} in your team", Exit.NOT_FOUND)
+    if len(matches) > 1:
+        where = ", ".join(f"{e['project']} (id {e['id']})" for e in matches)
+        raise CliError(
+            f"experiment {ref!r} exists in several projects: {where}; pass --project or the id",
+            Exit.NOT_FOUND,
+        )
+    return int(matches[0]["id"])
+
+
+def run_experiments(session: Session) -> int:
+    args = session.args
+    registry = session.service("registry")
+    if not args.experiment:
+        found = registry.get("/v1/experiments", project=args.project)
+        rows = [
+            (
+                e["id"],
+                e["project"],
+                e["name"],
+                e["runs"],
+                e["running"],
+                time_text(e["last_started_at"]),
+            )
+            for e in found["experiments"]
+        ]
+        session.emit(
+            found,
+            lambda: table(
+                ("ID", "PROJECT", "NAME", "RUNS", "RUNNING", "LAST STARTED"),
+                rows,
+                empty="no experiments yet (name one in a spec: experiment: NAME)",
+            ),
+        )
+        return Exit.OK
+    number = _experiment_id(session, args.experiment, args.project)
+    found = registry.get(f"/v1/experiments/{number}", sort=args.sort, filter=args.filter)
+    keys = sorted({k for run in found["runs"] for k in run["metrics"]})[:6]
+    rows = [
+        (
+            short(run["job_id"]),
+            run["name"],
+            run["user"],
+            run["status"],
+            duration(run["started_at"], run.get("ended_at")),
+            *(_number((run["metrics"].get(k) or {}).get("final")) for k in keys),
+        )
+        for run in found["runs"]
+    ]
+    session.emit(
+        found,
+        lambda: table(
+            ("ID", "NAME", "USER", "STATUS", "DURATION", *(k.upper() for k in keys)),
+            rows,
+            empty="no runs",
+        ),
+    )
+    return Exit.OK
+
+
+def run_compare(session: Session) -> int:
+    args = session.args
+    registry = session.service("registry")
+    number = _experiment_id(session, args.experiment, args.project)
+    jobs = None
+    if args.jobs:
+        jobs = ",".join(resolve(session.client, ref) for ref in args.jobs)
+    found = registry.get(f"/v1/experiments/{number}/compare", keys=args.keys, jobs=jobs)
+
+    def text() -> str:
+        runs = found["runs"]
+        ids = [r["job_id"] for r in runs]
+        header = ("", *(short(i) for i in ids))
+        rows: list[tuple[str, ...]] = [
+            ("name", *(r["name"] for r in runs)),
+            ("status", *(r["status"] for r in runs)),
+            ("duration", *(duration(r["started_at"], r.get("ended_at")) for r in runs)),
+        ]
+        for name, by_job in sorted(found["differing_parameters"].items()):
+            rows.append((f"param {name}", *(_number(by_job.get(i)) for i in ids)))
+        for key, by_job in sorted(found["final"].items()):
+            rows.append((f"final {key}", *(_number(by_job.get(i)) for i in ids)))
+        lines = [table(header, rows)]
+        for key, curves in sorted(found.get("curves", {}).items()):
+            lines.append(f"\n{key}")
+            for job_id, curve in curves.items():
+                values = [_float(p["value"]) for p in curve["points"]]
+                lines.append(f"  {short(job_id)}  {sparkline(values, 50)}")
+        return "\n".join(lines)
+
+    session.emit(found, text)
+    return Exit.OK
+
+
+def run_models(session: Session) -> int:
+    args = session.args
+    team = args.team or session.client.whoami()["team"]
+    found = session.service("registry").get(
+        f"/v1/models/{quote(team, safe='')}/{quote(args.name, safe='')}/versions"
+    )
+    rows = [
+        (
+            v.get("version"),
+            short(str(v.get("job_id") or "-")),
+            time_text(v.get("registered_at")),
+            " ".join(f"{k}={_number(x)}" for k, x in sorted((v.get("metrics") or {}).items())),
+        )
+        for v in found.get("versions", [])
+    ]
+    session.emit(
+        found,
+        lambda: table(("VERSION", "JOB", "REGISTERED", "METRICS"), rows, empty="no versions"),
+    )
+    return Exit.OK
+
+
+def run_cost(session: Session) -> int:
+    try:
+        usage = session.service("billing").get("/v1/usage", team=session.args.team)
+    except TrainyardError as exc:
+        raise CliError(f"billing: {exc}") from None
+    session.emit(usage, lambda: _usage_text(usage))
+    return Exit.OK
+
+
+def _usage_text(usage: dict[str, Any]) -> str:
+    parts = []
+    for title, key, name in (
+        ("by team", "teams", "team"),
+        ("by user", "users", "user"),
+        ("by job", "jobs", "job_id"),
+    ):
+        rows = [
+            (
+                short(str(row.get(name))) if name == "job_id" else row.get(name),
+                f"{float(row.get('gpu_seconds') or 0) / 3600:.3f}",
+                f"{float(row.get('cost') or 0):.4f} {row.get('currency') or ''}".strip(),
+            )
+            for row in usage.get(key) or []
+        ]
+        if rows:
+            parts.append(f"{title}\n" + table((name.upper(), "GPU-HOURS", "COST"), rows))
+    return "\n\n".join(parts) or "nothing billed yet"
