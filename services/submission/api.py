@@ -48,6 +48,7 @@ from litestar.types import Guard
 
 from services.submission import commands, identity
 from services.submission.config import Settings
+from services.submission.dashboard import dashboard_routes
 from services.submission.domain import JobStatus
 from services.submission.errors import Conflict, Forbidden, NotFound
 from services.submission.identity import Caller
@@ -474,7 +475,7 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
     )
     return service_app(
         "submission",
-        [*deps.health_handlers, v1, audit_route(deps.pool)],
+        [*deps.health_handlers, v1, audit_route(deps.pool), *dashboard_routes(settings)],
         caller_guard(deps.pool, RateLimits.of(settings)),
         statuses={NotFound: 404, Forbidden: 403, Conflict: 409},
         errors=(429,),

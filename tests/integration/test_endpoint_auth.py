@@ -118,6 +118,15 @@ POLICY: dict[str, dict[tuple[str, str], Role]] = {
 }
 """The least role each route needs (OPTIONS, which Litestar adds, and the OpenAPI document
 under ``/schema`` need a valid token)."""
+PUBLIC: dict[str, set[str]] = {
+    "submission": {"/", "/ui", "/ui/config.json", "/ui/{file_path:path}"},
+}
+"""Routes declared ``public_asset()`` (the web dashboard's files and its config): open to
+anyone, every method Litestar gives them (``test_public_assets_hold_no_data``)."""
+
+
+def is_open(service: str, path: str) -> bool:
+    return path in OPEN_PATHS or path in PUBLIC.get(service, set())
 
 
 @dataclass
@@ -291,7 +300,7 @@ async def test_every_route_has_a_declared_least_role(world: World) -> None:
         f"{service}: {method} {path}"
         for service, app in world.apps.items()
         for method, path in routes(app)
-        if path not in OPEN_PATHS and _policy(service, method, path) is None
+        if not is_open(service, path) and _policy(service, method, path) is None
     ]
     assert not missing, "declare who may call these in POLICY:\n" + "\n".join(missing)
 
@@ -309,7 +318,7 @@ async def test_no_valid_token_no_access_and_nothing_changes(service: str, world:
         *((token, {}) for token in bad),
     ]
     before = await snapshot(world.pools)
-    guarded = [(m, p) for m, p in routes(app) if p not in OPEN_PATHS]
+    guarded = [(m, p) for m, p in routes(app) if not is_open(service, p)]
     assert any(p.startswith("/v1/") for _, p in guarded)
     wrong: list[str] = []
     for method, path in guarded:
@@ -335,7 +344,7 @@ async def test_each_role_reaches_exactly_the_routes_its_role_allows(
     for name, role in callers.items():
         for method, path in routes(app):
             needed = _policy(service, method, path)
-            if path in OPEN_PATHS or needed is None:
+            if is_open(service, path) or needed is None:
                 continue
             # A fresh token per call: an allowed call may rotate or revoke the one it used.
             token = await fresh_token(world.pools["submission"], name)
@@ -356,10 +365,27 @@ async def test_each_role_reaches_exactly_the_routes_its_role_allows(
 async def test_the_operator_token_reaches_every_route(service: str, world: World) -> None:
     app = world.apps[service]
     for method, path in routes(app):
-        if path in OPEN_PATHS:
+        if is_open(service, path):
             continue
         response = await call(app, method, concrete(path), ADMIN_TOKEN.get_secret_value())
         assert response.status_code not in (401, 403), f"{method} {path}: {response.text}"
+
+
+async def test_public_assets_hold_no_data(world: World) -> None:
+    """The dashboard's routes are the only other open ones: its files and the services' URLs,
+    the same for anyone; every data route behind them still answers 401 without a token."""
+    app = world.apps["submission"]
+    assert {p for _, p in routes(app)} >= PUBLIC["submission"]
+    page = await call(app, "GET", "/ui/", None)
+    assert page.status_code == 200 and "<title>Trainyard</title>" in page.text
+    config = await call(app, "GET", "/ui/config.json", None)
+    assert config.status_code == 200
+    assert set(config.json()) == {"scheduler_url", "registry_url", "billing_url"}
+    script = await call(app, "GET", "/ui/app.js", None)
+    assert script.status_code == 200 and "javascript" in script.headers["content-type"]
+    for outside in ("/ui/%2e%2e/dashboard.py", "/ui/..%2fconfig.py", "/ui/nothing.js"):
+        assert (await call(app, "GET", outside, None)).status_code == 404, outside
+    assert (await call(app, "GET", "/v1/jobs", None)).status_code == 401
 
 
 @pytest.mark.parametrize("service", SERVICES)

@@ -1,0 +1,74 @@
+"""The web dashboard: static pages under ``/ui/`` and the URLs they call, served to anyone.
+
+Contract:
+- ``GET /ui/`` and every file under it are the HTML, ES modules, styles and vendored chart
+  library in ``web/`` (shipped with the package; no build step). ``GET /ui/config.json``
+  gives the public URLs of the other services' APIs (``*_public_url`` settings; null when
+  unset) and nothing else.
+- These routes are ``public_asset`` routes (``shared.access``): no token is asked for, and
+  they hold no data of any team. Every piece of data the pages show comes from the platform's
+  APIs, called from the browser with the token the user typed in (kept in the tab's
+  ``sessionStorage``); those APIs' own checks decide what a user sees, so the dashboard can
+  show nothing the user's token could not read with the CLI.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from litestar import Router, get
+from litestar.datastructures import CacheControlHeader
+from litestar.response import Redirect
+from litestar.static_files import create_static_files_router
+from pydantic import BaseModel
+
+from services.submission.config import Settings
+from shared.access import public_asset
+
+WEB = Path(__file__).parent / "web"
+"""The dashboard's files."""
+PREFIX = "/ui"
+
+
+class DashboardConfig(BaseModel):
+    """``GET /ui/config.json``: where the browser finds each API (the submission API is the
+    page's own origin)."""
+
+    scheduler_url: str | None
+    registry_url: str | None
+    billing_url: str | None
+
+
+def dashboard_routes(settings: Settings) -> list[Router]:
+    """The dashboard's routes (see the module), to add to the submission app."""
+    config = DashboardConfig(
+        scheduler_url=settings.scheduler_public_url,
+        registry_url=settings.registry_public_url,
+        billing_url=settings.billing_public_url,
+    )
+
+    @get("/config.json", include_in_schema=False, sync_to_thread=False, cache_control=_NO_STORE)
+    def dashboard_config() -> DashboardConfig:
+        return config
+
+    @get("/", include_in_schema=False, sync_to_thread=False)
+    def dashboard_root() -> Redirect:
+        return Redirect(f"{PREFIX}/")
+
+    files = create_static_files_router(
+        path=PREFIX,
+        directories=[WEB],
+        html_mode=True,
+        name="dashboard",
+        opt=public_asset(),
+        cache_control=_NO_CACHE,
+        resolve_symlinks=False,
+    )
+    api = Router(PREFIX, route_handlers=[dashboard_config], opt=public_asset())
+    root = Router("/", route_handlers=[dashboard_root], opt=public_asset())
+    return [api, files, root]
+
+
+_NO_CACHE = CacheControlHeader(no_cache=True)
+"""Revalidate on every load: a new release's modules are picked up at once."""
+_NO_STORE = CacheControlHeader(no_store=True)

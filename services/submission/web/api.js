@@ -1,0 +1,104 @@
+// The platform's APIs, called with the user's token. Nothing here decides what a user may
+// see: every answer is what the token's own role and team allow.
+
+const TOKEN_KEY = "trainyard.token";
+
+export class ApiError extends Error {
+  constructor(status, message, service) {
+    super(message);
+    this.status = status;
+    this.service = service;
+  }
+}
+
+/** A service this server does not offer (no public URL configured, or no such endpoint). */
+export class Unavailable extends ApiError {}
+
+let config = null;
+
+export async function loadConfig() {
+  if (config) return config;
+  const answer = await fetch("config.json", { cache: "no-store" });
+  if (!answer.ok) throw new ApiError(answer.status, "the dashboard's configuration is unavailable", "submission");
+  config = await answer.json();
+  return config;
+}
+
+export const token = {
+  get: () => sessionStorage.getItem(TOKEN_KEY),
+  set: (value) => sessionStorage.setItem(TOKEN_KEY, value),
+  clear: () => sessionStorage.removeItem(TOKEN_KEY),
+};
+
+function baseOf(service) {
+  if (service === "submission") return "";
+  const url = config && config[`${service}_url`];
+  if (!url) throw new Unavailable(0, `this server does not offer the ${service} API to the dashboard`, service);
+  return url.replace(/\/$/, "");
+}
+
+function detailOf(body, status) {
+  if (body && typeof body.detail === "string") {
+    const fields = (body.errors || []).map((e) => `${e.field}: ${e.message}`).join("; ");
+    return fields ? `${body.detail} (${fields})` : body.detail;
+  }
+  return `HTTP ${status}`;
+}
+
+/**
+ * GET (or another method) ``path`` of ``service`` with the token; returns {data, next} where
+ * ``next`` is the cursor of the next page (from the Link header) or null.
+ * Throws ApiError (401 logs the user out: see app.js), Unavailable for a missing service.
+ */
+export async function call(service, path, { method = "GET", query, body, signal } = {}) {
+  const url = new URL(baseOf(service) + path, location.href);
+  for (const [key, value] of Object.entries(query || {})) {
+    if (value === undefined || value === null || value === "") continue;
+    for (const item of [].concat(value)) url.searchParams.append(key, item);
+  }
+  const headers = { Authorization: `Bearer ${token.get() || ""}` };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  let answer;
+  try {
+    answer = await fetch(url, {
+      method, headers, signal, cache: "no-store",
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+  } catch (error) {
+    if (error.name === "AbortError") throw error;
+    throw new ApiError(0, `the ${service} service cannot be reached`, service);
+  }
+  const text = await answer.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch { data = null; }
+  if (!answer.ok) {
+    const message = detailOf(data, answer.status);
+    if (answer.status === 404 && (data === null || data.detail === "Not Found")) throw new Unavailable(404, message, service);
+    if (answer.status === 405) throw new Unavailable(405, message, service);
+    const error = new ApiError(answer.status, message, service);
+    if (answer.status === 401) window.dispatchEvent(new CustomEvent("trainyard:unauthorized"));
+    throw error;
+  }
+  return { data, next: nextCursor(answer.headers.get("Link")) };
+}
+
+/** ``data`` of ``call``. */
+export async function get(service, path, query, signal) {
+  return (await call(service, path, { query, signal })).data;
+}
+
+function nextCursor(link) {
+  if (!link) return null;
+  const match = /<([^>]+)>\s*;\s*rel="next"/.exec(link);
+  if (!match) return null;
+  return new URL(match[1], location.href).searchParams.get("after");
+}
+
+/** A metric value as the APIs encode it: numbers, or "NaN"/"Infinity"/"-Infinity". */
+export function number(value) {
+  if (typeof value === "number") return value;
+  if (value === "NaN") return NaN;
+  if (value === "Infinity") return Infinity;
+  if (value === "-Infinity") return -Infinity;
+  return value === null || value === undefined ? null : Number(value);
+}

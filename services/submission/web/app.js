@@ -1,0 +1,106 @@
+// The dashboard's shell: sign-in with a token, navigation, and the page router (#/page/...).
+// Each page module exports render(view, params, ctx) and may return a cleanup function.
+
+import { ApiError, get, loadConfig, token } from "./api.js";
+import { h, message, replace } from "./ui.js";
+
+const PAGES = {
+  jobs: () => import("./pages/jobs.js"),
+  experiments: () => import("./pages/experiments.js"),
+  queues: () => import("./pages/queues.js"),
+  nodes: () => import("./pages/nodes.js"),
+  models: () => import("./pages/models.js"),
+  costs: () => import("./pages/costs.js"),
+};
+
+const view = document.getElementById("view");
+const whoami = document.getElementById("whoami");
+let me = null;
+let cleanup = null;
+let generation = 0;
+
+function route() {
+  const parts = location.hash.replace(/^#\/?/, "").split("?")[0].split("/").filter(Boolean).map(decodeURIComponent);
+  const page = parts[0] in PAGES ? parts[0] : "jobs";
+  return { page, params: parts.slice(1) };
+}
+
+async function show() {
+  const current = ++generation;
+  if (cleanup) { try { cleanup(); } catch { /* a page's own teardown */ } cleanup = null; }
+  if (!token.get() || !me) { signIn(); return; }
+  const { page, params } = route();
+  for (const link of document.querySelectorAll("#nav a"))
+    link.classList.toggle("active", link.dataset.page === page);
+  document.body.dataset.page = page;
+  replace(view, h("div", { class: "loading" }, "Loading…"));
+  try {
+    const module = await PAGES[page]();
+    if (current !== generation) return;
+    const content = h("div", { class: "page" });
+    replace(view, content);
+    const done = await module.render(content, params, { me });
+    if (current === generation) cleanup = typeof done === "function" ? done : null;
+    else if (typeof done === "function") done();
+  } catch (error) {
+    if (current !== generation) return;
+    replace(view, message("error", "This page could not be shown.", error.message || String(error)));
+  }
+}
+
+function signIn(notice) {
+  document.body.dataset.page = "login";
+  replace(whoami);
+  const input = h("input", {
+    type: "password", id: "token", name: "token", autocomplete: "off", spellcheck: "false",
+    placeholder: "ty_…", required: true,
+  });
+  const status = h("div", { class: "login-status" });
+  const form = h("form", { class: "login-card", id: "login" },
+    h("h1", {}, "Sign in to Trainyard"),
+    h("p", { class: "subtitle" }, "Paste an API token (trainyard tokens create, or the one dev.py up printed). It stays in this tab only."),
+    h("label", { for: "token" }, "Token"), input,
+    h("button", { type: "submit", class: "primary" }, "Sign in"), status);
+  if (notice) status.append(message("warn", notice));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    replace(status, h("div", { class: "loading" }, "Checking…"));
+    token.set(input.value.trim());
+    if (await identify()) show();
+    else { token.clear(); replace(status, message("error", "That token was not accepted.", "It may be wrong, revoked or expired.")); }
+  });
+  replace(view, h("div", { class: "login" }, form));
+  input.focus();
+}
+
+async function identify() {
+  try {
+    me = await get("submission", "/v1/me");
+  } catch (error) {
+    me = null;
+    if (error instanceof ApiError && error.status === 401) return false;
+    throw error;
+  }
+  replace(whoami,
+    h("div", { class: "who" }, h("span", { class: "user" }, me.user), h("span", { class: "team" }, `${me.team} · ${me.role}`)),
+    h("button", { class: "link", id: "logout", onclick: () => { token.clear(); me = null; signIn(); } }, "Sign out"));
+  return true;
+}
+
+window.addEventListener("trainyard:unauthorized", () => {
+  token.clear();
+  me = null;
+  signIn("Your session ended (the token was revoked or expired). Sign in again.");
+});
+window.addEventListener("hashchange", show);
+
+(async () => {
+  try {
+    await loadConfig();
+    if (token.get() && !(await identify())) token.clear();
+  } catch (error) {
+    replace(view, message("error", "The platform cannot be reached.", error.message));
+    return;
+  }
+  show();
+})();

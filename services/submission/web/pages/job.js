@@ -1,0 +1,274 @@
+// One job: what it is doing, why it waits, what it cost, its curves, checkpoints and output.
+// While the job lives the page follows it (view every 3 s, logs every 2 s, charts every 10 s).
+
+import { ApiError, Unavailable, call, get } from "../api.js";
+import { lineChart } from "../chart.js";
+import {
+  absolute, card, duration, errorMessage, gpuHours, h, keyValues, message, metric, money,
+  pageHeader, relative, replace, runSeconds, stat, statusBadge, table, when,
+} from "../ui.js";
+
+const VIEW_MS = 3000;
+const LOG_MS = 2000;
+const CHART_MS = 10000;
+const MAX_CHARTS = 6;
+const MAX_POINTS = 1000;
+const LOG_KEEP_CHARS = 200_000;
+
+export async function render(view, [jobId], { me }) {
+  let job;
+  try {
+    job = await get("submission", `/v1/jobs/${encodeURIComponent(jobId)}`);
+  } catch (error) {
+    view.append(pageHeader("Job", jobId), errorMessage(error, "job"));
+    return;
+  }
+  const timers = [];
+  const header = h("div");
+  const stats = h("div", { class: "stats", id: "job-stats" });
+  const pending = h("div", { id: "pending" });
+  const failure = h("div", { id: "failure" });
+  const charts = h("div", { class: "charts", id: "charts" });
+  const timeline = h("div", { id: "timeline" });
+  const checkpoints = h("div", { id: "checkpoints" });
+  const model = h("div", { id: "model" });
+  const details = h("div", { id: "details" });
+  const logBox = h("pre", { class: "logs", id: "logs", tabindex: "0" });
+  const logState = h("span", { class: "muted", id: "log-state" });
+
+  view.append(header, stats, pending, failure,
+    card("Metrics", charts),
+    h("div", { class: "columns" }, card("Timeline", timeline), card("Checkpoints", checkpoints)),
+    model,
+    card("Logs", h("div", { class: "card-tools" }, logState), logBox),
+    card("Details", details));
+
+  function draw() {
+    const cancellable = !job.terminal && !job.cancel_requested && me.role !== "viewer";
+    replace(header, pageHeader(
+      h("span", {}, job.name, " ", statusBadge(job.status)),
+      h("span", { class: "mono", id: "job-id" }, job.id),
+      cancellable ? h("button", { class: "danger", onclick: cancel }, "Cancel job") : null,
+      job.cancel_requested && !job.terminal ? h("span", { class: "badge status-cancelled" }, "cancelling") : null));
+    const cost = job.cost || {};
+    replace(stats,
+      stat("Status", statusBadge(job.status), job.attempt !== null ? `attempt ${job.attempt + 1}` : null),
+      stat("Duration", duration(runSeconds(job)), job.started_at ? `started ${absolute(job.started_at)}` : "not started"),
+      stat("Cost", h("span", { id: "job-cost" }, money(cost.cost, cost.currency)),
+        `${gpuHours(cost.gpu_seconds || 0)}${cost.final ? "" : " · so far"}`),
+      stat("GPUs", `${job.spec.gpus} × ${job.spec.gpu_flavor}`,
+        job.node ? `${job.node} [${job.gpu_indices.join(", ")}]` : "no node yet"),
+      stat("Step", job.step ?? "—", job.spec.priority ? `priority ${job.spec.priority}` : null));
+    drawPending();
+    drawFailure();
+    drawTimeline();
+    drawCheckpoints();
+    drawModel();
+    drawDetails();
+  }
+
+  function drawPending() {
+    const p = job.pending;
+    if (job.terminal || !p || !["QUEUED", "PENDING", "PREEMPTED"].includes(job.status)) { replace(pending); return; }
+    replace(pending, h("section", { class: "card waiting" },
+      h("h2", {}, "Why it waits"),
+      h("p", { class: "reason", id: "pending-reason" }, withJobLinks(p.reason || "Waiting for the scheduler's next pass.")),
+      keyValues([
+        ["Place in queue", p.position ?? "—"],
+        p.blocking ? ["Blocked by", h("span", { id: "pending-blocking" }, withJobLinks(p.blocking))] : null,
+        p.suggestion ? ["Suggestion", h("span", { id: "pending-suggestion" }, p.suggestion)] : null,
+        ["Estimated start", h("span", { id: "estimated-start" },
+          p.estimated_start ? `${absolute(p.estimated_start)} (${relative(new Date(p.estimated_start))})` : "unknown")],
+      ])));
+  }
+
+  function drawFailure() {
+    const f = job.failure;
+    if (!f) { replace(failure); return; }
+    replace(failure, h("section", { class: "card failed" }, h("h2", {}, job.terminal ? "Why it failed" : "Last failed attempt"),
+      h("p", { class: "reason" }, f.reason),
+      keyValues([
+        f.failure_kind ? ["Kind", f.failure_kind] : null,
+        f.exit_code !== null && f.exit_code !== undefined ? ["Exit code", f.exit_code] : null,
+        f.attempt !== null && f.attempt !== undefined ? ["Attempt", f.attempt + 1] : null,
+      ]),
+      f.log_tail ? h("pre", { class: "logs short" }, f.log_tail) : null));
+  }
+
+  function drawTimeline() {
+    const entries = job.history || [];
+    replace(timeline, h("ol", { class: "timeline" }, entries.map((entry, i) => {
+      const next = entries[i + 1];
+      const lasted = next ? (Date.parse(next.at) - Date.parse(entry.at)) / 1000 : null;
+      return h("li", { class: `tl-${entry.status.toLowerCase()}` },
+        h("div", { class: "tl-head" }, statusBadge(entry.status), h("span", { class: "muted" }, absolute(entry.at)),
+          lasted !== null ? h("span", { class: "muted" }, ` · ${duration(lasted)}`) : null),
+        entry.reason ? h("div", { class: "tl-reason" }, entry.reason) : null);
+    })));
+  }
+
+  function drawCheckpoints() {
+    replace(checkpoints, table([
+      { title: "Step", align: "right", cell: (c) => c.step },
+      { title: "Saved", cell: (c) => when(c.saved_at) },
+      { title: "Size", align: "right", cell: (c) => bytes(c.size_bytes) },
+      { title: "sha256", cell: (c) => h("span", { class: "mono", title: c.sha256 }, c.sha256.slice(0, 12)) },
+    ], [...(job.checkpoints || [])].reverse(), { empty: "No checkpoint yet." }));
+  }
+
+  function drawModel() {
+    const m = job.model;
+    if (!m) { replace(model); return; }
+    const href = `#/models/${encodeURIComponent(job.team)}/${encodeURIComponent(m.name)}/${m.version}`;
+    replace(model, card("Model",
+      h("p", {}, "Registered as ", h("a", { href, id: "model-link" }, `${m.name} v${m.version}`), "."),
+      keyValues(Object.entries(m.metrics || {}).map(([k, v]) => [k, metric(v)]))));
+  }
+
+  function drawDetails() {
+    const spec = job.spec || {};
+    const program = spec.command && spec.command.length ? spec.command.join(" ") : `${spec.entrypoint || ""} ${(spec.args || []).join(" ")}`;
+    replace(details, keyValues([
+      ["Submitted", `${absolute(job.submitted_at)} by ${job.user}`],
+      ["Program", h("span", { class: "mono" }, program.trim() || "—")],
+      spec.code ? ["Code", h("span", { class: "mono" }, spec.code.kind === "git" ? `${spec.code.repository} @ ${spec.code.commit.slice(0, 12)}` : `bundle ${String(spec.code.sha256).slice(0, 12)}`)] : null,
+      spec.requirements && spec.requirements.length ? ["Requirements", spec.requirements.join(", ")] : null,
+      spec.dataset ? ["Dataset", spec.dataset] : null,
+      ["Seed", spec.seed ?? "—"],
+      ["Max runtime", duration(spec.max_runtime_seconds)],
+      ["Restarts allowed", spec.max_restarts ?? "—"],
+      ["Trace id", h("span", { class: "mono", id: "trace-id" }, job.trace_id || "not recorded by this server")],
+    ]),
+    Object.keys(spec.hyperparameters || {}).length
+      ? h("div", {}, h("h3", {}, "Hyper-parameters"), keyValues(Object.entries(spec.hyperparameters).map(([k, v]) => [k, String(v)])))
+      : null);
+  }
+
+  async function cancel() {
+    if (!confirm(`Cancel job ${job.name}?`)) return;
+    try {
+      job = (await call("submission", `/v1/jobs/${encodeURIComponent(job.id)}/cancel`, { method: "POST" })).data;
+      draw();
+    } catch (error) {
+      header.append(errorMessage(error, "the cancellation"));
+    }
+  }
+
+  // --- metrics ---------------------------------------------------------------------------
+  async function drawCharts() {
+    let keys;
+    try {
+      const summaries = await get("registry", `/v1/jobs/${encodeURIComponent(job.id)}/metrics`);
+      keys = summaryKeys(summaries);
+    } catch (error) {
+      if (error instanceof Unavailable) { latestOnly(true); return; }
+      if (error instanceof ApiError && error.status === 404) { latestOnly(false); return; }
+      replace(charts, errorMessage(error, "the metrics"));
+      return;
+    }
+    if (!keys.length) { latestOnly(false); return; }
+    const series = await Promise.all(keys.slice(0, MAX_CHARTS).map(async (key) => {
+      try {
+        const answer = await get("registry", `/v1/jobs/${encodeURIComponent(job.id)}/metrics/${encodeURIComponent(key)}`, { max_points: MAX_POINTS });
+        return { key, points: pointsOf(answer) };
+      } catch {
+        return { key, points: [] };
+      }
+    }));
+    replace(charts);
+    // The loss first: it is what people look for.
+    series.sort((a, b) => rank(a.key) - rank(b.key) || a.key.localeCompare(b.key));
+    for (const s of series) lineChart(charts, s.key, [{ label: s.key, points: s.points }]);
+  }
+
+  function latestOnly(noHistory) {
+    const entries = Object.entries(job.metrics || {});
+    replace(charts,
+      entries.length ? keyValues(entries.map(([k, v]) => [k, metric(v)])) : h("p", { class: "empty" }, "No metrics reported yet."),
+      noHistory && entries.length ? h("p", { class: "muted" }, "Latest values: this server keeps no metric history.") : null);
+  }
+
+  // --- logs ------------------------------------------------------------------------------
+  let logCursor = "";
+  let logsDone = false;
+  async function pollLogs() {
+    if (logsDone) return;
+    try {
+      for (let pages = 0; pages < 20; pages++) {
+        const page = await get("submission", `/v1/jobs/${encodeURIComponent(job.id)}/logs`, { after: logCursor || undefined, limit: 50 });
+        const text = page.chunks.map((c) => c.text).join("");
+        if (text) {
+          const follow = logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 8;
+          logBox.textContent = (logBox.textContent + text).slice(-LOG_KEEP_CHARS);
+          if (follow) logBox.scrollTop = logBox.scrollHeight;
+        }
+        logCursor = page.cursor;
+        if (page.streams_complete && page.job_terminal) { logsDone = true; break; }
+        if (!page.chunks.length) break;
+      }
+      replace(logState, logsDone ? "complete" : "following…");
+      if (!logBox.textContent) logBox.textContent = logsDone ? "(no output)" : "";
+    } catch (error) {
+      replace(logState, error.message);
+    }
+  }
+
+  async function refreshJob() {
+    try {
+      job = await get("submission", `/v1/jobs/${encodeURIComponent(job.id)}`);
+      draw();
+    } catch { /* shown on the next success; the page keeps what it had */ }
+  }
+
+  draw();
+  await Promise.all([drawCharts(), pollLogs()]);
+  timers.push(setInterval(() => { if (!job.terminal) refreshJob(); }, VIEW_MS));
+  timers.push(setInterval(pollLogs, LOG_MS));
+  let chartsFinal = job.terminal;
+  timers.push(setInterval(() => {
+    if (chartsFinal) return;
+    chartsFinal = job.terminal; // one last drawing once it has ended
+    drawCharts();
+  }, CHART_MS));
+  return () => timers.forEach(clearInterval);
+}
+
+const JOB_ID = /\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b/g;
+
+/** ``text`` with every job id in it a link to that job (the text itself unchanged). */
+function withJobLinks(text) {
+  const parts = [];
+  let last = 0;
+  for (const match of text.matchAll(JOB_ID)) {
+    parts.push(text.slice(last, match.index), h("a", { href: `#/jobs/${match[0]}`, class: "mono" }, match[0]));
+    last = match.index + match[0].length;
+  }
+  parts.push(text.slice(last));
+  return parts;
+}
+
+function rank(key) {
+  return /loss/i.test(key) ? 0 : 1;
+}
+
+/** Metric keys from GET /v1/jobs/{id}/metrics, in whichever shape it answers. */
+export function summaryKeys(summaries) {
+  const list = Array.isArray(summaries) ? summaries : (summaries && (summaries.metrics || summaries.keys || summaries.series)) || summaries;
+  if (Array.isArray(list)) return list.map((s) => (typeof s === "string" ? s : s.key || s.name)).filter(Boolean);
+  if (list && typeof list === "object") return Object.keys(list).filter((k) => !["job_id", "team"].includes(k));
+  return [];
+}
+
+export function pointsOf(answer) {
+  if (Array.isArray(answer)) return answer;
+  return (answer && (answer.points || answer.values)) || [];
+}
+
+function bytes(size) {
+  if (size < 1024) return `${size} B`;
+  const units = ["KiB", "MiB", "GiB", "TiB"];
+  let value = size / 1024;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit++; }
+  return `${value.toFixed(1)} ${units[unit]}`;
+}

@@ -1,0 +1,72 @@
+// Jobs: the team's jobs, newest first, a page of 50 at a time (the API's keyset cursor), so
+// 10,000 jobs cost the same as 50; filterable by status.
+
+import { call } from "../api.js";
+import {
+  STATUSES, duration, errorMessage, h, jobLink, money, pageHeader, replace, runSeconds,
+  statusBadge, table, when,
+} from "../ui.js";
+
+const PAGE = 50;
+const REFRESH_MS = 5000;
+
+export async function render(view, params, ctx) {
+  if (params.length) return (await import("./job.js")).render(view, params, ctx);
+  return renderList(view, ctx);
+}
+
+async function renderList(view, { me }) {
+  const query = new URLSearchParams(location.hash.split("?")[1] || "");
+  let status = query.get("status") || "";
+  let rows = [];
+  let cursor = null;
+  let timer = null;
+
+  const select = h("select", { id: "status-filter", "aria-label": "Status" },
+    h("option", { value: "" }, "All statuses"),
+    STATUSES.map((s) => h("option", { value: s, selected: s === status }, s.toLowerCase())));
+  const refresh = h("button", { class: "secondary", onclick: () => load(true) }, "Refresh");
+  const body = h("div", { id: "jobs" });
+  const more = h("button", { class: "secondary", id: "more", onclick: () => load(false) }, "Load more");
+  const footer = h("div", { class: "table-footer" });
+  view.append(pageHeader("Jobs", `Team ${me.team}: newest first.`, select, refresh), body, footer);
+
+  select.addEventListener("change", () => {
+    status = select.value;
+    history.replaceState(null, "", status ? `#/jobs?status=${status}` : "#/jobs");
+    load(true);
+  });
+
+  async function load(first) {
+    try {
+      const answer = await call("submission", "/v1/jobs", {
+        query: { limit: PAGE, status: status || undefined, after: first ? undefined : cursor },
+      });
+      rows = first ? answer.data : rows.concat(answer.data);
+      cursor = answer.next;
+      draw();
+    } catch (error) {
+      replace(body, errorMessage(error, "the jobs"));
+    }
+  }
+
+  function draw() {
+    replace(body, table([
+      { title: "Status", cell: (j) => statusBadge(j.status) },
+      { title: "Name", cell: (j) => h("a", { href: `#/jobs/${j.id}`, class: "job-name" }, j.name) },
+      { title: "Id", cell: (j) => jobLink(j.id) },
+      { title: "User", cell: (j) => j.user },
+      { title: "GPUs", cell: (j) => `${j.gpus} × ${j.gpu_flavor}` },
+      { title: "Submitted", cell: (j) => when(j.submitted_at) },
+      { title: "Duration", align: "right", cell: (j) => duration(runSeconds(j)) },
+      { title: "Step", align: "right", cell: (j) => (j.step ?? "—") },
+      { title: "Cost", align: "right", cell: (j) => money(j.cost, j.currency) },
+    ], rows, { empty: status ? `No ${status.toLowerCase()} jobs.` : "No jobs yet: submit one with trainyard submit." }));
+    replace(footer, h("span", { class: "muted" }, `${rows.length} shown`), cursor ? more : null);
+  }
+
+  await load(true);
+  // Only the first page refreshes itself: pages already loaded further down stay put.
+  timer = setInterval(() => { if (!cursor || rows.length <= PAGE) load(true); }, REFRESH_MS);
+  return () => clearInterval(timer);
+}

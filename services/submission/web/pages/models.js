@@ -1,0 +1,164 @@
+// Models: the team's registered models, each version's metrics, cost, aliases, and its lineage
+// (what made it: code, data, environment, the job, its checkpoints) drawn as a graph.
+
+import { Unavailable, get } from "../api.js";
+import {
+  absolute, card, errorMessage, h, jobLink, keyValues, message, metric, money, pageHeader,
+  replace, svg, table, when,
+} from "../ui.js";
+
+const SCAN_JOBS = 50;
+const MAX_COSTS = 20;
+
+export async function render(view, params, ctx) {
+  if (params.length >= 2) return renderModel(view, params[0], params[1], params[2]);
+  view.append(pageHeader("Models", `Team ${ctx.me.team}: versions registered by successful jobs.`));
+  const body = h("div", {}, h("div", { class: "loading" }, "Loading…"));
+  view.append(body);
+  let models;
+  try {
+    models = await listModels(ctx.me.team);
+  } catch (error) {
+    replace(body, errorMessage(error, "the models"));
+    return;
+  }
+  replace(body, card(null, table([
+    { title: "Model", cell: (m) => h("a", { href: `#/models/${encodeURIComponent(m.team)}/${encodeURIComponent(m.name)}`, class: "model-name" }, m.name) },
+    { title: "Latest version", align: "right", cell: (m) => `v${m.latest}` },
+    { title: "Registered", cell: (m) => when(m.registered_at) },
+    { title: "From job", cell: (m) => jobLink(m.job_id) },
+  ], models, { empty: "No model yet: a job that succeeds with a checkpoint registers one." })));
+}
+
+/** The team's models: the registry's list when it has one, else found through the team's
+ * latest successful jobs (each job view names the model version it made). */
+async function listModels(team) {
+  try {
+    const answer = await get("registry", "/v1/models", { team });
+    const list = Array.isArray(answer) ? answer : answer.models || [];
+    return list.map((m) => ({ team: m.team || team, name: m.name || m.model, latest: m.latest_version ?? m.version ?? m.versions, registered_at: m.registered_at || m.updated_at, job_id: m.job_id || "" }));
+  } catch (error) {
+    if (!(error instanceof Unavailable)) throw error;
+  }
+  const jobs = await get("submission", "/v1/jobs", { status: "SUCCEEDED", limit: SCAN_JOBS });
+  const views = await Promise.all(jobs.map((j) => get("submission", `/v1/jobs/${encodeURIComponent(j.id)}`).catch(() => null)));
+  const byName = new Map();
+  for (const job of views) {
+    if (!job || !job.model) continue;
+    const known = byName.get(job.model.name);
+    if (!known || known.latest < job.model.version) {
+      byName.set(job.model.name, { team: job.team, name: job.model.name, latest: job.model.version, registered_at: job.finished_at, job_id: job.id });
+    }
+  }
+  return [...byName.values()].sort((a, b) => a.name.localeCompare(b.name));
+}
+
+async function renderModel(view, team, name, wanted) {
+  view.append(pageHeader(name, `Model of team ${team}`));
+  let list;
+  try {
+    list = await get("registry", `/v1/models/${encodeURIComponent(team)}/${encodeURIComponent(name)}/versions`);
+  } catch (error) {
+    view.append(errorMessage(error, "model"));
+    return;
+  }
+  const versions = list.versions || [];
+  if (!versions.length) { view.append(message("info", "This model has no version yet.")); return; }
+  const costs = new Map();
+  await Promise.all(versions.slice(-MAX_COSTS).map(async (v) => {
+    try {
+      const job = await get("submission", `/v1/jobs/${encodeURIComponent(v.job_id)}`);
+      costs.set(v.version, job.cost);
+    } catch { /* the job's view may be gone: the cost shows as unknown */ }
+  }));
+  const selected = wanted ? Number(wanted) : versions[versions.length - 1].version;
+  const keys = [...new Set(versions.flatMap((v) => Object.keys(v.metrics || {})))].sort();
+  const href = (v) => `#/models/${encodeURIComponent(team)}/${encodeURIComponent(name)}/${v}`;
+  view.append(card("Versions", table([
+    { title: "Version", cell: (v) => h("a", { href: href(v.version) }, `v${v.version}`) },
+    { title: "Aliases", cell: (v) => (v.aliases || []).map((a) => h("span", { class: "tag" }, a)) },
+    { title: "Registered", cell: (v) => when(v.registered_at) },
+    { title: "Job", cell: (v) => jobLink(v.job_id) },
+    ...keys.slice(0, 5).map((k) => ({ title: k, align: "right", cell: (v) => metric(v.metrics[k]) })),
+    { title: "Cost", align: "right", cell: (v) => (costs.has(v.version) ? money(costs.get(v.version).cost, costs.get(v.version).currency) : "—") },
+  ], [...versions].reverse(), { rowClass: (v) => (v.version === selected ? "selected" : "") })));
+  const detailBox = h("div", { id: "version" }, h("div", { class: "loading" }, "Loading…"));
+  view.append(detailBox);
+  try {
+    const detail = await get("registry", `/v1/models/${encodeURIComponent(team)}/${encodeURIComponent(name)}/versions/${selected}`);
+    const cost = costs.get(selected);
+    const lineage = detail.lineage || {};
+    const env = lineage.environment || {};
+    replace(detailBox,
+      card(`Lineage of v${selected}`, lineageGraph(detail)),
+      h("div", { class: "columns" },
+        card("Version", keyValues([
+          ["Registered", absolute(detail.registered_at)],
+          ["Job", jobLink(detail.job_id, detail.job_id)],
+          ["Cost", cost ? money(cost.cost, cost.currency) : "—"],
+          ["Artifact", h("span", { class: "mono" }, detail.artifact.uri)],
+          ["sha256", h("span", { class: "mono" }, detail.artifact.sha256)],
+          ["Step", detail.artifact.step],
+          ...Object.entries(detail.metrics || {}).map(([k, v]) => [k, metric(v)]),
+        ])),
+        card("How to reproduce it", keyValues([
+          ["Code", h("span", { class: "mono" }, lineage.code_version || "—")],
+          ["Dataset", lineage.dataset || "—"],
+          ["Seed", lineage.seed ?? "—"],
+          ["Attempts", lineage.attempts ?? "—"],
+          ["Python / torch", `${env.python || "?"} / ${env.torch || "?"}`],
+          ["Platform", env.platform || "—"],
+          env.image ? ["Image", env.image] : null,
+          ["Packages", (env.packages || []).length ? `${env.packages.length} pinned` : "—"],
+        ]))));
+  } catch (error) {
+    replace(detailBox, errorMessage(error, "this version"));
+  }
+}
+
+/** Inputs (code, data, environment, parent checkpoints) -> job -> artifact -> version. */
+export function lineageGraph(detail) {
+  const lineage = detail.lineage || {};
+  const env = lineage.environment || {};
+  const short = (text, n = 22) => (String(text).length > n ? `${String(text).slice(0, n - 1)}…` : String(text));
+  const columns = [
+    [
+      { kind: "code", title: "code", text: short(lineage.code_version || "—") },
+      lineage.dataset ? { kind: "dataset", title: "dataset", text: short(lineage.dataset) } : null,
+      { kind: "environment", title: "environment", text: short(`python ${env.python || "?"} · torch ${env.torch || "?"}`) },
+      ...(lineage.parent_checkpoints || []).map((c) => ({ kind: "parent", title: "parent checkpoint", text: short(c.split("/").slice(-2).join("/")) })),
+    ].filter(Boolean),
+    [{ kind: "job", title: `job · ${lineage.attempts ?? 1} attempt(s)`, text: short(`${detail.job_id.slice(0, 8)} · ${(lineage.spec && lineage.spec.name) || ""}`), href: `#/jobs/${detail.job_id}` }],
+    [{ kind: "checkpoint", title: `checkpoint · step ${detail.artifact.step}`, text: short(detail.artifact.sha256, 16) }],
+    [{ kind: "model", title: "model version", text: `${detail.model} v${detail.version}` }],
+  ];
+  const boxW = 190, boxH = 46, gapX = 70, gapY = 18, pad = 10;
+  const rows = Math.max(...columns.map((c) => c.length));
+  const height = pad * 2 + rows * boxH + (rows - 1) * gapY;
+  const width = pad * 2 + columns.length * boxW + (columns.length - 1) * gapX;
+  const place = columns.map((column, ci) => column.map((node, ri) => {
+    const columnHeight = column.length * boxH + (column.length - 1) * gapY;
+    return { ...node, x: pad + ci * (boxW + gapX), y: (height - columnHeight) / 2 + ri * (boxH + gapY) };
+  }));
+  const graph = svg("svg", { viewBox: `0 0 ${width} ${height}`, class: "lineage", id: "lineage", role: "img", "aria-label": "lineage graph", width, height });
+  for (let ci = 0; ci + 1 < place.length; ci++) {
+    for (const from of place[ci]) for (const to of place[ci + 1]) {
+      const x1 = from.x + boxW, y1 = from.y + boxH / 2, x2 = to.x, y2 = to.y + boxH / 2, mid = (x1 + x2) / 2;
+      graph.append(svg("path", { d: `M${x1},${y1} C${mid},${y1} ${mid},${y2} ${x2 - 6},${y2}`, class: "edge", "marker-end": "url(#arrow)" }));
+    }
+  }
+  graph.prepend(svg("defs", {}, svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: "8", refY: "5", markerWidth: "7", markerHeight: "7", orient: "auto-start-reverse" },
+    svg("path", { d: "M 0 0 L 10 5 L 0 10 z", class: "arrowhead" }))));
+  for (const node of place.flat()) {
+    const group = svg("g", { class: `node node-${node.kind}`, "data-kind": node.kind, transform: `translate(${node.x},${node.y})` },
+      svg("rect", { width: boxW, height: boxH, rx: 8 }),
+      svg("text", { x: 10, y: 18, class: "node-title" }, node.title),
+      svg("text", { x: 10, y: 36, class: "node-text" }, node.text));
+    if (node.href) {
+      const link = svg("a", { href: node.href });
+      link.append(group);
+      graph.append(link);
+    } else graph.append(group);
+  }
+  return h("div", { class: "lineage-wrap" }, graph);
+}

@@ -1,0 +1,151 @@
+// DOM helpers and formatters. Text always goes in as text (never as HTML): job names, log
+// lines and reasons come from users.
+
+import { Unavailable } from "./api.js";
+
+export function h(tag, attrs = {}, ...children) {
+  const element = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") element.className = value;
+    else if (key === "dataset") Object.assign(element.dataset, value);
+    else if (key.startsWith("on")) element.addEventListener(key.slice(2), value);
+    else element.setAttribute(key, value === true ? "" : value);
+  }
+  append(element, children);
+  return element;
+}
+
+function append(element, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === undefined || child === null || child === false) continue;
+    element.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+}
+
+export function svg(tag, attrs = {}, ...children) {
+  const element = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [key, value] of Object.entries(attrs)) element.setAttribute(key, value);
+  append(element, children);
+  return element;
+}
+
+export function replace(element, ...children) {
+  element.replaceChildren();
+  append(element, children);
+  return element;
+}
+
+export const STATUSES = ["QUEUED", "PENDING", "SCHEDULED", "RUNNING", "SUCCEEDED", "FAILED", "PREEMPTED", "CANCELLED"];
+
+export function statusBadge(status) {
+  return h("span", { class: `badge status-${String(status).toLowerCase()}` }, status);
+}
+
+export function shortId(id) {
+  return String(id).slice(0, 8);
+}
+
+export function jobLink(id, text) {
+  return h("a", { href: `#/jobs/${encodeURIComponent(id)}`, class: "mono", title: id }, text || shortId(id));
+}
+
+export function duration(seconds) {
+  if (seconds === null || seconds === undefined || !isFinite(seconds)) return "—";
+  seconds = Math.max(0, Math.round(seconds));
+  if (seconds < 60) return `${seconds}s`;
+  const minutes = Math.floor(seconds / 60);
+  if (minutes < 60) return `${minutes}m ${String(seconds % 60).padStart(2, "0")}s`;
+  const hours = Math.floor(minutes / 60);
+  if (hours < 48) return `${hours}h ${String(minutes % 60).padStart(2, "0")}m`;
+  return `${Math.floor(hours / 24)}d ${hours % 24}h`;
+}
+
+/** Seconds a job has run: started to finished, or to now while it runs. */
+export function runSeconds(job, now = Date.now()) {
+  if (!job.started_at) return null;
+  const end = job.finished_at ? Date.parse(job.finished_at) : now;
+  return (end - Date.parse(job.started_at)) / 1000;
+}
+
+export function money(amount, currency) {
+  if (amount === null || amount === undefined) return "—";
+  const value = Number(amount);
+  const text = value.toFixed(value !== 0 && Math.abs(value) < 0.01 ? 4 : 2);
+  return currency ? `${text} ${currency}` : text;
+}
+
+export function gpuHours(seconds) {
+  return `${(Number(seconds) / 3600).toFixed(Number(seconds) < 36 ? 4 : 2)} GPU·h`;
+}
+
+export function when(iso) {
+  if (!iso) return "—";
+  const date = new Date(iso);
+  return h("time", { datetime: iso, title: date.toLocaleString() }, relative(date));
+}
+
+export function relative(date, now = Date.now()) {
+  const seconds = (date.getTime() - now) / 1000;
+  const ahead = seconds > 0;
+  const text = duration(Math.abs(seconds));
+  return ahead ? `in ${text}` : `${text} ago`;
+}
+
+export function absolute(iso) {
+  return iso ? new Date(iso).toLocaleString() : "—";
+}
+
+export function metric(value) {
+  if (value === null || value === undefined) return "—";
+  if (typeof value === "string") return value;
+  if (!isFinite(value)) return String(value);
+  const magnitude = Math.abs(value);
+  if (magnitude !== 0 && (magnitude < 1e-3 || magnitude >= 1e6)) return value.toExponential(3);
+  return Number(value.toPrecision(5)).toString();
+}
+
+export function table(columns, rows, { empty = "Nothing to show.", rowClass } = {}) {
+  if (!rows.length) return h("p", { class: "empty" }, empty);
+  return h("table", { class: "grid" },
+    h("thead", {}, h("tr", {}, columns.map((c) => h("th", { class: c.align === "right" ? "num" : "" }, c.title)))),
+    h("tbody", {}, rows.map((row) => h("tr", { class: rowClass ? rowClass(row) : "" },
+      columns.map((c) => h("td", { class: c.align === "right" ? "num" : "" }, c.cell(row)))))));
+}
+
+export function card(title, ...children) {
+  return h("section", { class: "card" }, title ? h("h2", {}, title) : null, ...children);
+}
+
+export function stat(label, value, hint) {
+  return h("div", { class: "stat" }, h("div", { class: "stat-label" }, label),
+    h("div", { class: "stat-value" }, value), hint ? h("div", { class: "stat-hint" }, hint) : null);
+}
+
+export function message(kind, text, detail) {
+  return h("div", { class: `message ${kind}`, role: kind === "error" ? "alert" : "status" },
+    h("strong", {}, text), detail ? h("div", {}, detail) : null);
+}
+
+/** An error as a person reads it. */
+export function errorMessage(error, what) {
+  if (error instanceof Unavailable)
+    return message("info", `${what[0].toUpperCase()}${what.slice(1)}: not available on this server.`, error.message);
+  if (error && error.status === 403) return message("warn", `You may not see ${what}.`, error.message);
+  if (error && error.status === 404) return message("warn", `No such ${what}, or not one your team can see.`);
+  return message("error", `Could not load ${what}.`, error ? error.message : "");
+}
+
+export function loading() {
+  return h("div", { class: "loading" }, "Loading…");
+}
+
+export function pageHeader(title, subtitle, ...actions) {
+  return h("header", { class: "page-header" },
+    h("div", {}, h("h1", {}, title), subtitle ? h("p", { class: "subtitle" }, subtitle) : null),
+    h("div", { class: "actions" }, ...actions));
+}
+
+export function keyValues(pairs) {
+  return h("dl", { class: "kv" }, pairs.filter(Boolean).flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+}

@@ -1,0 +1,327 @@
+"""The web dashboard in headless Chromium against the whole local stack.
+
+Two teams share one runner with two virtual GPUs. Team ``audio`` (B) runs one job to the end.
+Team ``vision`` (A) has a finished job (a loss curve, checkpoints, a registered model, a
+cost), a running job and a pending job that waits for GPUs the running one holds; both of
+the first two are runs of experiment ``lr-sweep``. Each page is loaded as a person would and
+checked for what a person looks for; screenshots go to ``TRAINYARD_SCREENSHOT_DIR`` (default:
+a temporary folder; docs/screenshots/ holds a set). Then, logged in as team A, every page is
+read again and nothing of team B's may appear in it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from deploy.local.stack import LocalStack
+from trainyard.bundle import pack
+from trainyard.client import TrainyardClient
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+TRAIN = textwrap.dedent(
+    """
+    import time
+    import torch
+    from trainyard import sdk
+
+    ctx = sdk.init({"steps": 40, "sleep": 0.0, "lr": 0.1})
+    hp = ctx.hyperparameters
+    loss = 2.0
+    for step in range(1, int(hp["steps"]) + 1):
+        loss *= 1.0 - float(hp["lr"]) / 2
+        ctx.report_metrics(step, loss=loss, accuracy=1.0 - loss / 2)
+        if step % 20 == 0:
+            ctx.save_checkpoint(step, {"w": torch.full((2,), loss)})
+        time.sleep(float(hp["sleep"]))
+    print("training done at step", step, flush=True)
+    """
+)
+PRICES = '{"cpu": 36.0}'
+"""A price per GPU-hour that makes seconds of CPU cost cents."""
+WAIT_S = 20.0
+
+
+@dataclass
+class World:
+    stack: LocalStack
+    tokens: dict[str, str]
+    jobs: dict[str, dict[str, Any]]
+    """finished, running, pending (team A) and other (team B): each job's view."""
+    shots: Path
+
+
+def _submit(client: TrainyardClient, code: dict[str, Any], name: str, **spec: Any) -> str:
+    body = {"name": name, "gpus": 1, "gpu_flavor": "cpu", "entrypoint": "train.py", "code": code}
+    return str(client.submit({**body, **spec})["id"])
+
+
+def _until(what: str, check: Callable[[], Any], timeout_s: float = 120) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"not within {timeout_s:.0f} s: {what}"
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[World]:
+    data = Path(tempfile.mkdtemp(prefix="trainyard-browser-"))
+    project = data / "project"
+    project.mkdir()
+    (project / "train.py").write_text(TRAIN)
+    shots = Path(os.environ.get("TRAINYARD_SCREENSHOT_DIR") or data / "screenshots")
+    shots.mkdir(parents=True, exist_ok=True)
+    env = {"TRAINYARD_BILLING_PRICES": PRICES}
+    try:
+        with LocalStack(data / "stack", storage="file", runner_gpus=2, extra_env=env) as stack:
+            tokens = {
+                "a": stack.bootstrap_admin("vision", "alice"),
+                "b": stack.bootstrap_admin("audio", "bob"),
+                "operator": stack.bootstrap_admin("platform", "root", role="operator"),
+            }
+            a = TrainyardClient(stack.submission_url, tokens["a"])
+            b = TrainyardClient(stack.submission_url, tokens["b"])
+            bundle = pack(project, out_dir=data)
+            code = {"kind": "bundle", "sha256": bundle.sha256, "size_bytes": bundle.size_bytes}
+            for client in (a, b):
+                client.upload_bundle(bundle.path, bundle.sha256)
+            ids = {
+                "other": _submit(b, code, "audio-secret-run", experiment="audio-only"),
+                "finished": _submit(
+                    a, code, "vision-finished", experiment="lr-sweep", hyperparameters={"lr": 0.1}
+                ),
+            }
+            for key, client in (("other", b), ("finished", a)):
+                view = client.wait(ids[key], timeout_s=180)
+                assert view["status"] == "SUCCEEDED", view
+            ids["running"] = _submit(
+                a,
+                code,
+                "vision-running",
+                experiment="lr-sweep",
+                hyperparameters={"lr": 0.02, "steps": 100000, "sleep": 0.25},
+                max_runtime_seconds=900,
+            )
+            _until("the long job runs", lambda: (a.get_job(ids["running"])["step"] or 0) >= 3)
+            ids["pending"] = _submit(a, code, "vision-pending", gpus=2)
+            _until(
+                "the 2-GPU job has a reason to wait",
+                lambda: (a.get_job(ids["pending"])["pending"] or {}).get("reason"),
+                60,
+            )
+            _until("the model is registered", lambda: a.get_job(ids["finished"])["model"], 60)
+            _until("the cost is final", lambda: a.get_job(ids["finished"])["cost"]["final"], 60)
+            jobs = {key: (b if key == "other" else a).get_job(job) for key, job in ids.items()}
+            yield World(stack, tokens, jobs, shots)
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
+# --- driving the browser ------------------------------------------------------------------
+
+
+def wait(driver: Any, what: str, check: Callable[[Any], Any], timeout_s: float = WAIT_S) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        return WebDriverWait(driver, timeout_s, poll_frequency=0.2).until(check)
+    except Exception as exc:
+        body = driver.find_element("tag name", "body").text[:3000]
+        raise AssertionError(f"{what} (page text: {body!r})") from exc
+
+
+def login(driver: Any, world: World, who: str) -> None:
+    driver.get(f"{world.stack.submission_url}/ui/")
+    driver.execute_script("sessionStorage.clear()")
+    driver.get(f"{world.stack.submission_url}/ui/#/jobs")
+    field = wait(driver, "the sign-in form", lambda d: d.find_elements("id", "token"))[0]
+    field.send_keys(world.tokens[who])
+    driver.find_element("css selector", "#login button[type=submit]").click()
+    wait(driver, "signed in", lambda d: d.find_elements("id", "logout"))
+
+
+def visit(driver: Any, route: str, ready: str, timeout_s: float = WAIT_S) -> str:
+    """Go to ``#route`` and wait until ``ready`` (text) shows; return the page's text."""
+    driver.execute_script("location.hash = arguments[0]", route)
+    wait(
+        driver,
+        f"{route}: {ready!r} shown",
+        lambda d: (
+            ready in d.find_element("tag name", "body").text
+            and not d.find_elements("css selector", "main > .loading, .page > .loading")
+        ),
+        timeout_s,
+    )
+    text: str = driver.find_element("tag name", "body").text
+    return text
+
+
+def shot(driver: Any, world: World, name: str) -> None:
+    driver.save_screenshot(str(world.shots / f"{name}.png"))
+
+
+def money(amount: float, currency: str | None) -> str:
+    """The dashboard's own formatting (ui.js ``money``)."""
+    text = f"{amount:.4f}" if amount != 0 and abs(amount) < 0.01 else f"{amount:.2f}"
+    return f"{text} {currency}" if currency else text
+
+
+def registry_has_experiments(world: World) -> bool:
+    url = world.stack.service_urls["registry"]
+    answer = httpx.get(
+        f"{url}/v1/experiments", headers={"Authorization": f"Bearer {world.tokens['a']}"}
+    )
+    return answer.status_code == 200
+
+
+# --- the pages ----------------------------------------------------------------------------
+
+
+def test_every_page_shows_what_a_person_looks_for(browser: Any, world: World) -> None:
+    driver, jobs = browser, world.jobs
+    finished, running, pending = jobs["finished"], jobs["running"], jobs["pending"]
+    login(driver, world, "a")
+
+    text = visit(driver, "/jobs", "vision-pending")
+    for job in (finished, running, pending):
+        assert job["name"] in text and job["id"][:8] in text
+    row = driver.find_element("xpath", f"//tr[.//a[@title='{finished['id']}']]").text
+    assert "succeeded" in row
+    assert money(finished["cost"]["cost"], finished["cost"]["currency"]) in row
+    shot(driver, world, "jobs")
+    driver.find_element("id", "status-filter").send_keys("pending")
+    wait(
+        driver,
+        "the status filter",
+        lambda d: "vision-finished" not in d.find_element("id", "jobs").text,
+    )
+    assert "vision-pending" in driver.find_element("id", "jobs").text
+
+    # The finished job: its loss curve, checkpoints, model, cost, timeline and output.
+    text = visit(driver, f"/jobs/{finished['id']}", "training done at step 40", 30)
+    assert "Checkpoints" in text and "Timeline" in text
+    wait(
+        driver,
+        "the loss chart",
+        lambda d: (
+            d.find_elements("css selector", "figure.chart[data-metric=loss] canvas")
+            or "loss" in d.find_element("id", "charts").text
+        ),
+    )
+    assert driver.find_element("id", "job-cost").text == money(
+        finished["cost"]["cost"], finished["cost"]["currency"]
+    )
+    checkpoint_rows = driver.find_elements("css selector", "#checkpoints tbody tr")
+    assert len(checkpoint_rows) == len(finished["checkpoints"]) >= 2
+    model = finished["model"]
+    assert driver.find_element("id", "model-link").text == f"{model['name']} v{model['version']}"
+    assert "succeeded" in driver.find_element("id", "timeline").text
+    shot(driver, world, "job-finished")
+
+    # The pending job: why it waits, who blocks it, the suggestion, the estimated start.
+    text = visit(driver, f"/jobs/{pending['id']}", "Why it waits")
+    assert driver.find_element("id", "pending-reason").text == pending["pending"]["reason"]
+    if pending["pending"]["blocking"]:
+        assert driver.find_element("id", "pending-blocking").text == pending["pending"]["blocking"]
+    if pending["pending"]["suggestion"]:
+        assert (
+            driver.find_element("id", "pending-suggestion").text == pending["pending"]["suggestion"]
+        )
+    assert driver.find_element("id", "estimated-start").text
+    shot(driver, world, "job-pending")
+
+    # The running job: following its output.
+    visit(driver, f"/jobs/{running['id']}", "following")
+    assert "running" in driver.find_element("id", "job-stats").text
+    shot(driver, world, "job-running")
+
+    # The team's queue (a team admin is no operator): its waiting line, with the reason.
+    text = visit(driver, "/queues", "vision-pending")
+    assert pending["pending"]["reason"] in text
+
+    # The model: versions and the lineage graph back to the job.
+    href = f"/models/vision/{model['name']}"
+    visit(driver, "/models", model["name"])
+    text = visit(driver, href, "Lineage of")
+    kinds = {
+        node.get_attribute("data-kind")
+        for node in driver.find_elements("css selector", "#lineage g.node")
+    }
+    assert {"code", "environment", "job", "checkpoint", "model"} <= kinds
+    assert finished["id"][:8] in driver.find_element("id", "lineage").text
+    shot(driver, world, "model-lineage")
+
+    # Costs: the team's total is what billing says.
+    text = visit(driver, "/costs", "By user")
+    assert "alice" in text and "Most expensive jobs" in text
+    shot(driver, world, "costs")
+
+    # Experiments: runs side by side, or a clear word that this server has none.
+    if registry_has_experiments(world):
+        visit(driver, "/experiments", "lr-sweep")
+        driver.find_element("link text", "lr-sweep").click()
+        wait(
+            driver,
+            "the comparison",
+            lambda d: d.find_elements("css selector", "#comparison figure.chart"),
+        )
+        text = driver.find_element("tag name", "body").text
+        assert "vision-finished" in text and "vision-running" in text
+        assert "lr" in driver.find_element("id", "parameters").text
+        shot(driver, world, "experiment")
+    else:
+        visit(driver, "/experiments", "not available on this server")
+
+    # The operator's cluster view: queues and the GPU grid with the running job on a GPU.
+    login(driver, world, "operator")
+    visit(driver, "/nodes", "GPUs allocated")
+    cells = driver.find_elements("css selector", ".gpu.used a")
+    assert running["id"][:8] in {cell.text for cell in cells}
+    shot(driver, world, "nodes")
+    text = visit(driver, "/queues", pending["id"][:8])
+    assert "default:vision" in text and pending["pending"]["reason"] in text
+    shot(driver, world, "queues")
+
+
+def test_team_a_sees_nothing_of_team_b(browser: Any, world: World) -> None:
+    driver, jobs = browser, world.jobs
+    other = jobs["other"]
+    secrets = (other["id"], other["id"][:8], other["name"], "audio-only", "bob")
+    login(driver, world, "a")
+    model = jobs["finished"]["model"]
+    pages = [
+        ("/jobs", "vision-pending"),
+        (f"/jobs/{jobs['finished']['id']}", "training done"),
+        (f"/jobs/{jobs['running']['id']}", "following"),
+        (f"/jobs/{jobs['pending']['id']}", "Why it waits"),
+        ("/experiments", "Experiments"),
+        ("/queues", "vision-pending"),
+        ("/nodes", "Nodes"),
+        ("/models", model["name"]),
+        (f"/models/vision/{model['name']}", "Lineage of"),
+        ("/costs", "By user"),
+    ]
+    for route, ready in pages:
+        visit(driver, route, ready, 30)
+        time.sleep(0.3)  # let refreshes and late sections land
+        source = driver.page_source
+        leaked = [s for s in secrets if s in source]
+        assert not leaked, f"{route} shows team B's {leaked}"
+    # B's job by its id answers as a job that does not exist.
+    text = visit(driver, f"/jobs/{other['id']}", "No such job")
+    assert other["name"] not in text
+    visit(driver, "/models/audio/audio-secret-run", "No such model")
