@@ -13,11 +13,15 @@ Contract:
   included), min and max over the values that are not NaN (None if all were NaN), and the
   best value (min or max by the goal, not NaN) with its first step. ``merge`` of two
   summaries is the summary of both batches in order.
-- Downsampling: a range of steps ``lo..hi`` is cut into ``bucket_count(max_points)`` buckets
-  of equal width (``bucket_width``); each bucket keeps its first and last point (by step,
-  then time), its min and its max (NaN aside) and its first NaN, duplicates removed
-  (``pick``), so a curve of any length keeps every extreme, about ``max_points`` points.
-  ``downsample`` is the same rule over points in memory (what the SQL does, for tests).
+- Downsampling: a range of steps ``lo..hi`` is cut into about ``bucket_count(max_points)``
+  buckets of equal width from an origin (``plan``); each bucket keeps its ``Extremes``: its
+  first and last point (by step, then time), its min and its max (NaN aside; ties: the
+  lowest, resp. highest step, then time) and its first NaN, duplicates removed (``pick``),
+  so a curve of any length keeps every extreme, about ``max_points`` points. Where a bucket
+  spans at least ``MIN_BLOCKS_PER_BUCKET`` blocks of ``BLOCK_STEPS`` steps, its width is a
+  whole number of blocks and the origin a block's start, so that the extremes kept per block
+  at ingest (``extremes``, ``merge_extremes``) answer it without reading its points.
+  ``downsample`` is the rule over points in memory (the reference of the SQL, for tests).
 - ``json_float``: NaN, +inf and -inf become the strings ``"NaN"``, ``"Infinity"``,
   ``"-Infinity"``; every other float stays a number.
 """
@@ -139,6 +143,10 @@ def _either(
 
 # --- downsampling ----------------------------------------------------------------------
 
+BLOCK_STEPS = 64
+"""Steps per block of precomputed extremes (``metric_blocks``)."""
+MIN_BLOCKS_PER_BUCKET = 4
+
 
 def bucket_count(max_points: int) -> int:
     """How many buckets give about ``max_points`` points (4 per bucket)."""
@@ -155,8 +163,63 @@ def bucket_width(lo: int, hi: int, buckets: int) -> int:
     return max(1, -(-span // buckets))
 
 
+def plan(lo: int, hi: int, max_points: int) -> tuple[int, int, bool]:
+    """``(origin, width, by_blocks)``: bucket ``k`` holds the steps ``origin + k * width``
+    up to the next; ``by_blocks`` when the buckets are whole blocks (module docstring)."""
+    width = bucket_width(lo, hi, bucket_count(max_points))
+    if width < MIN_BLOCKS_PER_BUCKET * BLOCK_STEPS:
+        return lo, width, False
+    width = -(-width // BLOCK_STEPS) * BLOCK_STEPS
+    return lo - lo % BLOCK_STEPS, width, True
+
+
+def block_of(step: int) -> int:
+    return step // BLOCK_STEPS
+
+
 def _order(p: Point) -> tuple[int, datetime]:
     return (p.step, p.at)
+
+
+def _by_value(p: Point) -> tuple[float, int, datetime]:
+    return (p.value, p.step, p.at)
+
+
+@dataclass(frozen=True)
+class Extremes:
+    """The points a bucket (or block) keeps, and how many it holds."""
+
+    first: Point
+    last: Point
+    low: Point | None
+    high: Point | None
+    nan: Point | None
+    count: int
+
+    def points(self) -> list[Point | None]:
+        return [self.first, self.last, self.low, self.high, self.nan]
+
+
+def extremes(points: Sequence[Point]) -> Extremes:
+    """The extremes of ``points`` (at least one; any order)."""
+    if not points:
+        raise ValueError("extremes of no points")
+    finite = [p for p in points if p.value == p.value]
+    nans = [p for p in points if p.value != p.value]
+    return Extremes(
+        first=min(points, key=_order),
+        last=max(points, key=_order),
+        low=min(finite, key=_by_value) if finite else None,
+        high=max(finite, key=_by_value) if finite else None,
+        nan=min(nans, key=_order) if nans else None,
+        count=len(points),
+    )
+
+
+def merge_extremes(a: Extremes, b: Extremes) -> Extremes:
+    """The extremes of both sets of points."""
+    both = extremes([p for p in (*a.points(), *b.points()) if p is not None])
+    return Extremes(both.first, both.last, both.low, both.high, both.nan, a.count + b.count)
 
 
 def pick(candidates: Iterable[Point | None]) -> list[Point]:
@@ -175,29 +238,15 @@ def pick(candidates: Iterable[Point | None]) -> list[Point]:
 
 
 def downsample(points: Sequence[Point], max_points: int) -> list[Point]:
-    """The rule of the module docstring over ``points`` in memory (the reference of the SQL
-    in ``tracking_repository.series_points``)."""
+    """The rule of the module docstring over ``points`` in memory (the reference of
+    ``tracking_repository.curve``)."""
     if len(points) <= max_points:
         return sorted(points, key=_order)
-    lo = min(p.step for p in points)
-    hi = max(p.step for p in points)
-    width = bucket_width(lo, hi, bucket_count(max_points))
+    origin, width, _ = plan(min(p.step for p in points), max(p.step for p in points), max_points)
     buckets: dict[int, list[Point]] = {}
     for p in points:
-        buckets.setdefault((p.step - lo) // width, []).append(p)
-    chosen: list[Point | None] = []
-    for members in buckets.values():
-        finite = [p for p in members if p.value == p.value]
-        nans = [p for p in members if p.value != p.value]
-        chosen += [min(members, key=_order), max(members, key=_order)]
-        if finite:
-            chosen += [
-                min(finite, key=lambda p: (p.value, p.step, p.at)),
-                max(finite, key=lambda p: (p.value, p.step, p.at)),
-            ]
-        if nans:
-            chosen.append(min(nans, key=_order))
-    return pick(chosen)
+        buckets.setdefault((p.step - origin) // width, []).append(p)
+    return pick(q for members in buckets.values() for q in extremes(members).points())
 
 
 # --- JSON ------------------------------------------------------------------------------

@@ -8,15 +8,16 @@ every point goes in with one ``COPY``. Redelivery is the inbox's to drop (event 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal
 
 import asyncpg
 
 from services.registry import metrics
-from services.registry.metrics import Point, Summary
+from services.registry.metrics import Extremes, Point, Summary
 from shared.events.payloads import JobMetrics, JobSpec, JobStarted, dump
 
 Row = Mapping[str, Any]
@@ -170,6 +171,7 @@ async def ingest(conn: asyncpg.Connection, batches: Sequence[JobMetrics]) -> int
                WHERE s.id = u.id""",
             *(list(column) for column in zip(*updates, strict=True)),
         )
+    await _update_blocks(conn, {ids[pair]: points for pair, points in grouped.items()})
     records = [
         (ids[pair], p.step, p.at, p.value) for pair, points in grouped.items() for p in points
     ]
@@ -177,6 +179,91 @@ async def ingest(conn: asyncpg.Connection, batches: Sequence[JobMetrics]) -> int
         "metric_points", records=records, columns=["series_id", "step", "at", "value"]
     )
     return len(records)
+
+
+_BLOCK_COLUMNS = (
+    "count, first_step, first_at, first_value, last_step, last_at, last_value, low_step, "
+    "low_at, low_value, high_step, high_at, high_value, nan_step, nan_at"
+)
+_BLOCK_TYPES = (
+    "bigint[], bigint[], timestamptz[], float8[], bigint[], timestamptz[], float8[], bigint[], "
+    "timestamptz[], float8[], bigint[], timestamptz[], float8[], bigint[], timestamptz[]"
+)
+
+
+def _point(step: int | None, at: datetime | None, value: float | None) -> Point | None:
+    return None if step is None or at is None or value is None else Point(step, at, value)
+
+
+def extremes_from_row(r: Row) -> Extremes:
+    first = _point(r["first_step"], r["first_at"], r["first_value"])
+    last = _point(r["last_step"], r["last_at"], r["last_value"])
+    assert first is not None and last is not None
+    nan = _point(r["nan_step"], r["nan_at"], math.nan)
+    return Extremes(
+        first,
+        last,
+        _point(r["low_step"], r["low_at"], r["low_value"]),
+        _point(r["high_step"], r["high_at"], r["high_value"]),
+        nan,
+        r["count"],
+    )
+
+
+def _block_columns(e: Extremes) -> tuple[Any, ...]:
+    def parts(p: Point | None) -> tuple[Any, Any, Any]:
+        return (None, None, None) if p is None else (p.step, p.at, p.value)
+
+    nan = parts(e.nan)[:2]
+    return (e.count, *parts(e.first), *parts(e.last), *parts(e.low), *parts(e.high), *nan)
+
+
+async def _update_blocks(conn: asyncpg.Connection, by_series: dict[int, list[Point]]) -> None:
+    """Merge the points' extremes into their blocks (read ``FOR UPDATE``, merged here)."""
+    grouped: dict[tuple[int, int], list[Point]] = {}
+    for series_id, points in by_series.items():
+        for p in points:
+            grouped.setdefault((series_id, metrics.block_of(p.step)), []).append(p)
+    keys = sorted(grouped)
+    existing = {
+        (r["series_id"], r["block"]): extremes_from_row(r)
+        for r in await conn.fetch(
+            f"""SELECT b.series_id, b.block, {_BLOCK_COLUMNS} FROM metric_blocks b
+                JOIN unnest($1::bigint[], $2::bigint[]) AS k (series_id, block)
+                  ON b.series_id = k.series_id AND b.block = k.block
+                ORDER BY b.series_id, b.block FOR UPDATE OF b""",
+            [k[0] for k in keys],
+            [k[1] for k in keys],
+        )
+    }
+    inserts: list[tuple[Any, ...]] = []
+    updates: list[tuple[Any, ...]] = []
+    for key in keys:
+        new = metrics.extremes(grouped[key])
+        if key in existing:
+            updates.append((*key, *_block_columns(metrics.merge_extremes(existing[key], new))))
+        else:
+            inserts.append((*key, *_block_columns(new)))
+    if inserts:
+        await conn.execute(
+            f"""INSERT INTO metric_blocks (series_id, block, {_BLOCK_COLUMNS})
+                SELECT * FROM unnest($1::bigint[], $2::bigint[], {_numbered(_BLOCK_TYPES, 3)})""",
+            *(list(c) for c in zip(*inserts, strict=True)),
+        )
+    if updates:
+        assignments = ", ".join(f"{c} = u.{c}" for c in _BLOCK_COLUMNS.split(", "))
+        await conn.execute(
+            f"""UPDATE metric_blocks b SET {assignments}
+                FROM unnest($1::bigint[], $2::bigint[], {_numbered(_BLOCK_TYPES, 3)})
+                  AS u (series_id, block, {_BLOCK_COLUMNS})
+                WHERE b.series_id = u.series_id AND b.block = u.block""",
+            *(list(c) for c in zip(*updates, strict=True)),
+        )
+
+
+def _numbered(types: str, first: int) -> str:
+    """``$3::bigint[], $4::...`` for a list of array types."""
+    return ", ".join(f"${first + i}::{t}" for i, t in enumerate(types.split(", ")))
 
 
 # --- reading metrics ----------------------------------------------------------------------
@@ -220,18 +307,24 @@ class Curve:
 _ALL_POINTS = """SELECT step, at, value FROM metric_points
     WHERE series_id = $1 AND step BETWEEN $2 AND $3 ORDER BY step, at"""
 
-# Per bucket: first and last (by step, then time), min and max (NaN aside; ties: lowest,
-# resp. highest step) and the first NaN, as float8 arrays that carry the point along.
-_BUCKETS = """SELECT
-    min(ARRAY[step, t, value]) AS first,
-    max(ARRAY[step, t, value]) AS last,
-    min(ARRAY[value, step, t]) FILTER (WHERE value <> 'NaN') AS low,
-    max(ARRAY[value, step, t]) FILTER (WHERE value <> 'NaN') AS high,
-    min(ARRAY[step, t]) FILTER (WHERE value = 'NaN') AS nan
-  FROM (SELECT step::float8 AS step, extract(epoch FROM at)::float8 AS t, value,
-               (step - $2) / $4 AS bucket
-        FROM metric_points WHERE series_id = $1 AND step BETWEEN $2 AND $3) AS p
-  GROUP BY bucket"""
+# Per bucket, the steps of its first and last point, of its min and max (NaN aside; ties: the
+# lowest, resp. highest step) and of its first NaN: scalar aggregates over an index-only scan
+# and a hash join (arrays carrying whole points cost 3-4 times as much), then the points at
+# those steps by index (``_AT_STEPS``).
+BUCKETS_QUERY = """WITH b AS (
+    SELECT (step - $5) / $4 AS bucket, min(step) AS first, max(step) AS last,
+           min(value) FILTER (WHERE value <> 'NaN') AS low,
+           max(value) FILTER (WHERE value <> 'NaN') AS high,
+           min(step) FILTER (WHERE value = 'NaN') AS nan
+    FROM metric_points WHERE series_id = $1 AND step BETWEEN $2 AND $3
+    GROUP BY 1)
+SELECT b.first, b.last, b.nan, b.low AS low_value, b.high AS high_value,
+       min(p.step) FILTER (WHERE p.value = b.low) AS low,
+       max(p.step) FILTER (WHERE p.value = b.high) AS high
+FROM metric_points p JOIN b ON (p.step - $5) / $4 = b.bucket
+WHERE p.series_id = $1 AND p.step BETWEEN $2 AND $3
+GROUP BY b.bucket, b.first, b.last, b.nan, b.low, b.high"""
+_AT_STEPS = "SELECT step, at, value FROM metric_points WHERE series_id = $1 AND step = ANY($2)"
 
 
 async def step_range(conn: asyncpg.Connection, series_id: int) -> tuple[int, int] | None:
@@ -273,25 +366,90 @@ async def curve(
     if total <= max_points:
         rows = await conn.fetch(_ALL_POINTS, s.id, lo, hi)
         return Curve(total, False, [Point(r["step"], r["at"], r["value"]) for r in rows])
-    width = metrics.bucket_width(lo, hi, metrics.bucket_count(max_points))
-    rows = await conn.fetch(_BUCKETS, s.id, lo, hi, width)
+    origin, width, by_blocks = metrics.plan(lo, hi, max_points)
+    if by_blocks:
+        points = await _by_blocks(conn, s.id, lo, hi, origin, width)
+    else:
+        points = await _by_points(conn, s.id, lo, hi, origin, width)
+    return Curve(total, True, points)
+
+
+BLOCKS_QUERY = f"""SELECT block, {_BLOCK_COLUMNS} FROM metric_blocks
+    WHERE series_id = $1 AND block BETWEEN $2 AND $3"""
+_EDGES = """SELECT step, at, value FROM metric_points WHERE series_id = $1
+    AND (step BETWEEN $2 AND $3 OR step BETWEEN $4 AND $5)"""
+
+
+async def _by_blocks(
+    conn: asyncpg.Connection, series_id: int, lo: int, hi: int, origin: int, width: int
+) -> list[Point]:
+    """Buckets of whole blocks: the blocks inside ``lo..hi`` from ``metric_blocks``, the
+    points of the two blocks it cuts through (if it does) from ``metric_points``."""
+    b = metrics.BLOCK_STEPS
+    first_full = -(-lo // b)  # the first block that starts at or after lo
+    last_full = (hi + 1) // b - 1  # the last block that ends at or before hi
+    per_bucket: dict[int, list[Point]] = {}
+
+    def add(p: Point | None) -> None:
+        if p is not None:
+            per_bucket.setdefault((p.step - origin) // width, []).append(p)
+
+    for r in await conn.fetch(BLOCKS_QUERY, series_id, first_full, last_full):
+        for p in extremes_from_row(r).points():
+            add(p)
+    for r in await conn.fetch(
+        _EDGES, series_id, lo, min(hi, first_full * b - 1), max(lo, (last_full + 1) * b), hi
+    ):
+        add(Point(r["step"], r["at"], r["value"]))
+    return metrics.pick(
+        p for found in per_bucket.values() for p in metrics.extremes(found).points()
+    )
+
+
+async def _by_points(
+    conn: asyncpg.Connection, series_id: int, lo: int, hi: int, origin: int, width: int
+) -> list[Point]:
+    """Buckets narrower than a few blocks: from the points, in SQL (``BUCKETS_QUERY``)."""
+    buckets = await conn.fetch(BUCKETS_QUERY, series_id, lo, hi, width, origin)
+    steps = {r[k] for r in buckets for k in ("first", "last", "nan", "low", "high")}
+    at_step: dict[int, list[Point]] = {}
+    for r in await conn.fetch(_AT_STEPS, series_id, [x for x in steps if x is not None]):
+        at_step.setdefault(r["step"], []).append(Point(r["step"], r["at"], r["value"]))
     candidates: list[Point | None] = []
-    for r in rows:
-        for name in ("first", "last"):
-            step, t, value = r[name]
-            candidates.append(Point(int(step), _at(t), value))
-        for name in ("low", "high"):
-            if r[name] is not None:
-                value, step, t = r[name]
-                candidates.append(Point(int(step), _at(t), value))
-        if r["nan"] is not None:
-            step, t = r["nan"]
-            candidates.append(Point(int(step), _at(t), float("nan")))
-    return Curve(total, True, metrics.pick(candidates))
+    for r in buckets:
+        candidates += [
+            min(at_step[r["first"]], key=_time),
+            max(at_step[r["last"]], key=_time),
+            _one(at_step, r["low"], _equal_to(r["low_value"]), min),
+            _one(at_step, r["high"], _equal_to(r["high_value"]), max),
+            _one(at_step, r["nan"], _is_nan, min),
+        ]
+    return metrics.pick(candidates)
 
 
-def _at(epoch: float) -> datetime:
-    return datetime.fromtimestamp(epoch, tz=UTC)
+def _time(p: Point) -> datetime:
+    return p.at
+
+
+def _equal_to(value: float | None) -> Callable[[Point], bool]:
+    return lambda p: p.value == value
+
+
+def _is_nan(p: Point) -> bool:
+    return p.value != p.value
+
+
+def _one(
+    at_step: dict[int, list[Point]],
+    step: int | None,
+    keep: Callable[[Point], bool],
+    choose: Callable[..., Point],
+) -> Point | None:
+    """Of the points at ``step`` that ``keep`` holds for, the earliest (``min``) or latest."""
+    if step is None:
+        return None
+    found = [p for p in at_step.get(step, []) if keep(p)]
+    return choose(found, key=_time) if found else None
 
 
 # --- experiments and runs -----------------------------------------------------------------

@@ -183,7 +183,7 @@ async def test_redelivery_stores_nothing_twice(pool: asyncpg.Pool) -> None:
     assert await pool.fetchval("SELECT count FROM metric_series WHERE job_id = $1", j) == 6
 
 
-async def test_downsampling_in_sql_keeps_extremes(
+async def test_downsampling_in_sql_matches_the_rule_and_keeps_extremes(
     pool: asyncpg.Pool, vision: httpx.AsyncClient
 ) -> None:
     j = job()
@@ -192,8 +192,11 @@ async def test_downsampling_in_sql_keeps_extremes(
     values[7_777] = 40.0
     values[15_001] = -40.0
     values[19_000] = NAN
+    values[3_000:3_500] = [0.25] * 500  # ties
     deliveries = [Delivery(Envelope.wrap(started(j, spec()), source=RUNNER, subject=j))]
-    for seq, first in enumerate(range(0, len(values), 2000)):
+    # Batches out of step order, and step 100 reported twice (a restart from a checkpoint).
+    chunks = list(range(0, len(values), 2000))[::-1]
+    for seq, first in enumerate(chunks):
         deliveries.append(
             Delivery(
                 Envelope.wrap(
@@ -203,15 +206,34 @@ async def test_downsampling_in_sql_keeps_extremes(
                 )
             )
         )
-    await apply(deliveries)
-    curve = (await vision.get(f"/v1/jobs/{j}/metrics/loss?max_points=400")).json()
-    assert curve["downsampled"] is True and curve["total"] == 20_000
-    got = [(p["step"], p["value"]) for p in curve["points"]]
-    expected = metrics.downsample(
-        [metrics.Point(i, T0 + timedelta(seconds=i), v) for i, v in enumerate(values)], 400
-    )
-    assert got == [(p.step, metrics.json_float(p.value)) for p in expected]
-    assert (7_777, 40.0) in got and (15_001, -40.0) in got and (19_000, "NaN") in got
+    again = batch(j, len(chunks), "loss", [-99.0], first_step=100)
+    deliveries.append(Delivery(Envelope.wrap(again, source=RUNNER, subject=j)))
+    await apply(deliveries[:4])
+    await apply(deliveries[4:])  # blocks are merged across transactions too
+    points = [metrics.Point(i, T0 + timedelta(seconds=i), v) for i, v in enumerate(values)]
+    points.append(metrics.Point(100, T0 + timedelta(seconds=100), -99.0))
+    for max_points, lo, hi in [
+        (400, None, None),  # buckets of 200 steps: from the points
+        (100, None, None),  # buckets of whole blocks
+        (40, None, None),
+        (100, 1_001, 18_999),  # blocks, and the points of the two blocks cut through
+        (12, 130, 900),
+        (4, 0, 19_999),
+    ]:
+        query = f"max_points={max_points}"
+        query += f"&from_step={lo}&to_step={hi}" if lo is not None else ""
+        curve = (await vision.get(f"/v1/jobs/{j}/metrics/loss?{query}")).json()
+        inside = [p for p in points if (lo or 0) <= p.step <= (hi if hi is not None else 10**9)]
+        assert curve["total"] == len(inside) and curve["downsampled"] is True, query
+        got = [(p["step"], p["value"]) for p in curve["points"]]
+        expected = metrics.downsample(inside, max_points)
+        assert got == [(p.step, metrics.json_float(p.value)) for p in expected], query
+        assert len(got) <= max_points + max_points // 4, query
+    whole = [
+        (p["step"], p["value"])
+        for p in (await vision.get(f"/v1/jobs/{j}/metrics/loss?max_points=400")).json()["points"]
+    ]
+    assert {(7_777, 40.0), (15_001, -40.0), (19_000, "NaN"), (100, -99.0)} <= set(whole)
 
 
 async def test_bad_parameters_name_the_field(
