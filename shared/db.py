@@ -7,13 +7,19 @@ Contract:
   in order, each in its own transaction, under an advisory lock so that several replicas
   starting together do not race. The platform's own tables (outbox, inbox) come first from
   ``shared/migrations``; a service's files follow from its ``migrations/`` folder.
+- A connection goes back to the pool with its transaction rolled back (if one is still
+  open) and nothing else reset on the server: no round trip per release. The code on pooled
+  connections therefore leaves no session state behind (no session ``SET``, no ``LISTEN``
+  left registered, session advisory locks released before the connection is; a leader's
+  lock lives on a connection of its own). Functions given to ``on_release`` run as each
+  connection goes back.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -24,6 +30,13 @@ from shared.settings import DatabaseSettings
 PLATFORM_MIGRATIONS = Path(__file__).parent / "migrations"
 _MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_release_listeners: list[Callable[[asyncpg.Connection], None]] = []
+
+
+def on_release(listener: Callable[[asyncpg.Connection], None]) -> None:
+    """Call ``listener(conn)`` whenever a connection of any pool of this process goes back to
+    its pool, after its transaction ended. It must not raise or block."""
+    _release_listeners.append(listener)
 
 
 @asynccontextmanager
@@ -37,6 +50,7 @@ async def open_pool(settings: DatabaseSettings, schema: str) -> AsyncIterator[as
         max_size=settings.pool_max_size,
         server_settings={"search_path": schema},
         init=_init_connection,
+        reset=_released,
     )
     try:
         yield pool
@@ -47,6 +61,13 @@ async def open_pool(settings: DatabaseSettings, schema: str) -> AsyncIterator[as
 async def _init_connection(conn: asyncpg.Connection) -> None:
     # jsonb columns round-trip as Python objects instead of strings.
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def _released(conn: asyncpg.Connection) -> None:
+    # asyncpg has already rolled back an open transaction; its default reset would add a
+    # round trip (RESET ALL, UNLISTEN *, ...) to every release for state this code never leaves.
+    for listener in _release_listeners:
+        listener(conn)
 
 
 async def _ensure_schema(dsn: str, schema: str) -> None:

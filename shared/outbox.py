@@ -2,9 +2,15 @@
 
 Contract:
 - ``enqueue(conn, *envelopes)`` must run inside the transaction that makes the change; it
-  stores the events with the current trace context (in one statement) and notifies the relay
-  on commit. A rolled back transaction therefore publishes nothing. ``enqueue_traced`` does
-  the same for events that each carry their own trace context (``traced`` takes it).
+  stores the events with the current trace context (in one statement). A rolled back
+  transaction therefore publishes nothing. ``enqueue_traced`` does the same for events that
+  each carry their own trace context (``traced`` takes it).
+- Waking the relay: when a connection that enqueued goes back to its pool (its transaction
+  has ended by then; ``shared.db.on_release``), every relay of this process is woken. Each process that enqueues runs a relay, so committed rows leave at once; a relay
+  that was not woken (a row written by another process, a wake missed) finds them within
+  ``idle_poll_s``. Not ``NOTIFY``: PostgreSQL serializes the commits of all transactions
+  that notify (a database-wide lock held through the commit's flush), which made every
+  submission wait for the ones before it.
 - ``OutboxRelay.run`` publishes unpublished events in commit order with ``Nats-Msg-Id`` = event
   id and marks them published. A batch is published pipelined (all sent in order, then the
   acknowledgements awaited together). A crash between publish and mark re-publishes the
@@ -36,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,12 +51,12 @@ from nats.errors import BadHeaderError, BadSubjectError, MaxPayloadError
 from nats.errors import Error as NatsError
 from nats.js.errors import APIError
 
+from shared import db
 from shared.bus import Bus, StreamMissingError
 from shared.events import Envelope, Payload
 from shared.telemetry import inject
 
 log = logging.getLogger(__name__)
-_CHANNEL = "trainyard_outbox"
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 """NATS's default ``max_payload``; used when neither the server nor the settings name one."""
 _PERMANENT_MARKERS = (
@@ -83,20 +90,36 @@ async def enqueue_traced(conn: asyncpg.Connection, events: Sequence[Traced]) -> 
     the surrounding transaction commits."""
     if not events:
         return
-    # The notification reaches listeners only if and when the transaction commits.
     await conn.execute(
-        "WITH rows AS (INSERT INTO outbox (event_id, subject, body, headers) "
-        "              SELECT e.id, e.subject, e.body, e.headers "
-        "              FROM unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[]) "
-        "                   WITH ORDINALITY AS e(id, subject, body, headers, n) ORDER BY e.n "
-        "              ON CONFLICT (event_id) DO NOTHING) "
-        "SELECT pg_notify($5, current_schema())",
+        "INSERT INTO outbox (event_id, subject, body, headers) "
+        "SELECT e.id, e.subject, e.body, e.headers "
+        "FROM unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[]) "
+        "     WITH ORDINALITY AS e(id, subject, body, headers, n) ORDER BY e.n "
+        "ON CONFLICT (event_id) DO NOTHING",
         [e.id for e, _ in events],
         [e.nats_subject for e, _ in events],
         [e.to_json() for e, _ in events],
         [headers for _, headers in events],
-        _CHANNEL,
     )
+    _enqueued_on.add(conn.get_server_pid())
+
+
+_relays: weakref.WeakSet[OutboxRelay] = weakref.WeakSet()
+"""The relays running in this process."""
+_enqueued_on: set[int] = set()
+"""Connections (by server process id, the same through a pool's proxy) that enqueued since
+they were last returned to their pool."""
+
+
+def _wake_relays_after_commit(conn: asyncpg.Connection) -> None:
+    if conn.get_server_pid() not in _enqueued_on:
+        return
+    _enqueued_on.discard(conn.get_server_pid())
+    for relay in _relays:
+        relay.wake()
+
+
+db.on_release(_wake_relays_after_commit)
 
 
 class OutboxRelay:
@@ -125,8 +148,7 @@ class OutboxRelay:
     async def run(self, stop: asyncio.Event) -> None:
         """Relay until ``stop`` is set, then flush what is committed and return. Never raises
         for a row or an outage: failures are logged and retried with a growing pause."""
-        listener = await self._pool.acquire()
-        await listener.add_listener(_CHANNEL, self._on_notify)
+        _relays.add(self)
         try:
             await self._report_parked()
             failures = 0
@@ -151,8 +173,7 @@ class OutboxRelay:
                     await self._sleep(stop, self._idle_poll_s)
             await self._flush()
         finally:
-            await listener.remove_listener(_CHANNEL, self._on_notify)
-            await self._pool.release(listener)
+            _relays.discard(self)
 
     def _stream_check_due(self) -> bool:
         last = self._stream_checked
@@ -346,7 +367,8 @@ class OutboxRelay:
                 return
             await self._sleep(stop, min(left, 0.25), wake=False)
 
-    def _on_notify(self, *_: object) -> None:
+    def wake(self) -> None:
+        """Look for committed rows now instead of after ``idle_poll_s``."""
         self._wake.set()
 
     async def _sleep(self, stop: asyncio.Event, seconds: float, wake: bool = True) -> None:

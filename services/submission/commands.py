@@ -40,7 +40,7 @@ from services.submission.schemas import (
     LogChunk,
     LogPage,
 )
-from services.submission.views import job_summary, job_view
+from services.submission.views import job_summary, job_view, submitted_job_view
 from shared import audit, outbox
 from shared.events import Envelope
 from shared.events.payloads import JobCancelRequested, JobSubmitted, dump
@@ -68,7 +68,7 @@ async def submit_job(
             "code.sha256", f"no bundle with this sha256 was uploaded for team {caller.team}"
         )
     spec = request.to_spec(user=caller.user, team=caller.team)
-    job_id, now = str(uuid.uuid4()), datetime.now(UTC)
+    job_id, now, stored = str(uuid.uuid4()), datetime.now(UTC), dump(spec)
     async with pool.acquire() as conn, conn.transaction():
         created = await repo.insert_job(
             conn,
@@ -76,23 +76,19 @@ async def submit_job(
             caller.team_id,
             caller.user_id,
             spec.name,
-            dump(spec),
+            stored,
             idempotency_key,
             now,
         )
-        if created:
-            await repo.insert_history(conn, job_id, JobStatus.QUEUED, now, "submitted")
-            event = JobSubmitted(job_id=job_id, spec=spec, submitted_at=now)
-            await outbox.enqueue(conn, Envelope.wrap(event, source=SOURCE, subject=job_id))
-            if audit.must_record(caller.principal):
-                await audit.record(
-                    conn, caller.principal, "submit job", job_id, {"name": spec.name}
-                )
-        else:
+        if not created:
             assert idempotency_key is not None  # only a repeated key can conflict
-            job_id = await _replayed_job(conn, caller, idempotency_key, dump(spec))
-        view = await _read_view(conn, caller, job_id)
-    return view, created
+            replayed = await _replayed_job(conn, caller, idempotency_key, stored)
+            return await _read_view(conn, caller, replayed), False
+        event = JobSubmitted(job_id=job_id, spec=spec, submitted_at=now)
+        await outbox.enqueue(conn, Envelope.wrap(event, source=SOURCE, subject=job_id))
+        if audit.must_record(caller.principal):
+            await audit.record(conn, caller.principal, "submit job", job_id, {"name": spec.name})
+    return submitted_job_view(job_id, caller.team, caller.user, stored, now), True
 
 
 async def _replayed_job(

@@ -25,12 +25,16 @@ async def insert_job(
     idempotency_key: str | None,
     submitted_at: datetime,
 ) -> bool:
-    """False when this user already submitted a job with this idempotency key."""
+    """Store a QUEUED job and its first history entry (``submitted``), in one statement.
+    False (nothing stored) when this user already submitted a job with this idempotency key."""
     inserted = await conn.fetchval(
-        """INSERT INTO jobs (id, team_id, user_id, name, spec, status, idempotency_key,
-                             submitted_at, updated_at)
-           VALUES ($1, $2, $3, $4, $5, 'QUEUED', $6, $7, $7)
-           ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING true""",
+        """WITH job AS (
+               INSERT INTO jobs (id, team_id, user_id, name, spec, status, idempotency_key,
+                                 submitted_at, updated_at)
+               VALUES ($1, $2, $3, $4, $5, 'QUEUED', $6, $7, $7)
+               ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING id)
+           INSERT INTO job_history (job_id, status, at, reason)
+           SELECT id, 'QUEUED', $7, 'submitted' FROM job RETURNING true""",
         job_id,
         team_id,
         user_id,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from services.submission.domain import CostLine, JobStatus, failed_attempts, summarize_cost
@@ -75,6 +76,45 @@ def job_view(
             final=cost.final,
         ),
     )
+
+
+def submitted_job_view(
+    job_id: str, team: str, user: str, spec: dict[str, Any], submitted_at: datetime
+) -> JobView:
+    """The view of a job just stored by ``repository.insert_job``: what reading it back
+    would give (QUEUED, one history entry, nothing placed, run, saved or billed yet)."""
+    row: dict[str, Any] = dict.fromkeys(_NULLABLE_JOB_COLUMNS)
+    row.update(
+        id=job_id,
+        name=spec["name"],
+        team_name=team,
+        user_name=user,
+        spec=spec,
+        status=JobStatus.QUEUED,
+        submitted_at=submitted_at,
+        updated_at=submitted_at,
+        metrics={},
+    )
+    history = [{"status": JobStatus.QUEUED, "at": submitted_at, "reason": "submitted"}]
+    return job_view(row, history, checkpoints=[], model=None, costs=[], allocations=0)
+
+
+_NULLABLE_JOB_COLUMNS = (
+    "cancel_requested_at",
+    "pending_reason",
+    "pending_position",
+    "estimated_start",
+    "pending_blocking",
+    "pending_suggestion",
+    "allocation_id",
+    "node_id",
+    "gpu_indices",
+    "attempt",
+    "started_at",
+    "finished_at",
+    "metrics_step",
+    "failure",
+)
 
 
 def _pending(job: Row, status: JobStatus) -> PendingView | None:

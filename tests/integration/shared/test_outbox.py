@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 
 import asyncpg
@@ -35,6 +36,25 @@ async def test_rollback_publishes_nothing(pool: asyncpg.Pool, bus: Bus) -> None:
 
     assert await OutboxRelay(pool, bus).relay_once() == 0
     assert await _stream_messages(bus) == 0
+
+
+async def test_a_commit_in_this_process_wakes_the_relay_at_once(
+    pool: asyncpg.Pool, bus: Bus
+) -> None:
+    """No polling and no NOTIFY: the relay, idle for an hour, publishes as soon as the task
+    that enqueued returns its connection (after the commit)."""
+    stop = asyncio.Event()
+    relay = asyncio.create_task(OutboxRelay(pool, bus, idle_poll_s=3600).run(stop))
+    try:
+        await asyncio.sleep(0.5)  # its first look found nothing: it sleeps for the hour now
+        async with pool.acquire() as conn, conn.transaction():
+            await enqueue(conn, _event())
+        async with asyncio.timeout(60):
+            while await _stream_messages(bus) < 1:
+                await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await relay
 
 
 async def test_committed_event_published_once_and_marked(pool: asyncpg.Pool, bus: Bus) -> None:

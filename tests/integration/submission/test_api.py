@@ -154,6 +154,16 @@ async def test_good_job_is_stored_and_announced_exactly_once(submission: Submiss
     assert envelope.source == "trainyard/submission"
 
 
+async def test_the_view_a_submission_answers_is_the_one_reading_it_back_gives(
+    submission: Submission,
+) -> None:
+    """The 201's view is built from what was written, not read back: it must not differ."""
+    created = await submission.client.post("/v1/jobs", json=SPEC, headers=submission.auth())
+    assert created.status_code == 201, created.text
+    read = await submission.client.get(created.headers["Location"], headers=submission.auth())
+    assert read.json() == created.json()
+
+
 async def test_other_team_cannot_see_or_cancel_the_job(submission: Submission) -> None:
     job = await submission.submit()
     other = submission.auth(submission.other_team_token)
