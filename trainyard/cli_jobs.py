@@ -365,8 +365,10 @@ def _matches(job: dict[str, Any], key: str, wanted: str | None) -> bool:
 def get(session: Session) -> int:
     client = session.client
     views = [client.get_job(resolve(client, ref)) for ref in session.args.jobs]
-    rows = [list_row(_summary(v)) for v in views]
-    session.emit(views[0] if len(views) == 1 else views, lambda: table(LIST_HEADER, rows))
+    session.emit(
+        views[0] if len(views) == 1 else views,
+        lambda: table(LIST_HEADER, [list_row(_summary(v)) for v in views]),
+    )
     return Exit.OK
 
 

@@ -1,0 +1,295 @@
+"""The ``trainyard`` command line against the whole local stack, as a user types it.
+
+Tables and ``--json``, exit codes (0 succeeded, 10 failed, 11 cancelled, 3 not found, 1 bad
+input), job ids by unique prefix, ``login`` and contexts, ``rerun``, ``queue`` with the
+reason a job waits, a reader that closes the pipe early, and bad spec files: each problem
+named by its line and field, an unknown field with the close name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from deploy.local.stack import LocalStack
+
+pytestmark = pytest.mark.e2e
+
+CLI = Path(sys.executable).parent / "trainyard"
+
+TRAIN = textwrap.dedent(
+    """
+    import sys, time
+    from trainyard import sdk
+
+    ctx = sdk.init({"steps": 5, "sleep": 0.0, "fail": 0, "spam": 0})
+    hp = ctx.hyperparameters
+    for step in range(1, int(hp["steps"]) + 1):
+        ctx.report_metrics(step, loss=1.0 / step)
+        print(f"step {step}", flush=True)
+        time.sleep(float(hp["sleep"]))
+    if int(hp["spam"]):
+        sys.stdout.write(("x" * 99 + "\\n") * int(hp["spam"]))
+        sys.stdout.flush()
+    sys.exit(3 if int(hp["fail"]) else 0)
+    """
+)
+
+SPEC = textwrap.dedent(
+    """\
+    # yaml-language-server: $schema=job.v1.json
+    apiVersion: trainyard.dev/v1
+    kind: Job
+    name: cli-e2e
+    project: cli
+    experiment: cli-e2e
+    labels: {suite: e2e}
+    entrypoint: train.py
+    gpus: 1
+    gpu_flavor: cpu
+    max_restarts: 0
+    max_runtime_seconds: 600
+    hyperparameters:
+      steps: 3
+      lr: 1e-3
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[LocalStack]:
+    data = Path(tempfile.mkdtemp(prefix="trainyard-e2e-cli-"))
+    try:
+        with LocalStack(data, storage="file") as running:
+            yield running
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def project() -> Iterator[Path]:
+    folder = Path(tempfile.mkdtemp(prefix="cli-project-"))
+    (folder / "train.py").write_text(TRAIN)
+    (folder / "job.yaml").write_text(SPEC)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def env(stack: LocalStack, project: Path) -> dict[str, str]:
+    token = stack.bootstrap_admin("cli-team", "carol")
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")},
+        "TRAINYARD_URL": stack.submission_url,
+        "TRAINYARD_TOKEN": token,
+        "TRAINYARD_CONFIG": str(project / "config" / "config.json"),
+        "TRAINYARD_REGISTRY_URL": stack.service_urls["registry"],
+        "TRAINYARD_BILLING_URL": stack.service_urls["billing"],
+    }
+
+
+def run(env: dict[str, str], *args: str, code: int = 0, timeout: float = 300) -> str:
+    done = subprocess.run(
+        [str(CLI), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert done.returncode == code, f"trainyard {' '.join(args)}: {done.stderr}\n{done.stdout}"
+    assert "Traceback" not in done.stderr
+    return done.stdout + done.stderr
+
+
+def submitted(output: str) -> str:
+    match = re.search(r"submitted job ([0-9a-f-]{36})", output)
+    assert match, output
+    return match.group(1)
+
+
+@pytest.fixture(scope="module")
+def succeeded(env: dict[str, str], project: Path) -> str:
+    job_id = submitted(run(env, "submit", str(project / "job.yaml"), "--name", "ok"))
+    assert "SUCCEEDED" in run(env, "wait", job_id[:8], timeout=400)
+    return job_id
+
+
+def test_bad_spec_files_name_the_line_and_field(env: dict[str, str], project: Path) -> None:
+    bad = project / "bad.yaml"
+    bad.write_text(SPEC.replace("  steps: 3\n", "  steps: 3\n   lr: 2\n"))
+    err = run(env, "submit", str(bad), code=1)
+    assert (
+        f"{bad}:15:6: lr: invalid YAML" in err
+        and "lr: invalid YAML: mapping values are not allowed" in err
+    )
+    bad.write_text(
+        SPEC.replace("hyperparameters:", "hyperparameter:").replace("gpus: 1", "gpus: 0")
+    )
+    lines = run(env, "submit", str(bad), code=1).strip().splitlines()
+    assert lines == [
+        f"trainyard: error: {bad}:9:7: gpus: must be at least 1",
+        f"trainyard: error: {bad}:13:1: hyperparameter: unknown field 'hyperparameter': "
+        "did you mean 'hyperparameters'?",
+    ]
+    bad.write_text(SPEC.replace("entrypoint: train.py", "entrypoint: ../up.py"))
+    err = run(env, "submit", str(bad), code=1)  # a rule only the API checks, on its line
+    assert f"{bad}:8:13: entrypoint: a script path must not contain '..'" in err
+
+
+def test_a_job_submitted_from_yaml_is_listed_described_and_followed(
+    env: dict[str, str], succeeded: str
+) -> None:
+    short = succeeded[:8]
+    table = run(env, "ls").splitlines()
+    assert table[0].split() == [
+        "ID", "NAME", "USER", "STATUS", "REASON", "GPUS", "SUBMITTED", "DURATION", "COST"
+    ]  # fmt: skip
+    row = next(line for line in table if line.startswith(short))
+    assert row.split()[1:4] == ["ok", "carol", "SUCCEEDED"]
+    listed = json.loads(run(env, "ls", "--json"))
+    assert succeeded in [job["id"] for job in listed]
+    assert json.loads(run(env, "get", short, "--json"))["id"] == succeeded
+    described = run(env, "describe", short)
+    assert "project     cli" in described and "experiment  cli-e2e" in described
+    assert "labels      suite=e2e" in described
+    spec = json.loads(run(env, "describe", short, "--json"))["spec"]
+    assert spec["hyperparameters"] == {"steps": 3, "lr": 0.001}
+    assert "step 3" in run(env, "logs", short)
+    assert "SUCCEEDED" in run(env, "attach", short)
+    assert json.loads(run(env, "wait", short, "--json"))["status"] == "SUCCEEDED"
+
+
+def eventually(check: Callable[[], str | None], timeout_s: float = 90) -> str:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = check()
+        if found is not None or time.monotonic() > deadline:
+            assert found is not None, "never came"
+            return found
+        time.sleep(1)
+
+
+def test_metrics_experiments_and_compare(env: dict[str, str], succeeded: str) -> None:
+    short = succeeded[:8]
+
+    def metrics() -> str | None:
+        out = run(env, "metrics", short)
+        return out if "loss" in out else None
+
+    table = eventually(metrics).splitlines()
+    assert table[0].split() == ["KEY", "POINTS", "STEPS", "LAST", "BEST", "MIN", "MAX"]
+    assert table[1].split()[:4] == ["loss", "3", "1..3", "0.3333"]
+    curve = run(env, "metrics", short, "loss").splitlines()
+    assert curve[0].startswith("loss  █") and curve[1].startswith("steps 1..3, 3 points")
+    points = json.loads(run(env, "metrics", short, "loss", "--json"))["points"]
+    assert [p["step"] for p in points] == [1, 2, 3]
+    assert "cli-e2e" in run(env, "experiments", "--project", "cli")
+    runs = run(env, "experiments", "cli-e2e")
+    assert short in runs and "LOSS" in runs.splitlines()[0]
+    compared = run(env, "compare", "cli-e2e", "--keys", "loss")
+    assert "final loss" in compared and short in compared
+    run(env, "experiments", "no-such-experiment", code=3)
+
+    def cost() -> str | None:
+        out = run(env, "cost")
+        return out if "GPU-HOURS" in out else None
+
+    assert "USER" in eventually(cost)
+
+
+def test_exit_codes_say_how_a_job_ended(env: dict[str, str], project: Path) -> None:
+    spec = str(project / "job.yaml")
+    failing = submitted(run(env, "submit", spec, "--name", "crash", "--set", "fail=1"))
+    err = run(env, "wait", failing, code=10, timeout=400)
+    assert f"job {failing} ended FAILED" in err
+    slow_args = ("--name", "slow", "--set", "steps=600", "--set", "sleep=0.5")
+    slow = submitted(run(env, "submit", spec, *slow_args))
+    assert "cancellation requested" in run(env, "cancel", slow[:10])
+    run(env, "wait", slow[:10], code=11, timeout=300)
+    run(env, "describe", "0123abcd", code=3)
+    run(env, "describe", "not-a-job", code=3)
+    run(env, "ls", "--status", "sleeping", code=2)
+
+
+def test_rerun_submits_the_same_spec_again(env: dict[str, str], succeeded: str) -> None:
+    again = submitted(run(env, "rerun", succeeded[:8], "--set", "steps=2"))
+    assert again != succeeded
+    view = json.loads(run(env, "wait", again, "--json", timeout=400))
+    assert view["status"] == "SUCCEEDED"
+    assert view["spec"]["labels"] == {"suite": "e2e", "trainyard.dev/rerun-of": succeeded}
+    assert view["spec"]["hyperparameters"]["steps"] == 2
+    assert view["spec"]["code"] == json.loads(run(env, "get", succeeded, "--json"))["spec"]["code"]
+
+
+def test_queue_shows_why_a_job_waits(env: dict[str, str], project: Path) -> None:
+    both = project / "both.yaml"
+    both.write_text(SPEC.replace("gpus: 1", "gpus: 2"))  # every GPU of the runner
+    slow = ("--set", "steps=600", "--set", "sleep=0.5")
+    holder = submitted(run(env, "submit", str(both), "--name", "holder", *slow))
+    waiting = submitted(run(env, "submit", str(project / "job.yaml"), "--name", "waits", *slow))
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            listed = json.loads(run(env, "queue", "--json"))
+            mine = [v for v in listed if v["id"] == waiting]
+            if mine and mine[0]["status"] == "PENDING" and mine[0]["pending"]["reason"]:
+                break
+            time.sleep(1)
+        else:
+            pytest.fail(f"job {waiting} never waited with a reason: {listed}")
+        table = run(env, "queue").splitlines()
+        assert table[0].split()[:3] == ["POS", "ID", "NAME"]
+        row = next(line for line in table if waiting[:8] in line)
+        assert mine[0]["pending"]["reason"][:20] in row
+        listing = run(env, "ls", "--status", "pending")
+        assert waiting[:8] in listing and "REASON" in listing
+    finally:
+        run(env, "cancel", holder, waiting)
+
+
+def test_a_reader_that_closes_the_pipe_early(env: dict[str, str], project: Path) -> None:
+    spec = str(project / "job.yaml")
+    chatty = submitted(run(env, "submit", spec, "--name", "chatty", "--set", "spam=20000"))
+    run(env, "wait", chatty, timeout=400)
+    for command in (f"logs {chatty}", "ls"):
+        done = subprocess.run(
+            ["bash", "-o", "pipefail", "-c", f"{CLI} {command} | head -1"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        for bad in ("Error", "Traceback", "unexpected", "error:"):
+            assert bad not in done.stderr, done.stderr
+        assert len(done.stdout.splitlines()) == 1
+
+
+def test_login_stores_a_private_context(env: dict[str, str], stack: LocalStack) -> None:
+    bare = {k: v for k, v in env.items() if k not in ("TRAINYARD_URL", "TRAINYARD_TOKEN")}
+    assert "no contexts" in run(bare, "context", "ls")
+    run(bare, "ls", code=4)  # no token anywhere
+    done = subprocess.run(
+        [str(CLI), "login", stack.submission_url, "--token-stdin", "--name", "local"],
+        env=bare,
+        input=env["TRAINYARD_TOKEN"] + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "as cli-team/carol (context 'local'" in done.stdout
+    config = Path(env["TRAINYARD_CONFIG"])
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    assert "ID" in run(bare, "ls")
+    assert run(bare, "context", "ls").splitlines()[1].split()[:2] == ["*", "local"]

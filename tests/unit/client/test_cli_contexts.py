@@ -1,0 +1,137 @@
+"""``trainyard login`` and contexts; job ids by unique prefix (against a fake API)."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from trainyard import cli
+from trainyard.client import TrainyardClient
+
+JOBS = [
+    {"id": "abc12345-0000-4000-8000-000000000001", "name": "one", "status": "RUNNING"},
+    {"id": "abc12399-0000-4000-8000-000000000002", "name": "two", "status": "PENDING"},
+    {"id": "def00000-0000-4000-8000-000000000003", "name": "three", "status": "FAILED"},
+]
+
+
+class Api(list[httpx.Request]):
+    tokens: dict[str, dict[str, Any]]
+
+
+@pytest.fixture
+def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "home" / "trainyard" / "config.json"
+    monkeypatch.setenv("TRAINYARD_CONFIG", str(path))
+    for name in ("URL", "TOKEN", "CONTEXT", "REGISTRY_URL", "BILLING_URL"):
+        monkeypatch.delenv(f"TRAINYARD_{name}", raising=False)
+    return path
+
+
+@pytest.fixture
+def api(monkeypatch: pytest.MonkeyPatch) -> Api:
+    seen = Api()
+    seen.tokens = {
+        "ty_a": {"user": "alice", "team": "vision", "role": "member"},
+        "ty_b": {"user": "bob", "team": "nlp", "role": "member"},
+    }
+
+    def route(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        token = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if token not in seen.tokens:
+            return httpx.Response(401, json={"detail": "invalid token", "errors": []})
+        if request.url.path == "/v1/me":
+            return httpx.Response(200, json=seen.tokens[token])
+        if request.url.path == "/v1/jobs":
+            prefix = request.url.params.get("id_prefix", "")
+            return httpx.Response(200, json=[j for j in JOBS if j["id"].startswith(prefix)])
+        job_id = request.url.path.rsplit("/", 1)[-1]
+        job = next((j for j in JOBS if j["id"] == job_id), None)
+        if job is None:
+            return httpx.Response(404, json={"detail": f"job {job_id} not found", "errors": []})
+        return httpx.Response(200, json=job)
+
+    def make(base_url: str, token: str, timeout: float = 10) -> TrainyardClient:
+        return TrainyardClient(base_url, token, timeout, transport=httpx.MockTransport(route))
+
+    monkeypatch.setattr(cli, "TrainyardClient", make)
+    return seen
+
+
+def test_login_checks_the_token_and_stores_a_private_context(
+    config: Path, api: Api, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["login", "http://a.test/", "--token", "ty_a", "--name", "a"]) == 0
+    assert "logged in to http://a.test as vision/alice (context 'a'" in capsys.readouterr().out
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    assert stat.S_IMODE(config.parent.stat().st_mode) == 0o700
+    stored = json.loads(config.read_text())
+    assert stored["current"] == "a" and stored["contexts"]["a"]["token"] == "ty_a"
+    assert cli.main(["login", "http://a.test", "--token", "ty_wrong"]) == 4
+    assert "401 invalid token" in capsys.readouterr().err
+    assert set(json.loads(config.read_text())["contexts"]) == {"a"}  # nothing stored
+
+
+def test_contexts_switch_and_the_environment_overrides(
+    config: Path, api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["login", "http://a.test", "--token", "ty_a", "--name", "a"]) == 0
+    assert cli.main(["login", "http://b.test", "--token", "ty_b", "--name", "b"]) == 0
+    capsys.readouterr()
+    assert cli.main(["context", "ls"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["CURRENT", "NAME", "URL", "USER"]
+    assert lines[1].split() == ["a", "http://a.test", "vision/alice"]
+    assert lines[2].split() == ["*", "b", "http://b.test", "nlp/bob"]
+    assert "ty_" not in "\n".join(lines)
+    api.clear()
+    assert cli.main(["whoami", "--json"]) == 0
+    assert (api[-1].url.host, api[-1].headers["Authorization"]) == ("b.test", "Bearer ty_b")
+    assert cli.main(["context", "use", "a"]) == 0
+    assert cli.main(["whoami", "--json"]) == 0
+    assert (api[-1].url.host, api[-1].headers["Authorization"]) == ("a.test", "Bearer ty_a")
+    assert cli.main(["whoami", "--json", "--context", "b"]) == 0
+    assert api[-1].url.host == "b.test"
+    monkeypatch.setenv("TRAINYARD_TOKEN", "ty_b")
+    assert cli.main(["whoami", "--json"]) == 0
+    assert (api[-1].url.host, api[-1].headers["Authorization"]) == ("a.test", "Bearer ty_b")
+    monkeypatch.delenv("TRAINYARD_TOKEN")
+    # The context's token never goes to another server.
+    assert cli.main(["whoami", "--json", "--url", "http://elsewhere.test"]) == 4
+    assert cli.main(["context", "use", "nope"]) == 1
+    assert "no context 'nope' (contexts: a, b)" in capsys.readouterr().err
+    assert cli.main(["logout", "a"]) == 0
+    assert cli.main(["whoami", "--json"]) == 4  # no current context any more
+
+
+def test_a_config_file_others_may_read_is_refused(
+    config: Path, api: Api, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["login", "http://a.test", "--token", "ty_a"]) == 0
+    config.chmod(0o644)
+    assert cli.main(["whoami", "--json"]) == 1
+    assert "others may read it (mode 0644); run: chmod 600" in capsys.readouterr().err
+
+
+def test_a_unique_prefix_names_a_job_and_an_ambiguous_one_lists_candidates(
+    config: Path, api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TRAINYARD_TOKEN", "ty_a")
+    assert cli.main(["describe", "def0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "three"
+    assert api[-2].url.params["id_prefix"] == "def0"
+    assert cli.main(["describe", "ABC123"]) == 3
+    err = capsys.readouterr().err
+    assert "'abc123' is ambiguous: it starts the ids of abc12345 (one, RUNNING), abc12399 " in err
+    assert cli.main(["get", "abc1234", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "one"
+    assert cli.main(["get", "fff"]) == 3
+    assert "no job of your team has an id starting with 'fff'" in capsys.readouterr().err
+    assert cli.main(["describe", JOBS[0]["id"], "--json"]) == 0  # a full id: no look-up
+    assert "id_prefix" not in api[-1].url.params
