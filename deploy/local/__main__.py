@@ -145,8 +145,13 @@ def cmd_up(args: argparse.Namespace) -> int:
             )
         if token is not None:
             _say(f"  admin       {args.user} of team {args.team}, token: {token}")
-            _say("\nFor the trainyard CLI:")
-            _say(f"  export TRAINYARD_URL={stack.submission_url} TRAINYARD_TOKEN={token}")
+            urls = stack.service_urls
+            _say("\nFor the trainyard CLI (a context named local, kept in a 0600 file):")
+            _say(
+                f"  echo {token} | trainyard login {stack.submission_url} --token-stdin "
+                f"--name local --registry-url {urls['registry']} --billing-url {urls['billing']}"
+            )
+            _say(f"  or: export TRAINYARD_URL={stack.submission_url} TRAINYARD_TOKEN={token}")
         # The stack's watchdog reports and restarts whatever dies; a process it leaves
         # down stays down: someone may be trying out what a dead service does.
         while True:
