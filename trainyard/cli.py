@@ -151,6 +151,9 @@ def _parser() -> argparse.ArgumentParser:
     queue.add_argument("--limit", type=_positive, default=100, help="at most this many")
     cli_tracking.add_commands(command)
 
+    tokens = command("tokens", _tokens, "your tokens (as token list)")
+    tokens.add_argument("--user", help="another user of your team (admins)")
+    tokens.add_argument("--team", help="another team (operators)")
     command("schema", _schema, "print the JSON Schema of a job spec file")
     command("version", _version, "the client's version")
     completion = command("completion", _completion, "print a shell completion script")
@@ -262,14 +265,17 @@ def _run(session: Session) -> int:
     args = session.args
     if args.command == "deadletters":
         return run_deadletters(session.client, args)
-    if args.command in cli_access.COMMANDS or args.command == "tokens":
-        if args.command == "tokens":
-            args.command, args.action, args.user, args.team = "token", "list", None, None
+    if args.command in cli_access.COMMANDS:
         shown = cli_access.run(session.client, args, session.as_json)
         print(shown if isinstance(shown, str) else dumps(shown))
         return Exit.OK
     run: Runner = args.run
     return run(session)
+
+
+def _tokens(session: Session) -> int:
+    session.args.command, session.args.action = "token", "list"
+    return _run(session)
 
 
 def _schema(session: Session) -> int:

@@ -135,3 +135,21 @@ def test_a_unique_prefix_names_a_job_and_an_ambiguous_one_lists_candidates(
     assert "no job of your team has an id starting with 'fff'" in capsys.readouterr().err
     assert cli.main(["describe", JOBS[0]["id"], "--json"]) == 0  # a full id: no look-up
     assert "id_prefix" not in api[-1].url.params
+
+
+def test_tokens_lists_them(
+    config: Path, api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TRAINYARD_TOKEN", "ty_a")
+    cli.main(["tokens", "--json"])
+    assert api[-1].url.path == "/v1/tokens"
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "tcsh"])
+def test_completion_scripts_know_the_commands(
+    shell: str, config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["completion", shell]) == 0
+    script = capsys.readouterr().out
+    for name in ("submit", "attach", "rerun", "experiments", "context"):
+        assert name in script
