@@ -436,3 +436,30 @@ def _exit_code(argv: list[str]) -> int:
         return cli.main(argv)
     except SystemExit as exc:  # argparse's own errors
         return int(exc.code or 0)
+
+
+def test_metrics_without_the_registry_are_the_latest_values(
+    api: Seen, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["metrics", "job-1"]) == 0
+    assert capsys.readouterr().out.strip() == "step 100: acc=0.97 loss=0.1235"
+    assert cli.main(["metrics", "job-1", "loss"]) == 1
+    assert "no registry URL: set TRAINYARD_REGISTRY_URL" in capsys.readouterr().err
+    assert cli.main(["experiments"]) == 1
+
+
+def test_wait_exits_with_the_jobs_final_state(
+    api: Seen, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for status, code in (("SUCCEEDED", 0), ("FAILED", 10), ("CANCELLED", 11)):
+        view = {**VIEW, "status": status}
+        monkeypatch.setattr(TrainyardClient, "wait", lambda *a, _v=view, **k: _v)
+        assert cli.main(["wait", "job-1"]) == code
+        assert capsys.readouterr().out.startswith(f"job-1  {status}")
+
+    def late(*_: Any, **__: Any) -> dict[str, Any]:
+        raise TimeoutError("job job-1 did not finish within 1s (last status: RUNNING)")
+
+    monkeypatch.setattr(TrainyardClient, "wait", late)
+    assert cli.main(["wait", "job-1", "--timeout", "1"]) == 6
+    assert "did not finish within 1s" in capsys.readouterr().err
