@@ -5,6 +5,11 @@ Contract:
   library in ``web/`` (shipped with the package; no build step). ``GET /ui/config.json``
   gives the public URLs of the other services' APIs (``*_public_url`` settings; null when
   unset) and nothing else.
+- Every answer carries a Content-Security-Policy that lets the page run only its own scripts
+  and talk only to this origin and the configured APIs (``connect-src``), refuses framing,
+  and ``X-Content-Type-Options: nosniff``: a job name or log line that looks like markup
+  stays text (the pages insert text only), and if it ever did not, the policy would keep it
+  from running or sending the token anywhere else.
 - These routes are ``public_asset`` routes (``shared.access``): no token is asked for, and
   they hold no data of any team. Every piece of data the pages show comes from the platform's
   APIs, called from the browser with the token the user typed in (kept in the tab's
@@ -15,8 +20,9 @@ Contract:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from litestar import Router, get
+from litestar import Response, Router, get
 from litestar.datastructures import CacheControlHeader
 from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
@@ -47,6 +53,12 @@ def dashboard_routes(settings: Settings) -> list[Router]:
         billing_url=settings.billing_public_url,
     )
 
+    policy = content_security_policy(config)
+
+    def secure(response: Response[Any]) -> Response[Any]:
+        response.headers.update({**_HEADERS, "Content-Security-Policy": policy})
+        return response
+
     @get("/config.json", include_in_schema=False, sync_to_thread=False, cache_control=_NO_STORE)
     def dashboard_config() -> DashboardConfig:
         return config
@@ -63,12 +75,38 @@ def dashboard_routes(settings: Settings) -> list[Router]:
         opt=public_asset(),
         cache_control=_NO_CACHE,
         resolve_symlinks=False,
+        after_request=secure,
     )
-    api = Router(PREFIX, route_handlers=[dashboard_config], opt=public_asset())
+    api = Router(
+        PREFIX, route_handlers=[dashboard_config], opt=public_asset(), after_request=secure
+    )
     root = Router("/", route_handlers=[dashboard_root], opt=public_asset())
     return [api, files, root]
 
 
+def content_security_policy(config: DashboardConfig) -> str:
+    """The pages' policy: own scripts and styles (inline style attributes for bar widths),
+    data: images (the icon), and requests to this origin and the configured APIs only."""
+    apis = [
+        url.rstrip("/")
+        for url in (config.scheduler_url, config.registry_url, config.billing_url)
+        if url
+    ]
+    return "; ".join(
+        [
+            "default-src 'none'",
+            "script-src 'self'",
+            "style-src 'self' 'unsafe-inline'",
+            "img-src 'self' data:",
+            "connect-src " + " ".join(["'self'", *apis]),
+            "base-uri 'self'",
+            "form-action 'self'",
+            "frame-ancestors 'none'",
+        ]
+    )
+
+
+_HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
 _NO_CACHE = CacheControlHeader(no_cache=True)
 """Revalidate on every load: a new release's modules are picked up at once."""
 _NO_STORE = CacheControlHeader(no_store=True)

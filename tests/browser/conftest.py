@@ -53,6 +53,7 @@ def browser() -> Iterator[object]:
         f"--window-size={WINDOW[0]},{WINDOW[1]}",
     ):
         options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     session = webdriver.Chrome(service=Service(executable_path=driver), options=options)
     session.set_page_load_timeout(30)
     try:

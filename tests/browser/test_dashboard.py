@@ -174,6 +174,17 @@ def shot(driver: Any, world: World, name: str) -> None:
     driver.save_screenshot(str(world.shots / f"{name}.png"))
 
 
+def script_errors(driver: Any) -> list[str]:
+    """The console's uncaught errors and content-policy refusals since the last call (a
+    refused call, such as the 403 of an operator view, is expected and not counted)."""
+    return [
+        entry["message"]
+        for entry in driver.get_log("browser")
+        if entry["level"] == "SEVERE"
+        and ("Uncaught" in entry["message"] or "Content Security Policy" in entry["message"])
+    ]
+
+
 def money(amount: float, currency: str | None) -> str:
     """The dashboard's own formatting (ui.js ``money``)."""
     text = f"{amount:.4f}" if amount != 0 and abs(amount) < 0.01 else f"{amount:.2f}"
@@ -295,6 +306,7 @@ def test_every_page_shows_what_a_person_looks_for(browser: Any, world: World) ->
     text = visit(driver, "/queues", pending["id"][:8])
     assert "default:vision" in text and pending["pending"]["reason"] in text
     shot(driver, world, "queues")
+    assert not script_errors(driver)
 
 
 def test_team_a_sees_nothing_of_team_b(browser: Any, world: World) -> None:
@@ -325,3 +337,4 @@ def test_team_a_sees_nothing_of_team_b(browser: Any, world: World) -> None:
     text = visit(driver, f"/jobs/{other['id']}", "No such job")
     assert other["name"] not in text
     visit(driver, "/models/audio/audio-secret-run", "No such model")
+    assert not script_errors(driver)

@@ -149,3 +149,17 @@ export function pageHeader(title, subtitle, ...actions) {
 export function keyValues(pairs) {
   return h("dl", { class: "kv" }, pairs.filter(Boolean).flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
 }
+
+const JOB_ID = /\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b/g;
+
+/** ``text`` with every job id in it a link to that job (the text itself unchanged). */
+export function withJobLinks(text) {
+  const parts = [];
+  let last = 0;
+  for (const match of text.matchAll(JOB_ID)) {
+    parts.push(text.slice(last, match.index), h("a", { href: `#/jobs/${match[0]}`, class: "mono" }, match[0]));
+    last = match.index + match[0].length;
+  }
+  parts.push(text.slice(last));
+  return parts;
+}

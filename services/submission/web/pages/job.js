@@ -5,7 +5,7 @@ import { ApiError, Unavailable, call, get } from "../api.js";
 import { lineChart } from "../chart.js";
 import {
   absolute, card, duration, errorMessage, gpuHours, h, keyValues, message, metric, money,
-  pageHeader, relative, replace, runSeconds, stat, statusBadge, table, when,
+  pageHeader, relative, replace, runSeconds, stat, statusBadge, table, when, withJobLinks,
 } from "../ui.js";
 
 const VIEW_MS = 3000;
@@ -231,20 +231,6 @@ export async function render(view, [jobId], { me }) {
     drawCharts();
   }, CHART_MS));
   return () => timers.forEach(clearInterval);
-}
-
-const JOB_ID = /\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b/g;
-
-/** ``text`` with every job id in it a link to that job (the text itself unchanged). */
-function withJobLinks(text) {
-  const parts = [];
-  let last = 0;
-  for (const match of text.matchAll(JOB_ID)) {
-    parts.push(text.slice(last, match.index), h("a", { href: `#/jobs/${match[0]}`, class: "mono" }, match[0]));
-    last = match.index + match[0].length;
-  }
-  parts.push(text.slice(last));
-  return parts;
 }
 
 function rank(key) {

@@ -5,7 +5,7 @@
 import { ApiError, get } from "../api.js";
 import {
   absolute, card, errorMessage, h, jobLink, message, pageHeader, relative, replace, statusBadge,
-  table, when,
+  table, when, withJobLinks,
 } from "../ui.js";
 
 const REFRESH_MS = 5000;
@@ -56,8 +56,8 @@ function waitingTable(pending) {
     { title: "Job", cell: (p) => jobLink(p.job_id) },
     { title: "GPUs", cell: (p) => `${p.gpus} × ${p.gpu_flavor}` },
     { title: "Priority", cell: (p) => p.priority },
-    { title: "Reason", cell: (p) => h("span", { class: "reason" }, p.reason || "waiting for the next pass") },
-    { title: "Blocked by", cell: (p) => p.blocking || "—" },
+    { title: "Reason", cell: (p) => h("span", { class: "reason" }, withJobLinks(p.reason || "waiting for the next pass")) },
+    { title: "Blocked by", cell: (p) => (p.blocking ? withJobLinks(p.blocking) : "—") },
     { title: "Suggestion", cell: (p) => p.suggestion || "—" },
     { title: "Estimated start", cell: (p) => (p.estimated_start ? when(p.estimated_start) : "unknown") },
   ], pending, { empty: "Nobody waits." });
@@ -131,8 +131,8 @@ async function teamQueue(me) {
       { title: "Job", cell: (p) => h("span", {}, h("a", { href: `#/jobs/${p.job_id}` }, p.name), " ", jobLink(p.job_id)) },
       { title: "Status", cell: (p) => statusBadge(p.status) },
       { title: "GPUs", cell: (p) => `${p.gpus} × ${p.gpu_flavor}` },
-      { title: "Reason", cell: (p) => h("span", { class: "reason" }, p.reason || "waiting for the next pass") },
-      { title: "Blocked by", cell: (p) => p.blocking || "—" },
+      { title: "Reason", cell: (p) => h("span", { class: "reason" }, withJobLinks(p.reason || "waiting for the next pass")) },
+      { title: "Blocked by", cell: (p) => (p.blocking ? withJobLinks(p.blocking) : "—") },
       { title: "Suggestion", cell: (p) => p.suggestion || "—" },
       { title: "Estimated start", cell: (p) => (p.estimated_start ? absolute(p.estimated_start) : "unknown") },
     ], detailed, { empty: "None of your team's jobs waits." }),

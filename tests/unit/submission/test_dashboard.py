@@ -1,0 +1,73 @@
+"""The dashboard's routes: its files and config for anyone, under a strict content policy;
+nothing outside its folder; and every module the pages import is there."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from litestar.testing import TestClient
+from pydantic import SecretStr
+
+from services.submission.config import Settings
+from services.submission.dashboard import WEB, dashboard_routes
+from shared.access import service_guard
+from shared.http_app import service_app
+
+REGISTRY = "http://127.0.0.1:9002"
+
+
+@pytest.fixture
+def client() -> Iterator[TestClient[Any]]:
+    settings = Settings(registry_public_url=f"{REGISTRY}/", billing_public_url=None)
+    app = service_app("submission", dashboard_routes(settings), service_guard(SecretStr("op")))
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+def test_the_pages_and_their_config_need_no_token(client: TestClient[Any]) -> None:
+    page = client.get("/ui/")
+    assert page.status_code == 200 and 'src="app.js"' in page.text
+    assert client.get("/", follow_redirects=False).headers["location"] == "/ui/"
+    config = client.get("/ui/config.json")
+    assert config.json() == {
+        "scheduler_url": None,
+        "registry_url": f"{REGISTRY}/",
+        "billing_url": None,
+    }
+    assert "no-store" in config.headers["cache-control"]
+
+
+def test_every_answer_carries_the_content_policy(client: TestClient[Any]) -> None:
+    for path in ("/ui/", "/ui/config.json", "/ui/app.js", "/ui/vendor/uPlot.esm.js"):
+        answer = client.get(path)
+        policy = answer.headers["content-security-policy"]
+        assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+        assert f"connect-src 'self' {REGISTRY}" in policy, policy
+        assert answer.headers["x-content-type-options"] == "nosniff"
+
+
+def test_nothing_outside_the_folder_is_served(client: TestClient[Any]) -> None:
+    for path in ("/ui/%2e%2e/dashboard.py", "/ui/..%2fconfig.py", "/ui/missing.js"):
+        assert client.get(path).status_code == 404, path
+
+
+def test_every_imported_module_exists_and_the_chart_library_keeps_its_licence() -> None:
+    imports = re.compile(r"""(?:from\s+|import\(\s*)["'](\.{1,2}/[^"']+)["']""")
+    for script in WEB.rglob("*.js"):
+        if "vendor" in script.parts:
+            continue
+        for target in imports.findall(script.read_text()):
+            assert (script.parent / target).resolve().is_file(), f"{script.name}: {target}"
+    assert "MIT License" in (WEB / "vendor" / "uPlot.LICENSE").read_text()
+
+
+def test_the_pages_never_insert_html() -> None:
+    """User text (job names, reasons, logs) goes in as text: no innerHTML anywhere."""
+    for script in WEB.rglob("*.js"):
+        if "vendor" not in script.parts:
+            assert not re.search(
+                r"innerHTML|outerHTML|insertAdjacentHTML|document\.write", script.read_text()
+            ), script
