@@ -176,26 +176,29 @@ async def test_served_process_end_to_end_through_client_and_cli(
     assert "SUCCEEDED (attempt 1 on node-1, GPUs 0,1)" in status.stdout
     assert "digits-cnn v1" in status.stdout
     listing = await asyncio.to_thread(_cli, cli_env, "list")
-    assert job_id in listing.stdout
+    assert job_id[:8] in listing.stdout  # the table's short id
+    assert job_id in [j["id"] for j in json.loads(_cli(cli_env, "ls", "--json").stdout)]
     workdir = tmp_path / "code"
     workdir.mkdir()
     (workdir / "train.py").write_text("print('training')\n")
     (workdir / "out.log").write_text("ignored\n")
     (workdir / ".gitignore").write_text("*.log\n")
     spec_file = workdir / "job.json"
-    spec_file.write_text(json.dumps({**SPEC, "gpu_flavor": "tpu"}))
+    versioned = {"apiVersion": "trainyard.dev/v1", "kind": "Job", **SPEC}
+    spec_file.write_text(json.dumps({**versioned, "gpu_flavor": "tpu"}, indent=1))
     refused = await asyncio.to_thread(_cli, cli_env, "submit", str(spec_file))
     assert refused.returncode == 1
     code_line, error_line = refused.stderr.strip().splitlines()
     assert code_line.startswith("code: ") and code_line.endswith("(uploaded)")
-    assert error_line.startswith("trainyard: error: 422 invalid job spec (gpu_flavor:")
+    # The API's refusal, on the file's line.
+    assert error_line.startswith(f"trainyard: error: {spec_file}:11:16: gpu_flavor: unknown flavor")
     assert "Traceback" not in refused.stderr
-    spec_file.write_text(json.dumps({**SPEC, "gpu_flavor": "tpu"}))  # the same bundle
+    spec_file.write_text(json.dumps({**versioned, "gpu_flavor": "tpu"}, indent=1))  # same bundle
     submitted_by_cli = await asyncio.to_thread(_cli, cli_env, "submit", str(spec_file))
     assert submitted_by_cli.returncode == 1  # still refused, but nothing uploaded again
     assert submitted_by_cli.stderr.startswith("code: ")
     assert "(already stored)" in submitted_by_cli.stderr.splitlines()[0]
-    spec_file.write_text(json.dumps(SPEC))
+    spec_file.write_text(json.dumps(versioned))
     submitted_by_cli = await asyncio.to_thread(_cli, cli_env, "submit", str(spec_file))
     assert submitted_by_cli.returncode == 0, submitted_by_cli.stderr
     assert "(uploaded)" in submitted_by_cli.stderr  # job.json changed: a new bundle
