@@ -46,6 +46,8 @@ JOB_STATUSES = (
     "CANCELLED",
 )
 RERUN_LABEL = "trainyard.dev/rerun-of"
+"""The label a rerun gets: the id of the job whose spec it repeats."""
+MAX_LABELS = 64
 
 
 def status_arg(value: str) -> str:
@@ -89,7 +91,8 @@ def rerun(session: Session) -> int:
         if k not in ("user", "team") and v is not None and v != "" and v != []
     }
     labels = dict(spec.get("labels") or {})
-    labels[RERUN_LABEL] = old["id"]
+    if len(labels) < MAX_LABELS or RERUN_LABEL in labels:  # the lineage, where it fits
+        labels[RERUN_LABEL] = old["id"]
     spec["labels"] = labels
     return _submitted(session, _overridden(spec, args), None, rerun_of=old["id"])
 
