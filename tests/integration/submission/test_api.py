@@ -94,6 +94,19 @@ async def test_invalid_job_is_422_naming_the_field_and_nothing_is_stored(
     assert await _counts(submission.pool) == (0, 0, 0)
 
 
+async def test_an_unknown_field_is_named_with_the_close_known_one(submission: Submission) -> None:
+    body = {**SPEC, "hyperparameter": {"lr": 0.1}, "apiVersion": "trainyard.dev/v1"}
+    response = await submission.client.post("/v1/jobs", json=body, headers=submission.auth())
+    assert response.status_code == 422, response.text
+    assert response.json()["errors"] == [
+        {
+            "field": "hyperparameter",
+            "message": "unknown field 'hyperparameter': did you mean 'hyperparameters'?",
+        }
+    ]
+    assert await _counts(submission.pool) == (0, 0, 0)
+
+
 async def test_unknown_flavor_error_lists_the_allowed_flavors(submission: Submission) -> None:
     response = await submission.client.post(
         "/v1/jobs", json={**SPEC, "gpu_flavor": "tpu"}, headers=submission.auth()
