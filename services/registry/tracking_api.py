@@ -23,11 +23,11 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import asyncpg
-from litestar import delete, get, put
+from litestar import Request, delete, get, put
 from litestar.di import NamedDependency
 from litestar.exceptions import NotFoundException
 from litestar.handlers import HTTPRouteHandler
-from litestar.params import FromPath, JSONBody, QueryParameter
+from litestar.params import FromPath, PathParameter, QueryParameter
 
 from services.registry import metrics
 from services.registry import tracking_repository as repo
@@ -48,8 +48,8 @@ from services.registry.tracking_schemas import (
 )
 from shared import audit
 from shared.access import needs
-from shared.http_app import error_responses
-from shared.http_errors import RequestInvalid
+from shared.http_app import error_responses, json_request_body
+from shared.http_errors import RequestInvalid, parse_body, read_json_body
 from shared.identity import Principal, Role
 
 Caller = NamedDependency[Principal]
@@ -57,10 +57,12 @@ MaxPoints = Annotated[
     int, QueryParameter(ge=4, le=100_000, description="downsample beyond this many points")
 ]
 Step = Annotated[int | None, QueryParameter(ge=0, le=2**63 - 1)]
+ExperimentId = Annotated[int, PathParameter(ge=1, le=2**63 - 1)]  # the column's bigint
 _SORT = re.compile(r"(final|best):(.{1,200})")
 _FILTER = re.compile(r"(final|best):(.{1,200}?)(<=|>=|<|>)(.+)")
 _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 _MAX_COMPARED = 50
+NOTE_BODY_MAX_BYTES = 64 * 1024
 
 
 def parse_sort(sort: str | None, order: str | None) -> RunOrder | None:
@@ -221,7 +223,7 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
 
     @get("/v1/experiments/{experiment_id:int}", responses=error_responses(404))
     async def get_experiment(
-        experiment_id: FromPath[int],
+        experiment_id: ExperimentId,
         principal: Caller,
         sort: Annotated[str | None, QueryParameter(description="final:<key> or best:<key>")] = None,
         order: Annotated[
@@ -243,7 +245,7 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
 
     @get("/v1/experiments/{experiment_id:int}/compare", responses=error_responses(404))
     async def compare(
-        experiment_id: FromPath[int],
+        experiment_id: ExperimentId,
         principal: Caller,
         keys: Annotated[
             str | None, QueryParameter(description="metric keys, comma-separated")
@@ -314,11 +316,20 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
             tags, note = await repo.tags_and_note(conn, job_id)
         return RunAnnotations(job_id=job_id, tags=tags, note=note)
 
-    @put("/v1/jobs/{job_id:str}/note", opt=needs(Role.MEMBER), status_code=200,
-         responses=error_responses(404))  # fmt: skip
+    @put(
+        "/v1/jobs/{job_id:str}/note",
+        opt=needs(Role.MEMBER),
+        status_code=200,
+        operation_class=json_request_body(NoteBody),
+        responses=error_responses(404, 413, 415),
+    )
     async def put_note(
-        job_id: FromPath[str], data: JSONBody[NoteBody], principal: Caller
+        job_id: FromPath[str], request: Request[Any, Any, Any], principal: Caller
     ) -> RunAnnotations:
+        # Read by hand, as every JSON body of the platform: bounded, screened (a note may
+        # hold tabs and newlines, nothing else of control characters), then validated.
+        raw = await read_json_body(request, NOTE_BODY_MAX_BYTES, lambda path: path == "note")
+        data = parse_body(NoteBody, raw)
         async with pool.acquire() as conn, conn.transaction():
             await visible_job(conn, job_id, principal)
             await repo.set_note(conn, job_id, data.note)

@@ -53,6 +53,7 @@ from schemathesis.checks import (
 
 from services.billing.api import create_app as billing_app
 from services.registry.api import create_app as registry_app
+from services.registry.tracking_schemas import NoteBody
 from services.runner.agent import NodeAgent
 from services.runner.app import create_app as runner_app
 from services.scheduler.admin_schemas import (
@@ -275,6 +276,7 @@ JSON_BODIES: dict[tuple[str, str, str], type[BaseModel]] = {
     ("scheduler", "put", "/v1/admin/cohorts/{name}"): CohortRequest,
     ("scheduler", "put", "/v1/admin/queues/{name}"): QueueRequest,
     ("scheduler", "put", "/v1/admin/priority-classes/{name}"): PriorityClassRequest,
+    ("registry", "put", "/v1/jobs/{job_id}/note"): NoteBody,
 }
 """The routes that read their JSON body by hand, and the model each validates it with."""
 
@@ -330,6 +332,12 @@ UNHOLDABLE: dict[str, list[tuple[str, str, str]]] = {
         ("GET", "/v1/models/a%00/b/versions", "team"),
         ("GET", "/v1/models/a/b%00/versions", "name"),
         ("GET", "/v1/models/a/b/versions/2147483648", "version"),
+        ("GET", f"/v1/experiments/{INT64_MAX + 1}", "experiment_id"),
+        ("GET", f"/v1/experiments/{INT64_MAX + 1}/compare", "experiment_id"),
+        ("GET", "/v1/jobs/a%00b/metrics", "job_id"),
+        ("GET", "/v1/jobs/a/metrics/b%00", "key"),
+        ("GET", f"/v1/jobs/a/metrics/b?from_step={INT64_MAX + 1}", "from_step"),
+        ("PUT", "/v1/jobs/a%00b/tags/x", "job_id"),
         ("GET", f"/v1/audit?before={INT64_MAX + 1}", "before"),
     ],
     "billing": [

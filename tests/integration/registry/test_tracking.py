@@ -342,8 +342,12 @@ async def test_tags_and_notes(bus: Bus, pool: asyncpg.Pool, vision: httpx.AsyncC
     ]
     assert (await vision.put(f"/v1/jobs/{j}/tags/baseline")).status_code == 200
     assert (await vision.delete(f"/v1/jobs/{j}/tags/baseline")).json()["tags"] == ["best-lr"]
-    noted = await vision.put(f"/v1/jobs/{j}/note", json={"note": "lr too high"})
-    assert noted.status_code == 200 and noted.json()["note"] == "lr too high"
+    noted = await vision.put(f"/v1/jobs/{j}/note", json={"note": "lr too high\nretry 0.01"})
+    assert noted.status_code == 200 and noted.json()["note"] == "lr too high\nretry 0.01"
+    bad = await vision.put(f"/v1/jobs/{j}/note", json={"note": "a\u0000b"})
+    assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "note"
+    long = await vision.put(f"/v1/jobs/{j}/note", json={"note": "x" * 10_001})
+    assert long.status_code == 422 and long.json()["errors"][0]["field"] == "note"
     async with app_as(
         pool, Principal(user="op", team=None, role=Role.OPERATOR, token_id=None)
     ) as operator:
