@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from pydantic import SecretStr
 
@@ -89,7 +90,9 @@ WITH_REQUIREMENT = textwrap.dedent(
     with sdk.init() as ctx:
         print(tabulate.tabulate([["team", "vision"]], tablefmt="plain"), flush=True)
         print("tabulate", tabulate.__version__, flush=True)
-        ctx.report_metrics(1, loss=0.5)
+        for step in range(1, 1201):  # faster than the runner's 1 s batches: several of them
+            ctx.report_metrics(step, loss=1.0 / step, accuracy=step / 1200)
+        ctx.report_metrics(1201, loss=float("nan"), accuracy=float("inf"))
     """
 )
 
@@ -175,6 +178,31 @@ def runner_log(stack: LocalStack) -> str:
     return stack.log_path("runner").read_text(errors="replace")
 
 
+def assert_every_point_arrived(stack: LocalStack, token: str, job_id: str) -> None:
+    """Every point the job reported is in the registry, NaN and infinity included."""
+    registry = httpx.Client(
+        base_url=stack.service_urls["registry"],
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=10,
+    )
+    deadline = time.monotonic() + 60
+    counts: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        response = registry.get(f"/v1/jobs/{job_id}/metrics")
+        if response.status_code == 200:
+            counts = {m["key"]: m["count"] for m in response.json()["metrics"]}
+            if counts.get("loss") == 1201 and counts.get("accuracy") == 1201:
+                break
+        time.sleep(0.5)
+    assert counts.get("loss") == 1201 and counts.get("accuracy") == 1201, counts
+    curve = registry.get(f"/v1/jobs/{job_id}/metrics/loss?max_points=5000").json()
+    assert curve["downsampled"] is False
+    assert [p["step"] for p in curve["points"]] == list(range(1, 1202))
+    assert curve["points"][0]["value"] == 1.0 and curve["points"][-1]["value"] == "NaN"
+    accuracy = registry.get(f"/v1/jobs/{job_id}/metrics").json()["metrics"]
+    assert {m["key"]: m["last"] for m in accuracy}["accuracy"] == "Infinity"
+
+
 def test_a_project_outside_the_repository_with_its_own_requirement_runs(
     stack: LocalStack, token: str, client: TrainyardClient, project: Path
 ) -> None:
@@ -188,6 +216,7 @@ def test_a_project_outside_the_repository_with_its_own_requirement_runs(
     assert view["status"] == "SUCCEEDED", view
     output = logs(client, first)
     assert "tabulate 0.9.0" in output and "team  vision" in output
+    assert_every_point_arrived(stack, token, first)
 
     second_out = cli(stack, token, "submit", str(spec_path), "--follow", timeout=400)
     assert "already stored" in second_out, "an identical bundle is uploaded once"
