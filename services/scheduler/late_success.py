@@ -22,8 +22,12 @@ transaction, under the scheduling lock; ``job`` and its ``live`` allocations rea
   billed from its grant to now like any allocation stopped early) and its node told
   ``AllocationRevoked(reason="fenced")``, whatever that attempt had reached; a job requeued
   after the loss leaves its queue.
-Nothing is said on the job's behalf: the runner's own ``job.succeeded`` is the event the
-other services read. Returns whether the job moved on (the caller asks for a pass).
+  The scheduler then says the runner's ``job.succeeded`` again as its own (event id
+  ``kept-success:<allocation>``, on ``trainyard.job.succeeded.v1.by-scheduler``): the
+  runner's report names an allocation the other services saw end, so they would ignore
+  it; the scheduler's copy is the verdict that the job succeeded (submission's view turns
+  SUCCEEDED from whatever attempt it showed; the registry registers the model once).
+Returns whether the job moved on (the caller asks for a pass).
 """
 
 from __future__ import annotations
@@ -100,6 +104,9 @@ async def accept_late_success(
             f"succeeded: {verdict.reason} (allocation {allocation.allocation_id}); not run again"
         )
         await repo.set_job_status(conn, [job.job_id], job.status.check_late_success(), now, reason)
+        events.append(
+            traced(report, job.job_id, event_id=f"kept-success:{allocation.allocation_id}")
+        )
     await charge_usage(conn, job.spec.team, gpu_seconds, now, tuning.half_life_s)
     await outbox.enqueue_traced(conn, events)
     log.warning(

@@ -168,6 +168,10 @@ def judge(state: JobState, event: LifecycleEvent, source: str = "") -> Verdict:
     if state.status.is_terminal:
         what = "attempt failure" if is_attempt_failure(event, source) else str(target)
         return Ignore(f"job is already {state.status}; {what} arrived late")
+    if isinstance(event, JobSucceeded) and source == SCHEDULER_SOURCE:
+        # A late success the scheduler kept: an attempt whose node was declared lost had
+        # really finished. Final, whatever attempt the job has shown since.
+        return Apply(target, record=True)
     match event:
         case JobFailed():
             if not _of_current_attempt(state, event.allocation_id):

@@ -5,8 +5,8 @@ Every consumer checks an event's ``source`` against this table before any handle
 dead-lettered as forged and changes nothing. The bus's own permissions (each service may
 publish only its subjects) keep a service from sending a type outside its row; this table
 keeps it from claiming another service's identity inside the payload. Events the scheduler
-says on a runner's behalf (``job.preempted``, ``job.failed``) are the only types with two
-allowed sources; they travel on a subject of their own (``nats_subject_for``:
+says on a runner's behalf (``job.preempted``, ``job.failed``, and ``job.succeeded`` for a
+late success it kept) are the only types with two allowed sources; they travel on a subject of their own (``nats_subject_for``:
 ``<type>.by-scheduler``) that only the scheduler may publish, and a consumer believes an
 event only on the subject its type, source and routing key give (``forged_because`` with
 ``subject``), so a runner cannot pass its own report off as the scheduler's decision. Nor
@@ -59,7 +59,7 @@ _TABLE: tuple[tuple[type[Payload], str, frozenset[str]], ...] = (
     (JobProgress, RUNNER, frozenset()),
     (JobMetrics, RUNNER, frozenset()),
     (CheckpointSaved, RUNNER, frozenset()),
-    (JobSucceeded, RUNNER, frozenset()),
+    (JobSucceeded, RUNNER, frozenset({SCHEDULER})),
     (JobFailed, RUNNER, frozenset({SCHEDULER})),
     (JobPreempted, RUNNER, frozenset({SCHEDULER})),
     (ModelRegistered, REGISTRY, frozenset()),

@@ -426,6 +426,10 @@ async def test_a_node_silent_while_the_scheduler_hears_is_lost(live: Start) -> N
 # --- a real result is kept ----------------------------------------------------------------
 
 
+def _verdicts(s: Any) -> list[Envelope[Payload]]:
+    return [e for e in s.envelopes(JobSucceeded) if e.source == owner(AllocationGranted)]
+
+
 @pytest.mark.parametrize("newer", ["none", "granted", "started"])
 async def test_a_success_reported_after_the_node_was_lost_is_kept_and_billed_once(
     live: Start, newer: str
@@ -461,6 +465,17 @@ async def test_a_success_reported_after_the_node_was_lost_is_kept_and_billed_onc
     assert [e.id for e in s.envelopes(AllocationReleased) if e.data is releases[1]] == [
         f"late-success:{grant.allocation_id}"
     ]
+    # The scheduler says the success again as its verdict: the other services saw that
+    # allocation end, so they would not take the runner's word for it.
+    await until(lambda: _verdicts(s))
+    (verdict,) = _verdicts(s)
+    assert verdict.id == f"kept-success:{grant.allocation_id}"
+    assert verdict.nats_subject == "trainyard.job.succeeded.v1.by-scheduler"
+    assert isinstance(verdict.data, JobSucceeded)
+    assert (verdict.data.allocation_id, verdict.data.finished_at) == (
+        grant.allocation_id,
+        finished_at,
+    )
     if regrant is not None:
         (stopped,) = await s.wait_for(
             AllocationReleased, lambda r: r.allocation_id == regrant.allocation_id

@@ -384,3 +384,29 @@ def test_a_cancelled_job_whose_process_failed_ended_when_the_process_did() -> No
     # Requeued (or on another attempt): the failed process is not what the cancel ended.
     assert process_ended_at(replace(running, status=S.PENDING), record) is None
     assert process_ended_at(replace(running, attempt=2), record) is None
+
+
+# --- a late success the scheduler kept ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        JobState(S.QUEUED),  # requeued after its node was declared lost
+        JobState(S.PENDING, pending_reason="quota"),
+        JobState(S.SCHEDULED, allocation_id="alloc-2", attempt=2),  # placed again
+        JobState(S.RUNNING, allocation_id="alloc-2", attempt=2),
+        JobState(S.PREEMPTED, allocation_id="alloc-1", attempt=1),
+    ],
+)
+def test_a_late_success_the_scheduler_kept_ends_the_job_succeeded(state: JobState) -> None:
+    late = ev.succeeded(JOB, allocation="alloc-1")
+    assert judge(state, late, SCHEDULER) == Apply(S.SUCCEEDED, record=True)
+    # The runner's own report of the same allocation is stale in every one of these states.
+    assert isinstance(judge(state, late, RUNNER), Ignore)
+
+
+def test_a_kept_success_does_not_reopen_a_finished_job() -> None:
+    for status in TERMINAL:
+        verdict = judge(JobState(status), ev.succeeded(JOB, allocation="alloc-1"), SCHEDULER)
+        assert isinstance(verdict, Ignore)
