@@ -320,7 +320,6 @@ class JobRequest(BaseModel):
         strict=True,
         frozen=True,
         use_attribute_docstrings=True,
-        title="Trainyard job spec",
     )
 
     api_version: Literal["trainyard.dev/v1"] | None = Field(default=None, alias="apiVersion")
@@ -576,9 +575,11 @@ def _suggested(error: FieldError) -> FieldError:
 def job_json_schema() -> dict[str, Any]:
     """The published JSON Schema of a job spec file (``trainyard/schemas/job.v1.json``)."""
     schema = JobRequest.model_json_schema(by_alias=True)
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": JOB_SCHEMA_ID} | {
-        k: v for k, v in schema.items() if k != "$schema"
-    }
+    return (
+        {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": JOB_SCHEMA_ID}
+        | {k: v for k, v in schema.items() if k != "$schema"}
+        | {"title": "Trainyard job spec"}
+    )
 
 
 def _without_tag(error: FieldError) -> FieldError:

@@ -302,7 +302,8 @@ async def test_the_documents_declare_the_errors_the_security_and_the_bodies(
             if model is not None:
                 schema = body["content"]["application/json"]["schema"]
                 assert body["required"] and schema["title"] == model.__name__
-                assert set(schema["properties"]) == set(model.model_fields)
+                fields = {info.alias or name for name, info in model.model_fields.items()}
+                assert set(schema["properties"]) == fields
                 assert "$ref" not in json.dumps(schema)  # its $defs are inlined
             elif (method, path) == ("put", "/v1/bundles/{sha256}"):
                 assert set(body["content"]) == {"application/octet-stream"}
