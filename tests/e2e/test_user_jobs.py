@@ -178,6 +178,18 @@ def runner_log(stack: LocalStack) -> str:
     return stack.log_path("runner").read_text(errors="replace")
 
 
+def ended_how(stack: LocalStack, view: dict[str, Any]) -> str:
+    """What a failed assertion on a job's end shows: its history, failure and the logs."""
+    shown = {k: view.get(k) for k in ("status", "history", "failure", "failed_attempts")}
+    tails = {
+        name: stack.log_path(name).read_text(errors="replace")[-4000:]
+        for name in ("runner", "scheduler")
+    }
+    return f"{json.dumps(shown, indent=1, default=str)}\n" + "\n".join(
+        f"--- {name} log (tail) ---\n{tail}" for name, tail in tails.items()
+    )
+
+
 def assert_every_point_arrived(stack: LocalStack, token: str, job_id: str) -> None:
     """Every point the job reported is in the registry, NaN and infinity included."""
     registry = httpx.Client(
@@ -213,7 +225,7 @@ def test_a_project_outside_the_repository_with_its_own_requirement_runs(
     )
     first = job_id_of(cli(stack, token, "submit", str(spec_path), "--follow", timeout=400))
     view = client.get_job(first)
-    assert view["status"] == "SUCCEEDED", view
+    assert view["status"] == "SUCCEEDED", ended_how(stack, view)
     output = logs(client, first)
     assert "tabulate 0.9.0" in output and "team  vision" in output
     assert_every_point_arrived(stack, token, first)
@@ -285,7 +297,7 @@ def test_a_runner_killed_mid_training_leaves_no_process_and_the_job_resumes_exac
 
     stack.start_service("runner")
     view = client.wait(job_id, timeout_s=240)
-    assert view["status"] == "SUCCEEDED", view
+    assert view["status"] == "SUCCEEDED", ended_how(stack, view)
     output = logs(client, job_id)
     assert re.search(r"resumed at step [1-9]\d*", output), output
     [final] = re.findall(r"FINAL_WEIGHTS sha256=(\w+)", output)
