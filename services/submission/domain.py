@@ -18,6 +18,9 @@ Contract:
   (``SCHEDULER_SOURCE``). A failure of any allocation of the current attempt counts (a
   gang has one allocation per node); a late or repeated report of an older attempt, or of
   one the scheduler already requeued, is ignored.
+- A ``job.succeeded`` from the scheduler is a late success it kept (the reporting attempt's
+  node had been declared lost; ``services.scheduler.late_success``): the job is SUCCEEDED
+  from any status that is not terminal, whatever allocation it holds now.
 - Data-only events (metrics, checkpoints, models, costs) are not judged: they are always
   recorded.
 """
