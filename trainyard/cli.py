@@ -96,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
             sub.set_defaults(run=run)
         return sub
 
-    _login_commands(command)
+    _login_commands(command, common)
     submit = command("submit", cli_jobs.submit, "submit a job spec file (YAML or JSON)")
     submit.add_argument(
         "file", type=Path, help="job spec (YAML or JSON), e.g. examples/digits.job.yaml"
@@ -196,7 +196,9 @@ def _override_options(sub: argparse.ArgumentParser) -> None:
     )
 
 
-def _login_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
+def _login_commands(
+    command: Callable[..., argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
     login = command("login", _login, "check a token and store it as a context (0600)")
     login.add_argument("login_url", metavar="URL", help="the submission API's base URL")
     given = login.add_mutually_exclusive_group()
@@ -208,11 +210,11 @@ def _login_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     logout.add_argument("name", nargs="?", help="the context (default: the current one)")
     context = command("context", None, "list, switch or remove contexts")
     actions = context.add_subparsers(dest="action", required=True, metavar="ACTION")
-    actions.add_parser("ls", help="the contexts").set_defaults(run=_context_ls)
-    use = actions.add_parser("use", help="make a context the current one")
+    actions.add_parser("ls", parents=[common], help="the contexts").set_defaults(run=_context_ls)
+    use = actions.add_parser("use", parents=[common], help="make a context the current one")
     use.add_argument("name")
     use.set_defaults(run=_context_use)
-    rm = actions.add_parser("rm", help="remove a context")
+    rm = actions.add_parser("rm", parents=[common], help="remove a context")
     rm.add_argument("name")
     rm.set_defaults(run=_logout)
 
