@@ -29,7 +29,7 @@ from trainyard.cli_render import (
     time_text,
     why,
 )
-from trainyard.client import SETTLE_SECONDS, TrainyardClient, TrainyardError
+from trainyard.client import LIST_PAGE_MAX, SETTLE_SECONDS, TrainyardClient, TrainyardError
 from trainyard.spec import SpecFile, load
 
 LOG_POLL_SECONDS = 1.0
@@ -348,7 +348,8 @@ def ls(session: Session) -> int:
     jobs: list[dict[str, Any]] = []
     cursor = args.after
     while True:
-        page, cursor = client.list_page(limit=args.limit - len(jobs), after=cursor, **filters)
+        size = LIST_PAGE_MAX if args.all else args.limit - len(jobs)
+        page, cursor = client.list_page(limit=size, after=cursor, **filters)
         # A server that does not know a filter ignores it: hold every row to it here too.
         jobs += [j for j in page if all(_matches(j, k, v) for k, v in filters.items())]
         if not cursor or not page or (len(jobs) >= args.limit and not args.all):
