@@ -128,7 +128,13 @@ def job_batches(job_id: str, keys: int, steps: int) -> list[JobMetrics]:
         for k in range(keys)
     ]
     return [
-        JobMetrics(job_id=job_id, allocation_id=f"a-{job_id}", seq=n, points=points[i : i + BATCH])
+        JobMetrics(
+            job_id=job_id,
+            allocation_id=f"a-{job_id}",
+            node_id="node-1",
+            seq=n,
+            points=points[i : i + BATCH],
+        )
         for n, i in enumerate(range(0, len(points), BATCH))
     ]
 

@@ -35,7 +35,8 @@ runner may create its consumer only with its node's one filter in the request's 
 Deleting or purging a stream, reading single messages, other consumers and ephemeral
 consumers are denied. A runner's user is per node: it publishes heartbeats only under its
 node id, and its consumer (``runner-<node>``) and core subscriptions cover only its node's
-grants and revocations.
+grants and revocations; it says ``job.metrics`` only under its node id too (the registry
+then believes a batch only from the node its job's run started on).
 """
 
 from __future__ import annotations
@@ -79,7 +80,14 @@ from shared.events.payloads import (
     Payload,
     RunnerHeartbeat,
 )
-from shared.events.trust import delegate_key, delegated_keys, node_subjects, owner, types_said_by
+from shared.events.trust import (
+    RUNNER_NODE_ONLY,
+    delegate_key,
+    delegated_keys,
+    node_subjects,
+    owner,
+    types_said_by,
+)
 
 _START_ATTEMPTS = 3  # a free port can be taken between choosing it and binding it
 STREAM = "TRAINYARD"
@@ -161,7 +169,7 @@ def service_permissions(
             continue
         produces.extend(
             [f"{said.TYPE}.{node_id}"]
-            if said is RunnerHeartbeat and kind == "runner"
+            if said in RUNNER_NODE_ONLY and kind == "runner"
             else _every(said)
         )
         for key in delegated_keys(said):

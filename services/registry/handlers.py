@@ -14,7 +14,11 @@ Runs inside the transaction of ``shared.inbox.idempotent``.
 - Tracking (``tracking_repository``): ``job.started`` also puts the job in its experiment;
   ``job.succeeded``, the scheduler's ``job.failed`` (the job's end; a runner's is one
   attempt's) and ``job.cancelled`` end it; ``job.metrics`` points are stored in bulk, all of
-  a fetched batch's at once, after its other events (``dispatch_batch``).
+  a fetched batch's at once, after its other events (``dispatch_batch``). A batch is
+  believed only from the node its allocation started on (the bus vouches for the node it
+  came from, ``shared.events.trust``): a batch of a run that started elsewhere, or of an
+  allocation of another job, is rejected (dead-lettered); one whose ``job.started`` is not
+  recorded yet is retried, like a success.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from services.registry import repository as repo
 from services.registry import tracking_repository as tracking
 from services.registry.domain import ModelVersion, NoArtifact, Run, RunNotRecorded
 from shared import outbox
-from shared.bus import Delivery
+from shared.bus import Delivery, Reject
 from shared.events import Envelope, Payload
 from shared.events.payloads import (
     CheckpointSaved,
@@ -67,6 +71,7 @@ class RegistryHandlers:
         for delivery in deliveries:
             with delivery.span(CONSUMER):
                 if isinstance(delivery.envelope.data, JobMetrics):
+                    await self.check_metrics(conn, delivery.envelope.data)
                     points.append(delivery.envelope.data)
                 else:
                     await self.dispatch(delivery.envelope, conn)
@@ -89,9 +94,24 @@ class RegistryHandlers:
             case JobCancelled() as cancelled:
                 await tracking.record_ended(conn, cancelled.job_id, "cancelled", envelope.time)
             case JobMetrics() as batch:
+                await self.check_metrics(conn, batch)
                 await tracking.ingest(conn, [batch])
             case _:
                 pass
+
+    async def check_metrics(self, conn: asyncpg.Connection, batch: JobMetrics) -> None:
+        """Raise unless ``batch`` comes from the node its run started on (module docstring)."""
+        run = await tracking.run_of(conn, batch.allocation_id)
+        if run is None:
+            raise RunNotRecorded(
+                f"job {batch.job_id}: job.started of allocation {batch.allocation_id} is not "
+                "recorded yet"
+            )
+        if run != (batch.job_id, batch.node_id):
+            raise Reject(
+                f"job.metrics of job {batch.job_id} from node {batch.node_id}: allocation "
+                f"{batch.allocation_id} is job {run[0]}'s on node {run[1]}"
+            )
 
     async def on_started(self, conn: asyncpg.Connection, started: JobStarted) -> None:
         await tracking.record_started(conn, started, self._clock())

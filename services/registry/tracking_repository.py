@@ -73,6 +73,14 @@ async def record_ended(conn: asyncpg.Connection, job_id: str, status: Status, at
     )
 
 
+async def run_of(conn: asyncpg.Connection, allocation_id: str) -> tuple[str, str] | None:
+    """``(job id, node id)`` of a started run (``runs``, from ``job.started``)."""
+    row = await conn.fetchrow(
+        "SELECT job_id, node_id FROM runs WHERE allocation_id = $1", allocation_id
+    )
+    return None if row is None else (row["job_id"], row["node_id"])
+
+
 async def job_team(conn: asyncpg.Connection, job_id: str) -> str | None:
     return await conn.fetchval("SELECT team FROM tracked_jobs WHERE job_id = $1", job_id)  # type: ignore[no-any-return]
 

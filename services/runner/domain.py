@@ -212,7 +212,13 @@ def metric_points(message: MetricsMessage, at: datetime) -> tuple[list[MetricPoi
 
 
 def metrics_event(job: JobIdentity, seq: int, points: list[MetricPoint]) -> JobMetrics:
-    return JobMetrics(job_id=job.job_id, allocation_id=job.allocation_id, seq=seq, points=points)
+    return JobMetrics(
+        job_id=job.job_id,
+        allocation_id=job.allocation_id,
+        node_id=job.node_id,
+        seq=seq,
+        points=points,
+    )
 
 
 def metrics_event_id(job: JobIdentity, seq: int) -> str:

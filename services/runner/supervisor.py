@@ -451,11 +451,13 @@ class JobRun:
             )
 
     def _emit_metrics(self, seq: int, points: list[MetricPoint]) -> None:
+        # Routed by node: only this node's runner may publish it (shared.events.trust).
         self._events.emit(
-            _wrap(
+            Envelope.wrap(
                 domain.metrics_event(self.job, seq, points),
-                self.job,
-                domain.metrics_event_id(self.job, seq),
+                source=domain.SOURCE,
+                subject=self.job.node_id,
+                event_id=domain.metrics_event_id(self.job, seq),
             )
         )
 

@@ -324,11 +324,13 @@ class MetricPoint(BaseModel):
 
 class JobMetrics(Payload):
     """Every metric point a job reported, in batches, in the order it reported them
-    (``job.progress`` is the latest values only)."""
+    (``job.progress`` is the latest values only). Routed by ``node_id``: only the runner of
+    the node the job runs on may say it (``shared.events.trust``)."""
 
     TYPE = "trainyard.job.metrics.v1"
     job_id: str
     allocation_id: str
+    node_id: str
     seq: int = Field(ge=0)
     """The batch's number within its allocation (0, 1, 2, ...)."""
     points: list[MetricPoint] = Field(min_length=1, max_length=MAX_METRIC_POINTS)

@@ -113,12 +113,20 @@ def node_subjects(node_id: str) -> str:
     return ".".join([*(a if a == b else "*" for a, b in tokens), node_id])
 
 
-_ROUTED_BY_NODE: tuple[type[Payload], ...] = (AllocationGranted, AllocationRevoked, RunnerHeartbeat)
+_ROUTED_BY_NODE: tuple[type[Payload], ...] = (
+    AllocationGranted,
+    AllocationRevoked,
+    RunnerHeartbeat,
+    JobMetrics,
+)
+RUNNER_NODE_ONLY: tuple[type[Payload], ...] = (RunnerHeartbeat, JobMetrics)
+"""What a runner may say only under its own node id (its NATS user's permissions)."""
 
 
 def routing_key_of(payload: Payload) -> str:
     """The routing key an event of ``payload`` carries (docs/events.md): its node id for a
-    grant, a revocation or a heartbeat, its job id for every other event."""
+    grant, a revocation, a heartbeat or a batch of metric points, its job id for every other
+    event."""
     field = "node_id" if isinstance(payload, _ROUTED_BY_NODE) else "job_id"
     return str(getattr(payload, field))
 

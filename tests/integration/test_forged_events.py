@@ -89,6 +89,7 @@ from shared.events.trust import (
     BILLING,
     REGISTRY,
     RUNNER,
+    RUNNER_NODE_ONLY,
     SCHEDULER,
     SUBMISSION,
     delegate_key,
@@ -200,6 +201,7 @@ SAMPLES: dict[type[Payload], Callable[[str, str, str], Payload]] = {
     JobMetrics: lambda j, n, a: JobMetrics(
         job_id=j,
         allocation_id=a,
+        node_id=n,
         seq=0,
         points=[MetricPoint(key="loss", step=1, time=T0, value=0.0)],
     ),
@@ -522,7 +524,7 @@ async def test_no_identity_no_bus(nats_server: NatsServer) -> None:
 def refused_subjects(kind: type[Payload], source: str, node: str, job: str) -> list[str]:
     """The subjects of ``kind`` that a user speaking for ``source`` (a runner: of ``node``)
     must be refused, derived from ``shared.events.trust`` alone."""
-    by_node = kind in (AllocationGranted, AllocationRevoked, RunnerHeartbeat)
+    by_node = kind in (AllocationGranted, AllocationRevoked, RunnerHeartbeat, JobMetrics)
     own_key = node if by_node else job
     allowed = ALLOWED_SOURCES[kind.TYPE]
     delegates = sorted(allowed - {owner(kind)})
@@ -531,7 +533,7 @@ def refused_subjects(kind: type[Payload], source: str, node: str, job: str) -> l
     if source != owner(kind):  # a delegate: only its own subject, not the owner's
         return [f"{kind.TYPE}.{job}"]
     refused = [f"{kind.TYPE}.{delegate_key(d)}" for d in delegates]
-    if kind is RunnerHeartbeat:
+    if kind in RUNNER_NODE_ONLY:
         refused.append(f"{kind.TYPE}.{NODE_X}")  # another node's
     return refused
 
@@ -604,7 +606,12 @@ def forgeries(kind: type[Payload], job: str) -> Iterator[Forgery]:
         yield Forgery(
             f"{source} on the owner's subject", genuine.nats_subject, claim.to_json(), "travels on"
         )
-    by_node = key == NODE_A and kind in (AllocationGranted, AllocationRevoked, RunnerHeartbeat)
+    by_node = key == NODE_A and kind in (
+        AllocationGranted,
+        AllocationRevoked,
+        RunnerHeartbeat,
+        JobMetrics,
+    )
     elsewhere = sample(kind, job if by_node else str(uuid.uuid4()), NODE_B)
     other = Envelope.wrap(elsewhere, source=owner(kind), subject=routing_key_of(elsewhere))
     # About node B (or another job), on node A's (this job's) subject ...

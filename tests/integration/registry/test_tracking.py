@@ -17,10 +17,11 @@ import pytest
 
 from services.registry import metrics
 from services.registry.api import create_app
+from services.registry.domain import RunNotRecorded
 from services.registry.handlers import RegistryHandlers
 from shared.access import remember
-from shared.bus import Bus, Delivery
-from shared.events import Envelope
+from shared.bus import Bus, Delivery, Reject
+from shared.events import Envelope, Payload
 from shared.events.payloads import (
     JobCancelled,
     JobMetrics,
@@ -29,10 +30,10 @@ from shared.events.payloads import (
     JobSucceeded,
     MetricPoint,
 )
-from shared.events.trust import RUNNER, SCHEDULER
+from shared.events.trust import SCHEDULER, owner, routing_key_of
 from shared.identity import Principal, Role
 from shared.inbox import idempotent_batches
-from tests.integration.registry.test_registry import ENV, client_of, publish
+from tests.integration.registry.test_registry import ENV, client_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("registry")]
 
@@ -74,6 +75,7 @@ def batch(job_id: str, seq: int, key: str, values: list[float], first_step: int 
     return JobMetrics(
         job_id=job_id,
         allocation_id=f"a-{job_id}",
+        node_id="node-a",
         seq=seq,
         points=[
             MetricPoint(
@@ -115,6 +117,17 @@ async def wait_points(pool: asyncpg.Pool, job_id: str, count: int) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"job {job_id}: fewer than {count} points arrived")
+
+
+async def publish(bus: Bus, payload: Payload, _: str | None = None) -> None:
+    """As its producer says it: on the routing key it carries (a node's for metrics)."""
+    await bus.publish(
+        Envelope.wrap(payload, source=owner(payload), subject=routing_key_of(payload))
+    )
+
+
+def wrapped(payload: Payload) -> Delivery:
+    return Delivery(Envelope.wrap(payload, source=owner(payload), subject=routing_key_of(payload)))
 
 
 def job() -> str:
@@ -164,11 +177,8 @@ async def test_keys_with_slashes(bus: Bus, pool: asyncpg.Pool, vision: httpx.Asy
 async def test_redelivery_stores_nothing_twice(pool: asyncpg.Pool) -> None:
     j = job()
     apply = idempotent_batches(pool, "registry", RegistryHandlers().dispatch_batch)
-    start = Delivery(Envelope.wrap(started(j, spec()), source=RUNNER, subject=j))
-    points = [
-        Delivery(Envelope.wrap(batch(j, s, "loss", [1.0, 2.0]), source=RUNNER, subject=j))
-        for s in range(3)
-    ]
+    start = wrapped(started(j, spec()))
+    points = [wrapped(batch(j, s, "loss", [1.0, 2.0])) for s in range(3)]
     await apply([start, *points])
     await apply(points[1:])  # a redelivery, partly of the same events
     await apply([points[2], points[0]])
@@ -193,21 +203,13 @@ async def test_downsampling_in_sql_matches_the_rule_and_keeps_extremes(
     values[15_001] = -40.0
     values[19_000] = NAN
     values[3_000:3_500] = [0.25] * 500  # ties
-    deliveries = [Delivery(Envelope.wrap(started(j, spec()), source=RUNNER, subject=j))]
+    deliveries = [wrapped(started(j, spec()))]
     # Batches out of step order, and step 100 reported twice (a restart from a checkpoint).
     chunks = list(range(0, len(values), 2000))[::-1]
     for seq, first in enumerate(chunks):
-        deliveries.append(
-            Delivery(
-                Envelope.wrap(
-                    batch(j, seq, "loss", values[first : first + 2000], first),
-                    source=RUNNER,
-                    subject=j,
-                )
-            )
-        )
+        deliveries.append(wrapped(batch(j, seq, "loss", values[first : first + 2000], first)))
     again = batch(j, len(chunks), "loss", [-99.0], first_step=100)
-    deliveries.append(Delivery(Envelope.wrap(again, source=RUNNER, subject=j)))
+    deliveries.append(wrapped(again))
     await apply(deliveries[:4])
     await apply(deliveries[4:])  # blocks are merged across transactions too
     points = [metrics.Point(i, T0 + timedelta(seconds=i), v) for i, v in enumerate(values)]
@@ -382,3 +384,23 @@ async def test_another_teams_job_and_experiment_answer_404(
     missing = await vision.get("/v1/jobs/no-such-job/metrics")
     assert missing.status_code == 404
     assert (await vision.get(f"/v1/jobs/{j}/metrics/nope")).status_code == 404
+
+
+async def test_points_are_believed_only_from_the_node_the_run_started_on(
+    pool: asyncpg.Pool,
+) -> None:
+    j, other = job(), job()
+    apply = idempotent_batches(pool, "registry", RegistryHandlers().dispatch_batch)
+    early = batch(j, 0, "loss", [1.0])
+    with pytest.raises(RunNotRecorded):  # retried until its job.started is recorded
+        await apply([wrapped(early)])
+    await apply([wrapped(started(j, spec())), wrapped(started(other, spec()))])
+    elsewhere = early.model_copy(update={"node_id": "node-b"})
+    with pytest.raises(Reject, match="node-b"):
+        await apply([wrapped(elsewhere)])
+    borrowed = early.model_copy(update={"allocation_id": f"a-{other}"})
+    with pytest.raises(Reject, match=other):
+        await apply([wrapped(borrowed)])
+    await apply([wrapped(early)])
+    assert await pool.fetchval("SELECT count FROM metric_series WHERE job_id = $1", j) == 1
+    assert await pool.fetchval("SELECT count(*) FROM metric_series WHERE job_id = $1", other) == 0
