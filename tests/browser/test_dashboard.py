@@ -11,6 +11,7 @@ read again and nothing of team B's may appear in it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
@@ -337,4 +339,63 @@ def test_team_a_sees_nothing_of_team_b(browser: Any, world: World) -> None:
     text = visit(driver, f"/jobs/{other['id']}", "No such job")
     assert other["name"] not in text
     visit(driver, "/models/audio/audio-secret-run", "No such model")
+    assert not script_errors(driver)
+
+
+SCALE_JOBS = 10_000
+
+
+async def _insert_jobs(dsn: str, team: str, template_id: str, count: int) -> None:
+    """``count`` ended jobs of ``team`` straight into the submission schema (each a copy of
+    ``template_id``'s spec), a second apart: a team with a long history."""
+    conn = await asyncpg.connect(dsn, server_settings={"search_path": "submission"})
+    try:
+        await conn.execute(
+            """
+            INSERT INTO jobs (id, team_id, user_id, name, spec, status, submitted_at,
+                              updated_at, started_at, finished_at)
+            SELECT gen_random_uuid()::text, u.team_id, u.id, 'sweep-' || n, j.spec,
+                   'CANCELLED', now() - make_interval(secs => n), now(), NULL,
+                   now() - make_interval(secs => n) + interval '1 second'
+            FROM generate_series(1, $3::int) AS n,
+                 users u JOIN teams t ON t.id = u.team_id,
+                 jobs j
+            WHERE t.name = $1 AND j.id = $2
+            """,
+            team,
+            template_id,
+            count,
+        )
+    finally:
+        await conn.close()
+
+
+def test_ten_thousand_jobs_list_a_page_at_a_time(browser: Any, world: World) -> None:
+    """A team with 10,000 jobs: the first 50 show at once, each "Load more" adds 50 more, and
+    no request ever asks for more than a page (the API's keyset cursor)."""
+    driver = browser
+    world.tokens["scale"] = world.stack.bootstrap_admin("scale", "carol")
+    asyncio.run(
+        _insert_jobs(world.stack.database_url, "scale", world.jobs["finished"]["id"], SCALE_JOBS)
+    )
+    login(driver, world, "scale")
+    started = time.monotonic()
+    visit(driver, "/jobs", "sweep-50 ")
+    first = time.monotonic() - started
+    rows = lambda d: len(d.find_elements("css selector", "#jobs tbody tr"))  # noqa: E731
+    assert rows(driver) == 50 and "50 shown" in driver.find_element("tag name", "body").text
+    for pages in (2, 3):
+        started = time.monotonic()
+        driver.find_element("id", "more").click()
+        wait(driver, f"{pages * 50} rows", lambda d, n=pages * 50: rows(d) == n)
+        assert time.monotonic() - started < 3.0
+    text = driver.find_element("id", "jobs").text
+    assert "sweep-150" in text and "sweep-151" not in text
+    asked = driver.execute_script(
+        "return performance.getEntriesByType('resource').map(e => e.name)"
+        ".filter(n => n.includes('/v1/jobs?'))"
+    )
+    assert asked and all("limit=50" in url for url in asked), asked
+    assert first < 5.0, f"the first page took {first:.1f} s"
+    shot(driver, world, "jobs-10000")
     assert not script_errors(driver)

@@ -69,6 +69,7 @@ async function renderOne(view, id) {
       title: `${key} (final)`, align: "right", cell: (r) => (r.metrics[key] ? metric(r.metrics[key].final) : "—"),
     })),
     { title: "Tags", cell: (r) => (r.tags || []).map((t) => h("span", { class: "tag" }, t)) },
+    { title: "Note", cell: (r) => (r.note ? h("span", { class: "note", title: r.note }, r.note.length > 60 ? `${r.note.slice(0, 59)}…` : r.note) : "") },
   ], runs, { empty: "No runs yet." })), card("Comparison", compared));
 
   let request = 0;

@@ -130,6 +130,9 @@ export async function render(view, [jobId], { me }) {
     const program = spec.command && spec.command.length ? spec.command.join(" ") : `${spec.entrypoint || ""} ${(spec.args || []).join(" ")}`;
     replace(details, keyValues([
       ["Submitted", `${absolute(job.submitted_at)} by ${job.user}`],
+      spec.project ? ["Project", spec.project] : null,
+      spec.experiment ? ["Experiment", h("a", { href: experimentHref, id: "experiment-link" }, spec.experiment)] : null,
+      Object.keys(spec.labels || {}).length ? ["Labels", Object.entries(spec.labels).map(([k, v]) => h("span", { class: "tag" }, `${k}=${v}`))] : null,
       ["Program", h("span", { class: "mono" }, program.trim() || "—")],
       spec.code ? ["Code", h("span", { class: "mono" }, spec.code.kind === "git" ? `${spec.code.repository} @ ${spec.code.commit.slice(0, 12)}` : `bundle ${String(spec.code.sha256).slice(0, 12)}`)] : null,
       spec.requirements && spec.requirements.length ? ["Requirements", spec.requirements.join(", ")] : null,
@@ -213,6 +216,16 @@ export async function render(view, [jobId], { me }) {
     }
   }
 
+  async function findExperiment() {
+    const spec = job.spec || {};
+    if (!spec.experiment) return;
+    try {
+      const { experiments } = await get("registry", "/v1/experiments", { project: spec.project || undefined });
+      const found = (experiments || []).find((e) => e.name === spec.experiment);
+      if (found) { experimentHref = `#/experiments/${found.id}`; drawDetails(); }
+    } catch { /* the plain list link stays */ }
+  }
+
   async function refreshJob() {
     try {
       job = await get("submission", `/v1/jobs/${encodeURIComponent(job.id)}`);
@@ -220,8 +233,9 @@ export async function render(view, [jobId], { me }) {
     } catch { /* shown on the next success; the page keeps what it had */ }
   }
 
+  let experimentHref = "#/experiments";
   draw();
-  await Promise.all([drawCharts(), pollLogs()]);
+  await Promise.all([drawCharts(), pollLogs(), findExperiment()]);
   timers.push(setInterval(() => { if (!job.terminal) refreshJob(); }, VIEW_MS));
   timers.push(setInterval(pollLogs, LOG_MS));
   let chartsFinal = job.terminal;
