@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from services.runner.config import Settings
+from services.runner.sandbox import UidsInUse
 from services.runner.service import serve
 from shared.runtime import settings_or_exit
 
@@ -39,7 +40,11 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None
     }
     settings = settings_or_exit(parser.prog, Settings, **overrides)
-    return asyncio.run(serve(settings))
+    try:
+        return asyncio.run(serve(settings))
+    except UidsInUse as exc:  # a misconfiguration the operator fixes: one line, no traceback
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -30,12 +30,14 @@ Blocking: call through ``asyncio.to_thread``.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +65,37 @@ class JobUser:
 
 def can_switch_users() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+class UidsInUse(PlatformError):
+    """Another live runner on this host runs its jobs as the same uids."""
+
+
+@contextlib.contextmanager
+def claim_job_uids(uids: range, lock_dir: Path | None = None) -> Iterator[None]:
+    """Hold ``uids`` for this runner alone on this host, for as long as the block runs.
+
+    Jobs run as these uids, and a runner that starts kills every process of them
+    (``kill_leftovers``): two runners on one host with the same range (the same node id, or
+    a clash of derived ranges) would run jobs as one user and kill each other's jobs. The
+    claim is an exclusive ``flock`` on a file named after the range in the host's temporary
+    folder; the kernel drops it when the process dies, so a crashed runner never blocks its
+    successor. Raises ``UidsInUse`` when a live runner holds it."""
+    folder = lock_dir or Path(tempfile.gettempdir())
+    path = folder / f"trainyard-job-uids-{uids.start}-{uids.stop - 1}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UidsInUse(
+                f"job uids {uids.start}-{uids.stop - 1} are held by another runner on this "
+                f"host ({path}): give each runner its own node id, or set "
+                "TRAINYARD_RUNNER_JOB_UID_BASE"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
 
 
 def job_user(uid_base: int, slot: int) -> JobUser:

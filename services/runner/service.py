@@ -14,6 +14,7 @@ from services.runner.agent import NodeAgent
 from services.runner.app import create_app
 from services.runner.config import Settings
 from services.runner.gpus import discover_gpus
+from services.runner.sandbox import can_switch_users, claim_job_uids
 from shared.access import guard_for
 from shared.bus import Bus
 from shared.deadletters import deadletter_routes
@@ -54,6 +55,8 @@ async def serve(settings: Settings) -> int:
             Bus.connect(settings.nats, f"runner-{settings.node_id}")
         )
         rt.add_readiness_check("nats", bus.ping)
+        if can_switch_users():
+            rt.resources.enter_context(claim_job_uids(settings.job_uids))
         agent = NodeAgent(settings, bus, store, gpus, rt.stopping)
         await agent.recover()
         for name, loop in agent_loops(agent, bus, rt.stopping).items():

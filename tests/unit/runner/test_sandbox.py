@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from services.runner.sandbox import PlatformError, checkout_git, fetch_bundle
+from services.runner.sandbox import (
+    PlatformError,
+    UidsInUse,
+    checkout_git,
+    claim_job_uids,
+    fetch_bundle,
+)
 from shared.events.payloads import CodeBundle, CodeGit
 from shared.storage import LocalStore
 
@@ -93,3 +99,18 @@ def test_code_named_by_git_commit_is_checked_out_at_that_commit(tmp_path: Path) 
     missing.mkdir()
     with pytest.raises(PlatformError, match="git fetch"):
         checkout_git(CodeGit(repository=str(repo), commit="0" * 40), missing)
+
+
+def test_a_uid_range_is_held_by_one_runner_per_host(tmp_path: Path) -> None:
+    """A second claim of the same uids fails with the way out named; another range, or the
+    same one after the first runner let go (or died: the kernel drops the lock), is free."""
+    uids = range(216_384, 216_448)
+    with claim_job_uids(uids, tmp_path):
+        with pytest.raises(UidsInUse, match="216384-216447") as refused:
+            with claim_job_uids(uids, tmp_path):
+                pass
+        assert "TRAINYARD_RUNNER_JOB_UID_BASE" in str(refused.value)
+        with claim_job_uids(range(300_000, 300_064), tmp_path):
+            pass
+    with claim_job_uids(uids, tmp_path):
+        pass
