@@ -14,7 +14,7 @@ from pydantic import SecretStr, ValidationError
 from services.scheduler.config import Settings as SchedulerSettings
 from shared.access import needs, service_guard
 from shared.http_app import service_app
-from shared.identity import Role
+from shared.identity import Principal, Role
 
 TOKEN = "the-operator-token"
 DASHBOARD = "http://127.0.0.1:8080"
@@ -31,10 +31,16 @@ def add_thing() -> str:
     return "ok"
 
 
+class Viewers:
+    """A stand-in identity service: ``viewer-token`` is a viewer of team ``ml``."""
+
+    async def principal(self, token: str) -> Principal | None:
+        return Principal("val", "ml", Role.VIEWER, 7) if token == "viewer-token" else None
+
+
 def client_for(origins: tuple[str, ...]) -> TestClient[Any]:
-    app = service_app(
-        "test", [things, add_thing], service_guard(SecretStr(TOKEN)), cors_origins=origins
-    )
+    guard = service_guard(SecretStr(TOKEN), Viewers())  # type: ignore[arg-type]
+    app = service_app("test", [things, add_thing], guard, cors_origins=origins)
     return TestClient(app)
 
 
@@ -80,6 +86,19 @@ def test_cross_origin_calls_still_need_a_token_and_the_role(client: TestClient[A
     assert ok.status_code == 200 and ok.json() == ["a"]
     assert ok.headers["access-control-allow-origin"] == DASHBOARD
     assert "link" in ok.headers["access-control-expose-headers"].lower()
+
+
+def test_a_role_below_the_route_is_still_refused_with_403(client: TestClient[Any]) -> None:
+    headers = {"Origin": DASHBOARD, "Authorization": "Bearer viewer-token"}
+    assert client.get("/v1/things", headers=headers).status_code == 200
+    refused = client.post("/v1/things", headers=headers)
+    assert refused.status_code == 403
+    assert refused.headers["access-control-allow-origin"] == DASHBOARD
+    preflight = client.options(
+        "/v1/things",
+        headers={"Origin": DASHBOARD, "Access-Control-Request-Method": "POST"},
+    )
+    assert preflight.status_code == 204  # the browser may ask; the guard still decides
 
 
 def test_another_origin_gets_no_cors_headers(client: TestClient[Any]) -> None:
