@@ -87,7 +87,9 @@ def world() -> Iterator[World]:
     (project / "train.py").write_text(TRAIN)
     shots = Path(os.environ.get("TRAINYARD_SCREENSHOT_DIR") or data / "screenshots")
     shots.mkdir(parents=True, exist_ok=True)
-    env = {"TRAINYARD_BILLING_PRICES": PRICES}
+    # Job uids of their own, so another local stack on this host (another test run) does
+    # not hold them.
+    env = {"TRAINYARD_BILLING_PRICES": PRICES, "TRAINYARD_RUNNER_JOB_UID_BASE": "264064"}
     try:
         with LocalStack(data / "stack", storage="file", runner_gpus=2, extra_env=env) as stack:
             tokens = {
@@ -295,6 +297,13 @@ def test_every_page_shows_what_a_person_looks_for(browser: Any, world: World) ->
         text = driver.find_element("tag name", "body").text
         assert "vision-finished" in text and "vision-running" in text
         assert "lr" in driver.find_element("id", "parameters").text
+        # A member tags a run in place (a cross-origin PUT to the registry, preflight and all).
+        driver.find_element("css selector", "input.tag-input").send_keys("baseline\n")
+        wait(
+            driver,
+            "the new tag",
+            lambda d: any("baseline" in t.text for t in d.find_elements("css selector", ".tag")),
+        )
         shot(driver, world, "experiment")
     else:
         visit(driver, "/experiments", "not available on this server")

@@ -11,10 +11,10 @@ export const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "
  * A chart of ``series`` ([{label, points: [{step, value}]}]) by step, in ``container``.
  * Returns the uPlot instance (or null when there is nothing to draw).
  */
-export function lineChart(container, title, series, { height = 240, yLabel = "" } = {}) {
+export function lineChart(container, title, series, { height = 240, yLabel = "", note = null } = {}) {
   const steps = [...new Set(series.flatMap((s) => s.points.map((p) => Number(p.step))))].sort((a, b) => a - b);
   const wrapper = h("figure", { class: "chart", dataset: { metric: title } },
-    h("figcaption", {}, title));
+    h("figcaption", {}, title, note ? h("small", { class: "muted" }, ` · ${note}`) : null));
   container.append(wrapper);
   if (!steps.length) {
     wrapper.append(h("p", { class: "empty" }, "No points yet."));

@@ -1,7 +1,7 @@
 // Experiments: the team's named groups of runs, and runs side by side (overlaid curves, the
 // parameters that differ, final metrics, duration). Served by the registry's tracking API.
 
-import { Unavailable, get } from "../api.js";
+import { Unavailable, call, get } from "../api.js";
 import { PALETTE, lineChart } from "../chart.js";
 import {
   card, duration, errorMessage, h, jobLink, message, metric, pageHeader, replace, statusBadge,
@@ -12,7 +12,7 @@ const MAX_COMPARED = 8;
 const MAX_CURVES = 3;
 
 export async function render(view, params, ctx) {
-  if (params.length) return renderOne(view, params[0], ctx);
+  if (params.length) return renderOne(view, params[0], ctx.me);
   view.append(pageHeader("Experiments", `Team ${ctx.me.team}: runs grouped by the experiment their spec names.`));
   let answer;
   try {
@@ -38,7 +38,7 @@ function unavailable(error, what) {
   return errorMessage(error, what.toLowerCase());
 }
 
-async function renderOne(view, id) {
+async function renderOne(view, id, me) {
   let data;
   try {
     data = await get("registry", `/v1/experiments/${encodeURIComponent(id)}`);
@@ -50,6 +50,7 @@ async function renderOne(view, id) {
   const keys = [...new Set(runs.flatMap((r) => Object.keys(r.metrics || {})))].sort(byLossFirst);
   const chosen = new Set(runs.slice(0, MAX_COMPARED).map((r) => r.job_id));
   const compared = h("div", { id: "comparison" });
+  const cells = new Map();
 
   view.append(pageHeader(experiment.name, `Project ${experiment.project} · ${experiment.runs} runs · ${experiment.running} running`));
   const checkbox = (run) => h("input", {
@@ -68,8 +69,8 @@ async function renderOne(view, id) {
     ...keys.slice(0, 4).map((key) => ({
       title: `${key} (final)`, align: "right", cell: (r) => (r.metrics[key] ? metric(r.metrics[key].final) : "—"),
     })),
-    { title: "Tags", cell: (r) => (r.tags || []).map((t) => h("span", { class: "tag" }, t)) },
-    { title: "Note", cell: (r) => (r.note ? h("span", { class: "note", title: r.note }, r.note.length > 60 ? `${r.note.slice(0, 59)}…` : r.note) : "") },
+    { title: "Tags", cell: (r) => annotations(r, me.role !== "viewer", cells).tags },
+    { title: "Note", cell: (r) => annotations(r, me.role !== "viewer", cells).note },
   ], runs, { empty: "No runs yet." })), card("Comparison", compared));
 
   let request = 0;
@@ -119,4 +120,51 @@ async function renderOne(view, id) {
 function byLossFirst(a, b) {
   const rank = (k) => (/loss/i.test(k) ? 0 : 1);
   return rank(a) - rank(b) || a.localeCompare(b);
+}
+
+/** A run's tags and note; members and above edit them in place (the registry's API). */
+function annotations(run, editable, cache) {
+  if (cache.has(run.job_id)) return cache.get(run.job_id);
+  const tags = h("span", { class: "tags" });
+  const note = h("span", { class: "note" });
+  const status = h("small", { class: "inline-error", role: "alert" });
+  const problem = (error) => replace(status, `Not saved: ${error.message}`);
+  const path = `/v1/jobs/${encodeURIComponent(run.job_id)}`;
+  function draw() {
+    replace(tags, (run.tags || []).map((tag) => h("span", { class: "tag" }, tag,
+      editable ? h("button", { class: "tag-remove", title: `remove ${tag}`, "aria-label": `remove tag ${tag}`, onclick: () => save("DELETE", `/tags/${encodeURIComponent(tag)}`) }, "×") : null)),
+    editable ? h("input", {
+      class: "tag-input", placeholder: "+ tag", "aria-label": `add a tag to ${run.name}`, size: 6,
+      onkeydown: (event) => {
+        if (event.key === "Enter" && event.target.value.trim()) save("PUT", `/tags/${encodeURIComponent(event.target.value.trim())}`);
+      },
+    }) : null, status);
+    const text = run.note || "";
+    replace(note, h("span", { title: text }, text.length > 60 ? `${text.slice(0, 59)}…` : text),
+      editable ? h("button", { class: "link-button", onclick: editNote }, text ? "edit" : "+ note") : null);
+  }
+  function editNote() {
+    const input = h("input", { class: "note-input", value: run.note || "", "aria-label": `note of ${run.name}` });
+    input.addEventListener("keydown", (event) => {
+      if (event.key === "Enter") save("PUT", "/note", { note: input.value });
+      if (event.key === "Escape") draw();
+    });
+    replace(note, input, h("small", { class: "muted" }, " Enter to save, Esc to cancel"));
+    input.focus();
+  }
+  async function save(method, suffix, body) {
+    try {
+      const answer = await call("registry", path + suffix, { method, body });
+      run.tags = answer.data.tags;
+      run.note = answer.data.note;
+      replace(status);
+      draw();
+    } catch (error) {
+      problem(error);
+    }
+  }
+  draw();
+  const parts = { tags, note };
+  cache.set(run.job_id, parts);
+  return parts;
 }

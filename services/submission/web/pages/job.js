@@ -173,7 +173,7 @@ export async function render(view, [jobId], { me }) {
     const series = await Promise.all(keys.slice(0, MAX_CHARTS).map(async (key) => {
       try {
         const answer = await get("registry", `/v1/jobs/${encodeURIComponent(job.id)}/metrics/${encodeURIComponent(key)}`, { max_points: MAX_POINTS });
-        return { key, points: pointsOf(answer) };
+        return { key, points: pointsOf(answer), total: answer && answer.total, downsampled: answer && answer.downsampled };
       } catch {
         return { key, points: [] };
       }
@@ -181,7 +181,10 @@ export async function render(view, [jobId], { me }) {
     replace(charts);
     // The loss first: it is what people look for.
     series.sort((a, b) => rank(a.key) - rank(b.key) || a.key.localeCompare(b.key));
-    for (const s of series) lineChart(charts, s.key, [{ label: s.key, points: s.points }]);
+    for (const s of series) {
+      lineChart(charts, s.key, [{ label: s.key, points: s.points }],
+        { note: s.downsampled ? `${s.points.length} of ${s.total} points (min and max kept)` : null });
+    }
   }
 
   function latestOnly(noHistory) {
@@ -193,13 +196,20 @@ export async function render(view, [jobId], { me }) {
 
   // --- logs ------------------------------------------------------------------------------
   let logCursor = "";
+  let lastStream = null;
   let logsDone = false;
   async function pollLogs() {
     if (logsDone) return;
     try {
       for (let pages = 0; pages < 20; pages++) {
         const page = await get("submission", `/v1/jobs/${encodeURIComponent(job.id)}/logs`, { after: logCursor || undefined, limit: 50 });
-        const text = page.chunks.map((c) => c.text).join("");
+        let text = "";
+        for (const chunk of page.chunks) {
+          // A new attempt (or node) of the job: say so, since its lines follow the last one's.
+          if (lastStream !== null && chunk.stream !== lastStream) text += `\n── ${streamName(chunk.stream)} ──\n`;
+          lastStream = chunk.stream;
+          text += chunk.text;
+        }
         if (text) {
           const follow = logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 8;
           logBox.textContent = (logBox.textContent + text).slice(-LOG_KEEP_CHARS);
@@ -262,6 +272,12 @@ export function summaryKeys(summaries) {
 export function pointsOf(answer) {
   if (Array.isArray(answer)) return answer;
   return (answer && (answer.points || answer.values)) || [];
+}
+
+/** ``a0001-node-7`` -> "attempt 2 on node-7". */
+function streamName(stream) {
+  const match = /^a(\d+)-(.+)$/.exec(stream);
+  return match ? `attempt ${Number(match[1]) + 1} on ${match[2]}` : stream;
 }
 
 function bytes(size) {
