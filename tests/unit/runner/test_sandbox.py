@@ -106,9 +106,11 @@ def test_a_uid_range_is_held_by_one_runner_per_host(tmp_path: Path) -> None:
     same one after the first runner let go (or died: the kernel drops the lock), is free."""
     uids = range(216_384, 216_448)
     with claim_job_uids(uids, tmp_path):
-        with pytest.raises(UidsInUse, match="216384-216447") as refused:
-            with claim_job_uids(uids, tmp_path):
-                pass
+        with (
+            pytest.raises(UidsInUse, match="216384-216447") as refused,
+            claim_job_uids(uids, tmp_path),
+        ):
+            pass
         assert "TRAINYARD_RUNNER_JOB_UID_BASE" in str(refused.value)
         with claim_job_uids(range(300_000, 300_064), tmp_path):
             pass
