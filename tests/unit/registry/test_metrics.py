@@ -168,3 +168,20 @@ def test_extremes_break_ties_by_step() -> None:
     assert (e.low.step if e.low else None, e.high.step if e.high else None) == (1, 2)
     with pytest.raises(ValueError):
         metrics.extremes([])
+
+
+def test_extremes_are_min_and_max_by_their_keys() -> None:
+    rng = random.Random(11)
+    for _ in range(200):
+        points = [
+            Point(rng.randrange(5), T0 + timedelta(seconds=rng.randrange(3)), v)
+            for v in (rng.choice([NAN, INF, -INF, 0.0, 1.0, rng.random()]) for _ in range(20))
+        ]
+        e = metrics.extremes(points)
+        finite = [p for p in points if p.value == p.value]
+        nans = [p for p in points if p.value != p.value]
+        assert e.first is min(points, key=lambda p: (p.step, p.at))
+        assert e.last is max(points, key=lambda p: (p.step, p.at))
+        assert e.low is (min(finite, key=lambda p: (p.value, p.step, p.at)) if finite else None)
+        assert e.high is (max(finite, key=lambda p: (p.value, p.step, p.at)) if finite else None)
+        assert e.nan is (min(nans, key=lambda p: (p.step, p.at)) if nans else None)
