@@ -130,6 +130,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         _say("Trainyard is up. Ctrl-C stops it.")
         for name, url in stack.service_urls.items():
             _say(f"  {name:<11} {url}")
+        _say(f"  dashboard   {stack.submission_url}/ui/  (sign in with a token below)")
         _say(f"  nats        {stack.nats_url}")
         _say(f"  database    {stack.database_url}")
         _say(f"  storage     {stack.storage_uri}")
