@@ -169,7 +169,14 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
         now = datetime.now(UTC)
         return [_to_run(r, by_job, now) for r in rows]
 
-    @get("/v1/jobs/{job_id:str}/metrics", responses=error_responses(404))
+    @get(
+        "/v1/jobs/{job_id:str}/metrics",
+        summary="The summary of every metric of a job",
+        description="Count, first and last step, last (final) value, min, max and best "
+        "(by the metric's goal) of each key. NaN and infinities are the strings "
+        '"NaN", "Infinity", "-Infinity". Another team\'s job answers 404.',
+        responses=error_responses(404),
+    )
     async def job_metrics(job_id: FromPath[str], principal: Caller) -> JobMetricList:
         async with pool.acquire() as conn:
             await visible_job(conn, job_id, principal)
@@ -178,7 +185,14 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
             job_id=job_id, metrics=[MetricSummary.from_domain(s.key, s.summary) for s in found]
         )
 
-    @get("/v1/jobs/{job_id:str}/metrics/{key:path}", responses=error_responses(404))
+    @get(
+        "/v1/jobs/{job_id:str}/metrics/{key:path}",
+        summary="The points of one metric of a job",
+        description="In step order, between from_step and to_step (inclusive). More than "
+        "max_points are downsampled: about max_points/4 buckets of equal width, each "
+        "keeping its first, last, min and max point and its first NaN.",
+        responses=error_responses(404),
+    )
     async def metric_points(
         job_id: FromPath[str],
         key: FromPath[str],
@@ -204,7 +218,12 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
             points=[MetricPointRead.from_domain(p) for p in got.points],
         )
 
-    @get("/v1/experiments")
+    @get(
+        "/v1/experiments",
+        summary="The caller's team's experiments",
+        description="With their run counts, the one with the newest run first; operators "
+        "see every team's (or one: team).",
+    )
     async def list_experiments(
         principal: Caller,
         project: Annotated[str | None, QueryParameter(min_length=1, max_length=100)] = None,
@@ -221,7 +240,14 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
             rows = await repo.experiments(conn, team, project)
         return ExperimentList(experiments=[Experiment(**dict(r)) for r in rows])
 
-    @get("/v1/experiments/{experiment_id:int}", responses=error_responses(404))
+    @get(
+        "/v1/experiments/{experiment_id:int}",
+        summary="An experiment and its runs",
+        description="Each run with its status, hyperparameters, labels, tags, note, "
+        "duration and the final and best value of every metric; sorted (sort=best:loss, "
+        "final:accuracy) or filtered (filter=final:accuracy>=0.9) by a metric.",
+        responses=error_responses(404),
+    )
     async def get_experiment(
         experiment_id: ExperimentId,
         principal: Caller,
@@ -243,7 +269,13 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
             shown = await runs_of(conn, experiment_id, run_order, where, limit)
         return ExperimentRuns(experiment=found, runs=shown)
 
-    @get("/v1/experiments/{experiment_id:int}/compare", responses=error_responses(404))
+    @get(
+        "/v1/experiments/{experiment_id:int}/compare",
+        summary="Runs of an experiment side by side",
+        description="The hyperparameters that differ, the final metrics and a downsampled "
+        "curve per run for each of keys.",
+        responses=error_responses(404),
+    )
     async def compare(
         experiment_id: ExperimentId,
         principal: Caller,
@@ -288,8 +320,13 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
             curves=curves,
         )
 
-    @put("/v1/jobs/{job_id:str}/tags/{tag:str}", opt=needs(Role.MEMBER), status_code=200,
-         responses=error_responses(404))  # fmt: skip
+    @put(
+        "/v1/jobs/{job_id:str}/tags/{tag:str}",
+        summary="Tag a run (members)",
+        opt=needs(Role.MEMBER),
+        status_code=200,
+        responses=error_responses(404),
+    )
     async def put_tag(
         job_id: FromPath[str], tag: FromPath[str], principal: Caller
     ) -> RunAnnotations:
@@ -303,8 +340,13 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
             tags, note = await repo.tags_and_note(conn, job_id)
         return RunAnnotations(job_id=job_id, tags=tags, note=note)
 
-    @delete("/v1/jobs/{job_id:str}/tags/{tag:str}", opt=needs(Role.MEMBER), status_code=200,
-            responses=error_responses(404))  # fmt: skip
+    @delete(
+        "/v1/jobs/{job_id:str}/tags/{tag:str}",
+        summary="Untag a run (members)",
+        opt=needs(Role.MEMBER),
+        status_code=200,
+        responses=error_responses(404),
+    )
     async def delete_tag(
         job_id: FromPath[str], tag: FromPath[str], principal: Caller
     ) -> RunAnnotations:
@@ -318,6 +360,7 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
 
     @put(
         "/v1/jobs/{job_id:str}/note",
+        summary="Replace a run's note (members)",
         opt=needs(Role.MEMBER),
         status_code=200,
         operation_class=json_request_body(NoteBody),
