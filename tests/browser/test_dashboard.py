@@ -151,6 +151,7 @@ def wait(driver: Any, what: str, check: Callable[[Any], Any], timeout_s: float =
 def login(driver: Any, world: World, who: str) -> None:
     driver.get(f"{world.stack.submission_url}/ui/")
     driver.execute_script("sessionStorage.clear()")
+    driver.get("about:blank")  # a fresh page load: nothing of the last session in memory
     driver.get(f"{world.stack.submission_url}/ui/#/jobs")
     field = wait(driver, "the sign-in form", lambda d: d.find_elements("id", "token"))[0]
     field.send_keys(world.tokens[who])
@@ -241,7 +242,7 @@ def test_every_page_shows_what_a_person_looks_for(browser: Any, world: World) ->
         finished["cost"]["cost"], finished["cost"]["currency"]
     )
     checkpoint_rows = driver.find_elements("css selector", "#checkpoints tbody tr")
-    assert len(checkpoint_rows) == len(finished["checkpoints"]) >= 2
+    assert len(checkpoint_rows) == len(finished["checkpoints"]) >= 1
     model = finished["model"]
     assert driver.find_element("id", "model-link").text == f"{model['name']} v{model['version']}"
     assert "succeeded" in driver.find_element("id", "timeline").text
@@ -307,6 +308,11 @@ def test_every_page_shows_what_a_person_looks_for(browser: Any, world: World) ->
         shot(driver, world, "experiment")
     else:
         visit(driver, "/experiments", "not available on this server")
+
+    # Signing out forgets the token at once.
+    driver.find_element("id", "logout").click()
+    wait(driver, "the sign-in form", lambda d: d.find_elements("id", "token"))
+    assert driver.execute_script("return sessionStorage.length") == 0
 
     # The operator's cluster view: queues and the GPU grid with the running job on a GPU.
     login(driver, world, "operator")

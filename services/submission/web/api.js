@@ -50,7 +50,7 @@ function detailOf(body, status) {
  * ``next`` is the cursor of the next page (from the Link header) or null.
  * Throws ApiError (401 logs the user out: see app.js), Unavailable for a missing service.
  */
-export async function call(service, path, { method = "GET", query, body, signal } = {}) {
+export async function call(service, path, { method = "GET", query, body, signal, retries = 2 } = {}) {
   const url = new URL(baseOf(service) + path, location.href);
   for (const [key, value] of Object.entries(query || {})) {
     if (value === undefined || value === null || value === "") continue;
@@ -71,6 +71,12 @@ export async function call(service, path, { method = "GET", query, body, signal 
   const text = await answer.text();
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch { data = null; }
+  if (answer.status === 429 && method === "GET" && retries > 0) {
+    // Over the per-user read rate (a page that fans out): wait as told, then ask again.
+    const wait = Math.min(5, Number(answer.headers.get("Retry-After")) || 1);
+    await new Promise((resolve) => setTimeout(resolve, wait * 1000));
+    return call(service, path, { method, query, body, signal, retries: retries - 1 });
+  }
   if (!answer.ok) {
     const message = detailOf(data, answer.status);
     if (answer.status === 404 && (data === null || data.detail === "Not Found")) throw new Unavailable(404, message, service);

@@ -26,9 +26,9 @@ function route() {
 }
 
 async function show() {
+  if (!token.get() || !me) { signIn(); return; }
   const current = ++generation;
   if (cleanup) { try { cleanup(); } catch { /* a page's own teardown */ } cleanup = null; }
-  if (!token.get() || !me) { signIn(); return; }
   const { page, params } = route();
   for (const link of document.querySelectorAll("#nav a"))
     link.classList.toggle("active", link.dataset.page === page);
@@ -49,6 +49,8 @@ async function show() {
 }
 
 function signIn(notice) {
+  generation++; // a page still loading must not draw over the form
+  if (cleanup) { try { cleanup(); } catch { /* a page's own teardown */ } cleanup = null; }
   document.body.dataset.page = "login";
   replace(whoami);
   const input = h("input", {

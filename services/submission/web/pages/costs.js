@@ -7,7 +7,7 @@ import {
 } from "../ui.js";
 
 const DAYS = 30;
-const PROJECT_JOBS = 100;
+const PROJECT_JOBS = 50;
 
 export async function render(view, _params, { me }) {
   view.append(pageHeader("Costs", me.role === "operator" ? "Every team's GPU time and spend." : `Team ${me.team}'s GPU time and spend.`));

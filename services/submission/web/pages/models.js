@@ -7,7 +7,7 @@ import {
   replace, svg, table, when,
 } from "../ui.js";
 
-const SCAN_JOBS = 50;
+const SCAN_JOBS = 40;
 const MAX_COSTS = 20;
 
 export async function render(view, params, ctx) {
