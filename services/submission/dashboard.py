@@ -4,7 +4,7 @@ Contract:
 - ``GET /ui/`` and every file under it are the HTML, ES modules, styles and vendored chart
   library in ``web/`` (shipped with the package; no build step). ``GET /ui/config.json``
   gives the public URLs of the other services' APIs (``*_public_url`` settings; null when
-  unset) and nothing else.
+  unset) and nothing else. ``GET /`` redirects to ``/ui/``.
 - Every answer carries a Content-Security-Policy that lets the page run only its own scripts
   and talk only to this origin and the configured APIs (``connect-src``), refuses framing,
   and ``X-Content-Type-Options: nosniff``: a job name or log line that looks like markup
