@@ -1,0 +1,48 @@
+# syntax=docker/dockerfile:1
+# The image of the four services (submission, scheduler, registry, billing); the command picks
+# one: python -m services.<name>. No torch in it: no service imports it (the runner image
+# has it). Build from the repository root:
+#
+#   docker build -f deploy/images/services.Dockerfile -t trainyard-services:local .
+#
+# Dependencies come only from deploy/requirements/services.txt, every file checked against
+# its sha256 (regenerate it with deploy/requirements/compile.sh). The project itself is
+# installed without its dependencies on top.
+
+ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/trainyard
+ENV PATH=/opt/trainyard/bin:$PATH
+WORKDIR /src
+COPY deploy/requirements/build.txt deploy/requirements/services.txt deploy/requirements/
+RUN pip install --no-cache-dir --require-hashes --only-binary :all: -r deploy/requirements/build.txt \
+    && pip install --no-cache-dir --require-hashes --only-binary :all: --no-deps \
+        -r deploy/requirements/services.txt
+COPY pyproject.toml README.md ./
+COPY shared ./shared
+COPY services ./services
+COPY trainyard ./trainyard
+COPY deploy ./deploy
+COPY examples ./examples
+RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
+    && python -c "import services.submission.__main__, services.scheduler.__main__, services.registry.__main__, services.billing.__main__"
+
+FROM ${PYTHON_IMAGE}
+ENV PATH=/opt/trainyard/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+RUN groupadd --system --gid 10001 trainyard \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /home/trainyard --create-home trainyard
+COPY --from=build /opt/trainyard /opt/trainyard
+USER 10001:10001
+WORKDIR /home/trainyard
+EXPOSE 8000
+# Liveness of a service listening on 8000 (the port compose and deploy/k8s give each one);
+# compose and Kubernetes probe /readyz on top.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
+CMD ["python", "-m", "services.submission"]

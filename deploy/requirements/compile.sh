@@ -1,0 +1,30 @@
+#!/bin/sh
+# Regenerates the image lock files from pyproject.toml, with a sha256 for every file, for
+# CPython 3.11 on x86_64 Linux (the images' platform); wheels only, nothing built from source.
+#
+#   deploy/requirements/compile.sh                 # from the repository root, uv on PATH
+#   TORCH_BACKEND=cu128 deploy/requirements/compile.sh
+#
+# services.txt  the four services: everything but torch (services-overrides.txt)
+# runner.txt    the runner and the jobs' base layer: torch from PyPI, whose Linux x86_64
+#               wheels of torch 2.13.0 are the CUDA 13.0 build (NVIDIA driver 580 or later);
+#               TORCH_BACKEND=cu128 (or cu126, ...) locks the build of that CUDA from
+#               https://download.pytorch.org/whl/<backend> instead, for older drivers
+# build.txt     the build backend the images install the project with
+set -eu
+uv=${UV:-uv}
+common="--generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 --only-binary :all: --emit-index-url --custom-compile-command deploy/requirements/compile.sh"
+cd "$(dirname "$0")/../.."
+# shellcheck disable=SC2086
+"$uv" pip compile pyproject.toml $common --override deploy/requirements/services-overrides.txt \
+    -o deploy/requirements/services.txt
+if [ -n "${TORCH_BACKEND:-}" ]; then
+    # shellcheck disable=SC2086
+    "$uv" pip compile pyproject.toml $common --torch-backend "$TORCH_BACKEND" \
+        -o deploy/requirements/runner.txt
+else
+    # shellcheck disable=SC2086
+    "$uv" pip compile pyproject.toml $common -o deploy/requirements/runner.txt
+fi
+# shellcheck disable=SC2086
+"$uv" pip compile deploy/requirements/build.in $common -o deploy/requirements/build.txt
