@@ -58,8 +58,8 @@ from deploy.local.nats import NatsServer
 from deploy.local.ports import free_port
 from deploy.local.postgres import PostgresServer
 from deploy.local.processes import ManagedProcess
+from services.registry.metric_curves import BLOCKS_QUERY
 from services.registry.metrics import BLOCK_STEPS
-from services.registry.tracking_repository import BLOCKS_QUERY
 from services.runner import domain
 from services.runner.domain import JobIdentity, MetricBatcher
 from shared.bus import Bus

@@ -11,7 +11,7 @@ Runs inside the transaction of ``shared.inbox.idempotent``.
   event is redelivered after it. A success without any checkpoint (reported or recorded)
   registers nothing: the job made no model, which is a normal outcome, not an error (logged,
   never dead-lettered).
-- Tracking (``tracking_repository``): ``job.started`` also puts the job in its experiment;
+- Tracking (``tracking_repository``, ``metric_ingest``): ``job.started`` also puts the job in its experiment;
   ``job.succeeded``, the scheduler's ``job.failed`` (the job's end; a runner's is one
   attempt's) and ``job.cancelled`` end it; ``job.metrics`` points are stored in bulk, all of
   a fetched batch's at once, after its other events (``dispatch_batch``). A batch is
@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from services.registry import domain
+from services.registry import domain, metric_ingest
 from services.registry import repository as repo
 from services.registry import tracking_repository as tracking
 from services.registry.domain import ModelVersion, NoArtifact, Run, RunNotRecorded
@@ -76,7 +76,7 @@ class RegistryHandlers:
                 else:
                     await self.dispatch(delivery.envelope, conn)
         if points:
-            await tracking.ingest(conn, points)
+            await metric_ingest.ingest(conn, points)
 
     async def dispatch(self, envelope: Envelope[Payload], conn: asyncpg.Connection) -> None:
         match envelope.data:
@@ -95,7 +95,7 @@ class RegistryHandlers:
                 await tracking.record_ended(conn, cancelled.job_id, "cancelled", envelope.time)
             case JobMetrics() as batch:
                 await self.check_metrics(conn, batch)
-                await tracking.ingest(conn, [batch])
+                await metric_ingest.ingest(conn, [batch])
             case _:
                 pass
 

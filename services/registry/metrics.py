@@ -259,7 +259,7 @@ def pick(candidates: Iterable[Point | None]) -> list[Point]:
 
 def downsample(points: Sequence[Point], max_points: int) -> list[Point]:
     """The rule of the module docstring over ``points`` in memory (the reference of
-    ``tracking_repository.curve``)."""
+    ``metric_curves.curve``)."""
     if len(points) <= max_points:
         return sorted(points, key=_order)
     origin, width, _ = plan(min(p.step for p in points), max(p.step for p in points), max_points)

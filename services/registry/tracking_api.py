@@ -29,6 +29,7 @@ from litestar.exceptions import NotFoundException
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, PathParameter, QueryParameter
 
+from services.registry import metric_curves as curves
 from services.registry import metrics
 from services.registry import tracking_repository as repo
 from services.registry.tracking_repository import RunFilter, RunOrder
@@ -180,7 +181,7 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
     async def job_metrics(job_id: FromPath[str], principal: Caller) -> JobMetricList:
         async with pool.acquire() as conn:
             await visible_job(conn, job_id, principal)
-            found = await repo.series_of_job(conn, job_id)
+            found = await curves.series_of_job(conn, job_id)
         return JobMetricList(
             job_id=job_id, metrics=[MetricSummary.from_domain(s.key, s.summary) for s in found]
         )
@@ -206,10 +207,10 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
             raise RequestInvalid.one("to_step", "must not be less than from_step")
         async with pool.acquire() as conn:
             await visible_job(conn, job_id, principal)
-            found = await repo.series(conn, job_id, key)
+            found = await curves.series(conn, job_id, key)
             if found is None:
                 raise NotFoundException(f"job {job_id!r} reported no metric {key!r}")
-            got = await repo.curve(conn, found, max_points, from_step, to_step)
+            got = await curves.curve(conn, found, max_points, from_step, to_step)
         return MetricCurve(
             job_id=job_id,
             key=key,
@@ -295,14 +296,14 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
         async with pool.acquire() as conn:
             found = await visible_experiment(conn, experiment_id, principal)
             shown = await runs_of(conn, experiment_id, limit=_MAX_COMPARED, job_ids=job_ids)
-            curves: dict[str, dict[str, MetricCurve]] = {}
+            drawn: dict[str, dict[str, MetricCurve]] = {}
             for key in wanted:
                 for run in shown:
-                    series = await repo.series(conn, run.job_id, key)
+                    series = await curves.series(conn, run.job_id, key)
                     if series is None:
                         continue
-                    got = await repo.curve(conn, series, max_points)
-                    curves.setdefault(key, {})[run.job_id] = MetricCurve(
+                    got = await curves.curve(conn, series, max_points)
+                    drawn.setdefault(key, {})[run.job_id] = MetricCurve(
                         job_id=run.job_id,
                         key=key,
                         total=got.total,
@@ -317,7 +318,7 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
                 key: {r.job_id: (r.metrics[key].final if key in r.metrics else None) for r in shown}
                 for key in wanted or sorted({k for r in shown for k in r.metrics})
             },
-            curves=curves,
+            curves=drawn,
         )
 
     @put(
