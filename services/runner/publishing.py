@@ -206,17 +206,48 @@ async def publish_until_sent(
             delay = min(delay * 2, _MAX_RETRY_S)
 
 
+MAX_PENDING_METRIC_BATCHES = 256
+"""``job.metrics`` batches a job may have waiting to be published (up to 512,000 points);
+while NATS is away longer than that lasts, newer batches are dropped (counted and logged:
+the job's metric log in the object store keeps every point), so a chatty job cannot fill
+the runner's memory. Every other event always waits its turn."""
+
+
 class JobEvents:
     """One job's events, published in the order they were emitted."""
 
-    def __init__(self, bus: Bus, parent: otel_context.Context | None, name: str) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        parent: otel_context.Context | None,
+        name: str,
+        max_pending_metrics: int = MAX_PENDING_METRIC_BATCHES,
+    ) -> None:
         self._bus = bus
         self._parent = parent
+        self._name = name
         self._queue: asyncio.Queue[Envelope[Payload] | None] = asyncio.Queue()
+        self._max_pending_metrics = max_pending_metrics
+        self._pending_metrics = 0
+        self.dropped_points = 0
+        """Metric points not published because too many batches waited (see above)."""
         self._task = asyncio.create_task(self._pump(), name=f"events {name}")
 
     def emit(self, envelope: Envelope[Payload]) -> None:
-        """Queue an event; it is published after every event emitted before it."""
+        """Queue an event; it is published after every event emitted before it (a
+        ``job.metrics`` beyond ``max_pending_metrics`` waiting ones is dropped instead)."""
+        if isinstance(envelope.data, JobMetrics):
+            if self._pending_metrics >= self._max_pending_metrics:
+                if self.dropped_points == 0:
+                    log.warning(
+                        "job %s: %d metric batches wait to be published; dropping newer "
+                        "ones until they go (every point is in the job's metric log)",
+                        self._name,
+                        self._pending_metrics,
+                    )
+                self.dropped_points += len(envelope.data.points)
+                return
+            self._pending_metrics += 1
         self._queue.put_nowait(envelope)
 
     async def close(self) -> None:
@@ -230,3 +261,12 @@ class JobEvents:
     async def _pump(self) -> None:
         while (envelope := await self._queue.get()) is not None:
             await publish_until_sent(self._bus, envelope, self._parent)
+            if isinstance(envelope.data, JobMetrics):
+                self._pending_metrics -= 1
+        if self.dropped_points:
+            log.warning(
+                "job %s: %d metric points were not published (NATS was away too long); its "
+                "metric log in the object store has them",
+                self._name,
+                self.dropped_points,
+            )
