@@ -137,6 +137,17 @@ def test_prometheus_grafana_and_jaeger_point_at_services_of_the_file() -> None:
     jaeger = yaml.safe_load((DEPLOY / "jaeger" / "config.yaml").read_text())
     assert jaeger["receivers"]["otlp"]["protocols"]["http"]["endpoint"] == "0.0.0.0:4318"
     assert compose()["x-infra-env"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
+    # The OTLP metrics the services send there reach Prometheus through Jaeger's exporter.
+    pipelines = jaeger["service"]["pipelines"]
+    assert pipelines["metrics"]["exporters"] == ["prometheus"]
+    port = jaeger["exporters"]["prometheus"]["endpoint"].rpartition(":")[2]
+    targets = [
+        t
+        for job in prometheus["scrape_configs"]
+        for g in job["static_configs"]
+        for t in g["targets"]
+    ]
+    assert f"jaeger:{port}" in targets
 
 
 @pytest.mark.parametrize("name", ["submission", "scheduler", "registry", "billing", "runner"])

@@ -7,6 +7,7 @@ gets the same users as compose, and only the four services reach PostgreSQL."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from deploy.local.nats import compose_config
+from deploy.local.nats import compose_config, password_variable, service_user_name
+from services.runner.config import default_node_id
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "deploy" / "k8s"
@@ -105,8 +107,7 @@ def test_the_runner_is_a_daemonset_on_gpu_nodes_holding_their_gpus() -> None:
     assert any(t["key"] == "nvidia.com/gpu" for t in spec["tolerations"])
     assert spec["shareProcessNamespace"] is True, "PID 1 reaps what jobs leave behind"
     env = {e["name"]: e for e in container["env"]}
-    assert env["TRAINYARD_RUNNER_NODE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    assert env["TRAINYARD_NATS_USER"]["value"] == "runner-$(TRAINYARD_RUNNER_NODE_ID)"
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     capabilities = container["securityContext"]["capabilities"]
@@ -192,3 +193,42 @@ def test_the_services_and_runners_reach_nats_and_the_object_store(kind: str) -> 
         and doc["spec"]["template"]["metadata"]["labels"].get(label[0]) == label[1]
     }
     assert reached == {*SERVICES, "runner"}
+
+
+@pytest.mark.parametrize(
+    "node_name", ["node-1", "gpu-7.cluster.example.com", "IP-10-0-1-2.ec2.internal", "a" * 80]
+)
+def test_the_runner_takes_its_node_id_nats_user_and_password_from_the_node_name(
+    node_name: str, tmp_path: Path
+) -> None:
+    """The DaemonSet's start script, run with a stand-in ``python`` that prints what the
+    runner would get: the node id is ``default_node_id`` of the node name, the user and the
+    password variable are those deploy.local.nats gives that node."""
+    (container,) = by_kind("DaemonSet")["runner"]["spec"]["template"]["spec"]["containers"]
+    _shell, flag, script = container["command"]
+    node_id = default_node_id(node_name)
+    user = service_user_name("runner", node_id)
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / password_variable(user)).write_text("p0123secret")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python"
+    fake.write_text(
+        '#!/bin/sh\necho "$TRAINYARD_RUNNER_NODE_ID $TRAINYARD_NATS_USER $TRAINYARD_NATS_PASSWORD $*"\n'
+    )
+    fake.chmod(0o755)
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "NODE_NAME": node_name,
+        "NATS_PASSWORD_DIR": str(secrets),
+    }
+    result = subprocess.run(
+        ["sh", flag, script], env=env, capture_output=True, text=True, timeout=10
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [node_id, user, "p0123secret", "-m", "services.runner"]
+    (secrets / password_variable(user)).unlink()
+    refused = subprocess.run(["sh", flag, script], env=env, capture_output=True, text=True)
+    assert refused.returncode == 2
+    assert password_variable(user) in refused.stderr
