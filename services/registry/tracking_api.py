@@ -18,7 +18,6 @@ parameters answer 422 naming the parameter (the platform's rule, ``shared.http_e
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -32,6 +31,14 @@ from litestar.params import FromPath, PathParameter, QueryParameter
 from services.registry import metric_curves as curves
 from services.registry import metrics
 from services.registry import tracking_repository as repo
+from services.registry.tracking_query import (
+    check_tag,
+    comma_names,
+    differing,
+    parse_filter,
+    parse_sort,
+    to_run,
+)
 from services.registry.tracking_repository import RunFilter, RunOrder
 from services.registry.tracking_schemas import (
     Comparison,
@@ -59,80 +66,8 @@ MaxPoints = Annotated[
 ]
 Step = Annotated[int | None, QueryParameter(ge=0, le=2**63 - 1)]
 ExperimentId = Annotated[int, PathParameter(ge=1, le=2**63 - 1)]  # the column's bigint
-_SORT = re.compile(r"(final|best):(.{1,200})")
-_FILTER = re.compile(r"(final|best):(.{1,200}?)(<=|>=|<|>)(.+)")
-_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 _MAX_COMPARED = 50
 NOTE_BODY_MAX_BYTES = 64 * 1024
-
-
-def parse_sort(sort: str | None, order: str | None) -> RunOrder | None:
-    if sort is None:
-        return None
-    found = _SORT.fullmatch(sort)
-    if found is None:
-        raise RequestInvalid.one("sort", "must be final:<metric key> or best:<metric key>")
-    field, key = found.group(1), found.group(2)
-    descending = metrics.metric_goal(key) == "max" if order is None else order == "desc"
-    return RunOrder("final" if field == "final" else "best", key, descending)
-
-
-def parse_filter(text: str | None) -> RunFilter | None:
-    if text is None:
-        return None
-    found = _FILTER.fullmatch(text)
-    value = _number(found.group(4)) if found else None
-    if found is None or value is None:
-        raise RequestInvalid.one(
-            "filter", "must be final:<key> or best:<key>, then <, <=, > or >=, then a number"
-        )
-    field, key, op = found.group(1), found.group(2), found.group(3)
-    ops: dict[str, repo.Comparison] = {"<": "<", "<=": "<=", ">": ">", ">=": ">="}
-    return RunFilter("final" if field == "final" else "best", key, ops[op], value)
-
-
-def _number(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def _names(text: str | None, field: str, most: int) -> list[str] | None:
-    if text is None:
-        return None
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names or len(names) > most or any(len(n) > 200 for n in names):
-        raise RequestInvalid.one(field, f"must be 1 to {most} comma-separated names")
-    return list(dict.fromkeys(names))
-
-
-def _check_tag(tag: str) -> None:
-    if not _TAG.fullmatch(tag):
-        raise RequestInvalid.one(
-            "tag",
-            "must be 1 to 64 letters, digits, '_', '.', ':' or '-', not starting with one "
-            "of the last four",
-        )
-
-
-def _to_run(row: Any, by_job: dict[str, dict[str, RunMetric]], now: datetime) -> Run:
-    spec = row["spec"]
-    end = row["ended_at"] or now
-    return Run(
-        job_id=row["job_id"],
-        name=row["name"],
-        user=row["user_name"],
-        status=row["status"],
-        started_at=row["started_at"],
-        ended_at=row["ended_at"],
-        duration_seconds=max(0.0, (end - row["started_at"]).total_seconds()),
-        hyperparameters=spec.get("hyperparameters", {}),
-        labels=spec.get("labels", {}),
-        tags=list(row["tags"]),
-        note=row["note"],
-        metrics=by_job.get(row["job_id"], {}),
-    )
 
 
 def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
@@ -168,7 +103,7 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
                 goal=m["goal"],
             )
         now = datetime.now(UTC)
-        return [_to_run(r, by_job, now) for r in rows]
+        return [to_run(r, by_job, now) for r in rows]
 
     @get(
         "/v1/jobs/{job_id:str}/metrics",
@@ -291,8 +226,8 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
         ] = None,
         max_points: Annotated[int, QueryParameter(ge=4, le=10_000)] = 500,
     ) -> Comparison:
-        wanted = _names(keys, "keys", 20) or []
-        job_ids = _names(jobs, "jobs", _MAX_COMPARED)
+        wanted = comma_names(keys, "keys", 20) or []
+        job_ids = comma_names(jobs, "jobs", _MAX_COMPARED)
         async with pool.acquire() as conn:
             found = await visible_experiment(conn, experiment_id, principal)
             shown = await runs_of(conn, experiment_id, limit=_MAX_COMPARED, job_ids=job_ids)
@@ -331,7 +266,7 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
     async def put_tag(
         job_id: FromPath[str], tag: FromPath[str], principal: Caller
     ) -> RunAnnotations:
-        _check_tag(tag)
+        check_tag(tag)
         async with pool.acquire() as conn, conn.transaction():
             await visible_job(conn, job_id, principal)
             if await repo.add_tag(conn, job_id, tag, datetime.now(UTC)) and audit.must_record(
@@ -351,7 +286,7 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
     async def delete_tag(
         job_id: FromPath[str], tag: FromPath[str], principal: Caller
     ) -> RunAnnotations:
-        _check_tag(tag)
+        check_tag(tag)
         async with pool.acquire() as conn, conn.transaction():
             await visible_job(conn, job_id, principal)
             if await repo.remove_tag(conn, job_id, tag) and audit.must_record(principal):
@@ -392,14 +327,3 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
         delete_tag,
         put_note,
     ]
-
-
-def differing(runs: list[Run]) -> dict[str, dict[str, Any]]:
-    """Hyperparameter -> job id -> value, for the hyperparameters not equal in every run."""
-    names = sorted({name for r in runs for name in r.hyperparameters})
-    out: dict[str, dict[str, Any]] = {}
-    for name in names:
-        values = {r.job_id: r.hyperparameters.get(name) for r in runs}
-        if len({repr(v) for v in values.values()}) > 1:
-            out[name] = values
-    return out

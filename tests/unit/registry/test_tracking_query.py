@@ -1,4 +1,4 @@
-"""The tracking API's query parameters, parsed without a server."""
+"""The tracking API's query parameters, parsed without a server (``tracking_query``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from services.registry.tracking_api import differing, parse_filter, parse_sort
+from services.registry.tracking_query import differing, parse_filter, parse_sort
 from services.registry.tracking_repository import RunFilter, RunOrder
 from services.registry.tracking_schemas import Run
 from shared.http_errors import RequestInvalid
