@@ -7,6 +7,7 @@ gets the same users as compose, and only the four services reach PostgreSQL."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -232,3 +233,28 @@ def test_the_runner_takes_its_node_id_nats_user_and_password_from_the_node_name(
     refused = subprocess.run(["sh", flag, script], env=env, capture_output=True, text=True)
     assert refused.returncode == 2
     assert password_variable(user) in refused.stderr
+
+
+def test_kustomize_renders_a_valid_deployment_with_the_registry_images() -> None:
+    """`kubectl apply -k deploy/k8s` is what operators run: the rendered documents are the
+    manifests' documents, still valid, with the platform images taken from the
+    kustomization. kubectl is no PyPI package: skipped where it is not installed."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (with its built-in kustomize) is not installed")
+    result = subprocess.run(
+        [kubectl, "kustomize", str(K8S)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    rendered = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert len(rendered) == len(everything())
+    for doc in rendered:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        assert doc["metadata"].get("namespace", "trainyard") == "trainyard"
+    images = [
+        c["image"]
+        for d in rendered
+        if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet")
+        for c in d["spec"]["template"]["spec"]["containers"]
+    ]
+    assert not [i for i in images if i.startswith("trainyard-")], images
