@@ -157,3 +157,22 @@ def test_each_service_listens_where_its_healthcheck_looks(name: str) -> None:
     assert service["environment"][prefix + "HOST"] == "0.0.0.0"
     port = service["environment"][prefix + "PORT"]
     assert f"127.0.0.1:{port}/readyz" in " ".join(service["healthcheck"]["test"])
+
+
+def test_jaegers_pipelines_use_only_components_it_configures() -> None:
+    """The shape of an OpenTelemetry Collector configuration (Jaeger v2 refuses to start on
+    a pipeline that names a component it does not configure); the components themselves
+    are only checked by starting Jaeger."""
+    jaeger = yaml.safe_load((DEPLOY / "jaeger" / "config.yaml").read_text())
+    service = jaeger["service"]
+    assert set(service["extensions"]) <= set(jaeger["extensions"])
+    assert "jaeger_query" in service["extensions"]
+    for name, pipeline in service["pipelines"].items():
+        for part in ("receivers", "processors", "exporters"):
+            for component in pipeline.get(part, []):
+                assert component in jaeger[part], f"pipeline {name}: {component} is not configured"
+    storage = jaeger["extensions"]["jaeger_query"]["storage"]["traces"]
+    assert storage in jaeger["extensions"]["jaeger_storage"]["backends"]
+    assert jaeger["exporters"]["jaeger_storage_exporter"]["trace_storage"] == storage
+    ui_port = jaeger["extensions"]["jaeger_query"]["http"]["endpoint"].rpartition(":")[2]
+    assert f"127.0.0.1:{ui_port}:{ui_port}" in services()["jaeger"]["ports"]
