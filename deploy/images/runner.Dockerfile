@@ -43,7 +43,10 @@ ENV PATH=/opt/trainyard/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     NVIDIA_VISIBLE_DEVICES=all \
-    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    TRAINYARD_RUNNER_HOST=0.0.0.0 \
+    TRAINYARD_RUNNER_PORT=8000 \
+    TRAINYARD_RUNNER_WORK_DIR=/var/lib/trainyard/runner
 RUN groupadd --system --gid 10001 trainyard \
     && useradd --system --uid 10001 --gid 10001 --home-dir /home/trainyard --create-home trainyard \
     && mkdir -p /var/lib/trainyard/runner \

@@ -32,17 +32,26 @@ RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
     && python -c "import services.submission.__main__, services.scheduler.__main__, services.registry.__main__, services.billing.__main__"
 
 FROM ${PYTHON_IMAGE}
+# In a container every service listens on all interfaces, port 8000 (outside one the
+# defaults are loopback and a port per service).
 ENV PATH=/opt/trainyard/bin:$PATH \
     PYTHONUNBUFFERED=1 \
-    PYTHONDONTWRITEBYTECODE=1
+    PYTHONDONTWRITEBYTECODE=1 \
+    TRAINYARD_SUBMISSION_HOST=0.0.0.0 \
+    TRAINYARD_SUBMISSION_PORT=8000 \
+    TRAINYARD_SCHEDULER_HOST=0.0.0.0 \
+    TRAINYARD_SCHEDULER_PORT=8000 \
+    TRAINYARD_REGISTRY_HOST=0.0.0.0 \
+    TRAINYARD_REGISTRY_PORT=8000 \
+    TRAINYARD_BILLING_HOST=0.0.0.0 \
+    TRAINYARD_BILLING_PORT=8000
 RUN groupadd --system --gid 10001 trainyard \
     && useradd --system --uid 10001 --gid 10001 --home-dir /home/trainyard --create-home trainyard
 COPY --from=build /opt/trainyard /opt/trainyard
 USER 10001:10001
 WORKDIR /home/trainyard
 EXPOSE 8000
-# Liveness of a service listening on 8000 (the port compose and deploy/k8s give each one);
-# compose and Kubernetes probe /readyz on top.
+# Liveness; compose and Kubernetes probe /readyz on top.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
 CMD ["python", "-m", "services.submission"]

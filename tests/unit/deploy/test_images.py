@@ -100,3 +100,26 @@ def test_every_copied_path_exists_and_the_build_context_is_trimmed(dockerfile: P
     ignore = dockerfile.with_name(dockerfile.name + ".dockerignore")
     assert ignore.exists(), "a per-Dockerfile .dockerignore keeps .venv/ and .trainyard/ out"
     assert ignore.read_text().splitlines()[1] == "*", "it ignores everything not named"
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_each_service_of_the_image_listens_where_the_healthcheck_looks(dockerfile: Path) -> None:
+    final = instructions(dockerfile)
+    final = final[max(i for i, (kind, _) in enumerate(final) if kind == "FROM") :]
+    env = dict(
+        m.groups()
+        for kind, rest in final
+        if kind == "ENV"
+        for m in re.finditer(r"(\w+)=(\S+)", rest)
+    )
+    (check,) = [rest for kind, rest in final if kind == "HEALTHCHECK"]
+    port = re.search(r"127\.0\.0\.1:(\d+)/healthz", check)
+    assert port
+    names = (
+        ["runner"]
+        if dockerfile.name == "runner.Dockerfile"
+        else ["submission", "scheduler", "registry", "billing"]
+    )
+    for name in names:
+        assert env[f"TRAINYARD_{name.upper()}_HOST"] == "0.0.0.0"
+        assert env[f"TRAINYARD_{name.upper()}_PORT"] == port.group(1)
