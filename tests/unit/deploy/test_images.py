@@ -106,12 +106,12 @@ def test_every_copied_path_exists_and_the_build_context_is_trimmed(dockerfile: P
 def test_each_service_of_the_image_listens_where_the_healthcheck_looks(dockerfile: Path) -> None:
     final = instructions(dockerfile)
     final = final[max(i for i, (kind, _) in enumerate(final) if kind == "FROM") :]
-    env = dict(
-        m.groups()
+    env: dict[str, str] = {
+        m.group(1): m.group(2)
         for kind, rest in final
         if kind == "ENV"
         for m in re.finditer(r"(\w+)=(\S+)", rest)
-    )
+    }
     (check,) = [rest for kind, rest in final if kind == "HEALTHCHECK"]
     port = re.search(r"127\.0\.0\.1:(\d+)/healthz", check)
     assert port
