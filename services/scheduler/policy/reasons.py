@@ -13,12 +13,18 @@ Contract:
   way, a shorter declared runtime.
 - Work per job is constant apart from cached per-(queue, flavor) and per-(flavor, shape)
   figures, so explaining 10,000 jobs stays cheap.
+- An explanation is read by the waiting job's team, so it names another team's job by its
+  team only (``a team-b job``; in ``blocking``, ``team-b``): ids of other teams' jobs never
+  reach a user. Jobs of the waiting job's own team are named by id.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+import re
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from services.scheduler.policy import explain
@@ -52,9 +58,15 @@ class _Explainer:
         self._timelines: dict[tuple[tuple[str, ...], str, bool], _Timeline] = {}
 
     def run(self, waiting: list[Waiting]) -> dict[str, Explanation]:
+        queues = self.state.quota.queues
+        team_of = dict(self.state.team_of_job)
+        for w in waiting:
+            if w.job.queue in queues:
+                team_of[w.job.job_id] = queues[w.job.queue].team
         out: dict[str, Explanation] = {}
         for w in waiting:
-            out[w.job.job_id] = self.one(w)
+            own = queues[w.job.queue].team if w.job.queue in queues else None
+            out[w.job.job_id] = for_team(self.one(w), own, team_of)
         return out
 
     def one(self, w: Waiting) -> Explanation:
@@ -203,9 +215,7 @@ class _Explainer:
             nodes = pool.roomiest(count, per_node)
             largest = nodes[0].free_count if nodes else 0
             where = nodes[0].node_id if nodes and largest else ""
-            jobs = sorted({j for n in nodes for j in n.holders})
-            team = self.state.team_of_job
-            holders = [f"{j} ({team[j]})" if j in team else j for j in jobs]
+            holders = sorted({j for n in nodes for j in n.holders})
             self._capacity[key] = (largest, where, holders)
         return self._capacity[key]
 
@@ -259,6 +269,28 @@ class _Timeline:
             return now
         i = bisect.bisect_left(self._freed, gpus)
         return max(now, self._times[i]) if i < len(self._times) else None
+
+
+_WORD = re.compile(r"(job )?([A-Za-z0-9][\w.:-]*)")
+
+
+def for_team(e: Explanation, team: str | None, team_of: Mapping[str, str]) -> Explanation:
+    """``e`` as ``team`` may read it: each job of another team named by its team only."""
+
+    def foreign(word: str) -> str | None:
+        other = team_of.get(word)
+        return other if other is not None and other != team else None
+
+    def in_reason(m: re.Match[str]) -> str:
+        other = foreign(m.group(2))
+        return m.group(0) if other is None else f"a {other} job"
+
+    blocking: list[str] = []
+    for item in (i.strip() for i in e.blocking.split(",")):
+        shown = foreign(item) or item
+        if shown not in blocking:
+            blocking.append(shown)
+    return replace(e, reason=_WORD.sub(in_reason, e.reason), blocking=", ".join(blocking))
 
 
 def _ids(items: list[str], limit: int = 10) -> str:

@@ -169,8 +169,11 @@ async def test_a_lender_reclaims_borrowed_quota_across_its_cohort(scheduler: Sch
     (revoke,) = await scheduler.wait_for(AllocationRevoked)
     assert (revoke.allocation_id, revoke.reason) == (borrower.allocation_id, "preempted")
     waits = (await scheduler.wait_for(JobPending, lambda p: p.job_id == "a-job"))[0]
-    assert waits.reason.startswith("freeing GPUs held by jobs running on borrowed quota (b-big)")
-    assert waits.blocking == "b-big"
+    # team-a reads this: team-b's job is named by its team only.
+    assert waits.reason.startswith(
+        "freeing GPUs held by jobs running on borrowed quota (a team-b job)"
+    )
+    assert waits.blocking == "team-b"
     await scheduler.send(preempted(borrower), "b-big")
     (granted,) = await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == "a-job")
     assert len(granted.gpu_indices) == 2

@@ -9,17 +9,22 @@ from services.scheduler.policy.explain import duration, names
 from .builders import HOUR, NOW, node, pending, queue, running, snap
 
 
-def test_capacity_reason_names_the_jobs_and_teams_holding_the_gpus() -> None:
+def test_capacity_reason_names_the_holders_another_teams_by_its_team_only() -> None:
+    """A team reads its jobs' reasons: its own jobs by id, another team's by team alone."""
     nodes = (node("n1"),)
     queues = (queue("a", 16), queue("b", 16))
-    run = (running("rb", "b", {"n1": 6}, started=NOW - HOUR, runtime=2 * HOUR),)
+    run = (
+        running("rb", "b", {"n1": 3}, started=NOW - HOUR, runtime=2 * HOUR),
+        running("ra", "a", {"n1": 3}, started=NOW - HOUR, runtime=2 * HOUR),
+    )
     d = schedule(snap(nodes, queues, (pending("j", "a", 4),), run))
     e = d.explanations["j"]
     assert e.reason == (
         "needs 4 a100 GPUs on one node; the largest free block is 2 on n1; the rest is held "
-        "by rb (team-b); expected start in ~1.0 h"
+        "by ra and a team-b job; expected start in ~1.0 h"
     )
-    assert e.blocking == "rb"
+    assert e.blocking == "ra, team-b"
+    assert "rb" not in e.reason + e.blocking
     assert e.suggestion == "asking for 2 GPUs would let it start now"
     assert e.estimated_start == NOW + HOUR
 
@@ -91,6 +96,6 @@ def test_nothing_free_names_the_holders() -> None:
     run = (running("r", "a", {"n1": 4}, started=NOW, runtime=HOUR),)
     d = schedule(snap(nodes, (queue("a", 100),), (pending("j", "a", 2),), run))
     assert d.explanations["j"].reason == (
-        "needs 2 a100 GPUs on one node; no a100 GPU is free; they are held by r (team-a); "
+        "needs 2 a100 GPUs on one node; no a100 GPU is free; they are held by r; "
         "expected start in ~1.0 h"
     )

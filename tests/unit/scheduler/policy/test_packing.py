@@ -46,7 +46,7 @@ def test_gang_is_all_or_nothing() -> None:
     assert d.placements == ()
     assert d.explanations["g"].reason.startswith(
         "needs 16 a100 GPUs as 2 nodes x 8; the largest free block is 8 on n1; "
-        "the rest is held by r (team-a)"
+        "the rest is held by r"
     )
 
 
