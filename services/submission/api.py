@@ -46,7 +46,7 @@ from litestar.openapi import ResponseSpec
 from litestar.params import FromPath, FromQuery, HeaderParameter, PathParameter, QueryParameter
 from litestar.types import Guard
 
-from services.submission import commands, identity
+from services.submission import commands, identity, jobschema
 from services.submission.config import Settings
 from services.submission.dashboard import dashboard_routes
 from services.submission.domain import JobStatus
@@ -62,9 +62,11 @@ from services.submission.identity_schemas import (
 from services.submission.objects import Objects
 from services.submission.ratelimit import RateLimiter
 from services.submission.schemas import (
+    ID_PREFIX_PATTERN,
     NAME_PATTERN,
     BundleStored,
     CreateUserRequest,
+    JobFilters,
     JobRequest,
     JobSummary,
     JobView,
@@ -73,7 +75,14 @@ from services.submission.schemas import (
     parse_idempotency_key,
     parse_job_request,
 )
-from shared.access import UNAUTHENTICATED, enforce_least_role, is_open_probe, needs, remember
+from shared.access import (
+    UNAUTHENTICATED,
+    enforce_least_role,
+    is_open_probe,
+    needs,
+    public_asset,
+    remember,
+)
 from shared.audit import audit_route
 from shared.auth import bearer_token
 from shared.events.payloads import BUNDLE_SHA256_PATTERN
@@ -100,6 +109,10 @@ AnyRequest = Request[Any, Any, Any]
 IdempotencyKey = Annotated[str | None, HeaderParameter(name="Idempotency-Key")]
 Limit = Annotated[int, QueryParameter(ge=1, le=500)]
 LogLimit = Annotated[int, QueryParameter(ge=1, le=100)]
+IdPrefix = Annotated[
+    str | None, QueryParameter(pattern=ID_PREFIX_PATTERN, description="an id's beginning")
+]
+NameQuery = Annotated[str | None, QueryParameter(min_length=1, max_length=100)]
 TeamName = Annotated[
     str | None, QueryParameter(pattern=NAME_PATTERN, description="operators: another team")
 ]
@@ -259,6 +272,13 @@ async def get_job(job_id: FromPath[str], pool: Pool, caller: Me) -> JobView:
     return await commands.get_job(pool, caller, job_id)
 
 
+@get("/schemas/job.v1.json", opt=public_asset(), include_in_schema=False, sync_to_thread=False)
+def job_schema() -> Response[str]:
+    """The JSON Schema of a job spec file, for editors (``$schema=<API>/v1/schemas/job.v1.json``);
+    a file shipped with the code, open to anyone."""
+    return Response(jobschema.render(), media_type="application/schema+json")
+
+
 @get("/jobs")
 async def list_jobs(
     pool: Pool,
@@ -266,14 +286,25 @@ async def list_jobs(
     status: FromQuery[JobStatus | None] = None,
     limit: Limit = 50,
     after: FromQuery[str | None] = None,
+    id_prefix: IdPrefix = None,
+    user: NameQuery = None,
+    project: NameQuery = None,
+    experiment: NameQuery = None,
 ) -> Response[list[JobSummary]]:
-    """The team's jobs, newest first, a page at a time. When more follow, the answer has
-    ``Link: </v1/jobs?...&after=CURSOR>; rel="next"`` (same filters); the body stays a
-    plain list. A cursor this endpoint did not give is a 422 on ``after``."""
-    jobs, cursor = await commands.list_jobs(pool, caller, status, limit, after)
+    """The team's jobs, newest first, a page at a time; ``id_prefix``, ``user``, ``project``
+    and ``experiment`` narrow the list (all that are given must hold). When more follow, the
+    answer has ``Link: </v1/jobs?...&after=CURSOR>; rel="next"`` (same filters); the body
+    stays a plain list. A cursor this endpoint did not give is a 422 on ``after``."""
+    filters = JobFilters(id_prefix=id_prefix, user=user, project=project, experiment=experiment)
+    jobs, cursor = await commands.list_jobs(pool, caller, status, limit, after, filters)
     if cursor is None:
         return Response(jobs)
-    query = {"limit": str(limit), **({"status": str(status)} if status else {}), "after": cursor}
+    query = {
+        "limit": str(limit),
+        **({"status": str(status)} if status else {}),
+        **filters.query(),
+        "after": cursor,
+    }
     return Response(jobs, headers={"Link": f'</v1/jobs?{urlencode(query)}>; rel="next"'})
 
 
@@ -470,6 +501,7 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
             job_logs,
             bundle_stored,
             upload_bundle,
+            job_schema,
         ],
         dependencies={"caller": Provide(resolve_caller, sync_to_thread=False)},
     )

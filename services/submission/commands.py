@@ -34,6 +34,7 @@ from services.submission.identity import Caller
 from services.submission.objects import Objects
 from services.submission.schemas import (
     BundleCode,
+    JobFilters,
     JobRequest,
     JobSummary,
     JobView,
@@ -112,6 +113,7 @@ async def list_jobs(
     status: JobStatus | None,
     limit: int,
     after: str | None = None,
+    filters: JobFilters | None = None,
 ) -> tuple[list[JobSummary], str | None]:
     """A page of the team's jobs, newest first: at most ``limit``, those listed after the
     cursor ``after`` (from an earlier page; none: from the newest). Returns the page and the
@@ -119,7 +121,9 @@ async def list_jobs(
     snapshot: jobs submitted since never appear on later pages, none is listed twice."""
     position = _ListCursor.decode(after)
     async with pool.acquire() as conn:
-        rows = await repo.jobs_for_team(conn, caller.team_id, status, limit + 1, position)
+        rows = await repo.jobs_for_team(
+            conn, caller.team_id, status, limit + 1, position, (filters or JobFilters()).query()
+        )
     page = rows[:limit]
     more = len(rows) > limit
     cursor = _ListCursor.encode(page[-1]["submitted_at"], page[-1]["id"]) if more else None

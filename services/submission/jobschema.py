@@ -9,10 +9,12 @@ it no longer matches the models.
 from __future__ import annotations
 
 import json
+from functools import cache
 
 from services.submission.schemas import job_json_schema
 
 
+@cache
 def render() -> str:
     """The schema file's exact text."""
     return json.dumps(job_json_schema(), indent=2, ensure_ascii=False) + "\n"

@@ -7,6 +7,7 @@ its id: events come from the platform, not from a user.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -84,13 +85,31 @@ async def job_for_team(
 
 _SUMMARY_COLUMNS = """j.id, j.name, j.status, j.submitted_at, j.started_at, j.finished_at,
     j.node_id, j.attempt, j.metrics_step, u.name AS user_name, t.name AS team_name,
-    jsonb_build_object('gpu_flavor', j.spec -> 'gpu_flavor', 'gpus', j.spec -> 'gpus') AS spec"""
+    jsonb_build_object('gpu_flavor', j.spec -> 'gpu_flavor', 'gpus', j.spec -> 'gpus',
+        'project', j.spec -> 'project', 'experiment', j.spec -> 'experiment') AS spec,
+    coalesce(CASE WHEN j.status IN ('PENDING', 'QUEUED') THEN j.pending_reason
+                  WHEN j.status = 'FAILED' THEN j.failure ->> 'reason' END,
+             (SELECT h.reason FROM job_history h WHERE h.job_id = j.id
+              ORDER BY h.id DESC LIMIT 1)) AS reason"""
 """What ``views.job_summary`` reads of a job, and no more: a page of 50 then decodes no
 spec, metrics or failure documents, only the two fields of the spec a summary shows."""
 
 
+_FILTERS = {
+    "id_prefix": "starts_with(j.id, ${n})",
+    "user": "u.name = ${n}",
+    "project": "coalesce(j.spec ->> 'project', 'default') = ${n}",
+    "experiment": "j.spec ->> 'experiment' = ${n}",
+}
+"""The conditions of ``GET /v1/jobs``'s filters: each narrows the walk of the team's index."""
+
+
 def jobs_for_team_query(
-    team_id: int, status: str | None, after: tuple[datetime, str] | None, limit: int
+    team_id: int,
+    status: str | None,
+    after: tuple[datetime, str] | None,
+    limit: int,
+    filters: Mapping[str, str] | None = None,
 ) -> tuple[str, list[Any]]:
     """The SQL and parameters of ``jobs_for_team``. Each combination of filters is its own
     statement (no ``$n IS NULL OR ...``), so each keeps a plan that walks an index in list
@@ -101,6 +120,9 @@ def jobs_for_team_query(
     if status is not None:
         params.append(status)
         where.append(f"j.status = ${len(params)}")
+    for name, value in sorted((filters or {}).items()):
+        params.append(value)
+        where.append(_FILTERS[name].format(n=len(params)))
     if after is not None:
         params.extend(after)
         where.append(f"(j.submitted_at, j.id) < (${len(params) - 1}, ${len(params)})")
@@ -122,11 +144,13 @@ async def jobs_for_team(
     status: str | None,
     limit: int,
     after: tuple[datetime, str] | None = None,
+    filters: Mapping[str, str] | None = None,
 ) -> list[asyncpg.Record]:
     """The team's jobs, newest first (by ``submitted_at``, then id), each with its cost so
     far (the columns of ``views.job_summary``); with ``after`` (a job's ``(submitted_at,
-    id)``), only those listed after it."""
-    sql, params = jobs_for_team_query(team_id, status, after, limit)
+    id)``), only those listed after it; with ``filters`` (``_FILTERS``), only those that
+    match them all."""
+    sql, params = jobs_for_team_query(team_id, status, after, limit, filters)
     rows: list[asyncpg.Record] = await conn.fetch(sql, *params)
     return rows
 

@@ -610,6 +610,27 @@ def parse_idempotency_key(value: str | None) -> str | None:
     return value
 
 
+ID_PREFIX_PATTERN = r"^[0-9a-f][0-9a-f-]{0,35}$"
+"""A job id's beginning, as ``GET /v1/jobs?id_prefix=`` takes it (lower-case hex and ``-``)."""
+
+
+class JobFilters(BaseModel):
+    """What ``GET /v1/jobs`` lists besides the team and the status: every filter given must
+    hold (none: every job)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id_prefix: str | None = None
+    """Jobs whose id starts with this (the CLI's short ids)."""
+    user: str | None = None
+    project: str | None = None
+    experiment: str | None = None
+
+    def query(self) -> dict[str, str]:
+        """The filters given, as query parameters (for the next page's link)."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
 class JobSummary(BaseModel):
     """One line of ``GET /v1/jobs``."""
 
@@ -629,6 +650,11 @@ class JobSummary(BaseModel):
     step: int | None
     cost: float
     currency: str | None
+    project: str = "default"
+    experiment: str | None = None
+    reason: str | None = None
+    """Why the job waits (PENDING, QUEUED) or failed (FAILED); else the reason of its latest
+    change, if it had one (cancelled by whom, preempted by what)."""
 
 
 class BundleStored(BaseModel):

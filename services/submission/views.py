@@ -174,4 +174,7 @@ def job_summary(job: Row) -> JobSummary:
         step=job["metrics_step"],
         cost=job["cost"],
         currency=job["currency"],
+        project=job["spec"].get("project") or "default",
+        experiment=job["spec"].get("experiment"),
+        reason=job.get("reason"),
     )

@@ -119,10 +119,16 @@ POLICY: dict[str, dict[tuple[str, str], Role]] = {
 """The least role each route needs (OPTIONS, which Litestar adds, and the OpenAPI document
 under ``/schema`` need a valid token)."""
 PUBLIC: dict[str, set[str]] = {
-    "submission": {"/", "/ui", "/ui/config.json", "/ui/{file_path:path}"},
+    "submission": {
+        "/",
+        "/ui",
+        "/ui/config.json",
+        "/ui/{file_path:path}",
+        "/v1/schemas/job.v1.json",  # the job spec's JSON Schema, for editors
+    },
 }
-"""Routes declared ``public_asset()`` (the web dashboard's files and its config): open to
-anyone, every method Litestar gives them (``test_public_assets_hold_no_data``)."""
+"""Routes declared ``public_asset()`` (the web dashboard's files and its config, the job
+spec's JSON Schema): open to anyone, every method Litestar gives them (``test_public_assets_hold_no_data``)."""
 
 
 def is_open(service: str, path: str) -> bool:

@@ -285,3 +285,12 @@ async def test_tokens_are_stored_hashed(submission: Submission) -> None:
     assert len(stored) == 2
     assert submission.admin_token not in stored
     assert all(len(h) == 64 for h in stored)
+
+
+async def test_the_job_spec_schema_is_served_to_anyone(submission: Submission) -> None:
+    from trainyard.spec import schema_text
+
+    response = await submission.client.get("/v1/schemas/job.v1.json")
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("application/schema+json")
+    assert response.text == schema_text()
