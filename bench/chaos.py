@@ -267,9 +267,16 @@ def run_chaos(options: ChaosOptions, say: Callable[[str], None] = print) -> Chao
         report = settle(platform, load, poison_ids, poison_kept, options.settle_s, note)
         settle_s = time.monotonic() - settle_started
         report.facts["final_by_kind"] = _final_by_kind(platform, load)
-        deaths = platform.deaths()
+
+        # Results are committed: the run's temporary folder is no path of the repository.
+        def local(text: str) -> str:
+            text = text.replace(str(platform.data_dir), "<run folder>")
+            text = text.replace(str(Path(__file__).resolve().parents[1]), "<repository>")
+            return text.replace(sys.base_prefix, "<python>")
+
+        deaths = [local(d) for d in platform.deaths()]
         report.findings["unexpected_exits"] = Finding("unexpected_exits", len(deaths), deaths[:5])
-        report.facts["watchdog_reports"] = platform.reports[-50:]
+        report.facts["watchdog_reports"] = [local(r) for r in platform.reports[-50:]]
         result = ChaosResult(
             options,
             report,
