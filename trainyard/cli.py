@@ -10,6 +10,7 @@
     trainyard cancel JOB... | rerun JOB                           cancel | submit its spec again
     trainyard queue                                               the team's waiting line, why
     trainyard metrics JOB [KEY] | experiments [EXP] | compare EXP curves, experiments, runs
+    trainyard tag JOB TAG... [--rm] | note JOB TEXT               tags and notes on runs
     trainyard models NAME | cost                                  model versions | team's cost
     trainyard whoami | tokens | token ... | user ... | audit      who may do what
     trainyard schema | version | completion bash|zsh|tcsh

@@ -35,6 +35,13 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     compare.add_argument("--project", help="the experiment's project (when names repeat)")
     compare.add_argument("--keys", help="metric keys to compare, comma-separated")
     compare.add_argument("--jobs", nargs="+", metavar="JOB", help="only these runs")
+    tag = command("tag", run_tag, "tag a run (or --rm a tag)")
+    tag.add_argument("job", metavar="JOB")
+    tag.add_argument("tags", nargs="+", metavar="TAG")
+    tag.add_argument("--rm", action="store_true", help="remove the tags instead")
+    note = command("note", run_note, "set a run's note ('' clears it)")
+    note.add_argument("job", metavar="JOB")
+    note.add_argument("text")
     models = command("models", run_models, "the versions of one of the team's models")
     models.add_argument("name", help="the model's name (a job's model shows it)")
     models.add_argument("--team", help="another team's (operators)")
@@ -215,6 +222,29 @@ def run_compare(session: Session) -> int:
         return "\n".join(lines)
 
     session.emit(found, text)
+    return Exit.OK
+
+
+def run_tag(session: Session) -> int:
+    args = session.args
+    job_id = resolve(session.client, args.job)
+    registry = session.service("registry")
+    method = "DELETE" if args.rm else "PUT"
+    answer: dict[str, Any] = {}
+    for tag in args.tags:
+        answer = registry.call(
+            method, f"/v1/jobs/{quote(job_id, safe='')}/tags/{quote(tag, safe='')}"
+        )
+    session.emit(answer, lambda: f"{short(job_id)} tags: {' '.join(answer['tags']) or '(none)'}")
+    return Exit.OK
+
+
+def run_note(session: Session) -> int:
+    args = session.args
+    job_id = resolve(session.client, args.job)
+    path = f"/v1/jobs/{quote(job_id, safe='')}/note"
+    answer = session.service("registry").call("PUT", path, {"note": args.text})
+    session.emit(answer, lambda: f"{short(job_id)} note: {answer['note'] or '(none)'}")
     return Exit.OK
 
 

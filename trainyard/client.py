@@ -107,6 +107,10 @@ class TrainyardClient:
         """The JSON answer of ``GET path`` (any endpoint of this base URL)."""
         return self._request("GET", path, params={k: v for k, v in params.items() if v is not None})
 
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        """The JSON answer of ``method path`` (with a JSON ``body``), for any endpoint."""
+        return self._request(method, path, **({} if body is None else {"json": body}))
+
     def list_jobs(self, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         """The team's newest ``limit`` jobs, newest first (optionally only those in
         ``status``). The server gives at most ``LIST_PAGE_MAX`` a request; more are fetched
