@@ -39,6 +39,9 @@ from shared.suggest import unknown_field
 API_VERSION = "trainyard.dev/v1"
 KIND = "Job"
 SCHEMA_FILE = "job.v1.json"
+MAX_VALUES = 200_000
+"""The most values a spec file may hold once YAML's aliases are expanded (a spec has a few
+thousand at most; an alias bomb has billions)."""
 
 Path_ = tuple[str | int, ...]
 
@@ -197,6 +200,10 @@ def _read_yaml(text: str, file: str) -> SpecFile:
 
 
 def _node_value(node: Node, path: Path_, spec: SpecFile, issues: list[SpecIssue]) -> Any:
+    if len(spec.values) >= MAX_VALUES or len(path) > 32:
+        raise SpecError(
+            spec.file, [SpecIssue(_field(path), f"too large: at most {MAX_VALUES} values, 32 deep")]
+        )
     spec.values[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
     if isinstance(node, MappingNode):
         out: dict[str, Any] = {}

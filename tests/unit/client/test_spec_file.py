@@ -138,3 +138,12 @@ def test_the_apis_field_errors_land_on_the_files_lines(tmp_path: Path) -> None:
 def test_an_unreadable_file(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="cannot read"):
         load(tmp_path / "nope.yaml")
+
+
+def test_an_alias_bomb_or_a_cycle_is_refused_quickly() -> None:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}]" for i in range(1, 12)]
+    (problem,) = _problems("\n".join(lines) + "\n")
+    assert "too large" in problem
+    (problem,) = _problems("name: &n [*n]\n")
+    assert "too large" in problem
