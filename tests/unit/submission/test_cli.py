@@ -1,4 +1,4 @@
-"""The ``trainyard`` CLI: readable output, and one-line errors with exit status 1."""
+"""The ``trainyard`` CLI: readable output, one-line errors, stable exit codes."""
 
 from __future__ import annotations
 
