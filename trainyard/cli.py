@@ -125,6 +125,9 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("--mine", action="store_true", help="only your own jobs")
     listing.add_argument("--project", help="only jobs of this project")
     listing.add_argument("--experiment", help="only runs of this experiment")
+    listing.add_argument(
+        "--label", type=cli_jobs.key_value, metavar="K=V", help="only jobs with this label"
+    )
     listing.add_argument("--limit", type=_positive, default=50, help="at most this many (50)")
     listing.add_argument("--after", metavar="CURSOR", help="the page after this cursor")
     listing.add_argument("--all", action="store_true", help="every page")

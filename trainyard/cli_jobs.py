@@ -344,6 +344,7 @@ def ls(session: Session) -> int:
         "user": user,
         "project": args.project,
         "experiment": args.experiment,
+        "label": "=".join(args.label) if args.label else None,
     }
     jobs: list[dict[str, Any]] = []
     cursor = args.after

@@ -63,6 +63,7 @@ from services.submission.objects import Objects
 from services.submission.ratelimit import RateLimiter
 from services.submission.schemas import (
     ID_PREFIX_PATTERN,
+    LABEL_FILTER_PATTERN,
     NAME_PATTERN,
     BundleStored,
     CreateUserRequest,
@@ -113,6 +114,9 @@ IdPrefix = Annotated[
     str | None, QueryParameter(pattern=ID_PREFIX_PATTERN, description="an id's beginning")
 ]
 NameQuery = Annotated[str | None, QueryParameter(min_length=1, max_length=100)]
+LabelQuery = Annotated[
+    str | None, QueryParameter(pattern=LABEL_FILTER_PATTERN, description="KEY=VALUE")
+]
 TeamName = Annotated[
     str | None, QueryParameter(pattern=NAME_PATTERN, description="operators: another team")
 ]
@@ -290,12 +294,16 @@ async def list_jobs(
     user: NameQuery = None,
     project: NameQuery = None,
     experiment: NameQuery = None,
+    label: LabelQuery = None,
 ) -> Response[list[JobSummary]]:
-    """The team's jobs, newest first, a page at a time; ``id_prefix``, ``user``, ``project``
-    and ``experiment`` narrow the list (all that are given must hold). When more follow, the
+    """The team's jobs, newest first, a page at a time; ``id_prefix``, ``user``, ``project``,
+    ``experiment`` and ``label`` (``KEY=VALUE``) narrow the list (all that are given must
+    hold). When more follow, the
     answer has ``Link: </v1/jobs?...&after=CURSOR>; rel="next"`` (same filters); the body
     stays a plain list. A cursor this endpoint did not give is a 422 on ``after``."""
-    filters = JobFilters(id_prefix=id_prefix, user=user, project=project, experiment=experiment)
+    filters = JobFilters(
+        id_prefix=id_prefix, user=user, project=project, experiment=experiment, label=label
+    )
     jobs, cursor = await commands.list_jobs(pool, caller, status, limit, after, filters)
     if cursor is None:
         return Response(jobs)

@@ -100,6 +100,7 @@ _FILTERS = {
     "user": "u.name = ${n}",
     "project": "coalesce(j.spec ->> 'project', 'default') = ${n}",
     "experiment": "j.spec ->> 'experiment' = ${n}",
+    "label": "j.spec -> 'labels' @> ${n}::jsonb",
 }
 """The conditions of ``GET /v1/jobs``'s filters: each narrows the walk of the team's index."""
 
@@ -121,7 +122,8 @@ def jobs_for_team_query(
         params.append(status)
         where.append(f"j.status = ${len(params)}")
     for name, value in sorted((filters or {}).items()):
-        params.append(value)
+        key, _, label_value = value.partition("=")
+        params.append({key: label_value} if name == "label" else value)
         where.append(_FILTERS[name].format(n=len(params)))
     if after is not None:
         params.extend(after)

@@ -611,6 +611,8 @@ def parse_idempotency_key(value: str | None) -> str | None:
 
 
 ID_PREFIX_PATTERN = r"^[0-9a-f][0-9a-f-]{0,35}$"
+LABEL_FILTER_PATTERN = r"^[^=\x00-\x1f]{1,317}=[^\x00-\x1f]{0,200}$"
+"""``GET /v1/jobs?label=KEY=VALUE``."""
 """A job id's beginning, as ``GET /v1/jobs?id_prefix=`` takes it (lower-case hex and ``-``)."""
 
 
@@ -625,6 +627,8 @@ class JobFilters(BaseModel):
     user: str | None = None
     project: str | None = None
     experiment: str | None = None
+    label: str | None = None
+    """``KEY=VALUE``: jobs whose spec has that label."""
 
     def query(self) -> dict[str, str]:
         """The filters given, as query parameters (for the next page's link)."""

@@ -22,8 +22,10 @@ async def _list(submission: Submission, token: str | None = None, **query: Any) 
 async def test_filters_narrow_the_list_and_pages_keep_them(submission: Submission) -> None:
     plain = await submission.submit()
     tracked = [
-        await submission.submit({**SPEC, "project": "vision", "experiment": "sweep"})
-        for _ in range(3)
+        await submission.submit(
+            {**SPEC, "project": "vision", "experiment": "sweep", "labels": {"lr": str(i)}}
+        )
+        for i in range(3)
     ]
     everything = await _list(submission)
     assert {j["id"] for j in everything} == {plain["id"], *(t["id"] for t in tracked)}
@@ -36,6 +38,10 @@ async def test_filters_narrow_the_list_and_pages_keep_them(submission: Submissio
         j for j in everything if j["id"] == plain["id"]
     ]
     assert await _list(submission, experiment="nope") == []
+    (one,) = await _list(submission, label="lr=1")
+    assert one["id"] == tracked[1]["id"]
+    assert await _list(submission, label="lr=9") == []
+    assert await _list(submission, label="lr=") == []
     assert len(await _list(submission, user="alice")) == 4
     assert await _list(submission, user="bob") == []
 
@@ -62,6 +68,15 @@ async def test_an_id_prefix_is_hex_and_dashes(submission: Submission, prefix: st
     )
     assert response.status_code == 422, response.text
     assert [e["field"] for e in response.json()["errors"]] == ["id_prefix"]
+
+
+async def test_a_label_filter_is_key_equals_value(submission: Submission) -> None:
+    for bad in ("nolabel", "=v", "k=a\nb"):
+        response = await submission.client.get(
+            "/v1/jobs", params={"label": bad}, headers=submission.auth()
+        )
+        assert response.status_code == 422, (bad, response.text)
+        assert [e["field"] for e in response.json()["errors"]] == ["label"]
 
 
 async def test_a_summary_says_why_a_job_waits(submission: Submission) -> None:

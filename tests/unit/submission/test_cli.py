@@ -468,9 +468,11 @@ def test_wait_exits_with_the_jobs_final_state(
 def test_ls_pages_and_filters(
     api: Seen, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(["ls", "--all", "--user", "alice", "--project", "p", "--json"]) == 0
+    argv = ["ls", "--all", "--user", "alice", "--project", "p", "--label", "a=b=c", "--json"]
+    assert cli.main(argv) == 0
     params = api[-1].url.params
     assert (params["limit"], params["user"], params["project"]) == ("500", "alice", "p")
+    assert params["label"] == "a=b=c"
     assert [j["id"] for j in json.loads(capsys.readouterr().out)] == ["job-1"]
     assert cli.main(["ls", "--user", "bob", "--json"]) == 0  # held to it here too
     assert json.loads(capsys.readouterr().out) == []
