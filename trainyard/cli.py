@@ -100,7 +100,9 @@ def _parser() -> argparse.ArgumentParser:
     _login_commands(command, common)
     submit = command("submit", cli_jobs.submit, "submit a job spec file (YAML or JSON)")
     submit.add_argument(
-        "file", type=Path, help="job spec (YAML or JSON), e.g. examples/digits.job.yaml"
+        "file",
+        type=Path,
+        help="job spec (YAML or JSON), e.g. examples/digits.job.yaml; - reads stdin",
     )
     _follow_options(submit)
     submit.add_argument("--idempotency-key", help="submit at most once under this key")

@@ -30,7 +30,7 @@ from trainyard.cli_render import (
     why,
 )
 from trainyard.client import LIST_PAGE_MAX, SETTLE_SECONDS, TrainyardClient, TrainyardError
-from trainyard.spec import SpecFile, load
+from trainyard.spec import SpecFile, load, parse
 
 LOG_POLL_SECONDS = 1.0
 ESTIMATE_WAIT_SECONDS = 2.0
@@ -71,11 +71,19 @@ def key_value(value: str) -> tuple[str, str]:
 
 def submit(session: Session) -> int:
     args = session.args
-    loaded = load(args.file, warn=lambda message: note(f"warning: {message}"))
+
+    def warn(message: str) -> None:
+        note(f"warning: {message}")
+
+    if str(args.file) == "-":  # the spec from stdin (a script that writes specs)
+        loaded = parse(sys.stdin.read(), "<stdin>", warn)
+    else:
+        loaded = load(args.file, warn)
     spec = _overridden(loaded.spec, args)
     client = session.client
     if not args.no_code and "code" not in spec:
-        workdir = args.workdir if args.workdir is not None else args.file.parent
+        here = Path.cwd() if str(args.file) == "-" else args.file.parent
+        workdir = args.workdir if args.workdir is not None else here
         spec["code"] = upload_code(client, workdir, session.settings.bundle_max_bytes)
     return _submitted(session, spec, loaded)
 

@@ -476,3 +476,18 @@ def test_ls_pages_and_filters(
     assert [j["id"] for j in json.loads(capsys.readouterr().out)] == ["job-1"]
     assert cli.main(["ls", "--user", "bob", "--json"]) == 0  # held to it here too
     assert json.loads(capsys.readouterr().out) == []
+
+
+def test_submit_reads_a_spec_from_stdin(
+    api: Seen, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import io
+
+    monkeypatch.setattr(
+        "sys.stdin", io.StringIO("name: piped\nentrypoint: t\ngpus: 1\ngpu_flavor: cpu\n")
+    )
+    assert cli.main(["submit", "-", "--no-code"]) == 0
+    assert api.submitted()[-1]["name"] == "piped"
+    monkeypatch.setattr("sys.stdin", io.StringIO("name: piped\ngpu: 1\n"))
+    assert cli.main(["submit", "-", "--no-code"]) == 1
+    assert "<stdin>:2:1: gpu: unknown field 'gpu': did you mean 'gpus'?" in capsys.readouterr().err
