@@ -4,7 +4,7 @@ non-finite floats travel in JSON.
 
 Contract:
 - ``metric_goal``: a metric is minimized or maximized. The job's labels decide first:
-  ``trainyard.io/minimize`` and ``trainyard.io/maximize`` each list metric keys, comma
+  ``trainyard.dev/minimize`` and ``trainyard.dev/maximize`` each list metric keys, comma
   separated. Otherwise a key with a word (split at anything but letters and digits) that is,
   or ends in, ``loss`` or ``error``, or is one of ``err``, ``nll``, ``perplexity``, ``ppl``,
   ``mse``, ``mae``, ``rmse``, ``wer``, ``cer``, ``latency``, ``regret``, is minimized; every
@@ -38,8 +38,8 @@ from typing import Literal, NamedTuple
 Goal = Literal["min", "max"]
 JsonFloat = float | Literal["NaN", "Infinity", "-Infinity"]
 
-MINIMIZE_LABEL = "trainyard.io/minimize"
-MAXIMIZE_LABEL = "trainyard.io/maximize"
+MINIMIZE_LABEL = "trainyard.dev/minimize"
+MAXIMIZE_LABEL = "trainyard.dev/maximize"
 _LOWER_IS_BETTER = frozenset(
     {"err", "nll", "perplexity", "ppl", "mse", "mae", "rmse", "wer", "cer", "latency", "regret"}
 )

@@ -44,7 +44,7 @@ def test_goal_by_name(key: str, goal: str) -> None:
 
 
 def test_labels_override_the_name_rule() -> None:
-    labels = {"trainyard.io/maximize": "neg_loss, x", "trainyard.io/minimize": "score"}
+    labels = {"trainyard.dev/maximize": "neg_loss, x", "trainyard.dev/minimize": "score"}
     assert metric_goal("neg_loss", labels) == "max"
     assert metric_goal("score", labels) == "min"
     assert metric_goal("x", labels) == "max"
