@@ -118,17 +118,8 @@ class TrainyardClient:
         jobs: list[dict[str, Any]] = []
         after: str | None = None
         while len(jobs) < limit:
-            params: dict[str, str | int] = {"limit": min(limit - len(jobs), LIST_PAGE_MAX)}
-            if status:
-                params["status"] = status
-            if after:
-                params["after"] = after
-            response = self._response("GET", "/v1/jobs", params=params)
-            page = _json(response)
-            if not isinstance(page, list):
-                raise TrainyardError(0, "unexpected response: expected a list of jobs")
+            page, after = self.list_page(limit - len(jobs), after, status=status)
             jobs.extend(page)
-            after = httpx.URL(response.links.get("next", {}).get("url", "")).params.get("after")
             if not after or not page:
                 break
         return jobs

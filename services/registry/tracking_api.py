@@ -18,6 +18,7 @@ parameters answer 422 naming the parameter (the platform's rule, ``shared.http_e
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -266,15 +267,10 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
     async def put_tag(
         job_id: FromPath[str], tag: FromPath[str], principal: Caller
     ) -> RunAnnotations:
-        check_tag(tag)
-        async with pool.acquire() as conn, conn.transaction():
-            await visible_job(conn, job_id, principal)
-            if await repo.add_tag(conn, job_id, tag, datetime.now(UTC)) and audit.must_record(
-                principal
-            ):
-                await audit.record(conn, principal, "tag run", job_id, {"tag": tag})
-            tags, note = await repo.tags_and_note(conn, job_id)
-        return RunAnnotations(job_id=job_id, tags=tags, note=note)
+        async def add(conn: asyncpg.Connection) -> bool:
+            return await repo.add_tag(conn, job_id, tag, datetime.now(UTC))
+
+        return await retag(job_id, tag, principal, add, "tag run")
 
     @delete(
         "/v1/jobs/{job_id:str}/tags/{tag:str}",
@@ -286,11 +282,25 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
     async def delete_tag(
         job_id: FromPath[str], tag: FromPath[str], principal: Caller
     ) -> RunAnnotations:
+        async def remove(conn: asyncpg.Connection) -> bool:
+            return await repo.remove_tag(conn, job_id, tag)
+
+        return await retag(job_id, tag, principal, remove, "untag run")
+
+    async def retag(
+        job_id: str,
+        tag: str,
+        principal: Principal,
+        change: Callable[[asyncpg.Connection], Awaitable[bool]],
+        action: str,
+    ) -> RunAnnotations:
+        """Apply ``change`` to a run the caller may see; audit it when it changed something
+        and the caller's writes are audited; answer the run's tags and note."""
         check_tag(tag)
         async with pool.acquire() as conn, conn.transaction():
             await visible_job(conn, job_id, principal)
-            if await repo.remove_tag(conn, job_id, tag) and audit.must_record(principal):
-                await audit.record(conn, principal, "untag run", job_id, {"tag": tag})
+            if await change(conn) and audit.must_record(principal):
+                await audit.record(conn, principal, action, job_id, {"tag": tag})
             tags, note = await repo.tags_and_note(conn, job_id)
         return RunAnnotations(job_id=job_id, tags=tags, note=note)
 
