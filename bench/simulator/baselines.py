@@ -1,0 +1,184 @@
+"""``python -m bench.simulator.baselines``: every policy side by side on the same trace(s).
+
+Runs FIFO, FIFO + EASY backfill, Tiresias-style 2D-LAS, max-min fair share, the platform's
+policy ("ours") and the SRTF oracle (true durations: a bound, not a contender) on the same
+jobs, cluster, queues and engine settings as ``python -m bench.simulator``; prints one table
+per trace (rows: policies) and the per-team JCT ratios against FIFO, and writes
+``bench/results/simulator_baselines.json`` with repository-relative paths only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.simulator import scorecard
+from bench.simulator.__main__ import _Progress
+from bench.simulator.cluster import build_cluster
+from bench.simulator.easy import easy_backfill
+from bench.simulator.engine import Policy, SimConfig, simulate
+from bench.simulator.las import LasConfig, TiresiasLas
+from bench.simulator.maxmin import max_min_fair
+from bench.simulator.metrics import summarize
+from bench.simulator.policies import PRIORITY, fifo, ours, team_queues
+from bench.simulator.srtf import SrtfOracle
+from bench.simulator.trace import TraceJob, cluster_gpus, load_trace
+from services.scheduler.policy.model import PolicyConfig
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "gavel-msr-seed0"
+DEFAULT_OUT = REPO / "bench" / "results" / "simulator_baselines.json"
+POLICIES = ("fifo", "easy", "las", "maxmin", "ours", "srtf")
+ORACLES = frozenset({"srtf"})
+LABELS = {
+    "fifo": "FIFO",
+    "easy": "FIFO + EASY backfill",
+    "las": "Tiresias 2D-LAS",
+    "maxmin": "max-min fair share",
+    "ours": "Trainyard (ours)",
+    "srtf": "SRTF, true durations",
+}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.simulator.baselines", description=__doc__)
+    p.add_argument("--trace-dir", type=Path, action="append", help="repeatable")
+    p.add_argument("--limit", type=int, default=None, help="first N jobs by arrival")
+    p.add_argument("--seed", type=int, default=0, help="seed of the declared-runtime factors")
+    p.add_argument("--checkpoint-min", type=float, default=30.0, help="0: never checkpoint")
+    p.add_argument("--grace-s", type=float, default=PolicyConfig().grace_s)
+    p.add_argument("--min-pass-interval-s", type=float, default=300.0)
+    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated, fifo first")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    return p.parse_args(argv)
+
+
+def make_policy(name: str, jobs: Sequence[TraceJob], grace_s: float) -> Policy:
+    """A fresh policy (stateful ones keep per-run state)."""
+    factories: dict[str, Callable[[], Policy]] = {
+        "fifo": lambda: fifo,
+        "easy": lambda: easy_backfill,
+        "las": lambda: TiresiasLas(LasConfig(grace_s=grace_s)),
+        "maxmin": lambda: max_min_fair,
+        "ours": lambda: ours(replace(PolicyConfig(), grace_s=grace_s)),
+        "srtf": lambda: SrtfOracle(jobs),
+    }
+    return factories[name]()
+
+
+def run_trace(args: argparse.Namespace, trace_dir: Path, names: list[str]) -> dict[str, Any]:
+    jobs = load_trace(trace_dir, seed=args.seed, limit=args.limit)
+    total = cluster_gpus(trace_dir)
+    nodes = build_cluster(total)
+    queues = team_queues({j.team for j in jobs}, total)
+    config = SimConfig(
+        checkpoint_s=args.checkpoint_min * 60 if args.checkpoint_min > 0 else math.inf,
+        grace_s=args.grace_s,
+        half_life_s=PolicyConfig().half_life_s,
+        min_pass_interval_s=args.min_pass_interval_s,
+        priority=PRIORITY.name,
+    )
+    print(f"\n{_rel(trace_dir)}: {len(jobs):,} jobs, {len(queues)} teams, {total} GPUs", flush=True)
+    cards: list[scorecard.Scorecard] = []
+    runs: dict[str, dict[str, Any]] = {}
+    fifo_summary = None
+    for name in names:
+        policy = make_policy(name, jobs, args.grace_s)
+        result = simulate(jobs, nodes, queues, (PRIORITY,), policy, config, _Progress(name))
+        summary = summarize(result.outcomes, total, result.busy_gpu_s)
+        fifo_summary = fifo_summary or summary
+        card = scorecard.scorecard(
+            LABELS[name], summary, result.outcomes, fifo_summary, oracle=name in ORACLES
+        )
+        cards.append(card)
+        runs[name] = {
+            "scorecard": _finite(asdict(card)),
+            "passes": result.passes,
+            "policy_s": round(result.policy_s, 3),
+            "wall_s": round(result.wall_s, 3),
+            "unfinished": len(result.unfinished),
+        }
+        print(
+            f"  {name}: {result.passes:,} passes, {result.policy_s:.1f} s in the policy, "
+            f"{result.wall_s:.1f} s wall, {len(result.unfinished)} unfinished",
+            flush=True,
+        )
+    team_jobs = {t: s.jobs for t, s in (fifo_summary.teams.items() if fifo_summary else ())}
+    print()
+    print(scorecard.table(cards))
+    print()
+    print(scorecard.team_table(cards, team_jobs))
+    return {
+        "trace": _rel(trace_dir),
+        "jobs": len(jobs),
+        "limit": args.limit,
+        "gpus": total,
+        "teams": len(queues),
+        "team_jobs": team_jobs,
+        "policies": runs,
+    }
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    if not names or names[0] != "fifo" or not set(names) <= set(POLICIES):
+        raise SystemExit(f"--policies: fifo first, then any of {', '.join(POLICIES)}")
+    traces = [_trace_results(args, t, names) for t in args.trace_dir or [DEFAULT_TRACE]]
+    doc = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "arch": platform.machine(),
+            "cpus": _cpus(),
+            "python": platform.python_version(),
+        },
+        "command": "python -m bench.simulator.baselines " + " ".join(argv),
+        "seed": args.seed,
+        "settings": {
+            "checkpoint_min": args.checkpoint_min,
+            "grace_s": args.grace_s,
+            "min_pass_interval_s": args.min_pass_interval_s,
+            "las": asdict(LasConfig(grace_s=args.grace_s)),
+            "oracles": sorted(ORACLES),
+        },
+        "traces": traces,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"\nwrote {_rel(args.out)}")
+    return 0 if all(r["unfinished"] == 0 for t in traces for r in t["policies"].values()) else 1
+
+
+def _trace_results(args: argparse.Namespace, trace_dir: Path, names: list[str]) -> dict[str, Any]:
+    return run_trace(args, trace_dir, names)
+
+
+def _rel(path: Path) -> str:
+    """``path`` relative to the repository (no machine path in the output)."""
+    return os.path.relpath(path.resolve(), REPO)
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no infinity or NaN: such numbers are written as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
