@@ -7,6 +7,7 @@
     trainyard token revoke TOKEN_ID                  revoke a token at once
     trainyard user list [--team T]                   the team's users (admins)
     trainyard user add NAME [--role R] [--team T]    a user and its first token (admins)
+    trainyard user role NAME ROLE [--team T]         give a user another role (admins)
     trainyard user disable NAME [--team T]           disable a user, revoke its tokens (admins)
     trainyard audit [--limit N] [--before ID]        the submission service's audit log
                                                      (operators)
@@ -40,7 +41,9 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         made.add_argument("--days", type=int, help="lifetime in days (server default: 90)")
     revoke = tokens.add_parser("revoke", parents=[common], help="revoke a token by id")
     revoke.add_argument("token_id", type=int)
-    user = commands.add_parser("user", parents=[common], help="list, add, disable users")
+    user = commands.add_parser(
+        "user", parents=[common], help="list, add, change the role of, disable users"
+    )
     users = user.add_subparsers(dest="action", required=True, metavar="ACTION")
     users.add_parser("list", parents=[common], help="the team's users").add_argument(
         "--team", help="another team (operators)"
@@ -49,6 +52,10 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     add.add_argument("name")
     add.add_argument("--role", choices=ROLES, default="member")
     add.add_argument("--team", help="another team (operators)")
+    role = users.add_parser("role", parents=[common], help="give a user another role")
+    role.add_argument("name")
+    role.add_argument("role", choices=ROLES)
+    role.add_argument("--team", help="another team (operators)")
     disable = users.add_parser("disable", parents=[common], help="disable a user")
     disable.add_argument("name")
     disable.add_argument("--team", help="another team (operators)")
@@ -89,6 +96,9 @@ def _user(client: TrainyardClient, args: argparse.Namespace, as_json: bool) -> A
     if args.action == "add":
         made = client.create_user(args.name, args.role, team=args.team)
         return made if as_json else str(made["token"])
+    if args.action == "role":
+        changed = client.change_role(args.name, args.role, team=args.team)
+        return changed if as_json else f"user {args.name} is {changed['role']} now"
     client.disable_user(args.name, team=args.team)
     return {"disabled": args.name} if as_json else f"user {args.name} disabled, tokens revoked"
 

@@ -167,6 +167,11 @@ class TrainyardClient:
         body = {"name": name, "role": role, **({"team": team} if team else {})}
         return self._object("POST", "/v1/admin/users", json=body)
 
+    def change_role(self, name: str, role: str, team: str | None = None) -> dict[str, Any]:
+        params = {"team": team} if team else {}
+        path = f"/v1/admin/users/{_segment(name)}"
+        return self._object("PATCH", path, json={"role": role}, params=params)
+
     def disable_user(self, name: str, team: str | None = None) -> None:
         params = {"team": team} if team else {}
         self._response("DELETE", f"/v1/admin/users/{_segment(name)}", params=params)

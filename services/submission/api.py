@@ -37,7 +37,7 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 
 import asyncpg
-from litestar import Litestar, Request, Response, Router, delete, get, head, post, put
+from litestar import Litestar, Request, Response, Router, delete, get, head, patch, post, put
 from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency, Provide
 from litestar.exceptions import HTTPException, NotAuthorizedException
@@ -72,6 +72,7 @@ from services.submission.schemas import (
     JobSummary,
     JobView,
     LogPage,
+    RoleChange,
     UserCreated,
     parse_idempotency_key,
     parse_job_request,
@@ -173,6 +174,25 @@ async def create_user(request: AnyRequest, pool: Pool, caller: Me, settings: Con
 @get("/admin/users", opt=needs(Role.ADMIN), responses=error_responses(404))
 async def list_users(pool: Pool, caller: Me, team: TeamName = None) -> list[UserView]:
     return await identity.list_users(pool, caller, team)
+
+
+@patch(
+    "/admin/users/{name:str}",
+    request_max_body_size=None,
+    opt=needs(Role.ADMIN),
+    operation_class=json_request_body(RoleChange),
+    responses=error_responses(404, 409, 413, 415),
+)
+async def change_role(
+    name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
+    request: AnyRequest,
+    pool: Pool,
+    caller: Me,
+    team: TeamName = None,
+) -> UserView:
+    """Give a user another role (effective from its tokens' next request)."""
+    body = parse_body(RoleChange, await json_body(request))
+    return await identity.change_role(pool, caller, _name("name", name), team, Role(body.role))
 
 
 @delete(
@@ -497,6 +517,7 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
             whoami,
             create_user,
             list_users,
+            change_role,
             disable_user,
             list_tokens,
             create_token,

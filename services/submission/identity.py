@@ -206,6 +206,41 @@ async def disable_user(pool: asyncpg.Pool, caller: Caller, name: str, team: str 
         await audit.record(conn, caller.principal, "disable user", f"{team or caller.team}/{name}")
 
 
+async def change_role(
+    pool: asyncpg.Pool, caller: Caller, name: str, team: str | None, role: Role
+) -> UserView:
+    """Give a user of the caller's team (operators: any team) another role, from its tokens'
+    next request on (no token caches a role). Nobody changes their own role, and only
+    operators make or unmake operators. Audited with the old and the new role."""
+    caller.require(Role.ADMIN, "changing roles")
+    shown = team or caller.team
+    async with pool.acquire() as conn, conn.transaction():
+        team_id = await _team_in_reach(conn, caller, team)
+        row = await repo.user(conn, team_id, name)
+        if row is None:
+            raise NotFound(f"no user {name!r} in team {shown!r}")
+        if row["id"] == caller.user_id:
+            raise Conflict("you cannot change your own role; ask another admin")
+        if Role.OPERATOR in (role, row["role"]) and not caller.principal.is_operator:
+            raise Forbidden("only operators make or unmake operators")
+        if row["role"] != role:
+            await repo.set_role(conn, row["id"], str(role))
+            await audit.record(
+                conn,
+                caller.principal,
+                "change role",
+                f"{shown}/{name}",
+                {"from": row["role"], "to": str(role)},
+            )
+    return UserView(
+        name=row["name"],
+        team=shown,
+        role=str(role),
+        created_at=row["created_at"],
+        disabled_at=row["disabled_at"],
+    )
+
+
 def _token_view(row: asyncpg.Record) -> TokenView:
     return TokenView(
         id=row["id"],

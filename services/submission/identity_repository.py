@@ -65,6 +65,10 @@ async def users(conn: asyncpg.Connection, team_id: int) -> list[asyncpg.Record]:
     return rows
 
 
+async def set_role(conn: asyncpg.Connection, user_id: int, role: str) -> None:
+    await conn.execute("UPDATE users SET role = $2 WHERE id = $1", user_id, role)
+
+
 async def disable_user(conn: asyncpg.Connection, user_id: int, at: datetime) -> None:
     """Disable the user and revoke every token it holds."""
     await conn.execute(

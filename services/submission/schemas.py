@@ -424,6 +424,18 @@ class JobRequest(BaseModel):
         return JobSpec(**fields, user=user, team=team)
 
 
+RoleName = Literal["viewer", "member", "admin", "operator"]
+
+
+class RoleChange(BaseModel):
+    """The body of ``PATCH /v1/admin/users/{name}``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    role: RoleName
+    """The user's new role; its tokens carry it from their next request."""
+
+
 class CreateUserRequest(BaseModel):
     """The body of ``POST /v1/admin/users``."""
 
@@ -433,7 +445,7 @@ class CreateUserRequest(BaseModel):
     team: Name | None = None
     """Defaults to the caller's team; admins create users in their own team only, operators
     in any."""
-    role: Literal["viewer", "member", "admin", "operator"] = "member"
+    role: RoleName = "member"
     """viewer reads; member also submits and cancels its own jobs; admin also manages the
     team's users and tokens and cancels any of its jobs; operator (created by operators
     only) runs the platform."""

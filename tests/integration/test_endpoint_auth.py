@@ -83,6 +83,7 @@ POLICY: dict[str, dict[tuple[str, str], Role]] = {
         ("DELETE", "/v1/tokens/{token_id:int}"): V,
         ("GET", "/v1/admin/users"): A,
         ("POST", "/v1/admin/users"): A,
+        ("PATCH", "/v1/admin/users/{name:str}"): A,
         ("DELETE", "/v1/admin/users/{name:str}"): A,
         ("GET", "/v1/audit"): OP,
     },
@@ -458,6 +459,15 @@ async def test_another_teams_token_sees_nothing_and_changes_nothing(world: World
         response = await call(world.apps[service], method, path, vision)
         if response.status_code != 404:
             wrong.append(f"{service} {method} {path}: {response.status_code}")
+    promote = await call(
+        submission,
+        "PATCH",
+        "/v1/admin/users/member?team=ml",
+        vision,
+        content_json={"role": "admin"},
+    )
+    if promote.status_code != 404:
+        wrong.append(f"submission PATCH /v1/admin/users/member?team=ml: {promote.status_code}")
     assert not wrong, "\n".join(wrong)
     listed = await call(submission, "GET", "/v1/jobs", vision)
     assert listed.json() == [] or all(j["id"] != job for j in listed.json())

@@ -279,6 +279,47 @@ async def test_admin_creates_members_who_cannot_create_users(submission: Submiss
     assert {e["field"] for e in invalid.json()["errors"]} == {"name", "role"}
 
 
+async def test_an_admin_changes_a_users_role_from_its_next_request_on(
+    submission: Submission,
+) -> None:
+    """The role a token carries is read on every request: no token is reissued, and the
+    change is audited with the old and the new role."""
+    admin = submission.auth()
+    created = await submission.client.post("/v1/admin/users", json={"name": "carol"}, headers=admin)
+    carol = submission.auth(created.json()["token"])
+    assert (await submission.client.post("/v1/jobs", json=SPEC, headers=carol)).status_code == 201
+
+    def change(name: str, role: object, headers: dict[str, str] = admin) -> Any:
+        return submission.client.patch(
+            f"/v1/admin/users/{name}", json={"role": role}, headers=headers
+        )
+
+    demoted = await change("carol", "viewer")
+    assert demoted.status_code == 200, demoted.text
+    assert (demoted.json()["name"], demoted.json()["role"]) == ("carol", "viewer")
+    assert (await submission.client.post("/v1/jobs", json=SPEC, headers=carol)).status_code == 403
+    assert (await submission.client.get("/v1/jobs", headers=carol)).status_code == 200
+    assert (await change("carol", "member")).status_code == 200
+    assert (await submission.client.post("/v1/jobs", json=SPEC, headers=carol)).status_code == 201
+
+    assert (await change("alice", "viewer")).status_code == 409  # not one's own role
+    assert (await change("carol", "operator")).status_code == 403  # operators make operators
+    assert (await change("carol", "admin", carol)).status_code == 403  # members manage nobody
+    assert (await change("nobody", "viewer")).status_code == 404
+    invalid = await change("carol", "root")
+    assert invalid.status_code == 422
+    assert [e["field"] for e in invalid.json()["errors"]] == ["role"]
+
+    async with submission.pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT target, detail FROM audit_log WHERE action = 'change role' ORDER BY id"
+        )
+    assert [(r["target"], r["detail"]) for r in rows] == [
+        ("ml/carol", {"from": "member", "to": "viewer"}),
+        ("ml/carol", {"from": "viewer", "to": "member"}),
+    ]
+
+
 async def test_tokens_are_stored_hashed(submission: Submission) -> None:
     async with submission.pool.acquire() as conn:
         stored = [r["token_hash"] for r in await conn.fetch("SELECT token_hash FROM tokens")]

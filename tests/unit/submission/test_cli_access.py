@@ -54,6 +54,9 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> list[httpx.Request]:
             return httpx.Response(
                 201, json={"user": "bo", "team": "ml", "role": "viewer", "token": "ty_bo"}
             )
+        if path.startswith("/v1/admin/users/") and method == "PATCH":
+            role = json.loads(request.content)["role"]
+            return httpx.Response(200, json={"name": "bo", "team": "ml", "role": role})
         if path == "/v1/audit":
             return httpx.Response(
                 403,
@@ -96,6 +99,19 @@ def test_revoke_and_user_add(seen: list[httpx.Request], capsys: pytest.CaptureFi
     assert cli.main(["user", "add", "bo", "--role", "viewer"]) == 0
     assert json.loads(seen[-1].content) == {"name": "bo", "role": "viewer"}
     assert capsys.readouterr().out.splitlines() == ["token 12 revoked", "ty_bo"]
+
+
+def test_user_role_sends_the_new_role_to_the_users_path(
+    seen: list[httpx.Request], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["user", "role", "bo", "admin", "--team", "ml"]) == 0
+    assert (seen[-1].method, seen[-1].url.path) == ("PATCH", "/v1/admin/users/bo")
+    assert seen[-1].url.params["team"] == "ml"
+    assert json.loads(seen[-1].content) == {"role": "admin"}
+    assert capsys.readouterr().out == "user bo is admin now\n"
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["user", "role", "bo", "root"])
+    assert refused.value.code == 2  # usage: not a role
 
 
 def test_a_refusal_is_one_line_naming_the_role(
