@@ -58,16 +58,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--grace-s", type=float, default=PolicyConfig().grace_s)
     p.add_argument("--min-pass-interval-s", type=float, default=300.0)
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated, fifo first")
+    p.add_argument(
+        "--las-thresholds-gpu-h",
+        default=",".join(f"{t / 3600:g}" for t in LasConfig().thresholds_gpu_s),
+        help="2D-LAS queue bounds in GPU-hours, comma-separated",
+    )
+    p.add_argument("--las-promote-knob", type=float, default=LasConfig().promote_knob)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p.parse_args(argv)
 
 
-def make_policy(name: str, jobs: Sequence[TraceJob], grace_s: float) -> Policy:
+def las_config(args: argparse.Namespace) -> LasConfig:
+    bounds = tuple(float(t) * 3600 for t in args.las_thresholds_gpu_h.split(",") if t.strip())
+    return LasConfig(bounds, args.las_promote_knob, args.grace_s)
+
+
+def make_policy(name: str, jobs: Sequence[TraceJob], grace_s: float, las: LasConfig) -> Policy:
     """A fresh policy (stateful ones keep per-run state)."""
     factories: dict[str, Callable[[], Policy]] = {
         "fifo": lambda: fifo,
         "easy": lambda: easy_backfill,
-        "las": lambda: TiresiasLas(LasConfig(grace_s=grace_s)),
+        "las": lambda: TiresiasLas(las),
         "maxmin": lambda: max_min_fair,
         "ours": lambda: ours(replace(PolicyConfig(), grace_s=grace_s)),
         "srtf": lambda: SrtfOracle(jobs),
@@ -92,7 +103,7 @@ def run_trace(args: argparse.Namespace, trace_dir: Path, names: list[str]) -> di
     runs: dict[str, dict[str, Any]] = {}
     fifo_summary = None
     for name in names:
-        policy = make_policy(name, jobs, args.grace_s)
+        policy = make_policy(name, jobs, args.grace_s, las_config(args))
         result = simulate(jobs, nodes, queues, (PRIORITY,), policy, config, _Progress(name))
         summary = summarize(result.outcomes, total, result.busy_gpu_s)
         fifo_summary = fifo_summary or summary
@@ -141,13 +152,13 @@ def main(argv: list[str]) -> int:
             "cpus": _cpus(),
             "python": platform.python_version(),
         },
-        "command": "python -m bench.simulator.baselines " + " ".join(argv),
+        "command": " ".join(["python -m bench.simulator.baselines", *argv]),
         "seed": args.seed,
         "settings": {
             "checkpoint_min": args.checkpoint_min,
             "grace_s": args.grace_s,
             "min_pass_interval_s": args.min_pass_interval_s,
-            "las": asdict(LasConfig(grace_s=args.grace_s)),
+            "las": asdict(las_config(args)),
             "oracles": sorted(ORACLES),
         },
         "traces": traces,
