@@ -144,7 +144,7 @@ def main(argv: list[str]) -> int:
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     if not names or names[0] != "fifo" or not set(names) <= set(POLICIES):
         raise SystemExit(f"--policies: fifo first, then any of {', '.join(POLICIES)}")
-    traces = [_trace_results(args, t, names) for t in args.trace_dir or [DEFAULT_TRACE]]
+    traces = [run_trace(args, t, names) for t in args.trace_dir or [DEFAULT_TRACE]]
     doc = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {
@@ -167,10 +167,6 @@ def main(argv: list[str]) -> int:
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"\nwrote {_rel(args.out)}")
     return 0 if all(r["unfinished"] == 0 for t in traces for r in t["policies"].values()) else 1
-
-
-def _trace_results(args: argparse.Namespace, trace_dir: Path, names: list[str]) -> dict[str, Any]:
-    return run_trace(args, trace_dir, names)
 
 
 def _rel(path: Path) -> str:
