@@ -152,7 +152,7 @@ def main(argv: list[str]) -> int:
             "cpus": _cpus(),
             "python": platform.python_version(),
         },
-        "command": " ".join(["python -m bench.simulator.baselines", *argv]),
+        "command": " ".join(["python -m bench.simulator.baselines", *map(_rel_arg, argv)]),
         "seed": args.seed,
         "settings": {
             "checkpoint_min": args.checkpoint_min,
@@ -172,6 +172,12 @@ def main(argv: list[str]) -> int:
 def _rel(path: Path) -> str:
     """``path`` relative to the repository (no machine path in the output)."""
     return os.path.relpath(path.resolve(), REPO)
+
+
+def _rel_arg(arg: str) -> str:
+    """A command-line argument with any absolute path made repository-relative."""
+    flag, eq, value = arg.rpartition("=") if arg.startswith("--") else ("", "", arg)
+    return f"{flag}{eq}{_rel(Path(value))}" if os.path.isabs(value) else arg
 
 
 def _cpus() -> int:
