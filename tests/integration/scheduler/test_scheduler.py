@@ -92,7 +92,7 @@ async def test_job_that_does_not_fit_pends_then_gets_the_gpus(scheduler: Schedul
     assert pending.job_id == "job-2"
     assert pending.position == 1
     assert pending.reason == (
-        "needs 2 cpu GPUs on one node; no cpu GPU is free; they are held by job-1 (vision); "
+        "needs 2 cpu GPUs on one node; no cpu GPU is free; they are held by job-1; "
         "expected start in ~60 min"
     )
     assert pending.blocking == "job-1"
