@@ -190,16 +190,24 @@ async def list_users(pool: asyncpg.Pool, caller: Caller, team: str | None) -> li
     ]
 
 
+async def _other_user(
+    conn: asyncpg.Connection, caller: Caller, name: str, team: str | None, what: str
+) -> asyncpg.Record:
+    """The user ``name`` of ``team`` (default: the caller's) that the caller may manage:
+    ``NotFound`` outside its reach, ``Conflict`` when it is the caller (``you cannot what``)."""
+    row = await repo.user(conn, await _team_in_reach(conn, caller, team), name)
+    if row is None:
+        raise NotFound(f"no user {name!r} in team {team or caller.team!r}")
+    if row["id"] == caller.user_id:
+        raise Conflict(f"you cannot {what}; ask another admin")
+    return row
+
+
 async def disable_user(pool: asyncpg.Pool, caller: Caller, name: str, team: str | None) -> None:
     """Disable a user of the caller's team (operators: any team) and revoke its tokens."""
     caller.require(Role.ADMIN, "disabling users")
     async with pool.acquire() as conn, conn.transaction():
-        team_id = await _team_in_reach(conn, caller, team)
-        row = await repo.user(conn, team_id, name)
-        if row is None:
-            raise NotFound(f"no user {name!r} in team {team or caller.team!r}")
-        if row["id"] == caller.user_id:
-            raise Conflict("you cannot disable yourself; ask another admin")
+        row = await _other_user(conn, caller, name, team, "disable yourself")
         if row["role"] == Role.OPERATOR and not caller.principal.is_operator:
             raise Forbidden("only operators disable operators")
         await repo.disable_user(conn, row["id"], datetime.now(UTC))
@@ -215,12 +223,7 @@ async def change_role(
     caller.require(Role.ADMIN, "changing roles")
     shown = team or caller.team
     async with pool.acquire() as conn, conn.transaction():
-        team_id = await _team_in_reach(conn, caller, team)
-        row = await repo.user(conn, team_id, name)
-        if row is None:
-            raise NotFound(f"no user {name!r} in team {shown!r}")
-        if row["id"] == caller.user_id:
-            raise Conflict("you cannot change your own role; ask another admin")
+        row = await _other_user(conn, caller, name, team, "change your own role")
         if Role.OPERATOR in (role, row["role"]) and not caller.principal.is_operator:
             raise Forbidden("only operators make or unmake operators")
         if row["role"] != role:
