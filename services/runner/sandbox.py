@@ -67,6 +67,10 @@ def can_switch_users() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
+RUNNER_LOCKS = Path("/run/trainyard")
+"""Host-wide locks of root runners (``/run``: root's, in memory, empty after a reboot)."""
+
+
 class UidsInUse(PlatformError):
     """Another live runner on this host runs its jobs as the same uids."""
 
@@ -78,12 +82,15 @@ def claim_job_uids(uids: range, lock_dir: Path | None = None) -> Iterator[None]:
     Jobs run as these uids, and a runner that starts kills every process of them
     (``kill_leftovers``): two runners on one host with the same range (the same node id, or
     a clash of derived ranges) would run jobs as one user and kill each other's jobs. The
-    claim is an exclusive ``flock`` on a file named after the range in the host's temporary
-    folder; the kernel drops it when the process dies, so a crashed runner never blocks its
-    successor. Raises ``UidsInUse`` when a live runner holds it."""
-    folder = lock_dir or Path(tempfile.gettempdir())
+    claim is an exclusive ``flock`` on a file named after the range in ``RUNNER_LOCKS`` (root's
+    alone: in a world-writable folder a job, or a process one left behind, could take the
+    lock first and keep every later runner from starting); the kernel drops it when the
+    process dies, so a crashed runner never blocks its successor. Raises ``UidsInUse`` when
+    a live runner holds it."""
+    folder = lock_dir or RUNNER_LOCKS
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = folder / f"trainyard-job-uids-{uids.start}-{uids.stop - 1}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
