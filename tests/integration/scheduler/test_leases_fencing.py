@@ -1,0 +1,420 @@
+"""Ending allocations on the real database (``services.scheduler.leases``): what
+``apply_endings`` writes (releases, freed GPUs, fair-share usage, requeues with their
+back-off, job states, events in plan order), ``charge_usage``'s decay, and the forced end of
+a job whose preemption grace is over (the old allocation fenced, a new epoch next time)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+
+from services.scheduler import allocation_repository as allocation_repo
+from services.scheduler import repository as repo
+from services.scheduler.domain import Allocation, AllocationStatus, Job, JobStatus
+from services.scheduler.leases import (
+    apply_endings,
+    charge_usage,
+    end_gang,
+    plan_end,
+    release_expired_notices,
+)
+from services.scheduler.policy.model import PolicyConfig
+from services.scheduler.scheduling import Tuning
+from shared.events import parse_envelope
+from shared.events.payloads import (
+    AllocationReleased,
+    AllocationRevoked,
+    JobFailed,
+    JobPreempted,
+)
+
+from .conftest import make_spec
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+HOUR = 3600.0
+TUNING = Tuning(
+    PolicyConfig(grace_s=60.0, half_life_s=HOUR), cancel_grace_s=9.0, restart_backoff_s=4.0
+)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+async def add_job(
+    conn: asyncpg.Connection,
+    job_id: str,
+    status: JobStatus = JobStatus.RUNNING,
+    team: str = "vision",
+    reason: str | None = None,
+    **spec: Any,
+) -> None:
+    await repo.insert_job(conn, job_id, make_spec(team=team, **spec), T0, T0)
+    await repo.set_job_status(conn, [job_id], status, T0, reason)
+
+
+async def grant(
+    conn: asyncpg.Connection, job_id: str, nodes: dict[str, tuple[int, ...]], granted_s: float = 0
+) -> list[Allocation]:
+    """Live allocations of ``job_id`` on these nodes (one gang), as a placement writes them."""
+    for node in nodes:
+        await repo.upsert_node(conn, node, f"{node}.local", "cpu", 8, T0)
+    epochs = await allocation_repo.next_epochs(conn, len(nodes))
+    gang = str(uuid.uuid4())
+    allocations = [
+        Allocation(
+            allocation_id=str(uuid.uuid4()),
+            job_id=job_id,
+            node_id=node,
+            epoch=epoch,
+            attempt=0,
+            gpu_indices=gpus,
+            status=AllocationStatus.RUNNING,
+            granted_at=at(granted_s),
+            gang_id=gang,
+            gang_size=len(nodes),
+        )
+        for (node, gpus), epoch in zip(nodes.items(), epochs, strict=True)
+    ]
+    await allocation_repo.insert_allocations(conn, allocations)
+    return await allocation_repo.live_allocations(conn, job_id)
+
+
+async def job(conn: asyncpg.Connection, job_id: str) -> Job:
+    found = await repo.job_for_update(conn, job_id)
+    assert found is not None
+    return found
+
+
+async def outbox(conn: asyncpg.Connection) -> list[Any]:
+    """The enqueued events in order, as envelopes."""
+    rows = await conn.fetch("SELECT body FROM outbox ORDER BY seq")
+    return [parse_envelope(bytes(r["body"])) for r in rows]
+
+
+async def job_row(conn: asyncpg.Connection, job_id: str) -> asyncpg.Record:
+    row = await conn.fetchrow(
+        "SELECT status, status_reason, attempt, restarts, eligible_at, updated_at "
+        "FROM jobs WHERE job_id = $1",
+        job_id,
+    )
+    assert row is not None
+    return row
+
+
+async def usage(conn: asyncpg.Connection, team: str) -> tuple[float, datetime] | None:
+    row = await conn.fetchrow("SELECT gpu_seconds, as_of FROM usage WHERE team = $1", team)
+    return None if row is None else (row["gpu_seconds"], row["as_of"])
+
+
+async def test_apply_endings_releases_frees_charges_and_moves_each_job(
+    pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await add_job(conn, "ok")
+        await add_job(conn, "retry")
+        await add_job(conn, "gone", team="speech", max_restarts=0)
+        await add_job(conn, "ok2")
+        ok = await grant(conn, "ok", {"n1": (0, 1), "n2": (0,)})
+        retry = await grant(conn, "retry", {"n3": (2,)}, granted_s=10)
+        gone = await grant(conn, "gone", {"n4": (5, 6, 7)}, granted_s=20)
+        ok2 = await grant(conn, "ok2", {"n5": (1,)}, granted_s=30)
+        failed = JobFailed(
+            job_id="retry",
+            allocation_id=retry[0].allocation_id,
+            node_id="n3",
+            epoch=retry[0].epoch,
+            finished_at=at(100),
+            exit_code=1,
+            reason="exited with status 1",
+        )
+        endings = [
+            plan_end(await job(conn, "ok"), ok, "succeeded", at(100), at(200), TUNING),
+            plan_end(
+                await job(conn, "retry"),
+                retry,
+                "failed",
+                at(100),
+                at(200),
+                TUNING,
+                reporter=retry[0].allocation_id,
+                failed=failed,
+            ),
+            plan_end(await job(conn, "gone"), gone, "lost", at(120), at(200), TUNING),
+            plan_end(await job(conn, "ok2"), ok2, "succeeded", at(130), at(200), TUNING),
+        ]
+        with caplog.at_level(logging.INFO, logger="services.scheduler.leases"):
+            await apply_endings(conn, endings, at(200), TUNING)
+
+        released = await conn.fetch(
+            "SELECT allocation_id, status, released_at, outcome FROM allocations "
+            "ORDER BY granted_at, node_id"
+        )
+        assert [
+            (str(r["allocation_id"]), r["status"], r["released_at"], r["outcome"]) for r in released
+        ] == [
+            (ok[0].allocation_id, "RELEASED", at(100), "succeeded"),
+            (ok[1].allocation_id, "RELEASED", at(100), "succeeded"),
+            (retry[0].allocation_id, "RELEASED", at(100), "failed"),
+            (gone[0].allocation_id, "RELEASED", at(120), "lost"),
+            (ok2[0].allocation_id, "RELEASED", at(130), "succeeded"),
+        ]
+        assert await conn.fetchval("SELECT count(*) FROM gpu_leases WHERE released_at IS NULL") == 0
+        leases = await conn.fetch(
+            "SELECT node_id, released_at FROM gpu_leases ORDER BY node_id, gpu_index"
+        )
+        assert [(r["node_id"], r["released_at"]) for r in leases] == [
+            ("n1", at(100)),
+            ("n1", at(100)),
+            ("n2", at(100)),
+            ("n3", at(100)),
+            ("n4", at(120)),
+            ("n4", at(120)),
+            ("n4", at(120)),
+            ("n5", at(130)),
+        ]
+        # vision: ok 3 GPUs x 100 s, retry 1 x 90 s, ok2 1 x 100 s; speech: 3 x 100 s.
+        assert await usage(conn, "vision") == (490.0, at(200))
+        assert await usage(conn, "speech") == (300.0, at(200))
+
+        assert dict(await job_row(conn, "ok")) == {
+            "status": "SUCCEEDED",
+            "status_reason": None,
+            "attempt": 0,
+            "restarts": 0,
+            "eligible_at": None,
+            "updated_at": at(200),
+        }
+        assert (await job_row(conn, "ok2"))["status"] == "SUCCEEDED"
+        retried = await job_row(conn, "retry")
+        assert (retried["status"], retried["attempt"], retried["restarts"]) == ("QUEUED", 1, 1)
+        assert retried["eligible_at"] == at(204)  # the 4 s back-off
+        assert retried["status_reason"] == endings[1].decision.reason
+        assert "restarting in 4 s" in retried["status_reason"]
+        lost = await job_row(conn, "gone")
+        assert (lost["status"], lost["attempt"], lost["restarts"]) == ("FAILED", 0, 0)
+        assert lost["status_reason"] == endings[2].decision.reason
+        assert lost["status_reason"].startswith("node_lost: node lost; max restarts (0)")
+
+        said = await outbox(conn)
+        planned = [envelope for e in endings for envelope, _ in e.events]
+        assert [e.id for e in said] == [e.id for e in planned]
+        assert [type(e.data) for e in said][:3] == [
+            AllocationReleased,
+            AllocationReleased,
+            AllocationReleased,
+        ]
+    messages = [r.getMessage() for r in caplog.records if r.name == "services.scheduler.leases"]
+    assert messages == [
+        f"allocation(s) {ok[0].allocation_id}, {ok[1].allocation_id} of job ok ended "
+        "(succeeded): job SUCCEEDED",
+        f"allocation(s) {retry[0].allocation_id} of job retry ended (failed): job QUEUED",
+        f"allocation(s) {gone[0].allocation_id} of job gone ended (lost): job FAILED",
+        f"allocation(s) {ok2[0].allocation_id} of job ok2 ended (succeeded): job SUCCEEDED",
+    ]
+
+
+async def test_a_requeue_without_back_off_is_placeable_at_once_with_a_default_reason(
+    pool: asyncpg.Pool,
+) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await add_job(conn, "p")
+        allocations = await grant(conn, "p", {"n1": (0,)})
+        ending = plan_end(await job(conn, "p"), allocations, "preempted", at(50), at(60), TUNING)
+        assert ending.decision.reason is None
+        await apply_endings(conn, [ending], at(60), TUNING)
+        row = await job_row(conn, "p")
+        assert (row["status"], row["attempt"], row["restarts"]) == ("QUEUED", 1, 0)
+        assert row["eligible_at"] is None
+        assert row["status_reason"] == "preempted; requeued"
+
+
+async def test_jobs_moving_to_one_state_for_different_reasons_each_keep_theirs(
+    pool: asyncpg.Pool,
+) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        endings = []
+        for job_id, reason in (("c1", "by ada"), ("c2", "by bob")):
+            await add_job(conn, job_id, JobStatus.CANCELLING, reason=reason)
+            allocations = await grant(conn, job_id, {f"n-{job_id}": (0,)})
+            endings.append(
+                plan_end(await job(conn, job_id), allocations, "lost", at(5), at(6), TUNING)
+            )
+        await apply_endings(conn, endings, at(6), TUNING)
+        for job_id, reason in (("c1", "node lost"), ("c2", "node lost")):
+            row = await job_row(conn, job_id)
+            assert (row["status"], row["status_reason"]) == ("CANCELLED", reason)
+        await add_job(conn, "f1", max_restarts=0)
+        await add_job(conn, "f2", max_restarts=0)
+        endings = []
+        for job_id, detail in (("f1", "one"), ("f2", "two")):
+            allocations = await grant(conn, job_id, {f"n-{job_id}": (1,)})
+            failed = JobFailed(
+                job_id=job_id,
+                allocation_id=allocations[0].allocation_id,
+                node_id=f"n-{job_id}",
+                epoch=allocations[0].epoch,
+                finished_at=at(5),
+                exit_code=1,
+                reason=detail,
+                failure_kind="platform_error",
+            )
+            endings.append(
+                plan_end(
+                    await job(conn, job_id),
+                    allocations,
+                    "failed",
+                    at(5),
+                    at(6),
+                    TUNING,
+                    reporter=allocations[0].allocation_id,
+                    failed=failed,
+                )
+            )
+        await apply_endings(conn, endings, at(6), TUNING)
+        for job_id, detail in (("f1", "one"), ("f2", "two")):
+            row = await job_row(conn, job_id)
+            assert row["status"] == "FAILED"
+            assert row["status_reason"].startswith(f"platform_error: {detail};")
+
+
+async def test_usage_decays_to_now_before_the_charge(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await charge_usage(conn, "vision", 100.0, at(0), HOUR)
+        assert await usage(conn, "vision") == (100.0, at(0))
+        # One half-life later: 100 decays to 50, then 10 is added.
+        await charge_usage(conn, "vision", 10.0, at(HOUR), HOUR)
+        assert await usage(conn, "vision") == (60.0, at(HOUR))
+        # Two half-lives more.
+        await charge_usage(conn, "vision", 1.0, at(3 * HOUR), HOUR)
+        assert await usage(conn, "vision") == (16.0, at(3 * HOUR))
+        assert await usage(conn, "speech") is None
+
+
+async def test_a_charge_dated_before_the_usage_neither_decays_nor_moves_it_back(
+    pool: asyncpg.Pool,
+) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await charge_usage(conn, "vision", 100.0, at(HOUR), HOUR)
+        await charge_usage(conn, "vision", 5.0, at(0), HOUR)
+        assert await usage(conn, "vision") == (105.0, at(HOUR))
+
+
+@pytest.mark.parametrize("gpu_seconds", [0.0, -5.0])
+async def test_nothing_to_charge_writes_nothing(pool: asyncpg.Pool, gpu_seconds: float) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await charge_usage(conn, "vision", 100.0, at(0), HOUR)
+        await charge_usage(conn, "vision", gpu_seconds, at(HOUR), HOUR)
+        assert await usage(conn, "vision") == (100.0, at(0))
+        await charge_usage(conn, "speech", gpu_seconds, at(HOUR), HOUR)
+        assert await usage(conn, "speech") is None
+
+
+async def test_end_gang_writes_what_it_planned_and_returns_the_decision(
+    pool: asyncpg.Pool,
+) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await add_job(conn, "g")
+        allocations = await grant(conn, "g", {"n1": (0,), "n2": (0,)})
+        decision = await end_gang(
+            conn,
+            await job(conn, "g"),
+            allocations,
+            "lost",
+            at(30),
+            at(40),
+            TUNING,
+            reporter=None,
+        )
+        assert decision.job_status is JobStatus.QUEUED and decision.outcome == "lost"
+        assert await allocation_repo.live_allocations(conn, "g") == []
+        said = await outbox(conn)
+        assert [type(e.data) for e in said] == [
+            AllocationReleased,
+            AllocationRevoked,
+            AllocationReleased,
+            AllocationRevoked,
+            JobPreempted,
+            JobPreempted,
+        ]
+        assert await usage(conn, "vision") == (60.0, at(40))
+
+
+async def test_an_expired_notice_ends_the_job_by_force_and_fences_its_allocations(
+    pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await add_job(conn, "late")
+        await add_job(conn, "in-grace")
+        await add_job(conn, "no-notice")
+        late = await grant(conn, "late", {"n1": (0,), "n2": (1,)})
+        in_grace = await grant(conn, "in-grace", {"n3": (0,)})
+        await grant(conn, "no-notice", {"n4": (0,)})
+        await allocation_repo.set_notice(conn, [a.allocation_id for a in late], at(0), "reclaim")
+        await allocation_repo.set_notice(conn, [in_grace[0].allocation_id], at(50), "reclaim")
+        with caplog.at_level(logging.WARNING, logger="services.scheduler.leases"):
+            ended = await release_expired_notices(conn, at(100), TUNING)
+        assert ended == ["late"]
+        assert "job late did not stop within the preemption grace: revoking" in [
+            r.getMessage() for r in caplog.records
+        ]
+        assert await allocation_repo.live_allocations(conn, "late") == []
+        assert len(await allocation_repo.live_allocations(conn, "in-grace")) == 1
+        assert len(await allocation_repo.live_allocations(conn, "no-notice")) == 1
+        outcomes = await conn.fetch(
+            "SELECT outcome, released_at FROM allocations WHERE job_id = 'late'"
+        )
+        assert {(r["outcome"], r["released_at"]) for r in outcomes} == {("preempted", at(100))}
+        row = await job_row(conn, "late")
+        assert (row["status"], row["attempt"], row["restarts"]) == ("QUEUED", 1, 0)
+
+        said = await outbox(conn)
+        revoked = [e.data for e in said if isinstance(e.data, AllocationRevoked)]
+        assert sorted((r.node_id, r.epoch, r.reason, r.grace_seconds) for r in revoked) == [
+            ("n1", late[0].epoch, "fenced", 9.0),
+            ("n2", late[1].epoch, "fenced", 9.0),
+        ]
+        preempted = [e for e in said if isinstance(e.data, JobPreempted)]
+        assert [e.id for e in preempted] == [f"said-preempted:{a.allocation_id}" for a in late]
+        assert {e.data.reason for e in preempted} == {
+            "preempted; the runner did not stop within the grace period, so its GPUs were revoked"
+        }
+        assert {e.data.finished_at for e in preempted} == {at(100)}
+        assert [e.data.epoch for e in preempted] == [a.epoch for a in late]
+        assert {e.subject for e in preempted} == {"late"}
+
+        # The next attempt takes a newer epoch than any the fenced runner holds.
+        again = await grant(conn, "late", {"n1": (0,)})
+        assert again[0].epoch > max(a.epoch for a in late)
+
+
+async def test_a_notice_exactly_at_the_grace_ends_and_a_job_holding_nothing_is_skipped(
+    pool: asyncpg.Pool,
+) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await add_job(conn, "edge")
+        await add_job(conn, "done")
+        edge = await grant(conn, "edge", {"n1": (0,)})
+        done = await grant(conn, "done", {"n2": (0,)})
+        await allocation_repo.set_notice(conn, [edge[0].allocation_id], at(40), "reclaim")
+        await allocation_repo.set_notice(conn, [done[0].allocation_id], at(0), "reclaim")
+        # A job that no longer holds GPUs (its end is being written) is left alone.
+        await repo.set_job_status(conn, ["done"], JobStatus.SUCCEEDED, at(1))
+        assert await release_expired_notices(conn, at(100), TUNING) == ["edge"]
+        assert len(await allocation_repo.live_allocations(conn, "done")) == 1
+        assert await outbox(conn) != []
+        assert all(e.data.job_id == "edge" for e in await outbox(conn))
+
+
+async def test_a_notice_inside_the_grace_is_left_alone(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await add_job(conn, "j")
+        allocations = await grant(conn, "j", {"n1": (0,)})
+        await allocation_repo.set_notice(conn, [allocations[0].allocation_id], at(41), "reclaim")
+        assert await release_expired_notices(conn, at(100), TUNING) == []
+        assert await outbox(conn) == []

@@ -1,0 +1,327 @@
+"""How a job's allocations end, as ``services.scheduler.leases.plan_end`` decides it (no I/O):
+what each allocation is released with, what is billed, who is fenced, and what is said on
+the runners' behalf."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from services.scheduler.domain import Allocation, AllocationStatus, Job, JobStatus
+from services.scheduler.leases import Ending, fence_revocation, plan_end
+from services.scheduler.policy.model import PolicyConfig
+from services.scheduler.scheduling import Tuning
+from shared.events.payloads import (
+    AllocationReleased,
+    AllocationRevoked,
+    JobCancelled,
+    JobFailed,
+    JobPreempted,
+    JobSpec,
+)
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+TUNING = Tuning(PolicyConfig(), cancel_grace_s=7.0, restart_backoff_s=4.0)
+
+
+def job(
+    status: JobStatus = JobStatus.RUNNING,
+    restarts: int = 0,
+    max_restarts: int = 2,
+    reason: str | None = None,
+) -> Job:
+    spec = JobSpec(
+        name="mnist",
+        team="vision",
+        user="ada",
+        entrypoint="train.py",
+        gpus=3,
+        gpu_flavor="a100",
+        max_restarts=max_restarts,
+        seed=1,
+        max_runtime_seconds=3600,
+    )
+    return Job(
+        job_id="job-1",
+        spec=spec,
+        status=status,
+        status_reason=reason,
+        attempt=restarts,
+        restarts=restarts,
+        submitted_at=T0,
+        pending_reason=None,
+        pending_position=None,
+    )
+
+
+def allocation(
+    suffix: str, node: str, gpus: tuple[int, ...], epoch: int, granted_s: int
+) -> Allocation:
+    return Allocation(
+        allocation_id=f"00000000-0000-0000-0000-00000000000{suffix}",
+        job_id="job-1",
+        node_id=node,
+        epoch=epoch,
+        attempt=0,
+        gpu_indices=gpus,
+        status=AllocationStatus.RUNNING,
+        granted_at=T0 + timedelta(seconds=granted_s),
+        gang_id="00000000-0000-0000-0000-00000000000a",
+        gang_size=2,
+    )
+
+
+A = allocation("1", "node-a", (0, 1), epoch=11, granted_s=0)
+B = allocation("2", "node-b", (3,), epoch=12, granted_s=10)
+GANG = (A, B)
+
+
+def plan(j: Job, kind: Any, reported_s: float, now_s: float, **kw: Any) -> Ending:
+    return plan_end(
+        j,
+        GANG,
+        kind,
+        T0 + timedelta(seconds=reported_s),
+        T0 + timedelta(seconds=now_s),
+        TUNING,
+        **kw,
+    )
+
+
+def payloads(ending: Ending) -> list[Any]:
+    return [envelope.data for envelope, _ in ending.events]
+
+
+def failed_report(kind: Any = "user_error", finished_s: float = 90) -> JobFailed:
+    return JobFailed(
+        job_id="job-1",
+        allocation_id=B.allocation_id,
+        node_id="node-b",
+        epoch=12,
+        finished_at=T0 + timedelta(seconds=finished_s),
+        exit_code=3,
+        reason="exited with status 3",
+        log_tail="Traceback ...",
+        failure_kind=kind,
+    )
+
+
+def test_a_success_releases_every_member_bills_each_and_fences_none() -> None:
+    ending = plan(job(), "succeeded", reported_s=100, now_s=200, reporter=A.allocation_id)
+    assert ending.kind == "succeeded" and ending.job.job_id == "job-1"
+    assert list(ending.allocations) == [A, B]
+    assert ending.decision.job_status is JobStatus.SUCCEEDED
+    when = T0 + timedelta(seconds=100)
+    assert ending.releases == [
+        (A.allocation_id, when, "succeeded"),
+        (B.allocation_id, when, "succeeded"),
+    ]
+    # 2 GPUs for 100 s and 1 GPU for 90 s.
+    assert ending.gpu_seconds == 290.0
+    said = payloads(ending)
+    assert said == [
+        AllocationReleased(
+            allocation_id=A.allocation_id,
+            job_id="job-1",
+            node_id="node-a",
+            team="vision",
+            user="ada",
+            gpu_flavor="a100",
+            gpus=2,
+            granted_at=A.granted_at,
+            released_at=when,
+            outcome="succeeded",
+        ),
+        AllocationReleased(
+            allocation_id=B.allocation_id,
+            job_id="job-1",
+            node_id="node-b",
+            team="vision",
+            user="ada",
+            gpu_flavor="a100",
+            gpus=1,
+            granted_at=B.granted_at,
+            released_at=when,
+            outcome="succeeded",
+        ),
+    ]
+    assert [envelope.subject for envelope, _ in ending.events] == ["job-1", "job-1"]
+
+
+def test_release_times_stay_between_the_grant_and_now() -> None:
+    # Reported before B's grant and after now: each release is clamped on its own.
+    early = plan(job(), "succeeded", reported_s=5, now_s=200)
+    assert [r[1] for r in early.releases] == [T0 + timedelta(seconds=5), B.granted_at]
+    assert early.gpu_seconds == 10.0  # A: 2 GPUs x 5 s; B: nothing
+    late = plan(job(), "succeeded", reported_s=999, now_s=60)
+    assert [r[1] for r in late.releases] == [T0 + timedelta(seconds=60)] * 2
+    assert late.gpu_seconds == 2 * 60 + 1 * 50
+
+
+def test_a_restartable_failure_fences_the_other_members_and_says_each_preempted() -> None:
+    ending = plan(
+        job(restarts=0),
+        "failed",
+        reported_s=90,
+        now_s=100,
+        reporter=B.allocation_id,
+        failed=failed_report(),
+    )
+    decision = ending.decision
+    assert decision.requeued and decision.restart and decision.backoff_s == 4.0
+    assert [r[2] for r in ending.releases] == ["failed", "failed"]
+    said = payloads(ending)
+    assert [type(p) for p in said] == [
+        AllocationReleased,
+        AllocationRevoked,  # A: not the reporter
+        AllocationReleased,  # B reported: it stopped by itself
+        JobPreempted,
+        JobPreempted,
+    ]
+    revoke = said[1]
+    assert revoke == AllocationRevoked(
+        allocation_id=A.allocation_id,
+        job_id="job-1",
+        node_id="node-a",
+        epoch=11,
+        reason="fenced",
+        grace_seconds=7.0,
+    )
+    ids = [envelope.id for envelope, _ in ending.events]
+    assert ids[1] == f"fence:{A.allocation_id}:node-a"
+    assert ending.events[1][0].subject == "node-a"
+    assert ids[3:] == [f"said-preempted:{A.allocation_id}", f"said-preempted:{B.allocation_id}"]
+    reported = T0 + timedelta(seconds=90)
+    assert said[3] == JobPreempted(
+        job_id="job-1",
+        allocation_id=A.allocation_id,
+        node_id="node-a",
+        epoch=11,
+        finished_at=reported,
+        reason=decision.reason,
+    )
+    assert said[4].node_id == "node-b" and said[4].epoch == 12
+    assert said[4].finished_at == reported
+    assert decision.reason is not None and "restarting in 4 s" in decision.reason
+
+
+def test_a_final_failure_says_job_failed_about_the_reporter_with_its_report() -> None:
+    ending = plan(
+        job(),
+        "failed",
+        reported_s=90,
+        now_s=100,
+        reporter=B.allocation_id,
+        failed=failed_report("platform_error", finished_s=95),
+    )
+    assert ending.decision.job_status is JobStatus.FAILED
+    said = payloads(ending)
+    assert [type(p) for p in said] == [
+        AllocationReleased,
+        AllocationRevoked,
+        AllocationReleased,
+        JobFailed,
+    ]
+    envelope = ending.events[-1][0]
+    assert envelope.id == f"said-failed:{B.allocation_id}"
+    assert envelope.subject == "job-1"
+    assert said[-1] == JobFailed(
+        job_id="job-1",
+        allocation_id=B.allocation_id,
+        node_id="node-b",
+        epoch=12,
+        finished_at=T0 + timedelta(seconds=95),
+        exit_code=3,
+        reason=ending.decision.reason,
+        log_tail="Traceback ...",
+        failure_kind="platform_error",
+    )
+    assert "platform_error is not restarted" in said[-1].reason
+
+
+def test_the_failure_said_for_a_report_from_the_future_ends_at_now() -> None:
+    ending = plan(
+        job(),
+        "failed",
+        reported_s=90,
+        now_s=100,
+        reporter=B.allocation_id,
+        failed=failed_report("platform_error", finished_s=500),
+    )
+    assert payloads(ending)[-1].finished_at == T0 + timedelta(seconds=100)
+
+
+def test_a_lost_gang_out_of_restarts_fails_about_its_first_member_at_now() -> None:
+    ending = plan(job(restarts=2, max_restarts=2), "lost", reported_s=50, now_s=80)
+    assert ending.decision.job_status is JobStatus.FAILED
+    said = payloads(ending)
+    # No reporter: every member is fenced.
+    assert [type(p) for p in said] == [
+        AllocationReleased,
+        AllocationRevoked,
+        AllocationReleased,
+        AllocationRevoked,
+        JobFailed,
+    ]
+    assert [p.node_id for p in said[:4]] == ["node-a", "node-a", "node-b", "node-b"]
+    assert [r[2] for r in ending.releases] == ["lost", "lost"]
+    assert said[-1] == JobFailed(
+        job_id="job-1",
+        allocation_id=A.allocation_id,
+        node_id="node-a",
+        epoch=11,
+        finished_at=T0 + timedelta(seconds=80),
+        exit_code=None,
+        reason=ending.decision.reason,
+        log_tail="",
+        failure_kind="node_lost",
+    )
+    assert ending.events[-1][0].id == f"said-failed:{A.allocation_id}"
+
+
+def test_a_lost_gang_with_restarts_left_is_said_preempted_with_the_reason() -> None:
+    ending = plan(job(restarts=0), "lost", reported_s=50, now_s=80)
+    said = payloads(ending)
+    assert [type(p) for p in said][-2:] == [JobPreempted, JobPreempted]
+    assert said[-1].reason == "node lost; requeued for attempt 2 of 3"
+    assert ending.decision.backoff_s == 0
+
+
+def test_a_preemption_requeues_without_saying_anything_for_the_runner() -> None:
+    ending = plan(job(), "preempted", reported_s=50, now_s=80, reporter=A.allocation_id)
+    assert ending.decision.requeued and not ending.decision.restart
+    said = payloads(ending)
+    assert [type(p) for p in said] == [AllocationReleased, AllocationReleased, AllocationRevoked]
+    assert [r[2] for r in ending.releases] == ["preempted", "preempted"]
+
+
+@pytest.mark.parametrize(("reason", "said"), [("by ada", "by ada"), (None, "cancelled")])
+def test_a_cancelled_job_is_said_cancelled_with_its_reason(reason: str | None, said: str) -> None:
+    ending = plan(job(JobStatus.CANCELLING, reason=reason), "failed", reported_s=50, now_s=80)
+    assert ending.decision.job_status is JobStatus.CANCELLED
+    last = ending.events[-1][0]
+    assert last.data == JobCancelled(job_id="job-1", reason=said)
+    assert last.subject == "job-1"
+    assert [type(p) for p in payloads(ending)].count(JobCancelled) == 1
+
+
+def test_an_ending_without_allocations_bills_and_says_nothing() -> None:
+    ending = plan_end(job(), [], "failed", T0, T0, TUNING, failed=failed_report("platform_error"))
+    assert ending.decision.job_status is JobStatus.FAILED
+    assert ending.events == [] and ending.releases == [] and ending.gpu_seconds == 0.0
+
+
+def test_a_fence_revocation_is_one_event_per_allocation_and_node() -> None:
+    envelope, _ = fence_revocation(A, "node-z", 2.5)
+    assert envelope.id == f"fence:{A.allocation_id}:node-z"
+    assert envelope.subject == "node-z"
+    assert envelope.data == AllocationRevoked(
+        allocation_id=A.allocation_id,
+        job_id="job-1",
+        node_id="node-z",
+        epoch=11,
+        reason="fenced",
+        grace_seconds=2.5,
+    )
