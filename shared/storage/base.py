@@ -14,6 +14,10 @@ addresses objects by *keys*: ``/``-separated relative names such as
   sorted.
 * ``uri_for(key)`` is the object's absolute URI; ``split_uri`` in ``shared.storage`` splits
   it into the URI of the object's folder and its name, which open the object again.
+* ``copy(src, dst)`` makes ``dst`` an independent copy of ``src`` (server-side where the
+  backend can), replacing ``dst`` atomically; later writes to ``src`` do not change it.
+* ``presign_get(key, expires_s)`` is a URL anyone may GET the one object with until it
+  expires, or ``None`` when the backend has no such URLs (a local folder).
 
 The interface is synchronous; async callers wrap calls in ``asyncio.to_thread``.
 
@@ -178,6 +182,17 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def uri_for(self, key: str) -> str:
         """The absolute URI of the object under ``key`` (whether or not it exists)."""
+
+    @abc.abstractmethod
+    def copy(self, src: str, dst: str) -> None:
+        """Copy the object under ``src`` to ``dst`` (replacing it); ``ObjectNotFound`` if
+        ``src`` holds none."""
+
+    def presign_get(self, key: str, expires_s: int) -> str | None:
+        """A URL that GETs the object under ``key`` for ``expires_s`` seconds, signed for that
+        one key; ``None`` where the backend cannot sign URLs (the default)."""
+        validate_key(key)
+        return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.root_uri!r})"

@@ -103,3 +103,14 @@ class LocalStore(ObjectStore):
 
     def uri_for(self, key: str) -> str:
         return self._path(key).as_uri()
+
+    def copy(self, src: str, dst: str) -> None:
+        source = self._path(src)
+        target = self._path(dst)
+        try:
+            handle = source.open("rb")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise ObjectNotFound(src, source.as_uri()) from None
+        # A real copy, never a hard link: a later write to the source must not reach it.
+        with handle:
+            write_file_atomically(target, iter(lambda: handle.read(1024 * 1024), b""))

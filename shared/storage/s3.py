@@ -11,9 +11,11 @@ from __future__ import annotations
 import builtins
 import io
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 from minio import Minio
+from minio.commonconfig import CopySource
 from minio.error import S3Error
 from urllib3 import BaseHTTPResponse
 
@@ -149,6 +151,24 @@ class S3Store(ObjectStore):
 
     def uri_for(self, key: str) -> str:
         return f"s3://{self._bucket}/{self._name(key)}"
+
+    def copy(self, src: str, dst: str) -> None:
+        # CopyObject: the bytes never leave the server (minio's limit: 5 GiB per object).
+        try:
+            self._client.copy_object(
+                self._bucket, self._name(dst), CopySource(self._bucket, self._name(src))
+            )
+        except S3Error as exc:
+            if exc.code in _MISSING_CODES:
+                raise ObjectNotFound(src, self.uri_for(src)) from None
+            raise
+
+    def presign_get(self, key: str, expires_s: int) -> str | None:
+        # SigV4 query signing covers the method, bucket, key and expiry: the URL opens this
+        # one object and nothing else, until it expires.
+        return self._client.presigned_get_object(
+            self._bucket, self._name(key), expires=timedelta(seconds=expires_s)
+        )
 
 
 def _stream(response: BaseHTTPResponse) -> Iterator[bytes]:
