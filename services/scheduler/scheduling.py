@@ -215,6 +215,7 @@ async def _grant(
                     granted_at=now,
                     spec=job.spec,
                     gang=rendezvous,
+                    queue=job.queue or None,
                 )
                 events.append(outbox.traced(_envelope(granted, allocation.node_id)))
     await allocation_repo.insert_allocations(conn, allocations)

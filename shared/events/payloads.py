@@ -191,6 +191,9 @@ class AllocationGranted(Payload):
     gang: list[GangMember] = Field(default_factory=list)
     """Every allocation of the job's gang in rank order, this one included; empty for a
     job on one node."""
+    queue: str | None = None
+    """The scheduler's queue the job was placed from (billing attributes cost to it); None
+    from a publisher that does not say."""
 
 
 class AllocationRevoked(Payload):
