@@ -106,7 +106,7 @@ MODULES: dict[str, dict[str, Any]] = {
         "tests": ["tests/unit/billing/test_domain.py", "tests/unit/billing/test_metering_edges.py"],
         "postgres": False,
     },
-    "trainyard/sdk/checkpoints.py": {
+    "client/trainyard/sdk/checkpoints.py": {
         "tests": ["tests/unit/test_sdk.py", "tests/unit/test_checkpoint_rules.py"],
         "postgres": False,
     },

@@ -28,13 +28,14 @@ COPY deploy/requirements/build.txt deploy/requirements/runner.txt deploy/require
 RUN pip install --no-cache-dir --require-hashes --only-binary :all: -r deploy/requirements/build.txt \
     && pip install --no-cache-dir --require-hashes --only-binary :all: --no-deps \
         -r deploy/requirements/runner.txt
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY shared ./shared
 COPY services ./services
-COPY trainyard ./trainyard
+COPY client ./client
 COPY deploy ./deploy
-COPY examples ./examples
-RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
+# Two distributions: the client (client/, package trainyard) that the platform depends on,
+# then the platform itself.
+RUN pip install --no-cache-dir --no-deps --no-build-isolation ./client . \
     && pip check \
     && python -c "import services.runner.__main__, trainyard.sdk"
 

@@ -7,7 +7,8 @@
 #
 # Dependencies come only from deploy/requirements/services.txt, every file checked against
 # its sha256 (regenerate it with deploy/requirements/compile.sh). The project itself is
-# installed without its dependencies on top.
+# installed without its dependencies on top: the client distribution (client/), then the
+# platform.
 
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
@@ -22,13 +23,14 @@ COPY deploy/requirements/build.txt deploy/requirements/services.txt deploy/requi
 RUN pip install --no-cache-dir --require-hashes --only-binary :all: -r deploy/requirements/build.txt \
     && pip install --no-cache-dir --require-hashes --only-binary :all: --no-deps \
         -r deploy/requirements/services.txt
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY shared ./shared
 COPY services ./services
-COPY trainyard ./trainyard
+COPY client ./client
 COPY deploy ./deploy
-COPY examples ./examples
-RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
+# Two distributions: the client (client/, package trainyard) that the platform depends on,
+# then the platform itself.
+RUN pip install --no-cache-dir --no-deps --no-build-isolation ./client . \
     && python -c "import services.submission.__main__, services.scheduler.__main__, services.registry.__main__, services.billing.__main__"
 
 FROM ${PYTHON_IMAGE}

@@ -1,6 +1,6 @@
 """Print the published JSON Schema of a job spec file, generated from ``JobRequest``.
 
-    python -m services.submission.jobschema > trainyard/schemas/job.v1.json
+    python -m services.submission.jobschema > client/trainyard/schemas/job.v1.json
 
 The file is committed (``trainyard schema`` prints it, editors read it) and a test fails when
 it no longer matches the models.

@@ -585,7 +585,7 @@ def _suggested(error: FieldError) -> FieldError:
 
 
 def job_json_schema() -> dict[str, Any]:
-    """The published JSON Schema of a job spec file (``trainyard/schemas/job.v1.json``)."""
+    """The published JSON Schema of a job spec file (``client/trainyard/schemas/job.v1.json``)."""
     schema = JobRequest.model_json_schema(by_alias=True)
     return (
         {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": JOB_SCHEMA_ID}

@@ -26,10 +26,10 @@ def _errors(body: dict[str, Any]) -> dict[str, str]:
 
 
 def test_the_committed_schema_is_the_one_the_models_give() -> None:
-    committed = (ROOT / "trainyard" / "schemas" / "job.v1.json").read_text()
+    committed = (ROOT / "client" / "trainyard" / "schemas" / "job.v1.json").read_text()
     assert committed == render(), (
-        "trainyard/schemas/job.v1.json is out of date; regenerate it with "
-        "python -m services.submission.jobschema > trainyard/schemas/job.v1.json"
+        "client/trainyard/schemas/job.v1.json is out of date; regenerate it with "
+        "python -m services.submission.jobschema > client/trainyard/schemas/job.v1.json"
     )
     assert schema_text() == committed  # what `trainyard schema` prints
 

@@ -11,7 +11,7 @@ Contract:
   still read as that format (files written before they existed keep working), and ``load``
   says so through ``warn``; other values are errors. Like ``kubectl``, the client sends the
   spec without them (the endpoint says what it takes).
-- The spec is checked against ``trainyard/schemas/job.v1.json`` (generated from the
+- The spec is checked against ``client/trainyard/schemas/job.v1.json`` (generated from the
   submission API's models); every problem is reported at once, each as
   ``FILE:LINE:COLUMN: FIELD: MESSAGE``. An unknown field names the closest known one
   ("did you mean 'hyperparameters'?"). The API checks the finer rules (entrypoint paths,
