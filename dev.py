@@ -2,8 +2,10 @@
 """Trainyard's one entry point for development, from a fresh machine on.
 
 Standard library only, Python 3.11+. Every target first makes sure ``.venv`` exists and
-holds the project (``pip install -e ".[dev]"``); the install is skipped while the stamp
-file ``.venv/.trainyard-installed`` holds the sha256 of the current ``pyproject.toml``.
+holds the project's two distributions, editable: the client (``client/``: CLI, HTTP client,
+SDK) and the platform with its development tools (``pip install -e ./client -e ".[dev]"``).
+The install is skipped while the stamp file ``.venv/.trainyard-installed`` holds the sha256
+of both ``pyproject.toml`` files as they are now.
 
     python3 dev.py demo    run one training job end to end on a local stack
     python3 dev.py test    the gate: format, lint, types, import contracts, then pytest
@@ -29,6 +31,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 STAMP = VENV / ".trainyard-installed"
+# The client distribution first: the platform depends on it (trainyard==<its version>), and
+# one pip command with both resolves that pin to this checkout, never to a package index.
+PROJECTS = (ROOT / "client" / "pyproject.toml", ROOT / "pyproject.toml")
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
 
@@ -64,11 +69,20 @@ def ensure_venv() -> None:
     """Create ``.venv`` and install the project into it unless the stamp says it is current."""
     if not PYTHON.exists():
         step([sys.executable, "-m", "venv", VENV])
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    digest = install_digest()
     if STAMP.exists() and STAMP.read_text().strip() == digest:
         return
-    step([PYTHON, "-m", "pip", "install", "-e", ".[dev]"])
+    step([PYTHON, "-m", "pip", "install", "-e", "./client", "-e", ".[dev]"])
     STAMP.write_text(digest + "\n")
+
+
+def install_digest() -> str:
+    """One sha256 over every pyproject.toml the install reads: a change to either reinstalls."""
+    digest = hashlib.sha256()
+    for path in PROJECTS:
+        digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def gate(pytest_args: Sequence[str] | None) -> None:
