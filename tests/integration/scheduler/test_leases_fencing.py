@@ -5,6 +5,7 @@ a job whose preemption grace is over (the old allocation fenced, a new epoch nex
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -12,6 +13,8 @@ from typing import Any
 
 import asyncpg
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from services.scheduler import allocation_repository as allocation_repo
 from services.scheduler import repository as repo
@@ -418,3 +421,109 @@ async def test_a_notice_inside_the_grace_is_left_alone(pool: asyncpg.Pool) -> No
         await allocation_repo.set_notice(conn, [allocations[0].allocation_id], at(41), "reclaim")
         assert await release_expired_notices(conn, at(100), TUNING) == []
         assert await outbox(conn) == []
+
+
+async def test_usage_already_held_decays_before_an_ending_adds_to_it(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await charge_usage(conn, "vision", 1000.0, at(0), HOUR)
+        await add_job(conn, "j")
+        allocations = await grant(conn, "j", {"n1": (0, 1)}, granted_s=HOUR - 50)
+        ending = plan_end(
+            await job(conn, "j"), allocations, "succeeded", at(HOUR), at(HOUR), TUNING
+        )
+        await apply_endings(conn, [ending], at(HOUR), TUNING)
+        # 1000 halved over the hour, plus 2 GPUs x 50 s.
+        assert await usage(conn, "vision") == (600.0, at(HOUR))
+
+
+async def test_a_back_off_under_a_second_still_delays_the_job(pool: asyncpg.Pool) -> None:
+    quick = Tuning(PolicyConfig(), restart_backoff_s=0.25)
+    async with pool.acquire() as conn, conn.transaction():
+        await add_job(conn, "j")
+        allocations = await grant(conn, "j", {"n1": (0,)})
+        ending = plan_end(await job(conn, "j"), allocations, "failed", at(5), at(6), quick)
+        assert ending.decision.backoff_s == 0.25
+        await apply_endings(conn, [ending], at(6), quick)
+        assert (await job_row(conn, "j"))["eligible_at"] == at(6.25)
+
+
+async def test_end_gang_passes_on_the_reporter_and_its_failure_report(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await add_job(conn, "g", max_restarts=0)
+        allocations = await grant(conn, "g", {"n1": (0,), "n2": (0,)})
+        reporter = allocations[1]
+        failed = JobFailed(
+            job_id="g",
+            allocation_id=reporter.allocation_id,
+            node_id="n2",
+            epoch=reporter.epoch,
+            finished_at=at(25),
+            exit_code=7,
+            reason="exited with status 7",
+            log_tail="boom",
+            failure_kind="platform_error",
+        )
+        decision = await end_gang(
+            conn,
+            await job(conn, "g"),
+            allocations,
+            "failed",
+            at(30),
+            at(40),
+            TUNING,
+            reporter=reporter.allocation_id,
+            failed=failed,
+        )
+        assert decision.job_status is JobStatus.FAILED
+        assert decision.failure_kind == "platform_error"
+        said = [e.data for e in await outbox(conn)]
+        # Only the member that did not report is told to stop.
+        assert [r.node_id for r in said if isinstance(r, AllocationRevoked)] == ["n1"]
+        final = said[-1]
+        assert isinstance(final, JobFailed)
+        assert (final.allocation_id, final.exit_code, final.log_tail) == (
+            reporter.allocation_id,
+            7,
+            "boom",
+        )
+
+
+async def test_endings_decided_outside_an_event_continue_the_jobs_trace(
+    pool: asyncpg.Pool, spans: InMemorySpanExporter
+) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        with trace.get_tracer("test").start_as_current_span("submit") as root:
+            await add_job(conn, "lost")
+            await add_job(conn, "late")
+        trace_id = root.get_span_context().trace_id
+        lost = await grant(conn, "lost", {"n1": (0,)})
+        late = await grant(conn, "late", {"n2": (0,)})
+        await allocation_repo.set_notice(conn, [late[0].allocation_id], at(0), "reclaim")
+        await end_gang(conn, await job(conn, "lost"), lost, "lost", at(5), at(6), TUNING)
+        assert await release_expired_notices(conn, at(100), TUNING) == ["late"]
+        rows = await conn.fetch("SELECT body, headers FROM outbox ORDER BY seq")
+
+    finished = {s.name: s for s in spans.get_finished_spans() if s.name.startswith("scheduler ")}
+    assert set(finished) == {"scheduler release", "scheduler preempted"}
+    for span in finished.values():
+        assert span.context.trace_id == trace_id
+    jobs = [
+        s.attributes["trainyard.job_id"]
+        for s in spans.get_finished_spans()
+        if s.name.startswith("scheduler ") and s.attributes
+    ]
+    assert sorted(jobs) == ["late", "late", "lost"]
+    preempted = finished["scheduler preempted"]
+    for row in rows:
+        headers = json.loads(row["headers"]) if isinstance(row["headers"], str) else row["headers"]
+        parent = headers.get("traceparent", "")
+        assert int(parent.split("-")[1], 16) == trace_id, parse_envelope(bytes(row["body"])).id
+    said_late = [
+        (parse_envelope(bytes(r["body"])), r["headers"])
+        for r in rows
+        if parse_envelope(bytes(r["body"])).id == f"said-preempted:{late[0].allocation_id}"
+    ]
+    assert len(said_late) == 1
+    headers = said_late[0][1]
+    headers = json.loads(headers) if isinstance(headers, str) else headers
+    assert headers["traceparent"].split("-")[2] == format(preempted.context.span_id, "016x")

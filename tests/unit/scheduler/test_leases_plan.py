@@ -325,3 +325,10 @@ def test_a_fence_revocation_is_one_event_per_allocation_and_node() -> None:
         reason="fenced",
         grace_seconds=2.5,
     )
+
+
+def test_the_restart_back_off_is_capped_by_the_tuning() -> None:
+    capped = Tuning(PolicyConfig(), restart_backoff_s=40.0, restart_backoff_max_s=25.0)
+    ending = plan_end(job(), GANG, "failed", T0, T0, capped, failed=failed_report())
+    assert ending.decision.backoff_s == 25.0
+    assert ending.decision.reason is not None and "restarting in 25 s" in ending.decision.reason
