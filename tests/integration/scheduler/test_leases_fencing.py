@@ -508,7 +508,7 @@ async def test_endings_decided_outside_an_event_continue_the_jobs_trace(
     for span in finished.values():
         assert span.context.trace_id == trace_id
     jobs = [
-        s.attributes["trainyard.job_id"]
+        str(s.attributes.get("trainyard.job_id"))
         for s in spans.get_finished_spans()
         if s.name.startswith("scheduler ") and s.attributes
     ]
