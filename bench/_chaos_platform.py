@@ -55,6 +55,9 @@ class PlatformConfig:
     ack_wait_s: float = 10.0
     outage_retry_max_s: float = 5.0
     preemption_grace_s: float = 15.0
+    min_runtime_s: float = 5.0
+    """The scheduler's anti-thrash minimum runtime: its minutes-long default would keep most
+    preemptions out of a short run."""
     shutdown_grace_s: float = 8.0
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -66,6 +69,7 @@ class PlatformConfig:
             "TRAINYARD_SCHEDULER_RESTART_BACKOFF_SECONDS": f"{self.restart_backoff_s:g}",
             "TRAINYARD_SCHEDULER_RESTART_BACKOFF_MAX_SECONDS": f"{self.restart_backoff_s * 4:g}",
             "TRAINYARD_SCHEDULER_PREEMPTION_GRACE_SECONDS": f"{self.preemption_grace_s:g}",
+            "TRAINYARD_SCHEDULER_MIN_RUNTIME_SECONDS": f"{self.min_runtime_s:g}",
             "TRAINYARD_SCHEDULER_REVOKE_GRACE_SECONDS": "10",
             "TRAINYARD_RUNNER_KILL_GRACE_SECONDS": "5",
             "TRAINYARD_NATS_ACK_WAIT_SECONDS": f"{self.ack_wait_s:g}",
@@ -82,6 +86,7 @@ class PlatformConfig:
             "ack_wait_s": self.ack_wait_s,
             "outage_retry_max_s": self.outage_retry_max_s,
             "preemption_grace_s": self.preemption_grace_s,
+            "min_runtime_s": self.min_runtime_s,
         }
 
 

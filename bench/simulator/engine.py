@@ -376,6 +376,7 @@ class _Engine:
             placement=dict(state.placement),
             last_checkpoint_at=state.run_start + kept if done else None,
             notice_at=state.notice_at,
+            preemptions=state.preemptions,
         )
         every = self.cfg.checkpoint_s
         if math.isfinite(every) and every > 0:

@@ -73,7 +73,8 @@ class SnapshotRows:
     """Live allocations with their job: allocation_id, epoch, job_id, queue, gpu_flavor, gpus,
     priority_class,
     max_runtime_seconds, job_status, job_updated_at, node_id, gpu_indices, granted_at,
-    last_checkpoint_at, notice_at, borrowed."""
+    last_checkpoint_at, notice_at, borrowed, preemptions (the job's earlier attempts that
+    ended by preemption)."""
     queues: Sequence[Row]
     """name, team, cohort, weight, implicit."""
     quotas: Sequence[Row]
@@ -244,6 +245,7 @@ def _running(members: Sequence[Row]) -> RunningJob:
         last_checkpoint_at=to_epoch(max(checkpoints)) if checkpoints else None,
         borrowed=any(m["borrowed"] for m in members),
         notice_at=to_epoch(min(notices)) if notices else None,
+        preemptions=first["preemptions"],
     )
 
 

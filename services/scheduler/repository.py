@@ -153,7 +153,9 @@ async def load_snapshot_rows(conn: asyncpg.Connection) -> SnapshotRows:
             "j.priority_class, "
             "j.max_runtime_seconds, j.status AS job_status, j.updated_at AS job_updated_at, "
             "a.node_id, a.gpu_indices, a.granted_at, a.last_checkpoint_at, a.notice_at, "
-            "a.borrowed FROM allocations a JOIN jobs j USING (job_id) "
+            "a.borrowed, (SELECT count(DISTINCT p.attempt) FROM allocations p "
+            "WHERE p.job_id = a.job_id AND p.outcome = 'preempted') AS preemptions "
+            "FROM allocations a JOIN jobs j USING (job_id) "
             "WHERE a.released_at IS NULL"
         ),
         queues=await conn.fetch("SELECT name, team, cohort, weight, implicit FROM queues"),

@@ -60,6 +60,8 @@ def tuning_from(settings: Settings) -> Tuning:
             preemption=settings.preemption,
             grace_s=settings.preemption_grace_seconds,
             reservations=settings.reservations,
+            min_runtime_s=settings.min_runtime_seconds,
+            max_preemptions=settings.max_preemptions,
         ),
         cancel_grace_s=settings.revoke_grace_seconds,
         restart_backoff_s=settings.restart_backoff_seconds,

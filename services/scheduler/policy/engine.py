@@ -344,6 +344,7 @@ class PolicyState:
             running,
             leaving,
             self.priority,
+            self.config,
             self.now,
         )
         if not found:
@@ -363,7 +364,9 @@ class PolicyState:
                 ends.append(c.job.notice_at + self.config.grace_s)
                 continue
             ends.append(self.now + self.config.grace_s)
-            reason = notice(job, self.priority(job.priority), c, self.priority(c.job.priority))
+            reason = notice(
+                job, self.priority(job.priority), c, self.priority(c.job.priority), self.now
+            )
             self.preemptions.append(Preemption(c.job.job_id, job.job_id, c.kind, reason))
             self.leaving.setdefault(job.flavor, []).append(c.job)
         kinds = {c.kind for c in chosen}

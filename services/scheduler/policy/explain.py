@@ -166,6 +166,12 @@ def preempting(victims: Sequence[str], kind: str, grace: str) -> str:
     return f"freeing GPUs held by {why} ({names(victims)}); they checkpoint and stop within {grace}"
 
 
+def work_lost(seconds: float, gpus: int, checkpointed: bool) -> str:
+    """What a victim loses: 'it loses ~12 min of work on 4 GPUs since its last checkpoint'."""
+    since = "its last checkpoint" if checkpointed else "it started"
+    return f"it loses {duration(seconds)} of work on {gpus} GPU{'s' if gpus != 1 else ''} since {since}"
+
+
 def victim(for_job: str, kind: str, detail: str) -> str:
     if kind == "priority":
         return f"preempted for job {for_job}: {detail}"

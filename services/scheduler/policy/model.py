@@ -127,6 +127,9 @@ class RunningJob:
     notice_at: float | None = None
     """When a preemption notice was sent (its GPUs free up after the grace period); None if
     it has none. Such a job is never chosen as a victim again."""
+    preemptions: int = 0
+    """How many of the job's earlier attempts ended by preemption (its protection against
+    another grows with it; see ``PolicyConfig.min_runtime_s``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +167,12 @@ class PolicyConfig:
     """How long a preemption notice lasts before the GPUs are revoked (for estimates)."""
     reservations: int = 8
     """How many blocked jobs per flavor get a reservation that backfill must not delay."""
+    min_runtime_s: float = 300.0
+    """Anti-thrash: every preemptible job runs at least this long in an allocation before it
+    may be preempted, doubled for each time it was preempted before (5, 10, 20 min by
+    default); a priority class's own ``min_runtime_s`` applies when it is longer."""
+    max_preemptions: int = 3
+    """Anti-thrash: a job preempted this many times runs its next allocation to the end."""
 
 
 # --- output --------------------------------------------------------------------------------

@@ -1,17 +1,21 @@
 """Preemption: which running jobs to stop so a blocked job can start, losing the least work.
 
 Contract:
-- A running job may be a victim only if its class is preemptible, it has run at least its
-  class's minimum runtime in this allocation, and it holds no notice already (``eligible``).
+- A running job may be a victim only if it holds no notice already and its protection is
+  over (``protected_until``): its class is preemptible, it was preempted fewer than
+  ``PolicyConfig.max_preemptions`` times before, and it has run in this allocation at least
+  ``PolicyConfig.min_runtime_s`` doubled per earlier preemption, or its class's own minimum
+  runtime when that is longer. So no job is preempted more than ``max_preemptions`` times,
+  and a job that keeps being taken back runs longer each time (anti-thrash).
 - Priority preemption: victims come from the blocked job's own queue and flavor and have a
   strictly lower priority value. Reclaim: a job that stays within its queue's nominal quota
   may take back lent quota from queues of its cohort that borrow the flavor, whatever their
   priority, and only from a queue while it still borrows (after the victims already chosen).
 - Jobs already under notice (leaving anyway) are used first and cost nothing; they are
   *claimed* so that two blocked jobs never count on the same leaving GPUs.
-- Among the others, victims are preferred by least work lost: the most recent checkpoint
-  (time since the last checkpoint, or since the start when there is none, in whole minutes),
-  then lowest priority, then youngest, then job id. For reclaim, jobs no bigger than what
+- Among the others, victims are preferred by least work lost: GPU-seconds since the last
+  checkpoint (or since the start when there is none) times the GPUs of the whole gang, then
+  lowest priority, then youngest, then job id. The notice tells the victim what it loses. For reclaim, jobs no bigger than what
   their queue borrows come before bigger ones, so a lender takes back borrowed GPUs rather
   than the borrower's own quota where it can.
 - ``select`` adds victims in that order until the blocked job would fit (quota and a gang
@@ -21,11 +25,18 @@ Contract:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from services.scheduler.policy import explain
-from services.scheduler.policy.model import PendingJob, PreemptionKind, PriorityClass, RunningJob
+from services.scheduler.policy.model import (
+    PendingJob,
+    PolicyConfig,
+    PreemptionKind,
+    PriorityClass,
+    RunningJob,
+)
 from services.scheduler.policy.packing import FlavorPool, Shape
 from services.scheduler.policy.quota import QuotaBook
 
@@ -38,24 +49,38 @@ class Candidate:
     job: RunningJob
     kind: PreemptionKind | None
     """None for a job already leaving under notice."""
-    key: tuple[int, int, int, int, float, str]
+    key: tuple[int, int, float, int, float, str]
 
 
-def eligible(job: RunningJob, cls: PriorityClass, now: float) -> bool:
+def protected_until(job: RunningJob, cls: PriorityClass, config: PolicyConfig) -> float:
+    """The first moment ``job`` may be preempted in its current allocation (``math.inf``:
+    not before it ends). See the module docstring."""
+    if not cls.preemptible or job.preemptions >= config.max_preemptions:
+        return math.inf
+    floor = config.min_runtime_s * 2.0**job.preemptions
+    return job.started_at + max(cls.min_runtime_s, floor)
+
+
+def eligible(job: RunningJob, cls: PriorityClass, config: PolicyConfig, now: float) -> bool:
     """Whether ``job`` may receive a preemption notice now."""
-    return job.notice_at is None and cls.preemptible and now - job.started_at >= cls.min_runtime_s
+    return job.notice_at is None and now >= protected_until(job, cls, config)
+
+
+def work_lost_s(job: RunningJob, now: float) -> float:
+    """Seconds of the job's work a preemption now would lose: since its last checkpoint in
+    this allocation, or since the allocation started when it has none."""
+    saved = job.last_checkpoint_at if job.last_checkpoint_at is not None else job.started_at
+    return max(0.0, now - max(saved, job.started_at))
 
 
 def victim_key(
     job: RunningJob, priority: int, now: float, leaving: bool = False, oversize: bool = False
-) -> tuple[int, int, int, int, float, str]:
+) -> tuple[int, int, float, int, float, str]:
     """Preference order of victims, smallest first (see module docstring)."""
-    saved = job.last_checkpoint_at if job.last_checkpoint_at is not None else job.started_at
-    lost_minutes = int(max(0.0, now - max(saved, job.started_at)) // 60)
     return (
         0 if leaving else 1,
         1 if oversize else 0,
-        lost_minutes,
+        work_lost_s(job, now) * job.gpus,
         priority,
         -job.started_at,
         job.job_id,
@@ -144,6 +169,7 @@ def candidates_for(
     running: Mapping[tuple[str, str], list[RunningJob]],
     leaving: list[RunningJob],
     classes: Callable[[str], PriorityClass],
+    config: PolicyConfig,
     now: float,
 ) -> tuple[list[Candidate], dict[str, int]]:
     """Candidate victims for a job of ``queue``/``flavor`` and what reclaim may take per
@@ -154,7 +180,7 @@ def candidates_for(
     ]
     for job in running.get((queue, flavor), ()):
         cls = classes(job.priority)
-        if cls.value < priority and eligible(job, cls, now):
+        if cls.value < priority and eligible(job, cls, config, now):
             found.append(Candidate(job, "priority", victim_key(job, cls.value, now)))
     reclaimable: dict[str, int] = {}
     cohort = quota.queues[queue].cohort
@@ -163,18 +189,27 @@ def candidates_for(
             reclaimable[other] = borrowed
             for job in running.get((other, flavor), ()):
                 cls = classes(job.priority)
-                if eligible(job, cls, now):
+                if eligible(job, cls, config, now):
                     key = victim_key(job, cls.value, now, oversize=job.gpus > borrowed)
                     found.append(Candidate(job, "reclaim", key))
     return found, reclaimable
 
 
 def notice(
-    job: PendingJob, job_class: PriorityClass, victim: Candidate, victim_class: PriorityClass
+    job: PendingJob,
+    job_class: PriorityClass,
+    victim: Candidate,
+    victim_class: PriorityClass,
+    now: float,
 ) -> str:
-    """The reason a victim is told: for whom, and which rule allowed it."""
+    """The reason a victim is told: for whom, which rule allowed it, and what it loses."""
+    checkpointed = (
+        victim.job.last_checkpoint_at is not None
+        and victim.job.last_checkpoint_at >= victim.job.started_at
+    )
+    lost = explain.work_lost(work_lost_s(victim.job, now), victim.job.gpus, checkpointed)
     if victim.kind == "priority":
         detail = f"priority {job_class.name} outranks {victim_class.name} in queue {job.queue}"
-        return explain.victim(job.job_id, "priority", detail)
+        return explain.victim(job.job_id, "priority", f"{detail}; {lost}")
     detail = f"queue {victim.job.queue} borrows {job.flavor} quota that {job.queue} needs"
-    return explain.victim(job.job_id, "reclaim", detail)
+    return explain.victim(job.job_id, "reclaim", f"{detail}; {lost}")

@@ -31,6 +31,7 @@ from services.scheduler.policy import explain
 from services.scheduler.policy.backfill import FluidEstimate
 from services.scheduler.policy.model import Explanation, PendingJob
 from services.scheduler.policy.packing import Shape
+from services.scheduler.policy.preemption import protected_until
 from services.scheduler.policy.quota import Verdict
 
 if TYPE_CHECKING:
@@ -195,11 +196,12 @@ class _Explainer:
             for name in queues:
                 for r in state.running.get((name, flavor), ()):
                     end = max(self.now, r.started_at + r.declared_runtime_s)
-                    cls = state.priority(r.priority)
                     if r.notice_at is not None:
                         end = min(end, r.notice_at + grace)
-                    elif state.config.preemption and cls.preemptible:
-                        end = min(end, max(self.now, r.started_at + cls.min_runtime_s) + grace)
+                    elif state.config.preemption:
+                        cls = state.priority(r.priority)
+                        protected = protected_until(r, cls, state.config)
+                        end = min(end, max(self.now, protected) + grace)
                     ends.append((end, r.gpus))
             self._timelines[key] = _Timeline(ends)
         return self._timelines[key].when(gpus, self.now)

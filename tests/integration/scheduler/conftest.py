@@ -163,6 +163,9 @@ async def scheduler_with(pool: asyncpg.Pool, nats_settings: NatsSettings) -> Asy
             **policy: Any,
         ) -> Scheduler:
             bus = await stack.enter_async_context(Bus.connect(nats_settings, "scheduler-test"))
+            # Preemption tests here check the mechanics on jobs granted a moment ago: the
+            # anti-thrash minimum runtime is off unless a test asks for it.
+            policy.setdefault("min_runtime_s", 0.0)
             tuning = Tuning(
                 PolicyConfig(**policy),
                 cancel_grace_s=cancel_grace_s,

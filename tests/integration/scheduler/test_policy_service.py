@@ -119,7 +119,11 @@ async def test_high_priority_preempts_low_and_gets_its_gpus(scheduler: Scheduler
     assert waits.blocking == "low"
     assert waits.estimated_start is not None
     notice = await scheduler.pool.fetchval("SELECT notice_reason FROM allocations")
-    assert notice == "preempted for job high: priority high outranks low in queue default:vision"
+    assert notice.startswith(
+        "preempted for job high: priority high outranks low in queue default:vision; "
+        "it loses ~"
+    )
+    assert notice.endswith(" of work on 4 GPUs since it started")
     assert (await job(scheduler.pool, "low"))["status"] == "RUNNING"  # it keeps its GPUs for now
 
     # The runner checkpoints and stops the victim: the high job gets the GPUs.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from services.scheduler.policy import schedule
 from services.scheduler.policy.model import Node, PolicyConfig, RunningJob
 
@@ -117,8 +119,35 @@ def test_victims_lose_least_work_first() -> None:
         low("older-fresh", NOW - 70),
     )
     d = schedule(snap(nodes, queues, (pending("hi", "a", 1, priority="high"),), run))
-    # fresh-ckpt and older-fresh lost 1 whole minute each; the younger of the two goes.
+    # Seconds count, not whole minutes: fresh-ckpt lost 60 s, older-fresh 70 s.
     assert [p.job_id for p in d.preemptions] == ["fresh-ckpt"]
+    assert "it loses ~1 min of work on 1 GPU since its last checkpoint" in d.preemptions[0].reason
+
+
+def test_a_gang_loses_its_work_on_every_gpu() -> None:
+    """GPU-seconds decide: a 4-GPU gang 60 s past its checkpoint loses more than a
+    single-GPU job 200 s past its own."""
+    nodes = (node("n1", 5),)
+    queues = (queue("a", 5),)
+    ckpt = NOW - 5 * HOUR
+    run = (
+        running("gang", "a", {"n1": 4}, priority="low", started=ckpt, checkpoint=NOW - 60),
+        running("single", "a", {"n1": 1}, priority="low", started=ckpt, checkpoint=NOW - 200),
+    )
+    d = schedule(snap(nodes, queues, (pending("hi", "a", 1, priority="high"),), run))
+    assert [p.job_id for p in d.preemptions] == ["single"]
+
+
+def test_under_a_minute_the_work_lost_still_decides() -> None:
+    """Seen live: with whole minutes, 10 s and 50 s of lost work tied and the youngest went."""
+    nodes = (node("n1", 2),)
+    queues = (queue("a", 2),)
+    run = (
+        running("young", "a", {"n1": 1}, priority="low", started=NOW - HOUR, checkpoint=NOW - 50),
+        running("old", "a", {"n1": 1}, priority="low", started=NOW - 2 * HOUR, checkpoint=NOW - 10),
+    )
+    d = schedule(snap(nodes, queues, (pending("hi", "a", 1, priority="high"),), run))
+    assert [p.job_id for p in d.preemptions] == ["old"]
 
 
 def test_victim_ties_go_to_lowest_priority_then_youngest() -> None:
@@ -127,10 +156,10 @@ def test_victim_ties_go_to_lowest_priority_then_youngest() -> None:
     ckpt = NOW - 30
     run = (
         running(
-            "normal-young", "a", {"n1": 1}, priority="normal", started=NOW - 100, checkpoint=ckpt
+            "normal-young", "a", {"n1": 1}, priority="normal", started=NOW - 700, checkpoint=ckpt
         ),
         running("low-old", "a", {"n1": 1}, priority="low", started=NOW - 900, checkpoint=ckpt),
-        running("low-young", "a", {"n1": 1}, priority="low", started=NOW - 200, checkpoint=ckpt),
+        running("low-young", "a", {"n1": 1}, priority="low", started=NOW - 800, checkpoint=ckpt),
     )
     d = schedule(snap(nodes, queues, (pending("hi", "a", 1, priority="high"),), run))
     assert [p.job_id for p in d.preemptions] == ["low-young"]
@@ -164,3 +193,44 @@ def test_a_victim_is_chosen_once_per_pass_even_when_two_queues_reclaim() -> None
     d = schedule(snap((node("n1"),), queues, waiting, run))
     victims = [p.job_id for p in d.preemptions]
     assert victims == ["c-big"]
+
+
+# --- anti-thrash ---------------------------------------------------------------------------
+
+
+def test_no_job_is_preempted_before_the_default_minimum_runtime() -> None:
+    nodes = (node("n1", 1),)
+    queues = (queue("a", 1),)
+    config = PolicyConfig(min_runtime_s=300.0)
+    for age, preempted in ((299.0, False), (300.0, True)):
+        run = (running("low", "a", {"n1": 1}, priority="low", started=NOW - age),)
+        d = schedule(snap(nodes, queues, (pending("hi", "a", 1, priority="high"),), run), config)
+        assert bool(d.preemptions) is preempted, age
+    # While it is protected, the waiting job is told who holds its quota.
+    run = (running("low", "a", {"n1": 1}, priority="low", started=NOW - 100),)
+    d = schedule(snap(nodes, queues, (pending("hi", "a", 1, priority="high"),), run), config)
+    assert d.explanations["hi"].blocking == "low"
+
+
+def test_a_protected_borrower_delays_the_reclaim_estimate_until_its_protection_ends() -> None:
+    nodes, run = borrowed_cluster(started=NOW - 100)
+    config = PolicyConfig(min_runtime_s=300.0)
+    d = schedule(snap(nodes, COHORT, (pending("a-job", "a", gpus=6),), run), config)
+    assert d.preemptions == ()
+    assert d.explanations["a-job"].estimated_start == NOW + 200 + config.grace_s
+
+
+def test_each_preemption_doubles_the_protection_and_the_last_one_is_final() -> None:
+    nodes = (node("n1", 1),)
+    queues = (queue("a", 1),)
+    config = PolicyConfig(min_runtime_s=300.0, max_preemptions=3)
+
+    def preempted(times: int, age: float) -> bool:
+        low = running("low", "a", {"n1": 1}, priority="low", started=NOW - age)
+        low = replace(low, preemptions=times)
+        d = schedule(snap(nodes, queues, (pending("hi", "a", 1, priority="high"),), (low,)), config)
+        return bool(d.preemptions)
+
+    assert [preempted(1, age) for age in (599.0, 600.0)] == [False, True]
+    assert [preempted(2, age) for age in (1199.0, 1200.0)] == [False, True]
+    assert not preempted(3, 10 * HOUR)  # preempted 3 times: it runs to its end

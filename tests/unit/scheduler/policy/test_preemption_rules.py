@@ -5,43 +5,47 @@ and the notice a victim is told."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from dataclasses import replace
 
-from services.scheduler.policy.model import PriorityClass, RunningJob
+from services.scheduler.policy.model import PolicyConfig, PriorityClass, RunningJob
 from services.scheduler.policy.packing import FlavorPool, NodeSlot, Shape
 from services.scheduler.policy.preemption import (
     Candidate,
     candidates_for,
     eligible,
     notice,
+    protected_until,
     select,
     victim_key,
+    work_lost_s,
 )
 from services.scheduler.policy.quota import QuotaBook
 
-from .builders import NOW, pending, queue, running
+from .builders import HOUR, NOW, pending, queue, running
 
 # --- victim order ------------------------------------------------------------------------
 
 
 def test_victim_key_in_full() -> None:
     job = running("v", "b", {"n1": 2}, started=NOW - 3 * 3600, checkpoint=NOW - 90)
-    assert victim_key(job, 5, NOW) == (1, 0, 1, 5, -(NOW - 3 * 3600), "v")
-    assert victim_key(job, 5, NOW, leaving=True) == (0, 0, 1, 5, -(NOW - 3 * 3600), "v")
-    assert victim_key(job, 5, NOW, oversize=True) == (1, 1, 1, 5, -(NOW - 3 * 3600), "v")
+    assert victim_key(job, 5, NOW) == (1, 0, 180.0, 5, -(NOW - 3 * 3600), "v")
+    assert victim_key(job, 5, NOW, leaving=True) == (0, 0, 180.0, 5, -(NOW - 3 * 3600), "v")
+    assert victim_key(job, 5, NOW, oversize=True) == (1, 1, 180.0, 5, -(NOW - 3 * 3600), "v")
 
 
-def test_work_lost_counts_whole_minutes_since_the_checkpoint_or_the_start() -> None:
-    def lost(since_start: float, since_checkpoint: float | None = None) -> int:
+def test_work_lost_counts_seconds_since_the_checkpoint_or_the_start() -> None:
+    def lost(since_start: float, since_checkpoint: float | None = None) -> float:
         checkpoint = None if since_checkpoint is None else NOW - since_checkpoint
         job = running("v", "b", {"n1": 1}, started=NOW - since_start, checkpoint=checkpoint)
-        return victim_key(job, 0, NOW)[2]
+        assert victim_key(job, 0, NOW)[2] == work_lost_s(job, NOW)
+        return work_lost_s(job, NOW)
 
-    assert [lost(s) for s in (0, 59, 60, 61, 119, 120, 3600)] == [0, 0, 1, 1, 1, 2, 60]
-    assert lost(3600, since_checkpoint=59) == 0
-    assert lost(3600, since_checkpoint=60) == 1
+    assert [lost(s) for s in (0, 59.5, 60, 3600)] == [0, 59.5, 60, 3600]
+    assert lost(3600, since_checkpoint=59) == 59
     # A checkpoint older than this allocation (an earlier attempt's) counts from the start.
-    assert lost(120, since_checkpoint=7200) == 2
+    assert lost(120, since_checkpoint=7200) == 120
     # A clock that went backwards loses nothing.
     assert lost(-30) == 0
 
@@ -56,15 +60,34 @@ def test_leaving_jobs_go_first_then_jobs_within_what_their_queue_borrows() -> No
     assert [k[-1] for k in ordered] == ["leaving", "plain", "big"]
 
 
-def test_eligible_needs_a_preemptible_class_its_minimum_runtime_and_no_notice() -> None:
+def test_eligible_needs_a_preemptible_class_its_protection_over_and_no_notice() -> None:
     guarded = PriorityClass("guarded", 5, preemptible=True, min_runtime_s=1800.0)
     pinned = PriorityClass("pinned", 0, preemptible=False)
+    config = PolicyConfig(min_runtime_s=300.0, max_preemptions=3)
     job = running("v", "b", {"n1": 1}, started=NOW - 1800)
-    assert eligible(job, guarded, NOW)
-    assert not eligible(job, guarded, NOW - 1)
-    assert not eligible(job, pinned, NOW)
+    assert eligible(job, guarded, config, NOW)
+    assert not eligible(job, guarded, config, NOW - 1)
+    assert not eligible(job, pinned, config, NOW)
     noticed = running("v", "b", {"n1": 1}, started=NOW - 1800, notice=NOW - 5)
-    assert not eligible(noticed, guarded, NOW)
+    assert not eligible(noticed, guarded, config, NOW)
+
+
+def test_protection_is_the_longer_of_the_class_minimum_and_the_doubling_floor() -> None:
+    config = PolicyConfig(min_runtime_s=300.0, max_preemptions=3)
+    plain = PriorityClass("plain", 0)
+    guarded = PriorityClass("guarded", 0, min_runtime_s=1000.0)
+    started = NOW - HOUR
+
+    def until(cls: PriorityClass, times: int) -> float:
+        job = replace(running("v", "b", {"n1": 1}, started=started), preemptions=times)
+        return protected_until(job, cls, config) - started
+
+    assert [until(plain, k) for k in range(3)] == [300.0, 600.0, 1200.0]
+    assert [until(guarded, k) for k in range(3)] == [1000.0, 1000.0, 1200.0]
+    assert until(plain, 3) == math.inf and until(plain, 7) == math.inf
+    assert until(PriorityClass("pinned", 0, preemptible=False), 0) == math.inf
+    off = PolicyConfig(min_runtime_s=0.0, max_preemptions=3)
+    assert protected_until(running("v", "b", {"n1": 1}, started=started), plain, off) == started
 
 
 # --- select: counting what victims free ----------------------------------------------------
@@ -208,8 +231,9 @@ def test_candidates_for_priority_and_reclaim() -> None:
     book.add("a", "a100", 2)
     book.add("b", "a100", 6)  # b borrows 2
     leaving = [running("gone", "b", {"n2": 1}, notice=NOW - 5)]
+    config = PolicyConfig(min_runtime_s=0.0)
     found, reclaimable = candidates_for(
-        book, "a", "a100", 10, True, runs, leaving, classes.__getitem__, NOW
+        book, "a", "a100", 10, True, runs, leaving, classes.__getitem__, config, NOW
     )
     kinds = {c.job.job_id: c.kind for c in found}
     assert kinds == {"gone": None, "a-low": "priority", "b-small": "reclaim", "b-big": "reclaim"}
@@ -220,7 +244,7 @@ def test_candidates_for_priority_and_reclaim() -> None:
     assert keys["b-small"][1] == 0 and keys["b-big"][1] == 1  # bigger than b borrows
     # Beyond its nominal quota the job reclaims nothing.
     found, reclaimable = candidates_for(
-        book, "a", "a100", 10, False, runs, [], classes.__getitem__, NOW
+        book, "a", "a100", 10, False, runs, [], classes.__getitem__, config, NOW
     )
     assert {c.job.job_id for c in found} == {"a-low"} and reclaimable == {}
 
@@ -228,15 +252,19 @@ def test_candidates_for_priority_and_reclaim() -> None:
 # --- the notice ----------------------------------------------------------------------------
 
 
-def test_the_notice_names_the_job_and_the_rule() -> None:
+def test_the_notice_names_the_job_the_rule_and_the_work_lost() -> None:
     high = PriorityClass("high", 20)
     normal = PriorityClass("normal", 10)
     job = pending("winner", "a", gpus=2, priority="high")
-    victim = Candidate(running("loser", "a", {"n1": 1}), "priority", (1, 0, 0, 0, 0.0, "loser"))
-    assert notice(job, high, victim, normal) == (
-        "preempted for job winner: priority high outranks normal in queue a"
+    loser = running("loser", "a", {"n1": 1}, started=NOW - HOUR)
+    victim = Candidate(loser, "priority", (1, 0, 0.0, 0, 0.0, "loser"))
+    assert notice(job, high, victim, normal, NOW) == (
+        "preempted for job winner: priority high outranks normal in queue a; "
+        "it loses ~1.0 h of work on 1 GPU since it started"
     )
-    borrower = Candidate(running("loser", "b", {"n1": 1}), "reclaim", (1, 0, 0, 0, 0.0, "loser"))
-    assert notice(job, high, borrower, normal) == (
-        "preempted to return borrowed quota for job winner: queue b borrows a100 quota that a needs"
+    saved = running("loser", "b", {"n1": 4}, started=NOW - HOUR, checkpoint=NOW - 720)
+    borrower = Candidate(saved, "reclaim", (1, 0, 0.0, 0, 0.0, "loser"))
+    assert notice(job, high, borrower, normal, NOW) == (
+        "preempted to return borrowed quota for job winner: queue b borrows a100 quota that a "
+        "needs; it loses ~12 min of work on 4 GPUs since its last checkpoint"
     )

@@ -150,7 +150,7 @@ def _reached(what: str) -> None:
     event(what)
 
 
-def check_pass(snapshot: Snapshot, decisions: Decisions) -> None:
+def check_pass(snapshot: Snapshot, decisions: Decisions, config: PolicyConfig) -> None:
     nodes = {n.node_id: n for n in snapshot.nodes}
     pending = {j.job_id: j for j in snapshot.pending}
     taken = {(n.node_id, i) for n in snapshot.nodes for i in n.used}
@@ -203,7 +203,16 @@ def check_pass(snapshot: Snapshot, decisions: Decisions) -> None:
         victim = running[pre.job_id]
         cls = classes.get(victim.priority)
         assert cls is None or cls.preemptible
-        assert cls is None or snapshot.now - victim.started_at >= cls.min_runtime_s
+        # Anti-thrash, computed here independently of the policy's own function: the class
+        # minimum or the doubling floor, whichever is longer, and a bounded count.
+        assert victim.preemptions < config.max_preemptions, "preempted once too often"
+        protection = max(
+            cls.min_runtime_s if cls is not None else 0.0,
+            config.min_runtime_s * 2**victim.preemptions,
+        )
+        assert snapshot.now - victim.started_at >= protection, "preempted while protected"
+        if victim.preemptions:
+            _reached("a job preempted again")
         assert victim.notice_at is None
         assert pre.for_job_id in decisions.explanations
         blocked = pending[pre.for_job_id]
@@ -244,8 +253,16 @@ def shuffled(snapshot: Snapshot, rng: random.Random) -> Snapshot:
 )
 @given(world=worlds(), backfill=st.booleans(), seed=st.integers(0, 1000))
 def _passes_keep_every_invariant(world: World, backfill: bool, seed: int) -> None:
-    config = PolicyConfig(backfill=backfill, grace_s=120.0, ageing_s=600.0, half_life_s=3600.0)
+    config = PolicyConfig(
+        backfill=backfill,
+        grace_s=120.0,
+        ageing_s=600.0,
+        half_life_s=3600.0,
+        min_runtime_s=rng_choice(seed, (0.0, 150.0, 300.0)),
+        max_preemptions=rng_choice(seed // 3, (1, 2, 3)),
+    )
     rng = random.Random(seed)
+    preempted: dict[str, int] = {}
     running: dict[str, RunningJob] = {}
     waiting: dict[str, PendingJob] = {}
     usage: dict[str, float] = {}
@@ -283,7 +300,7 @@ def _passes_keep_every_invariant(world: World, backfill: bool, seed: int) -> Non
             dict(usage),
         )
         decisions = schedule(snapshot, config)
-        check_pass(snapshot, decisions)
+        check_pass(snapshot, decisions, config)
         for what, happened in (
             ("a pass placed jobs", decisions.placements),
             ("a pass preempted", decisions.preemptions),
@@ -309,11 +326,20 @@ def _passes_keep_every_invariant(world: World, backfill: bool, seed: int) -> Non
                 dict(p.gpus),
                 None,
                 p.borrowed,
+                preemptions=preempted.get(job.job_id, 0),
             )
         for pre in decisions.preemptions:
             running[pre.job_id] = replace(running[pre.job_id], notice_at=now)
+            preempted[pre.job_id] = preempted.get(pre.job_id, 0) + 1
+            assert preempted[pre.job_id] <= config.max_preemptions, "no job preempted too often"
     # Steer towards examples that reach many of the interesting cases at once.
     target(float(len(EXAMPLE)), label="interesting cases reached")
+
+
+def rng_choice(seed: int, options: tuple[T, ...]) -> T:
+    """One of ``options``, fixed by ``seed`` (so the anti-thrash knobs vary with the example
+    without another strategy to shrink)."""
+    return options[seed % len(options)]
 
 
 def test_passes_over_a_job_stream_keep_every_invariant() -> None:
@@ -330,5 +356,6 @@ def test_passes_over_a_job_stream_keep_every_invariant() -> None:
         ("a pass borrowed quota", 100),
         ("a placement filled its cohort's pool exactly", 100),
         ("a pass placed a multi-node gang", 5),
+        ("a job preempted again", 100),
     ):
         assert REACHED[what] >= at_least, f"{what!r} reached {REACHED[what]} times: {REACHED}"
