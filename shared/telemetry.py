@@ -35,11 +35,14 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from shared.settings import TelemetrySettings
+from trainyard.tracing import PROPAGATOR
+from trainyard.tracing import inject as inject
 
-_PROPAGATOR = TraceContextTextMapPropagator()
+# Injecting is the client distribution's (its HTTP client sends the context too); one
+# propagator and one ``inject`` for both.
+_PROPAGATOR = PROPAGATOR
 METRICS_EXPORT_SECONDS = 15.0
 
 
@@ -99,13 +102,6 @@ def setup_metrics(service_name: str, settings: TelemetrySettings) -> MeterProvid
 def meter(name: str) -> metrics.Meter:
     """The meter instruments of module ``name`` come from (the process's provider)."""
     return metrics.get_meter(name)
-
-
-def inject(headers: dict[str, str] | None = None) -> dict[str, str]:
-    """Return ``headers`` with the current trace context added."""
-    carrier = dict(headers or {})
-    _PROPAGATOR.inject(carrier)
-    return carrier
 
 
 def extract(headers: dict[str, str] | None) -> otel_context.Context:

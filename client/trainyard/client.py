@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 import httpx
 
-from shared.telemetry import inject
+from trainyard.tracing import inject
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 SETTLE_SECONDS = 10.0

@@ -34,7 +34,7 @@ import jsonschema
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from shared.suggest import unknown_field
+from trainyard.suggest import unknown_field
 
 API_VERSION = "trainyard.dev/v1"
 KIND = "Job"

@@ -12,7 +12,9 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-HyperValue = float | int | str | bool
+# Defined by the client distribution (the job <-> runner contract) and carried in events.
+from trainyard.control import CheckpointRef as CheckpointRef
+from trainyard.control import HyperValue as HyperValue
 
 BUNDLE_SHA256_PATTERN = r"^[0-9a-f]{64}$"
 GIT_COMMIT_PATTERN = r"^[0-9a-f]{40}$"
@@ -337,18 +339,6 @@ class JobMetrics(Payload):
     seq: int = Field(ge=0)
     """The batch's number within its allocation (0, 1, 2, ...)."""
     points: list[MetricPoint] = Field(min_length=1, max_length=MAX_METRIC_POINTS)
-
-
-class CheckpointRef(BaseModel):
-    """A complete checkpoint: its object, and the manifest written after it."""
-
-    model_config = ConfigDict(frozen=True, ser_json_inf_nan="constants")
-
-    uri: str
-    manifest_uri: str
-    step: int
-    size_bytes: int
-    sha256: str
 
 
 class CheckpointSaved(Payload):

@@ -10,17 +10,26 @@
 A URI may point anywhere below a bucket or folder (``s3://bucket/jobs/abc/checkpoints``);
 the store is rooted there. ``split_uri`` splits an object's URI (as ``uri_for`` returns it)
 into its folder's URI and the object's name, so ``open_store(root).get_bytes(key)`` reads it.
+
+The contract, the key rules, the local folder and the URI parsing belong to the client
+distribution (``trainyard.storage``), which a training job installs; this package adds S3,
+which only the platform opens (with its credentials), and names the rest for the services.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from urllib.parse import unquote
-
 from shared.settings import StorageSettings
-from shared.storage.base import ObjectNotFound, ObjectStore, validate_key, validate_prefix
-from shared.storage.local import LocalStore
 from shared.storage.s3 import S3Store, client_from_settings
+from trainyard import storage as _client
+from trainyard.storage import (
+    LocalStore,
+    ObjectNotFound,
+    ObjectStore,
+    parse_uri,
+    split_uri,
+    validate_key,
+    validate_prefix,
+)
 
 __all__ = [
     "LocalStore",
@@ -37,50 +46,11 @@ __all__ = [
 def open_store(uri: str, settings: StorageSettings | None = None) -> ObjectStore:
     """The store rooted at ``uri``; ``settings`` (default: read from the environment)
     supply the S3 endpoint and credentials. Unknown schemes raise ``ValueError``."""
-    scheme, rest = _scheme(uri)
-    if scheme == "file":
-        return LocalStore(_file_path(uri, rest))
+    scheme, rest = parse_uri(uri)
     if scheme == "s3":
         bucket, _, prefix = rest.partition("/")
         if not bucket:
             raise ValueError(f"S3 URI {uri!r} names no bucket (expected s3://bucket/prefix)")
         settings = settings if settings is not None else StorageSettings()
         return S3Store(client_from_settings(settings), bucket, prefix)
-    raise ValueError(
-        f"unsupported object-store scheme {scheme!r} in {uri!r} (expected 'file' or 's3')"
-    )
-
-
-def split_uri(uri: str) -> tuple[str, str]:
-    """Split an object URI into ``(folder_uri, name)``: ``s3://b/x/y.pt`` -> ``(s3://b/x,
-    y.pt)``. ``file`` names are percent-decoded, undoing ``Path.as_uri``."""
-    scheme, rest = _scheme(uri)
-    if scheme not in ("file", "s3"):
-        raise ValueError(f"unsupported object-store scheme {scheme!r} in {uri!r}")
-    head, sep, name = rest.rpartition("/")
-    if not sep or not name or (scheme == "s3" and not head):
-        raise ValueError(f"URI {uri!r} names no object inside a folder or bucket")
-    if scheme == "file":
-        name = unquote(name)
-    # "file:///x" lives in the filesystem root, whose URI keeps its "/".
-    return f"{scheme}://{head or '/'}", validate_key(name)
-
-
-def _scheme(uri: str) -> tuple[str, str]:
-    scheme, sep, rest = uri.partition("://")
-    if not sep or not scheme:
-        raise ValueError(f"not an object-store URI: {uri!r} (expected scheme://...)")
-    return scheme.lower(), rest
-
-
-def _file_path(uri: str, rest: str) -> Path:
-    if rest.startswith("/"):
-        return Path(unquote(rest))
-    if rest.startswith("localhost/"):
-        return Path(unquote(rest[len("localhost") :]))
-    if rest in (".", "..") or rest.startswith(("./", "../")):
-        return Path(unquote(rest))
-    raise ValueError(
-        f"file URI {uri!r} must be file:///absolute/path or file://./relative/path "
-        "(remote hosts are not supported)"
-    )
+    return _client.open_store(uri)

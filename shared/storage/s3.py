@@ -20,7 +20,7 @@ from minio.error import S3Error
 from urllib3 import BaseHTTPResponse
 
 from shared.settings import StorageSettings
-from shared.storage.base import (
+from trainyard.storage.base import (
     ObjectNotFound,
     ObjectStore,
     validate_key,

@@ -13,7 +13,7 @@ the same code runs on the platform and on a laptop (see ``trainyard.sdk.context`
             ctx.exit_preempted()
 """
 
-from shared.control import PREEMPTED_EXIT_CODE
+from trainyard.control import PREEMPTED_EXIT_CODE
 from trainyard.sdk.checkpoints import CheckpointError, CheckpointManifest
 from trainyard.sdk.context import JobContext, init
 

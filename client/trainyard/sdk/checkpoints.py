@@ -36,8 +36,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shared.events.payloads import CheckpointRef
-from shared.storage import ObjectNotFound, ObjectStore, validate_key
+from trainyard.control import CheckpointRef
+from trainyard.storage import ObjectNotFound, ObjectStore, validate_key
 
 log = logging.getLogger("trainyard.sdk")
 

@@ -1,7 +1,7 @@
 """``JobContext``: what training code sees of the platform, with local fallbacks.
 
 Inside the platform the runner sets the ``TRAINYARD_*`` variables of
-``shared.control.JobRuntimeEnv``; outside it (no ``TRAINYARD_JOB_ID``) the same code runs
+``trainyard.control.JobRuntimeEnv``; outside it (no ``TRAINYARD_JOB_ID``) the same code runs
 with the caller's defaults, seed ``defaults["seed"]`` (else 0), metrics printed to stdout
 and checkpoints in ``./.trainyard/local-checkpoints/<name>``, so a rerun there resumes too.
 
@@ -32,18 +32,18 @@ from typing import Any, NoReturn, SupportsFloat, TypeVar
 import numpy as np
 import torch
 
-from shared.control import (
+from trainyard.control import (
     MAX_CONTROL_LINE_BYTES,
     PREEMPTED_EXIT_CODE,
     CheckpointMessage,
+    CheckpointRef,
     JobRuntimeEnv,
     MetricsMessage,
     unix_address,
 )
-from shared.events.payloads import CheckpointRef
-from shared.storage import ObjectStore, open_store
 from trainyard.sdk.checkpoints import CheckpointWriter, restore_latest
 from trainyard.sdk.throughput import DataMeter
+from trainyard.storage import ObjectStore, open_store
 
 log = logging.getLogger("trainyard.sdk")
 
