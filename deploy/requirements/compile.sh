@@ -1,5 +1,6 @@
 #!/bin/sh
-# Regenerates the image lock files from pyproject.toml, with a sha256 for every file, for
+# Regenerates the image lock files from pyproject.toml (the platform) and client/pyproject.toml
+# (the client it depends on, through client.in), with a sha256 for every file, for
 # CPython 3.11 on x86_64 Linux (the images' platform); wheels only, nothing built from source.
 #
 #   deploy/requirements/compile.sh                 # from the repository root, uv on PATH
@@ -13,18 +14,18 @@
 # build.txt     the build backend the images install the project with
 set -eu
 uv=${UV:-uv}
-common="--generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 --only-binary :all: --emit-index-url --custom-compile-command deploy/requirements/compile.sh"
+common="--no-emit-package trainyard --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 --only-binary :all: --emit-index-url --custom-compile-command deploy/requirements/compile.sh"
 cd "$(dirname "$0")/../.."
 # shellcheck disable=SC2086
-"$uv" pip compile pyproject.toml $common --override deploy/requirements/services-overrides.txt \
+"$uv" pip compile pyproject.toml deploy/requirements/client.in $common --override deploy/requirements/services-overrides.txt \
     -o deploy/requirements/services.txt
 if [ -n "${TORCH_BACKEND:-}" ]; then
     # shellcheck disable=SC2086
-    "$uv" pip compile pyproject.toml $common --torch-backend "$TORCH_BACKEND" \
+    "$uv" pip compile pyproject.toml deploy/requirements/client.in $common --torch-backend "$TORCH_BACKEND" \
         -o deploy/requirements/runner.txt
 else
     # shellcheck disable=SC2086
-    "$uv" pip compile pyproject.toml $common -o deploy/requirements/runner.txt
+    "$uv" pip compile pyproject.toml deploy/requirements/client.in $common -o deploy/requirements/runner.txt
 fi
 # shellcheck disable=SC2086
 "$uv" pip compile deploy/requirements/build.in $common -o deploy/requirements/build.txt

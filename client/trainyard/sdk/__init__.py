@@ -11,7 +11,20 @@ the same code runs on the platform and on a laptop (see ``trainyard.sdk.context`
         ctx.save_checkpoint(step, {"model": model.state_dict(), ...})
         if ctx.should_stop():
             ctx.exit_preempted()
+
+PyTorch is the training environment's own (CPU, CUDA or ROCm build, any version the SDK
+supports): the ``trainyard`` distribution does not install it. Importing the SDK where
+torch is missing raises ``ImportError`` saying so; the CLI and the HTTP client never need it.
 """
+
+import importlib.util
+
+if importlib.util.find_spec("torch") is None:
+    raise ImportError(
+        "trainyard.sdk needs PyTorch, which is not installed in this environment; install the "
+        "torch build for your hardware (https://pytorch.org/get-started/locally/). The "
+        "trainyard package does not pin torch so that the one you choose is used."
+    )
 
 from trainyard.control import PREEMPTED_EXIT_CODE
 from trainyard.sdk.checkpoints import CheckpointError, CheckpointManifest

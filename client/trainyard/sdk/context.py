@@ -29,7 +29,6 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, NoReturn, SupportsFloat, TypeVar
 
-import numpy as np
 import torch
 
 from trainyard.control import (
@@ -186,9 +185,15 @@ class JobContext:
         return self._store.root_uri
 
     def seed_everything(self) -> int:
-        """Seed Python's ``random``, NumPy and torch (CPU and CUDA) with ``seed``."""
+        """Seed Python's ``random``, NumPy (when installed) and torch (CPU and CUDA) with
+        ``seed``."""
         random.seed(self._seed)
-        np.random.seed(self._seed % 2**32)  # NumPy accepts only 32-bit seeds
+        # NumPy is the training code's choice, not a dependency of this distribution:
+        # without it there is no NumPy generator to seed.
+        with contextlib.suppress(ImportError):
+            import numpy as np
+
+            np.random.seed(self._seed % 2**32)  # NumPy accepts only 32-bit seeds
         torch.manual_seed(self._seed)
         return self._seed
 

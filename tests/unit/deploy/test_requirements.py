@@ -1,5 +1,7 @@
 """The images' lock files (deploy/requirements/): every requirement pinned with sha256
-hashes, every dependency of pyproject.toml locked, the runner's torch the version that
+hashes, every dependency of both distributions (pyproject.toml, the platform, and
+client/pyproject.toml, the client it depends on) locked, the client itself not (the images
+install it from client/), the runner's torch the version that
 pyproject.toml pins, and no torch in the services' lock (no service imports it)."""
 
 from __future__ import annotations
@@ -34,10 +36,37 @@ def locked(path: Path) -> dict[str, tuple[str, int]]:
     return entries
 
 
+PROJECTS = (ROOT / "pyproject.toml", ROOT / "client" / "pyproject.toml")
+CLIENT = "trainyard"
+"""The client distribution: a dependency of the platform, installed from this checkout."""
+
+
 def project_dependencies() -> dict[str, Requirement]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    requirements = [Requirement(r) for r in project["dependencies"]]
-    return {canonicalize_name(r.name): r for r in requirements}
+    """Every dependency of the two distributions but the client itself, by name."""
+    requirements = [
+        Requirement(r)
+        for path in PROJECTS
+        for r in tomllib.loads(path.read_text())["project"]["dependencies"]
+    ]
+    return {
+        canonicalize_name(r.name): r for r in requirements if canonicalize_name(r.name) != CLIENT
+    }
+
+
+def test_both_distributions_are_read() -> None:
+    """The client's own dependencies are checked too, and the platform needs the client."""
+    names = project_dependencies()
+    assert {"httpx", "pyyaml", "shtab"} <= names.keys()  # the client's
+    assert {"nats-py", "asyncpg", "torch"} <= names.keys()  # the platform's
+    platform = tomllib.loads(PROJECTS[0].read_text())["project"]["dependencies"]
+    assert CLIENT in {canonicalize_name(Requirement(r).name) for r in platform}
+
+
+@pytest.mark.parametrize("name", ["services.txt", "runner.txt"])
+def test_the_client_is_not_locked(name: str) -> None:
+    """Locked, it would be fetched from an index (where the name may be someone else's);
+    the images install it from client/ instead."""
+    assert CLIENT not in locked(REQUIREMENTS / name)
 
 
 @pytest.mark.parametrize("name", ["services.txt", "runner.txt", "build.txt"])
