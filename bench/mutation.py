@@ -122,6 +122,8 @@ MODULES: dict[str, dict[str, Any]] = {
     },
     "shared/bus.py": {
         "tests": [
+            "tests/unit/shared/test_bus_rules.py",
+            "tests/integration/shared/test_bus_streams.py",
             "tests/unit/shared/test_infrastructure_faults.py",
             "tests/integration/shared/test_consumer.py",
             "tests/integration/shared/test_redrive.py",

@@ -1,0 +1,269 @@
+"""The bus on a real NATS JetStream (``shared.bus``): the streams it makes (and how), a lost
+stream made again or waited for, publishing once per event id and in order, and what a
+dead letter carries."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import nats
+import pytest
+from nats.js import api
+from pydantic import SecretStr
+
+from deploy.local.nats import NatsServer, NatsUser
+from shared.bus import (
+    CONSUMER_HEADER,
+    DELIVERIES_HEADER,
+    ORIGINAL_MSG_ID_HEADER,
+    ORIGINAL_SEQUENCE_HEADER,
+    ORIGINAL_SUBJECT_HEADER,
+    REASON_HEADER,
+    Bus,
+    Hearing,
+    Reject,
+    StreamMissingError,
+)
+from shared.events import Envelope, Payload, nats_subject
+from shared.events.payloads import JobCancelRequested
+from shared.events.trust import SUBMISSION
+from shared.settings import NatsSettings
+
+pytestmark = pytest.mark.integration
+
+SUBJECTS = [nats_subject(JobCancelRequested)]
+
+
+def event(job_id: str) -> Envelope[Payload]:
+    return Envelope.wrap(
+        JobCancelRequested(job_id=job_id, team="t", user="u"), source=SUBMISSION, subject=job_id
+    )
+
+
+def service_settings(settings: NatsSettings, server: NatsServer, user: NatsUser) -> NatsSettings:
+    return settings.model_copy(
+        update={"url": server.address, "user": user.name, "password": SecretStr(user.password)}
+    )
+
+
+async def test_the_streams_are_made_as_the_settings_say(nats_settings: NatsSettings) -> None:
+    settings = nats_settings.model_copy(
+        update={
+            "retention_hours": 2.0,
+            "deadletter_max_age_days": 3.0,
+            "deadletter_max_messages": 50,
+            "duplicate_window_seconds": 30.0,
+        }
+    )
+    async with Bus.connect(settings, "maker") as bus:
+        events = (await bus.jetstream.stream_info("TRAINYARD")).config
+        dead = (await bus.jetstream.stream_info("TRAINYARD_DEADLETTER")).config
+    assert events.subjects == ["trainyard.>"]
+    assert dead.subjects == ["deadletter.>"]
+    for config in (events, dead):
+        assert config.storage == api.StorageType.FILE
+        assert config.retention == api.RetentionPolicy.LIMITS
+        assert config.duplicate_window == 30.0
+    assert events.max_age == 2 * 3600
+    assert dead.max_age == 3 * 86400
+    assert events.max_msgs == -1  # unlimited
+    assert dead.max_msgs == 50
+
+
+async def test_a_stream_made_with_another_configuration_is_updated(
+    nats_settings: NatsSettings,
+) -> None:
+    async with Bus.connect(nats_settings, "first") as bus:
+        assert (await bus.jetstream.stream_info("TRAINYARD")).config.duplicate_window == 120.0
+    changed = nats_settings.model_copy(update={"duplicate_window_seconds": 45.0})
+    async with Bus.connect(changed, "second") as bus:
+        info = await bus.jetstream.stream_info("TRAINYARD")
+        assert info.config.duplicate_window == 45.0
+        dead = await bus.jetstream.stream_info("TRAINYARD_DEADLETTER")
+        assert dead.config.duplicate_window == 45.0
+
+
+async def test_a_lost_stream_is_made_again_with_a_new_identity(bus: Bus) -> None:
+    first = await bus.stream_created()
+    info = await bus.jetstream.stream_info("TRAINYARD")
+    assert first is not None and first == info.created
+    assert await bus.stream_created() == first
+    await bus.jetstream.delete_stream("TRAINYARD")
+    await asyncio.sleep(0.01)  # stream creation times are kept to the nanosecond
+    again = await bus.stream_created()
+    assert again is not None and again != first
+    assert again == (await bus.jetstream.stream_info("TRAINYARD")).created
+    await bus.jetstream.delete_stream("TRAINYARD_DEADLETTER")
+    await bus._restore_streams()
+    assert (await bus.jetstream.stream_info("TRAINYARD_DEADLETTER")).config.name
+
+
+async def test_a_service_that_may_not_make_the_streams_waits_for_them(
+    bus: Bus,
+    nats_server: NatsServer,
+    nats_settings: NatsSettings,
+    nats_service_user: Callable[..., NatsUser],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = service_settings(nats_settings, nats_server, nats_service_user("submission"))
+    async with Bus.connect(settings, "submission-under-test") as service:
+        assert not service.makes_streams
+        created = await service.stream_created()
+        assert created == await bus.stream_created()
+        await service._restore_streams()  # both there: nothing to say
+
+        await bus.jetstream.delete_stream("TRAINYARD_DEADLETTER")
+        with pytest.raises(StreamMissingError, match="stream TRAINYARD_DEADLETTER does not exist"):
+            await service._restore_streams()
+        await bus.jetstream.delete_stream("TRAINYARD")
+        assert await service.stream_created() is None
+        with pytest.raises(StreamMissingError) as missing:
+            await service._restore_streams()
+        assert str(missing.value) == (
+            "stream TRAINYARD does not exist (NATS lost it?); the NATS user 'scheduler' makes "
+            "it again"
+        )
+        with pytest.raises(nats.js.errors.NotFoundError):
+            await service.jetstream.stream_info("TRAINYARD")
+
+        # At start, a service waits for the streams (checking twice a second).
+        with caplog.at_level(logging.INFO, logger="shared.bus"):
+            waiting = asyncio.create_task(service.ensure_streams())
+            await asyncio.sleep(0.7)
+            assert not waiting.done()
+            await bus.ensure_streams()
+            async with asyncio.timeout(10):
+                await waiting
+        assert "waiting for stream TRAINYARD (made by the scheduler)" in [
+            r.getMessage() for r in caplog.records
+        ]
+        assert await service.stream_created() == await bus.stream_created()
+
+
+async def test_ready_when_connected_and_the_stream_answers(bus: Bus) -> None:
+    assert await bus.ping() is True
+    await bus.jetstream.delete_stream("TRAINYARD")
+    with pytest.raises(nats.js.errors.NotFoundError):
+        await bus.ping()
+
+
+async def test_an_event_id_is_published_once_and_a_batch_in_its_order(bus: Bus) -> None:
+    one = event("j1")
+    await bus.publish(one)
+    await bus.publish(one)
+    batch = [event(f"b{i}") for i in range(5)]
+    await bus.publish_many(
+        [(e.nats_subject, e.to_json(), e.id, {"X-Mine": str(i)}) for i, e in enumerate(batch)]
+    )
+    await bus.publish_many([(one.nats_subject, one.to_json(), one.id, {})])
+    info = await bus.jetstream.stream_info("TRAINYARD")
+    assert info.state.messages == 6
+    stored = [await bus.jetstream.get_msg("TRAINYARD", seq) for seq in range(1, 7)]
+    assert [m.headers["Nats-Msg-Id"] for m in stored if m.headers] == [
+        one.id,
+        *(e.id for e in batch),
+    ]
+    assert [m.subject for m in stored] == [e.nats_subject for e in (one, *batch)]
+    assert stored[0].data == one.to_json()
+    assert [m.headers["X-Mine"] for m in stored[1:] if m.headers] == ["0", "1", "2", "3", "4"]
+    ack = await bus.publish_raw(one.nats_subject, one.to_json(), "raw-id", {"X-Raw": "1"})
+    assert ack.seq == 7 and ack.stream == "TRAINYARD"
+    raw = await bus.jetstream.get_msg("TRAINYARD", 7)
+    assert raw.headers == {"X-Raw": "1", "Nats-Msg-Id": "raw-id"}
+
+
+async def test_a_dead_letter_carries_the_event_the_reason_and_where_it_came_from(
+    bus: Bus,
+) -> None:
+    poison = event("poison")
+    await bus.publish_raw(
+        poison.nats_subject,
+        poison.to_json(),
+        poison.id,
+        {"X-Keep": "yes", "Trainyard-Old": "dropped"},
+    )
+    stop = asyncio.Event()
+    handled: list[str] = []
+
+    async def reject(envelope: Envelope[Payload]) -> None:
+        handled.append(envelope.id)
+        stop.set()
+        raise Reject("the job is unknown\n  to this service")
+
+    async with asyncio.timeout(10):
+        await bus.consume("dl-test", SUBJECTS, reject, stop)
+    assert handled == [poison.id]
+    dead = await bus.jetstream.get_msg("TRAINYARD_DEADLETTER", 1)
+    assert dead.subject == "deadletter.dl-test"
+    assert dead.data == poison.to_json()
+    assert dead.headers is not None
+    headers = {k: v for k, v in dead.headers.items() if k != "Nats-Msg-Id"}
+    assert headers == {
+        "X-Keep": "yes",
+        REASON_HEADER: "rejected: the job is unknown to this service",
+        ORIGINAL_SUBJECT_HEADER: poison.nats_subject,
+        CONSUMER_HEADER: "dl-test",
+        ORIGINAL_SEQUENCE_HEADER: "1",
+        DELIVERIES_HEADER: "1",
+        ORIGINAL_MSG_ID_HEADER: poison.id,
+    }
+    assert dead.headers["Nats-Msg-Id"] == "deadletter:dl-test:1"
+    # Terminated: a consumer started again finds nothing to handle.
+    info = await bus.jetstream.consumer_info("TRAINYARD", "dl-test")
+    assert info.num_ack_pending == 0 and info.num_pending == 0
+
+
+async def test_a_failing_handler_is_retried_then_dead_lettered_with_its_error(
+    bus: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
+    one = event("flaky")
+    await bus.publish(one)
+    stop = asyncio.Event()
+    deliveries: list[str] = []
+
+    async def fail(envelope: Envelope[Payload]) -> None:
+        deliveries.append(envelope.id)
+        if len(deliveries) == 3:
+            stop.set()
+        raise RuntimeError("boom")
+
+    with caplog.at_level(logging.WARNING, logger="shared.bus"):
+        async with asyncio.timeout(20):
+            await bus.consume("retry-test", SUBJECTS, fail, stop)
+    assert len(deliveries) == 3  # max_deliver
+    messages = [r.getMessage() for r in caplog.records if r.name == "shared.bus"]
+    assert messages[:2] == [
+        f"retry-test: {one.id} failed (delivery 1), will retry: RuntimeError: boom",
+        f"retry-test: {one.id} failed (delivery 2), will retry: RuntimeError: boom",
+    ]
+    assert f"retry-test: giving up on {one.id} after 3 deliveries: RuntimeError: boom" in messages
+    dead = await bus.jetstream.get_msg("TRAINYARD_DEADLETTER", 1)
+    assert dead.headers is not None
+    assert dead.headers[REASON_HEADER] == "failed 3 times: RuntimeError: boom"
+    assert dead.headers[DELIVERIES_HEADER] == "3"
+
+
+async def test_a_consumer_that_caught_up_has_heard_everything_before_its_last_fetch(
+    bus: Bus,
+) -> None:
+    await bus.publish(event("heard"))
+    stop = asyncio.Event()
+    seen: list[str] = []
+
+    async def handle(envelope: Envelope[Payload]) -> None:
+        seen.append(envelope.subject)
+
+    task = asyncio.create_task(bus.consume("hearing-test", SUBJECTS, handle, stop))
+    try:
+        async with asyncio.timeout(10):
+            while bus.hearing("hearing-test") is None:
+                await asyncio.sleep(0.02)
+        hearing = bus.hearing("hearing-test")
+        assert isinstance(hearing, Hearing) and hearing.since <= hearing.through
+        assert seen == ["heard"]
+    finally:
+        stop.set()
+        await task
+    assert bus.hearing("hearing-test") is None
