@@ -1,7 +1,9 @@
-"""The registry's HTTP app: health, readiness and the model read API.
+"""The registry's HTTP app: health, readiness and the model API.
 
-- ``GET /v1/models/{team}/{name}/versions``: every version of a model, oldest first.
-- ``GET /v1/models/{team}/{name}/versions/{version}``: one version with its full lineage.
+- ``GET /v1/models/{team}/{name}/versions``: every live version of a model, oldest first.
+- ``GET /v1/models/{team}/{name}/versions/{version}``: one version with its full lineage,
+  its registration details and the aliases pointing at it (404 once deleted).
+- The model lifecycle (listing, registering, aliases, downloads, deletion): ``model_api``.
 - ``GET /v1/audit``: the audit log (operators).
 - Experiment tracking (metrics, experiments, runs, tags, notes): ``tracking_api``.
 
@@ -23,12 +25,16 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, PathParameter
 from litestar.types import Guard
 
+from services.registry import model_repository as models_repo
+from services.registry import names
 from services.registry import repository as repo
-from services.registry.schemas import VersionDetail, VersionList, VersionSummary
+from services.registry.model_api import STATUSES, model_routes
+from services.registry.schemas import OwnedVersion, VersionList, VersionSummary
 from services.registry.tracking_api import tracking_routes
 from shared.audit import audit_route
 from shared.http_app import error_responses, service_app
 from shared.identity import Principal
+from shared.storage import ObjectStore
 
 Caller = NamedDependency[Principal]
 
@@ -38,11 +44,18 @@ def create_app(
     guard: Guard,
     health_handlers: list[HTTPRouteHandler],
     cors_origins: Sequence[str] = (),
+    *,
+    store: ObjectStore | None = None,
+    download_url_seconds: int = 300,
 ) -> Litestar:
+    """The app over ``pool`` and ``store`` (where checkpoints are and the registry's copies
+    go; without one, registering, deleting and downloading versions answer 503)."""
+
     @get("/v1/models/{team:str}/{name:str}/versions", responses=error_responses(404))
     async def list_versions(
         team: FromPath[str], name: FromPath[str], principal: Caller
     ) -> VersionList:
+        names.check_model(team, name)
         missing = NotFoundException(f"no model {name!r} in team {team!r}")
         if not principal.may_see_team(team):
             raise missing
@@ -63,19 +76,31 @@ def create_app(
         name: FromPath[str],
         version: Annotated[int, PathParameter(ge=1, le=2**31 - 1)],  # the column's integer
         principal: Caller,
-    ) -> VersionDetail:
+    ) -> OwnedVersion:
+        names.check_model(team, name)
         missing = NotFoundException(f"no version {version} of model {name!r} in team {team!r}")
         if not principal.may_see_team(team):
             raise missing
         async with pool.acquire() as conn:
             found = await repo.model_version(conn, team, name, version)
-        if found is None:
-            raise missing
-        return VersionDetail.from_domain(found)
+            if found is None or found.deleted_at is not None:
+                raise missing
+            model_id = await models_repo.model_id(conn, team, name)
+            assert model_id is not None  # the version's model
+            pointing = await models_repo.aliases_of_version(conn, model_id, version)
+        return OwnedVersion.of(found, pointing)
 
     return service_app(
         "registry",
-        [*health_handlers, list_versions, get_version, *tracking_routes(pool), audit_route(pool)],
+        [
+            *health_handlers,
+            list_versions,
+            get_version,
+            *model_routes(pool, store, download_url_seconds),
+            *tracking_routes(pool),
+            audit_route(pool),
+        ],
         guard,
+        statuses=STATUSES,
         cors_origins=cors_origins,
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from shared.events.payloads import (
     CheckpointRef,
@@ -26,6 +26,9 @@ from shared.events.payloads import (
     Lineage,
     ModelRegistered,
 )
+
+Origin = Literal["job_success", "explicit"]
+"""How a version came to be: on its job's success, or by an explicit registration."""
 
 
 class NoArtifact(ValueError):
@@ -86,6 +89,7 @@ class Run:
 class RecordedCheckpoint:
     ref: CheckpointRef
     saved_at: datetime
+    allocation_id: str = ""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> RecordedCheckpoint:
@@ -98,6 +102,7 @@ class RecordedCheckpoint:
                 sha256=row["sha256"],
             ),
             row["saved_at"],
+            row["allocation_id"],
         )
 
 
@@ -108,15 +113,20 @@ def next_version(latest: int) -> int:
     return latest + 1
 
 
+def latest_checkpoint(recorded: Sequence[RecordedCheckpoint]) -> RecordedCheckpoint | None:
+    """The job's newest committed checkpoint: highest step, then the latest saved."""
+    return max(recorded, key=lambda c: (c.ref.step, c.saved_at), default=None)
+
+
 def choose_artifact(
     reported: CheckpointRef | None, recorded: Sequence[RecordedCheckpoint]
 ) -> CheckpointRef:
     """The checkpoint to register (see the module docstring)."""
     if reported is not None:
         return reported
-    if not recorded:
+    newest = latest_checkpoint(recorded)
+    if newest is None:
         raise NoArtifact("the job succeeded without reporting any checkpoint")
-    newest = max(recorded, key=lambda c: (c.ref.step, c.saved_at))
     return newest.ref
 
 
@@ -153,6 +163,21 @@ class ModelVersion:
     metrics: dict[str, float]
     lineage: Lineage
     registered_at: datetime
+    origin: Origin = "job_success"
+    source_uri: str | None = None
+    """The committed checkpoint the artifact was copied from (None: registered before the
+    registry kept copies; ``artifact`` is then the job's checkpoint itself)."""
+    artifact_key: str | None = None
+    """The key of the registry's own copy in its store (None for those older versions)."""
+    tags: tuple[str, ...] = ()
+    description: str = ""
+    created_by: str = "registry"
+    deleted_at: datetime | None = None
+
+    @property
+    def owned(self) -> bool:
+        """Whether the registry holds its own immutable copy of the artifact."""
+        return self.artifact_key is not None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> ModelVersion:
@@ -173,6 +198,13 @@ class ModelVersion:
             metrics={k: float(v) for k, v in row["metrics"].items()},
             lineage=Lineage.model_validate(row["lineage"]),
             registered_at=row["registered_at"],
+            origin=row["origin"],
+            source_uri=row["source_uri"],
+            artifact_key=row["artifact_key"],
+            tags=tuple(row["tags"]),
+            description=row["description"],
+            created_by=row["created_by"],
+            deleted_at=row["deleted_at"],
         )
 
     def to_event(self) -> ModelRegistered:

@@ -3,8 +3,13 @@
 Runs inside the transaction of ``shared.inbox.idempotent``.
 - ``job.started``: the run is recorded (once per allocation).
 - ``checkpoint.saved``: the checkpoint is recorded (once per job and object).
-- ``job.succeeded``: a model version is registered and ``model.registered`` goes to the
-  outbox, both in this transaction. A job registers at most one version: a second success
+- ``job.succeeded``: a model version is registered (``models.register``: the checkpoint is
+  copied to the registry's own key and verified first) and ``model.registered`` goes to the
+  outbox, both in this transaction. Every succeeded job registers: job specs carry no field
+  asking for it (or against it) yet. A checkpoint that is missing, outside the store, or
+  changed since it was committed registers nothing (logged at ERROR, not retried), and so
+  does a job whose team or model name is not a valid model name (``names``). A job
+  registers at most one version on success: a second success
   (a redelivery under another event id, a fenced runner that finished too) is a logged
   no-op, and the unique job id makes a concurrent one fail and retry into that no-op. If the
   run's ``job.started`` is not recorded yet, the handler raises an ordinary error so the
@@ -24,17 +29,16 @@ Runs inside the transaction of ``shared.inbox.idempotent``.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 import asyncpg
 
-from services.registry import domain, metric_ingest
+from services.registry import domain, metric_ingest, models, names
 from services.registry import repository as repo
 from services.registry import tracking_repository as tracking
-from services.registry.domain import ModelVersion, NoArtifact, Run, RunNotRecorded
-from shared import outbox
+from services.registry.artifacts import ArtifactMismatch, SourceOutsideStore
+from services.registry.domain import NoArtifact, Run, RunNotRecorded
 from shared.bus import Delivery, Reject
 from shared.events import Envelope, Payload
 from shared.events.payloads import (
@@ -46,6 +50,7 @@ from shared.events.payloads import (
     JobSucceeded,
 )
 from shared.events.trust import SCHEDULER
+from shared.storage import ObjectNotFound, ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +65,10 @@ def utc_now() -> datetime:
 
 
 class RegistryHandlers:
-    def __init__(self, clock: Clock = utc_now) -> None:
+    def __init__(self, store: ObjectStore | None = None, clock: Clock = utc_now) -> None:
+        """``store``: where checkpoints are and registered copies go; without one (tests of
+        other consumers) a success registers nothing."""
+        self._store = store
         self._clock = clock
 
     async def dispatch_batch(
@@ -149,31 +157,32 @@ class RegistryHandlers:
         except NoArtifact as exc:
             log.info("job %s: %s; no model version registered", succeeded.job_id, exc)
             return
-
-        now = self._clock()
-        model_id, latest = await repo.lock_model(conn, final.spec.team, final.spec.name, now)
-        version = ModelVersion(
-            id=str(uuid.uuid4()),
-            team=final.spec.team,
-            model_name=final.spec.name,
-            version=domain.next_version(latest),
+        spec = final.spec
+        if not (names.is_valid("team", spec.team) and names.is_valid("model", spec.name)):
+            log.warning(
+                "job %s: %r/%r is not a valid model name (names.py); no version registered",
+                succeeded.job_id,
+                spec.team,
+                spec.name,
+            )
+            return
+        what = models.Registration(
+            team=spec.team,
+            model=spec.name,
+            project=spec.project,
             job_id=succeeded.job_id,
-            allocation_id=succeeded.allocation_id,
-            artifact=artifact,
+            final=final,
+            runs=runs,
+            checkpoint=artifact,
             metrics=dict(succeeded.metrics),
-            lineage=domain.build_lineage(final, runs),
-            registered_at=now,
+            origin="job_success",
+            created_by=spec.user,
         )
-        await repo.insert_version(conn, model_id, version)
-        registered: Payload = version.to_event()
-        await outbox.enqueue(
-            conn, Envelope.wrap(registered, source=SOURCE, subject=succeeded.job_id)
-        )
-        log.info(
-            "registered %s/%s v%d from job %s (%s)",
-            version.team,
-            version.model_name,
-            version.version,
-            version.job_id,
-            artifact.uri,
-        )
+        if self._store is None:
+            log.warning("job %s: no object store configured; no version registered", what.job_id)
+            return
+        try:
+            await models.register(conn, self._store, what, self._clock())
+        except (SourceOutsideStore, ArtifactMismatch, ObjectNotFound) as exc:
+            # Permanent: redelivery cannot make a changed or missing checkpoint right.
+            log.error("job %s: %s; no model version registered", succeeded.job_id, exc)

@@ -85,29 +85,33 @@ async def checkpoints_of_job(conn: asyncpg.Connection, job_id: str) -> list[Reco
 
 _VERSION_COLUMNS = """v.id, m.team, m.name, v.version, v.job_id, v.allocation_id,
     v.artifact_uri, v.artifact_manifest_uri, v.artifact_step, v.artifact_size_bytes,
-    v.artifact_sha256, v.metrics, v.lineage, v.registered_at"""
+    v.artifact_sha256, v.metrics, v.lineage, v.registered_at, v.origin, v.source_uri,
+    v.artifact_key, v.tags, v.description, v.created_by, v.deleted_at"""
 
 
 async def version_of_job(conn: asyncpg.Connection, job_id: str) -> ModelVersion | None:
+    """The version a job's success registered, if it did (explicit ones do not count)."""
     row = await conn.fetchrow(
         f"SELECT {_VERSION_COLUMNS} FROM model_versions v JOIN models m ON m.id = v.model_id "
-        "WHERE v.job_id = $1",
+        "WHERE v.job_id = $1 AND v.origin = 'job_success'",
         job_id,
     )
     return ModelVersion.from_row(row) if row is not None else None
 
 
 async def lock_model(
-    conn: asyncpg.Connection, team: str, name: str, now: datetime
+    conn: asyncpg.Connection, team: str, name: str, now: datetime, project: str = "default"
 ) -> tuple[int, int]:
-    """``(model id, latest version)``, creating the model if needed, with its row locked
-    until the transaction ends (so concurrent registrations number versions in turn)."""
+    """``(model id, latest version)``, creating the model (in ``project``) if needed, with its
+    row locked until the transaction ends (so concurrent registrations number versions in
+    turn, and alias moves and deletions of its versions take turns with them)."""
     await conn.execute(
-        "INSERT INTO models (team, name, created_at) VALUES ($1, $2, $3) "
+        "INSERT INTO models (team, name, created_at, project) VALUES ($1, $2, $3, $4) "
         "ON CONFLICT (team, name) DO NOTHING",
         team,
         name,
         now,
+        project,
     )
     row = await conn.fetchrow(
         "SELECT id, latest_version FROM models WHERE team = $1 AND name = $2 FOR UPDATE",
@@ -124,8 +128,10 @@ async def insert_version(conn: asyncpg.Connection, model_id: int, version: Model
     await conn.execute(
         """INSERT INTO model_versions (id, model_id, version, job_id, allocation_id,
                artifact_uri, artifact_manifest_uri, artifact_step, artifact_size_bytes,
-               artifact_sha256, metrics, lineage, code_version, dataset, registered_at)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)""",
+               artifact_sha256, metrics, lineage, code_version, dataset, registered_at,
+               origin, source_uri, artifact_key, tags, description, created_by)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                   $16, $17, $18, $19, $20, $21)""",
         version.id,
         model_id,
         version.version,
@@ -141,6 +147,12 @@ async def insert_version(conn: asyncpg.Connection, model_id: int, version: Model
         version.lineage.code_version,
         version.lineage.dataset,
         version.registered_at,
+        version.origin,
+        version.source_uri,
+        version.artifact_key,
+        list(version.tags),
+        version.description,
+        version.created_by,
     )
     await conn.execute(
         "UPDATE models SET latest_version = $2 WHERE id = $1", model_id, version.version
@@ -148,9 +160,10 @@ async def insert_version(conn: asyncpg.Connection, model_id: int, version: Model
 
 
 async def versions_of_model(conn: asyncpg.Connection, team: str, name: str) -> list[ModelVersion]:
+    """The model's versions that are not deleted, oldest first."""
     rows = await conn.fetch(
         f"SELECT {_VERSION_COLUMNS} FROM model_versions v JOIN models m ON m.id = v.model_id "
-        "WHERE m.team = $1 AND m.name = $2 ORDER BY v.version",
+        "WHERE m.team = $1 AND m.name = $2 AND v.deleted_at IS NULL ORDER BY v.version",
         team,
         name,
     )
@@ -160,6 +173,7 @@ async def versions_of_model(conn: asyncpg.Connection, team: str, name: str) -> l
 async def model_version(
     conn: asyncpg.Connection, team: str, name: str, version: int
 ) -> ModelVersion | None:
+    """One version, deleted ones included (``deleted_at`` says so)."""
     row = await conn.fetchrow(
         f"SELECT {_VERSION_COLUMNS} FROM model_versions v JOIN models m ON m.id = v.model_id "
         "WHERE m.team = $1 AND m.name = $2 AND v.version = $3",

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from services.registry.domain import ModelVersion
 from shared.events.payloads import CheckpointRef, Lineage
@@ -72,3 +73,131 @@ class VersionDetail(VersionSummary):
             allocation_id=version.allocation_id,
             lineage=version.lineage,
         )
+
+
+# --- the model lifecycle (``model_api``) ---------------------------------------------------
+
+MAX_TAGS = 20
+MAX_DESCRIPTION = 10_000
+
+
+class RegisterRequest(BaseModel):
+    """``POST /v1/models/{team}/{name}/versions``: register a committed checkpoint."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str = Field(min_length=1, max_length=200)
+    """A job of the model's team (the caller's, unless an operator calls)."""
+    checkpoint_uri: str | None = Field(default=None, min_length=1, max_length=2000)
+    """One of the job's committed checkpoints (``checkpoint.saved``); default: its latest."""
+    description: str = Field(default="", max_length=MAX_DESCRIPTION)
+    tags: list[str] = Field(default_factory=list, max_length=MAX_TAGS)
+    metrics: dict[Annotated[str, Field(min_length=1, max_length=200)], float] = Field(
+        default_factory=dict, max_length=200
+    )
+    """Overrides of the job's final metric values (tracking's), key by key."""
+
+
+class AliasRequest(BaseModel):
+    """``PUT /v1/models/{team}/{name}/aliases/{alias}``: where the alias points now."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = Field(ge=1, le=2**31 - 1)
+
+
+class OwnedVersion(VersionDetail):
+    """A version with its registration details."""
+
+    origin: str
+    source_uri: str | None
+    owned: bool
+    """Whether the registry holds its own immutable copy (only such versions download)."""
+    tags: list[str]
+    description: str
+    created_by: str
+    aliases: list[str]
+
+    @classmethod
+    def of(cls, version: ModelVersion, aliases: list[str]) -> OwnedVersion:
+        detail = VersionDetail.from_domain(version)
+        return cls(
+            **detail.model_dump(),
+            origin=version.origin,
+            source_uri=version.source_uri,
+            owned=version.owned,
+            tags=list(version.tags),
+            description=version.description,
+            created_by=version.created_by,
+            aliases=aliases,
+        )
+
+
+class ModelSummary(_Schema):
+    team: str
+    name: str
+    project: str
+    latest_version: int
+    """The highest version number ever given (deleted versions keep theirs)."""
+    versions: int
+    """How many versions are not deleted."""
+    aliases: dict[str, int]
+    created_at: datetime
+
+
+class ModelPage(_Schema):
+    models: list[ModelSummary]
+    next: str | None
+    """Pass as ``after`` for the next page; None on the last."""
+
+
+class AliasList(_Schema):
+    team: str
+    model: str
+    aliases: dict[str, int]
+
+
+class AliasMoveRead(_Schema):
+    alias: str
+    from_version: int | None
+    to_version: int | None
+    actor: str
+    at: datetime
+
+
+class AliasChange(_Schema):
+    """The answer to a move or a deletion of an alias."""
+
+    team: str
+    model: str
+    alias: str
+    version: int | None
+    previous: int | None
+
+
+class AliasHistory(_Schema):
+    team: str
+    model: str
+    alias: str
+    moves: list[AliasMoveRead]
+
+
+class Download(_Schema):
+    """Where to GET a version's bytes: a presigned URL of its one object (S3), or the
+    registry's own ``.../content`` route (a local store), which needs the caller's token."""
+
+    url: str
+    needs_token: bool
+    expires_in_s: int | None
+    sha256: str
+    size_bytes: int
+
+
+class Freed(_Schema):
+    """What deleting a version freed."""
+
+    team: str
+    model: str
+    version: int
+    objects: int
+    bytes: int

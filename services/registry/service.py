@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from services.registry.api import create_app
@@ -24,6 +25,7 @@ from shared.inbox import idempotent_batches
 from shared.outbox import OutboxRelay
 from shared.retention import Retention
 from shared.runtime import ServiceRuntime
+from shared.storage import open_store
 
 NAME = "registry"
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -40,7 +42,9 @@ async def serve(settings: Settings) -> int:
         bus = await rt.resources.enter_async_context(Bus.connect(settings.nats, NAME))
         rt.add_readiness_check("database", lambda: ping(pool))
         rt.add_readiness_check("nats", bus.ping)
-        handlers = RegistryHandlers()
+        # Opening an S3 store may create its bucket: a blocking call, kept off the loop.
+        store = await asyncio.to_thread(open_store, settings.storage.uri, settings.storage)
+        handlers = RegistryHandlers(store)
         rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
         rt.spawn(Retention(pool, settings.nats.retention_hours).run(rt.stopping), "retention")
         rt.spawn(
@@ -51,4 +55,12 @@ async def serve(settings: Settings) -> int:
         )
         guard = await rt.resources.enter_async_context(guard_for(settings))
         routes = [*rt.health_handlers(), *deadletter_routes(bus, NAME, pool)]
-        return await rt.run(create_app(pool, guard, routes, settings.cors_origins))
+        app = create_app(
+            pool,
+            guard,
+            routes,
+            settings.cors_origins,
+            store=store,
+            download_url_seconds=settings.download_url_seconds,
+        )
+        return await rt.run(app)

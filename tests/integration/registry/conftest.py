@@ -1,10 +1,12 @@
-"""Fixtures for the registry's integration tests: a clean bus, a migrated registry schema,
+"""Fixtures for the registry's integration tests: a clean bus, a migrated registry schema, an
+object store on a real S3 endpoint (moto's server, one per module, a fresh bucket per test),
 and the registry's consumer and outbox relay running in-process."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +14,7 @@ import asyncpg
 import pytest
 from nats.js import api
 
+from deploy.local.s3 import S3Server
 from services.registry.handlers import RegistryHandlers
 from services.registry.service import MIGRATIONS, NAME, SUBJECTS
 from shared.bus import Bus
@@ -20,6 +23,7 @@ from shared.events import Envelope, Payload, parse_envelope
 from shared.inbox import idempotent_batches
 from shared.outbox import OutboxRelay
 from shared.settings import DatabaseSettings, NatsSettings
+from shared.storage import ObjectStore, open_store
 
 
 @pytest.fixture
@@ -35,11 +39,24 @@ async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
         yield p
 
 
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[S3Server]:
+    with S3Server() as server:
+        yield server
+
+
 @pytest.fixture
-async def registry(pool: asyncpg.Pool, bus: Bus) -> AsyncIterator[None]:
+def store(s3_server: S3Server) -> ObjectStore:
+    """The registry's store: a bucket of its own per test, as jobs' checkpoints and the
+    registry's copies share one in deployment."""
+    return open_store(f"s3://registry-{uuid.uuid4().hex[:12]}", s3_server.storage_settings())
+
+
+@pytest.fixture
+async def registry(pool: asyncpg.Pool, bus: Bus, store: ObjectStore) -> AsyncIterator[None]:
     """The registry's event consumer and outbox relay (``serve`` without HTTP)."""
     stop = asyncio.Event()
-    handlers = RegistryHandlers()
+    handlers = RegistryHandlers(store)
     tasks = [
         asyncio.create_task(OutboxRelay(pool, bus, idle_poll_s=0.2).run(stop)),
         asyncio.create_task(

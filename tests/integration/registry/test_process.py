@@ -1,4 +1,5 @@
-"""``python -m services.registry`` as a process: migrates, registers, serves, drains."""
+"""``python -m services.registry`` as a process: migrates, registers (copying the checkpoint
+into its local store), serves the version and its bytes, drains."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from shared.bus import Bus
 from shared.events import Envelope, Payload
 from shared.events.trust import owner
 from shared.settings import NatsSettings
+from shared.storage import LocalStore
 from tests.integration.registry.conftest import EventLog
 from tests.integration.registry.test_registry import ref, spec, started, succeeded
 
@@ -29,11 +31,14 @@ async def test_the_registry_process_registers_and_serves_a_version(
     database_url: str, nats_settings: NatsSettings, bus: Bus, events: EventLog, tmp_path: Path
 ) -> None:
     port = free_port()
+    objects = tmp_path / "objects"
+    store = LocalStore(objects)
     env = {
         **os.environ,
         "TRAINYARD_DATABASE_URL": database_url,
         "TRAINYARD_NATS_URL": nats_settings.url,
         "TRAINYARD_REGISTRY_ADMIN_TOKEN": "op-token",
+        "TRAINYARD_STORAGE_URI": objects.as_uri(),
     }
     log_path = tmp_path / "registry.log"
     with log_path.open("wb") as log:
@@ -63,7 +68,7 @@ async def test_the_registry_process_registers_and_serves_a_version(
             job = f"job-{uuid.uuid4().hex[:8]}"
             for payload in (
                 started(job, "alloc-1", 0, spec("proc")),
-                succeeded(job, "alloc-1", ref(job, 4)),
+                succeeded(job, "alloc-1", ref(store, job, 4)),
             ):
                 envelope: Envelope[Payload] = Envelope.wrap(
                     payload, source=owner(payload), subject=job
@@ -79,6 +84,20 @@ async def test_the_registry_process_registers_and_serves_a_version(
             )
             assert detail.status_code == 200, detail.text
             assert detail.json()["lineage"]["job_id"] == job
+            # A local store has no presigned URLs: the bytes come through the API, verified.
+            download = await http.get(
+                "/v1/models/vision/proc/versions/1/download",
+                headers={"Authorization": "Bearer op-token"},
+            )
+            assert download.status_code == 200, download.text
+            assert download.json()["needs_token"] is True
+            content = await http.get(
+                download.json()["url"], headers={"Authorization": "Bearer op-token"}
+            )
+            assert content.status_code == 200, content.text
+            assert content.content == store.get_bytes(
+                "jobs/" + job + "/checkpoints/step-00000004/checkpoint.pt"
+            )
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)

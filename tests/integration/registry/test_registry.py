@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -28,6 +29,7 @@ from shared.events.payloads import (
 )
 from shared.events.trust import RUNNER, owner
 from shared.inbox import idempotent
+from shared.storage import ObjectStore
 from tests.integration.registry.conftest import EventLog
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("registry")]
@@ -59,14 +61,18 @@ def spec(name: str = "digits", team: str = "vision") -> JobSpec:
     )
 
 
-def ref(job_id: str, step: int) -> CheckpointRef:
-    folder = f"s3://ty/jobs/{job_id}/checkpoints/step-{step:08d}"
+def ref(store: ObjectStore, job_id: str, step: int) -> CheckpointRef:
+    """A checkpoint of ``job_id`` at ``step`` committed to ``store`` (the same bytes each
+    time, so calling it again names the same checkpoint)."""
+    folder = f"jobs/{job_id}/checkpoints/step-{step:08d}"
+    data = f"weights of {job_id} at step {step}\n".encode() * (10 + step)
+    store.put_bytes(f"{folder}/checkpoint.pt", data)
     return CheckpointRef(
-        uri=f"{folder}/checkpoint.pt",
-        manifest_uri=f"{folder}/manifest.json",
+        uri=store.uri_for(f"{folder}/checkpoint.pt"),
+        manifest_uri=store.uri_for(f"{folder}/manifest.json"),
         step=step,
-        size_bytes=1000 + step,
-        sha256=f"{step:064x}",
+        size_bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
     )
 
 
@@ -137,7 +143,7 @@ async def version_rows(pool: asyncpg.Pool, job_id: str) -> list[asyncpg.Record]:
 
 
 async def test_a_preempted_then_succeeded_job_is_one_version_with_its_full_lineage(
-    bus: Bus, events: EventLog, pool: asyncpg.Pool
+    bus: Bus, events: EventLog, pool: asyncpg.Pool, store: ObjectStore
 ) -> None:
     job = f"job-{uuid.uuid4().hex[:8]}"
     job_spec = spec()
@@ -145,17 +151,24 @@ async def test_a_preempted_then_succeeded_job_is_one_version_with_its_full_linea
     await publish(
         bus,
         CheckpointSaved(
-            job_id=job, allocation_id="alloc-1", epoch=1, checkpoint=ref(job, 50), saved_at=T0
+            job_id=job,
+            allocation_id="alloc-1",
+            epoch=1,
+            checkpoint=ref(store, job, 50),
+            saved_at=T0,
         ),
         job,
     )
-    await publish(bus, started(job, "alloc-2", 1, job_spec, resumed_from=ref(job, 50).uri), job)
-    await publish(bus, succeeded(job, "alloc-2", ref(job, 120), epoch=2), job)
+    await publish(
+        bus, started(job, "alloc-2", 1, job_spec, resumed_from=ref(store, job, 50).uri), job
+    )
+    await publish(bus, succeeded(job, "alloc-2", ref(store, job, 120), epoch=2), job)
 
     event = await wait_registered(events, job)
     assert (event.team, event.model_name, event.version) == ("vision", "digits", 1)
-    assert event.artifact_uri == ref(job, 120).uri
-    assert event.artifact_sha256 == ref(job, 120).sha256
+    # The registry's own copy, under its prefix, of the checkpoint the run reported.
+    assert event.artifact_uri.startswith(f"{store.root_uri}/registry/vision/digits/")
+    assert event.artifact_sha256 == ref(store, job, 120).sha256
     assert event.metrics == {"val_accuracy": 0.97, "loss": 0.08}
     lineage = event.lineage
     assert lineage.job_id == job and lineage.spec == job_spec
@@ -163,11 +176,12 @@ async def test_a_preempted_then_succeeded_job_is_one_version_with_its_full_linea
     assert lineage.environment == ENV
     assert (lineage.dataset, lineage.seed) == ("digits@sklearn-1.5", 42)
     assert lineage.attempts == 2
-    assert lineage.parent_checkpoints == [ref(job, 50).uri]
+    assert lineage.parent_checkpoints == [ref(store, job, 50).uri]
     assert len(await version_rows(pool, job)) == 1
 
     # The same through the read API.
-    async with client_of(create_app(pool, service_guard(SecretStr("s3cret")), [])) as client:
+    app = create_app(pool, service_guard(SecretStr("s3cret")), [], store=store)
+    async with client_of(app) as client:
         client.headers["Authorization"] = "Bearer s3cret"
         listing = await client.get("/v1/models/vision/digits/versions")
         assert listing.status_code == 200
@@ -176,8 +190,10 @@ async def test_a_preempted_then_succeeded_job_is_one_version_with_its_full_linea
         assert detail.status_code == 200
         body = detail.json()
         assert body["job_id"] == job and body["allocation_id"] == "alloc-2"
-        assert body["artifact"]["uri"] == ref(job, 120).uri
-        assert body["lineage"]["parent_checkpoints"] == [ref(job, 50).uri]
+        assert body["artifact"]["uri"] == event.artifact_uri
+        assert body["source_uri"] == ref(store, job, 120).uri
+        assert body["origin"] == "job_success" and body["owned"] is True
+        assert body["lineage"]["parent_checkpoints"] == [ref(store, job, 50).uri]
         assert body["lineage"]["environment"]["hostname"] == "gpu-host"
         assert (await client.get("/v1/models/vision/digits/versions/2")).status_code == 404
         assert (await client.get("/v1/models/vision/nope/versions")).status_code == 404
@@ -185,22 +201,22 @@ async def test_a_preempted_then_succeeded_job_is_one_version_with_its_full_linea
 
 
 async def test_a_redelivered_success_registers_once(
-    bus: Bus, events: EventLog, pool: asyncpg.Pool
+    bus: Bus, events: EventLog, pool: asyncpg.Pool, store: ObjectStore
 ) -> None:
     job = f"job-{uuid.uuid4().hex[:8]}"
     await publish(bus, started(job, "alloc-1", 0, spec()), job)
     success: Envelope[Payload] = Envelope.wrap(
-        succeeded(job, "alloc-1", ref(job, 10)), source=RUNNER, subject=job
+        succeeded(job, "alloc-1", ref(store, job, 10)), source=RUNNER, subject=job
     )
     await bus.publish(success)
     await wait_registered(events, job)
     # Again under a new event id (the inbox can't tell), and a fenced runner's late success.
-    await publish(bus, succeeded(job, "alloc-1", ref(job, 10)), job)
+    await publish(bus, succeeded(job, "alloc-1", ref(store, job, 10)), job)
     await publish(bus, started(job, "alloc-0", 0, spec()), job)
-    await publish(bus, succeeded(job, "alloc-0", ref(job, 9)), job)
+    await publish(bus, succeeded(job, "alloc-0", ref(store, job, 9)), job)
     barrier = f"job-{uuid.uuid4().hex[:8]}"
     await publish(bus, started(barrier, "alloc-b", 0, spec()), barrier)
-    await publish(bus, succeeded(barrier, "alloc-b", ref(barrier, 1)), barrier)
+    await publish(bus, succeeded(barrier, "alloc-b", ref(store, barrier, 1)), barrier)
     await wait_registered(events, barrier)  # in order: the duplicates were handled before
 
     assert len(registered(events, job)) == 1
@@ -210,13 +226,13 @@ async def test_a_redelivered_success_registers_once(
 
 
 async def test_jobs_of_one_name_are_successive_versions_per_team(
-    bus: Bus, events: EventLog
+    bus: Bus, events: EventLog, store: ObjectStore
 ) -> None:
     jobs = [f"job-{uuid.uuid4().hex[:8]}" for _ in range(3)]
     specs = [spec("resnet", "vision"), spec("resnet", "vision"), spec("resnet", "speech")]
     for job, job_spec in zip(jobs, specs, strict=True):
         await publish(bus, started(job, f"alloc-{job}", 0, job_spec), job)
-        await publish(bus, succeeded(job, f"alloc-{job}", ref(job, 5)), job)
+        await publish(bus, succeeded(job, f"alloc-{job}", ref(store, job, 5)), job)
     found = [await wait_registered(events, job) for job in jobs]
     assert [(e.team, e.model_name, e.version) for e in found] == [
         ("vision", "resnet", 1),
@@ -227,29 +243,33 @@ async def test_jobs_of_one_name_are_successive_versions_per_team(
 
 
 async def test_a_success_that_overtakes_its_start_is_retried_until_the_start_arrives(
-    bus: Bus, events: EventLog
+    bus: Bus, events: EventLog, store: ObjectStore
 ) -> None:
     job = f"job-{uuid.uuid4().hex[:8]}"
-    await publish(bus, succeeded(job, "alloc-1", ref(job, 3)), job)
+    await publish(bus, succeeded(job, "alloc-1", ref(store, job, 3)), job)
     await publish(bus, started(job, "alloc-1", 0, spec("late")), job)
     event = await wait_registered(events, job)
     assert (event.model_name, event.version) == ("late", 1)
 
 
 async def test_without_a_reported_artifact_the_newest_checkpoint_is_registered(
-    bus: Bus, events: EventLog
+    bus: Bus, events: EventLog, store: ObjectStore
 ) -> None:
     job = f"job-{uuid.uuid4().hex[:8]}"
     await publish(bus, started(job, "alloc-1", 0, spec("fallback")), job)
     for step in (10, 30, 20):
         saved = CheckpointSaved(
-            job_id=job, allocation_id="alloc-1", epoch=1, checkpoint=ref(job, step), saved_at=T0
+            job_id=job,
+            allocation_id="alloc-1",
+            epoch=1,
+            checkpoint=ref(store, job, step),
+            saved_at=T0,
         )
         await publish(bus, saved, job)
         await publish(bus, saved, job)  # recorded once
     await publish(bus, succeeded(job, "alloc-1", None), job)
     event = await wait_registered(events, job)
-    assert event.artifact_uri == ref(job, 30).uri
+    assert event.artifact_sha256 == ref(store, job, 30).sha256
 
 
 async def test_the_read_api_can_require_the_admin_token(pool: asyncpg.Pool) -> None:
@@ -262,11 +282,13 @@ async def test_the_read_api_can_require_the_admin_token(pool: asyncpg.Pool) -> N
         assert ok.status_code == 404  # authorised; there is no such model
 
 
-async def test_concurrent_registrations_of_one_model_take_turns(pool: asyncpg.Pool) -> None:
+async def test_concurrent_registrations_of_one_model_take_turns(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
     """Replicas registering versions of one existing model at once: the model row's lock
     makes them take turns (without it several would read the same latest version, and
     all but one would fail on the unique (model, version) constraint)."""
-    apply = idempotent(pool, "registry", RegistryHandlers().dispatch)
+    apply = idempotent(pool, "registry", RegistryHandlers(store).dispatch)
 
     async def handle(envelope: Envelope[Payload]) -> None:
         await apply([Delivery(envelope)])
@@ -278,7 +300,9 @@ async def test_concurrent_registrations_of_one_model_take_turns(pool: asyncpg.Po
         )
 
     def success(job: str) -> Envelope[Payload]:
-        return Envelope.wrap(succeeded(job, f"a-{job}", ref(job, 1)), source=RUNNER, subject=job)
+        return Envelope.wrap(
+            succeeded(job, f"a-{job}", ref(store, job, 1)), source=RUNNER, subject=job
+        )
 
     await handle(success(jobs[0]))
     await asyncio.gather(*(handle(success(job)) for job in jobs[1:]))

@@ -164,8 +164,16 @@ def test_a_version_round_trips_through_a_row() -> None:
         "metrics": {"val_accuracy": 0.97},
         "lineage": v.lineage.model_dump(mode="json"),
         "registered_at": v.registered_at,
+        "origin": "job_success",
+        "source_uri": None,
+        "artifact_key": None,
+        "tags": [],
+        "description": "",
+        "created_by": "registry",
+        "deleted_at": None,
     }
     assert ModelVersion.from_row(row) == v
+    assert not v.owned  # registered before the registry kept its own copies
 
 
 def test_http_views_of_a_version() -> None:

@@ -1,0 +1,133 @@
+"""The registry's own copies of artifacts: made at registration, verified whenever served.
+
+Contract:
+- ``source_key`` turns a committed checkpoint's URI into its key in the registry's store. A
+  URI outside the store's root, or inside the registry's own prefix, is refused
+  (``SourceOutsideStore``): the registry copies only job checkpoints of its own store.
+- ``copy_verified`` copies the checkpoint server-side (``ObjectStore.copy``) to a key the
+  registry owns, then hashes the *copy*; unless its size and sha256 are what the job
+  committed, the copy is deleted and ``ArtifactMismatch`` raised. A checkpoint overwritten
+  after it was committed is never registered, and one overwritten after registration does
+  not touch the copy.
+- ``fetch_verified`` downloads an owned artifact to a private temporary file and hashes it;
+  a sha256 or size other than the one registered raises ``ArtifactCorrupt`` (logged at
+  ERROR), and the file is removed. The caller serves that very file (or, for a presigned
+  URL, signs the object only after this check), so bytes that fail the check never leave.
+- Every function here blocks (object I/O and hashing): call them through
+  ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote
+
+from services.registry.names import REGISTRY_PREFIX
+from shared.storage import ObjectStore, validate_key
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 1024 * 1024
+
+
+class SourceOutsideStore(ValueError):
+    """The checkpoint's URI does not name a job object of the registry's store."""
+
+
+class ArtifactMismatch(ValueError):
+    """The checkpoint's bytes are not the ones its job committed (changed since)."""
+
+
+class ArtifactCorrupt(RuntimeError):
+    """A registered artifact's bytes no longer match its recorded sha256 or size."""
+
+
+@dataclass(frozen=True)
+class Digest:
+    size_bytes: int
+    sha256: str
+
+
+def source_key(store: ObjectStore, uri: str) -> str:
+    """The key of ``uri`` in ``store`` (see the module docstring)."""
+    root = store.root_uri.rstrip("/") + "/"
+    if not uri.startswith(root):
+        raise SourceOutsideStore(f"checkpoint {uri!r} is not in the object store {root!r}")
+    rest = uri[len(root) :]
+    key = unquote(rest) if root.startswith("file:") else rest
+    try:
+        validate_key(key)
+    except ValueError as exc:
+        raise SourceOutsideStore(f"checkpoint {uri!r}: {exc}") from None
+    if key.startswith(REGISTRY_PREFIX) or store.uri_for(key) != uri:
+        raise SourceOutsideStore(f"checkpoint {uri!r} is not a job's object in {root!r}")
+    return key
+
+
+def digest_file(path: Path) -> Digest:
+    sha = hashlib.sha256()
+    size = 0
+    with path.open("rb") as src:
+        while chunk := src.read(_CHUNK):
+            sha.update(chunk)
+            size += len(chunk)
+    return Digest(size, sha.hexdigest())
+
+
+def copy_verified(store: ObjectStore, src: str, dst: str, expected: Digest) -> Digest:
+    """Copy ``src`` to ``dst`` and check the copy against ``expected`` (module docstring)."""
+    store.copy(src, dst)
+    try:
+        with tempfile.TemporaryDirectory(prefix="registry-copy-") as folder:
+            local = Path(folder) / "artifact"
+            store.get_file(dst, local)
+            got = digest_file(local)
+        if got != expected:
+            raise ArtifactMismatch(
+                f"checkpoint {store.uri_for(src)} is {got.size_bytes} bytes with sha256 "
+                f"{got.sha256}, not the {expected.size_bytes} bytes with sha256 "
+                f"{expected.sha256} its job committed: it changed after it was committed"
+            )
+    except BaseException:
+        store.delete(dst)
+        raise
+    return got
+
+
+def fetch_verified(store: ObjectStore, key: str, expected: Digest) -> Path:
+    """A private temporary file holding the artifact under ``key``, verified against
+    ``expected``; the caller removes it (``discard``). ``ArtifactCorrupt`` on a mismatch."""
+    folder = Path(tempfile.mkdtemp(prefix="registry-serve-"))
+    local = folder / "artifact"
+    try:
+        store.get_file(key, local)
+        got = digest_file(local)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    if got != expected:
+        shutil.rmtree(folder, ignore_errors=True)
+        log.error(
+            "artifact %s failed its integrity check: %d bytes, sha256 %s; registered %d "
+            "bytes, sha256 %s; not served",
+            store.uri_for(key),
+            got.size_bytes,
+            got.sha256,
+            expected.size_bytes,
+            expected.sha256,
+        )
+        raise ArtifactCorrupt(
+            f"the stored artifact no longer matches its registered sha256 {expected.sha256} "
+            "(it was changed or damaged in the object store); it is not served"
+        )
+    return local
+
+
+def discard(path: Path) -> None:
+    """Remove a file ``fetch_verified`` made, with its private folder."""
+    shutil.rmtree(path.parent, ignore_errors=True)

@@ -1,0 +1,502 @@
+"""The model lifecycle over HTTP (docs/models.md): listing models, registering, deleting and
+downloading versions, and aliases.
+
+- ``GET /v1/models?team&after&limit``: models, ordered by team and name, keyset-paged.
+- ``GET /v1/models/{team}/{name}``: one model with its aliases.
+- ``POST /v1/models/{team}/{name}/versions`` (members): register a committed checkpoint.
+- ``DELETE /v1/models/{team}/{name}/versions/{version}`` (members): 409 while an alias
+  points at it; else frees its objects and says what it freed.
+- ``GET .../versions/by-alias/{alias}``: the version an alias points at.
+- ``GET .../versions/{version}/download``: a presigned URL of the version's one object,
+  after its sha256 is verified (S3); on a local store, the ``.../content`` route instead.
+- ``GET .../versions/{version}/content``: the bytes, verified before the first is sent.
+- ``GET .../aliases``, ``PUT``/``DELETE .../aliases/{alias}`` (members),
+  ``GET .../aliases/{alias}/moves``: aliases and their append-only history.
+
+Reads need any role of the team, writes ``member``; operators reach every team. Another
+team's model answers 404 like one that does not exist. Every name in a path or body is
+checked (``names``) before anything uses it: 422 naming the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import asyncpg
+from litestar import Request, delete, get, post, put
+from litestar.background_tasks import BackgroundTask
+from litestar.di import NamedDependency
+from litestar.exceptions import HTTPException, NotFoundException
+from litestar.handlers import HTTPRouteHandler
+from litestar.params import FromPath, PathParameter, QueryParameter
+from litestar.response import File
+
+from services.registry import artifacts, models, names
+from services.registry import model_repository as models_repo
+from services.registry import repository as repo
+from services.registry.artifacts import Digest
+from services.registry.domain import ModelVersion, latest_checkpoint
+from services.registry.model_repository import ModelRow
+from services.registry.schemas import (
+    AliasChange,
+    AliasHistory,
+    AliasList,
+    AliasMoveRead,
+    AliasRequest,
+    Download,
+    Freed,
+    ModelPage,
+    ModelSummary,
+    OwnedVersion,
+    RegisterRequest,
+)
+from shared import audit
+from shared.access import needs
+from shared.http_app import error_responses, json_request_body
+from shared.http_errors import RequestInvalid, parse_body, read_json_body
+from shared.identity import Principal, Role
+from shared.storage import ObjectNotFound, ObjectStore
+
+Caller = NamedDependency[Principal]
+Version = Annotated[int, PathParameter(ge=1, le=2**31 - 1)]  # the column's integer
+Clock = Callable[[], datetime]
+BODY_MAX_BYTES = 64 * 1024
+PAGE_MAX = 500
+
+
+class StorageUnavailable(Exception):
+    """The registry runs without an object store (answered 503)."""
+
+
+class NotOwned(Exception):
+    """The version predates the registry's own copies: nothing to serve (answered 409)."""
+
+
+STATUSES: dict[type[Exception], int] = {
+    models.AliasInUse: 409,
+    models.VersionGone: 409,
+    artifacts.ArtifactMismatch: 409,
+    artifacts.ArtifactCorrupt: 409,
+    artifacts.SourceOutsideStore: 409,
+    NotOwned: 409,
+    StorageUnavailable: 503,
+}
+"""The status each of this module's errors answers (``service_app``'s ``statuses``)."""
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def model_routes(
+    pool: asyncpg.Pool,
+    store: ObjectStore | None,
+    download_url_seconds: int,
+    clock: Clock = utc_now,
+) -> list[HTTPRouteHandler]:
+    """The routes of the module docstring over the registry's pool and object store."""
+
+    def storage() -> ObjectStore:
+        if store is None:
+            raise StorageUnavailable("the registry has no object store configured")
+        return store
+
+    def visible(principal: Principal, team: str, name: str) -> None:
+        names.check_model(team, name)
+        if not principal.may_see_team(team):
+            raise NotFoundException(f"no model {name!r} in team {team!r}")
+
+    async def live_version(
+        conn: asyncpg.Connection, team: str, name: str, number: int
+    ) -> ModelVersion:
+        found = await repo.model_version(conn, team, name, number)
+        if found is None:
+            raise NotFoundException(f"no version {number} of model {name!r} in team {team!r}")
+        if found.deleted_at is not None:
+            raise NotFoundException(
+                f"version {number} of model {name!r} in team {team!r} was deleted"
+            )
+        return found
+
+    @get("/v1/models", summary="A team's models (operators: every team's)")
+    async def list_models(
+        principal: Caller,
+        team: Annotated[str | None, QueryParameter(max_length=100)] = None,
+        after: Annotated[str | None, QueryParameter(max_length=201)] = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=PAGE_MAX)] = 100,
+    ) -> ModelPage:
+        if team is not None:
+            names.check("team", team)
+        cursor = _cursor(after)
+        if not principal.is_operator:
+            if team is not None and team != principal.team:
+                return ModelPage(models=[], next=None)  # another team's: nothing to see
+            team = principal.team
+        async with pool.acquire() as conn:
+            rows = await models_repo.list_models(conn, team, cursor, limit)
+        following = f"{rows[-1].team}/{rows[-1].name}" if len(rows) == limit else None
+        return ModelPage(models=[_summary(r) for r in rows], next=following)
+
+    @get("/v1/models/{team:str}/{name:str}", responses=error_responses(404))
+    async def get_model(
+        team: FromPath[str], name: FromPath[str], principal: Caller
+    ) -> ModelSummary:
+        visible(principal, team, name)
+        async with pool.acquire() as conn:
+            found = await models_repo.model(conn, team, name)
+        if found is None:
+            raise NotFoundException(f"no model {name!r} in team {team!r}")
+        return _summary(found)
+
+    @post(
+        "/v1/models/{team:str}/{name:str}/versions",
+        summary="Register a committed checkpoint of a job as the model's next version",
+        opt=needs(Role.MEMBER),
+        status_code=201,
+        operation_class=json_request_body(RegisterRequest),
+        responses=error_responses(404, 409, 413, 415),
+    )
+    async def register_version(
+        team: FromPath[str], name: FromPath[str], request: Request[Any, Any, Any], principal: Caller
+    ) -> OwnedVersion:
+        names.check_model(team, name)
+        raw = await read_json_body(request, BODY_MAX_BYTES, lambda path: path == "description")
+        body = parse_body(RegisterRequest, raw)
+        for i, tag in enumerate(body.tags):
+            names.check("tag", tag, f"tags[{i}]")
+        missing_job = NotFoundException(f"no job {body.job_id!r} in team {team!r}")
+        if not principal.may_see_team(team):
+            raise missing_job
+        target = storage()
+        async with pool.acquire() as conn:
+            runs = await repo.runs_of_job(conn, body.job_id)
+            if not runs or runs[0].spec.team != team:
+                raise missing_job
+            if body.checkpoint_uri is None:
+                chosen = latest_checkpoint(await repo.checkpoints_of_job(conn, body.job_id))
+            else:
+                chosen = await models_repo.committed_checkpoint(
+                    conn, body.job_id, body.checkpoint_uri
+                )
+            if chosen is None:
+                which = body.checkpoint_uri or "any"
+                raise NotFoundException(f"job {body.job_id!r} has no committed checkpoint {which}")
+            final = next((r for r in runs if r.allocation_id == chosen.allocation_id), None)
+            if final is None:
+                raise HTTPException(
+                    status_code=409,
+                    detail=f"job {body.job_id!r}: the start of allocation "
+                    f"{chosen.allocation_id} that committed the checkpoint is not recorded yet",
+                )
+            metrics = {**await models_repo.final_metrics(conn, body.job_id), **body.metrics}
+            what = models.Registration(
+                team=team,
+                model=name,
+                project=final.spec.project,
+                job_id=body.job_id,
+                final=final,
+                runs=runs,
+                checkpoint=chosen.ref,
+                metrics=metrics,
+                origin="explicit",
+                created_by=principal.actor,
+                tags=tuple(dict.fromkeys(body.tags)),
+                description=body.description,
+            )
+            async with conn.transaction():
+                version = await models.register(conn, target, what, clock())
+                if audit.must_record(principal):
+                    await audit.record(
+                        conn,
+                        principal,
+                        "register model version",
+                        f"{team}/{name}/{version.version}",
+                        {"job_id": body.job_id, "checkpoint_uri": chosen.ref.uri},
+                    )
+        return OwnedVersion.of(version, [])
+
+    @delete(
+        "/v1/models/{team:str}/{name:str}/versions/{version:int}",
+        summary="Delete a version and free its objects (members)",
+        opt=needs(Role.MEMBER),
+        status_code=200,
+        responses=error_responses(404, 409),
+    )
+    async def delete_version(
+        team: FromPath[str], name: FromPath[str], version: Version, principal: Caller
+    ) -> Freed:
+        visible(principal, team, name)
+        async with pool.acquire() as conn, conn.transaction():
+            model_id = await models_repo.lock_existing_model(conn, team, name)
+            if model_id is None:
+                raise NotFoundException(f"no model {name!r} in team {team!r}")
+            found = await live_version(conn, team, name, version)
+            await models.delete_version(conn, model_id, found, principal.actor, clock())
+            if audit.must_record(principal):
+                await audit.record(
+                    conn, principal, "delete model version", f"{team}/{name}/{version}"
+                )
+        # After the tombstone committed: a failure here leaves unreferenced objects, which
+        # the storage collector frees; never a live version without its objects.
+        freed = (
+            await asyncio.to_thread(models.free_objects, storage(), found)
+            if found.owned
+            else models.Freed(0, 0)
+        )
+        return Freed(
+            team=team, model=name, version=version, objects=freed.objects, bytes=freed.bytes
+        )
+
+    @get(
+        "/v1/models/{team:str}/{name:str}/versions/by-alias/{alias:str}",
+        responses=error_responses(404),
+    )
+    async def version_by_alias(
+        team: FromPath[str], name: FromPath[str], alias: FromPath[str], principal: Caller
+    ) -> OwnedVersion:
+        visible(principal, team, name)
+        names.check("alias", alias)
+        async with pool.acquire() as conn:
+            found = await models_repo.model(conn, team, name)
+            if found is None or alias not in found.aliases:
+                raise NotFoundException(f"no alias {alias!r} of model {name!r} in team {team!r}")
+            version = await live_version(conn, team, name, found.aliases[alias])
+            pointing = await models_repo.aliases_of_version(conn, found.id, version.version)
+        return OwnedVersion.of(version, pointing)
+
+    @get(
+        "/v1/models/{team:str}/{name:str}/versions/{version:int}/download",
+        summary="A short-lived URL of the version's artifact, after verifying its sha256",
+        responses=error_responses(404, 409),
+    )
+    async def download(
+        team: FromPath[str], name: FromPath[str], version: Version, principal: Caller
+    ) -> Download:
+        visible(principal, team, name)
+        async with pool.acquire() as conn:
+            found = await live_version(conn, team, name, version)
+        key = _owned_key(found)
+        source = storage()
+        url = await asyncio.to_thread(source.presign_get, key, download_url_seconds)
+        if url is None:
+            # No presigned URLs (a local folder): the bytes come through ``content``, which
+            # verifies them as it serves them.
+            path = f"/v1/models/{team}/{name}/versions/{version}/content"
+            return Download(
+                url=path,
+                needs_token=True,
+                expires_in_s=None,
+                sha256=found.artifact.sha256,
+                size_bytes=found.artifact.size_bytes,
+            )
+        verified = await asyncio.to_thread(_fetch, source, key, found)
+        artifacts.discard(verified)
+        return Download(
+            url=url,
+            needs_token=False,
+            expires_in_s=download_url_seconds,
+            sha256=found.artifact.sha256,
+            size_bytes=found.artifact.size_bytes,
+        )
+
+    @get(
+        "/v1/models/{team:str}/{name:str}/versions/{version:int}/content",
+        summary="The version's artifact, verified against its sha256 before it is sent",
+        responses=error_responses(404, 409),
+        media_type="application/octet-stream",
+    )
+    async def content(
+        team: FromPath[str], name: FromPath[str], version: Version, principal: Caller
+    ) -> File:
+        visible(principal, team, name)
+        async with pool.acquire() as conn:
+            found = await live_version(conn, team, name, version)
+        key = _owned_key(found)
+        verified = await asyncio.to_thread(_fetch, storage(), key, found)
+        return File(
+            verified,
+            filename=f"{name}-v{version}.pt",
+            media_type="application/octet-stream",
+            headers={"X-Trainyard-Sha256": found.artifact.sha256},
+            background=BackgroundTask(artifacts.discard, verified),
+        )
+
+    @get("/v1/models/{team:str}/{name:str}/aliases", responses=error_responses(404))
+    async def list_aliases(
+        team: FromPath[str], name: FromPath[str], principal: Caller
+    ) -> AliasList:
+        visible(principal, team, name)
+        async with pool.acquire() as conn:
+            found = await models_repo.model(conn, team, name)
+        if found is None:
+            raise NotFoundException(f"no model {name!r} in team {team!r}")
+        return AliasList(team=team, model=name, aliases=found.aliases)
+
+    @put(
+        "/v1/models/{team:str}/{name:str}/aliases/{alias:str}",
+        summary="Point an alias at a version, atomically and audited (members)",
+        opt=needs(Role.MEMBER),
+        status_code=200,
+        operation_class=json_request_body(AliasRequest),
+        responses=error_responses(404, 409, 413, 415),
+    )
+    async def put_alias(
+        team: FromPath[str],
+        name: FromPath[str],
+        alias: FromPath[str],
+        request: Request[Any, Any, Any],
+        principal: Caller,
+    ) -> AliasChange:
+        visible(principal, team, name)
+        names.check("alias", alias)
+        body = parse_body(
+            AliasRequest, await read_json_body(request, BODY_MAX_BYTES, lambda _: False)
+        )
+        async with pool.acquire() as conn, conn.transaction():
+            model_id = await models_repo.lock_existing_model(conn, team, name)
+            if model_id is None:
+                raise NotFoundException(f"no model {name!r} in team {team!r}")
+            target = await repo.model_version(conn, team, name, body.version)
+            if target is None:
+                raise NotFoundException(f"no version {body.version} of model {name!r}")
+            previous = await models.move_alias(
+                conn, model_id, alias, target, principal.actor, clock()
+            )
+            if audit.must_record(principal):
+                await audit.record(
+                    conn,
+                    principal,
+                    "move model alias",
+                    f"{team}/{name}/{alias}",
+                    {"from": previous, "to": body.version},
+                )
+        return AliasChange(
+            team=team, model=name, alias=alias, version=body.version, previous=previous
+        )
+
+    @delete(
+        "/v1/models/{team:str}/{name:str}/aliases/{alias:str}",
+        summary="Delete an alias, audited (members)",
+        opt=needs(Role.MEMBER),
+        status_code=200,
+        responses=error_responses(404),
+    )
+    async def delete_alias(
+        team: FromPath[str], name: FromPath[str], alias: FromPath[str], principal: Caller
+    ) -> AliasChange:
+        visible(principal, team, name)
+        names.check("alias", alias)
+        missing = NotFoundException(f"no alias {alias!r} of model {name!r} in team {team!r}")
+        async with pool.acquire() as conn, conn.transaction():
+            model_id = await models_repo.lock_existing_model(conn, team, name)
+            if model_id is None:
+                raise missing
+            previous = await models_repo.remove_alias(
+                conn, model_id, alias, principal.actor, clock()
+            )
+            if previous is None:
+                raise missing
+            if audit.must_record(principal):
+                await audit.record(
+                    conn,
+                    principal,
+                    "delete model alias",
+                    f"{team}/{name}/{alias}",
+                    {"from": previous},
+                )
+        return AliasChange(team=team, model=name, alias=alias, version=None, previous=previous)
+
+    @get(
+        "/v1/models/{team:str}/{name:str}/aliases/{alias:str}/moves",
+        summary="Every move of an alias: who moved it from which version to which, and when",
+        responses=error_responses(404),
+    )
+    async def alias_history(
+        team: FromPath[str], name: FromPath[str], alias: FromPath[str], principal: Caller
+    ) -> AliasHistory:
+        visible(principal, team, name)
+        names.check("alias", alias)
+        async with pool.acquire() as conn:
+            found = await models_repo.model(conn, team, name)
+            moves = await models_repo.alias_moves(conn, found.id, alias) if found else []
+        if not moves:
+            raise NotFoundException(f"no alias {alias!r} of model {name!r} in team {team!r}")
+        return AliasHistory(
+            team=team,
+            model=name,
+            alias=alias,
+            moves=[
+                AliasMoveRead(
+                    alias=m.alias,
+                    from_version=m.from_version,
+                    to_version=m.to_version,
+                    actor=m.actor,
+                    at=m.at,
+                )
+                for m in moves
+            ],
+        )
+
+    return [
+        list_models,
+        get_model,
+        register_version,
+        delete_version,
+        version_by_alias,
+        download,
+        content,
+        list_aliases,
+        put_alias,
+        delete_alias,
+        alias_history,
+    ]
+
+
+def _summary(row: ModelRow) -> ModelSummary:
+    return ModelSummary(
+        team=row.team,
+        name=row.name,
+        project=row.project,
+        latest_version=row.latest_version,
+        versions=row.versions,
+        aliases=row.aliases,
+        created_at=row.created_at,
+    )
+
+
+def _cursor(after: str | None) -> tuple[str, str] | None:
+    """``after`` (``team/name`` of the last model of a page), checked."""
+    if after is None:
+        return None
+    team, sep, name = after.partition("/")
+    if not sep or not names.is_valid("team", team) or not names.is_valid("model", name):
+        raise RequestInvalid.one("after", "must be the 'next' of a page: team/name")
+    return team, name
+
+
+def _owned_key(version: ModelVersion) -> str:
+    if version.artifact_key is None:
+        raise NotOwned(
+            f"version {version.version} of {version.team}/{version.model_name} was registered "
+            "before the registry kept its own copies; its artifact is the job's checkpoint "
+            f"{version.artifact.uri}: register that checkpoint again to download it"
+        )
+    return version.artifact_key
+
+
+def _fetch(store: ObjectStore, key: str, version: ModelVersion) -> Path:
+    expected = Digest(version.artifact.size_bytes, version.artifact.sha256)
+    try:
+        return artifacts.fetch_verified(store, key, expected)
+    except ObjectNotFound:
+        raise artifacts.ArtifactCorrupt(
+            f"the artifact of version {version.version} of {version.team}/"
+            f"{version.model_name} is missing from the object store; it cannot be served"
+        ) from None
+
+
+__all__: Sequence[str] = ["STATUSES", "model_routes"]

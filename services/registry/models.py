@@ -1,0 +1,172 @@
+"""Registering, deleting and aliasing model versions: the rules both the event handler and
+the HTTP API go through.
+
+Contract:
+- ``register`` copies the committed checkpoint server-side to the registry's own key
+  ``registry/<team>/<model>/<version id>/checkpoint.pt`` and checks the copy's size and
+  sha256 against what the job committed (``artifacts.copy_verified``) *before* it takes the
+  model's row lock, so slow copies never hold up other registrations. Then, on the caller's
+  connection and transaction, it numbers the version under the lock, stores it and puts
+  ``model.registered`` in the outbox. If storing fails, the copy is deleted; if the caller's
+  transaction rolls back later, the copy is an unreferenced object the storage collector
+  frees after its grace period.
+- ``delete_version`` refuses (``AliasInUse``) while any alias points at the version; else
+  the version becomes a tombstone (its number is never reused) in the caller's
+  transaction, and ``free_objects`` — called after that commits — removes its objects and
+  says what it freed. A version registered before the registry kept copies owns no object:
+  nothing is freed (its artifact is the job's checkpoint).
+- ``move_alias`` points an alias at a live version of the model under the model's row
+  lock, appending the move (who, from, to, when) to ``model_alias_moves``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+
+from services.registry import artifacts, domain, names
+from services.registry import model_repository as models_repo
+from services.registry import repository as repo
+from services.registry.domain import ModelVersion, Origin, Run
+from shared import outbox
+from shared.events import Envelope, Payload
+from shared.events.payloads import CheckpointRef
+from shared.storage import ObjectStore
+
+log = logging.getLogger(__name__)
+
+SOURCE = "trainyard/registry"
+ARTIFACT_FILE = "checkpoint.pt"
+
+
+class AliasInUse(Exception):
+    """The version cannot be deleted: aliases point at it (answered 409)."""
+
+
+class VersionGone(Exception):
+    """The version was deleted; an alias cannot point at it (answered 409)."""
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What a new version is made of, besides its number (given under the lock)."""
+
+    team: str
+    model: str
+    project: str
+    job_id: str
+    final: Run
+    runs: list[Run]
+    checkpoint: CheckpointRef
+    metrics: dict[str, float]
+    origin: Origin
+    created_by: str
+    tags: tuple[str, ...] = ()
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Freed:
+    objects: int
+    bytes: int
+
+
+async def register(
+    conn: asyncpg.Connection, store: ObjectStore, what: Registration, now: datetime
+) -> ModelVersion:
+    """Copy, verify and store a new version (module docstring); raises
+    ``artifacts.SourceOutsideStore``, ``artifacts.ArtifactMismatch`` or
+    ``shared.storage.ObjectNotFound`` when the checkpoint cannot be registered."""
+    version_id = str(uuid.uuid4())
+    key = names.artifact_key(what.team, what.model, version_id, ARTIFACT_FILE)
+    source = artifacts.source_key(store, what.checkpoint.uri)
+    expected = artifacts.Digest(what.checkpoint.size_bytes, what.checkpoint.sha256)
+    await asyncio.to_thread(artifacts.copy_verified, store, source, key, expected)
+    try:
+        model_id, latest = await repo.lock_model(conn, what.team, what.model, now, what.project)
+        version = ModelVersion(
+            id=version_id,
+            team=what.team,
+            model_name=what.model,
+            version=domain.next_version(latest),
+            job_id=what.job_id,
+            allocation_id=what.final.allocation_id,
+            artifact=what.checkpoint.model_copy(update={"uri": store.uri_for(key)}),
+            metrics=what.metrics,
+            lineage=domain.build_lineage(what.final, what.runs),
+            registered_at=now,
+            origin=what.origin,
+            source_uri=what.checkpoint.uri,
+            artifact_key=key,
+            tags=what.tags,
+            description=what.description,
+            created_by=what.created_by,
+        )
+        await repo.insert_version(conn, model_id, version)
+        registered: Payload = version.to_event()
+        await outbox.enqueue(conn, Envelope.wrap(registered, source=SOURCE, subject=what.job_id))
+    except BaseException:
+        await asyncio.to_thread(store.delete, key)
+        raise
+    log.info(
+        "registered %s/%s v%d from job %s (%s, copied to %s)",
+        version.team,
+        version.model_name,
+        version.version,
+        version.job_id,
+        what.checkpoint.uri,
+        key,
+    )
+    return version
+
+
+async def delete_version(
+    conn: asyncpg.Connection, model_id: int, version: ModelVersion, actor: str, now: datetime
+) -> bool:
+    """Tombstone ``version`` (the model's row locked by the caller); ``AliasInUse`` while an
+    alias points at it. False when it was deleted already."""
+    pointing = await models_repo.aliases_of_version(conn, model_id, version.version)
+    if pointing:
+        names_ = ", ".join(repr(a) for a in pointing)
+        raise AliasInUse(
+            f"version {version.version} of {version.team}/{version.model_name} is what "
+            f"alias {names_} points at; move or delete the alias first"
+        )
+    return await models_repo.mark_deleted(conn, model_id, version.version, actor, now)
+
+
+def free_objects(store: ObjectStore, version: ModelVersion) -> Freed:
+    """Remove the objects ``version`` owns (blocking; after its tombstone committed)."""
+    if version.artifact_key is None:
+        return Freed(0, 0)
+    folder = version.artifact_key.rpartition("/")[0] + "/"
+    objects = 0
+    freed_bytes = 0
+    for key in store.list(folder):
+        store.delete(key)
+        objects += 1
+        if key == version.artifact_key:
+            freed_bytes += version.artifact.size_bytes
+    return Freed(objects, freed_bytes)
+
+
+async def move_alias(
+    conn: asyncpg.Connection,
+    model_id: int,
+    alias: str,
+    target: ModelVersion,
+    actor: str,
+    now: datetime,
+) -> int | None:
+    """Point ``alias`` at ``target`` (the model's row locked by the caller); the version it
+    pointed at before. ``VersionGone`` when ``target`` is deleted."""
+    if target.deleted_at is not None:
+        raise VersionGone(
+            f"version {target.version} of {target.team}/{target.model_name} was deleted"
+        )
+    return await models_repo.set_alias(conn, model_id, alias, target.version, actor, now)
