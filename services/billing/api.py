@@ -1,6 +1,8 @@
-"""Billing's HTTP app: health, readiness, usage and the audit log.
+"""Billing's HTTP app: health, readiness, costs, usage and the audit log.
 
-``GET /v1/usage?team=<team>`` sums GPU-seconds and cost per team, per user and per job.
+``GET /v1/costs`` and ``GET /v1/jobs/{job_id}/cost`` are the cost reports
+(``services.billing.costs_api``). ``GET /v1/usage?team=<team>``, the older summary, sums
+every allocation's current bill per team, per user and per job, over all time.
 Users (viewer and up) read their own team's usage: without ``team`` they get their team's,
 and another team answers 404. Operators read any team's, or every team's without ``team``.
 ``GET /v1/audit`` is for operators. Authentication is the shared guard (``shared.access``).
@@ -20,6 +22,7 @@ from litestar.params import QueryParameter
 from litestar.types import Guard
 
 from services.billing import repository as repo
+from services.billing.costs_api import cost_routes
 from services.billing.schemas import UsageSummary, usage_summary
 from shared.audit import audit_route
 from shared.http_app import error_responses, service_app
@@ -58,7 +61,7 @@ def create_app(
 
     return service_app(
         "billing",
-        [*health_handlers, usage, audit_route(pool)],
+        [*health_handlers, usage, *cost_routes(pool), audit_route(pool)],
         guard,
         cors_origins=cors_origins,
     )

@@ -1,12 +1,15 @@
 """Event handlers of billing: one ``dispatch`` for every event it consumes.
 
 Runs inside the transaction of ``shared.inbox.idempotent``. An ``AllocationGranted`` is
-remembered as announced. An ``AllocationReleased`` becomes one usage row and one
-``CostRecorded`` (through the outbox, same transaction); the ledger's key on allocation id
-makes a repeated release a logged no-op, except the one release that amends a bill: a lost
-node's allocation whose runner reported success later is billed for the time it really ran
-(``Usage.amended_by``: the same row, amended once, and a ``CostRecorded`` with the amended
-total, event id ``cost:<allocation>:amended``). A release that cannot be priced (unknown flavor, end
+remembered as announced, with the attribution its release does not repeat (project, queue,
+attempt, epoch). An ``AllocationReleased`` becomes the allocation's bill (one
+``usage_ledger`` row), a ``charge`` in the append-only ``ledger_entries`` (with its rollups)
+and one ``CostRecorded`` (through the outbox), all in the same transaction; the bill's key
+on allocation id makes a repeated release a logged no-op, except the one release that amends
+a bill: a lost node's allocation whose runner reported success later is billed for the time
+it really ran (``Usage.amended_by``: the bill amended once, a ``reversal`` of the previous
+charge and a new ``charge`` in the ledger, and a ``CostRecorded`` with the amended total,
+event id ``cost:<allocation>:amended``). A release that cannot be priced (unknown flavor, end
 before start), or that billing cannot believe, is rejected to the dead-letter stream with the
 reason: billing meters only allocations the scheduler announced, and only as announced (the
 release's job, node, team, user, flavor, GPUs and start must be its grant's). The grant comes
@@ -21,8 +24,10 @@ from datetime import UTC, datetime
 
 import asyncpg
 
+from services.billing import ledger_repository as ledger
 from services.billing import repository as repo
 from services.billing.domain import UnknownFlavor, Usage
+from services.billing.ledger import Attribution, LedgerEntry
 from shared import outbox
 from shared.bus import Reject
 from shared.events import Envelope, Payload, nats_subject
@@ -57,17 +62,21 @@ class BillingHandlers:
     async def on_released(
         self, conn: asyncpg.Connection, released: AllocationReleased, event_id: str
     ) -> None:
-        problem = unannounced(released, await repo.announced(conn, released.allocation_id))
-        if problem is not None:
-            raise Reject(problem)
+        grant = await repo.announced(conn, released.allocation_id)
+        problem = unannounced(released, grant)
+        if problem is not None or grant is None:
+            raise Reject(problem or "unannounced")
         book = await repo.price_book(conn)
         try:
             usage = Usage.from_release(released, book.price(released.gpu_flavor))
         except (UnknownFlavor, ValueError) as exc:
             raise Reject(str(exc)) from exc
-        if not await repo.insert_usage(conn, usage, event_id, self._clock()):
+        now = self._clock()
+        if not await repo.insert_usage(conn, usage, event_id, now):
             await self._amend(conn, released, event_id)
             return
+        charge = LedgerEntry.charge(usage, Attribution.from_announced(grant), revision=0)
+        await ledger.append(conn, [charge], event_id, now)
         await _recorded(conn, usage, f"cost:{usage.allocation_id}")
         log.info(
             "job %s allocation %s: %s GPU-s of %s = %s %s",
@@ -93,6 +102,15 @@ class BillingHandlers:
         if billed is None or amended is None:
             log.info("allocation %s already billed; ignored", released.allocation_id)
             return
+        now = self._clock()
+        previous = await ledger.latest_charge(conn, amended.allocation_id)
+        if previous is None:  # a bill always has its charge (the migration made the old ones')
+            raise RuntimeError(f"allocation {amended.allocation_id}: a bill without a charge")
+        attribution = Attribution(
+            previous.project, previous.queue, previous.attempt, previous.epoch
+        )
+        corrected = LedgerEntry.charge(amended, attribution, revision=previous.revision + 1)
+        await ledger.append(conn, [previous.reversal(), corrected], event_id, now)
         await conn.execute(
             "UPDATE usage_ledger SET ended_at = $2, outcome = $3, gpu_seconds = $4, cost = $5, "
             "event_id = $6, recorded_at = $7 WHERE allocation_id = $1",
@@ -102,7 +120,7 @@ class BillingHandlers:
             amended.gpu_seconds,
             amended.cost,
             event_id,
-            self._clock(),
+            now,
         )
         log.info(
             "allocation %s of job %s ran until %s after all (%s, not lost): bill amended "

@@ -76,8 +76,8 @@ async def insert_announced(
     inserted = await conn.fetchval(
         """INSERT INTO announced_allocations (allocation_id, job_id, node_id, team, user_name,
                                               gpu_flavor, gpus, granted_at, event_id,
-                                              recorded_at)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                                              recorded_at, project, queue, attempt, epoch)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
            ON CONFLICT (allocation_id) DO NOTHING RETURNING true""",
         grant.allocation_id,
         grant.job_id,
@@ -89,6 +89,10 @@ async def insert_announced(
         grant.granted_at,
         event_id,
         now,
+        grant.spec.project,
+        grant.queue,
+        grant.attempt,
+        grant.epoch,
     )
     return bool(inserted)
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
 
+from services.billing import ledger_repository as ledger
 from services.billing import repository as repo
 from services.billing.api import create_app
 from services.billing.config import Settings
@@ -21,6 +23,8 @@ from shared.outbox import OutboxRelay
 from shared.retention import Retention
 from shared.runtime import ServiceRuntime
 
+log = logging.getLogger(__name__)
+
 NAME = "billing"
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -32,11 +36,21 @@ async def seed_prices(pool: asyncpg.Pool, settings: Settings) -> None:
         await repo.upsert_prices(conn, book.prices.values(), datetime.now(UTC))
 
 
+async def ensure_rollups(pool: asyncpg.Pool) -> None:
+    """Build the rollups from the ledger when it has entries and they have none (the first
+    start after the migration that turned earlier bills into ledger entries)."""
+    async with pool.acquire() as conn, conn.transaction():
+        if await ledger.rollups_missing(conn):
+            folded = await ledger.rebuild_rollups(conn)
+            log.info("cost rollups built from %d ledger entries", folded)
+
+
 async def serve(settings: Settings) -> int:
     async with ServiceRuntime(NAME, settings) as rt:
         pool = await rt.resources.enter_async_context(open_pool(settings.database, NAME))
         await migrate(pool, NAME, MIGRATIONS)
         await seed_prices(pool, settings)
+        await ensure_rollups(pool)
         bus = await rt.resources.enter_async_context(Bus.connect(settings.nats, NAME))
         rt.add_readiness_check("database", lambda: ping(pool))
         rt.add_readiness_check("nats", bus.ping)

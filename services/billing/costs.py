@@ -1,0 +1,142 @@
+"""A cost report's question, checked, and how to answer it from the rollups: pure code.
+
+Contract:
+- ``CostQuery.parse(...)`` checks the raw parameters of ``GET /v1/costs`` and raises
+  ``RequestInvalid`` naming each bad field and why: ``group_by`` is a comma-separated list
+  of distinct dimensions (``DIMENSIONS``); ``from`` and ``to`` are whole UTC hours (a
+  datetime without a zone is UTC), ``from < to``; ``from`` is by default the start of the
+  current UTC month and ``to`` the end of ``from``'s month; a range covers at most
+  ``MAX_RANGE[granularity]`` (hour: 31 days, day: 366 days, month or none: 3660 days).
+- ``pieces(start, end, coarsest)`` covers ``[start, end)`` (whole hours) with rollup
+  buckets, each as coarse as it can be without reaching past either end or past
+  ``coarsest``: the hours up to the first whole day, the days up to the first whole month,
+  the months, then days and hours again. Answered from those rollups, a report sums
+  exactly the hour parts of every ledger entry inside the range.
+- A query that groups or filters by job cannot use the rollups (they hold no job): it is
+  answered from the ledger entries themselves, split with the same ``buckets.split_hours``,
+  so both paths give the same figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+from services.billing.buckets import UNITS, Unit, floor, next_bucket
+from shared.http_errors import FieldError, RequestInvalid
+
+Dimension = Literal["team", "project", "user", "queue", "flavor", "job"]
+DIMENSIONS: tuple[Dimension, ...] = ("team", "project", "user", "queue", "flavor", "job")
+COLUMN: Mapping[Dimension, str] = {
+    "team": "team",
+    "project": "project",
+    "user": "user_name",
+    "queue": "queue",
+    "flavor": "gpu_flavor",
+    "job": "job_id",
+}
+"""The ledger's (and the rollups') column of each dimension."""
+Granularity = Literal["hour", "day", "month"]
+MAX_RANGE: Mapping[Unit | None, timedelta] = {
+    "hour": timedelta(days=31),
+    "day": timedelta(days=366),
+    "month": timedelta(days=3660),
+    None: timedelta(days=3660),
+}
+"""The longest range a report may cover at each granularity (a bound on its size)."""
+
+
+def _whole_hour(name: str, value: datetime, errors: list[FieldError]) -> datetime:
+    utc = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    if utc != floor(utc, "hour"):
+        errors.append(
+            FieldError(
+                field=name,
+                message=f"must be a whole UTC hour (costs are kept per hour), got {utc.isoformat()}",
+            )
+        )
+    return utc
+
+
+@dataclass(frozen=True)
+class CostQuery:
+    start: datetime
+    end: datetime
+    granularity: Granularity | None = None
+    group_by: tuple[Dimension, ...] = ()
+    filters: Mapping[Dimension, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(
+        cls,
+        *,
+        start: datetime | None,
+        end: datetime | None,
+        granularity: Granularity | None,
+        group_by: str | None,
+        filters: Mapping[Dimension, str | None],
+        now: datetime,
+    ) -> CostQuery:
+        errors: list[FieldError] = []
+        dims: list[Dimension] = []
+        for name in (group_by or "").split(",") if group_by else []:
+            name = name.strip()
+            if name not in DIMENSIONS:
+                errors.append(
+                    FieldError(
+                        field="group_by",
+                        message=f"unknown dimension {name!r} (one of {', '.join(DIMENSIONS)})",
+                    )
+                )
+            elif name in dims:
+                errors.append(FieldError(field="group_by", message=f"{name!r} given twice"))
+            else:
+                dims.append(name)
+        begin = _whole_hour("from", start, errors) if start is not None else floor(now, "month")
+        if end is not None:
+            finish = _whole_hour("to", end, errors)
+        else:
+            finish = next_bucket(floor(begin, "month"), "month")
+        if not errors and finish <= begin:
+            errors.append(FieldError(field="to", message="must be after from"))
+        longest = MAX_RANGE[granularity]
+        if not errors and finish - begin > longest:
+            errors.append(
+                FieldError(
+                    field="to",
+                    message=f"a report by {granularity or 'range'} covers at most "
+                    f"{longest.days} days",
+                )
+            )
+        if errors:
+            raise RequestInvalid(errors)
+        chosen = {d: v for d, v in filters.items() if v is not None}
+        return cls(begin, finish, granularity, tuple(dims), chosen)
+
+    @property
+    def needs_ledger(self) -> bool:
+        """Whether the rollups cannot answer (they hold no job)."""
+        return "job" in self.group_by or "job" in self.filters
+
+
+def pieces(start: datetime, end: datetime, coarsest: Unit) -> list[tuple[Unit, datetime, datetime]]:
+    """Rollup ranges ``(unit, first bucket, end)`` covering ``[start, end)`` (module contract),
+    consecutive buckets of one unit merged."""
+    allowed = UNITS[: UNITS.index(coarsest) + 1]
+    ranges: list[tuple[Unit, datetime, datetime]] = []
+    at = start
+    while at < end:
+        unit: Unit = "hour"
+        for candidate in reversed(allowed):
+            if floor(at, candidate) == at and next_bucket(at, candidate) <= end:
+                unit = candidate
+                break
+        after = next_bucket(at, unit)
+        if ranges and ranges[-1][0] == unit and ranges[-1][2] == at:
+            ranges[-1] = (unit, ranges[-1][1], after)
+        else:
+            ranges.append((unit, at, after))
+        at = after
+    return ranges

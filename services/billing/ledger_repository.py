@@ -1,0 +1,118 @@
+"""Billing's SQL for the append-only ledger and its rollups (``billing`` schema).
+
+``append`` is the only writer of both: it inserts entries and adds what they add to the
+rollups in the caller's transaction, so a rollup never differs from the sum of the entries
+committed with it. ``rebuild_rollups`` recomputes every rollup from the ledger alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+import asyncpg
+
+from services.billing.ledger import LedgerEntry, rollup_rows
+
+_COLUMNS = (
+    "allocation_id, revision, kind, job_id, team, project, user_name, queue, gpu_flavor, "
+    "node_id, attempt, epoch, gpus, started_at, ended_at, outcome, gpu_seconds, "
+    "price_per_gpu_hour, currency, cost, event_id, recorded_at"
+)
+
+
+async def append(
+    conn: asyncpg.Connection, entries: Sequence[LedgerEntry], event_id: str, now: datetime
+) -> None:
+    """Append ``entries`` (recorded for event ``event_id``) and roll them up."""
+    await conn.executemany(
+        f"INSERT INTO ledger_entries ({_COLUMNS}) VALUES "
+        "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, "
+        "$19, $20, $21, $22)",
+        [
+            (
+                e.allocation_id,
+                e.revision,
+                e.kind,
+                e.job_id,
+                e.team,
+                e.project,
+                e.user,
+                e.queue,
+                e.gpu_flavor,
+                e.node_id,
+                e.attempt,
+                e.epoch,
+                e.gpus,
+                e.started_at,
+                e.ended_at,
+                e.outcome,
+                e.gpu_seconds,
+                e.price_per_gpu_hour,
+                e.currency,
+                e.cost,
+                event_id,
+                now,
+            )
+            for e in entries
+        ],
+    )
+    await add_to_rollups(conn, entries)
+
+
+async def add_to_rollups(conn: asyncpg.Connection, entries: Sequence[LedgerEntry]) -> None:
+    rows = rollup_rows(entries)
+    if not rows:
+        return
+    columns = list(zip(*rows, strict=True))
+    # One statement, each key once (rollup_rows sums them), locked in key order.
+    await conn.execute(
+        """INSERT INTO cost_rollups AS r (granularity, bucket, team, project, user_name, queue,
+                                          gpu_flavor, currency, gpu_seconds, cost)
+           SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[],
+                                $5::text[], $6::text[], $7::text[], $8::text[],
+                                $9::numeric[], $10::numeric[])
+           ON CONFLICT (granularity, bucket, team, project, user_name, queue, gpu_flavor,
+                        currency)
+           DO UPDATE SET gpu_seconds = r.gpu_seconds + EXCLUDED.gpu_seconds,
+                         cost = r.cost + EXCLUDED.cost""",
+        *[list(c) for c in columns],
+    )
+
+
+async def latest_charge(conn: asyncpg.Connection, allocation_id: str) -> LedgerEntry | None:
+    """The allocation's charge of the highest revision (its current bill), or None."""
+    row = await conn.fetchrow(
+        f"SELECT {_COLUMNS} FROM ledger_entries WHERE allocation_id = $1 AND kind = 'charge' "
+        "ORDER BY revision DESC LIMIT 1",
+        allocation_id,
+    )
+    return LedgerEntry.from_row(row) if row is not None else None
+
+
+async def rollups_missing(conn: asyncpg.Connection) -> bool:
+    """True when the ledger has entries but no rollup does (after the migration that made
+    the ledger from earlier bills)."""
+    return bool(
+        await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM ledger_entries) "
+            "AND NOT EXISTS (SELECT 1 FROM cost_rollups)"
+        )
+    )
+
+
+async def rebuild_rollups(conn: asyncpg.Connection, batch: int = 5000) -> int:
+    """Recompute every rollup from the ledger (in the caller's transaction); returns the
+    number of entries folded in. The rollups table is locked meanwhile, so no append can
+    interleave."""
+    await conn.execute("LOCK TABLE cost_rollups IN EXCLUSIVE MODE")
+    await conn.execute("DELETE FROM cost_rollups")
+    folded = 0
+    chunk: list[LedgerEntry] = []
+    async for row in conn.cursor(f"SELECT {_COLUMNS} FROM ledger_entries ORDER BY entry_id"):
+        chunk.append(LedgerEntry.from_row(row))
+        if len(chunk) >= batch:
+            await add_to_rollups(conn, chunk)
+            folded, chunk = folded + len(chunk), []
+    await add_to_rollups(conn, chunk)
+    return folded + len(chunk)

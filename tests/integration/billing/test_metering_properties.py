@@ -1,0 +1,270 @@
+"""Property: whatever the bus does to allocation events, the ledger bills each allocation
+exactly as an independent reference says, to the micro-unit.
+
+Hypothesis generates jobs with several attempts (each a new allocation at a higher epoch,
+some on two nodes), each allocation's fate (released; lost and later reported succeeded;
+its release never arriving), duplicates (the scheduler repeating an event under a new id),
+redeliveries (the same event id again, past JetStream's de-duplication) and any order in
+which a grant still precedes the releases of its allocation (the scheduler's outbox
+publishes them in that order, and billing meters only announced allocations). The events
+go through billing's real consumer (JetStream, the inbox, the handlers) into a real
+PostgreSQL. The reference below prices with ``fractions.Fraction`` and integer
+microseconds, sharing no code with billing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from fractions import Fraction
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shared.events import Envelope, Payload
+from shared.events.payloads import AllocationReleased
+from shared.events.trust import owner
+from tests.integration.billing.conftest import Billing, grant_of, until
+
+pytestmark = pytest.mark.integration
+
+PRICES = {"cpu": Fraction(1, 10), "a100": Fraction(5, 2)}  # the billing fixture's price book
+T0 = datetime(2026, 11, 30, 22, 0, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One allocation and what became of it."""
+
+    allocation_id: str
+    job_id: str
+    team: str
+    flavor: str
+    gpus: int
+    epoch: int
+    granted_at: datetime
+    ended_at: datetime
+    fate: str
+    """``released``, ``lost_then_succeeded`` or ``end_lost`` (its release never arrives)."""
+    outcome: str
+    lost_at: datetime
+
+
+def _release(lease: Lease, outcome: str, at: datetime) -> AllocationReleased:
+    return AllocationReleased(
+        allocation_id=lease.allocation_id,
+        job_id=lease.job_id,
+        node_id=f"node-{lease.epoch % 2}",
+        team=lease.team,
+        user="ada",
+        gpu_flavor=lease.flavor,
+        gpus=lease.gpus,
+        granted_at=lease.granted_at,
+        released_at=at,
+        outcome=outcome,  # type: ignore[arg-type]
+    )
+
+
+def releases_of(lease: Lease) -> list[AllocationReleased]:
+    if lease.fate == "end_lost":
+        return []
+    if lease.fate == "lost_then_succeeded":
+        return [
+            _release(lease, "lost", lease.lost_at),
+            _release(lease, "succeeded", lease.ended_at),
+        ]
+    return [_release(lease, lease.outcome, lease.ended_at)]
+
+
+@st.composite
+def leases(draw: st.DrawFn, team: str) -> list[Lease]:
+    out = []
+    epoch = 0
+    for j in range(draw(st.integers(1, 3))):
+        start = T0 + timedelta(microseconds=draw(st.integers(0, 3 * 3600 * 10**6)))
+        for _attempt in range(draw(st.integers(1, 3))):
+            epoch += draw(st.integers(1, 3))  # epochs only grow, with gaps
+            flavor = draw(st.sampled_from(sorted(PRICES)))
+            for _node in range(draw(st.integers(1, 2))):  # a gang of one or two nodes
+                length = timedelta(microseconds=draw(st.integers(0, 5 * 3600 * 10**6)))
+                lost_after = draw(st.integers(0, 10**6 * 600))
+                out.append(
+                    Lease(
+                        allocation_id=f"{team}-a{len(out)}",
+                        job_id=f"{team}-j{j}",
+                        team=team,
+                        flavor=flavor,
+                        gpus=draw(st.integers(1, 8)),
+                        epoch=epoch,
+                        granted_at=start,
+                        ended_at=start + length,
+                        fate=draw(st.sampled_from(["released", "lost_then_succeeded", "end_lost"])),
+                        outcome=draw(
+                            st.sampled_from(
+                                ["succeeded", "failed", "cancelled", "preempted", "lost"]
+                            )
+                        ),
+                        lost_at=start + min(length, timedelta(microseconds=lost_after)),
+                    )
+                )
+            start = start + timedelta(microseconds=draw(st.integers(0, 3600 * 10**6)))
+    return out
+
+
+@dataclass(frozen=True)
+class Sent:
+    envelope: Envelope[Payload]
+    redelivery: bool
+    """Published again under its own event id (as JetStream redelivers), not a new event."""
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> tuple[list[Lease], list[Sent]]:
+    team = f"t{uuid.uuid4().hex[:10]}"
+    drawn = draw(leases(team))
+    first: list[Sent] = []
+    for lease in drawn:
+        grant = grant_of(_release(lease, "succeeded", lease.ended_at))
+        grant = grant.model_copy(
+            update={"data": grant.data.model_copy(update={"epoch": lease.epoch})}
+        )
+        first.append(Sent(grant, False))
+        for released in releases_of(lease):
+            payload: Payload = released
+            first.append(
+                Sent(Envelope.wrap(payload, source=owner(payload), subject=lease.job_id), False)
+            )
+    extra: list[Sent] = []
+    for sent in first:
+        for _ in range(draw(st.integers(0, 2))):
+            if draw(st.booleans()):
+                extra.append(Sent(sent.envelope, True))
+            else:  # the same fact said again as a new event
+                again = Envelope.wrap(
+                    sent.envelope.data, source=sent.envelope.source, subject=sent.envelope.subject
+                )
+                extra.append(Sent(again, False))
+    order = draw(st.permutations(first + extra))
+    return drawn, announced_first(order)
+
+
+def announced_first(order: list[Sent]) -> list[Sent]:
+    """``order`` with each allocation's first grant moved before its first release."""
+    out: list[Sent] = []
+    granted: set[str] = set()
+    held: dict[str, list[Sent]] = {}
+    for sent in order:
+        data = sent.envelope.data
+        allocation = getattr(data, "allocation_id", "")
+        if isinstance(data, AllocationReleased) and allocation not in granted:
+            held.setdefault(allocation, []).append(sent)
+            continue
+        out.append(sent)
+        if allocation not in granted and not isinstance(data, AllocationReleased):
+            granted.add(allocation)
+            out.extend(held.pop(allocation, []))
+    assert not held
+    return out
+
+
+def _micro(value: Fraction) -> Fraction:
+    """Half-up (away from zero) to 6 places, on exact fractions."""
+    scaled = value * 10**6
+    whole, rest = divmod(scaled.numerator, scaled.denominator)
+    if 2 * rest >= scaled.denominator:
+        whole += 1
+    return Fraction(whole, 10**6)
+
+
+def reference(lease: Lease, order: list[Sent]) -> tuple[Fraction, Fraction] | None:
+    """What ``lease`` must be billed: (GPU-seconds, cost), or None (nothing)."""
+    seen = [
+        s.envelope.data
+        for s in order
+        if isinstance(s.envelope.data, AllocationReleased)
+        and s.envelope.data.allocation_id == lease.allocation_id
+    ]
+    if not seen:
+        return None
+    bill = seen[0]
+    end, outcome = bill.released_at, bill.outcome
+    for later in seen[1:]:
+        if outcome == "lost" and later.outcome == "succeeded":
+            end, outcome = max(end, later.released_at), "succeeded"
+    delta = end - lease.granted_at
+    micros = (delta.days * 86_400 + delta.seconds) * 10**6 + delta.microseconds
+    gpu_seconds = Fraction(lease.gpus * micros, 10**6)
+    return gpu_seconds, _micro(gpu_seconds * PRICES[lease.flavor] / 3600)
+
+
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(history=histories())
+async def test_the_ledger_equals_the_reference_under_any_delivery(
+    billing: Billing, history: tuple[list[Lease], list[Sent]]
+) -> None:
+    drawn, order = history
+    team = drawn[0].team
+    for n, sent in enumerate(order):
+        if sent.redelivery:
+            env = sent.envelope
+            await billing.bus.publish_raw(
+                env.nats_subject, env.to_json(), f"{env.id}:again:{n}", {}
+            )
+        else:
+            await billing.bus.publish(sent.envelope)
+    ids = {s.envelope.id for s in order}
+
+    async def all_handled() -> bool:
+        count = await billing.pool.fetchval(
+            "SELECT count(*) FROM inbox WHERE consumer = 'billing' AND event_id = ANY($1::text[])",
+            list(ids),
+        )
+        return bool(count == len(ids))
+
+    await until(all_handled)
+    # Redeliveries behind the last new event: let the consumer reach the stream's end.
+    last = grant_of(_release(drawn[0], "succeeded", drawn[0].ended_at))  # a repeated grant
+    await billing.bus.publish(last)
+    await billing.processed(last)
+
+    rows = await billing.pool.fetch(
+        "SELECT allocation_id, kind, revision, gpu_seconds, cost FROM ledger_entries WHERE team = $1",
+        team,
+    )
+    billed: dict[str, tuple[Decimal, Decimal]] = {}
+    kinds: dict[str, list[tuple[str, int]]] = {}
+    for r in rows:
+        secs, cost = billed.get(r["allocation_id"], (Decimal(0), Decimal(0)))
+        billed[r["allocation_id"]] = (secs + r["gpu_seconds"], cost + r["cost"])
+        kinds.setdefault(r["allocation_id"], []).append((r["kind"], r["revision"]))
+    expected = {}
+    for lease in drawn:
+        ref = reference(lease, order)
+        if ref is not None:
+            expected[lease.allocation_id] = ref
+    assert set(billed) == set(expected)
+    for allocation, (secs, cost) in expected.items():
+        assert Fraction(billed[allocation][0]) == secs, allocation
+        assert Fraction(billed[allocation][1]) == cost, allocation
+        assert sorted(kinds[allocation]) in (
+            [("charge", 0)],
+            [("charge", 0), ("charge", 1), ("reversal", 0)],
+        )
+    # The rollups hold exactly the ledger, at every granularity.
+    total_cost = sum((c for _, c in expected.values()), Fraction(0))
+    total_secs = sum((s for s, _ in expected.values()), Fraction(0))
+    for unit in ("hour", "day", "month"):
+        secs, cost = await billing.pool.fetchrow(
+            "SELECT coalesce(sum(gpu_seconds), 0), coalesce(sum(cost), 0) FROM cost_rollups "
+            "WHERE team = $1 AND granularity = $2",
+            team,
+            unit,
+        )
+        assert (Fraction(secs), Fraction(cost)) == (total_secs, total_cost), unit
