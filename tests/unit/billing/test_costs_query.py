@@ -1,0 +1,124 @@
+"""A cost report's parameters: checked with the field and the reason, and planned over the
+rollups without gaps or overlaps."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.billing.buckets import floor, next_bucket
+from services.billing.costs import CostQuery, pieces
+from services.billing.costs_repository import CostLine
+from services.billing.costs_schemas import cost_report, csv_text
+from shared.http_errors import RequestInvalid
+
+NOW = datetime(2026, 12, 3, 21, 17, tzinfo=UTC)
+
+
+def parse(**given: object) -> CostQuery:
+    args: dict[str, object] = {
+        "start": None,
+        "end": None,
+        "granularity": None,
+        "group_by": None,
+        "filters": {},
+        "now": NOW,
+    }
+    args.update(given)
+    return CostQuery.parse(**args)  # type: ignore[arg-type]
+
+
+def errors(**given: object) -> list[tuple[str, str]]:
+    with pytest.raises(RequestInvalid) as caught:
+        parse(**given)
+    return [(e.field, e.message) for e in caught.value.errors]
+
+
+def test_the_default_range_is_the_current_utc_month() -> None:
+    query = parse()
+    assert (query.start, query.end) == (
+        datetime(2026, 12, 1, tzinfo=UTC),
+        datetime(2027, 1, 1, tzinfo=UTC),
+    )
+    assert parse(start=datetime(2026, 2, 10, 5)).end == datetime(2026, 3, 1, tzinfo=UTC)
+
+
+def test_group_by_names_known_distinct_dimensions() -> None:
+    assert parse(group_by="team, flavor").group_by == ("team", "flavor")
+    assert errors(group_by="team,colour,team") == [
+        ("group_by", "unknown dimension 'colour' (one of team, project, user, queue, flavor, job)"),
+        ("group_by", "'team' given twice"),
+    ]
+
+
+def test_bad_ranges_name_the_field_and_the_reason() -> None:
+    hour = datetime(2026, 12, 1, 10, tzinfo=UTC)
+    assert errors(start=hour + timedelta(minutes=30)) == [
+        (
+            "from",
+            "must be a whole UTC hour (costs are kept per hour), got 2026-12-01T10:30:00+00:00",
+        )
+    ]
+    assert errors(start=hour, end=hour) == [("to", "must be after from")]
+    assert errors(start=hour, end=hour + timedelta(days=32), granularity="hour") == [
+        ("to", "a report by hour covers at most 31 days")
+    ]
+
+
+def test_a_job_dimension_reads_the_ledger() -> None:
+    assert parse(group_by="job").needs_ledger
+    assert parse(filters={"job": "j1"}).needs_ledger
+    assert not parse(group_by="team,user", filters={"team": "ml", "job": None}).needs_ledger
+
+
+def test_pieces_use_the_coarsest_rollup_that_fits() -> None:
+    start = datetime(2026, 10, 30, 22, tzinfo=UTC)
+    end = datetime(2026, 12, 2, 3, tzinfo=UTC)
+    assert pieces(start, end, "month") == [
+        ("hour", start, datetime(2026, 10, 31, tzinfo=UTC)),
+        ("day", datetime(2026, 10, 31, tzinfo=UTC), datetime(2026, 11, 1, tzinfo=UTC)),
+        ("month", datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC)),
+        ("day", datetime(2026, 12, 1, tzinfo=UTC), datetime(2026, 12, 2, tzinfo=UTC)),
+        ("hour", datetime(2026, 12, 2, tzinfo=UTC), end),
+    ]
+    assert {unit for unit, _, _ in pieces(start, end, "hour")} == {"hour"}
+
+
+@given(
+    start_h=st.integers(0, 24 * 800),
+    hours=st.integers(1, 24 * 400),
+    coarsest=st.sampled_from(["hour", "day", "month"]),
+)
+def test_pieces_cover_the_range_exactly_once(start_h: int, hours: int, coarsest: str) -> None:
+    start = datetime(2025, 1, 1, tzinfo=UTC) + timedelta(hours=start_h)
+    end = start + timedelta(hours=hours)
+    ranges = pieces(start, end, coarsest)  # type: ignore[arg-type]
+    assert ranges[0][1] == start and ranges[-1][2] == end
+    for (unit, first, last), following in zip(ranges, [*ranges[1:], None], strict=True):
+        assert first == floor(first, unit) and first < last
+        if following is not None:
+            assert following[1] == last and following[0] != unit
+        at = first
+        while at < last:  # whole buckets of the unit, up to the range's end
+            at = next_bucket(at, unit)
+        assert at == last
+
+
+def test_csv_has_a_header_the_grouped_dimensions_and_exact_amounts() -> None:
+    query = parse(group_by="team,flavor", granularity="day")
+    day = datetime(2026, 12, 2, tzinfo=UTC)
+    lines = [
+        CostLine(day, ("ml", "a100"), "USD", Decimal("7200.000001"), Decimal("5.000001")),
+        CostLine(day, ("ml", None), "USD", Decimal(1), Decimal("0.1")),
+    ]
+    report = cost_report(query, lines, limit=1)
+    assert report.truncated
+    assert [(t.currency, t.cost) for t in report.totals] == [("USD", Decimal("5.100001"))]
+    assert csv_text(report).splitlines() == [
+        "bucket,team,flavor,currency,gpu_seconds,cost",
+        "2026-12-02T00:00:00+00:00,ml,a100,USD,7200.000001,5.000001",
+    ]
