@@ -14,7 +14,7 @@ from pydantic import SecretStr
 from services.billing.config import Settings
 from services.billing.handlers import SUBJECTS, BillingHandlers
 from services.billing.service import MIGRATIONS, NAME, seed_prices
-from shared.bus import Bus
+from shared.bus import Bus, Delivery
 from shared.db import migrate, open_pool
 from shared.events import Envelope, Payload, parse_envelope
 from shared.events.payloads import AllocationGranted, AllocationReleased, CostRecorded, JobSpec
@@ -89,15 +89,22 @@ class Billing:
         return [e.data for e in self.seen if isinstance(e.data, CostRecorded)]
 
 
-def grant_of(released: AllocationReleased) -> Envelope[Payload]:
+def grant_of(
+    released: AllocationReleased,
+    *,
+    project: str = "default",
+    queue: str | None = None,
+    epoch: int = 1,
+    attempt: int = 1,
+) -> Envelope[Payload]:
     """The ``allocation.granted`` (from the scheduler) that ``released`` ends."""
     grant: Payload = AllocationGranted(
         allocation_id=released.allocation_id,
         job_id=released.job_id,
         node_id=released.node_id,
         gpu_indices=list(range(released.gpus)),
-        epoch=1,
-        attempt=1,
+        epoch=epoch,
+        attempt=attempt,
         granted_at=released.granted_at,
         spec=JobSpec(
             name="job",
@@ -107,9 +114,22 @@ def grant_of(released: AllocationReleased) -> Envelope[Payload]:
             gpu_flavor=released.gpu_flavor,
             seed=1,
             max_runtime_seconds=3600,
+            project=project,
         ),
+        queue=queue,
     )
     return Envelope.wrap(grant, source=owner(grant), subject=released.node_id)
+
+
+def release_event(released: AllocationReleased) -> Envelope[Payload]:
+    payload: Payload = released
+    return Envelope.wrap(payload, source=owner(payload), subject=released.job_id)
+
+
+async def feed(pool: asyncpg.Pool, *envelopes: Envelope[Payload]) -> None:
+    """Hand ``envelopes`` to billing's consumer as one batch (its inbox and handlers, as
+    ``Bus.consume_batches`` would, without the bus)."""
+    await idempotent(pool, NAME, BillingHandlers().dispatch)([Delivery(e) for e in envelopes])
 
 
 @pytest.fixture

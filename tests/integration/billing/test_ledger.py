@@ -1,0 +1,224 @@
+"""The ledger on real PostgreSQL: append-only, attributed, corrected by compensating
+entries, and its rollups always the sum of its entries."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from services.billing import ledger_repository as ledger
+from services.billing.service import MIGRATIONS, NAME, ensure_rollups
+from shared.db import migrate, open_pool
+from shared.events.payloads import AllocationReleased
+from shared.settings import DatabaseSettings
+from tests.integration.billing.conftest import feed, grant_of, release_event
+
+pytestmark = pytest.mark.integration
+
+T0 = datetime(2026, 11, 30, 23, 20, tzinfo=UTC)
+
+
+def released(
+    allocation_id: str = "a1",
+    *,
+    job_id: str = "j1",
+    team: str = "vision",
+    user: str = "ada",
+    flavor: str = "a100",
+    gpus: int = 2,
+    start: datetime = T0,
+    length: timedelta = timedelta(hours=1),
+    outcome: str = "succeeded",
+) -> AllocationReleased:
+    return AllocationReleased(
+        allocation_id=allocation_id,
+        job_id=job_id,
+        node_id="node-1",
+        team=team,
+        user=user,
+        gpu_flavor=flavor,
+        gpus=gpus,
+        granted_at=start,
+        released_at=start + length,
+        outcome=outcome,  # type: ignore[arg-type]
+    )
+
+
+async def bill(pool: asyncpg.Pool, release: AllocationReleased, **grant: Any) -> None:
+    await feed(pool, grant_of(release, **grant), release_event(release))
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE ledger_entries SET cost = 0",
+        "DELETE FROM ledger_entries",
+        "TRUNCATE ledger_entries",
+    ],
+)
+async def test_the_database_refuses_to_change_or_remove_ledger_entries(
+    pool: asyncpg.Pool, statement: str
+) -> None:
+    await bill(pool, released())
+    with pytest.raises(asyncpg.InsufficientPrivilegeError, match="append-only"):
+        await pool.execute(statement)
+    assert await pool.fetchval("SELECT count(*) FROM ledger_entries") == 1
+
+
+async def test_every_entry_carries_its_attribution(pool: asyncpg.Pool) -> None:
+    await bill(pool, released(), project="detector", queue="vision-q", epoch=7, attempt=2)
+    row = await pool.fetchrow("SELECT * FROM ledger_entries")
+    assert {k: row[k] for k in ("team", "project", "user_name", "queue", "gpu_flavor")} == {
+        "team": "vision",
+        "project": "detector",
+        "user_name": "ada",
+        "queue": "vision-q",
+        "gpu_flavor": "a100",
+    }
+    assert (row["job_id"], row["allocation_id"], row["epoch"], row["attempt"]) == (
+        "j1",
+        "a1",
+        7,
+        2,
+    )
+    assert (row["kind"], row["revision"], row["cost"]) == ("charge", 0, Decimal("5.000000"))
+
+
+async def test_an_amended_bill_is_a_reversal_and_a_new_charge(pool: asyncpg.Pool) -> None:
+    lost = released(outcome="lost", length=timedelta(minutes=30))
+    await bill(pool, lost, queue="q")
+    late = released(length=timedelta(hours=2))  # it ran to its end after all
+    await feed(pool, release_event(late))
+    await feed(pool, release_event(late))  # the same fact again changes nothing
+    rows = await pool.fetch(
+        "SELECT kind, revision, started_at, ended_at, outcome, gpu_seconds, cost, queue "
+        "FROM ledger_entries ORDER BY entry_id"
+    )
+    assert [(r["kind"], r["revision"], r["outcome"], r["cost"]) for r in rows] == [
+        ("charge", 0, "lost", Decimal("2.500000")),
+        ("reversal", 0, "lost", Decimal("-2.500000")),
+        ("charge", 1, "succeeded", Decimal("10.000000")),
+    ]
+    assert rows[1]["ended_at"] == rows[0]["ended_at"] == T0 + timedelta(minutes=30)
+    assert {r["queue"] for r in rows} == {"q"}
+    assert sum(r["cost"] for r in rows) == await pool.fetchval("SELECT cost FROM usage_ledger")
+    assert await pool.fetchval(
+        "SELECT sum(cost) FROM cost_rollups WHERE granularity = 'hour'"
+    ) == Decimal("10")
+    assert await pool.fetchval("SELECT count(*) FROM outbox") == 2  # billed, amended
+
+
+async def _rollups(pool: asyncpg.Pool) -> list[tuple[Any, ...]]:
+    rows = await pool.fetch(
+        "SELECT granularity, bucket, team, project, user_name, queue, gpu_flavor, currency, "
+        "gpu_seconds, cost FROM cost_rollups WHERE gpu_seconds <> 0 OR cost <> 0 ORDER BY 1, 2, 3, "
+        "4, 5, 6, 7, 8"
+    )
+    return [tuple(r.values()) for r in rows]
+
+
+async def test_rollups_equal_the_ledger_sum_and_are_rebuilt_identically(
+    pool: asyncpg.Pool,
+) -> None:
+    rng = random.Random(14)
+    for n in range(60):
+        release = released(
+            f"a{n}",
+            job_id=f"j{n % 9}",
+            team=rng.choice(["vision", "nlp", "speech"]),
+            user=rng.choice(["ada", "bob"]),
+            flavor=rng.choice(["cpu", "a100"]),
+            gpus=rng.randint(1, 8),
+            start=T0 + timedelta(microseconds=rng.randrange(3 * 86_400 * 10**6)),
+            length=timedelta(microseconds=rng.randrange(30 * 3600 * 10**6)),
+            outcome=rng.choice(["succeeded", "lost"]),
+        )
+        await bill(pool, release, project=rng.choice(["p1", "p2"]), queue=rng.choice([None, "q"]))
+        if release.outcome == "lost" and rng.random() < 0.5:
+            later = release.model_copy(
+                update={
+                    "outcome": "succeeded",
+                    "released_at": release.released_at + timedelta(hours=1),
+                }
+            )
+            await feed(pool, release_event(later))
+    per_team = await pool.fetch(
+        "SELECT team, sum(gpu_seconds) AS s, sum(cost) AS c FROM ledger_entries GROUP BY team"
+    )
+    assert len(per_team) == 3
+    for unit in ("hour", "day", "month"):
+        rolled = {
+            r["team"]: (r["s"], r["c"])
+            for r in await pool.fetch(
+                "SELECT team, sum(gpu_seconds) AS s, sum(cost) AS c FROM cost_rollups "
+                "WHERE granularity = $1 GROUP BY team",
+                unit,
+            )
+        }
+        assert rolled == {r["team"]: (r["s"], r["c"]) for r in per_team}, unit
+    # Each day is exactly its hours, each month exactly its days.
+    mismatched = await pool.fetchval(
+        """SELECT count(*) FROM (
+               SELECT date_trunc('day', bucket, 'UTC') AS day, team, project, user_name, queue,
+                      gpu_flavor, sum(cost) AS c
+               FROM cost_rollups WHERE granularity = 'hour' GROUP BY 1, 2, 3, 4, 5, 6) h
+           FULL JOIN (SELECT * FROM cost_rollups WHERE granularity = 'day') d
+             ON d.bucket = h.day AND d.team = h.team AND d.project IS NOT DISTINCT FROM h.project
+            AND d.user_name = h.user_name AND d.queue IS NOT DISTINCT FROM h.queue
+            AND d.gpu_flavor = h.gpu_flavor
+           WHERE h.c IS DISTINCT FROM d.cost"""
+    )
+    assert mismatched == 0
+    kept = await _rollups(pool)
+    async with pool.acquire() as conn, conn.transaction():
+        folded = await ledger.rebuild_rollups(conn, batch=7)
+    assert folded == await pool.fetchval("SELECT count(*) FROM ledger_entries")
+    assert await _rollups(pool) == kept
+
+
+async def test_bills_from_before_the_ledger_become_charges_with_rollups(
+    database_url: str, tmp_path: Path
+) -> None:
+    earlier = tmp_path / "migrations"
+    earlier.mkdir()
+    for name in ("0001_init.sql", "0002_announced_allocations.sql"):
+        shutil.copy(MIGRATIONS / name, earlier / name)
+    async with open_pool(DatabaseSettings(url=database_url), NAME) as pool:
+        await migrate(pool, NAME, earlier)
+        await pool.execute(
+            "INSERT INTO usage_ledger VALUES ('old-1', 'job-0', 'vision', 'ada', 'n1', 'a100', 1, "
+            "$1, $2, 'succeeded', 5400, 2.5, 'USD', 3.75, 'ev-1', $2)",
+            T0,
+            T0 + timedelta(minutes=90),
+        )
+        await migrate(pool, NAME, MIGRATIONS)
+        await ensure_rollups(pool)
+        await ensure_rollups(pool)  # once only
+        entry = await pool.fetchrow("SELECT * FROM ledger_entries")
+        assert (entry["allocation_id"], entry["kind"], entry["cost"]) == (
+            "old-1",
+            "charge",
+            Decimal("3.75"),
+        )
+        assert (entry["project"], entry["queue"]) == (None, None)
+        hours = await pool.fetch(
+            "SELECT bucket, cost FROM cost_rollups WHERE granularity = 'hour' ORDER BY bucket"
+        )
+        assert [(h["bucket"].hour, h["cost"]) for h in hours] == [
+            (23, Decimal("1.666667")),  # 23:20 .. 24:00 of 90 minutes
+            (0, Decimal("2.083333")),
+        ]
+        months = await pool.fetch(
+            "SELECT bucket, cost FROM cost_rollups WHERE granularity = 'month' ORDER BY bucket"
+        )
+        assert [(m["bucket"].month, m["cost"]) for m in months] == [
+            (11, Decimal("1.666667")),
+            (12, Decimal("2.083333")),
+        ]
