@@ -422,7 +422,7 @@ def _log_failure(exc: Exception, delay: float) -> None:
     if isinstance(
         exc, TimeoutError | OSError | asyncpg.PostgresError | NatsError | StreamMissingError
     ):
-        log.warning("outbox relay: %s; retrying in %.1fs", exc or type(exc).__name__, delay)
+        log.warning("outbox relay: %s; retrying in %.1fs", str(exc) or type(exc).__name__, delay)
     else:
         log.error("outbox relay failed; retrying in %.1fs", delay, exc_info=exc)
 
