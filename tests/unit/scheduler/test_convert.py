@@ -80,6 +80,7 @@ def member(job_id: str, node_id: str, indices: list[int], **more: Any) -> dict[s
         "last_checkpoint_at": None,
         "notice_at": None,
         "borrowed": False,
+        "preemptions": 0,
     }
     return {**row, **more}
 
@@ -140,8 +141,10 @@ def test_a_gang_becomes_one_running_job() -> None:
     built = build_snapshot(
         rows(
             running=[
-                member("g", "n1", [0, 1, 2, 3], last_checkpoint_at=saved),
-                member("g", "n2", [0, 1, 2, 3], granted_at=NOW - timedelta(minutes=31)),
+                member("g", "n1", [0, 1, 2, 3], last_checkpoint_at=saved, preemptions=2),
+                member(
+                    "g", "n2", [0, 1, 2, 3], granted_at=NOW - timedelta(minutes=31), preemptions=2
+                ),
             ]
         ),
         NOW,
@@ -153,6 +156,7 @@ def test_a_gang_becomes_one_running_job() -> None:
     assert job.started_at == to_epoch(NOW - timedelta(minutes=31))
     assert job.last_checkpoint_at == to_epoch(saved)
     assert job.notice_at is None
+    assert job.preemptions == 2  # earlier attempts that ended by preemption
     assert (job.declared_runtime_s, job.priority) == (7200.0, "low")
     assert [m["node_id"] for m in built.running["g"]] == ["n1", "n2"]
 
