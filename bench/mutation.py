@@ -67,6 +67,7 @@ MODULES: dict[str, dict[str, Any]] = {
             "tests/integration/shared/test_outbox_parking.py",
             "tests/integration/shared/test_retention.py",
             "tests/unit/shared/test_outbox_rules.py",
+            "tests/unit/shared/test_outbox_relay_loop.py",
             "tests/integration/shared/test_outbox_edges.py",
             # The relay's stream-loss re-publication, on one NATS and PostgreSQL (3 s).
             "tests/chaos/test_stream_loss.py",
