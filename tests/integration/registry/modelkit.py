@@ -1,0 +1,92 @@
+"""What the model-lifecycle tests share: jobs whose checkpoints are really in the S3 store,
+recorded through the registry's own handlers, and the app as a given caller (roles enforced
+as ``service_guard`` enforces them)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import httpx
+
+from services.registry.api import create_app
+from services.registry.handlers import RegistryHandlers
+from shared.access import enforce_least_role, remember
+from shared.bus import Delivery
+from shared.events import Envelope, Payload
+from shared.events.payloads import CheckpointRef, CheckpointSaved
+from shared.events.trust import owner
+from shared.identity import Principal, Role
+from shared.inbox import idempotent
+from shared.storage import ObjectStore
+from tests.integration.registry.test_registry import T0, client_of, ref, spec, started
+
+VISION = Principal(user="alice", team="vision", role=Role.MEMBER, token_id=1)
+VISION_VIEWER = Principal(user="vic", team="vision", role=Role.VIEWER, token_id=3)
+VISION_ADMIN = Principal(user="ada", team="vision", role=Role.ADMIN, token_id=4)
+ML = Principal(user="bob", team="ml", role=Role.ADMIN, token_id=2)
+OPERATOR = Principal(user="op", team=None, role=Role.OPERATOR, token_id=None)
+
+
+def app_as(
+    pool: asyncpg.Pool,
+    store: ObjectStore,
+    principal: Principal,
+    download_url_seconds: int = 300,
+) -> httpx.AsyncClient:
+    async def guard(connection: Any, handler: Any) -> None:
+        remember(connection, principal)
+        enforce_least_role(principal, connection, handler)
+
+    app = create_app(pool, guard, [], store=store, download_url_seconds=download_url_seconds)
+    return client_of(app)
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    checkpoints: list[CheckpointRef]
+
+    def key(self, step: int) -> str:
+        return f"jobs/{self.id}/checkpoints/step-{step:08d}/checkpoint.pt"
+
+
+async def job_with_checkpoints(
+    pool: asyncpg.Pool,
+    store: ObjectStore,
+    steps: list[int],
+    team: str = "vision",
+    name: str = "digits",
+) -> Job:
+    """A started job of ``team`` that committed a checkpoint at each of ``steps`` (objects in
+    ``store``; ``checkpoint.saved`` recorded by the registry's handlers)."""
+    job_id = f"job-{uuid.uuid4().hex[:8]}"
+    apply = idempotent(pool, "registry", RegistryHandlers(store).dispatch)
+
+    async def handle(payload: Payload) -> None:
+        await apply([Delivery(Envelope.wrap(payload, source=owner(payload), subject=job_id))])
+
+    allocation = f"alloc-{job_id}"  # allocation ids are unique across jobs
+    await handle(started(job_id, allocation, 0, spec(name, team)))
+    refs = []
+    for step in steps:
+        checkpoint = ref(store, job_id, step)
+        refs.append(checkpoint)
+        await handle(
+            CheckpointSaved(
+                job_id=job_id,
+                allocation_id=allocation,
+                epoch=1,
+                checkpoint=checkpoint,
+                saved_at=T0,
+            )
+        )
+    return Job(job_id, refs)
+
+
+async def register(
+    client: httpx.AsyncClient, team: str, model: str, job: Job, **body: Any
+) -> httpx.Response:
+    return await client.post(f"/v1/models/{team}/{model}/versions", json={"job_id": job.id, **body})

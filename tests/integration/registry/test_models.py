@@ -1,0 +1,275 @@
+"""The model lifecycle against real PostgreSQL and a real S3 endpoint (moto's server):
+explicit registration, immutability, aliases and their history, deletion, listing."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+
+import asyncpg
+import pytest
+
+from shared.storage import ObjectStore
+from tests.integration.registry.modelkit import (
+    ML,
+    OPERATOR,
+    VISION,
+    VISION_ADMIN,
+    VISION_VIEWER,
+    app_as,
+    job_with_checkpoints,
+    register,
+)
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_registered_artifact_is_a_verified_copy_a_job_cannot_change(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    job = await job_with_checkpoints(pool, store, [10, 20])
+    original = store.get_bytes(job.key(20))
+    async with app_as(pool, store, VISION) as client:
+        created = await register(client, "vision", "digits", job, tags=["baseline"])
+        assert created.status_code == 201, created.text
+        body = created.json()
+        # The job's latest committed checkpoint, copied under the registry's prefix.
+        assert body["version"] == 1 and body["origin"] == "explicit" and body["owned"]
+        assert body["source_uri"] == job.checkpoints[1].uri
+        assert body["artifact"]["uri"].startswith(f"{store.root_uri}/registry/vision/digits/")
+        assert body["artifact"]["sha256"] == job.checkpoints[1].sha256
+        assert (body["tags"], body["created_by"]) == (["baseline"], "vision/alice")
+
+        # The job's object is overwritten after registration: the version does not change.
+        store.put_bytes(job.key(20), b"overwritten by a later attempt")
+        served = await client.get("/v1/models/vision/digits/versions/1/content")
+        assert served.status_code == 200, served.text
+        assert served.content == original
+        assert served.headers["x-trainyard-sha256"] == job.checkpoints[1].sha256
+
+        # Registering the changed checkpoint now is refused: it is not what was committed.
+        refused = await register(client, "vision", "digits", job)
+        assert refused.status_code == 409, refused.text
+        assert "changed after it was committed" in refused.json()["detail"]
+
+        # Any committed checkpoint may be named; each registration is a version of its own.
+        older = await register(
+            client, "vision", "digits", job, checkpoint_uri=job.checkpoints[0].uri
+        )
+        assert older.status_code == 201, older.text
+        assert (older.json()["version"], older.json()["artifact"]["step"]) == (2, 10)
+    # The refused copy was removed again.
+    assert len(store.list("registry/")) == 2
+
+
+async def test_registration_is_for_the_callers_team_and_committed_checkpoints_only(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    job = await job_with_checkpoints(pool, store, [5])
+    store.put_bytes(f"jobs/{job.id}/checkpoints/step-00000009/checkpoint.pt", b"staged only")
+    async with app_as(pool, store, ML) as client:
+        # Another team's model path, or another team's job under one's own: 404 both.
+        assert (await register(client, "vision", "digits", job)).status_code == 404
+        other = await register(client, "ml", "digits", job)
+        assert other.status_code == 404 and job.id in other.json()["detail"]
+    async with app_as(pool, store, VISION_VIEWER) as client:
+        assert (await register(client, "vision", "digits", job)).status_code == 403
+    async with app_as(pool, store, VISION) as client:
+        uncommitted = await register(
+            client,
+            "vision",
+            "digits",
+            job,
+            checkpoint_uri=store.uri_for(f"jobs/{job.id}/checkpoints/step-00000009/checkpoint.pt"),
+        )
+        assert uncommitted.status_code == 404, uncommitted.text
+        bad_tag = await register(client, "vision", "digits", job, tags=["ok", "../x"])
+        assert bad_tag.status_code == 422
+        assert [e["field"] for e in bad_tag.json()["errors"]] == ["tags[1]"]
+        extra = await register(client, "vision", "digits", job, owner="mallory")
+        assert extra.status_code == 422
+        assert (await client.get("/v1/models/vision/digits")).status_code == 404
+    assert store.list("registry/") == []
+
+
+async def test_a_tampered_artifact_is_never_served_and_the_mismatch_is_logged(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    # A handler on the module's own logger: building a Litestar app replaces the root's.
+    logged: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = logged.append  # type: ignore[method-assign]
+    logger = logging.getLogger("services.registry.artifacts")
+    job = await job_with_checkpoints(pool, store, [3])
+    async with app_as(pool, store, VISION) as client:
+        created = await register(client, "vision", "digits", job)
+        key = store.list("registry/")[0]
+        store.put_bytes(key, b"tampered in the bucket")
+        logger.addHandler(handler)
+        try:
+            download = await client.get("/v1/models/vision/digits/versions/1/download")
+            content = await client.get("/v1/models/vision/digits/versions/1/content")
+        finally:
+            logger.removeHandler(handler)
+    assert created.status_code == 201
+    for refused in (download, content):
+        assert refused.status_code == 409, refused.text
+        assert "no longer matches its registered sha256" in refused.json()["detail"]
+        assert b"tampered" not in refused.content
+    assert sum("failed its integrity check" in r.getMessage() for r in logged) == 2
+
+
+async def test_aliases_move_atomically_and_every_move_is_recorded(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    job = await job_with_checkpoints(pool, store, [1, 2])
+    async with app_as(pool, store, VISION) as client:
+        for checkpoint in job.checkpoints:
+            made = await register(client, "vision", "digits", job, checkpoint_uri=checkpoint.uri)
+            assert made.status_code == 201
+        moved = await client.put("/v1/models/vision/digits/aliases/production", json={"version": 1})
+        assert moved.json() == {
+            "team": "vision",
+            "model": "digits",
+            "alias": "production",
+            "version": 1,
+            "previous": None,
+        }
+        moved = await client.put("/v1/models/vision/digits/aliases/production", json={"version": 2})
+        assert moved.json()["previous"] == 1
+        await client.put("/v1/models/vision/digits/aliases/candidate", json={"version": 1})
+
+        by_alias = await client.get("/v1/models/vision/digits/versions/by-alias/production")
+        assert by_alias.status_code == 200
+        assert (by_alias.json()["version"], by_alias.json()["aliases"]) == (2, ["production"])
+        listed = await client.get("/v1/models/vision/digits/aliases")
+        assert listed.json()["aliases"] == {"candidate": 1, "production": 2}
+
+        # Replicas moving one alias at once take turns: every move starts where the one
+        # before it ended, so the history is one unbroken chain.
+        targets = [1, 2] * 5
+        await asyncio.gather(
+            *(
+                client.put("/v1/models/vision/digits/aliases/production", json={"version": v})
+                for v in targets
+            )
+        )
+        deleted = await client.delete("/v1/models/vision/digits/aliases/production")
+        assert deleted.status_code == 200 and deleted.json()["version"] is None
+        history = (await client.get("/v1/models/vision/digits/aliases/production/moves")).json()
+        moves = history["moves"]
+        assert moves[0]["from_version"] is None and moves[-1]["to_version"] is None
+        for before, after in itertools.pairwise(moves):
+            assert after["from_version"] == before["to_version"]
+            assert after["from_version"] != after["to_version"]  # a no-op is not a move
+        assert {m["actor"] for m in moves} == {"vision/alice"}
+
+        assert (
+            await client.get("/v1/models/vision/digits/versions/by-alias/production")
+        ).status_code == 404
+        assert (
+            await client.put("/v1/models/vision/digits/aliases/production", json={"version": 9})
+        ).status_code == 404
+        bad = await client.put("/v1/models/vision/digits/aliases/Prod", json={"version": 1})
+        assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "alias"
+    async with app_as(pool, store, VISION_VIEWER) as client:
+        assert (
+            await client.put("/v1/models/vision/digits/aliases/candidate", json={"version": 2})
+        ).status_code == 403
+    async with app_as(pool, store, ML) as client:
+        assert (await client.get("/v1/models/vision/digits/aliases")).status_code == 404
+        assert (
+            await client.get("/v1/models/vision/digits/aliases/candidate/moves")
+        ).status_code == 404
+
+    async with pool.acquire() as conn:
+        with pytest.raises(asyncpg.RaiseError, match="append-only"):
+            await conn.execute("UPDATE model_alias_moves SET actor = 'someone else'")
+        with pytest.raises(asyncpg.RaiseError, match="append-only"):
+            await conn.execute("DELETE FROM model_alias_moves")
+
+
+async def test_deleting_a_version_frees_its_objects_unless_an_alias_points_at_it(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    job = await job_with_checkpoints(pool, store, [7])
+    async with app_as(pool, store, VISION_ADMIN) as client:
+        assert (await register(client, "vision", "digits", job)).status_code == 201
+        assert (await register(client, "vision", "digits", job)).status_code == 201
+        await client.put("/v1/models/vision/digits/aliases/production", json={"version": 1})
+        await client.put("/v1/models/vision/digits/aliases/rollback", json={"version": 1})
+        refused = await client.delete("/v1/models/vision/digits/versions/1")
+        assert refused.status_code == 409
+        assert (
+            "'production'" in refused.json()["detail"] and "'rollback'" in refused.json()["detail"]
+        )
+        assert len(store.list("registry/")) == 2
+
+        await client.delete("/v1/models/vision/digits/aliases/production")
+        await client.delete("/v1/models/vision/digits/aliases/rollback")
+        freed = await client.delete("/v1/models/vision/digits/versions/1")
+        assert freed.status_code == 200, freed.text
+        assert freed.json() == {
+            "team": "vision",
+            "model": "digits",
+            "version": 1,
+            "objects": 1,
+            "bytes": job.checkpoints[0].size_bytes,
+        }
+        assert len(store.list("registry/")) == 1
+        assert store.exists(job.key(7))  # the job's own checkpoint is not the registry's
+        assert (await client.get("/v1/models/vision/digits/versions/1")).status_code == 404
+        assert (await client.delete("/v1/models/vision/digits/versions/1")).status_code == 404
+        assert (
+            await client.put("/v1/models/vision/digits/aliases/production", json={"version": 1})
+        ).status_code == 409
+        listing = await client.get("/v1/models/vision/digits/versions")
+        assert [v["version"] for v in listing.json()["versions"]] == [2]
+        # A deleted version's number is never given again.
+        assert (await register(client, "vision", "digits", job)).json()["version"] == 3
+        model = (await client.get("/v1/models/vision/digits")).json()
+        assert (model["latest_version"], model["versions"]) == (3, 2)
+
+    async with pool.acquire() as conn:
+        audited = await conn.fetch(
+            "SELECT action, target FROM audit_log WHERE actor = 'vision/ada' ORDER BY id"
+        )
+    assert ("delete model version", "vision/digits/1") in [tuple(r) for r in audited]
+
+
+async def test_models_are_listed_per_team_with_paging(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    vision_job = await job_with_checkpoints(pool, store, [1])
+    ml_job = await job_with_checkpoints(pool, store, [1], team="ml")
+    async with app_as(pool, store, VISION) as client:
+        for name in ("alpha", "beta", "gamma"):
+            assert (await register(client, "vision", name, vision_job)).status_code == 201
+    async with app_as(pool, store, ML) as client:
+        assert (await register(client, "ml", "alpha", ml_job)).status_code == 201
+
+    async with app_as(pool, store, VISION) as client:
+        first = (await client.get("/v1/models", params={"limit": 2})).json()
+        assert [m["name"] for m in first["models"]] == ["alpha", "beta"]
+        assert first["next"] == "vision/beta"
+        second = (
+            await client.get("/v1/models", params={"limit": 2, "after": first["next"]})
+        ).json()
+        assert [m["name"] for m in second["models"]] == ["gamma"] and second["next"] is None
+        assert (await client.get("/v1/models", params={"team": "ml"})).json()["models"] == []
+        assert (await client.get("/v1/models/ml/alpha")).status_code == 404
+        bad = await client.get("/v1/models", params={"after": "../x"})
+        assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "after"
+    async with app_as(pool, store, OPERATOR) as client:
+        every = (await client.get("/v1/models")).json()["models"]
+        assert [(m["team"], m["name"]) for m in every] == [
+            ("ml", "alpha"),
+            ("vision", "alpha"),
+            ("vision", "beta"),
+            ("vision", "gamma"),
+        ]
+        only_ml = (await client.get("/v1/models", params={"team": "ml"})).json()["models"]
+        assert [m["name"] for m in only_ml] == ["alpha"]
+        detail = (await client.get("/v1/models/vision/beta")).json()
+        assert (detail["project"], detail["versions"], detail["aliases"]) == ("default", 1, {})
