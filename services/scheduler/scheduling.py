@@ -265,6 +265,7 @@ async def _give_notice(
                 epoch=m["epoch"],
                 reason="preempted",
                 grace_seconds=grace,
+                detail=preemption.reason,
             )
             await emit(conn, revoke, m["node_id"], event_id=f"preempt:{m['allocation_id']}")
     log.info("preemption notice to %s: %s", preemption.job_id, preemption.reason)

@@ -208,6 +208,9 @@ class AllocationRevoked(Payload):
     epoch: int
     reason: Literal["cancelled", "preempted", "fenced"]
     grace_seconds: float = 30.0
+    detail: str = ""
+    """Why, in words, where the scheduler has more to say: a preemption names the job it
+    makes room for, the rule that allowed it, and the work the victim loses."""
 
 
 class AllocationReleased(Payload):

@@ -124,6 +124,7 @@ async def test_high_priority_preempts_low_and_gets_its_gpus(scheduler: Scheduler
         "it loses ~"
     )
     assert notice.endswith(" of work on 4 GPUs since it started")
+    assert revoke.detail == notice  # the event says why, as the allocation records it
     assert (await job(scheduler.pool, "low"))["status"] == "RUNNING"  # it keeps its GPUs for now
 
     # The runner checkpoints and stops the victim: the high job gets the GPUs.
