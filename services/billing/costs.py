@@ -1,7 +1,8 @@
 """A cost report's question, checked, and how to answer it from the rollups: pure code.
 
 Contract:
-- ``CostQuery.parse(...)`` checks the raw parameters of ``GET /v1/costs`` and raises
+- ``CostQuery.parse(...)`` checks the raw parameters of ``GET /v1/costs`` (``from`` and
+  ``to`` as given: ISO 8601 text) and raises
   ``RequestInvalid`` naming each bad field and why: ``group_by`` is a comma-separated list
   of distinct dimensions (``DIMENSIONS``); ``from`` and ``to`` are whole UTC hours (a
   datetime without a zone is UTC), ``from < to``; ``from`` is by default the start of the
@@ -48,7 +49,12 @@ MAX_RANGE: Mapping[Unit | None, timedelta] = {
 """The longest range a report may cover at each granularity (a bound on its size)."""
 
 
-def _whole_hour(name: str, value: datetime, errors: list[FieldError]) -> datetime:
+def _whole_hour(name: str, text: str, errors: list[FieldError]) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        errors.append(FieldError(field=name, message=f"not an ISO 8601 date and time: {text!r}"))
+        return datetime.min.replace(tzinfo=UTC)
     utc = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     if utc != floor(utc, "hour"):
         errors.append(
@@ -72,8 +78,8 @@ class CostQuery:
     def parse(
         cls,
         *,
-        start: datetime | None,
-        end: datetime | None,
+        start: str | None,
+        end: str | None,
         granularity: Granularity | None,
         group_by: str | None,
         filters: Mapping[Dimension, str | None],

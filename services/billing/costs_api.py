@@ -108,12 +108,22 @@ def cost_routes(pool: asyncpg.Pool, clock: Clock = _utc_now) -> list[HTTPRouteHa
             Granularity | None, QueryParameter(description="UTC buckets; none: the whole range")
         ] = None,
         start: Annotated[
-            datetime | None,
-            QueryParameter(name="from", description="a whole UTC hour; default: month start"),
+            str | None,
+            QueryParameter(
+                name="from",
+                format="date-time",
+                max_length=40,
+                description="ISO 8601, a whole UTC hour; default: the current month's start",
+            ),
         ] = None,
         end: Annotated[
-            datetime | None,
-            QueryParameter(name="to", description="a whole UTC hour; default: from's month end"),
+            str | None,
+            QueryParameter(
+                name="to",
+                format="date-time",
+                max_length=40,
+                description="ISO 8601, a whole UTC hour; default: the end of from's month",
+            ),
         ] = None,
         team: Name = None,
         project: Name = None,
@@ -121,7 +131,9 @@ def cost_routes(pool: asyncpg.Pool, clock: Clock = _utc_now) -> list[HTTPRouteHa
         queue: Name = None,
         flavor: Name = None,
         job: Name = None,
-        fmt: Annotated[Literal["json", "csv"] | None, QueryParameter(name="format")] = None,
+        format: Annotated[
+            Literal["json", "csv"] | None, QueryParameter(description="default: by Accept")
+        ] = None,
         limit: Annotated[int, QueryParameter(ge=1, le=MAX_ROWS)] = 10_000,
     ) -> Response[Any]:
         check_parameters(request)
@@ -150,7 +162,7 @@ def cost_routes(pool: asyncpg.Pool, clock: Clock = _utc_now) -> list[HTTPRouteHa
             conn.transaction(isolation="repeatable_read", readonly=True),
         ):
             report = cost_report(query, await repo.report(conn, query), limit)
-        if wants_csv(request, fmt):
+        if wants_csv(request, format):
             return Response(csv_text(report), media_type="text/csv; charset=utf-8")
         return Response(report)
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from services.billing.costs import DIMENSIONS, CostQuery, Dimension
 from services.billing.costs_repository import CostLine
@@ -22,7 +22,7 @@ from services.billing.ledger import LedgerEntry
 
 
 class _Schema(BaseModel):
-    model_config = ConfigDict(frozen=True, populate_by_name=True)
+    model_config = ConfigDict(frozen=True)
 
 
 class CostRow(_Schema):
@@ -46,8 +46,10 @@ class CurrencyTotal(_Schema):
 
 
 class CostReport(_Schema):
-    start: datetime = Field(alias="from")
-    end: datetime = Field(alias="to")
+    start: datetime
+    """The report covers ``[start, end)``: the ``from`` and ``to`` asked for, or their
+    defaults."""
+    end: datetime
     granularity: str | None
     group_by: list[Dimension]
     filters: dict[Dimension, str]

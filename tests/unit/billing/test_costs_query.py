@@ -44,7 +44,7 @@ def test_the_default_range_is_the_current_utc_month() -> None:
         datetime(2026, 12, 1, tzinfo=UTC),
         datetime(2027, 1, 1, tzinfo=UTC),
     )
-    assert parse(start=datetime(2026, 2, 10, 5)).end == datetime(2026, 3, 1, tzinfo=UTC)
+    assert parse(start="2026-02-10T05:00").end == datetime(2026, 3, 1, tzinfo=UTC)
 
 
 def test_group_by_names_known_distinct_dimensions() -> None:
@@ -56,16 +56,21 @@ def test_group_by_names_known_distinct_dimensions() -> None:
 
 
 def test_bad_ranges_name_the_field_and_the_reason() -> None:
-    hour = datetime(2026, 12, 1, 10, tzinfo=UTC)
-    assert errors(start=hour + timedelta(minutes=30)) == [
+    assert errors(start="2026-12-01T11:30:00+01:00") == [
         (
             "from",
             "must be a whole UTC hour (costs are kept per hour), got 2026-12-01T10:30:00+00:00",
         )
     ]
-    assert errors(start=hour, end=hour) == [("to", "must be after from")]
-    assert errors(start=hour, end=hour + timedelta(days=32), granularity="hour") == [
+    assert errors(start="2026-12-01T10:00Z", end="2026-12-01T10:00Z") == [
+        ("to", "must be after from")
+    ]
+    assert errors(start="2026-12-01", end="2027-01-02", granularity="hour") == [
         ("to", "a report by hour covers at most 31 days")
+    ]
+    assert errors(start="yesterday", end="2026-13-01") == [
+        ("from", "not an ISO 8601 date and time: 'yesterday'"),
+        ("to", "not an ISO 8601 date and time: '2026-13-01'"),
     ]
 
 
