@@ -16,6 +16,9 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+# Jobs read it too (the SDK opens its checkpoint store), so the client distribution owns it.
+from trainyard.storage.settings import StorageSettings as StorageSettings
+
 _ORIGIN = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+")
 """A web origin: scheme, host and optional port; no path, no wildcard."""
 
@@ -80,25 +83,6 @@ class DatabaseSettings(BaseSettings):
     """Connections opened at start."""
     pool_max_size: int = 10
     """Most connections held at once."""
-
-
-class StorageSettings(BaseSettings):
-    """Object store for checkpoints, artifacts and logs, chosen by URI scheme."""
-
-    model_config = SettingsConfigDict(env_prefix="TRAINYARD_STORAGE_")
-
-    uri: str = "file://./.trainyard/objects"
-    """``file:///path`` or ``s3://bucket/prefix``."""
-    s3_endpoint: str = "127.0.0.1:9000"
-    """host:port of the S3 API (MinIO in deployment)."""
-    s3_access_key: str = "minioadmin"
-    """S3 access key id."""
-    s3_secret_key: SecretStr = SecretStr("minioadmin")
-    """S3 secret key."""
-    s3_secure: bool = False
-    """Use HTTPS to the S3 endpoint."""
-    s3_region: str = "us-east-1"
-    """Region sent to the S3 endpoint (avoids a bucket-location lookup)."""
 
 
 class TelemetrySettings(BaseSettings):

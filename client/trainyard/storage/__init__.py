@@ -1,15 +1,18 @@
-"""Object storage as a training job sees it: the store contract and a local folder.
+"""Object storage for checkpoints, artifacts and logs, chosen by URI scheme.
 
-``open_store(uri)`` returns the ``LocalStore`` rooted at a ``file`` URI:
-``file:///abs/path``, or ``file://./relative/path`` (relative to the current folder at open
-time). That is every store a job opens: on the platform its checkpoint folder is a local
-staging folder the runner uploads from (``trainyard.control``), and outside it checkpoints
-stay on the local disk. S3 is the platform's (``shared.storage`` opens ``s3://`` URIs with
-the platform's credentials), so this distribution carries no S3 client; an ``s3`` URI here
-is refused with ``ValueError`` saying so.
+``open_store(uri)`` returns an ``ObjectStore`` rooted at ``uri``:
 
-``split_uri`` splits an object's URI (as ``uri_for`` returns it, ``file`` or ``s3``) into
-its folder's URI and the object's name, so ``open_store(root).get_bytes(key)`` reads it.
+* ``file:///abs/path`` or ``file://./relative/path`` (relative to the current folder at
+  open time) -> ``LocalStore``;
+* ``s3://bucket`` or ``s3://bucket/some/prefix`` -> ``S3Store`` on the endpoint and
+  credentials of ``StorageSettings`` (the bucket is created if missing). S3 needs MinIO's
+  client, this distribution's optional extra ``s3`` (``pip install "trainyard[s3]"``): on
+  the platform a job's checkpoint folder is a local staging folder the runner uploads from,
+  so a training environment does without it; the platform always has it.
+
+A URI may point anywhere below a bucket or folder (``s3://bucket/jobs/abc/checkpoints``);
+the store is rooted there. ``split_uri`` splits an object's URI (as ``uri_for`` returns it)
+into its folder's URI and the object's name, so ``open_store(root).get_bytes(key)`` reads it.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ from urllib.parse import unquote
 
 from trainyard.storage.base import ObjectNotFound, ObjectStore, validate_key, validate_prefix
 from trainyard.storage.local import LocalStore
+from trainyard.storage.settings import StorageSettings
 
 __all__ = [
     "LocalStore",
     "ObjectNotFound",
     "ObjectStore",
+    "StorageSettings",
     "open_store",
     "parse_uri",
     "split_uri",
@@ -32,17 +37,25 @@ __all__ = [
 ]
 
 
-def open_store(uri: str) -> ObjectStore:
-    """The store rooted at the ``file`` URI ``uri``; any other scheme raises ``ValueError``."""
+def open_store(uri: str, settings: StorageSettings | None = None) -> ObjectStore:
+    """The store rooted at ``uri``; ``settings`` (default: read from the environment)
+    supply the S3 endpoint and credentials. Unknown schemes raise ``ValueError``; an ``s3``
+    URI without the ``s3`` extra installed raises ``ImportError`` naming it."""
     scheme, rest = parse_uri(uri)
     if scheme == "file":
         return LocalStore(_file_path(uri, rest))
     if scheme == "s3":
-        raise ValueError(
-            f"{uri!r}: S3 stores are opened by the platform (trainyard-platform's "
-            "shared.storage), not by the client; a job's checkpoints go to the local folder "
-            "the runner names (file://...)"
-        )
+        bucket, _, prefix = rest.partition("/")
+        if not bucket:
+            raise ValueError(f"S3 URI {uri!r} names no bucket (expected s3://bucket/prefix)")
+        try:
+            from trainyard.storage.s3 import S3Store, client_from_settings
+        except ModuleNotFoundError as exc:
+            raise ImportError(
+                f'{uri!r} is an S3 store, which needs MinIO\'s client: pip install "trainyard[s3]"'
+            ) from exc
+        settings = settings if settings is not None else StorageSettings()
+        return S3Store(client_from_settings(settings), bucket, prefix)
     raise ValueError(
         f"unsupported object-store scheme {scheme!r} in {uri!r} (expected 'file' or 's3')"
     )

@@ -65,6 +65,15 @@ def test_the_dependency_list_is_the_clients_alone(metadata: Message) -> None:
     assert set(requires) == CLIENT_DEPENDENCIES
 
 
+def test_s3_is_an_extra_a_training_environment_does_without(metadata: Message) -> None:
+    requirements = [Requirement(r) for r in metadata.get_all("Requires-Dist") or []]
+    extras = [r for r in requirements if r.marker is not None]
+    assert {canonicalize_name(r.name) for r in extras} == {"minio"}
+    (minio,) = extras
+    assert minio.marker is not None and minio.marker.evaluate({"extra": "s3"})
+    assert not minio.marker.evaluate({"extra": ""})
+
+
 def test_the_only_top_level_package_is_trainyard(wheel: Path) -> None:
     top = {name.split("/", 1)[0] for name in wheel_files(wheel)}
     assert {t for t in top if not t.endswith(".dist-info")} == {"trainyard"}

@@ -1,0 +1,179 @@
+"""``S3Store``: the object-store contract on an S3 bucket (MinIO, AWS, moto), via ``minio``.
+
+The store is rooted at ``s3://bucket/optional/prefix``; key ``k`` is the object
+``prefix/k`` in the bucket. S3 replaces objects atomically on PUT, so no temp objects are
+needed; downloads to a file go through a temp file and ``os.replace``. The bucket is
+created on construction when it is missing (see ``ensure_bucket``).
+
+It needs MinIO's client, the client distribution's optional extra ``s3``
+(``pip install "trainyard[s3]"``; the platform always has it). Only this module imports it,
+and ``trainyard.storage.open_store`` imports this module only for an ``s3`` URI.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+from minio import Minio
+from minio.commonconfig import CopySource
+from minio.error import S3Error
+from urllib3 import BaseHTTPResponse
+
+from trainyard.storage.base import (
+    ObjectNotFound,
+    ObjectStore,
+    validate_key,
+    validate_prefix,
+    write_file_atomically,
+)
+from trainyard.storage.settings import StorageSettings
+
+# Codes that mean "nothing there". A HEAD on a missing object has no body, so minio
+# invents the code from the status; a GET returns the server's XML code.
+_MISSING_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NoSuchObject", "ResourceNotFound"})
+_BUCKET_EXISTS_CODES = frozenset({"BucketAlreadyOwnedByYou", "BucketAlreadyExists"})
+_CHUNK = 1024 * 1024
+
+
+def client_from_settings(settings: StorageSettings) -> Minio:
+    """A ``Minio`` client for the configured endpoint.
+
+    The region is passed explicitly: without it minio asks the server for each bucket's
+    location before the first request, an extra round trip that some S3 clones refuse.
+    """
+    return Minio(
+        settings.s3_endpoint,
+        access_key=settings.s3_access_key,
+        secret_key=settings.s3_secret_key.get_secret_value(),
+        secure=settings.s3_secure,
+        region=settings.s3_region,
+    )
+
+
+def ensure_bucket(client: Minio, bucket: str) -> None:
+    """Create ``bucket`` unless it exists; safe when several processes race to create it."""
+    if client.bucket_exists(bucket):
+        return
+    try:
+        client.make_bucket(bucket)
+    except S3Error as exc:
+        # Lost the race to another creator. "AlreadyExists" can also mean another
+        # account owns the name, so only accept it if we can now see the bucket.
+        if exc.code not in _BUCKET_EXISTS_CODES or not client.bucket_exists(bucket):
+            raise
+
+
+class S3Store(ObjectStore):
+    """Objects under ``prefix/`` in one bucket."""
+
+    def __init__(self, client: Minio, bucket: str, prefix: str = "", *, create: bool = True):
+        self._client = client
+        self._bucket = bucket
+        prefix = prefix.strip("/")
+        if prefix:
+            validate_key(prefix)
+        self._prefix = f"{prefix}/" if prefix else ""
+        if create:
+            ensure_bucket(client, bucket)
+
+    @property
+    def bucket(self) -> str:
+        return self._bucket
+
+    @property
+    def prefix(self) -> str:
+        """The object-name prefix of this store, ``""`` or ending in ``/``."""
+        return self._prefix
+
+    @property
+    def root_uri(self) -> str:
+        return f"s3://{self._bucket}/{self._prefix}".rstrip("/")
+
+    def _name(self, key: str) -> str:
+        return self._prefix + validate_key(key)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self._client.put_object(self._bucket, self._name(key), io.BytesIO(data), len(data))
+
+    def put_file(self, key: str, path: Path) -> None:
+        self._client.fput_object(self._bucket, self._name(key), str(path))
+
+    def _open(self, key: str) -> BaseHTTPResponse:
+        try:
+            return self._client.get_object(self._bucket, self._name(key))
+        except S3Error as exc:
+            if exc.code in _MISSING_CODES:
+                raise ObjectNotFound(key, self.uri_for(key)) from None
+            raise
+
+    def get_bytes(self, key: str) -> bytes:
+        response = self._open(key)
+        try:
+            return response.read()
+        finally:
+            response.close()
+            response.release_conn()
+
+    def get_file(self, key: str, path: Path) -> None:
+        response = self._open(key)
+        try:
+            write_file_atomically(path, _stream(response))
+        finally:
+            response.close()
+            response.release_conn()
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._client.stat_object(self._bucket, self._name(key))
+        except S3Error as exc:
+            if exc.code in _MISSING_CODES:
+                return False
+            raise
+        return True
+
+    def delete(self, key: str) -> None:
+        self._client.remove_object(self._bucket, self._name(key))
+
+    def list(self, prefix: str = "") -> builtins.list[str]:
+        validate_prefix(prefix)
+        keys: builtins.list[str] = []
+        objects = self._client.list_objects(
+            self._bucket, prefix=self._prefix + prefix, recursive=True
+        )
+        for obj in objects:
+            name = obj.object_name
+            # Skip "folder" marker objects some tools create; they are not keys here.
+            if name is None or name.endswith("/"):
+                continue
+            keys.append(name[len(self._prefix) :])
+        keys.sort()
+        return keys
+
+    def uri_for(self, key: str) -> str:
+        return f"s3://{self._bucket}/{self._name(key)}"
+
+    def copy(self, src: str, dst: str) -> None:
+        # CopyObject: the bytes never leave the server (minio's limit: 5 GiB per object).
+        try:
+            self._client.copy_object(
+                self._bucket, self._name(dst), CopySource(self._bucket, self._name(src))
+            )
+        except S3Error as exc:
+            if exc.code in _MISSING_CODES:
+                raise ObjectNotFound(src, self.uri_for(src)) from None
+            raise
+
+    def presign_get(self, key: str, expires_s: int) -> str | None:
+        # SigV4 query signing covers the method, bucket, key and expiry: the URL opens this
+        # one object and nothing else, until it expires.
+        return self._client.presigned_get_object(
+            self._bucket, self._name(key), expires=timedelta(seconds=expires_s)
+        )
+
+
+def _stream(response: BaseHTTPResponse) -> Iterator[bytes]:
+    yield from response.stream(_CHUNK)
