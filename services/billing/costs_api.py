@@ -16,6 +16,7 @@ answers 422 naming it; a bad value answers 422 naming the field and the reason.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -25,6 +26,7 @@ from litestar.di import NamedDependency
 from litestar.exceptions import NotFoundException
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, OpenAPIType, Operation, Schema
 from litestar.params import PathParameter, QueryParameter
 
 from services.billing import costs_repository as repo
@@ -80,6 +82,21 @@ def wants_csv(request: Request[Any, Any, Any], fmt: str | None) -> bool:
     return "text/csv" in accept and "application/json" not in accept
 
 
+@dataclass
+class JsonOrCsvOperation(Operation):
+    """The report's operation: its 200 answer is JSON or, when asked for, ``text/csv``."""
+
+    def __post_init__(self) -> None:
+        ok = (self.responses or {}).get("200")
+        if isinstance(ok, OpenAPIResponse) and ok.content is not None:
+            ok.content["text/csv"] = OpenAPIMediaType(
+                schema=Schema(
+                    type=OpenAPIType.STRING,
+                    description="a header row, then one row per report row (docs/billing.md)",
+                )
+            )
+
+
 def cost_routes(pool: asyncpg.Pool, clock: Clock = _utc_now) -> list[HTTPRouteHandler]:
     """The routes of the module docstring, over billing's pool."""
 
@@ -93,6 +110,7 @@ def cost_routes(pool: asyncpg.Pool, clock: Clock = _utc_now) -> list[HTTPRouteHa
             ),
             **error_responses(404, 422),
         },
+        operation_class=JsonOrCsvOperation,
     )
     async def costs(
         request: Request[Any, Any, Any],
@@ -163,7 +181,7 @@ def cost_routes(pool: asyncpg.Pool, clock: Clock = _utc_now) -> list[HTTPRouteHa
         ):
             report = cost_report(query, await repo.report(conn, query), limit)
         if wants_csv(request, format):
-            return Response(csv_text(report), media_type="text/csv; charset=utf-8")
+            return Response(csv_text(report), media_type="text/csv")
         return Response(report)
 
     @get("/v1/jobs/{job_id:str}/cost", responses=error_responses(404))
