@@ -171,7 +171,6 @@ def model_routes(
         missing_job = NotFoundException(f"no job {body.job_id!r} in team {team!r}")
         if not principal.may_see_team(team):
             raise missing_job
-        target = storage()
         async with pool.acquire() as conn:
             runs = await repo.runs_of_job(conn, body.job_id)
             if not runs or runs[0].spec.team != team:
@@ -208,7 +207,7 @@ def model_routes(
                 description=body.description,
             )
             async with conn.transaction():
-                version = await models.register(conn, target, what, clock())
+                version = await models.register(conn, storage(), what, clock())
                 if audit.must_record(principal):
                     await audit.record(
                         conn,
@@ -235,6 +234,7 @@ def model_routes(
             if model_id is None:
                 raise NotFoundException(f"no model {name!r} in team {team!r}")
             found = await live_version(conn, team, name, version)
+            source = storage() if found.owned else None  # 503 before anything changes
             await models.delete_version(conn, model_id, found, principal.actor, clock())
             if audit.must_record(principal):
                 await audit.record(
@@ -243,8 +243,8 @@ def model_routes(
         # After the tombstone committed: a failure here leaves unreferenced objects, which
         # the storage collector frees; never a live version without its objects.
         freed = (
-            await asyncio.to_thread(models.free_objects, storage(), found)
-            if found.owned
+            await asyncio.to_thread(models.free_objects, source, found)
+            if source is not None
             else models.Freed(0, 0)
         )
         return Freed(
