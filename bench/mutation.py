@@ -125,6 +125,7 @@ MODULES: dict[str, dict[str, Any]] = {
         "tests": [
             "tests/unit/shared/test_bus_rules.py",
             "tests/integration/shared/test_bus_streams.py",
+            "tests/integration/shared/test_bus_consumers.py",
             "tests/unit/shared/test_infrastructure_faults.py",
             "tests/integration/shared/test_consumer.py",
             "tests/integration/shared/test_redrive.py",
