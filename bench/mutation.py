@@ -107,7 +107,8 @@ MODULES: dict[str, dict[str, Any]] = {
         "tests": ["tests/unit/billing/test_domain.py", "tests/unit/billing/test_metering_edges.py"],
         "postgres": False,
     },
-    "client/trainyard/sdk/checkpoints.py": {
+    # The client package sits at the work copy's top level (``_lift_client``).
+    "trainyard/sdk/checkpoints.py": {
         "tests": ["tests/unit/test_sdk.py", "tests/unit/test_checkpoint_rules.py"],
         "postgres": False,
     },
@@ -185,6 +186,7 @@ def _copy_tree(dest: Path, source: str) -> str:
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
         (dest / ".venv").symlink_to(ROOT / ".venv")
+        _lift_client(dest)
         return commit
     for raw in _git("ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0"):
         src = ROOT / raw
@@ -194,7 +196,21 @@ def _copy_tree(dest: Path, source: str) -> str:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, target)
     (dest / ".venv").symlink_to(ROOT / ".venv")
+    _lift_client(dest)
     return "worktree of " + _git("rev-parse", "HEAD").strip()
+
+
+def _lift_client(dest: Path) -> None:
+    """Move the client distribution's package (``client/trainyard``) to the copy's top level.
+
+    mutmut names a mutant after its file's path (``client/trainyard/x.py`` would be module
+    ``client.trainyard.x``) while the tests import ``trainyard.x``, and the tests run from
+    ``mutants/``, whose top-level packages come before the checkout's editable install on
+    ``sys.path``: at the top level the mutated copy is the one imported.
+    """
+    client = dest / "client" / "trainyard"
+    if client.is_dir():
+        shutil.move(client, dest / "trainyard")
 
 
 def _git(*args: str) -> str:
@@ -362,6 +378,7 @@ def run_module(
             "finished": finished,
             "only": list(only),
             "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "statuses": statuses,  # for ``record``'s merge of an ``--only`` run; not stored
         }
     )
     if not keep:
@@ -445,9 +462,48 @@ def _tool_version() -> str:
     return f"{TOOL} {version(TOOL)}"
 
 
+def merge_only(previous: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    """A run limited to some functions (``--only``) merged into the module's previous
+    complete record: the mutants it checked take their new verdicts, the others keep the
+    previous one (a survivor if named among its survivors, else killed). Only sound when the
+    functions outside ``--only`` are unchanged since that record (its commit is kept in
+    ``merged_from``); a changed function must be inside ``--only``."""
+    statuses: dict[str, str] = summary["statuses"]
+    earlier = set(previous.get("survivors", []))
+    merged = {
+        name: (
+            ("survived" if name in earlier else "killed")
+            if status in ("not_checked", "interrupted")
+            else status
+        )
+        for name, status in statuses.items()
+    }
+    checked_now = sum(1 for st in statuses.values() if st not in ("not_checked", "interrupted"))
+    result = {**summary, **summarise(merged)}
+    result["checked_now"] = checked_now
+    result["merged_from"] = {
+        "source": previous.get("source"),
+        "date": previous.get("date"),
+        "seconds": previous.get("seconds"),
+    }
+    return result
+
+
 def record(summary: dict[str, Any], out: Path) -> None:
+    """Store ``summary`` as its module's record in ``out``. A run limited by ``--only``
+    merges into the module's previous complete record (``merge_only``) rather than replacing
+    it, so the file keeps one whole record per module."""
     data: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
     data.setdefault("modules", {})
+    previous = data["modules"].get(summary["module"])
+    if (
+        summary.get("only")
+        and "statuses" in summary
+        and previous is not None
+        and previous.get("not_checked") == 0
+    ):
+        summary = merge_only(previous, summary)
+    summary = {k: v for k, v in summary.items() if k != "statuses"}
     data["tool"] = _tool_version()
     data["machine"] = _machine()
     data["command"] = "python -m bench.mutation --module MODULE"
