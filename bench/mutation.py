@@ -150,9 +150,10 @@ def pytest_configure(config: Any) -> None:
             "mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
         )
         settings.load_profile("mutation")
-    template = os.environ.get(ENV_PG_URI)
-    if not template:
+    found = os.environ.get(ENV_PG_URI)
+    if not found:
         return
+    template: str = found
     from deploy.local.postgres import PostgresServer
     from tests.fixtures import servers
 
@@ -169,7 +170,7 @@ def pytest_configure(config: Any) -> None:
         def uri(self, database: str) -> str:
             return template.format(database=database)
 
-    servers.PostgresServer = Running  # type: ignore[attr-defined,misc]
+    servers.PostgresServer = Running  # type: ignore[attr-defined]
 
 
 # --- running -------------------------------------------------------------------------------
