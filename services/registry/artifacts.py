@@ -53,19 +53,27 @@ class Digest:
     sha256: str
 
 
-def source_key(store: ObjectStore, uri: str) -> str:
-    """The key of ``uri`` in ``store`` (see the module docstring)."""
+def key_in_store(store: ObjectStore, uri: str) -> str | None:
+    """The key ``uri`` names in ``store``, or None when it names no valid key there."""
     root = store.root_uri.rstrip("/") + "/"
     if not uri.startswith(root):
-        raise SourceOutsideStore(f"checkpoint {uri!r} is not in the object store {root!r}")
+        return None
     rest = uri[len(root) :]
     key = unquote(rest) if root.startswith("file:") else rest
     try:
         validate_key(key)
-    except ValueError as exc:
-        raise SourceOutsideStore(f"checkpoint {uri!r}: {exc}") from None
-    if key.startswith(REGISTRY_PREFIX) or store.uri_for(key) != uri:
-        raise SourceOutsideStore(f"checkpoint {uri!r} is not a job's object in {root!r}")
+    except ValueError:
+        return None
+    return key if store.uri_for(key) == uri else None
+
+
+def source_key(store: ObjectStore, uri: str) -> str:
+    """The key of ``uri`` in ``store`` (see the module docstring)."""
+    key = key_in_store(store, uri)
+    if key is None or key.startswith(REGISTRY_PREFIX):
+        raise SourceOutsideStore(
+            f"checkpoint {uri!r} is not a job's object in the object store {store.root_uri!r}"
+        )
     return key
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from pathlib import Path
 
 from services.registry.api import create_app
+from services.registry.collector import StorageCollector
 from services.registry.config import Settings
 from services.registry.handlers import RegistryHandlers
 from shared.access import guard_for
@@ -47,6 +49,17 @@ async def serve(settings: Settings) -> int:
         handlers = RegistryHandlers(store)
         rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
         rt.spawn(Retention(pool, settings.nats.retention_hours).run(rt.stopping), "retention")
+        if settings.collector_interval_seconds > 0:
+            collector = StorageCollector(
+                pool,
+                store,
+                settings.collector_keep_checkpoints,
+                timedelta(seconds=settings.collector_grace_seconds),
+            )
+            rt.spawn(
+                collector.run(rt.stopping, settings.collector_interval_seconds),
+                "storage-collector",
+            )
         rt.spawn(
             bus.consume_batches(
                 NAME, SUBJECTS, idempotent_batches(pool, NAME, handlers.dispatch_batch), rt.stopping

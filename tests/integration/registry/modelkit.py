@@ -53,6 +53,31 @@ class Job:
         return f"jobs/{self.id}/checkpoints/step-{step:08d}/checkpoint.pt"
 
 
+async def apply(pool: asyncpg.Pool, store: ObjectStore, job_id: str, payload: Payload) -> None:
+    """Hand ``payload`` (from its owner) to the registry's handlers, as the bus would."""
+    handle = idempotent(pool, "registry", RegistryHandlers(store).dispatch)
+    await handle([Delivery(Envelope.wrap(payload, source=owner(payload), subject=job_id))])
+
+
+async def commit_checkpoint(
+    pool: asyncpg.Pool, store: ObjectStore, job_id: str, step: int, *, record: bool = True
+) -> CheckpointRef:
+    """A checkpoint of ``job_id`` (object and manifest) in ``store``, recorded as the
+    runner's ``checkpoint.saved`` would be unless ``record`` is False (still in flight)."""
+    checkpoint = ref(store, job_id, step)
+    store.put_bytes(checkpoint.manifest_uri.rpartition(f"{store.root_uri}/")[2], b"{}")
+    if record:
+        saved = CheckpointSaved(
+            job_id=job_id,
+            allocation_id=f"alloc-{job_id}",
+            epoch=1,
+            checkpoint=checkpoint,
+            saved_at=T0,
+        )
+        await apply(pool, store, job_id, saved)
+    return checkpoint
+
+
 async def job_with_checkpoints(
     pool: asyncpg.Pool,
     store: ObjectStore,

@@ -1,0 +1,239 @@
+"""The storage collector: frees checkpoints beyond each job's retention and objects nothing
+references, after a grace period, never anything in use (``collector_plan`` says what).
+
+A pass (``StorageCollector.collect_once``):
+1. takes a PostgreSQL advisory lock, so one registry replica collects at a time (another's
+   pass is skipped, not queued);
+2. lists the store's ``jobs/`` and ``registry/`` keys — *before* reading the references, so
+   an object written during the pass is either not listed or listed and then looked up;
+3. reads the references (recorded checkpoints, live versions' artifacts and lineage
+   parents, running jobs' resume points) and plans what is deletable;
+4. marks each deletable key with when it was first seen deletable (``storage_marks``) and
+   drops the marks of keys that are no longer deletable or gone;
+5. reads the references again and deletes only keys deletable in both readings and marked
+   at least ``grace`` ago, manifests first.
+A checkpoint committed while a pass runs is therefore never deleted: it is not listed, or
+it is referenced by the second reading, or (its ``checkpoint.saved`` still in flight) it is
+only marked, and it is referenced long before its grace ends. Step 5's second reading is
+what keeps an object whose reference arrived during the pass.
+
+Incomplete multipart uploads are not listed by the object-store interface; they are left to
+the bucket's lifecycle rule (docs/models.md). ``python -m services.registry.collector``
+runs one pass and prints its report as JSON; the service runs one every
+``collector_interval_seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+
+from services.registry import artifacts
+from services.registry.collector_plan import Recorded, References, deletion_order, due, plan
+from services.registry.config import Settings
+from shared.db import migrate, open_pool
+from shared.runtime import settings_or_exit
+from shared.storage import ObjectStore, open_store
+
+log = logging.getLogger(__name__)
+
+LOCK_KEY = "trainyard-registry-storage-collector"
+Clock = Callable[[], datetime]
+Pause = Callable[[str], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Report:
+    """What one pass did: keys listed, deletable, newly marked, deleted."""
+
+    ran: bool
+    listed: int = 0
+    deletable: int = 0
+    marked: int = 0
+    deleted: int = 0
+    freed_bytes: int = 0
+    """The bytes of deleted objects whose size the registry knows (recorded checkpoints)."""
+
+
+async def _no_pause(_: str) -> None:
+    return None
+
+
+class StorageCollector:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        store: ObjectStore,
+        keep: int,
+        grace: timedelta,
+        clock: Clock = lambda: datetime.now(UTC),
+    ) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, not {keep}")
+        self._pool = pool
+        self._store = store
+        self._keep = keep
+        self._grace = grace
+        self._clock = clock
+
+    async def run(self, stop: asyncio.Event, interval_s: float) -> None:
+        """A pass every ``interval_s`` until ``stop``; errors are logged and retried."""
+        while not stop.is_set():
+            try:
+                report = await self.collect_once()
+            except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+                log.warning("storage collector: %s; trying again in %.0f s", exc, interval_s)
+            else:
+                if report.deleted or report.marked:
+                    log.info("storage collector: %s", report)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval_s)
+
+    async def collect_once(self, pause: Pause = _no_pause) -> Report:
+        """One pass (module docstring). ``pause(phase)`` is awaited after the listing
+        (``"listed"``) and after the marks (``"marked"``): where a test makes a checkpoint
+        arrive in the middle of a pass."""
+        async with self._pool.acquire() as lock_conn:
+            if not await lock_conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", LOCK_KEY):
+                log.info("storage collector: another pass is running; skipped")
+                return Report(ran=False)
+            try:
+                return await self._pass(pause)
+            finally:
+                await lock_conn.execute("SELECT pg_advisory_unlock(hashtext($1))", LOCK_KEY)
+
+    async def _pass(self, pause: Pause) -> Report:
+        keys = await asyncio.to_thread(self._listing)
+        await pause("listed")
+        now = self._clock()
+        async with self._pool.acquire() as conn:
+            deletable = plan(keys, await self._references(conn), self._keep)
+            async with conn.transaction():
+                marked = await _remark(conn, deletable, now)
+                first_seen = await _marks(conn)
+        await pause("marked")
+        async with self._pool.acquire() as conn:
+            sizes = await self._recorded_sizes(conn)
+            again = plan(keys, await self._references(conn), self._keep)
+        doomed = [k for k in due(deletable, first_seen, now - self._grace) if k in again]
+        for key in deletion_order(doomed):
+            await asyncio.to_thread(self._store.delete, key)
+        if doomed:
+            async with self._pool.acquire() as conn:
+                await conn.execute("DELETE FROM storage_marks WHERE key = ANY($1::text[])", doomed)
+            log.info("storage collector: deleted %d objects", len(doomed))
+        return Report(
+            ran=True,
+            listed=len(keys),
+            deletable=len(deletable),
+            marked=marked,
+            deleted=len(doomed),
+            freed_bytes=sum(sizes.get(k, 0) for k in doomed),
+        )
+
+    async def _recorded_sizes(self, conn: asyncpg.Connection) -> dict[str, int]:
+        rows = await conn.fetch("SELECT uri, size_bytes FROM checkpoints")
+        found = ((artifacts.key_in_store(self._store, r["uri"]), r["size_bytes"]) for r in rows)
+        return {key: size for key, size in found if key is not None}
+
+    def _listing(self) -> list[str]:
+        return [*self._store.list("jobs/"), *self._store.list("registry/")]
+
+    async def _references(self, conn: asyncpg.Connection) -> References:
+        async with conn.transaction(isolation="repeatable_read", readonly=True):
+            checkpoint_rows = await conn.fetch(
+                "SELECT job_id, uri, step, saved_at FROM checkpoints"
+            )
+            protected_uris = await conn.fetch(
+                """SELECT artifact_uri AS uri FROM model_versions
+                   WHERE deleted_at IS NULL AND artifact_key IS NULL
+                   UNION SELECT jsonb_array_elements_text(lineage->'parent_checkpoints')
+                   FROM model_versions WHERE deleted_at IS NULL
+                   UNION SELECT r.resumed_from FROM runs r
+                   JOIN tracked_jobs t ON t.job_id = r.job_id
+                   WHERE t.status = 'running' AND r.resumed_from IS NOT NULL"""
+            )
+            owned = await conn.fetch(
+                "SELECT artifact_key FROM model_versions "
+                "WHERE deleted_at IS NULL AND artifact_key IS NOT NULL"
+            )
+        recorded = []
+        for row in checkpoint_rows:
+            key = artifacts.key_in_store(self._store, row["uri"])
+            if key is not None:
+                recorded.append(Recorded(row["job_id"], key, row["step"], row["saved_at"]))
+        protected = {r["artifact_key"] for r in owned}
+        for row in protected_uris:
+            key = artifacts.key_in_store(self._store, row["uri"])
+            if key is not None:
+                protected.add(key)
+        return References(recorded=recorded, protected=protected)
+
+
+async def _remark(conn: asyncpg.Connection, deletable: Mapping[str, str], now: datetime) -> int:
+    """Mark the deletable keys not marked yet (with ``now``); unmark all others. Returns how
+    many were newly marked."""
+    await conn.execute(
+        "DELETE FROM storage_marks WHERE NOT (key = ANY($1::text[]))", list(deletable)
+    )
+    inserted = await conn.fetchval(
+        """WITH new AS (
+               INSERT INTO storage_marks (key, reason, first_seen_at)
+               SELECT k, r, $3 FROM unnest($1::text[], $2::text[]) AS u(k, r)
+               ON CONFLICT (key) DO NOTHING RETURNING 1)
+           SELECT count(*) FROM new""",
+        list(deletable),
+        list(deletable.values()),
+        now,
+    )
+    return int(inserted)
+
+
+async def _marks(conn: asyncpg.Connection) -> dict[str, datetime]:
+    rows = await conn.fetch("SELECT key, first_seen_at FROM storage_marks")
+    return {r["key"]: r["first_seen_at"] for r in rows}
+
+
+async def collect_from_settings(settings: Settings) -> Report:
+    """One pass with the service's own settings (the command)."""
+    # Imported here: the service module imports this one to run the periodic pass.
+    from services.registry.service import MIGRATIONS, NAME
+
+    async with open_pool(settings.database, NAME) as pool:
+        await migrate(pool, NAME, MIGRATIONS)
+        store = await asyncio.to_thread(open_store, settings.storage.uri, settings.storage)
+        collector = StorageCollector(
+            pool,
+            store,
+            settings.collector_keep_checkpoints,
+            timedelta(seconds=settings.collector_grace_seconds),
+        )
+        return await collector.collect_once()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m services.registry.collector``: one pass, its report as JSON."""
+    parser = argparse.ArgumentParser(
+        prog="python -m services.registry.collector",
+        description="Run one pass of the registry's storage collector (settings: "
+        "TRAINYARD_REGISTRY_COLLECTOR_* and the shared TRAINYARD_* variables).",
+    )
+    parser.parse_args(argv)
+    settings = settings_or_exit(parser.prog, Settings)
+    logging.basicConfig(level=settings.log_level)
+    report = asyncio.run(collect_from_settings(settings))
+    print(json.dumps(asdict(report)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""The storage collector against real PostgreSQL and a real S3 endpoint (moto's server):
+it frees exactly what nothing references, after the grace period, and never a checkpoint
+committed while it runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+
+from deploy.local.s3 import S3Server
+from services.registry.collector import StorageCollector
+from shared.events.payloads import JobCancelled
+from shared.storage import ObjectStore
+from tests.integration.registry.modelkit import (
+    VISION,
+    app_as,
+    apply,
+    commit_checkpoint,
+    job_with_checkpoints,
+    register,
+)
+
+pytestmark = pytest.mark.integration
+
+T = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+GRACE = timedelta(hours=1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def folder_keys(store: ObjectStore, job_id: str, step: int) -> set[str]:
+    return set(store.list(f"jobs/{job_id}/checkpoints/step-{step:08d}/"))
+
+
+async def test_the_collector_frees_exactly_what_nothing_references(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    done = await job_with_checkpoints(pool, store, [])  # ended: only retention keeps its own
+    sizes = {}
+    for step in (1, 2, 3, 4):
+        sizes[step] = (await commit_checkpoint(pool, store, done.id, step)).size_bytes
+    await apply(pool, store, done.id, JobCancelled(job_id=done.id, reason="by its user"))
+    running = await job_with_checkpoints(pool, store, [])
+    await commit_checkpoint(pool, store, running.id, 1)
+    late = f"job-{uuid.uuid4().hex[:8]}"  # its checkpoint.saved arrives during the pass
+    await commit_checkpoint(pool, store, late, 9, record=False)
+    lost = f"job-{uuid.uuid4().hex[:8]}"  # a checkpoint whose event never came
+    await commit_checkpoint(pool, store, lost, 5, record=False)
+    async with app_as(pool, store, VISION) as client:
+        made = await register(client, "vision", "digits", done)  # step 4, copied
+        assert made.status_code == 201
+    orphan_copy = f"registry/vision/digits/{uuid.uuid4()}/checkpoint.pt"
+    store.put_bytes(orphan_copy, b"a copy whose registration rolled back")
+    foreign = ["bundles/vision/code.tar.gz", f"jobs/{done.id}/logs/chunk-00000001"]
+    for key in foreign:
+        store.put_bytes(key, b"not the collector's")
+    before = set(store.list(""))
+
+    clock = Clock()
+    collector = StorageCollector(pool, store, keep=2, grace=GRACE, clock=clock)
+    first = await collector.collect_once()
+    # Everything deletable is only marked: nothing has been deletable for the grace period.
+    assert (first.deleted, first.marked) == (0, 2 + 2 + 2 + 2 + 1)
+    assert set(store.list("")) == before
+
+    clock.now = T + GRACE + timedelta(minutes=1)
+    arrived: list[str] = []
+
+    async def meanwhile(phase: str) -> None:
+        if phase == "listed":  # a running job commits a checkpoint after the listing
+            arrived.append((await commit_checkpoint(pool, store, running.id, 2)).uri)
+        if phase == "marked":  # a checkpoint.saved that was in flight is recorded
+            await commit_checkpoint(pool, store, late, 9)
+
+    second = await collector.collect_once(meanwhile)
+    deleted = before - set(store.list(""))
+    assert deleted == folder_keys_before(before, done.id, (1, 2)) | folder_keys_before(
+        before, lost, (5,)
+    ) | {orphan_copy}
+    assert second.deleted == len(deleted)
+    assert second.freed_bytes == sizes[1] + sizes[2]
+    # Kept: the ended job's two newest, the running job's (old and new), the late one, the
+    # registered copy, and what is not the collector's.
+    assert folder_keys(store, done.id, 3) and folder_keys(store, done.id, 4)
+    assert folder_keys(store, running.id, 1) and folder_keys(store, running.id, 2)
+    assert folder_keys(store, late, 9)
+    assert made.json()["artifact"]["uri"].endswith(
+        next(k for k in store.list("registry/") if k != orphan_copy)
+    )
+    assert all(store.exists(key) for key in foreign)
+    # The late checkpoint's marks go with the next pass, which deletes nothing more.
+    async with pool.acquire() as conn:
+        marked = {r["key"] for r in await conn.fetch("SELECT key FROM storage_marks")}
+    assert marked == folder_keys(store, late, 9)
+    clock.now += GRACE * 5
+    third = await collector.collect_once()
+    assert (third.deleted, third.deletable) == (0, 0)
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM storage_marks") == 0
+
+
+def folder_keys_before(before: set[str], job_id: str, steps: tuple[int, ...]) -> set[str]:
+    return {
+        k for k in before for s in steps if k.startswith(f"jobs/{job_id}/checkpoints/step-{s:08d}/")
+    }
+
+
+async def test_a_checkpoint_listed_before_it_is_recorded_is_not_deleted(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    job = await job_with_checkpoints(pool, store, [])
+    clock = Clock()
+    collector = StorageCollector(pool, store, keep=1, grace=timedelta(0), clock=clock)
+    await commit_checkpoint(pool, store, job.id, 1, record=False)
+
+    async def recorded_meanwhile(phase: str) -> None:
+        if phase == "listed":
+            await commit_checkpoint(pool, store, job.id, 1)
+
+    # Even without a grace period: listed as unreferenced, referenced by the time it is read.
+    report = await collector.collect_once(recorded_meanwhile)
+    assert report.deleted == 0 and folder_keys(store, job.id, 1)
+
+    # Two passes at once: the second does not run.
+    held = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold(phase: str) -> None:
+        if phase == "listed":
+            held.set()
+            await release.wait()
+
+    first = asyncio.create_task(collector.collect_once(hold))
+    await held.wait()
+    assert not (await collector.collect_once()).ran
+    release.set()
+    assert (await first).ran
+
+
+async def test_one_pass_as_a_command(
+    pool: asyncpg.Pool, store: ObjectStore, s3_server: S3Server, database_url: str
+) -> None:
+    lost = f"job-{uuid.uuid4().hex[:8]}"
+    await commit_checkpoint(pool, store, lost, 1, record=False)
+    env = {
+        **os.environ,
+        **s3_server.storage_env(store.root_uri),
+        "TRAINYARD_DATABASE_URL": database_url,
+        "TRAINYARD_REGISTRY_ADMIN_TOKEN": "op-token",
+        "TRAINYARD_REGISTRY_COLLECTOR_GRACE_SECONDS": "0",
+    }
+    # Without a grace period a pass marks and deletes at once (the pass's own second
+    # reading of the references still guards what arrives meanwhile).
+    for expected in ({"marked": 2, "deleted": 2}, {"marked": 0, "deleted": 0}):
+        done = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "services.registry.collector",
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await done.communicate()
+        assert done.returncode == 0, err.decode()
+        report = json.loads(out.decode().strip().splitlines()[-1])
+        assert report["ran"] and {k: report[k] for k in expected} == expected, report
+    assert store.list("jobs/") == []
