@@ -222,3 +222,18 @@ async def test_bills_from_before_the_ledger_become_charges_with_rollups(
             (11, Decimal("1.666667")),
             (12, Decimal("2.083333")),
         ]
+
+
+async def test_a_grant_that_never_started_is_billed_up_to_its_release_and_no_further(
+    pool: asyncpg.Pool,
+) -> None:
+    # Its runner could not start it (platform_error) and said so 2.5 s after the grant; the
+    # scheduler released it then. Billing bills those 2.5 s of 4 GPUs, nothing after.
+    never = released(
+        "a9", gpus=4, length=timedelta(seconds=2, microseconds=500_000), outcome="failed"
+    )
+    await bill(pool, never)
+    row = await pool.fetchrow("SELECT started_at, ended_at, gpu_seconds, cost FROM ledger_entries")
+    assert (row["started_at"], row["ended_at"]) == (never.granted_at, never.released_at)
+    assert row["gpu_seconds"] == Decimal("10.000000")
+    assert row["cost"] == Decimal("0.006944")  # 10 GPU-s x 2.5 / 3600 = 0.0069444...
