@@ -17,8 +17,9 @@ it is referenced by the second reading, or (its ``checkpoint.saved`` still in fl
 only marked, and it is referenced long before its grace ends. Step 5's second reading is
 what keeps an object whose reference arrived during the pass.
 
-Incomplete multipart uploads are not listed by the object-store interface; they are left to
-the bucket's lifecycle rule (docs/models.md). ``python -m services.registry.collector``
+On an S3 store a pass also aborts the incomplete multipart uploads under ``jobs/`` and
+``registry/`` that it has seen incomplete for ``grace`` (``uploads``; marks in
+``storage_upload_marks``). ``python -m services.registry.collector``
 runs one pass and prints its report as JSON; the service runs one every
 ``collector_interval_seconds``.
 """
@@ -40,9 +41,11 @@ import asyncpg
 from services.registry import artifacts
 from services.registry.collector_plan import Recorded, References, deletion_order, due, plan
 from services.registry.config import Settings
+from services.registry.uploads import S3Uploads
 from shared.db import migrate, open_pool
 from shared.runtime import settings_or_exit
-from shared.storage import ObjectStore, open_store
+from shared.storage import ObjectStore, S3Store, open_store
+from shared.storage.s3 import client_from_settings
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,7 @@ class Report:
     deleted: int = 0
     freed_bytes: int = 0
     """The bytes of deleted objects whose size the registry knows (recorded checkpoints)."""
+    aborted_uploads: int = 0
 
 
 async def _no_pause(_: str) -> None:
@@ -76,7 +80,10 @@ class StorageCollector:
         keep: int,
         grace: timedelta,
         clock: Clock = lambda: datetime.now(UTC),
+        uploads: S3Uploads | None = None,
     ) -> None:
+        """``uploads``: the store's incomplete multipart uploads (an S3 store's; see
+        ``for_store``), aborted once they have stayed incomplete for ``grace``."""
         if keep < 1:
             raise ValueError(f"keep must be at least 1, not {keep}")
         self._pool = pool
@@ -84,6 +91,7 @@ class StorageCollector:
         self._keep = keep
         self._grace = grace
         self._clock = clock
+        self._uploads = uploads
 
     async def run(self, stop: asyncio.Event, interval_s: float) -> None:
         """A pass every ``interval_s`` until ``stop``; errors are logged and retried."""
@@ -131,6 +139,7 @@ class StorageCollector:
             async with self._pool.acquire() as conn:
                 await conn.execute("DELETE FROM storage_marks WHERE key = ANY($1::text[])", doomed)
             log.info("storage collector: deleted %d objects", len(doomed))
+        aborted = await self._abort_stale_uploads(now) if self._uploads is not None else 0
         return Report(
             ran=True,
             listed=len(keys),
@@ -138,7 +147,41 @@ class StorageCollector:
             marked=marked,
             deleted=len(doomed),
             freed_bytes=sum(sizes.get(k, 0) for k in doomed),
+            aborted_uploads=aborted,
         )
+
+    async def _abort_stale_uploads(self, now: datetime) -> int:
+        assert self._uploads is not None
+        pending = await asyncio.to_thread(self._uploads.list)
+        async with self._pool.acquire() as conn, conn.transaction():
+            ids = [u.upload_id for u in pending]
+            await conn.execute(
+                "DELETE FROM storage_upload_marks WHERE NOT (upload_id = ANY($1::text[]))", ids
+            )
+            await conn.execute(
+                """INSERT INTO storage_upload_marks (upload_id, key, first_seen_at)
+                   SELECT i, k, $3 FROM unnest($1::text[], $2::text[]) AS u(i, k)
+                   ON CONFLICT (upload_id) DO NOTHING""",
+                ids,
+                [u.key for u in pending],
+                now,
+            )
+            rows = await conn.fetch(
+                "SELECT upload_id FROM storage_upload_marks WHERE first_seen_at <= $1",
+                now - self._grace,
+            )
+        stale = {r["upload_id"] for r in rows}
+        doomed = [u for u in pending if u.upload_id in stale]
+        for upload in doomed:
+            await asyncio.to_thread(self._uploads.abort, upload)
+        if doomed:
+            async with self._pool.acquire() as conn:
+                await conn.execute(
+                    "DELETE FROM storage_upload_marks WHERE upload_id = ANY($1::text[])",
+                    [u.upload_id for u in doomed],
+                )
+            log.info("storage collector: aborted %d incomplete uploads", len(doomed))
+        return len(doomed)
 
     async def _recorded_sizes(self, conn: asyncpg.Connection) -> dict[str, int]:
         rows = await conn.fetch("SELECT uri, size_bytes FROM checkpoints")
@@ -203,6 +246,23 @@ async def _marks(conn: asyncpg.Connection) -> dict[str, datetime]:
     return {r["key"]: r["first_seen_at"] for r in rows}
 
 
+def for_store(pool: asyncpg.Pool, store: ObjectStore, settings: Settings) -> StorageCollector:
+    """The collector the service runs (and the command), with the settings' retention and
+    grace, aborting stale uploads when ``store`` is on S3."""
+    uploads = None
+    if isinstance(store, S3Store):
+        client = client_from_settings(settings.storage)
+        prefixes = [f"{store.prefix}jobs/", f"{store.prefix}registry/"]
+        uploads = S3Uploads(client, store.bucket, prefixes)
+    return StorageCollector(
+        pool,
+        store,
+        settings.collector_keep_checkpoints,
+        timedelta(seconds=settings.collector_grace_seconds),
+        uploads=uploads,
+    )
+
+
 async def collect_from_settings(settings: Settings) -> Report:
     """One pass with the service's own settings (the command)."""
     # Imported here: the service module imports this one to run the periodic pass.
@@ -211,13 +271,7 @@ async def collect_from_settings(settings: Settings) -> Report:
     async with open_pool(settings.database, NAME) as pool:
         await migrate(pool, NAME, MIGRATIONS)
         store = await asyncio.to_thread(open_store, settings.storage.uri, settings.storage)
-        collector = StorageCollector(
-            pool,
-            store,
-            settings.collector_keep_checkpoints,
-            timedelta(seconds=settings.collector_grace_seconds),
-        )
-        return await collector.collect_once()
+        return await for_store(pool, store, settings).collect_once()
 
 
 def main(argv: list[str] | None = None) -> int:

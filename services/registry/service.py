@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
 from pathlib import Path
 
 from services.registry.api import create_app
-from services.registry.collector import StorageCollector
+from services.registry.collector import for_store as collector_for
 from services.registry.config import Settings
 from services.registry.handlers import RegistryHandlers
 from shared.access import guard_for
@@ -50,12 +49,7 @@ async def serve(settings: Settings) -> int:
         rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
         rt.spawn(Retention(pool, settings.nats.retention_hours).run(rt.stopping), "retention")
         if settings.collector_interval_seconds > 0:
-            collector = StorageCollector(
-                pool,
-                store,
-                settings.collector_keep_checkpoints,
-                timedelta(seconds=settings.collector_grace_seconds),
-            )
+            collector = collector_for(pool, store, settings)
             rt.spawn(
                 collector.run(rt.stopping, settings.collector_interval_seconds),
                 "storage-collector",

@@ -16,8 +16,10 @@ import pytest
 
 from deploy.local.s3 import S3Server
 from services.registry.collector import StorageCollector
+from services.registry.uploads import S3Uploads
 from shared.events.payloads import JobCancelled
-from shared.storage import ObjectStore
+from shared.storage import ObjectStore, S3Store
+from shared.storage.s3 import client_from_settings
 from tests.integration.registry.modelkit import (
     VISION,
     app_as,
@@ -178,3 +180,36 @@ async def test_one_pass_as_a_command(
         report = json.loads(out.decode().strip().splitlines()[-1])
         assert report["ran"] and {k: report[k] for k in expected} == expected, report
     assert store.list("jobs/") == []
+
+
+async def test_incomplete_uploads_are_aborted_after_the_grace_period(
+    pool: asyncpg.Pool, store: ObjectStore, s3_server: S3Server
+) -> None:
+    assert isinstance(store, S3Store)
+    client = client_from_settings(s3_server.storage_settings())
+    started = {
+        key: client._create_multipart_upload(store.bucket, key, {})
+        for key in ("jobs/j/checkpoints/step-00000001/checkpoint.pt", "bundles/vision/big")
+    }
+    prefixes = ["jobs/", "registry/"]
+    clock = Clock()
+    collector = StorageCollector(
+        pool,
+        store,
+        keep=1,
+        grace=GRACE,
+        clock=clock,
+        uploads=S3Uploads(client, store.bucket, prefixes),
+    )
+
+    def pending() -> set[str]:
+        listed = client._list_multipart_uploads(store.bucket)
+        return {u.object_name for u in listed.uploads}
+
+    assert (await collector.collect_once()).aborted_uploads == 0  # first seen now
+    assert pending() == set(started)
+    clock.now += GRACE - timedelta(minutes=1)
+    assert (await collector.collect_once()).aborted_uploads == 0  # not for long enough
+    clock.now += timedelta(minutes=2)
+    assert (await collector.collect_once()).aborted_uploads == 1
+    assert pending() == {"bundles/vision/big"}  # not the collector's prefix
