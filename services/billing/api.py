@@ -2,7 +2,8 @@
 
 ``GET /v1/costs`` and ``GET /v1/jobs/{job_id}/cost`` are the cost reports
 (``services.billing.costs_api``). ``GET /v1/usage?team=<team>``, the older summary, sums
-every allocation's current bill per team, per user and per job, over all time.
+every allocation's current bill per team, per user and per job, over all time; any query
+parameter but ``team`` answers 422 naming it.
 Users (viewer and up) read their own team's usage: without ``team`` they get their team's,
 and another team answers 404. Operators read any team's, or every team's without ``team``.
 ``GET /v1/audit`` is for operators. Authentication is the shared guard (``shared.access``).
@@ -11,10 +12,10 @@ and another team answers 404. Operators read any team's, or every team's without
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 import asyncpg
-from litestar import Litestar, get
+from litestar import Litestar, Request, get
 from litestar.di import NamedDependency
 from litestar.exceptions import NotFoundException
 from litestar.handlers import HTTPRouteHandler
@@ -22,7 +23,7 @@ from litestar.params import QueryParameter
 from litestar.types import Guard
 
 from services.billing import repository as repo
-from services.billing.costs_api import cost_routes
+from services.billing.costs_api import check_parameters, cost_routes
 from services.billing.schemas import UsageSummary, usage_summary
 from shared.audit import audit_route
 from shared.http_app import error_responses, service_app
@@ -37,13 +38,15 @@ def create_app(
     health_handlers: list[HTTPRouteHandler],
     cors_origins: Sequence[str] = (),
 ) -> Litestar:
-    @get("/v1/usage", responses=error_responses(404))
+    @get("/v1/usage", responses=error_responses(404, 422))
     async def usage(
+        request: Request[Any, Any, Any],
         principal: Caller,
         team: Annotated[
             str | None, QueryParameter(description="only this team", max_length=100)
         ] = None,
     ) -> UsageSummary:
+        check_parameters(request, frozenset({"team"}))
         if not principal.is_operator:
             team = team or principal.team
             if team is None or not principal.may_see_team(team):

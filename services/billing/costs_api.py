@@ -5,7 +5,7 @@
   grouped by any of the dimensions, filtered by any of them, per hour, day or month or
   over the whole range. JSON, or CSV with ``Accept: text/csv`` or ``format=csv``.
 - ``GET /v1/jobs/{job_id}/cost``: a job's cost per allocation (attempt and node), 404 when
-  nothing of it is billed yet.
+  nothing of it is billed yet. It takes no query parameter.
 
 Scope: a user (viewer and up) reads only their own team's costs: a report is filtered to
 their team, and asking for another team (``team=...``) answers 404, like another team's
@@ -62,13 +62,15 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def check_parameters(request: Request[Any, Any, Any]) -> None:
-    """422 naming every query parameter that is unknown or given more than once."""
+def check_parameters(
+    request: Request[Any, Any, Any], known: frozenset[str] = QUERY_PARAMETERS
+) -> None:
+    """422 naming every query parameter not in ``known`` or given more than once."""
     errors = []
     for name in sorted(set(request.query_params.keys())):
-        if name not in QUERY_PARAMETERS:
-            known = ", ".join(sorted(QUERY_PARAMETERS))
-            errors.append(FieldError(field=name, message=f"unknown query parameter ({known})"))
+        if name not in known:
+            listed = f" ({', '.join(sorted(known))})" if known else " (this takes none)"
+            errors.append(FieldError(field=name, message=f"unknown query parameter{listed}"))
         elif len(request.query_params.getall(name)) > 1:
             errors.append(FieldError(field=name, message="given more than once"))
     if errors:
@@ -184,11 +186,13 @@ def cost_routes(pool: asyncpg.Pool, clock: Clock = _utc_now) -> list[HTTPRouteHa
             return Response(csv_text(report), media_type="text/csv")
         return Response(report)
 
-    @get("/v1/jobs/{job_id:str}/cost", responses=error_responses(404))
+    @get("/v1/jobs/{job_id:str}/cost", responses=error_responses(404, 422))
     async def cost_of_job(
+        request: Request[Any, Any, Any],
         principal: Caller,
         job_id: Annotated[str, PathParameter(min_length=1, max_length=200)],
     ) -> JobCost:
+        check_parameters(request, frozenset())
         async with (
             pool.acquire() as conn,
             conn.transaction(isolation="repeatable_read", readonly=True),

@@ -268,3 +268,19 @@ async def test_the_openapi_document_names_every_parameter(client: httpx.AsyncCli
     }
     assert "CostReport" in str(operation["responses"]["200"])
     assert set(operation["responses"]) >= {"200", "404", "422"}
+
+
+async def test_the_job_cost_and_the_older_usage_refuse_unknown_parameters(
+    client: httpx.AsyncClient,
+) -> None:
+    for path, params, field, message in (
+        ("/v1/jobs/ml-2/cost", {"attempt": "1"}, "attempt", "unknown query parameter"),
+        ("/v1/usage", {"tema": "ml"}, "tema", "unknown query parameter (team)"),
+        ("/v1/usage", {"team": ["ml", "ml"]}, "team", "given more than once"),
+    ):
+        response = await client.get(path, params=params, headers=OPERATOR)
+        assert response.status_code == 422, response.text
+        errors = response.json()["errors"]
+        assert any(e["field"] == field and message in e["message"] for e in errors), errors
+    usage = await client.get("/v1/usage", params={"team": "ml"}, headers=ML)
+    assert usage.status_code == 200 and usage.json()["team"] == "ml"
