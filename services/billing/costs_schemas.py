@@ -89,9 +89,21 @@ def cost_report(query: CostQuery, lines: Sequence[CostLine], limit: int) -> Cost
     )
 
 
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell(name: str | None) -> str:
+    """A name as a CSV cell: empty for None; a name a spreadsheet would read as a formula
+    (team, user and project names are the users' own) starts with ``'``."""
+    if name is None:
+        return ""
+    return f"'{name}" if name.startswith(_FORMULA_START) else name
+
+
 def csv_text(report: CostReport) -> str:
     """The report's rows as CSV: a header, then ``bucket`` (when by granularity), the grouped
-    dimensions, ``currency``, ``gpu_seconds``, ``cost``; empty cells for nulls."""
+    dimensions, ``currency``, ``gpu_seconds``, ``cost``; empty cells for nulls, and a ``'``
+    before a name that starts like a spreadsheet formula (``=``, ``+``, ``-``, ``@``)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     dims = [d for d in DIMENSIONS if d in report.group_by]
@@ -100,7 +112,7 @@ def csv_text(report: CostReport) -> str:
     writer.writerow([*head, "currency", "gpu_seconds", "cost"])
     for row in report.rows:
         bucket = [row.bucket.isoformat() if row.bucket else ""] if report.granularity else []
-        values = [getattr(row, d) or "" for d in dims]
+        values = [_cell(getattr(row, d)) for d in dims]
         writer.writerow([*bucket, *values, row.currency, str(row.gpu_seconds), str(row.cost)])
     return out.getvalue()
 

@@ -127,3 +127,11 @@ def test_csv_has_a_header_the_grouped_dimensions_and_exact_amounts() -> None:
         "bucket,team,flavor,currency,gpu_seconds,cost",
         "2026-12-02T00:00:00+00:00,ml,a100,USD,7200.000001,5.000001",
     ]
+
+
+def test_csv_cells_never_start_a_spreadsheet_formula() -> None:
+    query = parse(group_by="project,user")
+    lines = [CostLine(None, ("=HYPERLINK(1)", "-ada"), "USD", Decimal(1), Decimal(1))]
+    assert csv_text(cost_report(query, lines, limit=10)).splitlines()[1] == (
+        "'=HYPERLINK(1),'-ada,USD,1,1"
+    )
