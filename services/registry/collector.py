@@ -156,7 +156,9 @@ class StorageCollector:
         async with self._pool.acquire() as conn, conn.transaction():
             ids = [u.upload_id for u in pending]
             await conn.execute(
-                "DELETE FROM storage_upload_marks WHERE NOT (upload_id = ANY($1::text[]))", ids
+                """DELETE FROM storage_upload_marks m WHERE NOT EXISTS
+                       (SELECT 1 FROM unnest($1::text[]) AS p(i) WHERE p.i = m.upload_id)""",
+                ids,
             )
             await conn.execute(
                 """INSERT INTO storage_upload_marks (upload_id, key, first_seen_at)
@@ -225,8 +227,11 @@ class StorageCollector:
 async def _remark(conn: asyncpg.Connection, deletable: Mapping[str, str], now: datetime) -> int:
     """Mark the deletable keys not marked yet (with ``now``); unmark all others. Returns how
     many were newly marked."""
+    # An anti-join, not NOT (key = ANY(...)): that scans the whole array for every mark.
     await conn.execute(
-        "DELETE FROM storage_marks WHERE NOT (key = ANY($1::text[]))", list(deletable)
+        """DELETE FROM storage_marks m WHERE NOT EXISTS
+               (SELECT 1 FROM unnest($1::text[]) AS d(k) WHERE d.k = m.key)""",
+        list(deletable),
     )
     inserted = await conn.fetchval(
         """WITH new AS (
