@@ -14,6 +14,7 @@ import asyncpg
 import pytest
 
 from services.billing import ledger_repository as ledger
+from services.billing import rollups
 from services.billing.service import MIGRATIONS, NAME, ensure_rollups
 from shared.db import migrate, open_pool
 from shared.events.payloads import AllocationReleased
@@ -125,7 +126,7 @@ async def _rollups(pool: asyncpg.Pool) -> list[tuple[Any, ...]]:
 
 
 async def test_rollups_equal_the_ledger_sum_and_are_rebuilt_identically(
-    pool: asyncpg.Pool,
+    pool: asyncpg.Pool, database_url: str
 ) -> None:
     rng = random.Random(14)
     for n in range(60):
@@ -180,6 +181,10 @@ async def test_rollups_equal_the_ledger_sum_and_are_rebuilt_identically(
     async with pool.acquire() as conn, conn.transaction():
         folded = await ledger.rebuild_rollups(conn, batch=7)
     assert folded == await pool.fetchval("SELECT count(*) FROM ledger_entries")
+    assert await _rollups(pool) == kept
+    await pool.execute("UPDATE cost_rollups SET cost = cost + 1")  # derived data gone wrong
+    assert await _rollups(pool) != kept
+    assert await rollups.rebuild(DatabaseSettings(url=database_url)) == folded
     assert await _rollups(pool) == kept
 
 
