@@ -5,7 +5,7 @@ Contract:
   ``to`` as given: ISO 8601 text) and raises
   ``RequestInvalid`` naming each bad field and why: ``group_by`` is a comma-separated list
   of distinct dimensions (``DIMENSIONS``); ``from`` and ``to`` are whole UTC hours (a
-  datetime without a zone is UTC), ``from < to``; ``from`` is by default the start of the
+  datetime without a zone is UTC) from 1970 to 9000, ``from < to``; ``from`` is by default the start of the
   current UTC month and ``to`` the end of ``from``'s month; a range covers at most
   ``MAX_RANGE[granularity]`` (hour: 31 days, day: 366 days, month or none: 3660 days).
 - ``pieces(start, end, coarsest)`` covers ``[start, end)`` (whole hours) with rollup
@@ -49,14 +49,30 @@ MAX_RANGE: Mapping[Unit | None, timedelta] = {
 """The longest range a report may cover at each granularity (a bound on its size)."""
 
 
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+"""The range ``from`` and ``to`` must lie in (far beyond any bill, and within what dates
+can hold once a month is added)."""
+
+
 def _whole_hour(name: str, text: str, errors: list[FieldError]) -> datetime:
     try:
         value = datetime.fromisoformat(text)
+        utc = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     except ValueError:
         errors.append(FieldError(field=name, message=f"not an ISO 8601 date and time: {text!r}"))
-        return datetime.min.replace(tzinfo=UTC)
-    utc = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-    if utc != floor(utc, "hour"):
+        return EARLIEST
+    except OverflowError:  # in UTC it falls outside what a datetime holds
+        errors.append(FieldError(field=name, message=f"out of range: {text!r}"))
+        return EARLIEST
+    if not EARLIEST <= utc <= LATEST:
+        errors.append(
+            FieldError(
+                field=name,
+                message=f"must be from {EARLIEST.date()} to {LATEST.date()}, got {utc.isoformat()}",
+            )
+        )
+    elif utc != floor(utc, "hour"):
         errors.append(
             FieldError(
                 field=name,

@@ -68,6 +68,10 @@ def test_bad_ranges_name_the_field_and_the_reason() -> None:
     assert errors(start="2026-12-01", end="2027-01-02", granularity="hour") == [
         ("to", "a report by hour covers at most 31 days")
     ]
+    assert errors(start="0001-01-01T00:00:00+05:00", end="9999-12-31T23:00Z") == [
+        ("from", "out of range: '0001-01-01T00:00:00+05:00'"),
+        ("to", "must be from 1970-01-01 to 9000-01-01, got 9999-12-31T23:00:00+00:00"),
+    ]
     assert errors(start="yesterday", end="2026-13-01") == [
         ("from", "not an ISO 8601 date and time: 'yesterday'"),
         ("to", "not an ISO 8601 date and time: '2026-13-01'"),
