@@ -42,6 +42,8 @@ async def test_hostile_names_are_refused_and_touch_no_object(
         assert (await register(client, "vision", "digits", job)).status_code == 201
         before = store.list("")
         calls = [
+            ("team", "GET", f"/v1/models?team={bad}", None),
+            ("after", "GET", f"/v1/models?after={bad}/digits", None),
             ("team", "GET", f"/v1/models/{bad}/digits", None),
             ("team", "GET", f"/v1/models/{bad}/digits/versions", None),
             ("name", "GET", f"/v1/models/vision/{bad}/versions/1", None),
@@ -50,6 +52,7 @@ async def test_hostile_names_are_refused_and_touch_no_object(
             ("name", "GET", f"/v1/models/vision/{bad}/versions/1/download", None),
             ("name", "GET", f"/v1/models/vision/{bad}/versions/1/content", None),
             ("name", "DELETE", f"/v1/models/vision/{bad}/versions/1", None),
+            ("name", "GET", f"/v1/models/vision/{bad}/aliases", None),
             ("alias", "PUT", f"/v1/models/vision/digits/aliases/{bad}", {"version": 1}),
             ("alias", "DELETE", f"/v1/models/vision/digits/aliases/{bad}", None),
             ("alias", "GET", f"/v1/models/vision/digits/versions/by-alias/{bad}", None),

@@ -18,9 +18,11 @@ from tests.integration.registry.modelkit import (
     VISION_ADMIN,
     VISION_VIEWER,
     app_as,
+    apply,
     job_with_checkpoints,
     register,
 )
+from tests.integration.registry.test_registry import succeeded
 
 pytestmark = pytest.mark.integration
 
@@ -273,3 +275,27 @@ async def test_models_are_listed_per_team_with_paging(
         assert [m["name"] for m in only_ml] == ["alpha"]
         detail = (await client.get("/v1/models/vision/beta")).json()
         assert (detail["project"], detail["versions"], detail["aliases"]) == ("default", 1, {})
+
+
+async def test_a_success_whose_checkpoint_changed_since_its_commit_registers_nothing(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    job = await job_with_checkpoints(pool, store, [6])
+    store.put_bytes(job.key(6), b"changed after checkpoint.saved")
+    success = succeeded(job.id, f"alloc-{job.id}", None)  # the newest recorded checkpoint
+    await apply(pool, store, job.id, success)  # handled: no retry, no dead letter
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM model_versions") == 0
+    assert store.list("registry/") == []
+
+    # Another job whose checkpoint is as committed registers, as a copy.
+    fixed = await job_with_checkpoints(pool, store, [6])
+    await apply(pool, store, fixed.id, succeeded(fixed.id, f"alloc-{fixed.id}", None))
+    async with app_as(pool, store, VISION) as client:
+        version = (await client.get("/v1/models/vision/digits/versions/1")).json()
+    assert (version["job_id"], version["origin"], version["owned"]) == (
+        fixed.id,
+        "job_success",
+        True,
+    )
+    assert version["created_by"] == "alice"  # the job's user
