@@ -1,7 +1,8 @@
 """The model lifecycle over HTTP (docs/models.md): listing models, registering, deleting and
 downloading versions, and aliases.
 
-- ``GET /v1/models?team&after&limit``: models, ordered by team and name, keyset-paged.
+- ``GET /v1/models?team&project&after&limit``: models, ordered by team and name,
+  keyset-paged.
 - ``GET /v1/models/{team}/{name}``: one model with its aliases.
 - ``POST /v1/models/{team}/{name}/versions`` (members): register a committed checkpoint.
 - ``DELETE /v1/models/{team}/{name}/versions/{version}`` (members): 409 while an alias
@@ -128,16 +129,19 @@ def model_routes(
         team: Annotated[str | None, QueryParameter(max_length=100)] = None,
         after: Annotated[str | None, QueryParameter(max_length=201)] = None,
         limit: Annotated[int, QueryParameter(ge=1, le=PAGE_MAX)] = 100,
+        project: Annotated[str | None, QueryParameter(max_length=100)] = None,
     ) -> ModelPage:
         if team is not None:
             names.check("team", team)
+        if project is not None:
+            names.check("model", project, "project")  # a project is named like a job
         cursor = _cursor(after)
         if not principal.is_operator:
             if team is not None and team != principal.team:
                 return ModelPage(models=[], next=None)  # another team's: nothing to see
             team = principal.team
         async with pool.acquire() as conn:
-            rows = await models_repo.list_models(conn, team, cursor, limit)
+            rows = await models_repo.list_models(conn, team, cursor, limit, project)
         following = f"{rows[-1].team}/{rows[-1].name}" if len(rows) == limit else None
         return ModelPage(models=[_summary(r) for r in rows], next=following)
 

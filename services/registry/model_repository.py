@@ -54,18 +54,25 @@ _MODEL_COLUMNS = """m.id, m.team, m.name, m.project, m.latest_version, m.created
 
 
 async def list_models(
-    conn: asyncpg.Connection, team: str | None, after: tuple[str, str] | None, limit: int
+    conn: asyncpg.Connection,
+    team: str | None,
+    after: tuple[str, str] | None,
+    limit: int,
+    project: str | None = None,
 ) -> list[ModelRow]:
-    """Models ordered by (team, name), of ``team`` (None: every team), after the cursor."""
+    """Models ordered by (team, name), of ``team`` (None: every team) and ``project`` (None:
+    every project), after the cursor."""
     rows = await conn.fetch(
         f"""SELECT {_MODEL_COLUMNS} FROM models m
             WHERE ($1::text IS NULL OR m.team = $1)
               AND ($2::text IS NULL OR (m.team, m.name) > ($2, $3))
+              AND ($5::text IS NULL OR m.project = $5)
             ORDER BY m.team, m.name LIMIT $4""",
         team,
         after[0] if after else None,
         after[1] if after else None,
         limit,
+        project,
     )
     return [ModelRow.from_row(r) for r in rows]
 

@@ -273,6 +273,12 @@ async def test_models_are_listed_per_team_with_paging(
         ]
         only_ml = (await client.get("/v1/models", params={"team": "ml"})).json()["models"]
         assert [m["name"] for m in only_ml] == ["alpha"]
+        in_project = await client.get("/v1/models", params={"project": "default"})
+        assert len(in_project.json()["models"]) == 4
+        elsewhere = await client.get("/v1/models", params={"project": "research"})
+        assert elsewhere.json()["models"] == []
+        bad = await client.get("/v1/models", params={"project": ".."})
+        assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "project"
         detail = (await client.get("/v1/models/vision/beta")).json()
         assert (detail["project"], detail["versions"], detail["aliases"]) == ("default", 1, {})
 
