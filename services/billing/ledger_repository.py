@@ -3,6 +3,11 @@
 ``append`` is the only writer of both: it inserts entries and adds what they add to the
 rollups in the caller's transaction, so a rollup never differs from the sum of the entries
 committed with it. ``rebuild_rollups`` recomputes every rollup from the ledger alone.
+
+Rollup rows are shared by many allocations (a team's hour), and billing's replicas apply
+batches concurrently, each batch touching rollup rows in its own order: so every writer
+first takes one transaction-scoped advisory lock (``ROLLUP_LOCK``), and rollup writes are
+serialized instead of deadlocking.
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ from datetime import datetime
 import asyncpg
 
 from services.billing.ledger import LedgerEntry, rollup_rows
+
+ROLLUP_LOCK = 0x6269_6C6C_726F_6C6C  # "billroll"
+"""The advisory lock (transaction scope) held by whoever writes the rollups."""
 
 _COLUMNS = (
     "allocation_id, revision, kind, job_id, team, project, user_name, queue, gpu_flavor, "
@@ -64,6 +72,7 @@ async def add_to_rollups(conn: asyncpg.Connection, entries: Sequence[LedgerEntry
     rows = rollup_rows(entries)
     if not rows:
         return
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", ROLLUP_LOCK)
     columns = list(zip(*rows, strict=True))
     # One statement, each key once (rollup_rows sums them), locked in key order.
     await conn.execute(
@@ -105,6 +114,7 @@ async def rebuild_rollups(conn: asyncpg.Connection, batch: int = 5000) -> int:
     """Recompute every rollup from the ledger (in the caller's transaction); returns the
     number of entries folded in. The rollups table is locked meanwhile, so no append can
     interleave."""
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", ROLLUP_LOCK)  # appends' order
     await conn.execute("LOCK TABLE cost_rollups IN EXCLUSIVE MODE")
     await conn.execute("DELETE FROM cost_rollups")
     folded = 0

@@ -3,6 +3,7 @@ entries, and its rollups always the sum of its entries."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import shutil
 from datetime import UTC, datetime, timedelta
@@ -15,6 +16,8 @@ import pytest
 
 from services.billing import ledger_repository as ledger
 from services.billing import rollups
+from services.billing.domain import Price, Usage
+from services.billing.ledger import Attribution, LedgerEntry
 from services.billing.service import MIGRATIONS, NAME, ensure_rollups
 from shared.db import migrate, open_pool
 from shared.events.payloads import AllocationReleased
@@ -242,3 +245,38 @@ async def test_a_grant_that_never_started_is_billed_up_to_its_release_and_no_fur
     assert (row["started_at"], row["ended_at"]) == (never.granted_at, never.released_at)
     assert row["gpu_seconds"] == Decimal("10.000000")
     assert row["cost"] == Decimal("0.006944")  # 10 GPU-s x 2.5 / 3600 = 0.0069444...
+
+
+async def test_concurrent_batches_touching_rollups_in_opposite_orders_do_not_deadlock(
+    pool: asyncpg.Pool,
+) -> None:
+    # Two replicas' batches: one bills team ml's allocation then vision's, the other the
+    # reverse; each team's rollup rows are locked by the first to write them.
+    def entry(n: int, team: str) -> LedgerEntry:
+        usage = Usage.from_release(
+            released(f"c{n}", team=team, length=timedelta(minutes=30)),
+            Price("a100", Decimal("2.5"), "USD"),
+        )
+        return LedgerEntry.charge(usage, Attribution(), revision=0)
+
+    now = datetime.now(UTC)
+
+    async def other_replica() -> None:
+        async with pool.acquire() as conn, conn.transaction():
+            await ledger.append(conn, [entry(3, "vision")], "e3", now)
+            await ledger.append(conn, [entry(4, "ml")], "e4", now)
+
+    async with pool.acquire() as conn:
+        async with conn.transaction():
+            await ledger.append(conn, [entry(1, "ml")], "e1", now)
+            other = asyncio.create_task(other_replica())
+            await asyncio.sleep(0.3)  # the other is at (or waiting for) its first append
+            await ledger.append(conn, [entry(2, "vision")], "e2", now)
+        await other  # raised DeadlockDetectedError when each held its first team's rows
+    months = await pool.fetch(
+        "SELECT team, cost FROM cost_rollups WHERE granularity = 'month' ORDER BY team"
+    )
+    assert [(m["team"], m["cost"]) for m in months] == [
+        ("ml", Decimal("5.000000")),
+        ("vision", Decimal("5.000000")),
+    ]
