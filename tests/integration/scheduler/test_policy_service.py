@@ -120,8 +120,7 @@ async def test_high_priority_preempts_low_and_gets_its_gpus(scheduler: Scheduler
     assert waits.estimated_start is not None
     notice = await scheduler.pool.fetchval("SELECT notice_reason FROM allocations")
     assert notice.startswith(
-        "preempted for job high: priority high outranks low in queue default:vision; "
-        "it loses ~"
+        "preempted for job high: priority high outranks low in queue default:vision; it loses ~"
     )
     assert notice.endswith(" of work on 4 GPUs since it started")
     assert revoke.detail == notice  # the event says why, as the allocation records it
