@@ -5,15 +5,23 @@ dead-lettered before it is handled again, and a failed batch handled one event a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
 
+import nats
+import nats.errors
+import nats.js.errors
 import pytest
 from nats.aio.msg import Msg
 from nats.js import api
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from pydantic import SecretStr
 
+import shared.bus as bus_module
+from deploy.local.nats import NatsServer, NatsUser
 from shared.bus import REASON_HEADER, Bus, Delivery
 from shared.events import Envelope, Payload, nats_subject
 from shared.events.payloads import JobCancelRequested
@@ -31,6 +39,47 @@ def event(job_id: str) -> Envelope[Payload]:
     )
 
 
+@pytest.fixture
+async def own_settings(nats_settings: NatsSettings) -> AsyncIterator[NatsSettings]:
+    """Bus settings with streams of this test's own (deleted at its end). The tests share one
+    NATS server; a stream deleted and made again at once under the same name has been seen
+    to hold, or take back, the previous test's messages, so tests that count messages use
+    streams no other test has used."""
+    tag = uuid.uuid4().hex[:12].upper()
+    settings = nats_settings.model_copy(
+        update={"stream": f"EVENTS_{tag}", "deadletter_stream": f"DEAD_{tag}"}
+    )
+    yield settings
+    nc = await nats.connect(nats_settings.url)
+    try:
+        for stream in (settings.stream, settings.deadletter_stream):
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await nc.jetstream().delete_stream(stream)
+    finally:
+        await nc.close()
+
+
+@pytest.fixture
+async def own_bus(own_settings: NatsSettings) -> AsyncIterator[Bus]:
+    """A connected bus on streams of this test's own."""
+    async with Bus.connect(own_settings, "test") as connected:
+        yield connected
+
+
+async def settled(bus: Bus, consumer: str) -> api.ConsumerInfo:
+    """The consumer's info once the server has every message of it settled and nothing more
+    waiting (acknowledgements and terminations are sent without a reply, so the server may
+    count them a moment later); fails after 10 s."""
+    async with asyncio.timeout(10):
+        while True:
+            info: api.ConsumerInfo = await bus.jetstream.consumer_info(
+                bus.settings.stream, consumer
+            )
+            if not info.num_ack_pending and not info.num_pending:
+                return info
+            await asyncio.sleep(0.02)
+
+
 async def consume_once(bus: Bus, consumer: str, redrive: bool = True, batch: int = 16) -> None:
     """Run ``consume`` until the first event is handled."""
     stop = asyncio.Event()
@@ -42,10 +91,11 @@ async def consume_once(bus: Bus, consumer: str, redrive: bool = True, batch: int
         await bus.consume(consumer, [SUBJECT], handle, stop, batch, redrive=redrive)
 
 
-async def test_the_durable_consumer_is_made_as_the_rules_say(bus: Bus) -> None:
+async def test_the_durable_consumer_is_made_as_the_rules_say(own_bus: Bus) -> None:
+    bus = own_bus
     await bus.publish(event("j1"))
     await consume_once(bus, "with-redrive", batch=7)
-    config = (await bus.jetstream.consumer_info("TRAINYARD", "with-redrive")).config
+    config = (await bus.jetstream.consumer_info(bus.settings.stream, "with-redrive")).config
     assert config.durable_name == "with-redrive"
     assert config.filter_subject is None
     assert config.filter_subjects == [SUBJECT, "trainyard.redrive.with-redrive"]
@@ -56,14 +106,15 @@ async def test_the_durable_consumer_is_made_as_the_rules_say(bus: Bus) -> None:
     assert config.max_ack_pending == 7
 
     await consume_once(bus, "without-redrive", redrive=False)
-    config = (await bus.jetstream.consumer_info("TRAINYARD", "without-redrive")).config
+    config = (await bus.jetstream.consumer_info(bus.settings.stream, "without-redrive")).config
     assert config.filter_subject == SUBJECT
     assert not config.filter_subjects
 
 
 async def test_publishing_and_handling_are_spans_of_the_producers_trace(
-    bus: Bus, spans: InMemorySpanExporter
+    own_bus: Bus, spans: InMemorySpanExporter
 ) -> None:
+    bus = own_bus
     one = event("traced")
     with trace.get_tracer("test").start_as_current_span("submit") as root:
         await bus.publish(one)
@@ -94,7 +145,7 @@ async def delivered(bus: Bus, times: int) -> Msg:
     """The stream's one message, delivered ``times`` times to the durable ``abandoned``
     without an outcome (each delivery handed back at once, as by a consumer that died)."""
     await bus.jetstream.add_consumer(
-        "TRAINYARD",
+        bus.settings.stream,
         api.ConsumerConfig(
             durable_name="abandoned",
             ack_policy=api.AckPolicy.EXPLICIT,
@@ -102,21 +153,23 @@ async def delivered(bus: Bus, times: int) -> Msg:
             max_deliver=-1,
         ),
     )
-    sub = await bus.jetstream.pull_subscribe_bind(durable="abandoned", stream="TRAINYARD")
+    sub = await bus.jetstream.pull_subscribe_bind(durable="abandoned", stream=bus.settings.stream)
     for _ in range(times - 1):
         [msg] = await sub.fetch(1, timeout=5)
         await msg.nak()
     [msg] = await sub.fetch(1, timeout=5)
+    await sub.unsubscribe()  # the message is settled through its reply subject all the same
     assert msg.metadata.num_delivered == times
     return msg
 
 
 @pytest.mark.parametrize(("times", "dead"), [(3, True), (2, False)])
 async def test_a_message_abandoned_too_often_is_dead_lettered_before_it_is_handled(
-    nats_settings: NatsSettings, times: int, dead: bool
+    own_settings: NatsSettings, times: int, dead: bool
 ) -> None:
-    settings = nats_settings.model_copy(update={"max_unfinished_deliveries": 2})
+    settings = own_settings.model_copy(update={"max_unfinished_deliveries": 2})
     async with Bus.connect(settings, "abandon-test") as bus:
+        first_dead = 1
         await bus.publish(event("again"))
         msg = await delivered(bus, times)
         handled: list[str] = []
@@ -125,10 +178,12 @@ async def test_a_message_abandoned_too_often_is_dead_lettered_before_it_is_handl
             handled.extend(d.envelope.subject for d in deliveries)
 
         await bus._handle_batch("abandoned", [msg], handle, asyncio.Event(), atomic=False)
-        dead_letters = (await bus.jetstream.stream_info("TRAINYARD_DEADLETTER")).state.messages
+        dead_letters = (
+            await bus.jetstream.stream_info(bus.settings.deadletter_stream)
+        ).state.messages
         if dead:
             assert handled == [] and dead_letters == 1
-            letter = await bus.jetstream.get_msg("TRAINYARD_DEADLETTER", 1)
+            letter = await bus.jetstream.get_msg(bus.settings.deadletter_stream, first_dead)
             assert letter.headers is not None
             assert letter.headers[REASON_HEADER] == (
                 "abandoned: delivered 3 times without an outcome (the consumer stopped or died "
@@ -136,13 +191,14 @@ async def test_a_message_abandoned_too_often_is_dead_lettered_before_it_is_handl
             )
         else:
             assert handled == ["again"] and dead_letters == 0
-        info = await bus.jetstream.consumer_info("TRAINYARD", "abandoned")
-        assert info.num_ack_pending == 0  # settled either way: terminated or acknowledged
+        await settled(bus, "abandoned")  # either way: terminated or acknowledged
+        await bus.jetstream.delete_consumer(bus.settings.stream, "abandoned")
 
 
 async def test_a_failed_batch_is_handled_again_one_event_at_a_time(
-    bus: Bus, caplog: pytest.LogCaptureFixture
+    own_bus: Bus, caplog: pytest.LogCaptureFixture
 ) -> None:
+    bus = own_bus
     for job_id in ("a", "b", "c"):
         await bus.publish(event(job_id))
     stop = asyncio.Event()
@@ -162,5 +218,175 @@ async def test_a_failed_batch_is_handled_again_one_event_at_a_time(
     assert "batch of 3 failed (one of them is bad); handling them one at a time" in [
         r.getMessage() for r in caplog.records
     ]
-    info = await bus.jetstream.consumer_info("TRAINYARD", "batch-test")
-    assert info.num_ack_pending == 0 and info.num_pending == 0
+    await settled(bus, "batch-test")
+
+
+async def test_a_batch_that_succeeds_is_acknowledged_whole_and_handled_once(own_bus: Bus) -> None:
+    bus = own_bus
+    for job_id in ("a", "b", "c"):
+        await bus.publish(event(job_id))
+    stop = asyncio.Event()
+    calls: list[list[str]] = []
+
+    async def handle(deliveries: Sequence[Delivery]) -> None:
+        calls.append([d.envelope.subject for d in deliveries])
+        stop.set()
+
+    async with asyncio.timeout(10):
+        await bus.consume_batches("whole-batch", [SUBJECT], handle, stop)
+    assert calls == [["a", "b", "c"]]
+    info = await settled(bus, "whole-batch")
+    assert info.config.max_ack_pending == 64  # the default batch
+
+
+async def test_one_at_a_time_a_failure_costs_the_events_before_it_nothing(own_bus: Bus) -> None:
+    bus = own_bus
+    for job_id in ("a", "b", "c"):
+        await bus.publish(event(job_id))
+    stop = asyncio.Event()
+    handled: list[str] = []
+
+    async def handle(envelope: Envelope[Payload]) -> None:
+        handled.append(envelope.subject)
+        if handled.count("b") == 1 and envelope.subject == "b":
+            raise RuntimeError("not yet")
+        if envelope.subject == "b":
+            stop.set()
+
+    async with asyncio.timeout(10):
+        await bus.consume("singles", [SUBJECT], handle, stop)
+    assert handled[:3] == ["a", "b", "c"] and handled.count("a") == 1
+    info = await bus.jetstream.consumer_info(bus.settings.stream, "singles")
+    assert info.config.max_ack_pending == 16  # the default batch
+
+
+async def test_a_batch_waits_out_an_outage_whole(
+    own_settings: NatsSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = own_settings.model_copy(
+        update={"outage_retry_initial_seconds": 0.01, "outage_retry_max_seconds": 0.02}
+    )
+    async with Bus.connect(settings, "batch-outage") as bus:
+        for job_id in ("a", "b"):
+            await bus.publish(event(job_id))
+        stop = asyncio.Event()
+        calls: list[list[str]] = []
+        paused: list[dict[str, str]] = []
+
+        async def handle(deliveries: Sequence[Delivery]) -> None:
+            calls.append([d.envelope.subject for d in deliveries])
+            paused.append(dict(bus.paused))
+            if len(calls) < 3:
+                raise ConnectionRefusedError(111, "PostgreSQL is down")
+            stop.set()
+
+        with caplog.at_level(logging.WARNING, logger="shared.bus"):
+            async with asyncio.timeout(10):
+                await bus.consume_batches("outage-batch", [SUBJECT], handle, stop)
+    assert calls == [["a", "b"]] * 3
+    fault = "unreachable or timed out (ConnectionRefusedError: [Errno 111] PostgreSQL is down)"
+    assert paused == [{}, {"outage-batch": fault}, {"outage-batch": fault}]
+    assert f"outage-batch: paused, waiting out an outage: {fault}" in [
+        r.getMessage() for r in caplog.records
+    ]
+
+
+async def test_settling_a_message_on_a_closed_connection_is_left_to_ack_wait(
+    own_settings: NatsSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with Bus.connect(own_settings, "closing") as bus:
+        await bus.publish(event("a"))
+        await bus.publish(event("b"))
+        await bus.jetstream.add_consumer(
+            bus.settings.stream,
+            api.ConsumerConfig(durable_name="closing", ack_policy=api.AckPolicy.EXPLICIT),
+        )
+        sub = await bus.jetstream.pull_subscribe_bind(durable="closing", stream=bus.settings.stream)
+        first, second = await sub.fetch(2, timeout=5)
+        await bus.nats.close()
+        with caplog.at_level(logging.INFO, logger="shared.bus"):
+            await bus._hand_back(first)
+            await bus._ack(second)
+    messages = [r.getMessage() for r in caplog.records if r.name == "shared.bus"]
+    assert messages[0] == f"message {first.metadata.sequence.stream} goes back after ack_wait"
+    assert messages[1].startswith(f"ack of message {second.metadata.sequence.stream} lost: ")
+
+
+async def test_settling_a_message_twice_is_a_bug_not_an_outage(own_bus: Bus) -> None:
+    bus = own_bus
+    await bus.publish(event("a"))
+    await bus.publish(event("b"))
+    await bus.jetstream.add_consumer(
+        bus.settings.stream,
+        api.ConsumerConfig(durable_name="twice", ack_policy=api.AckPolicy.EXPLICIT),
+    )
+    sub = await bus.jetstream.pull_subscribe_bind(durable="twice", stream=bus.settings.stream)
+    first, second = await sub.fetch(2, timeout=5)
+    await first.ack()
+    await second.ack()
+    with pytest.raises(nats.errors.MsgAlreadyAckdError):
+        await bus._hand_back(first)
+    with pytest.raises(nats.errors.MsgAlreadyAckdError):
+        await bus._ack(second)
+
+
+async def test_what_a_dead_consumer_held_comes_back_before_anything_newer(
+    own_settings: NatsSettings,
+) -> None:
+    settings = own_settings.model_copy(update={"ack_wait_seconds": 1.0})
+    async with Bus.connect(settings, "held") as bus:
+        # The consumer exists (as a running service made it) ...
+        await bus.publish(event("first"))
+        await consume_once(bus, "held", batch=4)
+        # ... and died holding two messages it never settled.
+        await bus.publish(event("a"))
+        await bus.publish(event("b"))
+        sub = await bus.jetstream.pull_subscribe_bind(durable="held", stream=bus.settings.stream)
+        held = await sub.fetch(2, timeout=5)
+        assert [m.metadata.num_delivered for m in held] == [1, 1]
+        await sub.unsubscribe()
+        await bus.publish(event("newer"))
+
+        stop = asyncio.Event()
+        handled: list[str] = []
+
+        async def handle(envelope: Envelope[Payload]) -> None:
+            handled.append(envelope.subject)
+
+        async def batch_limit() -> int:
+            info = await bus.jetstream.consumer_info(bus.settings.stream, "held")
+            return info.config.max_ack_pending or 0
+
+        task = asyncio.create_task(bus.consume("held", [SUBJECT], handle, stop, 4))
+        try:
+            async with asyncio.timeout(20):
+                while len(handled) < 3:
+                    await asyncio.sleep(0.02)
+                # Once they were settled the consumer takes whole batches again.
+                while await batch_limit() != 4:
+                    await asyncio.sleep(0.05)
+        finally:
+            stop.set()
+            await task
+        assert handled == ["a", "b", "newer"]
+
+
+async def test_a_service_gives_up_waiting_for_the_streams_with_who_makes_them(
+    bus: Bus,
+    nats_server: NatsServer,
+    nats_settings: NatsSettings,
+    nats_service_user: Callable[..., NatsUser],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    user = nats_service_user("registry")
+    settings = nats_settings.model_copy(
+        update={"url": nats_server.address, "user": user.name, "password": SecretStr(user.password)}
+    )
+    async with Bus.connect(settings, "registry-under-test") as service:
+        await bus.jetstream.delete_stream("TRAINYARD")
+        monkeypatch.setattr(bus_module, "STREAM_WAIT_S", 0.2)
+        with pytest.raises(RuntimeError) as gave_up:
+            await service.ensure_streams()
+        assert str(gave_up.value) == (
+            "stream TRAINYARD does not exist after 0 s; the NATS user 'scheduler' makes it"
+        )

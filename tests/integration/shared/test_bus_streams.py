@@ -5,8 +5,10 @@ dead letter carries."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+import uuid
+from collections.abc import AsyncIterator, Callable
 
 import nats
 import pytest
@@ -42,14 +44,55 @@ def event(job_id: str) -> Envelope[Payload]:
     )
 
 
+@pytest.fixture
+async def own_settings(nats_settings: NatsSettings) -> AsyncIterator[NatsSettings]:
+    """Bus settings with streams of this test's own (deleted at its end). The tests share one
+    NATS server; a stream deleted and made again at once under the same name has been seen
+    to hold, or take back, the previous test's messages, so tests that count messages use
+    streams no other test has used."""
+    tag = uuid.uuid4().hex[:12].upper()
+    settings = nats_settings.model_copy(
+        update={"stream": f"EVENTS_{tag}", "deadletter_stream": f"DEAD_{tag}"}
+    )
+    yield settings
+    nc = await nats.connect(nats_settings.url)
+    try:
+        for stream in (settings.stream, settings.deadletter_stream):
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await nc.jetstream().delete_stream(stream)
+    finally:
+        await nc.close()
+
+
+@pytest.fixture
+async def own_bus(own_settings: NatsSettings) -> AsyncIterator[Bus]:
+    """A connected bus on streams of this test's own."""
+    async with Bus.connect(own_settings, "test") as connected:
+        yield connected
+
+
+async def settled(bus: Bus, consumer: str) -> api.ConsumerInfo:
+    """The consumer's info once the server has every message of it settled and nothing more
+    waiting (acknowledgements and terminations are sent without a reply, so the server may
+    count them a moment later); fails after 10 s."""
+    async with asyncio.timeout(10):
+        while True:
+            info: api.ConsumerInfo = await bus.jetstream.consumer_info(
+                bus.settings.stream, consumer
+            )
+            if not info.num_ack_pending and not info.num_pending:
+                return info
+            await asyncio.sleep(0.02)
+
+
 def service_settings(settings: NatsSettings, server: NatsServer, user: NatsUser) -> NatsSettings:
     return settings.model_copy(
         update={"url": server.address, "user": user.name, "password": SecretStr(user.password)}
     )
 
 
-async def test_the_streams_are_made_as_the_settings_say(nats_settings: NatsSettings) -> None:
-    settings = nats_settings.model_copy(
+async def test_the_streams_are_made_as_the_settings_say(own_settings: NatsSettings) -> None:
+    settings = own_settings.model_copy(
         update={
             "retention_hours": 2.0,
             "deadletter_max_age_days": 3.0,
@@ -58,8 +101,8 @@ async def test_the_streams_are_made_as_the_settings_say(nats_settings: NatsSetti
         }
     )
     async with Bus.connect(settings, "maker") as bus:
-        events = (await bus.jetstream.stream_info("TRAINYARD")).config
-        dead = (await bus.jetstream.stream_info("TRAINYARD_DEADLETTER")).config
+        events = (await bus.jetstream.stream_info(settings.stream)).config
+        dead = (await bus.jetstream.stream_info(settings.deadletter_stream)).config
     assert events.subjects == ["trainyard.>"]
     assert dead.subjects == ["deadletter.>"]
     for config in (events, dead):
@@ -73,31 +116,34 @@ async def test_the_streams_are_made_as_the_settings_say(nats_settings: NatsSetti
 
 
 async def test_a_stream_made_with_another_configuration_is_updated(
-    nats_settings: NatsSettings,
+    own_settings: NatsSettings,
 ) -> None:
-    async with Bus.connect(nats_settings, "first") as bus:
-        assert (await bus.jetstream.stream_info("TRAINYARD")).config.duplicate_window == 120.0
-    changed = nats_settings.model_copy(update={"duplicate_window_seconds": 45.0})
+    async with Bus.connect(own_settings, "first") as bus:
+        assert (
+            await bus.jetstream.stream_info(bus.settings.stream)
+        ).config.duplicate_window == 120.0
+    changed = own_settings.model_copy(update={"duplicate_window_seconds": 45.0})
     async with Bus.connect(changed, "second") as bus:
-        info = await bus.jetstream.stream_info("TRAINYARD")
+        info = await bus.jetstream.stream_info(bus.settings.stream)
         assert info.config.duplicate_window == 45.0
-        dead = await bus.jetstream.stream_info("TRAINYARD_DEADLETTER")
+        dead = await bus.jetstream.stream_info(bus.settings.deadletter_stream)
         assert dead.config.duplicate_window == 45.0
 
 
-async def test_a_lost_stream_is_made_again_with_a_new_identity(bus: Bus) -> None:
+async def test_a_lost_stream_is_made_again_with_a_new_identity(own_bus: Bus) -> None:
+    bus = own_bus
     first = await bus.stream_created()
-    info = await bus.jetstream.stream_info("TRAINYARD")
+    info = await bus.jetstream.stream_info(bus.settings.stream)
     assert first is not None and first == info.created
     assert await bus.stream_created() == first
-    await bus.jetstream.delete_stream("TRAINYARD")
+    await bus.jetstream.delete_stream(bus.settings.stream)
     await asyncio.sleep(0.01)  # stream creation times are kept to the nanosecond
     again = await bus.stream_created()
     assert again is not None and again != first
-    assert again == (await bus.jetstream.stream_info("TRAINYARD")).created
-    await bus.jetstream.delete_stream("TRAINYARD_DEADLETTER")
+    assert again == (await bus.jetstream.stream_info(bus.settings.stream)).created
+    await bus.jetstream.delete_stream(bus.settings.deadletter_stream)
     await bus._restore_streams()
-    assert (await bus.jetstream.stream_info("TRAINYARD_DEADLETTER")).config.name
+    assert (await bus.jetstream.stream_info(bus.settings.deadletter_stream)).config.name
 
 
 async def test_a_service_that_may_not_make_the_streams_waits_for_them(
@@ -142,14 +188,17 @@ async def test_a_service_that_may_not_make_the_streams_waits_for_them(
         assert await service.stream_created() == await bus.stream_created()
 
 
-async def test_ready_when_connected_and_the_stream_answers(bus: Bus) -> None:
+async def test_ready_when_connected_and_the_stream_answers(own_bus: Bus) -> None:
+    bus = own_bus
     assert await bus.ping() is True
-    await bus.jetstream.delete_stream("TRAINYARD")
+    await bus.jetstream.delete_stream(bus.settings.stream)
     with pytest.raises(nats.js.errors.NotFoundError):
         await bus.ping()
 
 
-async def test_an_event_id_is_published_once_and_a_batch_in_its_order(bus: Bus) -> None:
+async def test_an_event_id_is_published_once_and_a_batch_in_its_order(own_bus: Bus) -> None:
+    bus = own_bus
+    first = 1
     one = event("j1")
     await bus.publish(one)
     await bus.publish(one)
@@ -158,9 +207,11 @@ async def test_an_event_id_is_published_once_and_a_batch_in_its_order(bus: Bus) 
         [(e.nats_subject, e.to_json(), e.id, {"X-Mine": str(i)}) for i, e in enumerate(batch)]
     )
     await bus.publish_many([(one.nats_subject, one.to_json(), one.id, {})])
-    info = await bus.jetstream.stream_info("TRAINYARD")
+    info = await bus.jetstream.stream_info(bus.settings.stream)
     assert info.state.messages == 6
-    stored = [await bus.jetstream.get_msg("TRAINYARD", seq) for seq in range(1, 7)]
+    stored = [
+        await bus.jetstream.get_msg(bus.settings.stream, seq) for seq in range(first, first + 6)
+    ]
     assert [m.headers["Nats-Msg-Id"] for m in stored if m.headers] == [
         one.id,
         *(e.id for e in batch),
@@ -169,16 +220,18 @@ async def test_an_event_id_is_published_once_and_a_batch_in_its_order(bus: Bus) 
     assert stored[0].data == one.to_json()
     assert [m.headers["X-Mine"] for m in stored[1:] if m.headers] == ["0", "1", "2", "3", "4"]
     ack = await bus.publish_raw(one.nats_subject, one.to_json(), "raw-id", {"X-Raw": "1"})
-    assert ack.seq == 7 and ack.stream == "TRAINYARD"
-    raw = await bus.jetstream.get_msg("TRAINYARD", 7)
+    assert ack.seq == first + 6 and ack.stream == bus.settings.stream
+    raw = await bus.jetstream.get_msg(bus.settings.stream, first + 6)
     assert raw.headers == {"X-Raw": "1", "Nats-Msg-Id": "raw-id"}
 
 
 async def test_a_dead_letter_carries_the_event_the_reason_and_where_it_came_from(
-    bus: Bus,
+    own_bus: Bus,
 ) -> None:
+    bus = own_bus
+    first_dead = 1
     poison = event("poison")
-    await bus.publish_raw(
+    stored = await bus.publish_raw(
         poison.nats_subject,
         poison.to_json(),
         poison.id,
@@ -195,7 +248,7 @@ async def test_a_dead_letter_carries_the_event_the_reason_and_where_it_came_from
     async with asyncio.timeout(10):
         await bus.consume("dl-test", SUBJECTS, reject, stop)
     assert handled == [poison.id]
-    dead = await bus.jetstream.get_msg("TRAINYARD_DEADLETTER", 1)
+    dead = await bus.jetstream.get_msg(bus.settings.deadletter_stream, first_dead)
     assert dead.subject == "deadletter.dl-test"
     assert dead.data == poison.to_json()
     assert dead.headers is not None
@@ -205,19 +258,20 @@ async def test_a_dead_letter_carries_the_event_the_reason_and_where_it_came_from
         REASON_HEADER: "rejected: the job is unknown to this service",
         ORIGINAL_SUBJECT_HEADER: poison.nats_subject,
         CONSUMER_HEADER: "dl-test",
-        ORIGINAL_SEQUENCE_HEADER: "1",
+        ORIGINAL_SEQUENCE_HEADER: str(stored.seq),
         DELIVERIES_HEADER: "1",
         ORIGINAL_MSG_ID_HEADER: poison.id,
     }
-    assert dead.headers["Nats-Msg-Id"] == "deadletter:dl-test:1"
+    assert dead.headers["Nats-Msg-Id"] == f"deadletter:dl-test:{stored.seq}"
     # Terminated: a consumer started again finds nothing to handle.
-    info = await bus.jetstream.consumer_info("TRAINYARD", "dl-test")
-    assert info.num_ack_pending == 0 and info.num_pending == 0
+    await settled(bus, "dl-test")
 
 
 async def test_a_failing_handler_is_retried_then_dead_lettered_with_its_error(
-    bus: Bus, caplog: pytest.LogCaptureFixture
+    own_bus: Bus, caplog: pytest.LogCaptureFixture
 ) -> None:
+    bus = own_bus
+    first_dead = 1
     one = event("flaky")
     await bus.publish(one)
     stop = asyncio.Event()
@@ -239,15 +293,16 @@ async def test_a_failing_handler_is_retried_then_dead_lettered_with_its_error(
         f"retry-test: {one.id} failed (delivery 2), will retry: RuntimeError: boom",
     ]
     assert f"retry-test: giving up on {one.id} after 3 deliveries: RuntimeError: boom" in messages
-    dead = await bus.jetstream.get_msg("TRAINYARD_DEADLETTER", 1)
+    dead = await bus.jetstream.get_msg(bus.settings.deadletter_stream, first_dead)
     assert dead.headers is not None
     assert dead.headers[REASON_HEADER] == "failed 3 times: RuntimeError: boom"
     assert dead.headers[DELIVERIES_HEADER] == "3"
 
 
 async def test_a_consumer_that_caught_up_has_heard_everything_before_its_last_fetch(
-    bus: Bus,
+    own_bus: Bus,
 ) -> None:
+    bus = own_bus
     await bus.publish(event("heard"))
     stop = asyncio.Event()
     seen: list[str] = []
