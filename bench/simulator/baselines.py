@@ -56,6 +56,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the declared-runtime factors")
     p.add_argument("--checkpoint-min", type=float, default=30.0, help="0: never checkpoint")
     p.add_argument("--grace-s", type=float, default=PolicyConfig().grace_s)
+    p.add_argument(
+        "--min-runtime-s",
+        type=float,
+        default=PolicyConfig().min_runtime_s,
+        help="ours: anti-thrash protection before the first preemption (doubles per preemption)",
+    )
+    p.add_argument(
+        "--max-preemptions",
+        type=int,
+        default=PolicyConfig().max_preemptions,
+        help="ours: a job preempted this often runs its next allocation to its end",
+    )
     p.add_argument("--min-pass-interval-s", type=float, default=300.0)
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated, fifo first")
     p.add_argument(
@@ -73,14 +85,25 @@ def las_config(args: argparse.Namespace) -> LasConfig:
     return LasConfig(bounds, args.las_promote_knob, args.grace_s)
 
 
-def make_policy(name: str, jobs: Sequence[TraceJob], grace_s: float, las: LasConfig) -> Policy:
+def ours_config(args: argparse.Namespace) -> PolicyConfig:
+    return replace(
+        PolicyConfig(),
+        grace_s=args.grace_s,
+        min_runtime_s=args.min_runtime_s,
+        max_preemptions=args.max_preemptions,
+    )
+
+
+def make_policy(
+    name: str, jobs: Sequence[TraceJob], config: PolicyConfig, las: LasConfig
+) -> Policy:
     """A fresh policy (stateful ones keep per-run state)."""
     factories: dict[str, Callable[[], Policy]] = {
         "fifo": lambda: fifo,
         "easy": lambda: easy_backfill,
         "las": lambda: TiresiasLas(las),
         "maxmin": lambda: max_min_fair,
-        "ours": lambda: ours(replace(PolicyConfig(), grace_s=grace_s)),
+        "ours": lambda: ours(config),
         "srtf": lambda: SrtfOracle(jobs),
     }
     return factories[name]()
@@ -103,7 +126,7 @@ def run_trace(args: argparse.Namespace, trace_dir: Path, names: list[str]) -> di
     runs: dict[str, dict[str, Any]] = {}
     fifo_summary = None
     for name in names:
-        policy = make_policy(name, jobs, args.grace_s, las_config(args))
+        policy = make_policy(name, jobs, ours_config(args), las_config(args))
         result = simulate(jobs, nodes, queues, (PRIORITY,), policy, config, _Progress(name))
         summary = summarize(result.outcomes, total, result.busy_gpu_s)
         fifo_summary = fifo_summary or summary
@@ -158,6 +181,8 @@ def main(argv: list[str]) -> int:
             "checkpoint_min": args.checkpoint_min,
             "grace_s": args.grace_s,
             "min_pass_interval_s": args.min_pass_interval_s,
+            "ours_min_runtime_s": args.min_runtime_s,
+            "ours_max_preemptions": args.max_preemptions,
             "las": asdict(las_config(args)),
             "oracles": sorted(ORACLES),
         },
