@@ -471,3 +471,15 @@ async def test_not_ready_while_disconnected_or_paused() -> None:
     nc.is_connected = True
     bus._paused["c"] = "PostgreSQL unavailable"
     assert await bus.ping() is False
+
+
+def test_only_the_separator_of_an_empty_message_is_trimmed() -> None:
+    assert infrastructure_fault(OSError("NO ROUTE TO HOST X")) == (
+        "unreachable or timed out (OSError: NO ROUTE TO HOST X)"
+    )
+
+
+def test_an_error_seen_twice_does_not_end_the_search() -> None:
+    seen_twice = ValueError("the same error, twice")
+    group = ExceptionGroup("tasks", [asyncpg.CannotConnectNowError("up"), seen_twice, seen_twice])
+    assert infrastructure_fault(group) == "PostgreSQL unavailable (CannotConnectNowError: up)"
