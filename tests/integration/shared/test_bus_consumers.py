@@ -9,6 +9,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import nats
 import nats.errors
@@ -17,12 +18,14 @@ import pytest
 from nats.aio.msg import Msg
 from nats.js import api
 from opentelemetry import trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import SecretStr
 
 import shared.bus as bus_module
 from deploy.local.nats import NatsServer, NatsUser
-from shared.bus import REASON_HEADER, Bus, Delivery
+from shared.bus import ORIGINAL_SUBJECT_HEADER, REASON_HEADER, Bus, Delivery, Reject
 from shared.events import Envelope, Payload, nats_subject
 from shared.events.payloads import JobCancelRequested
 from shared.events.trust import SUBMISSION
@@ -390,3 +393,106 @@ async def test_a_service_gives_up_waiting_for_the_streams_with_who_makes_them(
         assert str(gave_up.value) == (
             "stream TRAINYARD does not exist after 0 s; the NATS user 'scheduler' makes it"
         )
+
+
+def dead_letter_metric(reader: InMemoryMetricReader) -> list[tuple[dict[str, Any], float]]:
+    data = reader.get_metrics_data()
+    found = []
+    for resource in data.resource_metrics if data else []:
+        for scope in resource.scope_metrics:
+            for one in scope.metrics:
+                if one.name == "trainyard.consumer.dead_letters":
+                    for point in one.data.data_points:
+                        found.append((dict(point.attributes or {}), point.value))  # type: ignore[union-attr]
+    return found
+
+
+async def test_a_dead_letter_is_counted_logged_and_its_reason_kept_to_one_line(
+    own_settings: NatsSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
+    async with Bus.connect(own_settings, "counted", meter=meter) as bus:
+        poison = event("poison")
+        # A header the dead-letter stream would refuse, were it copied over.
+        stored = await bus.publish_raw(
+            poison.nats_subject,
+            poison.to_json(),
+            poison.id,
+            {"Nats-Expected-Stream": bus.settings.stream},
+        )
+        stop = asyncio.Event()
+
+        async def reject(envelope: Envelope[Payload]) -> None:
+            stop.set()
+            raise Reject("x" * 1500)
+
+        with caplog.at_level(logging.ERROR, logger="shared.bus"):
+            async with asyncio.timeout(10):
+                await bus.consume("counted", [SUBJECT], reject, stop)
+        letter = await bus.jetstream.get_msg(bus.settings.deadletter_stream, 1)
+    assert letter.headers is not None
+    reason = letter.headers[REASON_HEADER]
+    assert reason == ("rejected: " + "x" * 1500)[:1000]
+    assert "Nats-Expected-Stream" not in letter.headers
+    assert dead_letter_metric(reader) == [({"consumer": "counted", "kind": "rejected"}, 1)]
+    assert [r.getMessage() for r in caplog.records if r.name == "shared.bus"] == [
+        f"counted: dead-lettered message {stored.seq} from {poison.nats_subject}: {reason}"
+    ]
+
+
+async def test_a_redrive_that_fails_again_keeps_the_subject_it_came_on_without_its_origin(
+    own_bus: Bus,
+) -> None:
+    bus = own_bus
+    poison = event("redriven")
+    redrive = "trainyard.redrive.again"
+    await bus.publish_raw(redrive, poison.to_json(), poison.id, {})
+    stop = asyncio.Event()
+
+    async def reject(envelope: Envelope[Payload]) -> None:
+        stop.set()
+        raise Reject("still unknown")
+
+    async with asyncio.timeout(10):
+        await bus.consume("again", [SUBJECT], reject, stop)
+    letter = await bus.jetstream.get_msg(bus.settings.deadletter_stream, 1)
+    assert letter.headers is not None
+    assert letter.headers[ORIGINAL_SUBJECT_HEADER] == redrive
+
+
+async def test_a_stop_while_the_dead_letter_cannot_be_written_hands_the_message_back(
+    own_settings: NatsSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = own_settings.model_copy(
+        update={"outage_retry_initial_seconds": 0.01, "outage_retry_max_seconds": 0.02}
+    )
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
+    async with Bus.connect(settings, "cut-off", meter=meter) as bus:
+        await bus.publish(event("poison"))
+        await bus.jetstream.add_consumer(
+            bus.settings.stream,
+            api.ConsumerConfig(durable_name="cut", ack_policy=api.AckPolicy.EXPLICIT),
+        )
+        sub = await bus.jetstream.pull_subscribe_bind(durable="cut", stream=bus.settings.stream)
+        [msg] = await sub.fetch(1, timeout=5)
+        stop = asyncio.Event()
+        bus._stops["cut"] = stop  # as a running consumer registers its stop
+        await bus.nats.close()  # NATS away: the dead letter cannot be written
+
+        async def stop_once_paused() -> None:
+            while "cut" not in bus.paused:
+                await asyncio.sleep(0.01)
+            stop.set()
+
+        stopper = asyncio.create_task(stop_once_paused())
+        with caplog.at_level(logging.INFO, logger="shared.bus"):
+            async with asyncio.timeout(10):
+                await bus._dead_letter("cut", msg, "rejected: unknown job")
+        await stopper
+    messages = [r.getMessage() for r in caplog.records if r.name == "shared.bus"]
+    assert messages[0].startswith("cut: paused, waiting out an outage: NATS unavailable")
+    assert f"message {msg.metadata.sequence.stream} goes back after ack_wait" in messages
+    assert not any("dead-lettered" in m for m in messages)
+    assert dead_letter_metric(reader) == []
