@@ -104,6 +104,17 @@ POLICY: dict[str, dict[tuple[str, str], Role]] = {
     "registry": {
         ("GET", "/v1/models/{team:str}/{name:str}/versions"): V,
         ("GET", "/v1/models/{team:str}/{name:str}/versions/{version:int}"): V,
+        ("GET", "/v1/models"): V,
+        ("GET", "/v1/models/{team:str}/{name:str}"): V,
+        ("GET", "/v1/models/{team:str}/{name:str}/versions/by-alias/{alias:str}"): V,
+        ("GET", "/v1/models/{team:str}/{name:str}/versions/{version:int}/download"): V,
+        ("GET", "/v1/models/{team:str}/{name:str}/versions/{version:int}/content"): V,
+        ("GET", "/v1/models/{team:str}/{name:str}/aliases"): V,
+        ("GET", "/v1/models/{team:str}/{name:str}/aliases/{alias:str}/moves"): V,
+        ("POST", "/v1/models/{team:str}/{name:str}/versions"): M,
+        ("DELETE", "/v1/models/{team:str}/{name:str}/versions/{version:int}"): M,
+        ("PUT", "/v1/models/{team:str}/{name:str}/aliases/{alias:str}"): M,
+        ("DELETE", "/v1/models/{team:str}/{name:str}/aliases/{alias:str}"): M,
         ("GET", "/v1/jobs/{job_id:str}/metrics"): V,
         ("GET", "/v1/jobs/{job_id:str}/metrics/{key:path}"): V,
         ("GET", "/v1/experiments"): V,
@@ -114,7 +125,12 @@ POLICY: dict[str, dict[tuple[str, str], Role]] = {
         ("PUT", "/v1/jobs/{job_id:str}/note"): M,
         ("GET", "/v1/audit"): OP,
     },
-    "billing": {("GET", "/v1/usage"): V, ("GET", "/v1/audit"): OP},
+    "billing": {
+        ("GET", "/v1/usage"): V,
+        ("GET", "/v1/costs"): V,
+        ("GET", "/v1/jobs/{job_id:str}/cost"): V,
+        ("GET", "/v1/audit"): OP,
+    },
     "runner": {("GET", "/v1/node"): OP},
 }
 """The least role each route needs (OPTIONS, which Litestar adds, and the OpenAPI document

@@ -53,6 +53,7 @@ from schemathesis.checks import (
 
 from services.billing.api import create_app as billing_app
 from services.registry.api import create_app as registry_app
+from services.registry.schemas import AliasRequest, RegisterRequest
 from services.registry.tracking_schemas import NoteBody
 from services.runner.agent import NodeAgent
 from services.runner.app import create_app as runner_app
@@ -278,6 +279,8 @@ JSON_BODIES: dict[tuple[str, str, str], type[BaseModel]] = {
     ("scheduler", "put", "/v1/admin/queues/{name}"): QueueRequest,
     ("scheduler", "put", "/v1/admin/priority-classes/{name}"): PriorityClassRequest,
     ("registry", "put", "/v1/jobs/{job_id}/note"): NoteBody,
+    ("registry", "post", "/v1/models/{team}/{name}/versions"): RegisterRequest,
+    ("registry", "put", "/v1/models/{team}/{name}/aliases/{alias}"): AliasRequest,
 }
 """The routes that read their JSON body by hand, and the model each validates it with."""
 
