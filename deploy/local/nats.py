@@ -64,8 +64,11 @@ from shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
     AllocationRevoked,
+    BudgetUpdated,
     CheckpointSaved,
     CostRecorded,
+    FlavorDeclared,
+    FlavorRetired,
     JobCancelled,
     JobCancelRequested,
     JobFailed,
@@ -117,6 +120,9 @@ _CONSUMES: dict[str, list[str]] = {
         JobCancelled,
         ModelRegistered,
         CostRecorded,
+        FlavorDeclared,
+        FlavorRetired,
+        BudgetUpdated,
     ),
     "scheduler": _every(
         RunnerHeartbeat,
@@ -131,7 +137,7 @@ _CONSUMES: dict[str, list[str]] = {
     "registry": _every(
         JobStarted, CheckpointSaved, JobSucceeded, JobFailed, JobCancelled, JobMetrics
     ),
-    "billing": _every(AllocationGranted, AllocationReleased),
+    "billing": _every(AllocationGranted, AllocationReleased, FlavorDeclared, FlavorRetired),
 }
 SERVICE_KINDS = ("submission", "scheduler", "registry", "billing", "runner")
 

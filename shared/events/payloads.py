@@ -474,3 +474,76 @@ def nats_subject(payload_type: type[Payload], key: str = "*") -> str:
 def dump(payload: BaseModel) -> dict[str, Any]:
     """JSON-compatible dict of a model (datetimes as ISO strings)."""
     return payload.model_dump(mode="json")
+
+
+# --- flavor catalogue (scheduler) and budgets (billing) ------------------------------------
+
+
+class FlavorDeclared(Payload):
+    """An operator declared or described a GPU flavor (``PUT /v1/admin/flavors/{name}``).
+
+    ``revision`` grows with every change of the catalogue (one sequence for all flavors):
+    a replica applies an event only when its revision is above the one it holds for the
+    flavor, so redelivery and reordering never bring back an older state."""
+
+    TYPE = "trainyard.flavor.declared.v1"
+    name: str = Field(min_length=1, max_length=100)
+    description: str = Field(default="", max_length=1000)
+    revision: int = Field(ge=1)
+    declared_at: datetime
+
+
+class FlavorRetired(Payload):
+    """An operator deleted a flavor (``DELETE /v1/admin/flavors/{name}``); see
+    ``FlavorDeclared`` for ``revision``."""
+
+    TYPE = "trainyard.flavor.retired.v1"
+    name: str = Field(min_length=1, max_length=100)
+    revision: int = Field(ge=1)
+    retired_at: datetime
+
+
+BudgetPolicy = Literal["refuse", "deprioritize", "warn"]
+"""What submission does with a new job of a team (or project) whose budget is spent."""
+
+
+class BudgetUpdated(Payload):
+    """The state of one budget as billing holds it now: set, changed, deleted, or spent
+    further (every threshold crossing says it too).
+
+    ``project`` None: the team's budget. ``deleted``: there is no budget any more.
+    ``exhausted``: ``spent >= amount`` in ``month`` (``YYYY-MM``, UTC). ``revision`` grows
+    with every change of any budget: a replica keeps the highest it saw per budget."""
+
+    TYPE = "trainyard.budget.updated.v1"
+    team: str = Field(min_length=1, max_length=100)
+    project: str | None = Field(default=None, max_length=MAX_PROJECT)
+    month: str = Field(pattern=r"^\d{4}-\d{2}$")
+    amount: str
+    """Decimal string, in ``currency``."""
+    spent: str
+    currency: str
+    policy: BudgetPolicy
+    exhausted: bool
+    deleted: bool = False
+    revision: int = Field(ge=1)
+
+
+class BudgetThresholdCrossed(Payload):
+    """A budget's spending in a month reached one of its thresholds (percent of the amount):
+    said once per budget, month and threshold."""
+
+    TYPE = "trainyard.budget.threshold_crossed.v1"
+    team: str = Field(min_length=1, max_length=100)
+    project: str | None = Field(default=None, max_length=MAX_PROJECT)
+    month: str = Field(pattern=r"^\d{4}-\d{2}$")
+    threshold_percent: int = Field(ge=1, le=1000)
+    amount: str
+    spent: str
+    currency: str
+    policy: BudgetPolicy
+    crossed_at: datetime
+
+
+for _model in (FlavorDeclared, FlavorRetired, BudgetUpdated, BudgetThresholdCrossed):
+    EVENT_TYPES[_model.TYPE] = _model

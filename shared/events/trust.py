@@ -22,8 +22,12 @@ from shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
     AllocationRevoked,
+    BudgetThresholdCrossed,
+    BudgetUpdated,
     CheckpointSaved,
     CostRecorded,
+    FlavorDeclared,
+    FlavorRetired,
     JobCancelled,
     JobCancelRequested,
     JobFailed,
@@ -64,6 +68,10 @@ _TABLE: tuple[tuple[type[Payload], str, frozenset[str]], ...] = (
     (JobPreempted, RUNNER, frozenset({SCHEDULER})),
     (ModelRegistered, REGISTRY, frozenset()),
     (CostRecorded, BILLING, frozenset()),
+    (FlavorDeclared, SCHEDULER, frozenset()),
+    (FlavorRetired, SCHEDULER, frozenset()),
+    (BudgetUpdated, BILLING, frozenset()),
+    (BudgetThresholdCrossed, BILLING, frozenset()),
 )
 
 OWNERS: Mapping[str, str] = {payload.TYPE: owner for payload, owner, _ in _TABLE}
