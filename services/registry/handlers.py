@@ -3,10 +3,11 @@
 Runs inside the transaction of ``shared.inbox.idempotent``.
 - ``job.started``: the run is recorded (once per allocation).
 - ``checkpoint.saved``: the checkpoint is recorded (once per job and object).
-- ``job.succeeded``: a model version is registered (``models.register``: the checkpoint is
-  copied to the registry's own key and verified first) and ``model.registered`` goes to the
-  outbox, both in this transaction. Every succeeded job registers: job specs carry no field
-  asking for it (or against it) yet. A checkpoint that is missing, outside the store, or
+- ``job.succeeded``: when the job's spec asks for it (``register_model: true``), a model
+  version is registered (``models.register``: the checkpoint is copied to the registry's own
+  key and verified first) and ``model.registered`` goes to the outbox, both in this
+  transaction. A job whose spec does not ask registers nothing (its checkpoints can still be
+  registered by ``POST /v1/models/{team}/{name}/versions``). A checkpoint that is missing, outside the store, or
   changed since it was committed registers nothing (logged at ERROR, not retried), and so
   does a job whose team or model name is not a valid model name (``names``). A job
   registers at most one version on success: a second success
@@ -150,6 +151,9 @@ class RegistryHandlers:
                 f"job {succeeded.job_id}: job.started of allocation {succeeded.allocation_id} "
                 "is not recorded yet"
             )
+        if not final.spec.register_model:
+            log.info("job %s: its spec does not ask for a model version", succeeded.job_id)
+            return
         try:
             artifact = domain.choose_artifact(
                 succeeded.artifact, await repo.checkpoints_of_job(conn, succeeded.job_id)

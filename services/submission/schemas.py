@@ -31,10 +31,12 @@ from pydantic import (
 from services.submission.domain import JobStatus
 from shared.events.payloads import (
     BUNDLE_SHA256_PATTERN,
+    DATASET_REF_PATTERN,
     GIT_COMMIT_PATTERN,
     MAX_ARGS,
     MAX_ARGUMENT_CHARS,
     MAX_COMMAND,
+    MAX_DATASETS,
     MAX_EXPERIMENT,
     MAX_HYPERPARAMETERS,
     MAX_JOB_GPUS,
@@ -46,6 +48,7 @@ from shared.events.payloads import (
     MAX_PROJECT,
     MAX_REQUIREMENTS,
     MAX_SEED,
+    MODEL_REF_PATTERN,
     HyperValue,
     JobSpec,
 )
@@ -304,6 +307,8 @@ Project = Annotated[str, Field(min_length=1, max_length=MAX_PROJECT, pattern=NAM
 Experiment = Annotated[str, Field(min_length=1, max_length=MAX_EXPERIMENT, pattern=NAME_PATTERN)]
 LabelKey = Annotated[str, Field(min_length=1, max_length=MAX_LABEL_KEY), AfterValidator(_label_key)]
 LabelValue = Annotated[str, Field(max_length=MAX_LABEL_VALUE), AfterValidator(_one_line)]
+DatasetRef = Annotated[str, Field(pattern=DATASET_REF_PATTERN)]
+ModelRef = Annotated[str, Field(pattern=MODEL_REF_PATTERN)]
 Hyper = Annotated[
     HyperValue, PlainValidator(_hyper_value, json_schema_input_type=bool | int | float | str)
 ]
@@ -376,6 +381,15 @@ class JobRequest(BaseModel):
     """Key/value labels to find and group runs by: keys like Kubernetes label keys
     (``[prefix/]name``, the name at most 63 characters), values of at most 200 characters
     on one line; at most 64 labels."""
+    register_model: bool = False
+    """Register a model version (named like the job, in its team) from the job's final
+    checkpoint when it succeeds. Default: nothing is registered unless asked later."""
+    datasets: list[DatasetRef] = Field(default_factory=list, max_length=MAX_DATASETS)
+    """Registered datasets the job reads, each ``team/name`` (the latest version at
+    admission) or ``team/name:version``; the job's team must own or be granted each one."""
+    parent_model: ModelRef | None = None
+    """The model version the job fine-tunes from: ``team/name:version`` or
+    ``team/name@alias`` of a model of the job's own team."""
 
     @field_validator("gpu_flavor")
     @classmethod

@@ -38,6 +38,17 @@ MAX_LABEL_KEY = 317
 """A Kubernetes label key: an optional DNS-subdomain prefix (253) and ``/``, a name (63)."""
 MAX_LABEL_VALUE = 200
 """Longer than Kubernetes' 63: a branch name or a short note fits."""
+MAX_DATASETS = 16
+"""The most registered dataset versions one job names (``JobSpec.datasets``)."""
+MAX_REFERENCE = 320
+"""The longest ``team/name:version`` or ``team/name@alias`` reference (two names of 100, a
+separator and a version or an alias)."""
+_REF_NAME = r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}"
+DATASET_REF_PATTERN = rf"^{_REF_NAME}/{_REF_NAME}(?::[1-9][0-9]{{0,8}})?$"
+"""``team/name`` or ``team/name:version`` of a registered dataset (names as the registry's:
+no leading dot, no ``/``, ``%``, NUL or other control character)."""
+MODEL_REF_PATTERN = rf"^{_REF_NAME}/{_REF_NAME}(?::[1-9][0-9]{{0,8}}|@[a-z][a-z0-9_-]{{0,62}})$"
+"""``team/name:version`` or ``team/name@alias`` of a registered model version."""
 
 FailureKind = Literal[
     "user_error",
@@ -142,6 +153,17 @@ class JobSpec(BaseModel):
         Annotated[str, Field(max_length=MAX_LABEL_VALUE)],
     ] = Field(default_factory=dict, max_length=MAX_LABELS)
     """Free key/value labels (keys like Kubernetes label keys) to find and group runs by."""
+    register_model: bool = False
+    """Whether the registry registers a model version from the job's final checkpoint when it
+    succeeds (``False``: it registers nothing unless asked by ``POST .../versions``)."""
+    datasets: list[Annotated[str, Field(min_length=3, max_length=MAX_REFERENCE)]] = Field(
+        default_factory=list, max_length=MAX_DATASETS
+    )
+    """Registered dataset versions the job reads, each ``team/name:version`` (submission
+    resolves a reference without a version to the latest one at admission)."""
+    parent_model: str | None = Field(default=None, min_length=3, max_length=MAX_REFERENCE)
+    """The model version the job fine-tunes from: ``team/name:version`` or
+    ``team/name@alias`` (the registry resolves an alias when the job starts)."""
 
 
 # --- submission ------------------------------------------------------------------

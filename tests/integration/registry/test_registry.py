@@ -46,7 +46,7 @@ ENV = Environment(
 )
 
 
-def spec(name: str = "digits", team: str = "vision") -> JobSpec:
+def spec(name: str = "digits", team: str = "vision", *, register_model: bool = True) -> JobSpec:
     return JobSpec(
         name=name,
         team=team,
@@ -58,6 +58,7 @@ def spec(name: str = "digits", team: str = "vision") -> JobSpec:
         seed=42,
         max_runtime_seconds=600,
         dataset="digits@sklearn-1.5",
+        register_model=register_model,
     )
 
 
@@ -223,6 +224,21 @@ async def test_a_redelivered_success_registers_once(
     rows = await version_rows(pool, job)
     assert len(rows) == 1 and rows[0]["allocation_id"] == "alloc-1"
     assert (await version_rows(pool, barrier))[0]["version"] == 2
+
+
+async def test_a_job_whose_spec_does_not_ask_registers_no_version(
+    bus: Bus, events: EventLog, pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    await publish(bus, started(job, "alloc-1", 0, spec("quiet", register_model=False)), job)
+    await publish(bus, succeeded(job, "alloc-1", ref(store, job, 10)), job)
+    barrier = f"job-{uuid.uuid4().hex[:8]}"
+    await publish(bus, started(barrier, "alloc-b", 0, spec("quiet")), barrier)
+    await publish(bus, succeeded(barrier, "alloc-b", ref(store, barrier, 1)), barrier)
+    event = await wait_registered(events, barrier)  # in order: the first was handled before
+
+    assert registered(events, job) == [] and await version_rows(pool, job) == []
+    assert (event.model_name, event.version) == ("quiet", 1)  # the first took no number
 
 
 async def test_jobs_of_one_name_are_successive_versions_per_team(

@@ -38,6 +38,7 @@ def _spec() -> JobSpec:
         gpu_flavor="cpu",
         seed=1,
         max_runtime_seconds=600,
+        register_model=True,
     )
 
 

@@ -122,6 +122,25 @@ BOUNDS: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
         "labels.[key]",
     ),
     ("labels", {"labels": {"k": "v" * 200}}, {"labels": {"k": "v" * 201}}, "labels.k"),
+    ("register_model", {"register_model": True}, {"register_model": "yes"}, "register_model"),
+    (
+        "datasets",
+        {"datasets": [f"t/d{i}" for i in range(16)]},
+        {"datasets": [f"t/d{i}" for i in range(17)]},
+        "datasets",
+    ),
+    (
+        "datasets",
+        {"datasets": ["t" * 100 + "/" + "d" * 100 + ":" + "9" * 9]},
+        {"datasets": ["t" * 100 + "/" + "d" * 101 + ":1"]},
+        "datasets[0]",
+    ),
+    (
+        "parent_model",
+        {"parent_model": "t" * 100 + "/" + "m" * 100 + "@" + "a" * 63},
+        {"parent_model": "t" * 100 + "/" + "m" * 100 + "@" + "a" * 64},
+        "parent_model",
+    ),
 ]
 
 
