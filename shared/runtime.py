@@ -7,8 +7,11 @@ Contract:
   only then do the resources entered on ``runtime.resources`` close (in reverse order).
 - A background task that crashes stops the whole process with exit status 1: a service never
   limps on with half its consumers dead.
-- Every service serves ``GET /healthz`` (the process is alive) and ``GET /readyz`` (200 only
-  when every registered readiness check passes; 503 with the failing check names otherwise).
+- Tracing (``shared.telemetry``), metrics (``shared.metrics``) and logging (``shared.logs``)
+  are set up when the runtime is entered, the same way in every service.
+- Every service serves ``GET /healthz`` (the process is alive), ``GET /readyz`` (200 only
+  when every registered readiness check passes; 503 with the failing check names otherwise)
+  and ``GET /metrics`` (Prometheus text, no token).
   The bus's check (``Bus.ping``) fails while one of its consumers is paused, waiting out an
   infrastructure outage with a message in hand (``shared.bus``), so a service that cannot
   make progress is not ready even when its own connections look fine.
@@ -34,8 +37,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
+from shared.logs import configure_logging
+from shared.metrics import metrics_route, setup_metrics
 from shared.settings import ServiceSettings, invalid_settings
-from shared.telemetry import setup_metrics, setup_tracing
+from shared.telemetry import setup_tracing
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +65,7 @@ class ServiceRuntime:
     async def __aenter__(self) -> ServiceRuntime:
         self._configure_logging()
         self._provider = setup_tracing(self.name, self.settings.telemetry)
-        self._meter_provider = setup_metrics(self.name, self.settings.telemetry)
+        self._meter_provider = setup_metrics(self.name)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
@@ -97,11 +102,7 @@ class ServiceRuntime:
         self.stopping.set()
 
     def _configure_logging(self) -> None:
-        logging.basicConfig(
-            level=self.settings.log_level,
-            format=f"%(asctime)s {self.name} %(levelname)s %(name)s: %(message)s",
-            force=True,
-        )
+        configure_logging(self.name, self.settings.log_level)
 
     async def run(self, app: Litestar | None = None) -> int:
         """Serve HTTP (``app``, or the health endpoints alone) until stopped; return the exit
@@ -145,7 +146,8 @@ class ServiceRuntime:
         return results
 
     def health_handlers(self) -> list[HTTPRouteHandler]:
-        """``/healthz`` and ``/readyz`` route handlers, for inclusion in a service's own app."""
+        """``/healthz``, ``/readyz`` and ``/metrics`` (``shared.metrics``) route handlers, for
+        inclusion in a service's own app."""
         runtime = self
 
         @get("/healthz", sync_to_thread=False, include_in_schema=False)
@@ -161,7 +163,7 @@ class ServiceRuntime:
                 status_code=200 if ready else 503,
             )
 
-        return [healthz, readyz]
+        return [healthz, readyz, metrics_route()]
 
 
 class _EmbeddedServer(uvicorn.Server):

@@ -1,18 +1,22 @@
 """OpenTelemetry set-up and W3C trace-context propagation over NATS and HTTP headers.
 
 Contract:
-- ``setup_tracing`` installs a tracer provider named after the service; spans go to an
-  OTLP/HTTP collector when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, to a JSON-lines file
-  when ``TRAINYARD_TELEMETRY_SPAN_FILE`` is set, and nowhere otherwise.
+- ``setup_tracing`` installs a tracer provider configured the standard way: the SDK reads
+  every ``OTEL_*`` variable itself. ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES``
+  win over the service's default name; ``OTEL_TRACES_SAMPLER``/``OTEL_TRACES_SAMPLER_ARG``
+  pick the sampler; ``OTEL_SDK_DISABLED=true`` makes every tracer a no-op. Spans go over
+  OTLP when an endpoint is set (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or
+  ``OTEL_EXPORTER_OTLP_ENDPOINT``) or ``OTEL_TRACES_EXPORTER`` names ``otlp``, with the
+  protocol of ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``/``OTEL_EXPORTER_OTLP_PROTOCOL``
+  (``http/protobuf``, the default, or ``grpc``); the exporter reads its endpoint, headers,
+  timeout and compression from the environment. ``OTEL_TRACES_EXPORTER=none`` turns OTLP
+  off. Independently, spans go to a JSON-lines file when ``TRAINYARD_TELEMETRY_SPAN_FILE``
+  is set (``trainyard trace JOB`` reads it).
 - ``inject``/``extract`` carry the current context in a plain ``dict[str, str]`` of headers
   (``traceparent``/``tracestate``), the same for NATS messages and HTTP requests, so one job
   is one trace across every service it touches.
-- ``setup_metrics`` installs a meter provider that exports to the same OTLP collector
-  (``/v1/metrics``, every ``METRICS_EXPORT_SECONDS``) when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is
-  set; ``meter(name)`` is where code gets its instruments (no-ops without a provider). The
-  alert metrics are the bus's (``shared.bus``): ``trainyard.consumer.paused`` (a consumer
-  waiting out an outage), ``trainyard.consumer.outage_retries`` and
-  ``trainyard.consumer.dead_letters``.
+- ``meter(name)`` is where code gets its metric instruments (``shared.metrics`` installs the
+  provider that serves them on ``/metrics``).
 """
 
 from __future__ import annotations
@@ -21,13 +25,11 @@ import json
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
@@ -35,6 +37,8 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.settings import TelemetrySettings
 from trainyard.tracing import PROPAGATOR
@@ -43,60 +47,91 @@ from trainyard.tracing import inject as inject
 # Injecting is the client distribution's (its HTTP client sends the context too); one
 # propagator and one ``inject`` for both.
 _PROPAGATOR = PROPAGATOR
-METRICS_EXPORT_SECONDS = 15.0
+
+
+class OtelExportSettings(BaseSettings):
+    """The standard variables that choose whether and how spans leave over OTLP (the
+    exporters read the rest: endpoint, headers, timeout, compression, certificates)."""
+
+    model_config = SettingsConfigDict(env_prefix="OTEL_")
+
+    traces_exporter: str = ""
+    """Comma-separated exporters; ``otlp`` turns OTLP on without an endpoint variable (the
+    SDK's default endpoint), ``none`` turns it off. Empty: on when an endpoint is set."""
+    exporter_otlp_endpoint: str = ""
+    exporter_otlp_traces_endpoint: str = ""
+    exporter_otlp_protocol: Literal["http/protobuf", "grpc", ""] = ""
+    exporter_otlp_traces_protocol: Literal["http/protobuf", "grpc", ""] = ""
+    sdk_disabled: bool = Field(default=False)
+
+    @property
+    def otlp_on(self) -> bool:
+        exporters = {e.strip() for e in self.traces_exporter.split(",") if e.strip()}
+        if "none" in exporters or self.sdk_disabled:
+            return False
+        return "otlp" in exporters or bool(
+            self.exporter_otlp_traces_endpoint or self.exporter_otlp_endpoint
+        )
+
+    @property
+    def protocol(self) -> str:
+        return self.exporter_otlp_traces_protocol or self.exporter_otlp_protocol or "http/protobuf"
+
+
+def service_resource(default_name: str) -> Resource:
+    """The SDK's resource (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``, the SDK's own
+    attributes) named ``default_name`` unless the environment names the service."""
+    return Resource.create({SERVICE_NAME: default_name}).merge(OTELResourceDetector().detect())
 
 
 def setup_tracing(service_name: str, settings: TelemetrySettings) -> TracerProvider:
     """Install and return the process's tracer provider; call ``shutdown()`` on exit.
 
-    When an SDK provider is already installed (several services in one test process), the
-    exporters are added to it instead: OpenTelemetry allows one global provider per process.
+    ``service_name`` is the default ``service.name``. The sampler is the SDK's choice from
+    ``OTEL_TRACES_SAMPLER`` (parent-based always-on when unset). When an SDK provider is
+    already installed (several services in one test process), the exporters are added to
+    it instead: OpenTelemetry allows one global provider per process.
     """
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):
         add_exporters(current, settings)
         return current
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    provider = TracerProvider(resource=service_resource(service_name))
     add_exporters(provider, settings)
     trace.set_tracer_provider(provider)
     return provider
 
 
-def add_exporters(provider: TracerProvider, settings: TelemetrySettings) -> None:
-    """Attach the exporters ``settings`` ask for (OTLP/HTTP, JSON-lines file) to ``provider``."""
-    if settings.otlp_endpoint:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+def span_exporters(export: OtelExportSettings | None = None) -> list[SpanExporter]:
+    """The OTLP exporter the standard variables ask for (none, or one), built without
+    arguments so the exporter itself reads its endpoint and options from the environment."""
+    export = export or OtelExportSettings()
+    if not export.otlp_on:
+        return []
+    if export.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcSpanExporter,
+        )
 
-        endpoint = settings.otlp_endpoint.rstrip("/") + "/v1/traces"
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+        return [GrpcSpanExporter()]
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return [OTLPSpanExporter()]
+
+
+def add_exporters(provider: TracerProvider, settings: TelemetrySettings) -> None:
+    """Attach the exporters the environment asks for (OTLP, see ``span_exporters``) and the
+    JSON-lines span file of ``settings`` to ``provider``."""
+    for exporter in span_exporters():
+        provider.add_span_processor(BatchSpanProcessor(exporter))
     if settings.span_file:
         # Simple (synchronous) processor: a span is on disk as soon as it ends, so tests
-        # can read it without waiting for a batch flush.
+        # and ``trainyard trace`` can read it without waiting for a batch flush.
         provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(settings.span_file)))
 
 
 def tracer(name: str) -> trace.Tracer:
     return trace.get_tracer(name)
-
-
-def setup_metrics(service_name: str, settings: TelemetrySettings) -> MeterProvider | None:
-    """Install a meter provider exporting over OTLP/HTTP when the collector is configured;
-    return it (call ``shutdown()`` on exit), or None when metrics stay in-process no-ops or a
-    provider is installed already (one per process)."""
-    if not settings.otlp_endpoint or isinstance(metrics.get_meter_provider(), MeterProvider):
-        return None
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-    endpoint = settings.otlp_endpoint.rstrip("/") + "/v1/metrics"
-    reader = PeriodicExportingMetricReader(
-        OTLPMetricExporter(endpoint=endpoint),
-        export_interval_millis=METRICS_EXPORT_SECONDS * 1000,
-    )
-    provider = MeterProvider(
-        metric_readers=[reader], resource=Resource.create({"service.name": service_name})
-    )
-    metrics.set_meter_provider(provider)
-    return provider
 
 
 def meter(name: str) -> metrics.Meter:

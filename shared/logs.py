@@ -1,0 +1,104 @@
+"""One logging set-up for every service process: JSON lines with trace ids, or plain text.
+
+Contract:
+- ``configure_logging(service, level)`` replaces the root handlers with one stderr handler.
+  ``TRAINYARD_LOG_FORMAT=json`` (the deploy/ default) writes one JSON object per line:
+  ``time`` (UTC, ISO 8601), ``level``, ``service``, ``logger``, ``message``, ``trace_id`` and
+  ``span_id`` of the span current when the record was made (absent outside a span),
+  ``job_id`` when known, and ``exception`` (the formatted traceback) when there is one.
+  ``text`` (the default, for a developer's terminal) writes the same facts on one line.
+- The job id is taken from the record's ``job_id`` attribute (``log.info(..., extra={"job_id":
+  ...})``), else from the current span's ``trainyard.job_id`` or ``job.id`` attribute, so a
+  line logged while handling a job's event carries it without each call saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any, Final, Literal
+
+from opentelemetry import trace
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+JOB_ATTRIBUTES: Final = ("trainyard.job_id", "job.id")
+"""Span attributes a job id is read from, in order."""
+
+
+class LogSettings(BaseSettings):
+    """How the process writes its log lines."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAINYARD_LOG_")
+
+    format: Literal["json", "text"] = "text"
+    """``json``: one object per line for a log pipeline; ``text``: for people."""
+
+
+def trace_fields(record: logging.LogRecord) -> dict[str, str]:
+    """``trace_id``, ``span_id`` and ``job_id`` for ``record`` (each only when known)."""
+    fields: dict[str, str] = {}
+    span = trace.get_current_span()
+    ctx = span.get_span_context()
+    if ctx.is_valid:
+        fields["trace_id"] = format(ctx.trace_id, "032x")
+        fields["span_id"] = format(ctx.span_id, "016x")
+    job_id = getattr(record, "job_id", None)
+    if job_id is None:
+        attributes = getattr(span, "attributes", None) or {}
+        job_id = next((attributes[a] for a in JOB_ATTRIBUTES if a in attributes), None)
+    if job_id is not None:
+        fields["job_id"] = str(job_id)
+    return fields
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record (see the module)."""
+
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self._service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "service": self._service,
+            "logger": record.name,
+            "message": record.getMessage(),
+            **trace_fields(record),
+        }
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """``time service LEVEL logger: message [trace=... span=... job=...]``."""
+
+    def __init__(self, service: str) -> None:
+        super().__init__(f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        fields = trace_fields(record)
+        if not fields:
+            return text
+        ids = " ".join(f"{k.removesuffix('_id')}={v}" for k, v in fields.items())
+        first, _, rest = text.partition("\n")  # keep a traceback below the line it belongs to
+        return f"{first} [{ids}]" + (f"\n{rest}" if rest else "")
+
+
+def formatter(service: str, log_format: Literal["json", "text"]) -> logging.Formatter:
+    return JsonFormatter(service) if log_format == "json" else TextFormatter(service)
+
+
+def configure_logging(
+    service: str, level: str, log_format: Literal["json", "text"] | None = None
+) -> None:
+    """Send the process's log records to stderr in ``log_format`` (default: from
+    ``TRAINYARD_LOG_FORMAT``) at ``level`` and above."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter(service, log_format or LogSettings().format))
+    logging.basicConfig(level=level, handlers=[handler], force=True)

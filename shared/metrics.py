@@ -1,0 +1,259 @@
+"""Prometheus metrics: the provider, the ``/metrics`` route and the catalogue of what we export.
+
+Contract:
+- ``setup_metrics`` installs the process's OpenTelemetry meter provider with a Prometheus
+  reader (``prometheus_client`` text format on ``GET /metrics``) and, when the standard
+  ``OTEL_*`` variables turn OTLP on (``shared.telemetry.OtelExportSettings``), an OTLP
+  reader as well. Code records through OpenTelemetry instruments (``instrument``), so one
+  API feeds both.
+- ``CATALOGUE`` declares every Trainyard metric: its OpenTelemetry name, kind, unit, labels
+  and the Prometheus series it exports as (``MetricSpec.series``). Alert rules and the
+  dashboard in deploy/ may only use these series (``tests/unit/deploy/test_alerts.py``).
+- Labels are counts by service-level names only (route template, consumer, subject, queue,
+  flavor, state, outcome): never a team, user, job id or token, so ``/metrics`` is served
+  without a token (``metrics_route``) and says nothing about any tenant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from litestar import Response, get
+from litestar.handlers import HTTPRouteHandler
+from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from shared.access import public_asset
+from shared.telemetry import OtelExportSettings, service_resource
+
+REGISTRY: Final = CollectorRegistry()
+"""The process's Prometheus registry (the reader of the one meter provider writes here)."""
+METRICS_EXPORT_SECONDS: Final = 15.0
+"""How often the OTLP reader pushes (Prometheus pulls at its own pace)."""
+LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+WAIT_BUCKETS: Final = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 24 * 3600)
+SIZE_BUCKETS: Final = tuple(float(2**n) for n in range(10, 38, 3))  # 1 KiB .. 128 GiB
+
+Kind = Literal["counter", "histogram", "updown", "gauge"]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric: OpenTelemetry ``name`` and ``unit`` (UCUM; ``{thing}`` for a count)."""
+
+    name: str
+    kind: Kind
+    unit: str
+    description: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+
+    @property
+    def prometheus(self) -> str:
+        """The metric family name the Prometheus exporter gives it."""
+        base = self.name.replace(".", "_")
+        if self.unit == "s":
+            base += "_seconds"
+        return base + "_total" if self.kind == "counter" else base
+
+    @property
+    def series(self) -> frozenset[str]:
+        """Every series name a scrape shows for it."""
+        if self.kind == "histogram":
+            return frozenset(self.prometheus + s for s in ("_bucket", "_sum", "_count"))
+        return frozenset({self.prometheus})
+
+
+def _specs(*specs: MetricSpec) -> dict[str, MetricSpec]:
+    return {s.name: s for s in specs}
+
+
+CATALOGUE: Final = _specs(
+    # Every service.
+    MetricSpec(
+        "trainyard.http.server.duration",
+        "histogram",
+        "s",
+        "HTTP request latency by route template",
+        ("method", "route", "status"),
+        LATENCY_BUCKETS,
+    ),
+    MetricSpec(
+        "trainyard.events.handled",
+        "counter",
+        "{event}",
+        "Events handled by consumer and subject; outcome ok or failed (will be retried or "
+        "dead-lettered)",
+        ("consumer", "subject", "outcome"),
+    ),
+    MetricSpec(
+        "trainyard.events.handling.duration",
+        "histogram",
+        "s",
+        "Time to apply one batch of events, by consumer and subject",
+        ("consumer", "subject"),
+        LATENCY_BUCKETS,
+    ),
+    MetricSpec(
+        "trainyard.consumer.paused",
+        "updown",
+        "{consumer}",
+        "Consumers waiting out an infrastructure outage with a message in hand",
+        ("consumer",),
+    ),
+    MetricSpec(
+        "trainyard.consumer.outage_retries",
+        "counter",
+        "{retry}",
+        "Retries of a message (or fetch) after an infrastructure fault",
+        ("consumer",),
+    ),
+    MetricSpec(
+        "trainyard.consumer.dead_letters",
+        "counter",
+        "{message}",
+        "Messages copied to the dead-letter stream, by consumer and kind",
+        ("consumer", "kind"),
+    ),
+    MetricSpec(
+        "trainyard.outbox.backlog",
+        "gauge",
+        "{event}",
+        "Outbox rows committed but not yet published (parked rows excluded)",
+    ),
+    MetricSpec(
+        "trainyard.outbox.lag",
+        "gauge",
+        "s",
+        "Age of the oldest unpublished outbox row (0 when none waits)",
+    ),
+    MetricSpec(
+        "trainyard.outbox.parked",
+        "gauge",
+        "{event}",
+        "Outbox rows the bus will never take, kept for an operator",
+    ),
+    # Runner.
+    MetricSpec(
+        "trainyard.runner.checkpoint.upload.duration",
+        "histogram",
+        "s",
+        "Time to upload one checkpoint to the object store",
+        (),
+        LATENCY_BUCKETS,
+    ),
+    MetricSpec(
+        "trainyard.runner.checkpoint.upload.bytes",
+        "histogram",
+        "By",
+        "Size of each uploaded checkpoint",
+        (),
+        SIZE_BUCKETS,
+    ),
+)
+"""Every metric Trainyard exports, by OpenTelemetry name."""
+
+
+def declare(spec: MetricSpec) -> MetricSpec:
+    """Add ``spec`` to the catalogue (a service module's own metric) and return it."""
+    known = CATALOGUE.setdefault(spec.name, spec)
+    if known != spec:
+        raise ValueError(f"metric {spec.name} declared twice, differently")
+    return spec
+
+
+def exported_series() -> frozenset[str]:
+    """Every Prometheus series name the catalogue declares."""
+    return frozenset().union(*(s.series for s in CATALOGUE.values()))
+
+
+def instrument(name: str, meter: metrics.Meter | None = None) -> Any:
+    """The synchronous instrument of catalogue entry ``name`` (counter, histogram or
+    up-down counter)."""
+    spec = CATALOGUE[name]
+    m = meter or metrics.get_meter("trainyard")
+    if spec.kind == "counter":
+        return m.create_counter(spec.name, unit=spec.unit, description=spec.description)
+    if spec.kind == "updown":
+        return m.create_up_down_counter(spec.name, unit=spec.unit, description=spec.description)
+    if spec.kind == "histogram":
+        return m.create_histogram(
+            spec.name,
+            unit=spec.unit,
+            description=spec.description,
+            explicit_bucket_boundaries_advisory=list(spec.buckets or LATENCY_BUCKETS),
+        )
+    raise ValueError(f"{name} is a gauge: use observe()")
+
+
+Reading = Callable[[], Iterable[tuple[float, dict[str, str]]]]
+
+
+def observe(name: str, reading: Reading, meter: metrics.Meter | None = None) -> None:
+    """Register gauge ``name``: each collection reports what ``reading()`` returns (values
+    with their labels). ``reading`` must be cheap and non-blocking: it runs on the scrape."""
+    spec = CATALOGUE[name]
+    if spec.kind != "gauge":
+        raise ValueError(f"{name} is a {spec.kind}, not a gauge")
+
+    def callback(_: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(value, labels) for value, labels in reading()]
+
+    (meter or metrics.get_meter("trainyard")).create_observable_gauge(
+        spec.name, callbacks=[callback], unit=spec.unit, description=spec.description
+    )
+
+
+def setup_metrics(service_name: str) -> MeterProvider | None:
+    """Install the process's meter provider (see the module) and return it (call
+    ``shutdown()`` on exit); None when one is installed already (one per process, e.g.
+    several services in one test process share it and its ``/metrics``)."""
+    if isinstance(metrics.get_meter_provider(), MeterProvider):
+        return None
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+
+    readers: list[MetricReader] = [PrometheusMetricReader(registry=REGISTRY)]
+    export = OtelExportSettings()
+    if export.otlp_on:
+        readers.append(
+            PeriodicExportingMetricReader(
+                _otlp_metric_exporter(export.protocol),
+                export_interval_millis=METRICS_EXPORT_SECONDS * 1000,
+            )
+        )
+    provider = MeterProvider(metric_readers=readers, resource=service_resource(service_name))
+    metrics.set_meter_provider(provider)
+    return provider
+
+
+def _otlp_metric_exporter(protocol: str) -> Any:
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+            OTLPMetricExporter as GrpcMetricExporter,
+        )
+
+        return GrpcMetricExporter()
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+    return OTLPMetricExporter()
+
+
+def metrics_text() -> bytes:
+    """The current scrape, in the Prometheus text format."""
+    return generate_latest(REGISTRY)
+
+
+def metrics_route() -> HTTPRouteHandler:
+    """``GET /metrics``, open to anyone (Prometheus scrapes without a token; see the module
+    for why that is safe)."""
+
+    @get("/metrics", opt=public_asset(), include_in_schema=False, sync_to_thread=False)
+    def scrape() -> Response[bytes]:
+        return Response(metrics_text(), media_type=CONTENT_TYPE_LATEST)
+
+    return scrape

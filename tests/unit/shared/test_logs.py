@@ -1,0 +1,72 @@
+"""Log records carry the ids of the span they were made in, as JSON or as text."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+
+from shared.logs import JsonFormatter, LogSettings, TextFormatter
+
+_tracer = TracerProvider().get_tracer("test")
+
+
+def _record(message: str, **extra: object) -> logging.LogRecord:
+    record = logging.LogRecord("svc.mod", logging.INFO, __file__, 1, message, (), None)
+    for key, value in extra.items():
+        setattr(record, key, value)
+    return record
+
+
+def test_a_json_line_inside_a_span_carries_its_trace_and_span_ids() -> None:
+    with _tracer.start_as_current_span("handle", attributes={"trainyard.job_id": "j-1"}) as s:
+        line = json.loads(
+            JsonFormatter("scheduler").format(
+                _record(
+                    "placed %s",
+                )
+            )
+        )
+        ctx = s.get_span_context()
+    assert line["trace_id"] == format(ctx.trace_id, "032x")
+    assert line["span_id"] == format(ctx.span_id, "016x")
+    assert line["job_id"] == "j-1"
+    assert line["service"] == "scheduler" and line["level"] == "INFO"
+    assert line["logger"] == "svc.mod"
+
+
+def test_an_explicit_job_id_wins_and_no_span_means_no_trace_ids() -> None:
+    line = json.loads(JsonFormatter("runner").format(_record("started", job_id="j-2")))
+    assert line["job_id"] == "j-2"
+    assert "trace_id" not in line and "span_id" not in line
+
+
+def test_an_exception_is_one_json_field() -> None:
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        record = logging.LogRecord(
+            "m", logging.ERROR, __file__, 1, "failed", (), exc_info=__import__("sys").exc_info()
+        )
+    line = json.loads(JsonFormatter("billing").format(record))
+    assert "RuntimeError: boom" in line["exception"]
+
+
+def test_text_lines_end_with_the_ids() -> None:
+    with _tracer.start_as_current_span("handle") as s:
+        text = TextFormatter("registry").format(_record("hello", job_id="j-3"))
+        trace_id = format(s.get_span_context().trace_id, "032x")
+    assert text.endswith(
+        f"[trace={trace_id} span={format(s.get_span_context().span_id, '016x')} job=j-3]"
+    )
+    assert " registry INFO svc.mod: hello" in text
+
+
+def test_the_format_is_chosen_by_trainyard_log_format(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINYARD_LOG_FORMAT", "json")
+    assert LogSettings().format == "json"
+    monkeypatch.setenv("TRAINYARD_LOG_FORMAT", "xml")
+    with pytest.raises(ValueError, match="format"):
+        LogSettings()
