@@ -139,6 +139,13 @@ def meter(name: str) -> metrics.Meter:
     return metrics.get_meter(name)
 
 
+def current_trace_id() -> str | None:
+    """The W3C trace id (32 hex digits) of the current span, or None outside one (or when
+    the SDK is disabled)."""
+    ctx = trace.get_current_span().get_span_context()
+    return format(ctx.trace_id, "032x") if ctx.is_valid else None
+
+
 def extract(headers: dict[str, str] | None) -> otel_context.Context:
     """The trace context carried by ``headers`` (an empty context when there is none)."""
     return _PROPAGATOR.extract(dict(headers or {}))

@@ -47,6 +47,7 @@ from shared.events import Envelope
 from shared.events.payloads import JobCancelRequested, JobSubmitted, dump
 from shared.http_errors import RequestInvalid
 from shared.identity import Role
+from shared.telemetry import current_trace_id
 
 SOURCE = "trainyard/submission"
 
@@ -80,6 +81,7 @@ async def submit_job(
             stored,
             idempotency_key,
             now,
+            trace_id=current_trace_id(),
         )
         if not created:
             assert idempotency_key is not None  # only a repeated key can conflict
@@ -89,7 +91,8 @@ async def submit_job(
         await outbox.enqueue(conn, Envelope.wrap(event, source=SOURCE, subject=job_id))
         if audit.must_record(caller.principal):
             await audit.record(conn, caller.principal, "submit job", job_id, {"name": spec.name})
-    return submitted_job_view(job_id, caller.team, caller.user, stored, now), True
+    view = submitted_job_view(job_id, caller.team, caller.user, stored, now, current_trace_id())
+    return view, True
 
 
 async def _replayed_job(

@@ -25,14 +25,16 @@ async def insert_job(
     spec: dict[str, Any],
     idempotency_key: str | None,
     submitted_at: datetime,
+    trace_id: str | None = None,
 ) -> bool:
-    """Store a QUEUED job and its first history entry (``submitted``), in one statement.
-    False (nothing stored) when this user already submitted a job with this idempotency key."""
+    """Store a QUEUED job and its first history entry (``submitted``), in one statement,
+    with the trace its events travel in (``trace_id``). False (nothing stored) when this user
+    already submitted a job with this idempotency key."""
     inserted = await conn.fetchval(
         """WITH job AS (
                INSERT INTO jobs (id, team_id, user_id, name, spec, status, idempotency_key,
-                                 submitted_at, updated_at)
-               VALUES ($1, $2, $3, $4, $5, 'QUEUED', $6, $7, $7)
+                                 submitted_at, updated_at, trace_id)
+               VALUES ($1, $2, $3, $4, $5, 'QUEUED', $6, $7, $7, $8)
                ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING id)
            INSERT INTO job_history (job_id, status, at, reason)
            SELECT id, 'QUEUED', $7, 'submitted' FROM job RETURNING true""",
@@ -43,6 +45,7 @@ async def insert_job(
         spec,
         idempotency_key,
         submitted_at,
+        trace_id,
     )
     return bool(inserted)
 
@@ -62,7 +65,7 @@ _JOB_COLUMNS = """j.id, j.name, j.spec, j.status, j.submitted_at, j.updated_at,
     j.cancel_requested_at, j.pending_reason, j.pending_position, j.estimated_start,
     j.pending_blocking, j.pending_suggestion,
     j.allocation_id, j.node_id, j.gpu_indices, j.attempt, j.started_at, j.finished_at,
-    j.metrics, j.metrics_step, j.failure, u.name AS user_name, t.name AS team_name"""
+    j.metrics, j.metrics_step, j.failure, j.trace_id, u.name AS user_name, t.name AS team_name"""
 
 
 async def team_of_job(conn: asyncpg.Connection, job_id: str) -> int | None:

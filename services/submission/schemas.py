@@ -559,6 +559,9 @@ class JobView(BaseModel):
     checkpoints: list[CheckpointView]
     model: ModelView | None
     cost: CostView
+    trace_id: str | None = None
+    """The W3C trace id the job's spans share, from the request that submitted it (look it
+    up in Jaeger, or ``trainyard trace JOB``); None for a job submitted with tracing off."""
 
 
 def parse_job_request(body: bytes, flavors: Sequence[str]) -> JobRequest:

@@ -68,6 +68,7 @@ def job_view(
         metrics=job["metrics"] or {},
         checkpoints=[CheckpointView(**dict(c)) for c in checkpoints],
         model=_model(model),
+        trace_id=job.get("trace_id"),
         cost=CostView(
             gpu_seconds=cost.gpu_seconds,
             cost=cost.cost,
@@ -79,7 +80,12 @@ def job_view(
 
 
 def submitted_job_view(
-    job_id: str, team: str, user: str, spec: dict[str, Any], submitted_at: datetime
+    job_id: str,
+    team: str,
+    user: str,
+    spec: dict[str, Any],
+    submitted_at: datetime,
+    trace_id: str | None = None,
 ) -> JobView:
     """The view of a job just stored by ``repository.insert_job``: what reading it back
     would give (QUEUED, one history entry, nothing placed, run, saved or billed yet)."""
@@ -94,6 +100,7 @@ def submitted_job_view(
         submitted_at=submitted_at,
         updated_at=submitted_at,
         metrics={},
+        trace_id=trace_id,
     )
     history = [{"status": JobStatus.QUEUED, "at": submitted_at, "reason": "submitted"}]
     return job_view(row, history, checkpoints=[], model=None, costs=[], allocations=0)
