@@ -312,7 +312,9 @@ async def test_settling_a_message_on_a_closed_connection_is_left_to_ack_wait(
             await bus._ack(second)
     messages = [r.getMessage() for r in caplog.records if r.name == "shared.bus"]
     assert messages[0] == f"message {first.metadata.sequence.stream} goes back after ack_wait"
-    assert messages[1].startswith(f"ack of message {second.metadata.sequence.stream} lost: ")
+    assert messages[1] == (
+        f"ack of message {second.metadata.sequence.stream} lost: nats: connection closed"
+    )
 
 
 async def test_settling_a_message_twice_is_a_bug_not_an_outage(own_bus: Bus) -> None:
@@ -425,7 +427,7 @@ async def test_a_dead_letter_is_counted_logged_and_its_reason_kept_to_one_line(
 
         async def reject(envelope: Envelope[Payload]) -> None:
             stop.set()
-            raise Reject("x" * 1500)
+            raise Reject("the job " + "x" * 1500)
 
         with caplog.at_level(logging.ERROR, logger="shared.bus"):
             async with asyncio.timeout(10):
@@ -433,7 +435,7 @@ async def test_a_dead_letter_is_counted_logged_and_its_reason_kept_to_one_line(
         letter = await bus.jetstream.get_msg(bus.settings.deadletter_stream, 1)
     assert letter.headers is not None
     reason = letter.headers[REASON_HEADER]
-    assert reason == ("rejected: " + "x" * 1500)[:1000]
+    assert reason == ("rejected: the job " + "x" * 1500)[:1000]
     assert "Nats-Expected-Stream" not in letter.headers
     assert dead_letter_metric(reader) == [({"consumer": "counted", "kind": "rejected"}, 1)]
     assert [r.getMessage() for r in caplog.records if r.name == "shared.bus"] == [
@@ -496,3 +498,29 @@ async def test_a_stop_while_the_dead_letter_cannot_be_written_hands_the_message_
     assert f"message {msg.metadata.sequence.stream} goes back after ack_wait" in messages
     assert not any("dead-lettered" in m for m in messages)
     assert dead_letter_metric(reader) == []
+
+
+async def test_a_stop_while_a_batch_waits_out_an_outage_hands_the_batch_back(
+    own_settings: NatsSettings,
+) -> None:
+    settings = own_settings.model_copy(
+        update={"outage_retry_initial_seconds": 0.01, "outage_retry_max_seconds": 0.02}
+    )
+    async with Bus.connect(settings, "batch-stop") as bus:
+        for job_id in ("a", "b"):
+            await bus.publish(event(job_id))
+        stop = asyncio.Event()
+        calls: list[list[str]] = []
+
+        async def handle(deliveries: Sequence[Delivery]) -> None:
+            calls.append([d.envelope.subject for d in deliveries])
+            if len(calls) == 2:
+                stop.set()
+            raise ConnectionRefusedError(111, "PostgreSQL is down")
+
+        async with asyncio.timeout(10):
+            await bus.consume_batches("stopped-batch", [SUBJECT], handle, stop)
+        # Handed back whole, neither applied one at a time nor dead-lettered.
+        assert calls == [["a", "b"], ["a", "b"]]
+        dead = await bus.jetstream.stream_info(bus.settings.deadletter_stream)
+        assert dead.state.messages == 0
