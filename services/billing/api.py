@@ -1,7 +1,8 @@
 """Billing's HTTP app: health, readiness, costs, usage and the audit log.
 
 ``GET /v1/costs`` and ``GET /v1/jobs/{job_id}/cost`` are the cost reports
-(``services.billing.costs_api``). ``GET /v1/usage?team=<team>``, the older summary, sums
+(``services.billing.costs_api``); the price book, the cost estimate and budgets are
+``services.billing.governance_api``. ``GET /v1/usage?team=<team>``, the older summary, sums
 every allocation's current bill per team, per user and per job, over all time; any query
 parameter but ``team`` answers 422 naming it.
 Users (viewer and up) read their own team's usage: without ``team`` they get their team's,
@@ -24,6 +25,7 @@ from litestar.types import Guard
 
 from services.billing import repository as repo
 from services.billing.costs_api import check_parameters, cost_routes
+from services.billing.governance_api import governance_routes
 from services.billing.schemas import UsageSummary, usage_summary
 from shared.audit import audit_route
 from shared.http_app import error_responses, service_app
@@ -37,6 +39,7 @@ def create_app(
     guard: Guard,
     health_handlers: list[HTTPRouteHandler],
     cors_origins: Sequence[str] = (),
+    currency: str = "USD",
 ) -> Litestar:
     @get("/v1/usage", responses=error_responses(404, 422))
     async def usage(
@@ -64,7 +67,13 @@ def create_app(
 
     return service_app(
         "billing",
-        [*health_handlers, usage, *cost_routes(pool), audit_route(pool)],
+        [
+            *health_handlers,
+            usage,
+            *cost_routes(pool),
+            *governance_routes(pool, currency),
+            audit_route(pool),
+        ],
         guard,
         cors_origins=cors_origins,
     )

@@ -24,10 +24,10 @@ class Settings(GuardedServiceSettings):
     port: int = 8084
     """Port of the HTTP server (health, readiness, ``GET /v1/usage``)."""
     prices: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_PRICES))
-    """Price per GPU-hour by GPU flavor, written into the price book at every start (an
-    upsert: listed flavors take these prices, flavors not listed keep what the book has).
-    From the environment as JSON, which replaces the whole default:
-    ``TRAINYARD_BILLING_PRICES='{"cpu": 0.1, "h100": 4.2}'``. A price change applies to
-    allocations that end after it; recorded usage keeps the price it was billed at."""
+    """The bootstrap of the price book: price per GPU-hour by GPU flavor, given at start,
+    from the beginning (1970), to each listed flavor that has no price yet; a flavor priced
+    already keeps its prices. Operators change prices with ``PUT /v1/prices/{flavor}`` (a
+    price from a date on; usage before it keeps its price). From the environment as JSON,
+    which replaces the whole default: ``TRAINYARD_BILLING_PRICES='{"cpu": 0.1}'``."""
     currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")
-    """ISO 4217 currency of the prices above."""
+    """ISO 4217 currency of the price book (prices set through the API too) and budgets."""

@@ -66,7 +66,7 @@ async def from_rollups(conn: asyncpg.Connection, query: CostQuery) -> list[CostL
 _ENTRY = (
     "allocation_id, revision, kind, job_id, team, project, user_name, queue, gpu_flavor, "
     "node_id, attempt, epoch, gpus, started_at, ended_at, outcome, gpu_seconds, "
-    "price_per_gpu_hour, currency, cost"
+    "price_per_gpu_hour, currency, cost, segment"
 )
 
 

@@ -117,6 +117,16 @@ def csv_text(report: CostReport) -> str:
     return out.getvalue()
 
 
+class PricedPart(_Schema):
+    """The part of an allocation billed at one price."""
+
+    started_at: datetime
+    ended_at: datetime
+    gpu_seconds: Decimal
+    price_per_gpu_hour: Decimal
+    cost: Decimal
+
+
 class AllocationCost(_Schema):
     """One allocation (one node of one attempt) of a job, as billed now."""
 
@@ -135,7 +145,11 @@ class AllocationCost(_Schema):
     cost: Decimal
     entries: int
     """Ledger entries behind this bill: its first charge, and a reversal and a new charge
-    for each amendment."""
+    for each amendment (one of each per price in force, when a price changed during the
+    allocation)."""
+    prices: list[PricedPart]
+    """The current bill per price in force, in time order (one part unless a price changed
+    during the allocation); ``price_per_gpu_hour`` above is the last part's."""
 
 
 class JobCost(_Schema):
@@ -156,7 +170,12 @@ def job_cost(job_id: str, entries: Sequence[LedgerEntry]) -> JobCost:
     allocations = []
     totals: dict[str, tuple[Decimal, Decimal]] = defaultdict(lambda: (Decimal(0), Decimal(0)))
     for allocation_id, mine in by_allocation.items():
-        current = max((e for e in mine if e.kind == "charge"), key=lambda e: e.revision)
+        revision = max(e.revision for e in mine if e.kind == "charge")
+        parts = sorted(
+            (e for e in mine if e.kind == "charge" and e.revision == revision),
+            key=lambda e: e.segment,
+        )
+        current = parts[-1]
         secs = sum((e.gpu_seconds for e in mine), Decimal(0))
         cost = sum((e.cost for e in mine), Decimal(0))
         s, c = totals[current.currency]
@@ -169,7 +188,7 @@ def job_cost(job_id: str, entries: Sequence[LedgerEntry]) -> JobCost:
                 node_id=current.node_id,
                 gpu_flavor=current.gpu_flavor,
                 gpus=current.gpus,
-                started_at=current.started_at,
+                started_at=parts[0].started_at,
                 ended_at=current.ended_at,
                 outcome=current.outcome,
                 gpu_seconds=secs,
@@ -177,6 +196,16 @@ def job_cost(job_id: str, entries: Sequence[LedgerEntry]) -> JobCost:
                 currency=current.currency,
                 cost=cost,
                 entries=len(mine),
+                prices=[
+                    PricedPart(
+                        started_at=p.started_at,
+                        ended_at=p.ended_at,
+                        gpu_seconds=p.gpu_seconds,
+                        price_per_gpu_hour=p.price_per_gpu_hour,
+                        cost=p.cost,
+                    )
+                    for p in parts
+                ],
             )
         )
     first = entries[0]

@@ -14,7 +14,7 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal, localcontext
@@ -83,6 +83,18 @@ def cost(gpu_secs: Decimal, per_gpu_hour: Decimal) -> Decimal:
 
 
 @dataclass(frozen=True)
+class Segment:
+    """The part of an allocation's interval billed at one price (``prices.PriceSchedule``)."""
+
+    started_at: datetime
+    ended_at: datetime
+    gpu_seconds: Decimal
+    price_per_gpu_hour: Decimal
+    currency: str
+    cost: Decimal
+
+
+@dataclass(frozen=True)
 class Usage:
     """One ended allocation, priced: a row of the usage ledger."""
 
@@ -100,6 +112,48 @@ class Usage:
     price_per_gpu_hour: Decimal
     currency: str
     cost: Decimal
+    segments: tuple[Segment, ...] = ()
+    """The bill per price in force, when it was priced by a dated price book; empty: one
+    segment, the whole interval at ``price_per_gpu_hour`` (``parts``)."""
+
+    @property
+    def parts(self) -> tuple[Segment, ...]:
+        """The bill's segments in time order (at least one); their sums are the bill."""
+        if self.segments:
+            return self.segments
+        whole = Segment(
+            self.started_at,
+            self.ended_at,
+            self.gpu_seconds,
+            self.price_per_gpu_hour,
+            self.currency,
+            self.cost,
+        )
+        return (whole,)
+
+    @classmethod
+    def from_segments(cls, released: AllocationReleased, segments: Sequence[Segment]) -> Usage:
+        """A released allocation priced in ``segments`` (at least one, in time order, of
+        one currency): the bill is their sum; its ``price_per_gpu_hour`` is the first
+        segment's (the price in force at the grant)."""
+        first = segments[0]
+        return cls(
+            allocation_id=released.allocation_id,
+            job_id=released.job_id,
+            team=released.team,
+            user=released.user,
+            node_id=released.node_id,
+            gpu_flavor=released.gpu_flavor,
+            gpus=released.gpus,
+            started_at=released.granted_at,
+            ended_at=released.released_at,
+            outcome=released.outcome,
+            gpu_seconds=sum((s.gpu_seconds for s in segments), Decimal(0)),
+            price_per_gpu_hour=first.price_per_gpu_hour,
+            currency=first.currency,
+            cost=sum((s.cost for s in segments), Decimal(0)),
+            segments=tuple(segments),
+        )
 
     @classmethod
     def from_release(cls, released: AllocationReleased, price: Price) -> Usage:
@@ -161,6 +215,18 @@ class Usage:
             outcome="succeeded",
             gpu_seconds=secs,
             cost=cost(secs, self.price_per_gpu_hour),
+        )
+
+    def repriced(self, segments: Sequence[Segment]) -> Usage:
+        """This bill over the same interval, priced in ``segments`` (at least one, in time
+        order, covering it): the amounts are their sums."""
+        return replace(
+            self,
+            gpu_seconds=sum((s.gpu_seconds for s in segments), Decimal(0)),
+            price_per_gpu_hour=segments[0].price_per_gpu_hour,
+            currency=segments[0].currency,
+            cost=sum((s.cost for s in segments), Decimal(0)),
+            segments=tuple(segments),
         )
 
     def to_event(self) -> CostRecorded:

@@ -24,6 +24,8 @@ from datetime import UTC, datetime
 
 import asyncpg
 
+from services.billing import budget_watch
+from services.billing import catalogue_repository as catalogue
 from services.billing import ledger_repository as ledger
 from services.billing import repository as repo
 from services.billing.domain import UnknownFlavor, Usage
@@ -31,13 +33,24 @@ from services.billing.ledger import Attribution, LedgerEntry
 from shared import outbox
 from shared.bus import Reject
 from shared.events import Envelope, Payload, nats_subject
-from shared.events.payloads import AllocationGranted, AllocationReleased
+from shared.events.payloads import (
+    AllocationGranted,
+    AllocationReleased,
+    FlavorDeclared,
+    FlavorRetired,
+)
 
 log = logging.getLogger(__name__)
 
 SOURCE = "trainyard/billing"
-SUBJECTS = [nats_subject(AllocationGranted), nats_subject(AllocationReleased)]
-"""What billing's consumer reads: grants (what was announced) and releases (what to meter)."""
+SUBJECTS = [
+    nats_subject(AllocationGranted),
+    nats_subject(AllocationReleased),
+    nats_subject(FlavorDeclared),
+    nats_subject(FlavorRetired),
+]
+"""What billing's consumer reads: grants (what was announced), releases (what to meter) and
+the scheduler's flavor catalogue (which flavors a price may be set for)."""
 
 Clock = Callable[[], datetime]
 
@@ -56,6 +69,19 @@ class BillingHandlers:
                 await repo.insert_announced(conn, grant, envelope.id, self._clock())
             case AllocationReleased() as released:
                 await self.on_released(conn, released, envelope.id)
+            case FlavorDeclared() as declared:
+                await catalogue.apply_flavor(
+                    conn,
+                    declared.name,
+                    declared.description,
+                    declared.revision,
+                    False,
+                    declared.declared_at,
+                )
+            case FlavorRetired() as retired:
+                await catalogue.apply_flavor(
+                    conn, retired.name, "", retired.revision, True, retired.retired_at
+                )
             case _:
                 pass
 
@@ -66,18 +92,22 @@ class BillingHandlers:
         problem = unannounced(released, grant)
         if problem is not None or grant is None:
             raise Reject(problem or "unannounced")
-        book = await repo.price_book(conn)
+        book = await catalogue.schedule(conn)
         try:
-            usage = Usage.from_release(released, book.price(released.gpu_flavor))
+            segments = book.segments(
+                released.gpu_flavor, released.gpus, released.granted_at, released.released_at
+            )
         except (UnknownFlavor, ValueError) as exc:
             raise Reject(str(exc)) from exc
+        usage = Usage.from_segments(released, segments)
         now = self._clock()
         if not await repo.insert_usage(conn, usage, event_id, now):
             await self._amend(conn, released, event_id)
             return
-        charge = LedgerEntry.charge(usage, Attribution.from_announced(grant), revision=0)
-        await ledger.append(conn, [charge], event_id, now)
+        charges = LedgerEntry.charges(usage, Attribution.from_announced(grant), revision=0)
+        await ledger.append(conn, charges, event_id, now)
         await _recorded(conn, usage, f"cost:{usage.allocation_id}")
+        await budget_watch.after_charges(conn, charges, now)
         log.info(
             "job %s allocation %s: %s GPU-s of %s = %s %s",
             usage.job_id,
@@ -103,14 +133,24 @@ class BillingHandlers:
             log.info("allocation %s already billed; ignored", released.allocation_id)
             return
         now = self._clock()
-        previous = await ledger.latest_charge(conn, amended.allocation_id)
-        if previous is None:  # a bill always has its charge (the migration made the old ones')
+        previous = await ledger.latest_charges(conn, amended.allocation_id)
+        if not previous:  # a bill always has its charge (the migration made the old ones')
             raise RuntimeError(f"allocation {amended.allocation_id}: a bill without a charge")
-        attribution = Attribution(
-            previous.project, previous.queue, previous.attempt, previous.epoch
-        )
-        corrected = LedgerEntry.charge(amended, attribution, revision=previous.revision + 1)
-        await ledger.append(conn, [previous.reversal(), corrected], event_id, now)
+        # The longer interval is priced by the book, like a first bill: time after a price
+        # change is billed at the new price.
+        book = await catalogue.schedule(conn)
+        try:
+            segments = book.segments(
+                amended.gpu_flavor, amended.gpus, amended.started_at, amended.ended_at
+            )
+        except (UnknownFlavor, ValueError) as exc:
+            raise Reject(str(exc)) from exc
+        amended = amended.repriced(segments)
+        last = previous[-1]
+        attribution = Attribution(last.project, last.queue, last.attempt, last.epoch)
+        corrected = LedgerEntry.charges(amended, attribution, revision=last.revision + 1)
+        reversals = [p.reversal() for p in previous]
+        await ledger.append(conn, [*reversals, *corrected], event_id, now)
         await conn.execute(
             "UPDATE usage_ledger SET ended_at = $2, outcome = $3, gpu_seconds = $4, cost = $5, "
             "event_id = $6, recorded_at = $7 WHERE allocation_id = $1",
@@ -134,6 +174,7 @@ class BillingHandlers:
             amended.currency,
         )
         await _recorded(conn, amended, f"cost:{amended.allocation_id}:amended")
+        await budget_watch.after_charges(conn, [*reversals, *corrected], now)
 
 
 async def _recorded(conn: asyncpg.Connection, usage: Usage, event_id: str) -> None:

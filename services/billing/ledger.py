@@ -3,10 +3,13 @@
 Contract:
 - A ``LedgerEntry`` is one change to what an allocation is billed, with every attribution
   dimension: team, project, user, queue, flavor, job (and node, attempt, epoch).
-- ``LedgerEntry.charge(usage, attribution, revision)`` is the bill ``usage`` as an entry;
-  ``entry.reversal()`` cancels it exactly (same interval and dimensions, negated amounts).
-  An amended bill is a reversal of the previous charge plus a charge of the next revision,
-  so the sum of an allocation's entries is always its current bill.
+- ``LedgerEntry.charges(usage, attribution, revision)`` is the bill ``usage`` as entries:
+  one per segment of it (``Usage.parts``: one per price in force during the allocation,
+  numbered ``segment`` 0, 1, ... in time order), each recording the price it used.
+  ``entry.reversal()`` cancels an entry exactly (same interval and dimensions, negated
+  amounts). An amended bill is a reversal of each charge of the previous revision plus the
+  charges of the next revision, so the sum of an allocation's entries is always its current
+  bill. ``LedgerEntry.charge`` is the one-segment case.
 - ``rollup_rows(entries)`` is what ``entries`` add to the rollups: per granularity (hour,
   day, month), bucket and dimensions, the summed parts of ``buckets.split_hours``, one row
   per key, in key order (the order every writer locks rollup rows in). Buckets whose
@@ -65,9 +68,29 @@ class LedgerEntry:
     price_per_gpu_hour: Decimal
     currency: str
     cost: Decimal
+    segment: int = 0
+
+    @classmethod
+    def charges(cls, usage: Usage, attribution: Attribution, revision: int) -> list[LedgerEntry]:
+        """The bill as one charge per segment (module contract)."""
+        whole = cls.charge(usage, attribution, revision)
+        return [
+            replace(
+                whole,
+                segment=i,
+                started_at=part.started_at,
+                ended_at=part.ended_at,
+                gpu_seconds=part.gpu_seconds,
+                price_per_gpu_hour=part.price_per_gpu_hour,
+                currency=part.currency,
+                cost=part.cost,
+            )
+            for i, part in enumerate(usage.parts)
+        ]
 
     @classmethod
     def charge(cls, usage: Usage, attribution: Attribution, revision: int) -> LedgerEntry:
+        """The whole bill as one charge (segment 0)."""
         return cls(
             allocation_id=usage.allocation_id,
             revision=revision,
@@ -132,6 +155,7 @@ class LedgerEntry:
             price_per_gpu_hour=Decimal(row["price_per_gpu_hour"]),
             currency=row["currency"],
             cost=Decimal(row["cost"]),
+            segment=row["segment"],
         )
 
 

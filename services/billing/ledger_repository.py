@@ -25,7 +25,7 @@ ROLLUP_LOCK = 0x6269_6C6C_726F_6C6C  # "billroll"
 _COLUMNS = (
     "allocation_id, revision, kind, job_id, team, project, user_name, queue, gpu_flavor, "
     "node_id, attempt, epoch, gpus, started_at, ended_at, outcome, gpu_seconds, "
-    "price_per_gpu_hour, currency, cost, event_id, recorded_at"
+    "price_per_gpu_hour, currency, cost, event_id, recorded_at, segment"
 )
 
 
@@ -36,7 +36,7 @@ async def append(
     await conn.executemany(
         f"INSERT INTO ledger_entries ({_COLUMNS}) VALUES "
         "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, "
-        "$19, $20, $21, $22)",
+        "$19, $20, $21, $22, $23)",
         [
             (
                 e.allocation_id,
@@ -61,6 +61,7 @@ async def append(
                 e.cost,
                 event_id,
                 now,
+                e.segment,
             )
             for e in entries
         ],
@@ -89,14 +90,17 @@ async def add_to_rollups(conn: asyncpg.Connection, entries: Sequence[LedgerEntry
     )
 
 
-async def latest_charge(conn: asyncpg.Connection, allocation_id: str) -> LedgerEntry | None:
-    """The allocation's charge of the highest revision (its current bill), or None."""
-    row = await conn.fetchrow(
+async def latest_charges(conn: asyncpg.Connection, allocation_id: str) -> list[LedgerEntry]:
+    """The allocation's charges of the highest revision (its current bill, one per
+    segment, in segment order); empty when it has none."""
+    rows = await conn.fetch(
         f"SELECT {_COLUMNS} FROM ledger_entries WHERE allocation_id = $1 AND kind = 'charge' "
-        "ORDER BY revision DESC LIMIT 1",
+        "AND revision = (SELECT max(revision) FROM ledger_entries "
+        "                WHERE allocation_id = $1 AND kind = 'charge') "
+        "ORDER BY segment",
         allocation_id,
     )
-    return LedgerEntry.from_row(row) if row is not None else None
+    return [LedgerEntry.from_row(r) for r in rows]
 
 
 async def rollups_missing(conn: asyncpg.Connection) -> bool:

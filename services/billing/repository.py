@@ -3,40 +3,17 @@ the pool's ``search_path`` is the ``billing`` schema."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import datetime
-from decimal import Decimal
 from typing import Any
 
 import asyncpg
 
-from services.billing.domain import Price, PriceBook, Usage
+from services.billing.domain import Usage
 from shared.events.payloads import AllocationGranted
 
 Row = Mapping[str, Any]
 """A fetched record (asyncpg.Record), read by column name."""
-
-
-async def upsert_prices(conn: asyncpg.Connection, prices: Iterable[Price], now: datetime) -> None:
-    await conn.executemany(
-        """INSERT INTO price_book (flavor, price_per_gpu_hour, currency, updated_at)
-           VALUES ($1, $2, $3, $4)
-           ON CONFLICT (flavor) DO UPDATE SET
-               price_per_gpu_hour = EXCLUDED.price_per_gpu_hour,
-               currency = EXCLUDED.currency,
-               updated_at = EXCLUDED.updated_at""",
-        [(p.flavor, p.per_gpu_hour, p.currency, now) for p in prices],
-    )
-
-
-async def price_book(conn: asyncpg.Connection) -> PriceBook:
-    rows = await conn.fetch("SELECT flavor, price_per_gpu_hour, currency FROM price_book")
-    return PriceBook(
-        {
-            r["flavor"]: Price(r["flavor"], Decimal(r["price_per_gpu_hour"]), r["currency"])
-            for r in rows
-        }
-    )
 
 
 async def insert_usage(

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import asyncpg
 
+from services.billing import catalogue_repository as catalogue
 from services.billing import ledger_repository as ledger
-from services.billing import repository as repo
 from services.billing.api import create_app
 from services.billing.config import Settings
 from services.billing.domain import PriceBook
@@ -30,10 +30,13 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 
 
 async def seed_prices(pool: asyncpg.Pool, settings: Settings) -> None:
-    """Upsert the configured prices into the price book (see ``Settings.prices``)."""
+    """Give the configured prices, from the beginning, to flavors the price book has no
+    price for (see ``Settings.prices``); prices already there are kept."""
     book = PriceBook.from_settings(settings.prices, settings.currency)
     async with pool.acquire() as conn, conn.transaction():
-        await repo.upsert_prices(conn, book.prices.values(), datetime.now(UTC))
+        seeded = await catalogue.seed_prices(conn, book.prices.values(), datetime.now(UTC))
+    if seeded:
+        log.info("price book: %d flavors priced from the settings", seeded)
 
 
 async def ensure_rollups(pool: asyncpg.Pool) -> None:
@@ -68,4 +71,6 @@ async def serve(settings: Settings) -> int:
         )
         guard = await rt.resources.enter_async_context(guard_for(settings))
         routes = [*rt.health_handlers(), *deadletter_routes(bus, NAME, pool)]
-        return await rt.run(create_app(pool, guard, routes, settings.cors_origins))
+        return await rt.run(
+            create_app(pool, guard, routes, settings.cors_origins, settings.currency)
+        )

@@ -18,6 +18,10 @@ Contract:
 - Every write names who makes it (``by``) and is recorded in the audit log in its own
   transaction (``shared.audit``): a change that rolls back leaves no entry.
 - Reads need no lock and work on every replica, leader or not.
+- The flavor catalogue is published: a ``put_flavor`` says ``flavor.declared`` and a
+  ``delete_flavor`` says ``flavor.retired`` through the outbox, in the transaction of the
+  change, each with the next revision of the catalogue (``flavor_revisions``). Submission
+  and billing keep their replicas from these (docs/events.md).
 """
 
 from __future__ import annotations
@@ -47,7 +51,9 @@ from services.scheduler.admin_schemas import (
     queue_config_view,
 )
 from services.scheduler.convert import implicit_queue
+from services.scheduler.scheduling import emit
 from shared import audit
+from shared.events.payloads import FlavorDeclared, FlavorRetired
 from shared.http_errors import FieldError, RequestInvalid
 from shared.identity import Principal
 
@@ -99,6 +105,14 @@ async def put_flavor(
     async with _writing(pool, by, "put flavor", name, body) as conn:
         created = await admin_repo.upsert_flavor(conn, name, body.description)
         row = await admin_repo.flavor(conn, name)
+        revision = await admin_repo.next_flavor_revision(conn)
+        declared = FlavorDeclared(
+            name=name,
+            description=body.description,
+            revision=revision,
+            declared_at=await admin_repo.transaction_time(conn),
+        )
+        await emit(conn, declared, name, f"flavor:{name}:{revision}")
     assert row is not None
     return flavor_view(row), created
 
@@ -116,6 +130,11 @@ async def delete_flavor(pool: asyncpg.Pool, name: str, by: Principal) -> None:
             },
         )
         await admin_repo.delete_flavor(conn, name)
+        revision = await admin_repo.next_flavor_revision(conn)
+        retired = FlavorRetired(
+            name=name, revision=revision, retired_at=await admin_repo.transaction_time(conn)
+        )
+        await emit(conn, retired, name, f"flavor:{name}:{revision}")
 
 
 async def list_flavors(pool: asyncpg.Pool) -> list[FlavorView]:

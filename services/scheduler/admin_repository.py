@@ -5,6 +5,7 @@ classes, and what uses them. One function per query, each taking a connection; t
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -54,6 +55,18 @@ async def upsert_flavor(conn: asyncpg.Connection, name: str, description: str) -
         description,
     )
     return created
+
+
+async def next_flavor_revision(conn: asyncpg.Connection) -> int:
+    """The next revision of the published flavor catalogue (``flavor.declared``/``retired``)."""
+    revision: int = await conn.fetchval("SELECT nextval('flavor_revisions')")
+    return revision
+
+
+async def transaction_time(conn: asyncpg.Connection) -> datetime:
+    """When the current transaction began (the time a change is said to happen)."""
+    now: datetime = await conn.fetchval("SELECT now()")
+    return now
 
 
 async def nodes_of_flavor(conn: asyncpg.Connection, name: str) -> list[str]:

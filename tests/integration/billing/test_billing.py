@@ -118,17 +118,22 @@ async def test_unknown_flavor_is_dead_lettered_with_the_reason(billing: Billing)
     assert ids == ["alloc-10"]
 
 
-async def test_prices_are_upserted_from_settings(pool: asyncpg.Pool) -> None:
+async def test_settings_price_only_flavors_without_a_price(pool: asyncpg.Pool) -> None:
+    # The fixture gave cpu 0.10 and a100 2.50; the settings are the book's bootstrap only:
+    # a flavor priced already keeps its price (operators change it with PUT /v1/prices).
     await seed_prices(
         pool,
         Settings(prices={"cpu": 0.12, "h200": 5.5}, currency="USD", admin_token=SecretStr("t")),
     )
-    rows = await pool.fetch("SELECT flavor, price_per_gpu_hour FROM price_book ORDER BY flavor")
+    rows = await pool.fetch(
+        "SELECT flavor, effective_from, price_per_gpu_hour FROM prices ORDER BY flavor"
+    )
     assert [(r["flavor"], r["price_per_gpu_hour"]) for r in rows] == [
-        ("a100", Decimal("2.5")),  # not listed any more: kept
-        ("cpu", Decimal("0.12")),
-        ("h200", Decimal("5.5")),
+        ("a100", Decimal("2.5")),
+        ("cpu", Decimal("0.1")),  # kept
+        ("h200", Decimal("5.5")),  # new: priced from the settings
     ]
+    assert {r["effective_from"].year for r in rows} == {1970}
 
 
 async def test_usage_summary_per_team_user_and_job(billing: Billing) -> None:

@@ -1,0 +1,127 @@
+"""Budgets watched as bills are made: thresholds crossed, and the state submission keeps.
+
+Contract:
+- ``after_charges(conn, entries, now)`` runs in the transaction that appended ``entries``
+  (and their rollups): for each budget of the entries' teams (the team's, and the project's
+  of an entry) and each UTC month the entries touch, every threshold the month's spending
+  has reached and that was not recorded yet is recorded (``budget_crossings``, one row per
+  budget, month and threshold) and said as ``budget.threshold_crossed`` with a fixed event
+  id; then the budget's state is said (``budget.updated``). The primary key and the
+  consumer's inbox make each crossing said once, under any redelivery. Spending that goes
+  down (a reversal) un-crosses nothing.
+- ``say_state(conn, budget, now, deleted=False)`` says a budget's state for the current
+  month (after a change through the API, or a crossing): the amount, what is spent, whether
+  it is exhausted (spent >= amount), its policy, with the next budget revision.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+import asyncpg
+
+from services.billing import budgets_repository as repo
+from services.billing.budgets import Budget, month_label, month_start, reached
+from services.billing.ledger import LedgerEntry
+from shared import outbox
+from shared.events import Envelope, Payload
+from shared.events.payloads import BudgetThresholdCrossed, BudgetUpdated
+
+log = logging.getLogger(__name__)
+
+SOURCE = "trainyard/billing"
+
+
+def _months(entries: Sequence[LedgerEntry]) -> set[datetime]:
+    months = set()
+    for e in entries:
+        start = month_start(e.started_at)
+        last = month_start(max(e.started_at, e.ended_at - timedelta(microseconds=1)))
+        while start <= last:
+            months.add(start)
+            start = month_start(start + timedelta(days=32))
+    return months
+
+
+async def after_charges(
+    conn: asyncpg.Connection, entries: Sequence[LedgerEntry], now: datetime
+) -> None:
+    """Record and say the thresholds the new entries made budgets cross (module contract)."""
+    scopes = {(e.team, None) for e in entries} | {
+        (e.team, e.project) for e in entries if e.project is not None
+    }
+    months = sorted(_months(entries))
+    for team, project in sorted(scopes, key=lambda s: (s[0], s[1] or "")):
+        budget = await repo.get(conn, team, project)
+        if budget is not None and await check(conn, budget, months, now):
+            await say_state(conn, budget, now)
+
+
+async def check(
+    conn: asyncpg.Connection, budget: Budget, months: Sequence[datetime], now: datetime
+) -> bool:
+    """Record and say every threshold of ``budget`` reached in ``months`` and not recorded
+    yet; True when there was one."""
+    crossed_any = False
+    for month in months:
+        spent = await repo.spent(conn, budget, month)
+        for threshold in reached(budget.amount, spent, budget.thresholds):
+            if not await repo.record_crossing(conn, budget, month, threshold, spent, now):
+                continue
+            crossed_any = True
+            label = month_label(month)
+            crossed = BudgetThresholdCrossed(
+                team=budget.team,
+                project=budget.project,
+                month=label,
+                threshold_percent=threshold,
+                amount=str(budget.amount),
+                spent=str(spent),
+                currency=budget.currency,
+                policy=budget.policy,
+                crossed_at=now,
+            )
+            event_id = f"budget:{budget.team}:{budget.project or ''}:{label}:{threshold}"
+            await _say(conn, crossed, budget.team, event_id)
+            log.info(
+                "budget of %s%s: %s%% of %s %s reached in %s (spent %s)",
+                budget.team,
+                f"/{budget.project}" if budget.project else "",
+                threshold,
+                budget.amount,
+                budget.currency,
+                label,
+                spent,
+            )
+    return crossed_any
+
+
+async def say_state(
+    conn: asyncpg.Connection, budget: Budget, now: datetime, deleted: bool = False
+) -> Decimal:
+    """Say the budget's state this month (module contract); return what is spent."""
+    month = month_start(now)
+    spent = await repo.spent(conn, budget, month)
+    revision = await repo.next_revision(conn)
+    state = BudgetUpdated(
+        team=budget.team,
+        project=budget.project,
+        month=month_label(month),
+        amount=str(budget.amount),
+        spent=str(spent),
+        currency=budget.currency,
+        policy=budget.policy,
+        exhausted=spent >= budget.amount,
+        deleted=deleted,
+        revision=revision,
+    )
+    await _say(conn, state, budget.team, f"budget:{budget.team}:{budget.project or ''}:{revision}")
+    return spent
+
+
+async def _say(conn: asyncpg.Connection, payload: Payload, subject: str, event_id: str) -> None:
+    envelope = Envelope.wrap(payload, source=SOURCE, subject=subject, event_id=event_id)
+    await outbox.enqueue(conn, envelope)

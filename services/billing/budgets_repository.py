@@ -1,0 +1,121 @@
+"""Billing's SQL for budgets and their threshold crossings. A team's budget is stored with
+project ``''`` (part of the primary key); the API and events say None."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import asyncpg
+
+from services.billing.budgets import Budget
+
+Row = Mapping[str, Any]
+_COLUMNS = "team, project, amount, currency, thresholds, policy, revision, updated_by, updated_at"
+
+
+def _budget(row: Row) -> Budget:
+    return Budget(
+        team=row["team"],
+        project=row["project"] or None,
+        amount=Decimal(row["amount"]),
+        currency=row["currency"],
+        thresholds=tuple(row["thresholds"]),
+        policy=row["policy"],
+        revision=row["revision"],
+        updated_by=row["updated_by"],
+        updated_at=row["updated_at"],
+    )
+
+
+async def next_revision(conn: asyncpg.Connection) -> int:
+    revision: int = await conn.fetchval("SELECT nextval('budget_revisions')")
+    return revision
+
+
+async def put(conn: asyncpg.Connection, budget: Budget) -> bool:
+    """Create or replace a budget; True when it was created."""
+    created: bool = await conn.fetchval(
+        f"""INSERT INTO budgets ({_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+            ON CONFLICT (team, project) DO UPDATE SET amount = EXCLUDED.amount,
+                currency = EXCLUDED.currency, thresholds = EXCLUDED.thresholds,
+                policy = EXCLUDED.policy, revision = EXCLUDED.revision,
+                updated_by = EXCLUDED.updated_by, updated_at = EXCLUDED.updated_at
+            RETURNING xmax = 0""",
+        budget.team,
+        budget.project or "",
+        budget.amount,
+        budget.currency,
+        list(budget.thresholds),
+        budget.policy,
+        budget.revision,
+        budget.updated_by,
+        budget.updated_at,
+    )
+    return created
+
+
+async def get(conn: asyncpg.Connection, team: str, project: str | None) -> Budget | None:
+    row = await conn.fetchrow(
+        f"SELECT {_COLUMNS} FROM budgets WHERE team = $1 AND project = $2", team, project or ""
+    )
+    return _budget(row) if row is not None else None
+
+
+async def delete(conn: asyncpg.Connection, team: str, project: str | None) -> Budget | None:
+    row = await conn.fetchrow(
+        f"DELETE FROM budgets WHERE team = $1 AND project = $2 RETURNING {_COLUMNS}",
+        team,
+        project or "",
+    )
+    return _budget(row) if row is not None else None
+
+
+async def of_teams(conn: asyncpg.Connection, team: str | None) -> list[Budget]:
+    """Every budget (of one team, or all), by team and project."""
+    rows = await conn.fetch(
+        f"SELECT {_COLUMNS} FROM budgets WHERE $1::text IS NULL OR team = $1 "
+        "ORDER BY team, project",
+        team,
+    )
+    return [_budget(r) for r in rows]
+
+
+async def spent(conn: asyncpg.Connection, budget: Budget, month: datetime) -> Decimal:
+    """What the budget's team (or project) spent in the UTC month starting ``month``, in
+    the budget's currency: the month's rollups, so every bill committed so far."""
+    value = await conn.fetchval(
+        "SELECT COALESCE(sum(cost), 0) FROM cost_rollups WHERE granularity = 'month' "
+        "AND bucket = $1 AND team = $2 AND ($3::text IS NULL OR project = $3) "
+        "AND currency = $4",
+        month,
+        budget.team,
+        budget.project,
+        budget.currency,
+    )
+    return Decimal(value)
+
+
+async def record_crossing(
+    conn: asyncpg.Connection,
+    budget: Budget,
+    month: datetime,
+    threshold: int,
+    spent: Decimal,
+    now: datetime,
+) -> bool:
+    """Record that ``threshold`` was crossed in ``month``; False when it was already."""
+    done = await conn.fetchval(
+        """INSERT INTO budget_crossings (team, project, month, threshold_percent, spent,
+                                         crossed_at)
+           VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING RETURNING true""",
+        budget.team,
+        budget.project or "",
+        month.date(),
+        threshold,
+        spent,
+        now,
+    )
+    return bool(done)

@@ -1,0 +1,129 @@
+"""Billing's SQL for its replica of the flavor catalogue and its dated price book (tables
+``flavors`` and ``prices`` of the ``billing`` schema). One function per query."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import asyncpg
+
+from services.billing.domain import Price
+from services.billing.prices import BEGINNING, DatedPrice, PriceSchedule
+
+Row = Mapping[str, Any]
+
+
+async def apply_flavor(
+    conn: asyncpg.Connection,
+    name: str,
+    description: str,
+    revision: int,
+    retired: bool,
+    at: datetime,
+) -> bool:
+    """Record the catalogue's change of ``name`` unless a later revision is held; True when
+    it was applied."""
+    applied = await conn.fetchval(
+        """INSERT INTO flavors (name, description, revision, retired, changed_at)
+           VALUES ($1, $2, $3, $4, $5)
+           ON CONFLICT (name) DO UPDATE SET description = EXCLUDED.description,
+               revision = EXCLUDED.revision, retired = EXCLUDED.retired,
+               changed_at = EXCLUDED.changed_at
+           WHERE flavors.revision < EXCLUDED.revision
+           RETURNING true""",
+        name,
+        description,
+        revision,
+        retired,
+        at,
+    )
+    return bool(applied)
+
+
+async def flavors(conn: asyncpg.Connection) -> list[Row]:
+    rows: list[Row] = await conn.fetch(
+        "SELECT name, description, revision, retired, changed_at FROM flavors ORDER BY name"
+    )
+    return rows
+
+
+async def flavor(conn: asyncpg.Connection, name: str) -> Row | None:
+    row: Row | None = await conn.fetchrow(
+        "SELECT name, description, revision, retired, changed_at FROM flavors WHERE name = $1",
+        name,
+    )
+    return row
+
+
+async def seed_prices(conn: asyncpg.Connection, prices: Iterable[Price], now: datetime) -> int:
+    """Give each of ``prices`` from the beginning to its flavor when the flavor has no price
+    at all (the bootstrap of a fresh install); return how many were given."""
+    seeded = 0
+    for p in prices:
+        done = await conn.fetchval(
+            """INSERT INTO prices (flavor, effective_from, price_per_gpu_hour, currency,
+                                   set_by, recorded_at)
+               SELECT $1, $2, $3, $4, 'settings', $5
+               WHERE NOT EXISTS (SELECT 1 FROM prices WHERE flavor = $1)
+               RETURNING true""",
+            p.flavor,
+            BEGINNING,
+            p.per_gpu_hour,
+            p.currency,
+            now,
+        )
+        seeded += bool(done)
+    return seeded
+
+
+async def set_price(
+    conn: asyncpg.Connection,
+    flavor: str,
+    effective_from: datetime,
+    per_gpu_hour: Decimal,
+    currency: str,
+    by: str,
+    now: datetime,
+) -> bool:
+    """Add a price taking effect at ``effective_from`` (after ``now``: the caller checks);
+    a price already set for that flavor and instant, which has not taken effect yet either,
+    is replaced. True when it was new."""
+    created: bool = await conn.fetchval(
+        """INSERT INTO prices (flavor, effective_from, price_per_gpu_hour, currency, set_by,
+                               recorded_at)
+           VALUES ($1, $2, $3, $4, $5, $6)
+           ON CONFLICT (flavor, effective_from) DO UPDATE SET
+               price_per_gpu_hour = EXCLUDED.price_per_gpu_hour, set_by = EXCLUDED.set_by,
+               recorded_at = EXCLUDED.recorded_at
+           RETURNING xmax = 0""",
+        flavor,
+        effective_from,
+        per_gpu_hour,
+        currency,
+        by,
+        now,
+    )
+    return created
+
+
+async def price_rows(conn: asyncpg.Connection, flavor: str | None = None) -> list[Row]:
+    rows: list[Row] = await conn.fetch(
+        "SELECT flavor, effective_from, price_per_gpu_hour, currency, set_by, recorded_at "
+        "FROM prices WHERE $1::text IS NULL OR flavor = $1 ORDER BY flavor, effective_from",
+        flavor,
+    )
+    return rows
+
+
+async def schedule(conn: asyncpg.Connection, flavor: str | None = None) -> PriceSchedule:
+    """The dated price book (of one flavor, or all)."""
+    return PriceSchedule.of(
+        DatedPrice(
+            r["effective_from"],
+            Price(r["flavor"], Decimal(r["price_per_gpu_hour"]), r["currency"]),
+        )
+        for r in await price_rows(conn, flavor)
+    )

@@ -1,0 +1,356 @@
+"""Billing's price book, cost estimate and budget routes.
+
+- ``GET /v1/prices[?flavor=]`` (any user): every price of the book, dated.
+  ``PUT /v1/prices/{flavor}`` (operators): a new price from ``effective_from`` (default now;
+  a time in the past is refused: usage already made keeps its price). The flavor must be in
+  the scheduler's catalogue as billing learned it (``flavor.declared``), or priced already
+  (the settings' bootstrap); else 422 naming ``flavor``.
+- ``POST /v1/costs/estimate`` (any user): what a job spec costs at most, from its GPUs,
+  flavor, maximum runtime and restarts and the prices in force (422 naming ``gpu_flavor``
+  when it has no price).
+- ``GET /v1/budgets`` (users: their team's; operators: every team's, or ``?team=``),
+  ``GET|PUT|DELETE /v1/budgets/{team}`` and ``/v1/budgets/{team}/{project}``: reads for the
+  team's users, writes for its admins and operators. Another team's answers 404. A change
+  says the budget's state (``budget.updated``) and any threshold the month's spending has
+  reached already (``budget.threshold_crossed``), through the outbox.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Annotated, Any
+
+import asyncpg
+from litestar import Request, Response, delete, get, post, put
+from litestar.di import NamedDependency
+from litestar.exceptions import NotFoundException
+from litestar.handlers import HTTPRouteHandler
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import PathParameter, QueryParameter
+
+from services.billing import budget_watch
+from services.billing import budgets_repository as budgets_repo
+from services.billing import catalogue_repository as catalogue
+from services.billing.budgets import (
+    Budget,
+    BudgetRequest,
+    forecast,
+    month_label,
+    month_start,
+)
+from services.billing.costs_api import check_parameters
+from services.billing.domain import UnknownFlavor
+from services.billing.governance_schemas import (
+    BudgetView,
+    Estimate,
+    EstimateRequest,
+    PriceRequest,
+    PriceView,
+)
+from shared import audit
+from shared.access import needs
+from shared.http_app import error_responses, json_request_body
+from shared.http_errors import RequestInvalid, parse_body, read_json_body
+from shared.identity import Principal, Role
+
+Caller = NamedDependency[Principal]
+AnyRequest = Request[Any, Any, Any]
+Clock = Callable[[], datetime]
+BODY_MAX_BYTES = 64 * 1024
+"""A job spec is read as an estimate's body: the largest a spec file may reasonably be."""
+FLAVOR = r"^[a-z0-9][a-z0-9-]{0,39}$"
+NAME = r"^[A-Za-z0-9._-]{1,100}$"
+TeamPath = Annotated[str, PathParameter(pattern=NAME, min_length=1, max_length=100)]
+ProjectPath = Annotated[str, PathParameter(pattern=NAME, min_length=1, max_length=100)]
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+async def _body(model: type[Any], request: AnyRequest) -> Any:
+    body = await read_json_body(request, BODY_MAX_BYTES, free_text=lambda path: True)
+    return parse_body(model, body)
+
+
+def _visible(principal: Principal, team: str) -> None:
+    if not principal.may_see_team(team):
+        raise NotFoundException(f"no budget of team {team!r} for you to read")
+
+
+def budget_view(budget: Budget, spent: Decimal, now: datetime) -> BudgetView:
+    runs_out = forecast(budget.amount, spent, now)
+    exhausted = spent >= budget.amount
+    if exhausted:
+        said = "spent: the budget ran out this month"
+    elif runs_out is not None:
+        said = f"at this rate the budget runs out on {runs_out.date().isoformat()}"
+    elif spent > 0:
+        said = "at this rate the budget lasts the month"
+    else:
+        said = "nothing spent this month"
+    return BudgetView(
+        team=budget.team,
+        project=budget.project,
+        amount=budget.amount,
+        currency=budget.currency,
+        thresholds=list(budget.thresholds),
+        policy=budget.policy,
+        month=month_label(month_start(now)),
+        spent=spent,
+        remaining=max(budget.amount - spent, Decimal(0)),
+        percent_spent=(spent * 100 / budget.amount).quantize(Decimal("0.01")),
+        exhausted=exhausted,
+        runs_out_at=runs_out,
+        forecast=said,
+        updated_by=budget.updated_by,
+        updated_at=budget.updated_at,
+    )
+
+
+def governance_routes(
+    pool: asyncpg.Pool, currency: str, clock: Clock = _utc_now
+) -> list[HTTPRouteHandler]:
+    """The routes of the module docstring, over billing's pool, in ``currency``."""
+
+    @get("/v1/prices", responses=error_responses(422))
+    async def list_prices(
+        request: AnyRequest,
+        flavor: Annotated[str | None, QueryParameter(min_length=1, max_length=100)] = None,
+    ) -> list[PriceView]:
+        check_parameters(request, frozenset({"flavor"}))
+        now = clock()
+        async with pool.acquire() as conn:
+            rows = await catalogue.price_rows(conn, flavor)
+        in_force: dict[str, datetime] = {}
+        for r in rows:
+            if r["effective_from"] <= now:
+                in_force[r["flavor"]] = r["effective_from"]
+        return [
+            PriceView(
+                flavor=r["flavor"],
+                effective_from=r["effective_from"],
+                price_per_gpu_hour=r["price_per_gpu_hour"],
+                currency=r["currency"],
+                set_by=r["set_by"],
+                in_force=in_force.get(r["flavor"]) == r["effective_from"],
+            )
+            for r in rows
+        ]
+
+    @put(
+        "/v1/prices/{flavor:str}",
+        opt=needs(Role.OPERATOR),
+        operation_class=json_request_body(PriceRequest, example={"price_per_gpu_hour": "2.75"}),
+        responses={
+            201: ResponseSpec(PriceView, description="created", generate_examples=False),
+            **error_responses(413, 415, 422),
+        },
+    )
+    async def put_price(
+        flavor: Annotated[str, PathParameter(pattern=FLAVOR, min_length=1, max_length=40)],
+        request: AnyRequest,
+        principal: Caller,
+    ) -> Response[PriceView]:
+        body: PriceRequest = await _body(PriceRequest, request)
+        now = clock()
+        effective = body.effective_from.astimezone(UTC) if body.effective_from else now
+        if effective < now:
+            raise RequestInvalid.one(
+                "effective_from",
+                f"must not be in the past (now {now.isoformat()}): usage already made keeps "
+                "its price",
+            )
+        async with pool.acquire() as conn, conn.transaction():
+            known = await catalogue.flavor(conn, flavor)
+            priced = await catalogue.price_rows(conn, flavor)
+            if (known is None or known["retired"]) and not priced:
+                raise RequestInvalid.one(
+                    "flavor",
+                    f"unknown flavor {flavor}; an operator declares it first with "
+                    f"PUT /v1/admin/flavors/{flavor} on the scheduler",
+                )
+            price = body.price_per_gpu_hour
+            created = await catalogue.set_price(
+                conn, flavor, effective, price, currency, principal.user, now
+            )
+            detail = {"price_per_gpu_hour": str(price), "effective_from": effective.isoformat()}
+            await audit.record(conn, principal, "put price", flavor, detail)
+        view = PriceView(
+            flavor=flavor,
+            effective_from=effective,
+            price_per_gpu_hour=price,
+            currency=currency,
+            set_by=principal.user,
+            in_force=effective <= now,
+        )
+        return Response(view, status_code=201 if created else 200)
+
+    @post(
+        "/v1/costs/estimate",
+        status_code=200,
+        operation_class=json_request_body(
+            EstimateRequest, example={"gpus": 2, "gpu_flavor": "a100", "max_runtime_seconds": 3600}
+        ),
+        responses=error_responses(413, 415, 422),
+    )
+    async def estimate(request: AnyRequest) -> Estimate:
+        body: EstimateRequest = await _body(EstimateRequest, request)
+        now = clock()
+        async with pool.acquire() as conn:
+            book = await catalogue.schedule(conn, body.gpu_flavor)
+        end = now + timedelta(seconds=body.max_runtime_seconds)
+        try:
+            segments = book.segments(body.gpu_flavor, body.gpus, now, end)
+        except UnknownFlavor as exc:
+            raise RequestInvalid.one("gpu_flavor", str(exc).removeprefix("gpu_flavor: ")) from None
+        one = sum((s.cost for s in segments), Decimal(0))
+        return Estimate(
+            gpu_flavor=body.gpu_flavor,
+            gpus=body.gpus,
+            max_runtime_seconds=body.max_runtime_seconds,
+            currency=segments[0].currency,
+            price_per_gpu_hour=segments[0].price_per_gpu_hour,
+            gpu_seconds=sum((s.gpu_seconds for s in segments), Decimal(0)),
+            estimated_cost=one,
+            worst_case_cost=one * (1 + body.max_restarts),
+            priced_at=now,
+        )
+
+    @get("/v1/budgets", responses=error_responses(404, 422))
+    async def list_budgets(
+        request: AnyRequest,
+        principal: Caller,
+        team: Annotated[str | None, QueryParameter(min_length=1, max_length=100)] = None,
+    ) -> list[BudgetView]:
+        check_parameters(request, frozenset({"team"}))
+        if not principal.is_operator:
+            team = team or principal.team
+            if team is None:
+                raise NotFoundException("no team of yours to read budgets of")
+            _visible(principal, team)
+        now = clock()
+        async with (
+            pool.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            found = await budgets_repo.of_teams(conn, team)
+            spent = [await budgets_repo.spent(conn, b, month_start(now)) for b in found]
+        return [budget_view(b, s, now) for b, s in zip(found, spent, strict=True)]
+
+    async def _get(principal: Principal, team: str, project: str | None) -> BudgetView:
+        _visible(principal, team)
+        now = clock()
+        async with pool.acquire() as conn:
+            budget = await budgets_repo.get(conn, team, project)
+            if budget is None:
+                raise NotFoundException(f"no budget of {_scope(team, project)}")
+            spent = await budgets_repo.spent(conn, budget, month_start(now))
+        return budget_view(budget, spent, now)
+
+    async def _put(
+        request: AnyRequest, principal: Caller, team: str, project: str | None
+    ) -> Response[BudgetView]:
+        _visible(principal, team)
+        body: BudgetRequest = await _body(BudgetRequest, request)
+        now = clock()
+        async with pool.acquire() as conn, conn.transaction():
+            budget = Budget(
+                team=team,
+                project=project,
+                amount=body.amount,
+                currency=currency,
+                thresholds=tuple(body.thresholds),
+                policy=body.policy,
+                revision=await budgets_repo.next_revision(conn),
+                updated_by=principal.user,
+                updated_at=now,
+            )
+            created = await budgets_repo.put(conn, budget)
+            await budget_watch.check(conn, budget, [month_start(now)], now)
+            spent = await budget_watch.say_state(conn, budget, now)
+            await audit.record(
+                conn, principal, "put budget", _scope(team, project), body.model_dump(mode="json")
+            )
+        return Response(budget_view(budget, spent, now), status_code=201 if created else 200)
+
+    async def _delete(principal: Principal, team: str, project: str | None) -> None:
+        _visible(principal, team)
+        now = clock()
+        async with pool.acquire() as conn, conn.transaction():
+            budget = await budgets_repo.delete(conn, team, project)
+            if budget is None:
+                raise NotFoundException(f"no budget of {_scope(team, project)}")
+            await budget_watch.say_state(conn, budget, now, deleted=True)
+            await audit.record(conn, principal, "delete budget", _scope(team, project), {})
+
+    put_responses = {
+        201: ResponseSpec(BudgetView, description="created", generate_examples=False),
+        **error_responses(404, 413, 415, 422),
+    }
+    example = {"amount": "1000", "thresholds": [50, 80, 100], "policy": "warn"}
+
+    @get("/v1/budgets/{team:str}", responses=error_responses(404))
+    async def get_team_budget(team: TeamPath, principal: Caller) -> BudgetView:
+        return await _get(principal, team, None)
+
+    @get("/v1/budgets/{team:str}/{project:str}", responses=error_responses(404))
+    async def get_project_budget(
+        team: TeamPath, project: ProjectPath, principal: Caller
+    ) -> BudgetView:
+        return await _get(principal, team, project)
+
+    @put(
+        "/v1/budgets/{team:str}",
+        opt=needs(Role.ADMIN),
+        operation_class=json_request_body(BudgetRequest, example=example),
+        responses=put_responses,
+    )
+    async def put_team_budget(
+        team: TeamPath, request: AnyRequest, principal: Caller
+    ) -> Response[BudgetView]:
+        return await _put(request, principal, team, None)
+
+    @put(
+        "/v1/budgets/{team:str}/{project:str}",
+        opt=needs(Role.ADMIN),
+        operation_class=json_request_body(BudgetRequest, example=example),
+        responses=put_responses,
+    )
+    async def put_project_budget(
+        team: TeamPath, project: ProjectPath, request: AnyRequest, principal: Caller
+    ) -> Response[BudgetView]:
+        return await _put(request, principal, team, project)
+
+    @delete("/v1/budgets/{team:str}", opt=needs(Role.ADMIN), responses=error_responses(404))
+    async def delete_team_budget(team: TeamPath, principal: Caller) -> None:
+        await _delete(principal, team, None)
+
+    @delete(
+        "/v1/budgets/{team:str}/{project:str}",
+        opt=needs(Role.ADMIN),
+        responses=error_responses(404),
+    )
+    async def delete_project_budget(
+        team: TeamPath, project: ProjectPath, principal: Caller
+    ) -> None:
+        await _delete(principal, team, project)
+
+    return [
+        list_prices,
+        put_price,
+        estimate,
+        list_budgets,
+        get_team_budget,
+        get_project_budget,
+        put_team_budget,
+        put_project_budget,
+        delete_team_budget,
+        delete_project_budget,
+    ]
+
+
+def _scope(team: str, project: str | None) -> str:
+    return f"team {team}" if project is None else f"project {project} of team {team}"

@@ -1,0 +1,83 @@
+"""HTTP schemas of billing's price book, cost estimate and budget routes, and their views."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Annotated
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from shared.events.payloads import MAX_JOB_GPUS, MAX_JOB_RESTARTS, MAX_JOB_RUNTIME_SECONDS
+
+MAX_PRICE = Decimal("1e9")
+
+
+class PriceRequest(BaseModel):
+    """``PUT /v1/prices/{flavor}``: a price per GPU-hour, from ``effective_from`` (default:
+    now; never in the past), in billing's currency."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    price_per_gpu_hour: Annotated[Decimal, Field(ge=0, le=MAX_PRICE, decimal_places=6)]
+    effective_from: AwareDatetime | None = None
+
+
+class PriceView(BaseModel):
+    flavor: str
+    effective_from: datetime
+    price_per_gpu_hour: Decimal
+    currency: str
+    set_by: str
+    in_force: bool
+    """Whether this is the flavor's price now (a later ``effective_from`` is scheduled)."""
+
+
+class EstimateRequest(BaseModel):
+    """``POST /v1/costs/estimate``: a job spec (as ``POST /v1/jobs`` takes it); only its
+    resources and limits are read, the rest is ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    gpus: Annotated[int, Field(ge=1, le=MAX_JOB_GPUS)]
+    gpu_flavor: Annotated[str, Field(min_length=1, max_length=100)]
+    max_runtime_seconds: Annotated[int, Field(ge=1, le=MAX_JOB_RUNTIME_SECONDS)] = 3600
+    max_restarts: Annotated[int, Field(ge=0, le=MAX_JOB_RESTARTS)] = 3
+
+
+class Estimate(BaseModel):
+    gpu_flavor: str
+    gpus: int
+    max_runtime_seconds: int
+    currency: str
+    price_per_gpu_hour: Decimal
+    """The price in force now (a scheduled change within the runtime is priced too)."""
+    gpu_seconds: Decimal
+    """GPUs x the maximum runtime: one attempt that runs until it is stopped."""
+    estimated_cost: Decimal
+    """The most one attempt costs: it is stopped at ``max_runtime_seconds``."""
+    worst_case_cost: Decimal
+    """Every restart used, each running to the limit: ``(1 + max_restarts)`` attempts."""
+    priced_at: datetime
+
+
+class BudgetView(BaseModel):
+    team: str
+    project: str | None
+    amount: Decimal
+    currency: str
+    thresholds: list[int]
+    policy: str
+    month: str
+    """The current UTC month, ``YYYY-MM``."""
+    spent: Decimal
+    """Billed this month so far (allocations are billed when they end)."""
+    remaining: Decimal
+    percent_spent: Decimal
+    exhausted: bool
+    runs_out_at: datetime | None
+    """At this month's rate so far, when the budget runs out (None: not this month, or
+    spent already)."""
+    forecast: str
+    updated_by: str
+    updated_at: datetime
