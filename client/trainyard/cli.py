@@ -12,6 +12,7 @@
     trainyard metrics JOB [KEY] | experiments [EXP] | compare EXP curves, experiments, runs
     trainyard tag JOB TAG... [--rm] | note JOB TEXT               tags and notes on runs
     trainyard models NAME | cost                                  model versions | team's cost
+    trainyard trace JOB [--file PATH]                             its spans as a tree, timed
     trainyard whoami | tokens | token ... | user ... | audit      who may do what
     trainyard schema | version | completion bash|zsh|tcsh
 
@@ -46,7 +47,7 @@ from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
-from trainyard import cli_access, cli_config, cli_jobs, cli_tracking
+from trainyard import cli_access, cli_config, cli_jobs, cli_trace, cli_tracking
 from trainyard.bundle import BundleError
 from trainyard.cli_base import CliError, CliSettings, Exit, Session, dumps, exit_code_of
 from trainyard.cli_deadletters import add_deadletter_commands, run_deadletters
@@ -156,6 +157,7 @@ def _parser() -> argparse.ArgumentParser:
     queue = command("queue", cli_jobs.queue, "the team's waiting jobs and why they wait")
     queue.add_argument("--limit", type=_positive, default=100, help="at most this many")
     cli_tracking.add_commands(command)
+    cli_trace.add_command(command)
 
     tokens = command("tokens", _tokens, "your tokens (as token list)")
     tokens.add_argument("--user", help="another user of your team (admins)")

@@ -135,6 +135,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         _say(f"  database    {stack.database_url}")
         _say(f"  storage     {stack.storage_uri}")
         _say(f"  logs        {stack.log_dir}")
+        if span_file is not None:
+            _say(f"  spans       {span_file}  (trainyard trace JOB --file {span_file})")
         _say(f"  services' operator token: {stack.admin_token}")
         _say("              (break-glass: accepted by the scheduler, registry, billing and")
         _say("              runner APIs, never expires; rotate it by restarting)")
@@ -441,7 +443,12 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--team", default=DEMO_TEAM, help="team of the bootstrapped admin")
     up.add_argument("--user", default="admin", help="name of the bootstrapped admin")
     up.add_argument("--otlp-endpoint", help="export traces here, e.g. http://127.0.0.1:4318")
-    up.add_argument("--spans", action="store_true", help="also write spans to spans.jsonl")
+    up.add_argument(
+        "--no-spans",
+        dest="spans",
+        action="store_false",
+        help="do not write spans to spans.jsonl in the data folder (read by trainyard trace)",
+    )
 
     demo = sub.add_parser("demo", help="run one training job end to end on a fresh stack")
     common(demo)

@@ -1,0 +1,214 @@
+"""``trainyard trace JOB [--file PATH]``: a job's trace as a tree of spans with durations.
+
+Reads spans from a file, so an operator needs no Jaeger: the JSON-lines file the local stack
+writes (``python3 dev.py up``: ``.trainyard/local/spans.jsonl``, the default ``--file``), or an
+OTLP-JSON file (an OpenTelemetry Collector's ``file`` exporter: one
+``ExportTraceServiceRequest`` object per line, or one object for the whole file).
+
+JOB is a job id or a unique prefix of one, or a 32-hex-digit trace id. The job's trace is
+found in the file by the job id its event spans carry (``cloudevents.event_subject``);
+failing that, and when a server is configured, by the ``trace_id`` of the job's view.
+
+Each line: the span's name, its service, its duration and its start relative to the trace's
+first span; children are indented under their parent, in start order. A span whose parent
+is not in the file (not yet flushed, or another process's file) is shown at the top level
+marked ``(parent missing)``. ``--json`` prints the spans as a list instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainyard.cli_base import CliError, Session, resolve
+from trainyard.client import TrainyardError
+
+DEFAULT_FILE = Path(".trainyard/local/spans.jsonl")
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
+_JOB_KEYS = ("cloudevents.event_subject", "trainyard.job_id", "job.id")
+
+
+@dataclass
+class Span:
+    trace_id: str
+    span_id: str
+    parent_id: str | None
+    name: str
+    service: str
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def duration_s(self) -> float:
+        return max(self.end_ns - self.start_ns, 0) / 1e9
+
+
+def load_spans(path: Path) -> list[Span]:
+    """Every span in ``path`` (JSON lines of spans, or OTLP-JSON); ``CliError`` naming the
+    file and line when it is neither."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot read spans from {path}: {exc.strerror or exc}") from None
+    stripped = text.strip()
+    if stripped.startswith("{") and "\n" not in stripped:
+        documents: Iterable[tuple[int, str]] = [(1, stripped)]
+    else:
+        documents = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    try:
+        whole = json.loads(stripped) if stripped.startswith("{") else None
+    except json.JSONDecodeError:
+        whole = None
+    if isinstance(whole, dict) and "resourceSpans" in whole:
+        return list(_otlp_spans(whole))
+    spans: list[Span] = []
+    for number, line in documents:
+        try:
+            record = json.loads(line)
+            spans.extend(_otlp_spans(record) if "resourceSpans" in record else [_span(record)])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise CliError(f"{path}:{number}: not a span record ({exc})") from None
+    return spans
+
+
+def _span(record: dict[str, Any]) -> Span:
+    return Span(
+        trace_id=str(record["trace_id"]),
+        span_id=str(record["span_id"]),
+        parent_id=record.get("parent_id"),
+        name=str(record["name"]),
+        service=str(record.get("service") or "?"),
+        start_ns=int(record["start_ns"]),
+        end_ns=int(record.get("end_ns") or record["start_ns"]),
+        attributes=dict(record.get("attributes") or {}),
+    )
+
+
+def _otlp_spans(document: dict[str, Any]) -> Iterator[Span]:
+    for resource_spans in document.get("resourceSpans", []):
+        resource = _otlp_attributes(resource_spans.get("resource", {}).get("attributes", []))
+        service = str(resource.get("service.name", "?"))
+        for scope_spans in resource_spans.get("scopeSpans", []):
+            for s in scope_spans.get("spans", []):
+                yield Span(
+                    trace_id=str(s["traceId"]).lower(),
+                    span_id=str(s["spanId"]).lower(),
+                    parent_id=str(s["parentSpanId"]).lower() if s.get("parentSpanId") else None,
+                    name=str(s["name"]),
+                    service=service,
+                    start_ns=int(s["startTimeUnixNano"]),
+                    end_ns=int(s.get("endTimeUnixNano") or s["startTimeUnixNano"]),
+                    attributes=_otlp_attributes(s.get("attributes", [])),
+                )
+
+
+def _otlp_attributes(pairs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        value = pair.get("value", {})
+        out[str(pair["key"])] = next(iter(value.values()), None) if value else None
+    return out
+
+
+def traces_of_job(spans: Iterable[Span], ref: str) -> set[str]:
+    """The trace ids of spans about job ``ref`` (its id, or a unique prefix of the job ids
+    the file names); ``CliError`` when the prefix names several jobs."""
+    by_job: dict[str, set[str]] = {}
+    for s in spans:
+        for key in _JOB_KEYS:
+            value = s.attributes.get(key)
+            if isinstance(value, str) and value.startswith(ref):
+                by_job.setdefault(value, set()).add(s.trace_id)
+    if ref in by_job:
+        return by_job[ref]
+    if len(by_job) > 1:
+        jobs = ", ".join(sorted(by_job)[:5])
+        raise CliError(f"{ref!r} is the start of several jobs' ids in the file: {jobs}")
+    return next(iter(by_job.values()), set())
+
+
+def render_tree(spans: list[Span]) -> str:
+    """One trace's spans as an indented tree (see the module)."""
+    if not spans:
+        return ""
+    ids = {s.span_id for s in spans}
+    children: dict[str | None, list[Span]] = {}
+    for s in spans:
+        parent = s.parent_id if s.parent_id in ids else None
+        children.setdefault(parent, []).append(s)
+    for group in children.values():
+        group.sort(key=lambda s: (s.start_ns, s.name))
+    origin = min(s.start_ns for s in spans)
+    end = max(s.end_ns for s in spans)
+    lines = [f"trace {spans[0].trace_id}: {len(spans)} spans, {_duration((end - origin) / 1e9)}"]
+
+    def walk(span: Span, prefix: str, last: bool, top: bool) -> None:
+        branch = "" if top else ("└─ " if last else "├─ ")
+        missing = "  (parent missing)" if top and span.parent_id else ""
+        start = (span.start_ns - origin) / 1e9
+        lines.append(
+            f"{prefix}{branch}{span.name}  [{span.service}]  {_duration(span.duration_s)}"
+            f"  @+{start:.3f}s{missing}"
+        )
+        below = children.get(span.span_id, [])
+        deeper = prefix if top else prefix + ("   " if last else "│  ")
+        for i, child in enumerate(below):
+            walk(child, deeper, i == len(below) - 1, False)
+
+    for root in children.get(None, []):
+        walk(root, "", True, True)
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.1f} ms"
+    if seconds < 120:
+        return f"{seconds:.2f} s"
+    return f"{seconds / 60:.1f} min"
+
+
+def add_command(command: Callable[..., argparse.ArgumentParser]) -> None:
+    trace = command("trace", run_trace, "a job's trace as a tree of spans, from a span file")
+    trace.add_argument("job", metavar="JOB", help="a job id (or prefix), or a trace id")
+    trace.add_argument(
+        "--file",
+        type=Path,
+        default=DEFAULT_FILE,
+        help=f"JSON-lines or OTLP-JSON spans (default {DEFAULT_FILE}, dev.py up's)",
+    )
+
+
+def run_trace(session: Session) -> int:
+    args = session.args
+    spans = load_spans(args.file)
+    ref = str(args.job).lower()
+    wanted = {ref} if _TRACE_ID.fullmatch(ref) else traces_of_job(spans, ref)
+    if not wanted:
+        wanted = _trace_from_server(session, args.job)
+    chosen = sorted((s for s in spans if s.trace_id in wanted), key=lambda s: s.start_ns)
+    if not chosen:
+        raise CliError(f"no spans of {args.job} in {args.file}")
+    by_trace: dict[str, list[Span]] = {}
+    for s in chosen:
+        by_trace.setdefault(s.trace_id, []).append(s)
+    session.emit(
+        [asdict(s) for s in chosen],
+        lambda: "\n\n".join(render_tree(group) for group in by_trace.values()),
+    )
+    return 0
+
+
+def _trace_from_server(session: Session, ref: str) -> set[str]:
+    try:
+        job_id = resolve(session.client, ref)
+        trace_id = session.client.get_job(job_id).get("trace_id")
+    except (CliError, TrainyardError):
+        return set()  # no server configured, or it knows no such job: the file was all
+    return {trace_id} if trace_id else set()

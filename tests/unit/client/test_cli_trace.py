@@ -1,0 +1,118 @@
+"""``trainyard trace``: a job's spans, read from recorded span files, printed as a tree.
+
+``data/spans.jsonl`` was recorded with the services' JSON-lines exporter
+(``shared.telemetry.JsonLinesSpanExporter``) from SDK spans of four services and two jobs;
+``data/spans.otlp.jsonl`` holds the same spans as OTLP-JSON, one export request per line
+(as an OpenTelemetry Collector's file exporter writes them).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainyard.cli import main
+from trainyard.cli_trace import load_spans, render_tree
+
+DATA = Path(__file__).parent / "data"
+JOB = "3f2a9c1e-5b7d-4e21-9a0c-7d1e2f3a4b5c"
+OTHER = "9e8d7c6b-5a49-4382-8170-6f5e4d3c2b1a"
+
+
+@pytest.fixture(autouse=True)
+def no_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINYARD_CONFIG", str(tmp_path / "config.json"))
+    for name in ("URL", "TOKEN", "CONTEXT"):
+        monkeypatch.delenv(f"TRAINYARD_{name}", raising=False)
+
+
+def _trace(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["trace", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("name", ["spans.jsonl", "spans.otlp.jsonl"])
+def test_the_job_s_trace_is_a_tree_across_services(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _trace(capsys, JOB[:8], "--file", str(DATA / name))
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("trace ") and "8 spans" in lines[0]
+    names = [line.strip(" │├└─").split("  [")[0] for line in lines[1:]]
+    assert names == [
+        "POST /v1/jobs",
+        "job.submitted publish",
+        "job.submitted process",
+        "allocation.granted publish",
+        "allocation.granted process",
+        "checkpoint upload",
+        "job.succeeded publish",
+        "job.succeeded process",
+    ]
+    assert lines[1].startswith("POST /v1/jobs  [submission]")
+    assert lines[2].startswith("└─ job.submitted publish  [submission]")
+    assert lines[3].startswith("   └─ job.submitted process  [scheduler]")
+    assert lines[6].startswith("            ├─ checkpoint upload  [runner]")
+    assert "[registry]" in lines[8]
+    assert all(" ms  @+" in line for line in lines[1:])
+    assert OTHER not in out and "(parent missing)" not in out
+
+
+def test_a_trace_id_selects_that_trace(capsys: pytest.CaptureFixture[str]) -> None:
+    spans = load_spans(DATA / "spans.jsonl")
+    other = next(
+        s.trace_id for s in spans if s.attributes.get("cloudevents.event_subject") == OTHER
+    )
+    code, out, _ = _trace(capsys, other, "--file", str(DATA / "spans.jsonl"), "--json")
+    assert code == 0
+    listed = json.loads(out)
+    assert len(listed) == 7 and {s["trace_id"] for s in listed} == {other}
+
+
+def test_a_span_whose_parent_is_not_in_the_file_is_shown_at_the_top(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = (DATA / "spans.jsonl").read_text().splitlines()
+    kept = [line for line in lines if json.loads(line)["name"] != "allocation.granted publish"]
+    partial = tmp_path / "partial.jsonl"
+    partial.write_text("\n".join(kept) + "\n")
+    code, out, _ = _trace(capsys, JOB, "--file", str(partial))
+    assert code == 0
+    assert "allocation.granted process  [runner]" in out
+    assert [line for line in out.splitlines() if "(parent missing)" in line] == [
+        next(line for line in out.splitlines() if line.startswith("allocation.granted process"))
+    ]
+
+
+def test_an_ambiguous_prefix_is_refused_naming_the_jobs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _, err = _trace(capsys, "", "--file", str(DATA / "spans.jsonl"))
+    assert code != 0
+    assert "several jobs" in err and JOB in err and OTHER in err
+
+
+def test_an_unknown_job_and_a_missing_file_are_one_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _trace(capsys, "0000aaaa", "--file", str(DATA / "spans.jsonl"))
+    assert code != 0 and "no spans of 0000aaaa" in err
+    code, _, err = _trace(capsys, JOB, "--file", str(tmp_path / "none.jsonl"))
+    assert code != 0 and "cannot read spans" in err and "Traceback" not in err
+
+
+def test_a_line_that_is_not_a_span_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text((DATA / "spans.jsonl").read_text() + '{"name": "half"}\n')
+    code, _, err = _trace(capsys, JOB, "--file", str(bad))
+    assert code != 0 and f"{bad}:16: not a span record" in err
+
+
+def test_render_tree_of_nothing_is_empty() -> None:
+    assert render_tree([]) == ""
