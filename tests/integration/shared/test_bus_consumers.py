@@ -524,3 +524,38 @@ async def test_a_stop_while_a_batch_waits_out_an_outage_hands_the_batch_back(
         assert calls == [["a", "b"], ["a", "b"]]
         dead = await bus.jetstream.stream_info(bus.settings.deadletter_stream)
         assert dead.state.messages == 0
+
+
+async def test_a_consumer_whose_stream_was_lost_makes_it_again_and_goes_on(
+    own_bus: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
+    bus = own_bus
+    await bus.publish(event("before"))
+    stop = asyncio.Event()
+    handled: list[str] = []
+
+    async def handle(envelope: Envelope[Payload]) -> None:
+        handled.append(envelope.subject)
+        if envelope.subject == "after":
+            stop.set()
+
+    with caplog.at_level(logging.INFO, logger="shared.bus"):
+        task = asyncio.create_task(bus.consume("survivor", [SUBJECT], handle, stop))
+        try:
+            async with asyncio.timeout(20):
+                while handled != ["before"]:
+                    await asyncio.sleep(0.02)
+                first = await bus.stream_created()
+                await bus.jetstream.delete_stream(bus.settings.stream)  # NATS lost its store
+                while (
+                    "survivor: the durable consumer is gone (stream lost?); making it again"
+                    not in [r.getMessage() for r in caplog.records]
+                ):
+                    await asyncio.sleep(0.02)
+                await bus.publish(event("after"))
+                await task
+        finally:
+            stop.set()
+            await task
+    assert handled == ["before", "after"]
+    assert await bus.stream_created() != first
