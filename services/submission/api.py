@@ -46,11 +46,12 @@ from litestar.openapi import ResponseSpec
 from litestar.params import FromPath, FromQuery, HeaderParameter, PathParameter, QueryParameter
 from litestar.types import Guard
 
-from services.submission import commands, identity, jobschema
+from services.submission import commands, governance, identity, jobschema
 from services.submission.config import Settings
 from services.submission.dashboard import dashboard_routes
 from services.submission.domain import JobStatus
 from services.submission.errors import Conflict, Forbidden, NotFound
+from services.submission.governance import BUDGET_WARNING_HEADER
 from services.submission.identity import Caller
 from services.submission.identity_schemas import (
     MeView,
@@ -284,11 +285,15 @@ async def submit_job(
     settings: Config,
     key: IdempotencyKey = None,
 ) -> Response[JobView]:
-    job = parse_job_request(await json_body(request, _JOB_FREE_TEXT), settings.flavors)
+    flavors = await governance.known_flavors(pool, settings.flavors)
+    job = parse_job_request(await json_body(request, _JOB_FREE_TEXT), flavors)
+    job, warnings = await governance.admit(pool, caller.team, job)
     key = parse_idempotency_key(key)
     view, created = await commands.submit_job(pool, objects, caller, job, key)
-    location = {"Location": f"/v1/jobs/{view.id}"}
-    return Response(view, status_code=201 if created else 200, headers=location)
+    headers = {"Location": f"/v1/jobs/{view.id}"}
+    if warnings:
+        headers[BUDGET_WARNING_HEADER] = "; ".join(warnings)
+    return Response(view, status_code=201 if created else 200, headers=headers)
 
 
 @get("/jobs/{job_id:str}", responses=error_responses(404))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import asyncpg
 
-from services.submission import handlers, identity
+from services.submission import governance, handlers, identity
 from services.submission.api import AppDeps, create_app
 from services.submission.config import Settings
 from shared.bus import BatchHandler, Bus
@@ -23,15 +23,16 @@ from shared.storage import open_store
 
 NAME = "submission"
 MIGRATIONS = Path(__file__).parent / "migrations"
-SUBJECTS = [nats_subject(event) for event in handlers.CONSUMED]
+SUBJECTS = [nats_subject(event) for event in (*handlers.CONSUMED, *governance.CONSUMED)]
 
 
 def event_handler(
     pool: asyncpg.Pool, dispatch: TransactionalHandler = handlers.dispatch
 ) -> BatchHandler:
     """The consumer's handler: each event is applied at most once, in one transaction with
-    its inbox record (a batch of events shares one)."""
-    return idempotent(pool, NAME, dispatch)
+    its inbox record (a batch of events shares one); the flavor catalogue and budget states
+    go to their replicas (``governance``), the rest to ``dispatch``."""
+    return idempotent(pool, NAME, governance.dispatch_with_governance(dispatch))
 
 
 async def serve(settings: Settings) -> int:

@@ -1,0 +1,150 @@
+"""What submission learns from other services and enforces at submission: the flavor
+catalogue (the scheduler's) and budget states (billing's), kept as replicas from events.
+
+Contract:
+- ``dispatch_with_governance(dispatch)`` is the consumer's handler: ``flavor.declared``,
+  ``flavor.retired`` and ``budget.updated`` go to the replicas (``flavor_replica``,
+  ``budget_replica``), anything else to ``dispatch``. Each replica row keeps the highest
+  revision it saw: redelivery and reordering never bring back an older state.
+- ``known_flavors(pool, bootstrap)``: the flavors a job may ask for: the bootstrap list
+  (the ``flavors`` setting, so a fresh install works before any operator declares one) and
+  every flavor the scheduler declared, less those it retired since.
+- ``admit(pool, team, job, now)``: the job as admitted, and the warnings to give, by the
+  budgets of its team and of its project. A budget counts when its state is for the current
+  UTC month, it is not deleted, and it is exhausted (spent >= amount). Its policy: ``refuse``
+  raises ``Conflict`` (409) naming the budget; ``deprioritize`` makes the job's priority
+  class ``low`` (``DEPRIORITIZED_CLASS``), with a warning; ``warn`` admits it with a
+  warning. The state is billing's as last said: a bill billing has not said yet is not in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+import asyncpg
+
+from services.submission.errors import Conflict
+from services.submission.schemas import JobRequest
+from shared.events import Envelope, Payload
+from shared.events.payloads import BudgetUpdated, FlavorDeclared, FlavorRetired
+from shared.inbox import TransactionalHandler
+
+CONSUMED: tuple[type[Payload], ...] = (FlavorDeclared, FlavorRetired, BudgetUpdated)
+BUDGET_WARNING_HEADER = "Trainyard-Budget-Warning"
+"""The header of a ``201`` that admitted a job past a spent budget (``warn``,
+``deprioritize``), saying why."""
+DEPRIORITIZED_CLASS = "low"
+"""The priority class a job gets when its budget is spent under ``deprioritize``."""
+
+
+def dispatch_with_governance(dispatch: TransactionalHandler) -> TransactionalHandler:
+    """``dispatch`` with the replicas' events handled first (module contract)."""
+
+    async def handle(envelope: Envelope[Payload], conn: asyncpg.Connection) -> None:
+        match envelope.data:
+            case FlavorDeclared() as declared:
+                await _apply_flavor(
+                    conn,
+                    declared.name,
+                    declared.description,
+                    declared.revision,
+                    False,
+                    declared.declared_at,
+                )
+            case FlavorRetired() as retired:
+                await _apply_flavor(
+                    conn, retired.name, "", retired.revision, True, retired.retired_at
+                )
+            case BudgetUpdated() as state:
+                await _apply_budget(conn, state)
+            case _:
+                await dispatch(envelope, conn)
+
+    return handle
+
+
+async def _apply_flavor(
+    conn: asyncpg.Connection,
+    name: str,
+    description: str,
+    revision: int,
+    retired: bool,
+    at: datetime,
+) -> None:
+    await conn.execute(
+        """INSERT INTO flavor_replica (name, description, revision, retired, changed_at)
+           VALUES ($1, $2, $3, $4, $5)
+           ON CONFLICT (name) DO UPDATE SET description = EXCLUDED.description,
+               revision = EXCLUDED.revision, retired = EXCLUDED.retired,
+               changed_at = EXCLUDED.changed_at
+           WHERE flavor_replica.revision < EXCLUDED.revision""",
+        name,
+        description,
+        revision,
+        retired,
+        at,
+    )
+
+
+async def _apply_budget(conn: asyncpg.Connection, state: BudgetUpdated) -> None:
+    await conn.execute(
+        """INSERT INTO budget_replica (team, project, month, amount, spent, currency, policy,
+                                       exhausted, deleted, revision)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+           ON CONFLICT (team, project) DO UPDATE SET month = EXCLUDED.month,
+               amount = EXCLUDED.amount, spent = EXCLUDED.spent,
+               currency = EXCLUDED.currency, policy = EXCLUDED.policy,
+               exhausted = EXCLUDED.exhausted, deleted = EXCLUDED.deleted,
+               revision = EXCLUDED.revision
+           WHERE budget_replica.revision < EXCLUDED.revision""",
+        state.team,
+        state.project or "",
+        state.month,
+        state.amount,
+        state.spent,
+        state.currency,
+        state.policy,
+        state.exhausted,
+        state.deleted,
+        state.revision,
+    )
+
+
+async def known_flavors(pool: asyncpg.Pool, bootstrap: Sequence[str]) -> list[str]:
+    """The flavors a job may ask for now (module contract), sorted."""
+    rows = await pool.fetch("SELECT name, retired FROM flavor_replica")
+    retired = {r["name"] for r in rows if r["retired"]}
+    declared = {r["name"] for r in rows if not r["retired"]}
+    return sorted((set(bootstrap) | declared) - retired)
+
+
+async def admit(
+    pool: asyncpg.Pool, team: str, job: JobRequest, now: datetime | None = None
+) -> tuple[JobRequest, list[str]]:
+    """The job as its budgets admit it, and the warnings (module contract)."""
+    now = now or datetime.now(UTC)
+    month = f"{now.year:04d}-{now.month:02d}"
+    rows = await pool.fetch(
+        "SELECT project, month, amount, spent, currency, policy FROM budget_replica "
+        "WHERE team = $1 AND project = ANY($2::text[]) AND month = $3 AND exhausted "
+        "AND NOT deleted ORDER BY project",
+        team,
+        ["", job.project],
+        month,
+    )
+    warnings: list[str] = []
+    for row in rows:
+        scope = f"team {team}" if not row["project"] else f"project {row['project']} of {team}"
+        spent = f"{row['spent']} of {row['amount']} {row['currency']} spent in {row['month']}"
+        if row["policy"] == "refuse":
+            raise Conflict(f"the budget of {scope} is spent ({spent}); new jobs are refused")
+        if row["policy"] == "deprioritize":
+            job = job.model_copy(update={"priority": DEPRIORITIZED_CLASS})
+            warnings.append(
+                f"the budget of {scope} is spent ({spent}); the job runs at priority "
+                f"{DEPRIORITIZED_CLASS}"
+            )
+        else:
+            warnings.append(f"the budget of {scope} is spent ({spent})")
+    return job, warnings
