@@ -552,6 +552,12 @@ async def test_a_consumer_whose_stream_was_lost_makes_it_again_and_goes_on(
                     not in [r.getMessage() for r in caplog.records]
                 ):
                     await asyncio.sleep(0.02)
+                while True:  # made again: the stream, then the consumer
+                    try:
+                        await bus.jetstream.consumer_info(bus.settings.stream, "survivor")
+                        break
+                    except nats.js.errors.NotFoundError:
+                        await asyncio.sleep(0.02)
                 await bus.publish(event("after"))
                 await task
         finally:
