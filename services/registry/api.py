@@ -4,6 +4,9 @@
 - ``GET /v1/models/{team}/{name}/versions/{version}``: one version with its full lineage,
   its registration details and the aliases pointing at it (404 once deleted).
 - The model lifecycle (listing, registering, aliases, downloads, deletion): ``model_api``.
+- Datasets, their immutable versions and grants: ``dataset_api``.
+- Lineage queries (upstream of a model version, downstream of a dataset version, as JSON
+  or OpenLineage run events): ``lineage_api``.
 - ``GET /v1/audit``: the audit log (operators).
 - Experiment tracking (metrics, experiments, runs, tags, notes): ``tracking_api``.
 
@@ -28,6 +31,8 @@ from litestar.types import Guard
 from services.registry import model_repository as models_repo
 from services.registry import names
 from services.registry import repository as repo
+from services.registry.dataset_api import dataset_routes
+from services.registry.lineage_api import lineage_routes
 from services.registry.model_api import STATUSES, model_routes
 from services.registry.schemas import OwnedVersion, VersionList, VersionSummary
 from services.registry.tracking_api import tracking_routes
@@ -97,6 +102,8 @@ def create_app(
             list_versions,
             get_version,
             *model_routes(pool, store, download_url_seconds),
+            *dataset_routes(pool),
+            *lineage_routes(pool),
             *tracking_routes(pool),
             audit_route(pool),
         ],

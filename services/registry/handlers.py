@@ -2,6 +2,8 @@
 
 Runs inside the transaction of ``shared.inbox.idempotent``.
 - ``job.started``: the run is recorded (once per allocation).
+- ``job.started`` also records what the job was given: its dataset versions (the access
+  audit) and its parent model version (``job_inputs``).
 - ``checkpoint.saved``: the checkpoint is recorded (once per job and object).
 - ``job.succeeded``: when the job's spec asks for it (``register_model: true``), a model
   version is registered (``models.register``: the checkpoint is copied to the registry's own
@@ -35,7 +37,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from services.registry import domain, metric_ingest, models, names
+from services.registry import domain, job_inputs, metric_ingest, models, names
 from services.registry import repository as repo
 from services.registry import tracking_repository as tracking
 from services.registry.artifacts import ArtifactMismatch, SourceOutsideStore
@@ -124,6 +126,7 @@ class RegistryHandlers:
 
     async def on_started(self, conn: asyncpg.Connection, started: JobStarted) -> None:
         await tracking.record_started(conn, started, self._clock())
+        await job_inputs.record(conn, started, self._clock())
         if not await repo.insert_run(conn, Run.from_event(started), self._clock()):
             log.info("run %s of job %s recorded already", started.allocation_id, started.job_id)
 

@@ -53,6 +53,7 @@ from schemathesis.checks import (
 
 from services.billing.api import create_app as billing_app
 from services.registry.api import create_app as registry_app
+from services.registry.dataset_schemas import DatasetVersionRequest
 from services.registry.schemas import AliasRequest, RegisterRequest
 from services.registry.tracking_schemas import NoteBody
 from services.runner.agent import NodeAgent
@@ -281,6 +282,7 @@ JSON_BODIES: dict[tuple[str, str, str], type[BaseModel]] = {
     ("registry", "put", "/v1/jobs/{job_id}/note"): NoteBody,
     ("registry", "post", "/v1/models/{team}/{name}/versions"): RegisterRequest,
     ("registry", "put", "/v1/models/{team}/{name}/aliases/{alias}"): AliasRequest,
+    ("registry", "post", "/v1/datasets/{team}/{name}/versions"): DatasetVersionRequest,
 }
 """The routes that read their JSON body by hand, and the model each validates it with."""
 
@@ -337,6 +339,12 @@ UNHOLDABLE: dict[str, list[tuple[str, str, str]]] = {
         ("GET", "/v1/models/a%00/b/versions", "team"),
         ("GET", "/v1/models/a/b%00/versions", "name"),
         ("GET", "/v1/models/a/b/versions/2147483648", "version"),
+        ("GET", "/v1/datasets/a%00/b", "team"),
+        ("GET", "/v1/datasets/a/b%00/versions/1", "name"),
+        ("GET", "/v1/datasets/a/b/versions/2147483648", "version"),
+        ("PUT", "/v1/datasets/a/b/grants/c%00", "grantee_team"),
+        ("GET", "/v1/lineage/models/a/b/versions/2147483648/upstream", "version"),
+        ("GET", "/v1/lineage/datasets/a%00/b/versions/1/downstream", "team"),
         ("GET", f"/v1/experiments/{INT64_MAX + 1}", "experiment_id"),
         ("GET", f"/v1/experiments/{INT64_MAX + 1}/compare", "experiment_id"),
         ("GET", "/v1/jobs/a%00b/metrics", "job_id"),

@@ -1,0 +1,234 @@
+"""Datasets over HTTP (docs/datasets.md): immutable versions per team, and grants.
+
+- ``POST /v1/datasets/{team}/{name}/versions`` (members of ``team``): a new version, never
+  an update; the dataset is created with its first version.
+- ``GET /v1/datasets``: the datasets the caller's team may read (its own and those granted to
+  it; operators: every one).
+- ``GET /v1/datasets/{team}/{name}``: one dataset with its versions (and, for its own team and
+  operators, its grants).
+- ``GET /v1/datasets/{team}/{name}/versions/{version}``: one version (submission's admission
+  asks this with the submitting user's token).
+- ``PUT``/``DELETE /v1/datasets/{team}/{name}/grants/{grantee_team}`` (admins of ``team``,
+  operators): let another team read every version, or stop it; audited.
+
+A dataset the caller's team may not read answers 404 exactly like one that does not exist,
+so names cannot be probed. Every name in a path is checked (``names``) first: 422 naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import asyncpg
+from litestar import Request, delete, get, post, put
+from litestar.di import NamedDependency
+from litestar.exceptions import NotFoundException, PermissionDeniedException
+from litestar.handlers import HTTPRouteHandler
+from litestar.params import FromPath, PathParameter, QueryParameter
+
+from services.registry import dataset_repository as datasets
+from services.registry import names
+from services.registry import repository as repo
+from services.registry.dataset_schemas import (
+    DatasetDetail,
+    DatasetPage,
+    DatasetSummary,
+    DatasetVersionRead,
+    DatasetVersionRequest,
+    GrantChange,
+)
+from shared import audit
+from shared.access import needs
+from shared.http_app import error_responses, json_request_body
+from shared.http_errors import RequestInvalid, parse_body, read_json_body
+from shared.identity import Principal, Role
+
+Caller = NamedDependency[Principal]
+Version = Annotated[int, PathParameter(ge=1, le=2**31 - 1)]
+Clock = Callable[[], datetime]
+BODY_MAX_BYTES = 64 * 1024
+PAGE_MAX = 500
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _reader(principal: Principal) -> str | None:
+    """The team whose rights apply (None: an operator, who reads every dataset)."""
+    return None if principal.is_operator else principal.team
+
+
+def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRouteHandler]:
+    """The routes of the module docstring over the registry's pool."""
+
+    async def readable(
+        conn: asyncpg.Connection, principal: Principal, team: str, name: str
+    ) -> datasets.Dataset:
+        found = await datasets.dataset(conn, team, name)
+        if found is None or not await datasets.readable(conn, _reader(principal), team, name):
+            raise NotFoundException(f"no dataset {name!r} in team {team!r}")
+        return found
+
+    @post(
+        "/v1/datasets/{team:str}/{name:str}/versions",
+        summary="Register a new, immutable version of a dataset (members of its team)",
+        opt=needs(Role.MEMBER),
+        status_code=201,
+        operation_class=json_request_body(DatasetVersionRequest),
+        responses=error_responses(404, 413, 415),
+    )
+    async def add_version(
+        team: FromPath[str], name: FromPath[str], request: Request[Any, Any, Any], principal: Caller
+    ) -> DatasetVersionRead:
+        names.check_model(team, name)
+        body = parse_body(
+            DatasetVersionRequest,
+            await read_json_body(request, BODY_MAX_BYTES, lambda _: False),
+        )
+        if not principal.may_see_team(team):
+            raise NotFoundException(f"no team {team!r}")  # another team's: like none
+        async with pool.acquire() as conn, conn.transaction():
+            if body.producing_job_id is not None:
+                runs = await repo.runs_of_job(conn, body.producing_job_id)
+                if not runs or runs[0].spec.team != team:
+                    raise RequestInvalid.one(
+                        "producing_job_id", f"no started job of team {team!r} has this id"
+                    )
+            version = await datasets.add_version(
+                conn,
+                team,
+                name,
+                uri=body.uri,
+                sha256=body.sha256,
+                size_bytes=body.size_bytes,
+                schema=body.data_schema,
+                feature_version=body.feature_version,
+                producing_job_id=body.producing_job_id,
+                actor=principal.actor,
+                now=clock(),
+            )
+            if audit.must_record(principal):
+                await audit.record(
+                    conn,
+                    principal,
+                    "register dataset version",
+                    version.reference,
+                    {"uri": body.uri, "sha256": body.sha256},
+                )
+        return DatasetVersionRead.of(version)
+
+    @get("/v1/datasets", summary="The datasets the caller's team may read")
+    async def list_datasets(
+        principal: Caller,
+        limit: Annotated[int, QueryParameter(ge=1, le=PAGE_MAX)] = 100,
+    ) -> DatasetPage:
+        async with pool.acquire() as conn:
+            rows = await datasets.readable_datasets(conn, _reader(principal), limit)
+        return DatasetPage(
+            datasets=[
+                DatasetSummary(
+                    team=r.team,
+                    name=r.name,
+                    latest_version=r.latest_version,
+                    created_at=r.created_at,
+                )
+                for r in rows
+            ]
+        )
+
+    @get("/v1/datasets/{team:str}/{name:str}", responses=error_responses(404))
+    async def get_dataset(
+        team: FromPath[str], name: FromPath[str], principal: Caller
+    ) -> DatasetDetail:
+        names.check_model(team, name)
+        async with pool.acquire() as conn:
+            found = await readable(conn, principal, team, name)
+            versions = await datasets.versions(conn, team, name)
+        return DatasetDetail(
+            team=team,
+            name=name,
+            latest_version=found.latest_version,
+            created_at=found.created_at,
+            versions=[DatasetVersionRead.of(v) for v in versions],
+            grants=found.grants if principal.may_see_team(team) else None,
+        )
+
+    @get(
+        "/v1/datasets/{team:str}/{name:str}/versions/{version:int}",
+        responses=error_responses(404),
+    )
+    async def get_version(
+        team: FromPath[str], name: FromPath[str], version: Version, principal: Caller
+    ) -> DatasetVersionRead:
+        names.check_model(team, name)
+        async with pool.acquire() as conn:
+            await readable(conn, principal, team, name)
+            found = await datasets.version(conn, team, name, version)
+        if found is None:
+            raise NotFoundException(f"no version {version} of dataset {name!r} in team {team!r}")
+        return DatasetVersionRead.of(found)
+
+    async def change_grant(
+        team: str, name: str, grantee_team: str, principal: Principal, *, granted: bool
+    ) -> GrantChange:
+        names.check_model(team, name)
+        names.check("team", grantee_team, "grantee_team")
+        missing = NotFoundException(f"no dataset {name!r} in team {team!r}")
+        if not principal.may_see_team(team):
+            raise missing
+        if not principal.has(Role.ADMIN):
+            raise PermissionDeniedException("granting needs the admin role of the dataset's team")
+        if grantee_team == team:
+            raise RequestInvalid.one("grantee_team", "a team always reads its own datasets")
+        async with pool.acquire() as conn, conn.transaction():
+            found = await datasets.dataset(conn, team, name)
+            if found is None:
+                raise missing
+            if granted:
+                changed = await datasets.grant(
+                    conn, found.id, grantee_team, principal.actor, clock()
+                )
+            else:
+                changed = await datasets.revoke(conn, found.id, grantee_team)
+            await audit.record(
+                conn,
+                principal,
+                "grant dataset" if granted else "revoke dataset grant",
+                f"{team}/{name}",
+                {"grantee_team": grantee_team, "changed": changed},
+            )
+        return GrantChange(
+            team=team, name=name, grantee_team=grantee_team, granted=granted, changed=changed
+        )
+
+    @put(
+        "/v1/datasets/{team:str}/{name:str}/grants/{grantee_team:str}",
+        summary="Let another team read every version of the dataset (admins), audited",
+        opt=needs(Role.ADMIN),
+        status_code=200,
+        responses=error_responses(404),
+    )
+    async def put_grant(
+        team: FromPath[str], name: FromPath[str], grantee_team: FromPath[str], principal: Caller
+    ) -> GrantChange:
+        return await change_grant(team, name, grantee_team, principal, granted=True)
+
+    @delete(
+        "/v1/datasets/{team:str}/{name:str}/grants/{grantee_team:str}",
+        summary="Stop another team reading the dataset (admins), audited",
+        opt=needs(Role.ADMIN),
+        status_code=200,
+        responses=error_responses(404),
+    )
+    async def delete_grant(
+        team: FromPath[str], name: FromPath[str], grantee_team: FromPath[str], principal: Caller
+    ) -> GrantChange:
+        return await change_grant(team, name, grantee_team, principal, granted=False)
+
+    return [add_version, list_datasets, get_dataset, get_version, put_grant, delete_grant]
+
+
+__all__: Sequence[str] = ["dataset_routes"]

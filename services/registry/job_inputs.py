@@ -1,0 +1,91 @@
+"""What a job was given: its dataset versions (the access audit) and the model version it
+fine-tunes from, recorded when its ``job.started`` arrives (``handlers.on_started``).
+
+Contract:
+- Each of the spec's ``datasets`` (``team/name[:version]``; submission resolved the version
+  at admission, the latest is taken otherwise) is recorded once per job in
+  ``dataset_access``, with the job's team and the allocation that first started.
+- The spec's ``parent_model`` (``team/name:version`` or ``@alias``, an alias resolved now)
+  is recorded once per job in ``job_parents``; the first start's answer stays.
+- Only what the job's team may read is recorded: a dataset neither its own nor granted, a
+  model of another team, or anything that does not exist is logged at WARNING and skipped
+  (submission refuses such a job at admission; one that got past it is not given a lineage
+  edge it had no right to). Nothing here raises for a bad reference: redelivery would not
+  make it right.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+
+import asyncpg
+
+from services.registry import dataset_repository as datasets
+from services.registry import model_repository as models_repo
+from services.registry import references
+from services.registry import repository as repo
+from shared.events.payloads import JobStarted
+
+log = logging.getLogger(__name__)
+
+
+async def record(conn: asyncpg.Connection, started: JobStarted, now: datetime) -> None:
+    spec = started.spec
+    for text in spec.datasets:
+        try:
+            ref = references.parse(text, alias_allowed=False)
+        except ValueError as exc:
+            log.warning("job %s: dataset %s; not recorded", started.job_id, exc)
+            continue
+        found = await datasets.version(conn, ref.team, ref.name, ref.version)
+        if found is None or not await datasets.readable(conn, spec.team, ref.team, ref.name):
+            log.warning(
+                "job %s of team %s: dataset %s does not exist or is not readable by the team; "
+                "not recorded",
+                started.job_id,
+                spec.team,
+                text,
+            )
+            continue
+        await datasets.record_access(
+            conn, started.job_id, found, spec.team, started.allocation_id, now
+        )
+    if spec.parent_model is not None:
+        await _record_parent(conn, started, spec.parent_model, now)
+
+
+async def _record_parent(
+    conn: asyncpg.Connection, started: JobStarted, text: str, now: datetime
+) -> None:
+    team = started.spec.team
+    try:
+        ref = references.parse(text, alias_allowed=True)
+    except ValueError as exc:
+        log.warning("job %s: parent model %s; not recorded", started.job_id, exc)
+        return
+    number = ref.version
+    if ref.alias is not None:
+        model = await models_repo.model(conn, ref.team, ref.name)
+        number = None if model is None else model.aliases.get(ref.alias)
+    parent = (
+        None
+        if number is None or ref.team != team
+        else await repo.model_version(conn, ref.team, ref.name, number)
+    )
+    if parent is None:
+        log.warning(
+            "job %s of team %s: parent model %s does not exist or is another team's; not recorded",
+            started.job_id,
+            team,
+            text,
+        )
+        return
+    await conn.execute(
+        """INSERT INTO job_parents (job_id, parent_version_id, recorded_at)
+           VALUES ($1, $2, $3) ON CONFLICT (job_id) DO NOTHING""",
+        started.job_id,
+        uuid.UUID(parent.id),
+        now,
+    )

@@ -1,0 +1,102 @@
+"""Lineage queries over HTTP (docs/lineage.md).
+
+- ``GET /v1/lineage/models/{team}/{name}/versions/{version}/upstream``: everything the model
+  version came from, transitively.
+- ``GET /v1/lineage/datasets/{team}/{name}/versions/{version}/downstream``: everything made
+  from the dataset version, transitively (what to retrain when the data turns out bad).
+
+``?format=json`` (default) answers the graph (``lineage.Graph.as_json``);
+``?format=openlineage`` answers ``{"events": [RunEvent, ...]}``. The starting node must be
+visible to the caller (its team's model; a dataset its team owns or was granted; operators
+everything), else 404 like one that does not exist; nodes of the graph it may not see are
+left out and counted in ``hidden``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+
+import asyncpg
+from litestar import get
+from litestar.di import NamedDependency
+from litestar.exceptions import NotFoundException
+from litestar.handlers import HTTPRouteHandler
+from litestar.params import FromPath, PathParameter, QueryParameter
+
+from services.registry import dataset_repository as datasets
+from services.registry import lineage, names
+from services.registry import repository as repo
+from shared.http_app import error_responses
+from shared.identity import Principal
+
+Caller = NamedDependency[Principal]
+Version = Annotated[int, PathParameter(ge=1, le=2**31 - 1)]
+Format = Annotated[Literal["json", "openlineage"], QueryParameter()]
+
+
+def lineage_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
+    """The routes of the module docstring over the registry's pool."""
+
+    async def answer(
+        conn: asyncpg.Connection, graph: lineage.Graph, principal: Principal, fmt: str
+    ) -> dict[str, Any]:
+        reader = None if principal.is_operator else principal.team
+
+        async def may_read(team: str, name: str) -> bool:
+            return await datasets.readable(conn, reader, team, name)
+
+        shown = await graph.visible_to(reader, may_read)
+        if fmt == "openlineage":
+            return {"events": lineage.openlineage(shown)}
+        return shown.as_json()
+
+    @get(
+        "/v1/lineage/models/{team:str}/{name:str}/versions/{version:int}/upstream",
+        summary="Everything a model version came from, transitively",
+        responses=error_responses(404),
+    )
+    async def model_upstream(
+        team: FromPath[str],
+        name: FromPath[str],
+        version: Version,
+        principal: Caller,
+        format: Format = "json",
+    ) -> dict[str, Any]:
+        names.check_model(team, name)
+        missing = NotFoundException(f"no version {version} of model {name!r} in team {team!r}")
+        if not principal.may_see_team(team):
+            raise missing
+        async with pool.acquire() as conn:
+            found = await repo.model_version(conn, team, name, version)
+            if found is None:
+                raise missing
+            return await answer(conn, await lineage.upstream(conn, found), principal, format)
+
+    @get(
+        "/v1/lineage/datasets/{team:str}/{name:str}/versions/{version:int}/downstream",
+        summary="Everything made from a dataset version, transitively (what to retrain)",
+        responses=error_responses(404),
+    )
+    async def dataset_downstream(
+        team: FromPath[str],
+        name: FromPath[str],
+        version: Version,
+        principal: Caller,
+        format: Format = "json",
+    ) -> dict[str, Any]:
+        names.check_model(team, name)
+        missing = NotFoundException(f"no version {version} of dataset {name!r} in team {team!r}")
+        reader = None if principal.is_operator else principal.team
+        async with pool.acquire() as conn:
+            if not await datasets.readable(conn, reader, team, name):
+                raise missing
+            found = await datasets.version(conn, team, name, version)
+            if found is None:
+                raise missing
+            return await answer(conn, await lineage.downstream(conn, found), principal, format)
+
+    return [model_upstream, dataset_downstream]
+
+
+__all__: Sequence[str] = ["lineage_routes"]
