@@ -64,6 +64,7 @@ from shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
     AllocationRevoked,
+    BudgetThresholdCrossed,
     BudgetUpdated,
     CheckpointSaved,
     CostRecorded,
@@ -123,6 +124,7 @@ _CONSUMES: dict[str, list[str]] = {
         FlavorDeclared,
         FlavorRetired,
         BudgetUpdated,
+        BudgetThresholdCrossed,
     ),
     "scheduler": _every(
         RunnerHeartbeat,

@@ -61,8 +61,11 @@ Clock = Callable[[], datetime]
 BODY_MAX_BYTES = 64 * 1024
 """A job spec is read as an estimate's body: the largest a spec file may reasonably be."""
 FLAVOR = r"^[a-z0-9][a-z0-9-]{0,39}$"
+TEAM = r"^[A-Za-z0-9_-]{1,100}$"
+"""A team with a budget: no dot, since the team is the routing key of budget events (a NATS
+subject token)."""
 NAME = r"^[A-Za-z0-9._-]{1,100}$"
-TeamPath = Annotated[str, PathParameter(pattern=NAME, min_length=1, max_length=100)]
+TeamPath = Annotated[str, PathParameter(pattern=TEAM, min_length=1, max_length=100)]
 ProjectPath = Annotated[str, PathParameter(pattern=NAME, min_length=1, max_length=100)]
 
 

@@ -3,7 +3,8 @@ catalogue (the scheduler's) and budget states (billing's), kept as replicas from
 
 Contract:
 - ``dispatch_with_governance(dispatch)`` is the consumer's handler: ``flavor.declared``,
-  ``flavor.retired`` and ``budget.updated`` go to the replicas (``flavor_replica``,
+  ``flavor.retired`` and ``budget.updated`` go to the replicas (``budget.threshold_crossed``
+  is logged) (``flavor_replica``,
   ``budget_replica``), anything else to ``dispatch``. Each replica row keeps the highest
   revision it saw: redelivery and reordering never bring back an older state.
 - ``known_flavors(pool, bootstrap)``: the flavors a job may ask for: the bootstrap list
@@ -19,6 +20,7 @@ Contract:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -27,13 +29,24 @@ import asyncpg
 from services.submission.errors import Conflict
 from services.submission.schemas import JobRequest
 from shared.events import Envelope, Payload
-from shared.events.payloads import BudgetUpdated, FlavorDeclared, FlavorRetired
+from shared.events.payloads import (
+    BudgetThresholdCrossed,
+    BudgetUpdated,
+    FlavorDeclared,
+    FlavorRetired,
+)
 from shared.inbox import TransactionalHandler
 
-CONSUMED: tuple[type[Payload], ...] = (FlavorDeclared, FlavorRetired, BudgetUpdated)
+CONSUMED: tuple[type[Payload], ...] = (
+    FlavorDeclared,
+    FlavorRetired,
+    BudgetUpdated,
+    BudgetThresholdCrossed,
+)
 BUDGET_WARNING_HEADER = "Trainyard-Budget-Warning"
 """The header of a ``201`` that admitted a job past a spent budget (``warn``,
 ``deprioritize``), saying why."""
+log = logging.getLogger(__name__)
 DEPRIORITIZED_CLASS = "low"
 """The priority class a job gets when its budget is spent under ``deprioritize``."""
 
@@ -58,6 +71,18 @@ def dispatch_with_governance(dispatch: TransactionalHandler) -> TransactionalHan
                 )
             case BudgetUpdated() as state:
                 await _apply_budget(conn, state)
+            case BudgetThresholdCrossed() as crossed:
+                # The state that admission acts on comes with budget.updated; a crossing is
+                # logged, for the team's operators to find why jobs start being refused.
+                log.info(
+                    "budget of team %s%s: %s%% of %s %s reached in %s",
+                    crossed.team,
+                    f" project {crossed.project}" if crossed.project else "",
+                    crossed.threshold_percent,
+                    crossed.amount,
+                    crossed.currency,
+                    crossed.month,
+                )
             case _:
                 await dispatch(envelope, conn)
 

@@ -131,12 +131,30 @@ RUNNER_NODE_ONLY: tuple[type[Payload], ...] = (RunnerHeartbeat, JobMetrics)
 """What a runner may say only under its own node id (its NATS user's permissions)."""
 
 
+_ROUTED_BY_OTHER: tuple[tuple[type[Payload], str, str], ...] = (
+    (FlavorDeclared, "name", "flavor"),
+    (FlavorRetired, "name", "flavor"),
+    (BudgetUpdated, "team", "team"),
+    (BudgetThresholdCrossed, "team", "team"),
+)
+"""Events about neither a job nor a node: (type, the field of their routing key, what it
+names)."""
+
+
+def _routed_by(payload: Payload) -> tuple[str, str]:
+    for kind, field, what in _ROUTED_BY_OTHER:
+        if isinstance(payload, kind):
+            return field, what
+    if isinstance(payload, _ROUTED_BY_NODE):
+        return "node_id", "node"
+    return "job_id", "job"
+
+
 def routing_key_of(payload: Payload) -> str:
     """The routing key an event of ``payload`` carries (docs/events.md): its node id for a
-    grant, a revocation, a heartbeat or a batch of metric points, its job id for every other
-    event."""
-    field = "node_id" if isinstance(payload, _ROUTED_BY_NODE) else "job_id"
-    return str(getattr(payload, field))
+    grant, a revocation, a heartbeat or a batch of metric points, the flavor's name for the
+    flavor catalogue's events, the team for a budget's, its job id for every other event."""
+    return str(getattr(payload, _routed_by(payload)[0]))
 
 
 def misrouted_because(payload: Payload, routing_key: str) -> str | None:
@@ -145,7 +163,7 @@ def misrouted_because(payload: Payload, routing_key: str) -> str | None:
     bus's permissions vouch for and consumers filter on; the payload is what they act on."""
     about = routing_key_of(payload)
     if about != routing_key:
-        what = "node" if isinstance(payload, _ROUTED_BY_NODE) else "job"
+        what = _routed_by(payload)[1]
         return f"{payload.TYPE} routed to {what} {routing_key} is about {what} {about}"
     return None
 
