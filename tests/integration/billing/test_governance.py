@@ -1,0 +1,310 @@
+"""The price book with effective dates, the cost estimate and budgets, over billing's real
+consumer (inbox, handlers, ledger) on PostgreSQL, its HTTP app, and, for the events budgets
+say, the real bus.
+
+User tokens are checked by the real guard and identity client; only the submission
+service's answer to ``GET /v1/me`` is stood in for (an httpx transport)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import asyncpg
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from services.billing.api import create_app
+from services.billing.budgets import month_start
+from shared.access import service_guard
+from shared.events import Envelope, Payload
+from shared.events.payloads import (
+    AllocationReleased,
+    BudgetThresholdCrossed,
+    BudgetUpdated,
+    FlavorDeclared,
+    FlavorRetired,
+)
+from shared.events.trust import owner
+from shared.identity import IdentityClient
+from tests.integration.billing.conftest import Billing, feed, grant_of, release_event, until
+
+pytestmark = pytest.mark.integration
+
+OPERATOR = {"Authorization": "Bearer s3cret"}
+ML_VIEWER = {"Authorization": "Bearer ml-viewer"}
+ML_ADMIN = {"Authorization": "Bearer ml-admin"}
+VISION_ADMIN = {"Authorization": "Bearer vision-admin"}
+USERS = {
+    "ml-viewer": {"user": "ada", "team": "ml", "role": "viewer", "token_id": 1},
+    "ml-admin": {"user": "bo", "team": "ml", "role": "admin", "token_id": 2},
+    "vision-admin": {"user": "cy", "team": "vision", "role": "admin", "token_id": 3},
+}
+
+
+def _me(request: httpx.Request) -> httpx.Response:
+    token = request.headers.get("authorization", "").removeprefix("Bearer ")
+    if token in USERS:
+        return httpx.Response(200, json=USERS[token])
+    return httpx.Response(401, json={"detail": "unknown token"})
+
+
+@pytest.fixture
+async def client(pool: asyncpg.Pool) -> AsyncIterator[httpx.AsyncClient]:
+    """Billing's app (prices from the fixture: a100 2.5, cpu 0.1, from 1970)."""
+    identity = IdentityClient(
+        "http://submission",
+        http=httpx.AsyncClient(transport=httpx.MockTransport(_me), base_url="http://submission"),
+    )
+    app = create_app(pool, service_guard(SecretStr("s3cret"), identity), [])
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="http://billing") as c:
+        yield c
+    await identity.aclose()
+
+
+def released(
+    allocation_id: str,
+    start: datetime,
+    length: timedelta,
+    *,
+    gpus: int = 2,
+    flavor: str = "a100",
+    team: str = "ml",
+    job_id: str | None = None,
+) -> AllocationReleased:
+    return AllocationReleased(
+        allocation_id=allocation_id,
+        job_id=job_id or f"job-{allocation_id}",
+        node_id="node-1",
+        team=team,
+        user="ada",
+        gpu_flavor=flavor,
+        gpus=gpus,
+        granted_at=start,
+        released_at=start + length,
+        outcome="succeeded",
+    )
+
+
+def catalogue_event(payload: Payload, key: str) -> Envelope[Payload]:
+    return Envelope.wrap(payload, source=owner(payload), subject=key)
+
+
+def errors(response: httpx.Response) -> dict[str, str]:
+    assert response.status_code == 422, response.text
+    return {e["field"]: e["message"] for e in response.json()["errors"]}
+
+
+# --- prices ----------------------------------------------------------------------------
+
+
+async def test_a_bill_straddling_a_price_change_is_split_at_the_change(
+    pool: asyncpg.Pool, client: httpx.AsyncClient
+) -> None:
+    change = (datetime.now(UTC) + timedelta(hours=2)).replace(microsecond=0)
+    answer = await client.put(
+        "/v1/prices/a100",
+        json={"price_per_gpu_hour": "4.00", "effective_from": change.isoformat()},
+        headers=OPERATOR,
+    )
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["in_force"] is False
+
+    # 2 GPUs from an hour before the change to an hour after: 2 GPU-h at 2.5, 2 at 4.
+    straddling = released("s1", change - timedelta(hours=1), timedelta(hours=2))
+    before = released("b1", change - timedelta(hours=3), timedelta(hours=1))
+    for r in (straddling, before):
+        await feed(pool, grant_of(r), release_event(r))
+
+    entries = await pool.fetch(
+        "SELECT allocation_id, segment, started_at, ended_at, price_per_gpu_hour, cost "
+        "FROM ledger_entries ORDER BY allocation_id, segment"
+    )
+    assert [
+        (e["allocation_id"], e["segment"], e["price_per_gpu_hour"], e["cost"]) for e in entries
+    ] == [
+        ("b1", 0, Decimal("2.5"), Decimal("5.000000")),  # all before: its old price
+        ("s1", 0, Decimal("2.5"), Decimal("5.000000")),
+        ("s1", 1, Decimal("4.00"), Decimal("8.000000")),
+    ]
+    assert entries[1]["ended_at"] == change == entries[2]["started_at"]
+    bill = await pool.fetchrow("SELECT cost FROM usage_ledger WHERE allocation_id = 's1'")
+    assert bill["cost"] == Decimal("13.000000")
+    rolled = await pool.fetchval(
+        "SELECT sum(cost) FROM cost_rollups WHERE granularity = 'hour' AND team = 'ml'"
+    )
+    assert rolled == Decimal("18.000000")  # the rollups hold both parts, and b1
+
+    job = (await client.get("/v1/jobs/job-s1/cost", headers=ML_VIEWER)).json()
+    (allocation,) = job["allocations"]
+    assert Decimal(allocation["cost"]) == Decimal(13)
+    assert [Decimal(p["price_per_gpu_hour"]) for p in allocation["prices"]] == [
+        Decimal("2.5"),
+        Decimal(4),
+    ]
+    prices = (await client.get("/v1/prices", params={"flavor": "a100"}, headers=ML_VIEWER)).json()
+    assert [(Decimal(p["price_per_gpu_hour"]), p["in_force"]) for p in prices] == [
+        (Decimal("2.5"), True),
+        (Decimal(4), False),
+    ]
+
+
+async def test_prices_are_set_by_operators_for_catalogue_flavors_from_now_on(
+    pool: asyncpg.Pool, client: httpx.AsyncClient
+) -> None:
+    past = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
+    assert "effective_from" in errors(
+        await client.put(
+            "/v1/prices/a100",
+            json={"price_per_gpu_hour": "1", "effective_from": past},
+            headers=OPERATOR,
+        )
+    )
+    bad = await client.put("/v1/prices/a100", json={"price_per_gpu_hour": "-1"}, headers=OPERATOR)
+    assert "price_per_gpu_hour" in errors(bad)
+    refused = await client.put(
+        "/v1/prices/a100", json={"price_per_gpu_hour": "1"}, headers=ML_ADMIN
+    )
+    assert refused.status_code == 403
+
+    unknown = await client.put(
+        "/v1/prices/l40s", json={"price_per_gpu_hour": "3"}, headers=OPERATOR
+    )
+    assert "declares it first" in errors(unknown)["flavor"]
+    at = datetime.now(UTC)
+    await feed(
+        pool,
+        catalogue_event(FlavorDeclared(name="l40s", revision=3, declared_at=at), "l40s"),
+        # An older retirement delivered late changes nothing.
+        catalogue_event(FlavorRetired(name="l40s", revision=2, retired_at=at), "l40s"),
+    )
+    known = await client.put("/v1/prices/l40s", json={"price_per_gpu_hour": "3"}, headers=OPERATOR)
+    assert known.status_code == 201, known.text
+
+    # A release of the new flavor is billed at its price from then on.
+    later = released("l1", datetime.now(UTC) + timedelta(seconds=1), timedelta(hours=1))
+    later = later.model_copy(update={"gpu_flavor": "l40s", "gpus": 1})
+    await feed(pool, grant_of(later), release_event(later))
+    cost = await pool.fetchval("SELECT cost FROM usage_ledger WHERE allocation_id = 'l1'")
+    assert cost == Decimal("3.000000")
+
+
+# --- the estimate ----------------------------------------------------------------------
+
+
+async def test_a_job_spec_is_estimated_from_its_resources_runtime_and_restarts(
+    client: httpx.AsyncClient,
+) -> None:
+    spec = {
+        "name": "train",
+        "entrypoint": "train",
+        "gpus": 2,
+        "gpu_flavor": "a100",
+        "max_runtime_seconds": 1800,
+        "max_restarts": 1,
+    }
+    answer = await client.post("/v1/costs/estimate", json=spec, headers=ML_VIEWER)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert Decimal(body["gpu_seconds"]) == 3600  # 2 GPUs x 30 min
+    assert Decimal(body["estimated_cost"]) == Decimal("2.5")
+    assert Decimal(body["worst_case_cost"]) == Decimal(5)  # two attempts
+    assert body["currency"] == "USD"
+
+    unpriced = await client.post(
+        "/v1/costs/estimate", json={**spec, "gpu_flavor": "tpu"}, headers=ML_VIEWER
+    )
+    assert "no price for 'tpu'" in errors(unpriced)["gpu_flavor"]
+    assert "gpus" in errors(
+        await client.post("/v1/costs/estimate", json={**spec, "gpus": 0}, headers=ML_VIEWER)
+    )
+    anonymous = await client.post("/v1/costs/estimate", json=spec)
+    assert anonymous.status_code == 401
+
+
+# --- budgets ---------------------------------------------------------------------------
+
+
+async def test_a_budget_crossing_its_thresholds_says_each_once(
+    billing: Billing, client: httpx.AsyncClient
+) -> None:
+    put = await client.put(
+        "/v1/budgets/ml",
+        json={"amount": "10", "thresholds": [100, 50], "policy": "refuse"},
+        headers=ML_ADMIN,
+    )
+    assert put.status_code == 201, put.text
+    assert put.json()["thresholds"] == [50, 100]
+    start = month_start(datetime.now(UTC)) + timedelta(minutes=1)
+
+    # 6.0 (2 a100 x 1.2 h): past 50 %, then the same event again (redelivered)
+    first = released("r1", start, timedelta(minutes=72))
+    envelope = release_event(first)
+    await feed(billing.pool, grant_of(first), envelope)
+    await feed(billing.pool, envelope)  # the inbox drops it
+    # 5.0 more: past 100 %; and a release of another team changes nothing of ml's budget
+    await billing.send(released("r2", start + timedelta(hours=2), timedelta(hours=1)))
+    await billing.send(released("v1", start, timedelta(hours=9), team="vision"))
+
+    def crossings() -> list[BudgetThresholdCrossed]:
+        return [e.data for e in billing.seen if isinstance(e.data, BudgetThresholdCrossed)]
+
+    def states() -> list[BudgetUpdated]:
+        return [e.data for e in billing.seen if isinstance(e.data, BudgetUpdated)]
+
+    await until(lambda: len(crossings()) == 2 and states() and states()[-1].exhausted)
+    assert [(c.team, c.threshold_percent, Decimal(c.spent)) for c in crossings()] == [
+        ("ml", 50, Decimal(6)),
+        ("ml", 100, Decimal(11)),
+    ]
+    assert [(s.revision > 0, s.exhausted, s.policy) for s in states()] == [
+        (True, False, "refuse"),  # when it was set
+        (True, False, "refuse"),  # 50 % crossed
+        (True, True, "refuse"),  # 100 % crossed
+    ]
+    rows = await billing.pool.fetch(
+        "SELECT threshold_percent FROM budget_crossings ORDER BY threshold_percent"
+    )
+    assert [r["threshold_percent"] for r in rows] == [50, 100]
+
+    (view,) = (await client.get("/v1/budgets", headers=ML_VIEWER)).json()
+    assert (view["team"], view["project"], Decimal(view["spent"])) == ("ml", None, Decimal(11))
+    assert view["exhausted"] is True and view["runs_out_at"] is None
+    assert view["forecast"] == "spent: the budget ran out this month"
+
+
+async def test_budgets_are_written_by_the_team_s_admins_and_read_by_its_users(
+    client: httpx.AsyncClient,
+) -> None:
+    body = {"amount": "100", "policy": "warn"}
+    assert (await client.put("/v1/budgets/ml", json=body, headers=ML_VIEWER)).status_code == 403
+    assert (await client.put("/v1/budgets/ml", json=body, headers=VISION_ADMIN)).status_code == 404
+    made = await client.put("/v1/budgets/ml/nlp", json=body, headers=ML_ADMIN)
+    assert made.status_code == 201, made.text
+    assert made.json()["thresholds"] == [50, 80, 100]
+    again = await client.put("/v1/budgets/ml/nlp", json=body, headers=OPERATOR)
+    assert again.status_code == 200
+
+    read = await client.get("/v1/budgets/ml/nlp", headers=ML_VIEWER)
+    assert read.status_code == 200 and read.json()["project"] == "nlp"
+    assert read.json()["forecast"] == "nothing spent this month"
+    assert (await client.get("/v1/budgets/ml/nlp", headers=VISION_ADMIN)).status_code == 404
+    assert (await client.get("/v1/budgets", headers=VISION_ADMIN)).json() == []
+    listed = await client.get("/v1/budgets", params={"team": "ml"}, headers=OPERATOR)
+    assert [b["project"] for b in listed.json()] == ["nlp"]
+
+    invalid = await client.put(
+        "/v1/budgets/ml",
+        json={"amount": "0", "thresholds": [50, 50], "policy": "ignore", "colour": 1},
+        headers=ML_ADMIN,
+    )
+    assert set(errors(invalid)) == {"amount", "thresholds", "policy", "colour"}
+    unknown_parameter = await client.get("/v1/budgets", params={"month": "x"}, headers=ML_VIEWER)
+    assert "month" in errors(unknown_parameter)
+
+    assert (await client.delete("/v1/budgets/ml/nlp", headers=ML_VIEWER)).status_code == 403
+    assert (await client.delete("/v1/budgets/ml/nlp", headers=ML_ADMIN)).status_code == 204
+    assert (await client.delete("/v1/budgets/ml/nlp", headers=ML_ADMIN)).status_code == 404
