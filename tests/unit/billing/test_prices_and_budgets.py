@@ -1,0 +1,89 @@
+"""The dated price book's segments and the budgets' thresholds and forecast (pure rules)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+
+from services.billing.budgets import forecast, month_label, month_start, next_month, reached
+from services.billing.domain import Price, UnknownFlavor
+from services.billing.prices import BEGINNING, DatedPrice, PriceSchedule
+
+T = datetime(2026, 12, 10, 12, tzinfo=UTC)
+
+
+def book(*prices: tuple[datetime, str]) -> PriceSchedule:
+    return PriceSchedule.of(DatedPrice(at, Price("a100", Decimal(p), "USD")) for at, p in prices)
+
+
+def test_an_interval_within_one_price_is_one_segment() -> None:
+    (only,) = book((BEGINNING, "2.5")).segments("a100", 2, T, T + timedelta(hours=1))
+    assert (only.gpu_seconds, only.cost, only.price_per_gpu_hour) == (
+        Decimal(7200),
+        Decimal("5.000000"),
+        Decimal("2.5"),
+    )
+
+
+def test_an_interval_is_split_exactly_at_each_price_change() -> None:
+    schedule = book((BEGINNING, "2.5"), (T, "4"), (T + timedelta(minutes=30), "1"))
+    parts = schedule.segments("a100", 1, T - timedelta(hours=1), T + timedelta(hours=1))
+    assert [(p.started_at, p.ended_at, p.price_per_gpu_hour, p.cost) for p in parts] == [
+        (T - timedelta(hours=1), T, Decimal("2.5"), Decimal("2.500000")),
+        (T, T + timedelta(minutes=30), Decimal(4), Decimal("2.000000")),
+        (T + timedelta(minutes=30), T + timedelta(hours=1), Decimal(1), Decimal("0.500000")),
+    ]
+
+
+def test_a_change_at_the_very_start_or_end_makes_no_empty_segment() -> None:
+    schedule = book((BEGINNING, "2.5"), (T, "4"))
+    (after,) = schedule.segments("a100", 1, T, T + timedelta(hours=1))
+    assert after.price_per_gpu_hour == Decimal(4)
+    (before,) = schedule.segments("a100", 1, T - timedelta(hours=1), T)
+    assert before.price_per_gpu_hour == Decimal("2.5")
+
+
+def test_no_price_in_force_at_the_start_is_an_unknown_flavor() -> None:
+    with pytest.raises(UnknownFlavor, match="no price for 'a100' at"):
+        book((T, "4")).segments("a100", 1, T - timedelta(seconds=1), T + timedelta(hours=1))
+    with pytest.raises(
+        UnknownFlavor, match=r"no price for 'h100' in the price book \(priced: a100\)"
+    ):
+        book((BEGINNING, "4")).segments("h100", 1, T, T)
+
+
+def test_a_book_of_two_currencies_is_refused() -> None:
+    with pytest.raises(ValueError, match="mixes currencies"):
+        PriceSchedule.of(
+            [
+                DatedPrice(BEGINNING, Price("a100", Decimal(1), "USD")),
+                DatedPrice(BEGINNING, Price("cpu", Decimal(1), "EUR")),
+            ]
+        )
+
+
+def test_the_current_book_holds_the_prices_in_force() -> None:
+    schedule = book((BEGINNING, "2.5"), (T, "4"))
+    assert schedule.current(T - timedelta(seconds=1)).price("a100").per_gpu_hour == Decimal("2.5")
+    assert schedule.current(T).price("a100").per_gpu_hour == Decimal(4)
+
+
+def test_months_are_utc() -> None:
+    start = month_start(datetime(2026, 12, 31, 23, 59, tzinfo=UTC))
+    assert (month_label(start), next_month(start)) == ("2026-12", datetime(2027, 1, 1, tzinfo=UTC))
+
+
+def test_thresholds_reached_are_those_the_spending_has_met() -> None:
+    assert reached(Decimal(10), Decimal("4.99"), (50, 80, 100)) == []
+    assert reached(Decimal(10), Decimal(5), (100, 50, 80)) == [50]
+    assert reached(Decimal(10), Decimal(12), (50, 80, 100, 150)) == [50, 80, 100]
+
+
+def test_the_forecast_is_the_month_s_rate_so_far() -> None:
+    now = datetime(2026, 12, 5, tzinfo=UTC)  # 4 days in: 40 spent, 10 a day
+    assert forecast(Decimal(100), Decimal(40), now) == datetime(2026, 12, 11, tzinfo=UTC)
+    assert forecast(Decimal(1000), Decimal(40), now) is None  # lasts the month
+    assert forecast(Decimal(100), Decimal(0), now) is None  # nothing spent yet
+    assert forecast(Decimal(100), Decimal(100), now) is None  # spent already
