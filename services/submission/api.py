@@ -37,6 +37,7 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 
 import asyncpg
+import httpx
 from litestar import Litestar, Request, Response, Router, delete, get, head, patch, post, put
 from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency, Provide
@@ -49,6 +50,7 @@ from litestar.types import Guard
 from services.submission import commands, governance, identity, jobschema
 from services.submission.config import Settings
 from services.submission.dashboard import dashboard_routes
+from services.submission.data_admission import DataAdmission, RegistryUnavailable
 from services.submission.domain import JobStatus
 from services.submission.errors import Conflict, Forbidden, NotFound
 from services.submission.governance import BUDGET_WARNING_HEADER
@@ -108,6 +110,7 @@ Pool = NamedDependency[asyncpg.Pool]
 Me = NamedDependency[Caller]
 Config = NamedDependency[Settings]
 Store = NamedDependency[Objects]
+Admission = NamedDependency[DataAdmission]
 AnyRequest = Request[Any, Any, Any]
 IdempotencyKey = Annotated[str | None, HeaderParameter(name="Idempotency-Key")]
 Limit = Annotated[int, QueryParameter(ge=1, le=500)]
@@ -148,6 +151,8 @@ class AppDeps:
     pool: asyncpg.Pool
     store: ObjectStore
     health_handlers: Sequence[HTTPRouteHandler] = field(default_factory=tuple)
+    registry_transport: httpx.AsyncBaseTransport | None = None
+    """How admission reaches the registry (``data_admission``); default: HTTP."""
 
 
 # --- controllers ---------------------------------------------------------------------
@@ -283,11 +288,13 @@ async def submit_job(
     objects: Store,
     caller: Me,
     settings: Config,
+    admission: Admission,
     key: IdempotencyKey = None,
 ) -> Response[JobView]:
     flavors = await governance.known_flavors(pool, settings.flavors)
     job = parse_job_request(await json_body(request, _JOB_FREE_TEXT), flavors)
     job, warnings = await governance.admit(pool, caller.team, job)
+    job = await admission.admit(job, request.headers.get("authorization", ""))
     key = parse_idempotency_key(key)
     view, created = await commands.submit_job(pool, objects, caller, job, key)
     headers = {"Location": f"/v1/jobs/{view.id}"}
@@ -512,9 +519,13 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
         return settings
 
     objects = Objects(deps.store)
+    admission = DataAdmission(settings.registry_url, deps.registry_transport)
 
     def provide_objects() -> Objects:
         return objects
+
+    def provide_admission() -> DataAdmission:
+        return admission
 
     v1 = Router(
         "/v1",
@@ -543,11 +554,12 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
         "submission",
         [*deps.health_handlers, v1, audit_route(deps.pool), *dashboard_routes(settings)],
         caller_guard(deps.pool, RateLimits.of(settings)),
-        statuses={NotFound: 404, Forbidden: 403, Conflict: 409},
+        statuses={NotFound: 404, Forbidden: 403, Conflict: 409, RegistryUnavailable: 503},
         errors=(429,),
         dependencies={
             "pool": Provide(provide_pool, sync_to_thread=False),
             "settings": Provide(provide_settings, sync_to_thread=False),
             "objects": Provide(provide_objects, sync_to_thread=False),
+            "admission": Provide(provide_admission, sync_to_thread=False),
         },
     )

@@ -42,6 +42,11 @@ class Settings(ServiceSettings):
     dashboard's queue and node pages (``GET /ui/config.json``); unset: those pages say the
     server does not offer them. The scheduler must list this service's public origin in
     ``TRAINYARD_CORS_ORIGINS``."""
+    registry_url: str | None = None
+    """The registry's API as this service reaches it (``http://registry:8082``): a job naming
+    ``datasets`` or a ``parent_model`` is admitted only after the registry says the
+    submitting user may read them (``data_admission``); unset: such jobs are refused (422).
+    Jobs naming neither never need it."""
     registry_public_url: str | None = None
     """The registry's API as browsers reach it, for the dashboard's models, experiments and
     metric charts (see ``scheduler_public_url``)."""

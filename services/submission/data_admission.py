@@ -1,0 +1,122 @@
+"""Admission of the registered data and models a job names (docs/datasets.md).
+
+Contract:
+- ``DataAdmission.admit(job, authorization)`` returns the job with every reference resolved
+  to a version: each of ``datasets`` as ``team/name:version`` (a reference without a version
+  takes the latest one now) and ``parent_model`` as ``team/name:version`` (an alias takes
+  the version it points at now). A job naming neither is returned as is, without a call.
+- It asks the registry (``registry_url``) over HTTP **with the submitting user's own
+  token** (``authorization``, the request's header as received): the registry applies that
+  user's rights (a dataset of the team or granted to it; a model of the team), the one place
+  those rights are decided, so a revoked grant refuses the next job at once.
+- A reference the registry answers 404 for is refused with ``RequestInvalid`` (422) naming
+  the item (``datasets[1]``, ``parent_model``), with one message whether it does not exist
+  or the team may not read it: existence does not leak. Every bad item is named at once.
+- The registry unreachable, or answering anything but 200 or 404, raises
+  ``RegistryUnavailable`` (503): the job is not admitted unchecked. Without ``registry_url``
+  a job naming data is refused with 422 (nothing can check it).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from services.submission.schemas import JobRequest
+from shared.http_errors import FieldError, RequestInvalid
+
+_REFERENCE = re.compile(r"([^/]+)/([^/:@]+)(?::([0-9]+)|@(.+))?")
+UNREADABLE = "no such {kind} your team may read (it does not exist, or its team has not granted it)"
+
+
+class RegistryUnavailable(Exception):
+    """The registry could not say whether the job may read what it names (answered 503)."""
+
+
+@dataclass(frozen=True)
+class DataAdmission:
+    registry_url: str | None
+    transport: httpx.AsyncBaseTransport | None = None
+    """How to reach the registry (tests: the registry's app in-process); default: HTTP."""
+    timeout_s: float = 5.0
+
+    async def admit(self, job: JobRequest, authorization: str) -> JobRequest:
+        if not job.datasets and job.parent_model is None:
+            return job
+        if self.registry_url is None:
+            field = "datasets" if job.datasets else "parent_model"
+            raise RequestInvalid.one(
+                field, "cannot be checked: this platform has no registry configured"
+            )
+        errors: list[FieldError] = []
+        async with httpx.AsyncClient(
+            base_url=self.registry_url,
+            transport=self.transport,
+            timeout=self.timeout_s,
+            headers={"Authorization": authorization},
+        ) as client:
+            datasets = []
+            for i, text in enumerate(job.datasets):
+                resolved = await _dataset(client, text)
+                if resolved is None:
+                    errors.append(
+                        FieldError(
+                            field=f"datasets[{i}]", message=UNREADABLE.format(kind="dataset")
+                        )
+                    )
+                datasets.append(resolved or text)
+            parent = job.parent_model
+            if parent is not None:
+                parent = await _model(client, parent)
+                if parent is None:
+                    errors.append(
+                        FieldError(
+                            field="parent_model", message=UNREADABLE.format(kind="model version")
+                        )
+                    )
+        if errors:
+            raise RequestInvalid(errors)
+        return job.model_copy(update={"datasets": datasets, "parent_model": parent})
+
+
+def _parts(text: str) -> tuple[str, str, str | None, str | None]:
+    # The request's patterns (DATASET_REF_PATTERN, MODEL_REF_PATTERN) passed already: the
+    # names hold no '/', '%', '.'-start or control character, so they are safe path parts.
+    found = _REFERENCE.fullmatch(text)
+    assert found is not None, text
+    team, name, version, alias = found.groups()
+    return team, name, version, alias
+
+
+async def _get(client: httpx.AsyncClient, path: str) -> dict[str, Any] | None:
+    try:
+        answer = await client.get(path)
+    except httpx.HTTPError as exc:
+        raise RegistryUnavailable(f"the registry is unreachable ({type(exc).__name__})") from None
+    if answer.status_code == 404:
+        return None
+    if answer.status_code != 200:
+        raise RegistryUnavailable(f"the registry answered {answer.status_code}")
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+async def _dataset(client: httpx.AsyncClient, text: str) -> str | None:
+    team, name, version, _ = _parts(text)
+    if version is not None:
+        found = await _get(client, f"/v1/datasets/{team}/{name}/versions/{version}")
+        return None if found is None else text
+    latest = await _get(client, f"/v1/datasets/{team}/{name}")
+    return None if latest is None else f"{team}/{name}:{latest['latest_version']}"
+
+
+async def _model(client: httpx.AsyncClient, text: str) -> str | None:
+    team, name, version, alias = _parts(text)
+    if alias is not None:
+        found = await _get(client, f"/v1/models/{team}/{name}/versions/by-alias/{alias}")
+    else:
+        found = await _get(client, f"/v1/models/{team}/{name}/versions/{version}")
+    return None if found is None else f"{team}/{name}:{found['version']}"

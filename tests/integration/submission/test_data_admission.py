@@ -1,0 +1,187 @@
+"""Admission of the datasets and parent model a job names, end to end on real PostgreSQL:
+submission asks the registry's app (its real guard, which checks the user's token with
+submission's ``/v1/me``) with the submitting user's own token, and refuses at admission
+(422 naming the item, one message for "does not exist" and "not granted") what the team may
+not read; what it admits is stored resolved to versions."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from services.registry.api import create_app as registry_app
+from services.registry.service import MIGRATIONS as REGISTRY_MIGRATIONS
+from services.submission import identity
+from services.submission.api import AppDeps, create_app
+from services.submission.config import Settings
+from shared.access import service_guard
+from shared.db import migrate, open_pool
+from shared.identity import IdentityClient
+from shared.storage import ObjectStore, open_store
+from tests.integration.registry.modelkit import apply
+from tests.integration.registry.test_registry import ref, spec, started, succeeded
+from tests.integration.submission.conftest import SPEC
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class Platform:
+    submission: httpx.AsyncClient
+    registry: httpx.AsyncClient
+    registry_pool: asyncpg.Pool
+    store: ObjectStore
+    vision: str
+    ml: str
+    tokens: dict[str, str]
+
+    def auth(self, team: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tokens[team]}"}
+
+    async def submit(self, team: str, **fields: Any) -> httpx.Response:
+        return await self.submission.post(
+            "/v1/jobs", json={**SPEC, **fields}, headers=self.auth(team)
+        )
+
+    async def dataset(self, team: str, name: str) -> None:
+        body = {"uri": f"s3://data/{name}", "sha256": "b" * 64, "size_bytes": 10}
+        answer = await self.registry.post(
+            f"/v1/datasets/{team}/{name}/versions", json=body, headers=self.auth(team)
+        )
+        assert answer.status_code == 201, answer.text
+
+
+@pytest.fixture
+async def platform(
+    settings: Settings, pool: asyncpg.Pool, database_url: str
+) -> AsyncIterator[Platform]:
+    tag = uuid.uuid4().hex[:6]
+    vision, ml = f"vision{tag}", f"ml{tag}"
+    tokens = {
+        vision: await identity.bootstrap_user(pool, vision, "bob"),
+        ml: await identity.bootstrap_user(pool, ml, "alice"),
+    }
+    store = open_store(settings.storage.uri, settings.storage)
+    apps: dict[str, Any] = {}
+
+    async def registry_asgi(scope: Any, receive: Any, send: Any) -> None:
+        await apps["registry"](scope, receive, send)
+
+    submission = create_app(
+        settings.model_copy(update={"registry_url": "http://registry"}),
+        AppDeps(
+            pool=pool,
+            store=store,
+            registry_transport=httpx.ASGITransport(app=registry_asgi),
+        ),
+    )
+    to_submission = httpx.ASGITransport(app=submission)  # type: ignore[arg-type]
+    async with (
+        open_pool(settings.database.model_copy(update={"url": database_url}), "registry") as rp,
+        httpx.AsyncClient(transport=to_submission, base_url="http://submission") as client,
+        httpx.AsyncClient(transport=to_submission, base_url="http://submission") as me,
+    ):
+        await migrate(rp, "registry", REGISTRY_MIGRATIONS)
+        guard = service_guard(SecretStr("operator-token"), IdentityClient("", http=me))
+        apps["registry"] = registry_app(rp, guard, [], store=store)
+        to_registry = httpx.ASGITransport(app=apps["registry"])
+        async with httpx.AsyncClient(transport=to_registry, base_url="http://registry") as reg:
+            yield Platform(client, reg, rp, store, vision, ml, tokens)
+
+
+async def model_version(p: Platform, team: str, name: str) -> None:
+    """Version 1 of model ``team/name``, registered by the registry's own success handler."""
+    job = str(uuid.uuid4())
+    job_spec = spec(name, team)
+    await apply(p.registry_pool, p.store, job, started(job, f"a-{job}", 0, job_spec))
+    await apply(p.registry_pool, p.store, job, succeeded(job, f"a-{job}", ref(p.store, job, 3)))
+
+
+def errors(answer: httpx.Response) -> dict[str, str]:
+    assert answer.status_code == 422, answer.text
+    return {e["field"]: e["message"] for e in answer.json()["errors"]}
+
+
+async def test_what_the_team_may_read_is_admitted_resolved_to_versions(platform: Platform) -> None:
+    p = platform
+    await p.dataset(p.vision, "raw")
+    await p.dataset(p.vision, "raw")
+    await p.dataset(p.ml, "features")
+    granted = await p.registry.put(
+        f"/v1/datasets/{p.ml}/features/grants/{p.vision}", headers=p.auth(p.ml)
+    )
+    assert granted.status_code == 200, granted.text
+    await model_version(p, p.vision, "base")
+    moved = await p.registry.put(
+        f"/v1/models/{p.vision}/base/aliases/production",
+        json={"version": 1},
+        headers=p.auth(p.vision),
+    )
+    assert moved.status_code == 200, moved.text
+
+    answer = await p.submit(
+        p.vision,
+        datasets=[f"{p.vision}/raw", f"{p.ml}/features:1"],
+        parent_model=f"{p.vision}/base@production",
+    )
+    assert answer.status_code == 201, answer.text
+    stored = answer.json()["spec"]
+    assert stored["datasets"] == [f"{p.vision}/raw:2", f"{p.ml}/features:1"]
+    assert stored["parent_model"] == f"{p.vision}/base:1"
+
+
+async def test_what_the_team_may_not_read_is_refused_without_saying_whether_it_exists(
+    platform: Platform,
+) -> None:
+    p = platform
+    await p.dataset(p.ml, "private")
+    await p.dataset(p.ml, "shared")
+    await p.registry.put(f"/v1/datasets/{p.ml}/shared/grants/{p.vision}", headers=p.auth(p.ml))
+    await model_version(p, p.ml, "theirs")
+
+    refused = errors(
+        await p.submit(
+            p.vision,
+            datasets=[f"{p.ml}/shared", f"{p.ml}/private", f"{p.ml}/nothing", f"{p.ml}/shared:9"],
+            parent_model=f"{p.ml}/theirs:1",
+        )
+    )
+    assert set(refused) == {"datasets[1]", "datasets[2]", "datasets[3]", "parent_model"}
+    assert refused["datasets[1]"] == refused["datasets[2]"]  # not granted == does not exist
+    missing_model = errors(await p.submit(p.vision, parent_model=f"{p.vision}/none:1"))
+    assert missing_model["parent_model"] == refused["parent_model"]
+
+    revoked = await p.registry.delete(
+        f"/v1/datasets/{p.ml}/shared/grants/{p.vision}", headers=p.auth(p.ml)
+    )
+    assert revoked.json()["changed"] is True
+    assert list(errors(await p.submit(p.vision, datasets=[f"{p.ml}/shared"]))) == ["datasets[0]"]
+    # The owner itself is admitted.
+    assert (await p.submit(p.ml, datasets=[f"{p.ml}/shared"])).status_code == 201
+
+
+async def test_without_an_answer_from_the_registry_nothing_naming_data_is_admitted(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    token = await identity.bootstrap_user(pool, f"t{uuid.uuid4().hex[:6]}", "carol")
+    store = open_store(settings.storage.uri, settings.storage)
+    headers = {"Authorization": f"Bearer {token}"}
+    body = {**SPEC, "datasets": ["vision/raw"]}
+    for registry_url, status in (("http://127.0.0.1:9", 503), (None, 422)):
+        app = create_app(
+            settings.model_copy(update={"registry_url": registry_url}),
+            AppDeps(pool=pool, store=store),
+        )
+        transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://s") as client:
+            answer = await client.post("/v1/jobs", json=body, headers=headers)
+            assert answer.status_code == status, answer.text
+            plain = await client.post("/v1/jobs", json=SPEC, headers=headers)
+            assert plain.status_code == 201, plain.text  # a job naming no data never asks
