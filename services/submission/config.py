@@ -43,7 +43,7 @@ class Settings(ServiceSettings):
     server does not offer them. The scheduler must list this service's public origin in
     ``TRAINYARD_CORS_ORIGINS``."""
     registry_url: str | None = None
-    """The registry's API as this service reaches it (``http://registry:8082``): a job naming
+    """The registry's API as this service reaches it (``http://registry:8083``): a job naming
     ``datasets`` or a ``parent_model`` is admitted only after the registry says the
     submitting user may read them (``data_admission``); unset: such jobs are refused (422).
     Jobs naming neither never need it."""

@@ -162,8 +162,8 @@ class JobSpec(BaseModel):
     """Registered dataset versions the job reads, each ``team/name:version`` (submission
     resolves a reference without a version to the latest one at admission)."""
     parent_model: str | None = Field(default=None, min_length=3, max_length=MAX_REFERENCE)
-    """The model version the job fine-tunes from: ``team/name:version`` or
-    ``team/name@alias`` (the registry resolves an alias when the job starts)."""
+    """The model version the job fine-tunes from, ``team/name:version`` (submission resolves
+    ``team/name@alias`` to the version it points at, at admission)."""
 
 
 # --- submission ------------------------------------------------------------------
