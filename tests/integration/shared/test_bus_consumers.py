@@ -9,6 +9,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import nats
@@ -565,3 +566,48 @@ async def test_a_consumer_whose_stream_was_lost_makes_it_again_and_goes_on(
             await task
     assert handled == ["before", "after"]
     assert await bus.stream_created() != first
+    messages = [r.getMessage() for r in caplog.records if r.name == "shared.bus"]
+    assert any(
+        m.startswith("survivor: paused, waiting out an outage: NATS unavailable (ConsumerLostError")
+        for m in messages
+    )
+
+
+async def test_a_full_batch_is_not_yet_caught_up(own_bus: Bus) -> None:
+    bus = own_bus
+    await bus.publish(event("one"))
+    await bus.publish(event("two"))
+    stop = asyncio.Event()
+    heard: dict[str, object] = {}
+
+    async def handle(envelope: Envelope[Payload]) -> None:
+        # Each fetch brings one message, a full batch: nothing says the stream is drained.
+        heard[envelope.subject] = bus.hearing("one-by-one")
+        if envelope.subject == "two":
+            stop.set()
+
+    async with asyncio.timeout(10):
+        await bus.consume("one-by-one", [SUBJECT], handle, stop, 1)
+    assert heard == {"one": None, "two": None}
+
+
+async def test_hearing_starts_again_with_each_run_of_a_consumer(own_bus: Bus) -> None:
+    bus = own_bus
+    for run in ("first", "second"):
+        await bus.publish(event(run))
+        stop = asyncio.Event()
+        started = datetime.now(UTC)
+        task = asyncio.create_task(bus.consume("again-and-again", [SUBJECT], _noop, stop))
+        try:
+            async with asyncio.timeout(10):
+                while bus.hearing("again-and-again") is None:
+                    await asyncio.sleep(0.02)
+            hearing = bus.hearing("again-and-again")
+            assert hearing is not None and hearing.since >= started
+        finally:
+            stop.set()
+            await task
+
+
+async def _noop(envelope: Envelope[Payload]) -> None:
+    return None
