@@ -79,6 +79,7 @@ class NotOwned(Exception):
 
 STATUSES: dict[type[Exception], int] = {
     models.AliasInUse: 409,
+    models.ParentInUse: 409,
     models.VersionGone: 409,
     artifacts.ArtifactMismatch: 409,
     artifacts.ArtifactCorrupt: 409,

@@ -48,6 +48,10 @@ class AliasInUse(Exception):
     """The version cannot be deleted: aliases point at it (answered 409)."""
 
 
+class ParentInUse(Exception):
+    """The version cannot be deleted: a live version was fine-tuned from it (answered 409)."""
+
+
 class VersionGone(Exception):
     """The version was deleted; an alias cannot point at it (answered 409)."""
 
@@ -129,13 +133,29 @@ async def delete_version(
     conn: asyncpg.Connection, model_id: int, version: ModelVersion, actor: str, now: datetime
 ) -> bool:
     """Tombstone ``version`` (the model's row locked by the caller); ``AliasInUse`` while an
-    alias points at it. False when it was deleted already."""
+    alias points at it, ``ParentInUse`` while a live version was fine-tuned from it (a
+    lineage edge needs its artifact). False when it was deleted already."""
     pointing = await models_repo.aliases_of_version(conn, model_id, version.version)
     if pointing:
         names_ = ", ".join(repr(a) for a in pointing)
         raise AliasInUse(
             f"version {version.version} of {version.team}/{version.model_name} is what "
             f"alias {names_} points at; move or delete the alias first"
+        )
+    # A lineage edge needs it: a live version made by a job that fine-tuned from it.
+    child = await conn.fetchrow(
+        """SELECT m.team, m.name, v.version FROM job_parents p
+           JOIN model_versions v ON v.job_id = p.job_id AND v.deleted_at IS NULL
+           JOIN models m ON m.id = v.model_id
+           WHERE p.parent_version_id = $1
+           ORDER BY v.registered_at LIMIT 1""",
+        uuid.UUID(version.id),
+    )
+    if child is not None:
+        raise ParentInUse(
+            f"version {version.version} of {version.team}/{version.model_name} is the parent "
+            f"of {child['team']}/{child['name']} v{child['version']} (fine-tuned from it); "
+            "delete the versions made from it first"
         )
     return await models_repo.mark_deleted(conn, model_id, version.version, actor, now)
 

@@ -170,3 +170,28 @@ async def test_bad_names_of_lineage_routes_are_refused_naming_the_field(
         answer = await operator.get(path)
     assert answer.status_code in (400, 422), answer.text
     assert field in answer.text
+
+
+async def test_a_parent_version_is_kept_while_a_live_version_was_fine_tuned_from_it(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    tag = uuid.uuid4().hex[:6]
+    base, tuned = f"base-{tag}", f"tuned-{tag}"
+    await run_job(pool, store, base)
+    await run_job(pool, store, tuned, parent_model=f"vision/{base}:1")
+    async with app_as(pool, store, VISION) as vision:
+        refused = await vision.delete(f"/v1/models/vision/{base}/versions/1")
+        assert refused.status_code == 409 and f"vision/{tuned} v1" in refused.text
+        assert (
+            await vision.get(f"/v1/models/vision/{base}/versions/1/download")
+        ).status_code == 200
+        assert (await vision.delete(f"/v1/models/vision/{tuned}/versions/1")).status_code == 200
+        freed = await vision.delete(f"/v1/models/vision/{base}/versions/1")
+        assert freed.status_code == 200 and freed.json()["objects"] == 1
+        # The tombstone stays in the lineage of what was made from it.
+        up = await get(vision, f"/v1/lineage/models/vision/{tuned}/versions/1/upstream")
+    deleted = {n["id"]: n["deleted"] for n in up["nodes"] if n["kind"] == "model_version"}
+    assert deleted == {
+        f"model_version:vision/{base}:1": True,
+        f"model_version:vision/{tuned}:1": True,
+    }
