@@ -4,9 +4,11 @@ Contract:
 - Every service's app is built with one app-level guard, so a route added later is
   authenticated without anyone remembering to. The only routes open to anyone are the probes
   in ``OPEN_PATHS`` (``/healthz``, ``/readyz``): they say whether the process is alive and
-  ready, nothing about the cluster; and routes declared ``opt=public_asset()``: files that
-  ship with the code (the web dashboard's HTML, scripts and styles, and the public URLs of the
-  services it calls), which hold no data of anyone. The dashboard then calls the APIs with
+  ready, nothing about the cluster; the Prometheus scrape (``/metrics``: counts by route,
+  event type, queue, flavor and state, no user, job or token; ``shared.metrics``); and
+  routes declared ``opt=public_asset()``: files that ship with the code (the web dashboard's
+  HTML, scripts and styles, and the public URLs of the services it calls), which hold no
+  data of anyone. The dashboard then calls the APIs with
   the user's token like any other client.
 - ``service_guard`` (scheduler, registry, billing, runner) accepts two credentials in
   ``Authorization: Bearer <token>``:
@@ -43,8 +45,9 @@ from shared.auth import bearer_token
 from shared.identity import IdentityClient, Principal, Role, operator_token_principal
 from shared.settings import GuardedServiceSettings
 
-OPEN_PATHS: Final[frozenset[str]] = frozenset({"/healthz", "/readyz"})
-"""Request paths answered without a token: the liveness and readiness probes."""
+OPEN_PATHS: Final[frozenset[str]] = frozenset({"/healthz", "/readyz", "/metrics"})
+"""Request paths answered without a token: the liveness and readiness probes, and the
+Prometheus scrape (counts by route, queue and flavor only: ``shared.metrics``)."""
 
 UNAUTHENTICATED: Final = (
     "missing, invalid, expired or revoked token (Authorization: Bearer <token>)"

@@ -9,9 +9,11 @@ Contract:
 - ``CATALOGUE`` declares every Trainyard metric: its OpenTelemetry name, kind, unit, labels
   and the Prometheus series it exports as (``MetricSpec.series``). Alert rules and the
   dashboard in deploy/ may only use these series (``tests/unit/deploy/test_alerts.py``).
-- Labels are counts by service-level names only (route template, consumer, subject, queue,
-  flavor, state, outcome): never a team, user, job id or token, so ``/metrics`` is served
-  without a token (``metrics_route``) and says nothing about any tenant.
+- Labels are service-level names only (route template, consumer, event type, queue, flavor,
+  state, outcome): never a user, job id, node-specific subject or token, so ``/metrics`` is
+  served without a token (``metrics_route``) and says nothing of any tenant beyond counts by
+  queue (a team's implicit queue is named ``default:<team>``: queue names are the one place
+  a team's name shows) and flavor.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from shared.access import public_asset
 from shared.telemetry import OtelExportSettings, service_resource
 
 REGISTRY: Final = CollectorRegistry()
@@ -87,16 +88,16 @@ CATALOGUE: Final = _specs(
         "trainyard.events.handled",
         "counter",
         "{event}",
-        "Events handled by consumer and subject; outcome ok or failed (will be retried or "
+        "Events handled by consumer and event type; outcome ok or failed (will be retried or "
         "dead-lettered)",
-        ("consumer", "subject", "outcome"),
+        ("consumer", "type", "outcome"),
     ),
     MetricSpec(
         "trainyard.events.handling.duration",
         "histogram",
         "s",
-        "Time to apply one batch of events, by consumer and subject",
-        ("consumer", "subject"),
+        "Time to apply one batch of events, by consumer and event type",
+        ("consumer", "type"),
         LATENCY_BUCKETS,
     ),
     MetricSpec(
@@ -137,6 +138,72 @@ CATALOGUE: Final = _specs(
         "gauge",
         "{event}",
         "Outbox rows the bus will never take, kept for an operator",
+    ),
+    MetricSpec(
+        "trainyard.consumer.lag",
+        "gauge",
+        "{message}",
+        "Messages of the stream not yet delivered to the service's consumer (state "
+        "undelivered), and delivered but not yet acknowledged (unacknowledged)",
+        ("consumer", "state"),
+    ),
+    MetricSpec(
+        "trainyard.deadletters.waiting",
+        "gauge",
+        "{message}",
+        "Dead letters waiting for an operator (redrive or discard), by consumer",
+        ("consumer",),
+    ),
+    # Scheduler (read from its tables every 15 s: services/scheduler/metrics.py).
+    MetricSpec(
+        "trainyard.scheduler.queue.depth",
+        "gauge",
+        "{job}",
+        "Jobs waiting (QUEUED) by queue",
+        ("queue",),
+    ),
+    MetricSpec(
+        "trainyard.scheduler.queue.oldest_wait",
+        "gauge",
+        "s",
+        "How long the longest-waiting job of each queue has waited since submission",
+        ("queue",),
+    ),
+    MetricSpec(
+        "trainyard.scheduler.allocations",
+        "counter",
+        "{allocation}",
+        "Allocations granted, by GPU flavor",
+        ("flavor",),
+    ),
+    MetricSpec(
+        "trainyard.scheduler.preemptions",
+        "counter",
+        "{allocation}",
+        "Allocations ended by preemption, by GPU flavor",
+        ("flavor",),
+    ),
+    MetricSpec(
+        "trainyard.scheduler.gpus",
+        "gauge",
+        "{gpu}",
+        "GPUs by flavor and state: allocated (leased to a job), idle (on a ready node, "
+        "free), lost (on a node that stopped heartbeating)",
+        ("flavor", "state"),
+    ),
+    MetricSpec(
+        "trainyard.scheduler.nodes",
+        "gauge",
+        "{node}",
+        "Runner nodes by state (ready, lost)",
+        ("state",),
+    ),
+    MetricSpec(
+        "trainyard.scheduler.jobs.finished",
+        "counter",
+        "{job}",
+        "Jobs that reached a terminal state, by state",
+        ("state",),
     ),
     # Runner.
     MetricSpec(
@@ -249,10 +316,10 @@ def metrics_text() -> bytes:
 
 
 def metrics_route() -> HTTPRouteHandler:
-    """``GET /metrics``, open to anyone (Prometheus scrapes without a token; see the module
-    for why that is safe)."""
+    """``GET /metrics``, open to anyone (``shared.access.OPEN_PATHS``: Prometheus scrapes
+    without a token; see the module for why that is safe)."""
 
-    @get("/metrics", opt=public_asset(), include_in_schema=False, sync_to_thread=False)
+    @get("/metrics", include_in_schema=False, sync_to_thread=False)
     def scrape() -> Response[bytes]:
         return Response(metrics_text(), media_type=CONTENT_TYPE_LATEST)
 

@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
+import asyncpg
 import uvicorn
 from litestar import Litestar, Response, get
 from litestar.handlers import HTTPRouteHandler
@@ -37,8 +38,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
+from shared.bus import Bus
 from shared.logs import configure_logging
 from shared.metrics import metrics_route, setup_metrics
+from shared.metrics_sampler import Sampler, common_readings
 from shared.settings import ServiceSettings, invalid_settings
 from shared.telemetry import setup_tracing
 
@@ -87,6 +90,15 @@ class ServiceRuntime:
 
     def add_readiness_check(self, name: str, check: ReadinessCheck) -> None:
         self._checks[name] = check
+
+    def sample_metrics(self, bus: Bus, consumer: str, pool: asyncpg.Pool | None = None) -> Sampler:
+        """Start reading the gauges every service has (``shared.metrics_sampler``: outbox
+        when ``pool`` is given, ``consumer``'s lag and dead letters); return the sampler, to
+        which the service may add its own readings before the next await."""
+        sampler = Sampler()
+        common_readings(sampler, pool, bus, consumer)
+        self.spawn(sampler.run(self.stopping), "metrics")
+        return sampler
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Run ``coro`` in the background for the life of the service."""

@@ -18,6 +18,7 @@ from shared.access import guard_for
 from shared.bus import Bus
 from shared.db import migrate, open_pool, ping
 from shared.deadletters import deadletter_routes
+from shared.event_metrics import measured
 from shared.inbox import idempotent
 from shared.outbox import OutboxRelay
 from shared.retention import Retention
@@ -64,11 +65,12 @@ async def serve(settings: Settings) -> int:
             bus.consume_batches(
                 NAME,
                 SUBJECTS,
-                idempotent(pool, NAME, handlers.dispatch),
+                measured(NAME, idempotent(pool, NAME, handlers.dispatch)),
                 rt.stopping,
             ),
             "events",
         )
+        rt.sample_metrics(bus, NAME, pool)
         guard = await rt.resources.enter_async_context(guard_for(settings))
         routes = [*rt.health_handlers(), *deadletter_routes(bus, NAME, pool)]
         return await rt.run(

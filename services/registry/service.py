@@ -13,6 +13,7 @@ from shared.access import guard_for
 from shared.bus import Bus
 from shared.db import migrate, open_pool, ping
 from shared.deadletters import deadletter_routes
+from shared.event_metrics import measured
 from shared.events import nats_subject
 from shared.events.payloads import (
     CheckpointSaved,
@@ -56,10 +57,14 @@ async def serve(settings: Settings) -> int:
             )
         rt.spawn(
             bus.consume_batches(
-                NAME, SUBJECTS, idempotent_batches(pool, NAME, handlers.dispatch_batch), rt.stopping
+                NAME,
+                SUBJECTS,
+                measured(NAME, idempotent_batches(pool, NAME, handlers.dispatch_batch)),
+                rt.stopping,
             ),
             "events",
         )
+        rt.sample_metrics(bus, NAME, pool)
         guard = await rt.resources.enter_async_context(guard_for(settings))
         routes = [*rt.health_handlers(), *deadletter_routes(bus, NAME, pool)]
         app = create_app(

@@ -34,12 +34,14 @@ import re
 import shutil
 import stat
 import tempfile
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.events.payloads import CheckpointRef
+from shared.metrics import instrument
 from shared.storage import ObjectNotFound, ObjectStore, validate_key
 
 log = logging.getLogger(__name__)
@@ -83,6 +85,10 @@ def staged_folder(step: int) -> str:
 # --- job -> store --------------------------------------------------------------------
 
 
+_upload_seconds = instrument("trainyard.runner.checkpoint.upload.duration")
+_upload_bytes = instrument("trainyard.runner.checkpoint.upload.bytes")
+
+
 def commit_staged(staging: Path, step: int, store: ObjectStore, attempt: int) -> CheckpointRef:
     """Verify the staged checkpoint of ``step`` and upload it to ``store`` (the job's
     checkpoint prefix). Raises ``StagedCheckpointInvalid`` for anything the job got wrong."""
@@ -111,7 +117,10 @@ def commit_staged(staging: Path, step: int, store: ObjectStore, attempt: int) ->
                 f"checkpoint of step {step} does not match its manifest: {size} bytes, "
                 f"sha256 {digest[:12]} (manifest: {manifest.size_bytes}, {manifest.sha256[:12]})"
             )
+        uploading = time.perf_counter()
         store.put_file(object_key, copy)
+        _upload_seconds.record(time.perf_counter() - uploading)
+        _upload_bytes.record(size)
     committed = manifest.model_dump(mode="json") | {
         "object": object_key,
         "attempt": attempt,

@@ -18,6 +18,7 @@ from services.runner.sandbox import can_switch_users, claim_job_uids
 from shared.access import guard_for
 from shared.bus import Bus
 from shared.deadletters import deadletter_routes
+from shared.event_metrics import measured_each
 from shared.runtime import ServiceRuntime
 from shared.storage import open_store
 
@@ -61,6 +62,7 @@ async def serve(settings: Settings) -> int:
         await agent.recover()
         for name, loop in agent_loops(agent, bus, rt.stopping).items():
             rt.spawn(loop, name)
+        rt.sample_metrics(bus, f"runner-{settings.node_id}")
         guard = await rt.resources.enter_async_context(guard_for(settings))
         dead_letters = deadletter_routes(bus, f"runner-{settings.node_id}")
         return await rt.run(create_app(rt, agent, guard, dead_letters))
@@ -79,7 +81,7 @@ def agent_loops(
         "allocations": bus.consume(
             f"runner-{node}",
             handlers.subjects(node),
-            handlers.dispatcher(agent),
+            measured_each(f"runner-{node}", handlers.dispatcher(agent)),
             stop,
             redrive=False,  # one filter: the form of consumer create its NATS user may use
         ),

@@ -39,6 +39,7 @@ from services.scheduler.leases import release_expired_notices
 from services.scheduler.node_watch import BusHearing, NodeWatch
 from services.scheduler.scheduling import Clock, Tuning, run_pass, utc_now
 from shared.bus import Bus, Delivery
+from shared.event_metrics import measured
 from shared.inbox import Guard, idempotent_batches, no_guard
 
 log = logging.getLogger(__name__)
@@ -218,7 +219,11 @@ class LeaderWork:
         tasks = [
             asyncio.create_task(
                 self._bus.consume_batches(
-                    self._name, self._subjects, handle, stop, batch=EVENT_BATCH
+                    self._name,
+                    self._subjects,
+                    measured(self._name, handle),
+                    stop,
+                    batch=EVENT_BATCH,
                 ),
                 name="events",
             ),

@@ -15,6 +15,7 @@ from services.scheduler.api import create_app, readiness_handler
 from services.scheduler.config import Settings
 from services.scheduler.leader import Leadership
 from services.scheduler.loops import LeaderWork
+from services.scheduler.metrics import scheduler_readings
 from services.scheduler.policy.model import PolicyConfig
 from services.scheduler.scheduling import Tuning
 from shared.access import guard_for
@@ -97,6 +98,7 @@ async def serve(settings: Settings) -> int:
         rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
         rt.spawn(Retention(pool, settings.nats.retention_hours).run(rt.stopping), "retention")
         rt.spawn(leadership.run(rt.stopping, work.run), "leadership")
+        scheduler_readings(rt.sample_metrics(bus, NAME, pool), pool)
 
         async def readiness() -> tuple[bool, dict[str, Any]]:
             checks = await rt.is_ready()

@@ -13,6 +13,7 @@ from services.submission.config import Settings
 from shared.bus import BatchHandler, Bus
 from shared.db import migrate, open_pool, ping
 from shared.deadletters import deadletter_routes
+from shared.event_metrics import measured
 from shared.events import nats_subject
 from shared.identity import Role
 from shared.inbox import TransactionalHandler, idempotent
@@ -46,7 +47,9 @@ async def serve(settings: Settings) -> int:
         rt.add_readiness_check("nats", bus.ping)
         rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
         rt.spawn(Retention(pool, settings.nats.retention_hours).run(rt.stopping), "retention")
-        rt.spawn(bus.consume_batches(NAME, SUBJECTS, event_handler(pool), rt.stopping), "events")
+        handler = measured(NAME, event_handler(pool))
+        rt.spawn(bus.consume_batches(NAME, SUBJECTS, handler, rt.stopping), "events")
+        rt.sample_metrics(bus, NAME, pool)
         routes = [*rt.health_handlers(), *deadletter_routes(bus, NAME, pool)]
         deps = AppDeps(pool=pool, store=store, health_handlers=routes)
         app = create_app(settings, deps)

@@ -428,11 +428,14 @@ async def test_the_probes_answer_without_a_token_and_tell_only_the_status(
 ) -> None:
     app = world.apps[service]
     assert {p for _, p in routes(app)} >= OPEN_PATHS
-    for path in sorted(OPEN_PATHS):
+    for path in sorted(OPEN_PATHS - {"/metrics"}):
         response = await call(app, "GET", path, None)
         assert response.status_code == 200, response.text
         body: dict[str, Any] = response.json()
         assert set(body) <= {"status", "ready", "service", "checks"}, body
+    # The Prometheus scrape: text, counts only (tests/e2e/test_operator_surface.py).
+    scrape = await call(app, "GET", "/metrics", None)
+    assert scrape.status_code == 200 and scrape.headers["content-type"].startswith("text/plain")
 
 
 @pytest.mark.parametrize("service", OPERATOR_SERVICES)

@@ -1,0 +1,84 @@
+"""The scheduler's gauges and totals, read from its tables by ``shared.metrics_sampler``.
+
+Every reading is one aggregate query over small tables or partial indexes (waiting jobs,
+nodes, live GPU leases), except the two totals, which count allocations and finished jobs
+by a grouped scan: run every 15 s on one connection, not per scrape. Labels are queues,
+flavors and states only (``shared.metrics``: nothing about a tenant beyond counts).
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from shared.metrics_sampler import Readings, Sampler
+
+_QUEUES = """SELECT q.name AS queue, count(j.job_id) AS depth,
+       coalesce(extract(epoch FROM now() - min(j.submitted_at)), 0) AS oldest
+FROM queues q LEFT JOIN jobs j ON j.queue = q.name AND j.status = 'QUEUED'
+GROUP BY q.name"""
+"""Every queue, empty ones at 0 (a series that vanishes when a queue drains reads as
+"unknown" to Prometheus)."""
+
+_GPUS = """SELECT n.gpu_flavor AS flavor, n.status,
+       sum(n.gpu_count) AS gpus,
+       coalesce(sum(l.leased), 0) AS leased
+FROM nodes n
+LEFT JOIN (SELECT node_id, count(*) AS leased FROM gpu_leases WHERE released_at IS NULL
+           GROUP BY node_id) l USING (node_id)
+GROUP BY n.gpu_flavor, n.status"""
+
+_ALLOCATIONS = """SELECT n.gpu_flavor AS flavor, count(*) AS granted,
+       count(*) FILTER (WHERE a.outcome = 'preempted') AS preempted
+FROM allocations a JOIN nodes n USING (node_id) GROUP BY n.gpu_flavor"""
+
+_FINISHED = """SELECT status, count(*) AS jobs FROM jobs
+WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELLED') GROUP BY status"""
+
+
+def scheduler_readings(sampler: Sampler, pool: asyncpg.Pool) -> None:
+    """Register the scheduler's readings on ``sampler``."""
+
+    async def fetch(query: str) -> list[asyncpg.Record]:
+        async with pool.acquire() as conn:
+            return list(await conn.fetch(query))
+
+    async def depth() -> Readings:
+        return [(float(r["depth"]), {"queue": r["queue"]}) for r in await fetch(_QUEUES)]
+
+    async def oldest() -> Readings:
+        return [(float(r["oldest"]), {"queue": r["queue"]}) for r in await fetch(_QUEUES)]
+
+    async def gpus() -> Readings:
+        readings: Readings = []
+        for r in await fetch(_GPUS):
+            flavor = r["flavor"]
+            if r["status"] == "LOST":
+                readings.append((float(r["gpus"]), {"flavor": flavor, "state": "lost"}))
+                continue
+            leased = float(r["leased"])
+            readings.append((leased, {"flavor": flavor, "state": "allocated"}))
+            readings.append((float(r["gpus"]) - leased, {"flavor": flavor, "state": "idle"}))
+        return readings
+
+    async def nodes() -> Readings:
+        counts = {"ready": 0.0, "lost": 0.0}
+        for r in await fetch("SELECT status, count(*) AS n FROM nodes GROUP BY status"):
+            counts[str(r["status"]).lower()] = float(r["n"])
+        return [(n, {"state": state}) for state, n in counts.items()]
+
+    async def allocations() -> Readings:
+        return [(float(r["granted"]), {"flavor": r["flavor"]}) for r in await fetch(_ALLOCATIONS)]
+
+    async def preemptions() -> Readings:
+        return [(float(r["preempted"]), {"flavor": r["flavor"]}) for r in await fetch(_ALLOCATIONS)]
+
+    async def finished() -> Readings:
+        return [(float(r["jobs"]), {"state": r["status"]}) for r in await fetch(_FINISHED)]
+
+    sampler.gauge("trainyard.scheduler.queue.depth", depth)
+    sampler.gauge("trainyard.scheduler.queue.oldest_wait", oldest)
+    sampler.gauge("trainyard.scheduler.gpus", gpus)
+    sampler.gauge("trainyard.scheduler.nodes", nodes)
+    sampler.gauge("trainyard.scheduler.allocations", allocations)
+    sampler.gauge("trainyard.scheduler.preemptions", preemptions)
+    sampler.gauge("trainyard.scheduler.jobs.finished", finished)
