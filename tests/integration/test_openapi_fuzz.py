@@ -52,6 +52,8 @@ from schemathesis.checks import (
 )
 
 from services.billing.api import create_app as billing_app
+from services.billing.budgets import BudgetRequest
+from services.billing.governance_schemas import EstimateRequest, PriceRequest
 from services.registry.api import create_app as registry_app
 from services.registry.dataset_schemas import DatasetVersionRequest
 from services.registry.schemas import AliasRequest, RegisterRequest
@@ -283,6 +285,10 @@ JSON_BODIES: dict[tuple[str, str, str], type[BaseModel]] = {
     ("registry", "post", "/v1/models/{team}/{name}/versions"): RegisterRequest,
     ("registry", "put", "/v1/models/{team}/{name}/aliases/{alias}"): AliasRequest,
     ("registry", "post", "/v1/datasets/{team}/{name}/versions"): DatasetVersionRequest,
+    ("billing", "put", "/v1/prices/{flavor}"): PriceRequest,
+    ("billing", "post", "/v1/costs/estimate"): EstimateRequest,
+    ("billing", "put", "/v1/budgets/{team}"): BudgetRequest,
+    ("billing", "put", "/v1/budgets/{team}/{project}"): BudgetRequest,
 }
 """The routes that read their JSON body by hand, and the model each validates it with."""
 
@@ -356,6 +362,10 @@ UNHOLDABLE: dict[str, list[tuple[str, str, str]]] = {
     "billing": [
         ("GET", "/v1/usage?team=a%00", "team"),
         ("GET", f"/v1/audit?before={INT64_MAX + 1}", "before"),
+        ("GET", "/v1/prices?flavor=a%00", "flavor"),
+        ("GET", "/v1/budgets?team=a%00", "team"),
+        ("GET", "/v1/budgets/a%00", "team"),
+        ("GET", "/v1/budgets/a/b%00", "project"),
     ],
 }
 """Parameters the database cannot hold (a NUL in text, an integer beyond its column): each
