@@ -2,7 +2,8 @@
 
 - ``GET /v1/prices[?flavor=]`` (any user): every price of the book, dated.
   ``PUT /v1/prices/{flavor}`` (operators): a new price from ``effective_from`` (default now;
-  a time in the past is refused: usage already made keeps its price). The flavor must be in
+  a time in the past is refused: usage already made keeps its price). A flavor's first
+  price, without ``effective_from``, applies from the beginning (nothing of it was billed). The flavor must be in
   the scheduler's catalogue as billing learned it (``flavor.declared``), or priced already
   (the settings' bootstrap); else 422 naming ``flavor``.
 - ``POST /v1/costs/estimate`` (any user): what a job spec costs at most, from its GPUs,
@@ -49,6 +50,7 @@ from services.billing.governance_schemas import (
     PriceRequest,
     PriceView,
 )
+from services.billing.prices import BEGINNING
 from shared import audit
 from shared.access import needs
 from shared.http_app import error_responses, json_request_body
@@ -175,6 +177,10 @@ def governance_routes(
                     f"unknown flavor {flavor}; an operator declares it first with "
                     f"PUT /v1/admin/flavors/{flavor} on the scheduler",
                 )
+            if not priced and body.effective_from is None:
+                # Nothing of the flavor was billed yet: its first price covers all its
+                # usage, so releases dead-lettered for want of a price can be redriven.
+                effective = BEGINNING
             price = body.price_per_gpu_hour
             created = await catalogue.set_price(
                 conn, flavor, effective, price, currency, principal.user, now

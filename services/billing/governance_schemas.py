@@ -15,7 +15,8 @@ MAX_PRICE = Decimal("1e9")
 
 class PriceRequest(BaseModel):
     """``PUT /v1/prices/{flavor}``: a price per GPU-hour, from ``effective_from`` (default:
-    now; never in the past), in billing's currency."""
+    now, or the beginning for a flavor's first price; never in the past), in billing's
+    currency."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -183,9 +183,11 @@ async def test_prices_are_set_by_operators_for_catalogue_flavors_from_now_on(
     )
     known = await client.put("/v1/prices/l40s", json={"price_per_gpu_hour": "3"}, headers=OPERATOR)
     assert known.status_code == 201, known.text
+    # Its first price covers all its usage (nothing of it was billed before).
+    assert known.json()["effective_from"].startswith("1970-01-01")
 
-    # A release of the new flavor is billed at its price from then on.
-    later = released("l1", datetime.now(UTC) + timedelta(seconds=1), timedelta(hours=1))
+    # A release of the new flavor, even of before, is billed at that price.
+    later = released("l1", datetime.now(UTC) - timedelta(days=1), timedelta(hours=1))
     later = later.model_copy(update={"gpu_flavor": "l40s", "gpus": 1})
     await feed(pool, grant_of(later), release_event(later))
     cost = await pool.fetchval("SELECT cost FROM usage_ledger WHERE allocation_id = 'l1'")
