@@ -1,8 +1,9 @@
 """One logging set-up for every service process: JSON lines with trace ids, or plain text.
 
 Contract:
-- ``configure_logging(service, level)`` replaces the root handlers with one stderr handler.
-  ``TRAINYARD_LOG_FORMAT=json`` (the deploy/ default) writes one JSON object per line:
+- ``configure_logging(service, level, log_format)`` replaces the root handlers with one
+  stderr handler. ``TRAINYARD_LOG_FORMAT=json`` (``ServiceSettings.log_format``; what
+  deploy/ sets) writes one JSON object per line:
   ``time`` (UTC, ISO 8601), ``level``, ``service``, ``logger``, ``message``, ``trace_id`` and
   ``span_id`` of the span current when the record was made (absent outside a span),
   ``job_id`` when known, and ``exception`` (the formatted traceback) when there is one.
@@ -21,19 +22,9 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 from opentelemetry import trace
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 JOB_ATTRIBUTES: Final = ("trainyard.job_id", "job.id")
 """Span attributes a job id is read from, in order."""
-
-
-class LogSettings(BaseSettings):
-    """How the process writes its log lines."""
-
-    model_config = SettingsConfigDict(env_prefix="TRAINYARD_LOG_")
-
-    format: Literal["json", "text"] = "text"
-    """``json``: one object per line for a log pipeline; ``text``: for people."""
 
 
 def trace_fields(record: logging.LogRecord) -> dict[str, str]:
@@ -94,11 +85,8 @@ def formatter(service: str, log_format: Literal["json", "text"]) -> logging.Form
     return JsonFormatter(service) if log_format == "json" else TextFormatter(service)
 
 
-def configure_logging(
-    service: str, level: str, log_format: Literal["json", "text"] | None = None
-) -> None:
-    """Send the process's log records to stderr in ``log_format`` (default: from
-    ``TRAINYARD_LOG_FORMAT``) at ``level`` and above."""
+def configure_logging(service: str, level: str, log_format: Literal["json", "text"]) -> None:
+    """Send the process's log records to stderr in ``log_format`` at ``level`` and above."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(formatter(service, log_format or LogSettings().format))
+    handler.setFormatter(formatter(service, log_format))
     logging.basicConfig(level=level, handlers=[handler], force=True)

@@ -2,9 +2,10 @@
 
 Contract:
 - ``setup_metrics`` installs the process's OpenTelemetry meter provider with a Prometheus
-  reader (``prometheus_client`` text format on ``GET /metrics``) and, when the standard
-  ``OTEL_*`` variables turn OTLP on (``shared.telemetry.OtelExportSettings``), an OTLP
-  reader as well. Code records through OpenTelemetry instruments (``instrument``), so one
+  reader (``prometheus_client`` text format on ``GET /metrics``) and, when
+  ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set or ``OTEL_METRICS_EXPORTER`` names ``otlp`` (and
+  not ``none``: ``shared.telemetry.OtelExportSettings``), an OTLP reader pushing every 15 s
+  as well; the exporter reads ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` and the rest itself. Code records through OpenTelemetry instruments (``instrument``), so one
   API feeds both.
 - ``CATALOGUE`` declares every Trainyard metric: its OpenTelemetry name, kind, unit, labels
   and the Prometheus series it exports as (``MetricSpec.series``). Alert rules and the
@@ -286,7 +287,7 @@ def setup_metrics(service_name: str) -> MeterProvider | None:
 
     readers: list[MetricReader] = [PrometheusMetricReader(registry=REGISTRY)]
     export = OtelExportSettings()
-    if export.otlp_on:
+    if export.otlp_metrics_on:
         readers.append(
             PeriodicExportingMetricReader(
                 _otlp_metric_exporter(export.protocol),

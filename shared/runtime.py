@@ -114,7 +114,7 @@ class ServiceRuntime:
         self.stopping.set()
 
     def _configure_logging(self) -> None:
-        configure_logging(self.name, self.settings.log_level)
+        configure_logging(self.name, self.settings.log_level, self.settings.log_format)
 
     async def run(self, app: Litestar | None = None) -> int:
         """Serve HTTP (``app``, or the health endpoints alone) until stopped; return the exit

@@ -107,6 +107,12 @@ class ServiceSettings(BaseSettings):
     """On SIGTERM, how long in-flight work may take to finish before the process exits."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Lowest level of log lines the process writes (DEBUG adds e.g. one line per pass)."""
+    log_format: Literal["json", "text"] = Field(
+        default="text", validation_alias="TRAINYARD_LOG_FORMAT"
+    )
+    """``json``: one object per line with trace, span and job ids, for a log pipeline (what
+    deploy/ sets); ``text``: one readable line each, for a terminal (``shared.logs``). Shared
+    by every service (no service prefix)."""
     nats: NatsSettings = Field(default_factory=NatsSettings)
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)

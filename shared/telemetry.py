@@ -58,6 +58,9 @@ class OtelExportSettings(BaseSettings):
     traces_exporter: str = ""
     """Comma-separated exporters; ``otlp`` turns OTLP on without an endpoint variable (the
     SDK's default endpoint), ``none`` turns it off. Empty: on when an endpoint is set."""
+    metrics_exporter: str = ""
+    """Like ``traces_exporter`` for metrics pushed over OTLP (``none``: Prometheus scrapes
+    ``/metrics`` only, which it always may)."""
     exporter_otlp_endpoint: str = ""
     exporter_otlp_traces_endpoint: str = ""
     exporter_otlp_protocol: Literal["http/protobuf", "grpc", ""] = ""
@@ -72,6 +75,13 @@ class OtelExportSettings(BaseSettings):
         return "otlp" in exporters or bool(
             self.exporter_otlp_traces_endpoint or self.exporter_otlp_endpoint
         )
+
+    @property
+    def otlp_metrics_on(self) -> bool:
+        exporters = {e.strip() for e in self.metrics_exporter.split(",") if e.strip()}
+        if "none" in exporters or self.sdk_disabled:
+            return False
+        return "otlp" in exporters or bool(self.exporter_otlp_endpoint)
 
     @property
     def protocol(self) -> str:

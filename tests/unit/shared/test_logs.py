@@ -8,7 +8,8 @@ import logging
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from shared.logs import JsonFormatter, LogSettings, TextFormatter
+from shared.logs import JsonFormatter, TextFormatter
+from shared.settings import ServiceSettings
 
 _tracer = TracerProvider().get_tracer("test")
 
@@ -65,8 +66,9 @@ def test_text_lines_end_with_the_ids() -> None:
 
 
 def test_the_format_is_chosen_by_trainyard_log_format(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert ServiceSettings().log_format == "text"
     monkeypatch.setenv("TRAINYARD_LOG_FORMAT", "json")
-    assert LogSettings().format == "json"
+    assert ServiceSettings().log_format == "json"
     monkeypatch.setenv("TRAINYARD_LOG_FORMAT", "xml")
-    with pytest.raises(ValueError, match="format"):
-        LogSettings()
+    with pytest.raises(ValueError, match="TRAINYARD_LOG_FORMAT"):
+        ServiceSettings()

@@ -19,6 +19,7 @@ _STANDARD = (
     "OTEL_TRACES_SAMPLER_ARG",
     "OTEL_SDK_DISABLED",
     "OTEL_TRACES_EXPORTER",
+    "OTEL_METRICS_EXPORTER",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
     "OTEL_EXPORTER_OTLP_PROTOCOL",
@@ -119,3 +120,14 @@ def test_an_unknown_protocol_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
     with pytest.raises(ValueError, match="exporter_otlp_protocol"):
         OtelExportSettings()
+
+
+def test_metrics_go_over_otlp_unless_the_exporter_is_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert not OtelExportSettings().otlp_metrics_on
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://jaeger:4318")
+    assert OtelExportSettings().otlp_metrics_on
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    assert not OtelExportSettings().otlp_metrics_on
+    assert OtelExportSettings().otlp_on  # traces still go

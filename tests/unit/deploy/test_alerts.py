@@ -1,0 +1,134 @@
+"""The alert rules and dashboards in deploy/ parse, and use only series some service exports
+(``shared.metrics.CATALOGUE``) or Prometheus makes itself (``up``)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from shared.metrics import CATALOGUE, exported_series
+
+ROOT = Path(__file__).resolve().parents[3]
+RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
+DASHBOARDS = sorted((ROOT / "deploy" / "grafana" / "dashboards").glob("*.json"))
+PROMETHEUS_OWN = frozenset({"up"})
+# A metric name in PromQL: an identifier not followed by "(" (a function) and not a label
+# name inside {...} or by (...) (those are removed first), nor a keyword.
+_KEYWORDS = frozenset(
+    {
+        "sum",
+        "max",
+        "min",
+        "avg",
+        "count",
+        "rate",
+        "increase",
+        "by",
+        "without",
+        "on",
+        "and",
+        "or",
+        "unless",
+        "le",
+        "histogram_quantile",
+        "ignoring",
+        "group_left",
+        "group_right",
+    }
+)
+
+
+def metric_names(expr: str) -> set[str]:
+    """The series names ``expr`` selects."""
+    stripped = re.sub(r"\{[^}]*\}", "", expr)  # label matchers
+    stripped = re.sub(r"\b(by|without|on|ignoring)\s*\([^)]*\)", "", stripped)  # groupings
+    stripped = re.sub(r"\[[^\]]*\]", "", stripped)  # ranges
+    names = set(re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\b(?!\s*\()", stripped))
+    return {n for n in names if n not in _KEYWORDS and not re.fullmatch(r"\d.*", n)}
+
+
+def rules() -> Iterator[dict[str, Any]]:
+    document = yaml.safe_load(RULES.read_text())
+    for group in document["groups"]:
+        yield from group["rules"]
+
+
+def dashboard_exprs(path: Path) -> Iterator[str]:
+    def walk(panels: list[dict[str, Any]]) -> Iterator[str]:
+        for panel in panels:
+            for target in panel.get("targets", []):
+                yield target["expr"]
+            yield from walk(panel.get("panels", []))
+
+    yield from walk(json.loads(path.read_text())["panels"])
+
+
+def test_metric_names_are_read_from_promql() -> None:
+    expr = (
+        "histogram_quantile(0.95, sum by (le, route) (rate(trainyard_http_server_duration_"
+        'seconds_bucket{job="x"}[5m]))) > 0 and on () up{platform="trainyard"} == 0'
+    )
+    assert metric_names(expr) == {"trainyard_http_server_duration_seconds_bucket", "up"}
+
+
+def test_the_rules_parse_and_each_says_what_and_how_bad() -> None:
+    listed = list(rules())
+    assert len(listed) >= 8
+    names = [r["alert"] for r in listed]
+    assert len(names) == len(set(names))
+    for rule in listed:
+        assert rule["expr"].strip() and metric_names(rule["expr"]), rule["alert"]
+        assert rule["labels"]["severity"] in {"warning", "critical"}, rule["alert"]
+        assert rule["annotations"]["summary"], rule["alert"]
+        assert re.fullmatch(r"\d+[smh]", rule.get("for", "0s")), rule["alert"]
+
+
+def test_the_issue_s_alerts_are_there() -> None:
+    used = set().union(*(metric_names(r["expr"]) for r in rules()))
+    for needed in (
+        "trainyard_scheduler_gpus",  # idle GPUs while jobs wait, GPUs lost
+        "trainyard_scheduler_nodes",  # a node lost
+        "trainyard_deadletters_waiting",  # dead letters present
+        "trainyard_outbox_lag_seconds",  # outbox lag
+        "trainyard_consumer_lag",  # consumer lag
+    ):
+        assert needed in used, needed
+
+
+def test_every_series_the_rules_use_is_exported() -> None:
+    known = exported_series() | PROMETHEUS_OWN
+    for rule in rules():
+        unknown = metric_names(rule["expr"]) - known
+        assert not unknown, f"{rule['alert']}: no service exports {sorted(unknown)}"
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_every_series_a_dashboard_uses_is_exported(path: Path) -> None:
+    known = exported_series() | PROMETHEUS_OWN
+    exprs = list(dashboard_exprs(path))
+    assert exprs
+    for expr in exprs:
+        unknown = metric_names(expr) - known
+        assert not unknown, f"{path.name}: {expr}: no service exports {sorted(unknown)}"
+
+
+def test_the_platform_dashboard_shows_every_catalogued_metric() -> None:
+    used = set().union(*(metric_names(e) for e in dashboard_exprs(DASHBOARDS[-1])))
+    shown = {spec.name for spec in CATALOGUE.values() if used & spec.series}
+    assert DASHBOARDS[-1].name == "trainyard.json"
+    missing = set(CATALOGUE) - shown
+    assert not missing, sorted(missing)
+
+
+def test_prometheus_loads_the_rules() -> None:
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    assert config["rule_files"] == ["/etc/prometheus/alerts.yml"]
+    compose = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())
+    mounts = compose["services"]["prometheus"]["volumes"]
+    assert "./prometheus/alerts.yml:/etc/prometheus/alerts.yml:ro" in mounts
