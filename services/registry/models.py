@@ -49,7 +49,8 @@ class AliasInUse(Exception):
 
 
 class ParentInUse(Exception):
-    """The version cannot be deleted: a live version was fine-tuned from it (answered 409)."""
+    """The version cannot be deleted: a live version was fine-tuned from it, or a running
+    job is fine-tuning from it (answered 409)."""
 
 
 class VersionGone(Exception):
@@ -133,8 +134,8 @@ async def delete_version(
     conn: asyncpg.Connection, model_id: int, version: ModelVersion, actor: str, now: datetime
 ) -> bool:
     """Tombstone ``version`` (the model's row locked by the caller); ``AliasInUse`` while an
-    alias points at it, ``ParentInUse`` while a live version was fine-tuned from it (a
-    lineage edge needs its artifact). False when it was deleted already."""
+    alias points at it, ``ParentInUse`` while a live version was fine-tuned from it or a
+    running job is fine-tuning from it (a lineage edge needs its artifact). False when it was deleted already."""
     pointing = await models_repo.aliases_of_version(conn, model_id, version.version)
     if pointing:
         names_ = ", ".join(repr(a) for a in pointing)
@@ -142,20 +143,25 @@ async def delete_version(
             f"version {version.version} of {version.team}/{version.model_name} is what "
             f"alias {names_} points at; move or delete the alias first"
         )
-    # A lineage edge needs it: a live version made by a job that fine-tuned from it.
+    # A lineage edge needs it: a live version made by a job that fine-tuned from it, or a
+    # job fine-tuning from it that is still running (tracking's status).
     child = await conn.fetchrow(
-        """SELECT m.team, m.name, v.version FROM job_parents p
+        """SELECT m.team || '/' || m.name || ' v' || v.version AS what FROM job_parents p
            JOIN model_versions v ON v.job_id = p.job_id AND v.deleted_at IS NULL
            JOIN models m ON m.id = v.model_id
            WHERE p.parent_version_id = $1
-           ORDER BY v.registered_at LIMIT 1""",
+           UNION ALL
+           SELECT 'running job ' || p.job_id FROM job_parents p
+           JOIN tracked_jobs t ON t.job_id = p.job_id AND t.status = 'running'
+           WHERE p.parent_version_id = $1
+           LIMIT 1""",
         uuid.UUID(version.id),
     )
     if child is not None:
         raise ParentInUse(
             f"version {version.version} of {version.team}/{version.model_name} is the parent "
-            f"of {child['team']}/{child['name']} v{child['version']} (fine-tuned from it); "
-            "delete the versions made from it first"
+            f"of {child['what']} (fine-tuned from it); delete the versions made from it, or "
+            "wait for the job to end, first"
         )
     return await models_repo.mark_deleted(conn, model_id, version.version, actor, now)
 

@@ -178,6 +178,17 @@ async def test_a_parent_version_is_kept_while_a_live_version_was_fine_tuned_from
     tag = uuid.uuid4().hex[:6]
     base, tuned = f"base-{tag}", f"tuned-{tag}"
     await run_job(pool, store, base)
+    running = str(uuid.uuid4())
+    job_spec = spec(f"still-{tag}").model_copy(update={"parent_model": f"vision/{base}:1"})
+    await apply(pool, store, running, started(running, f"a-{running}", 0, job_spec))
+    async with app_as(pool, store, VISION) as vision:
+        refused = await vision.delete(f"/v1/models/vision/{base}/versions/1")
+        assert refused.status_code == 409 and f"running job {running}" in refused.text
+    await apply(pool, store, running, succeeded(running, f"a-{running}", ref(store, running, 2)))
+    async with app_as(pool, store, VISION) as vision:
+        made = f"/v1/models/vision/still-{tag}/versions/1"
+        assert (await vision.delete(f"/v1/models/vision/{base}/versions/1")).status_code == 409
+        assert (await vision.delete(made)).status_code == 200  # ended, and its version gone
     await run_job(pool, store, tuned, parent_model=f"vision/{base}:1")
     async with app_as(pool, store, VISION) as vision:
         refused = await vision.delete(f"/v1/models/vision/{base}/versions/1")
