@@ -1,0 +1,102 @@
+"""Submission's replicas of the flavor catalogue and of budget states (real PostgreSQL, the
+real inbox and handler), and the admission they drive."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import asyncpg
+import pytest
+
+from services.submission.errors import Conflict
+from services.submission.governance import admit, known_flavors
+from services.submission.schemas import JobRequest, parse_job_request
+from services.submission.service import event_handler
+from shared.bus import Delivery
+from shared.events import Envelope, Payload
+from shared.events.payloads import BudgetUpdated, FlavorDeclared, FlavorRetired
+from shared.events.trust import owner, routing_key_of
+from shared.http_errors import RequestInvalid
+
+pytestmark = pytest.mark.integration
+
+NOW = datetime(2026, 12, 3, 12, tzinfo=UTC)
+BOOTSTRAP = ["cpu", "a100"]
+
+
+async def feed(pool: asyncpg.Pool, *payloads: Payload) -> None:
+    """Hand the events to submission's consumer handler as one batch (inbox included)."""
+    envelopes = [Envelope.wrap(p, source=owner(p), subject=routing_key_of(p)) for p in payloads]
+    await event_handler(pool)([Delivery(e) for e in envelopes])
+
+
+def job(project: str = "default", flavor: str = "cpu") -> JobRequest:
+    body = {"name": "j", "entrypoint": "train", "gpus": 1, "gpu_flavor": flavor}
+    return JobRequest.model_validate({**body, "project": project})
+
+
+def state(revision: int, **changes: object) -> BudgetUpdated:
+    fields: dict[str, object] = {
+        "team": "ml",
+        "month": "2026-12",
+        "amount": "10",
+        "spent": "12",
+        "currency": "USD",
+        "policy": "refuse",
+        "exhausted": True,
+        "revision": revision,
+        **changes,
+    }
+    return BudgetUpdated.model_validate(fields)
+
+
+async def test_the_catalogue_replica_keeps_the_latest_revision_of_each_flavor(
+    pool: asyncpg.Pool,
+) -> None:
+    assert await known_flavors(pool, BOOTSTRAP) == ["a100", "cpu"]
+    await feed(
+        pool,
+        FlavorDeclared(name="l40s", revision=5, declared_at=NOW),
+        FlavorRetired(name="a100", revision=6, retired_at=NOW),
+        FlavorRetired(name="l40s", revision=4, retired_at=NOW),  # older: ignored
+    )
+    assert await known_flavors(pool, BOOTSTRAP) == ["cpu", "l40s"]
+
+    body = json.dumps({"name": "j", "entrypoint": "train", "gpus": 1, "gpu_flavor": "a100"})
+    with pytest.raises(RequestInvalid) as refused:
+        parse_job_request(body.encode(), await known_flavors(pool, BOOTSTRAP))
+    (error,) = refused.value.errors
+    assert error.field == "gpu_flavor" and "allowed: cpu, l40s" in error.message
+
+    await feed(pool, FlavorDeclared(name="a100", revision=7, declared_at=NOW))
+    assert await known_flavors(pool, BOOTSTRAP) == ["a100", "cpu", "l40s"]
+
+
+async def test_a_spent_budget_refuses_deprioritizes_or_warns_by_its_policy(
+    pool: asyncpg.Pool,
+) -> None:
+    assert await admit(pool, "ml", job(), NOW) == (job(), [])
+
+    await feed(pool, state(1))
+    with pytest.raises(Conflict, match=r"budget of team ml is spent \(12 of 10 USD"):
+        await admit(pool, "ml", job(), NOW)
+    assert await admit(pool, "vision", job(), NOW) == (job(), [])  # another team's
+    # A state of an earlier month counts for nothing in this one.
+    assert await admit(pool, "ml", job(), datetime(2027, 1, 1, tzinfo=UTC)) == (job(), [])
+
+    await feed(pool, state(3, policy="deprioritize"), state(2, policy="refuse"))  # 2 is older
+    admitted, warnings = await admit(pool, "ml", job(), NOW)
+    assert admitted.priority == "low"
+    assert warnings == [
+        "the budget of team ml is spent (12 of 10 USD spent in 2026-12); the job runs at "
+        "priority low"
+    ]
+
+    await feed(pool, state(4, policy="warn"), state(5, project="nlp", policy="refuse"))
+    assert (await admit(pool, "ml", job("default"), NOW))[0].priority == "normal"
+    with pytest.raises(Conflict, match="budget of project nlp of ml"):
+        await admit(pool, "ml", job("nlp"), NOW)
+
+    await feed(pool, state(6, project="nlp", deleted=True), state(7, exhausted=False))
+    assert await admit(pool, "ml", job("nlp"), NOW) == (job("nlp"), [])
