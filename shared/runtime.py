@@ -43,7 +43,7 @@ from shared.logs import configure_logging
 from shared.metrics import metrics_route, setup_metrics
 from shared.metrics_sampler import Sampler, common_readings
 from shared.settings import ServiceSettings, invalid_settings
-from shared.telemetry import setup_tracing
+from shared.telemetry import OtelExportSettings, setup_tracing
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,9 @@ def serve_from_command_line(
     parser.add_argument("--port", type=int, help=f"listen port (overrides {prefix}PORT)")
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    return asyncio.run(serve(settings_or_exit(parser.prog, settings_type, **overrides)))
+    settings = settings_or_exit(parser.prog, settings_type, **overrides)
+    settings_or_exit(parser.prog, OtelExportSettings)  # a bad OTEL_* is named, not a traceback
+    return asyncio.run(serve(settings))
 
 
 SettingsT = TypeVar("SettingsT", bound=BaseSettings)

@@ -10,6 +10,8 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
+from shared.runtime import serve_from_command_line
+from shared.settings import ServiceSettings
 from shared.telemetry import OtelExportSettings, service_resource, span_exporters
 
 _STANDARD = (
@@ -131,3 +133,18 @@ def test_metrics_go_over_otlp_unless_the_exporter_is_none(
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
     assert not OtelExportSettings().otlp_metrics_on
     assert OtelExportSettings().otlp_on  # traces still go
+
+
+def test_a_service_with_a_bad_protocol_exits_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+
+    async def never(_: ServiceSettings) -> int:
+        raise AssertionError("started with a bad setting")
+
+    with pytest.raises(SystemExit) as exited:
+        serve_from_command_line("things", "a test", ServiceSettings, never, argv=[])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "OTEL_EXPORTER_OTLP_PROTOCOL" in err and "http/json" in err
