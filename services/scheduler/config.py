@@ -50,7 +50,7 @@ class Settings(GuardedServiceSettings):
     """Priority preemption within a queue and reclaim of lent quota across a cohort."""
     reservations: int = Field(default=8, ge=0)
     """Blocked jobs per flavor that get a reservation backfill must not delay."""
-    min_runtime_seconds: float = Field(default=300.0, ge=0)
+    min_runtime_seconds: float = Field(default=60.0, ge=0)
     """Anti-thrash: a preemptible job runs at least this long per allocation before it may
     be preempted, doubled for each earlier preemption (a class's own minimum, if longer,
     wins)."""

@@ -167,9 +167,9 @@ class PolicyConfig:
     """How long a preemption notice lasts before the GPUs are revoked (for estimates)."""
     reservations: int = 8
     """How many blocked jobs per flavor get a reservation that backfill must not delay."""
-    min_runtime_s: float = 300.0
+    min_runtime_s: float = 60.0
     """Anti-thrash: every preemptible job runs at least this long in an allocation before it
-    may be preempted, doubled for each time it was preempted before (5, 10, 20 min by
+    may be preempted, doubled for each time it was preempted before (1, 2, 4 min by
     default); a priority class's own ``min_runtime_s`` applies when it is longer."""
     max_preemptions: int = 3
     """Anti-thrash: a job preempted this many times runs its next allocation to the end."""

@@ -13,9 +13,12 @@ Contract:
   priority, and only from a queue while it still borrows (after the victims already chosen).
 - Jobs already under notice (leaving anyway) are used first and cost nothing; they are
   *claimed* so that two blocked jobs never count on the same leaving GPUs.
-- Among the others, victims are preferred by least work lost: GPU-seconds since the last
-  checkpoint (or since the start when there is none) times the GPUs of the whole gang, then
-  lowest priority, then youngest, then job id. The notice tells the victim what it loses. For reclaim, jobs no bigger than what
+- Among the others, victims are preferred by least work lost: seconds since the last
+  checkpoint in this allocation (or since its start when there is none), then those seconds
+  times the GPUs of the whole gang, then lowest priority, then youngest, then job id. (GPU-
+  seconds first was measured too: half the GPU-hours lost, but it picks small jobs, which
+  raised the shared trace's mean JCT by 15%; docs/scheduling.md.) The notice tells the
+  victim what it loses. For reclaim, jobs no bigger than what
   their queue borrows come before bigger ones, so a lender takes back borrowed GPUs rather
   than the borrower's own quota where it can.
 - ``select`` adds victims in that order until the blocked job would fit (quota and a gang
@@ -49,7 +52,7 @@ class Candidate:
     job: RunningJob
     kind: PreemptionKind | None
     """None for a job already leaving under notice."""
-    key: tuple[int, int, float, int, float, str]
+    key: tuple[int, int, float, float, int, float, str]
 
 
 def protected_until(job: RunningJob, cls: PriorityClass, config: PolicyConfig) -> float:
@@ -75,12 +78,14 @@ def work_lost_s(job: RunningJob, now: float) -> float:
 
 def victim_key(
     job: RunningJob, priority: int, now: float, leaving: bool = False, oversize: bool = False
-) -> tuple[int, int, float, int, float, str]:
+) -> tuple[int, int, float, float, int, float, str]:
     """Preference order of victims, smallest first (see module docstring)."""
+    lost = work_lost_s(job, now)
     return (
         0 if leaving else 1,
         1 if oversize else 0,
-        work_lost_s(job, now) * job.gpus,
+        lost,
+        lost * job.gpus,
         priority,
         -job.started_at,
         job.job_id,

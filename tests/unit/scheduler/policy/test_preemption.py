@@ -124,15 +124,14 @@ def test_victims_lose_least_work_first() -> None:
     assert "it loses ~1 min of work on 1 GPU since its last checkpoint" in d.preemptions[0].reason
 
 
-def test_a_gang_loses_its_work_on_every_gpu() -> None:
-    """GPU-seconds decide: a 4-GPU gang 60 s past its checkpoint loses more than a
-    single-GPU job 200 s past its own."""
+def test_at_equal_seconds_lost_the_smaller_gang_goes() -> None:
+    """Seconds lost decide first; at equal seconds, the GPU-seconds of the whole gang."""
     nodes = (node("n1", 5),)
     queues = (queue("a", 5),)
     ckpt = NOW - 5 * HOUR
     run = (
+        running("single", "a", {"n1": 1}, priority="low", started=ckpt, checkpoint=NOW - 60),
         running("gang", "a", {"n1": 4}, priority="low", started=ckpt, checkpoint=NOW - 60),
-        running("single", "a", {"n1": 1}, priority="low", started=ckpt, checkpoint=NOW - 200),
     )
     d = schedule(snap(nodes, queues, (pending("hi", "a", 1, priority="high"),), run))
     assert [p.job_id for p in d.preemptions] == ["single"]

@@ -30,16 +30,17 @@ from .builders import HOUR, NOW, pending, queue, running
 
 def test_victim_key_in_full() -> None:
     job = running("v", "b", {"n1": 2}, started=NOW - 3 * 3600, checkpoint=NOW - 90)
-    assert victim_key(job, 5, NOW) == (1, 0, 180.0, 5, -(NOW - 3 * 3600), "v")
-    assert victim_key(job, 5, NOW, leaving=True) == (0, 0, 180.0, 5, -(NOW - 3 * 3600), "v")
-    assert victim_key(job, 5, NOW, oversize=True) == (1, 1, 180.0, 5, -(NOW - 3 * 3600), "v")
+    started = -(NOW - 3 * 3600)
+    assert victim_key(job, 5, NOW) == (1, 0, 90.0, 180.0, 5, started, "v")
+    assert victim_key(job, 5, NOW, leaving=True) == (0, 0, 90.0, 180.0, 5, started, "v")
+    assert victim_key(job, 5, NOW, oversize=True) == (1, 1, 90.0, 180.0, 5, started, "v")
 
 
 def test_work_lost_counts_seconds_since_the_checkpoint_or_the_start() -> None:
     def lost(since_start: float, since_checkpoint: float | None = None) -> float:
         checkpoint = None if since_checkpoint is None else NOW - since_checkpoint
         job = running("v", "b", {"n1": 1}, started=NOW - since_start, checkpoint=checkpoint)
-        assert victim_key(job, 0, NOW)[2] == work_lost_s(job, NOW)
+        assert victim_key(job, 0, NOW)[2:4] == (work_lost_s(job, NOW), work_lost_s(job, NOW))
         return work_lost_s(job, NOW)
 
     assert [lost(s) for s in (0, 59.5, 60, 3600)] == [0, 59.5, 60, 3600]
@@ -51,7 +52,7 @@ def test_work_lost_counts_seconds_since_the_checkpoint_or_the_start() -> None:
 
 
 def test_leaving_jobs_go_first_then_jobs_within_what_their_queue_borrows() -> None:
-    def key(job_id: str, **kw: bool) -> tuple[int, int, int, int, float, str]:
+    def key(job_id: str, **kw: bool) -> tuple[int, int, float, float, int, float, str]:
         return victim_key(running(job_id, "b", {"n1": 1}, started=NOW - 60), 0, NOW, **kw)
 
     ordered = sorted(
@@ -257,13 +258,13 @@ def test_the_notice_names_the_job_the_rule_and_the_work_lost() -> None:
     normal = PriorityClass("normal", 10)
     job = pending("winner", "a", gpus=2, priority="high")
     loser = running("loser", "a", {"n1": 1}, started=NOW - HOUR)
-    victim = Candidate(loser, "priority", (1, 0, 0.0, 0, 0.0, "loser"))
+    victim = Candidate(loser, "priority", (1, 0, 0.0, 0.0, 0, 0.0, "loser"))
     assert notice(job, high, victim, normal, NOW) == (
         "preempted for job winner: priority high outranks normal in queue a; "
         "it loses ~1.0 h of work on 1 GPU since it started"
     )
     saved = running("loser", "b", {"n1": 4}, started=NOW - HOUR, checkpoint=NOW - 720)
-    borrower = Candidate(saved, "reclaim", (1, 0, 0.0, 0, 0.0, "loser"))
+    borrower = Candidate(saved, "reclaim", (1, 0, 0.0, 0.0, 0, 0.0, "loser"))
     assert notice(job, high, borrower, normal, NOW) == (
         "preempted to return borrowed quota for job winner: queue b borrows a100 quota that a "
         "needs; it loses ~12 min of work on 4 GPUs since its last checkpoint"
