@@ -137,6 +137,7 @@ def _submitted(
 ) -> int:
     args = session.args
     client = session.client
+    _say_estimate(session, spec)
     try:
         view = client.submit(spec, idempotency_key=getattr(args, "idempotency_key", None))
     except TrainyardError as exc:
@@ -156,6 +157,24 @@ def _submitted(
     if not session.as_json:
         print(f"submitted job {view['id']} ({view['name']}); following (Ctrl-C stops following)")
     return follow(session, view["id"], args.timeout)
+
+
+def _say_estimate(session: Session, spec: dict[str, Any]) -> None:
+    """The most the job costs (billing's ``POST /v1/costs/estimate``), as a note on stderr,
+    when a billing URL is configured; a failed estimate is noted and never stops the
+    submission."""
+    if not (session.settings.billing_url or getattr(session.context(), "billing_url", "")):
+        return
+    try:
+        cost = session.service("billing").call("POST", "/v1/costs/estimate", spec)
+    except (TrainyardError, CliError) as exc:
+        note(f"no cost estimate: {exc}")
+        return
+    note(
+        f"estimated cost: at most {cost['estimated_cost']} {cost['currency']} "
+        f"({cost['gpus']} x {cost['gpu_flavor']} for {cost['max_runtime_seconds']} s; "
+        f"{cost['worst_case_cost']} {cost['currency']} if every restart is used)"
+    )
 
 
 def _first_word(client: TrainyardClient, view: dict[str, Any]) -> str:
