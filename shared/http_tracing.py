@@ -12,10 +12,11 @@ Contract:
   so a job's trace starts at the client's submit call.
 
 Why hand-written rather than ``litestar.plugins.opentelemetry``: that plugin wraps
-``opentelemetry-instrumentation-asgi``, which names spans by raw path unless given its own
-extractor and exclusion list, adds two extra internal spans per response (``http send``) and
-a second latency histogram with its own names; these thirty lines give the conventional
-span and our catalogued metric with no further dependency.
+``opentelemetry-instrumentation-asgi``; its default extractor names the span by the raw path
+(and puts the raw path in ``http.route``), so it would need our own extractor and exclusion
+list; it adds internal ``http send``/``http receive`` spans unless told not to, and records
+its own latency histogram under other names. These lines give the conventional span and
+our catalogued metric with no further dependency.
 """
 
 from __future__ import annotations
