@@ -208,6 +208,14 @@ CATALOGUE: Final = _specs(
     ),
     # Runner.
     MetricSpec(
+        "trainyard.runner.allocated_gpus",
+        "gauge",
+        "{gpu}",
+        "GPUs of running jobs on this node, busy or idle (the job's mean utilisation under "
+        "5%; NVML nodes only)",
+        ("state",),
+    ),
+    MetricSpec(
         "trainyard.runner.checkpoint.upload.duration",
         "histogram",
         "s",

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
-from services.runner import checkpoints, domain
+from services.runner import checkpoints, domain, usage_metrics
 from services.runner.domain import JobIdentity, JobResults, LogTail, ProgressThrottle, StopRequest
 from services.runner.gpus import GpuUsage
 from services.runner.ledger import Ledger
@@ -413,12 +413,16 @@ class JobRun:
 
     async def _sample_usage(self) -> None:
         assert self._usage is not None
-        while True:
-            await asyncio.sleep(self._usage_interval_s)
-            sample = await asyncio.to_thread(self._usage.sample, self._gpu_indices)
-            if sample:
-                self._utilization.append(sample["gpu_utilization"])
-                self._record_metrics(self._last_step, sample)
+        try:
+            while True:
+                await asyncio.sleep(self._usage_interval_s)
+                sample = await asyncio.to_thread(self._usage.sample, self._gpu_indices)
+                if sample:
+                    self._utilization.append(sample["gpu_utilization"])
+                    self._record_metrics(self._last_step, sample)
+                    usage_metrics.record(self, len(self._gpu_indices), sample["gpu_utilization"])
+        finally:
+            usage_metrics.forget(self)
 
     def _batch_metrics(self, message: MetricsMessage) -> None:
         points, refused = domain.metric_points(message, datetime.now(UTC))
