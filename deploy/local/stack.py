@@ -672,6 +672,10 @@ class LocalStack:
             for api in _DASHBOARD_APIS:
                 if api in self._ports:
                     env[f"TRAINYARD_SUBMISSION_{api.upper()}_PUBLIC_URL"] = self.service_urls[api]
+            if "registry" in self._ports:
+                # Jobs naming datasets or a parent model are admitted after the registry
+                # says the user may read them (services/submission/data_admission.py).
+                env["TRAINYARD_SUBMISSION_REGISTRY_URL"] = self.service_urls["registry"]
         # Logs must reach the file as they happen, not when a buffer fills.
         env["PYTHONUNBUFFERED"] = "1"
         no_proxy = ",".join(p for p in (env.get("NO_PROXY"), LOOPBACK, "localhost") if p)
