@@ -157,7 +157,8 @@ class S3Store(ObjectStore):
         return f"s3://{self._bucket}/{self._name(key)}"
 
     def copy(self, src: str, dst: str) -> None:
-        # CopyObject: the bytes never leave the server (minio's limit: 5 GiB per object).
+        # CopyObject: the bytes never leave the server (above 5 GiB minio copies part by part
+        # with UploadPartCopy, still on the server).
         try:
             self._client.copy_object(
                 self._bucket, self._name(dst), CopySource(self._bucket, self._name(src))
