@@ -19,9 +19,9 @@ class Settings(ServiceSettings):
     port: int = 8080
     """Port of the public HTTP API (and ``/healthz``, ``/readyz``)."""
     flavors: list[str] = Field(default_factory=lambda: list(DEFAULT_FLAVORS))
-    """GPU flavors a job may always ask for (JSON list in the environment, e.g.
-    ``["cpu","h200"]``), besides every flavor declared in the scheduler's catalogue, which
-    submission learns from its events (``governance``)."""
+    """The starting list of GPU flavors a job may ask for (JSON list in the environment, e.g.
+    ``["cpu","h200"]``); flavors declared in the scheduler's catalogue are added and retired
+    ones removed as submission learns them from its events (``governance``)."""
     bundle_max_bytes: int = Field(default=DEFAULT_BUNDLE_MAX_BYTES, ge=1)
     """Largest code bundle ``PUT /v1/bundles/{sha256}`` accepts (bytes, compressed)."""
     log_page_max_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
