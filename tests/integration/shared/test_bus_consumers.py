@@ -95,10 +95,15 @@ async def consume_once(bus: Bus, consumer: str, redrive: bool = True, batch: int
         await bus.consume(consumer, [SUBJECT], handle, stop, batch, redrive=redrive)
 
 
-async def test_the_durable_consumer_is_made_as_the_rules_say(own_bus: Bus) -> None:
+async def test_the_durable_consumer_is_made_as_the_rules_say(
+    own_bus: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
     bus = own_bus
     await bus.publish(event("j1"))
-    await consume_once(bus, "with-redrive", batch=7)
+    with caplog.at_level(logging.INFO, logger="shared.bus"):
+        await consume_once(bus, "with-redrive", batch=7)
+    # A new consumer holds nothing back: nothing of an earlier one is unacknowledged.
+    assert [r.getMessage() for r in caplog.records if r.name == "shared.bus"] == []
     config = (await bus.jetstream.consumer_info(bus.settings.stream, "with-redrive")).config
     assert config.durable_name == "with-redrive"
     assert config.filter_subject is None
@@ -337,7 +342,7 @@ async def test_settling_a_message_twice_is_a_bug_not_an_outage(own_bus: Bus) -> 
 
 
 async def test_what_a_dead_consumer_held_comes_back_before_anything_newer(
-    own_settings: NatsSettings,
+    own_settings: NatsSettings, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = own_settings.model_copy(update={"ack_wait_seconds": 1.0})
     async with Bus.connect(settings, "held") as bus:
@@ -363,6 +368,7 @@ async def test_what_a_dead_consumer_held_comes_back_before_anything_newer(
             info = await bus.jetstream.consumer_info(bus.settings.stream, "held")
             return info.config.max_ack_pending or 0
 
+        caplog.set_level(logging.INFO, logger="shared.bus")
         task = asyncio.create_task(bus.consume("held", [SUBJECT], handle, stop, 4))
         try:
             async with asyncio.timeout(20):
@@ -375,6 +381,45 @@ async def test_what_a_dead_consumer_held_comes_back_before_anything_newer(
             stop.set()
             await task
         assert handled == ["a", "b", "newer"]
+    assert (
+        "held: 2 messages of a consumer that stopped are unacknowledged: nothing newer until "
+        "they are back (after ack_wait)"
+    ) in [r.getMessage() for r in caplog.records]
+
+
+async def test_a_stop_while_nats_is_away_ends_the_consumer_cleanly(
+    own_settings: NatsSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = own_settings.model_copy(
+        update={"outage_retry_initial_seconds": 0.01, "outage_retry_max_seconds": 0.02}
+    )
+    async with Bus.connect(settings, "cut-off-consumer") as bus:
+        await bus.publish(event("one"))
+        stop = asyncio.Event()
+        handled: list[str] = []
+
+        async def handle(envelope: Envelope[Payload]) -> None:
+            handled.append(envelope.subject)
+
+        with caplog.at_level(logging.INFO, logger="shared.bus"):
+            task = asyncio.create_task(bus.consume("away", [SUBJECT], handle, stop))
+            try:
+                async with asyncio.timeout(10):
+                    while bus.hearing("away") is None:
+                        await asyncio.sleep(0.02)
+                    await bus.nats.close()  # NATS away: every fetch fails
+                    while "away" not in bus.paused:
+                        await asyncio.sleep(0.02)
+            finally:
+                stop.set()
+                async with asyncio.timeout(10):
+                    await task  # returns: no error from the fetch, its gap, or the cleanup
+        assert handled == ["one"]
+        assert bus.hearing("away") is None and bus.paused == {}
+    messages = [r.getMessage() for r in caplog.records if r.name == "shared.bus"]
+    assert any(
+        m.startswith("away: paused, waiting out an outage: NATS unavailable") for m in messages
+    )
 
 
 async def test_a_service_gives_up_waiting_for_the_streams_with_who_makes_them(
