@@ -99,7 +99,7 @@ class Scripted(OutboxRelay):
 
 
 async def run(relay: Scripted) -> None:
-    async with asyncio.timeout(30):  # a safety net only; the script ends the loop
+    async with asyncio.timeout(10):  # a safety net only; the script ends the loop
         await relay.run(relay.stop)
 
 
@@ -297,6 +297,11 @@ async def test_a_failed_final_flush_is_logged_and_the_relay_returns(
 # --- when the stream is looked at, and the pause itself (on the test's clock) ---------------
 
 
+FROZEN_LOOP_GUARD = pytest.mark.timeout(10)
+"""These tests stop the event loop's clock; should the code under test wait on a real timer
+(a fault in it), nothing would wake it, so they fail after 10 s instead of hanging."""
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -319,6 +324,7 @@ class Checking(OutboxRelay):
         super().__init__(_Pool(), _Bus(), **kw)  # type: ignore[arg-type]
 
 
+@FROZEN_LOOP_GUARD
 async def test_the_stream_is_looked_at_again_after_its_interval_or_a_reconnect(
     clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -354,6 +360,7 @@ def _paused(
     return slept
 
 
+@FROZEN_LOOP_GUARD
 async def test_a_pause_waits_its_time_in_short_steps_that_a_commit_does_not_end(
     clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -366,6 +373,7 @@ async def test_a_pause_waits_its_time_in_short_steps_that_a_commit_does_not_end(
     assert clock.now == pytest.approx(start + 0.6)
 
 
+@FROZEN_LOOP_GUARD
 async def test_a_reconnect_ends_the_pause(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(asyncio.get_running_loop(), "time", clock)
     relay = Checking()
@@ -374,6 +382,7 @@ async def test_a_reconnect_ends_the_pause(clock: Clock, monkeypatch: pytest.Monk
     assert slept == [(0.25, False), (0.25, False)]
 
 
+@FROZEN_LOOP_GUARD
 async def test_a_stop_or_no_time_left_ends_the_pause_at_once(
     clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
