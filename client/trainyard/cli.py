@@ -11,7 +11,11 @@
     trainyard queue                                               the team's waiting line, why
     trainyard metrics JOB [KEY] | experiments [EXP] | compare EXP curves, experiments, runs
     trainyard tag JOB TAG... [--rm] | note JOB TEXT               tags and notes on runs
-    trainyard models NAME | cost                                  model versions | team's cost
+    trainyard models NAME                                         a model's versions (older)
+    trainyard model ls|show|register|alias|download|rm            models, versions, aliases
+    trainyard dataset ls|show|register|grant|revoke               datasets and grants
+    trainyard lineage up TEAM/MODEL:V | down TEAM/DATASET:V       lineage as a tree
+    trainyard cost [JOB] [--by DIMS] [--from T] [--to T] [--csv]  exact costs (billing)
     trainyard trace JOB [--file PATH]                             its spans as a tree, timed
     trainyard whoami | tokens | token ... | user ... | audit      who may do what
     trainyard schema | version | completion bash|zsh|tcsh
@@ -47,7 +51,15 @@ from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
-from trainyard import cli_access, cli_config, cli_jobs, cli_trace, cli_tracking
+from trainyard import (
+    cli_access,
+    cli_config,
+    cli_data,
+    cli_jobs,
+    cli_models,
+    cli_trace,
+    cli_tracking,
+)
 from trainyard.bundle import BundleError
 from trainyard.cli_base import CliError, CliSettings, Exit, Session, dumps, exit_code_of
 from trainyard.cli_deadletters import add_deadletter_commands, run_deadletters
@@ -157,6 +169,8 @@ def _parser() -> argparse.ArgumentParser:
     queue = command("queue", cli_jobs.queue, "the team's waiting jobs and why they wait")
     queue.add_argument("--limit", type=_positive, default=100, help="at most this many")
     cli_tracking.add_commands(command)
+    cli_models.add_commands(command, common)
+    cli_data.add_commands(command, common)
     cli_trace.add_command(command)
 
     tokens = command("tokens", _tokens, "your tokens (as token list)")

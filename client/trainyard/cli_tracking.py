@@ -1,7 +1,8 @@
 """The CLI's tracking commands: metrics, experiments, compare, models, cost.
 
 Metric series and experiments come from the registry (``--registry-url`` at login, or
-``TRAINYARD_REGISTRY_URL``), costs from billing (``TRAINYARD_BILLING_URL``). Without the
+``TRAINYARD_REGISTRY_URL``), costs from billing's exact ledger (``TRAINYARD_BILLING_URL``):
+``GET /v1/costs`` for reports, ``GET /v1/jobs/{id}/cost`` for one job. Without the
 registry, ``metrics`` shows the job's latest values from the submission API.
 """
 
@@ -9,13 +10,15 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
 from typing import Any
 from urllib.parse import quote
 
-from trainyard.cli_base import CliError, Exit, Session, resolve
+from trainyard.cli_base import CliError, Exit, Session, exit_code_of, resolve
 from trainyard.cli_render import duration, metrics_text, short, sparkline, table, time_text
-from trainyard.client import TrainyardError
+from trainyard.client import TrainyardClient, TrainyardError, get_text
 
 
 def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
@@ -45,8 +48,23 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     models = command("models", run_models, "the versions of one of the team's models")
     models.add_argument("name", help="the model's name (a job's model shows it)")
     models.add_argument("--team", help="another team's (operators)")
-    cost = command("cost", run_cost, "what the team's jobs cost, by user and by job")
-    cost.add_argument("--team", help="another team (operators)")
+    cost = command(
+        "cost", run_cost, "exact costs from billing's ledger: a report, or one job's bill"
+    )
+    cost.add_argument("job", nargs="?", metavar="JOB", help="one job's cost per allocation")
+    cost.add_argument(
+        "--by",
+        type=dimensions_arg,
+        metavar="DIMS",
+        help=f"group by these, comma-separated: {', '.join(COST_DIMENSIONS)}",
+    )
+    cost.add_argument("--from", dest="start", metavar="TIME", help="ISO 8601, a whole UTC hour")
+    cost.add_argument("--to", dest="end", metavar="TIME", help="ISO 8601 (excluded)")
+    cost.add_argument("--granularity", choices=("hour", "day", "month"), help="one row per bucket")
+    for dim in COST_DIMENSIONS:
+        if dim != "job":
+            cost.add_argument(f"--{dim}", help=f"only this {dim}")
+    cost.add_argument("--csv", action="store_true", help="billing's CSV, as it is")
 
 
 def _number(value: Any) -> str:
@@ -270,30 +288,124 @@ def run_models(session: Session) -> int:
     return Exit.OK
 
 
+COST_DIMENSIONS = ("team", "project", "user", "queue", "flavor", "job")
+"""What billing's ``GET /v1/costs`` groups and filters by (docs/billing.md)."""
+
+
+def dimensions_arg(value: str) -> list[str]:
+    """``--by``: known dimensions, comma-separated, each once."""
+    dims = [d.strip() for d in value.split(",") if d.strip()]
+    unknown = [d for d in dims if d not in COST_DIMENSIONS]
+    if unknown or not dims:
+        raise argparse.ArgumentTypeError(
+            f"unknown dimension {', '.join(map(repr, unknown)) or repr(value)} "
+            f"(one of {', '.join(COST_DIMENSIONS)})"
+        )
+    if len(set(dims)) != len(dims):
+        raise argparse.ArgumentTypeError(f"{value!r} names a dimension twice")
+    return dims
+
+
 def run_cost(session: Session) -> int:
+    args = session.args
+    billing = session.service("billing")
     try:
-        usage = session.service("billing").get("/v1/usage", team=session.args.team)
+        if args.job:
+            if args.by or args.start or args.end or args.granularity or args.csv:
+                raise CliError(
+                    "cost JOB takes no --by, --from, --to, --granularity or --csv", Exit.USAGE
+                )
+            job_id = resolve(session.client, args.job)
+            bill = billing.get(f"/v1/jobs/{quote(job_id, safe='')}/cost")
+            session.emit(bill, lambda: job_cost_text(bill))
+            return Exit.OK
+        params: dict[str, str | None] = {
+            "group_by": ",".join(args.by) if args.by else None,
+            "from": args.start,
+            "to": args.end,
+            "granularity": args.granularity,
+            **{d: getattr(args, d) for d in COST_DIMENSIONS if d != "job"},
+        }
+        if args.csv:
+            sys.stdout.write(billing_csv(billing, params))
+            return Exit.OK
+        report = billing.get("/v1/costs", **params)
     except TrainyardError as exc:
-        raise CliError(f"billing: {exc}") from None
-    session.emit(usage, lambda: _usage_text(usage))
+        raise CliError(f"billing: {exc}", exit_code_of(exc)) from None
+    session.emit(report, lambda: cost_report_text(report))
     return Exit.OK
 
 
-def _usage_text(usage: dict[str, Any]) -> str:
-    parts = []
-    for title, key, name in (
-        ("by team", "teams", "team"),
-        ("by user", "users", "user"),
-        ("by job", "jobs", "job_id"),
-    ):
-        rows = [
-            (
-                short(str(row.get(name))) if name == "job_id" else row.get(name),
-                f"{float(row.get('gpu_seconds') or 0) / 3600:.3f}",
-                f"{float(row.get('cost') or 0):.4f} {row.get('currency') or ''}".strip(),
-            )
-            for row in usage.get(key) or []
+def billing_csv(billing: TrainyardClient, params: dict[str, str | None]) -> str:
+    """Billing's CSV report, unchanged (its cells are already safe for spreadsheets)."""
+    return get_text(billing, "/v1/costs", format="csv", **params)
+
+
+def _amount(value: Any, digits: int = 2) -> str:
+    try:
+        return f"{Decimal(str(value)):.{digits}f}"
+    except (InvalidOperation, ValueError):
+        return str(value)
+
+
+def _hours(seconds: Any) -> str:
+    try:
+        return f"{Decimal(str(seconds)) / 3600:.2f}"
+    except (InvalidOperation, ValueError):
+        return "-"
+
+
+def cost_report_text(report: dict[str, Any]) -> str:
+    """``GET /v1/costs``'s answer as a table and its totals."""
+    dims = list(report.get("group_by") or [])
+    bucketed = bool(report.get("granularity"))
+    header = (*(("BUCKET",) if bucketed else ()), *(d.upper() for d in dims), "GPU-HOURS", "COST")
+    rows = [
+        (
+            *((time_text(r.get("bucket")),) if bucketed else ()),
+            *((short(str(r[d])) if d == "job" and r.get(d) else r.get(d) or "-") for d in dims),
+            _hours(r.get("gpu_seconds")),
+            f"{_amount(r.get('cost'), 4)} {r.get('currency', '')}".rstrip(),
+        )
+        for r in report.get("rows") or []
+    ]
+    span = f"{time_text(report.get('start'))} to {time_text(report.get('end'))}"
+    totals = ", ".join(
+        f"{_amount(t['cost'], 4)} {t['currency']} ({_hours(t['gpu_seconds'])} GPU-hours)"
+        for t in report.get("totals") or []
+    )
+    lines = [table(header, rows, empty=f"nothing billed from {span}")]
+    if rows:
+        lines.append(f"\ntotal {span}: {totals or '0'}")
+    if report.get("truncated"):
+        lines.append("(more rows than the limit: totals cover them all)")
+    return "\n".join(lines)
+
+
+def job_cost_text(bill: dict[str, Any]) -> str:
+    """``GET /v1/jobs/{id}/cost``'s answer: one row per allocation, then totals."""
+    rows = [
+        (
+            a.get("attempt") if a.get("attempt") is not None else "-",
+            a["node_id"],
+            f"{a['gpus']}x {a['gpu_flavor']}",
+            duration(a["started_at"], a["ended_at"]),
+            a["outcome"],
+            _hours(a["gpu_seconds"]),
+            f"{_amount(a['price_per_gpu_hour'], 4)}/h",
+            f"{_amount(a['cost'], 4)} {a['currency']}",
+        )
+        for a in bill.get("allocations") or []
+    ]
+    totals = ", ".join(f"{_amount(t['cost'], 4)} {t['currency']}" for t in bill.get("totals") or [])
+    head = f"job {bill['job_id']} ({bill['team']}/{bill.get('project') or '-'}, {bill['user']})"
+    return "\n".join(
+        [
+            head,
+            table(
+                ("ATTEMPT", "NODE", "GPUS", "RAN", "OUTCOME", "GPU-HOURS", "PRICE", "COST"),
+                rows,
+            ),
+            f"total: {totals or '0'}",
         ]
-        if rows:
-            parts.append(f"{title}\n" + table((name.upper(), "GPU-HOURS", "COST"), rows))
-    return "\n\n".join(parts) or "nothing billed yet"
+    )

@@ -310,3 +310,48 @@ def _json(response: httpx.Response, default: Any = None) -> Any:
         if default is not None:
             return default
         raise TrainyardError(response.status_code, "response is not JSON") from None
+
+
+# --- downloads (appended for the model commands) -----------------------------------------
+
+
+DOWNLOAD_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
+"""A model's bytes may take minutes on a slow link."""
+DOWNLOAD_CHUNK = 1 << 20
+
+
+def download(
+    client: TrainyardClient, url: str, needs_token: bool, sink: Callable[[bytes], object]
+) -> None:
+    """GET ``url`` and hand its body to ``sink`` chunk by chunk.
+
+    ``url`` is absolute (a presigned URL: sent with no token, so it never reaches a store
+    or a host the token was not meant for) or a path of ``client``'s base URL; the token
+    is sent only when ``needs_token`` says the answer needs it. A non-2xx answer raises
+    ``TrainyardError`` (status 0 when unreachable)."""
+    base = client._http.base_url
+    target = base.join(url) if not httpx.URL(url).is_absolute_url else httpx.URL(url)
+    headers = {"Authorization": client._http.headers["Authorization"]} if needs_token else {}
+    try:
+        with (
+            httpx.Client(timeout=DOWNLOAD_TIMEOUT) as http,
+            http.stream("GET", target, headers=headers) as response,
+        ):
+            if not response.is_success:
+                response.read()
+                body = _json(response, default={})
+                detail = body.get("detail") if isinstance(body, dict) else None
+                raise TrainyardError(
+                    response.status_code, str(detail or response.reason_phrase or "failed")
+                )
+            for chunk in response.iter_bytes(DOWNLOAD_CHUNK):
+                sink(chunk)
+    except httpx.HTTPError as exc:
+        raise TrainyardError(0, f"cannot download from {target.host}: {exc}") from exc
+
+
+def get_text(client: TrainyardClient, path: str, **params: str | None) -> str:
+    """The text body of ``GET path`` on ``client``'s base URL (a CSV report, say), as the
+    server wrote it; errors as for every call (``TrainyardError``)."""
+    query = {k: v for k, v in params.items() if v is not None}
+    return client._response("GET", path, params=query).text

@@ -1,0 +1,381 @@
+"""The CLI's model commands: ``trainyard model ls|show|register|alias|download|rm``.
+
+They call the registry's models API (docs/models.md) at the registry URL of the context
+(``TRAINYARD_REGISTRY_URL``). References are checked here before any call, so a malformed
+one is refused with a message naming the argument (exit 2):
+
+    TEAM/NAME            a model
+    TEAM/NAME:V          one version (V a positive integer)
+    TEAM/NAME@ALIAS      the version an alias points at
+
+``download`` writes the bytes to a temporary file beside ``-o``, checks their size and
+sha256 against what the registry answered, and only then renames the file into place: a
+failed or interrupted download leaves no file at all, and an existing file is replaced
+only by verified bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from trainyard.cli_base import CliError, Exit, Session, note
+from trainyard.cli_render import short, table, time_text
+from trainyard.client import TrainyardClient, download
+
+_NAME = r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,99}"
+_ALIAS = r"[a-z][a-z0-9_\-]{0,62}"
+_REF = re.compile(
+    rf"(?P<team>{_NAME})/(?P<name>{_NAME})(?::(?P<version>\d+)|@(?P<alias>{_ALIAS}))?"
+)
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A parsed ``TEAM/NAME[:V|@ALIAS]``."""
+
+    team: str
+    name: str
+    version: int | None = None
+    alias: str | None = None
+
+    @property
+    def path(self) -> str:
+        """The URL path segment pair ``team/name``, each segment quoted."""
+        return f"{quote(self.team, safe='')}/{quote(self.name, safe='')}"
+
+    def __str__(self) -> str:
+        tail = f":{self.version}" if self.version else f"@{self.alias}" if self.alias else ""
+        return f"{self.team}/{self.name}{tail}"
+
+
+def parse_ref(value: str, what: str, *, version: bool | None = False, alias: bool = False) -> Ref:
+    """``value`` as a reference, or a ``CliError`` (usage) naming ``what``.
+
+    ``version``: False refuses ``:V``, None allows it, True requires it (``alias`` allows
+    ``@ALIAS`` as the alternative)."""
+    found = _REF.fullmatch(value.strip())
+    shape = "TEAM/NAME" + (
+        ""
+        if version is False
+        else ":V"
+        if not alias
+        else "[:V|@ALIAS]"
+        if version is None
+        else ":V or TEAM/NAME@ALIAS"
+    )
+    if not found:
+        raise CliError(
+            f"{what}: {value!r} is not {shape} (names: letters, digits, _ . -; "
+            "V: a positive integer)",
+            Exit.USAGE,
+        )
+    number = int(found["version"]) if found["version"] else None
+    if number is not None and version is False:
+        raise CliError(f"{what}: {value!r} names a version; give {shape}", Exit.USAGE)
+    if found["alias"] and not alias:
+        raise CliError(f"{what}: {value!r} names an alias; give {shape}", Exit.USAGE)
+    if number == 0:
+        raise CliError(f"{what}: version must be 1 or more, got 0", Exit.USAGE)
+    if version is True and number is None and not found["alias"]:
+        raise CliError(f"{what}: {value!r} names no version; give {shape}", Exit.USAGE)
+    return Ref(found["team"], found["name"], number, found["alias"])
+
+
+def alias_arg(value: str) -> str:
+    """An alias as argparse checks it (lower-case, as the registry requires)."""
+    if not re.fullmatch(_ALIAS, value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not an alias (1-63 lower-case letters, digits, _ or -, "
+            "starting with a letter)"
+        )
+    return value
+
+
+def version_arg(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a version (a positive integer)")
+    return int(value)
+
+
+def add_commands(
+    command: Callable[..., argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    model = command("model", None, "the team's models: versions, aliases, downloads")
+    actions = model.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def action(name: str, run: Callable[[Session], int], text: str) -> argparse.ArgumentParser:
+        sub = actions.add_parser(name, parents=[common], help=text, description=text)
+        sub.set_defaults(run=run)
+        return sub
+
+    ls = action("ls", run_ls, "the team's models")
+    ls.add_argument("--team", help="another team's (operators)")
+    ls.add_argument("--project", help="only models of this project")
+    show = action("show", run_show, "a model: its versions and aliases, or one version")
+    show.add_argument("model", metavar="TEAM/NAME[:V|@ALIAS]")
+    register = action("register", run_register, "register a job's committed checkpoint")
+    register.add_argument("model", metavar="TEAM/NAME")
+    register.add_argument("--job", required=True, metavar="JOB", help="the job (id or prefix)")
+    register.add_argument("--checkpoint", metavar="URI", help="one of its committed checkpoints")
+    register.add_argument("--tag", action="append", default=[], help="a tag (repeatable)")
+    register.add_argument("--description", default="", help="what this version is")
+    alias = action("alias", run_alias, "point, remove or show the moves of an alias")
+    alias_actions = alias.add_subparsers(dest="alias_action", required=True, metavar="ACTION")
+    alias_set = alias_actions.add_parser("set", parents=[common], help="point ALIAS at VERSION")
+    alias_set.add_argument("model", metavar="TEAM/NAME")
+    alias_set.add_argument("alias", type=alias_arg, metavar="ALIAS")
+    alias_set.add_argument("version", type=version_arg, metavar="VERSION")
+    alias_rm = alias_actions.add_parser("rm", parents=[common], help="delete an alias")
+    alias_rm.add_argument("model", metavar="TEAM/NAME")
+    alias_rm.add_argument("alias", type=alias_arg, metavar="ALIAS")
+    history = alias_actions.add_parser("history", parents=[common], help="every move of an alias")
+    history.add_argument("model", metavar="TEAM/NAME")
+    history.add_argument("alias", type=alias_arg, metavar="ALIAS")
+    get = action("download", run_download, "download a version, verified by its sha256")
+    get.add_argument("model", metavar="TEAM/NAME[:V|@ALIAS]", help="default: the latest version")
+    get.add_argument("-o", "--output", type=Path, required=True, metavar="FILE")
+    rm = action("rm", run_rm, "delete a version (frees its stored bytes)")
+    rm.add_argument("model", metavar="TEAM/NAME")
+    rm.add_argument("version", type=version_arg, metavar="VERSION")
+
+
+def _metrics(metrics: dict[str, Any] | None) -> str:
+    return " ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+        for k, v in sorted((metrics or {}).items())
+    )
+
+
+def run_ls(session: Session) -> int:
+    args = session.args
+    registry = session.service("registry")
+    models: list[dict[str, Any]] = []
+    after: str | None = None
+    while True:
+        page = registry.get(
+            "/v1/models", team=args.team, project=args.project, after=after, limit=500
+        )
+        models.extend(page["models"])
+        after = page.get("next")
+        if not after:
+            break
+    rows = [
+        (
+            f"{m['team']}/{m['name']}",
+            m["project"],
+            m["versions"],
+            m["latest_version"],
+            " ".join(f"{a}={v}" for a, v in sorted(m["aliases"].items())) or "-",
+            time_text(m["created_at"]),
+        )
+        for m in models
+    ]
+    session.emit(
+        models,
+        lambda: table(
+            ("MODEL", "PROJECT", "VERSIONS", "LATEST", "ALIASES", "CREATED"),
+            rows,
+            empty="no models yet (trainyard model register TEAM/NAME --job JOB)",
+        ),
+    )
+    return Exit.OK
+
+
+def _version_path(ref: Ref) -> str:
+    if ref.alias:
+        return f"/v1/models/{ref.path}/versions/by-alias/{quote(ref.alias, safe='')}"
+    return f"/v1/models/{ref.path}/versions/{ref.version}"
+
+
+def render_version(v: dict[str, Any]) -> str:
+    """One version as ``key: value`` lines."""
+    artifact = v.get("artifact") or {}
+    lines = [
+        f"{v['team']}/{v['model']}:{v['version']}",
+        f"  job:         {v.get('job_id')}",
+        f"  registered:  {time_text(v.get('registered_at'))} by {v.get('created_by', '-')} ({v.get('origin', '-')})",
+        f"  aliases:     {' '.join(v.get('aliases') or []) or '-'}",
+        f"  tags:        {' '.join(v.get('tags') or []) or '-'}",
+        f"  metrics:     {_metrics(v.get('metrics')) or '-'}",
+        f"  artifact:    {artifact.get('uri', '-')} (step {artifact.get('step', '-')}, {artifact.get('size_bytes', '-')} bytes)",
+        f"  sha256:      {artifact.get('sha256', '-')}",
+    ]
+    if v.get("source_uri"):
+        lines.append(f"  source:      {v['source_uri']}")
+    if v.get("description"):
+        lines.append(f"  description: {v['description']}")
+    return "\n".join(lines)
+
+
+def run_show(session: Session) -> int:
+    ref = parse_ref(session.args.model, "TEAM/NAME", version=None, alias=True)
+    registry = session.service("registry")
+    if ref.version or ref.alias:
+        found = registry.get(_version_path(ref))
+        session.emit(found, lambda: render_version(found))
+        return Exit.OK
+    model = registry.get(f"/v1/models/{ref.path}")
+    versions = registry.get(f"/v1/models/{ref.path}/versions")["versions"]
+    by_version: dict[int, list[str]] = {}
+    for name, number in model["aliases"].items():
+        by_version.setdefault(number, []).append(name)
+    rows = [
+        (
+            v["version"],
+            " ".join(sorted(by_version.get(v["version"], []))) or "-",
+            short(v["job_id"]),
+            time_text(v["registered_at"]),
+            _metrics(v["metrics"]) or "-",
+        )
+        for v in versions
+    ]
+
+    def text() -> str:
+        head = (
+            f"{model['team']}/{model['name']}  project {model['project']}, "
+            f"{model['versions']} live versions, latest {model['latest_version']}"
+        )
+        return (
+            head
+            + "\n\n"
+            + table(
+                ("VERSION", "ALIASES", "JOB", "REGISTERED", "METRICS"),
+                rows,
+                empty="no live versions",
+            )
+        )
+
+    session.emit({**model, "version_list": versions}, text)
+    return Exit.OK
+
+
+def run_register(session: Session) -> int:
+    from trainyard.cli_base import resolve
+
+    args = session.args
+    ref = parse_ref(args.model, "TEAM/NAME")
+    body: dict[str, Any] = {"job_id": resolve(session.client, args.job), "tags": args.tag}
+    if args.checkpoint:
+        body["checkpoint_uri"] = args.checkpoint
+    if args.description:
+        body["description"] = args.description
+    found = session.service("registry").call("POST", f"/v1/models/{ref.path}/versions", body)
+    session.emit(found, lambda: "registered " + render_version(found))
+    return Exit.OK
+
+
+def run_alias(session: Session) -> int:
+    args = session.args
+    ref = parse_ref(args.model, "TEAM/NAME")
+    registry = session.service("registry")
+    path = f"/v1/models/{ref.path}/aliases/{quote(args.alias, safe='')}"
+    if args.alias_action == "set":
+        moved = registry.call("PUT", path, {"version": args.version})
+        was = moved.get("previous")
+        session.emit(
+            moved,
+            lambda: (
+                f"{ref}@{args.alias} -> version {moved['version']}"
+                + (f" (was {was})" if was is not None else " (new)")
+            ),
+        )
+    elif args.alias_action == "rm":
+        gone = registry.call("DELETE", path)
+        session.emit(
+            gone, lambda: f"removed {ref}@{args.alias} (was version {gone.get('previous')})"
+        )
+    else:
+        moves = registry.get(f"{path}/moves")
+        rows = [
+            (
+                time_text(m["at"]),
+                "-" if m["from_version"] is None else m["from_version"],
+                "(deleted)" if m["to_version"] is None else m["to_version"],
+                m["actor"],
+            )
+            for m in moves["moves"]
+        ]
+        session.emit(moves, lambda: table(("AT", "FROM", "TO", "BY"), rows, empty="no moves"))
+    return Exit.OK
+
+
+def run_rm(session: Session) -> int:
+    args = session.args
+    ref = parse_ref(args.model, "TEAM/NAME")
+    freed = session.service("registry").call(
+        "DELETE", f"/v1/models/{ref.path}/versions/{args.version}"
+    )
+    session.emit(
+        freed,
+        lambda: (
+            f"deleted {ref}:{args.version} (freed {freed.get('objects', 0)} objects, "
+            f"{freed.get('bytes', 0)} bytes)"
+        ),
+    )
+    return Exit.OK
+
+
+def run_download(session: Session) -> int:
+    args = session.args
+    ref = parse_ref(args.model, "TEAM/NAME", version=None, alias=True)
+    registry = session.service("registry")
+    if ref.version is None and ref.alias is None:
+        latest = registry.get(f"/v1/models/{ref.path}/versions")["versions"]
+        if not latest:
+            raise CliError(f"{ref} has no live version", Exit.NOT_FOUND)
+        ref = Ref(ref.team, ref.name, int(latest[-1]["version"]))
+    if ref.alias:
+        ref = Ref(ref.team, ref.name, int(registry.get(_version_path(ref))["version"]))
+    where = registry.get(f"{_version_path(ref)}/download")
+    size = fetch_verified(registry, where, args.output)
+    answer = {**where, "reference": str(ref), "path": str(args.output)}
+    answer.pop("url", None)  # a presigned URL is a credential while it lasts
+    session.emit(
+        answer, lambda: f"downloaded {ref} to {args.output} ({size} bytes, sha256 verified)"
+    )
+    return Exit.OK
+
+
+def fetch_verified(registry: TrainyardClient, where: dict[str, Any], output: Path) -> int:
+    """Download ``where['url']`` into ``output`` (bytes counted); keep the file only when its
+    size and sha256 are ``where``'s. Raises ``CliError`` and leaves no new file otherwise."""
+    target = output.expanduser()
+    if target.is_dir():
+        raise CliError(f"-o: {output} is a folder; give a file name", Exit.USAGE)
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise CliError(f"-o: no folder {folder}", Exit.USAGE)
+    digest = hashlib.sha256()
+    size = 0
+    handle, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=folder)
+    try:
+        with os.fdopen(handle, "wb") as sink:
+
+            def take(chunk: bytes) -> None:
+                nonlocal size
+                digest.update(chunk)
+                size += len(chunk)
+                sink.write(chunk)
+
+            download(registry, str(where["url"]), bool(where.get("needs_token")), take)
+        if size != int(where["size_bytes"]) or digest.hexdigest() != where["sha256"]:
+            raise CliError(
+                f"download does not match the registered version: got {size} bytes with sha256 "
+                f"{digest.hexdigest()}, expected {where['size_bytes']} bytes with {where['sha256']}; "
+                "nothing was written"
+            )
+        os.replace(temp, target)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    note(f"verified sha256 {where['sha256']}")
+    return size
