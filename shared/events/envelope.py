@@ -7,6 +7,10 @@ Contract:
 - ``subject`` is the routing key (a job id or a node id); the NATS subject is
   ``<type>.<subject>`` so consumers can filter per node or per job.
 - ``data`` is validated against the payload model registered for ``type``.
+- ``dataschema`` is the URI of the JSON Schema of ``data`` (``schema_uri``): the base
+  ``TRAINYARD_EVENTS_SCHEMA_BASE`` (default ``https://trainyard.dev/schemas/events``) and
+  ``/<type>.json``; the same files are committed in docs/events/. Events written before the
+  attribute existed parse without it.
 """
 
 from __future__ import annotations
@@ -17,11 +21,35 @@ from datetime import UTC, datetime
 from typing import Any, Generic, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.events.payloads import EVENT_TYPES, Payload
 from shared.events.trust import nats_subject_for
 
 P = TypeVar("P", bound=Payload)
+
+DEFAULT_SCHEMA_BASE = "https://trainyard.dev/schemas/events"
+
+
+class EventSchemaSettings(BaseSettings):
+    """Where the published JSON Schemas of event payloads live (``dataschema``)."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAINYARD_EVENTS_")
+
+    schema_base: str = Field(default=DEFAULT_SCHEMA_BASE, pattern=r"^[a-z][a-z0-9+.-]*:\S+[^/]$")
+    """An absolute URI without a trailing slash; a deployment that serves the files of
+    docs/events/ elsewhere points this at them."""
+
+
+@functools.cache
+def _schema_base() -> str:
+    # Read once per process: every event of a process names the same place.
+    return EventSchemaSettings().schema_base
+
+
+def schema_uri(event_type: str, base: str | None = None) -> str:
+    """The ``dataschema`` of events of ``event_type``: ``<base>/<type>.json``."""
+    return f"{base or _schema_base()}/{event_type}.json"
 
 
 class EventParseError(ValueError):
@@ -31,9 +59,10 @@ class EventParseError(ValueError):
 class Envelope(BaseModel, Generic[P]):
     """A CloudEvents 1.0 structured-mode event whose ``data`` is a typed payload."""
 
-    # NaN and infinity travel as JSON constants, not null: a diverging loss is a fact to
-    # report, and null would fail validation of every float field that carries it.
-    model_config = ConfigDict(frozen=True, ser_json_inf_nan="constants")
+    # NaN and infinity travel as the strings "NaN", "Infinity" and "-Infinity": bare NaN is
+    # not JSON (Node's JSON.parse and most other parsers reject it), and null would lose a
+    # diverging loss, a fact to report. Every payload model sets the same (payloads.Payload).
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="strings")
 
     specversion: Literal["1.0"] = "1.0"
     id: str = Field(default_factory=lambda: str(uuid.uuid4()))
@@ -42,6 +71,8 @@ class Envelope(BaseModel, Generic[P]):
     time: datetime = Field(default_factory=lambda: datetime.now(UTC))
     subject: str
     datacontenttype: Literal["application/json"] = "application/json"
+    dataschema: str | None = None
+    """The URI of the JSON Schema ``data`` follows (``schema_uri``); set by ``wrap``."""
     data: P
 
     @classmethod
@@ -52,6 +83,7 @@ class Envelope(BaseModel, Generic[P]):
         fields: dict[str, Any] = {
             "source": source,
             "type": payload.event_type(),
+            "dataschema": schema_uri(payload.event_type()),
             "subject": subject,
             "data": payload,
         }
@@ -66,8 +98,10 @@ class Envelope(BaseModel, Generic[P]):
         return nats_subject_for(self.type, self.source, self.subject)
 
     def to_json(self) -> bytes:
-        """Serialise to CloudEvents structured JSON."""
-        return self.model_dump_json().encode()
+        """Serialise to CloudEvents structured JSON (an event without ``dataschema``, one
+        written before the attribute existed, leaves it out rather than writing null)."""
+        exclude = {"dataschema"} if self.dataschema is None else None
+        return self.model_dump_json(exclude=exclude).encode()
 
 
 @functools.cache

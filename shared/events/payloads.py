@@ -71,7 +71,7 @@ GPUs than its queue may ever hold, a gang no node size allows): it never held GP
 class Payload(BaseModel):
     """Base of every event payload; subclasses set ``TYPE``."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore", ser_json_inf_nan="constants")
+    model_config = ConfigDict(frozen=True, extra="ignore", ser_json_inf_nan="strings")
     TYPE: ClassVar[str]
 
     @classmethod
@@ -110,7 +110,7 @@ class JobSpec(BaseModel):
     the finer rules: patterns, entrypoint paths, requirements), so a consumer never sees a
     spec the API would have refused for its size or range."""
 
-    model_config = ConfigDict(frozen=True, ser_json_inf_nan="constants")
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="strings")
 
     name: str = Field(min_length=1, max_length=100)
     team: str = Field(min_length=1, max_length=100)
@@ -292,7 +292,7 @@ class RunnerHeartbeat(Payload):
 class Environment(BaseModel):
     """Where a job ran: interpreter, libraries, hardware."""
 
-    model_config = ConfigDict(frozen=True, ser_json_inf_nan="constants")
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="strings")
 
     packages: list[str] = Field(default_factory=list)
     """The resolved package list (``name==version``) of the job's environment."""
@@ -342,14 +342,15 @@ MAX_METRIC_KEY = 200
 class MetricPoint(BaseModel):
     """One value a job reported for one metric at one step, when the runner received it."""
 
-    model_config = ConfigDict(frozen=True, ser_json_inf_nan="constants")
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="strings")
 
     key: str = Field(min_length=1, max_length=MAX_METRIC_KEY)
     step: int = Field(ge=0, le=2**63 - 1)
     time: datetime
     value: float
-    """Any float: NaN and infinities are kept (the event's JSON writes them as ``NaN``,
-    ``Infinity`` and ``-Infinity``)."""
+    """Any float: NaN and infinities are kept; the event's JSON writes them as the strings
+    ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` (bare ``NaN`` is not JSON), and parsing
+    reads those strings back as floats."""
 
 
 class JobMetrics(Payload):
@@ -418,7 +419,7 @@ class JobPreempted(Payload):
 class Lineage(BaseModel):
     """How a model version was made: everything needed to reproduce it."""
 
-    model_config = ConfigDict(frozen=True, ser_json_inf_nan="constants")
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="strings")
 
     job_id: str
     spec: JobSpec

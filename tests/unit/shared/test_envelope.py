@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from shared.events import EVENT_TYPES, Envelope, EventParseError, parse_envelope
+from shared.events.envelope import EventSchemaSettings, schema_uri
 from shared.events.payloads import JobSpec, JobSubmitted
 
 SPEC = JobSpec(
@@ -41,8 +42,38 @@ def test_round_trip_keeps_the_typed_payload() -> None:
         "time",
         "subject",
         "datacontenttype",
+        "dataschema",
         "data",
     }
+    assert (
+        wire["dataschema"] == "https://trainyard.dev/schemas/events/trainyard.job.submitted.v1.json"
+    )
+
+
+def test_an_event_without_dataschema_parses_and_is_written_without_it() -> None:
+    """Events stored before ``dataschema`` existed stay readable, and never gain a null."""
+    env = Envelope.wrap(
+        JobSubmitted(job_id="j", spec=SPEC, submitted_at=datetime.now(UTC)),
+        source="trainyard/submission",
+        subject="j",
+    )
+    old = json.loads(env.to_json())
+    del old["dataschema"]
+    parsed = parse_envelope(json.dumps(old).encode())
+    assert parsed.dataschema is None
+    assert "dataschema" not in json.loads(parsed.to_json())
+
+
+def test_the_schema_base_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINYARD_EVENTS_SCHEMA_BASE", "https://events.example.org/v")
+    assert EventSchemaSettings().schema_base == "https://events.example.org/v"
+    assert (
+        schema_uri("t.v1", "https://events.example.org/v")
+        == "https://events.example.org/v/t.v1.json"
+    )
+    monkeypatch.setenv("TRAINYARD_EVENTS_SCHEMA_BASE", "not a uri/")
+    with pytest.raises(ValueError, match="schema_base"):
+        EventSchemaSettings()
 
 
 def test_event_id_can_be_deterministic() -> None:
@@ -97,3 +128,29 @@ def test_non_finite_metrics_survive_the_wire() -> None:
     assert isinstance(parsed.data, JobProgress)
     loss = parsed.data.metrics["loss"]
     assert loss != loss and parsed.data.metrics["x"] == float("inf")
+
+
+def test_non_finite_floats_are_strings_on_the_wire() -> None:
+    """Bare NaN is not JSON: a strict parser (json.loads refusing the constants, as Node's
+    JSON.parse does) reads every event, and the strings come back as floats."""
+    from shared.events.payloads import JobMetrics, MetricPoint
+
+    def strict(token: str) -> None:
+        raise AssertionError(f"bare {token} on the wire")
+
+    now = datetime.now(UTC)
+    points = [
+        MetricPoint(key="loss", step=i, time=now, value=v)
+        for i, v in enumerate([float("nan"), float("inf"), float("-inf"), 1.5])
+    ]
+    env = Envelope.wrap(
+        JobMetrics(job_id="j", allocation_id="a", node_id="n", seq=0, points=points),
+        source="s",
+        subject="n",
+    )
+    wire = json.loads(env.to_json(), parse_constant=strict)
+    assert [p["value"] for p in wire["data"]["points"]] == ["NaN", "Infinity", "-Infinity", 1.5]
+    parsed = parse_envelope(env.to_json())
+    assert isinstance(parsed.data, JobMetrics)
+    values = [p.value for p in parsed.data.points]
+    assert values[0] != values[0] and values[1:] == [float("inf"), float("-inf"), 1.5]
