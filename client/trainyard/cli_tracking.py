@@ -56,7 +56,7 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
         "--by",
         type=dimensions_arg,
         metavar="DIMS",
-        help=f"group by these, comma-separated: {', '.join(COST_DIMENSIONS)}",
+        help=f"group by these, comma-separated (default user): {', '.join(COST_DIMENSIONS)}",
     )
     cost.add_argument("--from", dest="start", metavar="TIME", help="ISO 8601, a whole UTC hour")
     cost.add_argument("--to", dest="end", metavar="TIME", help="ISO 8601 (excluded)")
@@ -320,7 +320,8 @@ def run_cost(session: Session) -> int:
             session.emit(bill, lambda: job_cost_text(bill))
             return Exit.OK
         params: dict[str, str | None] = {
-            "group_by": ",".join(args.by) if args.by else None,
+            # Without --by, by user: billing alone would give one total per currency.
+            "group_by": ",".join(args.by or ["user"]),
             "from": args.start,
             "to": args.end,
             "granularity": args.granularity,

@@ -1,0 +1,271 @@
+"""Pure parts of the model, data and cost commands: references, ``--by``, the lineage
+tree, the cost tables, and the verified download (against an in-process HTTP transport)."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from trainyard import cli_models
+from trainyard.cli import main
+from trainyard.cli_base import CliError, Exit
+from trainyard.cli_data import render_tree
+from trainyard.cli_models import Ref, alias_arg, fetch_verified, parse_ref, version_arg
+from trainyard.cli_tracking import cost_report_text, dimensions_arg, job_cost_text
+from trainyard.client import TrainyardClient
+
+
+def test_references_parse_into_team_name_version_or_alias() -> None:
+    assert parse_ref("vision/cnn", "M") == Ref("vision", "cnn")
+    assert parse_ref("vision/cnn:3", "M", version=None) == Ref("vision", "cnn", 3)
+    assert parse_ref("vision/cnn@prod", "M", version=None, alias=True) == Ref(
+        "vision", "cnn", alias="prod"
+    )
+    assert str(Ref("a", "b", 2)) == "a/b:2" and str(Ref("a", "b", alias="x")) == "a/b@x"
+    assert Ref("a", "b.c").path == "a/b.c"
+
+
+@pytest.mark.parametrize(
+    ("value", "kwargs", "reason"),
+    [
+        ("cnn", {}, "is not TEAM/NAME"),
+        ("a/b/c", {}, "is not TEAM/NAME"),
+        ("../b", {}, "is not TEAM/NAME"),
+        ("a/b:x", {"version": None}, "is not TEAM/NAME"),
+        ("a/b:0", {"version": None}, "version must be 1 or more"),
+        ("a/b:1", {}, "names a version"),
+        ("a/b@prod", {"version": None}, "names an alias"),
+        ("a/b", {"version": True}, "names no version"),
+        ("a/b@Prod", {"version": None, "alias": True}, "is not TEAM/NAME"),
+    ],
+)
+def test_malformed_references_name_the_argument(
+    value: str, kwargs: dict[str, Any], reason: str
+) -> None:
+    with pytest.raises(CliError) as raised:
+        parse_ref(value, "TEAM/NAME", **kwargs)
+    assert raised.value.code == Exit.USAGE
+    assert str(raised.value).startswith("TEAM/NAME: ") and reason in str(raised.value)
+
+
+def test_aliases_versions_and_dimensions_are_checked_by_argparse() -> None:
+    assert alias_arg("prod-2") == "prod-2" and version_arg("7") == 7
+    for bad in ("Prod", "2x", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            alias_arg(bad)
+    for bad in ("0", "-1", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            version_arg(bad)
+    assert dimensions_arg("team, project") == ["team", "project"]
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown dimension 'colour'"):
+        dimensions_arg("team,colour")
+    with pytest.raises(argparse.ArgumentTypeError, match="twice"):
+        dimensions_arg("team,team")
+
+
+def test_bad_input_exits_2_before_any_call(capsys: pytest.CaptureFixture[str]) -> None:
+    # No server listens here: exit 2, not 5, shows nothing was called.
+    base = ["--url", "http://127.0.0.1:9", "--token", "t"]
+    assert main([*base, "model", "show", "nope"]) == Exit.USAGE
+    assert "TEAM/NAME: 'nope'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as raised:
+        main([*base, "model", "rm", "a/b", "zero"])
+    assert raised.value.code == Exit.USAGE
+    assert "argument VERSION" in capsys.readouterr().err
+
+
+GRAPH = {
+    "root": "model_version:v/cnn:2",
+    "direction": "upstream",
+    "nodes": [
+        {
+            "id": "model_version:v/cnn:2",
+            "kind": "model_version",
+            "team": "v",
+            "name": "cnn",
+            "version": 2,
+        },
+        {"id": "checkpoint:s3://b/c.pt", "kind": "checkpoint", "uri": "s3://b/c.pt"},
+        {
+            "id": "job:j1",
+            "kind": "job",
+            "job_id": "0123456789",
+            "name": "train",
+            "status": "succeeded",
+        },
+        {
+            "id": "dataset_version:v/d:3",
+            "kind": "dataset_version",
+            "team": "v",
+            "name": "d",
+            "version": 3,
+        },
+        {
+            "id": "model_version:v/cnn:1",
+            "kind": "model_version",
+            "team": "v",
+            "name": "cnn",
+            "version": 1,
+            "deleted": True,
+        },
+    ],
+    "edges": [
+        {
+            "from": "checkpoint:s3://b/c.pt",
+            "to": "model_version:v/cnn:2",
+            "relation": "registered_as",
+        },
+        {"from": "job:j1", "to": "checkpoint:s3://b/c.pt", "relation": "saved"},
+        {"from": "dataset_version:v/d:3", "to": "job:j1", "relation": "read_by"},
+        {"from": "model_version:v/cnn:1", "to": "job:j1", "relation": "fine_tuned_by"},
+        {"from": "dataset_version:v/d:3", "to": "model_version:v/cnn:2", "relation": "read_by"},
+    ],
+    "hidden": 2,
+    "truncated": False,
+}
+
+
+def test_lineage_prints_as_a_tree_with_repeats_marked() -> None:
+    assert render_tree(GRAPH).splitlines() == [
+        "model v/cnn:2",
+        "  <-read_by- dataset v/d:3",
+        "  <-registered_as- checkpoint s3://b/c.pt",
+        "    <-saved- job 01234567 train (succeeded)",
+        "      <-fine_tuned_by- model v/cnn:1 (deleted)",
+        "      <-read_by- dataset v/d:3 (see above)",
+        "(2 nodes of other teams hidden)",
+    ]
+    down = {**GRAPH, "direction": "downstream", "root": "dataset_version:v/d:3", "hidden": 0}
+    lines = render_tree(down).splitlines()
+    assert lines[0] == "dataset v/d:3" and lines[1].startswith("  -read_by-> job 01234567")
+
+
+def test_cost_reports_render_buckets_dimensions_and_totals() -> None:
+    report = {
+        "start": "2026-12-01T00:00:00Z",
+        "end": "2027-01-01T00:00:00Z",
+        "granularity": "day",
+        "group_by": ["team", "job"],
+        "rows": [
+            {
+                "bucket": "2026-12-01T00:00:00Z",
+                "team": "ml",
+                "job": "abcdef0123",
+                "currency": "USD",
+                "gpu_seconds": "7200.000000",
+                "cost": "2.500000",
+            },
+        ],
+        "totals": [{"currency": "USD", "gpu_seconds": "7200.000000", "cost": "2.500000"}],
+        "truncated": True,
+    }
+    lines = cost_report_text(report).splitlines()
+    assert lines[0].split() == ["BUCKET", "TEAM", "JOB", "GPU-HOURS", "COST"]
+    assert lines[1].split()[-5:] == ["ml", "abcdef01", "2.00", "2.5000", "USD"]
+    assert lines[-2].endswith("2.5000 USD (2.00 GPU-hours)") and "truncated" not in lines[-1]
+    assert "more rows than the limit" in lines[-1]
+    empty = cost_report_text({**report, "rows": [], "totals": [], "truncated": False})
+    assert empty.startswith("nothing billed from")
+
+
+def test_a_job_bill_shows_each_allocation() -> None:
+    bill = {
+        "job_id": "j-1",
+        "team": "ml",
+        "project": None,
+        "user": "ann",
+        "allocations": [
+            {
+                "attempt": 1,
+                "node_id": "n1",
+                "gpus": 2,
+                "gpu_flavor": "a100",
+                "started_at": "2026-12-01T00:00:00+00:00",
+                "ended_at": "2026-12-01T01:00:00+00:00",
+                "outcome": "succeeded",
+                "gpu_seconds": "7200",
+                "price_per_gpu_hour": "2.5",
+                "cost": "5",
+                "currency": "USD",
+            },
+        ],
+        "totals": [{"currency": "USD", "gpu_seconds": "7200", "cost": "5"}],
+    }
+    lines = job_cost_text(bill).splitlines()
+    assert lines[0] == "job j-1 (ml/-, ann)"
+    assert lines[2].split() == [
+        "1",
+        "n1",
+        "2x",
+        "a100",
+        "1h00m",
+        "succeeded",
+        "2.00",
+        "2.5000/h",
+        "5.0000",
+        "USD",
+    ]
+    assert lines[-1] == "total: 5.0000 USD"
+
+
+def _registry(body: bytes, seen: list[httpx.Request]) -> TrainyardClient:
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, content=body)
+
+    return TrainyardClient("http://registry", "secret", transport=httpx.MockTransport(answer))
+
+
+def test_a_download_keeps_only_verified_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = b"weights" * 1000
+    seen: list[httpx.Request] = []
+    registry = _registry(body, seen)
+    # ``download`` opens its own client (a presigned URL must not carry the token); route it
+    # to the same in-process transport.
+    real = httpx.Client
+
+    def client(**kwargs: Any) -> httpx.Client:
+        return real(
+            transport=httpx.MockTransport(
+                lambda r: (seen.append(r), httpx.Response(200, content=body))[1]
+            ),
+            **kwargs,
+        )
+
+    monkeypatch.setattr("trainyard.client.httpx.Client", client)
+    where = {
+        "url": "/v1/models/a/b/versions/1/content",
+        "needs_token": True,
+        "sha256": hashlib.sha256(body).hexdigest(),
+        "size_bytes": len(body),
+    }
+    out = tmp_path / "m.pt"
+    assert fetch_verified(registry, where, out) == len(body)
+    assert out.read_bytes() == body
+    assert seen[-1].headers["Authorization"] == "Bearer secret"
+    assert str(seen[-1].url) == "http://registry/v1/models/a/b/versions/1/content"
+
+    presigned = {
+        **where,
+        "url": "http://s3.example/bucket/key?X-Amz-Signature=s",
+        "needs_token": False,
+    }
+    assert fetch_verified(registry, presigned, out) == len(body)
+    assert "Authorization" not in seen[-1].headers
+
+    out.write_bytes(b"old")
+    wrong = {**where, "sha256": "0" * 64}
+    with pytest.raises(CliError, match="does not match the registered version"):
+        fetch_verified(registry, wrong, out)
+    assert out.read_bytes() == b"old"  # the earlier file is untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]  # no partial file left
+    with pytest.raises(CliError, match="is a folder"):
+        fetch_verified(registry, where, tmp_path)
+    assert cli_models.Ref("a", "b") == parse_ref("a/b", "M")
