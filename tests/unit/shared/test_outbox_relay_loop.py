@@ -407,3 +407,15 @@ async def test_the_real_sleep_ends_on_a_wake_or_a_stop_and_leaves_no_waiter() ->
         await relay._sleep(stop, 3600.0, wake=False)  # stopped at once
     await asyncio.sleep(0)
     assert len(asyncio.all_tasks()) == before
+
+
+async def test_an_outage_in_the_loop_is_a_warning_naming_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    relay = Scripted([OSError("PostgreSQL is down")], idle_poll_s=0.25)
+    with caplog.at_level(logging.WARNING, logger="shared.outbox"):
+        await run(relay)
+    records = [r for r in caplog.records if r.name == "shared.outbox"]
+    assert [(r.levelno, r.getMessage()) for r in records] == [
+        (logging.WARNING, "outbox relay: PostgreSQL is down; retrying in 0.2s")
+    ]
