@@ -1,0 +1,152 @@
+"""Another system reading Trainyard's events: a durable JetStream consumer of its own.
+
+    python examples/consumer.py --url nats://user:password@nats:4222 --name billing-export \
+        --filter 'trainyard.job.*.v1.*'
+
+It needs only nats-py, none of Trainyard's code, and follows the consumer's obligations of
+docs/events.md: it creates (or resumes) its own durable consumer on the stream ``TRAINYARD``,
+so a restart goes on where it stopped; it deduplicates by the event's ``id`` (delivery is at
+least once); it acknowledges an event only after handling it (here: printing one line of JSON
+to stdout). Non-finite numbers arrive as the strings "NaN", "Infinity" and "-Infinity", so the
+strict JSON parser below never meets a bare NaN.
+
+``--seen FILE`` keeps the ids handled across restarts (one per line); without it they are kept
+in memory only. ``--max-events N`` stops after N events were handled (for trying it out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.js import api
+from nats.js.errors import NotFoundError
+
+STREAM = "TRAINYARD"
+MAX_REMEMBERED = 1_000_000
+"""Most ids kept in memory; the oldest are forgotten first (redeliveries are recent)."""
+
+
+class SeenIds:
+    """The event ids already handled: in memory, and appended to ``path`` when given."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._path = path
+        if path is not None and path.exists():
+            for line in path.read_text().splitlines():
+                self._remember(line.strip())
+
+    def __contains__(self, event_id: object) -> bool:
+        return event_id in self._ids
+
+    def add(self, event_id: str) -> None:
+        self._remember(event_id)
+        if self._path is not None:
+            with self._path.open("a") as out:
+                out.write(event_id + "\n")
+
+    def _remember(self, event_id: str) -> None:
+        if event_id:
+            self._ids[event_id] = None
+            while len(self._ids) > MAX_REMEMBERED:
+                self._ids.popitem(last=False)
+
+
+def _no_bare_constants(token: str) -> Any:
+    raise ValueError(f"{token} is not JSON")
+
+
+def handle(raw: bytes) -> dict[str, Any]:
+    """Parse one event (strict JSON) and return the line to print; raises ValueError when the
+    message is not a CloudEvent."""
+    event = json.loads(raw, parse_constant=_no_bare_constants)
+    if not isinstance(event, dict):
+        raise ValueError("not a Trainyard event (not a JSON object)")
+    missing = [k for k in ("id", "type", "source", "subject", "data") if k not in event]
+    if missing:
+        raise ValueError(f"not a Trainyard event (missing {', '.join(missing)})")
+    return {
+        "id": event["id"],
+        "type": event["type"],
+        "subject": event["subject"],
+        "time": event.get("time"),
+        "data": event["data"],
+    }
+
+
+async def consume(args: argparse.Namespace) -> int:
+    seen = SeenIds(args.seen)
+    nc = await nats.connect(args.url, name=args.name)
+    js = nc.jetstream()
+    one = len(args.filter) == 1
+    config = api.ConsumerConfig(
+        durable_name=args.name,
+        ack_policy=api.AckPolicy.EXPLICIT,
+        deliver_policy=api.DeliverPolicy.NEW if args.new else api.DeliverPolicy.ALL,
+        # One filter travels in the create request's subject, where NATS permissions see it.
+        filter_subject=args.filter[0] if one else None,
+        filter_subjects=None if one else args.filter,
+        max_ack_pending=256,
+    )
+    try:
+        await js.consumer_info(STREAM, args.name)
+    except NotFoundError:
+        await js.add_consumer(STREAM, config)
+    sub = await js.pull_subscribe_bind(durable=args.name, stream=STREAM)
+    handled = 0
+    try:
+        while args.max_events is None or handled < args.max_events:
+            try:
+                messages = await sub.fetch(batch=64, timeout=5)
+            except nats.errors.TimeoutError:
+                continue
+            for msg in messages:
+                try:
+                    line = handle(msg.data)
+                except ValueError as exc:
+                    print(f"skipped message {msg.subject}: {exc}", file=sys.stderr)
+                    await msg.term()  # never redelivered: it will not parse next time either
+                    continue
+                if line["id"] in seen:
+                    print(f"duplicate {line['id']} ignored", file=sys.stderr)
+                else:
+                    print(json.dumps(line, allow_nan=False), flush=True)
+                    seen.add(line["id"])
+                    handled += 1
+                await msg.ack()  # after handling: a crash before it means a redelivery
+                if args.max_events is not None and handled >= args.max_events:
+                    break
+    finally:
+        await nc.drain()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default="nats://127.0.0.1:4222", help="NATS URL with credentials")
+    parser.add_argument("--name", required=True, help="the durable consumer's name (yours alone)")
+    parser.add_argument(
+        "--filter",
+        action="append",
+        help="subject filter, repeatable (default: every event, trainyard.>)",
+    )
+    parser.add_argument("--new", action="store_true", help="start at new events, not the oldest")
+    parser.add_argument("--seen", type=Path, help="file keeping the handled ids across restarts")
+    parser.add_argument("--max-events", type=int, help="stop after this many events")
+    args = parser.parse_args(argv)
+    args.filter = args.filter or ["trainyard.>"]
+    try:
+        return asyncio.run(consume(args))
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

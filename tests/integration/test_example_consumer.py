@@ -1,0 +1,90 @@
+"""examples/consumer.py against a real NATS JetStream: another system's durable consumer
+prints each published event once (a second copy of an event id is ignored), NaN arriving as
+a string, and a restart with the same name goes on where it stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import nats
+import pytest
+
+from shared.bus import Bus
+from shared.events import Envelope, Payload
+from shared.events.payloads import JobCancelRequested, JobProgress
+from shared.settings import NatsSettings
+
+pytestmark = pytest.mark.integration
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "consumer.py"
+
+
+async def run_example(url: str, *args: str) -> tuple[list[dict[str, object]], str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(EXAMPLE),
+        "--url",
+        url,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with asyncio.timeout(60):
+            out, err = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert proc.returncode == 0, err.decode()
+    return [json.loads(line) for line in out.decode().splitlines()], err.decode()
+
+
+def cancel(job: str) -> Envelope[Payload]:
+    return Envelope.wrap(
+        JobCancelRequested(job_id=job, team="t", user="u"),
+        source="trainyard/submission",
+        subject=job,
+    )
+
+
+async def test_the_example_consumer_prints_each_event_once(
+    bus: Bus, nats_settings: NatsSettings, tmp_path: Path
+) -> None:
+    first = cancel("j1")
+    progress = Envelope.wrap(
+        JobProgress(job_id="j2", allocation_id="a", step=1, metrics={"loss": float("nan")}),
+        source="trainyard/runner",
+        subject="j2",
+    )
+    await bus.publish(first)
+    # The same event again without Nats-Msg-Id (as a relay's retry after the duplicate
+    # window would be stored): only the consumer's own deduplication catches it.
+    nc = await nats.connect(nats_settings.url)
+    try:
+        await nc.jetstream().publish(first.nats_subject, first.to_json())
+    finally:
+        await nc.close()
+    await bus.publish(progress)
+
+    seen = tmp_path / "seen"
+    args = ["--name", "external-system", "--seen", str(seen)]
+    printed, err = await run_example(nats_settings.url, *args, "--max-events", "2")
+    assert [(e["id"], e["type"]) for e in printed] == [
+        (first.id, first.type),
+        (progress.id, progress.type),
+    ]
+    assert f"duplicate {first.id} ignored" in err
+    assert printed[1]["data"] == {
+        **json.loads(progress.to_json())["data"],
+        "metrics": {"loss": "NaN"},
+    }
+
+    # Restarted under the same name: it resumes after what it acknowledged.
+    later = cancel("j3")
+    await bus.publish(later)
+    printed, _ = await run_example(nats_settings.url, *args, "--max-events", "1")
+    assert [e["id"] for e in printed] == [later.id]
+    assert seen.read_text().split() == [first.id, progress.id, later.id]
