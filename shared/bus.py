@@ -14,6 +14,10 @@ Contract:
   held.
 - ``publish`` sends an envelope with ``Nats-Msg-Id`` = event id, so a re-publish inside the
   duplicate window is dropped by the server (this is what makes the outbox relay exactly-once).
+- The event stream keeps events ``retention_hours`` (7 days by default), but a message with a
+  ``Nats-TTL`` header (``TTL_HEADER``; the stream allows per-message TTLs) is removed when its
+  TTL ends: high-rate, short-lived facts (runner heartbeats, every 2 s per node) say so
+  instead of filling the week's store.
 - ``consume`` runs a durable pull consumer: each message is parsed, handled, and acknowledged
   only after the handler returned (for database services: after its transaction committed).
   While a fetched batch is in hand its messages are kept in progress (``+WPI`` every third of
@@ -101,6 +105,8 @@ log = logging.getLogger(__name__)
 _tracer = tracer(__name__)
 
 EVENT_SUBJECTS = "trainyard.>"
+TTL_HEADER = "Nats-TTL"
+"""A message header that makes JetStream remove that message after the given time (``600s``)."""
 DEADLETTER_PREFIX = "deadletter"
 REDRIVE_PREFIX = "trainyard.redrive"
 REASON_HEADER = "Trainyard-Dead-Letter-Reason"
@@ -453,6 +459,9 @@ class Bus:
                 max_age=max_age,
                 max_msgs=max_msgs,
                 duplicate_window=self._settings.duplicate_window_seconds,
+                # Per-message TTLs (TTL_HEADER) on the event stream only: heartbeats expire in
+                # minutes there. NATS cannot turn this off again once on, so it stays on.
+                allow_msg_ttl=True if name == self._settings.stream else None,
             )
             if not self.makes_streams:
                 await self._wait_for_stream(name)

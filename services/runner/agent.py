@@ -22,7 +22,8 @@ Contract:
   (``failure_kind`` ``platform_error``), so its GPUs are released promptly.
 - ``drain_on(stop)``: stop accepting, SIGTERM every job, SIGKILL after the drain timeout,
   wait for their terminal events (``job.preempted``, reason ``runner shutting down``).
-- ``heartbeats`` publishes ``runner.heartbeat`` every interval until the drain is done.
+- ``heartbeats`` publishes ``runner.heartbeat`` every interval until the drain is done, each
+  kept in the event stream only ``heartbeat_ttl_seconds`` (``Nats-TTL``).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from services.runner.sandbox import (
     remove_sandbox,
 )
 from services.runner.supervisor import JobRun, end_allocation
-from shared.bus import Bus
+from shared.bus import TTL_HEADER, Bus
 from shared.events import Envelope, Payload, parse_envelope
 from shared.events.payloads import (
     AllocationGranted,
@@ -436,7 +437,9 @@ class NodeAgent:
                 event_id=domain.event_id(self.node_id, "heartbeat", sent_at.isoformat()),
             )
             try:
-                await self._bus.publish(envelope)
+                await self._bus.publish(
+                    envelope, {TTL_HEADER: f"{self.settings.heartbeat_ttl_seconds}s"}
+                )
             except Exception as exc:  # a missed heartbeat is not worth crashing the node for
                 log.warning("heartbeat not published: %s", exc)
             if self.drained.is_set():

@@ -52,6 +52,9 @@ class Settings(GuardedServiceSettings):
     discovering real ones. Unset: discover with NVML, else torch."""
     heartbeat_interval_seconds: float = Field(default=2.0, gt=0)
     """How often ``runner.heartbeat`` is published."""
+    heartbeat_ttl_seconds: int = Field(default=600, ge=1)
+    """How long the event stream keeps a heartbeat (its ``Nats-TTL``): a heartbeat is news
+    for seconds, so it is not kept the stream's week (about 300,000 per node)."""
     work_dir: Path = Path(".trainyard/runner")
     """Local folder for job logs (``jobs/<job>/<allocation>.log``) and the allocation ledger
     (``ledger/<node_id>/``) that survives runner restarts."""
