@@ -19,6 +19,7 @@ import textwrap
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -104,9 +105,18 @@ def world() -> Iterator[World]:
             for client in (a, b):
                 client.upload_bundle(bundle.path, bundle.sha256)
             ids = {
-                "other": _submit(b, code, "audio-secret-run", experiment="audio-only"),
+                # Both register their checkpoint as a model on success (the registry
+                # registers only jobs whose spec asks for it).
+                "other": _submit(
+                    b, code, "audio-secret-run", experiment="audio-only", register_model=True
+                ),
                 "finished": _submit(
-                    a, code, "vision-finished", experiment="lr-sweep", hyperparameters={"lr": 0.1}
+                    a,
+                    code,
+                    "vision-finished",
+                    experiment="lr-sweep",
+                    hyperparameters={"lr": 0.1},
+                    register_model=True,
                 ),
             }
             for key, client in (("other", b), ("finished", a)):
@@ -413,4 +423,58 @@ def test_ten_thousand_jobs_list_a_page_at_a_time(browser: Any, world: World) -> 
     assert asked and all("limit=50" in url for url in asked), asked
     assert first < 5.0, f"the first page took {first:.1f} s"
     shot(driver, world, "jobs-10000")
+    assert not script_errors(driver)
+
+
+def test_models_show_aliases_and_lineage_and_costs_are_billings(browser: Any, world: World) -> None:
+    """The models page reads the registry's models API (aliases included) and draws the
+    version's upstream lineage; the costs page shows billing's exact ``/v1/costs``: the total,
+    one column per day of the window, and the spend by project."""
+    driver = browser
+    model = world.jobs["finished"]["model"]
+    headers = {"Authorization": f"Bearer {world.tokens['a']}"}
+    registry = world.stack.service_urls["registry"]
+    moved = httpx.put(
+        f"{registry}/v1/models/vision/{model['name']}/aliases/production",
+        json={"version": model["version"]},
+        headers=headers,
+        timeout=10,
+    )
+    assert moved.status_code == 200, moved.text
+    login(driver, world, "a")
+    text = visit(driver, "/models", f"production → v{model['version']}")
+    assert model["name"] in text
+    visit(driver, f"/models/vision/{model['name']}", "Where v")
+    wait(driver, "the upstream tree", lambda d: d.find_elements("css selector", "#upstream li"))
+    upstream = driver.find_element("id", "upstream").text
+    assert world.jobs["finished"]["id"][:8] in upstream and "registered_as" in upstream
+    aliases = [e.text for e in driver.find_elements("css selector", "span.tag.alias")]
+    assert aliases == ["production"]
+    shot(driver, world, "model-upstream")
+
+    costs = world.stack.service_urls["billing"]
+    # The page's window (costs.js ``window``): the 30 UTC days up to the end of today.
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    end = today + timedelta(days=1)
+    ours = {"from": (end - timedelta(days=30)).isoformat(), "to": end.isoformat()}
+    report = httpx.get(
+        f"{costs}/v1/costs",
+        params={"group_by": "project", "from": ours["from"], "to": ours["to"]},
+        headers=headers,
+        timeout=10,
+    ).json()
+    assert report["rows"], report
+    (total,) = report["totals"]
+    visit(driver, "/costs", "By project")
+    assert driver.find_element("id", "total-cost").text == money(
+        float(total["cost"]), total["currency"]
+    )
+    by_project = driver.find_element("id", "by-project").text
+    for row in report["rows"]:
+        assert (row["project"] or "(none)") in by_project
+    days = driver.find_elements("css selector", "#daily-spend .col")
+    assert len(days) == 30
+    drawn = sum(float(d.get_attribute("data-cost")) for d in days)
+    assert abs(drawn - float(total["cost"])) < 1e-6
+    shot(driver, world, "costs")
     assert not script_errors(driver)

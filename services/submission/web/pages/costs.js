@@ -1,48 +1,64 @@
-// Costs: what GPU time cost, by team, project, user and job, and day by day (billing's
-// usage). Users see their own team's; operators every team's.
+// Costs: what GPU time cost over the last 30 days, from billing's ledger (GET /v1/costs):
+// the daily spend (granularity=day) and the spend by team, user, project and job (group_by).
+// These are billing's exact amounts, not estimates. Users see their own team's; operators
+// every team's.
 
 import { get } from "../api.js";
 import {
-  card, errorMessage, gpuHours, h, jobLink, money, pageHeader, replace, stat, table,
+  card, errorMessage, gpuHours, h, jobLink, money, pageHeader, stat, table,
 } from "../ui.js";
 
 const DAYS = 30;
-const PROJECT_JOBS = 50;
+const TOP_JOBS = 20;
+
+/** The report's window: whole UTC days, the last DAYS of them up to the end of today. */
+export function window(now = new Date()) {
+  const end = new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), now.getUTCDate() + 1));
+  const start = new Date(end.getTime() - DAYS * 86400000);
+  const iso = (d) => d.toISOString().replace(/\.\d{3}Z$/, "Z");
+  return { from: iso(start), to: iso(end), start };
+}
 
 export async function render(view, _params, { me }) {
-  view.append(pageHeader("Costs", me.role === "operator" ? "Every team's GPU time and spend." : `Team ${me.team}'s GPU time and spend.`));
-  let usage;
+  view.append(pageHeader("Costs", me.role === "operator" ? "Every team's GPU time and spend, last 30 days." : `Team ${me.team}'s GPU time and spend, last 30 days.`));
+  const range = window();
+  const report = (extra) => get("billing", "/v1/costs", { from: range.from, to: range.to, ...extra });
+  let byDay, byTeam, byUser, byProject, byJob;
   try {
-    usage = await get("billing", "/v1/usage");
+    [byDay, byTeam, byUser, byProject, byJob] = await Promise.all([
+      report({ granularity: "day" }),
+      report({ group_by: "team" }),
+      report({ group_by: "team,user" }),
+      report({ group_by: "project" }),
+      report({ group_by: "job,team,user,flavor", limit: TOP_JOBS }),
+    ]);
   } catch (error) {
     view.append(errorMessage(error, "the costs"));
     return;
   }
-  const currency = (usage.teams[0] && usage.teams[0].currency) || (usage.jobs[0] && usage.jobs[0].currency) || "";
-  const total = usage.teams.reduce((n, t) => n + Number(t.cost), 0);
-  const seconds = usage.teams.reduce((n, t) => n + Number(t.gpu_seconds), 0);
-  const allocations = usage.teams.reduce((n, t) => n + t.allocations, 0);
+  const totals = byTeam.totals || [];
+  const currency = (totals[0] && totals[0].currency) || "";
+  const total = totals.reduce((n, t) => n + Number(t.cost), 0);
+  const seconds = totals.reduce((n, t) => n + Number(t.gpu_seconds), 0);
+  const teams = new Set(byTeam.rows.map((r) => r.team));
   view.append(h("div", { class: "stats" },
-    stat("Total cost", h("span", { id: "total-cost" }, money(total, currency))),
+    stat("Total cost", h("span", { id: "total-cost" }, money(total, currency)), totals.length > 1 ? "several currencies" : null),
     stat("GPU time", gpuHours(seconds)),
-    stat("Jobs billed", usage.jobs.length, `${allocations} allocations`)));
+    stat("Jobs billed", byJob.truncated ? `${TOP_JOBS}+` : byJob.rows.length)));
 
-  view.append(card("Over time (by the day each job's last allocation ended)", daily(usage.jobs, currency)));
-  const projects = h("div", {}, h("div", { class: "loading" }, "Loading…"));
+  view.append(card("Spend per day (UTC)", daily(byDay.rows, range.start, currency)));
   view.append(h("div", { class: "columns" },
-    card("By team", bars(usage.teams.map((t) => ({ label: t.team, value: Number(t.cost), hint: gpuHours(t.gpu_seconds) })), currency)),
-    card("By user", bars(usage.users.map((u) => ({ label: usage.teams.length > 1 ? `${u.user} (${u.team})` : u.user, value: Number(u.cost), hint: gpuHours(u.gpu_seconds) })), currency))),
-  card("By project", projects));
-  const jobs = [...usage.jobs].sort((a, b) => Number(b.cost) - Number(a.cost));
+    card("By team", bars(byTeam.rows.map((t) => ({ label: t.team, value: Number(t.cost), hint: gpuHours(t.gpu_seconds) })), currency)),
+    card("By user", bars(byUser.rows.map((u) => ({ label: teams.size > 1 ? `${u.user} (${u.team})` : u.user, value: Number(u.cost), hint: gpuHours(u.gpu_seconds) })), currency))),
+  h("div", { id: "by-project" }, card("By project", bars(byProject.rows.map((p) => ({ label: p.project || "(none)", value: Number(p.cost), hint: gpuHours(p.gpu_seconds) })), currency))));
   view.append(card("Most expensive jobs", table([
-    { title: "Job", cell: (j) => jobLink(j.job_id) },
+    { title: "Job", cell: (j) => jobLink(j.job) },
     { title: "Team", cell: (j) => j.team },
     { title: "User", cell: (j) => j.user },
-    { title: "Flavor", cell: (j) => j.gpu_flavor },
+    { title: "Flavor", cell: (j) => j.flavor },
     { title: "GPU time", align: "right", cell: (j) => gpuHours(j.gpu_seconds) },
     { title: "Cost", align: "right", cell: (j) => money(j.cost, j.currency) },
-  ], jobs.slice(0, 20), { empty: "Nothing billed yet." })));
-  replace(projects, await byProject(jobs.slice(0, PROJECT_JOBS), currency));
+  ], byJob.rows, { empty: "Nothing billed yet." })));
 }
 
 function bars(items, currency) {
@@ -55,37 +71,17 @@ function bars(items, currency) {
     h("span", { class: "hbar-value" }, money(item.value, currency), item.hint ? h("small", {}, ` ${item.hint}`) : null))));
 }
 
-function daily(jobs, currency) {
+/** One column per UTC day of the window; billing's day buckets give the heights. */
+function daily(rows, start, currency) {
   const days = new Map();
-  const today = new Date();
-  today.setHours(0, 0, 0, 0);
-  for (let i = DAYS - 1; i >= 0; i--) {
-    const day = new Date(today.getTime() - i * 86400000);
-    days.set(day.toISOString().slice(0, 10), 0);
-  }
-  for (const job of jobs) {
-    const key = new Date(job.last_ended_at);
-    key.setHours(0, 0, 0, 0);
-    const iso = new Date(key.getTime()).toISOString().slice(0, 10);
-    if (days.has(iso)) days.set(iso, days.get(iso) + Number(job.cost));
+  for (let i = 0; i < DAYS; i++) days.set(new Date(start.getTime() + i * 86400000).toISOString().slice(0, 10), 0);
+  for (const row of rows) {
+    const day = String(row.bucket).slice(0, 10);
+    if (days.has(day)) days.set(day, days.get(day) + Number(row.cost));
   }
   const top = Math.max(...days.values(), 1e-12);
-  return h("div", { class: "columns-chart", role: "img", "aria-label": `cost per day, last ${DAYS} days` },
-    [...days.entries()].map(([day, cost]) => h("div", { class: "col", title: `${day}: ${money(cost, currency)}` },
+  return h("div", { class: "columns-chart", id: "daily-spend", role: "img", "aria-label": `cost per day, last ${DAYS} days` },
+    [...days.entries()].map(([day, cost]) => h("div", { class: "col", "data-day": day, "data-cost": String(cost), title: `${day}: ${money(cost, currency)}` },
       h("span", { class: "col-fill", style: `height:${(100 * cost) / top}%` }),
       h("span", { class: "col-label" }, day.slice(5)))));
-}
-
-async function byProject(jobs, currency) {
-  const totals = new Map();
-  await Promise.all(jobs.map(async (usage) => {
-    let project = "unknown";
-    try {
-      const job = await get("submission", `/v1/jobs/${encodeURIComponent(usage.job_id)}`);
-      project = (job.spec && job.spec.project) || "default";
-    } catch { /* a job the caller cannot see any more */ }
-    totals.set(project, (totals.get(project) || 0) + Number(usage.cost));
-  }));
-  const note = jobs.length >= PROJECT_JOBS ? h("p", { class: "muted" }, `From the ${PROJECT_JOBS} most expensive jobs.`) : null;
-  return h("div", {}, bars([...totals.entries()].map(([label, value]) => ({ label, value })), currency), note);
 }

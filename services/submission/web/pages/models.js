@@ -24,19 +24,27 @@ export async function render(view, params, ctx) {
   }
   replace(body, card(null, table([
     { title: "Model", cell: (m) => h("a", { href: `#/models/${encodeURIComponent(m.team)}/${encodeURIComponent(m.name)}`, class: "model-name" }, m.name) },
+    { title: "Project", cell: (m) => m.project || "—" },
+    { title: "Versions", align: "right", cell: (m) => m.versions ?? "—" },
     { title: "Latest version", align: "right", cell: (m) => `v${m.latest}` },
-    { title: "Registered", cell: (m) => when(m.registered_at) },
-    { title: "From job", cell: (m) => jobLink(m.job_id) },
+    { title: "Aliases", cell: (m) => Object.entries(m.aliases).sort().map(([a, v]) => h("span", { class: "tag" }, `${a} → v${v}`)) },
+    { title: "Created", cell: (m) => when(m.registered_at) },
   ], models, { empty: "No model yet: a job that succeeds with a checkpoint registers one." })));
 }
 
-/** The team's models: the registry's list when it has one, else found through the team's
- * latest successful jobs (each job view names the model version it made). */
+/** The team's models from the registry (every page of ``GET /v1/models``); a server whose
+ * registry has no such list falls back to the team's latest successful jobs (each job view
+ * names the model version it made). */
 async function listModels(team) {
   try {
-    const answer = await get("registry", "/v1/models", { team });
-    const list = Array.isArray(answer) ? answer : answer.models || [];
-    return list.map((m) => ({ team: m.team || team, name: m.name || m.model, latest: m.latest_version ?? m.version ?? m.versions, registered_at: m.registered_at || m.updated_at, job_id: m.job_id || "" }));
+    const models = [];
+    let after;
+    do {
+      const page = await get("registry", "/v1/models", { team, limit: 500, ...(after ? { after } : {}) });
+      models.push(...page.models);
+      after = page.next;
+    } while (after);
+    return models.map((m) => ({ team: m.team, name: m.name, project: m.project, latest: m.latest_version, versions: m.versions, aliases: m.aliases || {}, registered_at: m.created_at, job_id: "" }));
   } catch (error) {
     if (!(error instanceof Unavailable)) throw error;
   }
@@ -47,7 +55,7 @@ async function listModels(team) {
     if (!job || !job.model) continue;
     const known = byName.get(job.model.name);
     if (!known || known.latest < job.model.version) {
-      byName.set(job.model.name, { team: job.team, name: job.model.name, latest: job.model.version, registered_at: job.finished_at, job_id: job.id });
+      byName.set(job.model.name, { team: job.team, name: job.model.name, latest: job.model.version, aliases: {}, registered_at: job.finished_at, job_id: job.id });
     }
   }
   return [...byName.values()].sort((a, b) => a.name.localeCompare(b.name));
@@ -55,9 +63,13 @@ async function listModels(team) {
 
 async function renderModel(view, team, name, wanted) {
   view.append(pageHeader(name, `Model of team ${team}`));
+  const base = `/v1/models/${encodeURIComponent(team)}/${encodeURIComponent(name)}`;
   let list;
+  const aliases = new Map();
   try {
-    list = await get("registry", `/v1/models/${encodeURIComponent(team)}/${encodeURIComponent(name)}/versions`);
+    const [model, versions] = await Promise.all([get("registry", base), get("registry", `${base}/versions`)]);
+    list = versions;
+    for (const [alias, version] of Object.entries(model.aliases || {})) aliases.set(version, [...(aliases.get(version) || []), alias].sort());
   } catch (error) {
     view.append(errorMessage(error, "model"));
     return;
@@ -76,7 +88,7 @@ async function renderModel(view, team, name, wanted) {
   const href = (v) => `#/models/${encodeURIComponent(team)}/${encodeURIComponent(name)}/${v}`;
   view.append(card("Versions", table([
     { title: "Version", cell: (v) => h("a", { href: href(v.version) }, `v${v.version}`) },
-    { title: "Aliases", cell: (v) => (v.aliases || []).map((a) => h("span", { class: "tag" }, a)) },
+    { title: "Aliases", cell: (v) => (aliases.get(v.version) || []).map((a) => h("span", { class: "tag alias" }, a)) },
     { title: "Registered", cell: (v) => when(v.registered_at) },
     { title: "Job", cell: (v) => jobLink(v.job_id) },
     ...keys.slice(0, 5).map((k) => ({ title: k, align: "right", cell: (v) => metric(v.metrics[k]) })),
@@ -89,8 +101,10 @@ async function renderModel(view, team, name, wanted) {
     const cost = costs.get(selected);
     const lineage = detail.lineage || {};
     const env = lineage.environment || {};
+    const upstream = h("div", { id: "upstream" }, h("div", { class: "loading" }, "Loading…"));
     replace(detailBox,
       card(`Lineage of v${selected}`, lineageGraph(detail)),
+      card(`Where v${selected} came from (the registry's lineage)`, upstream),
       h("div", { class: "columns" },
         card("Version", keyValues([
           ["Registered", absolute(detail.registered_at)],
@@ -111,9 +125,46 @@ async function renderModel(view, team, name, wanted) {
           env.image ? ["Image", env.image] : null,
           ["Packages", (env.packages || []).length ? `${env.packages.length} pinned` : "—"],
         ]))));
+    get("registry", `/v1/lineage/models/${encodeURIComponent(team)}/${encodeURIComponent(name)}/versions/${selected}/upstream`)
+      .then((graph) => replace(upstream, lineageTree(graph)))
+      .catch((error) => replace(upstream, errorMessage(error, "the lineage")));
   } catch (error) {
     replace(detailBox, errorMessage(error, "this version"));
   }
+}
+
+/** A node of the registry's lineage graph as a line of text. */
+function nodeLabel(node) {
+  if (node.kind === "job") return h("span", {}, "job ", jobLink(node.job_id), ` ${node.name || ""} (${node.status || "?"})`);
+  if (node.kind === "dataset_version") return `dataset ${node.team}/${node.name}:${node.version}`;
+  if (node.kind === "model_version") return `model ${node.team}/${node.name}:${node.version}${node.deleted ? " (deleted)" : ""}`;
+  if (node.kind === "checkpoint") return h("span", { class: "mono" }, `checkpoint ${node.uri || node.id}`);
+  return node.id;
+}
+
+/** The graph as nested lists from its root (each node's children: what it came from, for
+ * upstream). A node reached twice is listed in full once, then named with "(see above)". */
+export function lineageTree(graph) {
+  const nodes = new Map(graph.nodes.map((n) => [n.id, n]));
+  const up = graph.direction === "upstream";
+  const children = new Map();
+  for (const e of graph.edges) {
+    const [parent, child] = up ? [e.to, e.from] : [e.from, e.to];
+    children.set(parent, [...(children.get(parent) || []), [e.relation, child]]);
+  }
+  const seen = new Set();
+  const item = (id, relation) => {
+    const node = nodes.get(id) || { id };
+    const label = h("span", { class: "lineage-node", "data-kind": node.kind || "" }, relation ? h("small", { class: "muted" }, `${relation} `) : null, nodeLabel(node));
+    if (seen.has(id)) return h("li", {}, label, h("small", { class: "muted" }, " (see above)"));
+    seen.add(id);
+    const below = (children.get(id) || []).sort();
+    return h("li", {}, label, below.length ? h("ul", {}, below.map(([rel, child]) => item(child, rel))) : null);
+  };
+  const notes = [];
+  if (graph.hidden) notes.push(`${graph.hidden} nodes of other teams hidden`);
+  if (graph.truncated) notes.push("truncated at the registry's limit");
+  return h("div", { class: "lineage-tree" }, h("ul", {}, item(graph.root, "")), notes.length ? h("p", { class: "muted" }, notes.join("; ")) : null);
 }
 
 /** Inputs (code, data, environment, parent checkpoints) -> job -> artifact -> version. */
