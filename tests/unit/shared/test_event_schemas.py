@@ -21,8 +21,11 @@ import pytest
 import yaml
 from cloudevents.core.formats.json import JSONFormat
 from jsonschema import Draft202012Validator, FormatChecker
+from referencing import Registry
+from referencing.jsonschema import DRAFT202012
 
 from shared.events import EVENT_TYPES, Envelope, Payload, parse_envelope
+from shared.events.envelope import DEFAULT_SCHEMA_BASE
 from shared.events.payloads import JobMetrics, JobProgress, MetricPoint
 from shared.events.schemas import DOCS, ENVELOPE_SCHEMA, asyncapi_document, differences
 from shared.events.trust import ALLOWED_SOURCES, routing_key_of
@@ -141,6 +144,26 @@ def test_the_asyncapi_document_parses_and_names_every_subject_and_schema() -> No
     for operation in doc["operations"].values():
         assert operation["action"] == "receive"
         assert operation["channel"]["$ref"].removeprefix("#/channels/") in doc["channels"]
+
+
+def test_every_published_event_is_its_asyncapi_message() -> None:
+    """Each message's payload, its references resolved (the envelope in the document, the
+    data's schema file beside it), accepts the events published with that type and no other."""
+    doc = yaml.safe_load((DOCS / "asyncapi.yaml").read_text())
+    here = f"{DEFAULT_SCHEMA_BASE}/asyncapi.yaml"
+    registry: Registry[Any] = Registry().with_resources(
+        [(here, DRAFT202012.create_resource(doc))]
+        + [(schema_of(t)["$id"], DRAFT202012.create_resource(schema_of(t))) for t in EVENT_TYPES]
+    )
+    by_type = {m["name"]: key for key, m in doc["components"]["messages"].items()}
+    events = list(published())
+    for envelope in events:
+        wire = json.loads(envelope.to_json())
+        pointer = f"{here}#/components/messages/{by_type[envelope.type]}/payload"
+        Draft202012Validator({"$ref": pointer}, registry=registry).validate(wire)
+        other = next(e for e in events if e.type != envelope.type)
+        wrong = {**wire, "type": other.type}
+        assert not Draft202012Validator({"$ref": pointer}, registry=registry).is_valid(wrong)
 
 
 # --- compatibility -----------------------------------------------------------------------
