@@ -20,7 +20,8 @@ and up to ``EXAMPLES`` examples), plus facts for the results table. The invarian
 - ``double_allocations``: two leases of one GPU whose lifetimes (grant to release) overlap,
   over the whole history, and two allocations whose runs (``job.started`` to the terminal
   event in the stream) overlapped on one GPU after the scheduler had released the first;
-- ``checkpoints``: a succeeded job that saved a checkpoint without a model version, a model
+- ``checkpoints``: a succeeded job that saved a checkpoint and asked for a model
+  (``register_model``) without a model version, a model
   version whose artifact is missing, does not match its manifest or sha256, or does not
   load with ``torch.load(weights_only=True)``;
 - ``billing_difference``: GPU-seconds billed minus GPUs x (release - grant) of every ended
@@ -173,7 +174,9 @@ async def _read_database(conn: asyncpg.Connection, accepted: Accepted) -> dict[s
     db["sub_jobs"] = {
         r["id"]: dict(r)
         for r in await conn.fetch(
-            "SELECT j.id, j.status, j.failure, t.name AS team FROM submission.jobs j "
+            "SELECT j.id, j.status, j.failure, t.name AS team, "
+            "coalesce((j.spec->>'register_model')::boolean, false) AS register_model "
+            "FROM submission.jobs j "
             "JOIN submission.teams t ON t.id = j.team_id WHERE t.name = ANY($1::text[])",
             sorted(accepted.teams),
         )
@@ -517,7 +520,7 @@ def _models(
             continue
         saved = bool(db["reg_checkpoints"].get(job_id)) or job_id in accepted.saves_checkpoint
         versions = db["versions"].get(job_id, [])
-        if saved and not versions:
+        if saved and sub["register_model"] and not versions:
             findings["checkpoints"].add(f"{job_id}: succeeded with a checkpoint, no model")
             continue
         for version in versions:

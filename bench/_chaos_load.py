@@ -62,6 +62,7 @@ def plan(rng: random.Random, team: str, index: int) -> Planned:
     elif kind == "checkpoint":
         spec["command"] = ["python3", "-c", CHECKPOINT_JOB]
         spec["max_restarts"] = 8
+        spec["register_model"] = True  # registration on success is checked under faults
     elif kind == "fail":
         spec["command"] = ["sh", "-c", "echo 'ValueError: chaos says no' >&2; exit 3"]
         spec["max_restarts"] = 1
