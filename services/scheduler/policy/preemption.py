@@ -60,7 +60,9 @@ def protected_until(job: RunningJob, cls: PriorityClass, config: PolicyConfig) -
     not before it ends). See the module docstring."""
     if not cls.preemptible or job.preemptions >= config.max_preemptions:
         return math.inf
-    floor = config.min_runtime_s * 2.0**job.preemptions
+    # The exponent is capped: an operator's very large max_preemptions must not let a job
+    # preempted a thousand times overflow the float and stop every pass.
+    floor = config.min_runtime_s * 2.0 ** min(job.preemptions, 64)
     return job.started_at + max(cls.min_runtime_s, floor)
 
 

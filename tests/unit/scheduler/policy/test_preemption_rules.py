@@ -269,3 +269,13 @@ def test_the_notice_names_the_job_the_rule_and_the_work_lost() -> None:
         "preempted to return borrowed quota for job winner: queue b borrows a100 quota that a "
         "needs; it loses ~12 min of work on 4 GPUs since its last checkpoint"
     )
+
+
+def test_protection_of_a_job_preempted_very_often_does_not_overflow() -> None:
+    """With the bound set out of reach, a job preempted 5,000 times is protected for a very
+    long (finite) time instead of the pass failing on a float overflow."""
+    config = PolicyConfig(min_runtime_s=60.0, max_preemptions=10**6)
+    job = replace(running("v", "b", {"n1": 1}, started=NOW - HOUR), preemptions=5000)
+    until = protected_until(job, PriorityClass("plain", 0), config)
+    assert math.isfinite(until) and until > NOW + 10**18
+    assert not eligible(job, PriorityClass("plain", 0), config, NOW)
