@@ -164,6 +164,9 @@ class JobSpec(BaseModel):
     parent_model: str | None = Field(default=None, min_length=3, max_length=MAX_REFERENCE)
     """The model version the job fine-tunes from, ``team/name:version`` (submission resolves
     ``team/name@alias`` to the version it points at, at admission)."""
+    reproduces: str | None = Field(default=None, min_length=1, max_length=100)
+    """The id of the job this one reproduces (``POST /v1/jobs/{id}/reproduce``): the
+    registry compares the two when this one ends."""
 
 
 # --- submission ------------------------------------------------------------------
@@ -309,6 +312,20 @@ class Environment(BaseModel):
     gpu_flavor: str
     gpu_names: list[str] = Field(default_factory=list)
     cuda: str | None = None
+    cudnn: str | None = None
+    """cuDNN of the job's interpreter (its installed ``nvidia-cudnn-*`` wheel); None when
+    there is none (e.g. a CPU build of torch)."""
+    nccl: str | None = None
+    """NCCL of the job's interpreter (its installed ``nvidia-nccl-*`` wheel); None when none."""
+    driver: str | None = None
+    """The GPU driver version of the node; None on virtual GPUs (CPU)."""
+    gpu_count: int | None = Field(default=None, ge=0)
+    """How many GPUs the job was given (``gpu_names`` are their models)."""
+    topology: str | None = Field(default=None, max_length=100)
+    """The node's topology domain (NVLink domain, rack), as its heartbeat says."""
+    code_diff_sha256: str | None = None
+    """sha256 of the uncommitted changes of a dirty git work tree the code ran from (the
+    diff against ``HEAD`` and the untracked files); None when clean or not a git tree."""
 
 
 class JobStarted(Payload):
