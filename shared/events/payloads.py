@@ -299,6 +299,8 @@ class Environment(BaseModel):
 
     packages: list[str] = Field(default_factory=list)
     """The resolved package list (``name==version``) of the job's environment."""
+    packages_sha256: str | None = None
+    """sha256 of ``packages`` (sorted, one per line); None when the list was not recorded."""
     environment_key: str | None = None
     """Hash of the requirement set the cached environment was built for."""
     image: str | None = None
