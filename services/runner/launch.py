@@ -38,7 +38,12 @@ from services.runner.config import Settings
 from services.runner.environments import EnvironmentBuildError, EnvironmentCache, JobEnvironment
 from services.runner.gpus import GpuInventory
 from services.runner.ledger import safe_file_name
-from services.runner.provenance import ENTRYPOINT_PATTERN, capture_environment, code_version
+from services.runner.provenance import (
+    ENTRYPOINT_PATTERN,
+    capture_environment,
+    code_version,
+    packages_digest,
+)
 from services.runner.sandbox import JobUser, PlatformError, Sandbox, create_sandbox, fetch_code
 from services.runner.sandbox import hand_over as hand_over_sandbox
 from shared.control import JobRuntimeEnv
@@ -115,9 +120,11 @@ def prepare(
         gpu_flavor=settings.gpu_flavor,
         gpus=gpus,
         gpu_indices=grant.gpu_indices,
+        topology=settings.topology,
     ).model_copy(
         update={
             "packages": job_env.packages,
+            "packages_sha256": packages_digest(job_env.packages),
             "environment_key": job_env.key,
             "code_sha256": spec.code.sha256 if spec.code and spec.code.kind == "bundle" else None,
         }

@@ -13,7 +13,13 @@
   module is not a file under ``code_dir`` (e.g. installed into site-packages).
 
 ``environment`` asks the job's own interpreter (``settings.python``, which need not be the
-runner's) for its Python, torch and torch's CUDA build, without importing torch.
+runner's) for its Python, torch and torch's CUDA build, without importing torch, and for the
+cuDNN and NCCL its torch uses where they are installed wheels (``nvidia-cudnn-*``,
+``nvidia-nccl-*``): None where they are not (a CPU build), never guessed. The driver version
+is read from the node (``/proc/driver/nvidia/version``, else ``nvidia-smi``) only when the
+node has real GPUs; on virtual GPUs it is None. ``code_diff_sha256`` pins the uncommitted
+changes of a dirty git work tree (``diff_digest``); the resolved package list and its sha256
+are added by the launcher from the job's environment (``packages_digest``).
 
 Everything here blocks (subprocesses, file reads): call it through ``asyncio.to_thread``.
 """
@@ -27,6 +33,7 @@ import platform
 import re
 import socket
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from services.runner.gpus import GpuInventory
@@ -84,6 +91,71 @@ def git_version(code_dir: Path) -> str | None:
     return f"git:{commit}{'+dirty' if dirty else ''}"
 
 
+def diff_digest(code_dir: Path) -> str | None:
+    """sha256 of a dirty work tree's uncommitted changes: ``git diff HEAD --binary`` (staged
+    and unstaged) and every untracked, not ignored file (its path and the sha256 of its
+    content), in path order. None when ``code_dir`` is not a git work tree, is clean, or git
+    cannot say (the ``+dirty`` of ``git_version`` still tells)."""
+    if _git(code_dir, "rev-parse", "--is-inside-work-tree") != "true":
+        return None
+    has_head = _git(code_dir, "rev-parse", "--verify", "--quiet", "HEAD") is not None
+    diff = _git_raw(code_dir, "diff", "HEAD", "--binary") if has_head else b""
+    untracked = _git_raw(code_dir, "ls-files", "-z", "--others", "--exclude-standard")
+    if diff is None or untracked is None:
+        return None
+    if not diff and not untracked:
+        return None
+    digest = hashlib.sha256(diff)
+    for name in sorted(n for n in untracked.split(b"\0") if n):
+        path = code_dir / name.decode("utf-8", "surrogateescape")
+        digest.update(b"\0untracked\0" + name + b"\0")
+        if path.is_file() and not path.is_symlink():
+            digest.update(source_digest(path).encode())
+    return digest.hexdigest()
+
+
+def _git_raw(code_dir: Path, *args: str) -> bytes | None:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(code_dir), *args],
+            capture_output=True,
+            timeout=_GIT_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.info("git %s in %s failed: %s", " ".join(args), code_dir, exc)
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def packages_digest(packages: Sequence[str]) -> str:
+    """sha256 of a resolved package list (``name==version`` lines, sorted, one per line)."""
+    return hashlib.sha256("\n".join(sorted(packages)).encode()).hexdigest()
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver's version on this node, or None when there is none to ask."""
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+        found = re.search(r"Kernel Module\s+(?:for\s+\S+\s+)?([0-9][0-9.]+)", text)
+        if found:
+            return found.group(1)
+    except OSError:
+        pass
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    first = done.stdout.strip().splitlines()[0].strip() if done.stdout.strip() else ""
+    return first if done.returncode == 0 and re.fullmatch(r"[0-9][0-9.]*", first) else None
+
+
 def code_version(code_dir: Path, entrypoint: str) -> str:
     """The code version string of the module docstring."""
     source = entrypoint_source(code_dir, entrypoint)
@@ -109,10 +181,14 @@ if spec is not None and spec.origin:
         cuda = m.group(1) if m else None
     except OSError:
         pass
+def first(*names):
+    return next((v for v in map(version, names) if v is not None), None)
 print(json.dumps({
     "python": platform.python_implementation() + " " + platform.python_version(),
     "torch": version("torch"),
     "torch_cuda": cuda,
+    "cudnn": first("nvidia-cudnn-cu13", "nvidia-cudnn-cu12", "nvidia-cudnn-cu11"),
+    "nccl": first("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"),
 }))
 """
 
@@ -132,7 +208,7 @@ def probe_interpreter(python: str, code_dir: Path) -> dict[str, str | None]:
         return found
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
         log.warning("could not probe the job interpreter %s: %s", python, exc)
-        return {"python": None, "torch": None, "torch_cuda": None}
+        return {"python": None, "torch": None, "torch_cuda": None, "cudnn": None, "nccl": None}
 
 
 def capture_environment(
@@ -143,10 +219,13 @@ def capture_environment(
     gpu_flavor: str,
     gpus: GpuInventory,
     gpu_indices: list[int],
+    topology: str | None = None,
 ) -> Environment:
-    """Where the job runs: interpreter, torch, OS, host, node, and the job's own GPUs."""
+    """Where the job runs: interpreter, torch, cuDNN, NCCL, OS, host, node and its topology,
+    the driver, the job's own GPUs, and the uncommitted changes of the code it runs."""
     probe = probe_interpreter(python, code_dir)
     cuda = None if gpus.virtual else (probe.get("torch_cuda") or gpus.cuda)
+    names = [gpus.names[i] for i in gpu_indices if 0 <= i < gpus.count]
     return Environment(
         python=probe.get("python") or f"unknown ({python})",
         torch=probe.get("torch") or "not installed",
@@ -154,6 +233,12 @@ def capture_environment(
         hostname=socket.gethostname(),
         node_id=node_id,
         gpu_flavor=gpu_flavor,
-        gpu_names=[gpus.names[i] for i in gpu_indices if 0 <= i < gpus.count],
+        gpu_names=names,
         cuda=cuda,
+        cudnn=None if gpus.virtual else probe.get("cudnn"),
+        nccl=None if gpus.virtual else probe.get("nccl"),
+        driver=None if gpus.virtual else driver_version(),
+        gpu_count=len(names),
+        topology=topology,
+        code_diff_sha256=diff_digest(code_dir),
     )

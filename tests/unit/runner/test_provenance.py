@@ -15,8 +15,10 @@ from services.runner.gpus import GpuInventory, virtual_inventory
 from services.runner.provenance import (
     capture_environment,
     code_version,
+    diff_digest,
     entrypoint_source,
     git_version,
+    packages_digest,
 )
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false"]
@@ -128,3 +130,44 @@ def test_an_interpreter_that_does_not_run_is_recorded_as_unknown(code: Path) -> 
         gpu_indices=[0],
     )
     assert env.python.startswith("unknown") and env.torch == "not installed"
+
+
+def test_on_cpu_the_gpu_libraries_are_null_never_invented(code: Path) -> None:
+    env = capture_environment(
+        python=sys.executable,
+        code_dir=code,
+        node_id="node-a",
+        gpu_flavor="cpu",
+        gpus=virtual_inventory(2),
+        gpu_indices=[0, 1],
+        topology="rack-7",
+    )
+    assert env.cudnn is None and env.nccl is None and env.driver is None and env.cuda is None
+    assert env.gpu_count == 2 and env.topology == "rack-7"
+    assert env.code_diff_sha256 is None  # not a git tree
+
+
+def test_the_uncommitted_changes_are_pinned_by_their_digest(code: Path) -> None:
+    git(code, "init", "-q")
+    git(code, "add", ".")
+    git(code, "commit", "-q", "-m", "first")
+    assert diff_digest(code) is None  # clean
+    (code / "train.py").write_text("print('changed')\n")
+    changed = diff_digest(code)
+    assert changed is not None and re.fullmatch(r"[0-9a-f]{64}", changed)
+    assert diff_digest(code) == changed  # the same changes, the same digest
+    (code / "train.py").write_text("print('changed again')\n")
+    assert diff_digest(code) not in (None, changed)
+    (code / "train.py").write_text("print('changed')\n")
+    (code / "notes.txt").write_text("an untracked file\n")
+    with_untracked = diff_digest(code)
+    assert with_untracked not in (None, changed)
+    (code / "notes.txt").write_text("another content\n")
+    assert diff_digest(code) not in (None, changed, with_untracked)
+
+
+def test_the_package_list_digest_ignores_order() -> None:
+    one = packages_digest(["torch==2.4.0", "numpy==2.0.0"])
+    assert one == packages_digest(["numpy==2.0.0", "torch==2.4.0"])
+    assert one != packages_digest(["numpy==2.0.1", "torch==2.4.0"])
+    assert re.fullmatch(r"[0-9a-f]{64}", one)
