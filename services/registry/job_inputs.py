@@ -7,8 +7,8 @@ Contract:
   ``dataset_access``, with the job's team and the allocation that first started.
 - The spec's ``parent_model`` (``team/name:version`` or ``@alias``, an alias resolved now)
   is recorded once per job in ``job_parents``; the first start's answer stays.
-- Only what the job's team may read is recorded: a dataset neither its own nor granted, a
-  model of another team, or anything that does not exist is logged at WARNING and skipped
+- Only what the job's team may read is recorded: a dataset or a model neither its own nor
+  granted to it (``dataset_repository.readable``, ``model_grants.readable``), or anything that does not exist is logged at WARNING and skipped
   (submission refuses such a job at admission; one that got past it is not given a lineage
   edge it had no right to). Nothing here raises for a bad reference: redelivery would not
   make it right.
@@ -23,8 +23,8 @@ from datetime import datetime
 import asyncpg
 
 from services.registry import dataset_repository as datasets
+from services.registry import model_grants, references
 from services.registry import model_repository as models_repo
-from services.registry import references
 from services.registry import repository as repo
 from shared.events.payloads import JobStarted
 
@@ -71,12 +71,13 @@ async def _record_parent(
         number = None if model is None else model.aliases.get(ref.alias)
     parent = (
         None
-        if number is None or ref.team != team
+        if number is None or not await model_grants.readable(conn, team, ref.team, ref.name)
         else await repo.model_version(conn, ref.team, ref.name, number)
     )
     if parent is None:
         log.warning(
-            "job %s of team %s: parent model %s does not exist or is another team's; not recorded",
+            "job %s of team %s: parent model %s does not exist or is not readable by the team; "
+            "not recorded",
             started.job_id,
             team,
             text,

@@ -13,9 +13,12 @@ downloading versions, and aliases.
 - ``GET .../versions/{version}/content``: the bytes, verified before the first is sent.
 - ``GET .../aliases``, ``PUT``/``DELETE .../aliases/{alias}`` (members),
   ``GET .../aliases/{alias}/moves``: aliases and their append-only history.
+- ``PUT``/``DELETE /v1/models/{team}/{name}/grants/{grantee_team}`` (admins of ``team``,
+  operators): let another team read the model, or stop it; audited (``model_grants``).
 
-Reads need any role of the team, writes ``member``; operators reach every team. Another
-team's model answers 404 like one that does not exist. Every name in a path or body is
+Reads need any role of the team or of a team the model is granted to (``model_grants``),
+writes ``member`` of the model's own team; operators reach every team. A model the caller
+may not read answers 404 like one that does not exist. Every name in a path or body is
 checked (``names``) before anything uses it: 422 naming the field.
 """
 
@@ -31,16 +34,19 @@ import asyncpg
 from litestar import Request, delete, get, post, put
 from litestar.background_tasks import BackgroundTask
 from litestar.di import NamedDependency
-from litestar.exceptions import HTTPException, NotFoundException
+from litestar.exceptions import HTTPException, NotFoundException, PermissionDeniedException
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, PathParameter, QueryParameter
 from litestar.response import File
 
-from services.registry import artifacts, models, names
+from services.registry import artifacts, model_cost, model_grants, models, names
 from services.registry import model_repository as models_repo
 from services.registry import repository as repo
 from services.registry.artifacts import Digest
+from services.registry.dataset_schemas import GrantChange
 from services.registry.domain import ModelVersion, latest_checkpoint
+from services.registry.model_cost import CostedVersion
+from services.registry.model_grants import ModelDetail
 from services.registry.model_repository import ModelRow
 from services.registry.schemas import (
     AliasChange,
@@ -108,9 +114,12 @@ def model_routes(
         return store
 
     def visible(principal: Principal, team: str, name: str) -> None:
+        """For writes: the model's own team (or an operator), else 404."""
         names.check_model(team, name)
         if not principal.may_see_team(team):
             raise NotFoundException(f"no model {name!r} in team {team!r}")
+
+    readable = model_grants.readable_or_404
 
     async def live_version(
         conn: asyncpg.Connection, team: str, name: str, number: int
@@ -137,25 +146,29 @@ def model_routes(
         if project is not None:
             names.check("model", project, "project")  # a project is named like a job
         cursor = _cursor(after)
+        grantee = None
         if not principal.is_operator:
             if team is not None and team != principal.team:
-                return ModelPage(models=[], next=None)  # another team's: nothing to see
-            team = principal.team
+                grantee = principal.team  # another team's: only what it granted to ours
+            team = team or principal.team
         async with pool.acquire() as conn:
-            rows = await models_repo.list_models(conn, team, cursor, limit, project)
+            rows = await models_repo.list_models(conn, team, cursor, limit, project, grantee)
         following = f"{rows[-1].team}/{rows[-1].name}" if len(rows) == limit else None
         return ModelPage(models=[_summary(r) for r in rows], next=following)
 
     @get("/v1/models/{team:str}/{name:str}", responses=error_responses(404))
-    async def get_model(
-        team: FromPath[str], name: FromPath[str], principal: Caller
-    ) -> ModelSummary:
-        visible(principal, team, name)
+    async def get_model(team: FromPath[str], name: FromPath[str], principal: Caller) -> ModelDetail:
         async with pool.acquire() as conn:
+            await readable(conn, principal, team, name)
             found = await models_repo.model(conn, team, name)
-        if found is None:
-            raise NotFoundException(f"no model {name!r} in team {team!r}")
-        return _summary(found)
+            if found is None:
+                raise NotFoundException(f"no model {name!r} in team {team!r}")
+            grants = (
+                await model_grants.grants_of(conn, found.id)
+                if principal.may_see_team(team)
+                else None
+            )
+        return ModelDetail(**_summary(found).model_dump(), grants=grants)
 
     @post(
         "/v1/models/{team:str}/{name:str}/versions",
@@ -262,16 +275,19 @@ def model_routes(
     )
     async def version_by_alias(
         team: FromPath[str], name: FromPath[str], alias: FromPath[str], principal: Caller
-    ) -> OwnedVersion:
-        visible(principal, team, name)
+    ) -> CostedVersion:
+        names.check_model(team, name)
         names.check("alias", alias)
         async with pool.acquire() as conn:
+            await readable(conn, principal, team, name)
             found = await models_repo.model(conn, team, name)
             if found is None or alias not in found.aliases:
                 raise NotFoundException(f"no alias {alias!r} of model {name!r} in team {team!r}")
             version = await live_version(conn, team, name, found.aliases[alias])
             pointing = await models_repo.aliases_of_version(conn, found.id, version.version)
-        return OwnedVersion.of(version, pointing)
+            return await model_cost.costed(
+                conn, version, pointing, model_grants.reader_of(principal)
+            )
 
     @get(
         "/v1/models/{team:str}/{name:str}/versions/{version:int}/download",
@@ -281,8 +297,8 @@ def model_routes(
     async def download(
         team: FromPath[str], name: FromPath[str], version: Version, principal: Caller
     ) -> Download:
-        visible(principal, team, name)
         async with pool.acquire() as conn:
+            await readable(conn, principal, team, name)
             found = await live_version(conn, team, name, version)
         key = _owned_key(found)
         source = storage()
@@ -317,8 +333,8 @@ def model_routes(
     async def content(
         team: FromPath[str], name: FromPath[str], version: Version, principal: Caller
     ) -> File:
-        visible(principal, team, name)
         async with pool.acquire() as conn:
+            await readable(conn, principal, team, name)
             found = await live_version(conn, team, name, version)
         key = _owned_key(found)
         verified = await asyncio.to_thread(_fetch, storage(), key, found)
@@ -334,8 +350,8 @@ def model_routes(
     async def list_aliases(
         team: FromPath[str], name: FromPath[str], principal: Caller
     ) -> AliasList:
-        visible(principal, team, name)
         async with pool.acquire() as conn:
+            await readable(conn, principal, team, name)
             found = await models_repo.model(conn, team, name)
         if found is None:
             raise NotFoundException(f"no model {name!r} in team {team!r}")
@@ -423,9 +439,10 @@ def model_routes(
     async def alias_history(
         team: FromPath[str], name: FromPath[str], alias: FromPath[str], principal: Caller
     ) -> AliasHistory:
-        visible(principal, team, name)
+        names.check_model(team, name)
         names.check("alias", alias)
         async with pool.acquire() as conn:
+            await readable(conn, principal, team, name)
             found = await models_repo.model(conn, team, name)
             moves = await models_repo.alias_moves(conn, found.id, alias) if found else []
         if not moves:
@@ -446,7 +463,66 @@ def model_routes(
             ],
         )
 
+    async def change_grant(
+        team: str, name: str, grantee_team: str, principal: Principal, *, granted: bool
+    ) -> GrantChange:
+        names.check_model(team, name)
+        names.check("team", grantee_team, "grantee_team")
+        missing = NotFoundException(f"no model {name!r} in team {team!r}")
+        if not principal.may_see_team(team):
+            raise missing
+        if not principal.has(Role.ADMIN):
+            raise PermissionDeniedException("granting needs the admin role of the model's team")
+        if grantee_team == team:
+            raise RequestInvalid.one("grantee_team", "a team always reads its own models")
+        async with pool.acquire() as conn, conn.transaction():
+            model_id = await models_repo.lock_existing_model(conn, team, name)
+            if model_id is None:
+                raise missing
+            if granted:
+                changed = await model_grants.grant(
+                    conn, model_id, grantee_team, principal.actor, clock()
+                )
+            else:
+                changed = await model_grants.revoke(conn, model_id, grantee_team)
+            await audit.record(
+                conn,
+                principal,
+                "grant model" if granted else "revoke model grant",
+                f"{team}/{name}",
+                {"grantee_team": grantee_team, "changed": changed},
+            )
+        return GrantChange(
+            team=team, name=name, grantee_team=grantee_team, granted=granted, changed=changed
+        )
+
+    @put(
+        "/v1/models/{team:str}/{name:str}/grants/{grantee_team:str}",
+        summary="Let another team read, download and fine-tune from the model (admins), audited",
+        opt=needs(Role.ADMIN),
+        status_code=200,
+        responses=error_responses(404),
+    )
+    async def put_grant(
+        team: FromPath[str], name: FromPath[str], grantee_team: FromPath[str], principal: Caller
+    ) -> GrantChange:
+        return await change_grant(team, name, grantee_team, principal, granted=True)
+
+    @delete(
+        "/v1/models/{team:str}/{name:str}/grants/{grantee_team:str}",
+        summary="Stop another team reading the model (admins), audited",
+        opt=needs(Role.ADMIN),
+        status_code=200,
+        responses=error_responses(404),
+    )
+    async def delete_grant(
+        team: FromPath[str], name: FromPath[str], grantee_team: FromPath[str], principal: Caller
+    ) -> GrantChange:
+        return await change_grant(team, name, grantee_team, principal, granted=False)
+
     return [
+        put_grant,
+        delete_grant,
         list_models,
         get_model,
         register_version,

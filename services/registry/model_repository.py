@@ -59,20 +59,24 @@ async def list_models(
     after: tuple[str, str] | None,
     limit: int,
     project: str | None = None,
+    grantee: str | None = None,
 ) -> list[ModelRow]:
     """Models ordered by (team, name), of ``team`` (None: every team) and ``project`` (None:
-    every project), after the cursor."""
+    every project), after the cursor; with ``grantee``, only those granted to that team."""
     rows = await conn.fetch(
         f"""SELECT {_MODEL_COLUMNS} FROM models m
             WHERE ($1::text IS NULL OR m.team = $1)
               AND ($2::text IS NULL OR (m.team, m.name) > ($2, $3))
               AND ($5::text IS NULL OR m.project = $5)
+              AND ($6::text IS NULL OR EXISTS (SELECT 1 FROM model_grants g
+                                              WHERE g.model_id = m.id AND g.grantee_team = $6))
             ORDER BY m.team, m.name LIMIT $4""",
         team,
         after[0] if after else None,
         after[1] if after else None,
         limit,
         project,
+        grantee,
     )
     return [ModelRow.from_row(r) for r in rows]
 

@@ -7,8 +7,9 @@ Contract:
   the version it points at now). A job naming neither is returned as is, without a call.
 - It asks the registry (``registry_url``) over HTTP **with the submitting user's own
   token** (``authorization``, the request's header as received): the registry applies that
-  user's rights (a dataset of the team or granted to it; a model of the team), the one place
-  those rights are decided, so a revoked grant refuses the next job at once.
+  user's rights (a dataset or a model of the team or granted to it: dataset grants and model
+  grants), the one place those rights are decided, so a revoked grant refuses the next job
+  at once.
 - A reference the registry answers 404 for is refused with ``RequestInvalid`` (422) naming
   the item (``datasets[1]``, ``parent_model``), with one message whether it does not exist
   or the team may not read it: existence does not leak. Every bad item is named at once.

@@ -185,3 +185,35 @@ async def test_without_an_answer_from_the_registry_nothing_naming_data_is_admitt
             assert answer.status_code == status, answer.text
             plain = await client.post("/v1/jobs", json=SPEC, headers=headers)
             assert plain.status_code == 201, plain.text  # a job naming no data never asks
+
+
+async def test_a_parent_model_of_another_team_is_admitted_only_with_a_grant(
+    platform: Platform,
+) -> None:
+    p = platform
+    await model_version(p, p.ml, "shared")
+    grants = f"/v1/models/{p.ml}/shared/grants/{p.vision}"
+
+    refused = errors(await p.submit(p.vision, parent_model=f"{p.ml}/shared:1"))
+    assert list(refused) == ["parent_model"]
+    assert "has not granted it" in refused["parent_model"]
+    # The grant is the owning team's admin's to give (the bootstrap user is an admin).
+    assert (await p.registry.put(grants, headers=p.auth(p.vision))).status_code == 404
+    granted = await p.registry.put(grants, headers=p.auth(p.ml))
+    assert granted.status_code == 200, granted.text
+    assert granted.json() == {
+        "team": p.ml,
+        "name": "shared",
+        "grantee_team": p.vision,
+        "granted": True,
+        "changed": True,
+    }
+
+    answer = await p.submit(p.vision, parent_model=f"{p.ml}/shared:1")
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["spec"]["parent_model"] == f"{p.ml}/shared:1"
+
+    revoked = await p.registry.delete(grants, headers=p.auth(p.ml))
+    assert revoked.json()["changed"] is True
+    again = errors(await p.submit(p.vision, parent_model=f"{p.ml}/shared:1"))
+    assert again == refused  # revoked: the very next job is refused, as before the grant
