@@ -17,18 +17,26 @@ Contract:
   is one trace across every service it touches.
 - ``meter(name)`` is where code gets its metric instruments (``shared.metrics`` installs the
   provider that serves them on ``/metrics``).
+- ``setup_tracing`` also turns on database spans (``opentelemetry-instrumentation-asyncpg``,
+  once per process): every query made on any asyncpg connection is a ``CLIENT`` span named
+  by its SQL verb, with ``db.system``, ``db.name``, ``db.user``, the peer and the statement
+  text (placeholders ``$1``..., never the parameter values). Only inside a recording span:
+  a query with no current span (a background loop polling its table) makes no span, so
+  polling never opens a trace of its own. ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS`` naming
+  ``asyncpg`` (or ``OTEL_SDK_DISABLED=true``) leaves queries untraced.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
+from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
 from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -37,6 +45,9 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
+from opentelemetry.trace import Span, SpanKind
+from opentelemetry.util import types
+from opentelemetry.util._decorator import _agnosticcontextmanager
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -66,6 +77,13 @@ class OtelExportSettings(BaseSettings):
     exporter_otlp_protocol: Literal["http/protobuf", "grpc", ""] = ""
     exporter_otlp_traces_protocol: Literal["http/protobuf", "grpc", ""] = ""
     sdk_disabled: bool = Field(default=False)
+    python_disabled_instrumentations: str = ""
+    """Comma-separated instrumentations left off (``asyncpg``: no database spans)."""
+
+    @property
+    def database_spans_on(self) -> bool:
+        disabled = {e.strip() for e in self.python_disabled_instrumentations.split(",")}
+        return not self.sdk_disabled and "asyncpg" not in disabled
 
     @property
     def otlp_on(self) -> bool:
@@ -105,11 +123,108 @@ def setup_tracing(service_name: str, settings: TelemetrySettings) -> TracerProvi
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):
         add_exporters(current, settings)
+        instrument_database(current)
         return current
     provider = TracerProvider(resource=service_resource(service_name))
     add_exporters(provider, settings)
     trace.set_tracer_provider(provider)
+    instrument_database(provider)
     return provider
+
+
+def instrument_database(provider: trace.TracerProvider) -> bool:
+    """Trace asyncpg's queries into ``provider`` (see the module: only inside a recording
+    span, never the parameters); once per process. True when database spans are on."""
+    if not OtelExportSettings().database_spans_on:
+        return False
+    # A singleton: one wrapping per process.
+    instrumentor = AsyncPGInstrumentor()  # type: ignore[no-untyped-call]
+    if not instrumentor.is_instrumented_by_opentelemetry:
+        # capture_parameters stays False: values ($1...) can be tokens or credentials.
+        instrumentor.instrument(tracer_provider=WithinTraceProvider(provider))
+    return True
+
+
+class WithinTraceProvider(trace.TracerProvider):
+    """Tracers of ``inner`` that start a span only under a recording current span (or the
+    given ``context``'s): elsewhere they return the non-recording parent, so instrumented
+    calls made outside any trace stay out of the exported data instead of each becoming a
+    one-span trace of its own."""
+
+    def __init__(self, inner: trace.TracerProvider) -> None:
+        self._inner = inner
+
+    def get_tracer(
+        self,
+        instrumenting_module_name: str,
+        instrumenting_library_version: str | None = None,
+        schema_url: str | None = None,
+        attributes: types.Attributes | None = None,
+    ) -> trace.Tracer:
+        return _WithinTraceTracer(
+            self._inner.get_tracer(
+                instrumenting_module_name, instrumenting_library_version, schema_url, attributes
+            )
+        )
+
+
+class _WithinTraceTracer(trace.Tracer):
+    def __init__(self, inner: trace.Tracer) -> None:
+        self._inner = inner
+
+    def start_span(
+        self,
+        name: str,
+        context: otel_context.Context | None = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: types.Attributes = None,
+        links: trace._Links = None,
+        start_time: int | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+    ) -> Span:
+        parent = trace.get_current_span(context)
+        if not parent.is_recording():
+            return trace.INVALID_SPAN
+        return self._inner.start_span(
+            name,
+            context,
+            kind,
+            attributes,
+            links,
+            start_time,
+            record_exception,
+            set_status_on_exception,
+        )
+
+    @_agnosticcontextmanager
+    def start_as_current_span(
+        self,
+        name: str,
+        context: otel_context.Context | None = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: types.Attributes = None,
+        links: trace._Links = None,
+        start_time: int | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+        end_on_exit: bool = True,
+    ) -> Iterator[Span]:
+        if not trace.get_current_span(context).is_recording():
+            yield trace.INVALID_SPAN
+            return
+        with self._inner.start_as_current_span(
+            name,
+            context,
+            kind,
+            attributes,
+            links,
+            start_time,
+            record_exception,
+            set_status_on_exception,
+            end_on_exit,
+        ) as span:
+            yield span
 
 
 def span_exporters(export: OtelExportSettings | None = None) -> list[SpanExporter]:
