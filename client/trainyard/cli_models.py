@@ -1,4 +1,5 @@
-"""The CLI's model commands: ``trainyard model ls|show|register|alias|download|rm``.
+"""The CLI's model commands: ``trainyard model ls|show|register|alias|download|rm|grant|
+revoke``.
 
 They call the registry's models API (docs/models.md) at the registry URL of the context
 (``TRAINYARD_REGISTRY_URL``). References are checked here before any call, so a malformed
@@ -146,6 +147,13 @@ def add_commands(
     rm = action("rm", run_rm, "delete a version (frees its stored bytes)")
     rm.add_argument("model", metavar="TEAM/NAME")
     rm.add_argument("version", type=version_arg, metavar="VERSION")
+    for name, text in (
+        ("grant", "let another team read, download and fine-tune from it (admins)"),
+        ("revoke", "stop another team reading it (admins)"),
+    ):
+        change = action(name, run_grant, text)
+        change.add_argument("model", metavar="TEAM/NAME")
+        change.add_argument("grantee", metavar="TEAM", help="the team")
 
 
 def _metrics(metrics: dict[str, Any] | None) -> str:
@@ -213,7 +221,41 @@ def render_version(v: dict[str, Any]) -> str:
         lines.append(f"  source:      {v['source_uri']}")
     if v.get("description"):
         lines.append(f"  description: {v['description']}")
+    if v.get("cost") is not None:
+        lines.extend(cost_lines(v["cost"]))
     return "\n".join(lines)
+
+
+def _amounts(amounts: dict[str, str]) -> str:
+    return " + ".join(f"{amount} {currency}" for currency, amount in sorted(amounts.items()))
+
+
+def cost_lines(cost: dict[str, Any]) -> list[str]:
+    """What a version cost to make (the registry's ``cost``), as ``key: value`` lines and one
+    line per job: its own job first, then the jobs upstream of it."""
+    totals = cost.get("by_currency") or []
+    if not totals:
+        head = "nothing billed yet"
+    else:
+        head = "; ".join(
+            f"{t['total']} {t['currency']} (own job {t['own_job']}, upstream {t['upstream']})"
+            for t in totals
+        )
+    if not cost.get("complete", True):
+        head += " so far: a job of its lineage still runs"
+    lines = [f"  cost:        {head}"]
+    for job in cost.get("jobs") or []:
+        billed = _amounts(job.get("costs") or {}) or "nothing billed"
+        allocations = job.get("allocations", 0)
+        lines.append(
+            f"    {job.get('relation', '-'):<8} {short(job['job_id'])}  {job.get('name', '-')}"
+            f" ({job.get('status', '-')}): {billed}, {allocations} allocation"
+            + ("" if allocations == 1 else "s")
+        )
+    hidden = cost.get("hidden_jobs", 0)
+    if hidden:
+        lines.append(f"    and {hidden} upstream job{'' if hidden == 1 else 's'} of other teams")
+    return lines
 
 
 def run_show(session: Session) -> int:
@@ -244,6 +286,9 @@ def run_show(session: Session) -> int:
             f"{model['team']}/{model['name']}  project {model['project']}, "
             f"{model['versions']} live versions, latest {model['latest_version']}"
         )
+        grants = model.get("grants")
+        if grants is not None:
+            head += f", read by: {', '.join(grants) or 'its team only'}"
         return (
             head
             + "\n\n"
@@ -321,6 +366,18 @@ def run_rm(session: Session) -> int:
             f"{freed.get('bytes', 0)} bytes)"
         ),
     )
+    return Exit.OK
+
+
+def run_grant(session: Session) -> int:
+    args = session.args
+    ref = parse_ref(args.model, "TEAM/NAME")
+    method = "PUT" if args.action == "grant" else "DELETE"
+    path = f"/v1/models/{ref.path}/grants/{quote(args.grantee, safe='')}"
+    change = session.service("registry").call(method, path)
+    verb = "may read" if change["granted"] else "may not read"
+    same = "" if change.get("changed", True) else " (unchanged)"
+    session.emit(change, lambda: f"{args.grantee} {verb} {ref}{same}")
     return Exit.OK
 
 
