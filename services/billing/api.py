@@ -2,9 +2,10 @@
 
 ``GET /v1/costs`` and ``GET /v1/jobs/{job_id}/cost`` are the cost reports
 (``services.billing.costs_api``); the price book, the cost estimate and budgets are
-``services.billing.governance_api``. ``GET /v1/usage?team=<team>``, the older summary, sums
-every allocation's current bill per team, per user and per job, over all time; any query
-parameter but ``team`` answers 422 naming it.
+``services.billing.governance_api``; ``GET /v1/waste``, the waste figures and the job
+success rate, is ``services.billing.waste_api``. ``GET /v1/usage?team=<team>``, the older
+summary, sums every allocation's current bill per team, per user and per job, over all
+time; any query parameter but ``team`` answers 422 naming it.
 Users (viewer and up) read their own team's usage: without ``team`` they get their team's,
 and another team answers 404. Operators read any team's, or every team's without ``team``.
 ``GET /v1/audit`` is for operators. Authentication is the shared guard (``shared.access``).
@@ -27,6 +28,7 @@ from services.billing import repository as repo
 from services.billing.costs_api import check_parameters, cost_routes
 from services.billing.governance_api import governance_routes
 from services.billing.schemas import UsageSummary, usage_summary
+from services.billing.waste_api import waste_routes
 from shared.audit import audit_route
 from shared.http_app import error_responses, service_app
 from shared.identity import Principal
@@ -72,6 +74,7 @@ def create_app(
             usage,
             *cost_routes(pool),
             *governance_routes(pool, currency),
+            *waste_routes(pool, currency),
             audit_route(pool),
         ],
         guard,

@@ -28,6 +28,7 @@ from services.billing import budget_watch
 from services.billing import catalogue_repository as catalogue
 from services.billing import ledger_repository as ledger
 from services.billing import repository as repo
+from services.billing import waste_repository as waste
 from services.billing.domain import UnknownFlavor, Usage
 from services.billing.ledger import Attribution, LedgerEntry
 from shared import outbox
@@ -36,9 +37,16 @@ from shared.events import Envelope, Payload, nats_subject
 from shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
+    CheckpointSaved,
     FlavorDeclared,
     FlavorRetired,
+    JobCancelled,
+    JobFailed,
+    JobSubmitted,
+    JobSucceeded,
+    RunnerHeartbeat,
 )
+from shared.events.trust import SCHEDULER
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +56,17 @@ SUBJECTS = [
     nats_subject(AllocationReleased),
     nats_subject(FlavorDeclared),
     nats_subject(FlavorRetired),
+    nats_subject(JobSubmitted),
+    nats_subject(CheckpointSaved),
+    nats_subject(JobSucceeded),
+    nats_subject(JobFailed),
+    nats_subject(JobCancelled),
+    nats_subject(RunnerHeartbeat),
 ]
-"""What billing's consumer reads: grants (what was announced), releases (what to meter) and
-the scheduler's flavor catalogue (which flavors a price may be set for)."""
+"""What billing's consumer reads: grants (what was announced), releases (what to meter),
+the scheduler's flavor catalogue (which flavors a price may be set for), and the facts of
+waste and success (``services.billing.waste``): submissions, checkpoints, jobs' ends and
+node heartbeats."""
 
 Clock = Callable[[], datetime]
 
@@ -67,6 +83,7 @@ class BillingHandlers:
         match envelope.data:
             case AllocationGranted() as grant:
                 await repo.insert_announced(conn, grant, envelope.id, self._clock())
+                await waste.record_grant(conn, grant, self._clock())
             case AllocationReleased() as released:
                 await self.on_released(conn, released, envelope.id)
             case FlavorDeclared() as declared:
@@ -82,6 +99,28 @@ class BillingHandlers:
                 await catalogue.apply_flavor(
                     conn, retired.name, "", retired.revision, True, retired.retired_at
                 )
+            case JobSubmitted() as submitted:
+                await waste.record_job(conn, submitted, self._clock())
+            case CheckpointSaved() as saved:
+                await waste.record_checkpoint(conn, saved)
+            case JobSucceeded() as succeeded:
+                await waste.record_run_report(conn, succeeded, self._clock())
+                await waste.record_end(
+                    conn, succeeded.job_id, "succeeded", succeeded.finished_at, self._clock()
+                )
+            case JobFailed() as failed if envelope.source == SCHEDULER:
+                # The scheduler's word on a job that failed for good; a runner's report is
+                # only about one attempt. A job refused on arrival never queued: not counted.
+                if failed.failure_kind != "rejected":
+                    await waste.record_end(
+                        conn, failed.job_id, "failed", failed.finished_at, self._clock()
+                    )
+            case JobCancelled() as cancelled:
+                await waste.record_end(
+                    conn, cancelled.job_id, "cancelled", envelope.time, self._clock()
+                )
+            case RunnerHeartbeat() as beat:
+                await waste.record_heartbeat(conn, beat)
             case _:
                 pass
 

@@ -1,0 +1,326 @@
+"""Waste figures and the job success rate from billing's facts: pure code.
+
+Contract (docs/billing.md, "Waste"):
+- The facts are ``Allocation`` (a grant, with its bill once released, what its runner
+  measured and its latest checkpoint), ``JobWaits`` (a job's submission, its allocations
+  and how it ended) and ``Unallocated`` (GPUs of a node free while a job of its flavor
+  waited). ``pieces(...)`` turns them into ``Piece``s: one figure, one owner, an interval of
+  GPUs and the share of it that is waste.
+- ``price(piece, book, start, end, now)`` clips the piece to ``[start, min(end, now))`` and
+  prices it by the dated price book, as a bill is: GPU-seconds x the share, and the cost of
+  the book's segments x the share, rounded half-up to 6 places once.
+- ``waits(job, now)``: a job waits from its submission to its first grant, and after each
+  attempt that ends without success (failed, preempted, lost) until its next grant; a wait
+  still open ends when the job ended (cancelled while waiting), else it lasts until now.
+- Absent measurements are never invented: an allocation without a utilisation (no NVML on
+  the node, or an end report without metrics) is ``idle_gpus_unmeasured``, not idle and not
+  busy; likewise ``input_bound_unmeasured`` without a data-wait measurement.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Literal
+
+from services.billing.costs import Dimension
+from services.billing.domain import MONEY_PLACES, UnknownFlavor
+from services.billing.prices import PriceSchedule
+
+Figure = Literal[
+    "idle_gpus",
+    "unallocated_gpus",
+    "idle_gpus_unmeasured",
+    "queueing",
+    "failed_attempts",
+    "lost_work",
+    "input_bound",
+    "input_bound_unmeasured",
+    "low_priority_holding",
+]
+FIGURES: tuple[Figure, ...] = (
+    "idle_gpus",
+    "unallocated_gpus",
+    "idle_gpus_unmeasured",
+    "queueing",
+    "failed_attempts",
+    "lost_work",
+    "input_bound",
+    "input_bound_unmeasured",
+    "low_priority_holding",
+)
+IDLE_PERCENT = Decimal(5)
+"""Mean GPU utilisation (%) under which an allocation's GPU time counts as idle (the
+runner's own threshold, ``services.runner.usage_metrics.IDLE_PERCENT``)."""
+PRIORITY_VALUES: Mapping[str, int] = {"low": 0, "normal": 100, "high": 1000}
+"""The scheduler's default priority classes and their values; any other class ranks 0, as
+the scheduler ranks a class it does not know (``DEFAULT_PRIORITY``)."""
+FAILED = frozenset({"failed", "lost"})
+"""Outcomes of an attempt that failed (the job's code, or its node)."""
+INTERRUPTED = frozenset({"failed", "lost", "preempted"})
+"""Outcomes after which the work since the latest checkpoint is done again."""
+ZERO = Decimal(0)
+
+
+def rank(priority: str | None) -> int:
+    return PRIORITY_VALUES.get(priority or "", 0)
+
+
+@dataclass(frozen=True)
+class Owner:
+    team: str | None
+    project: str | None
+    user: str | None
+    queue: str | None
+    flavor: str | None
+    job: str | None
+
+    def value(self, dim: Dimension) -> str | None:
+        value: str | None = getattr(self, dim)
+        return value
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One allocation: granted, and released (``ended_at``, ``outcome``) or still held."""
+
+    allocation_id: str
+    owner: Owner
+    gpus: int
+    granted_at: datetime
+    ended_at: datetime | None
+    outcome: str | None
+    attempt: int | None
+    priority: str | None
+    gpu_utilization: Decimal | None = None
+    data_wait_fraction: Decimal | None = None
+    last_checkpoint: datetime | None = None
+
+
+@dataclass(frozen=True)
+class JobWaits:
+    """A job, what it asked for, its allocations and how it ended (None: not yet)."""
+
+    owner: Owner
+    gpus: int
+    priority: str
+    submitted_at: datetime
+    allocations: Sequence[Allocation]
+    ended_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Wait:
+    start: datetime
+    end: datetime
+    queue: str | None
+
+
+@dataclass(frozen=True)
+class Piece:
+    figure: Figure
+    owner: Owner
+    flavor: str
+    gpus: int
+    start: datetime
+    end: datetime
+    share: Decimal = Decimal(1)
+
+
+@dataclass(frozen=True)
+class Priced:
+    gpu_seconds: Decimal
+    cost: Decimal | None
+    """None when the price book has no price for the flavor at the piece's start."""
+    seconds: Decimal
+    """The clipped interval's length (wall time, not GPU time)."""
+
+
+def waits(job: JobWaits, now: datetime) -> list[Wait]:
+    """The job's waits for GPUs (module contract), in time order."""
+    attempts: dict[object, list[Allocation]] = {}
+    for a in job.allocations:
+        attempts.setdefault(a.attempt if a.attempt is not None else a.granted_at, []).append(a)
+    ordered = sorted(attempts.values(), key=lambda group: min(a.granted_at for a in group))
+    out: list[Wait] = []
+    since: datetime | None = job.submitted_at
+    queue = None
+    for group in ordered:
+        granted = min(a.granted_at for a in group)
+        queue = next((a.owner.queue for a in group if a.owner.queue is not None), queue)
+        if since is not None and granted > since:
+            out.append(Wait(since, granted, queue))
+        ends = [a.ended_at for a in group]
+        outcomes = {a.outcome for a in group}
+        if any(e is None for e in ends) or not outcomes <= INTERRUPTED:
+            since = None  # running, or ended for good (succeeded, cancelled)
+        else:
+            since = max(e for e in ends if e is not None)
+    if since is not None:
+        end = job.ended_at if job.ended_at is not None else now
+        if end > since:
+            out.append(Wait(since, end, queue))
+    return out
+
+
+def _merge(intervals: Iterable[tuple[datetime, datetime]]) -> list[tuple[datetime, datetime]]:
+    merged: list[tuple[datetime, datetime]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _overlaps(
+    merged: Sequence[tuple[datetime, datetime]], start: datetime, end: datetime
+) -> list[tuple[datetime, datetime]]:
+    out = []
+    i = max(bisect_right([s for s, _ in merged], start) - 1, 0)
+    for s, e in merged[i:]:
+        if s >= end:
+            break
+        lo, hi = max(s, start), min(e, end)
+        if lo < hi:
+            out.append((lo, hi))
+    return out
+
+
+def allocation_pieces(a: Allocation) -> list[Piece]:
+    """Figures 1 (idle, allocated), 3 (failed attempts, lost work) and 4 (input-bound) of one
+    released allocation."""
+    if a.ended_at is None or a.outcome is None or a.ended_at <= a.granted_at:
+        return []
+    flavor = a.owner.flavor or ""
+    whole = (a.owner, flavor, a.gpus, a.granted_at, a.ended_at)
+    out: list[Piece] = []
+    if a.gpu_utilization is None:
+        out.append(Piece("idle_gpus_unmeasured", *whole))
+    elif a.gpu_utilization < IDLE_PERCENT:
+        out.append(Piece("idle_gpus", *whole))
+    if a.data_wait_fraction is None:
+        out.append(Piece("input_bound_unmeasured", *whole))
+    elif a.data_wait_fraction > 0:
+        share = min(a.data_wait_fraction, Decimal(1))
+        out.append(Piece("input_bound", *whole, share=share))
+    if a.outcome in FAILED:
+        out.append(Piece("failed_attempts", *whole))
+    if a.outcome in INTERRUPTED:
+        since = a.granted_at
+        if a.last_checkpoint is not None and a.granted_at <= a.last_checkpoint <= a.ended_at:
+            since = a.last_checkpoint
+        if since < a.ended_at:
+            out.append(Piece("lost_work", a.owner, flavor, a.gpus, since, a.ended_at))
+    return out
+
+
+def queueing_pieces(job: JobWaits, now: datetime) -> list[Piece]:
+    """Figure 2: the job's GPUs times each of its waits."""
+    flavor = job.owner.flavor or ""
+    out = []
+    for w in waits(job, now):
+        owner = Owner(
+            job.owner.team, job.owner.project, job.owner.user, w.queue, flavor, job.owner.job
+        )
+        out.append(Piece("queueing", owner, flavor, job.gpus, w.start, w.end))
+    return out
+
+
+def holding_pieces(
+    allocations: Sequence[Allocation], jobs: Sequence[JobWaits], now: datetime
+) -> list[Piece]:
+    """Figure 5: the time each allocation held its GPUs while a job of a higher priority
+    waited for GPUs of the same flavor (any queue, any team)."""
+    waiting: dict[str, list[tuple[int, datetime, datetime]]] = {}
+    for job in jobs:
+        for w in waits(job, now):
+            waiting.setdefault(job.owner.flavor or "", []).append(
+                (rank(job.priority), w.start, w.end)
+            )
+    unions: dict[tuple[str, int], list[tuple[datetime, datetime]]] = {}
+    out = []
+    for a in allocations:
+        if a.priority is None:
+            continue
+        flavor = a.owner.flavor or ""
+        mine = rank(a.priority)
+        key = (flavor, mine)
+        if key not in unions:
+            unions[key] = _merge(
+                (s, e) for r, s, e in waiting.get(flavor, ()) if r > mine and s < e
+            )
+        end = a.ended_at if a.ended_at is not None else now
+        for lo, hi in _overlaps(unions[key], a.granted_at, end):
+            out.append(Piece("low_priority_holding", a.owner, flavor, a.gpus, lo, hi))
+    return out
+
+
+def price(
+    piece: Piece, book: PriceSchedule, start: datetime, end: datetime, now: datetime
+) -> Priced | None:
+    """The piece within ``[start, min(end, now))``, priced (module contract); None when
+    nothing of it is inside."""
+    lo, hi = max(piece.start, start), min(piece.end, end, now)
+    if lo >= hi:
+        return None
+    seconds = Decimal((hi - lo) // timedelta(microseconds=1)) / Decimal(1_000_000)
+    try:
+        segments = book.segments(piece.flavor, piece.gpus, lo, hi)
+    except UnknownFlavor:
+        return Priced(_money(seconds * piece.gpus * piece.share), None, seconds)
+    secs = sum((s.gpu_seconds for s in segments), ZERO) * piece.share
+    cost = sum((s.cost for s in segments), ZERO) * piece.share
+    return Priced(_money(secs), _money(cost), seconds)
+
+
+def _money(value: Decimal) -> Decimal:
+    return value.quantize(MONEY_PLACES, rounding=ROUND_HALF_UP)
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    owner: Owner
+    outcome: str
+    ended_at: datetime
+
+
+@dataclass(frozen=True)
+class SuccessLine:
+    day: datetime
+    team: str | None
+    queue: str | None
+    ended: int
+    succeeded: int
+    failed: int
+    cancelled: int
+
+    @property
+    def rate(self) -> Decimal:
+        return (Decimal(self.succeeded) / Decimal(self.ended)).quantize(Decimal("0.0001"))
+
+
+def success_lines(ends: Iterable[JobEnd]) -> list[SuccessLine]:
+    """Jobs ended per UTC day, team and queue, by outcome; by day, then team, then queue."""
+    counts: dict[tuple[datetime, str | None, str | None], dict[str, int]] = {}
+    for end in ends:
+        day = end.ended_at.replace(hour=0, minute=0, second=0, microsecond=0)
+        by = counts.setdefault((day, end.owner.team, end.owner.queue), {})
+        by[end.outcome] = by.get(end.outcome, 0) + 1
+    return [
+        SuccessLine(
+            day,
+            team,
+            queue,
+            sum(by.values()),
+            by.get("succeeded", 0),
+            by.get("failed", 0),
+            by.get("cancelled", 0),
+        )
+        for (day, team, queue), by in sorted(
+            counts.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", kv[0][2] or "")
+        )
+    ]

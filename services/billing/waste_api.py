@@ -1,0 +1,170 @@
+"""Billing's waste API: ``GET /v1/waste``.
+
+``GET /v1/waste?group_by&from&to&team&project&user&queue&flavor&job&format&limit``: the
+waste figures (``services.billing.waste``) in money and GPU-seconds over a time range
+(default: the current UTC month), grouped and filtered by the dimensions of
+``GET /v1/costs``, with unattributed spend and the job success rate per day, team and
+queue. JSON, or the rows as CSV with ``Accept: text/csv`` or ``format=csv``.
+
+Scope: a user (viewer and up) reads only their own team's figures (another team answers
+404); operators read every team's, and the unallocated GPUs, which belong to no team. Any
+query parameter not listed, or given twice, answers 422 naming it; a bad value answers 422
+naming the field and the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+import asyncpg
+from litestar import Request, Response, get
+from litestar.di import NamedDependency
+from litestar.exceptions import NotFoundException
+from litestar.handlers import HTTPRouteHandler
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import QueryParameter
+
+from services.billing import catalogue_repository as catalogue
+from services.billing import costs_repository
+from services.billing import waste_repository as repo
+from services.billing.costs import CostQuery, Dimension
+from services.billing.costs_api import JsonOrCsvOperation, check_parameters, wants_csv
+from services.billing.waste import (
+    Piece,
+    allocation_pieces,
+    holding_pieces,
+    queueing_pieces,
+    success_lines,
+)
+from services.billing.waste_schemas import WasteReport, waste_csv, waste_report
+from shared.http_app import error_responses
+from shared.identity import Principal
+
+Caller = NamedDependency[Principal]
+Name = Annotated[str | None, QueryParameter(min_length=1, max_length=200)]
+QUERY_PARAMETERS = frozenset(
+    {"group_by", "from", "to", "team", "project", "user", "queue", "flavor", "job"}
+    | {"format", "limit"}
+)
+MAX_ROWS = 100_000
+Clock = Callable[[], datetime]
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def waste_routes(
+    pool: asyncpg.Pool, currency: str = "USD", clock: Clock = _utc_now
+) -> list[HTTPRouteHandler]:
+    """The route of the module docstring, over billing's pool."""
+
+    @get(
+        "/v1/waste",
+        responses={
+            200: ResponseSpec(
+                WasteReport,
+                description="the report (its rows as text/csv with Accept: text/csv or format=csv)",
+                generate_examples=False,
+            ),
+            **error_responses(404, 422),
+        },
+        operation_class=JsonOrCsvOperation,
+    )
+    async def waste(
+        request: Request[Any, Any, Any],
+        principal: Caller,
+        group_by: Annotated[
+            str | None,
+            QueryParameter(
+                max_length=100,
+                description="comma-separated: team, project, user, queue, flavor, job",
+            ),
+        ] = None,
+        start: Annotated[
+            str | None,
+            QueryParameter(
+                name="from",
+                format="date-time",
+                max_length=40,
+                description="ISO 8601, a whole UTC hour; default: the current month's start",
+            ),
+        ] = None,
+        end: Annotated[
+            str | None,
+            QueryParameter(
+                name="to",
+                format="date-time",
+                max_length=40,
+                description="ISO 8601, a whole UTC hour; default: the end of from's month",
+            ),
+        ] = None,
+        team: Name = None,
+        project: Name = None,
+        user: Name = None,
+        queue: Name = None,
+        flavor: Name = None,
+        job: Name = None,
+        format: Annotated[
+            Literal["json", "csv"] | None, QueryParameter(description="default: by Accept")
+        ] = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=MAX_ROWS)] = 10_000,
+    ) -> Response[Any]:
+        check_parameters(request, QUERY_PARAMETERS)
+        if not principal.is_operator:
+            team = team or principal.team
+            if team is None or not principal.may_see_team(team):
+                raise NotFoundException(f"no waste of team {team!r} for you to read")
+        filters: dict[Dimension, str | None] = {
+            "team": team,
+            "project": project,
+            "user": user,
+            "queue": queue,
+            "flavor": flavor,
+            "job": job,
+        }
+        now = clock()
+        query = CostQuery.parse(
+            start=start, end=end, granularity=None, group_by=group_by, filters=filters, now=now
+        )
+        owners = CostQuery(
+            query.start, query.end, None, ("team", "project", "user", "job"), query.filters
+        )
+        async with (
+            pool.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            book = await catalogue.schedule(conn)
+            held = await repo.allocations(conn, query.start, query.end, team)
+            jobs = await repo.jobs(conn, query.start, query.end)
+            spare = (
+                await repo.unallocated(conn, query.start, query.end)
+                if principal.is_operator
+                else []
+            )
+            ledger = await costs_repository.from_ledger(conn, owners)
+            ends = await repo.job_ends(conn, query.start, query.end, team)
+        pieces: list[Piece] = [p for a in held for p in allocation_pieces(a)]
+        pieces += [p for j in jobs for p in queueing_pieces(j, now)]
+        pieces += holding_pieces(held, jobs, now)
+        success = success_lines(
+            e for e in ends if all(e.owner.value(d) == v for d, v in query.filters.items())
+        )
+        report = waste_report(
+            query,
+            pieces=pieces,
+            unallocated=spare,
+            ledger=ledger,
+            success=success,
+            book=book,
+            currency=currency,
+            now=now,
+            limit=limit,
+        )
+        if wants_csv(request, format):
+            return Response(waste_csv(report), media_type="text/csv")
+        return Response(report)
+
+    return [waste]

@@ -1,0 +1,292 @@
+"""Billing's SQL for waste: recording the facts from events, and reading them for a report.
+
+Every ``record_*`` runs in the consumer's transaction and is idempotent (a redelivered
+event changes nothing). The readers return ``services.billing.waste`` facts; tables are
+unqualified (the pool's ``search_path`` is the ``billing`` schema).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import asyncpg
+
+from services.billing.waste import Allocation, JobEnd, JobWaits, Owner, Piece
+from shared.events.payloads import (
+    AllocationGranted,
+    CheckpointSaved,
+    JobSubmitted,
+    JobSucceeded,
+    RunnerHeartbeat,
+)
+
+HEARTBEAT_GAP = timedelta(minutes=2)
+"""Two heartbeats of a node further apart than this say nothing about the time between
+them (the node was gone, or billing's facts of it were): no unallocated time is counted."""
+
+
+async def record_job(conn: asyncpg.Connection, job: JobSubmitted, now: datetime) -> None:
+    spec = job.spec
+    await conn.execute(
+        """INSERT INTO waste_jobs (job_id, team, project, user_name, gpu_flavor, gpus,
+                                   priority, submitted_at, recorded_at)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (job_id) DO NOTHING""",
+        job.job_id,
+        spec.team,
+        spec.project,
+        spec.user,
+        spec.gpu_flavor,
+        spec.gpus,
+        spec.priority,
+        job.submitted_at,
+        now,
+    )
+
+
+async def record_grant(conn: asyncpg.Connection, grant: AllocationGranted, now: datetime) -> None:
+    await conn.execute(
+        """INSERT INTO waste_grants (allocation_id, job_id, priority, recorded_at)
+           VALUES ($1, $2, $3, $4) ON CONFLICT (allocation_id) DO NOTHING""",
+        grant.allocation_id,
+        grant.job_id,
+        grant.spec.priority,
+        now,
+    )
+
+
+async def record_checkpoint(conn: asyncpg.Connection, saved: CheckpointSaved) -> None:
+    await conn.execute(
+        "INSERT INTO waste_checkpoints (job_id, allocation_id, saved_at) VALUES ($1, $2, $3) "
+        "ON CONFLICT DO NOTHING",
+        saved.job_id,
+        saved.allocation_id,
+        saved.saved_at,
+    )
+
+
+def _measured(metrics: Mapping[str, float], name: str) -> Decimal | None:
+    value = metrics.get(name)
+    return None if value is None else Decimal(str(value))
+
+
+async def record_run_report(
+    conn: asyncpg.Connection, succeeded: JobSucceeded, now: datetime
+) -> None:
+    """What the runner measured of the allocation, from its end report's metrics."""
+    await conn.execute(
+        """INSERT INTO waste_run_reports (allocation_id, job_id, gpu_utilization_mean,
+                                          data_wait_fraction_mean, finished_at, recorded_at)
+           VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (allocation_id) DO NOTHING""",
+        succeeded.allocation_id,
+        succeeded.job_id,
+        _measured(succeeded.metrics, "gpu_utilization_mean"),
+        _measured(succeeded.metrics, "data_wait_fraction_mean"),
+        succeeded.finished_at,
+        now,
+    )
+
+
+async def record_end(
+    conn: asyncpg.Connection, job_id: str, outcome: str, ended_at: datetime, now: datetime
+) -> None:
+    """How the job ended: the first end said, except that a success replaces any other."""
+    await conn.execute(
+        """INSERT INTO waste_job_ends (job_id, outcome, ended_at, recorded_at)
+           VALUES ($1, $2, $3, $4)
+           ON CONFLICT (job_id) DO UPDATE
+               SET outcome = EXCLUDED.outcome, ended_at = EXCLUDED.ended_at,
+                   recorded_at = EXCLUDED.recorded_at
+               WHERE EXCLUDED.outcome = 'succeeded' AND waste_job_ends.outcome <> 'succeeded'""",
+        job_id,
+        outcome,
+        ended_at,
+        now,
+    )
+
+
+_WAITING = """
+SELECT EXISTS (
+    SELECT 1 FROM waste_jobs j
+    WHERE j.gpu_flavor = $1 AND j.submitted_at <= $2
+      AND NOT EXISTS (SELECT 1 FROM waste_job_ends e
+                      WHERE e.job_id = j.job_id AND e.ended_at <= $2)
+      AND NOT EXISTS (SELECT 1 FROM announced_allocations a
+                      LEFT JOIN usage_ledger u USING (allocation_id)
+                      WHERE a.job_id = j.job_id AND a.granted_at <= $2
+                        AND (u.ended_at IS NULL OR u.ended_at > $2)))
+"""
+"""Whether a job of the flavor was waiting for GPUs at the instant: submitted, not ended,
+and holding no allocation then."""
+
+
+async def record_heartbeat(conn: asyncpg.Connection, beat: RunnerHeartbeat) -> bool:
+    """Remember the node's heartbeat; when the previous one is at most ``HEARTBEAT_GAP``
+    earlier, some of its GPUs were held by none of its running allocations and a job of its
+    flavor was waiting, record the interval between them as unallocated (True)."""
+    previous = await conn.fetchrow(
+        "SELECT gpu_flavor, gpu_count, sent_at FROM waste_nodes WHERE node_id = $1 FOR UPDATE",
+        beat.node_id,
+    )
+    await conn.execute(
+        """INSERT INTO waste_nodes (node_id, gpu_flavor, gpu_count, sent_at)
+           VALUES ($1, $2, $3, $4)
+           ON CONFLICT (node_id) DO UPDATE
+               SET gpu_flavor = EXCLUDED.gpu_flavor, gpu_count = EXCLUDED.gpu_count,
+                   sent_at = EXCLUDED.sent_at
+               WHERE EXCLUDED.sent_at > waste_nodes.sent_at""",
+        beat.node_id,
+        beat.gpu_flavor,
+        beat.gpu_count,
+        beat.sent_at,
+    )
+    if previous is None or not timedelta(0) < beat.sent_at - previous["sent_at"] <= HEARTBEAT_GAP:
+        return False
+    held = await conn.fetch(
+        "SELECT gpus FROM announced_allocations WHERE allocation_id = ANY($1::text[])",
+        beat.running_allocations,
+    )
+    if len(held) < len(set(beat.running_allocations)):
+        return False  # an allocation billing has not seen granted yet: how many GPUs is unknown
+    free = beat.gpu_count - sum(r["gpus"] for r in held)
+    if free <= 0 or not await conn.fetchval(_WAITING, beat.gpu_flavor, beat.sent_at):
+        return False
+    await conn.execute(
+        """INSERT INTO waste_unallocated (node_id, gpu_flavor, free_gpus, started_at, ended_at)
+           VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING""",
+        beat.node_id,
+        beat.gpu_flavor,
+        free,
+        previous["sent_at"],
+        beat.sent_at,
+    )
+    return True
+
+
+# --- reading --------------------------------------------------------------------------------
+
+_ALLOCATIONS = """
+SELECT a.allocation_id, a.job_id, a.team, a.project, a.user_name, a.queue, a.gpu_flavor,
+       a.gpus, a.granted_at, a.attempt, u.ended_at, u.outcome,
+       coalesce(g.priority, j.priority) AS priority,
+       r.gpu_utilization_mean, r.data_wait_fraction_mean,
+       (SELECT max(c.saved_at) FROM waste_checkpoints c
+        WHERE c.job_id = a.job_id AND c.saved_at >= a.granted_at
+          AND (u.ended_at IS NULL OR c.saved_at <= u.ended_at)) AS last_checkpoint
+FROM announced_allocations a
+LEFT JOIN usage_ledger u USING (allocation_id)
+LEFT JOIN waste_grants g USING (allocation_id)
+LEFT JOIN waste_jobs j ON j.job_id = a.job_id
+LEFT JOIN waste_run_reports r USING (allocation_id)
+"""
+
+
+def _allocation(r: Mapping[str, Any]) -> Allocation:
+    return Allocation(
+        allocation_id=r["allocation_id"],
+        owner=Owner(
+            r["team"], r["project"], r["user_name"], r["queue"], r["gpu_flavor"], r["job_id"]
+        ),
+        gpus=r["gpus"],
+        granted_at=r["granted_at"],
+        ended_at=r["ended_at"],
+        outcome=r["outcome"],
+        attempt=r["attempt"],
+        priority=r["priority"],
+        gpu_utilization=r["gpu_utilization_mean"],
+        data_wait_fraction=r["data_wait_fraction_mean"],
+        last_checkpoint=r["last_checkpoint"],
+    )
+
+
+async def allocations(
+    conn: asyncpg.Connection, start: datetime, end: datetime, team: str | None
+) -> list[Allocation]:
+    """Allocations granted before ``end`` and not released before ``start`` (of ``team``)."""
+    rows = await conn.fetch(
+        f"{_ALLOCATIONS} WHERE a.granted_at < $1 AND (u.ended_at IS NULL OR u.ended_at > $2) "
+        "AND ($3::text IS NULL OR a.team = $3)",
+        end,
+        start,
+        team,
+    )
+    return [_allocation(r) for r in rows]
+
+
+async def jobs(conn: asyncpg.Connection, start: datetime, end: datetime) -> list[JobWaits]:
+    """Every job (of any team) submitted before ``end`` that had not ended by ``start``,
+    with all its allocations: its waits may fall in ``[start, end)``."""
+    rows = await conn.fetch(
+        """SELECT j.*, e.ended_at FROM waste_jobs j
+           LEFT JOIN waste_job_ends e USING (job_id)
+           WHERE j.submitted_at < $1 AND (e.ended_at IS NULL OR e.ended_at > $2)""",
+        end,
+        start,
+    )
+    ids = [r["job_id"] for r in rows]
+    held: dict[str, list[Allocation]] = {}
+    for r in await conn.fetch(f"{_ALLOCATIONS} WHERE a.job_id = ANY($1::text[])", ids):
+        held.setdefault(r["job_id"], []).append(_allocation(r))
+    return [
+        JobWaits(
+            owner=Owner(
+                r["team"], r["project"], r["user_name"], None, r["gpu_flavor"], r["job_id"]
+            ),
+            gpus=r["gpus"],
+            priority=r["priority"],
+            submitted_at=r["submitted_at"],
+            allocations=held.get(r["job_id"], []),
+            ended_at=r["ended_at"],
+        )
+        for r in rows
+    ]
+
+
+async def unallocated(conn: asyncpg.Connection, start: datetime, end: datetime) -> list[Piece]:
+    """Intervals of free GPUs while a job of their flavor waited, overlapping the range;
+    owned by no team (``Owner`` with only the flavor)."""
+    rows = await conn.fetch(
+        "SELECT * FROM waste_unallocated WHERE started_at < $1 AND ended_at > $2", end, start
+    )
+    return [
+        Piece(
+            "unallocated_gpus",
+            Owner(None, None, None, None, r["gpu_flavor"], None),
+            r["gpu_flavor"],
+            r["free_gpus"],
+            r["started_at"],
+            r["ended_at"],
+        )
+        for r in rows
+    ]
+
+
+async def job_ends(
+    conn: asyncpg.Connection, start: datetime, end: datetime, team: str | None
+) -> list[JobEnd]:
+    """Jobs that ended in ``[start, end)`` (of ``team``), with their owner and last queue."""
+    rows = await conn.fetch(
+        """SELECT e.job_id, e.outcome, e.ended_at,
+                  coalesce(j.team, l.team) AS team, coalesce(j.project, l.project) AS project,
+                  coalesce(j.user_name, l.user_name) AS user_name,
+                  coalesce(j.gpu_flavor, l.gpu_flavor) AS gpu_flavor, l.queue
+           FROM waste_job_ends e
+           LEFT JOIN waste_jobs j USING (job_id)
+           LEFT JOIN LATERAL (SELECT a.team, a.project, a.user_name, a.gpu_flavor, a.queue
+                              FROM announced_allocations a WHERE a.job_id = e.job_id
+                              ORDER BY a.granted_at DESC LIMIT 1) l ON true
+           WHERE e.ended_at >= $1 AND e.ended_at < $2""",
+        start,
+        end,
+    )
+    out = []
+    for r in rows:
+        if r["team"] is None or (team is not None and r["team"] != team):
+            continue
+        owner = Owner(
+            r["team"], r["project"], r["user_name"], r["queue"], r["gpu_flavor"], r["job_id"]
+        )
+        out.append(JobEnd(owner, r["outcome"], r["ended_at"]))
+    return out

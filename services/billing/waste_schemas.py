@@ -1,0 +1,264 @@
+"""HTTP schemas of ``GET /v1/waste``, the report's assembly from priced pieces, and its CSV.
+
+Amounts are decimal strings; a dimension the report is not grouped by is null in its rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from pydantic import BaseModel, ConfigDict
+
+from services.billing.costs import DIMENSIONS, CostQuery, Dimension
+from services.billing.costs_repository import CostLine
+from services.billing.costs_schemas import _cell
+from services.billing.prices import PriceSchedule
+from services.billing.waste import FIGURES, IDLE_PERCENT, Figure, Piece, SuccessLine, price
+
+
+class _Schema(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class WasteRow(_Schema):
+    team: str | None = None
+    project: str | None = None
+    user: str | None = None
+    queue: str | None = None
+    flavor: str | None = None
+    job: str | None = None
+    figure: Figure
+    currency: str
+    gpu_seconds: Decimal
+    """GPU-seconds of the figure inside the range."""
+    cost: Decimal
+    """Their cost by the price book (0 for GPU-seconds of a flavor without a price)."""
+    unpriced_gpu_seconds: Decimal
+    """GPU-seconds of a flavor the price book has no price for (not in ``cost``)."""
+    seconds: Decimal
+    """Wall time of the figure's intervals (for ``queueing``: the time jobs waited)."""
+    count: int
+    """How many intervals: allocations, or waits for ``queueing``."""
+
+
+class FigureTotal(_Schema):
+    figure: Figure
+    currency: str
+    gpu_seconds: Decimal
+    cost: Decimal
+    unpriced_gpu_seconds: Decimal
+    seconds: Decimal
+    count: int
+
+
+class Unattributed(_Schema):
+    """Figure 6: ledger spend in the range without a team, project, user or job (must be 0),
+    beside everything the ledger holds in the range."""
+
+    currency: str
+    gpu_seconds: Decimal
+    cost: Decimal
+    ledger_gpu_seconds: Decimal
+    ledger_cost: Decimal
+
+
+class SuccessRow(_Schema):
+    day: datetime
+    team: str | None
+    queue: str | None
+    ended: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    success_rate: Decimal
+    """succeeded / ended, to 4 places."""
+
+
+class WasteReport(_Schema):
+    start: datetime
+    end: datetime
+    group_by: list[Dimension]
+    filters: dict[Dimension, str]
+    idle_threshold_percent: Decimal
+    rows: list[WasteRow]
+    """Per group and figure, most expensive first."""
+    totals: list[FigureTotal]
+    """Per figure, over every row (including those past ``limit``)."""
+    unallocated: list[WasteRow]
+    """Figure 1's second half, ``unallocated_gpus`` per flavor: GPUs no allocation held while
+    a job of their flavor waited. They belong to no team: for operators only (empty for
+    users)."""
+    unattributed: list[Unattributed]
+    success: list[SuccessRow]
+    truncated: bool
+
+
+@dataclass
+class _Sum:
+    gpu_seconds: Decimal = Decimal(0)
+    cost: Decimal = Decimal(0)
+    unpriced: Decimal = Decimal(0)
+    seconds: Decimal = Decimal(0)
+    count: int = 0
+
+
+def _fold(
+    pieces: Iterable[Piece],
+    query: CostQuery,
+    book: PriceSchedule,
+    now: datetime,
+    group_by: Sequence[Dimension],
+) -> dict[tuple[tuple[str | None, ...], Figure], _Sum]:
+    sums: dict[tuple[tuple[str | None, ...], Figure], _Sum] = {}
+    for piece in pieces:
+        if any(piece.owner.value(d) != v for d, v in query.filters.items()):
+            continue
+        priced = price(piece, book, query.start, query.end, now)
+        if priced is None:
+            continue
+        key = (tuple(piece.owner.value(d) for d in group_by), piece.figure)
+        s = sums.setdefault(key, _Sum())
+        s.count += 1
+        s.seconds += priced.seconds
+        s.gpu_seconds += priced.gpu_seconds
+        if priced.cost is None:
+            s.unpriced += priced.gpu_seconds
+        else:
+            s.cost += priced.cost
+    return sums
+
+
+def _rows(
+    sums: dict[tuple[tuple[str | None, ...], Figure], _Sum],
+    group_by: Sequence[Dimension],
+    currency: str,
+) -> list[WasteRow]:
+    rows = [
+        WasteRow(
+            figure=figure,
+            currency=currency,
+            gpu_seconds=s.gpu_seconds,
+            cost=s.cost,
+            unpriced_gpu_seconds=s.unpriced,
+            seconds=s.seconds,
+            count=s.count,
+            **dict(zip(group_by, values, strict=True)),
+        )
+        for (values, figure), s in sums.items()
+    ]
+    rows.sort(
+        key=lambda r: (
+            -r.cost,
+            -r.gpu_seconds,
+            FIGURES.index(r.figure),
+            tuple(getattr(r, d) or "" for d in group_by),
+        )
+    )
+    return rows
+
+
+def waste_report(
+    query: CostQuery,
+    *,
+    pieces: Iterable[Piece],
+    unallocated: Iterable[Piece],
+    ledger: Sequence[CostLine],
+    success: Sequence[SuccessLine],
+    book: PriceSchedule,
+    currency: str,
+    now: datetime,
+    limit: int,
+) -> WasteReport:
+    """The report of ``query`` from its pieces (already of the caller's scope), the ledger
+    lines grouped by team, project, user and job, and the success lines."""
+    rows = _rows(_fold(pieces, query, book, now, query.group_by), query.group_by, currency)
+    totals: dict[Figure, _Sum] = {}
+    for r in rows:
+        t = totals.setdefault(r.figure, _Sum())
+        t.gpu_seconds += r.gpu_seconds
+        t.cost += r.cost
+        t.unpriced += r.unpriced_gpu_seconds
+        t.seconds += r.seconds
+        t.count += r.count
+    by_flavor: tuple[Dimension, ...] = ("flavor",)
+    spare = _rows(_fold(unallocated, query, book, now, by_flavor), by_flavor, currency)
+    ledger_sums: dict[str, list[Decimal]] = {}
+    for line in ledger:
+        s = ledger_sums.setdefault(line.currency, [Decimal(0)] * 4)
+        s[2] += line.gpu_seconds
+        s[3] += line.cost
+        if any(v is None or v == "" for v in line.values):
+            s[0] += line.gpu_seconds
+            s[1] += line.cost
+    return WasteReport(
+        start=query.start,
+        end=query.end,
+        group_by=list(query.group_by),
+        filters=dict(query.filters),
+        idle_threshold_percent=IDLE_PERCENT,
+        rows=rows[:limit],
+        totals=[
+            FigureTotal(
+                figure=f,
+                currency=currency,
+                gpu_seconds=t.gpu_seconds,
+                cost=t.cost,
+                unpriced_gpu_seconds=t.unpriced,
+                seconds=t.seconds,
+                count=t.count,
+            )
+            for f, t in sorted(totals.items(), key=lambda ft: FIGURES.index(ft[0]))
+        ],
+        unallocated=spare,
+        unattributed=[
+            Unattributed(
+                currency=cur, gpu_seconds=s[0], cost=s[1], ledger_gpu_seconds=s[2], ledger_cost=s[3]
+            )
+            for cur, s in sorted(ledger_sums.items())
+        ],
+        success=[
+            SuccessRow(
+                day=line.day,
+                team=line.team,
+                queue=line.queue,
+                ended=line.ended,
+                succeeded=line.succeeded,
+                failed=line.failed,
+                cancelled=line.cancelled,
+                success_rate=line.rate,
+            )
+            for line in success
+        ],
+        truncated=len(rows) > limit,
+    )
+
+
+def waste_csv(report: WasteReport) -> str:
+    """The report's rows as CSV: a header, then the grouped dimensions (``group_by`` order),
+    ``figure``, ``currency``, ``gpu_seconds``, ``cost``, ``unpriced_gpu_seconds``,
+    ``seconds``, ``count``; names that start like a formula get a leading ``'``."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    dims = [d for d in DIMENSIONS if d in report.group_by]
+    dims.sort(key=report.group_by.index)
+    tail = ["figure", "currency", "gpu_seconds", "cost", "unpriced_gpu_seconds", "seconds"]
+    writer.writerow([*dims, *tail, "count"])
+    for row in report.rows:
+        writer.writerow(
+            [
+                *(_cell(getattr(row, d)) for d in dims),
+                row.figure,
+                row.currency,
+                str(row.gpu_seconds),
+                str(row.cost),
+                str(row.unpriced_gpu_seconds),
+                str(row.seconds),
+                row.count,
+            ]
+        )
+    return out.getvalue()
