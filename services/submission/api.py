@@ -64,6 +64,7 @@ from services.submission.identity_schemas import (
 )
 from services.submission.objects import Objects
 from services.submission.ratelimit import RateLimiter
+from services.submission.reproduce import reproduce_job
 from services.submission.schemas import (
     ID_PREFIX_PATTERN,
     LABEL_FILTER_PATTERN,
@@ -543,6 +544,7 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
             get_job,
             list_jobs,
             cancel_job,
+            reproduce_job,
             job_logs,
             bundle_stored,
             upload_bundle,

@@ -58,9 +58,11 @@ async def submit_job(
     caller: Caller,
     request: JobRequest,
     idempotency_key: str | None,
+    reproduces: str | None = None,
 ) -> tuple[JobView, bool]:
     """Store and announce a job; return its view and whether it is new (False: the same
-    idempotency key was used before, and the earlier job is returned)."""
+    idempotency key was used before, and the earlier job is returned). ``reproduces``: the
+    id of the job this one reproduces (``reproduce``)."""
     caller.require(Role.MEMBER, "submitting jobs")
     if request.team is not None and request.team != caller.team:
         raise Forbidden(f"you can submit jobs for your own team ({caller.team}) only")
@@ -70,6 +72,8 @@ async def submit_job(
             "code.sha256", f"no bundle with this sha256 was uploaded for team {caller.team}"
         )
     spec = request.to_spec(user=caller.user, team=caller.team)
+    if reproduces is not None:
+        spec = spec.model_copy(update={"reproduces": reproduces})
     job_id, now, stored = str(uuid.uuid4()), datetime.now(UTC), dump(spec)
     async with pool.acquire() as conn, conn.transaction():
         created = await repo.insert_job(

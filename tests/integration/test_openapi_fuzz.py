@@ -72,6 +72,7 @@ from services.submission.api import AppDeps
 from services.submission.api import create_app as submission_app
 from services.submission.config import Settings as SubmissionSettings
 from services.submission.identity_schemas import TokenRequest
+from services.submission.reproduce import ReproduceRequest
 from services.submission.schemas import CreateUserRequest, JobRequest, RoleChange
 from shared.access import service_guard
 from shared.auth import new_token
@@ -273,6 +274,7 @@ def _described(exc: BaseException) -> str:
 
 JSON_BODIES: dict[tuple[str, str, str], type[BaseModel]] = {
     ("submission", "post", "/v1/jobs"): JobRequest,
+    ("submission", "post", "/v1/jobs/{job_id}/reproduce"): ReproduceRequest,
     ("submission", "post", "/v1/admin/users"): CreateUserRequest,
     ("submission", "patch", "/v1/admin/users/{name}"): RoleChange,
     ("submission", "post", "/v1/tokens"): TokenRequest,

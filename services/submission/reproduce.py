@@ -1,0 +1,143 @@
+"""``POST /v1/jobs/{job_id}/reproduce``: submit the same job again, linked to the original.
+
+Contract:
+- Only a job of the caller's own team can be reproduced (any other id, operators' included,
+  answers 404 like a job that does not exist: the registry compares a reproduction only
+  within one team); the caller needs ``member``.
+- Only a job that has ended (SUCCEEDED, FAILED or CANCELLED) can be: its reproduction is
+  compared with how it ended (409 otherwise).
+- The new job has the original's resolved spec as stored at its admission — the same code
+  (bundle sha256 or git commit), entrypoint, arguments, requirements, image, hyper-parameters,
+  seed and dataset versions — with ``reproduces`` naming the original, the caller as its
+  user, and ``register_model`` false (a reproduction checks a model, it does not make one).
+  It passes admission like any job: budgets (``governance``) and the data permissions
+  (``data_admission``: the team must still be able to read every dataset version).
+- The optional body may change ``datasets``, ``seed`` or ``hyperparameters`` (keys merged
+  over the original's) on purpose, to see what a change does: the registry's verdict then
+  names what differs. Unknown fields are refused (422 naming them).
+- When the reproduction ends, the registry records the verdict (``GET /v1/jobs/{id}/
+  reproduction`` on the registry; docs/reproducibility.md).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import asyncpg
+from litestar import Request, Response, post
+from litestar.di import NamedDependency
+from litestar.params import FromPath, HeaderParameter
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.submission import commands, governance
+from services.submission import repository as repo
+from services.submission.config import Settings
+from services.submission.data_admission import DataAdmission
+from services.submission.domain import JobStatus
+from services.submission.errors import Conflict, NotFound
+from services.submission.governance import BUDGET_WARNING_HEADER
+from services.submission.identity import Caller
+from services.submission.objects import Objects
+from services.submission.schemas import JobView, parse_idempotency_key, parse_job_request
+from shared.access import needs
+from shared.events.payloads import MAX_DATASETS, MAX_REFERENCE, MAX_SEED, HyperValue, JobSpec
+from shared.http_app import error_responses, json_request_body
+from shared.http_errors import parse_body, read_body, read_json_body
+from shared.identity import Role
+
+Pool = NamedDependency[asyncpg.Pool]
+Me = NamedDependency[Caller]
+Config = NamedDependency[Settings]
+Store = NamedDependency[Objects]
+Admission = NamedDependency[DataAdmission]
+IdempotencyKey = Annotated[str | None, HeaderParameter(name="Idempotency-Key")]
+
+BODY_MAX_BYTES = 64 * 1024
+
+
+class ReproduceRequest(BaseModel):
+    """Deliberate changes to the reproduction (none: the same job exactly)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    datasets: list[Annotated[str, Field(min_length=3, max_length=MAX_REFERENCE)]] | None = Field(
+        default=None, max_length=MAX_DATASETS
+    )
+    """Dataset versions instead of the original's (``team/name[:version]``)."""
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    hyperparameters: dict[Annotated[str, Field(max_length=200)], HyperValue] | None = Field(
+        default=None, max_length=64
+    )
+    """Merged over the original's, key by key."""
+
+
+def reproduction_body(original: JobSpec, changes: ReproduceRequest) -> bytes:
+    """The ``POST /v1/jobs`` body of the reproduction of ``original`` (module contract)."""
+    spec: dict[str, Any] = {
+        key: value
+        for key, value in original.model_dump(mode="json").items()
+        if key not in ("user", "team", "reproduces") and value is not None
+    }
+    spec["register_model"] = False
+    if changes.datasets is not None:
+        spec["datasets"] = list(changes.datasets)
+    if changes.seed is not None:
+        spec["seed"] = changes.seed
+    if changes.hyperparameters:
+        spec["hyperparameters"] = {**spec.get("hyperparameters", {}), **changes.hyperparameters}
+    return json.dumps(spec).encode()
+
+
+async def _changes(request: Request[Any, Any, Any]) -> ReproduceRequest:
+    announced = request.headers.get("content-length", "")
+    if announced == "0" or (not announced and "transfer-encoding" not in request.headers):
+        await read_body(request, BODY_MAX_BYTES, "the body is too large")
+        return ReproduceRequest()
+    body = await read_json_body(request, BODY_MAX_BYTES, free_text=lambda _path: False)
+    return parse_body(ReproduceRequest, body) if body.strip() else ReproduceRequest()
+
+
+@post(
+    "/jobs/{job_id:str}/reproduce",
+    status_code=201,
+    request_max_body_size=None,
+    opt=needs(Role.MEMBER),
+    operation_class=json_request_body(ReproduceRequest, example={}),
+    summary="Submit the same job again, linked to it; the registry judges the reproduction",
+    responses=error_responses(404, 409, 413, 415),
+)
+async def reproduce_job(
+    job_id: FromPath[str],
+    request: Request[Any, Any, Any],
+    pool: Pool,
+    objects: Store,
+    caller: Me,
+    settings: Config,
+    admission: Admission,
+    key: IdempotencyKey = None,
+) -> Response[JobView]:
+    caller.require(Role.MEMBER, "reproducing jobs")
+    changes = await _changes(request)
+    async with pool.acquire() as conn:
+        row = await repo.job_for_team(conn, caller.team_id, job_id)
+    if row is None:
+        raise NotFound(f"job {job_id} not found")
+    status = JobStatus(row["status"])
+    if not status.is_terminal:
+        raise Conflict(
+            f"job {job_id} has not ended ({status}): a reproduction is compared with how it "
+            "ended; reproduce it once it has"
+        )
+    original = JobSpec.model_validate(row["spec"])
+    flavors = await governance.known_flavors(pool, settings.flavors)
+    job = parse_job_request(reproduction_body(original, changes), flavors)
+    job, warnings = await governance.admit(pool, caller.team, job)
+    job = await admission.admit(job, request.headers.get("authorization", ""))
+    view, created = await commands.submit_job(
+        pool, objects, caller, job, parse_idempotency_key(key), reproduces=job_id
+    )
+    headers = {"Location": f"/v1/jobs/{view.id}"}
+    if warnings:
+        headers[BUDGET_WARNING_HEADER] = "; ".join(warnings)
+    return Response(view, status_code=201 if created else 200, headers=headers)
