@@ -442,3 +442,12 @@ async def test_the_facts_arrive_through_the_bus(billing: Billing, pool: asyncpg.
         "succeeded"
     )
     assert await pool.fetchval("SELECT sent_at FROM waste_nodes WHERE node_id = 'n-9'") == at(31)
+
+
+async def test_a_name_the_database_cannot_hold_is_refused_naming_it(
+    client: httpx.AsyncClient,
+) -> None:
+    for name in ("team", "job", "project"):
+        response = await client.get("/v1/waste", params={name: "a\x00"}, headers=OPERATOR)
+        assert response.status_code == 422, response.text
+        assert name in response.text
