@@ -68,6 +68,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=PolicyConfig().max_preemptions,
         help="ours: a job preempted this often runs its next allocation to its end",
     )
+    p.add_argument(
+        "--size-weight",
+        type=float,
+        default=PolicyConfig().size_weight,
+        help="ours: priority levels per factor of ten in declared GPU-hours",
+    )
+    p.add_argument(
+        "--reservations",
+        type=int,
+        default=PolicyConfig().reservations,
+        help="ours: blocked jobs per flavor that get a reservation",
+    )
     p.add_argument("--min-pass-interval-s", type=float, default=300.0)
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated, fifo first")
     p.add_argument(
@@ -91,6 +103,8 @@ def ours_config(args: argparse.Namespace) -> PolicyConfig:
         grace_s=args.grace_s,
         min_runtime_s=args.min_runtime_s,
         max_preemptions=args.max_preemptions,
+        size_weight=args.size_weight,
+        reservations=args.reservations,
     )
 
 

@@ -42,11 +42,22 @@ def charge(usage: Mapping[str, float], team: str, gpu_seconds: float) -> dict[st
     return charged
 
 
+def size_levels(gpus: int, declared_runtime_s: float, size_weight: float) -> float:
+    """How many priority levels a job's declared size costs it: ``size_weight`` levels per
+    factor of ten in declared GPU-hours, counted from one GPU-hour (a smaller job gains).
+    Declared sizes are bounded, so this delays a large job by a bounded time, never forever."""
+    if size_weight == 0:
+        return 0.0
+    gpu_hours = max(gpus * declared_runtime_s, 60.0) / 3600.0
+    return size_weight * math.log10(gpu_hours)
+
+
 def queue_key(
-    submitted_at: float, level: int, seq: int, job_id: str, ageing_s: float
+    submitted_at: float, level: float, seq: int, job_id: str, ageing_s: float
 ) -> tuple[float, float, int, str]:
     """Order within a queue: higher priority level first unless a lower one waited
-    ``ageing_s`` longer per level; then submit time and arrival sequence."""
+    ``ageing_s`` longer per level; then submit time and arrival sequence. ``level`` may carry
+    the job's ``size_levels`` (subtracted)."""
     return (submitted_at / ageing_s - level, submitted_at, seq, job_id)
 
 

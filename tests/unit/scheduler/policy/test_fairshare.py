@@ -120,3 +120,41 @@ def test_a_job_starving_for_quota_keeps_later_small_jobs_from_taking_it() -> Non
     fresh = pending("big", "a", 4, at=NOW - 600)  # not starving yet: the small job backfills
     d = schedule(snap((node("n1"),), (queue("a", 8),), (fresh, small), run))
     assert [p.job_id for p in d.placements] == ["small"]
+
+
+def test_a_gang_short_of_the_cohorts_gpus_gets_a_reservation_not_a_hold() -> None:
+    # Queue a's 8-GPU gang can only run by borrowing, and the cohort is full: it has waited
+    # past ageing_s, but what it lacks is GPUs shared by every queue, not its queue's quota.
+    # It reserves the node for when r ends; a later job of its own queue that ends before
+    # then still starts (a hold would have kept it waiting while other queues took the GPUs),
+    # and one that would delay the gang does not.
+    queues = (queue("a", nominal=2, cohort="c"), queue("b", nominal=6, cohort="c"))
+    run = (running("r", "b", {"n1": 4}, started=NOW - HOUR, runtime=3 * HOUR),)
+    big = pending("big", "a", 8, at=NOW - 2 * HOUR)
+    short = pending("short", "a", 4, at=NOW - 60, runtime=HOUR, seq=1)
+    d = schedule(snap((node("n1"),), queues, (big, short), run))
+    assert [p.job_id for p in d.placements] == ["short"]
+    assert d.explanations["big"].estimated_start == NOW + 2 * HOUR
+    long = pending("short", "a", 4, at=NOW - 60, runtime=3 * HOUR, seq=1)
+    d = schedule(snap((node("n1"),), queues, (big, long), run))
+    assert d.placements == ()
+    assert d.explanations["short"].blocking == "big"
+
+
+def test_size_weight_puts_smaller_declared_jobs_first_within_a_bounded_wait() -> None:
+    one_gpu = (node("n1", 1),)
+    long = pending("long", "a", 1, at=NOW - 600, runtime=10 * HOUR)
+    short = pending("short", "a", 1, at=NOW - 60, runtime=HOUR, seq=1)
+    first = [p.job_id for p in schedule(snap(one_gpu, (queue("a", 1),), (long, short))).placements]
+    assert first == ["long"]  # size_weight 0: submit order
+    config = PolicyConfig(size_weight=4.0)  # 10x the GPU-hours costs 4 levels = 4 h of waiting
+    d = schedule(snap(one_gpu, (queue("a", 1),), (long, short)), config)
+    assert [p.job_id for p in d.placements] == ["short"]
+    # The cost is bounded: a larger job that has waited 4 h longer goes first again.
+    patient = pending("long", "a", 1, at=NOW - 60 - 4 * HOUR - 600, runtime=10 * HOUR)
+    d = schedule(snap(one_gpu, (queue("a", 1),), (patient, short)), config)
+    assert [p.job_id for p in d.placements] == ["long"]
+    # GPUs count as much as hours: 8 GPUs for 1 h weigh as 8 GPU-hours.
+    wide = pending("long", "a", 8, at=NOW - 600, runtime=HOUR)
+    d = schedule(snap((node("n1", 8),), (queue("a", 8),), (wide, short)), config)
+    assert [p.job_id for p in d.placements] == ["short"]  # the gang no longer fits
