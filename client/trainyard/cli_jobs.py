@@ -1,4 +1,5 @@
-"""The CLI's job commands: submit, ls, get, describe, logs, attach, wait, cancel, rerun, queue.
+"""The CLI's job commands: submit, ls, get, describe, logs, attach, wait, cancel, rerun
+(``--reproduce``), reproduction, queue.
 
 Every command that takes a job takes its full id or any unique prefix of it
 (``trainyard.cli_base.resolve``). Output for people goes to stdout as text or aligned
@@ -89,20 +90,140 @@ def submit(session: Session) -> int:
 
 
 def rerun(session: Session) -> int:
-    """Submit the spec of an earlier job again (same code, with the overrides given)."""
+    """Submit the spec of an earlier job again (same code, with the overrides given); with
+    ``--reproduce``, reproduce it (``reproduce``)."""
     args = session.args
+    if getattr(args, "reproduce", False):
+        return reproduce(session)
+    if getattr(args, "dataset", None):
+        raise CliError("--dataset goes with --reproduce", Exit.USAGE)
     client = session.client
     old = client.get_job(resolve(client, args.job))
     spec = {
         k: v
         for k, v in old["spec"].items()
-        if k not in ("user", "team") and v is not None and v != "" and v != []
+        if k not in ("user", "team", "reproduces") and v is not None and v != "" and v != []
     }
     labels = dict(spec.get("labels") or {})
     if len(labels) < MAX_LABELS or RERUN_LABEL in labels:  # the lineage, where it fits
         labels[RERUN_LABEL] = old["id"]
     spec["labels"] = labels
     return _submitted(session, _overridden(spec, args), None, rerun_of=old["id"])
+
+
+# --- reproduce ----------------------------------------------------------------------------
+
+VERDICT_WAIT_SECONDS = 60.0
+"""How long ``rerun --reproduce --follow`` waits, after the job ends, for the verdict."""
+
+
+def reproduce(session: Session) -> int:
+    """``rerun --reproduce JOB``: the submission service submits the job again with its
+    resolved spec, code, dataset versions and seed, linked to it (``--set`` and
+    ``--dataset`` change it on purpose); the registry judges the reproduction when it ends.
+    With ``--follow`` the verdict is printed after the job ends."""
+    args = session.args
+    kept = [
+        f"--{name}"
+        for name in ("name", "project", "experiment", "label")
+        if getattr(args, name, None)
+    ]
+    if kept:
+        raise CliError(
+            f"{', '.join(kept)}: a reproduction keeps the original's spec (only --set and "
+            "--dataset change it)",
+            Exit.USAGE,
+        )
+    client = session.client
+    original = resolve(client, args.job)
+    body: dict[str, Any] = {}
+    if getattr(args, "set", None):
+        body["hyperparameters"] = {k: _scalar(v) for k, v in args.set}
+    if getattr(args, "dataset", None):
+        body["datasets"] = list(args.dataset)
+    view = client.call("POST", f"/v1/jobs/{original}/reproduce", body)
+    if not args.follow:
+        if session.as_json:
+            print(dumps(view))
+            return Exit.OK
+        print(
+            f"submitted job {view['id']} ({view['name']}), a reproduction of {original}; "
+            f"`trainyard reproduction {view['id']}` shows the verdict once it has ended",
+            flush=True,
+        )
+        return Exit.OK
+    if not session.as_json:
+        print(
+            f"submitted job {view['id']} ({view['name']}), a reproduction of {original}; following"
+        )
+    code = follow(session, view["id"], args.timeout)
+    found = _verdict(session, view["id"], wait_s=VERDICT_WAIT_SECONDS)
+    if session.as_json:
+        print(dumps(found))
+    else:
+        print(render_verdict(found))
+    return code
+
+
+def reproduction(session: Session) -> int:
+    """``trainyard reproduction JOB``: the registry's verdict on a reproduction."""
+    job = resolve(session.client, session.args.job)
+    found = _verdict(session, job, wait_s=0.0)
+    print(dumps(found) if session.as_json else render_verdict(found))
+    return Exit.OK
+
+
+def _verdict(session: Session, job_id: str, wait_s: float) -> dict[str, Any]:
+    registry = session.service("registry")
+    deadline = time.monotonic() + wait_s
+    while True:
+        found: dict[str, Any] = registry.get(f"/v1/jobs/{job_id}/reproduction")
+        if found.get("verdict") is not None or time.monotonic() >= deadline:
+            return found
+        time.sleep(1.0)
+
+
+def render_verdict(found: dict[str, Any]) -> str:
+    """The verdict as lines: what was reproduced, the verdict, every difference named, the
+    metrics side by side and the weights."""
+    verdict = found.get("verdict")
+    lines = [f"reproduction {found['job_id']} of job {found['original_job_id']}"]
+    if verdict is None:
+        lines.append("verdict: not decided yet (the reproduction has not ended)")
+        return "\n".join(lines)
+    lines.append(f"verdict: {verdict}")
+    for difference in found.get("differences") or []:
+        lines.append(
+            f"  differs: {difference['field']}: {_shown(difference['original'])} -> "
+            f"{_shown(difference['reproduction'])}"
+        )
+    metrics = found.get("metrics") or {}
+    if metrics:
+        lines.append(f"metrics (relative tolerance {found.get('relative_tolerance')}):")
+        for key, values in metrics.items():
+            how = (
+                "a measure of speed, not compared"
+                if values.get("compared") is False
+                else f"relative difference {_shown(values.get('relative_difference'))}"
+            )
+            lines.append(
+                f"  {key}: {_shown(values.get('original'))} -> "
+                f"{_shown(values.get('reproduction'))} ({how})"
+            )
+    weights = found.get("weights") or {}
+    if weights.get("compared"):
+        same = "equal" if weights.get("equal") else "not equal"
+        lines.append(
+            f"weights: {same} (sha256 {str(weights.get('original_sha256'))[:12]} -> "
+            f"{str(weights.get('reproduction_sha256'))[:12]})"
+        )
+    else:
+        lines.append("weights: not compared (a final checkpoint is missing)")
+    return "\n".join(lines)
+
+
+def _shown(value: Any) -> str:
+    return "-" if value is None else value if isinstance(value, str) else json.dumps(value)
 
 
 def _overridden(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:

@@ -17,7 +17,8 @@ against its original, from both records and outcomes:
 - The status must be the same (``status``).
 - Every final metric of either is compared (``metrics.<key>``): missing on one side, or a
   relative difference ``|a - b| / max(|a|, |b|)`` above ``RELATIVE_TOLERANCE``, differs.
-  NaN equals NaN; infinities equal only themselves.
+  NaN equals NaN; infinities equal only themselves. The platform's own measures of speed
+  (``PERFORMANCE_METRICS``: throughput, data wait, GPU utilisation) are shown, not compared.
 - Weights (``weights``) are compared when both have a committed final checkpoint, by the
   sha256 of its content. A run is deterministic here when both ran on CPU (no CUDA in
   either environment): then different weights are a difference. On GPUs (whose kernels
@@ -41,6 +42,20 @@ from shared.events.payloads import Environment, JobSpec
 
 RELATIVE_TOLERANCE = 1e-3
 """The largest relative difference of a final metric that still counts as reproduced."""
+
+PERFORMANCE_METRICS = frozenset(
+    {
+        "samples_per_s",
+        "data_wait_fraction",
+        "data_wait_fraction_mean",
+        "gpu_utilization_mean",
+        "input_bound",
+        "gpu_seconds_waiting_for_data",
+    }
+)
+"""Metrics the platform measures of how fast a job ran (the SDK's throughput window, the
+runner's GPU and input-bound figures), not of what it learned: timing, never the same twice,
+so they are shown but not compared."""
 
 Verdict = Literal["identical", "within_tolerance", "different"]
 Status = Literal["succeeded", "failed", "cancelled"]
@@ -295,6 +310,9 @@ def compare(
             "reproduction": _json_float(b),
             "relative_difference": _json_float(rel),
         }
+        if key in PERFORMANCE_METRICS:
+            metrics[key]["compared"] = False
+            continue
         if rel is None or rel > tolerance:
             differences.append(Difference(f"metrics.{key}", _json_float(a), _json_float(b)))
         elif rel != 0.0:

@@ -77,7 +77,8 @@ def reproduction_body(original: JobSpec, changes: ReproduceRequest) -> bytes:
     spec: dict[str, Any] = {
         key: value
         for key, value in original.model_dump(mode="json").items()
-        if key not in ("user", "team", "reproduces") and value is not None
+        # Empty values are the request's defaults (an empty ``command`` is refused as such).
+        if key not in ("user", "team", "reproduces") and value not in (None, "", [])
     }
     spec["register_model"] = False
     if changes.datasets is not None:

@@ -208,3 +208,14 @@ def test_the_package_digest_is_computed_for_older_records() -> None:
     assert packages_sha256(env) == expected
     assert packages_sha256(environment(packages_sha256=SHA_A)) == SHA_A
     assert packages_sha256(environment(packages=[])) is None
+
+
+def test_the_platforms_speed_measures_are_shown_not_compared() -> None:
+    fast = outcome({"loss": 0.25, "val_accuracy": 0.95, "samples_per_s": 5000.0})
+    slow = outcome(
+        {"loss": 0.25, "val_accuracy": 0.95, "samples_per_s": 2500.0, "data_wait_fraction": 0.1}
+    )
+    decision = compare(record(), fast, record("repro"), slow)
+    assert decision.verdict == "identical"
+    assert decision.metrics["samples_per_s"]["compared"] is False
+    assert decision.metrics["data_wait_fraction"]["original"] is None

@@ -1,0 +1,58 @@
+"""The body a reproduction is submitted with: the original's resolved spec, as the API
+takes it, with only the deliberate changes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from services.submission.reproduce import ReproduceRequest, reproduction_body
+from services.submission.schemas import parse_job_request
+from shared.events.payloads import CodeBundle, JobSpec
+
+ORIGINAL = JobSpec(
+    name="digits",
+    team="vision",
+    user="alice",
+    entrypoint="digits_cnn.py",
+    gpus=1,
+    gpu_flavor="cpu",
+    hyperparameters={"lr": 0.003, "epochs": 1},
+    seed=42,
+    max_runtime_seconds=600,
+    datasets=["vision/digits:1"],
+    code=CodeBundle(sha256="a" * 64, size_bytes=10),
+    register_model=True,
+    reproduces="an-earlier-job",
+)
+
+
+def test_the_same_job_is_submitted_without_registering_a_model() -> None:
+    body = reproduction_body(ORIGINAL, ReproduceRequest())
+    request = parse_job_request(body, ["cpu"])
+    spec = request.to_spec(user="bob", team="vision")
+    assert spec.model_dump(exclude={"user", "register_model", "reproduces"}) == (
+        ORIGINAL.model_dump(exclude={"user", "register_model", "reproduces"})
+    )
+    assert spec.register_model is False and spec.reproduces is None
+    assert "user" not in json.loads(body) and "team" not in json.loads(body)
+
+
+def test_deliberate_changes_are_applied() -> None:
+    changes = ReproduceRequest(
+        datasets=["vision/digits:2"], seed=7, hyperparameters={"lr": 0.01, "extra": "x"}
+    )
+    spec = parse_job_request(reproduction_body(ORIGINAL, changes), ["cpu"]).to_spec(
+        user="bob", team="vision"
+    )
+    assert spec.datasets == ["vision/digits:2"] and spec.seed == 7
+    assert spec.hyperparameters == {"lr": 0.01, "epochs": 1, "extra": "x"}
+
+
+def test_unknown_or_out_of_range_changes_are_refused() -> None:
+    with pytest.raises(ValidationError, match="name"):
+        ReproduceRequest.model_validate({"name": "other"})
+    with pytest.raises(ValidationError, match="seed"):
+        ReproduceRequest.model_validate({"seed": -1})
