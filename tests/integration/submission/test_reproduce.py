@@ -1,0 +1,81 @@
+"""``POST /v1/jobs/{id}/reproduce`` against real PostgreSQL and NATS: only an ended job of
+the caller's team, the same resolved spec linked to the original, deliberate changes only as
+asked, bad input refused naming the field, and the new job announced like any other."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.submission.conftest import Submission
+from tests.unit.submission import factories as ev
+
+pytestmark = pytest.mark.integration
+
+
+async def ended_job(submission: Submission) -> str:
+    job: str = (await submission.submit())["id"]
+    await submission.publish(ev.granted(job))
+    await submission.publish(ev.started(job))
+    await submission.publish(ev.succeeded(job, accuracy=0.9))
+    await submission.wait_for(job, lambda v: v["status"] == "SUCCEEDED")
+    return job
+
+
+async def test_a_job_that_has_not_ended_cannot_be_reproduced(submission: Submission) -> None:
+    job = (await submission.submit())["id"]
+    answer = await submission.client.post(f"/v1/jobs/{job}/reproduce", headers=submission.auth())
+    assert answer.status_code == 409, answer.text
+    assert "has not ended" in answer.json()["detail"]
+
+
+async def test_the_reproduction_is_the_same_job_linked_to_the_original(
+    submission: Submission,
+) -> None:
+    job = await ended_job(submission)
+    original = await submission.job(job)
+    answer = await submission.client.post(f"/v1/jobs/{job}/reproduce", headers=submission.auth())
+    assert answer.status_code == 201, answer.text
+    view = answer.json()
+    assert view["id"] != job and answer.headers["location"] == f"/v1/jobs/{view['id']}"
+    spec = view["spec"]
+    assert spec["reproduces"] == job and spec["register_model"] is False
+    same = ("entrypoint", "args", "hyperparameters", "seed", "gpus", "gpu_flavor", "name")
+    assert {k: spec[k] for k in same} == {k: original["spec"][k] for k in same}
+    reread = await submission.job(view["id"])
+    assert reread["spec"]["reproduces"] == job
+
+
+async def test_deliberate_changes_are_applied_and_bad_ones_named(submission: Submission) -> None:
+    job = await ended_job(submission)
+    changed = await submission.client.post(
+        f"/v1/jobs/{job}/reproduce",
+        json={"seed": 8, "hyperparameters": {"lr": 0.02}},
+        headers=submission.auth(),
+    )
+    assert changed.status_code == 201, changed.text
+    spec = changed.json()["spec"]
+    assert spec["seed"] == 8 and spec["hyperparameters"]["lr"] == 0.02
+    assert spec["hyperparameters"]["batch_size"] == 64  # the original's, kept
+    for body, field in (({"name": "x"}, "name"), ({"seed": -1}, "seed")):
+        refused = await submission.client.post(
+            f"/v1/jobs/{job}/reproduce", json=body, headers=submission.auth()
+        )
+        assert refused.status_code == 422, refused.text
+        assert [e["field"] for e in refused.json()["errors"]] == [field]
+    wrong_type = await submission.client.post(
+        f"/v1/jobs/{job}/reproduce",
+        content=b"seed=8",
+        headers={**submission.auth(), "Content-Type": "text/plain"},
+    )
+    assert wrong_type.status_code == 415
+
+
+async def test_another_teams_job_is_not_found(submission: Submission) -> None:
+    job = await ended_job(submission)
+    other = submission.auth(submission.other_team_token)
+    answer = await submission.client.post(f"/v1/jobs/{job}/reproduce", headers=other)
+    assert answer.status_code == 404, answer.text
+    missing = await submission.client.post(
+        "/v1/jobs/no-such-job/reproduce", headers=submission.auth()
+    )
+    assert missing.status_code == 404
