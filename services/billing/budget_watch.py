@@ -67,7 +67,7 @@ async def check(
     yet; True when there was one."""
     crossed_any = False
     for month in months:
-        spent = await repo.spent(conn, budget, month)
+        spent = await repo.spent(conn, budget, month, now)
         for threshold in reached(budget.amount, spent, budget.thresholds):
             if not await repo.record_crossing(conn, budget, month, threshold, spent, now):
                 continue
@@ -104,7 +104,7 @@ async def say_state(
 ) -> Decimal:
     """Say the budget's state this month (module contract); return what is spent."""
     month = month_start(now)
-    spent = await repo.spent(conn, budget, month)
+    spent = await repo.spent(conn, budget, month, now)
     revision = await repo.next_revision(conn)
     state = BudgetUpdated(
         team=budget.team,

@@ -10,7 +10,9 @@ from typing import Any
 
 import asyncpg
 
-from services.billing.budgets import Budget
+from services.billing import catalogue_repository as catalogue
+from services.billing.budgets import Budget, next_month
+from services.billing.domain import UnknownFlavor
 
 Row = Mapping[str, Any]
 _COLUMNS = "team, project, amount, currency, thresholds, policy, revision, updated_by, updated_at"
@@ -83,9 +85,12 @@ async def of_teams(conn: asyncpg.Connection, team: str | None) -> list[Budget]:
     return [_budget(r) for r in rows]
 
 
-async def spent(conn: asyncpg.Connection, budget: Budget, month: datetime) -> Decimal:
+async def spent(
+    conn: asyncpg.Connection, budget: Budget, month: datetime, now: datetime
+) -> Decimal:
     """What the budget's team (or project) spent in the UTC month starting ``month``, in
-    the budget's currency: the month's rollups, so every bill committed so far."""
+    the budget's currency: the month's rollups (every bill committed so far) and what the
+    allocations still running have accrued in the month up to ``now`` (``accrued``)."""
     value = await conn.fetchval(
         "SELECT COALESCE(sum(cost), 0) FROM cost_rollups WHERE granularity = 'month' "
         "AND bucket = $1 AND team = $2 AND ($3::text IS NULL OR project = $3) "
@@ -95,7 +100,38 @@ async def spent(conn: asyncpg.Connection, budget: Budget, month: datetime) -> De
         budget.project,
         budget.currency,
     )
-    return Decimal(value)
+    return Decimal(value) + await accrued(conn, budget, month, now)
+
+
+async def accrued(
+    conn: asyncpg.Connection, budget: Budget, month: datetime, now: datetime
+) -> Decimal:
+    """The cost so far of the budget's allocations that are granted and not billed yet
+    (running), within the month and up to ``now``, priced by the book as their bill will be;
+    0 for an allocation of a flavor without a price (its release will be dead-lettered)."""
+    end = min(now, next_month(month))
+    if end <= month:
+        return Decimal(0)
+    rows = await conn.fetch(
+        """SELECT a.gpu_flavor, a.gpus, a.granted_at FROM announced_allocations a
+           WHERE a.team = $1 AND ($2::text IS NULL OR a.project = $2) AND a.granted_at < $3
+             AND NOT EXISTS (SELECT 1 FROM usage_ledger u
+                             WHERE u.allocation_id = a.allocation_id)""",
+        budget.team,
+        budget.project,
+        end,
+    )
+    if not rows:
+        return Decimal(0)
+    book = await catalogue.schedule(conn)
+    total = Decimal(0)
+    for r in rows:
+        try:
+            segments = book.segments(r["gpu_flavor"], r["gpus"], max(r["granted_at"], month), end)
+        except (UnknownFlavor, ValueError):
+            continue
+        total += sum((s.cost for s in segments if s.currency == budget.currency), Decimal(0))
+    return total
 
 
 async def record_crossing(

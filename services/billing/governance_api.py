@@ -246,7 +246,7 @@ def governance_routes(
             conn.transaction(isolation="repeatable_read", readonly=True),
         ):
             found = await budgets_repo.of_teams(conn, team)
-            spent = [await budgets_repo.spent(conn, b, month_start(now)) for b in found]
+            spent = [await budgets_repo.spent(conn, b, month_start(now), now) for b in found]
         return [budget_view(b, s, now) for b, s in zip(found, spent, strict=True)]
 
     async def _get(principal: Principal, team: str, project: str | None) -> BudgetView:
@@ -256,7 +256,7 @@ def governance_routes(
             budget = await budgets_repo.get(conn, team, project)
             if budget is None:
                 raise NotFoundException(f"no budget of {_scope(team, project)}")
-            spent = await budgets_repo.spent(conn, budget, month_start(now))
+            spent = await budgets_repo.spent(conn, budget, month_start(now), now)
         return budget_view(budget, spent, now)
 
     async def _put(

@@ -11,6 +11,7 @@ import asyncpg
 from services.billing import catalogue_repository as catalogue
 from services.billing import ledger_repository as ledger
 from services.billing.api import create_app
+from services.billing.budget_accrual import BudgetAccrual
 from services.billing.config import Settings
 from services.billing.domain import PriceBook
 from services.billing.handlers import SUBJECTS, BillingHandlers
@@ -61,6 +62,7 @@ async def serve(settings: Settings) -> int:
         handlers = BillingHandlers()
         rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
         rt.spawn(Retention(pool, settings.nats.retention_hours).run(rt.stopping), "retention")
+        rt.spawn(BudgetAccrual(pool).run(rt.stopping), "budget-accrual")
         rt.spawn(
             bus.consume_batches(
                 NAME,

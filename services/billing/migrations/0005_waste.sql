@@ -77,3 +77,8 @@ CREATE TABLE waste_unallocated (
     CHECK (ended_at > started_at)
 );
 CREATE INDEX waste_unallocated_by_time ON waste_unallocated (ended_at);
+
+-- Allocations by job (a job's waits) and by team (the running allocations a budget counts).
+CREATE INDEX IF NOT EXISTS announced_allocations_by_job ON announced_allocations (job_id);
+CREATE INDEX IF NOT EXISTS announced_allocations_by_team
+    ON announced_allocations (team, granted_at);

@@ -1,0 +1,86 @@
+"""Budgets checked while jobs run: running allocations' accrued cost crosses thresholds too.
+
+Contract:
+- ``check_running(pool, now)`` checks every budget with a running allocation of its team
+  (or project) for the current UTC month, in one transaction that holds a transaction-scoped
+  advisory lock (one replica at a time; another one skips): thresholds the month's spending
+  (bills and accrued cost, ``budgets_repository.spent``) has reached and that are not
+  recorded yet are recorded and said as ``budget.threshold_crossed``, then the budget's
+  state (``budget.updated``, exhausted or not), exactly as after a bill
+  (``budget_watch.check``). Returns how many budgets crossed a threshold.
+- ``BudgetAccrual(pool).run(stop)`` does it every ``interval_s`` until ``stop`` is set; a
+  failed pass is logged and the next one tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import asyncpg
+
+from services.billing import budget_watch
+from services.billing import budgets_repository as repo
+from services.billing.budgets import month_start
+
+log = logging.getLogger(__name__)
+
+INTERVAL_S = 60.0
+"""How often running allocations' accrued cost is checked against budgets."""
+_LOCK = "billing:budget-accrual"
+
+
+async def check_running(pool: asyncpg.Pool, now: datetime) -> int:
+    """Record and say the thresholds running allocations made budgets cross (module
+    contract)."""
+    crossed = 0
+    async with pool.acquire() as conn, conn.transaction():
+        if not await conn.fetchval("SELECT pg_try_advisory_xact_lock(hashtext($1))", _LOCK):
+            return 0
+        scopes = await conn.fetch(
+            """SELECT DISTINCT b.team, b.project FROM budgets b
+               WHERE EXISTS (SELECT 1 FROM announced_allocations a
+                             WHERE a.team = b.team
+                               AND (b.project = '' OR a.project = b.project)
+                               AND NOT EXISTS (SELECT 1 FROM usage_ledger u
+                                               WHERE u.allocation_id = a.allocation_id))
+               ORDER BY b.team, b.project"""
+        )
+        for scope in scopes:
+            budget = await repo.get(conn, scope["team"], scope["project"] or None)
+            if budget is None:
+                continue
+            if await budget_watch.check(conn, budget, [month_start(now)], now):
+                await budget_watch.say_state(conn, budget, now)
+                crossed += 1
+    return crossed
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class BudgetAccrual:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        interval_s: float = INTERVAL_S,
+        clock: Callable[[], datetime] = _utc_now,
+    ) -> None:
+        self._pool = pool
+        self._interval_s = interval_s
+        self._clock = clock
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                crossed = await check_running(self._pool, self._clock())
+                if crossed:
+                    log.info("running allocations crossed thresholds of %d budgets", crossed)
+            except (asyncpg.PostgresError, OSError) as exc:
+                log.warning("budget check of running allocations failed: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._interval_s)

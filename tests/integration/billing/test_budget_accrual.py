@@ -1,0 +1,94 @@
+"""Budgets count running allocations: their cost so far crosses thresholds while they run,
+is said as for a bill, and is replaced by the bill when they end (never counted twice).
+The real consumer and the budget check on PostgreSQL; prices: a100 2.50 per GPU-hour."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import asyncpg
+import pytest
+
+from services.billing import budgets_repository as repo
+from services.billing.budget_accrual import check_running
+from services.billing.budget_watch import say_state
+from services.billing.budgets import Budget, month_start
+from shared.events import parse_envelope
+from shared.events.payloads import AllocationReleased, BudgetThresholdCrossed, BudgetUpdated
+from tests.integration.billing.conftest import feed, grant_of, release_event
+
+pytestmark = pytest.mark.integration
+
+NOW = datetime(2026, 11, 20, 12, tzinfo=UTC)
+
+
+def running(allocation_id: str, team: str, start: datetime) -> AllocationReleased:
+    """The release ``allocation_id`` will have (its grant is what billing sees first)."""
+    return AllocationReleased(
+        allocation_id=allocation_id,
+        job_id=f"job-{allocation_id}",
+        node_id="node-1",
+        team=team,
+        user="ada",
+        gpu_flavor="a100",
+        gpus=2,
+        granted_at=start,
+        released_at=start + timedelta(hours=2),
+        outcome="succeeded",
+    )
+
+
+async def said(pool: asyncpg.Pool) -> list[object]:
+    rows = await pool.fetch("SELECT body FROM outbox ORDER BY seq")
+    return [parse_envelope(r["body"]).data for r in rows]
+
+
+async def budget(pool: asyncpg.Pool, team: str, project: str | None, amount: str) -> Budget:
+    b = Budget(team, project, Decimal(amount), "USD", (50, 100), "refuse", 1, "op", NOW)
+    async with pool.acquire() as conn:
+        await repo.put(conn, b)
+    return b
+
+
+async def test_a_running_job_crosses_its_budget_before_it_ends(pool: asyncpg.Pool) -> None:
+    b = await budget(pool, "ml", None, "4")
+    await budget(pool, "vision", None, "4")
+    job = running("r1", "ml", NOW - timedelta(hours=1))  # 2 a100 for 1 h so far: 5.00
+    await feed(pool, grant_of(job))
+    async with pool.acquire() as conn:
+        assert await repo.spent(conn, b, month_start(NOW), NOW) == Decimal(5)
+        # half an hour earlier it had spent 2.50: past 50 % only
+        assert await repo.spent(conn, b, month_start(NOW), NOW - timedelta(minutes=30)) == (
+            Decimal("2.5")
+        )
+
+    assert await check_running(pool, NOW) == 1  # ml only: vision runs nothing
+    assert await check_running(pool, NOW) == 0  # each crossing once
+    events = await said(pool)
+    crossed = [e for e in events if isinstance(e, BudgetThresholdCrossed)]
+    assert [(c.team, c.threshold_percent, Decimal(c.spent)) for c in crossed] == [
+        ("ml", 50, Decimal(5)),
+        ("ml", 100, Decimal(5)),
+    ]
+    (state,) = [e for e in events if isinstance(e, BudgetUpdated)]
+    assert state.exhausted and state.policy == "refuse"
+
+    # it ends after 2 h: billed 10.00, and the accrual is gone (nothing twice)
+    await feed(pool, release_event(job))
+    async with pool.acquire() as conn:
+        assert await repo.spent(conn, b, month_start(NOW), NOW + timedelta(hours=5)) == 10
+
+
+async def test_only_the_month_and_the_project_are_counted(pool: asyncpg.Pool) -> None:
+    project = await budget(pool, "ml", "vision-models", "100")
+    other = running("r2", "ml", NOW - timedelta(hours=1))
+    await feed(pool, grant_of(other, project="tabular"))
+    mine = running("r3", "ml", month_start(NOW) - timedelta(hours=3))  # from last month
+    await feed(pool, grant_of(mine, project="vision-models"))
+    async with pool.acquire() as conn:
+        spent = await repo.spent(
+            conn, project, month_start(NOW), month_start(NOW) + timedelta(hours=1)
+        )
+        assert spent == Decimal(5)  # r3's first hour of this month; r2 is another project's
+        assert await say_state(conn, project, NOW) > 0
