@@ -16,6 +16,7 @@
     trainyard dataset ls|show|register|grant|revoke               datasets and grants
     trainyard lineage up TEAM/MODEL:V | down TEAM/DATASET:V       lineage as a tree
     trainyard cost [JOB] [--by DIMS] [--from T] [--to T] [--csv]  exact costs (billing)
+    trainyard waste [--by DIMS] [--from T] [--to T] [--csv]       waste priced, success rate
     trainyard trace JOB [--file PATH]                             its spans as a tree, timed
     trainyard whoami | tokens | token ... | user ... | audit      who may do what
     trainyard schema | version | completion bash|zsh|tcsh
@@ -59,6 +60,7 @@ from trainyard import (
     cli_models,
     cli_trace,
     cli_tracking,
+    cli_waste,
 )
 from trainyard.bundle import BundleError
 from trainyard.cli_base import CliError, CliSettings, Exit, Session, dumps, exit_code_of
@@ -169,6 +171,7 @@ def _parser() -> argparse.ArgumentParser:
     queue = command("queue", cli_jobs.queue, "the team's waiting jobs and why they wait")
     queue.add_argument("--limit", type=_positive, default=100, help="at most this many")
     cli_tracking.add_commands(command)
+    cli_waste.add_command(command)
     cli_models.add_commands(command, common)
     cli_data.add_commands(command, common)
     cli_trace.add_command(command)

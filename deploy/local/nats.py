@@ -139,7 +139,18 @@ _CONSUMES: dict[str, list[str]] = {
     "registry": _every(
         JobStarted, CheckpointSaved, JobSucceeded, JobFailed, JobCancelled, JobMetrics
     ),
-    "billing": _every(AllocationGranted, AllocationReleased, FlavorDeclared, FlavorRetired),
+    "billing": _every(
+        AllocationGranted,
+        AllocationReleased,
+        FlavorDeclared,
+        FlavorRetired,
+        JobSubmitted,
+        CheckpointSaved,
+        JobSucceeded,
+        JobFailed,
+        JobCancelled,
+        RunnerHeartbeat,
+    ),
 }
 SERVICE_KINDS = ("submission", "scheduler", "registry", "billing", "runner")
 

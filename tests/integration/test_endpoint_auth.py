@@ -139,6 +139,7 @@ POLICY: dict[str, dict[tuple[str, str], Role]] = {
     "billing": {
         ("GET", "/v1/usage"): V,
         ("GET", "/v1/costs"): V,
+        ("GET", "/v1/waste"): V,
         ("GET", "/v1/jobs/{job_id:str}/cost"): V,
         ("GET", "/v1/audit"): OP,
         ("GET", "/v1/prices"): V,
@@ -493,6 +494,7 @@ async def test_another_teams_token_sees_nothing_and_changes_nothing(world: World
         ("registry", "GET", "/v1/models/ml/digits/versions"),
         ("registry", "GET", "/v1/models/ml/digits/versions/1"),
         ("billing", "GET", "/v1/usage?team=ml"),
+        ("billing", "GET", "/v1/waste?team=ml"),
     ]
     wrong = []
     for service, method, path in attempts:

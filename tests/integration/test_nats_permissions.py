@@ -344,8 +344,9 @@ async def test_subscriptions(server: NatsServer) -> None:
             assert await runner_a.subscribe_denied(subject), subject
     async with session(server, _user(server, "billing")) as billing:
         assert await billing.may_subscribe(nats_subject(AllocationReleased))
-        assert await billing.subscribe_denied(nats_subject(JobSubmitted))
         assert await billing.may_subscribe(nats_subject(AllocationGranted))  # what it meters
+        assert await billing.may_subscribe(nats_subject(JobSubmitted))  # waste: waits
+        assert await billing.subscribe_denied(nats_subject(JobPreempted))
         assert await billing.subscribe_denied(nats_subject(AllocationRevoked))
 
 
