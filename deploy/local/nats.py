@@ -137,7 +137,13 @@ _CONSUMES: dict[str, list[str]] = {
         JobPreempted,
     ),
     "registry": _every(
-        JobStarted, CheckpointSaved, JobSucceeded, JobFailed, JobCancelled, JobMetrics
+        JobStarted,
+        CheckpointSaved,
+        JobSucceeded,
+        JobFailed,
+        JobCancelled,
+        JobMetrics,
+        CostRecorded,
     ),
     "billing": _every(
         AllocationGranted,

@@ -2,7 +2,8 @@
 
 - ``GET /v1/models/{team}/{name}/versions``: every live version of a model, oldest first.
 - ``GET /v1/models/{team}/{name}/versions/{version}``: one version with its full lineage,
-  its registration details and the aliases pointing at it (404 once deleted).
+  its registration details, the aliases pointing at it and what it cost to make
+  (``model_cost``; 404 once deleted).
 - The model lifecycle (listing, registering, aliases, downloads, deletion): ``model_api``.
 - Datasets, their immutable versions and grants: ``dataset_api``.
 - Lineage queries (upstream of a model version, downstream of a dataset version, as JSON
@@ -10,9 +11,10 @@
 - ``GET /v1/audit``: the audit log (operators).
 - Experiment tracking (metrics, experiments, runs, tags, notes): ``tracking_api``.
 
-Any user of ``team`` (viewer and up) reads that team's models and lineage; operators read
-every team's. Another team's model answers 404, exactly like a model that does not exist,
-so names cannot be probed. Authentication is the shared guard (``shared.access``).
+Any user of ``team`` (viewer and up) reads that team's models and lineage, and the models
+other teams granted to it (``model_grants``); operators read every team's. A model the
+caller may not read answers 404, exactly like a model that does not exist, so names cannot
+be probed. Authentication is the shared guard (``shared.access``).
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, PathParameter
 from litestar.types import Guard
 
+from services.registry import model_cost, model_grants
 from services.registry import model_repository as models_repo
-from services.registry import names
 from services.registry import repository as repo
 from services.registry.dataset_api import dataset_routes
 from services.registry.lineage_api import lineage_routes
 from services.registry.model_api import STATUSES, model_routes
-from services.registry.schemas import OwnedVersion, VersionList, VersionSummary
+from services.registry.model_cost import CostedVersion
+from services.registry.schemas import VersionList, VersionSummary
 from services.registry.tracking_api import tracking_routes
 from shared.audit import audit_route
 from shared.http_app import error_responses, service_app
@@ -60,11 +63,9 @@ def create_app(
     async def list_versions(
         team: FromPath[str], name: FromPath[str], principal: Caller
     ) -> VersionList:
-        names.check_model(team, name)
         missing = NotFoundException(f"no model {name!r} in team {team!r}")
-        if not principal.may_see_team(team):
-            raise missing
         async with pool.acquire() as conn:
+            await model_grants.readable_or_404(conn, principal, team, name)
             versions = await repo.versions_of_model(conn, team, name)
             if not versions and not await repo.model_exists(conn, team, name):
                 raise missing
@@ -81,19 +82,17 @@ def create_app(
         name: FromPath[str],
         version: Annotated[int, PathParameter(ge=1, le=2**31 - 1)],  # the column's integer
         principal: Caller,
-    ) -> OwnedVersion:
-        names.check_model(team, name)
+    ) -> CostedVersion:
         missing = NotFoundException(f"no version {version} of model {name!r} in team {team!r}")
-        if not principal.may_see_team(team):
-            raise missing
         async with pool.acquire() as conn:
+            await model_grants.readable_or_404(conn, principal, team, name)
             found = await repo.model_version(conn, team, name, version)
             if found is None or found.deleted_at is not None:
                 raise missing
             model_id = await models_repo.model_id(conn, team, name)
             assert model_id is not None  # the version's model
             pointing = await models_repo.aliases_of_version(conn, model_id, version)
-        return OwnedVersion.of(found, pointing)
+            return await model_cost.costed(conn, found, pointing, model_grants.reader_of(principal))
 
     return service_app(
         "registry",

@@ -19,6 +19,8 @@ Runs inside the transaction of ``shared.inbox.idempotent``.
   event is redelivered after it. A success without any checkpoint (reported or recorded)
   registers nothing: the job made no model, which is a normal outcome, not an error (logged,
   never dead-lettered).
+- ``cost.recorded`` (billing's): the allocation's bill is kept for cost per model
+  (``model_cost.record``: one row per allocation, an amended bill replaces it).
 - Tracking (``tracking_repository``, ``metric_ingest``): ``job.started`` also puts the job in its experiment;
   ``job.succeeded``, the scheduler's ``job.failed`` (the job's end; a runner's is one
   attempt's) and ``job.cancelled`` end it; ``job.metrics`` points are stored in bulk, all of
@@ -37,7 +39,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from services.registry import domain, job_inputs, metric_ingest, models, names
+from services.registry import domain, job_inputs, metric_ingest, model_cost, models, names
 from services.registry import repository as repo
 from services.registry import tracking_repository as tracking
 from services.registry.artifacts import ArtifactMismatch, SourceOutsideStore
@@ -46,6 +48,7 @@ from shared.bus import Delivery, Reject
 from shared.events import Envelope, Payload
 from shared.events.payloads import (
     CheckpointSaved,
+    CostRecorded,
     JobCancelled,
     JobFailed,
     JobMetrics,
@@ -107,6 +110,8 @@ class RegistryHandlers:
             case JobMetrics() as batch:
                 await self.check_metrics(conn, batch)
                 await metric_ingest.ingest(conn, [batch])
+            case CostRecorded() as cost:
+                await model_cost.record(conn, envelope.id, cost, self._clock())
             case _:
                 pass
 

@@ -17,6 +17,7 @@ from shared.event_metrics import measured
 from shared.events import nats_subject
 from shared.events.payloads import (
     CheckpointSaved,
+    CostRecorded,
     JobCancelled,
     JobFailed,
     JobMetrics,
@@ -33,7 +34,15 @@ NAME = "registry"
 MIGRATIONS = Path(__file__).parent / "migrations"
 SUBJECTS = [
     nats_subject(payload)
-    for payload in (JobStarted, CheckpointSaved, JobSucceeded, JobFailed, JobCancelled, JobMetrics)
+    for payload in (
+        JobStarted,
+        CheckpointSaved,
+        JobSucceeded,
+        JobFailed,
+        JobCancelled,
+        JobMetrics,
+        CostRecorded,
+    )
 ]
 
 

@@ -115,6 +115,8 @@ POLICY: dict[str, dict[tuple[str, str], Role]] = {
         ("DELETE", "/v1/models/{team:str}/{name:str}/versions/{version:int}"): M,
         ("PUT", "/v1/models/{team:str}/{name:str}/aliases/{alias:str}"): M,
         ("DELETE", "/v1/models/{team:str}/{name:str}/aliases/{alias:str}"): M,
+        ("PUT", "/v1/models/{team:str}/{name:str}/grants/{grantee_team:str}"): A,
+        ("DELETE", "/v1/models/{team:str}/{name:str}/grants/{grantee_team:str}"): A,
         ("POST", "/v1/datasets/{team:str}/{name:str}/versions"): M,
         ("GET", "/v1/datasets"): V,
         ("GET", "/v1/datasets/{team:str}/{name:str}"): V,
@@ -493,6 +495,7 @@ async def test_another_teams_token_sees_nothing_and_changes_nothing(world: World
         ("submission", "DELETE", "/v1/admin/users/member?team=ml"),
         ("registry", "GET", "/v1/models/ml/digits/versions"),
         ("registry", "GET", "/v1/models/ml/digits/versions/1"),
+        ("registry", "PUT", "/v1/models/ml/digits/grants/vision"),
         ("billing", "GET", "/v1/usage?team=ml"),
         ("billing", "GET", "/v1/waste?team=ml"),
     ]
