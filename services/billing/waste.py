@@ -177,10 +177,15 @@ def _merge(intervals: Iterable[tuple[datetime, datetime]]) -> list[tuple[datetim
 
 
 def _overlaps(
-    merged: Sequence[tuple[datetime, datetime]], start: datetime, end: datetime
+    merged: Sequence[tuple[datetime, datetime]],
+    starts: Sequence[datetime],
+    start: datetime,
+    end: datetime,
 ) -> list[tuple[datetime, datetime]]:
+    """The parts of ``[start, end)`` inside ``merged`` (disjoint, sorted; ``starts``: their
+    starts)."""
     out = []
-    i = max(bisect_right([s for s, _ in merged], start) - 1, 0)
+    i = max(bisect_right(starts, start) - 1, 0)
     for s, e in merged[i:]:
         if s >= end:
             break
@@ -241,7 +246,7 @@ def holding_pieces(
             waiting.setdefault(job.owner.flavor or "", []).append(
                 (rank(job.priority), w.start, w.end)
             )
-    unions: dict[tuple[str, int], list[tuple[datetime, datetime]]] = {}
+    unions: dict[tuple[str, int], tuple[list[tuple[datetime, datetime]], list[datetime]]] = {}
     out = []
     for a in allocations:
         if a.priority is None:
@@ -250,11 +255,10 @@ def holding_pieces(
         mine = rank(a.priority)
         key = (flavor, mine)
         if key not in unions:
-            unions[key] = _merge(
-                (s, e) for r, s, e in waiting.get(flavor, ()) if r > mine and s < e
-            )
+            merged = _merge((s, e) for r, s, e in waiting.get(flavor, ()) if r > mine and s < e)
+            unions[key] = (merged, [s for s, _ in merged])
         end = a.ended_at if a.ended_at is not None else now
-        for lo, hi in _overlaps(unions[key], a.granted_at, end):
+        for lo, hi in _overlaps(*unions[key], a.granted_at, end):
             out.append(Piece("low_priority_holding", a.owner, flavor, a.gpus, lo, hi))
     return out
 

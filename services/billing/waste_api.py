@@ -129,8 +129,11 @@ def waste_routes(
         query = CostQuery.parse(
             start=start, end=end, granularity=None, group_by=group_by, filters=filters, now=now
         )
-        owners = CostQuery(
-            query.start, query.end, None, ("team", "project", "user", "job"), query.filters
+        # Figure 6 from the rollups (fast; the ledger when filtered by job), by every owner
+        # they hold; the job is the ledger's own column, checked apart (an empty job id).
+        owners = CostQuery(query.start, query.end, None, ("team", "project", "user"), query.filters)
+        jobless = CostQuery(
+            query.start, query.end, None, ("team", "project", "user"), {**query.filters, "job": ""}
         )
         async with (
             pool.acquire() as conn,
@@ -144,7 +147,12 @@ def waste_routes(
                 if principal.is_operator
                 else []
             )
-            ledger = await costs_repository.from_ledger(conn, owners)
+            ledger = await costs_repository.report(conn, owners)
+            unowned = (
+                []
+                if query.filters.get("job")
+                else await costs_repository.from_ledger(conn, jobless)
+            )
             ends = await repo.job_ends(conn, query.start, query.end, team)
         pieces: list[Piece] = [p for a in held for p in allocation_pieces(a)]
         pieces += [p for j in jobs for p in queueing_pieces(j, now)]
@@ -157,6 +165,7 @@ def waste_routes(
             pieces=pieces,
             unallocated=spare,
             ledger=ledger,
+            jobless=unowned,
             success=success,
             book=book,
             currency=currency,

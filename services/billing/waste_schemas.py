@@ -168,14 +168,16 @@ def waste_report(
     pieces: Iterable[Piece],
     unallocated: Iterable[Piece],
     ledger: Sequence[CostLine],
+    jobless: Sequence[CostLine],
     success: Sequence[SuccessLine],
     book: PriceSchedule,
     currency: str,
     now: datetime,
     limit: int,
 ) -> WasteReport:
-    """The report of ``query`` from its pieces (already of the caller's scope), the ledger
-    lines grouped by team, project, user and job, and the success lines."""
+    """The report of ``query`` from its pieces (already of the caller's scope), the ledger's
+    lines grouped by team, project and user (``ledger``: all; ``jobless``: those of entries
+    with an empty job id), and the success lines."""
     rows = _rows(_fold(pieces, query, book, now, query.group_by), query.group_by, currency)
     totals: dict[Figure, _Sum] = {}
     for r in rows:
@@ -193,6 +195,11 @@ def waste_report(
         s[2] += line.gpu_seconds
         s[3] += line.cost
         if any(v is None or v == "" for v in line.values):
+            s[0] += line.gpu_seconds
+            s[1] += line.cost
+    for line in jobless:  # unowned by their job; those unowned otherwise are counted above
+        if not any(v is None or v == "" for v in line.values):
+            s = ledger_sums.setdefault(line.currency, [Decimal(0)] * 4)
             s[0] += line.gpu_seconds
             s[1] += line.cost
     return WasteReport(

@@ -28,6 +28,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from services.billing import ledger_repository as ledger
 from services.billing.api import create_app
 from shared.access import service_guard
 from shared.bus import Bus
@@ -278,19 +279,26 @@ async def test_unattributed_spend_is_zero_and_the_ledger_is_all_owned(
 async def test_a_bill_without_an_owner_is_unattributed(
     client: httpx.AsyncClient, pool: asyncpg.Pool
 ) -> None:
-    """The check sees a bill without its project (as bills from before billing kept one)."""
-    await pool.execute(
-        "INSERT INTO ledger_entries (allocation_id, revision, kind, job_id, team, project, "
-        "user_name, queue, gpu_flavor, node_id, gpus, started_at, ended_at, outcome, "
-        "gpu_seconds, price_per_gpu_hour, currency, cost, event_id, recorded_at) VALUES "
-        "('old', 0, 'charge', 'old-job', 'ml', NULL, 'ada', NULL, 'a100', 'n-1', 1, $1, $2, "
-        "'succeeded', 3600, 2.5, 'USD', 2.5, 'e', now())",
-        at(20),
-        at(21),
-    )
+    """The check sees a bill without its project (as bills from before billing kept one)
+    and one without a job id; the rollups are rebuilt from the ledger, as at a start."""
+    for allocation, job, project in (("old", "old-job", None), ("nameless", "", "p")):
+        await pool.execute(
+            "INSERT INTO ledger_entries (allocation_id, revision, kind, job_id, team, project, "
+            "user_name, queue, gpu_flavor, node_id, gpus, started_at, ended_at, outcome, "
+            "gpu_seconds, price_per_gpu_hour, currency, cost, event_id, recorded_at) VALUES "
+            "($1, 0, 'charge', $2, 'ml', $3, 'ada', NULL, 'a100', 'n-1', 1, $4, $5, "
+            "'succeeded', 3600, 2.5, 'USD', 2.5, 'e', now())",
+            allocation,
+            job,
+            project,
+            at(20),
+            at(21),
+        )
+    async with pool.acquire() as conn, conn.transaction():
+        await ledger.rebuild_rollups(conn)
     (unattributed,) = (await waste(client))["unattributed"]
-    assert Decimal(unattributed["gpu_seconds"]) == 3600
-    assert Decimal(unattributed["cost"]) == Decimal("2.5")
+    assert Decimal(unattributed["gpu_seconds"]) == 7200
+    assert Decimal(unattributed["cost"]) == Decimal(5)
 
 
 async def test_failed_attempts_and_the_work_lost_since_the_checkpoint(
