@@ -8,6 +8,7 @@
     trainyard logs JOB [-f]                                       its output
     trainyard attach JOB | wait JOB                               follow it | wait for its end
     trainyard cancel JOB... | rerun JOB                           cancel | submit its spec again
+    trainyard rerun --reproduce JOB [--follow] | reproduction JOB reproduce it | the verdict
     trainyard queue                                               the team's waiting line, why
     trainyard metrics JOB [KEY] | experiments [EXP] | compare EXP curves, experiments, runs
     trainyard tag JOB TAG... [--rm] | note JOB TEXT               tags and notes on runs
@@ -129,8 +130,25 @@ def _parser() -> argparse.ArgumentParser:
     _override_options(submit)
     rerun = command("rerun", cli_jobs.rerun, "submit the spec (and code) of a job again")
     rerun.add_argument("job", metavar="JOB")
+    rerun.add_argument(
+        "--reproduce",
+        action="store_true",
+        help="reproduce JOB: its resolved spec, code, dataset versions and seed, linked to it; "
+        "the registry judges it when it ends (--follow prints the verdict)",
+    )
+    rerun.add_argument(
+        "--dataset",
+        action="append",
+        metavar="TEAM/NAME[:V]",
+        help="with --reproduce: this dataset version instead of the original's (a deliberate "
+        "change; repeat for several)",
+    )
     _follow_options(rerun)
     _override_options(rerun)
+    verdict = command(
+        "reproduction", cli_jobs.reproduction, "the registry's verdict on a reproduction"
+    )
+    verdict.add_argument("job", metavar="JOB")
 
     listing = command("ls", cli_jobs.ls, "the team's jobs, newest first", aliases=["list"])
     listing.add_argument(

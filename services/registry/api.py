@@ -8,6 +8,7 @@
 - Datasets, their immutable versions and grants: ``dataset_api``.
 - Lineage queries (upstream of a model version, downstream of a dataset version, as JSON
   or OpenLineage run events): ``lineage_api``.
+- A job's reproducibility record and the verdict on a reproduction: ``reproduction_api``.
 - ``GET /v1/audit``: the audit log (operators).
 - Experiment tracking (metrics, experiments, runs, tags, notes): ``tracking_api``.
 
@@ -37,6 +38,7 @@ from services.registry.dataset_api import dataset_routes
 from services.registry.lineage_api import lineage_routes
 from services.registry.model_api import STATUSES, model_routes
 from services.registry.model_cost import CostedVersion
+from services.registry.reproduction_api import reproduction_routes
 from services.registry.schemas import VersionList, VersionSummary
 from services.registry.tracking_api import tracking_routes
 from shared.audit import audit_route
@@ -103,6 +105,7 @@ def create_app(
             *model_routes(pool, store, download_url_seconds),
             *dataset_routes(pool),
             *lineage_routes(pool),
+            *reproduction_routes(pool),
             *tracking_routes(pool),
             audit_route(pool),
         ],

@@ -21,6 +21,9 @@ Runs inside the transaction of ``shared.inbox.idempotent``.
   never dead-lettered).
 - ``cost.recorded`` (billing's): the allocation's bill is kept for cost per model
   (``model_cost.record``: one row per allocation, an amended bill replaces it).
+- Reproducibility (``reproduction_repository``): every job's end (``job.succeeded``, the
+  scheduler's ``job.failed``, ``job.cancelled``) records its outcome, and a reproduction's
+  end decides its verdict against the original.
 - Tracking (``tracking_repository``, ``metric_ingest``): ``job.started`` also puts the job in its experiment;
   ``job.succeeded``, the scheduler's ``job.failed`` (the job's end; a runner's is one
   attempt's) and ``job.cancelled`` end it; ``job.metrics`` points are stored in bulk, all of
@@ -41,6 +44,7 @@ import asyncpg
 
 from services.registry import domain, job_inputs, metric_ingest, model_cost, models, names
 from services.registry import repository as repo
+from services.registry import reproduction_repository as reproductions
 from services.registry import tracking_repository as tracking
 from services.registry.artifacts import ArtifactMismatch, SourceOutsideStore
 from services.registry.domain import NoArtifact, Run, RunNotRecorded
@@ -103,10 +107,25 @@ class RegistryHandlers:
                 await tracking.record_ended(
                     conn, succeeded.job_id, "succeeded", succeeded.finished_at
                 )
+                await reproductions.on_ended(
+                    conn,
+                    succeeded.job_id,
+                    "succeeded",
+                    succeeded.finished_at,
+                    self._clock(),
+                    metrics=succeeded.metrics,
+                    artifact=succeeded.artifact,
+                )
             case JobFailed() as failed if envelope.source == SCHEDULER:
                 await tracking.record_ended(conn, failed.job_id, "failed", failed.finished_at)
+                await reproductions.on_ended(
+                    conn, failed.job_id, "failed", failed.finished_at, self._clock()
+                )
             case JobCancelled() as cancelled:
                 await tracking.record_ended(conn, cancelled.job_id, "cancelled", envelope.time)
+                await reproductions.on_ended(
+                    conn, cancelled.job_id, "cancelled", envelope.time, self._clock()
+                )
             case JobMetrics() as batch:
                 await self.check_metrics(conn, batch)
                 await metric_ingest.ingest(conn, [batch])
