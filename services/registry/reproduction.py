@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -162,6 +163,7 @@ class Record:
             "seed": spec.seed,
             "environment": {
                 "image": env.image or spec.image,
+                "image_digest": image_digest(env.image or spec.image),
                 "packages": list(env.packages),
                 "packages_sha256": packages_sha256(env),
                 "environment_key": env.environment_key,
@@ -206,6 +208,15 @@ class Decision:
     """Both checkpoints' sha256, whether they were compared, whether equal, and whether the
     runs count as deterministic."""
     relative_tolerance: float
+
+
+def image_digest(image: str | None) -> str | None:
+    """The digest an image reference pins (``name@sha256:<hex>``), or None: a tag alone
+    names no fixed content, and the registry never resolves one."""
+    if image is None:
+        return None
+    _, at, digest = image.rpartition("@")
+    return digest if at and re.fullmatch(r"sha256:[0-9a-f]{64}", digest) else None
 
 
 def packages_sha256(env: Environment) -> str | None:

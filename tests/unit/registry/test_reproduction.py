@@ -14,6 +14,7 @@ from services.registry.reproduction import (
     Outcome,
     Record,
     compare,
+    image_digest,
     packages_sha256,
     relative_difference,
 )
@@ -219,3 +220,11 @@ def test_the_platforms_speed_measures_are_shown_not_compared() -> None:
     assert decision.verdict == "identical"
     assert decision.metrics["samples_per_s"]["compared"] is False
     assert decision.metrics["data_wait_fraction"]["original"] is None
+
+
+def test_the_image_digest_is_the_one_the_reference_pins() -> None:
+    assert image_digest(f"registry.example/train@sha256:{SHA_A}") == f"sha256:{SHA_A}"
+    assert image_digest("registry.example:5000/train:2.4") is None
+    assert image_digest(None) is None
+    pinned = record(spec=spec(image=f"train@sha256:{SHA_A}"))
+    assert pinned.as_json()["environment"]["image_digest"] == f"sha256:{SHA_A}"
