@@ -5,8 +5,10 @@
 A dataset is registered and granted, a job reads it and commits a checkpoint, the checkpoint
 becomes a model version; aliases move and their history shows; a download is verified and
 leaves no file when the reference is wrong; lineage is printed both ways; costs are read
-from billing as a table, as JSON, as CSV and per job; malformed references are refused
-before any call (exit 2), unknown things answer 3, server-refused input names its field.
+from billing as a table, as JSON, as CSV and per job, and a version's cost (from billing's
+events, through the registry) equals its job's bill; a grant opens a model to another team
+and a revoke closes it; malformed references are refused before any call (exit 2), unknown
+things answer 3, server-refused input names its field.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -266,6 +269,41 @@ def test_costs_from_the_ledger(env: dict[str, str], job: str) -> None:
     assert bill.startswith(f"job {job}") and "ATTEMPT" in bill and "total:" in bill
     refused = run(env, "cost", "--from", "2026-12-01T10:30:00Z", code=1)
     assert "from" in refused and "whole UTC hour" in refused
+
+
+def test_a_versions_cost_is_its_bill_and_a_grant_opens_it_to_another_team(
+    stack: LocalStack, env: dict[str, str], folder: Path, job: str, version: object
+) -> None:
+    def costed() -> str | None:
+        shown = json.loads(run(env, "model", "show", f"{TEAM}/linear:1", "--json"))
+        return json.dumps(shown["cost"]) if shown["cost"]["by_currency"] else None
+
+    # Billing's cost.recorded reached the registry over the real bus (its NATS user's rules).
+    cost = json.loads(eventually(costed))
+    bill = json.loads(run(env, "cost", job[:8], "--json"))
+    totals = {t["currency"]: Decimal(str(t["cost"])) for t in bill["totals"]}
+    assert Decimal(cost["own_job"]) == totals[cost["currency"]] > 0
+    assert (cost["upstream"], cost["total"], cost["complete"]) == (
+        "0.000000",
+        cost["own_job"],
+        True,
+    )
+    assert [(j["job_id"], j["relation"]) for j in cost["jobs"]] == [(job, "own")]
+    assert f"cost:        {cost['total']} {cost['currency']}" in run(
+        env, "model", "show", f"{TEAM}/linear:1"
+    )
+
+    guest = {**env, "TRAINYARD_TOKEN": stack.bootstrap_admin("model-guests", "gus")}
+    out = folder / "guest.pt"
+    run(guest, "model", "show", f"{TEAM}/linear:1", code=3)  # as if it did not exist
+    run(guest, "model", "download", f"{TEAM}/linear:1", "-o", str(out), code=3)
+    assert "model-guests may read" in run(env, "model", "grant", f"{TEAM}/linear", "model-guests")
+    assert "read by: model-guests" in run(env, "model", "show", f"{TEAM}/linear")
+    assert "cost:" in run(guest, "model", "show", f"{TEAM}/linear:1")
+    assert "sha256 verified" in run(guest, "model", "download", f"{TEAM}/linear:1", "-o", str(out))
+    run(guest, "model", "grant", f"{TEAM}/linear", "model-guests", code=3)  # not its to give
+    assert "may not read" in run(env, "model", "revoke", f"{TEAM}/linear", "model-guests")
+    run(guest, "model", "show", f"{TEAM}/linear:1", code=3)
 
 
 def test_a_reader_that_closes_the_pipe_early(env: dict[str, str], version: object) -> None:
