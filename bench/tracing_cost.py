@@ -1,0 +1,244 @@
+"""The cost of tracing and metrics on the scheduler's end-to-end decisions per second.
+
+Run: ``.venv/bin/python -m bench.tracing_cost [--rounds 4] [--modes on off] [--nodes 100]
+[--jobs-per-gpu 3]``. Prints a line per run, the median of each mode and their ratio, and writes
+``bench/results/tracing_cost.json``.
+
+What is measured: ``bench.scheduler_e2e``'s run (a real ``python -m services.scheduler`` on a
+local NATS server and PostgreSQL, simulated runners, ``job.submitted`` events published as
+fast as the client can, the clock from the first submit to the last ``allocation.granted``;
+with ``--finish`` each granted job succeeds at once so the rest start as GPUs free up),
+alternately in two modes, in the same run, each scheduler fresh:
+
+* **on**: the standard variables send spans over OTLP/HTTP (protobuf) to a receiver in this
+  process (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, ``OTEL_EXPORTER_OTLP_PROTOCOL``), with
+  the SDK's default batch processor and sampler (parent-based, always on), database spans
+  and the Prometheus metrics reader: everything a deployment has on;
+* **off**: ``OTEL_SDK_DISABLED=true``: no span, no metric recorded (tracers and meters are
+  no-ops, no instrumentation installed);
+* two of the operator's knobs, for the record: **no-db-spans** is *on* with
+  ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=asyncpg``, **sampled-10%** is *on* with
+  ``OTEL_TRACES_SAMPLER=parentbased_traceidratio`` and ``OTEL_TRACES_SAMPLER_ARG=0.1``
+  (``--modes on off`` leaves them out).
+
+The receiver only reads each request and answers 200 while the clock runs (it decodes the
+bodies afterwards to count the spans), so it takes as little as it can of the 2 cores the
+scheduler, NATS, PostgreSQL and the client share. Each round runs every mode once, the order
+rotating from round to round, so a slow spell of the machine hits every mode alike; the
+target is on/off >= 0.95 of the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from bench.scheduler_e2e import _measure
+from deploy.local.nats import NatsServer
+from deploy.local.ports import LOOPBACK
+from deploy.local.postgres import PostgresServer
+
+RESULTS = Path(__file__).parent / "results" / "tracing_cost.json"
+TARGET_RATIO = 0.95
+_ON = {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}  # + the receiver's endpoint
+MODES: dict[str, dict[str, str]] = {
+    "on": _ON,
+    "off": {"OTEL_SDK_DISABLED": "true"},
+    "no-db-spans": {**_ON, "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "asyncpg"},
+    "sampled-10%": {
+        **_ON,
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0.1",
+    },
+}
+_OTEL_KEYS = (
+    "OTEL_SDK_DISABLED",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_METRICS_EXPORTER",
+    "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
+)
+
+
+class Sink:
+    """An OTLP/HTTP endpoint that keeps the request bodies and answers 200."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                sink.bodies.append(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return None
+
+        self._server = ThreadingHTTPServer((LOOPBACK, 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}/v1/traces"
+
+    def take_span_count(self) -> int:
+        """Spans received since the last call (decoded now, outside any measurement)."""
+        bodies, self.bodies = self.bodies, []
+        count = 0
+        for body in bodies:
+            request = ExportTraceServiceRequest.FromString(body)
+            count += sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+        return count
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with no ``OTEL_*`` switch but ``values`` (``_measure`` hands its own
+    environment to the scheduler it starts)."""
+    saved = {k: os.environ.pop(k) for k in _OTEL_KEYS if k in os.environ}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key in values:
+            os.environ.pop(key, None)
+        os.environ.update(saved)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.tracing_cost")
+    parser.add_argument("--rounds", type=int, default=4, help="runs of each mode")
+    parser.add_argument(
+        "--modes", nargs="+", choices=list(MODES), default=list(MODES), help="on and off first"
+    )
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--jobs-per-gpu", type=float, default=3.0)
+    parser.add_argument(
+        "--no-finish",
+        action="store_true",
+        help="one burst of one job per GPU instead of jobs that finish and free their GPU",
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    finish = not args.no_finish
+    modes: list[str] = list(dict.fromkeys(["on", "off", *args.modes]))
+    jobs = int(args.nodes * 8 * args.jobs_per_gpu)
+
+    runs: list[dict[str, Any]] = []
+    load_before = os.getloadavg()
+    sink = Sink()
+    try:
+        with tempfile.TemporaryDirectory(prefix="trainyard-bench-") as tmp:
+            base = Path(tmp)
+            os.chmod(base, 0o755)  # PostgreSQL runs as its own user when we are root
+            with NatsServer(base / "nats") as nats_server, PostgresServer(base / "pg") as pg:
+                for round_ in range(args.rounds):
+                    # The order rotates, so no mode always runs on a warmer (or busier) machine.
+                    shift = round_ % len(modes)
+                    for mode in modes[shift:] + modes[:shift]:
+                        values = dict(MODES[mode])
+                        if mode != "off":
+                            values["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = sink.endpoint
+                        with _environment(values):
+                            measured = _measure(
+                                base, nats_server.url, pg, args.nodes, jobs, finish, None
+                            )
+                        run = {"mode": mode, **measured, "spans": sink.take_span_count()}
+                        runs.append(run)
+                        print(
+                            f"{mode:>11}: {run['granted']} granted in {run['seconds']:.2f} s = "
+                            f"{run['decisions_per_second']:.0f} decisions/s, "
+                            f"{run['spans']} spans exported",
+                            flush=True,
+                        )
+    finally:
+        sink.close()
+
+    medians = {
+        mode: statistics.median(r["decisions_per_second"] for r in runs if r["mode"] == mode)
+        for mode in modes
+    }
+    vs_off = {mode: round(medians[mode] / medians["off"], 3) for mode in modes}
+    ratio = vs_off["on"]
+    complete = all(r["granted"] == jobs for r in runs)
+    spans_per_decision = {
+        mode: round(
+            sum(r["spans"] for r in runs if r["mode"] == mode)
+            / max(1, sum(r["granted"] for r in runs if r["mode"] == mode)),
+            2,
+        )
+        for mode in modes
+    }
+    for mode in modes:
+        print(
+            f"{mode:>11}: median {medians[mode]:.0f} decisions/s of {args.rounds} runs, "
+            f"{vs_off[mode]:.3f} of off, {spans_per_decision[mode]} spans per decision"
+        )
+    print(
+        f"ratio on/off {ratio:.3f}: {'meets' if ratio >= TARGET_RATIO else 'misses'} the "
+        f"{TARGET_RATIO} target" + ("" if complete else "; SOME RUNS DID NOT GRANT EVERY JOB")
+    )
+    result: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_average_before": load_before,
+            "load_average_after": os.getloadavg(),
+        },
+        "settings": {
+            "nodes": args.nodes,
+            "jobs": jobs,
+            "finish": finish,
+            "rounds": args.rounds,
+            "modes": {
+                "on": "OTLP/HTTP protobuf to a loopback receiver, batch processor, always-on "
+                "sampler, database spans, Prometheus metrics reader",
+                **{m: " ".join(f"{k}={v}" for k, v in MODES[m].items()) for m in modes[1:]},
+            },
+        },
+        "target_ratio": TARGET_RATIO,
+        "median_decisions_per_second": medians,
+        "ratio_vs_off": vs_off,
+        "ratio": ratio,
+        "meets_target": ratio >= TARGET_RATIO,
+        "every_job_granted": complete,
+        "spans_per_decision": spans_per_decision,
+        "runs": runs,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
