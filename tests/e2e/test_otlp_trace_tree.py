@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from opentelemetry import context as otel_context
 
 from deploy.local.stack import LocalStack
 from tests.fixtures.otlp import OtlpReceiver, ReceivedSpan
@@ -57,7 +58,13 @@ def traced() -> Iterator[Traced]:
                 spec = json.loads((ROOT / "examples" / "digits.job.json").read_text())
                 spec["hyperparameters"]["epochs"] = 1
                 spec["code"] = upload_code(client, ROOT / "examples", DEFAULT_MAX_BYTES)
-                job = client.wait(client.submit(spec)["id"], timeout_s=300)
+                # The client sends the test process's current trace context, if any: none
+                # here, so the job's trace starts at the submission service.
+                detached = otel_context.attach(otel_context.Context())
+                try:
+                    job = client.wait(client.submit(spec)["id"], timeout_s=300)
+                finally:
+                    otel_context.detach(detached)
                 assert job["status"] == "SUCCEEDED", job.get("failure")
                 assert job["trace_id"], "the job view carries no trace id"
                 # Billing and the registry finish after the job does: wait for their work.
