@@ -6,9 +6,11 @@ Contract (docs/billing.md, "Waste"):
   and how it ended) and ``Unallocated`` (GPUs of a node free while a job of its flavor
   waited). ``pieces(...)`` turns them into ``Piece``s: one figure, one owner, an interval of
   GPUs and the share of it that is waste.
-- ``price(piece, book, start, end, now)`` clips the piece to ``[start, min(end, now))`` and
-  prices it by the dated price book, as a bill is: GPU-seconds x the share, and the cost of
-  the book's segments x the share, rounded half-up to 6 places once.
+- A ``Tally`` sums pieces exactly: each clipped to ``[start, min(end, now))`` and split at
+  the price changes of its flavor (``Pricer``), as GPU-microseconds x the piece's share per
+  price; its money is the sum over prices of GPU-hours x price, rounded half-up to 6 places
+  once, when read (``Tally.priced``; ``price`` does it for one piece). A flavor without a
+  price at the piece's start is counted as unpriced GPU time, not as money.
 - ``waits(job, now)``: a job waits from its submission to its first grant, and after each
   attempt that ends without success (failed, preempted, lost) until its next grant; a wait
   still open ends when the job ended (cancelled while waiting), else it lasts until now.
@@ -21,13 +23,13 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import ROUND_HALF_UP, Decimal, localcontext
 from typing import Literal
 
 from services.billing.costs import Dimension
-from services.billing.domain import MONEY_PLACES, UnknownFlavor
+from services.billing.domain import MONEY_PLACES
 from services.billing.prices import PriceSchedule
 
 Figure = Literal[
@@ -133,10 +135,12 @@ class Piece:
 @dataclass(frozen=True)
 class Priced:
     gpu_seconds: Decimal
-    cost: Decimal | None
-    """None when the price book has no price for the flavor at the piece's start."""
+    cost: Decimal
+    """Of the GPU-seconds the price book has a price for."""
+    unpriced_gpu_seconds: Decimal
+    """GPU-seconds of a flavor without a price at the piece's start (not in ``cost``)."""
     seconds: Decimal
-    """The clipped interval's length (wall time, not GPU time)."""
+    """The clipped intervals' length (wall time, not GPU time)."""
 
 
 def waits(job: JobWaits, now: datetime) -> list[Wait]:
@@ -263,26 +267,92 @@ def holding_pieces(
     return out
 
 
+MICROSECOND = timedelta(microseconds=1)
+MICROS_PER_HOUR = Decimal(3_600_000_000)
+MICROS_PER_SECOND = Decimal(1_000_000)
+
+
+class Pricer:
+    """Splits an interval at the price changes of its flavor (``PriceSchedule``), fast: the
+    effective dates of each flavor are looked up by bisection."""
+
+    def __init__(self, book: PriceSchedule) -> None:
+        self._book = book
+        self._starts = {f: [d.effective_from for d in ds] for f, ds in book.by_flavor.items()}
+
+    def parts(self, flavor: str, lo: datetime, hi: datetime) -> list[tuple[int, Decimal | None]]:
+        """``[lo, hi)`` as (microseconds, price per GPU-hour) per price in force; one part
+        with no price when the flavor has none at ``lo`` (as a bill would be refused)."""
+        starts = self._starts.get(flavor, [])
+        i = bisect_right(starts, lo)
+        if i == 0:
+            return [((hi - lo) // MICROSECOND, None)]
+        dated = self._book.by_flavor[flavor]
+        out: list[tuple[int, Decimal | None]] = []
+        at = lo
+        while i < len(starts) and starts[i] < hi:
+            out.append(((starts[i] - at) // MICROSECOND, dated[i - 1].price.per_gpu_hour))
+            at = starts[i]
+            i += 1
+        out.append(((hi - at) // MICROSECOND, dated[i - 1].price.per_gpu_hour))
+        return out
+
+
+@dataclass
+class Tally:
+    """The exact sum of pieces: GPU-microseconds per price (None: unpriced), wall time and
+    how many. Money is rounded once, when read (``priced``)."""
+
+    by_price: dict[Decimal | None, Decimal] = field(default_factory=dict)
+    wall_micros: int = 0
+    count: int = 0
+
+    def add(
+        self, piece: Piece, pricer: Pricer, start: datetime, end: datetime, now: datetime
+    ) -> bool:
+        """Add the part of ``piece`` inside ``[start, min(end, now))``; False when none."""
+        lo, hi = max(piece.start, start), min(piece.end, end, now)
+        if lo >= hi:
+            return False
+        self.count += 1
+        self.wall_micros += (hi - lo) // MICROSECOND
+        for micros, per_hour in pricer.parts(piece.flavor, lo, hi):
+            gpu_micros = Decimal(micros * piece.gpus) * piece.share
+            self.by_price[per_hour] = self.by_price.get(per_hour, ZERO) + gpu_micros
+        return True
+
+    def merge(self, other: Tally) -> None:
+        for per_hour, micros in other.by_price.items():
+            self.by_price[per_hour] = self.by_price.get(per_hour, ZERO) + micros
+        self.wall_micros += other.wall_micros
+        self.count += other.count
+
+    def priced(self) -> Priced:
+        total = sum(self.by_price.values(), ZERO)
+        cost = sum(
+            (m * p / MICROS_PER_HOUR for p, m in self.by_price.items() if p is not None), ZERO
+        )
+        unpriced = self.by_price.get(None, ZERO)
+        return Priced(
+            gpu_seconds=_money(total / MICROS_PER_SECOND),
+            cost=_money(cost),
+            unpriced_gpu_seconds=_money(unpriced / MICROS_PER_SECOND),
+            seconds=_money(Decimal(self.wall_micros) / MICROS_PER_SECOND),
+        )
+
+
 def price(
     piece: Piece, book: PriceSchedule, start: datetime, end: datetime, now: datetime
 ) -> Priced | None:
-    """The piece within ``[start, min(end, now))``, priced (module contract); None when
+    """One piece within ``[start, min(end, now))``, priced (module contract); None when
     nothing of it is inside."""
-    lo, hi = max(piece.start, start), min(piece.end, end, now)
-    if lo >= hi:
-        return None
-    seconds = Decimal((hi - lo) // timedelta(microseconds=1)) / Decimal(1_000_000)
-    try:
-        segments = book.segments(piece.flavor, piece.gpus, lo, hi)
-    except UnknownFlavor:
-        return Priced(_money(seconds * piece.gpus * piece.share), None, seconds)
-    secs = sum((s.gpu_seconds for s in segments), ZERO) * piece.share
-    cost = sum((s.cost for s in segments), ZERO) * piece.share
-    return Priced(_money(secs), _money(cost), seconds)
+    tally = Tally()
+    return tally.priced() if tally.add(piece, Pricer(book), start, end, now) else None
 
 
 def _money(value: Decimal) -> Decimal:
-    return value.quantize(MONEY_PLACES, rounding=ROUND_HALF_UP)
+    with localcontext(prec=60):
+        return value.quantize(MONEY_PLACES, rounding=ROUND_HALF_UP)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
@@ -18,7 +17,7 @@ from services.billing.costs import DIMENSIONS, CostQuery, Dimension
 from services.billing.costs_repository import CostLine
 from services.billing.costs_schemas import _cell
 from services.billing.prices import PriceSchedule
-from services.billing.waste import FIGURES, IDLE_PERCENT, Figure, Piece, SuccessLine, price
+from services.billing.waste import FIGURES, IDLE_PERCENT, Figure, Piece, Pricer, SuccessLine, Tally
 
 
 class _Schema(BaseModel):
@@ -98,59 +97,46 @@ class WasteReport(_Schema):
     truncated: bool
 
 
-@dataclass
-class _Sum:
-    gpu_seconds: Decimal = Decimal(0)
-    cost: Decimal = Decimal(0)
-    unpriced: Decimal = Decimal(0)
-    seconds: Decimal = Decimal(0)
-    count: int = 0
+Key = tuple[tuple[str | None, ...], Figure]
 
 
 def _fold(
     pieces: Iterable[Piece],
     query: CostQuery,
-    book: PriceSchedule,
+    pricer: Pricer,
     now: datetime,
     group_by: Sequence[Dimension],
-) -> dict[tuple[tuple[str | None, ...], Figure], _Sum]:
-    sums: dict[tuple[tuple[str | None, ...], Figure], _Sum] = {}
+) -> dict[Key, Tally]:
+    sums: dict[Key, Tally] = {}
+    filters = list(query.filters.items())
     for piece in pieces:
-        if any(piece.owner.value(d) != v for d, v in query.filters.items()):
+        owner = piece.owner
+        if any(owner.value(d) != v for d, v in filters):
             continue
-        priced = price(piece, book, query.start, query.end, now)
-        if priced is None:
-            continue
-        key = (tuple(piece.owner.value(d) for d in group_by), piece.figure)
-        s = sums.setdefault(key, _Sum())
-        s.count += 1
-        s.seconds += priced.seconds
-        s.gpu_seconds += priced.gpu_seconds
-        if priced.cost is None:
-            s.unpriced += priced.gpu_seconds
-        else:
-            s.cost += priced.cost
-    return sums
+        key = (tuple(owner.value(d) for d in group_by), piece.figure)
+        tally = sums.get(key)
+        if tally is None:
+            tally = sums[key] = Tally()
+        tally.add(piece, pricer, query.start, query.end, now)
+    return {k: t for k, t in sums.items() if t.count}
 
 
-def _rows(
-    sums: dict[tuple[tuple[str | None, ...], Figure], _Sum],
-    group_by: Sequence[Dimension],
-    currency: str,
-) -> list[WasteRow]:
-    rows = [
-        WasteRow(
-            figure=figure,
-            currency=currency,
-            gpu_seconds=s.gpu_seconds,
-            cost=s.cost,
-            unpriced_gpu_seconds=s.unpriced,
-            seconds=s.seconds,
-            count=s.count,
-            **dict(zip(group_by, values, strict=True)),
+def _rows(sums: dict[Key, Tally], group_by: Sequence[Dimension], currency: str) -> list[WasteRow]:
+    rows = []
+    for (values, figure), tally in sums.items():
+        p = tally.priced()
+        rows.append(
+            WasteRow(
+                figure=figure,
+                currency=currency,
+                gpu_seconds=p.gpu_seconds,
+                cost=p.cost,
+                unpriced_gpu_seconds=p.unpriced_gpu_seconds,
+                seconds=p.seconds,
+                count=tally.count,
+                **dict(zip(group_by, values, strict=True)),
+            )
         )
-        for (values, figure), s in sums.items()
-    ]
     rows.sort(
         key=lambda r: (
             -r.cost,
@@ -178,17 +164,14 @@ def waste_report(
     """The report of ``query`` from its pieces (already of the caller's scope), the ledger's
     lines grouped by team, project and user (``ledger``: all; ``jobless``: those of entries
     with an empty job id), and the success lines."""
-    rows = _rows(_fold(pieces, query, book, now, query.group_by), query.group_by, currency)
-    totals: dict[Figure, _Sum] = {}
-    for r in rows:
-        t = totals.setdefault(r.figure, _Sum())
-        t.gpu_seconds += r.gpu_seconds
-        t.cost += r.cost
-        t.unpriced += r.unpriced_gpu_seconds
-        t.seconds += r.seconds
-        t.count += r.count
+    pricer = Pricer(book)
+    sums = _fold(pieces, query, pricer, now, query.group_by)
+    rows = _rows(sums, query.group_by, currency)
+    totals: dict[Figure, Tally] = {}
+    for (_, figure), tally in sums.items():
+        totals.setdefault(figure, Tally()).merge(tally)
     by_flavor: tuple[Dimension, ...] = ("flavor",)
-    spare = _rows(_fold(unallocated, query, book, now, by_flavor), by_flavor, currency)
+    spare = _rows(_fold(unallocated, query, pricer, now, by_flavor), by_flavor, currency)
     ledger_sums: dict[str, list[Decimal]] = {}
     for line in ledger:
         s = ledger_sums.setdefault(line.currency, [Decimal(0)] * 4)
@@ -213,13 +196,14 @@ def waste_report(
             FigureTotal(
                 figure=f,
                 currency=currency,
-                gpu_seconds=t.gpu_seconds,
-                cost=t.cost,
-                unpriced_gpu_seconds=t.unpriced,
-                seconds=t.seconds,
+                gpu_seconds=p.gpu_seconds,
+                cost=p.cost,
+                unpriced_gpu_seconds=p.unpriced_gpu_seconds,
+                seconds=p.seconds,
                 count=t.count,
             )
             for f, t in sorted(totals.items(), key=lambda ft: FIGURES.index(ft[0]))
+            for p in [t.priced()]
         ],
         unallocated=spare,
         unattributed=[

@@ -142,7 +142,8 @@ def test_price_clips_to_the_range_and_to_now_and_splits_at_a_price_change() -> N
     assert clipped is not None and clipped.seconds == 900
     assert price(piece, book, at(60), at(120), NOW) is None
     unpriced = price(Piece("queueing", OWNER, "h100", 1, at(0), at(60)), book, T, NOW, NOW)
-    assert unpriced is not None and unpriced.cost is None and unpriced.gpu_seconds == 3600
+    assert unpriced is not None and unpriced.cost == 0 and unpriced.gpu_seconds == 3600
+    assert unpriced.unpriced_gpu_seconds == 3600
     half = price(
         Piece("input_bound", OWNER, "a100", 1, at(0), at(10), Decimal("0.5")), book, T, NOW, NOW
     )
