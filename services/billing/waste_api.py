@@ -140,8 +140,7 @@ def waste_routes(
             conn.transaction(isolation="repeatable_read", readonly=True),
         ):
             book = await catalogue.schedule(conn)
-            held = await repo.allocations(conn, query.start, query.end, team)
-            jobs = await repo.jobs(conn, query.start, query.end)
+            held, jobs = await repo.facts(conn, query.start, query.end, team)
             spare = (
                 await repo.unallocated(conn, query.start, query.end)
                 if principal.is_operator

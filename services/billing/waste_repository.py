@@ -201,35 +201,44 @@ def _allocation(r: Mapping[str, Any]) -> Allocation:
     )
 
 
-async def allocations(
+_OPEN_JOBS = """SELECT j.job_id FROM waste_jobs j LEFT JOIN waste_job_ends e USING (job_id)
+                WHERE j.submitted_at < $1 AND (e.ended_at IS NULL OR e.ended_at > $2)"""
+"""Jobs submitted before the range's end that had not ended by its start: their waits may
+fall in the range."""
+
+
+async def facts(
     conn: asyncpg.Connection, start: datetime, end: datetime, team: str | None
-) -> list[Allocation]:
-    """Allocations granted before ``end`` and not released before ``start`` (of ``team``)."""
+) -> tuple[list[Allocation], list[JobWaits]]:
+    """The allocations granted before ``end`` and not released before ``start`` (of
+    ``team``), and every job (of any team) whose waits may fall in ``[start, end)``, with
+    all its allocations; in two queries."""
     rows = await conn.fetch(
-        f"{_ALLOCATIONS} WHERE a.granted_at < $1 AND (u.ended_at IS NULL OR u.ended_at > $2) "
-        "AND ($3::text IS NULL OR a.team = $3)",
-        end,
-        start,
-        team,
-    )
-    return [_allocation(r) for r in rows]
-
-
-async def jobs(conn: asyncpg.Connection, start: datetime, end: datetime) -> list[JobWaits]:
-    """Every job (of any team) submitted before ``end`` that had not ended by ``start``,
-    with all its allocations: its waits may fall in ``[start, end)``."""
-    rows = await conn.fetch(
-        """SELECT j.*, e.ended_at FROM waste_jobs j
-           LEFT JOIN waste_job_ends e USING (job_id)
-           WHERE j.submitted_at < $1 AND (e.ended_at IS NULL OR e.ended_at > $2)""",
+        f"SELECT j.*, e.ended_at FROM waste_jobs j LEFT JOIN waste_job_ends e USING (job_id) "
+        f"WHERE j.job_id IN ({_OPEN_JOBS})",
         end,
         start,
     )
-    ids = [r["job_id"] for r in rows]
-    held: dict[str, list[Allocation]] = {}
-    for r in await conn.fetch(f"{_ALLOCATIONS} WHERE a.job_id = ANY($1::text[])", ids):
-        held.setdefault(r["job_id"], []).append(_allocation(r))
-    return [
+    everything = [
+        _allocation(r)
+        for r in await conn.fetch(
+            f"{_ALLOCATIONS} WHERE a.job_id IN ({_OPEN_JOBS}) "
+            "OR (a.granted_at < $1 AND (u.ended_at IS NULL OR u.ended_at > $2))",
+            end,
+            start,
+        )
+    ]
+    held = [
+        a
+        for a in everything
+        if a.granted_at < end
+        and (a.ended_at is None or a.ended_at > start)
+        and (team is None or a.owner.team == team)
+    ]
+    by_job: dict[str, list[Allocation]] = {}
+    for a in everything:
+        by_job.setdefault(a.owner.job or "", []).append(a)
+    jobs = [
         JobWaits(
             owner=Owner(
                 r["team"], r["project"], r["user_name"], None, r["gpu_flavor"], r["job_id"]
@@ -237,11 +246,12 @@ async def jobs(conn: asyncpg.Connection, start: datetime, end: datetime) -> list
             gpus=r["gpus"],
             priority=r["priority"],
             submitted_at=r["submitted_at"],
-            allocations=held.get(r["job_id"], []),
+            allocations=by_job.get(r["job_id"], []),
             ended_at=r["ended_at"],
         )
         for r in rows
     ]
+    return held, jobs
 
 
 async def unallocated(conn: asyncpg.Connection, start: datetime, end: datetime) -> list[Piece]:
