@@ -44,6 +44,10 @@ class Settings(GuardedServiceSettings):
     """Half-life of a team's past GPU-seconds in fair share (Slurm's default: 7 days)."""
     ageing_seconds: float = Field(default=3600.0, gt=0)
     """Every this long of waiting lifts a job by one priority level and one fair share."""
+    size_weight: float = Field(default=8.0, ge=0)
+    """Smaller jobs first: a job declaring ten times another's GPU-hours is ordered as if it
+    had waited ``size_weight`` times ``ageing_seconds`` less (0: submit order within a
+    priority level)."""
     backfill: bool = True
     """Let smaller, shorter jobs start ahead of blocked ones when they cannot delay them."""
     preemption: bool = True

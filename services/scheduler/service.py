@@ -57,6 +57,7 @@ def tuning_from(settings: Settings) -> Tuning:
         policy=PolicyConfig(
             half_life_s=settings.fair_share_half_life_seconds,
             ageing_s=settings.ageing_seconds,
+            size_weight=settings.size_weight,
             backfill=settings.backfill,
             preemption=settings.preemption,
             grace_s=settings.preemption_grace_seconds,

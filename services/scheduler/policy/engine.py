@@ -2,20 +2,22 @@
 
 Contract of ``schedule(snapshot, config)`` (pure and deterministic: equal snapshots, in any
 tuple order, give equal decisions):
-1. Pending jobs are considered one at a time: within a queue by priority, ageing and submit
-   time (``fairshare.queue_key``); across queues the head with the lowest standing goes next
-   -- first jobs that stay within their queue's nominal quota, then borrowers; within each,
-   by fair share, priority level and waiting time (``fairshare``). Standings are recomputed
-   as jobs are placed, so teams take turns.
+1. Pending jobs are considered one at a time: within a queue by priority, declared size
+   (``config.size_weight``), ageing and submit time (``fairshare.queue_key``); across queues
+   the head with the lowest standing goes next -- first jobs that stay within their queue's
+   nominal quota, then borrowers; within each, by fair share, priority level, size and
+   waiting time (``fairshare``). Standings are recomputed as jobs are placed, so teams take
+   turns.
 2. A job starts now when its quota allows it (``quota``) and a gang shape fits on free GPUs
    (``packing``) without delaying any reservation (``backfill``). Its GPUs are then busy for
    every later job of the pass.
 3. Otherwise it waits. The first waiting job of each queue and flavor may preempt (per
    ``preemption``): victims get a notice; the job starts in a later pass once they left. The
-   first ``config.reservations`` capacity-blocked jobs of each flavor get a reservation that
-   later jobs may not delay. A job that has waited ``ageing_s`` for its queue's quota holds
-   that quota: later jobs of its queue and flavor wait behind it (no starvation by a stream
-   of smaller jobs).
+   first ``config.reservations`` jobs of each flavor blocked for GPUs (free GPUs, or the
+   shared pool of a full cohort) get a reservation that later jobs may not delay. A job that
+   has waited ``ageing_s`` for its queue's own quota (nominal or borrowing limit) holds that
+   quota: later jobs of its queue and flavor wait behind it (no starvation by a stream of
+   smaller jobs).
 4. Every waiting job gets an ``Explanation``: its position among the waiting jobs of its
    queue (in the order above), a reason naming the blocking constraint and its holders, a
    suggestion when a smaller or shorter request would start now, and an estimated start.

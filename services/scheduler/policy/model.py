@@ -157,7 +157,7 @@ class PolicyConfig:
     queue and by one whole fair share (a team using exactly its weighted share of its cohort)
     across queues, so no job starves. A job that has waited this long for its queue's quota
     holds that quota against later jobs of its queue and flavor."""
-    size_weight: float = 0.0
+    size_weight: float = 8.0
     """Smaller jobs first: a job whose declared GPU-hours are ten times another's is ordered
     as if it were ``size_weight`` priority levels lower (``size_weight * ageing_s`` of
     waiting). 0 keeps submit order within a priority level."""

@@ -35,6 +35,9 @@ async def test_process_schedules_and_serves_the_queue(
         "TRAINYARD_NATS_URL": nats_settings.url,
         "TRAINYARD_SCHEDULER_PORT": str(port),
         "TRAINYARD_SCHEDULER_ADMIN_TOKEN": "op-token",
+        # Submit order, so the 2-GPU job submitted first takes the node and the 1-GPU job
+        # waits (by default the smaller job would go first).
+        "TRAINYARD_SCHEDULER_SIZE_WEIGHT": "0",
     }
     log_path = tmp_path / "scheduler.log"
     with log_path.open("wb") as log:

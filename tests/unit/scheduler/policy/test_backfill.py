@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from services.scheduler.policy import schedule
 from services.scheduler.policy.model import Node, PendingJob, PolicyConfig, RunningJob
 
 from .builders import HOUR, NOW, node, pending, queue, running, snap
 
 QUEUES = (queue("a", nominal=100), queue("b", nominal=100))
+# These scenarios are about a blocked head and what may pass it: jobs are considered in
+# submit order, without the policy's preference for smaller declared jobs.
+FIFO = PolicyConfig(size_weight=0)
 
 
 def blocked_head() -> tuple[tuple[Node, ...], tuple[RunningJob, ...], PendingJob]:
@@ -23,7 +28,7 @@ def blocked_head() -> tuple[tuple[Node, ...], tuple[RunningJob, ...], PendingJob
 
 def test_head_gets_a_reservation_and_an_estimated_start() -> None:
     nodes, run, head = blocked_head()
-    d = schedule(snap(nodes, QUEUES, (head,), run))
+    d = schedule(snap(nodes, QUEUES, (head,), run), FIFO)
     e = d.explanations["head"]
     assert e.estimated_start == NOW + HOUR  # when "long" reaches its declared end
     assert "expected start in ~1.0 h" in e.reason
@@ -32,7 +37,7 @@ def test_head_gets_a_reservation_and_an_estimated_start() -> None:
 def test_short_job_backfills_without_delaying_the_head() -> None:
     nodes, run, head = blocked_head()
     short = pending("fits", "a", gpus=4, at=NOW - 60, seq=1, runtime=HOUR / 2)
-    d = schedule(snap(nodes, QUEUES, (head, short), run))
+    d = schedule(snap(nodes, QUEUES, (head, short), run), FIFO)
     assert [p.job_id for p in d.placements] == ["fits"]
     assert d.explanations["head"].estimated_start == NOW + HOUR
 
@@ -40,7 +45,7 @@ def test_short_job_backfills_without_delaying_the_head() -> None:
 def test_long_job_must_not_delay_the_head() -> None:
     nodes, run, head = blocked_head()
     long = pending("too-long", "a", gpus=4, at=NOW - 60, seq=1, runtime=3 * HOUR)
-    d = schedule(snap(nodes, QUEUES, (head, long), run))
+    d = schedule(snap(nodes, QUEUES, (head, long), run), FIFO)
     assert d.placements == ()
     e = d.explanations["too-long"]
     assert e.reason.startswith("the free a100 GPUs it fits on are reserved for job head")
@@ -56,7 +61,7 @@ def test_a_long_job_may_use_the_slack_of_a_reservation() -> None:
     run = (running("r", "b", {"n1": 12}, started=NOW - 600, runtime=1200),)
     head = pending("head", "a", gpus=12, at=NOW - 900, seq=0)
     spare = pending("spare", "a", gpus=4, at=NOW - 60, seq=1, runtime=10 * HOUR)
-    d = schedule(snap(nodes, QUEUES, (head, spare), run))
+    d = schedule(snap(nodes, QUEUES, (head, spare), run), FIFO)
     assert [p.job_id for p in d.placements] == ["spare"]
     assert d.explanations["head"].estimated_start == NOW + 600
 
@@ -69,7 +74,7 @@ def test_a_long_job_on_the_reserved_node_is_refused() -> None:
     )
     head = pending("head", "a", gpus=8, at=NOW - 900, seq=0)
     other = pending("other", "a", gpus=4, at=NOW - 60, seq=1, runtime=10 * HOUR)
-    d = schedule(snap(nodes, QUEUES, (head, other), run))
+    d = schedule(snap(nodes, QUEUES, (head, other), run), FIFO)
     assert d.explanations["head"].estimated_start == NOW + 600  # on n2, when "short" ends
     assert d.placements == ()
 
@@ -77,7 +82,7 @@ def test_a_long_job_on_the_reserved_node_is_refused() -> None:
 def test_backfill_off_keeps_everyone_behind_the_blocked_head() -> None:
     nodes, run, head = blocked_head()
     short = pending("fits", "a", gpus=1, at=NOW - 60, seq=1, runtime=60)
-    d = schedule(snap(nodes, QUEUES, (head, short), run), PolicyConfig(backfill=False))
+    d = schedule(snap(nodes, QUEUES, (head, short), run), replace(FIFO, backfill=False))
     assert d.placements == ()
     assert d.explanations["fits"].reason.startswith("waits behind job head")
 
@@ -86,7 +91,7 @@ def test_reservations_are_limited_per_flavor() -> None:
     nodes, run, head = blocked_head()
     second = pending("second", "a", gpus=16, at=NOW - 800, seq=1)
     long = pending("long-small", "a", gpus=4, at=NOW - 60, seq=2, runtime=3 * HOUR)
-    d = schedule(snap(nodes, QUEUES, (head, second, long), run), PolicyConfig(reservations=1))
+    d = schedule(snap(nodes, QUEUES, (head, second, long), run), replace(FIFO, reservations=1))
     assert [p.job_id for p in d.placements] == []  # the head's reservation still protects it
-    d = schedule(snap(nodes, QUEUES, (head, second, long), run), PolicyConfig(reservations=0))
+    d = schedule(snap(nodes, QUEUES, (head, second, long), run), replace(FIFO, reservations=0))
     assert [p.job_id for p in d.placements] == ["long-small"]

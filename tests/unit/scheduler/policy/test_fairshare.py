@@ -108,7 +108,8 @@ def test_a_job_starving_for_quota_keeps_later_small_jobs_from_taking_it() -> Non
     run = (running("r", "a", {"n1": 6}, started=NOW - HOUR, runtime=2 * HOUR),)
     big = pending("big", "a", 4, at=NOW - 2 * HOUR)  # waited past ageing_s (1 h)
     small = pending("small", "a", 2, at=NOW - 60, seq=1)
-    d = schedule(snap((node("n1"),), (queue("a", 8),), (big, small), run))
+    fifo = PolicyConfig(size_weight=0)  # submit order: the big job is the queue's head
+    d = schedule(snap((node("n1"),), (queue("a", 8),), (big, small), run), fifo)
     assert d.placements == ()
     e = d.explanations["small"]
     assert e.reason == (
@@ -118,7 +119,7 @@ def test_a_job_starving_for_quota_keeps_later_small_jobs_from_taking_it() -> Non
     assert e.blocking == "big"
     assert e.estimated_start == NOW + HOUR
     fresh = pending("big", "a", 4, at=NOW - 600)  # not starving yet: the small job backfills
-    d = schedule(snap((node("n1"),), (queue("a", 8),), (fresh, small), run))
+    d = schedule(snap((node("n1"),), (queue("a", 8),), (fresh, small), run), fifo)
     assert [p.job_id for p in d.placements] == ["small"]
 
 
@@ -145,8 +146,8 @@ def test_size_weight_puts_smaller_declared_jobs_first_within_a_bounded_wait() ->
     one_gpu = (node("n1", 1),)
     long = pending("long", "a", 1, at=NOW - 600, runtime=10 * HOUR)
     short = pending("short", "a", 1, at=NOW - 60, runtime=HOUR, seq=1)
-    first = [p.job_id for p in schedule(snap(one_gpu, (queue("a", 1),), (long, short))).placements]
-    assert first == ["long"]  # size_weight 0: submit order
+    fifo = schedule(snap(one_gpu, (queue("a", 1),), (long, short)), PolicyConfig(size_weight=0))
+    assert [p.job_id for p in fifo.placements] == ["long"]  # submit order
     config = PolicyConfig(size_weight=4.0)  # 10x the GPU-hours costs 4 levels = 4 h of waiting
     d = schedule(snap(one_gpu, (queue("a", 1),), (long, short)), config)
     assert [p.job_id for p in d.placements] == ["short"]
