@@ -155,6 +155,7 @@ _CONSUMES: dict[str, list[str]] = {
         JobSucceeded,
         JobFailed,
         JobCancelled,
+        JobPreempted,
         RunnerHeartbeat,
     ),
 }

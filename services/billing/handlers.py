@@ -42,11 +42,12 @@ from shared.events.payloads import (
     FlavorRetired,
     JobCancelled,
     JobFailed,
+    JobPreempted,
     JobSubmitted,
     JobSucceeded,
     RunnerHeartbeat,
 )
-from shared.events.trust import SCHEDULER
+from shared.events.trust import RUNNER, SCHEDULER
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ SUBJECTS = [
     nats_subject(JobSucceeded),
     nats_subject(JobFailed),
     nats_subject(JobCancelled),
+    nats_subject(JobPreempted),
     nats_subject(RunnerHeartbeat),
 ]
 """What billing's consumer reads: grants (what was announced), releases (what to meter),
@@ -108,6 +110,10 @@ class BillingHandlers:
                 await waste.record_end(
                     conn, succeeded.job_id, "succeeded", succeeded.finished_at, self._clock()
                 )
+            case JobFailed() | JobPreempted() as report if envelope.source == RUNNER:
+                # One attempt's end: what the runner measured of it (a failure's or a
+                # preemption's said by the scheduler carries no measurement).
+                await waste.record_run_report(conn, report, self._clock())
             case JobFailed() as failed if envelope.source == SCHEDULER:
                 # The scheduler's word on a job that failed for good; a runner's report is
                 # only about one attempt. A job refused on arrival never queued: not counted.

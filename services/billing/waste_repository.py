@@ -18,6 +18,8 @@ from services.billing.waste import Allocation, JobEnd, JobWaits, Owner, Piece
 from shared.events.payloads import (
     AllocationGranted,
     CheckpointSaved,
+    JobFailed,
+    JobPreempted,
     JobSubmitted,
     JobSucceeded,
     RunnerHeartbeat,
@@ -73,18 +75,19 @@ def _measured(metrics: Mapping[str, float], name: str) -> Decimal | None:
 
 
 async def record_run_report(
-    conn: asyncpg.Connection, succeeded: JobSucceeded, now: datetime
+    conn: asyncpg.Connection, report: JobSucceeded | JobFailed | JobPreempted, now: datetime
 ) -> None:
-    """What the runner measured of the allocation, from its end report's metrics."""
+    """What the runner measured of the allocation, from its end report's metrics (the first
+    report of an allocation counts)."""
     await conn.execute(
         """INSERT INTO waste_run_reports (allocation_id, job_id, gpu_utilization_mean,
                                           data_wait_fraction_mean, finished_at, recorded_at)
            VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (allocation_id) DO NOTHING""",
-        succeeded.allocation_id,
-        succeeded.job_id,
-        _measured(succeeded.metrics, "gpu_utilization_mean"),
-        _measured(succeeded.metrics, "data_wait_fraction_mean"),
-        succeeded.finished_at,
+        report.allocation_id,
+        report.job_id,
+        _measured(report.metrics, "gpu_utilization_mean"),
+        _measured(report.metrics, "data_wait_fraction_mean"),
+        report.finished_at,
         now,
     )
 

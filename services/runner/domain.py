@@ -403,7 +403,12 @@ def terminal_event(
                 artifact=results.last_checkpoint,
             )
         case "preempted":
-            return JobPreempted(**common, reason=outcome.reason, checkpoint=results.last_checkpoint)
+            return JobPreempted(
+                **common,
+                reason=outcome.reason,
+                checkpoint=results.last_checkpoint,
+                metrics=publishable_metrics(results.last_metrics),
+            )
         case "failed":
             return JobFailed(
                 **common,
@@ -411,6 +416,7 @@ def terminal_event(
                 reason=outcome.reason,
                 log_tail=results.log_tail,
                 failure_kind=outcome.failure_kind or "user_error",
+                metrics=publishable_metrics(results.last_metrics),
             )
     raise AssertionError(f"unknown outcome {outcome.kind!r}")  # pragma: no cover
 

@@ -417,6 +417,9 @@ class JobFailed(Payload):
     reason: str
     log_tail: str = ""
     failure_kind: FailureKind = "user_error"
+    metrics: dict[str, float] = Field(default_factory=dict)
+    """What the runner measured of the attempt, as ``JobSucceeded.metrics`` (e.g.
+    ``gpu_utilization_mean``, ``data_wait_fraction_mean``); empty when it measured none."""
 
 
 class JobPreempted(Payload):
@@ -430,6 +433,8 @@ class JobPreempted(Payload):
     finished_at: datetime
     reason: str
     checkpoint: CheckpointRef | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+    """What the runner measured of the attempt, as ``JobSucceeded.metrics``."""
 
 
 # --- registry --------------------------------------------------------------------

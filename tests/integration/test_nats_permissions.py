@@ -346,7 +346,6 @@ async def test_subscriptions(server: NatsServer) -> None:
         assert await billing.may_subscribe(nats_subject(AllocationReleased))
         assert await billing.may_subscribe(nats_subject(AllocationGranted))  # what it meters
         assert await billing.may_subscribe(nats_subject(JobSubmitted))  # waste: waits
-        assert await billing.subscribe_denied(nats_subject(JobPreempted))
         assert await billing.subscribe_denied(nats_subject(AllocationRevoked))
 
 

@@ -146,7 +146,7 @@ def succeeded(
 
 
 def failed(
-    allocation_id: str, job_id: str, node: str, when: datetime, source: str
+    allocation_id: str, job_id: str, node: str, when: datetime, source: str, **metrics: float
 ) -> Envelope[Payload]:
     report = JobFailed(
         job_id=job_id,
@@ -156,6 +156,7 @@ def failed(
         finished_at=when,
         exit_code=1,
         reason="exit 1",
+        metrics=metrics,
     )
     return wrap(report, source)
 
@@ -197,7 +198,8 @@ async def the_day(pool: asyncpg.Pool) -> None:
     )
     await feed(
         pool,
-        failed("j-1", "j", "n-1", at(11.5), RUNNER),  # one attempt: the job goes on
+        # one attempt, busy (50 %): the job goes on
+        failed("j-1", "j", "n-1", at(11.5), RUNNER, gpu_utilization_mean=50.0),
         released("j-1", "j", J, "n-1", at(10.5), at(11.5), "failed"),
         granted("j-2", "j", J, "n-1", at(11 + 40 / 60), "ml-q", attempt=2),
         submitted("h", H, at(12)),
@@ -330,10 +332,10 @@ async def test_queueing_per_team_and_queue(client: httpx.AsyncClient) -> None:
 async def test_idle_gpus_allocated_and_unallocated(client: httpx.AsyncClient) -> None:
     body = await waste(client, group_by="job")
     rows = figures(body, "job")
-    # j's second attempt ran at 2 % utilisation: idle; its first reported none, nor did l
-    # or h: not measured, never counted as idle or busy
+    # j's second attempt ran at 2 % utilisation: idle; its failed first one at 50 %: busy;
+    # l and h reported none: not measured, never counted as idle or busy
     assert rows["idle_gpus", "j"] == (Decimal(7200), Decimal("5.000000"))
-    assert rows["idle_gpus_unmeasured", "j"] == (Decimal(7200), Decimal("5.000000"))
+    assert ("idle_gpus_unmeasured", "j") not in rows
     assert rows["idle_gpus_unmeasured", "l"][0] == 4 * 14400
     assert ("idle_gpus", "l") not in rows
     # 4 of n-2's 8 cpu free from 12:00 to 12:01 while h waited; the 2.5 min gap after it
@@ -352,6 +354,7 @@ async def test_input_bound_time(client: httpx.AsyncClient) -> None:
     # a quarter of j's second attempt (2 a100 for an hour) waiting for data
     assert rows["input_bound", "j"] == (Decimal(1800), Decimal("1.250000"))
     assert rows["input_bound_unmeasured", "l"][0] == 4 * 14400
+    assert rows["input_bound_unmeasured", "j"][0] == 7200  # its first attempt measured none
 
 
 async def test_a_low_priority_job_holding_gpus_while_a_higher_one_waits(

@@ -251,3 +251,16 @@ def test_a_job_that_waits_on_input_is_flagged_with_the_gpu_time_it_wasted() -> N
     starved = domain.input_bound_metrics([0.5, 0.7], 100.0, 2)
     assert starved["input_bound"] == 1.0
     assert starved["gpu_seconds_waiting_for_data"] == pytest.approx(0.6 * 100 * 2)
+
+
+def test_a_failure_and_a_preemption_carry_what_was_measured_finite_only() -> None:
+    """Billing's waste figures read the attempt's utilisation and data wait from them."""
+    measured = JobResults(
+        {"gpu_utilization_mean": 3.5, "data_wait_fraction_mean": 0.4, "loss": float("nan")},
+        None,
+        "",
+    )
+    for outcome in (Outcome("failed", "exited with status 1", 1), Outcome("preempted", "x", 75)):
+        event = domain.terminal_event(JOB, outcome, measured, NOW)
+        assert isinstance(event, JobFailed | JobPreempted)
+        assert event.metrics == {"gpu_utilization_mean": 3.5, "data_wait_fraction_mean": 0.4}
