@@ -3,7 +3,8 @@
 Contract:
 - ``enqueue(conn, *envelopes)`` must run inside the transaction that makes the change; it
   stores the events with the current trace context (in one statement). A rolled back
-  transaction therefore publishes nothing. ``enqueue_traced`` does the same for events that
+  transaction therefore publishes nothing. A statement that inserts outbox rows itself
+  (the change and its events in one data-modifying CTE) calls ``enqueued_by(conn)``. ``enqueue_traced`` does the same for events that
   each carry their own trace context (``traced`` takes it).
 - Waking the relay: when a connection that enqueued goes back to its pool (its transaction
   has ended by then; ``shared.db.on_release``), every relay of this process is woken. Each process that enqueues runs a relay, so committed rows leave at once; a relay
@@ -101,6 +102,13 @@ async def enqueue_traced(conn: asyncpg.Connection, events: Sequence[Traced]) -> 
         [e.to_json() for e, _ in events],
         [headers for _, headers in events],
     )
+    _enqueued_on.add(conn.get_server_pid())
+
+
+def enqueued_by(conn: asyncpg.Connection) -> None:
+    """Note that ``conn`` wrote outbox rows with SQL of its own (one statement that makes the
+    change and stores its events, a data-modifying CTE): the relays are woken when it goes
+    back to its pool, as after ``enqueue``."""
     _enqueued_on.add(conn.get_server_pid())
 
 

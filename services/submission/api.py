@@ -156,6 +156,20 @@ class AppDeps:
     """How admission reaches the registry (``data_admission``); default: HTTP."""
 
 
+@dataclass(frozen=True)
+class Front:
+    """What ``POST /v1/jobs`` works with, as one dependency: Litestar resolves several
+    dependencies of a handler concurrently, in a task group, on every request."""
+
+    pool: asyncpg.Pool
+    objects: Objects
+    settings: Settings
+    admission: DataAdmission
+
+
+FrontDoor = NamedDependency[Front]
+
+
 # --- controllers ---------------------------------------------------------------------
 
 
@@ -284,20 +298,15 @@ def _name(field: str, value: str) -> str:
     },
 )
 async def submit_job(
-    request: AnyRequest,
-    pool: Pool,
-    objects: Store,
-    caller: Me,
-    settings: Config,
-    admission: Admission,
-    key: IdempotencyKey = None,
+    request: AnyRequest, front: FrontDoor, key: IdempotencyKey = None
 ) -> Response[JobView]:
-    flavors = await governance.known_flavors(pool, settings.flavors)
-    job = parse_job_request(await json_body(request, _JOB_FREE_TEXT), flavors)
-    job, warnings = await governance.admit(pool, caller.team, job)
-    job = await admission.admit(job, request.headers.get("authorization", ""))
+    caller = resolve_caller(request)
+    screening = await governance.screening(front.pool, front.settings.flavors, caller.team)
+    job = parse_job_request(await json_body(request, _JOB_FREE_TEXT), screening.flavors)
+    job, warnings = screening.admit(job)
+    job = await front.admission.admit(job, request.headers.get("authorization", ""))
     key = parse_idempotency_key(key)
-    view, created = await commands.submit_job(pool, objects, caller, job, key)
+    view, created = await commands.submit_job(front.pool, front.objects, caller, job, key)
     headers = {"Location": f"/v1/jobs/{view.id}"}
     if warnings:
         headers[BUDGET_WARNING_HEADER] = "; ".join(warnings)
@@ -528,6 +537,11 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
     def provide_admission() -> DataAdmission:
         return admission
 
+    front = Front(deps.pool, objects, settings, admission)
+
+    def provide_front() -> Front:
+        return front
+
     v1 = Router(
         "/v1",
         route_handlers=[
@@ -563,5 +577,6 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
             "settings": Provide(provide_settings, sync_to_thread=False),
             "objects": Provide(provide_objects, sync_to_thread=False),
             "admission": Provide(provide_admission, sync_to_thread=False),
+            "front": Provide(provide_front, sync_to_thread=False),
         },
     )

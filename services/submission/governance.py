@@ -16,13 +16,18 @@ Contract:
   raises ``Conflict`` (409) naming the budget; ``deprioritize`` makes the job's priority
   class ``low`` (``DEPRIORITIZED_CLASS``), with a warning; ``warn`` admits it with a
   warning. The state is billing's as last said: a bill billing has not said yet is not in it.
+- ``screening(pool, bootstrap, team, now)``: both of the above read in one query (the
+  submission path): ``.flavors`` is ``known_flavors``, ``.admit(job)`` is ``admit``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
 
@@ -148,8 +153,7 @@ async def admit(
     pool: asyncpg.Pool, team: str, job: JobRequest, now: datetime | None = None
 ) -> tuple[JobRequest, list[str]]:
     """The job as its budgets admit it, and the warnings (module contract)."""
-    now = now or datetime.now(UTC)
-    month = f"{now.year:04d}-{now.month:02d}"
+    month = _month(now or datetime.now(UTC))
     rows = await pool.fetch(
         "SELECT project, month, amount, spent, currency, policy FROM budget_replica "
         "WHERE team = $1 AND project = ANY($2::text[]) AND month = $3 AND exhausted "
@@ -158,6 +162,55 @@ async def admit(
         ["", job.project],
         month,
     )
+    return _by_budgets(team, job, [dict(r) for r in rows])
+
+
+@dataclass(frozen=True)
+class Screening:
+    """What a submission is checked against, read in one query (``screening``): the flavors
+    a job may ask for (as ``known_flavors``) and the team's exhausted budgets of this month,
+    of the team and of every project (``admit`` picks the job's)."""
+
+    team: str
+    flavors: list[str]
+    budgets: list[dict[str, Any]]
+
+    def admit(self, job: JobRequest) -> tuple[JobRequest, list[str]]:
+        """``admit``, by the budgets read."""
+        budgets = [b for b in self.budgets if b["project"] in ("", job.project)]
+        return _by_budgets(self.team, job, budgets)
+
+
+async def screening(
+    pool: asyncpg.Pool, bootstrap: Sequence[str], team: str, now: datetime | None = None
+) -> Screening:
+    """``known_flavors`` and the budget states ``admit`` reads, in one round trip."""
+    row = await pool.fetchrow(
+        """SELECT
+               (SELECT coalesce(array_agg(name), '{}') FROM flavor_replica WHERE NOT retired)
+                   AS declared,
+               (SELECT coalesce(array_agg(name), '{}') FROM flavor_replica WHERE retired)
+                   AS retired,
+               (SELECT coalesce(json_agg(json_build_object(
+                           'project', project, 'month', month, 'amount', amount,
+                           'spent', spent, 'currency', currency, 'policy', policy)
+                       ORDER BY project), '[]')::text
+                FROM budget_replica
+                WHERE team = $1 AND month = $2 AND exhausted AND NOT deleted) AS budgets""",
+        team,
+        _month(now or datetime.now(UTC)),
+    )
+    flavors = sorted((set(bootstrap) | set(row["declared"])) - set(row["retired"]))
+    return Screening(team, flavors, json.loads(row["budgets"]))
+
+
+def _month(now: datetime) -> str:
+    return f"{now.year:04d}-{now.month:02d}"
+
+
+def _by_budgets(
+    team: str, job: JobRequest, rows: Sequence[Mapping[str, Any]]
+) -> tuple[JobRequest, list[str]]:
     warnings: list[str] = []
     for row in rows:
         scope = f"team {team}" if not row["project"] else f"project {row['project']} of {team}"

@@ -50,6 +50,47 @@ async def insert_job(
     return bool(inserted)
 
 
+async def insert_job_announced(
+    conn: asyncpg.Connection,
+    job_id: str,
+    team_id: int,
+    user_id: int,
+    name: str,
+    spec: dict[str, Any],
+    idempotency_key: str | None,
+    submitted_at: datetime,
+    trace_id: str | None,
+    event: tuple[str, str, bytes, dict[str, str]],
+) -> bool:
+    """``insert_job`` and the outbox row of its ``job.submitted`` event ``(event_id,
+    subject, body, headers)``, in one statement (so in one transaction of its own, with no
+    ``BEGIN``/``COMMIT`` round trips): all three rows or none. False (nothing stored) when
+    this user already submitted a job with this idempotency key. The caller tells the
+    outbox (``shared.outbox.enqueued_by``)."""
+    inserted = await conn.fetchval(
+        """WITH job AS (
+               INSERT INTO jobs (id, team_id, user_id, name, spec, status, idempotency_key,
+                                 submitted_at, updated_at, trace_id)
+               VALUES ($1, $2, $3, $4, $5, 'QUEUED', $6, $7, $7, $8)
+               ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING id),
+           history AS (
+               INSERT INTO job_history (job_id, status, at, reason)
+               SELECT id, 'QUEUED', $7, 'submitted' FROM job)
+           INSERT INTO outbox (event_id, subject, body, headers)
+           SELECT $9, $10, $11, $12 FROM job RETURNING true""",
+        job_id,
+        team_id,
+        user_id,
+        name,
+        spec,
+        idempotency_key,
+        submitted_at,
+        trace_id,
+        *event,
+    )
+    return bool(inserted)
+
+
 async def job_by_idempotency_key(
     conn: asyncpg.Connection, team_id: int, user_id: int, key: str
 ) -> asyncpg.Record | None:

@@ -131,9 +131,9 @@ async def reproduce_job(
             "ended; reproduce it once it has"
         )
     original = JobSpec.model_validate(row["spec"])
-    flavors = await governance.known_flavors(pool, settings.flavors)
-    job = parse_job_request(reproduction_body(original, changes), flavors)
-    job, warnings = await governance.admit(pool, caller.team, job)
+    screening = await governance.screening(pool, settings.flavors, caller.team)
+    job = parse_job_request(reproduction_body(original, changes), screening.flavors)
+    job, warnings = screening.admit(job)
     job = await admission.admit(job, request.headers.get("authorization", ""))
     view, created = await commands.submit_job(
         pool, objects, caller, job, parse_idempotency_key(key), reproduces=job_id
