@@ -150,7 +150,7 @@ class Delivery:
         """The consumer span of handling this event, inside the producer's trace."""
         with _tracer.start_as_current_span(
             f"{self.envelope.type} process",
-            context=extract(dict(self.headers)),
+            context=extract(self.headers),
             kind=trace.SpanKind.CONSUMER,
             attributes={**_attrs(self.envelope), "messaging.consumer.group.name": consumer},
         ) as span:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -271,9 +271,9 @@ def current_trace_id() -> str | None:
     return format(ctx.trace_id, "032x") if ctx.is_valid else None
 
 
-def extract(headers: dict[str, str] | None) -> otel_context.Context:
+def extract(headers: Mapping[str, str] | None) -> otel_context.Context:
     """The trace context carried by ``headers`` (an empty context when there is none)."""
-    return _PROPAGATOR.extract(dict(headers or {}))
+    return _PROPAGATOR.extract(headers or {})
 
 
 class JsonLinesSpanExporter(SpanExporter):

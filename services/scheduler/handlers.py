@@ -87,6 +87,8 @@ class SchedulerHandlers:
         self._poke = poke
         self._facts: dict[tuple[str, str], admission.Facts] | None = None
         """Admission facts by (team, flavor), kept for one batch (see ``_admission_facts``)."""
+        self._queues: dict[str, str] | None = None
+        """Each team's queue, kept for one batch (see ``_queue_for``)."""
 
     @property
     def tuning(self) -> Tuning:
@@ -95,10 +97,12 @@ class SchedulerHandlers:
     async def apply(self, deliveries: Sequence[Delivery], conn: asyncpg.Connection) -> None:
         """Apply a batch of first-time deliveries in order (see the module docstring)."""
         self._facts = {}
+        self._queues = {}
         try:
             await self._apply(deliveries, conn)
         finally:
             self._facts = None
+            self._queues = None
 
     async def _apply(self, deliveries: Sequence[Delivery], conn: asyncpg.Connection) -> None:
         now = self._clock()
@@ -190,7 +194,10 @@ class SchedulerHandlers:
             await emit(conn, admission.refused(job_id, refusal, now), job_id, f"refused:{job_id}")
             log.info("job %s refused: %s", job_id, refusal)
             return
-        if not await repo.insert_job(conn, submitted.job_id, spec, submitted.submitted_at, now):
+        queue = await self._queue_for(conn, spec.team)
+        if not await repo.insert_job(
+            conn, submitted.job_id, spec, submitted.submitted_at, now, queue
+        ):
             log.info("job %s already known; duplicate submission ignored", submitted.job_id)
             return
         self._poke()
@@ -205,6 +212,16 @@ class SchedulerHandlers:
         if key not in self._facts:
             self._facts[key] = await admission.load_facts(conn, spec)
         return self._facts[key]
+
+    async def _queue_for(self, conn: asyncpg.Connection, team: str) -> str:
+        """``repo.queue_for_team``, read once per team in a batch: a team's queue changes only
+        by an admin call, which waits for the scheduling lock the batch holds (one query, and
+        one database span, less per submitted job)."""
+        if self._queues is None:
+            return await repo.queue_for_team(conn, team)
+        if team not in self._queues:
+            self._queues[team] = await repo.queue_for_team(conn, team)
+        return self._queues[team]
 
     async def on_cancel_requested(
         self, conn: asyncpg.Connection, cancel: JobCancelRequested, now: datetime

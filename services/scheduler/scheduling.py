@@ -110,18 +110,21 @@ def traced(payload: Payload, subject: str, event_id: str | None = None) -> outbo
 
 
 @contextmanager
-def job_trace(job_id: str, carrier: Mapping[str, Any] | None, what: str) -> Iterator[None]:
+def job_trace(
+    job_id: str, carrier: Mapping[str, Any] | None, what: str
+) -> Iterator[trace.Span | None]:
     """Run the block in a span of the job's own trace (from its submission), unless a span
-    is active already (an event handler's, which carries the trace it came with)."""
+    is active already (an event handler's, which carries the trace it came with); yields
+    the span made (None when none was)."""
     if not carrier or trace.get_current_span().get_span_context().is_valid:
-        yield
+        yield None
         return
     with _tracer.start_as_current_span(
         f"scheduler {what}",
         context=extract({str(k): str(v) for k, v in carrier.items()}),
         attributes={"trainyard.job_id": job_id},
-    ):
-        yield
+    ) as span:
+        yield span
 
 
 async def run_pass(
@@ -271,6 +274,16 @@ async def _give_notice(
     log.info("preemption notice to %s: %s", preemption.job_id, preemption.reason)
 
 
+def _pending_attributes(note: PendingNote) -> dict[str, str | int]:
+    attributes: dict[str, str | int] = {
+        "trainyard.pending.reason": note.reason,
+        "trainyard.pending.position": note.position,
+    }
+    if note.blocking:
+        attributes["trainyard.pending.blocking"] = note.blocking
+    return attributes
+
+
 async def _publish_pending(
     conn: asyncpg.Connection, built: Built, decisions: Decisions, now: datetime
 ) -> int:
@@ -284,7 +297,10 @@ async def _publish_pending(
         contexts = await repo.trace_contexts(conn, [job_id for job_id, _ in news])
         events = []
         for job_id, note in news:
-            with job_trace(job_id, contexts.get(job_id), "pending"):
+            with job_trace(job_id, contexts.get(job_id), "pending") as span:
+                if span is not None and span.is_recording():
+                    # The reason is the span's event too, so the trace says why the job waits.
+                    span.add_event("job.pending", _pending_attributes(note))
                 events.append(outbox.traced(_envelope(note.to_event(job_id), job_id)))
         await outbox.enqueue_traced(conn, events)
     return len(news)

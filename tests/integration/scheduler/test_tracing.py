@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from shared.events import Envelope
 from shared.events.payloads import AllocationGranted, JobPending, JobSubmitted
@@ -18,9 +21,15 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def tracing() -> None:
+def tracing() -> Iterator[InMemorySpanExporter]:
     if not isinstance(trace.get_tracer_provider(), TracerProvider):
         trace.set_tracer_provider(TracerProvider())
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield exporter
+    exporter.shutdown()  # the provider is the process's: this processor stays, idle
 
 
 def trace_id_of(headers: dict[str, str] | None) -> int | None:
@@ -29,7 +38,7 @@ def trace_id_of(headers: dict[str, str] | None) -> int | None:
 
 
 async def test_grants_and_pending_notes_join_the_jobs_trace(
-    tracing: None, scheduler: Scheduler
+    tracing: InMemorySpanExporter, scheduler: Scheduler
 ) -> None:
     received: dict[str, dict[str, str] | None] = {}
 
@@ -51,9 +60,27 @@ async def test_grants_and_pending_notes_join_the_jobs_trace(
         roots[job_id] = root.get_span_context().trace_id
 
     await scheduler.wait_for(AllocationGranted)
-    await scheduler.wait_for(JobPending, lambda p: p.job_id == "second")
+    (note, *_) = await scheduler.wait_for(JobPending, lambda p: p.job_id == "second")
     granted = "trainyard.allocation.granted.v1.n1"
     pending = "trainyard.job.pending.v1.second"
     await until(lambda: granted in received and pending in received)
     assert trace_id_of(received[granted]) == roots["first"]
     assert trace_id_of(received[pending]) == roots["second"]
+
+    # The wait's reason is an event of the scheduler's span in the job's trace.
+    (waiting,) = [
+        s
+        for s in tracing.get_finished_spans()
+        if s.name == "scheduler pending"
+        and (s.attributes or {}).get("trainyard.job_id") == "second"
+    ]
+    assert waiting.context is not None and waiting.context.trace_id == roots["second"]
+    events = [(e.name, dict(e.attributes or {})) for e in waiting.events]
+    assert (
+        "job.pending",
+        {
+            "trainyard.pending.reason": note.reason,
+            "trainyard.pending.position": note.position,
+            **({"trainyard.pending.blocking": note.blocking} if note.blocking else {}),
+        },
+    ) in events, events
