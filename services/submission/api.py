@@ -170,6 +170,15 @@ class Front:
 FrontDoor = NamedDependency[Front]
 
 
+_SCREENED = "trainyard_screened"
+
+
+def screened(role: Role) -> dict[str, Any]:
+    """The ``opt`` of a route that only ``role`` and above may call and that checks a job
+    against the flavor catalogue and budgets: the guard reads them with the token."""
+    return {**needs(role), _SCREENED: True}
+
+
 # --- controllers ---------------------------------------------------------------------
 
 
@@ -283,7 +292,7 @@ def _name(field: str, value: str) -> str:
     "/jobs",
     status_code=201,
     request_max_body_size=None,
-    opt=needs(Role.MEMBER),
+    opt=screened(Role.MEMBER),
     operation_class=json_request_body(
         JobRequest,
         example={"name": "digits", "entrypoint": "train", "gpus": 1, "gpu_flavor": "cpu"},
@@ -301,7 +310,7 @@ async def submit_job(
     request: AnyRequest, front: FrontDoor, key: IdempotencyKey = None
 ) -> Response[JobView]:
     caller = resolve_caller(request)
-    screening = await governance.screening(front.pool, front.settings.flavors, caller.team)
+    screening = await request_screening(request, front.pool, front.settings, caller.team)
     job = parse_job_request(await json_body(request, _JOB_FREE_TEXT), screening.flavors)
     job, warnings = screening.admit(job)
     job = await front.admission.admit(job, request.headers.get("authorization", ""))
@@ -480,10 +489,14 @@ class RateLimits:
 _READS = frozenset({"GET", "HEAD"})
 
 
-def caller_guard(pool: asyncpg.Pool, limits: RateLimits | None = None) -> Guard:
+def caller_guard(
+    pool: asyncpg.Pool, limits: RateLimits | None = None, flavors: Sequence[str] = ()
+) -> Guard:
     """The app-level guard: every route but the probes (``shared.access.OPEN_PATHS``),
     the OpenAPI schema included, needs a valid user token; the caller is kept for
-    ``resolve_caller``, and spends a token of ``limits`` (429 when there is none)."""
+    ``resolve_caller``, and spends a token of ``limits`` (429 when there is none). On a
+    route marked ``screened()`` (submissions) the same query also reads the team's
+    ``governance.Screening`` (``flavors``: the bootstrap list), kept for ``screening_of``."""
 
     async def guard(
         connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
@@ -493,9 +506,16 @@ def caller_guard(pool: asyncpg.Pool, limits: RateLimits | None = None) -> Guard:
         token = bearer_token(connection.headers.get("authorization"))
         if token is None:
             raise NotAuthorizedException(UNAUTHENTICATED)
-        caller = await identity.authenticate(pool, token)
-        if caller is None:
-            raise NotAuthorizedException(UNAUTHENTICATED)
+        if handler.opt.get(_SCREENED):
+            found = await identity.authenticate_screened(pool, token, flavors)
+            if found is None:
+                raise NotAuthorizedException(UNAUTHENTICATED)
+            caller, connection.state[_SCREENING] = found
+        else:
+            plain = await identity.authenticate(pool, token)
+            if plain is None:
+                raise NotAuthorizedException(UNAUTHENTICATED)
+            caller = plain
         if limits is not None:
             limits.check(str(connection.scope.get("method", "GET")), caller)
         enforce_least_role(caller.principal, connection, handler)
@@ -506,6 +526,17 @@ def caller_guard(pool: asyncpg.Pool, limits: RateLimits | None = None) -> Guard:
 
 
 _CALLER = "trainyard_caller"
+_SCREENING = "trainyard_screening"
+
+
+async def request_screening(
+    request: AnyRequest, pool: asyncpg.Pool, settings: Settings, team: str
+) -> governance.Screening:
+    """The ``Screening`` the guard read for a ``screened`` route (read now otherwise)."""
+    found = request.state.get(_SCREENING)
+    if isinstance(found, governance.Screening) and found.team == team:
+        return found
+    return await governance.screening(pool, settings.flavors, team)
 
 
 def resolve_caller(request: AnyRequest) -> Caller:
@@ -569,7 +600,7 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
     return service_app(
         "submission",
         [*deps.health_handlers, v1, audit_route(deps.pool), *dashboard_routes(settings)],
-        caller_guard(deps.pool, RateLimits.of(settings)),
+        caller_guard(deps.pool, RateLimits.of(settings), settings.flavors),
         statuses={NotFound: 404, Forbidden: 403, Conflict: 409, RegistryUnavailable: 503},
         errors=(429,),
         dependencies={

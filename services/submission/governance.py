@@ -18,6 +18,8 @@ Contract:
   warning. The state is billing's as last said: a bill billing has not said yet is not in it.
 - ``screening(pool, bootstrap, team, now)``: both of the above read in one query (the
   submission path): ``.flavors`` is ``known_flavors``, ``.admit(job)`` is ``admit``.
+  ``screening_columns``/``screening_of`` let another query read it too (the API's token
+  check on ``POST /v1/jobs`` does: one round trip for both).
 """
 
 from __future__ import annotations
@@ -181,27 +183,41 @@ class Screening:
         return _by_budgets(self.team, job, budgets)
 
 
-async def screening(
-    pool: asyncpg.Pool, bootstrap: Sequence[str], team: str, now: datetime | None = None
-) -> Screening:
-    """``known_flavors`` and the budget states ``admit`` reads, in one round trip."""
-    row = await pool.fetchrow(
-        """SELECT
-               (SELECT coalesce(array_agg(name), '{}') FROM flavor_replica WHERE NOT retired)
-                   AS declared,
-               (SELECT coalesce(array_agg(name), '{}') FROM flavor_replica WHERE retired)
-                   AS retired,
+def screening_columns(team: str, month: str) -> str:
+    """The select list that reads a ``Screening`` (``screening_of``), for the team and month
+    given as SQL expressions: lets another query (the token check) read it in the same round
+    trip."""
+    return f"""(SELECT coalesce(array_agg(name), '{{}}') FROM flavor_replica WHERE NOT retired)
+                   AS screen_declared,
+               (SELECT coalesce(array_agg(name), '{{}}') FROM flavor_replica WHERE retired)
+                   AS screen_retired,
                (SELECT coalesce(json_agg(json_build_object(
                            'project', project, 'month', month, 'amount', amount,
                            'spent', spent, 'currency', currency, 'policy', policy)
                        ORDER BY project), '[]')::text
                 FROM budget_replica
-                WHERE team = $1 AND month = $2 AND exhausted AND NOT deleted) AS budgets""",
-        team,
-        _month(now or datetime.now(UTC)),
-    )
-    flavors = sorted((set(bootstrap) | set(row["declared"])) - set(row["retired"]))
-    return Screening(team, flavors, json.loads(row["budgets"]))
+                WHERE team = {team} AND month = {month} AND exhausted AND NOT deleted)
+                   AS screen_budgets"""
+
+
+def screening_of(row: Mapping[str, Any], bootstrap: Sequence[str], team: str) -> Screening:
+    """The ``Screening`` of a row read with ``screening_columns``."""
+    flavors = sorted((set(bootstrap) | set(row["screen_declared"])) - set(row["screen_retired"]))
+    return Screening(team, flavors, json.loads(row["screen_budgets"]))
+
+
+def current_month(now: datetime | None = None) -> str:
+    """The month (``YYYY-MM``, UTC) whose budget states count now."""
+    return _month(now or datetime.now(UTC))
+
+
+async def screening(
+    pool: asyncpg.Pool, bootstrap: Sequence[str], team: str, now: datetime | None = None
+) -> Screening:
+    """``known_flavors`` and the budget states ``admit`` reads, in one round trip."""
+    row = await pool.fetchrow(f"SELECT {screening_columns('$1', '$2')}", team, current_month(now))
+    assert row is not None  # a SELECT without FROM has one row
+    return screening_of(row, bootstrap, team)
 
 
 def _month(now: datetime) -> str:

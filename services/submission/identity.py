@@ -19,6 +19,7 @@ Contract:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -26,6 +27,7 @@ import asyncpg
 
 from services.submission import identity_repository as repo
 from services.submission.errors import Conflict, Forbidden, NotFound, UserExists
+from services.submission.governance import Screening, current_month, screening_of
 from services.submission.identity_schemas import (
     MeView,
     TokenCreated,
@@ -78,8 +80,22 @@ class Caller:
 async def authenticate(pool: asyncpg.Pool, token: str) -> Caller | None:
     async with pool.acquire() as conn:
         row = await repo.caller_by_token(conn, hash_token(token))
+    return None if row is None else _caller(row)
+
+
+async def authenticate_screened(
+    pool: asyncpg.Pool, token: str, bootstrap: Sequence[str], now: datetime | None = None
+) -> tuple[Caller, Screening] | None:
+    """``authenticate``, and the caller team's ``governance.Screening`` (flavors from
+    ``bootstrap`` and the catalogue, budgets), in one query."""
+    async with pool.acquire() as conn:
+        row = await repo.caller_and_screening(conn, hash_token(token), current_month(now))
     if row is None:
         return None
+    return _caller(row), screening_of(row, bootstrap, row["team_name"])
+
+
+def _caller(row: asyncpg.Record) -> Caller:
     return Caller(
         user_id=row["user_id"],
         user=row["user_name"],

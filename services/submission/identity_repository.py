@@ -11,6 +11,8 @@ from datetime import datetime
 
 import asyncpg
 
+from services.submission.governance import screening_columns
+
 
 async def caller_by_token(conn: asyncpg.Connection, token_hash: str) -> asyncpg.Record | None:
     return await conn.fetchrow(
@@ -20,6 +22,23 @@ async def caller_by_token(conn: asyncpg.Connection, token_hash: str) -> asyncpg.
            WHERE k.token_hash = $1 AND k.revoked_at IS NULL AND u.disabled_at IS NULL
              AND (k.expires_at IS NULL OR k.expires_at > now())""",
         token_hash,
+    )
+
+
+async def caller_and_screening(
+    conn: asyncpg.Connection, token_hash: str, month: str
+) -> asyncpg.Record | None:
+    """``caller_by_token`` and, in the same query, what ``governance.screening`` reads for
+    the caller's team in ``month`` (``governance.screening_columns``)."""
+    return await conn.fetchrow(
+        f"""SELECT u.id AS user_id, u.name AS user_name, u.role, t.id AS team_id,
+                   t.name AS team_name, k.id AS token_id, k.name AS token_name, k.expires_at,
+                   {screening_columns("t.name", "$2")}
+            FROM tokens k JOIN users u ON u.id = k.user_id JOIN teams t ON t.id = u.team_id
+            WHERE k.token_hash = $1 AND k.revoked_at IS NULL AND u.disabled_at IS NULL
+              AND (k.expires_at IS NULL OR k.expires_at > now())""",
+        token_hash,
+        month,
     )
 
 

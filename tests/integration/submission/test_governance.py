@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 import asyncpg
 import pytest
 
+from services.submission import governance, identity
 from services.submission.errors import Conflict
 from services.submission.governance import admit, known_flavors
 from services.submission.schemas import JobRequest, parse_job_request
@@ -18,6 +19,7 @@ from shared.events import Envelope, Payload
 from shared.events.payloads import BudgetUpdated, FlavorDeclared, FlavorRetired
 from shared.events.trust import owner, routing_key_of
 from shared.http_errors import RequestInvalid
+from shared.identity import Role
 
 pytestmark = pytest.mark.integration
 
@@ -100,3 +102,43 @@ async def test_a_spent_budget_refuses_deprioritizes_or_warns_by_its_policy(
 
     await feed(pool, state(6, project="nlp", deleted=True), state(7, exhausted=False))
     assert await admit(pool, "ml", job("nlp"), NOW) == (job("nlp"), [])
+
+
+async def test_the_one_query_screening_reads_what_known_flavors_and_admit_read(
+    pool: asyncpg.Pool,
+) -> None:
+    """``POST /v1/jobs`` reads the catalogue and the budgets in one query, with the token
+    (``authenticate_screened``): it must decide exactly as ``known_flavors`` and ``admit``."""
+    async with pool.acquire() as conn:
+        token, _ = await identity.add_user(conn, "ml", "ada", Role.MEMBER, None)
+    await feed(
+        pool,
+        FlavorDeclared(name="l40s", revision=1, declared_at=NOW),
+        FlavorRetired(name="a100", revision=2, retired_at=NOW),
+        state(1, policy="warn", amount="10.50", spent="12.25"),
+        state(2, project="nlp", policy="deprioritize"),
+        state(3, project="cv", policy="refuse"),
+        state(4, team="vision", policy="refuse"),
+        state(5, team="ml", project="old", month="2026-11", policy="refuse"),
+    )
+    found = await identity.authenticate_screened(pool, token, BOOTSTRAP, NOW)
+    assert found is not None
+    caller, by_token = found
+    assert caller.user == "ada" and caller.team == "ml"
+    screenings = [await governance.screening(pool, BOOTSTRAP, "ml", NOW), by_token]
+    assert await identity.authenticate_screened(pool, "ty_not-a-token", BOOTSTRAP) is None
+
+    for screening in screenings:
+        assert screening.flavors == await known_flavors(pool, BOOTSTRAP) == ["cpu", "l40s"]
+        for project in ("default", "nlp", "old"):
+            assert screening.admit(job(project)) == await admit(pool, "ml", job(project), NOW)
+        with pytest.raises(Conflict, match="budget of project cv of ml") as refused:
+            screening.admit(job("cv"))
+        with pytest.raises(Conflict) as also_refused:
+            await admit(pool, "ml", job("cv"), NOW)
+        assert str(refused.value) == str(also_refused.value)
+    assert screenings[0].admit(job("nlp"))[1] == [
+        "the budget of team ml is spent (12.25 of 10.50 USD spent in 2026-12)",
+        "the budget of project nlp of ml is spent (12 of 10 USD spent in 2026-12); the job "
+        "runs at priority low",
+    ]
