@@ -116,8 +116,11 @@ class BillingHandlers:
                 await waste.record_run_report(conn, report, self._clock())
             case JobFailed() as failed if envelope.source == SCHEDULER:
                 # The scheduler's word on a job that failed for good; a runner's report is
-                # only about one attempt. A job refused on arrival never queued: not counted.
-                if failed.failure_kind != "rejected":
+                # only about one attempt. A job refused on arrival never queued: forgotten
+                # (no wait, no end in the success rate).
+                if failed.failure_kind == "rejected":
+                    await waste.forget_job(conn, failed.job_id)
+                else:
                     await waste.record_end(
                         conn, failed.job_id, "failed", failed.finished_at, self._clock()
                     )

@@ -48,6 +48,11 @@ async def record_job(conn: asyncpg.Connection, job: JobSubmitted, now: datetime)
     )
 
 
+async def forget_job(conn: asyncpg.Connection, job_id: str) -> None:
+    """A job the scheduler refused on arrival: it never waited for GPUs."""
+    await conn.execute("DELETE FROM waste_jobs WHERE job_id = $1", job_id)
+
+
 async def record_grant(conn: asyncpg.Connection, grant: AllocationGranted, now: datetime) -> None:
     await conn.execute(
         """INSERT INTO waste_grants (allocation_id, job_id, priority, recorded_at)

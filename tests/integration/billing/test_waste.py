@@ -404,6 +404,26 @@ async def test_filters_range_and_redelivery(client: httpx.AsyncClient, pool: asy
     assert rows["failed_attempts", "j"][0] == 3600
 
 
+async def test_a_job_refused_on_arrival_never_waits(
+    client: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    refused = JobFailed(
+        job_id="r",
+        allocation_id="",
+        node_id="",
+        epoch=0,
+        finished_at=at(9),
+        exit_code=None,
+        reason="refused: no such queue",
+        failure_kind="rejected",
+    )
+    await feed(pool, submitted("r", H, at(9)), wrap(refused, SCHEDULER))
+    rows = figures(await waste(client, group_by="job"), "job")
+    assert not [key for key in rows if key[1] == "r"]
+    body = await waste(client)
+    assert sum(s["ended"] for s in body["success"]) == 3  # j, l and h; not r
+
+
 async def test_bad_parameters_are_refused_naming_them(client: httpx.AsyncClient) -> None:
     response = await client.get(
         "/v1/waste", params={"colour": "red", "group_by": "team"}, headers=OPERATOR
