@@ -3,8 +3,9 @@
 Two teams share one runner with two virtual GPUs. Team ``audio`` (B) runs one job to the end.
 Team ``vision`` (A) has a finished job (a loss curve, checkpoints, a registered model, a
 cost), a running job and a pending job that waits for GPUs the running one holds; both of
-the first two are runs of experiment ``lr-sweep``. Each page is loaded as a person would and
-checked for what a person looks for; screenshots go to ``TRAINYARD_SCREENSHOT_DIR`` (default:
+the first two are runs of experiment ``lr-sweep``; the finished one is reproduced with another
+learning rate (the registry's verdict: ``different``, naming ``hyperparameters.lr``). Each page
+is loaded as a person would and checked for what a person looks for; screenshots go to ``TRAINYARD_SCREENSHOT_DIR`` (default:
 a temporary folder; docs/screenshots/ holds a set). Then, logged in as team A, every page is
 read again and nothing of team B's may appear in it.
 """
@@ -61,7 +62,7 @@ class World:
     stack: LocalStack
     tokens: dict[str, str]
     jobs: dict[str, dict[str, Any]]
-    """finished, running, pending (team A) and other (team B): each job's view."""
+    """finished, reproduction, running, pending (team A) and other (team B): each job's view."""
     shots: Path
 
 
@@ -122,6 +123,16 @@ def world() -> Iterator[World]:
             for key, client in (("other", b), ("finished", a)):
                 view = client.wait(ids[key], timeout_s=180)
                 assert view["status"] == "SUCCEEDED", view
+            # A reproduction of the finished job with another learning rate, on purpose: its
+            # verdict names what changed.
+            reproduction = a.call(
+                "POST",
+                f"/v1/jobs/{ids['finished']}/reproduce",
+                {"hyperparameters": {"lr": 0.05}},
+            )
+            ids["reproduction"] = str(reproduction["id"])
+            view = a.wait(ids["reproduction"], timeout_s=180)
+            assert view["status"] == "SUCCEEDED", view
             ids["running"] = _submit(
                 a,
                 code,
@@ -139,10 +150,32 @@ def world() -> Iterator[World]:
             )
             _until("the model is registered", lambda: a.get_job(ids["finished"])["model"], 60)
             _until("the cost is final", lambda: a.get_job(ids["finished"])["cost"]["final"], 60)
+            registry = Registry(stack.service_urls["registry"], tokens["a"])
+            _until("the reproduction's verdict", lambda: registry.verdict(ids["reproduction"]), 60)
             jobs = {key: (b if key == "other" else a).get_job(job) for key, job in ids.items()}
             yield World(stack, tokens, jobs, shots)
     finally:
         shutil.rmtree(data, ignore_errors=True)
+
+
+@dataclass
+class Registry:
+    """The registry's API as team A reads it (what the dashboard should show)."""
+
+    url: str
+    token: str
+
+    def get(self, path: str) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        return httpx.get(f"{self.url}{path}", headers=headers, timeout=10)
+
+    def verdict(self, job_id: str) -> dict[str, Any] | None:
+        answer = self.get(f"/v1/jobs/{job_id}/reproduction")
+        if answer.status_code == 404:
+            return None
+        answer.raise_for_status()
+        decided: dict[str, Any] = answer.json()
+        return decided if decided["verdict"] else None
 
 
 # --- driving the browser ------------------------------------------------------------------
@@ -347,12 +380,14 @@ def test_team_a_sees_nothing_of_team_b(browser: Any, world: World) -> None:
         (f"/jobs/{jobs['finished']['id']}", "training done"),
         (f"/jobs/{jobs['running']['id']}", "following"),
         (f"/jobs/{jobs['pending']['id']}", "Why it waits"),
+        (f"/jobs/{jobs['reproduction']['id']}", "Reproduction of"),
         ("/experiments", "Experiments"),
         ("/queues", "vision-pending"),
         ("/nodes", "Nodes"),
         ("/models", model["name"]),
         (f"/models/vision/{model['name']}", "Lineage of"),
         ("/costs", "By user"),
+        ("/waste", "Jobs that wasted most"),
     ]
     for route, ready in pages:
         visit(driver, route, ready, 30)
@@ -477,4 +512,119 @@ def test_models_show_aliases_and_lineage_and_costs_are_billings(browser: Any, wo
     drawn = sum(float(d.get_attribute("data-cost")) for d in days)
     assert abs(drawn - float(total["cost"])) < 1e-6
     shot(driver, world, "costs")
+    assert not script_errors(driver)
+
+
+def test_model_cost_reproduction_verdict_and_waste(browser: Any, world: World) -> None:
+    """What only Trainyard knows, read as a person reads it: what a model version cost to make
+    (the registry's ``cost``) and the teams it is granted to; a job's reproducibility record
+    and a reproduction's verdict naming what differed; the team's waste figures and job
+    success rate, equal to billing's ``/v1/waste``."""
+    driver, jobs = browser, world.jobs
+    finished, reproduction = jobs["finished"], jobs["reproduction"]
+    registry = Registry(world.stack.service_urls["registry"], world.tokens["a"])
+    model = finished["model"]
+    base = f"/v1/models/vision/{model['name']}"
+    granted = httpx.put(
+        f"{registry.url}{base}/grants/platform",
+        headers={"Authorization": f"Bearer {world.tokens['a']}"},
+        timeout=10,
+    )
+    assert granted.status_code == 200, granted.text
+
+    def costed() -> dict[str, Any] | None:
+        version: dict[str, Any] = registry.get(f"{base}/versions/{model['version']}").json()
+        done = version["cost"]["complete"] and float(version["cost"]["total"]) > 0
+        return version if done else None
+
+    version = _until("the version's cost is complete", costed, 60)
+    cost = version["cost"]
+    login(driver, world, "a")
+
+    # The model version: its cost to make (own job + upstream) and who it is granted to.
+    visit(driver, f"/models/vision/{model['name']}", "Cost to make")
+    expected = money(float(cost["total"]), cost["currency"])
+    assert driver.find_element("id", "version-cost-total").text == expected
+    assert driver.find_element("id", "version-cost-own").text == money(
+        float(cost["own_job"]), cost["currency"]
+    )
+    assert driver.find_element("id", "cost-state").text == "complete"
+    assert finished["id"][:8] in driver.find_element("id", "model-cost").text
+    row = driver.find_element("css selector", f".version-cost[data-version='{model['version']}']")
+    assert row.text == expected
+    assert "platform" in driver.find_element("id", "grants").text
+    shot(driver, world, "model-cost")
+
+    # The reproduction: its verdict, naming what differed, and its record in four parts.
+    verdict = registry.verdict(reproduction["id"])
+    assert verdict is not None and verdict["verdict"] == "different", verdict
+    visit(driver, f"/jobs/{reproduction['id']}", "Reproduction of")
+    wait(
+        driver,
+        "the verdict",
+        lambda d: d.find_elements("css selector", "#verdict-word [data-verdict=different]"),
+    )
+    assert driver.find_element("id", "verdict-word").text == "different"
+    named = {e.text for e in driver.find_elements("css selector", "#differences .difference-field")}
+    assert named == {d["field"] for d in verdict["differences"]}
+    assert "hyperparameters.lr" in named
+    assert finished["id"][:8] in driver.find_element("id", "verdict").text
+    record = registry.get(f"/v1/jobs/{reproduction['id']}/record").json()["record"]
+    wait(driver, "the record", lambda d: d.find_elements("id", "record-code"))
+    assert record["environment"]["python"] in driver.find_element("id", "record-environment").text
+    assert record["hardware"]["gpu_flavor"] in driver.find_element("id", "record-hardware").text
+    assert "lr=0.05" in driver.find_element("id", "record-data").text
+    assert '{"' not in driver.find_element("id", "record").text  # no raw JSON
+    shot(driver, world, "job-reproduction")
+    driver.execute_script("document.getElementById('record').scrollIntoView()")
+    shot(driver, world, "job-record")
+    # The original lists its reproduction with the verdict.
+    visit(driver, f"/jobs/{finished['id']}", "training done")
+    wait(driver, "its reproductions", lambda d: d.find_elements("id", "reproductions"))
+    listed = driver.find_element("id", "reproductions").text
+    assert reproduction["id"][:8] in listed and "different" in listed
+
+    # Waste: once every job of the team has ended, the figures stop moving; the page shows
+    # billing's figures and success rate for the same window.
+    client = TrainyardClient(world.stack.submission_url, world.tokens["a"])
+    for key in ("pending", "running"):
+        client.cancel(jobs[key]["id"])
+    billing = world.stack.service_urls["billing"]
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    end = today + timedelta(days=1)
+    params = {"from": (end - timedelta(days=30)).isoformat(), "to": end.isoformat()}
+
+    def settled() -> dict[str, Any] | None:
+        report: dict[str, Any] = httpx.get(
+            f"{billing}/v1/waste",
+            params=params,
+            headers={"Authorization": f"Bearer {world.tokens['a']}"},
+            timeout=10,
+        ).json()
+        ended = sum(s["ended"] for s in report["success"])
+        return report if ended == 4 else None  # finished, reproduction, running, pending
+
+    report = _until("billing has seen every job of the team end", settled, 60)
+    succeeded = sum(s["succeeded"] for s in report["success"])
+    assert succeeded == 2, report["success"]
+    visit(driver, "/costs", "By user")
+    driver.find_element("id", "waste-link").click()
+    wait(driver, "the waste page", lambda d: d.find_elements("id", "waste-figures"))
+    assert driver.find_element("id", "success-rate").text == "50.0 %"
+    queueing = [t for t in report["totals"] if t["figure"] == "queueing"]
+    assert queueing and float(queueing[0]["gpu_seconds"]) > 0, report["totals"]
+    assert driver.find_element("id", "waste-queueing").text == money(
+        float(queueing[0]["cost"]), queueing[0]["currency"]
+    )
+    tiles = driver.find_elements("css selector", "#waste-figures [data-figure]")
+    # Unallocated GPUs belong to no team: operators only.
+    assert {t.get_attribute("data-figure") for t in tiles} == {
+        "idle_gpus",
+        "queueing",
+        "failed_attempts",
+        "lost_work",
+        "input_bound",
+        "low_priority_holding",
+    }
+    shot(driver, world, "waste")
     assert not script_errors(driver)

@@ -11,6 +11,7 @@ const PAGES = {
   nodes: () => import("./pages/nodes.js"),
   models: () => import("./pages/models.js"),
   costs: () => import("./pages/costs.js"),
+  waste: () => import("./pages/waste.js"),
 };
 
 const view = document.getElementById("view");

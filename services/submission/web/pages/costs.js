@@ -20,7 +20,8 @@ export function window(now = new Date()) {
 }
 
 export async function render(view, _params, { me }) {
-  view.append(pageHeader("Costs", me.role === "operator" ? "Every team's GPU time and spend, last 30 days." : `Team ${me.team}'s GPU time and spend, last 30 days.`));
+  view.append(pageHeader("Costs", me.role === "operator" ? "Every team's GPU time and spend, last 30 days." : `Team ${me.team}'s GPU time and spend, last 30 days.`,
+    h("a", { href: "#/waste", class: "button", id: "waste-link" }, "Waste and success rate →")));
   const range = window();
   const report = (extra) => get("billing", "/v1/costs", { from: range.from, to: range.to, ...extra });
   let byDay, byTeam, byUser, byProject, byJob;

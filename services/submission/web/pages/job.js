@@ -1,10 +1,12 @@
-// One job: what it is doing, why it waits, what it cost, its curves, checkpoints and output.
+// One job: what it is doing, why it waits, what it cost, its curves, checkpoints and output,
+// its reproducibility record (code, data, environment, hardware) and, for a reproduction, the
+// registry's verdict naming what differed from the original.
 // While the job lives the page follows it (view every 3 s, logs every 2 s, charts every 10 s).
 
 import { ApiError, Unavailable, call, get } from "../api.js";
 import { lineChart } from "../chart.js";
 import {
-  absolute, card, duration, errorMessage, gpuHours, h, keyValues, message, metric, money,
+  absolute, card, duration, errorMessage, gpuHours, h, jobLink, keyValues, message, metric, money,
   pageHeader, relative, replace, runSeconds, stat, statusBadge, table, when, withJobLinks,
 } from "../ui.js";
 
@@ -33,13 +35,16 @@ export async function render(view, [jobId], { me }) {
   const checkpoints = h("div", { id: "checkpoints" });
   const model = h("div", { id: "model" });
   const details = h("div", { id: "details" });
+  const verdictBox = h("div", { id: "verdict" });
+  const recordBox = h("div", { id: "record" });
   const logBox = h("pre", { class: "logs", id: "logs", tabindex: "0" });
   const logState = h("span", { class: "muted", id: "log-state" });
 
-  view.append(header, stats, pending, failure,
+  view.append(header, stats, pending, failure, verdictBox,
     card("Metrics", charts),
     h("div", { class: "columns" }, card("Timeline", timeline), card("Checkpoints", checkpoints)),
     model,
+    card("Reproducibility", recordBox),
     card("Logs", h("div", { class: "card-tools" }, logState), logBox),
     card("Details", details));
 
@@ -243,10 +248,48 @@ export async function render(view, [jobId], { me }) {
     } catch { /* shown on the next success; the page keeps what it had */ }
   }
 
+  // --- reproducibility -------------------------------------------------------------------
+  let recordShown = false;
+  let verdictDecided = false;
+  async function drawRecord() {
+    if (recordShown) return;
+    try {
+      const answer = await get("registry", `/v1/jobs/${encodeURIComponent(job.id)}/record`);
+      replace(recordBox, reproducibility(answer));
+      recordShown = job.terminal;
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 404 && !(error instanceof Unavailable)) {
+        replace(recordBox, h("p", { class: "empty" }, "Recorded when the job starts: what code, data, environment and hardware it ran with."));
+      } else {
+        replace(recordBox, errorMessage(error, "the reproducibility record"));
+        recordShown = true;
+      }
+    }
+  }
+
+  async function drawVerdict() {
+    if (verdictDecided || !(job.spec || {}).reproduces) return;
+    try {
+      const answer = await get("registry", `/v1/jobs/${encodeURIComponent(job.id)}/reproduction`);
+      replace(verdictBox, verdictCard(answer, job.spec.reproduces));
+      verdictDecided = Boolean(answer.verdict);
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 404 && !(error instanceof Unavailable)) {
+        replace(verdictBox, verdictCard({ verdict: null, original_job_id: job.spec.reproduces }, job.spec.reproduces));
+      } else {
+        replace(verdictBox, errorMessage(error, "the reproduction's verdict"));
+        verdictDecided = true;
+      }
+    }
+  }
+
   let experimentHref = "#/experiments";
   draw();
-  await Promise.all([drawCharts(), pollLogs(), findExperiment()]);
+  await Promise.all([drawCharts(), pollLogs(), findExperiment(), drawRecord(), drawVerdict()]);
   timers.push(setInterval(() => { if (!job.terminal) refreshJob(); }, VIEW_MS));
+  // The record appears when the job starts; the verdict when the reproduction has ended and
+  // the registry compared it.
+  timers.push(setInterval(() => { drawRecord(); drawVerdict(); }, VIEW_MS));
   timers.push(setInterval(pollLogs, LOG_MS));
   let chartsFinal = job.terminal;
   timers.push(setInterval(() => {
@@ -287,4 +330,114 @@ function bytes(size) {
   let unit = 0;
   while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit++; }
   return `${value.toFixed(1)} ${units[unit]}`;
+}
+
+// --- reproducibility (registry: GET /v1/jobs/{id}/record and /reproduction) ---------------
+
+const VERDICTS = {
+  identical: ["identical", "status-succeeded", "Every final metric and the weights are exactly the original's."],
+  within_tolerance: ["within tolerance", "status-running", "The final metrics agree within the relative tolerance."],
+  different: ["different", "status-failed", "Something differs from the original: listed below."],
+};
+
+function short(text, n = 16) {
+  if (text === null || text === undefined || text === "") return "—";
+  const value = String(text);
+  return value.length > n ? `${value.slice(0, n)}…` : value;
+}
+
+function mono(text, n) {
+  return h("span", { class: "mono", title: text === null || text === undefined ? "" : String(text) }, short(text, n));
+}
+
+/** The record as four compact columns: code, data, environment, hardware; then how it ended
+ * and the reproductions made of it. */
+export function reproducibility(answer) {
+  const record = answer.record || {};
+  const code = record.code || {};
+  const data = record.data || {};
+  const env = record.environment || {};
+  const hw = record.hardware || {};
+  const source = code.source || {};
+  const datasets = data.datasets || [];
+  const outcome = answer.outcome;
+  const versions = [
+    ["Python", env.python], ["torch", env.torch], ["CUDA", env.cuda], ["cuDNN", env.cudnn], ["NCCL", env.nccl], ["Driver", env.driver],
+  ].filter(([, v]) => v);
+  const reproductions = answer.reproductions || [];
+  return h("div", {},
+    h("div", { class: "record" },
+      h("div", { class: "record-part", id: "record-code" }, h("h3", {}, "Code"), keyValues([
+        ["Version", mono(code.version, 40)],
+        source.kind === "git" ? ["Git", h("span", { class: "mono" }, `${source.repository} @ ${short(source.commit, 12)}`)] : null,
+        code.bundle_sha256 ? ["Bundle", mono(code.bundle_sha256, 12)] : null,
+        ["Working tree", code.diff_sha256 ? h("span", { title: code.diff_sha256 }, "uncommitted changes (hashed)") : "clean or not git"],
+      ])),
+      h("div", { class: "record-part", id: "record-data" }, h("h3", {}, "Data"), keyValues([
+        ...datasets.map((d) => [d.reference, h("span", { title: `${d.uri} · sha256 ${d.sha256}` }, mono(d.sha256, 12), d.feature_version ? ` · features ${d.feature_version}` : "")]),
+        !datasets.length ? ["Datasets", "none from the registry"] : null,
+        data.dataset ? ["Named", data.dataset] : null,
+        ["Seed", record.seed ?? "—"],
+        ["Hyper-parameters", Object.keys(record.hyperparameters || {}).length
+          ? Object.entries(record.hyperparameters).map(([k, v]) => h("span", { class: "tag" }, `${k}=${v}`)) : "—"],
+      ])),
+      h("div", { class: "record-part", id: "record-environment" }, h("h3", {}, "Environment"), keyValues([
+        ...versions.map(([k, v]) => [k, v]),
+        ["Platform", env.platform || "—"],
+        env.image ? ["Image", h("span", { class: "mono" }, env.image)] : null,
+        env.image_digest ? ["Digest", mono(env.image_digest, 19)] : null,
+        ["Packages", (env.packages || []).length ? h("span", { title: `sha256 ${env.packages_sha256 || ""}` }, `${env.packages.length} pinned · `, mono(env.packages_sha256, 12)) : "—"],
+      ])),
+      h("div", { class: "record-part", id: "record-hardware" }, h("h3", {}, "Hardware"), keyValues([
+        ["GPUs", `${hw.gpu_count ?? "?"} × ${hw.gpu_flavor || "?"}`],
+        (hw.gpu_models || []).length ? ["Models", [...new Set(hw.gpu_models)].join(", ")] : null,
+        ["Node", hw.node_id || "—"],
+        hw.hostname && hw.hostname !== hw.node_id ? ["Host", hw.hostname] : null,
+      ]))),
+    outcome ? h("p", { class: "muted record-outcome" }, `Ended ${outcome.status}`,
+      outcome.checkpoint_sha256 ? h("span", {}, " · final checkpoint ", mono(outcome.checkpoint_sha256, 12)) : " · no final checkpoint",
+      Object.keys(outcome.metrics || {}).length ? ` · ${Object.entries(outcome.metrics).map(([k, v]) => `${k} ${metric(v)}`).join(", ")}` : "") : null,
+    reproductions.length ? h("div", { id: "reproductions" }, h("h3", {}, "Reproductions of this job"),
+      h("ul", { class: "plain" }, reproductions.map((r) => h("li", {}, jobLink(r.job_id), " ", verdictBadge(r.verdict), " ", h("span", { class: "muted" }, absolute(r.decided_at)))))) : null);
+}
+
+function verdictBadge(verdict) {
+  const [text, kind] = VERDICTS[verdict] || ["not decided", "status-pending"];
+  return h("span", { class: `badge verdict ${kind}`, "data-verdict": verdict || "" }, text);
+}
+
+function value(v) {
+  if (v === null || v === undefined) return h("span", { class: "muted" }, "none");
+  if (Array.isArray(v)) return v.length ? v.map((item) => h("div", { class: "mono" }, short(typeof item === "string" ? item : JSON.stringify(item), 48))) : h("span", { class: "muted" }, "none");
+  if (typeof v === "number") return metric(v);
+  if (typeof v === "object") return h("span", { class: "mono" }, short(Object.entries(v).map(([k, x]) => `${k}=${typeof x === "object" ? "…" : x}`).join(", "), 60));
+  return h("span", { class: "mono", title: String(v) }, short(v, 48));
+}
+
+/** The verdict on a reproduction: the word, its original, every difference named, the final
+ * metrics side by side and the weights. */
+export function verdictCard(answer, original) {
+  const tone = answer.verdict === "different" ? "failed" : answer.verdict ? "reproduced" : "waiting";
+  const metrics = Object.entries(answer.metrics || {});
+  const weights = answer.weights || {};
+  return h("section", { class: `card ${tone}` },
+    h("h2", {}, "Reproduction of ", jobLink(answer.original_job_id || original), " ", h("span", { id: "verdict-word" }, verdictBadge(answer.verdict))),
+    h("p", { class: "reason" }, answer.verdict ? VERDICTS[answer.verdict][2] : "The verdict comes when this job has ended and the registry has compared it with the original."),
+    (answer.differences || []).length ? h("div", { id: "differences" }, h("h3", {}, "What differed"), table([
+      { title: "Field", cell: (d) => h("strong", { class: "mono difference-field" }, d.field) },
+      { title: "Original", cell: (d) => value(d.original) },
+      { title: "This reproduction", cell: (d) => value(d.reproduction) },
+    ], answer.differences)) : null,
+    metrics.length ? h("div", {}, h("h3", {}, "Final metrics"), table([
+      { title: "Metric", cell: ([k]) => k },
+      { title: "Original", align: "right", cell: ([, m]) => value(m.original) },
+      { title: "This reproduction", align: "right", cell: ([, m]) => value(m.reproduction) },
+      { title: "Relative difference", align: "right", cell: ([, m]) => (m.compared === false ? h("span", { class: "muted" }, "a timing: not compared") : value(m.relative_difference)) },
+    ], metrics)) : null,
+    answer.verdict ? keyValues([
+      ["Weights", !weights.compared ? "not compared (a final checkpoint is missing on a side)"
+        : weights.equal ? "identical bytes" : `different${weights.deterministic ? "" : " (GPU kernels need not be deterministic)"}`],
+      ["Tolerance", answer.relative_tolerance !== null && answer.relative_tolerance !== undefined ? `relative ${answer.relative_tolerance}` : "—"],
+      ["Decided", absolute(answer.decided_at)],
+    ]) : null);
 }

@@ -1,10 +1,11 @@
-// Models: the team's registered models, each version's metrics, cost, aliases, and its lineage
-// (what made it: code, data, environment, the job, its checkpoints) drawn as a graph.
+// Models: the team's registered models, each version's metrics, aliases, what it cost to make
+// (its own job plus every job upstream of it, from the registry's `cost`), the teams a model is
+// granted to, and its lineage (code, data, environment, the job, its checkpoints) as a graph.
 
 import { Unavailable, get } from "../api.js";
 import {
   absolute, card, errorMessage, h, jobLink, keyValues, message, metric, money, pageHeader,
-  replace, svg, table, when,
+  replace, stat, svg, table, when,
 } from "../ui.js";
 
 const SCAN_JOBS = 40;
@@ -62,26 +63,25 @@ async function listModels(team) {
 }
 
 async function renderModel(view, team, name, wanted) {
-  view.append(pageHeader(name, `Model of team ${team}`));
   const base = `/v1/models/${encodeURIComponent(team)}/${encodeURIComponent(name)}`;
-  let list;
+  let list, model;
   const aliases = new Map();
   try {
-    const [model, versions] = await Promise.all([get("registry", base), get("registry", `${base}/versions`)]);
-    list = versions;
+    [model, list] = await Promise.all([get("registry", base), get("registry", `${base}/versions`)]);
     for (const [alias, version] of Object.entries(model.aliases || {})) aliases.set(version, [...(aliases.get(version) || []), alias].sort());
   } catch (error) {
-    view.append(errorMessage(error, "model"));
+    view.append(pageHeader(name, `Model of team ${team}`), errorMessage(error, "model"));
     return;
   }
+  view.append(pageHeader(name, h("span", {}, `Model of team ${team}`, model.project ? ` · project ${model.project}` : "", " · ", grantsLine(model, team))));
   const versions = list.versions || [];
   if (!versions.length) { view.append(message("info", "This model has no version yet.")); return; }
-  const costs = new Map();
+  // Each version's detail carries its cost to make (own job + upstream); the newest ones.
+  const details = new Map();
   await Promise.all(versions.slice(-MAX_COSTS).map(async (v) => {
     try {
-      const job = await get("submission", `/v1/jobs/${encodeURIComponent(v.job_id)}`);
-      costs.set(v.version, job.cost);
-    } catch { /* the job's view may be gone: the cost shows as unknown */ }
+      details.set(v.version, await get("registry", `${base}/versions/${v.version}`));
+    } catch { /* deleted meanwhile: the cost shows as unknown */ }
   }));
   const selected = wanted ? Number(wanted) : versions[versions.length - 1].version;
   const keys = [...new Set(versions.flatMap((v) => Object.keys(v.metrics || {})))].sort();
@@ -92,24 +92,23 @@ async function renderModel(view, team, name, wanted) {
     { title: "Registered", cell: (v) => when(v.registered_at) },
     { title: "Job", cell: (v) => jobLink(v.job_id) },
     ...keys.slice(0, 5).map((k) => ({ title: k, align: "right", cell: (v) => metric(v.metrics[k]) })),
-    { title: "Cost", align: "right", cell: (v) => (costs.has(v.version) ? money(costs.get(v.version).cost, costs.get(v.version).currency) : "—") },
+    { title: "Cost to make", align: "right", cell: (v) => costCell(details.get(v.version)) },
   ], [...versions].reverse(), { rowClass: (v) => (v.version === selected ? "selected" : "") })));
   const detailBox = h("div", { id: "version" }, h("div", { class: "loading" }, "Loading…"));
   view.append(detailBox);
   try {
-    const detail = await get("registry", `/v1/models/${encodeURIComponent(team)}/${encodeURIComponent(name)}/versions/${selected}`);
-    const cost = costs.get(selected);
+    const detail = details.get(selected) || await get("registry", `${base}/versions/${selected}`);
     const lineage = detail.lineage || {};
     const env = lineage.environment || {};
     const upstream = h("div", { id: "upstream" }, h("div", { class: "loading" }, "Loading…"));
     replace(detailBox,
+      costCard(detail),
       card(`Lineage of v${selected}`, lineageGraph(detail)),
       card(`Where v${selected} came from (the registry's lineage)`, upstream),
       h("div", { class: "columns" },
         card("Version", keyValues([
           ["Registered", absolute(detail.registered_at)],
           ["Job", jobLink(detail.job_id, detail.job_id)],
-          ["Cost", cost ? money(cost.cost, cost.currency) : "—"],
           ["Artifact", h("span", { class: "mono" }, detail.artifact.uri)],
           ["sha256", h("span", { class: "mono" }, detail.artifact.sha256)],
           ["Step", detail.artifact.step],
@@ -132,6 +131,63 @@ async function renderModel(view, team, name, wanted) {
     replace(detailBox, errorMessage(error, "this version"));
   }
 }
+
+/** Who else may read the model: the teams it is granted to (the owner sees them; a grantee
+ * gets null and is told the model is shared with it). */
+function grantsLine(model, team) {
+  if (model.grants === null || model.grants === undefined) return h("span", { id: "grants" }, `shared with your team by ${team}`);
+  if (!model.grants.length) return h("span", { id: "grants", class: "muted" }, "not granted to other teams");
+  return h("span", { id: "grants" }, "granted to ", [...model.grants].sort().map((g) => h("span", { class: "tag grant" }, g)));
+}
+
+/** A version's cost to make as one figure: the total in its currency, or each currency's
+ * total when the billing currency changed. */
+export function costText(cost) {
+  if (!cost) return "—";
+  if (cost.currency) return money(cost.total, cost.currency);
+  if ((cost.by_currency || []).length) return cost.by_currency.map((c) => money(c.total, c.currency)).join(" + ");
+  return money(0);
+}
+
+function costCell(detail) {
+  if (!detail || !detail.cost) return "—";
+  const cost = detail.cost;
+  return h("span", { class: "version-cost", "data-version": String(detail.version) }, costText(cost),
+    cost.complete ? null : h("span", { class: "badge pending-cost", title: "a job of its lineage still runs: billed when it ends" }, "so far"));
+}
+
+function part(cost, key) {
+  if (cost.currency) return money(cost[key], cost.currency);
+  return (cost.by_currency || []).map((c) => money(c[key], c.currency)).join(" + ") || money(0);
+}
+
+/** What the version cost to make: its own job and every job upstream of it, each job's
+ * allocations billed (failed attempts and restarts included). */
+function costCard(detail) {
+  const cost = detail.cost;
+  if (!cost) return card(`Cost to make v${detail.version}`, h("p", { class: "empty" }, "This server does not report what a version cost."));
+  const jobs = cost.jobs || [];
+  const amounts = (j) => Object.entries(j.costs || {}).map(([currency, amount]) => money(amount, currency)).join(" + ") || money(0);
+  return h("section", { class: "card", id: "model-cost" },
+    h("h2", {}, `Cost to make v${detail.version}`,
+      cost.complete
+        ? h("span", { class: "badge status-succeeded", id: "cost-state" }, "complete")
+        : h("span", { class: "badge status-running", id: "cost-state", title: "a job of its lineage still runs, or the lineage was cut at its limit" }, "so far")),
+    h("div", { class: "stats" },
+      stat("Total", h("span", { id: "version-cost-total" }, costText(cost)), "own job + upstream"),
+      stat("Own job", h("span", { id: "version-cost-own" }, part(cost, "own_job")), "the job that made it"),
+      stat("Upstream", h("span", { id: "version-cost-upstream" }, part(cost, "upstream")), "parent models' and datasets' jobs")),
+    table([
+      { title: "Job", cell: (j) => jobLink(j.job_id) },
+      { title: "Name", cell: (j) => j.name },
+      { title: "Made", cell: (j) => (j.relation === "own" ? "this version" : "upstream") },
+      { title: "Status", cell: (j) => h("span", { class: `badge status-${j.status}` }, j.status) },
+      { title: "Allocations", align: "right", cell: (j) => j.allocations },
+      { title: "Cost", align: "right", cell: (j) => amounts(j) },
+    ], jobs, { empty: "No job billed yet." }),
+    cost.hidden_jobs ? h("p", { class: "muted" }, `${cost.hidden_jobs} upstream job(s) of other teams counted in the total, not listed.`) : null);
+}
+
 
 /** A node of the registry's lineage graph as a line of text. */
 function nodeLabel(node) {
