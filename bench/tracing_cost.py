@@ -26,6 +26,12 @@ bodies afterwards to count the spans), so it takes as little as it can of the 2 
 scheduler, NATS, PostgreSQL and the client share. Each round runs every mode once, the order
 rotating from round to round, so a slow spell of the machine hits every mode alike; the
 target is on/off >= 0.95 of the medians.
+
+Each run also records the scheduler process's CPU seconds, start to exit (``getrusage`` of
+ended children: the scheduler is the only child that ends during a run), and each mode's
+median CPU milliseconds per decision: a figure that another load on the machine disturbs
+far less than decisions per second (it includes the start-up, a second or so alike for
+every mode, so it overstates the cost per decision of every mode by the same amount).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import datetime as dt
 import json
 import os
 import platform
+import resource
 import statistics
 import sys
 import tempfile
@@ -134,6 +141,14 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
         os.environ.update(saved)
 
 
+def _children_cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process's children that have ended: read around
+    one run, the scheduler's own (the only child that ends during it; NATS and PostgreSQL
+    end last), from its start to its exit, whatever else loads the machine meanwhile."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.tracing_cost")
     parser.add_argument("--rounds", type=int, default=4, help="runs of each mode")
@@ -168,15 +183,22 @@ def main(argv: list[str] | None = None) -> int:
                         values = dict(MODES[mode])
                         if mode != "off":
                             values["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = sink.endpoint
+                        cpu_before = _children_cpu_seconds()
                         with _environment(values):
                             measured = _measure(
                                 base, nats_server.url, pg, args.nodes, jobs, finish, None
                             )
-                        run = {"mode": mode, **measured, "spans": sink.take_span_count()}
+                        run = {
+                            "mode": mode,
+                            **measured,
+                            "scheduler_cpu_seconds": round(_children_cpu_seconds() - cpu_before, 3),
+                            "spans": sink.take_span_count(),
+                        }
                         runs.append(run)
                         print(
                             f"{mode:>11}: {run['granted']} granted in {run['seconds']:.2f} s = "
                             f"{run['decisions_per_second']:.0f} decisions/s, "
+                            f"scheduler CPU {run['scheduler_cpu_seconds']:.2f} s, "
                             f"{run['spans']} spans exported",
                             flush=True,
                         )
@@ -198,10 +220,22 @@ def main(argv: list[str] | None = None) -> int:
         )
         for mode in modes
     }
+    cpu_ms = {
+        mode: round(
+            statistics.median(
+                1000 * r["scheduler_cpu_seconds"] / max(1, r["granted"])
+                for r in runs
+                if r["mode"] == mode
+            ),
+            3,
+        )
+        for mode in modes
+    }
     for mode in modes:
         print(
             f"{mode:>11}: median {medians[mode]:.0f} decisions/s of {args.rounds} runs, "
-            f"{vs_off[mode]:.3f} of off, {spans_per_decision[mode]} spans per decision"
+            f"{vs_off[mode]:.3f} of off, {spans_per_decision[mode]} spans per decision, "
+            f"scheduler CPU {cpu_ms[mode]:.3f} ms per decision"
         )
     print(
         f"ratio on/off {ratio:.3f}: {'meets' if ratio >= TARGET_RATIO else 'misses'} the "
@@ -233,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         "meets_target": ratio >= TARGET_RATIO,
         "every_job_granted": complete,
         "spans_per_decision": spans_per_decision,
+        "scheduler_cpu_ms_per_decision": cpu_ms,
         "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

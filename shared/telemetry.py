@@ -138,11 +138,33 @@ def instrument_database(provider: trace.TracerProvider) -> bool:
     if not OtelExportSettings().database_spans_on:
         return False
     # A singleton: one wrapping per process.
-    instrumentor = AsyncPGInstrumentor()  # type: ignore[no-untyped-call]
+    instrumentor = _WithinTraceAsyncPG()  # type: ignore[no-untyped-call]
     if not instrumentor.is_instrumented_by_opentelemetry:
         # capture_parameters stays False: values ($1...) can be tokens or credentials.
         instrumentor.instrument(tracer_provider=WithinTraceProvider(provider))
     return True
+
+
+class _WithinTraceAsyncPG(AsyncPGInstrumentor):
+    """The asyncpg instrumentation, which returns at once from a query made outside any
+    recording span: the library describes every query (its statement, database, user, peer)
+    before it asks for a span, so a busy service's queries made outside a trace would each
+    pay that for nothing."""
+
+    async def _do_execute(self, func: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        if not trace.get_current_span().is_recording():
+            return await func(*args, **kwargs)
+        return await super()._do_execute(func, instance, args, kwargs)  # type: ignore[no-untyped-call]
+
+    async def _do_cursor_execute(self, func: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        if not trace.get_current_span().is_recording():
+            return await func(*args, **kwargs)
+        return await super()._do_cursor_execute(func, instance, args, kwargs)  # type: ignore[no-untyped-call]
+
+    async def _do_prepared_execute(self, func: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        if not trace.get_current_span().is_recording():
+            return await func(*args, **kwargs)
+        return await super()._do_prepared_execute(func, instance, args, kwargs)  # type: ignore[no-untyped-call]
 
 
 class WithinTraceProvider(trace.TracerProvider):
