@@ -628,3 +628,11 @@ def test_model_cost_reproduction_verdict_and_waste(browser: Any, world: World) -
     }
     shot(driver, world, "waste")
     assert not script_errors(driver)
+
+    # An operator sees every team's figures, and the unallocated GPUs, which are no team's.
+    login(driver, world, "operator")
+    visit(driver, "/waste", "Jobs that wasted most")
+    tiles = driver.find_elements("css selector", "#waste-figures [data-figure]")
+    assert "unallocated_gpus" in {t.get_attribute("data-figure") for t in tiles}
+    assert "Every team" in driver.find_element("tag name", "body").text
+    assert not script_errors(driver)

@@ -16,6 +16,7 @@ const CHART_MS = 10000;
 const MAX_CHARTS = 6;
 const MAX_POINTS = 1000;
 const LOG_KEEP_CHARS = 200_000;
+const AFTER_END_TRIES = 20; // the record's outcome and the verdict follow a job's end by the bus
 
 export async function render(view, [jobId], { me }) {
   let job;
@@ -249,36 +250,45 @@ export async function render(view, [jobId], { me }) {
   }
 
   // --- reproducibility -------------------------------------------------------------------
-  let recordShown = false;
-  let verdictDecided = false;
+  // The record exists once the job started; its outcome once it ended: asked for until it
+  // exists, then once more when the job ends. The verdict: when the reproduction has ended.
+  let record = "none"; // "none" | "living" (recorded, job not ended) | "final"
+  let recordTries = 0;
   async function drawRecord() {
-    if (recordShown) return;
+    if (record === "final" || (record === "living" && !job.terminal)) return;
+    const ended = job.terminal;
     try {
       const answer = await get("registry", `/v1/jobs/${encodeURIComponent(job.id)}/record`);
       replace(recordBox, reproducibility(answer));
-      recordShown = job.terminal;
+      // Ended: the outcome lands when the registry has the job's end; ask a few more times.
+      record = ended && (answer.outcome || ++recordTries > AFTER_END_TRIES) ? "final" : "living";
     } catch (error) {
       if (error instanceof ApiError && error.status === 404 && !(error instanceof Unavailable)) {
         replace(recordBox, h("p", { class: "empty" }, "Recorded when the job starts: what code, data, environment and hardware it ran with."));
+        if (ended && ++recordTries > AFTER_END_TRIES) record = "final"; // it never started
       } else {
         replace(recordBox, errorMessage(error, "the reproducibility record"));
-        recordShown = true;
+        record = "final";
       }
     }
   }
 
+  let verdict = "none"; // "none" | "waiting" (asked before the job ended) | "final"
+  let verdictTries = 0;
   async function drawVerdict() {
-    if (verdictDecided || !(job.spec || {}).reproduces) return;
+    if (!(job.spec || {}).reproduces || verdict === "final" || (verdict === "waiting" && !job.terminal)) return;
+    const ended = job.terminal;
     try {
       const answer = await get("registry", `/v1/jobs/${encodeURIComponent(job.id)}/reproduction`);
       replace(verdictBox, verdictCard(answer, job.spec.reproduces));
-      verdictDecided = Boolean(answer.verdict);
+      verdict = answer.verdict || (ended && ++verdictTries > AFTER_END_TRIES) ? "final" : ended ? "none" : "waiting";
     } catch (error) {
       if (error instanceof ApiError && error.status === 404 && !(error instanceof Unavailable)) {
         replace(verdictBox, verdictCard({ verdict: null, original_job_id: job.spec.reproduces }, job.spec.reproduces));
+        verdict = ended && ++verdictTries > AFTER_END_TRIES ? "final" : ended ? "none" : "waiting";
       } else {
         replace(verdictBox, errorMessage(error, "the reproduction's verdict"));
-        verdictDecided = true;
+        verdict = "final";
       }
     }
   }
