@@ -19,7 +19,11 @@ alternately in two modes, in the same run, each scheduler fresh:
 * two of the operator's knobs, for the record: **no-db-spans** is *on* with
   ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=asyncpg``, **sampled-10%** is *on* with
   ``OTEL_TRACES_SAMPLER=parentbased_traceidratio`` and ``OTEL_TRACES_SAMPLER_ARG=0.1``
-  (``--modes on off`` leaves them out).
+  (``--modes on off`` leaves them out);
+* two more that split the cost: **not-exported** (``OTEL_TRACES_EXPORTER=none``: every span
+  is made, ended and dropped, none encoded or sent) and **sampled-0%**
+  (``OTEL_TRACES_SAMPLER=always_off``: no span recorded, but the trace context still travels
+  in every header and outbox row and every instrumented call is still entered).
 
 The receiver only reads each request and answers 200 while the clock runs (it decodes the
 bodies afterwards to count the spans), so it takes as little as it can of the 2 cores the
@@ -29,14 +33,16 @@ target is on/off >= 0.95 of the medians.
 
 Each run also records the scheduler process's CPU seconds, start to exit (``getrusage`` of
 ended children: the scheduler is the only child that ends during a run), and each mode's
-median CPU milliseconds per decision: a figure that another load on the machine disturbs
-far less than decisions per second (it includes the start-up, a second or so alike for
-every mode, so it overstates the cost per decision of every mode by the same amount).
+median CPU milliseconds per decision: a figure that another load on the machine disturbs far
+less than decisions per second. A run's CPU includes the start-up (imports, the exporter's
+set-up, migrations), which differs by mode, so it is measured once per mode on its own (a
+scheduler started and stopped as soon as it is ready) and taken off.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime as dt
 import json
 import os
@@ -46,6 +52,7 @@ import statistics
 import sys
 import tempfile
 import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -54,10 +61,11 @@ from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from bench.scheduler_e2e import _measure
+from bench.scheduler_e2e import ADMIN_TOKEN, _delete_streams, _measure, _wait_ready
 from deploy.local.nats import NatsServer
-from deploy.local.ports import LOOPBACK
+from deploy.local.ports import LOOPBACK, free_port
 from deploy.local.postgres import PostgresServer
+from deploy.local.processes import ManagedProcess
 
 RESULTS = Path(__file__).parent / "results" / "tracing_cost.json"
 TARGET_RATIO = 0.95
@@ -71,6 +79,9 @@ MODES: dict[str, dict[str, str]] = {
         "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
         "OTEL_TRACES_SAMPLER_ARG": "0.1",
     },
+    # Where the cost is: everything but the export, and everything but the spans.
+    "not-exported": {"OTEL_TRACES_EXPORTER": "none"},
+    "sampled-0%": {**_ON, "OTEL_TRACES_SAMPLER": "always_off"},
 }
 _OTEL_KEYS = (
     "OTEL_SDK_DISABLED",
@@ -149,6 +160,43 @@ def _children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _values(mode: str, sink: Sink) -> dict[str, str]:
+    values = dict(MODES[mode])
+    if mode not in ("off", "not-exported"):
+        values["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = sink.endpoint
+    return values
+
+
+def _startup_cpu_seconds(base: Path, nats_url: str, pg: PostgresServer) -> float:
+    """CPU seconds of a scheduler started as ``_measure`` starts it (in the current
+    environment) and stopped as soon as it is ready: the part of a run's CPU that is not
+    deciding (imports, the exporter's set-up, migrations, stream set-up, shutdown)."""
+    port = free_port()
+    name = f"bench_start_{uuid.uuid4().hex[:6]}"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")},
+        "TRAINYARD_NATS_URL": nats_url,
+        "TRAINYARD_DATABASE_URL": pg.create_database(name),
+        "TRAINYARD_SCHEDULER_PORT": str(port),
+        "TRAINYARD_SCHEDULER_ADMIN_TOKEN": ADMIN_TOKEN,
+    }
+    before = _children_cpu_seconds()
+    process = ManagedProcess(
+        "scheduler",
+        [sys.executable, "-m", "services.scheduler"],
+        env=env,
+        log_path=base / f"scheduler-{name}.log",
+        cwd=Path(__file__).parents[1],
+    )
+    process.start()
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}/readyz", process)
+    finally:
+        process.stop()
+        asyncio.run(_delete_streams(nats_url))
+    return _children_cpu_seconds() - before
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.tracing_cost")
     parser.add_argument("--rounds", type=int, default=4, help="runs of each mode")
@@ -176,15 +224,18 @@ def main(argv: list[str] | None = None) -> int:
             base = Path(tmp)
             os.chmod(base, 0o755)  # PostgreSQL runs as its own user when we are root
             with NatsServer(base / "nats") as nats_server, PostgresServer(base / "pg") as pg:
+                startup: dict[str, float] = {}
+                for mode in modes:
+                    with _environment(_values(mode, sink)):
+                        startup[mode] = round(_startup_cpu_seconds(base, nats_server.url, pg), 3)
+                    sink.take_span_count()
+                    print(f"{mode:>11}: start and stop alone: scheduler CPU {startup[mode]:.2f} s")
                 for round_ in range(args.rounds):
                     # The order rotates, so no mode always runs on a warmer (or busier) machine.
                     shift = round_ % len(modes)
                     for mode in modes[shift:] + modes[:shift]:
-                        values = dict(MODES[mode])
-                        if mode != "off":
-                            values["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = sink.endpoint
                         cpu_before = _children_cpu_seconds()
-                        with _environment(values):
+                        with _environment(_values(mode, sink)):
                             measured = _measure(
                                 base, nats_server.url, pg, args.nodes, jobs, finish, None
                             )
@@ -223,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu_ms = {
         mode: round(
             statistics.median(
-                1000 * r["scheduler_cpu_seconds"] / max(1, r["granted"])
+                1000 * (r["scheduler_cpu_seconds"] - startup[mode]) / max(1, r["granted"])
                 for r in runs
                 if r["mode"] == mode
             ),
@@ -235,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{mode:>11}: median {medians[mode]:.0f} decisions/s of {args.rounds} runs, "
             f"{vs_off[mode]:.3f} of off, {spans_per_decision[mode]} spans per decision, "
-            f"scheduler CPU {cpu_ms[mode]:.3f} ms per decision"
+            f"scheduler CPU {cpu_ms[mode]:.3f} ms per decision "
+            f"(start-up's {startup[mode]:.2f} s taken off), "
+            f"CPU off/{mode} {cpu_ms['off'] / cpu_ms[mode]:.3f}"
         )
     print(
         f"ratio on/off {ratio:.3f}: {'meets' if ratio >= TARGET_RATIO else 'misses'} the "
@@ -267,7 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         "meets_target": ratio >= TARGET_RATIO,
         "every_job_granted": complete,
         "spans_per_decision": spans_per_decision,
+        "scheduler_startup_cpu_seconds": startup,
         "scheduler_cpu_ms_per_decision": cpu_ms,
+        "cpu_ratio_vs_off": {mode: round(cpu_ms["off"] / cpu_ms[mode], 3) for mode in modes},
         "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
