@@ -52,7 +52,8 @@ export async function render(view, [jobId], { me }) {
   function draw() {
     const cancellable = !job.terminal && !job.cancel_requested && me.role !== "viewer";
     replace(header, pageHeader(
-      h("span", {}, job.name, " ", statusBadge(job.status)),
+      h("span", {}, job.name, " ", statusBadge(job.status),
+        (job.spec || {}).reproduces ? h("span", { class: "badge", title: `reproduces job ${job.spec.reproduces}` }, "reproduction") : null),
       h("span", { class: "mono", id: "job-id" }, job.id),
       cancellable ? h("button", { class: "danger", onclick: cancel }, "Cancel job") : null,
       job.cancel_requested && !job.terminal ? h("span", { class: "badge status-cancelled" }, "cancelling") : null));
