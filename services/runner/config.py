@@ -48,7 +48,7 @@ class Settings(GuardedServiceSettings):
     """This node's topology domain (NVLink domain, rack, ...), sent in every heartbeat: the
     scheduler keeps the nodes of a multi-node job in one domain when it can."""
     virtual_gpus: int | None = Field(default=None, ge=0)
-    """Offer this many virtual GPUs (``virtual-cpu-<i>``; jobs run on CPU) instead of
+    """Offer this many virtual GPUs (model ``virtual-cpu``; jobs run on CPU) instead of
     discovering real ones. Unset: discover with NVML, else torch."""
     heartbeat_interval_seconds: float = Field(default=2.0, gt=0)
     """How often ``runner.heartbeat`` is published."""

@@ -1,6 +1,6 @@
 """What GPUs this node has, and how a job is shown only its own.
 
-Discovery order: ``virtual_gpus`` set -> that many virtual GPUs (``virtual-cpu-<i>``; jobs
+Discovery order: ``virtual_gpus`` set -> that many virtual GPUs (model ``virtual-cpu``; jobs
 run on CPU with ``CUDA_VISIBLE_DEVICES=""``), whatever hardware is present. Otherwise NVML
 (``pynvml`` from ``nvidia-ml-py``, imported only if installed), then
 ``torch.cuda`` (imported only here, never at the runner's module level), else none.
@@ -60,7 +60,9 @@ class GpuInventory:
 
 
 def virtual_inventory(count: int) -> GpuInventory:
-    return GpuInventory(tuple(f"virtual-cpu-{i}" for i in range(count)), "virtual")
+    # One model name for every slot, as NVML names eight A100s alike: a name is a model, not
+    # a slot, so a reproduction that lands on another slot has the same hardware.
+    return GpuInventory(("virtual-cpu",) * count, "virtual")
 
 
 def discover_gpus(virtual_gpus: int | None) -> GpuInventory:

@@ -51,7 +51,7 @@ async def test_heartbeats_announce_the_node_and_its_virtual_gpus(
     assert beat.node_id == settings.node_id
     assert beat.gpu_flavor == "cpu"
     assert beat.gpu_count == 2
-    assert beat.gpu_names == ["virtual-cpu-0", "virtual-cpu-1"]
+    assert beat.gpu_names == ["virtual-cpu", "virtual-cpu"]
     assert beat.running_allocations == []
 
 
@@ -75,7 +75,7 @@ async def test_a_job_is_started_reports_progress_and_checkpoint_and_succeeds(
     assert started.code_version == f"sha256:{allocation.spec.code.sha256}"
     assert started.environment.code_sha256 == allocation.spec.code.sha256
     assert started.environment.node_id == settings.node_id
-    assert started.environment.gpu_names == ["virtual-cpu-1"]
+    assert started.environment.gpu_names == ["virtual-cpu"]
     assert started.environment.cuda is None
     assert started.spec == allocation.spec
     assert started.resumed_from is None

@@ -14,7 +14,7 @@ from services.runner.gpus import GpuInventory, GpuUsage, discover_gpus, virtual_
 
 def test_virtual_gpus_are_named_and_counted() -> None:
     inventory = discover_gpus(3)
-    assert inventory.names == ("virtual-cpu-0", "virtual-cpu-1", "virtual-cpu-2")
+    assert inventory.names == ("virtual-cpu",) * 3
     assert inventory.count == 3 and inventory.virtual and inventory.source == "virtual"
     assert inventory.cuda is None
 
