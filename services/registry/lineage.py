@@ -12,8 +12,10 @@ Contract:
   jobs that fine-tuned from those and what they made, and dataset versions produced by any of
   these jobs with their own downstream.
 - A graph holds at most ``MAX_NODES`` nodes; past it, ``truncated`` says so.
-- ``Graph.visible_to`` keeps what a caller may see (its team's nodes, datasets it may read;
-  operators all) and counts the rest as ``hidden``, dropping their edges.
+- ``Graph.visible_to`` keeps what a caller may see (its team's nodes, and the dataset and
+  model versions of other teams that granted it reading them; operators all) and counts the
+  rest as ``hidden``, dropping their edges: a grant opens the dataset or model, never the
+  jobs and checkpoints of the team that made it.
 - ``openlineage`` turns a graph into OpenLineage run events (one ``RunEvent`` per job:
   ``eventType``, ``eventTime``, ``run``, ``job``, ``inputs``, ``outputs``, ``producer``,
   ``schemaURL``), as the OpenLineage 2-0-2 spec names them.
@@ -84,18 +86,25 @@ class Graph:
             self.edges.append(edge)
 
     async def visible_to(
-        self, team: str | None, may_read: Callable[[str, str], Awaitable[bool]]
+        self, team: str | None, may_read: Callable[[Kind, str, str], Awaitable[bool]]
     ) -> Graph:
-        """The part ``team`` (None: an operator) may see; ``may_read(team, name)`` answers
-        for another team's dataset."""
+        """The part ``team`` (None: an operator) may see; ``may_read(kind, team, name)``
+        answers for another team's dataset or model (its grants), asked once per name."""
         if team is None:
             return self
+        answers: dict[tuple[Kind, str, str], bool] = {}
+
+        async def granted(node: Node) -> bool:
+            if node.kind not in ("dataset_version", "model_version"):
+                return False
+            key = (node.kind, node.team, str(node.detail["name"]))
+            if key not in answers:
+                answers[key] = await may_read(*key)
+            return answers[key]
+
         kept: dict[str, Node] = {}
         for node in self.nodes.values():
-            if node.team == team or (
-                node.kind == "dataset_version"
-                and await may_read(node.team, str(node.detail["name"]))
-            ):
+            if node.team == team or await granted(node):
                 kept[node.id] = node
         shown = Graph(self.root, self.direction, kept)
         shown.edges = [e for e in self.edges if e[0] in kept and e[1] in kept]

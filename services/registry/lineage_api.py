@@ -7,9 +7,10 @@
 
 ``?format=json`` (default) answers the graph (``lineage.Graph.as_json``);
 ``?format=openlineage`` answers ``{"events": [RunEvent, ...]}``. The starting node must be
-visible to the caller (its team's model; a dataset its team owns or was granted; operators
-everything), else 404 like one that does not exist; nodes of the graph it may not see are
-left out and counted in ``hidden``.
+readable by the caller (a model or dataset its team owns or was granted — ``model_grants``,
+``dataset_repository.readable``; operators everything), else 404 like one that does not
+exist; nodes of the graph it may not read are left out and counted in ``hidden`` (a granted
+model or dataset version is shown, the other team's jobs and checkpoints are not).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, PathParameter, QueryParameter
 
 from services.registry import dataset_repository as datasets
-from services.registry import lineage, names
+from services.registry import lineage, model_grants, names
 from services.registry import repository as repo
 from shared.http_app import error_responses
 from shared.identity import Principal
@@ -43,7 +44,9 @@ def lineage_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
     ) -> dict[str, Any]:
         reader = None if principal.is_operator else principal.team
 
-        async def may_read(team: str, name: str) -> bool:
+        async def may_read(kind: lineage.Kind, team: str, name: str) -> bool:
+            if kind == "model_version":
+                return await model_grants.readable(conn, reader, team, name)
             return await datasets.readable(conn, reader, team, name)
 
         shown = await graph.visible_to(reader, may_read)
@@ -65,9 +68,9 @@ def lineage_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
     ) -> dict[str, Any]:
         names.check_model(team, name)
         missing = NotFoundException(f"no version {version} of model {name!r} in team {team!r}")
-        if not principal.may_see_team(team):
-            raise missing
         async with pool.acquire() as conn:
+            if not await model_grants.readable(conn, model_grants.reader_of(principal), team, name):
+                raise missing
             found = await repo.model_version(conn, team, name, version)
             if found is None:
                 raise missing

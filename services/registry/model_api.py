@@ -1,10 +1,14 @@
 """The model lifecycle over HTTP (docs/models.md): listing models, registering, deleting and
 downloading versions, and aliases.
 
-- ``GET /v1/models?team&project&after&limit``: models, ordered by team and name,
-  keyset-paged.
+- ``GET /v1/models?team&project&after&limit&granted``: models, ordered by team and name,
+  keyset-paged: the caller's team's (``team``: another team's that it granted to the
+  caller's; operators: any team's, every team's without ``team``); ``granted=true``: the
+  models other teams granted to the caller's team (``team`` narrows to one owner). Unknown
+  or repeated parameters answer 422 naming them.
 - ``GET /v1/models/{team}/{name}``: one model with its aliases.
-- ``POST /v1/models/{team}/{name}/versions`` (members): register a committed checkpoint.
+- ``POST /v1/models/{team}/{name}/versions`` (members): register a committed checkpoint;
+  answers the version as ``GET`` does, with its ``cost``.
 - ``DELETE /v1/models/{team}/{name}/versions/{version}`` (members): 409 while an alias
   points at it; else frees its objects and says what it freed.
 - ``GET .../versions/by-alias/{alias}``: the version an alias points at.
@@ -58,13 +62,12 @@ from services.registry.schemas import (
     Freed,
     ModelPage,
     ModelSummary,
-    OwnedVersion,
     RegisterRequest,
 )
 from shared import audit
 from shared.access import needs
 from shared.http_app import error_responses, json_request_body
-from shared.http_errors import RequestInvalid, parse_body, read_json_body
+from shared.http_errors import FieldError, RequestInvalid, parse_body, read_json_body
 from shared.identity import Principal, Role
 from shared.storage import ObjectNotFound, ObjectStore
 
@@ -73,6 +76,7 @@ Version = Annotated[int, PathParameter(ge=1, le=2**31 - 1)]  # the column's inte
 Clock = Callable[[], datetime]
 BODY_MAX_BYTES = 64 * 1024
 PAGE_MAX = 500
+LIST_PARAMETERS = frozenset({"team", "after", "limit", "project", "granted"})
 
 
 class StorageUnavailable(Exception):
@@ -133,21 +137,35 @@ def model_routes(
             )
         return found
 
-    @get("/v1/models", summary="A team's models (operators: every team's)")
+    @get(
+        "/v1/models",
+        summary="A team's models, or those other teams granted to it (operators: every team's)",
+        responses=error_responses(422),
+    )
     async def list_models(
+        request: Request[Any, Any, Any],
         principal: Caller,
         team: Annotated[str | None, QueryParameter(max_length=100)] = None,
         after: Annotated[str | None, QueryParameter(max_length=201)] = None,
         limit: Annotated[int, QueryParameter(ge=1, le=PAGE_MAX)] = 100,
         project: Annotated[str | None, QueryParameter(max_length=100)] = None,
+        granted: Annotated[bool, QueryParameter()] = False,
     ) -> ModelPage:
+        _known_parameters(request, LIST_PARAMETERS)
         if team is not None:
             names.check("team", team)
         if project is not None:
             names.check("model", project, "project")  # a project is named like a job
         cursor = _cursor(after)
         grantee = None
-        if not principal.is_operator:
+        if granted:
+            # Models other teams granted to the caller's; ``team`` narrows to one owner.
+            if principal.team is None:
+                raise RequestInvalid.one(
+                    "granted", "lists what other teams granted to yours: needs a team's token"
+                )
+            grantee = principal.team
+        elif not principal.is_operator:
             if team is not None and team != principal.team:
                 grantee = principal.team  # another team's: only what it granted to ours
             team = team or principal.team
@@ -180,7 +198,7 @@ def model_routes(
     )
     async def register_version(
         team: FromPath[str], name: FromPath[str], request: Request[Any, Any, Any], principal: Caller
-    ) -> OwnedVersion:
+    ) -> CostedVersion:
         names.check_model(team, name)
         raw = await read_json_body(request, BODY_MAX_BYTES, lambda path: path == "description")
         body = parse_body(RegisterRequest, raw)
@@ -234,7 +252,8 @@ def model_routes(
                         f"{team}/{name}/{version.version}",
                         {"job_id": body.job_id, "checkpoint_uri": chosen.ref.uri},
                     )
-        return OwnedVersion.of(version, [])
+            # The shape GET answers: what the new version cost to make (its job and upstream).
+            return await model_cost.costed(conn, version, [], model_grants.reader_of(principal))
 
     @delete(
         "/v1/models/{team:str}/{name:str}/versions/{version:int}",
@@ -547,6 +566,19 @@ def _summary(row: ModelRow) -> ModelSummary:
         aliases=row.aliases,
         created_at=row.created_at,
     )
+
+
+def _known_parameters(request: Request[Any, Any, Any], known: frozenset[str]) -> None:
+    """422 naming every query parameter not in ``known``, or given more than once."""
+    errors = []
+    for key in sorted(set(request.query_params.keys())):
+        if key not in known:
+            listed = ", ".join(sorted(known))
+            errors.append(FieldError(field=key, message=f"unknown query parameter ({listed})"))
+        elif len(request.query_params.getall(key)) > 1:
+            errors.append(FieldError(field=key, message="given more than once"))
+    if errors:
+        raise RequestInvalid(errors)
 
 
 def _cursor(after: str | None) -> tuple[str, str] | None:

@@ -1,0 +1,143 @@
+"""A model granted to a team is first-class for it, on a real PostgreSQL and S3 endpoint:
+its lineage is a valid starting point and a granted parent is shown in the grantee's own
+lineage (the owner's jobs and checkpoints stay hidden, counted); the grantee lists what was
+granted to it (``GET /v1/models?granted=true``), no other team does; a revoked grant closes
+all of it again at once; and registering a version answers it with its ``cost``."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from shared.identity import Principal, Role
+from shared.storage import ObjectStore
+from tests.integration.registry.modelkit import (
+    ML,
+    OPERATOR,
+    VISION,
+    app_as,
+    job_with_checkpoints,
+    register,
+)
+from tests.integration.registry.test_lineage import ids, run_job
+
+pytestmark = pytest.mark.integration
+
+NLP = Principal(user="nina", team="nlp", role=Role.MEMBER, token_id=6)
+
+
+async def upstream(client: httpx.AsyncClient, team: str, name: str) -> httpx.Response:
+    return await client.get(f"/v1/lineage/models/{team}/{name}/versions/1/upstream")
+
+
+async def body(answer: httpx.Response) -> dict[str, Any]:
+    assert answer.status_code == 200, answer.text
+    found: dict[str, Any] = answer.json()
+    return found
+
+
+async def granted_names(client: httpx.AsyncClient, **params: str) -> list[str]:
+    listed = await body(await client.get("/v1/models", params={"granted": "true", **params}))
+    return [f"{m['team']}/{m['name']}" for m in listed["models"]]
+
+
+async def test_lineage_starts_from_and_shows_a_granted_model_until_revoked(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    tag = uuid.uuid4().hex[:6]
+    base, tuned = f"base-{tag}", f"tuned-{tag}"
+    grant = f"/v1/models/ml/{base}/grants/vision"
+    base_job = await run_job(pool, store, base, team="ml")
+    base_node = f"model_version:ml/{base}:1"
+
+    # Without a grant: ml's model is no starting point for vision (404 as for no model).
+    async with app_as(pool, store, VISION) as vision:
+        assert (await upstream(vision, "ml", base)).status_code == 404
+        assert (await upstream(vision, "ml", f"none-{tag}")).status_code == 404
+
+    async with app_as(pool, store, ML) as ml:
+        assert (await ml.put(grant)).status_code == 200
+    tuned_job = await run_job(pool, store, tuned, parent_model=f"ml/{base}:1")
+
+    async with app_as(pool, store, VISION) as vision:
+        theirs = await body(await upstream(vision, "ml", base))
+        mine = await body(await upstream(vision, "vision", tuned))
+    # The granted model is shown; the job and checkpoint that made it are ml's: hidden.
+    assert ids(theirs) == {base_node} and theirs["hidden"] == 2
+    assert base_node in ids(mine) and f"job:{base_job}" not in ids(mine)
+    assert mine["hidden"] == 2
+    edges = {(e["from"], e["to"], e["relation"]) for e in mine["edges"]}
+    assert (base_node, f"job:{tuned_job}", "fine_tuned_by") in edges
+    shown = next(n for n in mine["nodes"] if n["id"] == base_node)
+    assert (shown["team"], shown["name"], shown["version"]) == ("ml", base, 1)
+    async with app_as(pool, store, NLP) as nlp:  # granted to vision, not to nlp
+        assert (await upstream(nlp, "ml", base)).status_code == 404
+    async with app_as(pool, store, OPERATOR) as operator:
+        everything = await body(await upstream(operator, "vision", tuned))
+        assert f"job:{base_job}" in ids(everything) and everything["hidden"] == 0
+
+    # Revoked: no starting point again, and the parent counts as hidden in vision's own.
+    async with app_as(pool, store, ML) as ml:
+        assert (await ml.delete(grant)).json()["changed"] is True
+    async with app_as(pool, store, VISION) as vision:
+        assert (await upstream(vision, "ml", base)).status_code == 404
+        after = await body(await upstream(vision, "vision", tuned))
+    assert base_node not in ids(after) and after["hidden"] == 3
+    assert ids(after) == ids(mine) - {base_node}
+
+
+async def test_only_the_grantee_team_lists_what_was_granted_to_it(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    name = f"shared-{uuid.uuid4().hex[:6]}"
+    job = await job_with_checkpoints(pool, store, [5], team="ml", name=name)
+    async with app_as(pool, store, ML) as ml:
+        assert (await register(ml, "ml", name, job)).status_code == 201
+    async with app_as(pool, store, VISION) as vision:
+        assert f"ml/{name}" not in await granted_names(vision)
+
+    async with app_as(pool, store, ML) as ml:
+        assert (await ml.put(f"/v1/models/ml/{name}/grants/vision")).status_code == 200
+        assert f"ml/{name}" not in await granted_names(ml)  # ml's own: not granted to it
+    async with app_as(pool, store, VISION) as vision:
+        listed = await granted_names(vision)
+        assert f"ml/{name}" in listed and all(not n.startswith("vision/") for n in listed)
+        assert f"ml/{name}" in await granted_names(vision, team="ml")
+        assert await granted_names(vision, team="nlp") == []
+        own = await body(await vision.get("/v1/models"))
+        assert all(m["team"] == "vision" for m in own["models"])  # unchanged without it
+        unknown = await vision.get("/v1/models", params={"granted": "true", "shared": "1"})
+        assert unknown.status_code == 422
+        assert [e["field"] for e in unknown.json()["errors"]] == ["shared"]
+        twice = await vision.get("/v1/models?granted=true&granted=false")
+        assert twice.status_code == 422 and twice.json()["errors"][0]["field"] == "granted"
+    async with app_as(pool, store, NLP) as nlp:
+        assert f"ml/{name}" not in await granted_names(nlp)
+    async with app_as(pool, store, OPERATOR) as operator:
+        refused = await operator.get("/v1/models", params={"granted": "true"})
+        assert refused.status_code == 422
+        assert refused.json()["errors"][0]["field"] == "granted"
+
+    async with app_as(pool, store, ML) as ml:
+        assert (await ml.delete(f"/v1/models/ml/{name}/grants/vision")).status_code == 200
+    async with app_as(pool, store, VISION) as vision:
+        assert f"ml/{name}" not in await granted_names(vision)
+
+
+async def test_registering_answers_the_version_as_get_does_with_its_cost(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    name = f"costed-{uuid.uuid4().hex[:6]}"
+    job = await job_with_checkpoints(pool, store, [5], team="vision", name=name)
+    async with app_as(pool, store, VISION) as vision:
+        made = await register(vision, "vision", name, job)
+        assert made.status_code == 201, made.text
+        shown = await body(await vision.get(f"/v1/models/vision/{name}/versions/1"))
+    answer = made.json()
+    assert answer == shown
+    assert answer["cost"]["jobs"][0]["job_id"] == job.id
+    assert answer["cost"]["jobs"][0]["relation"] == "own"
