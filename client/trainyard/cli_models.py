@@ -30,7 +30,7 @@ from urllib.parse import quote
 
 from trainyard.cli_base import CliError, Exit, Session, note
 from trainyard.cli_render import short, table, time_text
-from trainyard.client import TrainyardClient, download
+from trainyard.client import TrainyardClient, TrainyardError, download
 
 _NAME = r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,99}"
 _ALIAS = r"[a-z][a-z0-9_\-]{0,62}"
@@ -118,8 +118,13 @@ def add_commands(
         sub.set_defaults(run=run)
         return sub
 
-    ls = action("ls", run_ls, "the team's models")
-    ls.add_argument("--team", help="another team's (operators)")
+    ls = action("ls", run_ls, "the team's models, then those other teams granted to it")
+    ls.add_argument(
+        "--team", help="another team's (operators; members: those it granted to their team)"
+    )
+    ls.add_argument(
+        "--granted", action="store_true", help="only the models other teams granted to yours"
+    )
     ls.add_argument("--project", help="only models of this project")
     show = action("show", run_show, "a model: its versions and aliases, or one version")
     show.add_argument("model", metavar="TEAM/NAME[:V|@ALIAS]")
@@ -163,19 +168,39 @@ def _metrics(metrics: dict[str, Any] | None) -> str:
     )
 
 
-def run_ls(session: Session) -> int:
-    args = session.args
-    registry = session.service("registry")
+def _pages(registry: TrainyardClient, **params: str | None) -> list[dict[str, Any]]:
+    """Every model of ``GET /v1/models`` with ``params``, page after page."""
     models: list[dict[str, Any]] = []
     after: str | None = None
     while True:
-        page = registry.get(
-            "/v1/models", team=args.team, project=args.project, after=after, limit=500
-        )
+        page = registry.get("/v1/models", **params, after=after, limit=500)
         models.extend(page["models"])
         after = page.get("next")
         if not after:
-            break
+            return models
+
+
+def _granted_to_us(registry: TrainyardClient, **params: str | None) -> list[dict[str, Any]]:
+    """The models other teams granted to the caller's (none for an operator's token, which
+    speaks for no team: the registry refuses ``granted`` for it)."""
+    try:
+        return _pages(registry, **params, granted="true")
+    except TrainyardError as exc:
+        if exc.status == 422 and any(e.get("field") == "granted" for e in exc.errors or []):
+            return []
+        raise
+
+
+def run_ls(session: Session) -> int:
+    args = session.args
+    registry = session.service("registry")
+    own: list[dict[str, Any]] = []
+    if not args.granted:
+        own = _pages(registry, team=args.team, project=args.project)
+    granted: list[dict[str, Any]] = []
+    if args.granted or args.team is None:
+        granted = _granted_to_us(registry, team=args.team, project=args.project)
+    models = [*({**m, "granted": False} for m in own), *({**m, "granted": True} for m in granted)]
     rows = [
         (
             f"{m['team']}/{m['name']}",
@@ -184,13 +209,14 @@ def run_ls(session: Session) -> int:
             m["latest_version"],
             " ".join(f"{a}={v}" for a, v in sorted(m["aliases"].items())) or "-",
             time_text(m["created_at"]),
+            f"granted by {m['team']}" if m["granted"] else "-",
         )
         for m in models
     ]
     session.emit(
         models,
         lambda: table(
-            ("MODEL", "PROJECT", "VERSIONS", "LATEST", "ALIASES", "CREATED"),
+            ("MODEL", "PROJECT", "VERSIONS", "LATEST", "ALIASES", "CREATED", "ACCESS"),
             rows,
             empty="no models yet (trainyard model register TEAM/NAME --job JOB)",
         ),

@@ -7,7 +7,7 @@ becomes a model version; aliases move and their history shows; a download is ver
 leaves no file when the reference is wrong; lineage is printed both ways; costs are read
 from billing as a table, as JSON, as CSV and per job, and a version's cost (from billing's
 events, through the registry) equals its job's bill; a grant opens a model to another team
-and a revoke closes it; malformed references are refused before any call (exit 2), unknown
+(and ``model ls`` lists it there, marked granted) and a revoke closes it; malformed references are refused before any call (exit 2), unknown
 things answer 3, server-refused input names its field.
 """
 
@@ -170,8 +170,11 @@ def test_models_are_registered_listed_and_shown(
 ) -> None:
     assert (version["version"], version["tags"], version["job_id"]) == (1, ["baseline"], job)
     listed = run(env, "model", "ls").splitlines()
-    assert listed[0].split() == ["MODEL", "PROJECT", "VERSIONS", "LATEST", "ALIASES", "CREATED"]
+    header = ["MODEL", "PROJECT", "VERSIONS", "LATEST", "ALIASES", "CREATED", "ACCESS"]
+    assert listed[0].split() == header
     assert listed[1].split()[:4] == [f"{TEAM}/linear", "lineage", "1", "1"]
+    assert listed[1].split()[-1] == "-"  # the team's own
+    assert "cost" in version  # the registration answers the version as GET does
     assert run(env, "model", "ls", "--project", "elsewhere").startswith("no models yet")
     shown = run(env, "model", "show", f"{TEAM}/linear")
     assert "VERSION  ALIASES  JOB" in shown and job[:8] in shown
@@ -299,10 +302,16 @@ def test_a_versions_cost_is_its_bill_and_a_grant_opens_it_to_another_team(
     run(guest, "model", "download", f"{TEAM}/linear:1", "-o", str(out), code=3)
     assert "model-guests may read" in run(env, "model", "grant", f"{TEAM}/linear", "model-guests")
     assert "read by: model-guests" in run(env, "model", "show", f"{TEAM}/linear")
+    listed = run(guest, "model", "ls")
+    assert f"{TEAM}/linear" in listed and f"granted by {TEAM}" in listed
+    granted = json.loads(run(guest, "model", "ls", "--granted", "--json"))
+    assert [(m["team"], m["name"], m["granted"]) for m in granted] == [(TEAM, "linear", True)]
+    assert f"granted by {TEAM}" not in run(env, "model", "ls")  # the owner's own: not granted
     assert "cost:" in run(guest, "model", "show", f"{TEAM}/linear:1")
     assert "sha256 verified" in run(guest, "model", "download", f"{TEAM}/linear:1", "-o", str(out))
     run(guest, "model", "grant", f"{TEAM}/linear", "model-guests", code=3)  # not its to give
     assert "may not read" in run(env, "model", "revoke", f"{TEAM}/linear", "model-guests")
+    assert f"{TEAM}/linear" not in run(guest, "model", "ls")
     run(guest, "model", "show", f"{TEAM}/linear:1", code=3)
 
 
