@@ -6,7 +6,7 @@ Contract:
   use), so concurrent registrations get successive numbers; a version row is never updated or
   deleted (the table's trigger refuses it).
 - ``readable`` is the one read-permission rule: the owning team, a granted team, or an
-  operator (``team`` None).
+  operator (``team`` None) — ``grants.DATASETS``, the rule models share (``grants``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from datetime import datetime
 from typing import Any
 
 import asyncpg
+
+from services.registry import grants
 
 
 @dataclass(frozen=True)
@@ -200,41 +202,19 @@ async def readable_datasets(
 
 async def readable(conn: asyncpg.Connection, reader: str | None, team: str, name: str) -> bool:
     """Whether ``reader`` (a team; None: an operator) may read ``team/name``."""
-    if reader is None or reader == team:
-        return True
-    found = await conn.fetchval(
-        """SELECT 1 FROM dataset_grants g JOIN datasets d ON d.id = g.dataset_id
-           WHERE d.team = $1 AND d.name = $2 AND g.grantee_team = $3""",
-        team,
-        name,
-        reader,
-    )
-    return found is not None
+    return await grants.DATASETS.readable(conn, reader, team, name)
 
 
 async def grant(
     conn: asyncpg.Connection, dataset_id: int, grantee: str, actor: str, now: datetime
 ) -> bool:
     """Grant ``grantee`` read access; False when it had it already."""
-    status = await conn.execute(
-        """INSERT INTO dataset_grants (dataset_id, grantee_team, granted_by, granted_at)
-           VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING""",
-        dataset_id,
-        grantee,
-        actor,
-        now,
-    )
-    return bool(status == "INSERT 0 1")
+    return await grants.DATASETS.grant(conn, dataset_id, grantee, actor, now)
 
 
 async def revoke(conn: asyncpg.Connection, dataset_id: int, grantee: str) -> bool:
     """Take ``grantee``'s read access away; False when it had none."""
-    status = await conn.execute(
-        "DELETE FROM dataset_grants WHERE dataset_id = $1 AND grantee_team = $2",
-        dataset_id,
-        grantee,
-    )
-    return bool(status == "DELETE 1")
+    return await grants.DATASETS.revoke(conn, dataset_id, grantee)
 
 
 async def record_access(

@@ -1,8 +1,9 @@
 """Grants on models (docs/models.md, "Grants"): another team may read a model — see it and
 its versions, download them, fine-tune from them — only with a grant from the model's team.
 
-The same mechanism as dataset grants (``dataset_repository``, docs/datasets.md): one row per
-(model, grantee team) in ``model_grants`` (migrations/0009), given and taken by the owning
+The same mechanism as dataset grants (``grants``: one ``GrantTable`` rule over both tables,
+docs/datasets.md): one row per (model, grantee team) in ``model_grants`` (migrations/0009),
+given and taken by the owning
 team's admins or operators through ``PUT``/``DELETE .../grants/{grantee_team}``, answered as
 ``GrantChange`` and audited. Writes (registering, deleting, aliases, grants) stay the owning
 team's.
@@ -21,7 +22,7 @@ from datetime import datetime
 import asyncpg
 from litestar.exceptions import NotFoundException
 
-from services.registry import names
+from services.registry import grants, names
 from services.registry.schemas import ModelSummary
 from shared.identity import Principal
 
@@ -40,16 +41,7 @@ def reader_of(principal: Principal) -> str | None:
 
 async def readable(conn: asyncpg.Connection, reader: str | None, team: str, name: str) -> bool:
     """Whether ``reader`` (a team; None: an operator) may read model ``team/name``."""
-    if reader is None or reader == team:
-        return True
-    found = await conn.fetchval(
-        """SELECT 1 FROM model_grants g JOIN models m ON m.id = g.model_id
-           WHERE m.team = $1 AND m.name = $2 AND g.grantee_team = $3""",
-        team,
-        name,
-        reader,
-    )
-    return found is not None
+    return await grants.MODELS.readable(conn, reader, team, name)
 
 
 async def readable_or_404(
@@ -62,33 +54,16 @@ async def readable_or_404(
 
 
 async def grants_of(conn: asyncpg.Connection, model_id: int) -> list[str]:
-    rows = await conn.fetch(
-        "SELECT grantee_team FROM model_grants WHERE model_id = $1 ORDER BY grantee_team",
-        model_id,
-    )
-    return [r["grantee_team"] for r in rows]
+    return await grants.MODELS.grantees(conn, model_id)
 
 
 async def grant(
     conn: asyncpg.Connection, model_id: int, grantee: str, actor: str, now: datetime
 ) -> bool:
     """Grant ``grantee`` read access; False when it had it already."""
-    status = await conn.execute(
-        """INSERT INTO model_grants (model_id, grantee_team, granted_by, granted_at)
-           VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING""",
-        model_id,
-        grantee,
-        actor,
-        now,
-    )
-    return bool(status == "INSERT 0 1")
+    return await grants.MODELS.grant(conn, model_id, grantee, actor, now)
 
 
 async def revoke(conn: asyncpg.Connection, model_id: int, grantee: str) -> bool:
     """Take ``grantee``'s read access away; False when it had none."""
-    status = await conn.execute(
-        "DELETE FROM model_grants WHERE model_id = $1 AND grantee_team = $2",
-        model_id,
-        grantee,
-    )
-    return bool(status == "DELETE 1")
+    return await grants.MODELS.revoke(conn, model_id, grantee)
