@@ -194,13 +194,13 @@ def _granted_to_us(registry: TrainyardClient, **params: str | None) -> list[dict
 def run_ls(session: Session) -> int:
     args = session.args
     registry = session.service("registry")
-    own: list[dict[str, Any]] = []
-    if not args.granted:
-        own = _pages(registry, team=args.team, project=args.project)
-    granted: list[dict[str, Any]] = []
-    if args.granted or args.team is None:
-        granted = _granted_to_us(registry, team=args.team, project=args.project)
-    models = [*({**m, "granted": False} for m in own), *({**m, "granted": True} for m in granted)]
+    listed = [] if args.granted else _pages(registry, team=args.team, project=args.project)
+    # Another team's models, as a member sees them, are those it granted: marked as well.
+    granted = _granted_to_us(registry, team=args.team, project=args.project)
+    keys = {(m["team"], m["name"]) for m in granted}
+    models = [{**m, "granted": (m["team"], m["name"]) in keys} for m in listed]
+    seen = {(m["team"], m["name"]) for m in listed}
+    models += [{**m, "granted": True} for m in granted if (m["team"], m["name"]) not in seen]
     rows = [
         (
             f"{m['team']}/{m['name']}",

@@ -304,6 +304,7 @@ def test_a_versions_cost_is_its_bill_and_a_grant_opens_it_to_another_team(
     assert "read by: model-guests" in run(env, "model", "show", f"{TEAM}/linear")
     listed = run(guest, "model", "ls")
     assert f"{TEAM}/linear" in listed and f"granted by {TEAM}" in listed
+    assert f"granted by {TEAM}" in run(guest, "model", "ls", "--team", TEAM)
     granted = json.loads(run(guest, "model", "ls", "--granted", "--json"))
     assert [(m["team"], m["name"], m["granted"]) for m in granted] == [(TEAM, "linear", True)]
     assert f"granted by {TEAM}" not in run(env, "model", "ls")  # the owner's own: not granted
