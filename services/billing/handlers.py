@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from services.billing import budget_watch
+from services.billing import budget_watch, waste_rollups
 from services.billing import catalogue_repository as catalogue
 from services.billing import ledger_repository as ledger
 from services.billing import repository as repo
@@ -154,6 +154,7 @@ class BillingHandlers:
             return
         charges = LedgerEntry.charges(usage, Attribution.from_announced(grant), revision=0)
         await ledger.append(conn, charges, event_id, now)
+        await waste_rollups.refresh(conn, [usage.allocation_id])
         await _recorded(conn, usage, f"cost:{usage.allocation_id}")
         await budget_watch.after_charges(conn, charges, now)
         log.info(
@@ -210,6 +211,7 @@ class BillingHandlers:
             event_id,
             now,
         )
+        await waste_rollups.refresh(conn, [amended.allocation_id])
         log.info(
             "allocation %s of job %s ran until %s after all (%s, not lost): bill amended "
             "from %s to %s %s",

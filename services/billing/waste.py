@@ -308,37 +308,49 @@ class Tally:
     count: int = 0
 
     def add(
-        self, piece: Piece, pricer: Pricer, start: datetime, end: datetime, now: datetime
+        self,
+        piece: Piece,
+        pricer: Pricer,
+        start: datetime,
+        end: datetime,
+        now: datetime,
+        counted: bool = True,
     ) -> bool:
-        """Add the part of ``piece`` inside ``[start, min(end, now))``; False when none."""
+        """Add the part of ``piece`` inside ``[start, min(end, now))``; False when none.
+        ``counted``: False for a piece counted already (in the rollups' hours)."""
         lo, hi = max(piece.start, start), min(piece.end, end, now)
         if lo >= hi:
             return False
-        self.count += 1
+        if counted:
+            self.count += 1
         self.wall_micros += (hi - lo) // MICROSECOND
-        for micros, per_hour in pricer.parts(piece.flavor, lo, hi):
-            gpu_micros = Decimal(micros * piece.gpus) * piece.share
-            self.by_price[per_hour] = self.by_price.get(per_hour, ZERO) + gpu_micros
+        with localcontext(prec=60):  # exact: the same sum however the pieces are split
+            for micros, per_hour in pricer.parts(piece.flavor, lo, hi):
+                gpu_micros = Decimal(micros * piece.gpus) * piece.share
+                self.by_price[per_hour] = self.by_price.get(per_hour, ZERO) + gpu_micros
         return True
 
     def merge(self, other: Tally) -> None:
-        for per_hour, micros in other.by_price.items():
-            self.by_price[per_hour] = self.by_price.get(per_hour, ZERO) + micros
+        with localcontext(prec=60):
+            for per_hour, micros in other.by_price.items():
+                self.by_price[per_hour] = self.by_price.get(per_hour, ZERO) + micros
         self.wall_micros += other.wall_micros
         self.count += other.count
 
     def priced(self) -> Priced:
-        total = sum(self.by_price.values(), ZERO)
-        cost = sum(
-            (m * p / MICROS_PER_HOUR for p, m in self.by_price.items() if p is not None), ZERO
-        )
-        unpriced = self.by_price.get(None, ZERO)
-        return Priced(
-            gpu_seconds=_money(total / MICROS_PER_SECOND),
-            cost=_money(cost),
-            unpriced_gpu_seconds=_money(unpriced / MICROS_PER_SECOND),
-            seconds=_money(Decimal(self.wall_micros) / MICROS_PER_SECOND),
-        )
+        with localcontext(prec=60):
+            total = sum(self.by_price.values(), ZERO)
+            cost = sum(
+                (m * p / MICROS_PER_HOUR for p, m in self.by_price.items() if p is not None),
+                ZERO,
+            )
+            unpriced = self.by_price.get(None, ZERO)
+            return Priced(
+                gpu_seconds=_money(total / MICROS_PER_SECOND),
+                cost=_money(cost),
+                unpriced_gpu_seconds=_money(unpriced / MICROS_PER_SECOND),
+                seconds=_money(Decimal(self.wall_micros) / MICROS_PER_SECOND),
+            )
 
 
 def price(

@@ -29,6 +29,8 @@ from litestar.params import QueryParameter
 from services.billing import catalogue_repository as catalogue
 from services.billing import costs_repository
 from services.billing import waste_repository as repo
+from services.billing import waste_rollups as rollups
+from services.billing.buckets import floor
 from services.billing.costs import CostQuery, Dimension
 from services.billing.costs_api import JsonOrCsvOperation, check_parameters, wants_csv
 from services.billing.waste import (
@@ -153,7 +155,16 @@ def waste_routes(
                 else await costs_repository.from_ledger(conn, jobless)
             )
             ends = await repo.job_ends(conn, query.start, query.end, team)
-        pieces: list[Piece] = [p for a in held for p in allocation_pieces(a)]
+            # The allocation figures from the rollups up to the current hour; the hours
+            # from it on (and any report by job) from the facts.
+            since = max(query.start, min(query.end, floor(now, "hour")))
+            rolled = (
+                None
+                if "job" in query.group_by or "job" in query.filters
+                else await rollups.read(conn, query, since, book)
+            )
+        own = [p for a in held for p in allocation_pieces(a)]
+        pieces: list[Piece] = own if rolled is None else []
         pieces += [p for j in jobs for p in queueing_pieces(j, now)]
         pieces += holding_pieces(held, jobs, now)
         success = success_lines(
@@ -170,6 +181,9 @@ def waste_routes(
             currency=currency,
             now=now,
             limit=limit,
+            rolled=rolled,
+            edge=own if rolled is not None else (),
+            since=since,
         )
         if wants_csv(request, format):
             return Response(waste_csv(report), media_type="text/csv")

@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
 
 import asyncpg
 
+from services.billing import waste_rollups as rollups
 from services.billing.waste import Allocation, JobEnd, JobWaits, Owner, Piece
+from services.billing.waste_rollups import allocation_of
 from shared.events.payloads import (
     AllocationGranted,
     CheckpointSaved,
@@ -72,6 +73,7 @@ async def record_checkpoint(conn: asyncpg.Connection, saved: CheckpointSaved) ->
         saved.allocation_id,
         saved.saved_at,
     )
+    await rollups.refresh_job(conn, saved.job_id)  # its allocations' lost work
 
 
 def _measured(metrics: Mapping[str, float], name: str) -> Decimal | None:
@@ -95,6 +97,7 @@ async def record_run_report(
         report.finished_at,
         now,
     )
+    await rollups.refresh(conn, [report.allocation_id])  # its idle and input-bound time
 
 
 async def record_end(
@@ -191,24 +194,6 @@ LEFT JOIN waste_run_reports r USING (allocation_id)
 """
 
 
-def _allocation(r: Mapping[str, Any]) -> Allocation:
-    return Allocation(
-        allocation_id=r["allocation_id"],
-        owner=Owner(
-            r["team"], r["project"], r["user_name"], r["queue"], r["gpu_flavor"], r["job_id"]
-        ),
-        gpus=r["gpus"],
-        granted_at=r["granted_at"],
-        ended_at=r["ended_at"],
-        outcome=r["outcome"],
-        attempt=r["attempt"],
-        priority=r["priority"],
-        gpu_utilization=r["gpu_utilization_mean"],
-        data_wait_fraction=r["data_wait_fraction_mean"],
-        last_checkpoint=r["last_checkpoint"],
-    )
-
-
 _OPEN_JOBS = """SELECT j.job_id FROM waste_jobs j LEFT JOIN waste_job_ends e USING (job_id)
                 WHERE j.submitted_at < $1 AND (e.ended_at IS NULL OR e.ended_at > $2)"""
 """Jobs submitted before the range's end that had not ended by its start: their waits may
@@ -228,7 +213,7 @@ async def facts(
         start,
     )
     everything = [
-        _allocation(r)
+        allocation_of(r)
         for r in await conn.fetch(
             f"{_ALLOCATIONS} WHERE a.job_id IN ({_OPEN_JOBS}) "
             "OR (a.granted_at < $1 AND (u.ended_at IS NULL OR u.ended_at > $2))",

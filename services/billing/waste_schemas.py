@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
 
@@ -106,8 +106,16 @@ def _fold(
     pricer: Pricer,
     now: datetime,
     group_by: Sequence[Dimension],
+    since: datetime | None = None,
+    rolled: Mapping[Key, Tally] | None = None,
 ) -> dict[Key, Tally]:
+    """Pieces summed per group and figure within the query's range, or only from ``since``
+    on when the hours before it are ``rolled`` up already (a piece they hold is counted
+    there)."""
     sums: dict[Key, Tally] = {}
+    for key, rolled_up in (rolled or {}).items():
+        sums.setdefault(key, Tally()).merge(rolled_up)
+    start = query.start if since is None else since
     filters = list(query.filters.items())
     for piece in pieces:
         owner = piece.owner
@@ -117,7 +125,8 @@ def _fold(
         tally = sums.get(key)
         if tally is None:
             tally = sums[key] = Tally()
-        tally.add(piece, pricer, query.start, query.end, now)
+        counted = start == query.start or piece.start >= start
+        tally.add(piece, pricer, start, query.end, now, counted)
     return {k: t for k, t in sums.items() if t.count}
 
 
@@ -160,12 +169,20 @@ def waste_report(
     currency: str,
     now: datetime,
     limit: int,
+    rolled: Mapping[Key, Tally] | None = None,
+    edge: Iterable[Piece] = (),
+    since: datetime | None = None,
 ) -> WasteReport:
     """The report of ``query`` from its pieces (already of the caller's scope), the ledger's
     lines grouped by team, project and user (``ledger``: all; ``jobless``: those of entries
-    with an empty job id), and the success lines."""
+    with an empty job id), and the success lines. With ``rolled`` (the rollups' tallies of
+    ``[query.start, since)``), ``edge`` holds the rolled-up figures' pieces, summed only
+    from ``since`` on."""
     pricer = Pricer(book)
     sums = _fold(pieces, query, pricer, now, query.group_by)
+    if rolled is not None:
+        for key, tally in _fold(edge, query, pricer, now, query.group_by, since, rolled).items():
+            sums.setdefault(key, Tally()).merge(tally)
     rows = _rows(sums, query.group_by, currency)
     totals: dict[Figure, Tally] = {}
     for (_, figure), tally in sums.items():
