@@ -738,8 +738,9 @@ async def test_a_runner_runs_no_grant_whose_epoch_it_cannot_verify(platform: Pla
     """Epochs come from one ascending sequence: a grant at epoch 0, or one for a job this
     node already had at a later epoch, is stale or forged; the runner dead-letters it and
     runs nothing. Billing and submission cannot tell such a grant from a real one (it comes
-    from the scheduler as far as the bus can see): billing only remembers it as announced
-    (it meters nothing until a release), submission records that it saw it."""
+    from the scheduler as far as the bus can see): billing only remembers it as announced and
+    as a grant for its waste figures (it meters nothing until a release), submission records
+    that it saw it."""
     job = str(uuid.uuid4())
     had = JobIdentity(job, str(uuid.uuid4()), NODE_A, 7, 1)  # this node ran it at epoch 7
     await asyncio.to_thread(platform.agent.ledger.ending, had, "{}", {})
@@ -760,7 +761,12 @@ async def test_a_runner_runs_no_grant_whose_epoch_it_cannot_verify(platform: Pla
         assert said.startswith("rejected:") and reason in said, said
     await asyncio.sleep(0.5)
     after = await platform.snapshot()
-    believed = {"billing.announced_allocations", "billing.inbox", "submission.inbox"}
+    believed = {
+        "billing.announced_allocations",
+        "billing.inbox",
+        "billing.waste_grants",
+        "submission.inbox",
+    }
     changed = {table for table in before if before[table] != after[table]}
     assert changed <= believed, changed
     assert after["runner.ledger"] == before["runner.ledger"]  # nothing ran

@@ -95,7 +95,7 @@ async def test_what_a_team_may_not_see_is_counted_not_shown() -> None:
     graph.add(Node("job:job-2", "job", "ml", {"job_id": "job-2"}))
     graph.link("model_version:vision/cnn:1", "job:job-2", "fine_tuned_by")
 
-    async def nothing_granted(team: str, name: str) -> bool:
+    async def nothing_granted(kind: str, team: str, name: str) -> bool:
         return False
 
     shown = await graph.visible_to("vision", nothing_granted)
