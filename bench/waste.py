@@ -41,6 +41,7 @@ from pydantic import SecretStr
 
 from bench.submission import machine as machine_info
 from deploy.local.postgres import PostgresServer
+from services.billing import waste_rollups as rollups
 from services.billing.api import create_app
 from services.billing.config import Settings
 from services.billing.service import MIGRATIONS, NAME, seed_prices
@@ -142,10 +143,22 @@ async def fill(dsn: str, teams: int, jobs: int) -> dict[str, Any]:
             for table, rows in tables.items():
                 await conn_.copy_records_to_table(table, records=rows, columns=COLUMNS[table])
         took = time.perf_counter() - began
+        began = time.perf_counter()
+        async with pool.acquire() as conn, conn.transaction():
+            released = await rollups.rebuild_all(conn)
+        rebuilt = time.perf_counter() - began
         await pool.execute("VACUUM ANALYZE")
+        parts = await pool.fetchval("SELECT count(*) FROM waste_allocation_parts")
+        hourly = await pool.fetchval("SELECT count(*) FROM waste_rollups_hourly")
     return {
         "rows": {t: len(r) for t, r in tables.items()},
         "written_s": round(took, 1),
+        "rollups": {
+            "released_allocations": released,
+            "parts": parts,
+            "hourly_rows": hourly,
+            "rebuilt_s": round(rebuilt, 1),
+        },
     }
 
 
@@ -212,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, r in measured.items():
             print(f"   {name:<24} p50 {r['p50_ms']:>9.1f} ms  max {r['max_ms']:>9.1f} ms")
         version = pg.psql("SHOW server_version").strip()
-    record = {
+    record: dict[str, Any] = {
         "benchmark": "waste",
         "command": "python -m bench.waste" + (" --quick" if args.quick else ""),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -225,6 +238,16 @@ def main(argv: list[str] | None = None) -> int:
         "facts": filled,
         "reports": measured,
     }
+    if RESULTS.exists() and not args.quick:
+        earlier = json.loads(RESULTS.read_text())
+        before = earlier.get("before", earlier)
+        record["before"] = {
+            "date": before["date"],
+            "reports": before["reports"],
+        }
+        record["totals_as_before"] = all(
+            measured[n]["totals"] == before["reports"][n]["totals"] for n in measured
+        )
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {RESULTS.relative_to(RESULTS.parents[2])}")
