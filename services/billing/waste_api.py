@@ -142,7 +142,8 @@ def waste_routes(
             conn.transaction(isolation="repeatable_read", readonly=True),
         ):
             book = await catalogue.schedule(conn)
-            held, jobs = await repo.facts(conn, query.start, query.end, team)
+            by_job = "job" in query.group_by or "job" in query.filters
+            held, jobs = await repo.facts(conn, query.start, query.end, team, measured=by_job)
             spare = (
                 await repo.unallocated(conn, query.start, query.end)
                 if principal.is_operator
@@ -158,12 +159,15 @@ def waste_routes(
             # The allocation figures from the rollups up to the current hour; the hours
             # from it on (and any report by job) from the facts.
             since = max(query.start, min(query.end, floor(now, "hour")))
-            rolled = (
-                None
-                if "job" in query.group_by or "job" in query.filters
-                else await rollups.read(conn, query, since, book)
+            rolled = None if by_job else await rollups.read(conn, query, since, book)
+            measured = (
+                held
+                if by_job
+                else (await repo.facts(conn, since, query.end, team))[0]
+                if since < query.end
+                else []
             )
-        own = [p for a in held for p in allocation_pieces(a)]
+        own = [p for a in measured for p in allocation_pieces(a)]
         pieces: list[Piece] = own if rolled is None else []
         pieces += [p for j in jobs for p in queueing_pieces(j, now)]
         pieces += holding_pieces(held, jobs, now)

@@ -194,6 +194,19 @@ LEFT JOIN waste_run_reports r USING (allocation_id)
 """
 
 
+_UNMEASURED = """
+SELECT a.allocation_id, a.job_id, a.team, a.project, a.user_name, a.queue, a.gpu_flavor,
+       a.gpus, a.granted_at, a.attempt, u.ended_at, u.outcome,
+       coalesce(g.priority, j.priority) AS priority, NULL::numeric AS gpu_utilization_mean,
+       NULL::numeric AS data_wait_fraction_mean, NULL::timestamptz AS last_checkpoint
+FROM announced_allocations a
+LEFT JOIN usage_ledger u USING (allocation_id)
+LEFT JOIN waste_grants g USING (allocation_id)
+LEFT JOIN waste_jobs j ON j.job_id = a.job_id
+"""
+"""``_ALLOCATIONS`` without what the runner measured and the checkpoints."""
+
+
 _OPEN_JOBS = """SELECT j.job_id FROM waste_jobs j LEFT JOIN waste_job_ends e USING (job_id)
                 WHERE j.submitted_at < $1 AND (e.ended_at IS NULL OR e.ended_at > $2)"""
 """Jobs submitted before the range's end that had not ended by its start: their waits may
@@ -201,11 +214,16 @@ fall in the range."""
 
 
 async def facts(
-    conn: asyncpg.Connection, start: datetime, end: datetime, team: str | None
+    conn: asyncpg.Connection,
+    start: datetime,
+    end: datetime,
+    team: str | None,
+    measured: bool = True,
 ) -> tuple[list[Allocation], list[JobWaits]]:
     """The allocations granted before ``end`` and not released before ``start`` (of
     ``team``), and every job (of any team) whose waits may fall in ``[start, end)``, with
-    all its allocations; in two queries."""
+    all its allocations; in two queries. ``measured=False``: without what the runner
+    measured and the checkpoints (the waits and holding need neither)."""
     rows = await conn.fetch(
         f"SELECT j.*, e.ended_at FROM waste_jobs j LEFT JOIN waste_job_ends e USING (job_id) "
         f"WHERE j.job_id IN ({_OPEN_JOBS})",
@@ -215,7 +233,7 @@ async def facts(
     everything = [
         allocation_of(r)
         for r in await conn.fetch(
-            f"{_ALLOCATIONS} WHERE a.job_id IN ({_OPEN_JOBS}) "
+            f"{_ALLOCATIONS if measured else _UNMEASURED} WHERE a.job_id IN ({_OPEN_JOBS}) "
             "OR (a.granted_at < $1 AND (u.ended_at IS NULL OR u.ended_at > $2))",
             end,
             start,
