@@ -364,7 +364,8 @@ def _print_result(view: dict[str, Any]) -> None:
         keys = [k for k in LINEAGE_ORDER if k in lineage]
         keys += [k for k in lineage if k not in keys]
         for key in keys:
-            _field(key, lineage[key])
+            value = lineage[key]
+            _field(key, _environment(value) if key == "environment" else value)
         hardware = _hardware(lineage)
         if hardware:
             _field("hardware", hardware)
@@ -383,13 +384,27 @@ def _print_result(view: dict[str, Any]) -> None:
     )
 
 
+def _environment(env: Any) -> Any:
+    """The recorded environment without its package list, which is summarised: the whole
+    list (hundreds of pins) stays in the registry's record."""
+    if not isinstance(env, dict) or not isinstance(env.get("packages"), list):
+        return env
+    shown = {k: v for k, v in env.items() if v is not None and k != "packages"}
+    digest = str(env.get("packages_sha256") or "")[:12]
+    shown["packages"] = f"{len(env['packages'])} pinned" + (
+        f" (sha256 {digest}…)" if digest else ""
+    )
+    shown.pop("packages_sha256", None)
+    return shown
+
+
 def _hardware(lineage: dict[str, Any]) -> str | None:
     """A one-line hardware summary from the recorded environment (when not its own key)."""
     env = lineage.get("environment")
     if "hardware" in lineage or not isinstance(env, dict) or not env.get("gpu_names"):
         return None
     names = [str(n) for n in env["gpu_names"]]
-    text = f"{len(names)} x {env.get('gpu_flavor', 'gpu')} ({', '.join(names)})"
+    text = f"{len(names)} x {env.get('gpu_flavor', 'gpu')} ({', '.join(sorted(set(names)))})"
     if env.get("node_id"):
         text += f" on node {env['node_id']}"
     if env.get("cuda"):
