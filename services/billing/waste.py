@@ -324,8 +324,14 @@ class Tally:
         if counted:
             self.count += 1
         self.wall_micros += (hi - lo) // MICROSECOND
+        parts = pricer.parts(piece.flavor, lo, hi)
+        if piece.figure != "input_bound":  # whole GPU-microseconds: integer sums, exact
+            for micros, per_hour in parts:
+                gpu_micros = Decimal(micros * piece.gpus)
+                self.by_price[per_hour] = self.by_price.get(per_hour, ZERO) + gpu_micros
+            return True
         with localcontext(prec=60):  # exact: the same sum however the pieces are split
-            for micros, per_hour in pricer.parts(piece.flavor, lo, hi):
+            for micros, per_hour in parts:
                 gpu_micros = Decimal(micros * piece.gpus) * piece.share
                 self.by_price[per_hour] = self.by_price.get(per_hour, ZERO) + gpu_micros
         return True
