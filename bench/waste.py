@@ -16,9 +16,13 @@ billing's HTTP app (guard, parameter checks, JSON): ``GET /v1/waste`` for the mo
 (operator), by team and queue, and one team's by user; p50/max of ``--requests`` (10) each
 after 2 of warm-up, ``VACUUM ANALYZE`` first.
 
-The report computes the figures in Python from every fact of the month (each job's waits
-need all its allocations; low-priority holding needs every team's waits), so its time grows
-with the month's jobs, not with the rows it answers.
+After the ``COPY`` the waste rollups are rebuilt from those facts
+(``waste_rollups.rebuild_all``, timed), as the consumer would have kept them. The report
+reads the six allocation figures from them and still computes queueing and low-priority
+holding in Python from every fact of the month (each job's waits need all its allocations;
+holding needs every team's waits), so its time still grows with the month's jobs. When
+``bench/results/waste.json`` holds an earlier full run, it is kept under ``before`` and
+``totals_as_before`` says whether every figure's month total is unchanged.
 """
 
 from __future__ import annotations
