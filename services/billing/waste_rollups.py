@@ -1,6 +1,7 @@
 """Waste rollups: the allocation figures per hour, kept as facts arrive; and their rebuild.
 
-``python -m services.billing.waste_rollups`` recomputes them from billing's facts.
+``python -m services.billing.waste_rollups`` recomputes them from billing's facts (exit
+status 0; 1 when the database cannot be reached or refuses; 2 for a bad setting).
 
 Contract (docs/billing.md, "Waste rollups"):
 - The figures of one released allocation (``waste.allocation_pieces``: idle and unmeasured
@@ -319,7 +320,11 @@ def main(argv: list[str] | None = None) -> int:
             async with pool.acquire() as conn, conn.transaction():
                 return await rebuild_all(conn)
 
-    folded = asyncio.run(run())
+    try:
+        folded = asyncio.run(run())
+    except (OSError, asyncpg.PostgresError) as exc:
+        print(f"{parser.prog}: cannot rebuild the waste rollups: {exc}", file=sys.stderr)
+        return 1
     print(f"waste rollups rebuilt from {folded} released allocations")
     return 0
 
