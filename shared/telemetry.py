@@ -9,7 +9,8 @@ Contract:
   ``OTEL_EXPORTER_OTLP_ENDPOINT``) or ``OTEL_TRACES_EXPORTER`` names ``otlp``, with the
   protocol of ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``/``OTEL_EXPORTER_OTLP_PROTOCOL``
   (``http/protobuf``, the default, or ``grpc``); the exporter reads its endpoint, headers,
-  timeout and compression from the environment. ``OTEL_TRACES_EXPORTER=none`` turns OTLP
+  timeout and compression from the environment (``http/protobuf`` is the SDK's exporter
+  writing the request itself, ``shared.otlp_http``: the same request for a third of the CPU). ``OTEL_TRACES_EXPORTER=none`` turns OTLP
   off. Independently, spans go to a JSON-lines file when ``TRAINYARD_TELEMETRY_SPAN_FILE``
   is set (``trainyard trace JOB`` reads it).
 - ``inject``/``extract`` carry the current context in a plain ``dict[str, str]`` of headers
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,9 +46,6 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
-from opentelemetry.trace import Span, SpanKind
-from opentelemetry.util import types
-from opentelemetry.util._decorator import _agnosticcontextmanager
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -141,15 +139,15 @@ def instrument_database(provider: trace.TracerProvider) -> bool:
     instrumentor = _WithinTraceAsyncPG()  # type: ignore[no-untyped-call]
     if not instrumentor.is_instrumented_by_opentelemetry:
         # capture_parameters stays False: values ($1...) can be tokens or credentials.
-        instrumentor.instrument(tracer_provider=WithinTraceProvider(provider))
+        instrumentor.instrument(tracer_provider=provider)
     return True
 
 
 class _WithinTraceAsyncPG(AsyncPGInstrumentor):
     """The asyncpg instrumentation, which returns at once from a query made outside any
-    recording span: the library describes every query (its statement, database, user, peer)
-    before it asks for a span, so a busy service's queries made outside a trace would each
-    pay that for nothing."""
+    recording span: such a query makes no span (a polling loop never opens a one-span trace
+    of its own), and pays nothing for it (the library describes every query -- statement,
+    database, user, peer -- before it asks for a span)."""
 
     async def _do_execute(self, func: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if not trace.get_current_span().is_recording():
@@ -167,88 +165,6 @@ class _WithinTraceAsyncPG(AsyncPGInstrumentor):
         return await super()._do_prepared_execute(func, instance, args, kwargs)  # type: ignore[no-untyped-call]
 
 
-class WithinTraceProvider(trace.TracerProvider):
-    """Tracers of ``inner`` that start a span only under a recording current span (or the
-    given ``context``'s): elsewhere they return the non-recording parent, so instrumented
-    calls made outside any trace stay out of the exported data instead of each becoming a
-    one-span trace of its own."""
-
-    def __init__(self, inner: trace.TracerProvider) -> None:
-        self._inner = inner
-
-    def get_tracer(
-        self,
-        instrumenting_module_name: str,
-        instrumenting_library_version: str | None = None,
-        schema_url: str | None = None,
-        attributes: types.Attributes | None = None,
-    ) -> trace.Tracer:
-        return _WithinTraceTracer(
-            self._inner.get_tracer(
-                instrumenting_module_name, instrumenting_library_version, schema_url, attributes
-            )
-        )
-
-
-class _WithinTraceTracer(trace.Tracer):
-    def __init__(self, inner: trace.Tracer) -> None:
-        self._inner = inner
-
-    def start_span(
-        self,
-        name: str,
-        context: otel_context.Context | None = None,
-        kind: SpanKind = SpanKind.INTERNAL,
-        attributes: types.Attributes = None,
-        links: trace._Links = None,
-        start_time: int | None = None,
-        record_exception: bool = True,
-        set_status_on_exception: bool = True,
-    ) -> Span:
-        parent = trace.get_current_span(context)
-        if not parent.is_recording():
-            return trace.INVALID_SPAN
-        return self._inner.start_span(
-            name,
-            context,
-            kind,
-            attributes,
-            links,
-            start_time,
-            record_exception,
-            set_status_on_exception,
-        )
-
-    @_agnosticcontextmanager
-    def start_as_current_span(
-        self,
-        name: str,
-        context: otel_context.Context | None = None,
-        kind: SpanKind = SpanKind.INTERNAL,
-        attributes: types.Attributes = None,
-        links: trace._Links = None,
-        start_time: int | None = None,
-        record_exception: bool = True,
-        set_status_on_exception: bool = True,
-        end_on_exit: bool = True,
-    ) -> Iterator[Span]:
-        if not trace.get_current_span(context).is_recording():
-            yield trace.INVALID_SPAN
-            return
-        with self._inner.start_as_current_span(
-            name,
-            context,
-            kind,
-            attributes,
-            links,
-            start_time,
-            record_exception,
-            set_status_on_exception,
-            end_on_exit,
-        ) as span:
-            yield span
-
-
 def span_exporters(export: OtelExportSettings | None = None) -> list[SpanExporter]:
     """The OTLP exporter the standard variables ask for (none, or one), built without
     arguments so the exporter itself reads its endpoint and options from the environment."""
@@ -261,9 +177,9 @@ def span_exporters(export: OtelExportSettings | None = None) -> list[SpanExporte
         )
 
         return [GrpcSpanExporter()]
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from shared.otlp_http import HttpSpanExporter
 
-    return [OTLPSpanExporter()]
+    return [HttpSpanExporter()]
 
 
 def add_exporters(provider: TracerProvider, settings: TelemetrySettings) -> None:
