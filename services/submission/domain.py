@@ -7,8 +7,9 @@ Contract:
   status, and whether the move belongs in the history) or ``Ignore`` (with the reason to
   log). Late, duplicated and out-of-order events are ignored, never applied: an event from
   an allocation the job no longer holds, a grant older than the job's current one, or any
-  move the table does not allow (including every move out of a terminal status). One
-  exception: a job whose cancel was requested and whose process then failed becomes
+  move the table does not allow (including every move out of a terminal status); the
+  handler judges a runner's report that came before its grant (or a success before its
+  start) only once that arrives (``early_reports``). One exception: a job whose cancel was requested and whose process then failed becomes
   CANCELLED when the scheduler confirms the cancel (the scheduler decides the outcome).
 - Only the scheduler ends a job FAILED. A ``job.failed`` from any other source (the
   runner's) reports one attempt: ``judge`` answers ``AttemptFailed`` (record the failure and

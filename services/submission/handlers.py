@@ -9,6 +9,12 @@ the status waits for the scheduler's decision. A job the scheduler refused on ar
 PENDING to FAILED with that reason; it never ran, so no attempt failed and nothing is billed.
 Data (metrics, checkpoints, allocations, models, costs) is always
 recorded. Events about jobs this service never accepted are logged and dropped.
+
+A runner's report that comes before what it follows (its allocation's grant; for a
+``job.succeeded``, the allocation's ``job.started``) is kept (``early_reports``) and judged
+right after that arrives: after NATS lost its store the new stream does not keep that order,
+and a report ignored then would be lost for good (saying it again is a duplicate the stream
+drops).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any
 
 import asyncpg
 
+from services.submission import early_reports
 from services.submission import repository as repo
 from services.submission.domain import (
     SCHEDULER_SOURCE,
@@ -109,6 +116,39 @@ async def _lifecycle(
     if row is None:
         _unknown(envelope, event.job_id)
         return
+    awaited = await early_reports.awaited(
+        conn, event, envelope.source, JobStatus(row["status"]), row["allocation_id"]
+    )
+    if awaited is not None:
+        # Judged now it would be ignored, and said again it would be a duplicate the
+        # stream drops: it waits instead (early_reports).
+        log.info(
+            "job %s: %s (%s) came before the %s of allocation %s; kept until it comes",
+            event.job_id,
+            envelope.type,
+            envelope.id,
+            awaited.what,
+            awaited.allocation_id,
+        )
+        await early_reports.keep(conn, envelope, event.job_id, awaited.allocation_id)
+        return
+    await _judged(envelope, event, row, conn)
+    if isinstance(event, AllocationGranted | JobStarted):
+        for kept in await early_reports.take(conn, event.allocation_id):
+            log.info("job %s: judging %s (%s), which waited", event.job_id, kept.type, kept.id)
+            await dispatch(kept, conn)
+    if isinstance(event, JobSucceeded | JobFailed | JobCancelled):
+        await early_reports.forget_ended(conn, event.job_id)
+
+
+async def _judged(
+    envelope: Envelope[Payload],
+    event: LifecycleEvent,
+    row: asyncpg.Record,
+    conn: asyncpg.Connection,
+) -> None:
+    """Record ``event`` and move the job's status as ``judge`` rules (``row``: the job,
+    locked)."""
     if isinstance(event, AllocationGranted):
         # Whatever the status does, the lease exists and will be billed.
         await repo.insert_allocation(

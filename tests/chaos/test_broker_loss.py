@@ -7,9 +7,12 @@ converges with every invariant of the chaos suite holding.
 
 The submission service and the scheduler are frozen (SIGSTOP) across the loss: the
 submission has not read what the runners said about the jobs that ran meanwhile, and the
-scheduler publishes its grants again only after the runners could have spoken. A runner
-that said its events again at once would have them in the new stream before their grants,
-and the submission's view would drop them (a report of an allocation it has not heard of)."""
+scheduler publishes its grants again only after the runners could have spoken. A runner's
+report can reach the new stream before its grant (a grant handled, or a report retried,
+across the loss), or a success before its start; said again, it is a duplicate the stream
+drops. The submission's view keeps such a report and judges it once its grant or start has
+come (``services.submission.early_reports``); before it did, a job stayed SCHEDULED or
+RUNNING there while the scheduler had it SUCCEEDED."""
 
 from __future__ import annotations
 

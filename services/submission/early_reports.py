@@ -1,0 +1,110 @@
+"""A runner's report that comes before the event it follows waits for it, instead of being
+lost.
+
+The job view judges a runner's report (``job.started``, ``job.succeeded``, ``job.failed``,
+``job.preempted``) against what it has heard of the allocation: a report about an
+allocation whose grant it has not recorded is ignored, and so is a ``job.succeeded`` of an
+allocation that has not started (SCHEDULED -> SUCCEEDED is not a move). In ordinary
+operation the stream keeps a grant ahead of its reports, and a runner's reports in the order
+it said them. Not always after NATS lost its store: the scheduler's outbox replays its grants
+into the new stream while runners publish into it (a grant being handled across the loss, a
+report being retried across it), and nothing orders the two, nor a retried report against
+the same allocation's reports said again after the replayed grant. A report ignored then was
+lost for good: the inbox had recorded its id, and saying it again carries the same
+``Nats-Msg-Id``, which JetStream drops as a duplicate. Jobs stayed SCHEDULED or RUNNING
+while the scheduler had them SUCCEEDED.
+
+Contract (inside the handler's transaction, the job's row locked):
+- ``awaited(event, source, status, holds)`` names the allocation a report must wait for, or
+  None: a report from anyone but the scheduler (whose events follow its grants in its
+  outbox's order) about an allocation of a job that is not terminal, when the allocation's
+  grant is not recorded (``granted``) or, for a ``job.succeeded``, when the job is SCHEDULED
+  on that very allocation (its ``job.started`` has not come).
+- ``keep`` stores such a report (the whole event); ``take`` hands back, in arrival order,
+  and deletes the reports kept for an allocation. The handler takes them right after it
+  applied the allocation's grant or start and judges each as if it had come then (one that
+  still has to wait is kept again).
+- ``forget_ended`` deletes a job's kept reports once the job is terminal (nothing moves it
+  any more), so the table holds only reports of jobs still under way (one whose grant never
+  comes, e.g. aged out of the stream, stays until then).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import asyncpg
+
+from services.submission.domain import SCHEDULER_SOURCE, TERMINAL, JobStatus, LifecycleEvent
+from shared.events import Envelope, Payload, parse_envelope
+from shared.events.payloads import JobFailed, JobPreempted, JobStarted, JobSucceeded
+
+_REPORTS = (JobStarted, JobSucceeded, JobFailed, JobPreempted)
+
+
+@dataclass(frozen=True)
+class Awaited:
+    """What a report waits for: ``what`` happens to ``allocation_id`` (kept under it)."""
+
+    allocation_id: str
+    what: str
+
+
+async def awaited(
+    conn: asyncpg.Connection,
+    event: LifecycleEvent,
+    source: str,
+    status: JobStatus,
+    holds: str | None,
+) -> Awaited | None:
+    """What ``event`` (sent by ``source``, about a job in ``status`` holding the allocation
+    ``holds``) must wait for, or None when it is judged now."""
+    if not isinstance(event, _REPORTS) or source == SCHEDULER_SOURCE or status.is_terminal:
+        return None
+    allocation_id = event.allocation_id
+    if not allocation_id:
+        return None
+    if not await granted(conn, allocation_id):
+        return Awaited(allocation_id, "grant")
+    if isinstance(event, JobSucceeded) and status is JobStatus.SCHEDULED and holds == allocation_id:
+        return Awaited(allocation_id, "start")
+    return None
+
+
+async def granted(conn: asyncpg.Connection, allocation_id: str) -> bool:
+    """Whether the view has recorded ``allocation_id``'s grant."""
+    return bool(
+        await conn.fetchval(
+            "SELECT true FROM job_allocations WHERE allocation_id = $1", allocation_id
+        )
+    )
+
+
+async def keep(
+    conn: asyncpg.Connection, envelope: Envelope[Payload], job_id: str, allocation_id: str
+) -> None:
+    """Store ``envelope`` until ``take(allocation_id)``."""
+    await conn.execute(
+        "INSERT INTO early_reports (allocation_id, job_id, event) VALUES ($1, $2, $3)",
+        allocation_id,
+        job_id,
+        envelope.to_json(),
+    )
+
+
+async def take(conn: asyncpg.Connection, allocation_id: str) -> list[Envelope[Payload]]:
+    """Delete and return the reports kept for ``allocation_id``, in the order they came."""
+    rows = await conn.fetch(
+        "DELETE FROM early_reports WHERE allocation_id = $1 RETURNING seq, event", allocation_id
+    )
+    return [parse_envelope(bytes(r["event"])) for r in sorted(rows, key=lambda r: r["seq"])]
+
+
+async def forget_ended(conn: asyncpg.Connection, job_id: str) -> None:
+    """Delete the reports kept for ``job_id`` if the job is terminal."""
+    await conn.execute(
+        "DELETE FROM early_reports e USING jobs j "
+        "WHERE e.job_id = $1 AND j.id = e.job_id AND j.status = ANY($2::text[])",
+        job_id,
+        [str(s) for s in TERMINAL],
+    )

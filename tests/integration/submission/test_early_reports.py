@@ -1,0 +1,106 @@
+"""A runner's report that reaches the stream before the grant it answers (as after NATS
+lost its store: the scheduler replays its grants while runners report) is applied after the
+grant, not lost; saying it again then is a duplicate the stream drops, so nothing else would
+bring it back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from services.submission.domain import SCHEDULER_SOURCE
+from shared.events import Envelope, Payload
+from shared.events.trust import owner
+from tests.integration.submission.conftest import Submission
+from tests.unit.submission import factories as ev
+
+pytestmark = pytest.mark.integration
+
+
+def _statuses(view: dict[str, Any]) -> list[str]:
+    return [h["status"] for h in view["history"]]
+
+
+async def _stored(submission: Submission) -> int:
+    info = await submission.bus.jetstream.stream_info(submission.bus.settings.stream)
+    return int(info.state.messages)
+
+
+async def _kept(submission: Submission, job_id: str) -> int:
+    async with submission.pool.acquire() as conn:
+        count: int = await conn.fetchval(
+            "SELECT count(*) FROM early_reports WHERE job_id = $1", job_id
+        )
+        return count
+
+
+async def test_reports_before_their_grant_are_applied_after_it_and_the_job_converges(
+    submission: Submission,
+) -> None:
+    job = (await submission.submit())["id"]
+    runner: list[Envelope[Payload]] = [
+        Envelope.wrap(payload, source=owner(payload), subject=job)
+        for payload in (ev.started(job), ev.progress(job, 3, loss=0.5), ev.succeeded(job))
+    ]
+    for envelope in runner:  # into the new stream before the scheduler's replayed grant
+        await submission.bus.publish(envelope)
+    await submission.publish(ev.granted(job))
+    before = await _stored(submission)
+    for envelope in runner:  # the runner says them again after the grant: same ids
+        await submission.bus.publish(envelope)
+    assert await _stored(submission) == before  # dropped as duplicates: no second chance
+
+    view = await submission.wait_for(job, lambda v: v["status"] == "SUCCEEDED")
+    assert _statuses(view) == ["QUEUED", "SCHEDULED", "RUNNING", "SUCCEEDED"]
+    assert view["started_at"] is not None and view["finished_at"] is not None
+    assert view["step"] == 3
+    assert await _kept(submission, job) == 0
+
+
+async def test_a_success_before_its_start_is_applied_after_the_start(
+    submission: Submission,
+) -> None:
+    job = (await submission.submit())["id"]
+    await submission.publish(ev.granted(job))  # heard of before the loss
+    started, succeeded = (
+        Envelope.wrap(payload, source=owner(payload), subject=job)
+        for payload in (ev.started(job), ev.succeeded(job))
+    )
+    # A runner retrying its job.succeeded across the loss puts it into the new stream before
+    # it says the allocation's events again after the replayed grant.
+    await submission.bus.publish(succeeded)
+    await submission.bus.publish(started)
+    await submission.bus.publish(succeeded)  # a duplicate the stream drops
+
+    view = await submission.wait_for(job, lambda v: v["status"] == "SUCCEEDED")
+    assert _statuses(view) == ["QUEUED", "SCHEDULED", "RUNNING", "SUCCEEDED"]
+    assert await _kept(submission, job) == 0
+
+
+async def test_a_report_whose_grant_never_comes_moves_nothing_and_goes_when_the_job_ends(
+    submission: Submission,
+) -> None:
+    job = (await submission.submit())["id"]
+    await submission.publish(ev.started(job, "alloc-never"))
+    await submission.publish(ev.granted(job, "alloc-1"))
+    await submission.publish(ev.checkpoint(job, 5))  # a marker: all of the above was seen
+    view = await submission.wait_for(job, lambda v: len(v["checkpoints"]) == 1)
+    assert view["status"] == "SCHEDULED"
+    assert await _kept(submission, job) == 1
+
+    await submission.publish(ev.started(job, "alloc-1"))
+    await submission.publish(ev.succeeded(job, "alloc-1"))
+    view = await submission.wait_for(job, lambda v: v["status"] == "SUCCEEDED")
+    assert _statuses(view) == ["QUEUED", "SCHEDULED", "RUNNING", "SUCCEEDED"]
+    assert await _kept(submission, job) == 0
+
+
+async def test_the_schedulers_own_word_never_waits_for_a_grant(submission: Submission) -> None:
+    job = (await submission.submit())["id"]
+    await submission.publish(ev.granted(job, "alloc-2", attempt=2))
+    # A late success the scheduler kept, of an attempt whose grant this view never saw.
+    await submission.publish(ev.succeeded(job, "alloc-1"), source=SCHEDULER_SOURCE)
+    view = await submission.wait_for(job, lambda v: v["status"] == "SUCCEEDED")
+    assert _statuses(view) == ["QUEUED", "SCHEDULED", "SUCCEEDED"]
+    assert await _kept(submission, job) == 0
