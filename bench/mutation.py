@@ -125,6 +125,7 @@ MODULES: dict[str, dict[str, Any]] = {
     "shared/bus.py": {
         "tests": [
             "tests/unit/shared/test_bus_rules.py",
+            "tests/unit/shared/test_bus_pull_rules.py",
             "tests/integration/shared/test_bus_streams.py",
             "tests/integration/shared/test_bus_consumers.py",
             "tests/unit/shared/test_infrastructure_faults.py",

@@ -1,0 +1,394 @@
+"""The consumer loop's own decisions (``Bus.consume`` and its durable pull), on a stand-in
+JetStream: what the server is told about each message (the redelivery delay of a failure, a
+message handed back on stop), what ``Bus.hearing`` says around full batches, fetch faults
+and a second run, how a stop or an unexpected error ends ``consume``, when the consumer's
+``max_ack_pending`` is lowered and restored, and how a gone durable consumer is told from
+NATS being away. The server's side of these (redelivery, ordering, a lost stream) is in
+tests/integration/shared/test_bus_*.py on a real NATS; here the bus is alone, so each
+decision can be seen exactly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+import pytest
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import api
+from nats.js.errors import NotFoundError
+
+import shared.bus as bus_module
+from shared.bus import Bus, ConsumerLostError, Hearing, _DurablePull
+from shared.events import Envelope, Payload
+from shared.events.payloads import JobCancelRequested
+from shared.events.trust import SUBMISSION
+from shared.settings import NatsSettings
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+GUARD_S = 20.0
+"""Only turns a consumer that never returns into a failure instead of a hung test."""
+
+Step = list[Any] | BaseException | Callable[[], Any]
+
+
+class FakeMsg:
+    """A fetched message: its data and subject, delivery count, and what it was told."""
+
+    def __init__(self, data: bytes, subject: str, delivered: int = 1, seq: int = 1) -> None:
+        self.data = data
+        self.subject = subject
+        self.headers: dict[str, str] | None = None
+        self.metadata = SimpleNamespace(
+            num_delivered=delivered, sequence=SimpleNamespace(stream=seq)
+        )
+        self._ackd = False
+        self.told: list[tuple[str, float | None]] = []
+
+    async def ack(self) -> None:
+        self._settle("ack")
+
+    async def nak(self, delay: float | None = None) -> None:
+        self._settle("nak", delay)
+
+    async def term(self) -> None:
+        self._settle("term")
+
+    async def in_progress(self) -> None:
+        pass
+
+    def _settle(self, what: str, delay: float | None = None) -> None:
+        self.told.append((what, delay))
+        self._ackd = True
+
+
+class FakeSub:
+    """A pull subscription that answers fetches from a script; when the script is done it
+    asks the consumer to stop (and answers like an empty fetch)."""
+
+    def __init__(self, js: FakeJetStream) -> None:
+        self.js = js
+        self.unsubscribed = False
+
+    async def fetch(self, batch: int, timeout: float) -> list[Any]:
+        self.js.hearing_at_fetch.append(self.js.bus.hearing("c") if self.js.bus else None)
+        if not self.js.script:
+            self.js.stop.set()
+            raise NatsTimeoutError
+        step = self.js.script.pop(0)
+        if callable(step):
+            step = step()
+        if isinstance(step, BaseException):
+            raise step
+        return list(step)
+
+    async def unsubscribe(self) -> None:
+        self.unsubscribed = True
+        if self.js.unsubscribe_error is not None:
+            raise self.js.unsubscribe_error
+
+
+class FakeJetStream:
+    """The JetStream requests the consumer loop makes, answered from memory."""
+
+    def __init__(self) -> None:
+        self.script: list[Step] = []
+        self.stop = asyncio.Event()
+        self.bus: Bus | None = None
+        self.consumers: dict[str, api.ConsumerConfig] = {}
+        self.pending = 0
+        self.configs: list[api.ConsumerConfig] = []
+        self.subs: list[FakeSub] = []
+        self.published: list[tuple[str, dict[str, str]]] = []
+        self.publish_fault: Callable[[], BaseException | None] = lambda: None
+        self.unsubscribe_error: BaseException | None = None
+        self.hearing_at_fetch: list[Hearing | None] = []
+
+    async def consumer_info(self, stream: str, name: str) -> Any:
+        if name not in self.consumers:
+            raise NotFoundError
+        return SimpleNamespace(num_ack_pending=self.pending)
+
+    async def add_consumer(self, stream: str, config: api.ConsumerConfig) -> None:
+        assert config.durable_name is not None
+        self.configs.append(config)
+        self.consumers[config.durable_name] = config
+
+    async def pull_subscribe_bind(self, durable: str, stream: str) -> FakeSub:
+        sub = FakeSub(self)
+        self.subs.append(sub)
+        return sub
+
+    async def stream_info(self, name: str) -> Any:
+        return SimpleNamespace(created=T0)
+
+    async def publish(
+        self, subject: str, body: bytes, timeout: float, headers: dict[str, str]
+    ) -> None:
+        fault = self.publish_fault()
+        if fault is not None:
+            raise fault
+        self.published.append((subject, headers))
+
+    async def publish_async(self, subject: str, body: bytes, headers: dict[str, str]) -> Any:
+        return asyncio.get_running_loop().create_future()  # an acknowledgement never comes
+
+
+class FakeNats:
+    def __init__(self, js: FakeJetStream) -> None:
+        self.is_connected = True
+        self.stats = {"reconnects": 0}
+        self._js = js
+
+    def jetstream(self) -> FakeJetStream:
+        return self._js
+
+
+@pytest.fixture
+def js() -> FakeJetStream:
+    return FakeJetStream()
+
+
+def make_bus(js: FakeJetStream, monkeypatch: pytest.MonkeyPatch, **settings: Any) -> Bus:
+    bus = Bus(FakeNats(js), NatsSettings(user="registry", **settings))  # type: ignore[arg-type]
+    monkeypatch.setattr(bus, "_outage_delay", lambda failures: 0.001)
+    js.bus = bus
+    return bus
+
+
+def event_msg(delivered: int = 1) -> FakeMsg:
+    envelope: Envelope[Payload] = Envelope.wrap(
+        JobCancelRequested(job_id="j1", team="t", user="u"), source=SUBMISSION, subject="j1"
+    )
+    return FakeMsg(envelope.to_json(), envelope.nats_subject, delivered=delivered)
+
+
+def bad_msg(seq: int = 1) -> FakeMsg:
+    return FakeMsg(b"not an event", "trainyard.job.submitted.v1.j1", seq=seq)
+
+
+async def consume(bus: Bus, js: FakeJetStream, handler: Any = None, batch: int = 2) -> None:
+    async def ignore(envelope: Envelope[Payload]) -> None:
+        pass
+
+    task = asyncio.create_task(
+        bus.consume("c", ["trainyard.job.>"], handler or ignore, js.stop, batch=batch)
+    )
+    done, _ = await asyncio.wait({task}, timeout=GUARD_S)
+    if task not in done:
+        task.cancel()
+        pytest.fail("consume did not return once stopped")
+    task.result()
+
+
+# --- what the server is told about a message ------------------------------------------------
+
+
+@pytest.mark.parametrize(("delivered", "delay"), [(1, 0.5), (2, 1.0), (3, 2.0)])
+async def test_a_failed_event_comes_back_after_a_delay_that_doubles_with_each_delivery(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch, delivered: int, delay: float
+) -> None:
+    bus = make_bus(js, monkeypatch, retry_delay_seconds=0.5, max_deliver=5)
+    msg = event_msg(delivered)
+    js.script = [[msg]]
+
+    async def fail(envelope: Envelope[Payload]) -> None:
+        raise ValueError("not yet")
+
+    await consume(bus, js, fail)
+    assert msg.told == [("nak", delay)]
+
+
+async def test_a_dead_letter_waiting_out_an_outage_is_handed_back_on_stop(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    msg = bad_msg()
+    js.script = [[msg]]
+    tries: list[int] = []
+
+    def nats_away() -> BaseException:
+        tries.append(1)
+        if len(tries) == 2:
+            js.stop.set()  # the service stops while the dead letter cannot be written
+        return nats.errors.NoRespondersError()
+
+    js.publish_fault = nats_away
+    await consume(bus, js)
+    assert msg.told == [("nak", None)]  # for the next process: neither lost nor terminated
+    assert js.published == []
+    assert bus.paused == {}
+
+
+# --- hearing ------------------------------------------------------------------------------
+
+
+async def test_hearing_waits_for_a_fetch_that_finds_fewer_than_the_batch(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    js.script = [[bad_msg(1), bad_msg(2)], [], []]  # a full batch: more may be waiting
+    await consume(bus, js, batch=2)
+    before_first, after_full, after_drained, *_ = js.hearing_at_fetch
+    assert before_first is None
+    assert after_full is None
+    assert after_drained is not None
+
+
+async def test_a_fetch_fault_is_a_gap_in_hearing(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    js.script = [[], nats.errors.NoRespondersError(), [], []]
+    await consume(bus, js)
+    _, heard, after_fault, after_drained, *_ = js.hearing_at_fetch
+    assert heard is not None
+    assert after_fault is None
+    assert after_drained is not None and after_drained.since > heard.since
+
+
+async def test_a_second_run_on_the_same_bus_hears_from_its_own_start(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [T0]
+    monkeypatch.setattr(bus_module, "_utc_now", lambda: now[0])
+    bus = make_bus(js, monkeypatch)
+    js.script = [[]]
+    await consume(bus, js)
+    assert bus.hearing("c") is None  # not running
+
+    now[0] = T0 + timedelta(seconds=10)
+    js.stop.clear()
+    js.hearing_at_fetch.clear()
+    js.script = [[], []]
+    await consume(bus, js)
+    assert js.hearing_at_fetch[1] == Hearing(now[0], now[0])
+
+
+# --- how consume ends ---------------------------------------------------------------------
+
+
+async def test_an_error_that_is_no_outage_reaches_the_caller_as_it_was(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    js.script = [RuntimeError("boom")]
+    with pytest.raises(RuntimeError, match=r"^boom$"):
+        await consume(bus, js)
+    assert js.subs[0].unsubscribed
+
+
+async def test_a_consumer_stopped_while_nats_is_away_returns_quietly(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+
+    def away_then_stop() -> BaseException:
+        js.stop.set()
+        return nats.errors.NoRespondersError()
+
+    js.script = [nats.errors.NoRespondersError(), away_then_stop]
+    await consume(bus, js)
+    assert bus.paused == {}
+    assert bus.hearing("c") is None
+
+
+async def test_stopping_on_a_connection_already_closed_returns_quietly(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    js.unsubscribe_error = nats.errors.ConnectionClosedError()
+    js.script = [[]]
+    await consume(bus, js)
+    assert js.subs[0].unsubscribed
+
+
+# --- the durable pull: held messages, a gone consumer ------------------------------------
+
+
+def consumer_config(batch: int = 16) -> api.ConsumerConfig:
+    return api.ConsumerConfig(name="c", durable_name="c", max_ack_pending=batch)
+
+
+async def test_binding_with_nothing_unacknowledged_keeps_the_batch_as_the_limit(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    pull = await _DurablePull.bind(bus, consumer_config(16))
+    assert [c.max_ack_pending for c in js.configs] == [16]
+    js.script = [[], []]
+    await pull.fetch(16, timeout=0.5)
+    await pull.fetch(16, timeout=0.5)
+    assert len(js.configs) == 1  # fetching does not touch the consumer's configuration
+
+
+async def test_a_dead_consumers_pending_messages_hold_back_newer_ones_until_settled(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    js.consumers["c"] = consumer_config(16)
+    js.pending = 3
+    with caplog.at_level(logging.INFO, logger="shared.bus"):
+        pull = await _DurablePull.bind(bus, consumer_config(16))
+    assert [c.max_ack_pending for c in js.configs] == [16, 3]
+    assert (
+        "c: 3 messages of a consumer that stopped are unacknowledged: nothing newer until "
+        "they are back (after ack_wait)"
+    ) in caplog.messages
+    js.script = [[], [], []]
+    await pull.fetch(16, timeout=0.5)  # still pending: still held
+    assert [c.max_ack_pending for c in js.configs] == [16, 3]
+    js.pending = 0
+    await pull.fetch(16, timeout=0.5)  # settled: the batch is the limit again
+    assert [c.max_ack_pending for c in js.configs] == [16, 3, 16]
+    await pull.fetch(16, timeout=0.5)
+    assert len(js.configs) == 3  # and stays so without another update
+
+
+async def test_nobody_answering_for_a_consumer_that_exists_is_nats_away(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    pull = await _DurablePull.bind(bus, consumer_config())
+    js.script = [nats.js.errors.ServiceUnavailableError()]
+    with pytest.raises(nats.js.errors.ServiceUnavailableError):
+        await pull.fetch(16, timeout=0.5)
+    assert len(js.subs) == 1  # not bound anew
+    assert len(js.configs) == 1
+
+
+async def test_a_gone_consumer_is_made_again_and_its_loss_reported(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    pull = await _DurablePull.bind(bus, consumer_config())
+    del js.consumers["c"]  # NATS lost its store
+    js.script = [nats.js.errors.ServiceUnavailableError(), [event_msg()]]
+    with (
+        caplog.at_level(logging.WARNING, logger="shared.bus"),
+        pytest.raises(ConsumerLostError, match="consumer c was gone and is made again"),
+    ):
+        await pull.fetch(16, timeout=0.5)
+    assert "c: the durable consumer is gone (stream lost?); making it again" in caplog.messages
+    assert [c.durable_name for c in js.configs] == ["c", "c"]
+    old, new = js.subs
+    assert old.unsubscribed and not new.unsubscribed
+    assert len(await pull.fetch(16, timeout=0.5)) == 1  # from the new subscription
+
+
+async def test_acknowledgements_that_never_come_make_publish_many_fail(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch, publish_timeout_seconds=0.05)
+    task = asyncio.create_task(bus.publish_many([("trainyard.x", b"{}", "e1", {})]))
+    done, _ = await asyncio.wait({task}, timeout=GUARD_S)
+    if task not in done:
+        task.cancel()
+        pytest.fail("publish_many waited for acknowledgements that never come")
+    with pytest.raises(TimeoutError):
+        task.result()
