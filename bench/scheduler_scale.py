@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import json
 import os
 import platform
@@ -38,9 +39,11 @@ import statistics
 import sys
 import time
 import tracemalloc
+from dataclasses import replace
 from pathlib import Path
 
 from services.scheduler.policy import PolicyState, decide_arrival, schedule
+from services.scheduler.policy.incremental import Incremental
 from services.scheduler.policy.model import (
     Decisions,
     Node,
@@ -74,14 +77,16 @@ def flavor_of(i: int, nodes: int) -> str:
     return "a100" if i < round(nodes * 0.6) else "h100"
 
 
-def build_queues(nodes: int, backlog_blocked: bool = False) -> tuple[Queue, ...]:
+def build_queues(
+    nodes: int, backlog_blocked: bool = False, count: int = QUEUES
+) -> tuple[Queue, ...]:
     capacity = {"a100": 0, "h100": 0}
     for i in range(nodes):
         capacity[flavor_of(i, nodes)] += GPUS_PER_NODE
-    per_queue = {f: c // QUEUES for f, c in capacity.items()}
-    spare = {f: c - per_queue[f] * QUEUES for f, c in capacity.items()}
+    per_queue = {f: c // count for f, c in capacity.items()}
+    spare = {f: c - per_queue[f] * count for f, c in capacity.items()}
     queues = []
-    for q in range(QUEUES):
+    for q in range(count):
         nominal = {f: per_queue[f] + (1 if q < spare[f] else 0) for f in capacity}
         borrowing: dict[str, int] = {}
         lending: dict[str, int] = {}
@@ -178,9 +183,11 @@ def pending_jobs(
     return jobs
 
 
-def scenario(nodes: int, seed: int = 1, jobs: int | None = None) -> Snapshot:
+def scenario(
+    nodes: int, seed: int = 1, jobs: int | None = None, queues_count: int = QUEUES
+) -> Snapshot:
     rng = random.Random(seed)
-    queues = build_queues(nodes)
+    queues = build_queues(nodes, count=queues_count)
     node_list, running = fill_running(rng, nodes, queues, 0.7)
     pending = pending_jobs(rng, 10 * nodes if jobs is None else jobs, nodes, queues)
     usage = {q.team: rng.uniform(0, 50) * HOUR * GPUS_PER_NODE for q in queues}
@@ -284,6 +291,77 @@ def row(nodes: int, repeats: int) -> dict[str, float]:
     }
 
 
+def ten_x(nodes: int, queues: int, repeats: int, events: int) -> dict[str, object]:
+    """Issue 16's scale: a full pass, incremental decisions for a seeded mix of events, and
+    memory, at ``nodes`` nodes with ``10 * nodes`` pending jobs in ``queues`` queues."""
+    snapshot = scenario(nodes, queues_count=queues)
+    walls, cpus, decisions = time_pass(snapshot, repeats)
+    gc.collect()
+    tracemalloc.start()
+    schedule(snapshot, PolicyConfig())
+    _, traced = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    start = time.perf_counter()
+    incremental = Incremental(snapshot, PolicyConfig())
+    kept_s = time.perf_counter() - start
+    timings = time_events(incremental, snapshot, nodes, events)
+    return {
+        "nodes": nodes,
+        "queues": queues,
+        "pending": len(snapshot.pending),
+        "running": len(snapshot.running),
+        "pass_median_s": statistics.median(walls),
+        "pass_best_s": min(walls),
+        "pass_cpu_median_s": statistics.median(cpus),
+        "placed": len(decisions.placements),
+        "preempted": len(decisions.preemptions),
+        "waiting": len(decisions.explanations),
+        "pass_peak_traced_mib": traced / 2**20,
+        "incremental_first_pass_s": kept_s,
+        **timings,
+    }
+
+
+def time_events(
+    incremental: Incremental, snapshot: Snapshot, nodes: int, count: int
+) -> dict[str, object]:
+    """Wall and CPU time of ``count`` events (arrivals, ends, nodes joining and leaving, in
+    a seeded mix) decided by ``incremental``, each equal to a full pass on its state."""
+    rng = random.Random(3)
+    arrivals = pending_jobs(rng, count, nodes, snapshot.queues, prefix="event")
+    running = sorted(r.job_id for r in snapshot.running)
+    walls: dict[str, list[float]] = {"arrive": [], "end": [], "join": [], "leave": []}
+    cpus: list[float] = []
+    for n in range(count):
+        kind = ("arrive", "arrive", "end", "arrive", "join", "arrive", "end", "leave")[n % 8]
+        start, cpu = time.perf_counter(), time.process_time()
+        if kind == "arrive":
+            job = arrivals[n]
+            incremental.arrive(replace(job, submitted_at=NOW, seq=10 * nodes + n))
+        elif kind == "end":
+            incremental.end(running.pop(rng.randrange(len(running))))
+        elif kind == "join":
+            flavor = flavor_of(n, nodes)
+            incremental.node_joined(Node(f"new-{n:04d}", flavor, GPUS_PER_NODE, "rack-new"))
+        else:
+            incremental.node_left(f"new-{n - 3:04d}")
+        walls[kind].append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu)
+    every = [t for ts in walls.values() for t in ts]
+    return {
+        "events": count,
+        "events_by_kind": {k: len(v) for k, v in walls.items()},
+        "isolated_arrivals": incremental.isolated,
+        "event_full_passes": incremental.full_passes - 1,
+        "event_p50_ms": 1000 * percentile(every, 50),
+        "event_p99_ms": 1000 * percentile(every, 99),
+        "event_max_ms": 1000 * max(every, default=0.0),
+        "event_cpu_p50_ms": 1000 * percentile(cpus, 50),
+        "event_cpu_p99_ms": 1000 * percentile(cpus, 99),
+        "event_p50_ms_by_kind": {k: 1000 * percentile(v, 50) for k, v in walls.items()},
+    }
+
+
 def jobs_sweep(nodes: int, counts: tuple[int, ...]) -> list[dict[str, float]]:
     """Pass time at a fixed node count as the backlog grows (best of two)."""
     out = []
@@ -334,6 +412,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="10 and 100 nodes, one repeat")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--ten-x",
+        action="store_true",
+        help="also issue 16's scale: 10,000 nodes, 100,000 pending, 500 queues (minutes)",
+    )
+    parser.add_argument("--events", type=int, default=24, help="events timed at --ten-x")
     args = parser.parse_args(argv)
     sizes = (10, 100) if args.quick else (10, 100, 1000)
     repeats = 1 if args.quick else args.repeats
@@ -358,6 +442,17 @@ def main(argv: list[str] | None = None) -> int:
         f"\npeak traced memory ({sizes[-1]} nodes, build + pass): {peak:.0f} MiB; "
         f"process peak RSS: {rss:.0f} MiB"
     )
+    scale = ten_x(10_000, 500, 3, args.events) if args.ten_x else None
+    if scale is not None:
+        scale["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        scale["targets"] = {
+            "pass_under_2s": scale["pass_median_s"] <= 2.0,
+            "pass_cpu_under_2s": scale["pass_cpu_median_s"] <= 2.0,
+            "event_p99_under_50ms": scale["event_p99_ms"] <= 50.0,
+            "memory_under_2GB": scale["peak_rss_mib"] <= 2048,
+        }
+        print("\nten times the scale:")
+        print(json.dumps(scale, indent=2))
     print(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     if args.quick:
         print("targets: not judged in --quick mode (they are for 1,000 nodes)")
@@ -377,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         "peak_traced_mib": peak,
         "peak_rss_mib": rss,
         "targets": {} if args.quick else targets,
+        "ten_x": scale,
         "quick": args.quick,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

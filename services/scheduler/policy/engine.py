@@ -31,7 +31,7 @@ waits; the next full pass reconsiders it with everyone else.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from services.scheduler.policy import backfill
@@ -125,6 +125,17 @@ class PolicyState:
         self._holds: dict[tuple[str, str], PendingJob] = {}
         self._shape_cache: dict[tuple[str, int, int | None], tuple[Shape, ...]] = {}
         self._invalid_cache: dict[tuple[str, str, int, int | None], Invalid | None] = {}
+        self._level_cache: dict[tuple[str, int, float], float] = {}
+        # What ``incremental`` needs to know about the pass's course (see there).
+        self.queue_order: dict[str, list[PendingJob]] = {}
+        """Queue -> its pending jobs in the order the pass considered them."""
+        self.decided_at: dict[str, int] = {}
+        """Job id -> the step (count of ``decide`` calls) of its decision."""
+        self.tried_at: dict[tuple[str, str], int] = {}
+        """(queue, flavor) -> the step of its one try to preempt."""
+        self.reservations_full_at: dict[str, int] = {}
+        """Flavor -> the step at which its last reservation (``config.reservations``) went."""
+        self._step = 0
 
     # --- building ------------------------------------------------------------------------
 
@@ -151,9 +162,14 @@ class PolicyState:
         return self.classes.get(name, DEFAULT_PRIORITY)
 
     def level(self, job: PendingJob) -> float:
-        """The job's priority level, less what its declared size costs it (``size_levels``)."""
-        size = size_levels(job.gpus, job.declared_runtime_s, self.config.size_weight)
-        return self._level[self.priority(job.priority).value] - size
+        """The job's priority level, less what its declared size costs it (``size_levels``).
+        Cached per kind of request: a pass asks it for every job several times."""
+        key = (job.priority, job.gpus, job.declared_runtime_s)
+        level = self._level_cache.get(key)
+        if level is None:
+            size = size_levels(job.gpus, job.declared_runtime_s, self.config.size_weight)
+            level = self._level_cache[key] = self._level[self.priority(job.priority).value] - size
+        return level
 
     # --- the pass ------------------------------------------------------------------------
 
@@ -175,6 +191,7 @@ class PolicyState:
                 key=lambda j: queue_key(j.submitted_at, self.level(j), j.seq, j.job_id, ageing)
             )
             cursor[name] = 0
+            self.queue_order[name] = jobs
             heap.append((self._standing(jobs[0], ageing), 0, name))
         heapq.heapify(heap)
         while heap:
@@ -203,6 +220,8 @@ class PolicyState:
     def decide(self, job: PendingJob, quick: bool = False) -> Placement | None:
         """Start ``job`` now if the rules allow, else record why it waits. ``quick`` (the
         arrival fast path) neither preempts nor reserves."""
+        self._step += 1
+        self.decided_at[job.job_id] = self._step
         invalid = self._invalid(job)
         if invalid is not None:
             self._wait(invalid)
@@ -262,6 +281,8 @@ class PolicyState:
                 if reservation is not None:
                     taken.append(reservation)
                     waiting.reservation = reservation
+                    if len(taken) == self.config.reservations:
+                        self.reservations_full_at[job.flavor] = self._step
         self._wait(waiting)
         return None
 
@@ -335,18 +356,19 @@ class PolicyState:
         if key in self._tried:
             return
         self._tried.add(key)
+        self.tried_at[key] = self._step
         leaving = [r for r in self.leaving.get(job.flavor, ()) if r.job_id not in self._claimed]
         if not self.config.preemption and not leaving:
             return
         within = self.quota.within_nominal(job.queue, job.flavor, job.gpus)
-        running = self.running if self.config.preemption else {}
+        running: Mapping[tuple[str, str], list[RunningJob]] = (
+            self.running if self.config.preemption else {}
+        )
         if self._claimed and running:
             # A job already chosen as a victim in this pass frees its GPUs once: it must not
-            # be chosen again for another waiting job (nor its GPUs counted twice).
-            running = {
-                key: [r for r in jobs if r.job_id not in self._claimed]
-                for key, jobs in running.items()
-            }
+            # be chosen again for another waiting job (nor its GPUs counted twice). Filtered
+            # per (queue, flavor) as read: a victim search reads a few of them, not all.
+            running = _Unclaimed(running, self._claimed)
         found, reclaimable = candidates_for(
             self.quota,
             job.queue,
@@ -394,6 +416,23 @@ class PolicyState:
     def decisions(self) -> Decisions:
         explanations = explain_all(self, self.waiting)
         return Decisions(tuple(self.placements), tuple(self.preemptions), explanations)
+
+
+class _Unclaimed(Mapping[tuple[str, str], list[RunningJob]]):
+    """``running`` without the jobs in ``claimed``, filtered per key when read."""
+
+    def __init__(self, running: Mapping[tuple[str, str], list[RunningJob]], claimed: set[str]):
+        self._running = running
+        self._claimed = claimed
+
+    def __getitem__(self, key: tuple[str, str]) -> list[RunningJob]:
+        return [r for r in self._running[key] if r.job_id not in self._claimed]
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._running)
+
+    def __len__(self) -> int:
+        return len(self._running)
 
 
 def _conflicts(nodes: Iterable[NodeSlot], gpus: int, end: float) -> list[backfill.Reservation]:

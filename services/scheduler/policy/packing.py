@@ -92,6 +92,11 @@ class FlavorPool:
         size = 2 * self.capacity + 2
         self._levels: list[dict[str, NodeSlot]] = [{} for _ in range(size)]
         self._domains: dict[str, list[dict[str, NodeSlot]]] = {}
+        # Nodes with at least g free GPUs, per g (in all, and per domain), kept with the
+        # buckets: a gang search asks this of every domain, so it must not sum buckets.
+        self._at_least: list[int] = [0] * (self.capacity + 1)
+        self._domain_at_least: dict[str, list[int]] = {}
+        self._sizes: dict[int, list[tuple[int, str]]] = {}
         for node in self.nodes.values():
             self._insert(node)
         self.topologies = sorted(self._domains)
@@ -109,17 +114,29 @@ class FlavorPool:
         domain = self._domains.get(node.topology)
         if domain is None:
             domain = self._domains[node.topology] = [{} for _ in range(len(self._levels))]
+            self._domain_at_least[node.topology] = [0] * (self.capacity + 1)
         domain[level][node.node_id] = node
+        self._count(node, 1)
 
     def _remove(self, node: NodeSlot) -> None:
         level = node.level()
         del self._levels[level][node.node_id]
         del self._domains[node.topology][level][node.node_id]
+        self._count(node, -1)
+
+    def _count(self, node: NodeSlot, sign: int) -> None:
+        self._sizes.clear()
+        totals, domain = self._at_least, self._domain_at_least[node.topology]
+        for g in range(len(node.free) + 1):
+            totals[g] += sign
+            domain[g] += sign
 
     def count_at_least(self, gpus: int, topology: str | None = None) -> int:
         """How many nodes (in ``topology``, or all) have at least ``gpus`` free."""
-        levels = self._levels if topology is None else self._domains[topology]
-        return sum(len(levels[i]) for i in range(2 * gpus, len(levels)))
+        counts = self._at_least if topology is None else self._domain_at_least[topology]
+        if gpus >= len(counts):
+            return 0
+        return counts[max(gpus, 0)]
 
     def max_free(self) -> int:
         """The largest free block on one node."""
@@ -163,7 +180,7 @@ class FlavorPool:
     def _find_gang(
         self, count: int, per_node: int, allow: NodeFilter | None
     ) -> list[NodeSlot] | None:
-        sizes = [(self.count_at_least(per_node, t), t) for t in self.topologies]
+        sizes = self._domain_sizes(per_node)
         # One domain: the tightest that can hold the gang keeps bigger domains whole.
         for _, topology in sorted(s for s in sizes if s[0] >= count):
             picked = self._take_from(self._domains[topology], count, per_node, allow)
@@ -178,6 +195,15 @@ class FlavorPool:
             if len(picked) == count:
                 return picked
         return None
+
+    def _domain_sizes(self, per_node: int) -> list[tuple[int, str]]:
+        """(nodes with ``per_node`` free, domain) for every domain; kept until ``take``
+        changes a node, since gangs that do not fit ask again and again in one pass."""
+        sizes = self._sizes.get(per_node)
+        if sizes is None:
+            sizes = [(self.count_at_least(per_node, t), t) for t in self.topologies]
+            self._sizes[per_node] = sizes
+        return sizes
 
     def _take_from(
         self, levels: list[dict[str, NodeSlot]], count: int, per_node: int, allow: NodeFilter | None

@@ -39,10 +39,25 @@ if TYPE_CHECKING:
 
 
 def explain_all(
-    state: PolicyState, waiting: list[Waiting], quick: bool = False
+    state: PolicyState,
+    waiting: list[Waiting],
+    quick: bool = False,
+    team_of: Mapping[str, str] | None = None,
 ) -> dict[str, Explanation]:
-    """Explanations for ``waiting`` (in pass order); ``quick`` skips fluid estimates."""
-    return _Explainer(state, quick).run(waiting)
+    """Explanations for ``waiting`` (in pass order); ``quick`` skips fluid estimates.
+    ``team_of`` (job id -> team, for naming other teams' jobs) defaults to the state's
+    running and placed jobs and ``waiting``; ``readers_team_of`` gives that of a whole pass."""
+    return _Explainer(state, quick).run(waiting, team_of)
+
+
+def readers_team_of(state: PolicyState, waiting: list[Waiting]) -> dict[str, str]:
+    """Job id -> team of every job ``state`` holds or places and of ``waiting``."""
+    queues = state.quota.queues
+    team_of = dict(state.team_of_job)
+    for w in waiting:
+        if w.job.queue in queues:
+            team_of[w.job.job_id] = queues[w.job.queue].team
+    return team_of
 
 
 class _Explainer:
@@ -55,19 +70,32 @@ class _Explainer:
         self._headroom: dict[tuple[str, str], int] = {}
         self._hints: dict[tuple[str, str, int], str | None] = {}
         self._borrowing: dict[tuple[str, str], list[tuple[str, int]]] = {}
+        self._holders: dict[tuple[str, str], list[str]] = {}
+        self._cohort_users: dict[tuple[str, str], list[tuple[int, str]]] = {}
         self._quota: dict[tuple[str, str, int], tuple[str, str, float | None]] = {}
         self._timelines: dict[tuple[tuple[str, ...], str, bool], _Timeline] = {}
 
-    def run(self, waiting: list[Waiting]) -> dict[str, Explanation]:
+    def run(
+        self, waiting: list[Waiting], team_of: Mapping[str, str] | None
+    ) -> dict[str, Explanation]:
         queues = self.state.quota.queues
-        team_of = dict(self.state.team_of_job)
-        for w in waiting:
-            if w.job.queue in queues:
-                team_of[w.job.job_id] = queues[w.job.queue].team
+        if team_of is None:
+            team_of = readers_team_of(self.state, waiting)
         out: dict[str, Explanation] = {}
+        # Most waiting jobs share their reason with many others (same queue, flavor, size):
+        # rewriting a text for a team depends only on the text, the team and ``team_of``
+        # (fixed for this call), so each distinct one is rewritten once.
+        seen: dict[tuple[str, str, str | None], tuple[str, str]] = {}
         for w in waiting:
             own = queues[w.job.queue].team if w.job.queue in queues else None
-            out[w.job.job_id] = for_team(self.one(w), own, team_of)
+            e = self.one(w)
+            key = (e.reason, e.blocking, own)
+            shown = seen.get(key)
+            if shown is None:
+                shown = seen[key] = _as_seen_by(e.reason, e.blocking, own, team_of)
+            out[w.job.job_id] = Explanation(
+                e.position, shown[0], shown[1], e.suggestion, e.estimated_start
+            )
         return out
 
     def one(self, w: Waiting) -> Explanation:
@@ -126,7 +154,6 @@ class _Explainer:
     def _quota_text(self, job: PendingJob, verdict: Verdict) -> tuple[str, str, float | None]:
         q = self.state.quota
         queue = q.queues[job.queue]
-        holding = self.state.holding.get((job.queue, job.flavor), [])
         if verdict.kind in ("no_quota", "nominal_full", "borrow_limit"):
             start = self._released((job.queue,), job.flavor, verdict.excess)
             if verdict.kind == "borrow_limit":
@@ -135,12 +162,12 @@ class _Explainer:
                     job.queue, job.flavor, verdict.used - verdict.nominal, limit
                 )
             else:
-                ids = sorted(j for _, _, j in holding)
+                ids = self._holding_ids(job.queue, job.flavor)
                 text = explain.nominal_full(
                     job.queue, job.flavor, verdict.used, verdict.nominal, ids
                 )
             text = f"{text}; {explain.eta(start, self.now)}"
-            blocking = _ids(sorted(j for _, _, j in holding)) or f"queue {job.queue} quota"
+            blocking = _ids(self._holding_ids(job.queue, job.flavor)) or f"queue {job.queue} quota"
             return text, blocking, start
         assert queue.cohort is not None
         borrowers = [b for b in self._borrowers(queue.cohort, job.flavor) if b[0] != job.queue]
@@ -158,10 +185,7 @@ class _Explainer:
             text = explain.reclaim(job.flavor, verdict.nominal, taken, when)
             return text, blocking, start
         size, used = q.pool(queue.cohort, job.flavor)
-        users = sorted(
-            ((q.used(name, job.flavor), name) for name in q.members[queue.cohort]),
-            key=lambda u: (-u[0], u[1]),
-        )
+        users = self._users(queue.cohort, job.flavor)
         holders = [f"{name} with {n}" for n, name in users if n > 0 and name != job.queue]
         text = explain.cohort_full(
             job.queue, job.flavor, verdict.used, verdict.nominal, max(0, size - used), holders
@@ -170,6 +194,27 @@ class _Explainer:
         start = self._released(tuple(q.members[queue.cohort]), job.flavor, verdict.excess)
         text = f"{text}; {explain.eta(start, self.now)}"
         return text, blocking, start
+
+    def _holding_ids(self, queue: str, flavor: str) -> list[str]:
+        """Ids of the jobs holding ``queue``'s ``flavor`` quota, sorted (cached)."""
+        key = (queue, flavor)
+        ids = self._holders.get(key)
+        if ids is None:
+            holding = self.state.holding.get(key, [])
+            ids = self._holders[key] = sorted(j for _, _, j in holding)
+        return ids
+
+    def _users(self, cohort: str, flavor: str) -> list[tuple[int, str]]:
+        """(GPUs used, queue) of the cohort's queues, most first (cached)."""
+        key = (cohort, flavor)
+        users = self._cohort_users.get(key)
+        if users is None:
+            q = self.state.quota
+            users = self._cohort_users[key] = sorted(
+                ((q.used(name, flavor), name) for name in q.members[cohort]),
+                key=lambda u: (-u[0], u[1]),
+            )
+        return users
 
     def _borrowers(self, cohort: str, flavor: str) -> list[tuple[str, int]]:
         key = (cohort, flavor)
@@ -278,6 +323,14 @@ _WORD = re.compile(r"(job )?([A-Za-z0-9][\w.:-]*)")
 
 def for_team(e: Explanation, team: str | None, team_of: Mapping[str, str]) -> Explanation:
     """``e`` as ``team`` may read it: each job of another team named by its team only."""
+    reason, blocking = _as_seen_by(e.reason, e.blocking, team, team_of)
+    return replace(e, reason=reason, blocking=blocking)
+
+
+def _as_seen_by(
+    reason: str, blocking: str, team: str | None, team_of: Mapping[str, str]
+) -> tuple[str, str]:
+    """``reason`` and ``blocking`` with other teams' job ids replaced (see ``for_team``)."""
 
     def foreign(word: str) -> str | None:
         other = team_of.get(word)
@@ -287,12 +340,12 @@ def for_team(e: Explanation, team: str | None, team_of: Mapping[str, str]) -> Ex
         other = foreign(m.group(2))
         return m.group(0) if other is None else f"a {other} job"
 
-    blocking: list[str] = []
-    for item in (i.strip() for i in e.blocking.split(",")):
+    shown_items: list[str] = []
+    for item in (i.strip() for i in blocking.split(",")):
         shown = foreign(item) or item
-        if shown not in blocking:
-            blocking.append(shown)
-    return replace(e, reason=_WORD.sub(in_reason, e.reason), blocking=", ".join(blocking))
+        if shown not in shown_items:
+            shown_items.append(shown)
+    return _WORD.sub(in_reason, reason), ", ".join(shown_items)
 
 
 def _ids(items: list[str], limit: int = 10) -> str:

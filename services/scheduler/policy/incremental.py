@@ -1,0 +1,211 @@
+"""Incremental decisions: keep a snapshot and its last pass in memory, apply events to them,
+and re-decide only what an event can change.
+
+Contract of ``Incremental`` (pure, no I/O, no clock):
+- It holds the current snapshot (``snapshot()``) and ``decisions``, which always equal
+  ``schedule(snapshot(), config)`` -- the same placements, preemptions and explanations a
+  full pass over the same state gives. Events take effect at the snapshot's clock (``now``
+  does not move; a new clock means a new ``Incremental``, i.e. a full pass).
+- Events: ``arrive`` (a pending job), ``end`` (a running job ended, its GPUs are free),
+  ``node_joined`` and ``node_left``. Each returns the decisions after the event. Bad input
+  (an id already known, an unknown id) raises ``ValueError`` naming the field.
+- What an event re-decides:
+  * An arriving job that cannot change anything the pass decided for other jobs is decided
+    alone against the kept state (``arrival_is_isolated``): O(size of its queue's order
+    lookup + one explanation), not a pass.
+  * Anything else (an arrival that could start, take a reservation, preempt or overtake a
+    job of its queue; a job ending; a node joining or leaving) changes free GPUs, quota or
+    the order that every later decision of the greedy pass depends on, so the whole pass is
+    re-run over the kept snapshot (``full_passes`` counts them).
+
+Why an isolated arrival changes nothing else (``arrival_is_isolated`` checks each point):
+- The pass decides, at each step, the queue head with the lowest current standing
+  (``engine.PolicyState.run``; its lazy heap gives the same order as always-fresh keys,
+  because standings only grow during a pass).
+- A job that is never placed and changes no shared state only takes its queue's head slot
+  from the moment its predecessor P in the queue's order is decided until it is decided
+  itself. If its standing stays below that of its successor S meanwhile, every other job is
+  decided in the same order on the same state: the pass is the old one with the job
+  inserted. Same queue, so this holds unless S is in a lower tier (within its nominal
+  quota) while the job is not: so S must be out of its nominal quota from the start, or
+  the job within its own until the end.
+- It is never placed when its quota verdict is already "no" with the running jobs alone: a
+  queue's own use and its cohort's pool use only grow during a pass, so the verdict stays
+  "no". It changes no shared state when its queue and flavor tried to preempt by P's
+  decision (one try per queue and flavor), when, lacking pooled cohort quota (which asks
+  for a reservation), its flavor's reservations were all taken by P's decision, and when
+  it has not waited ``ageing_s`` (so holds no quota) or has no successor. A job that can
+  never start (invalid) changes nothing either.
+- Its explanation reads only the end state of the pass, which it does not change; the
+  waiting jobs after it in its queue move one position down.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import replace
+
+from services.scheduler.policy.engine import PolicyState, Waiting
+from services.scheduler.policy.fairshare import queue_key
+from services.scheduler.policy.model import (
+    Decisions,
+    Node,
+    PendingJob,
+    PolicyConfig,
+    Snapshot,
+)
+from services.scheduler.policy.quota import QuotaBook
+from services.scheduler.policy.reasons import explain_all, readers_team_of
+
+OWN_QUOTA = ("no_quota", "nominal_full", "borrow_limit")
+"""Verdicts about the queue's own quota (its use alone decides them)."""
+POOLED = ("reclaim", "cohort_full")
+"""Verdicts about the cohort's shared pool."""
+
+
+class Incremental:
+    """A snapshot and its last pass, kept up to date event by event (see module docstring)."""
+
+    def __init__(self, snapshot: Snapshot, config: PolicyConfig | None = None):
+        self.config = config or PolicyConfig()
+        self.now = snapshot.now
+        self._queues = snapshot.queues
+        self._classes = snapshot.priority_classes
+        self._usage = dict(snapshot.usage)
+        self._nodes = {n.node_id: n for n in snapshot.nodes}
+        self._pending = {j.job_id: j for j in snapshot.pending}
+        self._running = {r.job_id: r for r in snapshot.running}
+        self.full_passes = 0
+        """How many events (the first pass included) needed a whole pass."""
+        self.isolated = 0
+        """How many arrivals were decided alone (``arrival_is_isolated``)."""
+        self._pass()
+
+    # --- state ---------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """The current state as a snapshot (what ``decisions`` are a pass over)."""
+        return Snapshot(
+            self.now,
+            tuple(self._nodes.values()),
+            self._queues,
+            self._classes,
+            tuple(self._pending.values()),
+            tuple(self._running.values()),
+            dict(self._usage),
+        )
+
+    def _pass(self) -> Decisions:
+        self.full_passes += 1
+        snapshot = self.snapshot()
+        self.state = PolicyState(snapshot, self.config)
+        # The quota as the running jobs alone use it: what every verdict of the pass starts
+        # from (it only grows from there during the pass).
+        self._start_quota = QuotaBook(snapshot.queues)
+        for r in snapshot.running:
+            self._start_quota.add(r.queue, r.flavor, r.gpus)
+        self.decisions = self.state.run()
+        self._team_of = readers_team_of(self.state, self.state.waiting)
+        return self.decisions
+
+    # --- events --------------------------------------------------------------------------
+
+    def arrive(self, job: PendingJob) -> Decisions:
+        """A new pending job."""
+        if job.job_id in self._pending or job.job_id in self._running:
+            raise ValueError(f"job_id: {job.job_id} is already pending or running")
+        self._pending[job.job_id] = job
+        found = self.arrival_is_isolated(job)
+        if found is None:
+            return self._pass()
+        waiting, index = found
+        self.isolated += 1
+        state = self.state
+        order = state.queue_order[job.queue]
+        explanations = dict(self.decisions.explanations)
+        ahead = sum(1 for j in order[:index] if j.job_id in explanations)
+        state._positions[job.queue] = state._positions.get(job.queue, 0) + 1
+        waiting.position = ahead + 1
+        state.waiting.append(waiting)
+        for later in order[index:]:
+            e = explanations.get(later.job_id)
+            if e is not None:
+                explanations[later.job_id] = replace(e, position=e.position + 1)
+        # A lower bound of its own step, which is all a later arrival behind it asks for.
+        state.decided_at[job.job_id] = state.decided_at[order[index - 1].job_id]
+        order.insert(index, job)
+        self._team_of[job.job_id] = state.quota.queues[job.queue].team
+        explanations.update(explain_all(state, [waiting], team_of=self._team_of))
+        self.decisions = replace(self.decisions, explanations=explanations)
+        return self.decisions
+
+    def end(self, job_id: str) -> Decisions:
+        """A running job ended (or was stopped): its GPUs and quota are free."""
+        job = self._running.pop(job_id, None)
+        if job is None:
+            raise ValueError(f"job_id: {job_id} is not running")
+        for node_id, indices in job.placement.items():
+            node = self._nodes.get(node_id)
+            if node is not None:
+                used = {i: j for i, j in node.used.items() if i not in indices}
+                self._nodes[node_id] = replace(node, used=used)
+        return self._pass()
+
+    def node_joined(self, node: Node) -> Decisions:
+        """A node became ready."""
+        if node.node_id in self._nodes:
+            raise ValueError(f"node_id: {node.node_id} is already ready")
+        self._nodes[node.node_id] = node
+        return self._pass()
+
+    def node_left(self, node_id: str) -> Decisions:
+        """A node was lost or drained (jobs on it stay running until they are ended)."""
+        if self._nodes.pop(node_id, None) is None:
+            raise ValueError(f"node_id: {node_id} is not a ready node")
+        return self._pass()
+
+    # --- the isolated arrival ------------------------------------------------------------
+
+    def arrival_is_isolated(self, job: PendingJob) -> tuple[Waiting, int] | None:
+        """How ``job`` would wait in a full pass and its index in its queue's order, when
+        that provably changes nothing else the pass decides (see module docstring); None
+        when a pass must decide."""
+        state = self.state
+        order = state.queue_order.get(job.queue)
+        if job.queue not in state.quota.queues or not order:
+            return None
+        ageing = max(self.config.ageing_s, 1e-9)
+
+        def key(j: PendingJob) -> tuple[float, float, int, str]:
+            return queue_key(j.submitted_at, state.level(j), j.seq, j.job_id, ageing)
+
+        index = bisect.bisect_left(order, key(job), key=key)
+        if index == 0:
+            return None  # first of its queue: nothing of its queue tried before it
+        before = state.decided_at[order[index - 1].job_id]
+        if index < len(order):
+            after = order[index]
+            if self._start_quota.within_nominal(
+                after.queue, after.flavor, after.gpus
+            ) and not state.quota.within_nominal(job.queue, job.flavor, job.gpus):
+                return None  # its successor might go ahead of it across queues
+            if self.now - job.submitted_at >= self.config.ageing_s:
+                return None  # it might hold its queue's quota against its successors
+        invalid = state._invalid(job)
+        if invalid is not None:
+            return invalid, index
+        verdict = self._start_quota.check(job.queue, job.flavor, job.gpus)
+        if verdict.kind in POOLED:
+            full_at = state.reservations_full_at.get(job.flavor)
+            if self.config.reservations > 0 and (full_at is None or full_at > before):
+                return None  # it might take a reservation
+        elif verdict.kind not in OWN_QUOTA:
+            return None  # its quota allows it now: it might start
+        tried_at = state.tried_at.get((job.queue, job.flavor))
+        if tried_at is None or tried_at > before:
+            return None  # it might be its queue's try to preempt for this flavor
+        shape = state._shapes(job, state.pools[job.flavor])[0]
+        return Waiting(job, "quota", verdict=verdict, shape=shape), index
+
+
+__all__ = ["Incremental"]

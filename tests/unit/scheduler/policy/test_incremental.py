@@ -1,0 +1,225 @@
+"""Incremental decisions (``policy.incremental``): after every event they equal a full pass.
+
+The property test keeps its own copy of the cluster (nodes, pending and running jobs), applies
+each event to it independently of ``Incremental``, and checks ``Incremental``'s decisions
+against ``schedule`` over a snapshot it builds itself: the independent check is a full pass
+on the same state. A second ``Incremental``, built from a shuffled snapshot and fed the same
+events, must give equal decisions (determinism). Worlds come from the pass property tests;
+the events mix arrivals (some large, long and of low priority, so that they queue last and
+take the isolated path), jobs ending, and nodes joining and leaving. The run counts how
+often each path was taken and fails if either was reached too rarely.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from services.scheduler.policy import schedule
+from services.scheduler.policy.incremental import Incremental
+from services.scheduler.policy.model import Node, PendingJob, PolicyConfig, RunningJob, Snapshot
+
+from .builders import CLASSES, HOUR, NOW, node, pending, queue, running, snap
+from .test_properties import FLAVORS, World, shuffled, worlds
+
+START = 1000.0
+REACHED: Counter[str] = Counter()
+
+
+class Model:
+    """The test's own copy of the cluster, changed by events as the service would see them."""
+
+    def __init__(self, world: World, config: PolicyConfig):
+        self.queues = tuple(world.queues)
+        self.nodes = {n.node_id: n for n in world.nodes}
+        self.pending = {
+            j.job_id: replace(j, submitted_at=min(j.submitted_at, START))
+            for j in world.jobs[: len(world.jobs) // 2]
+        }
+        self.running: dict[str, RunningJob] = {}
+        # Start from a busy cluster: what a first pass placed is running, long enough that
+        # its protection against preemption is over.
+        for p in schedule(self.snapshot(), config).placements:
+            job = self.pending.pop(p.job_id)
+            self.running[job.job_id] = RunningJob(
+                job.job_id,
+                job.queue,
+                job.flavor,
+                job.gpus,
+                job.priority,
+                START - 3600.0,
+                job.declared_runtime_s + 3600.0,
+                dict(p.gpus),
+            )
+            for node_id, indices in p.gpus.items():
+                n = self.nodes[node_id]
+                self.nodes[node_id] = replace(
+                    n, used={**n.used, **dict.fromkeys(indices, job.job_id)}
+                )
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            START,
+            tuple(self.nodes.values()),
+            self.queues,
+            CLASSES,
+            tuple(self.pending.values()),
+            tuple(self.running.values()),
+            {},
+        )
+
+    def end(self, job_id: str) -> None:
+        job = self.running.pop(job_id)
+        for node_id, indices in job.placement.items():
+            if node_id in self.nodes:
+                n = self.nodes[node_id]
+                used = {i: j for i, j in n.used.items() if i not in indices}
+                self.nodes[node_id] = replace(n, used=used)
+
+
+@st.composite
+def late_jobs(draw: st.DrawFn, world: World, seq: int) -> PendingJob:
+    """A job submitted now that queues last in its queue (large, long, low priority)."""
+    return PendingJob(
+        f"late{seq}",
+        draw(st.sampled_from([q.name for q in world.queues])),
+        draw(st.sampled_from(FLAVORS)),
+        draw(st.sampled_from([2, 4, 8, 16])),
+        "low",
+        START,
+        draw(st.sampled_from([12 * 3600.0, 24 * 3600.0])),
+        10_000 + seq,
+    )
+
+
+@st.composite
+def runs(draw: st.DrawFn) -> tuple[World, PolicyConfig, list[tuple[str, object]]]:
+    world = draw(worlds())
+    # Few reservations per flavor, so that they run out during a pass (or never exist).
+    config = PolicyConfig(min_runtime_s=60.0, reservations=draw(st.sampled_from([0, 1, 2, 8])))
+    later = world.jobs[len(world.jobs) // 2 :]
+    events: list[tuple[str, object]] = []
+    for i in range(draw(st.integers(1, 12))):
+        kind = draw(st.sampled_from(["arrive", "late", "late", "late", "end", "join", "leave"]))
+        if kind == "arrive" and later:
+            events.append(("arrive", later.pop(0)))
+        elif kind in ("arrive", "late"):
+            events.append(("arrive", draw(late_jobs(world, i))))
+        elif kind == "join":
+            size = draw(st.sampled_from([2, 4, 8]))
+            events.append(("join", Node(f"new{i}", draw(st.sampled_from(FLAVORS)), size, "t9")))
+        else:
+            events.append((kind, draw(st.integers(0, 1 << 16))))
+    return world, config, events
+
+
+@settings(
+    max_examples=300,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(runs())
+def incremental_runs(run: tuple[World, PolicyConfig, list[tuple[str, object]]]) -> None:
+    world, config, events = run
+    model = Model(world, config)
+    rng = random.Random(0)
+    inc = Incremental(model.snapshot(), config)
+    twin = Incremental(shuffled(model.snapshot(), rng), config)
+    for kind, what in events:
+        if kind == "arrive":
+            assert isinstance(what, PendingJob)
+            if what.job_id in model.pending or what.job_id in model.running:
+                continue
+            model.pending[what.job_id] = what
+            before = inc.isolated
+            decisions, again = inc.arrive(what), twin.arrive(what)
+            REACHED["isolated arrival" if inc.isolated > before else "arrival passed"] += 1
+        elif kind == "end":
+            if not model.running:
+                continue
+            assert isinstance(what, int)
+            job_id = sorted(model.running)[what % len(model.running)]
+            model.end(job_id)
+            decisions, again = inc.end(job_id), twin.end(job_id)
+            REACHED["end"] += 1
+        elif kind == "join":
+            assert isinstance(what, Node)
+            if what.node_id in model.nodes:
+                continue
+            model.nodes[what.node_id] = what
+            decisions, again = inc.node_joined(what), twin.node_joined(what)
+            REACHED["join"] += 1
+        else:
+            if not model.nodes:
+                continue
+            assert isinstance(what, int)
+            node_id = sorted(model.nodes)[what % len(model.nodes)]
+            del model.nodes[node_id]
+            decisions, again = inc.node_left(node_id), twin.node_left(node_id)
+            REACHED["leave"] += 1
+        assert decisions == schedule(model.snapshot(), config), f"after {kind} {what}"
+        assert again == decisions, "deterministic"
+
+
+def test_incremental_decisions_equal_a_full_pass_and_are_deterministic() -> None:
+    REACHED.clear()
+    incremental_runs()
+    assert REACHED["isolated arrival"] >= 50, REACHED
+    assert REACHED["arrival passed"] >= 50, REACHED
+    for kind in ("end", "join", "leave"):
+        assert REACHED[kind] >= 20, REACHED
+
+
+def test_a_low_priority_job_behind_a_full_queue_is_decided_alone() -> None:
+    # q's own quota (4, no cohort) is used up by r, and its queue already tried to preempt
+    # (for "head"): a later, larger, lower job can only wait, and changes nothing else.
+    state = snap(
+        (node("n1", 8),),
+        (queue("q", 4),),
+        (pending("head", "q", 2),),
+        (running("r", "q", {"n1": 4}),),
+    )
+    inc = Incremental(state)
+    late = pending("late", "q", 4, priority="low", at=state.now, runtime=24 * 3600.0, seq=9)
+    decisions = inc.arrive(late)
+    assert (inc.isolated, inc.full_passes) == (1, 1)
+    assert decisions == schedule(replace(state, pending=(*state.pending, late)))
+    assert decisions.explanations["late"].position == 2
+
+
+def test_an_arrival_that_would_reclaim_quota_gets_a_pass() -> None:
+    # qa lends its 4 GPUs to qb, which uses all 8; qa's only other job asks for h100s (no
+    # such node: it never tries to preempt). A job of qa within its nominal quota may take
+    # the lent quota back, so its arrival is not isolated: the pass preempts rb for it.
+    state = snap(
+        (node("n1", 8),),
+        (queue("qa", 4, cohort="c"), queue("qb", 4, cohort="c")),
+        (pending("other", "qa", 1, flavor="h100"),),
+        (running("rb", "qb", {"n1": 8}, started=NOW - 3 * HOUR),),
+    )
+    inc = Incremental(state, PolicyConfig(reservations=0))
+    late = pending("late", "qa", 4, priority="low", at=state.now, runtime=24 * HOUR, seq=9)
+    decisions = inc.arrive(late)
+    assert [p.job_id for p in decisions.preemptions] == ["rb"]
+    assert (inc.isolated, inc.full_passes) == (0, 2)
+    full = schedule(replace(state, pending=(*state.pending, late)), PolicyConfig(reservations=0))
+    assert decisions == full
+
+
+def test_bad_events_name_the_field() -> None:
+    inc = Incremental(snap((node("n1", 8),), (queue("q", 8),), (pending("a", "q", 1),)))
+    with pytest.raises(ValueError, match="job_id"):
+        inc.arrive(pending("a", "q", 1))
+    with pytest.raises(ValueError, match="job_id"):
+        inc.end("nobody")
+    with pytest.raises(ValueError, match="node_id"):
+        inc.node_joined(node("n1", 8))
+    with pytest.raises(ValueError, match="node_id"):
+        inc.node_left("n9")
