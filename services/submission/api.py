@@ -45,7 +45,7 @@ from litestar.exceptions import HTTPException, NotAuthorizedException
 from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
 from litestar.openapi import ResponseSpec
 from litestar.params import FromPath, FromQuery, HeaderParameter, PathParameter, QueryParameter
-from litestar.types import Guard
+from litestar.types import ASGIApp, Guard, Receive, Scope, Send
 
 from services.submission import commands, governance, identity, jobschema
 from services.submission.config import Settings
@@ -175,8 +175,38 @@ _SCREENED = "trainyard_screened"
 
 def screened(role: Role) -> dict[str, Any]:
     """The ``opt`` of a route that only ``role`` and above may call and that checks a job
-    against the flavor catalogue and budgets: the guard reads them with the token."""
+    against the flavor catalogue and budgets: the guard reads them with the token. With
+    ``middleware=[release_held]`` the guard also keeps its connection for the handler
+    (``held_connection``)."""
     return {**needs(role), _SCREENED: True}
+
+
+_HELD = "trainyard_held_connection"
+
+
+def release_held(app: ASGIApp) -> ASGIApp:
+    """The middleware of every ``screened()`` route: gives back to its pool the connection
+    ``caller_guard`` took for the request (``held_connection``), once the request is over
+    however it ended (answered, refused by the guard or a check, failed, cancelled). The
+    guard runs inside a route's middleware, so no path skips this."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await app(scope, receive, send)
+        finally:
+            held = scope.get("state", {}).pop(_HELD, None)
+            if held is not None:
+                pool, conn = held
+                await pool.release(conn)
+
+    return middleware
+
+
+def held_connection(request: AnyRequest) -> asyncpg.Connection | None:
+    """The connection ``caller_guard`` took for a ``screened()`` route (None on others);
+    ``release_held`` gives it back."""
+    held = request.scope["state"].get(_HELD)
+    return None if held is None else held[1]
 
 
 # --- controllers ---------------------------------------------------------------------
@@ -293,6 +323,7 @@ def _name(field: str, value: str) -> str:
     status_code=201,
     request_max_body_size=None,
     opt=screened(Role.MEMBER),
+    middleware=[release_held],
     operation_class=json_request_body(
         JobRequest,
         example={"name": "digits", "entrypoint": "train", "gpus": 1, "gpu_flavor": "cpu"},
@@ -315,7 +346,9 @@ async def submit_job(
     job, warnings = screening.admit(job)
     job = await front.admission.admit(job, request.headers.get("authorization", ""))
     key = parse_idempotency_key(key)
-    view, created = await commands.submit_job(front.pool, front.objects, caller, job, key)
+    view, created = await commands.submit_job(
+        front.pool, front.objects, caller, job, key, held=held_connection(request)
+    )
     headers = {"Location": f"/v1/jobs/{view.id}"}
     if warnings:
         headers[BUDGET_WARNING_HEADER] = "; ".join(warnings)
@@ -506,11 +539,21 @@ def caller_guard(
         token = bearer_token(connection.headers.get("authorization"))
         if token is None:
             raise NotAuthorizedException(UNAUTHENTICATED)
+        # The scope's own dict: ``connection.state`` wraps it in a new ``State`` each time.
+        state = connection.scope["state"]
         if handler.opt.get(_SCREENED):
-            found = await identity.authenticate_screened(pool, token, flavors)
+            # The submission's own statement runs on this connection too: one pool round
+            # (about as costly as the query itself) per request instead of two. Only on a
+            # route with ``release_held``, which gives it back whatever happens next.
+            if release_held in (handler.middleware or ()):
+                conn = await pool.acquire()
+                state[_HELD] = (pool, conn)
+                found = await identity.authenticate_screened_on(conn, token, flavors)
+            else:
+                found = await identity.authenticate_screened(pool, token, flavors)
             if found is None:
                 raise NotAuthorizedException(UNAUTHENTICATED)
-            caller, connection.state[_SCREENING] = found
+            caller, state[_SCREENING] = found
         else:
             plain = await identity.authenticate(pool, token)
             if plain is None:
@@ -519,7 +562,7 @@ def caller_guard(
         if limits is not None:
             limits.check(str(connection.scope.get("method", "GET")), caller)
         enforce_least_role(caller.principal, connection, handler)
-        connection.state[_CALLER] = caller
+        state[_CALLER] = caller
         remember(connection, caller.principal)
 
     return guard
@@ -533,7 +576,7 @@ async def request_screening(
     request: AnyRequest, pool: asyncpg.Pool, settings: Settings, team: str
 ) -> governance.Screening:
     """The ``Screening`` the guard read for a ``screened`` route (read now otherwise)."""
-    found = request.state.get(_SCREENING)
+    found = request.scope["state"].get(_SCREENING)
     if isinstance(found, governance.Screening) and found.team == team:
         return found
     return await governance.screening(pool, settings.flavors, team)
@@ -541,7 +584,7 @@ async def request_screening(
 
 def resolve_caller(request: AnyRequest) -> Caller:
     """The caller ``caller_guard`` authenticated (it runs before any handler)."""
-    caller = request.state.get(_CALLER)
+    caller = request.scope["state"].get(_CALLER)
     if not isinstance(caller, Caller):
         raise NotAuthorizedException(UNAUTHENTICATED)
     return caller

@@ -25,6 +25,8 @@ import base64
 import binascii
 import json
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -63,10 +65,12 @@ async def submit_job(
     request: JobRequest,
     idempotency_key: str | None,
     reproduces: str | None = None,
+    held: asyncpg.Connection | None = None,
 ) -> tuple[JobView, bool]:
     """Store and announce a job; return its view and whether it is new (False: the same
     idempotency key was used before, and the earlier job is returned). ``reproduces``: the
-    id of the job this one reproduces (``reproduce``)."""
+    id of the job this one reproduces (``reproduce``). ``held``: a connection of ``pool``
+    the caller already holds (and gives back itself), used instead of taking another."""
     caller.require(Role.MEMBER, "submitting jobs")
     if request.team is not None and request.team != caller.team:
         raise Forbidden(f"you can submit jobs for your own team ({caller.team}) only")
@@ -80,8 +84,10 @@ async def submit_job(
         spec = spec.model_copy(update={"reproduces": reproduces})
     job_id, now, stored = str(uuid.uuid4()), datetime.now(UTC), dump(spec)
     if not audit.must_record(caller.principal):
-        return await _store_announced(pool, caller, job_id, spec, stored, now, idempotency_key)
-    async with pool.acquire() as conn, conn.transaction():
+        return await _store_announced(
+            _connection(pool, held), caller, job_id, spec, stored, now, idempotency_key
+        )
+    async with _connection(pool, held) as conn, conn.transaction():
         created = await repo.insert_job(
             conn,
             job_id,
@@ -105,8 +111,20 @@ async def submit_job(
     return view, True
 
 
+@asynccontextmanager
+async def _connection(
+    pool: asyncpg.Pool, held: asyncpg.Connection | None
+) -> AsyncIterator[asyncpg.Connection]:
+    """``held`` as it is (its holder gives it back), else one of ``pool`` for the block."""
+    if held is not None:
+        yield held
+        return
+    async with pool.acquire() as conn:
+        yield conn
+
+
 async def _store_announced(
-    pool: asyncpg.Pool,
+    connection: AbstractAsyncContextManager[asyncpg.Connection],
     caller: Caller,
     job_id: str,
     spec: JobSpec,
@@ -121,7 +139,7 @@ async def _store_announced(
     )
     event = (envelope.id, envelope.nats_subject, envelope.to_json(), inject())
     trace_id = current_trace_id()
-    async with pool.acquire() as conn:
+    async with connection as conn:
         created = await repo.insert_job_announced(
             conn,
             job_id,

@@ -89,7 +89,15 @@ async def authenticate_screened(
     """``authenticate``, and the caller team's ``governance.Screening`` (flavors from
     ``bootstrap`` and the catalogue, budgets), in one query."""
     async with pool.acquire() as conn:
-        row = await repo.caller_and_screening(conn, hash_token(token), current_month(now))
+        return await authenticate_screened_on(conn, token, bootstrap, now)
+
+
+async def authenticate_screened_on(
+    conn: asyncpg.Connection, token: str, bootstrap: Sequence[str], now: datetime | None = None
+) -> tuple[Caller, Screening] | None:
+    """``authenticate_screened`` on a connection the caller holds (the front door keeps
+    it for the submission's own statement: one pool round per request, not two)."""
+    row = await repo.caller_and_screening(conn, hash_token(token), current_month(now))
     if row is None:
         return None
     return _caller(row), screening_of(row, bootstrap, row["team_name"])

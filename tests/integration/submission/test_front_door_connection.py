@@ -1,0 +1,86 @@
+"""``POST /v1/jobs`` runs its token check and its own statement on one pooled connection,
+taken by the guard (``api.caller_guard``) and given back by the route's ``release_held``
+middleware: whatever the answer (stored, replayed, refused by the guard, by the rate
+limit or by a check of the body), the connection is back in its pool once it is sent."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from services.submission import identity
+from services.submission.api import AppDeps, create_app
+from services.submission.config import Settings
+from services.submission.service import NAME
+from shared.db import open_pool
+from shared.storage import open_store
+from tests.integration.submission.conftest import SPEC
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def front(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Pool]:
+    """A pool of the app's own: nothing else (no relay, no consumer) borrows from it, so
+    every connection of it must be idle between requests."""
+    async with open_pool(settings.database, NAME) as own:
+        yield own
+
+
+async def _client(settings: Settings, front: asyncpg.Pool) -> httpx.AsyncClient:
+    store = open_store(settings.storage.uri, settings.storage)
+    app = create_app(settings, AppDeps(pool=front, store=store))
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    return httpx.AsyncClient(transport=transport, base_url="http://submission")
+
+
+async def _user(client: httpx.AsyncClient, admin: str, name: str, role: str) -> str:
+    response = await client.post(
+        "/v1/admin/users",
+        json={"name": name, "role": role},
+        headers={"Authorization": f"Bearer {admin}"},
+    )
+    assert response.status_code == 201, response.text
+    token: str = response.json()["token"]
+    return token
+
+
+def _all_idle(front: asyncpg.Pool) -> bool:
+    return front.get_idle_size() == front.get_size()
+
+
+async def test_every_answer_gives_the_connection_back(
+    settings: Settings, pool: asyncpg.Pool, front: asyncpg.Pool
+) -> None:
+    admin = await identity.bootstrap_user(pool, "ml", "alice")
+    tight = settings.model_copy(update={"write_rate_per_s": 0.01, "write_burst": 1})
+    async with (
+        await _client(settings, front) as client,
+        await _client(tight, front) as limited,
+    ):
+        member = await _user(client, admin, "carol", "member")
+        viewer = await _user(client, admin, "dave", "viewer")
+        other = {**SPEC, "name": "other"}
+        cases: list[tuple[httpx.AsyncClient, str, dict[str, Any], dict[str, str], int]] = [
+            (client, member, SPEC, {"Idempotency-Key": "k1"}, 201),
+            (client, member, SPEC, {"Idempotency-Key": "k1"}, 200),  # replayed
+            (client, member, other, {"Idempotency-Key": "k1"}, 409),  # key reused
+            (client, admin, SPEC, {}, 201),  # audited: a transaction of its own
+            (client, viewer, SPEC, {}, 403),  # refused by the guard, after its query
+            (client, "ty_not-a-token", SPEC, {}, 401),
+            (client, member, {**SPEC, "gpus": "two"}, {}, 422),
+            (client, member, {**SPEC, "gpu_flavor": "nope"}, {}, 422),
+            (client, member, SPEC, {"Content-Type": "text/plain"}, 415),
+            (limited, member, SPEC, {}, 201),
+            (limited, member, SPEC, {}, 429),  # refused by the rate limit, in the guard
+        ]
+        for http, token, spec, headers, expected in cases:
+            response = await http.post(
+                "/v1/jobs", json=spec, headers={"Authorization": f"Bearer {token}", **headers}
+            )
+            assert response.status_code == expected, response.text
+            assert _all_idle(front), (expected, front.get_idle_size(), front.get_size())
