@@ -4,10 +4,13 @@ Two teams share one runner with two virtual GPUs. Team ``audio`` (B) runs one jo
 Team ``vision`` (A) has a finished job (a loss curve, checkpoints, a registered model, a
 cost), a running job and a pending job that waits for GPUs the running one holds; both of
 the first two are runs of experiment ``lr-sweep``; the finished one is reproduced with another
-learning rate (the registry's verdict: ``different``, naming ``hyperparameters.lr``). Each page
-is loaded as a person would and checked for what a person looks for; screenshots go to ``TRAINYARD_SCREENSHOT_DIR`` (default:
-a temporary folder; docs/screenshots/ holds a set). Then, logged in as team A, every page is
-read again and nothing of team B's may appear in it.
+learning rate (the registry's verdict: ``different``, naming ``hyperparameters.lr``); a second
+user of team A runs a job billed to project ``tuning``. Team B registers a second model from
+its job's checkpoint, which it grants to team A in the tests that need it. Each page is loaded
+as a person would and checked for what a person looks for; screenshots go to
+``TRAINYARD_SCREENSHOT_DIR`` (default: a temporary folder; docs/screenshots/ holds a set).
+Then, logged in as team A, every page is read again and nothing of team B's may appear in it
+but the model B granted.
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ class World:
     stack: LocalStack
     tokens: dict[str, str]
     jobs: dict[str, dict[str, Any]]
-    """finished, reproduction, running, pending (team A) and other (team B): each job's view."""
+    """finished, tuning, reproduction, running, pending (team A) and other (team B): each job's
+    view."""
     shots: Path
 
 
@@ -97,10 +101,13 @@ def world() -> Iterator[World]:
             tokens = {
                 "a": stack.bootstrap_admin("vision", "alice"),
                 "b": stack.bootstrap_admin("audio", "bob"),
+                # A second user of team A, whose job is billed to another project.
+                "a2": stack.bootstrap_admin("vision", "dave"),
                 "operator": stack.bootstrap_admin("platform", "root", role="operator"),
             }
             a = TrainyardClient(stack.submission_url, tokens["a"])
             b = TrainyardClient(stack.submission_url, tokens["b"])
+            dave = TrainyardClient(stack.submission_url, tokens["a2"])
             bundle = pack(project, out_dir=data)
             code = {"kind": "bundle", "sha256": bundle.sha256, "size_bytes": bundle.size_bytes}
             for client in (a, b):
@@ -120,7 +127,9 @@ def world() -> Iterator[World]:
                     register_model=True,
                 ),
             }
-            for key, client in (("other", b), ("finished", a)):
+            # Billed to another project by another user: the costs page's breakdowns.
+            ids["tuning"] = _submit(dave, code, "vision-tuning", project="tuning")
+            for key, client in (("other", b), ("finished", a), ("tuning", dave)):
                 view = client.wait(ids[key], timeout_s=180)
                 assert view["status"] == "SUCCEEDED", view
             # A reproduction of the finished job with another learning rate, on purpose: its
@@ -369,10 +378,44 @@ def test_every_page_shows_what_a_person_looks_for(browser: Any, world: World) ->
     assert not script_errors(driver)
 
 
-def test_team_a_sees_nothing_of_team_b(browser: Any, world: World) -> None:
+SHARED = "audio-shared"
+"""Team B's model made from its job's checkpoint (named unlike the job), granted to team A
+by the tests that need it."""
+
+
+@pytest.fixture(scope="module")
+def shared_model(world: World) -> str:
+    """``SHARED``, registered by team B from its finished job (granted to no one yet)."""
+    registry = world.stack.service_urls["registry"]
+    made = httpx.post(
+        f"{registry}/v1/models/audio/{SHARED}/versions",
+        json={"job_id": world.jobs["other"]["id"]},
+        headers={"Authorization": f"Bearer {world.tokens['b']}"},
+        timeout=10,
+    )
+    assert made.status_code == 201, made.text
+    return SHARED
+
+
+def grant(world: World, model: str, *, granted: bool) -> None:
+    """Team B grants ``model`` to team A (``vision``), or revokes it, by the registry's API."""
+    registry = world.stack.service_urls["registry"]
+    answer = httpx.request(
+        "PUT" if granted else "DELETE",
+        f"{registry}/v1/models/audio/{model}/grants/vision",
+        headers={"Authorization": f"Bearer {world.tokens['b']}"},
+        timeout=10,
+    )
+    assert answer.status_code == 200 and answer.json()["granted"] is granted, answer.text
+
+
+def test_team_a_sees_nothing_of_team_b(browser: Any, world: World, shared_model: str) -> None:
+    """Nothing of team B's reaches team A's pages but the model B granted to A: listed, and
+    its page readable, without B's job, its name, experiment or user."""
     driver, jobs = browser, world.jobs
     other = jobs["other"]
     secrets = (other["id"], other["id"][:8], other["name"], "audio-only", "bob")
+    grant(world, shared_model, granted=True)
     login(driver, world, "a")
     model = jobs["finished"]["model"]
     pages = [
@@ -384,17 +427,27 @@ def test_team_a_sees_nothing_of_team_b(browser: Any, world: World) -> None:
         ("/experiments", "Experiments"),
         ("/queues", "vision-pending"),
         ("/nodes", "Nodes"),
-        ("/models", model["name"]),
+        ("/models", shared_model),
         (f"/models/vision/{model['name']}", "Lineage of"),
+        (f"/models/audio/{shared_model}", "Lineage of"),
         ("/costs", "By user"),
         ("/waste", "Jobs that wasted most"),
     ]
-    for route, ready in pages:
-        visit(driver, route, ready, 30)
-        time.sleep(0.3)  # let refreshes and late sections land
-        source = driver.page_source
-        leaked = [s for s in secrets if s in source]
-        assert not leaked, f"{route} shows team B's {leaked}"
+    try:
+        for route, ready in pages:
+            visit(driver, route, ready, 30)
+            time.sleep(0.3)  # let refreshes and late sections land
+            source = driver.page_source
+            leaked = [s for s in secrets if s in source]
+            assert not leaked, f"{route} shows team B's {leaked}"
+        # The granted model's lineage is read to its end: B's job is named by its team only.
+        visit(driver, f"/models/audio/{shared_model}", "Lineage of")
+        wait(driver, "the upstream tree", lambda d: d.find_elements("css selector", "#upstream li"))
+        assert "a job of team audio" in driver.find_element("id", "lineage").text
+        leaked = [s for s in secrets if s in driver.page_source]
+        assert not leaked, f"the granted model's page shows team B's {leaked}"
+    finally:
+        grant(world, shared_model, granted=False)
     # B's job by its id answers as a job that does not exist.
     text = visit(driver, f"/jobs/{other['id']}", "No such job")
     assert other["name"] not in text
@@ -602,15 +655,15 @@ def test_model_cost_reproduction_verdict_and_waste(browser: Any, world: World) -
             timeout=10,
         ).json()
         ended = sum(s["ended"] for s in report["success"])
-        return report if ended == 4 else None  # finished, reproduction, running, pending
+        return report if ended == 5 else None  # finished, tuning, reproduction, running, pending
 
     report = _until("billing has seen every job of the team end", settled, 60)
     succeeded = sum(s["succeeded"] for s in report["success"])
-    assert succeeded == 2, report["success"]
+    assert succeeded == 3, report["success"]
     visit(driver, "/costs", "By user")
     driver.find_element("id", "waste-link").click()
     wait(driver, "the waste page", lambda d: d.find_elements("id", "waste-figures"))
-    assert driver.find_element("id", "success-rate").text == "50.0 %"
+    assert driver.find_element("id", "success-rate").text == "60.0 %"
     queueing = [t for t in report["totals"] if t["figure"] == "queueing"]
     assert queueing and float(queueing[0]["gpu_seconds"]) > 0, report["totals"]
     assert driver.find_element("id", "waste-queueing").text == money(
@@ -635,4 +688,189 @@ def test_model_cost_reproduction_verdict_and_waste(browser: Any, world: World) -
     tiles = driver.find_elements("css selector", "#waste-figures [data-figure]")
     assert "unallocated_gpus" in {t.get_attribute("data-figure") for t in tiles}
     assert "Every team" in driver.find_element("tag name", "body").text
+    assert not script_errors(driver)
+
+
+def model_row(driver: Any, team: str, name: str) -> Any:
+    """The models list's row of ``team/name`` (None when it is not listed)."""
+    rows = driver.find_elements(
+        "xpath", f"//tr[.//a[@class='model-name' and @data-team='{team}' and text()='{name}']]"
+    )
+    return rows[0] if rows else None
+
+
+def test_a_granted_model_is_listed_for_its_grantee_until_revoked(
+    browser: Any, world: World, shared_model: str
+) -> None:
+    """A model team B granted to team A is on A's models list with its owner and marked
+    granted, its page read-only; once B revokes the grant it is gone from the list and its
+    page answers as a model that does not exist."""
+    driver = browser
+    own = world.jobs["finished"]["model"]["name"]
+    grant(world, shared_model, granted=True)
+    try:
+        login(driver, world, "a")
+        visit(driver, "/models", shared_model)
+        row = model_row(driver, "audio", shared_model)
+        assert row is not None
+        access = row.find_element("css selector", ".access")
+        assert access.get_attribute("data-access") == "granted"
+        assert access.text == "granted by audio"
+        assert "audio" in [cell.text for cell in row.find_elements("tag name", "td")]
+        mine = model_row(driver, "vision", own)
+        assert mine is not None
+        assert mine.find_element("css selector", ".access").get_attribute("data-access") == "own"
+        shot(driver, world, "models")
+
+        row.find_element("css selector", "a.model-name").click()
+        wait(driver, "the granted model's page", lambda d: d.find_elements("id", "lineage"))
+        assert driver.find_element("id", "grants").text == "shared with your team by audio"
+        assert driver.find_element("id", "read-only").text == "read-only"
+        versions = driver.find_elements("css selector", ".card table.grid tbody tr")
+        assert versions and "a job of team audio" in versions[0].text
+        shot(driver, world, "model-granted")
+    finally:
+        grant(world, shared_model, granted=False)
+
+    # Revoked: the next reading of the list no longer has it; its page is a 404.
+    visit(driver, "/jobs", "vision-finished")
+    visit(driver, "/models", own)
+    assert model_row(driver, "audio", shared_model) is None
+    assert shared_model not in driver.find_element("tag name", "body").text
+    visit(driver, f"/models/audio/{shared_model}", "No such model")
+    assert not script_errors(driver)
+
+
+@dataclass
+class Costs:
+    """Billing's ``/v1/costs`` for one window, as team A reads it: the pieces the page shows."""
+
+    total: tuple[float, str]
+    """the amount, and as the page writes it (``money``)"""
+    days: dict[str, float]
+    by_day_project: dict[tuple[str, str], float]
+    by_day_user: dict[tuple[str, str], float]
+    by_project: dict[str, tuple[str, str]]
+    by_user: dict[str, tuple[str, str]]
+    """project or user: its cost as billing's decimal and as the page writes it (``money``)."""
+
+
+def billing_costs(world: World, days: int) -> Costs:
+    """The report behind the costs page's window of ``days`` UTC days up to the end of today
+    (costs.js ``window``)."""
+    end = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(1)
+    window = {"from": (end - timedelta(days=days)).isoformat(), "to": end.isoformat()}
+
+    def report(**query: str) -> dict[str, Any]:
+        answer = httpx.get(
+            f"{world.stack.service_urls['billing']}/v1/costs",
+            params={**window, **query},
+            headers={"Authorization": f"Bearer {world.tokens['a']}"},
+            timeout=10,
+        )
+        answer.raise_for_status()
+        body: dict[str, Any] = answer.json()
+        assert not body["truncated"], body
+        return body
+
+    (totals,) = report()["totals"]  # one currency
+    day_project = report(granularity="day", group_by="project")["rows"]
+    day_user = report(granularity="day", group_by="team,user")["rows"]
+    first = (end - timedelta(days=days)).date()
+    daily = {str(first + timedelta(i)): 0.0 for i in range(days)}
+    for row in day_project:
+        daily[row["bucket"][:10]] += float(row["cost"])
+    return Costs(
+        total=(float(totals["cost"]), money(float(totals["cost"]), totals["currency"])),
+        days=daily,
+        by_day_project={
+            (r["bucket"][:10], r["project"] or "(none)"): float(r["cost"]) for r in day_project
+        },
+        by_day_user={(r["bucket"][:10], r["user"]): float(r["cost"]) for r in day_user},
+        by_project={
+            r["project"] or "(none)": (r["cost"], money(float(r["cost"]), r["currency"]))
+            for r in report(group_by="project")["rows"]
+        },
+        by_user={
+            r["user"]: (r["cost"], money(float(r["cost"]), r["currency"]))
+            for r in report(group_by="team,user")["rows"]
+        },
+    )
+
+
+def page_costs(driver: Any) -> Costs:
+    """The same pieces read back from the costs page."""
+
+    def pieces(chart: str) -> dict[tuple[str, str], float]:
+        return {
+            (
+                seg.find_element("xpath", "../..").get_attribute("data-day"),
+                seg.get_attribute("data-key"),
+            ): float(seg.get_attribute("data-cost"))
+            for seg in driver.find_elements("css selector", f"#{chart} .seg")
+        }
+
+    def table(breakdown: str) -> dict[str, tuple[str, str]]:
+        costs = {}
+        for row in driver.find_elements("css selector", f"#{breakdown} tbody tr"):
+            cost = row.find_element("css selector", ".breakdown-cost")
+            key = row.find_element("css selector", ".breakdown-key").text
+            costs[key] = (cost.get_attribute("data-cost"), cost.text)
+        return costs
+
+    total = driver.find_element("id", "total-cost")
+    return Costs(
+        total=(float(total.get_attribute("data-cost")), total.text),
+        days={
+            col.get_attribute("data-day"): float(col.get_attribute("data-cost"))
+            for col in driver.find_elements("css selector", "#daily-spend .col")
+        },
+        by_day_project=pieces("daily-spend"),
+        by_day_user=pieces("daily-by-user"),
+        by_project=table("by-project"),
+        by_user=table("by-user"),
+    )
+
+
+def assert_same_costs(page: Costs, billing: Costs) -> None:
+    """Equal figures: amounts the page summed itself to a millionth (billing's places)."""
+
+    def close(a: dict[Any, float], b: dict[Any, float], what: str) -> None:
+        assert a.keys() == b.keys(), (what, sorted(a), sorted(b))
+        off = {k: (a[k], b[k]) for k in a if abs(a[k] - b[k]) > 1e-6}
+        assert not off, (what, off)
+
+    assert page.total[1] == billing.total[1]
+    close({"total": page.total[0]}, {"total": billing.total[0]}, "total")
+    close(page.days, billing.days, "cost per day")
+    close(page.by_day_project, billing.by_day_project, "per day by project")
+    close(page.by_day_user, billing.by_day_user, "per day by user")
+    assert page.by_project == billing.by_project
+    assert page.by_user == billing.by_user
+
+
+def test_costs_by_project_and_user_over_time_are_billings(browser: Any, world: World) -> None:
+    """The costs page over 30 and 7 days: its total, the spend of each day, each day's spend
+    per project and per user, and the window's spend per project and per user are billing's
+    ``/v1/costs`` for the same window. Each window is read again when billing's answer moved
+    while the page loaded (a job's bill landing), so only equal figures pass."""
+    driver = browser
+    login(driver, world, "a")
+    for days in (30, 7):
+        for _attempt in range(5):
+            before = billing_costs(world, days)
+            visit(driver, "/jobs", "vision-finished")
+            visit(driver, f"/costs/{days}", "By user")
+            page = page_costs(driver)
+            if billing_costs(world, days) == before:
+                break
+        assert len(page.days) == days
+        assert before.by_day_project and before.by_project and before.by_user
+        assert_same_costs(page, before)
+        active = driver.find_element("css selector", "#cost-range a.active")
+        assert active.get_attribute("data-days") == str(days)
+        if days == 30:
+            shot(driver, world, "costs")
+            driver.execute_script("document.getElementById('by-project').scrollIntoView()")
+            shot(driver, world, "costs-breakdown")
     assert not script_errors(driver)

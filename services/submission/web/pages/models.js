@@ -2,7 +2,7 @@
 // (its own job plus every job upstream of it, from the registry's `cost`), the teams a model is
 // granted to, and its lineage (code, data, environment, the job, its checkpoints) as a graph.
 
-import { Unavailable, get } from "../api.js";
+import { ApiError, Unavailable, get } from "../api.js";
 import {
   absolute, card, errorMessage, h, jobLink, keyValues, message, metric, money, pageHeader,
   replace, stat, svg, table, when,
@@ -12,19 +12,21 @@ const SCAN_JOBS = 40;
 const MAX_COSTS = 20;
 
 export async function render(view, params, ctx) {
-  if (params.length >= 2) return renderModel(view, params[0], params[1], params[2]);
-  view.append(pageHeader("Models", `Team ${ctx.me.team}: versions registered by successful jobs.`));
+  if (params.length >= 2) return renderModel(view, params[0], params[1], params[2], ctx.me);
+  view.append(pageHeader("Models", `Team ${ctx.me.team}: versions registered by successful jobs, and the models other teams granted to it.`));
   const body = h("div", {}, h("div", { class: "loading" }, "Loading…"));
   view.append(body);
   let models;
   try {
-    models = await listModels(ctx.me.team);
+    models = await listModels(ctx.me);
   } catch (error) {
     replace(body, errorMessage(error, "the models"));
     return;
   }
   replace(body, card(null, table([
-    { title: "Model", cell: (m) => h("a", { href: `#/models/${encodeURIComponent(m.team)}/${encodeURIComponent(m.name)}`, class: "model-name" }, m.name) },
+    { title: "Model", cell: (m) => h("a", { href: `#/models/${encodeURIComponent(m.team)}/${encodeURIComponent(m.name)}`, class: "model-name", "data-team": m.team }, m.name) },
+    { title: "Team", cell: (m) => m.team },
+    { title: "Access", cell: (m) => access(m) },
     { title: "Project", cell: (m) => m.project || "—" },
     { title: "Versions", align: "right", cell: (m) => m.versions ?? "—" },
     { title: "Latest version", align: "right", cell: (m) => `v${m.latest}` },
@@ -33,19 +35,45 @@ export async function render(view, params, ctx) {
   ], models, { empty: "No model yet: a job that succeeds with a checkpoint registers one." })));
 }
 
-/** The team's models from the registry (every page of ``GET /v1/models``); a server whose
- * registry has no such list falls back to the team's latest successful jobs (each job view
- * names the model version it made). */
-async function listModels(team) {
+/** Whose the model is to the reader: the team's own, or granted by its owner (read only). */
+function access(model) {
+  if (!model.granted) return h("span", { class: "tag access-own access", "data-access": "own" }, "own");
+  return h("span", { class: "tag grant access", "data-access": "granted", title: `team ${model.team} lets your team read it` }, `granted by ${model.team}`);
+}
+
+/** Every page of ``GET /v1/models`` with ``query``, as the list's rows. */
+async function allModels(query) {
+  const models = [];
+  let after;
+  do {
+    const page = await get("registry", "/v1/models", { ...query, limit: 500, ...(after ? { after } : {}) });
+    models.push(...page.models);
+    after = page.next;
+  } while (after);
+  return models.map((m) => ({ team: m.team, name: m.name, project: m.project, latest: m.latest_version, versions: m.versions, aliases: m.aliases || {}, registered_at: m.created_at, job_id: "", granted: false }));
+}
+
+/** The models other teams granted to ``me``'s team (``?granted=true``), marked granted. An
+ * operator's token speaks for no team, so it has none; a registry without the parameter
+ * refuses it (422 naming ``granted``) and lists none either. */
+async function grantedModels(me) {
+  if (me.role === "operator") return [];
   try {
-    const models = [];
-    let after;
-    do {
-      const page = await get("registry", "/v1/models", { team, limit: 500, ...(after ? { after } : {}) });
-      models.push(...page.models);
-      after = page.next;
-    } while (after);
-    return models.map((m) => ({ team: m.team, name: m.name, project: m.project, latest: m.latest_version, versions: m.versions, aliases: m.aliases || {}, registered_at: m.created_at, job_id: "" }));
+    return (await allModels({ granted: "true" })).map((m) => ({ ...m, granted: true }));
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 422 && /granted/.test(error.message)) return [];
+    throw error;
+  }
+}
+
+/** The team's models from the registry, then those other teams granted to it (as
+ * ``trainyard model ls`` lists them); a server whose registry has no such list falls back to
+ * the team's latest successful jobs (each job view names the model version it made). */
+async function listModels(me) {
+  try {
+    const [own, granted] = await Promise.all([allModels({ team: me.team }), grantedModels(me)]);
+    const seen = new Set(own.map((m) => `${m.team}/${m.name}`));
+    return [...own, ...granted.filter((m) => !seen.has(`${m.team}/${m.name}`))];
   } catch (error) {
     if (!(error instanceof Unavailable)) throw error;
   }
@@ -56,13 +84,17 @@ async function listModels(team) {
     if (!job || !job.model) continue;
     const known = byName.get(job.model.name);
     if (!known || known.latest < job.model.version) {
-      byName.set(job.model.name, { team: job.team, name: job.model.name, latest: job.model.version, aliases: {}, registered_at: job.finished_at, job_id: job.id });
+      byName.set(job.model.name, { team: job.team, name: job.model.name, latest: job.model.version, aliases: {}, registered_at: job.finished_at, job_id: job.id, granted: false });
     }
   }
   return [...byName.values()].sort((a, b) => a.name.localeCompare(b.name));
 }
 
-async function renderModel(view, team, name, wanted) {
+async function renderModel(view, team, name, wanted, me) {
+  // Another team's model is readable by a member only through a grant: shown read-only, and
+  // the owner's jobs behind it stay the owner's (as the registry's lineage hides them).
+  const grantee = me.role !== "operator" && team !== me.team;
+  const job = (id) => (grantee ? ownerJob(team) : jobLink(id));
   const base = `/v1/models/${encodeURIComponent(team)}/${encodeURIComponent(name)}`;
   let list, model;
   const aliases = new Map();
@@ -73,7 +105,8 @@ async function renderModel(view, team, name, wanted) {
     view.append(pageHeader(name, `Model of team ${team}`), errorMessage(error, "model"));
     return;
   }
-  view.append(pageHeader(name, h("span", {}, `Model of team ${team}`, model.project ? ` · project ${model.project}` : "", " · ", grantsLine(model, team))));
+  view.append(pageHeader(name, h("span", {}, `Model of team ${team}`, model.project ? ` · project ${model.project}` : "", " · ", grantsLine(model, team)),
+    grantee ? h("span", { class: "badge read-only", id: "read-only", title: "a grant lets your team read this model, not change it" }, "read-only") : null));
   const versions = list.versions || [];
   if (!versions.length) { view.append(message("info", "This model has no version yet.")); return; }
   // Each version's detail carries its cost to make (own job + upstream); the newest ones.
@@ -90,7 +123,7 @@ async function renderModel(view, team, name, wanted) {
     { title: "Version", cell: (v) => h("a", { href: href(v.version) }, `v${v.version}`) },
     { title: "Aliases", cell: (v) => (aliases.get(v.version) || []).map((a) => h("span", { class: "tag alias" }, a)) },
     { title: "Registered", cell: (v) => when(v.registered_at) },
-    { title: "Job", cell: (v) => jobLink(v.job_id) },
+    { title: "Job", cell: (v) => job(v.job_id) },
     ...keys.slice(0, 5).map((k) => ({ title: k, align: "right", cell: (v) => metric(v.metrics[k]) })),
     { title: "Cost to make", align: "right", cell: (v) => costCell(details.get(v.version)) },
   ], [...versions].reverse(), { rowClass: (v) => (v.version === selected ? "selected" : "") })));
@@ -102,13 +135,13 @@ async function renderModel(view, team, name, wanted) {
     const env = lineage.environment || {};
     const upstream = h("div", { id: "upstream" }, h("div", { class: "loading" }, "Loading…"));
     replace(detailBox,
-      costCard(detail),
-      card(`Lineage of v${selected}`, lineageGraph(detail)),
+      costCard(detail, grantee ? me.team : null),
+      card(`Lineage of v${selected}`, lineageGraph(detail, grantee ? team : null)),
       card(`Where v${selected} came from (the registry's lineage)`, upstream),
       h("div", { class: "columns" },
         card("Version", keyValues([
           ["Registered", absolute(detail.registered_at)],
-          ["Job", jobLink(detail.job_id, detail.job_id)],
+          ["Job", grantee ? ownerJob(team) : jobLink(detail.job_id, detail.job_id)],
           ["Artifact", h("span", { class: "mono" }, detail.artifact.uri)],
           ["sha256", h("span", { class: "mono" }, detail.artifact.sha256)],
           ["Step", detail.artifact.step],
@@ -130,6 +163,11 @@ async function renderModel(view, team, name, wanted) {
   } catch (error) {
     replace(detailBox, errorMessage(error, "this version"));
   }
+}
+
+/** The owning team's job behind a granted model, named by its team only. */
+function ownerJob(team) {
+  return h("span", { class: "muted owner-job", title: "the owning team's job: not shown to other teams" }, `a job of team ${team}`);
 }
 
 /** Who else may read the model: the teams it is granted to (the owner sees them; a grantee
@@ -162,11 +200,13 @@ function part(cost, key) {
 }
 
 /** What the version cost to make: its own job and every job upstream of it, each job's
- * allocations billed (failed attempts and restarts included). */
-function costCard(detail) {
+ * allocations billed (failed attempts and restarts included). For a ``reader`` team (a
+ * granted model's), another team's job listed there is named by its team only. */
+function costCard(detail, reader = null) {
   const cost = detail.cost;
   if (!cost) return card(`Cost to make v${detail.version}`, h("p", { class: "empty" }, "This server does not report what a version cost."));
   const jobs = cost.jobs || [];
+  const theirs = (j) => reader !== null && j.team !== reader;
   const amounts = (j) => Object.entries(j.costs || {}).map(([currency, amount]) => money(amount, currency)).join(" + ") || money(0);
   return h("section", { class: "card", id: "model-cost" },
     h("h2", {}, `Cost to make v${detail.version}`,
@@ -178,8 +218,8 @@ function costCard(detail) {
       stat("Own job", h("span", { id: "version-cost-own" }, part(cost, "own_job")), "the job that made it"),
       stat("Upstream", h("span", { id: "version-cost-upstream" }, part(cost, "upstream")), "parent models' and datasets' jobs")),
     table([
-      { title: "Job", cell: (j) => jobLink(j.job_id) },
-      { title: "Name", cell: (j) => j.name },
+      { title: "Job", cell: (j) => (theirs(j) ? ownerJob(j.team) : jobLink(j.job_id)) },
+      { title: "Name", cell: (j) => (theirs(j) ? "—" : j.name) },
       { title: "Made", cell: (j) => (j.relation === "own" ? "this version" : "upstream") },
       { title: "Status", cell: (j) => h("span", { class: `badge status-${j.status}` }, j.status) },
       { title: "Allocations", align: "right", cell: (j) => j.allocations },
@@ -223,8 +263,9 @@ export function lineageTree(graph) {
   return h("div", { class: "lineage-tree" }, h("ul", {}, item(graph.root, "")), notes.length ? h("p", { class: "muted" }, notes.join("; ")) : null);
 }
 
-/** Inputs (code, data, environment, parent checkpoints) -> job -> artifact -> version. */
-export function lineageGraph(detail) {
+/** Inputs (code, data, environment, parent checkpoints) -> job -> artifact -> version.
+ * ``owner`` (a granted model's team) names the job by that team only, with no link. */
+export function lineageGraph(detail, owner = null) {
   const lineage = detail.lineage || {};
   const env = lineage.environment || {};
   const short = (text, n = 22) => (String(text).length > n ? `${String(text).slice(0, n - 1)}…` : String(text));
@@ -235,7 +276,9 @@ export function lineageGraph(detail) {
       { kind: "environment", title: "environment", text: short(`python ${env.python || "?"} · torch ${env.torch || "?"}`) },
       ...(lineage.parent_checkpoints || []).map((c) => ({ kind: "parent", title: "parent checkpoint", text: short(c.split("/").slice(-2).join("/")) })),
     ].filter(Boolean),
-    [{ kind: "job", title: `job · ${lineage.attempts ?? 1} attempt(s)`, text: short(`${detail.job_id.slice(0, 8)} · ${(lineage.spec && lineage.spec.name) || ""}`), href: `#/jobs/${detail.job_id}` }],
+    [owner
+      ? { kind: "job", title: `job · ${lineage.attempts ?? 1} attempt(s)`, text: short(`a job of team ${owner}`) }
+      : { kind: "job", title: `job · ${lineage.attempts ?? 1} attempt(s)`, text: short(`${detail.job_id.slice(0, 8)} · ${(lineage.spec && lineage.spec.name) || ""}`), href: `#/jobs/${detail.job_id}` }],
     [{ kind: "checkpoint", title: `checkpoint · step ${detail.artifact.step}`, text: short(detail.artifact.sha256, 16) }],
     [{ kind: "model", title: "model version", text: `${detail.model} v${detail.version}` }],
   ];
