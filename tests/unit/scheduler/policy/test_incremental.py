@@ -208,9 +208,86 @@ def test_an_arrival_that_would_reclaim_quota_gets_a_pass() -> None:
     late = pending("late", "qa", 4, priority="low", at=state.now, runtime=24 * HOUR, seq=9)
     decisions = inc.arrive(late)
     assert [p.job_id for p in decisions.preemptions] == ["rb"]
-    assert (inc.isolated, inc.full_passes) == (0, 2)
     full = schedule(replace(state, pending=(*state.pending, late)), PolicyConfig(reservations=0))
     assert decisions == full
+    assert (inc.isolated, inc.full_passes) == (0, 2)
+
+
+def test_an_arrival_that_would_take_a_reservation_gets_a_pass() -> None:
+    # Cohort c lends qa 1 GPU at most and its pool is nearly used up (ra, rb); p (qa) is over
+    # qa's borrowing limit and tried to preempt (pinned jobs: nobody to take); w (cohort c2)
+    # starts on n1's 2 free GPUs. "late" needs c's full pool, so it would reserve those two
+    # GPUs now, and w may no longer start: a whole pass decides.
+    state = snap(
+        (node("n1", 5),),
+        (
+            queue("qa", 2, cohort="c", borrowing_limit=1),
+            queue("qb", 2, cohort="c"),
+            queue("qd", 0, cohort="c2"),
+            queue("qe", 4, cohort="c2"),
+        ),
+        (
+            pending("p", "qa", 3, priority="high", at=NOW - 1800.0),
+            pending("w", "qd", 2, priority="low", at=NOW - 600.0, runtime=6 * HOUR),
+        ),
+        (
+            running("ra", "qa", {"n1": 1}, priority="pinned"),
+            running("rb", "qb", {"n1": 2}, priority="pinned", runtime=2 * HOUR),
+        ),
+    )
+    assert [p.job_id for p in schedule(state).placements] == ["w"]
+    inc = Incremental(state)
+    late = pending("late", "qa", 2, priority="high", at=NOW, runtime=4 * HOUR, seq=9)
+    decisions = inc.arrive(late)
+    assert decisions.placements == ()
+    assert decisions == schedule(replace(state, pending=(*state.pending, late)))
+    assert (inc.isolated, inc.full_passes) == (0, 2)
+
+
+def test_an_arrival_its_successor_would_overtake_across_queues_gets_a_pass() -> None:
+    # In qa (no cohort, 2 of its 4 GPUs held), s fits qa's nominal quota, so after p it goes
+    # ahead of y (borrowing in c2) and takes n1's 2 free GPUs. "late" comes between p and s
+    # in qa's order but is over qa's quota: while it waits at qa's head, y goes first and
+    # takes the GPUs s would have had. A whole pass decides.
+    state = snap(
+        (node("n1", 4),),
+        (queue("qa", 4), queue("qy", 0, cohort="c2"), queue("qz", 8, cohort="c2")),
+        (
+            pending("p", "qa", 4, priority="high", at=NOW - 1800.0, runtime=600.0),
+            pending("s", "qa", 2, priority="low", runtime=6 * HOUR),
+            pending("y", "qy", 2, priority="high", at=NOW),
+        ),
+        (running("ra", "qa", {"n1": 2}, priority="pinned"),),
+    )
+    assert [p.job_id for p in schedule(state).placements] == ["s"]
+    inc = Incremental(state)
+    late = pending("late", "qa", 3, priority="high", at=NOW, seq=9)
+    decisions = inc.arrive(late)
+    assert [p.job_id for p in decisions.placements] == ["y"]
+    assert decisions == schedule(replace(state, pending=(*state.pending, late)))
+    assert (inc.isolated, inc.full_passes) == (0, 2)
+
+
+def test_an_arrival_that_would_hold_its_queues_quota_gets_a_pass() -> None:
+    # qa may borrow 1 GPU of cohort c and holds 2 (ra). "late" waited two hours, past
+    # ageing_s, for qa's own quota: it holds that quota against the later jobs of qa, so s,
+    # which would start on a borrowed GPU, waits behind it. A whole pass decides.
+    state = snap(
+        (node("n1", 4),),
+        (queue("qa", 2, cohort="c", borrowing_limit=1), queue("qb", 4, cohort="c")),
+        (
+            pending("p", "qa", 3, priority="high", at=NOW - 1800.0, runtime=600.0),
+            pending("s", "qa", 1, priority="low", at=NOW, runtime=24 * HOUR),
+        ),
+        (running("ra", "qa", {"n1": 2}, priority="pinned"),),
+    )
+    assert [p.job_id for p in schedule(state).placements] == ["s"]
+    inc = Incremental(state)
+    late = pending("late", "qa", 2, priority="low", at=NOW - 2 * HOUR, seq=9)
+    decisions = inc.arrive(late)
+    assert decisions.placements == ()
+    assert decisions == schedule(replace(state, pending=(*state.pending, late)))
+    assert (inc.isolated, inc.full_passes) == (0, 2)
 
 
 def test_bad_events_name_the_field() -> None:
