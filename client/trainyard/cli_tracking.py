@@ -356,25 +356,72 @@ def _hours(seconds: Any) -> str:
         return "-"
 
 
+LINE_COLUMNS = (("GPU-COST", "gpu_cost"), ("CPU-COST", "cpu_cost"), ("MEM-COST", "memory_cost"))
+"""The cost per resource, shown when a report has CPU or memory time (billing's rows carry
+them beside the whole ``cost``)."""
+
+
+def _has_cpu_or_memory(report: dict[str, Any]) -> bool:
+    def some(value: Any) -> bool:
+        try:
+            return Decimal(str(value or 0)) != 0
+        except (InvalidOperation, ValueError):
+            return False
+
+    return any(
+        some(t.get("cpu_seconds")) or some(t.get("memory_gib_seconds"))
+        for t in report.get("totals") or []
+    )
+
+
+def _total_text(t: dict[str, Any], per_resource: bool) -> str:
+    text = f"{_amount(t['cost'], 4)} {t['currency']} ({_hours(t['gpu_seconds'])} GPU-hours"
+    if per_resource:
+        text += (
+            f"; GPU {_amount(t.get('gpu_cost'), 4)}, CPU {_amount(t.get('cpu_cost'), 4)}"
+            f" for {_hours(t.get('cpu_seconds'))} CPU-hours, memory"
+            f" {_amount(t.get('memory_cost'), 4)} for {_hours(t.get('memory_gib_seconds'))}"
+            " GiB-hours"
+        )
+        unpriced = [
+            what
+            for what, field in (
+                ("CPU", "unpriced_cpu_seconds"),
+                ("memory", "unpriced_memory_gib_seconds"),
+            )
+            if Decimal(str(t.get(field) or 0))
+        ]
+        if unpriced:
+            text += f"; {' and '.join(unpriced)} partly unpriced, charged 0"
+    return text + ")"
+
+
 def cost_report_text(report: dict[str, Any]) -> str:
-    """``GET /v1/costs``'s answer as a table and its totals."""
+    """``GET /v1/costs``'s answer as a table and its totals; with the cost per resource
+    (GPU, CPU, memory) when any CPU or memory time was billed."""
     dims = list(report.get("group_by") or [])
     bucketed = bool(report.get("granularity"))
-    header = (*(("BUCKET",) if bucketed else ()), *(d.upper() for d in dims), "GPU-HOURS", "COST")
+    lines_shown = _has_cpu_or_memory(report)
+    extra = LINE_COLUMNS if lines_shown else ()
+    header = (
+        *(("BUCKET",) if bucketed else ()),
+        *(d.upper() for d in dims),
+        "GPU-HOURS",
+        *(name for name, _ in extra),
+        "COST",
+    )
     rows = [
         (
             *((time_text(r.get("bucket")),) if bucketed else ()),
             *((short(str(r[d])) if d == "job" and r.get(d) else r.get(d) or "-") for d in dims),
             _hours(r.get("gpu_seconds")),
+            *(_amount(r.get(field), 4) for _, field in extra),
             f"{_amount(r.get('cost'), 4)} {r.get('currency', '')}".rstrip(),
         )
         for r in report.get("rows") or []
     ]
     span = f"{time_text(report.get('start'))} to {time_text(report.get('end'))}"
-    totals = ", ".join(
-        f"{_amount(t['cost'], 4)} {t['currency']} ({_hours(t['gpu_seconds'])} GPU-hours)"
-        for t in report.get("totals") or []
-    )
+    totals = ", ".join(_total_text(t, lines_shown) for t in report.get("totals") or [])
     lines = [table(header, rows, empty=f"nothing billed from {span}")]
     if rows:
         lines.append(f"\ntotal {span}: {totals or '0'}")

@@ -13,11 +13,13 @@ Contract:
 - A zero-length interval has no parts (it spans no time, and its amounts must be zero).
 - ``roll_up(parts, unit)`` sums hour parts into their UTC day or month: a day or month is
   always exactly the sum of its hours.
+- ``split_amounts`` and ``roll_up_amounts`` are the same for any number of amounts at once
+  (an entry's GPU, CPU and memory lines), each split exactly as ``split_hours`` splits one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal, localcontext
@@ -65,31 +67,52 @@ def _share(total: Decimal, done: int, whole: int) -> Decimal:
         return (total * done / whole).quantize(PLACES, rounding=ROUND_HALF_UP)
 
 
-def split_hours(start: datetime, end: datetime, gpu_seconds: Decimal, cost: Decimal) -> list[Part]:
-    """The parts of ``[start, end)`` per UTC hour (module contract)."""
+Amounts = tuple[Decimal, ...]
+
+
+def split_amounts(
+    start: datetime, end: datetime, amounts: Sequence[Decimal]
+) -> list[tuple[datetime, Amounts]]:
+    """Each of ``amounts`` over ``[start, end)`` split per UTC hour (module contract):
+    ``(hour, parts)`` in order, ``parts[i]`` the share of ``amounts[i]``."""
     if end < start:
         raise ValueError(f"ended_at {end.isoformat()} is before started_at {start.isoformat()}")
     whole = micros(end - start)
     if whole == 0:
         return []
-    parts: list[Part] = []
+    out: list[tuple[datetime, Amounts]] = []
     bucket = floor(start, "hour")
-    before_s = before_c = Decimal(0)
+    before: Amounts = tuple(Decimal(0) for _ in amounts)
     while bucket < end:
         upto = min(next_bucket(bucket, "hour"), end)
         done = micros(upto - start)
-        cum_s, cum_c = _share(gpu_seconds, done, whole), _share(cost, done, whole)
-        parts.append(Part(bucket, cum_s - before_s, cum_c - before_c))
-        before_s, before_c = cum_s, cum_c
+        cum = tuple(_share(a, done, whole) for a in amounts)
+        out.append((bucket, tuple(c - b for c, b in zip(cum, before, strict=True))))
+        before = cum
         bucket = next_bucket(bucket, "hour")
-    return parts
+    return out
+
+
+def roll_up_amounts(
+    hours: Iterable[tuple[datetime, Amounts]], unit: Unit
+) -> list[tuple[datetime, Amounts]]:
+    """Hour parts of several amounts summed into their ``unit`` buckets, in order."""
+    sums: dict[datetime, Amounts] = {}
+    for bucket, parts in hours:
+        key = floor(bucket, unit)
+        held = sums.get(key)
+        sums[key] = (
+            parts if held is None else tuple(h + p for h, p in zip(held, parts, strict=True))
+        )
+    return sorted(sums.items())
+
+
+def split_hours(start: datetime, end: datetime, gpu_seconds: Decimal, cost: Decimal) -> list[Part]:
+    """The parts of ``[start, end)`` per UTC hour (module contract)."""
+    return [Part(b, s, c) for b, (s, c) in split_amounts(start, end, (gpu_seconds, cost))]
 
 
 def roll_up(parts: Iterable[Part], unit: Unit) -> list[Part]:
     """Hour parts summed into their ``unit`` buckets, in order."""
-    sums: dict[datetime, tuple[Decimal, Decimal]] = {}
-    for part in parts:
-        key = floor(part.bucket, unit)
-        secs, cost = sums.get(key, (Decimal(0), Decimal(0)))
-        sums[key] = (secs + part.gpu_seconds, cost + part.cost)
-    return [Part(b, s, c) for b, (s, c) in sorted(sums.items())]
+    hours = ((p.bucket, (p.gpu_seconds, p.cost)) for p in parts)
+    return [Part(b, s, c) for b, (s, c) in roll_up_amounts(hours, unit)]

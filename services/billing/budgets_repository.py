@@ -107,13 +107,15 @@ async def accrued(
     conn: asyncpg.Connection, budget: Budget, month: datetime, now: datetime
 ) -> Decimal:
     """The cost so far of the budget's allocations that are granted and not billed yet
-    (running), within the month and up to ``now``, priced by the book as their bill will be;
+    (running), within the month and up to ``now``, priced by the book as their bill will be
+    (GPUs, CPUs and memory);
     0 for an allocation of a flavor without a price (its release will be dead-lettered)."""
     end = min(now, next_month(month))
     if end <= month:
         return Decimal(0)
     rows = await conn.fetch(
-        """SELECT a.gpu_flavor, a.gpus, a.granted_at FROM announced_allocations a
+        """SELECT a.gpu_flavor, a.gpus, a.cpus, a.memory_gib, a.granted_at
+           FROM announced_allocations a
            WHERE a.team = $1 AND ($2::text IS NULL OR a.project = $2) AND a.granted_at < $3
              AND NOT EXISTS (SELECT 1 FROM usage_ledger u
                              WHERE u.allocation_id = a.allocation_id)""",
@@ -127,7 +129,14 @@ async def accrued(
     total = Decimal(0)
     for r in rows:
         try:
-            segments = book.segments(r["gpu_flavor"], r["gpus"], max(r["granted_at"], month), end)
+            segments = book.segments(
+                r["gpu_flavor"],
+                r["gpus"],
+                max(r["granted_at"], month),
+                end,
+                cpus=r["cpus"],
+                memory_gib=r["memory_gib"],
+            )
         except (UnknownFlavor, ValueError):
             continue
         total += sum((s.cost for s in segments if s.currency == budget.currency), Decimal(0))

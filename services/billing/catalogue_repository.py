@@ -1,5 +1,6 @@
 """Billing's SQL for its replica of the flavor catalogue and its dated price book (tables
-``flavors`` and ``prices`` of the ``billing`` schema). One function per query."""
+``flavors``, ``prices`` (per GPU-hour) and ``resource_prices`` (per CPU-hour and GiB-hour of
+memory) of the ``billing`` schema). One function per query."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ from typing import Any
 import asyncpg
 
 from services.billing.domain import Price
-from services.billing.prices import BEGINNING, DatedPrice, PriceSchedule
+from services.billing.prices import (
+    BEGINNING,
+    DatedPrice,
+    DatedResourcePrice,
+    PriceSchedule,
+    Resource,
+)
 
 Row = Mapping[str, Any]
 
@@ -109,6 +116,46 @@ async def set_price(
     return created
 
 
+async def set_resource_price(
+    conn: asyncpg.Connection,
+    flavor: str,
+    resource: Resource,
+    effective_from: datetime,
+    per_unit_hour: Decimal,
+    currency: str,
+    by: str,
+    now: datetime,
+) -> bool:
+    """``set_price`` for a flavor's CPU (``cpu``) or memory (``memory``) price."""
+    created: bool = await conn.fetchval(
+        """INSERT INTO resource_prices (flavor, resource, effective_from, price_per_unit_hour,
+                                        currency, set_by, recorded_at)
+           VALUES ($1, $2, $3, $4, $5, $6, $7)
+           ON CONFLICT (flavor, resource, effective_from) DO UPDATE SET
+               price_per_unit_hour = EXCLUDED.price_per_unit_hour, set_by = EXCLUDED.set_by,
+               recorded_at = EXCLUDED.recorded_at
+           RETURNING xmax = 0""",
+        flavor,
+        resource,
+        effective_from,
+        per_unit_hour,
+        currency,
+        by,
+        now,
+    )
+    return created
+
+
+async def resource_price_rows(conn: asyncpg.Connection, flavor: str | None = None) -> list[Row]:
+    rows: list[Row] = await conn.fetch(
+        "SELECT flavor, resource, effective_from, price_per_unit_hour, currency, set_by, "
+        "recorded_at FROM resource_prices WHERE $1::text IS NULL OR flavor = $1 "
+        "ORDER BY flavor, resource, effective_from",
+        flavor,
+    )
+    return rows
+
+
 async def price_rows(conn: asyncpg.Connection, flavor: str | None = None) -> list[Row]:
     rows: list[Row] = await conn.fetch(
         "SELECT flavor, effective_from, price_per_gpu_hour, currency, set_by, recorded_at "
@@ -119,11 +166,23 @@ async def price_rows(conn: asyncpg.Connection, flavor: str | None = None) -> lis
 
 
 async def schedule(conn: asyncpg.Connection, flavor: str | None = None) -> PriceSchedule:
-    """The dated price book (of one flavor, or all)."""
+    """The dated price book (of one flavor, or all): GPU, CPU and memory prices."""
     return PriceSchedule.of(
-        DatedPrice(
-            r["effective_from"],
-            Price(r["flavor"], Decimal(r["price_per_gpu_hour"]), r["currency"]),
-        )
-        for r in await price_rows(conn, flavor)
+        (
+            DatedPrice(
+                r["effective_from"],
+                Price(r["flavor"], Decimal(r["price_per_gpu_hour"]), r["currency"]),
+            )
+            for r in await price_rows(conn, flavor)
+        ),
+        (
+            DatedResourcePrice(
+                r["flavor"],
+                r["resource"],
+                r["effective_from"],
+                Decimal(r["price_per_unit_hour"]),
+                r["currency"],
+            )
+            for r in await resource_price_rows(conn, flavor)
+        ),
     )

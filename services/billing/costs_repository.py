@@ -11,9 +11,9 @@ from typing import Any
 
 import asyncpg
 
-from services.billing.buckets import floor, split_hours
+from services.billing.buckets import floor, split_amounts
 from services.billing.costs import COLUMN, CostQuery, Dimension, pieces
-from services.billing.ledger import LedgerEntry
+from services.billing.ledger import AMOUNTS, LedgerEntry
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,18 @@ class CostLine:
     currency: str
     gpu_seconds: Decimal
     cost: Decimal
+    """The whole: GPUs, CPUs and memory."""
+    cpu_seconds: Decimal = Decimal(0)
+    cpu_cost: Decimal = Decimal(0)
+    unpriced_cpu_seconds: Decimal = Decimal(0)
+    memory_gib_seconds: Decimal = Decimal(0)
+    memory_cost: Decimal = Decimal(0)
+    unpriced_memory_gib_seconds: Decimal = Decimal(0)
+
+    @property
+    def amounts(self) -> tuple[Decimal, ...]:
+        """The sums in the order of ``ledger.AMOUNTS``."""
+        return tuple(getattr(self, a) for a in AMOUNTS)
 
 
 def _filters(query: CostQuery, args: list[Any], skip: Sequence[Dimension] = ()) -> list[str]:
@@ -50,23 +62,24 @@ async def from_rollups(conn: asyncpg.Connection, query: CostQuery) -> list[CostL
     columns = [COLUMN[d] for d in query.group_by]
     bucket = f"date_trunc('{query.granularity}', bucket, 'UTC')" if query.granularity else "NULL"
     keys = [*columns, "currency", "b"]
+    sums = ", ".join(f"sum({a}) AS {a}" for a in AMOUNTS)
     rows = await conn.fetch(
         f"SELECT {bucket}::timestamptz AS b, {', '.join([*columns, 'currency'])}, "
-        "sum(gpu_seconds) AS gpu_seconds, sum(cost) AS cost FROM cost_rollups "
-        f"WHERE {' AND '.join(where)} GROUP BY {', '.join(keys)}",
+        f"{sums} FROM cost_rollups WHERE {' AND '.join(where)} GROUP BY {', '.join(keys)}",
         *args,
     )
     return [
-        CostLine(r["b"], tuple(r[c] for c in columns), r["currency"], r["gpu_seconds"], r["cost"])
+        CostLine(r["b"], tuple(r[c] for c in columns), r["currency"], *(r[a] for a in AMOUNTS))
         for r in rows
-        if r["gpu_seconds"] or r["cost"]
+        if any(r[a] for a in AMOUNTS)
     ]
 
 
 _ENTRY = (
     "allocation_id, revision, kind, job_id, team, project, user_name, queue, gpu_flavor, "
     "node_id, attempt, epoch, gpus, started_at, ended_at, outcome, gpu_seconds, "
-    "price_per_gpu_hour, currency, cost, segment"
+    "price_per_gpu_hour, currency, cost, segment, cpus, memory_gib, cpu_seconds, "
+    "price_per_cpu_hour, cpu_cost, memory_gib_seconds, price_per_memory_gib_hour, memory_cost"
 )
 
 
@@ -74,24 +87,26 @@ async def from_ledger(conn: asyncpg.Connection, query: CostQuery) -> list[CostLi
     """The report from the ledger entries overlapping the range, split per hour."""
     args: list[Any] = [query.end, query.start]
     where = ["started_at < $1", "ended_at > $2", *_filters(query, args)]
-    sums: dict[tuple[Any, ...], tuple[Decimal, Decimal]] = {}
+    sums: dict[tuple[Any, ...], tuple[Decimal, ...]] = {}
     columns = [COLUMN[d] for d in query.group_by]
     async for row in conn.cursor(
         f"SELECT {_ENTRY} FROM ledger_entries WHERE {' AND '.join(where)}", *args
     ):
         entry = LedgerEntry.from_row(row)
         values = tuple(row[c] for c in columns)
-        for part in split_hours(entry.started_at, entry.ended_at, entry.gpu_seconds, entry.cost):
-            if not query.start <= part.bucket < query.end:
+        for hour, parts in split_amounts(entry.started_at, entry.ended_at, entry.amounts):
+            if not query.start <= hour < query.end:
                 continue
-            bucket = floor(part.bucket, query.granularity) if query.granularity else None
+            bucket = floor(hour, query.granularity) if query.granularity else None
             key = (bucket, values, entry.currency)
-            secs, cost = sums.get(key, (Decimal(0), Decimal(0)))
-            sums[key] = (secs + part.gpu_seconds, cost + part.cost)
+            held = sums.get(key)
+            sums[key] = (
+                parts if held is None else tuple(h + p for h, p in zip(held, parts, strict=True))
+            )
     return [
-        CostLine(bucket, values, currency, secs, cost)
-        for (bucket, values, currency), (secs, cost) in sums.items()
-        if secs or cost
+        CostLine(bucket, values, currency, *amounts)
+        for (bucket, values, currency), amounts in sums.items()
+        if any(amounts)
     ]
 
 

@@ -18,14 +18,40 @@ from pydantic import BaseModel, ConfigDict
 
 from services.billing.costs import DIMENSIONS, CostQuery, Dimension
 from services.billing.costs_repository import CostLine
-from services.billing.ledger import LedgerEntry
+from services.billing.ledger import AMOUNTS, LedgerEntry
 
 
 class _Schema(BaseModel):
     model_config = ConfigDict(frozen=True)
 
 
-class CostRow(_Schema):
+class _Lines(_Schema):
+    """The lines of an amount besides its GPU-seconds and whole ``cost``: the GPU cost, and
+    the CPU and memory time and cost (0 for jobs that declared none). ``unpriced_``: the
+    part of that time charged 0 because the flavor had no CPU (memory) price then."""
+
+    gpu_cost: Decimal = Decimal(0)
+    cpu_seconds: Decimal = Decimal(0)
+    cpu_cost: Decimal = Decimal(0)
+    unpriced_cpu_seconds: Decimal = Decimal(0)
+    memory_gib_seconds: Decimal = Decimal(0)
+    memory_cost: Decimal = Decimal(0)
+    unpriced_memory_gib_seconds: Decimal = Decimal(0)
+
+
+LINES = tuple(_Lines.model_fields)
+"""The line fields, in the order the CSV writes them after ``cost``."""
+
+
+def _lines(amounts: Sequence[Decimal]) -> dict[str, Decimal]:
+    """``ledger.AMOUNTS`` as the fields of a row: ``gpu_seconds``, ``cost`` (the whole)
+    and the ``_Lines``."""
+    named = dict(zip(AMOUNTS, amounts, strict=True))
+    gpu_cost = named["cost"] - named["cpu_cost"] - named["memory_cost"]
+    return {**named, "gpu_cost": gpu_cost}
+
+
+class CostRow(_Lines):
     bucket: datetime | None = None
     """The first instant (UTC) of the hour, day or month; null without a granularity."""
     team: str | None = None
@@ -37,9 +63,10 @@ class CostRow(_Schema):
     currency: str
     gpu_seconds: Decimal
     cost: Decimal
+    """The whole: GPUs, CPUs and memory (``gpu_cost`` + ``cpu_cost`` + ``memory_cost``)."""
 
 
-class CurrencyTotal(_Schema):
+class CurrencyTotal(_Lines):
     currency: str
     gpu_seconds: Decimal
     cost: Decimal
@@ -61,16 +88,16 @@ class CostReport(_Schema):
 
 
 def cost_report(query: CostQuery, lines: Sequence[CostLine], limit: int) -> CostReport:
-    totals: dict[str, tuple[Decimal, Decimal]] = defaultdict(lambda: (Decimal(0), Decimal(0)))
+    zero = tuple(Decimal(0) for _ in AMOUNTS)
+    totals: dict[str, tuple[Decimal, ...]] = defaultdict(lambda: zero)
     for line in lines:
-        secs, cost = totals[line.currency]
-        totals[line.currency] = (secs + line.gpu_seconds, cost + line.cost)
+        held = totals[line.currency]
+        totals[line.currency] = tuple(h + a for h, a in zip(held, line.amounts, strict=True))
     rows = [
         CostRow(
             bucket=line.bucket,
             currency=line.currency,
-            gpu_seconds=line.gpu_seconds,
-            cost=line.cost,
+            **_lines(line.amounts),
             **dict(zip(query.group_by, line.values, strict=True)),
         )
         for line in lines[:limit]
@@ -83,7 +110,7 @@ def cost_report(query: CostQuery, lines: Sequence[CostLine], limit: int) -> Cost
         filters=dict(query.filters),
         rows=rows,
         totals=[
-            CurrencyTotal(currency=c, gpu_seconds=s, cost=v) for c, (s, v) in sorted(totals.items())
+            CurrencyTotal(currency=c, **_lines(amounts)) for c, amounts in sorted(totals.items())
         ],
         truncated=len(lines) > limit,
     )
@@ -102,33 +129,44 @@ def _cell(name: str | None) -> str:
 
 def csv_text(report: CostReport) -> str:
     """The report's rows as CSV: a header, then ``bucket`` (when by granularity), the grouped
-    dimensions, ``currency``, ``gpu_seconds``, ``cost``; empty cells for nulls, and a ``'``
+    dimensions, ``currency``, ``gpu_seconds``, ``cost`` and the ``LINES`` (GPU cost, CPU
+    and memory); empty cells for nulls, and a ``'``
     before a name that starts like a spreadsheet formula (``=``, ``+``, ``-``, ``@``)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     dims = [d for d in DIMENSIONS if d in report.group_by]
     dims.sort(key=report.group_by.index)
     head = (["bucket"] if report.granularity else []) + dims
-    writer.writerow([*head, "currency", "gpu_seconds", "cost"])
+    writer.writerow([*head, "currency", "gpu_seconds", "cost", *LINES])
     for row in report.rows:
         bucket = [row.bucket.isoformat() if row.bucket else ""] if report.granularity else []
         values = [_cell(getattr(row, d)) for d in dims]
-        writer.writerow([*bucket, *values, row.currency, str(row.gpu_seconds), str(row.cost)])
+        amounts = [str(row.gpu_seconds), str(row.cost), *(str(getattr(row, f)) for f in LINES)]
+        writer.writerow([*bucket, *values, row.currency, *amounts])
     return out.getvalue()
 
 
 class PricedPart(_Schema):
-    """The part of an allocation billed at one price."""
+    """The part of an allocation billed at one set of prices; a CPU (memory) price of null
+    is time charged 0, the flavor having no price for it."""
 
     started_at: datetime
     ended_at: datetime
     gpu_seconds: Decimal
     price_per_gpu_hour: Decimal
     cost: Decimal
+    """The whole part: GPUs, CPUs and memory."""
+    cpu_seconds: Decimal = Decimal(0)
+    price_per_cpu_hour: Decimal | None = None
+    cpu_cost: Decimal = Decimal(0)
+    memory_gib_seconds: Decimal = Decimal(0)
+    price_per_memory_gib_hour: Decimal | None = None
+    memory_cost: Decimal = Decimal(0)
 
 
-class AllocationCost(_Schema):
-    """One allocation (one node of one attempt) of a job, as billed now."""
+class AllocationCost(_Lines):
+    """One allocation (one node of one attempt) of a job, as billed now; ``cost`` is the
+    whole (GPUs, ``cpus`` and ``memory_gib``)."""
 
     allocation_id: str
     attempt: int | None
@@ -136,6 +174,8 @@ class AllocationCost(_Schema):
     node_id: str
     gpu_flavor: str
     gpus: int
+    cpus: int = 0
+    memory_gib: int = 0
     started_at: datetime
     ended_at: datetime
     outcome: str
@@ -168,7 +208,8 @@ def job_cost(job_id: str, entries: Sequence[LedgerEntry]) -> JobCost:
     for entry in entries:
         by_allocation.setdefault(entry.allocation_id, []).append(entry)
     allocations = []
-    totals: dict[str, tuple[Decimal, Decimal]] = defaultdict(lambda: (Decimal(0), Decimal(0)))
+    zero = tuple(Decimal(0) for _ in AMOUNTS)
+    totals: dict[str, tuple[Decimal, ...]] = defaultdict(lambda: zero)
     for allocation_id, mine in by_allocation.items():
         revision = max(e.revision for e in mine if e.kind == "charge")
         parts = sorted(
@@ -176,10 +217,12 @@ def job_cost(job_id: str, entries: Sequence[LedgerEntry]) -> JobCost:
             key=lambda e: e.segment,
         )
         current = parts[-1]
-        secs = sum((e.gpu_seconds for e in mine), Decimal(0))
-        cost = sum((e.cost for e in mine), Decimal(0))
-        s, c = totals[current.currency]
-        totals[current.currency] = (s + secs, c + cost)
+        sums = zero
+        for e in mine:
+            sums = tuple(s + a for s, a in zip(sums, e.amounts, strict=True))
+        held = totals[current.currency]
+        totals[current.currency] = tuple(h + a for h, a in zip(held, sums, strict=True))
+        lines = _lines(sums)
         allocations.append(
             AllocationCost(
                 allocation_id=allocation_id,
@@ -188,14 +231,15 @@ def job_cost(job_id: str, entries: Sequence[LedgerEntry]) -> JobCost:
                 node_id=current.node_id,
                 gpu_flavor=current.gpu_flavor,
                 gpus=current.gpus,
+                cpus=current.cpus,
+                memory_gib=current.memory_gib,
                 started_at=parts[0].started_at,
                 ended_at=current.ended_at,
                 outcome=current.outcome,
-                gpu_seconds=secs,
                 price_per_gpu_hour=current.price_per_gpu_hour,
                 currency=current.currency,
-                cost=cost,
                 entries=len(mine),
+                **lines,
                 prices=[
                     PricedPart(
                         started_at=p.started_at,
@@ -203,6 +247,7 @@ def job_cost(job_id: str, entries: Sequence[LedgerEntry]) -> JobCost:
                         gpu_seconds=p.gpu_seconds,
                         price_per_gpu_hour=p.price_per_gpu_hour,
                         cost=p.cost,
+                        **p.cpu_memory_lines(),
                     )
                     for p in parts
                 ],
@@ -216,7 +261,7 @@ def job_cost(job_id: str, entries: Sequence[LedgerEntry]) -> JobCost:
         user=first.user,
         allocations=allocations,
         totals=[
-            CurrencyTotal(currency=cur, gpu_seconds=s, cost=c)
-            for cur, (s, c) in sorted(totals.items())
+            CurrencyTotal(currency=cur, **_lines(amounts))
+            for cur, amounts in sorted(totals.items())
         ],
     )

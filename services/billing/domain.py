@@ -15,7 +15,7 @@ Contract:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal, localcontext
 from typing import Any
@@ -82,9 +82,29 @@ def cost(gpu_secs: Decimal, per_gpu_hour: Decimal) -> Decimal:
         return exact.quantize(MONEY_PLACES, rounding=ROUND_HALF_UP)
 
 
+@dataclass(frozen=True, kw_only=True)
+class CpuMemoryLines:
+    """The CPU and memory lines of an amount billed (a ``Segment``, a ledger entry): the
+    unit-seconds, the price per unit-hour charged (None: the flavor had no price for it,
+    charged 0) and the cost of each. 0 for a job that declared none."""
+
+    cpu_seconds: Decimal = Decimal(0)
+    price_per_cpu_hour: Decimal | None = None
+    cpu_cost: Decimal = Decimal(0)
+    memory_gib_seconds: Decimal = Decimal(0)
+    price_per_memory_gib_hour: Decimal | None = None
+    memory_cost: Decimal = Decimal(0)
+
+    def cpu_memory_lines(self) -> dict[str, Any]:
+        """The lines as keyword arguments (to copy them onto another ``CpuMemoryLines``)."""
+        return {f.name: getattr(self, f.name) for f in fields(CpuMemoryLines)}
+
+
 @dataclass(frozen=True)
-class Segment:
-    """The part of an allocation's interval billed at one price (``prices.PriceSchedule``)."""
+class Segment(CpuMemoryLines):
+    """The part of an allocation's interval billed at one set of prices
+    (``prices.PriceSchedule``): its GPU line and, when the job declared them, its CPU and
+    memory lines. ``cost`` is the whole segment's (the sum of its lines' costs)."""
 
     started_at: datetime
     ended_at: datetime
@@ -93,10 +113,15 @@ class Segment:
     currency: str
     cost: Decimal
 
+    @property
+    def gpu_cost(self) -> Decimal:
+        return self.cost - self.cpu_cost - self.memory_cost
+
 
 @dataclass(frozen=True)
 class Usage:
-    """One ended allocation, priced: a row of the usage ledger."""
+    """One ended allocation, priced: a row of the usage ledger. ``cost`` is the whole bill
+    (GPUs, and the ``cpus`` and ``memory_gib`` the allocation held, where priced)."""
 
     allocation_id: str
     job_id: str
@@ -115,6 +140,10 @@ class Usage:
     segments: tuple[Segment, ...] = ()
     """The bill per price in force, when it was priced by a dated price book; empty: one
     segment, the whole interval at ``price_per_gpu_hour`` (``parts``)."""
+    cpus: int = 0
+    """CPUs the allocation held (its GPUs x the job's ``cpus_per_gpu``)."""
+    memory_gib: int = 0
+    """Memory (GiB) the allocation held."""
 
     @property
     def parts(self) -> tuple[Segment, ...]:
@@ -132,10 +161,17 @@ class Usage:
         return (whole,)
 
     @classmethod
-    def from_segments(cls, released: AllocationReleased, segments: Sequence[Segment]) -> Usage:
-        """A released allocation priced in ``segments`` (at least one, in time order, of
-        one currency): the bill is their sum; its ``price_per_gpu_hour`` is the first
-        segment's (the price in force at the grant)."""
+    def from_segments(
+        cls,
+        released: AllocationReleased,
+        segments: Sequence[Segment],
+        cpus: int = 0,
+        memory_gib: int = 0,
+    ) -> Usage:
+        """A released allocation (holding ``cpus`` and ``memory_gib`` besides its GPUs)
+        priced in ``segments`` (at least one, in time order, of one currency): the bill is
+        their sum; its ``price_per_gpu_hour`` is the first segment's (the price in force at
+        the grant)."""
         first = segments[0]
         return cls(
             allocation_id=released.allocation_id,
@@ -153,6 +189,8 @@ class Usage:
             currency=first.currency,
             cost=sum((s.cost for s in segments), Decimal(0)),
             segments=tuple(segments),
+            cpus=cpus,
+            memory_gib=memory_gib,
         )
 
     @classmethod
@@ -194,6 +232,8 @@ class Usage:
             price_per_gpu_hour=Decimal(row["price_per_gpu_hour"]),
             currency=row["currency"],
             cost=Decimal(row["cost"]),
+            cpus=row.get("cpus", 0),
+            memory_gib=row.get("memory_gib", 0),
         )
 
     def amended_by(self, released: AllocationReleased) -> Usage | None:

@@ -1,7 +1,9 @@
 """Billing's price book, cost estimate and budget routes.
 
-- ``GET /v1/prices[?flavor=]`` (any user): every price of the book, dated.
-  ``PUT /v1/prices/{flavor}`` (operators): a new price from ``effective_from`` (default now;
+- ``GET /v1/prices[?flavor=]`` (any user): every price of the book (per GPU-hour, per
+  CPU-hour, per GiB-hour of memory), dated.
+  ``PUT /v1/prices/{flavor}`` (operators): new prices (any of the three, at least one) from
+  ``effective_from`` (default now;
   a time in the past is refused: usage already made keeps its price). A flavor's first
   price, without ``effective_from``, applies from the beginning (nothing of it was billed). The flavor must be in
   the scheduler's catalogue as billing learned it (``flavor.declared``), or priced already
@@ -50,12 +52,20 @@ from services.billing.governance_schemas import (
     PriceRequest,
     PriceView,
 )
-from services.billing.prices import BEGINNING
+from services.billing.prices import BEGINNING, RESOURCES
 from shared import audit
 from shared.access import needs
 from shared.http_app import error_responses, json_request_body
 from shared.http_errors import RequestInvalid, parse_body, read_json_body
 from shared.identity import Principal, Role
+
+PRICE_FIELD = {
+    "gpu": "price_per_gpu_hour",
+    "cpu": "price_per_cpu_hour",
+    "memory": "price_per_memory_gib_hour",
+}
+"""The request's and the view's field of each resource's price."""
+PRICE_FIELDS = tuple(PRICE_FIELD.values())
 
 Caller = NamedDependency[Principal]
 AnyRequest = Request[Any, Any, Any]
@@ -128,22 +138,30 @@ def governance_routes(
         check_parameters(request, frozenset({"flavor"}))
         now = clock()
         async with pool.acquire() as conn:
-            rows = await catalogue.price_rows(conn, flavor)
-        in_force: dict[str, datetime] = {}
-        for r in rows:
+            rows = [
+                (r, "gpu", {"price_per_gpu_hour": r["price_per_gpu_hour"]})
+                for r in await catalogue.price_rows(conn, flavor)
+            ]
+            rows += [
+                (r, r["resource"], {PRICE_FIELD[r["resource"]]: r["price_per_unit_hour"]})
+                for r in await catalogue.resource_price_rows(conn, flavor)
+            ]
+        in_force: dict[tuple[str, str], datetime] = {}
+        for r, resource, _ in rows:  # each key's rows by ascending date
             if r["effective_from"] <= now:
-                in_force[r["flavor"]] = r["effective_from"]
-        return [
+                in_force[(r["flavor"], resource)] = r["effective_from"]
+        views = [
             PriceView(
                 flavor=r["flavor"],
                 effective_from=r["effective_from"],
-                price_per_gpu_hour=r["price_per_gpu_hour"],
                 currency=r["currency"],
                 set_by=r["set_by"],
-                in_force=in_force.get(r["flavor"]) == r["effective_from"],
+                in_force=in_force.get((r["flavor"], resource)) == r["effective_from"],
+                **{"price_per_gpu_hour": None, **price},
             )
-            for r in rows
+            for r, resource, price in rows
         ]
+        return sorted(views, key=lambda v: (v.flavor, v.effective_from))
 
     @put(
         "/v1/prices/{flavor:str}",
@@ -160,6 +178,11 @@ def governance_routes(
         principal: Caller,
     ) -> Response[PriceView]:
         body: PriceRequest = await _body(PriceRequest, request)
+        prices = body.model_dump(include=set(PRICE_FIELDS), exclude_none=True)
+        if not prices:
+            raise RequestInvalid.one(
+                "price_per_gpu_hour", f"give at least one of {', '.join(PRICE_FIELDS)}"
+            )
         now = clock()
         effective = body.effective_from.astimezone(UTC) if body.effective_from else now
         if effective < now:
@@ -181,19 +204,29 @@ def governance_routes(
                 # Nothing of the flavor was billed yet: its first price covers all its
                 # usage, so releases dead-lettered for want of a price can be redriven.
                 effective = BEGINNING
-            price = body.price_per_gpu_hour
-            created = await catalogue.set_price(
-                conn, flavor, effective, price, currency, principal.user, now
-            )
-            detail = {"price_per_gpu_hour": str(price), "effective_from": effective.isoformat()}
+            created = False
+            if body.price_per_gpu_hour is not None:
+                created |= await catalogue.set_price(
+                    conn, flavor, effective, body.price_per_gpu_hour, currency, principal.user, now
+                )
+            for resource in RESOURCES:
+                price = getattr(body, PRICE_FIELD[resource])
+                if price is not None:
+                    created |= await catalogue.set_resource_price(
+                        conn, flavor, resource, effective, price, currency, principal.user, now
+                    )
+            detail = {
+                **{f: str(v) for f, v in prices.items()},
+                "effective_from": effective.isoformat(),
+            }
             await audit.record(conn, principal, "put price", flavor, detail)
         view = PriceView(
             flavor=flavor,
             effective_from=effective,
-            price_per_gpu_hour=price,
             currency=currency,
             set_by=principal.user,
             in_force=effective <= now,
+            **{"price_per_gpu_hour": None, **prices},
         )
         return Response(view, status_code=201 if created else 200)
 
@@ -212,7 +245,14 @@ def governance_routes(
             book = await catalogue.schedule(conn, body.gpu_flavor)
         end = now + timedelta(seconds=body.max_runtime_seconds)
         try:
-            segments = book.segments(body.gpu_flavor, body.gpus, now, end)
+            segments = book.segments(
+                body.gpu_flavor,
+                body.gpus,
+                now,
+                end,
+                cpus=body.gpus * body.cpus_per_gpu,
+                memory_gib=body.gpus * body.memory_gib_per_gpu,
+            )
         except UnknownFlavor as exc:
             raise RequestInvalid.one("gpu_flavor", str(exc).removeprefix("gpu_flavor: ")) from None
         one = sum((s.cost for s in segments), Decimal(0))

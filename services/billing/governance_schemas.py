@@ -8,26 +8,42 @@ from typing import Annotated
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from shared.events.payloads import MAX_JOB_GPUS, MAX_JOB_RESTARTS, MAX_JOB_RUNTIME_SECONDS
+from shared.events.payloads import (
+    MAX_CPUS_PER_GPU,
+    MAX_JOB_GPUS,
+    MAX_JOB_RESTARTS,
+    MAX_JOB_RUNTIME_SECONDS,
+    MAX_MEMORY_GIB_PER_GPU,
+)
 
 MAX_PRICE = Decimal("1e9")
 
 
+Amount = Annotated[Decimal, Field(ge=0, le=MAX_PRICE, decimal_places=6)]
+
+
 class PriceRequest(BaseModel):
-    """``PUT /v1/prices/{flavor}``: a price per GPU-hour, from ``effective_from`` (default:
-    now, or the beginning for a flavor's first price; never in the past), in billing's
-    currency."""
+    """``PUT /v1/prices/{flavor}``: a price per GPU-hour, per CPU-hour and/or per GiB-hour
+    of memory (at least one), all from ``effective_from`` (default: now, or the beginning
+    for a flavor's first price; never in the past), in billing's currency."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    price_per_gpu_hour: Annotated[Decimal, Field(ge=0, le=MAX_PRICE, decimal_places=6)]
+    price_per_gpu_hour: Amount | None = None
+    price_per_cpu_hour: Amount | None = None
+    price_per_memory_gib_hour: Amount | None = None
     effective_from: AwareDatetime | None = None
 
 
 class PriceView(BaseModel):
+    """A price of the book (``GET``: one row per price, the one of its resource set) or the
+    prices one ``PUT`` set."""
+
     flavor: str
     effective_from: datetime
-    price_per_gpu_hour: Decimal
+    price_per_gpu_hour: Decimal | None
+    price_per_cpu_hour: Decimal | None = None
+    price_per_memory_gib_hour: Decimal | None = None
     currency: str
     set_by: str
     in_force: bool
@@ -36,7 +52,8 @@ class PriceView(BaseModel):
 
 class EstimateRequest(BaseModel):
     """``POST /v1/costs/estimate``: a job spec (as ``POST /v1/jobs`` takes it); only its
-    resources and limits are read, the rest is ignored."""
+    resources (GPUs, flavor, CPUs and memory per GPU) and limits are read, the rest is
+    ignored."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -44,6 +61,8 @@ class EstimateRequest(BaseModel):
     gpu_flavor: Annotated[str, Field(min_length=1, max_length=100)]
     max_runtime_seconds: Annotated[int, Field(ge=1, le=MAX_JOB_RUNTIME_SECONDS)] = 3600
     max_restarts: Annotated[int, Field(ge=0, le=MAX_JOB_RESTARTS)] = 3
+    cpus_per_gpu: Annotated[int, Field(ge=0, le=MAX_CPUS_PER_GPU)] = 0
+    memory_gib_per_gpu: Annotated[int, Field(ge=0, le=MAX_MEMORY_GIB_PER_GPU)] = 0
 
 
 class Estimate(BaseModel):

@@ -13,7 +13,9 @@ event id ``cost:<allocation>:amended``). A release that cannot be priced (unknow
 before start), or that billing cannot believe, is rejected to the dead-letter stream with the
 reason: billing meters only allocations the scheduler announced, and only as announced (the
 release's job, node, team, user, flavor, GPUs and start must be its grant's). The grant comes
-first on the stream, so it is always seen before its release.
+first on the stream, so it is always seen before its release. The CPUs and memory the grant
+said the allocation holds are billed over the same interval as its GPUs, in the same
+entries (``services.billing.prices``), at 0 where the flavor has no price for them.
 """
 
 from __future__ import annotations
@@ -143,11 +145,16 @@ class BillingHandlers:
         book = await catalogue.schedule(conn)
         try:
             segments = book.segments(
-                released.gpu_flavor, released.gpus, released.granted_at, released.released_at
+                released.gpu_flavor,
+                released.gpus,
+                released.granted_at,
+                released.released_at,
+                cpus=grant["cpus"],
+                memory_gib=grant["memory_gib"],
             )
         except (UnknownFlavor, ValueError) as exc:
             raise Reject(str(exc)) from exc
-        usage = Usage.from_segments(released, segments)
+        usage = Usage.from_segments(released, segments, grant["cpus"], grant["memory_gib"])
         now = self._clock()
         if not await repo.insert_usage(conn, usage, event_id, now):
             await self._amend(conn, released, event_id)
@@ -190,7 +197,12 @@ class BillingHandlers:
         book = await catalogue.schedule(conn)
         try:
             segments = book.segments(
-                amended.gpu_flavor, amended.gpus, amended.started_at, amended.ended_at
+                amended.gpu_flavor,
+                amended.gpus,
+                amended.started_at,
+                amended.ended_at,
+                cpus=amended.cpus,
+                memory_gib=amended.memory_gib,
             )
         except (UnknownFlavor, ValueError) as exc:
             raise Reject(str(exc)) from exc

@@ -10,10 +10,13 @@ Contract:
   amounts). An amended bill is a reversal of each charge of the previous revision plus the
   charges of the next revision, so the sum of an allocation's entries is always its current
   bill. ``LedgerEntry.charge`` is the one-segment case.
+- An entry has a GPU line and, for a job that declared them, a CPU and a memory line
+  (unit-seconds, the price charged or None for none, cost); its ``cost`` is the sum of
+  the three lines' costs.
 - ``rollup_rows(entries)`` is what ``entries`` add to the rollups: per granularity (hour,
-  day, month), bucket and dimensions, the summed parts of ``buckets.split_hours``, one row
-  per key, in key order (the order every writer locks rollup rows in). Buckets whose
-  amounts are both zero are left out.
+  day, month), bucket and dimensions, the summed parts of ``buckets.split_amounts`` of
+  each entry's ``AMOUNTS``, one row per key, in key order (the order every writer locks
+  rollup rows in). Buckets whose amounts are all zero are left out.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal
 
-from services.billing.buckets import UNITS, Unit, roll_up, split_hours
-from services.billing.domain import Usage
+from services.billing.buckets import UNITS, Unit, roll_up_amounts, split_amounts
+from services.billing.domain import CpuMemoryLines, Usage
 
 Kind = Literal["charge", "reversal"]
 
@@ -47,7 +50,7 @@ class Attribution:
 
 
 @dataclass(frozen=True)
-class LedgerEntry:
+class LedgerEntry(CpuMemoryLines):
     allocation_id: str
     revision: int
     kind: Kind
@@ -68,7 +71,10 @@ class LedgerEntry:
     price_per_gpu_hour: Decimal
     currency: str
     cost: Decimal
+    """The entry's whole amount: its GPU, CPU and memory costs."""
     segment: int = 0
+    cpus: int = 0
+    memory_gib: int = 0
 
     @classmethod
     def charges(cls, usage: Usage, attribution: Attribution, revision: int) -> list[LedgerEntry]:
@@ -84,6 +90,7 @@ class LedgerEntry:
                 price_per_gpu_hour=part.price_per_gpu_hour,
                 currency=part.currency,
                 cost=part.cost,
+                **part.cpu_memory_lines(),
             )
             for i, part in enumerate(usage.parts)
         ]
@@ -112,13 +119,42 @@ class LedgerEntry:
             price_per_gpu_hour=usage.price_per_gpu_hour,
             currency=usage.currency,
             cost=usage.cost,
+            cpus=usage.cpus,
+            memory_gib=usage.memory_gib,
         )
 
     def reversal(self) -> LedgerEntry:
         """The entry that cancels this charge exactly."""
         if self.kind != "charge":
             raise ValueError(f"only a charge is reversed, not a {self.kind}")
-        return replace(self, kind="reversal", gpu_seconds=-self.gpu_seconds, cost=-self.cost)
+        return replace(
+            self,
+            kind="reversal",
+            gpu_seconds=-self.gpu_seconds,
+            cost=-self.cost,
+            cpu_seconds=-self.cpu_seconds,
+            cpu_cost=-self.cpu_cost,
+            memory_gib_seconds=-self.memory_gib_seconds,
+            memory_cost=-self.memory_cost,
+        )
+
+    @property
+    def gpu_cost(self) -> Decimal:
+        return self.cost - self.cpu_cost - self.memory_cost
+
+    @property
+    def amounts(self) -> tuple[Decimal, ...]:
+        """What the entry adds to the rollups, in the order of ``AMOUNTS``."""
+        return (
+            self.gpu_seconds,
+            self.cost,
+            self.cpu_seconds,
+            self.cpu_cost,
+            self.cpu_seconds if self.price_per_cpu_hour is None else Decimal(0),
+            self.memory_gib_seconds,
+            self.memory_cost,
+            self.memory_gib_seconds if self.price_per_memory_gib_hour is None else Decimal(0),
+        )
 
     @property
     def dimensions(self) -> tuple[str, str | None, str, str | None, str, str]:
@@ -156,24 +192,55 @@ class LedgerEntry:
             currency=row["currency"],
             cost=Decimal(row["cost"]),
             segment=row["segment"],
+            cpus=row["cpus"],
+            memory_gib=row["memory_gib"],
+            cpu_seconds=Decimal(row["cpu_seconds"]),
+            price_per_cpu_hour=_decimal(row["price_per_cpu_hour"]),
+            cpu_cost=Decimal(row["cpu_cost"]),
+            memory_gib_seconds=Decimal(row["memory_gib_seconds"]),
+            price_per_memory_gib_hour=_decimal(row["price_per_memory_gib_hour"]),
+            memory_cost=Decimal(row["memory_cost"]),
         )
+
+
+def _decimal(value: Any) -> Decimal | None:
+    return None if value is None else Decimal(value)
+
+
+AMOUNTS = (
+    "gpu_seconds",
+    "cost",
+    "cpu_seconds",
+    "cpu_cost",
+    "unpriced_cpu_seconds",
+    "memory_gib_seconds",
+    "memory_cost",
+    "unpriced_memory_gib_seconds",
+)
+"""The rollups' amounts (their columns), in the order of ``LedgerEntry.amounts``: ``cost``
+is the whole; the ``unpriced_`` ones are the CPU and memory time charged 0 for want of a
+price."""
 
 
 RollupKey = tuple[str, datetime, str, str | None, str, str | None, str, str]
 """(granularity, bucket, team, project, user, queue, flavor, currency)."""
 
 
-def rollup_sums(entries: Iterable[LedgerEntry]) -> dict[RollupKey, tuple[Decimal, Decimal]]:
-    """Summed (GPU-seconds, cost) per rollup key that ``entries`` add."""
-    sums: dict[RollupKey, tuple[Decimal, Decimal]] = {}
+def rollup_sums(entries: Iterable[LedgerEntry]) -> dict[RollupKey, tuple[Decimal, ...]]:
+    """Summed ``AMOUNTS`` per rollup key that ``entries`` add."""
+    sums: dict[RollupKey, tuple[Decimal, ...]] = {}
     for entry in entries:
-        hours = split_hours(entry.started_at, entry.ended_at, entry.gpu_seconds, entry.cost)
+        hours = split_amounts(entry.started_at, entry.ended_at, entry.amounts)
         unit: Unit
         for unit in UNITS:
-            for part in hours if unit == "hour" else roll_up(hours, unit):
-                key: RollupKey = (unit, part.bucket, *entry.dimensions)
-                secs, cost = sums.get(key, (Decimal(0), Decimal(0)))
-                sums[key] = (secs + part.gpu_seconds, cost + part.cost)
+            for bucket, parts in hours if unit == "hour" else roll_up_amounts(hours, unit):
+                key: RollupKey = (unit, bucket, *entry.dimensions)
+                held = sums.get(key)
+                sums[key] = (
+                    parts
+                    if held is None
+                    else tuple(h + p for h, p in zip(held, parts, strict=True))
+                )
     return sums
 
 
@@ -182,10 +249,10 @@ def _order(key: RollupKey) -> tuple[Any, ...]:
 
 
 def rollup_rows(entries: Iterable[LedgerEntry]) -> list[tuple[Any, ...]]:
-    """What ``entries`` add to the rollups (module contract)."""
+    """What ``entries`` add to the rollups (module contract): key, then ``AMOUNTS``."""
     sums = rollup_sums(entries)
     return [
-        (*key, secs, cost)
-        for key, (secs, cost) in sorted(sums.items(), key=lambda kv: _order(kv[0]))
-        if secs or cost
+        (*key, *amounts)
+        for key, amounts in sorted(sums.items(), key=lambda kv: _order(kv[0]))
+        if any(amounts)
     ]

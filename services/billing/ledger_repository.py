@@ -17,7 +17,7 @@ from datetime import datetime
 
 import asyncpg
 
-from services.billing.ledger import LedgerEntry, rollup_rows
+from services.billing.ledger import AMOUNTS, LedgerEntry, rollup_rows
 
 ROLLUP_LOCK = 0x6269_6C6C_726F_6C6C  # "billroll"
 """The advisory lock (transaction scope) held by whoever writes the rollups."""
@@ -25,7 +25,9 @@ ROLLUP_LOCK = 0x6269_6C6C_726F_6C6C  # "billroll"
 _COLUMNS = (
     "allocation_id, revision, kind, job_id, team, project, user_name, queue, gpu_flavor, "
     "node_id, attempt, epoch, gpus, started_at, ended_at, outcome, gpu_seconds, "
-    "price_per_gpu_hour, currency, cost, event_id, recorded_at, segment"
+    "price_per_gpu_hour, currency, cost, event_id, recorded_at, segment, cpus, memory_gib, "
+    "cpu_seconds, price_per_cpu_hour, cpu_cost, memory_gib_seconds, "
+    "price_per_memory_gib_hour, memory_cost"
 )
 
 
@@ -36,7 +38,7 @@ async def append(
     await conn.executemany(
         f"INSERT INTO ledger_entries ({_COLUMNS}) VALUES "
         "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, "
-        "$19, $20, $21, $22, $23)",
+        "$19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31)",
         [
             (
                 e.allocation_id,
@@ -62,6 +64,14 @@ async def append(
                 event_id,
                 now,
                 e.segment,
+                e.cpus,
+                e.memory_gib,
+                e.cpu_seconds,
+                e.price_per_cpu_hour,
+                e.cpu_cost,
+                e.memory_gib_seconds,
+                e.price_per_memory_gib_hour,
+                e.memory_cost,
             )
             for e in entries
         ],
@@ -77,15 +87,14 @@ async def add_to_rollups(conn: asyncpg.Connection, entries: Sequence[LedgerEntry
     columns = list(zip(*rows, strict=True))
     # One statement, each key once (rollup_rows sums them), locked in key order.
     await conn.execute(
-        """INSERT INTO cost_rollups AS r (granularity, bucket, team, project, user_name, queue,
-                                          gpu_flavor, currency, gpu_seconds, cost)
-           SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[],
-                                $5::text[], $6::text[], $7::text[], $8::text[],
-                                $9::numeric[], $10::numeric[])
-           ON CONFLICT (granularity, bucket, team, project, user_name, queue, gpu_flavor,
-                        currency)
-           DO UPDATE SET gpu_seconds = r.gpu_seconds + EXCLUDED.gpu_seconds,
-                         cost = r.cost + EXCLUDED.cost""",
+        f"""INSERT INTO cost_rollups AS r (granularity, bucket, team, project, user_name, queue,
+                                           gpu_flavor, currency, {", ".join(AMOUNTS)})
+            SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[],
+                                 $5::text[], $6::text[], $7::text[], $8::text[],
+                                 {", ".join(f"${9 + i}::numeric[]" for i in range(len(AMOUNTS)))})
+            ON CONFLICT (granularity, bucket, team, project, user_name, queue, gpu_flavor,
+                         currency)
+            DO UPDATE SET {", ".join(f"{a} = r.{a} + EXCLUDED.{a}" for a in AMOUNTS)}""",
         *[list(c) for c in columns],
     )
 

@@ -13,15 +13,24 @@ Contract:
   rather than bill it at a made-up price.
 - One currency per book (billing's ``currency`` setting): a schedule of several currencies
   is refused when built.
+- CPU and memory (``RESOURCES``) have dated prices of their own per flavor
+  (``DatedResourcePrice``: per CPU-hour, per GiB-hour), by the same rule.
+  ``segments(..., cpus, memory_gib)`` also splits at each change of the price of a resource
+  the allocation holds (``cpus`` or ``memory_gib`` > 0), so every segment has one price per
+  line; each line's cost is rounded on its own and the segment's ``cost`` is their sum. A
+  flavor with no CPU (memory) price in force at a segment's start charges its CPU (memory)
+  time 0, with the price None: never an error, the GPU price alone is required.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from itertools import pairwise
+from typing import Literal
 
 from services.billing.domain import (
     Price,
@@ -29,8 +38,13 @@ from services.billing.domain import (
     Segment,
     UnknownFlavor,
     cost,
+    duration_seconds,
     gpu_seconds,
 )
+
+Resource = Literal["cpu", "memory"]
+RESOURCES: tuple[Resource, ...] = ("cpu", "memory")
+"""What is priced besides GPUs: CPU-hours and GiB-hours of memory."""
 
 BEGINNING = datetime(1970, 1, 1, tzinfo=UTC)
 """The effective date of a price that applies to all usage (the settings' bootstrap)."""
@@ -43,19 +57,56 @@ class DatedPrice:
 
 
 @dataclass(frozen=True)
+class DatedResourcePrice:
+    """A flavor's price per CPU-hour (``cpu``) or per GiB-hour (``memory``) from a date."""
+
+    flavor: str
+    resource: Resource
+    effective_from: datetime
+    per_unit_hour: Decimal
+    currency: str
+
+    def __post_init__(self) -> None:
+        if not self.per_unit_hour.is_finite() or self.per_unit_hour < 0:
+            raise ValueError(
+                f"{self.resource} price of {self.flavor}: must be >= 0, got {self.per_unit_hour}"
+            )
+
+
+@dataclass(frozen=True)
 class PriceSchedule:
     by_flavor: Mapping[str, Sequence[DatedPrice]]
     """Per flavor, its prices by ascending ``effective_from``."""
+    by_resource: Mapping[tuple[str, Resource], Sequence[DatedResourcePrice]] = field(
+        default_factory=dict
+    )
+    """Per flavor and resource, its prices by ascending ``effective_from``."""
 
     @classmethod
-    def of(cls, prices: Iterable[DatedPrice]) -> PriceSchedule:
+    def of(
+        cls, prices: Iterable[DatedPrice], resources: Iterable[DatedResourcePrice] = ()
+    ) -> PriceSchedule:
         by_flavor: dict[str, list[DatedPrice]] = {}
         for dated in prices:
             by_flavor.setdefault(dated.price.flavor, []).append(dated)
+        by_resource: dict[tuple[str, Resource], list[DatedResourcePrice]] = {}
+        for rp in resources:
+            by_resource.setdefault((rp.flavor, rp.resource), []).append(rp)
         currencies = {d.price.currency for ds in by_flavor.values() for d in ds}
+        currencies |= {r.currency for rs in by_resource.values() for r in rs}
         if len(currencies) > 1:
             raise ValueError(f"the price book mixes currencies: {', '.join(sorted(currencies))}")
-        return cls({f: sorted(ds, key=lambda d: d.effective_from) for f, ds in by_flavor.items()})
+        return cls(
+            {f: sorted(ds, key=lambda d: d.effective_from) for f, ds in by_flavor.items()},
+            {k: sorted(rs, key=lambda r: r.effective_from) for k, rs in by_resource.items()},
+        )
+
+    def resource_in_force(self, flavor: str, resource: Resource, at: datetime) -> Decimal | None:
+        """The flavor's price per unit-hour of ``resource`` at ``at``; None when it has none
+        (that resource is charged 0)."""
+        dated = self.by_resource.get((flavor, resource), ())
+        i = bisect_right([d.effective_from for d in dated], at)
+        return dated[i - 1].per_unit_hour if i else None
 
     def in_force(self, flavor: str, at: datetime) -> Price:
         """The flavor's price at ``at`` (``UnknownFlavor`` when none)."""
@@ -79,15 +130,59 @@ class PriceSchedule:
                 continue
         return PriceBook(book)
 
-    def segments(self, flavor: str, gpus: int, start: datetime, end: datetime) -> list[Segment]:
-        """``[start, end)`` of ``gpus`` GPUs, priced (module contract)."""
+    def segments(
+        self,
+        flavor: str,
+        gpus: int,
+        start: datetime,
+        end: datetime,
+        cpus: int = 0,
+        memory_gib: int = 0,
+    ) -> list[Segment]:
+        """``[start, end)`` of ``gpus`` GPUs (and ``cpus`` CPUs, ``memory_gib`` GiB),
+        priced (module contract)."""
         gpu_seconds(gpus, start, end)  # the same checks (GPUs, order) as an unsplit bill
-        price = self.in_force(flavor, start)
-        changes = [d for d in self.by_flavor.get(flavor, ()) if start < d.effective_from < end]
-        bounds = [start, *(d.effective_from for d in changes), end]
-        prices = [price, *(d.price for d in changes)]
+        if cpus < 0 or memory_gib < 0:
+            raise ValueError(f"cpus and memory_gib: must be >= 0, got {cpus}, {memory_gib}")
+        self.in_force(flavor, start)  # a GPU price at the start is required
+        held = {"cpu": cpus, "memory": memory_gib}
+        changes = {d.effective_from for d in self.by_flavor.get(flavor, ())}
+        for resource in RESOURCES:
+            if held[resource]:
+                changes |= {d.effective_from for d in self.by_resource.get((flavor, resource), ())}
+        bounds = [start, *sorted(c for c in changes if start < c < end), end]
         out = []
-        for (a, b), p in zip(pairwise(bounds), prices, strict=True):
+        for a, b in pairwise(bounds):
+            p = self.in_force(flavor, a)
             secs = gpu_seconds(gpus, a, b)
-            out.append(Segment(a, b, secs, p.per_gpu_hour, p.currency, cost(secs, p.per_gpu_hour)))
+            gpu_cost = cost(secs, p.per_gpu_hour)
+            cpu = self._line(flavor, "cpu", cpus, a, b)
+            mem = self._line(flavor, "memory", memory_gib, a, b)
+            out.append(
+                Segment(
+                    a,
+                    b,
+                    secs,
+                    p.per_gpu_hour,
+                    p.currency,
+                    gpu_cost + cpu[2] + mem[2],
+                    cpu_seconds=cpu[0],
+                    price_per_cpu_hour=cpu[1],
+                    cpu_cost=cpu[2],
+                    memory_gib_seconds=mem[0],
+                    price_per_memory_gib_hour=mem[1],
+                    memory_cost=mem[2],
+                )
+            )
         return out
+
+    def _line(
+        self, flavor: str, resource: Resource, units: int, a: datetime, b: datetime
+    ) -> tuple[Decimal, Decimal | None, Decimal]:
+        """(unit-seconds, price or None, cost) of ``units`` of ``resource`` over ``[a, b)``;
+        no units: nothing, and no price."""
+        if not units:
+            return Decimal(0), None, Decimal(0)
+        secs = Decimal(units) * duration_seconds(a, b)
+        price = self.resource_in_force(flavor, resource, a)
+        return secs, price, cost(secs, price) if price is not None else Decimal(0)

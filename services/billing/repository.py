@@ -23,8 +23,10 @@ async def insert_usage(
     inserted = await conn.fetchval(
         """INSERT INTO usage_ledger (allocation_id, job_id, team, user_name, node_id, gpu_flavor,
                                      gpus, started_at, ended_at, outcome, gpu_seconds,
-                                     price_per_gpu_hour, currency, cost, event_id, recorded_at)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+                                     price_per_gpu_hour, currency, cost, event_id, recorded_at,
+                                     cpus, memory_gib)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+                   $18)
            ON CONFLICT (allocation_id) DO NOTHING RETURNING true""",
         usage.allocation_id,
         usage.job_id,
@@ -42,6 +44,8 @@ async def insert_usage(
         usage.cost,
         event_id,
         now,
+        usage.cpus,
+        usage.memory_gib,
     )
     return bool(inserted)
 
@@ -49,12 +53,14 @@ async def insert_usage(
 async def insert_announced(
     conn: asyncpg.Connection, grant: AllocationGranted, event_id: str, now: datetime
 ) -> bool:
-    """Remember an allocation the scheduler announced; False when it was known already."""
+    """Remember an allocation the scheduler announced, with the CPUs and memory it holds
+    (its GPUs x the spec's per-GPU amounts); False when it was known already."""
     inserted = await conn.fetchval(
         """INSERT INTO announced_allocations (allocation_id, job_id, node_id, team, user_name,
                                               gpu_flavor, gpus, granted_at, event_id,
-                                              recorded_at, project, queue, attempt, epoch)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+                                              recorded_at, project, queue, attempt, epoch,
+                                              cpus, memory_gib)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
            ON CONFLICT (allocation_id) DO NOTHING RETURNING true""",
         grant.allocation_id,
         grant.job_id,
@@ -70,6 +76,8 @@ async def insert_announced(
         grant.queue,
         grant.attempt,
         grant.epoch,
+        len(grant.gpu_indices) * grant.spec.cpus_per_gpu,
+        len(grant.gpu_indices) * grant.spec.memory_gib_per_gpu,
     )
     return bool(inserted)
 

@@ -36,6 +36,7 @@ from shared.events.payloads import (
     MAX_ARGS,
     MAX_ARGUMENT_CHARS,
     MAX_COMMAND,
+    MAX_CPUS_PER_GPU,
     MAX_DATASETS,
     MAX_EXPERIMENT,
     MAX_HYPERPARAMETERS,
@@ -45,6 +46,7 @@ from shared.events.payloads import (
     MAX_LABEL_KEY,
     MAX_LABEL_VALUE,
     MAX_LABELS,
+    MAX_MEMORY_GIB_PER_GPU,
     MAX_PROJECT,
     MAX_REQUIREMENTS,
     MAX_SEED,
@@ -356,6 +358,10 @@ class JobRequest(BaseModel):
     gpu_flavor: Annotated[str, Field(min_length=1, max_length=100)]
     """One of the submission service's ``flavors`` when parsed with them, else any name
     matching ``FLAVOR_PATTERN``."""
+    cpus_per_gpu: Annotated[int, Field(ge=0, le=MAX_CPUS_PER_GPU)] = 0
+    """CPUs the job uses per GPU, billed at the flavor's CPU-hour price (0: none declared)."""
+    memory_gib_per_gpu: Annotated[int, Field(ge=0, le=MAX_MEMORY_GIB_PER_GPU)] = 0
+    """Memory (GiB) the job uses per GPU, billed at the flavor's memory price (0: none)."""
     hyperparameters: dict[Annotated[str, Field(min_length=1, max_length=200)], Hyper] = Field(
         default_factory=dict, max_length=MAX_HYPERPARAMETERS
     )

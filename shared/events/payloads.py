@@ -26,6 +26,9 @@ MAX_JOB_RESTARTS = 20
 MAX_JOB_RUNTIME_SECONDS = 7 * 24 * 3600
 MAX_SEED = 2**32 - 1
 """The widest seed every RNG a job may use (numpy's included) accepts."""
+MAX_CPUS_PER_GPU = 1024
+MAX_MEMORY_GIB_PER_GPU = 16384
+"""The most CPUs and GiB of memory a job may declare per GPU (billing meters them)."""
 MAX_ARGS = 1000
 MAX_COMMAND = 200
 MAX_ARGUMENT_CHARS = 10_000
@@ -123,6 +126,11 @@ class JobSpec(BaseModel):
     )
     gpus: int = Field(ge=1, le=MAX_JOB_GPUS)
     gpu_flavor: str = Field(min_length=1, max_length=100)
+    cpus_per_gpu: int = Field(default=0, ge=0, le=MAX_CPUS_PER_GPU)
+    """CPUs the job declares per GPU (an allocation of ``g`` GPUs holds ``g`` x this);
+    billing meters them at the flavor's CPU-hour price. 0: none declared."""
+    memory_gib_per_gpu: int = Field(default=0, ge=0, le=MAX_MEMORY_GIB_PER_GPU)
+    """Memory (GiB) the job declares per GPU, metered like ``cpus_per_gpu``."""
     hyperparameters: dict[Annotated[str, Field(max_length=200)], HyperValue] = Field(
         default_factory=dict, max_length=MAX_HYPERPARAMETERS
     )
@@ -472,7 +480,9 @@ class ModelRegistered(Payload):
 
 
 class CostRecorded(Payload):
-    """GPU-seconds x price for one ended allocation, attributed to job, user and team."""
+    """The bill of one ended allocation, attributed to job, user and team: its GPU-seconds x
+    price, and, where its job declared CPUs and memory, their time x the flavor's CPU and
+    memory prices (``cost`` is the whole)."""
 
     TYPE = "trainyard.cost.recorded.v1"
     allocation_id: str

@@ -96,8 +96,11 @@ def grant_of(
     queue: str | None = None,
     epoch: int = 1,
     attempt: int = 1,
+    cpus_per_gpu: int = 0,
+    memory_gib_per_gpu: int = 0,
 ) -> Envelope[Payload]:
-    """The ``allocation.granted`` (from the scheduler) that ``released`` ends."""
+    """The ``allocation.granted`` (from the scheduler) that ``released`` ends, of a job
+    declaring ``cpus_per_gpu`` and ``memory_gib_per_gpu``."""
     grant: Payload = AllocationGranted(
         allocation_id=released.allocation_id,
         job_id=released.job_id,
@@ -115,6 +118,8 @@ def grant_of(
             seed=1,
             max_runtime_seconds=3600,
             project=project,
+            cpus_per_gpu=cpus_per_gpu,
+            memory_gib_per_gpu=memory_gib_per_gpu,
         ),
         queue=queue,
     )

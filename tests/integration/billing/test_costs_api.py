@@ -225,9 +225,10 @@ async def test_csv_by_accept_header_or_format(client: httpx.AsyncClient) -> None
         assert response.status_code == 200, response.text
         assert response.headers["content-type"].startswith("text/csv")
         assert response.text.splitlines() == [
-            "team,currency,gpu_seconds,cost",
-            "vision,USD,7200.000000,5.000000",
-            "ml,USD,61200.000000,4.100000",
+            "team,currency,gpu_seconds,cost,gpu_cost,cpu_seconds,cpu_cost,"
+            "unpriced_cpu_seconds,memory_gib_seconds,memory_cost,unpriced_memory_gib_seconds",
+            "vision,USD,7200.000000,5.000000,5.000000" + ",0.000000" * 6,
+            "ml,USD,61200.000000,4.100000,4.100000" + ",0.000000" * 6,
         ]
 
 

@@ -10,6 +10,11 @@ publishes them in that order, and billing meters only announced allocations). Th
 go through billing's real consumer (JetStream, the inbox, the handlers) into a real
 PostgreSQL. The reference below prices with ``fractions.Fraction`` and integer
 microseconds, sharing no code with billing.
+
+Jobs declare CPUs and memory per GPU (or none): ``a100`` has a CPU price that changes
+during the drawn leases and a memory price, ``cpu`` has neither (its CPU and memory time is
+charged 0). A bill is split wherever a price of something it holds changes, each line of
+each piece rounded on its own.
 """
 
 from __future__ import annotations
@@ -19,13 +24,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from fractions import Fraction
+from itertools import pairwise
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared.events import Envelope, Payload
-from shared.events.payloads import AllocationReleased
+from shared.events.payloads import AllocationGranted, AllocationReleased
 from shared.events.trust import owner
 from tests.integration.billing.conftest import Billing, grant_of, until
 
@@ -33,6 +39,16 @@ pytestmark = pytest.mark.integration
 
 PRICES = {"cpu": Fraction(1, 10), "a100": Fraction(5, 2)}  # the billing fixture's price book
 T0 = datetime(2026, 11, 30, 22, 0, tzinfo=UTC)
+BEGINNING = datetime(1970, 1, 1, tzinfo=UTC)
+RESOURCE_PRICES = {
+    ("a100", "cpu"): [
+        (BEGINNING, Fraction(3, 100)),
+        (T0 + timedelta(minutes=30), Fraction(7, 100)),
+        (T0 + timedelta(hours=2), Fraction(1, 30)),
+    ],
+    ("a100", "memory"): [(BEGINNING, Fraction(1, 250)), (T0 + timedelta(hours=1), Fraction(0))],
+}
+"""Per CPU-hour and GiB-hour, set in the book by the test (``cpu`` has none)."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +67,8 @@ class Lease:
     """``released``, ``lost_then_succeeded`` or ``end_lost`` (its release never arrives)."""
     outcome: str
     lost_at: datetime
+    cpus_per_gpu: int = 0
+    memory_gib_per_gpu: int = 0
 
 
 def _release(lease: Lease, outcome: str, at: datetime) -> AllocationReleased:
@@ -108,6 +126,8 @@ def leases(draw: st.DrawFn, team: str) -> list[Lease]:
                             )
                         ),
                         lost_at=start + min(length, timedelta(microseconds=lost_after)),
+                        cpus_per_gpu=draw(st.sampled_from([0, 1, 12])),
+                        memory_gib_per_gpu=draw(st.sampled_from([0, 3, 80])),
                     )
                 )
             start = start + timedelta(microseconds=draw(st.integers(0, 3600 * 10**6)))
@@ -128,8 +148,15 @@ def histories(draw: st.DrawFn) -> tuple[list[Lease], list[Sent]]:
     first: list[Sent] = []
     for lease in drawn:
         grant = grant_of(_release(lease, "succeeded", lease.ended_at))
+        assert isinstance(grant.data, AllocationGranted)
+        spec = grant.data.spec.model_copy(
+            update={
+                "cpus_per_gpu": lease.cpus_per_gpu,
+                "memory_gib_per_gpu": lease.memory_gib_per_gpu,
+            }
+        )
         grant = grant.model_copy(
-            update={"data": grant.data.model_copy(update={"epoch": lease.epoch})}
+            update={"data": grant.data.model_copy(update={"epoch": lease.epoch, "spec": spec})}
         )
         first.append(Sent(grant, False))
         for released in releases_of(lease):
@@ -179,8 +206,22 @@ def _micro(value: Fraction) -> Fraction:
     return Fraction(whole, 10**6)
 
 
+def _seconds(start: datetime, end: datetime) -> Fraction:
+    delta = end - start
+    return Fraction((delta.days * 86_400 + delta.seconds) * 10**6 + delta.microseconds, 10**6)
+
+
+def _price(flavor: str, resource: str, at: datetime) -> Fraction:
+    """The resource's price at ``at``; 0 where the flavor has none."""
+    return max(
+        ((since, p) for since, p in RESOURCE_PRICES.get((flavor, resource), []) if since <= at),
+        default=(BEGINNING, Fraction(0)),
+    )[1]
+
+
 def reference(lease: Lease, order: list[Sent]) -> tuple[Fraction, Fraction] | None:
-    """What ``lease`` must be billed: (GPU-seconds, cost), or None (nothing)."""
+    """What ``lease`` must be billed: (GPU-seconds, cost of GPUs, CPUs and memory), or None
+    (nothing)."""
     seen = [
         s.envelope.data
         for s in order
@@ -194,10 +235,25 @@ def reference(lease: Lease, order: list[Sent]) -> tuple[Fraction, Fraction] | No
     for later in seen[1:]:
         if outcome == "lost" and later.outcome == "succeeded":
             end, outcome = max(end, later.released_at), "succeeded"
-    delta = end - lease.granted_at
-    micros = (delta.days * 86_400 + delta.seconds) * 10**6 + delta.microseconds
-    gpu_seconds = Fraction(lease.gpus * micros, 10**6)
-    return gpu_seconds, _micro(gpu_seconds * PRICES[lease.flavor] / 3600)
+    cpus, memory = lease.gpus * lease.cpus_per_gpu, lease.gpus * lease.memory_gib_per_gpu
+    cuts = {
+        since
+        for (flavor, resource), dated in RESOURCE_PRICES.items()
+        for since, _ in dated
+        if flavor == lease.flavor
+        and (cpus if resource == "cpu" else memory)
+        and lease.granted_at < since < end
+    }
+    bounds = [lease.granted_at, *sorted(cuts), end]
+    cost = Fraction(0)
+    for a, b in pairwise(bounds):
+        secs = _seconds(a, b)
+        cost += _micro(lease.gpus * secs * PRICES[lease.flavor] / 3600)
+        if cpus:
+            cost += _micro(cpus * secs * _price(lease.flavor, "cpu", a) / 3600)
+        if memory:
+            cost += _micro(memory * secs * _price(lease.flavor, "memory", a) / 3600)
+    return lease.gpus * _seconds(lease.granted_at, end), cost
 
 
 @settings(
@@ -211,6 +267,17 @@ async def test_the_ledger_equals_the_reference_under_any_delivery(
 ) -> None:
     drawn, order = history
     team = drawn[0].team
+    for (flavor, resource), dated in RESOURCE_PRICES.items():
+        for since, price in dated:
+            await billing.pool.execute(
+                "INSERT INTO resource_prices (flavor, resource, effective_from, "
+                "price_per_unit_hour, currency, set_by, recorded_at) "
+                "VALUES ($1, $2, $3, $4, 'USD', 'test', now()) ON CONFLICT DO NOTHING",
+                flavor,
+                resource,
+                since,
+                Decimal(price.numerator) / Decimal(price.denominator),
+            )
     for n, sent in enumerate(order):
         if sent.redelivery:
             env = sent.envelope
@@ -235,15 +302,22 @@ async def test_the_ledger_equals_the_reference_under_any_delivery(
     await billing.processed(last)
 
     rows = await billing.pool.fetch(
-        "SELECT allocation_id, kind, revision, gpu_seconds, cost FROM ledger_entries WHERE team = $1",
+        "SELECT allocation_id, kind, revision, segment, gpu_seconds, cost FROM ledger_entries "
+        "WHERE team = $1",
         team,
     )
     billed: dict[str, tuple[Decimal, Decimal]] = {}
     kinds: dict[str, list[tuple[str, int]]] = {}
+    segments: dict[tuple[str, str, int], list[int]] = {}
     for r in rows:
         secs, cost = billed.get(r["allocation_id"], (Decimal(0), Decimal(0)))
         billed[r["allocation_id"]] = (secs + r["gpu_seconds"], cost + r["cost"])
-        kinds.setdefault(r["allocation_id"], []).append((r["kind"], r["revision"]))
+        if r["segment"] == 0:
+            kinds.setdefault(r["allocation_id"], []).append((r["kind"], r["revision"]))
+        key = (r["allocation_id"], r["kind"], r["revision"])
+        segments.setdefault(key, []).append(r["segment"])
+    # Each charge or reversal is its pieces, numbered from 0 without a gap.
+    assert all(sorted(numbers) == list(range(len(numbers))) for numbers in segments.values())
     expected = {}
     for lease in drawn:
         ref = reference(lease, order)

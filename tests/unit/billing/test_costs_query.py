@@ -121,15 +121,39 @@ def test_csv_has_a_header_the_grouped_dimensions_and_exact_amounts() -> None:
     query = parse(group_by="team,flavor", granularity="day")
     day = datetime(2026, 12, 2, tzinfo=UTC)
     lines = [
-        CostLine(day, ("ml", "a100"), "USD", Decimal("7200.000001"), Decimal("5.000001")),
-        CostLine(day, ("ml", None), "USD", Decimal(1), Decimal("0.1")),
+        CostLine(
+            day,
+            ("ml", "a100"),
+            "USD",
+            Decimal("7200.000001"),
+            Decimal("5.500001"),
+            cpu_seconds=Decimal(14400),
+            cpu_cost=Decimal("0.4"),
+            memory_gib_seconds=Decimal(72000),
+            memory_cost=Decimal("0.1"),
+            unpriced_memory_gib_seconds=Decimal(36000),
+        ),
+        CostLine(day, ("ml", None), "USD", Decimal(1), Decimal("0.1"), cpu_seconds=Decimal(2)),
     ]
     report = cost_report(query, lines, limit=1)
     assert report.truncated
-    assert [(t.currency, t.cost) for t in report.totals] == [("USD", Decimal("5.100001"))]
+    (total,) = report.totals
+    assert (total.currency, total.cost, total.gpu_cost) == (
+        "USD",
+        Decimal("5.600001"),
+        Decimal("5.100001"),
+    )
+    assert (total.cpu_seconds, total.cpu_cost, total.memory_cost) == (
+        14402,
+        Decimal("0.4"),
+        Decimal("0.1"),
+    )
+    assert report.rows[0].gpu_cost == Decimal("5.000001")
     assert csv_text(report).splitlines() == [
-        "bucket,team,flavor,currency,gpu_seconds,cost",
-        "2026-12-02T00:00:00+00:00,ml,a100,USD,7200.000001,5.000001",
+        "bucket,team,flavor,currency,gpu_seconds,cost,gpu_cost,cpu_seconds,cpu_cost,"
+        "unpriced_cpu_seconds,memory_gib_seconds,memory_cost,unpriced_memory_gib_seconds",
+        "2026-12-02T00:00:00+00:00,ml,a100,USD,7200.000001,5.500001,5.000001,14400,0.4,0,"
+        "72000,0.1,36000",
     ]
 
 
@@ -137,5 +161,5 @@ def test_csv_cells_never_start_a_spreadsheet_formula() -> None:
     query = parse(group_by="project,user")
     lines = [CostLine(None, ("=HYPERLINK(1)", "-ada"), "USD", Decimal(1), Decimal(1))]
     assert csv_text(cost_report(query, lines, limit=10)).splitlines()[1] == (
-        "'=HYPERLINK(1),'-ada,USD,1,1"
+        "'=HYPERLINK(1),'-ada,USD,1,1,1,0,0,0,0,0,0"
     )

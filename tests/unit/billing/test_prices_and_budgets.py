@@ -9,7 +9,7 @@ import pytest
 
 from services.billing.budgets import forecast, month_label, month_start, next_month, reached
 from services.billing.domain import Price, UnknownFlavor
-from services.billing.prices import BEGINNING, DatedPrice, PriceSchedule
+from services.billing.prices import BEGINNING, DatedPrice, DatedResourcePrice, PriceSchedule
 
 T = datetime(2026, 12, 10, 12, tzinfo=UTC)
 
@@ -43,6 +43,29 @@ def test_a_change_at_the_very_start_or_end_makes_no_empty_segment() -> None:
     assert after.price_per_gpu_hour == Decimal(4)
     (before,) = schedule.segments("a100", 1, T - timedelta(hours=1), T)
     assert before.price_per_gpu_hour == Decimal("2.5")
+
+
+def test_a_cpu_price_change_splits_only_a_bill_that_holds_cpus() -> None:
+    gpu = [DatedPrice(BEGINNING, Price("a100", Decimal("2.5"), "USD"))]
+    cpu = [
+        DatedResourcePrice("a100", "cpu", BEGINNING, Decimal("0.03"), "USD"),
+        DatedResourcePrice("a100", "cpu", T, Decimal("0.06"), "USD"),
+    ]
+    schedule = PriceSchedule.of(gpu, cpu)
+    start, end = T - timedelta(minutes=30), T + timedelta(minutes=30)
+    (whole,) = schedule.segments("a100", 1, start, end, memory_gib=10)
+    assert (whole.cost, whole.cpu_seconds, whole.price_per_cpu_hour) == (Decimal("2.5"), 0, None)
+    # No memory price: 10 GiB for an hour charged 0, with no price, never an error.
+    assert (whole.memory_gib_seconds, whole.memory_cost, whole.price_per_memory_gib_hour) == (
+        36000,
+        0,
+        None,
+    )
+    parts = schedule.segments("a100", 1, start, end, cpus=4)
+    assert [(p.price_per_cpu_hour, p.cpu_cost, p.gpu_cost, p.cost) for p in parts] == [
+        (Decimal("0.03"), Decimal("0.06"), Decimal("1.25"), Decimal("1.31")),
+        (Decimal("0.06"), Decimal("0.12"), Decimal("1.25"), Decimal("1.37")),
+    ]
 
 
 def test_no_price_in_force_at_the_start_is_an_unknown_flavor() -> None:

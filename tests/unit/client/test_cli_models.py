@@ -173,6 +173,31 @@ def test_cost_reports_render_buckets_dimensions_and_totals() -> None:
     assert empty.startswith("nothing billed from")
 
 
+def test_cost_reports_show_cpu_and_memory_apart_when_billed() -> None:
+    row = {
+        "team": "ml",
+        "currency": "USD",
+        "gpu_seconds": "7200",
+        "cost": "3.1",
+        "gpu_cost": "2.5",
+        "cpu_seconds": "43200",
+        "cpu_cost": "0.4",
+        "unpriced_cpu_seconds": "0",
+        "memory_gib_seconds": "36000",
+        "memory_cost": "0.2",
+        "unpriced_memory_gib_seconds": "3600",
+    }
+    report = {"start": "2026-12-01T00:00:00Z", "end": "2027-01-01T00:00:00Z", "group_by": ["team"]}
+    report |= {"rows": [row], "totals": [{k: v for k, v in row.items() if k != "team"}]}
+    lines = cost_report_text(report).splitlines()
+    assert lines[0].split() == ["TEAM", "GPU-HOURS", "GPU-COST", "CPU-COST", "MEM-COST", "COST"]
+    assert lines[1].split() == ["ml", "2.00", "2.5000", "0.4000", "0.2000", "3.1000", "USD"]
+    assert lines[-1].endswith(
+        "3.1000 USD (2.00 GPU-hours; GPU 2.5000, CPU 0.4000 for 12.00 CPU-hours, "
+        "memory 0.2000 for 10.00 GiB-hours; memory partly unpriced, charged 0)"
+    )
+
+
 def test_a_job_bill_shows_each_allocation() -> None:
     bill = {
         "job_id": "j-1",

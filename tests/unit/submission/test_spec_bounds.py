@@ -72,6 +72,13 @@ BOUNDS: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
     ("args", {"args": ["a"] * 1000}, {"args": ["a"] * 1001}, "args"),
     ("args", {"args": ["a" * 10_000]}, {"args": ["a" * 10_001]}, "args[0]"),
     ("gpus", {"gpus": 64}, {"gpus": 65}, "gpus"),
+    ("cpus_per_gpu", {"cpus_per_gpu": 1024}, {"cpus_per_gpu": 1025}, "cpus_per_gpu"),
+    (
+        "memory_gib_per_gpu",
+        {"memory_gib_per_gpu": 16384},
+        {"memory_gib_per_gpu": 16385},
+        "memory_gib_per_gpu",
+    ),
     ("gpu_flavor", {"gpu_flavor": "cpu"}, {"gpu_flavor": "c" * 101}, "gpu_flavor"),
     (
         "hyperparameters",
