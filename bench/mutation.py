@@ -389,11 +389,22 @@ def run_module(
 
 
 def rerun_module(
-    module: str, work: Path, max_children: int, budget_s: float = 0, only: Sequence[str] = ()
+    module: str,
+    work: Path,
+    max_children: int,
+    budget_s: float = 0,
+    only: Sequence[str] = (),
+    tests: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run again, in a kept work folder, the mutants that survived (or were not checked),
-    against the tests as they are now at HEAD: after new tests were written to kill them."""
+    against the tests as they are now at HEAD: after new tests were written to kill them.
+
+    ``tests`` (default: the module's whole selection) runs them against some of its tests
+    only: a quick first pass whose kills stand (a mutant that fails some of the tests fails
+    them all), while what survives it must be run again against the whole selection before
+    it counts as a survivor."""
     spec = MODULES[module]
+    selection = list(tests) or spec["tests"]
     if not (work / "mutants").exists():
         raise SystemExit(f"{work} has no mutmut run to take up (run with --keep first)")
     archive = subprocess.run(
@@ -414,7 +425,7 @@ def rerun_module(
     pyproject = work / "pyproject.toml"
     text = pyproject.read_text()
     text = text[: text.index("\n[tool.mutmut]")] if "\n[tool.mutmut]" in text else text
-    pyproject.write_text(text + _config(module, spec["tests"], spec["postgres"]))
+    pyproject.write_text(text + _config(module, selection, spec["postgres"]))
     done = {n: st for n, st in before.items() if st in ("killed", "timeout", "type_check")}
     # Map every test to the functions it calls again, new tests included.
     (work / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
@@ -437,7 +448,7 @@ def rerun_module(
         {
             "module": module,
             "source": _git("rev-parse", "HEAD").strip() + " (survivors re-run against its tests)",
-            "tests": spec["tests"],
+            "tests": selection,
             "seconds": round(time.monotonic() - started, 1),
             "finished": finished,
             "rerun": len(again),
@@ -538,6 +549,14 @@ def main(argv: list[str] | None = None) -> int:
         help="in the kept work folder, run the survivors again against the tests at HEAD",
     )
     parser.add_argument(
+        "--tests",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="with --rerun: against these of the module's tests only (a quick first pass; "
+        "what survives it must be re-run against the whole selection)",
+    )
+    parser.add_argument(
         "--budget-minutes",
         type=float,
         default=0,
@@ -568,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{module}: mutating in {work} ...", flush=True)
         if args.rerun:
             summary = rerun_module(
-                module, work, args.max_children, args.budget_minutes * 60, args.only
+                module, work, args.max_children, args.budget_minutes * 60, args.only, args.tests
             )
         else:
             summary = run_module(
