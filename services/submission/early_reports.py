@@ -11,8 +11,8 @@ into the new stream while runners publish into it (a grant being handled across 
 report being retried across it), and nothing orders the two, nor a retried report against
 the same allocation's reports said again after the replayed grant. A report ignored then was
 lost for good: the inbox had recorded its id, and saying it again carries the same
-``Nats-Msg-Id``, which JetStream drops as a duplicate. Jobs stayed SCHEDULED or RUNNING
-while the scheduler had them SUCCEEDED.
+``Nats-Msg-Id``, which JetStream drops as a duplicate. A job stayed SCHEDULED (a success
+before its start: RUNNING) while the scheduler had it SUCCEEDED.
 
 Contract (inside the handler's transaction, the job's row locked):
 - ``awaited(event, source, status, holds)`` names the allocation a report must wait for, or

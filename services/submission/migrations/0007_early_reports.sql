@@ -1,10 +1,11 @@
--- Reports that came before the grant they answer (a job.started, job.succeeded, job.failed
--- or job.preempted about an allocation this view has not heard of yet). The stream does not
--- always keep a grant ahead of its reports: after NATS lost its store, the scheduler's replay
--- and a runner's reports reach the new stream in whatever order they come, and the same
--- report said again later is dropped by JetStream as a duplicate. So a report is kept here,
--- whole, and applied right after its allocation's grant is; its job's rows go when the job
--- ends (services/submission/early_reports.py).
+-- A runner's report that came before what it follows: a job.started, job.succeeded,
+-- job.failed or job.preempted about an allocation whose grant this view has not recorded,
+-- or a job.succeeded of an allocation that has not started. The stream does not always keep
+-- that order: after NATS lost its store, the scheduler's replayed grants and the runners'
+-- reports reach the new stream in whatever order they come, and the same report said again
+-- later is dropped by JetStream as a duplicate. So the report is kept here, whole, and judged
+-- right after its allocation's grant or start is; a job's rows go when the job ends
+-- (services/submission/early_reports.py).
 CREATE TABLE early_reports (
     seq            bigserial PRIMARY KEY,
     allocation_id  text NOT NULL,
