@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -24,7 +24,17 @@ from nats.js import api
 from nats.js.errors import NotFoundError
 
 import shared.bus as bus_module
-from shared.bus import Bus, ConsumerLostError, Hearing, _DurablePull
+from shared.bus import (
+    CONSUMER_HEADER,
+    REASON_HEADER,
+    Bus,
+    ConsumerLostError,
+    Delivery,
+    Hearing,
+    Reject,
+    _attrs,
+    _DurablePull,
+)
 from shared.events import Envelope, Payload
 from shared.events.payloads import JobCancelRequested
 from shared.events.trust import SUBMISSION
@@ -49,8 +59,12 @@ class FakeMsg:
         )
         self._ackd = False
         self.told: list[tuple[str, float | None]] = []
+        self.kept = asyncio.Event()
+        self.ack_error: BaseException | None = None
 
     async def ack(self) -> None:
+        if self.ack_error is not None:
+            raise self.ack_error
         self._settle("ack")
 
     async def nak(self, delay: float | None = None) -> None:
@@ -60,7 +74,7 @@ class FakeMsg:
         self._settle("term")
 
     async def in_progress(self) -> None:
-        pass
+        self.kept.set()
 
     def _settle(self, what: str, delay: float | None = None) -> None:
         self.told.append((what, delay))
@@ -76,6 +90,7 @@ class FakeSub:
         self.unsubscribed = False
 
     async def fetch(self, batch: int, timeout: float) -> list[Any]:
+        self.js.fetches.append((batch, timeout))
         self.js.hearing_at_fetch.append(self.js.bus.hearing("c") if self.js.bus else None)
         if not self.js.script:
             self.js.stop.set()
@@ -108,18 +123,23 @@ class FakeJetStream:
         self.publish_fault: Callable[[], BaseException | None] = lambda: None
         self.unsubscribe_error: BaseException | None = None
         self.hearing_at_fetch: list[Hearing | None] = []
+        self.fetches: list[tuple[int, float]] = []
+        self.published_raw: list[tuple[str, bytes, float, dict[str, str]]] = []
 
     async def consumer_info(self, stream: str, name: str) -> Any:
+        assert stream == "TRAINYARD", stream  # the event stream, where the consumers are
         if name not in self.consumers:
             raise NotFoundError
         return SimpleNamespace(num_ack_pending=self.pending)
 
     async def add_consumer(self, stream: str, config: api.ConsumerConfig) -> None:
+        assert stream == "TRAINYARD", stream
         assert config.durable_name is not None
         self.configs.append(config)
         self.consumers[config.durable_name] = config
 
     async def pull_subscribe_bind(self, durable: str, stream: str) -> FakeSub:
+        assert (durable, stream) == ("c", "TRAINYARD"), (durable, stream)
         sub = FakeSub(self)
         self.subs.append(sub)
         return sub
@@ -134,6 +154,7 @@ class FakeJetStream:
         if fault is not None:
             raise fault
         self.published.append((subject, headers))
+        self.published_raw.append((subject, body, timeout, headers))
 
     async def publish_async(self, subject: str, body: bytes, headers: dict[str, str]) -> Any:
         return asyncio.get_running_loop().create_future()  # an acknowledgement never comes
@@ -161,29 +182,49 @@ def make_bus(js: FakeJetStream, monkeypatch: pytest.MonkeyPatch, **settings: Any
     return bus
 
 
-def event_msg(delivered: int = 1) -> FakeMsg:
-    envelope: Envelope[Payload] = Envelope.wrap(
-        JobCancelRequested(job_id="j1", team="t", user="u"), source=SUBMISSION, subject="j1"
+def an_event(job: str = "j1") -> Envelope[Payload]:
+    return Envelope.wrap(
+        JobCancelRequested(job_id=job, team="t", user="u"), source=SUBMISSION, subject=job
     )
-    return FakeMsg(envelope.to_json(), envelope.nats_subject, delivered=delivered)
+
+
+def event_msg(
+    delivered: int = 1, envelope: Envelope[Payload] | None = None, subject: str | None = None
+) -> FakeMsg:
+    envelope = envelope or an_event()
+    return FakeMsg(envelope.to_json(), subject or envelope.nats_subject, delivered=delivered)
+
+
+def dead_letters(js: FakeJetStream) -> list[tuple[str, str, str]]:
+    """(subject, consumer, reason) of each dead letter written."""
+    return [
+        (subject, headers[CONSUMER_HEADER], headers[REASON_HEADER])
+        for subject, headers in js.published
+    ]
 
 
 def bad_msg(seq: int = 1) -> FakeMsg:
     return FakeMsg(b"not an event", "trainyard.job.submitted.v1.j1", seq=seq)
 
 
-async def consume(bus: Bus, js: FakeJetStream, handler: Any = None, batch: int = 2) -> None:
-    async def ignore(envelope: Envelope[Payload]) -> None:
-        pass
-
-    task = asyncio.create_task(
-        bus.consume("c", ["trainyard.job.>"], handler or ignore, js.stop, batch=batch)
-    )
+async def until_stopped(work: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.create_task(work)
     done, _ = await asyncio.wait({task}, timeout=GUARD_S)
     if task not in done:
         task.cancel()
-        pytest.fail("consume did not return once stopped")
+        pytest.fail("the consumer did not return once stopped")
     task.result()
+
+
+async def consume(
+    bus: Bus, js: FakeJetStream, handler: Any = None, batch: int = 2, **options: Any
+) -> None:
+    async def ignore(envelope: Envelope[Payload]) -> None:
+        pass
+
+    await until_stopped(
+        bus.consume("c", ["trainyard.job.>"], handler or ignore, js.stop, batch=batch, **options)
+    )
 
 
 # --- what the server is told about a message ------------------------------------------------
@@ -368,6 +409,7 @@ async def test_a_gone_consumer_is_made_again_and_its_loss_reported(
     bus = make_bus(js, monkeypatch)
     pull = await _DurablePull.bind(bus, consumer_config())
     del js.consumers["c"]  # NATS lost its store
+    js.unsubscribe_error = nats.errors.ConnectionClosedError()  # the old one: already gone
     js.script = [nats.js.errors.ServiceUnavailableError(), [event_msg()]]
     with (
         caplog.at_level(logging.WARNING, logger="shared.bus"),
@@ -379,6 +421,7 @@ async def test_a_gone_consumer_is_made_again_and_its_loss_reported(
     old, new = js.subs
     assert old.unsubscribed and not new.unsubscribed
     assert len(await pull.fetch(16, timeout=0.5)) == 1  # from the new subscription
+    assert js.fetches == [(16, 0.5), (16, 0.5)]
 
 
 async def test_acknowledgements_that_never_come_make_publish_many_fail(
@@ -392,3 +435,347 @@ async def test_acknowledgements_that_never_come_make_publish_many_fail(
         pytest.fail("publish_many waited for acknowledgements that never come")
     with pytest.raises(TimeoutError):
         task.result()
+
+
+# --- handling: outcomes, dead letters, batches -----------------------------------------------
+
+
+async def test_a_handled_event_is_acknowledged_and_reached_the_handler_whole(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    envelope = an_event()
+    msg = event_msg(envelope=envelope)
+    js.script = [[msg]]
+    seen: list[Envelope[Payload]] = []
+
+    async def handle(got: Envelope[Payload]) -> None:
+        seen.append(got)
+
+    await consume(bus, js, handle)
+    assert seen == [envelope]
+    assert msg.told == [("ack", None)]
+
+
+async def test_a_rejected_event_is_dead_lettered_at_once_with_the_reason(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    msg = event_msg()
+    js.script = [[msg]]
+
+    async def reject(envelope: Envelope[Payload]) -> None:
+        raise Reject("no such job")
+
+    await consume(bus, js, reject)
+    assert dead_letters(js) == [("deadletter.c", "c", "rejected: no such job")]
+    assert msg.told == [("term", None)]
+
+
+async def test_an_event_failing_at_its_last_delivery_is_dead_lettered_and_logged(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    bus = make_bus(js, monkeypatch, max_deliver=5)
+    envelope = an_event()
+    last, before_last = event_msg(5, envelope), event_msg(4, envelope)
+    js.script = [[before_last], [last]]
+
+    async def fail(got: Envelope[Payload]) -> None:
+        raise ValueError("not yet")
+
+    with caplog.at_level(logging.WARNING, logger="shared.bus"):
+        await consume(bus, js, fail)
+    assert before_last.told == [("nak", 4.0)]
+    assert last.told == [("term", None)]
+    assert dead_letters(js) == [("deadletter.c", "c", "failed 5 times: ValueError: not yet")]
+    assert f"c: {envelope.id} failed (delivery 4), will retry: ValueError: not yet" in (
+        caplog.messages
+    )
+    assert f"c: giving up on {envelope.id} after 5 deliveries: ValueError: not yet" in (
+        caplog.messages
+    )
+
+
+async def test_a_message_delivered_too_often_without_an_outcome_is_dead_lettered_unhandled(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch, max_unfinished_deliveries=20)
+    abandoned, at_the_limit = event_msg(21, an_event("j1")), event_msg(20, an_event("j2"))
+    js.script = [[abandoned, at_the_limit]]
+    handled: list[str] = []
+
+    async def handle(envelope: Envelope[Payload]) -> None:
+        handled.append(envelope.subject)
+
+    await consume(bus, js, handle)
+    assert handled == ["j2"]
+    assert abandoned.told == [("term", None)]
+    assert at_the_limit.told == [("ack", None)]
+    assert dead_letters(js) == [
+        (
+            "deadletter.c",
+            "c",
+            "abandoned: delivered 21 times without an outcome (the consumer stopped or died "
+            "while handling it, each time)",
+        )
+    ]
+
+
+async def test_an_outage_in_the_handler_pauses_the_consumer_then_the_event_is_acknowledged(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    msg = event_msg()
+    js.script = [[msg]]
+    paused: list[dict[str, str]] = []
+
+    async def handle(envelope: Envelope[Payload]) -> None:
+        paused.append(dict(bus.paused))
+        if len(paused) == 1:
+            raise nats.errors.NoRespondersError
+
+    await consume(bus, js, handle)
+    assert paused == [
+        {},
+        {"c": "NATS unavailable (NoRespondersError: nats: no responders available for request)"},
+    ]
+    assert msg.told == [("ack", None)]
+
+
+async def test_a_stop_during_an_outage_in_the_handler_hands_the_event_back(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    msg = event_msg()
+    js.script = [[msg]]
+
+    async def handle(envelope: Envelope[Payload]) -> None:
+        js.stop.set()
+        raise nats.errors.NoRespondersError
+
+    await consume(bus, js, handle)
+    assert msg.told == [("nak", None)]
+    assert js.published == []
+
+
+async def test_events_are_tried_once_each_per_delivery_one_at_a_time(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    failing, fine = event_msg(envelope=an_event("j1")), event_msg(envelope=an_event("j2"))
+    js.script = [[failing, fine]]
+    tried: list[str] = []
+
+    async def handle(envelope: Envelope[Payload]) -> None:
+        tried.append(envelope.subject)
+        if envelope.subject == "j1":
+            raise ValueError("not yet")
+
+    await consume(bus, js, handle)
+    assert tried == ["j1", "j2"]
+    assert failing.told == [("nak", 0.5)]
+    assert fine.told == [("ack", None)]
+
+
+async def consume_batches(
+    bus: Bus, js: FakeJetStream, handler: Callable[[Sequence[Delivery]], Any]
+) -> None:
+    await until_stopped(bus.consume_batches("c", ["trainyard.job.>"], handler, js.stop, batch=4))
+
+
+async def test_a_batch_is_handed_over_whole_and_acknowledged(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    msgs = [event_msg(envelope=an_event("j1")), event_msg(envelope=an_event("j2"))]
+    js.script = [msgs]
+    calls: list[list[str]] = []
+
+    async def handle(deliveries: Sequence[Delivery]) -> None:
+        calls.append([d.envelope.subject for d in deliveries])
+
+    await consume_batches(bus, js, handle)
+    assert calls == [["j1", "j2"]]
+    assert [m.told for m in msgs] == [[("ack", None)], [("ack", None)]]
+
+
+async def test_a_failed_batch_is_handled_again_one_event_at_a_time(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    bad, fine = event_msg(envelope=an_event("j1")), event_msg(envelope=an_event("j2"))
+    js.script = [[bad, fine]]
+    calls: list[list[str]] = []
+
+    async def handle(deliveries: Sequence[Delivery]) -> None:
+        calls.append([d.envelope.subject for d in deliveries])
+        if any(d.envelope.subject == "j1" for d in deliveries):
+            raise ValueError("bad")
+
+    await consume_batches(bus, js, handle)
+    assert calls == [["j1", "j2"], ["j1"], ["j2"]]
+    assert bad.told == [("nak", 0.5)]
+    assert fine.told == [("ack", None)]
+
+
+async def test_a_batch_of_one_is_tried_once(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    msg = event_msg()
+    js.script = [[msg]]
+    calls: list[int] = []
+
+    async def handle(deliveries: Sequence[Delivery]) -> None:
+        calls.append(len(deliveries))
+        raise ValueError("bad")
+
+    await consume_batches(bus, js, handle)
+    assert calls == [1]
+    assert msg.told == [("nak", 0.5)]
+
+
+async def test_a_batch_is_kept_in_progress_while_in_hand(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch, ack_wait_seconds=0.15)
+    msg = event_msg()
+    js.script = [[msg]]
+
+    async def slow(envelope: Envelope[Payload]) -> None:
+        await msg.kept.wait()  # returns once the bus told JetStream it is still at work
+
+    await consume(bus, js, slow)
+    assert msg.told == [("ack", None)]
+
+
+# --- what arrives: forged, redriven, traced -----------------------------------------------
+
+
+async def test_an_event_on_another_subject_than_its_own_is_dead_lettered_as_forged(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    msg = event_msg(subject="trainyard.job.cancel_requested.v1.other")
+    js.script = [[msg]]
+    handled: list[str] = []
+
+    async def handle(envelope: Envelope[Payload]) -> None:
+        handled.append(envelope.id)
+
+    await consume(bus, js, handle)
+    assert handled == []
+    assert msg.told == [("term", None)]
+    [(subject, consumer, reason)] = dead_letters(js)
+    assert (subject, consumer) == ("deadletter.c", "c")
+    assert reason.startswith("forged event: ")
+
+
+async def test_a_redriven_event_on_the_consumers_redrive_subject_is_handled(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    msg = event_msg(subject="trainyard.redrive.c")
+    js.script = [[msg]]
+    handled: list[str] = []
+
+    async def handle(envelope: Envelope[Payload]) -> None:
+        handled.append(envelope.subject)
+
+    await consume(bus, js, handle)
+    assert handled == ["j1"]
+    assert msg.told == [("ack", None)]
+
+
+async def test_the_handler_runs_inside_the_producers_trace(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opentelemetry import trace
+
+    bus = make_bus(js, monkeypatch)
+    msg = event_msg()
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    msg.headers = {"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}
+    js.script = [[msg]]
+    seen: list[int] = []
+
+    async def handle(envelope: Envelope[Payload]) -> None:
+        seen.append(trace.get_current_span().get_span_context().trace_id)
+
+    await consume(bus, js, handle)
+    assert seen == [int(trace_id, 16)]
+
+
+# --- the consumer asked for, acknowledgements lost ----------------------------------------
+
+
+async def test_the_consumer_reads_its_subjects_and_its_redrive_subject_with_the_batch_as_limit(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch, ack_wait_seconds=7.0)
+    await consume(bus, js, batch=3)
+    [config] = js.configs
+    assert config.durable_name == "c"
+    assert config.filter_subject is None
+    assert config.filter_subjects == ["trainyard.job.>", "trainyard.redrive.c"]
+    assert config.ack_wait == 7.0
+    assert config.max_ack_pending == 3
+    # Unlimited deliveries (negative, or the server's default, which is unlimited): the
+    # bus decides when to give up, with a reason.
+    assert config.max_deliver is None or config.max_deliver < 0
+    assert js.fetches and all(batch == 3 and timeout for batch, timeout in js.fetches)
+
+
+async def test_without_redrive_one_subject_stays_one_filter(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    await consume(bus, js, redrive=False)
+    [config] = js.configs
+    assert config.filter_subject == "trainyard.job.>"
+    assert config.filter_subjects is None
+
+
+async def test_a_lost_acknowledgement_is_logged_and_the_consumer_goes_on(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    msg = event_msg()
+    msg.metadata.sequence.stream = 7
+    msg.ack_error = nats.errors.ConnectionClosedError()
+    js.script = [[msg], []]
+    with caplog.at_level(logging.WARNING, logger="shared.bus"):
+        await consume(bus, js)
+    assert "ack of message 7 lost: nats: connection closed" in caplog.messages
+
+
+async def test_an_acknowledgement_refused_for_another_reason_ends_the_consumer(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    msg = event_msg()
+    msg.ack_error = ValueError("refused")
+    js.script = [[msg]]
+    with pytest.raises(ValueError, match="refused"):
+        await consume(bus, js)
+
+
+# --- publishing ---------------------------------------------------------------------------
+
+
+async def test_publish_sends_the_event_with_its_id_trace_and_headers_in_a_producer_span(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch, spans: Any
+) -> None:
+    from opentelemetry import trace
+
+    bus = make_bus(js, monkeypatch, publish_timeout_seconds=3.0)
+    envelope = an_event()
+    await bus.publish(envelope, {"Trainyard-Extra": "x"})
+    [(subject, body, timeout, headers)] = js.published_raw
+    assert (subject, body, timeout) == (envelope.nats_subject, envelope.to_json(), 3.0)
+    assert headers["Nats-Msg-Id"] == envelope.id
+    assert headers["Trainyard-Extra"] == "x"
+    [span] = [s for s in spans.get_finished_spans() if s.name == f"{envelope.type} publish"]
+    assert span.kind == trace.SpanKind.PRODUCER
+    assert dict(span.attributes or {}) == _attrs(envelope)
+    assert headers["traceparent"].split("-")[1] == f"{span.context.trace_id:032x}"
