@@ -199,7 +199,7 @@ class NodeAgent:
                 grant.allocation_id,
                 seen.state.value,
             )
-            await publishing.say_again(self._bus, grant.allocation_id, _stored_end(seen))
+            await publishing.say_again(self._bus, grant.allocation_id, _stored(seen))
             return
         await publishing.note_grant(self._bus, grant.allocation_id)
         if not await self._gpus_freed(grant):
@@ -250,17 +250,14 @@ class NodeAgent:
             spec=grant.spec,
             resumed_from=prepared.resumed_from.uri if prepared.resumed_from else None,
         )
-        await publish_in_trace(
-            self._bus,
-            Envelope.wrap(
-                started,
-                source=domain.SOURCE,
-                subject=grant.job_id,
-                event_id=domain.event_id(grant.allocation_id, "started"),
-            ),
-            parent,
+        said: Envelope[Payload] = Envelope.wrap(
+            started,
+            source=domain.SOURCE,
+            subject=grant.job_id,
+            event_id=domain.event_id(grant.allocation_id, "started"),
         )
-        await asyncio.to_thread(self._ledger.launched, job, trace_headers)
+        await publish_in_trace(self._bus, said, parent)
+        await asyncio.to_thread(self._ledger.launched, job, trace_headers, said.to_json().decode())
         await self._launch(grant, job, prepared, events, trace_headers)
 
     async def _gpus_freed(self, grant: AllocationGranted) -> bool:
@@ -395,7 +392,7 @@ class NodeAgent:
         seen = await asyncio.to_thread(self._ledger.get, revoked.allocation_id)
         if seen is not None:
             log.info("allocation %s already ended here: revocation ignored", revoked.allocation_id)
-            await publishing.say_again(self._bus, revoked.allocation_id, _stored_end(seen))
+            await publishing.say_again(self._bus, revoked.allocation_id, _stored(seen))
             return
         log.warning(
             "revocation of allocation %s, which never ran here: ending it", revoked.allocation_id
@@ -470,8 +467,8 @@ class NodeAgent:
             self.drained.set()
 
 
-def _stored_end(entry: LedgerEntry) -> publishing.Said | None:
-    """The terminal event the ledger kept for an allocation, in its trace, if any."""
-    if entry.terminal_event is None:
-        return None
-    return parse_envelope(entry.terminal_event.encode()), extract(entry.trace_headers)
+def _stored(entry: LedgerEntry) -> list[publishing.Said]:
+    """What the ledger kept of what this node said about an allocation (its start and its
+    end, where there are), in its trace."""
+    parent = extract(entry.trace_headers)
+    return [(parse_envelope(said.encode()), parent) for said in entry.said()]

@@ -3,8 +3,9 @@
 One JSON file per allocation in ``<work_dir>/ledger/<node_id>/``, replaced atomically
 (temp file, fsync, rename) on every state change:
 
-- ``launched`` before the job starts: a redelivered ``allocation.granted`` is not run twice,
-  and after a crash the next runner knows the job's process was lost;
+- ``launched`` before the job starts, with the ``job.started`` it published: a redelivered
+  ``allocation.granted`` is not run twice, and after a crash the next runner knows the
+  job's process was lost;
 - ``ending`` with the terminal event (and its trace headers) stored *before* it is published:
   if the publish never happens (NATS down, runner killed), the next runner publishes it;
 - ``finished`` once the terminal event was published.
@@ -49,6 +50,10 @@ class LedgerEntry(BaseModel):
     epoch: int
     attempt: int
     state: AllocationState
+    started_event: str | None = None
+    """The ``job.started`` envelope (CloudEvents JSON) the runner published before launching:
+    after a broker loss, a runner restarted since (its journal gone) says it again before the
+    end, so a view that had not heard the start does not wait for it in vain."""
     terminal_event: str | None = None
     """The terminal envelope (CloudEvents JSON) once the job ended."""
     trace_headers: dict[str, str] = Field(default_factory=dict)
@@ -58,6 +63,11 @@ class LedgerEntry(BaseModel):
     """The job's process group once spawned, so a later runner can kill what is left."""
     process_started: int | None = None
     """Start time of the group's leader (clock ticks since boot): tells a recycled id."""
+
+    def said(self) -> list[str]:
+        """What this node said about the allocation that the ledger kept, in order: its
+        ``job.started`` and its terminal event, where there are."""
+        return [e for e in (self.started_event, self.terminal_event) if e is not None]
 
     @property
     def job(self) -> JobIdentity:
@@ -79,7 +89,9 @@ class Ledger:
         except FileNotFoundError:
             return None
 
-    def launched(self, job: JobIdentity, trace_headers: dict[str, str]) -> LedgerEntry:
+    def launched(
+        self, job: JobIdentity, trace_headers: dict[str, str], started_event: str | None = None
+    ) -> LedgerEntry:
         if self.get(job.allocation_id) is not None:
             raise ValueError(f"allocation {job.allocation_id} is in the ledger already")
         entry = LedgerEntry(
@@ -89,6 +101,7 @@ class Ledger:
             epoch=job.epoch,
             attempt=job.attempt,
             state=AllocationState.LAUNCHED,
+            started_event=started_event,
             trace_headers=trace_headers,
             updated_at=datetime.now(UTC),
         )
@@ -125,6 +138,7 @@ class Ledger:
             epoch=job.epoch,
             attempt=job.attempt,
             state=AllocationState.ENDING,
+            started_event=current.started_event if current is not None else None,
             terminal_event=terminal_event,
             trace_headers=trace_headers,
             updated_at=datetime.now(UTC),

@@ -21,9 +21,9 @@ metric log of the job only). An allocation's event waits (up to
 and the stream was made again. The scheduler then publishes its retained grants again; when
 the grant of an allocation this node knows arrives again (or a revocation of one it
 ended), ``say_again`` publishes that allocation's events again, in order with their ids (or,
-after a restart, the end its ledger kept), and notes the new stream, so the waiting events
-follow. Consumers drop what they had applied. Heartbeats need nothing: the next one says it
-all again.
+after a restart, the start and the end its ledger kept), and notes the new stream, so the
+waiting events follow. Consumers drop what they had applied. Heartbeats need nothing: the
+next one says it all again.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from datetime import datetime
 from weakref import WeakKeyDictionary
 
@@ -112,14 +113,14 @@ async def note_grant(bus: Bus, allocation_id: str) -> None:
         journal(bus).granted_in[allocation_id] = created
 
 
-async def say_again(bus: Bus, allocation_id: str, stored_end: Said | None = None) -> None:
+async def say_again(bus: Bus, allocation_id: str, stored: Sequence[Said] = ()) -> None:
     """The grant (or revocation) of ``allocation_id`` came again: publish again what this
-    runner said about it (its journal; without one, ``stored_end``: the end its ledger
-    kept), in order, same ids, and note that the stream holds its grant."""
+    runner said about it (its journal; without one, ``stored``: the start and the end its
+    ledger kept), in order, same ids, and note that the stream holds its grant."""
     record = journal(bus)
     events = record.of(allocation_id, bus.settings.retention_hours * 3600)
-    if not events and stored_end is not None:
-        events = [stored_end]
+    if not events:
+        events = list(stored)
     record.saying.add(allocation_id)
     try:
         await note_grant(bus, allocation_id)

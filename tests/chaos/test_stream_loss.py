@@ -24,7 +24,7 @@ from services.runner import publishing
 from shared.bus import Bus, StreamMissingError
 from shared.db import migrate, open_pool
 from shared.events import Envelope
-from shared.events.payloads import JobCancelRequested, JobProgress, JobStarted
+from shared.events.payloads import JobCancelRequested, JobProgress, JobStarted, JobSucceeded
 from shared.events.trust import RUNNER, SUBMISSION
 from shared.outbox import OutboxRelay, enqueue
 from shared.settings import DatabaseSettings, NatsSettings
@@ -187,6 +187,31 @@ async def test_the_runner_says_again_what_it_said_about_an_allocation(
     ours = {started.id, progress.id, other.id}
     # The other allocation is not said again, and progress is not kept (the next says it).
     assert [i for i in await _msg_ids(bus) if i in ours] == [started.id]
+
+
+async def test_a_restarted_runner_says_again_the_start_and_the_end_its_ledger_kept(
+    bus: Bus, nats_url: str
+) -> None:
+    started = _started("job-7")
+    ended = Envelope.wrap(
+        JobSucceeded(
+            job_id="job-7",
+            allocation_id="a-1",
+            node_id="n1",
+            epoch=1,
+            finished_at=datetime.now(UTC),
+        ),
+        source=RUNNER,
+        subject="job-7",
+        event_id="job-7:end",
+    )
+    await _lose_stream(nats_url)
+    await bus.ensure_streams()
+
+    # This bus's journal is empty, as a restarted runner's is: only the ledger remembers.
+    stored: list[publishing.Said] = [(started, None), (ended, None)]
+    await publishing.say_again(bus, "a-1", stored)
+    assert await _msg_ids(bus) == [started.id, ended.id]
 
 
 def _started(job_id: str, allocation_id: str = "a-1") -> Envelope[JobStarted]:

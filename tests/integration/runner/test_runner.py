@@ -16,6 +16,7 @@ from services.runner import checkpoints, domain
 from services.runner.config import Settings
 from services.runner.ledger import Ledger, safe_file_name
 from shared.bus import Bus
+from shared.events import parse_envelope
 from shared.events.payloads import (
     AllocationRevoked,
     CheckpointSaved,
@@ -242,6 +243,15 @@ async def test_a_redelivered_grant_does_not_launch_twice_even_after_a_restart(
     await publish(bus, allocation, settings.node_id)  # a new event id: not deduplicated
     await events.first(JobSucceeded, allocation.job_id)
     await first.shutdown()
+    # What the next runner says again after a broker loss: the start, then the end.
+    entry = Ledger(settings.work_dir / "ledger" / safe_file_name(settings.node_id)).get(
+        allocation.allocation_id
+    )
+    assert entry is not None
+    assert [parse_envelope(said.encode()).type for said in entry.said()] == [
+        JobStarted.TYPE,
+        JobSucceeded.TYPE,
+    ]
 
     await start_runner(settings)
     await publish(bus, allocation, settings.node_id)

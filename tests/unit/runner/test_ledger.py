@@ -36,6 +36,17 @@ def test_an_allocation_moves_from_launched_to_ending_to_finished(tmp_path: Path)
     assert ledger.unfinished() == []
 
 
+def test_the_start_is_kept_through_the_end_and_said_before_it(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path)
+    ledger.launched(JOB, {}, '{"the": "start"}')
+    launched = ledger.get("alloc-1")
+    assert launched is not None and launched.said() == ['{"the": "start"}']
+    ledger.ending(JOB, '{"the": "end"}', {})
+    ledger.finished("alloc-1")
+    done = Ledger(tmp_path).get("alloc-1")  # what a restarted runner finds
+    assert done is not None and done.said() == ['{"the": "start"}', '{"the": "end"}']
+
+
 def test_a_launch_is_recorded_once(tmp_path: Path) -> None:
     ledger = Ledger(tmp_path)
     ledger.launched(JOB, {})
