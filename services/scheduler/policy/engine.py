@@ -126,6 +126,7 @@ class PolicyState:
         self._shape_cache: dict[tuple[str, int, int | None], tuple[Shape, ...]] = {}
         self._invalid_cache: dict[tuple[str, str, int, int | None], Invalid | None] = {}
         self._level_cache: dict[tuple[str, int, float], float] = {}
+        self._judged: dict[str, tuple[int, bool]] = {}
         # What ``incremental`` needs to know about the pass's course (see there).
         self.queue_order: dict[str, list[PendingJob]] = {}
         """Queue -> its pending jobs in the order the pass considered them."""
@@ -380,6 +381,7 @@ class PolicyState:
             self.priority,
             self.config,
             self.now,
+            self._judged,
         )
         if not found:
             return

@@ -178,26 +178,37 @@ def candidates_for(
     classes: Callable[[str], PriorityClass],
     config: PolicyConfig,
     now: float,
+    memo: dict[str, tuple[int, bool]] | None = None,
 ) -> tuple[list[Candidate], dict[str, int]]:
     """Candidate victims for a job of ``queue``/``flavor`` and what reclaim may take per
-    queue (see module docstring)."""
+    queue (see module docstring). ``memo`` (job id -> its priority value and whether it
+    is eligible) may be kept across the calls of one pass: neither changes during it."""
+    memo = {} if memo is None else memo
+
+    def judged(job: RunningJob) -> tuple[int, bool]:
+        known = memo.get(job.job_id)
+        if known is None:
+            cls = classes(job.priority)
+            known = memo[job.job_id] = (cls.value, eligible(job, cls, config, now))
+        return known
+
     found = [
         Candidate(job, None, victim_key(job, classes(job.priority).value, now, leaving=True))
         for job in leaving
     ]
     for job in running.get((queue, flavor), ()):
-        cls = classes(job.priority)
-        if cls.value < priority and eligible(job, cls, config, now):
-            found.append(Candidate(job, "priority", victim_key(job, cls.value, now)))
+        value, ok = judged(job)
+        if value < priority and ok:
+            found.append(Candidate(job, "priority", victim_key(job, value, now)))
     reclaimable: dict[str, int] = {}
     cohort = quota.queues[queue].cohort
     if within_nominal and cohort is not None:
         for other, borrowed in quota.borrowers(cohort, flavor, exclude=queue):
             reclaimable[other] = borrowed
             for job in running.get((other, flavor), ()):
-                cls = classes(job.priority)
-                if eligible(job, cls, config, now):
-                    key = victim_key(job, cls.value, now, oversize=job.gpus > borrowed)
+                value, ok = judged(job)
+                if ok:
+                    key = victim_key(job, value, now, oversize=job.gpus > borrowed)
                     found.append(Candidate(job, "reclaim", key))
     return found, reclaimable
 

@@ -86,16 +86,32 @@ class _Explainer:
         # rewriting a text for a team depends only on the text, the team and ``team_of``
         # (fixed for this call), so each distinct one is rewritten once.
         seen: dict[tuple[str, str, str | None], tuple[str, str]] = {}
+        # A job waiting for quota is explained by its queue, flavor and size alone (``quota``
+        # caches per those), so the finished explanation is too, but for its position.
+        by_request: dict[tuple[str, str, int], Explanation] = {}
         for w in waiting:
-            own = queues[w.job.queue].team if w.job.queue in queues else None
+            job = w.job
+            if w.kind == "quota":
+                done = by_request.get((job.queue, job.flavor, job.gpus))
+                if done is not None:
+                    out[job.job_id] = Explanation(
+                        w.position,
+                        done.reason,
+                        done.blocking,
+                        done.suggestion,
+                        done.estimated_start,
+                    )
+                    continue
+            own = queues[job.queue].team if job.queue in queues else None
             e = self.one(w)
             key = (e.reason, e.blocking, own)
             shown = seen.get(key)
             if shown is None:
                 shown = seen[key] = _as_seen_by(e.reason, e.blocking, own, team_of)
-            out[w.job.job_id] = Explanation(
-                e.position, shown[0], shown[1], e.suggestion, e.estimated_start
-            )
+            e = Explanation(e.position, shown[0], shown[1], e.suggestion, e.estimated_start)
+            out[job.job_id] = e
+            if w.kind == "quota":
+                by_request[(job.queue, job.flavor, job.gpus)] = e
         return out
 
     def one(self, w: Waiting) -> Explanation:
