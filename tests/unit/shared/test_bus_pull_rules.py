@@ -22,6 +22,8 @@ import pytest
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api
 from nats.js.errors import NotFoundError
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 import shared.bus as bus_module
 from shared.bus import (
@@ -41,6 +43,7 @@ from shared.events.trust import SUBMISSION
 from shared.settings import NatsSettings
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+NATS_AWAY = "NATS unavailable (NoRespondersError: nats: no responders available for request)"
 GUARD_S = 20.0
 """Only turns a consumer that never returns into a failure instead of a hung test."""
 
@@ -91,6 +94,7 @@ class FakeSub:
 
     async def fetch(self, batch: int, timeout: float) -> list[Any]:
         self.js.fetches.append((batch, timeout))
+        self.js.paused_at_fetch.append(dict(self.js.bus.paused) if self.js.bus else {})
         self.js.hearing_at_fetch.append(self.js.bus.hearing("c") if self.js.bus else None)
         if not self.js.script:
             self.js.stop.set()
@@ -124,6 +128,7 @@ class FakeJetStream:
         self.unsubscribe_error: BaseException | None = None
         self.hearing_at_fetch: list[Hearing | None] = []
         self.fetches: list[tuple[int, float]] = []
+        self.paused_at_fetch: list[dict[str, str]] = []
         self.published_raw: list[tuple[str, bytes, float, dict[str, str]]] = []
 
     async def consumer_info(self, stream: str, name: str) -> Any:
@@ -175,8 +180,11 @@ def js() -> FakeJetStream:
     return FakeJetStream()
 
 
-def make_bus(js: FakeJetStream, monkeypatch: pytest.MonkeyPatch, **settings: Any) -> Bus:
-    bus = Bus(FakeNats(js), NatsSettings(user="registry", **settings))  # type: ignore[arg-type]
+def make_bus(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch, meter: Any = None, **settings: Any
+) -> Bus:
+    nc = FakeNats(js)
+    bus = Bus(nc, NatsSettings(user="registry", **settings), meter=meter)  # type: ignore[arg-type]
     monkeypatch.setattr(bus, "_outage_delay", lambda failures: 0.001)
     js.bus = bus
     return bus
@@ -291,6 +299,9 @@ async def test_a_fetch_fault_is_a_gap_in_hearing(
     assert heard is not None
     assert after_fault is None
     assert after_drained is not None and after_drained.since > heard.since
+    assert after_drained.since.tzinfo is UTC and after_drained.through.tzinfo is UTC
+    assert js.paused_at_fetch[2] == {"c": NATS_AWAY}  # retrying the fetch: paused
+    assert js.paused_at_fetch[3] == {}
 
 
 async def test_a_second_run_on_the_same_bus_hears_from_its_own_start(
@@ -779,3 +790,74 @@ async def test_publish_sends_the_event_with_its_id_trace_and_headers_in_a_produc
     assert span.kind == trace.SpanKind.PRODUCER
     assert dict(span.attributes or {}) == _attrs(envelope)
     assert headers["traceparent"].split("-")[1] == f"{span.context.trace_id:032x}"
+
+
+async def test_a_batch_waits_out_an_outage_whole_paused_and_goes_back_whole_on_stop(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    first = [event_msg(envelope=an_event("j1")), event_msg(envelope=an_event("j2"))]
+    second = [event_msg(envelope=an_event("j3")), event_msg(envelope=an_event("j4"))]
+    js.script = [first, second]
+    paused: list[dict[str, str]] = []
+
+    async def handle(deliveries: Sequence[Delivery]) -> None:
+        paused.append(dict(bus.paused))
+        if deliveries[0].envelope.subject == "j3":
+            js.stop.set()  # the service stops during the second batch's outage
+            raise nats.errors.NoRespondersError
+        if len(paused) == 1:
+            raise nats.errors.NoRespondersError
+
+    await consume_batches(bus, js, handle)
+    assert paused[:2] == [{}, {"c": NATS_AWAY}]
+    assert [m.told for m in first] == [[("ack", None)], [("ack", None)]]
+    assert [m.told for m in second] == [[("nak", None)], [("nak", None)]]
+
+
+async def test_a_batch_consumer_reads_its_redrive_subject_too(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+
+    async def handle(deliveries: Sequence[Delivery]) -> None:
+        pass
+
+    await consume_batches(bus, js, handle)
+    [config] = js.configs
+    assert config.filter_subjects == ["trainyard.job.>", "trainyard.redrive.c"]
+
+
+def test_a_bus_made_around_a_client_that_reconnected_before_counts_from_when_it_was_made(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [T0]
+    monkeypatch.setattr(bus_module, "_utc_now", lambda: now[0])
+    nc = FakeNats(js)
+    nc.stats["reconnects"] = 2  # before this bus was made around it
+    bus = Bus(nc, NatsSettings())  # type: ignore[arg-type]
+    now[0] = T0 + timedelta(seconds=5)
+    assert bus.connected_since == T0
+
+
+async def test_each_dead_letter_is_counted_by_consumer_and_kind(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reader = InMemoryMetricReader()
+    bus = make_bus(js, monkeypatch, meter=MeterProvider(metric_readers=[reader]).get_meter("t"))
+    js.script = [[bad_msg(1), event_msg()]]
+
+    async def reject(envelope: Envelope[Payload]) -> None:
+        raise Reject("no such job")
+
+    await consume(bus, js, reject)
+    counted: dict[tuple[str, str], float] = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics if data else []:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == "trainyard.consumer.dead_letters":
+                    for point in metric.data.data_points:
+                        attrs = dict(point.attributes or {})
+                        counted[(str(attrs["consumer"]), str(attrs["kind"]))] = point.value  # type: ignore[union-attr]
+    assert counted == {("c", "unparseable"): 1, ("c", "rejected"): 1}
