@@ -28,6 +28,7 @@ from typing import Literal
 Unit = Literal["hour", "day", "month"]
 UNITS: tuple[Unit, ...] = ("hour", "day", "month")
 PLACES = Decimal("0.000001")
+ZERO_SHARE = Decimal("0.000000")
 HOUR = timedelta(hours=1)
 
 
@@ -82,13 +83,18 @@ def split_amounts(
         return []
     out: list[tuple[datetime, Amounts]] = []
     bucket = floor(start, "hour")
-    before: Amounts = tuple(Decimal(0) for _ in amounts)
+    # Only the amounts that are not 0 are shared out (a GPU-only entry's CPU and memory
+    # lines are 0 in every hour): the share of 0 is 0, to 6 places like every share.
+    nonzero = [i for i, a in enumerate(amounts) if a]
+    before = [Decimal(0)] * len(amounts)
     while bucket < end:
         upto = min(next_bucket(bucket, "hour"), end)
         done = micros(upto - start)
-        cum = tuple(_share(a, done, whole) for a in amounts)
-        out.append((bucket, tuple(c - b for c, b in zip(cum, before, strict=True))))
-        before = cum
+        parts = [ZERO_SHARE] * len(amounts)
+        for i in nonzero:
+            cum = _share(amounts[i], done, whole)
+            parts[i], before[i] = cum - before[i], cum
+        out.append((bucket, tuple(parts)))
         bucket = next_bucket(bucket, "hour")
     return out
 
