@@ -1,0 +1,167 @@
+"""What one span costs in this process, in CPU microseconds, and what encoding it costs.
+
+Run: ``.venv/bin/python -m bench.span_cost [--spans 20000]``; prints a line per case and
+writes ``bench/results/span_cost.json``. No services: the SDK's tracer provider with one
+processor that keeps the ended spans, spans shaped like the scheduler's, timed with
+``time.process_time`` (CPU, so other load on the machine disturbs it less than wall time).
+
+* **make**: start and end the span with its attributes (and events), as the scheduler does;
+* **encode (SDK)**: the OTLP exporter's own encoder, ``encode_spans(...)`` serialized, per
+  span in batches of 512 (the batch processor's default);
+* **encode (ours)**: ``shared.otlp_encoding.encode_request``, what the OTLP/HTTP exporter of
+  ``shared.otlp_http`` sends (the same request);
+
+for: a consumer span like ``<event> process`` (six messaging attributes), a pass's
+``scheduler grant`` (one attribute), and the queue-wait span this benchmark prices before
+anyone builds it (``scheduler queue wait``: made at the grant with the job's arrival as its
+start, one attribute, and 0, 1 or 3 ``job.pending`` events of three attributes each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+
+from shared.otlp_encoding import encode_request
+
+RESULTS = Path(__file__).parent / "results" / "span_cost.json"
+BATCH = 512
+_PARENT = trace.set_span_in_context(
+    NonRecordingSpan(
+        SpanContext(0x5B8EFFF798038103D269B633813FC60C, 0xEEE19B7EC3C1B174, True, TraceFlags(1))
+    )
+)
+_PENDING = {"reason": "Resources", "position": 3, "blocking": "job-1"}
+
+
+def _consumer(tracer: trace.Tracer, i: int, _: int) -> None:
+    with tracer.start_as_current_span(
+        "trainyard.job.submitted.v1 process",
+        context=_PARENT,
+        kind=SpanKind.CONSUMER,
+        attributes={
+            "messaging.system": "nats",
+            "messaging.destination.name": "trainyard.job.submitted.v1.team-a",
+            "messaging.message.id": f"0b5b9d6e-4f7e-4c39-9d1b-{i:012d}",
+            "cloudevents.event_type": "trainyard.job.submitted.v1",
+            "cloudevents.event_subject": f"job-{i}",
+            "messaging.consumer.group.name": "scheduler",
+        },
+    ):
+        pass
+
+
+def _grant(tracer: trace.Tracer, i: int, _: int) -> None:
+    with tracer.start_as_current_span(
+        "scheduler grant", context=_PARENT, attributes={"trainyard.job_id": f"job-{i}"}
+    ):
+        pass
+
+
+def _queue_wait(tracer: trace.Tracer, i: int, events: int) -> None:
+    now = time.time_ns()
+    span = tracer.start_span(
+        "scheduler queue wait",
+        context=_PARENT,
+        start_time=now - 2_000_000_000,
+        attributes={"trainyard.job_id": f"job-{i}"},
+    )
+    for e in range(events):
+        span.add_event("job.pending", _PENDING, timestamp=now - 1_000_000_000 + e)
+    span.end(end_time=now)
+
+
+def _per_span_us(spans: int, work: Callable[[], Any]) -> float:
+    started = time.process_time()
+    work()
+    return round((time.process_time() - started) / spans * 1e6, 2)
+
+
+def _encode(encoder: Callable[[Sequence[ReadableSpan]], Any], spans: list[ReadableSpan]) -> None:
+    for start in range(0, len(spans), BATCH):
+        encoder(spans[start : start + BATCH])
+
+
+def _sdk_encoder(batch: Sequence[ReadableSpan]) -> bytes:
+    return encode_spans(batch).SerializePartialToString()
+
+
+def _measure_case(
+    make: Callable[[trace.Tracer, int, int], None], events: int, count: int
+) -> dict[str, float]:
+    kept = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "scheduler"}))
+    provider.add_span_processor(SimpleSpanProcessor(kept))
+    tracer = provider.get_tracer("services.scheduler.scheduling")
+
+    def make_all() -> None:
+        for i in range(count):
+            make(tracer, i, events)
+
+    make_us = _per_span_us(count, make_all)
+    spans = list(kept.get_finished_spans())
+    return {
+        "make_us": make_us,
+        "encode_sdk_us": _per_span_us(len(spans), lambda: _encode(_sdk_encoder, spans)),
+        "encode_ours_us": _per_span_us(len(spans), lambda: _encode(encode_request, spans)),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.span_cost")
+    parser.add_argument("--spans", type=int, default=20_000)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    cases: list[tuple[str, Callable[[trace.Tracer, int, int], None], int]] = [
+        ("consumer process span", _consumer, 0),
+        ("scheduler grant", _grant, 0),
+        ("queue wait, no event", _queue_wait, 0),
+        ("queue wait, 1 pending event", _queue_wait, 1),
+        ("queue wait, 3 pending events", _queue_wait, 3),
+    ]
+    load_before = os.getloadavg()
+    results = []
+    for name, make, events in cases:
+        measured = _measure_case(make, events, args.spans)
+        results.append({"span": name, **measured})
+        print(
+            f"{name:>30}: make {measured['make_us']:6.1f} us, encode: "
+            f"SDK {measured['encode_sdk_us']:5.1f} us, ours {measured['encode_ours_us']:5.1f} us "
+            "(per span, CPU)",
+            flush=True,
+        )
+    result = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_average_before": load_before,
+            "load_average_after": os.getloadavg(),
+        },
+        "spans_per_case": args.spans,
+        "batch": BATCH,
+        "cases": results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
