@@ -194,12 +194,22 @@ def release_held(app: ASGIApp) -> ASGIApp:
         try:
             await app(scope, receive, send)
         finally:
-            held = scope.get("state", {}).pop(_HELD, None)
-            if held is not None:
-                pool, conn = held
-                await pool.release(conn)
+            await _give_back(scope.get("state", {}))
 
     return middleware
+
+
+async def give_back_held(request: AnyRequest) -> None:
+    """Give the connection ``caller_guard`` took back to its pool now (before a wait on
+    something else); ``held_connection`` is None from then on."""
+    await _give_back(request.scope["state"])
+
+
+async def _give_back(state: dict[str, Any]) -> None:
+    held = state.pop(_HELD, None)
+    if held is not None:
+        pool, conn = held
+        await pool.release(conn)
 
 
 def held_connection(request: AnyRequest) -> asyncpg.Connection | None:
@@ -344,6 +354,9 @@ async def submit_job(
     screening = await request_screening(request, front.pool, front.settings, caller.team)
     job = parse_job_request(await json_body(request, _JOB_FREE_TEXT), screening.flavors)
     job, warnings = screening.admit(job)
+    if front.admission.asks_registry(job):
+        # It waits on the registry (up to its timeout): no pooled connection is held then.
+        await give_back_held(request)
     job = await front.admission.admit(job, request.headers.get("authorization", ""))
     key = parse_idempotency_key(key)
     view, created = await commands.submit_job(

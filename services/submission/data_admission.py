@@ -44,8 +44,14 @@ class DataAdmission:
     """How to reach the registry (tests: the registry's app in-process); default: HTTP."""
     timeout_s: float = 5.0
 
+    @staticmethod
+    def asks_registry(job: JobRequest) -> bool:
+        """True when ``admit`` must ask the registry (the job names datasets or a parent
+        model); otherwise it returns the job as it is, at once."""
+        return bool(job.datasets) or job.parent_model is not None
+
     async def admit(self, job: JobRequest, authorization: str) -> JobRequest:
-        if not job.datasets and job.parent_model is None:
+        if not self.asks_registry(job):
             return job
         if self.registry_url is None:
             field = "datasets" if job.datasets else "parent_model"

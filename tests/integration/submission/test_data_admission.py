@@ -6,6 +6,7 @@ not read; what it admits is stored resolved to versions."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from services.registry.service import MIGRATIONS as REGISTRY_MIGRATIONS
 from services.submission import identity
 from services.submission.api import AppDeps, create_app
 from services.submission.config import Settings
+from services.submission.service import NAME
 from shared.access import service_guard
 from shared.db import migrate, open_pool
 from shared.identity import IdentityClient
@@ -59,8 +61,17 @@ class Platform:
 
 
 @pytest.fixture
+async def stack() -> AsyncIterator[contextlib.AsyncExitStack]:
+    async with contextlib.AsyncExitStack() as entered:
+        yield entered
+
+
+@pytest.fixture
 async def platform(
-    settings: Settings, pool: asyncpg.Pool, database_url: str
+    settings: Settings,
+    pool: asyncpg.Pool,
+    database_url: str,
+    stack: contextlib.AsyncExitStack,
 ) -> AsyncIterator[Platform]:
     tag = uuid.uuid4().hex[:6]
     vision, ml = f"vision{tag}", f"ml{tag}"
@@ -70,6 +81,11 @@ async def platform(
     }
     store = open_store(settings.storage.uri, settings.storage)
     apps: dict[str, Any] = {}
+    # Submission's app gets a pool of one connection: the registry checks the user's token
+    # with submission's /v1/me while submission waits on it, so a submission that held its
+    # connection through admission would wait on itself.
+    one = settings.database.model_copy(update={"pool_min_size": 1, "pool_max_size": 1})
+    front = await stack.enter_async_context(open_pool(one, NAME))
 
     async def registry_asgi(scope: Any, receive: Any, send: Any) -> None:
         await apps["registry"](scope, receive, send)
@@ -77,7 +93,7 @@ async def platform(
     submission = create_app(
         settings.model_copy(update={"registry_url": "http://registry"}),
         AppDeps(
-            pool=pool,
+            pool=front,
             store=store,
             registry_transport=httpx.ASGITransport(app=registry_asgi),
         ),
