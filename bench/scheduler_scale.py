@@ -1,8 +1,10 @@
 """Scale benchmark of the pure scheduling policy (no I/O): one full pass, the arrival fast
-path, and memory, for 10 / 100 / 1,000 nodes of 8 GPUs.
+path, and memory, for 10 / 100 / 1,000 nodes of 8 GPUs; with ``--ten-x`` also issue 16's
+scale (10,000 nodes, 100,000 pending jobs in 500 queues): full pass, incremental decisions
+for a seeded mix of events (``policy.incremental.Incremental``), and memory.
 
-Run: ``.venv/bin/python -m bench.scheduler_scale`` (``--quick`` for a smoke run). Prints a
-table and writes ``bench/results/scheduler_scale.json``.
+Run: ``.venv/bin/python -m bench.scheduler_scale`` (``--quick`` for a smoke run; ``--ten-x``
+adds minutes). Prints a table and writes ``bench/results/scheduler_scale.json``.
 
 Scenario (seeded, the same on every run), scaled with the node count ``N``:
 - ``N`` nodes x 8 GPUs, 60% a100 / 40% h100, topology domains (racks) of 16 nodes;
@@ -20,6 +22,11 @@ Measures:
   quarter of the GPUs is free; 1-64-GPU jobs arrive in the other queues; p50 / p99 / max;
 - memory: peak traced allocation (tracemalloc) of building and running the 1,000-node pass,
   and the process's peak RSS.
+- ten times the scale (``--ten-x``): the same scenario at 10,000 nodes with 500 queues
+  (one team each, in 5 cohorts); the full pass (median of 3), its peak traced allocation,
+  and ``--events`` events (arrivals of new jobs, running jobs ending, a node joining and
+  leaving, in a fixed rotation), each timed from the event to decisions equal to a full
+  pass; the process's peak RSS.
 Times are wall clock; CPU time (process / thread) is printed beside them because on a shared
 machine the wall clock also counts time spent waiting for a core. The targets are judged on
 the wall clock; the JSON records both and the load average.
