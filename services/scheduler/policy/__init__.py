@@ -14,7 +14,8 @@ Two generations live here while the service is being moved over:
 Modules, one job each: ``model`` (types), ``quota`` (nominal quota, cohorts, borrowing and
 lending), ``packing`` (gang shapes, best-fit placement, topology), ``backfill`` (release
 times, reservations, estimates), ``fairshare`` (decayed usage, ordering, ageing),
-``preemption`` (victims), ``explain`` and ``reasons`` (explanations), ``engine`` (the pass).
+``preemption`` (victims), ``explain`` and ``reasons`` (explanations), ``engine`` (the pass),
+``incremental`` (a kept pass brought up to date event by event, equal to a full pass).
 """
 
 from services.scheduler.policy.engine import PolicyState, decide_arrival, schedule
