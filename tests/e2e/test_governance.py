@@ -53,6 +53,9 @@ def eventually(check: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -
         time.sleep(0.2)
 
 
+CPU_MEMORY = {"cpus_per_gpu": 3, "memory_gib_per_gpu": 2}
+
+
 def spec(name: str) -> dict[str, Any]:
     return {
         "name": name,
@@ -90,14 +93,23 @@ def test_a_declared_flavor_is_usable_and_billed_and_a_spent_budget_acts(
     def priced() -> bool:
         answer = httpx.put(
             f"{billing}/v1/prices/{FLAVOR}",
-            json={"price_per_gpu_hour": str(PRICE)},
+            json={
+                "price_per_gpu_hour": str(PRICE),
+                "price_per_cpu_hour": "0.5",
+                "price_per_memory_gib_hour": "0.25",
+            },
             headers=operator,
         )
         return answer.status_code == 201
 
     eventually(priced, "billing learns the declared flavor and takes its price")
     accepted = eventually(
-        lambda: (r := httpx.post(jobs, json=spec("first"), headers=user)).status_code == 201 and r,
+        # CPUs and memory declared in the spec reach billing through the scheduler's grant.
+        lambda: (
+            (r := httpx.post(jobs, json={**spec("first"), **CPU_MEMORY}, headers=user)).status_code
+            == 201
+            and r
+        ),
         "submission learns the declared flavor",
     )
     client = TrainyardClient(stack.submission_url, token)
@@ -113,6 +125,13 @@ def test_a_declared_flavor_is_usable_and_billed_and_a_spent_budget_acts(
     assert allocation["gpu_flavor"] == FLAVOR
     assert Decimal(allocation["price_per_gpu_hour"]) == PRICE
     assert Decimal(allocation["cost"]) > 0
+    gpu_seconds = Decimal(allocation["gpu_seconds"])
+    assert (allocation["cpus"], allocation["memory_gib"]) == (3, 2)
+    assert Decimal(allocation["cpu_seconds"]) == 3 * gpu_seconds
+    assert Decimal(allocation["memory_gib_seconds"]) == 2 * gpu_seconds
+    assert Decimal(allocation["cpu_cost"]) > 0 and Decimal(allocation["memory_cost"]) > 0
+    lines = ("gpu_cost", "cpu_cost", "memory_cost")
+    assert Decimal(allocation["cost"]) == sum(Decimal(allocation[k]) for k in lines)
 
     # The team's budget is already spent (the job cost more than this): refuse.
     budget = {"amount": "0.000001", "thresholds": [100], "policy": "refuse"}
