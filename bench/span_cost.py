@@ -15,15 +15,17 @@ for: a consumer span like ``<event> process`` (six messaging attributes), a pass
 ``scheduler grant`` (one attribute), and the queue-wait span this benchmark prices before
 anyone builds it (``scheduler queue wait``: made at the grant with the job's arrival as its
 start, one attribute, and 0, 1 or 3 ``job.pending`` events of three attributes each).
+
+The encoding figures repeat within a few per cent; the making ones move more (the garbage
+collector runs over every span kept so far, and other load shares the cores), by up to half
+between runs on a busy 2-core machine: compare making costs within one run.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
-import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +40,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
+from bench.tracing_cost import machine, write_result
 from shared.otlp_encoding import encode_request
 
 RESULTS = Path(__file__).parent / "results" / "span_cost.json"
@@ -148,18 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     result = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "load_average_before": load_before,
-            "load_average_after": os.getloadavg(),
-        },
+        "machine": machine(load_before),
         "spans_per_case": args.spans,
         "batch": BATCH,
         "cases": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     return 0
 
 

@@ -296,12 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     result: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "load_average_before": load_before,
-            "load_average_after": os.getloadavg(),
-        },
+        "machine": machine(load_before),
         "settings": {
             "nodes": args.nodes,
             "jobs": jobs,
@@ -325,9 +320,23 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_ratio_vs_off": {mode: round(cpu_ms["off"] / cpu_ms[mode], 3) for mode in modes},
         "runs": runs,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     return 0
+
+
+def machine(load_before: tuple[float, float, float]) -> dict[str, Any]:
+    """The machine a result was measured on, with its load average before and now."""
+    return {
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+    }
+
+
+def write_result(path: Path, result: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":
