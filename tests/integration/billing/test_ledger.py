@@ -122,8 +122,10 @@ async def test_an_amended_bill_is_a_reversal_and_a_new_charge(pool: asyncpg.Pool
 async def _rollups(pool: asyncpg.Pool) -> list[tuple[Any, ...]]:
     rows = await pool.fetch(
         "SELECT granularity, bucket, team, project, user_name, queue, gpu_flavor, currency, "
-        "gpu_seconds, cost FROM cost_rollups WHERE gpu_seconds <> 0 OR cost <> 0 ORDER BY 1, 2, 3, "
-        "4, 5, 6, 7, 8"
+        "gpu_seconds, cost, cpu_seconds, cpu_cost, unpriced_cpu_seconds, memory_gib_seconds, "
+        "memory_cost, unpriced_memory_gib_seconds FROM cost_rollups "
+        "WHERE gpu_seconds <> 0 OR cost <> 0 OR cpu_seconds <> 0 OR memory_gib_seconds <> 0 "
+        "ORDER BY 1, 2, 3, 4, 5, 6, 7, 8"
     )
     return [tuple(r.values()) for r in rows]
 
@@ -132,6 +134,13 @@ async def test_rollups_equal_the_ledger_sum_and_are_rebuilt_identically(
     pool: asyncpg.Pool, database_url: str
 ) -> None:
     rng = random.Random(14)
+    # a100 has CPU prices, changing during the bills, and no memory price (charged 0).
+    for at, price in ((datetime(1970, 1, 1, tzinfo=UTC), "0.03"), (T0 + timedelta(days=1), "0.05")):
+        await pool.execute(
+            "INSERT INTO resource_prices VALUES ('a100', 'cpu', $1, $2, 'USD', 'test', now())",
+            at,
+            Decimal(price),
+        )
     for n in range(60):
         release = released(
             f"a{n}",
@@ -144,7 +153,14 @@ async def test_rollups_equal_the_ledger_sum_and_are_rebuilt_identically(
             length=timedelta(microseconds=rng.randrange(30 * 3600 * 10**6)),
             outcome=rng.choice(["succeeded", "lost"]),
         )
-        await bill(pool, release, project=rng.choice(["p1", "p2"]), queue=rng.choice([None, "q"]))
+        await bill(
+            pool,
+            release,
+            project=rng.choice(["p1", "p2"]),
+            queue=rng.choice([None, "q"]),
+            cpus_per_gpu=rng.choice([0, 4]),
+            memory_gib_per_gpu=rng.choice([0, 16]),
+        )
         if release.outcome == "lost" and rng.random() < 0.5:
             later = release.model_copy(
                 update={
@@ -153,20 +169,31 @@ async def test_rollups_equal_the_ledger_sum_and_are_rebuilt_identically(
                 }
             )
             await feed(pool, release_event(later))
-    per_team = await pool.fetch(
-        "SELECT team, sum(gpu_seconds) AS s, sum(cost) AS c FROM ledger_entries GROUP BY team"
+    sums = (
+        "sum(gpu_seconds), sum(cost), sum(cpu_seconds), sum(cpu_cost), sum(memory_gib_seconds), "
+        "sum(memory_cost)"
     )
+    per_team = {
+        r[0]: tuple(r[1:])
+        for r in await pool.fetch(
+            f"SELECT team, {sums}, sum(cpu_seconds) FILTER (WHERE price_per_cpu_hour IS NULL), "
+            "sum(memory_gib_seconds) FILTER (WHERE price_per_memory_gib_hour IS NULL) "
+            "FROM ledger_entries GROUP BY team"
+        )
+    }
     assert len(per_team) == 3
+    assert all(cpu > 0 and memory > 0 for _, _, cpu, _, memory, *_ in per_team.values())
     for unit in ("hour", "day", "month"):
         rolled = {
-            r["team"]: (r["s"], r["c"])
+            r[0]: tuple(r[1:])
             for r in await pool.fetch(
-                "SELECT team, sum(gpu_seconds) AS s, sum(cost) AS c FROM cost_rollups "
+                f"SELECT team, {sums}, sum(unpriced_cpu_seconds), "
+                "sum(unpriced_memory_gib_seconds) FROM cost_rollups "
                 "WHERE granularity = $1 GROUP BY team",
                 unit,
             )
         }
-        assert rolled == {r["team"]: (r["s"], r["c"]) for r in per_team}, unit
+        assert rolled == per_team, unit
     # Each day is exactly its hours, each month exactly its days.
     mismatched = await pool.fetchval(
         """SELECT count(*) FROM (
