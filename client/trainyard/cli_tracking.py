@@ -431,7 +431,10 @@ def cost_report_text(report: dict[str, Any]) -> str:
 
 
 def job_cost_text(bill: dict[str, Any]) -> str:
-    """``GET /v1/jobs/{id}/cost``'s answer: one row per allocation, then totals."""
+    """``GET /v1/jobs/{id}/cost``'s answer: one row per allocation, then totals; with what
+    each allocation's CPUs and memory cost when the job declared them."""
+    allocations = bill.get("allocations") or []
+    held = any(a.get("cpus") or a.get("memory_gib") for a in allocations)
     rows = [
         (
             a.get("attempt") if a.get("attempt") is not None else "-",
@@ -441,9 +444,17 @@ def job_cost_text(bill: dict[str, Any]) -> str:
             a["outcome"],
             _hours(a["gpu_seconds"]),
             f"{_amount(a['price_per_gpu_hour'], 4)}/h",
+            *(
+                (
+                    f"{a.get('cpus', 0)} CPU {_amount(a.get('cpu_cost'), 4)}, "
+                    f"{a.get('memory_gib', 0)} GiB {_amount(a.get('memory_cost'), 4)}",
+                )
+                if held
+                else ()
+            ),
             f"{_amount(a['cost'], 4)} {a['currency']}",
         )
-        for a in bill.get("allocations") or []
+        for a in allocations
     ]
     totals = ", ".join(f"{_amount(t['cost'], 4)} {t['currency']}" for t in bill.get("totals") or [])
     head = f"job {bill['job_id']} ({bill['team']}/{bill.get('project') or '-'}, {bill['user']})"
@@ -451,7 +462,11 @@ def job_cost_text(bill: dict[str, Any]) -> str:
         [
             head,
             table(
-                ("ATTEMPT", "NODE", "GPUS", "RAN", "OUTCOME", "GPU-HOURS", "PRICE", "COST"),
+                (
+                    *("ATTEMPT", "NODE", "GPUS", "RAN", "OUTCOME", "GPU-HOURS", "PRICE"),
+                    *(("CPU-AND-MEMORY",) if held else ()),
+                    "COST",
+                ),
                 rows,
             ),
             f"total: {totals or '0'}",

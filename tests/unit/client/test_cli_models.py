@@ -198,6 +198,31 @@ def test_cost_reports_show_cpu_and_memory_apart_when_billed() -> None:
     )
 
 
+def test_a_job_bill_shows_cpus_and_memory_when_declared() -> None:
+    allocation = {
+        "attempt": 1,
+        "node_id": "n1",
+        "gpus": 2,
+        "gpu_flavor": "a100",
+        "cpus": 12,
+        "memory_gib": 80,
+        "started_at": "2026-12-01T00:00:00+00:00",
+        "ended_at": "2026-12-01T01:00:00+00:00",
+        "outcome": "succeeded",
+        "gpu_seconds": "7200",
+        "price_per_gpu_hour": "2.5",
+        "cpu_cost": "0.36",
+        "memory_cost": "0.4",
+        "cost": "5.76",
+        "currency": "USD",
+    }
+    bill = {"job_id": "j-1", "team": "ml", "project": None, "user": "ann"}
+    bill |= {"allocations": [allocation], "totals": [{"currency": "USD", "cost": "5.76"}]}
+    lines = job_cost_text(bill).splitlines()
+    assert lines[1].split()[-2:] == ["CPU-AND-MEMORY", "COST"]
+    assert "12 CPU 0.3600, 80 GiB 0.4000  5.7600 USD" in lines[2]
+
+
 def test_a_job_bill_shows_each_allocation() -> None:
     bill = {
         "job_id": "j-1",
