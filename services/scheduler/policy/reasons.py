@@ -74,6 +74,8 @@ class _Explainer:
         self._cohort_users: dict[tuple[str, str], list[tuple[int, str]]] = {}
         self._quota: dict[tuple[str, str, int], tuple[str, str, float | None]] = {}
         self._timelines: dict[tuple[tuple[str, ...], str, bool], _Timeline] = {}
+        self._heads: dict[tuple[str, str, str | None], tuple[str, str]] = {}
+        self._tails: dict[tuple[str, str | None], str] = {}
 
     def run(
         self, waiting: list[Waiting], team_of: Mapping[str, str] | None
@@ -107,12 +109,29 @@ class _Explainer:
             key = (e.reason, e.blocking, own)
             shown = seen.get(key)
             if shown is None:
-                shown = seen[key] = _as_seen_by(e.reason, e.blocking, own, team_of)
+                shown = seen[key] = self._seen_by(e.reason, e.blocking, own, team_of)
             e = Explanation(e.position, shown[0], shown[1], e.suggestion, e.estimated_start)
             out[job.job_id] = e
             if w.kind == "quota":
                 by_request[(job.queue, job.flavor, job.gpus)] = e
         return out
+
+    def _seen_by(
+        self, reason: str, blocking: str, own: str | None, team_of: Mapping[str, str]
+    ) -> tuple[str, str]:
+        """``_as_seen_by``, with what follows a reason's last "; " (an estimate such as
+        "expected start in ~2.5 h", which differs from job to job) rewritten on its own:
+        "; " holds no word, so rewriting the two parts apart gives the same text."""
+        head, sep, tail = reason.rpartition("; ")
+        if not sep:
+            return _as_seen_by(reason, blocking, own, team_of)
+        shown = self._heads.get((head, blocking, own))
+        if shown is None:
+            shown = self._heads[(head, blocking, own)] = _as_seen_by(head, blocking, own, team_of)
+        rest = self._tails.get((tail, own))
+        if rest is None:
+            rest = self._tails[(tail, own)] = _as_seen_by(tail, "", own, team_of)[0]
+        return shown[0] + sep + rest, shown[1]
 
     def one(self, w: Waiting) -> Explanation:
         job = w.job
