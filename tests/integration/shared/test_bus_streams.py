@@ -23,6 +23,7 @@ from shared.bus import (
     ORIGINAL_SEQUENCE_HEADER,
     ORIGINAL_SUBJECT_HEADER,
     REASON_HEADER,
+    TTL_HEADER,
     Bus,
     Hearing,
     Reject,
@@ -115,6 +116,18 @@ async def test_the_streams_are_made_as_the_settings_say(own_settings: NatsSettin
     assert dead.max_msgs == 50
 
 
+async def test_only_the_event_stream_lets_a_message_expire_on_its_own(own_bus: Bus) -> None:
+    bus = own_bus
+    events = (await bus.jetstream.stream_info(bus.settings.stream)).config
+    dead = (await bus.jetstream.stream_info(bus.settings.deadletter_stream)).config
+    assert events.allow_msg_ttl is True
+    assert not dead.allow_msg_ttl  # a dead letter stays for its retention, whatever it says
+    # A short-lived fact (a runner's heartbeat) says its TTL; a stream without per-message
+    # TTLs would refuse it.
+    ack = await bus.publish_raw("trainyard.test.ttl", b"{}", "ttl-1", {TTL_HEADER: "600s"})
+    assert ack.stream == bus.settings.stream
+
+
 async def test_a_stream_made_with_another_configuration_is_updated(
     own_settings: NatsSettings,
 ) -> None:
@@ -186,6 +199,28 @@ async def test_a_service_that_may_not_make_the_streams_waits_for_them(
             r.getMessage() for r in caplog.records
         ]
         assert await service.stream_created() == await bus.stream_created()
+
+
+async def test_a_service_waits_for_the_dead_letter_stream_too(
+    bus: Bus,
+    nats_server: NatsServer,
+    nats_settings: NatsSettings,
+    nats_service_user: Callable[..., NatsUser],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = service_settings(nats_settings, nats_server, nats_service_user("submission"))
+    async with Bus.connect(settings, "submission-under-test") as service:
+        await bus.jetstream.delete_stream("TRAINYARD_DEADLETTER")  # the event stream is there
+        waiting_for_it = "waiting for stream TRAINYARD_DEADLETTER (made by the scheduler)"
+        with caplog.at_level(logging.INFO, logger="shared.bus"):
+            waiting = asyncio.create_task(service.ensure_streams())
+            async with asyncio.timeout(10):
+                while waiting_for_it not in caplog.messages and not waiting.done():
+                    await asyncio.sleep(0.02)
+            assert not waiting.done()  # it did not start without its dead letters
+            await bus.ensure_streams()
+            async with asyncio.timeout(10):
+                await waiting
 
 
 async def test_ready_when_connected_and_the_stream_answers(own_bus: Bus) -> None:
