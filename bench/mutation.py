@@ -522,7 +522,8 @@ def record(summary: dict[str, Any], out: Path) -> None:
     data["command"] = "python -m bench.mutation --module MODULE"
     data["modules"][summary["module"]] = summary
     data["date"] = max(m.get("date", "") for m in data["modules"].values())
-    out.write_text(json.dumps(data, indent=2) + "\n")
+    # Mutant names as mutmut spells them (its "ǁ" separator), not as \u escapes.
+    out.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,3 +69,10 @@ def test_without_a_complete_earlier_record_an_only_run_is_stored_as_it_is(tmp_pa
     alone = stored(out)
     assert (alone["mutants"], alone["killed"], alone["not_checked"]) == (2, 1, 1)
     assert "merged_from" not in alone and "statuses" not in alone
+
+
+def test_mutant_names_are_stored_as_mutmut_spells_them(tmp_path: Path) -> None:
+    out = tmp_path / "mutation.json"
+    record({**FULL, "survivors": ["m.xǁCǁf__mutmut_1"]}, out)
+    assert "m.xǁCǁf__mutmut_1" in out.read_text(encoding="utf-8")  # not "\u01c1"
+    assert stored(out)["survivors"] == ["m.xǁCǁf__mutmut_1"]
