@@ -485,23 +485,21 @@ async def _insert_jobs(dsn: str, team: str, template_id: str, count: int) -> Non
 
 def test_ten_thousand_jobs_list_a_page_at_a_time(browser: Any, world: World) -> None:
     """A team with 10,000 jobs: the first 50 show at once, each "Load more" adds 50 more, and
-    no request ever asks for more than a page (the API's keyset cursor)."""
+    no request ever asks for more than a page (the API's keyset cursor). What keeps the page fast
+    is that bound, which is what this checks; how fast it is belongs in a benchmark, not here
+    (the machines that run tests are shared)."""
     driver = browser
     world.tokens["scale"] = world.stack.bootstrap_admin("scale", "carol")
     asyncio.run(
         _insert_jobs(world.stack.database_url, "scale", world.jobs["finished"]["id"], SCALE_JOBS)
     )
     login(driver, world, "scale")
-    started = time.monotonic()
     visit(driver, "/jobs", "sweep-50 ")
-    first = time.monotonic() - started
     rows = lambda d: len(d.find_elements("css selector", "#jobs tbody tr"))  # noqa: E731
     assert rows(driver) == 50 and "50 shown" in driver.find_element("tag name", "body").text
     for pages in (2, 3):
-        started = time.monotonic()
         driver.find_element("id", "more").click()
         wait(driver, f"{pages * 50} rows", lambda d, n=pages * 50: rows(d) == n)
-        assert time.monotonic() - started < 3.0
     text = driver.find_element("id", "jobs").text
     assert "sweep-150" in text and "sweep-151" not in text
     asked = driver.execute_script(
@@ -509,7 +507,6 @@ def test_ten_thousand_jobs_list_a_page_at_a_time(browser: Any, world: World) -> 
         ".filter(n => n.includes('/v1/jobs?'))"
     )
     assert asked and all("limit=50" in url for url in asked), asked
-    assert first < 5.0, f"the first page took {first:.1f} s"
     shot(driver, world, "jobs-10000")
     assert not script_errors(driver)
 
