@@ -17,8 +17,9 @@ Contract:
   model version's job and that one's upstream, transitively), each with every allocation
   billed for it — every attempt, failed, preempted, restarted or lost, on every node — summed
   per currency. ``own_job`` is the version's job, ``upstream`` the rest, ``total`` both.
-  Jobs of teams ``reader`` may not see (another team's, upstream of a granted model or a
-  granted dataset) count in the amounts but are not listed (``hidden_jobs``).
+  Jobs of teams ``reader`` may not see (another team's: upstream of a granted model or a
+  granted dataset, or the own job of a model granted to ``reader``) count in the amounts but
+  are not listed (``hidden_jobs``).
 """
 
 from __future__ import annotations
@@ -123,9 +124,9 @@ class ModelCost(_Schema):
     upstream: str | None
     by_currency: list[CurrencyCost]
     jobs: list[JobCost]
-    """The version's job first, then the upstream jobs the caller may see."""
+    """The version's job first, then the upstream jobs, each only if the caller may see it."""
     hidden_jobs: int
-    """Upstream jobs of teams the caller may not see: in the amounts, not listed."""
+    """Jobs of teams the caller may not see: in the amounts, not listed."""
     complete: bool
     """False while a job of the lineage is still running (an allocation is billed when it
     ends) or when the lineage graph was truncated."""
@@ -168,7 +169,9 @@ async def cost_of(conn: asyncpg.Connection, version: ModelVersion, reader: str |
         mine = billed.get(f.job_id, [])
         for row in mine:
             sums.add(relation, row["currency"], Decimal(row["cost"]))
-        if reader is not None and f.team != reader and relation == "upstream":
+        # Another team's job is counted, never listed, the version's own job included: a
+        # grant opens the model to the grantee, not the work behind it (as in the lineage).
+        if reader is not None and f.team != reader:
             hidden += 1
             continue
         jobs.append(

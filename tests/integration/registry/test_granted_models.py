@@ -74,6 +74,13 @@ async def test_lineage_starts_from_and_shows_a_granted_model_until_revoked(
     assert (base_node, f"job:{tuned_job}", "fine_tuned_by") in edges
     shown = next(n for n in mine["nodes"] if n["id"] == base_node)
     assert (shown["team"], shown["name"], shown["version"]) == ("ml", base, 1)
+    # Its cost as vision reads it: ml's job counted, not listed; ml lists it.
+    async with app_as(pool, store, VISION) as vision:
+        cost = (await body(await vision.get(f"/v1/models/ml/{base}/versions/1")))["cost"]
+    assert cost["jobs"] == [] and cost["hidden_jobs"] == 1
+    async with app_as(pool, store, ML) as ml:
+        owner = (await body(await ml.get(f"/v1/models/ml/{base}/versions/1")))["cost"]
+    assert [j["job_id"] for j in owner["jobs"]] == [base_job] and owner["hidden_jobs"] == 0
     async with app_as(pool, store, NLP) as nlp:  # granted to vision, not to nlp
         assert (await upstream(nlp, "ml", base)).status_code == 404
     async with app_as(pool, store, OPERATOR) as operator:
