@@ -151,6 +151,9 @@ class Job:
     """The team's queue (``default:<team>`` until an operator defines one)."""
     trace_context: Mapping[str, str] | None = None
     """W3C trace headers of the job's submission (its events join that trace)."""
+    changed_at: datetime | None = None
+    """When its status last changed: for a ``QUEUED`` job, when it entered the queue (its
+    submission, or the end of its last attempt)."""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:
@@ -166,6 +169,7 @@ class Job:
             pending_position=row["pending_position"],
             queue=row["queue"],
             trace_context=row["trace_context"],
+            changed_at=row["updated_at"],
         )
 
 

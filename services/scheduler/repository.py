@@ -222,7 +222,7 @@ async def insert_job(
 
 _JOB_COLUMNS = (
     "job_id, spec, status, status_reason, attempt, restarts, submitted_at, "
-    "pending_reason, pending_position, queue, trace_context"
+    "pending_reason, pending_position, queue, trace_context, updated_at"
 )
 
 

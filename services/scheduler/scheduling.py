@@ -50,7 +50,7 @@ from services.scheduler.convert import (
     note_changed,
     pending_notes,
 )
-from services.scheduler.domain import Allocation, AllocationStatus, JobStatus
+from services.scheduler.domain import Allocation, AllocationStatus, Job, JobStatus
 from services.scheduler.policy.engine import schedule
 from services.scheduler.policy.model import Decisions, Placement, PolicyConfig, Preemption
 from shared import outbox
@@ -125,6 +125,39 @@ def job_trace(
         attributes={"trainyard.job_id": job_id},
     ) as span:
         yield span
+
+
+def queue_wait(job: Job, now: datetime) -> None:
+    """Trace ``job``'s wait in its queue, from entering it to its grant at ``now``: a
+    ``scheduler queue wait`` span in the job's own trace, with the last reason the job was
+    told as its ``job.pending`` event (each earlier note is the event of its own ``scheduler
+    pending`` span). Only for a job that was told a reason: one granted by the first pass
+    after it arrived waited for that pass, not in the queue, and the gap between its
+    ``job.submitted`` and its grant already shows that; a span for each would cost the
+    scheduler about 40 us a decision (BENCHMARKS.md, "Tracing cost")."""
+    if job.pending_reason is None or job.changed_at is None or not job.trace_context:
+        return
+    span = _tracer.start_span(
+        "scheduler queue wait",
+        context=extract({str(k): str(v) for k, v in job.trace_context.items()}),
+        attributes={
+            "trainyard.job_id": job.job_id,
+            "trainyard.queue": job.queue,
+            "trainyard.queue.wait_s": max(0.0, (now - job.changed_at).total_seconds()),
+        },
+        start_time=_nanoseconds(job.changed_at),
+    )
+    if span.is_recording():
+        pending: dict[str, str | int] = {"trainyard.pending.reason": job.pending_reason}
+        if job.pending_position is not None:
+            pending["trainyard.pending.position"] = job.pending_position
+        span.add_event("job.pending", pending)
+    span.end(end_time=_nanoseconds(now))
+
+
+def _nanoseconds(moment: datetime) -> int:
+    """``moment`` as OpenTelemetry's timestamps: integer nanoseconds since the epoch."""
+    return int(moment.timestamp() * 1_000_000_000)
 
 
 async def run_pass(
@@ -206,6 +239,7 @@ async def _grant(
             )
         allocations.extend(gang)
         rendezvous = gang_members(gang, built.addresses)
+        queue_wait(job, now)
         with job_trace(job.job_id, job.trace_context, "grant"):
             for allocation in gang:
                 granted = AllocationGranted(

@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from shared.events import Envelope
-from shared.events.payloads import AllocationGranted, JobPending, JobSubmitted
+from shared.events.payloads import AllocationGranted, JobPending, JobSubmitted, JobSucceeded
 from shared.events.trust import owner
 from tests.integration.scheduler.conftest import Scheduler, make_spec, until
 
@@ -84,3 +84,35 @@ async def test_grants_and_pending_notes_join_the_jobs_trace(
             **({"trainyard.pending.blocking": note.blocking} if note.blocking else {}),
         },
     ) in events, events
+
+    # Once the first job ends, the second is granted: its wait is one span of its own trace,
+    # from entering the queue to its grant, with the reason it was told; the first, granted
+    # by the pass after it arrived, has none.
+    (first,) = scheduler.events(AllocationGranted, lambda g: g.job_id == "first")
+    ended = JobSucceeded(
+        job_id="first",
+        allocation_id=first.allocation_id,
+        node_id=first.node_id,
+        epoch=first.epoch,
+        finished_at=datetime.now(UTC),
+    )
+    await scheduler.send(ended, "first")
+    (second,) = await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == "second")
+    waits = [s for s in tracing.get_finished_spans() if s.name == "scheduler queue wait"]
+    assert [(s.attributes or {}).get("trainyard.job_id") for s in waits] == ["second"]
+    (wait,) = waits
+    assert wait.context is not None and wait.context.trace_id == roots["second"]
+    assert wait.start_time is not None and wait.end_time is not None
+    assert wait.end_time == int(second.granted_at.timestamp() * 1_000_000_000)
+    assert wait.start_time < wait.end_time
+    assert (wait.attributes or {})["trainyard.queue.wait_s"] == pytest.approx(
+        (wait.end_time - wait.start_time) / 1e9, abs=1e-3
+    )
+    last = scheduler.events(JobPending, lambda p: p.job_id == "second")[-1]
+    told = [(e.name, dict(e.attributes or {})) for e in wait.events]
+    assert told == [
+        (
+            "job.pending",
+            {"trainyard.pending.reason": last.reason, "trainyard.pending.position": last.position},
+        )
+    ]
