@@ -267,7 +267,12 @@ def test_costs_from_the_ledger(env: dict[str, str], job: str) -> None:
     assert report["group_by"] == ["team", "project"]
     assert {(r["team"], r["project"]) for r in report["rows"]} == {(TEAM, "lineage")}
     csv = run(env, "cost", "--by", "project", "--csv").splitlines()
-    assert csv[0] == "project,currency,gpu_seconds,cost" and csv[1].startswith("lineage,")
+    # The first columns keep their order; CPU and memory columns are appended after them.
+    assert csv[0] == (
+        "project,currency,gpu_seconds,cost,gpu_cost,cpu_seconds,cpu_cost,unpriced_cpu_seconds,"
+        "memory_gib_seconds,memory_cost,unpriced_memory_gib_seconds"
+    )
+    assert csv[1].startswith("lineage,")
     bill = run(env, "cost", job[:8])
     assert bill.startswith(f"job {job}") and "ATTEMPT" in bill and "total:" in bill
     refused = run(env, "cost", "--from", "2026-12-01T10:30:00Z", code=1)
