@@ -24,6 +24,10 @@ Contract (inside the handler's transaction, the job's row locked):
   and deletes the reports kept for an allocation. The handler takes them right after it
   applied the allocation's grant or start and judges each as if it had come then (one that
   still has to wait is kept again).
+- At most ``MAX_KEPT_PER_JOB`` reports wait for one job: a report beyond them is refused for
+  good (``Reject``: dead-lettered with the reason, where an operator can redrive it), so a
+  runner that reports allocations that will never be granted cannot grow the table without
+  bound. In a real loss a job's reports waiting at once are a few per allocation.
 - ``forget_ended`` deletes a job's kept reports once the job is terminal (nothing moves it
   any more), so the table holds only reports of jobs still under way (one whose grant never
   comes, e.g. aged out of the stream, stays until then).
@@ -36,10 +40,14 @@ from dataclasses import dataclass
 import asyncpg
 
 from services.submission.domain import SCHEDULER_SOURCE, TERMINAL, JobStatus, LifecycleEvent
+from shared.bus import Reject
 from shared.events import Envelope, Payload, parse_envelope
 from shared.events.payloads import JobFailed, JobPreempted, JobStarted, JobSucceeded
 
 _REPORTS = (JobStarted, JobSucceeded, JobFailed, JobPreempted)
+
+MAX_KEPT_PER_JOB = 32
+"""Most reports kept waiting for one job (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +91,16 @@ async def granted(conn: asyncpg.Connection, allocation_id: str) -> bool:
 async def keep(
     conn: asyncpg.Connection, envelope: Envelope[Payload], job_id: str, allocation_id: str
 ) -> None:
-    """Store ``envelope`` until ``take(allocation_id)``."""
+    """Store ``envelope`` until ``take(allocation_id)``; ``Reject`` when ``job_id`` already
+    has ``MAX_KEPT_PER_JOB`` reports waiting (the caller holds the job's row lock, so the
+    count cannot race)."""
+    waiting = await conn.fetchval("SELECT count(*) FROM early_reports WHERE job_id = $1", job_id)
+    if waiting >= MAX_KEPT_PER_JOB:
+        raise Reject(
+            f"allocation_id: {allocation_id!r} of job {job_id!r} is not granted, and "
+            f"{waiting} reports of this job already wait for grants (at most "
+            f"{MAX_KEPT_PER_JOB}); refused, not kept"
+        )
     await conn.execute(
         "INSERT INTO early_reports (allocation_id, job_id, event) VALUES ($1, $2, $3)",
         allocation_id,

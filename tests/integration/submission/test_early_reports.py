@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from services.submission.domain import SCHEDULER_SOURCE
+from services.submission.early_reports import MAX_KEPT_PER_JOB
 from shared.events import Envelope, Payload
 from shared.events.trust import owner
 from tests.integration.submission.conftest import Submission
@@ -103,4 +104,29 @@ async def test_the_schedulers_own_word_never_waits_for_a_grant(submission: Submi
     await submission.publish(ev.succeeded(job, "alloc-1"), source=SCHEDULER_SOURCE)
     view = await submission.wait_for(job, lambda v: v["status"] == "SUCCEEDED")
     assert _statuses(view) == ["QUEUED", "SCHEDULED", "SUCCEEDED"]
+    assert await _kept(submission, job) == 0
+
+
+async def test_reports_of_allocations_never_granted_are_kept_up_to_a_bound(
+    submission: Submission,
+) -> None:
+    """A runner reporting allocations that are never granted (a bug, or a compromised runner)
+    cannot grow the table without bound: beyond the bound a report is refused, not kept, and
+    the job's view goes on."""
+    job = (await submission.submit())["id"]
+    for n in range(MAX_KEPT_PER_JOB + 3):
+        await submission.bus.publish(
+            Envelope.wrap(
+                ev.started(job, f"alloc-forged-{n}"), source=owner(ev.started(job)), subject=job
+            )
+        )
+    await submission.publish(ev.granted(job, "alloc-1"))
+    await submission.publish(ev.checkpoint(job, 5))  # a marker: all of the above was seen
+    view = await submission.wait_for(job, lambda v: len(v["checkpoints"]) == 1)
+    assert view["status"] == "SCHEDULED"
+    assert await _kept(submission, job) == MAX_KEPT_PER_JOB
+
+    await submission.publish(ev.started(job, "alloc-1"))
+    await submission.publish(ev.succeeded(job, "alloc-1"))
+    view = await submission.wait_for(job, lambda v: v["status"] == "SUCCEEDED")
     assert await _kept(submission, job) == 0
