@@ -87,8 +87,13 @@ def _span(span: ReadableSpan) -> bytes:
         parts.append(b"\x39" + _FIXED64.pack(span.start_time))
     if span.end_time:
         parts.append(b"\x41" + _FIXED64.pack(span.end_time))
-    if span.attributes:
-        parts.append(_attributes(9, span.attributes))
+    # The span's own BoundedAttributes where it has one (``span.attributes`` wraps it in a
+    # new read-only proxy at each call).
+    attributes = getattr(span, "_attributes", None)
+    if attributes is None or not isinstance(attributes, Mapping):
+        attributes = span.attributes
+    if attributes:
+        parts.append(_attributes(9, attributes))
     if span.dropped_attributes:
         parts.append(_varint_field(10, span.dropped_attributes))
     for event in span.events:
@@ -107,12 +112,15 @@ def _span(span: ReadableSpan) -> bytes:
     if span.dropped_links:
         parts.append(_varint_field(14, span.dropped_links))
     status = span.status
-    status_parts = []
-    if status.description:
-        status_parts.append(_string(2, status.description))
-    if status.status_code.value:
-        status_parts.append(_varint_field(3, status.status_code.value))
-    parts.append(_len(15, b"".join(status_parts)))
+    if status.description or status.status_code.value:
+        status_parts = []
+        if status.description:
+            status_parts.append(_string(2, status.description))
+        if status.status_code.value:
+            status_parts.append(_varint_field(3, status.status_code.value))
+        parts.append(_len(15, b"".join(status_parts)))
+    else:
+        parts.append(_STATUS_UNSET)
     parts.append(_FLAGS_REMOTE if parent is not None and parent.is_remote else _FLAGS_LOCAL)
     return b"".join(parts)
 
@@ -146,7 +154,7 @@ def _attributes(field: int, attributes: Mapping[str, Any]) -> bytes:
     """Each attribute as a ``KeyValue`` in repeated field ``field``."""
     tag = _TAGS[field]
     out = []
-    for key, value in attributes.items():
+    for key, value in _items(attributes):
         if type(value) is str:  # the usual case, inlined: KeyValue{key, AnyValue{string}}
             text = value.encode("utf-8")
             size = len(text)
@@ -162,6 +170,14 @@ def _attributes(field: int, attributes: Mapping[str, Any]) -> bytes:
         size = len(body)
         out.append(tag + (bytes((size,)) if size < 0x80 else _varint(size)) + body)
     return b"".join(out)
+
+
+def _items(attributes: Mapping[str, Any]) -> Any:
+    """``attributes.items()``, from the SDK's ``BoundedAttributes``' own dict when it is one
+    (its ``Mapping`` methods go through ``__getitem__`` once per key, about a third of
+    encoding a span's attributes)."""
+    inner = getattr(attributes, "_dict", None)
+    return inner.items() if type(inner) is dict else attributes.items()
 
 
 @lru_cache(maxsize=1024)
@@ -214,3 +230,4 @@ def _varint(number: int) -> bytes:
 
 
 _TAGS = {field: _varint(field << 3 | 2) for field in range(1, 17)}
+_STATUS_UNSET = _len(15, b"")

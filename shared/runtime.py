@@ -9,6 +9,10 @@ Contract:
   limps on with half its consumers dead.
 - Tracing (``shared.telemetry``), metrics (``shared.metrics``) and logging (``shared.logs``)
   are set up when the runtime is entered, the same way in every service.
+- ``run`` freezes the heap built during start-up (``gc.freeze()``, after one full
+  collection): the modules, settings, pools and app a service keeps for its whole life are
+  never traversed again by the garbage collector, whose full collections then cost a
+  fraction of what they did (BENCHMARKS.md, "Tracing cost").
 - Every service serves ``GET /healthz`` (the process is alive), ``GET /readyz`` (200 only
   when every registered readiness check passes; 503 with the failing check names otherwise)
   and ``GET /metrics`` (Prometheus text, no token).
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import sys
@@ -121,6 +126,7 @@ class ServiceRuntime:
         status."""
         app = app or Litestar(route_handlers=self.health_handlers())
         self._configure_logging()  # building a Litestar app replaces the root logging setup
+        freeze_startup_heap()
         server = _EmbeddedServer(
             uvicorn.Config(
                 app,
@@ -176,6 +182,17 @@ class ServiceRuntime:
             )
 
         return [healthz, readyz, metrics_route()]
+
+
+def freeze_startup_heap() -> None:
+    """Move every object alive now to the collector's permanent generation.
+
+    Start-up leaves a large heap that lives as long as the process (imported modules,
+    pydantic schemas, the app, pools); each full collection walked all of it again, so the
+    garbage that every span, event and query makes paid for the start-up heap too. The one
+    collection first drops start-up's own garbage, so none of it is frozen."""
+    gc.collect()
+    gc.freeze()
 
 
 class _EmbeddedServer(uvicorn.Server):

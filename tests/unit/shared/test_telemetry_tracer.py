@@ -1,0 +1,163 @@
+"""``shared.telemetry.tracer``'s spans are the API's: the same spans, parents, events and
+statuses as ``Tracer.start_as_current_span`` with ``use_span`` makes, from whichever provider
+the process has when the span is made; and ``ServiceRuntime.run`` freezes the start-up heap."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import shared.telemetry as telemetry
+from deploy.local.ports import free_port
+from shared.runtime import ServiceRuntime
+from shared.settings import ServiceSettings
+
+
+def _provider() -> tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+def _shape(span: ReadableSpan) -> dict[str, Any]:
+    """What the two tracers must agree on (ids and times differ)."""
+    parent = span.parent
+    return {
+        "name": span.name,
+        "kind": span.kind,
+        "has_parent": parent is not None,
+        "attributes": dict(span.attributes or {}),
+        "status": (span.status.status_code, span.status.description),
+        "events": [(e.name, sorted((e.attributes or {}).keys())) for e in span.events],
+        "ended": span.end_time is not None,
+    }
+
+
+def _run(tracer: trace.Tracer, failure: BaseException | None, **options: Any) -> list[str]:
+    """Open an outer and an inner span; the inner block raises ``failure`` (if any), caught
+    outside the outer one. Returns what was seen inside, to compare."""
+    seen = []
+    try:
+        with tracer.start_as_current_span("outer", attributes={"a": "1"}) as outer:
+            seen.append(f"outer current {trace.get_current_span() is outer}")
+            with tracer.start_as_current_span(
+                "inner", kind=trace.SpanKind.CLIENT, **options
+            ) as inner:
+                seen.append(f"inner current {trace.get_current_span() is inner}")
+                parent = inner.parent  # type: ignore[attr-defined]
+                seen.append(f"inner's parent is outer {parent == outer.get_span_context()}")
+                if failure is not None:
+                    raise failure
+            seen.append(f"outer current again {trace.get_current_span() is outer}")
+    except BaseException as caught:
+        seen.append(f"raised {type(caught).__name__}")
+    seen.append(f"nothing current after {not trace.get_current_span().is_recording()}")
+    return seen
+
+
+CASES = [
+    pytest.param(None, {}, id="no-error"),
+    pytest.param(ValueError("bad value"), {}, id="exception"),
+    pytest.param(asyncio.CancelledError(), {}, id="base-exception-is-no-error"),
+    pytest.param(KeyError("k"), {"record_exception": False}, id="not-recorded"),
+    pytest.param(KeyError("k"), {"set_status_on_exception": False}, id="no-status"),
+]
+
+
+@pytest.mark.parametrize(("failure", "options"), CASES)
+def test_spans_match_the_sdk_tracers(failure: BaseException | None, options: Any) -> None:
+    sdk_provider, sdk_spans = _provider()
+    ours_provider, our_spans = _provider()
+    ours = telemetry._DirectTracerProvider(ours_provider).get_tracer("test")
+
+    seen_sdk = _run(sdk_provider.get_tracer("test"), failure, **options)
+    seen_ours = _run(ours, failure, **options)
+
+    assert seen_ours == seen_sdk
+    assert "inner's parent is outer True" in seen_ours
+    assert [_shape(s) for s in our_spans.get_finished_spans()] == [
+        _shape(s) for s in sdk_spans.get_finished_spans()
+    ]
+    assert len(our_spans.get_finished_spans()) == 2
+
+
+def test_end_on_exit_false_leaves_the_span_open() -> None:
+    provider, spans = _provider()
+    tracer = telemetry._DirectTracerProvider(provider).get_tracer("test")
+    with tracer.start_as_current_span("kept open", end_on_exit=False) as span:
+        pass
+    assert spans.get_finished_spans() == ()
+    span.end()
+    assert [s.name for s in spans.get_finished_spans()] == ["kept open"]
+
+
+def test_the_span_starts_when_the_block_is_entered() -> None:
+    provider, spans = _provider()
+    tracer = telemetry._DirectTracerProvider(provider).get_tracer("test")
+    block = tracer.start_as_current_span("later")
+    assert not trace.get_current_span().is_recording()
+    with block as span:
+        assert span.is_recording()
+    assert [s.name for s in spans.get_finished_spans()] == ["later"]
+
+
+@pytest.fixture
+def global_provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[trace.TracerProvider]]:
+    """The provider ``trace.get_tracer_provider()`` answers with: the last of the list."""
+    providers: list[trace.TracerProvider] = [trace.NoOpTracerProvider()]
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: providers[-1])
+    yield providers
+
+
+def test_a_tracer_made_before_set_up_uses_the_provider_set_up_later(
+    global_provider: list[trace.TracerProvider],
+) -> None:
+    tracer = telemetry.tracer("early module")
+    with tracer.start_as_current_span("before set-up") as span:
+        assert not span.is_recording()
+
+    provider, spans = _provider()
+    global_provider.append(provider)
+    with tracer.start_as_current_span("after set-up") as span:
+        assert span.is_recording()
+    tracer.start_span("plain").end()
+
+    finished = spans.get_finished_spans()
+    assert [s.name for s in finished] == ["after set-up", "plain"]
+    scope = finished[0].instrumentation_scope
+    assert scope is not None and scope.name == "early module"
+
+
+def test_the_database_instrumentation_gets_such_tracers() -> None:
+    provider, _ = _provider()
+    wrapped = telemetry._DirectTracerProvider(provider)
+    tracer = trace.get_tracer("opentelemetry.instrumentation.asyncpg", "1.0", wrapped)
+    assert isinstance(tracer, telemetry._DirectTracer)
+    with tracer.start_as_current_span("SELECT") as span:
+        assert span.is_recording()
+
+
+def test_serving_freezes_the_start_up_heap() -> None:
+    """``run`` moves the start-up heap out of the collector's reach before it serves."""
+    gc.unfreeze()
+    settings = ServiceSettings(port=free_port())
+
+    async def serve_and_stop() -> int:
+        async with ServiceRuntime("frozen", settings) as runtime:
+            runtime.stopping.set()  # stop as soon as it serves
+            return await runtime.run()
+
+    try:
+        assert asyncio.run(serve_and_stop()) == 0
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
