@@ -258,7 +258,11 @@ def start_baseline(base: Path, dsn: str) -> tuple[ManagedProcess, int]:
     return process, port
 
 
-def start_service(base: Path, dsn: str, nats_url: str) -> tuple[ManagedProcess, int]:
+def start_service(
+    base: Path, dsn: str, nats_url: str, code: Path = REPO, name: str = "service"
+) -> tuple[ManagedProcess, int]:
+    """``python -m services.submission`` from the checkout ``code`` (``python -m`` imports
+    the service from its working directory first)."""
     port = free_port()
     env = _child_env(
         {
@@ -274,11 +278,11 @@ def start_service(base: Path, dsn: str, nats_url: str) -> tuple[ManagedProcess, 
         }
     )
     process = ManagedProcess(
-        "service",
+        name,
         [sys.executable, "-m", "services.submission"],
         env=env,
-        log_path=base / "logs" / "service.log",
-        cwd=REPO,
+        log_path=base / "logs" / f"{name}.log",
+        cwd=code,
     )
     process.start()
     _wait_http(f"http://127.0.0.1:{port}/readyz", process)
@@ -568,7 +572,15 @@ def _line(label: str, rate: float, r: dict[str, Any]) -> str:
     return line
 
 
-def run(cfg: Config, base: Path, list_jobs: int, say: Callable[[str], None]) -> dict[str, Any]:
+def run(
+    cfg: Config,
+    base: Path,
+    list_jobs: int,
+    say: Callable[[str], None],
+    before: Path | None = None,
+) -> dict[str, Any]:
+    """The measurements; with ``before`` (a checkout of other code), its service is
+    measured too, as ``before``, in the closed-loop runs, alternating with the others."""
     results: dict[str, Any] = {}
     with (
         NatsServer(base / "nats", log_path=base / "logs" / "nats.log") as nats_server,
@@ -586,12 +598,15 @@ def run(cfg: Config, base: Path, list_jobs: int, say: Callable[[str], None]) -> 
         service, service_port = start_service(base, dsn, nats_server.url)
         assert baseline.pid is not None and service.pid is not None
         assert nats_server.pid is not None
-        meters = Meters(
-            base / "pg",
-            nats_server.pid,
-            {"baseline": baseline.pid, "service": service.pid},
-        )
+        servers = {"baseline": baseline.pid, "service": service.pid}
         ports = {"baseline": baseline_port, "service": service_port}
+        old = None
+        if before is not None:
+            old, ports["before"] = start_service(base, dsn, nats_server.url, before, "before")
+            assert old.pid is not None
+            servers["before"] = old.pid
+        meters = Meters(base / "pg", nats_server.pid, servers)
+        submitting = ("baseline", "before", "service") if old else ("baseline", "service")
         # Members submit (an admin's writes would also go to the audit log), a viewer lists.
         tokens = Tokens(
             submitters=[
@@ -606,7 +621,7 @@ def run(cfg: Config, base: Path, list_jobs: int, say: Callable[[str], None]) -> 
             say("\n1. saturating throughput, closed loop (POST /v1/jobs)")
             for repeat in range(cfg.repeats):
                 for clients in cfg.clients:
-                    for server in ("baseline", "service"):
+                    for server in submitting:
                         job = {
                             "mode": "closed",
                             "host": "127.0.0.1",
@@ -616,7 +631,7 @@ def run(cfg: Config, base: Path, list_jobs: int, say: Callable[[str], None]) -> 
                             "duration_s": cfg.duration_s,
                             "requests": [_post(ports[server], tok) for tok in tokens.submitters],
                         }
-                        r = measured(meters, job, created if server == "service" else None)
+                        r = measured(meters, job, created if server != "baseline" else None)
                         r.update(server=server, clients=clients, repeat=repeat)
                         closed.append(r)
                         say(_line(f"{server}, {clients} clients", r["ok_per_s"], r))
@@ -684,6 +699,8 @@ def run(cfg: Config, base: Path, list_jobs: int, say: Callable[[str], None]) -> 
         finally:
             service.stop()
             baseline.stop()
+            if old is not None:
+                old.stop()
         results["service_exit"] = service.returncode
     return results
 
@@ -724,6 +741,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         for c in sorted({r["clients"] for r in closed})
     }
     ratio["saturating"] = round(best("service") / best("baseline"), 3)
+    compared = [s for s in ("before",) if any(r["server"] == s for r in closed)]
     half_rate = {
         server: [r["latency"]["p99_ms"] for r in results["open_loop"] if r["server"] == server]
         for server in ("baseline", "service")
@@ -741,11 +759,19 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         )
 
     return {
-        "saturating_per_s": {"baseline": best("baseline"), "service": best("service")},
+        "saturating_per_s": {s: best(s) for s in ("baseline", *compared, "service")},
         "ratio_service_to_baseline": ratio,
+        **{
+            f"ratio_{s}_to_baseline": {
+                str(c): round(best(s, c) / best("baseline", c), 3)
+                for c in sorted({r["clients"] for r in closed})
+            }
+            | {"saturating": round(best(s) / best("baseline"), 3)}
+            for s in compared
+        },
         "cpu_ms_per_accepted": {
             server: {"server": cpu_ms(server, server), "postgres": cpu_ms(server, "postgres")}
-            for server in ("baseline", "service")
+            for server in ("baseline", *compared, "service")
         },
         "half_rate_p99_ms": half_rate,
         "half_rate_p99_ms_median": {
@@ -761,12 +787,28 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _commit(checkout: Path) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.strip() or "not a git checkout"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.submission", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="shorter runs, one repetition")
     parser.add_argument("--list-jobs", type=int, default=100_000, help="jobs of the listed team")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--keep", type=Path, help="keep the servers' logs in this folder")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="a checkout of the code to compare (e.g. `git worktree add DIR HEAD`): its "
+        "service is measured too, as `before`, in the closed-loop runs",
+    )
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     started = time.monotonic()
@@ -776,7 +818,7 @@ def main(argv: list[str] | None = None) -> int:
         base = Path(tmp)
         os.chmod(base, 0o755)  # PostgreSQL runs as its own user when we are root
         try:
-            results = run(cfg, base, args.list_jobs, lambda s: print(s, flush=True))
+            results = run(cfg, base, args.list_jobs, lambda s: print(s, flush=True), args.before)
         finally:
             if args.keep:
                 args.keep.mkdir(parents=True, exist_ok=True)
@@ -786,7 +828,11 @@ def main(argv: list[str] | None = None) -> int:
     document = {
         "date": date,
         "mode": "quick" if args.quick else "full",
-        "command": "python -m bench.submission" + (" --quick" if args.quick else ""),
+        "command": "python -m bench.submission"
+        + (" --quick" if args.quick else "")
+        + (" --before CHECKOUT" if args.before else ""),
+        # The compared checkout's commit, not its path (no machine paths in results).
+        "before_commit": _commit(args.before) if args.before else None,
         "duration_s": round(time.monotonic() - started, 1),
         "machine": machine()
         | {"load_average_before": load_before, "load_average_after": os.getloadavg()},

@@ -47,7 +47,7 @@ from litestar.openapi import ResponseSpec
 from litestar.params import FromPath, FromQuery, HeaderParameter, PathParameter, QueryParameter
 from litestar.types import ASGIApp, Guard, Receive, Scope, Send
 
-from services.submission import commands, governance, identity, jobschema
+from services.submission import commands, governance, identity, jobschema, known_callers
 from services.submission.config import Settings
 from services.submission.dashboard import dashboard_routes
 from services.submission.data_admission import DataAdmission, RegistryUnavailable
@@ -62,6 +62,7 @@ from services.submission.identity_schemas import (
     TokenView,
     UserView,
 )
+from services.submission.known_callers import KnownCaller, KnownCallers, month_and_now
 from services.submission.objects import Objects
 from services.submission.ratelimit import RateLimiter
 from services.submission.reproduce import reproduce_job
@@ -81,6 +82,7 @@ from services.submission.schemas import (
     parse_idempotency_key,
     parse_job_request,
 )
+from shared import audit
 from shared.access import (
     UNAUTHENTICATED,
     enforce_least_role,
@@ -90,7 +92,7 @@ from shared.access import (
     remember,
 )
 from shared.audit import audit_route
-from shared.auth import bearer_token
+from shared.auth import bearer_token, hash_token
 from shared.events.payloads import BUNDLE_SHA256_PATTERN
 from shared.http_app import (
     bytes_request_body,
@@ -165,6 +167,7 @@ class Front:
     objects: Objects
     settings: Settings
     admission: DataAdmission
+    known: KnownCallers
 
 
 FrontDoor = NamedDependency[Front]
@@ -350,9 +353,35 @@ def _name(field: str, value: str) -> str:
 async def submit_job(
     request: AnyRequest, front: FrontDoor, key: IdempotencyKey = None
 ) -> Response[JobView]:
+    body: bytes | None = None
+    known = request.scope["state"].pop(_KNOWN, None)
+    if isinstance(known, KnownCaller):
+        # The guard let the request in on what the token's last check read, without a
+        # query: the job is stored only if one statement finds all of it unchanged.
+        # Otherwise, or on any refusal before that statement, the token is checked again
+        # first and the request goes the full way on what that check reads: its answer is
+        # the one the caller gets (a revoked token's bad body is a 401, not a 422).
+        try:
+            body = await json_body(request, _JOB_FREE_TEXT)
+            ready = await _prepare_known(request, front, known, body, key)
+        except Exception:
+            await _check_again(request, front)
+            if body is None:
+                raise  # refused reading the body, which no caller changes
+        else:
+            if ready is not None:
+                job_ready, warnings, checked_key = ready
+                done = await commands.submit_prepared_if_known(
+                    front.pool, known, job_ready, checked_key
+                )
+                if done is not None:
+                    return _submitted(*done, warnings)
+            await _check_again(request, front)
     caller = resolve_caller(request)
     screening = await request_screening(request, front.pool, front.settings, caller.team)
-    job = parse_job_request(await json_body(request, _JOB_FREE_TEXT), screening.flavors)
+    if body is None:
+        body = await json_body(request, _JOB_FREE_TEXT)
+    job = parse_job_request(body, screening.flavors)
     job, warnings = screening.admit(job)
     if front.admission.asks_registry(job):
         # It waits on the registry (up to its timeout): no pooled connection is held then.
@@ -362,10 +391,44 @@ async def submit_job(
     view, created = await commands.submit_job(
         front.pool, front.objects, caller, job, key, held=held_connection(request)
     )
+    return _submitted(view, created, warnings)
+
+
+def _submitted(view: JobView, created: bool, warnings: list[str]) -> Response[JobView]:
     headers = {"Location": f"/v1/jobs/{view.id}"}
     if warnings:
         headers[BUDGET_WARNING_HEADER] = "; ".join(warnings)
     return Response(view, status_code=201 if created else 200, headers=headers)
+
+
+async def _prepare_known(
+    request: AnyRequest, front: Front, known: KnownCaller, body: bytes, key: str | None
+) -> tuple[commands.Prepared, list[str], str | None] | None:
+    """The submission's checks on a remembered caller (``known_callers``), as the full path
+    makes them, with the checked idempotency key; None where the full path must run (a
+    job the registry must admit). Raises the refusal the remembered caller would get."""
+    job = parse_job_request(body, known.screening.flavors)
+    job, warnings = known.screening.admit(job)
+    if front.admission.asks_registry(job):
+        return None
+    checked_key = parse_idempotency_key(key)
+    return await commands.prepare(front.objects, known.caller, job), warnings, checked_key
+
+
+async def _check_again(request: AnyRequest, front: Front) -> None:
+    """The guard's check of a ``screened()`` route, made now (its rate limit was spent)."""
+    token = bearer_token(request.headers.get("authorization"))
+    if token is None:
+        raise NotAuthorizedException(UNAUTHENTICATED)
+    await _check_held(
+        request,
+        request.route_handler,
+        front.pool,
+        front.settings.flavors,
+        front.known,
+        hash_token(token),
+        None,
+    )
 
 
 @get("/jobs/{job_id:str}", responses=error_responses(404))
@@ -536,13 +599,19 @@ _READS = frozenset({"GET", "HEAD"})
 
 
 def caller_guard(
-    pool: asyncpg.Pool, limits: RateLimits | None = None, flavors: Sequence[str] = ()
+    pool: asyncpg.Pool,
+    limits: RateLimits | None = None,
+    flavors: Sequence[str] = (),
+    known: KnownCallers | None = None,
 ) -> Guard:
     """The app-level guard: every route but the probes (``shared.access.OPEN_PATHS``),
     the OpenAPI schema included, needs a valid user token; the caller is kept for
     ``resolve_caller``, and spends a token of ``limits`` (429 when there is none). On a
     route marked ``screened()`` (submissions) the same query also reads the team's
-    ``governance.Screening`` (``flavors``: the bootstrap list), kept for ``screening_of``."""
+    ``governance.Screening`` (``flavors``: the bootstrap list), kept for ``screening_of``;
+    on such a route with ``release_held``, a token ``known`` remembers is let in on what it
+    remembers, without a query (``known_callers``: the submission checks it all again)."""
+    known = KnownCallers() if known is None else known
 
     async def guard(
         connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
@@ -559,11 +628,12 @@ def caller_guard(
             # (about as costly as the query itself) per request instead of two. Only on a
             # route with ``release_held``, which gives it back whatever happens next.
             if release_held in (handler.middleware or ()):
-                conn = await pool.acquire()
-                state[_HELD] = (pool, conn)
-                found = await identity.authenticate_screened_on(conn, token, flavors)
-            else:
-                found = await identity.authenticate_screened(pool, token, flavors)
+                token_hash = hash_token(token)
+                if _let_in_known(connection, handler, known.get(token_hash), limits):
+                    return
+                await _check_held(connection, handler, pool, flavors, known, token_hash, limits)
+                return
+            found = await identity.authenticate_screened(pool, token, flavors)
             if found is None:
                 raise NotAuthorizedException(UNAUTHENTICATED)
             caller, state[_SCREENING] = found
@@ -583,6 +653,68 @@ def caller_guard(
 
 _CALLER = "trainyard_caller"
 _SCREENING = "trainyard_screening"
+_KNOWN = "trainyard_known_caller"
+
+
+def _let_in_known(
+    connection: ASGIConnection[Any, Any, Any, Any],
+    handler: BaseRouteHandler,
+    known: KnownCaller | None,
+    limits: RateLimits | None,
+) -> bool:
+    """Let a request in on a remembered caller (its rate limit spent, its role as
+    remembered); False, with nothing spent, where the full check must decide (nothing
+    remembered, a month or expiry passed, or any refusal: its answer is the full check's)."""
+    if known is None or not known.usable(*month_and_now()):
+        return False
+    try:
+        enforce_least_role(known.caller.principal, connection, handler)
+    except Exception:
+        return False
+    if limits is not None:
+        try:
+            limits.check(str(connection.scope.get("method", "GET")), known.caller)
+        except HTTPException:
+            # A refused take spends nothing: the full check takes (and refuses) again.
+            return False
+    state = connection.scope["state"]
+    state[_KNOWN], state[_CALLER], state[_SCREENING] = known, known.caller, known.screening
+    remember(connection, known.caller.principal)
+    return True
+
+
+async def _check_held(
+    connection: ASGIConnection[Any, Any, Any, Any],
+    handler: BaseRouteHandler,
+    pool: asyncpg.Pool,
+    flavors: Sequence[str],
+    known: KnownCallers,
+    token_hash: str,
+    limits: RateLimits | None,
+) -> None:
+    """The full check of a ``screened()`` route with ``release_held``: the token, caller
+    and screening read on a connection held for the request (401 when the token is not
+    valid), ``limits`` spent (none: already spent), the role enforced. What it read is
+    remembered for the token's next request (``known_callers``), audited callers aside."""
+    state = connection.scope["state"]
+    held = state.get(_HELD)
+    if held is None:
+        held = state[_HELD] = (pool, await pool.acquire())
+    found = await known_callers.check(held[1], token_hash, flavors)
+    if found is None:
+        known.forget(token_hash)
+        raise NotAuthorizedException(UNAUTHENTICATED)
+    if audit.must_record(found.caller.principal):
+        known.forget(token_hash)
+    else:
+        known.remember(found)
+    caller = found.caller
+    state[_SCREENING] = found.screening
+    if limits is not None:
+        limits.check(str(connection.scope.get("method", "GET")), caller)
+    enforce_least_role(caller.principal, connection, handler)
+    state[_CALLER] = caller
+    remember(connection, caller.principal)
 
 
 async def request_screening(
@@ -624,7 +756,8 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
     def provide_admission() -> DataAdmission:
         return admission
 
-    front = Front(deps.pool, objects, settings, admission)
+    known = KnownCallers()
+    front = Front(deps.pool, objects, settings, admission, known)
 
     def provide_front() -> Front:
         return front
@@ -656,7 +789,7 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
     return service_app(
         "submission",
         [*deps.health_handlers, v1, audit_route(deps.pool), *dashboard_routes(settings)],
-        caller_guard(deps.pool, RateLimits.of(settings), settings.flavors),
+        caller_guard(deps.pool, RateLimits.of(settings), settings.flavors, known),
         statuses={NotFound: 404, Forbidden: 403, Conflict: 409, RegistryUnavailable: 503},
         errors=(429,),
         dependencies={

@@ -27,6 +27,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,6 +38,7 @@ from services.submission import repository as repo
 from services.submission.domain import JobStatus
 from services.submission.errors import Conflict, Forbidden, NotFound
 from services.submission.identity import Caller
+from services.submission.known_callers import KnownCaller
 from services.submission.objects import Objects
 from services.submission.schemas import (
     BundleCode,
@@ -71,18 +73,8 @@ async def submit_job(
     idempotency key was used before, and the earlier job is returned). ``reproduces``: the
     id of the job this one reproduces (``reproduce``). ``held``: a connection of ``pool``
     the caller already holds (and gives back itself), used instead of taking another."""
-    caller.require(Role.MEMBER, "submitting jobs")
-    if request.team is not None and request.team != caller.team:
-        raise Forbidden(f"you can submit jobs for your own team ({caller.team}) only")
-    code = request.code
-    if isinstance(code, BundleCode) and not await objects.bundle_exists(caller.team, code.sha256):
-        raise RequestInvalid.one(
-            "code.sha256", f"no bundle with this sha256 was uploaded for team {caller.team}"
-        )
-    spec = request.to_spec(user=caller.user, team=caller.team)
-    if reproduces is not None:
-        spec = spec.model_copy(update={"reproduces": reproduces})
-    job_id, now, stored = str(uuid.uuid4()), datetime.now(UTC), dump(spec)
+    job = await prepare(objects, caller, request, reproduces)
+    job_id, spec, stored, now = job.job_id, job.spec, job.stored, job.submitted_at
     if not audit.must_record(caller.principal):
         return await _store_announced(
             _connection(pool, held), caller, job_id, spec, stored, now, idempotency_key
@@ -108,6 +100,74 @@ async def submit_job(
         if audit.must_record(caller.principal):
             await audit.record(conn, caller.principal, "submit job", job_id, {"name": spec.name})
     view = submitted_job_view(job_id, caller.team, caller.user, stored, now, current_trace_id())
+    return view, True
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A job checked for its caller and ready to store (``prepare``)."""
+
+    job_id: str
+    spec: JobSpec
+    stored: dict[str, Any]
+    submitted_at: datetime
+
+
+async def prepare(
+    objects: Objects, caller: Caller, request: JobRequest, reproduces: str | None = None
+) -> Prepared:
+    """What ``submit_job`` checks before it writes (the role, the team, the bundle), and
+    the job's id, spec and time. Reads only (the bundle's existence); raises the refusal."""
+    caller.require(Role.MEMBER, "submitting jobs")
+    if request.team is not None and request.team != caller.team:
+        raise Forbidden(f"you can submit jobs for your own team ({caller.team}) only")
+    code = request.code
+    if isinstance(code, BundleCode) and not await objects.bundle_exists(caller.team, code.sha256):
+        raise RequestInvalid.one(
+            "code.sha256", f"no bundle with this sha256 was uploaded for team {caller.team}"
+        )
+    spec = request.to_spec(user=caller.user, team=caller.team)
+    if reproduces is not None:
+        spec = spec.model_copy(update={"reproduces": reproduces})
+    return Prepared(str(uuid.uuid4()), spec, dump(spec), datetime.now(UTC))
+
+
+async def submit_prepared_if_known(
+    pool: asyncpg.Pool, known: KnownCaller, job: Prepared, idempotency_key: str | None
+) -> tuple[JobView, bool] | None:
+    """``submit_job`` for a job ``prepare``d for ``known.caller`` (a caller whose writes are
+    not audited), in one statement that also checks the token, the caller and the team's
+    screening are still what ``known`` remembers (``repository.insert_job_if_caller``).
+    None when any of them changed: nothing was stored, and the caller must be checked
+    again (``known_callers``)."""
+    caller = known.caller
+    assert not audit.must_record(caller.principal)  # audited callers are never remembered
+    envelope = Envelope.wrap(
+        JobSubmitted(job_id=job.job_id, spec=job.spec, submitted_at=job.submitted_at),
+        source=SOURCE,
+        subject=job.job_id,
+    )
+    event = (envelope.id, envelope.nats_subject, envelope.to_json(), inject())
+    trace_id = current_trace_id()
+    async with pool.acquire() as conn:
+        held, stored = await repo.insert_job_if_caller(
+            conn,
+            (known.token_hash, caller.token_id, caller.user_id, caller.team_id, str(caller.role)),
+            (known.month, known.declared, known.retired, known.budgets),
+            (job.job_id, job.spec.name, job.stored, idempotency_key, job.submitted_at, trace_id),
+            event,
+        )
+        if not held:
+            return None
+        if not stored:
+            assert idempotency_key is not None  # only a repeated key can conflict
+            async with conn.transaction():
+                replayed = await _replayed_job(conn, caller, idempotency_key, job.stored)
+                return await _read_view(conn, caller, replayed), False
+        outbox.enqueued_by(conn)
+    view = submitted_job_view(
+        job.job_id, caller.team, caller.user, job.stored, job.submitted_at, trace_id
+    )
     return view, True
 
 

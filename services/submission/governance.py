@@ -187,17 +187,34 @@ def screening_columns(team: str, month: str) -> str:
     """The select list that reads a ``Screening`` (``screening_of``), for the team and month
     given as SQL expressions: lets another query (the token check) read it in the same round
     trip."""
-    return f"""(SELECT coalesce(array_agg(name), '{{}}') FROM flavor_replica WHERE NOT retired)
-                   AS screen_declared,
-               (SELECT coalesce(array_agg(name), '{{}}') FROM flavor_replica WHERE retired)
-                   AS screen_retired,
-               (SELECT coalesce(json_agg(json_build_object(
+    return f"""{_flavors(retired=False)} AS screen_declared,
+               {_flavors(retired=True)} AS screen_retired,
+               {_exhausted_budgets(team, month)} AS screen_budgets"""
+
+
+def screening_unchanged(team: str, month: str, declared: str, retired: str, budgets: str) -> str:
+    """An SQL condition: the team's screening in ``month`` is still the one read with
+    ``screening_columns`` as the parameters ``declared`` and ``retired`` (``text[]``, sorted
+    by code point) and ``budgets`` (the text ``screen_budgets`` was). Equal renderings of
+    the same rows mean the same ``Screening``; any change makes it false."""
+    return f"""{_flavors(retired=False)} = {declared}::text[]
+               AND {_flavors(retired=True)} = {retired}::text[]
+               AND {_exhausted_budgets(team, month)} = {budgets}"""
+
+
+def _flavors(retired: bool) -> str:
+    # Byte order (COLLATE "C") is the code-point order of Python's ``sorted``.
+    where = "retired" if retired else "NOT retired"
+    return f'ARRAY(SELECT name FROM flavor_replica WHERE {where} ORDER BY name COLLATE "C")'
+
+
+def _exhausted_budgets(team: str, month: str) -> str:
+    return f"""(SELECT coalesce(json_agg(json_build_object(
                            'project', project, 'month', month, 'amount', amount,
                            'spent', spent, 'currency', currency, 'policy', policy)
                        ORDER BY project), '[]')::text
                 FROM budget_replica
-                WHERE team = {team} AND month = {month} AND exhausted AND NOT deleted)
-                   AS screen_budgets"""
+                WHERE team = {team} AND month = {month} AND exhausted AND NOT deleted)"""
 
 
 def screening_of(row: Mapping[str, Any], bootstrap: Sequence[str], team: str) -> Screening:

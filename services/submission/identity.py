@@ -80,7 +80,7 @@ class Caller:
 async def authenticate(pool: asyncpg.Pool, token: str) -> Caller | None:
     async with pool.acquire() as conn:
         row = await repo.caller_by_token(conn, hash_token(token))
-    return None if row is None else _caller(row)
+    return None if row is None else caller_of(row)
 
 
 async def authenticate_screened(
@@ -100,10 +100,12 @@ async def authenticate_screened_on(
     row = await repo.caller_and_screening(conn, hash_token(token), current_month(now))
     if row is None:
         return None
-    return _caller(row), screening_of(row, bootstrap, row["team_name"])
+    return caller_of(row), screening_of(row, bootstrap, row["team_name"])
 
 
-def _caller(row: asyncpg.Record) -> Caller:
+def caller_of(row: asyncpg.Record) -> Caller:
+    """The ``Caller`` of a row read by ``identity_repository.caller_by_token`` (or a query
+    with its columns)."""
     return Caller(
         user_id=row["user_id"],
         user=row["user_name"],

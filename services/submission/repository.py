@@ -13,6 +13,8 @@ from typing import Any
 
 import asyncpg
 
+from services.submission.governance import screening_unchanged
+
 # --- jobs, as users see them (always scoped by team) ---------------------------------
 
 
@@ -89,6 +91,67 @@ async def insert_job_announced(
         *event,
     )
     return bool(inserted)
+
+
+async def insert_job_if_caller(
+    conn: asyncpg.Connection,
+    caller: tuple[str, int, int, int, str],
+    screening: tuple[str, list[str], list[str], str],
+    job: tuple[str, str, dict[str, Any], str | None, datetime, str | None],
+    event: tuple[str, str, bytes, dict[str, str]],
+) -> tuple[bool, bool]:
+    """``insert_job_announced``, done only where the token (by hash) is still valid (not
+    revoked, not expired, its user not disabled) and still that caller's, and the team's
+    screening is still the one given, all in the same statement: one round trip checks the
+    caller and stores the job. ``caller``: ``(token_hash, token_id, user_id, team_id,
+    role)``; ``screening``: ``(month, declared, retired, budgets)`` as
+    ``governance.screening_unchanged`` takes them; ``job``: ``(job_id, name, spec,
+    idempotency_key, submitted_at, trace_id)``. Returns (the caller and screening held,
+    the job was stored): (True, False) when this user already used the idempotency key,
+    (False, False) when anything about the caller or screening differs (nothing stored)."""
+    token_hash, token_id, user_id, team_id, role = caller
+    month, declared, retired, budgets = screening
+    job_id, name, spec, idempotency_key, submitted_at, trace_id = job
+    row = await conn.fetchrow(
+        f"""WITH caller AS (
+               SELECT 1 FROM tokens k JOIN users u ON u.id = k.user_id
+                 JOIN teams t ON t.id = u.team_id
+               WHERE k.token_hash = $13 AND k.id = $14 AND u.id = $3 AND t.id = $2
+                 AND u.role = $15 AND k.revoked_at IS NULL AND u.disabled_at IS NULL
+                 AND (k.expires_at IS NULL OR k.expires_at > now())
+                 AND {screening_unchanged("t.name", "$16", "$17", "$18", "$19")}),
+           job AS (
+               INSERT INTO jobs (id, team_id, user_id, name, spec, status, idempotency_key,
+                                 submitted_at, updated_at, trace_id)
+               SELECT $1, $2, $3, $4, $5, 'QUEUED', $6, $7, $7, $8 FROM caller
+               ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING id),
+           history AS (
+               INSERT INTO job_history (job_id, status, at, reason)
+               SELECT id, 'QUEUED', $7, 'submitted' FROM job),
+           event AS (
+               INSERT INTO outbox (event_id, subject, body, headers)
+               SELECT $9, $10, $11, $12 FROM job RETURNING 1)
+           SELECT EXISTS (SELECT 1 FROM caller) AS held,
+                  EXISTS (SELECT 1 FROM event) AS stored""",
+        job_id,
+        team_id,
+        user_id,
+        name,
+        spec,
+        idempotency_key,
+        submitted_at,
+        trace_id,
+        *event,
+        token_hash,
+        token_id,
+        role,
+        month,
+        declared,
+        retired,
+        budgets,
+    )
+    assert row is not None  # a SELECT without FROM has one row
+    return bool(row["held"]), bool(row["stored"])
 
 
 async def job_by_idempotency_key(
