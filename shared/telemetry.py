@@ -148,7 +148,7 @@ def instrument_database(provider: trace.TracerProvider) -> bool:
     instrumentor = _WithinTraceAsyncPG()  # type: ignore[no-untyped-call]
     if not instrumentor.is_instrumented_by_opentelemetry:
         # capture_parameters stays False: values ($1...) can be tokens or credentials.
-        instrumentor.instrument(tracer_provider=_DirectTracerProvider(provider))
+        instrumentor.instrument(tracer_provider=DirectTracerProvider(provider))
     return True
 
 
@@ -342,7 +342,7 @@ class _CurrentSpan:
                 span.end()
 
 
-class _DirectTracerProvider(trace.TracerProvider):
+class DirectTracerProvider(trace.TracerProvider):
     """``provider``, whose tracers are ``_DirectTracer`` ones (for an instrumentation
     library, which asks its provider for its tracer)."""
 

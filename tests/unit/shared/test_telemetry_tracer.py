@@ -77,7 +77,7 @@ CASES = [
 def test_spans_match_the_sdk_tracers(failure: BaseException | None, options: Any) -> None:
     sdk_provider, sdk_spans = _provider()
     ours_provider, our_spans = _provider()
-    ours = telemetry._DirectTracerProvider(ours_provider).get_tracer("test")
+    ours = telemetry.DirectTracerProvider(ours_provider).get_tracer("test")
 
     seen_sdk = _run(sdk_provider.get_tracer("test"), failure, **options)
     seen_ours = _run(ours, failure, **options)
@@ -92,7 +92,7 @@ def test_spans_match_the_sdk_tracers(failure: BaseException | None, options: Any
 
 def test_end_on_exit_false_leaves_the_span_open() -> None:
     provider, spans = _provider()
-    tracer = telemetry._DirectTracerProvider(provider).get_tracer("test")
+    tracer = telemetry.DirectTracerProvider(provider).get_tracer("test")
     with tracer.start_as_current_span("kept open", end_on_exit=False) as span:
         pass
     assert spans.get_finished_spans() == ()
@@ -102,7 +102,7 @@ def test_end_on_exit_false_leaves_the_span_open() -> None:
 
 def test_the_span_starts_when_the_block_is_entered() -> None:
     provider, spans = _provider()
-    tracer = telemetry._DirectTracerProvider(provider).get_tracer("test")
+    tracer = telemetry.DirectTracerProvider(provider).get_tracer("test")
     block = tracer.start_as_current_span("later")
     assert not trace.get_current_span().is_recording()
     with block as span:
@@ -139,7 +139,7 @@ def test_a_tracer_made_before_set_up_uses_the_provider_set_up_later(
 
 def test_the_database_instrumentation_gets_such_tracers() -> None:
     provider, _ = _provider()
-    wrapped = telemetry._DirectTracerProvider(provider)
+    wrapped = telemetry.DirectTracerProvider(provider)
     tracer = trace.get_tracer("opentelemetry.instrumentation.asyncpg", "1.0", wrapped)
     assert isinstance(tracer, telemetry._DirectTracer)
     with tracer.start_as_current_span("SELECT") as span:
