@@ -127,18 +127,7 @@ def build_snapshot(rows: SnapshotRows, now: datetime, half_life_s: float) -> Bui
         if j["priority_class"] not in known:
             held.append(j)
             continue
-        pending.append(
-            PendingJob(
-                job_id=j["job_id"],
-                queue=j["queue"],
-                flavor=j["gpu_flavor"],
-                gpus=j["gpus"],
-                priority=j["priority_class"],
-                submitted_at=to_epoch(j["submitted_at"]),
-                declared_runtime_s=float(j["max_runtime_seconds"]),
-                seq=j["seq"],
-            )
-        )
+        pending.append(pending_job(j))
     by_job: dict[str, list[Row]] = {}
     for a in rows.running:
         by_job.setdefault(a["job_id"], []).append(a)
@@ -163,6 +152,20 @@ def build_snapshot(rows: SnapshotRows, now: datetime, half_life_s: float) -> Bui
         pending={j["job_id"]: j for j in rows.pending},
         running=by_job,
         class_names=tuple(sorted(known)),
+    )
+
+
+def pending_job(row: Row) -> PendingJob:
+    """A queued job's row as the policy's ``PendingJob``."""
+    return PendingJob(
+        job_id=row["job_id"],
+        queue=row["queue"],
+        flavor=row["gpu_flavor"],
+        gpus=row["gpus"],
+        priority=row["priority_class"],
+        submitted_at=to_epoch(row["submitted_at"]),
+        declared_runtime_s=float(row["max_runtime_seconds"]),
+        seq=row["seq"],
     )
 
 

@@ -11,7 +11,9 @@ event is logged and ignored, never applied. One exception: the success of an all
 released because its node was declared lost is a real result, and is kept
 (``late_success``). An event that can never apply is rejected to the
 dead-letter stream. A change of supply or demand asks for a scheduling pass (``poke``),
-which runs in its own transaction right after this one commits. A submitted job that the
+which runs in its own transaction right after this one commits; a newly queued job is only
+reported (``arrived``, when given: the leader decides it by the fast path or asks for a
+pass), and a checkpoint, which asks for no pass, is reported as a change (``stale``). A submitted job that the
 cluster's configuration can never run (``admission``) is refused on arrival: the scheduler says
 its final ``job.failed`` (``failure_kind`` ``rejected``) and never queues it.
 
@@ -78,8 +80,15 @@ class SchedulerHandlers:
         consumer: str = "scheduler",
         tuning: Tuning | None = None,
         poke: Callable[[], None] = lambda: None,
+        arrived: Callable[[str], None] | None = None,
+        stale: Callable[[], None] = lambda: None,
     ) -> None:
         self._consumer = consumer
+        self._arrived = arrived
+        """Told each job queued (it asks for no pass then: the caller decides it); None:
+        a queued job asks for a pass."""
+        self._stale = stale
+        """Told of a change a pass reads that asks for no pass (a checkpoint)."""
         self._tuning = tuning or Tuning()
         if revoke_grace_seconds is not None:
             self._tuning = replace(self._tuning, cancel_grace_s=revoke_grace_seconds)
@@ -200,7 +209,10 @@ class SchedulerHandlers:
         ):
             log.info("job %s already known; duplicate submission ignored", submitted.job_id)
             return
-        self._poke()
+        if self._arrived is not None:
+            self._arrived(submitted.job_id)
+        else:
+            self._poke()
 
     async def _admission_facts(self, conn: asyncpg.Connection, spec: JobSpec) -> admission.Facts:
         """``admission.load_facts``, read once per team and flavor in a batch: within its
@@ -285,6 +297,7 @@ class SchedulerHandlers:
         if stale:
             log.info("checkpoint of %s ignored: %s", saved.job_id, stale)
             return
+        self._stale()  # victims are chosen by their last checkpoint
         await allocation_repo.record_checkpoint(conn, saved.allocation_id, saved.saved_at)
 
     async def on_ended(

@@ -14,6 +14,10 @@ Contract:
   already. When a job backs off after a failure, the loop also wakes when the first such
   job becomes eligible (``jobs.eligible_at``), so it is placed then, not up to
   ``interval_s`` later.
+- A pass that placed and preempted nothing is kept for the arrival fast path
+  (``fast_path``): a batch of events that only queued new jobs has them decided against it
+  (``PassLoop.decide_arrivals``) instead of asking for a pass, where each provably can only
+  wait; anything else a pass reads that changes drops it first (``PassLoop.forget``).
 - ``LeaderWork.run(stop)`` is what a leader does until ``stop``: the event consumer (each
   fetched batch applied in one transaction, under the scheduling lock and the leader check),
   the pass loop and the lost-node watch, which judges nodes only by what this consumer has
@@ -33,11 +37,12 @@ import asyncpg
 
 from services.scheduler import repository as repo
 from services.scheduler.admin_repository import CONFIG_CHANNEL
+from services.scheduler.fast_path import Kept, decide_arrivals
 from services.scheduler.handlers import SchedulerHandlers
 from services.scheduler.leader import NotLeader
 from services.scheduler.leases import release_expired_notices
 from services.scheduler.node_watch import BusHearing, NodeWatch
-from services.scheduler.scheduling import Clock, Tuning, run_pass, utc_now
+from services.scheduler.scheduling import Clock, PassResult, Tuning, run_pass, utc_now
 from shared.bus import Bus, Delivery
 from shared.event_metrics import measured
 from shared.inbox import Guard, idempotent_batches, no_guard
@@ -73,10 +78,55 @@ class PassLoop:
         self._due_at: float | None = None
         """Monotonic time when the next job backing off becomes eligible (None: none)."""
         self.passes = 0
+        self._kept: Kept | None = None
+        """The last settled pass, for the arrival fast path (``fast_path``); None: none
+        that is still current."""
+        self.fast_arrivals = 0
+        """Jobs decided by the fast path."""
 
     def poke(self) -> None:
         """Ask for a pass soon (after the caller's transaction commits)."""
         self._wake.set()
+
+    @property
+    def idle_with_kept_pass(self) -> bool:
+        """No pass running or asked for, and a settled pass kept for the fast path."""
+        return self._kept is not None and not self._wake.is_set()
+
+    def forget(self) -> None:
+        """Something a pass reads changed (or is about to, in a transaction not yet
+        committed): the kept pass is no longer current."""
+        self._kept = None
+
+    async def decide_arrivals(self, job_ids: Sequence[str]) -> bool:
+        """Decide these jobs, just queued, by the fast path (``fast_path.decide_arrivals``)
+        in a transaction of its own, under the scheduling lock and the leader check; False
+        (and the kept pass forgotten) when a pass must decide them."""
+        kept = self._kept
+        if kept is None:
+            return False
+        decided = False
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                await repo.lock_scheduler(conn)
+                await self._guard(conn)
+                # A pass or a change may have come first while the lock was awaited.
+                if self._kept is kept:
+                    decided = await decide_arrivals(conn, kept, job_ids, self._clock())
+        except (
+            NotLeader,
+            OSError,
+            TimeoutError,
+            asyncpg.PostgresError,
+            asyncpg.InterfaceError,
+        ) as exc:
+            log.warning("fast path failed: %s; a pass decides", exc)
+            decided = False
+        if decided:
+            self.fast_arrivals += len(job_ids)
+        else:
+            self.forget()
+        return decided
 
     async def run(self, stop: asyncio.Event) -> None:
         listener = await self._pool.acquire()
@@ -110,16 +160,23 @@ class PassLoop:
             await self._pool.release(listener)
 
     async def run_once(self) -> None:
-        """One pass now: forced releases first, then the policy, in one transaction."""
+        """One pass now: forced releases first, then the policy, in one transaction; a
+        settled pass is kept for the fast path once it has committed."""
         started = time.monotonic()
+        self.forget()
+        kept: list[PassResult] = []
         async with self._pool.acquire() as conn, conn.transaction():
             await repo.lock_scheduler(conn)
             await self._guard(conn)
             now, at = self._clock(), time.monotonic()
             await release_expired_notices(conn, now, self._tuning)
             overdue = started - self._notes_at >= self._interval_s
-            decisions = await run_pass(conn, now, self._tuning, settled_notes=not overdue)
+            decisions = await run_pass(
+                conn, now, self._tuning, settled_notes=not overdue, keep=kept.append
+            )
             eligible_at = await repo.next_eligible_at(conn, now)
+        if kept:
+            self._kept = Kept.of(kept[0], self._tuning.policy, self._interval_s)
         self._due_at = None
         if eligible_at is not None:
             self._due_at = at + (eligible_at - now).total_seconds()
@@ -138,6 +195,7 @@ class PassLoop:
             self._notes_at = time.monotonic()
 
     def _on_notify(self, *_: object) -> None:
+        self.forget()
         self.poke()
 
     async def _sleep(self, stop: asyncio.Event) -> None:
@@ -177,9 +235,15 @@ class LeaderWork:
     ) -> None:
         self.passes = PassLoop(pool, tuning, pass_interval_s, clock, guard)
         self.handlers = SchedulerHandlers(
-            clock=clock, consumer=name, tuning=tuning, poke=self._ask_for_pass
+            clock=clock,
+            consumer=name,
+            tuning=tuning,
+            poke=self._ask_for_pass,
+            arrived=self._arrived,
+            stale=self.passes.forget,
         )
         self._pass_asked = False
+        self._arrivals: list[str] = []
         self.watch = NodeWatch(
             pool,
             node_check_interval_s,
@@ -189,6 +253,7 @@ class LeaderWork:
             guard,
             hearing=BusHearing(bus, name),
             grace_seconds=node_reconnect_grace_s,
+            on_lost=self.passes.forget,
         )
         self._guard = guard
         self._name = name
@@ -197,7 +262,13 @@ class LeaderWork:
         self._subjects = subjects
 
     def _ask_for_pass(self) -> None:
+        # Called inside the batch's transaction: the kept pass is forgotten before the
+        # change commits, so the fast path never decides against a state it no longer is.
+        self.passes.forget()
         self._pass_asked = True
+
+    def _arrived(self, job_id: str) -> None:
+        self._arrivals.append(job_id)
 
     async def run(self, stop: asyncio.Event) -> None:
         async def locked(conn: asyncpg.Connection) -> None:
@@ -209,11 +280,16 @@ class LeaderWork:
         apply = idempotent_batches(self._pool, self._name, self.handlers.apply, guard=locked)
 
         async def handle(deliveries: Sequence[Delivery]) -> None:
+            self._arrivals = []
             await apply(deliveries)
+            arrivals, self._arrivals = self._arrivals, []
             # Only now, after the commit: a pass poked earlier could start before it and miss
-            # what these events changed (a submission does not wait for the pass lock).
+            # what these events changed (a submission does not wait for the pass lock). New
+            # jobs alone are decided by the fast path where it can; else a pass decides.
             if self._pass_asked:
                 self._pass_asked = False
+                self.passes.poke()
+            elif arrivals and not await self.passes.decide_arrivals(arrivals):
                 self.passes.poke()
 
         tasks = [

@@ -178,6 +178,7 @@ class NodeWatch:
         *,
         hearing: Hear | None = None,
         grace_seconds: float = 0.0,
+        on_lost: Callable[[], None] = lambda: None,
     ) -> None:
         self._pool = pool
         self._interval = interval_seconds
@@ -189,6 +190,7 @@ class NodeWatch:
         self._hearing = hearing
         self._started = clock()
         self._judging = False
+        self._on_lost = on_lost
         self.last_cutoff: datetime | None = None
 
     async def cutoff(self) -> datetime | None:
@@ -219,6 +221,8 @@ class NodeWatch:
             self._judging = True
         async with self._pool.acquire() as conn, conn.transaction():
             lost = await sweep_silent_nodes(conn, cutoff, self._clock(), self._tuning, self._guard)
+            if lost:
+                self._on_lost()  # before the commit: the fast path must not use the old nodes
         self.last_cutoff = cutoff
         return lost
 

@@ -122,6 +122,24 @@ async def mark_lost_nodes(conn: asyncpg.Connection, cutoff: datetime, now: datet
     return rows
 
 
+_PENDING_ROWS = (
+    "SELECT job_id, queue, gpu_flavor, gpus, priority_class, submitted_at, "
+    "max_runtime_seconds, seq, pending_reason, pending_position, pending_blocking, "
+    "pending_suggestion, pending_estimated_start, eligible_at, restarts, max_restarts "
+    "FROM jobs"
+)
+
+
+async def queued_rows(conn: asyncpg.Connection, job_ids: Sequence[str]) -> dict[str, Row]:
+    """Those of these jobs that are queued, as ``load_snapshot_rows`` reads pending jobs."""
+    rows = await conn.fetch(
+        f"{_PENDING_ROWS} WHERE status = $1 AND job_id = ANY($2::text[])",
+        JobStatus.QUEUED.value,
+        list(job_ids),
+    )
+    return {r["job_id"]: r for r in rows}
+
+
 async def load_snapshot_rows(conn: asyncpg.Connection) -> SnapshotRows:
     """Everything a pass needs (see ``convert.SnapshotRows``); call under the pass lock so
     the queries see one state — except for jobs submitted meanwhile, which only add rows
@@ -131,13 +149,7 @@ async def load_snapshot_rows(conn: asyncpg.Connection) -> SnapshotRows:
         # Pending jobs first: submissions are inserted without the pass lock (see
         # handlers.dispatch), and a job seen here has its queue committed already, so the
         # queries below find it.
-        pending=await conn.fetch(
-            "SELECT job_id, queue, gpu_flavor, gpus, priority_class, submitted_at, "
-            "max_runtime_seconds, seq, pending_reason, pending_position, pending_blocking, "
-            "pending_suggestion, pending_estimated_start, eligible_at, restarts, max_restarts "
-            "FROM jobs WHERE status = $1",
-            JobStatus.QUEUED.value,
-        ),
+        pending=await conn.fetch(f"{_PENDING_ROWS} WHERE status = $1", JobStatus.QUEUED.value),
         nodes=await conn.fetch(
             "SELECT node_id, gpu_flavor, gpu_count, topology, address FROM nodes WHERE status = $1",
             ready,

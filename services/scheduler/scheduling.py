@@ -51,7 +51,7 @@ from services.scheduler.convert import (
     pending_notes,
 )
 from services.scheduler.domain import Allocation, AllocationStatus, Job, JobStatus
-from services.scheduler.policy.engine import schedule
+from services.scheduler.policy.engine import PolicyState
 from services.scheduler.policy.model import Decisions, Placement, PolicyConfig, Preemption
 from shared import outbox
 from shared.events import Envelope, Payload
@@ -68,6 +68,17 @@ Clock = Callable[[], datetime]
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """A settled pass, as ``run_pass(keep=...)`` hands it over (``fast_path`` keeps it)."""
+
+    built: Built
+    state: PolicyState
+    """The pass's state after its run."""
+    published: Mapping[str, PendingNote]
+    """The notes this pass published (newer than those in ``built.pending``'s rows)."""
 
 
 @dataclass(frozen=True)
@@ -165,18 +176,24 @@ async def run_pass(
     now: datetime,
     tuning: Tuning | None = None,
     settled_notes: bool = False,
+    keep: Callable[[PassResult], None] | None = None,
 ) -> Decisions:
     """One scheduling pass inside the caller's transaction (see the module docstring)."""
     tuning = tuning or Tuning()
     await repo.lock_scheduler(conn)
     built = build_snapshot(await repo.load_snapshot_rows(conn), now, tuning.half_life_s)
-    decisions = schedule(built.snapshot, tuning.policy)
+    state = PolicyState(built.snapshot, tuning.policy)
+    decisions = state.run()  # = schedule(built.snapshot, tuning.policy)
     await _grant(conn, built, decisions.placements, now)
     for preemption in decisions.preemptions:
         await _give_notice(conn, built, preemption, now, tuning.preemption_grace_s)
     published = 0
     if not (settled_notes and decisions.placements):
-        published = await _publish_pending(conn, built, decisions, now)
+        news = await _publish_pending(conn, built, decisions, now)
+        published = len(news)
+        if keep is not None and not decisions.placements and not decisions.preemptions:
+            # The settled state: a pass over it now would decide exactly this again.
+            keep(PassResult(built, state, dict(news)))
     if decisions.placements or decisions.preemptions:
         log.info(
             "pass placed %s; preempted %s; %d waiting, %d pending notes published",
@@ -320,12 +337,19 @@ def _pending_attributes(note: PendingNote) -> dict[str, str | int]:
 
 async def _publish_pending(
     conn: asyncpg.Connection, built: Built, decisions: Decisions, now: datetime
-) -> int:
+) -> list[tuple[str, PendingNote]]:
     news: list[tuple[str, PendingNote]] = []
     for job_id, note in sorted(pending_notes(decisions, built).items()):
         row = built.pending.get(job_id)
         if row is not None and note_changed(PendingNote.from_row(row), note, now):
             news.append((job_id, note))
+    await publish_notes(conn, news)
+    return news
+
+
+async def publish_notes(conn: asyncpg.Connection, news: Sequence[tuple[str, PendingNote]]) -> None:
+    """Publish these notes of waiting jobs (``JobPending``, in each job's trace) and remember
+    them as the last published."""
     if news:
         await repo.set_pending(conn, news)
         contexts = await repo.trace_contexts(conn, [job_id for job_id, _ in news])
@@ -337,4 +361,3 @@ async def _publish_pending(
                     span.add_event("job.pending", _pending_attributes(note))
                 events.append(outbox.traced(_envelope(note.to_event(job_id), job_id)))
         await outbox.enqueue_traced(conn, events)
-    return len(news)

@@ -223,34 +223,17 @@ class PolicyState:
         arrival fast path) neither preempts nor reserves."""
         self._step += 1
         self.decided_at[job.job_id] = self._step
-        invalid = self._invalid(job)
+        invalid = self.invalid(job)
         if invalid is not None:
             self._wait(invalid)
             return None
         pool = self.pools[job.flavor]
-        shapes = self._shapes(job, pool)
+        shapes = self.shapes(job, pool)
         verdict = self.quota.check(job.queue, job.flavor, job.gpus)
         end = self.now + job.declared_runtime_s
-        waiting: Waiting
-        if not verdict.ok:
-            waiting = Waiting(job, "quota", verdict=verdict, shape=shapes[0])
-        elif (job.queue, job.flavor) in self._holds:
-            holder = self._holds[(job.queue, job.flavor)]
-            waiting = Waiting(job, "held", verdict=verdict, shape=shapes[0], holder=holder)
-        elif not self.config.backfill and self.reservations.get(job.flavor):
-            first = self.reservations[job.flavor][0]
-            waiting = Waiting(job, "behind", reservation=first, shape=shapes[0])
-        else:
-            found = self._find(pool, shapes, end)
-            if found is not None:
-                return self._place(job, pool, found[0], found[1], end, verdict.borrowing)
-            waiting = Waiting(job, "capacity", verdict=verdict, shape=shapes[0])
-            for shape in shapes:
-                nodes = pool.find(shape)
-                conflicts = _conflicts(nodes, shape[1], end) if nodes is not None else []
-                if conflicts:  # it fits now, but only on GPUs reserved for someone ahead
-                    waiting.kind, waiting.shape, waiting.conflicts = "reserved", shape, conflicts
-                    break
+        waiting = self._classify(job, pool, shapes, verdict, end)
+        if not isinstance(waiting, Waiting):
+            return self._place(job, pool, waiting[0], waiting[1], end, verdict.borrowing)
         if quick:
             self._wait(waiting)
             return None
@@ -287,12 +270,53 @@ class PolicyState:
         self._wait(waiting)
         return None
 
-    def _invalid(self, job: PendingJob) -> Waiting | None:
+    def _classify(
+        self,
+        job: PendingJob,
+        pool: FlavorPool,
+        shapes: tuple[Shape, ...],
+        verdict: Verdict,
+        end: float,
+    ) -> Waiting | tuple[list[NodeSlot], int]:
+        """Where ``job`` would start now (nodes, GPUs per node), or why it waits before any
+        preemption, reservation or hold; changes nothing."""
+        if not verdict.ok:
+            return Waiting(job, "quota", verdict=verdict, shape=shapes[0])
+        if (job.queue, job.flavor) in self._holds:
+            holder = self._holds[(job.queue, job.flavor)]
+            return Waiting(job, "held", verdict=verdict, shape=shapes[0], holder=holder)
+        if not self.config.backfill and self.reservations.get(job.flavor):
+            first = self.reservations[job.flavor][0]
+            return Waiting(job, "behind", reservation=first, shape=shapes[0])
+        found = self._find(pool, shapes, end)
+        if found is not None:
+            return found
+        waiting = Waiting(job, "capacity", verdict=verdict, shape=shapes[0])
+        for shape in shapes:
+            nodes = pool.find(shape)
+            conflicts = _conflicts(nodes, shape[1], end) if nodes is not None else []
+            if conflicts:  # it fits now, but only on GPUs reserved for someone ahead
+                waiting.kind, waiting.shape, waiting.conflicts = "reserved", shape, conflicts
+                break
+        return waiting
+
+    def insert_waiting(self, waiting: Waiting, index: int, ahead: int, decided_at: int) -> None:
+        """Record ``waiting`` as decided at step ``decided_at`` (a lower bound of it), at
+        ``index`` of its queue's order, with ``ahead`` waiting jobs of the queue before it:
+        a job ``incremental`` proved changes nothing else the pass decided."""
+        job = waiting.job
+        self._positions[job.queue] = self._positions.get(job.queue, 0) + 1
+        waiting.position = ahead + 1
+        self.waiting.append(waiting)
+        self.decided_at[job.job_id] = decided_at
+        self.queue_order[job.queue].insert(index, job)
+
+    def invalid(self, job: PendingJob) -> Waiting | None:
         """Why ``job`` can never start as asked, or None (cached per kind of request)."""
         key = (job.queue, job.flavor, job.gpus, job.gpus_per_node)
         if key not in self._invalid_cache:
             pool = self.pools.get(job.flavor)
-            shapes = self._shapes(job, pool) if pool is not None else ()
+            shapes = self.shapes(job, pool) if pool is not None else ()
             self._invalid_cache[key] = why_invalid(job, self.quota, self.pools, shapes)
         found = self._invalid_cache[key]
         if found is None:
@@ -301,7 +325,7 @@ class PolicyState:
             job, "invalid", text=found.reason, blocking=found.blocking, suggestion=found.suggestion
         )
 
-    def _shapes(self, job: PendingJob, pool: FlavorPool) -> tuple[Shape, ...]:
+    def shapes(self, job: PendingJob, pool: FlavorPool) -> tuple[Shape, ...]:
         """The job's usable gang shapes (cached per flavor and request)."""
         key = (job.flavor, job.gpus, job.gpus_per_node)
         shapes = self._shape_cache.get(key)

@@ -66,7 +66,15 @@ POOLED = ("reclaim", "cohort_full")
 class Incremental:
     """A snapshot and its last pass, kept up to date event by event (see module docstring)."""
 
-    def __init__(self, snapshot: Snapshot, config: PolicyConfig | None = None):
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        config: PolicyConfig | None = None,
+        state: PolicyState | None = None,
+    ):
+        """Keep ``snapshot`` and its pass: ``state`` when given (a ``PolicyState`` built
+        from ``snapshot`` with ``config`` that has run its pass, as the scheduler's own pass
+        gives it), else a pass run here."""
         self.config = config or PolicyConfig()
         self.now = snapshot.now
         self._queues = snapshot.queues
@@ -79,7 +87,10 @@ class Incremental:
         """How many events (the first pass included) needed a whole pass."""
         self.isolated = 0
         """How many arrivals were decided alone (``arrival_is_isolated``)."""
-        self._pass()
+        self.changed: tuple[str, ...] = ()
+        """Ids of the waiting jobs whose explanation the last event changed (every waiting
+        job after a whole pass)."""
+        self._pass(snapshot, state)
 
     # --- state ---------------------------------------------------------------------------
 
@@ -95,20 +106,31 @@ class Incremental:
             dict(self._usage),
         )
 
-    def _pass(self) -> Decisions:
+    def _pass(
+        self, snapshot: Snapshot | None = None, state: PolicyState | None = None
+    ) -> Decisions:
         self.full_passes += 1
-        snapshot = self.snapshot()
-        self.state = PolicyState(snapshot, self.config)
+        snapshot = snapshot or self.snapshot()
         # The quota as the running jobs alone use it: what every verdict of the pass starts
         # from (it only grows from there during the pass).
         self._start_quota = QuotaBook(snapshot.queues)
         for r in snapshot.running:
             self._start_quota.add(r.queue, r.flavor, r.gpus)
-        self.decisions = self.state.run()
-        self._team_of = readers_team_of(self.state, self.state.waiting)
+        if state is None:
+            state = PolicyState(snapshot, self.config)
+            self.decisions = state.run()
+        else:
+            self.decisions = state.decisions()
+        self.state = state
+        self._team_of = readers_team_of(state, state.waiting)
+        self.changed = tuple(self.decisions.explanations)
         return self.decisions
 
     # --- events --------------------------------------------------------------------------
+
+    def knows(self, job_id: str) -> bool:
+        """Whether ``job_id`` is pending or running in the kept snapshot."""
+        return job_id in self._pending or job_id in self._running
 
     def arrive(self, job: PendingJob) -> Decisions:
         """A new pending job."""
@@ -124,19 +146,18 @@ class Incremental:
         order = state.queue_order[job.queue]
         explanations = dict(self.decisions.explanations)
         ahead = sum(1 for j in order[:index] if j.job_id in explanations)
-        state._positions[job.queue] = state._positions.get(job.queue, 0) + 1
-        waiting.position = ahead + 1
-        state.waiting.append(waiting)
+        changed = [job.job_id]
         for later in order[index:]:
             e = explanations.get(later.job_id)
             if e is not None:
                 explanations[later.job_id] = replace(e, position=e.position + 1)
+                changed.append(later.job_id)
         # A lower bound of its own step, which is all a later arrival behind it asks for.
-        state.decided_at[job.job_id] = state.decided_at[order[index - 1].job_id]
-        order.insert(index, job)
+        state.insert_waiting(waiting, index, ahead, state.decided_at[order[index - 1].job_id])
         self._team_of[job.job_id] = state.quota.queues[job.queue].team
         explanations.update(explain_all(state, [waiting], team_of=self._team_of))
         self.decisions = replace(self.decisions, explanations=explanations)
+        self.changed = tuple(changed)
         return self.decisions
 
     def end(self, job_id: str) -> Decisions:
@@ -191,7 +212,7 @@ class Incremental:
                 return None  # its successor might go ahead of it across queues
             if self.now - job.submitted_at >= self.config.ageing_s:
                 return None  # it might hold its queue's quota against its successors
-        invalid = state._invalid(job)
+        invalid = state.invalid(job)
         if invalid is not None:
             return invalid, index
         verdict = self._start_quota.check(job.queue, job.flavor, job.gpus)
@@ -200,11 +221,13 @@ class Incremental:
             if self.config.reservations > 0 and (full_at is None or full_at > before):
                 return None  # it might take a reservation
         elif verdict.kind not in OWN_QUOTA:
-            return None  # its quota allows it now: it might start
+            # Its quota allows it now: it might start; and if it waits for GPUs, its estimate
+            # and those of the jobs after it share one fluid estimate of the flavor.
+            return None
         tried_at = state.tried_at.get((job.queue, job.flavor))
         if tried_at is None or tried_at > before:
             return None  # it might be its queue's try to preempt for this flavor
-        shape = state._shapes(job, state.pools[job.flavor])[0]
+        shape = state.shapes(job, state.pools[job.flavor])[0]
         return Waiting(job, "quota", verdict=verdict, shape=shape), index
 
 

@@ -3,8 +3,9 @@
 The property test keeps its own copy of the cluster (nodes, pending and running jobs), applies
 each event to it independently of ``Incremental``, and checks ``Incremental``'s decisions
 against ``schedule`` over a snapshot it builds itself: the independent check is a full pass
-on the same state. A second ``Incremental``, built from a shuffled snapshot and fed the same
-events, must give equal decisions (determinism). Worlds come from the pass property tests;
+on the same state. A second ``Incremental``, built from a shuffled snapshot (and from a pass
+already run over it, as the scheduler's fast path keeps its pass) and fed the same events,
+must give equal decisions (determinism). Worlds come from the pass property tests;
 the events mix arrivals (some large, long and of low priority, so that they queue last and
 take the isolated path), jobs ending, and nodes joining and leaving. The run counts how
 often each path was taken and fails if either was reached too rarely.
@@ -20,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.policy import schedule
+from services.scheduler.policy import PolicyState, schedule
 from services.scheduler.policy.incremental import Incremental
 from services.scheduler.policy.model import Node, PendingJob, PolicyConfig, RunningJob, Snapshot
 
@@ -131,7 +132,12 @@ def incremental_runs(run: tuple[World, PolicyConfig, list[tuple[str, object]]]) 
     model = Model(world, config)
     rng = random.Random(0)
     inc = Incremental(model.snapshot(), config)
-    twin = Incremental(shuffled(model.snapshot(), rng), config)
+    # The twin starts as the scheduler keeps its pass: from the pass's own state.
+    other = shuffled(model.snapshot(), rng)
+    kept = PolicyState(other, config)
+    kept.run()
+    twin = Incremental(other, config, state=kept)
+    assert twin.full_passes == 1 and twin.decisions == inc.decisions
     for kind, what in events:
         if kind == "arrive":
             assert isinstance(what, PendingJob)
@@ -192,6 +198,27 @@ def test_a_low_priority_job_behind_a_full_queue_is_decided_alone() -> None:
     assert (inc.isolated, inc.full_passes) == (1, 1)
     assert decisions == schedule(replace(state, pending=(*state.pending, late)))
     assert decisions.explanations["late"].position == 2
+
+
+def test_changed_names_the_arrival_and_the_jobs_behind_it() -> None:
+    # "late" (normal) goes between "head" and "last" (low) in q's order; "last" moves down.
+    state = snap(
+        (node("n1", 8),),
+        (queue("q", 4),),
+        (
+            pending("head", "q", 2),
+            pending("last", "q", 4, priority="low", at=NOW, runtime=24 * HOUR, seq=8),
+        ),
+        (running("r", "q", {"n1": 4}),),
+    )
+    inc = Incremental(state)
+    assert set(inc.changed) == {"head", "last"}
+    late = pending("late", "q", 4, at=NOW, runtime=24 * HOUR, seq=9)
+    decisions = inc.arrive(late)
+    assert inc.isolated == 1 and inc.knows("late")
+    assert inc.changed == ("late", "last")
+    assert decisions == schedule(replace(state, pending=(*state.pending, late)))
+    assert [decisions.explanations[j].position for j in ("head", "late", "last")] == [1, 2, 3]
 
 
 def test_an_arrival_that_would_reclaim_quota_gets_a_pass() -> None:

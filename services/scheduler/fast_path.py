@@ -1,0 +1,118 @@
+"""The arrival fast path: a newly queued job decided against the last settled pass, kept in
+memory, instead of a pass that reloads the whole cluster.
+
+Contract:
+- ``Kept`` holds a settled pass (one that placed and preempted nothing: a pass over the
+  same state would decide exactly the same) as a ``policy.incremental.Incremental`` and the
+  rows it was built from. The leader (``loops.PassLoop``) keeps the latest one and forgets
+  it as soon as anything but arrivals changes what a pass would read: any change that asks
+  for a pass, a checkpoint (victims are chosen by it), a lost node, an admin change, and
+  any failure of the fast path. It is also void from ``valid_until``: the pass's clock plus
+  the pass interval (the timer pass, the safety net, re-decides everything at a new clock
+  by then), the first preemption notice to run out, or the first job backing off to become
+  eligible -- a pass would act on those.
+- ``decide_arrivals(conn, kept, job_ids, now)`` decides jobs just queued, in order, with
+  ``Incremental.arrive``, when each provably changes nothing else the pass decided
+  (``Incremental.arrival_is_isolated``: it can only wait). The decisions then equal those
+  of a full pass over the kept state with the new jobs (at the kept pass's clock); the job's
+  ``JobPending`` and the moved positions of the jobs behind it in its queue are published
+  when news (``convert.note_changed``), as a pass publishes them. It returns False when any
+  of them needs a whole pass (not isolated, an unknown queue or priority class, a queue
+  with jobs held back from the policy): nothing is published then and ``kept`` must be
+  forgotten (it may hold some of the jobs); the caller runs a pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import asyncpg
+
+from services.scheduler import repository as repo
+from services.scheduler.convert import PendingNote, from_epoch, note_changed, pending_job
+from services.scheduler.policy.incremental import Incremental
+from services.scheduler.policy.model import PendingJob, PolicyConfig
+from services.scheduler.scheduling import PassResult, publish_notes
+
+
+@dataclass
+class Kept:
+    """A settled pass kept in memory (see the module docstring)."""
+
+    incremental: Incremental
+    result: PassResult
+    valid_until: datetime
+    published: dict[str, PendingNote] = field(default_factory=dict)
+    """The last note published for each job whose note changed since ``result.built``'s
+    rows were read (the pass's news, then the fast path's)."""
+    arrivals: int = 0
+    """Jobs this kept pass decided (``decide_arrivals``)."""
+
+    @classmethod
+    def of(cls, result: PassResult, config: PolicyConfig, interval_s: float) -> Kept:
+        built = result.built
+        snapshot = built.snapshot
+        ends = [snapshot.now + interval_s]
+        ends += [r.notice_at + config.grace_s for r in snapshot.running if r.notice_at is not None]
+        ends += [row["eligible_at"].timestamp() for row in built.backing_off]
+        until = from_epoch(min(ends)) or datetime.fromtimestamp(snapshot.now, UTC)
+        incremental = Incremental(snapshot, config, state=result.state)
+        return cls(incremental, result, until, dict(result.published))
+
+    def note_before(self, job_id: str) -> PendingNote | None:
+        """The note last published for ``job_id`` (None: none yet)."""
+        if job_id in self.published:
+            return self.published[job_id]
+        row = self.result.built.pending.get(job_id)
+        return PendingNote.from_row(row) if row is not None else None
+
+
+def decide(kept: Kept, job: PendingJob) -> dict[str, PendingNote] | None:
+    """The notes of ``job`` and of the jobs behind it in its queue once ``job`` (new to
+    ``kept``) is decided alone; None, and ``kept`` unchanged, when a pass must decide it."""
+    incremental = kept.incremental
+    if incremental.arrival_is_isolated(job) is None:
+        return None
+    decisions = incremental.arrive(job)
+    return {
+        changed: PendingNote.from_explanation(decisions.explanations[changed])
+        for changed in incremental.changed
+    }
+
+
+async def decide_arrivals(
+    conn: asyncpg.Connection, kept: Kept, job_ids: Sequence[str], now: datetime
+) -> bool:
+    """Decide ``job_ids`` (just queued) against ``kept`` (see the module docstring)."""
+    if now >= kept.valid_until:
+        return False
+    built = kept.result.built
+    held = {row["queue"] for row in (*built.held_back, *built.backing_off)}
+    classes = set(built.class_names)
+    rows = await repo.queued_rows(conn, job_ids)
+    notes: dict[str, PendingNote] = {}
+    for job_id in job_ids:
+        row = rows.get(job_id)
+        if row is None or kept.incremental.knows(job_id):
+            continue  # not queued (cancelled since), or a pass since then decided it
+        job = pending_job(row)
+        if row["priority_class"] not in classes or job.queue in held:
+            return False
+        told = decide(kept, job) if row["eligible_at"] is None else None
+        if told is None:
+            return False
+        notes.update(told)
+    news = [
+        (job_id, note)
+        for job_id, note in sorted(notes.items())
+        if note_changed(kept.note_before(job_id), note, now)
+    ]
+    await publish_notes(conn, news)
+    kept.published.update(news)
+    kept.arrivals += len(job_ids)
+    return True
+
+
+__all__ = ["Kept", "decide", "decide_arrivals"]

@@ -1,0 +1,56 @@
+"""The arrival fast path in the running scheduler, on NATS and PostgreSQL: a job that can only
+wait behind its queue's quota is told why by the fast path, against the last settled pass
+kept in memory, without a pass; and a full pass afterwards has nothing new to tell it."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.scheduler import admin
+from services.scheduler.admin_schemas import QueueRequest, QuotaRequest
+from shared.events.payloads import JobPending
+from shared.identity import operator_token_principal
+from tests.integration.scheduler.conftest import Tuned, until
+from tests.integration.scheduler.test_policy_service import running
+
+OPERATOR = operator_token_principal()
+
+pytestmark = pytest.mark.integration
+
+
+async def test_an_arrival_behind_a_full_quota_is_decided_by_the_fast_path(
+    scheduler_with: Tuned,
+) -> None:
+    # A long pass interval: every pass here is one that an event asked for.
+    scheduler = await scheduler_with(pass_interval_s=60.0)
+    work = scheduler.work
+    assert work is not None
+    await scheduler.heartbeat("n1", gpus=4)
+    body = QueueRequest(team="vision", quotas={"cpu": QuotaRequest(nominal=2)})
+    await admin.put_queue(scheduler.pool, "q", body, OPERATOR)
+
+    # "a" fills q's quota; "b" waits for it (the first of its queue: a pass decides it).
+    await scheduler.submit("a", gpus=2)
+    await running(scheduler, "a")
+    await scheduler.submit("b", gpus=2)
+    (b,) = await scheduler.wait_for(JobPending, lambda p: p.job_id == "b")
+    assert (b.position, b.blocking) == (1, "a")
+    # (A pass asked for before "b" was decided may still be due: wait until none is.)
+    await until(lambda: work.passes.idle_with_kept_pass)
+    passes, fast = work.passes.passes, work.passes.fast_arrivals
+
+    # "c" (low priority: behind "b") can only wait too: the fast path tells it so.
+    await scheduler.submit("c", gpus=2, priority="low")
+    (c,) = await scheduler.wait_for(JobPending, lambda p: p.job_id == "c")
+    assert (c.position, c.blocking) == (2, "a")
+    assert c.reason.startswith("queue q uses 2 of its 2 cpu quota")
+    assert (work.passes.passes, work.passes.fast_arrivals) == (passes, fast + 1)
+
+    # A full pass over the same state agrees: nothing about "c" is news to it.
+    await work.passes.run_once()
+    row = await scheduler.pool.fetchrow(
+        "SELECT pending_reason, pending_position, pending_blocking, pending_suggestion, "
+        "pending_estimated_start FROM jobs WHERE job_id = 'c'"
+    )
+    assert tuple(row) == (c.reason, c.position, c.blocking, c.suggestion, c.estimated_start)
+    assert work.passes.passes == passes + 1
