@@ -174,14 +174,18 @@ FrontDoor = NamedDependency[Front]
 
 
 _SCREENED = "trainyard_screened"
+_REMEMBERED = "trainyard_remembered_callers"
 
 
-def screened(role: Role) -> dict[str, Any]:
+def screened(role: Role, remembered: bool = False) -> dict[str, Any]:
     """The ``opt`` of a route that only ``role`` and above may call and that checks a job
     against the flavor catalogue and budgets: the guard reads them with the token. With
     ``middleware=[release_held]`` the guard also keeps its connection for the handler
-    (``held_connection``)."""
-    return {**needs(role), _SCREENED: True}
+    (``held_connection``). ``remembered`` (with ``release_held`` only): the guard may let
+    a token it remembers in without a query (``known_callers``); the handler must then
+    take the ``KnownCaller`` from the request's state and check it again before it acts
+    (``submit_job``: in the statement that stores the job)."""
+    return {**needs(role), _SCREENED: True, _REMEMBERED: remembered}
 
 
 _HELD = "trainyard_held_connection"
@@ -335,7 +339,7 @@ def _name(field: str, value: str) -> str:
     "/jobs",
     status_code=201,
     request_max_body_size=None,
-    opt=screened(Role.MEMBER),
+    opt=screened(Role.MEMBER, remembered=True),
     middleware=[release_held],
     operation_class=json_request_body(
         JobRequest,
@@ -609,8 +613,9 @@ def caller_guard(
     ``resolve_caller``, and spends a token of ``limits`` (429 when there is none). On a
     route marked ``screened()`` (submissions) the same query also reads the team's
     ``governance.Screening`` (``flavors``: the bootstrap list), kept for ``screening_of``;
-    on such a route with ``release_held``, a token ``known`` remembers is let in on what it
-    remembers, without a query (``known_callers``: the submission checks it all again)."""
+    on such a route marked ``remembered`` (with ``release_held``), a token ``known``
+    remembers is let in on what it remembers, without a query (``known_callers``: the
+    handler checks it all again)."""
     known = KnownCallers() if known is None else known
 
     async def guard(
@@ -629,7 +634,8 @@ def caller_guard(
             # route with ``release_held``, which gives it back whatever happens next.
             if release_held in (handler.middleware or ()):
                 token_hash = hash_token(token)
-                if _let_in_known(connection, handler, known.get(token_hash), limits):
+                remembered = known.get(token_hash) if handler.opt.get(_REMEMBERED) else None
+                if _let_in_known(connection, handler, remembered, limits):
                     return
                 await _check_held(connection, handler, pool, flavors, known, token_hash, limits)
                 return
