@@ -50,6 +50,12 @@ Measurements:
    and of 200 pages in a row reached by following ``Link: rel="next"`` (keyset cursors),
    one client; and PostgreSQL's ``EXPLAIN ANALYZE`` of the list's query.
 
+``--before CHECKOUT`` (a copy of the code to compare, e.g. ``git worktree add DIR REF``)
+starts a third server, ``before``: that checkout's ``python -m services.submission`` on the
+same database, measured in the closed-loop runs alternating with the other two, so a
+change is measured before and after in one run (``ratio_before_to_baseline`` and its CPU
+figures in the summary; its accepted jobs are checked for durability too).
+
 Targets (issue 10): service >= 0.5 x baseline accepted/s; p99 < 50 ms at half the
 saturating rate; ``GET /v1/jobs`` p99 < 20 ms with 100,000 jobs.
 """
