@@ -231,9 +231,26 @@ class PolicyState:
         shapes = self.shapes(job, pool)
         verdict = self.quota.check(job.queue, job.flavor, job.gpus)
         end = self.now + job.declared_runtime_s
-        waiting = self._classify(job, pool, shapes, verdict, end)
-        if not isinstance(waiting, Waiting):
-            return self._place(job, pool, waiting[0], waiting[1], end, verdict.borrowing)
+        waiting: Waiting
+        if not verdict.ok:
+            waiting = Waiting(job, "quota", verdict=verdict, shape=shapes[0])
+        elif (job.queue, job.flavor) in self._holds:
+            holder = self._holds[(job.queue, job.flavor)]
+            waiting = Waiting(job, "held", verdict=verdict, shape=shapes[0], holder=holder)
+        elif not self.config.backfill and self.reservations.get(job.flavor):
+            first = self.reservations[job.flavor][0]
+            waiting = Waiting(job, "behind", reservation=first, shape=shapes[0])
+        else:
+            found = self._find(pool, shapes, end)
+            if found is not None:
+                return self._place(job, pool, found[0], found[1], end, verdict.borrowing)
+            waiting = Waiting(job, "capacity", verdict=verdict, shape=shapes[0])
+            for shape in shapes:
+                nodes = pool.find(shape)
+                conflicts = _conflicts(nodes, shape[1], end) if nodes is not None else []
+                if conflicts:  # it fits now, but only on GPUs reserved for someone ahead
+                    waiting.kind, waiting.shape, waiting.conflicts = "reserved", shape, conflicts
+                    break
         if quick:
             self._wait(waiting)
             return None
@@ -269,36 +286,6 @@ class PolicyState:
                         self.reservations_full_at[job.flavor] = self._step
         self._wait(waiting)
         return None
-
-    def _classify(
-        self,
-        job: PendingJob,
-        pool: FlavorPool,
-        shapes: tuple[Shape, ...],
-        verdict: Verdict,
-        end: float,
-    ) -> Waiting | tuple[list[NodeSlot], int]:
-        """Where ``job`` would start now (nodes, GPUs per node), or why it waits before any
-        preemption, reservation or hold; changes nothing."""
-        if not verdict.ok:
-            return Waiting(job, "quota", verdict=verdict, shape=shapes[0])
-        if (job.queue, job.flavor) in self._holds:
-            holder = self._holds[(job.queue, job.flavor)]
-            return Waiting(job, "held", verdict=verdict, shape=shapes[0], holder=holder)
-        if not self.config.backfill and self.reservations.get(job.flavor):
-            first = self.reservations[job.flavor][0]
-            return Waiting(job, "behind", reservation=first, shape=shapes[0])
-        found = self._find(pool, shapes, end)
-        if found is not None:
-            return found
-        waiting = Waiting(job, "capacity", verdict=verdict, shape=shapes[0])
-        for shape in shapes:
-            nodes = pool.find(shape)
-            conflicts = _conflicts(nodes, shape[1], end) if nodes is not None else []
-            if conflicts:  # it fits now, but only on GPUs reserved for someone ahead
-                waiting.kind, waiting.shape, waiting.conflicts = "reserved", shape, conflicts
-                break
-        return waiting
 
     def insert_waiting(self, waiting: Waiting, index: int, ahead: int, decided_at: int) -> None:
         """Record ``waiting`` as decided at step ``decided_at`` (a lower bound of it), at
