@@ -342,8 +342,7 @@ def keep(snapshot: Snapshot) -> Kept:
     """A pass kept as the scheduler keeps its settled pass for the fast path (``run_pass``
     runs ``PolicyState``; ``loops.PassLoop`` keeps it with ``fast_path.Kept.of``)."""
     state = PolicyState(snapshot, PolicyConfig())
-    state.run()
-    result = PassResult(Built(snapshot=snapshot), state, {})
+    result = PassResult(Built(snapshot=snapshot), state, state.run(), {})
     return Kept.of(result, PolicyConfig(), interval_s=5.0)
 
 

@@ -58,7 +58,7 @@ class Kept:
         ends += [r.notice_at + config.grace_s for r in snapshot.running if r.notice_at is not None]
         ends += [row["eligible_at"].timestamp() for row in built.backing_off]
         until = from_epoch(min(ends)) or datetime.fromtimestamp(snapshot.now, UTC)
-        incremental = Incremental(snapshot, config, state=result.state)
+        incremental = Incremental(snapshot, config, result.state, result.decisions)
         return cls(incremental, result, until, dict(result.published))
 
     def note_before(self, job_id: str) -> PendingNote | None:

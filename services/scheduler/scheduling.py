@@ -77,6 +77,8 @@ class PassResult:
     built: Built
     state: PolicyState
     """The pass's state after its run."""
+    decisions: Decisions
+    """What the run decided."""
     published: Mapping[str, PendingNote]
     """The notes this pass published (newer than those in ``built.pending``'s rows)."""
 
@@ -193,7 +195,7 @@ async def run_pass(
         published = len(news)
         if keep is not None and not decisions.placements and not decisions.preemptions:
             # The settled state: a pass over it now would decide exactly this again.
-            keep(PassResult(built, state, dict(news)))
+            keep(PassResult(built, state, decisions, dict(news)))
     if decisions.placements or decisions.preemptions:
         log.info(
             "pass placed %s; preempted %s; %d waiting, %d pending notes published",

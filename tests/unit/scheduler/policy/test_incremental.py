@@ -135,8 +135,7 @@ def incremental_runs(run: tuple[World, PolicyConfig, list[tuple[str, object]]]) 
     # The twin starts as the scheduler keeps its pass: from the pass's own state.
     other = shuffled(model.snapshot(), rng)
     kept = PolicyState(other, config)
-    kept.run()
-    twin = Incremental(other, config, state=kept)
+    twin = Incremental(other, config, kept, kept.run())
     assert twin.full_passes == 1 and twin.decisions == inc.decisions
     for kind, what in events:
         if kind == "arrive":
