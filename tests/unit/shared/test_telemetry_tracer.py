@@ -152,9 +152,10 @@ def test_serving_freezes_the_start_up_heap() -> None:
     settings = ServiceSettings(port=free_port())
 
     async def serve_and_stop() -> int:
-        async with ServiceRuntime("frozen", settings) as runtime:
-            runtime.stopping.set()  # stop as soon as it serves
-            return await runtime.run()
+        # Not entered: entering installs the process's tracer and meter providers.
+        runtime = ServiceRuntime("frozen", settings)
+        runtime.stopping.set()  # stop as soon as it serves
+        return await runtime.run()
 
     try:
         assert asyncio.run(serve_and_stop()) == 0
