@@ -12,7 +12,8 @@ Contract:
 - ``run`` freezes the heap built during start-up (``gc.freeze()``, after one full
   collection): the modules, settings, pools and app a service keeps for its whole life are
   never traversed again by the garbage collector, whose full collections then cost a
-  fraction of what they did (BENCHMARKS.md, "Tracing cost").
+  fraction of what they did (BENCHMARKS.md, "Tracing cost"); it unfreezes them when it has
+  stopped serving.
 - Every service serves ``GET /healthz`` (the process is alive), ``GET /readyz`` (200 only
   when every registered readiness check passes; 503 with the failing check names otherwise)
   and ``GET /metrics`` (Prometheus text, no token).
@@ -141,6 +142,9 @@ class ServiceRuntime:
         await self._drain()
         server.should_exit = True
         await serving
+        # Collectable again: a process that serves several times (tests start many services
+        # in one process) would otherwise keep each one's frozen cycles for good.
+        gc.unfreeze()
         return 1 if self._crashed else 0
 
     async def _drain(self) -> None:

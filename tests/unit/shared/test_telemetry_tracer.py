@@ -147,18 +147,26 @@ def test_the_database_instrumentation_gets_such_tracers() -> None:
 
 
 def test_serving_freezes_the_start_up_heap() -> None:
-    """``run`` moves the start-up heap out of the collector's reach before it serves."""
+    """``run`` moves the start-up heap out of the collector's reach before it serves, and
+    back when it has stopped."""
     gc.unfreeze()
     settings = ServiceSettings(port=free_port())
+    frozen_while_serving: list[int] = []
 
     async def serve_and_stop() -> int:
         # Not entered: entering installs the process's tracer and meter providers.
         runtime = ServiceRuntime("frozen", settings)
-        runtime.stopping.set()  # stop as soon as it serves
+
+        async def look_and_stop() -> None:
+            frozen_while_serving.append(gc.get_freeze_count())
+            runtime.stopping.set()
+
+        runtime.spawn(look_and_stop(), "look")
         return await runtime.run()
 
     try:
         assert asyncio.run(serve_and_stop()) == 0
-        assert gc.get_freeze_count() > 0
+        assert frozen_while_serving[0] > 0
+        assert gc.get_freeze_count() == 0
     finally:
         gc.unfreeze()
