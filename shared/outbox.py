@@ -17,6 +17,13 @@ Contract:
   acknowledgements awaited together). A crash between publish and mark re-publishes the
   event on restart; JetStream drops the duplicate inside its window, so each event is
   published once.
+- Under load a round gathers several commits: after a round that published something, the
+  next one starts no sooner than ``busy_round_s`` (10 ms) after it began, so a busy relay
+  pays its fixed cost per round (a pool round, its transaction and statements, one wait on
+  the acknowledgements) once for all the rows committed meanwhile, not once for every few
+  rows. An idle relay woken by a commit starts at once, and a full batch (a backlog) is
+  followed at once: only a busy relay adds that much delay, at most. ``run``'s final flush
+  does not wait.
 - Several replicas may relay one outbox: rows are claimed with ``FOR UPDATE SKIP LOCKED``.
 - A row the bus will never accept is *parked*, not retried: larger than the bus's maximum
   payload (body and headers; the server's ``max_payload`` or ``max_payload=`` if smaller),
@@ -142,6 +149,7 @@ class OutboxRelay:
         max_payload: int | None = None,
         max_backoff_s: float = 30.0,
         stream_check_s: float = 1.0,
+        busy_round_s: float = 0.01,
     ):
         self._pool = pool
         self._bus = bus
@@ -150,6 +158,7 @@ class OutboxRelay:
         self._max_payload = max_payload
         self._max_backoff_s = max(max_backoff_s, idle_poll_s)
         self._stream_check_s = stream_check_s
+        self._busy_round_s = busy_round_s
         self._stream_checked: tuple[float, int] | None = None  # (monotonic time, reconnects)
         self._wake = asyncio.Event()
 
@@ -160,7 +169,15 @@ class OutboxRelay:
         try:
             await self._report_parked()
             failures = 0
+            loop = asyncio.get_running_loop()
+            sent = 0
+            round_started = loop.time()
             while not stop.is_set():
+                if 0 < sent < self._batch:  # busy, no backlog: let commits gather for a round
+                    await self._sleep(stop, round_started + self._busy_round_s - loop.time(), False)
+                    if stop.is_set():
+                        break
+                round_started = loop.time()
                 # Cleared before reading, so a commit that lands during the read still wakes us.
                 self._wake.clear()
                 try:
@@ -170,6 +187,7 @@ class OutboxRelay:
                     failures = 0
                 except Exception as exc:
                     self._stream_checked = None  # look at the stream again before publishing
+                    sent = 0
                     failures += 1
                     delay = min(self._idle_poll_s * 2 ** min(failures - 1, 16), self._max_backoff_s)
                     if isinstance(exc, StreamMissingError):  # the scheduler makes it soon
@@ -380,6 +398,8 @@ class OutboxRelay:
         self._wake.set()
 
     async def _sleep(self, stop: asyncio.Event, seconds: float, wake: bool = True) -> None:
+        if seconds <= 0:
+            return
         waiters = {asyncio.ensure_future(stop.wait())}
         if wake:
             waiters.add(asyncio.ensure_future(self._wake.wait()))
