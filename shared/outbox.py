@@ -173,8 +173,9 @@ class OutboxRelay:
             sent = 0
             round_started = loop.time()
             while not stop.is_set():
-                if 0 < sent < self._batch:  # busy, no backlog: let commits gather for a round
-                    await self._sleep(stop, round_started + self._busy_round_s - loop.time(), False)
+                gather = round_started + self._busy_round_s - loop.time()
+                if 0 < sent < self._batch and gather > 0:  # busy, no backlog: commits gather
+                    await self._sleep(stop, gather, False)
                     if stop.is_set():
                         break
                 round_started = loop.time()
@@ -398,8 +399,6 @@ class OutboxRelay:
         self._wake.set()
 
     async def _sleep(self, stop: asyncio.Event, seconds: float, wake: bool = True) -> None:
-        if seconds <= 0:
-            return
         waiters = {asyncio.ensure_future(stop.wait())}
         if wake:
             waiters.add(asyncio.ensure_future(self._wake.wait()))

@@ -144,9 +144,11 @@ async def test_the_stream_is_looked_at_first_and_again_after_every_failure() -> 
     assert relay.steps == [
         "check",
         "relay: 2",
+        "sleep",  # a busy relay lets commits gather for a round (busy_round_s)
         "relay: OSError('down')",
         "check",
         "relay: 1",
+        "sleep",
         "relay: 0",
         "sleep",
         "relay: 0 (stop)",
@@ -159,8 +161,23 @@ async def test_it_sleeps_only_when_nothing_was_sent_and_wakes_are_cleared_before
     relay = Scripted([3, 0, 0], idle_poll_s=0.75, stream_check_s=3600.0)
     relay.wake()  # a wake from before the loop started is used up by the first read
     await run(relay)
-    assert relay.sleeps == [(0.75, False)] * 3
+    (gather, woken), *idle = relay.sleeps
+    assert 0 < gather <= relay._busy_round_s and not woken  # after the round that sent 3
+    assert idle == [(0.75, False)] * 3
     assert relay.pauses == []
+
+
+async def test_a_full_batch_is_followed_at_once_and_a_partial_one_by_a_gathering_pause() -> None:
+    relay = Scripted([100, 100, 7, 0], batch=100, busy_round_s=0.05, stream_check_s=3600.0)
+    await run(relay)
+    assert relay.steps[:6] == ["check", "relay: 100", "relay: 100", "relay: 7", "sleep", "relay: 0"]
+    assert 0 < relay.sleeps[0][0] <= 0.05
+
+
+async def test_without_a_gathering_time_a_busy_relay_reads_again_at_once() -> None:
+    relay = Scripted([2, 1, 0], busy_round_s=0.0, stream_check_s=3600.0)
+    await run(relay)
+    assert relay.steps[:5] == ["check", "relay: 2", "relay: 1", "relay: 0", "sleep"]
 
 
 async def test_a_stop_flushes_what_is_committed_then_returns() -> None:
