@@ -103,11 +103,11 @@ def exec_python(args: Sequence[str]) -> None:
 
 
 def cmd_demo(args: Sequence[str]) -> None:
-    exec_python(["-m", "deploy.local", "demo", *args])
+    exec_python(["-m", "trainyard_platform.deploy.local", "demo", *args])
 
 
 def cmd_up(args: Sequence[str]) -> None:
-    exec_python(["-m", "deploy.local", "up", *args])
+    exec_python(["-m", "trainyard_platform.deploy.local", "up", *args])
 
 
 def cmd_test(args: Sequence[str]) -> None:

@@ -1,6 +1,6 @@
 """Start a service with its NATS connection routed through its chaos proxy.
 
-``python -m bench._chaos_launch KIND [ARGS...]`` runs ``python -m services.KIND [ARGS...]``
+``python -m bench._chaos_launch KIND [ARGS...]`` runs ``python -m trainyard_platform.services.KIND [ARGS...]``
 after setting ``TRAINYARD_NATS_URL`` from ``CHAOS_NATS_ROUTES`` (``key=url,key=url``; the
 key is the service kind, or ``TRAINYARD_RUNNER_NODE_ID`` for a runner), so the chaos suite
 can cut one service off NATS (``bench._chaos_proxy``) while the others keep it.
@@ -27,8 +27,8 @@ def main() -> None:
     if url is not None:
         os.environ["TRAINYARD_NATS_URL"] = url
     os.environ.pop(ROUTES, None)
-    sys.argv = [f"services.{kind}", *rest]
-    runpy.run_module(f"services.{kind}", run_name="__main__", alter_sys=True)
+    sys.argv = [f"trainyard_platform.services.{kind}", *rest]
+    runpy.run_module(f"trainyard_platform.services.{kind}", run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

@@ -37,8 +37,8 @@ import psutil
 
 from bench._chaos_launch import ROUTES
 from bench._chaos_proxy import LOOPBACK, TcpProxy
-from deploy.local.nats import NatsUser, admin_user
-from deploy.local.stack import RUNNER_NODE_ID, LocalStack, http_ready
+from trainyard_platform.deploy.local.nats import NatsUser, admin_user
+from trainyard_platform.deploy.local.stack import RUNNER_NODE_ID, LocalStack, http_ready
 
 DB_SERVICES = ("submission", "scheduler", "registry", "billing")
 

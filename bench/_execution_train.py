@@ -90,7 +90,7 @@ def main() -> None:
     state = big_state(args.checkpoint_mb) if args.checkpoint_mb else {}
     store = None
     if args.sync_store:
-        from shared.storage import open_store
+        from trainyard_platform.shared.storage import open_store
 
         store = open_store(args.sync_store)
     stalls: list[float] = []

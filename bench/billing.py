@@ -46,24 +46,24 @@ import httpx
 from pydantic import SecretStr
 
 from bench.submission import machine as machine_info
-from deploy.local.nats import NatsServer
-from deploy.local.postgres import PostgresServer
-from services.billing import ledger_repository
-from services.billing.api import create_app
-from services.billing.config import Settings
-from services.billing.domain import PriceBook, Usage
-from services.billing.handlers import SUBJECTS, BillingHandlers
-from services.billing.ledger import Attribution, LedgerEntry
-from services.billing.service import MIGRATIONS, NAME, seed_prices
-from shared.access import service_guard
-from shared.bus import Bus
-from shared.db import migrate, open_pool
-from shared.events import Envelope, Payload
-from shared.events.payloads import AllocationGranted, AllocationReleased, JobSpec
-from shared.events.trust import owner
-from shared.inbox import idempotent
-from shared.outbox import OutboxRelay
-from shared.settings import DatabaseSettings, NatsSettings
+from trainyard_platform.deploy.local.nats import NatsServer
+from trainyard_platform.deploy.local.postgres import PostgresServer
+from trainyard_platform.services.billing import ledger_repository
+from trainyard_platform.services.billing.api import create_app
+from trainyard_platform.services.billing.config import Settings
+from trainyard_platform.services.billing.domain import PriceBook, Usage
+from trainyard_platform.services.billing.handlers import SUBJECTS, BillingHandlers
+from trainyard_platform.services.billing.ledger import Attribution, LedgerEntry
+from trainyard_platform.services.billing.service import MIGRATIONS, NAME, seed_prices
+from trainyard_platform.shared.access import service_guard
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.db import migrate, open_pool
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import AllocationGranted, AllocationReleased, JobSpec
+from trainyard_platform.shared.events.trust import owner
+from trainyard_platform.shared.inbox import idempotent
+from trainyard_platform.shared.outbox import OutboxRelay
+from trainyard_platform.shared.settings import DatabaseSettings, NatsSettings
 
 RESULTS = Path(__file__).parent / "results" / "billing.json"
 TARGET_REPORT_P99_MS = 200.0

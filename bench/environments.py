@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services.runner.environments import EnvironmentCache, Installer
+from trainyard_platform.services.runner.environments import EnvironmentCache, Installer
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "environments.json"

@@ -67,18 +67,20 @@ import torch
 from nats.js import api
 from pydantic import SecretStr
 
-from deploy.local.nats import NatsServer
-from deploy.local.s3 import S3Server
-from services.runner import checkpoints, launch
-from services.runner.agent import NodeAgent
-from services.runner.config import Settings
-from services.runner.environments import EnvironmentCache, job_interpreter
-from services.runner.gpus import virtual_inventory
-from services.runner.sandbox import bundle_key
-from services.runner.service import agent_loops
-from shared.bus import Bus
-from shared.events import Envelope, Payload, parse_envelope
-from shared.events.payloads import (
+from trainyard.bundle import pack
+from trainyard.sdk.checkpoints import file_digest, snapshot
+from trainyard_platform.deploy.local.nats import NatsServer
+from trainyard_platform.deploy.local.s3 import S3Server
+from trainyard_platform.services.runner import checkpoints, launch
+from trainyard_platform.services.runner.agent import NodeAgent
+from trainyard_platform.services.runner.config import Settings
+from trainyard_platform.services.runner.environments import EnvironmentCache, job_interpreter
+from trainyard_platform.services.runner.gpus import virtual_inventory
+from trainyard_platform.services.runner.sandbox import bundle_key
+from trainyard_platform.services.runner.service import agent_loops
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
+from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     CheckpointRef,
     CheckpointSaved,
@@ -90,12 +92,10 @@ from shared.events.payloads import (
     JobStarted,
     JobSucceeded,
 )
-from shared.events.trust import owner
-from shared.settings import NatsSettings, StorageSettings
-from shared.storage import LocalStore, ObjectStore, S3Store
-from shared.storage.s3 import client_from_settings
-from trainyard.bundle import pack
-from trainyard.sdk.checkpoints import file_digest, snapshot
+from trainyard_platform.shared.events.trust import owner
+from trainyard_platform.shared.settings import NatsSettings, StorageSettings
+from trainyard_platform.shared.storage import LocalStore, ObjectStore, S3Store
+from trainyard_platform.shared.storage.s3 import client_from_settings
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "execution.json"

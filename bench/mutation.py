@@ -53,7 +53,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "mutation.json"
 TOOL = "mutmut"
-PACKAGES = ["shared/", "services/", "trainyard/", "deploy/", "bench/", "examples/"]
+PACKAGES = ["trainyard_platform/", "trainyard/", "bench/", "examples/"]
 ENV_PG_URI = "TRAINYARD_MUTATION_PG_URI"
 """A URI template (``{database}`` in place of the database) of a running PostgreSQL that
 the tests use instead of starting their own."""
@@ -155,8 +155,8 @@ def pytest_configure(config: Any) -> None:
     if not found:
         return
     template: str = found
-    from deploy.local.postgres import PostgresServer
     from tests.fixtures import servers
+    from trainyard_platform.deploy.local.postgres import PostgresServer
 
     class Running(PostgresServer):
         """The run's server: never started or stopped by a test session."""
@@ -189,6 +189,7 @@ def _copy_tree(dest: Path, source: str) -> str:
         subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
         (dest / ".venv").symlink_to(ROOT / ".venv")
         _lift_client(dest)
+        _lift_platform(dest)
         return commit
     for raw in _git("ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0"):
         src = ROOT / raw
@@ -199,6 +200,7 @@ def _copy_tree(dest: Path, source: str) -> str:
         shutil.copy2(src, target)
     (dest / ".venv").symlink_to(ROOT / ".venv")
     _lift_client(dest)
+    _lift_platform(dest)
     return "worktree of " + _git("rev-parse", "HEAD").strip()
 
 
@@ -215,6 +217,24 @@ def _lift_client(dest: Path) -> None:
         shutil.move(client, dest / "trainyard")
 
 
+def _lift_platform(dest: Path) -> None:
+    """Move ``shared/``, ``services/`` and ``deploy/`` into the copy's ``trainyard_platform/``
+    (in place of its links), for the reason ``_lift_client`` gives: mutants are named after
+    their file's path, and the tests import ``trainyard_platform.shared.x``."""
+    package = dest / "trainyard_platform"
+    for name in ("shared", "services", "deploy"):
+        link = package / name
+        if link.is_symlink():
+            link.unlink()
+        if (dest / name).is_dir():
+            shutil.move(dest / name, link)
+
+
+def mutated_path(module: str) -> str:
+    """Where ``module`` (a path such as ``shared/outbox.py``) lies in the lifted copy."""
+    return module if module.startswith("trainyard/") else f"trainyard_platform/{module}"
+
+
 def _git(*args: str) -> str:
     return subprocess.run(
         ["git", *args], cwd=ROOT, check=True, capture_output=True, text=True
@@ -226,7 +246,7 @@ def _config(module: str, tests: list[str], postgres: bool) -> str:
     lines = [
         "",
         "[tool.mutmut]",
-        f"source_paths = {json.dumps([module])}",
+        f"source_paths = {json.dumps([mutated_path(module)])}",
         f"also_copy = {json.dumps(PACKAGES)}",
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
         f"pytest_add_cli_args = {json.dumps(args)}",
@@ -242,7 +262,7 @@ def _config(module: str, tests: list[str], postgres: bool) -> str:
 @contextlib.contextmanager
 def _postgres(work: Path) -> Iterator[str]:
     """A PostgreSQL for the whole run; yields the URI template."""
-    from deploy.local.postgres import PostgresServer
+    from trainyard_platform.deploy.local.postgres import PostgresServer
 
     with PostgresServer(work / ".pgdata") as server:
         uri = server.uri("DBNAMEPLACEHOLDER").replace("DBNAMEPLACEHOLDER", "{database}")
@@ -541,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="PATTERN",
-        help="only the mutants whose names match (fnmatch, e.g. 'shared.outbox.x_enqueue*'); "
+        help="only the mutants whose names match (fnmatch, e.g. 'trainyard_platform.shared.outbox.x_enqueue*'); "
         "the others stay 'not checked'",
     )
     parser.add_argument(

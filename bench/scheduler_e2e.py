@@ -3,7 +3,7 @@
 Run: ``.venv/bin/python -m bench.scheduler_e2e [--nodes 25 100] [--repeat 3]``. Prints a line
 per run and the median per cluster size, and writes ``bench/results/scheduler_e2e.json``.
 
-What is measured: a real ``python -m services.scheduler`` (one process, its own Postgres schema,
+What is measured: a real ``python -m trainyard_platform.services.scheduler`` (one process, its own Postgres schema,
 JetStream consumer, outbox relay) on a local NATS server and PostgreSQL. ``--nodes`` runners are
 simulated by publishing their heartbeats (8 GPUs each); then ``--jobs`` one-GPU jobs are
 published as ``job.submitted`` events as fast as the client can, and the clock runs from the
@@ -36,19 +36,19 @@ import nats
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
-from deploy.local.nats import NatsServer
-from deploy.local.ports import free_port
-from deploy.local.postgres import PostgresServer
-from deploy.local.processes import ManagedProcess
-from shared.events import Envelope, parse_envelope
-from shared.events.payloads import (
+from trainyard_platform.deploy.local.nats import NatsServer
+from trainyard_platform.deploy.local.ports import free_port
+from trainyard_platform.deploy.local.postgres import PostgresServer
+from trainyard_platform.deploy.local.processes import ManagedProcess
+from trainyard_platform.shared.events import Envelope, parse_envelope
+from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     JobSpec,
     JobSubmitted,
     JobSucceeded,
     RunnerHeartbeat,
 )
-from shared.events.trust import owner
+from trainyard_platform.shared.events.trust import owner
 
 RESULTS = Path(__file__).parent / "results" / "scheduler_e2e.json"
 TARGET_PER_S = 500.0
@@ -201,7 +201,7 @@ def _measure(
     }
     process = ManagedProcess(
         "scheduler",
-        [sys.executable, "-m", "services.scheduler"],
+        [sys.executable, "-m", "trainyard_platform.services.scheduler"],
         env=env,
         log_path=(log_dir or base) / f"scheduler-{name}.log",
         cwd=Path(__file__).parents[1],

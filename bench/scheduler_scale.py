@@ -51,11 +51,11 @@ import tracemalloc
 from dataclasses import replace
 from pathlib import Path
 
-from services.scheduler.convert import Built
-from services.scheduler.fast_path import Kept, decide
-from services.scheduler.policy import PolicyState, decide_arrival, schedule
-from services.scheduler.policy.incremental import Incremental
-from services.scheduler.policy.model import (
+from trainyard_platform.services.scheduler.convert import Built
+from trainyard_platform.services.scheduler.fast_path import Kept, decide
+from trainyard_platform.services.scheduler.policy import PolicyState, decide_arrival, schedule
+from trainyard_platform.services.scheduler.policy.incremental import Incremental
+from trainyard_platform.services.scheduler.policy.model import (
     Decisions,
     Node,
     PendingJob,
@@ -65,7 +65,7 @@ from services.scheduler.policy.model import (
     RunningJob,
     Snapshot,
 )
-from services.scheduler.scheduling import PassResult
+from trainyard_platform.services.scheduler.scheduling import PassResult
 
 NOW = 1_750_000_000.0
 HOUR = 3600.0

@@ -44,8 +44,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
 from bench.tracing_cost import machine, write_result
-from shared.otlp_encoding import encode_request
-from shared.telemetry import DirectTracerProvider
+from trainyard_platform.shared.otlp_encoding import encode_request
+from trainyard_platform.shared.telemetry import DirectTracerProvider
 
 RESULTS = Path(__file__).parent / "results" / "span_cost.json"
 BATCH = 512
@@ -115,7 +115,7 @@ def _measure_case(
     kept = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource.create({"service.name": "scheduler"}))
     provider.add_span_processor(SimpleSpanProcessor(kept))
-    name = "services.scheduler.scheduling"
+    name = "trainyard_platform.services.scheduler.scheduling"
     tracers = {
         "sdk": provider.get_tracer(name),
         "ours": DirectTracerProvider(provider).get_tracer(name),

@@ -12,7 +12,7 @@ and a NATS server with JetStream (the service's outbox relay publishes every acc
 * **baseline**: ``python -m bench._submission_baseline``, a bare Litestar app under uvicorn
   that inserts the posted JSON into a table of the same PostgreSQL with asyncpg (one
   autocommitted ``INSERT``) and answers 201 with a ``Location``.
-* **service**: ``python -m services.submission``, the real service as it is deployed
+* **service**: ``python -m trainyard_platform.services.submission``, the real service as it is deployed
   (``ServiceRuntime``: uvicorn, tracing middleware, outbox relay, event consumer), with its
   default pool (10 connections). The clients submit as four members of one team (made
   through ``POST /v1/admin/users``; an admin's submission would also write an audit row)
@@ -51,7 +51,7 @@ Measurements:
    one client; and PostgreSQL's ``EXPLAIN ANALYZE`` of the list's query.
 
 ``--before CHECKOUT`` (a copy of the code to compare, e.g. ``git worktree add DIR REF``)
-starts a third server, ``before``: that checkout's ``python -m services.submission`` on the
+starts a third server, ``before``: that checkout's ``python -m trainyard_platform.services.submission`` on the
 same database, measured in the closed-loop runs alternating with the other two, so a
 change is measured before and after in one run (``ratio_before_to_baseline`` and its CPU
 figures in the summary; its accepted jobs are checked for durability too).
@@ -85,11 +85,11 @@ from typing import Any
 
 import asyncpg
 
-from deploy.local.nats import NatsServer
-from deploy.local.ports import free_port
-from deploy.local.postgres import PostgresServer
-from deploy.local.processes import ManagedProcess
-from services.submission import repository
+from trainyard_platform.deploy.local.nats import NatsServer
+from trainyard_platform.deploy.local.ports import free_port
+from trainyard_platform.deploy.local.postgres import PostgresServer
+from trainyard_platform.deploy.local.processes import ManagedProcess
+from trainyard_platform.services.submission import repository
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "submission.json"
@@ -267,7 +267,7 @@ def start_baseline(base: Path, dsn: str) -> tuple[ManagedProcess, int]:
 def start_service(
     base: Path, dsn: str, nats_url: str, code: Path = REPO, name: str = "service"
 ) -> tuple[ManagedProcess, int]:
-    """``python -m services.submission`` from the checkout ``code`` (``python -m`` imports
+    """``python -m trainyard_platform.services.submission`` from the checkout ``code`` (``python -m`` imports
     the service from its working directory first)."""
     port = free_port()
     env = _child_env(
@@ -285,7 +285,7 @@ def start_service(
     )
     process = ManagedProcess(
         name,
-        [sys.executable, "-m", "services.submission"],
+        [sys.executable, "-m", "trainyard_platform.services.submission"],
         env=env,
         log_path=base / "logs" / f"{name}.log",
         cwd=code,
@@ -319,12 +319,12 @@ def create_user(port: int, admin_token: str, name: str, role: str) -> str:
 
 def bootstrap(dsn: str, team: str, user: str, base: Path) -> str:
     """A token of a new admin ``user`` of ``team`` (made as an operator would:
-    ``python -m services.submission bootstrap-admin``, which also migrates the schema)."""
+    ``python -m trainyard_platform.services.submission bootstrap-admin``, which also migrates the schema)."""
     done = subprocess.run(
         [
             sys.executable,
             "-m",
-            "services.submission",
+            "trainyard_platform.services.submission",
             "bootstrap-admin",
             "--team",
             team,

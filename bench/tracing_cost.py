@@ -4,7 +4,7 @@ Run: ``.venv/bin/python -m bench.tracing_cost [--rounds 4] [--modes on off] [--n
 [--jobs-per-gpu 3]``. Prints a line per run, the median of each mode and their ratio, and writes
 ``bench/results/tracing_cost.json``.
 
-What is measured: ``bench.scheduler_e2e``'s run (a real ``python -m services.scheduler`` on a
+What is measured: ``bench.scheduler_e2e``'s run (a real ``python -m trainyard_platform.services.scheduler`` on a
 local NATS server and PostgreSQL, simulated runners, ``job.submitted`` events published as
 fast as the client can, the clock from the first submit to the last ``allocation.granted``;
 with ``--finish`` each granted job succeeds at once so the rest start as GPUs free up),
@@ -62,10 +62,10 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.scheduler_e2e import ADMIN_TOKEN, _delete_streams, _measure, _wait_ready
-from deploy.local.nats import NatsServer
-from deploy.local.ports import LOOPBACK, free_port
-from deploy.local.postgres import PostgresServer
-from deploy.local.processes import ManagedProcess
+from trainyard_platform.deploy.local.nats import NatsServer
+from trainyard_platform.deploy.local.ports import LOOPBACK, free_port
+from trainyard_platform.deploy.local.postgres import PostgresServer
+from trainyard_platform.deploy.local.processes import ManagedProcess
 
 RESULTS = Path(__file__).parent / "results" / "tracing_cost.json"
 TARGET_RATIO = 0.95
@@ -183,7 +183,7 @@ def _startup_cpu_seconds(base: Path, nats_url: str, pg: PostgresServer) -> float
     before = _children_cpu_seconds()
     process = ManagedProcess(
         "scheduler",
-        [sys.executable, "-m", "services.scheduler"],
+        [sys.executable, "-m", "trainyard_platform.services.scheduler"],
         env=env,
         log_path=base / f"scheduler-{name}.log",
         cwd=Path(__file__).parents[1],

@@ -6,7 +6,7 @@ what it measures and writes ``bench/results/tracking.json``.
 
 Everything is real and on loopback: an embedded PostgreSQL (``deploy.local.postgres``; fsync
 and synchronous commit on) and a NATS server with JetStream, and the registry as deployed
-(``python -m services.registry``: its consumer fetching batches of up to 64 events, the inbox,
+(``python -m trainyard_platform.services.registry``: its consumer fetching batches of up to 64 events, the inbox,
 one transaction per batch, ``COPY`` of the points).
 
 1. **Ingest**: ``--jobs`` jobs (20) each report ``--keys`` metrics (5) for ``--steps`` steps
@@ -54,18 +54,18 @@ import httpx
 
 from bench.submission import REPO, _child_env, _cpu_of, _machine_busy, _postgres_cpu, _wait_http
 from bench.submission import machine as machine_info
-from deploy.local.nats import NatsServer
-from deploy.local.ports import free_port
-from deploy.local.postgres import PostgresServer
-from deploy.local.processes import ManagedProcess
-from services.registry.metric_curves import BLOCKS_QUERY
-from services.registry.metrics import BLOCK_STEPS
-from services.runner import domain
-from services.runner.domain import JobIdentity, MetricBatcher
-from shared.bus import Bus
-from shared.control import MetricsMessage
-from shared.events import Envelope
-from shared.events.payloads import (
+from trainyard_platform.deploy.local.nats import NatsServer
+from trainyard_platform.deploy.local.ports import free_port
+from trainyard_platform.deploy.local.postgres import PostgresServer
+from trainyard_platform.deploy.local.processes import ManagedProcess
+from trainyard_platform.services.registry.metric_curves import BLOCKS_QUERY
+from trainyard_platform.services.registry.metrics import BLOCK_STEPS
+from trainyard_platform.services.runner import domain
+from trainyard_platform.services.runner.domain import JobIdentity, MetricBatcher
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.control import MetricsMessage
+from trainyard_platform.shared.events import Envelope
+from trainyard_platform.shared.events.payloads import (
     Environment,
     JobMetrics,
     JobSpec,
@@ -73,8 +73,8 @@ from shared.events.payloads import (
     MetricPoint,
     Payload,
 )
-from shared.events.trust import routing_key_of
-from shared.settings import NatsSettings
+from trainyard_platform.shared.events.trust import routing_key_of
+from trainyard_platform.shared.settings import NatsSettings
 
 RESULTS = Path(__file__).parent / "results" / "tracking.json"
 TARGET_POINTS_PER_S = 50_000
@@ -167,7 +167,7 @@ def start_registry(base: Path, dsn: str, nats_url: str) -> tuple[ManagedProcess,
     )
     process = ManagedProcess(
         "registry",
-        [sys.executable, "-m", "services.registry"],
+        [sys.executable, "-m", "trainyard_platform.services.registry"],
         env=env,
         log_path=base / "logs" / "registry.log",
         cwd=REPO,

@@ -44,14 +44,14 @@ import httpx
 from pydantic import SecretStr
 
 from bench.submission import machine as machine_info
-from deploy.local.postgres import PostgresServer
-from services.billing import waste_rollups as rollups
-from services.billing.api import create_app
-from services.billing.config import Settings
-from services.billing.service import MIGRATIONS, NAME, seed_prices
-from shared.access import service_guard
-from shared.db import migrate, open_pool
-from shared.settings import DatabaseSettings
+from trainyard_platform.deploy.local.postgres import PostgresServer
+from trainyard_platform.services.billing import waste_rollups as rollups
+from trainyard_platform.services.billing.api import create_app
+from trainyard_platform.services.billing.config import Settings
+from trainyard_platform.services.billing.service import MIGRATIONS, NAME, seed_prices
+from trainyard_platform.shared.access import service_guard
+from trainyard_platform.shared.db import migrate, open_pool
+from trainyard_platform.shared.settings import DatabaseSettings
 
 RESULTS = Path(__file__).parent / "results" / "waste.json"
 TOKEN = "bench-operator-token"

@@ -41,9 +41,14 @@ from litestar.handlers import BaseRouteHandler
 from litestar.types import Guard
 from pydantic import SecretStr
 
-from shared.auth import bearer_token
-from shared.identity import IdentityClient, Principal, Role, operator_token_principal
-from shared.settings import GuardedServiceSettings
+from trainyard_platform.shared.auth import bearer_token
+from trainyard_platform.shared.identity import (
+    IdentityClient,
+    Principal,
+    Role,
+    operator_token_principal,
+)
+from trainyard_platform.shared.settings import GuardedServiceSettings
 
 OPEN_PATHS: Final[frozenset[str]] = frozenset({"/healthz", "/readyz", "/metrics"})
 """Request paths answered without a token: the liveness and readiness probes, and the

@@ -23,8 +23,8 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import QueryParameter
 from pydantic import BaseModel
 
-from shared.access import needs
-from shared.identity import Principal, Role
+from trainyard_platform.shared.access import needs
+from trainyard_platform.shared.identity import Principal, Role
 
 
 class AuditEntry(BaseModel):

@@ -95,11 +95,11 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
 from opentelemetry import metrics, trace
 
-from shared.events import Envelope, EventParseError, Payload, parse_envelope
-from shared.events.trust import forged_because, misrouted_because
-from shared.settings import NatsSettings
-from shared.telemetry import extract, inject, tracer
-from shared.telemetry import meter as telemetry_meter
+from trainyard_platform.shared.events import Envelope, EventParseError, Payload, parse_envelope
+from trainyard_platform.shared.events.trust import forged_because, misrouted_because
+from trainyard_platform.shared.settings import NatsSettings
+from trainyard_platform.shared.telemetry import extract, inject, tracer
+from trainyard_platform.shared.telemetry import meter as telemetry_meter
 
 log = logging.getLogger(__name__)
 _tracer = tracer(__name__)

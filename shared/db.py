@@ -25,7 +25,7 @@ from pathlib import Path
 
 import asyncpg
 
-from shared.settings import DatabaseSettings
+from trainyard_platform.shared.settings import DatabaseSettings
 
 PLATFORM_MIGRATIONS = Path(__file__).parent / "migrations"
 _MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")

@@ -44,9 +44,9 @@ from nats.js import api
 from nats.js.errors import NotFoundError
 from pydantic import BaseModel
 
-from shared import audit
-from shared.access import needs
-from shared.bus import (
+from trainyard_platform.shared import audit
+from trainyard_platform.shared.access import needs
+from trainyard_platform.shared.bus import (
     CONSUMER_HEADER,
     DELIVERIES_HEADER,
     ORIGINAL_MSG_ID_HEADER,
@@ -58,8 +58,8 @@ from shared.bus import (
     deadletter_subject,
     redrive_subject,
 )
-from shared.events import EventParseError, parse_envelope
-from shared.identity import Principal, Role
+from trainyard_platform.shared.events import EventParseError, parse_envelope
+from trainyard_platform.shared.identity import Principal, Role
 
 MAX_PAGE = 500
 """Most dead letters one page holds."""

@@ -15,9 +15,9 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 
-from shared.bus import BatchHandler, Delivery, Handler
-from shared.events import Envelope, Payload
-from shared.metrics import instrument
+from trainyard_platform.shared.bus import BatchHandler, Delivery, Handler
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.metrics import instrument
 
 _handled = instrument("trainyard.events.handled")
 _duration = instrument("trainyard.events.handling.duration")

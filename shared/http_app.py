@@ -58,9 +58,9 @@ from litestar.routes import HTTPRoute
 from litestar.types import ControllerRouterHandler, Guard
 from pydantic import BaseModel
 
-from shared.access import principal_dependency
-from shared.http_errors import ErrorBody, check_parameters, exception_handlers
-from shared.http_tracing import tracing_middleware
+from trainyard_platform.shared.access import principal_dependency
+from trainyard_platform.shared.http_errors import ErrorBody, check_parameters, exception_handlers
+from trainyard_platform.shared.http_tracing import tracing_middleware
 
 ERRORS: Final[Mapping[int, str]] = {
     400: "malformed request (a bad Content-Length or Host header), refused before it is read",

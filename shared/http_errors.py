@@ -36,7 +36,7 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import ExceptionHandlersMap
 from pydantic import BaseModel, Field, ValidationError
 
-from shared.identity import Denied, IdentityUnavailable
+from trainyard_platform.shared.identity import Denied, IdentityUnavailable
 
 log = logging.getLogger(__name__)
 

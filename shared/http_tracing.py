@@ -27,8 +27,8 @@ from typing import Any, Final
 from opentelemetry import trace
 from opentelemetry.context import attach, detach
 
-from shared.metrics import instrument
-from shared.telemetry import extract, tracer
+from trainyard_platform.shared.metrics import instrument
+from trainyard_platform.shared.telemetry import extract, tracer
 
 ASGIApp = Any  # litestar.types.ASGIApp; kept loose so shared/ stays framework-light
 

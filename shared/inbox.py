@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import asyncpg
 
-from shared.bus import BatchHandler, Delivery
-from shared.events import Envelope, Payload
+from trainyard_platform.shared.bus import BatchHandler, Delivery
+from trainyard_platform.shared.events import Envelope, Payload
 
 TransactionalHandler = Callable[[Envelope[Payload], asyncpg.Connection], Awaitable[None]]
 TransactionalBatchHandler = Callable[[Sequence[Delivery], asyncpg.Connection], Awaitable[None]]

@@ -31,7 +31,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from shared.telemetry import OtelExportSettings, service_resource
+from trainyard_platform.shared.telemetry import OtelExportSettings, service_resource
 
 REGISTRY: Final = CollectorRegistry()
 """The process's Prometheus registry (the reader of the one meter provider writes here)."""

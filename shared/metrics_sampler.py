@@ -24,9 +24,9 @@ import asyncpg
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from shared.bus import Bus
-from shared.deadletters import DeadLetters
-from shared.metrics import CATALOGUE
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.deadletters import DeadLetters
+from trainyard_platform.shared.metrics import CATALOGUE
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from opentelemetry.exporter.otlp.proto.http import trace_exporter as _sdk
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from shared.otlp_encoding import encode_request
+from trainyard_platform.shared.otlp_encoding import encode_request
 
 _install_lock = threading.Lock()
 _installed = False

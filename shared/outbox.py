@@ -59,10 +59,10 @@ from nats.errors import BadHeaderError, BadSubjectError, MaxPayloadError
 from nats.errors import Error as NatsError
 from nats.js.errors import APIError
 
-from shared import db
-from shared.bus import Bus, StreamMissingError
-from shared.events import Envelope, Payload
-from shared.telemetry import inject
+from trainyard_platform.shared import db
+from trainyard_platform.shared.bus import Bus, StreamMissingError
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.telemetry import inject
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_PAYLOAD = 1024 * 1024

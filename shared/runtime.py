@@ -44,12 +44,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
-from shared.bus import Bus
-from shared.logs import configure_logging
-from shared.metrics import metrics_route, setup_metrics
-from shared.metrics_sampler import Sampler, common_readings
-from shared.settings import ServiceSettings, invalid_settings
-from shared.telemetry import OtelExportSettings, setup_tracing
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.logs import configure_logging
+from trainyard_platform.shared.metrics import metrics_route, setup_metrics
+from trainyard_platform.shared.metrics_sampler import Sampler, common_readings
+from trainyard_platform.shared.settings import ServiceSettings, invalid_settings
+from trainyard_platform.shared.telemetry import OtelExportSettings, setup_tracing
 
 log = logging.getLogger(__name__)
 
@@ -214,12 +214,12 @@ def serve_from_command_line(
     serve: Callable[[ServiceSettingsT], Coroutine[Any, Any, int]],
     argv: list[str] | None = None,
 ) -> int:
-    """``python -m services.<name> [--host H] [--port P]``: build the settings (the flags
+    """``python -m trainyard_platform.services.<name> [--host H] [--port P]``: build the settings (the flags
     override ``TRAINYARD_<NAME>_HOST/PORT``), serve until SIGTERM, return the exit status.
     Bad settings are named, one line each, with exit status 2 and nothing started."""
     prefix = f"TRAINYARD_{name.upper()}_"
     parser = argparse.ArgumentParser(
-        prog=f"python -m services.{name}",
+        prog=f"python -m trainyard_platform.services.{name}",
         description=f"Trainyard {name}: {summary} (settings come from {prefix}* and the "
         "shared TRAINYARD_* variables).",
     )

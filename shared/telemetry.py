@@ -58,9 +58,9 @@ from opentelemetry.sdk.trace.export import (
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.settings import TelemetrySettings
 from trainyard.tracing import PROPAGATOR
 from trainyard.tracing import inject as inject
+from trainyard_platform.shared.settings import TelemetrySettings
 
 # Injecting is the client distribution's (its HTTP client sends the context too); one
 # propagator and one ``inject`` for both.
@@ -186,7 +186,7 @@ def span_exporters(export: OtelExportSettings | None = None) -> list[SpanExporte
         )
 
         return [GrpcSpanExporter()]
-    from shared.otlp_http import HttpSpanExporter
+    from trainyard_platform.shared.otlp_http import HttpSpanExporter
 
     return [HttpSpanExporter()]
 

@@ -25,7 +25,7 @@ from bench.simulator.engine import SimConfig, SimResult, simulate
 from bench.simulator.metrics import Summary, summarize, verdict
 from bench.simulator.policies import PRIORITY, fifo, ours, team_queues
 from bench.simulator.trace import cluster_gpus, load_trace
-from services.scheduler.policy.model import PolicyConfig
+from trainyard_platform.services.scheduler.policy.model import PolicyConfig
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "gavel-msr-seed0"

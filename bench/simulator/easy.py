@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping
 
 from bench.simulator import gangs
-from services.scheduler.policy.model import Decisions, Placement, Snapshot
+from trainyard_platform.services.scheduler.policy.model import Decisions, Placement, Snapshot
 
 
 def easy_backfill(snapshot: Snapshot) -> Decisions:

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 from bench.simulator.cluster import FLAVOR, SimNode, gang_shape
 from bench.simulator.trace import TraceJob
-from services.scheduler.policy.fairshare import charge, decay_usage
-from services.scheduler.policy.model import (
+from trainyard_platform.services.scheduler.policy.fairshare import charge, decay_usage
+from trainyard_platform.services.scheduler.policy.model import (
     Decisions,
     Node,
     PendingJob,

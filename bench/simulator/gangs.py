@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from bench.simulator.cluster import gang_shape
-from services.scheduler.policy.model import Node, Snapshot
+from trainyard_platform.services.scheduler.policy.model import Node, Snapshot
 
 FreeMap = dict[str, list[int]]
 Gpus = dict[str, tuple[int, ...]]

@@ -23,7 +23,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from bench.simulator.preemptive import PreemptivePass
-from services.scheduler.policy.model import Decisions, PendingJob, RunningJob, Snapshot
+from trainyard_platform.services.scheduler.policy.model import (
+    Decisions,
+    PendingJob,
+    RunningJob,
+    Snapshot,
+)
 
 
 @dataclass(frozen=True)

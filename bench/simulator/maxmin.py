@@ -21,7 +21,12 @@ import heapq
 from collections.abc import Callable, Mapping
 
 from bench.simulator.preemptive import PreemptivePass
-from services.scheduler.policy.model import Decisions, PendingJob, RunningJob, Snapshot
+from trainyard_platform.services.scheduler.policy.model import (
+    Decisions,
+    PendingJob,
+    RunningJob,
+    Snapshot,
+)
 
 _EPS = 1e-9
 

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from operator import attrgetter
 
 from bench.simulator.cluster import FLAVOR
-from services.scheduler.policy import schedule
-from services.scheduler.policy.model import (
+from trainyard_platform.services.scheduler.policy import schedule
+from trainyard_platform.services.scheduler.policy.model import (
     Decisions,
     Node,
     PendingJob,

@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import Literal
 
 from bench.simulator import gangs
-from services.scheduler.policy.model import (
+from trainyard_platform.services.scheduler.policy.model import (
     Decisions,
     PendingJob,
     Placement,

@@ -18,7 +18,12 @@ from collections.abc import Callable, Iterable, Mapping
 
 from bench.simulator.preemptive import PreemptivePass
 from bench.simulator.trace import TraceJob
-from services.scheduler.policy.model import Decisions, PendingJob, RunningJob, Snapshot
+from trainyard_platform.services.scheduler.policy.model import (
+    Decisions,
+    PendingJob,
+    RunningJob,
+    Snapshot,
+)
 
 
 class SrtfOracle:

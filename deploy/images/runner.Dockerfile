@@ -33,11 +33,13 @@ COPY shared ./shared
 COPY services ./services
 COPY client ./client
 COPY deploy ./deploy
+# Links to the three folders above: the wheel installs them under this one name.
+COPY trainyard_platform ./trainyard_platform
 # Two distributions: the client (client/, package trainyard) that the platform depends on,
 # then the platform itself.
 RUN pip install --no-cache-dir --no-deps --no-build-isolation ./client . \
     && pip check \
-    && python -c "import services.runner.__main__, trainyard.sdk"
+    && python -c "import trainyard_platform.services.runner.__main__, trainyard.sdk"
 
 FROM ${PYTHON_IMAGE}
 ENV PATH=/opt/trainyard/bin:$PATH \
@@ -58,4 +60,4 @@ WORKDIR /home/trainyard
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
-CMD ["python", "-m", "services.runner"]
+CMD ["python", "-m", "trainyard_platform.services.runner"]

@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # The image of the four services (submission, scheduler, registry, billing); the command picks
-# one: python -m services.<name>. No torch in it: no service imports it (the runner image
+# one: python -m trainyard_platform.services.<name>. No torch in it: no service imports it (the runner image
 # has it). Build from the repository root:
 #
 #   docker build -f deploy/images/services.Dockerfile -t trainyard-services:local .
@@ -28,10 +28,12 @@ COPY shared ./shared
 COPY services ./services
 COPY client ./client
 COPY deploy ./deploy
+# Links to the three folders above: the wheel installs them under this one name.
+COPY trainyard_platform ./trainyard_platform
 # Two distributions: the client (client/, package trainyard) that the platform depends on,
 # then the platform itself.
 RUN pip install --no-cache-dir --no-deps --no-build-isolation ./client . \
-    && python -c "import services.submission.__main__, services.scheduler.__main__, services.registry.__main__, services.billing.__main__"
+    && python -c "import trainyard_platform.services.submission.__main__, trainyard_platform.services.scheduler.__main__, trainyard_platform.services.registry.__main__, trainyard_platform.services.billing.__main__"
 
 FROM ${PYTHON_IMAGE}
 # In a container every service listens on all interfaces, port 8000 (outside one the
@@ -56,4 +58,4 @@ EXPOSE 8000
 # Liveness; compose and Kubernetes probe /readyz on top.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
-CMD ["python", "-m", "services.submission"]
+CMD ["python", "-m", "trainyard_platform.services.submission"]

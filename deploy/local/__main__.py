@@ -1,4 +1,4 @@
-"""Command line of the embedded local stack: ``python -m deploy.local up|demo``.
+"""Command line of the embedded local stack: ``python -m trainyard_platform.deploy.local up|demo``.
 
 ``up``    starts the stack (``LocalStack``) in ``.trainyard/local`` (kept between runs unless
           ``--fresh``), prints the service URLs, the operator token (new at every start) and
@@ -32,8 +32,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from deploy.local.processes import ProcessFailedError
-from deploy.local.stack import SERVICES, LocalStack, project_root
+from trainyard_platform.deploy.local.processes import ProcessFailedError
+from trainyard_platform.deploy.local.stack import SERVICES, LocalStack, project_root
 
 DEMO_TEAM = "ml-research"
 DEMO_USER = "demo-admin"
@@ -443,7 +443,8 @@ def _print_suspect_logs(stack: LocalStack) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m deploy.local", description="Trainyard's embedded local stack."
+        prog="python -m trainyard_platform.deploy.local",
+        description="Trainyard's embedded local stack.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -57,10 +57,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from deploy.local.ports import LOOPBACK, free_port
-from deploy.local.processes import Exit, ManagedProcess, ProcessFailedError
-from shared.bus import STREAMS_USER, redrive_subject
-from shared.events.payloads import (
+from trainyard_platform.deploy.local.ports import LOOPBACK, free_port
+from trainyard_platform.deploy.local.processes import Exit, ManagedProcess, ProcessFailedError
+from trainyard_platform.shared.bus import STREAMS_USER, redrive_subject
+from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
     AllocationRevoked,
@@ -84,7 +84,7 @@ from shared.events.payloads import (
     Payload,
     RunnerHeartbeat,
 )
-from shared.events.trust import (
+from trainyard_platform.shared.events.trust import (
     RUNNER_NODE_ONLY,
     delegate_key,
     delegated_keys,

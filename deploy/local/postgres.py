@@ -36,7 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from deploy.local.processes import Exit
+from trainyard_platform.deploy.local.processes import Exit
 
 DEFAULT_DATABASE = "trainyard"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")

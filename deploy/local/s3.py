@@ -29,9 +29,9 @@ from typing import IO
 
 from pydantic import SecretStr
 
-from deploy.local.ports import LOOPBACK, free_port
-from deploy.local.processes import Exit
-from shared.settings import StorageSettings
+from trainyard_platform.deploy.local.ports import LOOPBACK, free_port
+from trainyard_platform.deploy.local.processes import Exit
+from trainyard_platform.shared.settings import StorageSettings
 
 _START_ATTEMPTS = 3
 """Ports tried before giving up: the chosen port can be taken before moto binds it."""

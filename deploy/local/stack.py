@@ -4,7 +4,7 @@
 JetStream, PostgreSQL (database ``trainyard``), a moto S3 endpoint with bucket
 ``trainyard`` when ``storage="s3"``, then the five services and one runner (node
 ``local-node-1``, flavor ``cpu``, ``runner_gpus`` virtual GPUs), each as
-``python -m services.<name>`` on its own free loopback port. The services are launched
+``python -m trainyard_platform.services.<name>`` on its own free loopback port. The services are launched
 together (as compose would) and the stack returns once every ``/readyz`` answers 200; a
 service that exits or is not ready in time raises ``ProcessFailedError`` carrying the tail
 of its log. Leaving the context stops everything in reverse order, also on exceptions and
@@ -27,7 +27,7 @@ Every child gets this process's environment without any inherited ``TRAINYARD_*`
 variable, then the stack's settings (``env``: infrastructure plus ``extra_env``), then its
 own ``TRAINYARD_<SERVICE>_*`` settings; ``extra_env`` is applied last and so wins.
 
-``service_argv(kind)`` says how a service starts (default ``python -m services.<kind>``);
+``service_argv(kind)`` says how a service starts (default ``python -m trainyard_platform.services.<kind>``);
 tests replace it with stand-ins, and ``bootstrap_admin`` appends its sub-command to it.
 
 Supervision: once started, a watchdog thread (``deploy.local.processes.Watchdog``) watches
@@ -81,10 +81,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, Literal
 
-from deploy.local.nats import NatsServer, NatsUser, service_user, service_user_name
-from deploy.local.ports import LOOPBACK, free_port
-from deploy.local.postgres import PostgresServer
-from deploy.local.processes import (
+from trainyard_platform.deploy.local.nats import (
+    NatsServer,
+    NatsUser,
+    service_user,
+    service_user_name,
+)
+from trainyard_platform.deploy.local.ports import LOOPBACK, free_port
+from trainyard_platform.deploy.local.postgres import PostgresServer
+from trainyard_platform.deploy.local.processes import (
     Death,
     ManagedProcess,
     ProcessFailedError,
@@ -95,7 +100,7 @@ from deploy.local.processes import (
 )
 
 if TYPE_CHECKING:
-    from deploy.local.s3 import S3Server
+    from trainyard_platform.deploy.local.s3 import S3Server
 
 SERVICES: Final[tuple[str, ...]] = ("registry", "billing", "scheduler", "runner", "submission")
 """Start order (stop order is the reverse): the HTTP entry point last, so it is the last to
@@ -125,8 +130,8 @@ def project_root() -> Path | None:
 
 
 def default_service_argv(kind: str) -> list[str]:
-    """How a service starts: ``python -m services.<kind>`` with this interpreter."""
-    return [sys.executable, "-m", f"services.{kind}"]
+    """How a service starts: ``python -m trainyard_platform.services.<kind>`` with this interpreter."""
+    return [sys.executable, "-m", f"trainyard_platform.services.{kind}"]
 
 
 def http_ready(url: str, timeout_s: float = 1.0) -> bool:
@@ -301,7 +306,7 @@ class LocalStack:
         }
         if self.storage == "s3":
             # Imported lazily: moto is a local/dev extra, and the file path needs none of it.
-            from deploy.local.s3 import S3Server
+            from trainyard_platform.deploy.local.s3 import S3Server
 
             s3 = S3Server(log_dir=self.log_dir)
             exit_stack.callback(s3.stop)

@@ -1,12 +1,12 @@
-"""``python -m services.billing``: run the billing service until SIGTERM."""
+"""``python -m trainyard_platform.services.billing``: run the billing service until SIGTERM."""
 
 from __future__ import annotations
 
 import sys
 
-from services.billing.config import Settings
-from services.billing.service import serve
-from shared.runtime import serve_from_command_line
+from trainyard_platform.services.billing.config import Settings
+from trainyard_platform.services.billing.service import serve
+from trainyard_platform.shared.runtime import serve_from_command_line
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,14 +24,14 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import QueryParameter
 from litestar.types import Guard
 
-from services.billing import repository as repo
-from services.billing.costs_api import check_parameters, cost_routes
-from services.billing.governance_api import governance_routes
-from services.billing.schemas import UsageSummary, usage_summary
-from services.billing.waste_api import waste_routes
-from shared.audit import audit_route
-from shared.http_app import error_responses, service_app
-from shared.identity import Principal
+from trainyard_platform.services.billing import repository as repo
+from trainyard_platform.services.billing.costs_api import check_parameters, cost_routes
+from trainyard_platform.services.billing.governance_api import governance_routes
+from trainyard_platform.services.billing.schemas import UsageSummary, usage_summary
+from trainyard_platform.services.billing.waste_api import waste_routes
+from trainyard_platform.shared.audit import audit_route
+from trainyard_platform.shared.http_app import error_responses, service_app
+from trainyard_platform.shared.identity import Principal
 
 Caller = NamedDependency[Principal]
 

@@ -22,9 +22,9 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from services.billing import budget_watch
-from services.billing import budgets_repository as repo
-from services.billing.budgets import month_start
+from trainyard_platform.services.billing import budget_watch
+from trainyard_platform.services.billing import budgets_repository as repo
+from trainyard_platform.services.billing.budgets import month_start
 
 log = logging.getLogger(__name__)
 

@@ -23,12 +23,12 @@ from decimal import Decimal
 
 import asyncpg
 
-from services.billing import budgets_repository as repo
-from services.billing.budgets import Budget, month_label, month_start, reached
-from services.billing.ledger import LedgerEntry
-from shared import outbox
-from shared.events import Envelope, Payload
-from shared.events.payloads import BudgetThresholdCrossed, BudgetUpdated
+from trainyard_platform.services.billing import budgets_repository as repo
+from trainyard_platform.services.billing.budgets import Budget, month_label, month_start, reached
+from trainyard_platform.services.billing.ledger import LedgerEntry
+from trainyard_platform.shared import outbox
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import BudgetThresholdCrossed, BudgetUpdated
 
 log = logging.getLogger(__name__)
 

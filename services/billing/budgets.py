@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from shared.events.payloads import BudgetPolicy
+from trainyard_platform.shared.events.payloads import BudgetPolicy
 
 DEFAULT_THRESHOLDS = (50, 80, 100)
 MAX_AMOUNT = Decimal("1e15")

@@ -10,9 +10,9 @@ from typing import Any
 
 import asyncpg
 
-from services.billing import catalogue_repository as catalogue
-from services.billing.budgets import Budget, next_month
-from services.billing.domain import UnknownFlavor
+from trainyard_platform.services.billing import catalogue_repository as catalogue
+from trainyard_platform.services.billing.budgets import Budget, next_month
+from trainyard_platform.services.billing.domain import UnknownFlavor
 
 Row = Mapping[str, Any]
 _COLUMNS = "team, project, amount, currency, thresholds, policy, revision, updated_by, updated_at"

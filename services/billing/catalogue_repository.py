@@ -11,8 +11,8 @@ from typing import Any
 
 import asyncpg
 
-from services.billing.domain import Price
-from services.billing.prices import (
+from trainyard_platform.services.billing.domain import Price
+from trainyard_platform.services.billing.prices import (
     BEGINNING,
     DatedPrice,
     DatedResourcePrice,

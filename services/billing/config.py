@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from shared.settings import GuardedServiceSettings
+from trainyard_platform.shared.settings import GuardedServiceSettings
 
 DEFAULT_PRICES: dict[str, float] = {
     "cpu": 0.10,

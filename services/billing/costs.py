@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-from services.billing.buckets import UNITS, Unit, floor, next_bucket
-from shared.http_errors import FieldError, RequestInvalid
+from trainyard_platform.services.billing.buckets import UNITS, Unit, floor, next_bucket
+from trainyard_platform.shared.http_errors import FieldError, RequestInvalid
 
 Dimension = Literal["team", "project", "user", "queue", "flavor", "job"]
 DIMENSIONS: tuple[Dimension, ...] = ("team", "project", "user", "queue", "flavor", "job")

@@ -29,12 +29,18 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, OpenAPIType, Operation, Schema
 from litestar.params import PathParameter, QueryParameter
 
-from services.billing import costs_repository as repo
-from services.billing.costs import CostQuery, Dimension, Granularity
-from services.billing.costs_schemas import CostReport, JobCost, cost_report, csv_text, job_cost
-from shared.http_app import error_responses
-from shared.http_errors import FieldError, RequestInvalid
-from shared.identity import Principal
+from trainyard_platform.services.billing import costs_repository as repo
+from trainyard_platform.services.billing.costs import CostQuery, Dimension, Granularity
+from trainyard_platform.services.billing.costs_schemas import (
+    CostReport,
+    JobCost,
+    cost_report,
+    csv_text,
+    job_cost,
+)
+from trainyard_platform.shared.http_app import error_responses
+from trainyard_platform.shared.http_errors import FieldError, RequestInvalid
+from trainyard_platform.shared.identity import Principal
 
 Caller = NamedDependency[Principal]
 Name = Annotated[str | None, QueryParameter(min_length=1, max_length=200)]

@@ -11,9 +11,9 @@ from typing import Any
 
 import asyncpg
 
-from services.billing.buckets import floor, split_amounts
-from services.billing.costs import COLUMN, CostQuery, Dimension, pieces
-from services.billing.ledger import AMOUNTS, LedgerEntry
+from trainyard_platform.services.billing.buckets import floor, split_amounts
+from trainyard_platform.services.billing.costs import COLUMN, CostQuery, Dimension, pieces
+from trainyard_platform.services.billing.ledger import AMOUNTS, LedgerEntry
 
 
 @dataclass(frozen=True)

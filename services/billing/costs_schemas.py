@@ -16,9 +16,9 @@ from decimal import Decimal
 
 from pydantic import BaseModel, ConfigDict
 
-from services.billing.costs import DIMENSIONS, CostQuery, Dimension
-from services.billing.costs_repository import CostLine
-from services.billing.ledger import AMOUNTS, LedgerEntry
+from trainyard_platform.services.billing.costs import DIMENSIONS, CostQuery, Dimension
+from trainyard_platform.services.billing.costs_repository import CostLine
+from trainyard_platform.services.billing.ledger import AMOUNTS, LedgerEntry
 
 
 class _Schema(BaseModel):

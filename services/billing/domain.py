@@ -20,7 +20,7 @@ from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal, localcontext
 from typing import Any
 
-from shared.events.payloads import AllocationReleased, CostRecorded
+from trainyard_platform.shared.events.payloads import AllocationReleased, CostRecorded
 
 MONEY_PLACES = Decimal("0.000001")
 SECONDS_PER_HOUR = Decimal(3600)

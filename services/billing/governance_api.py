@@ -33,31 +33,31 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import PathParameter, QueryParameter
 
-from services.billing import budget_watch
-from services.billing import budgets_repository as budgets_repo
-from services.billing import catalogue_repository as catalogue
-from services.billing.budgets import (
+from trainyard_platform.services.billing import budget_watch
+from trainyard_platform.services.billing import budgets_repository as budgets_repo
+from trainyard_platform.services.billing import catalogue_repository as catalogue
+from trainyard_platform.services.billing.budgets import (
     Budget,
     BudgetRequest,
     forecast,
     month_label,
     month_start,
 )
-from services.billing.costs_api import check_parameters
-from services.billing.domain import UnknownFlavor
-from services.billing.governance_schemas import (
+from trainyard_platform.services.billing.costs_api import check_parameters
+from trainyard_platform.services.billing.domain import UnknownFlavor
+from trainyard_platform.services.billing.governance_schemas import (
     BudgetView,
     Estimate,
     EstimateRequest,
     PriceRequest,
     PriceView,
 )
-from services.billing.prices import BEGINNING, RESOURCES
-from shared import audit
-from shared.access import needs
-from shared.http_app import error_responses, json_request_body
-from shared.http_errors import RequestInvalid, parse_body, read_json_body
-from shared.identity import Principal, Role
+from trainyard_platform.services.billing.prices import BEGINNING, RESOURCES
+from trainyard_platform.shared import audit
+from trainyard_platform.shared.access import needs
+from trainyard_platform.shared.http_app import error_responses, json_request_body
+from trainyard_platform.shared.http_errors import RequestInvalid, parse_body, read_json_body
+from trainyard_platform.shared.identity import Principal, Role
 
 PRICE_FIELD = {
     "gpu": "price_per_gpu_hour",

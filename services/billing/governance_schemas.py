@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from shared.events.payloads import (
+from trainyard_platform.shared.events.payloads import (
     MAX_CPUS_PER_GPU,
     MAX_JOB_GPUS,
     MAX_JOB_RESTARTS,

@@ -26,17 +26,17 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from services.billing import budget_watch, waste_rollups
-from services.billing import catalogue_repository as catalogue
-from services.billing import ledger_repository as ledger
-from services.billing import repository as repo
-from services.billing import waste_repository as waste
-from services.billing.domain import UnknownFlavor, Usage
-from services.billing.ledger import Attribution, LedgerEntry
-from shared import outbox
-from shared.bus import Reject
-from shared.events import Envelope, Payload, nats_subject
-from shared.events.payloads import (
+from trainyard_platform.services.billing import budget_watch, waste_rollups
+from trainyard_platform.services.billing import catalogue_repository as catalogue
+from trainyard_platform.services.billing import ledger_repository as ledger
+from trainyard_platform.services.billing import repository as repo
+from trainyard_platform.services.billing import waste_repository as waste
+from trainyard_platform.services.billing.domain import UnknownFlavor, Usage
+from trainyard_platform.services.billing.ledger import Attribution, LedgerEntry
+from trainyard_platform.shared import outbox
+from trainyard_platform.shared.bus import Reject
+from trainyard_platform.shared.events import Envelope, Payload, nats_subject
+from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
     CheckpointSaved,
@@ -49,7 +49,7 @@ from shared.events.payloads import (
     JobSucceeded,
     RunnerHeartbeat,
 )
-from shared.events.trust import RUNNER, SCHEDULER
+from trainyard_platform.shared.events.trust import RUNNER, SCHEDULER
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal
 
-from services.billing.buckets import UNITS, Unit, roll_up_amounts, split_amounts
-from services.billing.domain import CpuMemoryLines, Usage
+from trainyard_platform.services.billing.buckets import UNITS, Unit, roll_up_amounts, split_amounts
+from trainyard_platform.services.billing.domain import CpuMemoryLines, Usage
 
 Kind = Literal["charge", "reversal"]
 

@@ -17,7 +17,7 @@ from datetime import datetime
 
 import asyncpg
 
-from services.billing.ledger import AMOUNTS, LedgerEntry, rollup_rows
+from trainyard_platform.services.billing.ledger import AMOUNTS, LedgerEntry, rollup_rows
 
 ROLLUP_LOCK = 0x6269_6C6C_726F_6C6C  # "billroll"
 """The advisory lock (transaction scope) held by whoever writes the rollups."""

@@ -32,7 +32,7 @@ from decimal import Decimal
 from itertools import pairwise
 from typing import Literal
 
-from services.billing.domain import (
+from trainyard_platform.services.billing.domain import (
     Price,
     PriceBook,
     Segment,

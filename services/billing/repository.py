@@ -9,8 +9,8 @@ from typing import Any
 
 import asyncpg
 
-from services.billing.domain import Usage
-from shared.events.payloads import AllocationGranted
+from trainyard_platform.services.billing.domain import Usage
+from trainyard_platform.shared.events.payloads import AllocationGranted
 
 Row = Mapping[str, Any]
 """A fetched record (asyncpg.Record), read by column name."""

@@ -1,4 +1,4 @@
-"""``python -m services.billing.rollups``: recompute billing's cost rollups from its ledger.
+"""``python -m trainyard_platform.services.billing.rollups``: recompute billing's cost rollups from its ledger.
 
 The rollups are derived data (``services.billing.ledger``): this empties them and folds
 every ledger entry in again, in one transaction that holds the rollups locked, so billing
@@ -13,11 +13,11 @@ import argparse
 import asyncio
 import sys
 
-from services.billing import ledger_repository as ledger
-from services.billing.service import MIGRATIONS, NAME
-from shared.db import migrate, open_pool
-from shared.runtime import settings_or_exit
-from shared.settings import DatabaseSettings
+from trainyard_platform.services.billing import ledger_repository as ledger
+from trainyard_platform.services.billing.service import MIGRATIONS, NAME
+from trainyard_platform.shared.db import migrate, open_pool
+from trainyard_platform.shared.runtime import settings_or_exit
+from trainyard_platform.shared.settings import DatabaseSettings
 
 
 async def rebuild(database: DatabaseSettings) -> int:
@@ -30,7 +30,7 @@ async def rebuild(database: DatabaseSettings) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m services.billing.rollups",
+        prog="python -m trainyard_platform.services.billing.rollups",
         description="Recompute billing's hour, day and month cost rollups from its ledger "
         "(the database from TRAINYARD_DATABASE_URL).",
     )

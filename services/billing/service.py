@@ -8,22 +8,22 @@ from pathlib import Path
 
 import asyncpg
 
-from services.billing import catalogue_repository as catalogue
-from services.billing import ledger_repository as ledger
-from services.billing.api import create_app
-from services.billing.budget_accrual import BudgetAccrual
-from services.billing.config import Settings
-from services.billing.domain import PriceBook
-from services.billing.handlers import SUBJECTS, BillingHandlers
-from shared.access import guard_for
-from shared.bus import Bus
-from shared.db import migrate, open_pool, ping
-from shared.deadletters import deadletter_routes
-from shared.event_metrics import measured
-from shared.inbox import idempotent
-from shared.outbox import OutboxRelay
-from shared.retention import Retention
-from shared.runtime import ServiceRuntime
+from trainyard_platform.services.billing import catalogue_repository as catalogue
+from trainyard_platform.services.billing import ledger_repository as ledger
+from trainyard_platform.services.billing.api import create_app
+from trainyard_platform.services.billing.budget_accrual import BudgetAccrual
+from trainyard_platform.services.billing.config import Settings
+from trainyard_platform.services.billing.domain import PriceBook
+from trainyard_platform.services.billing.handlers import SUBJECTS, BillingHandlers
+from trainyard_platform.shared.access import guard_for
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.db import migrate, open_pool, ping
+from trainyard_platform.shared.deadletters import deadletter_routes
+from trainyard_platform.shared.event_metrics import measured
+from trainyard_platform.shared.inbox import idempotent
+from trainyard_platform.shared.outbox import OutboxRelay
+from trainyard_platform.shared.retention import Retention
+from trainyard_platform.shared.runtime import ServiceRuntime
 
 log = logging.getLogger(__name__)
 

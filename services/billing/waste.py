@@ -28,9 +28,9 @@ from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal, localcontext
 from typing import Literal
 
-from services.billing.costs import Dimension
-from services.billing.domain import MONEY_PLACES
-from services.billing.prices import PriceSchedule
+from trainyard_platform.services.billing.costs import Dimension
+from trainyard_platform.services.billing.domain import MONEY_PLACES
+from trainyard_platform.services.billing.prices import PriceSchedule
 
 Figure = Literal[
     "idle_gpus",

@@ -26,23 +26,27 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import QueryParameter
 
-from services.billing import catalogue_repository as catalogue
-from services.billing import costs_repository
-from services.billing import waste_repository as repo
-from services.billing import waste_rollups as rollups
-from services.billing.buckets import floor
-from services.billing.costs import CostQuery, Dimension
-from services.billing.costs_api import JsonOrCsvOperation, check_parameters, wants_csv
-from services.billing.waste import (
+from trainyard_platform.services.billing import catalogue_repository as catalogue
+from trainyard_platform.services.billing import costs_repository
+from trainyard_platform.services.billing import waste_repository as repo
+from trainyard_platform.services.billing import waste_rollups as rollups
+from trainyard_platform.services.billing.buckets import floor
+from trainyard_platform.services.billing.costs import CostQuery, Dimension
+from trainyard_platform.services.billing.costs_api import (
+    JsonOrCsvOperation,
+    check_parameters,
+    wants_csv,
+)
+from trainyard_platform.services.billing.waste import (
     Piece,
     allocation_pieces,
     holding_pieces,
     queueing_pieces,
     success_lines,
 )
-from services.billing.waste_schemas import WasteReport, waste_csv, waste_report
-from shared.http_app import error_responses
-from shared.identity import Principal
+from trainyard_platform.services.billing.waste_schemas import WasteReport, waste_csv, waste_report
+from trainyard_platform.shared.http_app import error_responses
+from trainyard_platform.shared.identity import Principal
 
 Caller = NamedDependency[Principal]
 Name = Annotated[str | None, QueryParameter(min_length=1, max_length=200)]

@@ -13,10 +13,10 @@ from decimal import Decimal
 
 import asyncpg
 
-from services.billing import waste_rollups as rollups
-from services.billing.waste import Allocation, JobEnd, JobWaits, Owner, Piece
-from services.billing.waste_rollups import allocation_of
-from shared.events.payloads import (
+from trainyard_platform.services.billing import waste_rollups as rollups
+from trainyard_platform.services.billing.waste import Allocation, JobEnd, JobWaits, Owner, Piece
+from trainyard_platform.services.billing.waste_rollups import allocation_of
+from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     CheckpointSaved,
     JobFailed,

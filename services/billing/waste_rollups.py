@@ -1,6 +1,6 @@
 """Waste rollups: the allocation figures per hour, kept as facts arrive; and their rebuild.
 
-``python -m services.billing.waste_rollups`` recomputes them from billing's facts (exit
+``python -m trainyard_platform.services.billing.waste_rollups`` recomputes them from billing's facts (exit
 status 0; 1 when the database cannot be reached or refuses; 2 for a bad setting).
 
 Contract (docs/billing.md, "Waste rollups"):
@@ -37,11 +37,11 @@ from typing import Any
 
 import asyncpg
 
-from services.billing import catalogue_repository as catalogue
-from services.billing.buckets import floor
-from services.billing.costs import CostQuery, Dimension
-from services.billing.prices import PriceSchedule
-from services.billing.waste import (
+from trainyard_platform.services.billing import catalogue_repository as catalogue
+from trainyard_platform.services.billing.buckets import floor
+from trainyard_platform.services.billing.costs import CostQuery, Dimension
+from trainyard_platform.services.billing.prices import PriceSchedule
+from trainyard_platform.services.billing.waste import (
     MICROSECOND,
     Allocation,
     Figure,
@@ -301,13 +301,13 @@ async def read(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from services.billing.service import MIGRATIONS, NAME
-    from shared.db import migrate, open_pool
-    from shared.runtime import settings_or_exit
-    from shared.settings import DatabaseSettings
+    from trainyard_platform.services.billing.service import MIGRATIONS, NAME
+    from trainyard_platform.shared.db import migrate, open_pool
+    from trainyard_platform.shared.runtime import settings_or_exit
+    from trainyard_platform.shared.settings import DatabaseSettings
 
     parser = argparse.ArgumentParser(
-        prog="python -m services.billing.waste_rollups",
+        prog="python -m trainyard_platform.services.billing.waste_rollups",
         description="Recompute billing's hourly waste rollups from its facts "
         "(the database from TRAINYARD_DATABASE_URL).",
     )

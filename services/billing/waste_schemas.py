@@ -13,11 +13,19 @@ from decimal import Decimal
 
 from pydantic import BaseModel, ConfigDict
 
-from services.billing.costs import DIMENSIONS, CostQuery, Dimension
-from services.billing.costs_repository import CostLine
-from services.billing.costs_schemas import _cell
-from services.billing.prices import PriceSchedule
-from services.billing.waste import FIGURES, IDLE_PERCENT, Figure, Piece, Pricer, SuccessLine, Tally
+from trainyard_platform.services.billing.costs import DIMENSIONS, CostQuery, Dimension
+from trainyard_platform.services.billing.costs_repository import CostLine
+from trainyard_platform.services.billing.costs_schemas import _cell
+from trainyard_platform.services.billing.prices import PriceSchedule
+from trainyard_platform.services.billing.waste import (
+    FIGURES,
+    IDLE_PERCENT,
+    Figure,
+    Piece,
+    Pricer,
+    SuccessLine,
+    Tally,
+)
 
 
 class _Schema(BaseModel):

@@ -1,12 +1,12 @@
-"""``python -m services.registry``: run the registry until SIGTERM."""
+"""``python -m trainyard_platform.services.registry``: run the registry until SIGTERM."""
 
 from __future__ import annotations
 
 import sys
 
-from services.registry.config import Settings
-from services.registry.service import serve
-from shared.runtime import serve_from_command_line
+from trainyard_platform.services.registry.config import Settings
+from trainyard_platform.services.registry.service import serve
+from trainyard_platform.shared.runtime import serve_from_command_line
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,20 +31,20 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, PathParameter
 from litestar.types import Guard
 
-from services.registry import model_cost, model_grants
-from services.registry import model_repository as models_repo
-from services.registry import repository as repo
-from services.registry.dataset_api import dataset_routes
-from services.registry.lineage_api import lineage_routes
-from services.registry.model_api import STATUSES, model_routes
-from services.registry.model_cost import CostedVersion
-from services.registry.reproduction_api import reproduction_routes
-from services.registry.schemas import VersionList, VersionSummary
-from services.registry.tracking_api import tracking_routes
-from shared.audit import audit_route
-from shared.http_app import error_responses, service_app
-from shared.identity import Principal
-from shared.storage import ObjectStore
+from trainyard_platform.services.registry import model_cost, model_grants
+from trainyard_platform.services.registry import model_repository as models_repo
+from trainyard_platform.services.registry import repository as repo
+from trainyard_platform.services.registry.dataset_api import dataset_routes
+from trainyard_platform.services.registry.lineage_api import lineage_routes
+from trainyard_platform.services.registry.model_api import STATUSES, model_routes
+from trainyard_platform.services.registry.model_cost import CostedVersion
+from trainyard_platform.services.registry.reproduction_api import reproduction_routes
+from trainyard_platform.services.registry.schemas import VersionList, VersionSummary
+from trainyard_platform.services.registry.tracking_api import tracking_routes
+from trainyard_platform.shared.audit import audit_route
+from trainyard_platform.shared.http_app import error_responses, service_app
+from trainyard_platform.shared.identity import Principal
+from trainyard_platform.shared.storage import ObjectStore
 
 Caller = NamedDependency[Principal]
 

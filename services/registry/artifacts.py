@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
-from services.registry.names import REGISTRY_PREFIX
-from shared.storage import ObjectStore, validate_key
+from trainyard_platform.services.registry.names import REGISTRY_PREFIX
+from trainyard_platform.shared.storage import ObjectStore, validate_key
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ what keeps an object whose reference arrived during the pass.
 
 On an S3 store a pass also aborts the incomplete multipart uploads under ``jobs/`` and
 ``registry/`` that it has seen incomplete for ``grace`` (``uploads``; marks in
-``storage_upload_marks``). ``python -m services.registry.collector``
+``storage_upload_marks``). ``python -m trainyard_platform.services.registry.collector``
 runs one pass and prints its report as JSON; the service runs one every
 ``collector_interval_seconds``.
 """
@@ -38,14 +38,20 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from services.registry import artifacts
-from services.registry.collector_plan import Recorded, References, deletion_order, due, plan
-from services.registry.config import Settings
-from services.registry.uploads import S3Uploads
-from shared.db import migrate, open_pool
-from shared.runtime import settings_or_exit
-from shared.storage import ObjectStore, S3Store, open_store
-from shared.storage.s3 import client_from_settings
+from trainyard_platform.services.registry import artifacts
+from trainyard_platform.services.registry.collector_plan import (
+    Recorded,
+    References,
+    deletion_order,
+    due,
+    plan,
+)
+from trainyard_platform.services.registry.config import Settings
+from trainyard_platform.services.registry.uploads import S3Uploads
+from trainyard_platform.shared.db import migrate, open_pool
+from trainyard_platform.shared.runtime import settings_or_exit
+from trainyard_platform.shared.storage import ObjectStore, S3Store, open_store
+from trainyard_platform.shared.storage.s3 import client_from_settings
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +282,7 @@ def for_store(pool: asyncpg.Pool, store: ObjectStore, settings: Settings) -> Sto
 async def collect_from_settings(settings: Settings) -> Report:
     """One pass with the service's own settings (the command)."""
     # Imported here: the service module imports this one to run the periodic pass.
-    from services.registry.service import MIGRATIONS, NAME
+    from trainyard_platform.services.registry.service import MIGRATIONS, NAME
 
     async with open_pool(settings.database, NAME) as pool:
         await migrate(pool, NAME, MIGRATIONS)
@@ -285,9 +291,9 @@ async def collect_from_settings(settings: Settings) -> Report:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m services.registry.collector``: one pass, its report as JSON."""
+    """``python -m trainyard_platform.services.registry.collector``: one pass, its report as JSON."""
     parser = argparse.ArgumentParser(
-        prog="python -m services.registry.collector",
+        prog="python -m trainyard_platform.services.registry.collector",
         description="Run one pass of the registry's storage collector (settings: "
         "TRAINYARD_REGISTRY_COLLECTOR_* and the shared TRAINYARD_* variables).",
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from shared.settings import GuardedServiceSettings
+from trainyard_platform.shared.settings import GuardedServiceSettings
 
 
 class Settings(GuardedServiceSettings):
@@ -20,7 +20,7 @@ class Settings(GuardedServiceSettings):
     seven days)."""
     collector_interval_seconds: float = Field(default=3600.0, ge=0)
     """How often the storage collector runs a pass (``services.registry.collector``); 0
-    turns the periodic pass off (``python -m services.registry.collector`` still runs one)."""
+    turns the periodic pass off (``python -m trainyard_platform.services.registry.collector`` still runs one)."""
     collector_grace_seconds: float = Field(default=24 * 3600.0, ge=0)
     """How long an object must stay deletable (unreferenced, or a checkpoint beyond its
     job's retention) before the collector deletes it."""

@@ -28,10 +28,10 @@ from litestar.exceptions import NotFoundException, PermissionDeniedException
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, PathParameter, QueryParameter
 
-from services.registry import dataset_repository as datasets
-from services.registry import names
-from services.registry import repository as repo
-from services.registry.dataset_schemas import (
+from trainyard_platform.services.registry import dataset_repository as datasets
+from trainyard_platform.services.registry import names
+from trainyard_platform.services.registry import repository as repo
+from trainyard_platform.services.registry.dataset_schemas import (
     DatasetDetail,
     DatasetPage,
     DatasetSummary,
@@ -39,11 +39,11 @@ from services.registry.dataset_schemas import (
     DatasetVersionRequest,
     GrantChange,
 )
-from shared import audit
-from shared.access import needs
-from shared.http_app import error_responses, json_request_body
-from shared.http_errors import RequestInvalid, parse_body, read_json_body
-from shared.identity import Principal, Role
+from trainyard_platform.shared import audit
+from trainyard_platform.shared.access import needs
+from trainyard_platform.shared.http_app import error_responses, json_request_body
+from trainyard_platform.shared.http_errors import RequestInvalid, parse_body, read_json_body
+from trainyard_platform.shared.identity import Principal, Role
 
 Caller = NamedDependency[Principal]
 Version = Annotated[int, PathParameter(ge=1, le=2**31 - 1)]

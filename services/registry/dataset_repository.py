@@ -19,7 +19,7 @@ from typing import Any
 
 import asyncpg
 
-from services.registry import grants
+from trainyard_platform.services.registry import grants
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.registry.dataset_repository import DatasetVersion
+from trainyard_platform.services.registry.dataset_repository import DatasetVersion
 
 URI_PATTERN = r"^[A-Za-z][A-Za-z0-9+.-]{0,31}:[^\s\x00-\x1f\x7f]+$"
 """A URI on one line (``s3://bucket/key``, ``https://...``, ``file:///...``): the registry

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from shared.events.payloads import (
+from trainyard_platform.shared.events.payloads import (
     CheckpointRef,
     Environment,
     JobSpec,

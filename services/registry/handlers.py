@@ -42,15 +42,22 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from services.registry import domain, job_inputs, metric_ingest, model_cost, models, names
-from services.registry import repository as repo
-from services.registry import reproduction_repository as reproductions
-from services.registry import tracking_repository as tracking
-from services.registry.artifacts import ArtifactMismatch, SourceOutsideStore
-from services.registry.domain import NoArtifact, Run, RunNotRecorded
-from shared.bus import Delivery, Reject
-from shared.events import Envelope, Payload
-from shared.events.payloads import (
+from trainyard_platform.services.registry import (
+    domain,
+    job_inputs,
+    metric_ingest,
+    model_cost,
+    models,
+    names,
+)
+from trainyard_platform.services.registry import repository as repo
+from trainyard_platform.services.registry import reproduction_repository as reproductions
+from trainyard_platform.services.registry import tracking_repository as tracking
+from trainyard_platform.services.registry.artifacts import ArtifactMismatch, SourceOutsideStore
+from trainyard_platform.services.registry.domain import NoArtifact, Run, RunNotRecorded
+from trainyard_platform.shared.bus import Delivery, Reject
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import (
     CheckpointSaved,
     CostRecorded,
     JobCancelled,
@@ -59,8 +66,8 @@ from shared.events.payloads import (
     JobStarted,
     JobSucceeded,
 )
-from shared.events.trust import SCHEDULER
-from shared.storage import ObjectNotFound, ObjectStore
+from trainyard_platform.shared.events.trust import SCHEDULER
+from trainyard_platform.shared.storage import ObjectNotFound, ObjectStore
 
 log = logging.getLogger(__name__)
 

@@ -22,11 +22,11 @@ from datetime import datetime
 
 import asyncpg
 
-from services.registry import dataset_repository as datasets
-from services.registry import model_grants, references
-from services.registry import model_repository as models_repo
-from services.registry import repository as repo
-from shared.events.payloads import JobStarted
+from trainyard_platform.services.registry import dataset_repository as datasets
+from trainyard_platform.services.registry import model_grants, references
+from trainyard_platform.services.registry import model_repository as models_repo
+from trainyard_platform.services.registry import repository as repo
+from trainyard_platform.shared.events.payloads import JobStarted
 
 log = logging.getLogger(__name__)
 

@@ -30,11 +30,11 @@ from typing import Any, Final, Literal
 
 import asyncpg
 
-from services.registry import dataset_repository as datasets
-from services.registry import lineage_repository as lineage_repo
-from services.registry.dataset_repository import DatasetVersion
-from services.registry.domain import ModelVersion
-from services.registry.lineage_repository import JobFacts
+from trainyard_platform.services.registry import dataset_repository as datasets
+from trainyard_platform.services.registry import lineage_repository as lineage_repo
+from trainyard_platform.services.registry.dataset_repository import DatasetVersion
+from trainyard_platform.services.registry.domain import ModelVersion
+from trainyard_platform.services.registry.lineage_repository import JobFacts
 
 MAX_NODES: Final = 10_000
 Kind = Literal["dataset_version", "job", "checkpoint", "model_version"]

@@ -25,11 +25,11 @@ from litestar.exceptions import NotFoundException
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, PathParameter, QueryParameter
 
-from services.registry import dataset_repository as datasets
-from services.registry import lineage, model_grants, names
-from services.registry import repository as repo
-from shared.http_app import error_responses
-from shared.identity import Principal
+from trainyard_platform.services.registry import dataset_repository as datasets
+from trainyard_platform.services.registry import lineage, model_grants, names
+from trainyard_platform.services.registry import repository as repo
+from trainyard_platform.shared.http_app import error_responses
+from trainyard_platform.shared.identity import Principal
 
 Caller = NamedDependency[Principal]
 Version = Annotated[int, PathParameter(ge=1, le=2**31 - 1)]

@@ -8,8 +8,8 @@ from datetime import datetime
 
 import asyncpg
 
-from services.registry.domain import ModelVersion
-from services.registry.repository import VERSION_COLUMNS
+from trainyard_platform.services.registry.domain import ModelVersion
+from trainyard_platform.services.registry.repository import VERSION_COLUMNS
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,14 @@ from datetime import datetime
 
 import asyncpg
 
-from services.registry import metrics
-from services.registry.metric_ingest import (
+from trainyard_platform.services.registry import metrics
+from trainyard_platform.services.registry.metric_ingest import (
     BLOCK_COLUMNS,
     SUMMARY_COLUMNS,
     extremes_from_row,
     summary_from_row,
 )
-from services.registry.metrics import Point, Summary
+from trainyard_platform.services.registry.metrics import Point, Summary
 
 # --- reading metrics ----------------------------------------------------------------------
 

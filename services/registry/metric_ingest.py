@@ -15,9 +15,9 @@ from typing import Any
 
 import asyncpg
 
-from services.registry import metrics
-from services.registry.metrics import Extremes, Point, Summary
-from shared.events.payloads import JobMetrics
+from trainyard_platform.services.registry import metrics
+from trainyard_platform.services.registry.metrics import Extremes, Point, Summary
+from trainyard_platform.shared.events.payloads import JobMetrics
 
 Row = Mapping[str, Any]
 

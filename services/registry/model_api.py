@@ -43,16 +43,16 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, PathParameter, QueryParameter
 from litestar.response import File
 
-from services.registry import artifacts, model_cost, model_grants, models, names
-from services.registry import model_repository as models_repo
-from services.registry import repository as repo
-from services.registry.artifacts import Digest
-from services.registry.dataset_schemas import GrantChange
-from services.registry.domain import ModelVersion, latest_checkpoint
-from services.registry.model_cost import CostedVersion
-from services.registry.model_grants import ModelDetail
-from services.registry.model_repository import ModelRow
-from services.registry.schemas import (
+from trainyard_platform.services.registry import artifacts, model_cost, model_grants, models, names
+from trainyard_platform.services.registry import model_repository as models_repo
+from trainyard_platform.services.registry import repository as repo
+from trainyard_platform.services.registry.artifacts import Digest
+from trainyard_platform.services.registry.dataset_schemas import GrantChange
+from trainyard_platform.services.registry.domain import ModelVersion, latest_checkpoint
+from trainyard_platform.services.registry.model_cost import CostedVersion
+from trainyard_platform.services.registry.model_grants import ModelDetail
+from trainyard_platform.services.registry.model_repository import ModelRow
+from trainyard_platform.services.registry.schemas import (
     AliasChange,
     AliasHistory,
     AliasList,
@@ -64,12 +64,17 @@ from services.registry.schemas import (
     ModelSummary,
     RegisterRequest,
 )
-from shared import audit
-from shared.access import needs
-from shared.http_app import error_responses, json_request_body
-from shared.http_errors import FieldError, RequestInvalid, parse_body, read_json_body
-from shared.identity import Principal, Role
-from shared.storage import ObjectNotFound, ObjectStore
+from trainyard_platform.shared import audit
+from trainyard_platform.shared.access import needs
+from trainyard_platform.shared.http_app import error_responses, json_request_body
+from trainyard_platform.shared.http_errors import (
+    FieldError,
+    RequestInvalid,
+    parse_body,
+    read_json_body,
+)
+from trainyard_platform.shared.identity import Principal, Role
+from trainyard_platform.shared.storage import ObjectNotFound, ObjectStore
 
 Caller = NamedDependency[Principal]
 Version = Annotated[int, PathParameter(ge=1, le=2**31 - 1)]  # the column's integer

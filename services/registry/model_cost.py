@@ -34,11 +34,11 @@ from typing import Literal
 import asyncpg
 from pydantic import BaseModel, ConfigDict
 
-from services.registry import lineage
-from services.registry.domain import ModelVersion
-from services.registry.schemas import OwnedVersion
-from shared.bus import Reject
-from shared.events.payloads import CostRecorded
+from trainyard_platform.services.registry import lineage
+from trainyard_platform.services.registry.domain import ModelVersion
+from trainyard_platform.services.registry.schemas import OwnedVersion
+from trainyard_platform.shared.bus import Reject
+from trainyard_platform.shared.events.payloads import CostRecorded
 
 PLACES = Decimal("0.000001")
 ENDED = frozenset({"succeeded", "failed", "cancelled"})

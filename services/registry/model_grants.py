@@ -22,9 +22,9 @@ from datetime import datetime
 import asyncpg
 from litestar.exceptions import NotFoundException
 
-from services.registry import grants, names
-from services.registry.schemas import ModelSummary
-from shared.identity import Principal
+from trainyard_platform.services.registry import grants, names
+from trainyard_platform.services.registry.schemas import ModelSummary
+from trainyard_platform.shared.identity import Principal
 
 
 class ModelDetail(ModelSummary):

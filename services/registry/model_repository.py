@@ -14,7 +14,7 @@ from typing import Any
 
 import asyncpg
 
-from services.registry.domain import RecordedCheckpoint
+from trainyard_platform.services.registry.domain import RecordedCheckpoint
 
 Row = Mapping[str, Any]
 

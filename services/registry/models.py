@@ -29,14 +29,14 @@ from datetime import datetime
 
 import asyncpg
 
-from services.registry import artifacts, domain, names
-from services.registry import model_repository as models_repo
-from services.registry import repository as repo
-from services.registry.domain import ModelVersion, Origin, Run
-from shared import outbox
-from shared.events import Envelope, Payload
-from shared.events.payloads import CheckpointRef
-from shared.storage import ObjectStore
+from trainyard_platform.services.registry import artifacts, domain, names
+from trainyard_platform.services.registry import model_repository as models_repo
+from trainyard_platform.services.registry import repository as repo
+from trainyard_platform.services.registry.domain import ModelVersion, Origin, Run
+from trainyard_platform.shared import outbox
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import CheckpointRef
+from trainyard_platform.shared.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 

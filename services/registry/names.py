@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Final, Literal
 
-from shared.http_errors import FieldError, RequestInvalid
+from trainyard_platform.shared.http_errors import FieldError, RequestInvalid
 
 Kind = Literal["team", "model", "alias", "tag"]
 

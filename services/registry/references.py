@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from services.registry import names
+from trainyard_platform.services.registry import names
 
 _REFERENCE = re.compile(r"([^/]+)/([^/:@]+)(?::([1-9][0-9]{0,8})|@([^/:@]+))?")
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import asyncpg
 
-from services.registry.domain import ModelVersion, RecordedCheckpoint, Run
-from shared.events.payloads import CheckpointSaved, dump
+from trainyard_platform.services.registry.domain import ModelVersion, RecordedCheckpoint, Run
+from trainyard_platform.shared.events.payloads import CheckpointSaved, dump
 
 Row = Mapping[str, Any]
 

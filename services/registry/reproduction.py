@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from shared.events.payloads import Environment, JobSpec
+from trainyard_platform.shared.events.payloads import Environment, JobSpec
 
 RELATIVE_TOLERANCE = 1e-3
 """The largest relative difference of a final metric that still counts as reproduced."""

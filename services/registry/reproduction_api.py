@@ -25,9 +25,9 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath
 from pydantic import BaseModel
 
-from services.registry import reproduction_repository as store
-from shared.http_app import error_responses
-from shared.identity import Principal
+from trainyard_platform.services.registry import reproduction_repository as store
+from trainyard_platform.shared.http_app import error_responses
+from trainyard_platform.shared.identity import Principal
 
 Caller = NamedDependency[Principal]
 

@@ -22,10 +22,10 @@ from typing import Any
 
 import asyncpg
 
-from services.registry import domain
-from services.registry import repository as repo
-from services.registry import tracking_repository as tracking
-from services.registry.reproduction import (
+from trainyard_platform.services.registry import domain
+from trainyard_platform.services.registry import repository as repo
+from trainyard_platform.services.registry import tracking_repository as tracking
+from trainyard_platform.services.registry.reproduction import (
     DatasetInput,
     Decision,
     Outcome,
@@ -33,7 +33,7 @@ from services.registry.reproduction import (
     Status,
     compare,
 )
-from shared.events.payloads import CheckpointRef
+from trainyard_platform.shared.events.payloads import CheckpointRef
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.registry.domain import ModelVersion
-from shared.events.payloads import CheckpointRef, Lineage
+from trainyard_platform.services.registry.domain import ModelVersion
+from trainyard_platform.shared.events.payloads import CheckpointRef, Lineage
 
 
 class _Schema(BaseModel):

@@ -5,17 +5,17 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from services.registry.api import create_app
-from services.registry.collector import for_store as collector_for
-from services.registry.config import Settings
-from services.registry.handlers import RegistryHandlers
-from shared.access import guard_for
-from shared.bus import Bus
-from shared.db import migrate, open_pool, ping
-from shared.deadletters import deadletter_routes
-from shared.event_metrics import measured
-from shared.events import nats_subject
-from shared.events.payloads import (
+from trainyard_platform.services.registry.api import create_app
+from trainyard_platform.services.registry.collector import for_store as collector_for
+from trainyard_platform.services.registry.config import Settings
+from trainyard_platform.services.registry.handlers import RegistryHandlers
+from trainyard_platform.shared.access import guard_for
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.db import migrate, open_pool, ping
+from trainyard_platform.shared.deadletters import deadletter_routes
+from trainyard_platform.shared.event_metrics import measured
+from trainyard_platform.shared.events import nats_subject
+from trainyard_platform.shared.events.payloads import (
     CheckpointSaved,
     CostRecorded,
     JobCancelled,
@@ -24,11 +24,11 @@ from shared.events.payloads import (
     JobStarted,
     JobSucceeded,
 )
-from shared.inbox import idempotent_batches
-from shared.outbox import OutboxRelay
-from shared.retention import Retention
-from shared.runtime import ServiceRuntime
-from shared.storage import open_store
+from trainyard_platform.shared.inbox import idempotent_batches
+from trainyard_platform.shared.outbox import OutboxRelay
+from trainyard_platform.shared.retention import Retention
+from trainyard_platform.shared.runtime import ServiceRuntime
+from trainyard_platform.shared.storage import open_store
 
 NAME = "registry"
 MIGRATIONS = Path(__file__).parent / "migrations"

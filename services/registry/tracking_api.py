@@ -29,10 +29,10 @@ from litestar.exceptions import NotFoundException
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, PathParameter, QueryParameter
 
-from services.registry import metric_curves as curves
-from services.registry import metrics
-from services.registry import tracking_repository as repo
-from services.registry.tracking_query import (
+from trainyard_platform.services.registry import metric_curves as curves
+from trainyard_platform.services.registry import metrics
+from trainyard_platform.services.registry import tracking_repository as repo
+from trainyard_platform.services.registry.tracking_query import (
     check_tag,
     comma_names,
     differing,
@@ -40,8 +40,8 @@ from services.registry.tracking_query import (
     parse_sort,
     to_run,
 )
-from services.registry.tracking_repository import RunFilter, RunOrder
-from services.registry.tracking_schemas import (
+from trainyard_platform.services.registry.tracking_repository import RunFilter, RunOrder
+from trainyard_platform.services.registry.tracking_schemas import (
     Comparison,
     Experiment,
     ExperimentList,
@@ -55,11 +55,11 @@ from services.registry.tracking_schemas import (
     RunAnnotations,
     RunMetric,
 )
-from shared import audit
-from shared.access import needs
-from shared.http_app import error_responses, json_request_body
-from shared.http_errors import RequestInvalid, parse_body, read_json_body
-from shared.identity import Principal, Role
+from trainyard_platform.shared import audit
+from trainyard_platform.shared.access import needs
+from trainyard_platform.shared.http_app import error_responses, json_request_body
+from trainyard_platform.shared.http_errors import RequestInvalid, parse_body, read_json_body
+from trainyard_platform.shared.identity import Principal, Role
 
 Caller = NamedDependency[Principal]
 MaxPoints = Annotated[

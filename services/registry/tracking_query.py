@@ -10,11 +10,11 @@ import re
 from datetime import datetime
 from typing import Any
 
-from services.registry import metrics
-from services.registry import tracking_repository as repo
-from services.registry.tracking_repository import RunFilter, RunOrder
-from services.registry.tracking_schemas import Run, RunMetric
-from shared.http_errors import RequestInvalid
+from trainyard_platform.services.registry import metrics
+from trainyard_platform.services.registry import tracking_repository as repo
+from trainyard_platform.services.registry.tracking_repository import RunFilter, RunOrder
+from trainyard_platform.services.registry.tracking_schemas import Run, RunMetric
+from trainyard_platform.shared.http_errors import RequestInvalid
 
 _SORT = re.compile(r"(final|best):(.{1,200})")
 _FILTER = re.compile(r"(final|best):(.{1,200}?)(<=|>=|<|>)(.+)")

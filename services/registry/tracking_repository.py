@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import asyncpg
 
-from shared.events.payloads import JobSpec, JobStarted, dump
+from trainyard_platform.shared.events.payloads import JobSpec, JobStarted, dump
 
 Row = Mapping[str, Any]
 Status = Literal["running", "succeeded", "failed", "cancelled"]

@@ -11,8 +11,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.registry.metrics import Goal, JsonFloat, Point, Summary, json_float
-from services.registry.metrics import json_float_or_none as maybe
+from trainyard_platform.services.registry.metrics import Goal, JsonFloat, Point, Summary, json_float
+from trainyard_platform.services.registry.metrics import json_float_or_none as maybe
 
 Value = Annotated[
     JsonFloat,

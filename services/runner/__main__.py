@@ -1,4 +1,4 @@
-"""``python -m services.runner``: run this node's agent until SIGTERM."""
+"""``python -m trainyard_platform.services.runner``: run this node's agent until SIGTERM."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import asyncio
 import sys
 from typing import Any
 
-from services.runner.config import Settings
-from services.runner.sandbox import UidsInUse
-from services.runner.service import serve
-from shared.runtime import settings_or_exit
+from trainyard_platform.services.runner.config import Settings
+from trainyard_platform.services.runner.sandbox import UidsInUse
+from trainyard_platform.services.runner.service import serve
+from trainyard_platform.shared.runtime import settings_or_exit
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m services.runner",
+        prog="python -m trainyard_platform.services.runner",
         description="Trainyard runner: runs the jobs allocated to this node "
         "(settings come from TRAINYARD_RUNNER_* and the shared TRAINYARD_* variables).",
     )

@@ -36,18 +36,22 @@ from datetime import UTC, datetime, timedelta
 
 from opentelemetry import context as otel_context
 
-from services.runner import checkpoints, domain, launch, publishing
-from services.runner.config import JOB_SLOTS, Settings
-from services.runner.domain import JobIdentity, StopRequest
-from services.runner.environments import (
+from trainyard_platform.services.runner import checkpoints, domain, launch, publishing
+from trainyard_platform.services.runner.config import JOB_SLOTS, Settings
+from trainyard_platform.services.runner.domain import JobIdentity, StopRequest
+from trainyard_platform.services.runner.environments import (
     EnvironmentBuildError,
     EnvironmentCache,
     job_interpreter,
 )
-from services.runner.gpus import GpuInventory, GpuUsage
-from services.runner.ledger import Ledger, LedgerEntry, safe_file_name
-from services.runner.publishing import JobEvents, publish_in_trace, publish_until_sent
-from services.runner.sandbox import (
+from trainyard_platform.services.runner.gpus import GpuInventory, GpuUsage
+from trainyard_platform.services.runner.ledger import Ledger, LedgerEntry, safe_file_name
+from trainyard_platform.services.runner.publishing import (
+    JobEvents,
+    publish_in_trace,
+    publish_until_sent,
+)
+from trainyard_platform.services.runner.sandbox import (
     PlatformError,
     ProcessGroupRecord,
     can_switch_users,
@@ -56,17 +60,17 @@ from services.runner.sandbox import (
     process_start_time,
     remove_sandbox,
 )
-from services.runner.supervisor import JobRun, end_allocation
-from shared.bus import TTL_HEADER, Bus
-from shared.events import Envelope, Payload, parse_envelope
-from shared.events.payloads import (
+from trainyard_platform.services.runner.supervisor import JobRun, end_allocation
+from trainyard_platform.shared.bus import TTL_HEADER, Bus
+from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
+from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationRevoked,
     JobStarted,
     RunnerHeartbeat,
 )
-from shared.storage import ObjectStore, open_store
-from shared.telemetry import extract, inject
+from trainyard_platform.shared.storage import ObjectStore, open_store
+from trainyard_platform.shared.telemetry import extract, inject
 
 log = logging.getLogger(__name__)
 

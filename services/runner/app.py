@@ -14,11 +14,11 @@ from litestar import Litestar, get
 from litestar.handlers import HTTPRouteHandler
 from litestar.types import Guard
 
-from services.runner.agent import NodeAgent
-from shared.access import needs
-from shared.http_app import service_app
-from shared.identity import Role
-from shared.runtime import ServiceRuntime
+from trainyard_platform.services.runner.agent import NodeAgent
+from trainyard_platform.shared.access import needs
+from trainyard_platform.shared.http_app import service_app
+from trainyard_platform.shared.identity import Role
+from trainyard_platform.shared.runtime import ServiceRuntime
 
 
 def create_app(

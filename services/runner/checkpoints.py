@@ -40,9 +40,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shared.events.payloads import CheckpointRef
-from shared.metrics import instrument
-from shared.storage import ObjectNotFound, ObjectStore, validate_key
+from trainyard_platform.shared.events.payloads import CheckpointRef
+from trainyard_platform.shared.metrics import instrument
+from trainyard_platform.shared.storage import ObjectNotFound, ObjectStore, validate_key
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from shared.events.payloads import MAX_METRIC_POINTS
-from shared.settings import GuardedServiceSettings
+from trainyard_platform.shared.events.payloads import MAX_METRIC_POINTS
+from trainyard_platform.shared.settings import GuardedServiceSettings
 
 NODE_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 JOB_SLOTS = 64

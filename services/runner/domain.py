@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Generic, Literal, TypeVar
 
-from shared.control import PREEMPTED_EXIT_CODE, CheckpointMessage, MetricsMessage
-from shared.events.payloads import (
+from trainyard_platform.shared.control import PREEMPTED_EXIT_CODE, CheckpointMessage, MetricsMessage
+from trainyard_platform.shared.events.payloads import (
     MAX_METRIC_KEY,
     MAX_METRIC_POINTS,
     AllocationGranted,

@@ -17,12 +17,12 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from services.runner.agent import NodeAgent
-from services.runner.ledger import LedgerEntry
-from shared.bus import Handler, Reject
-from shared.events import Envelope, Payload
-from shared.events.payloads import AllocationGranted, AllocationRevoked
-from shared.events.trust import node_subjects
+from trainyard_platform.services.runner.agent import NodeAgent
+from trainyard_platform.services.runner.ledger import LedgerEntry
+from trainyard_platform.shared.bus import Handler, Reject
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import AllocationGranted, AllocationRevoked
+from trainyard_platform.shared.events.trust import node_subjects
 
 log = logging.getLogger(__name__)
 

@@ -33,22 +33,37 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.runner import checkpoints
-from services.runner.config import Settings
-from services.runner.environments import EnvironmentBuildError, EnvironmentCache, JobEnvironment
-from services.runner.gpus import GpuInventory
-from services.runner.ledger import safe_file_name
-from services.runner.provenance import (
+from trainyard_platform.services.runner import checkpoints
+from trainyard_platform.services.runner.config import Settings
+from trainyard_platform.services.runner.environments import (
+    EnvironmentBuildError,
+    EnvironmentCache,
+    JobEnvironment,
+)
+from trainyard_platform.services.runner.gpus import GpuInventory
+from trainyard_platform.services.runner.ledger import safe_file_name
+from trainyard_platform.services.runner.provenance import (
     ENTRYPOINT_PATTERN,
     capture_environment,
     code_version,
     packages_digest,
 )
-from services.runner.sandbox import JobUser, PlatformError, Sandbox, create_sandbox, fetch_code
-from services.runner.sandbox import hand_over as hand_over_sandbox
-from shared.control import JobRuntimeEnv
-from shared.events.payloads import AllocationGranted, CheckpointRef, Environment, JobSpec
-from shared.storage import ObjectStore, open_store
+from trainyard_platform.services.runner.sandbox import (
+    JobUser,
+    PlatformError,
+    Sandbox,
+    create_sandbox,
+    fetch_code,
+)
+from trainyard_platform.services.runner.sandbox import hand_over as hand_over_sandbox
+from trainyard_platform.shared.control import JobRuntimeEnv
+from trainyard_platform.shared.events.payloads import (
+    AllocationGranted,
+    CheckpointRef,
+    Environment,
+    JobSpec,
+)
+from trainyard_platform.shared.storage import ObjectStore, open_store
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from services.runner.domain import AllocationState, JobIdentity
+from trainyard_platform.services.runner.domain import AllocationState, JobIdentity
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 

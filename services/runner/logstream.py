@@ -22,7 +22,7 @@ import contextlib
 import logging
 from pathlib import Path
 
-from shared.storage import ObjectStore
+from trainyard_platform.shared.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 

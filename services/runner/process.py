@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from services.runner.sandbox import JobUser
+from trainyard_platform.services.runner.sandbox import JobUser
 
 _PR_SET_PDEATHSIG = 1
 OUTPUT_LINE_LIMIT = 64 * 1024

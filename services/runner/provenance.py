@@ -36,8 +36,8 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from services.runner.gpus import GpuInventory
-from shared.events.payloads import Environment
+from trainyard_platform.services.runner.gpus import GpuInventory
+from trainyard_platform.shared.events.payloads import Environment
 
 log = logging.getLogger(__name__)
 

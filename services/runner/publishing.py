@@ -39,10 +39,10 @@ from weakref import WeakKeyDictionary
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from shared.bus import Bus
-from shared.events import Envelope, Payload
-from shared.events.payloads import JobMetrics, JobProgress
-from shared.telemetry import tracer
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import JobMetrics, JobProgress
+from trainyard_platform.shared.telemetry import tracer
 
 log = logging.getLogger(__name__)
 _tracer = tracer(__name__)

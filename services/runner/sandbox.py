@@ -41,9 +41,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.runner.checkpoints import file_sha256
-from shared.events.payloads import CodeBundle, CodeGit, JobSpec
-from shared.storage import ObjectNotFound, ObjectStore
+from trainyard_platform.services.runner.checkpoints import file_sha256
+from trainyard_platform.shared.events.payloads import CodeBundle, CodeGit, JobSpec
+from trainyard_platform.shared.storage import ObjectNotFound, ObjectStore
 
 
 class PlatformError(RuntimeError):

@@ -9,18 +9,18 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
-from services.runner import handlers
-from services.runner.agent import NodeAgent
-from services.runner.app import create_app
-from services.runner.config import Settings
-from services.runner.gpus import discover_gpus
-from services.runner.sandbox import can_switch_users, claim_job_uids
-from shared.access import guard_for
-from shared.bus import Bus
-from shared.deadletters import deadletter_routes
-from shared.event_metrics import measured_each
-from shared.runtime import ServiceRuntime
-from shared.storage import open_store
+from trainyard_platform.services.runner import handlers
+from trainyard_platform.services.runner.agent import NodeAgent
+from trainyard_platform.services.runner.app import create_app
+from trainyard_platform.services.runner.config import Settings
+from trainyard_platform.services.runner.gpus import discover_gpus
+from trainyard_platform.services.runner.sandbox import can_switch_users, claim_job_uids
+from trainyard_platform.shared.access import guard_for
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.deadletters import deadletter_routes
+from trainyard_platform.shared.event_metrics import measured_each
+from trainyard_platform.shared.runtime import ServiceRuntime
+from trainyard_platform.shared.storage import open_store
 
 log = logging.getLogger(__name__)
 

@@ -30,24 +30,35 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
-from services.runner import checkpoints, domain, usage_metrics
-from services.runner.domain import JobIdentity, JobResults, LogTail, ProgressThrottle, StopRequest
-from services.runner.gpus import GpuUsage
-from services.runner.ledger import Ledger
-from services.runner.logstream import LogShipper, stream_prefix
-from services.runner.process import JobProcess, read_lines
-from services.runner.publishing import JobEvents
-from services.runner.sandbox import Sandbox, kill_leftovers
-from shared.control import (
+from trainyard_platform.services.runner import checkpoints, domain, usage_metrics
+from trainyard_platform.services.runner.domain import (
+    JobIdentity,
+    JobResults,
+    LogTail,
+    ProgressThrottle,
+    StopRequest,
+)
+from trainyard_platform.services.runner.gpus import GpuUsage
+from trainyard_platform.services.runner.ledger import Ledger
+from trainyard_platform.services.runner.logstream import LogShipper, stream_prefix
+from trainyard_platform.services.runner.process import JobProcess, read_lines
+from trainyard_platform.services.runner.publishing import JobEvents
+from trainyard_platform.services.runner.sandbox import Sandbox, kill_leftovers
+from trainyard_platform.shared.control import (
     MAX_CONTROL_LINE_BYTES,
     CheckpointMessage,
     MetricsMessage,
     parse_control_line,
     unix_address,
 )
-from shared.events import Envelope, Payload
-from shared.events.payloads import MAX_METRIC_KEY, MAX_METRIC_POINTS, CheckpointRef, MetricPoint
-from shared.storage import ObjectStore
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import (
+    MAX_METRIC_KEY,
+    MAX_METRIC_POINTS,
+    CheckpointRef,
+    MetricPoint,
+)
+from trainyard_platform.shared.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from shared.metrics import observe
+from trainyard_platform.shared.metrics import observe
 
 IDLE_PERCENT: Final = 5.0
 """Mean GPU utilisation (%) under which a job's GPUs count as idle."""

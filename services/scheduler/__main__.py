@@ -1,12 +1,12 @@
-"""``python -m services.scheduler``: run the scheduler until SIGTERM."""
+"""``python -m trainyard_platform.services.scheduler``: run the scheduler until SIGTERM."""
 
 from __future__ import annotations
 
 import sys
 
-from services.scheduler.config import Settings
-from services.scheduler.service import serve
-from shared.runtime import serve_from_command_line
+from trainyard_platform.services.scheduler.config import Settings
+from trainyard_platform.services.scheduler.service import serve
+from trainyard_platform.shared.runtime import serve_from_command_line
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,9 +32,9 @@ from contextlib import asynccontextmanager
 import asyncpg
 from pydantic import BaseModel
 
-from services.scheduler import admin_repository as admin_repo
-from services.scheduler import repository as repo
-from services.scheduler.admin_schemas import (
+from trainyard_platform.services.scheduler import admin_repository as admin_repo
+from trainyard_platform.services.scheduler import repository as repo
+from trainyard_platform.services.scheduler.admin_schemas import (
     FLAVOR_PATTERN,
     CohortRequest,
     CohortView,
@@ -50,12 +50,12 @@ from services.scheduler.admin_schemas import (
     priority_class_view,
     queue_config_view,
 )
-from services.scheduler.convert import implicit_queue
-from services.scheduler.scheduling import emit
-from shared import audit
-from shared.events.payloads import FlavorDeclared, FlavorRetired
-from shared.http_errors import FieldError, RequestInvalid
-from shared.identity import Principal
+from trainyard_platform.services.scheduler.convert import implicit_queue
+from trainyard_platform.services.scheduler.scheduling import emit
+from trainyard_platform.shared import audit
+from trainyard_platform.shared.events.payloads import FlavorDeclared, FlavorRetired
+from trainyard_platform.shared.http_errors import FieldError, RequestInvalid
+from trainyard_platform.shared.identity import Principal
 
 _SHOWN = 5
 """How many of the things that block a delete its ``Conflict`` names (then "and N more")."""

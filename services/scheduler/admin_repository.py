@@ -10,7 +10,7 @@ from typing import Any
 
 import asyncpg
 
-from services.scheduler.domain import JobStatus
+from trainyard_platform.services.scheduler.domain import JobStatus
 
 Row = Mapping[str, Any]
 

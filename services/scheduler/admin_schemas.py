@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shared.http_errors import RequestInvalid
+from trainyard_platform.shared.http_errors import RequestInvalid
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,39}$"
 """Names of queues, cohorts and priority classes (the same rule as a job's ``priority``)."""

@@ -34,12 +34,12 @@ from typing import Any
 
 import asyncpg
 
-from services.scheduler.convert import queues_from_rows
-from services.scheduler.policy.explain import gpus as gpus_text
-from services.scheduler.policy.model import Queue
-from services.scheduler.policy.packing import job_shapes
-from services.scheduler.policy.quota import QuotaBook
-from shared.events.payloads import MAX_JOB_GPUS, JobFailed, JobSpec
+from trainyard_platform.services.scheduler.convert import queues_from_rows
+from trainyard_platform.services.scheduler.policy.explain import gpus as gpus_text
+from trainyard_platform.services.scheduler.policy.model import Queue
+from trainyard_platform.services.scheduler.policy.packing import job_shapes
+from trainyard_platform.services.scheduler.policy.quota import QuotaBook
+from trainyard_platform.shared.events.payloads import MAX_JOB_GPUS, JobFailed, JobSpec
 
 REFUSED_PREFIX = "refused: "
 """Every refused job's ``job.failed`` reason starts so."""

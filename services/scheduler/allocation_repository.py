@@ -11,8 +11,8 @@ from datetime import datetime
 
 import asyncpg
 
-from services.scheduler.domain import Allocation, AllocationStatus, Outcome
-from services.scheduler.repository import Row
+from trainyard_platform.services.scheduler.domain import Allocation, AllocationStatus, Outcome
+from trainyard_platform.services.scheduler.repository import Row
 
 # --- allocations and leases ------------------------------------------------------------
 

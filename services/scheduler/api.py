@@ -37,11 +37,11 @@ from litestar.openapi import ResponseSpec
 from litestar.params import FromPath, PathParameter
 from litestar.types import Guard
 
-from services.scheduler import admin
-from services.scheduler import admin_repository as admin_repo
-from services.scheduler import repository as repo
-from services.scheduler.admin import Conflict, NotFound
-from services.scheduler.admin_schemas import (
+from trainyard_platform.services.scheduler import admin
+from trainyard_platform.services.scheduler import admin_repository as admin_repo
+from trainyard_platform.services.scheduler import repository as repo
+from trainyard_platform.services.scheduler.admin import Conflict, NotFound
+from trainyard_platform.services.scheduler.admin_schemas import (
     FLAVOR_PATTERN,
     NAME_PATTERN,
     CohortRequest,
@@ -53,12 +53,12 @@ from services.scheduler.admin_schemas import (
     QueueConfigView,
     QueueRequest,
 )
-from services.scheduler.schemas import QueueView, queue_view
-from shared.access import needs
-from shared.audit import audit_route
-from shared.http_app import error_responses, json_request_body, service_app
-from shared.http_errors import parse_body, read_json_body
-from shared.identity import Principal, Role
+from trainyard_platform.services.scheduler.schemas import QueueView, queue_view
+from trainyard_platform.shared.access import needs
+from trainyard_platform.shared.audit import audit_route
+from trainyard_platform.shared.http_app import error_responses, json_request_body, service_app
+from trainyard_platform.shared.http_errors import parse_body, read_json_body
+from trainyard_platform.shared.identity import Principal, Role
 
 AnyRequest = Request[Any, Any, Any]
 Caller = NamedDependency[Principal]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from shared.settings import GuardedServiceSettings
+from trainyard_platform.shared.settings import GuardedServiceSettings
 
 
 class Settings(GuardedServiceSettings):

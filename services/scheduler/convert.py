@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from services.scheduler.policy.fairshare import decay_usage
-from services.scheduler.policy.model import (
+from trainyard_platform.services.scheduler.policy.fairshare import decay_usage
+from trainyard_platform.services.scheduler.policy.model import (
     Decisions,
     Explanation,
     Node,
@@ -36,7 +36,7 @@ from services.scheduler.policy.model import (
     RunningJob,
     Snapshot,
 )
-from shared.events.payloads import JobPending
+from trainyard_platform.shared.events.payloads import JobPending
 
 Row = Mapping[str, Any]
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from shared.events.payloads import FailureKind, JobSpec
+from trainyard_platform.shared.events.payloads import FailureKind, JobSpec
 
 Outcome = Literal["succeeded", "failed", "cancelled", "preempted", "lost"]
 EndKind = Literal["succeeded", "failed", "preempted", "lost"]

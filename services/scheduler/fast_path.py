@@ -30,11 +30,16 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from services.scheduler import repository as repo
-from services.scheduler.convert import PendingNote, from_epoch, note_changed, pending_job
-from services.scheduler.policy.incremental import Incremental
-from services.scheduler.policy.model import PendingJob, PolicyConfig
-from services.scheduler.scheduling import PassResult, publish_notes
+from trainyard_platform.services.scheduler import repository as repo
+from trainyard_platform.services.scheduler.convert import (
+    PendingNote,
+    from_epoch,
+    note_changed,
+    pending_job,
+)
+from trainyard_platform.services.scheduler.policy.incremental import Incremental
+from trainyard_platform.services.scheduler.policy.model import PendingJob, PolicyConfig
+from trainyard_platform.services.scheduler.scheduling import PassResult, publish_notes
 
 
 @dataclass

@@ -35,17 +35,17 @@ from datetime import datetime
 
 import asyncpg
 
-from services.scheduler import admission
-from services.scheduler import allocation_repository as allocation_repo
-from services.scheduler import repository as repo
-from services.scheduler.domain import AllocationStatus, EndKind, JobStatus, fence
-from services.scheduler.late_success import accept_late_success
-from services.scheduler.leases import apply_endings, fence_revocation, plan_end
-from services.scheduler.scheduling import Clock, Tuning, emit, utc_now
-from shared import outbox
-from shared.bus import Delivery, Reject
-from shared.events import Envelope, Payload
-from shared.events.payloads import (
+from trainyard_platform.services.scheduler import admission
+from trainyard_platform.services.scheduler import allocation_repository as allocation_repo
+from trainyard_platform.services.scheduler import repository as repo
+from trainyard_platform.services.scheduler.domain import AllocationStatus, EndKind, JobStatus, fence
+from trainyard_platform.services.scheduler.late_success import accept_late_success
+from trainyard_platform.services.scheduler.leases import apply_endings, fence_revocation, plan_end
+from trainyard_platform.services.scheduler.scheduling import Clock, Tuning, emit, utc_now
+from trainyard_platform.shared import outbox
+from trainyard_platform.shared.bus import Delivery, Reject
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import (
     AllocationRevoked,
     CheckpointSaved,
     JobCancelled,

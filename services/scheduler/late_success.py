@@ -38,14 +38,20 @@ from datetime import datetime
 
 import asyncpg
 
-from services.scheduler import allocation_repository as allocation_repo
-from services.scheduler import repository as repo
-from services.scheduler.domain import Allocation, Job, Outcome, late_success, release_time
-from services.scheduler.leases import charge_usage, fence_revocation
-from services.scheduler.scheduling import Tuning, traced
-from shared import outbox
-from shared.events.payloads import AllocationReleased, JobSucceeded
-from shared.outbox import Traced
+from trainyard_platform.services.scheduler import allocation_repository as allocation_repo
+from trainyard_platform.services.scheduler import repository as repo
+from trainyard_platform.services.scheduler.domain import (
+    Allocation,
+    Job,
+    Outcome,
+    late_success,
+    release_time,
+)
+from trainyard_platform.services.scheduler.leases import charge_usage, fence_revocation
+from trainyard_platform.services.scheduler.scheduling import Tuning, traced
+from trainyard_platform.shared import outbox
+from trainyard_platform.shared.events.payloads import AllocationReleased, JobSucceeded
+from trainyard_platform.shared.outbox import Traced
 
 log = logging.getLogger(__name__)
 

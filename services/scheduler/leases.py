@@ -34,9 +34,9 @@ from datetime import datetime, timedelta
 
 import asyncpg
 
-from services.scheduler import allocation_repository as allocation_repo
-from services.scheduler import repository as repo
-from services.scheduler.domain import (
+from trainyard_platform.services.scheduler import allocation_repository as allocation_repo
+from trainyard_platform.services.scheduler import repository as repo
+from trainyard_platform.services.scheduler.domain import (
     Allocation,
     EndDecision,
     EndKind,
@@ -47,17 +47,17 @@ from services.scheduler.domain import (
     allocation_ended,
     release_time,
 )
-from services.scheduler.policy.fairshare import charge, decay_usage
-from services.scheduler.scheduling import Tuning, job_trace, traced
-from shared import outbox
-from shared.events.payloads import (
+from trainyard_platform.services.scheduler.policy.fairshare import charge, decay_usage
+from trainyard_platform.services.scheduler.scheduling import Tuning, job_trace, traced
+from trainyard_platform.shared import outbox
+from trainyard_platform.shared.events.payloads import (
     AllocationReleased,
     AllocationRevoked,
     JobCancelled,
     JobFailed,
     JobPreempted,
 )
-from shared.outbox import Traced
+from trainyard_platform.shared.outbox import Traced
 
 log = logging.getLogger(__name__)
 

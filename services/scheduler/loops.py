@@ -35,17 +35,23 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from services.scheduler import repository as repo
-from services.scheduler.admin_repository import CONFIG_CHANNEL
-from services.scheduler.fast_path import Kept, decide_arrivals
-from services.scheduler.handlers import SchedulerHandlers
-from services.scheduler.leader import NotLeader
-from services.scheduler.leases import release_expired_notices
-from services.scheduler.node_watch import BusHearing, NodeWatch
-from services.scheduler.scheduling import Clock, PassResult, Tuning, run_pass, utc_now
-from shared.bus import Bus, Delivery
-from shared.event_metrics import measured
-from shared.inbox import Guard, idempotent_batches, no_guard
+from trainyard_platform.services.scheduler import repository as repo
+from trainyard_platform.services.scheduler.admin_repository import CONFIG_CHANNEL
+from trainyard_platform.services.scheduler.fast_path import Kept, decide_arrivals
+from trainyard_platform.services.scheduler.handlers import SchedulerHandlers
+from trainyard_platform.services.scheduler.leader import NotLeader
+from trainyard_platform.services.scheduler.leases import release_expired_notices
+from trainyard_platform.services.scheduler.node_watch import BusHearing, NodeWatch
+from trainyard_platform.services.scheduler.scheduling import (
+    Clock,
+    PassResult,
+    Tuning,
+    run_pass,
+    utc_now,
+)
+from trainyard_platform.shared.bus import Bus, Delivery
+from trainyard_platform.shared.event_metrics import measured
+from trainyard_platform.shared.inbox import Guard, idempotent_batches, no_guard
 
 log = logging.getLogger(__name__)
 

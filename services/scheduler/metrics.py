@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from shared.metrics_sampler import Readings, Sampler
+from trainyard_platform.shared.metrics_sampler import Readings, Sampler
 
 _QUEUES = """SELECT q.name AS queue, count(j.job_id) AS depth,
        coalesce(extract(epoch FROM now() - min(j.submitted_at)), 0) AS oldest

@@ -42,13 +42,13 @@ from datetime import datetime, timedelta
 
 import asyncpg
 
-from services.scheduler import allocation_repository as allocation_repo
-from services.scheduler import repository as repo
-from services.scheduler.leader import NotLeader
-from services.scheduler.leases import end_gang
-from services.scheduler.scheduling import Clock, Tuning, run_pass, utc_now
-from shared.bus import Bus, Hearing
-from shared.inbox import Guard, no_guard
+from trainyard_platform.services.scheduler import allocation_repository as allocation_repo
+from trainyard_platform.services.scheduler import repository as repo
+from trainyard_platform.services.scheduler.leader import NotLeader
+from trainyard_platform.services.scheduler.leases import end_gang
+from trainyard_platform.services.scheduler.scheduling import Clock, Tuning, run_pass, utc_now
+from trainyard_platform.shared.bus import Bus, Hearing
+from trainyard_platform.shared.inbox import Guard, no_guard
 
 log = logging.getLogger(__name__)
 

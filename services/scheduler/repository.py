@@ -10,14 +10,14 @@ from typing import Any
 
 import asyncpg
 
-from services.scheduler.convert import PendingNote, SnapshotRows, implicit_queue
-from services.scheduler.domain import (
+from trainyard_platform.services.scheduler.convert import PendingNote, SnapshotRows, implicit_queue
+from trainyard_platform.services.scheduler.domain import (
     Job,
     JobStatus,
     NodeStatus,
 )
-from shared.events.payloads import JobSpec
-from shared.telemetry import inject
+from trainyard_platform.shared.events.payloads import JobSpec
+from trainyard_platform.shared.telemetry import inject
 
 Row = Mapping[str, Any]
 """A fetched record (asyncpg.Record), read by column name."""

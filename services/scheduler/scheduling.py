@@ -41,22 +41,36 @@ from typing import Any
 import asyncpg
 from opentelemetry import trace
 
-from services.scheduler import allocation_repository as allocation_repo
-from services.scheduler import repository as repo
-from services.scheduler.convert import (
+from trainyard_platform.services.scheduler import allocation_repository as allocation_repo
+from trainyard_platform.services.scheduler import repository as repo
+from trainyard_platform.services.scheduler.convert import (
     Built,
     PendingNote,
     build_snapshot,
     note_changed,
     pending_notes,
 )
-from services.scheduler.domain import Allocation, AllocationStatus, Job, JobStatus
-from services.scheduler.policy.engine import PolicyState
-from services.scheduler.policy.model import Decisions, Placement, PolicyConfig, Preemption
-from shared import outbox
-from shared.events import Envelope, Payload
-from shared.events.payloads import AllocationGranted, AllocationRevoked, GangMember
-from shared.telemetry import extract, inject, tracer
+from trainyard_platform.services.scheduler.domain import (
+    Allocation,
+    AllocationStatus,
+    Job,
+    JobStatus,
+)
+from trainyard_platform.services.scheduler.policy.engine import PolicyState
+from trainyard_platform.services.scheduler.policy.model import (
+    Decisions,
+    Placement,
+    PolicyConfig,
+    Preemption,
+)
+from trainyard_platform.shared import outbox
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import (
+    AllocationGranted,
+    AllocationRevoked,
+    GangMember,
+)
+from trainyard_platform.shared.telemetry import extract, inject, tracer
 
 log = logging.getLogger(__name__)
 _tracer = tracer(__name__)

@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from services.scheduler.convert import queues_from_rows
-from services.scheduler.policy.quota import QuotaBook
+from trainyard_platform.services.scheduler.convert import queues_from_rows
+from trainyard_platform.services.scheduler.policy.quota import QuotaBook
 
 Row = Mapping[str, Any]
 

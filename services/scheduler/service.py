@@ -11,19 +11,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from services.scheduler.api import create_app, readiness_handler
-from services.scheduler.config import Settings
-from services.scheduler.leader import Leadership
-from services.scheduler.loops import LeaderWork
-from services.scheduler.metrics import scheduler_readings
-from services.scheduler.policy.model import PolicyConfig
-from services.scheduler.scheduling import Tuning
-from shared.access import guard_for
-from shared.bus import Bus
-from shared.db import migrate, open_pool, ping
-from shared.deadletters import deadletter_routes
-from shared.events import Payload, nats_subject
-from shared.events.payloads import (
+from trainyard_platform.services.scheduler.api import create_app, readiness_handler
+from trainyard_platform.services.scheduler.config import Settings
+from trainyard_platform.services.scheduler.leader import Leadership
+from trainyard_platform.services.scheduler.loops import LeaderWork
+from trainyard_platform.services.scheduler.metrics import scheduler_readings
+from trainyard_platform.services.scheduler.policy.model import PolicyConfig
+from trainyard_platform.services.scheduler.scheduling import Tuning
+from trainyard_platform.shared.access import guard_for
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.db import migrate, open_pool, ping
+from trainyard_platform.shared.deadletters import deadletter_routes
+from trainyard_platform.shared.events import Payload, nats_subject
+from trainyard_platform.shared.events.payloads import (
     CheckpointSaved,
     JobCancelRequested,
     JobFailed,
@@ -33,9 +33,9 @@ from shared.events.payloads import (
     JobSucceeded,
     RunnerHeartbeat,
 )
-from shared.outbox import OutboxRelay
-from shared.retention import Retention
-from shared.runtime import ServiceRuntime
+from trainyard_platform.shared.outbox import OutboxRelay
+from trainyard_platform.shared.retention import Retention
+from trainyard_platform.shared.runtime import ServiceRuntime
 
 NAME = "scheduler"
 MIGRATIONS = Path(__file__).parent / "migrations"

@@ -1,9 +1,9 @@
-"""``python -m services.submission`` serves the API; ``... bootstrap-admin`` seeds a team.
+"""``python -m trainyard_platform.services.submission`` serves the API; ``... bootstrap-admin`` seeds a team.
 
 ``bootstrap-admin --team TEAM --user NAME [--role operator]`` applies the migrations, creates
 the team (if new) and an admin user in it (or a platform operator), and prints only that
 user's token on stdout, so that
-``TOKEN=$(python -m services.submission bootstrap-admin ...)`` works. It refuses, with exit
+``TOKEN=$(python -m trainyard_platform.services.submission bootstrap-admin ...)`` works. It refuses, with exit
 status 1, when the user already exists: there are no default credentials, and a token is
 shown exactly once.
 """
@@ -17,12 +17,12 @@ import sys
 
 import asyncpg
 
-from services.submission.config import Settings
-from services.submission.errors import UserExists
-from services.submission.schemas import NAME_PATTERN
-from services.submission.service import bootstrap_user, serve
-from shared.identity import Role
-from shared.runtime import settings_or_exit
+from trainyard_platform.services.submission.config import Settings
+from trainyard_platform.services.submission.errors import UserExists
+from trainyard_platform.services.submission.schemas import NAME_PATTERN
+from trainyard_platform.services.submission.service import bootstrap_user, serve
+from trainyard_platform.shared.identity import Role
+from trainyard_platform.shared.runtime import settings_or_exit
 
 
 def _name(value: str) -> str:
@@ -33,7 +33,7 @@ def _name(value: str) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m services.submission",
+        prog="python -m trainyard_platform.services.submission",
         description="Trainyard submission service (no command: serve the HTTP API).",
     )
     commands = parser.add_subparsers(dest="command")

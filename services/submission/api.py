@@ -47,26 +47,36 @@ from litestar.openapi import ResponseSpec
 from litestar.params import FromPath, FromQuery, HeaderParameter, PathParameter, QueryParameter
 from litestar.types import ASGIApp, Guard, Receive, Scope, Send
 
-from services.submission import commands, governance, identity, jobschema, known_callers
-from services.submission.config import Settings
-from services.submission.dashboard import dashboard_routes
-from services.submission.data_admission import DataAdmission, RegistryUnavailable
-from services.submission.domain import JobStatus
-from services.submission.errors import Conflict, Forbidden, NotFound
-from services.submission.governance import BUDGET_WARNING_HEADER
-from services.submission.identity import Caller
-from services.submission.identity_schemas import (
+from trainyard_platform.services.submission import (
+    commands,
+    governance,
+    identity,
+    jobschema,
+    known_callers,
+)
+from trainyard_platform.services.submission.config import Settings
+from trainyard_platform.services.submission.dashboard import dashboard_routes
+from trainyard_platform.services.submission.data_admission import DataAdmission, RegistryUnavailable
+from trainyard_platform.services.submission.domain import JobStatus
+from trainyard_platform.services.submission.errors import Conflict, Forbidden, NotFound
+from trainyard_platform.services.submission.governance import BUDGET_WARNING_HEADER
+from trainyard_platform.services.submission.identity import Caller
+from trainyard_platform.services.submission.identity_schemas import (
     MeView,
     TokenCreated,
     TokenRequest,
     TokenView,
     UserView,
 )
-from services.submission.known_callers import KnownCaller, KnownCallers, month_and_now
-from services.submission.objects import Objects
-from services.submission.ratelimit import RateLimiter
-from services.submission.reproduce import reproduce_job
-from services.submission.schemas import (
+from trainyard_platform.services.submission.known_callers import (
+    KnownCaller,
+    KnownCallers,
+    month_and_now,
+)
+from trainyard_platform.services.submission.objects import Objects
+from trainyard_platform.services.submission.ratelimit import RateLimiter
+from trainyard_platform.services.submission.reproduce import reproduce_job
+from trainyard_platform.services.submission.schemas import (
     ID_PREFIX_PATTERN,
     LABEL_FILTER_PATTERN,
     NAME_PATTERN,
@@ -82,8 +92,8 @@ from services.submission.schemas import (
     parse_idempotency_key,
     parse_job_request,
 )
-from shared import audit
-from shared.access import (
+from trainyard_platform.shared import audit
+from trainyard_platform.shared.access import (
     UNAUTHENTICATED,
     enforce_least_role,
     is_open_probe,
@@ -91,23 +101,23 @@ from shared.access import (
     public_asset,
     remember,
 )
-from shared.audit import audit_route
-from shared.auth import bearer_token, hash_token
-from shared.events.payloads import BUNDLE_SHA256_PATTERN
-from shared.http_app import (
+from trainyard_platform.shared.audit import audit_route
+from trainyard_platform.shared.auth import bearer_token, hash_token
+from trainyard_platform.shared.events.payloads import BUNDLE_SHA256_PATTERN
+from trainyard_platform.shared.http_app import (
     bytes_request_body,
     error_responses,
     json_request_body,
     service_app,
 )
-from shared.http_errors import (
+from trainyard_platform.shared.http_errors import (
     RequestInvalid,
     parse_body,
     read_body,
     read_json_body,
 )
-from shared.identity import Role
-from shared.storage import ObjectStore
+from trainyard_platform.shared.identity import Role
+from trainyard_platform.shared.storage import ObjectStore
 
 Pool = NamedDependency[asyncpg.Pool]
 Me = NamedDependency[Caller]

@@ -33,14 +33,14 @@ from typing import Any
 
 import asyncpg
 
-from services.submission import logs
-from services.submission import repository as repo
-from services.submission.domain import JobStatus
-from services.submission.errors import Conflict, Forbidden, NotFound
-from services.submission.identity import Caller
-from services.submission.known_callers import KnownCaller
-from services.submission.objects import Objects
-from services.submission.schemas import (
+from trainyard_platform.services.submission import logs
+from trainyard_platform.services.submission import repository as repo
+from trainyard_platform.services.submission.domain import JobStatus
+from trainyard_platform.services.submission.errors import Conflict, Forbidden, NotFound
+from trainyard_platform.services.submission.identity import Caller
+from trainyard_platform.services.submission.known_callers import KnownCaller
+from trainyard_platform.services.submission.objects import Objects
+from trainyard_platform.services.submission.schemas import (
     BundleCode,
     JobFilters,
     JobRequest,
@@ -49,13 +49,18 @@ from services.submission.schemas import (
     LogChunk,
     LogPage,
 )
-from services.submission.views import job_summary, job_view, submitted_job_view
-from shared import audit, outbox
-from shared.events import Envelope
-from shared.events.payloads import JobCancelRequested, JobSpec, JobSubmitted, dump
-from shared.http_errors import RequestInvalid
-from shared.identity import Role
-from shared.telemetry import current_trace_id, inject
+from trainyard_platform.services.submission.views import job_summary, job_view, submitted_job_view
+from trainyard_platform.shared import audit, outbox
+from trainyard_platform.shared.events import Envelope
+from trainyard_platform.shared.events.payloads import (
+    JobCancelRequested,
+    JobSpec,
+    JobSubmitted,
+    dump,
+)
+from trainyard_platform.shared.http_errors import RequestInvalid
+from trainyard_platform.shared.identity import Role
+from trainyard_platform.shared.telemetry import current_trace_id, inject
 
 SOURCE = "trainyard/submission"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from shared.settings import ServiceSettings
+from trainyard_platform.shared.settings import ServiceSettings
 
 DEFAULT_FLAVORS = ["cpu", "t4", "a100", "h100", "h200"]
 DEFAULT_BUNDLE_MAX_BYTES = 100 * 1024 * 1024

@@ -28,8 +28,8 @@ from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 from pydantic import BaseModel
 
-from services.submission.config import Settings
-from shared.access import public_asset
+from trainyard_platform.services.submission.config import Settings
+from trainyard_platform.shared.access import public_asset
 
 WEB = Path(__file__).parent / "web"
 """The dashboard's files."""

@@ -26,8 +26,8 @@ from typing import Any
 
 import httpx
 
-from services.submission.schemas import JobRequest
-from shared.http_errors import FieldError, RequestInvalid
+from trainyard_platform.services.submission.schemas import JobRequest
+from trainyard_platform.shared.http_errors import FieldError, RequestInvalid
 
 _REFERENCE = re.compile(r"([^/]+)/([^/:@]+)(?::([0-9]+)|@(.+))?")
 UNREADABLE = "no such {kind} your team may read (it does not exist, or its team has not granted it)"

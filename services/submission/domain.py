@@ -35,7 +35,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from shared.events.payloads import (
+from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     JobCancelled,
     JobFailed,

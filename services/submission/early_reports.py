@@ -39,10 +39,20 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from services.submission.domain import SCHEDULER_SOURCE, TERMINAL, JobStatus, LifecycleEvent
-from shared.bus import Reject
-from shared.events import Envelope, Payload, parse_envelope
-from shared.events.payloads import JobFailed, JobPreempted, JobStarted, JobSucceeded
+from trainyard_platform.services.submission.domain import (
+    SCHEDULER_SOURCE,
+    TERMINAL,
+    JobStatus,
+    LifecycleEvent,
+)
+from trainyard_platform.shared.bus import Reject
+from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
+from trainyard_platform.shared.events.payloads import (
+    JobFailed,
+    JobPreempted,
+    JobStarted,
+    JobSucceeded,
+)
 
 _REPORTS = (JobStarted, JobSucceeded, JobFailed, JobPreempted)
 

@@ -33,16 +33,16 @@ from typing import Any
 
 import asyncpg
 
-from services.submission.errors import Conflict
-from services.submission.schemas import JobRequest
-from shared.events import Envelope, Payload
-from shared.events.payloads import (
+from trainyard_platform.services.submission.errors import Conflict
+from trainyard_platform.services.submission.schemas import JobRequest
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import (
     BudgetThresholdCrossed,
     BudgetUpdated,
     FlavorDeclared,
     FlavorRetired,
 )
-from shared.inbox import TransactionalHandler
+from trainyard_platform.shared.inbox import TransactionalHandler
 
 CONSUMED: tuple[type[Payload], ...] = (
     FlavorDeclared,

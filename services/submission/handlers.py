@@ -25,9 +25,9 @@ from typing import Any
 
 import asyncpg
 
-from services.submission import early_reports
-from services.submission import repository as repo
-from services.submission.domain import (
+from trainyard_platform.services.submission import early_reports
+from trainyard_platform.services.submission import repository as repo
+from trainyard_platform.services.submission.domain import (
     SCHEDULER_SOURCE,
     Apply,
     AttemptFailed,
@@ -45,8 +45,8 @@ from services.submission.domain import (
     judge,
     process_ended_at,
 )
-from shared.events import Envelope, Payload
-from shared.events.payloads import (
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     CheckpointSaved,
     CostRecorded,

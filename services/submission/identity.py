@@ -25,20 +25,20 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from services.submission import identity_repository as repo
-from services.submission.errors import Conflict, Forbidden, NotFound, UserExists
-from services.submission.governance import Screening, current_month, screening_of
-from services.submission.identity_schemas import (
+from trainyard_platform.services.submission import identity_repository as repo
+from trainyard_platform.services.submission.errors import Conflict, Forbidden, NotFound, UserExists
+from trainyard_platform.services.submission.governance import Screening, current_month, screening_of
+from trainyard_platform.services.submission.identity_schemas import (
     MeView,
     TokenCreated,
     TokenRequest,
     TokenView,
     UserView,
 )
-from services.submission.schemas import CreateUserRequest, UserCreated
-from shared import audit
-from shared.auth import hash_token, new_token
-from shared.identity import Principal, Role
+from trainyard_platform.services.submission.schemas import CreateUserRequest, UserCreated
+from trainyard_platform.shared import audit
+from trainyard_platform.shared.auth import hash_token, new_token
+from trainyard_platform.shared.identity import Principal, Role
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from datetime import datetime
 
 import asyncpg
 
-from services.submission.governance import screening_columns
+from trainyard_platform.services.submission.governance import screening_columns
 
 
 async def caller_by_token(conn: asyncpg.Connection, token_hash: str) -> asyncpg.Record | None:

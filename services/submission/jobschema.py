@@ -1,6 +1,6 @@
 """Print the published JSON Schema of a job spec file, generated from ``JobRequest``.
 
-    python -m services.submission.jobschema > client/trainyard/schemas/job.v1.json
+    python -m trainyard_platform.services.submission.jobschema > client/trainyard/schemas/job.v1.json
 
 The file is committed (``trainyard schema`` prints it, editors read it) and a test fails when
 it no longer matches the models.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from functools import cache
 
-from services.submission.schemas import job_json_schema
+from trainyard_platform.services.submission.schemas import job_json_schema
 
 
 @cache

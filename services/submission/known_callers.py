@@ -25,9 +25,9 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from services.submission import identity_repository as repo
-from services.submission.governance import Screening, current_month, screening_of
-from services.submission.identity import Caller, caller_of
+from trainyard_platform.services.submission import identity_repository as repo
+from trainyard_platform.services.submission.governance import Screening, current_month, screening_of
+from trainyard_platform.services.submission.identity import Caller, caller_of
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
-from services.submission import logs
-from shared.storage import ObjectNotFound, ObjectStore
+from trainyard_platform.services.submission import logs
+from trainyard_platform.shared.storage import ObjectNotFound, ObjectStore
 
 
 def bundle_key(team: str, sha256: str) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 import asyncpg
 
-from services.submission.governance import screening_unchanged
+from trainyard_platform.services.submission.governance import screening_unchanged
 
 # --- jobs, as users see them (always scoped by team) ---------------------------------
 

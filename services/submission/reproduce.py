@@ -30,21 +30,31 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, HeaderParameter
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.submission import commands, governance
-from services.submission import repository as repo
-from services.submission.config import Settings
-from services.submission.data_admission import DataAdmission
-from services.submission.domain import JobStatus
-from services.submission.errors import Conflict, NotFound
-from services.submission.governance import BUDGET_WARNING_HEADER
-from services.submission.identity import Caller
-from services.submission.objects import Objects
-from services.submission.schemas import JobView, parse_idempotency_key, parse_job_request
-from shared.access import needs
-from shared.events.payloads import MAX_DATASETS, MAX_REFERENCE, MAX_SEED, HyperValue, JobSpec
-from shared.http_app import error_responses, json_request_body
-from shared.http_errors import parse_body, read_body, read_json_body
-from shared.identity import Role
+from trainyard_platform.services.submission import commands, governance
+from trainyard_platform.services.submission import repository as repo
+from trainyard_platform.services.submission.config import Settings
+from trainyard_platform.services.submission.data_admission import DataAdmission
+from trainyard_platform.services.submission.domain import JobStatus
+from trainyard_platform.services.submission.errors import Conflict, NotFound
+from trainyard_platform.services.submission.governance import BUDGET_WARNING_HEADER
+from trainyard_platform.services.submission.identity import Caller
+from trainyard_platform.services.submission.objects import Objects
+from trainyard_platform.services.submission.schemas import (
+    JobView,
+    parse_idempotency_key,
+    parse_job_request,
+)
+from trainyard_platform.shared.access import needs
+from trainyard_platform.shared.events.payloads import (
+    MAX_DATASETS,
+    MAX_REFERENCE,
+    MAX_SEED,
+    HyperValue,
+    JobSpec,
+)
+from trainyard_platform.shared.http_app import error_responses, json_request_body
+from trainyard_platform.shared.http_errors import parse_body, read_body, read_json_body
+from trainyard_platform.shared.identity import Role
 
 Pool = NamedDependency[asyncpg.Pool]
 Me = NamedDependency[Caller]

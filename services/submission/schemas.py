@@ -28,8 +28,8 @@ from pydantic import (
     model_validator,
 )
 
-from services.submission.domain import JobStatus
-from shared.events.payloads import (
+from trainyard_platform.services.submission.domain import JobStatus
+from trainyard_platform.shared.events.payloads import (
     BUNDLE_SHA256_PATTERN,
     DATASET_REF_PATTERN,
     GIT_COMMIT_PATTERN,
@@ -54,8 +54,8 @@ from shared.events.payloads import (
     HyperValue,
     JobSpec,
 )
-from shared.http_errors import FieldError, RequestInvalid, field_errors
-from shared.suggest import unknown_field
+from trainyard_platform.shared.http_errors import FieldError, RequestInvalid, field_errors
+from trainyard_platform.shared.suggest import unknown_field
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,100}$"
 PRIORITY_PATTERN = r"^[a-z][a-z0-9-]{0,39}$"

@@ -7,20 +7,20 @@ from pathlib import Path
 
 import asyncpg
 
-from services.submission import governance, handlers, identity
-from services.submission.api import AppDeps, create_app
-from services.submission.config import Settings
-from shared.bus import BatchHandler, Bus
-from shared.db import migrate, open_pool, ping
-from shared.deadletters import deadletter_routes
-from shared.event_metrics import measured
-from shared.events import nats_subject
-from shared.identity import Role
-from shared.inbox import TransactionalHandler, idempotent
-from shared.outbox import OutboxRelay
-from shared.retention import Retention
-from shared.runtime import ServiceRuntime
-from shared.storage import open_store
+from trainyard_platform.services.submission import governance, handlers, identity
+from trainyard_platform.services.submission.api import AppDeps, create_app
+from trainyard_platform.services.submission.config import Settings
+from trainyard_platform.shared.bus import BatchHandler, Bus
+from trainyard_platform.shared.db import migrate, open_pool, ping
+from trainyard_platform.shared.deadletters import deadletter_routes
+from trainyard_platform.shared.event_metrics import measured
+from trainyard_platform.shared.events import nats_subject
+from trainyard_platform.shared.identity import Role
+from trainyard_platform.shared.inbox import TransactionalHandler, idempotent
+from trainyard_platform.shared.outbox import OutboxRelay
+from trainyard_platform.shared.retention import Retention
+from trainyard_platform.shared.runtime import ServiceRuntime
+from trainyard_platform.shared.storage import open_store
 
 NAME = "submission"
 MIGRATIONS = Path(__file__).parent / "migrations"

@@ -6,8 +6,13 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from services.submission.domain import CostLine, JobStatus, failed_attempts, summarize_cost
-from services.submission.schemas import (
+from trainyard_platform.services.submission.domain import (
+    CostLine,
+    JobStatus,
+    failed_attempts,
+    summarize_cost,
+)
+from trainyard_platform.services.submission.schemas import (
     CheckpointView,
     CostView,
     FailureView,

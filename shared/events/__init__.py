@@ -1,7 +1,7 @@
 """Wire events: the CloudEvents envelope and one versioned payload model per event type."""
 
-from shared.events.envelope import Envelope, EventParseError, parse_envelope
-from shared.events.payloads import EVENT_TYPES, Payload, nats_subject
+from trainyard_platform.shared.events.envelope import Envelope, EventParseError, parse_envelope
+from trainyard_platform.shared.events.payloads import EVENT_TYPES, Payload, nats_subject
 
 __all__ = [
     "EVENT_TYPES",

@@ -23,8 +23,8 @@ from typing import Any, Generic, Literal, TypeVar, cast
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.events.payloads import EVENT_TYPES, Payload
-from shared.events.trust import nats_subject_for
+from trainyard_platform.shared.events.payloads import EVENT_TYPES, Payload
+from trainyard_platform.shared.events.trust import nats_subject_for
 
 P = TypeVar("P", bound=Payload)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from shared.events.payloads import (
+from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
     AllocationRevoked,

@@ -31,9 +31,9 @@ import asyncpg
 import httpx
 import pytest
 
-from deploy.local.stack import LocalStack
 from trainyard.bundle import pack
 from trainyard.client import TrainyardClient
+from trainyard_platform.deploy.local.stack import LocalStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 

@@ -10,10 +10,10 @@ import asyncio
 
 import pytest
 
-from shared.bus import Bus
-from shared.events import Envelope
-from shared.events.payloads import JobCancelRequested
-from shared.events.trust import SUBMISSION
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events import Envelope
+from trainyard_platform.shared.events.payloads import JobCancelRequested
+from trainyard_platform.shared.events.trust import SUBMISSION
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 

@@ -19,15 +19,20 @@ import pytest
 from nats.js.errors import NotFoundError
 from pydantic import SecretStr
 
-from deploy.local.nats import NatsServer, NatsUser
-from services.runner import publishing
-from shared.bus import Bus, StreamMissingError
-from shared.db import migrate, open_pool
-from shared.events import Envelope
-from shared.events.payloads import JobCancelRequested, JobProgress, JobStarted, JobSucceeded
-from shared.events.trust import RUNNER, SUBMISSION
-from shared.outbox import OutboxRelay, enqueue
-from shared.settings import DatabaseSettings, NatsSettings
+from trainyard_platform.deploy.local.nats import NatsServer, NatsUser
+from trainyard_platform.services.runner import publishing
+from trainyard_platform.shared.bus import Bus, StreamMissingError
+from trainyard_platform.shared.db import migrate, open_pool
+from trainyard_platform.shared.events import Envelope
+from trainyard_platform.shared.events.payloads import (
+    JobCancelRequested,
+    JobProgress,
+    JobStarted,
+    JobSucceeded,
+)
+from trainyard_platform.shared.events.trust import RUNNER, SUBMISSION
+from trainyard_platform.shared.outbox import OutboxRelay, enqueue
+from trainyard_platform.shared.settings import DatabaseSettings, NatsSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -215,7 +220,7 @@ async def test_a_restarted_runner_says_again_the_start_and_the_end_its_ledger_ke
 
 
 def _started(job_id: str, allocation_id: str = "a-1") -> Envelope[JobStarted]:
-    from shared.events.payloads import Environment, JobSpec
+    from trainyard_platform.shared.events.payloads import Environment, JobSpec
 
     spec = JobSpec(
         name="n",

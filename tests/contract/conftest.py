@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from deploy.local.s3 import S3Server
-from shared.settings import StorageSettings
-from shared.storage import ObjectStore, open_store
+from trainyard_platform.deploy.local.s3 import S3Server
+from trainyard_platform.shared.settings import StorageSettings
+from trainyard_platform.shared.storage import ObjectStore, open_store
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.storage import ObjectNotFound, ObjectStore, split_uri
 from tests.contract.conftest import Backend
+from trainyard_platform.shared.storage import ObjectNotFound, ObjectStore, split_uri
 
 BAD_KEYS = [
     ("", "empty"),

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.local.stack import LocalStack
+from trainyard_platform.deploy.local.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
 

@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from deploy.local.stack import LocalStack
 from trainyard.client import TrainyardClient
+from trainyard_platform.deploy.local.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
 

@@ -17,11 +17,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from deploy.local.stack import LocalStack
-from shared.metrics import CATALOGUE
 from trainyard.bundle import DEFAULT_MAX_BYTES
 from trainyard.cli import main, upload_code
 from trainyard.client import TrainyardClient
+from trainyard_platform.deploy.local.stack import LocalStack
+from trainyard_platform.shared.metrics import CATALOGUE
 
 pytestmark = pytest.mark.e2e
 

@@ -20,11 +20,11 @@ from urllib.parse import urlsplit
 import pytest
 from opentelemetry import context as otel_context
 
-from deploy.local.stack import LocalStack
 from tests.fixtures.otlp import OtlpReceiver, ReceivedSpan
 from trainyard.bundle import DEFAULT_MAX_BYTES
 from trainyard.cli import upload_code
 from trainyard.client import TrainyardClient
+from trainyard_platform.deploy.local.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
 

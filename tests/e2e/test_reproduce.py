@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from deploy.local.stack import LocalStack
+from trainyard_platform.deploy.local.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
 

@@ -29,10 +29,10 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from deploy.local.stack import RUNNER_NODE_ID, LocalStack
-from services.runner.config import Settings as RunnerSettings
-from services.runner.sandbox import leftover_processes
 from trainyard.client import TrainyardClient
+from trainyard_platform.deploy.local.stack import RUNNER_NODE_ID, LocalStack
+from trainyard_platform.services.runner.config import Settings as RunnerSettings
+from trainyard_platform.services.runner.sandbox import leftover_processes
 
 pytestmark = pytest.mark.e2e
 

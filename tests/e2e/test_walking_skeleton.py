@@ -21,10 +21,10 @@ import pytest
 import torch
 from minio import Minio
 
-from deploy.local.stack import LocalStack
 from trainyard.bundle import DEFAULT_MAX_BYTES
 from trainyard.cli import upload_code
 from trainyard.client import TrainyardClient
+from trainyard_platform.deploy.local.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from shared.control import (
+from trainyard.sdk.checkpoints import restore_latest
+from trainyard_platform.shared.control import (
     PREEMPTED_EXIT_CODE,
     CheckpointMessage,
     ControlMessage,
@@ -30,8 +31,7 @@ from shared.control import (
     MetricsMessage,
     parse_control_line,
 )
-from shared.storage import LocalStore
-from trainyard.sdk.checkpoints import restore_latest
+from trainyard_platform.shared.storage import LocalStore
 
 pytestmark = pytest.mark.integration
 

@@ -31,26 +31,26 @@ from litestar.routes import HTTPRoute
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings
 
-from services.billing.api import create_app as billing_app
-from services.billing.config import Settings as BillingSettings
-from services.registry.api import create_app as registry_app
-from services.registry.config import Settings as RegistrySettings
-from services.runner.agent import NodeAgent
-from services.runner.app import create_app as runner_app
-from services.runner.config import Settings as RunnerSettings
-from services.scheduler.api import create_app as scheduler_app
-from services.scheduler.config import Settings as SchedulerSettings
-from services.submission import identity
-from services.submission.api import AppDeps
-from services.submission.api import create_app as submission_app
-from services.submission.config import Settings as SubmissionSettings
-from shared.access import OPEN_PATHS, service_guard
-from shared.auth import hash_token, new_token
-from shared.db import migrate, open_pool
-from shared.identity import IdentityClient, Role
-from shared.runtime import ServiceRuntime, settings_or_exit
-from shared.settings import DatabaseSettings, ServiceSettings
-from shared.storage import LocalStore
+from trainyard_platform.services.billing.api import create_app as billing_app
+from trainyard_platform.services.billing.config import Settings as BillingSettings
+from trainyard_platform.services.registry.api import create_app as registry_app
+from trainyard_platform.services.registry.config import Settings as RegistrySettings
+from trainyard_platform.services.runner.agent import NodeAgent
+from trainyard_platform.services.runner.app import create_app as runner_app
+from trainyard_platform.services.runner.config import Settings as RunnerSettings
+from trainyard_platform.services.scheduler.api import create_app as scheduler_app
+from trainyard_platform.services.scheduler.config import Settings as SchedulerSettings
+from trainyard_platform.services.submission import identity
+from trainyard_platform.services.submission.api import AppDeps
+from trainyard_platform.services.submission.api import create_app as submission_app
+from trainyard_platform.services.submission.config import Settings as SubmissionSettings
+from trainyard_platform.shared.access import OPEN_PATHS, service_guard
+from trainyard_platform.shared.auth import hash_token, new_token
+from trainyard_platform.shared.db import migrate, open_pool
+from trainyard_platform.shared.identity import IdentityClient, Role
+from trainyard_platform.shared.runtime import ServiceRuntime, settings_or_exit
+from trainyard_platform.shared.settings import DatabaseSettings, ServiceSettings
+from trainyard_platform.shared.storage import LocalStore
 
 pytestmark = pytest.mark.integration
 
@@ -230,10 +230,10 @@ async def _credentials(pool: asyncpg.Pool) -> dict[str, str]:
 
 @pytest.fixture
 async def world(database_url: str, tmp_path: Path) -> AsyncIterator[World]:
-    from services.billing.service import MIGRATIONS as BILLING
-    from services.registry.service import MIGRATIONS as REGISTRY
-    from services.scheduler.service import MIGRATIONS as SCHEDULER
-    from services.submission.service import MIGRATIONS as SUBMISSION
+    from trainyard_platform.services.billing.service import MIGRATIONS as BILLING
+    from trainyard_platform.services.registry.service import MIGRATIONS as REGISTRY
+    from trainyard_platform.services.scheduler.service import MIGRATIONS as SCHEDULER
+    from trainyard_platform.services.submission.service import MIGRATIONS as SUBMISSION
 
     migrations = {
         "submission": SUBMISSION,
@@ -461,12 +461,12 @@ def test_a_service_without_its_operator_token_refuses_to_start(
     variable = f"TRAINYARD_{service.upper()}_ADMIN_TOKEN"
     monkeypatch.delenv(variable, raising=False)
     with pytest.raises(SystemExit) as exited:
-        settings_or_exit(f"python -m services.{service}", SETTINGS[service])
+        settings_or_exit(f"python -m trainyard_platform.services.{service}", SETTINGS[service])
     assert exited.value.code == 2
     assert variable in capsys.readouterr().err
     monkeypatch.setenv(variable, "")
     with pytest.raises(SystemExit):
-        settings_or_exit(f"python -m services.{service}", SETTINGS[service])
+        settings_or_exit(f"python -m trainyard_platform.services.{service}", SETTINGS[service])
     assert variable in capsys.readouterr().err
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import nats
 import pytest
 
-from shared.bus import Bus
-from shared.events import Envelope, Payload
-from shared.events.payloads import JobCancelRequested, JobProgress
-from shared.settings import NatsSettings
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import JobCancelRequested, JobProgress
+from trainyard_platform.shared.settings import NatsSettings
 
 pytestmark = pytest.mark.integration
 

@@ -39,28 +39,29 @@ from nats.errors import Error as NatsError
 from nats.js import api
 from pydantic import SecretStr
 
-from deploy.local.nats import NatsServer, NatsUser, can_authenticate
-from services.billing import handlers as billing_handlers
-from services.billing import service as billing_service
-from services.billing.config import Settings as BillingSettings
-from services.billing.handlers import BillingHandlers
-from services.registry import service as registry_service
-from services.registry.handlers import RegistryHandlers
-from services.runner import handlers as runner_handlers
-from services.runner.agent import NodeAgent
-from services.runner.config import Settings as RunnerSettings
-from services.runner.domain import JobIdentity
-from services.runner.gpus import virtual_inventory
-from services.runner.service import agent_loops
-from services.scheduler import service as scheduler_service
-from services.scheduler.loops import LeaderWork
-from services.scheduler.policy.model import PolicyConfig
-from services.scheduler.scheduling import Tuning
-from services.submission import service as submission_service
-from shared.bus import REASON_HEADER, Bus
-from shared.db import migrate, open_pool
-from shared.events import EVENT_TYPES, Envelope, Payload
-from shared.events.payloads import (
+from tests.integration.test_nats_permissions import session
+from trainyard_platform.deploy.local.nats import NatsServer, NatsUser, can_authenticate
+from trainyard_platform.services.billing import handlers as billing_handlers
+from trainyard_platform.services.billing import service as billing_service
+from trainyard_platform.services.billing.config import Settings as BillingSettings
+from trainyard_platform.services.billing.handlers import BillingHandlers
+from trainyard_platform.services.registry import service as registry_service
+from trainyard_platform.services.registry.handlers import RegistryHandlers
+from trainyard_platform.services.runner import handlers as runner_handlers
+from trainyard_platform.services.runner.agent import NodeAgent
+from trainyard_platform.services.runner.config import Settings as RunnerSettings
+from trainyard_platform.services.runner.domain import JobIdentity
+from trainyard_platform.services.runner.gpus import virtual_inventory
+from trainyard_platform.services.runner.service import agent_loops
+from trainyard_platform.services.scheduler import service as scheduler_service
+from trainyard_platform.services.scheduler.loops import LeaderWork
+from trainyard_platform.services.scheduler.policy.model import PolicyConfig
+from trainyard_platform.services.scheduler.scheduling import Tuning
+from trainyard_platform.services.submission import service as submission_service
+from trainyard_platform.shared.bus import REASON_HEADER, Bus
+from trainyard_platform.shared.db import migrate, open_pool
+from trainyard_platform.shared.events import EVENT_TYPES, Envelope, Payload
+from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
     AllocationRevoked,
@@ -88,7 +89,7 @@ from shared.events.payloads import (
     ModelRegistered,
     RunnerHeartbeat,
 )
-from shared.events.trust import (
+from trainyard_platform.shared.events.trust import (
     ALLOWED_SOURCES,
     BILLING,
     REGISTRY,
@@ -100,11 +101,10 @@ from shared.events.trust import (
     owner,
     routing_key_of,
 )
-from shared.inbox import idempotent, idempotent_batches
-from shared.outbox import OutboxRelay
-from shared.settings import DatabaseSettings, NatsSettings, StorageSettings
-from shared.storage import open_store
-from tests.integration.test_nats_permissions import session
+from trainyard_platform.shared.inbox import idempotent, idempotent_batches
+from trainyard_platform.shared.outbox import OutboxRelay
+from trainyard_platform.shared.settings import DatabaseSettings, NatsSettings, StorageSettings
+from trainyard_platform.shared.storage import open_store
 
 pytestmark = pytest.mark.integration
 

@@ -27,10 +27,10 @@ import asyncpg
 import nats
 import pytest
 
-from deploy.local.nats import NatsServer, admin_user
-from deploy.local.ports import free_port, free_ports, port_is_open
-from deploy.local.postgres import PostgresServer
-from deploy.local.processes import (
+from trainyard_platform.deploy.local.nats import NatsServer, admin_user
+from trainyard_platform.deploy.local.ports import free_port, free_ports, port_is_open
+from trainyard_platform.deploy.local.postgres import PostgresServer
+from trainyard_platform.deploy.local.processes import (
     Death,
     Exit,
     ManagedProcess,
@@ -39,7 +39,7 @@ from deploy.local.processes import (
     Supervisor,
     Watchdog,
 )
-from deploy.local.stack import SERVICES, LocalStack, http_ready
+from trainyard_platform.deploy.local.stack import SERVICES, LocalStack, http_ready
 
 pytestmark = pytest.mark.integration
 
@@ -368,7 +368,7 @@ def test_wait_until_times_out(work_dir: Path) -> None:
 ORPHAN_MAKER = """
 import os, sys, time
 from pathlib import Path
-from deploy.local.processes import ManagedProcess
+from trainyard_platform.deploy.local.processes import ManagedProcess
 proc = ManagedProcess("orphan", [sys.executable, "-c", "import time; time.sleep(120)"],
                       env=dict(os.environ), log_path=Path(sys.argv[1]))
 proc.start()
@@ -834,7 +834,7 @@ def test_stack_readiness_timeout_names_the_service(work_dir: Path) -> None:
 
 
 def test_stack_with_s3_storage(work_dir: Path) -> None:
-    pytest.importorskip("deploy.local.s3")
+    pytest.importorskip("trainyard_platform.deploy.local.s3")
     from minio import Minio
 
     with _fake_stack(work_dir, storage="s3") as stack:

@@ -28,7 +28,7 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
 
-from deploy.local.nats import (
+from trainyard_platform.deploy.local.nats import (
     COMPOSE_USERS,
     NatsServer,
     NatsUser,
@@ -40,10 +40,10 @@ from deploy.local.nats import (
     service_user,
     service_user_name,
 )
-from deploy.local.stack import RUNNER_NODE_ID, SERVICES
-from shared.bus import Bus, Reject
-from shared.events import Envelope, Payload, nats_subject
-from shared.events.payloads import (
+from trainyard_platform.deploy.local.stack import RUNNER_NODE_ID, SERVICES
+from trainyard_platform.shared.bus import Bus, Reject
+from trainyard_platform.shared.events import Envelope, Payload, nats_subject
+from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
     AllocationRevoked,
@@ -53,8 +53,8 @@ from shared.events.payloads import (
     JobSpec,
     JobSubmitted,
 )
-from shared.events.trust import RUNNER, SCHEDULER, node_subjects
-from shared.settings import NatsSettings
+from trainyard_platform.shared.events.trust import RUNNER, SCHEDULER, node_subjects
+from trainyard_platform.shared.settings import NatsSettings
 
 NODE_A = RUNNER_NODE_ID
 NODE_B = "local-node-2"
@@ -511,7 +511,7 @@ async def test_a_runner_cannot_pass_its_report_off_as_the_schedulers_decision(
             await runner.publish_raw(report.nats_subject, claim.to_json(), claim.id, {})
             await runner.publish(report)
         await bus.publish(decision)
-        with caplog.at_level(logging.ERROR, logger="shared.bus"):
+        with caplog.at_level(logging.ERROR, logger="trainyard_platform.shared.bus"):
             await asyncio.wait_for(
                 bus.consume("scheduler", [nats_subject(JobFailed)], handle, stop), 30
             )

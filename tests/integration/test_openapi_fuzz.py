@@ -51,36 +51,36 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from services.billing.api import create_app as billing_app
-from services.billing.budgets import BudgetRequest
-from services.billing.governance_schemas import EstimateRequest, PriceRequest
-from services.registry.api import create_app as registry_app
-from services.registry.dataset_schemas import DatasetVersionRequest
-from services.registry.schemas import AliasRequest, RegisterRequest
-from services.registry.tracking_schemas import NoteBody
-from services.runner.agent import NodeAgent
-from services.runner.app import create_app as runner_app
-from services.scheduler.admin_schemas import (
+from trainyard_platform.services.billing.api import create_app as billing_app
+from trainyard_platform.services.billing.budgets import BudgetRequest
+from trainyard_platform.services.billing.governance_schemas import EstimateRequest, PriceRequest
+from trainyard_platform.services.registry.api import create_app as registry_app
+from trainyard_platform.services.registry.dataset_schemas import DatasetVersionRequest
+from trainyard_platform.services.registry.schemas import AliasRequest, RegisterRequest
+from trainyard_platform.services.registry.tracking_schemas import NoteBody
+from trainyard_platform.services.runner.agent import NodeAgent
+from trainyard_platform.services.runner.app import create_app as runner_app
+from trainyard_platform.services.scheduler.admin_schemas import (
     CohortRequest,
     FlavorRequest,
     PriorityClassRequest,
     QueueRequest,
 )
-from services.scheduler.api import create_app as scheduler_app
-from services.submission import identity
-from services.submission.api import AppDeps
-from services.submission.api import create_app as submission_app
-from services.submission.config import Settings as SubmissionSettings
-from services.submission.identity_schemas import TokenRequest
-from services.submission.reproduce import ReproduceRequest
-from services.submission.schemas import CreateUserRequest, JobRequest, RoleChange
-from shared.access import service_guard
-from shared.auth import new_token
-from shared.db import migrate, open_pool
-from shared.identity import IdentityClient, Role
-from shared.runtime import ServiceRuntime
-from shared.settings import DatabaseSettings, ServiceSettings
-from shared.storage import LocalStore
+from trainyard_platform.services.scheduler.api import create_app as scheduler_app
+from trainyard_platform.services.submission import identity
+from trainyard_platform.services.submission.api import AppDeps
+from trainyard_platform.services.submission.api import create_app as submission_app
+from trainyard_platform.services.submission.config import Settings as SubmissionSettings
+from trainyard_platform.services.submission.identity_schemas import TokenRequest
+from trainyard_platform.services.submission.reproduce import ReproduceRequest
+from trainyard_platform.services.submission.schemas import CreateUserRequest, JobRequest, RoleChange
+from trainyard_platform.shared.access import service_guard
+from trainyard_platform.shared.auth import new_token
+from trainyard_platform.shared.db import migrate, open_pool
+from trainyard_platform.shared.identity import IdentityClient, Role
+from trainyard_platform.shared.runtime import ServiceRuntime
+from trainyard_platform.shared.settings import DatabaseSettings, ServiceSettings
+from trainyard_platform.shared.storage import LocalStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -123,10 +123,10 @@ class Fuzzed:
 
 @pytest.fixture
 async def fuzzed(database_url: str, tmp_path: Path) -> AsyncIterator[Fuzzed]:
-    from services.billing.service import MIGRATIONS as BILLING
-    from services.registry.service import MIGRATIONS as REGISTRY
-    from services.scheduler.service import MIGRATIONS as SCHEDULER
-    from services.submission.service import MIGRATIONS as SUBMISSION
+    from trainyard_platform.services.billing.service import MIGRATIONS as BILLING
+    from trainyard_platform.services.registry.service import MIGRATIONS as REGISTRY
+    from trainyard_platform.services.scheduler.service import MIGRATIONS as SCHEDULER
+    from trainyard_platform.services.submission.service import MIGRATIONS as SUBMISSION
 
     migrations = {
         "submission": SUBMISSION,

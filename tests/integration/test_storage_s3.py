@@ -22,13 +22,13 @@ import urllib3
 from minio import Minio
 from minio.error import S3Error
 
-from deploy.local.ports import port_is_open
-from deploy.local.s3 import S3Server
-from shared.control import JobRuntimeEnv
-from shared.settings import StorageSettings
-from shared.storage import S3Store, open_store, split_uri
-from shared.storage.s3 import client_from_settings, ensure_bucket
 from trainyard import sdk
+from trainyard_platform.deploy.local.ports import port_is_open
+from trainyard_platform.deploy.local.s3 import S3Server
+from trainyard_platform.shared.control import JobRuntimeEnv
+from trainyard_platform.shared.settings import StorageSettings
+from trainyard_platform.shared.storage import S3Store, open_store, split_uri
+from trainyard_platform.shared.storage.s3 import client_from_settings, ensure_bucket
 
 pytestmark = pytest.mark.integration
 

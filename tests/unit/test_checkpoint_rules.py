@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from shared.storage import LocalStore, validate_key
 from trainyard.sdk.checkpoints import (
     CheckpointManifest,
     CheckpointWriter,
@@ -24,6 +23,7 @@ from trainyard.sdk.checkpoints import (
     object_key,
     step_folder,
 )
+from trainyard_platform.shared.storage import LocalStore, validate_key
 
 
 class Opaque:

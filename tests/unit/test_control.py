@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.control import (
+from trainyard_platform.shared.control import (
     ENV_JOB_ID,
     MAX_CONTROL_LINE_BYTES,
     MAX_UNIX_PATH,
@@ -21,7 +21,7 @@ from shared.control import (
     parse_control_line,
     unix_address,
 )
-from shared.events.payloads import CheckpointRef
+from trainyard_platform.shared.events.payloads import CheckpointRef
 
 FULL = JobRuntimeEnv(
     job_id="job-1",

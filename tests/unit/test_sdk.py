@@ -20,16 +20,16 @@ import pytest
 import torch
 from torch import nn
 
-from shared.control import (
+from trainyard import sdk
+from trainyard.sdk.checkpoints import CheckpointManifest, file_digest, snapshot
+from trainyard_platform.shared.control import (
     PREEMPTED_EXIT_CODE,
     CheckpointMessage,
     JobRuntimeEnv,
     MetricsMessage,
     parse_control_line,
 )
-from shared.storage import LocalStore, ObjectStore, open_store, split_uri
-from trainyard import sdk
-from trainyard.sdk.checkpoints import CheckpointManifest, file_digest, snapshot
+from trainyard_platform.shared.storage import LocalStore, ObjectStore, open_store, split_uri
 
 
 class RecordingStore(LocalStore):

@@ -7,9 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from shared.settings import StorageSettings
-from shared.storage import LocalStore, open_store, split_uri, validate_key, validate_prefix
-from shared.storage.base import TEMP_PREFIX
+from trainyard_platform.shared.settings import StorageSettings
+from trainyard_platform.shared.storage import (
+    LocalStore,
+    open_store,
+    split_uri,
+    validate_key,
+    validate_prefix,
+)
+from trainyard_platform.shared.storage.base import TEMP_PREFIX
 
 
 def test_absolute_file_uri_roots_the_store_there(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 -- (idle and unmeasured GPUs, input-bound and unmeasured time, failed attempts, lost work),
 -- split at UTC hours and at its flavor's price changes, kept in the consumer's transaction
 -- with the fact that changed them (a release, a run report, a checkpoint) and rebuilt by
--- ``python -m services.billing.waste_rollups``.
+-- ``python -m trainyard_platform.services.billing.waste_rollups``.
 
 -- What each allocation contributes, per hour, figure and price (NULL: the flavor had no
 -- price): GPU-microseconds (times the figure's share, exact), wall microseconds, and whether

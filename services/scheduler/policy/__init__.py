@@ -18,9 +18,13 @@ times, reservations, estimates), ``fairshare`` (decayed usage, ordering, ageing)
 ``incremental`` (a kept pass brought up to date event by event, equal to a full pass).
 """
 
-from services.scheduler.policy.engine import PolicyState, decide_arrival, schedule
-from services.scheduler.policy.fairshare import decay_usage
-from services.scheduler.policy.first_fit import (
+from trainyard_platform.services.scheduler.policy.engine import (
+    PolicyState,
+    decide_arrival,
+    schedule,
+)
+from trainyard_platform.services.scheduler.policy.fairshare import decay_usage
+from trainyard_platform.services.scheduler.policy.first_fit import (
     Decisions,
     NodeState,
     Placement,

@@ -22,7 +22,7 @@ import bisect
 import heapq
 from dataclasses import dataclass, field
 
-from services.scheduler.policy.packing import FlavorPool, NodeSlot, Shape
+from trainyard_platform.services.scheduler.policy.packing import FlavorPool, NodeSlot, Shape
 
 
 @dataclass(slots=True)

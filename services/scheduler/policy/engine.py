@@ -34,9 +34,9 @@ import heapq
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from services.scheduler.policy import backfill
-from services.scheduler.policy.fairshare import FairShare, queue_key, size_levels
-from services.scheduler.policy.model import (
+from trainyard_platform.services.scheduler.policy import backfill
+from trainyard_platform.services.scheduler.policy.fairshare import FairShare, queue_key, size_levels
+from trainyard_platform.services.scheduler.policy.model import (
     DEFAULT_PRIORITY,
     Decisions,
     Explanation,
@@ -48,11 +48,15 @@ from services.scheduler.policy.model import (
     RunningJob,
     Snapshot,
 )
-from services.scheduler.policy.packing import FlavorPool, NodeSlot, Shape
-from services.scheduler.policy.preemption import candidates_for, notice, select
-from services.scheduler.policy.quota import QuotaBook, Verdict
-from services.scheduler.policy.reasons import explain_all
-from services.scheduler.policy.validation import Invalid, usable_shapes, why_invalid
+from trainyard_platform.services.scheduler.policy.packing import FlavorPool, NodeSlot, Shape
+from trainyard_platform.services.scheduler.policy.preemption import candidates_for, notice, select
+from trainyard_platform.services.scheduler.policy.quota import QuotaBook, Verdict
+from trainyard_platform.services.scheduler.policy.reasons import explain_all
+from trainyard_platform.services.scheduler.policy.validation import (
+    Invalid,
+    usable_shapes,
+    why_invalid,
+)
 
 HeapKey = tuple[int, float, float, int, str]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-from services.scheduler.policy.model import Queue
+from trainyard_platform.services.scheduler.policy.model import Queue
 
 
 def decay_usage(

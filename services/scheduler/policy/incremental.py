@@ -45,17 +45,17 @@ from __future__ import annotations
 import bisect
 from dataclasses import replace
 
-from services.scheduler.policy.engine import PolicyState, Waiting
-from services.scheduler.policy.fairshare import queue_key
-from services.scheduler.policy.model import (
+from trainyard_platform.services.scheduler.policy.engine import PolicyState, Waiting
+from trainyard_platform.services.scheduler.policy.fairshare import queue_key
+from trainyard_platform.services.scheduler.policy.model import (
     Decisions,
     Node,
     PendingJob,
     PolicyConfig,
     Snapshot,
 )
-from services.scheduler.policy.quota import QuotaBook
-from services.scheduler.policy.reasons import explain_all, readers_team_of
+from trainyard_platform.services.scheduler.policy.quota import QuotaBook
+from trainyard_platform.services.scheduler.policy.reasons import explain_all, readers_team_of
 
 OWN_QUOTA = ("no_quota", "nominal_full", "borrow_limit")
 """Verdicts about the queue's own quota (its use alone decides them)."""

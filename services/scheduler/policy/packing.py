@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from services.scheduler.policy.backfill import Reservation
+    from trainyard_platform.services.scheduler.policy.backfill import Reservation
 
 Shape = tuple[int, int]
 """(number of nodes, GPUs on each node)."""

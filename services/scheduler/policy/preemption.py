@@ -32,16 +32,16 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from services.scheduler.policy import explain
-from services.scheduler.policy.model import (
+from trainyard_platform.services.scheduler.policy import explain
+from trainyard_platform.services.scheduler.policy.model import (
     PendingJob,
     PolicyConfig,
     PreemptionKind,
     PriorityClass,
     RunningJob,
 )
-from services.scheduler.policy.packing import FlavorPool, Shape
-from services.scheduler.policy.quota import QuotaBook
+from trainyard_platform.services.scheduler.policy.packing import FlavorPool, Shape
+from trainyard_platform.services.scheduler.policy.quota import QuotaBook
 
 MAX_CANDIDATES = 512
 """Victim candidates examined per attempt (bounds the cost of one pass)."""

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from services.scheduler.policy.model import Queue
+from trainyard_platform.services.scheduler.policy.model import Queue
 
 UNLIMITED = 1 << 40
 

@@ -27,15 +27,15 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from services.scheduler.policy import explain
-from services.scheduler.policy.backfill import FluidEstimate
-from services.scheduler.policy.model import Explanation, PendingJob
-from services.scheduler.policy.packing import Shape
-from services.scheduler.policy.preemption import protected_until
-from services.scheduler.policy.quota import Verdict
+from trainyard_platform.services.scheduler.policy import explain
+from trainyard_platform.services.scheduler.policy.backfill import FluidEstimate
+from trainyard_platform.services.scheduler.policy.model import Explanation, PendingJob
+from trainyard_platform.services.scheduler.policy.packing import Shape
+from trainyard_platform.services.scheduler.policy.preemption import protected_until
+from trainyard_platform.services.scheduler.policy.quota import Verdict
 
 if TYPE_CHECKING:
-    from services.scheduler.policy.engine import PolicyState, Waiting
+    from trainyard_platform.services.scheduler.policy.engine import PolicyState, Waiting
 
 
 def explain_all(

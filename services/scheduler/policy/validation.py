@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from services.scheduler.policy import explain
-from services.scheduler.policy.model import PendingJob
-from services.scheduler.policy.packing import FlavorPool, Shape, job_shapes
-from services.scheduler.policy.quota import QuotaBook
+from trainyard_platform.services.scheduler.policy import explain
+from trainyard_platform.services.scheduler.policy.model import PendingJob
+from trainyard_platform.services.scheduler.policy.packing import FlavorPool, Shape, job_shapes
+from trainyard_platform.services.scheduler.policy.quota import QuotaBook
 
 
 class Invalid(NamedTuple):

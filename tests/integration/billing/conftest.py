@@ -11,17 +11,22 @@ import asyncpg
 import pytest
 from pydantic import SecretStr
 
-from services.billing.config import Settings
-from services.billing.handlers import SUBJECTS, BillingHandlers
-from services.billing.service import MIGRATIONS, NAME, seed_prices
-from shared.bus import Bus, Delivery
-from shared.db import migrate, open_pool
-from shared.events import Envelope, Payload, parse_envelope
-from shared.events.payloads import AllocationGranted, AllocationReleased, CostRecorded, JobSpec
-from shared.events.trust import owner
-from shared.inbox import idempotent
-from shared.outbox import OutboxRelay
-from shared.settings import DatabaseSettings, NatsSettings
+from trainyard_platform.services.billing.config import Settings
+from trainyard_platform.services.billing.handlers import SUBJECTS, BillingHandlers
+from trainyard_platform.services.billing.service import MIGRATIONS, NAME, seed_prices
+from trainyard_platform.shared.bus import Bus, Delivery
+from trainyard_platform.shared.db import migrate, open_pool
+from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
+from trainyard_platform.shared.events.payloads import (
+    AllocationGranted,
+    AllocationReleased,
+    CostRecorded,
+    JobSpec,
+)
+from trainyard_platform.shared.events.trust import owner
+from trainyard_platform.shared.inbox import idempotent
+from trainyard_platform.shared.outbox import OutboxRelay
+from trainyard_platform.shared.settings import DatabaseSettings, NatsSettings
 
 WAIT_S = 15.0
 

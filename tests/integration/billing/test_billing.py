@@ -10,15 +10,15 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from services.billing.api import create_app
-from services.billing.config import Settings
-from services.billing.service import seed_prices
-from shared.access import service_guard
-from shared.bus import REASON_HEADER
-from shared.events import Envelope, Payload
-from shared.events.payloads import AllocationReleased
-from shared.events.trust import owner
 from tests.integration.billing.conftest import Billing, until
+from trainyard_platform.services.billing.api import create_app
+from trainyard_platform.services.billing.config import Settings
+from trainyard_platform.services.billing.service import seed_prices
+from trainyard_platform.shared.access import service_guard
+from trainyard_platform.shared.bus import REASON_HEADER
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import AllocationReleased
+from trainyard_platform.shared.events.trust import owner
 
 pytestmark = pytest.mark.integration
 

@@ -10,13 +10,17 @@ from decimal import Decimal
 import asyncpg
 import pytest
 
-from services.billing import budgets_repository as repo
-from services.billing.budget_accrual import check_running
-from services.billing.budget_watch import say_state
-from services.billing.budgets import Budget, month_start
-from shared.events import parse_envelope
-from shared.events.payloads import AllocationReleased, BudgetThresholdCrossed, BudgetUpdated
 from tests.integration.billing.conftest import feed, grant_of, release_event
+from trainyard_platform.services.billing import budgets_repository as repo
+from trainyard_platform.services.billing.budget_accrual import check_running
+from trainyard_platform.services.billing.budget_watch import say_state
+from trainyard_platform.services.billing.budgets import Budget, month_start
+from trainyard_platform.shared.events import parse_envelope
+from trainyard_platform.shared.events.payloads import (
+    AllocationReleased,
+    BudgetThresholdCrossed,
+    BudgetUpdated,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -16,11 +16,11 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from services.billing.api import create_app
-from shared.access import service_guard
-from shared.events.payloads import AllocationReleased
-from shared.identity import IdentityClient
 from tests.integration.billing.conftest import feed, grant_of, release_event
+from trainyard_platform.services.billing.api import create_app
+from trainyard_platform.shared.access import service_guard
+from trainyard_platform.shared.events.payloads import AllocationReleased
+from trainyard_platform.shared.identity import IdentityClient
 
 pytestmark = pytest.mark.integration
 

@@ -13,9 +13,6 @@ import asyncpg
 import httpx
 import pytest
 
-from services.billing import budgets_repository
-from services.billing.buckets import floor
-from services.billing.budgets import Budget, month_start
 from tests.integration.billing.conftest import feed, grant_of, release_event
 from tests.integration.billing.test_governance import (
     ML_VIEWER,
@@ -24,6 +21,9 @@ from tests.integration.billing.test_governance import (
     errors,
     released,
 )
+from trainyard_platform.services.billing import budgets_repository
+from trainyard_platform.services.billing.buckets import floor
+from trainyard_platform.services.billing.budgets import Budget, month_start
 
 pytestmark = pytest.mark.integration
 __all__ = ["client"]  # the app fixture, used by name

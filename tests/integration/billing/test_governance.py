@@ -16,20 +16,20 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from services.billing.api import create_app
-from services.billing.budgets import month_start
-from shared.access import service_guard
-from shared.events import Envelope, Payload
-from shared.events.payloads import (
+from tests.integration.billing.conftest import Billing, feed, grant_of, release_event, until
+from trainyard_platform.services.billing.api import create_app
+from trainyard_platform.services.billing.budgets import month_start
+from trainyard_platform.shared.access import service_guard
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import (
     AllocationReleased,
     BudgetThresholdCrossed,
     BudgetUpdated,
     FlavorDeclared,
     FlavorRetired,
 )
-from shared.events.trust import owner
-from shared.identity import IdentityClient
-from tests.integration.billing.conftest import Billing, feed, grant_of, release_event, until
+from trainyard_platform.shared.events.trust import owner
+from trainyard_platform.shared.identity import IdentityClient
 
 pytestmark = pytest.mark.integration
 

@@ -14,15 +14,15 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.billing import ledger_repository as ledger
-from services.billing import rollups
-from services.billing.domain import Price, Usage
-from services.billing.ledger import Attribution, LedgerEntry
-from services.billing.service import MIGRATIONS, NAME, ensure_rollups
-from shared.db import migrate, open_pool
-from shared.events.payloads import AllocationReleased
-from shared.settings import DatabaseSettings
 from tests.integration.billing.conftest import feed, grant_of, release_event
+from trainyard_platform.services.billing import ledger_repository as ledger
+from trainyard_platform.services.billing import rollups
+from trainyard_platform.services.billing.domain import Price, Usage
+from trainyard_platform.services.billing.ledger import Attribution, LedgerEntry
+from trainyard_platform.services.billing.service import MIGRATIONS, NAME, ensure_rollups
+from trainyard_platform.shared.db import migrate, open_pool
+from trainyard_platform.shared.events.payloads import AllocationReleased
+from trainyard_platform.shared.settings import DatabaseSettings
 
 pytestmark = pytest.mark.integration
 

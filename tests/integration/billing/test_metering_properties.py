@@ -30,10 +30,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.events import Envelope, Payload
-from shared.events.payloads import AllocationGranted, AllocationReleased
-from shared.events.trust import owner
 from tests.integration.billing.conftest import Billing, grant_of, until
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import AllocationGranted, AllocationReleased
+from trainyard_platform.shared.events.trust import owner
 
 pytestmark = pytest.mark.integration
 

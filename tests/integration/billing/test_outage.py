@@ -10,13 +10,13 @@ from decimal import Decimal
 import asyncpg
 import pytest
 
-from services.billing.handlers import SUBJECTS, BillingHandlers
-from services.billing.service import NAME
-from shared.bus import Bus
-from shared.events.payloads import AllocationReleased
-from shared.inbox import idempotent
-from shared.settings import NatsSettings
 from tests.integration.billing.conftest import grant_of, release_event, until
+from trainyard_platform.services.billing.handlers import SUBJECTS, BillingHandlers
+from trainyard_platform.services.billing.service import NAME
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events.payloads import AllocationReleased
+from trainyard_platform.shared.inbox import idempotent
+from trainyard_platform.shared.settings import NatsSettings
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""``python -m services.billing`` as a process: seeds prices, bills, serves usage, drains."""
+"""``python -m trainyard_platform.services.billing`` as a process: seeds prices, bills, serves usage, drains."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.local.ports import free_port
-from shared.bus import Bus
-from shared.events import Envelope, parse_envelope
-from shared.events.payloads import AllocationReleased, CostRecorded
-from shared.events.trust import owner
-from shared.settings import NatsSettings
 from tests.integration.billing.conftest import grant_of, until
+from trainyard_platform.deploy.local.ports import free_port
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events import Envelope, parse_envelope
+from trainyard_platform.shared.events.payloads import AllocationReleased, CostRecorded
+from trainyard_platform.shared.events.trust import owner
+from trainyard_platform.shared.settings import NatsSettings
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,13 @@ async def test_process_bills_with_configured_prices(
     log_path = tmp_path / "billing.log"
     with log_path.open("wb") as log:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "services.billing", cwd=ROOT, env=env, stdout=log, stderr=log
+            sys.executable,
+            "-m",
+            "trainyard_platform.services.billing",
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=log,
         )
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=2) as http:

@@ -28,12 +28,13 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from services.billing import ledger_repository as ledger
-from services.billing.api import create_app
-from shared.access import service_guard
-from shared.bus import Bus
-from shared.events import Envelope, Payload
-from shared.events.payloads import (
+from tests.integration.billing.conftest import Billing, feed, release_event
+from trainyard_platform.services.billing import ledger_repository as ledger
+from trainyard_platform.services.billing.api import create_app
+from trainyard_platform.shared.access import service_guard
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
     CheckpointRef,
@@ -44,9 +45,8 @@ from shared.events.payloads import (
     JobSucceeded,
     RunnerHeartbeat,
 )
-from shared.events.trust import RUNNER, SCHEDULER, owner, routing_key_of
-from shared.identity import IdentityClient
-from tests.integration.billing.conftest import Billing, feed, release_event
+from trainyard_platform.shared.events.trust import RUNNER, SCHEDULER, owner, routing_key_of
+from trainyard_platform.shared.identity import IdentityClient
 
 pytestmark = pytest.mark.integration
 

@@ -23,18 +23,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.billing import catalogue_repository as catalogue
-from services.billing import waste_repository as repo
-from services.billing import waste_rollups as rollups
-from services.billing.costs import CostQuery, Dimension
-from services.billing.waste import allocation_pieces
-from services.billing.waste_schemas import waste_report
-from shared.events import Envelope, Payload, parse_envelope
-from shared.events.payloads import CheckpointRef, CheckpointSaved, JobPreempted
-from shared.events.trust import RUNNER
 from tests.integration.billing.conftest import feed
 from tests.integration.billing.test_waste import failed, granted, released, spec, submitted, wrap
 from tests.integration.billing.test_waste import succeeded as success
+from trainyard_platform.services.billing import catalogue_repository as catalogue
+from trainyard_platform.services.billing import waste_repository as repo
+from trainyard_platform.services.billing import waste_rollups as rollups
+from trainyard_platform.services.billing.costs import CostQuery, Dimension
+from trainyard_platform.services.billing.waste import allocation_pieces
+from trainyard_platform.services.billing.waste_schemas import waste_report
+from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
+from trainyard_platform.shared.events.payloads import CheckpointRef, CheckpointSaved, JobPreempted
+from trainyard_platform.shared.events.trust import RUNNER
 
 pytestmark = pytest.mark.integration
 

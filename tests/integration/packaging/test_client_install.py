@@ -64,7 +64,7 @@ def test_the_client_installs_alone_into_an_empty_environment(tmp_path: Path) -> 
 
     imports = "import trainyard.cli, trainyard.client, trainyard.spec, trainyard.storage"
     assert run([python, "-c", imports], cwd=tmp_path).returncode == 0
-    for platform in ("shared", "services", "deploy", "examples"):
+    for platform in ("trainyard_platform", "shared", "services", "deploy", "examples"):
         absent = run([python, "-c", f"import {platform}"], cwd=tmp_path)
         assert absent.returncode != 0, f"the client installed a top-level {platform!r}"
 

@@ -14,16 +14,16 @@ import asyncpg
 import pytest
 from nats.js import api
 
-from deploy.local.s3 import S3Server
-from services.registry.handlers import RegistryHandlers
-from services.registry.service import MIGRATIONS, NAME, SUBJECTS
-from shared.bus import Bus
-from shared.db import migrate, open_pool
-from shared.events import Envelope, Payload, parse_envelope
-from shared.inbox import idempotent_batches
-from shared.outbox import OutboxRelay
-from shared.settings import DatabaseSettings, NatsSettings
-from shared.storage import ObjectStore, open_store
+from trainyard_platform.deploy.local.s3 import S3Server
+from trainyard_platform.services.registry.handlers import RegistryHandlers
+from trainyard_platform.services.registry.service import MIGRATIONS, NAME, SUBJECTS
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.db import migrate, open_pool
+from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
+from trainyard_platform.shared.inbox import idempotent_batches
+from trainyard_platform.shared.outbox import OutboxRelay
+from trainyard_platform.shared.settings import DatabaseSettings, NatsSettings
+from trainyard_platform.shared.storage import ObjectStore, open_store
 
 
 @pytest.fixture

@@ -11,17 +11,17 @@ from typing import Any
 import asyncpg
 import httpx
 
-from services.registry.api import create_app
-from services.registry.handlers import RegistryHandlers
-from shared.access import enforce_least_role, remember
-from shared.bus import Delivery
-from shared.events import Envelope, Payload
-from shared.events.payloads import CheckpointRef, CheckpointSaved
-from shared.events.trust import owner
-from shared.identity import Principal, Role
-from shared.inbox import idempotent
-from shared.storage import ObjectStore
 from tests.integration.registry.test_registry import T0, client_of, ref, spec, started
+from trainyard_platform.services.registry.api import create_app
+from trainyard_platform.services.registry.handlers import RegistryHandlers
+from trainyard_platform.shared.access import enforce_least_role, remember
+from trainyard_platform.shared.bus import Delivery
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import CheckpointRef, CheckpointSaved
+from trainyard_platform.shared.events.trust import owner
+from trainyard_platform.shared.identity import Principal, Role
+from trainyard_platform.shared.inbox import idempotent
+from trainyard_platform.shared.storage import ObjectStore
 
 VISION = Principal(user="alice", team="vision", role=Role.MEMBER, token_id=1)
 VISION_VIEWER = Principal(user="vic", team="vision", role=Role.VIEWER, token_id=3)

@@ -14,12 +14,6 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from deploy.local.s3 import S3Server
-from services.registry.collector import StorageCollector
-from services.registry.uploads import S3Uploads
-from shared.events.payloads import JobCancelled
-from shared.storage import ObjectStore, S3Store
-from shared.storage.s3 import client_from_settings
 from tests.integration.registry.modelkit import (
     VISION,
     app_as,
@@ -28,6 +22,12 @@ from tests.integration.registry.modelkit import (
     job_with_checkpoints,
     register,
 )
+from trainyard_platform.deploy.local.s3 import S3Server
+from trainyard_platform.services.registry.collector import StorageCollector
+from trainyard_platform.services.registry.uploads import S3Uploads
+from trainyard_platform.shared.events.payloads import JobCancelled
+from trainyard_platform.shared.storage import ObjectStore, S3Store
+from trainyard_platform.shared.storage.s3 import client_from_settings
 
 pytestmark = pytest.mark.integration
 
@@ -170,7 +170,7 @@ async def test_one_pass_as_a_command(
         done = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "services.registry.collector",
+            "trainyard_platform.services.registry.collector",
             env=env,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,

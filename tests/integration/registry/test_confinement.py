@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from shared.storage import ObjectStore
 from tests.integration.registry.modelkit import OPERATOR, app_as, job_with_checkpoints, register
+from trainyard_platform.shared.storage import ObjectStore
 
 pytestmark = pytest.mark.integration
 

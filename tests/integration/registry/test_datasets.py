@@ -11,7 +11,6 @@ import asyncpg
 import httpx
 import pytest
 
-from shared.storage import ObjectStore
 from tests.integration.registry.modelkit import (
     ML,
     OPERATOR,
@@ -22,6 +21,7 @@ from tests.integration.registry.modelkit import (
     apply,
 )
 from tests.integration.registry.test_registry import spec, started
+from trainyard_platform.shared.storage import ObjectStore
 
 pytestmark = pytest.mark.integration
 

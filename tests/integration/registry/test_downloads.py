@@ -20,8 +20,6 @@ import asyncpg
 import httpx
 import pytest
 
-from deploy.local.s3 import S3Server
-from shared.storage import ObjectStore
 from tests.integration.registry.modelkit import (
     ML,
     VISION,
@@ -30,6 +28,8 @@ from tests.integration.registry.modelkit import (
     job_with_checkpoints,
     register,
 )
+from trainyard_platform.deploy.local.s3 import S3Server
+from trainyard_platform.shared.storage import ObjectStore
 
 pytestmark = pytest.mark.integration
 

@@ -12,10 +12,10 @@ import asyncpg
 import httpx
 import pytest
 
-from shared.storage import ObjectStore
 from tests.integration.registry.modelkit import ML, OPERATOR, VISION, app_as, apply
 from tests.integration.registry.test_datasets import add
 from tests.integration.registry.test_registry import ref, spec, started, succeeded
+from trainyard_platform.shared.storage import ObjectStore
 
 pytestmark = pytest.mark.integration
 

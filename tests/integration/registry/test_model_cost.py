@@ -15,14 +15,14 @@ from typing import Any
 import asyncpg
 import pytest
 
-from shared.bus import Bus
-from shared.events import Envelope
-from shared.events.payloads import CostRecorded, JobSpec
-from shared.events.trust import BILLING
-from shared.storage import ObjectStore
 from tests.integration.registry.modelkit import ML, OPERATOR, VISION, app_as, apply
 from tests.integration.registry.test_datasets import add
 from tests.integration.registry.test_registry import T0, ref, spec, started, succeeded
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events import Envelope
+from trainyard_platform.shared.events.payloads import CostRecorded, JobSpec
+from trainyard_platform.shared.events.trust import BILLING
+from trainyard_platform.shared.storage import ObjectStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("registry")]
 

@@ -11,8 +11,6 @@ import asyncpg
 import httpx
 import pytest
 
-from shared.identity import Principal, Role
-from shared.storage import ObjectStore
 from tests.integration.registry.modelkit import (
     ML,
     OPERATOR,
@@ -24,6 +22,8 @@ from tests.integration.registry.modelkit import (
     register,
 )
 from tests.integration.registry.test_registry import spec, started
+from trainyard_platform.shared.identity import Principal, Role
+from trainyard_platform.shared.storage import ObjectStore
 
 pytestmark = pytest.mark.integration
 

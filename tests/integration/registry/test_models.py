@@ -10,7 +10,6 @@ import logging
 import asyncpg
 import pytest
 
-from shared.storage import ObjectStore
 from tests.integration.registry.modelkit import (
     ML,
     OPERATOR,
@@ -23,6 +22,7 @@ from tests.integration.registry.modelkit import (
     register,
 )
 from tests.integration.registry.test_registry import succeeded
+from trainyard_platform.shared.storage import ObjectStore
 
 pytestmark = pytest.mark.integration
 
@@ -102,7 +102,7 @@ async def test_a_tampered_artifact_is_never_served_and_the_mismatch_is_logged(
     logged: list[logging.LogRecord] = []
     handler = logging.Handler(logging.ERROR)
     handler.emit = logged.append  # type: ignore[method-assign]
-    logger = logging.getLogger("services.registry.artifacts")
+    logger = logging.getLogger("trainyard_platform.services.registry.artifacts")
     job = await job_with_checkpoints(pool, store, [3])
     async with app_as(pool, store, VISION) as client:
         created = await register(client, "vision", "digits", job)

@@ -1,4 +1,4 @@
-"""``python -m services.registry`` as a process: migrates, registers (copying the checkpoint
+"""``python -m trainyard_platform.services.registry`` as a process: migrates, registers (copying the checkpoint
 into its local store), serves the version and its bytes, drains."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.local.ports import free_port
-from shared.bus import Bus
-from shared.events import Envelope, Payload
-from shared.events.trust import owner
-from shared.settings import NatsSettings
-from shared.storage import LocalStore
 from tests.integration.registry.conftest import EventLog
 from tests.integration.registry.test_registry import ref, spec, started, succeeded
+from trainyard_platform.deploy.local.ports import free_port
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.trust import owner
+from trainyard_platform.shared.settings import NatsSettings
+from trainyard_platform.shared.storage import LocalStore
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +45,7 @@ async def test_the_registry_process_registers_and_serves_a_version(
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "services.registry",
+            "trainyard_platform.services.registry",
             "--port",
             str(port),
             cwd=ROOT,

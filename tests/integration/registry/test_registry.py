@@ -13,12 +13,13 @@ import pytest
 from litestar import Litestar
 from pydantic import SecretStr
 
-from services.registry.api import create_app
-from services.registry.handlers import RegistryHandlers
-from shared.access import service_guard
-from shared.bus import Bus, Delivery
-from shared.events import Envelope, Payload
-from shared.events.payloads import (
+from tests.integration.registry.conftest import EventLog
+from trainyard_platform.services.registry.api import create_app
+from trainyard_platform.services.registry.handlers import RegistryHandlers
+from trainyard_platform.shared.access import service_guard
+from trainyard_platform.shared.bus import Bus, Delivery
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import (
     CheckpointRef,
     CheckpointSaved,
     Environment,
@@ -27,10 +28,9 @@ from shared.events.payloads import (
     JobSucceeded,
     ModelRegistered,
 )
-from shared.events.trust import RUNNER, owner
-from shared.inbox import idempotent
-from shared.storage import ObjectStore
-from tests.integration.registry.conftest import EventLog
+from trainyard_platform.shared.events.trust import RUNNER, owner
+from trainyard_platform.shared.inbox import idempotent
+from trainyard_platform.shared.storage import ObjectStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("registry")]
 

@@ -11,10 +11,10 @@ from datetime import UTC, datetime
 import asyncpg
 import pytest
 
-from services.registry.service import NAME
-from shared.bus import Bus
-from shared.events import Envelope, Payload
-from shared.events.payloads import (
+from trainyard_platform.services.registry.service import NAME
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import (
     CheckpointRef,
     Environment,
     JobFailed,
@@ -22,7 +22,7 @@ from shared.events.payloads import (
     JobStarted,
     JobSucceeded,
 )
-from shared.events.trust import RUNNER, SCHEDULER
+from trainyard_platform.shared.events.trust import RUNNER, SCHEDULER
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("registry")]
 

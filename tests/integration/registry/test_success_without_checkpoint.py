@@ -10,18 +10,18 @@ from datetime import UTC, datetime
 import asyncpg
 import pytest
 
-from services.registry.service import NAME
-from shared.bus import Bus
-from shared.events import Envelope
-from shared.events.payloads import (
+from tests.integration.registry.conftest import EventLog
+from trainyard_platform.services.registry.service import NAME
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events import Envelope
+from trainyard_platform.shared.events.payloads import (
     Environment,
     JobSpec,
     JobStarted,
     JobSucceeded,
     ModelRegistered,
 )
-from shared.events.trust import RUNNER
-from tests.integration.registry.conftest import EventLog
+from trainyard_platform.shared.events.trust import RUNNER
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("registry")]
 

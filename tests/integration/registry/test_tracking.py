@@ -15,14 +15,15 @@ import asyncpg
 import httpx
 import pytest
 
-from services.registry import metrics
-from services.registry.api import create_app
-from services.registry.domain import RunNotRecorded
-from services.registry.handlers import RegistryHandlers
-from shared.access import remember
-from shared.bus import Bus, Delivery, Reject
-from shared.events import Envelope, Payload
-from shared.events.payloads import (
+from tests.integration.registry.test_registry import ENV, client_of
+from trainyard_platform.services.registry import metrics
+from trainyard_platform.services.registry.api import create_app
+from trainyard_platform.services.registry.domain import RunNotRecorded
+from trainyard_platform.services.registry.handlers import RegistryHandlers
+from trainyard_platform.shared.access import remember
+from trainyard_platform.shared.bus import Bus, Delivery, Reject
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import (
     JobCancelled,
     JobMetrics,
     JobSpec,
@@ -30,10 +31,9 @@ from shared.events.payloads import (
     JobSucceeded,
     MetricPoint,
 )
-from shared.events.trust import SCHEDULER, owner, routing_key_of
-from shared.identity import Principal, Role
-from shared.inbox import idempotent_batches
-from tests.integration.registry.test_registry import ENV, client_of
+from trainyard_platform.shared.events.trust import SCHEDULER, owner, routing_key_of
+from trainyard_platform.shared.identity import Principal, Role
+from trainyard_platform.shared.inbox import idempotent_batches
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("registry")]
 

@@ -21,17 +21,17 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from pydantic import SecretStr
 
-from services.runner.agent import NodeAgent
-from services.runner.config import Settings
-from services.runner.gpus import virtual_inventory
-from services.runner.service import agent_loops
-from shared.bus import Bus
-from shared.events import Envelope, Payload, parse_envelope
-from shared.events.payloads import AllocationGranted, CodeBundle, JobSpec
-from shared.events.trust import owner
-from shared.settings import NatsSettings, StorageSettings
-from shared.storage import ObjectStore, open_store
 from trainyard.bundle import pack
+from trainyard_platform.services.runner.agent import NodeAgent
+from trainyard_platform.services.runner.config import Settings
+from trainyard_platform.services.runner.gpus import virtual_inventory
+from trainyard_platform.services.runner.service import agent_loops
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
+from trainyard_platform.shared.events.payloads import AllocationGranted, CodeBundle, JobSpec
+from trainyard_platform.shared.events.trust import owner
+from trainyard_platform.shared.settings import NatsSettings, StorageSettings
+from trainyard_platform.shared.storage import ObjectStore, open_store
 
 P = TypeVar("P", bound=Payload)
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from services.runner.config import Settings
-from shared.bus import Bus
-from shared.events.payloads import (
+from tests.integration.runner.conftest import EventLog, StartRunner, publish, upload_bundle
+from trainyard_platform.services.runner.config import Settings
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationRevoked,
     CheckpointSaved,
@@ -25,8 +26,7 @@ from shared.events.payloads import (
     JobSpec,
     JobSucceeded,
 )
-from shared.storage import ObjectStore, open_store
-from tests.integration.runner.conftest import EventLog, StartRunner, publish, upload_bundle
+from trainyard_platform.shared.storage import ObjectStore, open_store
 
 pytestmark = pytest.mark.integration
 

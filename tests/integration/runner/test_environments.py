@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from services.runner.environments import (
+from trainyard_platform.services.runner.environments import (
     MARKER,
     STORE,
     EnvironmentBuildError,

@@ -16,22 +16,22 @@ import asyncio
 
 import pytest
 
-from services.runner.config import Settings
-from shared.bus import Bus
-from shared.events import parse_envelope
-from shared.events.payloads import (
-    AllocationGranted,
-    CheckpointSaved,
-    JobPreempted,
-    JobStarted,
-    JobSucceeded,
-)
 from tests.integration.runner.conftest import (
     EventLog,
     StartRunner,
     grant,
     launched,
     publish,
+)
+from trainyard_platform.services.runner.config import Settings
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events import parse_envelope
+from trainyard_platform.shared.events.payloads import (
+    AllocationGranted,
+    CheckpointSaved,
+    JobPreempted,
+    JobStarted,
+    JobSucceeded,
 )
 
 pytestmark = pytest.mark.integration

@@ -18,11 +18,6 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
-from deploy.local.postgres import PostgresServer
-from services.runner.config import Settings
-from shared.bus import Bus
-from shared.events.payloads import CheckpointSaved, JobSucceeded
-from shared.storage import open_store
 from tests.integration.runner.conftest import (
     EventLog,
     StartRunner,
@@ -31,6 +26,11 @@ from tests.integration.runner.conftest import (
     publish,
     upload_bundle,
 )
+from trainyard_platform.deploy.local.postgres import PostgresServer
+from trainyard_platform.services.runner.config import Settings
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events.payloads import CheckpointSaved, JobSucceeded
+from trainyard_platform.shared.storage import open_store
 
 pytestmark = [
     pytest.mark.integration,

@@ -1,4 +1,4 @@
-"""``python -m services.runner`` as its own process: it serves, and drains on SIGTERM."""
+"""``python -m trainyard_platform.services.runner`` as its own process: it serves, and drains on SIGTERM."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.local.ports import free_port
-from services.runner.config import Settings
-from shared.bus import Bus
-from shared.events.payloads import JobPreempted, JobProgress, RunnerHeartbeat
 from tests.integration.runner.conftest import EventLog, grant, publish
+from trainyard_platform.deploy.local.ports import free_port
+from trainyard_platform.services.runner.config import Settings
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events.payloads import JobPreempted, JobProgress, RunnerHeartbeat
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +39,7 @@ async def test_sigterm_drains_the_jobs_and_reports_them_preempted(
     runner = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "services.runner",
+        "trainyard_platform.services.runner",
         "--virtual-gpus",
         "2",
         "--node-id",

@@ -8,11 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.runner.config import Settings
-from shared.bus import Bus
-from shared.events.payloads import CheckpointSaved, JobProgress, JobStarted, JobSucceeded
-from shared.storage import open_store, split_uri
 from tests.integration.runner.conftest import EventLog, StartRunner, grant, publish, upload_bundle
+from trainyard_platform.services.runner.config import Settings
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events.payloads import (
+    CheckpointSaved,
+    JobProgress,
+    JobStarted,
+    JobSucceeded,
+)
+from trainyard_platform.shared.storage import open_store, split_uri
 
 pytestmark = pytest.mark.integration
 

@@ -12,12 +12,19 @@ from typing import Any
 
 import pytest
 
-from services.runner import checkpoints, domain
-from services.runner.config import Settings
-from services.runner.ledger import Ledger, safe_file_name
-from shared.bus import Bus
-from shared.events import parse_envelope
-from shared.events.payloads import (
+from tests.integration.runner.conftest import (
+    EventLog,
+    StartRunner,
+    grant,
+    launched,
+    publish,
+)
+from trainyard_platform.services.runner import checkpoints, domain
+from trainyard_platform.services.runner.config import Settings
+from trainyard_platform.services.runner.ledger import Ledger, safe_file_name
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events import parse_envelope
+from trainyard_platform.shared.events.payloads import (
     AllocationRevoked,
     CheckpointSaved,
     JobFailed,
@@ -28,14 +35,7 @@ from shared.events.payloads import (
     JobSucceeded,
     RunnerHeartbeat,
 )
-from shared.storage import open_store
-from tests.integration.runner.conftest import (
-    EventLog,
-    StartRunner,
-    grant,
-    launched,
-    publish,
-)
+from trainyard_platform.shared.storage import open_store
 
 pytestmark = pytest.mark.integration
 

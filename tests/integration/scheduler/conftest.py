@@ -12,17 +12,17 @@ from typing import Any, TypeVar
 import asyncpg
 import pytest
 
-from services.scheduler.loops import LeaderWork
-from services.scheduler.policy.model import PolicyConfig
-from services.scheduler.scheduling import Tuning
-from services.scheduler.service import MIGRATIONS, NAME, SUBJECTS
-from shared.bus import Bus
-from shared.db import migrate, open_pool
-from shared.events import Envelope, Payload, parse_envelope
-from shared.events.payloads import JobSpec, JobSubmitted, RunnerHeartbeat
-from shared.events.trust import owner
-from shared.outbox import OutboxRelay
-from shared.settings import DatabaseSettings, NatsSettings
+from trainyard_platform.services.scheduler.loops import LeaderWork
+from trainyard_platform.services.scheduler.policy.model import PolicyConfig
+from trainyard_platform.services.scheduler.scheduling import Tuning
+from trainyard_platform.services.scheduler.service import MIGRATIONS, NAME, SUBJECTS
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.db import migrate, open_pool
+from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
+from trainyard_platform.shared.events.payloads import JobSpec, JobSubmitted, RunnerHeartbeat
+from trainyard_platform.shared.events.trust import owner
+from trainyard_platform.shared.outbox import OutboxRelay
+from trainyard_platform.shared.settings import DatabaseSettings, NatsSettings
 
 P = TypeVar("P", bound=Payload)
 WAIT_S = 15.0

@@ -12,11 +12,15 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from services.scheduler import repository as repo
-from services.scheduler.api import create_app
-from shared.access import service_guard
-from shared.events.payloads import AllocationGranted, JobCancelRequested, JobPending
 from tests.integration.scheduler.conftest import Scheduler, make_spec
+from trainyard_platform.services.scheduler import repository as repo
+from trainyard_platform.services.scheduler.api import create_app
+from trainyard_platform.shared.access import service_guard
+from trainyard_platform.shared.events.payloads import (
+    AllocationGranted,
+    JobCancelRequested,
+    JobPending,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -9,19 +9,19 @@ from datetime import UTC, datetime
 import asyncpg
 import pytest
 
-from services.scheduler import repository as repo
-from services.scheduler.admission import REFUSED_PREFIX
-from shared.bus import Delivery
-from shared.events import Envelope, Payload
-from shared.events.payloads import (
+from tests.integration.scheduler.conftest import Scheduler, make_spec
+from trainyard_platform.services.scheduler import repository as repo
+from trainyard_platform.services.scheduler.admission import REFUSED_PREFIX
+from trainyard_platform.shared.bus import Delivery
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     JobFailed,
     JobPending,
     JobSubmitted,
     RunnerHeartbeat,
 )
-from shared.events.trust import owner
-from tests.integration.scheduler.conftest import Scheduler, make_spec
+from trainyard_platform.shared.events.trust import owner
 
 pytestmark = pytest.mark.integration
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler import admin
-from services.scheduler.admin_schemas import QueueRequest, QuotaRequest
-from shared.events.payloads import JobPending
-from shared.identity import operator_token_principal
 from tests.integration.scheduler.conftest import Tuned, until
 from tests.integration.scheduler.test_policy_service import running
+from trainyard_platform.services.scheduler import admin
+from trainyard_platform.services.scheduler.admin_schemas import QueueRequest, QuotaRequest
+from trainyard_platform.shared.events.payloads import JobPending
+from trainyard_platform.shared.identity import operator_token_principal
 
 OPERATOR = operator_token_principal()
 

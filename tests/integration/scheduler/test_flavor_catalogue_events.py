@@ -12,11 +12,11 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from services.scheduler import repository as repo
-from services.scheduler.api import create_app
-from shared.access import service_guard
-from shared.events import Payload, parse_envelope
-from shared.events.payloads import FlavorDeclared, FlavorRetired
+from trainyard_platform.services.scheduler import repository as repo
+from trainyard_platform.services.scheduler.api import create_app
+from trainyard_platform.shared.access import service_guard
+from trainyard_platform.shared.events import Payload, parse_envelope
+from trainyard_platform.shared.events.payloads import FlavorDeclared, FlavorRetired
 
 pytestmark = pytest.mark.integration
 

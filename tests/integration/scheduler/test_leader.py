@@ -22,15 +22,15 @@ from datetime import UTC, datetime
 import asyncpg
 import pytest
 
-from deploy.local.postgres import PostgresServer
-from services.scheduler import repository as repo
-from services.scheduler.leader import LEADER_LOCK_KEY, Leadership, NotLeader
-from shared.bus import Delivery
-from shared.events import Envelope
-from shared.events.payloads import JobCancelRequested
-from shared.events.trust import SUBMISSION
-from shared.inbox import idempotent_batches
 from tests.integration.scheduler.conftest import until
+from trainyard_platform.deploy.local.postgres import PostgresServer
+from trainyard_platform.services.scheduler import repository as repo
+from trainyard_platform.services.scheduler.leader import LEADER_LOCK_KEY, Leadership, NotLeader
+from trainyard_platform.shared.bus import Delivery
+from trainyard_platform.shared.events import Envelope
+from trainyard_platform.shared.events.payloads import JobCancelRequested
+from trainyard_platform.shared.events.trust import SUBMISSION
+from trainyard_platform.shared.inbox import idempotent_batches
 
 pytestmark = pytest.mark.integration
 
@@ -350,7 +350,7 @@ class Sleeps:
     the watchdog's), and takes them shortened."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, stop: asyncio.Event) -> None:
-        from services.scheduler import leader
+        from trainyard_platform.services.scheduler import leader
 
         self.asked: list[float] = []
         real = leader._sleep
@@ -373,7 +373,7 @@ async def test_an_unreachable_database_is_retried_every_retry_s(
     async def never(stop_leading: asyncio.Event) -> None:
         raise AssertionError("cannot lead without a database")
 
-    with caplog.at_level("WARNING", logger="services.scheduler.leader"):
+    with caplog.at_level("WARNING", logger="trainyard_platform.services.scheduler.leader"):
         task = asyncio.create_task(nowhere.run(stop, never))
         await until(lambda: len(sleeps.asked) >= 3)
         stop.set()
@@ -390,7 +390,7 @@ async def test_an_unreachable_database_is_retried_every_retry_s(
 async def test_a_deposed_leader_pauses_twice_as_long_and_releases_its_lock_on_stop(
     database_url: str, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from services.scheduler import leader
+    from trainyard_platform.services.scheduler import leader
 
     connects: list[dict[str, object]] = []
     real_connect = leader.asyncpg.connect
@@ -448,7 +448,7 @@ async def test_the_watchdog_deposes_a_leader_whose_lock_session_stops_answering(
             # When the work is told to stop, the process already says it is not leading.
             seen_by_work.append(self.leadership.is_leader)
 
-    with caplog.at_level("INFO", logger="services.scheduler.leader"):
+    with caplog.at_level("INFO", logger="trainyard_platform.services.scheduler.leader"):
         first = Observed(database_url, stop, retry_s=0.2)
         frozen: int | None = None
         try:

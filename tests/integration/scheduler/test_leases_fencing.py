@@ -16,20 +16,25 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from services.scheduler import allocation_repository as allocation_repo
-from services.scheduler import repository as repo
-from services.scheduler.domain import Allocation, AllocationStatus, Job, JobStatus
-from services.scheduler.leases import (
+from trainyard_platform.services.scheduler import allocation_repository as allocation_repo
+from trainyard_platform.services.scheduler import repository as repo
+from trainyard_platform.services.scheduler.domain import (
+    Allocation,
+    AllocationStatus,
+    Job,
+    JobStatus,
+)
+from trainyard_platform.services.scheduler.leases import (
     apply_endings,
     charge_usage,
     end_gang,
     plan_end,
     release_expired_notices,
 )
-from services.scheduler.policy.model import PolicyConfig
-from services.scheduler.scheduling import Tuning
-from shared.events import parse_envelope
-from shared.events.payloads import (
+from trainyard_platform.services.scheduler.policy.model import PolicyConfig
+from trainyard_platform.services.scheduler.scheduling import Tuning
+from trainyard_platform.shared.events import parse_envelope
+from trainyard_platform.shared.events.payloads import (
     AllocationReleased,
     AllocationRevoked,
     JobFailed,
@@ -151,7 +156,7 @@ async def test_apply_endings_releases_frees_charges_and_moves_each_job(
             plan_end(await job(conn, "gone"), gone, "lost", at(120), at(200), TUNING),
             plan_end(await job(conn, "ok2"), ok2, "succeeded", at(130), at(200), TUNING),
         ]
-        with caplog.at_level(logging.INFO, logger="services.scheduler.leases"):
+        with caplog.at_level(logging.INFO, logger="trainyard_platform.services.scheduler.leases"):
             await apply_endings(conn, endings, at(200), TUNING)
 
         released = await conn.fetch(
@@ -212,7 +217,11 @@ async def test_apply_endings_releases_frees_charges_and_moves_each_job(
             AllocationReleased,
             AllocationReleased,
         ]
-    messages = [r.getMessage() for r in caplog.records if r.name == "services.scheduler.leases"]
+    messages = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "trainyard_platform.services.scheduler.leases"
+    ]
     assert messages == [
         f"allocation(s) {ok[0].allocation_id}, {ok[1].allocation_id} of job ok ended "
         "(succeeded): job SUCCEEDED",
@@ -360,7 +369,9 @@ async def test_an_expired_notice_ends_the_job_by_force_and_fences_its_allocation
         await grant(conn, "no-notice", {"n4": (0,)})
         await allocation_repo.set_notice(conn, [a.allocation_id for a in late], at(0), "reclaim")
         await allocation_repo.set_notice(conn, [in_grace[0].allocation_id], at(50), "reclaim")
-        with caplog.at_level(logging.WARNING, logger="services.scheduler.leases"):
+        with caplog.at_level(
+            logging.WARNING, logger="trainyard_platform.services.scheduler.leases"
+        ):
             ended = await release_expired_notices(conn, at(100), TUNING)
         assert ended == ["late"]
         assert "job late did not stop within the preemption grace: revoking" in [

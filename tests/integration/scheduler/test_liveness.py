@@ -20,19 +20,21 @@ import asyncpg
 import pytest
 from pydantic import SecretStr
 
-from services.billing.config import Settings as BillingSettings
-from services.billing.handlers import SUBJECTS as BILLING_SUBJECTS
-from services.billing.handlers import BillingHandlers
-from services.billing.service import MIGRATIONS as BILLING_MIGRATIONS
-from services.billing.service import seed_prices
-from services.scheduler import loops
-from services.scheduler.loops import LeaderWork
-from services.scheduler.scheduling import Tuning
-from services.scheduler.service import MIGRATIONS, NAME, SUBJECTS
-from shared.bus import Bus
-from shared.db import migrate, open_pool
-from shared.events import Envelope, Payload, parse_envelope
-from shared.events.payloads import (
+from tests.fixtures.tcp_proxy import TcpProxy
+from tests.integration.scheduler.conftest import make_spec, until
+from trainyard_platform.services.billing.config import Settings as BillingSettings
+from trainyard_platform.services.billing.handlers import SUBJECTS as BILLING_SUBJECTS
+from trainyard_platform.services.billing.handlers import BillingHandlers
+from trainyard_platform.services.billing.service import MIGRATIONS as BILLING_MIGRATIONS
+from trainyard_platform.services.billing.service import seed_prices
+from trainyard_platform.services.scheduler import loops
+from trainyard_platform.services.scheduler.loops import LeaderWork
+from trainyard_platform.services.scheduler.scheduling import Tuning
+from trainyard_platform.services.scheduler.service import MIGRATIONS, NAME, SUBJECTS
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.db import migrate, open_pool
+from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
+from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
     AllocationRevoked,
@@ -47,12 +49,10 @@ from shared.events.payloads import (
     JobSucceeded,
     RunnerHeartbeat,
 )
-from shared.events.trust import owner
-from shared.inbox import idempotent, idempotent_batches
-from shared.outbox import OutboxRelay
-from shared.settings import DatabaseSettings, NatsSettings
-from tests.fixtures.tcp_proxy import TcpProxy
-from tests.integration.scheduler.conftest import make_spec, until
+from trainyard_platform.shared.events.trust import owner
+from trainyard_platform.shared.inbox import idempotent, idempotent_batches
+from trainyard_platform.shared.outbox import OutboxRelay
+from trainyard_platform.shared.settings import DatabaseSettings, NatsSettings
 
 pytestmark = pytest.mark.integration
 

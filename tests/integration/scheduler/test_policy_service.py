@@ -11,17 +11,18 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from services.scheduler import admin
-from services.scheduler import repository as repo
-from services.scheduler.admin_schemas import (
+from tests.integration.scheduler.conftest import Scheduler, Tuned, make_spec, until
+from trainyard_platform.services.scheduler import admin
+from trainyard_platform.services.scheduler import repository as repo
+from trainyard_platform.services.scheduler.admin_schemas import (
     CohortRequest,
     QueueRequest,
     QuotaRequest,
 )
-from services.scheduler.api import create_app
-from services.scheduler.scheduling import run_pass
-from shared.access import service_guard
-from shared.events.payloads import (
+from trainyard_platform.services.scheduler.api import create_app
+from trainyard_platform.services.scheduler.scheduling import run_pass
+from trainyard_platform.shared.access import service_guard
+from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
     AllocationRevoked,
@@ -33,9 +34,8 @@ from shared.events.payloads import (
     JobStarted,
     JobSucceeded,
 )
-from shared.events.payloads import Environment as RunEnvironment
-from shared.identity import operator_token_principal
-from tests.integration.scheduler.conftest import Scheduler, Tuned, make_spec, until
+from trainyard_platform.shared.events.payloads import Environment as RunEnvironment
+from trainyard_platform.shared.identity import operator_token_principal
 
 OPERATOR = operator_token_principal()
 

@@ -1,4 +1,4 @@
-"""``python -m services.scheduler`` as a process: ready, schedules, shows the queue, drains."""
+"""``python -m trainyard_platform.services.scheduler`` as a process: ready, schedules, shows the queue, drains."""
 
 from __future__ import annotations
 
@@ -12,13 +12,18 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.local.ports import free_port
-from shared.bus import Bus
-from shared.events import Envelope, parse_envelope
-from shared.events.payloads import AllocationGranted, JobPending, JobSubmitted, RunnerHeartbeat
-from shared.events.trust import owner
-from shared.settings import NatsSettings
 from tests.integration.scheduler.conftest import make_spec, until
+from trainyard_platform.deploy.local.ports import free_port
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events import Envelope, parse_envelope
+from trainyard_platform.shared.events.payloads import (
+    AllocationGranted,
+    JobPending,
+    JobSubmitted,
+    RunnerHeartbeat,
+)
+from trainyard_platform.shared.events.trust import owner
+from trainyard_platform.shared.settings import NatsSettings
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +47,13 @@ async def test_process_schedules_and_serves_the_queue(
     log_path = tmp_path / "scheduler.log"
     with log_path.open("wb") as log:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "services.scheduler", cwd=ROOT, env=env, stdout=log, stderr=log
+            sys.executable,
+            "-m",
+            "trainyard_platform.services.scheduler",
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=log,
         )
     base = f"http://127.0.0.1:{port}"
     try:

@@ -26,15 +26,20 @@ import httpx
 import pytest
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from deploy.local.ports import free_port
-from services.scheduler.service import NAME
-from shared.bus import Bus
-from shared.db import open_pool
-from shared.events import Envelope, Payload, parse_envelope
-from shared.events.payloads import AllocationGranted, JobPending, JobSubmitted, RunnerHeartbeat
-from shared.events.trust import owner
-from shared.settings import DatabaseSettings, NatsSettings
 from tests.integration.scheduler.conftest import make_spec, until
+from trainyard_platform.deploy.local.ports import free_port
+from trainyard_platform.services.scheduler.service import NAME
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.db import open_pool
+from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
+from trainyard_platform.shared.events.payloads import (
+    AllocationGranted,
+    JobPending,
+    JobSubmitted,
+    RunnerHeartbeat,
+)
+from trainyard_platform.shared.events.trust import owner
+from trainyard_platform.shared.settings import DatabaseSettings, NatsSettings
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +49,7 @@ GPUS_PER_NODE = 4
 
 
 class Replica:
-    """One ``python -m services.scheduler`` process."""
+    """One ``python -m trainyard_platform.services.scheduler`` process."""
 
     def __init__(self, name: str, process: asyncio.subprocess.Process, port: int, log: Path):
         self.name = name
@@ -92,7 +97,7 @@ async def replicas(
                 process = await asyncio.create_subprocess_exec(
                     sys.executable,
                     "-m",
-                    "services.scheduler",
+                    "trainyard_platform.services.scheduler",
                     cwd=ROOT,
                     env=env,
                     stdout=out,

@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 import asyncpg
 import pytest
 
-from shared.events.payloads import (
+from tests.integration.scheduler.conftest import Scheduler, Tuned
+from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
     FailureKind,
@@ -18,7 +19,6 @@ from shared.events.payloads import (
     JobPending,
     JobPreempted,
 )
-from tests.integration.scheduler.conftest import Scheduler, Tuned
 
 pytestmark = pytest.mark.integration
 

@@ -9,12 +9,13 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from services.scheduler import repository as repo
-from services.scheduler.node_watch import NodeWatch, sweep_lost_nodes
-from services.scheduler.scheduling import run_pass
-from shared.bus import Delivery
-from shared.events import Envelope
-from shared.events.payloads import (
+from tests.integration.scheduler.conftest import Scheduler, make_spec, until
+from trainyard_platform.services.scheduler import repository as repo
+from trainyard_platform.services.scheduler.node_watch import NodeWatch, sweep_lost_nodes
+from trainyard_platform.services.scheduler.scheduling import run_pass
+from trainyard_platform.shared.bus import Delivery
+from trainyard_platform.shared.events import Envelope
+from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
     AllocationRevoked,
@@ -28,9 +29,8 @@ from shared.events.payloads import (
     JobSucceeded,
     RunnerHeartbeat,
 )
-from shared.events.payloads import Environment as RunEnvironment
-from shared.events.trust import owner
-from tests.integration.scheduler.conftest import Scheduler, make_spec, until
+from trainyard_platform.shared.events.payloads import Environment as RunEnvironment
+from trainyard_platform.shared.events.trust import owner
 
 pytestmark = pytest.mark.integration
 

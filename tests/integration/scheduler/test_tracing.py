@@ -12,10 +12,15 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from shared.events import Envelope
-from shared.events.payloads import AllocationGranted, JobPending, JobSubmitted, JobSucceeded
-from shared.events.trust import owner
 from tests.integration.scheduler.conftest import Scheduler, make_spec, until
+from trainyard_platform.shared.events import Envelope
+from trainyard_platform.shared.events.payloads import (
+    AllocationGranted,
+    JobPending,
+    JobSubmitted,
+    JobSucceeded,
+)
+from trainyard_platform.shared.events.trust import owner
 
 pytestmark = pytest.mark.integration
 

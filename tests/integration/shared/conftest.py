@@ -8,8 +8,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from shared.db import migrate, open_pool
-from shared.settings import DatabaseSettings
+from trainyard_platform.shared.db import migrate, open_pool
+from trainyard_platform.shared.settings import DatabaseSettings
 
 EMPTY = Path(__file__).parent / "no-migrations"
 

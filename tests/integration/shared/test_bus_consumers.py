@@ -24,13 +24,19 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import SecretStr
 
-import shared.bus as bus_module
-from deploy.local.nats import NatsServer, NatsUser
-from shared.bus import ORIGINAL_SUBJECT_HEADER, REASON_HEADER, Bus, Delivery, Reject
-from shared.events import Envelope, Payload, nats_subject
-from shared.events.payloads import JobCancelRequested
-from shared.events.trust import SUBMISSION
-from shared.settings import NatsSettings
+import trainyard_platform.shared.bus as bus_module
+from trainyard_platform.deploy.local.nats import NatsServer, NatsUser
+from trainyard_platform.shared.bus import (
+    ORIGINAL_SUBJECT_HEADER,
+    REASON_HEADER,
+    Bus,
+    Delivery,
+    Reject,
+)
+from trainyard_platform.shared.events import Envelope, Payload, nats_subject
+from trainyard_platform.shared.events.payloads import JobCancelRequested
+from trainyard_platform.shared.events.trust import SUBMISSION
+from trainyard_platform.shared.settings import NatsSettings
 
 pytestmark = pytest.mark.integration
 
@@ -100,10 +106,12 @@ async def test_the_durable_consumer_is_made_as_the_rules_say(
 ) -> None:
     bus = own_bus
     await bus.publish(event("j1"))
-    with caplog.at_level(logging.INFO, logger="shared.bus"):
+    with caplog.at_level(logging.INFO, logger="trainyard_platform.shared.bus"):
         await consume_once(bus, "with-redrive", batch=7)
     # A new consumer holds nothing back: nothing of an earlier one is unacknowledged.
-    assert [r.getMessage() for r in caplog.records if r.name == "shared.bus"] == []
+    assert [
+        r.getMessage() for r in caplog.records if r.name == "trainyard_platform.shared.bus"
+    ] == []
     config = (await bus.jetstream.consumer_info(bus.settings.stream, "with-redrive")).config
     assert config.durable_name == "with-redrive"
     assert config.filter_subject is None
@@ -220,7 +228,7 @@ async def test_a_failed_batch_is_handled_again_one_event_at_a_time(
         if sum(len(c) == 1 for c in calls) == 3:
             stop.set()
 
-    with caplog.at_level(logging.INFO, logger="shared.bus"):
+    with caplog.at_level(logging.INFO, logger="trainyard_platform.shared.bus"):
         async with asyncio.timeout(10):
             await bus.consume_batches("batch-test", [SUBJECT], handle, stop)
     assert calls == [["a", "b", "c"], ["a"], ["b"], ["c"]]
@@ -289,7 +297,7 @@ async def test_a_batch_waits_out_an_outage_whole(
                 raise ConnectionRefusedError(111, "PostgreSQL is down")
             stop.set()
 
-        with caplog.at_level(logging.WARNING, logger="shared.bus"):
+        with caplog.at_level(logging.WARNING, logger="trainyard_platform.shared.bus"):
             async with asyncio.timeout(10):
                 await bus.consume_batches("outage-batch", [SUBJECT], handle, stop)
     assert calls == [["a", "b"]] * 3
@@ -313,10 +321,10 @@ async def test_settling_a_message_on_a_closed_connection_is_left_to_ack_wait(
         sub = await bus.jetstream.pull_subscribe_bind(durable="closing", stream=bus.settings.stream)
         first, second = await sub.fetch(2, timeout=5)
         await bus.nats.close()
-        with caplog.at_level(logging.INFO, logger="shared.bus"):
+        with caplog.at_level(logging.INFO, logger="trainyard_platform.shared.bus"):
             await bus._hand_back(first)
             await bus._ack(second)
-    messages = [r.getMessage() for r in caplog.records if r.name == "shared.bus"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "trainyard_platform.shared.bus"]
     assert messages[0] == f"message {first.metadata.sequence.stream} goes back after ack_wait"
     assert messages[1] == (
         f"ack of message {second.metadata.sequence.stream} lost: nats: connection closed"
@@ -368,7 +376,7 @@ async def test_what_a_dead_consumer_held_comes_back_before_anything_newer(
             info = await bus.jetstream.consumer_info(bus.settings.stream, "held")
             return info.config.max_ack_pending or 0
 
-        caplog.set_level(logging.INFO, logger="shared.bus")
+        caplog.set_level(logging.INFO, logger="trainyard_platform.shared.bus")
         task = asyncio.create_task(bus.consume("held", [SUBJECT], handle, stop, 4))
         try:
             async with asyncio.timeout(20):
@@ -401,7 +409,7 @@ async def test_a_stop_while_nats_is_away_ends_the_consumer_cleanly(
         async def handle(envelope: Envelope[Payload]) -> None:
             handled.append(envelope.subject)
 
-        with caplog.at_level(logging.INFO, logger="shared.bus"):
+        with caplog.at_level(logging.INFO, logger="trainyard_platform.shared.bus"):
             task = asyncio.create_task(bus.consume("away", [SUBJECT], handle, stop))
             try:
                 async with asyncio.timeout(10):
@@ -416,7 +424,7 @@ async def test_a_stop_while_nats_is_away_ends_the_consumer_cleanly(
                     await task  # returns: no error from the fetch, its gap, or the cleanup
         assert handled == ["one"]
         assert bus.hearing("away") is None and bus.paused == {}
-    messages = [r.getMessage() for r in caplog.records if r.name == "shared.bus"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "trainyard_platform.shared.bus"]
     assert any(
         m.startswith("away: paused, waiting out an outage: NATS unavailable") for m in messages
     )
@@ -475,7 +483,7 @@ async def test_a_dead_letter_is_counted_logged_and_its_reason_kept_to_one_line(
             stop.set()
             raise Reject("the job " + "x" * 1500)
 
-        with caplog.at_level(logging.ERROR, logger="shared.bus"):
+        with caplog.at_level(logging.ERROR, logger="trainyard_platform.shared.bus"):
             async with asyncio.timeout(10):
                 await bus.consume("counted", [SUBJECT], reject, stop)
         letter = await bus.jetstream.get_msg(bus.settings.deadletter_stream, 1)
@@ -484,9 +492,9 @@ async def test_a_dead_letter_is_counted_logged_and_its_reason_kept_to_one_line(
     assert reason == ("rejected: the job " + "x" * 1500)[:1000]
     assert "Nats-Expected-Stream" not in letter.headers
     assert dead_letter_metric(reader) == [({"consumer": "counted", "kind": "rejected"}, 1)]
-    assert [r.getMessage() for r in caplog.records if r.name == "shared.bus"] == [
-        f"counted: dead-lettered message {stored.seq} from {poison.nats_subject}: {reason}"
-    ]
+    assert [
+        r.getMessage() for r in caplog.records if r.name == "trainyard_platform.shared.bus"
+    ] == [f"counted: dead-lettered message {stored.seq} from {poison.nats_subject}: {reason}"]
 
 
 async def test_a_redrive_that_fails_again_keeps_the_subject_it_came_on_without_its_origin(
@@ -535,11 +543,11 @@ async def test_a_stop_while_the_dead_letter_cannot_be_written_hands_the_message_
             stop.set()
 
         stopper = asyncio.create_task(stop_once_paused())
-        with caplog.at_level(logging.INFO, logger="shared.bus"):
+        with caplog.at_level(logging.INFO, logger="trainyard_platform.shared.bus"):
             async with asyncio.timeout(10):
                 await bus._dead_letter("cut", msg, "rejected: unknown job")
         await stopper
-    messages = [r.getMessage() for r in caplog.records if r.name == "shared.bus"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "trainyard_platform.shared.bus"]
     assert messages[0].startswith("cut: paused, waiting out an outage: NATS unavailable")
     assert f"message {msg.metadata.sequence.stream} goes back after ack_wait" in messages
     assert not any("dead-lettered" in m for m in messages)
@@ -585,7 +593,7 @@ async def test_a_consumer_whose_stream_was_lost_makes_it_again_and_goes_on(
         if envelope.subject == "after":
             stop.set()
 
-    with caplog.at_level(logging.INFO, logger="shared.bus"):
+    with caplog.at_level(logging.INFO, logger="trainyard_platform.shared.bus"):
         task = asyncio.create_task(bus.consume("survivor", [SUBJECT], handle, stop))
         try:
             async with asyncio.timeout(20):
@@ -611,7 +619,7 @@ async def test_a_consumer_whose_stream_was_lost_makes_it_again_and_goes_on(
             await task
     assert handled == ["before", "after"]
     assert await bus.stream_created() != first
-    messages = [r.getMessage() for r in caplog.records if r.name == "shared.bus"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "trainyard_platform.shared.bus"]
     assert any(
         m.startswith("survivor: paused, waiting out an outage: NATS unavailable (ConsumerLostError")
         for m in messages

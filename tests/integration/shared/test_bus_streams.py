@@ -15,8 +15,8 @@ import pytest
 from nats.js import api
 from pydantic import SecretStr
 
-from deploy.local.nats import NatsServer, NatsUser
-from shared.bus import (
+from trainyard_platform.deploy.local.nats import NatsServer, NatsUser
+from trainyard_platform.shared.bus import (
     CONSUMER_HEADER,
     DELIVERIES_HEADER,
     ORIGINAL_MSG_ID_HEADER,
@@ -29,10 +29,10 @@ from shared.bus import (
     Reject,
     StreamMissingError,
 )
-from shared.events import Envelope, Payload, nats_subject
-from shared.events.payloads import JobCancelRequested
-from shared.events.trust import SUBMISSION
-from shared.settings import NatsSettings
+from trainyard_platform.shared.events import Envelope, Payload, nats_subject
+from trainyard_platform.shared.events.payloads import JobCancelRequested
+from trainyard_platform.shared.events.trust import SUBMISSION
+from trainyard_platform.shared.settings import NatsSettings
 
 pytestmark = pytest.mark.integration
 
@@ -188,7 +188,7 @@ async def test_a_service_that_may_not_make_the_streams_waits_for_them(
             await service.jetstream.stream_info("TRAINYARD")
 
         # At start, a service waits for the streams (checking twice a second).
-        with caplog.at_level(logging.INFO, logger="shared.bus"):
+        with caplog.at_level(logging.INFO, logger="trainyard_platform.shared.bus"):
             waiting = asyncio.create_task(service.ensure_streams())
             await asyncio.sleep(0.7)
             assert not waiting.done()
@@ -212,7 +212,7 @@ async def test_a_service_waits_for_the_dead_letter_stream_too(
     async with Bus.connect(settings, "submission-under-test") as service:
         await bus.jetstream.delete_stream("TRAINYARD_DEADLETTER")  # the event stream is there
         waiting_for_it = "waiting for stream TRAINYARD_DEADLETTER (made by the scheduler)"
-        with caplog.at_level(logging.INFO, logger="shared.bus"):
+        with caplog.at_level(logging.INFO, logger="trainyard_platform.shared.bus"):
             waiting = asyncio.create_task(service.ensure_streams())
             async with asyncio.timeout(10):
                 while waiting_for_it not in caplog.messages and not waiting.done():
@@ -318,11 +318,11 @@ async def test_a_failing_handler_is_retried_then_dead_lettered_with_its_error(
             stop.set()
         raise RuntimeError("boom")
 
-    with caplog.at_level(logging.WARNING, logger="shared.bus"):
+    with caplog.at_level(logging.WARNING, logger="trainyard_platform.shared.bus"):
         async with asyncio.timeout(20):
             await bus.consume("retry-test", SUBJECTS, fail, stop)
     assert len(deliveries) == 3  # max_deliver
-    messages = [r.getMessage() for r in caplog.records if r.name == "shared.bus"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "trainyard_platform.shared.bus"]
     assert messages[:2] == [
         f"retry-test: {one.id} failed (delivery 1), will retry: RuntimeError: boom",
         f"retry-test: {one.id} failed (delivery 2), will retry: RuntimeError: boom",

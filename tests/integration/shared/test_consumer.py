@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import asyncpg
 import pytest
 
-from shared.bus import (
+from trainyard_platform.shared.bus import (
     ORIGINAL_SUBJECT_HEADER,
     REASON_HEADER,
     BatchHandler,
@@ -17,10 +17,10 @@ from shared.bus import (
     Handler,
     Reject,
 )
-from shared.events import Envelope, Payload, nats_subject
-from shared.events.payloads import JobCancelRequested
-from shared.events.trust import SUBMISSION
-from shared.inbox import idempotent
+from trainyard_platform.shared.events import Envelope, Payload, nats_subject
+from trainyard_platform.shared.events.payloads import JobCancelRequested
+from trainyard_platform.shared.events.trust import SUBMISSION
+from trainyard_platform.shared.inbox import idempotent
 
 pytestmark = pytest.mark.integration
 

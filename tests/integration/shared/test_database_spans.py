@@ -13,9 +13,9 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from shared.db import open_pool
-from shared.settings import DatabaseSettings
-from shared.telemetry import instrument_database
+from trainyard_platform.shared.db import open_pool
+from trainyard_platform.shared.settings import DatabaseSettings
+from trainyard_platform.shared.telemetry import instrument_database
 
 pytestmark = pytest.mark.integration
 

@@ -10,10 +10,10 @@ import nats
 import pytest
 from nats.js import api
 
-from shared.bus import TTL_HEADER, Bus
-from shared.events import Envelope, Payload
-from shared.events.payloads import JobCancelRequested, RunnerHeartbeat
-from shared.settings import NatsSettings
+from trainyard_platform.shared.bus import TTL_HEADER, Bus
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import JobCancelRequested, RunnerHeartbeat
+from trainyard_platform.shared.settings import NatsSettings
 
 pytestmark = pytest.mark.integration
 

@@ -14,11 +14,11 @@ import asyncpg
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from shared.bus import Delivery
-from shared.events import Envelope, Payload
-from shared.events.payloads import JobCancelRequested
-from shared.events.trust import SUBMISSION
-from shared.inbox import idempotent, idempotent_batches
+from trainyard_platform.shared.bus import Delivery
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import JobCancelRequested
+from trainyard_platform.shared.events.trust import SUBMISSION
+from trainyard_platform.shared.inbox import idempotent, idempotent_batches
 
 pytestmark = pytest.mark.integration
 

@@ -18,15 +18,15 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from deploy.local.postgres import PostgresServer
-from shared.bus import Bus
-from shared.db import migrate, open_pool, ping
-from shared.events import Envelope, Payload, nats_subject
-from shared.events.payloads import JobCancelRequested
-from shared.events.trust import SUBMISSION
-from shared.inbox import idempotent
-from shared.runtime import ServiceRuntime
-from shared.settings import DatabaseSettings, NatsSettings, ServiceSettings
+from trainyard_platform.deploy.local.postgres import PostgresServer
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.db import migrate, open_pool, ping
+from trainyard_platform.shared.events import Envelope, Payload, nats_subject
+from trainyard_platform.shared.events.payloads import JobCancelRequested
+from trainyard_platform.shared.events.trust import SUBMISSION
+from trainyard_platform.shared.inbox import idempotent
+from trainyard_platform.shared.runtime import ServiceRuntime
+from trainyard_platform.shared.settings import DatabaseSettings, NatsSettings, ServiceSettings
 
 pytestmark = pytest.mark.integration
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.db import PLATFORM_MIGRATIONS, migrate, migration_files, open_pool
-from shared.settings import DatabaseSettings
+from trainyard_platform.shared.db import PLATFORM_MIGRATIONS, migrate, migration_files, open_pool
+from trainyard_platform.shared.settings import DatabaseSettings
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ import pytest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 
-from shared.settings import TelemetrySettings
-from shared.telemetry import add_exporters
+from trainyard_platform.shared.settings import TelemetrySettings
+from trainyard_platform.shared.telemetry import add_exporters
 
 pytestmark = pytest.mark.integration
 

@@ -15,9 +15,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from shared.otlp_http import HttpSpanExporter
-from shared.telemetry import span_exporters
 from tests.fixtures.otlp import OtlpReceiver, ReceivedSpan
+from trainyard_platform.shared.otlp_http import HttpSpanExporter
+from trainyard_platform.shared.telemetry import span_exporters
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ def receiver() -> Iterator[OtlpReceiver]:
 
 
 def _trace(provider: TracerProvider) -> None:
-    tracer = provider.get_tracer("shared.bus")
+    tracer = provider.get_tracer("trainyard_platform.shared.bus")
     with tracer.start_as_current_span(
         "trainyard.job.submitted.v1 process",
         kind=SpanKind.CONSUMER,

@@ -9,11 +9,11 @@ import logging
 import asyncpg
 import pytest
 
-from shared.bus import Bus
-from shared.events import Envelope
-from shared.events.payloads import JobCancelRequested
-from shared.events.trust import SUBMISSION
-from shared.outbox import OutboxRelay, _Message, enqueue
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events import Envelope
+from trainyard_platform.shared.events.payloads import JobCancelRequested
+from trainyard_platform.shared.events.trust import SUBMISSION
+from trainyard_platform.shared.outbox import OutboxRelay, _Message, enqueue
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +51,7 @@ async def test_a_message_of_exactly_the_limit_goes_out_one_byte_more_is_parked(
     async with pool.acquire() as conn, conn.transaction():
         await enqueue(conn, over)
     size = await _size(pool, over.id)
-    with caplog.at_level(logging.ERROR, logger="shared.outbox"):
+    with caplog.at_level(logging.ERROR, logger="trainyard_platform.shared.outbox"):
         assert await OutboxRelay(pool, bus, max_payload=size - 1).relay_once() == 1
     reason = f"{size} bytes, more than the bus accepts ({size - 1} bytes)"
     assert await _state(pool, over.id) == (False, reason)

@@ -10,11 +10,11 @@ import asyncpg
 import pytest
 from nats.errors import Error as NatsError
 
-from shared.bus import Bus
-from shared.events import Envelope
-from shared.events.payloads import JobCancelRequested
-from shared.events.trust import SUBMISSION
-from shared.outbox import OutboxRelay, enqueue, enqueue_traced
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events import Envelope
+from trainyard_platform.shared.events.payloads import JobCancelRequested
+from trainyard_platform.shared.events.trust import SUBMISSION
+from trainyard_platform.shared.outbox import OutboxRelay, enqueue, enqueue_traced
 
 pytestmark = pytest.mark.integration
 

@@ -11,10 +11,10 @@ import pytest
 from nats.errors import Error as NatsError
 from nats.errors import MaxPayloadError
 
-from shared.bus import Bus
-from shared.events import Envelope
-from shared.events.payloads import JobCancelRequested
-from shared.outbox import OutboxRelay, enqueue, parked_count, permanent_failure
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events import Envelope
+from trainyard_platform.shared.events.payloads import JobCancelRequested
+from trainyard_platform.shared.outbox import OutboxRelay, enqueue, parked_count, permanent_failure
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +68,7 @@ async def test_a_2_mib_row_is_parked_and_the_next_row_published(
 
     relay = OutboxRelay(pool, bus)
     assert relay.max_payload() == bus.nats.max_payload > 0
-    with caplog.at_level(logging.ERROR, logger="shared.outbox"):
+    with caplog.at_level(logging.ERROR, logger="trainyard_platform.shared.outbox"):
         assert await relay.relay_once() == 3
         assert await relay.relay_once() == 0  # parked rows are skipped from then on
 

@@ -8,11 +8,11 @@ import asyncio
 import asyncpg
 import pytest
 
-from shared.bus import Bus
-from shared.events import Envelope, Payload
-from shared.events.payloads import JobCancelRequested
-from shared.events.trust import SUBMISSION
-from shared.outbox import OutboxRelay, enqueue
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import JobCancelRequested
+from trainyard_platform.shared.events.trust import SUBMISSION
+from trainyard_platform.shared.outbox import OutboxRelay, enqueue
 
 pytestmark = pytest.mark.integration
 

@@ -21,19 +21,25 @@ from litestar.exceptions import NotAuthorizedException
 from litestar.handlers import BaseRouteHandler
 from nats.js import api
 
-from deploy.local.ports import free_port
-from shared.access import remember
-from shared.auth import bearer_token
-from shared.bus import REASON_HEADER, Bus, Reject, deadletter_subject, redrive_subject
-from shared.deadletters import CannotRedrive, DeadLetters, deadletter_routes
-from shared.events import Envelope, Payload, nats_subject
-from shared.events.payloads import JobCancelRequested
-from shared.events.trust import SUBMISSION
-from shared.http_app import service_app
-from shared.identity import Principal, Role, operator_token_principal
-from shared.inbox import idempotent
 from trainyard.cli_deadletters import add_deadletter_commands
 from trainyard.client import TrainyardClient
+from trainyard_platform.deploy.local.ports import free_port
+from trainyard_platform.shared.access import remember
+from trainyard_platform.shared.auth import bearer_token
+from trainyard_platform.shared.bus import (
+    REASON_HEADER,
+    Bus,
+    Reject,
+    deadletter_subject,
+    redrive_subject,
+)
+from trainyard_platform.shared.deadletters import CannotRedrive, DeadLetters, deadletter_routes
+from trainyard_platform.shared.events import Envelope, Payload, nats_subject
+from trainyard_platform.shared.events.payloads import JobCancelRequested
+from trainyard_platform.shared.events.trust import SUBMISSION
+from trainyard_platform.shared.http_app import service_app
+from trainyard_platform.shared.identity import Principal, Role, operator_token_principal
+from trainyard_platform.shared.inbox import idempotent
 
 pytestmark = pytest.mark.integration
 

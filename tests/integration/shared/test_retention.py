@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from shared.bus import Bus
-from shared.retention import Pruned, Retention
-from shared.settings import NatsSettings
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.retention import Pruned, Retention
+from trainyard_platform.shared.settings import NatsSettings
 
 pytestmark = pytest.mark.integration
 

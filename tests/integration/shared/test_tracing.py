@@ -8,10 +8,10 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from shared.bus import Bus
-from shared.events import Envelope, Payload, nats_subject
-from shared.events.payloads import JobCancelRequested
-from shared.events.trust import SUBMISSION
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events import Envelope, Payload, nats_subject
+from trainyard_platform.shared.events.payloads import JobCancelRequested
+from trainyard_platform.shared.events.trust import SUBMISSION
 
 pytestmark = pytest.mark.integration
 

@@ -19,19 +19,19 @@ import asyncpg
 import httpx
 import pytest
 
-from services.submission import handlers, identity
-from services.submission.api import AppDeps, create_app
-from services.submission.config import Settings
-from services.submission.service import MIGRATIONS, NAME, SUBJECTS, event_handler
-from shared.bus import BatchHandler, Bus
-from shared.db import migrate, open_pool
-from shared.events import Envelope, Payload
-from shared.events.payloads import AllocationGranted
-from shared.events.trust import owner
-from shared.inbox import TransactionalHandler
-from shared.outbox import OutboxRelay
-from shared.settings import DatabaseSettings, NatsSettings, StorageSettings
-from shared.storage import ObjectStore, open_store
+from trainyard_platform.services.submission import handlers, identity
+from trainyard_platform.services.submission.api import AppDeps, create_app
+from trainyard_platform.services.submission.config import Settings
+from trainyard_platform.services.submission.service import MIGRATIONS, NAME, SUBJECTS, event_handler
+from trainyard_platform.shared.bus import BatchHandler, Bus
+from trainyard_platform.shared.db import migrate, open_pool
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import AllocationGranted
+from trainyard_platform.shared.events.trust import owner
+from trainyard_platform.shared.inbox import TransactionalHandler
+from trainyard_platform.shared.outbox import OutboxRelay
+from trainyard_platform.shared.settings import DatabaseSettings, NatsSettings, StorageSettings
+from trainyard_platform.shared.storage import ObjectStore, open_store
 
 SPEC: dict[str, Any] = {
     "name": "digits-cnn",

@@ -7,9 +7,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from shared.events import nats_subject, parse_envelope
-from shared.events.payloads import JobCancelRequested, JobSubmitted
 from tests.integration.submission.conftest import SPEC, Submission, eventually
+from trainyard_platform.shared.events import nats_subject, parse_envelope
+from trainyard_platform.shared.events.payloads import JobCancelRequested, JobSubmitted
 
 pytestmark = pytest.mark.integration
 

@@ -10,10 +10,10 @@ from typing import Any
 import httpx
 import pytest
 
-from services.submission.api import AppDeps, create_app
-from services.submission.config import Settings
 from tests.integration.submission.conftest import SPEC, Submission
 from tests.unit.submission import factories as ev
+from trainyard_platform.services.submission.api import AppDeps, create_app
+from trainyard_platform.services.submission.config import Settings
 
 pytestmark = pytest.mark.integration
 

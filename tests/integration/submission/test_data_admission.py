@@ -17,19 +17,19 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from services.registry.api import create_app as registry_app
-from services.registry.service import MIGRATIONS as REGISTRY_MIGRATIONS
-from services.submission import identity
-from services.submission.api import AppDeps, create_app
-from services.submission.config import Settings
-from services.submission.service import NAME
-from shared.access import service_guard
-from shared.db import migrate, open_pool
-from shared.identity import IdentityClient
-from shared.storage import ObjectStore, open_store
 from tests.integration.registry.modelkit import apply
 from tests.integration.registry.test_registry import ref, spec, started, succeeded
 from tests.integration.submission.conftest import SPEC
+from trainyard_platform.services.registry.api import create_app as registry_app
+from trainyard_platform.services.registry.service import MIGRATIONS as REGISTRY_MIGRATIONS
+from trainyard_platform.services.submission import identity
+from trainyard_platform.services.submission.api import AppDeps, create_app
+from trainyard_platform.services.submission.config import Settings
+from trainyard_platform.services.submission.service import NAME
+from trainyard_platform.shared.access import service_guard
+from trainyard_platform.shared.db import migrate, open_pool
+from trainyard_platform.shared.identity import IdentityClient
+from trainyard_platform.shared.storage import ObjectStore, open_store
 
 pytestmark = pytest.mark.integration
 

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from services.submission.domain import SCHEDULER_SOURCE
-from services.submission.early_reports import MAX_KEPT_PER_JOB
-from shared.events import Envelope, Payload
-from shared.events.trust import owner
 from tests.integration.submission.conftest import Submission
 from tests.unit.submission import factories as ev
+from trainyard_platform.services.submission.domain import SCHEDULER_SOURCE
+from trainyard_platform.services.submission.early_reports import MAX_KEPT_PER_JOB
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.trust import owner
 
 pytestmark = pytest.mark.integration
 

@@ -8,15 +8,15 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.submission import handlers
-from services.submission.config import Settings
-from services.submission.domain import SCHEDULER_SOURCE
-from shared.bus import BatchHandler, Bus, Delivery
-from shared.events import Envelope, Payload
-from shared.events.payloads import JobPending
-from shared.events.trust import owner
 from tests.integration.submission.conftest import Submission, eventually, running_submission
 from tests.unit.submission import factories as ev
+from trainyard_platform.services.submission import handlers
+from trainyard_platform.services.submission.config import Settings
+from trainyard_platform.services.submission.domain import SCHEDULER_SOURCE
+from trainyard_platform.shared.bus import BatchHandler, Bus, Delivery
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import JobPending
+from trainyard_platform.shared.events.trust import owner
 
 pytestmark = pytest.mark.integration
 

@@ -12,13 +12,13 @@ import asyncpg
 import httpx
 import pytest
 
-from services.submission import identity
-from services.submission.api import AppDeps, create_app
-from services.submission.config import Settings
-from services.submission.service import NAME
-from shared.db import open_pool
-from shared.storage import open_store
 from tests.integration.submission.conftest import SPEC
+from trainyard_platform.services.submission import identity
+from trainyard_platform.services.submission.api import AppDeps, create_app
+from trainyard_platform.services.submission.config import Settings
+from trainyard_platform.services.submission.service import NAME
+from trainyard_platform.shared.db import open_pool
+from trainyard_platform.shared.storage import open_store
 
 pytestmark = pytest.mark.integration
 

@@ -9,17 +9,17 @@ from datetime import UTC, datetime
 import asyncpg
 import pytest
 
-from services.submission import governance, identity
-from services.submission.errors import Conflict
-from services.submission.governance import admit, known_flavors
-from services.submission.schemas import JobRequest, parse_job_request
-from services.submission.service import event_handler
-from shared.bus import Delivery
-from shared.events import Envelope, Payload
-from shared.events.payloads import BudgetUpdated, FlavorDeclared, FlavorRetired
-from shared.events.trust import owner, routing_key_of
-from shared.http_errors import RequestInvalid
-from shared.identity import Role
+from trainyard_platform.services.submission import governance, identity
+from trainyard_platform.services.submission.errors import Conflict
+from trainyard_platform.services.submission.governance import admit, known_flavors
+from trainyard_platform.services.submission.schemas import JobRequest, parse_job_request
+from trainyard_platform.services.submission.service import event_handler
+from trainyard_platform.shared.bus import Delivery
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import BudgetUpdated, FlavorDeclared, FlavorRetired
+from trainyard_platform.shared.events.trust import owner, routing_key_of
+from trainyard_platform.shared.http_errors import RequestInvalid
+from trainyard_platform.shared.identity import Role
 
 pytestmark = pytest.mark.integration
 

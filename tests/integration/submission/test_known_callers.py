@@ -13,16 +13,16 @@ import asyncpg
 import httpx
 import pytest
 
-from services.submission import identity
-from services.submission import repository as repo
-from services.submission.api import AppDeps, create_app
-from services.submission.config import Settings
-from services.submission.governance import current_month
-from services.submission.service import NAME
-from shared.auth import hash_token
-from shared.db import open_pool
-from shared.storage import open_store
 from tests.integration.submission.conftest import SPEC
+from trainyard_platform.services.submission import identity
+from trainyard_platform.services.submission import repository as repo
+from trainyard_platform.services.submission.api import AppDeps, create_app
+from trainyard_platform.services.submission.config import Settings
+from trainyard_platform.services.submission.governance import current_month
+from trainyard_platform.services.submission.service import NAME
+from trainyard_platform.shared.auth import hash_token
+from trainyard_platform.shared.db import open_pool
+from trainyard_platform.shared.storage import open_store
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The service as a real process (``python -m services.submission``), used through
+"""The service as a real process (``python -m trainyard_platform.services.submission``), used through
 ``TrainyardClient`` and the ``trainyard`` CLI."""
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.local.ports import free_port
-from deploy.local.processes import ManagedProcess
-from shared.bus import Bus
-from shared.events import Envelope, Payload, nats_subject, parse_envelope
-from shared.events.payloads import AllocationGranted, JobSubmitted
-from shared.events.trust import owner
-from shared.settings import NatsSettings
 from tests.integration.submission.conftest import SPEC
 from tests.unit.submission import factories as ev
 from trainyard.client import TrainyardClient, TrainyardError
+from trainyard_platform.deploy.local.ports import free_port
+from trainyard_platform.deploy.local.processes import ManagedProcess
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.events import Envelope, Payload, nats_subject, parse_envelope
+from trainyard_platform.shared.events.payloads import AllocationGranted, JobSubmitted
+from trainyard_platform.shared.events.trust import owner
+from trainyard_platform.shared.settings import NatsSettings
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +45,7 @@ def _bootstrap(env: dict[str, str], team: str, user: str) -> subprocess.Complete
         [
             sys.executable,
             "-m",
-            "services.submission",
+            "trainyard_platform.services.submission",
             "bootstrap-admin",
             "--team",
             team,
@@ -101,7 +101,7 @@ def served(database_url: str, nats_settings: NatsSettings, tmp_path: Path) -> It
     )
     process = ManagedProcess(
         "submission",
-        [sys.executable, "-m", "services.submission"],
+        [sys.executable, "-m", "trainyard_platform.services.submission"],
         env=env,
         log_path=tmp_path / "submission.log",
         cwd=ROOT,

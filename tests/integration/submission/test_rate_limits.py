@@ -10,10 +10,10 @@ import httpx
 import pytest
 from litestar import get
 
-from services.submission.api import AppDeps, create_app
-from services.submission.config import Settings
-from shared.bus import Bus
 from tests.integration.submission.conftest import Submission, running_submission
+from trainyard_platform.services.submission.api import AppDeps, create_app
+from trainyard_platform.services.submission.config import Settings
+from trainyard_platform.shared.bus import Bus
 
 pytestmark = pytest.mark.integration
 

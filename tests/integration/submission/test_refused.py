@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from services.submission.domain import SCHEDULER_SOURCE
-from shared.events.payloads import JobFailed
 from tests.integration.submission.conftest import Submission
 from tests.unit.submission import factories as ev
+from trainyard_platform.services.submission.domain import SCHEDULER_SOURCE
+from trainyard_platform.shared.events.payloads import JobFailed
 
 pytestmark = pytest.mark.integration
 

@@ -9,9 +9,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.submission.api import JSON_BODY_MAX_BYTES
-from shared.outbox import parked_count
 from tests.integration.submission.conftest import SPEC, Submission, eventually
+from trainyard_platform.services.submission.api import JSON_BODY_MAX_BYTES
+from trainyard_platform.shared.outbox import parked_count
 
 pytestmark = pytest.mark.integration
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from services.submission.domain import SCHEDULER_SOURCE
 from tests.integration.submission.conftest import Submission
 from tests.unit.submission import factories as ev
+from trainyard_platform.services.submission.domain import SCHEDULER_SOURCE
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.billing.buckets import Part, floor, next_bucket, roll_up, split_hours
-from services.billing.domain import cost, gpu_seconds
+from trainyard_platform.services.billing.buckets import (
+    Part,
+    floor,
+    next_bucket,
+    roll_up,
+    split_hours,
+)
+from trainyard_platform.services.billing.domain import cost, gpu_seconds
 
 T = datetime(2026, 11, 30, 23, 30, tzinfo=UTC)
 

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.billing.buckets import floor, next_bucket
-from services.billing.costs import CostQuery, pieces
-from services.billing.costs_repository import CostLine
-from services.billing.costs_schemas import cost_report, csv_text
-from shared.http_errors import RequestInvalid
+from trainyard_platform.services.billing.buckets import floor, next_bucket
+from trainyard_platform.services.billing.costs import CostQuery, pieces
+from trainyard_platform.services.billing.costs_repository import CostLine
+from trainyard_platform.services.billing.costs_schemas import cost_report, csv_text
+from trainyard_platform.shared.http_errors import RequestInvalid
 
 NOW = datetime(2026, 12, 3, 21, 17, tzinfo=UTC)
 

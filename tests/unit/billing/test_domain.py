@@ -7,8 +7,8 @@ from decimal import Decimal
 
 import pytest
 
-from services.billing.config import DEFAULT_PRICES, Settings
-from services.billing.domain import (
+from trainyard_platform.services.billing.config import DEFAULT_PRICES, Settings
+from trainyard_platform.services.billing.domain import (
     Price,
     PriceBook,
     UnknownFlavor,
@@ -17,7 +17,7 @@ from services.billing.domain import (
     duration_seconds,
     gpu_seconds,
 )
-from shared.events.payloads import AllocationReleased
+from trainyard_platform.shared.events.payloads import AllocationReleased
 
 T0 = datetime(2025, 3, 1, 8, 0, tzinfo=UTC)
 

@@ -9,8 +9,15 @@ from decimal import Decimal, getcontext
 
 import pytest
 
-from services.billing.domain import Price, PriceBook, UnknownFlavor, Usage, cost, gpu_seconds
-from shared.events.payloads import AllocationReleased
+from trainyard_platform.services.billing.domain import (
+    Price,
+    PriceBook,
+    UnknownFlavor,
+    Usage,
+    cost,
+    gpu_seconds,
+)
+from trainyard_platform.shared.events.payloads import AllocationReleased
 
 T0 = datetime(2025, 3, 1, 8, 0, tzinfo=UTC)
 

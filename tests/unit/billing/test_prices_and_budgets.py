@@ -7,9 +7,20 @@ from decimal import Decimal
 
 import pytest
 
-from services.billing.budgets import forecast, month_label, month_start, next_month, reached
-from services.billing.domain import Price, UnknownFlavor
-from services.billing.prices import BEGINNING, DatedPrice, DatedResourcePrice, PriceSchedule
+from trainyard_platform.services.billing.budgets import (
+    forecast,
+    month_label,
+    month_start,
+    next_month,
+    reached,
+)
+from trainyard_platform.services.billing.domain import Price, UnknownFlavor
+from trainyard_platform.services.billing.prices import (
+    BEGINNING,
+    DatedPrice,
+    DatedResourcePrice,
+    PriceSchedule,
+)
 
 T = datetime(2026, 12, 10, 12, tzinfo=UTC)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-from services.billing.domain import Price
-from services.billing.prices import BEGINNING, DatedPrice, PriceSchedule
-from services.billing.waste import (
+from trainyard_platform.services.billing.domain import Price
+from trainyard_platform.services.billing.prices import BEGINNING, DatedPrice, PriceSchedule
+from trainyard_platform.services.billing.waste import (
     Allocation,
     JobEnd,
     JobWaits,

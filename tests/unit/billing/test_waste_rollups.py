@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-from services.billing.domain import Price
-from services.billing.prices import BEGINNING, DatedPrice, PriceSchedule
-from services.billing.waste import Owner, Piece, Pricer
-from services.billing.waste_rollups import split
+from trainyard_platform.services.billing.domain import Price
+from trainyard_platform.services.billing.prices import BEGINNING, DatedPrice, PriceSchedule
+from trainyard_platform.services.billing.waste import Owner, Piece, Pricer
+from trainyard_platform.services.billing.waste_rollups import split
 
 T = datetime(2026, 11, 2, tzinfo=UTC)
 OWNER = Owner("ml", "p", "ada", "q", "a100", "j")

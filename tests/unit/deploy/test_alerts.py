@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from shared.metrics import CATALOGUE, exported_series
+from trainyard_platform.shared.metrics import CATALOGUE, exported_series
 
 ROOT = Path(__file__).resolve().parents[3]
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"

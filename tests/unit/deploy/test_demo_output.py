@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from deploy.local.__main__ import _environment, _hardware
+from trainyard_platform.deploy.local.__main__ import _environment, _hardware
 
 
 def test_the_package_list_is_summarised_and_nulls_are_left_out() -> None:

@@ -17,8 +17,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from deploy.local.nats import compose_config, password_variable, service_user_name
-from services.runner.config import default_node_id
+from trainyard_platform.deploy.local.nats import (
+    compose_config,
+    password_variable,
+    service_user_name,
+)
+from trainyard_platform.services.runner.config import default_node_id
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "deploy" / "k8s"
@@ -80,7 +84,7 @@ def test_each_service_is_a_deployment_with_probes_and_resources(name: str) -> No
     deployment = by_kind("Deployment")[name]
     spec = deployment["spec"]["template"]["spec"]
     (container,) = spec["containers"]
-    assert container["command"] == ["python", "-m", f"services.{name}"]
+    assert container["command"] == ["python", "-m", f"trainyard_platform.services.{name}"]
     env = {e["name"]: e for e in container["env"]}
     port = int(env[f"TRAINYARD_{name.upper()}_PORT"]["value"])
     assert env[f"TRAINYARD_{name.upper()}_HOST"]["value"] == "0.0.0.0"
@@ -228,7 +232,13 @@ def test_the_runner_takes_its_node_id_nats_user_and_password_from_the_node_name(
         ["sh", flag, script], env=env, capture_output=True, text=True, timeout=10
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == [node_id, user, "p0123secret", "-m", "services.runner"]
+    assert result.stdout.split() == [
+        node_id,
+        user,
+        "p0123secret",
+        "-m",
+        "trainyard_platform.services.runner",
+    ]
     (secrets / password_variable(user)).unlink()
     refused = subprocess.run(["sh", flag, script], env=env, capture_output=True, text=True)
     assert refused.returncode == 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deploy.local.stack import SERVICES, LocalStack
+from trainyard_platform.deploy.local.stack import SERVICES, LocalStack
 
 
 def stack_with_ports(tmp_path: Path) -> LocalStack:

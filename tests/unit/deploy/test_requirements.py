@@ -103,7 +103,7 @@ def test_the_services_start_without_torch() -> None:
     code = (
         "import sys; sys.modules['torch'] = None\n"
         "for s in ('submission', 'scheduler', 'registry', 'billing'):\n"
-        "    __import__(f'services.{s}.__main__'); __import__(f'services.{s}.service')\n"
+        "    __import__(f'trainyard_platform.services.{s}.__main__'); __import__(f'trainyard_platform.services.{s}.service')\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60

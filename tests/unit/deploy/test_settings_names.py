@@ -32,7 +32,7 @@ def variables(settings_type: type[BaseSettings]) -> set[str]:
 
 
 def settings_of(process: str) -> set[str]:
-    module = importlib.import_module(f"services.{process}.config")
+    module = importlib.import_module(f"trainyard_platform.services.{process}.config")
     settings: set[str] = variables(module.Settings)
     return settings
 

@@ -10,15 +10,6 @@ from pathlib import Path
 
 import pytest
 
-import shared.control
-import shared.events.payloads
-import shared.settings
-import shared.storage
-import shared.storage.base
-import shared.storage.local
-import shared.storage.s3
-import shared.suggest
-import shared.telemetry
 import trainyard.control
 import trainyard.storage
 import trainyard.storage.base
@@ -26,30 +17,43 @@ import trainyard.storage.s3
 import trainyard.storage.settings
 import trainyard.suggest
 import trainyard.tracing
+import trainyard_platform.shared.control
+import trainyard_platform.shared.events.payloads
+import trainyard_platform.shared.settings
+import trainyard_platform.shared.storage
+import trainyard_platform.shared.storage.base
+import trainyard_platform.shared.storage.local
+import trainyard_platform.shared.storage.s3
+import trainyard_platform.shared.suggest
+import trainyard_platform.shared.telemetry
 
 
 @pytest.mark.parametrize(
     ("platform", "client"),
     [
-        (shared.control, trainyard.control),
-        (shared.storage, trainyard.storage),
-        (shared.storage.base, trainyard.storage.base),
-        (shared.storage.s3, trainyard.storage.s3),
-        (shared.suggest, trainyard.suggest),
+        (trainyard_platform.shared.control, trainyard.control),
+        (trainyard_platform.shared.storage, trainyard.storage),
+        (trainyard_platform.shared.storage.base, trainyard.storage.base),
+        (trainyard_platform.shared.storage.s3, trainyard.storage.s3),
+        (trainyard_platform.shared.suggest, trainyard.suggest),
     ],
     ids=lambda module: module.__name__,
 )
 def test_every_name_the_platform_module_exports_is_the_clients(platform, client) -> None:
-    # shared.storage also exports S3Store, which the client keeps in trainyard.storage.s3
+    # trainyard_platform.shared.storage also exports S3Store, which the client keeps in trainyard.storage.s3
     # (checked below): importing trainyard.storage must not need MinIO's client.
-    names = [n for n in platform.__all__ if not (platform is shared.storage and n == "S3Store")]
+    names = [
+        n
+        for n in platform.__all__
+        if not (platform is trainyard_platform.shared.storage and n == "S3Store")
+    ]
     assert names
     for name in names:
         assert getattr(platform, name) is getattr(client, name), name
 
 
 def test_the_control_protocol_is_whole_under_both_names() -> None:
-    """Everything ``trainyard.control`` defines at its top level, ``shared.control`` names."""
+    """Everything ``trainyard.control`` defines at its top level, ``trainyard_platform.shared.control`` names."""
     tree = ast.parse(Path(trainyard.control.__file__).read_text())
     defined: set[str] = set()
     for node in tree.body:
@@ -61,13 +65,18 @@ def test_the_control_protocol_is_whole_under_both_names() -> None:
             defined.add(node.target.id)
     public = {name for name in defined if not name.startswith("_")}
     assert "JobRuntimeEnv" in public
-    assert public == set(shared.control.__all__)
+    assert public == set(trainyard_platform.shared.control.__all__)
 
 
 def test_the_shared_models_and_helpers_are_one_object() -> None:
-    assert shared.events.payloads.CheckpointRef is trainyard.control.CheckpointRef
-    assert shared.events.payloads.HyperValue is trainyard.control.HyperValue
-    assert shared.settings.StorageSettings is trainyard.storage.settings.StorageSettings
-    assert shared.storage.local.LocalStore is trainyard.storage.LocalStore
-    assert shared.storage.S3Store is trainyard.storage.s3.S3Store
-    assert shared.telemetry.inject is trainyard.tracing.inject
+    assert (
+        trainyard_platform.shared.events.payloads.CheckpointRef is trainyard.control.CheckpointRef
+    )
+    assert trainyard_platform.shared.events.payloads.HyperValue is trainyard.control.HyperValue
+    assert (
+        trainyard_platform.shared.settings.StorageSettings
+        is trainyard.storage.settings.StorageSettings
+    )
+    assert trainyard_platform.shared.storage.local.LocalStore is trainyard.storage.LocalStore
+    assert trainyard_platform.shared.storage.S3Store is trainyard.storage.s3.S3Store
+    assert trainyard_platform.shared.telemetry.inject is trainyard.tracing.inject

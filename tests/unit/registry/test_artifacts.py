@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from services.registry import artifacts
-from services.registry.artifacts import (
+from trainyard_platform.services.registry import artifacts
+from trainyard_platform.services.registry.artifacts import (
     ArtifactCorrupt,
     ArtifactMismatch,
     Digest,
     SourceOutsideStore,
 )
-from shared.storage import LocalStore
+from trainyard_platform.shared.storage import LocalStore
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from services.registry.collector_plan import (
+from trainyard_platform.services.registry.collector_plan import (
     Recorded,
     References,
     checkpoint_folder,

@@ -6,10 +6,20 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from services.registry import domain
-from services.registry.domain import ModelVersion, NoArtifact, RecordedCheckpoint, Run
-from services.registry.schemas import VersionDetail, VersionSummary
-from shared.events.payloads import CheckpointRef, Environment, JobSpec, JobStarted
+from trainyard_platform.services.registry import domain
+from trainyard_platform.services.registry.domain import (
+    ModelVersion,
+    NoArtifact,
+    RecordedCheckpoint,
+    Run,
+)
+from trainyard_platform.services.registry.schemas import VersionDetail, VersionSummary
+from trainyard_platform.shared.events.payloads import (
+    CheckpointRef,
+    Environment,
+    JobSpec,
+    JobStarted,
+)
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 SPEC = JobSpec(

@@ -9,8 +9,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from services.registry import metrics
-from services.registry.metrics import Point, bucket_count, bucket_width, downsample, metric_goal
+from trainyard_platform.services.registry import metrics
+from trainyard_platform.services.registry.metrics import (
+    Point,
+    bucket_count,
+    bucket_width,
+    downsample,
+    metric_goal,
+)
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 NAN, INF = float("nan"), float("inf")

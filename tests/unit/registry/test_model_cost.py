@@ -11,7 +11,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from services.registry.model_cost import exact, money
+from trainyard_platform.services.registry.model_cost import exact, money
 
 MICROS_BELOW_A_BILLION = 10**15 - 1
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.registry import names
-from shared.http_errors import RequestInvalid
-from shared.storage import validate_key
+from trainyard_platform.services.registry import names
+from trainyard_platform.shared.http_errors import RequestInvalid
+from trainyard_platform.shared.storage import validate_key
 
 HOSTILE = [
     "..",

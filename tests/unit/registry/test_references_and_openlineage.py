@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from services.registry import lineage, references
-from services.registry.lineage import Graph, Node
-from services.registry.lineage_repository import JobFacts
-from services.registry.references import Reference
+from trainyard_platform.services.registry import lineage, references
+from trainyard_platform.services.registry.lineage import Graph, Node
+from trainyard_platform.services.registry.lineage_repository import JobFacts
+from trainyard_platform.services.registry.references import Reference
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 

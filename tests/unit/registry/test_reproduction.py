@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from services.registry.reproduction import (
+from trainyard_platform.services.registry.reproduction import (
     RELATIVE_TOLERANCE,
     DatasetInput,
     Outcome,
@@ -18,7 +18,7 @@ from services.registry.reproduction import (
     packages_sha256,
     relative_difference,
 )
-from shared.events.payloads import CodeBundle, Environment, JobSpec
+from trainyard_platform.shared.events.payloads import CodeBundle, Environment, JobSpec
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64

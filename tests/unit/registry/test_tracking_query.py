@@ -6,10 +6,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from services.registry.tracking_query import differing, parse_filter, parse_sort
-from services.registry.tracking_repository import RunFilter, RunOrder
-from services.registry.tracking_schemas import Run
-from shared.http_errors import RequestInvalid
+from trainyard_platform.services.registry.tracking_query import differing, parse_filter, parse_sort
+from trainyard_platform.services.registry.tracking_repository import RunFilter, RunOrder
+from trainyard_platform.services.registry.tracking_schemas import Run
+from trainyard_platform.shared.http_errors import RequestInvalid
 
 
 def test_sort_defaults_to_the_better_end_first() -> None:

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from services.runner.checkpoints import (
+from trainyard_platform.services.runner.checkpoints import (
     StagedCheckpointInvalid,
     apply_retention,
     commit_staged,
     complete_folders,
     stage_resume,
 )
-from shared.storage import LocalStore
+from trainyard_platform.shared.storage import LocalStore
 
 
 def stage(staging: Path, step: int, data: bytes = b"weights", **overrides: object) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from services.runner.__main__ import main
-from services.runner.config import Settings, default_node_id
+from trainyard_platform.services.runner.__main__ import main
+from trainyard_platform.services.runner.config import Settings, default_node_id
 
 
 @pytest.fixture(autouse=True)
@@ -64,6 +64,6 @@ def test_the_cli_overrides_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
         seen.append(settings)
         return 0
 
-    monkeypatch.setattr("services.runner.__main__.serve", fake_serve)
+    monkeypatch.setattr("trainyard_platform.services.runner.__main__.serve", fake_serve)
     assert main(["--virtual-gpus", "2", "--node-id", "n-1", "--gpu-flavor", "h200"]) == 0
     assert (seen[0].virtual_gpus, seen[0].node_id, seen[0].gpu_flavor) == (2, "n-1", "h200")

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from services.runner import domain
-from services.runner.domain import (
+from trainyard_platform.services.runner import domain
+from trainyard_platform.services.runner.domain import (
     AllocationState,
     IllegalTransition,
     JobIdentity,
@@ -18,8 +18,8 @@ from services.runner.domain import (
     ProgressThrottle,
     StopRequest,
 )
-from shared.control import CheckpointMessage, MetricsMessage, parse_control_line
-from shared.events.payloads import (
+from trainyard_platform.shared.control import CheckpointMessage, MetricsMessage, parse_control_line
+from trainyard_platform.shared.events.payloads import (
     CheckpointRef,
     CheckpointSaved,
     JobFailed,

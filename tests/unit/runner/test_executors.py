@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.runner.executors import (
+from trainyard_platform.services.runner.executors import (
     ContainerExecutor,
     Executor,
     LaunchRequest,

@@ -8,8 +8,13 @@ import types
 
 import pytest
 
-from services.runner import gpus
-from services.runner.gpus import GpuInventory, GpuUsage, discover_gpus, virtual_inventory
+from trainyard_platform.services.runner import gpus
+from trainyard_platform.services.runner.gpus import (
+    GpuInventory,
+    GpuUsage,
+    discover_gpus,
+    virtual_inventory,
+)
 
 
 def test_virtual_gpus_are_named_and_counted() -> None:

@@ -6,9 +6,9 @@ import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
-from services.runner.publishing import JobEvents
-from shared.events import Envelope, Payload
-from shared.events.payloads import JobMetrics, JobProgress, MetricPoint
+from trainyard_platform.services.runner.publishing import JobEvents
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import JobMetrics, JobProgress, MetricPoint
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

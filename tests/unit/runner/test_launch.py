@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from services.runner import launch
-from services.runner.environments import JobEnvironment
-from services.runner.gpus import GpuInventory, virtual_inventory
-from services.runner.sandbox import JobUser, Sandbox
-from shared.control import JobRuntimeEnv
-from shared.events.payloads import AllocationGranted, GangMember, JobSpec
+from trainyard_platform.services.runner import launch
+from trainyard_platform.services.runner.environments import JobEnvironment
+from trainyard_platform.services.runner.gpus import GpuInventory, virtual_inventory
+from trainyard_platform.services.runner.sandbox import JobUser, Sandbox
+from trainyard_platform.shared.control import JobRuntimeEnv
+from trainyard_platform.shared.events.payloads import AllocationGranted, GangMember, JobSpec
 
 GRANT = AllocationGranted(
     allocation_id="alloc-1",

@@ -9,8 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from services.runner.domain import AllocationState, IllegalTransition, JobIdentity
-from services.runner.ledger import Ledger, safe_file_name
+from trainyard_platform.services.runner.domain import (
+    AllocationState,
+    IllegalTransition,
+    JobIdentity,
+)
+from trainyard_platform.services.runner.ledger import Ledger, safe_file_name
 
 JOB = JobIdentity("job-1", "alloc-1", "node-a", epoch=2, attempt=1)
 

@@ -7,11 +7,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from services.runner import domain
-from services.runner.domain import JobIdentity, MetricBatcher
-from shared.control import MetricsMessage
-from shared.events import Envelope, parse_envelope
-from shared.events.payloads import MAX_METRIC_POINTS, MetricPoint
+from trainyard_platform.services.runner import domain
+from trainyard_platform.services.runner.domain import JobIdentity, MetricBatcher
+from trainyard_platform.shared.control import MetricsMessage
+from trainyard_platform.shared.events import Envelope, parse_envelope
+from trainyard_platform.shared.events.payloads import MAX_METRIC_POINTS, MetricPoint
 
 JOB = JobIdentity("job-1", "alloc-1", "node-a", epoch=4, attempt=2)
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from services.runner.gpus import GpuInventory, virtual_inventory
-from services.runner.provenance import (
+from trainyard_platform.services.runner.gpus import GpuInventory, virtual_inventory
+from trainyard_platform.services.runner.provenance import (
     capture_environment,
     code_version,
     diff_digest,

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from services.runner.sandbox import (
+from trainyard_platform.services.runner.sandbox import (
     PlatformError,
     UidsInUse,
     checkout_git,
     claim_job_uids,
     fetch_bundle,
 )
-from shared.events.payloads import CodeBundle, CodeGit
-from shared.storage import LocalStore
+from trainyard_platform.shared.events.payloads import CodeBundle, CodeGit
+from trainyard_platform.shared.storage import LocalStore
 
 
 def store_bundle(store: LocalStore, team: str, files: dict[str, bytes]) -> CodeBundle:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.runner import usage_metrics
+from trainyard_platform.services.runner import usage_metrics
 
 
 def test_idle_and_busy_gpus_of_the_sampled_jobs() -> None:

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from services.scheduler.admin_schemas import (
+from trainyard_platform.services.scheduler.admin_schemas import (
     FLAVOR_PATTERN,
     PriorityClassRequest,
     QueueRequest,
     check_name,
 )
-from shared.http_errors import RequestInvalid, parse_body
+from trainyard_platform.shared.http_errors import RequestInvalid, parse_body
 
 
 def errors(model: type[Any], body: dict[str, Any] | bytes) -> dict[str, str]:

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from services.scheduler.admission import REFUSED_PREFIX, Facts, refusal, refused
-from services.scheduler.policy.model import Queue
-from shared.events.payloads import JobSpec
+from trainyard_platform.services.scheduler.admission import REFUSED_PREFIX, Facts, refusal, refused
+from trainyard_platform.services.scheduler.policy.model import Queue
+from trainyard_platform.shared.events.payloads import JobSpec
 
 CLASSES = ("high", "low", "normal")
 

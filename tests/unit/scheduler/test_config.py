@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from services.scheduler.config import Settings
-from services.scheduler.service import tuning_from
+from trainyard_platform.services.scheduler.config import Settings
+from trainyard_platform.services.scheduler.service import tuning_from
 
 
 @pytest.fixture(autouse=True)

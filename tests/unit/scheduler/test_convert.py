@@ -6,7 +6,7 @@ import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from services.scheduler.convert import (
+from trainyard_platform.services.scheduler.convert import (
     PendingNote,
     SnapshotRows,
     build_snapshot,
@@ -17,10 +17,10 @@ from services.scheduler.convert import (
     pending_notes,
     to_epoch,
 )
-from services.scheduler.domain import Allocation, AllocationStatus
-from services.scheduler.policy.engine import schedule
-from services.scheduler.policy.model import Decisions, Explanation, PolicyConfig
-from services.scheduler.scheduling import gang_members
+from trainyard_platform.services.scheduler.domain import Allocation, AllocationStatus
+from trainyard_platform.services.scheduler.policy.engine import schedule
+from trainyard_platform.services.scheduler.policy.model import Decisions, Explanation, PolicyConfig
+from trainyard_platform.services.scheduler.scheduling import gang_members
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 HALF_LIFE = 3600.0

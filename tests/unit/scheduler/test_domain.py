@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from services.scheduler.domain import (
+from trainyard_platform.services.scheduler.domain import (
     AllocationStatus,
     EndDecision,
     Failure,

@@ -9,11 +9,16 @@ from typing import Any
 
 import pytest
 
-from services.scheduler.domain import Allocation, AllocationStatus, Job, JobStatus
-from services.scheduler.leases import Ending, fence_revocation, plan_end
-from services.scheduler.policy.model import PolicyConfig
-from services.scheduler.scheduling import Tuning
-from shared.events.payloads import (
+from trainyard_platform.services.scheduler.domain import (
+    Allocation,
+    AllocationStatus,
+    Job,
+    JobStatus,
+)
+from trainyard_platform.services.scheduler.leases import Ending, fence_revocation, plan_end
+from trainyard_platform.services.scheduler.policy.model import PolicyConfig
+from trainyard_platform.services.scheduler.scheduling import Tuning
+from trainyard_platform.shared.events.payloads import (
     AllocationReleased,
     AllocationRevoked,
     JobCancelled,

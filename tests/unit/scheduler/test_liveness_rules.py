@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from services.scheduler.domain import (
+from trainyard_platform.services.scheduler.domain import (
     IllegalTransition,
     JobStatus,
     LateSuccess,
     late_success,
 )
-from services.scheduler.node_watch import BusHearing, NodeWatch, judgment_cutoff
-from shared.bus import Hearing
+from trainyard_platform.services.scheduler.node_watch import BusHearing, NodeWatch, judgment_cutoff
+from trainyard_platform.shared.bus import Hearing
 
 T0 = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 S = timedelta(seconds=1)

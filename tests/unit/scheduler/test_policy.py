@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.policy import (
+from trainyard_platform.services.scheduler.policy import (
     NodeState,
     Placement,
     QueuedJob,

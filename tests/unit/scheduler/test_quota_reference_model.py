@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, event, given, settings, target
 from hypothesis import strategies as st
 
-from services.scheduler.policy.model import Queue
-from services.scheduler.policy.quota import QuotaBook
+from trainyard_platform.services.scheduler.policy.model import Queue
+from trainyard_platform.services.scheduler.policy.quota import QuotaBook
 
 FLAVORS = ("a100", "h100")
 

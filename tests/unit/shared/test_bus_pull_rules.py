@@ -25,8 +25,8 @@ from nats.js.errors import NotFoundError
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-import shared.bus as bus_module
-from shared.bus import (
+import trainyard_platform.shared.bus as bus_module
+from trainyard_platform.shared.bus import (
     CONSUMER_HEADER,
     REASON_HEADER,
     Bus,
@@ -37,10 +37,10 @@ from shared.bus import (
     _attrs,
     _DurablePull,
 )
-from shared.events import Envelope, Payload
-from shared.events.payloads import JobCancelRequested
-from shared.events.trust import SUBMISSION
-from shared.settings import NatsSettings
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import JobCancelRequested
+from trainyard_platform.shared.events.trust import SUBMISSION
+from trainyard_platform.shared.settings import NatsSettings
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 NATS_AWAY = "NATS unavailable (NoRespondersError: nats: no responders available for request)"
@@ -385,7 +385,7 @@ async def test_a_dead_consumers_pending_messages_hold_back_newer_ones_until_sett
     bus = make_bus(js, monkeypatch)
     js.consumers["c"] = consumer_config(16)
     js.pending = 3
-    with caplog.at_level(logging.INFO, logger="shared.bus"):
+    with caplog.at_level(logging.INFO, logger="trainyard_platform.shared.bus"):
         pull = await _DurablePull.bind(bus, consumer_config(16))
     assert [c.max_ack_pending for c in js.configs] == [16, 3]
     assert (
@@ -423,7 +423,7 @@ async def test_a_gone_consumer_is_made_again_and_its_loss_reported(
     js.unsubscribe_error = nats.errors.ConnectionClosedError()  # the old one: already gone
     js.script = [nats.js.errors.ServiceUnavailableError(), [event_msg()]]
     with (
-        caplog.at_level(logging.WARNING, logger="shared.bus"),
+        caplog.at_level(logging.WARNING, logger="trainyard_platform.shared.bus"),
         pytest.raises(ConsumerLostError, match="consumer c was gone and is made again"),
     ):
         await pull.fetch(16, timeout=0.5)
@@ -494,7 +494,7 @@ async def test_an_event_failing_at_its_last_delivery_is_dead_lettered_and_logged
     async def fail(got: Envelope[Payload]) -> None:
         raise ValueError("not yet")
 
-    with caplog.at_level(logging.WARNING, logger="shared.bus"):
+    with caplog.at_level(logging.WARNING, logger="trainyard_platform.shared.bus"):
         await consume(bus, js, fail)
     assert before_last.told == [("nak", 4.0)]
     assert last.told == [("term", None)]
@@ -755,7 +755,7 @@ async def test_a_lost_acknowledgement_is_logged_and_the_consumer_goes_on(
     msg.metadata.sequence.stream = 7
     msg.ack_error = nats.errors.ConnectionClosedError()
     js.script = [[msg], []]
-    with caplog.at_level(logging.WARNING, logger="shared.bus"):
+    with caplog.at_level(logging.WARNING, logger="trainyard_platform.shared.bus"):
         await consume(bus, js)
     assert "ack of message 7 lost: nats: connection closed" in caplog.messages
 

@@ -24,8 +24,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from pydantic import SecretStr
 from urllib3 import HTTPResponse
 
-import shared.bus as bus_module
-from shared.bus import (
+import trainyard_platform.shared.bus as bus_module
+from trainyard_platform.shared.bus import (
     Bus,
     Hearing,
     StreamMissingError,
@@ -37,10 +37,10 @@ from shared.bus import (
     infrastructure_fault,
     redrive_subject,
 )
-from shared.events import Envelope, Payload
-from shared.events.payloads import JobCancelRequested
-from shared.events.trust import SUBMISSION
-from shared.settings import NatsSettings
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import JobCancelRequested
+from trainyard_platform.shared.events.trust import SUBMISSION
+from trainyard_platform.shared.settings import NatsSettings
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -261,7 +261,7 @@ async def test_an_outage_pauses_the_consumer_until_the_attempt_succeeds(
             raise ConnectionRefusedError(111, "refused")
         return "done"
 
-    with caplog.at_level(logging.INFO, logger="shared.bus"):
+    with caplog.at_level(logging.INFO, logger="trainyard_platform.shared.bus"):
         assert await quick_bus._through_outages("c", attempt, asyncio.Event()) == "done"
     fault = "unreachable or timed out (ConnectionRefusedError: [Errno 111] refused)"
     assert seen == [{}, {"c": fault}, {"c": fault}]
@@ -269,13 +269,13 @@ async def test_an_outage_pauses_the_consumer_until_the_attempt_succeeds(
     assert quick_bus.paused == {}
     assert metric(reader, "trainyard.consumer.paused") == 0
     assert metric(reader, "trainyard.consumer.outage_retries") == 2
-    messages = [r.getMessage() for r in caplog.records if r.name == "shared.bus"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "trainyard_platform.shared.bus"]
     assert messages[0] == f"c: paused, waiting out an outage: {fault}"
     assert messages[1] == f"c: still paused (attempt 1 failed: {fault}); next try in 0.0 s"
     assert messages[2] == f"c: still paused (attempt 2 failed: {fault}); next try in 0.0 s"
     assert messages[3].startswith("c: resumed after ") and messages[3].endswith(" and 2 retries")
     assert len(messages) == 4
-    levels = [r.levelno for r in caplog.records if r.name == "shared.bus"]
+    levels = [r.levelno for r in caplog.records if r.name == "trainyard_platform.shared.bus"]
     assert levels == [logging.WARNING, logging.INFO, logging.INFO, logging.WARNING]
 
 
@@ -293,9 +293,9 @@ async def test_an_attempt_that_succeeds_at_once_pauses_and_logs_nothing(
     async def attempt() -> int:
         return 7
 
-    with caplog.at_level(logging.INFO, logger="shared.bus"):
+    with caplog.at_level(logging.INFO, logger="trainyard_platform.shared.bus"):
         assert await quick_bus._through_outages("c", attempt, asyncio.Event()) == 7
-    assert [r for r in caplog.records if r.name == "shared.bus"] == []
+    assert [r for r in caplog.records if r.name == "trainyard_platform.shared.bus"] == []
     assert metric(reader, "trainyard.consumer.outage_retries") == 0
 
 

@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from shared.events import EVENT_TYPES, Envelope, EventParseError, parse_envelope
-from shared.events.envelope import EventSchemaSettings, schema_uri
-from shared.events.payloads import JobSpec, JobSubmitted
+from trainyard_platform.shared.events import EVENT_TYPES, Envelope, EventParseError, parse_envelope
+from trainyard_platform.shared.events.envelope import EventSchemaSettings, schema_uri
+from trainyard_platform.shared.events.payloads import JobSpec, JobSubmitted
 
 SPEC = JobSpec(
     name="n",
@@ -115,7 +115,7 @@ def test_every_type_is_versioned() -> None:
 
 
 def test_non_finite_metrics_survive_the_wire() -> None:
-    from shared.events.payloads import JobProgress
+    from trainyard_platform.shared.events.payloads import JobProgress
 
     env = Envelope.wrap(
         JobProgress(
@@ -133,7 +133,7 @@ def test_non_finite_metrics_survive_the_wire() -> None:
 def test_non_finite_floats_are_strings_on_the_wire() -> None:
     """Bare NaN is not JSON: a strict parser (json.loads refusing the constants, as Node's
     JSON.parse does) reads every event, and the strings come back as floats."""
-    from shared.events.payloads import JobMetrics, MetricPoint
+    from trainyard_platform.shared.events.payloads import JobMetrics, MetricPoint
 
     def strict(token: str) -> None:
         raise AssertionError(f"bare {token} on the wire")

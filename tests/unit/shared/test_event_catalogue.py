@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from shared.events import EVENT_TYPES
+from trainyard_platform.shared.events import EVENT_TYPES
 
 CATALOGUE = Path(__file__).parents[3] / "docs" / "events.md"
 

@@ -24,12 +24,17 @@ from jsonschema import Draft202012Validator, FormatChecker
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
-from shared.events import EVENT_TYPES, Envelope, Payload, parse_envelope
-from shared.events.envelope import DEFAULT_SCHEMA_BASE
-from shared.events.payloads import JobMetrics, JobProgress, MetricPoint
-from shared.events.schemas import DOCS, ENVELOPE_SCHEMA, asyncapi_document, differences
-from shared.events.trust import ALLOWED_SOURCES, routing_key_of
 from tests.integration.test_forged_events import SAMPLES, sample
+from trainyard_platform.shared.events import EVENT_TYPES, Envelope, Payload, parse_envelope
+from trainyard_platform.shared.events.envelope import DEFAULT_SCHEMA_BASE
+from trainyard_platform.shared.events.payloads import JobMetrics, JobProgress, MetricPoint
+from trainyard_platform.shared.events.schemas import (
+    DOCS,
+    ENVELOPE_SCHEMA,
+    asyncapi_document,
+    differences,
+)
+from trainyard_platform.shared.events.trust import ALLOWED_SOURCES, routing_key_of
 
 BASELINE = Path(__file__).parent / "event_schemas_baseline"
 
@@ -68,8 +73,8 @@ def schema_of(event_type: str) -> dict[str, Any]:
 
 
 def test_the_committed_files_are_what_the_models_generate() -> None:
-    """Run ``python -m shared.events.schemas --write`` after changing a payload model."""
-    assert differences() == [], "run: python -m shared.events.schemas --write"
+    """Run ``python -m trainyard_platform.shared.events.schemas --write`` after changing a payload model."""
+    assert differences() == [], "run: python -m trainyard_platform.shared.events.schemas --write"
 
 
 def test_every_schema_is_a_valid_2020_12_schema_named_by_its_dataschema() -> None:

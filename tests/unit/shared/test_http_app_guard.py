@@ -13,7 +13,7 @@ from litestar.handlers import BaseRouteHandler
 from litestar.routes import HTTPRoute
 from litestar.testing import TestClient
 
-from shared.http_app import service_app
+from trainyard_platform.shared.http_app import service_app
 
 calls: list[str] = []
 

@@ -11,10 +11,10 @@ from litestar import get, post
 from litestar.testing import TestClient
 from pydantic import SecretStr, ValidationError
 
-from services.scheduler.config import Settings as SchedulerSettings
-from shared.access import needs, service_guard
-from shared.http_app import service_app
-from shared.identity import Principal, Role
+from trainyard_platform.services.scheduler.config import Settings as SchedulerSettings
+from trainyard_platform.shared.access import needs, service_guard
+from trainyard_platform.shared.http_app import service_app
+from trainyard_platform.shared.identity import Principal, Role
 
 TOKEN = "the-operator-token"
 DASHBOARD = "http://127.0.0.1:8080"

@@ -12,7 +12,7 @@ from litestar.params import FromQuery
 from litestar.testing import TestClient
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from shared.http_errors import RequestInvalid, exception_handlers, parse_body
+from trainyard_platform.shared.http_errors import RequestInvalid, exception_handlers, parse_body
 
 
 class Missing(Exception):

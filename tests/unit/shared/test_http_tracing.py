@@ -13,11 +13,11 @@ from litestar.testing import TestClient
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.access import is_open_probe
-from shared.http_app import service_app
-from shared.metrics import setup_metrics
-from shared.runtime import ServiceRuntime
-from shared.settings import ServiceSettings
+from trainyard_platform.shared.access import is_open_probe
+from trainyard_platform.shared.http_app import service_app
+from trainyard_platform.shared.metrics import setup_metrics
+from trainyard_platform.shared.runtime import ServiceRuntime
+from trainyard_platform.shared.settings import ServiceSettings
 
 
 @get("/v1/things/{thing_id:str}", sync_to_thread=False)

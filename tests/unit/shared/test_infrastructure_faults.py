@@ -12,7 +12,7 @@ from minio.error import S3Error, ServerError
 from pydantic import BaseModel, ValidationError
 from urllib3 import HTTPResponse
 
-from shared.bus import Reject, infrastructure_fault
+from trainyard_platform.shared.bus import Reject, infrastructure_fault
 
 
 def _s3_error(code: str) -> S3Error:

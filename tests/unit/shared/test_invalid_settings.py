@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.billing.config import Settings
-from services.runner.__main__ import main as runner_main
-from shared.runtime import serve_from_command_line
+from trainyard_platform.services.billing.config import Settings
+from trainyard_platform.services.runner.__main__ import main as runner_main
+from trainyard_platform.shared.runtime import serve_from_command_line
 
 
 async def _must_not_serve(_: Settings) -> int:

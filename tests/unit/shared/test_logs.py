@@ -8,8 +8,8 @@ import logging
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from shared.logs import JsonFormatter, TextFormatter
-from shared.settings import ServiceSettings
+from trainyard_platform.shared.logs import JsonFormatter, TextFormatter
+from trainyard_platform.shared.settings import ServiceSettings
 
 _tracer = TracerProvider().get_tracer("test")
 

@@ -6,8 +6,8 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from shared.metrics import CATALOGUE, MetricSpec
-from shared.metrics_sampler import Readings, Sampler
+from trainyard_platform.shared.metrics import CATALOGUE, MetricSpec
+from trainyard_platform.shared.metrics_sampler import Readings, Sampler
 
 
 def _points(reader: InMemoryMetricReader, name: str) -> dict[tuple[tuple[str, str], ...], float]:

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.db import migration_files
+from trainyard_platform.shared.db import migration_files
 
 
 def test_files_are_ordered(tmp_path: Path) -> None:

@@ -10,9 +10,9 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-from shared.runtime import serve_from_command_line
-from shared.settings import ServiceSettings
-from shared.telemetry import OtelExportSettings, service_resource, span_exporters
+from trainyard_platform.shared.runtime import serve_from_command_line
+from trainyard_platform.shared.settings import ServiceSettings
+from trainyard_platform.shared.telemetry import OtelExportSettings, service_resource, span_exporters
 
 _STANDARD = (
     "OTEL_SERVICE_NAME",

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
-from shared.otlp_encoding import encode_request
+from trainyard_platform.shared.otlp_encoding import encode_request
 
 VALUES: dict[str, object] = {
     "text": "nats",
@@ -55,7 +55,9 @@ def _spans() -> list[ReadableSpan]:
         trace_state=TraceState([("vendor", "v1"), ("other", "x")]),
     )
     for provider in providers:
-        bus = provider.get_tracer("shared.bus", "1.0", schema_url="https://example/schema")
+        bus = provider.get_tracer(
+            "trainyard_platform.shared.bus", "1.0", schema_url="https://example/schema"
+        )
         db = provider.get_tracer("opentelemetry.instrumentation.asyncpg")
         parent = trace.set_span_in_context(trace.NonRecordingSpan(remote))
         with bus.start_as_current_span(

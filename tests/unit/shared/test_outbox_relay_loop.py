@@ -21,10 +21,10 @@ import asyncpg
 import pytest
 from nats.errors import ConnectionClosedError
 
-from shared import outbox
-from shared.bus import StreamMissingError
-from shared.outbox import OutboxRelay, _log_failure
-from shared.settings import NatsSettings
+from trainyard_platform.shared import outbox
+from trainyard_platform.shared.bus import StreamMissingError
+from trainyard_platform.shared.outbox import OutboxRelay, _log_failure
+from trainyard_platform.shared.settings import NatsSettings
 
 
 @dataclass
@@ -208,9 +208,9 @@ async def test_an_error_in_the_loop_is_logged_never_raised(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     relay = Scripted([RuntimeError("a bug")], idle_poll_s=0.25)
-    with caplog.at_level(logging.WARNING, logger="shared.outbox"):
+    with caplog.at_level(logging.WARNING, logger="trainyard_platform.shared.outbox"):
         await run(relay)
-    records = [r for r in caplog.records if r.name == "shared.outbox"]
+    records = [r for r in caplog.records if r.name == "trainyard_platform.shared.outbox"]
     assert [(r.levelno, r.getMessage()) for r in records] == [
         (logging.ERROR, "outbox relay failed; retrying in 0.2s")
     ]
@@ -239,7 +239,7 @@ async def test_an_error_in_the_loop_is_logged_never_raised(
 def test_an_outage_is_a_warning_of_one_line(
     caplog: pytest.LogCaptureFixture, error: Exception, said: str
 ) -> None:
-    with caplog.at_level(logging.DEBUG, logger="shared.outbox"):
+    with caplog.at_level(logging.DEBUG, logger="trainyard_platform.shared.outbox"):
         _log_failure(error, 1.5)
     [record] = caplog.records
     assert (record.levelno, record.getMessage(), record.exc_info) == (logging.WARNING, said, None)
@@ -247,7 +247,7 @@ def test_an_outage_is_a_warning_of_one_line(
 
 def test_anything_else_is_an_error_with_its_traceback(caplog: pytest.LogCaptureFixture) -> None:
     error = KeyError("seq")
-    with caplog.at_level(logging.DEBUG, logger="shared.outbox"):
+    with caplog.at_level(logging.DEBUG, logger="trainyard_platform.shared.outbox"):
         _log_failure(error, 2.25)
     [record] = caplog.records
     assert record.levelno == logging.ERROR
@@ -262,9 +262,9 @@ async def test_parked_rows_are_reported_when_the_relay_starts(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     relay = Scripted([], parked=3)
-    with caplog.at_level(logging.INFO, logger="shared.outbox"):
+    with caplog.at_level(logging.INFO, logger="trainyard_platform.shared.outbox"):
         await run(relay)
-    records = [r for r in caplog.records if r.name == "shared.outbox"]
+    records = [r for r in caplog.records if r.name == "trainyard_platform.shared.outbox"]
     assert [(r.levelno, r.getMessage()) for r in records] == [
         (
             logging.WARNING,
@@ -280,9 +280,9 @@ async def test_no_parked_rows_or_no_database_at_start_says_nothing(
     caplog: pytest.LogCaptureFixture, parked: int | BaseException
 ) -> None:
     relay = Scripted([1], parked=parked)
-    with caplog.at_level(logging.INFO, logger="shared.outbox"):
+    with caplog.at_level(logging.INFO, logger="trainyard_platform.shared.outbox"):
         await run(relay)
-    assert [r for r in caplog.records if r.name == "shared.outbox"] == []
+    assert [r for r in caplog.records if r.name == "trainyard_platform.shared.outbox"] == []
     assert relay.steps[:2] == ["check", "relay: 1"]  # it started all the same
 
 
@@ -303,9 +303,9 @@ async def test_a_failed_final_flush_is_logged_and_the_relay_returns(
         raise ConnectionRefusedError(111, "refused")
 
     relay.relay_once = relay_once  # type: ignore[method-assign]
-    with caplog.at_level(logging.INFO, logger="shared.outbox"):
+    with caplog.at_level(logging.INFO, logger="trainyard_platform.shared.outbox"):
         await run(relay)
-    records = [r for r in caplog.records if r.name == "shared.outbox"]
+    records = [r for r in caplog.records if r.name == "trainyard_platform.shared.outbox"]
     assert [(r.levelno, r.getMessage()) for r in records] == [
         (logging.WARNING, "outbox relay: final flush stopped: [Errno 111] refused")
     ]
@@ -430,9 +430,9 @@ async def test_an_outage_in_the_loop_is_a_warning_naming_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     relay = Scripted([OSError("PostgreSQL is down")], idle_poll_s=0.25)
-    with caplog.at_level(logging.WARNING, logger="shared.outbox"):
+    with caplog.at_level(logging.WARNING, logger="trainyard_platform.shared.outbox"):
         await run(relay)
-    records = [r for r in caplog.records if r.name == "shared.outbox"]
+    records = [r for r in caplog.records if r.name == "trainyard_platform.shared.outbox"]
     assert [(r.levelno, r.getMessage()) for r in records] == [
         (logging.WARNING, "outbox relay: PostgreSQL is down; retrying in 0.2s")
     ]

@@ -13,7 +13,13 @@ from nats.errors import BadSubjectError, MaxPayloadError
 from nats.errors import Error as NatsError
 from nats.js.errors import APIError
 
-from shared.outbox import DEFAULT_MAX_PAYLOAD, OutboxRelay, _headers, _Message, permanent_failure
+from trainyard_platform.shared.outbox import (
+    DEFAULT_MAX_PAYLOAD,
+    OutboxRelay,
+    _headers,
+    _Message,
+    permanent_failure,
+)
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.suggest import closest, unknown_field
+from trainyard_platform.shared.suggest import closest, unknown_field
 
 FIELDS = ["name", "gpus", "gpu_flavor", "hyperparameters", "max_restarts", "seed", "labels"]
 

@@ -15,10 +15,10 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-import shared.telemetry as telemetry
-from deploy.local.ports import free_port
-from shared.runtime import ServiceRuntime
-from shared.settings import ServiceSettings
+import trainyard_platform.shared.telemetry as telemetry
+from trainyard_platform.deploy.local.ports import free_port
+from trainyard_platform.shared.runtime import ServiceRuntime
+from trainyard_platform.shared.settings import ServiceSettings
 
 
 def _provider() -> tuple[TracerProvider, InMemorySpanExporter]:

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from shared.events import EVENT_TYPES
-from shared.events.payloads import AllocationGranted, CostRecorded, JobFailed, RunnerHeartbeat
-from shared.events.trust import (
+from trainyard_platform.shared.events import EVENT_TYPES
+from trainyard_platform.shared.events.payloads import (
+    AllocationGranted,
+    CostRecorded,
+    JobFailed,
+    RunnerHeartbeat,
+)
+from trainyard_platform.shared.events.trust import (
     BILLING,
     RUNNER,
     SCHEDULER,

@@ -13,8 +13,8 @@ from bench.simulator.las import LasConfig, TiresiasLas
 from bench.simulator.maxmin import max_min_fair, water_fill
 from bench.simulator.srtf import SrtfOracle
 from bench.simulator.trace import TraceJob
-from services.scheduler.policy.model import Decisions, Snapshot
 from tests.unit.simulator.helpers import job, run
+from trainyard_platform.services.scheduler.policy.model import Decisions, Snapshot
 
 NEVER = SimConfig(checkpoint_s=math.inf, grace_s=0.0)
 

@@ -12,8 +12,13 @@ from hypothesis import strategies as st
 
 from bench.simulator.engine import Policy, SimConfig, SimulationError
 from bench.simulator.policies import fifo
-from services.scheduler.policy.model import Decisions, Placement, Preemption, Snapshot
 from tests.unit.simulator.helpers import job, run
+from trainyard_platform.services.scheduler.policy.model import (
+    Decisions,
+    Placement,
+    Preemption,
+    Snapshot,
+)
 
 NEVER = SimConfig(checkpoint_s=math.inf, grace_s=0.0)
 

@@ -7,8 +7,8 @@ import random
 from bench.simulator.cluster import FLAVOR
 from bench.simulator.engine import SimConfig
 from bench.simulator.policies import fifo, ours, team_queues
-from services.scheduler.policy.model import PolicyConfig
 from tests.unit.simulator.helpers import job, run
+from trainyard_platform.services.scheduler.policy.model import PolicyConfig
 
 
 def test_team_quotas_are_equal_to_a_gpu_and_sum_to_the_cluster() -> None:

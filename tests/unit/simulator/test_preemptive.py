@@ -5,7 +5,12 @@ from __future__ import annotations
 from bench.simulator import gangs
 from bench.simulator.cluster import FLAVOR
 from bench.simulator.preemptive import PreemptivePass
-from services.scheduler.policy.model import Node, PendingJob, RunningJob, Snapshot
+from trainyard_platform.services.scheduler.policy.model import (
+    Node,
+    PendingJob,
+    RunningJob,
+    Snapshot,
+)
 
 
 def _running(job_id: str, node: str, gpus: int, notice: float | None = None) -> RunningJob:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from shared.events.payloads import (
+from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     CheckpointRef,
     CheckpointSaved,

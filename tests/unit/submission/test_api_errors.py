@@ -10,9 +10,9 @@ import asyncpg
 import pytest
 from litestar.testing import TestClient
 
-from services.submission.api import AppDeps, create_app
-from services.submission.config import Settings
-from shared.storage import LocalStore
+from trainyard_platform.services.submission.api import AppDeps, create_app
+from trainyard_platform.services.submission.config import Settings
+from trainyard_platform.shared.storage import LocalStore
 
 
 class BrokenPool(asyncpg.Pool):  # type: ignore[misc]

@@ -11,10 +11,10 @@ import pytest
 from litestar.testing import TestClient
 from pydantic import SecretStr
 
-from services.submission.config import Settings
-from services.submission.dashboard import WEB, dashboard_routes
-from shared.access import service_guard
-from shared.http_app import service_app
+from trainyard_platform.services.submission.config import Settings
+from trainyard_platform.services.submission.dashboard import WEB, dashboard_routes
+from trainyard_platform.shared.access import service_guard
+from trainyard_platform.shared.http_app import service_app
 
 REGISTRY = "http://127.0.0.1:9002"
 

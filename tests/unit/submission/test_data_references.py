@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from services.submission.schemas import parse_job_request
-from shared.http_errors import RequestInvalid
+from trainyard_platform.services.submission.schemas import parse_job_request
+from trainyard_platform.shared.http_errors import RequestInvalid
 
 GOOD: dict[str, Any] = {"name": "n", "entrypoint": "train", "gpus": 1, "gpu_flavor": "cpu"}
 HOSTILE = [

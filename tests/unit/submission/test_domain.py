@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from services.submission.domain import (
+from tests.unit.submission import factories as ev
+from trainyard_platform.services.submission.domain import (
     SCHEDULER_SOURCE,
     TERMINAL,
     TRANSITIONS,
@@ -31,8 +32,7 @@ from services.submission.domain import (
     process_ended_at,
     summarize_cost,
 )
-from shared.events.payloads import AllocationGranted, JobFailed
-from tests.unit.submission import factories as ev
+from trainyard_platform.shared.events.payloads import AllocationGranted, JobFailed
 
 S = JobStatus
 JOB = "job-1"

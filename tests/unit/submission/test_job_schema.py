@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from services.submission.jobschema import render
-from services.submission.schemas import parse_job_request
-from shared.http_errors import RequestInvalid
 from trainyard.spec import load, schema_text
+from trainyard_platform.services.submission.jobschema import render
+from trainyard_platform.services.submission.schemas import parse_job_request
+from trainyard_platform.shared.http_errors import RequestInvalid
 
 ROOT = Path(__file__).parents[3]
 FLAVORS = ["cpu", "h200"]
@@ -29,7 +29,7 @@ def test_the_committed_schema_is_the_one_the_models_give() -> None:
     committed = (ROOT / "client" / "trainyard" / "schemas" / "job.v1.json").read_text()
     assert committed == render(), (
         "client/trainyard/schemas/job.v1.json is out of date; regenerate it with "
-        "python -m services.submission.jobschema > client/trainyard/schemas/job.v1.json"
+        "python -m trainyard_platform.services.submission.jobschema > client/trainyard/schemas/job.v1.json"
     )
     assert schema_text() == committed  # what `trainyard schema` prints
 

@@ -6,7 +6,14 @@ import base64
 
 import pytest
 
-from services.submission.logs import BadCursor, ChunkRef, Cursor, LogIndex, chunk_key, page
+from trainyard_platform.services.submission.logs import (
+    BadCursor,
+    ChunkRef,
+    Cursor,
+    LogIndex,
+    chunk_key,
+    page,
+)
 
 
 def _index(*keys: str) -> LogIndex:

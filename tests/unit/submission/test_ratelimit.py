@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.submission.ratelimit import RateLimiter
+from trainyard_platform.services.submission.ratelimit import RateLimiter
 
 
 class Clock:

@@ -8,9 +8,9 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from services.submission.reproduce import ReproduceRequest, reproduction_body
-from services.submission.schemas import parse_job_request
-from shared.events.payloads import CodeBundle, JobSpec
+from trainyard_platform.services.submission.reproduce import ReproduceRequest, reproduction_body
+from trainyard_platform.services.submission.schemas import parse_job_request
+from trainyard_platform.shared.events.payloads import CodeBundle, JobSpec
 
 ORIGINAL = JobSpec(
     name="digits",

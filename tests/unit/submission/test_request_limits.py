@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from services.submission.api import _JOB_FREE_TEXT, JSON_BODY_MAX_BYTES
-from services.submission.schemas import parse_job_request
-from shared.events import Envelope
-from shared.events.payloads import JobSubmitted
-from shared.http_errors import MAX_JSON_DEPTH, RequestInvalid, check_json
-from shared.outbox import DEFAULT_MAX_PAYLOAD
+from trainyard_platform.services.submission.api import _JOB_FREE_TEXT, JSON_BODY_MAX_BYTES
+from trainyard_platform.services.submission.schemas import parse_job_request
+from trainyard_platform.shared.events import Envelope
+from trainyard_platform.shared.events.payloads import JobSubmitted
+from trainyard_platform.shared.http_errors import MAX_JSON_DEPTH, RequestInvalid, check_json
+from trainyard_platform.shared.outbox import DEFAULT_MAX_PAYLOAD
 
 FLAVORS = ["cpu", "h200"]
 BASE: dict[str, Any] = {"name": "n", "entrypoint": "m", "gpus": 1, "gpu_flavor": "cpu"}

@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from services.submission.config import DEFAULT_FLAVORS
-from services.submission.schemas import (
+from trainyard_platform.services.submission.config import DEFAULT_FLAVORS
+from trainyard_platform.services.submission.schemas import (
     CreateUserRequest,
     JobRequest,
     parse_idempotency_key,
     parse_job_request,
 )
-from shared.http_errors import RequestInvalid, field_path, parse_body
+from trainyard_platform.shared.http_errors import RequestInvalid, field_path, parse_body
 
 GOOD: dict[str, Any] = {
     "name": "digits-cnn",

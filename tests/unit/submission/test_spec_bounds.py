@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from services.submission.schemas import (
+from trainyard_platform.services.submission.schemas import (
     HYPERPARAMETERS_MAX_CHARS,
     JobRequest,
     parse_job_request,
 )
-from shared.events.payloads import JobSpec
-from shared.http_errors import RequestInvalid
+from trainyard_platform.shared.events.payloads import JobSpec
+from trainyard_platform.shared.http_errors import RequestInvalid
 
 FLAVORS = ["cpu", "h200"]
 GOOD: dict[str, Any] = {"name": "n", "entrypoint": "train", "gpus": 1, "gpu_flavor": "h200"}

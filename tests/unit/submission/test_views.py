@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.submission.views import job_summary, job_view
 from tests.unit.submission.factories import at
+from trainyard_platform.services.submission.views import job_summary, job_view
 
 SPEC = {"name": "digits-cnn", "gpus": 2, "gpu_flavor": "h200", "user": "alice", "team": "ml"}
 

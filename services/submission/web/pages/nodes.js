@@ -71,7 +71,7 @@ function clusterNodes(queue) {
     stat("Nodes", `${ready} of ${nodes.length}`, "ready"),
     stat("GPUs in use", `${used} of ${total}`, total ? `${Math.round((100 * used) / total)}% allocated` : null),
     stat("Running allocations", (queue.allocations || []).length));
-  if (!nodes.length) return [summary, message("info", "No node has reported yet.", "Start a runner: python -m services.runner.")];
+  if (!nodes.length) return [summary, message("info", "No node has reported yet.", "Start a runner: python -m trainyard_platform.services.runner.")];
   return [summary, h("div", { class: "node-grid" }, nodes.map((node) => {
     const lost = node.status === "LOST";
     const usedCount = Object.keys(node.used_gpus).length;

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from services.scheduler.policy.model import (
+from trainyard_platform.services.scheduler.policy.model import (
     Node,
     PendingJob,
     PriorityClass,

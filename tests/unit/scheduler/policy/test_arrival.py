@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from services.scheduler.policy import PolicyState, decide_arrival, schedule
-from services.scheduler.policy.model import Snapshot
+from trainyard_platform.services.scheduler.policy import PolicyState, decide_arrival, schedule
+from trainyard_platform.services.scheduler.policy.model import Snapshot
 
 from .builders import HOUR, NOW, node, pending, queue, running, snap
 

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from services.scheduler.policy import schedule
-from services.scheduler.policy.model import Node, PendingJob, PolicyConfig, RunningJob
+from trainyard_platform.services.scheduler.policy import schedule
+from trainyard_platform.services.scheduler.policy.model import (
+    Node,
+    PendingJob,
+    PolicyConfig,
+    RunningJob,
+)
 
 from .builders import HOUR, NOW, node, pending, queue, running, snap
 

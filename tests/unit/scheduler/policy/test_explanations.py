@@ -3,8 +3,8 @@ when a smaller or shorter request would start now, and an estimated start."""
 
 from __future__ import annotations
 
-from services.scheduler.policy import schedule
-from services.scheduler.policy.explain import duration, names
+from trainyard_platform.services.scheduler.policy import schedule
+from trainyard_platform.services.scheduler.policy.explain import duration, names
 
 from .builders import HOUR, NOW, node, pending, queue, running, snap
 

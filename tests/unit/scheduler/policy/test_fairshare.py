@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.policy import decay_usage, schedule
-from services.scheduler.policy.fairshare import charge
-from services.scheduler.policy.model import PolicyConfig
+from trainyard_platform.services.scheduler.policy import decay_usage, schedule
+from trainyard_platform.services.scheduler.policy.fairshare import charge
+from trainyard_platform.services.scheduler.policy.model import PolicyConfig
 
 from .builders import HOUR, NOW, node, pending, queue, running, snap
 

@@ -21,9 +21,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.policy import PolicyState, schedule
-from services.scheduler.policy.incremental import Incremental
-from services.scheduler.policy.model import Node, PendingJob, PolicyConfig, RunningJob, Snapshot
+from trainyard_platform.services.scheduler.policy import PolicyState, schedule
+from trainyard_platform.services.scheduler.policy.incremental import Incremental
+from trainyard_platform.services.scheduler.policy.model import (
+    Node,
+    PendingJob,
+    PolicyConfig,
+    RunningJob,
+    Snapshot,
+)
 
 from .builders import CLASSES, HOUR, NOW, node, pending, queue, running, snap
 from .test_properties import FLAVORS, World, shuffled, worlds

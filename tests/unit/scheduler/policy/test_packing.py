@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.policy import schedule
-from services.scheduler.policy.packing import job_shapes
+from trainyard_platform.services.scheduler.policy import schedule
+from trainyard_platform.services.scheduler.policy.packing import job_shapes
 
 from .builders import node, pending, queue, running, snap
 

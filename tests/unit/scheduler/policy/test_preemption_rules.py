@@ -9,9 +9,13 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 
-from services.scheduler.policy.model import PolicyConfig, PriorityClass, RunningJob
-from services.scheduler.policy.packing import FlavorPool, NodeSlot, Shape
-from services.scheduler.policy.preemption import (
+from trainyard_platform.services.scheduler.policy.model import (
+    PolicyConfig,
+    PriorityClass,
+    RunningJob,
+)
+from trainyard_platform.services.scheduler.policy.packing import FlavorPool, NodeSlot, Shape
+from trainyard_platform.services.scheduler.policy.preemption import (
     Candidate,
     candidates_for,
     eligible,
@@ -21,7 +25,7 @@ from services.scheduler.policy.preemption import (
     victim_key,
     work_lost_s,
 )
-from services.scheduler.policy.quota import QuotaBook
+from trainyard_platform.services.scheduler.policy.quota import QuotaBook
 
 from .builders import HOUR, NOW, pending, queue, running
 

@@ -30,8 +30,9 @@ from typing import TypeVar
 from hypothesis import HealthCheck, event, given, settings, target
 from hypothesis import strategies as st
 
-from services.scheduler.policy import schedule
-from services.scheduler.policy.model import (
+from tests.unit.scheduler.test_quota_reference_model import Reference
+from trainyard_platform.services.scheduler.policy import schedule
+from trainyard_platform.services.scheduler.policy.model import (
     DEFAULT_PRIORITY,
     Decisions,
     Node,
@@ -41,7 +42,6 @@ from services.scheduler.policy.model import (
     RunningJob,
     Snapshot,
 )
-from tests.unit.scheduler.test_quota_reference_model import Reference
 
 from .builders import CLASSES
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.scheduler.policy import schedule
-from services.scheduler.policy.quota import QuotaBook
+from trainyard_platform.services.scheduler.policy import schedule
+from trainyard_platform.services.scheduler.policy.quota import QuotaBook
 
 from .builders import node, pending, queue, running, snap
 

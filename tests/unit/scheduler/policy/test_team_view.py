@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.policy.reasons import _as_seen_by
+from trainyard_platform.services.scheduler.policy.reasons import _as_seen_by
 
 TEAM_OF = {"j1": "team-a", "j2": "team-b", "job": "team-b", "expected": "team-c", "3.5": "team-b"}
 WORDS = st.sampled_from(
