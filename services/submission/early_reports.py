@@ -28,8 +28,10 @@ Contract (inside the handler's transaction, the job's row locked):
   good (``Reject``: dead-lettered with the reason, where an operator can redrive it), so a
   runner that reports allocations that will never be granted cannot grow the table without
   bound. In a real loss a job's reports waiting at once are a few per allocation.
-- ``forget_ended`` deletes a job's kept reports once the job is terminal (nothing moves it
-  any more), so the table holds only reports of jobs still under way (one whose grant never
+- A job's kept reports are deleted when the job ends (nothing moves it any more), by the
+  statement that writes its terminal status (``repository.set_finished``, the only write of
+  one in this service), so every path to an end forgets them, not only the events that end
+  a job today. The table holds only reports of jobs still under way (one whose grant never
   comes, e.g. aged out of the stream, stays until then).
 """
 
@@ -41,7 +43,6 @@ import asyncpg
 
 from trainyard_platform.services.submission.domain import (
     SCHEDULER_SOURCE,
-    TERMINAL,
     JobStatus,
     LifecycleEvent,
 )
@@ -125,13 +126,3 @@ async def take(conn: asyncpg.Connection, allocation_id: str) -> list[Envelope[Pa
         "DELETE FROM early_reports WHERE allocation_id = $1 RETURNING seq, event", allocation_id
     )
     return [parse_envelope(bytes(r["event"])) for r in sorted(rows, key=lambda r: r["seq"])]
-
-
-async def forget_ended(conn: asyncpg.Connection, job_id: str) -> None:
-    """Delete the reports kept for ``job_id`` if the job is terminal."""
-    await conn.execute(
-        "DELETE FROM early_reports e USING jobs j "
-        "WHERE e.job_id = $1 AND j.id = e.job_id AND j.status = ANY($2::text[])",
-        job_id,
-        [str(s) for s in TERMINAL],
-    )

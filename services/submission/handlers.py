@@ -14,7 +14,8 @@ A runner's report that comes before what it follows (its allocation's grant; for
 ``job.succeeded``, the allocation's ``job.started``) is kept (``early_reports``) and judged
 right after that arrives: after NATS lost its store the new stream does not keep that order,
 and a report ignored then would be lost for good (saying it again is a duplicate the stream
-drops).
+drops). The kept reports of a job go when it ends, in the statement that writes its terminal
+status (``repository.set_finished``, the only one that does), whichever event ended it.
 """
 
 from __future__ import annotations
@@ -137,8 +138,6 @@ async def _lifecycle(
         for kept in await early_reports.take(conn, event.allocation_id):
             log.info("job %s: judging %s (%s), which waited", event.job_id, kept.type, kept.id)
             await dispatch(kept, conn)
-    if isinstance(event, JobSucceeded | JobFailed | JobCancelled):
-        await early_reports.forget_ended(conn, event.job_id)
 
 
 async def _judged(

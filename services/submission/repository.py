@@ -13,6 +13,7 @@ from typing import Any
 
 import asyncpg
 
+from trainyard_platform.services.submission.domain import TERMINAL, JobStatus
 from trainyard_platform.services.submission.governance import screening_unchanged
 
 # --- jobs, as users see them (always scoped by team) ---------------------------------
@@ -444,11 +445,20 @@ async def set_finished(
     finished_at: datetime,
     failure: dict[str, Any] | None,
 ) -> None:
+    """End the job: its terminal ``status`` (``ValueError`` for any other), when it
+    finished, and ``failure`` if given. Every write of a terminal status in this service is
+    this one, so it also deletes the runner reports the job kept waiting
+    (``early_reports``): nothing moves an ended job any more, whatever path ended it, and
+    the same statement does it (no extra round trip)."""
+    if JobStatus(status) not in TERMINAL:
+        raise ValueError(f"set_finished with {status}, which does not end a job")
     await conn.execute(
         # coalesce: a FAILED job turned CANCELLED keeps when and how its process ended.
-        """UPDATE jobs SET status = $2, finished_at = coalesce(finished_at, $3),
-                          failure = coalesce($4, failure), updated_at = clock_timestamp()
-           WHERE id = $1""",
+        """WITH ended AS (
+               UPDATE jobs SET status = $2, finished_at = coalesce(finished_at, $3),
+                               failure = coalesce($4, failure), updated_at = clock_timestamp()
+               WHERE id = $1 RETURNING id)
+           DELETE FROM early_reports WHERE job_id IN (SELECT id FROM ended)""",
         job_id,
         status,
         finished_at,

@@ -5,12 +5,14 @@ bring it back."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from tests.integration.submission.conftest import Submission
 from tests.unit.submission import factories as ev
+from trainyard_platform.services.submission import repository as repo
 from trainyard_platform.services.submission.domain import SCHEDULER_SOURCE
 from trainyard_platform.services.submission.early_reports import MAX_KEPT_PER_JOB
 from trainyard_platform.shared.events import Envelope, Payload
@@ -130,3 +132,30 @@ async def test_reports_of_allocations_never_granted_are_kept_up_to_a_bound(
     await submission.publish(ev.succeeded(job, "alloc-1"))
     view = await submission.wait_for(job, lambda v: v["status"] == "SUCCEEDED")
     assert await _kept(submission, job) == 0
+
+
+@pytest.mark.parametrize("status", ["SUCCEEDED", "FAILED", "CANCELLED"])
+async def test_any_write_of_a_terminal_status_forgets_the_jobs_kept_reports(
+    submission: Submission, status: str
+) -> None:
+    """The reports go with the write of the terminal status itself, not with the events that
+    end a job today: a path that ends a job some other way forgets them too."""
+    job = (await submission.submit())["id"]
+    await submission.publish(ev.started(job, "alloc-never"))
+    await submission.publish(ev.succeeded(job, "alloc-never"))
+    await submission.publish(ev.checkpoint(job, 5))  # a marker: all of the above was seen
+    await submission.wait_for(job, lambda v: len(v["checkpoints"]) == 1)
+    assert await _kept(submission, job) == 2
+
+    async with submission.pool.acquire() as conn, conn.transaction():
+        await repo.lock_job(conn, job)
+        await repo.set_finished(conn, job, status, datetime.now(UTC), None)
+    assert (await submission.job(job))["status"] == status
+    assert await _kept(submission, job) == 0
+
+
+async def test_only_a_terminal_status_is_written_as_an_end(submission: Submission) -> None:
+    job = (await submission.submit())["id"]
+    async with submission.pool.acquire() as conn:
+        with pytest.raises(ValueError, match="RUNNING"):
+            await repo.set_finished(conn, job, "RUNNING", datetime.now(UTC), None)
