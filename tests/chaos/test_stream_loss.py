@@ -20,6 +20,7 @@ from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 from pydantic import SecretStr
 
+from tests.fixtures.servers import lose_stream
 from trainyard_platform.deploy.local.nats import NatsServer, NatsUser
 from trainyard_platform.services.runner import publishing
 from trainyard_platform.shared.bus import Bus, StreamMissingError
@@ -86,15 +87,9 @@ async def _published(nats_url: str) -> AsyncIterator[list[str]]:
 
 
 async def _lose_stream(nats_url: str, stream: str = "TRAINYARD") -> None:
-    """Delete ``stream`` with what it held: it is purged first, since nats-server 2.15 may
-    leave a deleted stream's message block on disk, and a stream made again under the same
-    name then holds the old messages (under load, about one remake in four without the
-    purge, none with it)."""
     nc = await nats.connect(nats_url)
     try:
-        with contextlib.suppress(NotFoundError):
-            await nc.jetstream().purge_stream(stream)
-            await nc.jetstream().delete_stream(stream)
+        await lose_stream(nc.jetstream(), stream)
     finally:
         await nc.close()
 

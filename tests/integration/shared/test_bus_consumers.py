@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from pydantic import SecretStr
 
 import trainyard_platform.shared.bus as bus_module
+from tests.fixtures.servers import lose_stream
 from trainyard_platform.deploy.local.nats import NatsServer, NatsUser
 from trainyard_platform.shared.bus import (
     ORIGINAL_SUBJECT_HEADER,
@@ -64,7 +65,7 @@ async def own_settings(nats_settings: NatsSettings) -> AsyncIterator[NatsSetting
     try:
         for stream in (settings.stream, settings.deadletter_stream):
             with contextlib.suppress(nats.js.errors.NotFoundError):
-                await nc.jetstream().delete_stream(stream)
+                await lose_stream(nc.jetstream(), stream)
     finally:
         await nc.close()
 
@@ -442,7 +443,7 @@ async def test_a_service_gives_up_waiting_for_the_streams_with_who_makes_them(
         update={"url": nats_server.address, "user": user.name, "password": SecretStr(user.password)}
     )
     async with Bus.connect(settings, "registry-under-test") as service:
-        await bus.jetstream.delete_stream("TRAINYARD")
+        await lose_stream(bus.jetstream, "TRAINYARD")
         monkeypatch.setattr(bus_module, "STREAM_WAIT_S", 0.2)
         with pytest.raises(RuntimeError) as gave_up:
             await service.ensure_streams()
@@ -600,7 +601,7 @@ async def test_a_consumer_whose_stream_was_lost_makes_it_again_and_goes_on(
                 while handled != ["before"]:
                     await asyncio.sleep(0.02)
                 first = await bus.stream_created()
-                await bus.jetstream.delete_stream(bus.settings.stream)  # NATS lost its store
+                await lose_stream(bus.jetstream, bus.settings.stream)  # NATS lost its store
                 while (
                     "survivor: the durable consumer is gone (stream lost?); making it again"
                     not in [r.getMessage() for r in caplog.records]

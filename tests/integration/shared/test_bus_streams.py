@@ -15,6 +15,7 @@ import pytest
 from nats.js import api
 from pydantic import SecretStr
 
+from tests.fixtures.servers import lose_stream
 from trainyard_platform.deploy.local.nats import NatsServer, NatsUser
 from trainyard_platform.shared.bus import (
     CONSUMER_HEADER,
@@ -60,7 +61,7 @@ async def own_settings(nats_settings: NatsSettings) -> AsyncIterator[NatsSetting
     try:
         for stream in (settings.stream, settings.deadletter_stream):
             with contextlib.suppress(nats.js.errors.NotFoundError):
-                await nc.jetstream().delete_stream(stream)
+                await lose_stream(nc.jetstream(), stream)
     finally:
         await nc.close()
 
@@ -149,12 +150,12 @@ async def test_a_lost_stream_is_made_again_with_a_new_identity(own_bus: Bus) -> 
     info = await bus.jetstream.stream_info(bus.settings.stream)
     assert first is not None and first == info.created
     assert await bus.stream_created() == first
-    await bus.jetstream.delete_stream(bus.settings.stream)
+    await lose_stream(bus.jetstream, bus.settings.stream)
     await asyncio.sleep(0.01)  # stream creation times are kept to the nanosecond
     again = await bus.stream_created()
     assert again is not None and again != first
     assert again == (await bus.jetstream.stream_info(bus.settings.stream)).created
-    await bus.jetstream.delete_stream(bus.settings.deadletter_stream)
+    await lose_stream(bus.jetstream, bus.settings.deadletter_stream)
     await bus._restore_streams()
     assert (await bus.jetstream.stream_info(bus.settings.deadletter_stream)).config.name
 
@@ -173,10 +174,10 @@ async def test_a_service_that_may_not_make_the_streams_waits_for_them(
         assert created == await bus.stream_created()
         await service._restore_streams()  # both there: nothing to say
 
-        await bus.jetstream.delete_stream("TRAINYARD_DEADLETTER")
+        await lose_stream(bus.jetstream, "TRAINYARD_DEADLETTER")
         with pytest.raises(StreamMissingError, match="stream TRAINYARD_DEADLETTER does not exist"):
             await service._restore_streams()
-        await bus.jetstream.delete_stream("TRAINYARD")
+        await lose_stream(bus.jetstream, "TRAINYARD")
         assert await service.stream_created() is None
         with pytest.raises(StreamMissingError) as missing:
             await service._restore_streams()
@@ -210,7 +211,7 @@ async def test_a_service_waits_for_the_dead_letter_stream_too(
 ) -> None:
     settings = service_settings(nats_settings, nats_server, nats_service_user("submission"))
     async with Bus.connect(settings, "submission-under-test") as service:
-        await bus.jetstream.delete_stream("TRAINYARD_DEADLETTER")  # the event stream is there
+        await lose_stream(bus.jetstream, "TRAINYARD_DEADLETTER")  # the event stream is there
         waiting_for_it = "waiting for stream TRAINYARD_DEADLETTER (made by the scheduler)"
         with caplog.at_level(logging.INFO, logger="trainyard_platform.shared.bus"):
             waiting = asyncio.create_task(service.ensure_streams())
@@ -226,7 +227,7 @@ async def test_a_service_waits_for_the_dead_letter_stream_too(
 async def test_ready_when_connected_and_the_stream_answers(own_bus: Bus) -> None:
     bus = own_bus
     assert await bus.ping() is True
-    await bus.jetstream.delete_stream(bus.settings.stream)
+    await lose_stream(bus.jetstream, bus.settings.stream)
     with pytest.raises(nats.js.errors.NotFoundError):
         await bus.ping()
 
