@@ -32,6 +32,11 @@ DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "gavel-msr-seed0"
 DEFAULT_OUT = REPO / "bench" / "results" / "simulator.json"
 
 
+def repo_relative(path: Path) -> str:
+    """``path`` relative to the repository (no machine path in the output)."""
+    return os.path.relpath(path.resolve(), REPO)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.simulator", description=__doc__)
     p.add_argument("--trace-dir", type=Path, default=DEFAULT_TRACE)
@@ -84,7 +89,7 @@ def main(argv: list[str]) -> int:
     print()
     print(report.targets(v))
     parameters = {
-        "trace_dir": str(args.trace_dir),
+        "trace_dir": repo_relative(args.trace_dir),
         "jobs": len(jobs),
         "limit": args.limit,
         "seed": args.seed,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.simulator import scorecard
-from bench.simulator.__main__ import _Progress
+from bench.simulator.__main__ import _Progress, repo_relative
 from bench.simulator.cluster import build_cluster
 from bench.simulator.easy import easy_backfill
 from bench.simulator.engine import Policy, SimConfig, simulate
@@ -135,7 +135,10 @@ def run_trace(args: argparse.Namespace, trace_dir: Path, names: list[str]) -> di
         min_pass_interval_s=args.min_pass_interval_s,
         priority=PRIORITY.name,
     )
-    print(f"\n{_rel(trace_dir)}: {len(jobs):,} jobs, {len(queues)} teams, {total} GPUs", flush=True)
+    print(
+        f"\n{repo_relative(trace_dir)}: {len(jobs):,} jobs, {len(queues)} teams, {total} GPUs",
+        flush=True,
+    )
     cards: list[scorecard.Scorecard] = []
     runs: dict[str, dict[str, Any]] = {}
     fifo_summary = None
@@ -166,7 +169,7 @@ def run_trace(args: argparse.Namespace, trace_dir: Path, names: list[str]) -> di
     print()
     print(scorecard.team_table(cards, team_jobs))
     return {
-        "trace": _rel(trace_dir),
+        "trace": repo_relative(trace_dir),
         "jobs": len(jobs),
         "limit": args.limit,
         "gpus": total,
@@ -204,19 +207,14 @@ def main(argv: list[str]) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"\nwrote {_rel(args.out)}")
+    print(f"\nwrote {repo_relative(args.out)}")
     return 0 if all(r["unfinished"] == 0 for t in traces for r in t["policies"].values()) else 1
-
-
-def _rel(path: Path) -> str:
-    """``path`` relative to the repository (no machine path in the output)."""
-    return os.path.relpath(path.resolve(), REPO)
 
 
 def _rel_arg(arg: str) -> str:
     """A command-line argument with any absolute path made repository-relative."""
     flag, eq, value = arg.rpartition("=") if arg.startswith("--") else ("", "", arg)
-    return f"{flag}{eq}{_rel(Path(value))}" if os.path.isabs(value) else arg
+    return f"{flag}{eq}{repo_relative(Path(value))}" if os.path.isabs(value) else arg
 
 
 def _cpus() -> int:
