@@ -13,7 +13,7 @@ Contract:
   collection): the modules, settings, pools and app a service keeps for its whole life are
   never traversed again by the garbage collector, whose full collections then cost a
   fraction of what they did (BENCHMARKS.md, "Tracing cost"); it unfreezes them when it has
-  stopped serving.
+  stopped serving, also when it is cancelled or fails.
 - Every service serves ``GET /healthz`` (the process is alive), ``GET /readyz`` (200 only
   when every registered readiness check passes; 503 with the failing check names otherwise)
   and ``GET /metrics`` (Prometheus text, no token).
@@ -128,23 +128,26 @@ class ServiceRuntime:
         app = app or Litestar(route_handlers=self.health_handlers())
         self._configure_logging()  # building a Litestar app replaces the root logging setup
         freeze_startup_heap()
-        server = _EmbeddedServer(
-            uvicorn.Config(
-                app,
-                host=self.settings.host,
-                port=self.settings.port,
-                log_level="warning",
-                lifespan="off",
+        try:
+            server = _EmbeddedServer(
+                uvicorn.Config(
+                    app,
+                    host=self.settings.host,
+                    port=self.settings.port,
+                    log_level="warning",
+                    lifespan="off",
+                )
             )
-        )
-        serving = asyncio.create_task(server.serve(), name="http")
-        await self.stopping.wait()
-        await self._drain()
-        server.should_exit = True
-        await serving
-        # Collectable again: a process that serves several times (tests start many services
-        # in one process) would otherwise keep each one's frozen cycles for good.
-        gc.unfreeze()
+            serving = asyncio.create_task(server.serve(), name="http")
+            await self.stopping.wait()
+            await self._drain()
+            server.should_exit = True
+            await serving
+        finally:
+            # Collectable again, however serving ended (stopped, cancelled, failed): a process
+            # that serves several times (tests start many services in one process) would
+            # otherwise keep each one's frozen cycles for good.
+            gc.unfreeze()
         return 1 if self._crashed else 0
 
     async def _drain(self) -> None:

@@ -170,3 +170,29 @@ def test_serving_freezes_the_start_up_heap() -> None:
         assert gc.get_freeze_count() == 0
     finally:
         gc.unfreeze()
+
+
+def test_a_cancelled_run_unfreezes_the_heap() -> None:
+    """``run`` cancelled while it serves (a test or a caller that gives up on it) still hands
+    the frozen heap back to the collector."""
+    gc.unfreeze()
+    settings = ServiceSettings(port=free_port())
+    frozen_while_serving: list[int] = []
+
+    async def serve_and_cancel() -> None:
+        # Not entered: entering installs the process's tracer and meter providers.
+        runtime = ServiceRuntime("frozen", settings)
+        serving = asyncio.create_task(runtime.run())
+        while not gc.get_freeze_count():
+            await asyncio.sleep(0)
+        frozen_while_serving.append(gc.get_freeze_count())
+        serving.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await serving
+
+    try:
+        asyncio.run(serve_and_cancel())
+        assert frozen_while_serving[0] > 0
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
