@@ -277,6 +277,8 @@ class LeaderWork:
         self._arrivals.append(job_id)
 
     async def run(self, stop: asyncio.Event) -> None:
+        self.passes.forget()  # (and when the term ends, below) never a pass of an old term
+
         async def locked(conn: asyncpg.Connection) -> None:
             # One lock and one leader check per batch, in this order: leadership may have
             # changed while the lock was awaited.
@@ -322,3 +324,6 @@ class LeaderWork:
                 if not task.done():
                     task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            # The term is over: until this process leads again another leader may change
+            # anything, unheard (no consumer, no NOTIFY listener), so no kept pass outlives it.
+            self.passes.forget()

@@ -4,14 +4,22 @@ kept in memory, without a pass; and a full pass afterwards has nothing new to te
 
 from __future__ import annotations
 
+import asyncio
+
+import asyncpg
 import pytest
 
 from tests.integration.scheduler.conftest import Tuned, until
 from tests.integration.scheduler.test_policy_service import running
 from trainyard_platform.services.scheduler import admin
 from trainyard_platform.services.scheduler.admin_schemas import QueueRequest, QuotaRequest
+from trainyard_platform.services.scheduler.loops import LeaderWork
+from trainyard_platform.services.scheduler.scheduling import Tuning
+from trainyard_platform.services.scheduler.service import NAME, SUBJECTS
+from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.events.payloads import JobPending
 from trainyard_platform.shared.identity import operator_token_principal
+from trainyard_platform.shared.settings import NatsSettings
 
 OPERATOR = operator_token_principal()
 
@@ -54,3 +62,20 @@ async def test_an_arrival_behind_a_full_quota_is_decided_by_the_fast_path(
     )
     assert tuple(row) == (c.reason, c.position, c.blocking, c.suggestion, c.estimated_start)
     assert work.passes.passes == passes + 1
+
+
+async def test_a_kept_pass_does_not_outlive_the_leadership_term(
+    pool: asyncpg.Pool, nats_settings: NatsSettings
+) -> None:
+    # The same LeaderWork leads again after a lost term (service.serve builds it once); in
+    # between another leader may have placed jobs and the admin NOTIFYs went unheard, so a
+    # pass kept from the old term must not decide the arrivals of the new one.
+    async with Bus.connect(nats_settings, "scheduler-test") as bus:
+        work = LeaderWork(NAME, pool, bus, SUBJECTS, Tuning(), pass_interval_s=60.0)
+        stop = asyncio.Event()
+        term = asyncio.create_task(work.run(stop))
+        await until(lambda: work.passes.idle_with_kept_pass)
+        stop.set()
+        await term
+    assert not work.passes.idle_with_kept_pass
+    assert not await work.passes.decide_arrivals(["j"])
