@@ -89,6 +89,9 @@ class PassLoop:
         that is still current."""
         self.fast_arrivals = 0
         """Jobs decided by the fast path."""
+        self._forgotten = 0
+        """How many times the kept pass was forgotten: a pass is kept only if nothing was
+        forgotten while it ran or committed."""
 
     def poke(self) -> None:
         """Ask for a pass soon (after the caller's transaction commits)."""
@@ -103,6 +106,7 @@ class PassLoop:
         """Something a pass reads changed (or is about to, in a transaction not yet
         committed): the kept pass is no longer current."""
         self._kept = None
+        self._forgotten += 1
 
     async def decide_arrivals(self, job_ids: Sequence[str]) -> bool:
         """Decide these jobs, just queued, by the fast path (``fast_path.decide_arrivals``)
@@ -170,6 +174,7 @@ class PassLoop:
         settled pass is kept for the fast path once it has committed."""
         started = time.monotonic()
         self.forget()
+        forgotten = self._forgotten
         kept: list[PassResult] = []
         async with self._pool.acquire() as conn, conn.transaction():
             await repo.lock_scheduler(conn)
@@ -181,7 +186,9 @@ class PassLoop:
                 conn, now, self._tuning, settled_notes=not overdue, keep=kept.append
             )
             eligible_at = await repo.next_eligible_at(conn, now)
-        if kept:
+        # A change that got the lock as this pass committed may have forgotten it already
+        # (before this coroutine resumed): then it is not the state any more.
+        if kept and self._forgotten == forgotten:
             self._kept = Kept.of(kept[0], self._tuning.policy, self._interval_s)
         self._due_at = None
         if eligible_at is not None:

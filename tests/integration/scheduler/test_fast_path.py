@@ -5,6 +5,8 @@ kept in memory, without a pass; and a full pass afterwards has nothing new to te
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
 
 import asyncpg
 import pytest
@@ -13,7 +15,7 @@ from tests.integration.scheduler.conftest import Tuned, until
 from tests.integration.scheduler.test_policy_service import running
 from trainyard_platform.services.scheduler import admin
 from trainyard_platform.services.scheduler.admin_schemas import QueueRequest, QuotaRequest
-from trainyard_platform.services.scheduler.loops import LeaderWork
+from trainyard_platform.services.scheduler.loops import LeaderWork, PassLoop
 from trainyard_platform.services.scheduler.scheduling import Tuning
 from trainyard_platform.services.scheduler.service import NAME, SUBJECTS
 from trainyard_platform.shared.bus import Bus
@@ -79,3 +81,33 @@ async def test_a_kept_pass_does_not_outlive_the_leadership_term(
         await term
     assert not work.passes.idle_with_kept_pass
     assert not await work.passes.decide_arrivals(["j"])
+
+
+class _ChangedAtCommit:
+    """A pool whose first connection, once given back, lets ``change`` run: a change that
+    got the scheduling lock when a pass committed, before the pass loop resumed."""
+
+    def __init__(self, pool: asyncpg.Pool, change: Callable[[], None]) -> None:
+        self._pool = pool
+        self._change: Callable[[], None] | None = change
+
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[asyncpg.Connection]:
+        async with self._pool.acquire() as conn:
+            yield conn
+        change, self._change = self._change, None
+        if change is not None:
+            change()
+
+
+async def test_a_change_while_a_pass_commits_is_not_lost_to_the_kept_pass(
+    pool: asyncpg.Pool,
+) -> None:
+    # A batch (or the admin NOTIFY) that forgets the kept pass between the pass's commit and
+    # the pass loop keeping it: the pass it would keep no longer is the state.
+    loop = PassLoop(pool, Tuning(), interval_s=60.0)
+    loop._pool = _ChangedAtCommit(pool, loop.forget)  # type: ignore[assignment]
+    await loop.run_once()
+    assert not loop.idle_with_kept_pass
+    await loop.run_once()  # nothing changed during this one: it is kept
+    assert loop.idle_with_kept_pass
