@@ -138,7 +138,12 @@ async def test_the_cap_is_never_below_the_idle_poll() -> None:
 # --- the loop ------------------------------------------------------------------------------
 
 
-async def test_the_stream_is_looked_at_first_and_again_after_every_failure() -> None:
+@pytest.mark.timeout(10)  # FROZEN_LOOP_GUARD, below
+async def test_the_stream_is_looked_at_first_and_again_after_every_failure(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On the test's clock: how long a scripted round takes on this machine decides nothing.
+    monkeypatch.setattr(asyncio.get_running_loop(), "time", clock)
     relay = Scripted([2, OSError("down"), 1, 0], stream_check_s=3600.0)
     await run(relay)
     assert relay.steps == [
@@ -157,7 +162,11 @@ async def test_the_stream_is_looked_at_first_and_again_after_every_failure() -> 
     ]
 
 
-async def test_it_sleeps_only_when_nothing_was_sent_and_wakes_are_cleared_before_a_read() -> None:
+@pytest.mark.timeout(10)  # FROZEN_LOOP_GUARD, below
+async def test_it_sleeps_only_when_nothing_was_sent_and_wakes_are_cleared_before_a_read(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(asyncio.get_running_loop(), "time", clock)
     relay = Scripted([3, 0, 0], idle_poll_s=0.75, stream_check_s=3600.0)
     relay.wake()  # a wake from before the loop started is used up by the first read
     await run(relay)
@@ -167,7 +176,11 @@ async def test_it_sleeps_only_when_nothing_was_sent_and_wakes_are_cleared_before
     assert relay.pauses == []
 
 
-async def test_a_full_batch_is_followed_at_once_and_a_partial_one_by_a_gathering_pause() -> None:
+@pytest.mark.timeout(10)  # FROZEN_LOOP_GUARD, below
+async def test_a_full_batch_is_followed_at_once_and_a_partial_one_by_a_gathering_pause(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(asyncio.get_running_loop(), "time", clock)
     relay = Scripted([100, 100, 7, 0], batch=100, busy_round_s=0.05, stream_check_s=3600.0)
     await run(relay)
     assert relay.steps[:6] == ["check", "relay: 100", "relay: 100", "relay: 7", "sleep", "relay: 0"]
@@ -178,6 +191,36 @@ async def test_without_a_gathering_time_a_busy_relay_reads_again_at_once() -> No
     relay = Scripted([2, 1, 0], busy_round_s=0.0, stream_check_s=3600.0)
     await run(relay)
     assert relay.steps[:5] == ["check", "relay: 2", "relay: 1", "relay: 0", "sleep"]
+
+
+class SlowRounds(Scripted):
+    """Each round takes ``round_s`` on the test's clock."""
+
+    def __init__(self, clock: Clock, round_s: float, script: list[int | Exception], **kw: Any):
+        super().__init__(script, **kw)
+        self.clock = clock
+        self.round_s = round_s
+
+    async def relay_once(self) -> int:
+        self.clock.now += self.round_s
+        return await super().relay_once()
+
+
+@pytest.mark.timeout(10)  # FROZEN_LOOP_GUARD, below
+async def test_a_round_longer_than_the_gathering_time_is_followed_at_once(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(asyncio.get_running_loop(), "time", clock)
+    relay = SlowRounds(clock, 0.02, [2, 1, 0], busy_round_s=0.01, stream_check_s=3600.0)
+    await run(relay)
+    assert relay.steps[:5] == ["check", "relay: 2", "relay: 1", "relay: 0", "sleep"]
+    # ... and a shorter one by a pause of what is left of it.
+    clock = Clock()
+    monkeypatch.setattr(asyncio.get_running_loop(), "time", clock)
+    relay = SlowRounds(clock, 0.004, [2, 0], busy_round_s=0.01, stream_check_s=3600.0)
+    await run(relay)
+    assert relay.steps[:4] == ["check", "relay: 2", "sleep", "relay: 0"]
+    assert relay.sleeps[0][0] == pytest.approx(0.006)
 
 
 async def test_a_stop_flushes_what_is_committed_then_returns() -> None:
