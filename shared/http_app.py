@@ -72,12 +72,14 @@ ERRORS: Final[Mapping[int, str]] = {
     415: "the body must be Content-Type: application/json (UTF-8)",
     422: "invalid input: every bad field named in errors",
     429: "rate limit exceeded: retry after Retry-After seconds",
-    503: "the token cannot be checked now (the identity service is unavailable)",
+    503: "temporarily unavailable (the token cannot be checked now, or the database or bus is"
+    " unreachable): retry after Retry-After seconds",
 }
 """Every error status a Trainyard API answers, as its OpenAPI document describes it."""
 EVERY_ROUTE: Final = (400, 401, 403, 422, 503)
 """The errors any guarded route may answer: a request Litestar cannot read, no valid token, a
-role or team below the route's, an invalid parameter, a token that cannot be checked now."""
+role or team below the route's, an invalid parameter, a token that cannot be checked now or a
+dependency that cannot be reached."""
 
 
 def error_responses(*statuses: int) -> dict[int, ResponseSpec]:

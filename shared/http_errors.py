@@ -10,8 +10,12 @@ Contract:
 - A service's own exceptions answer the status it maps them to, their message as the detail;
   every service answers ``shared.identity.Denied`` with 403 and ``IdentityUnavailable``
   (user tokens cannot be checked now) with 503.
-- Anything else, and every 5xx, is ``internal error``: the traceback goes to the log, never
-  to the user.
+- A lost connection to what the service stands on (PostgreSQL's connection, shutdown and
+  too-many-connections errors, or any ``ConnectionError``: NATS, the object store), raised or
+  the cause of a 5xx, answers 503 ``temporarily unavailable, try again`` with
+  ``Retry-After``: the caller may simply retry (a transaction that failed stored nothing).
+- Anything else, and every other 5xx, is ``internal error``: the traceback goes to the log,
+  never to the user.
 - ``check_json`` screens a JSON body before any model sees it: UTF-8, well formed, no
   duplicate keys, bounded nesting, numbers that fit 64 bits or a finite double, and no
   control characters (nor lone surrogates) in any key or string, except tab, newline and
@@ -31,6 +35,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+import asyncpg
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import ExceptionHandlersMap
@@ -44,6 +49,17 @@ M = TypeVar("M", bound=BaseModel)
 AnyRequest = Request[Any, Any, Any]
 
 _OWN_FIELD = re.compile(r"[\w.-]+")
+
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CrashShutdownError,
+    asyncpg.exceptions.TooManyConnectionsError,
+    ConnectionError,
+)
+"""Failures of a dependency's connection, not of the request: answered 503, retry later."""
+RETRY_AFTER_S = 5
 
 
 class FieldError(BaseModel):
@@ -316,7 +332,9 @@ def _litestar_invalid(_: AnyRequest, exc: ValidationException) -> Response[Error
     return _error(422, "invalid request", errors)
 
 
-def _http(_: AnyRequest, exc: HTTPException) -> Response[ErrorBody]:
+def _http(request: AnyRequest, exc: HTTPException) -> Response[ErrorBody]:
+    if exc.status_code >= 500 and _lost_connection(exc):
+        return _unavailable(request, exc)
     if exc.status_code >= 500:
         # Litestar wraps failures in dependencies; the cause is in the chain, for the log only.
         log.error("HTTP %d: %s", exc.status_code, exc.detail, exc_info=exc)
@@ -328,8 +346,35 @@ def _http(_: AnyRequest, exc: HTTPException) -> Response[ErrorBody]:
 
 
 def _crash(request: AnyRequest, exc: Exception) -> Response[ErrorBody]:
+    if _lost_connection(exc):
+        return _unavailable(request, exc)
     log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
     return _error(500, "internal error")
+
+
+def _lost_connection(exc: BaseException) -> bool:
+    """Whether ``exc`` or an exception in its cause/context chain is one of ``UNAVAILABLE``."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, UNAVAILABLE):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _unavailable(request: AnyRequest, exc: BaseException) -> Response[ErrorBody]:
+    log.warning(
+        "%s %s: a dependency is unavailable: %r",
+        request.method,
+        request.url.path,
+        exc,
+        exc_info=exc,
+    )
+    return _error(
+        503, "temporarily unavailable, try again", headers={"Retry-After": str(RETRY_AFTER_S)}
+    )
 
 
 async def read_body(request: Request[Any, Any, Any], limit: int, too_large: str) -> bytes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import asyncpg
 import pytest
 from litestar import Litestar, get
 from litestar.exceptions import HTTPException, NotAuthorizedException
@@ -63,6 +64,24 @@ async def crash() -> None:
     raise RuntimeError("password=hunter2")
 
 
+@get("/database-lost")
+async def database_lost() -> None:
+    raise asyncpg.ConnectionDoesNotExistError("connection to db.internal:5432 was closed")
+
+
+@get("/broker-refused")
+async def broker_refused() -> None:
+    raise ConnectionRefusedError(111, "nats.internal:4222 refused")
+
+
+@get("/wrapped-lost")
+async def wrapped_lost() -> None:
+    try:
+        raise asyncpg.exceptions.CannotConnectNowError("db.internal is starting up")
+    except asyncpg.PostgresError as exc:  # as Litestar wraps a failing dependency
+        raise HTTPException(status_code=500, detail="dependency failed") from exc
+
+
 @get("/count")
 async def count(limit: FromQuery[int]) -> int:
     return limit
@@ -71,7 +90,17 @@ async def count(limit: FromQuery[int]) -> int:
 @pytest.fixture
 def client() -> Iterator[TestClient[Any]]:
     app = Litestar(
-        [invalid, missing, unauthorized, unavailable, crash, count],
+        [
+            invalid,
+            missing,
+            unauthorized,
+            unavailable,
+            crash,
+            count,
+            database_lost,
+            broker_refused,
+            wrapped_lost,
+        ],
         exception_handlers=exception_handlers({Missing: 404}),
     )
     with TestClient(app) as test_client:
@@ -114,6 +143,18 @@ def test_server_errors_are_generic_and_logged(
         assert response.json() == {"detail": "internal error", "errors": []}
         assert secret not in response.text and "Traceback" not in response.text
         assert secret in caplog.text
+
+
+@pytest.mark.parametrize("path", ["/database-lost", "/broker-refused", "/wrapped-lost"])
+def test_a_lost_dependency_is_a_503_to_retry_that_reveals_nothing(
+    client: TestClient[Any], caplog: pytest.LogCaptureFixture, path: str
+) -> None:
+    response = client.get(path)
+    assert response.status_code == 503
+    assert response.json() == {"detail": "temporarily unavailable, try again", "errors": []}
+    assert response.headers["Retry-After"] == "5"
+    assert ".internal" not in response.text and "Traceback" not in response.text
+    assert ".internal" in caplog.text  # the operator sees which
 
 
 def test_body_errors_are_reported_by_path_all_at_once() -> None:
