@@ -6,10 +6,10 @@ Contract:
   same state would decide exactly the same) as a ``policy.incremental.Incremental`` and the
   rows it was built from. The leader (``loops.PassLoop``) keeps the latest one and forgets
   it as soon as anything but arrivals changes what a pass would read: any change that asks
-  for a pass, a checkpoint (victims are chosen by it), a lost node, an admin change, the
-  end of a leadership term, and any failure of the fast path. It is also void from ``valid_until``: the pass's clock plus
-  the pass interval (the timer pass, the safety net, re-decides everything at a new clock
-  by then), the first preemption notice to run out, or the first job backing off to become
+  for a pass, a checkpoint (victims are chosen by it), the cancel of a running job, a
+  lost node, an admin change, the end of a leadership term, and any failure of the fast
+  path. It is also void from ``valid_until``: the pass's clock plus the pass interval
+  (the timer pass, the safety net, re-decides everything at a new clock by then), the first preemption notice to run out, or the first job backing off to become
   eligible -- a pass would act on those.
 - ``decide_arrivals(conn, kept, job_ids, now)`` decides jobs just queued, in order, with
   ``Incremental.arrive``, when each provably changes nothing else the pass decided

@@ -13,7 +13,8 @@ released because its node was declared lost is a real result, and is kept
 dead-letter stream. A change of supply or demand asks for a scheduling pass (``poke``),
 which runs in its own transaction right after this one commits; a newly queued job is only
 reported (``arrived``, when given: the leader decides it by the fast path or asks for a
-pass), and a checkpoint, which asks for no pass, is reported as a change (``stale``). A submitted job that the
+pass), and a checkpoint or the cancel of a running job, which ask for no pass, are reported
+as a change (``stale``). A submitted job that the
 cluster's configuration can never run (``admission``) is refused on arrival: the scheduler says
 its final ``job.failed`` (``failure_kind`` ``rejected``) and never queues it.
 
@@ -255,6 +256,7 @@ class SchedulerHandlers:
         allocations = await allocation_repo.live_allocations(conn, job.job_id)
         if not allocations:  # pragma: no cover - a job holding GPUs always has one
             raise RuntimeError(f"job {job.job_id} is {job.status.value} without an allocation")
+        self._stale()  # a pass reads it as leaving: never a victim, its GPUs free soon
         await repo.set_job_status(
             conn, [job.job_id], job.status.check(JobStatus.CANCELLING), now, cancel.reason
         )

@@ -19,7 +19,7 @@ from trainyard_platform.services.scheduler.loops import LeaderWork, PassLoop
 from trainyard_platform.services.scheduler.scheduling import Tuning
 from trainyard_platform.services.scheduler.service import NAME, SUBJECTS
 from trainyard_platform.shared.bus import Bus
-from trainyard_platform.shared.events.payloads import JobPending
+from trainyard_platform.shared.events.payloads import JobCancelRequested, JobPending
 from trainyard_platform.shared.identity import operator_token_principal
 from trainyard_platform.shared.settings import NatsSettings
 
@@ -111,3 +111,23 @@ async def test_a_change_while_a_pass_commits_is_not_lost_to_the_kept_pass(
     assert not loop.idle_with_kept_pass
     await loop.run_once()  # nothing changed during this one: it is kept
     assert loop.idle_with_kept_pass
+
+
+async def test_cancelling_a_running_job_drops_the_kept_pass(scheduler_with: Tuned) -> None:
+    # A cancelled running job asks for no pass (it still holds its GPUs), but a pass reads it
+    # as leaving (never a victim again, its GPUs free within the grace): the kept pass is
+    # no longer what a pass over the state would decide.
+    scheduler = await scheduler_with(pass_interval_s=60.0)
+    work = scheduler.work
+    assert work is not None
+    await scheduler.heartbeat("n1", gpus=4)
+    body = QueueRequest(team="vision", quotas={"cpu": QuotaRequest(nominal=2)})
+    await admin.put_queue(scheduler.pool, "q", body, OPERATOR)
+    await scheduler.submit("a", gpus=2)
+    await running(scheduler, "a")
+    await until(lambda: work.passes.idle_with_kept_pass)
+
+    await scheduler.send(JobCancelRequested(job_id="a", team="vision", user="ada"), "a")
+    status = await scheduler.pool.fetchval("SELECT status FROM jobs WHERE job_id = 'a'")
+    assert status == "CANCELLING"
+    assert not work.passes.idle_with_kept_pass
