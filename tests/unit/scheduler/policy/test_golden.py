@@ -1,0 +1,110 @@
+"""Golden decisions: a pass gives exactly the decisions it gave when these digests were taken.
+
+The digests are of every field of the ``Decisions`` (placements with their GPUs, preemptions
+with their reasons, and every explanation: position, reason, blocking, suggestion, estimated
+start, in the order the pass gives them) of seeded scenarios of the scale benchmark, under
+several configurations, and of arrivals decided on the fast path (``decide_arrival``) after a
+pass. They guard changes made for speed alone: such a change must leave every digest as it
+is. A change of policy or of an explanation's text changes them on purpose; the digests are
+then retaken (``python -m tests.unit.scheduler.policy.test_golden``) and the change says why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from bench.scheduler_scale import arrival_scenario, scenario
+from trainyard_platform.services.scheduler.policy import PolicyState, decide_arrival, schedule
+from trainyard_platform.services.scheduler.policy.model import Decisions, PolicyConfig
+
+CONFIGS = {
+    "default": PolicyConfig(),
+    "no-backfill": PolicyConfig(backfill=False),
+    "no-reservations": PolicyConfig(reservations=0),
+    "no-preemption": PolicyConfig(preemption=False),
+    "no-fair-share": PolicyConfig(fair_share=False, size_weight=0.0),
+    "short-ageing": PolicyConfig(ageing_s=60.0, reservations=3),
+}
+PASSES = [
+    (nodes, seed, queues, config)
+    for nodes, seed, queues in ((10, 1, 5), (40, 2, 50), (120, 3, 20))
+    for config in CONFIGS
+]
+
+GOLDEN: dict[str, str] = {
+    "pass-10-1-5-default": "2ebcea2ef54f57ac594e",
+    "pass-10-1-5-no-backfill": "7afe26583f7c35f2d122",
+    "pass-10-1-5-no-reservations": "fa02c60497c45458b8f6",
+    "pass-10-1-5-no-preemption": "a9f651cc14e603dd7bfc",
+    "pass-10-1-5-no-fair-share": "48fb8f216354c36a1992",
+    "pass-10-1-5-short-ageing": "8d180a8104c229760aaf",
+    "pass-40-2-50-default": "acd693a92d06bed22954",
+    "pass-40-2-50-no-backfill": "22d018e02b8a1be7546c",
+    "pass-40-2-50-no-reservations": "e7c81347f9cfe15f3563",
+    "pass-40-2-50-no-preemption": "349ab060c42ea8ba4492",
+    "pass-40-2-50-no-fair-share": "1b0b1ac586f7fc4d37a1",
+    "pass-40-2-50-short-ageing": "4184083eeb73257c1bf0",
+    "pass-120-3-20-default": "968459c53575887b0525",
+    "pass-120-3-20-no-backfill": "55815e7743060c2c5837",
+    "pass-120-3-20-no-reservations": "9b42644383a73cc13fb0",
+    "pass-120-3-20-no-preemption": "44e7b295fc69d3722501",
+    "pass-120-3-20-no-fair-share": "7bb561ccc19054feebc4",
+    "pass-120-3-20-short-ageing": "47090d8ebd2d323e2111",
+    "arrivals-20-2": "5b149e40c4f99749973e",
+    "arrivals-60-5": "ed12b067e91234f087e9",
+}
+
+
+def canonical(d: Decisions) -> list[object]:
+    return [
+        [
+            [p.job_id, sorted((k, list(v)) for k, v in p.gpus.items()), p.borrowed]
+            for p in d.placements
+        ],
+        [[p.job_id, p.for_job_id, p.kind, p.reason] for p in d.preemptions],
+        [
+            [k, e.position, e.reason, e.blocking, e.suggestion, repr(e.estimated_start)]
+            for k, e in d.explanations.items()
+        ],
+    ]
+
+
+def digest(d: Decisions | list[Decisions]) -> str:
+    items = d if isinstance(d, list) else [d]
+    text = json.dumps([canonical(x) for x in items])
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def pass_digest(nodes: int, seed: int, queues: int, config: str) -> str:
+    return digest(schedule(scenario(nodes, seed=seed, queues_count=queues), CONFIGS[config]))
+
+
+def arrivals_digest(nodes: int, seed: int) -> str:
+    snapshot, arrivals = arrival_scenario(nodes, seed=seed)
+    state = PolicyState(snapshot, PolicyConfig())
+    first = state.run()
+    return digest([first] + [decide_arrival(state, job) for job in arrivals[:30]])
+
+
+def name(nodes: int, seed: int, queues: int, config: str) -> str:
+    return f"pass-{nodes}-{seed}-{queues}-{config}"
+
+
+@pytest.mark.parametrize(("nodes", "seed", "queues", "config"), PASSES)
+def test_pass_decisions_are_unchanged(nodes: int, seed: int, queues: int, config: str) -> None:
+    assert pass_digest(nodes, seed, queues, config) == GOLDEN[name(nodes, seed, queues, config)]
+
+
+@pytest.mark.parametrize(("nodes", "seed"), [(20, 2), (60, 5)])
+def test_arrival_decisions_are_unchanged(nodes: int, seed: int) -> None:
+    assert arrivals_digest(nodes, seed) == GOLDEN[f"arrivals-{nodes}-{seed}"]
+
+
+if __name__ == "__main__":  # prints the table of digests for GOLDEN
+    for p in PASSES:
+        print(f'    "{name(*p)}": "{pass_digest(*p)}",')
+    for nodes, seed in ((20, 2), (60, 5)):
+        print(f'    "arrivals-{nodes}-{seed}": "{arrivals_digest(nodes, seed)}",')
