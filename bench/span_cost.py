@@ -19,6 +19,13 @@ for: a consumer span like ``<event> process`` (six messaging attributes), a pass
 anyone builds it (``scheduler queue wait``: made at the grant with the job's arrival as its
 start, one attribute, and 0, 1 or 3 ``job.pending`` events of three attributes each).
 
+And a **database span**, the submission service's job ``INSERT`` statement as a ``fetchval``
+on a TCP connection: the whole per-query method of the asyncpg instrumentation (describing
+the statement and connection, making and ending the span; the query itself an empty
+coroutine, no database), **make** the library's ``AsyncPGInstrumentor`` as shipped (with the
+SDK's tracer), **make, ours** ``shared.db_spans.WithinTraceAsyncPG`` as the services install
+it, both inside a recording span.
+
 The encoding figures repeat within a few per cent; the making ones move more (the garbage
 collector runs over every span kept so far, and other load shares the cores), by up to half
 between runs on a busy 2-core machine: compare making costs within one run.
@@ -28,15 +35,19 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.instrumentation._semconv import _StabilityMode
+from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
+from opentelemetry.instrumentation.asyncpg.version import __version__ as asyncpg_version
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -44,6 +55,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
 from bench.tracing_cost import machine, write_result
+from trainyard_platform.shared.db_spans import WithinTraceAsyncPG
 from trainyard_platform.shared.otlp_encoding import encode_request
 from trainyard_platform.shared.telemetry import DirectTracerProvider
 
@@ -94,6 +106,83 @@ def _queue_wait(tracer: trace.Tracer, i: int, events: int) -> None:
     span.end(end_time=now)
 
 
+_STATEMENT = """WITH job AS (
+               INSERT INTO jobs (id, team_id, user_id, name, spec, status, idempotency_key,
+                                 submitted_at, updated_at, trace_id)
+               VALUES ($1, $2, $3, $4, $5, 'QUEUED', $6, $7, $7, $8)
+               ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING id)
+           INSERT INTO job_history (job_id, status, at, reason)
+           SELECT id, 'QUEUED', $7, 'submitted' FROM job RETURNING true"""
+
+
+class _Params(NamedTuple):
+    user: str
+    password: str
+    database: str
+
+
+class _Connection:
+    """What the instrumentation reads of an asyncpg connection."""
+
+    def __init__(self) -> None:
+        self._params = _Params("trainyard", "not-read", "trainyard")
+        self._addr = ("127.0.0.1", 5432)
+
+
+async def _no_query(*args: Any, **kwargs: Any) -> bool:
+    return True
+
+
+def _instrumentor(cls: type[AsyncPGInstrumentor], tracers: trace.TracerProvider) -> Any:
+    """``cls`` as ``instrument()`` leaves it, without wrapping asyncpg (the class is a
+    process-wide singleton; this one is not)."""
+    made = object.__new__(cls)
+    made.__init__()
+    made._semconv_opt_in_mode = _StabilityMode.DEFAULT
+    made._tracer = trace.get_tracer(
+        "opentelemetry.instrumentation.asyncpg", asyncpg_version, tracers
+    )
+    return made
+
+
+def _database_statements(instrumentor: Any, count: int) -> None:
+    connection = _Connection()
+    for i in range(count):
+        args = (_STATEMENT, f"job-{i}", "team-a", "ann", "train", "{}", f"key-{i}", i, None)
+        query = instrumentor._do_execute(_no_query, connection, args, {})
+        try:  # noqa: SIM105  (a context manager per query would be timed too)
+            query.send(None)
+        except StopIteration:
+            pass
+
+
+def _measure_database(count: int) -> dict[str, float]:
+    kept = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "submission"}))
+    provider.add_span_processor(SimpleSpanProcessor(kept))
+    instrumentors = {
+        "sdk": _instrumentor(AsyncPGInstrumentor, provider),
+        "ours": _instrumentor(WithinTraceAsyncPG, DirectTracerProvider(provider)),
+    }
+    made: dict[str, list[float]] = {"sdk": [], "ours": []}
+    with provider.get_tracer("bench").start_as_current_span("request", context=_PARENT):
+        for _ in range(3):
+            for which, instrumentor in instrumentors.items():
+                kept.clear()
+                made[which].append(
+                    _per_span_us(
+                        count, functools.partial(_database_statements, instrumentor, count)
+                    )
+                )
+    spans = list(kept.get_finished_spans())
+    return {
+        "make_us": min(made["sdk"]),
+        "make_ours_us": min(made["ours"]),
+        "encode_sdk_us": _per_span_us(len(spans), lambda: _encode(_sdk_encoder, spans)),
+        "encode_ours_us": _per_span_us(len(spans), lambda: _encode(encode_request, spans)),
+    }
+
+
 def _per_span_us(spans: int, work: Callable[[], Any]) -> float:
     started = time.process_time()
     work()
@@ -141,17 +230,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spans", type=int, default=20_000)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    cases: list[tuple[str, Callable[[trace.Tracer, int, int], None], int]] = [
+    cases: list[tuple[str, Callable[[trace.Tracer, int, int], None] | None, int]] = [
         ("consumer process span", _consumer, 0),
         ("scheduler grant", _grant, 0),
         ("queue wait, no event", _queue_wait, 0),
         ("queue wait, 1 pending event", _queue_wait, 1),
         ("queue wait, 3 pending events", _queue_wait, 3),
+        ("database statement (fetchval)", None, 0),
     ]
     load_before = os.getloadavg()
     results = []
     for name, make, events in cases:
-        measured = _measure_case(make, events, args.spans)
+        if make is None:
+            measured = _measure_database(args.spans)
+        else:
+            measured = _measure_case(make, events, args.spans)
         results.append({"span": name, **measured})
         print(
             f"{name:>30}: make {measured['make_us']:6.1f} us "

@@ -31,8 +31,9 @@ Contract:
   by its SQL verb, with ``db.system``, ``db.name``, ``db.user``, the peer and the statement
   text (placeholders ``$1``..., never the parameter values). Only inside a recording span:
   a query with no current span (a background loop polling its table) makes no span, so
-  polling never opens a trace of its own. ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS`` naming
-  ``asyncpg`` (or ``OTEL_SDK_DISABLED=true``) leaves queries untraced.
+  polling never opens a trace of its own. The spans are the library's own, each statement and
+  connection described once (``shared.db_spans``). ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS``
+  naming ``asyncpg`` (or ``OTEL_SDK_DISABLED=true``) leaves queries untraced.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ from typing import Any, Literal
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
 from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -60,6 +60,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainyard.tracing import PROPAGATOR
 from trainyard.tracing import inject as inject
+from trainyard_platform.shared.db_spans import WithinTraceAsyncPG
 from trainyard_platform.shared.settings import TelemetrySettings
 
 # Injecting is the client distribution's (its HTTP client sends the context too); one
@@ -145,33 +146,11 @@ def instrument_database(provider: trace.TracerProvider) -> bool:
     if not OtelExportSettings().database_spans_on:
         return False
     # A singleton: one wrapping per process.
-    instrumentor = _WithinTraceAsyncPG()  # type: ignore[no-untyped-call]
+    instrumentor = WithinTraceAsyncPG()
     if not instrumentor.is_instrumented_by_opentelemetry:
         # capture_parameters stays False: values ($1...) can be tokens or credentials.
         instrumentor.instrument(tracer_provider=DirectTracerProvider(provider))
     return True
-
-
-class _WithinTraceAsyncPG(AsyncPGInstrumentor):
-    """The asyncpg instrumentation, which returns at once from a query made outside any
-    recording span: such a query makes no span (a polling loop never opens a one-span trace
-    of its own), and pays nothing for it (the library describes every query -- statement,
-    database, user, peer -- before it asks for a span)."""
-
-    async def _do_execute(self, func: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        if not trace.get_current_span().is_recording():
-            return await func(*args, **kwargs)
-        return await super()._do_execute(func, instance, args, kwargs)  # type: ignore[no-untyped-call]
-
-    async def _do_cursor_execute(self, func: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        if not trace.get_current_span().is_recording():
-            return await func(*args, **kwargs)
-        return await super()._do_cursor_execute(func, instance, args, kwargs)  # type: ignore[no-untyped-call]
-
-    async def _do_prepared_execute(self, func: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        if not trace.get_current_span().is_recording():
-            return await func(*args, **kwargs)
-        return await super()._do_prepared_execute(func, instance, args, kwargs)  # type: ignore[no-untyped-call]
 
 
 def span_exporters(export: OtelExportSettings | None = None) -> list[SpanExporter]:
