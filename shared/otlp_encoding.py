@@ -10,7 +10,8 @@ another type is left out with its key, as the exporter's encoder leaves it out.
 Why: the exporter's encoder builds a protobuf object for every span, attribute and value and
 hashes the resource (a JSON dump of its attributes) once per span; in a busy service that is
 about as much CPU as making the span. Here each resource and scope is encoded once per
-request, attribute keys once per process, and a span is a join of byte strings.
+request, attribute keys once per process (and the last 256 long string attributes: a
+database span's statement), and a span is a join of byte strings.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind
 
@@ -87,16 +90,23 @@ def _span(span: ReadableSpan) -> bytes:
         parts.append(b"\x39" + _FIXED64.pack(span.start_time))
     if span.end_time:
         parts.append(b"\x41" + _FIXED64.pack(span.end_time))
-    # The span's own BoundedAttributes where it has one (``span.attributes`` wraps it in a
-    # new read-only proxy at each call).
+    # The span's own BoundedAttributes, event and link lists where it has them (``span.
+    # attributes`` wraps the first in a new read-only proxy at each call, ``span.events``
+    # and ``span.links`` copy the others under their lock; a finished span's no longer
+    # change).
     attributes = getattr(span, "_attributes", None)
-    if attributes is None or not isinstance(attributes, Mapping):
-        attributes = span.attributes
+    if type(attributes) is BoundedAttributes:
+        dropped = attributes.dropped
+    else:
+        if attributes is None or not isinstance(attributes, Mapping):
+            attributes = span.attributes
+        dropped = span.dropped_attributes
     if attributes:
         parts.append(_attributes(9, attributes))
-    if span.dropped_attributes:
-        parts.append(_varint_field(10, span.dropped_attributes))
-    for event in span.events:
+    if dropped:
+        parts.append(_varint_field(10, dropped))
+    events, dropped_events = _list(span, "_events", "events")
+    for event in events:
         event_parts = [b"\x09" + _FIXED64.pack(event.timestamp)] if event.timestamp else []
         if event.name:
             event_parts.append(_string(2, event.name))
@@ -105,12 +115,13 @@ def _span(span: ReadableSpan) -> bytes:
         if event.dropped_attributes:
             event_parts.append(_varint_field(4, event.dropped_attributes))
         parts.append(_len(11, b"".join(event_parts)))
-    if span.dropped_events:
-        parts.append(_varint_field(12, span.dropped_events))
-    for link in span.links:
+    if dropped_events:
+        parts.append(_varint_field(12, dropped_events))
+    links, dropped_links = _list(span, "_links", "links")
+    for link in links:
         parts.append(_len(13, _link(link.context, link.attributes, link.dropped_attributes)))
-    if span.dropped_links:
-        parts.append(_varint_field(14, span.dropped_links))
+    if dropped_links:
+        parts.append(_varint_field(14, dropped_links))
     status = span.status
     if status.description or status.status_code.value:
         status_parts = []
@@ -123,6 +134,18 @@ def _span(span: ReadableSpan) -> bytes:
         parts.append(_STATUS_UNSET)
     parts.append(_FLAGS_REMOTE if parent is not None and parent.is_remote else _FLAGS_LOCAL)
     return b"".join(parts)
+
+
+def _list(span: ReadableSpan, field: str, public: str) -> tuple[Sequence[Any], int]:
+    """A span's events or links and how many were dropped: the SDK's ``BoundedList``'s own
+    deque where the span holds one, else the public property's copy."""
+    held = getattr(span, field, None)
+    if type(held) is BoundedList:
+        kept: Sequence[Any] = held._dq  # type: ignore[attr-defined]
+        return kept, held.dropped
+    if type(held) is tuple or type(held) is list:
+        return held, 0
+    return getattr(span, public), getattr(span, f"dropped_{public}")
 
 
 def _link(context: SpanContext, attributes: Mapping[str, Any] | None, dropped: int) -> bytes:
@@ -156,12 +179,15 @@ def _attributes(field: int, attributes: Mapping[str, Any]) -> bytes:
     out = []
     for key, value in _items(attributes):
         if type(value) is str:  # the usual case, inlined: KeyValue{key, AnyValue{string}}
-            text = value.encode("utf-8")
-            size = len(text)
-            if size < 0x7E:  # the AnyValue (size + 2) and the value fit one-byte lengths
-                body = _key(key) + b"\x12" + bytes((size + 2, 0x0A, size)) + text
+            if len(value) < 0x7E:
+                text = value.encode("utf-8")
+                size = len(text)
+                if size < 0x7E:  # the AnyValue (size + 2) and the value fit one-byte lengths
+                    body = _key(key) + b"\x12" + bytes((size + 2, 0x0A, size)) + text
+                else:
+                    body = _key(key) + _len(2, _len(1, text))
             else:
-                body = _key(key) + _len(2, _len(1, text))
+                body = _long_text(key, value)
         else:
             try:
                 body = _key(key) + _len(2, _value(value))
@@ -183,6 +209,13 @@ def _items(attributes: Mapping[str, Any]) -> Any:
 @lru_cache(maxsize=1024)
 def _key(key: str) -> bytes:
     return _string(1, key)
+
+
+@lru_cache(maxsize=256)
+def _long_text(key: str, value: str) -> bytes:
+    """A ``KeyValue``'s body for a long string: kept, as the same long texts come back (a
+    database span's statement, described once per text, is the same string every time)."""
+    return _key(key) + _len(2, _len(1, value.encode("utf-8")))
 
 
 def _value(value: Any) -> bytes:
