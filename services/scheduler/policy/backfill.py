@@ -90,6 +90,7 @@ def reserve(
     for node in nodes:
         reservation.slack[node.node_id] = max(0, free_at(node, start) - per_node)
         node.reservations.append(reservation)
+    pool.version += 1
     return reservation
 
 

@@ -31,8 +31,8 @@ waits; the next full pass reconsiders it with everyone else.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from trainyard_platform.services.scheduler.policy import backfill
 from trainyard_platform.services.scheduler.policy.fairshare import FairShare, queue_key, size_levels
@@ -49,7 +49,12 @@ from trainyard_platform.services.scheduler.policy.model import (
     Snapshot,
 )
 from trainyard_platform.services.scheduler.policy.packing import FlavorPool, NodeSlot, Shape
-from trainyard_platform.services.scheduler.policy.preemption import candidates_for, notice, select
+from trainyard_platform.services.scheduler.policy.preemption import (
+    Candidate,
+    candidates_for,
+    notice,
+    select,
+)
 from trainyard_platform.services.scheduler.policy.quota import QuotaBook, Verdict
 from trainyard_platform.services.scheduler.policy.reasons import explain_all
 from trainyard_platform.services.scheduler.policy.validation import (
@@ -78,10 +83,10 @@ class Waiting:
     verdict: Verdict | None = None
     shape: Shape = (1, 1)
     reservation: backfill.Reservation | None = None
-    conflicts: list[backfill.Reservation] = field(default_factory=list)
+    conflicts: Sequence[backfill.Reservation] = ()
     holder: PendingJob | None = None
     """(held) the starving job of the same queue and flavor that holds the quota."""
-    victims: list[str] = field(default_factory=list)
+    victims: Sequence[str] = ()
     victim_kind: str = ""
     start: float | None = None
 
@@ -129,8 +134,14 @@ class PolicyState:
         self._holds: dict[tuple[str, str], PendingJob] = {}
         self._shape_cache: dict[tuple[str, int, int | None], tuple[Shape, ...]] = {}
         self._invalid_cache: dict[tuple[str, str, int, int | None], Invalid | None] = {}
+        self._request_cache: dict[
+            tuple[str, str, int, int | None], tuple[Invalid | None, tuple[Shape, ...]]
+        ] = {}
+        self._no_fit: dict[tuple[str, tuple[Shape, ...]], tuple[int, float]] = {}
+        self._fit_now: dict[tuple[str, Shape], tuple[int, tuple[backfill.Reservation, ...]]] = {}
         self._level_cache: dict[tuple[str, int, float], float] = {}
         self._judged: dict[str, tuple[int, bool]] = {}
+        self._candidates: dict[tuple[str, str, str, int], list[Candidate]] = {}
         # What ``incremental`` needs to know about the pass's course (see there).
         self.queue_order: dict[str, list[PendingJob]] = {}
         """Queue -> its pending jobs in the order the pass considered them."""
@@ -191,48 +202,79 @@ class PolicyState:
         # change when something is placed, so an entry from the same count is still exact.
         heap: list[tuple[HeapKey, int, str]] = []
         cursor: dict[str, int] = {}
+        # Per queue, its jobs in order and the first part of their ``queue_key``
+        # (``submitted_at / ageing - level``), which is also the job's part of its standing
+        # (``_standing``): computed once per job, not at every push.
+        orders: dict[str, list[float]] = {}
+        level = self.level
         for name, jobs in sorted(queues.items()):
-            jobs.sort(
-                key=lambda j: queue_key(j.submitted_at, self.level(j), j.seq, j.job_id, ageing)
-            )
+            keyed = sorted(
+                (queue_key(j.submitted_at, level(j), j.seq, j.job_id, ageing), j) for j in jobs
+            )  # job ids are unique, so no two keys are equal and jobs are never compared
+            jobs[:] = [j for _, j in keyed]
+            orders[name] = [k[0] for k, _ in keyed]
             cursor[name] = 0
             self.queue_order[name] = jobs
-            heap.append((self._standing(jobs[0], ageing), 0, name))
+            heap.append((self._standing(jobs[0], ageing, orders[name][0]), 0, name))
         heapq.heapify(heap)
+        placements = self.placements
+        heappop, heappush = heapq.heappop, heapq.heappush
+        standing, decide = self._standing, self.decide
         while heap:
-            key, placed, name = heapq.heappop(heap)
-            job = queues[name][cursor[name]]
-            if placed != len(self.placements):
-                fresh = self._standing(job, ageing)
+            key, placed, name = heappop(heap)
+            at = cursor[name]
+            job = queues[name][at]
+            if placed != len(placements):
+                fresh = standing(job, ageing, orders[name][at])
                 if fresh != key and heap and fresh > heap[0][0]:
-                    heapq.heappush(heap, (fresh, len(self.placements), name))
+                    heappush(heap, (fresh, len(placements), name))
                     continue
-            self.decide(job)
-            cursor[name] += 1
-            if cursor[name] < len(queues[name]):
-                following = queues[name][cursor[name]]
-                heapq.heappush(
-                    heap, (self._standing(following, ageing), len(self.placements), name)
+            decide(job)
+            at = cursor[name] = at + 1
+            if at < len(queues[name]):
+                following = queues[name][at]
+                heappush(
+                    heap, (standing(following, ageing, orders[name][at]), len(placements), name)
                 )
         return self.decisions()
 
-    def _standing(self, job: PendingJob, ageing: float) -> HeapKey:
-        queue = self.quota.queues[job.queue]
-        tier = 0 if self.quota.within_nominal(job.queue, job.flavor, job.gpus) else 1
-        order = job.submitted_at / ageing - self.level(job)
-        return (tier, self.fair.share(queue) + order, job.submitted_at, job.seq, job.job_id)
+    def _standing(self, job: PendingJob, ageing: float, order: float | None = None) -> HeapKey:
+        """The job's standing (lower goes first; module docstring). ``order`` is
+        ``job.submitted_at / ageing - self.level(job)`` when the caller has it."""
+        quota = self.quota
+        tier = 0 if quota.within_nominal(job.queue, job.flavor, job.gpus) else 1
+        if order is None:
+            order = job.submitted_at / ageing - self.level(job)
+        share = self.fair.share(quota.queues[job.queue])
+        return (tier, share + order, job.submitted_at, job.seq, job.job_id)
 
     def decide(self, job: PendingJob, quick: bool = False) -> Placement | None:
         """Start ``job`` now if the rules allow, else record why it waits. ``quick`` (the
         arrival fast path) neither preempts nor reserves."""
         self._step += 1
         self.decided_at[job.job_id] = self._step
-        invalid = self.invalid(job)
-        if invalid is not None:
-            self._wait(invalid)
+        request = (job.queue, job.flavor, job.gpus, job.gpus_per_node)
+        known = self._request_cache.get(request)
+        if known is None:
+            self.invalid(job)  # fills _invalid_cache[request]
+            bad = self._invalid_cache[request]
+            known = self._request_cache[request] = (
+                bad,
+                self.shapes(job, self.pools[job.flavor]) if bad is None else (),
+            )
+        bad, shapes = known
+        if bad is not None:
+            self._wait(
+                Waiting(
+                    job,
+                    "invalid",
+                    text=bad.reason,
+                    blocking=bad.blocking,
+                    suggestion=bad.suggestion,
+                )
+            )
             return None
         pool = self.pools[job.flavor]
-        shapes = self.shapes(job, pool)
         verdict = self.quota.check(job.queue, job.flavor, job.gpus)
         end = self.now + job.declared_runtime_s
         waiting: Waiting
@@ -250,15 +292,14 @@ class PolicyState:
                 return self._place(job, pool, found[0], found[1], end, verdict.borrowing)
             waiting = Waiting(job, "capacity", verdict=verdict, shape=shapes[0])
             for shape in shapes:
-                nodes = pool.find(shape)
-                conflicts = _conflicts(nodes, shape[1], end) if nodes is not None else []
+                conflicts = self._conflicts(pool, shape, end)
                 if conflicts:  # it fits now, but only on GPUs reserved for someone ahead
                     waiting.kind, waiting.shape, waiting.conflicts = "reserved", shape, conflicts
                     break
         if quick:
             self._wait(waiting)
             return None
-        if waiting.kind in ("quota", "capacity"):
+        if waiting.kind in ("quota", "capacity") and (job.queue, job.flavor) not in self._tried:
             self._try_preempt(job, pool, shapes, waiting)
         cohort_full = waiting.verdict is not None and waiting.verdict.kind == "cohort_full"
         if (
@@ -327,6 +368,18 @@ class PolicyState:
     def _find(
         self, pool: FlavorPool, shapes: tuple[Shape, ...], end: float
     ) -> tuple[list[NodeSlot], int] | None:
+        """Nodes for the first of ``shapes`` that fits now without delaying a reservation.
+
+        A search that failed is remembered with its pool's ``version`` and ``end``: while the
+        pool is unchanged (no GPUs taken, no reservation made: each bumps the version), a
+        search for the same shapes ending at ``end`` or later fails too, because
+        ``backfill.allows`` only refuses more nodes as ``end`` grows and a search fails when
+        too few nodes are allowed (one node; ``count`` in a domain or in all)."""
+        key = (pool.flavor, shapes)
+        failed = self._no_fit.get(key)
+        if failed is not None and failed[0] == pool.version and end >= failed[1]:
+            return None
+
         def allow(node: NodeSlot, gpus: int) -> bool:
             return backfill.allows(node, gpus, end)
 
@@ -334,7 +387,35 @@ class PolicyState:
             nodes = pool.find(shape, allow)
             if nodes is not None:
                 return nodes, shape[1]
+        if failed is None or failed[0] != pool.version or end < failed[1]:
+            self._no_fit[key] = (pool.version, end)
         return None
+
+    def _conflicts(
+        self, pool: FlavorPool, shape: Shape, end: float
+    ) -> tuple[backfill.Reservation, ...]:
+        """The reservations (by job id) that a job of ``shape`` ending at ``end`` would
+        delay on the nodes it fits on now when reservations are ignored (``pool.find``).
+
+        Those nodes, and which of their reservations lack the slack for ``shape`` (``r`` is
+        delayed on a node when ``end > r.start`` and its slack there is short), are kept
+        while the pool's ``version`` is unchanged: they read the free GPUs, the reservations
+        and their slack, which only ``take`` (after ``commit``) and ``reserve`` change, and
+        both bump the version. Only the test against ``end`` is made per job."""
+        key = (pool.flavor, shape)
+        kept = self._fit_now.get(key)
+        if kept is None or kept[0] != pool.version:
+            nodes = pool.find(shape)
+            found: dict[str, backfill.Reservation] = {}
+            for node in nodes or ():
+                for r in node.reservations:
+                    if r.slack[node.node_id] < shape[1]:
+                        found[r.job_id] = r
+            kept = self._fit_now[key] = (pool.version, tuple(found[k] for k in sorted(found)))
+        short = kept[1]
+        if all(end > r.start for r in short):
+            return short
+        return tuple(r for r in short if end > r.start)
 
     def _place(
         self,
@@ -380,11 +461,6 @@ class PolicyState:
         running: Mapping[tuple[str, str], list[RunningJob]] = (
             self.running if self.config.preemption else {}
         )
-        if self._claimed and running:
-            # A job already chosen as a victim in this pass frees its GPUs once: it must not
-            # be chosen again for another waiting job (nor its GPUs counted twice). Filtered
-            # per (queue, flavor) as read: a victim search reads a few of them, not all.
-            running = _Unclaimed(running, self._claimed)
         found, reclaimable = candidates_for(
             self.quota,
             job.queue,
@@ -397,6 +473,10 @@ class PolicyState:
             self.config,
             self.now,
             self._judged,
+            self._candidates,
+            # A job already chosen as a victim in this pass frees its GPUs once: it must not
+            # be chosen again for another waiting job (nor its GPUs counted twice).
+            self._claimed,
         )
         if not found:
             return
@@ -433,31 +513,6 @@ class PolicyState:
     def decisions(self) -> Decisions:
         explanations = explain_all(self, self.waiting)
         return Decisions(tuple(self.placements), tuple(self.preemptions), explanations)
-
-
-class _Unclaimed(Mapping[tuple[str, str], list[RunningJob]]):
-    """``running`` without the jobs in ``claimed``, filtered per key when read."""
-
-    def __init__(self, running: Mapping[tuple[str, str], list[RunningJob]], claimed: set[str]):
-        self._running = running
-        self._claimed = claimed
-
-    def __getitem__(self, key: tuple[str, str]) -> list[RunningJob]:
-        return [r for r in self._running[key] if r.job_id not in self._claimed]
-
-    def __iter__(self) -> Iterator[tuple[str, str]]:
-        return iter(self._running)
-
-    def __len__(self) -> int:
-        return len(self._running)
-
-
-def _conflicts(nodes: Iterable[NodeSlot], gpus: int, end: float) -> list[backfill.Reservation]:
-    found: dict[str, backfill.Reservation] = {}
-    for node in nodes:
-        for r in backfill.conflicts(node, gpus, end):
-            found[r.job_id] = r
-    return [found[k] for k in sorted(found)]
 
 
 def schedule(snapshot: Snapshot, config: PolicyConfig | None = None) -> Decisions:

@@ -90,6 +90,8 @@ class FairShare:
         rate = math.log(2) / half_life_s if half_life_s > 0 else 0.0
         self._past = {team: used * rate for team, used in usage.items()}
         self._held = dict(held)
+        self._queue_scale: dict[str, float] = {}
+        """Queue name -> its team's scale in its group (``share``'s last factor)."""
 
     @staticmethod
     def group(queue: Queue) -> str:
@@ -101,7 +103,10 @@ class FairShare:
             return 0.0
         team = queue.team
         used = self._past.get(team, 0.0) + self._held.get(team, 0)
-        return used * self._scale.get((self.group(queue), team), 1.0)
+        scale = self._queue_scale.get(queue.name)
+        if scale is None:  # fixed per queue: its group, team and the weights never change
+            scale = self._queue_scale[queue.name] = self._scale.get((self.group(queue), team), 1.0)
+        return used * scale
 
     def charge(self, team: str, gpus: int) -> None:
         """Count ``gpus`` more held by ``team`` (a placement in this pass)."""

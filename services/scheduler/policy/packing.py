@@ -100,6 +100,9 @@ class FlavorPool:
         for node in self.nodes.values():
             self._insert(node)
         self.topologies = sorted(self._domains)
+        self.version = 0
+        """Bumped whenever a search's answer may change: GPUs taken (``take``), or a
+        reservation placed on a node (``backfill.reserve``)."""
         self._capacities = sorted(n.capacity for n in nodes)
 
     def count_nodes_with(self, gpus: int) -> int:
@@ -241,6 +244,7 @@ class FlavorPool:
             node.holders[job_id] = node.holders.get(job_id, 0) + per_node
             self._insert(node)
         self.free_total -= per_node * len(nodes)
+        self.version += 1
         return placement
 
 

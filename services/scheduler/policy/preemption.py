@@ -29,7 +29,7 @@ Contract:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
 
 from trainyard_platform.services.scheduler.policy import explain
@@ -179,11 +179,19 @@ def candidates_for(
     config: PolicyConfig,
     now: float,
     memo: dict[str, tuple[int, bool]] | None = None,
+    made: dict[tuple[str, str, str, int], list[Candidate]] | None = None,
+    claimed: Set[str] = frozenset(),
 ) -> tuple[list[Candidate], dict[str, int]]:
     """Candidate victims for a job of ``queue``/``flavor`` and what reclaim may take per
-    queue (see module docstring). ``memo`` (job id -> its priority value and whether it
-    is eligible) may be kept across the calls of one pass: neither changes during it."""
+    queue (see module docstring); jobs in ``claimed`` (victims already chosen) are left out.
+
+    ``memo`` (job id -> its priority value and whether it is eligible) and ``made`` (the
+    candidates of one queue and flavor, per kind and priority or borrowed GPUs, before
+    ``claimed`` is taken out) may be kept across the calls of one pass over the same
+    ``running``: a candidate is made of the job, its class, ``now`` and the priority or
+    borrowed GPUs it is judged against, none of which changes for a key during a pass."""
     memo = {} if memo is None else memo
+    made = {} if made is None else made
 
     def judged(job: RunningJob) -> tuple[int, bool]:
         known = memo.get(job.job_id)
@@ -192,24 +200,37 @@ def candidates_for(
             known = memo[job.job_id] = (cls.value, eligible(job, cls, config, now))
         return known
 
+    def unclaimed(candidates: list[Candidate]) -> list[Candidate]:
+        if not claimed:
+            return candidates
+        return [c for c in candidates if c.job.job_id not in claimed]
+
     found = [
         Candidate(job, None, victim_key(job, classes(job.priority).value, now, leaving=True))
         for job in leaving
     ]
-    for job in running.get((queue, flavor), ()):
-        value, ok = judged(job)
-        if value < priority and ok:
-            found.append(Candidate(job, "priority", victim_key(job, value, now)))
+    own = made.get(("priority", queue, flavor, priority))
+    if own is None:
+        own = made[("priority", queue, flavor, priority)] = []
+        for job in running.get((queue, flavor), ()):
+            value, ok = judged(job)
+            if value < priority and ok:
+                own.append(Candidate(job, "priority", victim_key(job, value, now)))
+    found += unclaimed(own)
     reclaimable: dict[str, int] = {}
     cohort = quota.queues[queue].cohort
     if within_nominal and cohort is not None:
         for other, borrowed in quota.borrowers(cohort, flavor, exclude=queue):
             reclaimable[other] = borrowed
-            for job in running.get((other, flavor), ()):
-                value, ok = judged(job)
-                if ok:
-                    key = victim_key(job, value, now, oversize=job.gpus > borrowed)
-                    found.append(Candidate(job, "reclaim", key))
+            lent = made.get(("reclaim", other, flavor, borrowed))
+            if lent is None:
+                lent = made[("reclaim", other, flavor, borrowed)] = []
+                for job in running.get((other, flavor), ()):
+                    value, ok = judged(job)
+                    if ok:
+                        key = victim_key(job, value, now, oversize=job.gpus > borrowed)
+                        lent.append(Candidate(job, "reclaim", key))
+            found += unclaimed(lent)
     return found, reclaimable
 
 

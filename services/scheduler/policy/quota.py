@@ -70,6 +70,9 @@ class QuotaBook:
         self._used: dict[tuple[str, str], int] = {}
         self._pool: dict[tuple[str, str], int] = {}
         self._pool_used: dict[tuple[str, str], int] = {}
+        self._verdicts: dict[tuple[str, str, int], tuple[int, int, Verdict]] = {}
+        """(queue, flavor, gpus) -> the queue's use and its cohort's pool use at the last
+        ``check`` without ``freed``, and its verdict (see ``check``)."""
         for q in self.queues.values():
             if q.cohort is not None:
                 for flavor in q.nominal:
@@ -134,15 +137,42 @@ class QuotaBook:
     # --- decisions -----------------------------------------------------------------------
 
     def within_nominal(self, queue: str, flavor: str, gpus: int) -> bool:
-        return self._used.get((queue, flavor), 0) + gpus <= self.terms(queue, flavor).nominal
+        key = (queue, flavor)
+        terms = self._terms.get(key) or self.terms(queue, flavor)
+        return self._used.get(key, 0) + gpus <= terms.nominal
 
     def check(
         self, queue: str, flavor: str, gpus: int, freed: Mapping[str, int] | None = None
     ) -> Verdict:
         """Whether ``gpus`` more fit ``queue``'s quota, as if ``freed`` (queue -> GPUs of
-        this flavor) had been released first."""
-        t = self.terms(queue, flavor)
-        current = self._used.get((queue, flavor), 0)
+        this flavor) had been released first.
+
+        Without ``freed`` the last verdict for (queue, flavor, gpus) is kept with the queue's
+        use and its cohort's pool use it was made from: all else it reads (terms, pool
+        sizes) is fixed once built, so while those two are unchanged the verdict is too."""
+        key = (queue, flavor)
+        t = self._terms.get(key) or self.terms(queue, flavor)
+        current = self._used.get(key, 0)
+        if freed:
+            return self._check(t, queue, flavor, gpus, current, freed)
+        pooled = self._pool_used.get((t.cohort, flavor), 0) if t.cohort is not None else 0
+        memo = (queue, flavor, gpus)
+        kept = self._verdicts.get(memo)
+        if kept is not None and kept[0] == current and kept[1] == pooled:
+            return kept[2]
+        verdict = self._check(t, queue, flavor, gpus, current, None)
+        self._verdicts[memo] = (current, pooled, verdict)
+        return verdict
+
+    def _check(
+        self,
+        t: Terms,
+        queue: str,
+        flavor: str,
+        gpus: int,
+        current: int,
+        freed: Mapping[str, int] | None,
+    ) -> Verdict:
         used = current - freed.get(queue, 0) if freed else current
         after = used + gpus
         nominal = t.nominal

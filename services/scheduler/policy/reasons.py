@@ -76,6 +76,14 @@ class _Explainer:
         self._timelines: dict[tuple[tuple[str, ...], str, bool], _Timeline] = {}
         self._heads: dict[tuple[str, str, str | None], tuple[str, str]] = {}
         self._tails: dict[tuple[str, str | None], str] = {}
+        self._names_jobs: dict[str, bool] = {}
+        self._blockings: dict[tuple[str, str | None], str] = {}
+        self._reserved: dict[tuple[str, ...], tuple[str, str, float]] = {}
+        self._cohort_heads: dict[tuple[str, str, int, int], tuple[str, str]] = {}
+        self._members: dict[str, tuple[str, ...]] = {}
+        self._reclaims: dict[
+            tuple[str, str, int, int], tuple[str, tuple[str, ...], list[tuple[str, int]]]
+        ] = {}
 
     def run(
         self, waiting: list[Waiting], team_of: Mapping[str, str] | None
@@ -124,14 +132,36 @@ class _Explainer:
         "; " holds no word, so rewriting the two parts apart gives the same text."""
         head, sep, tail = reason.rpartition("; ")
         if not sep:
-            return _as_seen_by(reason, blocking, own, team_of)
+            return self._reason_seen(reason, own, team_of), self._blocking_seen(
+                blocking, own, team_of
+            )
         shown = self._heads.get((head, blocking, own))
         if shown is None:
-            shown = self._heads[(head, blocking, own)] = _as_seen_by(head, blocking, own, team_of)
+            shown = self._heads[(head, blocking, own)] = (
+                self._reason_seen(head, own, team_of),
+                self._blocking_seen(blocking, own, team_of),
+            )
         rest = self._tails.get((tail, own))
         if rest is None:
-            rest = self._tails[(tail, own)] = _as_seen_by(tail, "", own, team_of)[0]
+            rest = self._tails[(tail, own)] = self._reason_seen(tail, own, team_of)
         return shown[0] + sep + rest, shown[1]
+
+    def _reason_seen(self, text: str, own: str | None, team_of: Mapping[str, str]) -> str:
+        """``_reason_seen_by``; a text none of whose words is a job id in ``team_of`` reads
+        the same for every team, which is found once per text (``team_of`` is fixed for
+        this explainer's run) rather than once per text and team."""
+        names = self._names_jobs.get(text)
+        if names is None:
+            names = self._names_jobs[text] = any(
+                m.group(2) in team_of for m in _WORD.finditer(text)
+            )
+        return _reason_seen_by(text, own, team_of) if names else text
+
+    def _blocking_seen(self, blocking: str, own: str | None, team_of: Mapping[str, str]) -> str:
+        shown = self._blockings.get((blocking, own))
+        if shown is None:
+            shown = self._blockings[(blocking, own)] = _blocking_seen_by(blocking, own, team_of)
+        return shown
 
     def one(self, w: Waiting) -> Explanation:
         job = w.job
@@ -156,11 +186,20 @@ class _Explainer:
         if w.reservation is not None and w.reservation.job_id == job.job_id:
             start = w.reservation.start
         if w.kind == "reserved":
-            holders = [f"job {r.job_id}" for r in w.conflicts]
-            text = f"{explain.reserved_for(job.flavor, holders)}; {explain.eta(start, self.now)}"
-            first = min((r.start for r in w.conflicts), default=self.now)
+            # All but the estimate depends on the flavor and the reservations alone.
+            ids = (job.flavor, *(r.job_id for r in w.conflicts))
+            known = self._reserved.get(ids)
+            if known is None:
+                holders = [f"job {r.job_id}" for r in w.conflicts]
+                first = min((r.start for r in w.conflicts), default=self.now)
+                known = self._reserved[ids] = (
+                    explain.reserved_for(job.flavor, holders),
+                    ", ".join(r.job_id for r in w.conflicts),
+                    first,
+                )
+            head, blocking, first = known
+            text = f"{head}; {explain.eta(start, self.now)}"
             hint = explain.shorter_runtime(first - self.now) if first > self.now else None
-            blocking = ", ".join(r.job_id for r in w.conflicts)
             return Explanation(w.position, text, blocking, hint, start)
         if w.kind == "behind":
             assert w.reservation is not None
@@ -205,28 +244,48 @@ class _Explainer:
             blocking = _ids(self._holding_ids(job.queue, job.flavor)) or f"queue {job.queue} quota"
             return text, blocking, start
         assert queue.cohort is not None
-        borrowers = [b for b in self._borrowers(queue.cohort, job.flavor) if b[0] != job.queue]
-        teams = [(q.queues[name].team, n) for name, n in borrowers]
         if verdict.kind == "reclaim":
-            blocking = _ids([name for name, _ in borrowers]) or f"cohort {queue.cohort}"
-            start = self._reclaimed(tuple(n for n, _ in borrowers), job.flavor, verdict.excess)
-            idle = max(0, verdict.nominal - verdict.used)
-            taken: list[tuple[str, int]] = []
-            for team, n in teams:
-                share = min(n, idle - sum(t for _, t in taken))
-                if share > 0:
-                    taken.append((team, share))
+            # All but the estimate depends on the queue, flavor and these figures only.
+            known_key = (job.queue, job.flavor, verdict.used, verdict.nominal)
+            known = self._reclaims.get(known_key)
+            if known is None:
+                borrowers = [
+                    b for b in self._borrowers(queue.cohort, job.flavor) if b[0] != job.queue
+                ]
+                teams = [(q.queues[name].team, n) for name, n in borrowers]
+                idle = max(0, verdict.nominal - verdict.used)
+                shares: list[tuple[str, int]] = []
+                for team, n in teams:
+                    share = min(n, idle - sum(t for _, t in shares))
+                    if share > 0:
+                        shares.append((team, share))
+                known = self._reclaims[known_key] = (
+                    _ids([name for name, _ in borrowers]) or f"cohort {queue.cohort}",
+                    tuple(n for n, _ in borrowers),
+                    shares,
+                )
+            blocking, lenders, taken = known
+            start = self._reclaimed(lenders, job.flavor, verdict.excess)
             when = explain.eta(start, self.now).replace("expected start", "expected")
             text = explain.reclaim(job.flavor, verdict.nominal, taken, when)
             return text, blocking, start
-        size, used = q.pool(queue.cohort, job.flavor)
-        users = self._users(queue.cohort, job.flavor)
-        holders = [f"{name} with {n}" for n, name in users if n > 0 and name != job.queue]
-        text = explain.cohort_full(
-            job.queue, job.flavor, verdict.used, verdict.nominal, max(0, size - used), holders
-        )
-        blocking = _ids([h.split(" ", 1)[0] for h in holders]) or f"cohort {queue.cohort}"
-        start = self._released(tuple(q.members[queue.cohort]), job.flavor, verdict.excess)
+        # The text but for its estimate depends on the queue, flavor and these figures only.
+        head_key = (job.queue, job.flavor, verdict.used, verdict.nominal)
+        head = self._cohort_heads.get(head_key)
+        if head is None:
+            size, used = q.pool(queue.cohort, job.flavor)
+            users = self._users(queue.cohort, job.flavor)
+            holders = [f"{name} with {n}" for n, name in users if n > 0 and name != job.queue]
+            text = explain.cohort_full(
+                job.queue, job.flavor, verdict.used, verdict.nominal, max(0, size - used), holders
+            )
+            blocking = _ids([h.split(" ", 1)[0] for h in holders]) or f"cohort {queue.cohort}"
+            head = self._cohort_heads[head_key] = (text, blocking)
+        text, blocking = head
+        members = self._members.get(queue.cohort)
+        if members is None:
+            members = self._members[queue.cohort] = tuple(q.members[queue.cohort])
+        start = self._released(members, job.flavor, verdict.excess)
         text = f"{text}; {explain.eta(start, self.now)}"
         return text, blocking, start
 
@@ -366,21 +425,29 @@ def _as_seen_by(
     reason: str, blocking: str, team: str | None, team_of: Mapping[str, str]
 ) -> tuple[str, str]:
     """``reason`` and ``blocking`` with other teams' job ids replaced (see ``for_team``)."""
+    return _reason_seen_by(reason, team, team_of), _blocking_seen_by(blocking, team, team_of)
 
-    def foreign(word: str) -> str | None:
-        other = team_of.get(word)
-        return other if other is not None and other != team else None
+
+def _reason_seen_by(reason: str, team: str | None, team_of: Mapping[str, str]) -> str:
+    """``reason`` with every word that is another team's job id replaced."""
 
     def in_reason(m: re.Match[str]) -> str:
-        other = foreign(m.group(2))
-        return m.group(0) if other is None else f"a {other} job"
+        other = team_of.get(m.group(2))
+        return m.group(0) if other is None or other == team else f"a {other} job"
 
+    return _WORD.sub(in_reason, reason)
+
+
+def _blocking_seen_by(blocking: str, team: str | None, team_of: Mapping[str, str]) -> str:
+    """``blocking`` with each item that is another team's job id replaced by that team,
+    repeats dropped."""
     shown_items: list[str] = []
     for item in (i.strip() for i in blocking.split(",")):
-        shown = foreign(item) or item
+        other = team_of.get(item)
+        shown = other if other is not None and other != team and other else item
         if shown not in shown_items:
             shown_items.append(shown)
-    return _WORD.sub(in_reason, reason), ", ".join(shown_items)
+    return ", ".join(shown_items)
 
 
 def _ids(items: list[str], limit: int = 10) -> str:
