@@ -33,7 +33,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 from urllib.parse import urlencode
 
 import asyncpg
@@ -389,7 +389,7 @@ async def submit_job(
                     front.pool, known, job_ready, checked_key
                 )
                 if done is not None:
-                    return _submitted(*done, warnings)
+                    return _submitted(job_ready.job_id, *done, warnings)
             await _check_again(request, front)
     caller = resolve_caller(request)
     screening = await request_screening(request, front.pool, front.settings, caller.team)
@@ -405,14 +405,22 @@ async def submit_job(
     view, created = await commands.submit_job(
         front.pool, front.objects, caller, job, key, held=held_connection(request)
     )
-    return _submitted(view, created, warnings)
+    return _submitted(view.id, view, created, warnings)
 
 
-def _submitted(view: JobView, created: bool, warnings: list[str]) -> Response[JobView]:
-    headers = {"Location": f"/v1/jobs/{view.id}"}
+def _submitted(
+    job_id: str, view: JobView | bytes, created: bool, warnings: list[str]
+) -> Response[JobView]:
+    """The answer of ``submit_job``: ``view`` as a ``JobView``, or already encoded as
+    Litestar would encode it (``views.submitted_job_json``: bytes go out as they are)."""
+    headers = {"Location": f"/v1/jobs/{job_id}"}
     if warnings:
         headers[BUDGET_WARNING_HEADER] = "; ".join(warnings)
-    return Response(view, status_code=201 if created else 200, headers=headers)
+    status = 201 if created else 200
+    if isinstance(view, bytes):
+        encoded: Response[Any] = Response(view, status_code=status, headers=headers)
+        return cast("Response[JobView]", encoded)
+    return Response(view, status_code=status, headers=headers)
 
 
 async def _prepare_known(

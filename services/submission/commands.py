@@ -49,7 +49,12 @@ from trainyard_platform.services.submission.schemas import (
     LogChunk,
     LogPage,
 )
-from trainyard_platform.services.submission.views import job_summary, job_view, submitted_job_view
+from trainyard_platform.services.submission.views import (
+    job_summary,
+    job_view,
+    submitted_job_json,
+    submitted_job_view,
+)
 from trainyard_platform.shared import audit, outbox
 from trainyard_platform.shared.events import Envelope
 from trainyard_platform.shared.events.payloads import (
@@ -139,12 +144,13 @@ async def prepare(
 
 async def submit_prepared_if_known(
     pool: asyncpg.Pool, known: KnownCaller, job: Prepared, idempotency_key: str | None
-) -> tuple[JobView, bool] | None:
+) -> tuple[JobView | bytes, bool] | None:
     """``submit_job`` for a job ``prepare``d for ``known.caller`` (a caller whose writes are
     not audited), in one statement that also checks the token, the caller and the team's
     screening are still what ``known`` remembers (``repository.insert_job_if_caller``).
     None when any of them changed: nothing was stored, and the caller must be checked
-    again (``known_callers``)."""
+    again (``known_callers``). A new job's view comes as the JSON the API answers
+    (``views.submitted_job_json``), a replayed one's as a ``JobView``."""
     caller = known.caller
     assert not audit.must_record(caller.principal)  # audited callers are never remembered
     envelope = Envelope.wrap(
@@ -170,7 +176,7 @@ async def submit_prepared_if_known(
                 replayed = await _replayed_job(conn, caller, idempotency_key, job.stored)
                 return await _read_view(conn, caller, replayed), False
         outbox.enqueued_by(conn)
-    view = submitted_job_view(
+    view = submitted_job_json(
         job.job_id, caller.team, caller.user, job.stored, job.submitted_at, trace_id
     )
     return view, True

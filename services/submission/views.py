@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
+from functools import cache
 from typing import Any
+
+from litestar.serialization import encode_json
+from pydantic import TypeAdapter
 
 from trainyard_platform.services.submission.domain import (
     CostLine,
@@ -109,6 +113,49 @@ def submitted_job_view(
     )
     history = [{"status": JobStatus.QUEUED, "at": submitted_at, "reason": "submitted"}]
     return job_view(row, history, checkpoints=[], model=None, costs=[], allocations=0)
+
+
+def submitted_job_json(
+    job_id: str,
+    team: str,
+    user: str,
+    spec: dict[str, Any],
+    submitted_at: datetime,
+    trace_id: str | None = None,
+) -> bytes:
+    """``submitted_job_view`` as the API answers it, without building the view: the same
+    bytes Litestar writes for that ``JobView`` (its JSON-mode dump, encoded by Litestar's
+    ``encode_json``). Only the fields a fresh job does not share with every other fresh job are
+    filled in, into the dump of one such view made once; ``spec`` must be JSON-compatible
+    (``payloads.dump``), as the stored spec is. About a fifth of the time of building and
+    encoding the view (``tests/unit/submission/test_views.py`` holds the two equal)."""
+    at = _DATETIME.dump_python(submitted_at, mode="json")
+    view = _submitted_template().copy()
+    view.update(
+        id=job_id,
+        name=spec["name"],
+        team=team,
+        user=user,
+        spec=spec,
+        history=[{**view["history"][0], "at": at}],
+        submitted_at=at,
+        updated_at=at,
+        trace_id=trace_id,
+    )
+    return encode_json(view)
+
+
+_DATETIME: TypeAdapter[datetime] = TypeAdapter(datetime)
+
+
+@cache
+def _submitted_template() -> dict[str, Any]:
+    # Any values will do for the fields submitted_job_json fills in.
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    view = submitted_job_view("", "", "", {"name": ""}, epoch).model_dump(mode="json")
+    if len(view["history"]) != 1:
+        raise AssertionError("a submitted job's view has one history entry")
+    return view
 
 
 _NULLABLE_JOB_COLUMNS = (

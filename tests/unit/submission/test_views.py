@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+import pytest
+from litestar import Litestar, Response, get
+from litestar.testing import TestClient
+
 from tests.unit.submission.factories import at
-from trainyard_platform.services.submission.views import job_summary, job_view
+from trainyard_platform.services.submission.views import (
+    job_summary,
+    job_view,
+    submitted_job_json,
+    submitted_job_view,
+)
 
 SPEC = {"name": "digits-cnn", "gpus": 2, "gpu_flavor": "h200", "user": "alice", "team": "ml"}
 
@@ -164,3 +174,42 @@ def test_summary_line() -> None:
     )
     assert (line.status, line.gpus, line.gpu_flavor, line.cost) == ("RUNNING", 2, "h200", 1.5)
     assert not line.terminal
+
+
+_FRESH: list[tuple[dict[str, Any], datetime, str | None]] = [
+    (SPEC, datetime(2026, 12, 4, 16, 0, tzinfo=UTC), None),
+    (
+        {
+            **SPEC,
+            "name": "d\u00e9j\u00e0-vu \u2603",
+            "args": ["--lr", "1e-05", "tab\there"],
+            "hyperparameters": {"lr": 1e-05, "wd": 0.1, "steps": 2**62, "on": True, "x": None},
+            "labels": {"k": "v"},
+            "code": {"kind": "bundle", "sha256": "a" * 64},
+        },
+        datetime(2026, 12, 4, 16, 0, 1, 123456, tzinfo=UTC),
+        "0af7651916cd43dd8448eb211c80319c",
+    ),
+    (SPEC, datetime(2026, 12, 4, 18, 0, 0, 500, tzinfo=timezone(timedelta(hours=2))), "ab" * 16),
+]
+
+
+@pytest.mark.parametrize(("spec", "submitted_at", "trace_id"), _FRESH)
+def test_a_submitted_jobs_json_is_the_bytes_litestar_writes_for_its_view(
+    spec: dict[str, Any], submitted_at: datetime, trace_id: str | None
+) -> None:
+    args = ("job-1", "ml", "alice", spec, submitted_at, trace_id)
+
+    @get("/view", sync_to_thread=False)
+    def as_view() -> Response[Any]:
+        return Response(submitted_job_view(*args))
+
+    @get("/json", sync_to_thread=False)
+    def as_json() -> Response[Any]:
+        return Response(submitted_job_json(*args))
+
+    with TestClient(Litestar([as_view, as_json])) as client:
+        view, encoded = client.get("/view"), client.get("/json")
+    assert encoded.content == view.content
+    assert encoded.headers["content-type"] == view.headers["content-type"]
+    assert submitted_job_view(*args).model_dump(mode="json")["trace_id"] == trace_id
