@@ -23,7 +23,8 @@ Contract:
   the acknowledgements) once for all the rows committed meanwhile, not once for every few
   rows. An idle relay woken by a commit starts at once, and a full batch (a backlog) is
   followed at once: only a busy relay adds that much delay, at most. ``run``'s final flush
-  does not wait.
+  does not wait. A service whose rows come at a high rate may gather longer (the
+  submission service: ``outbox_busy_round_s``, 40 ms).
 - Several replicas may relay one outbox: rows are claimed with ``FOR UPDATE SKIP LOCKED``.
 - A row the bus will never accept is *parked*, not retried: larger than the bus's maximum
   payload (body and headers; the server's ``max_payload`` or ``max_payload=`` if smaller),
@@ -161,6 +162,11 @@ class OutboxRelay:
         self._busy_round_s = busy_round_s
         self._stream_checked: tuple[float, int] | None = None  # (monotonic time, reconnects)
         self._wake = asyncio.Event()
+
+    @property
+    def busy_round_s(self) -> float:
+        """After a round that published, the next starts no sooner than this after it began."""
+        return self._busy_round_s
 
     async def run(self, stop: asyncio.Event) -> None:
         """Relay until ``stop`` is set, then flush what is committed and return. Never raises

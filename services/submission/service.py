@@ -36,6 +36,12 @@ def event_handler(
     return idempotent(pool, NAME, governance.dispatch_with_governance(dispatch))
 
 
+def outbox_relay(pool: asyncpg.Pool, bus: Bus, settings: Settings) -> OutboxRelay:
+    """The service's outbox relay: its busy rounds gather ``outbox_busy_round_s`` of
+    commits (the service writes an event with every accepted job)."""
+    return OutboxRelay(pool, bus, busy_round_s=settings.outbox_busy_round_s)
+
+
 async def serve(settings: Settings) -> int:
     async with ServiceRuntime(NAME, settings) as rt:
         pool = await rt.resources.enter_async_context(open_pool(settings.database, NAME))
@@ -45,7 +51,7 @@ async def serve(settings: Settings) -> int:
         bus = await rt.resources.enter_async_context(Bus.connect(settings.nats, NAME))
         rt.add_readiness_check("database", lambda: ping(pool))
         rt.add_readiness_check("nats", bus.ping)
-        rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
+        rt.spawn(outbox_relay(pool, bus, settings).run(rt.stopping), "outbox-relay")
         rt.spawn(Retention(pool, settings.nats.retention_hours).run(rt.stopping), "retention")
         handler = measured(NAME, event_handler(pool))
         rt.spawn(bus.consume_batches(NAME, SUBJECTS, handler, rt.stopping), "events")
