@@ -27,8 +27,9 @@ SDK's tracer), **make, ours** ``shared.db_spans.WithinTraceAsyncPG`` as the serv
 it, both inside a recording span.
 
 The encoding figures repeat within a few per cent; the making ones move more (the garbage
-collector runs over every span kept so far, and other load shares the cores), by up to half
-between runs on a busy 2-core machine: compare making costs within one run.
+collector runs over every span kept so far -- each timed run starts after a full collection --
+and other load shares the cores), by up to half between runs on a busy 2-core machine:
+compare making costs within one run.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import functools
+import gc
 import os
 import sys
 import time
@@ -169,6 +171,7 @@ def _measure_database(count: int) -> dict[str, float]:
         for _ in range(3):
             for which, instrumentor in instrumentors.items():
                 kept.clear()
+                gc.collect()  # each run starts from the same heap
                 made[which].append(
                     _per_span_us(
                         count, functools.partial(_database_statements, instrumentor, count)
@@ -213,6 +216,7 @@ def _measure_case(
     for _ in range(3):
         for which, tracer in tracers.items():
             kept.clear()
+            gc.collect()  # each run starts from the same heap
             made[which].append(
                 _per_span_us(count, lambda t=tracer: [make(t, i, events) for i in range(count)])
             )
