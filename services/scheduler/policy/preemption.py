@@ -29,6 +29,7 @@ Contract:
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
 
@@ -142,7 +143,7 @@ def select(
     ``quota_ok(freed)`` says whether the job fits its quota once ``freed`` (queue -> GPUs)
     are released; ``reclaimable`` caps what reclaim may take from each queue.
     """
-    ordered = sorted(candidates, key=lambda c: c.key)[:MAX_CANDIDATES]
+    ordered = sorted(candidates, key=_by_key)[:MAX_CANDIDATES]
     freeing = _Freeing(pool, shapes)
     taken: dict[str, int] = {}
     chosen: list[Candidate] = []
@@ -165,6 +166,9 @@ def select(
         else:
             freeing.change(candidate.job, +1)
     return chosen
+
+
+_by_key = operator.attrgetter("key")
 
 
 def candidates_for(

@@ -118,7 +118,8 @@ class _Explainer:
             shown = seen.get(key)
             if shown is None:
                 shown = seen[key] = self._seen_by(e.reason, e.blocking, own, team_of)
-            e = Explanation(e.position, shown[0], shown[1], e.suggestion, e.estimated_start)
+            if shown[0] != e.reason or shown[1] != e.blocking:
+                e = Explanation(e.position, shown[0], shown[1], e.suggestion, e.estimated_start)
             out[job.job_id] = e
             if w.kind == "quota":
                 by_request[(job.queue, job.flavor, job.gpus)] = e
