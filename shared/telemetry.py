@@ -22,8 +22,8 @@ Contract:
   entered, is current inside it, records an escaping ``Exception`` and the ERROR status,
   and ends on exit), with one small context manager where the API stacks three generator
   ones (the proxy tracer's, the SDK tracer's and ``use_span``): a few microseconds less on
-  every span of a busy service (BENCHMARKS.md, "Tracing cost"). Database spans are made the
-  same way. It is a ``with`` context manager only, not a decorator.
+  every span of a busy service (BENCHMARKS.md, "Tracing cost"). Database spans are made as
+  lightly (``shared.db_spans``). It is a ``with`` context manager only, not a decorator.
 - ``meter(name)`` is where code gets its metric instruments (``shared.metrics`` installs the
   provider that serves them on ``/metrics``).
 - ``setup_tracing`` also turns on database spans (``opentelemetry-instrumentation-asyncpg``,
