@@ -29,6 +29,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from trainyard_platform.deploy.local.postgres import PostgresServer
+from trainyard_platform.shared.db_spans import WithinTraceAsyncPG
 from trainyard_platform.shared.telemetry import instrument_database
 
 pytestmark = pytest.mark.integration
@@ -228,3 +229,7 @@ async def test_two_connections_each_get_their_own_attributes(
     assert (await conn.fetchval("SELECT current_user")) != (
         await other.fetchval("SELECT current_user")
     )
+    # Each described once, and kept: the installed instrumentor's descriptions.
+    installed = WithinTraceAsyncPG._instance
+    assert isinstance(installed, WithinTraceAsyncPG)
+    assert conn in installed._connections and other in installed._connections
