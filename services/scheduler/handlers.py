@@ -22,7 +22,9 @@ Events are applied in order, one by one, except runs of end reports (``job.succe
 ``job.failed``, ``job.preempted``) for distinct jobs: each such run is read and written in a
 few statements (``on_ended``), since a busy cluster's completions would otherwise cost most
 of the scheduler's time in round trips to the database (it holds the scheduling lock all
-along). A run ends at any other event, or at a second report about a job already in it, so
+along). Likewise a run of submissions of distinct jobs: each is checked in turn (in its own
+span, whose trace the job keeps), and the jobs admitted are inserted in one statement, in
+order. A run ends at any other event, or at a second event about a job already in it, so
 the outcome is the same as one by one.
 """
 
@@ -59,6 +61,7 @@ from trainyard_platform.shared.events.payloads import (
     JobSucceeded,
     RunnerHeartbeat,
 )
+from trainyard_platform.shared.telemetry import inject
 
 log = logging.getLogger(__name__)
 
@@ -116,20 +119,35 @@ class SchedulerHandlers:
 
     async def _apply(self, deliveries: Sequence[Delivery], conn: asyncpg.Connection) -> None:
         now = self._clock()
-        run: dict[str, tuple[Delivery, EndReport]] = {}  # by job id
+        ended: dict[str, tuple[Delivery, EndReport]] = {}  # a run of end reports, by job id
+        submitted: dict[str, repo.NewJob] = {}  # a run of submissions to queue, by job id
         for delivery in deliveries:
             data = delivery.envelope.data
-            if isinstance(data, EndReport) and data.job_id not in run:
-                run[data.job_id] = (delivery, data)
-                continue
-            await self.on_ended(conn, list(run.values()), now)
-            run = {}
             if isinstance(data, EndReport):
-                run[data.job_id] = (delivery, data)
+                await self._queue(conn, list(submitted.values()), now)
+                submitted = {}
+                if data.job_id in ended:
+                    await self.on_ended(conn, list(ended.values()), now)
+                    ended = {}
+                ended[data.job_id] = (delivery, data)
                 continue
+            await self.on_ended(conn, list(ended.values()), now)
+            ended = {}
+            if isinstance(data, JobSubmitted):
+                if data.job_id in submitted:
+                    await self._queue(conn, list(submitted.values()), now)
+                    submitted = {}
+                with delivery.span(self._consumer):
+                    job = await self._admit(conn, data, now)
+                if job is not None:
+                    submitted[job.job_id] = job
+                continue
+            await self._queue(conn, list(submitted.values()), now)
+            submitted = {}
             with delivery.span(self._consumer):
                 await self.dispatch(delivery.envelope, conn, now)
-        await self.on_ended(conn, list(run.values()), now)
+        await self.on_ended(conn, list(ended.values()), now)
+        await self._queue(conn, list(submitted.values()), now)
 
     async def dispatch(
         self, envelope: Envelope[Payload], conn: asyncpg.Connection, now: datetime
@@ -192,6 +210,15 @@ class SchedulerHandlers:
     async def on_submitted(
         self, conn: asyncpg.Connection, submitted: JobSubmitted, now: datetime
     ) -> None:
+        job = await self._admit(conn, submitted, now)
+        if job is not None:
+            await self._queue(conn, [job], now)
+
+    async def _admit(
+        self, conn: asyncpg.Connection, submitted: JobSubmitted, now: datetime
+    ) -> repo.NewJob | None:
+        """The job to queue for this submission (in the trace of its handling), or None when
+        it is refused (its ``job.failed`` is said here)."""
         spec = submitted.spec
         if spec.gpus < 1:
             raise Reject(f"spec.gpus: a job needs at least 1 GPU, got {spec.gpus}")
@@ -203,17 +230,26 @@ class SchedulerHandlers:
             job_id = submitted.job_id
             await emit(conn, admission.refused(job_id, refusal, now), job_id, f"refused:{job_id}")
             log.info("job %s refused: %s", job_id, refusal)
-            return
+            return None
         queue = await self._queue_for(conn, spec.team)
-        if not await repo.insert_job(
-            conn, submitted.job_id, spec, submitted.submitted_at, now, queue
-        ):
-            log.info("job %s already known; duplicate submission ignored", submitted.job_id)
+        context = inject() or None
+        return repo.NewJob(submitted.job_id, spec, submitted.submitted_at, queue, context)
+
+    async def _queue(
+        self, conn: asyncpg.Connection, jobs: Sequence[repo.NewJob], now: datetime
+    ) -> None:
+        """Insert a run of admitted jobs (distinct ids) in one statement; each new one is
+        reported (``arrived``) or asks for a pass."""
+        if not jobs:
             return
-        if self._arrived is not None:
-            self._arrived(submitted.job_id)
-        else:
-            self._poke()
+        inserted = await repo.insert_jobs(conn, jobs, now)
+        for job in jobs:
+            if job.job_id not in inserted:
+                log.info("job %s already known; duplicate submission ignored", job.job_id)
+            elif self._arrived is not None:
+                self._arrived(job.job_id)
+            else:
+                self._poke()
 
     async def _admission_facts(self, conn: asyncpg.Connection, spec: JobSpec) -> admission.Facts:
         """``admission.load_facts``, read once per team and flavor in a batch: within its

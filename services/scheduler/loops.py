@@ -55,11 +55,13 @@ from trainyard_platform.shared.inbox import Guard, idempotent_batches, no_guard
 
 log = logging.getLogger(__name__)
 
-EVENT_BATCH = 256
+EVENT_BATCH = 1024
 """Events the leader applies per transaction. Large on purpose: each batch is followed by one
-pass, and a pass costs about the same for 256 new jobs as for 64 (loading the snapshot
-dominates); measured in ``bench/scheduler_e2e.py``: 64 -> 256 took sustained throughput with
-completions from about 300 to about 450 decisions/s."""
+pass, and a pass over a long queue costs about the same after 1,024 new jobs as after 256
+(loading, explaining and telling every waiting job dominates it); measured in
+``bench/scheduler_e2e.py``: 64 -> 256 took sustained throughput with completions from about
+300 to about 450 decisions/s; 256 -> 1,024 took a run of 10,800 jobs on 800 GPUs (10,000
+waiting) from 40-42 passes to 27 (BENCHMARKS.md, "Scheduler end to end")."""
 
 
 class PassLoop:

@@ -5,6 +5,7 @@ is the ``scheduler`` schema."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -232,6 +233,57 @@ async def insert_job(
     return bool(inserted)
 
 
+@dataclass(frozen=True)
+class NewJob:
+    """A submitted job to queue (``insert_jobs``)."""
+
+    job_id: str
+    spec: JobSpec
+    submitted_at: datetime
+    queue: str
+    trace_context: Mapping[str, str] | None
+    """The trace context its submission's handling runs in (None: none)."""
+
+
+async def insert_jobs(conn: asyncpg.Connection, jobs: Sequence[NewJob], now: datetime) -> set[str]:
+    """Insert QUEUED jobs as ``insert_job`` does, in one statement however many there are,
+    in this order (their ``seq``, the tie-break of equal submit times, follows it); returns
+    the ids inserted: a job already known (a re-submitted event) is left as it is. The ids
+    must be distinct."""
+    if not jobs:
+        return set()
+    rows = await conn.fetch(
+        """INSERT INTO jobs (job_id, team, user_name, gpu_flavor, gpus, max_restarts, spec,
+                             status, submitted_at, updated_at, queue, priority_class,
+                             max_runtime_seconds, trace_context)
+           SELECT j.job_id, j.team, j.user_name, j.gpu_flavor, j.gpus, j.max_restarts, j.spec,
+                  'QUEUED', j.submitted_at, $12, j.queue, j.priority_class, j.runtime,
+                  j.trace_context
+           FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::integer[],
+                       $6::integer[], $7::jsonb[], $8::timestamptz[], $9::text[], $10::text[],
+                       $11::integer[], $13::jsonb[])
+                WITH ORDINALITY AS j(job_id, team, user_name, gpu_flavor, gpus, max_restarts,
+                                     spec, submitted_at, queue, priority_class, runtime,
+                                     trace_context, n)
+           ORDER BY j.n
+           ON CONFLICT (job_id) DO NOTHING RETURNING job_id""",
+        [j.job_id for j in jobs],
+        [j.spec.team for j in jobs],
+        [j.spec.user for j in jobs],
+        [j.spec.gpu_flavor for j in jobs],
+        [j.spec.gpus for j in jobs],
+        [j.spec.max_restarts for j in jobs],
+        [j.spec.model_dump(mode="json") for j in jobs],
+        [j.submitted_at for j in jobs],
+        [j.queue for j in jobs],
+        [j.spec.priority for j in jobs],
+        [max(1, j.spec.max_runtime_seconds) for j in jobs],
+        now,
+        [dict(j.trace_context) if j.trace_context else None for j in jobs],
+    )
+    return {r["job_id"] for r in rows}
+
+
 _JOB_COLUMNS = (
     "job_id, spec, status, status_reason, attempt, restarts, submitted_at, "
     "pending_reason, pending_position, queue, trace_context, updated_at"
@@ -317,14 +369,23 @@ async def next_eligible_at(conn: asyncpg.Connection, now: datetime) -> datetime 
 
 
 async def set_pending(conn: asyncpg.Connection, notes: Sequence[tuple[str, PendingNote]]) -> None:
-    """Remember the notes published for these queued jobs (one pipelined statement each)."""
-    await conn.executemany(
-        "UPDATE jobs SET pending_reason = $2, pending_position = $3, pending_blocking = $4, "
-        "pending_suggestion = $5, pending_estimated_start = $6 WHERE job_id = $1",
-        [
-            (job_id, n.reason, n.position, n.blocking, n.suggestion, n.estimated_start)
-            for job_id, n in notes
-        ],
+    """Remember the notes published for these queued jobs, in one statement however many
+    there are (a pass over a long queue can publish thousands)."""
+    if not notes:
+        return
+    await conn.execute(
+        "UPDATE jobs j SET pending_reason = n.reason, pending_position = n.position, "
+        "pending_blocking = n.blocking, pending_suggestion = n.suggestion, "
+        "pending_estimated_start = n.estimated_start "
+        "FROM unnest($1::text[], $2::text[], $3::integer[], $4::text[], $5::text[], "
+        "$6::timestamptz[]) AS n(job_id, reason, position, blocking, suggestion, estimated_start) "
+        "WHERE j.job_id = n.job_id",
+        [job_id for job_id, _ in notes],
+        [n.reason for _, n in notes],
+        [n.position for _, n in notes],
+        [n.blocking for _, n in notes],
+        [n.suggestion for _, n in notes],
+        [n.estimated_start for _, n in notes],
     )
 
 

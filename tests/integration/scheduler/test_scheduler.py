@@ -11,6 +11,7 @@ import pytest
 
 from tests.integration.scheduler.conftest import Scheduler, make_spec, until
 from trainyard_platform.services.scheduler import repository as repo
+from trainyard_platform.services.scheduler.handlers import SchedulerHandlers
 from trainyard_platform.services.scheduler.node_watch import NodeWatch, sweep_lost_nodes
 from trainyard_platform.services.scheduler.scheduling import run_pass
 from trainyard_platform.shared.bus import Delivery
@@ -24,6 +25,7 @@ from trainyard_platform.shared.events.payloads import (
     JobFailed,
     JobPending,
     JobPreempted,
+    JobSpec,
     JobStarted,
     JobSubmitted,
     JobSucceeded,
@@ -473,3 +475,47 @@ async def test_a_batch_of_end_reports_applies_as_one_by_one(scheduler: Scheduler
     )
     assert released == 4
     assert await scheduler.pool.fetchval("SELECT gpu_seconds FROM usage") > 0
+
+
+async def test_a_batch_of_submissions_queues_as_one_by_one(scheduler: Scheduler) -> None:
+    # A run of submissions is inserted in one statement: in order (their seq), each with the
+    # trace context of its own handling, a refused one left out, a job known before and a
+    # repeat inside the run (which closes the run) ignored, each new job reported once.
+    await scheduler.submit("known", gpus=1)
+    now = datetime.now(UTC)
+
+    def submitted(job_id: str, **spec: object) -> JobSubmitted:
+        return JobSubmitted(job_id=job_id, spec=make_spec(**spec), submitted_at=now)
+
+    batch = [
+        submitted("b"),
+        submitted("a"),
+        submitted("known"),
+        submitted("refused", priority="no-such-class"),
+        submitted("a"),
+        submitted("c"),
+    ]
+    arrivals: list[str] = []
+    handlers = SchedulerHandlers(arrived=arrivals.append)
+    async with scheduler.pool.acquire() as conn, conn.transaction():
+        await repo.lock_scheduler(conn)
+        await handlers.apply(
+            [Delivery(Envelope.wrap(p, source=owner(p), subject=p.job_id)) for p in batch], conn
+        )
+
+    assert arrivals == ["b", "a", "c"]
+    rows = await scheduler.pool.fetch(
+        "SELECT job_id, status, queue, spec, trace_context, submitted_at FROM jobs "
+        "WHERE job_id <> 'known' ORDER BY seq"
+    )
+    assert [r["job_id"] for r in rows] == ["b", "a", "c"]
+    assert all(r["status"] == "QUEUED" and r["queue"] == "default:vision" for r in rows)
+    assert all(r["submitted_at"] == now for r in rows)
+    assert JobSpec.model_validate(rows[0]["spec"]) == make_spec()
+    contexts = [r["trace_context"] for r in rows]
+    if any(contexts):  # only where the process has an SDK tracer provider
+        assert len({c["traceparent"] for c in contexts}) == 3
+    refused = await scheduler.pool.fetchval(
+        "SELECT count(*) FROM outbox WHERE event_id = 'refused:refused'"
+    )
+    assert refused == 1
