@@ -100,11 +100,19 @@ def _earliest_nodes(
     count, per_node = shape
     times: dict[str, list[tuple[float, str]]] = {}
     for node in pool.nodes.values():
-        # ``earliest``, with its commonest case first: no reservation and enough free now.
-        if not node.reservations and len(node.free) >= per_node <= node.capacity:
-            at: float | None = now
-        else:
+        at: float | None = None
+        if node.reservations:
             at = earliest(node, per_node, now)
+        elif per_node <= node.capacity:  # ``earliest`` without reservations, inlined
+            free = len(node.free)
+            if free >= per_node:
+                at = now
+            else:
+                for released_at, released in node.releases:
+                    free += released
+                    if free >= per_node:
+                        at = max(released_at, now)
+                        break
         if at is not None:
             times.setdefault(node.topology, []).append((at, node.node_id))
     if sum(len(v) for v in times.values()) < count:

@@ -371,7 +371,9 @@ class PolicyState:
     def _reserve(
         self, job: PendingJob, pool: FlavorPool, shapes: tuple[Shape, ...], waiting: Waiting
     ) -> None:
-        taken = self.reservations.setdefault(job.flavor, [])
+        taken = self.reservations.get(job.flavor)
+        if taken is None:
+            taken = self.reservations[job.flavor] = []
         if len(taken) < self.config.reservations:
             reservation = backfill.reserve(
                 pool, job.job_id, shapes, job.declared_runtime_s, self.now
