@@ -52,11 +52,9 @@ def explain_all(
 
 def readers_team_of(state: PolicyState, waiting: list[Waiting]) -> dict[str, str]:
     """Job id -> team of every job ``state`` holds or places and of ``waiting``."""
-    queues = state.quota.queues
+    teams = {name: q.team for name, q in state.quota.queues.items()}
     team_of = dict(state.team_of_job)
-    for w in waiting:
-        if w.job.queue in queues:
-            team_of[w.job.job_id] = queues[w.job.queue].team
+    team_of.update({w.job.job_id: teams[w.job.queue] for w in waiting if w.job.queue in teams})
     return team_of
 
 
