@@ -262,6 +262,9 @@ async def check_parameters(request: Request[Any, Any, Any]) -> None:
     control character or a lone surrogate (see the contract). A coroutine although it waits
     for nothing: Litestar runs a plain function given as ``before_request`` in a worker
     thread, a thread hop on every request."""
+    scope = request.scope
+    if not scope.get("path_params") and not scope.get("query_string"):
+        return  # nothing to screen (most writes): no query string parsed into a MultiDict
     values = [*request.path_params.items(), *request.query_params.multi_items()]
     errors = []
     for name, value in values:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 
 import asyncpg
 
@@ -54,8 +55,10 @@ class Caller:
     token_name: str = "default"
     expires_at: datetime | None = None
 
-    @property
+    @cached_property
     def principal(self) -> Principal:
+        """Made once per caller (a remembered caller serves many requests; each asks for it
+        several times)."""
         return Principal(user=self.user, team=self.team, role=self.role, token_id=self.token_id)
 
     @property
