@@ -389,7 +389,7 @@ async def submit_job(
                     front.pool, known, job_ready, checked_key
                 )
                 if done is not None:
-                    return _submitted(job_ready.job_id, *done, warnings)
+                    return _submitted(*done, warnings, new_job_id=job_ready.job_id)
             await _check_again(request, front)
     caller = resolve_caller(request)
     screening = await request_screening(request, front.pool, front.settings, caller.team)
@@ -405,14 +405,21 @@ async def submit_job(
     view, created = await commands.submit_job(
         front.pool, front.objects, caller, job, key, held=held_connection(request)
     )
-    return _submitted(view.id, view, created, warnings)
+    return _submitted(view, created, warnings)
 
 
 def _submitted(
-    job_id: str, view: JobView | bytes, created: bool, warnings: list[str]
+    view: JobView | bytes, created: bool, warnings: list[str], new_job_id: str | None = None
 ) -> Response[JobView]:
     """The answer of ``submit_job``: ``view`` as a ``JobView``, or already encoded as
-    Litestar would encode it (``views.submitted_job_json``: bytes go out as they are)."""
+    Litestar would encode it (``views.submitted_job_json``: bytes go out as they are), the
+    new job ``new_job_id``'s. ``Location`` names the job shown: a ``JobView``'s own id (a
+    replay's is the earlier job's, not the id the repeated request was prepared with)."""
+    if isinstance(view, JobView):
+        job_id = view.id
+    else:
+        assert new_job_id is not None  # bytes are only ever a new job's view
+        job_id = new_job_id
     headers = {"Location": f"/v1/jobs/{job_id}"}
     if warnings:
         headers[BUDGET_WARNING_HEADER] = "; ".join(warnings)

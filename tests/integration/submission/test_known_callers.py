@@ -93,6 +93,25 @@ async def test_a_known_token_submits_in_one_statement(
     assert await _stored(pool) == (2, 2)
 
 
+async def test_a_known_tokens_replay_locates_the_job_it_replays(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    admin = await identity.bootstrap_user(pool, "ml", "alice")
+    async with open_pool(settings.database, NAME) as front, await _client(settings, front) as c:
+        member = await _member(c, admin)
+        headers = {"Authorization": f"Bearer {member}", "Idempotency-Key": "nightly-1"}
+        first = await c.post("/v1/jobs", json=SPEC, headers=headers)
+        assert first.status_code == 201, first.text
+        again = await c.post("/v1/jobs", json=SPEC, headers=headers)  # the one statement
+        assert again.status_code == 200, again.text
+        job = first.json()["id"]
+        assert again.json()["id"] == job
+        # Not the id the replayed request was prepared with (never stored).
+        assert first.headers["Location"] == again.headers["Location"] == f"/v1/jobs/{job}"
+        assert (await c.get(again.headers["Location"], headers=headers)).status_code == 200
+    assert await _stored(pool) == (1, 1)
+
+
 Change = Callable[[asyncpg.Pool, str], Awaitable[Any]]
 
 
