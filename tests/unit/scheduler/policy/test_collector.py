@@ -1,8 +1,11 @@
 """A pass runs with Python's cyclic garbage collector paused and leaves it as it found it
-(``engine.collector_paused``): on, it is on again after the pass; off, it stays off."""
+(``engine.collector_paused``): on, it is on again after the pass, which ends with one full
+collection (so the pass's objects are not all left for the first collection after it);
+off, it stays off and nothing is collected."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from collections.abc import Iterator
 
@@ -40,13 +43,37 @@ def test_collector_paused_during_a_pass_and_on_again_after(
 
     monkeypatch.setattr(PolicyState, "decisions", decisions)
     gc.enable()
-    schedule(world(), PolicyConfig())
-    PolicyState(world(), PolicyConfig()).run()
+    snapshot, config = world(), PolicyConfig()
+    with collections() as made:
+        schedule(snapshot, config)
+    assert made[-1:] == [2], "one full collection, as the pass ends"
+    state = PolicyState(snapshot, config)
+    with collections() as made:
+        state.run()
+    assert made == [2]
     assert seen == [False, False]
     assert gc.isenabled()
 
 
 def test_collector_left_off_when_it_was_off(collector: None) -> None:
     gc.disable()
-    schedule(world(), PolicyConfig())
+    with collections() as made:
+        schedule(world(), PolicyConfig())
+    assert made == []
     assert not gc.isenabled()
+
+
+@contextlib.contextmanager
+def collections() -> Iterator[list[int]]:
+    """The generations of the collections made in the block."""
+    made: list[int] = []
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop":
+            made.append(info["generation"])
+
+    gc.callbacks.append(note)
+    try:
+        yield made
+    finally:
+        gc.callbacks.remove(note)
