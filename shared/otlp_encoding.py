@@ -10,8 +10,8 @@ another type is left out with its key, as the exporter's encoder leaves it out.
 Why: the exporter's encoder builds a protobuf object for every span, attribute and value and
 hashes the resource (a JSON dump of its attributes) once per span; in a busy service that is
 about as much CPU as making the span. Here each resource and scope is encoded once per
-request, attribute keys once per process (and the last 256 long string attributes: a
-database span's statement), and a span is a join of byte strings.
+request, attribute keys once per process (and the last 256 long database statements, the
+only long string attributes kept), and a span is a join of byte strings.
 """
 
 from __future__ import annotations
@@ -186,8 +186,10 @@ def _attributes(field: int, attributes: Mapping[str, Any]) -> bytes:
                     body = _key(key) + b"\x12" + bytes((size + 2, 0x0A, size)) + text
                 else:
                     body = _key(key) + _len(2, _len(1, text))
-            else:
+            elif key in _STATEMENT_KEYS:
                 body = _long_text(key, value)
+            else:  # any other text may be a caller's (a path, a message): not kept
+                body = _key(key) + _len(2, _len(1, value.encode("utf-8")))
         else:
             try:
                 body = _key(key) + _len(2, _value(value))
@@ -211,10 +213,18 @@ def _key(key: str) -> bytes:
     return _string(1, key)
 
 
+_STATEMENT_KEYS = frozenset({"db.statement", "db.query.text"})
+"""The attributes whose long strings are kept encoded: a database span's statement (either
+semantic conventions' key), written in the code, so few and the same string every time."""
+
+
 @lru_cache(maxsize=256)
 def _long_text(key: str, value: str) -> bytes:
-    """A ``KeyValue``'s body for a long string: kept, as the same long texts come back (a
-    database span's statement, described once per text, is the same string every time)."""
+    """A ``KeyValue``'s body for a long statement: kept, as the same statements come back
+    (described once per text, the same string every time). Only statements: a long text of
+    another attribute can be a caller's (``url.path``, an exception's message), which the
+    process would keep after its export, and a stream of them would push the statements
+    out."""
     return _key(key) + _len(2, _len(1, value.encode("utf-8")))
 
 

@@ -12,6 +12,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 
+from trainyard_platform.shared import otlp_encoding
 from trainyard_platform.shared.otlp_encoding import encode_request
 
 OTHER = SpanContext(0x1F, 0x2F, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
@@ -83,3 +84,30 @@ def test_long_strings_encode_the_same_every_time() -> None:
         if kv.key == "db.statement"
     ]
     assert texts == [statement, statement, "ü" * 70, "ü" * 70, statement + " "]
+
+
+def test_only_statements_are_kept_encoded() -> None:
+    """A long string of any other attribute (a caller's ``url.path``, an exception's
+    message) is encoded where it is: none is kept in the process after its export, and a
+    stream of them never pushes the statements out."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    statement = "SELECT " + ", ".join(f"kept_{n}" for n in range(40)) + " FROM jobs"
+    with tracer.start_as_current_span("SELECT", attributes={"db.statement": statement}):
+        pass
+    for n in range(300):
+        with tracer.start_as_current_span("GET", attributes={"url.path": f"/v1/{n}/" + "a" * 200}):
+            pass
+    with tracer.start_as_current_span("SELECT", attributes={"db.query.text": statement}):
+        pass
+    with tracer.start_as_current_span("SELECT", attributes={"db.statement": statement}):
+        pass
+    spans = list(exporter.get_finished_spans())
+    before = otlp_encoding._long_text.cache_info()
+    for span in spans:
+        assert ExportTraceServiceRequest.FromString(encode_request([span])) == encode_spans([span])
+    after = otlp_encoding._long_text.cache_info()
+    assert after.currsize - before.currsize <= 2  # the statement, under each of its keys
+    assert after.hits - before.hits >= 1  # the statement's second span: pushed out by none
