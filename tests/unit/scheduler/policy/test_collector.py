@@ -1,7 +1,8 @@
 """A pass runs with Python's cyclic garbage collector paused and leaves it as it found it
 (``engine.collector_paused``): on, it is on again after the pass, which ends with one full
-collection (so the pass's objects are not all left for the first collection after it);
-off, it stays off and nothing is collected."""
+collection when it left more than ``COLLECT_AFTER`` new objects (so they are not all left
+for the first collection after it) and with none when it left fewer; off, it stays off and
+nothing is collected."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from trainyard_platform.services.scheduler.policy import PolicyState, schedule
+from trainyard_platform.services.scheduler.policy import PolicyState, engine, schedule
 from trainyard_platform.services.scheduler.policy.model import Decisions, PolicyConfig, Snapshot
 
 from .builders import node, pending, queue, snap
@@ -42,6 +43,7 @@ def test_collector_paused_during_a_pass_and_on_again_after(
         return explain(self)
 
     monkeypatch.setattr(PolicyState, "decisions", decisions)
+    monkeypatch.setattr(engine, "COLLECT_AFTER", 0)  # this small pass counts as large
     gc.enable()
     snapshot, config = world(), PolicyConfig()
     with collections() as made:
@@ -52,6 +54,16 @@ def test_collector_paused_during_a_pass_and_on_again_after(
         state.run()
     assert made == [2]
     assert seen == [False, False]
+    assert gc.isenabled()
+
+
+def test_small_pass_makes_no_collection(collector: None) -> None:
+    gc.enable()
+    snapshot, config = world(), PolicyConfig()
+    gc.collect()
+    with collections() as made:
+        schedule(snapshot, config)
+    assert made == []
     assert gc.isenabled()
 
 
