@@ -112,6 +112,40 @@ async def test_a_known_tokens_replay_locates_the_job_it_replays(
     assert await _stored(pool) == (1, 1)
 
 
+async def test_a_known_tokens_201_is_the_full_paths_answer(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    """The one statement's 201 (encoded from a template, ``views.submitted_job_json``) is the
+    answer the full path gives (a ``JobView`` Litestar encodes), but for the job's own
+    fields."""
+    spec = {
+        **SPEC,
+        "args": ["--note", "d\u00e9j\u00e0 vu \u2603", "tab\there"],
+        "hyperparameters": {"lr": 1e-05, "wd": 0.1, "steps": 2**53, "on": True, "name": "x"},
+        "seed": 2**31,
+        "max_restarts": 0,
+        "cpus_per_gpu": 2,
+    }
+    admin = await identity.bootstrap_user(pool, "ml", "alice")
+    async with open_pool(settings.database, NAME) as front, await _client(settings, front) as c:
+        member = await _member(c, admin)
+        full = await _post(c, member, spec)  # the token's first request: the full path
+        known = await _post(c, member, spec)  # remembered: the one statement
+    assert (full.status_code, known.status_code) == (201, 201), known.text
+    assert full.headers["content-type"] == known.headers["content-type"]
+    assert sorted(full.headers) == sorted(known.headers)
+    answers = [r.json() for r in (full, known)]
+    for answer, response in zip(answers, (full, known), strict=True):
+        assert response.headers["Location"] == f"/v1/jobs/{answer['id']}"
+        assert answer["history"][0]["at"] == answer["updated_at"] == answer["submitted_at"]
+        assert answer["trace_id"] is None  # tracing is off here
+    # Byte for byte, once the known job's id and time are the first one's.
+    first, second = answers
+    same = known.content.replace(second["id"].encode(), first["id"].encode())
+    same = same.replace(second["submitted_at"].encode(), first["submitted_at"].encode())
+    assert same == full.content
+
+
 Change = Callable[[asyncpg.Pool, str], Awaitable[Any]]
 
 
