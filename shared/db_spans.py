@@ -11,7 +11,8 @@ before it for a cursor), kind ``CLIENT``, parent (the current span), attributes 
 given: placeholders ``$1``..., never the parameter values) in the same order, and a failing
 statement records the error as the library's span does (the ``exception`` event, the ERROR
 status ``Type: message``, ``error.type`` where the database semantic conventions opted in
-ask for it). Two differences, both the module's reason to exist:
+ask for it), except that PostgreSQL's message and detail, which quote values, are withheld
+(``shared.span_errors``). Two more differences, both the module's reason to exist:
 
 - A query made outside any recording span (a background loop polling its table) makes no
   span and pays nothing: the asyncpg call itself is returned, not wrapped in a coroutine.
@@ -43,7 +44,9 @@ from opentelemetry.instrumentation._semconv import (
 from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor, _hydrate_span_from_args
 from opentelemetry.instrumentation.utils import _SUPPRESS_INSTRUMENTATION_KEY_PLAIN
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
+
+from trainyard_platform.shared.span_errors import record_error
 
 STATEMENTS = 1024
 """How many statement texts keep their description (least recently used dropped first)."""
@@ -134,8 +137,7 @@ class WithinTraceAsyncPG(AsyncPGInstrumentor):
             if not (cursor and isinstance(error, StopAsyncIteration)) and span.is_recording():
                 if _report_new(self._semconv_opt_in_mode):
                     span.set_attribute(ERROR_TYPE, type(error).__qualname__)
-                span.record_exception(error)
-                span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+                record_error(span, error)
             raise
         finally:
             otel_context.detach(token)

@@ -19,8 +19,8 @@ Contract:
 - ``tracer(name)`` is where code gets its tracer: the process's current provider's, looked
   up again when the provider changes (a module may ask before ``setup_tracing`` runs).
   Its ``start_as_current_span`` behaves as the API's (the span starts when the block is
-  entered, is current inside it, records an escaping ``Exception`` and the ERROR status,
-  and ends on exit), with one small context manager where the API stacks three generator
+  entered, is current inside it, records an escaping ``Exception`` and the ERROR status --
+  a database error's quoted values withheld, ``shared.span_errors`` --, and ends on exit), with one small context manager where the API stacks three generator
   ones (the proxy tracer's, the SDK tracer's and ``use_span``): a few microseconds less on
   every span of a busy service (BENCHMARKS.md, "Tracing cost"). Database spans are made as
   lightly (``shared.db_spans``). It is a ``with`` context manager only, not a decorator.
@@ -62,6 +62,7 @@ from trainyard.tracing import PROPAGATOR
 from trainyard.tracing import inject as inject
 from trainyard_platform.shared.db_spans import WithinTraceAsyncPG
 from trainyard_platform.shared.settings import TelemetrySettings
+from trainyard_platform.shared.span_errors import record_error
 
 # Injecting is the client distribution's (its HTTP client sends the context too); one
 # propagator and one ``inject`` for both.
@@ -310,12 +311,7 @@ class _CurrentSpan:
             # As use_span: only an Exception is an error (GeneratorExit, CancelledError and
             # the like are not).
             if isinstance(error, Exception) and span.is_recording():
-                if self._record:
-                    span.record_exception(error)
-                if self._set_status:
-                    span.set_status(
-                        trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}")
-                    )
+                record_error(span, error, record=self._record, set_status=self._set_status)
         finally:
             if self._end:
                 span.end()

@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from trainyard_platform.deploy.local.postgres import PostgresServer
 from trainyard_platform.shared.db_spans import WithinTraceAsyncPG
-from trainyard_platform.shared.telemetry import instrument_database
+from trainyard_platform.shared.telemetry import instrument_database, tracer
 
 pytestmark = pytest.mark.integration
 
@@ -116,16 +116,20 @@ async def _ours_and_stock(
     return our_span, stock_span, request.get_span_context().span_id
 
 
+_ERROR_TEXT = ("exception.stacktrace", "exception.message")
+
+
 def _shape(span: ReadableSpan) -> dict[str, Any]:
-    """What the two must agree on (ids, times and the stack trace's frames differ)."""
+    """What the two must agree on (ids, times and the stack trace's frames differ; so does
+    a PostgreSQL error's text, which ours withholds: ``shared.span_errors``)."""
     scope = span.instrumentation_scope
     return {
         "name": span.name,
         "kind": span.kind,
         "attributes": list((span.attributes or {}).items()),
-        "status": (span.status.status_code, span.status.description),
+        "status": (span.status.status_code, (span.status.description or "").split(":")[0]),
         "events": [
-            (e.name, {k: v for k, v in (e.attributes or {}).items() if k != "exception.stacktrace"})
+            (e.name, {k: v for k, v in (e.attributes or {}).items() if k not in _ERROR_TEXT})
             for e in span.events
         ],
         "scope": (scope.name, scope.version) if scope else None,
@@ -184,6 +188,36 @@ async def test_a_failing_statement_records_the_error(
     assert span.status.status_code == trace.StatusCode.ERROR
     assert (span.status.description or "").startswith("UndefinedTableError: ")
     assert [e.name for e in span.events] == ["exception"]
+
+
+async def test_a_statements_error_never_carries_the_values_it_quotes(
+    conn: asyncpg.Connection, spans: InMemorySpanExporter
+) -> None:
+    """PostgreSQL quotes the offending value in a unique violation's detail and in an
+    invalid input's message; neither reaches the span (status, event, stack trace) nor the
+    request's span the error escapes through."""
+    await conn.execute("DELETE FROM tokens")
+    await conn.execute("ALTER TABLE tokens ADD CONSTRAINT tokens_value_key UNIQUE (value)")
+    await conn.execute("INSERT INTO tokens VALUES ('ann', $1)", TOKEN)
+    for statement, args, error in (
+        ("INSERT INTO tokens VALUES ('bob', $1)", (TOKEN,), asyncpg.UniqueViolationError),
+        ("SELECT $1::text::uuid", (TOKEN,), asyncpg.InvalidTextRepresentationError),
+    ):
+        spans.clear()
+        # Through a service's span (outermost: the error escapes it), as a handler's.
+        with pytest.raises(error) as raised, tracer("test").start_as_current_span("request"):
+            await conn.execute(statement, *args)
+        assert TOKEN in str(raised.value)  # PostgreSQL did quote it
+        finished = spans.get_finished_spans()
+        assert [s.name for s in finished] == [statement.split()[0], "request"]
+        for span in finished:
+            texts = [span.status.description or ""] + [
+                str(v) for e in span.events for v in (e.attributes or {}).values()
+            ]
+            assert span.status.description is not None
+            assert "message withheld" in span.status.description
+            assert not any(TOKEN in t for t in texts), span.name
+            assert any(f"SQLSTATE {raised.value.sqlstate}" in t for t in texts)
 
 
 async def test_prepared_statements_and_cursors_make_the_stock_spans(
