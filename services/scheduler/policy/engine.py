@@ -336,7 +336,7 @@ class PolicyState:
         if waiting.kind == "capacity" and (job.queue, job.flavor) not in self._tried:
             self._try_preempt(job, pool, shapes, waiting)
         if waiting.kind in ("capacity", "reserved") and self.config.reservations > 0:
-            self._reserve(job, pool, shapes, waiting)
+            self._reserve(job, pool, shapes, waiting)  # (checks the count itself)
         self._wait(waiting)
         return None
 
@@ -359,7 +359,7 @@ class PolicyState:
             # while other queues take the GPUs. Such a job gets a reservation that backfill
             # respects, as a job short of free GPUs does (simulated on the gangs-over-quota
             # stress trace, holds left 12% of the GPUs idle: docs/scheduling.md).
-            if self.config.reservations > 0:
+            if len(self.reservations.get(job.flavor, ())) < self.config.reservations:
                 self._reserve(job, pool, shapes, waiting)
         elif (
             waiting.kind == "quota"
