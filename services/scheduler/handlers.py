@@ -22,10 +22,14 @@ Events are applied in order, one by one, except runs of end reports (``job.succe
 ``job.failed``, ``job.preempted``) for distinct jobs: each such run is read and written in a
 few statements (``on_ended``), since a busy cluster's completions would otherwise cost most
 of the scheduler's time in round trips to the database (it holds the scheduling lock all
-along). Likewise a run of submissions of distinct jobs: each is checked in turn (in its own
-span, whose trace the job keeps), and the jobs admitted are inserted in one statement, in
-order. A run ends at any other event, or at a second event about a job already in it, so
-the outcome is the same as one by one.
+along). Likewise a run of two or more submissions of distinct jobs: each is checked in turn
+(in its own span, whose trace the job keeps as its trace context), and the jobs admitted are
+inserted in one statement, in order, after those spans (so that statement is in none of the
+jobs' traces; what is logged about a job names it). A run ends at any other event, or at a
+second event about a job already in it, so the outcome is the same as one by one. A
+submission that no other submission follows in the batch (a batch of one, as at a low rate
+and for each event of a failed batch handled again alone) is handled whole in its span, one
+by one: its ``INSERT`` is a query of its trace, and a failure of it is that span's error.
 """
 
 from __future__ import annotations
@@ -71,6 +75,12 @@ _END_KINDS: dict[type[EndReport], EndKind] = {
     JobFailed: "failed",
     JobPreempted: "preempted",
 }
+
+
+def _next_submits_another(deliveries: Sequence[Delivery], i: int, job_id: str) -> bool:
+    """Whether the delivery after ``deliveries[i]`` submits a job other than ``job_id``."""
+    after = deliveries[i + 1].envelope.data if i + 1 < len(deliveries) else None
+    return isinstance(after, JobSubmitted) and after.job_id != job_id
 
 
 class SchedulerHandlers:
@@ -121,7 +131,7 @@ class SchedulerHandlers:
         now = self._clock()
         ended: dict[str, tuple[Delivery, EndReport]] = {}  # a run of end reports, by job id
         submitted: dict[str, repo.NewJob] = {}  # a run of submissions to queue, by job id
-        for delivery in deliveries:
+        for i, delivery in enumerate(deliveries):
             data = delivery.envelope.data
             if isinstance(data, EndReport):
                 await self._queue(conn, list(submitted.values()), now)
@@ -137,6 +147,10 @@ class SchedulerHandlers:
                 if data.job_id in submitted:
                     await self._queue(conn, list(submitted.values()), now)
                     submitted = {}
+                if not submitted and not _next_submits_another(deliveries, i, data.job_id):
+                    with delivery.span(self._consumer):
+                        await self.on_submitted(conn, data, now)
+                    continue
                 with delivery.span(self._consumer):
                     job = await self._admit(conn, data, now)
                 if job is not None:
@@ -245,7 +259,11 @@ class SchedulerHandlers:
         inserted = await repo.insert_jobs(conn, jobs, now)
         for job in jobs:
             if job.job_id not in inserted:
-                log.info("job %s already known; duplicate submission ignored", job.job_id)
+                log.info(
+                    "job %s already known; duplicate submission ignored",
+                    job.job_id,
+                    extra={"job_id": job.job_id},
+                )
             elif self._arrived is not None:
                 self._arrived(job.job_id)
             else:

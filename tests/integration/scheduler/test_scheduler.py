@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.integration.scheduler.conftest import Scheduler, make_spec, until
+from trainyard_platform.services.scheduler import handlers as handlers_module
 from trainyard_platform.services.scheduler import repository as repo
 from trainyard_platform.services.scheduler.handlers import SchedulerHandlers
 from trainyard_platform.services.scheduler.node_watch import NodeWatch, sweep_lost_nodes
@@ -33,8 +39,12 @@ from trainyard_platform.shared.events.payloads import (
 )
 from trainyard_platform.shared.events.payloads import Environment as RunEnvironment
 from trainyard_platform.shared.events.trust import owner
+from trainyard_platform.shared.logs import trace_fields
+from trainyard_platform.shared.telemetry import instrument_database
 
 pytestmark = pytest.mark.integration
+
+DB_SCOPE = "opentelemetry.instrumentation.asyncpg"
 
 
 def succeeded(grant: AllocationGranted, epoch: int | None = None) -> JobSucceeded:
@@ -477,31 +487,71 @@ async def test_a_batch_of_end_reports_applies_as_one_by_one(scheduler: Scheduler
     assert await scheduler.pool.fetchval("SELECT gpu_seconds FROM usage") > 0
 
 
-async def test_a_batch_of_submissions_queues_as_one_by_one(scheduler: Scheduler) -> None:
+class _Lines(logging.Handler):
+    """The handlers' log lines, each with the trace and job ids its JSON line would carry."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[tuple[str, dict[str, str]]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((record.getMessage(), trace_fields(record)))
+
+    def about(self, text: str) -> dict[str, str]:
+        (fields,) = [f for message, f in self.lines if text in message]
+        return fields
+
+
+@pytest.fixture
+def handler_lines() -> Iterator[_Lines]:
+    logger = logging.getLogger(handlers_module.__name__)
+    lines, level = _Lines(), logger.level
+    logger.addHandler(lines)
+    logger.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(lines)
+        logger.setLevel(level)
+
+
+def _processes(spans: InMemorySpanExporter) -> dict[str, ReadableSpan]:
+    """The consumer spans of the submissions handled, by job id (the first of a repeat)."""
+    found: dict[str, ReadableSpan] = {}
+    for s in spans.get_finished_spans():
+        if s.name == "trainyard.job.submitted.v1 process":
+            found.setdefault(str((s.attributes or {})["cloudevents.event_subject"]), s)
+    return found
+
+
+def _submission(job_id: str, now: datetime, **spec: object) -> Delivery:
+    payload = JobSubmitted(job_id=job_id, spec=make_spec(**spec), submitted_at=now)
+    return Delivery(Envelope.wrap(payload, source=owner(payload), subject=job_id))
+
+
+async def test_a_batch_of_submissions_queues_as_one_by_one(
+    scheduler: Scheduler, spans: InMemorySpanExporter, handler_lines: _Lines
+) -> None:
     # A run of submissions is inserted in one statement: in order (their seq), each with the
     # trace context of its own handling, a refused one left out, a job known before and a
-    # repeat inside the run (which closes the run) ignored, each new job reported once.
+    # repeat inside the run (which closes the run) ignored, each new job reported once, and
+    # what is logged about a job names it though the statement is outside its span.
     await scheduler.submit("known", gpus=1)
     now = datetime.now(UTC)
-
-    def submitted(job_id: str, **spec: object) -> JobSubmitted:
-        return JobSubmitted(job_id=job_id, spec=make_spec(**spec), submitted_at=now)
-
     batch = [
-        submitted("b"),
-        submitted("a"),
-        submitted("known"),
-        submitted("refused", priority="no-such-class"),
-        submitted("a"),
-        submitted("c"),
+        _submission("b", now),
+        _submission("a", now),
+        _submission("known", now),
+        _submission("refused", now, priority="no-such-class"),
+        _submission("a", now),
+        _submission("c", now),
     ]
     arrivals: list[str] = []
     handlers = SchedulerHandlers(arrived=arrivals.append)
+    spans.clear()
     async with scheduler.pool.acquire() as conn, conn.transaction():
         await repo.lock_scheduler(conn)
-        await handlers.apply(
-            [Delivery(Envelope.wrap(p, source=owner(p), subject=p.job_id)) for p in batch], conn
-        )
+        await handlers.apply(batch, conn)
 
     assert arrivals == ["b", "a", "c"]
     rows = await scheduler.pool.fetch(
@@ -512,10 +562,51 @@ async def test_a_batch_of_submissions_queues_as_one_by_one(scheduler: Scheduler)
     assert all(r["status"] == "QUEUED" and r["queue"] == "default:vision" for r in rows)
     assert all(r["submitted_at"] == now for r in rows)
     assert JobSpec.model_validate(rows[0]["spec"]) == make_spec()
-    contexts = [r["trace_context"] for r in rows]
-    if any(contexts):  # only where the process has an SDK tracer provider
-        assert len({c["traceparent"] for c in contexts}) == 3
+    processes = _processes(spans)
+    for row in rows:  # the trace of its own handling (the first, for "a")
+        traceparent = row["trace_context"]["traceparent"]
+        own = processes[row["job_id"]].get_span_context()
+        assert int(traceparent.split("-")[1], 16) == own.trace_id
     refused = await scheduler.pool.fetchval(
         "SELECT count(*) FROM outbox WHERE event_id = 'refused:refused'"
     )
     assert refused == 1
+    assert handler_lines.about("job known already known")["job_id"] == "known"
+
+
+async def test_a_lone_submission_is_queued_inside_its_own_span(
+    scheduler: Scheduler, spans: InMemorySpanExporter, handler_lines: _Lines
+) -> None:
+    # A batch with one submission (most batches at a low rate, and each event of a failed
+    # batch handled again alone) is handled whole in its event's span, as before runs were
+    # inserted together: its INSERT is a query of the job's trace (a failing one fails
+    # there), and the lines logged about it carry that trace.
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    assert instrument_database(provider)
+    await scheduler.submit("known", gpus=1)
+    handlers = SchedulerHandlers()
+    spans.clear()
+    for job_id in ("lone", "known"):
+        async with scheduler.pool.acquire() as conn, conn.transaction():
+            await repo.lock_scheduler(conn)
+            await handlers.apply([_submission(job_id, datetime.now(UTC))], conn)
+
+    processes = _processes(spans)
+    inserts = {
+        s.parent.span_id
+        for s in spans.get_finished_spans()
+        if s.instrumentation_scope is not None
+        and s.instrumentation_scope.name == DB_SCOPE
+        and str((s.attributes or {}).get("db.statement", "")).startswith("INSERT INTO jobs")
+        and s.parent is not None
+    }
+    for job_id in ("lone", "known"):
+        assert processes[job_id].get_span_context().span_id in inserts, job_id
+    known = processes["known"].get_span_context()
+    fields = handler_lines.about("job known already known")
+    assert fields["trace_id"] == format(known.trace_id, "032x")
+    assert fields["job_id"] == "known"
+    assert await scheduler.pool.fetchval("SELECT status FROM jobs WHERE job_id = 'lone'") == (
+        "QUEUED"
+    )
