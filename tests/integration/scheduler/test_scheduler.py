@@ -39,6 +39,7 @@ from trainyard_platform.shared.events.payloads import (
 )
 from trainyard_platform.shared.events.payloads import Environment as RunEnvironment
 from trainyard_platform.shared.events.trust import owner
+from trainyard_platform.shared.inbox import idempotent_batches
 from trainyard_platform.shared.logs import trace_fields
 from trainyard_platform.shared.telemetry import instrument_database
 
@@ -610,3 +611,39 @@ async def test_a_lone_submission_is_queued_inside_its_own_span(
     assert await scheduler.pool.fetchval("SELECT status FROM jobs WHERE job_id = 'lone'") == (
         "QUEUED"
     )
+
+
+async def test_a_submission_that_cannot_be_stored_fails_its_batch_then_only_itself(
+    scheduler: Scheduler, spans: InMemorySpanExporter
+) -> None:
+    # A run's one INSERT fails for any job of it: nothing of the batch is applied (the
+    # inbox rows neither), and handled again one by one (the bus's rule) only that job fails,
+    # in its own span.
+    now = datetime.now(UTC)
+    batch = [
+        _submission("good-1", now),
+        _submission("poison", now, user="a\x00b"),  # text can't hold NUL
+        _submission("good-2", now),
+    ]
+    apply = idempotent_batches(scheduler.pool, "review", SchedulerHandlers().apply)
+    with pytest.raises(asyncpg.PostgresError):
+        await apply(batch)
+    assert await scheduler.pool.fetchval("SELECT count(*) FROM jobs") == 0
+    assert (
+        await scheduler.pool.fetchval("SELECT count(*) FROM inbox WHERE consumer = 'review'") == 0
+    )
+
+    spans.clear()
+    failed = []
+    for delivery in batch:
+        try:
+            await apply([delivery])
+        except asyncpg.PostgresError:
+            failed.append(delivery.envelope.subject)
+    assert failed == ["poison"]
+    rows = await scheduler.pool.fetch("SELECT job_id, status FROM jobs ORDER BY seq")
+    assert [(r["job_id"], r["status"]) for r in rows] == [
+        ("good-1", "QUEUED"),
+        ("good-2", "QUEUED"),
+    ]
+    assert _processes(spans)["poison"].status.status_code is trace.StatusCode.ERROR
