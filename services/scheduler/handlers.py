@@ -27,9 +27,10 @@ along). Likewise a run of two or more submissions of distinct jobs: each is chec
 inserted in one statement, in order, after those spans (so that statement is in none of the
 jobs' traces; what is logged about a job names it). A run ends at any other event, or at a
 second event about a job already in it, so the outcome is the same as one by one. A
-submission that no other submission follows in the batch (a batch of one, as at a low rate
-and for each event of a failed batch handled again alone) is handled whole in its span, one
-by one: its ``INSERT`` is a query of its trace, and a failure of it is that span's error.
+submission that would start a run but is not followed by a submission of another job (a
+batch of one, as at a low rate and for each event of a failed batch handled again alone) is
+handled whole in its span: its ``INSERT`` is a query of its trace, and a failure of it is
+that span's error.
 """
 
 from __future__ import annotations
