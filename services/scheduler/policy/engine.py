@@ -163,6 +163,8 @@ class PolicyState:
         self.reservations_full_at: dict[str, int] = {}
         """Flavor -> the step at which its last reservation (``config.reservations``) went."""
         self._step = 0
+        self._placed_by_team: dict[str, int] = {}
+        """Team -> jobs placed for it in this pass (each changed its fair share)."""
 
     # --- building ------------------------------------------------------------------------
 
@@ -245,10 +247,21 @@ class PolicyState:
         within = self.quota.within_nominal
         share = self.fair.share
         queue_of = self.quota.queues
+        shares: dict[str, float] = {}
+        """Queue -> its share when its team's count of placements was ``charged[queue]``."""
+        charged: dict[str, int] = {}
+        team_of = {name: q.team for name, q in queue_of.items()}
+        placed_by = self._placed_by_team
 
         def standing(job: PendingJob, order: float) -> HeapKey:  # = _standing, inlined
-            tier = 0 if within(job.queue, job.flavor, job.gpus) else 1
-            return (tier, share(queue_of[job.queue]) + order, job.submitted_at, job.seq, job.job_id)
+            # A share changes only when its team places a job (``fair.charge``).
+            name = job.queue
+            n = placed_by.get(team_of[name], 0)
+            if charged.get(name) != n:
+                shares[name] = share(queue_of[name])
+                charged[name] = n
+            tier = 0 if within(name, job.flavor, job.gpus) else 1
+            return (tier, shares[name] + order, job.submitted_at, job.seq, job.job_id)
 
         while heap:
             key, placed, name = heappop(heap)
@@ -304,7 +317,7 @@ class PolicyState:
         pool = self.pools[job.flavor]
         verdict = self.quota.check(job.queue, job.flavor, job.gpus)
         waiting: Waiting
-        if not verdict.ok:
+        if verdict.kind != "ok":  # = not verdict.ok
             # The commonest case at scale, taken apart from the rest: the same steps as for
             # any other waiting job below, less those that cannot apply to it.
             waiting = Waiting(job, "quota", verdict=verdict, shape=shapes[0])
@@ -491,6 +504,7 @@ class PolicyState:
         team = self.quota.queues[job.queue].team
         self.team_of_job[job.job_id] = team
         self.fair.charge(team, job.gpus)
+        self._placed_by_team[team] = self._placed_by_team.get(team, 0) + 1
         self.holding.setdefault((job.queue, job.flavor), []).append((end, job.gpus, job.job_id))
         return placement
 
