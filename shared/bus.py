@@ -55,8 +55,9 @@ Contract:
 - What a consumer has been able to hear (``Bus.hearing``): ``since``, when it last began
   hearing without a gap (the latest of its start, the connection's last reconnect, and its
   first fetch after one that failed), and ``through``, the start of its latest fetch that
-  found nothing more waiting, once what that fetch brought was handled: every message
-  published before ``through`` has been handled. None while disconnected or not caught up
+  left nothing waiting (``_DurablePull.nothing_waiting``: none buffered, none pending on the
+  server; a short fetch is no proof), once what that fetch brought was handled: every
+  message published before ``through`` has been handled. None while disconnected or not caught up
   since ``since``. ``Bus.connected_since`` is when the connection was last (re)established.
   A liveness judge (the scheduler's lost-node watch) uses it so that its own outage or lag
   never passes for the silence of others.
@@ -390,7 +391,7 @@ class Bus:
 
     def _fetched(self, consumer: str, asked_at: datetime, drained: bool) -> None:
         """A fetch asked at ``asked_at`` came back without a fault and what it brought is
-        handled; ``drained``: it found fewer messages than it asked for."""
+        handled; ``drained``: it left nothing waiting (``_DurablePull.nothing_waiting``)."""
         since = self._fetching_since.setdefault(consumer, asked_at)
         connected = self.connected_since
         if drained and connected is not None and max(connected, since) <= asked_at:
@@ -610,7 +611,7 @@ class Bus:
                 if messages:
                     async with self._kept_in_progress(messages):
                         await self._handle_batch(consumer, messages, handler, stop, atomic)
-                self._fetched(consumer, asked_at, drained=len(messages) < batch)
+                self._fetched(consumer, asked_at, drained=await sub.nothing_waiting(messages))
         finally:
             self._stops.pop(consumer, None)
             self._fetching_since.pop(consumer, None)
@@ -953,6 +954,25 @@ class _DurablePull:
             with contextlib.suppress(Exception):
                 await old.unsubscribe()
             raise ConsumerLostError(f"consumer {name} was gone and is made again") from None
+
+    async def nothing_waiting(self, fetched: Sequence[Msg]) -> bool:
+        """Whether nothing was left for this consumer once ``fetched`` came back (every
+        message published before the fetch began was in it or an earlier one): none
+        buffered in the client, and none pending delivery on the server, as the last
+        message's metadata says or, for an empty fetch, the server itself. Fewer messages
+        than asked proves nothing: a fetch that a busy event loop kept from reading in time
+        comes back short, or empty, while hundreds wait (seen with a pass holding the loop
+        for half a second), and so does one while newer messages are held back
+        (``_hold_newer_while_pending``). An unanswered question is a no."""
+        if self._sub.pending_msgs:
+            return False
+        if fetched:
+            return fetched[-1].metadata.num_pending == 0
+        try:
+            info = await self._sub.consumer_info()
+        except Exception:
+            return False
+        return info.num_pending == 0
 
     async def unsubscribe(self) -> None:
         await self._sub.unsubscribe()

@@ -53,12 +53,14 @@ Step = list[Any] | BaseException | Callable[[], Any]
 class FakeMsg:
     """A fetched message: its data and subject, delivery count, and what it was told."""
 
-    def __init__(self, data: bytes, subject: str, delivered: int = 1, seq: int = 1) -> None:
+    def __init__(
+        self, data: bytes, subject: str, delivered: int = 1, seq: int = 1, pending: int = 0
+    ) -> None:
         self.data = data
         self.subject = subject
         self.headers: dict[str, str] | None = None
         self.metadata = SimpleNamespace(
-            num_delivered=delivered, sequence=SimpleNamespace(stream=seq)
+            num_delivered=delivered, sequence=SimpleNamespace(stream=seq), num_pending=pending
         )
         self._ackd = False
         self.told: list[tuple[str, float | None]] = []
@@ -106,6 +108,19 @@ class FakeSub:
             raise step
         return list(step)
 
+    @property
+    def pending_msgs(self) -> int:
+        """Messages the server delivered that wait in the client's buffer."""
+        return self.js.buffered
+
+    async def consumer_info(self) -> Any:
+        """The server's count of messages pending delivery: the next of ``js.waiting``
+        (0 when none is scripted), or its fault."""
+        step = self.js.waiting.pop(0) if self.js.waiting else 0
+        if isinstance(step, BaseException):
+            raise step
+        return SimpleNamespace(num_pending=step)
+
     async def unsubscribe(self) -> None:
         self.unsubscribed = True
         if self.js.unsubscribe_error is not None:
@@ -121,6 +136,8 @@ class FakeJetStream:
         self.bus: Bus | None = None
         self.consumers: dict[str, api.ConsumerConfig] = {}
         self.pending = 0
+        self.waiting: list[int | BaseException] = []
+        self.buffered = 0
         self.configs: list[api.ConsumerConfig] = []
         self.subs: list[FakeSub] = []
         self.published: list[tuple[str, dict[str, str]]] = []
@@ -211,8 +228,8 @@ def dead_letters(js: FakeJetStream) -> list[tuple[str, str, str]]:
     ]
 
 
-def bad_msg(seq: int = 1) -> FakeMsg:
-    return FakeMsg(b"not an event", "trainyard.job.submitted.v1.j1", seq=seq)
+def bad_msg(seq: int = 1, pending: int = 0) -> FakeMsg:
+    return FakeMsg(b"not an event", "trainyard.job.submitted.v1.j1", seq=seq, pending=pending)
 
 
 async def until_stopped(work: Coroutine[Any, Any, None]) -> None:
@@ -277,16 +294,44 @@ async def test_a_dead_letter_waiting_out_an_outage_is_handed_back_on_stop(
 # --- hearing ------------------------------------------------------------------------------
 
 
-async def test_hearing_waits_for_a_fetch_that_finds_fewer_than_the_batch(
+async def test_hearing_waits_for_a_fetch_that_leaves_nothing_waiting(
     js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bus = make_bus(js, monkeypatch)
-    js.script = [[bad_msg(1), bad_msg(2)], [], []]  # a full batch: more may be waiting
+    js.script = [[bad_msg(1), bad_msg(2, pending=1)], [bad_msg(3)], []]
     await consume(bus, js, batch=2)
-    before_first, after_full, after_drained, *_ = js.hearing_at_fetch
+    before_first, after_more_waiting, after_drained, *_ = js.hearing_at_fetch
     assert before_first is None
-    assert after_full is None
+    assert after_more_waiting is None
     assert after_drained is not None
+
+
+async def test_a_short_fetch_is_no_proof_of_a_drained_stream(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fetch a busy event loop kept from reading in time comes back short, or empty,
+    while messages wait: only the server's count of those pending says it is drained."""
+    bus = make_bus(js, monkeypatch)
+    js.script = [[bad_msg(1, pending=900)], [], [], []]
+    js.waiting = [900, nats.errors.TimeoutError()]  # the empty fetches: still waiting, no answer
+    await consume(bus, js, batch=1024)
+    _, after_short, after_empty_waiting, after_unanswered, after_drained = js.hearing_at_fetch
+    assert after_short is None
+    assert after_empty_waiting is None
+    assert after_unanswered is None
+    assert after_drained is not None
+
+
+async def test_messages_buffered_in_the_client_are_still_waiting(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = make_bus(js, monkeypatch)
+    js.buffered = 3  # delivered for a fetch that timed out, not yet handed over
+    js.script = [[bad_msg(1)], [], lambda: setattr(js, "buffered", 0) or []]
+    await consume(bus, js, batch=8)
+    _, after_buffered, _, after_read = js.hearing_at_fetch
+    assert after_buffered is None
+    assert after_read is not None
 
 
 async def test_a_fetch_fault_is_a_gap_in_hearing(
