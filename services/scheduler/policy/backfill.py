@@ -75,7 +75,7 @@ def reserve(
     pool: FlavorPool, job_id: str, shapes: tuple[Shape, ...], runtime: float, now: float
 ) -> Reservation | None:
     """Reserve the earliest start for a blocked gang (see module docstring); None when no
-    shape can ever fit."""
+    shape can ever fit. A reservation made bumps ``pool.version``."""
     best: tuple[float, Shape, list[NodeSlot]] | None = None
     for shape in shapes:
         found = _earliest_nodes(pool, shape, now)

@@ -10,7 +10,8 @@ Contract (per flavor ``f``; Kueue's ClusterQueue/cohort model):
   limit (no limit when none is set). A queue without a cohort never borrows.
 - A job that keeps its queue within the nominal quota but finds the pool used up is entitled
   to *reclaim*: borrowers (queues above their nominal) may be preempted for it.
-- ``check`` never changes anything; ``add``/``remove`` keep ``used`` and ``pool_used`` in step.
+- ``check`` changes no figure (it only keeps its last verdicts); ``add``/``remove`` keep
+  ``used`` and ``pool_used`` in step.
 """
 
 from __future__ import annotations
