@@ -55,8 +55,8 @@ Contract:
 - What a consumer has been able to hear (``Bus.hearing``): ``since``, when it last began
   hearing without a gap (the latest of its start, the connection's last reconnect, and its
   first fetch after one that failed), and ``through``, the start of its latest fetch that
-  left nothing waiting (``_DurablePull.nothing_waiting``: none buffered, none pending on the
-  server; a short fetch is no proof), once what that fetch brought was handled: every
+  left nothing waiting (``_DurablePull.nothing_waiting``: none undelivered on the server, none
+  delivered and not yet handed over; a short fetch is no proof), once what that fetch brought was handled: every
   message published before ``through`` has been handled. None while disconnected or not caught up
   since ``since``. ``Bus.connected_since`` is when the connection was last (re)established.
   A liveness judge (the scheduler's lost-node watch) uses it so that its own outage or lag
@@ -898,6 +898,10 @@ class _DurablePull:
         self._config = config
         self._sub = sub
         self._holding = False
+        self._handed_over = 0
+        """The last consumer sequence the server had delivered when bound, or of a message
+        this subscription's fetches handed over since (``nothing_waiting``)."""
+        self._buffered_at_fetch = 0
 
     @classmethod
     async def bind(cls, bus: Bus, config: api.ConsumerConfig) -> _DurablePull:
@@ -909,6 +913,7 @@ class _DurablePull:
         name = self._config.durable_name
         assert name is not None
         info = await self._bus.jetstream.consumer_info(self._bus.settings.stream, name)
+        self._handed_over = _delivered(info)
         pending = info.num_ack_pending or 0
         if pending and pending < (self._config.max_ack_pending or 0):
             log.info(
@@ -940,6 +945,7 @@ class _DurablePull:
         try:
             if self._holding:  # what came before is settled once nothing is pending
                 await self._release_when_settled()
+            self._buffered_at_fetch = self._sub.pending_msgs
             return await self._sub.fetch(batch, timeout=timeout)
         except nats.js.errors.ServiceUnavailableError:
             # No one answers for the consumer: NATS is away (waited out), or the consumer
@@ -951,34 +957,48 @@ class _DurablePull:
             log.warning("%s: the durable consumer is gone (stream lost?); making it again", name)
             await self._bus._restore_streams()
             old, self._sub = self._sub, await self._subscribe(self._bus, self._config)
+            self._handed_over = 0  # a new consumer: its deliveries count from 1
             with contextlib.suppress(Exception):
                 await old.unsubscribe()
             raise ConsumerLostError(f"consumer {name} was gone and is made again") from None
 
     async def nothing_waiting(self, fetched: Sequence[Msg]) -> bool:
-        """Whether nothing was left for this consumer once ``fetched`` came back (every
-        message published before the fetch began was in it or an earlier one): none
-        buffered in the client, and none pending delivery on the server, as the last
-        message's metadata says or, for an empty fetch, the server itself. Fewer messages
-        than asked proves nothing: a fetch that a busy event loop kept from reading in time
-        comes back short, or empty, while hundreds wait (seen with a pass holding the loop
-        for half a second), and so does one while newer messages are held back
-        (``_hold_newer_while_pending``). An unanswered question is a no."""
-        if self._sub.pending_msgs:
-            return False
-        if fetched:
+        """Whether nothing was left for this consumer once ``fetched`` came back and was
+        handled (every message published before the fetch began was in it or an earlier
+        one). Fewer messages than asked proves nothing: a fetch that a busy event loop kept
+        from reading in time comes back short, or empty, while hundreds wait (seen with a
+        pass holding the loop for half a second), and so does one while newer messages are
+        held back (``_hold_newer_while_pending``).
+
+        The last message's ``num_pending`` (none undelivered when the server sent it) is
+        enough when the fetch asked the server for all it brought. Otherwise (an empty fetch,
+        or one that began with messages of an earlier one in the client's buffer, sent before
+        it began) the server is asked: none undelivered, and none delivered that this
+        subscription has not handed over (its last delivered consumer sequence; so a message
+        still on its way, or in the buffer, counts). The buffer's own size is no answer: it
+        also holds the status replies (``408 Request Timeout``) of pull requests that expired
+        just after their fetch gave up, as an idle consumer's often do. An unanswered
+        question is a no."""
+        for msg in fetched:
+            self._handed_over = max(self._handed_over, msg.metadata.sequence.consumer)
+        if fetched and (fetched[-1].metadata.num_pending or not self._buffered_at_fetch):
             return fetched[-1].metadata.num_pending == 0
         try:
             info = await self._sub.consumer_info()
         except Exception:
             return False
-        return info.num_pending == 0
+        return info.num_pending == 0 and _delivered(info) <= self._handed_over
 
     async def unsubscribe(self) -> None:
         await self._sub.unsubscribe()
 
 
 Pull = JetStreamContext.PullSubscription
+
+
+def _delivered(info: api.ConsumerInfo) -> int:
+    """The consumer sequence of the last message the server delivered (0: none yet)."""
+    return info.delivered.consumer_seq if info.delivered is not None else 0
 
 
 def _auth(settings: NatsSettings) -> dict[str, str]:

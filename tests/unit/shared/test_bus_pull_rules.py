@@ -60,7 +60,9 @@ class FakeMsg:
         self.subject = subject
         self.headers: dict[str, str] | None = None
         self.metadata = SimpleNamespace(
-            num_delivered=delivered, sequence=SimpleNamespace(stream=seq), num_pending=pending
+            num_delivered=delivered,
+            sequence=SimpleNamespace(stream=seq, consumer=seq),
+            num_pending=pending,
         )
         self._ackd = False
         self.told: list[tuple[str, float | None]] = []
@@ -110,16 +112,19 @@ class FakeSub:
 
     @property
     def pending_msgs(self) -> int:
-        """Messages the server delivered that wait in the client's buffer."""
+        """What waits in the client's buffer: messages, or status replies."""
         return self.js.buffered
 
     async def consumer_info(self) -> Any:
         """The server's count of messages pending delivery: the next of ``js.waiting``
-        (0 when none is scripted), or its fault."""
+        (0 when none is scripted), or its fault; and the last consumer sequence it
+        delivered (``js.delivered``)."""
         step = self.js.waiting.pop(0) if self.js.waiting else 0
         if isinstance(step, BaseException):
             raise step
-        return SimpleNamespace(num_pending=step)
+        return SimpleNamespace(
+            num_pending=step, delivered=SimpleNamespace(consumer_seq=self.js.delivered)
+        )
 
     async def unsubscribe(self) -> None:
         self.unsubscribed = True
@@ -138,6 +143,7 @@ class FakeJetStream:
         self.pending = 0
         self.waiting: list[int | BaseException] = []
         self.buffered = 0
+        self.delivered = 0
         self.configs: list[api.ConsumerConfig] = []
         self.subs: list[FakeSub] = []
         self.published: list[tuple[str, dict[str, str]]] = []
@@ -152,7 +158,9 @@ class FakeJetStream:
         assert stream == "TRAINYARD", stream  # the event stream, where the consumers are
         if name not in self.consumers:
             raise NotFoundError
-        return SimpleNamespace(num_ack_pending=self.pending)
+        return SimpleNamespace(
+            num_ack_pending=self.pending, delivered=SimpleNamespace(consumer_seq=self.delivered)
+        )
 
     async def add_consumer(self, stream: str, config: api.ConsumerConfig) -> None:
         assert stream == "TRAINYARD", stream
@@ -322,16 +330,55 @@ async def test_a_short_fetch_is_no_proof_of_a_drained_stream(
     assert after_drained is not None
 
 
-async def test_messages_buffered_in_the_client_are_still_waiting(
+async def test_messages_delivered_and_not_yet_handed_over_are_still_waiting(
     js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Messages the server delivered for a fetch that gave up (in the client's buffer, or on
+    their way) are waiting, though the server has none undelivered; those delivered before
+    the consumer was bound (to a process that stopped) are not this subscription's."""
+    js.delivered = 5
     bus = make_bus(js, monkeypatch)
-    js.buffered = 3  # delivered for a fetch that timed out, not yet handed over
-    js.script = [[bad_msg(1)], [], lambda: setattr(js, "buffered", 0) or []]
+
+    def delivered_late() -> list[Any]:
+        js.delivered = 8  # 7 and 8: delivered, not handed over
+        return []
+
+    js.script = [[bad_msg(6)], delivered_late, [bad_msg(7), bad_msg(8)], []]
     await consume(bus, js, batch=8)
-    _, after_buffered, _, after_read = js.hearing_at_fetch
-    assert after_buffered is None
-    assert after_read is not None
+    _, after_handed_over, after_late, after_read, after_drained = js.hearing_at_fetch
+    assert after_handed_over is not None
+    assert after_late == after_handed_over  # not moved on: 7 and 8 were waiting
+    assert after_read is not None and after_read != after_late
+    assert after_drained is not None
+
+
+async def test_a_status_reply_in_the_buffer_is_no_message_waiting(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty fetch's pull request expires on the server just after the fetch gave up:
+    its ``408`` reply lands in the buffer (on a real NATS, after about half of an idle
+    consumer's fetches). It is no message: the idle consumer is caught up."""
+    bus = make_bus(js, monkeypatch)
+    js.buffered = 1
+    js.script = [[], []]
+    await consume(bus, js, batch=8)
+    _, after_empty, *_ = js.hearing_at_fetch
+    assert after_empty is not None
+
+
+async def test_a_fetch_that_began_with_a_buffer_asks_the_server(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Messages the fetch took from the buffer were sent before it began: their
+    ``num_pending`` says nothing of what was published since; the server's count does."""
+    bus = make_bus(js, monkeypatch)
+    js.buffered = 2
+    js.waiting = [3, 0]
+    js.script = [[bad_msg(1)], [bad_msg(2)], []]
+    await consume(bus, js, batch=8)
+    _, after_stale, after_asked, *_ = js.hearing_at_fetch
+    assert after_stale is None
+    assert after_asked is not None
 
 
 async def test_a_fetch_fault_is_a_gap_in_hearing(
