@@ -11,7 +11,8 @@ Contract of ``record_error(span, error)``:
 - an ``exception`` event and the ERROR status, as the SDK records them (type, message,
   stack trace, ``Type: message`` as the status), except that
 - an error from PostgreSQL or asyncpg's argument encoding, wherever it is in the chain
-  (``__cause__``/``__context__``: a wrapper's stack trace shows its cause), is described by
+  (``__cause__``/``__context__``: a wrapper's stack trace shows its cause) or in the chain
+  of a member of an exception group there (a ``TaskGroup``'s), is described by
   ``safe_message``: its SQLSTATE, condition and the schema objects it names (table, column,
   constraint), never its message or detail. The service's log keeps the whole text.
 """
@@ -67,18 +68,31 @@ def _chain(error: BaseException) -> list[BaseException]:
 
 
 def safe_stacktrace(error: BaseException) -> str:
-    """The stack trace Python prints for ``error`` (its chain included), each error's line
-    made by ``safe_message``."""
+    """The stack trace Python prints for ``error`` (its chain included, and each member of
+    an exception group in it, indented), each error's line made by ``safe_message``."""
+    return _safe_stacktrace(error, set())
+
+
+def _safe_stacktrace(error: BaseException, shown: set[int]) -> str:
+    """``safe_stacktrace``; ``shown``: the groups whose members are printed already (a
+    group that holds itself, however deep, is printed once)."""
     parts: list[str] = []
     for older, newer in zip(_chain(error), [*_chain(error)[1:], None], strict=True):
-        parts.append("Traceback (most recent call last):\n")
-        parts.extend(traceback.format_tb(older.__traceback__))
+        if older.__traceback__ is not None:  # never raised: Python prints no trace either
+            parts.append("Traceback (most recent call last):\n")
+            parts.extend(traceback.format_tb(older.__traceback__))
         kind = type(older)
         name = kind.__qualname__
         if kind.__module__ not in ("builtins", "__main__"):
             name = f"{kind.__module__}.{name}"
         message = safe_message(older)
         parts.append(f"{name}: {message}\n" if message else f"{name}\n")
+        if isinstance(older, BaseExceptionGroup) and id(older) not in shown:
+            shown.add(id(older))
+            for number, member in enumerate(older.exceptions, 1):
+                parts.append(f"  +---------------- {number} ----------------\n")
+                text = _safe_stacktrace(member, shown)
+                parts.extend(f"    | {line}\n" for line in text.splitlines())
         if newer is not None:
             parts.append(
                 "\nThe above exception was the direct cause of the following exception:\n\n"
@@ -88,8 +102,18 @@ def safe_stacktrace(error: BaseException) -> str:
     return "".join(parts)
 
 
-def _quoting_in_chain(error: BaseException) -> bool:
-    return any(quotes_data(e) for e in _chain(error))
+def _quoting_in_chain(error: BaseException, looked: set[int] | None = None) -> bool:
+    """Whether an error that can quote data is in ``error``'s chain, or in the chain of a
+    member of an exception group there (whose stack trace prints its members')."""
+    looked = set() if looked is None else looked
+    for each in _chain(error):
+        if quotes_data(each):
+            return True
+        if isinstance(each, BaseExceptionGroup) and id(each) not in looked:
+            looked.add(id(each))
+            if any(_quoting_in_chain(member, looked) for member in each.exceptions):
+                return True
+    return False
 
 
 def record_error(

@@ -108,3 +108,26 @@ def test_other_errors_are_recorded_as_the_sdk_records_them(error: Exception) -> 
     (their_event,) = theirs.events
     assert (our_event.attributes or {})["exception.message"] == str(error)
     assert (their_event.attributes or {})["exception.message"] == str(error)
+
+
+def test_a_group_of_errors_brings_none_of_its_members_values() -> None:
+    """A ``TaskGroup`` (or anyio's) raises an ``ExceptionGroup``: the SDK's stack trace of it
+    prints each member's message, a unique violation's detail included."""
+    try:
+        raise ExceptionGroup("unhandled errors in a TaskGroup", [_unique_violation()])
+    except ExceptionGroup as group:
+        wrapped = _raised(RuntimeError("submission failed"), group)
+    span = _recorded(wrapped)
+    texts = _texts(span)
+    assert not [t for t in texts if SECRET in t]
+    (event,) = span.events
+    trace_text = str((event.attributes or {})["exception.stacktrace"])
+    assert "UniqueViolationError: SQLSTATE 23505 on table tokens" in trace_text
+    assert "ExceptionGroup: unhandled errors in a TaskGroup" in trace_text
+
+
+def test_a_chain_that_loops_back_is_recorded_once_round() -> None:
+    first, second = ValueError("a"), _unique_violation()
+    first.__context__, second.__context__ = second, first
+    span = _recorded(first)
+    assert not [t for t in _texts(span) if SECRET in t]
