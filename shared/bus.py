@@ -58,7 +58,9 @@ Contract:
   left nothing waiting (``_DurablePull.nothing_waiting``: none undelivered on the server, none
   delivered and not yet handed over; a short fetch is no proof), once what that fetch brought was handled: every
   message published before ``through`` has been handled. None while disconnected or not caught up
-  since ``since``. ``Bus.connected_since`` is when the connection was last (re)established.
+  since ``since``; a consumer is judged only from its first fetch after its hearing was first
+  asked (an empty fetch's judgment costs a JetStream API request). ``Bus.connected_since`` is
+  when the connection was last (re)established.
   A liveness judge (the scheduler's lost-node watch) uses it so that its own outage or lag
   never passes for the silence of others.
 """
@@ -293,6 +295,9 @@ class Bus:
         self._reconnects = _reconnects(nc)
         self._fetching_since: dict[str, datetime] = {}
         self._heard_through: dict[str, datetime] = {}
+        self._heeded: set[str] = set()
+        """The consumers whose ``hearing`` was asked: only their fetches are judged (one
+        JetStream API request per empty fetch; a runner's consumer needs none)."""
         instruments = meter or telemetry_meter(__name__)
         self._paused_metric = instruments.create_up_down_counter(
             "trainyard.consumer.paused",
@@ -380,7 +385,9 @@ class Bus:
     def hearing(self, consumer: str) -> Hearing | None:
         """What ``consumer`` (running on this bus) has been able to hear (see the module
         docstring); None while the connection is down, the consumer is not running, or it has
-        not caught up since it last began hearing."""
+        not caught up since it last began hearing. Only the consumers whose hearing is
+        asked are judged, from their next fetch on."""
+        self._heeded.add(consumer)
         connected = self.connected_since
         fetching = self._fetching_since.get(consumer)
         through = self._heard_through.get(consumer)
@@ -611,7 +618,9 @@ class Bus:
                 if messages:
                     async with self._kept_in_progress(messages):
                         await self._handle_batch(consumer, messages, handler, stop, atomic)
-                self._fetched(consumer, asked_at, drained=await sub.nothing_waiting(messages))
+                judged = consumer in self._heeded
+                drained = judged and await sub.nothing_waiting(messages)
+                self._fetched(consumer, asked_at, drained=drained)
         finally:
             self._stops.pop(consumer, None)
             self._fetching_since.pop(consumer, None)
@@ -946,7 +955,10 @@ class _DurablePull:
             if self._holding:  # what came before is settled once nothing is pending
                 await self._release_when_settled()
             self._buffered_at_fetch = self._sub.pending_msgs
-            return await self._sub.fetch(batch, timeout=timeout)
+            fetched = await self._sub.fetch(batch, timeout=timeout)
+            for msg in fetched:
+                self._handed_over = max(self._handed_over, msg.metadata.sequence.consumer)
+            return fetched
         except nats.js.errors.ServiceUnavailableError:
             # No one answers for the consumer: NATS is away (waited out), or the consumer
             # is gone with its stream (a server that lost its store): made again here.
@@ -979,8 +991,6 @@ class _DurablePull:
         also holds the status replies (``408 Request Timeout``) of pull requests that expired
         just after their fetch gave up, as an idle consumer's often do. An unanswered
         question is a no."""
-        for msg in fetched:
-            self._handed_over = max(self._handed_over, msg.metadata.sequence.consumer)
         if fetched and (fetched[-1].metadata.num_pending or not self._buffered_at_fetch):
             return fetched[-1].metadata.num_pending == 0
         try:

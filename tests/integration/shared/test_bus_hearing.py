@@ -47,6 +47,7 @@ async def test_an_idle_consumer_is_caught_up_after_each_empty_fetch(
     own_bus: Bus, drained: list[bool]
 ) -> None:
     stop = asyncio.Event()
+    assert own_bus.hearing("idle") is None  # asked: its fetches are judged
     task = asyncio.create_task(own_bus.consume("idle", [SUBJECT], _noop, stop))
     try:
         async with asyncio.timeout(10):

@@ -119,6 +119,7 @@ class FakeSub:
         """The server's count of messages pending delivery: the next of ``js.waiting``
         (0 when none is scripted), or its fault; and the last consumer sequence it
         delivered (``js.delivered``)."""
+        self.js.infos += 1
         step = self.js.waiting.pop(0) if self.js.waiting else 0
         if isinstance(step, BaseException):
             raise step
@@ -144,6 +145,7 @@ class FakeJetStream:
         self.waiting: list[int | BaseException] = []
         self.buffered = 0
         self.delivered = 0
+        self.infos = 0
         self.configs: list[api.ConsumerConfig] = []
         self.subs: list[FakeSub] = []
         self.published: list[tuple[str, dict[str, str]]] = []
@@ -379,6 +381,19 @@ async def test_a_fetch_that_began_with_a_buffer_asks_the_server(
     _, after_stale, after_asked, *_ = js.hearing_at_fetch
     assert after_stale is None
     assert after_asked is not None
+
+
+async def test_a_consumer_whose_hearing_no_one_asks_is_not_judged(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Judging an empty fetch costs a JetStream API request: a runner's consumer, idle most
+    of the time and heard by no one, makes none."""
+    bus = make_bus(js, monkeypatch)
+    js.bus = None  # the fetches do not ask for hearing
+    js.script = [[], [bad_msg(1)], [], []]
+    await consume(bus, js, batch=8)
+    assert js.infos == 0
+    assert bus.hearing("c") is None
 
 
 async def test_a_fetch_fault_is_a_gap_in_hearing(
