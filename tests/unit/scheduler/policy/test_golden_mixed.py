@@ -1,0 +1,226 @@
+"""Golden decisions on small mixed clusters, and on what is decided after the pass on its kept
+state: the arrival fast path (``decide_arrival``, which may place) and incremental events
+(``Incremental``: arrivals decided alone or by a pass, jobs ending, a node leaving and
+joining).
+
+``test_golden`` guards the scale benchmark's scenarios: nodes of one size, no gang spread
+per node asked, thirty arrivals under the default configuration. The pass's caches (quota
+verdicts, failed searches and delayed reservations per pool version, victim candidates,
+fair shares) are kept on the state and read again after the pass, so these worlds vary what
+they key on: node sizes of 2 to 16 GPUs in up to three topology domains, requests with and
+without ``gpus_per_node``, cohorts with borrowing and lending limits, jobs under notice,
+unknown flavors, queues and priority classes, and every configuration below. The digests
+were taken with the policy as it was before its caches (the parent of commit 922d522) and
+equal its decisions exactly; retake them (``python -m tests.unit.scheduler.policy.test_golden_mixed``)
+only with a change of policy or of an explanation's text, and say why.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from types import ModuleType
+
+import pytest
+
+from trainyard_platform.services.scheduler.policy import engine, incremental
+from trainyard_platform.services.scheduler.policy.model import (
+    Decisions,
+    Node,
+    PendingJob,
+    PolicyConfig,
+    PriorityClass,
+    Queue,
+    RunningJob,
+    Snapshot,
+)
+
+from .test_golden import digest
+
+NOW = 1_000_000.0
+CLASSES = (
+    PriorityClass("low", 0, preemptible=True, min_runtime_s=0.0),
+    PriorityClass("normal", 10, preemptible=True, min_runtime_s=600.0),
+    PriorityClass("high", 20, preemptible=False, min_runtime_s=0.0),
+)
+CONFIGS = (
+    PolicyConfig(),
+    PolicyConfig(reservations=0),
+    PolicyConfig(backfill=False),
+    PolicyConfig(preemption=False),
+    PolicyConfig(ageing_s=300.0, reservations=3),
+    PolicyConfig(fair_share=False, reservations=8, ageing_s=1000.0),
+)
+SEEDS = range(48)
+
+
+def world(rng: random.Random) -> tuple[list[str], list[Node], list[Queue], list[RunningJob]]:
+    flavors = ["a", "b"][: rng.choice((1, 2))]
+    count = rng.randint(1, 5)
+    queues = []
+    for i in range(count):
+        cohort = rng.choice((None, "c1", "c2")) if rng.random() < 0.8 else None
+        nominal = {f: rng.choice((0, 2, 4, 8, 16, 32)) for f in flavors}
+        borrow = {f: rng.choice((0, 4, 16)) for f in flavors} if rng.random() < 0.4 else {}
+        lend = {f: rng.randint(0, nominal[f]) for f in flavors} if rng.random() < 0.4 else {}
+        team = f"t{rng.randint(0, max(0, count - 2))}"
+        weight = rng.choice((1.0, 2.0))
+        queues.append(Queue(f"q{i}", team, cohort, nominal, borrow, lend, weight=weight))
+    nodes, running = [], []
+    for i in range(rng.randint(1, 10)):
+        capacity = rng.choice((2, 4, 8, 8, 16))
+        flavor = rng.choice(flavors)
+        used: dict[int, str] = {}
+        free = list(range(capacity))
+        while free and rng.random() < 0.6:
+            k = rng.randint(1, len(free))
+            taken, free = free[:k], free[k:]
+            job_id = f"r{len(running)}"
+            for g in taken:
+                used[g] = job_id
+            started = NOW - rng.uniform(0, 20000)
+            notice = started + rng.uniform(0, NOW - started) if rng.random() < 0.15 else None
+            running.append(
+                RunningJob(
+                    job_id,
+                    rng.choice(queues).name,
+                    flavor,
+                    len(taken),
+                    rng.choice(("low", "normal", "high", "unknown")),
+                    started,
+                    rng.choice((600.0, 3600.0, 30000.0)),
+                    {f"n{i}": tuple(taken)},
+                    None,
+                    notice,
+                )
+            )
+        nodes.append(Node(f"n{i}", flavor, capacity, f"top{rng.randint(0, 2)}", used))
+    return flavors, nodes, queues, running
+
+
+def jobs(
+    rng: random.Random, flavors: list[str], queues: list[Queue], n: int, prefix: str, seq: int
+) -> list[PendingJob]:
+    out = []
+    for k in range(n):
+        name = rng.choice(queues).name if rng.random() < 0.95 else "ghost"
+        out.append(
+            PendingJob(
+                f"{prefix}{k}",
+                name,
+                rng.choice([*flavors, "zz"] if rng.random() < 0.05 else flavors),
+                rng.choice((1, 2, 3, 4, 6, 8, 12, 16, 24, 32)),
+                rng.choice(("low", "normal", "high")),
+                NOW - rng.choice((0.0, 5.0, 100.0, 1000.0, 5000.0, 90000.0)),
+                rng.choice((60.0, 600.0, 3600.0, 20000.0)),
+                seq + k,
+                rng.choice((None, None, 1, 2, 4, 8)),
+            )
+        )
+    return out
+
+
+def decisions(
+    seed: int, policy: ModuleType = engine, events: ModuleType = incremental
+) -> list[Decisions]:
+    """A pass over a seeded world, 49 arrivals on its kept state, then 20 events on an
+    ``Incremental`` of the same world (``policy``/``events``: the modules to use, so the
+    digests can be taken with a frozen copy)."""
+    rng = random.Random(seed)
+    flavors, nodes, queues, running = world(rng)
+    config = rng.choice(CONFIGS)
+    pending = jobs(rng, flavors, queues, rng.randint(0, 40), "p", 0)
+    usage = {q.team: rng.uniform(0, 1e5) for q in queues}
+    snapshot = Snapshot(
+        NOW, tuple(nodes), tuple(queues), CLASSES, tuple(pending), tuple(running), usage
+    )
+    state = policy.PolicyState(snapshot, config)
+    out = [state.run()]
+    arrivals = jobs(rng, flavors, queues, 25, "a", 1000)
+    # And requests that come again with ever shorter runtimes: a search that failed for a
+    # later end must not answer for an earlier one.
+    for job in jobs(rng, flavors, queues, 6, "w", 1100):
+        arrivals += [
+            replace(job, job_id=f"{job.job_id}-{i}", seq=job.seq * 10 + i, declared_runtime_s=t)
+            for i, t in enumerate((20000.0, 3600.0, 600.0, 60.0))
+        ]
+    out += [policy.decide_arrival(state, job) for job in arrivals]
+    kept = events.Incremental(snapshot, config)
+    late = jobs(rng, flavors, queues, 20, "i", 2000)
+    live = [r.job_id for r in running]
+    for k in range(20):
+        draw = rng.random()
+        if draw < 0.7:
+            out.append(kept.arrive(late[k]))
+        elif live and draw < 0.9:
+            out.append(kept.end(live.pop(rng.randrange(len(live)))))
+        else:
+            ready = {n.node_id: n for n in kept.snapshot().nodes}
+            node_id = rng.choice(sorted(ready))
+            kept.node_left(node_id)
+            out.append(kept.decisions)
+            node = ready[node_id]
+            out.append(kept.node_joined(node))
+    return out
+
+
+GOLDEN: dict[int, str] = {
+    0: "7bdd5843fcf337fda9f4",
+    1: "2e47a156cb4bfa2742fd",
+    2: "f6748a1c753b9b6c4299",
+    3: "7c0dc308bf0eb0bf2891",
+    4: "555580eb5bf8319681db",
+    5: "bcd14b59598a754c90a7",
+    6: "a210f46556aca977685d",
+    7: "7f661698effae7d0a5b1",
+    8: "aea3fff3d425f9582672",
+    9: "27f94f7f2c5f8b9b96be",
+    10: "d8799bd3c1f19e6883bc",
+    11: "3e5a1dcce02b4170f45c",
+    12: "852b6fb1de2a9c7514fd",
+    13: "e6f80386a498651f978e",
+    14: "24aec56d603465b637aa",
+    15: "afa0293e9dd9f81db070",
+    16: "cfa831fbc670e9f2cf36",
+    17: "ffe55fe3e054f3a3b99d",
+    18: "b17e662cf5d5c7be4150",
+    19: "4c96b9b63422c90664a6",
+    20: "add8063b7126daa09f80",
+    21: "ae79240a9133ce130f51",
+    22: "91ea32bc33355248f0ee",
+    23: "86517c5df7d1a1044938",
+    24: "abb1dba93e2275ad7cc3",
+    25: "fb1f65f4853e116b1208",
+    26: "addc66e8e15c055a811e",
+    27: "d6fa8f74712eb43f875c",
+    28: "5c701a904e74be847872",
+    29: "649425bb762ebda200e7",
+    30: "ae963154e4b4a1aa16da",
+    31: "43a27eba19cb72f30040",
+    32: "2d9efff17bf281c70531",
+    33: "30da687c5cfc31f4c0e4",
+    34: "0e8a4721f953d2e6f58f",
+    35: "5a82e02cb7e072000233",
+    36: "fd53ef90d86f3d7d78f4",
+    37: "bf38f621bdf9567118ed",
+    38: "5b0d94ed88b4f4f5d36b",
+    39: "d7d30da55c0cd3a66762",
+    40: "c2a1444aa4dd46df0541",
+    41: "660f13e8b9c9220db814",
+    42: "2aa63a6bd14bbb5c9200",
+    43: "c0ed59b896c87883140b",
+    44: "2812ffd9a4d077698dd7",
+    45: "90f841c58addf0995881",
+    46: "542943adbcea6df186e6",
+    47: "8481750b6b8edbdd18f4",
+}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_mixed_decisions_are_unchanged(seed: int) -> None:
+    assert digest(decisions(seed)) == GOLDEN[seed]
+
+
+if __name__ == "__main__":  # prints the table of digests for GOLDEN
+    for seed in SEEDS:
+        print(f'    {seed}: "{digest(decisions(seed))}",')
