@@ -601,8 +601,8 @@ def collector_paused() -> Generator[None, None, None]:
     generation, about a sixth of the pass's CPU time; with it, one full collection at the
     end, and no collection after the pass walks the pass's objects."""
     was = gc.isenabled()
-    gc.disable()
     try:
+        gc.disable()  # inside: an interrupt as it returns still finds the collector restored
         yield
     finally:
         if was:

@@ -89,3 +89,21 @@ def collections() -> Iterator[list[int]]:
         yield made
     finally:
         gc.callbacks.remove(note)
+
+
+def test_collector_on_again_when_interrupted_as_the_pause_begins(
+    collector: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An interrupt (Ctrl-C, a signal handler's exception) can land right after the
+    # collector was turned off, before the pass itself started.
+    disable = gc.disable
+
+    def interrupted() -> None:
+        disable()
+        raise KeyboardInterrupt
+
+    gc.enable()
+    monkeypatch.setattr(gc, "disable", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        schedule(world(), PolicyConfig())
+    assert gc.isenabled()
