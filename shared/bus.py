@@ -987,17 +987,21 @@ class _DurablePull:
         or one that began with messages of an earlier one in the client's buffer, sent before
         it began) the server is asked: none undelivered, and none delivered that this
         subscription has not handed over (its last delivered consumer sequence; so a message
-        still on its way, or in the buffer, counts). The buffer's own size is no answer: it
-        also holds the status replies (``408 Request Timeout``) of pull requests that expired
-        just after their fetch gave up, as an idle consumer's often do. An unanswered
-        question is a no."""
+        still on its way, or in the buffer, counts), unless the server holds none delivered
+        and unacknowledged: then whatever it delivered elsewhere (a deposed leader still
+        fetching after this one bound) was handled and acknowledged there, and a silent
+        stream is caught up without waiting for a newer message. The buffer's own size is
+        no answer: it also holds the status replies (``408 Request Timeout``) of pull
+        requests that expired just after their fetch gave up, as an idle consumer's often
+        do. An unanswered question is a no."""
         if fetched and (fetched[-1].metadata.num_pending or not self._buffered_at_fetch):
             return fetched[-1].metadata.num_pending == 0
         try:
             info = await self._sub.consumer_info()
         except Exception:
             return False
-        return info.num_pending == 0 and _delivered(info) <= self._handed_over
+        handed_over = _delivered(info) <= self._handed_over
+        return info.num_pending == 0 and (handed_over or not info.num_ack_pending)
 
     async def unsubscribe(self) -> None:
         await self._sub.unsubscribe()

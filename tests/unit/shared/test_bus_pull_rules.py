@@ -124,7 +124,9 @@ class FakeSub:
         if isinstance(step, BaseException):
             raise step
         return SimpleNamespace(
-            num_pending=step, delivered=SimpleNamespace(consumer_seq=self.js.delivered)
+            num_pending=step,
+            num_ack_pending=self.js.pending,
+            delivered=SimpleNamespace(consumer_seq=self.js.delivered),
         )
 
     async def unsubscribe(self) -> None:
@@ -342,16 +344,44 @@ async def test_messages_delivered_and_not_yet_handed_over_are_still_waiting(
     bus = make_bus(js, monkeypatch)
 
     def delivered_late() -> list[Any]:
-        js.delivered = 8  # 7 and 8: delivered, not handed over
+        js.delivered, js.pending = 8, 2  # 7 and 8: delivered, not handed over nor acknowledged
         return []
 
-    js.script = [[bad_msg(6)], delivered_late, [bad_msg(7), bad_msg(8)], []]
+    def handed_over() -> list[Any]:
+        js.pending = 0
+        return [bad_msg(7), bad_msg(8)]
+
+    js.script = [[bad_msg(6)], delivered_late, handed_over, []]
     await consume(bus, js, batch=8)
     _, after_handed_over, after_late, after_read, after_drained = js.hearing_at_fetch
     assert after_handed_over is not None
     assert after_late == after_handed_over  # not moved on: 7 and 8 were waiting
     assert after_read is not None and after_read != after_late
     assert after_drained is not None
+
+
+async def test_what_another_subscriber_was_delivered_and_acknowledged_is_heard(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deposed leader still fetching after this one bound was delivered 6-8: while any is
+    unacknowledged it may be unhandled (waiting); once none is, the silent stream is caught
+    up (else no node would be judged until a newer message came)."""
+    js.delivered = 5
+    bus = make_bus(js, monkeypatch)
+
+    def elsewhere(unacknowledged: int) -> Callable[[], list[Any]]:
+        def step() -> list[Any]:
+            js.delivered, js.pending = 8, unacknowledged
+            return []
+
+        return step
+
+    js.script = [[], elsewhere(2), elsewhere(0), []]
+    await consume(bus, js, batch=8)
+    _, heard, while_unacknowledged, once_acknowledged, _ = js.hearing_at_fetch
+    assert heard is not None
+    assert while_unacknowledged == heard  # not moved on
+    assert once_acknowledged is not None and once_acknowledged != heard
 
 
 async def test_a_status_reply_in_the_buffer_is_no_message_waiting(
