@@ -19,6 +19,51 @@ from trainyard_platform.services.submission.governance import screening_unchange
 # --- jobs, as users see them (always scoped by team) ---------------------------------
 
 
+def _insert_job_sql(*, announced: bool, caller_check: str | None = None) -> str:
+    """One statement storing a QUEUED job (``$1``-``$8``: id, team, user, name, spec,
+    idempotency key, submitted at, trace id) and its first history entry (``submitted``),
+    skipped when this user already used the idempotency key; with ``announced``, also the
+    outbox row of its ``job.submitted`` event (``$9``-``$12``); with ``caller_check`` (a
+    ``SELECT`` of one row or none), only if that finds its row. The three statements the
+    functions below send are made here once, from these fixed fragments."""
+    row = "$1, $2, $3, $4, $5, 'QUEUED', $6, $7, $7, $8"
+    parts = [f"caller AS ({caller_check})"] if caller_check else []
+    parts += [
+        f"""job AS (
+               INSERT INTO jobs (id, team_id, user_id, name, spec, status, idempotency_key,
+                                 submitted_at, updated_at, trace_id)
+               {f"SELECT {row} FROM caller" if caller_check else f"VALUES ({row})"}
+               ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING id)""",
+        """history AS (
+               INSERT INTO job_history (job_id, status, at, reason)
+               SELECT id, 'QUEUED', $7, 'submitted' FROM job RETURNING 1)""",
+    ]
+    stored = "history"
+    if announced:
+        parts.append(
+            """event AS (
+               INSERT INTO outbox (event_id, subject, body, headers)
+               SELECT $9, $10, $11, $12 FROM job RETURNING 1)"""
+        )
+        stored = "event"
+    held = "EXISTS (SELECT 1 FROM caller)" if caller_check else "true"
+    return f"""WITH {", ".join(parts)}
+           SELECT {held} AS held, EXISTS (SELECT 1 FROM {stored}) AS stored"""
+
+
+_INSERT_JOB = _insert_job_sql(announced=False)
+_INSERT_JOB_ANNOUNCED = _insert_job_sql(announced=True)
+_INSERT_JOB_IF_CALLER = _insert_job_sql(
+    announced=True,
+    caller_check=f"""SELECT 1 FROM tokens k JOIN users u ON u.id = k.user_id
+                 JOIN teams t ON t.id = u.team_id
+               WHERE k.token_hash = $13 AND k.id = $14 AND u.id = $3 AND t.id = $2
+                 AND u.role = $15 AND k.revoked_at IS NULL AND u.disabled_at IS NULL
+                 AND (k.expires_at IS NULL OR k.expires_at > now())
+                 AND {screening_unchanged("t.name", "$16", "$17", "$18", "$19")}""",
+)
+
+
 async def insert_job(
     conn: asyncpg.Connection,
     job_id: str,
@@ -33,14 +78,8 @@ async def insert_job(
     """Store a QUEUED job and its first history entry (``submitted``), in one statement,
     with the trace its events travel in (``trace_id``). False (nothing stored) when this user
     already submitted a job with this idempotency key."""
-    inserted = await conn.fetchval(
-        """WITH job AS (
-               INSERT INTO jobs (id, team_id, user_id, name, spec, status, idempotency_key,
-                                 submitted_at, updated_at, trace_id)
-               VALUES ($1, $2, $3, $4, $5, 'QUEUED', $6, $7, $7, $8)
-               ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING id)
-           INSERT INTO job_history (job_id, status, at, reason)
-           SELECT id, 'QUEUED', $7, 'submitted' FROM job RETURNING true""",
+    row = await conn.fetchrow(
+        _INSERT_JOB,
         job_id,
         team_id,
         user_id,
@@ -50,7 +89,8 @@ async def insert_job(
         submitted_at,
         trace_id,
     )
-    return bool(inserted)
+    assert row is not None  # a SELECT without FROM has one row
+    return bool(row["stored"])
 
 
 async def insert_job_announced(
@@ -70,17 +110,8 @@ async def insert_job_announced(
     ``BEGIN``/``COMMIT`` round trips): all three rows or none. False (nothing stored) when
     this user already submitted a job with this idempotency key. The caller tells the
     outbox (``shared.outbox.enqueued_by``)."""
-    inserted = await conn.fetchval(
-        """WITH job AS (
-               INSERT INTO jobs (id, team_id, user_id, name, spec, status, idempotency_key,
-                                 submitted_at, updated_at, trace_id)
-               VALUES ($1, $2, $3, $4, $5, 'QUEUED', $6, $7, $7, $8)
-               ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING id),
-           history AS (
-               INSERT INTO job_history (job_id, status, at, reason)
-               SELECT id, 'QUEUED', $7, 'submitted' FROM job)
-           INSERT INTO outbox (event_id, subject, body, headers)
-           SELECT $9, $10, $11, $12 FROM job RETURNING true""",
+    row = await conn.fetchrow(
+        _INSERT_JOB_ANNOUNCED,
         job_id,
         team_id,
         user_id,
@@ -91,7 +122,8 @@ async def insert_job_announced(
         trace_id,
         *event,
     )
-    return bool(inserted)
+    assert row is not None  # a SELECT without FROM has one row
+    return bool(row["stored"])
 
 
 async def insert_job_if_caller(
@@ -114,26 +146,7 @@ async def insert_job_if_caller(
     month, declared, retired, budgets = screening
     job_id, name, spec, idempotency_key, submitted_at, trace_id = job
     row = await conn.fetchrow(
-        f"""WITH caller AS (
-               SELECT 1 FROM tokens k JOIN users u ON u.id = k.user_id
-                 JOIN teams t ON t.id = u.team_id
-               WHERE k.token_hash = $13 AND k.id = $14 AND u.id = $3 AND t.id = $2
-                 AND u.role = $15 AND k.revoked_at IS NULL AND u.disabled_at IS NULL
-                 AND (k.expires_at IS NULL OR k.expires_at > now())
-                 AND {screening_unchanged("t.name", "$16", "$17", "$18", "$19")}),
-           job AS (
-               INSERT INTO jobs (id, team_id, user_id, name, spec, status, idempotency_key,
-                                 submitted_at, updated_at, trace_id)
-               SELECT $1, $2, $3, $4, $5, 'QUEUED', $6, $7, $7, $8 FROM caller
-               ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING id),
-           history AS (
-               INSERT INTO job_history (job_id, status, at, reason)
-               SELECT id, 'QUEUED', $7, 'submitted' FROM job),
-           event AS (
-               INSERT INTO outbox (event_id, subject, body, headers)
-               SELECT $9, $10, $11, $12 FROM job RETURNING 1)
-           SELECT EXISTS (SELECT 1 FROM caller) AS held,
-                  EXISTS (SELECT 1 FROM event) AS stored""",
+        _INSERT_JOB_IF_CALLER,
         job_id,
         team_id,
         user_id,
