@@ -41,8 +41,6 @@ import argparse
 import asyncio
 import datetime as dt
 import json
-import os
-import platform as host
 import random
 import shutil
 import statistics
@@ -60,6 +58,7 @@ from bench._chaos_check import Finding, Report, check
 from bench._chaos_faults import KINDS, Fault, inject, poison, schedule
 from bench._chaos_load import PROBE_TEAM, TEAMS, Load
 from bench._chaos_platform import ChaosPlatform, PlatformConfig
+from bench._host import describe
 
 RESULTS = Path(__file__).parent / "results" / "chaos.json"
 SETTLING = frozenset(
@@ -167,7 +166,7 @@ class ChaosResult:
             "rounds": self.options.rounds,
             "wall_s": round(self.wall_s, 1),
             "settle_s": round(self.settle_s, 1),
-            "machine": machine(),
+            "machine": describe(),
             "settings": {
                 "jobs_per_minute": self.options.jobs_per_minute,
                 "outage_s": list(self.options.outage_s),
@@ -197,16 +196,6 @@ class ChaosResult:
 
 def _round(value: float) -> float:
     return round(value, 1)
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "platform": host.platform(),
-        "machine": host.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": host.python_version(),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-    }
 
 
 def run_chaos(options: ChaosOptions, say: Callable[[str], None] = print) -> ChaosResult:

@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -38,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench._host import describe
 from trainyard_platform.services.runner.environments import EnvironmentCache, Installer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,16 +139,6 @@ def repo_relative(path: str) -> str:
         return Path(path).name
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -171,14 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     ).stdout.split(" from ")[0]
     result = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "platform": platform.platform(),
-            "python": sys.version.split()[0],
-            "processor": cpu_model(),
-            "cpu_count": os.cpu_count(),
-            "gpu": None,
-            "load_average_1m_at_end": os.getloadavg()[0],
-        },
+        "machine": describe(gpu=None),
         "base_python": repo_relative(args.python),
         "installers": {"uv": uv_version, "pip": pip_version},
         "requirements": REQUIREMENTS,

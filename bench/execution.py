@@ -49,7 +49,6 @@ import itertools
 import json
 import logging
 import os
-import platform
 import secrets
 import shutil
 import statistics
@@ -67,6 +66,7 @@ import torch
 from nats.js import api
 from pydantic import SecretStr
 
+from bench._host import describe
 from trainyard.bundle import pack
 from trainyard.sdk.checkpoints import file_digest, snapshot
 from trainyard_platform.deploy.local.nats import NatsServer
@@ -815,30 +815,14 @@ async def first_step(h: Harness, cfg: Config) -> dict[str, Any]:
 # --- the whole run ------------------------------------------------------------------------------
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine() -> dict[str, Any]:
-    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {
-        "platform": platform.platform(),
-        "processor": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "memory_gib": round(mem_gib, 1),
-        "gpu": None,
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "minio": importlib.metadata.version("minio"),
-        "moto": importlib.metadata.version("moto"),
-        "object_store": "moto S3 server on loopback (deploy/local/s3.py)",
-    }
+    return describe(
+        gpu=None,
+        torch=torch.__version__,
+        minio=importlib.metadata.version("minio"),
+        moto=importlib.metadata.version("moto"),
+        object_store="moto S3 server on loopback (deploy/local/s3.py)",
+    )
 
 
 async def run_all(cfg: Config, root: Path, only: set[str]) -> dict[str, Any]:

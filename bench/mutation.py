@@ -50,6 +50,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench._host import cpu_model
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "mutation.json"
 TOOL = "mutmut"
@@ -480,13 +482,10 @@ def rerun_module(
 
 
 def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}"
+    return (
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs ({cpu_model()}), "
+        f"Python {platform.python_version()}"
+    )
 
 
 def _tool_version() -> str:

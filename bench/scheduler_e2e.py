@@ -22,7 +22,6 @@ import contextlib
 import datetime as dt
 import json
 import os
-import platform
 import secrets
 import statistics
 import sys
@@ -36,6 +35,7 @@ import nats
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
+from bench._host import describe
 from trainyard_platform.deploy.local.nats import NatsServer
 from trainyard_platform.deploy.local.ports import free_port
 from trainyard_platform.deploy.local.postgres import PostgresServer
@@ -273,11 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
     result = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "load_average": os.getloadavg(),
-        },
+        "machine": describe(),
         "target_decisions_per_second": TARGET_PER_S,
         "summary": summary,
         "runs": runs,

@@ -41,7 +41,6 @@ import datetime as dt
 import gc
 import json
 import os
-import platform
 import random
 import resource
 import statistics
@@ -51,6 +50,7 @@ import tracemalloc
 from dataclasses import replace
 from pathlib import Path
 
+from bench._host import describe
 from trainyard_platform.services.scheduler.convert import Built
 from trainyard_platform.services.scheduler.fast_path import Kept, decide
 from trainyard_platform.services.scheduler.policy import PolicyState, decide_arrival, schedule
@@ -521,13 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         print("targets:", ", ".join(f"{k}={'met' if v else 'MISSED'}" for k, v in targets.items()))
     result = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "platform": platform.platform(),
-            "python": sys.version.split()[0],
-            "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "load_average_1m_at_end": os.getloadavg()[0],
-        },
+        "machine": describe(),
         "rows": rows,
         "jobs_sweep": sweep,
         "peak_traced_mib": peak,

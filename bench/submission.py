@@ -69,7 +69,6 @@ import importlib.util
 import itertools
 import json
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -85,6 +84,7 @@ from typing import Any
 
 import asyncpg
 
+from bench._host import describe
 from trainyard_platform.deploy.local.nats import NatsServer
 from trainyard_platform.deploy.local.ports import free_port
 from trainyard_platform.deploy.local.postgres import PostgresServer
@@ -712,24 +712,10 @@ def run(
 
 
 def machine() -> dict[str, Any]:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {
-        "platform": platform.platform(),
-        "processor": model,
-        "cpu_count": os.cpu_count(),
-        "memory_gib": round(mem_gib, 1),
-        "python": sys.version.split()[0],
-        "event_loop": "asyncio (uvicorn.Server inside asyncio.run, as ServiceRuntime runs it)",
-        "uvicorn_http": "httptools" if importlib.util.find_spec("httptools") else "h11",
-    }
+    return describe(
+        event_loop="asyncio (uvicorn.Server inside asyncio.run, as ServiceRuntime runs it)",
+        uvicorn_http="httptools" if importlib.util.find_spec("httptools") else "h11",
+    )
 
 
 def summarize(results: dict[str, Any]) -> dict[str, Any]:

@@ -46,7 +46,6 @@ import asyncio
 import datetime as dt
 import json
 import os
-import platform
 import resource
 import statistics
 import sys
@@ -61,6 +60,7 @@ from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from bench._host import describe
 from bench.scheduler_e2e import ADMIN_TOKEN, _delete_streams, _measure, _wait_ready
 from trainyard_platform.deploy.local.nats import NatsServer
 from trainyard_platform.deploy.local.ports import LOOPBACK, free_port
@@ -326,12 +326,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def machine(load_before: tuple[float, float, float]) -> dict[str, Any]:
     """The machine a result was measured on, with its load average before and now."""
-    return {
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "load_average_before": load_before,
-        "load_average_after": os.getloadavg(),
-    }
+    return describe(load_average_before=[round(x, 2) for x in load_before])
 
 
 def write_result(path: Path, result: dict[str, Any]) -> None:
