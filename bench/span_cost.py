@@ -177,7 +177,12 @@ def _measure_database(count: int) -> dict[str, float]:
                         count, functools.partial(_database_statements, instrumentor, count)
                     )
                 )
-    spans = list(kept.get_finished_spans())
+    return _figures(made, list(kept.get_finished_spans()))
+
+
+def _figures(made: dict[str, list[float]], spans: list[ReadableSpan]) -> dict[str, float]:
+    """A case's figures: the least of its making runs per tracer, and both encoders on the
+    spans it made."""
     return {
         "make_us": min(made["sdk"]),
         "make_ours_us": min(made["ours"]),
@@ -220,13 +225,7 @@ def _measure_case(
             made[which].append(
                 _per_span_us(count, lambda t=tracer: [make(t, i, events) for i in range(count)])
             )
-    spans = list(kept.get_finished_spans())
-    return {
-        "make_us": min(made["sdk"]),
-        "make_ours_us": min(made["ours"]),
-        "encode_sdk_us": _per_span_us(len(spans), lambda: _encode(_sdk_encoder, spans)),
-        "encode_ours_us": _per_span_us(len(spans), lambda: _encode(encode_request, spans)),
-    }
+    return _figures(made, list(kept.get_finished_spans()))
 
 
 def main(argv: list[str] | None = None) -> int:

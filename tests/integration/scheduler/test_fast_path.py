@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 import asyncpg
 import pytest
 
-from tests.integration.scheduler.conftest import Tuned, until
+from tests.integration.scheduler.conftest import Scheduler, Tuned, until
 from tests.integration.scheduler.test_policy_service import running
 from trainyard_platform.services.scheduler import admin
 from trainyard_platform.services.scheduler.admin_schemas import QueueRequest, QuotaRequest
@@ -28,20 +28,25 @@ OPERATOR = operator_token_principal()
 pytestmark = pytest.mark.integration
 
 
-async def test_an_arrival_behind_a_full_quota_is_decided_by_the_fast_path(
-    scheduler_with: Tuned,
-) -> None:
-    # A long pass interval: every pass here is one that an event asked for.
+async def _quota_filled_by_a(scheduler_with: Tuned) -> tuple[Scheduler, LeaderWork]:
+    """A scheduler with one 4-GPU node and queue q (team vision, nominal 2 GPUs), which the
+    running job "a" fills. A long pass interval: every pass here is one an event asked for."""
     scheduler = await scheduler_with(pass_interval_s=60.0)
     work = scheduler.work
     assert work is not None
     await scheduler.heartbeat("n1", gpus=4)
     body = QueueRequest(team="vision", quotas={"cpu": QuotaRequest(nominal=2)})
     await admin.put_queue(scheduler.pool, "q", body, OPERATOR)
-
-    # "a" fills q's quota; "b" waits for it (the first of its queue: a pass decides it).
     await scheduler.submit("a", gpus=2)
     await running(scheduler, "a")
+    return scheduler, work
+
+
+async def test_an_arrival_behind_a_full_quota_is_decided_by_the_fast_path(
+    scheduler_with: Tuned,
+) -> None:
+    scheduler, work = await _quota_filled_by_a(scheduler_with)
+    # "a" fills q's quota; "b" waits for it (the first of its queue: a pass decides it).
     await scheduler.submit("b", gpus=2)
     (b,) = await scheduler.wait_for(JobPending, lambda p: p.job_id == "b")
     assert (b.position, b.blocking) == (1, "a")
@@ -117,14 +122,7 @@ async def test_cancelling_a_running_job_drops_the_kept_pass(scheduler_with: Tune
     # A cancelled running job asks for no pass (it still holds its GPUs), but a pass reads it
     # as leaving (never a victim again, its GPUs free within the grace): the kept pass is
     # no longer what a pass over the state would decide.
-    scheduler = await scheduler_with(pass_interval_s=60.0)
-    work = scheduler.work
-    assert work is not None
-    await scheduler.heartbeat("n1", gpus=4)
-    body = QueueRequest(team="vision", quotas={"cpu": QuotaRequest(nominal=2)})
-    await admin.put_queue(scheduler.pool, "q", body, OPERATOR)
-    await scheduler.submit("a", gpus=2)
-    await running(scheduler, "a")
+    scheduler, work = await _quota_filled_by_a(scheduler_with)
     await until(lambda: work.passes.idle_with_kept_pass)
 
     await scheduler.send(JobCancelRequested(job_id="a", team="vision", user="ada"), "a")
