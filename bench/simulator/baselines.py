@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.simulator import scorecard
+from bench.simulator import fairness, scorecard
 from bench.simulator.__main__ import _Progress, repo_relative
 from bench.simulator.cluster import build_cluster
 from bench.simulator.easy import easy_backfill
@@ -139,6 +139,8 @@ def run_trace(args: argparse.Namespace, trace_dir: Path, names: list[str]) -> di
         f"\n{repo_relative(trace_dir)}: {len(jobs):,} jobs, {len(queues)} teams, {total} GPUs",
         flush=True,
     )
+    alone = fairness.alone_mean_jct(jobs, queues, PRIORITY, config)
+    print(f"  each team alone on its share (FIFO + EASY backfill): {len(alone)} teams", flush=True)
     cards: list[scorecard.Scorecard] = []
     runs: dict[str, dict[str, Any]] = {}
     fifo_summary = None
@@ -148,7 +150,7 @@ def run_trace(args: argparse.Namespace, trace_dir: Path, names: list[str]) -> di
         summary = summarize(result.outcomes, total, result.busy_gpu_s)
         fifo_summary = fifo_summary or summary
         card = scorecard.scorecard(
-            LABELS[name], summary, result.outcomes, fifo_summary, oracle=name in ORACLES
+            LABELS[name], summary, result.outcomes, fifo_summary, name in ORACLES, alone
         )
         cards.append(card)
         runs[name] = {
@@ -168,6 +170,8 @@ def run_trace(args: argparse.Namespace, trace_dir: Path, names: list[str]) -> di
     print(scorecard.table(cards))
     print()
     print(scorecard.team_table(cards, team_jobs))
+    print()
+    print(scorecard.share_table(cards, team_jobs))
     return {
         "trace": repo_relative(trace_dir),
         "jobs": len(jobs),
@@ -175,6 +179,7 @@ def run_trace(args: argparse.Namespace, trace_dir: Path, names: list[str]) -> di
         "gpus": total,
         "teams": len(queues),
         "team_jobs": team_jobs,
+        "team_alone_mean_jct_s": {t: round(v, 1) for t, v in alone.items()},
         "policies": runs,
     }
 

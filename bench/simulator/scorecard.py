@@ -7,7 +7,10 @@ per-team mean slowdown, all teams):
 - per-team mean JCT over FIFO's, for teams with at least ``min_team_jobs`` (50) jobs, and the
   worst of them;
 - the max/min ratio of the per-team mean slowdowns (JCT / true run time), all teams: 1 when
-  every team is slowed down alike.
+  every team is slowed down alike;
+- the fairness measure of ``fairness``: each team's mean JCT over its mean JCT alone on a
+  cluster of its share, the worst of them and how many teams are above 1 (given the teams'
+  references; NaN and 0 without them).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from bench.simulator import fairness
 from bench.simulator.engine import JobOutcome
 from bench.simulator.metrics import Summary, percentile
 
@@ -48,6 +52,12 @@ class Scorecard:
     slowdown_spread: float
     """Max over min of the per-team mean slowdowns."""
     team_slowdowns: Mapping[str, float]
+    share_slowdowns: Mapping[str, float]
+    """Per team: mean JCT over its mean JCT alone on a cluster of its share (``fairness``)."""
+    worst_share_team: str
+    worst_share_slowdown: float
+    """The fairness measure: the highest of ``share_slowdowns`` (lower is better)."""
+    teams_worse_than_alone: int
 
 
 def spread(values: Sequence[float]) -> float:
@@ -73,13 +83,18 @@ def scorecard(
     outcomes: Sequence[JobOutcome],
     fifo: Summary,
     oracle: bool = False,
+    alone: Mapping[str, float] | None = None,
 ) -> Scorecard:
-    """The figures of one run against FIFO's on the same jobs."""
+    """The figures of one run against FIFO's on the same jobs; ``alone`` is each team's mean
+    JCT on its own share (``fairness.alone_mean_jct``), for the fairness measure."""
     per_job = [o.preemptions for o in outcomes] or [0]
     useful_h = math.fsum(o.duration * o.gpus for o in outcomes) / 3600
     ratios = team_ratios(summary, fifo)
     worst = max(ratios.items(), key=lambda kv: kv[1], default=("", math.nan))
     slowdowns = {team: t.mean_slowdown for team, t in summary.teams.items()}
+    shared = {team: t.mean_jct for team, t in summary.teams.items()}
+    relative = fairness.share_slowdowns(shared, alone or {})
+    worst_share = fairness.worst(relative)
     return Scorecard(
         policy=policy,
         oracle=oracle,
@@ -101,6 +116,10 @@ def scorecard(
         jain_slowdown=summary.jain_slowdown,
         slowdown_spread=spread(list(slowdowns.values())),
         team_slowdowns=slowdowns,
+        share_slowdowns=relative,
+        worst_share_team=worst_share.team,
+        worst_share_slowdown=worst_share.ratio,
+        teams_worse_than_alone=worst_share.worse_than_alone,
     )
 
 
@@ -110,8 +129,8 @@ def table(cards: Sequence[Scorecard], slack: float = 1.10) -> str:
         "| policy | mean JCT | p95 JCT | mean queueing | makespan | util. | GPU-h lost "
         "(% of work) | preempt./job max | p99 | mean JCT / FIFO | worst team / FIFO "
         f"(>= {MIN_TEAM_JOBS} jobs) | teams > {slack:.2f}x FIFO | Jain, team slowdown "
-        "| max/min team slowdown |",
-        "|---|" + "---:|" * 13,
+        "| max/min team slowdown | worst team / alone on its share | teams worse than alone |",
+        "|---|" + "---:|" * 15,
     ]
     for c in cards:
         over = sum(r > slack for r in c.team_ratios.values())
@@ -122,7 +141,8 @@ def table(cards: Sequence[Scorecard], slack: float = 1.10) -> str:
             f"({c.lost_share:.2%}) | {c.preemptions_max} | {c.preemptions_p99} "
             f"| {c.jct_ratio:.3f} | {c.worst_team_ratio:.3f} ({c.worst_team}) "
             f"| {over} of {len(c.team_ratios)} | {c.jain_slowdown:.3f} "
-            f"| {c.slowdown_spread:,.0f} |"
+            f"| {c.slowdown_spread:,.0f} | {c.worst_share_slowdown:.3f} ({c.worst_share_team}) "
+            f"| {c.teams_worse_than_alone} of {len(c.share_slowdowns)} |"
         )
     return "\n".join(lines)
 
@@ -138,6 +158,21 @@ def team_table(cards: Sequence[Scorecard], jobs: Mapping[str, int]) -> str:
         cells = " | ".join(f"{c.team_ratios[team]:.3f}" for c in shown)
         lines.append(f"| {team} | {jobs[team]:,} | {cells} |")
     return "\n".join(lines)
+
+
+def share_table(cards: Sequence[Scorecard], jobs: Mapping[str, int]) -> str:
+    """Per-team mean JCT over the team's alone on its share (rows: every team, most jobs
+    first; columns: every policy)."""
+    head = "| team | jobs | " + " | ".join(c.policy for c in cards) + " |"
+    lines = [head, "|---|---:|" + "---:|" * len(cards)]
+    for team in sorted(jobs, key=lambda t: (-jobs[t], t)):
+        cells = " | ".join(_ratio(c.share_slowdowns.get(team)) for c in cards)
+        lines.append(f"| {team} | {jobs[team]:,} | {cells} |")
+    return "\n".join(lines)
+
+
+def _ratio(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"
 
 
 def _h(seconds: float) -> str:

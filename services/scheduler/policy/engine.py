@@ -5,7 +5,8 @@ tuple order, give equal decisions):
 1. Pending jobs are considered one at a time: within a queue by priority, declared size
    (``config.size_weight``), ageing and submit time (``fairshare.queue_key``); across queues
    the head with the lowest standing goes next -- first jobs that stay within their queue's
-   nominal quota, then borrowers; within each, by fair share, priority level, size and
+   nominal quota (and an idle queue's job larger than that quota: ``QuotaBook.first_tier``),
+   then borrowers; within each, by fair share, priority level, size and
    waiting time (``fairshare``). Standings are recomputed as jobs are placed, so teams take
    turns.
 2. A job starts now when its quota allows it (``quota``) and a gang shape fits on free GPUs
@@ -244,7 +245,7 @@ class PolicyState:
         placements = self.placements
         heappop, heappush = heapq.heappop, heapq.heappush
         decide = self.decide
-        within = self.quota.within_nominal
+        first_tier = self.quota.first_tier
         share = self.fair.share
         queue_of = self.quota.queues
         shares: dict[str, float] = {}
@@ -260,7 +261,7 @@ class PolicyState:
             if charged.get(name) != n:
                 shares[name] = share(queue_of[name])
                 charged[name] = n
-            tier = 0 if within(name, job.flavor, job.gpus) else 1
+            tier = 0 if first_tier(name, job.flavor, job.gpus) else 1
             return (tier, shares[name] + order, job.submitted_at, job.seq, job.job_id)
 
         while heap:
@@ -282,7 +283,7 @@ class PolicyState:
         """The job's standing (lower goes first; module docstring). ``order`` is
         ``job.submitted_at / ageing - self.level(job)`` when the caller has it."""
         quota = self.quota
-        tier = 0 if quota.within_nominal(job.queue, job.flavor, job.gpus) else 1
+        tier = 0 if quota.first_tier(job.queue, job.flavor, job.gpus) else 1
         if order is None:
             order = job.submitted_at / ageing - self.level(job)
         share = self.fair.share(quota.queues[job.queue])

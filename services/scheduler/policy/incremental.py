@@ -26,9 +26,10 @@ Why an isolated arrival changes nothing else (``arrival_is_isolated`` checks eac
   from the moment its predecessor P in the queue's order is decided until it is decided
   itself. If its standing stays below that of its successor S meanwhile, every other job is
   decided in the same order on the same state: the pass is the old one with the job
-  inserted. Same queue, so this holds unless S is in a lower tier (within its nominal
-  quota) while the job is not: so S must be out of its nominal quota from the start, or
-  the job within its own until the end.
+  inserted. Same queue, so this holds unless S is in a lower tier
+  (``QuotaBook.first_tier``: within its nominal quota, or an idle queue's job larger than
+  it) while the job is not: so S must be out of the first tier from the start, or the job
+  in it until the end (a job only ever leaves the first tier during a pass).
 - It is never placed when its quota verdict is already "no" with the running jobs alone: a
   queue's own use and its cohort's pool use only grow during a pass, so the verdict stays
   "no". It changes no shared state when its queue and flavor tried to preempt by P's
@@ -211,9 +212,9 @@ class Incremental:
         before = state.decided_at[order[index - 1].job_id]
         if index < len(order):
             after = order[index]
-            if self._start_quota.within_nominal(
+            if self._start_quota.first_tier(
                 after.queue, after.flavor, after.gpus
-            ) and not state.quota.within_nominal(job.queue, job.flavor, job.gpus):
+            ) and not state.quota.first_tier(job.queue, job.flavor, job.gpus):
                 return None  # its successor might go ahead of it across queues
             if self.now - job.submitted_at >= self.config.ageing_s:
                 return None  # it might hold its queue's quota against its successors

@@ -142,6 +142,20 @@ class QuotaBook:
         terms = self._terms.get(key) or self.terms(queue, flavor)
         return self._used.get(key, 0) + gpus <= terms.nominal
 
+    def first_tier(self, queue: str, flavor: str, gpus: int) -> bool:
+        """Whether a job of ``gpus`` GPUs of ``queue`` and ``flavor`` is ordered among the
+        first tier (engine: before every borrower): it stays within its queue's nominal quota,
+        or it is larger than the whole nominal quota and its queue holds none of the flavor.
+
+        The second case is the idle team's gang bigger than its quota: it can never stay
+        within its quota, so without it such a gang would wait behind every other team's
+        jobs that do, however little its team has used. A queue's use only grows during a
+        pass, so a job leaves the first tier during a pass and never enters it."""
+        key = (queue, flavor)
+        terms = self._terms.get(key) or self.terms(queue, flavor)
+        used = self._used.get(key, 0)
+        return used + gpus <= terms.nominal or (used == 0 and terms.nominal > 0)
+
     def check(
         self, queue: str, flavor: str, gpus: int, freed: Mapping[str, int] | None = None
     ) -> Verdict:

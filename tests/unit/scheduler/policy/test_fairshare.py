@@ -61,10 +61,26 @@ def test_fair_share_can_be_switched_off() -> None:
 
 
 def test_jobs_within_nominal_quota_go_before_borrowers() -> None:
-    queues = (queue("a", 2, cohort="c"), queue("b", 4, cohort="c"))
-    # a's 4-GPU job would borrow; b's is within its nominal even though it came later.
+    queues = (queue("a", 4, cohort="c"), queue("b", 4, cohort="c"))
+    # a already runs 2 GPUs, so its 4-GPU job would borrow; b's is within its nominal even
+    # though it came later.
+    busy = running("a-run", "a", {"n0": 2})
     jobs = (pending("a-borrow", "a", 4, at=NOW - 500), pending("b-own", "b", 4, at=NOW - 10))
+    d = schedule(snap((node("n0", 2), node("n1", 4)), queues, jobs, (busy,)))
+    assert [p.job_id for p in d.placements] == ["b-own"]
+
+
+def test_an_idle_teams_gang_larger_than_its_quota_is_not_a_borrower_in_the_order() -> None:
+    # a's 4-GPU gang is larger than a's whole quota of 2, so it can never stay within it;
+    # a holds nothing, so the gang is ordered with the jobs within their quota (by fair share
+    # and waiting: it came first) rather than behind every one of them.
+    queues = (queue("a", 2, cohort="c"), queue("b", 4, cohort="c"))
+    jobs = (pending("a-gang", "a", 4, at=NOW - 500), pending("b-own", "b", 4, at=NOW - 10))
     d = schedule(snap((node("n1", 4),), queues, jobs))
+    assert [p.job_id for p in d.placements] == ["a-gang"]
+    # Once a holds anything, its next gang is a borrower again.
+    busy = running("a-run", "a", {"n0": 1})
+    d = schedule(snap((node("n0", 1), node("n1", 4)), queues, jobs, (busy,)))
     assert [p.job_id for p in d.placements] == ["b-own"]
 
 

@@ -382,12 +382,13 @@ def test_passes_over_a_job_stream_keep_every_invariant() -> None:
     _passes_keep_every_invariant()
     # The floors are far below what a run reaches (derandomized, a run's examples still
     # differ a little with what else the process imported; the fewest seen: 58 priority
-    # preemptions, 15 reclaims without target, 14 multi-node gangs).
+    # preemptions, 14 multi-node gangs, 16 reclaims since an idle queue's gang larger than
+    # its quota is ordered with the jobs within theirs, which leaves fewer jobs to reclaim).
     for what, at_least in (
         ("a pass placed jobs", 300),
         ("a pass preempted", 100),
         ("a priority preemption", 20),
-        ("a reclaim", 20),
+        ("a reclaim", 8),
         ("a pass borrowed quota", 100),
         ("a placement filled its cohort's pool exactly", 100),
         ("a pass placed a multi-node gang", 5),
