@@ -54,6 +54,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--trace-dir", type=Path, action="append", help="repeatable")
     p.add_argument("--limit", type=int, default=None, help="first N jobs by arrival")
     p.add_argument("--seed", type=int, default=0, help="seed of the declared-runtime factors")
+    p.add_argument(
+        "--underestimate-share",
+        type=float,
+        default=0.0,
+        help="share of jobs declaring less than they need (stopped at the limit, resubmitted)",
+    )
     p.add_argument("--checkpoint-min", type=float, default=30.0, help="0: never checkpoint")
     p.add_argument("--grace-s", type=float, default=PolicyConfig().grace_s)
     p.add_argument(
@@ -124,7 +130,7 @@ def make_policy(
 
 
 def run_trace(args: argparse.Namespace, trace_dir: Path, names: list[str]) -> dict[str, Any]:
-    jobs = load_trace(trace_dir, seed=args.seed, limit=args.limit)
+    jobs = load_trace(trace_dir, args.seed, args.limit, args.underestimate_share)
     total = cluster_gpus(trace_dir)
     nodes = build_cluster(total)
     queues = team_queues({j.team for j in jobs}, total)
@@ -199,6 +205,7 @@ def main(argv: list[str]) -> int:
         },
         "command": " ".join(["python -m bench.simulator.baselines", *map(_rel_arg, argv)]),
         "seed": args.seed,
+        "underestimate_share": args.underestimate_share,
         "settings": {
             "checkpoint_min": args.checkpoint_min,
             "grace_s": args.grace_s,

@@ -19,6 +19,12 @@ Contract of ``simulate``:
   queue position stay.
 - Team usage decays with ``half_life_s`` (``fairshare.decay_usage``) and is charged with the
   exact decayed integral of the GPUs the team held since the previous event.
+- A job runs at most its declared runtime per allocation, as the platform's runner enforces:
+  one that needs more (an under-estimate, ``trace.load_trace``'s ``underestimate_share``) is
+  stopped at its limit, keeps the work up to its latest checkpoint, loses the rest, and is
+  resubmitted at once by its user declaring twice as long: a new submission (submit time
+  now, behind every job already waiting) whose JCT still counts from the first arrival.
+  Those kills and the work they lose are counted apart from preemptions.
 - If jobs remain pending when no event is left (a policy that never places them), the run stops
   and reports them in ``SimResult.unfinished``.
 """
@@ -48,7 +54,7 @@ Policy = Callable[[Snapshot], Decisions]
 Progress = Callable[[float, int, int], None]
 """Called after every pass with (simulated time, pending jobs, running jobs)."""
 
-_COMPLETION, _REVOKE, _ARRIVAL, _WAKE = 0, 1, 2, 3
+_COMPLETION, _LIMIT, _REVOKE, _ARRIVAL, _WAKE = 0, 1, 2, 3, 4
 
 
 class SimulationError(RuntimeError):
@@ -79,6 +85,11 @@ class JobOutcome:
     duration: float
     preemptions: int
     lost_gpu_s: float
+    """GPU-seconds of work lost to preemption."""
+    limit_kills: int = 0
+    """Times the job was stopped at its declared limit (and resubmitted)."""
+    limit_lost_gpu_s: float = 0.0
+    """GPU-seconds of work lost when it was stopped at its limit."""
 
 
 @dataclass
@@ -109,6 +120,11 @@ class _Job:
     first_start: float | None = None
     preemptions: int = 0
     lost_gpu_s: float = 0.0
+    declared: float = 0.0
+    """The declared runtime of the whole job in its current submission."""
+    submitted: float = 0.0
+    limit_kills: int = 0
+    limit_lost_gpu_s: float = 0.0
 
 
 class _Engine:
@@ -147,8 +163,11 @@ class _Engine:
         self.result = SimResult([], [], 0.0, 0, 0.0, 0.0, 0, 0)
         for seq, job in enumerate(sorted(jobs, key=lambda j: (j.arrival, j.job_id))):
             gang_shape(job.gpus)  # reject impossible shapes early
-            self.jobs[job.job_id] = _Job(job, seq)
+            self.jobs[job.job_id] = _Job(
+                job, seq, declared=job.declared_runtime, submitted=job.arrival
+            )
             self._push(job.arrival, _ARRIVAL, job.job_id, 0)
+        self.next_seq = len(self.jobs)
 
     def _push(self, at: float, kind: int, job_id: str, epoch: int) -> None:
         self.counter += 1
@@ -191,8 +210,23 @@ class _Engine:
                 JobOutcome(
                     job.job_id, job.team, job.gpus, job.arrival, first, self.now,
                     job.duration, state.preemptions, state.lost_gpu_s,
+                    state.limit_kills, state.limit_lost_gpu_s,
                 )
             )  # fmt: skip
+        elif kind == _LIMIT:
+            # The runner stops a job at its declared limit; its user resubmits it at once,
+            # from its latest checkpoint, declaring twice as long (module docstring).
+            ran = self.now - state.run_start
+            kept = self._checkpointed(state.run_start)
+            state.saved += kept
+            state.limit_lost_gpu_s += max(0.0, ran - kept) * state.job.gpus
+            state.limit_kills += 1
+            self._stop(state)
+            state.declared *= 2
+            state.submitted = self.now
+            state.seq = self.next_seq
+            self.next_seq += 1
+            self._enqueue(state)
         else:  # _REVOKE
             ran = self.now - state.run_start
             kept = self._checkpointed(state.run_start)
@@ -232,8 +266,8 @@ class _Engine:
             flavor=FLAVOR,
             gpus=job.gpus,
             priority=self.cfg.priority,
-            submitted_at=job.arrival,
-            declared_runtime_s=job.declared_runtime - state.saved,
+            submitted_at=state.submitted,
+            declared_runtime_s=state.declared - state.saved,
             seq=state.seq,
             gpus_per_node=per_node,
         )
@@ -301,7 +335,11 @@ class _Engine:
         self.running[job.job_id] = state
         self._view(state)
         self.team_gpus[job.team] = self.team_gpus.get(job.team, 0) + job.gpus
-        self._push(self.now + job.duration - state.saved, _COMPLETION, job.job_id, state.epoch)
+        work, allowed = job.duration - state.saved, state.declared - state.saved
+        if allowed < work:
+            self._push(self.now + allowed, _LIMIT, job.job_id, state.epoch)
+        else:
+            self._push(self.now + work, _COMPLETION, job.job_id, state.epoch)
 
     def _check(self, decisions: Decisions) -> None:
         taken: set[tuple[str, int]] = set()
@@ -372,7 +410,7 @@ class _Engine:
             gpus=job.gpus,
             priority=self.cfg.priority,
             started_at=state.run_start,
-            declared_runtime_s=job.declared_runtime - state.saved,
+            declared_runtime_s=state.declared - state.saved,
             placement=dict(state.placement),
             last_checkpoint_at=state.run_start + kept if done else None,
             notice_at=state.notice_at,

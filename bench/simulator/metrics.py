@@ -42,6 +42,9 @@ class Summary:
     preemptions: int
     lost_gpu_hours: float
     teams: Mapping[str, TeamSummary]
+    limit_kills: int = 0
+    """Times jobs were stopped at their declared limit (under-estimates)."""
+    limit_lost_gpu_hours: float = 0.0
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -100,6 +103,8 @@ def summarize(outcomes: Sequence[JobOutcome], total_gpus: int, busy_gpu_s: float
         preemptions=sum(o.preemptions for o in outcomes),
         lost_gpu_hours=math.fsum(o.lost_gpu_s for o in outcomes) / 3600,
         teams=teams,
+        limit_kills=sum(o.limit_kills for o in outcomes),
+        limit_lost_gpu_hours=math.fsum(o.limit_lost_gpu_s for o in outcomes) / 3600,
     )
 
 

@@ -8,6 +8,8 @@ per-team mean slowdown, all teams):
   worst of them;
 - the max/min ratio of the per-team mean slowdowns (JCT / true run time), all teams: 1 when
   every team is slowed down alike;
+- jobs stopped at their declared limit (under-estimates, resubmitted) and the GPU-hours of
+  work those stops lost, apart from preemption;
 - the fairness measure of ``fairness``: each team's mean JCT over its mean JCT alone on a
   cluster of its share, the worst of them and how many teams are above 1 (given the teams'
   references; NaN and 0 without them).
@@ -58,6 +60,8 @@ class Scorecard:
     worst_share_slowdown: float
     """The fairness measure: the highest of ``share_slowdowns`` (lower is better)."""
     teams_worse_than_alone: int
+    limit_kills: int = 0
+    limit_lost_gpu_hours: float = 0.0
 
 
 def spread(values: Sequence[float]) -> float:
@@ -120,6 +124,8 @@ def scorecard(
         worst_share_team=worst_share.team,
         worst_share_slowdown=worst_share.ratio,
         teams_worse_than_alone=worst_share.worse_than_alone,
+        limit_kills=summary.limit_kills,
+        limit_lost_gpu_hours=summary.limit_lost_gpu_hours,
     )
 
 
@@ -129,8 +135,9 @@ def table(cards: Sequence[Scorecard], slack: float = 1.10) -> str:
         "| policy | mean JCT | p95 JCT | mean queueing | makespan | util. | GPU-h lost "
         "(% of work) | preempt./job max | p99 | mean JCT / FIFO | worst team / FIFO "
         f"(>= {MIN_TEAM_JOBS} jobs) | teams > {slack:.2f}x FIFO | Jain, team slowdown "
-        "| max/min team slowdown | worst team / alone on its share | teams worse than alone |",
-        "|---|" + "---:|" * 15,
+        "| max/min team slowdown | worst team / alone on its share | teams worse than alone "
+        "| stopped at limit (GPU-h lost) |",
+        "|---|" + "---:|" * 16,
     ]
     for c in cards:
         over = sum(r > slack for r in c.team_ratios.values())
@@ -142,7 +149,8 @@ def table(cards: Sequence[Scorecard], slack: float = 1.10) -> str:
             f"| {c.jct_ratio:.3f} | {c.worst_team_ratio:.3f} ({c.worst_team}) "
             f"| {over} of {len(c.team_ratios)} | {c.jain_slowdown:.3f} "
             f"| {c.slowdown_spread:,.0f} | {c.worst_share_slowdown:.3f} ({c.worst_share_team}) "
-            f"| {c.teams_worse_than_alone} of {len(c.share_slowdowns)} |"
+            f"| {c.teams_worse_than_alone} of {len(c.share_slowdowns)} "
+            f"| {c.limit_kills:,} ({c.limit_lost_gpu_hours:,.1f}) |"
         )
     return "\n".join(lines)
 

@@ -12,7 +12,11 @@ Contract of ``load_trace``:
   flagged ``extrapolated``. No job is dropped.
 - The declared maximum runtime is the true duration times an over-estimate factor drawn
   uniformly from [1, 5] by a ``random.Random(seed)``, one draw per job in arrival order, so the
-  same seed always gives the same declarations.
+  same seed always gives the same declarations. With ``underestimate_share`` p > 0, each job
+  is also an under-estimate with probability p (a second generator, seeded ``seed + 1``, so the
+  over-estimates of the other jobs stay as without it): its factor is then uniform in
+  [0.5, 1) instead, and the job needs more than it declared (the engine stops it at its
+  limit).
 - Jobs come back sorted by (arrival, team, line number); ``limit`` keeps the first ``limit``.
 """
 
@@ -29,6 +33,7 @@ THROUGHPUTS_FILE = "physical_cluster_throughputs.json"
 CLUSTER_SPECS_FILE = "cluster_specs.json"
 GPU_TYPE = "v100"
 OVERESTIMATE_RANGE = (1.0, 5.0)
+UNDERESTIMATE_RANGE = (0.5, 1.0)
 
 
 @dataclass(frozen=True)
@@ -84,8 +89,12 @@ def cluster_gpus(trace_dir: Path) -> int:
     return int(spec.split(":")[0])
 
 
-def load_trace(trace_dir: Path, seed: int = 0, limit: int | None = None) -> list[TraceJob]:
+def load_trace(
+    trace_dir: Path, seed: int = 0, limit: int | None = None, underestimate_share: float = 0.0
+) -> list[TraceJob]:
     """All jobs of ``trace_dir`` (see the module docstring)."""
+    if not 0.0 <= underestimate_share <= 1.0:
+        raise ValueError("underestimate_share must be within [0, 1]")
     table = load_throughputs(trace_dir / THROUGHPUTS_FILE)
     files = sorted(trace_dir.glob("*.trace"))
     if not files:
@@ -107,8 +116,14 @@ def load_trace(trace_dir: Path, seed: int = 0, limit: int | None = None) -> list
     rows.sort(key=lambda r: (r[0], r[1], r[2]))
     if limit is not None:
         rows = rows[:limit]
-    rng = random.Random(seed)
-    low, high = OVERESTIMATE_RANGE
+    over, under = random.Random(seed), random.Random(seed + 1)
+
+    def factor() -> float:
+        drawn = over.uniform(*OVERESTIMATE_RANGE)
+        if underestimate_share > 0 and under.random() < underestimate_share:
+            return under.uniform(*UNDERESTIMATE_RANGE)
+        return drawn
+
     return [
         TraceJob(
             job_id=f"{team}-{number:05d}",
@@ -117,7 +132,7 @@ def load_trace(trace_dir: Path, seed: int = 0, limit: int | None = None) -> list
             arrival=arrival,
             gpus=gpus,
             duration=duration,
-            declared_runtime=duration * rng.uniform(low, high),
+            declared_runtime=duration * factor(),
             extrapolated=extrapolated,
         )
         for arrival, team, number, job_type, gpus, duration, extrapolated in rows

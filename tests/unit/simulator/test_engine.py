@@ -211,3 +211,36 @@ def test_a_checkpoint_due_on_an_inexact_time_is_seen_and_the_next_one_planned() 
     assert result.unfinished == []
     at_b = next(s for s in recorder.snapshots if s.now == 0.7 + 0.1)
     assert at_b.running[0].last_checkpoint_at == 0.7 + 0.1
+
+
+def test_a_job_needing_more_than_it_declared_is_stopped_at_its_limit_and_resubmitted() -> None:
+    # One GPU. "a" needs 100 s but declares 50 s; it checkpoints every 30 s. "b" arrives at
+    # 10 s and waits. At 50 s the runner stops "a" (the 30 s up to its checkpoint kept, 20 s
+    # lost); its user resubmits it then, declaring 100 s, so it waits behind "b" (10 s of
+    # work, 50-60 s) and runs its last 70 s from 60 s: it completes at 130 s.
+    jobs = [job("a", 0, 1, 100.0, declared=50.0), job("b", 10, 1, 10.0)]
+    config = SimConfig(checkpoint_s=30.0, grace_s=0.0, min_pass_interval_s=0.0)
+    result = run(jobs, fifo, gpus=1, config=config)
+    by_id = {o.job_id: o for o in result.outcomes}
+    a, b = by_id["a"], by_id["b"]
+    assert (b.first_start, b.completion) == (50.0, 60.0)
+    assert (a.arrival, a.first_start, a.completion) == (0.0, 0.0, 130.0)
+    assert (a.limit_kills, a.limit_lost_gpu_s) == (1, 20.0)
+    assert (a.preemptions, a.lost_gpu_s) == (0, 0.0)
+    assert result.busy_gpu_s == 50.0 + 10.0 + 70.0
+
+
+def test_the_declared_limit_is_what_the_policy_sees_after_a_resubmission() -> None:
+    seen: list[tuple[float, float, float]] = []
+
+    def watching(snapshot: Snapshot) -> Decisions:
+        seen.extend((snapshot.now, p.submitted_at, p.declared_runtime_s) for p in snapshot.pending)
+        return fifo(snapshot)
+
+    jobs = [job("a", 0, 1, 100.0, declared=40.0)]
+    config = SimConfig(checkpoint_s=30.0, grace_s=0.0, min_pass_interval_s=0.0)
+    run(jobs, watching, gpus=1, config=config)
+    # Stopped at 40 s with 30 s kept: resubmitted at 40 s declaring 80 s, 50 s of it left;
+    # the remaining 70 s of work exceed that, so it is stopped again at 90 s with 30 s more
+    # kept (60 s in all): resubmitted declaring 160 s, 100 s left, enough for the last 40 s.
+    assert seen == [(0.0, 0.0, 40.0), (40.0, 40.0, 50.0), (90.0, 90.0, 100.0)]

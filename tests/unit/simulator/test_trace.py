@@ -69,6 +69,22 @@ def test_declared_runtime_overestimates_by_1_to_5_and_is_seeded(tmp_path: Path) 
         assert job.duration <= job.declared_runtime <= 5 * job.duration
 
 
+def test_an_underestimate_share_changes_only_the_jobs_it_draws(tmp_path: Path) -> None:
+    folder = _trace(tmp_path)
+    base = load_trace(folder, 1)
+    assert [j.declared_runtime for j in load_trace(folder, 1, underestimate_share=0.0)] == [
+        j.declared_runtime for j in base
+    ]
+    every = load_trace(folder, 1, underestimate_share=1.0)
+    assert all(0.5 * j.duration <= j.declared_runtime < j.duration for j in every)
+    some = load_trace(folder, 1, underestimate_share=0.5)
+    for before, after in zip(base, some, strict=True):
+        # An under-estimate, or exactly the over-estimate drawn without the share.
+        assert after.declared_runtime < after.duration or after == before
+    with pytest.raises(ValueError):
+        load_trace(folder, 1, underestimate_share=1.5)
+
+
 def test_limit_keeps_the_earliest_jobs(tmp_path: Path) -> None:
     jobs = load_trace(_trace(tmp_path), limit=2)
     assert [j.job_id for j in jobs] == ["alpha-00001", "alpha-00002"]
