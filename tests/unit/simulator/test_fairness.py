@@ -9,6 +9,7 @@ import pytest
 from bench.simulator.engine import JobOutcome, SimConfig
 from bench.simulator.fairness import (
     alone_mean_jct,
+    fits,
     largest_gang,
     on_own_share,
     share_slowdowns,
@@ -33,6 +34,20 @@ def test_a_gang_over_the_share_runs_smaller_and_longer_alone() -> None:
     assert (big.gpus, big.duration, big.declared_runtime) == (2, 400.0, 1200.0)
     # 64 GPUs on a share of 33: whole nodes, 32 GPUs, twice as long.
     assert on_own_share(job("c", 0, 64, 10.0), 33).duration == pytest.approx(20.0)
+
+
+def test_a_gang_within_the_share_whose_shape_its_nodes_cannot_hold_runs_smaller_alone() -> None:
+    # A share of 24 GPUs is three nodes of 8; a 20-GPU gang must be 4 nodes of 5, so it could
+    # never start there: it runs as 18 GPUs (3 x 6), the largest smaller gang they hold.
+    assert not fits(20, 24) and fits(18, 24) and fits(16, 20) and not fits(20, 20)
+    small = on_own_share(job("s", 0, 20, 90.0, declared=180.0), 24)
+    assert small.gpus == 18
+    assert (small.duration, small.declared_runtime) == (pytest.approx(100.0), pytest.approx(200.0))
+    jobs = [job("x1", 0, 20, 90.0, team="x")]
+    alone = alone_mean_jct(
+        jobs, team_queues({"x"}, 24), PRIORITY, SimConfig(min_pass_interval_s=0.0)
+    )
+    assert alone == {"x": pytest.approx(100.0)}
 
 
 def test_each_team_alone_queues_only_behind_its_own_jobs() -> None:
