@@ -19,11 +19,14 @@ Contract:
   when news (``convert.note_changed``), as a pass publishes them. It returns False when any
   of them needs a whole pass (not isolated, an unknown queue or priority class, a queue
   with jobs held back from the policy): nothing is published then and ``kept`` must be
-  forgotten (it may hold some of the jobs); the caller runs a pass.
+  forgotten (it may hold some of the jobs); the caller runs a pass. Every ``YIELD_EVERY``
+  jobs it lets the event loop run the leader's other tasks: the caller holds the scheduling
+  lock in its transaction, so no pass or other batch can change ``kept`` meanwhile.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -40,6 +43,12 @@ from trainyard_platform.services.scheduler.convert import (
 from trainyard_platform.services.scheduler.policy.incremental import Incremental
 from trainyard_platform.services.scheduler.policy.model import PendingJob, PolicyConfig
 from trainyard_platform.services.scheduler.scheduling import PassResult, publish_notes
+
+YIELD_EVERY = 64
+"""Arrivals decided between two turns of the event loop. A batch holds up to 1,024 new jobs,
+each decided in 2-9 ms at 10,000 nodes and 100,000 waiting (BENCHMARKS.md, "The arrival fast
+path in the service"): seconds in which the leader's lease, the node watch's hearing and the
+admin API would otherwise wait."""
 
 
 @dataclass
@@ -98,7 +107,9 @@ async def decide_arrivals(
     classes = set(built.class_names)
     rows = await repo.queued_rows(conn, job_ids)
     notes: dict[str, PendingNote] = {}
-    for job_id in job_ids:
+    for index, job_id in enumerate(job_ids):
+        if index and index % YIELD_EVERY == 0:
+            await asyncio.sleep(0)  # the leader's other tasks (YIELD_EVERY)
         row = rows.get(job_id)
         if row is None or kept.incremental.knows(job_id):
             continue  # not queued (cancelled since), or a pass since then decided it
