@@ -5,14 +5,14 @@ Definition (after Themis's finish-time fairness, Mahajan et al., NSDI 2020):
 - A team's **reference** is what it would get on a cluster of its own the size of its nominal
   quota: its jobs alone (same arrivals, GPUs and declared runtimes) on exactly its quota's
   GPUs, under FIFO + EASY backfill (what a team running its own Slurm cluster gets). A gang
-  that could never start there runs on the largest gang the quota can hold, with its work
-  and declared runtime scaled linearly, the ideal data-parallel scaling the trace loader
-  already assumes: a gang larger than the quota on the quota itself up to one node of 8,
-  else its whole nodes of 8; a gang within the quota whose shape (``cluster.gang_shape``)
-  its nodes cannot hold on the largest smaller gang they can (20 GPUs, 4 nodes of 5, on a
-  quota of 24, three nodes of 8: 18, as 3 x 6). A team with a nominal quota of 0 is given
-  one GPU. Real scaling is worse than linear, so this flatters the reference and
-  makes the ratio below harder, not easier, for such teams.
+  that could never start there (larger than the quota, or of a shape, ``cluster.gang_shape``,
+  that the quota's nodes cannot hold) runs on the largest smaller gang they can hold, with
+  its work and declared runtime scaled linearly, the ideal data-parallel scaling the trace
+  loader already assumes: 64 GPUs on a quota of 34 (four nodes of 8 and one of 2) as 32;
+  16 on a quota of 14 (8 + 6) as 12 (2 x 6); 20 (4 nodes of 5) on a quota of 24 (three
+  nodes of 8) as 18 (3 x 6). A team with a nominal quota of 0 is given one GPU. Real
+  scaling is worse than linear, so this flatters the reference and makes the ratio below
+  harder, not easier, for such teams.
 - A team's **share-relative slowdown** is its mean JCT on the shared cluster over its mean JCT
   on that reference cluster: below 1 the team gains from sharing, above 1 it would have been
   better off alone with its quota.
@@ -35,7 +35,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from bench.simulator.cluster import FLAVOR, GPUS_PER_NODE, build_cluster, gang_shape
+from bench.simulator.cluster import FLAVOR, build_cluster, gang_shape
 from bench.simulator.easy import easy_backfill
 from bench.simulator.engine import JobOutcome, SimConfig, simulate
 from bench.simulator.metrics import mean
@@ -53,11 +53,12 @@ class Worst:
 
 
 def largest_gang(gpus: int) -> int:
-    """The largest gang a cluster of ``gpus`` GPUs (``build_cluster``) can hold whole: all of
-    it up to one node, else its full nodes."""
+    """The largest gang a cluster of ``gpus`` GPUs (``build_cluster``) can hold whole, in its
+    shape (``fits``): all of it up to one node; else at least its full nodes (32 of 33 or 34;
+    12 of 14, as 2 x 6)."""
     if gpus < 1:
         raise ValueError("a reference cluster needs at least one GPU")
-    return gpus if gpus <= GPUS_PER_NODE else gpus - gpus % GPUS_PER_NODE
+    return next(g for g in range(gpus, 0, -1) if fits(g, gpus))
 
 
 def fits(gpus: int, share: int) -> bool:
@@ -69,11 +70,10 @@ def fits(gpus: int, share: int) -> bool:
 
 def on_own_share(job: TraceJob, share: int) -> TraceJob:
     """``job`` as it runs alone on ``share`` GPUs: unchanged if its gang fits, else on the
-    largest gang up to its own size that the share holds (``largest_gang`` for a gang larger
-    than that), with work and declared runtime scaled linearly."""
+    largest smaller gang the share holds, with work and declared runtime scaled linearly."""
     if fits(job.gpus, share):
         return job
-    fit = next(g for g in range(min(job.gpus, largest_gang(share)), 0, -1) if fits(g, share))
+    fit = next(g for g in range(min(job.gpus, share), 0, -1) if fits(g, share))
     scale = job.gpus / fit
     return replace(
         job, gpus=fit, duration=job.duration * scale, declared_runtime=job.declared_runtime * scale
