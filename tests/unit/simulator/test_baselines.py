@@ -112,6 +112,18 @@ def test_srtf_runs_the_shortest_remaining_first() -> None:
     assert out["c"].first_start == 1110
 
 
+def test_srtf_knows_the_remaining_time_of_a_job_resubmitted_after_its_limit() -> None:
+    # One GPU, checkpoints every 30 s. "a" needs 100 s but declares 50 s: stopped at 50 s with
+    # 30 s kept, resubmitted declaring 100 s (70 s of it left), it restarts at once with 70 s
+    # of true work left. "b" (80 s) arrives at 55 s: a has 65 s left, less than b's 80 s, so
+    # a is not preempted (read against the trace's 50 s, a seemed to have 115 s left).
+    jobs = [job("a", 0, 1, 100.0, declared=50.0), job("b", 55, 1, 80.0)]
+    config = SimConfig(checkpoint_s=30.0, grace_s=0.0, min_pass_interval_s=0.0)
+    out = {o.job_id: o for o in run(jobs, SrtfOracle(jobs), gpus=1, config=config).outcomes}
+    assert (out["a"].limit_kills, out["a"].preemptions, out["a"].completion) == (1, 0, 120.0)
+    assert (out["b"].first_start, out["b"].completion) == (120.0, 200.0)
+
+
 @pytest.mark.parametrize("name", ["easy", "las", "maxmin", "srtf"])
 def test_every_baseline_finishes_a_random_stream_of_gangs(name: str) -> None:
     rng = random.Random(11)
