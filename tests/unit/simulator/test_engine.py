@@ -244,3 +244,19 @@ def test_the_declared_limit_is_what_the_policy_sees_after_a_resubmission() -> No
     # the remaining 70 s of work exceed that, so it is stopped again at 90 s with 30 s more
     # kept (60 s in all): resubmitted declaring 160 s, 100 s left, enough for the last 40 s.
     assert seen == [(0.0, 0.0, 40.0), (40.0, 40.0, 50.0), (90.0, 90.0, 100.0)]
+
+
+@pytest.mark.parametrize("grace", [30.0, 10.0])
+def test_a_job_under_notice_reaching_its_limit_is_stopped_at_the_limit_not_preempted(
+    grace: float,
+) -> None:
+    # "a" needs 100 s, declares 50 s, checkpoints every 30 s; "b"'s arrival at 40 s brings a
+    # pass, which sends "a" a notice. Its limit (50 s) comes before the notice ends (70 s) or
+    # at the same instant (50 s): it is stopped at the limit, resubmitted, and restarts at
+    # once with 70 s left; the notice's end is stale and stops nothing, nor counts.
+    jobs = [job("a", 0, 1, 100.0, declared=50.0), job("b", 40, 1, 10.0)]
+    config = SimConfig(checkpoint_s=30.0, grace_s=grace, min_pass_interval_s=0.0)
+    result = run(jobs, Recorder(preempt={40.0: "a"}), gpus=2, config=config)
+    a = next(o for o in result.outcomes if o.job_id == "a")
+    assert (a.limit_kills, a.limit_lost_gpu_s, a.preemptions, a.lost_gpu_s) == (1, 20.0, 0, 0.0)
+    assert a.completion == 120.0 and result.preemptions == 0
