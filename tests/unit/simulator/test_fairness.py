@@ -21,7 +21,7 @@ from bench.simulator.scorecard import scorecard, share_table, table
 from tests.unit.simulator.helpers import job
 
 
-def test_largest_gang_is_the_share_up_to_a_node_then_whole_nodes() -> None:
+def test_largest_gang_is_the_largest_the_shares_nodes_hold_in_its_shape() -> None:
     assert [largest_gang(g) for g in (1, 3, 8, 9, 33, 34, 64)] == [1, 3, 8, 8, 32, 32, 64]
     # 8 + 6 GPUs hold a gang of 12 as 2 x 6; 8 + 8 + 7 one of 21 as 3 x 7.
     assert [largest_gang(g) for g in (12, 13, 14, 22, 23)] == [8, 10, 12, 18, 21]
