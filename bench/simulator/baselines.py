@@ -75,6 +75,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="ours: a job preempted this often runs its next allocation to its end",
     )
     p.add_argument(
+        "--oversize-protection-s",
+        type=float,
+        default=PolicyConfig().oversize_protection_s,
+        help="ours: reclaim spares a job larger than what its queue borrows this long ('inf')",
+    )
+    p.add_argument(
         "--size-weight",
         type=float,
         default=PolicyConfig().size_weight,
@@ -109,6 +115,7 @@ def ours_config(args: argparse.Namespace) -> PolicyConfig:
         grace_s=args.grace_s,
         min_runtime_s=args.min_runtime_s,
         max_preemptions=args.max_preemptions,
+        oversize_protection_s=args.oversize_protection_s,
         size_weight=args.size_weight,
         reservations=args.reservations,
     )
@@ -212,6 +219,7 @@ def main(argv: list[str]) -> int:
             "min_pass_interval_s": args.min_pass_interval_s,
             "ours_min_runtime_s": args.min_runtime_s,
             "ours_max_preemptions": args.max_preemptions,
+            "ours_oversize_protection_s": _finite(args.oversize_protection_s),
             "las": asdict(las_config(args)),
             "oracles": sorted(ORACLES),
         },

@@ -60,6 +60,9 @@ class Settings(GuardedServiceSettings):
     wins)."""
     max_preemptions: int = Field(default=3, ge=0)
     """Anti-thrash: a job preempted this many times runs its next allocation to its end."""
+    oversize_protection_seconds: float = Field(default=4 * 3600.0, ge=0)
+    """Anti-thrash: reclaim spares a borrowed job larger than what its queue borrows for this
+    long in an allocation (taking it would take that queue below its nominal quota)."""
     leader_retry_seconds: float = Field(default=1.0, gt=0)
     """How often a follower tries to take the leader lock."""
     leader_check_seconds: float = Field(default=1.0, gt=0)

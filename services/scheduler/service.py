@@ -64,6 +64,7 @@ def tuning_from(settings: Settings) -> Tuning:
             reservations=settings.reservations,
             min_runtime_s=settings.min_runtime_seconds,
             max_preemptions=settings.max_preemptions,
+            oversize_protection_s=settings.oversize_protection_seconds,
         ),
         cancel_grace_s=settings.revoke_grace_seconds,
         restart_backoff_s=settings.restart_backoff_seconds,

@@ -177,6 +177,10 @@ class PolicyConfig:
     default); a priority class's own ``min_runtime_s`` applies when it is longer."""
     max_preemptions: int = 3
     """Anti-thrash: a job preempted this many times runs its next allocation to the end."""
+    oversize_protection_s: float = 4 * 3600.0
+    """Anti-thrash: a borrowed job larger than what its queue borrows (reclaiming it would take
+    that queue below its nominal quota, e.g. the gang larger than its quota an idle queue may
+    start) cannot be reclaimed in its first ``oversize_protection_s`` of an allocation."""
 
 
 # --- output --------------------------------------------------------------------------------

@@ -11,6 +11,11 @@ Contract:
   strictly lower priority value. Reclaim: a job that stays within its queue's nominal quota
   may take back lent quota from queues of its cohort that borrow the flavor, whatever their
   priority, and only from a queue while it still borrows (after the victims already chosen).
+  A job larger than what its queue borrows (taking it takes that queue below its nominal
+  quota; e.g. the gang larger than its quota an idle queue may start,
+  ``QuotaBook.first_tier``) is spared for its first ``PolicyConfig.oversize_protection_s``
+  in an allocation: reclaiming it at once would trade the lender's wait for the borrower's
+  lost start and its own reclaim back.
 - Jobs already under notice (leaving anyway) are used first and cost nothing; they are
   *claimed* so that two blocked jobs never count on the same leaving GPUs.
 - Among the others, victims are preferred by least work lost: seconds since the last
@@ -65,6 +70,12 @@ def protected_until(job: RunningJob, cls: PriorityClass, config: PolicyConfig) -
     # preempted a thousand times overflow the float and stop every pass.
     floor = config.min_runtime_s * 2.0 ** min(job.preemptions, 64)
     return job.started_at + max(cls.min_runtime_s, floor)
+
+
+def oversize_until(job: RunningJob, config: PolicyConfig) -> float:
+    """The first moment reclaim may take ``job`` when it is larger than what its queue
+    borrows (module docstring)."""
+    return job.started_at + config.oversize_protection_s
 
 
 def eligible(job: RunningJob, cls: PriorityClass, config: PolicyConfig, now: float) -> bool:
@@ -231,8 +242,9 @@ def candidates_for(
                 lent = made[("reclaim", other, flavor, borrowed)] = []
                 for job in running.get((other, flavor), ()):
                     value, ok = judged(job)
-                    if ok:
-                        key = victim_key(job, value, now, oversize=job.gpus > borrowed)
+                    oversize = job.gpus > borrowed
+                    if ok and not (oversize and now < oversize_until(job, config)):
+                        key = victim_key(job, value, now, oversize=oversize)
                         lent.append(Candidate(job, "reclaim", key))
             found += unclaimed(lent)
     return found, reclaimable

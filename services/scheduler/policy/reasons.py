@@ -31,7 +31,7 @@ from trainyard_platform.services.scheduler.policy import explain
 from trainyard_platform.services.scheduler.policy.backfill import FluidEstimate
 from trainyard_platform.services.scheduler.policy.model import Explanation, PendingJob
 from trainyard_platform.services.scheduler.policy.packing import Shape
-from trainyard_platform.services.scheduler.policy.preemption import protected_until
+from trainyard_platform.services.scheduler.policy.preemption import oversize_until, protected_until
 from trainyard_platform.services.scheduler.policy.quota import Verdict
 
 if TYPE_CHECKING:
@@ -332,6 +332,7 @@ class _Explainer:
             grace = state.config.grace_s
             ends: list[tuple[float, int]] = []
             for name in queues:
+                borrowed = state.quota.borrowed(name, flavor)
                 for r in state.running.get((name, flavor), ()):
                     end = max(self.now, r.started_at + r.declared_runtime_s)
                     if r.notice_at is not None:
@@ -339,6 +340,8 @@ class _Explainer:
                     elif state.config.preemption:
                         cls = state.priority(r.priority)
                         protected = protected_until(r, cls, state.config)
+                        if r.gpus > borrowed:  # spared a while (``preemption``)
+                            protected = max(protected, oversize_until(r, state.config))
                         end = min(end, max(self.now, protected) + grace)
                     ends.append((end, r.gpus))
             self._timelines[key] = _Timeline(ends)

@@ -164,8 +164,10 @@ async def scheduler_with(pool: asyncpg.Pool, nats_settings: NatsSettings) -> Asy
         ) -> Scheduler:
             bus = await stack.enter_async_context(Bus.connect(nats_settings, "scheduler-test"))
             # Preemption tests here check the mechanics on jobs granted a moment ago: the
-            # anti-thrash minimum runtime is off unless a test asks for it.
+            # anti-thrash minimum runtime and the spare of a borrower larger than what its
+            # queue borrows are off unless a test asks for them.
             policy.setdefault("min_runtime_s", 0.0)
+            policy.setdefault("oversize_protection_s", 0.0)
             tuning = Tuning(
                 PolicyConfig(**policy),
                 cancel_grace_s=cancel_grace_s,

@@ -234,7 +234,7 @@ def test_an_arrival_that_would_reclaim_quota_gets_a_pass() -> None:
         (node("n1", 8),),
         (queue("qa", 4, cohort="c"), queue("qb", 4, cohort="c")),
         (pending("other", "qa", 1, flavor="h100"),),
-        (running("rb", "qb", {"n1": 8}, started=NOW - 3 * HOUR),),
+        (running("rb", "qb", {"n1": 8}, started=NOW - 5 * HOUR),),  # past its 4 h spare
     )
     inc = Incremental(state, PolicyConfig(reservations=0))
     late = pending("late", "qa", 4, priority="low", at=state.now, runtime=24 * HOUR, seq=9)

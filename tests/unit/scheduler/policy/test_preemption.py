@@ -233,3 +233,20 @@ def test_each_preemption_doubles_the_protection_and_the_last_one_is_final() -> N
     assert [preempted(1, age) for age in (599.0, 600.0)] == [False, True]
     assert [preempted(2, age) for age in (1199.0, 1200.0)] == [False, True]
     assert not preempted(3, 10 * HOUR)  # preempted 3 times: it runs to its end
+
+
+def test_a_borrower_larger_than_what_its_queue_borrows_is_spared_a_while_then_reclaimed() -> None:
+    # qb (nominal 4) runs one 8-GPU job: it borrows 4 but reclaiming the job would take qb to
+    # 0, below its quota. qa's job within its nominal waits the 4-hour spare out: no notice,
+    # and its estimate is the end of the spare plus the grace period.
+    queues = (queue("qa", 4, cohort="c"), queue("qb", 4, cohort="c"))
+    wait = (pending("qa-own", "qa", 4),)
+    young = running("rb", "qb", {"n1": 8}, started=NOW - HOUR, runtime=24 * HOUR)
+    d = schedule(snap((node("n1", 8),), queues, wait, (young,)))
+    assert d.preemptions == ()
+    grace = PolicyConfig().grace_s
+    assert d.explanations["qa-own"].estimated_start == NOW + 3 * HOUR + grace
+    # Past the spare it is reclaimed as before.
+    old = replace(young, started_at=NOW - 4 * HOUR)
+    d = schedule(snap((node("n1", 8),), queues, wait, (old,)))
+    assert [(p.job_id, p.kind) for p in d.preemptions] == [("rb", "reclaim")]

@@ -230,7 +230,7 @@ def test_candidates_for_priority_and_reclaim() -> None:
         ],
         ("b", "a100"): [
             running("b-small", "b", {"n2": 2}, priority="high"),
-            running("b-big", "b", {"n2": 4}, priority="low"),
+            running("b-big", "b", {"n2": 4}, priority="low", started=NOW - 5 * HOUR),
         ],
     }
     book.add("a", "a100", 2)
@@ -247,6 +247,16 @@ def test_candidates_for_priority_and_reclaim() -> None:
     assert keys["gone"] == victim_key(leaving[0], 10, NOW, leaving=True)  # leaving first
     assert keys["a-low"] == victim_key(runs[("a", "a100")][0], 0, NOW)
     assert keys["b-small"][1] == 0 and keys["b-big"][1] == 1  # bigger than b borrows
+    # A job bigger than what its queue borrows is spared in its first hours (4 by default).
+    young = dict(runs)
+    young[("b", "a100")] = [
+        running("b-small", "b", {"n2": 2}, priority="high"),
+        running("b-big", "b", {"n2": 4}, priority="low", started=NOW - 4 * HOUR + 1),
+    ]
+    found, _ = candidates_for(
+        book, "a", "a100", 10, True, young, [], classes.__getitem__, config, NOW
+    )
+    assert {c.job.job_id for c in found if c.kind == "reclaim"} == {"b-small"}
     # Beyond its nominal quota the job reclaims nothing.
     found, reclaimable = candidates_for(
         book, "a", "a100", 10, False, runs, [], classes.__getitem__, config, NOW
