@@ -81,6 +81,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="ours: reclaim spares a job larger than what its queue borrows this long ('inf')",
     )
     p.add_argument(
+        "--ageing-s",
+        type=float,
+        default=PolicyConfig().ageing_s,
+        help="ours: waiting that counts as one priority level",
+    )
+    p.add_argument(
         "--size-weight",
         type=float,
         default=PolicyConfig().size_weight,
@@ -117,6 +123,7 @@ def ours_config(args: argparse.Namespace) -> PolicyConfig:
         max_preemptions=args.max_preemptions,
         oversize_protection_s=args.oversize_protection_s,
         size_weight=args.size_weight,
+        ageing_s=args.ageing_s,
         reservations=args.reservations,
     )
 
@@ -219,6 +226,8 @@ def main(argv: list[str]) -> int:
             "min_pass_interval_s": args.min_pass_interval_s,
             "ours_min_runtime_s": args.min_runtime_s,
             "ours_max_preemptions": args.max_preemptions,
+            "ours_size_weight": args.size_weight,
+            "ours_ageing_s": args.ageing_s,
             "ours_oversize_protection_s": _finite(args.oversize_protection_s),
             "las": asdict(las_config(args)),
             "oracles": sorted(ORACLES),
