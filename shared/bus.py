@@ -36,7 +36,8 @@ Contract:
   at once for bytes that are not a valid event, an event whose ``source`` may not send its
   type or that came on another subject than its type, source and routing key give
   (``shared.events.trust``, checked before any handler), or a handler's ``Reject``, the
-  message is copied to ``deadletter.<consumer>`` with the reason (one line) and its origin in
+  message is copied to ``deadletter.<consumer>`` with the reason (one line; a database
+  error's message and detail withheld, as on spans: the log keeps them) and its origin in
   headers, and terminated. A message delivered ``max_unfinished_deliveries`` times without
   any outcome (the consumer died while handling it, each time) is dead-lettered before it is
   handled again. Nothing crash-loops, and the server never drops a message on its own
@@ -101,6 +102,7 @@ from opentelemetry import metrics, trace
 from trainyard_platform.shared.events import Envelope, EventParseError, Payload, parse_envelope
 from trainyard_platform.shared.events.trust import forged_because, misrouted_because
 from trainyard_platform.shared.settings import NatsSettings
+from trainyard_platform.shared.span_errors import safe_message
 from trainyard_platform.shared.telemetry import extract, inject, tracer
 from trainyard_platform.shared.telemetry import meter as telemetry_meter
 
@@ -735,7 +737,10 @@ class Bus:
                     deliveries,
                     reason,
                 )
-                await self._dead_letter(consumer, msg, f"failed {deliveries} times: {reason}")
+                # The dead letter outlives the log and is read through an API: a database
+                # error's values stay in the log only (``span_errors.safe_message``).
+                kept = f"{type(exc).__name__}: {safe_message(exc)}"
+                await self._dead_letter(consumer, msg, f"failed {deliveries} times: {kept}")
             else:
                 log.warning(
                     "%s: %s failed (delivery %d), will retry: %s",

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
+import asyncpg
 import nats.errors
 import nats.js.errors
 import pytest
@@ -998,3 +999,24 @@ async def test_each_dead_letter_is_counted_by_consumer_and_kind(
                         attrs = dict(point.attributes or {})
                         counted[(str(attrs["consumer"]), str(attrs["kind"]))] = point.value  # type: ignore[union-attr]
     assert counted == {("c", "unparseable"): 1, ("c", "rejected"): 1}
+
+
+async def test_a_dead_letter_withholds_the_values_a_database_error_quotes(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    bus = make_bus(js, monkeypatch, max_deliver=1)
+    js.script = [[event_msg(1, an_event())]]
+    error = asyncpg.InvalidTextRepresentationError('invalid input syntax for type uuid: "alice"')
+    error.column_name = "owner"
+
+    async def fail(got: Envelope[Payload]) -> None:
+        raise error
+
+    with caplog.at_level(logging.ERROR, logger="trainyard_platform.shared.bus"):
+        await consume(bus, js, fail)
+    ((_, _, reason),) = dead_letters(js)
+    assert reason == (
+        "failed 1 times: InvalidTextRepresentationError: "
+        "SQLSTATE 22P02 on column owner (message withheld)"
+    )
+    assert any('type uuid: "alice"' in m for m in caplog.messages)  # the log keeps it
