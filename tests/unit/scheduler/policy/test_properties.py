@@ -228,6 +228,14 @@ def check_pass(snapshot: Snapshot, decisions: Decisions, config: PolicyConfig) -
             cohort = quota.queues[blocked.queue].cohort
             assert cohort is not None and quota.queues[victim.queue].cohort == cohort
             assert victim.queue != blocked.queue
+            # A victim larger than what its queue borrows (at most its use at the end of the
+            # pass over its nominal: use only grows in a pass) is spared a while.
+            nominal = quota.queues[victim.queue].nominal.get(victim.flavor, 0)
+            borrowed = quota.used[(victim.queue, victim.flavor)] - nominal
+            if victim.gpus > borrowed:
+                _reached("a reclaim of a job larger than what its queue borrows")
+                spared = snapshot.now - victim.started_at >= config.oversize_protection_s
+                assert spared, "reclaimed a job larger than its queue borrows while spared"
 
 
 def shuffled(snapshot: Snapshot, rng: random.Random) -> Snapshot:
@@ -332,7 +340,7 @@ STREAM_SETTINGS = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 
-NO_THRASH_RULES = {"min_runtime_s": 0.0, "max_preemptions": 10**6}
+NO_THRASH_RULES = {"min_runtime_s": 0.0, "max_preemptions": 10**6, "oversize_protection_s": 0.0}
 """The anti-thrash rules off, so preemption happens as often as the cases need."""
 
 
@@ -350,10 +358,15 @@ def _passes_keep_every_invariant(world: World, backfill: bool, seed: int) -> Non
     world=contended_worlds(),
     min_runtime_s=st.sampled_from([50.0, 150.0, 300.0]),
     max_preemptions=st.integers(1, 3),
+    oversize_protection_s=st.sampled_from([0.0, 200.0, 600.0]),
     seed=st.integers(0, 1000),
 )
 def _passes_keep_the_anti_thrash_rules(
-    world: World, min_runtime_s: float, max_preemptions: int, seed: int
+    world: World,
+    min_runtime_s: float,
+    max_preemptions: int,
+    oversize_protection_s: float,
+    seed: int,
 ) -> None:
     config = PolicyConfig(
         grace_s=120.0,
@@ -361,6 +374,7 @@ def _passes_keep_the_anti_thrash_rules(
         half_life_s=3600.0,
         min_runtime_s=min_runtime_s,
         max_preemptions=max_preemptions,
+        oversize_protection_s=oversize_protection_s,
     )
     # Ten passes: long enough for a job to meet its bound (placed, preempted, requeued...);
     # steered towards streams where the same jobs are preempted again and again.
@@ -373,7 +387,11 @@ def test_the_anti_thrash_rules_hold_over_a_job_stream() -> None:
     ``max_preemptions`` times already; no job is preempted more often over the stream."""
     REACHED.clear()
     _passes_keep_the_anti_thrash_rules()
-    for what, at_least in (("a pass preempted", 100), ("a job preempted again", 30)):
+    for what, at_least in (
+        ("a pass preempted", 100),
+        ("a job preempted again", 30),
+        ("a reclaim of a job larger than what its queue borrows", 2),
+    ):
         assert REACHED[what] >= at_least, f"{what!r} reached {REACHED[what]} times: {REACHED}"
 
 
@@ -382,13 +400,13 @@ def test_passes_over_a_job_stream_keep_every_invariant() -> None:
     _passes_keep_every_invariant()
     # The floors are far below what a run reaches (derandomized, a run's examples still
     # differ a little with what else the process imported; the fewest seen: 58 priority
-    # preemptions, 14 multi-node gangs, 16 reclaims since an idle queue's gang larger than
-    # its quota is ordered with the jobs within theirs, which leaves fewer jobs to reclaim).
+    # preemptions, 14 multi-node gangs; 319 reclaims in the one run counted since the
+    # oversize spare, off here with the other rules).
     for what, at_least in (
         ("a pass placed jobs", 300),
         ("a pass preempted", 100),
         ("a priority preemption", 20),
-        ("a reclaim", 8),
+        ("a reclaim", 20),
         ("a pass borrowed quota", 100),
         ("a placement filled its cohort's pool exactly", 100),
         ("a pass placed a multi-node gang", 5),
