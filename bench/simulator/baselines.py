@@ -39,6 +39,16 @@ DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "gavel-msr-seed0"
 DEFAULT_OUT = REPO / "bench" / "results" / "simulator_baselines.json"
 POLICIES = ("fifo", "easy", "las", "maxmin", "ours", "srtf")
 ORACLES = frozenset({"srtf"})
+OURS_KNOBS = {
+    "min_runtime_s": "anti-thrash protection before the first preemption (doubles per preemption)",
+    "max_preemptions": "a job preempted this often runs its next allocation to its end",
+    "oversize_protection_s": "reclaim spares a job larger than what its queue borrows this long",
+    "ageing_s": "waiting that counts as one priority level",
+    "size_weight": "priority levels per factor of ten in declared GPU-hours",
+    "reservations": "blocked jobs per flavor that get a reservation",
+}
+"""``PolicyConfig`` fields the command line sets for ours (``--min-runtime-s`` ...), each with
+its default from ``PolicyConfig`` and written to the results' settings as ``ours_<field>``."""
 LABELS = {
     "fifo": "FIFO",
     "easy": "FIFO + EASY backfill",
@@ -56,48 +66,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the declared-runtime factors")
     p.add_argument(
         "--underestimate-share",
-        type=float,
+        type=_share,
         default=0.0,
         help="share of jobs declaring less than they need (stopped at the limit, resubmitted)",
     )
     p.add_argument("--checkpoint-min", type=float, default=30.0, help="0: never checkpoint")
     p.add_argument("--grace-s", type=float, default=PolicyConfig().grace_s)
-    p.add_argument(
-        "--min-runtime-s",
-        type=float,
-        default=PolicyConfig().min_runtime_s,
-        help="ours: anti-thrash protection before the first preemption (doubles per preemption)",
-    )
-    p.add_argument(
-        "--max-preemptions",
-        type=int,
-        default=PolicyConfig().max_preemptions,
-        help="ours: a job preempted this often runs its next allocation to its end",
-    )
-    p.add_argument(
-        "--oversize-protection-s",
-        type=float,
-        default=PolicyConfig().oversize_protection_s,
-        help="ours: reclaim spares a job larger than what its queue borrows this long ('inf')",
-    )
-    p.add_argument(
-        "--ageing-s",
-        type=float,
-        default=PolicyConfig().ageing_s,
-        help="ours: waiting that counts as one priority level",
-    )
-    p.add_argument(
-        "--size-weight",
-        type=float,
-        default=PolicyConfig().size_weight,
-        help="ours: priority levels per factor of ten in declared GPU-hours",
-    )
-    p.add_argument(
-        "--reservations",
-        type=int,
-        default=PolicyConfig().reservations,
-        help="ours: blocked jobs per flavor that get a reservation",
-    )
+    defaults = PolicyConfig()
+    for field, meaning in OURS_KNOBS.items():
+        default = getattr(defaults, field)
+        p.add_argument(
+            f"--{field.replace('_', '-')}",
+            type=int if isinstance(default, int) else _non_negative,
+            default=default,
+            help=f"ours: {meaning}",
+        )
     p.add_argument("--min-pass-interval-s", type=float, default=300.0)
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated, fifo first")
     p.add_argument(
@@ -116,16 +99,8 @@ def las_config(args: argparse.Namespace) -> LasConfig:
 
 
 def ours_config(args: argparse.Namespace) -> PolicyConfig:
-    return replace(
-        PolicyConfig(),
-        grace_s=args.grace_s,
-        min_runtime_s=args.min_runtime_s,
-        max_preemptions=args.max_preemptions,
-        oversize_protection_s=args.oversize_protection_s,
-        size_weight=args.size_weight,
-        ageing_s=args.ageing_s,
-        reservations=args.reservations,
-    )
+    knobs = {field: getattr(args, field) for field in OURS_KNOBS}
+    return replace(PolicyConfig(), grace_s=args.grace_s, **knobs)
 
 
 def make_policy(
@@ -224,11 +199,7 @@ def main(argv: list[str]) -> int:
             "checkpoint_min": args.checkpoint_min,
             "grace_s": args.grace_s,
             "min_pass_interval_s": args.min_pass_interval_s,
-            "ours_min_runtime_s": args.min_runtime_s,
-            "ours_max_preemptions": args.max_preemptions,
-            "ours_size_weight": args.size_weight,
-            "ours_ageing_s": args.ageing_s,
-            "ours_oversize_protection_s": _finite(args.oversize_protection_s),
+            **{f"ours_{field}": _finite(getattr(args, field)) for field in OURS_KNOBS},
             "las": asdict(las_config(args)),
             "oracles": sorted(ORACLES),
         },
@@ -238,6 +209,20 @@ def main(argv: list[str]) -> int:
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"\nwrote {repo_relative(args.out)}")
     return 0 if all(r["unfinished"] == 0 for t in traces for r in t["policies"].values()) else 1
+
+
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not a share between 0 and 1")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0.0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text} is not a number of 0 or more")
+    return value
 
 
 def _rel_arg(arg: str) -> str:

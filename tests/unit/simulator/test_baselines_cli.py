@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.simulator.baselines import POLICIES, main
+from bench.simulator.baselines import POLICIES, main, ours_config, parse_args
 from bench.simulator.synthetic import random_jobs, write_trace
 
 
@@ -34,3 +34,34 @@ def test_every_policy_runs_and_the_record_names_no_absolute_path(
 def test_fifo_must_come_first() -> None:
     with pytest.raises(SystemExit):
         main(["--policies", "easy,fifo"])
+
+
+def test_ours_knobs_reach_its_config_and_the_record(tmp_path: Path) -> None:
+    args = parse_args(["--oversize-protection-s", "inf", "--reservations", "2", "--ageing-s", "60"])
+    config = ours_config(args)
+    assert (config.oversize_protection_s, config.reservations, config.ageing_s) == (
+        float("inf"),
+        2,
+        60.0,
+    )
+    jobs = random_jobs(random.Random(5), 20, teams=2, sizes=(1, 2), mean_gap_s=30)
+    trace = write_trace(tmp_path / "trace", jobs, {("Model", 1): 10.0}, gpus=8)
+    out = tmp_path / "out.json"
+    argv = ["--trace-dir", str(trace), "--out", str(out), "--policies", "fifo,ours"]
+    assert main([*argv, "--size-weight", "4", "--oversize-protection-s", "inf"]) == 0
+    settings = json.loads(out.read_text())["settings"]
+    assert settings["ours_size_weight"] == 4.0
+    assert settings["ours_oversize_protection_s"] is None  # infinity is not JSON
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--underestimate-share", "1.5"), ("--underestimate-share", "-0.1"), ("--ageing-s", "-1")],
+)
+def test_a_bad_value_is_refused_naming_its_option(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([flag, value])
+    assert exit_info.value.code == 2
+    assert flag in capsys.readouterr().err
