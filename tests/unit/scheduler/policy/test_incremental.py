@@ -125,13 +125,17 @@ def runs(draw: st.DrawFn) -> tuple[World, PolicyConfig, list[tuple[str, object]]
     return world, config, events
 
 
-@settings(
+INCREMENTAL_SETTINGS = settings(
     max_examples=300,
     derandomize=True,
     database=None,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+"""Streams of events, each checked against a full pass: reproducible, no time limit."""
+
+
+@INCREMENTAL_SETTINGS
 @given(runs())
 def incremental_runs(run: tuple[World, PolicyConfig, list[tuple[str, object]]]) -> None:
     world, config, events = run

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainyard_platform.services.scheduler.policy import schedule
@@ -29,7 +29,7 @@ from trainyard_platform.services.scheduler.policy.model import (
 )
 
 from .builders import CLASSES
-from .test_incremental import START, Model, late_jobs
+from .test_incremental import INCREMENTAL_SETTINGS, START, Model, late_jobs
 from .test_properties import FLAVORS, World, worlds
 
 REACHED: Counter[str] = Counter()
@@ -99,13 +99,7 @@ def idle_runs(draw: st.DrawFn) -> tuple[World, PolicyConfig, list[Event], int]:
     return world, config, events, draw(st.integers(0, 3))
 
 
-@settings(
-    max_examples=150,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@settings(INCREMENTAL_SETTINGS, max_examples=150)
 @given(idle_runs())
 def idle_queue_runs(run: tuple[World, PolicyConfig, list[Event], int]) -> None:
     world, config, events, noticed = run
