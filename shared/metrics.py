@@ -330,6 +330,13 @@ def metrics_route() -> HTTPRouteHandler:
 
     @get("/metrics", include_in_schema=False, sync_to_thread=False)
     def scrape() -> Response[bytes]:
-        return Response(metrics_text(), media_type=CONTENT_TYPE_LATEST)
+        # The header given whole: Litestar appends "; charset=utf-8" to any text/* media
+        # type, and the exposition format's already names it, so a scrape said the
+        # parameter twice, which Prometheus 3 refuses (the scrape fails).
+        return Response(
+            metrics_text(),
+            media_type=CONTENT_TYPE_LATEST,
+            headers={"content-type": CONTENT_TYPE_LATEST},
+        )
 
     return scrape
