@@ -56,6 +56,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
+from opentelemetry.trace import StatusCode
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -394,10 +395,13 @@ class JsonLinesSpanExporter(SpanExporter):
 
 
 def span_record(span: ReadableSpan) -> dict[str, Any]:
-    """The fields of a span that tests and humans read."""
+    """The fields of a span that tests and humans read: ``status`` and
+    ``status_description`` only for a span that ended in error, ``events`` (name,
+    ``time_ns``, attributes: a queue wait's ``job.pending`` reasons, an exception) only for
+    one that has any."""
     ctx = span.get_span_context()
     assert ctx is not None
-    return {
+    record: dict[str, Any] = {
         "service": span.resource.attributes.get("service.name"),
         "name": span.name,
         "trace_id": format(ctx.trace_id, "032x"),
@@ -408,6 +412,19 @@ def span_record(span: ReadableSpan) -> dict[str, Any]:
         "start_ns": span.start_time,
         "end_ns": span.end_time,
     }
+    if span.status.status_code is StatusCode.ERROR:
+        record["status"] = "ERROR"
+        record["status_description"] = span.status.description or ""
+    if span.events:
+        record["events"] = [
+            {
+                "name": event.name,
+                "time_ns": event.timestamp,
+                "attributes": {k: _plain(v) for k, v in (event.attributes or {}).items()},
+            }
+            for event in span.events
+        ]
+    return record
 
 
 def _plain(value: object) -> object:

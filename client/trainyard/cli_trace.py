@@ -10,9 +10,16 @@ found in the file by the job id its event spans carry (``cloudevents.event_subje
 failing that, and when a server is configured, by the ``trace_id`` of the job's view.
 
 Each line: the span's name, its service, its duration and its start relative to the trace's
-first span; children are indented under their parent, in start order. A span whose parent
-is not in the file (not yet flushed, or another process's file) is shown at the top level
-marked ``(parent missing)``. ``--json`` prints the spans as a list instead.
+first span, and ``ERROR: <description>`` for a span that ended in error; the span's events
+(a queue wait's ``job.pending`` with its reason, an exception) follow it, one line each with
+their attributes. Children are indented under their parent, in start order. A span whose
+parent is not in the file (not yet flushed, or another process's file) is shown at the top
+level marked ``(parent missing)``. ``--json`` prints the spans as a list instead.
+
+Lines that are not span records (a line cut short when a disk filled up or a writer died,
+then continued by the next span) are skipped with a warning on stderr naming how many and
+the first one, so one bad line never hides every trace of a file that services keep
+appending to; a file with no span record at all is an error naming its first bad line.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainyard.cli_base import CliError, Session, resolve
+from trainyard.cli_base import CliError, Session, note, resolve
 from trainyard.client import TrainyardError
 
 DEFAULT_FILE = Path(".trainyard/local/spans.jsonl")
@@ -43,6 +50,10 @@ class Span:
     start_ns: int
     end_ns: int
     attributes: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    """The status description of a span that ended in error ("" when it gave none)."""
+    events: list[dict[str, Any]] = field(default_factory=list)
+    """``{"name", "time_ns", "attributes"}`` of each event, in order."""
 
     @property
     def duration_s(self) -> float:
@@ -68,12 +79,17 @@ def load_spans(path: Path) -> list[Span]:
     if isinstance(whole, dict) and "resourceSpans" in whole:
         return list(_otlp_spans(whole))
     spans: list[Span] = []
+    bad: list[str] = []
     for number, line in documents:
         try:
             record = json.loads(line)
             spans.extend(_otlp_spans(record) if "resourceSpans" in record else [_span(record)])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise CliError(f"{path}:{number}: not a span record ({exc})") from None
+        except (json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
+            bad.append(f"{path}:{number}: not a span record ({exc})")
+    if bad and not spans:
+        raise CliError(bad[0])
+    if bad:
+        note(f"warning: skipped {len(bad)} line(s) that are not span records; the first: {bad[0]}")
     return spans
 
 
@@ -87,7 +103,24 @@ def _span(record: dict[str, Any]) -> Span:
         start_ns=int(record["start_ns"]),
         end_ns=int(record.get("end_ns") or record["start_ns"]),
         attributes=dict(record.get("attributes") or {}),
+        error=_error(record.get("status"), record.get("status_description")),
+        events=[
+            {
+                "name": str(e["name"]),
+                "time_ns": int(e.get("time_ns") or 0),
+                "attributes": dict(e.get("attributes") or {}),
+            }
+            for e in record.get("events") or []
+        ],
     )
+
+
+def _error(status: object, description: object) -> str | None:
+    """The error text of a span whose status is ERROR (the SDK's name, or OTLP-JSON's code
+    2 / ``STATUS_CODE_ERROR``), else None."""
+    if status in ("ERROR", 2, "STATUS_CODE_ERROR"):
+        return str(description or "")
+    return None
 
 
 def _otlp_spans(document: dict[str, Any]) -> Iterator[Span]:
@@ -105,6 +138,17 @@ def _otlp_spans(document: dict[str, Any]) -> Iterator[Span]:
                     start_ns=int(s["startTimeUnixNano"]),
                     end_ns=int(s.get("endTimeUnixNano") or s["startTimeUnixNano"]),
                     attributes=_otlp_attributes(s.get("attributes", [])),
+                    error=_error(
+                        (s.get("status") or {}).get("code"), (s.get("status") or {}).get("message")
+                    ),
+                    events=[
+                        {
+                            "name": str(e["name"]),
+                            "time_ns": int(e.get("timeUnixNano") or 0),
+                            "attributes": _otlp_attributes(e.get("attributes", [])),
+                        }
+                        for e in s.get("events", [])
+                    ],
                 )
 
 
@@ -152,18 +196,29 @@ def render_tree(spans: list[Span]) -> str:
         branch = "" if top else ("└─ " if last else "├─ ")
         missing = "  (parent missing)" if top and span.parent_id else ""
         start = (span.start_ns - origin) / 1e9
+        error = "" if span.error is None else f"  ERROR: {span.error}".rstrip()
         lines.append(
             f"{prefix}{branch}{span.name}  [{span.service}]  {_duration(span.duration_s)}"
-            f"  @+{start:.3f}s{missing}"
+            f"  @+{start:.3f}s{error}{missing}"
         )
         below = children.get(span.span_id, [])
         deeper = prefix if top else prefix + ("   " if last else "│  ")
+        for event in span.events:
+            at = (event["time_ns"] - origin) / 1e9 if event["time_ns"] else start
+            said = " ".join(f"{k}={_one_line(v)}" for k, v in event["attributes"].items())
+            lines.append(f"{deeper}{'│' if below else ' '}  · {event['name']}  @+{at:.3f}s  {said}")
         for i, child in enumerate(below):
             walk(child, deeper, i == len(below) - 1, False)
 
     for root in children.get(None, []):
         walk(root, "", True, True)
     return "\n".join(lines)
+
+
+def _one_line(value: object, limit: int = 200) -> str:
+    """An event attribute on one line, cut at ``limit`` characters (a stack trace is long)."""
+    text = " ".join(str(value).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _duration(seconds: float) -> str:

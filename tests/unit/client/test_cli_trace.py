@@ -4,6 +4,11 @@
 (``shared.telemetry.JsonLinesSpanExporter``) from SDK spans of four services and two jobs;
 ``data/spans.otlp.jsonl`` holds the same spans as OTLP-JSON, one export request per line
 (as an OpenTelemetry Collector's file exporter writes them).
+
+A span file that services keep appending to can hold a line that is not a span: a write cut
+short when the disk filled up, or by a writer that died, which the next span then continues.
+One such line used to make every trace of the file unreadable; it is skipped with a warning.
+OTLP-JSON spans bring their status and events, which the tree shows.
 """
 
 from __future__ import annotations
@@ -110,9 +115,68 @@ def test_a_line_that_is_not_a_span_is_named(
 ) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text((DATA / "spans.jsonl").read_text() + '{"name": "half"}\n')
-    code, _, err = _trace(capsys, JOB, "--file", str(bad))
-    assert code != 0 and f"{bad}:16: not a span record" in err
+    code, out, err = _trace(capsys, JOB, "--file", str(bad))
+    assert code == 0 and "8 spans" in out  # skipped, not fatal
+    assert "skipped 1 line(s)" in err and f"{bad}:16: not a span record" in err
+    only_bad = tmp_path / "only-bad.jsonl"
+    only_bad.write_text('{"name": "half"}\n')
+    code, _, err = _trace(capsys, JOB, "--file", str(only_bad))
+    assert code != 0 and f"{only_bad}:1: not a span record" in err
 
 
 def test_render_tree_of_nothing_is_empty() -> None:
     assert render_tree([]) == ""
+
+
+def test_a_torn_line_in_the_middle_of_the_file_hides_no_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = (DATA / "spans.jsonl").read_text().splitlines()
+    torn = tmp_path / "spans.jsonl"
+    # Line 5 was cut after 40 characters, and the next span was appended right after it.
+    torn.write_text("\n".join([*lines[:4], lines[4][:40] + lines[5], *lines[6:]]) + "\n")
+    code = main(["trace", JOB[:8], "--file", str(torn)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.startswith("trace ") and "POST /v1/jobs  [submission]" in out
+    assert "skipped 1 line(s)" in err and f"{torn}:5: not a span record" in err
+
+
+def _otlp_line(status: dict[str, object], events: list[dict[str, object]]) -> str:
+    span = {
+        "traceId": "AB" * 16,
+        "spanId": "01" * 8,
+        "name": "scheduler queue wait",
+        "startTimeUnixNano": "1000000000",
+        "endTimeUnixNano": "3000000000",
+        "attributes": [{"key": "cloudevents.event_subject", "value": {"stringValue": JOB}}],
+        "status": status,
+        "events": events,
+    }
+    resource = {"attributes": [{"key": "service.name", "value": {"stringValue": "scheduler"}}]}
+    document = {"resourceSpans": [{"resource": resource, "scopeSpans": [{"spans": [span]}]}]}
+    return json.dumps(document) + "\n"
+
+
+def test_otlp_json_status_and_events_are_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    event = {
+        "timeUnixNano": "2000000000",
+        "name": "job.pending",
+        "attributes": [
+            {"key": "trainyard.pending.reason", "value": {"stringValue": "needs 2 GPUs\nfree 1"}}
+        ],
+    }
+    path = tmp_path / "otlp.jsonl"
+    path.write_text(_otlp_line({"code": 2, "message": "revoked"}, [event]))
+    code = main(["trace", JOB, "--file", str(path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[1].endswith("@+0.000s  ERROR: revoked")
+    assert lines[2] == "   · job.pending  @+1.000s  trainyard.pending.reason=needs 2 GPUs free 1"
+    path.write_text(_otlp_line({"code": "STATUS_CODE_OK"}, []))
+    assert main(["trace", JOB, "--file", str(path)]) == 0
+    out, _ = capsys.readouterr()
+    assert "ERROR" not in out and "·" not in out
