@@ -9,8 +9,12 @@ Contract:
   ``job_id`` when known, and ``exception`` (the formatted traceback) when there is one.
   ``text`` (the default, for a developer's terminal) writes the same facts on one line.
 - The job id is taken from the record's ``job_id`` attribute (``log.info(..., extra={"job_id":
-  ...})``), else from the current span's ``trainyard.job_id`` or ``job.id`` attribute, so a
-  line logged while handling a job's event carries it without each call saying so.
+  ...})``), else from the current span: its ``trainyard.job_id`` or ``job.id`` attribute (the
+  scheduler's spans about a job), or the routing key of the event it publishes or handles
+  (``cloudevents.event_subject``, or the runner's ``trainyard.subject``) when that event's
+  type is routed by its job id (docs/events.md: every type but the node-, flavor- and
+  team-routed ones), so a line logged while handling a job's event carries it without each
+  call saying so.
 """
 
 from __future__ import annotations
@@ -18,13 +22,50 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 from opentelemetry import trace
 
+from trainyard_platform.shared.events.payloads import EVENT_TYPES
+from trainyard_platform.shared.events.trust import routing_key_of
+
 JOB_ATTRIBUTES: Final = ("trainyard.job_id", "job.id")
 """Span attributes a job id is read from, in order."""
+EVENT_TYPE_ATTRIBUTE: Final = "cloudevents.event_type"
+ROUTING_KEY_ATTRIBUTES: Final = ("cloudevents.event_subject", "trainyard.subject")
+"""Span attributes an event's routing key is read from, in order."""
+
+
+def _routed_by_job() -> frozenset[str]:
+    """The event types whose routing key is their job id (``trust.routing_key_of``: an
+    event built with only a job id has that routing key; the others need a node, a flavor
+    or a team)."""
+    probe = "job"
+    routed: set[str] = set()
+    for event_type, payload in EVENT_TYPES.items():
+        try:
+            if routing_key_of(payload.model_construct(job_id=probe)) == probe:
+                routed.add(event_type)
+        except AttributeError:  # routed by a field the probe has not: not by its job
+            pass
+    return frozenset(routed)
+
+
+ROUTED_BY_JOB: Final = _routed_by_job()
+
+
+def span_job_id(attributes: Mapping[str, Any]) -> str | None:
+    """The job a span is about, from its attributes (see the module), or None."""
+    for name in JOB_ATTRIBUTES:
+        if name in attributes:
+            return str(attributes[name])
+    if attributes.get(EVENT_TYPE_ATTRIBUTE) in ROUTED_BY_JOB:
+        for name in ROUTING_KEY_ATTRIBUTES:
+            if name in attributes:
+                return str(attributes[name])
+    return None
 
 
 def trace_fields(record: logging.LogRecord) -> dict[str, str]:
@@ -37,8 +78,7 @@ def trace_fields(record: logging.LogRecord) -> dict[str, str]:
         fields["span_id"] = format(ctx.span_id, "016x")
     job_id = getattr(record, "job_id", None)
     if job_id is None:
-        attributes = getattr(span, "attributes", None) or {}
-        job_id = next((attributes[a] for a in JOB_ATTRIBUTES if a in attributes), None)
+        job_id = span_job_id(getattr(span, "attributes", None) or {})
     if job_id is not None:
         fields["job_id"] = str(job_id)
     return fields
