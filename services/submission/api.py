@@ -60,6 +60,7 @@ from trainyard_platform.services.submission.data_admission import DataAdmission,
 from trainyard_platform.services.submission.domain import JobStatus
 from trainyard_platform.services.submission.errors import Conflict, Forbidden, NotFound
 from trainyard_platform.services.submission.governance import BUDGET_WARNING_HEADER
+from trainyard_platform.services.submission.group_commit import GroupCommit
 from trainyard_platform.services.submission.identity import Caller
 from trainyard_platform.services.submission.identity_schemas import (
     MeView,
@@ -166,6 +167,9 @@ class AppDeps:
     health_handlers: Sequence[HTTPRouteHandler] = field(default_factory=tuple)
     registry_transport: httpx.AsyncBaseTransport | None = None
     """How admission reaches the registry (``data_admission``); default: HTTP."""
+    group_commit: GroupCommit | None = None
+    """The writer of remembered callers' submissions (``group_commit``); default: one over
+    ``pool``."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,7 @@ class Front:
     settings: Settings
     admission: DataAdmission
     known: KnownCallers
+    writer: GroupCommit
 
 
 FrontDoor = NamedDependency[Front]
@@ -386,7 +391,7 @@ async def submit_job(
             if ready is not None:
                 job_ready, warnings, checked_key = ready
                 done = await commands.submit_prepared_if_known(
-                    front.pool, known, job_ready, checked_key
+                    front.writer, known, job_ready, checked_key
                 )
                 if done is not None:
                     return _submitted(*done, warnings, new_job_id=job_ready.job_id)
@@ -788,7 +793,8 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
         return admission
 
     known = KnownCallers()
-    front = Front(deps.pool, objects, settings, admission, known)
+    writer = deps.group_commit or GroupCommit(deps.pool)
+    front = Front(deps.pool, objects, settings, admission, known, writer)
 
     def provide_front() -> Front:
         return front

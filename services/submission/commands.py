@@ -37,6 +37,7 @@ from trainyard_platform.services.submission import logs
 from trainyard_platform.services.submission import repository as repo
 from trainyard_platform.services.submission.domain import JobStatus
 from trainyard_platform.services.submission.errors import Conflict, Forbidden, NotFound
+from trainyard_platform.services.submission.group_commit import GroupCommit
 from trainyard_platform.services.submission.identity import Caller
 from trainyard_platform.services.submission.known_callers import KnownCaller
 from trainyard_platform.services.submission.objects import Objects
@@ -143,14 +144,15 @@ async def prepare(
 
 
 async def submit_prepared_if_known(
-    pool: asyncpg.Pool, known: KnownCaller, job: Prepared, idempotency_key: str | None
+    writer: GroupCommit, known: KnownCaller, job: Prepared, idempotency_key: str | None
 ) -> tuple[JobView | bytes, bool] | None:
     """``submit_job`` for a job ``prepare``d for ``known.caller`` (a caller whose writes are
     not audited), in one statement that also checks the token, the caller and the team's
-    screening are still what ``known`` remembers (``repository.insert_job_if_caller``).
-    None when any of them changed: nothing was stored, and the caller must be checked
-    again (``known_callers``). A new job's view comes as the JSON the API answers
-    (``views.submitted_job_json``), a replayed one's as a ``JobView``."""
+    screening are still what ``known`` remembers (``repository.insert_job_if_caller``),
+    written by ``writer`` alone or with the submissions concurrent with it
+    (``group_commit``). None when any of them changed: nothing was stored, and the caller
+    must be checked again (``known_callers``). A new job's view comes as the JSON the API
+    answers (``views.submitted_job_json``), a replayed one's as a ``JobView``."""
     caller = known.caller
     assert not audit.must_record(caller.principal)  # audited callers are never remembered
     envelope = Envelope.wrap(
@@ -160,22 +162,21 @@ async def submit_prepared_if_known(
     )
     event = (envelope.id, envelope.nats_subject, envelope.to_json(), inject())
     trace_id = current_trace_id()
-    async with pool.acquire() as conn:
-        held, stored = await repo.insert_job_if_caller(
-            conn,
+    held, stored = await writer.write(
+        (
             (known.token_hash, caller.token_id, caller.user_id, caller.team_id, str(caller.role)),
             (known.month, known.declared, known.retired, known.budgets),
             (job.job_id, job.spec.name, job.stored, idempotency_key, job.submitted_at, trace_id),
             event,
         )
-        if not held:
-            return None
-        if not stored:
-            assert idempotency_key is not None  # only a repeated key can conflict
-            async with conn.transaction():
-                replayed = await _replayed_job(conn, caller, idempotency_key, job.stored)
-                return await _read_view(conn, caller, replayed), False
-        outbox.enqueued_by(conn)
+    )
+    if not held:
+        return None
+    if not stored:
+        assert idempotency_key is not None  # only a repeated key can conflict
+        async with writer.pool.acquire() as conn, conn.transaction():
+            replayed = await _replayed_job(conn, caller, idempotency_key, job.stored)
+            return await _read_view(conn, caller, replayed), False
     view = submitted_job_json(
         job.job_id, caller.team, caller.user, job.stored, job.submitted_at, trace_id
     )

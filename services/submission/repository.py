@@ -7,7 +7,8 @@ its id: events come from the platform, not from a user.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -51,17 +52,90 @@ def _insert_job_sql(*, announced: bool, caller_check: str | None = None) -> str:
            SELECT {held} AS held, EXISTS (SELECT 1 FROM {stored}) AS stored"""
 
 
+def _caller_held(
+    token_hash: str,
+    token_id: str,
+    user_id: str,
+    team_id: str,
+    role: str,
+    screening: tuple[str, str, str, str],
+) -> str:
+    """A ``SELECT`` of one row or none: the token (by hash and id) is still valid (not
+    revoked, not expired, its user not disabled) and still that user's of that team with
+    that role, and the team's ``screening`` (``(month, declared, retired, budgets)``, as
+    ``governance.screening_unchanged`` takes them) is unchanged. Each argument is an SQL
+    expression (a parameter, or a column of the rows a batch writes)."""
+    return f"""SELECT 1 FROM tokens k JOIN users u ON u.id = k.user_id
+                 JOIN teams t ON t.id = u.team_id
+               WHERE k.token_hash = {token_hash} AND k.id = {token_id} AND u.id = {user_id}
+                 AND t.id = {team_id}
+                 AND u.role = {role} AND k.revoked_at IS NULL AND u.disabled_at IS NULL
+                 AND (k.expires_at IS NULL OR k.expires_at > now())
+                 AND {screening_unchanged("t.name", *screening)}"""
+
+
 _INSERT_JOB = _insert_job_sql(announced=False)
 _INSERT_JOB_ANNOUNCED = _insert_job_sql(announced=True)
 _INSERT_JOB_IF_CALLER = _insert_job_sql(
     announced=True,
-    caller_check=f"""SELECT 1 FROM tokens k JOIN users u ON u.id = k.user_id
-                 JOIN teams t ON t.id = u.team_id
-               WHERE k.token_hash = $13 AND k.id = $14 AND u.id = $3 AND t.id = $2
-                 AND u.role = $15 AND k.revoked_at IS NULL AND u.disabled_at IS NULL
-                 AND (k.expires_at IS NULL OR k.expires_at > now())
-                 AND {screening_unchanged("t.name", "$16", "$17", "$18", "$19")}""",
+    caller_check=_caller_held("$13", "$14", "$3", "$2", "$15", ("$16", "$17", "$18", "$19")),
 )
+
+_BATCH_COLUMNS = (
+    ("id", "text"),
+    ("team_id", "bigint"),
+    ("user_id", "bigint"),
+    ("name", "text"),
+    ("spec", "text"),
+    ("idempotency_key", "text"),
+    ("submitted_at", "timestamptz"),
+    ("trace_id", "text"),
+    ("event_id", "text"),
+    ("subject", "text"),
+    ("body", "bytea"),
+    ("headers", "text"),
+    ("token_hash", "text"),
+    ("token_id", "bigint"),
+    ("role", "text"),
+    ("month", "text"),
+    ("declared", "text"),
+    ("retired", "text"),
+    ("budgets", "text"),
+)
+"""The columns of the rows ``insert_jobs_if_callers`` writes, one array parameter each
+(``spec`` and ``headers`` as JSON text, ``declared`` and ``retired`` as array literals:
+``unnest`` would flatten arrays of arrays)."""
+
+_BATCH_ARRAYS = ", ".join(f"${n}::{kind}[]" for n, (_, kind) in enumerate(_BATCH_COLUMNS, 1))
+_BATCH_NAMES = ", ".join(name for name, _ in _BATCH_COLUMNS)
+_BATCH_CALLER_HELD = _caller_held(
+    "r.token_hash",
+    "r.token_id",
+    "r.user_id",
+    "r.team_id",
+    "r.role",
+    ("r.month", "r.declared", "r.retired", "r.budgets"),
+)
+_INSERT_JOBS_IF_CALLERS = f"""WITH r AS (
+       SELECT * FROM unnest({_BATCH_ARRAYS}) WITH ORDINALITY AS r({_BATCH_NAMES}, ord)),
+   caller AS (SELECT r.* FROM r WHERE EXISTS ({_BATCH_CALLER_HELD})),
+   job AS (
+       INSERT INTO jobs (id, team_id, user_id, name, spec, status, idempotency_key,
+                         submitted_at, updated_at, trace_id)
+       SELECT id, team_id, user_id, name, spec::jsonb, 'QUEUED', idempotency_key,
+              submitted_at, submitted_at, trace_id
+       FROM caller ORDER BY ord
+       ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING id),
+   history AS (
+       INSERT INTO job_history (job_id, status, at, reason)
+       SELECT c.id, 'QUEUED', c.submitted_at, 'submitted' FROM job JOIN caller c USING (id)
+       RETURNING 1),
+   event AS (
+       INSERT INTO outbox (event_id, subject, body, headers)
+       SELECT c.event_id, c.subject, c.body, c.headers::jsonb FROM job JOIN caller c USING (id)
+       ORDER BY c.ord RETURNING 1)
+   SELECT r.id IN (SELECT id FROM caller) AS held, r.id IN (SELECT id FROM job) AS stored
+   FROM r ORDER BY r.ord"""
 
 
 async def insert_job(
@@ -126,12 +200,25 @@ async def insert_job_announced(
     return bool(row["stored"])
 
 
+CallerKey = tuple[str, int, int, int, str]
+"""A remembered caller as ``insert_job_if_caller`` checks it: ``(token_hash, token_id,
+user_id, team_id, role)``."""
+ScreeningKey = tuple[str, list[str], list[str], str]
+"""A remembered screening: ``(month, declared, retired, budgets)``."""
+NewJob = tuple[str, str, dict[str, Any], str | None, datetime, str | None]
+"""``(job_id, name, spec, idempotency_key, submitted_at, trace_id)``."""
+NewEvent = tuple[str, str, bytes, dict[str, str]]
+"""An outbox row: ``(event_id, subject, body, headers)``."""
+Submission = tuple[CallerKey, ScreeningKey, NewJob, NewEvent]
+"""What ``insert_job_if_caller`` takes, as one value."""
+
+
 async def insert_job_if_caller(
     conn: asyncpg.Connection,
-    caller: tuple[str, int, int, int, str],
-    screening: tuple[str, list[str], list[str], str],
-    job: tuple[str, str, dict[str, Any], str | None, datetime, str | None],
-    event: tuple[str, str, bytes, dict[str, str]],
+    caller: CallerKey,
+    screening: ScreeningKey,
+    job: NewJob,
+    event: NewEvent,
 ) -> tuple[bool, bool]:
     """``insert_job_announced``, done only where the token (by hash) is still valid (not
     revoked, not expired, its user not disabled) and still that caller's, and the team's
@@ -166,6 +253,53 @@ async def insert_job_if_caller(
     )
     assert row is not None  # a SELECT without FROM has one row
     return bool(row["held"]), bool(row["stored"])
+
+
+async def insert_jobs_if_callers(
+    conn: asyncpg.Connection, submissions: Sequence[Submission]
+) -> list[tuple[bool, bool]]:
+    """``insert_job_if_caller`` for each of ``submissions``, all in one statement (one
+    transaction, one commit): each row's caller and screening checked as there (the same
+    condition, ``_caller_held``), each row stored or not on its own, in order (a second row
+    with the idempotency key of an earlier one in the same call is not stored, as if it had
+    come after it). Returns ``(held, stored)`` per submission, in order."""
+    columns: list[list[Any]] = [[] for _ in _BATCH_COLUMNS]
+    for caller, screening, job, event in submissions:
+        job_id, name, spec, key, submitted_at, trace_id = job
+        token_hash, token_id, user_id, team_id, role = caller
+        month, declared, retired, budgets = screening
+        event_id, subject, body, headers = event
+        row = (
+            job_id,
+            team_id,
+            user_id,
+            name,
+            json.dumps(spec),
+            key,
+            submitted_at,
+            trace_id,
+            event_id,
+            subject,
+            body,
+            json.dumps(headers),
+            token_hash,
+            token_id,
+            role,
+            month,
+            _text_array(declared),
+            _text_array(retired),
+            budgets,
+        )
+        for column, value in zip(columns, row, strict=True):
+            column.append(value)
+    rows = await conn.fetch(_INSERT_JOBS_IF_CALLERS, *columns)
+    return [(bool(r["held"]), bool(r["stored"])) for r in rows]
+
+
+def _text_array(items: Sequence[str]) -> str:
+    """``items`` as a PostgreSQL array literal of text (every element quoted and escaped)."""
+    quoted = (item.replace("\\", "\\\\").replace('"', '\\"') for item in items)
+    return "{" + ",".join(f'"{item}"' for item in quoted) + "}"
 
 
 async def job_by_idempotency_key(

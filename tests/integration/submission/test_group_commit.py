@@ -1,0 +1,275 @@
+"""Remembered callers' submissions that arrive while others are being written are written
+together (``group_commit``): one statement for the batch, each row answered as if it had
+been written alone, in arrival order.
+
+The tests hold the write under way (the single-row statement waits on a gate) until the
+submissions they want in the next batch are queued: which rows form a batch never depends
+on timing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from tests.integration.submission.conftest import SPEC, eventually
+from tests.integration.submission.test_known_callers import _member, _revoke, _stored
+from trainyard_platform.services.submission import identity
+from trainyard_platform.services.submission import repository as repo
+from trainyard_platform.services.submission.api import AppDeps, create_app
+from trainyard_platform.services.submission.config import Settings
+from trainyard_platform.services.submission.group_commit import GroupCommit
+from trainyard_platform.services.submission.service import NAME
+from trainyard_platform.shared.db import open_pool
+from trainyard_platform.shared.storage import open_store
+from trainyard_platform.shared.telemetry import instrument_database
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class Front:
+    """The app over its own pool, its writer (one write under way at most), and a gate the
+    single-row statement waits on."""
+
+    client: httpx.AsyncClient
+    writer: GroupCommit
+    gate: asyncio.Event
+    entered: asyncio.Event
+    members: list[str]
+
+    def post(
+        self, token: str, spec: dict[str, Any] | None = None, key: str | None = None
+    ) -> asyncio.Task[httpx.Response]:
+        headers = {"Authorization": f"Bearer {token}"}
+        if key is not None:
+            headers["Idempotency-Key"] = key
+        return asyncio.create_task(self.client.post("/v1/jobs", json=spec or SPEC, headers=headers))
+
+    async def hold_one_write(self) -> asyncio.Task[httpx.Response]:
+        """A submission of the last member whose single-row statement waits on the gate."""
+        held = self.post(self.members[-1])
+        await eventually(self._entered, 30)
+        return held
+
+    async def queue(self, post: Callable[[], asyncio.Task[httpx.Response]]) -> Any:
+        """Start ``post`` and return once its submission is queued behind the held write."""
+        before = self.writer.queued
+        task = post()
+
+        async def queued() -> bool:
+            return self.writer.queued == before + 1
+
+        await eventually(queued, 30)
+        return task
+
+    async def _entered(self) -> bool:
+        return self.entered.is_set()
+
+
+@pytest.fixture
+async def front(
+    settings: Settings, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Front]:
+    admin = await identity.bootstrap_user(pool, "ml", "alice")
+    gate, entered = asyncio.Event(), asyncio.Event()
+    alone = repo.insert_job_if_caller
+
+    async def gated(*args: Any) -> tuple[bool, bool]:
+        entered.set()
+        await gate.wait()
+        return await alone(*args)
+
+    async with open_pool(settings.database, NAME) as own:
+        writer = GroupCommit(own, in_flight=1)
+        store = open_store(settings.storage.uri, settings.storage)
+        app = create_app(settings, AppDeps(pool=own, store=store, group_commit=writer))
+        transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://submission") as c:
+            members = [await _member(c, admin, f"m{i}") for i in range(4)]
+            for token in members:  # each token's first submission: the full check, remembered
+                first = await c.post(
+                    "/v1/jobs", json=SPEC, headers={"Authorization": f"Bearer {token}"}
+                )
+                assert first.status_code == 201, first.text
+            monkeypatch.setattr(repo, "insert_job_if_caller", gated)
+            yield Front(c, writer, gate, entered, members)
+            gate.set()
+
+
+async def _history(pool: asyncpg.Pool) -> int:
+    return int(await pool.fetchval("SELECT count(*) FROM job_history WHERE reason = 'submitted'"))
+
+
+async def test_concurrent_submissions_are_one_statement_and_all_durable(
+    front: Front, pool: asyncpg.Pool
+) -> None:
+    held = await front.hold_one_write()
+    queued = [await front.queue(lambda t=t: front.post(t)) for t in front.members[:3] * 2]
+    front.gate.set()
+    answers = await asyncio.gather(held, *queued)
+    assert [a.status_code for a in answers] == [201] * 7, [a.text for a in answers]
+    assert (front.writer.batches, front.writer.batched_rows) == (1, 6)
+    ids = {a.json()["id"] for a in answers}
+    assert len(ids) == 7
+    found = await pool.fetchval("SELECT count(*) FROM jobs WHERE id = ANY($1::text[])", list(ids))
+    assert found == 7
+    assert await _stored(pool) == (4 + 7, 4 + 7)
+    assert await _history(pool) == 4 + 7
+    for answer in answers[1:]:
+        view = (await front.client.get(answer.headers["Location"], headers=_auth(front))).json()
+        assert view["status"] == "QUEUED"
+        assert view["history"][0]["at"] == view["submitted_at"] == answer.json()["submitted_at"]
+
+
+def _auth(front: Front) -> dict[str, str]:
+    return {"Authorization": f"Bearer {front.members[0]}"}
+
+
+async def test_a_row_whose_token_was_revoked_meanwhile_is_not_stored(
+    front: Front, pool: asyncpg.Pool
+) -> None:
+    first, revoked, third = front.members[:3]
+    held = await front.hold_one_write()
+    queued = [await front.queue(lambda t=t: front.post(t)) for t in (first, revoked, third)]
+    await _revoke(pool, revoked)
+    front.gate.set()
+    answers = await asyncio.gather(held, *queued)
+    assert [a.status_code for a in answers] == [201, 201, 401, 201], [a.text for a in answers]
+    assert (front.writer.batches, front.writer.batched_rows) == (1, 3)
+    assert await _stored(pool) == (4 + 3, 4 + 3)
+
+
+async def test_a_repeated_idempotency_key_in_one_batch_answers_as_if_second(
+    front: Front, pool: asyncpg.Pool
+) -> None:
+    alice, bob = front.members[:2]
+    other = {**SPEC, "seed": 8}
+    held = await front.hold_one_write()
+    queued = [
+        await front.queue(lambda: front.post(alice, key="k1")),
+        await front.queue(lambda: front.post(alice, key="k1")),  # same spec: the replay
+        await front.queue(lambda: front.post(bob, key="k1")),  # another user's key
+        await front.queue(lambda: front.post(bob, other, key="k1")),  # another spec: 409
+    ]
+    front.gate.set()
+    answers = await asyncio.gather(held, *queued)
+    assert [a.status_code for a in answers] == [201, 201, 200, 201, 409], [a.text for a in answers]
+    assert front.writer.batches == 1
+    first, replay = answers[1].json(), answers[2].json()
+    assert replay["id"] == first["id"]
+    assert answers[2].headers["Location"] == f"/v1/jobs/{first['id']}"
+    assert await _stored(pool) == (4 + 3, 4 + 3)
+
+
+async def test_a_batch_that_fails_is_written_again_row_by_row(
+    front: Front, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(conn: asyncpg.Connection, submissions: Any) -> Any:
+        return await conn.fetch("SELECT 1 / 0")  # the whole statement fails
+
+    monkeypatch.setattr(repo, "insert_jobs_if_callers", broken)
+    alice, revoked, carol = front.members[:3]
+    held = await front.hold_one_write()
+    queued = [
+        await front.queue(lambda: front.post(alice, key="k1")),
+        await front.queue(lambda: front.post(alice, key="k1")),
+        await front.queue(lambda: front.post(revoked)),
+        await front.queue(lambda: front.post(carol)),
+    ]
+    await _revoke(pool, revoked)
+    front.gate.set()
+    answers = await asyncio.gather(held, *queued)
+    assert [a.status_code for a in answers] == [201, 201, 200, 401, 201], [a.text for a in answers]
+    assert answers[2].json()["id"] == answers[1].json()["id"]
+    assert front.writer.batches == 0
+    assert await _stored(pool) == (4 + 3, 4 + 3)
+
+
+async def test_a_request_cancelled_while_queued_writes_nothing_and_holds_no_one(
+    front: Front, pool: asyncpg.Pool
+) -> None:
+    alice, bob = front.members[:2]
+    held = await front.hold_one_write()
+    cancelled = await front.queue(lambda: front.post(alice, {**SPEC, "name": "cancelled"}))
+    kept = await front.queue(lambda: front.post(bob))
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert front.writer.queued == 1
+    front.gate.set()
+    answers = await asyncio.gather(held, kept)
+    assert [a.status_code for a in answers] == [201, 201]
+    assert await _stored(pool) == (4 + 2, 4 + 2)
+    assert not await pool.fetchval("SELECT count(*) FROM jobs WHERE name = 'cancelled'")
+    # A batch of one is its own request's single-row write; the slot came back.
+    again = await front.post(alice)
+    assert again.status_code == 201
+
+
+async def test_the_batch_statement_checks_and_stores_each_row(pool: asyncpg.Pool) -> None:
+    """``repository.insert_jobs_if_callers`` on its own: per-row answers in order."""
+    await identity.bootstrap_user(pool, "ml", "alice")
+    token = await pool.fetchrow(
+        "SELECT k.token_hash, k.id, u.id AS user_id, u.team_id FROM tokens k "
+        "JOIN users u ON u.id = k.user_id"
+    )
+    assert token is not None
+    now = await pool.fetchval("SELECT now()")
+    caller = (token["token_hash"], token["id"], token["user_id"], token["team_id"], "admin")
+    month = await pool.fetchval("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM')")
+    fresh: repo.ScreeningKey = (month, [], [], "[]")
+    stale: repo.ScreeningKey = (month, ['x"\\'], [], "[]")
+
+    def row(n: int, key: str | None, screening: repo.ScreeningKey) -> repo.Submission:
+        job = (f"j{n}", "n", {"name": "n", "n": n}, key, now, None)
+        return caller, screening, job, (f"e{n}", "trainyard.job.submitted.x", b"{}", {"a": "b"})
+
+    submissions = [row(1, "k", fresh), row(2, "k", fresh), row(3, None, stale), row(4, None, fresh)]
+    async with pool.acquire() as conn:
+        answers = await repo.insert_jobs_if_callers(conn, submissions)
+    assert answers == [(True, True), (True, False), (False, False), (True, True)]
+    stored = await pool.fetch("SELECT id, spec FROM jobs ORDER BY id")
+    assert [(r["id"], r["spec"]) for r in stored] == [
+        ("j1", {"name": "n", "n": 1}),
+        ("j4", {"name": "n", "n": 4}),
+    ]
+    headers = await pool.fetch("SELECT event_id, headers FROM outbox ORDER BY seq")
+    assert [(r["event_id"], r["headers"]) for r in headers] == [
+        ("e1", {"a": "b"}),
+        ("e4", {"a": "b"}),
+    ]
+
+
+async def test_a_batch_is_one_database_span_linked_to_its_requests(
+    spans: InMemorySpanExporter, front: Front
+) -> None:
+    assert instrument_database(trace.get_tracer_provider())
+    held = await front.hold_one_write()
+    queued = [await front.queue(lambda t=t: front.post(t)) for t in front.members[:3]]
+    front.gate.set()
+    answers = await asyncio.gather(held, *queued)
+    assert [a.status_code for a in answers] == [201] * 4
+    traces = [a.json()["trace_id"] for a in answers]
+    finished = spans.get_finished_spans()
+    [batch] = [s for s in finished if s.name == "submission group commit"]
+    assert batch.parent is None and batch.context is not None
+    assert (batch.attributes or {})["trainyard.group_commit.rows"] == 3
+    assert sorted(format(link.context.trace_id, "032x") for link in batch.links) == sorted(
+        traces[1:]
+    )
+    client = [s for s in finished if s.kind is SpanKind.CLIENT and s.context is not None]
+    [statement] = [s for s in client if s.parent and s.parent.span_id == batch.context.span_id]
+    assert statement.context is not None
+    assert statement.context.trace_id == batch.context.trace_id
+    by_trace = {format(s.context.trace_id, "032x") for s in client if s.context is not None}
+    assert traces[0] in by_trace  # written alone: its statement is in its request's trace
+    assert not by_trace & set(traces[1:])  # batched: no database span in theirs
