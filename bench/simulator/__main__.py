@@ -19,17 +19,18 @@ from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.simulator import report
+from bench.simulator import options, report
 from bench.simulator.cluster import GPUS_PER_NODE, NODES_PER_RACK, build_cluster
 from bench.simulator.engine import SimConfig, SimResult, simulate
 from bench.simulator.metrics import Summary, summarize, verdict
 from bench.simulator.policies import PRIORITY, fifo, ours, team_queues
-from bench.simulator.trace import cluster_gpus, load_trace
+from bench.simulator.trace import TraceError, cluster_gpus, load_trace
 from trainyard_platform.services.scheduler.policy.model import PolicyConfig
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "gavel-msr-seed0"
 DEFAULT_OUT = REPO / "bench" / "results" / "simulator.json"
+PROG = "python -m bench.simulator"
 
 
 def repo_relative(path: Path) -> str:
@@ -38,15 +39,17 @@ def repo_relative(path: Path) -> str:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.simulator", description=__doc__)
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__)
     p.add_argument("--trace-dir", type=Path, default=DEFAULT_TRACE)
-    p.add_argument("--limit", type=int, default=None, help="first N jobs by arrival")
+    p.add_argument("--limit", type=options.positive, default=None, help="first N jobs by arrival")
     p.add_argument("--seed", type=int, default=0, help="seed of the declared-runtime factors")
-    p.add_argument("--checkpoint-min", type=float, default=30.0, help="0: never checkpoint")
-    p.add_argument("--grace-s", type=float, default=PolicyConfig().grace_s)
+    p.add_argument(
+        "--checkpoint-min", type=options.non_negative, default=30.0, help="0: never checkpoint"
+    )
+    p.add_argument("--grace-s", type=options.finite_non_negative, default=PolicyConfig().grace_s)
     p.add_argument(
         "--min-pass-interval-s",
-        type=float,
+        type=options.finite_non_negative,
         default=300.0,
         help="at most one pass per this many simulated seconds, for both policies (0: a pass "
         "after every batch of simultaneous events, as the service does; ~4x slower)",
@@ -57,7 +60,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    jobs = load_trace(args.trace_dir, seed=args.seed, limit=args.limit)
+    try:
+        jobs = load_trace(args.trace_dir, seed=args.seed, limit=args.limit)
+    except TraceError as exc:
+        return options.fail(PROG, f"--trace-dir: {exc}")
     total = cluster_gpus(args.trace_dir)
     nodes = build_cluster(total)
     queues = team_queues({j.team for j in jobs}, total)
@@ -112,8 +118,11 @@ def main(argv: list[str]) -> int:
         },
         **report.record(parameters, summaries, results, v),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    except OSError as exc:
+        return options.fail(PROG, f"--out: {args.out} cannot be written ({exc.strerror})")
     print(f"\nwrote {args.out}")
     return 0 if all(not r.unfinished for r in results.values()) else 1
 

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.simulator import fairness, scorecard
+from bench.simulator import fairness, options, scorecard
 from bench.simulator.__main__ import _Progress, repo_relative
 from bench.simulator.cluster import build_cluster
 from bench.simulator.easy import easy_backfill
@@ -31,12 +31,13 @@ from bench.simulator.maxmin import max_min_fair
 from bench.simulator.metrics import summarize
 from bench.simulator.policies import PRIORITY, fifo, ours, team_queues
 from bench.simulator.srtf import SrtfOracle
-from bench.simulator.trace import TraceJob, cluster_gpus, load_trace
+from bench.simulator.trace import TraceError, TraceJob, cluster_gpus, load_trace
 from trainyard_platform.services.scheduler.policy.model import PolicyConfig
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "gavel-msr-seed0"
 DEFAULT_OUT = REPO / "bench" / "results" / "simulator_baselines.json"
+PROG = "python -m bench.simulator.baselines"
 POLICIES = ("fifo", "easy", "las", "maxmin", "ours", "srtf")
 ORACLES = frozenset({"srtf"})
 OURS_KNOBS = {
@@ -60,41 +61,44 @@ LABELS = {
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.simulator.baselines", description=__doc__)
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__)
     p.add_argument("--trace-dir", type=Path, action="append", help="repeatable")
-    p.add_argument("--limit", type=int, default=None, help="first N jobs by arrival")
+    p.add_argument("--limit", type=options.positive, default=None, help="first N jobs by arrival")
     p.add_argument("--seed", type=int, default=0, help="seed of the declared-runtime factors")
     p.add_argument(
         "--underestimate-share",
-        type=_share,
+        type=options.share,
         default=0.0,
         help="share of jobs declaring less than they need (stopped at the limit, resubmitted)",
     )
-    p.add_argument("--checkpoint-min", type=float, default=30.0, help="0: never checkpoint")
-    p.add_argument("--grace-s", type=float, default=PolicyConfig().grace_s)
+    p.add_argument(
+        "--checkpoint-min", type=options.non_negative, default=30.0, help="0: never checkpoint"
+    )
+    p.add_argument("--grace-s", type=options.finite_non_negative, default=PolicyConfig().grace_s)
     defaults = PolicyConfig()
     for field, meaning in OURS_KNOBS.items():
         default = getattr(defaults, field)
         p.add_argument(
             f"--{field.replace('_', '-')}",
-            type=int if isinstance(default, int) else _non_negative,
+            type=options.whole if isinstance(default, int) else options.non_negative,
             default=default,
             help=f"ours: {meaning}",
         )
-    p.add_argument("--min-pass-interval-s", type=float, default=300.0)
+    p.add_argument("--min-pass-interval-s", type=options.finite_non_negative, default=300.0)
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated, fifo first")
     p.add_argument(
         "--las-thresholds-gpu-h",
+        type=options.ascending_positive,
         default=",".join(f"{t / 3600:g}" for t in LasConfig().thresholds_gpu_s),
-        help="2D-LAS queue bounds in GPU-hours, comma-separated",
+        help="2D-LAS queue bounds in GPU-hours, comma-separated, ascending",
     )
-    p.add_argument("--las-promote-knob", type=float, default=LasConfig().promote_knob)
+    p.add_argument("--las-promote-knob", type=options.number, default=LasConfig().promote_knob)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p.parse_args(argv)
 
 
 def las_config(args: argparse.Namespace) -> LasConfig:
-    bounds = tuple(float(t) * 3600 for t in args.las_thresholds_gpu_h.split(",") if t.strip())
+    bounds = tuple(t * 3600 for t in args.las_thresholds_gpu_h)
     return LasConfig(bounds, args.las_promote_knob, args.grace_s)
 
 
@@ -184,7 +188,10 @@ def main(argv: list[str]) -> int:
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     if not names or names[0] != "fifo" or not set(names) <= set(POLICIES):
         raise SystemExit(f"--policies: fifo first, then any of {', '.join(POLICIES)}")
-    traces = [run_trace(args, t, names) for t in args.trace_dir or [DEFAULT_TRACE]]
+    try:
+        traces = [run_trace(args, t, names) for t in args.trace_dir or [DEFAULT_TRACE]]
+    except TraceError as exc:
+        return options.fail(PROG, f"--trace-dir: {exc}")
     doc = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {
@@ -192,7 +199,7 @@ def main(argv: list[str]) -> int:
             "cpus": _cpus(),
             "python": platform.python_version(),
         },
-        "command": " ".join(["python -m bench.simulator.baselines", *map(_rel_arg, argv)]),
+        "command": " ".join([PROG, *map(_rel_arg, argv)]),
         "seed": args.seed,
         "underestimate_share": args.underestimate_share,
         "settings": {
@@ -205,24 +212,13 @@ def main(argv: list[str]) -> int:
         },
         "traces": traces,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    except OSError as exc:
+        return options.fail(PROG, f"--out: {args.out} cannot be written ({exc.strerror})")
     print(f"\nwrote {repo_relative(args.out)}")
     return 0 if all(r["unfinished"] == 0 for t in traces for r in t["policies"].values()) else 1
-
-
-def _share(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text} is not a share between 0 and 1")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if not value >= 0.0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"{text} is not a number of 0 or more")
-    return value
 
 
 def _rel_arg(arg: str) -> str:

@@ -28,12 +28,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.simulator import options
 from bench.simulator.synthetic import SyntheticJob, write_trace
 
 JOB_TYPE = "Stress"
 SIZES = (1, 2, 4, 8)
 TARGET_LOAD = 1.1
 DEFAULT_ROOT = Path(__file__).resolve().parent / "stress_traces"
+PROG = "python -m bench.simulator.stress"
 
 Draw = Callable[[random.Random], tuple[str, int, int]]
 """One job's (team, GPUs, seconds of work)."""
@@ -137,11 +139,15 @@ def write_scenarios(root: Path, seed: int) -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.simulator.stress", description=__doc__)
-    p.add_argument("--seed", type=int, default=7)
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__)
+    p.add_argument("--seed", type=options.whole, default=7)
     p.add_argument("--root", type=Path, default=DEFAULT_ROOT)
     args = p.parse_args(argv)
-    for folder in write_scenarios(args.root, args.seed):
+    try:
+        folders = write_scenarios(args.root, args.seed)
+    except OSError as exc:
+        return options.fail(PROG, f"--root: {exc.filename} cannot be written ({exc.strerror})")
+    for folder in folders:
         print(os.path.relpath(folder))
     return 0
 

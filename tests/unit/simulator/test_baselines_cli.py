@@ -56,7 +56,22 @@ def test_ours_knobs_reach_its_config_and_the_record(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("flag", "value"),
-    [("--underestimate-share", "1.5"), ("--underestimate-share", "-0.1"), ("--ageing-s", "-1")],
+    [
+        ("--underestimate-share", "1.5"),
+        ("--underestimate-share", "-0.1"),
+        ("--ageing-s", "-1"),
+        ("--limit", "0"),
+        ("--limit", "-5"),  # (it used to drop the last 5 jobs)
+        ("--seed", "x"),
+        ("--grace-s", "-1"),
+        ("--checkpoint-min", "x"),
+        ("--min-pass-interval-s", "inf"),
+        ("--max-preemptions", "-1"),
+        ("--reservations", "1.5"),
+        ("--las-thresholds-gpu-h", "a,b"),
+        ("--las-thresholds-gpu-h", "10,1"),
+        ("--las-promote-knob", "nan"),
+    ],
 )
 def test_a_bad_value_is_refused_naming_its_option(
     flag: str, value: str, capsys: pytest.CaptureFixture[str]
@@ -64,4 +79,19 @@ def test_a_bad_value_is_refused_naming_its_option(
     with pytest.raises(SystemExit) as exit_info:
         main([flag, value])
     assert exit_info.value.code == 2
-    assert flag in capsys.readouterr().err
+    assert f"argument {flag}: " in capsys.readouterr().err
+
+
+def test_a_bad_trace_or_out_path_is_one_line_naming_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--trace-dir", str(tmp_path / "missing"), "--policies", "fifo"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m bench.simulator.baselines: error: --trace-dir: ")
+    assert "no such trace folder" in err and "Traceback" not in err
+    jobs = random_jobs(random.Random(5), 5, teams=1, sizes=(1,), mean_gap_s=30)
+    trace = write_trace(tmp_path / "trace", jobs, {("Model", 1): 10.0}, gpus=8)
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" / "out.json"  # below a file: cannot be made
+    assert main(["--trace-dir", str(trace), "--policies", "fifo", "--out", str(out)]) == 2
+    assert "error: --out: " in capsys.readouterr().err

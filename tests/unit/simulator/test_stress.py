@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench.simulator.cluster import FLAVOR
 from bench.simulator.policies import team_queues
-from bench.simulator.stress import SCENARIOS, write_scenarios
+from bench.simulator.stress import SCENARIOS, main, write_scenarios
 from bench.simulator.trace import cluster_gpus, load_trace
 
 
@@ -53,3 +55,16 @@ def test_each_scenario_has_its_shape(tmp_path: Path) -> None:
     teams = [j.team for j in jobs]
     counts = sorted((teams.count(t) for t in set(teams)), reverse=True)
     assert len(counts) >= 30 and counts[0] > 5 * counts[-1]  # Zipf: few busy, many quiet
+
+
+def test_a_bad_seed_or_root_is_refused_naming_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for seed in ("x", "-1"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--seed", seed, "--root", str(tmp_path)])
+        assert exit_info.value.code == 2
+        assert "argument --seed: " in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    assert main(["--seed", "1", "--root", str(tmp_path / "file")]) == 2
+    assert "error: --root: " in capsys.readouterr().err

@@ -101,3 +101,53 @@ def test_an_empty_folder_is_an_error(tmp_path: Path) -> None:
     folder = write_trace(tmp_path / "empty", [], RATES, gpus=8)
     with pytest.raises(TraceError):
         load_trace(folder)
+
+
+def _one_line(tmp_path: Path, line: str) -> Path:
+    folder = write_trace(tmp_path / "one", [], RATES, gpus=8)
+    (folder / "team.trace").write_text(line + "\n")
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ("Solo\tcmd\t-n\t0\tmany\t5\t1", "team.trace:1: total steps (column 5) 'many' is not a"),
+        ("Solo\tcmd\t-n\t0\t10\tsoon\t1", "team.trace:1: arrival second (column 6) 'soon' is not"),
+        ("Solo\tcmd\t-n\t0\t10\t5\t1.5", "team.trace:1: GPUs (column 7) '1.5' is not a whole"),
+        ("Solo\tcmd\t-n\t0\t10\tnan\t1", "team.trace:1: arrival second (column 6) 'nan' is not a"),
+        ("Solo\tcmd\t-n\t0\t10\tinf\t1", "team.trace:1: arrival second (column 6) 'inf' is not a"),
+        ("Solo\tcmd\t-n\t0\t10\t-5\t1", "team.trace:1: arrival second (column 6) -5 is negative"),
+        ("Solo\tcmd\t-n\t0\t10\t5\t-4", "team.trace:1: needs >= 1 GPU and >= 1 step"),
+        ("Solo\tcmd\t-n\t0\t10\t5\t16", "team.trace:1: needs 16 GPUs, the cluster"),
+        ("Other\tcmd\t-n\t0\t10\t5\t1", "team.trace:1: no throughput for job type 'Other'"),
+    ],
+)
+def test_a_bad_value_names_its_line_and_column(tmp_path: Path, line: str, says: str) -> None:
+    # (A NaN arrival used to hang the replay; a job larger than the cluster never finished.)
+    with pytest.raises(TraceError) as raised:
+        load_trace(_one_line(tmp_path, line))
+    assert str(raised.value).startswith(says)
+
+
+def test_a_missing_folder_a_folder_without_jobs_and_bad_cluster_files_are_errors(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(TraceError, match="no such trace folder"):
+        load_trace(tmp_path / "missing")
+    folder = _one_line(tmp_path, "")
+    with pytest.raises(TraceError, match="no jobs in the"):
+        load_trace(folder)  # a team file without a job line
+    folder = _one_line(tmp_path, "Solo\tcmd\t-n\t0\t10\t5\t1")
+    (folder / "cluster_specs.json").write_text('{"c": ["0:0:0"]}')
+    with pytest.raises(TraceError, match="at least 1 V100, got 0"):
+        load_trace(folder)
+    (folder / "cluster_specs.json").write_text("{")
+    with pytest.raises(TraceError, match=r"cluster_specs\.json: cannot be read as JSON"):
+        load_trace(folder)
+    (folder / "cluster_specs.json").unlink()
+    with pytest.raises(TraceError, match=r"cluster_specs\.json: no such file"):
+        load_trace(folder)
+    (folder / "physical_cluster_throughputs.json").write_text('{"v100": {"Solo": {"null": 1}}}')
+    with pytest.raises(TraceError, match="v100 entry 'Solo' is not repr"):
+        load_trace(folder)
