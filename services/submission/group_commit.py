@@ -9,11 +9,13 @@ Contract (``GroupCommit.write``):
 - The answer is ``(held, stored)`` exactly as ``repository.insert_job_if_caller`` gives it for
   that one submission, and it comes only after the transaction that holds its rows (the job,
   its history entry and its outbox row, when stored) committed.
-- No added wait: while fewer than ``in_flight`` writes are under way, a submission is
-  written at once and alone, on the single-row statement, in its request's own context (its
-  database span in its trace). One that arrives while ``in_flight`` writes are under way is
-  queued, and when a write ends the queue (its oldest ``max_rows`` at most) is the next
-  batch. No timers: a batch is whatever queued while the database was busy.
+- No added wait: when no write is under way, a submission is written at once and alone, on
+  the single-row statement, in its request's own context (its database span in its trace).
+  One that arrives while a write is under way is queued, and when the writes under way end
+  the queue (its oldest ``max_rows`` at most) is the next batch. No timers: a batch is
+  whatever queued while the database was busy. So that one slow commit does not hold up
+  everything, a queue of ``max_rows`` is written at once while fewer than ``in_flight``
+  writes are under way.
 - A batch of one is written as above by its own request. A batch of two or more is one
   statement (``repository.insert_jobs_if_callers``): every row's token, caller and screening
   checked in it as alone, every row stored or not on its own, in arrival order (two of one
@@ -55,7 +57,7 @@ _tracer = tracer(__name__)
 MAX_ROWS = 64
 """The most submissions one statement writes."""
 IN_FLIGHT = 2
-"""How many writes (single rows or batches) may be under way at once."""
+"""How many writes may be under way at once (a second one only for a full batch)."""
 
 Outcome = tuple[bool, bool]
 """``(held, stored)``, as ``repository.insert_job_if_caller`` returns them."""
@@ -109,11 +111,13 @@ class GroupCommit:
 
     async def write(self, submission: repo.Submission) -> Outcome:
         """Write one submission, alone or with others (see the module)."""
-        if self._in_flight < self._in_flight_max:
+        if not self._in_flight:
             self._in_flight += 1
             return await self._alone(submission)
         queued = _Queued(submission, trace.get_current_span().get_span_context())
         self._queue.append(queued)
+        if len(self._queue) >= self._max_rows:
+            self._next()
         try:
             answer = await queued.answer
         except asyncio.CancelledError:
@@ -150,8 +154,12 @@ class GroupCommit:
         self._next()
 
     def _next(self) -> None:
-        """Start the next write of the queue, if there is one and a slot for it."""
-        while self._queue and self._in_flight < self._in_flight_max:
+        """Start the next writes of the queue: one when none is under way, and one for each
+        full batch while fewer than ``in_flight`` are."""
+        while self._queue and (
+            not self._in_flight
+            or (self._in_flight < self._in_flight_max and len(self._queue) >= self._max_rows)
+        ):
             batch = self._queue[: self._max_rows]
             del self._queue[: self._max_rows]
             batch = [q for q in batch if not q.answer.done()]  # cancelled, not yet withdrawn

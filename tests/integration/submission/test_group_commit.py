@@ -37,8 +37,8 @@ pytestmark = pytest.mark.integration
 
 @dataclass
 class Front:
-    """The app over its own pool, its writer (one write under way at most), and a gate the
-    single-row statement waits on."""
+    """The app over its own pool, its writer, and a gate the single-row statement waits
+    on."""
 
     client: httpx.AsyncClient
     writer: GroupCommit
@@ -77,8 +77,12 @@ class Front:
 
 @pytest.fixture
 async def front(
-    settings: Settings, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest,
+    settings: Settings,
+    pool: asyncpg.Pool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> AsyncIterator[Front]:
+    """The app with the default writer, or one made with the test's ``params``."""
     admin = await identity.bootstrap_user(pool, "ml", "alice")
     gate, entered = asyncio.Event(), asyncio.Event()
     alone = repo.insert_job_if_caller
@@ -89,7 +93,7 @@ async def front(
         return await alone(*args)
 
     async with open_pool(settings.database, NAME) as own:
-        writer = GroupCommit(own, in_flight=1)
+        writer = GroupCommit(own, **getattr(request, "param", {}))
         store = open_store(settings.storage.uri, settings.storage)
         app = create_app(settings, AppDeps(pool=own, store=store, group_commit=writer))
         transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
@@ -145,6 +149,22 @@ async def test_a_row_whose_token_was_revoked_meanwhile_is_not_stored(
     answers = await asyncio.gather(held, *queued)
     assert [a.status_code for a in answers] == [201, 201, 401, 201], [a.text for a in answers]
     assert (front.writer.batches, front.writer.batched_rows) == (1, 3)
+    assert await _stored(pool) == (4 + 3, 4 + 3)
+
+
+@pytest.mark.parametrize("front", [{"max_rows": 2}], indirect=True)
+async def test_a_full_batch_does_not_wait_for_the_write_under_way(
+    front: Front, pool: asyncpg.Pool
+) -> None:
+    held = await front.hold_one_write()
+    first = await front.queue(lambda: front.post(front.members[0]))
+    second = front.post(front.members[1])  # the queue is full: written at once
+    answers = await asyncio.gather(first, second)
+    assert [a.status_code for a in answers] == [201, 201]
+    assert not held.done()
+    front.gate.set()
+    assert (await held).status_code == 201
+    assert (front.writer.batches, front.writer.batched_rows) == (1, 2)
     assert await _stored(pool) == (4 + 3, 4 + 3)
 
 
