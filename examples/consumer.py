@@ -12,6 +12,12 @@ strict JSON parser below never meets a bare NaN.
 
 ``--seen FILE`` keeps the ids handled across restarts (one per line); without it they are kept
 in memory only. ``--max-events N`` stops after N events were handled (for trying it out).
+
+Bad options are refused naming the option (exit status 2). A NATS server that cannot be
+reached or refuses the credentials is said in one line on stderr, naming the server (its
+password left out) and the reason, each time the reason changes while nats-py tries again
+(60 times, 2 s apart); then, or when the server refuses the consumer, the program ends with
+exit status 1.
 """
 
 from __future__ import annotations
@@ -19,10 +25,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import nats
 from nats.js import api
@@ -83,7 +91,17 @@ def handle(raw: bytes) -> dict[str, Any]:
 
 async def consume(args: argparse.Namespace) -> int:
     seen = SeenIds(args.seen)
-    nc = await nats.connect(args.url, name=args.name)
+    said: list[str] = []
+
+    async def say_error(exc: Exception) -> None:
+        """One line per new connection error (nats-py logs each with its traceback, and
+        tries again: 60 times, 2 s apart, before it gives up)."""
+        reason = str(exc).strip() or type(exc).__name__
+        if not said or said[-1] != reason:
+            print(f"NATS at {shown_url(args.url)}: {reason}; trying again", file=sys.stderr)
+        said.append(reason)
+
+    nc = await nats.connect(args.url, name=args.name, error_cb=say_error)
     js = nc.jetstream()
     one = len(args.filter) == 1
     config = api.ConsumerConfig(
@@ -128,10 +146,37 @@ async def consume(args: argparse.Namespace) -> int:
     return 0
 
 
+_DURABLE_NAME = re.compile(r"[A-Za-z0-9_-]{1,200}")
+
+
+def durable_name(text: str) -> str:
+    """A durable consumer's name: letters, digits, ``_`` and ``-`` (NATS refuses ``.``,
+    ``*``, ``>`` and white space in one, and it is part of API subjects)."""
+    if not _DURABLE_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: use 1 to 200 letters, digits, '_' or '-' (a NATS durable name)"
+        )
+    return text
+
+
+def shown_url(url: str) -> str:
+    """``url`` with its password (if any) left out, for messages."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+        return parts._replace(netloc=netloc).geturl()
+    except ValueError:
+        return "the --url given"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="nats://127.0.0.1:4222", help="NATS URL with credentials")
-    parser.add_argument("--name", required=True, help="the durable consumer's name (yours alone)")
+    parser.add_argument(
+        "--name", required=True, type=durable_name, help="the durable consumer's name (yours alone)"
+    )
     parser.add_argument(
         "--filter",
         action="append",
@@ -141,11 +186,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seen", type=Path, help="file keeping the handled ids across restarts")
     parser.add_argument("--max-events", type=int, help="stop after this many events")
     args = parser.parse_args(argv)
+    if args.max_events is not None and args.max_events < 1:
+        parser.error(f"argument --max-events: {args.max_events} is not at least 1")
     args.filter = args.filter or ["trainyard.>"]
     try:
         return asyncio.run(consume(args))
     except KeyboardInterrupt:
         return 0
+    except (OSError, TimeoutError, nats.errors.Error) as exc:
+        reason = str(exc).strip() or type(exc).__name__
+        print(f"{parser.prog}: NATS at {shown_url(args.url)}: {reason}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
