@@ -7,19 +7,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 
 import asyncpg
 import pytest
 
 from tests.integration.scheduler.conftest import Scheduler, Tuned, until
-from tests.integration.scheduler.test_policy_service import running
+from tests.integration.scheduler.test_policy_service import checkpoint, running
 from trainyard_platform.services.scheduler import admin
 from trainyard_platform.services.scheduler.admin_schemas import QueueRequest, QuotaRequest
 from trainyard_platform.services.scheduler.loops import LeaderWork, PassLoop
 from trainyard_platform.services.scheduler.scheduling import Tuning
 from trainyard_platform.services.scheduler.service import NAME, SUBJECTS
 from trainyard_platform.shared.bus import Bus
-from trainyard_platform.shared.events.payloads import JobCancelRequested, JobPending
+from trainyard_platform.shared.events.payloads import (
+    AllocationGranted,
+    JobCancelRequested,
+    JobPending,
+)
 from trainyard_platform.shared.identity import operator_token_principal
 from trainyard_platform.shared.settings import NatsSettings
 
@@ -129,3 +134,20 @@ async def test_cancelling_a_running_job_drops_the_kept_pass(scheduler_with: Tune
     status = await scheduler.pool.fetchval("SELECT status FROM jobs WHERE job_id = 'a'")
     assert status == "CANCELLING"
     assert not work.passes.idle_with_kept_pass
+
+
+async def test_a_checkpoint_drops_the_kept_pass(scheduler_with: Tuned) -> None:
+    # A checkpoint asks for no pass, but victims are chosen by the work they would lose
+    # since it: a pass over the state may now choose otherwise than the kept one.
+    scheduler, work = await _quota_filled_by_a(scheduler_with)
+    await until(lambda: work.passes.idle_with_kept_pass)
+    passes = work.passes.passes
+
+    (grant,) = scheduler.events(AllocationGranted, lambda g: g.job_id == "a")
+    await scheduler.send(checkpoint(grant, datetime.now(UTC)), "a")
+    saved = await scheduler.pool.fetchval(
+        "SELECT last_checkpoint_at FROM allocations WHERE job_id = 'a'"
+    )
+    assert saved is not None
+    assert not work.passes.idle_with_kept_pass
+    assert work.passes.passes == passes  # (and no pass was asked for)
