@@ -11,7 +11,8 @@ Contract:
   (``http/protobuf``, the default, or ``grpc``); the exporter reads its endpoint, headers,
   timeout and compression from the environment (``http/protobuf`` is the SDK's exporter
   writing the request itself, ``shared.otlp_http``: the same request for a third of the CPU). ``OTEL_TRACES_EXPORTER=none`` turns OTLP
-  off. Independently, spans go to a JSON-lines file when ``TRAINYARD_TELEMETRY_SPAN_FILE``
+  off; a value these services do not have (``zipkin``, ``console``, a typo) is ignored with
+  a warning naming it. Independently, spans go to a JSON-lines file when ``TRAINYARD_TELEMETRY_SPAN_FILE``
   is set (``trainyard trace JOB`` reads it).
 - ``inject``/``extract`` carry the current context in a plain ``dict[str, str]`` of headers
   (``traceparent``/``tracestate``), the same for NATS messages and HTTP requests, so one job
@@ -39,12 +40,13 @@ Contract:
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
@@ -66,9 +68,16 @@ from trainyard_platform.shared.db_spans import WithinTraceAsyncPG
 from trainyard_platform.shared.settings import TelemetrySettings
 from trainyard_platform.shared.span_errors import record_error
 
+log = logging.getLogger(__name__)
+
 # Injecting is the client distribution's (its HTTP client sends the context too); one
 # propagator and one ``inject`` for both.
 _PROPAGATOR = PROPAGATOR
+
+
+KNOWN_TRACES_EXPORTERS: Final = frozenset({"otlp", "none"})
+KNOWN_METRICS_EXPORTERS: Final = frozenset({"otlp", "prometheus", "none"})
+"""``prometheus``: the scrape of ``GET /metrics``, which is always served."""
 
 
 class OtelExportSettings(BaseSettings):
@@ -90,6 +99,20 @@ class OtelExportSettings(BaseSettings):
     sdk_disabled: bool = Field(default=False)
     python_disabled_instrumentations: str = ""
     """Comma-separated instrumentations left off (``asyncpg``: no database spans)."""
+
+    def unknown_exporters(self) -> list[str]:
+        """``OTEL_TRACES_EXPORTER``/``OTEL_METRICS_EXPORTER`` values these services do not
+        have, each as ``VARIABLE=value`` (they are ignored; ``setup_tracing`` warns)."""
+        known = {
+            "traces_exporter": KNOWN_TRACES_EXPORTERS,
+            "metrics_exporter": KNOWN_METRICS_EXPORTERS,
+        }
+        unknown: list[str] = []
+        for name, values in known.items():
+            for value in getattr(self, name).split(","):
+                if value.strip() and value.strip() not in values:
+                    unknown.append(f"OTEL_{name.upper()}={value.strip()}")
+        return unknown
 
     @property
     def database_spans_on(self) -> bool:
@@ -131,6 +154,7 @@ def setup_tracing(service_name: str, settings: TelemetrySettings) -> TracerProvi
     already installed (several services in one test process), the exporters are added to
     it instead: OpenTelemetry allows one global provider per process.
     """
+    warn_unknown_exporters()
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):
         add_exporters(current, settings)
@@ -141,6 +165,19 @@ def setup_tracing(service_name: str, settings: TelemetrySettings) -> TracerProvi
     trace.set_tracer_provider(provider)
     instrument_database(provider)
     return provider
+
+
+def warn_unknown_exporters(export: OtelExportSettings | None = None) -> list[str]:
+    """Warn about each exporter the environment names that these services do not have
+    (``OtelExportSettings.unknown_exporters``: ignored); return them."""
+    unknown = (export or OtelExportSettings()).unknown_exporters()
+    for value in unknown:
+        log.warning(
+            "%s is not an exporter of these services (traces: otlp, none; metrics: otlp, "
+            "prometheus, none): ignored",
+            value,
+        )
+    return unknown
 
 
 def instrument_database(provider: trace.TracerProvider) -> bool:
