@@ -10,8 +10,10 @@ Contract:
 - ``submit_job`` stores the job, its first history entry and the ``JobSubmitted`` event in
   one transaction: a job that got 201 is announced, and a job that is announced exists. For
   a caller whose writes are not audited (members) the three rows are one statement, a
-  data-modifying CTE that is its own transaction (one round trip); an audited caller's
-  submission is a transaction with the audit row.
+  data-modifying CTE that is its own transaction (one round trip); a remembered caller's
+  submissions that arrive while others are being written share one such statement and its
+  commit (``group_commit``); an audited caller's submission is a transaction with the audit
+  row.
 - ``cancel_job`` announces ``JobCancelRequested`` once; the status turns CANCELLED only when
   the scheduler confirms with ``JobCancelled``.
 - A job whose code is a bundle is accepted only when the caller's team uploaded that
