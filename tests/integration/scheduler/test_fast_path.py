@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
@@ -15,8 +15,11 @@ import pytest
 from tests.integration.scheduler.conftest import Scheduler, Tuned, until
 from tests.integration.scheduler.test_policy_service import checkpoint, running
 from trainyard_platform.services.scheduler import admin
+from trainyard_platform.services.scheduler import repository as repo
+from trainyard_platform.services.scheduler.admin_repository import CONFIG_CHANNEL
 from trainyard_platform.services.scheduler.admin_schemas import QueueRequest, QuotaRequest
 from trainyard_platform.services.scheduler.loops import LeaderWork, PassLoop
+from trainyard_platform.services.scheduler.node_watch import NodeWatch
 from trainyard_platform.services.scheduler.scheduling import Tuning
 from trainyard_platform.services.scheduler.service import NAME, SUBJECTS
 from trainyard_platform.shared.bus import Bus
@@ -151,3 +154,39 @@ async def test_a_checkpoint_drops_the_kept_pass(scheduler_with: Tuned) -> None:
     assert saved is not None
     assert not work.passes.idle_with_kept_pass
     assert work.passes.passes == passes  # (and no pass was asked for)
+
+
+async def test_an_admin_change_drops_the_kept_pass_before_the_pass_it_asks_for(
+    pool: asyncpg.Pool,
+) -> None:
+    # The NOTIFY of an admin change asks for a pass; until that pass has run, arrivals must
+    # not be decided against the configuration the kept pass was made with.
+    loop = PassLoop(pool, Tuning(), interval_s=60.0)
+    async with pool.acquire() as conn:
+        await repo.upsert_node(conn, "n1", "host", "cpu", 4, datetime.now(UTC))
+    await loop.run_once()
+    assert loop.idle_with_kept_pass
+    async with pool.acquire() as listener:
+        await listener.add_listener(CONFIG_CHANNEL, loop._on_notify)  # as PassLoop.run does
+        try:
+            body = QueueRequest(team="vision", quotas={"cpu": QuotaRequest(nominal=2)})
+            await admin.put_queue(pool, "q", body, OPERATOR)
+            await until(lambda: not loop.idle_with_kept_pass)  # the notify was heard
+        finally:
+            await listener.remove_listener(CONFIG_CHANNEL, loop._on_notify)
+    assert not await loop.decide_arrivals(["j"])  # no pass ran yet: a pass must decide
+
+
+async def test_a_lost_node_drops_the_kept_pass(pool: asyncpg.Pool) -> None:
+    # The sweep that declares a node lost (its jobs requeued, its GPUs gone) forgets the kept
+    # pass in its own transaction, before the pass it leads to.
+    at = [datetime.now(UTC)]
+    loop = PassLoop(pool, Tuning(), interval_s=3600.0, clock=lambda: at[0])
+    watch = NodeWatch(pool, 1.0, 10.0, lambda: at[0], on_lost=loop.forget)
+    async with pool.acquire() as conn:
+        await repo.upsert_node(conn, "n1", "host", "cpu", 4, at[0])
+    await loop.run_once()
+    assert loop.idle_with_kept_pass
+    at[0] += timedelta(seconds=60)  # silent for longer than the timeout
+    assert await watch.sweep() == ["n1"]
+    assert not await loop.decide_arrivals(["j"])
