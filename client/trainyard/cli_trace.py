@@ -178,7 +178,10 @@ def traces_of_job(spans: Iterable[Span], ref: str) -> set[str]:
 
 
 def render_tree(spans: list[Span]) -> str:
-    """One trace's spans as an indented tree (see the module)."""
+    """One trace's spans as an indented tree (see the module). A span that comes twice (an
+    exporter that sent a batch again, files put together) is shown once; spans whose parents
+    form a loop (a damaged file) are shown at the top, each once."""
+    spans = list({s.span_id: s for s in reversed(spans)}.values())[::-1]  # the first of each
     if not spans:
         return ""
     ids = {s.span_id for s in spans}
@@ -192,7 +195,12 @@ def render_tree(spans: list[Span]) -> str:
     end = max(s.end_ns for s in spans)
     lines = [f"trace {spans[0].trace_id}: {len(spans)} spans, {_duration((end - origin) / 1e9)}"]
 
+    shown: set[str] = set()
+
     def walk(span: Span, prefix: str, last: bool, top: bool) -> None:
+        if span.span_id in shown:
+            return
+        shown.add(span.span_id)
         branch = "" if top else ("└─ " if last else "├─ ")
         missing = "  (parent missing)" if top and span.parent_id else ""
         start = (span.start_ns - origin) / 1e9
@@ -212,6 +220,8 @@ def render_tree(spans: list[Span]) -> str:
 
     for root in children.get(None, []):
         walk(root, "", True, True)
+    for span in sorted(spans, key=lambda s: (s.start_ns, s.name)):
+        walk(span, "", True, True)  # only those in a loop of parents are left
     return "\n".join(lines)
 
 
@@ -247,7 +257,8 @@ def run_trace(session: Session) -> int:
     wanted = {ref} if _TRACE_ID.fullmatch(ref) else traces_of_job(spans, ref)
     if not wanted:
         wanted = _trace_from_server(session, args.job)
-    chosen = sorted((s for s in spans if s.trace_id in wanted), key=lambda s: s.start_ns)
+    unique = {(s.trace_id, s.span_id): s for s in reversed(spans) if s.trace_id in wanted}
+    chosen = sorted(unique.values(), key=lambda s: s.start_ns)  # each span once (render_tree)
     if not chosen:
         raise CliError(f"no spans of {args.job} in {args.file}")
     by_trace: dict[str, list[Span]] = {}

@@ -180,3 +180,30 @@ def test_otlp_json_status_and_events_are_shown(
     assert main(["trace", JOB, "--file", str(path)]) == 0
     out, _ = capsys.readouterr()
     assert "ERROR" not in out and "·" not in out
+
+
+def test_spans_that_come_twice_or_loop_are_shown_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An exporter that sent its batches again wrote every span three times: the tree was
+    # walked once per copy of each parent (3^depth lines; a real file never finished).
+    text = (DATA / "spans.jsonl").read_text()
+    copies = tmp_path / "copies.jsonl"
+    copies.write_text(text * 3)
+    code, out, err = _trace(capsys, JOB, "--file", str(copies))
+    single = _trace(capsys, JOB, "--file", str(DATA / "spans.jsonl"))[1]
+    assert code == 0, err
+    assert out == single
+    code, out, _ = _trace(capsys, JOB, "--file", str(copies), "--json")
+    assert len(json.loads(out)) == 8
+    # Two spans each naming the other as parent (a damaged file): both shown, once.
+    looped = tmp_path / "looped.jsonl"
+    records = [json.loads(line) for line in text.splitlines()]
+    first, second = [r for r in records if r["parent_id"]][:2]
+    first["parent_id"], second["parent_id"] = second["span_id"], first["span_id"]
+    second["trace_id"] = first["trace_id"]
+    looped.write_text("".join(json.dumps(r) + "\n" for r in records))
+    code, out, err = _trace(capsys, first["trace_id"], "--file", str(looped))
+    assert code == 0, err
+    in_trace = sum(r["trace_id"] == first["trace_id"] for r in records)
+    assert len(out.splitlines()) == 1 + in_trace  # the heading, then each span once
