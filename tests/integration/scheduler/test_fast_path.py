@@ -190,3 +190,15 @@ async def test_a_lost_node_drops_the_kept_pass(pool: asyncpg.Pool) -> None:
     at[0] += timedelta(seconds=60)  # silent for longer than the timeout
     assert await watch.sweep() == ["n1"]
     assert not await loop.decide_arrivals(["j"])
+
+
+async def test_a_kept_pass_is_void_after_the_pass_interval(pool: asyncpg.Pool) -> None:
+    # Ageing and estimates move with the clock: from the pass's clock plus the interval (when
+    # the timer pass re-decides everything) arrivals are not decided against it.
+    at = [datetime.now(UTC)]
+    loop = PassLoop(pool, Tuning(), interval_s=5.0, clock=lambda: at[0])
+    await loop.run_once()
+    at[0] += timedelta(seconds=4.9)
+    assert await loop.decide_arrivals(["j"])  # ("j" is not queued: nothing to decide)
+    at[0] += timedelta(seconds=0.2)
+    assert not await loop.decide_arrivals(["j"])
