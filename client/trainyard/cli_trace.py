@@ -16,10 +16,12 @@ their attributes. Children are indented under their parent, in start order. A sp
 parent is not in the file (not yet flushed, or another process's file) is shown at the top
 level marked ``(parent missing)``. ``--json`` prints the spans as a list instead.
 
-Lines that are not span records (a line cut short when a disk filled up or a writer died,
-then continued by the next span) are skipped with a warning on stderr naming how many and
-the first one, so one bad line never hides every trace of a file that services keep
-appending to; a file with no span record at all is an error naming its first bad line.
+Only the lines that name the job (or, in a second pass, its traces' ids) are read: the
+file grows for as long as a stack runs. Those that are not span records (a line cut short
+when a disk filled up or a writer died, then continued by the next span) are skipped with a
+warning on stderr naming how many and the first one, so one bad line never hides every
+trace of a file that services keep appending to; a file with no span record at all is an
+error naming its first bad line.
 """
 
 from __future__ import annotations
@@ -60,9 +62,11 @@ class Span:
         return max(self.end_ns - self.start_ns, 0) / 1e9
 
 
-def load_spans(path: Path) -> list[Span]:
+def load_spans(path: Path, keep: Callable[[str], bool] | None = None) -> list[Span]:
     """Every span in ``path`` (JSON lines of spans, or OTLP-JSON); ``CliError`` naming the
-    file and line when it is neither."""
+    file and line when it is neither. With ``keep``, only the lines (of a file of lines) it
+    is true for are read: a file that services append to for weeks holds far more spans than
+    one trace, and reading each cost about 4 KB of memory."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -81,6 +85,8 @@ def load_spans(path: Path) -> list[Span]:
     spans: list[Span] = []
     bad: list[str] = []
     for number, line in documents:
+        if keep is not None and not keep(line):
+            continue
         try:
             record = json.loads(line)
             spans.extend(_otlp_spans(record) if "resourceSpans" in record else [_span(record)])
@@ -252,14 +258,18 @@ def add_command(command: Callable[..., argparse.ArgumentParser]) -> None:
 
 def run_trace(session: Session) -> int:
     args = session.args
-    spans = load_spans(args.file)
     ref = str(args.job).lower()
-    wanted = {ref} if _TRACE_ID.fullmatch(ref) else traces_of_job(spans, ref)
-    if not wanted:
-        wanted = _trace_from_server(session, args.job)
+    if _TRACE_ID.fullmatch(ref):
+        wanted = {ref}
+    else:  # two passes over the file, each reading only the lines that name what it seeks
+        wanted = traces_of_job(load_spans(args.file, keep=_naming({ref})), ref)
+        if not wanted:
+            wanted = _trace_from_server(session, args.job)
+    spans = load_spans(args.file, keep=_naming(wanted)) if wanted else []
     unique = {(s.trace_id, s.span_id): s for s in reversed(spans) if s.trace_id in wanted}
     chosen = sorted(unique.values(), key=lambda s: s.start_ns)  # each span once (render_tree)
     if not chosen:
+        load_spans(args.file)  # a file with no span at all is named as such (CliError)
         raise CliError(f"no spans of {args.job} in {args.file}")
     by_trace: dict[str, list[Span]] = {}
     for s in chosen:
@@ -269,6 +279,14 @@ def run_trace(session: Session) -> int:
         lambda: "\n\n".join(render_tree(group) for group in by_trace.values()),
     )
     return 0
+
+
+def _naming(texts: set[str]) -> Callable[[str], bool]:
+    """Whether a line of the file names one of ``texts`` (lower case), as written or in
+    upper case (ids in OTLP-JSON may be upper-case hex). A line that does not cannot hold a
+    span of what is sought."""
+    forms = tuple({form for t in texts for form in (t, t.upper())})
+    return lambda line: any(form in line for form in forms)
 
 
 def _trace_from_server(session: Session, ref: str) -> set[str]:

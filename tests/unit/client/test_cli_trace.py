@@ -114,7 +114,8 @@ def test_a_line_that_is_not_a_span_is_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     bad = tmp_path / "bad.jsonl"
-    bad.write_text((DATA / "spans.jsonl").read_text() + '{"name": "half"}\n')
+    half = json.dumps({"name": "half", "attributes": {"cloudevents.event_subject": JOB}})
+    bad.write_text((DATA / "spans.jsonl").read_text() + half + "\n")
     code, out, err = _trace(capsys, JOB, "--file", str(bad))
     assert code == 0 and "8 spans" in out  # skipped, not fatal
     assert "skipped 1 line(s)" in err and f"{bad}:16: not a span record" in err
@@ -207,3 +208,14 @@ def test_spans_that_come_twice_or_loop_are_shown_once(
     assert code == 0, err
     in_trace = sum(r["trace_id"] == first["trace_id"] for r in records)
     assert len(out.splitlines()) == 1 + in_trace  # the heading, then each span once
+
+
+def test_only_lines_naming_the_job_or_its_traces_are_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A damaged line about nothing sought is not even parsed: no warning, same tree.
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("not json at all\n" + (DATA / "spans.jsonl").read_text())
+    code, out, err = _trace(capsys, JOB[:8], "--file", str(mixed))
+    assert code == 0 and err == ""
+    assert out == _trace(capsys, JOB[:8], "--file", str(DATA / "spans.jsonl"))[1]
