@@ -26,6 +26,7 @@ from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     JobCancelRequested,
+    JobFailed,
     JobPending,
 )
 from trainyard_platform.shared.identity import operator_token_principal
@@ -202,3 +203,44 @@ async def test_a_kept_pass_is_void_after_the_pass_interval(pool: asyncpg.Pool) -
     assert await loop.decide_arrivals(["j"])  # ("j" is not queued: nothing to decide)
     at[0] += timedelta(seconds=0.2)
     assert not await loop.decide_arrivals(["j"])
+
+
+async def test_an_arrival_in_a_queue_with_a_job_backing_off_gets_a_pass(
+    scheduler_with: Tuned,
+) -> None:
+    # A job backing off after a failure is kept from the policy and told its place last in
+    # its queue; an arrival decided alone would take that place too (the fast path does not
+    # tell the held job again), so a pass decides it.
+    scheduler = await scheduler_with(pass_interval_s=60.0, restart_backoff_s=600.0)
+    work = scheduler.work
+    assert work is not None
+    await scheduler.heartbeat("n1", gpus=4)
+    body = QueueRequest(team="vision", quotas={"cpu": QuotaRequest(nominal=2)})
+    await admin.put_queue(scheduler.pool, "q", body, OPERATOR)
+    await scheduler.submit("r", gpus=2, max_restarts=1)
+    grant = await running(scheduler, "r")
+    failed = JobFailed(
+        job_id="r",
+        allocation_id=grant.allocation_id,
+        node_id="n1",
+        epoch=grant.epoch,
+        finished_at=datetime.now(UTC),
+        exit_code=1,
+        reason="crashed",
+    )
+    await scheduler.send(failed, "r")
+    await scheduler.submit("a", gpus=2)
+    await running(scheduler, "a")
+    await scheduler.submit("b", gpus=2)
+    await scheduler.wait_for(JobPending, lambda p: p.job_id == "b")
+    await until(lambda: work.passes.idle_with_kept_pass)
+    fast = work.passes.fast_arrivals
+
+    await scheduler.submit("c", gpus=2, priority="low")
+    await scheduler.wait_for(JobPending, lambda p: p.job_id == "c")
+    await scheduler.wait_for(JobPending, lambda p: p.job_id == "r" and p.position == 3)
+    positions = await scheduler.pool.fetch(
+        "SELECT job_id, pending_position FROM jobs WHERE status = 'QUEUED' ORDER BY job_id"
+    )
+    assert [tuple(row) for row in positions] == [("b", 1), ("c", 2), ("r", 3)]
+    assert work.passes.fast_arrivals == fast
