@@ -26,6 +26,7 @@ from trainyard_platform.services.submission import identity
 from trainyard_platform.services.submission import repository as repo
 from trainyard_platform.services.submission.api import AppDeps, create_app
 from trainyard_platform.services.submission.config import Settings
+from trainyard_platform.services.submission.governance import screening_columns
 from trainyard_platform.services.submission.group_commit import GroupCommit
 from trainyard_platform.services.submission.service import NAME
 from trainyard_platform.shared.db import open_pool
@@ -237,15 +238,7 @@ async def test_a_request_cancelled_while_queued_writes_nothing_and_holds_no_one(
 
 async def test_the_batch_statement_checks_and_stores_each_row(pool: asyncpg.Pool) -> None:
     """``repository.insert_jobs_if_callers`` on its own: per-row answers in order."""
-    await identity.bootstrap_user(pool, "ml", "alice")
-    token = await pool.fetchrow(
-        "SELECT k.token_hash, k.id, u.id AS user_id, u.team_id FROM tokens k "
-        "JOIN users u ON u.id = k.user_id"
-    )
-    assert token is not None
-    now = await pool.fetchval("SELECT now()")
-    caller = (token["token_hash"], token["id"], token["user_id"], token["team_id"], "admin")
-    month = await pool.fetchval("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM')")
+    caller, now, month = await _batch_caller(pool)
     fresh: repo.ScreeningKey = (month, [], [], "[]")
     stale: repo.ScreeningKey = (month, ['x"\\'], [], "[]")
 
@@ -293,3 +286,100 @@ async def test_a_batch_is_one_database_span_linked_to_its_requests(
     by_trace = {format(s.context.trace_id, "032x") for s in client if s.context is not None}
     assert traces[0] in by_trace  # written alone: its statement is in its request's trace
     assert not by_trace & set(traces[1:])  # batched: no database span in theirs
+
+
+async def _batch_caller(pool: asyncpg.Pool) -> tuple[repo.CallerKey, Any, str]:
+    """An admin's caller key (``bootstrap_user``), the database's now and this month."""
+    await identity.bootstrap_user(pool, "ml", "alice")
+    token = await pool.fetchrow(
+        "SELECT k.token_hash, k.id, u.id AS user_id, u.team_id FROM tokens k "
+        "JOIN users u ON u.id = k.user_id"
+    )
+    assert token is not None
+    caller = (token["token_hash"], token["id"], token["user_id"], token["team_id"], "admin")
+    now = await pool.fetchval("SELECT now()")
+    month = await pool.fetchval("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM')")
+    return caller, now, month
+
+
+def _submission(
+    caller: repo.CallerKey,
+    screening: repo.ScreeningKey,
+    job_id: str,
+    now: Any,
+    spec: dict[str, Any] | None = None,
+    key: str | None = None,
+) -> repo.Submission:
+    job = (job_id, "n", spec or {"name": "n"}, key, now, None)
+    return caller, screening, job, (f"e-{job_id}", "trainyard.job.submitted.x", b"{}", {})
+
+
+async def test_the_batch_holds_a_screening_whatever_its_flavor_names(pool: asyncpg.Pool) -> None:
+    """The declared and retired flavors travel as array literals: every name a flavor can
+    have (quotes, backslashes, braces, commas, blanks, 'NULL', the empty name, non-ASCII) must
+    read back as itself, or the screening of every row with it would never hold."""
+    caller, now, month = await _batch_caller(pool)
+    names = ['a"b', "c\\d", "\\", '"', "{e,f}", " g ", "NULL", "null", "", "h i", "é✓𝄞", "'"]
+    for n, name in enumerate(names):
+        await pool.execute(
+            "INSERT INTO flavor_replica (name, revision, retired, changed_at) "
+            "VALUES ($1, 1, $2, now())",
+            name,
+            n % 3 == 0,
+        )
+    row = await pool.fetchrow(f"SELECT {screening_columns('$1', '$2')}", "ml", month)
+    assert row is not None
+    declared, retired = sorted(row["screen_declared"]), sorted(row["screen_retired"])
+    assert sorted(declared + retired) == sorted(names)
+    screening: repo.ScreeningKey = (month, declared, retired, row["screen_budgets"])
+    async with pool.acquire() as conn:
+        alone = await repo.insert_job_if_caller(conn, *_submission(caller, screening, "j0", now))
+        batch = [_submission(caller, screening, f"j{n}", now) for n in (1, 2)]
+        answers = await repo.insert_jobs_if_callers(conn, batch)
+    assert alone == (True, True)
+    assert answers == [(True, True), (True, True)]
+
+
+async def test_the_batch_stores_each_spec_as_the_single_row_statement_does(
+    pool: asyncpg.Pool,
+) -> None:
+    """The batch sends the spec as JSON text cast to jsonb, the single row through the pool's
+    jsonb codec: the same value stored for numbers, non-ASCII and escapes."""
+    caller, now, month = await _batch_caller(pool)
+    screening: repo.ScreeningKey = (month, [], [], "[]")
+    specs: list[dict[str, Any]] = [
+        {"name": "big", "n": 2**70, "m": -(2**63), "z": 0, "neg": -0.0},
+        {"name": "floats", "a": 1e-05, "b": 1.5e300, "c": 0.1, "d": 5e-324, "e": 1.0},
+        {"name": "text", "s": "é✓𝄞 \u2028\u00a0", "q": 'a"b\\c/</script>\n\t\r\b\f'},
+        {"name": "nested", "x": [[], {}, [1, [2, {"k": None, "t": True}]]], "": "empty key"},
+    ]
+    async with pool.acquire() as conn:
+        for n, spec in enumerate(specs):
+            await repo.insert_job_if_caller(
+                conn, *_submission(caller, screening, f"a{n}", now, spec)
+            )
+        batch = [_submission(caller, screening, f"b{n}", now, spec) for n, spec in enumerate(specs)]
+        assert await repo.insert_jobs_if_callers(conn, batch) == [(True, True)] * len(specs)
+    stored = {r["id"]: r for r in await pool.fetch("SELECT id, spec, spec::text AS text FROM jobs")}
+    for n in range(len(specs)):
+        alone, batched = stored[f"a{n}"], stored[f"b{n}"]
+        assert batched["text"] == alone["text"]
+        assert batched["spec"] == alone["spec"]
+
+
+async def test_the_batch_stores_the_first_in_arrival_order_not_in_id_order(
+    pool: asyncpg.Pool,
+) -> None:
+    """A full batch whose job ids sort against arrival order, each key used twice and far
+    apart: the first of each pair (in arrival order) is the one stored."""
+    caller, now, month = await _batch_caller(pool)
+    screening: repo.ScreeningKey = (month, [], [], "[]")
+    batch = [
+        _submission(caller, screening, f"j{99 - n:02d}", now, {"name": "n", "n": n}, f"k{n % 32}")
+        for n in range(64)
+    ]
+    async with pool.acquire() as conn:
+        answers = await repo.insert_jobs_if_callers(conn, batch)
+    assert answers == [(True, True)] * 32 + [(True, False)] * 32
+    stored = await pool.fetch("SELECT idempotency_key, spec FROM jobs")
+    assert {r["idempotency_key"]: r["spec"]["n"] for r in stored} == {f"k{n}": n for n in range(32)}
