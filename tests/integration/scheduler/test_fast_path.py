@@ -28,6 +28,7 @@ from trainyard_platform.shared.events.payloads import (
     JobCancelRequested,
     JobFailed,
     JobPending,
+    RunnerHeartbeat,
 )
 from trainyard_platform.shared.identity import operator_token_principal
 from trainyard_platform.shared.settings import NatsSettings
@@ -267,3 +268,22 @@ async def test_an_arrival_of_a_class_the_kept_pass_does_not_know_gets_a_pass(
     assert c.position == 1
     assert work.passes.fast_arrivals == fast
     assert work.passes.passes > passes
+
+
+async def test_a_change_that_asks_for_a_pass_drops_the_kept_pass_before_it_commits(
+    pool: asyncpg.Pool, nats_settings: NatsSettings
+) -> None:
+    # Between the commit of a batch that asks for a pass (here a new node) and that pass, a
+    # batch of arrivals must not be decided against the state before it.
+    async with Bus.connect(nats_settings, "scheduler-test") as bus:
+        work = LeaderWork(NAME, pool, bus, SUBJECTS, Tuning(), pass_interval_s=60.0)
+        await work.passes.run_once()
+        assert work.passes.idle_with_kept_pass
+        now = datetime.now(UTC)
+        beat = RunnerHeartbeat(
+            node_id="n1", hostname="n1.local", gpu_flavor="cpu", gpu_count=4, sent_at=now
+        )
+        async with pool.acquire() as conn, conn.transaction():
+            await work.handlers.on_heartbeat(conn, beat, now)
+            assert not work.passes.idle_with_kept_pass  # already before the commit
+        assert not await work.passes.decide_arrivals(["j"])
