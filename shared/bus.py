@@ -52,7 +52,10 @@ Contract:
   otherwise is handled again one event at a time with the rules above, so one bad event
   costs its neighbours nothing but a retry.
 - Each event is handled in a span whose parent is the trace context from its headers
-  (``Delivery.span``).
+  (``Delivery.span``), except the high-rate facts of ``UNTRACED_TYPES`` (runner heartbeats,
+  a job's progress reports and metric batches): they are published without a span or a
+  trace context and handled under no span at all (their database queries make none either),
+  so they never flood the trace store nor grow a job's trace with its length.
 - What a consumer has been able to hear (``Bus.hearing``): ``since``, when it last began
   hearing without a gap (the latest of its start, the connection's last reconnect, and its
   first fetch after one that failed), and ``through``, the start of its latest fetch that
@@ -97,9 +100,11 @@ from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
+from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 
 from trainyard_platform.shared.events import Envelope, EventParseError, Payload, parse_envelope
+from trainyard_platform.shared.events.payloads import JobMetrics, JobProgress, RunnerHeartbeat
 from trainyard_platform.shared.events.trust import forged_because, misrouted_because
 from trainyard_platform.shared.settings import NatsSettings
 from trainyard_platform.shared.span_errors import safe_message
@@ -110,6 +115,13 @@ log = logging.getLogger(__name__)
 _tracer = tracer(__name__)
 
 EVENT_SUBJECTS = "trainyard.>"
+UNTRACED_TYPES: frozenset[str] = frozenset(
+    {RunnerHeartbeat.TYPE, JobProgress.TYPE, JobMetrics.TYPE}
+)
+"""Event types published and handled outside any trace (module docstring): a node's
+heartbeat every 2 s, a job's progress and metric reports several times a second. Their
+numbers are in the metrics store and the scheduler's node table; a job's trace summarises
+them on its other spans (``services.runner.publishing``)."""
 TTL_HEADER = "Nats-TTL"
 """A message header that makes JetStream remove that message after the given time (``600s``)."""
 DEADLETTER_PREFIX = "deadletter"
@@ -152,7 +164,13 @@ class Delivery:
 
     @contextmanager
     def span(self, consumer: str) -> Iterator[trace.Span]:
-        """The consumer span of handling this event, inside the producer's trace."""
+        """The consumer span of handling this event, inside the producer's trace; for an
+        event of ``UNTRACED_TYPES``, no span: the handler runs under an invalid one, so its
+        database queries make no span either."""
+        if self.envelope.type in UNTRACED_TYPES:
+            with untraced():
+                yield trace.INVALID_SPAN
+            return
         with _tracer.start_as_current_span(
             f"{self.envelope.type} process",
             context=extract(self.headers),
@@ -502,7 +520,13 @@ class Bus:
         self, envelope: Envelope[Payload], headers: dict[str, str] | None = None
     ) -> None:
         """Publish one event now, with the current trace context (no outbox: for services
-        without a database, such as the runner, whose event ids are deterministic)."""
+        without a database, such as the runner, whose event ids are deterministic); an event of
+        ``UNTRACED_TYPES`` without a span or a trace context."""
+        if envelope.type in UNTRACED_TYPES:
+            await self.publish_raw(
+                envelope.nats_subject, envelope.to_json(), envelope.id, dict(headers or {})
+            )
+            return
         with _tracer.start_as_current_span(
             f"{envelope.type} publish", kind=trace.SpanKind.PRODUCER, attributes=_attrs(envelope)
         ):
@@ -1027,6 +1051,19 @@ def _auth(settings: NatsSettings) -> dict[str, str]:
         return {}
     password = settings.password.get_secret_value() if settings.password is not None else ""
     return {"user": settings.user, "password": password, "inbox_prefix": f"_INBOX.{settings.user}"}
+
+
+@contextmanager
+def untraced() -> Iterator[None]:
+    """Run the block under no span (an invalid current span, in an otherwise empty context):
+    nothing started inside it is recorded or joins the caller's trace."""
+    token = otel_context.attach(
+        trace.set_span_in_context(trace.INVALID_SPAN, otel_context.Context())
+    )
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
 
 
 def _attrs(envelope: Envelope[Payload]) -> dict[str, str]:

@@ -21,6 +21,12 @@ manifest, uploads object then manifest, and removes the staged folder.
 matches its manifest into the staging folder, in the SDK's layout, so the job restores
 exactly what the runner verified, and ``resumed_from`` names what was really loaded.
 
+Each ``commit_staged`` is a ``checkpoint upload`` span (kind ``CLIENT``) in the job's trace
+(``parent``: the context its events are published in): the job id, step and attempt, the
+object's key in the store (``jobs/<job_id>/checkpoints/step-.../checkpoint.pt``: a key, never
+a URI or a credential), its size in bytes once read, and the ERROR status with the error when
+the upload (or the check before it) fails; each retry of a failed upload is a span of its own.
+
 Blocking store and file calls: run them through ``asyncio.to_thread``.
 """
 
@@ -38,13 +44,17 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainyard_platform.shared.events.payloads import CheckpointRef
 from trainyard_platform.shared.metrics import instrument
 from trainyard_platform.shared.storage import ObjectNotFound, ObjectStore, validate_key
+from trainyard_platform.shared.telemetry import tracer
 
 log = logging.getLogger(__name__)
+_tracer = tracer(__name__)
 
 OBJECT_NAME = "checkpoint.pt"
 MANIFEST_NAME = "manifest.json"
@@ -89,9 +99,36 @@ _upload_seconds = instrument("trainyard.runner.checkpoint.upload.duration")
 _upload_bytes = instrument("trainyard.runner.checkpoint.upload.bytes")
 
 
-def commit_staged(staging: Path, step: int, store: ObjectStore, attempt: int) -> CheckpointRef:
-    """Verify the staged checkpoint of ``step`` and upload it to ``store`` (the job's
-    checkpoint prefix). Raises ``StagedCheckpointInvalid`` for anything the job got wrong."""
+def commit_staged(
+    staging: Path,
+    step: int,
+    store: ObjectStore,
+    attempt: int,
+    *,
+    job_id: str | None = None,
+    parent: otel_context.Context | None = None,
+) -> CheckpointRef:
+    """Verify the staged checkpoint of ``step`` and upload it to ``store`` (job ``job_id``'s
+    checkpoint prefix), in a ``checkpoint upload`` span child of ``parent`` (the module; a
+    key relative to the store, and no job id, when ``job_id`` is None).
+    Raises ``StagedCheckpointInvalid`` for anything the job got wrong."""
+    key = f"{store_folder(step, attempt)}/{OBJECT_NAME}"
+    attributes: dict[str, str | int] = {
+        "trainyard.checkpoint.step": step,
+        "trainyard.checkpoint.attempt": attempt,
+        "trainyard.checkpoint.key": key if job_id is None else f"{job_prefix(job_id)}/{key}",
+    }
+    if job_id is not None:
+        attributes["trainyard.job_id"] = job_id
+    with _tracer.start_as_current_span(
+        "checkpoint upload", context=parent, kind=trace.SpanKind.CLIENT, attributes=attributes
+    ) as span:
+        ref = _commit_staged(staging, step, store, attempt)
+        span.set_attribute("trainyard.checkpoint.size_bytes", ref.size_bytes)
+        return ref
+
+
+def _commit_staged(staging: Path, step: int, store: ObjectStore, attempt: int) -> CheckpointRef:
     folder = staging / staged_folder(step)
     manifest_bytes = _read_confined(staging, folder / MANIFEST_NAME, MAX_MANIFEST_BYTES)
     try:

@@ -7,7 +7,12 @@ one after the other by a background task that retries each until it is sent; the
 event additionally sits in the ledger until then (see ``ledger``).
 
 Every event of a job is published under a span whose parent is the context captured when
-the job's ``allocation.granted`` was handled, so all of the job's events share its trace.
+the job's ``allocation.granted`` was handled, so all of the job's events share its trace;
+except its progress reports and metric batches (``shared.bus.UNTRACED_TYPES``), several a
+second for as long as the job runs: they are published outside any trace, and the job's
+other report spans (``checkpoint.saved``, the terminal event) summarise them instead
+(``REPORT_SUMMARY``), so a job's trace has a span count bounded by its checkpoints, not by
+its length.
 
 What was published stays said only while the stream keeps it, and a report must never
 reach a stream before the grant it answers (the submission's view drops a report about an
@@ -39,7 +44,7 @@ from weakref import WeakKeyDictionary
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.bus import UNTRACED_TYPES, Bus
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import JobMetrics, JobProgress
 from trainyard_platform.shared.telemetry import tracer
@@ -56,6 +61,16 @@ published all the same: the scheduler may be down for long, or the grant aged ou
 
 
 Said = tuple[Envelope[Payload], otel_context.Context | None]
+
+REPORT_SUMMARY = (
+    "trainyard.reports.progress",
+    "trainyard.reports.metric_batches",
+    "trainyard.reports.metric_points",
+    "trainyard.reports.step",
+)
+"""The attributes of a job's report span that summarise the untraced reports before it:
+progress reports and metric batches emitted (and the points in them) since the runner began
+supervising the job, and the last step a progress report gave (absent before the first)."""
 
 
 class Journal:
@@ -169,16 +184,24 @@ async def publish_in_trace(
     parent: otel_context.Context | None,
     *,
     record: bool = True,
+    summary: dict[str, int] | None = None,
 ) -> None:
-    """Publish once, under a ``runner report`` span that is a child of ``parent``; then
-    remember it in the bus's ``journal`` (unless ``record`` is false)."""
-    with _tracer.start_as_current_span(
-        "runner report",
-        context=parent,
-        kind=trace.SpanKind.INTERNAL,
-        attributes={"cloudevents.event_type": envelope.type, "trainyard.subject": envelope.subject},
-    ):
+    """Publish once, under a ``runner report`` span that is a child of ``parent`` (with the
+    ``summary`` attributes, ``REPORT_SUMMARY``), or under none for an event of
+    ``UNTRACED_TYPES``; then remember it in the bus's ``journal`` (unless ``record`` is
+    false)."""
+    if envelope.type in UNTRACED_TYPES:
         await bus.publish(envelope)
+    else:
+        attributes: dict[str, str | int] = {
+            "cloudevents.event_type": envelope.type,
+            "trainyard.subject": envelope.subject,
+            **(summary or {}),
+        }
+        with _tracer.start_as_current_span(
+            "runner report", context=parent, kind=trace.SpanKind.INTERNAL, attributes=attributes
+        ):
+            await bus.publish(envelope)
     if record:
         journal(bus).record(envelope, parent)
 
@@ -190,6 +213,7 @@ async def publish_until_sent(
     *,
     record: bool = True,
     after_grant: bool = True,
+    summary: dict[str, int] | None = None,
 ) -> None:
     """Publish, retrying with growing pauses until the server has it (or we're cancelled);
     with ``after_grant``, only into a stream that holds the allocation's grant (the module
@@ -199,7 +223,7 @@ async def publish_until_sent(
         try:
             if after_grant:
                 await _after_grant(bus, envelope)
-            await publish_in_trace(bus, envelope, parent, record=record)
+            await publish_in_trace(bus, envelope, parent, record=record, summary=summary)
             return
         except Exception as exc:  # any NATS or connection error: the event must still go out
             log.warning("publishing %s %s failed (%s); retrying", envelope.type, envelope.id, exc)
@@ -227,17 +251,26 @@ class JobEvents:
         self._bus = bus
         self._parent = parent
         self._name = name
-        self._queue: asyncio.Queue[Envelope[Payload] | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[Envelope[Payload], dict[str, int]] | None] = (
+            asyncio.Queue()
+        )
         self._max_pending_metrics = max_pending_metrics
         self._pending_metrics = 0
         self.dropped_points = 0
         """Metric points not published because too many batches waited (see above)."""
+        self._reports = dict.fromkeys(REPORT_SUMMARY[:3], 0)
+        self._step: int | None = None
         self._task = asyncio.create_task(self._pump(), name=f"events {name}")
 
     def emit(self, envelope: Envelope[Payload]) -> None:
         """Queue an event; it is published after every event emitted before it (a
         ``job.metrics`` beyond ``max_pending_metrics`` waiting ones is dropped instead)."""
+        if isinstance(envelope.data, JobProgress):
+            self._reports["trainyard.reports.progress"] += 1
+            self._step = envelope.data.step
         if isinstance(envelope.data, JobMetrics):
+            self._reports["trainyard.reports.metric_batches"] += 1
+            self._reports["trainyard.reports.metric_points"] += len(envelope.data.points)
             if self._pending_metrics >= self._max_pending_metrics:
                 if self.dropped_points == 0:
                     log.warning(
@@ -249,7 +282,7 @@ class JobEvents:
                 self.dropped_points += len(envelope.data.points)
                 return
             self._pending_metrics += 1
-        self._queue.put_nowait(envelope)
+        self._queue.put_nowait((envelope, self.summary()))
 
     async def close(self) -> None:
         """Wait until every emitted event is published."""
@@ -259,9 +292,21 @@ class JobEvents:
     def cancel(self) -> None:
         self._task.cancel()
 
+    @property
+    def parent(self) -> otel_context.Context | None:
+        """The trace context the job's events are published in (its grant's)."""
+        return self._parent
+
+    def summary(self) -> dict[str, int]:
+        """The ``REPORT_SUMMARY`` attributes as of now (an event's span gets them as of its
+        ``emit``)."""
+        step = {} if self._step is None else {"trainyard.reports.step": self._step}
+        return self._reports | step
+
     async def _pump(self) -> None:
-        while (envelope := await self._queue.get()) is not None:
-            await publish_until_sent(self._bus, envelope, self._parent)
+        while (queued := await self._queue.get()) is not None:
+            envelope, summary = queued
+            await publish_until_sent(self._bus, envelope, self._parent, summary=summary)
             if isinstance(envelope.data, JobMetrics):
                 self._pending_metrics -= 1
         if self.dropped_points:

@@ -543,6 +543,8 @@ class JobRun:
                     step,
                     self._checkpoint_store,
                     self.job.attempt,
+                    job_id=self.job.job_id,
+                    parent=self._events.parent,
                 )
                 break
             except checkpoints.StagedCheckpointInvalid as exc:
