@@ -18,6 +18,7 @@ from trainyard_platform.services.scheduler import admin
 from trainyard_platform.services.scheduler import repository as repo
 from trainyard_platform.services.scheduler.admin_repository import CONFIG_CHANNEL
 from trainyard_platform.services.scheduler.admin_schemas import QueueRequest, QuotaRequest
+from trainyard_platform.services.scheduler.leader import NotLeader
 from trainyard_platform.services.scheduler.loops import LeaderWork, PassLoop
 from trainyard_platform.services.scheduler.node_watch import NodeWatch
 from trainyard_platform.services.scheduler.scheduling import Tuning
@@ -287,3 +288,20 @@ async def test_a_change_that_asks_for_a_pass_drops_the_kept_pass_before_it_commi
             await work.handlers.on_heartbeat(conn, beat, now)
             assert not work.passes.idle_with_kept_pass  # already before the commit
         assert not await work.passes.decide_arrivals(["j"])
+
+
+async def test_a_deposed_leader_decides_no_arrival_by_the_fast_path(pool: asyncpg.Pool) -> None:
+    # The fast path checks leadership under the scheduling lock, as a pass does: a leader
+    # deposed since its kept pass publishes nothing and forgets it.
+    leading = [True]
+
+    async def guard(conn: asyncpg.Connection) -> None:
+        if not leading[0]:
+            raise NotLeader("another scheduler leads")
+
+    loop = PassLoop(pool, Tuning(), interval_s=60.0, guard=guard)
+    await loop.run_once()
+    assert await loop.decide_arrivals(["j"])  # ("j" is not queued: nothing to decide)
+    leading[0] = False
+    assert not await loop.decide_arrivals(["j"])
+    assert not loop.idle_with_kept_pass
