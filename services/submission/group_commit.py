@@ -27,9 +27,11 @@ Contract (``GroupCommit.write``):
 - A batch whose statement fails as a whole (any exception) has each of its rows written
   again alone on the single-row statement, one after the other in arrival order, each in its
   request's context (its database span in its trace): one bad row can never fail or lose
-  another's request. (A statement that failed is a transaction that did not
-  commit, unless the connection was lost after the commit: then a row without an
-  idempotency key may be stored twice, as when a client retries a lost answer.)
+  another's request. A statement that failed is a transaction that did not commit, unless
+  the connection was lost after the commit: then each row written again finds its own job
+  stored (its job id is its own) and nothing is stored twice; a row without an
+  idempotency key answers as stored, one with a key as that key's replay (its own job);
+  the outbox relay, not woken for that commit, finds its event at its next poll.
 - A request cancelled while its submission is queued takes it out of the queue: nothing of
   it is written. Cancelled while its batch is being written, the batch goes on (all of its
   stored rows or none, as one statement) and only that answer is lost, as when a request is
@@ -58,6 +60,9 @@ MAX_ROWS = 64
 """The most submissions one statement writes."""
 IN_FLIGHT = 2
 """How many writes may be under way at once (a second one only for a full batch)."""
+
+_JOB_ID = "jobs_pkey"
+"""The constraint a job's id breaks when that job is stored already."""
 
 Outcome = tuple[bool, bool]
 """``(held, stored)``, as ``repository.insert_job_if_caller`` returns them."""
@@ -206,7 +211,13 @@ class GroupCommit:
                 alone = self._write_alone(queued.submission)
                 outcome = await asyncio.create_task(alone, context=queued.context)
             except Exception as exc:
-                if not queued.answer.done():
+                if queued.answer.done():
+                    continue
+                if isinstance(exc, asyncpg.UniqueViolationError) and exc.constraint_name == _JOB_ID:
+                    # Its job id is its own: the batch did commit (the connection was lost
+                    # after it), so its job, history and event are stored.
+                    queued.answer.set_result((True, True))
+                else:
                     queued.answer.set_exception(exc)
             else:
                 if not queued.answer.done():

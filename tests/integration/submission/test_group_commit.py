@@ -215,6 +215,34 @@ async def test_a_batch_that_fails_is_written_again_row_by_row(
     assert await _stored(pool) == (4 + 3, 4 + 3)
 
 
+async def test_a_batch_that_committed_but_lost_its_answer_answers_each_row_once(
+    front: Front, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection lost after the batch's commit: each row written again alone finds its
+    own job already there (its job id, or its idempotency key) and answers with it; nothing
+    is stored twice, no request fails."""
+    batch = repo.insert_jobs_if_callers
+
+    async def committed_then_lost(conn: asyncpg.Connection, submissions: Any) -> Any:
+        await batch(conn, submissions)
+        raise asyncpg.ConnectionDoesNotExistError("connection was closed in the middle")
+
+    monkeypatch.setattr(repo, "insert_jobs_if_callers", committed_then_lost)
+    alice, bob = front.members[:2]
+    held = await front.hold_one_write()
+    queued = [
+        await front.queue(lambda: front.post(alice)),
+        await front.queue(lambda: front.post(bob, key="k1")),
+    ]
+    front.gate.set()
+    answers = await asyncio.gather(held, *queued)
+    assert [a.status_code for a in answers] == [201, 201, 200], [a.text for a in answers]
+    assert await _stored(pool) == (4 + 3, 4 + 3)
+    for answer in answers:
+        view = await front.client.get(answer.headers["Location"], headers=_auth(front))
+        assert view.status_code == 200
+
+
 async def test_a_request_cancelled_while_queued_writes_nothing_and_holds_no_one(
     front: Front, pool: asyncpg.Pool
 ) -> None:
