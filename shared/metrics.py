@@ -206,6 +206,22 @@ CATALOGUE: Final = _specs(
         "Jobs that reached a terminal state, by state",
         ("state",),
     ),
+    # Billing.
+    MetricSpec(
+        "trainyard.billing.budget.used",
+        "gauge",
+        "1",
+        "Share of each team budget's amount spent this UTC month (bills and what running "
+        "allocations have accrued; 1 = all of it)",
+        ("team",),
+    ),
+    MetricSpec(
+        "trainyard.billing.budget.exhausted",
+        "gauge",
+        "1",
+        "1 while a team budget is spent this UTC month (spent >= amount), else 0",
+        ("team",),
+    ),
     # Runner.
     MetricSpec(
         "trainyard.runner.allocated_gpus",

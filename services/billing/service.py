@@ -15,6 +15,7 @@ from trainyard_platform.services.billing.budget_accrual import BudgetAccrual
 from trainyard_platform.services.billing.config import Settings
 from trainyard_platform.services.billing.domain import PriceBook
 from trainyard_platform.services.billing.handlers import SUBJECTS, BillingHandlers
+from trainyard_platform.services.billing.metrics import billing_readings
 from trainyard_platform.shared.access import guard_for
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.db import migrate, open_pool, ping
@@ -72,7 +73,7 @@ async def serve(settings: Settings) -> int:
             ),
             "events",
         )
-        rt.sample_metrics(bus, NAME, pool)
+        billing_readings(rt.sample_metrics(bus, NAME, pool), pool)
         guard = await rt.resources.enter_async_context(guard_for(settings))
         routes = [*rt.health_handlers(), *deadletter_routes(bus, NAME, pool)]
         return await rt.run(

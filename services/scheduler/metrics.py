@@ -31,6 +31,10 @@ _ALLOCATIONS = """SELECT n.gpu_flavor AS flavor, count(*) AS granted,
        count(*) FILTER (WHERE a.outcome = 'preempted') AS preempted
 FROM allocations a JOIN nodes n USING (node_id) GROUP BY n.gpu_flavor"""
 
+TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
+"""Every state of ``trainyard.scheduler.jobs.finished``: each is reported from the start, 0
+until a job ends in it (a series that appears only with its first job reads as "unknown" to
+Prometheus, and ``increase`` misses that first job)."""
 _FINISHED = """SELECT status, count(*) AS jobs FROM jobs
 WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELLED') GROUP BY status"""
 
@@ -73,7 +77,10 @@ def scheduler_readings(sampler: Sampler, pool: asyncpg.Pool) -> None:
         return [(float(r["preempted"]), {"flavor": r["flavor"]}) for r in await fetch(_ALLOCATIONS)]
 
     async def finished() -> Readings:
-        return [(float(r["jobs"]), {"state": r["status"]}) for r in await fetch(_FINISHED)]
+        counts = dict.fromkeys(TERMINAL_STATES, 0.0)
+        for r in await fetch(_FINISHED):
+            counts[str(r["status"])] = float(r["jobs"])
+        return [(n, {"state": state}) for state, n in counts.items()]
 
     sampler.gauge("trainyard.scheduler.queue.depth", depth)
     sampler.gauge("trainyard.scheduler.queue.oldest_wait", oldest)

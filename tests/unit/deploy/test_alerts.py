@@ -97,6 +97,7 @@ def test_the_issue_s_alerts_are_there() -> None:
         "trainyard_deadletters_waiting",  # dead letters present
         "trainyard_outbox_lag_seconds",  # outbox lag
         "trainyard_consumer_lag",  # consumer lag
+        "trainyard_billing_budget_exhausted",  # budget exhausted
     ):
         assert needed in used, needed
 
