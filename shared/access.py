@@ -17,8 +17,9 @@ Contract:
   * a user token, checked with the submission service on every request
     (``shared.identity.IdentityClient``, when the service has an ``identity_url``): the
     caller is that user with its team and role.
-  Anything else is 401; a missing header, a malformed one and a wrong, revoked or expired
-  token are not told apart. The identity service being down is 503, never an open door.
+  Anything else is 401; a missing header, a malformed one (a token that is not RFC 6750's
+  ``b64token`` or is over 1024 characters, or ``Authorization`` given twice:
+  ``shared.auth.presented_token``) and a wrong, revoked or expired token are not told apart. The identity service being down is 503, never an open door.
 - Each route declares the least role it needs with ``opt=needs(Role.X)`` (default: any
   authenticated caller, i.e. viewer); the guard refuses a caller below it with 403 before
   the handler runs or the body is read (``enforce_least_role``). Handlers receive the caller
@@ -41,7 +42,7 @@ from litestar.handlers import BaseRouteHandler
 from litestar.types import Guard
 from pydantic import SecretStr
 
-from trainyard_platform.shared.auth import bearer_token
+from trainyard_platform.shared.auth import presented_token
 from trainyard_platform.shared.identity import (
     IdentityClient,
     Principal,
@@ -90,7 +91,7 @@ def service_guard(admin_token: SecretStr, identity: IdentityClient | None = None
     ) -> None:
         if is_open_probe(connection):
             return
-        presented = bearer_token(connection.headers.get("authorization"))
+        presented = presented_token(connection.headers)
         if presented is None:
             raise NotAuthorizedException(UNAUTHENTICATED)
         principal: Principal | None = None

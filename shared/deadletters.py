@@ -308,7 +308,8 @@ def deadletter_routes(
     async def list_dead_letters(
         principal: NamedDependency[Principal],
         after: Annotated[
-            int, QueryParameter(ge=0, description="dead letters after this sequence")
+            int,
+            QueryParameter(ge=0, le=2**63 - 1, description="dead letters after this sequence"),
         ] = 0,
         limit: Annotated[int, QueryParameter(ge=1, le=MAX_PAGE)] = 100,
         reason: Annotated[

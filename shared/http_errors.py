@@ -21,8 +21,10 @@ Contract:
   control characters (nor lone surrogates) in any key or string, except tab, newline and
   carriage return in the strings a caller names as free text. Each problem is a 422 naming
   its field.
-- ``check_parameters`` holds every path and query parameter to the same rule: no control
-  characters (a NUL, which PostgreSQL text cannot hold, among them); 422 naming each.
+- ``check_parameters`` holds every path and query parameter to the same rules: no control
+  characters (a NUL, which PostgreSQL text cannot hold, among them), and no integer beyond
+  64 bits where the route reads one (whatever bound the route declares, none reaches
+  PostgreSQL or NATS); 422 naming each.
   ``shared.http_app.service_app`` runs it before every handler, after the guard.
 """
 
@@ -32,6 +34,7 @@ import json
 import logging
 import math
 import re
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -259,21 +262,65 @@ def _screen(value: Any, free_text: Callable[[str], bool], max_depth: int) -> lis
 
 async def check_parameters(request: Request[Any, Any, Any]) -> None:
     """Raise ``RequestInvalid`` naming each path or query parameter whose value holds a
-    control character or a lone surrogate (see the contract). A coroutine although it waits
-    for nothing: Litestar runs a plain function given as ``before_request`` in a worker
-    thread, a thread hop on every request."""
+    control character or a lone surrogate, or that the route reads as an integer and is
+    beyond 64 bits (see the contract). A coroutine although it waits for nothing: Litestar
+    runs a plain function given as ``before_request`` in a worker thread, a thread hop on
+    every request."""
     scope = request.scope
     if not scope.get("path_params") and not scope.get("query_string"):
         return  # nothing to screen (most writes): no query string parsed into a MultiDict
     values = [*request.path_params.items(), *request.query_params.multi_items()]
     errors = []
     for name, value in values:
-        found = _CONTROL.search(value) if isinstance(value, str) else None
-        if found:
-            message = f"must not contain control characters (found U+{ord(found.group()):04X})"
-            errors.append(FieldError(field=_join("", name), message=message))
+        if isinstance(value, str):
+            found = _CONTROL.search(value)
+            if found:
+                message = f"must not contain control characters (found U+{ord(found.group()):04X})"
+                errors.append(FieldError(field=_join("", name), message=message))
+            elif (
+                len(value) > 18  # shorter ones fit 64 bits: most requests stop here
+                and _beyond_int64(value)
+                and name in _integer_queries(scope.get("route_handler"))
+            ):
+                errors.append(FieldError(field=name, message=_TOO_LARGE))
+        elif type(value) is int and not -_INT64 <= value < _INT64:  # a path's {name:int}
+            errors.append(FieldError(field=name, message=_TOO_LARGE))
     if errors:
         raise RequestInvalid(errors)
+
+
+_TOO_LARGE = "number too large (at most 64-bit integers)"
+_DIGITS = re.compile(r"[+-]?[0-9]+")
+_INTEGER_QUERIES: weakref.WeakKeyDictionary[Any, frozenset[str]] = weakref.WeakKeyDictionary()
+
+
+def _beyond_int64(text: str) -> bool:
+    """Whether ``text`` is an integer (as Litestar would parse it) outside 64 bits."""
+    if not _DIGITS.fullmatch(text):
+        return False  # not an integer at all: the route's own validation says so
+    digits = text.lstrip("+-").lstrip("0")  # int() refuses over 4300 digits, zeros too
+    if len(digits) > 19:
+        return True
+    return int(digits or "0") >= (_INT64 + 1 if text.startswith("-") else _INT64)
+
+
+def _integer_queries(handler: Any) -> frozenset[str]:
+    """The query parameters (by the name a caller sends) ``handler`` reads as integers:
+    beyond 64 bits no column, NATS sequence or cursor holds them, whatever bound the
+    route forgot to declare. Computed once per handler."""
+    if handler is None:
+        return frozenset()
+    known = _INTEGER_QUERIES.get(handler)
+    if known is None:
+        names = set()
+        dependencies = handler.resolve_dependencies()
+        for name, field in handler.parsed_fn_signature.parameters.items():
+            kinds = [field.annotation, *(a.annotation for a in field.inner_types)]
+            if name not in dependencies and any(kind is int for kind in kinds):
+                alias = getattr(field.kwarg_definition, "query", None)
+                names.add(alias or name)
+        known = _INTEGER_QUERIES[handler] = frozenset(names)
+    return known
 
 
 def _join(path: str, key: str) -> str:

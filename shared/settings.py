@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # Jobs read it too (the SDK opens its checkpoint store), so the client distribution owns it.
 from trainyard.storage.settings import StorageSettings as StorageSettings
+from trainyard_platform.shared.auth import MAX_TOKEN_LENGTH, is_token68
 
 _ORIGIN = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+")
 """A web origin: scheme, host and optional port; no path, no wildcard."""
@@ -150,10 +151,22 @@ class GuardedServiceSettings(ServiceSettings):
     """Required (the service refuses to start without it): the operator credential of this
     service. Every route but ``/healthz`` and ``/readyz`` requires either it or a user token
     (``Authorization: Bearer <token>``). Never given to jobs or users; rotate it by
-    restarting with a new value."""
+    restarting with a new value. It must be a bearer credential a request can carry
+    (``shared.auth.is_token68``: at most 1024 of ``A-Z a-z 0-9 - . _ ~ + /``, then ``=``
+    padding), or no request could ever present it."""
     identity_url: str | None = None
     """Base URL of the submission service, which checks user tokens (``GET /v1/me``) for
     this service on every request. Unset: only the operator token is accepted."""
+
+    @field_validator("admin_token")
+    @classmethod
+    def _presentable(cls, value: SecretStr) -> SecretStr:
+        if not is_token68(value.get_secret_value()):
+            raise ValueError(
+                f"must be at most {MAX_TOKEN_LENGTH} characters of A-Z a-z 0-9 - . _ ~ + / "
+                "(then = padding), as a bearer token is"
+            )
+        return value
 
 
 def invalid_settings(settings_type: type[BaseSettings], error: ValidationError) -> list[str]:

@@ -72,6 +72,7 @@ def _whole_hour(name: str, text: str, errors: list[FieldError]) -> datetime:
                 message=f"must be from {EARLIEST.date()} to {LATEST.date()}, got {utc.isoformat()}",
             )
         )
+        return EARLIEST  # refused: nothing may compute with it (a month after 9999 overflows)
     elif utc != floor(utc, "hour"):
         errors.append(
             FieldError(

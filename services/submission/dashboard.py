@@ -22,14 +22,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from litestar import Response, Router, get
+from litestar import Request, Response, Router, get
 from litestar.datastructures import CacheControlHeader
+from litestar.exceptions import InternalServerException
 from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 from pydantic import BaseModel
 
 from trainyard_platform.services.submission.config import Settings
 from trainyard_platform.shared.access import public_asset
+from trainyard_platform.shared.http_errors import ErrorBody, exception_handlers, status_handler
 
 WEB = Path(__file__).parent / "web"
 """The dashboard's files."""
@@ -76,12 +78,24 @@ def dashboard_routes(settings: Settings) -> list[Router]:
         cache_control=_NO_CACHE,
         resolve_symlinks=False,
         after_request=secure,
+        exception_handlers={InternalServerException: _no_such_file},
     )
     api = Router(
         PREFIX, route_handlers=[dashboard_config], opt=public_asset(), after_request=secure
     )
     root = Router("/", route_handlers=[dashboard_root], opt=public_asset())
     return [api, files, root]
+
+
+def _no_such_file(
+    request: Request[Any, Any, Any], exc: InternalServerException
+) -> Response[ErrorBody]:
+    """Litestar's static files answer 500 when the file system refuses the path itself (a
+    name longer than the system allows, a file taken for a folder: ``/ui/index.html/x``).
+    For a URL anyone may ask for, that is a file that does not exist: 404."""
+    if isinstance(exc.__cause__, OSError):
+        return status_handler(404)(request, exc.__cause__.__class__("no such file under /ui/"))
+    return exception_handlers()[Exception](request, exc)
 
 
 def content_security_policy(config: DashboardConfig) -> str:

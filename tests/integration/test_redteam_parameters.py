@@ -1,0 +1,163 @@
+"""Red team, second pass: parameters and credentials no earlier test named, against the
+apps as ``serve`` builds them (``test_endpoint_auth.world``: real PostgreSQL, user tokens
+checked with the submission app) and the dead-letter routes over a real JetStream.
+
+Each case was a 500 (a traceback in the service's log) before its fix: an integer beyond 64
+bits in a path or query parameter reached NATS (dead letters, every service); a cost range
+beyond the calendar reached date arithmetic (billing); a bearer token with a byte beyond
+ASCII reached the header sent to the identity service (every operator service). Two
+``Authorization`` headers were answered as the first one's caller.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from tests.integration import test_endpoint_auth as endpoint_auth
+from trainyard_platform.shared.access import service_guard
+from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.deadletters import deadletter_routes
+from trainyard_platform.shared.http_app import service_app
+from trainyard_platform.shared.settings import GuardedServiceSettings
+
+pytestmark = pytest.mark.integration
+
+world = endpoint_auth.world
+World = endpoint_auth.World
+OPERATOR = endpoint_auth.ADMIN_TOKEN.get_secret_value()
+BEYOND_64_BITS = ("99999999999999999999999", str(2**63), str(-(2**63) - 1), "0" * 30 + "1" * 20)
+
+
+async def _send(app: Any, method: str, url: str, headers: list[tuple[bytes, bytes]]) -> Any:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        return await http.request(method, url, headers=headers)
+
+
+def _bearer(token: str | bytes) -> list[tuple[bytes, bytes]]:
+    raw = token if isinstance(token, bytes) else token.encode()
+    return [(b"authorization", b"Bearer " + raw)]
+
+
+async def test_dead_letter_sequences_beyond_64_bits_are_refused_with_422(bus: Bus) -> None:
+    app = service_app("test", deadletter_routes(bus, "redteam"), service_guard(SecretStr(OPERATOR)))
+    for number in BEYOND_64_BITS:
+        for method, url in (
+            ("GET", f"/v1/deadletters?after={number}"),
+            ("GET", f"/v1/deadletters/{number}"),
+            ("DELETE", f"/v1/deadletters/{number}"),
+            ("POST", f"/v1/deadletters/{number}/redrive"),
+        ):
+            answer = await _send(app, method, url, _bearer(OPERATOR))
+            assert answer.status_code in (404, 422), (method, url, answer.text)
+            if answer.status_code == 422:
+                [error] = answer.json()["errors"]
+                assert error["message"] == "number too large (at most 64-bit integers)"
+    # The largest sequence there can be is an ordinary "no such dead letter".
+    found = await _send(app, "GET", f"/v1/deadletters/{2**63 - 1}", _bearer(OPERATOR))
+    assert found.status_code == 404, found.text
+    page = await _send(app, "GET", f"/v1/deadletters?after={2**63 - 1}", _bearer(OPERATOR))
+    assert page.status_code == 200 and page.json()["dead_letters"] == []
+
+
+async def test_integer_query_parameters_beyond_64_bits_are_422_on_every_service(
+    world: World,
+) -> None:
+    """Whatever bound a route declares (or forgot), an integer query parameter beyond 64 bits
+    is a 422 naming it, before the handler: registry, billing, submission, scheduler."""
+    for service, url in (
+        ("submission", "/v1/jobs?limit={n}"),
+        ("registry", "/v1/models?limit={n}"),
+        ("registry", "/v1/experiments/1?limit={n}"),
+        ("billing", "/v1/costs?limit={n}"),
+        ("scheduler", "/v1/audit?before={n}"),
+    ):
+        for number in BEYOND_64_BITS:
+            answer = await _send(
+                world.apps[service],
+                "GET",
+                url.format(n=number),
+                _bearer(world.tokens["operator"]),
+            )
+            assert answer.status_code == 422, (service, url, number, answer.text)
+
+
+@pytest.mark.parametrize("report", ["costs", "waste"])
+@pytest.mark.parametrize(
+    "bounds",
+    [
+        {"from": "9999-12-31T23:00:00Z"},
+        {"from": "9999-12-31T23:59:59Z"},
+        {"from": "0001-01-01T00:00:00Z"},
+        {"to": "9999-12-31T23:00:00Z"},
+        {"from": "9999-12-31T23:00:00+14:00"},
+    ],
+)
+async def test_report_ranges_beyond_the_calendar_are_422(
+    world: World, report: str, bounds: dict[str, str]
+) -> None:
+    query = "&".join(f"{k}={v.replace('+', '%2B')}" for k, v in bounds.items())
+    answer = await _send(
+        world.apps["billing"], "GET", f"/v1/{report}?{query}", _bearer(world.tokens["admin"])
+    )
+    assert answer.status_code == 422, answer.text
+    assert {e["field"] for e in answer.json()["errors"]} <= {"from", "to"}
+
+
+MALFORMED_TOKENS: list[bytes] = [
+    b"ty_\xc3\xa9t\xc3\xa9",  # UTF-8 beyond ASCII
+    b"ty_abc\xff",  # not even UTF-8
+    b"ty_" + b"a" * 5000,  # far longer than any token
+    b"ty_a b",  # a space inside
+    b"ty_a,Bearer ty_b",  # two credentials in one
+]
+
+
+@pytest.mark.parametrize("service", endpoint_auth.SERVICES)
+async def test_malformed_bearer_tokens_are_401_on_every_service(world: World, service: str) -> None:
+    before = await endpoint_auth.snapshot(world.pools)
+    path = "/v1/me" if service == "submission" else "/v1/audit"
+    if service == "runner":
+        path = "/v1/node"
+    for token in MALFORMED_TOKENS:
+        answer = await _send(world.apps[service], "GET", path, _bearer(token))
+        assert answer.status_code == 401, (service, token[:20], answer.text)
+        assert answer.json()["detail"].startswith("missing, invalid")
+    assert await endpoint_auth.snapshot(world.pools) == before
+
+
+@pytest.mark.parametrize("service", endpoint_auth.OPERATOR_SERVICES)
+async def test_two_authorization_headers_are_401_whichever_comes_first(
+    world: World, service: str
+) -> None:
+    """A proxy in front may read the other header than the service: a request that carries
+    two is nobody's, even when both are valid (operator and a viewer of another team)."""
+    path = "/v1/node" if service == "runner" else "/v1/audit"
+    operator = _bearer(OPERATOR)
+    viewer = _bearer(world.tokens["viewer"])
+    for headers in (operator + viewer, viewer + operator, operator + operator):
+        answer = await _send(world.apps[service], "GET", path, headers)
+        assert answer.status_code == 401, (service, answer.text)
+    alone = await _send(world.apps[service], "GET", path, operator)
+    assert alone.status_code == 200, alone.text
+
+
+def test_an_operator_token_no_request_could_present_is_refused_at_start() -> None:
+    for bad in ("with space", "tab\there", "é" * 10, "a" * 1025, "x,y"):
+        with pytest.raises(ValueError, match="bearer token"):
+            GuardedServiceSettings(admin_token=SecretStr(bad))
+    assert GuardedServiceSettings(admin_token=SecretStr("aryo_vsfhu-D6iU+/==")).admin_token
+
+
+async def test_dashboard_paths_the_file_system_refuses_are_404_not_500(world: World) -> None:
+    """The dashboard's files are open to anyone; a path the file system cannot even look up
+    (a name over its limit, a file taken for a folder) was a 500 with a traceback."""
+    for path in ("/ui/index.html/x", "/ui/" + "a" * 5000, "/ui/" + "a/" * 3000):
+        answer = await _send(world.apps["submission"], "GET", path, [])
+        assert answer.status_code == 404, (path[:40], answer.status_code, answer.text[:200])
+        assert answer.json()["detail"] == "no such file under /ui/"
+    assert (await _send(world.apps["submission"], "GET", "/ui/index.html", [])).status_code == 200
