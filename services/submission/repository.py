@@ -119,12 +119,17 @@ _BATCH_CALLER_HELD = _caller_held(
 _INSERT_JOBS_IF_CALLERS = f"""WITH r AS (
        SELECT * FROM unnest({_BATCH_ARRAYS}) WITH ORDINALITY AS r({_BATCH_NAMES}, ord)),
    caller AS (SELECT r.* FROM r WHERE EXISTS ({_BATCH_CALLER_HELD})),
+   first AS (
+       SELECT c.* FROM caller c
+       WHERE c.idempotency_key IS NULL OR NOT EXISTS (
+           SELECT 1 FROM caller e WHERE e.user_id = c.user_id
+             AND e.idempotency_key = c.idempotency_key AND e.ord < c.ord)),
    job AS (
        INSERT INTO jobs (id, team_id, user_id, name, spec, status, idempotency_key,
                          submitted_at, updated_at, trace_id)
        SELECT id, team_id, user_id, name, spec::jsonb, 'QUEUED', idempotency_key,
               submitted_at, submitted_at, trace_id
-       FROM caller ORDER BY ord
+       FROM first ORDER BY user_id, idempotency_key, ord
        ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING id),
    history AS (
        INSERT INTO job_history (job_id, status, at, reason)
@@ -262,7 +267,11 @@ async def insert_jobs_if_callers(
     transaction, one commit): each row's caller and screening checked as there (the same
     condition, ``_caller_held``), each row stored or not on its own, in order (a second row
     with the idempotency key of an earlier one in the same call is not stored, as if it had
-    come after it). Returns ``(held, stored)`` per submission, in order."""
+    come after it: only the first of each user's key is inserted). The jobs are inserted in
+    the order of their ``(user, idempotency key)``, so two calls under way at once that hold
+    one user's keys wait for each other's keys in one order, never in a cycle (a deadlock,
+    which would fail one of them); their events keep the order of ``submissions``. Returns
+    ``(held, stored)`` per submission, in order."""
     columns: list[list[Any]] = [[] for _ in _BATCH_COLUMNS]
     for caller, screening, job, event in submissions:
         job_id, name, spec, key, submitted_at, trace_id = job

@@ -411,3 +411,38 @@ async def test_the_batch_stores_the_first_in_arrival_order_not_in_id_order(
     assert answers == [(True, True)] * 32 + [(True, False)] * 32
     stored = await pool.fetch("SELECT idempotency_key, spec FROM jobs")
     assert {r["idempotency_key"]: r["spec"]["n"] for r in stored} == {f"k{n}": n for n in range(32)}
+
+
+async def test_two_batches_with_one_users_keys_crossed_do_not_deadlock(
+    pool: asyncpg.Pool,
+) -> None:
+    """Two batches under way at once (a full queue starts a second), one user's two keys in
+    opposite orders in them: each waits for the other's key only if it inserts in arrival
+    order. A transaction holding a third key makes the waits happen in that order, without
+    timing."""
+    caller, now, month = await _batch_caller(pool)
+    screening: repo.ScreeningKey = (month, [], [], "[]")
+
+    def rows(*pairs: tuple[str, str]) -> list[repo.Submission]:
+        return [_submission(caller, screening, job, now, key=key) for job, key in pairs]
+
+    async def waiting(conn: asyncpg.Connection) -> bool:
+        pid = conn.get_server_pid()
+        query = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1"
+        return bool(await pool.fetchval(query, pid) == "Lock")
+
+    async with pool.acquire() as c0, pool.acquire() as c1, pool.acquire() as c2:
+        holding = c0.transaction()
+        await holding.start()
+        await repo.insert_job_if_caller(c0, *_submission(caller, screening, "z0", now, key="Z"))
+        first = asyncio.create_task(
+            repo.insert_jobs_if_callers(c1, rows(("x1", "X"), ("z1", "Z"), ("y1", "Y")))
+        )
+        await eventually(lambda: waiting(c1), 30)  # on Z, X (and, sorted, Y) inserted
+        second = asyncio.create_task(
+            repo.insert_jobs_if_callers(c2, rows(("y2", "Y"), ("x2", "X")))
+        )
+        await eventually(lambda: waiting(c2), 30)
+        await holding.rollback()
+        answers = await asyncio.gather(first, second, return_exceptions=True)
+    assert answers == [[(True, True)] * 3, [(True, False)] * 2]
