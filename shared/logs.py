@@ -9,7 +9,10 @@ Contract:
   ``job_id`` when known, and ``exception`` (the formatted traceback) when there is one.
   ``text`` (the default, for a developer's terminal) writes the same facts on one line.
 - The job id is taken from the record's ``job_id`` attribute (``log.info(..., extra={"job_id":
-  ...})``), else from the current span: its ``trainyard.job_id`` or ``job.id`` attribute (the
+  ...})``), else from the job scope (``job_scope(job_id)``: a context variable, so it holds in
+  the block and in every task and thread started from it, whatever the sampler: the runner
+  wraps a job's grant, revocation and recovery in it, whose work is in spans routed by node),
+  else from the current span: its ``trainyard.job_id`` or ``job.id`` attribute (the
   scheduler's spans about a job), or the routing key of the event it publishes or handles
   (``cloudevents.event_subject``, or the runner's ``trainyard.subject``) when that event's
   type is routed by its job id (docs/events.md: every type but the node-, flavor- and
@@ -22,7 +25,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
@@ -56,6 +61,20 @@ def _routed_by_job() -> frozenset[str]:
 ROUTED_BY_JOB: Final = _routed_by_job()
 
 
+_job_scope: ContextVar[str | None] = ContextVar("trainyard_job_scope", default=None)
+
+
+@contextmanager
+def job_scope(job_id: str) -> Iterator[None]:
+    """Log lines made in the block, and in tasks and threads started from it (they copy the
+    context), carry ``job_id`` (see the module)."""
+    token = _job_scope.set(job_id)
+    try:
+        yield
+    finally:
+        _job_scope.reset(token)
+
+
 def span_job_id(attributes: Mapping[str, Any]) -> str | None:
     """The job a span is about, from its attributes (see the module), or None."""
     for name in JOB_ATTRIBUTES:
@@ -76,7 +95,7 @@ def trace_fields(record: logging.LogRecord) -> dict[str, str]:
     if ctx.is_valid:
         fields["trace_id"] = format(ctx.trace_id, "032x")
         fields["span_id"] = format(ctx.span_id, "016x")
-    job_id = getattr(record, "job_id", None)
+    job_id = getattr(record, "job_id", None) or _job_scope.get()
     if job_id is None:
         job_id = span_job_id(getattr(span, "attributes", None) or {})
     if job_id is not None:

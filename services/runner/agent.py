@@ -69,6 +69,7 @@ from trainyard_platform.shared.events.payloads import (
     JobStarted,
     RunnerHeartbeat,
 )
+from trainyard_platform.shared.logs import job_scope
 from trainyard_platform.shared.storage import ObjectStore, open_store
 from trainyard_platform.shared.telemetry import extract, inject
 
@@ -136,23 +137,26 @@ class NodeAgent:
         if pruned:
             log.info("pruned %d old allocations from the ledger", pruned)
         for entry in await asyncio.to_thread(self._ledger.unfinished):
-            parent = extract(entry.trace_headers)
-            if entry.terminal_event is None:
-                log.warning(
-                    "allocation %s of job %s was running when the runner stopped; "
-                    "its process is gone: reporting it preempted",
-                    entry.allocation_id,
-                    entry.job_id,
-                )
-                payload = domain.lost_on_restart(entry.job, datetime.now(UTC))
-                events = JobEvents(self._bus, parent, entry.job_id)
-                await end_allocation(entry.job, payload, events, self._ledger, entry.trace_headers)
-                continue
-            log.info("publishing the stored end of allocation %s", entry.allocation_id)
-            await publish_until_sent(
-                self._bus, parse_envelope(entry.terminal_event.encode()), parent
+            with job_scope(entry.job_id):
+                await self._recover(entry)
+
+    async def _recover(self, entry: LedgerEntry) -> None:
+        """Publish what the previous runner process left unsaid of one allocation."""
+        parent = extract(entry.trace_headers)
+        if entry.terminal_event is None:
+            log.warning(
+                "allocation %s of job %s was running when the runner stopped; "
+                "its process is gone: reporting it preempted",
+                entry.allocation_id,
+                entry.job_id,
             )
-            await asyncio.to_thread(self._ledger.finished, entry.allocation_id)
+            payload = domain.lost_on_restart(entry.job, datetime.now(UTC))
+            events = JobEvents(self._bus, parent, entry.job_id)
+            await end_allocation(entry.job, payload, events, self._ledger, entry.trace_headers)
+            return
+        log.info("publishing the stored end of allocation %s", entry.allocation_id)
+        await publish_until_sent(self._bus, parse_envelope(entry.terminal_event.encode()), parent)
+        await asyncio.to_thread(self._ledger.finished, entry.allocation_id)
 
     def _kill_leftovers(self) -> None:
         if not can_switch_users():

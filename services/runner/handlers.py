@@ -23,6 +23,7 @@ from trainyard_platform.shared.bus import Handler, Reject
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import AllocationGranted, AllocationRevoked
 from trainyard_platform.shared.events.trust import node_subjects
+from trainyard_platform.shared.logs import job_scope
 
 log = logging.getLogger(__name__)
 
@@ -69,18 +70,22 @@ def dispatcher(agent: NodeAgent) -> Handler:
     async def dispatch(envelope: Envelope[Payload]) -> None:
         match envelope.data:
             case AllocationGranted() as grant:
-                known = await asyncio.to_thread(agent.ledger.entries)
-                problem = grant_problem(agent.node_id, grant, known)
-                if problem is not None:
-                    raise Reject(problem)
-                await agent.on_granted(grant)
+                # The job's work (its supervision, uploads and reports: tasks started here)
+                # logs with its job id, though the grant's span is routed by node.
+                with job_scope(grant.job_id):
+                    known = await asyncio.to_thread(agent.ledger.entries)
+                    problem = grant_problem(agent.node_id, grant, known)
+                    if problem is not None:
+                        raise Reject(problem)
+                    await agent.on_granted(grant)
             case AllocationRevoked() as revoked:
                 if revoked.node_id != agent.node_id:
                     raise Reject(
                         f"revocation of allocation {revoked.allocation_id} is for node "
                         f"{revoked.node_id}, not {agent.node_id}"
                     )
-                await agent.on_revoked(revoked)
+                with job_scope(revoked.job_id):
+                    await agent.on_revoked(revoked)
             case _:
                 log.debug("ignoring %s", envelope.type)
 
