@@ -14,6 +14,9 @@ lost for good: the inbox had recorded its id, and saying it again carries the sa
 ``Nats-Msg-Id``, which JetStream drops as a duplicate. A job stayed SCHEDULED (a success
 before its start: RUNNING) while the scheduler had it SUCCEEDED.
 
+A ``job.progress`` waits the same way (``handlers``): it is applied only for an allocation
+granted to its very job, since any runner may say one about any job id.
+
 Contract (inside the handler's transaction, the job's row locked):
 - ``awaited(event, source, status, holds)`` names the allocation a report must wait for, or
   None: a report from anyone but the scheduler (whose events follow its grants in its

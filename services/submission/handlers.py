@@ -93,10 +93,7 @@ async def dispatch(envelope: Envelope[Payload], conn: asyncpg.Connection) -> Non
         ):
             await _lifecycle(envelope, data, conn)
         case JobProgress():
-            if await _known(conn, envelope, data.job_id):
-                await repo.merge_metrics(
-                    conn, data.job_id, data.step, finite_metrics(data.metrics), envelope.time
-                )
+            await _progress(envelope, data, conn)
         case CheckpointSaved():
             if await _known(conn, envelope, data.job_id):
                 await _checkpoint(data, conn)
@@ -336,6 +333,46 @@ async def _known(conn: asyncpg.Connection, envelope: Envelope[Payload], job_id: 
         return True
     _unknown(envelope, job_id)
     return False
+
+
+async def _progress(
+    envelope: Envelope[Payload], event: JobProgress, conn: asyncpg.Connection
+) -> None:
+    """Apply a runner's ``job.progress`` only for an allocation the scheduler granted this
+    very job (``job_allocations``): any runner may say ``job.progress`` for any job id (its
+    subject cannot name the node), so this keeps a forged report from writing another job's
+    step and metrics. One of an allocation not granted (yet) waits for the grant like the
+    other reports (``early_reports``: applied when it comes, forgotten when the job ends,
+    refused beyond ``MAX_KEPT_PER_JOB``); one for a job that has ended is dropped."""
+    row = await repo.lock_job(conn, event.job_id)
+    if row is None:
+        _unknown(envelope, event.job_id)
+        return
+    granted = await conn.fetchval(
+        "SELECT true FROM job_allocations WHERE allocation_id = $1 AND job_id = $2",
+        event.allocation_id,
+        event.job_id,
+    )
+    if granted:
+        metrics = finite_metrics(event.metrics)
+        await repo.merge_metrics(conn, event.job_id, event.step, metrics, envelope.time)
+    elif JobStatus(row["status"]).is_terminal:
+        log.warning(
+            "ignoring %s (%s) for ended job %s: allocation %s was never granted to it",
+            envelope.type,
+            envelope.id,
+            event.job_id,
+            event.allocation_id,
+        )
+    else:
+        log.info(
+            "job %s: %s (%s) of allocation %s, not granted to it; kept until it is",
+            event.job_id,
+            envelope.type,
+            envelope.id,
+            event.allocation_id,
+        )
+        await early_reports.keep(conn, envelope, event.job_id, event.allocation_id)
 
 
 def _unknown(envelope: Envelope[Payload], job_id: str) -> None:

@@ -1,0 +1,91 @@
+"""Red team, second pass: events a runner may send on the bus (its user may publish
+``job.progress`` for any job id: the subject cannot name its node), forged about another
+team's job that was never granted to it.
+
+Found on the local stack: with the runner's own NATS credentials, a ``job.progress`` naming a
+made-up allocation of another team's queued job set that job's step and merged 30,000
+metrics into it (served with every read of the job). Submission now applies one only for an
+allocation the scheduler granted that job; one of another allocation waits for that grant
+like the other early reports (bounded per job, forgotten when the job ends) and changes
+nothing the job's users see.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+
+from tests.integration import test_forged_events as forged
+from trainyard_platform.services.submission.early_reports import MAX_KEPT_PER_JOB
+from trainyard_platform.shared.events import Envelope
+from trainyard_platform.shared.events.payloads import JobProgress
+from trainyard_platform.shared.events.trust import RUNNER
+
+pytestmark = pytest.mark.integration
+
+platform = forged.platform
+Platform = forged.Platform
+
+
+async def _queued_job(platform: Platform) -> str:
+    """A job of team ``vision`` in submission's database, queued, never granted."""
+    job_id = str(uuid.uuid4())
+    pool = platform.pools["submission"]
+    async with pool.acquire() as conn, conn.transaction():
+        team = await conn.fetchval(
+            "INSERT INTO teams (name) VALUES ('vision') "
+            "ON CONFLICT (name) DO UPDATE SET name = excluded.name RETURNING id"
+        )
+        user = await conn.fetchval(
+            "INSERT INTO users (team_id, name, role) VALUES ($1, 'ada', 'member') "
+            "ON CONFLICT (team_id, name) DO UPDATE SET role = excluded.role RETURNING id",
+            team,
+        )
+        now = datetime.now(UTC)
+        await conn.execute(
+            "INSERT INTO jobs (id, team_id, user_id, name, spec, status, submitted_at, "
+            "updated_at) VALUES ($1, $2, $3, 'victim', $4::jsonb, 'QUEUED', $5, $5)",
+            job_id,
+            team,
+            user,
+            forged._spec().model_dump_json(),
+            now,
+        )
+    return job_id
+
+
+async def test_progress_of_an_allocation_never_granted_changes_nothing(
+    platform: Platform,
+) -> None:
+    job = await _queued_job(platform)
+    before = await platform.quiet()
+    made_up = str(uuid.uuid4())
+    forged_reports = [
+        Envelope.wrap(
+            JobProgress(
+                job_id=job,
+                allocation_id=made_up,
+                step=6 + n,
+                metrics={f"k{i}": 1.0 for i in range(3000)},
+            ),
+            source=RUNNER,
+            subject=job,
+        )
+        for n in range(MAX_KEPT_PER_JOB + 1)
+    ]
+    async with platform.bus_of(f"runner-{forged.NODE_A}") as runner:  # its own credentials
+        for envelope in forged_reports:
+            await runner.publish(envelope)
+    # The reports wait for a grant that never comes, at most MAX_KEPT_PER_JOB of them.
+    last = forged_reports[-1].to_json()
+    await platform.dead.wait_for({last: {"submission"}}, "progress beyond the kept ones")
+    assert "refused, not kept" in platform.dead.by_body[last]["submission"]
+    after = await platform.quiet()
+    assert after["submission.jobs"] == before["submission.jobs"]
+    assert after["submission.job_history"] == before["submission.job_history"]
+    kept = await platform.pools["submission"].fetchval(
+        "SELECT count(*) FROM early_reports WHERE job_id = $1", job
+    )
+    assert kept == MAX_KEPT_PER_JOB
