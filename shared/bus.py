@@ -133,6 +133,11 @@ ORIGINAL_SEQUENCE_HEADER = "Trainyard-Original-Sequence"
 ORIGINAL_MSG_ID_HEADER = "Trainyard-Original-Msg-Id"
 DELIVERIES_HEADER = "Trainyard-Deliveries"
 REDRIVEN_FROM_HEADER = "Trainyard-Redriven-From"
+DEAD_LETTER_KINDS = ("abandoned", "unparseable", "forged", "rejected", "failed")
+"""The ``kind`` label of ``trainyard.consumer.dead_letters``: the first word of the reason.
+Each kind's series (and the consumer's outage retries) is reported from the consumer's
+start, at 0 until it happens (a series that appears only with its first dead letter reads
+as "unknown" to Prometheus, and ``increase`` misses that first one)."""
 STREAMS_USER = "scheduler"
 """The one service NATS user that makes and updates the streams (docs/security.md, "Bus")."""
 STREAM_WAIT_S = 120.0
@@ -622,6 +627,7 @@ class Bus:
         )
         sub = await _DurablePull.bind(self, config)
         self._stops[consumer] = stop
+        self._counters_from_zero(consumer)
         asked_at = _utc_now()
 
         async def fetch() -> list[Msg]:
@@ -873,6 +879,13 @@ class Bus:
             if infrastructure_fault(exc) is None:
                 raise
             log.info("message %d goes back after ack_wait", msg.metadata.sequence.stream)
+
+    def _counters_from_zero(self, consumer: str) -> None:
+        """Report ``consumer``'s dead letters of every kind and its outage retries, 0 until
+        they happen (``DEAD_LETTER_KINDS``)."""
+        self._outage_retries.add(0, {"consumer": consumer})
+        for kind in DEAD_LETTER_KINDS:
+            self._dead_letters.add(0, {"consumer": consumer, "kind": kind})
 
     async def _dead_letter(self, consumer: str, msg: Msg, reason: str) -> None:
         seq = msg.metadata.sequence.stream

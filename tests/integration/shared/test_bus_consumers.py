@@ -460,7 +460,8 @@ def dead_letter_metric(reader: InMemoryMetricReader) -> list[tuple[dict[str, Any
             for one in scope.metrics:
                 if one.name == "trainyard.consumer.dead_letters":
                     for point in one.data.data_points:
-                        found.append((dict(point.attributes or {}), point.value))  # type: ignore[union-attr]
+                        if point.value:  # type: ignore[union-attr]  # every kind starts at 0
+                            found.append((dict(point.attributes or {}), point.value))  # type: ignore[union-attr]
     return found
 
 

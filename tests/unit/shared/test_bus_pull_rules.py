@@ -29,6 +29,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 import trainyard_platform.shared.bus as bus_module
 from trainyard_platform.shared.bus import (
     CONSUMER_HEADER,
+    DEAD_LETTER_KINDS,
     REASON_HEADER,
     Bus,
     ConsumerLostError,
@@ -998,7 +999,11 @@ async def test_each_dead_letter_is_counted_by_consumer_and_kind(
                     for point in metric.data.data_points:
                         attrs = dict(point.attributes or {})
                         counted[(str(attrs["consumer"]), str(attrs["kind"]))] = point.value  # type: ignore[union-attr]
-    assert counted == {("c", "unparseable"): 1, ("c", "rejected"): 1}
+    # Every kind is reported from the consumer's start (shared.bus.DEAD_LETTER_KINDS).
+    assert counted == {("c", k): 0 for k in DEAD_LETTER_KINDS} | {
+        ("c", "unparseable"): 1,
+        ("c", "rejected"): 1,
+    }
 
 
 async def test_a_dead_letter_withholds_the_values_a_database_error_quotes(
