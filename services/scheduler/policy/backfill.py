@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from trainyard_platform.services.scheduler.policy.packing import FlavorPool, NodeSlot, Shape
@@ -72,13 +73,20 @@ def free_at(node: NodeSlot, at: float) -> int:
 
 
 def reserve(
-    pool: FlavorPool, job_id: str, shapes: tuple[Shape, ...], runtime: float, now: float
+    pool: FlavorPool,
+    job_id: str,
+    shapes: tuple[Shape, ...],
+    runtime: float,
+    now: float,
+    among: Iterable[NodeSlot] | None = None,
 ) -> Reservation | None:
-    """Reserve the earliest start for a blocked gang (see module docstring); None when no
-    shape can ever fit. A reservation made bumps ``pool.version``."""
+    """Reserve the earliest start for a blocked gang (see module docstring) on the nodes of
+    ``pool`` (only those ``among``, when given); None when no shape can ever fit there. A
+    reservation made bumps ``pool.version``."""
+    nodes = list(pool.nodes.values() if among is None else among)
     best: tuple[float, Shape, list[NodeSlot]] | None = None
     for shape in shapes:
-        found = _earliest_nodes(pool, shape, now)
+        found = _earliest_nodes(pool, nodes, shape, now)
         if found is not None and (best is None or found[0] < best[0]):
             best = (found[0], shape, found[1])
     if best is None:
@@ -95,11 +103,11 @@ def reserve(
 
 
 def _earliest_nodes(
-    pool: FlavorPool, shape: Shape, now: float
+    pool: FlavorPool, nodes: list[NodeSlot], shape: Shape, now: float
 ) -> tuple[float, list[NodeSlot]] | None:
     count, per_node = shape
     times: dict[str, list[tuple[float, str]]] = {}
-    for node in pool.nodes.values():
+    for node in nodes:
         at: float | None = None
         if node.reservations:
             at = earliest(node, per_node, now)

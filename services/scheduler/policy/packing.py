@@ -134,6 +134,12 @@ class FlavorPool:
             totals[g] += sign
             domain[g] += sign
 
+    def with_free(self, gpus: int) -> Iterator[NodeSlot]:
+        """The nodes with at least ``gpus`` free GPUs, from the buckets (no walk of the
+        whole pool)."""
+        for level in self._levels[2 * gpus :]:
+            yield from level.values()
+
     def count_at_least(self, gpus: int, topology: str | None = None) -> int:
         """How many nodes (in ``topology``, or all) have at least ``gpus`` free."""
         counts = self._at_least if topology is None else self._domain_at_least[topology]
