@@ -12,9 +12,13 @@ Contract:
 - While leading, ``run`` runs ``lead(stop_leading)``: the leader's work (consuming events,
   passes, periodic sweeps), which must return soon after ``stop_leading`` is set.
 - The leader checks its lock connection every ``check_s``. When the check fails (or the
-  connection reports its end) it stops leading at once: ``is_leader`` turns false before
-  anything else, so ``check`` fails every transaction still in flight (their events are
-  redelivered to the next leader), and ``stop_leading`` is set.
+  connection reports its end, or the watchdog itself ends for any reason) it stops leading
+  at once: ``is_leader`` turns false before anything else, so ``check`` fails every
+  transaction still in flight (their events are redelivered to the next leader), and
+  ``stop_leading`` is set. ``check`` finding the lock gone is a loss too: the process that
+  finds it stops leading and competes again, whatever its watchdog says (seen: the lock
+  session ended by ``idle_session_timeout`` under heavy load, no loss noticed, and every
+  transaction refused for half an hour while ``/readyz`` said leader).
 - ``check(conn)``, called inside every transaction that changes the scheduler's state after
   it took the scheduling lock, raises ``NotLeader`` unless this process holds the leader lock
   at that moment (read from ``pg_locks`` by the lock connection's backend pid). Under the
@@ -63,6 +67,8 @@ class Leadership:
         self._check_s = check_s
         self._session_timeout_s = session_timeout_s
         self._pid: int | None = None
+        self._lost: asyncio.Event | None = None
+        """Set to end the current term (``_lead``)."""
         self.since: datetime | None = None
         self.terms = 0
         """How many times this process became the leader."""
@@ -93,7 +99,16 @@ class Leadership:
             pid,
         )
         if not held:
+            self._deposed(f"the leader lock is no longer held by backend {pid}")
             raise NotLeader(f"the leader lock is no longer held by backend {pid}")
+
+    def _deposed(self, why: str) -> None:
+        """Stop leading at once (``is_leader`` false first), and end the term."""
+        if self._pid is not None:
+            self._pid = None
+            log.error("%s: no longer leading", why)
+        if self._lost is not None:
+            self._lost.set()
 
     async def run(self, stop: asyncio.Event, lead: Lead) -> None:
         """Compete for leadership until ``stop`` is set; lead whenever this process wins."""
@@ -131,7 +146,7 @@ class Leadership:
         return settings
 
     async def _lead(self, conn: asyncpg.Connection, stop: asyncio.Event, lead: Lead) -> None:
-        lost = asyncio.Event()
+        lost = self._lost = asyncio.Event()
         stop_leading = asyncio.Event()
         conn.add_termination_listener(lambda _: lost.set())
         self._pid = conn.get_server_pid()
@@ -142,11 +157,16 @@ class Leadership:
         work = asyncio.create_task(lead(stop_leading), name="leader-work")
         waiters = [asyncio.ensure_future(e.wait()) for e in (stop, lost)]
         try:
-            await asyncio.wait([work, *waiters], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([work, watchdog, *waiters], return_when=asyncio.FIRST_COMPLETED)
+            if watchdog.done() and not lost.is_set():
+                # The watchdog never ends on its own while the lock is held: without it no
+                # loss would be noticed, so its end is one.
+                failure = None if watchdog.cancelled() else watchdog.exception()
+                log.error("the leader lock's watchdog ended: %r", failure, exc_info=failure)
+                lost.set()
             if lost.is_set():
                 # Stop at once: every transaction still in flight now fails its check.
-                self._pid = None
-                log.error("lost the leader lock connection: no longer leading")
+                self._deposed("lost the leader lock connection")
             stop_leading.set()
             await work  # a crash of the leader's work propagates (the process exits)
         finally:
@@ -158,6 +178,7 @@ class Leadership:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(watchdog, *waiters, return_exceptions=True)
             self._pid = None
+            self._lost = None
             self.since = None
             log.info("no longer leading")
 

@@ -38,8 +38,14 @@ pytestmark = pytest.mark.integration
 class Candidate:
     """A ``Leadership`` running in the background, recording its terms."""
 
-    def __init__(self, dsn: str, stop: asyncio.Event, retry_s: float = 0.1) -> None:
-        self.leadership = Leadership(dsn, retry_s=retry_s, check_s=0.1, session_timeout_s=5)
+    def __init__(
+        self,
+        dsn: str,
+        stop: asyncio.Event,
+        retry_s: float = 0.1,
+        kind: type[Leadership] = Leadership,
+    ) -> None:
+        self.leadership = kind(dsn, retry_s=retry_s, check_s=0.1, session_timeout_s=5)
         self.led = 0
         self.stepped_down = 0
         self.task = asyncio.create_task(self.leadership.run(stop, self.lead))
@@ -118,6 +124,8 @@ async def _refused_by_pg_locks(leadership: Leadership, conn: asyncpg.Connection)
     assert pid is not None, "the process still believes it leads"
     with pytest.raises(NotLeader, match=f"no longer held by backend {pid}"):
         await leadership.check(conn)
+    assert not leadership.is_leader  # a refused check ends the belief at once
+    believes(leadership, pid)  # (so that the caller's next check asks the database again)
 
 
 @contextlib.asynccontextmanager
@@ -471,3 +479,63 @@ async def test_the_watchdog_deposes_a_leader_whose_lock_session_stops_answering(
             stop.set()
             await first.task
     assert "no longer leading" in caplog.messages
+
+
+async def test_a_watchdog_that_ends_on_an_unexpected_error_ends_the_term(
+    database_url: str, pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without its watchdog a leader would never notice a loss: the watchdog ending for any
+    reason ends the term (logged with the error), and the process competes again."""
+    stop = asyncio.Event()
+
+    class Broken(Leadership):
+        async def _watch(self, conn: asyncpg.Connection, lost: asyncio.Event) -> None:
+            raise RuntimeError("a failure the watchdog does not expect")
+
+    with caplog.at_level("INFO", logger="trainyard_platform.services.scheduler.leader"):
+        first = Candidate(database_url, stop, retry_s=0.2, kind=Broken)
+        try:
+            await until(lambda: first.stepped_down >= 1, timeout=10)
+            ended = [m for m in caplog.messages if m.startswith("the leader lock's watchdog ended")]
+            assert ended and "a failure the watchdog does not expect" in ended[0]
+            assert "lost the leader lock connection: no longer leading" in caplog.messages
+            await until(lambda: first.led >= 2, timeout=10)  # it competed again, and won
+        finally:
+            stop.set()
+            await first.task
+
+
+async def test_a_check_that_finds_the_lock_gone_ends_the_term(
+    database_url: str, pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Seen under heavy load: the lock session lost the lock and the watchdog never noticed;
+    every transaction's check was refused for half an hour while the process said it led.
+    Now a refused check is itself a loss: the term ends and the process competes again."""
+    stop = asyncio.Event()
+    released = asyncio.Event()
+
+    class Blind(Leadership):
+        async def _watch(self, conn: asyncpg.Connection, lost: asyncio.Event) -> None:
+            # The lock goes, the session stays: nothing reports an end, no query fails.
+            await conn.fetchval("SELECT pg_advisory_unlock($1)", LEADER_LOCK_KEY)
+            released.set()
+            await lost.wait()
+
+    with caplog.at_level("INFO", logger="trainyard_platform.services.scheduler.leader"):
+        first = Candidate(database_url, stop, retry_s=0.2, kind=Blind)
+        try:
+            await asyncio.wait_for(released.wait(), timeout=10)
+            pid = first.leadership._pid
+            assert first.leadership.is_leader and pid is not None
+            async with _session(database_url) as conn:
+                with pytest.raises(NotLeader, match=f"no longer held by backend {pid}"):
+                    await first.leadership.check(conn)
+            assert not first.leadership.is_leader
+            await until(lambda: first.stepped_down >= 1, timeout=10)
+            assert (
+                f"the leader lock is no longer held by backend {pid}: no longer leading"
+                in caplog.messages
+            )
+        finally:
+            stop.set()
+            await first.task
