@@ -395,7 +395,10 @@ class NodeAgent:
                     run.job.epoch,
                 )
                 return
-            run.request_stop(StopRequest("revoked", revoked.reason), revoked.grace_seconds)
+            # The detail (for which job, by which rule, the work lost) is what the job's
+            # owner reads in its history; the bare reason when the scheduler gave none.
+            why = revoked.detail or revoked.reason
+            run.request_stop(StopRequest("revoked", why), revoked.grace_seconds)
             return
         seen = await asyncio.to_thread(self._ledger.get, revoked.allocation_id)
         if seen is not None:
@@ -408,7 +411,7 @@ class NodeAgent:
         job = JobIdentity(
             revoked.job_id, revoked.allocation_id, revoked.node_id, revoked.epoch, attempt=0
         )
-        outcome = domain.Outcome("preempted", revoked.reason, None)
+        outcome = domain.Outcome("preempted", revoked.detail or revoked.reason, None)
         payload = domain.terminal_event(
             job, outcome, domain.JobResults({}, None, ""), datetime.now(UTC)
         )

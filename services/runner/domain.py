@@ -279,7 +279,8 @@ class StopRequest:
 
     kind: StopKind
     reason: str
-    """``cancelled`` / ``preempted`` / ``fenced`` (the revocation's reason),
+    """The revocation's detail when it has one (for which job, by which rule, the work
+    lost), else its reason (``cancelled`` / ``preempted`` / ``fenced``); or
     ``runner shutting down``, or ``max runtime exceeded (N s)``."""
 
 

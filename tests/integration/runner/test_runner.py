@@ -188,11 +188,13 @@ async def test_a_revoked_job_checkpoints_and_is_reported_preempted(
             epoch=allocation.epoch,
             reason="preempted",
             grace_seconds=20,
+            detail="preempted for job j-high: priority high outranks low in queue q",
         ),
         settings.node_id,
     )
     preempted = await events.first(JobPreempted, allocation.job_id)
-    assert preempted.reason == "preempted"
+    # The owner's history says why, not only that it was preempted.
+    assert preempted.reason == "preempted for job j-high: priority high outranks low in queue q"
     assert preempted.checkpoint is not None and preempted.checkpoint.step == 7
     assert [s.checkpoint.step for s in events.of(CheckpointSaved, allocation.job_id)] == [7]
     assert not events.of(JobFailed, allocation.job_id)
