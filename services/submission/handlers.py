@@ -92,11 +92,8 @@ async def dispatch(envelope: Envelope[Payload], conn: asyncpg.Connection) -> Non
             | JobCancelled()
         ):
             await _lifecycle(envelope, data, conn)
-        case JobProgress():
-            await _progress(envelope, data, conn)
-        case CheckpointSaved():
-            if await _known(conn, envelope, data.job_id):
-                await _checkpoint(data, conn)
+        case JobProgress() | CheckpointSaved():
+            await _runner_report(envelope, data, conn)
         case ModelRegistered():
             if await _known(conn, envelope, data.job_id):
                 await _model(envelope, data, conn)
@@ -335,15 +332,16 @@ async def _known(conn: asyncpg.Connection, envelope: Envelope[Payload], job_id: 
     return False
 
 
-async def _progress(
-    envelope: Envelope[Payload], event: JobProgress, conn: asyncpg.Connection
+async def _runner_report(
+    envelope: Envelope[Payload], event: JobProgress | CheckpointSaved, conn: asyncpg.Connection
 ) -> None:
-    """Apply a runner's ``job.progress`` only for an allocation the scheduler granted this
-    very job (``job_allocations``): any runner may say ``job.progress`` for any job id (its
-    subject cannot name the node), so this keeps a forged report from writing another job's
-    step and metrics. One of an allocation not granted (yet) waits for the grant like the
-    other reports (``early_reports``: applied when it comes, forgotten when the job ends,
-    refused beyond ``MAX_KEPT_PER_JOB``); one for a job that has ended is dropped."""
+    """Apply a runner's ``job.progress`` or ``checkpoint.saved`` only for an allocation the
+    scheduler granted this very job (``job_allocations``): any runner may say them for any
+    job id (their subjects cannot name the node), so this keeps a forged report from writing
+    another job's step, metrics or checkpoints. One of an allocation not granted (yet) waits
+    for the grant like the other reports (``early_reports``: applied when it comes, forgotten
+    when the job ends, refused beyond ``MAX_KEPT_PER_JOB``); one for a job that has ended is
+    dropped."""
     row = await repo.lock_job(conn, event.job_id)
     if row is None:
         _unknown(envelope, event.job_id)
@@ -354,8 +352,11 @@ async def _progress(
         event.job_id,
     )
     if granted:
-        metrics = finite_metrics(event.metrics)
-        await repo.merge_metrics(conn, event.job_id, event.step, metrics, envelope.time)
+        if isinstance(event, CheckpointSaved):
+            await _checkpoint(event, conn)
+        else:
+            metrics = finite_metrics(event.metrics)
+            await repo.merge_metrics(conn, event.job_id, event.step, metrics, envelope.time)
     elif JobStatus(row["status"]).is_terminal:
         log.warning(
             "ignoring %s (%s) for ended job %s: allocation %s was never granted to it",

@@ -12,6 +12,7 @@ nothing the job's users see.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import UTC, datetime
 
@@ -20,7 +21,7 @@ import pytest
 from tests.integration import test_forged_events as forged
 from trainyard_platform.services.submission.early_reports import MAX_KEPT_PER_JOB
 from trainyard_platform.shared.events import Envelope
-from trainyard_platform.shared.events.payloads import JobProgress
+from trainyard_platform.shared.events.payloads import CheckpointRef, CheckpointSaved, JobProgress
 from trainyard_platform.shared.events.trust import RUNNER
 
 pytestmark = pytest.mark.integration
@@ -89,3 +90,43 @@ async def test_progress_of_an_allocation_never_granted_changes_nothing(
         "SELECT count(*) FROM early_reports WHERE job_id = $1", job
     )
     assert kept == MAX_KEPT_PER_JOB
+
+
+async def test_a_checkpoint_of_an_allocation_never_granted_changes_nothing(
+    platform: Platform,
+) -> None:
+    """The same forgery as a ``checkpoint.saved``: it added a checkpoint to the other team's
+    job view. It now waits for a grant that never comes, like the progress above."""
+    job = await _queued_job(platform)
+    before = await platform.quiet()
+    base = f"s3://ckpt/jobs/{job}/checkpoints/step-00000006"
+    forged_checkpoint = Envelope.wrap(
+        CheckpointSaved(
+            job_id=job,
+            allocation_id=str(uuid.uuid4()),
+            epoch=1,
+            checkpoint=CheckpointRef(
+                uri=f"{base}/checkpoint.pt",
+                manifest_uri=f"{base}/manifest.json",
+                step=6,
+                size_bytes=1000,
+                sha256="0" * 64,
+            ),
+            saved_at=datetime.now(UTC),
+        ),
+        source=RUNNER,
+        subject=job,
+    )
+    async with platform.bus_of(f"runner-{forged.NODE_A}") as runner:  # its own credentials
+        await runner.publish(forged_checkpoint)
+    pool = platform.pools["submission"]
+    for _ in range(60):  # handled when it is kept, waiting for its grant
+        if await pool.fetchval("SELECT count(*) FROM early_reports WHERE job_id = $1", job):
+            break
+        await asyncio.sleep(0.5)
+    else:
+        raise AssertionError("the forged checkpoint was never handled")
+    count = "SELECT count(*) FROM job_checkpoints WHERE job_id = $1"
+    assert await pool.fetchval(count, job) == 0
+    after = await platform.quiet()
+    assert after["submission.jobs"] == before["submission.jobs"]

@@ -143,8 +143,9 @@ async def test_any_write_of_a_terminal_status_forgets_the_jobs_kept_reports(
     job = (await submission.submit())["id"]
     await submission.publish(ev.started(job, "alloc-never"))
     await submission.publish(ev.succeeded(job, "alloc-never"))
-    await submission.publish(ev.checkpoint(job, 5))  # a marker: all of the above was seen
-    await submission.wait_for(job, lambda v: len(v["checkpoints"]) == 1)
+    # A marker: all of the above was seen (a scheduler's note, applied to a queued job).
+    await submission.publish(ev.pending(job, reason="marker"))
+    await submission.wait_for(job, lambda v: (v["pending"] or {}).get("reason") == "marker")
     assert await _kept(submission, job) == 2
 
     async with submission.pool.acquire() as conn, conn.transaction():

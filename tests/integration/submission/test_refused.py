@@ -57,6 +57,8 @@ async def test_a_refused_job_is_failed_with_the_reason(submission: Submission, n
 async def test_only_the_schedulers_refusal_counts(submission: Submission) -> None:
     job = (await submission.submit())["id"]
     await submission.publish(refused(job), source="trainyard/runner")
-    await submission.publish(ev.checkpoint(job, 1))  # a marker: the refusal was seen
-    view = await submission.wait_for(job, lambda v: len(v["checkpoints"]) == 1)
-    assert view["status"] == "QUEUED" and view["failure"] is None
+    # A marker: the refusal was seen (a scheduler's note, applied to a queued job).
+    await submission.publish(ev.pending(job, reason="marker"))
+    view = await submission.wait_for(job, lambda v: (v["pending"] or {}).get("reason") == "marker")
+    # Still waiting (the marker made it PENDING), not failed by the runner's refusal.
+    assert view["status"] == "PENDING" and view["failure"] is None
