@@ -85,7 +85,7 @@ class Leadership:
 
     async def check(self, conn: asyncpg.Connection) -> None:
         """Raise ``NotLeader`` unless this process holds the leader lock now."""
-        pid = self._pid
+        pid, term = self._pid, self._lost
         if pid is None:
             raise NotLeader("this scheduler is not the leader")
         held = await conn.fetchval(
@@ -99,7 +99,10 @@ class Leadership:
             pid,
         )
         if not held:
-            self._deposed(f"the leader lock is no longer held by backend {pid}")
+            # Only the term checked: if it ended while the query ran and a new one began,
+            # this refusal says nothing of the new term's lock.
+            if self._lost is term:
+                self._deposed(f"the leader lock is no longer held by backend {pid}")
             raise NotLeader(f"the leader lock is no longer held by backend {pid}")
 
     def _deposed(self, why: str) -> None:

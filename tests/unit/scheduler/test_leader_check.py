@@ -1,0 +1,62 @@
+"""``Leadership.check`` refusing a transaction ends only the term it was checked in.
+
+A check reads the term's lock backend at its start and asks PostgreSQL whether that backend
+still holds the lock. If the term ends and a new one begins while the query is in flight
+(slow under load), the old backend's refusal is about the old term: it must not depose the
+new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from trainyard_platform.services.scheduler.leader import Leadership, NotLeader
+
+
+class _SlowRefusal:
+    """A connection whose lock query answers 'not held' once ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def fetchval(self, *_args: object) -> bool:
+        self.asked.set()
+        await self.release.wait()
+        return False
+
+
+def _begin_term(leadership: Leadership, pid: int) -> asyncio.Event:
+    """What ``_lead`` does when a term begins."""
+    lost = leadership._lost = asyncio.Event()
+    leadership._pid = pid
+    return lost
+
+
+async def test_an_old_terms_refusal_does_not_depose_the_new_term() -> None:
+    leadership = Leadership("postgresql://unused")
+    old = _begin_term(leadership, 101)
+    conn = _SlowRefusal()
+    check = asyncio.create_task(leadership.check(conn))  # type: ignore[arg-type]
+    await conn.asked.wait()
+    old.set()  # the old term ends (``_lead``'s finally) and a new one begins
+    leadership._pid, leadership._lost = None, None
+    new = _begin_term(leadership, 202)
+    conn.release.set()
+    with pytest.raises(NotLeader):
+        await check
+    assert leadership.is_leader
+    assert not new.is_set()
+
+
+async def test_a_refusal_in_the_current_term_deposes_it() -> None:
+    leadership = Leadership("postgresql://unused")
+    lost = _begin_term(leadership, 101)
+    conn = _SlowRefusal()
+    conn.release.set()
+    with pytest.raises(NotLeader):
+        await leadership.check(conn)  # type: ignore[arg-type]
+    assert not leadership.is_leader
+    assert lost.is_set()
