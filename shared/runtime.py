@@ -45,6 +45,7 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
 from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.http_deadline import HeadersDeadline
 from trainyard_platform.shared.logs import configure_logging
 from trainyard_platform.shared.metrics import metrics_route, setup_metrics
 from trainyard_platform.shared.metrics_sampler import Sampler, common_readings
@@ -136,6 +137,7 @@ class ServiceRuntime:
                     port=self.settings.port,
                     log_level="warning",
                     lifespan="off",
+                    http=HeadersDeadline,
                 )
             )
             serving = asyncio.create_task(server.serve(), name="http")
