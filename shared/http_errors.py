@@ -18,9 +18,9 @@ Contract:
   never to the user.
 - ``check_json`` screens a JSON body before any model sees it: UTF-8, well formed, no
   duplicate keys, bounded nesting, numbers that fit 64 bits or a finite double, and no
-  control characters (nor lone surrogates) in any key or string, except tab, newline and
-  carriage return in the strings a caller names as free text. Each problem is a 422 naming
-  its field.
+  control characters (nor lone surrogates, nor bidirectional overrides) in any key or
+  string, except tab, newline, carriage return and bidirectional formatting in the strings a
+  caller names as free text. Each problem is a 422 naming its field.
 - ``check_parameters`` holds every path and query parameter to the same rules: no control
   characters (a NUL, which PostgreSQL text cannot hold, among them), and no integer beyond
   64 bits where the route reads one (whatever bound the route declares, none reaches
@@ -143,7 +143,10 @@ def _message(kind: str, message: str) -> str:
 MAX_JSON_DEPTH = 16
 """How deeply a request body may nest objects and arrays."""
 _INT64 = 2**63
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+"""Refused outside free text: C0 and C1 controls, lone surrogates, and the bidirectional
+embeddings, overrides and isolates (U+202A-202E, U+2066-2069), with which a name can be
+shown as another ("Trojan Source"); free text may hold the latter (right-to-left prose)."""
 _CONTROL_BUT_WHITESPACE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
 
 

@@ -110,3 +110,15 @@ def test_the_largest_accepted_spec_is_well_under_the_bus_limit(case: str) -> Non
     size = len(Envelope.wrap(event, source="trainyard/submission", subject="j" * 36).to_json())
     assert size < DEFAULT_MAX_PAYLOAD // 4, (case, len(body), size)
     assert size < 3 * JSON_BODY_MAX_BYTES, (case, len(body), size)
+
+
+@pytest.mark.parametrize("mark", ["\u202e", "\u202a", "\u2066", "\u2069"])
+def test_bidirectional_overrides_only_in_free_text(mark: str) -> None:
+    """A name with a right-to-left override reads as another name ("Trojan Source"); prose
+    in a right-to-left language may use them."""
+    body = json.dumps({**BASE, "name": f"train{mark}gpj.exe"}).encode()
+    assert _errors(body, True) == [
+        ("name", f"must not contain control characters (found U+{ord(mark):04X}; allowed: none)")
+    ]
+    prose = {**BASE, "hyperparameters": {"note": f"{mark}prose"}}
+    check_json(json.dumps(prose).encode(), free_text=lambda p: bool(_JOB_FREE_TEXT.fullmatch(p)))
