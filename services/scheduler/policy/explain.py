@@ -173,9 +173,11 @@ def work_lost(seconds: float, gpus: int, checkpointed: bool) -> str:
 
 
 def victim(for_job: str, kind: str, detail: str) -> str:
+    """A victim's notice; ``for_job``: the waiting job's id (priority: the same queue, so the
+    same team) or a description of it (reclaim: another team's)."""
     if kind == "priority":
         return f"preempted for job {for_job}: {detail}"
-    return f"preempted to return borrowed quota for job {for_job}: {detail}"
+    return f"preempted to return borrowed quota for {for_job}: {detail}"
 
 
 # --- suggestions ---------------------------------------------------------------------------

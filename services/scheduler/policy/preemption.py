@@ -266,5 +266,7 @@ def notice(
     if victim.kind == "priority":
         detail = f"priority {job_class.name} outranks {victim_class.name} in queue {job.queue}"
         return explain.victim(job.job_id, "priority", f"{detail}; {lost}")
+    # The waiting job is another team's: named by its queue, never by its id (other teams'
+    # job ids are never shown, as in every explanation), since the victim's owner reads this.
     detail = f"queue {victim.job.queue} borrows {job.flavor} quota that {job.queue} needs"
-    return explain.victim(job.job_id, "reclaim", f"{detail}; {lost}")
+    return explain.victim(f"a job of queue {job.queue}", "reclaim", f"{detail}; {lost}")

@@ -279,9 +279,10 @@ def test_the_notice_names_the_job_the_rule_and_the_work_lost() -> None:
     )
     saved = running("loser", "b", {"n1": 4}, started=NOW - HOUR, checkpoint=NOW - 720)
     borrower = Candidate(saved, "reclaim", (1, 0, 0.0, 0.0, 0, 0.0, "loser"))
+    # Reclaim: the waiting job is another team's; its id is never shown to the victim's owner.
     assert notice(job, high, borrower, normal, NOW) == (
-        "preempted to return borrowed quota for job winner: queue b borrows a100 quota that a "
-        "needs; it loses ~12 min of work on 4 GPUs since its last checkpoint"
+        "preempted to return borrowed quota for a job of queue a: queue b borrows a100 quota "
+        "that a needs; it loses ~12 min of work on 4 GPUs since its last checkpoint"
     )
 
 
