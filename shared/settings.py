@@ -13,18 +13,31 @@ import json
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # Jobs read it too (the SDK opens its checkpoint store), so the client distribution owns it.
 from trainyard.storage.settings import StorageSettings as StorageSettings
 from trainyard_platform.shared.auth import MAX_TOKEN_LENGTH, is_token68
 
+Port = Annotated[int, Field(ge=0, le=65535)]
+"""A TCP port (0: any free one), for every service's ``port`` setting."""
+
 _ORIGIN = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+")
 """A web origin: scheme, host and optional port; no path, no wildcard."""
 
 
-class NatsSettings(BaseSettings):
+class Settings(BaseSettings):
+    """The base of every settings class of the platform: a number must be finite.
+
+    pydantic takes ``inf`` and ``nan`` for a float by default, and a bound such as ``gt=0``
+    lets ``inf`` through: ``TRAINYARD_SCHEDULER_AGEING_SECONDS=inf`` would have started a
+    scheduler whose jobs never age. Subclasses' ``model_config`` is merged with this one."""
+
+    model_config = SettingsConfigDict(allow_inf_nan=False)
+
+
+class NatsSettings(Settings):
     """How to reach NATS JetStream and how consumers retry."""
 
     model_config = SettingsConfigDict(env_prefix="TRAINYARD_NATS_")
@@ -56,37 +69,46 @@ class NatsSettings(BaseSettings):
     ack_wait_seconds: float = Field(default=30.0, gt=0)
     """Seconds a delivered message may stay unacknowledged before redelivery (a consumer
     tells JetStream every third of it that the messages in hand are still in progress)."""
-    retry_delay_seconds: float = 0.5
+    retry_delay_seconds: float = Field(default=0.5, ge=0)
     """Base delay before a failed message is redelivered (grows per attempt)."""
     outage_retry_initial_seconds: float = Field(default=0.5, gt=0)
     """First pause before a handler that failed for an infrastructure fault (PostgreSQL,
     NATS or the object store unreachable) is tried again; it doubles per failure."""
     outage_retry_max_seconds: float = Field(default=30.0, gt=0)
     """Longest pause between tries while an outage lasts (there is no limit on the tries)."""
-    duplicate_window_seconds: float = 120.0
+    duplicate_window_seconds: float = Field(default=120.0, gt=0)
     """Window in which JetStream drops a re-published ``Nats-Msg-Id``."""
     retention_hours: float = Field(default=168.0, gt=0)
     """How long the event stream keeps an event (its ``max_age``), and so how long services
     keep inbox and published outbox rows (``shared.retention``). A consumer that stays away
     longer misses the events that aged out."""
-    publish_timeout_seconds: float = 10.0
+    publish_timeout_seconds: float = Field(default=10.0, gt=0)
     """How long a publish waits for JetStream to acknowledge that the event is stored."""
 
 
-class DatabaseSettings(BaseSettings):
+class DatabaseSettings(Settings):
     """PostgreSQL connection; each service works in its own schema of this database."""
 
     model_config = SettingsConfigDict(env_prefix="TRAINYARD_DATABASE_")
 
     url: str = "postgresql://postgres@127.0.0.1:5432/trainyard"
     """asyncpg DSN (a Unix socket works: ``postgresql://user@/db?host=/run/dir``)."""
-    pool_min_size: int = 1
+    pool_min_size: int = Field(default=1, ge=0)
     """Connections opened at start."""
-    pool_max_size: int = 10
-    """Most connections held at once."""
+    pool_max_size: int = Field(default=10, ge=1)
+    """Most connections held at once (at least ``pool_min_size``)."""
+
+    @model_validator(mode="after")
+    def _pool_bounds(self) -> DatabaseSettings:
+        if self.pool_min_size > self.pool_max_size:
+            raise ValueError(
+                f"pool_min_size ({self.pool_min_size}) must not exceed pool_max_size "
+                f"({self.pool_max_size})"
+            )
+        return self
 
 
-class TelemetrySettings(BaseSettings):
+class TelemetrySettings(Settings):
     """OpenTelemetry: OTLP export is on when OTEL_EXPORTER_OTLP_ENDPOINT is set."""
 
     model_config = SettingsConfigDict(env_prefix="TRAINYARD_TELEMETRY_")
@@ -97,14 +119,14 @@ class TelemetrySettings(BaseSettings):
     """Append finished spans as JSON lines to this file (tests and local debugging)."""
 
 
-class ServiceSettings(BaseSettings):
+class ServiceSettings(Settings):
     """What every service process has: a listen address, the infrastructure, a drain time."""
 
     host: str = "127.0.0.1"
     """Address of the service's HTTP server (health, readiness, API)."""
-    port: int = 8000
-    """Port of the service's HTTP server."""
-    shutdown_grace_seconds: float = 20.0
+    port: Port = 8000
+    """Port of the service's HTTP server (0: any free port)."""
+    shutdown_grace_seconds: float = Field(default=20.0, ge=0)
     """On SIGTERM, how long in-flight work may take to finish before the process exits."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Lowest level of log lines the process writes (DEBUG adds e.g. one line per pass)."""
@@ -171,15 +193,32 @@ class GuardedServiceSettings(ServiceSettings):
 
 def invalid_settings(settings_type: type[BaseSettings], error: ValidationError) -> list[str]:
     """One line per bad setting of ``settings_type`` (or of the shared settings it holds),
-    naming its environment variable, the reason and the value given."""
-    prefixes = {settings_type.__name__: settings_type.model_config.get("env_prefix", "")}
-    for field in settings_type.model_fields.values():
-        kind = field.annotation
-        if isinstance(kind, type) and issubclass(kind, BaseSettings):
-            prefixes[kind.__name__] = kind.model_config.get("env_prefix", "")
-    prefix = prefixes.get(error.title, "")
-    return [
-        f"{prefix}{'_'.join(str(part) for part in e['loc']).upper()}: {e['msg']} "
-        f"(got {e['input']!r})"
-        for e in error.errors()
-    ]
+    naming its environment variable, the reason and the value given -- except a secret's
+    value (``SecretStr`` settings) and the whole input a missing setting or a rule across
+    settings reports, which are never echoed."""
+    kinds = {settings_type.__name__: settings_type}
+    for held in settings_type.model_fields.values():
+        if isinstance(held.annotation, type) and issubclass(held.annotation, BaseSettings):
+            kinds[held.annotation.__name__] = held.annotation
+    failing = kinds.get(error.title)
+    prefix = failing.model_config.get("env_prefix", "") if failing is not None else ""
+    fields = failing.model_fields if failing is not None else {}
+    lines = []
+    for e in error.errors():
+        if not e["loc"]:
+            # A rule across settings: its message names them.
+            lines.append(f"{prefix}*: {e['msg']}")
+            continue
+        name, *within = (str(part) for part in e["loc"])
+        field = fields.get(name)
+        # A field read from a variable of its own (``validation_alias``) is reported by it.
+        variable = name if field is None else f"{prefix}{name}".upper()
+        # An entry of a JSON value (a price book's flavor) is named inside its variable.
+        where = ""
+        if within:
+            part = "key" if within[-1] == "[key]" else "entry"
+            where = f" ({part} {within[0]!r})"
+        secret = field is not None and "SecretStr" in str(field.annotation)
+        got = "" if e["type"] == "missing" or secret else f" (got {e['input']!r})"
+        lines.append(f"{variable}{where}: {e['msg']}{got}")
+    return lines

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from trainyard_platform.shared.settings import GuardedServiceSettings
+from trainyard_platform.services.billing.governance_schemas import MAX_PRICE
+from trainyard_platform.shared.settings import GuardedServiceSettings, Port
 
 DEFAULT_PRICES: dict[str, float] = {
     "cpu": 0.10,
@@ -16,14 +19,20 @@ DEFAULT_PRICES: dict[str, float] = {
 }
 
 
+PricedFlavor = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")]
+"""A GPU flavor's name, as the price routes take it."""
+PerGpuHour = Annotated[float, Field(ge=0, le=float(MAX_PRICE))]
+"""A price per GPU-hour, bounded as the price routes bound it (finite: see ``Settings``)."""
+
+
 class Settings(GuardedServiceSettings):
     """Billing: price book and usage ledger."""
 
     model_config = SettingsConfigDict(env_prefix="TRAINYARD_BILLING_")
 
-    port: int = 8084
+    port: Port = 8084
     """Port of the HTTP server (health, readiness, ``GET /v1/usage``)."""
-    prices: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_PRICES))
+    prices: dict[PricedFlavor, PerGpuHour] = Field(default_factory=lambda: dict(DEFAULT_PRICES))
     """The bootstrap of the price book: price per GPU-hour by GPU flavor, given at start,
     from the beginning (1970), to each listed flavor that has no price yet; a flavor priced
     already keeps its prices. Operators change prices with ``PUT /v1/prices/{flavor}`` (a

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from trainyard_platform.shared.settings import GuardedServiceSettings
+from trainyard_platform.shared.settings import GuardedServiceSettings, Port
 
 
 class Settings(GuardedServiceSettings):
@@ -13,7 +13,7 @@ class Settings(GuardedServiceSettings):
 
     model_config = SettingsConfigDict(env_prefix="TRAINYARD_REGISTRY_")
 
-    port: int = 8083
+    port: Port = 8083
     """Port of the HTTP server (health, readiness, ``GET /v1/models/...``)."""
     download_url_seconds: int = Field(default=300, ge=1, le=7 * 24 * 3600)
     """How long a presigned download URL of a model version stays valid (S3 allows at most

@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from trainyard_platform.shared.events.payloads import MAX_METRIC_POINTS
-from trainyard_platform.shared.settings import GuardedServiceSettings
+from trainyard_platform.shared.settings import GuardedServiceSettings, Port
 
 NODE_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 JOB_SLOTS = 64
@@ -35,9 +35,9 @@ class Settings(GuardedServiceSettings):
 
     model_config = SettingsConfigDict(env_prefix="TRAINYARD_RUNNER_")
 
-    port: int = 8082
+    port: Port = 8082
     """Port of the HTTP server (health, readiness, ``GET /v1/node``)."""
-    shutdown_grace_seconds: float = 90.0
+    shutdown_grace_seconds: float = Field(default=90.0, ge=0)
     """On SIGTERM, how long the runner's tasks may take in all; must exceed
     ``drain_timeout_seconds`` so the jobs' last events still go out."""
     node_id: str = Field(default_factory=default_node_id, pattern=NODE_ID_PATTERN)

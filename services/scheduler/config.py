@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from trainyard_platform.shared.settings import GuardedServiceSettings
+from trainyard_platform.shared.settings import GuardedServiceSettings, Port
 
 
 class Settings(GuardedServiceSettings):
@@ -13,7 +13,7 @@ class Settings(GuardedServiceSettings):
 
     model_config = SettingsConfigDict(env_prefix="TRAINYARD_SCHEDULER_")
 
-    port: int = 8081
+    port: Port = 8081
     """Port of the HTTP server (health, readiness, ``GET /v1/queue``, ``/v1/admin/...``)."""
     node_check_interval_seconds: float = Field(default=2.0, gt=0)
     """How often nodes are checked for missed heartbeats."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from trainyard_platform.shared.settings import ServiceSettings
+from trainyard_platform.shared.settings import Port, ServiceSettings
 
 DEFAULT_FLAVORS = ["cpu", "t4", "a100", "h100", "h200"]
 DEFAULT_BUNDLE_MAX_BYTES = 100 * 1024 * 1024
@@ -16,7 +16,7 @@ class Settings(ServiceSettings):
 
     model_config = SettingsConfigDict(env_prefix="TRAINYARD_SUBMISSION_")
 
-    port: int = 8080
+    port: Port = 8080
     """Port of the public HTTP API (and ``/healthz``, ``/readyz``)."""
     flavors: list[str] = Field(default_factory=lambda: list(DEFAULT_FLAVORS))
     """The starting list of GPU flavors a job may ask for (JSON list in the environment, e.g.

@@ -50,3 +50,149 @@ def test_the_runner_names_a_bad_setting_too(
 
     assert exited.value.code == 2
     assert "invalid setting TRAINYARD_NATS_MAX_DELIVER:" in capsys.readouterr().err
+
+
+SERVICES = {
+    "billing": "trainyard_platform.services.billing.config",
+    "registry": "trainyard_platform.services.registry.config",
+    "runner": "trainyard_platform.services.runner.config",
+    "scheduler": "trainyard_platform.services.scheduler.config",
+    "submission": "trainyard_platform.services.submission.config",
+}
+
+
+def _number_settings() -> list[tuple[str, str]]:
+    """(service, environment variable) of every number setting of every service, its own
+    and the infrastructure's it holds."""
+    import importlib
+
+    from pydantic_settings import BaseSettings
+
+    found: list[tuple[str, str]] = []
+    for service, module in SERVICES.items():
+        kind = importlib.import_module(module).Settings
+        kinds: list[type[BaseSettings]] = [kind]
+        for field in kind.model_fields.values():
+            held = field.annotation
+            if isinstance(held, type) and issubclass(held, BaseSettings):
+                kinds.append(held)
+        for each in kinds:
+            prefix = each.model_config.get("env_prefix", "")
+            for name, field in each.model_fields.items():
+                if field.annotation in (float, int) and not field.validation_alias:
+                    found.append((service, f"{prefix}{name.upper()}"))
+    return found
+
+
+NUMBER_SETTINGS = _number_settings()
+
+
+def test_every_service_has_number_settings_to_check() -> None:
+    # The parametrised test below would pass vacuously if the walk found nothing.
+    assert {service for service, _ in NUMBER_SETTINGS} == set(SERVICES)
+    assert ("scheduler", "TRAINYARD_SCHEDULER_AGEING_SECONDS") in NUMBER_SETTINGS
+    assert ("billing", "TRAINYARD_NATS_PUBLISH_TIMEOUT_SECONDS") in NUMBER_SETTINGS
+
+
+@pytest.mark.parametrize(("service", "variable"), NUMBER_SETTINGS)
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_no_number_setting_takes_a_non_finite_value(
+    service: str, variable: str, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``inf`` passed ``gt=0`` bounds: a scheduler started with ``AGEING_SECONDS=inf`` never
+    aged a job, and a negative or infinite publish timeout hung or failed every publish."""
+    import importlib
+
+    from pydantic import ValidationError
+
+    from trainyard_platform.shared.settings import invalid_settings
+
+    monkeypatch.setenv(f"TRAINYARD_{service.upper()}_ADMIN_TOKEN", "op-token")
+    monkeypatch.setenv(variable, value)
+    kind = importlib.import_module(SERVICES[service]).Settings
+    with pytest.raises(ValidationError) as refused:
+        kind()
+    lines = invalid_settings(kind, refused.value)
+    assert any(line.startswith(f"{variable}:") for line in lines), lines
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "reason"),
+    [
+        ("TRAINYARD_NATS_PUBLISH_TIMEOUT_SECONDS", "0", "greater than 0"),
+        ("TRAINYARD_NATS_RETRY_DELAY_SECONDS", "-1", "greater than or equal to 0"),
+        ("TRAINYARD_NATS_DUPLICATE_WINDOW_SECONDS", "0", "greater than 0"),
+        ("TRAINYARD_BILLING_PORT", "70000", "less than or equal to 65535"),
+        ("TRAINYARD_BILLING_SHUTDOWN_GRACE_SECONDS", "-5", "greater than or equal to 0"),
+        ("TRAINYARD_DATABASE_POOL_MAX_SIZE", "0", "greater than or equal to 1"),
+        ("TRAINYARD_DATABASE_POOL_MIN_SIZE", "20", "must not exceed pool_max_size"),
+    ],
+)
+def test_numbers_out_of_range_are_refused(
+    variable: str,
+    value: str,
+    reason: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(variable, value)
+
+    with pytest.raises(SystemExit) as exited:
+        serve_from_command_line("billing", "test", Settings, _must_not_serve, [])
+
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert reason in err
+    assert "Traceback" not in err
+
+
+def test_a_bad_price_is_named_with_its_flavor(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(
+        "TRAINYARD_BILLING_PRICES", '{"cpu": -1, "a100": "nan", "Big GPU": 1.0, "t4": 0.35}'
+    )
+
+    with pytest.raises(SystemExit) as exited:
+        serve_from_command_line("billing", "test", Settings, _must_not_serve, [])
+
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        "TRAINYARD_BILLING_PRICES (entry 'cpu'): Input should be greater than or equal to 0" in err
+    )
+    assert "TRAINYARD_BILLING_PRICES (entry 'a100'): Input should be a finite number" in err
+    assert "TRAINYARD_BILLING_PRICES (key 'Big GPU'): String should match pattern" in err
+    assert "'t4'" not in err
+
+
+def test_a_bad_secret_and_a_missing_setting_are_named_but_never_echoed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The value of a bad token is most of a real token; a missing setting's input is every
+    setting given (the operator's whole environment of this service)."""
+    monkeypatch.setenv("TRAINYARD_BILLING_ADMIN_TOKEN", "almost-the-real-token!")
+    monkeypatch.setenv("TRAINYARD_BILLING_IDENTITY_URL", "http://id.example")
+
+    with pytest.raises(SystemExit):
+        serve_from_command_line("billing", "test", Settings, _must_not_serve, [])
+    err = capsys.readouterr().err
+    assert "invalid setting TRAINYARD_BILLING_ADMIN_TOKEN: Value error, must be" in err
+    assert "almost-the-real-token" not in err
+
+    monkeypatch.delenv("TRAINYARD_BILLING_ADMIN_TOKEN")
+    with pytest.raises(SystemExit):
+        serve_from_command_line("billing", "test", Settings, _must_not_serve, [])
+    err = capsys.readouterr().err
+    assert "invalid setting TRAINYARD_BILLING_ADMIN_TOKEN: Field required\n" in err
+    assert "id.example" not in err
+
+
+def test_a_shared_variable_is_named_as_it_is_set(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TRAINYARD_LOG_FORMAT", "xml")
+
+    with pytest.raises(SystemExit):
+        serve_from_command_line("billing", "test", Settings, _must_not_serve, [])
+    assert "invalid setting TRAINYARD_LOG_FORMAT: Input should be" in capsys.readouterr().err
