@@ -28,7 +28,7 @@ LEFT JOIN (SELECT node_id, count(*) AS leased FROM gpu_leases WHERE released_at 
 GROUP BY n.gpu_flavor, n.status"""
 
 _ALLOCATIONS = """SELECT n.gpu_flavor AS flavor, count(*) AS granted,
-       count(*) FILTER (WHERE a.outcome = 'preempted') AS preempted
+       count(*) FILTER (WHERE a.outcome = 'preempted' AND a.notice_at IS NOT NULL) AS preempted
 FROM allocations a JOIN nodes n USING (node_id) GROUP BY n.gpu_flavor"""
 
 TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")

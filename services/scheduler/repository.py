@@ -167,7 +167,10 @@ async def load_snapshot_rows(conn: asyncpg.Connection) -> SnapshotRows:
             "j.max_runtime_seconds, j.status AS job_status, j.updated_at AS job_updated_at, "
             "a.node_id, a.gpu_indices, a.granted_at, a.last_checkpoint_at, a.notice_at, "
             "a.borrowed, (SELECT count(DISTINCT p.attempt) FROM allocations p "
-            "WHERE p.job_id = a.job_id AND p.outcome = 'preempted') AS preemptions "
+            "WHERE p.job_id = a.job_id AND p.outcome = 'preempted' "
+            # Only the policy's own preemptions (it gave a notice): a runner that restarted
+            # or drained also ends its jobs 'preempted', which is no thrash to bound.
+            "AND p.notice_at IS NOT NULL) AS preemptions "
             "FROM allocations a JOIN jobs j USING (job_id) "
             "WHERE a.released_at IS NULL"
         ),

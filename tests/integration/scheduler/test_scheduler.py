@@ -282,6 +282,45 @@ async def test_preempted_job_is_requeued_for_its_next_attempt(scheduler: Schedul
     assert grants[1].epoch > grant.epoch
 
 
+async def test_only_the_schedulers_own_preemptions_count_against_max_preemptions(
+    scheduler: Scheduler,
+) -> None:
+    """A runner that restarts or drains reports its jobs preempted, but the scheduler gave no
+    notice: that is not a preemption by the policy, and must neither grow the job's
+    protection nor bring it closer to ``max_preemptions`` (a tenant restarting nothing could
+    otherwise make a job unpreemptible by a flaky node)."""
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.submit("job-1", gpus=1)
+
+    async def preempted_count() -> int:
+        async with scheduler.pool.acquire() as conn:
+            (row,) = (await repo.load_snapshot_rows(conn)).running
+        return int(row["preemptions"])
+
+    for attempt, noticed in enumerate((False, False, True, False, True)):
+        grants = await scheduler.wait_for(AllocationGranted, count=attempt + 1)
+        grant = grants[-1]
+        if noticed:  # the policy's notice, as a pass gives it
+            await scheduler.pool.execute(
+                "UPDATE allocations SET notice_at = now(), notice_reason = 'test' "
+                "WHERE allocation_id = $1",
+                grant.allocation_id,
+            )
+        await scheduler.send(
+            JobPreempted(
+                job_id="job-1",
+                allocation_id=grant.allocation_id,
+                node_id="n1",
+                epoch=grant.epoch,
+                finished_at=datetime.now(UTC),
+                reason="lost: the runner restarted while the job was running",
+            ),
+            "job-1",
+        )
+    await scheduler.wait_for(AllocationGranted, count=6)
+    assert await preempted_count() == 2
+
+
 async def test_lost_node_requeues_its_jobs_elsewhere(scheduler: Scheduler) -> None:
     await scheduler.heartbeat("n1", gpus=2)
     await scheduler.submit("job-1", gpus=2, max_restarts=1)
