@@ -27,9 +27,10 @@ LEFT JOIN (SELECT node_id, count(*) AS leased FROM gpu_leases WHERE released_at 
            GROUP BY node_id) l USING (node_id)
 GROUP BY n.gpu_flavor, n.status"""
 
-_ALLOCATIONS = """SELECT n.gpu_flavor AS flavor, count(*) AS granted,
+_ALLOCATIONS = """SELECT n.gpu_flavor AS flavor, count(a.allocation_id) AS granted,
        count(*) FILTER (WHERE a.outcome = 'preempted' AND a.notice_at IS NOT NULL) AS preempted
-FROM allocations a JOIN nodes n USING (node_id) GROUP BY n.gpu_flavor"""
+FROM nodes n LEFT JOIN allocations a USING (node_id) GROUP BY n.gpu_flavor"""
+"""Every flavor a node ever had, at 0 until its first allocation (as ``_QUEUES``)."""
 
 TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
 """Every state of ``trainyard.scheduler.jobs.finished``: each is reported from the start, 0

@@ -1,0 +1,63 @@
+"""The scheduler's readings, queried from a real PostgreSQL: every series an alert or a
+panel reads exists from the start at 0 (a series that appears only with its first event
+reads as "unknown" to Prometheus, and ``increase`` misses that first event), and only the
+policy's own preemptions count as preemptions."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from tests.integration.scheduler.conftest import Scheduler
+from trainyard_platform.services.scheduler.metrics import scheduler_readings
+from trainyard_platform.shared.events.payloads import AllocationGranted, JobPreempted
+from trainyard_platform.shared.metrics_sampler import Sampler
+
+pytestmark = pytest.mark.integration
+
+
+async def readings(scheduler: Scheduler, name: str) -> dict[str, float]:
+    """``name``'s points by their ``flavor`` label, sampled once from the database."""
+    reader = InMemoryMetricReader()
+    sampler = Sampler(meter=MeterProvider(metric_readers=[reader]).get_meter("test"))
+    scheduler_readings(sampler, scheduler.pool)
+    await sampler.sample_once()
+    data = reader.get_metrics_data()
+    assert data is not None
+    return {
+        str(point.attributes["flavor"]): float(point.value)  # type: ignore[index]
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == name
+        for point in metric.data.data_points  # type: ignore[union-attr]
+    }
+
+
+async def test_allocations_and_preemptions_per_flavor_from_zero(scheduler: Scheduler) -> None:
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.heartbeat("n2", gpus=8, flavor="a100")
+    await scheduler.submit("job-1", gpus=1)
+    (grant,) = await scheduler.wait_for(AllocationGranted)
+
+    assert await readings(scheduler, "trainyard.scheduler.allocations") == {"cpu": 1, "a100": 0}
+    assert await readings(scheduler, "trainyard.scheduler.preemptions") == {"cpu": 0, "a100": 0}
+
+    # The runner restarted under the job: it reports it preempted, with no notice given.
+    await scheduler.send(
+        JobPreempted(
+            job_id="job-1",
+            allocation_id=grant.allocation_id,
+            node_id="n1",
+            epoch=grant.epoch,
+            finished_at=datetime.now(UTC),
+            reason="lost: the runner restarted while the job was running",
+        ),
+        "job-1",
+    )
+    await scheduler.wait_for(AllocationGranted, count=2)
+    assert await readings(scheduler, "trainyard.scheduler.preemptions") == {"cpu": 0, "a100": 0}
+    assert await readings(scheduler, "trainyard.scheduler.allocations") == {"cpu": 2, "a100": 0}
