@@ -164,18 +164,31 @@ class FluidEstimate:
 
     def __init__(self, free: int, releases: list[tuple[float, int]], now: float):
         self._free = free
-        self._releases = list(releases)
-        heapq.heapify(self._releases)
+        # Releases come in time order from two sources: those known at the start, sorted
+        # once and read with a cursor, and those of the jobs in line, in a heap. At 10,000
+        # nodes the first holds ~30,000 releases, and one heap of them all made every pop
+        # a walk down a deep heap (a tenth of explaining 100,000 jobs). Equal entries are
+        # equal tuples, so which source gives one first does not change any estimate.
+        self._known = sorted(releases)
+        self._cursor = 0
+        self._added: list[tuple[float, int]] = []
         self._clock = now
 
     def next_start(self, gpus: int, runtime: float) -> float | None:
         """When ``gpus`` are free for the next job in line; None if never."""
-        while self._free < gpus and self._releases:
-            at, count = heapq.heappop(self._releases)
+        known, added = self._known, self._added
+        while self._free < gpus:
+            at: float
+            count: int
+            if self._cursor < len(known) and (not added or known[self._cursor] <= added[0]):
+                at, count = known[self._cursor]
+                self._cursor += 1
+            elif added:
+                at, count = heapq.heappop(added)
+            else:
+                return None
             self._free += count
             self._clock = max(self._clock, at)
-        if self._free < gpus:
-            return None
         self._free -= gpus
-        heapq.heappush(self._releases, (self._clock + runtime, gpus))
+        heapq.heappush(added, (self._clock + runtime, gpus))
         return self._clock

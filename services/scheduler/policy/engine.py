@@ -150,7 +150,9 @@ class PolicyState:
             tuple[str, str, int, int | None], tuple[Invalid | None, tuple[Shape, ...]]
         ] = {}
         self._no_fit: dict[tuple[str, tuple[Shape, ...]], tuple[int, float]] = {}
-        self._fit_now: dict[tuple[str, Shape], tuple[int, tuple[backfill.Reservation, ...]]] = {}
+        self._fit_now: dict[
+            tuple[str, Shape], tuple[int, tuple[backfill.Reservation, ...], float]
+        ] = {}
         self._level_cache: dict[tuple[str, int, float], float] = {}
         self._judged: dict[str, tuple[int, bool]] = {}
         self._candidates: dict[tuple[str, str, str, int], list[Candidate]] = {}
@@ -482,9 +484,14 @@ class PolicyState:
                 for r in node.reservations:
                     if r.slack[node.node_id] < shape[1]:
                         found[r.job_id] = r
-            kept = self._fit_now[key] = (pool.version, tuple(found[k] for k in sorted(found)))
-        short = kept[1]
-        if all(end > r.start for r in short):
+            short = tuple(found[k] for k in sorted(found))
+            # The latest start among them: a job ending after it delays them all, which
+            # most do (reservations start within hours, jobs run for hours), so the common
+            # answer is the kept tuple itself, found without a test per reservation.
+            latest = max((r.start for r in short), default=float("-inf"))
+            kept = self._fit_now[key] = (pool.version, short, latest)
+        _, short, latest = kept
+        if end > latest:
             return short
         return tuple(r for r in short if end > r.start)
 
