@@ -7,7 +7,9 @@ What is measured: a real ``python -m trainyard_platform.services.scheduler`` (on
 JetStream consumer, outbox relay) on a local NATS server and PostgreSQL. ``--nodes`` runners are
 simulated by publishing their heartbeats (8 GPUs each); then ``--jobs`` one-GPU jobs are
 published as ``job.submitted`` events as fast as the client can, and the clock runs from the
-first submit until the last ``allocation.granted`` is seen on NATS. Every decision therefore
+first submit until the last ``allocation.granted`` is seen on NATS. Each submission and each
+success carries a W3C trace context as the real producers' do (the submission service's span
+in a new trace; the runner's in the grant's trace). Every decision therefore
 includes: consume, inbox record, a scheduling pass, leases written under the unique-lease
 constraint, outbox row, commit, relay to JetStream. The reference is the issue's target of
 500 decisions per second (Slurm documents about 500 jobs/s; the Kubernetes scheduler about
@@ -61,20 +63,23 @@ async def _run(
     js = nc.jetstream()
     granted: set[str] = set()
     done = asyncio.Event()
-    to_finish: asyncio.Queue[AllocationGranted | None] = asyncio.Queue()  # None: stop
+    # Each grant with the trace id it came in (None: stop).
+    to_finish: asyncio.Queue[tuple[AllocationGranted, str | None] | None] = asyncio.Queue()
 
     async def on_grant(msg: Msg) -> None:
         grant = parse_envelope(msg.data).data
         assert isinstance(grant, AllocationGranted)
         granted.add(grant.job_id)
         if finish:
-            to_finish.put_nowait(grant)
+            parent = (msg.headers or {}).get("traceparent")
+            to_finish.put_nowait((grant, parent.split("-")[1] if parent else None))
         if len(granted) >= jobs:
             done.set()
 
     async def finish_jobs() -> None:
         """The runners: each granted job succeeds at once, freeing its GPU for the next."""
-        while (grant := await to_finish.get()) is not None:
+        while (finished := await to_finish.get()) is not None:
+            grant, trace_id = finished
             succeeded = JobSucceeded(
                 job_id=grant.job_id,
                 allocation_id=grant.allocation_id,
@@ -83,7 +88,9 @@ async def _run(
                 finished_at=dt.datetime.now(dt.UTC),
             )
             env = Envelope.wrap(succeeded, source=owner(succeeded), subject=grant.job_id)
-            await js.publish(env.nats_subject, env.to_json(), headers={"Nats-Msg-Id": env.id})
+            traced = _trace_headers(trace_id) if trace_id else {}  # none came: none goes
+            headers = {"Nats-Msg-Id": env.id, **traced}
+            await js.publish(env.nats_subject, env.to_json(), headers=headers)
 
     await nc.subscribe("trainyard.allocation.granted.v1.>", cb=on_grant)
     finisher = asyncio.create_task(finish_jobs())
@@ -121,7 +128,8 @@ async def _run(
             source=owner(JobSubmitted),
             subject=job_id,
         )
-        await js.publish(env.nats_subject, env.to_json(), headers={"Nats-Msg-Id": env.id})
+        headers = {"Nats-Msg-Id": env.id, **_trace_headers(None)}
+        await js.publish(env.nats_subject, env.to_json(), headers=headers)
     t_submitted = time.perf_counter()
     with contextlib.suppress(TimeoutError):  # a shortfall is reported, not raised
         await asyncio.wait_for(done.wait(), timeout=max(120.0, jobs / 5))
@@ -140,6 +148,13 @@ async def _run(
         "seconds": round(t_end - t0, 3),
         "decisions_per_second": round(len(granted) / (t_end - t0), 1),
     }
+
+
+def _trace_headers(trace_id: str | None) -> dict[str, str]:
+    """The W3C context a real producer sends with an event, as one of its spans: the
+    submission service's in a new trace (``trace_id`` None) for a submission, the runner's in
+    the grant's trace for a success."""
+    return {"traceparent": f"00-{trace_id or secrets.token_hex(16)}-{secrets.token_hex(8)}-01"}
 
 
 async def _wait_for_nodes(queue_url: str, nodes: int) -> None:

@@ -52,7 +52,10 @@ Contract:
   otherwise is handled again one event at a time with the rules above, so one bad event
   costs its neighbours nothing but a retry.
 - Each event is handled in a span whose parent is the trace context from its headers
-  (``Delivery.span``), except the high-rate facts of ``UNTRACED_TYPES`` (runner heartbeats,
+  (``Delivery.span``), or, where a batch handler applies several events together, in one
+  consumer span for them all (``batch_span``: a trace of its own with a link to each event's
+  context, as OpenTelemetry's messaging conventions have a batch consumer do), except the
+  high-rate facts of ``UNTRACED_TYPES`` (runner heartbeats,
   a job's progress reports and metric batches): they are published without a span or a
   trace context and handled under no span at all (their database queries make none either),
   so they never flood the trace store nor grow a job's trace with its length.
@@ -87,6 +90,7 @@ from collections.abc import (
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import TypeVar
 
 import asyncpg
@@ -102,6 +106,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
+from opentelemetry.sdk.trace import SpanLimits
 
 from trainyard_platform.shared.events import Envelope, EventParseError, Payload, parse_envelope
 from trainyard_platform.shared.events.payloads import JobMetrics, JobProgress, RunnerHeartbeat
@@ -184,9 +189,76 @@ class Delivery:
         ) as span:
             yield span
 
+    @cached_property
+    def carried(self) -> trace.SpanContext | None:
+        """The valid trace context this event's headers carry (the span that published it or
+        whose transaction wrote it), or None (none, or not a valid one)."""
+        if not self.headers or self.envelope.type in UNTRACED_TYPES:
+            return None
+        context = trace.get_current_span(extract(self.headers)).get_span_context()
+        return context if context.is_valid else None
+
+    def trace_headers(self) -> dict[str, str]:
+        """The W3C headers of ``carried`` as this event came with them (what ``inject`` would
+        write inside that context), or empty when it carries no valid context."""
+        if self.carried is None:
+            return {}
+        return {k: self.headers[k] for k in _TRACE_HEADERS if k in self.headers}
+
+
+_TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+def link_limit() -> int:
+    """How many links a span keeps (``OTEL_SPAN_LINK_COUNT_LIMIT``, 128 by default): a
+    ``batch_span`` covers at most this many events."""
+    global _link_limit
+    if _link_limit is None:
+        _link_limit = max(1, SpanLimits().max_links or 128)
+    return _link_limit
+
+
+_link_limit: int | None = None
+
+
+def link_chunks(deliveries: Sequence[Delivery]) -> list[Sequence[Delivery]]:
+    """``deliveries`` cut, in order, into runs that one ``batch_span`` each can cover."""
+    size = link_limit()
+    return [deliveries[i : i + size] for i in range(0, len(deliveries), size)]
+
+
+@contextmanager
+def batch_span(deliveries: Sequence[Delivery], consumer: str) -> Iterator[trace.Span]:
+    """One consumer span for handling ``deliveries`` (at most ``link_limit()``) together, as
+    OpenTelemetry's messaging conventions have a batch consumer do: a trace of its own (each
+    event's trace is its producer's; the batch belongs to none of them alone), with a link to
+    the context each event carries (``Delivery.carried``) and ``messaging.batch.message_count``.
+    Named ``<type> process`` when the events are of one type, ``<consumer> process``
+    otherwise. Events of ``UNTRACED_TYPES`` are not linked."""
+    types = {d.envelope.type for d in deliveries}
+    one_type = next(iter(types)) if len(types) == 1 else None
+    attributes: dict[str, str | int] = {
+        "messaging.system": "nats",
+        "messaging.operation.type": "process",
+        "messaging.batch.message_count": len(deliveries),
+        "messaging.consumer.group.name": consumer,
+    }
+    if one_type is not None:
+        attributes["cloudevents.event_type"] = one_type
+    links = [trace.Link(c) for d in deliveries if (c := d.carried) is not None]
+    with _tracer.start_as_current_span(
+        f"{one_type or consumer} process",
+        context=otel_context.Context(),
+        kind=trace.SpanKind.CONSUMER,
+        attributes=attributes,
+        links=links,
+    ) as span:
+        yield span
+
 
 BatchHandler = Callable[[Sequence[Delivery]], Awaitable[None]]
-"""Applies all the deliveries or, by raising, none of them; opens each one's span."""
+"""Applies all the deliveries or, by raising, none of them; opens each one's span, or one
+``batch_span`` for several."""
 
 
 @dataclass(frozen=True)

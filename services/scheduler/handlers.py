@@ -22,15 +22,20 @@ Events are applied in order, one by one, except runs of end reports (``job.succe
 ``job.failed``, ``job.preempted``) for distinct jobs: each such run is read and written in a
 few statements (``on_ended``), since a busy cluster's completions would otherwise cost most
 of the scheduler's time in round trips to the database (it holds the scheduling lock all
-along). Likewise a run of two or more submissions of distinct jobs: each is checked in turn
-(in its own span, whose trace the job keeps as its trace context), and the jobs admitted are
-inserted in one statement, in order, after those spans (so that statement is in none of the
-jobs' traces; what is logged about a job names it). A run ends at any other event, or at a
-second event about a job already in it, so the outcome is the same as one by one. A
-submission that would start a run but is not followed by a submission of another job (a
-batch of one, as at a low rate and for each event of a failed batch handled again alone) is
-handled whole in its span: its ``INSERT`` is a query of its trace, and a failure of it is
-that span's error.
+along). Likewise a run of two or more submissions of distinct jobs: each is checked in turn,
+in one consumer span for up to ``shared.bus.link_limit()`` of them (``shared.bus.batch_span``,
+a trace of its own linked to each submission's context: OpenTelemetry's messaging
+conventions for a batch), and the jobs admitted are inserted in one statement, in order,
+after those spans (so that statement is in none of the jobs' traces; what is logged about a
+job names it). A job so admitted keeps the trace context its submission came with (the
+submission service's span), so its grant is a span of the submission's trace; a submission
+that came without one, or that is refused (its ``job.failed`` said in the job's trace), is
+handled in a span of its own (``Delivery.span``), whose trace the job keeps. A run ends at
+any other event, or at a second event about a job already in it, so the outcome is the same
+as one by one. A submission that would start a run but is not followed by a submission of
+another job (a batch of one, as at a low rate and for each event of a failed batch handled
+again alone) is handled whole in its span: its ``INSERT`` is a query of its trace, and a
+failure of it is that span's error.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ from trainyard_platform.services.scheduler.late_success import accept_late_succe
 from trainyard_platform.services.scheduler.leases import apply_endings, fence_revocation, plan_end
 from trainyard_platform.services.scheduler.scheduling import Clock, Tuning, emit, utc_now
 from trainyard_platform.shared import outbox
-from trainyard_platform.shared.bus import Delivery, Reject
+from trainyard_platform.shared.bus import Delivery, Reject, batch_span, link_chunks
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import (
     AllocationRevoked,
@@ -78,10 +83,18 @@ _END_KINDS: dict[type[EndReport], EndKind] = {
 }
 
 
-def _next_submits_another(deliveries: Sequence[Delivery], i: int, job_id: str) -> bool:
-    """Whether the delivery after ``deliveries[i]`` submits a job other than ``job_id``."""
-    after = deliveries[i + 1].envelope.data if i + 1 < len(deliveries) else None
-    return isinstance(after, JobSubmitted) and after.job_id != job_id
+def _submissions(deliveries: Sequence[Delivery], i: int) -> Sequence[Delivery]:
+    """The run of submissions of distinct jobs that starts at ``deliveries[i]`` (one at
+    least)."""
+    seen: set[str] = set()
+    end = i
+    while end < len(deliveries):
+        data = deliveries[end].envelope.data
+        if not isinstance(data, JobSubmitted) or data.job_id in seen:
+            break
+        seen.add(data.job_id)
+        end += 1
+    return deliveries[i:end]
 
 
 class SchedulerHandlers:
@@ -131,38 +144,61 @@ class SchedulerHandlers:
     async def _apply(self, deliveries: Sequence[Delivery], conn: asyncpg.Connection) -> None:
         now = self._clock()
         ended: dict[str, tuple[Delivery, EndReport]] = {}  # a run of end reports, by job id
-        submitted: dict[str, repo.NewJob] = {}  # a run of submissions to queue, by job id
-        for i, delivery in enumerate(deliveries):
+        i = 0
+        while i < len(deliveries):
+            delivery = deliveries[i]
             data = delivery.envelope.data
             if isinstance(data, EndReport):
-                await self._queue(conn, list(submitted.values()), now)
-                submitted = {}
                 if data.job_id in ended:
                     await self.on_ended(conn, list(ended.values()), now)
                     ended = {}
                 ended[data.job_id] = (delivery, data)
+                i += 1
                 continue
             await self.on_ended(conn, list(ended.values()), now)
             ended = {}
             if isinstance(data, JobSubmitted):
-                if data.job_id in submitted:
-                    await self._queue(conn, list(submitted.values()), now)
-                    submitted = {}
-                if not submitted and not _next_submits_another(deliveries, i, data.job_id):
+                run = _submissions(deliveries, i)
+                if len(run) == 1:
                     with delivery.span(self._consumer):
                         await self.on_submitted(conn, data, now)
-                    continue
-                with delivery.span(self._consumer):
-                    job = await self._admit(conn, data, now)
-                if job is not None:
-                    submitted[job.job_id] = job
+                else:
+                    await self._queue(conn, await self._admit_run(conn, run, now), now)
+                i += len(run)
                 continue
-            await self._queue(conn, list(submitted.values()), now)
-            submitted = {}
             with delivery.span(self._consumer):
                 await self.dispatch(delivery.envelope, conn, now)
+            i += 1
         await self.on_ended(conn, list(ended.values()), now)
-        await self._queue(conn, list(submitted.values()), now)
+
+    async def _admit_run(
+        self, conn: asyncpg.Connection, run: Sequence[Delivery], now: datetime
+    ) -> list[repo.NewJob]:
+        """Check a run of submissions of distinct jobs, in order, each of up to
+        ``link_limit()`` of them in one ``batch_span``; the jobs to queue. A job admitted keeps
+        the trace context its submission came with (its grant is a span of that trace); a
+        submission that carries none, or that is refused, is handled in a span of its own
+        (``Delivery.span``: the refusal is said in the job's trace)."""
+        jobs: list[repo.NewJob] = []
+        for chunk in link_chunks(run):
+            with batch_span(chunk, self._consumer) as batch:
+                traced = batch.get_span_context().is_valid  # False: tracing is off
+                for delivery in chunk:
+                    submitted = delivery.envelope.data
+                    assert isinstance(submitted, JobSubmitted)
+                    carried = delivery.trace_headers() if traced else {}
+                    if traced and not carried:  # its trace starts here, as one alone
+                        with delivery.span(self._consumer):
+                            job = await self._admit(conn, submitted, now)
+                    elif (refusal := await self._refusal(conn, submitted)) is None:
+                        job = await self._new_job(conn, submitted, carried or None)
+                    else:
+                        job = None
+                        with delivery.span(self._consumer):
+                            await self._refuse(conn, submitted.job_id, refusal, now)
+                    if job is not None:
+                        jobs.append(job)
+        return jobs
 
     async def dispatch(
         self, envelope: Envelope[Payload], conn: asyncpg.Connection, now: datetime
@@ -234,6 +270,15 @@ class SchedulerHandlers:
     ) -> repo.NewJob | None:
         """The job to queue for this submission (in the trace of its handling), or None when
         it is refused (its ``job.failed`` is said here)."""
+        refusal = await self._refusal(conn, submitted)
+        if refusal is not None:
+            await self._refuse(conn, submitted.job_id, refusal, now)
+            return None
+        return await self._new_job(conn, submitted, inject() or None)
+
+    async def _refusal(self, conn: asyncpg.Connection, submitted: JobSubmitted) -> str | None:
+        """Why this submission is refused (its job can never run as configured), or None;
+        ``Reject`` for one that can never be applied."""
         spec = submitted.spec
         if spec.gpus < 1:
             raise Reject(f"spec.gpus: a job needs at least 1 GPU, got {spec.gpus}")
@@ -241,14 +286,21 @@ class SchedulerHandlers:
             raise Reject(f"spec.max_restarts: must be >= 0, got {spec.max_restarts}")
         refusal = admission.refusal(spec, await self._admission_facts(conn, spec))
         if refusal is not None and await repo.job_for_update(conn, submitted.job_id) is None:
-            # Never satisfiable as configured: the job ends here, without entering the tables.
-            job_id = submitted.job_id
-            await emit(conn, admission.refused(job_id, refusal, now), job_id, f"refused:{job_id}")
-            log.info("job %s refused: %s", job_id, refusal)
-            return None
-        queue = await self._queue_for(conn, spec.team)
-        context = inject() or None
-        return repo.NewJob(submitted.job_id, spec, submitted.submitted_at, queue, context)
+            return refusal
+        return None
+
+    async def _refuse(
+        self, conn: asyncpg.Connection, job_id: str, refusal: str, now: datetime
+    ) -> None:
+        """The job ends here, without entering the tables: its ``job.failed`` is said."""
+        await emit(conn, admission.refused(job_id, refusal, now), job_id, f"refused:{job_id}")
+        log.info("job %s refused: %s", job_id, refusal)
+
+    async def _new_job(
+        self, conn: asyncpg.Connection, submitted: JobSubmitted, context: dict[str, str] | None
+    ) -> repo.NewJob:
+        queue = await self._queue_for(conn, submitted.spec.team)
+        return repo.NewJob(submitted.job_id, submitted.spec, submitted.submitted_at, queue, context)
 
     async def _queue(
         self, conn: asyncpg.Connection, jobs: Sequence[repo.NewJob], now: datetime

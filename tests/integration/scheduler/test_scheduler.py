@@ -20,6 +20,7 @@ from trainyard_platform.services.scheduler import repository as repo
 from trainyard_platform.services.scheduler.handlers import SchedulerHandlers
 from trainyard_platform.services.scheduler.node_watch import NodeWatch, sweep_lost_nodes
 from trainyard_platform.services.scheduler.scheduling import run_pass
+from trainyard_platform.shared import bus as bus_module
 from trainyard_platform.shared.bus import Delivery
 from trainyard_platform.shared.events import Envelope
 from trainyard_platform.shared.events.payloads import (
@@ -556,11 +557,13 @@ def handler_lines() -> Iterator[_Lines]:
 
 
 def _processes(spans: InMemorySpanExporter) -> dict[str, ReadableSpan]:
-    """The consumer spans of the submissions handled, by job id (the first of a repeat)."""
+    """The consumer spans of the submissions handled one by one, by job id (the first of a
+    repeat; a batch's span names no job)."""
     found: dict[str, ReadableSpan] = {}
     for s in spans.get_finished_spans():
-        if s.name == "trainyard.job.submitted.v1 process":
-            found.setdefault(str((s.attributes or {})["cloudevents.event_subject"]), s)
+        subject = (s.attributes or {}).get("cloudevents.event_subject")
+        if s.name == "trainyard.job.submitted.v1 process" and subject is not None:
+            found.setdefault(str(subject), s)
     return found
 
 
@@ -612,6 +615,67 @@ async def test_a_batch_of_submissions_queues_as_one_by_one(
     )
     assert refused == 1
     assert handler_lines.about("job known already known")["job_id"] == "known"
+
+
+def _traced(delivery: Delivery) -> tuple[Delivery, str]:
+    """``delivery`` with the context of a producer's span in a new trace; its traceparent."""
+    parent = trace.SpanContext(
+        int(uuid.uuid4().hex, 16), int(uuid.uuid4().hex[:16], 16), True, trace.TraceFlags(1)
+    )
+    traceparent = f"00-{parent.trace_id:032x}-{parent.span_id:016x}-01"
+    return Delivery(delivery.envelope, {"traceparent": traceparent}), traceparent
+
+
+async def test_a_run_of_traced_submissions_is_one_batch_span_with_links(
+    scheduler: Scheduler, spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Submissions that come with a trace context are checked in one consumer span per run
+    # (at most the link limit of them: 3 here), linked to each one's context, and each job
+    # keeps the context it came with (its grant joins the producer's trace); a refused one
+    # and one without a context are each handled in a span of their own, the refusal said
+    # in the job's trace.
+    monkeypatch.setattr(bus_module, "_link_limit", 3)
+    now = datetime.now(UTC)
+    a, a_parent = _traced(_submission("a", now))
+    b, b_parent = _traced(_submission("b", now))
+    refused, refused_parent = _traced(_submission("refused", now, priority="no-such-class"))
+    c, c_parent = _traced(_submission("c", now))
+    loose = _submission("loose", now)
+    handlers = SchedulerHandlers()
+    spans.clear()
+    async with scheduler.pool.acquire() as conn, conn.transaction():
+        await repo.lock_scheduler(conn)
+        await handlers.apply([a, b, refused, c, loose], conn)
+
+    name = "trainyard.job.submitted.v1 process"
+    batches = [s for s in spans.get_finished_spans() if s.name == name and s.links]
+    assert [(s.attributes or {})["messaging.batch.message_count"] for s in batches] == [3, 2]
+    assert all(s.parent is None and s.kind is trace.SpanKind.CONSUMER for s in batches)
+    linked = [
+        f"00-{link.context.trace_id:032x}-{link.context.span_id:016x}-01"
+        for s in batches
+        for link in s.links
+    ]
+    assert linked == [a_parent, b_parent, refused_parent, c_parent]  # not "loose": none came
+
+    stored = dict(await scheduler.pool.fetch("SELECT job_id, trace_context FROM jobs"))
+    assert set(stored) == {"a", "b", "c", "loose"}
+    for job_id, parent in (("a", a_parent), ("b", b_parent), ("c", c_parent)):
+        assert stored[job_id] == {"traceparent": parent}, job_id
+    own = _processes(spans)  # the spans of single events, by job id
+    assert set(own) == {"refused", "loose"}
+    assert own["loose"].parent is None
+    loose_trace = int(stored["loose"]["traceparent"].split("-")[1], 16)
+    assert loose_trace == own["loose"].get_span_context().trace_id
+    refused_span = own["refused"]
+    assert refused_span.parent is not None
+    assert refused_span.parent.span_id == int(refused_parent.split("-")[2], 16)
+    headers = await scheduler.pool.fetchval(
+        "SELECT headers FROM outbox WHERE event_id = 'refused:refused'"
+    )
+    said_in = headers["traceparent"].split("-")
+    assert int(said_in[1], 16) == refused_span.get_span_context().trace_id
+    assert int(said_in[2], 16) == refused_span.get_span_context().span_id
 
 
 async def test_a_lone_submission_is_queued_inside_its_own_span(
