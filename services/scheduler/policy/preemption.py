@@ -231,6 +231,7 @@ def candidates_for(
             value, ok = judged(job)
             if value < priority and ok:
                 own.append(Candidate(job, "priority", victim_key(job, value, now)))
+        own.sort(key=_by_key)  # (``select`` sorts again: sorted runs make that cheap)
     found += unclaimed(own)
     reclaimable: dict[str, int] = {}
     cohort = quota.queues[queue].cohort
@@ -246,6 +247,7 @@ def candidates_for(
                     if ok and not (oversize and now < oversize_until(job, config)):
                         key = victim_key(job, value, now, oversize=oversize)
                         lent.append(Candidate(job, "reclaim", key))
+                lent.sort(key=_by_key)
             found += unclaimed(lent)
     return found, reclaimable
 

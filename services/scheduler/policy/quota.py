@@ -128,11 +128,12 @@ class QuotaBook:
 
     def borrowers(self, cohort: str, flavor: str, exclude: str = "") -> list[tuple[str, int]]:
         """(queue, GPUs borrowed) of the cohort's queues above their nominal, most first."""
-        found = [
-            (name, self.borrowed(name, flavor))
-            for name in self.members.get(cohort, ())
-            if name != exclude and self.borrowed(name, flavor) > 0
-        ]
+        found = []
+        for name in self.members.get(cohort, ()):
+            if name != exclude:
+                borrowed = self.borrowed(name, flavor)
+                if borrowed > 0:
+                    found.append((name, borrowed))
         return sorted(found, key=lambda b: (-b[1], b[0]))
 
     # --- decisions -----------------------------------------------------------------------

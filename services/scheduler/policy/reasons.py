@@ -75,7 +75,10 @@ class _Explainer:
         self._timelines: dict[tuple[tuple[str, ...], str, bool], _Timeline] = {}
         self._heads: dict[tuple[str, str, str | None], tuple[str, str]] = {}
         self._tails: dict[tuple[str, str | None], str] = {}
-        self._names_jobs: dict[str, bool] = {}
+        self._named: dict[str, frozenset[str]] = {}
+        """Text -> the teams of the jobs its words name (``team_of`` is fixed for a run)."""
+        self._named_items: dict[str, frozenset[str]] = {}
+        """``blocking`` -> the teams of the jobs its items name."""
         self._blockings: dict[tuple[str, str | None], str] = {}
         self._reserved: dict[tuple[str, ...], tuple[str, str, str | None]] = {}
         self._cohort_heads: dict[tuple[str, str, int, int], tuple[str, str]] = {}
@@ -121,7 +124,7 @@ class _Explainer:
             text = (e.reason, e.blocking)
             known = generic.get(text)
             if known is None:
-                named = _teams_named(e.reason, e.blocking, team_of)
+                named = self._teams_named(e.reason, e.blocking, team_of)
                 known = generic[text] = (named, *self._seen_by(*text, None, team_of))
             shown = known[1], known[2]
             if own in known[0]:
@@ -163,12 +166,33 @@ class _Explainer:
         """``_reason_seen_by``; a text none of whose words is a job id in ``team_of`` reads
         the same for every team, which is found once per text (``team_of`` is fixed for
         this explainer's run) rather than once per text and team."""
-        names = self._names_jobs.get(text)
-        if names is None:
-            names = self._names_jobs[text] = any(
-                m.group(2) in team_of for m in _WORD.finditer(text)
+        return _reason_seen_by(text, own, team_of) if self._named_by(text, team_of) else text
+
+    def _named_by(self, text: str, team_of: Mapping[str, str]) -> frozenset[str]:
+        """The teams of the jobs ``text``'s words name (cached per text)."""
+        named = self._named.get(text)
+        if named is None:
+            named = self._named[text] = frozenset(
+                team_of[m.group(2)] for m in _WORD.finditer(text) if m.group(2) in team_of
             )
-        return _reason_seen_by(text, own, team_of) if names else text
+        return named
+
+    def _teams_named(
+        self, reason: str, blocking: str, team_of: Mapping[str, str]
+    ) -> frozenset[str]:
+        """The teams of the jobs ``reason`` and ``blocking`` name (words and items that are
+        job ids in ``team_of``): ``_as_seen_by`` reads the team only to compare it with
+        these, so for any team outside them it gives what it gives for ``None``. Found per
+        part of the reason around its last "; " (as ``_seen_by`` rewrites it; "; " holds no
+        word) and per ``blocking``, which repeat far more than whole reasons do."""
+        head, _, tail = reason.rpartition("; ")
+        items = self._named_items.get(blocking)
+        if items is None:
+            parts = (i.strip() for i in blocking.split(","))
+            items = self._named_items[blocking] = frozenset(
+                team_of[i] for i in parts if i in team_of
+            )
+        return self._named_by(head, team_of) | self._named_by(tail, team_of) | items
 
     def _blocking_seen(self, blocking: str, own: str | None, team_of: Mapping[str, str]) -> str:
         shown = self._blockings.get((blocking, own))
@@ -443,15 +467,6 @@ def _as_seen_by(
 ) -> tuple[str, str]:
     """``reason`` and ``blocking`` with other teams' job ids replaced (see ``for_team``)."""
     return _reason_seen_by(reason, team, team_of), _blocking_seen_by(blocking, team, team_of)
-
-
-def _teams_named(reason: str, blocking: str, team_of: Mapping[str, str]) -> frozenset[str]:
-    """The teams of the jobs ``reason`` and ``blocking`` name (words and items that are job
-    ids in ``team_of``): ``_as_seen_by`` reads the team only to compare it with these, so
-    for any team outside them it gives what it gives for ``None``."""
-    named = {team_of[m.group(2)] for m in _WORD.finditer(reason) if m.group(2) in team_of}
-    named.update(team_of[i] for i in (i.strip() for i in blocking.split(",")) if i in team_of)
-    return frozenset(named)
 
 
 def _reason_seen_by(reason: str, team: str | None, team_of: Mapping[str, str]) -> str:
