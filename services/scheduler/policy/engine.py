@@ -77,6 +77,11 @@ from trainyard_platform.services.scheduler.policy.validation import (
 )
 
 HeapKey = tuple[int, float, float, int, str]
+Entry = tuple[int, float, float, int, str, int, str]
+"""A queue's entry in a pass's heap: its next job's ``HeapKey``, then the count of
+placements when it was computed and the queue's name. Flat, not (key, count, name): the
+heap compares entries ~20 times per job, and a nested key made each comparison compare
+the keys twice (once for equality, once for order), for the same order."""
 
 
 @dataclass(slots=True)
@@ -223,7 +228,7 @@ class PolicyState:
             queues.setdefault(job.queue, []).append(job)
         # Entries carry the number of placements made when their key was computed: keys only
         # change when something is placed, so an entry from the same count is still exact.
-        heap: list[tuple[HeapKey, int, str]] = []
+        heap: list[Entry] = []
         cursor: dict[str, int] = {}
         # Per queue, its jobs in order and the first part of their ``queue_key``
         # (``submitted_at / ageing - level``), which is also the job's part of its standing
@@ -245,7 +250,7 @@ class PolicyState:
             orders[name] = [k[0] for k, _ in keyed]
             cursor[name] = 0
             self.queue_order[name] = jobs
-            heap.append((self._standing(jobs[0], ageing, orders[name][0]), 0, name))
+            heap.append((*self._standing(jobs[0], ageing, orders[name][0]), 0, name))
         heapq.heapify(heap)
         placements = self.placements
         heappop, heappushpop = heapq.heappop, heapq.heappushpop
@@ -259,7 +264,7 @@ class PolicyState:
         team_of = {name: q.team for name, q in queue_of.items()}
         placed_by = self._placed_by_team
 
-        def standing(job: PendingJob, order: float) -> HeapKey:  # = _standing, inlined
+        def standing(job: PendingJob, order: float) -> Entry:  # = _standing, inlined
             # A share changes only when its team places a job (``fair.charge``).
             name = job.queue
             n = placed_by.get(team_of[name], 0)
@@ -267,7 +272,15 @@ class PolicyState:
                 shares[name] = share(queue_of[name])
                 charged[name] = n
             tier = 0 if first_tier(name, job.flavor, job.gpus) else 1
-            return (tier, shares[name] + order, job.submitted_at, job.seq, job.job_id)
+            return (
+                tier,
+                shares[name] + order,
+                job.submitted_at,
+                job.seq,
+                job.job_id,
+                len(placements),
+                name,
+            )
 
         # A queue's next entry goes in with ``heappushpop``, which pushes it and pops the
         # smallest as one step and skips the heap when it is the smallest itself (a third
@@ -275,19 +288,18 @@ class PolicyState:
         # and then a pop, since no two keys are equal (each holds its job's id).
         entry = heappop(heap) if heap else None
         while entry is not None:
-            key, placed, name = entry
+            name = entry[6]
             at = cursor[name]
             jobs = queues[name]
-            if placed != len(placements):
+            if entry[5] != len(placements):
                 fresh = standing(jobs[at], orders[name][at])
-                if fresh != key and heap and fresh > heap[0][0]:
-                    entry = heappushpop(heap, (fresh, len(placements), name))
+                if fresh[:5] != entry[:5] and heap and fresh[:5] > heap[0][:5]:
+                    entry = heappushpop(heap, fresh)
                     continue
             decide(jobs[at])
             at = cursor[name] = at + 1
             if at < len(jobs):
-                following = (standing(jobs[at], orders[name][at]), len(placements), name)
-                entry = heappushpop(heap, following)
+                entry = heappushpop(heap, standing(jobs[at], orders[name][at]))
             else:
                 entry = heappop(heap) if heap else None
         return self.decisions()

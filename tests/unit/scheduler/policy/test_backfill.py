@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import replace
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from trainyard_platform.services.scheduler.policy import schedule
+from trainyard_platform.services.scheduler.policy.backfill import FluidEstimate
 from trainyard_platform.services.scheduler.policy.model import (
     Node,
     PendingJob,
@@ -100,3 +105,31 @@ def test_reservations_are_limited_per_flavor() -> None:
     assert [p.job_id for p in d.placements] == []  # the head's reservation still protects it
     d = schedule(snap(nodes, QUEUES, (head, second, long), run), replace(FIFO, reservations=0))
     assert [p.job_id for p in d.placements] == ["long-small"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 16),
+    st.lists(st.tuples(st.integers(0, 20), st.integers(1, 8)), max_size=30),
+    st.lists(st.tuples(st.integers(1, 24), st.integers(1, 20)), max_size=30),
+)
+def test_the_fluid_estimate_takes_releases_in_time_order(
+    free: int, releases: list[tuple[int, int]], jobs: list[tuple[int, int]]
+) -> None:
+    """``FluidEstimate`` reads the releases known at the start and those of the jobs in line
+    from two places; its estimates are those of one heap of them all (small integer times,
+    so that many releases tie)."""
+    known = [(NOW + 60.0 * at, gpus) for at, gpus in releases]
+    estimate = FluidEstimate(free, known, NOW)
+    heap, spare, clock = list(known), free, NOW
+    heapq.heapify(heap)
+    for gpus, runtime in jobs:
+        while spare < gpus and heap:
+            at, count = heapq.heappop(heap)
+            spare, clock = spare + count, max(clock, at)
+        expected = None
+        if spare >= gpus:
+            spare -= gpus
+            heapq.heappush(heap, (clock + 60.0 * runtime, gpus))
+            expected = clock
+        assert estimate.next_start(gpus, 60.0 * runtime) == expected
