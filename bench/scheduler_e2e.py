@@ -36,6 +36,7 @@ from pathlib import Path
 import nats
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
+from opentelemetry.sdk.trace.sampling import Decision, TraceIdRatioBased
 
 from bench._host import describe
 from trainyard_platform.deploy.local.nats import NatsServer
@@ -63,7 +64,7 @@ async def _run(
     js = nc.jetstream()
     granted: set[str] = set()
     done = asyncio.Event()
-    # Each grant with the trace id it came in (None: stop).
+    # Each grant with the traceparent it came with (None: stop).
     to_finish: asyncio.Queue[tuple[AllocationGranted, str | None] | None] = asyncio.Queue()
 
     async def on_grant(msg: Msg) -> None:
@@ -71,15 +72,14 @@ async def _run(
         assert isinstance(grant, AllocationGranted)
         granted.add(grant.job_id)
         if finish:
-            parent = (msg.headers or {}).get("traceparent")
-            to_finish.put_nowait((grant, parent.split("-")[1] if parent else None))
+            to_finish.put_nowait((grant, (msg.headers or {}).get("traceparent")))
         if len(granted) >= jobs:
             done.set()
 
     async def finish_jobs() -> None:
         """The runners: each granted job succeeds at once, freeing its GPU for the next."""
         while (finished := await to_finish.get()) is not None:
-            grant, trace_id = finished
+            grant, parent = finished
             succeeded = JobSucceeded(
                 job_id=grant.job_id,
                 allocation_id=grant.allocation_id,
@@ -88,7 +88,7 @@ async def _run(
                 finished_at=dt.datetime.now(dt.UTC),
             )
             env = Envelope.wrap(succeeded, source=owner(succeeded), subject=grant.job_id)
-            traced = _trace_headers(trace_id) if trace_id else {}  # none came: none goes
+            traced = _trace_headers(parent) if parent else {}  # none came: none goes
             headers = {"Nats-Msg-Id": env.id, **traced}
             await js.publish(env.nats_subject, env.to_json(), headers=headers)
 
@@ -150,11 +150,30 @@ async def _run(
     }
 
 
-def _trace_headers(trace_id: str | None) -> dict[str, str]:
-    """The W3C context a real producer sends with an event, as one of its spans: the
-    submission service's in a new trace (``trace_id`` None) for a submission, the runner's in
-    the grant's trace for a success."""
-    return {"traceparent": f"00-{trace_id or secrets.token_hex(16)}-{secrets.token_hex(8)}-01"}
+def _trace_headers(parent: str | None) -> dict[str, str]:
+    """The W3C context a real producer sends with an event, as one of its spans: for a
+    submission (``parent`` None), the submission service's in a new trace, recorded as that
+    service's sampler (the same ``OTEL_TRACES_SAMPLER`` variables as the scheduler's) would
+    decide; for a success, the runner's in the trace of the grant's ``parent`` traceparent,
+    with its decision."""
+    if parent is None:
+        trace_id = secrets.token_hex(16)
+        flags = "01" if _samples(int(trace_id, 16)) else "00"
+    else:
+        _, trace_id, _, flags = parent.split("-")
+    return {"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-{flags}"}
+
+
+def _samples(trace_id: int) -> bool:
+    """Whether a root span of ``trace_id`` is recorded by the sampler the environment names."""
+    name = os.environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on")
+    if name in ("always_off", "parentbased_always_off"):
+        return False
+    if name in ("traceidratio", "parentbased_traceidratio"):
+        ratio = TraceIdRatioBased(float(os.environ.get("OTEL_TRACES_SAMPLER_ARG", "1.0")))
+        decision = ratio.should_sample(None, trace_id, "submit").decision
+        return decision is Decision.RECORD_AND_SAMPLE
+    return True
 
 
 async def _wait_for_nodes(queue_url: str, nodes: int) -> None:

@@ -6,7 +6,9 @@ Run: ``.venv/bin/python -m bench.tracing_cost [--rounds 4] [--modes on off] [--n
 
 What is measured: ``bench.scheduler_e2e``'s run (a real ``python -m trainyard_platform.services.scheduler`` on a
 local NATS server and PostgreSQL, simulated runners, ``job.submitted`` events published as
-fast as the client can, the clock from the first submit to the last ``allocation.granted``;
+fast as the client can, each with a W3C trace context as the submission service sends it (a
+new trace, recorded as the mode's sampler decides), the clock from the first submit to the
+last ``allocation.granted``;
 with ``--finish`` each granted job succeeds at once so the rest start as GPUs free up),
 alternately in two modes, in the same run, each scheduler fresh:
 
