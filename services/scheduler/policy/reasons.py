@@ -81,6 +81,9 @@ class _Explainer:
         """``blocking`` -> the teams of the jobs its items name."""
         self._blockings: dict[tuple[str, str | None], str] = {}
         self._reserved: dict[tuple[str, ...], tuple[str, str, str | None]] = {}
+        self._etas: dict[float | None, str] = {}
+        self._texts: dict[tuple[str, str], str] = {}
+        """(head, estimate) -> the reason of a reserved job."""
         self._cohort_heads: dict[tuple[str, str, int, int], tuple[str, str]] = {}
         self._members: dict[str, tuple[str, ...]] = {}
         self._reclaims: dict[
@@ -235,8 +238,15 @@ class _Explainer:
                     explain.shorter_runtime(first - self.now) if first > self.now else None,
                 )
             head, blocking, hint = known
-            text = f"{head}; {explain.eta(start, self.now)}"
-            return Explanation(w.position, text, blocking, hint, start)
+            # Jobs in line share fluid estimates and their coarse texts ("~2.5 h"): at
+            # 10,000 nodes, 33,634 reserved jobs had 5,195 starts and 3,851 reasons. One
+            # string per reason also makes ``run``'s lookups by it cheap (a string keeps its
+            # hash).
+            eta = self._eta(start)
+            reason = self._texts.get((head, eta))
+            if reason is None:
+                reason = self._texts[(head, eta)] = f"{head}; {eta}"
+            return Explanation(w.position, reason, blocking, hint, start)
         if w.kind == "behind":
             assert w.reservation is not None
             text = explain.behind(w.reservation.job_id)
@@ -246,6 +256,13 @@ class _Explainer:
         blocking = _ids([h.split(" ", 1)[0] for h in holders]) or f"{job.flavor} nodes"
         text = f"{text}; {explain.eta(start, self.now)}"
         return Explanation(w.position, text, blocking, self.fewer(job), start)
+
+    def _eta(self, start: float | None) -> str:
+        """``explain.eta`` of ``start`` (cached per start)."""
+        eta = self._etas.get(start)
+        if eta is None:
+            eta = self._etas[start] = explain.eta(start, self.now)
+        return eta
 
     # --- quota ---------------------------------------------------------------------------
 
