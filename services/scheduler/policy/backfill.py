@@ -165,10 +165,10 @@ class FluidEstimate:
     def __init__(self, free: int, releases: list[tuple[float, int]], now: float):
         self._free = free
         # Releases come in time order from two sources: those known at the start, sorted
-        # once and read with a cursor, and those of the jobs in line, in a heap. At 10,000
-        # nodes the first holds ~30,000 releases, and one heap of them all made every pop
-        # a walk down a deep heap (a tenth of explaining 100,000 jobs). Equal entries are
-        # equal tuples, so which source gives one first does not change any estimate.
+        # once and read with a cursor, and those of the jobs in line, in a heap, so most
+        # pops are no walk down one deep heap of them all (at 10,000 nodes, 16,686 a100
+        # releases and 22,040 jobs in line: 38-43 -> 34 ms). Equal entries are equal
+        # tuples, so which source gives one first does not change any estimate.
         self._known = sorted(releases)
         self._cursor = 0
         self._added: list[tuple[float, int]] = []

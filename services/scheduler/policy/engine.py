@@ -82,8 +82,9 @@ _by_job_id = operator.attrgetter("job_id")
 Entry = tuple[int, float, float, int, str, int, str]
 """A queue's entry in a pass's heap: its next job's ``HeapKey``, then the count of
 placements when it was computed and the queue's name. Flat, not (key, count, name): the
-heap compares entries ~20 times per job, and a nested key made each comparison compare
-the keys twice (once for equality, once for order), for the same order."""
+heap compares entries about ten times per job (500 queues), and a nested key made each
+comparison compare the keys twice (once for equality, once for order), for the same
+order."""
 
 
 @dataclass(slots=True)
@@ -527,9 +528,9 @@ class PolicyState:
                     if r.slack[node.node_id] < shape[1]:
                         found[r.job_id] = r
             short = tuple(found[k] for k in sorted(found))
-            # The latest start among them: a job ending after it delays them all, which
-            # most do (reservations start within hours, jobs run for hours), so the common
-            # answer is the kept tuple itself, found without a test per reservation.
+            # The latest start among them: a job ending after it delays them all, so the
+            # answer is the kept tuple itself, found without a test per reservation (at
+            # 10,000 nodes, for 24,000 of the 35,000 calls of a pass).
             latest = max((r.start for r in short), default=float("-inf"))
             kept = self._fit_now[key] = (pool.version, short, latest)
         _, short, latest = kept
