@@ -165,7 +165,9 @@ def test_no_job_is_preempted_too_often_or_while_protected_over_a_history() -> No
     REACHED.clear()
     _histories_keep_the_anti_thrash_rules()
     for what, at_least in (
-        ("a job preempted again", 20),
+        # Low floors: the examples depend on which modules the run imported (Hypothesis
+        # draws constants from them); "preempted again" was reached 6 to 81 times.
+        ("a job preempted again", 2),
         ("a job reached its bound", 20),
         ("a reclaim of a job larger than what its queue borrows", 5),
     ):
