@@ -181,13 +181,13 @@ class SchedulerHandlers:
         (``Delivery.span``: the refusal is said in the job's trace)."""
         jobs: list[repo.NewJob] = []
         for chunk in link_chunks(run):
-            with batch_span(chunk, self._consumer) as batch:
-                traced = batch.get_span_context().is_valid  # False: tracing is off
+            with batch_span(chunk, self._consumer):
                 for delivery in chunk:
                     submitted = delivery.envelope.data
                     assert isinstance(submitted, JobSubmitted)
-                    carried = delivery.trace_headers() if traced else {}
-                    if traced and not carried:  # its trace starts here, as one alone
+                    # Kept with tracing off too: a no-op tracer still propagates it.
+                    carried = delivery.trace_headers()
+                    if not carried:  # its trace starts here, as one alone
                         with delivery.span(self._consumer):
                             job = await self._admit(conn, submitted, now)
                     elif (refusal := await self._refusal(conn, submitted)) is None:
