@@ -8,7 +8,10 @@ Contract:
 - A background task that crashes stops the whole process with exit status 1: a service never
   limps on with half its consumers dead.
 - Tracing (``shared.telemetry``), metrics (``shared.metrics``) and logging (``shared.logs``)
-  are set up when the runtime is entered, the same way in every service.
+  are set up when the runtime is entered, the same way in every service. When it exits,
+  the last spans and metrics get at most ``TELEMETRY_STOP_SECONDS`` to leave (both
+  providers stop side by side); what has not left by then is dropped, with a warning, so
+  an unreachable collector never holds a stop for its exporters' retries.
 - ``run`` freezes the heap built during start-up (``gc.freeze()``, after one full
   collection): the modules, settings, pools and app a service keeps for its whole life are
   never traversed again by the garbage collector, whose full collections then cost a
@@ -31,6 +34,8 @@ import gc
 import logging
 import signal
 import sys
+import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
@@ -53,6 +58,12 @@ from trainyard_platform.shared.settings import ServiceSettings, invalid_settings
 from trainyard_platform.shared.telemetry import OtelExportSettings, setup_tracing
 
 log = logging.getLogger(__name__)
+
+TELEMETRY_STOP_SECONDS = 5.0
+"""Longest a stop waits for the last spans and metrics to be exported. Each OTLP exporter
+retries a failed export for ``OTEL_EXPORTER_OTLP_TIMEOUT`` (10 s): against a collector that
+refused connections a stop took about 20 s longer, after a drain of up to the shutdown
+grace (20 s), past the 30 s that the manifests and compose allow before a kill."""
 
 ReadinessCheck = Callable[[], Awaitable[bool]]
 ServiceSettingsT = TypeVar("ServiceSettingsT", bound=ServiceSettings)
@@ -86,10 +97,28 @@ class ServiceRuntime:
         try:
             await self.resources.__aexit__(*exc)  # type: ignore[arg-type]
         finally:
-            if self._provider is not None:
-                self._provider.shutdown()
-            if self._meter_provider is not None:
-                self._meter_provider.shutdown()
+            self._stop_telemetry()
+
+    def _stop_telemetry(self) -> None:
+        """Stop the tracer and meter providers, flushing what they hold, within
+        ``TELEMETRY_STOP_SECONDS`` (see the module docstring)."""
+        stops = [p.shutdown for p in (self._provider, self._meter_provider) if p is not None]
+        threads = [
+            threading.Thread(target=stop, name=f"{self.name} telemetry stop", daemon=True)
+            for stop in stops
+        ]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + TELEMETRY_STOP_SECONDS
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if any(thread.is_alive() for thread in threads):
+            log.warning(
+                "%s: telemetry not exported within %g s of the stop (collector unreachable?); "
+                "the spans and metrics not yet sent are dropped",
+                self.name,
+                TELEMETRY_STOP_SECONDS,
+            )
 
     def _on_signal(self, sig: signal.Signals) -> None:
         log.info("%s received %s: draining", self.name, sig.name)

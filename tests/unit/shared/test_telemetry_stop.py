@@ -1,0 +1,77 @@
+"""A service's stop waits a bounded time for its last spans: an unreachable collector made
+each stop about 20 s longer (the exporters' retries), after a drain of up to 20 s, past the
+30 s before a kill."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Sequence
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from trainyard_platform.shared import runtime as runtime_module
+from trainyard_platform.shared.runtime import ServiceRuntime
+from trainyard_platform.shared.settings import ServiceSettings
+
+
+class StuckExporter(SpanExporter):
+    """An export that does not return until released (a collector that never answers, as
+    an exporter retrying for its timeout looks from outside)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.exporting = threading.Event()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.exporting.set()
+        self.release.wait()
+        return SpanExportResult.FAILURE
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_drops_spans_that_cannot_leave_in_time(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(runtime_module, "TELEMETRY_STOP_SECONDS", 0.2)
+    exporter = StuckExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=10))
+    provider.get_tracer("test").start_span("last work").end()
+    assert exporter.exporting.wait(10)
+    # Not entered: entering installs the process's tracer and meter providers.
+    service = ServiceRuntime("billing", ServiceSettings())
+    service._provider = provider
+    try:
+        with caplog.at_level(logging.WARNING, logger=runtime_module.__name__):
+            asyncio.run(service.__aexit__(None, None, None))
+        # It returned while the export was still stuck (the SDK would have waited 30 s for
+        # the batch worker, then for the exporter), and said what it dropped.
+        assert not exporter.release.is_set()
+        assert "billing: telemetry not exported within 0.2 s of the stop" in caplog.text
+    finally:
+        exporter.release.set()
+
+
+def test_a_stop_that_flushes_in_time_says_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    exported: list[str] = []
+
+    class Recording(SpanExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            exported.extend(span.name for span in spans)
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Recording()))
+    provider.get_tracer("test").start_span("last work").end()
+    service = ServiceRuntime("billing", ServiceSettings())
+    service._provider = provider
+    with caplog.at_level(logging.WARNING, logger=runtime_module.__name__):
+        asyncio.run(service.__aexit__(None, None, None))
+    assert exported == ["last work"]  # flushed by the stop (its batch was not due yet)
+    assert "telemetry not exported" not in caplog.text
