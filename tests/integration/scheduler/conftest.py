@@ -19,10 +19,32 @@ from trainyard_platform.services.scheduler.service import MIGRATIONS, NAME, SUBJ
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.db import migrate, open_pool
 from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
-from trainyard_platform.shared.events.payloads import JobSpec, JobSubmitted, RunnerHeartbeat
+from trainyard_platform.shared.events.payloads import (
+    AllocationGranted,
+    JobPreempted,
+    JobSpec,
+    JobSubmitted,
+    RunnerHeartbeat,
+)
 from trainyard_platform.shared.events.trust import owner
 from trainyard_platform.shared.outbox import OutboxRelay
 from trainyard_platform.shared.settings import DatabaseSettings, NatsSettings
+
+RUNNER_RESTARTED = "lost: the runner restarted while the job was running"
+"""The reason a restarted runner reports for the jobs it lost (``runner.domain``)."""
+
+
+def preempted(grant: AllocationGranted, reason: str = "revoked: preempted") -> JobPreempted:
+    """The runner's report that ``grant``'s allocation ended preempted, now."""
+    return JobPreempted(
+        job_id=grant.job_id,
+        allocation_id=grant.allocation_id,
+        node_id=grant.node_id,
+        epoch=grant.epoch,
+        finished_at=datetime.now(UTC),
+        reason=reason,
+    )
+
 
 P = TypeVar("P", bound=Payload)
 WAIT_S = 15.0

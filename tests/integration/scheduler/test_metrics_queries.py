@@ -5,15 +5,13 @@ policy's own preemptions count as preemptions."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from tests.integration.scheduler.conftest import Scheduler
+from tests.integration.scheduler.conftest import RUNNER_RESTARTED, Scheduler, preempted
 from trainyard_platform.services.scheduler.metrics import scheduler_readings
-from trainyard_platform.shared.events.payloads import AllocationGranted, JobPreempted
+from trainyard_platform.shared.events.payloads import AllocationGranted
 from trainyard_platform.shared.metrics_sampler import Sampler
 
 pytestmark = pytest.mark.integration
@@ -47,17 +45,7 @@ async def test_allocations_and_preemptions_per_flavor_from_zero(scheduler: Sched
     assert await readings(scheduler, "trainyard.scheduler.preemptions") == {"cpu": 0, "a100": 0}
 
     # The runner restarted under the job: it reports it preempted, with no notice given.
-    await scheduler.send(
-        JobPreempted(
-            job_id="job-1",
-            allocation_id=grant.allocation_id,
-            node_id="n1",
-            epoch=grant.epoch,
-            finished_at=datetime.now(UTC),
-            reason="lost: the runner restarted while the job was running",
-        ),
-        "job-1",
-    )
+    await scheduler.send(preempted(grant, RUNNER_RESTARTED), "job-1")
     await scheduler.wait_for(AllocationGranted, count=2)
     assert await readings(scheduler, "trainyard.scheduler.preemptions") == {"cpu": 0, "a100": 0}
     assert await readings(scheduler, "trainyard.scheduler.allocations") == {"cpu": 2, "a100": 0}

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from tests.integration.scheduler.conftest import Scheduler, Tuned, make_spec, until
+from tests.integration.scheduler.conftest import Scheduler, Tuned, make_spec, preempted, until
 from trainyard_platform.services.scheduler import admin
 from trainyard_platform.services.scheduler import repository as repo
 from trainyard_platform.services.scheduler.admin_schemas import (
@@ -60,17 +60,6 @@ def started(grant: AllocationGranted) -> JobStarted:
             gpu_flavor="cpu",
         ),
         spec=grant.spec,
-    )
-
-
-def preempted(grant: AllocationGranted) -> JobPreempted:
-    return JobPreempted(
-        job_id=grant.job_id,
-        allocation_id=grant.allocation_id,
-        node_id=grant.node_id,
-        epoch=grant.epoch,
-        finished_at=datetime.now(UTC),
-        reason="revoked: preempted",
     )
 
 

@@ -14,7 +14,13 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tests.integration.scheduler.conftest import Scheduler, make_spec, until
+from tests.integration.scheduler.conftest import (
+    RUNNER_RESTARTED,
+    Scheduler,
+    make_spec,
+    preempted,
+    until,
+)
 from trainyard_platform.services.scheduler import handlers as handlers_module
 from trainyard_platform.services.scheduler import repository as repo
 from trainyard_platform.services.scheduler.handlers import SchedulerHandlers
@@ -265,17 +271,7 @@ async def test_preempted_job_is_requeued_for_its_next_attempt(scheduler: Schedul
     await scheduler.heartbeat("n1", gpus=1)
     await scheduler.submit("job-1", gpus=1)
     (grant,) = await scheduler.wait_for(AllocationGranted)
-    await scheduler.send(
-        JobPreempted(
-            job_id="job-1",
-            allocation_id=grant.allocation_id,
-            node_id="n1",
-            epoch=grant.epoch,
-            finished_at=datetime.now(UTC),
-            reason="revoked",
-        ),
-        "job-1",
-    )
+    await scheduler.send(preempted(grant, "revoked"), "job-1")
     (released,) = await scheduler.wait_for(AllocationReleased)
     assert released.outcome == "preempted"
     grants = await scheduler.wait_for(AllocationGranted, count=2)
@@ -307,17 +303,7 @@ async def test_only_the_schedulers_own_preemptions_count_against_max_preemptions
                 "WHERE allocation_id = $1",
                 grant.allocation_id,
             )
-        await scheduler.send(
-            JobPreempted(
-                job_id="job-1",
-                allocation_id=grant.allocation_id,
-                node_id="n1",
-                epoch=grant.epoch,
-                finished_at=datetime.now(UTC),
-                reason="lost: the runner restarted while the job was running",
-            ),
-            "job-1",
-        )
+        await scheduler.send(preempted(grant, RUNNER_RESTARTED), "job-1")
     await scheduler.wait_for(AllocationGranted, count=6)
     assert await preempted_count() == 2
 
@@ -492,20 +478,12 @@ async def test_a_batch_of_end_reports_applies_as_one_by_one(scheduler: Scheduler
         exit_code=1,
         reason="crashed",
     )
-    preempted = JobPreempted(
-        job_id="job-3",
-        allocation_id=g["job-3"].allocation_id,
-        node_id="n1",
-        epoch=g["job-3"].epoch,
-        finished_at=datetime.now(UTC),
-        reason="revoked",
-    )
     batch = [
         succeeded(g["job-0"]),
         succeeded(g["job-1"]),
         late_failure,
         succeeded(g["job-2"]),
-        preempted,
+        preempted(g["job-3"], "revoked"),
     ]
     assert scheduler.work is not None
     async with scheduler.pool.acquire() as conn, conn.transaction():
