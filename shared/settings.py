@@ -27,7 +27,7 @@ _ORIGIN = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+")
 """A web origin: scheme, host and optional port; no path, no wildcard."""
 
 
-class Settings(BaseSettings):
+class PlatformSettings(BaseSettings):
     """The base of every settings class of the platform: a number must be finite.
 
     pydantic takes ``inf`` and ``nan`` for a float by default, and a bound such as ``gt=0``
@@ -37,7 +37,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(allow_inf_nan=False)
 
 
-class NatsSettings(Settings):
+class NatsSettings(PlatformSettings):
     """How to reach NATS JetStream and how consumers retry."""
 
     model_config = SettingsConfigDict(env_prefix="TRAINYARD_NATS_")
@@ -86,7 +86,7 @@ class NatsSettings(Settings):
     """How long a publish waits for JetStream to acknowledge that the event is stored."""
 
 
-class DatabaseSettings(Settings):
+class DatabaseSettings(PlatformSettings):
     """PostgreSQL connection; each service works in its own schema of this database."""
 
     model_config = SettingsConfigDict(env_prefix="TRAINYARD_DATABASE_")
@@ -108,7 +108,7 @@ class DatabaseSettings(Settings):
         return self
 
 
-class TelemetrySettings(Settings):
+class TelemetrySettings(PlatformSettings):
     """OpenTelemetry: OTLP export is on when OTEL_EXPORTER_OTLP_ENDPOINT is set."""
 
     model_config = SettingsConfigDict(env_prefix="TRAINYARD_TELEMETRY_")
@@ -119,7 +119,7 @@ class TelemetrySettings(Settings):
     """Append finished spans as JSON lines to this file (tests and local debugging)."""
 
 
-class ServiceSettings(Settings):
+class ServiceSettings(PlatformSettings):
     """What every service process has: a listen address, the infrastructure, a drain time."""
 
     host: str = "127.0.0.1"

@@ -191,7 +191,7 @@ class SchedulerHandlers:
                         with delivery.span(self._consumer):
                             job = await self._admit(conn, submitted, now)
                     elif (refusal := await self._refusal(conn, submitted)) is None:
-                        job = await self._new_job(conn, submitted, carried or None)
+                        job = await self._new_job(conn, submitted, carried)
                     else:
                         job = None
                         with delivery.span(self._consumer):
