@@ -415,6 +415,9 @@ class _Engine:
             last_checkpoint_at=state.run_start + kept if done else None,
             notice_at=state.notice_at,
             preemptions=state.preemptions,
+            # As it waits again once preempted (``_enqueue``): the policy orders it there.
+            submitted_at=state.submitted,
+            seq=state.seq,
         )
         every = self.cfg.checkpoint_s
         if math.isfinite(every) and every > 0:

@@ -71,7 +71,7 @@ class SnapshotRows:
     """Live leases on ready nodes: node_id, gpu_index, job_id."""
     running: Sequence[Row]
     """Live allocations with their job: allocation_id, epoch, job_id, queue, gpu_flavor, gpus,
-    priority_class,
+    priority_class, submitted_at, seq,
     max_runtime_seconds, job_status, job_updated_at, node_id, gpu_indices, granted_at,
     last_checkpoint_at, notice_at, borrowed, preemptions (the job's earlier attempts that
     ended by preemption)."""
@@ -249,6 +249,9 @@ def _running(members: Sequence[Row]) -> RunningJob:
         borrowed=any(m["borrowed"] for m in members),
         notice_at=to_epoch(min(notices)) if notices else None,
         preemptions=first["preemptions"],
+        # Kept when it is re-queued: the policy orders it against the job preempting it.
+        submitted_at=to_epoch(first["submitted_at"]),
+        seq=first["seq"],
     )
 
 

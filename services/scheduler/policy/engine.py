@@ -65,6 +65,7 @@ from trainyard_platform.services.scheduler.policy.model import (
 from trainyard_platform.services.scheduler.policy.packing import FlavorPool, NodeSlot, Shape
 from trainyard_platform.services.scheduler.policy.preemption import (
     Candidate,
+    Preemptor,
     candidates_for,
     notice,
     select,
@@ -607,6 +608,8 @@ class PolicyState:
             # A job already chosen as a victim in this pass frees its GPUs once: it must not
             # be chosen again for another waiting job (nor its GPUs counted twice).
             self._claimed,
+            # Only jobs it would stand before once re-queued (no victim starts again first).
+            Preemptor(job, self.level, self.fair, max(self.config.ageing_s, 1e-9)),
         )
         if not found:
             return

@@ -108,6 +108,13 @@ class FairShare:
             scale = self._queue_scale[queue.name] = self._scale.get((self.group(queue), team), 1.0)
         return used * scale
 
+    def share_without(self, queue: Queue, gpus: int) -> float:
+        """``share(queue)`` with ``gpus`` fewer held by its team: the share the queue would
+        have once a job of it holding them has left (a victim, re-queued)."""
+        if not self.enabled:
+            return 0.0
+        return self.share(queue) - gpus * self._queue_scale[queue.name]
+
     def charge(self, team: str, gpus: int) -> None:
         """Count ``gpus`` more held by ``team`` (a placement in this pass)."""
         self._held[team] = self._held.get(team, 0) + gpus

@@ -130,6 +130,14 @@ class RunningJob:
     preemptions: int = 0
     """How many of the job's earlier attempts ended by preemption (its protection against
     another grows with it; see ``PolicyConfig.min_runtime_s``)."""
+    submitted_at: float | None = None
+    """When the job was submitted (``PendingJob.submitted_at``: a job re-queued after a
+    preemption keeps it), or None when unknown. With ``seq`` it places the job in its
+    queue's order once re-queued: a waiting job may preempt only a job it would stand
+    before there (see ``preemption``). None: that test is skipped for it (snapshots built
+    before the field existed)."""
+    seq: int = 0
+    """Its ``PendingJob.seq`` (read with ``submitted_at``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,20 @@ Contract:
   victim what it loses. For reclaim, jobs no bigger than what
   their queue borrows come before bigger ones, so a lender takes back borrowed GPUs rather
   than the borrower's own quota where it can.
+- A victim re-queued keeps its submit time and arrival sequence, so it may stand before the
+  job that preempted it: it would then be decided first in the next pass and start again on
+  the GPUs it left, and be preempted again once protected no more (thrash, each round losing
+  its work for nothing). So a waiting job takes as a victim only a job it would be ordered
+  before once that job is re-queued (``Preemptor``). For priority, both are of one queue:
+  the queue's order (``fairshare.queue_key``: priority level less the size term, ageing,
+  submit time, sequence) must put the waiting job first; a strictly lower priority value
+  alone is not enough, since ageing or a smaller declared size can outweigh it. For
+  reclaim, a re-queued victim borrows again, so it is ordered after every job within its
+  nominal quota (the waiting job is one) -- except when it is all its queue holds of the
+  flavor: re-queued, it is then in the first tier (``QuotaBook.first_tier``), and the
+  waiting job must stand before it across queues, by fair share (its queue's share with the
+  victim's GPUs gone) and queue order. A victim whose submit time is unknown
+  (``RunningJob.submitted_at`` None) is not tested.
 - ``select`` adds victims in that order until the blocked job would fit (quota and a gang
   shape on the freed nodes), then drops, least preferred first, every victim not needed.
   None when even all candidates would not do.
@@ -39,6 +53,7 @@ from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
 
 from trainyard_platform.services.scheduler.policy import explain
+from trainyard_platform.services.scheduler.policy.fairshare import FairShare, queue_key
 from trainyard_platform.services.scheduler.policy.model import (
     PendingJob,
     PolicyConfig,
@@ -59,6 +74,56 @@ class Candidate:
     kind: PreemptionKind | None
     """None for a job already leaving under notice."""
     key: tuple[int, int, float, float, int, float, str]
+    order: tuple[float, float, int, str] | None = None
+    """Where the job would stand once re-queued (``Preemptor.order``), when the waiting job
+    must be ordered before it (module docstring); None when nothing is to be tested."""
+
+
+QueueKey = tuple[float, float, int, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Preemptor:
+    """The waiting job that looks for victims, and what orders it against a victim once the
+    victim is re-queued (module docstring): ``level`` is the priority level less the size
+    term of a pending job (the pass's), ``fair`` the pass's fair shares."""
+
+    job: PendingJob
+    level: Callable[[PendingJob], float]
+    fair: FairShare
+    ageing_s: float
+
+    def key(self) -> QueueKey:
+        """The waiting job's place in its queue's order."""
+        job = self.job
+        return queue_key(job.submitted_at, self.level(job), job.seq, job.job_id, self.ageing_s)
+
+    def order(self, victim: RunningJob) -> QueueKey | None:
+        """The victim's place in its queue's order once re-queued, or None when unknown."""
+        if victim.submitted_at is None:
+            return None
+        again = requeued(victim, victim.submitted_at)
+        return queue_key(again.submitted_at, self.level(again), again.seq, again.job_id,
+                         self.ageing_s)  # fmt: skip
+
+    def stands_before(self, quota: QuotaBook, victim: Candidate) -> bool:
+        """Whether the waiting job comes before ``victim`` re-queued in the first tier of its
+        cohort: by standing (fair share with the victim's GPUs gone, plus the queue order's
+        first term), then submit time, sequence and id, as a pass orders queue heads."""
+        if victim.order is None:
+            return True
+        mine = self.key()
+        share = self.fair.share(quota.queues[self.job.queue])
+        other = self.fair.share_without(quota.queues[victim.job.queue], victim.job.gpus)
+        return (share + mine[0], *mine[1:]) < (other + victim.order[0], *victim.order[1:])
+
+
+def requeued(job: RunningJob, submitted_at: float) -> PendingJob:
+    """``job`` as it waits again once preempted: the same request, submit time and sequence."""
+    return PendingJob(
+        job.job_id, job.queue, job.flavor, job.gpus, job.priority, submitted_at,
+        job.declared_runtime_s, job.seq,
+    )  # fmt: skip
 
 
 def protected_until(job: RunningJob, cls: PriorityClass, config: PolicyConfig) -> float:
@@ -196,9 +261,12 @@ def candidates_for(
     memo: dict[str, tuple[int, bool]] | None = None,
     made: dict[tuple[str, str, str, int], list[Candidate]] | None = None,
     claimed: Set[str] = frozenset(),
+    preemptor: Preemptor | None = None,
 ) -> tuple[list[Candidate], dict[str, int]]:
     """Candidate victims for a job of ``queue``/``flavor`` and what reclaim may take per
-    queue (see module docstring); jobs in ``claimed`` (victims already chosen) are left out.
+    queue (see module docstring); jobs in ``claimed`` (victims already chosen) are left out,
+    and, given the waiting job as ``preemptor``, jobs that would stand before it once
+    re-queued (without it, no job is left out for its order).
 
     ``memo`` (job id -> its priority value and whether it is eligible) and ``made`` (the
     candidates of one queue and flavor, per kind and priority or borrowed GPUs, before
@@ -230,9 +298,15 @@ def candidates_for(
         for job in running.get((queue, flavor), ()):
             value, ok = judged(job)
             if value < priority and ok:
-                own.append(Candidate(job, "priority", victim_key(job, value, now)))
+                order = preemptor.order(job) if preemptor is not None else None
+                own.append(Candidate(job, "priority", victim_key(job, value, now), order))
         own.sort(key=_by_key)  # (``select`` sorts again: sorted runs make that cheap)
-    found += unclaimed(own)
+    if preemptor is not None and own:
+        # Only jobs it stands before in their queue's order (module docstring).
+        mine = preemptor.key()
+        found += [c for c in unclaimed(own) if c.order is None or mine < c.order]
+    else:
+        found += unclaimed(own)
     reclaimable: dict[str, int] = {}
     cohort = quota.queues[queue].cohort
     if within_nominal and cohort is not None:
@@ -241,14 +315,27 @@ def candidates_for(
             lent = made.get(("reclaim", other, flavor, borrowed))
             if lent is None:
                 lent = made[("reclaim", other, flavor, borrowed)] = []
-                for job in running.get((other, flavor), ()):
+                # Once its queue's jobs under notice have left too, a victim re-queued is in
+                # the first tier (``QuotaBook.first_tier``) when it fits the nominal quota
+                # again or is all its queue held: only then may it stand before the job.
+                nominal = quota.nominal(other, flavor)
+                theirs = running.get((other, flavor), ())
+                rest = quota.used(other, flavor) - sum(r.gpus for r in theirs if r.notice_at)
+                for job in theirs:
                     value, ok = judged(job)
                     oversize = job.gpus > borrowed
                     if ok and not (oversize and now < oversize_until(job, config)):
                         key = victim_key(job, value, now, oversize=oversize)
-                        lent.append(Candidate(job, "reclaim", key))
+                        order = None
+                        first = rest <= nominal or (rest == job.gpus and nominal > 0)
+                        if preemptor is not None and first:
+                            order = preemptor.order(job)
+                        lent.append(Candidate(job, "reclaim", key, order))
                 lent.sort(key=_by_key)
-            found += unclaimed(lent)
+            if preemptor is not None:
+                found += [c for c in unclaimed(lent) if preemptor.stands_before(quota, c)]
+            else:
+                found += unclaimed(lent)
     return found, reclaimable
 
 

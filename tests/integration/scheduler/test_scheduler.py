@@ -23,8 +23,10 @@ from tests.integration.scheduler.conftest import (
 )
 from trainyard_platform.services.scheduler import handlers as handlers_module
 from trainyard_platform.services.scheduler import repository as repo
+from trainyard_platform.services.scheduler.convert import build_snapshot, to_epoch
 from trainyard_platform.services.scheduler.handlers import SchedulerHandlers
 from trainyard_platform.services.scheduler.node_watch import NodeWatch, sweep_lost_nodes
+from trainyard_platform.services.scheduler.policy.model import RunningJob
 from trainyard_platform.services.scheduler.scheduling import run_pass
 from trainyard_platform.shared import bus as bus_module
 from trainyard_platform.shared.bus import Delivery
@@ -277,6 +279,32 @@ async def test_preempted_job_is_requeued_for_its_next_attempt(scheduler: Schedul
     grants = await scheduler.wait_for(AllocationGranted, count=2)
     assert grants[1].attempt == 1
     assert grants[1].epoch > grant.epoch
+
+
+async def test_a_running_job_carries_its_place_in_its_queues_order(scheduler: Scheduler) -> None:
+    """The policy lets a waiting job preempt only a job it would stand before once that job
+    is re-queued: the snapshot's running job carries the submit time and arrival sequence
+    it waits with again, the same after a preemption."""
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.submit("job-1", gpus=1)
+    (grant,) = await scheduler.wait_for(AllocationGranted)
+    queued = await scheduler.pool.fetchrow(
+        "SELECT submitted_at, seq FROM jobs WHERE job_id = $1", "job-1"
+    )
+
+    async def running() -> RunningJob:
+        async with scheduler.pool.acquire() as conn:
+            rows = await repo.load_snapshot_rows(conn)
+        (job,) = build_snapshot(rows, datetime.now(UTC), 3600.0).snapshot.running
+        return job
+
+    first = await running()
+    assert (first.submitted_at, first.seq) == (to_epoch(queued["submitted_at"]), queued["seq"])
+    await scheduler.send(preempted(grant, "revoked"), "job-1")
+    await scheduler.wait_for(AllocationGranted, count=2)
+    again = await running()
+    assert again.started_at > first.started_at  # its next allocation
+    assert (again.submitted_at, again.seq) == (first.submitted_at, first.seq)
 
 
 async def test_only_the_schedulers_own_preemptions_count_against_max_preemptions(

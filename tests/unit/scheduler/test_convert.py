@@ -71,6 +71,8 @@ def member(job_id: str, node_id: str, indices: list[int], **more: Any) -> dict[s
         "gpu_flavor": "a100",
         "gpus": 0,
         "priority_class": "low",
+        "submitted_at": NOW - timedelta(hours=2),
+        "seq": 7,
         "max_runtime_seconds": 7200,
         "job_status": "RUNNING",
         "job_updated_at": NOW - timedelta(minutes=1),
@@ -158,6 +160,8 @@ def test_a_gang_becomes_one_running_job() -> None:
     assert job.notice_at is None
     assert job.preemptions == 2  # earlier attempts that ended by preemption
     assert (job.declared_runtime_s, job.priority) == (7200.0, "low")
+    # Its place in its queue's order once re-queued (submit time and sequence are kept).
+    assert (job.submitted_at, job.seq) == (to_epoch(NOW - timedelta(hours=2)), 7)
     assert [m["node_id"] for m in built.running["g"]] == ["n1", "n2"]
 
 
