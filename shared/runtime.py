@@ -244,8 +244,9 @@ def freeze_startup_heap() -> tuple[int, int, int]:
     collection first drops start-up's own garbage, so none of it is frozen. With Python's
     700, the scheduler collected its youngest generation about 500 times in a run of 2,400
     decisions and promoted what was alive (spans queued for export among it) to the older
-    generations, whose collections walk it again: 0.09-0.13 s of collections a run against
-    0.02-0.04 s at 20,000 (BENCHMARKS.md, "Tracing cost")."""
+    generations, whose collections walk it again: 0.09-0.14 s of collections a run traced
+    (0.07-0.10 untraced) against 0.03-0.05 (0.02) at 20,000, each collection of the
+    youngest generation then taking about 4 ms (BENCHMARKS.md, "Tracing cost")."""
     gc.collect()
     gc.freeze()
     before = gc.get_threshold()

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import trainyard_platform.shared.telemetry as telemetry
 from trainyard_platform.deploy.local.ports import free_port
-from trainyard_platform.shared.runtime import ServiceRuntime
+from trainyard_platform.shared.runtime import YOUNG_COLLECTION_THRESHOLD, ServiceRuntime
 from trainyard_platform.shared.settings import ServiceSettings
 
 
@@ -148,10 +148,14 @@ def test_the_database_instrumentation_gets_such_tracers() -> None:
 
 def test_serving_freezes_the_start_up_heap() -> None:
     """``run`` moves the start-up heap out of the collector's reach before it serves, and
-    back when it has stopped."""
+    collects the youngest generation every ``YOUNG_COLLECTION_THRESHOLD`` allocations; both
+    are put back when it has stopped."""
     gc.unfreeze()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
     settings = ServiceSettings(port=free_port())
     frozen_while_serving: list[int] = []
+    thresholds_while_serving: list[tuple[int, int, int]] = []
 
     async def serve_and_stop() -> int:
         # Not entered: entering installs the process's tracer and meter providers.
@@ -159,6 +163,7 @@ def test_serving_freezes_the_start_up_heap() -> None:
 
         async def look_and_stop() -> None:
             frozen_while_serving.append(gc.get_freeze_count())
+            thresholds_while_serving.append(gc.get_threshold())
             runtime.stopping.set()
 
         runtime.spawn(look_and_stop(), "look")
@@ -167,9 +172,12 @@ def test_serving_freezes_the_start_up_heap() -> None:
     try:
         assert asyncio.run(serve_and_stop()) == 0
         assert frozen_while_serving[0] > 0
+        assert thresholds_while_serving == [(YOUNG_COLLECTION_THRESHOLD, 10, 10)]
         assert gc.get_freeze_count() == 0
+        assert gc.get_threshold() == (700, 10, 10)
     finally:
         gc.unfreeze()
+        gc.set_threshold(*thresholds)
 
 
 def test_a_cancelled_run_unfreezes_the_heap() -> None:
