@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import threading
 from collections.abc import Mapping, Sequence
@@ -215,31 +214,11 @@ def add_exporters(provider: TracerProvider, settings: TelemetrySettings) -> None
     """Attach the exporters the environment asks for (OTLP, see ``span_exporters``) and the
     JSON-lines span file of ``settings`` to ``provider``."""
     for exporter in span_exporters():
-        queue, batch = batch_sizes()
-        provider.add_span_processor(
-            BatchSpanProcessor(exporter, max_queue_size=queue, max_export_batch_size=batch)
-        )
+        provider.add_span_processor(BatchSpanProcessor(exporter))
     if settings.span_file:
         # Simple (synchronous) processor: a span is on disk as soon as it ends, so tests
         # and ``trainyard trace`` can read it without waiting for a batch flush.
         provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(settings.span_file)))
-
-
-BATCH_SIZES: Final = (4096, 2048)
-"""The batch span processor's queue and batch when neither ``OTEL_BSP_MAX_QUEUE_SIZE`` nor
-``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` is set (the SDK's own: 2,048 and 512)."""
-
-
-def batch_sizes(environ: Mapping[str, str] | None = None) -> tuple[int | None, int | None]:
-    """The queue and batch sizes these services give ``BatchSpanProcessor``: ``BATCH_SIZES``
-    unless the environment sets either variable, in which case None for both (the SDK reads
-    the variables, and takes its own default for one not set). A busy service sends a
-    quarter of the requests, each costing its export thread about 2 ms of CPU whatever its
-    size (BENCHMARKS.md, "Tracing cost")."""
-    environ = os.environ if environ is None else environ
-    if "OTEL_BSP_MAX_QUEUE_SIZE" in environ or "OTEL_BSP_MAX_EXPORT_BATCH_SIZE" in environ:
-        return None, None
-    return BATCH_SIZES
 
 
 def tracer(name: str) -> trace.Tracer:

@@ -8,17 +8,11 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
 )
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
 from trainyard_platform.shared.runtime import serve_from_command_line
-from trainyard_platform.shared.settings import ServiceSettings, TelemetrySettings
-from trainyard_platform.shared.telemetry import (
-    OtelExportSettings,
-    add_exporters,
-    service_resource,
-    span_exporters,
-)
+from trainyard_platform.shared.settings import ServiceSettings
+from trainyard_platform.shared.telemetry import OtelExportSettings, service_resource, span_exporters
 
 _STANDARD = (
     "OTEL_SERVICE_NAME",
@@ -154,33 +148,3 @@ def test_a_service_with_a_bad_protocol_exits_naming_the_variable(
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "OTEL_EXPORTER_OTLP_PROTOCOL" in err and "http/json" in err
-
-
-def _batch_sizes(monkeypatch: pytest.MonkeyPatch, **variables: str) -> tuple[int, int]:
-    """The queue and batch sizes of the batch processor ``add_exporters`` builds for OTLP."""
-    for name in ("OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in variables.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:9/v1/traces")
-    provider = TracerProvider()
-    add_exporters(provider, TelemetrySettings())
-    try:
-        [processor] = provider._active_span_processor._span_processors
-        assert isinstance(processor, BatchSpanProcessor)
-        batch = processor._batch_processor
-        return batch._max_queue_size, batch._max_export_batch_size
-    finally:
-        provider.shutdown()
-
-
-def test_spans_leave_in_batches_of_2048_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _batch_sizes(monkeypatch) == (4096, 2048)
-
-
-def test_the_standard_batch_variables_still_win(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _batch_sizes(monkeypatch, OTEL_BSP_MAX_EXPORT_BATCH_SIZE="100") == (2048, 100)
-    assert _batch_sizes(monkeypatch, OTEL_BSP_MAX_QUEUE_SIZE="3000") == (3000, 512)
-    assert _batch_sizes(
-        monkeypatch, OTEL_BSP_MAX_QUEUE_SIZE="1000", OTEL_BSP_MAX_EXPORT_BATCH_SIZE="10"
-    ) == (1000, 10)
