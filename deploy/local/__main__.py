@@ -121,9 +121,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         token: str | None
         operator: str | None
         try:
-            token = stack.bootstrap_admin(args.team, args.user)
-            operator = stack.bootstrap_admin(OPERATOR_TEAM, OPERATOR_USER, role="operator")
-        except RuntimeError as exc:  # e.g. the admin exists already in a kept data dir
+            # A kept data folder has these users already: they get new tokens.
+            token = stack.bootstrap_admin(args.team, args.user, reissue=True)
+            operator = stack.bootstrap_admin(
+                OPERATOR_TEAM, OPERATOR_USER, role="operator", reissue=True
+            )
+        except RuntimeError as exc:  # e.g. the user was disabled, or has another role
             token = operator = None
             print(f"warning: no admin token: {exc}", file=sys.stderr, flush=True)
         _say("")

@@ -411,12 +411,19 @@ class LocalStack:
     # --- operations ------------------------------------------------------------------
 
     def bootstrap_admin(
-        self, team: str, user: str, timeout_s: float = 120.0, role: str = "admin"
+        self,
+        team: str,
+        user: str,
+        timeout_s: float = 120.0,
+        role: str = "admin",
+        reissue: bool = False,
     ) -> str:
         """Create the first admin of ``team`` (or, with ``role="operator"``, a platform
-        operator) and return its bearer token."""
+        operator) and return its bearer token; with ``reissue``, a user that exists already
+        (a kept data folder) gets a new token instead of a refusal."""
         argv = [*self._service_argv("submission"), "bootstrap-admin"]
         argv += ["--team", team, "--user", user, "--role", role]
+        argv += ["--reissue"] if reissue else []
         result = subprocess.run(
             argv,
             env=self._child_env("submission"),

@@ -5,7 +5,9 @@ the team (if new) and an admin user in it (or a platform operator), and prints o
 user's token on stdout, so that
 ``TOKEN=$(python -m trainyard_platform.services.submission bootstrap-admin ...)`` works. It refuses, with exit
 status 1, when the user already exists: there are no default credentials, and a token is
-shown exactly once.
+shown exactly once. With ``--reissue``, an existing enabled user of that role gets a new
+token instead (its other tokens stay valid; the audit log records it): the way back in for
+whoever holds the database's credentials and lost the token.
 """
 
 from __future__ import annotations
@@ -48,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
         default=str(Role.ADMIN),
         help="admin of the team (default) or platform operator",
     )
+    boot.add_argument(
+        "--reissue",
+        action="store_true",
+        help="if the user exists (enabled, same role), print a new token for it instead of "
+        "refusing; its other tokens stay valid",
+    )
     return parser
 
 
@@ -58,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != "bootstrap-admin":
         return asyncio.run(serve(settings))
     try:
-        token = asyncio.run(bootstrap_user(settings, args.team, args.user, Role(args.role)))
+        token = asyncio.run(
+            bootstrap_user(settings, args.team, args.user, Role(args.role), args.reissue)
+        )
     except UserExists as exc:
         print(f"bootstrap-admin: {exc}; nothing changed", file=sys.stderr)
         return 1

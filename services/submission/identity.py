@@ -147,21 +147,55 @@ async def add_user(
 
 
 async def bootstrap_user(
-    pool: asyncpg.Pool, team: str, name: str, role: Role = Role.ADMIN, ttl_days: int | None = None
+    pool: asyncpg.Pool,
+    team: str,
+    name: str,
+    role: Role = Role.ADMIN,
+    ttl_days: int | None = None,
+    reissue: bool = False,
 ) -> str:
     """The first admin of ``team`` (or an operator), creating the team; returns the token.
-    Raises ``UserExists`` when the team already has that user."""
+
+    When the team already has that user: raises ``UserExists``, unless ``reissue``, in which
+    case an enabled user of that very role gets a new token (named "reissued"; its other
+    tokens stay valid) -- the way back in for whoever holds the database's credentials and
+    lost the token. A disabled user, or one of another role, still raises ``UserExists``."""
+    bootstrap = Principal(user="bootstrap", team=None, role=Role.OPERATOR, token_id=None)
     async with pool.acquire() as conn, conn.transaction():
-        token, row = await add_user(conn, team, name, role, ttl_days)
-        bootstrap = Principal(user="bootstrap", team=None, role=Role.OPERATOR, token_id=None)
+        try:
+            token, row = await add_user(conn, team, name, role, ttl_days)
+            action = "create user"
+        except UserExists:
+            if not reissue:
+                raise
+            token, row = await _reissue(conn, team, name, role, ttl_days)
+            action = "reissue token"
         await audit.record(
-            conn,
-            bootstrap,
-            "create user",
-            f"{team}/{name}",
-            {"role": str(role), "token_id": row["id"]},
+            conn, bootstrap, action, f"{team}/{name}", {"role": str(role), "token_id": row["id"]}
         )
         return token
+
+
+async def _reissue(
+    conn: asyncpg.Connection, team: str, name: str, role: Role, ttl_days: int | None
+) -> tuple[str, asyncpg.Record]:
+    """A new token for the existing, enabled user ``team/name`` of ``role``."""
+    team_id = await repo.team_id(conn, team)
+    found = None if team_id is None else await repo.user(conn, team_id, name)
+    if found is None:  # only when it was deleted since add_user saw it
+        raise UserExists(f"user {name!r} of team {team!r} changed meanwhile; try again")
+    if found["disabled_at"] is not None:
+        raise UserExists(f"user {name!r} of team {team!r} is disabled; no token was issued")
+    if found["role"] != str(role):
+        raise UserExists(
+            f"user {name!r} of team {team!r} has role {found['role']}, not {role}; "
+            "no token was issued"
+        )
+    token, token_hash = new_token()
+    row = await repo.insert_token(
+        conn, token_hash, found["id"], "reissued", _expiry(ttl_days), None
+    )
+    return token, row
 
 
 async def create_user(

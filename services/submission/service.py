@@ -62,12 +62,17 @@ async def serve(settings: Settings) -> int:
         return await rt.run(app)
 
 
-async def bootstrap_user(settings: Settings, team: str, user: str, role: Role) -> str:
+async def bootstrap_user(
+    settings: Settings, team: str, user: str, role: Role, reissue: bool = False
+) -> str:
     """Migrate, then create ``team`` (if new) and its first ``user`` with ``role`` (an admin
     of the team, or a platform operator); return the token.
 
-    Raises ``UserExists`` when the team already has that user."""
+    Raises ``UserExists`` when the team already has that user, unless ``reissue`` (then the
+    user gets a new token: ``identity.bootstrap_user``)."""
     async with open_pool(settings.database, NAME) as pool:
         await migrate(pool, NAME, MIGRATIONS)
-        token: str = await identity.bootstrap_user(pool, team, user, role, settings.token_ttl_days)
+        token: str = await identity.bootstrap_user(
+            pool, team, user, role, settings.token_ttl_days, reissue
+        )
         return token

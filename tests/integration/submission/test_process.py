@@ -12,6 +12,7 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 
@@ -20,6 +21,7 @@ from tests.unit.submission import factories as ev
 from trainyard.client import TrainyardClient, TrainyardError
 from trainyard_platform.deploy.local.ports import free_port
 from trainyard_platform.deploy.local.processes import ManagedProcess
+from trainyard_platform.services.submission import identity
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.events import Envelope, Payload, nats_subject, parse_envelope
 from trainyard_platform.shared.events.payloads import AllocationGranted, JobSubmitted
@@ -40,7 +42,9 @@ def _env(database_url: str, nats_url: str, **extra: str) -> dict[str, str]:
     }
 
 
-def _bootstrap(env: dict[str, str], team: str, user: str) -> subprocess.CompletedProcess[str]:
+def _bootstrap(
+    env: dict[str, str], team: str, user: str, *options: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             sys.executable,
@@ -51,6 +55,7 @@ def _bootstrap(env: dict[str, str], team: str, user: str) -> subprocess.Complete
             team,
             "--user",
             user,
+            *options,
         ],
         env=env,
         cwd=ROOT,
@@ -87,6 +92,43 @@ def test_bootstrap_admin_prints_only_the_token_and_refuses_twice(database_url: s
     assert other_team.returncode == 0
     invalid = _bootstrap(env, "no spaces allowed", "bob")
     assert invalid.returncode != 0 and invalid.stdout == ""
+
+
+def test_bootstrap_admin_reissues_a_token_only_to_the_same_enabled_user(
+    database_url: str,
+) -> None:
+    """``--reissue``: a second token for an existing admin, the first still valid, recorded
+    in the audit log; never for a user of another role, nor a disabled one."""
+    env = _env(database_url, "nats://127.0.0.1:1")
+    first = _bootstrap(env, "nlp", "ada", "--reissue")  # no such user yet: created
+    assert first.returncode == 0, first.stderr
+    second = _bootstrap(env, "nlp", "ada", "--reissue")
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.startswith("ty_") and second.stdout != first.stdout
+    other_role = _bootstrap(env, "nlp", "ada", "--role", "operator", "--reissue")
+    assert other_role.returncode == 1 and other_role.stdout == ""
+    assert "has role admin, not operator" in other_role.stderr
+
+    async def check() -> None:
+        pool = await asyncpg.create_pool(
+            database_url, min_size=1, max_size=1, server_settings={"search_path": "submission"}
+        )
+        try:
+            for token in (first.stdout.strip(), second.stdout.strip()):
+                caller = await identity.authenticate(pool, token)
+                assert caller is not None and (caller.team, caller.user) == ("nlp", "ada")
+            actions = await pool.fetch(
+                "SELECT action FROM audit_log WHERE target = 'nlp/ada' ORDER BY id"
+            )
+            assert [row["action"] for row in actions] == ["create user", "reissue token"]
+            await pool.execute("UPDATE users SET disabled_at = now() WHERE name = 'ada'")
+        finally:
+            await pool.close()
+
+    asyncio.run(check())
+    disabled = _bootstrap(env, "nlp", "ada", "--reissue")
+    assert disabled.returncode == 1 and disabled.stdout == ""
+    assert "is disabled" in disabled.stderr
 
 
 @pytest.fixture
