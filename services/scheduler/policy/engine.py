@@ -239,11 +239,18 @@ class PolicyState:
         """Decide every pending job once, in order (see module docstring), and make what a
         kept pass is read for (``decided_at``) before returning."""
         with collector_paused():
-            decisions = self._run()
-            self._settle()
-            return decisions
+            self.decide_all()
+            return self.decisions()
 
-    def _run(self) -> Decisions:
+    def decide_all(self) -> None:
+        """``run`` without explaining the waiting jobs: their ``Waiting`` records are kept
+        (``waiting``), and ``decisions`` explains them when asked (``incremental`` explains
+        a kept pass at the first read of its explanations)."""
+        with collector_paused():
+            self._run()
+            self._settle()
+
+    def _run(self) -> None:
         ageing = max(self.config.ageing_s, 1e-9)
         queues: dict[str, list[PendingJob]] = {}
         for job in self.pending:
@@ -326,7 +333,6 @@ class PolicyState:
                 entry = heappushpop(heap, standing(jobs[at], orders[name][at]))
             else:
                 entry = heappop(heap) if heap else None
-        return self.decisions()
 
     def _standing(self, job: PendingJob, ageing: float, order: float | None = None) -> HeapKey:
         """The job's standing (lower goes first; module docstring). ``order`` is
@@ -704,7 +710,9 @@ def schedule(snapshot: Snapshot, config: PolicyConfig | None = None) -> Decision
     """One full pass (see module docstring); its state is dropped, so what only a kept
     state is read for is not made (``PolicyState._settle``)."""
     with collector_paused():
-        return PolicyState(snapshot, config)._run()
+        state = PolicyState(snapshot, config)
+        state._run()
+        return state.decisions()
 
 
 def decide_arrival(state: PolicyState, job: PendingJob) -> Decisions:

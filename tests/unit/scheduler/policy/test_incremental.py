@@ -22,8 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trainyard_platform.services.scheduler.policy import PolicyState, schedule
-from trainyard_platform.services.scheduler.policy.incremental import Incremental
+from trainyard_platform.services.scheduler.policy.incremental import Explained, Incremental
 from trainyard_platform.services.scheduler.policy.model import (
+    Decisions,
     Node,
     PendingJob,
     PolicyConfig,
@@ -147,6 +148,11 @@ def incremental_runs(run: tuple[World, PolicyConfig, list[tuple[str, object]]]) 
     kept = PolicyState(other, config)
     twin = Incremental(other, config, kept, kept.run())
     assert twin.full_passes == 1 and twin.decisions == inc.decisions
+    # A third one is fed the same events and read only at the end: what an event returns
+    # (its explanations made at their first read, isolated arrivals on top of a pass not
+    # yet explained) must still be what a full pass gave at that event.
+    unread = Incremental(model.snapshot(), config)
+    returned: list[tuple[Decisions, Decisions, tuple[str, ...], tuple[str, ...], str]] = []
     for kind, what in events:
         if kind == "arrive":
             assert isinstance(what, PendingJob)
@@ -154,15 +160,19 @@ def incremental_runs(run: tuple[World, PolicyConfig, list[tuple[str, object]]]) 
                 continue
             model.pending[what.job_id] = what
             before = inc.isolated
+            explained = unread.decisions.explanations
             decisions, again = inc.arrive(what), twin.arrive(what)
+            late = unread.arrive(what)
             REACHED["isolated arrival" if inc.isolated > before else "arrival passed"] += 1
+            if inc.isolated > before and isinstance(explained, Explained) and not explained.read:
+                REACHED["isolated arrival on a pass not yet explained"] += 1
         elif kind == "end":
             if not model.running:
                 continue
             assert isinstance(what, int)
             job_id = sorted(model.running)[what % len(model.running)]
             model.end(job_id)
-            decisions, again = inc.end(job_id), twin.end(job_id)
+            decisions, again, late = inc.end(job_id), twin.end(job_id), unread.end(job_id)
             REACHED["end"] += 1
         elif kind == "join":
             assert isinstance(what, Node)
@@ -170,6 +180,7 @@ def incremental_runs(run: tuple[World, PolicyConfig, list[tuple[str, object]]]) 
                 continue
             model.nodes[what.node_id] = what
             decisions, again = inc.node_joined(what), twin.node_joined(what)
+            late = unread.node_joined(what)
             REACHED["join"] += 1
         else:
             if not model.nodes:
@@ -178,9 +189,16 @@ def incremental_runs(run: tuple[World, PolicyConfig, list[tuple[str, object]]]) 
             node_id = sorted(model.nodes)[what % len(model.nodes)]
             del model.nodes[node_id]
             decisions, again = inc.node_left(node_id), twin.node_left(node_id)
+            late = unread.node_left(node_id)
             REACHED["leave"] += 1
-        assert decisions == schedule(model.snapshot(), config), f"after {kind} {what}"
+        expected = schedule(model.snapshot(), config)
+        assert decisions == expected, f"after {kind} {what}"
         assert again == decisions, "deterministic"
+        returned.append((late, decisions, unread.changed, inc.changed, f"{kind} {what}"))
+    for late, read, changed, read_changed, event in returned:
+        assert late == read, f"read after the last event: after {event}"
+        assert list(late.explanations) == list(read.explanations), event
+        assert changed == read_changed, event
 
 
 def test_incremental_decisions_equal_a_full_pass_and_are_deterministic() -> None:
@@ -188,6 +206,7 @@ def test_incremental_decisions_equal_a_full_pass_and_are_deterministic() -> None
     incremental_runs()
     assert REACHED["isolated arrival"] >= 50, REACHED
     assert REACHED["arrival passed"] >= 50, REACHED
+    assert REACHED["isolated arrival on a pass not yet explained"] >= 50, REACHED
     for kind in ("end", "join", "leave"):
         assert REACHED[kind] >= 20, REACHED
 
