@@ -79,6 +79,8 @@ from trainyard_platform.services.scheduler.policy.validation import (
 )
 
 HeapKey = tuple[int, float, float, int, str]
+Orders = Mapping[str, tuple[Sequence[PendingJob], Sequence[float]]]
+"""Queue -> its pending jobs in order and the first part of each one's ``queue_key``."""
 _by_job_id = operator.attrgetter("job_id")
 Entry = tuple[int, float, float, int, str, int, str]
 """A queue's entry in a pass's heap: its next job's ``HeapKey``, then the count of
@@ -171,6 +173,8 @@ class PolicyState:
         # What ``incremental`` needs to know about the pass's course (see there).
         self.queue_order: dict[str, list[PendingJob]] = {}
         """Queue -> its pending jobs in the order the pass considered them."""
+        self.queue_keys: dict[str, list[float]] = {}
+        """Queue -> the first part of the ``queue_key`` of each job of ``queue_order``."""
         self._decided: list[str] | None = []
         """Job ids in the order of their decisions (the step of the n-th is n), until
         ``decided_at`` is first read; then None and that mapping is kept instead."""
@@ -242,45 +246,67 @@ class PolicyState:
             self.decide_all()
             return self.decisions()
 
-    def decide_all(self) -> None:
+    def decide_all(self, orders: Orders | None = None) -> None:
         """``run`` without explaining the waiting jobs: their ``Waiting`` records are kept
         (``waiting``), and ``decisions`` explains them when asked (``incremental`` explains
-        a kept pass at the first read of its explanations)."""
+        a kept pass at the first read of its explanations). ``orders``: every queue's
+        pending jobs already in their order with their keys (``queue_order`` and
+        ``queue_keys`` of a pass over the same pending jobs, the same priority classes and
+        ``config``; ``incremental`` keeps them from pass to pass), instead of sorting them
+        again; ignored unless they hold as many jobs as the snapshot's known queues."""
         with collector_paused():
-            self._run()
+            self._run(orders)
             self._settle()
 
-    def _run(self) -> None:
+    def _run(self, known: Orders | None = None) -> None:
         ageing = max(self.config.ageing_s, 1e-9)
         queues: dict[str, list[PendingJob]] = {}
+        queued = 0
         for job in self.pending:
             if job.queue not in self.quota.queues:
                 self.decide(job)
                 continue
-            queues.setdefault(job.queue, []).append(job)
-        # Entries carry the number of placements made when their key was computed: keys only
-        # change when something is placed, so an entry from the same count is still exact.
-        heap: list[Entry] = []
-        cursor: dict[str, int] = {}
+            if known is None:
+                queues.setdefault(job.queue, []).append(job)
+            else:
+                queued += 1
         # Per queue, its jobs in order and the first part of their ``queue_key``
         # (``submitted_at / ageing - level``), which is also the job's part of its standing
         # (``_standing``): computed once per job, not at every push.
         orders: dict[str, list[float]] = {}
-        levels = self._level_cache
+        if known is not None and sum(len(jobs) for jobs, _ in known.values()) != queued:
+            known = None  # not the same jobs: they are sorted here
+            for job in self.pending:
+                if job.queue in self.quota.queues:
+                    queues.setdefault(job.queue, []).append(job)
+        if known is not None:
+            for name, (jobs, keys) in known.items():
+                if jobs:
+                    queues[name], orders[name] = list(jobs), list(keys)
+        else:
+            levels = self._level_cache
+            for name, jobs in queues.items():
+                keyed = []
+                for j in jobs:
+                    level = levels.get((j.priority, j.gpus, j.declared_runtime_s))
+                    if level is None:
+                        level = self.level(j)  # fills the cache
+                    # = queue_key(j.submitted_at, level, j.seq, j.job_id, ageing), inlined;
+                    # flat, then the job (a nested key would be compared twice per comparison)
+                    keyed.append(
+                        (j.submitted_at / ageing - level, j.submitted_at, j.seq, j.job_id, j)
+                    )
+                keyed.sort()  # job ids are unique, so no two keys are equal: jobs never compared
+                jobs[:] = [k[4] for k in keyed]
+                orders[name] = [k[0] for k in keyed]
+        # Entries carry the number of placements made when their key was computed: keys only
+        # change when something is placed, so an entry from the same count is still exact.
+        heap: list[Entry] = []
+        cursor: dict[str, int] = {}
         for name, jobs in sorted(queues.items()):
-            keyed = []
-            for j in jobs:
-                level = levels.get((j.priority, j.gpus, j.declared_runtime_s))
-                if level is None:
-                    level = self.level(j)  # fills the cache
-                # = queue_key(j.submitted_at, level, j.seq, j.job_id, ageing), inlined; flat,
-                # then the job (a nested key would be compared twice per comparison)
-                keyed.append((j.submitted_at / ageing - level, j.submitted_at, j.seq, j.job_id, j))
-            keyed.sort()  # job ids are unique, so no two keys are equal: jobs never compared
-            jobs[:] = [k[4] for k in keyed]
-            orders[name] = [k[0] for k in keyed]
             cursor[name] = 0
             self.queue_order[name] = jobs
+            self.queue_keys[name] = orders[name]
             heap.append((*self._standing(jobs[0], ageing, orders[name][0]), 0, name))
         heapq.heapify(heap)
         placements = self.placements
@@ -474,6 +500,8 @@ class PolicyState:
         self.waiting.append(waiting)
         self.decided_at[job.job_id] = decided_at
         self.queue_order[job.queue].insert(index, job)
+        ageing = max(self.config.ageing_s, 1e-9)
+        self.queue_keys[job.queue].insert(index, job.submitted_at / ageing - self.level(job))
 
     def invalid(self, job: PendingJob) -> Waiting | None:
         """Why ``job`` can never start as asked, or None (cached per kind of request)."""

@@ -210,6 +210,8 @@ class Incremental:
         self.isolated = 0
         """How many arrivals were decided alone (``arrival_is_isolated``)."""
         self._changed: tuple[str, ...] | None = ()
+        self._arrived: list[PendingJob] = []
+        """Arrivals since the kept pass that it does not hold (each asked for a pass)."""
         self.state: PolicyState
         self.decisions: Decisions
         self._pass(snapshot, state, decisions)
@@ -250,12 +252,13 @@ class Incremental:
         for r in snapshot.running:
             self._start_quota.add(r.queue, r.flavor, r.gpus)
         if state is None:
+            orders = self._orders()
             # The old pass first goes: its ~100,000 objects would otherwise live through
             # the new pass's collection (``engine.collector_paused``).
             if hasattr(self, "state"):
                 del self.state, self.decisions
             state = PolicyState(snapshot, self.config)
-            state.decide_all()
+            state.decide_all(orders)
             self.decisions = Decisions(
                 tuple(state.placements), tuple(state.preemptions), Explained(_Explaining(state))
             )
@@ -270,6 +273,33 @@ class Incremental:
         self._count = len(state.waiting)
         self._changed = None
         return self.decisions
+
+    def _orders(self) -> dict[str, tuple[list[PendingJob], list[float]]] | None:
+        """Every queue's pending jobs in order, with their keys, for the next pass: the kept
+        pass's (with its isolated arrivals), and the arrivals since, each inserted at its
+        ``queue_key``. The order of a queue depends only on its jobs, the priority classes
+        and the config, which events do not change; pending jobs only ever arrive."""
+        if not hasattr(self, "state"):
+            return None
+        old = self.state
+        orders = {
+            name: (list(jobs), list(old.queue_keys[name])) for name, jobs in old.queue_order.items()
+        }
+        ageing = max(self.config.ageing_s, 1e-9)
+        for job in self._arrived:
+            if job.queue not in old.quota.queues:
+                continue  # (decided apart, in job id order)
+            jobs, keys = orders.setdefault(job.queue, ([], []))
+            first = job.submitted_at / ageing - old.level(job)
+            index = bisect.bisect_left(
+                range(len(jobs)),
+                (first, job.submitted_at, job.seq, job.job_id),
+                key=lambda i: (keys[i], jobs[i].submitted_at, jobs[i].seq, jobs[i].job_id),
+            )
+            jobs.insert(index, job)
+            keys.insert(index, first)
+        self._arrived.clear()
+        return orders
 
     def _teams(self) -> dict[str, str]:
         """Job id -> team of every job the kept pass holds, places or explains (made at the
@@ -291,6 +321,7 @@ class Incremental:
         self._pending[job.job_id] = job
         found = self.arrival_is_isolated(job)
         if found is None:
+            self._arrived.append(job)
             return self._pass()
         waiting, index = found
         self.isolated += 1
