@@ -427,4 +427,4 @@ class Incremental:
         return Waiting(job, "quota", verdict=verdict, shape=shape), index
 
 
-__all__ = ["Incremental"]
+__all__ = ["Explained", "Incremental"]
