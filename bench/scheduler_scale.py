@@ -120,10 +120,21 @@ def job_size(rng: random.Random) -> int:
     return rng.choices(SIZES, SIZE_WEIGHTS)[0]
 
 
+RUNNING_SEQ_OFFSET = 10_000_000
+"""Running jobs' arrival sequence numbers come before every pending job's (0, 1, ...)."""
+
+
 def fill_running(
-    rng: random.Random, nodes: int, queues: tuple[Queue, ...], fraction: float
+    rng: random.Random,
+    nodes: int,
+    queues: tuple[Queue, ...],
+    fraction: float,
+    submit_times: bool = False,
 ) -> tuple[list[Node], list[RunningJob]]:
-    """Running jobs filling ``fraction`` of the GPUs: whole-node gangs and smaller jobs."""
+    """Running jobs filling ``fraction`` of the GPUs: whole-node gangs and smaller jobs; with
+    ``submit_times``, each knows its submit time and arrival sequence (so victim choice
+    checks that the preemptor stands before it: rule 6 of docs/scheduling.md), else not (as
+    the goldens were made)."""
     used: list[dict[int, str]] = [{} for _ in range(nodes)]
     jobs: list[RunningJob] = []
     target = int(nodes * GPUS_PER_NODE * fraction)
@@ -160,6 +171,9 @@ def fill_running(
                 rng.uniform(0.5, 24) * HOUR + (NOW - started),
                 {f"node-{i:04d}": tuple(free[:size])},
                 checkpoint,
+                # Made without the generator: every other draw of the scenario stays the same.
+                submitted_at=started - (len(jobs) % 48) * 900.0 if submit_times else None,
+                seq=len(jobs) - RUNNING_SEQ_OFFSET,
             )
         )
         filled += size
@@ -196,11 +210,16 @@ def pending_jobs(
 
 
 def scenario(
-    nodes: int, seed: int = 1, jobs: int | None = None, queues_count: int = QUEUES
+    nodes: int,
+    seed: int = 1,
+    jobs: int | None = None,
+    queues_count: int = QUEUES,
+    submit_times: bool = False,
 ) -> Snapshot:
+    """The scale scenario (``fill_running`` says what ``submit_times`` does)."""
     rng = random.Random(seed)
     queues = build_queues(nodes, count=queues_count)
-    node_list, running = fill_running(rng, nodes, queues, 0.7)
+    node_list, running = fill_running(rng, nodes, queues, 0.7, submit_times)
     pending = pending_jobs(rng, 10 * nodes if jobs is None else jobs, nodes, queues)
     usage = {q.team: rng.uniform(0, 50) * HOUR * GPUS_PER_NODE for q in queues}
     return Snapshot(NOW, tuple(node_list), queues, CLASSES, tuple(pending), tuple(running), usage)
@@ -307,8 +326,9 @@ def row(nodes: int, repeats: int) -> dict[str, float]:
 
 def ten_x(nodes: int, queues: int, repeats: int, events: int) -> dict[str, object]:
     """Issue 16's scale: a full pass, incremental decisions for a seeded mix of events, and
-    memory, at ``nodes`` nodes with ``10 * nodes`` pending jobs in ``queues`` queues."""
-    snapshot = scenario(nodes, queues_count=queues)
+    memory, at ``nodes`` nodes with ``10 * nodes`` pending jobs in ``queues`` queues; the
+    running jobs know their submit times, as the service's do."""
+    snapshot = scenario(nodes, queues_count=queues, submit_times=True)
     walls, cpus, decisions = time_pass(snapshot, repeats)
     gc.collect()
     tracemalloc.start()
@@ -325,6 +345,7 @@ def ten_x(nodes: int, queues: int, repeats: int, events: int) -> dict[str, objec
         "queues": queues,
         "pending": len(snapshot.pending),
         "running": len(snapshot.running),
+        "running_submit_times_known": True,
         "pass_median_s": statistics.median(walls),
         "pass_best_s": min(walls),
         "pass_cpu_median_s": statistics.median(cpus),
