@@ -62,16 +62,24 @@ class SlowClientDeadlines(H11Protocol):
         if in_body:
             self._body_bytes += len(data)
         super().data_received(data)
-        if not in_body and self.conn.their_state is h11.SEND_BODY:
-            # A request's headers just came: its body starts now (bytes of it in the same
-            # read are not counted, which only makes the rule stricter).
+        self._watch_body(in_body)
+
+    def on_response_complete(self) -> None:
+        in_body = self.conn.their_state is h11.SEND_BODY
+        # uvicorn parses a pipelined request, buffered while this one was handled, here.
+        super().on_response_complete()
+        self._watch_body(in_body)
+        self._arm_headers()
+
+    def _watch_body(self, was_in_body: bool) -> None:
+        """Start checking a body whose request's headers h11 has just parsed (in a read, or
+        from what was buffered, for a pipelined request)."""
+        if not was_in_body and self.conn.their_state is h11.SEND_BODY:
+            # Its body starts now (bytes of it parsed with the headers are not counted,
+            # which only makes the rule stricter).
             self._body_waited_s, self._body_bytes = 0.0, 0
             if self._body_timer is None:
                 self._body_timer = self.loop.call_later(BODY_CHECK_S, self._check_body)
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        self._arm_headers()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_headers()

@@ -190,3 +190,19 @@ async def test_a_slow_body_and_a_second_request_are_served(
         second = await asyncio.wait_for(reader.readuntil(END), timeout=10)
         assert second.startswith(b"HTTP/1.1 200") and second.endswith(b"\r\n\r\n1\r\n0" + END)
         writer.close()
+
+
+async def test_a_pipelined_body_trickling_in_is_cut_off() -> None:
+    """A request sent behind another before its answer is parsed by uvicorn only once that
+    answer is out (not as data comes): its body is held to the same rate."""
+    async with _serving() as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"
+        )
+        await writer.drain()
+        first = await asyncio.wait_for(reader.readuntil(END), timeout=10)
+        assert first.startswith(b"HTTP/1.1 200")
+        answer = await _trickle(writer, reader)
+        assert not answer.endswith(b"100000" + END)
