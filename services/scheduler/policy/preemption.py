@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from trainyard_platform.services.scheduler.policy import explain
@@ -106,16 +106,30 @@ class Preemptor:
         return queue_key(again.submitted_at, self.level(again), again.seq, again.job_id,
                          self.ageing_s)  # fmt: skip
 
-    def stands_before(self, quota: QuotaBook, victim: Candidate) -> bool:
+    def stands_before(self, quota: QuotaBook, victim: RunningJob, order: QueueKey | None) -> bool:
         """Whether the waiting job comes before ``victim`` re-queued in the first tier of its
-        cohort: by standing (fair share with the victim's GPUs gone, plus the queue order's
-        first term), then submit time, sequence and id, as a pass orders queue heads."""
-        if victim.order is None:
+        cohort, ``order`` being the victim's place in its queue (``order``; None: nothing
+        to test): by standing (fair share with the victim's GPUs gone, plus the queue
+        order's first term), then submit time, sequence and id, as a pass orders queue
+        heads."""
+        if order is None:
             return True
         mine = self.key()
         share = self.fair.share(quota.queues[self.job.queue])
-        other = self.fair.share_without(quota.queues[victim.job.queue], victim.job.gpus)
-        return (share + mine[0], *mine[1:]) < (other + victim.order[0], *victim.order[1:])
+        other = self.fair.share_without(quota.queues[victim.queue], victim.gpus)
+        return (share + mine[0], *mine[1:]) < (other + order[0], *order[1:])
+
+
+def first_tier_again(
+    quota: QuotaBook, queue: str, flavor: str, theirs: Sequence[RunningJob]
+) -> Callable[[RunningJob], bool]:
+    """Whether a job of ``theirs`` (the running jobs of ``queue`` and ``flavor``), reclaimed,
+    is in the first tier (``QuotaBook.first_tier``) once re-queued, its queue's jobs under
+    notice gone too: when the queue fits its nominal quota again, or the job is all it
+    holds. Only such a victim may stand before a job reclaiming (module docstring)."""
+    nominal = quota.nominal(queue, flavor)
+    rest = quota.used(queue, flavor) - sum(r.gpus for r in theirs if r.notice_at)
+    return lambda job: rest <= nominal or (rest == job.gpus and nominal > 0)
 
 
 def requeued(job: RunningJob, submitted_at: float) -> PendingJob:
@@ -315,25 +329,22 @@ def candidates_for(
             lent = made.get(("reclaim", other, flavor, borrowed))
             if lent is None:
                 lent = made[("reclaim", other, flavor, borrowed)] = []
-                # Once its queue's jobs under notice have left too, a victim re-queued is in
-                # the first tier (``QuotaBook.first_tier``) when it fits the nominal quota
-                # again or is all its queue held: only then may it stand before the job.
-                nominal = quota.nominal(other, flavor)
                 theirs = running.get((other, flavor), ())
-                rest = quota.used(other, flavor) - sum(r.gpus for r in theirs if r.notice_at)
+                first_tier = first_tier_again(quota, other, flavor, theirs)
                 for job in theirs:
                     value, ok = judged(job)
                     oversize = job.gpus > borrowed
                     if ok and not (oversize and now < oversize_until(job, config)):
                         key = victim_key(job, value, now, oversize=oversize)
                         order = None
-                        first = rest <= nominal or (rest == job.gpus and nominal > 0)
-                        if preemptor is not None and first:
+                        if preemptor is not None and first_tier(job):
                             order = preemptor.order(job)
                         lent.append(Candidate(job, "reclaim", key, order))
                 lent.sort(key=_by_key)
             if preemptor is not None:
-                found += [c for c in unclaimed(lent) if preemptor.stands_before(quota, c)]
+                found += [
+                    c for c in unclaimed(lent) if preemptor.stands_before(quota, c.job, c.order)
+                ]
             else:
                 found += unclaimed(lent)
     return found, reclaimable

@@ -5,7 +5,9 @@ Contract:
   preemptions), so the holders they name are the ones the user would find.
 - Estimated starts: a reserved job starts at its reservation; one waiting on preemption when
   its victims' grace ends; a quota-blocked job when enough of the jobs holding that quota reach
-  their declared ends (or, for reclaim, can be preempted); any other capacity-blocked job by a
+  their declared ends (or, for reclaim, can be preempted: for a borrowed job that the
+  waiting job may not take, since it would stand before it once re-queued, its declared end
+  too); any other capacity-blocked job by a
   fluid estimate of its flavor in queue order (``backfill.FluidEstimate``). None when nothing
   bounds it.
 - A suggestion is given only when it would let the job start now: fewer GPUs (within the
@@ -30,9 +32,19 @@ from typing import TYPE_CHECKING
 
 from trainyard_platform.services.scheduler.policy import explain
 from trainyard_platform.services.scheduler.policy.backfill import FluidEstimate
-from trainyard_platform.services.scheduler.policy.model import Explanation, PendingJob
+from trainyard_platform.services.scheduler.policy.model import (
+    Explanation,
+    PendingJob,
+    RunningJob,
+)
 from trainyard_platform.services.scheduler.policy.packing import Shape
-from trainyard_platform.services.scheduler.policy.preemption import oversize_until, protected_until
+from trainyard_platform.services.scheduler.policy.preemption import (
+    Preemptor,
+    QueueKey,
+    first_tier_again,
+    oversize_until,
+    protected_until,
+)
 from trainyard_platform.services.scheduler.policy.quota import Verdict
 
 if TYPE_CHECKING:
@@ -59,6 +71,9 @@ def readers_team_of(state: PolicyState, waiting: list[Waiting]) -> dict[str, str
     return team_of
 
 
+_NONE: frozenset[str] = frozenset()
+
+
 class _Explainer:
     def __init__(self, state: PolicyState, quick: bool):
         self.state = state
@@ -72,7 +87,7 @@ class _Explainer:
         self._holders: dict[tuple[str, str], list[str]] = {}
         self._cohort_users: dict[tuple[str, str], list[tuple[int, str]]] = {}
         self._quota: dict[tuple[str, str, int], tuple[str, str, float | None]] = {}
-        self._timelines: dict[tuple[tuple[str, ...], str, bool], _Timeline] = {}
+        self._timelines: dict[tuple[tuple[str, ...], str, bool, frozenset[str]], _Timeline] = {}
         self._heads: dict[tuple[str, str, str | None], tuple[str, str]] = {}
         self._tails: dict[tuple[str, str | None], str] = {}
         self._named: dict[str, frozenset[str]] = {}
@@ -89,6 +104,13 @@ class _Explainer:
         self._reclaims: dict[
             tuple[str, str, int, int], tuple[str, tuple[str, ...], list[tuple[str, int]]]
         ] = {}
+        self._sparable: dict[tuple[tuple[str, ...], str], list[tuple[RunningJob, QueueKey]]] = {}
+        """(lenders, flavor) -> their jobs a job reclaiming may have to spare (``_spared``)."""
+        self._reclaiming: dict[
+            tuple[str, str, int], tuple[Verdict, list[tuple[RunningJob, QueueKey]]]
+        ] = {}
+        """(queue, flavor, GPUs) of jobs waiting for reclaim whose lenders have jobs they may
+        have to spare -> their verdict and those jobs."""
 
     def run(
         self, waiting: list[Waiting], team_of: Mapping[str, str] | None
@@ -111,7 +133,9 @@ class _Explainer:
         by_request: dict[tuple[str, str, int], Explanation] = {}
         for w in waiting:
             job = w.job
-            if w.kind == "quota":
+            # (What a job may not reclaim depends on the job, not on its request alone.)
+            alone = w.kind == "quota" and not self._spared(job)
+            if alone:
                 done = by_request.get((job.queue, job.flavor, job.gpus))
                 if done is not None:
                     out[job.job_id] = Explanation(
@@ -139,7 +163,7 @@ class _Explainer:
             if shown[0] != e.reason or shown[1] != e.blocking:
                 e = Explanation(e.position, shown[0], shown[1], e.suggestion, e.estimated_start)
             out[job.job_id] = e
-            if w.kind == "quota":
+            if alone and not self._spared(job):  # (known once its request was explained)
                 by_request[(job.queue, job.flavor, job.gpus)] = e
         return out
 
@@ -276,7 +300,51 @@ class _Explainer:
                 verdict = w.verdict
             self._quota[key] = self._quota_text(job, verdict)
         text, blocking, start = self._quota[key]
+        spared = self._spared(job)
+        if spared:
+            text, blocking, start = self._reclaim_text(job, self._reclaiming[key][0], spared)
         return Explanation(w.position, text, blocking, self.fewer(job), start)
+
+    def _spared(self, job: PendingJob) -> frozenset[str]:
+        """The running jobs ``job``, waiting for reclaim, may not take because they would
+        stand before it once re-queued (``preemption``, rule 6): they leave at their
+        declared ends, not when reclaimable. Empty for any other job, and where no lender's
+        job would be in the first tier re-queued (most of the time)."""
+        if not self._reclaiming:
+            return _NONE
+        known = self._reclaiming.get((job.queue, job.flavor, job.gpus))
+        if known is None:
+            return _NONE
+        preemptor, quota = self._preemptor(job), self.state.quota
+        return frozenset(
+            r.job_id for r, order in known[1] if not preemptor.stands_before(quota, r, order)
+        )
+
+    def _sparable_of(
+        self, job: PendingJob, lenders: tuple[str, ...]
+    ) -> list[tuple[RunningJob, QueueKey]]:
+        """The running jobs of ``lenders`` (of ``job``'s flavor) that would be in the first
+        tier once reclaimed and re-queued, with their place in their queue then: those a
+        job reclaiming may have to spare."""
+        state = self.state
+        key = (lenders, job.flavor)
+        sparable = self._sparable.get(key)
+        if sparable is None:
+            sparable = self._sparable[key] = []
+            if state.config.preemption:
+                ordering = self._preemptor(job)  # (a victim's place depends on it alone)
+                for name in lenders:
+                    theirs = state.running.get((name, job.flavor), ())
+                    first_tier = first_tier_again(state.quota, name, job.flavor, theirs)
+                    for r in theirs:
+                        order = ordering.order(r)
+                        if r.notice_at is None and order is not None and first_tier(r):
+                            sparable.append((r, order))
+        return sparable
+
+    def _preemptor(self, job: PendingJob) -> Preemptor:
+        state = self.state
+        return Preemptor(job, state.level, state.fair, max(state.config.ageing_s, 1e-9))
 
     def _quota_text(self, job: PendingJob, verdict: Verdict) -> tuple[str, str, float | None]:
         q = self.state.quota
@@ -298,30 +366,7 @@ class _Explainer:
             return text, blocking, start
         assert queue.cohort is not None
         if verdict.kind == "reclaim":
-            # All but the estimate depends on the queue, flavor and these figures only.
-            known_key = (job.queue, job.flavor, verdict.used, verdict.nominal)
-            known = self._reclaims.get(known_key)
-            if known is None:
-                borrowers = [
-                    b for b in self._borrowers(queue.cohort, job.flavor) if b[0] != job.queue
-                ]
-                teams = [(q.queues[name].team, n) for name, n in borrowers]
-                idle = max(0, verdict.nominal - verdict.used)
-                shares: list[tuple[str, int]] = []
-                for team, n in teams:
-                    share = min(n, idle - sum(t for _, t in shares))
-                    if share > 0:
-                        shares.append((team, share))
-                known = self._reclaims[known_key] = (
-                    _ids([name for name, _ in borrowers]) or f"cohort {queue.cohort}",
-                    tuple(n for n, _ in borrowers),
-                    shares,
-                )
-            blocking, lenders, taken = known
-            start = self._reclaimed(lenders, job.flavor, verdict.excess)
-            when = explain.eta(start, self.now).replace("expected start", "expected")
-            text = explain.reclaim(job.flavor, verdict.nominal, taken, when)
-            return text, blocking, start
+            return self._reclaim_text(job, verdict, frozenset())
         # The text but for its estimate depends on the queue, flavor and these figures only.
         head_key = (job.queue, job.flavor, verdict.used, verdict.nominal)
         head = self._cohort_heads.get(head_key)
@@ -363,6 +408,39 @@ class _Explainer:
             )
         return users
 
+    def _reclaim_text(
+        self, job: PendingJob, verdict: Verdict, spared: frozenset[str]
+    ) -> tuple[str, str, float | None]:
+        """``_quota_text`` of a job waiting for reclaim, ``spared`` the lenders' jobs it may
+        not take (``_spared``)."""
+        q = self.state.quota
+        queue = q.queues[job.queue]
+        assert queue.cohort is not None
+        known_key = (job.queue, job.flavor, verdict.used, verdict.nominal)
+        known = self._reclaims.get(known_key)
+        if known is None:
+            borrowers = [b for b in self._borrowers(queue.cohort, job.flavor) if b[0] != job.queue]
+            teams = [(q.queues[name].team, n) for name, n in borrowers]
+            idle = max(0, verdict.nominal - verdict.used)
+            shares: list[tuple[str, int]] = []
+            for team, n in teams:
+                share = min(n, idle - sum(t for _, t in shares))
+                if share > 0:
+                    shares.append((team, share))
+            known = self._reclaims[known_key] = (
+                _ids([name for name, _ in borrowers]) or f"cohort {queue.cohort}",
+                tuple(n for n, _ in borrowers),
+                shares,
+            )
+        blocking, lenders, taken = known
+        sparable = self._sparable_of(job, lenders)
+        if sparable:
+            self._reclaiming[(job.queue, job.flavor, job.gpus)] = (verdict, sparable)
+        start = self._reclaimed(lenders, job.flavor, verdict.excess, spared)
+        when = explain.eta(start, self.now).replace("expected start", "expected")
+        text = explain.reclaim(job.flavor, verdict.nominal, taken, when)
+        return text, blocking, start
+
     def _borrowers(self, cohort: str, flavor: str) -> list[tuple[str, int]]:
         key = (cohort, flavor)
         if key not in self._borrowing:
@@ -371,16 +449,19 @@ class _Explainer:
 
     def _released(self, queues: tuple[str, ...], flavor: str, gpus: int) -> float | None:
         """When ``gpus`` held by ``queues`` will have reached their declared ends."""
-        key = (queues, flavor, False)
+        key = (queues, flavor, False, frozenset[str]())
         if key not in self._timelines:
             holding = self.state.holding
             ends = [(end, n) for name in queues for end, n, _ in holding.get((name, flavor), ())]
             self._timelines[key] = _Timeline(ends)
         return self._timelines[key].when(gpus, self.now)
 
-    def _reclaimed(self, queues: tuple[str, ...], flavor: str, gpus: int) -> float | None:
-        """When ``gpus`` of ``queues``' jobs can be preempted (and have left) or end."""
-        key = (queues, flavor, True)
+    def _reclaimed(
+        self, queues: tuple[str, ...], flavor: str, gpus: int, spared: frozenset[str]
+    ) -> float | None:
+        """When ``gpus`` of ``queues``' jobs can be preempted (and have left) or end; those
+        in ``spared`` only end (``_spared``)."""
+        key = (queues, flavor, True, spared)
         if key not in self._timelines:
             state = self.state
             grace = state.config.grace_s
@@ -391,7 +472,7 @@ class _Explainer:
                     end = max(self.now, r.started_at + r.declared_runtime_s)
                     if r.notice_at is not None:
                         end = min(end, r.notice_at + grace)
-                    elif state.config.preemption:
+                    elif state.config.preemption and r.job_id not in spared:
                         cls = state.priority(r.priority)
                         protected = protected_until(r, cls, state.config)
                         if r.gpus > borrowed:  # spared a while (``preemption``)

@@ -73,6 +73,20 @@ def test_reclaim_spares_a_gang_that_would_start_again_first() -> None:
     assert "p" in decisions.explanations
 
 
+def test_a_job_that_may_not_reclaim_a_gang_expects_its_declared_end() -> None:
+    """The same spared gang: a's job is told it starts when the gang ends (in 5.5 h), not
+    when the gang could be reclaimed (its protection over: at once, then the grace)."""
+    heavy = 500.0 * 8 * 24 * HOUR
+    before = cohort(heavy, 0.0, gang(NOW - 5 * HOUR))
+    g = before.running[0]
+    explained = schedule(before, CONFIG).explanations["p"]
+    assert explained.estimated_start == g.started_at + g.declared_runtime_s
+    assert explained.reason.endswith("reclaim expected in ~5.5 h")
+    # b's team the heavy user: the gang may be reclaimed, which the estimate says.
+    taken = schedule(cohort(0.0, heavy, gang(NOW - 5 * HOUR)), CONFIG)
+    assert taken.explanations["p"].estimated_start == NOW + CONFIG.grace_s
+
+
 def test_reclaim_takes_a_gang_that_would_wait_behind_the_job() -> None:
     """The same cluster with b's team the heavy user: re-queued, the gang stands after a's
     job, which reclaims it and starts once it has left; the gang waits."""
