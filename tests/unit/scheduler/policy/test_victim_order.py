@@ -87,6 +87,27 @@ def test_a_job_that_may_not_reclaim_a_gang_expects_its_declared_end() -> None:
     assert taken.explanations["p"].estimated_start == NOW + CONFIG.grace_s
 
 
+def test_jobs_of_one_request_expect_what_each_may_reclaim() -> None:
+    """Two of a's jobs of the same size wait for b's gang, still protected: the one
+    submitted 2,000 h ago stands before it re-queued (it may reclaim it once protected: 3 h
+    and the grace), the other does not (it waits for the gang's declared end, 9 h). The
+    explanation of one request is not reused for the other, in either order."""
+    heavy = 500.0 * 8 * 24 * HOUR
+    queues = (queue("a", 4, cohort="c"), queue("b", 2, cohort="c"))
+    g = replace(running("g", "b", {"n1": 6}, priority="low", started=NOW - HOUR),
+                submitted_at=NOW - 2 * HOUR, seq=1)  # fmt: skip
+    for ages in ((2000, 1), (1, 2000)):
+        jobs = tuple(
+            pending(f"p{i}", "a", 4, priority="low", at=NOW - age * HOUR, seq=10 + i)
+            for i, age in enumerate(ages)
+        )
+        before = snap((node("n1", 8),), queues, jobs, (g,), {"team-a": heavy, "team-b": 0.0})
+        explained = schedule(before, CONFIG).explanations
+        old, new = (f"p{ages.index(age)}" for age in (2000, 1))
+        assert explained[old].estimated_start == NOW + 3 * HOUR + CONFIG.grace_s, ages
+        assert explained[new].estimated_start == g.started_at + g.declared_runtime_s, ages
+
+
 def test_reclaim_takes_a_gang_that_would_wait_behind_the_job() -> None:
     """The same cluster with b's team the heavy user: re-queued, the gang stands after a's
     job, which reclaims it and starts once it has left; the gang waits."""
