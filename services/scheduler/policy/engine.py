@@ -13,7 +13,9 @@ tuple order, give equal decisions):
    (``packing``) without delaying any reservation (``backfill``). Its GPUs are then busy for
    every later job of the pass.
 3. Otherwise it waits. The first waiting job of each queue and flavor may preempt (per
-   ``preemption``): victims get a notice; the job starts in a later pass once they left. The
+   ``preemption``): victims get a notice; the job starts in a later pass once they left
+   (it preempts only for GPUs it could then take without delaying a reservation made
+   earlier in the pass, ``preemption.Reserved``; else its explanation names them). The
    first ``config.reservations`` jobs of each flavor blocked for GPUs (free GPUs, or the
    shared pool of a full cohort) get a reservation that later jobs may not delay. A job that
    has waited ``ageing_s`` for its queue's own quota (nominal or borrowing limit) holds that
@@ -66,8 +68,10 @@ from trainyard_platform.services.scheduler.policy.packing import FlavorPool, Nod
 from trainyard_platform.services.scheduler.policy.preemption import (
     Candidate,
     Preemptor,
+    Reserved,
     candidates_for,
     notice,
+    reserved_conflicts,
     select,
 )
 from trainyard_platform.services.scheduler.policy.quota import QuotaBook, Verdict
@@ -113,6 +117,9 @@ class Waiting:
     victims: Sequence[str] = ()
     victim_kind: str = ""
     start: float | None = None
+    reserved_ahead: Sequence[backfill.Reservation] = ()
+    """(capacity, quota) reservations of jobs ahead that kept it from preempting: the GPUs
+    its victims would free are theirs for part of its runtime (``preemption.Reserved``)."""
 
 
 class PolicyState:
@@ -154,6 +161,9 @@ class PolicyState:
         self.preemptions: list[Preemption] = []
         self.waiting: list[Waiting] = []
         self.reservations: dict[str, list[backfill.Reservation]] = {}
+        self.reserved_nodes: dict[str, dict[str, NodeSlot]] = {}
+        """Flavor -> the nodes that carry a reservation made in this pass (a blocked job's or
+        a preemptor's hold): the nodes whose free GPUs a preemptor may not count on alone."""
         self._positions: dict[str, int] = {}
         self._tried: set[tuple[str, str]] = set()
         self._claimed: set[str] = set()
@@ -485,6 +495,7 @@ class PolicyState:
                 pool, job.job_id, shapes, job.declared_runtime_s, self.now
             )
             if reservation is not None:
+                self._reserved_on(pool, reservation)
                 taken.append(reservation)
                 waiting.reservation = reservation
                 if len(taken) == self.config.reservations:
@@ -651,8 +662,19 @@ class PolicyState:
         def quota_ok(freed: Mapping[str, int]) -> bool:
             return self.quota.check(job.queue, job.flavor, job.gpus, freed).ok
 
-        chosen = select(found, pool, shapes, quota_ok, reclaimable)
+        # Only what it could start on as its victims leave: not GPUs reserved, for part of
+        # its runtime, for a job decided before it (``preemption.Reserved``).
+        on = self.reserved_nodes.get(job.flavor)
+        grace = self.config.grace_s
+        reserved = (
+            Reserved(on, self.now + grace + job.declared_runtime_s, self.now, grace) if on else None
+        )
+        chosen = select(found, pool, shapes, quota_ok, reclaimable, reserved)
         if chosen is None:
+            if reserved is not None:  # would it have preempted but for them? (its reason)
+                ignoring = select(found, pool, shapes, quota_ok, reclaimable)
+                if ignoring is not None:
+                    waiting.reserved_ahead = reserved_conflicts(ignoring, pool, shapes, reserved)
             return
         ends = []
         for c in chosen:
@@ -688,6 +710,13 @@ class PolicyState:
         waiting.reservation = backfill.reserve(
             pool, job.job_id, shapes, job.declared_runtime_s, self.now, among.values()
         )
+        if waiting.reservation is not None:
+            self._reserved_on(pool, waiting.reservation)
+
+    def _reserved_on(self, pool: FlavorPool, reservation: backfill.Reservation) -> None:
+        on = self.reserved_nodes.setdefault(pool.flavor, {})
+        for node_id in reservation.nodes:
+            on[node_id] = pool.nodes[node_id]
 
     def _leaves_at(self, pool: FlavorPool, victim: RunningJob, at: float) -> None:
         """A victim given notice in this pass frees its GPUs at ``at`` (the end of its

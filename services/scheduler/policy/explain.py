@@ -146,6 +146,14 @@ def reserved_for(flavor: str, holders: Sequence[str]) -> str:
     )
 
 
+def reserved_ahead(flavor: str, holders: Sequence[str]) -> str:
+    """Why a job that could preempt does not: what it would free is reserved ahead of it."""
+    return (
+        f"the {flavor} GPUs preempting would free are reserved for {names(holders)} (ahead in "
+        f"line), and it would still be running when they start"
+    )
+
+
 def held(job_id: str, queue: str, flavor: str, waited: str) -> str:
     return (
         f"waits behind job {job_id}, which has waited {waited} for queue {queue}'s {flavor} "

@@ -43,16 +43,26 @@ Contract:
 - ``select`` adds victims in that order until the blocked job would fit (quota and a gang
   shape on the freed nodes), then drops, least preferred first, every victim not needed.
   None when even all candidates would not do.
+- Given the reservations already made in the pass (``Reserved``: those of blocked jobs
+  decided before the waiting job, and the holds of jobs that preempted before it), a node
+  counts for a gang shape only with the GPUs the waiting job could take there, from the end
+  of the victims' notice to its declared end, without delaying any of them: for each
+  reservation it would overlap, the reservation's slack on the node plus the GPUs of the
+  victims there that it did not count on (released after it starts). Without this, a job
+  preempted for GPUs reserved for a job ahead, could not start on them once its victims had
+  left; a victim short enough for backfill started again there and was preempted again
+  (``reserved_conflicts`` names those reservations for the waiting job's explanation).
 """
 
 from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from trainyard_platform.services.scheduler.policy import explain
+from trainyard_platform.services.scheduler.policy.backfill import Reservation
 from trainyard_platform.services.scheduler.policy.fairshare import FairShare, queue_key
 from trainyard_platform.services.scheduler.policy.model import (
     PendingJob,
@@ -61,7 +71,7 @@ from trainyard_platform.services.scheduler.policy.model import (
     PriorityClass,
     RunningJob,
 )
-from trainyard_platform.services.scheduler.policy.packing import FlavorPool, Shape
+from trainyard_platform.services.scheduler.policy.packing import FlavorPool, NodeSlot, Shape
 from trainyard_platform.services.scheduler.policy.quota import QuotaBook
 
 MAX_CANDIDATES = 512
@@ -185,37 +195,98 @@ def victim_key(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """What a waiting job's victims free is measured against (module docstring): the nodes
+    of the pool that carry reservations, and when the job would end if it started as its
+    victims' notice runs out (``end``); ``grace`` is the notice period."""
+
+    nodes: Mapping[str, NodeSlot]
+    end: float
+    now: float
+    grace: float
+
+    def release(self, job: RunningJob) -> float:
+        """When ``job``'s GPUs come free as the pass's releases count them."""
+        if job.notice_at is not None:
+            return max(self.now, job.notice_at + self.grace)
+        return max(self.now, job.started_at + job.declared_runtime_s)
+
+    def limits(
+        self, node: NodeSlot, released: list[tuple[float, int]]
+    ) -> Iterator[tuple[Reservation, int]]:
+        """Each reservation of ``node`` the waiting job would overlap, with the GPUs it
+        leaves the job there: its slack plus the GPUs of the victims (``released``: their
+        (release, GPUs) on the node) that it did not count on, released after it starts."""
+        for r in node.reservations:
+            if self.end > r.start:
+                late = sum(g for at, g in released if at > r.start)
+                yield r, r.slack[node.node_id] + late
+
+    def usable(self, node: NodeSlot, freed: int, released: list[tuple[float, int]]) -> int:
+        """GPUs of ``node`` the waiting job may take: its free ones and ``freed`` (the
+        victims'), within every reservation it would overlap (``limits``)."""
+        return min([node.free_count + freed, *(room for _, room in self.limits(node, released))])
+
+    def conflicts(
+        self, node: NodeSlot, per_node: int, released: list[tuple[float, int]]
+    ) -> list[Reservation]:
+        """The reservations of ``node`` that stop the waiting job taking ``per_node`` there."""
+        return [r for r, room in self.limits(node, released) if room < per_node]
+
+
 @dataclass
 class _Freeing:
-    """GPUs that the chosen victims would free, kept incrementally."""
+    """GPUs that the chosen victims would free, kept incrementally: per shape, how many nodes
+    the waiting job could take it on (``have``)."""
 
     pool: FlavorPool
     shapes: tuple[Shape, ...]
+    reserved: Reserved | None = None
     nodes: dict[str, int] = field(default_factory=dict)
     queues: dict[str, int] = field(default_factory=dict)
     have: list[int] = field(default_factory=list)
+    released: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.have = [
             self.pool.count_at_least(per) if per <= self.pool.capacity else 0
             for _, per in self.shapes
         ]
+        if self.reserved is not None:  # free GPUs reserved for others do not count
+            for node in self.reserved.nodes.values():
+                self._count(node.free_count, self.usable(node))
+
+    def usable(self, node: NodeSlot) -> int:
+        freed = self.nodes.get(node.node_id, 0)
+        if self.reserved is None or not node.reservations:
+            return node.free_count + freed
+        return self.reserved.usable(node, freed, self.released.get(node.node_id, []))
+
+    def _count(self, before: int, after: int) -> None:
+        """A node's usable GPUs went from ``before`` to ``after``: recount it per shape."""
+        for i, (_, per_node) in enumerate(self.shapes):
+            if before < per_node <= after:
+                self.have[i] += 1
+            elif after < per_node <= before:
+                self.have[i] -= 1
 
     def change(self, job: RunningJob, sign: int) -> None:
         self.queues[job.queue] = self.queues.get(job.queue, 0) + sign * job.gpus
+        release = self.reserved.release(job) if self.reserved is not None else 0.0
         for node_id, gpus in job.placement.items():
             node = self.pool.nodes.get(node_id)
             if node is None:
                 continue
-            base = node.free_count
-            before = base + self.nodes.get(node_id, 0)
-            after = before + sign * len(gpus)
-            self.nodes[node_id] = after - base
-            for i, (_, per_node) in enumerate(self.shapes):
-                if before < per_node <= after:
-                    self.have[i] += 1
-                elif after < per_node <= before:
-                    self.have[i] -= 1
+            before = self.usable(node)
+            self.nodes[node_id] = self.nodes.get(node_id, 0) + sign * len(gpus)
+            if self.reserved is not None and node.reservations:
+                mine = self.released.setdefault(node_id, [])
+                if sign > 0:
+                    mine.append((release, len(gpus)))
+                else:
+                    mine.remove((release, len(gpus)))
+            self._count(before, self.usable(node))
 
     def fits(self) -> bool:
         return any(have >= count for have, (count, _) in zip(self.have, self.shapes, strict=True))
@@ -227,14 +298,16 @@ def select(
     shapes: tuple[Shape, ...],
     quota_ok: Callable[[Mapping[str, int]], bool],
     reclaimable: Mapping[str, int],
+    reserved: Reserved | None = None,
 ) -> list[Candidate] | None:
     """The victims to free for a blocked job (see module docstring), or None.
 
     ``quota_ok(freed)`` says whether the job fits its quota once ``freed`` (queue -> GPUs)
-    are released; ``reclaimable`` caps what reclaim may take from each queue.
+    are released; ``reclaimable`` caps what reclaim may take from each queue; ``reserved``,
+    when given, keeps the job off GPUs it would take from a reservation (module docstring).
     """
     ordered = sorted(candidates, key=_by_key)[:MAX_CANDIDATES]
-    freeing = _Freeing(pool, shapes)
+    freeing = _Freeing(pool, shapes, reserved)
     taken: dict[str, int] = {}
     chosen: list[Candidate] = []
     for candidate in ordered:
@@ -256,6 +329,28 @@ def select(
         else:
             freeing.change(candidate.job, +1)
     return chosen
+
+
+def reserved_conflicts(
+    chosen: list[Candidate], pool: FlavorPool, shapes: tuple[Shape, ...], reserved: Reserved
+) -> list[Reservation]:
+    """The reservations that keep the waiting job off what it would count on with ``chosen``
+    (victims that would let it fit were reservations ignored), by job id: on each node of
+    the victims or with a reservation where it could take its smallest part but for them."""
+    released: dict[str, list[tuple[float, int]]] = {}
+    freed: dict[str, int] = {}
+    for c in chosen:
+        for node_id, gpus in c.job.placement.items():
+            released.setdefault(node_id, []).append((reserved.release(c.job), len(gpus)))
+            freed[node_id] = freed.get(node_id, 0) + len(gpus)
+    per_node = min(per for _, per in shapes)
+    found: dict[str, Reservation] = {}
+    for node_id in sorted(set(released) | set(reserved.nodes)):
+        node = pool.nodes.get(node_id)
+        if node is not None and node.free_count + freed.get(node_id, 0) >= per_node:
+            for r in reserved.conflicts(node, per_node, released.get(node_id, [])):
+                found[r.job_id] = r
+    return [found[k] for k in sorted(found)]
 
 
 _by_key = operator.attrgetter("key")

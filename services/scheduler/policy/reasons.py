@@ -129,12 +129,13 @@ class _Explainer:
         generic: dict[tuple[str, str], tuple[frozenset[str], str, str]] = {}
         seen: dict[tuple[str, str, str], tuple[str, str]] = {}
         # A job waiting for quota is explained by its queue, flavor and size alone (``quota``
-        # caches per those), so the finished explanation is too, but for its position.
+        # caches per those), so the finished explanation is too, but for its position --
+        # unless it is the one whose try to preempt reservations stopped (``reserved_ahead``).
         by_request: dict[tuple[str, str, int], Explanation] = {}
         for w in waiting:
             job = w.job
             # (What a job may not reclaim depends on the job, not on its request alone.)
-            alone = w.kind == "quota" and not self._spared(job)
+            alone = w.kind == "quota" and not w.reserved_ahead and not self._spared(job)
             if alone:
                 done = by_request.get((job.queue, job.flavor, job.gpus))
                 if done is not None:
@@ -236,6 +237,8 @@ class _Explainer:
                 w.victims, w.victim_kind, explain.duration(self.state.config.grace_s)
             )
             return Explanation(w.position, text, ", ".join(w.victims), None, w.start)
+        if w.reserved_ahead:
+            return self.reserved_ahead(w)
         if w.kind == "quota":
             return self.quota(w)
         if w.kind == "held":
@@ -280,6 +283,19 @@ class _Explainer:
         blocking = _ids([h.split(" ", 1)[0] for h in holders]) or f"{job.flavor} nodes"
         text = f"{text}; {explain.eta(start, self.now)}"
         return Explanation(w.position, text, blocking, self.fewer(job), start)
+
+    def reserved_ahead(self, w: Waiting) -> Explanation:
+        """A job that did not preempt because what it would free is reserved for jobs ahead
+        (``Waiting.reserved_ahead``): it starts at its own reservation when it has one, else not
+        before those reservations have ended."""
+        job = w.job
+        if w.reservation is not None and w.reservation.job_id == job.job_id:
+            start: float | None = w.reservation.start
+        else:
+            start = max(r.end for r in w.reserved_ahead)
+        holders = [f"job {r.job_id}" for r in w.reserved_ahead]
+        text = f"{explain.reserved_ahead(job.flavor, holders)}; {self._eta(start)}"
+        return Explanation(w.position, text, ", ".join(map(_job_id, w.reserved_ahead)), None, start)
 
     def _eta(self, start: float | None) -> str:
         """``explain.eta`` of ``start`` (cached per start)."""

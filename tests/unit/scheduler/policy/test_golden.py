@@ -10,7 +10,9 @@ then retaken (``python -m tests.unit.scheduler.policy.test_golden``) and the cha
 Last retaken for two changes of policy: the first tier of the order (``QuotaBook.first_tier``:
 an idle queue's job larger than its whole nominal quota is ordered with the jobs within their
 quota; 7 of the 20 digests changed), then reclaim sparing a job larger than what its queue
-borrows for ``oversize_protection_s`` (5 more changed).
+borrows for ``oversize_protection_s`` (5 more changed), then no preemption for GPUs
+reserved for a job decided earlier in the pass (``preemption.Reserved``; 7 changed: only
+preemptions and explanations, no placement).
 """
 
 from __future__ import annotations
@@ -45,18 +47,18 @@ GOLDEN: dict[str, str] = {
     "pass-10-1-5-no-preemption": "a9f651cc14e603dd7bfc",
     "pass-10-1-5-no-fair-share": "85d3611bba4da80ed32b",
     "pass-10-1-5-short-ageing": "8d180a8104c229760aaf",
-    "pass-40-2-50-default": "b650cb587ff2b1e1458a",
-    "pass-40-2-50-no-backfill": "517758af885ba9160141",
+    "pass-40-2-50-default": "eb16f007edbd938dc5ee",
+    "pass-40-2-50-no-backfill": "ad08f15714135207ac1a",
     "pass-40-2-50-no-reservations": "63718f0655837f12244f",
     "pass-40-2-50-no-preemption": "4d66b9883c2f883a4407",
     "pass-40-2-50-no-fair-share": "8c5e5a5b8dff749bf997",
     "pass-40-2-50-short-ageing": "b3345273edf1ebd937e0",
-    "pass-120-3-20-default": "6076106d93be641bc419",
-    "pass-120-3-20-no-backfill": "3fdc78348667f537f08b",
-    "pass-120-3-20-no-reservations": "d1ce73ecd1c1388b2f8d",
+    "pass-120-3-20-default": "737da806aa715e8d8727",
+    "pass-120-3-20-no-backfill": "c2ff793234c98694c38f",
+    "pass-120-3-20-no-reservations": "10049ff70c3734527b3d",
     "pass-120-3-20-no-preemption": "44e7b295fc69d3722501",
-    "pass-120-3-20-no-fair-share": "3081171eaccc22d2a917",
-    "pass-120-3-20-short-ageing": "40b91b69da87c3e3fb8f",
+    "pass-120-3-20-no-fair-share": "ba0a14176267769919c2",
+    "pass-120-3-20-short-ageing": "6adf705cfd4e7eb3d172",
     "arrivals-20-2": "f76215929a0e123833ad",
     "arrivals-60-5": "9f86ab82ca92b45f0d72",
 }

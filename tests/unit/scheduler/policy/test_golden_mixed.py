@@ -16,7 +16,9 @@ only with a change of policy or of an explanation's text, and say why. Last reta
 first tier of the order (``QuotaBook.first_tier``: an idle queue's job larger than its whole
 nominal quota is ordered with the jobs within their quota; 36 of the 48 digests changed),
 then for reclaim sparing a job larger than what its queue borrows for
-``oversize_protection_s`` (1 more changed); so these worlds guard the caches against the
+``oversize_protection_s`` (1 more changed), then for no preemption for GPUs reserved for a
+job decided earlier (``preemption.Reserved``; 1 more changed); so these worlds guard the
+caches against the
 policy of those changes, not the policy from before the caches.
 """
 
@@ -176,7 +178,7 @@ GOLDEN: dict[int, str] = {
     3: "4e6ec92f08196156d99b",
     4: "f1006959a250c17fa20a",
     5: "b2121f1d0c67c2175792",
-    6: "4f03b7d6d21ef77fe495",
+    6: "304546df110e1ee05c50",
     7: "7f661698effae7d0a5b1",
     8: "eb9cae7673ab96dc210e",
     9: "de15e8c7faa72ebd3a3e",
