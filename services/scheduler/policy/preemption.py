@@ -255,7 +255,8 @@ class _Freeing:
         ]
         if self.reserved is not None:  # free GPUs reserved for others do not count
             for node in self.reserved.nodes.values():
-                self._count(node.free_count, self.usable(node))
+                if node.free_count:  # (a full node counts for no shape either way)
+                    self._count(node.free_count, self.usable(node))
 
     def usable(self, node: NodeSlot) -> int:
         freed = self.nodes.get(node.node_id, 0)
