@@ -19,8 +19,11 @@ Contract (``SlowClientDeadlines``, given to uvicorn as its ``http`` protocol):
   client waits for ``100 Continue`` that only the handler's first read sends. This is
   Kestrel's rule, with its defaults (240 bytes/s after 5 s); any real client, however slow
   its link, sends far faster.
-- Neither touches a request whose body is all in, however long its handling takes; an idle
-  keep-alive connection is closed by uvicorn's own timer first, as before.
+- **A body nobody reads.** Once a request is answered, the rest of its body (which uvicorn
+  reads and drops) and the next request's headers have ``HEADERS_TIMEOUT_S`` together; a
+  body still coming then is cut, whatever its rate (nginx's "lingering close", 30 s there).
+- None of these touches a request whose body is all in, however long its handling takes;
+  an idle keep-alive connection is closed by uvicorn's own timer first, as before.
 """
 
 from __future__ import annotations
@@ -99,8 +102,13 @@ class SlowClientDeadlines(H11Protocol):
 
     def _headers_overdue(self) -> None:
         self._headers_timer = None
-        # IDLE: h11 has not parsed a whole request line and headers since the last response.
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+        # IDLE: h11 has not parsed a whole request line and headers since the last response;
+        # SEND_BODY: the body of a request already answered is still coming (uvicorn reads
+        # and drops it), which at the minimum rate could last Content-Length / 240 seconds.
+        waiting = self.conn.their_state is h11.IDLE or (
+            self.conn.their_state is h11.SEND_BODY and self.conn.our_state is h11.DONE
+        )
+        if waiting and not self.transport.is_closing():
             self.transport.close()
 
     def _check_body(self) -> None:

@@ -138,6 +138,22 @@ async def test_a_body_trickling_after_the_answer_is_cut_off() -> None:
         await _trickle(writer, reader)
 
 
+async def test_an_unread_body_is_cut_after_the_answer_whatever_its_rate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The handler answered without reading; the rest of the body comes fast enough for the
+    minimum rate (20 bytes/s against 10) but would take days: it gets the headers' deadline
+    after the answer, no more."""
+    monkeypatch.setattr(http_deadline, "MIN_BODY_BYTES_PER_S", 10.0)
+    async with _serving() as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /refuse HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.readuntil(END), timeout=10)
+        assert answer.startswith(b"HTTP/1.1 401")
+        await _trickle(writer, reader)
+
+
 async def test_a_body_the_handler_is_not_reading_yet_is_not_cut() -> None:
     """300 KB sent at once fill uvicorn's buffer, which then stops reading until the handler
     reads (after LATE_READ_S, past the grace): that wait is the server's, not the client's."""
