@@ -126,25 +126,20 @@ async def test_a_body_trickling_in_is_cut_off() -> None:
         assert not answer.endswith(b"100000" + END)
 
 
-async def test_a_body_trickling_after_the_answer_is_cut_off() -> None:
-    """The handler answered without reading the body; uvicorn reads and drops the rest, and
-    every byte used to keep the connection."""
-    async with _serving() as port:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"POST /refuse HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
-        await writer.drain()
-        answer = await asyncio.wait_for(reader.readuntil(END), timeout=10)
-        assert answer.startswith(b"HTTP/1.1 401")
-        await _trickle(writer, reader)
-
-
-async def test_an_unread_body_is_cut_after_the_answer_whatever_its_rate(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    "min_rate",
+    [
+        pytest.param(100_000.0, id="too-slow-for-the-minimum-rate"),
+        # Fast enough for the rate, but a long body: the deadline after the answer cuts it.
+        pytest.param(10.0, id="fast-enough-but-unread"),
+    ],
+)
+async def test_a_body_trickling_after_the_answer_is_cut_off(
+    monkeypatch: pytest.MonkeyPatch, min_rate: float
 ) -> None:
-    """The handler answered without reading; the rest of the body comes fast enough for the
-    minimum rate (20 bytes/s against 10) but would take days: it gets the headers' deadline
-    after the answer, no more."""
-    monkeypatch.setattr(http_deadline, "MIN_BODY_BYTES_PER_S", 10.0)
+    """The handler answered without reading the body; uvicorn reads and drops the rest (20
+    bytes/s here), and every byte used to keep the connection."""
+    monkeypatch.setattr(http_deadline, "MIN_BODY_BYTES_PER_S", min_rate)
     async with _serving() as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"POST /refuse HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n")
