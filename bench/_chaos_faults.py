@@ -29,7 +29,7 @@ import math
 import random
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -60,6 +60,8 @@ class Fault:
     """From the fault's end until every process answered /readyz 200."""
     recovered_s: float | None = None
     """From the fault's end until a probe job submitted then was terminal with its cost."""
+    not_ready: dict[str, str] = field(default_factory=dict)
+    """Processes that were not ready when the wait for them ended, with their ``/readyz``."""
 
     def row(self) -> dict[str, Any]:
         return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in asdict(self).items()}

@@ -28,6 +28,8 @@ import shutil
 import signal
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +94,15 @@ class PlatformConfig:
 
 def node_ids(runners: int) -> list[str]:
     return [RUNNER_NODE_ID, *(f"chaos-{i}" for i in range(2, runners + 1))]
+
+
+class NotReadyError(TimeoutError):
+    """Processes still not ready at a deadline, with what each ``/readyz`` answered then."""
+
+    def __init__(self, timeout_s: float, answers: dict[str, str]) -> None:
+        self.answers = answers
+        listed = "; ".join(f"{name}: {answer}" for name, answer in answers.items())
+        super().__init__(f"not ready after {timeout_s:g} s: {listed}")
 
 
 def runner_process(node_id: str) -> str:
@@ -215,6 +226,20 @@ class ChaosPlatform:
     def not_ready(self) -> list[str]:
         return [name for name in self.processes if not self.ready(name)]
 
+    def readiness(self, name: str) -> str:
+        """What ``name``'s ``/readyz`` answers now (status and body), or why nothing came."""
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(f"{self.stack.service_urls[name]}/readyz", timeout=2.0) as answer:
+                return f"{answer.status} {answer.read(500).decode(errors='replace')}"
+        except urllib.error.HTTPError as exc:
+            return f"{exc.code} {exc.read(500).decode(errors='replace')}"
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            return f"no answer ({exc})"
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        return self.stack.log_tail(name, lines)
+
     def running(self, name: str) -> bool:
         return self.stack.process(name).is_running()
 
@@ -284,5 +309,5 @@ class ChaosPlatform:
             if not missing:
                 return time.monotonic() - started
             if time.monotonic() - started > timeout_s:
-                raise TimeoutError(f"not ready after {timeout_s:g} s: {', '.join(missing)}")
+                raise NotReadyError(timeout_s, {name: self.readiness(name) for name in missing})
             time.sleep(0.25)

@@ -57,7 +57,7 @@ from typing import Any
 from bench._chaos_check import Finding, Report, check
 from bench._chaos_faults import KINDS, Fault, inject, poison, schedule
 from bench._chaos_load import PROBE_TEAM, TEAMS, Load
-from bench._chaos_platform import ChaosPlatform, PlatformConfig
+from bench._chaos_platform import ChaosPlatform, NotReadyError, PlatformConfig
 from bench._host import describe
 
 RESULTS = Path(__file__).parent / "results" / "chaos.json"
@@ -246,6 +246,11 @@ def run_chaos(options: ChaosOptions, say: Callable[[str], None] = print) -> Chao
                 f"  recovered: ready after {_s(fault.ready_s)}, probe done after "
                 f"{_s(fault.recovered_s)}; {load.counters.accepted} jobs accepted"
             )
+            if fault.not_ready:
+                for name, answer in fault.not_ready.items():
+                    note(f"  {name} not ready: {answer}; its log ends:\n{platform.log_tail(name)}")
+                note("no more faults: the platform did not recover from this one")
+                break
             if fault.kind == "lose JetStream":
                 poison_kept = asyncio.run(poison(platform.admin_nats_url, f"f{len(faults)}"))
                 poison_ids += poison_kept
@@ -299,8 +304,8 @@ def _time_recovery(platform: ChaosPlatform, load: Load, fault: Fault) -> None:
     prober.start()
     try:
         fault.ready_s = platform.wait_ready(timeout_s=300)
-    except TimeoutError:
-        fault.ready_s = None
+    except NotReadyError as exc:
+        fault.ready_s, fault.not_ready = None, exc.answers
     prober.join()
     done = probe[0] if probe else None
     if done is not None and fault.ready_s is not None:
