@@ -360,9 +360,10 @@ def _own_fault(exc: BaseException) -> str | None:
     what = f"{type(exc).__name__}: {exc}".rstrip(": ")
     if isinstance(exc, _POSTGRES_DOWN):
         return f"PostgreSQL unavailable ({what})"
-    if isinstance(exc, asyncpg.InterfaceError) and any(
-        word in str(exc) for word in ("connection is closed", "pool is closing")
-    ):
+    if isinstance(exc, asyncpg.InternalClientError) or (
+        isinstance(exc, asyncpg.InterfaceError)
+        and any(word in str(exc) for word in ("connection is closed", "pool is closing"))
+    ):  # InternalClientError: a connection an outage left mid-operation (db.DATABASE_FAULTS)
         return f"PostgreSQL connection lost ({what})"
     if isinstance(exc, _NATS_DOWN):
         return f"NATS unavailable ({what})"

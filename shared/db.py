@@ -28,6 +28,20 @@ import asyncpg
 from trainyard_platform.shared.settings import DatabaseSettings
 
 PLATFORM_MIGRATIONS = Path(__file__).parent / "migrations"
+
+DATABASE_FAULTS: tuple[type[BaseException], ...] = (
+    OSError,  # refused, reset and timed-out connections (TimeoutError is one)
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,  # "the underlying connection is closed", "pool is closing"
+    asyncpg.InternalClientError,
+)
+"""What a loop that talks to PostgreSQL survives, trying again on its next round, instead
+of taking its process down: the server's errors, a connection lost, refused or timed out,
+and asyncpg's ``InternalClientError``. A pooled connection that an outage left in the middle
+of an operation raises the last ("cannot switch to state 15; another operation (2) is in
+progress", asyncpg issue 784): seen when PostgreSQL was killed during a scheduling pass, it
+made the scheduler exit with status 1. The pool terminates such a connection when its reset
+fails on release, so the next round gets a fresh one."""
 _MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _release_listeners: list[Callable[[asyncpg.Connection], None]] = []

@@ -382,7 +382,7 @@ class OutboxRelay:
     async def _report_parked(self) -> None:
         try:
             total = await parked_count(self._pool)
-        except (OSError, asyncpg.PostgresError):
+        except db.DATABASE_FAULTS:
             return
         if total:
             log.warning(

@@ -25,6 +25,8 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
+from trainyard_platform.shared.db import DATABASE_FAULTS
+
 log = logging.getLogger(__name__)
 
 
@@ -54,7 +56,7 @@ class Retention:
         while not stop.is_set():
             try:
                 pruned = await self.prune_once(datetime.now(UTC) - self._horizon)
-            except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
+            except DATABASE_FAULTS as exc:
                 log.warning("retention: %s; trying again in %.0f s", exc, self._interval_s)
             else:
                 if pruned.inbox or pruned.outbox:

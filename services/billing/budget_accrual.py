@@ -25,6 +25,7 @@ import asyncpg
 from trainyard_platform.services.billing import budget_watch
 from trainyard_platform.services.billing import budgets_repository as repo
 from trainyard_platform.services.billing.budgets import month_start
+from trainyard_platform.shared.db import DATABASE_FAULTS
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class BudgetAccrual:
                 crossed = await check_running(self._pool, self._clock())
                 if crossed:
                     log.info("running allocations crossed thresholds of %d budgets", crossed)
-            except (asyncpg.PostgresError, OSError) as exc:
+            except DATABASE_FAULTS as exc:
                 log.warning("budget check of running allocations failed: %s", exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self._interval_s)

@@ -51,6 +51,7 @@ from trainyard_platform.services.billing.waste import (
     Tally,
     allocation_pieces,
 )
+from trainyard_platform.shared.db import DATABASE_FAULTS
 
 HOUR = timedelta(hours=1)
 ROLLED: frozenset[Figure] = frozenset(
@@ -322,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         folded = asyncio.run(run())
-    except (OSError, asyncpg.PostgresError) as exc:
+    except DATABASE_FAULTS as exc:
         print(f"{parser.prog}: cannot rebuild the waste rollups: {exc}", file=sys.stderr)
         return 1
     print(f"waste rollups rebuilt from {folded} released allocations")

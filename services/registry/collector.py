@@ -48,7 +48,7 @@ from trainyard_platform.services.registry.collector_plan import (
 )
 from trainyard_platform.services.registry.config import Settings
 from trainyard_platform.services.registry.uploads import S3Uploads
-from trainyard_platform.shared.db import migrate, open_pool
+from trainyard_platform.shared.db import DATABASE_FAULTS, migrate, open_pool
 from trainyard_platform.shared.runtime import settings_or_exit
 from trainyard_platform.shared.storage import ObjectStore, S3Store, open_store
 from trainyard_platform.shared.storage.s3 import client_from_settings
@@ -104,7 +104,7 @@ class StorageCollector:
         while not stop.is_set():
             try:
                 report = await self.collect_once()
-            except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+            except DATABASE_FAULTS as exc:
                 log.warning("storage collector: %s; trying again in %.0f s", exc, interval_s)
             else:
                 if report.deleted or report.marked:

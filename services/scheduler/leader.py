@@ -37,6 +37,8 @@ from typing import Any, Literal
 
 import asyncpg
 
+from trainyard_platform.shared.db import DATABASE_FAULTS
+
 log = logging.getLogger(__name__)
 
 LEADER_LOCK_KEY = 0x7459_5344
@@ -123,7 +125,7 @@ class Leadership:
                     self._dsn, timeout=10, server_settings=self._session_settings()
                 )
                 led = await self._compete(conn, stop, lead)
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except DATABASE_FAULTS as exc:
                 log.warning("leader election: %s; retrying", exc)
             finally:
                 self._pid = None
@@ -189,7 +191,7 @@ class Leadership:
         while not lost.is_set():
             try:
                 await conn.fetchval("SELECT 1", timeout=max(self._check_s, 1.0))
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except DATABASE_FAULTS as exc:
                 log.error("leader lock connection failed: %s", exc)
                 lost.set()
                 return
@@ -205,5 +207,5 @@ async def _close(conn: asyncpg.Connection) -> None:
     """Close the lock connection (which frees the lock); never hang on a dead one."""
     try:
         await asyncio.wait_for(conn.close(), timeout=2)
-    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+    except DATABASE_FAULTS:
         conn.terminate()

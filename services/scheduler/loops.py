@@ -50,10 +50,14 @@ from trainyard_platform.services.scheduler.scheduling import (
     utc_now,
 )
 from trainyard_platform.shared.bus import Bus, Delivery
+from trainyard_platform.shared.db import DATABASE_FAULTS
 from trainyard_platform.shared.event_metrics import measured
 from trainyard_platform.shared.inbox import Guard, idempotent_batches, no_guard
 
 log = logging.getLogger(__name__)
+
+_SKIPPED: tuple[type[BaseException], ...] = (NotLeader, *DATABASE_FAULTS)
+"""Why a round is skipped and tried again: leadership lost, or the database failed."""
 
 EVENT_BATCH = 1024
 """Events the leader applies per transaction. Large on purpose: each batch is followed by one
@@ -125,13 +129,7 @@ class PassLoop:
                 # A pass or a change may have come first while the lock was awaited.
                 if self._kept is kept:
                     decided = await decide_arrivals(conn, kept, job_ids, self._clock())
-        except (
-            NotLeader,
-            OSError,
-            TimeoutError,
-            asyncpg.PostgresError,
-            asyncpg.InterfaceError,
-        ) as exc:
+        except _SKIPPED as exc:
             log.warning("fast path failed: %s; a pass decides", exc)
             decided = False
         if decided:
@@ -155,12 +153,7 @@ class PassLoop:
                     await self.run_once()
                 except NotLeader as exc:
                     log.info("pass skipped: %s", exc)
-                except (
-                    OSError,
-                    TimeoutError,
-                    asyncpg.PostgresError,
-                    asyncpg.InterfaceError,
-                ) as exc:
+                except DATABASE_FAULTS as exc:
                     log.warning("scheduling pass failed: %s; retrying", exc)
                     await asyncio.sleep(min(1.0, self._interval_s))
                     self.poke()

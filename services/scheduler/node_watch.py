@@ -48,9 +48,13 @@ from trainyard_platform.services.scheduler.leader import NotLeader
 from trainyard_platform.services.scheduler.leases import end_gang
 from trainyard_platform.services.scheduler.scheduling import Clock, Tuning, run_pass, utc_now
 from trainyard_platform.shared.bus import Bus, Hearing
+from trainyard_platform.shared.db import DATABASE_FAULTS
 from trainyard_platform.shared.inbox import Guard, no_guard
 
 log = logging.getLogger(__name__)
+
+_SKIPPED: tuple[type[BaseException], ...] = (NotLeader, *DATABASE_FAULTS)
+"""Why a round is skipped and tried again: leadership lost, or the database failed."""
 
 Hear = Callable[[], Awaitable[Hearing | None]]
 """What the scheduler has been able to hear now (None: it is not hearing)."""
@@ -235,5 +239,5 @@ class NodeWatch:
                 return
             try:
                 await self.sweep()
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, NotLeader) as exc:
+            except _SKIPPED as exc:
                 log.warning("lost-node sweep failed: %s; retrying next tick", exc)

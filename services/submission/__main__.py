@@ -17,12 +17,11 @@ import asyncio
 import re
 import sys
 
-import asyncpg
-
 from trainyard_platform.services.submission.config import Settings
 from trainyard_platform.services.submission.errors import UserExists
 from trainyard_platform.services.submission.schemas import NAME_PATTERN
 from trainyard_platform.services.submission.service import bootstrap_user, serve
+from trainyard_platform.shared.db import DATABASE_FAULTS
 from trainyard_platform.shared.identity import Role
 from trainyard_platform.shared.runtime import settings_or_exit
 
@@ -72,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserExists as exc:
         print(f"bootstrap-admin: {exc}; nothing changed", file=sys.stderr)
         return 1
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+    except DATABASE_FAULTS as exc:
         # The DSN is not echoed: it may hold a password.
         print(f"bootstrap-admin: database (TRAINYARD_DATABASE_URL) failed: {exc}", file=sys.stderr)
         return 1

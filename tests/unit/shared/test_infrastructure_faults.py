@@ -44,6 +44,10 @@ def _validation_error() -> ValidationError:
         asyncpg.TooManyConnectionsError("sorry, too many clients already"),
         asyncpg.DiskFullError("could not extend file"),
         asyncpg.InterfaceError("cannot call Connection.fetch(): connection is closed"),
+        # a pooled connection an outage left mid-operation (seen: PostgreSQL killed in a pass)
+        asyncpg.InternalClientError(
+            "cannot switch to state 15; another operation (2) is in progress"
+        ),
         TimeoutError(),  # e.g. pool.acquire(timeout=...)
         # NATS
         nats.errors.TimeoutError(),
