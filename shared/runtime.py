@@ -162,8 +162,7 @@ class ServiceRuntime:
         status."""
         app = app or Litestar(route_handlers=self.health_handlers())
         self._configure_logging()  # building a Litestar app replaces the root logging setup
-        thresholds = freeze_startup_heap()
-        try:
+        with startup_heap_frozen():
             server = _EmbeddedServer(
                 uvicorn.Config(
                     app,
@@ -179,12 +178,6 @@ class ServiceRuntime:
             await self._drain()
             server.should_exit = True
             await serving
-        finally:
-            # Collectable again, however serving ended (stopped, cancelled, failed): a process
-            # that serves several times (tests start many services in one process) would
-            # otherwise keep each one's frozen cycles for good.
-            gc.unfreeze()
-            gc.set_threshold(*thresholds)
         return 1 if self._crashed else 0
 
     async def _drain(self) -> None:
@@ -233,10 +226,15 @@ YOUNG_COLLECTION_THRESHOLD: Final = 20_000
 (``gc.set_threshold``'s first value; the older generations' stay as they were)."""
 
 
-def freeze_startup_heap() -> tuple[int, int, int]:
-    """Move every object alive now to the collector's permanent generation, and collect the
-    youngest generation every ``YOUNG_COLLECTION_THRESHOLD`` allocations (never more often
-    than before); return the thresholds as they were, for ``gc.set_threshold`` at the end.
+@contextlib.contextmanager
+def startup_heap_frozen() -> Generator[None, None, None]:
+    """While the first of the services of this process serves until the last stops: every
+    object alive at the start in the collector's permanent generation, and the youngest
+    generation collected every ``YOUNG_COLLECTION_THRESHOLD`` allocations (never more often
+    than before). At the end, however serving ended, all is collectable again and the
+    thresholds are as they were: a process that serves several times (tests start many
+    services in one process, some at overlapping times) would otherwise keep each one's
+    frozen cycles for good, or restore the thresholds under a service still serving.
 
     Start-up leaves a large heap that lives as long as the process (imported modules,
     pydantic schemas, the app, pools); each full collection walked all of it again, so the
@@ -247,11 +245,29 @@ def freeze_startup_heap() -> tuple[int, int, int]:
     generations, whose collections walk it again: 0.09-0.14 s of collections a run traced
     (0.07-0.10 untraced) against 0.03-0.05 (0.02) at 20,000, each collection of the
     youngest generation then taking about 4 ms (BENCHMARKS.md, "Tracing cost")."""
-    gc.collect()
-    gc.freeze()
-    before = gc.get_threshold()
-    gc.set_threshold(max(YOUNG_COLLECTION_THRESHOLD, before[0]), before[1], before[2])
-    return before
+    global _serving, _thresholds_before
+    with _serving_lock:
+        if _serving == 0:
+            gc.collect()
+            gc.freeze()
+            _thresholds_before = gc.get_threshold()
+            young, *older = _thresholds_before
+            gc.set_threshold(max(YOUNG_COLLECTION_THRESHOLD, young), *older)
+        _serving += 1
+    try:
+        yield
+    finally:
+        with _serving_lock:
+            _serving -= 1
+            if _serving == 0 and _thresholds_before is not None:
+                gc.unfreeze()
+                gc.set_threshold(*_thresholds_before)
+
+
+_serving_lock = threading.Lock()
+_serving = 0
+"""Services of this process serving now (``startup_heap_frozen``)."""
+_thresholds_before: tuple[int, int, int] | None = None
 
 
 class _EmbeddedServer(uvicorn.Server):

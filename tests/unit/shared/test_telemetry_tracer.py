@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+import trainyard_platform.shared.runtime as runtime_module
 import trainyard_platform.shared.telemetry as telemetry
 from trainyard_platform.deploy.local.ports import free_port
 from trainyard_platform.shared.runtime import YOUNG_COLLECTION_THRESHOLD, ServiceRuntime
@@ -204,3 +205,39 @@ def test_a_cancelled_run_unfreezes_the_heap() -> None:
         assert gc.get_freeze_count() == 0
     finally:
         gc.unfreeze()
+
+
+def test_services_serving_at_overlapping_times_keep_the_heap_frozen_until_the_last_stops() -> None:
+    """Two services of one process (tests start several): the first to stop leaves the heap
+    frozen and the thresholds raised for the one still serving; the last puts both back."""
+    gc.unfreeze()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    seen_after_first_stopped: list[tuple[int, tuple[int, int, int]]] = []
+
+    async def two_services() -> None:
+        # Not entered: entering installs the process's tracer and meter providers.
+        first = ServiceRuntime("first", ServiceSettings(port=free_port()))
+        second = ServiceRuntime("second", ServiceSettings(port=free_port()))
+        serving_first = asyncio.create_task(first.run())
+        while not gc.get_freeze_count():
+            await asyncio.sleep(0)
+        serving_second = asyncio.create_task(second.run())
+        while runtime_module._serving < 2:  # the second serves too
+            await asyncio.sleep(0.01)
+        first.stopping.set()
+        assert await serving_first == 0
+        seen_after_first_stopped.append((gc.get_freeze_count(), gc.get_threshold()))
+        second.stopping.set()
+        assert await serving_second == 0
+
+    try:
+        asyncio.run(two_services())
+        frozen, raised = seen_after_first_stopped[0]
+        assert frozen > 0
+        assert raised == (YOUNG_COLLECTION_THRESHOLD, 10, 10)
+        assert gc.get_freeze_count() == 0
+        assert gc.get_threshold() == (700, 10, 10)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
