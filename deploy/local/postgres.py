@@ -9,8 +9,8 @@ exits, so a forgotten ``stop()`` does not leak a server.
 
 The server runs detached (``pg_ctl``), so it is watched by its postmaster's pid:
 ``is_running()`` is false once that process is gone (or a zombie, where PID 1 reaps none),
-``unexpected_exit()`` says so unless ``stop()`` was called, ``send_signal`` signals its
-process group (the postmaster leads it) and ``recover()`` starts it again in the same
+``unexpected_exit()`` says so unless ``stop()`` was called, ``send_signal`` signals the
+postmaster and every process under it, and ``recover()`` starts it again in the same
 folder, so the DSN is unchanged. A server killed outright leaves its lock files behind;
 ``start()`` removes them once none of its processes holds its shared memory any more.
 
@@ -121,11 +121,17 @@ class PostgresServer:
         return Exit(None)
 
     def send_signal(self, sig: int) -> None:
-        """Signal the postmaster's process group (it and its backends), as a fault would."""
-        pid = self.pid
-        if pid is None or not self.is_running():
+        """Signal the postmaster and every process under it (backends, background workers),
+        as a crash or a pause of the whole server would. Its process group is not enough:
+        each backend leads a session of its own (PostgreSQL calls ``setsid``), so a SIGKILL
+        of the group left the backends running until they saw the postmaster gone."""
+        if self._server is None or not self.is_running():
             raise ProcessLookupError("PostgreSQL server is not running")
-        os.killpg(pid, sig)
+        postmaster = self._server.get_postmaster_info().process
+        under = postmaster.children(recursive=True)
+        for process in (postmaster, *under):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, sig)
 
     def recover(self) -> float:
         """Start again after the server died (same folder, socket and DSN)."""

@@ -7,6 +7,7 @@ contract (ports, env, readiness, restarts, clean shutdown) independently of the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -200,6 +201,39 @@ async def test_postgres_server_creates_databases(work_dir: Path) -> None:
         server.stop()
     assert not server.is_running()
     assert not (work_dir / "pgdata" / "postmaster.pid").exists()
+
+
+async def test_a_killed_postgres_takes_its_backends_along_and_recovers(work_dir: Path) -> None:
+    """``send_signal(SIGKILL)`` is a crash of the whole server: the backend of an open
+    connection dies with the postmaster (each backend leads a session of its own, so a
+    signal to the postmaster's process group alone left it running), and ``recover``
+    starts the server again on the same DSN with the data."""
+    server = PostgresServer(work_dir / "pgdata")
+    server.start()
+    try:
+        conn = await asyncpg.connect(server.dsn)
+        await conn.execute("CREATE TABLE t (x int); INSERT INTO t VALUES (7)")
+        busy = await asyncpg.connect(server.dsn)
+        backend = await busy.fetchval("SELECT pg_backend_pid()")
+        # A backend busy computing looks for its postmaster only when it next waits.
+        counting = asyncio.create_task(
+            busy.fetchval("SELECT count(*) FROM generate_series(1, 10000000000)")
+        )
+        await asyncio.sleep(0.5)
+        server.send_signal(signal.SIGKILL)
+        assert _wait_dead(backend, timeout_s=5), "the busy backend outlived its killed server"
+        counting.cancel()
+        for gone in (conn, busy):
+            gone.terminate()
+        assert server.unexpected_exit() is not None
+        server.recover()
+        conn = await asyncpg.connect(server.dsn)
+        try:
+            assert await conn.fetchval("SELECT x FROM t") == 7
+        finally:
+            await conn.close()
+    finally:
+        server.stop()
 
 
 async def test_database_url_fixture_is_fresh(database_url: str) -> None:
