@@ -10,9 +10,11 @@ Contract:
 - A service's own exceptions answer the status it maps them to, their message as the detail;
   every service answers ``shared.identity.Denied`` with 403 and ``IdentityUnavailable``
   (user tokens cannot be checked now) with 503.
-- A lost connection to what the service stands on (PostgreSQL's connection, shutdown and
-  too-many-connections errors, or any ``ConnectionError``: NATS, the object store), raised or
-  the cause of a 5xx, answers 503 ``temporarily unavailable, try again`` with
+- A failure of what the service stands on, by the rule that waits out an event handler's
+  (``bus.infrastructure_fault``: PostgreSQL, NATS or the object store unreachable, shutting
+  down, starting up or out of connections; a connection lost, even one asyncpg left
+  mid-operation; a timeout), raised or in the chain of a 5xx (an exception group's members
+  too), answers 503 ``temporarily unavailable, try again`` with
   ``Retry-After``: the caller may simply retry (a transaction that failed stored nothing).
 - Anything else, and every other 5xx, is ``internal error``: the traceback goes to the log,
   never to the user.
@@ -38,12 +40,12 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-import asyncpg
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import ExceptionHandlersMap
 from pydantic import BaseModel, Field, ValidationError
 
+from trainyard_platform.shared.bus import infrastructure_fault
 from trainyard_platform.shared.identity import Denied, IdentityUnavailable
 
 log = logging.getLogger(__name__)
@@ -53,15 +55,6 @@ AnyRequest = Request[Any, Any, Any]
 
 _OWN_FIELD = re.compile(r"[\w.-]+")
 
-UNAVAILABLE: tuple[type[BaseException], ...] = (
-    asyncpg.PostgresConnectionError,
-    asyncpg.exceptions.CannotConnectNowError,
-    asyncpg.exceptions.AdminShutdownError,
-    asyncpg.exceptions.CrashShutdownError,
-    asyncpg.exceptions.TooManyConnectionsError,
-    ConnectionError,
-)
-"""Failures of a dependency's connection, not of the request: answered 503, retry later."""
 RETRY_AFTER_S = 5
 
 
@@ -406,15 +399,10 @@ def _crash(request: AnyRequest, exc: Exception) -> Response[ErrorBody]:
 
 
 def _lost_connection(exc: BaseException) -> bool:
-    """Whether ``exc`` or an exception in its cause/context chain is one of ``UNAVAILABLE``."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, UNAVAILABLE):
-            return True
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return False
+    """Whether a dependency failed, not the request (``bus.infrastructure_fault``, the rule
+    by which a handler's failure is waited out: PostgreSQL, NATS or the object store
+    unreachable, a connection lost, a timeout): answered 503, try again."""
+    return infrastructure_fault(exc) is not None
 
 
 def _unavailable(request: AnyRequest, exc: BaseException) -> Response[ErrorBody]:

@@ -82,6 +82,21 @@ async def wrapped_lost() -> None:
         raise HTTPException(status_code=500, detail="dependency failed") from exc
 
 
+@get("/connection-closed")
+async def connection_closed() -> None:
+    raise asyncpg.InterfaceError(
+        "cannot call Connection.fetch(): the underlying connection is closed (db.internal)"
+    )
+
+
+@get("/left-mid-operation")
+async def left_mid_operation() -> None:
+    # A pooled connection an outage left in the middle of an operation (db.DATABASE_FAULTS).
+    raise asyncpg.InternalClientError(
+        "db.internal: cannot switch to state 15; another operation (2) is in progress"
+    )
+
+
 @get("/count")
 async def count(limit: FromQuery[int]) -> int:
     return limit
@@ -100,6 +115,8 @@ def client() -> Iterator[TestClient[Any]]:
             database_lost,
             broker_refused,
             wrapped_lost,
+            connection_closed,
+            left_mid_operation,
         ],
         exception_handlers=exception_handlers({Missing: 404}),
     )
@@ -145,7 +162,16 @@ def test_server_errors_are_generic_and_logged(
         assert secret in caplog.text
 
 
-@pytest.mark.parametrize("path", ["/database-lost", "/broker-refused", "/wrapped-lost"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/database-lost",
+        "/broker-refused",
+        "/wrapped-lost",
+        "/connection-closed",
+        "/left-mid-operation",
+    ],
+)
 def test_a_lost_dependency_is_a_503_to_retry_that_reveals_nothing(
     client: TestClient[Any], caplog: pytest.LogCaptureFixture, path: str
 ) -> None:
