@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import gc
 import json
 import os
@@ -47,6 +48,7 @@ import statistics
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -404,29 +406,40 @@ def time_blocked_arrivals(nodes: int, queues: int, count: int) -> dict[str, obje
     }
 
 
+def event_mix(
+    incremental: Incremental, snapshot: Snapshot, nodes: int, count: int
+) -> Iterator[tuple[str, Callable[[], Decisions]]]:
+    """The seeded mix of ``count`` events that ``time_events`` times (arrivals of new jobs,
+    running jobs ending, a node joining and leaving, in a fixed rotation): each event's kind
+    and a call that applies it to ``incremental``, in order (apply one before the next)."""
+    rng = random.Random(3)
+    arrivals = pending_jobs(rng, count, nodes, snapshot.queues, prefix="event")
+    running = sorted(r.job_id for r in snapshot.running)
+    for n in range(count):
+        kind = ("arrive", "arrive", "end", "arrive", "join", "arrive", "end", "leave")[n % 8]
+        if kind == "arrive":
+            job = replace(arrivals[n], submitted_at=NOW, seq=10 * nodes + n)
+            yield kind, functools.partial(incremental.arrive, job)
+        elif kind == "end":
+            job_id = running.pop(rng.randrange(len(running)))
+            yield kind, functools.partial(incremental.end, job_id)
+        elif kind == "join":
+            node = Node(f"new-{n:04d}", flavor_of(n, nodes), GPUS_PER_NODE, "rack-new")
+            yield kind, functools.partial(incremental.node_joined, node)
+        else:
+            yield kind, functools.partial(incremental.node_left, f"new-{n - 3:04d}")
+
+
 def time_events(
     incremental: Incremental, snapshot: Snapshot, nodes: int, count: int
 ) -> dict[str, object]:
     """Wall and CPU time of ``count`` events (arrivals, ends, nodes joining and leaving, in
     a seeded mix) decided by ``incremental``, each equal to a full pass on its state."""
-    rng = random.Random(3)
-    arrivals = pending_jobs(rng, count, nodes, snapshot.queues, prefix="event")
-    running = sorted(r.job_id for r in snapshot.running)
     walls: dict[str, list[float]] = {"arrive": [], "end": [], "join": [], "leave": []}
     cpus: list[float] = []
-    for n in range(count):
-        kind = ("arrive", "arrive", "end", "arrive", "join", "arrive", "end", "leave")[n % 8]
+    for kind, apply in event_mix(incremental, snapshot, nodes, count):
         start, cpu = time.perf_counter(), time.process_time()
-        if kind == "arrive":
-            job = arrivals[n]
-            incremental.arrive(replace(job, submitted_at=NOW, seq=10 * nodes + n))
-        elif kind == "end":
-            incremental.end(running.pop(rng.randrange(len(running))))
-        elif kind == "join":
-            flavor = flavor_of(n, nodes)
-            incremental.node_joined(Node(f"new-{n:04d}", flavor, GPUS_PER_NODE, "rack-new"))
-        else:
-            incremental.node_left(f"new-{n - 3:04d}")
+        apply()
         walls[kind].append(time.perf_counter() - start)
         cpus.append(time.process_time() - cpu)
     every = [t for ts in walls.values() for t in ts]
