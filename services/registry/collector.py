@@ -48,6 +48,7 @@ from trainyard_platform.services.registry.collector_plan import (
 )
 from trainyard_platform.services.registry.config import Settings
 from trainyard_platform.services.registry.uploads import S3Uploads
+from trainyard_platform.shared.bus import infrastructure_fault
 from trainyard_platform.shared.db import DATABASE_FAULTS, migrate, open_pool
 from trainyard_platform.shared.runtime import settings_or_exit
 from trainyard_platform.shared.storage import ObjectStore, S3Store, open_store
@@ -100,11 +101,16 @@ class StorageCollector:
         self._uploads = uploads
 
     async def run(self, stop: asyncio.Event, interval_s: float) -> None:
-        """A pass every ``interval_s`` until ``stop``; errors are logged and retried."""
+        """A pass every ``interval_s`` until ``stop``. A pass that PostgreSQL failed
+        (``db.DATABASE_FAULTS``) or the object store (unreachable or unavailable:
+        ``bus.infrastructure_fault``) is logged and tried again; anything else is a bug and
+        propagates."""
         while not stop.is_set():
             try:
                 report = await self.collect_once()
-            except DATABASE_FAULTS as exc:
+            except Exception as exc:
+                if not isinstance(exc, DATABASE_FAULTS) and infrastructure_fault(exc) is None:
+                    raise
                 log.warning("storage collector: %s; trying again in %.0f s", exc, interval_s)
             else:
                 if report.deleted or report.marked:

@@ -5,14 +5,17 @@ committed while it runs."""
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import os
 import sys
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import asyncpg
 import pytest
+import urllib3
 
 from tests.integration.registry.modelkit import (
     VISION,
@@ -27,6 +30,7 @@ from trainyard_platform.services.registry.collector import StorageCollector
 from trainyard_platform.services.registry.uploads import S3Uploads
 from trainyard_platform.shared.events.payloads import JobCancelled
 from trainyard_platform.shared.storage import ObjectStore, S3Store
+from trainyard_platform.shared.storage.local import LocalStore
 from trainyard_platform.shared.storage.s3 import client_from_settings
 
 pytestmark = pytest.mark.integration
@@ -213,3 +217,26 @@ async def test_incomplete_uploads_are_aborted_after_the_grace_period(
     clock.now += timedelta(minutes=2)
     assert (await collector.collect_once()).aborted_uploads == 1
     assert pending() == {"bundles/vision/big"}  # not the collector's prefix
+
+
+async def test_the_periodic_collector_waits_out_an_object_store_outage(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """The service's loop (``run``): a pass the object store failed (unreachable: what the
+    S3 client raises when its endpoint refuses) is logged and tried again, instead of ending
+    the loop, and with it the registry's process."""
+    stop = asyncio.Event()
+
+    class Unreachable(LocalStore):
+        listings = 0
+
+        def list(self, prefix: str = "") -> builtins.list[str]:
+            self.listings += 1
+            if self.listings == 1:
+                raise urllib3.exceptions.MaxRetryError(None, "/bucket", "connection refused")  # type: ignore[arg-type]
+            stop.set()  # the pass after the outage runs to its end, then the loop stops
+            return super().list(prefix)
+
+    store = Unreachable(tmp_path / "store")
+    await asyncio.wait_for(StorageCollector(pool, store, keep=2, grace=GRACE).run(stop, 0.01), 60)
+    assert store.listings >= 2
