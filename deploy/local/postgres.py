@@ -127,11 +127,7 @@ class PostgresServer:
         of the group left the backends running until they saw the postmaster gone."""
         if self._server is None or not self.is_running():
             raise ProcessLookupError("PostgreSQL server is not running")
-        postmaster = self._server.get_postmaster_info().process
-        under = postmaster.children(recursive=True)
-        for process in (postmaster, *under):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, sig)
+        _signal_all(self._server, sig)
 
     def recover(self) -> float:
         """Start again after the server died (same folder, socket and DSN)."""
@@ -168,8 +164,8 @@ class PostgresServer:
         if server is None:
             return
         if _postmaster_alive(server):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(server.get_pid(), signal.SIGCONT)  # a paused server must hear us
+            # A paused server (``send_signal(SIGSTOP)``: every backend too) must hear us.
+            _signal_all(server, signal.SIGCONT)
             server.cleanup()
         else:
             _forget(server)
@@ -239,6 +235,19 @@ def _postmaster_alive(server: Any) -> bool:
         return process is not None and process.is_running() and _pid_alive(process.pid)
     except Exception:  # psutil.NoSuchProcess and the like: gone
         return False
+
+
+def _signal_all(server: Any, sig: int) -> None:
+    """Signal the handle's postmaster and every process under it (listed first: a killed
+    postmaster's children are no longer under it)."""
+    try:
+        postmaster = server.get_postmaster_info().process
+        under = postmaster.children(recursive=True)
+    except Exception:  # psutil.NoSuchProcess: gone meanwhile, nothing to signal
+        return
+    for process in (postmaster, *under):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(process.pid, sig)
 
 
 def _forget(server: Any) -> None:

@@ -236,6 +236,28 @@ async def test_a_killed_postgres_takes_its_backends_along_and_recovers(work_dir:
         server.stop()
 
 
+async def test_a_paused_postgres_stops_with_its_backends(work_dir: Path) -> None:
+    """``stop()`` of a server paused by ``send_signal(SIGSTOP)`` (which stops every backend,
+    each in a session of its own) continues them all, so the fast shutdown ends them. A
+    SIGCONT of the postmaster's process group alone left the backend stopped: the shutdown
+    gave up after pg_ctl's minute, killed the postmaster, and the backend stayed, stopped,
+    holding the server's shared memory."""
+    server = PostgresServer(work_dir / "pgdata")
+    server.start()
+    backend = None
+    try:
+        conn = await asyncpg.connect(server.dsn)
+        backend = await conn.fetchval("SELECT pg_backend_pid()")
+        server.send_signal(signal.SIGSTOP)
+        await asyncio.to_thread(server.stop)
+        assert _wait_dead(backend, timeout_s=5), "the paused backend outlived stop()"
+        conn.terminate()
+    finally:
+        server.stop()
+        if backend is not None and _alive(backend):  # never leak a stopped process
+            os.kill(backend, signal.SIGKILL)
+
+
 async def test_database_url_fixture_is_fresh(database_url: str) -> None:
     conn = await asyncpg.connect(database_url)
     try:
