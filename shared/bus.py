@@ -301,6 +301,12 @@ _POSTGRES_DOWN: tuple[type[BaseException], ...] = (
     asyncpg.IdleSessionTimeoutError,
     asyncpg.InsufficientResourcesError,
 )
+_PATH_FOR_GOOD: tuple[type[OSError], ...] = (
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    FileExistsError,
+)
 _NATS_DOWN: tuple[type[BaseException], ...] = (
     nats.errors.NoRespondersError,
     nats.errors.ConnectionClosedError,
@@ -373,7 +379,10 @@ def _own_fault(exc: BaseException) -> str | None:
         return f"object store unavailable ({what})"
     # Sockets, DNS, refused and reset connections, a PostgreSQL socket that is not there,
     # a full disk, and every timeout (asyncio's, a pool acquire's, NATS's: all OSError).
-    if isinstance(exc, OSError):
+    # Not the errors of a path that will stay what it is (a local object store's file
+    # refused, a directory where a file is wanted, a file that exists): waiting them out
+    # would retry for ever, and an HTTP client told "try again" would too.
+    if isinstance(exc, OSError) and not isinstance(exc, _PATH_FOR_GOOD):
         return f"unreachable or timed out ({what})"
     return None
 

@@ -61,7 +61,7 @@ from nats.errors import Error as NatsError
 from nats.js.errors import APIError
 
 from trainyard_platform.shared import db
-from trainyard_platform.shared.bus import Bus, StreamMissingError
+from trainyard_platform.shared.bus import Bus, StreamMissingError, infrastructure_fault
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.telemetry import inject
 
@@ -452,9 +452,9 @@ def _reconnects(bus: Bus) -> int:
 
 
 def _log_failure(exc: Exception, delay: float) -> None:
-    if isinstance(
-        exc, TimeoutError | OSError | asyncpg.PostgresError | NatsError | StreamMissingError
-    ):
+    """An outage, one line a try; anything else, with its traceback."""
+    expected = (*db.DATABASE_FAULTS, NatsError, StreamMissingError)
+    if isinstance(exc, expected) or infrastructure_fault(exc) is not None:
         log.warning("outbox relay: %s; retrying in %.1fs", str(exc) or type(exc).__name__, delay)
     else:
         log.error("outbox relay failed; retrying in %.1fs", delay, exc_info=exc)

@@ -82,6 +82,11 @@ def test_infrastructure_faults(error: Exception) -> None:
         asyncpg.InterfaceError("cannot perform operation: another operation is in progress"),
         _s3_error("AccessDenied"),
         _s3_error("NoSuchKey"),
+        # a local object store's path that will stay what it is: retried for ever otherwise
+        PermissionError(13, "Permission denied"),
+        IsADirectoryError(21, "Is a directory"),
+        NotADirectoryError(20, "Not a directory"),
+        FileExistsError(17, "File exists"),
         nats.js.errors.BadRequestError(),
     ],
     ids=lambda e: type(e).__name__,
