@@ -18,6 +18,7 @@ Contract:
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import asyncpg
 
+from trainyard_platform.shared.bus import infrastructure_fault
 from trainyard_platform.shared.settings import DatabaseSettings
 
 PLATFORM_MIGRATIONS = Path(__file__).parent / "migrations"
@@ -125,6 +127,19 @@ async def migrate(pool: asyncpg.Pool, schema: str, service_migrations: Path) -> 
         finally:
             await conn.execute("SELECT pg_advisory_unlock(hashtext($1))", f"migrate:{schema}")
     return applied
+
+
+def log_failed_round(logger: logging.Logger, message: str, exc: BaseException) -> None:
+    """Log a loop's round that failed with one of ``DATABASE_FAULTS`` and is tried again:
+    an outage (``bus.infrastructure_fault``) in one warning line, as it may fail every
+    round until the database is back; anything else (a query the database refuses for good,
+    asyncpg's client errors such as "another operation is in progress": a bug) at error
+    level with its traceback, so a loop that survives it does not hide it. ``message`` ends
+    with ``%s``, which gets the error."""
+    if infrastructure_fault(exc) is not None:
+        logger.warning(message, exc)
+    else:
+        logger.error(message, exc, exc_info=exc)
 
 
 async def ping(pool: asyncpg.Pool) -> bool:

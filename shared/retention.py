@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from trainyard_platform.shared.db import DATABASE_FAULTS
+from trainyard_platform.shared.db import DATABASE_FAULTS, log_failed_round
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,9 @@ class Retention:
             try:
                 pruned = await self.prune_once(datetime.now(UTC) - self._horizon)
             except DATABASE_FAULTS as exc:
-                log.warning("retention: %s; trying again in %.0f s", exc, self._interval_s)
+                log_failed_round(
+                    log, f"retention: %s; trying again in {self._interval_s:.0f} s", exc
+                )
             else:
                 if pruned.inbox or pruned.outbox:
                     log.info(

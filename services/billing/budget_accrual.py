@@ -25,7 +25,7 @@ import asyncpg
 from trainyard_platform.services.billing import budget_watch
 from trainyard_platform.services.billing import budgets_repository as repo
 from trainyard_platform.services.billing.budgets import month_start
-from trainyard_platform.shared.db import DATABASE_FAULTS
+from trainyard_platform.shared.db import DATABASE_FAULTS, log_failed_round
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,6 @@ class BudgetAccrual:
                 if crossed:
                     log.info("running allocations crossed thresholds of %d budgets", crossed)
             except DATABASE_FAULTS as exc:
-                log.warning("budget check of running allocations failed: %s", exc)
+                log_failed_round(log, "budget check of running allocations failed: %s", exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self._interval_s)

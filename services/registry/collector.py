@@ -49,7 +49,7 @@ from trainyard_platform.services.registry.collector_plan import (
 from trainyard_platform.services.registry.config import Settings
 from trainyard_platform.services.registry.uploads import S3Uploads
 from trainyard_platform.shared.bus import infrastructure_fault
-from trainyard_platform.shared.db import DATABASE_FAULTS, migrate, open_pool
+from trainyard_platform.shared.db import DATABASE_FAULTS, log_failed_round, migrate, open_pool
 from trainyard_platform.shared.runtime import settings_or_exit
 from trainyard_platform.shared.storage import ObjectStore, S3Store, open_store
 from trainyard_platform.shared.storage.s3 import client_from_settings
@@ -111,7 +111,9 @@ class StorageCollector:
             except Exception as exc:
                 if not isinstance(exc, DATABASE_FAULTS) and infrastructure_fault(exc) is None:
                     raise
-                log.warning("storage collector: %s; trying again in %.0f s", exc, interval_s)
+                log_failed_round(
+                    log, f"storage collector: %s; trying again in {interval_s:.0f} s", exc
+                )
             else:
                 if report.deleted or report.marked:
                     log.info("storage collector: %s", report)

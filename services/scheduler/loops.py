@@ -50,7 +50,7 @@ from trainyard_platform.services.scheduler.scheduling import (
     utc_now,
 )
 from trainyard_platform.shared.bus import Bus, Delivery
-from trainyard_platform.shared.db import DATABASE_FAULTS
+from trainyard_platform.shared.db import DATABASE_FAULTS, log_failed_round
 from trainyard_platform.shared.event_metrics import measured
 from trainyard_platform.shared.inbox import Guard, idempotent_batches, no_guard
 
@@ -130,7 +130,7 @@ class PassLoop:
                 if self._kept is kept:
                     decided = await decide_arrivals(conn, kept, job_ids, self._clock())
         except _SKIPPED as exc:
-            log.warning("fast path failed: %s; a pass decides", exc)
+            log_failed_round(log, "fast path failed: %s; a pass decides", exc)
             decided = False
         if decided:
             self.fast_arrivals += len(job_ids)
@@ -154,7 +154,7 @@ class PassLoop:
                 except NotLeader as exc:
                     log.info("pass skipped: %s", exc)
                 except DATABASE_FAULTS as exc:
-                    log.warning("scheduling pass failed: %s; retrying", exc)
+                    log_failed_round(log, "scheduling pass failed: %s; retrying", exc)
                     await asyncio.sleep(min(1.0, self._interval_s))
                     self.poke()
                 finished = time.monotonic()

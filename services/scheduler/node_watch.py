@@ -48,7 +48,7 @@ from trainyard_platform.services.scheduler.leader import NotLeader
 from trainyard_platform.services.scheduler.leases import end_gang
 from trainyard_platform.services.scheduler.scheduling import Clock, Tuning, run_pass, utc_now
 from trainyard_platform.shared.bus import Bus, Hearing
-from trainyard_platform.shared.db import DATABASE_FAULTS
+from trainyard_platform.shared.db import DATABASE_FAULTS, log_failed_round
 from trainyard_platform.shared.inbox import Guard, no_guard
 
 log = logging.getLogger(__name__)
@@ -240,4 +240,4 @@ class NodeWatch:
             try:
                 await self.sweep()
             except _SKIPPED as exc:
-                log.warning("lost-node sweep failed: %s; retrying next tick", exc)
+                log_failed_round(log, "lost-node sweep failed: %s; retrying next tick", exc)

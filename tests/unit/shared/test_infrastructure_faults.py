@@ -3,6 +3,8 @@ few times, then dead-lettered): ``shared.bus.infrastructure_fault``."""
 
 from __future__ import annotations
 
+import logging
+
 import asyncpg
 import nats.errors
 import nats.js.errors
@@ -13,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from urllib3 import HTTPResponse
 
 from trainyard_platform.shared.bus import Reject, infrastructure_fault
+from trainyard_platform.shared.db import DATABASE_FAULTS, log_failed_round
 
 
 def _s3_error(code: str) -> S3Error:
@@ -108,3 +111,36 @@ def test_a_fault_behind_another_error_counts() -> None:
     group = ExceptionGroup("tasks failed", [ValueError("x"), asyncpg.CannotConnectNowError("up")])
     assert infrastructure_fault(group) is not None
     assert infrastructure_fault(ExceptionGroup("tasks failed", [ValueError("x")])) is None
+
+
+@pytest.mark.parametrize(
+    ("error", "level", "traceback"),
+    [
+        (ConnectionRefusedError(111, "Connect call failed"), logging.WARNING, False),
+        (
+            asyncpg.InterfaceError("cannot call Connection.fetch(): connection is closed"),
+            logging.WARNING,
+            False,
+        ),
+        # a bug a loop survives is still said loudly, with where it came from
+        (
+            asyncpg.InterfaceError("cannot perform operation: another operation is in progress"),
+            logging.ERROR,
+            True,
+        ),
+        (asyncpg.UndefinedColumnError('column "x" does not exist'), logging.ERROR, True),
+    ],
+    ids=["refused", "connection-closed", "in-progress", "undefined-column"],
+)
+def test_a_loops_failed_round_is_one_line_for_an_outage_and_a_traceback_otherwise(
+    caplog: pytest.LogCaptureFixture, error: Exception, level: int, traceback: bool
+) -> None:
+    logger = logging.getLogger("test.loop")
+    try:
+        raise error
+    except DATABASE_FAULTS as exc:
+        log_failed_round(logger, "round failed: %s; retrying", exc)
+    (record,) = caplog.records
+    assert record.levelno == level
+    assert record.getMessage() == f"round failed: {error}; retrying"
+    assert (record.exc_info is not None) is traceback
