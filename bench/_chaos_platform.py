@@ -24,6 +24,7 @@ process's NATS connections and refuses new ones).
 from __future__ import annotations
 
 import contextlib
+import http.client
 import shutil
 import signal
 import sys
@@ -234,8 +235,8 @@ class ChaosPlatform:
                 return f"{answer.status} {answer.read(500).decode(errors='replace')}"
         except urllib.error.HTTPError as exc:
             return f"{exc.code} {exc.read(500).decode(errors='replace')}"
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            return f"no answer ({exc})"
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+            return f"no answer ({exc!r})"
 
     def log_tail(self, name: str, lines: int = 40) -> str:
         return self.stack.log_tail(name, lines)

@@ -70,6 +70,7 @@ NATS lets in only its users: the stack makes one per service (one per runner nod
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import secrets
 import signal
@@ -155,7 +156,7 @@ def http_ready(url: str, timeout_s: float = 1.0) -> bool:
     try:
         with opener.open(url, timeout=timeout_s) as response:
             return int(response.status) == 200
-    except (urllib.error.URLError, OSError, ValueError):
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
         return False
 
 

@@ -24,8 +24,9 @@ def test_every_invariant_holds_through_one_fault_of_each_kind() -> None:
     summary = result.summary()
     print(summary)
     assert not result.report.failed, f"seed {seed}:\n{result.report.summary()}"
-    assert {fault.kind for fault in result.faults} == set(KINDS)
+    # Before the kinds: the faults stop after one the platform did not recover from.
     not_recovered = [f.row() for f in result.faults if f.recovered_s is None]
     assert not not_recovered, f"seed {seed}: {not_recovered}"
+    assert {fault.kind for fault in result.faults} == set(KINDS)
     assert summary["jobs_submitted"] >= 20
     assert summary["terminal"] == summary["jobs_submitted"]
