@@ -637,6 +637,8 @@ class PolicyState:
         running: Mapping[tuple[str, str], list[RunningJob]] = (
             self.running if self.config.preemption else {}
         )
+        # Only jobs it would stand before once re-queued (no victim starts again first).
+        preemptor = Preemptor(job, self.level, self.fair, max(self.config.ageing_s, 1e-9))
         found, reclaimable = candidates_for(
             self.quota,
             job.queue,
@@ -653,14 +655,16 @@ class PolicyState:
             # A job already chosen as a victim in this pass frees its GPUs once: it must not
             # be chosen again for another waiting job (nor its GPUs counted twice).
             self._claimed,
-            # Only jobs it would stand before once re-queued (no victim starts again first).
-            Preemptor(job, self.level, self.fair, max(self.config.ageing_s, 1e-9)),
+            preemptor,
         )
         if not found:
             return
 
         def quota_ok(freed: Mapping[str, int]) -> bool:
             return self.quota.check(job.queue, job.flavor, job.gpus, freed).ok
+
+        def admits(victims: Sequence[Candidate]) -> bool:  # ... nor taken together
+            return preemptor.admits(self.quota, victims)
 
         # Only what it could start on as its victims leave: not GPUs reserved, for part of
         # its runtime, for a job decided before it (``preemption.Reserved``).
@@ -669,10 +673,10 @@ class PolicyState:
         reserved = (
             Reserved(on, self.now + grace + job.declared_runtime_s, self.now, grace) if on else None
         )
-        chosen = select(found, pool, shapes, quota_ok, reclaimable, reserved)
+        chosen = select(found, pool, shapes, quota_ok, reclaimable, reserved, admits)
         if chosen is None:
             if reserved is not None:  # would it have preempted but for them? (its reason)
-                ignoring = select(found, pool, shapes, quota_ok, reclaimable)
+                ignoring = select(found, pool, shapes, quota_ok, reclaimable, None, admits)
                 if ignoring is not None:
                     waiting.reserved_ahead = reserved_conflicts(ignoring, pool, shapes, reserved)
             return

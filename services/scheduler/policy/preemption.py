@@ -29,20 +29,26 @@ Contract:
 - A victim re-queued keeps its submit time and arrival sequence, so it may stand before the
   job that preempted it: it would then be decided first in the next pass and start again on
   the GPUs it left, and be preempted again once protected no more (thrash, each round losing
-  its work for nothing). So a waiting job takes as a victim only a job it would be ordered
-  before once that job is re-queued (``Preemptor``). For priority, both are of one queue:
-  the queue's order (``fairshare.queue_key``: priority level less the size term, ageing,
-  submit time, sequence) must put the waiting job first; a strictly lower priority value
-  alone is not enough, since ageing or a smaller declared size can outweigh it. For
-  reclaim, a re-queued victim borrows again, so it is ordered after every job within its
-  nominal quota (the waiting job is one) -- except when it is all its queue holds of the
-  flavor: re-queued, it is then in the first tier (``QuotaBook.first_tier``), and the
-  waiting job must stand before it across queues, by fair share (its queue's share with the
-  victim's GPUs gone) and queue order. A victim whose submit time is unknown
-  (``RunningJob.submitted_at`` None) is not tested.
+  its work for nothing). So a waiting job takes a set of victims only if it would be
+  ordered before each of them once all of them have left and are re-queued
+  (``Preemptor.admits``). For priority, both are of one queue: the queue's order
+  (``fairshare.queue_key``: priority level less the size term, ageing, submit time,
+  sequence) must put the waiting job first; a strictly lower priority value alone is not
+  enough, since ageing or a smaller declared size can outweigh it (that order does not
+  depend on what the queue holds, so the other victims change nothing). For reclaim, a
+  re-queued victim borrows again, so it is ordered after every job within its nominal
+  quota (the waiting job is one) -- except when its queue, without the set's victims and
+  its jobs under notice, would be within its nominal quota with it again or hold nothing
+  else: re-queued, it is then in the first tier (``QuotaBook.first_tier``), and the waiting
+  job must stand before it across queues, by fair share (its team's share with the set's
+  GPUs of that team gone) and queue order. Judged one by one, two gangs of a queue that
+  lends through both were each "still borrowing" once the other was counted, and taken
+  together the queue held nothing: the first re-queued started again. A victim whose
+  submit time is unknown (``RunningJob.submitted_at`` None) is not tested.
 - ``select`` adds victims in that order until the blocked job would fit (quota and a gang
-  shape on the freed nodes), then drops, least preferred first, every victim not needed.
-  None when even all candidates would not do.
+  shape on the freed nodes), skipping a candidate with which the set would not be
+  admitted, then drops, least preferred first, every victim not needed. None when even all
+  candidates would not do.
 - Given the reservations already made in the pass (``Reserved``: those of blocked jobs
   decided before the waiting job, and the holds of jobs that preempted before it), a node
   counts for a gang shape only with the GPUs the waiting job could take there, from the end
@@ -86,7 +92,10 @@ class Candidate:
     key: tuple[int, int, float, float, int, float, str]
     order: tuple[float, float, int, str] | None = None
     """Where the job would stand once re-queued (``Preemptor.order``), when the waiting job
-    must be ordered before it (module docstring); None when nothing is to be tested."""
+    may have to be ordered before it (module docstring); None when nothing is to be tested."""
+    rest: int = 0
+    """For reclaim: the GPUs of the flavor its queue holds once its jobs under notice have
+    left (the job's own included); what ``Preemptor.admits`` counts the set's victims from."""
 
 
 QueueKey = tuple[float, float, int, str]
@@ -116,30 +125,59 @@ class Preemptor:
         return queue_key(again.submitted_at, self.level(again), again.seq, again.job_id,
                          self.ageing_s)  # fmt: skip
 
-    def stands_before(self, quota: QuotaBook, victim: RunningJob, order: QueueKey | None) -> bool:
-        """Whether the waiting job comes before ``victim`` re-queued in the first tier of its
-        cohort, ``order`` being the victim's place in its queue (``order``; None: nothing
-        to test): by standing (fair share with the victim's GPUs gone, plus the queue
-        order's first term), then submit time, sequence and id, as a pass orders queue
-        heads."""
-        if order is None:
-            return True
+    def admits(self, quota: QuotaBook, victims: Sequence[Candidate]) -> bool:
+        """Whether the waiting job stands before each of ``victims`` once all of them have
+        left and are re-queued (module docstring): for priority, in their queue's order; for
+        reclaim, only a victim then in the first tier is tested (its queue's use counted
+        without every victim of the set and its jobs under notice), by standing (fair share
+        with the set's GPUs of its team gone, plus the queue order's first term), then
+        submit time, sequence and id, as a pass orders queue heads. Taking more victims
+        never turns a refused set into an admitted one (a queue's use and a team's share
+        only fall), so ``select`` may skip any victim that makes its set refused."""
+        held: dict[str, int] = {}
+        for c in victims:
+            if c.kind is not None:
+                team = quota.queues[c.job.queue].team
+                held[team] = held.get(team, 0) + c.job.gpus
         mine = self.key()
-        share = self.fair.share(quota.queues[self.job.queue])
-        other = self.fair.share_without(quota.queues[victim.queue], victim.gpus)
-        return (share + mine[0], *mine[1:]) < (other + order[0], *order[1:])
+        for c in victims:
+            if c.kind == "priority" and c.order is not None and not mine < c.order:
+                return False
+        first: QueueKey | None = None
+        for c in first_tier_again(quota, victims):
+            if first is None:
+                first = (self.fair.share(quota.queues[self.job.queue]) + mine[0], *mine[1:])
+            assert c.order is not None
+            theirs = quota.queues[c.job.queue]
+            other = self.fair.share_without(theirs, held[theirs.team]) + c.order[0]
+            if not first < (other, *c.order[1:]):
+                return False
+        return True
 
 
-def first_tier_again(
-    quota: QuotaBook, queue: str, flavor: str, theirs: Sequence[RunningJob]
-) -> Callable[[RunningJob], bool]:
-    """Whether a job of ``theirs`` (the running jobs of ``queue`` and ``flavor``), reclaimed,
-    is in the first tier (``QuotaBook.first_tier``) once re-queued, its queue's jobs under
-    notice gone too: when the queue fits its nominal quota again, or the job is all it
-    holds. Only such a victim may stand before a job reclaiming (module docstring)."""
-    nominal = quota.nominal(queue, flavor)
-    rest = quota.used(queue, flavor) - sum(r.gpus for r in theirs if r.notice_at)
-    return lambda job: rest <= nominal or (rest == job.gpus and nominal > 0)
+def first_tier_again(quota: QuotaBook, victims: Sequence[Candidate]) -> Iterator[Candidate]:
+    """The reclaim victims of ``victims`` whose order is tested (``Candidate.order``) and
+    that are in the first tier (``QuotaBook.first_tier``) once every victim of the set has
+    left and is re-queued, their queues' jobs under notice gone too: their queue fits its
+    nominal quota with them again, or holds nothing else. Only such a victim may stand
+    before a job reclaiming (module docstring)."""
+    gone: dict[str, int] = {}
+    for c in victims:
+        if c.kind is not None:
+            gone[c.job.queue] = gone.get(c.job.queue, 0) + c.job.gpus
+    for c in victims:
+        if c.kind == "reclaim" and c.order is not None:
+            job = c.job
+            nominal = quota.nominal(job.queue, job.flavor)
+            left = c.rest - gone[job.queue]
+            if left + job.gpus <= nominal or (left == 0 and nominal > 0):
+                yield c
+
+
+def rest_of(quota: QuotaBook, queue: str, flavor: str, theirs: Sequence[RunningJob]) -> int:
+    """The GPUs of ``flavor`` that ``queue`` holds once its jobs under notice (among
+    ``theirs``, its running jobs of the flavor) have left (``Candidate.rest``)."""
+    return quota.used(queue, flavor) - sum(r.gpus for r in theirs if r.notice_at)
 
 
 def requeued(job: RunningJob, submitted_at: float) -> PendingJob:
@@ -300,22 +338,34 @@ def select(
     quota_ok: Callable[[Mapping[str, int]], bool],
     reclaimable: Mapping[str, int],
     reserved: Reserved | None = None,
+    admits: Callable[[Sequence[Candidate]], bool] | None = None,
 ) -> list[Candidate] | None:
     """The victims to free for a blocked job (see module docstring), or None.
 
     ``quota_ok(freed)`` says whether the job fits its quota once ``freed`` (queue -> GPUs)
     are released; ``reclaimable`` caps what reclaim may take from each queue; ``reserved``,
-    when given, keeps the job off GPUs it would take from a reservation (module docstring).
+    when given, keeps the job off GPUs it would take from a reservation (module docstring);
+    ``admits`` (``Preemptor.admits``), when given, judges the victims taken together: a
+    candidate that would make the set refused is skipped, and so is every set containing it
+    (a refused set stays refused as victims are added, and dropping victims keeps one
+    admitted).
     """
     ordered = sorted(candidates, key=_by_key)[:MAX_CANDIDATES]
     freeing = _Freeing(pool, shapes, reserved)
     taken: dict[str, int] = {}
     chosen: list[Candidate] = []
+    judged = False  # whether the set holds a reclaim victim whose order is tested
     for candidate in ordered:
         job = candidate.job
-        if candidate.kind == "reclaim":
-            if taken.get(job.queue, 0) >= reclaimable.get(job.queue, 0):
+        lent = candidate.kind == "reclaim"
+        if lent and taken.get(job.queue, 0) >= reclaimable.get(job.queue, 0):
+            continue
+        if admits is not None and candidate.kind is not None:
+            mine = lent and candidate.order is not None
+            if (judged or mine) and not admits([*chosen, candidate]):
                 continue
+            judged = judged or mine
+        if lent:
             taken[job.queue] = taken.get(job.queue, 0) + job.gpus
         freeing.change(job, +1)
         chosen.append(candidate)
@@ -412,7 +462,8 @@ def candidates_for(
                 own.append(Candidate(job, "priority", victim_key(job, value, now), order))
         own.sort(key=_by_key)  # (``select`` sorts again: sorted runs make that cheap)
     if preemptor is not None and own:
-        # Only jobs it stands before in their queue's order (module docstring).
+        # Only jobs it stands before in their queue's order (module docstring; what
+        # ``Preemptor.admits`` tests of one priority victim, without its dicts).
         mine = preemptor.key()
         found += [c for c in unclaimed(own) if c.order is None or mine < c.order]
     else:
@@ -426,21 +477,20 @@ def candidates_for(
             if lent is None:
                 lent = made[("reclaim", other, flavor, borrowed)] = []
                 theirs = running.get((other, flavor), ())
-                first_tier = first_tier_again(quota, other, flavor, theirs)
+                rest = rest_of(quota, other, flavor, theirs)
+                # Re-queued, a victim may be in the first tier only where its queue has a
+                # nominal quota (taken together with others, it may then: ``admits``).
+                ordered = preemptor is not None and quota.nominal(other, flavor) > 0
                 for job in theirs:
                     value, ok = judged(job)
                     oversize = job.gpus > borrowed
                     if ok and not (oversize and now < oversize_until(job, config)):
                         key = victim_key(job, value, now, oversize=oversize)
-                        order = None
-                        if preemptor is not None and first_tier(job):
-                            order = preemptor.order(job)
-                        lent.append(Candidate(job, "reclaim", key, order))
+                        order = preemptor.order(job) if preemptor and ordered else None
+                        lent.append(Candidate(job, "reclaim", key, order, rest))
                 lent.sort(key=_by_key)
             if preemptor is not None:
-                found += [
-                    c for c in unclaimed(lent) if preemptor.stands_before(quota, c.job, c.order)
-                ]
+                found += [c for c in unclaimed(lent) if preemptor.admits(quota, (c,))]
             else:
                 found += unclaimed(lent)
     return found, reclaimable

@@ -7,7 +7,8 @@ Contract:
   its victims' grace ends; a quota-blocked job when enough of the jobs holding that quota reach
   their declared ends (or, for reclaim, can be preempted: for a borrowed job that the
   waiting job may not take, since it would stand before it once re-queued, its declared end
-  too); any other capacity-blocked job by a
+  too; the borrowed jobs counted as preempted are judged together, as the engine judges a
+  victim set, ``Preemptor.admits``); any other capacity-blocked job by a
   fluid estimate of its flavor in queue order (``backfill.FluidEstimate``). None when nothing
   bounds it.
 - A suggestion is given only when it would let the job start now: fewer GPUs (within the
@@ -23,11 +24,12 @@ Contract:
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 import operator
 import re
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from trainyard_platform.services.scheduler.policy import explain
@@ -35,15 +37,16 @@ from trainyard_platform.services.scheduler.policy.backfill import FluidEstimate
 from trainyard_platform.services.scheduler.policy.model import (
     Explanation,
     PendingJob,
-    RunningJob,
 )
 from trainyard_platform.services.scheduler.policy.packing import Shape
 from trainyard_platform.services.scheduler.policy.preemption import (
+    Candidate,
     Preemptor,
-    QueueKey,
     first_tier_again,
     oversize_until,
     protected_until,
+    rest_of,
+    victim_key,
 )
 from trainyard_platform.services.scheduler.policy.quota import Verdict
 
@@ -104,13 +107,17 @@ class _Explainer:
         self._reclaims: dict[
             tuple[str, str, int, int], tuple[str, tuple[str, ...], list[tuple[str, int]]]
         ] = {}
-        self._sparable: dict[tuple[tuple[str, ...], str], list[tuple[RunningJob, QueueKey]]] = {}
-        """(lenders, flavor) -> their jobs a job reclaiming may have to spare (``_spared``)."""
-        self._reclaiming: dict[
-            tuple[str, str, int], tuple[Verdict, list[tuple[RunningJob, QueueKey]]]
-        ] = {}
-        """(queue, flavor, GPUs) of jobs waiting for reclaim whose lenders have jobs they may
-        have to spare -> their verdict and those jobs."""
+        self._walks: dict[tuple[tuple[str, ...], str], list[_Leaving]] = {}
+        """(lenders, flavor) -> when their jobs leave, by preemption or at their ends
+        (``_walk``)."""
+        self._judged: dict[tuple[tuple[str, ...], str, int], bool] = {}
+        """(lenders, flavor, GPUs needed) -> whether the jobs reclaimed until those GPUs have
+        left could stand before a job reclaiming (``_to_judge``)."""
+        self._reclaiming: dict[tuple[str, str, int], tuple[Verdict, list[_Leaving]]] = {}
+        """(queue, flavor, GPUs) of jobs waiting for reclaim whose lenders' jobs may stand
+        before them once reclaimed together -> their verdict and ``_walk``."""
+        self._spares: dict[str, frozenset[str]] = {}
+        """Job id -> ``_spared`` (the same for the whole run)."""
 
     def run(
         self, waiting: list[Waiting], team_of: Mapping[str, str] | None
@@ -324,39 +331,105 @@ class _Explainer:
     def _spared(self, job: PendingJob) -> frozenset[str]:
         """The running jobs ``job``, waiting for reclaim, may not take because they would
         stand before it once re-queued (``preemption``, rule 6): they leave at their
-        declared ends, not when reclaimable. Empty for any other job, and where no lender's
-        job would be in the first tier re-queued (most of the time)."""
+        declared ends, not when reclaimable. The lenders' jobs are walked in the order they
+        leave (``_walk``) until enough GPUs have; each job reclaim would take joins the set
+        counted as gone unless ``Preemptor.admits`` refuses the set with it, as the engine's
+        ``select`` skips it (so no job is told it can reclaim a set the engine would
+        refuse); a job that ends by itself joins it when it ends, as one that is not
+        re-queued. Empty for any other job, and where no job of that set could stand before
+        any job reclaiming (most of the time: ``_to_judge``)."""
         if not self._reclaiming:
             return _NONE
         known = self._reclaiming.get((job.queue, job.flavor, job.gpus))
         if known is None:
             return _NONE
+        spared = self._spares.get(job.job_id)
+        if spared is not None:
+            return spared
+        verdict, walk = known
         preemptor, quota = self._preemptor(job), self.state.quota
-        return frozenset(
-            r.job_id for r, order in known[1] if not preemptor.stands_before(quota, r, order)
-        )
+        gone: list[Candidate] = []
+        refused: list[str] = []
+        later: list[tuple[float, int, Candidate]] = []  # refused jobs by their ends
+        freed = 0
+        for leaving in walk:
+            while later and later[0][0] <= leaving.at:
+                _, _, ended = heapq.heappop(later)
+                gone.append(ended)
+                freed += ended.job.gpus
+            if freed >= verdict.excess:
+                break
+            c = leaving.job
+            if leaving.preempted:
+                assert c is not None
+                if not preemptor.admits(quota, [*gone, c]):
+                    refused.append(c.job.job_id)
+                    ended = replace(c, order=None)  # (gone, not re-queued)
+                    heapq.heappush(later, (leaving.end, len(refused), ended))
+                    continue
+            if c is not None:
+                gone.append(c)
+            freed += leaving.gpus
+        spared = self._spares[job.job_id] = frozenset(refused) if refused else _NONE
+        return spared
 
-    def _sparable_of(
-        self, job: PendingJob, lenders: tuple[str, ...]
-    ) -> list[tuple[RunningJob, QueueKey]]:
-        """The running jobs of ``lenders`` (of ``job``'s flavor) that would be in the first
-        tier once reclaimed and re-queued, with their place in their queue then: those a
-        job reclaiming may have to spare."""
-        state = self.state
-        key = (lenders, job.flavor)
-        sparable = self._sparable.get(key)
-        if sparable is None:
-            sparable = self._sparable[key] = []
-            if state.config.preemption:
-                ordering = self._preemptor(job)  # (a victim's place depends on it alone)
-                for name in lenders:
-                    theirs = state.running.get((name, job.flavor), ())
-                    first_tier = first_tier_again(state.quota, name, job.flavor, theirs)
-                    for r in theirs:
-                        order = ordering.order(r)
-                        if r.notice_at is None and order is not None and first_tier(r):
-                            sparable.append((r, order))
-        return sparable
+    def _walk(self, job: PendingJob, lenders: tuple[str, ...]) -> list[_Leaving]:
+        """The running jobs of ``lenders`` (of ``job``'s flavor) by when they leave for a job
+        reclaiming: at the end of their notice, when reclaim may take them and their notice
+        has run (``preempted``), or at their declared end, whichever comes first; each but
+        those under notice (already out of ``Candidate.rest``) as a reclaim victim with what
+        ``Preemptor.admits`` needs, its order tested only if it is preempted (cached)."""
+        flavor = job.flavor
+        key = (lenders, flavor)
+        walk = self._walks.get(key)
+        if walk is None:
+            state = self.state
+            grace = state.config.grace_s
+            walk = self._walks[key] = []
+            ordering = self._preemptor(job)  # (a victim's place depends on it alone)
+            for name in lenders:
+                borrowed = state.quota.borrowed(name, flavor)
+                theirs = state.running.get((name, flavor), ())
+                rest = rest_of(state.quota, name, flavor, theirs)
+                ordered = state.quota.nominal(name, flavor) > 0
+                for r in theirs:
+                    end = max(self.now, r.started_at + r.declared_runtime_s)
+                    if r.notice_at is not None:
+                        walk.append(_Leaving(min(end, r.notice_at + grace), r.gpus, end, None))
+                        continue
+                    at, order = end, None
+                    cls = state.priority(r.priority)
+                    if state.config.preemption:
+                        protected = protected_until(r, cls, state.config)
+                        if r.gpus > borrowed:  # spared a while (``preemption``)
+                            protected = max(protected, oversize_until(r, state.config))
+                        if max(self.now, protected) + grace < end:
+                            at = max(self.now, protected) + grace
+                            order = ordering.order(r) if ordered else None
+                    c = Candidate(r, "reclaim", victim_key(r, cls.value, self.now), order, rest)
+                    walk.append(_Leaving(at, r.gpus, end, c, at < end))
+            walk.sort(key=_at)
+        return walk
+
+    def _to_judge(self, job: PendingJob, lenders: tuple[str, ...], gpus: int) -> bool:
+        """Whether a job reclaiming ``gpus`` of ``lenders`` must be judged on its own
+        (``_spared``): whether a job the walk takes before they have left could be in the
+        first tier once re-queued with the others taken. If none could, ``Preemptor.admits``
+        admits every set of them for any waiting job (only such a job is ever refused)."""
+        key = (lenders, job.flavor, gpus)
+        known = self._judged.get(key)
+        if known is None:
+            taken: list[Candidate] = []
+            freed = 0
+            for leaving in self._walk(job, lenders):
+                if freed >= gpus:
+                    break
+                if leaving.job is not None:
+                    taken.append(leaving.job)
+                freed += leaving.gpus
+            first = first_tier_again(self.state.quota, taken)
+            known = self._judged[key] = next(first, None) is not None
+        return known
 
     def _preemptor(self, job: PendingJob) -> Preemptor:
         state = self.state
@@ -449,10 +522,10 @@ class _Explainer:
                 shares,
             )
         blocking, lenders, taken = known
-        sparable = self._sparable_of(job, lenders)
-        if sparable:
-            self._reclaiming[(job.queue, job.flavor, job.gpus)] = (verdict, sparable)
-        start = self._reclaimed(lenders, job.flavor, verdict.excess, spared)
+        if self._to_judge(job, lenders, verdict.excess):
+            walk = self._walk(job, lenders)
+            self._reclaiming[(job.queue, job.flavor, job.gpus)] = (verdict, walk)
+        start = self._reclaimed(job, lenders, verdict.excess, spared)
         when = explain.eta(start, self.now).replace("expected start", "expected")
         text = explain.reclaim(job.flavor, verdict.nominal, taken, when)
         return text, blocking, start
@@ -473,28 +546,21 @@ class _Explainer:
         return self._timelines[key].when(gpus, self.now)
 
     def _reclaimed(
-        self, queues: tuple[str, ...], flavor: str, gpus: int, spared: frozenset[str]
+        self, job: PendingJob, queues: tuple[str, ...], gpus: int, spared: frozenset[str]
     ) -> float | None:
-        """When ``gpus`` of ``queues``' jobs can be preempted (and have left) or end; those
-        in ``spared`` only end (``_spared``)."""
-        key = (queues, flavor, True, spared)
+        """When ``gpus`` of ``queues``' jobs (of ``job``'s flavor) can be preempted (and
+        have left) or end; those in ``spared`` only end (``_spared``)."""
+        key = (queues, job.flavor, True, spared)
         if key not in self._timelines:
-            state = self.state
-            grace = state.config.grace_s
-            ends: list[tuple[float, int]] = []
-            for name in queues:
-                borrowed = state.quota.borrowed(name, flavor)
-                for r in state.running.get((name, flavor), ()):
-                    end = max(self.now, r.started_at + r.declared_runtime_s)
-                    if r.notice_at is not None:
-                        end = min(end, r.notice_at + grace)
-                    elif state.config.preemption and r.job_id not in spared:
-                        cls = state.priority(r.priority)
-                        protected = protected_until(r, cls, state.config)
-                        if r.gpus > borrowed:  # spared a while (``preemption``)
-                            protected = max(protected, oversize_until(r, state.config))
-                        end = min(end, max(self.now, protected) + grace)
-                    ends.append((end, r.gpus))
+            ends = [
+                (
+                    leaving.end
+                    if leaving.job is not None and leaving.job.job.job_id in spared
+                    else leaving.at,
+                    leaving.gpus,
+                )
+                for leaving in self._walk(job, queues)
+            ]
             self._timelines[key] = _Timeline(ends)
         return self._timelines[key].when(gpus, self.now)
 
@@ -548,6 +614,24 @@ class _Explainer:
             else:
                 high = mid - 1
         return low
+
+
+@dataclass(frozen=True, slots=True)
+class _Leaving:
+    """A lender's running job as a job reclaiming counts it (``_Explainer._walk``)."""
+
+    at: float
+    gpus: int
+    end: float
+    """Its declared end (or now), when it leaves if not preempted."""
+    job: Candidate | None
+    """The job as a reclaim victim (``Candidate.order`` None unless ``preempted``); None
+    for a job under notice."""
+    preempted: bool = False
+    """Whether it leaves by preemption at ``at`` (before its end)."""
+
+
+_at = operator.attrgetter("at")
 
 
 class _Timeline:

@@ -11,8 +11,13 @@ policy's own functions:
   bigger than what their queue borrows before bigger ones; then the least work lost in
   exact seconds; GPU-seconds of the whole gang; lowest priority; youngest; id), so the
   candidates ordered before its last victim would not have let it start; every victim is
-  needed (none can be spared with the others still enough); the victims are enough; and a
-  job that preempts nobody could not have started with every admissible victim gone.
+  needed (none can be spared with the others still enough); the victims are enough; it
+  stands before each of them once all of them have left and are re-queued (rule 6 for the
+  set; a candidate that would break that for the set before it is skipped); and a job that
+  preempts nobody could not have started with every admissible victim gone.
+- **Victims taken together** (``set_worlds``): a lender's jobs reclaimed together, after
+  which its queue may be back in the first tier; the victim choice above holds, and no
+  victim starts again before its preemptor.
 - **The preemptor's hold** ("The job that preempts holds what it preempted for"): after a
   pass that preempts, the next pass at the moment its victims have left -- nothing else
   having changed: no arrival, every job ending at its declared end -- starts every job that
@@ -315,6 +320,64 @@ def hold_worlds(draw: st.DrawFn) -> World:
     return World(snapshot, config)
 
 
+@st.composite
+def set_worlds(draw: st.DrawFn) -> World:
+    """Rule 6 for victims taken together (``test_victim_sets.py``), varied: queue q0 of a
+    cohort waits with one job of up to 8 GPUs; q1 of the same cohort (nominal quota 0-3)
+    runs two to four jobs of 1-4 GPUs past their protections, submitted before they
+    started, on one or two 8-GPU nodes; q0's team has used a lot, q1's mostly nothing. Reclaimed
+    together, q1 may be back within its quota or hold nothing, and its first job
+    re-queued may stand before the waiting one."""
+    config = replace(
+        draw(configs()),
+        min_runtime_s=60.0,
+        oversize_protection_s=draw(st.sampled_from([0.0, 4 * 3600.0])),
+    )
+    nodes = [Node(f"n{i}", FLAVOR, 8, "t0", {}) for i in range(draw(st.integers(1, 2)))]
+    total = 8 * len(nodes)
+    lent = draw(st.integers(0, 3))
+    free = {n.node_id: list(range(n.gpu_count)) for n in nodes}
+    running: list[RunningJob] = []
+    for i in range(draw(st.integers(2, 4))):
+        open_nodes = [n for n in sorted(free) if free[n]]
+        if not open_nodes:
+            break
+        node_id = draw(st.sampled_from(open_nodes))
+        per = min(len(free[node_id]), draw(st.integers(1, 4)))
+        placement = {node_id: tuple(free[node_id][:per])}
+        free[node_id] = free[node_id][per:]
+        ran = float(draw(st.integers(3600, 6 * 3600)))
+        waited = float(draw(st.sampled_from([0, 600, 3600])))
+        running.append(
+            RunningJob(
+                f"r{i}", "q1", FLAVOR, per, "low", NOW - ran, 24 * 3600.0, placement,
+                submitted_at=NOW - ran - waited, seq=100 + i,
+            )
+        )  # fmt: skip
+    idle = sum(len(f) for f in free.values())
+    gpus = draw(st.integers(min(idle + 1, 8), 8))
+    submitted = NOW - float(draw(st.integers(0, 3600)))
+    pending = (PendingJob("p0", "q0", FLAVOR, gpus, "low", submitted, 3600.0, 0),)
+    used: dict[str, dict[int, str]] = {n.node_id: {} for n in nodes}
+    for r in running:
+        for node_id, indices in r.placement.items():
+            used[node_id].update(dict.fromkeys(indices, r.job_id))
+    heavy = 500.0 * 8 * 24 * 3600
+    snapshot = Snapshot(
+        NOW,
+        tuple(replace(n, used=used[n.node_id]) for n in nodes),
+        (
+            Queue("q0", "team0", "c1", {FLAVOR: total - lent}),
+            Queue("q1", "team1", "c1", {FLAVOR: lent}),
+        ),
+        CLASSES,
+        pending,
+        tuple(running),
+        {"team0": heavy, "team1": draw(st.sampled_from([0.0, 0.0, heavy]))},
+    )
+    return World(snapshot, config)
+
+
 # --- the model: who may be taken, in which order, and whether a job then fits -------------
 
 
@@ -385,29 +448,45 @@ class Model:
         past = self.snapshot.usage.get(mine.team, 0.0) * math.log(2) / self.config.half_life_s
         return (past + held - less) / (weight * per_weight)
 
-    def stands_before(self, job: PendingJob, r: RunningJob, reclaim: bool) -> bool:
-        """Whether ``job`` is ordered before ``r`` once ``r`` is re-queued (a victim must
-        be, "When a job may be preempted"): in their queue's order for priority; for
-        reclaim, only when ``r`` re-queued is in the first tier (its queue, its jobs under
-        notice gone, is within its nominal quota or holds nothing but ``r``), by fair share
-        (its queue's with ``r``'s GPUs gone) and order."""
-        if r.submitted_at is None:
-            return True
-        mine, theirs = self.order(job), self.order(r)
-        if not reclaim:
-            return mine < theirs
-        nominal = self.quota.queues[r.queue].nominal.get(r.flavor, 0)
-        # Its queue's use once its jobs under notice have left too.
-        rest = sum(
-            o.gpus
-            for o in self.snapshot.running
-            if o.queue == r.queue and o.flavor == r.flavor and o.notice_at is None
-        )
-        if not (rest <= nominal or (rest == r.gpus and nominal > 0)):
-            return True  # re-queued, it borrows: ordered after every job within its quota
-        first = self.share(job.queue) + mine[0]
-        other = self.share(r.queue, less=r.gpus) + theirs[0]
-        return (first, *mine[1:]) < (other, *theirs[1:])
+    def admits(self, job: PendingJob, victims: Iterable[tuple[RunningJob, str]]) -> bool:
+        """Whether ``job`` is ordered before each of ``victims`` (job, kind) once all of
+        them have left and are re-queued (a victim set must be, "When a job may be
+        preempted", rule 6): in their queue's order for priority; for reclaim, only a victim
+        then in the first tier (its queue, its jobs under notice and every victim of the set
+        gone, is within its nominal quota with it again, or holds nothing else), by fair
+        share (its team's with the set's GPUs of that team gone) and order."""
+        victims = [(r, kind) for r, kind in victims if kind != "leaving"]
+        team_of = {q.name: q.team for q in self.snapshot.queues}
+        gone: Counter[str] = Counter()
+        held: Counter[str] = Counter()
+        for r, _ in victims:
+            gone[r.queue] += r.gpus
+            held[team_of[r.queue]] += r.gpus
+        for r, kind in victims:
+            if r.submitted_at is None:
+                continue
+            mine, theirs = self.order(job), self.order(r)
+            if kind == "priority":
+                if not mine < theirs:
+                    return False
+                continue
+            nominal = self.quota.queues[r.queue].nominal.get(r.flavor, 0)
+            # Its queue's use once its jobs under notice and the set have left.
+            left = (
+                sum(
+                    o.gpus
+                    for o in self.snapshot.running
+                    if o.queue == r.queue and o.flavor == r.flavor and o.notice_at is None
+                )
+                - gone[r.queue]
+            )
+            if not (left + r.gpus <= nominal or (left == 0 and nominal > 0)):
+                continue  # re-queued, it borrows: ordered after every job within its quota
+            first = self.share(job.queue) + mine[0]
+            other = self.share(r.queue, less=held[team_of[r.queue]]) + theirs[0]
+            if not (first, *mine[1:]) < (other, *theirs[1:]):
+                return False
+        return True
 
     def lost(self, r: RunningJob) -> float:
         since = r.started_at
@@ -440,10 +519,10 @@ class Model:
             elif self.protected(r):
                 continue
             elif r.queue == job.queue and cls(r.priority).value < cls(job.priority).value:
-                if self.stands_before(job, r, reclaim=False):
+                if self.admits(job, [(r, "priority")]):
                     found.append(((1, 0, *tail), r, "priority"))
             elif r.queue in borrowed:
-                if not self.stands_before(job, r, reclaim=True):
+                if not self.admits(job, [(r, "reclaim")]):
                     continue
                 oversize = r.gpus > borrowed[r.queue]
                 if oversize and now - r.started_at < self.config.oversize_protection_s:
@@ -454,20 +533,26 @@ class Model:
 
     def prefix(
         self,
+        job: PendingJob,
         candidates: list[Ranked],
         borrowed: Mapping[str, int],
     ) -> list[RunningJob]:
         """The candidates in order, less the reclaims from a queue no longer borrowing once
-        those before them are taken ("only from a queue while it still borrows")."""
+        those before them are taken ("only from a queue while it still borrows"), and less
+        each candidate that ``job`` would not stand before, or that would put one of those
+        before taken before ``job``, once all of them have left (``admits``)."""
         taken: Counter[str] = Counter()
-        out = []
+        out: list[tuple[RunningJob, str]] = []
         for _, r, kind in candidates:
+            if kind == "reclaim" and taken[r.queue] >= borrowed[r.queue]:
+                continue
+            if not self.admits(job, [*out, (r, kind)]):
+                _reached("a candidate refused with the victims before it")
+                continue
             if kind == "reclaim":
-                if taken[r.queue] >= borrowed[r.queue]:
-                    continue
                 taken[r.queue] += r.gpus
-            out.append(r)
-        return out
+            out.append((r, kind))
+        return [r for r, _ in out]
 
 
 # --- victim choice -----------------------------------------------------------------------
@@ -476,6 +561,17 @@ class Model:
 @settings(SETTINGS, max_examples=1000)
 @given(world=worlds())
 def _victims_of_a_waiting_job(world: World) -> None:
+    check_victims(world)
+
+
+@settings(SETTINGS, max_examples=200)
+@given(world=set_worlds())
+def _victims_taken_together(world: World) -> None:
+    check_victims(world)
+
+
+def check_victims(world: World) -> None:
+    """A waiting job's victims (``worlds`` with one waiting job): see the module docstring."""
     snapshot, config = world.snapshot, world.config
     (job,) = snapshot.pending
     decisions = schedule(snapshot, config)
@@ -492,7 +588,7 @@ def _victims_of_a_waiting_job(world: World) -> None:
     if not chosen:
         # It preempts nobody: the jobs already leaving are enough, or even every job it may
         # take would not be.
-        allowed = model.prefix(found, borrowed)
+        allowed = model.prefix(job, found, borrowed)
         assert model.fits(job, leaving) or not model.fits(job, allowed), (
             f"{job.job_id} preempts nobody, but taking {[r.job_id for r in allowed]} would "
             "let it start"
@@ -501,6 +597,10 @@ def _victims_of_a_waiting_job(world: World) -> None:
         return
     for victim in chosen:
         assert victim.job_id in order, f"{victim.job_id} may not be taken"
+    kind_of = {r.job_id: kind for _, r, kind in found}
+    assert model.admits(job, [(r, kind_of[r.job_id]) for r in chosen]), (
+        f"{job.job_id} would not stand before all of {[r.job_id for r in chosen]} re-queued"
+    )
     kinds = {p.kind for p in decisions.preemptions}
     _reached(f"{'+'.join(sorted(kinds))} victims: {min(len(chosen), 3)}")
     # Enough: with the jobs already leaving, it fits once its victims have left.
@@ -511,7 +611,7 @@ def _victims_of_a_waiting_job(world: World) -> None:
         assert not model.fits(job, leaving + rest), f"{victim.job_id} was not needed"
     # In order: the candidates before its last victim would not have been enough.
     last = max(order.index(r.job_id) for r in chosen)
-    before = model.prefix(found[:last], borrowed)
+    before = model.prefix(job, found[:last], borrowed)
     assert not model.fits(job, before), (
         f"victims {[r.job_id for r in chosen]}, but {[r.job_id for r in before]} (losing "
         "less work) would have been enough"
@@ -533,6 +633,12 @@ def test_victims_are_needed_enough_and_taken_by_least_work_lost() -> None:
         ("reclaim victims: 1", 15),
         ("a candidate losing less work was spared", 8),
         ("victims told apart by seconds under a minute", 1),
+    )
+    REACHED.clear()
+    _victims_taken_together()
+    assert_reached(
+        ("reclaim victims: 3", 5),
+        ("a candidate refused with the victims before it", 2),
     )
 
 
@@ -599,7 +705,15 @@ def check_hold(world: World, victims_wait: bool) -> None:
     state = PolicyState(when_notices_end(snapshot, decisions, config), config)
     again = state.run()
     started = {p.job_id for p in again.placements}
+    queue_of = {r.job_id: r.queue for r in snapshot.running}
     for job_id in preemptors:
+        lent = Counter(
+            queue_of[p.job_id]
+            for p in decisions.preemptions
+            if p.for_job_id == job_id and p.kind == "reclaim"
+        )
+        if any(n >= 2 for n in lent.values()):
+            _reached("reclaim victims of one queue taken together")
         if job_id in started:
             _reached("the preemptor started")
             continue
@@ -637,6 +751,12 @@ def _victims_wait_for_their_preemptor(world: World) -> None:
     check_hold(world, victims_wait=True)
 
 
+@settings(SETTINGS, max_examples=200)
+@given(world=set_worlds())
+def _victims_taken_together_wait(world: World) -> None:
+    check_hold(world, victims_wait=True)
+
+
 def test_a_job_that_preempts_starts_once_its_victims_have_left() -> None:
     REACHED.clear()
     _preemptors_start_once_their_victims_left()
@@ -657,6 +777,12 @@ def test_a_victim_does_not_start_again_before_the_job_that_preempted_it() -> Non
         ("the preemptor started", 30),
         ("a job ahead of the preemptor started", 15),
         ("victims with known submit times", 8),
+    )
+    REACHED.clear()
+    _victims_taken_together_wait()
+    assert_reached(
+        ("the preemptor started", 40),
+        ("reclaim victims of one queue taken together", 12),
     )
 
 
