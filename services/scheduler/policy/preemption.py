@@ -46,9 +46,10 @@ Contract:
   together the queue held nothing: the first re-queued started again. A victim whose
   submit time is unknown (``RunningJob.submitted_at`` None) is not tested.
 - ``select`` adds victims in that order until the blocked job would fit (quota and a gang
-  shape on the freed nodes), skipping a candidate with which the set would not be
-  admitted, then drops, least preferred first, every victim not needed. None when even all
-  candidates would not do.
+  shape on the freed nodes), then drops, least preferred first, every victim not needed.
+  None when even all candidates would not do. When rule 6 refuses that set, it chooses
+  again, skipping each candidate with which the set would be refused (the set it ends
+  with, or None).
 - Given the reservations already made in the pass (``Reserved``: those of blocked jobs
   decided before the waiting job, and the holds of jobs that preempted before it), a node
   counts for a gang shape only with the GPUs the waiting job could take there, from the end
@@ -345,13 +346,33 @@ def select(
     ``quota_ok(freed)`` says whether the job fits its quota once ``freed`` (queue -> GPUs)
     are released; ``reclaimable`` caps what reclaim may take from each queue; ``reserved``,
     when given, keeps the job off GPUs it would take from a reservation (module docstring);
-    ``admits`` (``Preemptor.admits``), when given, judges the victims taken together: a
-    candidate that would make the set refused is skipped, and so is every set containing it
-    (a refused set stays refused as victims are added, and dropping victims keeps one
-    admitted).
+    ``admits`` (``Preemptor.admits``), when given, judges the victims taken together: when
+    it refuses the set chosen without it, or none was found (a candidate it would refuse
+    may have used up what reclaim may take from a queue), the choice is made again
+    skipping each candidate with which the set would be refused (a refused set stays
+    refused as victims are added, and dropping victims keeps one admitted), and that set
+    or None is the answer. Only a reclaim victim in the first tier re-queued is ever
+    refused with others, so without a reclaim candidate whose order is tested there is
+    nothing to choose again.
     """
     ordered = sorted(candidates, key=_by_key)[:MAX_CANDIDATES]
-    freeing = _Freeing(pool, shapes, reserved)
+    chosen = _choose(ordered, _Freeing(pool, shapes, reserved), quota_ok, reclaimable)
+    if admits is None or (chosen is not None and admits(chosen)):
+        return chosen
+    if not any(c.kind == "reclaim" and c.order is not None for c in ordered):
+        return chosen
+    return _choose(ordered, _Freeing(pool, shapes, reserved), quota_ok, reclaimable, admits)
+
+
+def _choose(
+    ordered: list[Candidate],
+    freeing: _Freeing,
+    quota_ok: Callable[[Mapping[str, int]], bool],
+    reclaimable: Mapping[str, int],
+    admits: Callable[[Sequence[Candidate]], bool] | None = None,
+) -> list[Candidate] | None:
+    """``select``'s choice among ``ordered``: add victims until the job fits, then drop
+    those not needed; with ``admits``, skip each with which the set would be refused."""
     taken: dict[str, int] = {}
     chosen: list[Candidate] = []
     judged = False  # whether the set holds a reclaim victim whose order is tested
