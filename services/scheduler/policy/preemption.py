@@ -356,12 +356,18 @@ def select(
     nothing to choose again.
     """
     ordered = sorted(candidates, key=_by_key)[:MAX_CANDIDATES]
-    chosen = _choose(ordered, _Freeing(pool, shapes, reserved), quota_ok, reclaimable)
+    capped: list[Candidate] = []
+    chosen = _choose(ordered, _Freeing(pool, shapes, reserved), quota_ok, reclaimable, capped)
     if admits is None or (chosen is not None and admits(chosen)):
         return chosen
+    # None with no candidate left out for a queue's cap: all of them would not do, nor
+    # would any set of them (more victims never make a job fit less).
+    if chosen is None and not capped:
+        return None
     if not any(c.kind == "reclaim" and c.order is not None for c in ordered):
         return chosen
-    return _choose(ordered, _Freeing(pool, shapes, reserved), quota_ok, reclaimable, admits)
+    freeing = _Freeing(pool, shapes, reserved)
+    return _choose(ordered, freeing, quota_ok, reclaimable, capped, admits)
 
 
 def _choose(
@@ -369,10 +375,12 @@ def _choose(
     freeing: _Freeing,
     quota_ok: Callable[[Mapping[str, int]], bool],
     reclaimable: Mapping[str, int],
+    capped: list[Candidate],
     admits: Callable[[Sequence[Candidate]], bool] | None = None,
 ) -> list[Candidate] | None:
     """``select``'s choice among ``ordered``: add victims until the job fits, then drop
-    those not needed; with ``admits``, skip each with which the set would be refused."""
+    those not needed; with ``admits``, skip each with which the set would be refused.
+    ``capped`` gets the candidates left out because their queue's cap was reached."""
     taken: dict[str, int] = {}
     chosen: list[Candidate] = []
     judged = False  # whether the set holds a reclaim victim whose order is tested
@@ -380,6 +388,7 @@ def _choose(
         job = candidate.job
         lent = candidate.kind == "reclaim"
         if lent and taken.get(job.queue, 0) >= reclaimable.get(job.queue, 0):
+            capped.append(candidate)
             continue
         if admits is not None and candidate.kind is not None:
             mine = lent and candidate.order is not None
@@ -510,8 +519,15 @@ def candidates_for(
                         order = preemptor.order(job) if preemptor and ordered else None
                         lent.append(Candidate(job, "reclaim", key, order, rest))
                 lent.sort(key=_by_key)
-            if preemptor is not None:
-                found += [c for c in unclaimed(lent) if preemptor.admits(quota, (c,))]
+                # Those in the first tier re-queued alone: the only ones a job may not take
+                # by themselves (most of the time none).
+                made[("alone", other, flavor, borrowed)] = [
+                    c for c in lent if next(first_tier_again(quota, (c,)), None) is not None
+                ]
+            alone = made[("alone", other, flavor, borrowed)]
+            if preemptor is not None and alone:
+                spared = {c.job.job_id for c in alone if not preemptor.admits(quota, (c,))}
+                found += [c for c in unclaimed(lent) if c.job.job_id not in spared]
             else:
                 found += unclaimed(lent)
     return found, reclaimable
