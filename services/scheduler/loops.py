@@ -140,9 +140,11 @@ class PassLoop:
 
     async def run(self, stop: asyncio.Event) -> None:
         listener = await self._pool.acquire()
-        await listener.add_listener(CONFIG_CHANNEL, self._on_notify)
-        self.poke()
         try:
+            # Inside: a database that fails right after the acquire must not keep the
+            # connection from the pool (each such term would take one for good).
+            await listener.add_listener(CONFIG_CHANNEL, self._on_notify)
+            self.poke()
             while not stop.is_set():
                 await self._sleep(stop)
                 if stop.is_set():
@@ -160,7 +162,7 @@ class PassLoop:
                 finished = time.monotonic()
                 self._rest_until = finished + (finished - started)
         finally:
-            with contextlib.suppress(OSError, asyncpg.InterfaceError):
+            with contextlib.suppress(*DATABASE_FAULTS):
                 await listener.remove_listener(CONFIG_CHANNEL, self._on_notify)
             await self._pool.release(listener)
 

@@ -50,3 +50,23 @@ async def test_a_pass_the_database_fails_is_followed_by_the_next(
         stop.set()
         loop.poke()
         await asyncio.wait_for(running, 10)
+
+
+async def test_a_term_whose_listener_fails_gives_its_connection_back(
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database failing right after the pass loop took its NOTIFY connection: the term
+    ends, and the connection goes back to the pool (kept, every such term would take one
+    for good, until readiness and every handler waited on an empty pool)."""
+    async with pool.acquire():
+        pass
+    idle = pool.get_idle_size()
+
+    async def refused(*args: object) -> None:
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    monkeypatch.setattr(asyncpg.Connection, "add_listener", refused)
+    loop = PassLoop(pool, Tuning(), interval_s=60.0)
+    with pytest.raises(ConnectionResetError):
+        await loop.run(asyncio.Event())
+    assert pool.get_idle_size() == idle
