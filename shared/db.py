@@ -27,6 +27,7 @@ from pathlib import Path
 import asyncpg
 
 from trainyard_platform.shared.bus import infrastructure_fault
+from trainyard_platform.shared.metrics import instrument
 from trainyard_platform.shared.settings import DatabaseSettings
 
 PLATFORM_MIGRATIONS = Path(__file__).parent / "migrations"
@@ -129,17 +130,24 @@ async def migrate(pool: asyncpg.Pool, schema: str, service_migrations: Path) -> 
     return applied
 
 
-def log_failed_round(logger: logging.Logger, message: str, exc: BaseException) -> None:
-    """Log a loop's round that failed with one of ``DATABASE_FAULTS`` and is tried again:
-    an outage (``bus.infrastructure_fault``) in one warning line, as it may fail every
-    round until the database is back; anything else (a query the database refuses for good,
-    asyncpg's client errors such as "another operation is in progress": a bug) at error
-    level with its traceback, so a loop that survives it does not hide it. ``message`` ends
-    with ``%s``, which gets the error."""
-    if infrastructure_fault(exc) is not None:
+def log_failed_round(logger: logging.Logger, loop: str, message: str, exc: BaseException) -> None:
+    """Log and count a round of ``loop`` that failed with one of ``DATABASE_FAULTS`` and is
+    tried again: an outage (``bus.infrastructure_fault``) in one warning line, as it may
+    fail every round until the database is back; anything else (a query the database
+    refuses for good, asyncpg's client errors such as "another operation is in progress":
+    a bug) at error level with its traceback, so a loop that survives it does not hide it.
+    Counted in ``trainyard.loop.failed_rounds`` (``loop``, ``cause``: ``outage`` or
+    ``error``; the alert ``TrainyardLoopFailing`` fires on errors). ``message`` ends with
+    ``%s``, which gets the error."""
+    outage = infrastructure_fault(exc) is not None
+    _failed_rounds.add(1, {"loop": loop, "cause": "outage" if outage else "error"})
+    if outage:
         logger.warning(message, exc)
     else:
         logger.error(message, exc, exc_info=exc)
+
+
+_failed_rounds = instrument("trainyard.loop.failed_rounds")
 
 
 async def ping(pool: asyncpg.Pool) -> bool:

@@ -116,6 +116,15 @@ CATALOGUE: Final = _specs(
         ("consumer",),
     ),
     MetricSpec(
+        "trainyard.loop.failed_rounds",
+        "counter",
+        "{round}",
+        "Rounds of a service's own loop (scheduling pass, fast path, lost-node sweep, budget "
+        "check, storage collector, retention) that failed and are tried again, by cause: "
+        "outage (PostgreSQL or the object store away) or error (anything else: a bug)",
+        ("loop", "cause"),
+    ),
+    MetricSpec(
         "trainyard.consumer.dead_letters",
         "counter",
         "{message}",

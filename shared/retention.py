@@ -58,7 +58,10 @@ class Retention:
                 pruned = await self.prune_once(datetime.now(UTC) - self._horizon)
             except DATABASE_FAULTS as exc:
                 log_failed_round(
-                    log, f"retention: %s; trying again in {self._interval_s:.0f} s", exc
+                    log,
+                    "retention",
+                    f"retention: %s; trying again in {self._interval_s:.0f} s",
+                    exc,
                 )
             else:
                 if pruned.inbox or pruned.outbox:

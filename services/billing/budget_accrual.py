@@ -82,6 +82,8 @@ class BudgetAccrual:
                 if crossed:
                     log.info("running allocations crossed thresholds of %d budgets", crossed)
             except DATABASE_FAULTS as exc:
-                log_failed_round(log, "budget check of running allocations failed: %s", exc)
+                log_failed_round(
+                    log, "budget-accrual", "budget check of running allocations failed: %s", exc
+                )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self._interval_s)

@@ -112,7 +112,10 @@ class StorageCollector:
                 if not isinstance(exc, DATABASE_FAULTS) and infrastructure_fault(exc) is None:
                     raise
                 log_failed_round(
-                    log, f"storage collector: %s; trying again in {interval_s:.0f} s", exc
+                    log,
+                    "storage-collector",
+                    f"storage collector: %s; trying again in {interval_s:.0f} s",
+                    exc,
                 )
             else:
                 if report.deleted or report.marked:

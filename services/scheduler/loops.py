@@ -130,7 +130,7 @@ class PassLoop:
                 if self._kept is kept:
                     decided = await decide_arrivals(conn, kept, job_ids, self._clock())
         except _SKIPPED as exc:
-            log_failed_round(log, "fast path failed: %s; a pass decides", exc)
+            log_failed_round(log, "fast-path", "fast path failed: %s; a pass decides", exc)
             decided = False
         if decided:
             self.fast_arrivals += len(job_ids)
@@ -156,7 +156,9 @@ class PassLoop:
                 except NotLeader as exc:
                     log.info("pass skipped: %s", exc)
                 except DATABASE_FAULTS as exc:
-                    log_failed_round(log, "scheduling pass failed: %s; retrying", exc)
+                    log_failed_round(
+                        log, "scheduling-pass", "scheduling pass failed: %s; retrying", exc
+                    )
                     await asyncio.sleep(min(1.0, self._interval_s))
                     self.poke()
                 finished = time.monotonic()

@@ -240,4 +240,6 @@ class NodeWatch:
             try:
                 await self.sweep()
             except _SKIPPED as exc:
-                log_failed_round(log, "lost-node sweep failed: %s; retrying next tick", exc)
+                log_failed_round(
+                    log, "lost-node-sweep", "lost-node sweep failed: %s; retrying next tick", exc
+                )

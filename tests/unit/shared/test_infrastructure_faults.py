@@ -11,11 +11,15 @@ import nats.js.errors
 import pytest
 import urllib3.exceptions
 from minio.error import S3Error, ServerError
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from pydantic import BaseModel, ValidationError
 from urllib3 import HTTPResponse
 
+from trainyard_platform.shared import db
 from trainyard_platform.shared.bus import Reject, infrastructure_fault
 from trainyard_platform.shared.db import DATABASE_FAULTS, log_failed_round
+from trainyard_platform.shared.metrics import instrument
 
 
 def _s3_error(code: str) -> S3Error:
@@ -133,14 +137,33 @@ def test_a_fault_behind_another_error_counts() -> None:
     ids=["refused", "connection-closed", "in-progress", "undefined-column"],
 )
 def test_a_loops_failed_round_is_one_line_for_an_outage_and_a_traceback_otherwise(
-    caplog: pytest.LogCaptureFixture, error: Exception, level: int, traceback: bool
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    error: Exception,
+    level: int,
+    traceback: bool,
 ) -> None:
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
+    monkeypatch.setattr(db, "_failed_rounds", instrument("trainyard.loop.failed_rounds", meter))
     logger = logging.getLogger("test.loop")
     try:
         raise error
     except DATABASE_FAULTS as exc:
-        log_failed_round(logger, "round failed: %s; retrying", exc)
+        log_failed_round(logger, "sweep", "round failed: %s; retrying", exc)
     (record,) = caplog.records
     assert record.levelno == level
     assert record.getMessage() == f"round failed: {error}; retrying"
     assert (record.exc_info is not None) is traceback
+    data = reader.get_metrics_data()
+    assert data is not None
+    (point,) = [
+        point
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == "trainyard.loop.failed_rounds"
+        for point in metric.data.data_points
+    ]
+    cause = "error" if traceback else "outage"
+    assert (dict(point.attributes or {}), point.value) == ({"loop": "sweep", "cause": cause}, 1)
