@@ -74,6 +74,15 @@ def _wait_for(check: Any, timeout_s: float = 20.0, what: str = "the condition") 
         time.sleep(0.05)
 
 
+async def _fetch_x(dsn: str) -> object:
+    """``SELECT x FROM t`` on its own connection (what the tests wrote survives)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetchval("SELECT x FROM t")
+    finally:
+        await conn.close()
+
+
 def _wait_dead(pid: int, timeout_s: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -176,11 +185,7 @@ async def test_postgres_server_creates_databases(work_dir: Path) -> None:
             await conn.close()
         # A copy of a template carries its tables.
         copy = server.create_database("copy_of_trainyard", template="trainyard")
-        conn = await asyncpg.connect(copy)
-        try:
-            assert await conn.fetchval("SELECT x FROM t") == 42
-        finally:
-            await conn.close()
+        assert await _fetch_x(copy) == 42
         server.drop_database("copy_of_trainyard")
         assert not server.database_exists("copy_of_trainyard")
         with pytest.raises(ValueError):
@@ -192,11 +197,7 @@ async def test_postgres_server_creates_databases(work_dir: Path) -> None:
         assert not server.is_running()
         server.start()
         assert server.dsn == dsn
-        conn = await asyncpg.connect(dsn)
-        try:
-            assert await conn.fetchval("SELECT x FROM t") == 42
-        finally:
-            await conn.close()
+        assert await _fetch_x(dsn) == 42
     finally:
         server.stop()
     assert not server.is_running()
@@ -227,11 +228,7 @@ async def test_a_killed_postgres_takes_its_backends_along_and_recovers(work_dir:
             gone.terminate()
         assert server.unexpected_exit() is not None
         server.recover()
-        conn = await asyncpg.connect(server.dsn)
-        try:
-            assert await conn.fetchval("SELECT x FROM t") == 7
-        finally:
-            await conn.close()
+        assert await _fetch_x(server.dsn) == 7
     finally:
         server.stop()
 
