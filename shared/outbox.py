@@ -452,9 +452,10 @@ def _reconnects(bus: Bus) -> int:
 
 
 def _log_failure(exc: Exception, delay: float) -> None:
-    """An outage, one line a try; anything else, with its traceback."""
-    expected = (*db.DATABASE_FAULTS, NatsError, StreamMissingError)
-    if isinstance(exc, expected) or infrastructure_fault(exc) is not None:
+    """An outage (``bus.infrastructure_fault``) or a refusal of NATS, one line a try;
+    anything else, a query PostgreSQL refuses for good among it, with its traceback (the
+    rule of ``db.log_failed_round``)."""
+    if infrastructure_fault(exc) is not None or isinstance(exc, NatsError | StreamMissingError):
         log.warning("outbox relay: %s; retrying in %.1fs", str(exc) or type(exc).__name__, delay)
     else:
         log.error("outbox relay failed; retrying in %.1fs", delay, exc_info=exc)

@@ -276,6 +276,10 @@ async def test_an_error_in_the_loop_is_logged_never_raised(
         ),
         (ConnectionClosedError(), "outbox relay: nats: connection closed; retrying in 1.5s"),
         (StreamMissingError("no stream"), "outbox relay: no stream; retrying in 1.5s"),
+        (
+            asyncpg.InterfaceError("connection is closed"),
+            "outbox relay: connection is closed; retrying in 1.5s",
+        ),
     ],
     ids=lambda value: type(value).__name__ if isinstance(value, BaseException) else "",
 )
@@ -288,8 +292,14 @@ def test_an_outage_is_a_warning_of_one_line(
     assert (record.levelno, record.getMessage(), record.exc_info) == (logging.WARNING, said, None)
 
 
-def test_anything_else_is_an_error_with_its_traceback(caplog: pytest.LogCaptureFixture) -> None:
-    error = KeyError("seq")
+@pytest.mark.parametrize(
+    "error",
+    [KeyError("seq"), asyncpg.UndefinedColumnError('column "x" does not exist')],
+    ids=lambda value: type(value).__name__,
+)
+def test_anything_else_is_an_error_with_its_traceback(
+    caplog: pytest.LogCaptureFixture, error: Exception
+) -> None:
     with caplog.at_level(logging.DEBUG, logger="trainyard_platform.shared.outbox"):
         _log_failure(error, 2.25)
     [record] = caplog.records
