@@ -87,7 +87,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cached_property
@@ -198,6 +198,16 @@ class Delivery:
         context = trace.get_current_span(extract(self.headers)).get_span_context()
         return context if context.is_valid else None
 
+    @contextmanager
+    def continued(self) -> Iterator[None]:
+        """Handle this event in its producer's trace without a span of its own (as one of a
+        ``batch_span``'s events): what is said inside carries the context the event came with
+        (``carried``), so the spans of its consumers join the producer's trace; an event that
+        carries none is handled under no span (``untraced``)."""
+        carried = self.carried
+        with _current(trace.INVALID_SPAN if carried is None else trace.NonRecordingSpan(carried)):
+            yield
+
     def trace_headers(self) -> dict[str, str]:
         """The W3C headers of ``carried`` as this event came with them (what ``inject`` would
         write inside that context), or empty when it carries no valid context."""
@@ -221,10 +231,11 @@ def link_limit() -> int:
 _link_limit: int | None = None
 
 
-def link_chunks(deliveries: Sequence[Delivery]) -> list[Sequence[Delivery]]:
-    """``deliveries`` cut, in order, into runs that one ``batch_span`` each can cover."""
+def link_chunks(items: Sequence[T]) -> list[Sequence[T]]:
+    """``items`` (deliveries, or what goes with each) cut, in order, into runs that one
+    ``batch_span`` each can cover."""
     size = link_limit()
-    return [deliveries[i : i + size] for i in range(0, len(deliveries), size)]
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 @contextmanager
@@ -1148,13 +1159,16 @@ def _auth(settings: NatsSettings) -> dict[str, str]:
     return {"user": settings.user, "password": password, "inbox_prefix": f"_INBOX.{settings.user}"}
 
 
-@contextmanager
-def untraced() -> Iterator[None]:
+def untraced() -> AbstractContextManager[None]:
     """Run the block under no span (an invalid current span, in an otherwise empty context):
     nothing started inside it is recorded or joins the caller's trace."""
-    token = otel_context.attach(
-        trace.set_span_in_context(trace.INVALID_SPAN, otel_context.Context())
-    )
+    return _current(trace.INVALID_SPAN)
+
+
+@contextmanager
+def _current(span: trace.Span) -> Iterator[None]:
+    """Run the block with ``span`` current in an otherwise empty context (no span started)."""
+    token = otel_context.attach(trace.set_span_in_context(span, otel_context.Context()))
     try:
         yield
     finally:

@@ -22,7 +22,12 @@ Events are applied in order, one by one, except runs of end reports (``job.succe
 ``job.failed``, ``job.preempted``) for distinct jobs: each such run is read and written in a
 few statements (``on_ended``), since a busy cluster's completions would otherwise cost most
 of the scheduler's time in round trips to the database (it holds the scheduling lock all
-along). Likewise a run of two or more submissions of distinct jobs: each is checked in turn,
+along). A run of two or more is handled in one consumer span for up to
+``shared.bus.link_limit()`` of them (``batch_span``, linked to each report's context); each
+report that carries a context is handled in it without a span of its own
+(``Delivery.continued``), so what its ending says (the ``allocation.released`` billing hangs
+from) goes on in the job's trace through the runner's span; a lone report, and one that
+carries no context, is handled in a span of its own. Likewise a run of two or more submissions of distinct jobs: each is checked in turn,
 in one consumer span for up to ``shared.bus.link_limit()`` of them (``shared.bus.batch_span``,
 a trace of its own linked to each submission's context: OpenTelemetry's messaging
 conventions for a batch), and the jobs admitted are inserted in one statement, in order,
@@ -43,6 +48,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import replace
 from datetime import datetime
 
@@ -51,9 +57,21 @@ import asyncpg
 from trainyard_platform.services.scheduler import admission
 from trainyard_platform.services.scheduler import allocation_repository as allocation_repo
 from trainyard_platform.services.scheduler import repository as repo
-from trainyard_platform.services.scheduler.domain import AllocationStatus, EndKind, JobStatus, fence
+from trainyard_platform.services.scheduler.domain import (
+    Allocation,
+    AllocationStatus,
+    EndKind,
+    Job,
+    JobStatus,
+    fence,
+)
 from trainyard_platform.services.scheduler.late_success import accept_late_success
-from trainyard_platform.services.scheduler.leases import apply_endings, fence_revocation, plan_end
+from trainyard_platform.services.scheduler.leases import (
+    Ending,
+    apply_endings,
+    fence_revocation,
+    plan_end,
+)
 from trainyard_platform.services.scheduler.scheduling import Clock, Tuning, emit, utc_now
 from trainyard_platform.shared import outbox
 from trainyard_platform.shared.bus import Delivery, Reject, batch_span, link_chunks
@@ -421,35 +439,53 @@ class SchedulerHandlers:
         job_ids = [report.job_id for _, report in reports]
         jobs = await repo.jobs_by_id(conn, job_ids)
         live = await allocation_repo.live_allocations_of(conn, job_ids)
-        endings = []
+        endings: list[Ending] = []
         moved = False
-        for delivery, report in reports:
-            with delivery.span(self._consumer):
-                job = jobs.get(report.job_id)
-                allocations = live.get(report.job_id, [])
-                stale = fence([a.live for a in allocations], report.allocation_id, report.epoch)
-                kind = _END_KINDS[type(report)]
-                if job is not None and stale and isinstance(report, JobSucceeded):
-                    # Perhaps a lost node's real result: kept, not fenced (late_success).
-                    tuning = self._tuning
-                    moved |= await accept_late_success(conn, job, allocations, report, now, tuning)
-                    continue
-                if job is None or stale:
-                    log.info("job %s %s ignored: %s", report.job_id, kind, stale or "unknown job")
-                    continue
-                endings.append(
-                    plan_end(
-                        job,
-                        allocations,
-                        kind,
-                        report.finished_at,
-                        now,
-                        self._tuning,
-                        reporter=report.allocation_id,
-                        failed=report if isinstance(report, JobFailed) else None,
-                    )
-                )
+        batched = len(reports) > 1
+        for chunk in link_chunks(reports) if batched else [reports]:
+            with batch_span([d for d, _ in chunk], self._consumer) if batched else nullcontext():
+                for delivery, report in chunk:
+                    own_span = not batched or delivery.carried is None
+                    with delivery.span(self._consumer) if own_span else delivery.continued():
+                        job = jobs.get(report.job_id)
+                        allocations = live.get(report.job_id, [])
+                        moved |= await self._end(conn, job, allocations, report, now, endings)
         if endings:
             await apply_endings(conn, endings, now, self._tuning)
         if endings or moved:
             self._poke()
+
+    async def _end(
+        self,
+        conn: asyncpg.Connection,
+        job: Job | None,
+        allocations: Sequence[Allocation],
+        report: EndReport,
+        now: datetime,
+        endings: list[Ending],
+    ) -> bool:
+        """Plan the end ``report`` says into ``endings``, unless it is stale or about an
+        unknown job (logged, ignored); True when it was a lost node's late success, kept
+        (the job moved on by itself)."""
+        stale = fence([a.live for a in allocations], report.allocation_id, report.epoch)
+        kind = _END_KINDS[type(report)]
+        if job is not None and stale and isinstance(report, JobSucceeded):
+            # Perhaps a lost node's real result: kept, not fenced (late_success).
+            return await accept_late_success(conn, job, allocations, report, now, self._tuning)
+        if job is None or stale:
+            log.info("job %s %s ignored: %s", report.job_id, kind, stale or "unknown job")
+            return False
+        failed = report if isinstance(report, JobFailed) else None
+        endings.append(
+            plan_end(
+                job,
+                allocations,
+                kind,
+                report.finished_at,
+                now,
+                self._tuning,
+                reporter=report.allocation_id,
+                failed=failed,
+            )
+        )
+        return False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import Iterator
@@ -682,6 +683,68 @@ async def test_a_run_of_traced_submissions_is_one_batch_span_with_links(
     said_in = headers["traceparent"].split("-")
     assert int(said_in[1], 16) == refused_span.get_span_context().trace_id
     assert int(said_in[2], 16) == refused_span.get_span_context().span_id
+
+
+async def test_a_run_of_traced_end_reports_is_one_batch_span_and_each_job_keeps_its_trace(
+    scheduler: Scheduler, spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # End reports that come with a trace context are handled in one consumer span per run
+    # (at most the link limit of them: 2 here), linked to each report's context and named by
+    # the type when the run has one; what each ending says (its allocation.released, which
+    # billing hangs from) carries the report's own context, so the job's trace goes on
+    # through the runner's span. A report without a context is handled in a span of its own,
+    # which its release then carries.
+    monkeypatch.setattr(bus_module, "_link_limit", 2)
+    await scheduler.heartbeat("n1", gpus=4)
+    for i in range(4):
+        await scheduler.submit(f"job-{i}", gpus=1)
+    g = {grant.job_id: grant for grant in await scheduler.wait_for(AllocationGranted, count=4)}
+    reports = [
+        succeeded(g["job-0"]),
+        succeeded(g["job-1"]),
+        preempted(g["job-2"], "revoked"),
+        succeeded(g["job-3"]),
+    ]
+    deliveries = [Delivery(Envelope.wrap(p, source=owner(p), subject=p.job_id)) for p in reports]
+    traced = [_traced(d) for d in deliveries[:3]]
+    parents = [parent for _, parent in traced]
+    assert scheduler.work is not None
+    spans.clear()
+    async with scheduler.pool.acquire() as conn, conn.transaction():
+        await repo.lock_scheduler(conn)
+        await scheduler.work.handlers.apply([d for d, _ in traced] + deliveries[3:], conn)
+
+    batches = [s for s in spans.get_finished_spans() if s.links]
+    assert [s.name for s in batches] == [
+        "trainyard.job.succeeded.v1 process",
+        "scheduler process",
+    ]
+    counts = [(s.attributes or {})["messaging.batch.message_count"] for s in batches]
+    assert counts == [2, 2]
+    assert all(s.parent is None and s.kind is trace.SpanKind.CONSUMER for s in batches)
+    linked = [
+        f"00-{link.context.trace_id:032x}-{link.context.span_id:016x}-01"
+        for s in batches
+        for link in s.links
+    ]
+    assert linked == parents  # not job-3's: it came without one
+    own = {
+        str((s.attributes or {}).get("cloudevents.event_subject")): s
+        for s in spans.get_finished_spans()
+        if not s.links and s.name.endswith(" process")
+    }
+    assert set(own) == {"job-3"}
+    assert own["job-3"].parent is None
+    rows = await scheduler.pool.fetch(
+        "SELECT body, headers FROM outbox WHERE subject LIKE '%allocation.released%'"
+    )
+    said = {json.loads(r["body"])["data"]["job_id"]: r["headers"]["traceparent"] for r in rows}
+    for i, parent in enumerate(parents):
+        assert said[f"job-{i}"] == parent, i
+    job_3 = own["job-3"].get_span_context()
+    assert said["job-3"].startswith(f"00-{job_3.trace_id:032x}-{job_3.span_id:016x}-")
+    statuses = await scheduler.pool.fetch("SELECT status FROM jobs ORDER BY job_id")
+    assert [r["status"] for r in statuses] == ["SUCCEEDED", "SUCCEEDED", "QUEUED", "SUCCEEDED"]
 
 
 async def test_a_lone_submission_is_queued_inside_its_own_span(
