@@ -61,6 +61,7 @@ import sys
 import tempfile
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -133,14 +134,17 @@ class Sink:
         host, port = self._server.server_address[:2]
         return f"http://{host!s}:{port}/v1/traces"
 
-    def take_span_count(self) -> int:
-        """Spans received since the last call (decoded now, outside any measurement)."""
+    def take_spans(self) -> Counter[str]:
+        """Spans received since the last call, by name (decoded now, outside any
+        measurement)."""
         bodies, self.bodies = self.bodies, []
-        count = 0
+        names: Counter[str] = Counter()
         for body in bodies:
             request = ExportTraceServiceRequest.FromString(body)
-            count += sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
-        return count
+            for spans_of in request.resource_spans:
+                for scope in spans_of.scope_spans:
+                    names.update(span.name for span in scope.spans)
+        return names
 
     def close(self) -> None:
         self._server.shutdown()
@@ -314,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                 for mode in modes:
                     with _environment(_values(mode, sink)):
                         startup[mode] = round(_startup_cpu_seconds(base, nats_server.url, pg), 3)
-                    sink.take_span_count()
+                    sink.take_spans()
                     print(f"{mode:>11}: start and stop alone: scheduler CPU {startup[mode]:.2f} s")
                 for round_ in range(args.rounds):
                     # The order rotates, so no mode always runs on a warmer (or busier) machine.
@@ -333,8 +337,10 @@ def main(argv: list[str] | None = None) -> int:
                                 "event_loop": threads.main,
                                 "other_threads": threads.other,
                             },
-                            "spans": sink.take_span_count(),
                         }
+                        names = sink.take_spans()
+                        run["spans"] = sum(names.values())
+                        run["spans_by_name"] = dict(names.most_common())
                         runs.append(run)
                         print(
                             f"{mode:>11}: {run['granted']} granted in {run['seconds']:.2f} s = "

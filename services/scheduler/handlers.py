@@ -18,38 +18,35 @@ as a change (``stale``). A submitted job that the
 cluster's configuration can never run (``admission``) is refused on arrival: the scheduler says
 its final ``job.failed`` (``failure_kind`` ``rejected``) and never queues it.
 
-Events are applied in order, one by one, except runs of end reports (``job.succeeded``,
-``job.failed``, ``job.preempted``) for distinct jobs: each such run is read and written in a
-few statements (``on_ended``), since a busy cluster's completions would otherwise cost most
-of the scheduler's time in round trips to the database (it holds the scheduling lock all
-along). A run of two or more is handled in one consumer span for up to
-``shared.bus.link_limit()`` of them (``batch_span``, linked to each report's context); each
-report that carries a context is handled in it without a span of its own
-(``Delivery.continued``), so what its ending says (the ``allocation.released`` billing hangs
-from) goes on in the job's trace through the runner's span; a lone report, and one that
-carries no context, is handled in a span of its own. Likewise a run of two or more submissions of distinct jobs: each is checked in turn,
-in one consumer span for up to ``shared.bus.link_limit()`` of them (``shared.bus.batch_span``,
-a trace of its own linked to each submission's context: OpenTelemetry's messaging
-conventions for a batch), and the jobs admitted are inserted in one statement, in order,
-after those spans (so that statement is in none of the jobs' traces; what is logged about a
-job names it). A job so admitted keeps the trace context its submission came with (the
-submission service's span), so its grant is a span of the submission's trace; a submission
-that came without one, or that is refused (its ``job.failed`` said in the job's trace), is
-handled in a span of its own (``Delivery.span``), whose trace the job keeps. A run ends at
-any other event, or at a second event about a job already in it, so the outcome is the same
-as one by one. A submission that would start a run but is not followed by a submission of
-another job (a batch of one, as at a low rate and for each event of a failed batch handled
-again alone) is handled whole in its span: its ``INSERT`` is a query of its trace, and a
-failure of it is that span's error.
+Events are applied in order, one by one, except runs of submissions and end reports
+(``job.succeeded``, ``job.failed``, ``job.preempted``) of distinct jobs (``_run``), which
+commute: each such run of two or more is read and written in a few statements
+(``_apply_run``), since a busy cluster's arrivals and completions would otherwise cost most of
+the scheduler's time in round trips to the database (it holds the scheduling lock all
+along). A run is handled in one consumer span for up to ``shared.bus.link_limit()`` of its
+events (``shared.bus.batch_span``, a trace of its own linked to each event's context:
+OpenTelemetry's messaging conventions for a batch), and each event that carries a context
+goes on in it without a span of its own: a job admitted keeps the context its submission came
+with (the submission service's span), so its grant is a span of the submission's trace; what
+an ending says (the ``allocation.released`` billing hangs from) carries its report's context
+(``Delivery.continued``: the runner's span). The jobs admitted are inserted in one
+statement, in order, and the endings applied, after those spans (so those statements are in
+none of the jobs' traces; what is logged about a job names it). A submission that came
+without a context, or that is refused (its ``job.failed`` said in the job's trace), and an
+end report without a context, is handled in a span of its own (``Delivery.span``), whose
+trace the job keeps. A run ends at any other event, or at a second event about a job already
+in it, so the outcome is the same as one by one. An event that would start a run but is not
+followed by another of one (a batch of one, as at a low rate, and each event of a failed
+batch handled again alone) is handled whole in its span: a submission's ``INSERT`` is a query
+of its trace, and a failure of it is that span's error.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 import asyncpg
@@ -101,18 +98,26 @@ _END_KINDS: dict[type[EndReport], EndKind] = {
 }
 
 
-def _submissions(deliveries: Sequence[Delivery], i: int) -> Sequence[Delivery]:
-    """The run of submissions of distinct jobs that starts at ``deliveries[i]`` (one at
-    least)."""
+def _run(deliveries: Sequence[Delivery], i: int) -> Sequence[Delivery]:
+    """The run of submissions and end reports of distinct jobs that starts at
+    ``deliveries[i]``: empty when that event is of another type."""
     seen: set[str] = set()
     end = i
     while end < len(deliveries):
         data = deliveries[end].envelope.data
-        if not isinstance(data, JobSubmitted) or data.job_id in seen:
+        if not isinstance(data, JobSubmitted | EndReport) or data.job_id in seen:
             break
         seen.add(data.job_id)
         end += 1
     return deliveries[i:end]
+
+
+@dataclass(frozen=True)
+class _Known:
+    """What ending a run's jobs reads: the jobs, and their live allocations, by job id."""
+
+    jobs: Mapping[str, Job]
+    live: Mapping[str, Sequence[Allocation]]
 
 
 class SchedulerHandlers:
@@ -161,62 +166,68 @@ class SchedulerHandlers:
 
     async def _apply(self, deliveries: Sequence[Delivery], conn: asyncpg.Connection) -> None:
         now = self._clock()
-        ended: dict[str, tuple[Delivery, EndReport]] = {}  # a run of end reports, by job id
         i = 0
         while i < len(deliveries):
-            delivery = deliveries[i]
-            data = delivery.envelope.data
-            if isinstance(data, EndReport):
-                if data.job_id in ended:
-                    await self.on_ended(conn, list(ended.values()), now)
-                    ended = {}
-                ended[data.job_id] = (delivery, data)
-                i += 1
-                continue
-            await self.on_ended(conn, list(ended.values()), now)
-            ended = {}
-            if isinstance(data, JobSubmitted):
-                run = _submissions(deliveries, i)
-                if len(run) == 1:
-                    with delivery.span(self._consumer):
-                        await self.on_submitted(conn, data, now)
-                else:
-                    await self._queue(conn, await self._admit_run(conn, run, now), now)
-                i += len(run)
-                continue
-            with delivery.span(self._consumer):
-                await self.dispatch(delivery.envelope, conn, now)
-            i += 1
-        await self.on_ended(conn, list(ended.values()), now)
+            delivery, data = deliveries[i], deliveries[i].envelope.data
+            run = _run(deliveries, i)
+            if len(run) > 1:
+                await self._apply_run(conn, run, now)
+            elif isinstance(data, EndReport):
+                await self.on_ended(conn, [(delivery, data)], now)
+            else:
+                with delivery.span(self._consumer):
+                    await self.dispatch(delivery.envelope, conn, now)
+            i += max(1, len(run))
 
-    async def _admit_run(
+    async def _apply_run(
         self, conn: asyncpg.Connection, run: Sequence[Delivery], now: datetime
-    ) -> list[repo.NewJob]:
-        """Check a run of submissions of distinct jobs, in order, each of up to
-        ``link_limit()`` of them in one ``batch_span``; the jobs to queue. A job admitted keeps
-        the trace context its submission came with (its grant is a span of that trace); a
-        submission that carries none, or that is refused, is handled in a span of its own
-        (``Delivery.span``: the refusal is said in the job's trace)."""
-        jobs: list[repo.NewJob] = []
+    ) -> None:
+        """Apply a run of two or more submissions and end reports of distinct jobs
+        (``_run``), each ``link_limit()`` of them in one ``batch_span``. Each event that
+        carries a trace context goes on in it without a span of its own: a job admitted keeps
+        its submission's context (its grant is a span of that trace), and what an ending says
+        carries its report's (the runner's span); a submission that carries none, or that is
+        refused, and an end report that carries none, is handled in a span of its own
+        (``Delivery.span``: a refusal is said in the job's trace). The jobs admitted are
+        inserted in one statement and the endings applied in a few, after the spans."""
+        reports = [(d, data) for d in run if isinstance(data := d.envelope.data, EndReport)]
+        known = await self._known(conn, reports)
+        admitted: list[repo.NewJob] = []
+        endings: list[Ending] = []
+        moved = False
         for chunk in link_chunks(run):
             with batch_span(chunk, self._consumer):
                 for delivery in chunk:
-                    submitted = delivery.envelope.data
-                    assert isinstance(submitted, JobSubmitted)
-                    # Kept with tracing off too: a no-op tracer still propagates it.
-                    carried = delivery.trace_headers()
-                    if not carried:  # its trace starts here, as one alone
-                        with delivery.span(self._consumer):
-                            job = await self._admit(conn, submitted, now)
-                    elif (refusal := await self._refusal(conn, submitted)) is None:
-                        job = await self._new_job(conn, submitted, carried)
-                    else:
-                        job = None
-                        with delivery.span(self._consumer):
-                            await self._refuse(conn, submitted.job_id, refusal, now)
-                    if job is not None:
-                        jobs.append(job)
-        return jobs
+                    data = delivery.envelope.data
+                    if isinstance(data, EndReport):
+                        with (
+                            delivery.continued()
+                            if delivery.carried
+                            else delivery.span(self._consumer)
+                        ):
+                            moved |= await self._end(conn, data, known, now, endings)
+                    elif isinstance(data, JobSubmitted):
+                        job = await self._admit_carried(conn, delivery, data, now)
+                        if job is not None:
+                            admitted.append(job)
+        await self._queue(conn, admitted, now)
+        await self._apply_endings(conn, endings, moved, now)
+
+    async def _admit_carried(
+        self, conn: asyncpg.Connection, delivery: Delivery, submitted: JobSubmitted, now: datetime
+    ) -> repo.NewJob | None:
+        """``_admit`` for a submission of a run: in the context it came with (see
+        ``_apply_run``)."""
+        # Kept with tracing off too: a no-op tracer still propagates it.
+        carried = delivery.trace_headers()
+        if not carried:  # its trace starts here, as one alone
+            with delivery.span(self._consumer):
+                return await self._admit(conn, submitted, now)
+        if (refusal := await self._refusal(conn, submitted)) is None:
+            return await self._new_job(conn, submitted, carried)
+        with delivery.span(self._consumer):
+            await self._refuse(conn, submitted.job_id, refusal, now)
+        return None
 
     async def dispatch(
         self, envelope: Envelope[Payload], conn: asyncpg.Connection, now: datetime
@@ -433,40 +444,39 @@ class SchedulerHandlers:
         reports: Sequence[tuple[Delivery, EndReport]],
         now: datetime,
     ) -> None:
-        """End the allocations these runners report ended (distinct jobs), in bulk."""
-        if not reports:
-            return
-        job_ids = [report.job_id for _, report in reports]
-        jobs = await repo.jobs_by_id(conn, job_ids)
-        live = await allocation_repo.live_allocations_of(conn, job_ids)
+        """End the allocations these runners report ended (distinct jobs), each report
+        handled in its own span."""
+        known = await self._known(conn, reports)
         endings: list[Ending] = []
         moved = False
-        batched = len(reports) > 1
-        for chunk in link_chunks(reports) if batched else [reports]:
-            with batch_span([d for d, _ in chunk], self._consumer) if batched else nullcontext():
-                for delivery, report in chunk:
-                    own_span = not batched or delivery.carried is None
-                    with delivery.span(self._consumer) if own_span else delivery.continued():
-                        job = jobs.get(report.job_id)
-                        allocations = live.get(report.job_id, [])
-                        moved |= await self._end(conn, job, allocations, report, now, endings)
-        if endings:
-            await apply_endings(conn, endings, now, self._tuning)
-        if endings or moved:
-            self._poke()
+        for delivery, report in reports:
+            with delivery.span(self._consumer):
+                moved |= await self._end(conn, report, known, now, endings)
+        await self._apply_endings(conn, endings, moved, now)
+
+    async def _known(
+        self, conn: asyncpg.Connection, reports: Sequence[tuple[Delivery, EndReport]]
+    ) -> _Known:
+        """What ending the jobs of ``reports`` reads, in two statements."""
+        if not reports:
+            return _Known({}, {})
+        job_ids = [report.job_id for _, report in reports]
+        jobs = await repo.jobs_by_id(conn, job_ids)
+        return _Known(jobs, await allocation_repo.live_allocations_of(conn, job_ids))
 
     async def _end(
         self,
         conn: asyncpg.Connection,
-        job: Job | None,
-        allocations: Sequence[Allocation],
         report: EndReport,
+        known: _Known,
         now: datetime,
         endings: list[Ending],
     ) -> bool:
         """Plan the end ``report`` says into ``endings``, unless it is stale or about an
         unknown job (logged, ignored); True when it was a lost node's late success, kept
         (the job moved on by itself)."""
+        job = known.jobs.get(report.job_id)
+        allocations = known.live.get(report.job_id, [])
         stale = fence([a.live for a in allocations], report.allocation_id, report.epoch)
         kind = _END_KINDS[type(report)]
         if job is not None and stale and isinstance(report, JobSucceeded):
@@ -489,3 +499,13 @@ class SchedulerHandlers:
             )
         )
         return False
+
+    async def _apply_endings(
+        self, conn: asyncpg.Connection, endings: Sequence[Ending], moved: bool, now: datetime
+    ) -> None:
+        """Write the ``endings`` planned, in a few statements; a pass is asked for when any
+        job moved on."""
+        if endings:
+            await apply_endings(conn, endings, now, self._tuning)
+        if endings or moved:
+            self._poke()

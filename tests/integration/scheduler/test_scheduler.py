@@ -747,6 +747,53 @@ async def test_a_run_of_traced_end_reports_is_one_batch_span_and_each_job_keeps_
     assert [r["status"] for r in statuses] == ["SUCCEEDED", "SUCCEEDED", "QUEUED", "SUCCEEDED"]
 
 
+async def test_submissions_and_end_reports_of_distinct_jobs_are_one_run(
+    scheduler: Scheduler, spans: InMemorySpanExporter
+) -> None:
+    # Arrivals and completions interleave under load; they commute, so a run of both (of
+    # distinct jobs) is one batch span linked to every event, the jobs admitted keep their
+    # submissions' contexts and each release carries its report's: no event of the run has a
+    # span of its own, and the outcome is that of one by one.
+    await scheduler.heartbeat("n1", gpus=2)
+    await scheduler.submit("job-0", gpus=1)
+    await scheduler.submit("job-1", gpus=1)
+    g = {grant.job_id: grant for grant in await scheduler.wait_for(AllocationGranted, count=2)}
+    now = datetime.now(UTC)
+    done = [
+        Delivery(Envelope.wrap(p, source=owner(p), subject=p.job_id))
+        for p in (succeeded(g["job-0"]), succeeded(g["job-1"]))
+    ]
+    run = [
+        _traced(_submission("x", now)),
+        _traced(done[0]),
+        _traced(_submission("y", now)),
+        _traced(done[1]),
+    ]
+    assert scheduler.work is not None
+    spans.clear()
+    async with scheduler.pool.acquire() as conn, conn.transaction():
+        await repo.lock_scheduler(conn)
+        await scheduler.work.handlers.apply([d for d, _ in run], conn)
+
+    (batch,) = [s for s in spans.get_finished_spans() if s.name.endswith(" process")]
+    assert batch.name == "scheduler process" and batch.parent is None
+    assert (batch.attributes or {})["messaging.batch.message_count"] == 4
+    linked = [f"00-{k.context.trace_id:032x}-{k.context.span_id:016x}-01" for k in batch.links]
+    assert linked == [parent for _, parent in run]
+    stored = dict(await scheduler.pool.fetch("SELECT job_id, trace_context FROM jobs"))
+    assert stored["x"] == {"traceparent": run[0][1]}
+    assert stored["y"] == {"traceparent": run[2][1]}
+    rows = await scheduler.pool.fetch(
+        "SELECT body, headers FROM outbox WHERE subject LIKE '%allocation.released%'"
+    )
+    said = {json.loads(r["body"])["data"]["job_id"]: r["headers"]["traceparent"] for r in rows}
+    assert said == {"job-0": run[1][1], "job-1": run[3][1]}
+    statuses = dict(await scheduler.pool.fetch("SELECT job_id, status FROM jobs"))
+    assert statuses.pop("job-0") == statuses.pop("job-1") == "SUCCEEDED"
+    assert set(statuses) == {"x", "y"}  # queued, or placed already by the pass asked for
+    assert set(statuses.values()) <= {"QUEUED", "ALLOCATED"}
+
+
 async def test_a_lone_submission_is_queued_inside_its_own_span(
     scheduler: Scheduler, spans: InMemorySpanExporter, handler_lines: _Lines
 ) -> None:
