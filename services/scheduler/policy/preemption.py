@@ -294,8 +294,9 @@ class _Freeing:
         ]
         if self.reserved is not None:  # free GPUs reserved for others do not count
             for node in self.reserved.nodes.values():
-                if node.free_count:  # (a full node counts for no shape either way)
-                    self._count(node.free_count, self.usable(node))
+                free = node.free
+                if free:  # (a full node counts for no shape either way)
+                    self._count(len(free), self.usable(node))
 
     def usable(self, node: NodeSlot) -> int:
         freed = self.nodes.get(node.node_id, 0)
@@ -478,6 +479,10 @@ def candidates_for(
             return candidates
         return [c for c in candidates if c.job.job_id not in claimed]
 
+    # The reclaim candidates of every borrower in turn, ``claimed`` taken out at the end:
+    # once for them all, not once per borrower (a try that may reclaim meets some 40).
+    lending: list[Candidate] = []
+
     found = [
         Candidate(job, None, victim_key(job, classes(job.priority).value, now, leaving=True))
         for job in leaving
@@ -527,9 +532,10 @@ def candidates_for(
             alone = made[("alone", other, flavor, borrowed)]
             if preemptor is not None and alone:
                 spared = {c.job.job_id for c in alone if not preemptor.admits(quota, (c,))}
-                found += [c for c in unclaimed(lent) if c.job.job_id not in spared]
+                lending += [c for c in lent if c.job.job_id not in spared]
             else:
-                found += unclaimed(lent)
+                lending += lent
+    found += unclaimed(lending)
     return found, reclaimable
 
 

@@ -129,9 +129,13 @@ class QuotaBook:
     def borrowers(self, cohort: str, flavor: str, exclude: str = "") -> list[tuple[str, int]]:
         """(queue, GPUs borrowed) of the cohort's queues above their nominal, most first."""
         found = []
+        used, terms = self._used, self._terms
         for name in self.members.get(cohort, ()):
             if name != exclude:
-                borrowed = self.borrowed(name, flavor)
+                # = ``borrowed``, inlined: a try to preempt asks this of a whole cohort
+                key = (name, flavor)
+                t = terms.get(key) or self.terms(name, flavor)
+                borrowed = used.get(key, 0) - t.nominal
                 if borrowed > 0:
                     found.append((name, borrowed))
         return sorted(found, key=lambda b: (-b[1], b[0]))
