@@ -76,6 +76,9 @@ def readers_team_of(state: PolicyState, waiting: list[Waiting]) -> dict[str, str
 
 _NONE: frozenset[str] = frozenset()
 
+Parts = tuple[str, str, str | None, float | None]
+"""An explanation but for its position: reason, blocking, suggestion, estimated start."""
+
 
 class _Explainer:
     def __init__(self, state: PolicyState, quick: bool):
@@ -89,6 +92,7 @@ class _Explainer:
         self._borrowing: dict[tuple[str, str], list[tuple[str, int]]] = {}
         self._holders: dict[tuple[str, str], list[str]] = {}
         self._cohort_users: dict[tuple[str, str], list[tuple[int, str]]] = {}
+        self._users_named: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
         self._quota: dict[tuple[str, str, int], tuple[str, str, float | None]] = {}
         self._timelines: dict[tuple[tuple[str, ...], str, bool, frozenset[str]], _Timeline] = {}
         self._heads: dict[tuple[str, str, str | None], tuple[str, str]] = {}
@@ -138,41 +142,41 @@ class _Explainer:
         # A job waiting for quota is explained by its queue, flavor and size alone (``quota``
         # caches per those), so the finished explanation is too, but for its position --
         # unless it is the one whose try to preempt reservations stopped (``reserved_ahead``).
-        by_request: dict[tuple[str, str, int], Explanation] = {}
+        by_request: dict[tuple[str, str, int], Parts] = {}
+        reclaiming = self._reclaiming  # (filled as jobs waiting for reclaim are explained)
         for w in waiting:
             job = w.job
-            # (What a job may not reclaim depends on the job, not on its request alone.)
-            alone = w.kind == "quota" and not w.reserved_ahead and not self._spared(job)
+            # (What a job may not reclaim depends on the job, not on its request alone:
+            # ``_spared``, asked only of a request in ``reclaiming``.)
+            request = (job.queue, job.flavor, job.gpus)
+            alone = (
+                w.kind == "quota"
+                and not w.reserved_ahead
+                and (request not in reclaiming or not self._spared(job))
+            )
             if alone:
-                done = by_request.get((job.queue, job.flavor, job.gpus))
+                done = by_request.get(request)
                 if done is not None:
-                    out[job.job_id] = Explanation(
-                        w.position,
-                        done.reason,
-                        done.blocking,
-                        done.suggestion,
-                        done.estimated_start,
-                    )
+                    out[job.job_id] = Explanation(w.position, *done)
                     continue
             own = queues[job.queue].team if job.queue in queues else None
-            e = self.one(w)
-            text = (e.reason, e.blocking)
+            reason, blocking, suggestion, start = self.parts(w)
+            text = (reason, blocking)
             known = generic.get(text)
             if known is None:
-                named = self._teams_named(e.reason, e.blocking, team_of)
-                known = generic[text] = (named, *self._seen_by(*text, None, team_of))
+                named = self._teams_named(reason, blocking, team_of)
+                known = generic[text] = (named, *self._seen_by(reason, blocking, None, team_of))
             shown = known[1], known[2]
             if own in known[0]:
                 assert own is not None  # (``known[0]`` holds teams only)
-                key = (e.reason, e.blocking, own)
+                key = (reason, blocking, own)
                 shown = seen.get(key) or seen.setdefault(
-                    key, self._seen_by(e.reason, e.blocking, own, team_of)
+                    key, self._seen_by(reason, blocking, own, team_of)
                 )
-            if shown[0] != e.reason or shown[1] != e.blocking:
-                e = Explanation(e.position, shown[0], shown[1], e.suggestion, e.estimated_start)
-            out[job.job_id] = e
+            # (Made once, with the texts as its reader sees them.)
+            out[job.job_id] = Explanation(w.position, shown[0], shown[1], suggestion, start)
             if alone and not self._spared(job):  # (known once its request was explained)
-                by_request[(job.queue, job.flavor, job.gpus)] = e
+                by_request[request] = (shown[0], shown[1], suggestion, start)
         return out
 
     def _seen_by(
@@ -235,15 +239,17 @@ class _Explainer:
             shown = self._blockings[(blocking, own)] = _blocking_seen_by(blocking, own, team_of)
         return shown
 
-    def one(self, w: Waiting) -> Explanation:
+    def parts(self, w: Waiting) -> Parts:
+        """``w``'s explanation but for its position (``Parts``), with its texts as written,
+        before ``run`` rewrites them for their reader."""
         job = w.job
         if w.kind == "invalid":
-            return Explanation(w.position, w.text, w.blocking, w.suggestion, None)
+            return w.text, w.blocking, w.suggestion, None
         if w.kind == "preempting":
             text = explain.preempting(
                 w.victims, w.victim_kind, explain.duration(self.state.config.grace_s)
             )
-            return Explanation(w.position, text, ", ".join(w.victims), None, w.start)
+            return text, ", ".join(w.victims), None, w.start
         if w.reserved_ahead:
             return self.reserved_ahead(w)
         if w.kind == "quota":
@@ -255,7 +261,7 @@ class _Explainer:
             text = explain.held(holder.job_id, job.queue, job.flavor, waited)
             cached = self._quota.get((holder.queue, holder.flavor, holder.gpus))
             start = cached[2] if cached is not None else None
-            return Explanation(w.position, text, holder.job_id, None, start)
+            return text, holder.job_id, None, start
         start = self.fluid(job)
         if w.reservation is not None and w.reservation.job_id == job.job_id:
             start = w.reservation.start
@@ -280,18 +286,18 @@ class _Explainer:
             reason = self._texts.get((head, eta))
             if reason is None:
                 reason = self._texts[(head, eta)] = f"{head}; {eta}"
-            return Explanation(w.position, reason, blocking, hint, start)
+            return reason, blocking, hint, start
         if w.kind == "behind":
             assert w.reservation is not None
             text = explain.behind(w.reservation.job_id)
-            return Explanation(w.position, text, w.reservation.job_id, None, start)
+            return text, w.reservation.job_id, None, start
         largest, where, holders = self.capacity(job.flavor, w.shape)
         text = explain.capacity(job.gpus, job.flavor, w.shape, largest, where, holders)
         blocking = _ids([h.split(" ", 1)[0] for h in holders]) or f"{job.flavor} nodes"
         text = f"{text}; {explain.eta(start, self.now)}"
-        return Explanation(w.position, text, blocking, self.fewer(job), start)
+        return text, blocking, self.fewer(job), start
 
-    def reserved_ahead(self, w: Waiting) -> Explanation:
+    def reserved_ahead(self, w: Waiting) -> Parts:
         """A job that did not preempt because what it would free is reserved for jobs ahead
         (``Waiting.reserved_ahead``): it starts at its own reservation when it has one, else not
         before those reservations have ended."""
@@ -302,7 +308,7 @@ class _Explainer:
             start = max(r.end for r in w.reserved_ahead)
         holders = [f"job {r.job_id}" for r in w.reserved_ahead]
         text = f"{explain.reserved_ahead(job.flavor, holders)}; {self._eta(start)}"
-        return Explanation(w.position, text, ", ".join(map(_job_id, w.reserved_ahead)), None, start)
+        return text, ", ".join(map(_job_id, w.reserved_ahead)), None, start
 
     def _eta(self, start: float | None) -> str:
         """``explain.eta`` of ``start`` (cached per start)."""
@@ -313,7 +319,7 @@ class _Explainer:
 
     # --- quota ---------------------------------------------------------------------------
 
-    def quota(self, w: Waiting) -> Explanation:
+    def quota(self, w: Waiting) -> Parts:
         job = w.job
         key = (job.queue, job.flavor, job.gpus)
         if key not in self._quota:
@@ -326,7 +332,7 @@ class _Explainer:
         spared = self._spared(job)
         if spared:
             text, blocking, start = self._reclaim_text(job, self._reclaiming[key][0], spared)
-        return Explanation(w.position, text, blocking, self.fewer(job), start)
+        return text, blocking, self.fewer(job), start
 
     def _spared(self, job: PendingJob) -> frozenset[str]:
         """The running jobs ``job``, waiting for reclaim, may not take because they would
@@ -461,12 +467,13 @@ class _Explainer:
         head = self._cohort_heads.get(head_key)
         if head is None:
             size, used = q.pool(queue.cohort, job.flavor)
-            users = self._users(queue.cohort, job.flavor)
-            holders = [f"{name} with {n}" for n, name in users if n > 0 and name != job.queue]
+            users = self._named_users(queue.cohort, job.flavor)
+            holders = [h for name, h, _ in users if name != job.queue]
             text = explain.cohort_full(
                 job.queue, job.flavor, verdict.used, verdict.nominal, max(0, size - used), holders
             )
-            blocking = _ids([h.split(" ", 1)[0] for h in holders]) or f"cohort {queue.cohort}"
+            first = [word for name, _, word in users if name != job.queue]
+            blocking = _ids(first) or f"cohort {queue.cohort}"
             head = self._cohort_heads[head_key] = (text, blocking)
         text, blocking = head
         members = self._members.get(queue.cohort)
@@ -496,6 +503,20 @@ class _Explainer:
                 key=lambda u: (-u[0], u[1]),
             )
         return users
+
+    def _named_users(self, cohort: str, flavor: str) -> list[tuple[str, str, str]]:
+        """The cohort's queues using ``flavor``, in ``_users`` order, each with its holder's
+        text ("queue with n") and that text's first word (cached: made once per cohort, not
+        once per queue of it)."""
+        key = (cohort, flavor)
+        named = self._users_named.get(key)
+        if named is None:
+            named = self._users_named[key] = []
+            for n, name in self._users(cohort, flavor):
+                if n > 0:
+                    text = f"{name} with {n}"
+                    named.append((name, text, text.split(" ", 1)[0]))
+        return named
 
     def _reclaim_text(
         self, job: PendingJob, verdict: Verdict, spared: frozenset[str]
