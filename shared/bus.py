@@ -87,7 +87,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cached_property
@@ -111,6 +111,7 @@ from opentelemetry.sdk.trace import SpanLimits
 from trainyard_platform.shared.events import Envelope, EventParseError, Payload, parse_envelope
 from trainyard_platform.shared.events.payloads import JobMetrics, JobProgress, RunnerHeartbeat
 from trainyard_platform.shared.events.trust import forged_because, misrouted_because
+from trainyard_platform.shared.logs import job_scope, span_job_id
 from trainyard_platform.shared.settings import NatsSettings
 from trainyard_platform.shared.span_errors import safe_message
 from trainyard_platform.shared.telemetry import extract, inject, tracer
@@ -203,9 +204,14 @@ class Delivery:
         """Handle this event in its producer's trace without a span of its own (as one of a
         ``batch_span``'s events): what is said inside carries the context the event came with
         (``carried``), so the spans of its consumers join the producer's trace; an event that
-        carries none is handled under no span (``untraced``)."""
+        carries none is handled under no span (``untraced``). The lines logged inside name the
+        event's job, as inside its span (``shared.logs.span_job_id``: no span carries it here)."""
         carried = self.carried
-        with _current(trace.INVALID_SPAN if carried is None else trace.NonRecordingSpan(carried)):
+        job_id = span_job_id(_attrs(self.envelope))
+        with (
+            _current(trace.INVALID_SPAN if carried is None else trace.NonRecordingSpan(carried)),
+            job_scope(job_id) if job_id is not None else nullcontext(),
+        ):
             yield
 
     def trace_headers(self) -> dict[str, str]:

@@ -32,13 +32,17 @@ an ending says (the ``allocation.released`` billing hangs from) carries its repo
 (``Delivery.continued``: the runner's span). The jobs admitted are inserted in one
 statement, in order, and the endings applied, after those spans (so those statements are in
 none of the jobs' traces; what is logged about a job names it). A submission that came
-without a context, or that is refused (its ``job.failed`` said in the job's trace), and an
-end report without a context, is handled in a span of its own (``Delivery.span``), whose
-trace the job keeps. A run ends at any other event, or at a second event about a job already
-in it, so the outcome is the same as one by one. An event that would start a run but is not
-followed by another of one (a batch of one, as at a low rate, and each event of a failed
-batch handled again alone) is handled whole in its span: a submission's ``INSERT`` is a query
-of its trace, and a failure of it is that span's error.
+without a context, or that is refused (its ``job.failed`` said in the job's trace), is
+handled in a span of its own (``Delivery.span``), whose trace the job keeps; so is an end
+report without a context (what its ending says carries that span's context) and a lost
+node's late success. A run ends at any other event, or at a second event about a job already
+in it, so the state it leaves is the one applying its events one by one leaves (the outbox
+rows of different jobs may be in another order; each job's own keep theirs). An event that
+would start a run but is not followed by another of one (a batch of one, as at a low rate,
+and each event of a failed batch handled again alone) is handled alone, in its span: a
+submission whole (its ``INSERT`` is a query of its trace, and a failure of it is that span's
+error), an end report's decision (its two reads and the writes are outside the span, as in a
+run).
 """
 
 from __future__ import annotations
@@ -173,7 +177,7 @@ class SchedulerHandlers:
             if len(run) > 1:
                 await self._apply_run(conn, run, now)
             elif isinstance(data, EndReport):
-                await self.on_ended(conn, [(delivery, data)], now)
+                await self.on_ended(conn, delivery, data, now)
             else:
                 with delivery.span(self._consumer):
                     await self.dispatch(delivery.envelope, conn, now)
@@ -200,12 +204,7 @@ class SchedulerHandlers:
                 for delivery in chunk:
                     data = delivery.envelope.data
                     if isinstance(data, EndReport):
-                        with (
-                            delivery.continued()
-                            if delivery.carried
-                            else delivery.span(self._consumer)
-                        ):
-                            moved |= await self._end(conn, data, known, now, endings)
+                        moved |= await self._end(conn, delivery, data, known, now, endings, True)
                     elif isinstance(data, JobSubmitted):
                         job = await self._admit_carried(conn, delivery, data, now)
                         if job is not None:
@@ -439,19 +438,12 @@ class SchedulerHandlers:
         await allocation_repo.record_checkpoint(conn, saved.allocation_id, saved.saved_at)
 
     async def on_ended(
-        self,
-        conn: asyncpg.Connection,
-        reports: Sequence[tuple[Delivery, EndReport]],
-        now: datetime,
+        self, conn: asyncpg.Connection, delivery: Delivery, report: EndReport, now: datetime
     ) -> None:
-        """End the allocations these runners report ended (distinct jobs), each report
-        handled in its own span."""
-        known = await self._known(conn, reports)
+        """End the allocations a runner reports ended, the report handled in its own span."""
         endings: list[Ending] = []
-        moved = False
-        for delivery, report in reports:
-            with delivery.span(self._consumer):
-                moved |= await self._end(conn, report, known, now, endings)
+        known = await self._known(conn, [(delivery, report)])
+        moved = await self._end(conn, delivery, report, known, now, endings, False)
         await self._apply_endings(conn, endings, moved, now)
 
     async def _known(
@@ -467,38 +459,46 @@ class SchedulerHandlers:
     async def _end(
         self,
         conn: asyncpg.Connection,
+        delivery: Delivery,
         report: EndReport,
         known: _Known,
         now: datetime,
         endings: list[Ending],
+        in_run: bool,
     ) -> bool:
         """Plan the end ``report`` says into ``endings``, unless it is stale or about an
         unknown job (logged, ignored); True when it was a lost node's late success, kept
-        (the job moved on by itself)."""
+        (the job moved on by itself). In a run (``in_run``) a report that carries a context
+        is handled in it (``Delivery.continued``); a late success, rare and worth seeing, is
+        handled in a span of its own, as is every report outside a run."""
         job = known.jobs.get(report.job_id)
         allocations = known.live.get(report.job_id, [])
         stale = fence([a.live for a in allocations], report.allocation_id, report.epoch)
         kind = _END_KINDS[type(report)]
-        if job is not None and stale and isinstance(report, JobSucceeded):
-            # Perhaps a lost node's real result: kept, not fenced (late_success).
-            return await accept_late_success(conn, job, allocations, report, now, self._tuning)
-        if job is None or stale:
-            log.info("job %s %s ignored: %s", report.job_id, kind, stale or "unknown job")
-            return False
-        failed = report if isinstance(report, JobFailed) else None
-        endings.append(
-            plan_end(
-                job,
-                allocations,
-                kind,
-                report.finished_at,
-                now,
-                self._tuning,
-                reporter=report.allocation_id,
-                failed=failed,
+        late = job is not None and stale is not None and isinstance(report, JobSucceeded)
+        own_span = not in_run or late or delivery.carried is None
+        with delivery.span(self._consumer) if own_span else delivery.continued():
+            if job is not None and stale and isinstance(report, JobSucceeded):
+                # Perhaps a lost node's real result: kept, not fenced (late_success).
+                tuning = self._tuning
+                return await accept_late_success(conn, job, allocations, report, now, tuning)
+            if job is None or stale:
+                log.info("job %s %s ignored: %s", report.job_id, kind, stale or "unknown job")
+                return False
+            failed = report if isinstance(report, JobFailed) else None
+            endings.append(
+                plan_end(
+                    job,
+                    allocations,
+                    kind,
+                    report.finished_at,
+                    now,
+                    self._tuning,
+                    reporter=report.allocation_id,
+                    failed=failed,
+                )
             )
-        )
-        return False
+            return False
 
     async def _apply_endings(
         self, conn: asyncpg.Connection, endings: Sequence[Ending], moved: bool, now: datetime

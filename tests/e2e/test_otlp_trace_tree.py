@@ -179,7 +179,10 @@ def test_parents_follow_the_flow(traced: Traced) -> None:
 
     # An event is handled under the span that published it (the runner's publish span) or,
     # when the outbox relayed it, under the span whose transaction wrote it: another
-    # service's, never the handler's own, never a root.
+    # service's, never the handler's own, never a root. (One job here, so each of its events
+    # is alone in the scheduler's batch; in a run of several jobs' events the scheduler's
+    # handling is a batch span of its own trace, and what an ending says is handled under
+    # the runner's publish span: tests/integration/scheduler/test_scheduler.py.)
     for span in spans:
         if not span.name.endswith(" process"):
             continue
