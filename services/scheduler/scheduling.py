@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -136,22 +136,18 @@ def traced(payload: Payload, subject: str, event_id: str | None = None) -> outbo
     return _envelope(payload, subject, event_id), inject()
 
 
-@contextmanager
 def job_trace(
     job_id: str, carrier: Mapping[str, Any] | None, what: str
-) -> Iterator[trace.Span | None]:
+) -> AbstractContextManager[trace.Span | None]:
     """Run the block in a span of the job's own trace (from its submission), unless a span
     is active already (an event handler's, which carries the trace it came with); yields
-    the span made (None when none was)."""
+    the span made (None when none was). One context manager, not a generator around one:
+    a pass makes a grant span per job it places."""
     if not carrier or trace.get_current_span().get_span_context().is_valid:
-        yield None
-        return
-    with _tracer.start_as_current_span(
-        f"scheduler {what}",
-        context=extract({str(k): str(v) for k, v in carrier.items()}),
-        attributes={"trainyard.job_id": job_id},
-    ) as span:
-        yield span
+        return nullcontext()
+    return _tracer.start_as_current_span(
+        f"scheduler {what}", context=extract(carrier), attributes={"trainyard.job_id": job_id}
+    )
 
 
 def queue_wait(job: Job, now: datetime) -> None:
@@ -166,7 +162,7 @@ def queue_wait(job: Job, now: datetime) -> None:
         return
     span = _tracer.start_span(
         "scheduler queue wait",
-        context=extract({str(k): str(v) for k, v in job.trace_context.items()}),
+        context=extract(job.trace_context),
         attributes={
             "trainyard.job_id": job.job_id,
             "trainyard.queue": job.queue,
