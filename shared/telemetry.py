@@ -379,8 +379,10 @@ def current_trace_id() -> str | None:
     return format(ctx.trace_id, "032x") if ctx.is_valid else None
 
 
-def extract(headers: Mapping[str, str] | None) -> otel_context.Context:
+def extract(headers: Mapping[str, Any] | None) -> otel_context.Context:
     """The trace context carried by ``headers`` (an empty context when there is none).
+    Only strings (or lists of them, a repeated header) are header values: a stored context (a
+    job's JSON) with any other value there is read as if it lacked it, never an error.
 
     The W3C propagator's answer, whatever the headers; the usual case -- a version ``00``
     ``traceparent`` exactly as ``inject`` writes it, no ``tracestate`` -- is read here with
@@ -402,7 +404,14 @@ def extract(headers: Mapping[str, str] | None) -> otel_context.Context:
                 )
                 span = trace.NonRecordingSpan(parent)
                 return trace.set_span_in_context(span, otel_context.Context())
-    return _PROPAGATOR.extract(headers)
+    return _PROPAGATOR.extract({k: v for k, v in headers.items() if _header_value(v)})
+
+
+def _header_value(value: Any) -> bool:
+    """A value the propagator reads: a string, or a list of them (a repeated header)."""
+    return isinstance(value, str) or (
+        isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+    )
 
 
 _TRACEPARENT = "traceparent"

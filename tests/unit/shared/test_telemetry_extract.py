@@ -80,3 +80,23 @@ def test_extract_leaves_the_current_context_out() -> None:
         assert otel_context.get_value(key, telemetry.extract({})) is None
     finally:
         otel_context.detach(token)
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        {"traceparent": 5},
+        {"traceparent": [5]},
+        {"traceparent": f"00-{TRACE}-{SPAN}-01", "tracestate": 7},
+    ],
+    ids=["a number", "a list of numbers", "a number for tracestate"],
+)
+def test_a_stored_context_with_values_that_are_not_strings_is_no_error(stored: Any) -> None:
+    # A job's stored context is JSON: a value there that is not a string is read as absent
+    # (its trace starts afresh, or keeps the valid traceparent), never a TypeError that
+    # would fail every pass that grants the job.
+    parent = trace.get_current_span(telemetry.extract(stored)).get_span_context()
+    if isinstance(stored["traceparent"], str):
+        assert (parent.trace_id, parent.span_id) == (int(TRACE, 16), int(SPAN, 16))
+    else:
+        assert not parent.is_valid
