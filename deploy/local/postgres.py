@@ -246,8 +246,10 @@ def _signal_all(server: Any, sig: int) -> None:
     except Exception:  # psutil.NoSuchProcess: gone meanwhile, nothing to signal
         return
     for process in (postmaster, *under):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(process.pid, sig)
+        # psutil's send_signal checks the process is still the one listed (its start time),
+        # so a pid reused meanwhile by another process is never signalled.
+        with contextlib.suppress(Exception):  # psutil.NoSuchProcess, AccessDenied: gone
+            process.send_signal(sig)
 
 
 def _forget(server: Any) -> None:
