@@ -47,7 +47,7 @@ import functools
 import gc
 import heapq
 import operator
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from trainyard_platform.services.scheduler.policy import backfill
@@ -143,6 +143,13 @@ class PolicyState:
         """Flavor -> its jobs under notice in the snapshot. A victim given notice in this pass
         is not added: it is ``_claimed``, which every reader of this leaves out."""
         self.holding: dict[tuple[str, str], list[tuple[float, int, str]]] = {}
+        self.outgoing: dict[tuple[str, str], int] = {}
+        """(queue, flavor) -> how many GPUs less it will hold once the preemptions are played
+        out: its jobs under notice in the snapshot and its victims given notice in this pass,
+        less the GPUs of its jobs that preempted in this pass (they take theirs once their
+        victims have left). ``quota`` counts what the queue holds now until the pass is
+        applied; what a lender borrows for reclaim is counted from this
+        (``preemption.candidates_for``)."""
         self.team_of_job: dict[str, str] = {}
         held: dict[str, int] = {}
         for r in sorted(snapshot.running, key=_by_job_id):
@@ -208,6 +215,8 @@ class PolicyState:
         if r.notice_at is not None:
             end = max(self.now, r.notice_at + self.config.grace_s)
             self.leaving.setdefault(r.flavor, []).append(r)
+            key = (r.queue, r.flavor)
+            self.outgoing[key] = self.outgoing.get(key, 0) + r.gpus
         else:
             end = max(self.now, r.started_at + r.declared_runtime_s)
         self.running.setdefault((r.queue, r.flavor), []).append(r)
@@ -233,6 +242,12 @@ class PolicyState:
             self._decided_at.update((j, n) for n, j in enumerate(self._decided, 1))
             self._decided = None
         return self._decided_at
+
+    @property
+    def claimed(self) -> Set[str]:
+        """Ids of the running jobs chosen as victims in this pass (given notice in it, or
+        under notice before and counted on by a job of it): no later job counts on them."""
+        return self._claimed
 
     def priority(self, name: str) -> PriorityClass:
         return self.classes.get(name, DEFAULT_PRIORITY)
@@ -656,6 +671,7 @@ class PolicyState:
             # be chosen again for another waiting job (nor its GPUs counted twice).
             self._claimed,
             preemptor,
+            self.outgoing,
         )
         if not found:
             return
@@ -680,6 +696,9 @@ class PolicyState:
                 if ignoring is not None:
                     waiting.reserved_ahead = reserved_conflicts(ignoring, pool, shapes, reserved)
             return
+        # It will hold its GPUs once its victims have left (priority: in its victims' queue).
+        mine = (job.queue, job.flavor)
+        self.outgoing[mine] = self.outgoing.get(mine, 0) - job.gpus
         ends = []
         for c in chosen:
             self._claimed.add(c.job.job_id)
@@ -689,6 +708,9 @@ class PolicyState:
                 continue
             ends.append(self.now + self.config.grace_s)
             self._leaves_at(pool, c.job, self.now + self.config.grace_s)
+            # Its queue holds it no more for later reclaims of the pass (``outgoing``).
+            gone = (c.job.queue, c.job.flavor)
+            self.outgoing[gone] = self.outgoing.get(gone, 0) + c.job.gpus
             reason = notice(
                 job, self.priority(job.priority), c, self.priority(c.job.priority), self.now
             )

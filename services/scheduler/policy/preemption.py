@@ -11,7 +11,13 @@ Contract:
   strictly lower priority value. Reclaim: a job that stays within its queue's nominal quota
   may take back lent quota from queues of its cohort that borrow the flavor, whatever their
   priority, and only from a queue while it still borrows (after the victims already chosen).
-  A job larger than what its queue borrows (taking it takes that queue below its nominal
+  What a queue borrows is counted as it will be once the preemptions are played out: without
+  its jobs under notice and the victims given notice earlier in the same pass, with the jobs
+  of the queue that preempted in the pass (the quota book counts what it holds now until
+  the pass is applied; counted so, a queue whose borrowed GPUs one job had reclaimed still
+  "borrowed" them for the next, which took the queue's own quota). A job under notice whose
+  preemptor has not yet preempted again in the pass is counted gone alone (reclaim may then
+  take less from its queue, never more). A job larger than what its queue borrows (taking it takes that queue below its nominal
   quota; e.g. the gang larger than its quota an idle queue may start,
   ``QuotaBook.first_tier``) is spared for its first ``PolicyConfig.oversize_protection_s``
   in an allocation: reclaiming it at once would trade the lender's wait for the borrower's
@@ -95,8 +101,10 @@ class Candidate:
     """Where the job would stand once re-queued (``Preemptor.order``), when the waiting job
     may have to be ordered before it (module docstring); None when nothing is to be tested."""
     rest: int = 0
-    """For reclaim: the GPUs of the flavor its queue holds once its jobs under notice have
-    left (the job's own included); what ``Preemptor.admits`` counts the set's victims from."""
+    """For reclaim: the GPUs of the flavor its queue holds once its jobs under notice and the
+    victims given notice earlier in the pass have left and the jobs that preempted for them
+    have started (``PolicyState.outgoing``; the job's own included); what
+    ``Preemptor.admits`` counts the set's victims from."""
 
 
 QueueKey = tuple[float, float, int, str]
@@ -453,17 +461,25 @@ def candidates_for(
     made: dict[tuple[str, str, str, int], list[Candidate]] | None = None,
     claimed: Set[str] = frozenset(),
     preemptor: Preemptor | None = None,
+    outgoing: Mapping[tuple[str, str], int] | None = None,
 ) -> tuple[list[Candidate], dict[str, int]]:
     """Candidate victims for a job of ``queue``/``flavor`` and what reclaim may take per
     queue (see module docstring); jobs in ``claimed`` (victims already chosen) are left out,
     and, given the waiting job as ``preemptor``, jobs that would stand before it once
     re-queued (without it, no job is left out for its order).
 
+    ``outgoing`` ((queue, flavor) -> how many GPUs less it will hold once the preemptions
+    are played out, ``PolicyState.outgoing``: its jobs under notice and the victims given
+    notice earlier in the pass, less what its jobs that preempted will take): what a lender
+    borrows, what reclaim may take from it and ``Candidate.rest`` are counted from what it
+    holds less that. None: less its jobs under notice (``rest_of``).
+
     ``memo`` (job id -> its priority value and whether it is eligible) and ``made`` (the
     candidates of one queue and flavor, per kind and priority or borrowed GPUs, before
     ``claimed`` is taken out) may be kept across the calls of one pass over the same
     ``running``: a candidate is made of the job, its class, ``now`` and the priority or
-    borrowed GPUs it is judged against, none of which changes for a key during a pass."""
+    borrowed GPUs it is judged against (for reclaim, ``rest`` is the borrowed GPUs plus the
+    queue's nominal quota), none of which changes for a key during a pass."""
     memo = {} if memo is None else memo
     made = {} if made is None else made
 
@@ -506,13 +522,24 @@ def candidates_for(
     reclaimable: dict[str, int] = {}
     cohort = quota.queues[queue].cohort
     if within_nominal and cohort is not None:
-        for other, borrowed in quota.borrowers(cohort, flavor, exclude=queue):
+        for other, _ in quota.borrowers(cohort, flavor, exclude=queue):
+            # What it borrows once the preemptions are played out (``outgoing``; ``quota``
+            # counts what it holds now until the pass is applied). Counted from ``quota``, a
+            # queue whose borrowed GPUs were all reclaimed for one job still "borrowed" them
+            # for the next, which took the queue's own quota.
+            theirs = running.get((other, flavor), ())
+            if outgoing is None:
+                rest = rest_of(quota, other, flavor, theirs)
+            else:
+                rest = quota.used(other, flavor) - outgoing.get((other, flavor), 0)
+            borrowed = rest - quota.nominal(other, flavor)
+            if borrowed <= 0:
+                continue
             reclaimable[other] = borrowed
+            # (``borrowed`` fixes ``rest`` too: the key says all a candidate is made of)
             lent = made.get(("reclaim", other, flavor, borrowed))
             if lent is None:
                 lent = made[("reclaim", other, flavor, borrowed)] = []
-                theirs = running.get((other, flavor), ())
-                rest = rest_of(quota, other, flavor, theirs)
                 # Re-queued, a victim may be in the first tier only where its queue has a
                 # nominal quota (taken together with others, it may then: ``admits``).
                 ordered = preemptor is not None and quota.nominal(other, flavor) > 0

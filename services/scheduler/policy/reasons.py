@@ -45,7 +45,6 @@ from trainyard_platform.services.scheduler.policy.preemption import (
     first_tier_again,
     oversize_until,
     protected_until,
-    rest_of,
     victim_key,
 )
 from trainyard_platform.services.scheduler.policy.quota import Verdict
@@ -384,7 +383,10 @@ class _Explainer:
         reclaiming: at the end of their notice, when reclaim may take them and their notice
         has run (``preempted``), or at their declared end, whichever comes first; each but
         those under notice (already out of ``Candidate.rest``) as a reclaim victim with what
-        ``Preemptor.admits`` needs, its order tested only if it is preempted (cached)."""
+        ``Preemptor.admits`` needs, its order tested only if it is preempted (cached). A job
+        claimed in the pass (a victim, given notice in it or before) is left out: a job
+        decided before counts on its GPUs, as the engine leaves it out of every later try;
+        what a lender borrows is what the pass counted for reclaim (``PolicyState.outgoing``)."""
         flavor = job.flavor
         key = (lenders, flavor)
         walk = self._walks.get(key)
@@ -393,13 +395,17 @@ class _Explainer:
             grace = state.config.grace_s
             walk = self._walks[key] = []
             ordering = self._preemptor(job)  # (a victim's place depends on it alone)
+            claimed = state.claimed
             for name in lenders:
-                borrowed = state.quota.borrowed(name, flavor)
+                nominal = state.quota.nominal(name, flavor)
+                rest = state.quota.used(name, flavor) - state.outgoing.get((name, flavor), 0)
+                borrowed = max(0, rest - nominal)
                 theirs = state.running.get((name, flavor), ())
-                rest = rest_of(state.quota, name, flavor, theirs)
-                ordered = state.quota.nominal(name, flavor) > 0
+                ordered = nominal > 0
                 for r in theirs:
                     end = max(self.now, r.started_at + r.declared_runtime_s)
+                    if r.job_id in claimed:
+                        continue
                     if r.notice_at is not None:
                         walk.append(_Leaving(min(end, r.notice_at + grace), r.gpus, end, None))
                         continue
@@ -552,9 +558,17 @@ class _Explainer:
         return text, blocking, start
 
     def _borrowers(self, cohort: str, flavor: str) -> list[tuple[str, int]]:
+        """``QuotaBook.borrowers``, each queue's borrowed GPUs as the pass counted them for
+        reclaim (``PolicyState.outgoing``): none once its victims have left."""
         key = (cohort, flavor)
         if key not in self._borrowing:
-            self._borrowing[key] = self.state.quota.borrowers(cohort, flavor)
+            quota, outgoing = self.state.quota, self.state.outgoing
+            found = []
+            for name, borrowed in quota.borrowers(cohort, flavor):
+                borrowed -= outgoing.get((name, flavor), 0)
+                if borrowed > 0:
+                    found.append((name, borrowed))
+            self._borrowing[key] = sorted(found, key=lambda b: (-b[1], b[0]))
         return self._borrowing[key]
 
     def _released(self, queues: tuple[str, ...], flavor: str, gpus: int) -> float | None:

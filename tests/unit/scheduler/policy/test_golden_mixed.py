@@ -17,9 +17,11 @@ first tier of the order (``QuotaBook.first_tier``: an idle queue's job larger th
 nominal quota is ordered with the jobs within their quota; 36 of the 48 digests changed),
 then for reclaim sparing a job larger than what its queue borrows for
 ``oversize_protection_s`` (1 more changed), then for no preemption for GPUs reserved for a
-job decided earlier (``preemption.Reserved``; 1 more changed); so these worlds guard the
-caches against the
-policy of those changes, not the policy from before the caches.
+job decided earlier (``preemption.Reserved``; 1 more changed), then for reclaim counting
+what a lender borrows once the pass's preemptions are played out
+(``PolicyState.outgoing``; 1 changed: the explanation of a job waiting for reclaim after
+incremental events); so these worlds guard the caches against the policy of those
+changes, not the policy from before the caches.
 """
 
 from __future__ import annotations
@@ -216,7 +218,7 @@ GOLDEN: dict[int, str] = {
     41: "e662d086bd9724577ff6",
     42: "d9785a7e4eaa3e7444e9",
     43: "c0ed59b896c87883140b",
-    44: "1123b5fc46c5ed640b19",
+    44: "7eb18d6558ae1655cd9e",
     45: "07ce57f01fb9397953ff",
     46: "52cf6dbf1bd2c1c10034",
     47: "5816ee099f71fda9c0e8",

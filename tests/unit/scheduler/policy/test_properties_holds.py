@@ -8,7 +8,8 @@ policy's own functions:
 
 - **Victim choice** (docs/scheduling.md, "Which job goes"): for a job waiting alone, its
   victims are taken in the documented order (jobs under notice first; for reclaim, jobs no
-  bigger than what their queue borrows before bigger ones; then the least work lost in
+  bigger than what their queue borrows, its jobs under notice gone, before bigger ones;
+  reclaim takes from a queue only while it borrows so counted; then the least work lost in
   exact seconds; GPU-seconds of the whole gang; lowest priority; youngest; id), so the
   candidates ordered before its last victim would not have let it start; every victim is
   needed (none can be spared with the others still enough); the victims are enough; it
@@ -505,7 +506,13 @@ class Model:
         if mine and queue.cohort is not None:
             for name, q in quota.queues.items():
                 if name != job.queue and q.cohort == queue.cohort:
-                    over = quota.used[(name, job.flavor)] - q.nominal.get(job.flavor, 0)
+                    # What it borrows once its jobs under notice have left ("Reclaim").
+                    leaving = sum(
+                        r.gpus
+                        for r in self.snapshot.running
+                        if r.queue == name and r.flavor == job.flavor and r.notice_at is not None
+                    )
+                    over = quota.used[(name, job.flavor)] - leaving - q.nominal.get(job.flavor, 0)
                     if over > 0:
                         borrowed[name] = over
         found = []
