@@ -46,8 +46,9 @@ Contract:
   quota (the waiting job is one) -- except when its queue, without the set's victims and
   its jobs under notice, would be within its nominal quota with it again or hold nothing
   else: re-queued, it is then in the first tier (``QuotaBook.first_tier``), and the waiting
-  job must stand before it across queues, by fair share (its team's share with the set's
-  GPUs of that team gone) and queue order. Judged one by one, two gangs of a queue that
+  job must stand before it across queues, by fair share (each team's share with the set's
+  GPUs of that team gone: the victim's, and the waiting job's own when the set holds
+  GPUs of its team) and queue order. Judged one by one, two gangs of a queue that
   lends through both were each "still borrowing" once the other was counted, and taken
   together the queue held nothing: the first re-queued started again. A victim whose
   submit time is unknown (``RunningJob.submitted_at`` None) is not tested.
@@ -139,10 +140,13 @@ class Preemptor:
         left and are re-queued (module docstring): for priority, in their queue's order; for
         reclaim, only a victim then in the first tier is tested (its queue's use counted
         without every victim of the set and its jobs under notice), by standing (fair share
-        with the set's GPUs of its team gone, plus the queue order's first term), then
-        submit time, sequence and id, as a pass orders queue heads. Taking more victims
-        never turns a refused set into an admitted one (a queue's use and a team's share
-        only fall), so ``select`` may skip any victim that makes its set refused."""
+        with the set's GPUs of its team gone, for the waiting job as for the victim, plus
+        the queue order's first term), then submit time, sequence and id, as a pass orders
+        queue heads. Taking more victims of other teams never turns a refused set into an
+        admitted one (a queue's use and a team's share only fall), so ``select`` may skip
+        any victim that makes its set refused; a victim of the waiting job's own team
+        lowers its own share, so dropping one may turn an admitted set refused (``select``
+        then takes none)."""
         held: dict[str, int] = {}
         for c in victims:
             if c.kind is not None:
@@ -154,8 +158,10 @@ class Preemptor:
                 return False
         first: QueueKey | None = None
         for c in first_tier_again(quota, victims):
-            if first is None:
-                first = (self.fair.share(quota.queues[self.job.queue]) + mine[0], *mine[1:])
+            if first is None:  # its own team's share, too, without the set's GPUs of it
+                own = quota.queues[self.job.queue]
+                share = self.fair.share_without(own, held.get(own.team, 0))
+                first = (share + mine[0], *mine[1:])
             assert c.order is not None
             theirs = quota.queues[c.job.queue]
             other = self.fair.share_without(theirs, held[theirs.team]) + c.order[0]
@@ -359,10 +365,12 @@ def select(
     it refuses the set chosen without it, or none was found (a candidate it would refuse
     may have used up what reclaim may take from a queue), the choice is made again
     skipping each candidate with which the set would be refused (a refused set stays
-    refused as victims are added, and dropping victims keeps one admitted), and that set
-    or None is the answer. Only a reclaim victim in the first tier re-queued is ever
-    refused with others, so without a reclaim candidate whose order is tested there is
-    nothing to choose again.
+    refused as victims of other teams are added, and dropping them keeps one admitted),
+    and that set or None is the answer: None too when dropping a victim of the waiting
+    job's own team, not needed to fit, left the set refused (its own share higher again;
+    no victim is taken only to lower it). Only a reclaim victim in the first tier
+    re-queued is ever refused with others, so without a reclaim candidate whose order is
+    tested there is nothing to choose again.
     """
     ordered = sorted(candidates, key=_by_key)[:MAX_CANDIDATES]
     capped: list[Candidate] = []
@@ -418,6 +426,10 @@ def _choose(
             chosen.remove(candidate)
         else:
             freeing.change(candidate.job, +1)
+    if judged and admits is not None and not admits(chosen):
+        # A victim of the waiting job's own team dropped, its share is higher again: no
+        # victim is kept only to lower it, and no refused set is taken.
+        return None
     return chosen
 
 

@@ -1,4 +1,4 @@
-"""Victims chosen earlier in a pass: what a lender still borrows for the next job.
+"""Victims chosen earlier in a pass, and victims of the waiting job's own team.
 
 The quota book counts what each queue holds now until the pass is applied. Reclaim counts
 what a lender borrows once the pass's preemptions are played out (``PolicyState.outgoing``):
@@ -7,6 +7,9 @@ own jobs that preempted. Counted from the quota book, a lender whose borrowed GP
 had reclaimed still "borrowed" them for the next job of the pass, which then took the
 lender's own quota: a gang spared as larger than what its queue borrows (rule 5 of
 docs/scheduling.md), or one that, re-queued, would stand before it (rule 6).
+
+Rule 6 judges the waiting job, too, with the set's GPUs of its team gone: a victim of its
+own team leaves its team's share as it leaves the victim's.
 """
 
 from __future__ import annotations
@@ -88,3 +91,28 @@ def test_a_gang_under_notice_no_longer_counts_as_borrowed() -> None:
     assert decisions.explanations["pa"].estimated_start == NOW - 60 + CONFIG.grace_s
     told = decisions.explanations["pd"]
     assert told.estimated_start == started + CONFIG.oversize_protection_s + CONFIG.grace_s
+
+
+def same_team(pa_submitted: float) -> Snapshot:
+    """Team t has two queues of one cohort: a (nominal 3) waits with a 3-GPU job, a2
+    (nominal 2) runs a 3-GPU gang g (borrowing 1) past every protection, submitted 4.8 h
+    ago, on a 5-GPU node. The pool (5) is full for a's job: it may reclaim g. Once g has
+    left, a2 holds nothing, so g re-queued is in the first tier and rule 6 tests it."""
+    queues = (queue("a", 3, cohort="c", team="t"), queue("a2", 2, cohort="c", team="t"))
+    g = replace(
+        running("g", "a2", {"n1": 3}, priority="low", started=NOW - 4.5 * HOUR),
+        submitted_at=NOW - 4.8 * HOUR,
+        seq=1,
+    )
+    pa = pending("pa", "a", 3, priority="low", at=pa_submitted, runtime=10 * HOUR, seq=2)
+    return snap((node("n1", 5),), queues, (pa,), (g,))
+
+
+def test_a_victim_of_the_waiting_jobs_own_team_leaves_its_share_too() -> None:
+    """a's job is older than g (5 h against 4.8 h, the same size and priority): with both of
+    one team, and g's 3 GPUs gone from that team's share for both, a's job stands first
+    and reclaims g. Before, its own share still counted g's GPUs (0.6 of a share here,
+    more than 0.2 h of waiting): refused, it waited for g's end though no job would start
+    before it. Submitted after g, it stands after g re-queued and may not take it."""
+    assert preempted(same_team(NOW - 5 * HOUR)) == [("g", "pa")]
+    assert preempted(same_team(NOW - 4.7 * HOUR)) == []

@@ -455,7 +455,8 @@ class Model:
         preempted", rule 6): in their queue's order for priority; for reclaim, only a victim
         then in the first tier (its queue, its jobs under notice and every victim of the set
         gone, is within its nominal quota with it again, or holds nothing else), by fair
-        share (its team's with the set's GPUs of that team gone) and order."""
+        share (each team's with the set's GPUs of that team gone: the victim's, and the
+        waiting job's own) and order."""
         victims = [(r, kind) for r, kind in victims if kind != "leaving"]
         team_of = {q.name: q.team for q in self.snapshot.queues}
         gone: Counter[str] = Counter()
@@ -483,7 +484,7 @@ class Model:
             )
             if not (left + r.gpus <= nominal or (left == 0 and nominal > 0)):
                 continue  # re-queued, it borrows: ordered after every job within its quota
-            first = self.share(job.queue) + mine[0]
+            first = self.share(job.queue, less=held[team_of[job.queue]]) + mine[0]
             other = self.share(r.queue, less=held[team_of[r.queue]]) + theirs[0]
             if not (first, *mine[1:]) < (other, *theirs[1:]):
                 return False
