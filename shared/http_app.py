@@ -2,7 +2,8 @@
 
 ``service_app`` adds, to the service's routes: the app-level guard (``shared.access``), the
 ``principal`` dependency, the shared error shapes (``shared.http_errors``), the screen of path
-and query parameters (``check_parameters``: no control characters), one tracing span per
+and query parameters (``check_parameters``: no control characters; on a documented route no
+query parameter it does not declare, none it reads once given twice), one tracing span per
 request, and an OpenAPI document that declares the bearer-token security scheme and the
 error body, so clients and fuzzers see what the service really enforces.
 
@@ -59,7 +60,12 @@ from litestar.types import ControllerRouterHandler, Guard
 from pydantic import BaseModel
 
 from trainyard_platform.shared.access import principal_dependency
-from trainyard_platform.shared.http_errors import ErrorBody, check_parameters, exception_handlers
+from trainyard_platform.shared.http_errors import (
+    ErrorBody,
+    check_parameters,
+    declare_query_parameters,
+    exception_handlers,
+)
 from trainyard_platform.shared.http_tracing import tracing_middleware
 
 ERRORS: Final[Mapping[int, str]] = {
@@ -244,7 +250,23 @@ def service_app(
         if isinstance(route, HTTPRoute):
             for handler in route.route_handlers:
                 _guard_without_copy(handler)
+            _declare_query_parameters(route)
     return app
+
+
+def _declare_query_parameters(route: HTTPRoute) -> None:
+    """Tell ``check_parameters`` the query parameters each documented handler of ``route``
+    declares (its own and its dependencies', as Litestar parses them for it, so as its
+    OpenAPI operation lists them): any other is refused. Handlers outside the document (the
+    probes, the dashboard's files, ``OPTIONS``) are not checked."""
+    for handler, kwargs_model in route.route_handler_map.values():
+        if handler.resolve_include_in_schema():
+            query = kwargs_model.expected_query_params
+            declare_query_parameters(
+                handler,
+                {p.field_alias for p in query},
+                {p.field_alias for p in query if p.is_sequence},
+            )
 
 
 def _guard_without_copy(handler: HTTPRouteHandler) -> None:

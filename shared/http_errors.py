@@ -26,7 +26,12 @@ Contract:
 - ``check_parameters`` holds every path and query parameter to the same rules: no control
   characters (a NUL, which PostgreSQL text cannot hold, among them), and no integer beyond
   64 bits where the route reads one (whatever bound the route declares, none reaches
-  PostgreSQL or NATS); 422 naming each.
+  PostgreSQL or NATS); 422 naming each. On a documented route it also refuses a query
+  parameter the route does not declare (``stauts=RUNNING`` would otherwise be ignored and
+  list every job) and one given more than once that the route reads as a single value
+  (which of them would count is not the caller's guess): ``unknown query parameter (the
+  declared ones)``, ``given more than once``. The declared parameters are those of the
+  route's OpenAPI operation, read from the app (``declare_query_parameters``).
   ``shared.http_app.service_app`` runs it before every handler, after the guard.
 """
 
@@ -281,10 +286,40 @@ async def check_parameters(request: Request[Any, Any, Any]) -> None:
                 errors.append(FieldError(field=name, message=_TOO_LARGE))
         elif type(value) is int and not -_INT64 <= value < _INT64:  # a path's {name:int}
             errors.append(FieldError(field=name, message=_TOO_LARGE))
+    handler = scope.get("route_handler")
+    declared = None if handler is None else _DECLARED_QUERIES.get(handler)
+    if declared is not None and scope.get("query_string"):
+        errors.extend(_undeclared(request, *declared))
     if errors:
         raise RequestInvalid(errors)
 
 
+def declare_query_parameters(handler: Any, names: set[str], repeatable: set[str]) -> None:
+    """Record that ``handler`` takes the query parameters ``names`` (as a caller sends
+    them), of which ``repeatable`` may come more than once; ``check_parameters`` refuses
+    any other on its requests. A handler never declared is not checked."""
+    known, many = _DECLARED_QUERIES.get(handler, (frozenset(), frozenset()))
+    _DECLARED_QUERIES[handler] = (known | names, many | repeatable)
+
+
+def _undeclared(
+    request: Request[Any, Any, Any], known: frozenset[str], repeatable: frozenset[str]
+) -> list[FieldError]:
+    errors = []
+    query = request.query_params
+    for name in sorted(set(query.keys())):
+        shown = _join("", name)
+        if name not in known:
+            listed = ", ".join(sorted(known)) or "this route takes none"
+            errors.append(FieldError(field=shown, message=f"unknown query parameter ({listed})"))
+        elif name not in repeatable and len(query.getall(name)) > 1:
+            errors.append(FieldError(field=shown, message="given more than once"))
+    return errors
+
+
+_DECLARED_QUERIES: weakref.WeakKeyDictionary[Any, tuple[frozenset[str], frozenset[str]]] = (
+    weakref.WeakKeyDictionary()
+)
 _TOO_LARGE = "number too large (at most 64-bit integers)"
 _DIGITS = re.compile(r"[+-]?[0-9]+")
 _INTEGER_QUERIES: weakref.WeakKeyDictionary[Any, frozenset[str]] = weakref.WeakKeyDictionary()

@@ -387,3 +387,45 @@ async def test_parameters_the_database_cannot_hold_are_refused_with_422(
         if response.status_code != 422 or fields != [field]:
             wrong.append(f"{method} {path}: {response.status_code} {response.text}")
     assert not wrong, "\n".join(wrong)
+
+
+def _concrete(path: str, operation: dict[str, Any]) -> str:
+    """``path`` of the document with a sample value of each path parameter's type."""
+    for parameter in operation.get("parameters", []):
+        if parameter["in"] == "path":
+            kind = parameter.get("schema", {}).get("type")
+            sample = "1" if kind == "integer" else "x"
+            path = path.replace("{" + parameter["name"] + "}", sample)
+    return path
+
+
+@pytest.mark.parametrize("service", SERVICES)
+async def test_a_query_parameter_the_document_does_not_declare_is_refused(
+    service: str, fuzzed: Fuzzed
+) -> None:
+    """Every operation answers 422 to a query parameter its document does not list (naming
+    it, and listing those it takes), and to one it takes once given twice, before anything
+    runs: a misspelt filter is never read as no filter."""
+    document = await document_of(fuzzed, service)
+    wrong = []
+    for template, item in document["paths"].items():
+        for method, operation in item.items():
+            path = _concrete(template, operation)
+            query = [p for p in operation.get("parameters", []) if p["in"] == "query"]
+            declared = ", ".join(sorted(p["name"] for p in query)) or "this route takes none"
+            once = [p["name"] for p in query if p.get("schema", {}).get("type") != "array"]
+            cases = [("zz_undeclared=1", "zz_undeclared", f"unknown query parameter ({declared})")]
+            cases += [(f"{name}=1&{name}=2", name, "given more than once") for name in once]
+            for sent, field, message in cases:
+                token = await fuzzed.token(service, path)
+                request = {
+                    "method": method.upper(),
+                    "url": f"http://test{path}?{sent}",
+                    "headers": _bearer(token),
+                }
+                response = await send(fuzzed.apps[service], request)
+                expected = [{"field": field, "message": message}]
+                errors = response.json()["errors"] if response.content else expected  # HEAD
+                if response.status_code != 422 or errors != expected:
+                    wrong.append(f"{method} {path}?{sent}: {response.status_code} {response.text}")
+    assert not wrong, "\n".join(wrong)
