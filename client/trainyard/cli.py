@@ -64,7 +64,15 @@ from trainyard import (
     cli_waste,
 )
 from trainyard.bundle import BundleError
-from trainyard.cli_base import CliError, CliSettings, Exit, Session, dumps, exit_code_of
+from trainyard.cli_base import (
+    CliError,
+    CliSettings,
+    Exit,
+    Session,
+    checked_token,
+    dumps,
+    exit_code_of,
+)
 from trainyard.cli_deadletters import add_deadletter_commands, run_deadletters
 from trainyard.cli_jobs import LogFollower, status_arg, upload_code
 from trainyard.cli_render import table
@@ -362,6 +370,7 @@ def _login(session: Session) -> int:
         token = getpass.getpass("token: ").strip()
     if not token:
         raise CliError("the token is empty", Exit.USAGE)
+    token = checked_token(token, "given")
     url = args.login_url.rstrip("/")
     with session.make(url, token) as client:
         me = client.whoami()

@@ -33,7 +33,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from trainyard.bundle import DEFAULT_MAX_BYTES
 from trainyard.cli_config import DEFAULT_URL, Context, default_path, pick, read
 from trainyard.cli_render import short
-from trainyard.client import TrainyardClient, TrainyardError
+from trainyard.client import TrainyardClient, TrainyardError, token_problem
 
 
 class Exit(IntEnum):
@@ -84,6 +84,17 @@ class CliError(Exception):
         self.code = code
 
 
+def checked_token(token: str, where: str) -> str:
+    """``token`` when an API could accept it, else a ``CliError`` (exit 4) saying ``where``
+    it came from (``from --token``) and what is wrong (``client.token_problem``), before anything is sent: such a
+    token would only fail in the HTTP library, whose message may hold the header, token
+    included."""
+    problem = token_problem(token)
+    if problem is not None:
+        raise CliError(f"the token {where} is malformed: {problem}", Exit.DENIED)
+    return token
+
+
 def exit_code_of(exc: TrainyardError) -> Exit:
     if exc.status == 0:
         return Exit.UNREACHABLE
@@ -128,14 +139,17 @@ class Session:
 
     @property
     def token(self) -> str:
-        given = getattr(self.args, "token", None) or (
-            self.settings.token.get_secret_value() if self.settings.token else None
-        )
+        """The token to send, checked (``checked_token``)."""
+        given = getattr(self.args, "token", None)
         if given:
-            return str(given)
+            return checked_token(str(given), "from --token")
+        if self.settings.token and self.settings.token.get_secret_value():
+            return checked_token(self.settings.token.get_secret_value(), "from TRAINYARD_TOKEN")
         ctx = self.context()
         if ctx is not None and ctx.token and (not self._url_given() or self.url == ctx.url):
-            return ctx.token
+            name = getattr(self.args, "context", None) or self.settings.context
+            name = name or read(self.config_path).current
+            return checked_token(ctx.token, f"of context {name!r}")
         raise CliError(
             "no token: trainyard login URL, set TRAINYARD_TOKEN or pass --token", Exit.DENIED
         )

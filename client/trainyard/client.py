@@ -13,6 +13,7 @@ Contract:
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +31,30 @@ UPLOAD_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
 """A bundle upload may take minutes on a slow link."""
 LIST_PAGE_MAX = 500
 """The most jobs ``GET /v1/jobs`` gives in one page (its ``limit`` is at most 500)."""
+MAX_TOKEN_LENGTH = 1024
+"""The longest bearer credential a Trainyard API accepts (a user token is 46 characters)."""
+_TOKEN68 = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
+"""RFC 6750's ``b64token``: the only characters a bearer credential may hold."""
+
+
+def token_problem(token: str) -> str | None:
+    """Why no Trainyard API would accept ``token`` as a bearer credential (RFC 6750's
+    ``b64token``: ASCII letters, digits and ``-._~+/``, then ``=`` padding; at most
+    ``MAX_TOKEN_LENGTH`` characters), or None. The reason never quotes the token: at most
+    the position and code point of its first wrong character."""
+    if len(token) > MAX_TOKEN_LENGTH:
+        return f"it has {len(token)} characters, more than a token's {MAX_TOKEN_LENGTH}"
+    if _TOKEN68.fullmatch(token):
+        return None
+    allowed = _TOKEN68.match(token)
+    at = allowed.end() if allowed else 0
+    if at == len(token):
+        return "it is empty"
+    what = "a space" if token[at] == " " else f"U+{ord(token[at]):04X}"
+    return (
+        f"character {at + 1} is {what}; a token holds only ASCII letters, digits and "
+        "-._~+/, then = padding"
+    )
 
 
 class TrainyardError(Exception):

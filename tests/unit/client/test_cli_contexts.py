@@ -153,3 +153,48 @@ def test_completion_scripts_know_the_commands(
     script = capsys.readouterr().out
     for name in ("submit", "attach", "rerun", "experiments", "context"):
         assert name in script
+
+
+@pytest.mark.parametrize(
+    "token", ["ty_a\nb", "ty_\u00e9", "ty_\udcff", "ty a", "ty_a\x01", "ty_" + "a" * 1022]
+)
+def test_a_malformed_token_is_refused_before_any_request_and_never_shown(
+    token: str,
+    config: Path,
+    api: Api,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """No API accepts such a token (RFC 6750 ``b64token``, at most 1024 characters): it is
+    refused naming where it came from, exit 4, without a request, a Python exception's
+    text or the token itself in the message."""
+    assert cli.main(["login", "http://a.test", "--token", "ty_a", "--name", "a"]) == 0
+    capsys.readouterr()
+    api.clear()
+    monkeypatch.setenv("TRAINYARD_TOKEN", token)
+    assert cli.main(["ls"]) == 4
+    err = capsys.readouterr().err
+    assert err.startswith("trainyard: error: the token from TRAINYARD_TOKEN is malformed: ")
+    monkeypatch.delenv("TRAINYARD_TOKEN")
+    assert cli.main(["ls", "--token", token]) == 4
+    err2 = capsys.readouterr().err
+    assert "the token from --token is malformed: " in err2
+    assert cli.main(["login", "http://a.test", "--token", token, "--name", "b"]) == 4
+    err3 = capsys.readouterr().err
+    assert "the token given is malformed: " in err3
+    for shown in (err, err2, err3):
+        assert token.strip() not in shown and "Error" not in shown and len(shown) < 300
+    assert api == []  # nothing was sent
+    assert set(json.loads(config.read_text())["contexts"]) == {"a"}  # nothing stored
+
+
+def test_a_malformed_token_in_a_context_is_named_by_its_context(
+    config: Path, api: Api, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["login", "http://a.test", "--token", "ty_a", "--name", "a"]) == 0
+    stored = json.loads(config.read_text())
+    stored["contexts"]["a"]["token"] = "ty_a b"
+    config.write_text(json.dumps(stored))
+    capsys.readouterr()
+    assert cli.main(["ls"]) == 4
+    assert "the token of context 'a' is malformed: " in capsys.readouterr().err
