@@ -202,8 +202,15 @@ PREFIX_CANDIDATES = 10
 
 def resolve(client: TrainyardClient, ref: str) -> str:
     """The job id ``ref`` stands for: a full id, or a unique prefix of one of the team's jobs
-    (``GET /v1/jobs?id_prefix=``). Anything else is passed on as it is (the API answers)."""
+    (``GET /v1/jobs?id_prefix=``). Anything else is passed on as it is (the API answers;
+    callers put it in a URL as one path segment, ``client.segment``), except what is no
+    segment at all: an empty ``ref`` is a usage error (exit 2), and ``.`` or ``..`` (which
+    a URL resolves away) names no job (exit 3), both without a request."""
     plain = ref.strip().lower()
+    if not plain:
+        raise CliError("JOB is empty: give a job id or the beginning of one", Exit.USAGE)
+    if plain in (".", ".."):
+        raise CliError(f"no job of your team has the id {ref!r}", Exit.NOT_FOUND)
     if _UUID.fullmatch(plain):
         return plain
     if not _PREFIX.fullmatch(plain):

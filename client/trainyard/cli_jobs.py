@@ -30,7 +30,13 @@ from trainyard.cli_render import (
     time_text,
     why,
 )
-from trainyard.client import LIST_PAGE_MAX, SETTLE_SECONDS, TrainyardClient, TrainyardError
+from trainyard.client import (
+    LIST_PAGE_MAX,
+    SETTLE_SECONDS,
+    TrainyardClient,
+    TrainyardError,
+    segment,
+)
 from trainyard.spec import SpecFile, load, parse
 
 LOG_POLL_SECONDS = 1.0
@@ -141,7 +147,7 @@ def reproduce(session: Session) -> int:
         body["hyperparameters"] = {k: _scalar(v) for k, v in args.set}
     if getattr(args, "dataset", None):
         body["datasets"] = list(args.dataset)
-    view = client.call("POST", f"/v1/jobs/{original}/reproduce", body)
+    view = client.call("POST", f"/v1/jobs/{segment(original)}/reproduce", body)
     if not args.follow:
         if session.as_json:
             print(dumps(view))
@@ -177,7 +183,7 @@ def _verdict(session: Session, job_id: str, wait_s: float) -> dict[str, Any]:
     registry = session.service("registry")
     deadline = time.monotonic() + wait_s
     while True:
-        found: dict[str, Any] = registry.get(f"/v1/jobs/{job_id}/reproduction")
+        found: dict[str, Any] = registry.get(f"/v1/jobs/{segment(job_id)}/reproduction")
         if found.get("verdict") is not None or time.monotonic() >= deadline:
             return found
         time.sleep(1.0)

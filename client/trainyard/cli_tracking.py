@@ -310,7 +310,7 @@ def run_cost(session: Session) -> int:
     args = session.args
     billing = session.service("billing")
     try:
-        if args.job:
+        if args.job is not None:
             if args.by or args.start or args.end or args.granularity or args.csv:
                 raise CliError(
                     "cost JOB takes no --by, --from, --to, --granularity or --csv", Exit.USAGE

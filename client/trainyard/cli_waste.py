@@ -63,7 +63,7 @@ def run_waste(session: Session) -> int:
         **{d: getattr(args, d) for d in DIMENSIONS},
     }
     try:
-        if args.job:  # an id or a unique prefix, as everywhere
+        if args.job is not None:  # an id or a unique prefix, as everywhere
             params["job"] = resolve(session.client, args.job)
         if args.csv:
             sys.stdout.write(get_text(billing, "/v1/waste", format="csv", **params))

@@ -110,7 +110,7 @@ class TrainyardClient:
         return self._object("POST", "/v1/jobs", json=spec, headers=headers)
 
     def get_job(self, job_id: str) -> dict[str, Any]:
-        return self._object("GET", f"/v1/jobs/{_segment(job_id)}")
+        return self._object("GET", f"/v1/jobs/{segment(job_id)}")
 
     def list_page(
         self, limit: int = 50, after: str | None = None, **filters: str | None
@@ -152,7 +152,7 @@ class TrainyardClient:
     def cancel(self, job_id: str) -> dict[str, Any]:
         """Ask for the job to be cancelled; return its view (status changes when the
         scheduler confirms)."""
-        return self._object("POST", f"/v1/jobs/{_segment(job_id)}/cancel")
+        return self._object("POST", f"/v1/jobs/{segment(job_id)}/cancel")
 
     def logs(self, job_id: str, after: str = "", limit: int | None = None) -> dict[str, Any]:
         """One page of the job's output after the cursor ``after`` (``""``: from the start):
@@ -161,7 +161,7 @@ class TrainyardClient:
         params: dict[str, str | int] = {"after": after}
         if limit is not None:
             params["limit"] = limit
-        return self._object("GET", f"/v1/jobs/{_segment(job_id)}/logs", params=params)
+        return self._object("GET", f"/v1/jobs/{segment(job_id)}/logs", params=params)
 
     # --- who: the caller, tokens, users, the audit log -----------------------------------
 
@@ -194,12 +194,12 @@ class TrainyardClient:
 
     def change_role(self, name: str, role: str, team: str | None = None) -> dict[str, Any]:
         params = {"team": team} if team else {}
-        path = f"/v1/admin/users/{_segment(name)}"
+        path = f"/v1/admin/users/{segment(name)}"
         return self._object("PATCH", path, json={"role": role}, params=params)
 
     def disable_user(self, name: str, team: str | None = None) -> None:
         params = {"team": team} if team else {}
-        self._response("DELETE", f"/v1/admin/users/{_segment(name)}", params=params)
+        self._response("DELETE", f"/v1/admin/users/{segment(name)}", params=params)
 
     def audit(self, before: int | None = None, limit: int = 100) -> list[dict[str, Any]]:
         params: dict[str, int] = {"limit": limit, **({"before": before} if before else {})}
@@ -207,7 +207,7 @@ class TrainyardClient:
 
     def bundle_stored(self, sha256: str) -> bool:
         """Whether the caller's team has uploaded the bundle ``sha256``."""
-        path = f"/v1/bundles/{_segment(sha256)}"
+        path = f"/v1/bundles/{segment(sha256)}"
         try:
             response = self._http.request("HEAD", path, headers=inject(None))
         except httpx.HTTPError as exc:
@@ -226,7 +226,7 @@ class TrainyardClient:
         with path.open("rb") as body:
             self._request(
                 "PUT",
-                f"/v1/bundles/{_segment(sha256)}",
+                f"/v1/bundles/{segment(sha256)}",
                 content=body,
                 headers={"Content-Type": "application/gzip"},
                 timeout=UPLOAD_TIMEOUT,
@@ -323,7 +323,7 @@ def _settled(view: dict[str, Any]) -> bool:
     return cost_final and model_in
 
 
-def _segment(job_id: str) -> str:
+def segment(job_id: str) -> str:
     """A job id as one URL path segment (an id can never reach another route)."""
     return quote(job_id, safe="")
 

@@ -6,6 +6,7 @@ import json
 import stat
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -198,3 +199,50 @@ def test_a_malformed_token_in_a_context_is_named_by_its_context(
     capsys.readouterr()
     assert cli.main(["ls"]) == 4
     assert "the token of context 'a' is malformed: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        *([name] for name in ("describe", "get", "cancel", "logs", "wait", "attach", "rerun")),
+        ["rerun", "--reproduce"],
+        ["reproduction"],
+        ["metrics"],
+        ["tag", "t"],
+        ["note", "n"],
+        ["cost"],
+    ],
+)
+@pytest.mark.parametrize("ref", ["", "  ", ".", "..", "../me", "a/b", "?x=1", "#x", "%2e"])
+def test_a_job_reference_is_one_path_segment_or_refused_without_a_request(
+    command: list[str],
+    ref: str,
+    config: Path,
+    api: Api,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``describe ''`` asked ``GET /v1/jobs/``, the job list, and ended 'unexpected
+    response: expected a JSON object' (exit 5, as if the API were unreachable); ``logs ..``
+    asked for the logs of a job named 'logs', ``cancel ''`` answered 405. An empty JOB is a
+    usage error, ``.`` and ``..`` name no job; anything else reaches the API as one path
+    segment of ``/v1/jobs/``."""
+    monkeypatch.setenv("TRAINYARD_TOKEN", "ty_a")
+    monkeypatch.setenv("TRAINYARD_REGISTRY_URL", "http://registry.test")
+    monkeypatch.setenv("TRAINYARD_BILLING_URL", "http://billing.test")
+    code = cli.main(
+        [*command[:1], ref, *command[1:]] if command[1:2] != ["--reproduce"] else [*command, ref]
+    )
+    err = capsys.readouterr().err
+    if not ref.strip():
+        assert code == 2, err
+        assert err == "trainyard: error: JOB is empty: give a job id or the beginning of one\n"
+        assert api == []
+    elif ref in (".", ".."):
+        assert code == 3, err
+        assert err == f"trainyard: error: no job of your team has the id {ref!r}\n"
+        assert api == []
+    else:
+        assert code == 3, err  # the fake API's 404
+        segment = quote(ref, safe="").encode()
+        assert api and all(r.url.raw_path.startswith(b"/v1/jobs/" + segment) for r in api)
