@@ -146,6 +146,10 @@ def run_register(session: Session) -> int:
             raise CliError(
                 f"--schema: cannot read {args.schema} as JSON: {exc}", Exit.USAGE
             ) from None
+        except RecursionError:  # the decoder recurses per level
+            raise CliError(
+                f"--schema: cannot read {args.schema} as JSON: nested too deeply", Exit.USAGE
+            ) from None
     if args.job:
         body["producing_job_id"] = resolve(session.client, args.job)
     v = session.service("registry").call("POST", f"{_path(ref.team, ref.name)}/versions", body)

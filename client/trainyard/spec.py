@@ -42,6 +42,8 @@ SCHEMA_FILE = "job.v1.json"
 MAX_VALUES = 200_000
 """The most values a spec file may hold once YAML's aliases are expanded (a spec has a few
 thousand at most; an alias bomb has billions)."""
+MAX_DEPTH = 32
+"""The deepest a spec file's values may nest (deeper is refused, however it is written)."""
 
 Path_ = tuple[str | int, ...]
 
@@ -135,7 +137,11 @@ def parse(text: str, file: str, warn: Callable[[str], None] = lambda _: None) ->
     as_json = file.endswith(".json") or (
         not file.endswith((".yaml", ".yml")) and text.lstrip().startswith("{")
     )
-    spec = _read_json(text, file) if as_json else _read_yaml(text, file)
+    try:
+        spec = _read_json(text, file) if as_json else _read_yaml(text, file)
+    except RecursionError:  # the parsers recurse per level, before _node_value's bound
+        deep = SpecIssue("", f"nested too deeply: at most {MAX_DEPTH} levels")
+        raise SpecError(file, [deep]) from None
     if not isinstance(spec.spec, dict):
         raise SpecError(file, [SpecIssue("", "must hold one mapping (the job spec)", 1, 1)])
     issues = list(_schema_issues(spec))
@@ -200,10 +206,9 @@ def _read_yaml(text: str, file: str) -> SpecFile:
 
 
 def _node_value(node: Node, path: Path_, spec: SpecFile, issues: list[SpecIssue]) -> Any:
-    if len(spec.values) >= MAX_VALUES or len(path) > 32:
-        raise SpecError(
-            spec.file, [SpecIssue(_field(path), f"too large: at most {MAX_VALUES} values, 32 deep")]
-        )
+    if len(spec.values) >= MAX_VALUES or len(path) > MAX_DEPTH:
+        message = f"too large: at most {MAX_VALUES} values, {MAX_DEPTH} deep"
+        raise SpecError(spec.file, [SpecIssue(_field(path), message)])
     spec.values[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
     if isinstance(node, MappingNode):
         out: dict[str, Any] = {}

@@ -147,3 +147,19 @@ def test_an_alias_bomb_or_a_cycle_is_refused_quickly() -> None:
     assert "too large" in problem
     (problem,) = _problems("name: &n [*n]\n")
     assert "too large" in problem
+
+
+@pytest.mark.parametrize(
+    ("text", "file"),
+    [
+        ("a: " + "[" * 5000 + "]" * 5000 + "\n", "job.yaml"),  # flow style
+        ("a:\n" + "".join("  " * i + "-\n" for i in range(3000)), "job.yaml"),  # block style
+        ('{"a": ' + "[" * 5000 + "]" * 5000 + "}", "job.json"),
+        ('{"a": ' + '{"b": ' * 5000 + "1" + "}" * 5001, "job.json"),
+    ],
+)
+def test_nesting_beyond_the_parsers_reach_is_a_spec_error(text: str, file: str) -> None:
+    """YAML's composer and JSON's decoder recurse per level: thousands of levels ended
+    "unexpected RecursionError" with no file or line; they are refused, like 33 levels."""
+    (problem,) = _problems(text, file)
+    assert problem == f"{file}: nested too deeply: at most 32 levels"
