@@ -145,6 +145,10 @@ class Comparison(_Schema):
 
 
 class NoteBody(_Schema):
+    """``PUT /v1/jobs/{id}/note``: an unknown field is refused, as in every body."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     note: str = Field(max_length=10_000, description="replaces the run's note ('' clears it)")
 
 

@@ -318,6 +318,8 @@ async def test_the_documents_declare_the_errors_the_security_and_the_bodies(
                 assert body["required"] and schema["title"] == model.__name__
                 fields = {info.alias or name for name, info in model.model_fields.items()}
                 assert set(schema["properties"]) == fields
+                if model is not EstimateRequest:  # a whole job spec, of which it reads a few
+                    assert schema["additionalProperties"] is False, f"{method} {path}"
                 assert "$ref" not in json.dumps(schema)  # its $defs are inlined
             elif (method, path) == ("put", "/v1/bundles/{sha256}"):
                 assert set(body["content"]) == {"application/octet-stream"}

@@ -350,6 +350,11 @@ async def test_tags_and_notes(bus: Bus, pool: asyncpg.Pool, vision: httpx.AsyncC
     assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "note"
     long = await vision.put(f"/v1/jobs/{j}/note", json={"note": "x" * 10_001})
     assert long.status_code == 422 and long.json()["errors"][0]["field"] == "note"
+    extra = await vision.put(f"/v1/jobs/{j}/note", json={"note": "kept?", "tags": ["a"]})
+    assert extra.status_code == 422  # an unknown field is refused, as in every body
+    assert extra.json()["errors"] == [{"field": "tags", "message": "unknown field"}]
+    note = await pool.fetchval("SELECT note FROM tracked_jobs WHERE job_id = $1", j)
+    assert note == "lr too high\nretry 0.01"  # unchanged
     async with app_as(
         pool, Principal(user="op", team=None, role=Role.OPERATOR, token_id=None)
     ) as operator:
