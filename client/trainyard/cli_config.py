@@ -70,6 +70,8 @@ def read(path: Path) -> Config:
         return Config()
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"cannot read {path}: not a file")
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ConfigError(
             f"{path} holds tokens but others may read it (mode {stat.S_IMODE(mode):04o}); "
@@ -77,14 +79,35 @@ def read(path: Path) -> Config:
         )
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-        known = {f.name for f in fields(Context)}
-        contexts = {
-            str(name): Context(**{k: str(v) for k, v in ctx.items() if k in known})
-            for name, ctx in raw.get("contexts", {}).items()
-        }
-        return Config(current=str(raw.get("current", "")), contexts=contexts)
-    except (OSError, ValueError, TypeError, AttributeError) as exc:
+    except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from None
+    if not _is_config(raw):
+        raise ConfigError(
+            f"cannot read {path}: not a trainyard config (a JSON object: "
+            '{"current": NAME, "contexts": {NAME: {"url": ..., "token": ...}}}); fix or remove it'
+        )
+    contexts = {
+        name: Context(**{k: v for k, v in ctx.items() if k in _CONTEXT_FIELDS})
+        for name, ctx in raw.get("contexts", {}).items()
+    }
+    return Config(current=raw.get("current", ""), contexts=contexts)
+
+
+_CONTEXT_FIELDS = frozenset(f.name for f in fields(Context))
+
+
+def _is_config(raw: Any) -> bool:
+    """Whether ``raw`` has the file's shape (see the contract): the contexts' known fields
+    strings, ``url`` among them; other keys are left alone."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("current", ""), str):
+        return False
+    contexts = raw.get("contexts", {})
+    return isinstance(contexts, dict) and all(
+        isinstance(ctx, dict)
+        and isinstance(ctx.get("url"), str)
+        and all(isinstance(v, str) for k, v in ctx.items() if k in _CONTEXT_FIELDS)
+        for ctx in contexts.values()
+    )
 
 
 def write(path: Path, config: Config) -> None:

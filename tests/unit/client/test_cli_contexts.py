@@ -120,6 +120,49 @@ def test_a_config_file_others_may_read_is_refused(
     assert "others may read it (mode 0644); run: chmod 600" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "content",
+    [
+        "[]",
+        '"x"',
+        "null",
+        '{"contexts": []}',
+        '{"contexts": {"a": "http://a.test"}}',
+        '{"contexts": {"a": {"url": 1}}, "current": []}',
+        '{"current": "a", "contexts": {"a": {"url": "http://a.test", "token": "ty_a", "x": 1}}}',
+    ],
+)
+def test_a_config_file_of_another_shape_is_named_not_a_python_error(
+    content: str, config: Path, api: Api, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``[]`` ended "cannot read FILE: 'list' object has no attribute 'get'"."""
+    config.parent.mkdir(parents=True)
+    config.write_text(content)
+    config.chmod(0o600)
+    code = cli.main(["whoami", "--json"])
+    err = capsys.readouterr().err
+    if '"x": 1' in content:  # an unknown key of a context is left alone
+        assert code == 0, err
+        return
+    assert code == 1, err
+    assert err == (
+        f"trainyard: error: cannot read {config}: not a trainyard config (a JSON object: "
+        '{"current": NAME, "contexts": {NAME: {"url": ..., "token": ...}}}); fix or remove it\n'
+    )
+
+
+def test_a_config_path_that_is_a_folder_is_named(
+    tmp_path: Path, api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A folder ended "FOLDER holds tokens but others may read it (mode 1777)"."""
+    folder = tmp_path / "shared"
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o1777)
+    monkeypatch.setenv("TRAINYARD_CONFIG", str(folder))
+    assert cli.main(["whoami", "--json"]) == 1
+    assert capsys.readouterr().err == f"trainyard: error: cannot read {folder}: not a file\n"
+
+
 def test_a_unique_prefix_names_a_job_and_an_ambiguous_one_lists_candidates(
     config: Path, api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
