@@ -70,6 +70,7 @@ from trainyard.cli_base import (
     Exit,
     Session,
     checked_token,
+    checked_url,
     dumps,
     exit_code_of,
 )
@@ -359,6 +360,10 @@ def _completion(session: Session) -> int:
 
 def _login(session: Session) -> int:
     args = session.args
+    url = checked_url(args.login_url, "given").rstrip("/")  # before a token is asked for
+    for service in cli_config.SERVICES:
+        if getattr(args, f"{service}_url"):
+            checked_url(getattr(args, f"{service}_url"), f"from --{service}-url")
     token = getattr(args, "token", None)
     if args.token_stdin:
         token = sys.stdin.readline().strip()
@@ -371,7 +376,6 @@ def _login(session: Session) -> int:
     if not token:
         raise CliError("the token is empty", Exit.USAGE)
     token = checked_token(token, "given")
-    url = args.login_url.rstrip("/")
     with session.make(url, token) as client:
         me = client.whoami()
     path = session.config_path

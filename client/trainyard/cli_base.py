@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -84,6 +85,22 @@ class CliError(Exception):
         self.code = code
 
 
+def checked_url(url: str, where: str) -> str:
+    """``url`` when it is an ``http://`` or ``https://`` URL with a host, else a
+    ``CliError`` (exit 2) saying ``where`` it came from (``from TRAINYARD_URL``): a URL no
+    request could be sent to is a mistake in the command or settings, not a server that
+    cannot be reached."""
+    try:
+        parts = urlsplit(url)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018  # a port that is no number raises ValueError
+    except ValueError:
+        usable = False
+    if not usable:
+        raise CliError(f"the URL {where} is not an http:// or https:// URL: {url!r}", Exit.USAGE)
+    return url
+
+
 def checked_token(token: str, where: str) -> str:
     """``token`` when an API could accept it, else a ``CliError`` (exit 4) saying ``where``
     it came from (``from --token``) and what is wrong (``client.token_problem``), before anything is sent: such a
@@ -127,12 +144,21 @@ class Session:
         name = getattr(self.args, "context", None) or self.settings.context
         return pick(read(self.config_path), name)
 
+    def _context_name(self) -> str:
+        name = getattr(self.args, "context", None) or self.settings.context
+        return name or read(self.config_path).current
+
     @property
     def url(self) -> str:
-        ctx = None if self._url_given() else self.context()
-        return (
-            getattr(self.args, "url", None) or self.settings.url or (ctx and ctx.url) or DEFAULT_URL
-        )
+        """The submission API's URL, checked (``checked_url``)."""
+        if getattr(self.args, "url", None):
+            return checked_url(self.args.url, "from --url")
+        if self.settings.url:
+            return checked_url(self.settings.url, "from TRAINYARD_URL")
+        ctx = self.context()
+        if ctx is not None and ctx.url:
+            return checked_url(ctx.url, f"of context {self._context_name()!r}")
+        return DEFAULT_URL
 
     def _url_given(self) -> bool:
         return bool(getattr(self.args, "url", None) or self.settings.url)
@@ -147,9 +173,7 @@ class Session:
             return checked_token(self.settings.token.get_secret_value(), "from TRAINYARD_TOKEN")
         ctx = self.context()
         if ctx is not None and ctx.token and (not self._url_given() or self.url == ctx.url):
-            name = getattr(self.args, "context", None) or self.settings.context
-            name = name or read(self.config_path).current
-            return checked_token(ctx.token, f"of context {name!r}")
+            return checked_token(ctx.token, f"of context {self._context_name()!r}")
         raise CliError(
             "no token: trainyard login URL, set TRAINYARD_TOKEN or pass --token", Exit.DENIED
         )
@@ -164,14 +188,20 @@ class Session:
     def service(self, name: str) -> TrainyardClient:
         """The client of another service's API (``registry``, ``billing``, ``scheduler``)."""
         if name not in self.clients:
-            ctx = self.context()
-            url = getattr(self.settings, f"{name}_url") or (ctx and getattr(ctx, f"{name}_url"))
-            if not url:
-                raise CliError(
-                    f"no {name} URL: set TRAINYARD_{name.upper()}_URL or "
-                    f"trainyard login URL --{name}-url {name.upper()}_URL"
-                )
-            self.clients[name] = self.make(str(url), self.token)
+            given = getattr(self.settings, f"{name}_url")
+            if given:
+                url = checked_url(given, f"from TRAINYARD_{name.upper()}_URL")
+            else:
+                ctx = self.context()
+                stored = ctx and getattr(ctx, f"{name}_url")
+                if not stored:
+                    raise CliError(
+                        f"no {name} URL: set TRAINYARD_{name.upper()}_URL or "
+                        f"trainyard login URL --{name}-url {name.upper()}_URL"
+                    )
+                where = f"--{name}-url of context {self._context_name()!r}"
+                url = checked_url(stored, where)
+            self.clients[name] = self.make(url, self.token)
         return self.clients[name]
 
     def close(self) -> None:

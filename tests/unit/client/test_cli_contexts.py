@@ -289,3 +289,36 @@ def test_a_job_reference_is_one_path_segment_or_refused_without_a_request(
         assert code == 3, err  # the fake API's 404
         segment = quote(ref, safe="").encode()
         assert api and all(r.url.raw_path.startswith(b"/v1/jobs/" + segment) for r in api)
+
+
+@pytest.mark.parametrize(
+    "url", ["notaurl", "ftp://a.test", "http://", "a.test:8080", "http://[::1"]
+)
+def test_a_url_that_is_no_http_url_is_a_usage_error_naming_its_source(
+    url: str,
+    config: Path,
+    api: Api,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``TRAINYARD_URL=notaurl`` ended "cannot reach notaurl/: Request URL is missing an
+    'http://' or 'https://' protocol." with exit 5, as if a server were down."""
+    monkeypatch.setenv("TRAINYARD_TOKEN", "ty_a")
+    expected = f"is not an http:// or https:// URL: {url!r}\n"
+    monkeypatch.setenv("TRAINYARD_URL", url)
+    assert cli.main(["ls"]) == 2
+    assert capsys.readouterr().err == f"trainyard: error: the URL from TRAINYARD_URL {expected}"
+    monkeypatch.delenv("TRAINYARD_URL")
+    assert cli.main(["ls", "--url", url]) == 2
+    assert capsys.readouterr().err == f"trainyard: error: the URL from --url {expected}"
+    assert cli.main(["login", url, "--token", "ty_a"]) == 2
+    assert capsys.readouterr().err == f"trainyard: error: the URL given {expected}"
+    argv = ["login", "http://a.test", "--token", "ty_a", "--registry-url", url]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == f"trainyard: error: the URL from --registry-url {expected}"
+    monkeypatch.setenv("TRAINYARD_REGISTRY_URL", url)
+    assert cli.main(["model", "ls"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"trainyard: error: the URL from TRAINYARD_REGISTRY_URL {expected}"
+    assert api == []
+    assert not config.exists()
