@@ -439,7 +439,10 @@ def fetch_verified(registry: TrainyardClient, where: dict[str, Any], output: Pat
         raise CliError(f"-o: no folder {folder}", Exit.USAGE)
     digest = hashlib.sha256()
     size = 0
-    handle, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=folder)
+    try:
+        handle, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=folder)
+    except OSError as exc:
+        raise CliError(f"-o: cannot write {output}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(handle, "wb") as sink:
 
@@ -457,6 +460,9 @@ def fetch_verified(registry: TrainyardClient, where: dict[str, Any], output: Pat
                 "nothing was written"
             )
         os.replace(temp, target)
+    except OSError as exc:  # a full disk, a rename refused: as the folder refusing the file
+        Path(temp).unlink(missing_ok=True)
+        raise CliError(f"-o: cannot write {output}: {exc.strerror or exc}") from None
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise

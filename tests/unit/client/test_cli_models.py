@@ -319,3 +319,47 @@ def test_a_download_keeps_only_verified_bytes(
     with pytest.raises(CliError, match="is a folder"):
         fetch_verified(registry, where, tmp_path)
     assert cli_models.Ref("a", "b") == parse_ref("a/b", "M")
+
+
+@pytest.mark.parametrize("fails", ["create", "write", "rename"])
+def test_a_download_that_cannot_be_written_is_named_and_leaves_nothing(
+    fails: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder the user may not write (``-o /proc/version`` ended "unexpected
+    FileNotFoundError: ... '/proc/.version.os53whlo.part'"), a full disk, a rename refused:
+    a ``CliError`` naming ``-o`` and the reason, no partial file, an existing file kept."""
+    body = b"weights"
+    where = {
+        "url": "/c",
+        "needs_token": True,
+        "sha256": hashlib.sha256(body).hexdigest(),
+        "size_bytes": len(body),
+    }
+    out = tmp_path / "m.pt"
+    out.write_bytes(b"old")
+    if fails == "create":
+
+        def refuse(**_: Any) -> tuple[int, str]:
+            raise PermissionError(13, "Permission denied")
+
+        monkeypatch.setattr(cli_models.tempfile, "mkstemp", refuse)
+    elif fails == "write":
+
+        def full(client: Any, url: str, needs_token: bool, sink: Any) -> None:
+            sink(body[:3])
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(cli_models, "download", full)
+    else:
+        monkeypatch.setattr(cli_models, "download", lambda c, u, n, sink: sink(body))
+
+        def refuse_rename(source: str, target: Path) -> None:
+            raise PermissionError(13, "Permission denied")
+
+        monkeypatch.setattr(cli_models.os, "replace", refuse_rename)
+    reason = "No space left on device" if fails == "write" else "Permission denied"
+    with pytest.raises(CliError, match=f"^-o: cannot write {out}: {reason}$") as caught:
+        fetch_verified(_registry(body, []), where, out)
+    assert caught.value.code == Exit.ERROR
+    assert out.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]
