@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
-
-import yaml
 
 from trainyard.bundle import format_size, pack
 from trainyard.cli_base import FINAL_EXIT, CliError, Exit, Session, dumps, note, resolve
@@ -37,7 +36,7 @@ from trainyard.client import (
     TrainyardError,
     segment,
 )
-from trainyard.spec import SpecFile, load, parse
+from trainyard.spec import SpecFile, load, parse, plain_scalar
 
 LOG_POLL_SECONDS = 1.0
 ESTIMATE_WAIT_SECONDS = 2.0
@@ -144,7 +143,7 @@ def reproduce(session: Session) -> int:
     original = resolve(client, args.job)
     body: dict[str, Any] = {}
     if getattr(args, "set", None):
-        body["hyperparameters"] = {k: _scalar(v) for k, v in args.set}
+        body["hyperparameters"] = set_values(args.set)
     if getattr(args, "dataset", None):
         body["datasets"] = list(args.dataset)
     view = client.call("POST", f"/v1/jobs/{segment(original)}/reproduce", body)
@@ -240,23 +239,29 @@ def _overridden(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
     if getattr(args, "label", None):
         spec["labels"] = {**(spec.get("labels") or {}), **dict(args.label)}
     if getattr(args, "set", None):
-        values = {k: _scalar(v) for k, v in args.set}
+        values = set_values(args.set)
         spec["hyperparameters"] = {**(spec.get("hyperparameters") or {}), **values}
     return spec
 
 
 def _scalar(text: str) -> Any:
-    """``--set lr=1e-3``: the value as YAML reads a scalar (a number, true/false, a string)."""
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-    if isinstance(value, str) and text.strip().lower().replace("+", "").lstrip("-")[:1].isdigit():
-        try:  # PyYAML (YAML 1.1) reads 1e-3 as a string
-            return float(text)
-        except ValueError:
-            return value
-    return value if isinstance(value, bool | int | float | str) else text
+    """``--set lr=1e-3``: the value as a spec file reads a plain scalar (YAML 1.2's core
+    schema, ``spec.plain_scalar``: a number, true/false, else the text; ``no``, ``on`` and
+    dates stay strings), null as the text itself."""
+    value = plain_scalar(text)
+    return text if value is None else value
+
+
+def set_values(pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """The hyper-parameters of ``--set K=V`` options; a value that is a number but not a
+    finite one (``1e999``, ``.inf``, ``.nan``: no JSON holds it) is a usage error."""
+    values = {}
+    for key, text in pairs:
+        value = _scalar(text)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise CliError(f"--set {key}={text}: not a finite number", Exit.USAGE)
+        values[key] = value
+    return values
 
 
 def _submitted(

@@ -179,6 +179,8 @@ for _tag, _pattern, _first in (
     _Loader.add_implicit_resolver(f"tag:yaml.org,2002:{_tag}", re.compile(_pattern), _first)
 
 _SCALAR_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("null", "bool", "int", "float", "str")}
+_RESOLVER = _Loader("")
+"""Resolves a plain scalar's tag by the rules above (``plain_scalar``)."""
 
 
 def _read_yaml(text: str, file: str) -> SpecFile:
@@ -231,6 +233,13 @@ def _node_value(node: Node, path: Path_, spec: SpecFile, issues: list[SpecIssue]
         issues.append(SpecIssue(_field(path), f"unsupported YAML tag {node.tag}", *at))
         return None
     return _scalar(node.tag.rsplit(":", 1)[1], node.value)
+
+
+def plain_scalar(text: str) -> Any:
+    """``text`` as a spec file reads a plain scalar (YAML 1.2's core schema): an int, a
+    float (``.inf`` and ``.nan`` included), a bool, None, or else ``text`` itself."""
+    tag = _RESOLVER.resolve(ScalarNode, text, (True, False))
+    return _scalar(tag.rsplit(":", 1)[1], text) if tag in _SCALAR_TAGS else text
 
 
 def _scalar(kind: str, text: str) -> Any:
