@@ -44,6 +44,7 @@ error. The server, token and context come from options, then the environment
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -189,10 +190,10 @@ def _parser() -> argparse.ArgumentParser:
     logs.add_argument("-f", "--follow", action="store_true", help="until the job has ended")
     attach = command("attach", cli_jobs.attach, "follow a job: status, output, metrics")
     attach.add_argument("job", metavar="JOB")
-    attach.add_argument("--timeout", type=float, default=86_400.0, help="seconds (1 day)")
+    attach.add_argument("--timeout", type=seconds_arg, default=86_400.0, help="seconds (1 day)")
     wait = command("wait", cli_jobs.wait, "wait for a job's end; the exit code says how")
     wait.add_argument("job", metavar="JOB")
-    wait.add_argument("--timeout", type=float, default=86_400.0, help="seconds (1 day)")
+    wait.add_argument("--timeout", type=seconds_arg, default=86_400.0, help="seconds (1 day)")
     cancel = command("cancel", cli_jobs.cancel, "ask for jobs to be cancelled")
     cancel.add_argument("jobs", nargs="+", metavar="JOB")
     queue = command("queue", cli_jobs.queue, "the team's waiting jobs and why they wait")
@@ -225,10 +226,22 @@ def _positive(value: str) -> int:
     return number
 
 
+def seconds_arg(value: str) -> float:
+    """A ``--timeout``: seconds, 0 or more (``inf``: no limit). NaN, which compares with no
+    time, and a negative number are refused."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not seconds >= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds (0 or more)")
+    return seconds
+
+
 def _follow_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--follow", action="store_true", help="follow the job until it ends")
     sub.add_argument(
-        "--timeout", type=float, default=86_400.0, help="seconds --follow waits (default 1 day)"
+        "--timeout", type=seconds_arg, default=86_400.0, help="seconds --follow waits (1 day)"
     )
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 import pytest
 
+from trainyard import cli
+from trainyard.cli import seconds_arg
 from trainyard.cli_base import CliError, Exit
 from trainyard.cli_jobs import _overridden, _scalar, key_value, set_values
 
@@ -67,3 +70,22 @@ def test_key_value_needs_an_equals_sign() -> None:
     assert key_value("a=b=c") == ("a", "b=c")
     with pytest.raises(argparse.ArgumentTypeError):
         key_value("ab")
+
+
+@pytest.mark.parametrize("command", [["wait", "abc"], ["attach", "abc"], ["submit", "job.yaml"]])
+@pytest.mark.parametrize("value", ["nan", "-5", "-inf", "abc", ""])
+def test_a_timeout_that_is_no_number_of_seconds_is_a_usage_error(
+    command: list[str], value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``wait JOB --timeout nan`` waited for ever (no time compares with NaN) and
+    ``--timeout -5`` ended "did not finish within -5s" (exit 6)."""
+    with pytest.raises(SystemExit) as stopped:
+        cli.main([*command, f"--timeout={value}"])
+    assert stopped.value.code == Exit.USAGE
+    err = capsys.readouterr().err
+    assert f"argument --timeout: {value!r} is not a number of seconds (0 or more)" in err
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("0", 0.0), ("2.5", 2.5), ("inf", math.inf)])
+def test_a_timeout_is_seconds_from_zero_to_no_limit(value: str, seconds: float) -> None:
+    assert seconds_arg(value) == seconds
