@@ -264,6 +264,39 @@ def set_values(pairs: list[tuple[str, str]]) -> dict[str, Any]:
     return values
 
 
+def _override_options(args: argparse.Namespace) -> dict[str, str]:
+    """The spec's field paths the command line set (``_overridden``), each with its option:
+    ``{"name": "--name", "labels.team": "--label team", "hyperparameters.lr": "--set lr"}``."""
+    options = {name: f"--{name}" for name in ("name", "project", "experiment")}
+    given = {field: option for field, option in options.items() if getattr(args, field, None)}
+    given.update({f"labels.{k}": f"--label {k}" for k, _ in getattr(args, "label", None) or []})
+    given.update(
+        {f"hyperparameters.{k}": f"--set {k}" for k, _ in getattr(args, "set", None) or []}
+    )
+    return given
+
+
+def _explained(
+    errors: list[dict[str, str]], loaded: SpecFile, args: argparse.Namespace
+) -> CliError:
+    """The API's field errors of a submission: one about a value the command line set names
+    its option (``--name: name: ...``); the rest stand on the spec file's lines."""
+    options = _override_options(args)
+    ours, theirs = [], []
+    for error in errors:
+        field = str(error.get("field", ""))
+        option = next(
+            (o for f, o in options.items() if field == f or field.startswith((f"{f}.", f"{f}["))),
+            None,
+        )
+        if option is None:
+            theirs.append(error)
+        else:
+            ours.append(f"{option}: {field}: {error.get('message', '')}")
+    lines = ours + (str(loaded.explain(theirs)).splitlines() if theirs else [])
+    return CliError("\n".join(lines))
+
+
 def _submitted(
     session: Session, spec: dict[str, Any], loaded: SpecFile | None, rerun_of: str | None = None
 ) -> int:
@@ -274,7 +307,7 @@ def _submitted(
         view = client.submit(spec, idempotency_key=getattr(args, "idempotency_key", None))
     except TrainyardError as exc:
         if exc.status == 422 and exc.errors and loaded is not None:
-            raise loaded.explain(exc.errors) from None
+            raise _explained(exc.errors, loaded, args) from None
         raise
     if not args.follow:
         if session.as_json:

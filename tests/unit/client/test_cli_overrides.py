@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
+import httpx
 import pytest
 
 from trainyard import cli
 from trainyard.cli import seconds_arg
 from trainyard.cli_base import CliError, Exit
 from trainyard.cli_jobs import _overridden, _scalar, key_value, set_values
+from trainyard.client import TrainyardClient
 
 
 @pytest.mark.parametrize(
@@ -89,3 +92,43 @@ def test_a_timeout_that_is_no_number_of_seconds_is_a_usage_error(
 @pytest.mark.parametrize(("value", "seconds"), [("0", 0.0), ("2.5", 2.5), ("inf", math.inf)])
 def test_a_timeout_is_seconds_from_zero_to_no_limit(value: str, seconds: float) -> None:
     assert seconds_arg(value) == seconds
+
+
+def test_api_errors_about_overridden_values_name_the_option_not_the_files_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``submit job.yaml --name 'bad name'`` put the API's refusal of the name on the file's
+    line of ``name:`` ("job.yaml:1:7: name: ..."), which holds a good name; a value that came
+    from the command line is named by its option, the rest stays on the file's lines."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "name: good\ngpus: 1\ngpu_flavor: cpu\nentrypoint: train\n"
+        "labels: {team: a}\nhyperparameters: {lr: 0.1}\n"
+    )
+    errors = [
+        {"field": "name", "message": "must match ^[A-Za-z0-9._-]{1,100}$"},
+        {"field": "labels.bad key.[key]", "message": "label key 'bad key' must be ..."},
+        {"field": "hyperparameters.lr", "message": "too large"},
+        {"field": "gpus", "message": "too many"},
+    ]
+
+    def route(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and request.url.path == "/v1/jobs":
+            return httpx.Response(422, json={"detail": "invalid job spec", "errors": errors})
+        return httpx.Response(404, json={"detail": "no", "errors": []})
+
+    def make(base_url: str, token: str, timeout: float = 10) -> TrainyardClient:
+        return TrainyardClient(base_url, token, timeout, transport=httpx.MockTransport(route))
+
+    monkeypatch.setattr(cli, "TrainyardClient", make)
+    monkeypatch.setenv("TRAINYARD_CONFIG", str(tmp_path / "config.json"))
+    monkeypatch.setenv("TRAINYARD_TOKEN", "ty_a")
+    argv = ["submit", str(spec), "--no-code", "--name", "bad name", "--label", "bad key=1"]
+    assert cli.main([*argv, "--set", "lr=1e30"]) == Exit.ERROR
+    lines = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert lines == [
+        "trainyard: error: --name: name: must match ^[A-Za-z0-9._-]{1,100}$",
+        "trainyard: error: --label bad key: labels.bad key.[key]: label key 'bad key' must be ...",
+        "trainyard: error: --set lr: hyperparameters.lr: too large",
+        f"trainyard: error: {spec}:2:7: gpus: too many",
+    ]
