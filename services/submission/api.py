@@ -103,7 +103,7 @@ from trainyard_platform.shared.access import (
     remember,
 )
 from trainyard_platform.shared.audit import audit_route
-from trainyard_platform.shared.auth import bearer_token, hash_token
+from trainyard_platform.shared.auth import hash_token, presented_token
 from trainyard_platform.shared.events.payloads import BUNDLE_SHA256_PATTERN
 from trainyard_platform.shared.http_app import (
     bytes_request_body,
@@ -451,7 +451,7 @@ async def _prepare_known(
 
 async def _check_again(request: AnyRequest, front: Front) -> None:
     """The guard's check of a ``screened()`` route, made now (its rate limit was spent)."""
-    token = bearer_token(request.headers.get("authorization"))
+    token = presented_token(request.headers)
     if token is None:
         raise NotAuthorizedException(UNAUTHENTICATED)
     await _check_held(
@@ -653,7 +653,7 @@ def caller_guard(
     ) -> None:
         if is_open_probe(connection):
             return
-        token = bearer_token(connection.headers.get("authorization"))
+        token = presented_token(connection.headers)  # two Authorization headers: nobody's
         if token is None:
             raise NotAuthorizedException(UNAUTHENTICATED)
         # The scope's own dict: ``connection.state`` wraps it in a new ``State`` each time.

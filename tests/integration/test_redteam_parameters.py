@@ -146,6 +146,26 @@ async def test_two_authorization_headers_are_401_whichever_comes_first(
     assert alone.status_code == 200, alone.text
 
 
+@pytest.mark.parametrize(
+    ("method", "path"), [("GET", "/v1/me"), ("GET", "/v1/jobs"), ("POST", "/v1/jobs")]
+)
+async def test_two_authorization_headers_are_401_on_the_submission_service(
+    world: World, method: str, path: str
+) -> None:
+    """The submission service used the first of two ``Authorization`` headers (alice's
+    then bob's of another team: alice), where a proxy in front may have read bob's. As on
+    the other services, a request that carries two is nobody's; nothing is stored."""
+    before = await endpoint_auth.snapshot(world.pools)
+    admin = _bearer(world.tokens["admin"])
+    other = _bearer(world.tokens["other-team"])
+    for headers in (admin + other, other + admin, admin + admin):
+        answer = await _send(world.apps["submission"], method, path, headers)
+        assert answer.status_code == 401, (method, path, answer.text)
+    assert await endpoint_auth.snapshot(world.pools) == before
+    alone = await _send(world.apps["submission"], "GET", "/v1/me", admin)
+    assert alone.status_code == 200, alone.text
+
+
 def test_an_operator_token_no_request_could_present_is_refused_at_start() -> None:
     for bad in ("with space", "tab\there", "é" * 10, "a" * 1025, "x,y"):
         with pytest.raises(ValueError, match="bearer token"):
