@@ -286,8 +286,7 @@ async def check_parameters(request: Request[Any, Any, Any]) -> None:
                 errors.append(FieldError(field=name, message=_TOO_LARGE))
         elif type(value) is int and not -_INT64 <= value < _INT64:  # a path's {name:int}
             errors.append(FieldError(field=name, message=_TOO_LARGE))
-    handler = scope.get("route_handler")
-    declared = None if handler is None else _DECLARED_QUERIES.get(handler)
+    declared = _declared(scope.get("route_handler"))
     if declared is not None and scope.get("query_string"):
         errors.extend(_undeclared(request, *declared))
     if errors:
@@ -300,6 +299,16 @@ def declare_query_parameters(handler: Any, names: set[str], repeatable: set[str]
     any other on its requests. A handler never declared is not checked."""
     known, many = _DECLARED_QUERIES.get(handler, (frozenset(), frozenset()))
     _DECLARED_QUERIES[handler] = (known | names, many | repeatable)
+
+
+def _declared(handler: Any) -> tuple[frozenset[str], frozenset[str]] | None:
+    """What ``declare_query_parameters`` recorded of ``handler``, or None."""
+    if handler is None:
+        return None
+    try:
+        return _DECLARED_QUERIES.get(handler)
+    except TypeError:  # Litestar's own OPTIONS handlers are slotted: no weak reference
+        return None
 
 
 def _undeclared(
@@ -341,17 +350,24 @@ def _integer_queries(handler: Any) -> frozenset[str]:
     route forgot to declare. Computed once per handler."""
     if handler is None:
         return frozenset()
-    known = _INTEGER_QUERIES.get(handler)
+    try:
+        known = _INTEGER_QUERIES.get(handler)
+    except TypeError:  # Litestar's own OPTIONS handlers are slotted: no weak reference
+        return _integer_names(handler)
     if known is None:
-        names = set()
-        dependencies = handler.resolve_dependencies()
-        for name, field in handler.parsed_fn_signature.parameters.items():
-            kinds = [field.annotation, *(a.annotation for a in field.inner_types)]
-            if name not in dependencies and any(kind is int for kind in kinds):
-                alias = getattr(field.kwarg_definition, "query", None)
-                names.add(alias or name)
-        known = _INTEGER_QUERIES[handler] = frozenset(names)
+        known = _INTEGER_QUERIES[handler] = _integer_names(handler)
     return known
+
+
+def _integer_names(handler: Any) -> frozenset[str]:
+    names = set()
+    dependencies = handler.resolve_dependencies()
+    for name, field in handler.parsed_fn_signature.parameters.items():
+        kinds = [field.annotation, *(a.annotation for a in field.inner_types)]
+        if name not in dependencies and any(kind is int for kind in kinds):
+            alias = getattr(field.kwarg_definition, "query", None)
+            names.add(alias or name)
+    return frozenset(names)
 
 
 def _join(path: str, key: str) -> str:

@@ -166,6 +166,26 @@ async def test_two_authorization_headers_are_401_on_the_submission_service(
     assert alone.status_code == 200, alone.text
 
 
+@pytest.mark.parametrize("service", endpoint_auth.SERVICES)
+async def test_options_on_every_route_with_any_parameters_is_no_500(
+    world: World, service: str
+) -> None:
+    """Litestar's own ``OPTIONS`` handlers cannot be weakly referenced, and the parameter
+    screen looked them up in weak tables: ``OPTIONS /v1/jobs?limit=<beyond 64 bits>`` was a
+    500 on every service (and any query or path parameter, briefly)."""
+    app = world.apps[service]
+    failed = []
+    for method, path in endpoint_auth.routes(app):
+        if method != "OPTIONS":
+            continue
+        for query in ("", "?x=1", f"?limit={BEYOND_64_BITS[0]}", "?a=1&a=2"):
+            url = endpoint_auth.concrete(path) + query
+            answer = await _send(app, "OPTIONS", url, _bearer(world.tokens["operator"]))
+            if answer.status_code >= 500:
+                failed.append(f"OPTIONS {url}: {answer.status_code}")
+    assert not failed, "\n".join(failed)
+
+
 def test_an_operator_token_no_request_could_present_is_refused_at_start() -> None:
     for bad in ("with space", "tab\there", "é" * 10, "a" * 1025, "x,y"):
         with pytest.raises(ValueError, match="bearer token"):

@@ -14,7 +14,7 @@ from litestar import get
 from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency, Provide
 from litestar.handlers import BaseRouteHandler
-from litestar.params import QueryParameter
+from litestar.params import HeaderParameter, QueryParameter
 from litestar.testing import TestClient
 
 from trainyard_platform.shared.http_app import service_app
@@ -46,6 +46,12 @@ def compare(keys: Annotated[list[str] | None, QueryParameter()] = None) -> list[
     return keys or []
 
 
+@get("/v1/keyed", sync_to_thread=False)
+def keyed(key: Annotated[str | None, HeaderParameter(name="Idempotency-Key")] = None) -> str:
+    calls.append("keyed")
+    return key or ""
+
+
 @get("/v1/me", sync_to_thread=False)
 def me() -> str:
     calls.append("me")
@@ -59,7 +65,7 @@ def probe() -> str:
 
 @pytest.fixture
 def client() -> Any:
-    app = service_app("test", [list_jobs, compare, me, probe], guard=_let_in)
+    app = service_app("test", [list_jobs, compare, keyed, me, probe], guard=_let_in)
     calls.clear()
     with TestClient(app) as test_client:
         yield test_client
@@ -105,3 +111,13 @@ def test_a_route_without_parameters_says_so_and_every_bad_one_is_named(
 
 def test_routes_outside_the_document_are_not_checked(client: TestClient[Any]) -> None:
     assert client.get("/probe?cache=1").status_code == 200
+
+
+def test_litestars_own_options_routes_answer_whatever_their_parameters(
+    client: TestClient[Any],
+) -> None:
+    """Litestar's ``OPTIONS`` handlers cannot be weakly referenced: a lookup keyed by the
+    handler made ``OPTIONS /v1/jobs?limit=<beyond 64 bits>`` a 500."""
+    for query in ("limit=99999999999999999999", "x=1", "status=a&status=b"):
+        answer = client.options(f"/v1/jobs?{query}")
+        assert answer.status_code < 500, (query, answer.text)
