@@ -262,10 +262,12 @@ def _declare_query_parameters(route: HTTPRoute) -> None:
     for handler, kwargs_model in route.route_handler_map.values():
         if handler.resolve_include_in_schema():
             query = kwargs_model.expected_query_params
+            headers = kwargs_model.expected_header_params
             declare_query_parameters(
                 handler,
                 {p.field_alias for p in query},
                 {p.field_alias for p in query if p.is_sequence},
+                {p.field_alias for p in headers if not p.is_sequence},
             )
 
 

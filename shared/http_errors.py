@@ -31,7 +31,8 @@ Contract:
   list every job) and one given more than once that the route reads as a single value
   (which of them would count is not the caller's guess): ``unknown query parameter (the
   declared ones)``, ``given more than once``. The declared parameters are those of the
-  route's OpenAPI operation, read from the app (``declare_query_parameters``).
+  route's OpenAPI operation, read from the app (``declare_query_parameters``). A header
+  the route reads as one value (``Idempotency-Key``) given twice is refused the same way.
   ``shared.http_app.service_app`` runs it before every handler, after the guard.
 """
 
@@ -268,6 +269,9 @@ async def check_parameters(request: Request[Any, Any, Any]) -> None:
     runs a plain function given as ``before_request`` in a worker thread, a thread hop on
     every request."""
     scope = request.scope
+    declared = _declared(scope.get("route_handler"))
+    if declared is not None and declared[2]:
+        _no_header_twice(request, declared[2])
     if not scope.get("path_params") and not scope.get("query_string"):
         return  # nothing to screen (most writes): no query string parsed into a MultiDict
     values = [*request.path_params.items(), *request.query_params.multi_items()]
@@ -286,22 +290,32 @@ async def check_parameters(request: Request[Any, Any, Any]) -> None:
                 errors.append(FieldError(field=name, message=_TOO_LARGE))
         elif type(value) is int and not -_INT64 <= value < _INT64:  # a path's {name:int}
             errors.append(FieldError(field=name, message=_TOO_LARGE))
-    declared = _declared(scope.get("route_handler"))
     if declared is not None and scope.get("query_string"):
-        errors.extend(_undeclared(request, *declared))
+        errors.extend(_undeclared(request, declared[0], declared[1]))
     if errors:
         raise RequestInvalid(errors)
 
 
-def declare_query_parameters(handler: Any, names: set[str], repeatable: set[str]) -> None:
+def declare_query_parameters(
+    handler: Any,
+    names: set[str],
+    repeatable: set[str],
+    single_headers: frozenset[str] | set[str] = frozenset(),
+) -> None:
     """Record that ``handler`` takes the query parameters ``names`` (as a caller sends
-    them), of which ``repeatable`` may come more than once; ``check_parameters`` refuses
-    any other on its requests. A handler never declared is not checked."""
-    known, many = _DECLARED_QUERIES.get(handler, (frozenset(), frozenset()))
-    _DECLARED_QUERIES[handler] = (known | names, many | repeatable)
+    them), of which ``repeatable`` may come more than once, and reads the headers
+    ``single_headers`` as one value each; ``check_parameters`` refuses any other query
+    parameter, and such a header given twice (Litestar would read the values joined with
+    ", "). A handler never declared is not checked."""
+    known, many, headers = _DECLARED_QUERIES.get(handler, (frozenset(), frozenset(), ()))
+    _DECLARED_QUERIES[handler] = (
+        known | names,
+        many | repeatable,
+        tuple(sorted(set(headers) | set(single_headers))),
+    )
 
 
-def _declared(handler: Any) -> tuple[frozenset[str], frozenset[str]] | None:
+def _declared(handler: Any) -> tuple[frozenset[str], frozenset[str], tuple[str, ...]] | None:
     """What ``declare_query_parameters`` recorded of ``handler``, or None."""
     if handler is None:
         return None
@@ -309,6 +323,16 @@ def _declared(handler: Any) -> tuple[frozenset[str], frozenset[str]] | None:
         return _DECLARED_QUERIES.get(handler)
     except TypeError:  # Litestar's own OPTIONS handlers are slotted: no weak reference
         return None
+
+
+def _no_header_twice(request: Request[Any, Any, Any], names: tuple[str, ...]) -> None:
+    errors = [
+        FieldError(field=name, message="given more than once")
+        for name in names
+        if len(request.headers.getall(name, [])) > 1
+    ]
+    if errors:
+        raise RequestInvalid(errors)
 
 
 def _undeclared(
@@ -326,9 +350,9 @@ def _undeclared(
     return errors
 
 
-_DECLARED_QUERIES: weakref.WeakKeyDictionary[Any, tuple[frozenset[str], frozenset[str]]] = (
-    weakref.WeakKeyDictionary()
-)
+_DECLARED_QUERIES: weakref.WeakKeyDictionary[
+    Any, tuple[frozenset[str], frozenset[str], tuple[str, ...]]
+] = weakref.WeakKeyDictionary()
 _TOO_LARGE = "number too large (at most 64-bit integers)"
 _DIGITS = re.compile(r"[+-]?[0-9]+")
 _INTEGER_QUERIES: weakref.WeakKeyDictionary[Any, frozenset[str]] = weakref.WeakKeyDictionary()

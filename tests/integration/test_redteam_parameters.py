@@ -186,6 +186,27 @@ async def test_options_on_every_route_with_any_parameters_is_no_500(
     assert not failed, "\n".join(failed)
 
 
+@pytest.mark.parametrize(
+    "path", ["/v1/jobs", "/v1/jobs/00000000-0000-4000-8000-000000000001/reproduce"]
+)
+async def test_two_idempotency_keys_are_422_and_nothing_is_stored(world: World, path: str) -> None:
+    """Litestar read two ``Idempotency-Key`` headers as one key, "k1, k2": a retry that
+    sent k1 alone was a second job."""
+    before = await endpoint_auth.snapshot(world.pools)
+    headers = [
+        *_bearer(world.tokens["admin"]),
+        (b"content-type", b"application/json"),
+        (b"idempotency-key", b"k1"),
+        (b"idempotency-key", b"k2"),
+    ]
+    answer = await _send(world.apps["submission"], "POST", path, headers)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["errors"] == [
+        {"field": "Idempotency-Key", "message": "given more than once"}
+    ]
+    assert await endpoint_auth.snapshot(world.pools) == before
+
+
 def test_an_operator_token_no_request_could_present_is_refused_at_start() -> None:
     for bad in ("with space", "tab\there", "é" * 10, "a" * 1025, "x,y"):
         with pytest.raises(ValueError, match="bearer token"):

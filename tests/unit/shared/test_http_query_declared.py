@@ -7,8 +7,10 @@ the OpenAPI document (probes, files) are not checked."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
+import httpx
 import pytest
 from litestar import get
 from litestar.connection import ASGIConnection
@@ -111,6 +113,27 @@ def test_a_route_without_parameters_says_so_and_every_bad_one_is_named(
 
 def test_routes_outside_the_document_are_not_checked(client: TestClient[Any]) -> None:
     assert client.get("/probe?cache=1").status_code == 200
+
+
+def test_a_header_parameter_given_twice_is_named_and_nothing_runs() -> None:
+    """Of two ``Idempotency-Key`` headers the route read both joined ("k1, k2"): a retry
+    sending either alone would not be recognised. (Sent over ASGI as two headers: the test
+    client would join them before the app sees them.)"""
+    app = service_app("test", [keyed], guard=_let_in)
+
+    async def send(headers: list[tuple[str, str]]) -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            return await http.get("/v1/keyed", headers=headers)
+
+    calls.clear()
+    assert asyncio.run(send([("Idempotency-Key", "k1")])).text == "k1"
+    answer = asyncio.run(send([("Idempotency-Key", "k1"), ("idempotency-key", "k2")]))
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["errors"] == [
+        {"field": "Idempotency-Key", "message": "given more than once"}
+    ]
+    assert calls == ["keyed"]
 
 
 def test_litestars_own_options_routes_answer_whatever_their_parameters(
