@@ -10,7 +10,7 @@ error body, so clients and fuzzers see what the service really enforces.
 The document is complete (``tests/integration/test_openapi_fuzz.py`` holds every service to
 it):
 - Every route documents the errors any route may answer (``EVERY_ROUTE``: 400, 401, 403, 422,
-  503) and those its service adds (``service_app(errors=...)``: submission's 429) with the
+  429, 503) and those its service adds (``service_app(errors=...)``) with the
   ``ErrorBody`` schema; a route adds its own (404, 409, 413, 415) with
   ``responses=error_responses(...)``, and a second success status (201 created, 200 already
   there) with ``ResponseSpec``. One mechanism: Litestar's ``responses=``.
@@ -82,9 +82,10 @@ ERRORS: Final[Mapping[int, str]] = {
     " unreachable): retry after Retry-After seconds",
 }
 """Every error status a Trainyard API answers, as its OpenAPI document describes it."""
-EVERY_ROUTE: Final = (400, 401, 403, 422, 503)
+EVERY_ROUTE: Final = (400, 401, 403, 422, 429, 503)
 """The errors any guarded route may answer: a request Litestar cannot read, no valid token, a
-role or team below the route's, an invalid parameter, a token that cannot be checked now or a
+role or team below the route's, an invalid parameter, the user's rate limit spent (checking
+a user token spends it, on every service), a token that cannot be checked now or a
 dependency that cannot be reached."""
 
 

@@ -8,8 +8,9 @@ Contract:
 - Litestar's HTTP errors keep their status and detail; a 401 adds ``WWW-Authenticate:
   Bearer``.
 - A service's own exceptions answer the status it maps them to, their message as the detail;
-  every service answers ``shared.identity.Denied`` with 403 and ``IdentityUnavailable``
-  (user tokens cannot be checked now) with 503.
+  every service answers ``shared.identity.Denied`` with 403, ``IdentityUnavailable``
+  (user tokens cannot be checked now) with 503, and ``IdentityRateLimited`` (the user's own
+  rate limit, which each check of the token spends) with 429 and its ``Retry-After``.
 - A failure of what the service stands on, by the rule that waits out an event handler's
   (``bus.infrastructure_fault``: PostgreSQL, NATS or the object store unreachable, shutting
   down, starting up or out of connections; a connection lost, even one asyncpg left
@@ -52,7 +53,7 @@ from litestar.types import ExceptionHandlersMap
 from pydantic import BaseModel, Field, ValidationError
 
 from trainyard_platform.shared.bus import infrastructure_fault
-from trainyard_platform.shared.identity import Denied, IdentityUnavailable
+from trainyard_platform.shared.identity import Denied, IdentityRateLimited, IdentityUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -413,6 +414,7 @@ def exception_handlers(
         HTTPException: _http,
         Denied: status_handler(403),
         IdentityUnavailable: status_handler(503),
+        IdentityRateLimited: _rate_limited,
         Exception: _crash,
     }
     for kind, status in (statuses or {}).items():
@@ -437,6 +439,10 @@ def _error(
 ) -> Response[ErrorBody]:
     body = ErrorBody(detail=detail, errors=list(errors))
     return Response(body, status_code=status, headers=headers or None)
+
+
+def _rate_limited(_: AnyRequest, exc: IdentityRateLimited) -> Response[ErrorBody]:
+    return _error(429, str(exc), headers={"Retry-After": exc.retry_after})
 
 
 def _invalid(_: AnyRequest, exc: RequestInvalid) -> Response[ErrorBody]:

@@ -55,6 +55,16 @@ class IdentityUnavailable(Exception):
     """The identity service (submission) could not be asked (answered 503)."""
 
 
+class IdentityRateLimited(Exception):
+    """The identity service would not check the token now because the caller's own rate
+    limit is spent (each check is one of the user's reads): answered 429 with the identity
+    service's reason and ``retry_after`` (whole seconds)."""
+
+    def __init__(self, detail: str, retry_after: str) -> None:
+        super().__init__(detail)
+        self.retry_after = retry_after
+
+
 @dataclass(frozen=True)
 class Principal:
     """An authenticated caller: ``user`` of ``team`` with ``role``; ``token_id`` names the
@@ -116,6 +126,8 @@ class IdentityClient:
             ) from None
         if response.status_code == 401:
             return None
+        if response.status_code == 429:
+            raise _rate_limited(response)
         if response.status_code != 200:
             raise IdentityUnavailable(f"identity service answered {response.status_code}")
         try:
@@ -128,3 +140,16 @@ class IdentityClient:
             )
         except (ValueError, KeyError, TypeError):
             raise IdentityUnavailable("identity service answered something unexpected") from None
+
+
+def _rate_limited(response: httpx.Response) -> IdentityRateLimited:
+    """The identity service's 429 as the caller's: its reason and ``Retry-After`` (at least
+    1 second; whole seconds only, whatever it sent)."""
+    retry = response.headers.get("Retry-After", "")
+    retry = retry if retry.isascii() and retry.isdigit() and int(retry) >= 1 else "1"
+    try:
+        body = response.json()
+        detail = str(body["detail"]) if isinstance(body, dict) and body.get("detail") else ""
+    except ValueError:
+        detail = ""
+    return IdentityRateLimited(detail or "rate limit exceeded", retry)
