@@ -298,8 +298,7 @@ def serve_from_command_line(
     parser.add_argument("--port", type=int, help=f"listen port (overrides {prefix}PORT)")
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    settings = settings_or_exit(parser.prog, settings_type, **overrides)
-    settings_or_exit(parser.prog, OtelExportSettings)  # a bad OTEL_* is named, not a traceback
+    settings = service_settings_or_exit(parser.prog, settings_type, **overrides)
     return asyncio.run(serve(settings))
 
 
@@ -309,9 +308,37 @@ SettingsT = TypeVar("SettingsT", bound=BaseSettings)
 def settings_or_exit(prog: str, settings_type: type[SettingsT], **overrides: Any) -> SettingsT:
     """The settings from the environment and ``overrides``; if any is bad, print one line
     per bad setting (its variable, the reason, the value) and exit with status 2."""
+    settings, bad = _settings_and_errors(settings_type, **overrides)
+    _exit_if_bad(prog, bad)
+    assert settings is not None
+    return settings
+
+
+def service_settings_or_exit(
+    prog: str, settings_type: type[SettingsT], **overrides: Any
+) -> SettingsT:
+    """``settings_or_exit`` for a service: its settings and the ``OTEL_*`` variables the
+    services read themselves (``OtelExportSettings``), every bad one of both named before
+    the service starts anything (a bad ``OTEL_*`` would otherwise fail inside the start-up,
+    with a traceback). Every service's command line goes through here."""
+    settings, bad = _settings_and_errors(settings_type, **overrides)
+    _, bad_otel = _settings_and_errors(OtelExportSettings)
+    _exit_if_bad(prog, bad + bad_otel)
+    assert settings is not None
+    return settings
+
+
+def _settings_and_errors(
+    settings_type: type[SettingsT], **overrides: Any
+) -> tuple[SettingsT | None, list[str]]:
     try:
-        return settings_type(**overrides)
+        return settings_type(**overrides), []
     except ValidationError as error:
-        for line in invalid_settings(settings_type, error):
-            print(f"{prog}: invalid setting {line}", file=sys.stderr)
-        raise SystemExit(2) from None
+        return None, invalid_settings(settings_type, error)
+
+
+def _exit_if_bad(prog: str, bad: list[str]) -> None:
+    for line in bad:
+        print(f"{prog}: invalid setting {line}", file=sys.stderr)
+    if bad:
+        raise SystemExit(2)

@@ -10,7 +10,7 @@ from typing import Any
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.sandbox import UidsInUse
 from trainyard_platform.services.runner.service import serve
-from trainyard_platform.shared.runtime import settings_or_exit
+from trainyard_platform.shared.runtime import service_settings_or_exit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if value is not None
     }
-    settings = settings_or_exit(parser.prog, Settings, **overrides)
+    settings = service_settings_or_exit(parser.prog, Settings, **overrides)
     try:
         return asyncio.run(serve(settings))
     except UidsInUse as exc:  # a misconfiguration the operator fixes: one line, no traceback

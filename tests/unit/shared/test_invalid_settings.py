@@ -196,3 +196,32 @@ def test_a_shared_variable_is_named_as_it_is_set(
     with pytest.raises(SystemExit):
         serve_from_command_line("billing", "test", Settings, _must_not_serve, [])
     assert "invalid setting TRAINYARD_LOG_FORMAT: Input should be" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("service", sorted(SERVICES))
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("OTEL_EXPORTER_OTLP_PROTOCOL", "bogus"), ("OTEL_SDK_DISABLED", "maybe")],
+)
+def test_every_service_names_a_bad_otel_variable_before_it_starts(
+    service: str,
+    variable: str,
+    value: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The submission's and the runner's own command lines checked their settings but not
+    the OTEL_* ones the services read themselves: a traceback and status 1 from inside the
+    start-up, where the others said one line and exited with 2."""
+    import importlib
+
+    main = importlib.import_module(f"trainyard_platform.services.{service}.__main__").main
+    monkeypatch.setenv(variable, value)
+
+    with pytest.raises(SystemExit) as exited:
+        main([])
+
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"invalid setting {variable}: " in err
+    assert "Traceback" not in err
