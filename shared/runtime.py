@@ -55,11 +55,18 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
 from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.db import open_pool
 from trainyard_platform.shared.http_deadline import SlowClientDeadlines
 from trainyard_platform.shared.logs import configure_logging
 from trainyard_platform.shared.metrics import metrics_route, setup_metrics
 from trainyard_platform.shared.metrics_sampler import Sampler, common_readings
-from trainyard_platform.shared.settings import ServiceSettings, invalid_settings
+from trainyard_platform.shared.settings import (
+    DatabaseSettings,
+    ServiceSettings,
+    StorageSettings,
+    invalid_settings,
+)
+from trainyard_platform.shared.storage import ObjectStore, open_store
 from trainyard_platform.shared.telemetry import OtelExportSettings, setup_tracing
 
 log = logging.getLogger(__name__)
@@ -128,6 +135,15 @@ class ServiceRuntime:
     def _on_signal(self, sig: signal.Signals) -> None:
         log.info("%s received %s: draining", self.name, sig.name)
         self.stopping.set()
+
+    async def open_pool(self, settings: DatabaseSettings, schema: str) -> asyncpg.Pool:
+        """The service's pool (``shared.db.open_pool``), closed with the runtime; PostgreSQL
+        unreachable or the URL unusable at start is ``StartupFailed``."""
+        with needed("PostgreSQL", "TRAINYARD_DATABASE_URL"):
+            pool: asyncpg.Pool = await self.resources.enter_async_context(
+                open_pool(settings, schema)
+            )
+        return pool
 
     def add_readiness_check(self, name: str, check: ReadinessCheck) -> None:
         self._checks[name] = check
@@ -278,6 +294,39 @@ class _EmbeddedServer(uvicorn.Server):
         yield
 
 
+class StartupFailed(Exception):
+    """A dependency a service needs to start could not be reached or used; the message
+    names it and its setting, never the setting's value (a URL may hold a password)."""
+
+
+@contextlib.contextmanager
+def needed(dependency: str, settings: str) -> Generator[None, None, None]:
+    """A step of the start-up that needs ``dependency``, configured by ``settings``: any
+    error in it is ``StartupFailed`` naming both, with the error's own text on one line."""
+    try:
+        yield
+    except Exception as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise StartupFailed(f"{dependency} ({settings}): {reason}") from exc
+
+
+async def open_service_store(settings: StorageSettings) -> ObjectStore:
+    """The service's object store (``open_store``; S3 makes its bucket if missing, a blocking
+    call kept off the loop); unreachable or unusable at start is ``StartupFailed``."""
+    with needed("the object store", "TRAINYARD_STORAGE_URI, TRAINYARD_STORAGE_S3_*"):
+        return await asyncio.to_thread(open_store, settings.uri, settings)
+
+
+def run_service(serving: Coroutine[Any, Any, int]) -> int:
+    """Run a service's ``serve`` to its end and return its exit status: 1 with one line
+    (``cannot start: ...``) when a dependency failed its start-up (``StartupFailed``)."""
+    try:
+        return asyncio.run(serving)
+    except StartupFailed as exc:
+        log.critical("cannot start: %s", exc)
+        return 1
+
+
 def serve_from_command_line(
     name: str,
     summary: str,
@@ -299,7 +348,7 @@ def serve_from_command_line(
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     settings = service_settings_or_exit(parser.prog, settings_type, **overrides)
-    return asyncio.run(serve(settings))
+    return run_service(serve(settings))
 
 
 SettingsT = TypeVar("SettingsT", bound=BaseSettings)

@@ -18,7 +18,7 @@ from trainyard_platform.services.billing.handlers import SUBJECTS, BillingHandle
 from trainyard_platform.services.billing.metrics import billing_readings
 from trainyard_platform.shared.access import guard_for
 from trainyard_platform.shared.bus import Bus
-from trainyard_platform.shared.db import migrate, open_pool, ping
+from trainyard_platform.shared.db import migrate, ping
 from trainyard_platform.shared.deadletters import deadletter_routes
 from trainyard_platform.shared.event_metrics import measured
 from trainyard_platform.shared.inbox import idempotent
@@ -53,7 +53,7 @@ async def ensure_rollups(pool: asyncpg.Pool) -> None:
 
 async def serve(settings: Settings) -> int:
     async with ServiceRuntime(NAME, settings) as rt:
-        pool = await rt.resources.enter_async_context(open_pool(settings.database, NAME))
+        pool = await rt.open_pool(settings.database, NAME)
         await migrate(pool, NAME, MIGRATIONS)
         await seed_prices(pool, settings)
         await ensure_rollups(pool)

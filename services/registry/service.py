@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from trainyard_platform.services.registry.api import create_app
@@ -11,7 +10,7 @@ from trainyard_platform.services.registry.config import Settings
 from trainyard_platform.services.registry.handlers import RegistryHandlers
 from trainyard_platform.shared.access import guard_for
 from trainyard_platform.shared.bus import Bus
-from trainyard_platform.shared.db import migrate, open_pool, ping
+from trainyard_platform.shared.db import migrate, ping
 from trainyard_platform.shared.deadletters import deadletter_routes
 from trainyard_platform.shared.event_metrics import measured
 from trainyard_platform.shared.events import nats_subject
@@ -27,8 +26,7 @@ from trainyard_platform.shared.events.payloads import (
 from trainyard_platform.shared.inbox import idempotent_batches
 from trainyard_platform.shared.outbox import OutboxRelay
 from trainyard_platform.shared.retention import Retention
-from trainyard_platform.shared.runtime import ServiceRuntime
-from trainyard_platform.shared.storage import open_store
+from trainyard_platform.shared.runtime import ServiceRuntime, open_service_store
 
 NAME = "registry"
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -48,13 +46,13 @@ SUBJECTS = [
 
 async def serve(settings: Settings) -> int:
     async with ServiceRuntime(NAME, settings) as rt:
-        pool = await rt.resources.enter_async_context(open_pool(settings.database, NAME))
+        pool = await rt.open_pool(settings.database, NAME)
         await migrate(pool, NAME, MIGRATIONS)
         bus = await rt.resources.enter_async_context(Bus.connect(settings.nats, NAME))
         rt.add_readiness_check("database", lambda: ping(pool))
         rt.add_readiness_check("nats", bus.ping)
         # Opening an S3 store may create its bucket: a blocking call, kept off the loop.
-        store = await asyncio.to_thread(open_store, settings.storage.uri, settings.storage)
+        store = await open_service_store(settings.storage)
         handlers = RegistryHandlers(store)
         rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
         rt.spawn(Retention(pool, settings.nats.retention_hours).run(rt.stopping), "retention")

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from typing import Any
 
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.sandbox import UidsInUse
 from trainyard_platform.services.runner.service import serve
-from trainyard_platform.shared.runtime import service_settings_or_exit
+from trainyard_platform.shared.runtime import run_service, service_settings_or_exit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     settings = service_settings_or_exit(parser.prog, Settings, **overrides)
     try:
-        return asyncio.run(serve(settings))
+        return run_service(serve(settings))
     except UidsInUse as exc:  # a misconfiguration the operator fixes: one line, no traceback
         print(f"{parser.prog}: {exc}", file=sys.stderr)
         return 2

@@ -19,8 +19,7 @@ from trainyard_platform.shared.access import guard_for
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.deadletters import deadletter_routes
 from trainyard_platform.shared.event_metrics import measured_each
-from trainyard_platform.shared.runtime import ServiceRuntime
-from trainyard_platform.shared.storage import open_store
+from trainyard_platform.shared.runtime import ServiceRuntime, open_service_store
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +50,7 @@ async def serve(settings: Settings) -> int:
             gpus.source,
             ", ".join(gpus.names) or "none",
         )
-        store = await asyncio.to_thread(open_store, settings.storage.uri, settings.storage)
+        store = await open_service_store(settings.storage)
         bus = await rt.resources.enter_async_context(
             Bus.connect(settings.nats, f"runner-{settings.node_id}")
         )

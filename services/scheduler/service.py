@@ -20,7 +20,7 @@ from trainyard_platform.services.scheduler.policy.model import PolicyConfig
 from trainyard_platform.services.scheduler.scheduling import Tuning
 from trainyard_platform.shared.access import guard_for
 from trainyard_platform.shared.bus import Bus
-from trainyard_platform.shared.db import migrate, open_pool, ping
+from trainyard_platform.shared.db import migrate, ping
 from trainyard_platform.shared.deadletters import deadletter_routes
 from trainyard_platform.shared.events import Payload, nats_subject
 from trainyard_platform.shared.events.payloads import (
@@ -74,7 +74,7 @@ def tuning_from(settings: Settings) -> Tuning:
 
 async def serve(settings: Settings) -> int:
     async with ServiceRuntime(NAME, settings) as rt:
-        pool = await rt.resources.enter_async_context(open_pool(settings.database, NAME))
+        pool = await rt.open_pool(settings.database, NAME)
         await migrate(pool, NAME, MIGRATIONS)
         bus = await rt.resources.enter_async_context(Bus.connect(settings.nats, NAME))
         rt.add_readiness_check("database", lambda: ping(pool))

@@ -23,7 +23,7 @@ from trainyard_platform.services.submission.schemas import NAME_PATTERN
 from trainyard_platform.services.submission.service import bootstrap_user, serve
 from trainyard_platform.shared.db import DATABASE_FAULTS
 from trainyard_platform.shared.identity import Role
-from trainyard_platform.shared.runtime import service_settings_or_exit
+from trainyard_platform.shared.runtime import run_service, service_settings_or_exit
 
 
 def _name(value: str) -> str:
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = service_settings_or_exit(parser.prog, Settings)
     if args.command != "bootstrap-admin":
-        return asyncio.run(serve(settings))
+        return run_service(serve(settings))
     try:
         token = asyncio.run(
             bootstrap_user(settings, args.team, args.user, Role(args.role), args.reissue)

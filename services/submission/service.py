@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import asyncpg
@@ -19,8 +18,7 @@ from trainyard_platform.shared.identity import Role
 from trainyard_platform.shared.inbox import TransactionalHandler, idempotent
 from trainyard_platform.shared.outbox import OutboxRelay
 from trainyard_platform.shared.retention import Retention
-from trainyard_platform.shared.runtime import ServiceRuntime
-from trainyard_platform.shared.storage import open_store
+from trainyard_platform.shared.runtime import ServiceRuntime, open_service_store
 
 NAME = "submission"
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -44,10 +42,10 @@ def outbox_relay(pool: asyncpg.Pool, bus: Bus, settings: Settings) -> OutboxRela
 
 async def serve(settings: Settings) -> int:
     async with ServiceRuntime(NAME, settings) as rt:
-        pool = await rt.resources.enter_async_context(open_pool(settings.database, NAME))
+        pool = await rt.open_pool(settings.database, NAME)
         await migrate(pool, NAME, MIGRATIONS)
         # Code bundles are stored, and job logs read, here (S3: the bucket is made if missing).
-        store = await asyncio.to_thread(open_store, settings.storage.uri, settings.storage)
+        store = await open_service_store(settings.storage)
         bus = await rt.resources.enter_async_context(Bus.connect(settings.nats, NAME))
         rt.add_readiness_check("database", lambda: ping(pool))
         rt.add_readiness_check("nats", bus.ping)

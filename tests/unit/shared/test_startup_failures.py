@@ -1,0 +1,74 @@
+"""A service whose PostgreSQL or object store cannot be reached or used at start says so in
+one line naming the setting, and exits with status 1: no traceback, no secret."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainyard_platform.services.billing.config import Settings
+from trainyard_platform.services.billing.service import serve
+from trainyard_platform.shared.runtime import (
+    StartupFailed,
+    open_service_store,
+    serve_from_command_line,
+)
+from trainyard_platform.shared.settings import StorageSettings
+
+TOKEN = "startup-failure-test-token-0123456789abcdef"
+
+
+@pytest.fixture(autouse=True)
+def billing_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINYARD_BILLING_ADMIN_TOKEN", TOKEN)
+    monkeypatch.setenv("TRAINYARD_BILLING_PORT", "0")
+    monkeypatch.delenv("TRAINYARD_TELEMETRY_SPAN_FILE", raising=False)
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        # Port 1 on loopback: nothing listens, the connection is refused at once.
+        ("postgresql://trainyard:pg-secret-pw@127.0.0.1:1/trainyard", "Connect call failed"),
+        ("mysql://trainyard:pg-secret-pw@db/trainyard", "invalid DSN"),
+    ],
+)
+def test_postgresql_unusable_at_start_is_one_line_naming_the_setting(
+    url: str,
+    reason: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("TRAINYARD_DATABASE_URL", url)
+
+    status = serve_from_command_line("billing", "test", Settings, serve, [])
+
+    assert status == 1
+    err = capsys.readouterr().err
+    [line] = [line for line in err.splitlines() if "cannot start" in line]
+    assert "PostgreSQL (TRAINYARD_DATABASE_URL)" in line
+    assert reason in line
+    assert "Traceback" not in err
+    assert "pg-secret-pw" not in err
+
+
+async def test_an_object_store_uri_that_is_none_names_its_setting() -> None:
+    with pytest.raises(StartupFailed) as failed:
+        await open_service_store(StorageSettings(uri="garbage"))
+
+    assert "the object store (TRAINYARD_STORAGE_URI" in str(failed.value)
+    assert "not an object-store URI" in str(failed.value)
+
+
+def test_the_services_open_their_store_through_the_runtime() -> None:
+    """Each service that opens the object store at start does it with ``open_service_store``
+    (or ``ServiceRuntime.open_pool`` for PostgreSQL), so its failure is the one line above."""
+    from pathlib import Path
+
+    services = Path(__file__).resolve().parents[3] / "services"
+    for name in ("registry", "runner", "submission"):
+        source = (services / name / "service.py").read_text()
+        assert "open_service_store(" in source, name
+        assert "to_thread(open_store" not in source, name
+    for name in ("billing", "registry", "scheduler", "submission"):
+        source = (services / name / "service.py").read_text()
+        assert "rt.open_pool(" in source, name
