@@ -1,8 +1,11 @@
 """The life of one service process: tracing, signals, background tasks, health, drain.
 
 Contract:
-- SIGTERM or SIGINT sets ``runtime.stopping``. Background tasks started with ``spawn`` are
-  expected to return when it is set, after finishing the work in hand; ``run`` waits for them
+- While the service starts (until its first ``spawn``, ``run`` or ``work_begins``), SIGTERM
+  or SIGINT cancels the start-up, which may be waiting for NATS for ever, and
+  ``run_service`` returns 0. From then on it sets ``runtime.stopping``. Background tasks
+  started with ``spawn`` are expected to return when it is set, after finishing the work in
+  hand; ``run`` waits for them
   up to ``shutdown_grace_seconds`` and cancels what is left, then stops the HTTP server, and
   only then do the resources entered on ``runtime.resources`` close (in reverse order).
 - A background task that crashes stops the whole process with exit status 1: a service never
@@ -92,6 +95,8 @@ class ServiceRuntime:
         self._tasks: list[asyncio.Task[None]] = []
         self._checks: dict[str, ReadinessCheck] = {}
         self._crashed = False
+        self._starting: asyncio.Task[Any] | None = None
+        """The task entering the runtime, cancelled by SIGTERM/SIGINT until it serves."""
         self._provider: TracerProvider | None = None
         self._meter_provider: MeterProvider | None = None
 
@@ -100,6 +105,7 @@ class ServiceRuntime:
         self._provider = setup_tracing(self.name, self.settings.telemetry)
         self._meter_provider = setup_metrics(self.name)
         loop = asyncio.get_running_loop()
+        self._starting = asyncio.current_task()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         await self.resources.__aenter__()
@@ -133,8 +139,15 @@ class ServiceRuntime:
             )
 
     def _on_signal(self, sig: signal.Signals) -> None:
-        log.info("%s received %s: draining", self.name, sig.name)
         self.stopping.set()
+        if self._starting is not None:
+            # Still starting (waiting for NATS, PostgreSQL, the object store): nothing to
+            # drain, and the wait may last for ever. ``run_service`` ends with status 0.
+            log.info("%s received %s while starting: stopping", self.name, sig.name)
+            self._starting.cancel()
+            self._starting = None
+            return
+        log.info("%s received %s: draining", self.name, sig.name)
 
     async def open_pool(self, settings: DatabaseSettings, schema: str) -> asyncpg.Pool:
         """The service's pool (``shared.db.open_pool``), closed with the runtime; PostgreSQL
@@ -144,6 +157,12 @@ class ServiceRuntime:
                 open_pool(settings, schema)
             )
         return pool
+
+    def work_begins(self) -> None:
+        """From here on SIGTERM and SIGINT drain (set ``stopping``, which the work heeds)
+        instead of cancelling the start-up: the first ``spawn``, ``run``, or a service's own
+        call before work that must be drained (the runner's recovery of its jobs)."""
+        self._starting = None
 
     def add_readiness_check(self, name: str, check: ReadinessCheck) -> None:
         self._checks[name] = check
@@ -159,6 +178,7 @@ class ServiceRuntime:
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Run ``coro`` in the background for the life of the service."""
+        self.work_begins()
         task = asyncio.create_task(coro, name=name)
         task.add_done_callback(self._on_task_done)
         self._tasks.append(task)
@@ -176,6 +196,7 @@ class ServiceRuntime:
     async def run(self, app: Litestar | None = None) -> int:
         """Serve HTTP (``app``, or the health endpoints alone) until stopped; return the exit
         status."""
+        self.work_begins()
         app = app or Litestar(route_handlers=self.health_handlers())
         self._configure_logging()  # building a Litestar app replaces the root logging setup
         with startup_heap_frozen():
@@ -319,12 +340,16 @@ async def open_service_store(settings: StorageSettings) -> ObjectStore:
 
 def run_service(serving: Coroutine[Any, Any, int]) -> int:
     """Run a service's ``serve`` to its end and return its exit status: 1 with one line
-    (``cannot start: ...``) when a dependency failed its start-up (``StartupFailed``)."""
+    (``cannot start: ...``) when a dependency failed its start-up (``StartupFailed``), 0 when
+    SIGTERM or SIGINT stopped it while it was starting."""
     try:
         return asyncio.run(serving)
     except StartupFailed as exc:
         log.critical("cannot start: %s", exc)
         return 1
+    except asyncio.CancelledError:  # SIGTERM or SIGINT while starting (ServiceRuntime)
+        log.info("stopped before it had started")
+        return 0
 
 
 def serve_from_command_line(

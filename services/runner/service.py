@@ -58,6 +58,7 @@ async def serve(settings: Settings) -> int:
         if can_switch_users():
             rt.resources.enter_context(claim_job_uids(settings.job_uids))
         agent = NodeAgent(settings, bus, store, gpus, rt.stopping)
+        rt.work_begins()  # a stop from here drains the jobs recovered
         await agent.recover()
         for name, loop in agent_loops(agent, bus, rt.stopping).items():
             rt.spawn(loop, name)
