@@ -1010,9 +1010,10 @@ class Bus:
             log.info("message %d goes back after ack_wait", msg.metadata.sequence.stream)
 
     def _counters_from_zero(self, consumer: str) -> None:
-        """Report ``consumer``'s dead letters of every kind and its outage retries, 0 until
-        they happen (``DEAD_LETTER_KINDS``)."""
+        """Report ``consumer``'s dead letters of every kind, its outage retries and whether it
+        is paused, 0 until they happen (``DEAD_LETTER_KINDS``)."""
         self._outage_retries.add(0, {"consumer": consumer})
+        self._paused_metric.add(0, {"consumer": consumer})
         for kind in DEAD_LETTER_KINDS:
             self._dead_letters.add(0, {"consumer": consumer, "kind": kind})
 

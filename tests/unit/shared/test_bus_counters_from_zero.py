@@ -39,6 +39,9 @@ def test_a_consumer_reports_every_kind_of_dead_letter_and_its_retries_from_zero(
     }
     assert points == {
         ("trainyard.consumer.outage_retries", (("consumer", "billing"),), 0),
+        # Absent until the first outage, the series read as unknown: a dashboard showed no
+        # data and a rule over it could not tell a consumer that never paused from none.
+        ("trainyard.consumer.paused", (("consumer", "billing"),), 0),
         *(
             ("trainyard.consumer.dead_letters", (("consumer", "billing"), ("kind", k)), 0)
             for k in DEAD_LETTER_KINDS
