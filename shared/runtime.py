@@ -81,6 +81,11 @@ refused connections a stop took about 20 s longer, after a drain of up to the sh
 grace (20 s), past the 30 s that the manifests and compose allow before a kill."""
 
 ReadinessCheck = Callable[[], Awaitable[bool]]
+READINESS_TIMEOUT_SECONDS: Final = 1.5
+"""Longest a readiness check may take before it counts as failed: the checks run side by
+side, so ``/readyz`` answers within the shortest probe timeout of deploy/ (compose's 2 s).
+A dependency that holds a request (NATS stopped: its client waits 5 s for an answer) would
+otherwise make the probe time out rather than read 503."""
 ServiceSettingsT = TypeVar("ServiceSettingsT", bound=ServiceSettings)
 
 
@@ -229,13 +234,19 @@ class ServiceRuntime:
             await asyncio.wait(still_running)
 
     async def is_ready(self) -> dict[str, bool]:
-        results: dict[str, bool] = {}
-        for name, check in self._checks.items():
+        """Every readiness check, side by side, each given ``READINESS_TIMEOUT_SECONDS``: one
+        that raises or has not answered by then is False."""
+
+        async def one(check: ReadinessCheck) -> bool:
             try:
-                results[name] = bool(await check())
+                async with asyncio.timeout(READINESS_TIMEOUT_SECONDS):
+                    return bool(await check())
             except Exception:  # a failing check means "not ready", never a crash
-                results[name] = False
-        return results
+                return False
+
+        names = list(self._checks)
+        answers = await asyncio.gather(*(one(self._checks[name]) for name in names))
+        return dict(zip(names, answers, strict=True))
 
     def health_handlers(self) -> list[HTTPRouteHandler]:
         """``/healthz``, ``/readyz`` and ``/metrics`` (``shared.metrics``) route handlers, for
