@@ -26,7 +26,8 @@ Contract:
   and puts the thresholds back when it has stopped serving, also when it is cancelled or
   fails.
 - Every service serves ``GET /healthz`` (the process is alive), ``GET /readyz`` (200 only
-  when every registered readiness check passes; 503 with the failing check names otherwise)
+  when every registered readiness check passes, each within ``READINESS_TIMEOUT_SECONDS``;
+  503 with the failing check names otherwise: ``database``, ``nats``, ``storage``)
   and ``GET /metrics`` (Prometheus text, no token).
   The bus's check (``Bus.ping``) fails while one of its consumers is paused, waiting out an
   infrastructure outage with a message in hand (``shared.bus``), so a service that cannot
@@ -69,7 +70,7 @@ from trainyard_platform.shared.settings import (
     StorageSettings,
     invalid_settings,
 )
-from trainyard_platform.shared.storage import ObjectStore, open_store
+from trainyard_platform.shared.storage import LocalStore, ObjectStore, open_store
 from trainyard_platform.shared.telemetry import OtelExportSettings, setup_tracing
 
 log = logging.getLogger(__name__)
@@ -347,6 +348,19 @@ async def open_service_store(settings: StorageSettings) -> ObjectStore:
     call kept off the loop); unreachable or unusable at start is ``StartupFailed``."""
     with needed("the object store", "TRAINYARD_STORAGE_URI, TRAINYARD_STORAGE_S3_*"):
         return await asyncio.to_thread(open_store, settings.uri, settings)
+
+
+READINESS_KEY: Final = ".trainyard-readiness"
+"""The key whose metadata the object store's readiness check asks for (it need not exist)."""
+
+
+async def store_answers(store: ObjectStore) -> bool:
+    """Readiness of the object store: a local folder exists; an S3 endpoint answers a request
+    for an object's metadata (present or not), in a thread (the client blocks)."""
+    if isinstance(store, LocalStore):
+        return await asyncio.to_thread(store.root.is_dir)
+    await asyncio.to_thread(store.exists, READINESS_KEY)
+    return True
 
 
 def run_service(serving: Coroutine[Any, Any, int]) -> int:

@@ -26,7 +26,7 @@ from trainyard_platform.shared.events.payloads import (
 from trainyard_platform.shared.inbox import idempotent_batches
 from trainyard_platform.shared.outbox import OutboxRelay
 from trainyard_platform.shared.retention import Retention
-from trainyard_platform.shared.runtime import ServiceRuntime, open_service_store
+from trainyard_platform.shared.runtime import ServiceRuntime, open_service_store, store_answers
 
 NAME = "registry"
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -53,6 +53,7 @@ async def serve(settings: Settings) -> int:
         rt.add_readiness_check("nats", bus.ping)
         # Opening an S3 store may create its bucket: a blocking call, kept off the loop.
         store = await open_service_store(settings.storage)
+        rt.add_readiness_check("storage", lambda: store_answers(store))
         handlers = RegistryHandlers(store)
         rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
         rt.spawn(Retention(pool, settings.nats.retention_hours).run(rt.stopping), "retention")

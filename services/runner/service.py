@@ -19,7 +19,7 @@ from trainyard_platform.shared.access import guard_for
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.deadletters import deadletter_routes
 from trainyard_platform.shared.event_metrics import measured_each
-from trainyard_platform.shared.runtime import ServiceRuntime, open_service_store
+from trainyard_platform.shared.runtime import ServiceRuntime, open_service_store, store_answers
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ async def serve(settings: Settings) -> int:
             Bus.connect(settings.nats, f"runner-{settings.node_id}")
         )
         rt.add_readiness_check("nats", bus.ping)
+        rt.add_readiness_check("storage", lambda: store_answers(store))
         if can_switch_users():
             rt.resources.enter_context(claim_job_uids(settings.job_uids))
         agent = NodeAgent(settings, bus, store, gpus, rt.stopping)

@@ -18,7 +18,7 @@ from trainyard_platform.shared.identity import Role
 from trainyard_platform.shared.inbox import TransactionalHandler, idempotent
 from trainyard_platform.shared.outbox import OutboxRelay
 from trainyard_platform.shared.retention import Retention
-from trainyard_platform.shared.runtime import ServiceRuntime, open_service_store
+from trainyard_platform.shared.runtime import ServiceRuntime, open_service_store, store_answers
 
 NAME = "submission"
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -49,6 +49,7 @@ async def serve(settings: Settings) -> int:
         bus = await rt.resources.enter_async_context(Bus.connect(settings.nats, NAME))
         rt.add_readiness_check("database", lambda: ping(pool))
         rt.add_readiness_check("nats", bus.ping)
+        rt.add_readiness_check("storage", lambda: store_answers(store))
         rt.spawn(outbox_relay(pool, bus, settings).run(rt.stopping), "outbox-relay")
         rt.spawn(Retention(pool, settings.nats.retention_hours).run(rt.stopping), "retention")
         handler = measured(NAME, event_handler(pool))

@@ -10,9 +10,18 @@ compose's after 2 s."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
-from trainyard_platform.shared.runtime import READINESS_TIMEOUT_SECONDS, ServiceRuntime
+import urllib3.exceptions
+from minio.error import S3Error
+
+from trainyard_platform.shared.runtime import (
+    READINESS_TIMEOUT_SECONDS,
+    ServiceRuntime,
+    store_answers,
+)
 from trainyard_platform.shared.settings import ServiceSettings
+from trainyard_platform.shared.storage import LocalStore, ObjectStore, S3Store
 
 
 async def test_a_hanging_check_fails_and_the_others_are_still_read() -> None:
@@ -44,3 +53,37 @@ async def test_a_hanging_check_fails_and_the_others_are_still_read() -> None:
 def test_the_checks_fit_in_the_shortest_probe_timeout() -> None:
     """compose's healthcheck reads /readyz with a 2 s timeout, the manifests' probe 3 s."""
     assert READINESS_TIMEOUT_SECONDS < 2
+
+
+async def test_the_object_store_check_says_whether_the_store_answers(tmp_path: Path) -> None:
+    """docs/operations.md promised 503 while the object store is unreachable; no service
+    checked it, so an idle registry or submission stayed ready with S3 away."""
+
+    class Client:
+        def __init__(self, fault: Exception) -> None:
+            self.fault = fault
+
+        def stat_object(self, bucket: str, name: str) -> None:
+            raise self.fault
+
+    missing = S3Error(None, "NoSuchKey", "no such key", "/b/k", "r", "h")  # type: ignore[arg-type]
+    away = urllib3.exceptions.MaxRetryError(None, "/b", None)  # type: ignore[arg-type]
+    answers = S3Store(Client(missing), "b", create=False)  # type: ignore[arg-type]
+    unreachable = S3Store(Client(away), "b", create=False)  # type: ignore[arg-type]
+
+    async def ready(store: ObjectStore) -> bool:
+        runtime = ServiceRuntime("test", ServiceSettings(port=0))
+        runtime.add_readiness_check("storage", lambda: store_answers(store))
+        return (await runtime.is_ready())["storage"]
+
+    assert await ready(LocalStore(tmp_path)) is True
+    assert await ready(LocalStore(tmp_path / "gone")) is False
+    assert await ready(answers) is True
+    assert await ready(unreachable) is False
+
+
+def test_the_services_with_a_store_check_it_for_readiness() -> None:
+    services = Path(__file__).resolve().parents[3] / "services"
+    for name in ("registry", "runner", "submission"):
+        source = (services / name / "service.py").read_text()
+        assert 'add_readiness_check("storage", lambda: store_answers(store))' in source, name
