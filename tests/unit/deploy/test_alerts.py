@@ -133,3 +133,20 @@ def test_prometheus_loads_the_rules() -> None:
     compose = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())
     mounts = compose["services"]["prometheus"]["volumes"]
     assert "./prometheus/alerts.yml:/etc/prometheus/alerts.yml:ro" in mounts
+
+
+def test_every_trainyard_command_an_alert_names_exists() -> None:
+    """An alert's annotations tell the operator paged what to run: each ``trainyard X``
+    there must be a command of the CLI (``trainyard budgets`` was named, and there is none)."""
+    import argparse
+
+    from trainyard.cli import _parser
+
+    [commands] = [a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    named = 0
+    for rule in rules():
+        for text in rule.get("annotations", {}).values():
+            for command in re.findall(r"\btrainyard ([a-z][a-z-]*)", text):
+                named += 1
+                assert command in commands.choices, (rule["alert"], command)
+    assert named >= 2
