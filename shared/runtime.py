@@ -42,6 +42,7 @@ import contextlib
 import gc
 import logging
 import signal
+import socket
 import sys
 import threading
 import time
@@ -205,6 +206,22 @@ class ServiceRuntime:
         self.work_begins()
         app = app or Litestar(route_handlers=self.health_handlers())
         self._configure_logging()  # building a Litestar app replaces the root logging setup
+        host, port = self.settings.host, self.settings.port
+        try:
+            listener = _listening_socket(host, port)
+        except OSError as exc:
+            prefix = f"TRAINYARD_{self.name.upper()}_"
+            log.critical(
+                "cannot start: the HTTP listener (%sHOST, %sPORT): %s:%d: %s",
+                prefix,
+                prefix,
+                host,
+                port,
+                exc.strerror or exc,
+            )
+            self.stopping.set()
+            await self._drain()
+            return 1
         with startup_heap_frozen():
             server = _EmbeddedServer(
                 uvicorn.Config(
@@ -216,7 +233,7 @@ class ServiceRuntime:
                     http=SlowClientDeadlines,
                 )
             )
-            serving = asyncio.create_task(server.serve(), name="http")
+            serving = asyncio.create_task(server.serve(sockets=[listener]), name="http")
             await self.stopping.wait()
             await self._drain()
             server.should_exit = True
@@ -317,6 +334,21 @@ _serving_lock = threading.Lock()
 _serving = 0
 """Services of this process serving now (``startup_heap_frozen``)."""
 _thresholds_before: tuple[int, int, int] | None = None
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """The HTTP server's socket, bound here (as uvicorn would) so that a port in use is the
+    runtime's to report, with the settings that name it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
 
 
 class _EmbeddedServer(uvicorn.Server):
