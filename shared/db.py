@@ -147,6 +147,15 @@ def log_failed_round(logger: logging.Logger, loop: str, message: str, exc: BaseE
         logger.error(message, exc, exc_info=exc)
 
 
+def failed_rounds_from_zero(loop: str) -> None:
+    """Report ``loop``'s failed rounds of both causes at 0, as the loop starts: a counter
+    first seen at its first failure, at 1, shows no ``increase`` to Prometheus, so the alert
+    ``TrainyardLoopFailing`` would miss that failure (every ``log_failed_round`` loop calls
+    this; ``tests/unit/shared/test_loop_rounds_from_zero.py``)."""
+    for cause in ("outage", "error"):
+        _failed_rounds.add(0, {"loop": loop, "cause": cause})
+
+
 _failed_rounds = instrument("trainyard.loop.failed_rounds")
 
 

@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from trainyard_platform.shared.db import DATABASE_FAULTS, log_failed_round
+from trainyard_platform.shared.db import DATABASE_FAULTS, failed_rounds_from_zero, log_failed_round
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ class Retention:
         self._batch = batch
 
     async def run(self, stop: asyncio.Event) -> None:
+        failed_rounds_from_zero("retention")
         while not stop.is_set():
             try:
                 pruned = await self.prune_once(datetime.now(UTC) - self._horizon)

@@ -25,7 +25,7 @@ import asyncpg
 from trainyard_platform.services.billing import budget_watch
 from trainyard_platform.services.billing import budgets_repository as repo
 from trainyard_platform.services.billing.budgets import month_start
-from trainyard_platform.shared.db import DATABASE_FAULTS, log_failed_round
+from trainyard_platform.shared.db import DATABASE_FAULTS, failed_rounds_from_zero, log_failed_round
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ class BudgetAccrual:
         self._clock = clock
 
     async def run(self, stop: asyncio.Event) -> None:
+        failed_rounds_from_zero("budget-accrual")
         while not stop.is_set():
             try:
                 crossed = await check_running(self._pool, self._clock())

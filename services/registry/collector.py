@@ -49,7 +49,13 @@ from trainyard_platform.services.registry.collector_plan import (
 from trainyard_platform.services.registry.config import Settings
 from trainyard_platform.services.registry.uploads import S3Uploads
 from trainyard_platform.shared.bus import infrastructure_fault
-from trainyard_platform.shared.db import DATABASE_FAULTS, log_failed_round, migrate, open_pool
+from trainyard_platform.shared.db import (
+    DATABASE_FAULTS,
+    failed_rounds_from_zero,
+    log_failed_round,
+    migrate,
+    open_pool,
+)
 from trainyard_platform.shared.runtime import settings_or_exit
 from trainyard_platform.shared.storage import ObjectStore, S3Store, open_store
 from trainyard_platform.shared.storage.s3 import client_from_settings
@@ -105,6 +111,7 @@ class StorageCollector:
         (``db.DATABASE_FAULTS``) or the object store (unreachable or unavailable:
         ``bus.infrastructure_fault``) is logged and tried again; anything else is a bug and
         propagates."""
+        failed_rounds_from_zero("storage-collector")
         while not stop.is_set():
             try:
                 report = await self.collect_once()

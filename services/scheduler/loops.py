@@ -50,7 +50,7 @@ from trainyard_platform.services.scheduler.scheduling import (
     utc_now,
 )
 from trainyard_platform.shared.bus import Bus, Delivery
-from trainyard_platform.shared.db import DATABASE_FAULTS, log_failed_round
+from trainyard_platform.shared.db import DATABASE_FAULTS, failed_rounds_from_zero, log_failed_round
 from trainyard_platform.shared.event_metrics import measured
 from trainyard_platform.shared.inbox import Guard, idempotent_batches, no_guard
 
@@ -139,6 +139,8 @@ class PassLoop:
         return decided
 
     async def run(self, stop: asyncio.Event) -> None:
+        failed_rounds_from_zero("scheduling-pass")
+        failed_rounds_from_zero("fast-path")
         listener = await self._pool.acquire()
         try:
             # Inside: a database that fails right after the acquire must not keep the

@@ -48,7 +48,7 @@ from trainyard_platform.services.scheduler.leader import NotLeader
 from trainyard_platform.services.scheduler.leases import end_gang
 from trainyard_platform.services.scheduler.scheduling import Clock, Tuning, run_pass, utc_now
 from trainyard_platform.shared.bus import Bus, Hearing
-from trainyard_platform.shared.db import DATABASE_FAULTS, log_failed_round
+from trainyard_platform.shared.db import DATABASE_FAULTS, failed_rounds_from_zero, log_failed_round
 from trainyard_platform.shared.inbox import Guard, no_guard
 
 log = logging.getLogger(__name__)
@@ -232,6 +232,7 @@ class NodeWatch:
 
     async def run(self, stop: asyncio.Event) -> None:
         self._started = self._clock()  # this term's hearing begins now
+        failed_rounds_from_zero("lost-node-sweep")
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self._interval)
