@@ -73,3 +73,17 @@ def test_the_admin_token_is_not_said_to_be_optional() -> None:
     section = DOC[DOC.index("## Before anything else") : DOC.index("## What a fresh install")]
     assert "open to anyone" not in section
     assert "status 2" in section
+
+
+def test_deploy_readme_gives_every_service_s_default_port() -> None:
+    """deploy/README.md's per-service table lists the default ports; registry's was missing."""
+    import importlib
+
+    readme = (ROOT / "deploy" / "README.md").read_text()
+    [row] = [
+        line for line in readme.splitlines() if line.startswith("| `TRAINYARD_<SERVICE>_PORT`")
+    ]
+    for service in ("submission", "scheduler", "runner", "registry", "billing"):
+        config = importlib.import_module(f"trainyard_platform.services.{service}.config")
+        port = config.Settings.model_fields["port"].default
+        assert f"{service} `{port}`" in row, service
