@@ -111,7 +111,10 @@ def service_guard(admin_token: SecretStr, identity: IdentityClient | None = None
 async def guard_for(settings: GuardedServiceSettings) -> AsyncIterator[Guard]:
     """The ``service_guard`` of a service's settings; its identity client (when
     ``identity_url`` is set) is closed on exit."""
-    identity = IdentityClient(settings.identity_url) if settings.identity_url else None
+    setting = f"{settings.model_config.get('env_prefix', '')}IDENTITY_URL"
+    identity = (
+        IdentityClient(settings.identity_url, setting=setting) if settings.identity_url else None
+    )
     try:
         yield service_guard(settings.admin_token, identity)
     finally:

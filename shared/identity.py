@@ -18,11 +18,15 @@ Contract:
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
 import httpx
+
+log = logging.getLogger(__name__)
 
 
 class Role(StrEnum):
@@ -103,13 +107,40 @@ def operator_token_principal() -> Principal:
     return Principal(user=OPERATOR_TOKEN_ACTOR, team=None, role=Role.OPERATOR, token_id=None)
 
 
+UNAVAILABLE_LOG_SECONDS: Final = 60.0
+"""An identity service that cannot answer is logged again at most this often per reason."""
+
+
 class IdentityClient:
     """Checks user tokens with the submission service (``GET {base_url}/v1/me``)."""
 
     def __init__(
-        self, base_url: str, timeout_s: float = 5.0, http: httpx.AsyncClient | None = None
+        self,
+        base_url: str,
+        timeout_s: float = 5.0,
+        http: httpx.AsyncClient | None = None,
+        *,
+        setting: str = "the identity URL",
     ):
         self._http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
+        self._where = f"{setting}: {base_url}"
+        self._logged: dict[str, float] = {}
+
+    def _unavailable(self, reason: str, detail: str = "") -> IdentityUnavailable:
+        """The error a request answers 503 with (``reason``), logged for the operator with
+        ``detail``: once per reason and ``UNAVAILABLE_LOG_SECONDS``, as every request with a
+        user token meets it while it lasts."""
+        now = time.monotonic()
+        last = self._logged.get(reason)
+        if last is None or now - last >= UNAVAILABLE_LOG_SECONDS:
+            self._logged[reason] = now
+            log.warning(
+                "user tokens cannot be checked (%s): %s%s; their requests answer 503",
+                self._where,
+                reason,
+                f": {' '.join(detail.split())}" if detail else "",
+            )
+        return IdentityUnavailable(reason)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -121,15 +152,15 @@ class IdentityClient:
         try:
             response = await self._http.get("/v1/me", headers={"Authorization": f"Bearer {token}"})
         except httpx.HTTPError as exc:
-            raise IdentityUnavailable(
-                f"identity service unreachable ({type(exc).__name__})"
+            raise self._unavailable(
+                f"identity service unreachable ({type(exc).__name__})", str(exc)
             ) from None
         if response.status_code == 401:
             return None
         if response.status_code == 429:
             raise _rate_limited(response)
         if response.status_code != 200:
-            raise IdentityUnavailable(f"identity service answered {response.status_code}")
+            raise self._unavailable(f"identity service answered {response.status_code}")
         try:
             me = response.json()
             return Principal(
@@ -139,7 +170,7 @@ class IdentityClient:
                 token_id=int(me["token_id"]),
             )
         except (ValueError, KeyError, TypeError):
-            raise IdentityUnavailable("identity service answered something unexpected") from None
+            raise self._unavailable("identity service answered something unexpected") from None
 
 
 def _rate_limited(response: httpx.Response) -> IdentityRateLimited:
