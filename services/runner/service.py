@@ -19,7 +19,12 @@ from trainyard_platform.shared.access import guard_for
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.deadletters import deadletter_routes
 from trainyard_platform.shared.event_metrics import measured_each
-from trainyard_platform.shared.runtime import ServiceRuntime, open_service_store, store_answers
+from trainyard_platform.shared.runtime import (
+    ServiceRuntime,
+    needed,
+    open_service_store,
+    store_answers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +44,9 @@ def protect_runner(settings: Settings) -> None:
 
 
 async def serve(settings: Settings) -> int:
-    protect_runner(settings)
     async with ServiceRuntime("runner", settings) as rt:
+        with needed("the runner's work folder", "TRAINYARD_RUNNER_WORK_DIR"):
+            protect_runner(settings)
         gpus = await asyncio.to_thread(discover_gpus, settings.virtual_gpus)
         log.info(
             "node %s: %d %s GPUs (%s): %s",

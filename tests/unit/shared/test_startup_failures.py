@@ -3,6 +3,8 @@ one line naming the setting, and exits with status 1: no traceback, no secret.""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from trainyard_platform.services.billing.config import Settings
@@ -15,6 +17,13 @@ from trainyard_platform.shared.runtime import (
 from trainyard_platform.shared.settings import StorageSettings
 
 TOKEN = "startup-failure-test-token-0123456789abcdef"
+
+
+@pytest.fixture(autouse=True)
+def fresh_log_handlers() -> None:
+    """A service configures logging to the stderr of its test (captured, then closed): drop
+    an earlier test's handler, as a process of its own would start without one."""
+    logging.getLogger().handlers.clear()
 
 
 @pytest.fixture(autouse=True)
@@ -72,3 +81,22 @@ def test_the_services_open_their_store_through_the_runtime() -> None:
     for name in ("billing", "registry", "scheduler", "submission"):
         source = (services / name / "service.py").read_text()
         assert "rt.open_pool(" in source, name
+
+
+def test_a_runner_work_folder_that_cannot_be_made_names_its_setting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TRAINYARD_RUNNER_WORK_DIR where no folder can be made ended the runner in a
+    traceback (FileNotFoundError from mkdir, before anything was set up)."""
+    from trainyard_platform.services.runner.__main__ import main as runner_main
+
+    monkeypatch.setenv("TRAINYARD_RUNNER_ADMIN_TOKEN", TOKEN)
+    monkeypatch.setenv("TRAINYARD_RUNNER_PORT", "0")
+    monkeypatch.setenv("TRAINYARD_RUNNER_WORK_DIR", "/proc/no-folder-can-be-made-here")
+
+    assert runner_main(["--virtual-gpus", "1"]) == 1
+    err = capsys.readouterr().err
+    [line] = [line for line in err.splitlines() if "cannot start" in line]
+    assert "(TRAINYARD_RUNNER_WORK_DIR)" in line
+    assert "/proc/no-folder-can-be-made-here" in line
+    assert "Traceback" not in err
