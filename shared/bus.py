@@ -111,7 +111,7 @@ from opentelemetry.sdk.trace import SpanLimits
 from trainyard_platform.shared.events import Envelope, EventParseError, Payload, parse_envelope
 from trainyard_platform.shared.events.payloads import JobMetrics, JobProgress, RunnerHeartbeat
 from trainyard_platform.shared.events.trust import forged_because, misrouted_because
-from trainyard_platform.shared.logs import job_scope, span_job_id
+from trainyard_platform.shared.logs import Throttle, held_back, job_scope, span_job_id
 from trainyard_platform.shared.settings import NatsSettings
 from trainyard_platform.shared.span_errors import safe_message
 from trainyard_platform.shared.telemetry import extract, inject, tracer
@@ -404,31 +404,25 @@ def _own_fault(exc: BaseException) -> str | None:
     return None
 
 
-NATS_ERROR_REPEAT_SECONDS = 60.0
-"""The same error of the NATS client is logged again at most this often (with how many times
-it came since); a new one is logged at once."""
-
-
 def nats_error_logger() -> Callable[[Exception], Awaitable[None]]:
     """The NATS client's ``error_cb``: each error in one line that names the setting, with no
     traceback. The client reports every failed try to (re)connect, one every 2 s for as long
     as NATS is away (at start too: the client waits for it for ever), and its default logged
-    each with the library's traceback; here a repeated error is logged once a minute."""
-    logged: dict[str, tuple[float, int]] = {}
+    each with the library's traceback; here a repeated error is logged once a minute
+    (``logs.Throttle``)."""
+    throttle = Throttle()
 
     async def report(exc: Exception) -> None:
         reason = " ".join(str(exc).split()) or type(exc).__name__
-        now = asyncio.get_running_loop().time()
-        last, repeats = logged.get(reason, (None, 0))
-        if last is not None and now - last < NATS_ERROR_REPEAT_SECONDS:
-            logged[reason] = (last, repeats + 1)
+        repeats = throttle.due(reason)
+        if repeats is None:
             return
-        logged[reason] = (now, 0)
         settings = "TRAINYARD_NATS_URL"
         if "authorization" in reason.lower() or "authentication" in reason.lower():
             settings += ", TRAINYARD_NATS_USER, TRAINYARD_NATS_PASSWORD"
-        since = f" ({repeats} more times since it was last logged)" if repeats else ""
-        log.warning("NATS (%s): %s%s; the client keeps trying", settings, reason, since)
+        log.warning(
+            "NATS (%s): %s%s; the client keeps trying", settings, reason, held_back(repeats)
+        )
 
     return report
 

@@ -19,12 +19,13 @@ Contract:
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
 import httpx
+
+from trainyard_platform.shared.logs import Throttle, held_back
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +108,6 @@ def operator_token_principal() -> Principal:
     return Principal(user=OPERATOR_TOKEN_ACTOR, team=None, role=Role.OPERATOR, token_id=None)
 
 
-UNAVAILABLE_LOG_SECONDS: Final = 60.0
-"""An identity service that cannot answer is logged again at most this often per reason."""
-
-
 class IdentityClient:
     """Checks user tokens with the submission service (``GET {base_url}/v1/me``)."""
 
@@ -124,21 +121,20 @@ class IdentityClient:
     ):
         self._http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
         self._where = f"{setting}: {base_url}"
-        self._logged: dict[str, float] = {}
+        self._throttle = Throttle()
 
     def _unavailable(self, reason: str, detail: str = "") -> IdentityUnavailable:
         """The error a request answers 503 with (``reason``), logged for the operator with
-        ``detail``: once per reason and ``UNAVAILABLE_LOG_SECONDS``, as every request with a
+        ``detail``: once per reason a minute (``logs.Throttle``), as every request with a
         user token meets it while it lasts."""
-        now = time.monotonic()
-        last = self._logged.get(reason)
-        if last is None or now - last >= UNAVAILABLE_LOG_SECONDS:
-            self._logged[reason] = now
+        repeats = self._throttle.due(reason)
+        if repeats is not None:
             log.warning(
-                "user tokens cannot be checked (%s): %s%s; their requests answer 503",
+                "user tokens cannot be checked (%s): %s%s; their requests answer 503%s",
                 self._where,
                 reason,
                 f": {' '.join(detail.split())}" if detail else "",
+                held_back(repeats),
             )
         return IdentityUnavailable(reason)
 

@@ -18,6 +18,8 @@ Contract:
   type is routed by its job id (docs/events.md: every type but the node-, flavor- and
   team-routed ones), so a line logged while handling a job's event carries it without each
   call saying so.
+- ``Throttle`` keeps a failure that every request or retry meets while it lasts (a
+  dependency away) to one log line per reason a minute, with the count of those held back.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -149,3 +152,40 @@ def configure_logging(service: str, level: str, log_format: Literal["json", "tex
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter(service, log_format))
     logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+REPEAT_SECONDS: Final = 60.0
+"""A repeated failure is logged again at most this often (``Throttle``)."""
+
+
+class Throttle:
+    """Whether a repeated failure, keyed by its reason, is to be logged now: the first time,
+    then at most once every ``interval_s``. ``due`` answers how many times it came since it
+    was last logged (0 the first time), or None to hold it back (it is counted). At most
+    ``MAX_REASONS`` reasons are kept; past that the oldest are forgotten (logged again)."""
+
+    MAX_REASONS: Final = 256
+
+    def __init__(
+        self, interval_s: float = REPEAT_SECONDS, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.interval_s = interval_s
+        self._clock = clock
+        self._seen: dict[str, tuple[float, int]] = {}
+
+    def due(self, reason: str) -> int | None:
+        now = self._clock()
+        seen = self._seen.get(reason)
+        if seen is not None and now - seen[0] < self.interval_s:
+            self._seen[reason] = (seen[0], seen[1] + 1)
+            return None
+        self._seen.pop(reason, None)
+        if len(self._seen) >= self.MAX_REASONS:
+            del self._seen[next(iter(self._seen))]
+        self._seen[reason] = (now, 0)
+        return 0 if seen is None else seen[1]
+
+
+def held_back(count: int) -> str:
+    """`` (N more times since it was last logged)`` for ``Throttle.due``'s count, or ''."""
+    return f" ({count} more times since it was last logged)" if count else ""

@@ -14,27 +14,37 @@ Contract:
   the item (``datasets[1]``, ``parent_model``), with one message whether it does not exist
   or the team may not read it: existence does not leak. Every bad item is named at once.
 - The registry unreachable, or answering anything but 200 or 404, raises
-  ``RegistryUnavailable`` (503): the job is not admitted unchecked. Without ``registry_url``
+  ``RegistryUnavailable`` (503): the job is not admitted unchecked; the operator's log says
+  so, naming ``TRAINYARD_SUBMISSION_REGISTRY_URL``, once per reason a minute. Without ``registry_url``
   a job naming data is refused with 422 (nothing can check it).
 """
 
 from __future__ import annotations
 
+import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from trainyard_platform.services.submission.schemas import JobRequest
 from trainyard_platform.shared.http_errors import FieldError, RequestInvalid
+from trainyard_platform.shared.logs import Throttle, held_back
+
+log = logging.getLogger(__name__)
 
 _REFERENCE = re.compile(r"([^/]+)/([^/:@]+)(?::([0-9]+)|@(.+))?")
 UNREADABLE = "no such {kind} your team may read (it does not exist, or its team has not granted it)"
 
 
 class RegistryUnavailable(Exception):
-    """The registry could not say whether the job may read what it names (answered 503)."""
+    """The registry could not say whether the job may read what it names (answered 503);
+    ``detail``: the error behind it, for the operator's log."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(reason)
+        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,8 @@ class DataAdmission:
     transport: httpx.AsyncBaseTransport | None = None
     """How to reach the registry (tests: the registry's app in-process); default: HTTP."""
     timeout_s: float = 5.0
+    unavailable: Throttle = field(default_factory=Throttle, compare=False)
+    """How often a registry that cannot answer is logged (once per reason a minute)."""
 
     @staticmethod
     def asks_registry(job: JobRequest) -> bool:
@@ -58,9 +70,25 @@ class DataAdmission:
             raise RequestInvalid.one(
                 field, "cannot be checked: this platform has no registry configured"
             )
+        try:
+            return await self._admit(job, authorization, self.registry_url)
+        except RegistryUnavailable as exc:
+            repeats = self.unavailable.due(str(exc))
+            if repeats is not None:
+                log.warning(
+                    "jobs naming datasets or a parent model cannot be checked "
+                    "(TRAINYARD_SUBMISSION_REGISTRY_URL: %s): %s%s; they answer 503%s",
+                    self.registry_url,
+                    exc,
+                    f": {' '.join(exc.detail.split())}" if exc.detail else "",
+                    held_back(repeats),
+                )
+            raise
+
+    async def _admit(self, job: JobRequest, authorization: str, registry_url: str) -> JobRequest:
         errors: list[FieldError] = []
         async with httpx.AsyncClient(
-            base_url=self.registry_url,
+            base_url=registry_url,
             transport=self.transport,
             timeout=self.timeout_s,
             headers={"Authorization": authorization},
@@ -102,7 +130,9 @@ async def _get(client: httpx.AsyncClient, path: str) -> dict[str, Any] | None:
     try:
         answer = await client.get(path)
     except httpx.HTTPError as exc:
-        raise RegistryUnavailable(f"the registry is unreachable ({type(exc).__name__})") from None
+        raise RegistryUnavailable(
+            f"the registry is unreachable ({type(exc).__name__})", str(exc)
+        ) from None
     if answer.status_code == 404:
         return None
     if answer.status_code != 200:
