@@ -27,6 +27,11 @@ LEFT JOIN (SELECT node_id, count(*) AS leased FROM gpu_leases WHERE released_at 
            GROUP BY node_id) l USING (node_id)
 GROUP BY n.gpu_flavor, n.status"""
 
+GPU_STATES = ("allocated", "idle", "lost")
+"""Every state of ``trainyard.scheduler.gpus``, each reported for every flavor a node has
+(0 where none): before, a flavor whose nodes were all lost lost its ``allocated`` and
+``idle`` series, and its ``lost`` series vanished once they came back."""
+
 _ALLOCATIONS = """SELECT n.gpu_flavor AS flavor, count(a.allocation_id) AS granted,
        count(*) FILTER (WHERE a.outcome = 'preempted' AND a.notice_at IS NOT NULL) AS preempted
 FROM nodes n LEFT JOIN allocations a USING (node_id) GROUP BY n.gpu_flavor"""
@@ -54,16 +59,20 @@ def scheduler_readings(sampler: Sampler, pool: asyncpg.Pool) -> None:
         return [(float(r["oldest"]), {"queue": r["queue"]}) for r in await fetch(_QUEUES)]
 
     async def gpus() -> Readings:
-        readings: Readings = []
+        counts: dict[str, dict[str, float]] = {}
         for r in await fetch(_GPUS):
-            flavor = r["flavor"]
+            flavor = counts.setdefault(r["flavor"], dict.fromkeys(GPU_STATES, 0.0))
             if r["status"] == "LOST":
-                readings.append((float(r["gpus"]), {"flavor": flavor, "state": "lost"}))
+                flavor["lost"] += float(r["gpus"])
                 continue
             leased = float(r["leased"])
-            readings.append((leased, {"flavor": flavor, "state": "allocated"}))
-            readings.append((float(r["gpus"]) - leased, {"flavor": flavor, "state": "idle"}))
-        return readings
+            flavor["allocated"] += leased
+            flavor["idle"] += float(r["gpus"]) - leased
+        return [
+            (n, {"flavor": flavor, "state": state})
+            for flavor, states in counts.items()
+            for state, n in states.items()
+        ]
 
     async def nodes() -> Readings:
         counts = {"ready": 0.0, "lost": 0.0}
