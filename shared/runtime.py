@@ -376,10 +376,16 @@ def needed(dependency: str, settings: str) -> Generator[None, None, None]:
 
 
 async def open_service_store(settings: StorageSettings) -> ObjectStore:
-    """The service's object store (``open_store``; S3 makes its bucket if missing, a blocking
-    call kept off the loop); unreachable or unusable at start is ``StartupFailed``."""
+    """The service's object store (``open_store``; S3 makes its bucket if missing, a local
+    store its folder, blocking calls kept off the loop); unreachable or unusable at start is
+    ``StartupFailed``."""
     with needed("the object store", "TRAINYARD_STORAGE_URI, TRAINYARD_STORAGE_S3_*"):
-        return await asyncio.to_thread(open_store, settings.uri, settings)
+        store = await asyncio.to_thread(open_store, settings.uri, settings)
+        if isinstance(store, LocalStore):
+            # Its folder is made at the first write otherwise, and readiness
+            # (``store_answers``) asks that it exist: a fresh store would never be ready.
+            await asyncio.to_thread(store.root.mkdir, 0o700, True, True)
+        return store
 
 
 READINESS_KEY: Final = ".trainyard-readiness"
