@@ -184,6 +184,10 @@ def main() -> None:
             say(f"FINAL_WEIGHTS rank={ctx.rank} sha256={weights_sha256(model)}")
             if ctx.is_main:
                 print(f"done in {time.perf_counter() - started:.1f}s", flush=True)
+            # Every rank leaves together: a rank that tears its connections down while
+            # another is still finishing (rank 0 checkpoints last) can make gloo's
+            # background thread see the peer gone and abort that rank (SIGABRT).
+            dist.barrier()
     finally:
         dist.destroy_process_group()
 
