@@ -1,0 +1,95 @@
+"""Every operation of the five services' OpenAPI documents is in the documentation.
+
+Each service's app is built as its ``service`` module builds it (no database: documents are
+made from the routes alone), and each (method, path) of its document must be written in
+README.md, deploy/README.md or docs/*.md as ``METHOD /path``, the path as in the document
+but with any name for its parameters (``{id}`` for ``{job_id}``), the method alone or among
+others (``HEAD|PUT /v1/bundles/{sha256}``).
+
+The scheduler's ``GET /v1/admin/{flavors,queues,priority-classes}/{name}``, its cohort,
+queue and class routes (shown only as ``curl`` examples with names filled in), billing's
+project budgets (``/v1/budgets/{team}[/{project}]``), submission's ``GET
+/v1/admin/users`` and ``POST /v1/tokens`` were in no document."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from litestar import Litestar
+from pydantic import SecretStr
+
+from trainyard_platform.services.billing.api import create_app as billing_app
+from trainyard_platform.services.registry.api import create_app as registry_app
+from trainyard_platform.services.runner.app import create_app as runner_app
+from trainyard_platform.services.scheduler.api import create_app as scheduler_app
+from trainyard_platform.services.submission.api import AppDeps
+from trainyard_platform.services.submission.api import create_app as submission_app
+from trainyard_platform.services.submission.config import Settings as SubmissionSettings
+from trainyard_platform.shared.access import service_guard
+from trainyard_platform.shared.runtime import ServiceRuntime
+from trainyard_platform.shared.settings import ServiceSettings
+from trainyard_platform.shared.storage import LocalStore
+
+ROOT = Path(__file__).resolve().parents[3]
+DOCS = "\n".join(
+    path.read_text()
+    for path in [ROOT / "README.md", ROOT / "deploy" / "README.md", *(ROOT / "docs").glob("*.md")]
+)
+
+
+def apps(objects: Path) -> dict[str, Litestar]:
+    """The five apps, over no database (nothing here sends a request)."""
+    no_pool = cast(Any, None)
+    health = ServiceRuntime("test", ServiceSettings()).health_handlers()
+    guard = service_guard(SecretStr("operator"), None)
+    agent = SimpleNamespace(node_id="n1", settings=SimpleNamespace(gpu_flavor="cpu"))
+    return {
+        "submission": submission_app(
+            SubmissionSettings(), AppDeps(no_pool, LocalStore(objects), health)
+        ),
+        "scheduler": scheduler_app(no_pool, guard, health),
+        "registry": registry_app(no_pool, guard, health),
+        "billing": billing_app(no_pool, guard, health),
+        "runner": runner_app(ServiceRuntime("runner", ServiceSettings()), cast(Any, agent), guard),
+    }
+
+
+def operations(objects: Path) -> list[tuple[str, str, str]]:
+    """(service, method, path) of every operation of every document."""
+    found = []
+    for service, app in apps(objects).items():
+        for path, item in app.openapi_schema.to_schema()["paths"].items():
+            found.extend((service, method.upper(), path) for method in item)
+    return found
+
+
+def written(method: str, path: str) -> bool:
+    """Whether ``method path`` is in the documentation (see the module)."""
+    template = re.sub(r"\\\{[^}]*\\\}", r"\\{[^}/]+\\}", re.escape(path))
+    methods = r"(?<![A-Za-z|])(?:[A-Z]+\|)*" + method + r"(?:\|[A-Z]+)*"
+    return re.search(methods + r" " + template + r"(?![\w/{])", DOCS) is not None
+
+
+def test_every_operation_is_documented(tmp_path: Path) -> None:
+    found = operations(tmp_path)
+    assert len(found) >= 80
+    missing = [f"{service}: {m} {p}" for service, m, p in found if not written(m, p)]
+    assert missing == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "expected"),
+    [
+        ("GET", "/v1/jobs/{job_id}", True),
+        ("HEAD", "/v1/bundles/{sha256}", True),
+        ("GET", "/v1/jobs", True),
+        ("DELETE", "/v1/jobs/{job_id}", False),
+        ("GET", "/v1/no-such-route", False),
+    ],
+)
+def test_the_matcher(method: str, path: str, expected: bool) -> None:
+    assert written(method, path) is expected
