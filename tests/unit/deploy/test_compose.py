@@ -137,7 +137,7 @@ def test_prometheus_grafana_and_jaeger_point_at_services_of_the_file() -> None:
     jaeger = yaml.safe_load((DEPLOY / "jaeger" / "config.yaml").read_text())
     assert jaeger["receivers"]["otlp"]["protocols"]["http"]["endpoint"] == "0.0.0.0:4318"
     assert compose()["x-infra-env"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
-    # The OTLP metrics the services send there reach Prometheus through Jaeger's exporter.
+    # The OTLP metrics any client sends there reach Prometheus through Jaeger's exporter.
     pipelines = jaeger["service"]["pipelines"]
     assert pipelines["metrics"]["exporters"] == ["prometheus"]
     port = jaeger["exporters"]["prometheus"]["endpoint"].rpartition(":")[2]
@@ -148,6 +148,23 @@ def test_prometheus_grafana_and_jaeger_point_at_services_of_the_file() -> None:
         for t in g["targets"]
     ]
     assert f"jaeger:{port}" in targets
+
+
+def test_deploy_readme_says_where_prometheus_gets_the_services_metrics() -> None:
+    """deploy/README.md said the services' own `/metrics` endpoints "do not exist yet" and
+    their metrics came over OTLP through Jaeger; every service serves `GET /metrics`, which
+    Prometheus scrapes, and compose turns the OTLP push off."""
+    readme = (DEPLOY / "README.md").read_text()
+    platform = {"submission", "scheduler", "registry", "billing", "runner"}
+    prometheus = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    for job in prometheus["scrape_configs"]:
+        hosts = {t.split(":")[0] for g in job["static_configs"] for t in g["targets"]}
+        if hosts & platform:
+            assert job["metrics_path"] == "/metrics"
+            assert f"`{job['job_name']}`" in readme, job["job_name"]
+    exporter = compose()["x-infra-env"]["OTEL_METRICS_EXPORTER"]
+    assert f"`OTEL_METRICS_EXPORTER: {exporter}`" in readme
+    assert "do not exist yet" not in readme
 
 
 @pytest.mark.parametrize("name", ["submission", "scheduler", "registry", "billing", "runner"])
