@@ -174,3 +174,19 @@ def test_deploy_readme_gives_every_service_s_default_port() -> None:
         config = importlib.import_module(f"trainyard_platform.services.{service}.config")
         port = config.Settings.model_fields["port"].default
         assert f"{service} `{port}`" in row, service
+
+
+def test_deploy_readme_gives_the_job_environment_s_variables_by_name() -> None:
+    """deploy/README.md gave the default of ``TRAINYARD_RUNNER_JOB_ENV_PASSTHROUGH`` as
+    ``NCCL_*``: the runner lets three NCCL variables through by name, no other."""
+    readme = (ROOT / "deploy" / "README.md").read_text()
+    [row] = [
+        line
+        for line in readme.splitlines()
+        if line.startswith("| `TRAINYARD_RUNNER_JOB_ENV_PASSTHROUGH`")
+    ]
+    default = row[row.rindex("[") :]
+    runner = importlib.import_module("trainyard_platform.services.runner.config")
+    field = runner.Settings.model_fields["job_env_passthrough"]
+    assert field.default_factory is not None
+    assert re.findall(r"`([A-Z_*]+)`", default) == field.default_factory()
