@@ -150,3 +150,25 @@ def test_every_trainyard_command_an_alert_names_exists() -> None:
                 named += 1
                 assert command in commands.choices, (rule["alert"], command)
     assert named >= 2
+
+
+def test_operations_md_lists_every_series_with_its_labels() -> None:
+    """docs/operations.md's metrics table ("Metrics") names each series of the catalogue
+    (a histogram by its base name) with the catalogue's labels, and no other series."""
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    table = doc[doc.index("| series (Prometheus) |") :]
+    table = table[: table.index("\n\n")]
+    specs = {
+        re.sub(r"_(bucket|count|sum)$", "", series): spec
+        for spec in CATALOGUE.values()
+        for series in spec.series
+    }
+    documented: dict[str, set[str]] = {}
+    for row in table.splitlines()[2:]:
+        cells = row.split("|")
+        labels = set(re.findall(r"`(\w+)`", re.sub(r"\([^)]*\)", "", cells[2])))
+        for name in re.findall(r"`(trainyard_\w+)`", cells[1]):
+            documented[name] = labels
+    assert sorted(documented) == sorted(specs)
+    for name, labels in documented.items():
+        assert labels == set(specs[name].labels), name
