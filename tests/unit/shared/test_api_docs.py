@@ -18,6 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import httpx
 import pytest
 from litestar import Litestar
 from pydantic import SecretStr
@@ -93,3 +94,37 @@ def test_every_operation_is_documented(tmp_path: Path) -> None:
 )
 def test_the_matcher(method: str, path: str, expected: bool) -> None:
     assert written(method, path) is expected
+
+
+def _normal(path: str) -> str:
+    """A path as the docs write it: parameters as ``...``, no trailing slash."""
+    return re.sub(r"\{[^}]*\}", "...", path).rstrip("/")
+
+
+async def _open_routes(objects: Path) -> set[str]:
+    """The GET routes of the five apps that answer a request without a token with anything
+    but 401 (parameters filled with a value of their type)."""
+    found = set()
+    for app in apps(objects).values():
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            for route in app.routes:
+                if "GET" not in getattr(route, "methods", ()):
+                    continue
+                url = re.sub(r"\{[^}:]*:int\}", "1", route.path)
+                url = re.sub(r"\{[^}]*\}", "x", url) or "/"
+                if (await http.get(url)).status_code != 401:
+                    found.add(route.path)
+    return found
+
+
+async def test_security_md_names_every_route_open_without_a_token(tmp_path: Path) -> None:
+    """docs/security.md said only ``/healthz`` and ``/readyz`` answer without a token, and
+    the dashboard's files; ``/metrics`` on every service and the job spec's schema on the
+    submission service answer too."""
+    doc = (ROOT / "docs" / "security.md").read_text()
+    section = doc[doc.index("\n## HTTP\n") : doc.index("Details: [dashboard.md]")]
+    documented = {_normal(p) for p in re.findall(r"`GET (/[^`\s]*)`", section)}
+    opened = {_normal(p) for p in await _open_routes(tmp_path)}
+    assert "/healthz" in opened
+    assert opened == documented
