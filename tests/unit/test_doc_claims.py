@@ -1,0 +1,27 @@
+"""Claims the documents made that the code contradicted, each held to what the code does.
+
+One case per corrected claim: the wrong wording must not come back, and where the code
+has a constant or a rule that says the truth, the document is compared with it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _text(name: str) -> str:
+    """A document's text with its line breaks and runs of blanks made single spaces."""
+    return " ".join((ROOT / name).read_text().split())
+
+
+def test_a_job_may_fine_tune_a_model_granted_to_its_team() -> None:
+    """docs/job-spec.md said `parent_model` names "a model of the job's own team"; admission
+    takes a model version the team may read, its own or granted to it
+    (``services.submission.data_admission``), as docs/models.md ("Grants") says."""
+    from trainyard_platform.services.submission.data_admission import UNREADABLE
+
+    assert "granted" in UNREADABLE
+    spec = _text("docs/job-spec.md")
+    assert "a model of the job's own team" not in spec
+    assert "a model of the job's team or of a team that granted it" in spec
