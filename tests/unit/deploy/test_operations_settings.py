@@ -125,7 +125,11 @@ def test_the_tables_are_read() -> None:
 def test_each_setting_is_documented_with_the_code_s_default(service: str, variable: str) -> None:
     documented = the_row(service, variable)
     assert documented is not None, f"{variable} ({service}) is in no table of docs/operations.md"
-    default = DEFAULTS[(service, variable)]
+    assert_agrees(variable, documented, DEFAULTS[(service, variable)])
+
+
+def assert_agrees(variable: str, documented: str, default: Any) -> None:
+    """``documented``, a table's default of ``variable``, is the code's ``default``."""
     if variable in COMPUTED_AT_START:
         assert documented == COMPUTED_AT_START[variable], variable
         return
@@ -147,6 +151,35 @@ def test_each_setting_is_documented_with_the_code_s_default(service: str, variab
         assert json.loads(documented) == default, variable
     else:
         assert documented == str(default), variable
+
+
+_OTHER_TABLE = re.compile(
+    r"`(?P<prefix>TRAINYARD_[A-Z]+_)…`.*\n(?:\n|\|[^\n]*\n)*?\|---\|---\|---\|\n"
+    r"(?P<rows>(?:\|.*\n?)+)"
+)
+OTHER_ROWS = [
+    (doc.name, table.group("prefix") + name, default.strip())
+    for doc in sorted((ROOT / "docs").glob("*.md"))
+    if doc.name != "operations.md"
+    for table in _OTHER_TABLE.finditer(doc.read_text())
+    for name, default in _ROW.findall(table.group("rows"))
+]
+
+
+def test_other_pages_tables_are_read() -> None:
+    """docs/scheduling.md ("Knobs") and docs/models.md ("Settings") have tables of their own."""
+    assert {doc for doc, _, _ in OTHER_ROWS} >= {"scheduling.md", "models.md"}
+
+
+@pytest.mark.parametrize(
+    ("doc", "variable", "documented"), OTHER_ROWS, ids=[f"{d}-{v}" for d, v, _ in OTHER_ROWS]
+)
+def test_other_pages_give_the_code_s_defaults(doc: str, variable: str, documented: str) -> None:
+    """A settings table on another page (its header or heading names ``TRAINYARD_X_…``) is
+    held to the code as operations.md's are."""
+    defaults = [d for (_, v), d in DEFAULTS.items() if v == variable]
+    assert defaults, f"{doc}: {variable} is no setting of any service"
+    assert_agrees(variable, documented, defaults[0])
 
 
 def test_every_documented_setting_is_read() -> None:
