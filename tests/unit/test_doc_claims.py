@@ -25,3 +25,17 @@ def test_a_job_may_fine_tune_a_model_granted_to_its_team() -> None:
     spec = _text("docs/job-spec.md")
     assert "a model of the job's own team" not in spec
     assert "a model of the job's team or of a team that granted it" in spec
+
+
+def test_the_dashboard_page_does_not_call_its_routes_the_only_open_ones() -> None:
+    """docs/dashboard.md said the dashboard's pages, scripts and config.json "are the only
+    routes anyone may fetch without a token"; the probes, ``GET /metrics`` on every service
+    and the job spec's schema answer without one too (``shared.access.OPEN_PATHS``;
+    docs/security.md lists them, tests/unit/shared/test_api_docs.py holds that list)."""
+    from trainyard_platform.shared.access import OPEN_PATHS
+
+    page = _text("docs/dashboard.md")
+    assert "the only routes anyone may fetch" not in page
+    for path in OPEN_PATHS:
+        assert f"GET {path}" in _text("docs/security.md"), path
+    assert 'docs/security.md, "HTTP"' in page
