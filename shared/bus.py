@@ -78,6 +78,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import traceback
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -379,10 +380,17 @@ def infrastructure_fault(exc: BaseException) -> str | None:
     return None
 
 
+POSTGRES_NOT_ANSWERING = "PostgreSQL not answering"
+"""How ``infrastructure_fault`` begins for a timeout of asyncpg's (a statement past its
+``command_timeout``, an acquire or a connect past theirs: ``shared.db``)."""
+
+
 def _own_fault(exc: BaseException) -> str | None:
     what = f"{type(exc).__name__}: {exc}".rstrip(": ")
     if isinstance(exc, _POSTGRES_DOWN):
         return f"PostgreSQL unavailable ({what})"
+    if isinstance(exc, TimeoutError) and _raised_in(exc, "asyncpg"):
+        return f"{POSTGRES_NOT_ANSWERING} ({what})"
     if isinstance(exc, asyncpg.InternalClientError) or (
         isinstance(exc, asyncpg.InterfaceError)
         and any(word in str(exc) for word in ("connection is closed", "pool is closing"))
@@ -402,6 +410,15 @@ def _own_fault(exc: BaseException) -> str | None:
     if isinstance(exc, OSError) and not isinstance(exc, _PATH_FOR_GOOD):
         return f"unreachable or timed out ({what})"
     return None
+
+
+def _raised_in(exc: BaseException, package: str) -> bool:
+    """Whether ``exc`` went through code of ``package`` on its way up: asyncpg's timeouts
+    are plain ``TimeoutError``s, told from others only by where they were raised."""
+    return any(
+        str(frame.f_globals.get("__name__", "")).partition(".")[0] == package
+        for frame, _ in traceback.walk_tb(exc.__traceback__)
+    )
 
 
 def nats_error_logger() -> Callable[[Exception], Awaitable[None]]:

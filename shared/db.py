@@ -13,6 +13,17 @@ Contract:
   left registered, session advisory locks released before the connection is; a leader's
   lock lives on a connection of its own). Functions given to ``on_release`` run as each
   connection goes back.
+- PostgreSQL that stops answering (a paused server, a network path that holds the
+  connection open and passes nothing) never holds a caller for ever: every statement waits
+  at most ``DatabaseSettings.query_timeout_seconds`` (asyncpg's ``command_timeout``; asyncpg
+  then cancels it, its transaction is rolled back, and a connection whose cancellation does
+  not answer either is closed), every ``acquire`` at most ``acquire_timeout_seconds`` (also
+  the bound on handing the connection back), and opening a connection at most
+  ``connect_timeout_seconds``. Each is a ``TimeoutError``, which ``bus.infrastructure_fault``
+  calls "PostgreSQL not answering": a handler's event is waited out, an HTTP request answers
+  503, a loop logs a failed round. A one-off command whose statements may rightly run long
+  (a rebuild of rollups) opens its pool with ``long_statements=True``; migrations give their
+  statements ``MIGRATION_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -45,6 +57,9 @@ of an operation raises the last ("cannot switch to state 15; another operation (
 progress", asyncpg issue 784): seen when PostgreSQL was killed during a scheduling pass, it
 made the scheduler exit with status 1. The pool terminates such a connection when its reset
 fails on release, so the next round gets a fresh one."""
+MIGRATION_TIMEOUT_S = 3600.0
+"""Longest one migration file, or the wait for another replica's migrations, may take: a
+migration may rewrite a large table, far past the query timeout of the service's work."""
 _MIGRATION_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _release_listeners: list[Callable[[asyncpg.Connection], None]] = []
@@ -56,19 +71,45 @@ def on_release(listener: Callable[[asyncpg.Connection], None]) -> None:
     _release_listeners.append(listener)
 
 
+class BoundedPool(asyncpg.Pool):  # type: ignore[misc]  # asyncpg ships no types
+    """asyncpg's pool, whose ``acquire`` without a timeout of its own waits at most
+    ``acquire_timeout`` (asyncpg's own acquire timeout, which also bounds the release): its
+    ``fetch``, ``execute`` and the like acquire that way too."""
+
+    def __init__(self, *args: Any, acquire_timeout: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.acquire_timeout = acquire_timeout
+
+    def acquire(self, *, timeout: float | None = None) -> Any:
+        return super().acquire(timeout=self.acquire_timeout if timeout is None else timeout)
+
+
 @asynccontextmanager
-async def open_pool(settings: DatabaseSettings, schema: str) -> AsyncIterator[asyncpg.Pool]:
-    """Open a pool bound to ``schema`` (created if missing); close it on exit."""
+async def open_pool(
+    settings: DatabaseSettings, schema: str, *, long_statements: bool = False
+) -> AsyncIterator[asyncpg.Pool]:
+    """Open a pool bound to ``schema`` (created if missing); close it on exit. Its
+    statements, acquires and connects are bounded by ``settings`` (see the module);
+    ``long_statements``: no bound on a statement (a one-off command's long rebuild)."""
     _check_schema(schema)
-    await _ensure_schema(settings.url, schema)
-    pool = await asyncpg.create_pool(
+    await _ensure_schema(settings, schema)
+    pool = BoundedPool(
         settings.url,
+        acquire_timeout=settings.acquire_timeout_seconds,
         min_size=settings.pool_min_size,
         max_size=settings.pool_max_size,
+        max_queries=50_000,  # asyncpg's defaults (create_pool's)
+        max_inactive_connection_lifetime=300.0,
+        loop=None,
+        connection_class=asyncpg.Connection,
+        record_class=asyncpg.Record,
+        command_timeout=None if long_statements else settings.query_timeout_seconds,
+        timeout=settings.connect_timeout_seconds,
         server_settings={"search_path": schema},
         init=_init_connection,
         reset=_released,
     )
+    await pool
     try:
         yield pool
     finally:
@@ -87,8 +128,12 @@ async def _released(conn: asyncpg.Connection) -> None:
         listener(conn)
 
 
-async def _ensure_schema(dsn: str, schema: str) -> None:
-    conn = await asyncpg.connect(dsn)
+async def _ensure_schema(settings: DatabaseSettings, schema: str) -> None:
+    conn = await asyncpg.connect(
+        settings.url,
+        timeout=settings.connect_timeout_seconds,
+        command_timeout=settings.query_timeout_seconds,
+    )
     try:
         await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
     except asyncpg.UniqueViolationError:
@@ -103,7 +148,11 @@ async def migrate(pool: asyncpg.Pool, schema: str, service_migrations: Path) -> 
     applied: list[str] = []
     async with pool.acquire() as conn:
         # One lock per schema: replicas of one service wait for each other, services don't.
-        await conn.execute("SELECT pg_advisory_lock(hashtext($1))", f"migrate:{schema}")
+        await conn.execute(
+            "SELECT pg_advisory_lock(hashtext($1))",
+            f"migrate:{schema}",
+            timeout=MIGRATION_TIMEOUT_S,
+        )
         try:
             await conn.execute(
                 """CREATE TABLE IF NOT EXISTS schema_migrations (
@@ -120,7 +169,7 @@ async def migrate(pool: asyncpg.Pool, schema: str, service_migrations: Path) -> 
                     if migration_id in done:
                         continue
                     async with conn.transaction():
-                        await conn.execute(path.read_text())
+                        await conn.execute(path.read_text(), timeout=MIGRATION_TIMEOUT_S)
                         await conn.execute(
                             "INSERT INTO schema_migrations (id) VALUES ($1)", migration_id
                         )

@@ -15,8 +15,12 @@ Contract:
   (``bus.infrastructure_fault``: PostgreSQL, NATS or the object store unreachable, shutting
   down, starting up or out of connections; a connection lost, even one asyncpg left
   mid-operation; a timeout), raised or in the chain of a 5xx (an exception group's members
-  too), answers 503 ``temporarily unavailable, try again`` with
-  ``Retry-After``: the caller may simply retry (a transaction that failed stored nothing).
+  too), answers 503 ``temporarily unavailable (<what>), try again`` with ``Retry-After``,
+  ``<what>`` naming the dependency (``the database is not answering``: asyncpg timed out;
+  ``the database is unavailable``, ``the event bus is unavailable``, ``the object store is
+  unavailable``) and nothing of the error; a bare OS error or timeout of unknown origin says
+  ``temporarily unavailable, try again``. The caller may simply retry (a transaction that
+  failed stored nothing).
 - Anything else, and every other 5xx, is ``internal error``: the traceback goes to the log,
   never to the user.
 - ``check_json`` screens a JSON body before any model sees it: UTF-8, well formed, no
@@ -52,7 +56,7 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import ExceptionHandlersMap
 from pydantic import BaseModel, Field, ValidationError
 
-from trainyard_platform.shared.bus import infrastructure_fault
+from trainyard_platform.shared.bus import POSTGRES_NOT_ANSWERING, infrastructure_fault
 from trainyard_platform.shared.identity import Denied, IdentityRateLimited, IdentityUnavailable
 
 log = logging.getLogger(__name__)
@@ -479,6 +483,25 @@ def _crash(request: AnyRequest, exc: Exception) -> Response[ErrorBody]:
     return _error(500, "internal error")
 
 
+_UNAVAILABLE: tuple[tuple[str, str], ...] = (
+    (POSTGRES_NOT_ANSWERING, "the database is not answering"),
+    ("PostgreSQL", "the database is unavailable"),
+    ("NATS", "the event bus is unavailable"),
+    ("object store", "the object store is unavailable"),
+)
+"""What a 503's detail says of the dependency, by how ``infrastructure_fault`` names it (the
+rest of its text, the error, is for the log only)."""
+
+
+def unavailable_detail(fault: str | None) -> str:
+    """The detail of a 503 for ``fault`` (``infrastructure_fault``'s answer): the dependency
+    that failed, when it is known, and nothing of the error."""
+    for prefix, what in _UNAVAILABLE:
+        if fault is not None and fault.startswith(prefix):
+            return f"temporarily unavailable ({what}), try again"
+    return "temporarily unavailable, try again"
+
+
 def _lost_connection(exc: BaseException) -> bool:
     """Whether a dependency failed, not the request (``bus.infrastructure_fault``, the rule
     by which a handler's failure is waited out: PostgreSQL, NATS or the object store
@@ -487,15 +510,19 @@ def _lost_connection(exc: BaseException) -> bool:
 
 
 def _unavailable(request: AnyRequest, exc: BaseException) -> Response[ErrorBody]:
+    fault = infrastructure_fault(exc)
     log.warning(
-        "%s %s: a dependency is unavailable: %r",
+        "%s %s: a dependency is unavailable: %s: %r",
         request.method,
         request.url.path,
+        fault,
         exc,
         exc_info=exc,
     )
     return _error(
-        503, "temporarily unavailable, try again", headers={"Retry-After": str(RETRY_AFTER_S)}
+        503,
+        unavailable_detail(fault),
+        headers={"Retry-After": str(RETRY_AFTER_S)},
     )
 
 

@@ -97,6 +97,16 @@ class DatabaseSettings(PlatformSettings):
     """Connections opened at start."""
     pool_max_size: int = Field(default=10, ge=1)
     """Most connections held at once (at least ``pool_min_size``)."""
+    query_timeout_seconds: float = Field(default=10.0, gt=0)
+    """Longest one statement may wait for PostgreSQL's answer (asyncpg's ``command_timeout``);
+    past it the statement is cancelled and its transaction rolled back. A PostgreSQL that
+    accepts connections but never answers (a paused server, a stalled network path) would
+    otherwise hold a request or an event for ever (``shared.db``)."""
+    acquire_timeout_seconds: float = Field(default=5.0, gt=0)
+    """Longest a request or a loop waits for a connection of the pool (every one in use,
+    or none can be opened), and for its connection to be handed back."""
+    connect_timeout_seconds: float = Field(default=5.0, gt=0)
+    """Longest opening one connection may take (asyncpg's ``timeout``)."""
 
     @model_validator(mode="after")
     def _pool_bounds(self) -> DatabaseSettings:

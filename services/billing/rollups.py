@@ -22,7 +22,7 @@ from trainyard_platform.shared.settings import DatabaseSettings
 
 async def rebuild(database: DatabaseSettings) -> int:
     """Rebuild the rollups of billing's schema in ``database``; the entries folded in."""
-    async with open_pool(database, NAME) as pool:
+    async with open_pool(database, NAME, long_statements=True) as pool:
         await migrate(pool, NAME, MIGRATIONS)
         async with pool.acquire() as conn, conn.transaction():
             return await ledger.rebuild_rollups(conn)

@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     database = settings_or_exit(parser.prog, DatabaseSettings)
 
     async def run() -> int:
-        async with open_pool(database, NAME) as pool:
+        async with open_pool(database, NAME, long_statements=True) as pool:
             await migrate(pool, NAME, MIGRATIONS)
             async with pool.acquire() as conn, conn.transaction():
                 return await rebuild_all(conn)

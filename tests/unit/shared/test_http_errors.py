@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
+import nats.errors
 import pytest
+import urllib3.exceptions
 from litestar import Litestar, get
 from litestar.exceptions import HTTPException, NotAuthorizedException
 from litestar.params import FromQuery
@@ -97,6 +100,28 @@ async def left_mid_operation() -> None:
     )
 
 
+@get("/database-not-answering")
+async def database_not_answering() -> None:
+    # A server that takes the connection and never answers: asyncpg's own timeout, a plain
+    # TimeoutError raised inside asyncpg (as a statement past its command_timeout is).
+    silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    try:
+        await asyncpg.connect(f"postgresql://u@127.0.0.1:{port}/db_internal", timeout=0.2)
+    finally:
+        silent.close()
+
+
+@get("/nats-away")
+async def nats_away() -> None:
+    raise nats.errors.NoServersError() from ConnectionRefusedError(111, "nats.internal refused")
+
+
+@get("/store-away")
+async def store_away() -> None:
+    raise urllib3.exceptions.ProtocolError("db.internal: Connection aborted.")
+
+
 @get("/count")
 async def count(limit: FromQuery[int]) -> int:
     return limit
@@ -117,6 +142,9 @@ def client() -> Iterator[TestClient[Any]]:
             wrapped_lost,
             connection_closed,
             left_mid_operation,
+            database_not_answering,
+            nats_away,
+            store_away,
         ],
         exception_handlers=exception_handlers({Missing: 404}),
     )
@@ -162,25 +190,46 @@ def test_server_errors_are_generic_and_logged(
         assert secret in caplog.text
 
 
+DATABASE_UNAVAILABLE = "temporarily unavailable (the database is unavailable), try again"
+
+
 @pytest.mark.parametrize(
-    "path",
+    ("path", "detail"),
     [
-        "/database-lost",
-        "/broker-refused",
-        "/wrapped-lost",
-        "/connection-closed",
-        "/left-mid-operation",
+        ("/database-lost", DATABASE_UNAVAILABLE),
+        ("/broker-refused", "temporarily unavailable, try again"),  # an OSError of its own
+        ("/wrapped-lost", DATABASE_UNAVAILABLE),
+        ("/connection-closed", DATABASE_UNAVAILABLE),
+        ("/left-mid-operation", DATABASE_UNAVAILABLE),
+        ("/nats-away", "temporarily unavailable (the event bus is unavailable), try again"),
+        ("/store-away", "temporarily unavailable (the object store is unavailable), try again"),
     ],
-)
-def test_a_lost_dependency_is_a_503_to_retry_that_reveals_nothing(
-    client: TestClient[Any], caplog: pytest.LogCaptureFixture, path: str
+)  # fmt: skip
+def test_a_lost_dependency_is_a_503_to_retry_that_names_it_and_reveals_nothing_else(
+    client: TestClient[Any], caplog: pytest.LogCaptureFixture, path: str, detail: str
 ) -> None:
     response = client.get(path)
     assert response.status_code == 503
-    assert response.json() == {"detail": "temporarily unavailable, try again", "errors": []}
+    assert response.json() == {"detail": detail, "errors": []}
     assert response.headers["Retry-After"] == "5"
     assert ".internal" not in response.text and "Traceback" not in response.text
     assert ".internal" in caplog.text  # the operator sees which
+
+
+def test_a_database_that_does_not_answer_is_a_503_that_says_so(
+    client: TestClient[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """asyncpg's timeout (a statement, an acquire, a connect: ``shared.db``) is a bare
+    ``TimeoutError``; the caller is told the database did not answer, and so is the log."""
+    response = client.get("/database-not-answering")
+    assert response.status_code == 503
+    assert response.json() == {
+        "detail": "temporarily unavailable (the database is not answering), try again",
+        "errors": [],
+    }
+    assert response.headers["Retry-After"] == "5"
+    assert "Traceback" not in response.text
+    assert "PostgreSQL not answering (TimeoutError)" in caplog.text
 
 
 def test_body_errors_are_reported_by_path_all_at_once() -> None:
