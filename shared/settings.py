@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
@@ -19,12 +20,28 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 # Jobs read it too (the SDK opens its checkpoint store), so the client distribution owns it.
 from trainyard.storage.settings import StorageSettings as StorageSettings
 from trainyard_platform.shared.auth import MAX_TOKEN_LENGTH, is_token68
+from trainyard_platform.shared.url_checks import http_url_problem, nats_url_problem, redact_password
 
 Port = Annotated[int, Field(ge=0, le=65535)]
 """A TCP port (0: any free one), for every service's ``port`` setting."""
 
 _ORIGIN = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+")
 """A web origin: scheme, host and optional port; no path, no wildcard."""
+
+
+def usable(value: str, problem: Callable[[str], str | None]) -> str:
+    """``value`` if ``problem`` finds none in it, else ``ValueError`` with the reason (a
+    settings validator's way to refuse it)."""
+    reason = problem(value)
+    if reason is not None:
+        raise ValueError(reason)
+    return value
+
+
+def optional_http_url(value: str | None) -> str | None:
+    """An optional HTTP URL setting: unset or empty, or a URL an HTTP client can ask
+    (``url_checks.http_url_problem``); else ``ValueError`` with the reason."""
+    return value if not value else usable(value, http_url_problem)
 
 
 class PlatformSettings(BaseSettings):
@@ -44,7 +61,8 @@ class NatsSettings(PlatformSettings):
 
     url: str = "nats://127.0.0.1:4222"
     """NATS server URL (better without credentials in it: they belong in ``user`` and
-    ``password``)."""
+    ``password``). One that names no usable host or port is refused at start
+    (``shared.url_checks``); a well-formed one is waited for, however long."""
     user: str | None = None
     """The service's NATS user; it may publish and subscribe only its own subjects
     (docs/security.md, "Bus"). Its replies come to ``_INBOX.<user>.>``."""
@@ -84,6 +102,11 @@ class NatsSettings(PlatformSettings):
     longer misses the events that aged out."""
     publish_timeout_seconds: float = Field(default=10.0, gt=0)
     """How long a publish waits for JetStream to acknowledge that the event is stored."""
+
+    @field_validator("url")
+    @classmethod
+    def _usable_url(cls, value: str) -> str:
+        return usable(value, nats_url_problem)
 
 
 class DatabaseSettings(PlatformSettings):
@@ -190,6 +213,11 @@ class GuardedServiceSettings(ServiceSettings):
     """Base URL of the submission service, which checks user tokens (``GET /v1/me``) for
     this service on every request. Unset: only the operator token is accepted."""
 
+    @field_validator("identity_url")
+    @classmethod
+    def _usable_identity_url(cls, value: str | None) -> str | None:
+        return optional_http_url(value)
+
     @field_validator("admin_token")
     @classmethod
     def _presentable(cls, value: SecretStr) -> SecretStr:
@@ -229,6 +257,8 @@ def invalid_settings(settings_type: type[BaseSettings], error: ValidationError) 
             part = "key" if within[-1] == "[key]" else "entry"
             where = f" ({part} {within[0]!r})"
         secret = field is not None and "SecretStr" in str(field.annotation)
-        got = "" if e["type"] == "missing" or secret else f" (got {e['input']!r})"
+        # A URL's password is hidden (a DSN or a NATS URL may carry one).
+        shown = redact_password(e["input"]) if isinstance(e["input"], str) else e["input"]
+        got = "" if e["type"] == "missing" or secret else f" (got {shown!r})"
         lines.append(f"{variable}{where}: {e['msg']}{got}")
     return lines

@@ -59,13 +59,13 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 from opentelemetry.trace import StatusCode
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainyard.tracing import PROPAGATOR
 from trainyard.tracing import inject as inject
 from trainyard_platform.shared.db_spans import WithinTraceAsyncPG
-from trainyard_platform.shared.settings import TelemetrySettings
+from trainyard_platform.shared.settings import TelemetrySettings, optional_http_url
 from trainyard_platform.shared.span_errors import record_error
 
 log = logging.getLogger(__name__)
@@ -94,11 +94,20 @@ class OtelExportSettings(BaseSettings):
     ``/metrics`` only, which it always may)."""
     exporter_otlp_endpoint: str = ""
     exporter_otlp_traces_endpoint: str = ""
+    exporter_otlp_metrics_endpoint: str = ""
     exporter_otlp_protocol: Literal["http/protobuf", "grpc", ""] = ""
     exporter_otlp_traces_protocol: Literal["http/protobuf", "grpc", ""] = ""
     sdk_disabled: bool = Field(default=False)
     python_disabled_instrumentations: str = ""
     """Comma-separated instrumentations left off (``asyncpg``: no database spans)."""
+
+    @field_validator(
+        "exporter_otlp_endpoint", "exporter_otlp_traces_endpoint", "exporter_otlp_metrics_endpoint"
+    )
+    @classmethod
+    def _usable_endpoint(cls, value: str) -> str:
+        # The exporters would fail every export, for ever, on one they cannot parse.
+        return optional_http_url(value) or ""
 
     def unknown_exporters(self) -> list[str]:
         """``OTEL_TRACES_EXPORTER``/``OTEL_METRICS_EXPORTER`` values these services do not

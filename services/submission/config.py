@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from trainyard_platform.shared.settings import Port, ServiceSettings
+from trainyard_platform.shared.settings import Port, ServiceSettings, optional_http_url
 
 DEFAULT_FLAVORS = ["cpu", "t4", "a100", "h100", "h200"]
 DEFAULT_BUNDLE_MAX_BYTES = 100 * 1024 * 1024
@@ -64,3 +64,11 @@ class Settings(ServiceSettings):
     billing_public_url: str | None = None
     """Billing's API as browsers reach it, for the dashboard's costs page (see
     ``scheduler_public_url``)."""
+
+    @field_validator(
+        "registry_url", "scheduler_public_url", "registry_public_url", "billing_public_url"
+    )
+    @classmethod
+    def _usable_url(cls, value: str | None) -> str | None:
+        # One no HTTP client can ask is refused at start, not failed on every request.
+        return optional_http_url(value)
