@@ -62,11 +62,12 @@ from pydantic_settings import BaseSettings
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.db import open_pool
 from trainyard_platform.shared.http_deadline import SlowClientDeadlines
-from trainyard_platform.shared.logs import configure_logging
+from trainyard_platform.shared.logs import configure_logging, formatter
 from trainyard_platform.shared.metrics import metrics_route, setup_metrics
 from trainyard_platform.shared.metrics_sampler import Sampler, common_readings
 from trainyard_platform.shared.settings import (
     DatabaseSettings,
+    LogFormatSettings,
     ServiceSettings,
     StorageSettings,
     invalid_settings,
@@ -424,7 +425,8 @@ def serve_from_command_line(
 ) -> int:
     """``python -m trainyard_platform.services.<name> [--host H] [--port P]``: build the settings (the flags
     override ``TRAINYARD_<NAME>_HOST/PORT``), serve until SIGTERM, return the exit status.
-    Bad settings are named, one line each, with exit status 2 and nothing started."""
+    Bad settings are named, one line each (one JSON log line naming them all under
+    ``TRAINYARD_LOG_FORMAT=json``), with exit status 2 and nothing started."""
     prefix = f"TRAINYARD_{name.upper()}_"
     parser = argparse.ArgumentParser(
         prog=f"python -m trainyard_platform.services.{name}",
@@ -457,12 +459,34 @@ def service_settings_or_exit(
     """``settings_or_exit`` for a service: its settings and the ``OTEL_*`` variables the
     services read themselves (``OtelExportSettings``), every bad one of both named before
     the service starts anything (a bad ``OTEL_*`` would otherwise fail inside the start-up,
-    with a traceback). Every service's command line goes through here."""
+    with a traceback). Every service's command line goes through here. Under
+    ``TRAINYARD_LOG_FORMAT=json`` (when that setting itself is good) the refusal is one log
+    line of that format, as a log pipeline reads the service's other lines."""
     settings, bad = _settings_and_errors(settings_type, **overrides)
     _, bad_otel = _settings_and_errors(OtelExportSettings)
+    if bad or bad_otel:
+        chosen, _ = _settings_and_errors(LogFormatSettings)
+        if chosen is not None and chosen.log_format == "json":
+            _exit_logging_json(_service_name(settings_type, prog), bad + bad_otel)
     _exit_if_bad(prog, bad + bad_otel)
     assert settings is not None
     return settings
+
+
+def _service_name(settings_type: type[BaseSettings], prog: str) -> str:
+    """``billing`` of ``TRAINYARD_BILLING_``, the service's settings prefix."""
+    prefix = str(settings_type.model_config.get("env_prefix", ""))
+    return prefix.removeprefix("TRAINYARD_").strip("_").lower() or prog
+
+
+def _exit_logging_json(service: str, bad: list[str]) -> None:
+    """Under ``TRAINYARD_LOG_FORMAT=json``: the refusal as one log line of the service's
+    JSON format (``logs.JsonFormatter``: a log pipeline reads nothing else), every bad
+    setting in its message; exit status 2."""
+    message = "cannot start: " + "; ".join(f"invalid setting {line}" for line in bad)
+    record = log.makeRecord(log.name, logging.CRITICAL, __file__, 0, message, (), None)
+    print(formatter(service, "json").format(record), file=sys.stderr)
+    raise SystemExit(2)
 
 
 def _settings_and_errors(

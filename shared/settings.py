@@ -152,7 +152,19 @@ class TelemetrySettings(PlatformSettings):
     """Append finished spans as JSON lines to this file (tests and local debugging)."""
 
 
-class ServiceSettings(PlatformSettings):
+class LogFormatSettings(PlatformSettings):
+    """The format of a service's log lines, alone: read first, so that even a refusal of
+    the other settings is written in it (``runtime.service_settings_or_exit``)."""
+
+    log_format: Literal["json", "text"] = Field(
+        default="text", validation_alias="TRAINYARD_LOG_FORMAT"
+    )
+    """``json``: one object per line with trace, span and job ids, for a log pipeline (what
+    deploy/ sets); ``text``: one readable line each, for a terminal (``shared.logs``). Shared
+    by every service (no service prefix)."""
+
+
+class ServiceSettings(LogFormatSettings):
     """What every service process has: a listen address, the infrastructure, a drain time."""
 
     host: str = "127.0.0.1"
@@ -163,12 +175,6 @@ class ServiceSettings(PlatformSettings):
     """On SIGTERM, how long in-flight work may take to finish before the process exits."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Lowest level of log lines the process writes (DEBUG adds e.g. one line per pass)."""
-    log_format: Literal["json", "text"] = Field(
-        default="text", validation_alias="TRAINYARD_LOG_FORMAT"
-    )
-    """``json``: one object per line with trace, span and job ids, for a log pipeline (what
-    deploy/ sets); ``text``: one readable line each, for a terminal (``shared.logs``). Shared
-    by every service (no service prefix)."""
     nats: NatsSettings = Field(default_factory=NatsSettings)
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)

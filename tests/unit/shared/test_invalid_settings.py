@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from trainyard_platform.services.billing.config import Settings
@@ -186,6 +188,46 @@ def test_a_bad_secret_and_a_missing_setting_are_named_but_never_echoed(
     err = capsys.readouterr().err
     assert "invalid setting TRAINYARD_BILLING_ADMIN_TOKEN: Field required\n" in err
     assert "id.example" not in err
+
+
+@pytest.mark.parametrize("service", sorted(SERVICES))
+def test_under_the_json_log_format_the_refusal_is_one_json_log_line(
+    service: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A log pipeline reads JSON lines only: the refusal was plain text whatever the format,
+    so it was lost or mangled there."""
+    import importlib
+
+    main = importlib.import_module(f"trainyard_platform.services.{service}.__main__").main
+    monkeypatch.setenv("TRAINYARD_LOG_FORMAT", "json")
+    monkeypatch.setenv(f"TRAINYARD_{service.upper()}_SHUTDOWN_GRACE_SECONDS", "soon")
+    monkeypatch.setenv(f"TRAINYARD_{service.upper()}_ADMIN_TOKEN", "almost-the-real-token!")
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "maybe")
+
+    with pytest.raises(SystemExit) as exited:
+        main([])
+
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    [line] = err.splitlines()
+    record = json.loads(line)
+    assert set(record) == {"time", "level", "service", "logger", "message"}
+    assert record["level"] == "CRITICAL" and record["service"] == service
+    message = record["message"]
+    assert message.startswith("cannot start: invalid setting ")
+    assert f"TRAINYARD_{service.upper()}_SHUTDOWN_GRACE_SECONDS: " in message
+    assert "OTEL_SDK_DISABLED: " in message
+    assert "almost-the-real-token" not in err
+
+
+def test_a_bad_log_format_is_named_in_text(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TRAINYARD_LOG_FORMAT", "JSON ")
+
+    with pytest.raises(SystemExit):
+        serve_from_command_line("billing", "test", Settings, _must_not_serve, [])
+    assert "invalid setting TRAINYARD_LOG_FORMAT: Input should be" in (capsys.readouterr().err)
 
 
 def test_a_shared_variable_is_named_as_it_is_set(
