@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import builtins
 import io
+import os
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
+import certifi
+import urllib3
 from minio import Minio
 from minio.commonconfig import CopySource
 from minio.error import S3Error
@@ -44,13 +47,32 @@ def client_from_settings(settings: StorageSettings) -> Minio:
 
     The region is passed explicitly: without it minio asks the server for each bucket's
     location before the first request, an extra round trip that some S3 clones refuse.
-    """
+
+    Its HTTP pool is minio's own (10 connections, certifi's or ``SSL_CERT_FILE``'s CAs, 5
+    retries of a failed connection or a 5xx, with back-off) but with the settings'
+    connect and read timeouts, and a request that timed out reading is tried once more,
+    not five times: minio's 5 minutes each, six times over, held a caller of an endpoint
+    that takes connections and never answers for half an hour. A request that times out
+    raises urllib3's ``MaxRetryError`` (the object store unreachable: an outage to the
+    services, ``bus.infrastructure_fault``)."""
+    http = urllib3.PoolManager(
+        timeout=urllib3.Timeout(
+            connect=settings.s3_connect_timeout_seconds, read=settings.s3_read_timeout_seconds
+        ),
+        maxsize=10,
+        cert_reqs="CERT_REQUIRED",
+        ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
+        retries=urllib3.Retry(
+            total=5, read=1, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]
+        ),
+    )
     return Minio(
         settings.s3_endpoint,
         access_key=settings.s3_access_key,
         secret_key=settings.s3_secret_key.get_secret_value(),
         secure=settings.s3_secure,
         region=settings.s3_region,
+        http_client=http,
     )
 
 

@@ -5,7 +5,7 @@ The one definition for the services (``shared.settings`` names it) and for a job
 
 from __future__ import annotations
 
-from pydantic import SecretStr
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -26,3 +26,10 @@ class StorageSettings(BaseSettings):
     """Use HTTPS to the S3 endpoint."""
     s3_region: str = "us-east-1"
     """Region sent to the S3 endpoint (avoids a bucket-location lookup)."""
+    s3_connect_timeout_seconds: float = Field(default=5.0, gt=0, allow_inf_nan=False)
+    """Longest opening a connection to the S3 endpoint may take."""
+    s3_read_timeout_seconds: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    """Longest the S3 endpoint may leave a request without a byte of answer (or a body
+    being sent without taking any of it). An endpoint that takes connections and never
+    answers held a request (an upload of a checkpoint, a download of a bundle, a readiness
+    check) for MinIO's client's 5 minutes, tried 6 times (``s3.client_from_settings``)."""

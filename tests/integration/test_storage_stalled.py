@@ -1,0 +1,83 @@
+"""An S3 endpoint that takes connections and never answers (its server paused with
+SIGSTOP, as a hung MinIO or a stalled network path looks to a client): every store call
+fails within the settings' timeouts as the object store unreachable (an outage: waited
+out by handlers, 503 to requests), instead of holding its caller (a runner uploading a
+checkpoint, a request downloading a bundle) for MinIO's client's 5 minutes, six times
+over."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainyard_platform.deploy.local.s3 import S3Server
+from trainyard_platform.shared.bus import infrastructure_fault
+from trainyard_platform.shared.storage import S3Store, open_store
+
+pytestmark = pytest.mark.integration
+
+BOUND_S = 30.0
+"""Far past what the short timeouts below allow (1 s to connect, 1 s to read, one retry
+of a read); MinIO's client alone waited 5 minutes a try."""
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """An S3 server of this module's own, since its tests pause it."""
+    with S3Server(log_dir=tmp_path_factory.mktemp("s3-stalled")) as server:
+        yield server
+
+
+def _store(s3: S3Server) -> S3Store:
+    settings = s3.storage_settings(f"s3://stalled-{uuid.uuid4().hex[:12]}").model_copy(
+        update={"s3_connect_timeout_seconds": 1.0, "s3_read_timeout_seconds": 1.0}
+    )
+    store = open_store(settings.uri, settings)
+    assert isinstance(store, S3Store)
+    return store
+
+
+async def _fails_in_time(call: Callable[[], Any]) -> BaseException:
+    """The error ``call`` raises in a thread, which must come within ``BOUND_S``."""
+    try:
+        async with asyncio.timeout(BOUND_S):
+            await asyncio.to_thread(call)
+    except TimeoutError:
+        pytest.fail(f"the store call was still waiting after {BOUND_S:g} s")
+    except Exception as exc:  # what the call raised
+        return exc
+    pytest.fail("the store call succeeded against a paused server")
+
+
+async def test_every_call_to_a_stalled_store_fails_in_time_as_an_outage(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    store = _store(s3)
+    store.put_bytes("ckpt/0", b"before")
+    (tmp_path / "ckpt").write_bytes(b"x" * 1024)
+    s3.send_signal(signal.SIGSTOP)
+    try:
+        calls: dict[str, Callable[[], Any]] = {
+            "exists": lambda: store.exists("ckpt/0"),
+            "get_bytes": lambda: store.get_bytes("ckpt/0"),
+            "get_file": lambda: store.get_file("ckpt/0", tmp_path / "got"),
+            "put_bytes": lambda: store.put_bytes("ckpt/1", b"during"),
+            "put_file": lambda: store.put_file("ckpt/2", tmp_path / "ckpt"),
+            "list": lambda: store.list("ckpt/"),
+        }
+        for name, call in calls.items():
+            error = await _fails_in_time(call)
+            fault = infrastructure_fault(error)
+            assert fault is not None and fault.startswith("object store unreachable"), (
+                name,
+                error,
+            )
+    finally:
+        s3.send_signal(signal.SIGCONT)
+    assert store.get_bytes("ckpt/0") == b"before"  # the same client works again
