@@ -24,6 +24,12 @@ Contract:
   authenticated caller, i.e. viewer); the guard refuses a caller below it with 403 before
   the handler runs or the body is read (``enforce_least_role``). Handlers receive the caller
   as the ``principal`` dependency (``principal_dependency``) for finer checks (whose team).
+- A handler about to store a reference to another team (a grant, a budget set by an
+  operator) asks the ``teams`` dependency (``Teams.require``): only the submission service
+  knows which teams exist, so it is asked with the caller's own user token
+  (``IdentityClient.team_exists``). A team that does not exist is a 422 naming the field;
+  with the service's operator token there is no user token to ask with, and the reference
+  is refused the same way (saying so), never stored unchecked.
 - The operator token is a required setting of each operator service: a service started
   without it exits with status 2 naming the variable. No configuration opens an endpoint.
 """
@@ -31,8 +37,9 @@ Contract:
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, Final
 
 from litestar.connection import ASGIConnection
@@ -43,6 +50,7 @@ from litestar.types import Guard
 from pydantic import SecretStr
 
 from trainyard_platform.shared.auth import presented_token
+from trainyard_platform.shared.http_errors import RequestInvalid
 from trainyard_platform.shared.identity import (
     IdentityClient,
     Principal,
@@ -59,6 +67,32 @@ UNAUTHENTICATED: Final = (
     "missing, invalid, expired or revoked token (Authorization: Bearer <token>)"
 )
 _PRINCIPAL: Final = "trainyard_principal"
+_TEAMS: Final = "trainyard_teams"
+
+TeamExists = Callable[[str], Awaitable[bool]]
+"""Whether a team exists, asked for the authenticated caller (``IdentityClient.team_exists``
+bound to the caller's token)."""
+
+
+@dataclass(frozen=True)
+class Teams:
+    """The ``teams`` dependency: checks a team a request names before it is stored."""
+
+    exists: TeamExists | None
+    """None: the caller has no user token to ask with (the service's operator token)."""
+
+    async def require(self, team: str, field: str) -> None:
+        """Raise ``RequestInvalid`` (422 naming ``field``) unless ``team`` exists; the
+        identity service being down raises ``IdentityUnavailable`` (503)."""
+        if self.exists is None:
+            raise RequestInvalid.one(
+                field,
+                f"cannot check that team {team!r} exists with the service's operator token "
+                "(teams are known to the submission service, asked with a user's token): "
+                "use an operator user's token",
+            )
+        if not await self.exists(team):
+            raise RequestInvalid.one(field, f"no team {team!r}")
 
 
 _PUBLIC_ASSET: Final = "public_asset"
@@ -95,16 +129,28 @@ def service_guard(admin_token: SecretStr, identity: IdentityClient | None = None
         if presented is None:
             raise NotAuthorizedException(UNAUTHENTICATED)
         principal: Principal | None = None
+        teams: TeamExists | None = None
         if secrets.compare_digest(presented.encode(), expected):
             principal = operator_token_principal()
         elif identity is not None:
             principal = await identity.principal(presented)
+            teams = _asking(identity, presented)
         if principal is None:
             raise NotAuthorizedException(UNAUTHENTICATED)
         enforce_least_role(principal, connection, handler)
-        remember(connection, principal)
+        remember(connection, principal, teams)
 
     return guard
+
+
+def _asking(identity: IdentityClient, token: str) -> TeamExists:
+    """``identity.team_exists`` on behalf of ``token``'s user, asked only when a route needs
+    it."""
+
+    async def exists(team: str) -> bool:
+        return await identity.team_exists(token, team)
+
+    return exists
 
 
 @asynccontextmanager
@@ -140,9 +186,15 @@ def enforce_least_role(
     principal.require(role, f"{connection.scope.get('method', '')} {connection.scope['path']}")
 
 
-def remember(connection: ASGIConnection[Any, Any, Any, Any], principal: Principal) -> None:
-    """Keep the authenticated caller for ``principal_dependency`` (guards call this)."""
+def remember(
+    connection: ASGIConnection[Any, Any, Any, Any],
+    principal: Principal,
+    teams: TeamExists | None = None,
+) -> None:
+    """Keep the authenticated caller for ``principal_dependency`` (guards call this), and
+    how to ask whether a team exists on its behalf (``Teams``; None: it cannot be asked)."""
     connection.state[_PRINCIPAL] = principal
+    connection.state[_TEAMS] = Teams(teams)
 
 
 def _principal(request: ASGIConnection[Any, Any, Any, Any]) -> Principal:
@@ -152,6 +204,15 @@ def _principal(request: ASGIConnection[Any, Any, Any, Any]) -> Principal:
     return principal
 
 
+def _teams(request: ASGIConnection[Any, Any, Any, Any]) -> Teams:
+    teams = request.state.get(_TEAMS)
+    return teams if isinstance(teams, Teams) else Teams(None)
+
+
 def principal_dependency() -> dict[str, Provide]:
-    """The app dependency ``principal``: the caller the guard authenticated."""
-    return {"principal": Provide(_principal, sync_to_thread=False)}
+    """The app dependencies ``principal`` (the caller the guard authenticated) and ``teams``
+    (``Teams``, on the caller's behalf)."""
+    return {
+        "principal": Provide(_principal, sync_to_thread=False),
+        "teams": Provide(_teams, sync_to_thread=False),
+    }

@@ -22,6 +22,7 @@ import logging
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
+from urllib.parse import quote
 
 import httpx
 
@@ -167,6 +168,28 @@ class IdentityClient:
             )
         except (ValueError, KeyError, TypeError):
             raise self._unavailable("identity service answered something unexpected") from None
+
+    async def team_exists(self, token: str, team: str) -> bool:
+        """Whether the identity service (which owns teams) knows ``team``, asked with the
+        caller's own ``token`` (``GET /v1/teams/{team}``). Raises ``IdentityUnavailable``
+        when it cannot answer and ``IdentityRateLimited`` as ``principal`` does."""
+        if not team.strip("."):
+            return False  # a path segment of dots only would be resolved away by the URL
+        try:
+            response = await self._http.get(
+                f"/v1/teams/{quote(team, safe='')}", headers={"Authorization": f"Bearer {token}"}
+            )
+        except httpx.HTTPError as exc:
+            raise self._unavailable(
+                f"identity service unreachable ({type(exc).__name__})", str(exc)
+            ) from None
+        if response.status_code == 429:
+            raise _rate_limited(response)
+        if response.status_code in (404, 422):  # 422: not even a valid team name
+            return False
+        if response.status_code != 200:
+            raise self._unavailable(f"identity service answered {response.status_code}")
+        return True
 
 
 def _rate_limited(response: httpx.Response) -> IdentityRateLimited:

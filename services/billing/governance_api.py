@@ -54,7 +54,7 @@ from trainyard_platform.services.billing.governance_schemas import (
 )
 from trainyard_platform.services.billing.prices import BEGINNING, RESOURCES
 from trainyard_platform.shared import audit
-from trainyard_platform.shared.access import needs
+from trainyard_platform.shared.access import Teams, needs
 from trainyard_platform.shared.http_app import error_responses, json_request_body
 from trainyard_platform.shared.http_errors import RequestInvalid, parse_body, read_json_body
 from trainyard_platform.shared.identity import Principal, Role
@@ -68,6 +68,7 @@ PRICE_FIELD = {
 PRICE_FIELDS = tuple(PRICE_FIELD.values())
 
 Caller = NamedDependency[Principal]
+TeamCheck = NamedDependency[Teams]
 AnyRequest = Request[Any, Any, Any]
 Clock = Callable[[], datetime]
 BODY_MAX_BYTES = 64 * 1024
@@ -300,10 +301,12 @@ def governance_routes(
         return budget_view(budget, spent, now)
 
     async def _put(
-        request: AnyRequest, principal: Caller, team: str, project: str | None
+        request: AnyRequest, principal: Caller, teams: Teams, team: str, project: str | None
     ) -> Response[BudgetView]:
         _visible(principal, team)
         body: BudgetRequest = await _body(BudgetRequest, request)
+        if principal.is_operator:  # a user's own team exists; an operator's may not
+            await teams.require(team, "team")
         now = clock()
         async with pool.acquire() as conn, conn.transaction():
             budget = Budget(
@@ -358,9 +361,9 @@ def governance_routes(
         responses=put_responses,
     )
     async def put_team_budget(
-        team: TeamPath, request: AnyRequest, principal: Caller
+        team: TeamPath, request: AnyRequest, principal: Caller, teams: TeamCheck
     ) -> Response[BudgetView]:
-        return await _put(request, principal, team, None)
+        return await _put(request, principal, teams, team, None)
 
     @put(
         "/v1/budgets/{team:str}/{project:str}",
@@ -369,9 +372,13 @@ def governance_routes(
         responses=put_responses,
     )
     async def put_project_budget(
-        team: TeamPath, project: ProjectPath, request: AnyRequest, principal: Caller
+        team: TeamPath,
+        project: ProjectPath,
+        request: AnyRequest,
+        principal: Caller,
+        teams: TeamCheck,
     ) -> Response[BudgetView]:
-        return await _put(request, principal, team, project)
+        return await _put(request, principal, teams, team, project)
 
     @delete("/v1/budgets/{team:str}", opt=needs(Role.ADMIN), responses=error_responses(404))
     async def delete_team_budget(team: TeamPath, principal: Caller) -> None:

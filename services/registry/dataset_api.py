@@ -40,12 +40,13 @@ from trainyard_platform.services.registry.dataset_schemas import (
     GrantChange,
 )
 from trainyard_platform.shared import audit
-from trainyard_platform.shared.access import needs
+from trainyard_platform.shared.access import Teams, needs
 from trainyard_platform.shared.http_app import error_responses, json_request_body
 from trainyard_platform.shared.http_errors import RequestInvalid, parse_body, read_json_body
 from trainyard_platform.shared.identity import Principal, Role
 
 Caller = NamedDependency[Principal]
+TeamCheck = NamedDependency[Teams]
 Version = Annotated[int, PathParameter(ge=1, le=2**31 - 1)]
 Clock = Callable[[], datetime]
 BODY_MAX_BYTES = 64 * 1024
@@ -81,7 +82,11 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
         responses=error_responses(404, 413, 415),
     )
     async def add_version(
-        team: FromPath[str], name: FromPath[str], request: Request[Any, Any, Any], principal: Caller
+        team: FromPath[str],
+        name: FromPath[str],
+        request: Request[Any, Any, Any],
+        principal: Caller,
+        teams: TeamCheck,
     ) -> DatasetVersionRead:
         names.check_model(team, name)
         body = parse_body(
@@ -90,6 +95,8 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
         )
         if not principal.may_see_team(team):
             raise NotFoundException(f"no team {team!r}")  # another team's: like none
+        if principal.is_operator:  # a user's own team exists; an operator's may not
+            await teams.require(team, "team")
         async with pool.acquire() as conn, conn.transaction():
             if body.producing_job_id is not None:
                 runs = await repo.runs_of_job(conn, body.producing_job_id)
@@ -172,8 +179,15 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
         return DatasetVersionRead.of(found)
 
     async def change_grant(
-        team: str, name: str, grantee_team: str, principal: Principal, *, granted: bool
+        team: str,
+        name: str,
+        grantee_team: str,
+        principal: Principal,
+        teams: Teams | None = None,
     ) -> GrantChange:
+        """Grant ``grantee_team`` (with ``teams``, which checks that it exists: nothing is
+        stored for a team that does not), or revoke its grant (without)."""
+        granted = teams is not None
         names.check_model(team, name)
         names.check("team", grantee_team, "grantee_team")
         missing = NotFoundException(f"no dataset {name!r} in team {team!r}")
@@ -183,6 +197,8 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
             raise PermissionDeniedException("granting needs the admin role of the dataset's team")
         if grantee_team == team:
             raise RequestInvalid.one("grantee_team", "a team always reads its own datasets")
+        if teams is not None:
+            await teams.require(grantee_team, "grantee_team")
         async with pool.acquire() as conn, conn.transaction():
             found = await datasets.dataset(conn, team, name)
             if found is None:
@@ -212,9 +228,13 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
         responses=error_responses(404),
     )
     async def put_grant(
-        team: FromPath[str], name: FromPath[str], grantee_team: FromPath[str], principal: Caller
+        team: FromPath[str],
+        name: FromPath[str],
+        grantee_team: FromPath[str],
+        principal: Caller,
+        teams: TeamCheck,
     ) -> GrantChange:
-        return await change_grant(team, name, grantee_team, principal, granted=True)
+        return await change_grant(team, name, grantee_team, principal, teams)
 
     @delete(
         "/v1/datasets/{team:str}/{name:str}/grants/{grantee_team:str}",
@@ -226,7 +246,7 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
     async def delete_grant(
         team: FromPath[str], name: FromPath[str], grantee_team: FromPath[str], principal: Caller
     ) -> GrantChange:
-        return await change_grant(team, name, grantee_team, principal, granted=False)
+        return await change_grant(team, name, grantee_team, principal)
 
     return [add_version, list_datasets, get_dataset, get_version, put_grant, delete_grant]
 

@@ -65,7 +65,7 @@ from trainyard_platform.services.registry.schemas import (
     RegisterRequest,
 )
 from trainyard_platform.shared import audit
-from trainyard_platform.shared.access import needs
+from trainyard_platform.shared.access import Teams, needs
 from trainyard_platform.shared.http_app import error_responses, json_request_body
 from trainyard_platform.shared.http_errors import (
     FieldError,
@@ -77,6 +77,7 @@ from trainyard_platform.shared.identity import Principal, Role
 from trainyard_platform.shared.storage import ObjectNotFound, ObjectStore
 
 Caller = NamedDependency[Principal]
+TeamCheck = NamedDependency[Teams]
 Version = Annotated[int, PathParameter(ge=1, le=2**31 - 1)]  # the column's integer
 Clock = Callable[[], datetime]
 BODY_MAX_BYTES = 64 * 1024
@@ -488,8 +489,15 @@ def model_routes(
         )
 
     async def change_grant(
-        team: str, name: str, grantee_team: str, principal: Principal, *, granted: bool
+        team: str,
+        name: str,
+        grantee_team: str,
+        principal: Principal,
+        teams: Teams | None = None,
     ) -> GrantChange:
+        """Grant ``grantee_team`` (with ``teams``, which checks that it exists: nothing is
+        stored for a team that does not), or revoke its grant (without)."""
+        granted = teams is not None
         names.check_model(team, name)
         names.check("team", grantee_team, "grantee_team")
         missing = NotFoundException(f"no model {name!r} in team {team!r}")
@@ -499,6 +507,8 @@ def model_routes(
             raise PermissionDeniedException("granting needs the admin role of the model's team")
         if grantee_team == team:
             raise RequestInvalid.one("grantee_team", "a team always reads its own models")
+        if teams is not None:
+            await teams.require(grantee_team, "grantee_team")
         async with pool.acquire() as conn, conn.transaction():
             model_id = await models_repo.lock_existing_model(conn, team, name)
             if model_id is None:
@@ -528,9 +538,13 @@ def model_routes(
         responses=error_responses(404),
     )
     async def put_grant(
-        team: FromPath[str], name: FromPath[str], grantee_team: FromPath[str], principal: Caller
+        team: FromPath[str],
+        name: FromPath[str],
+        grantee_team: FromPath[str],
+        principal: Caller,
+        teams: TeamCheck,
     ) -> GrantChange:
-        return await change_grant(team, name, grantee_team, principal, granted=True)
+        return await change_grant(team, name, grantee_team, principal, teams)
 
     @delete(
         "/v1/models/{team:str}/{name:str}/grants/{grantee_team:str}",
@@ -542,7 +556,7 @@ def model_routes(
     async def delete_grant(
         team: FromPath[str], name: FromPath[str], grantee_team: FromPath[str], principal: Caller
     ) -> GrantChange:
-        return await change_grant(team, name, grantee_team, principal, granted=False)
+        return await change_grant(team, name, grantee_team, principal)
 
     return [
         put_grant,

@@ -64,6 +64,7 @@ from trainyard_platform.services.submission.group_commit import GroupCommit
 from trainyard_platform.services.submission.identity import Caller
 from trainyard_platform.services.submission.identity_schemas import (
     MeView,
+    TeamView,
     TokenCreated,
     TokenRequest,
     TokenView,
@@ -248,6 +249,13 @@ def held_connection(request: AnyRequest) -> asyncpg.Connection | None:
 async def whoami(caller: Me) -> MeView:
     """Who the presented token belongs to (other services check user tokens here)."""
     return caller.me()
+
+
+@get("/teams/{team:str}", responses=error_responses(404))
+async def team(pool: Pool, team: Annotated[str, PathParameter(pattern=NAME_PATTERN)]) -> TeamView:
+    """Whether a team exists (any user: team names are not secret). The registry and billing
+    ask with their caller's token before they store a reference to a team."""
+    return await identity.team(pool, team)
 
 
 @post(
@@ -803,6 +811,7 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
         "/v1",
         route_handlers=[
             whoami,
+            team,
             create_user,
             list_users,
             change_role,

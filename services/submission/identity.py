@@ -31,6 +31,7 @@ from trainyard_platform.services.submission.errors import Conflict, Forbidden, N
 from trainyard_platform.services.submission.governance import Screening, current_month, screening_of
 from trainyard_platform.services.submission.identity_schemas import (
     MeView,
+    TeamView,
     TokenCreated,
     TokenRequest,
     TokenView,
@@ -221,6 +222,15 @@ async def create_user(
             {"role": str(role), "token_id": row["id"]},
         )
     return UserCreated(user=request.name, team=team, role=str(role), token=token)
+
+
+async def team(pool: asyncpg.Pool, name: str) -> TeamView:
+    """The team ``name``, for any caller (team names are not secret, docs/security.md);
+    ``NotFound`` when there is none."""
+    async with pool.acquire() as conn:
+        if await repo.team_id(conn, name) is None:
+            raise NotFound(f"no team {name!r}")
+    return TeamView(team=name)
 
 
 async def _team_in_reach(conn: asyncpg.Connection, caller: Caller, team: str | None) -> int:

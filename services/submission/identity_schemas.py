@@ -22,6 +22,13 @@ class MeView(BaseModel):
     expires_at: datetime | None
 
 
+class TeamView(BaseModel):
+    """A team that exists (``GET /v1/teams/{team}``): other services ask before they store a
+    reference to a team (a grant, a budget)."""
+
+    team: str
+
+
 class TokenRequest(BaseModel):
     """The body of ``POST /v1/tokens`` and ``POST /v1/tokens/rotate``."""
 

@@ -37,7 +37,9 @@ OPERATOR = {"Authorization": "Bearer s3cret"}
 ML_VIEWER = {"Authorization": "Bearer ml-viewer"}
 ML_ADMIN = {"Authorization": "Bearer ml-admin"}
 VISION_ADMIN = {"Authorization": "Bearer vision-admin"}
+OPERATOR_USER = {"Authorization": "Bearer op-user"}
 USERS = {
+    "op-user": {"user": "root", "team": "platform", "role": "operator", "token_id": 4},
     "ml-viewer": {"user": "ada", "team": "ml", "role": "viewer", "token_id": 1},
     "ml-admin": {"user": "bo", "team": "ml", "role": "admin", "token_id": 2},
     "vision-admin": {"user": "cy", "team": "vision", "role": "admin", "token_id": 3},
@@ -45,10 +47,15 @@ USERS = {
 
 
 def _me(request: httpx.Request) -> httpx.Response:
+    """Submission's ``/v1/me`` and ``/v1/teams/{team}`` for ``USERS``."""
     token = request.headers.get("authorization", "").removeprefix("Bearer ")
-    if token in USERS:
-        return httpx.Response(200, json=USERS[token])
-    return httpx.Response(401, json={"detail": "unknown token"})
+    if token not in USERS:
+        return httpx.Response(401, json={"detail": "unknown token"})
+    team = request.url.path.removeprefix("/v1/teams/")
+    if team != request.url.path:
+        known = {u["team"] for u in USERS.values()}
+        return httpx.Response(200, json={"team": team}) if team in known else httpx.Response(404)
+    return httpx.Response(200, json=USERS[token])
 
 
 @pytest.fixture
@@ -287,8 +294,11 @@ async def test_budgets_are_written_by_the_team_s_admins_and_read_by_its_users(
     made = await client.put("/v1/budgets/ml/nlp", json=body, headers=ML_ADMIN)
     assert made.status_code == 201, made.text
     assert made.json()["thresholds"] == [50, 80, 100]
-    again = await client.put("/v1/budgets/ml/nlp", json=body, headers=OPERATOR)
+    again = await client.put("/v1/budgets/ml/nlp", json=body, headers=OPERATOR_USER)
     assert again.status_code == 200
+    # The break-glass token cannot ask the submission service whether a team exists.
+    glass = await client.put("/v1/budgets/ml/nlp", json=body, headers=OPERATOR)
+    assert glass.status_code == 422 and glass.json()["errors"][0]["field"] == "team"
 
     read = await client.get("/v1/budgets/ml/nlp", headers=ML_VIEWER)
     assert read.status_code == 200 and read.json()["project"] == "nlp"

@@ -28,6 +28,12 @@ VISION_VIEWER = Principal(user="vic", team="vision", role=Role.VIEWER, token_id=
 VISION_ADMIN = Principal(user="ada", team="vision", role=Role.ADMIN, token_id=4)
 ML = Principal(user="bob", team="ml", role=Role.ADMIN, token_id=2)
 OPERATOR = Principal(user="op", team=None, role=Role.OPERATOR, token_id=None)
+TEAMS = frozenset({"vision", "ml", "audio", "platform"})
+"""The teams that exist, as the submission service would answer (``Teams``)."""
+
+
+async def team_exists(team: str) -> bool:
+    return team in TEAMS
 
 
 def app_as(
@@ -37,7 +43,7 @@ def app_as(
     download_url_seconds: int = 300,
 ) -> httpx.AsyncClient:
     async def guard(connection: Any, handler: Any) -> None:
-        remember(connection, principal)
+        remember(connection, principal, team_exists)
         enforce_least_role(principal, connection, handler)
 
     app = create_app(pool, guard, [], store=store, download_url_seconds=download_url_seconds)
