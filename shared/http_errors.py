@@ -98,10 +98,15 @@ class RequestInvalid(Exception):
 
 
 def parse_body(model: type[M], body: bytes) -> M:
-    """Validate a JSON body against ``model``; raise ``RequestInvalid`` naming every bad
-    field."""
+    """Validate a JSON body against ``model``, strictly; raise ``RequestInvalid`` naming
+    every bad field.
+
+    Strict for every model, whatever its own config: a value of the wrong JSON type is
+    refused, never coerced (``{"version": "3"}`` is not version 3, nor ``3.0`` or ``true``).
+    What JSON can only say as a string still reads as pydantic's strict JSON mode allows
+    (decimal strings, ISO 8601 times, enum values)."""
     try:
-        return model.model_validate_json(body)
+        return model.model_validate_json(body, strict=True)
     except ValidationError as exc:
         raise RequestInvalid(field_errors(exc)) from None
 
