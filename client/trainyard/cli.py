@@ -92,6 +92,50 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(Exit.USAGE)
 
 
+FREE_TEXT = frozenset({"description", "feature_version", "text"})
+"""Arguments (by ``dest``) whose value may be empty: a version's description, a dataset's
+feature version, a run's note (``''`` clears it)."""
+
+
+def _given(convert: Callable[[str], Any] | None, action: argparse.Action) -> Callable[[str], Any]:
+    """``convert`` (or the string itself), refusing an empty or blank value with a
+    ``CliError`` naming the argument (exit 2; argparse lets it through, ``main`` says it)."""
+    if action.option_strings:
+        name, hint = action.option_strings[-1], "give a value or leave the option out"
+    else:
+        name = str(action.metavar or action.dest.upper())
+        hint = "give a job id or the beginning of one" if name == "JOB" else "give one"
+
+    def check(value: str) -> Any:
+        # A type of the argument's own judges first, with its own message (a --timeout of
+        # '' is no number of seconds); what it lets through empty is refused here.
+        converted = value if convert is None else convert(value)
+        if not value.strip():
+            raise CliError(f"{name} is empty: {hint}", Exit.USAGE)
+        return converted
+
+    check.__name__ = getattr(convert, "__name__", "value")  # argparse names it in errors
+    return check
+
+
+def _refuse_empty(
+    parser: argparse.ArgumentParser, seen: set[argparse.Action] | None = None
+) -> None:
+    """Every argument of ``parser`` and its subcommands that takes a value refuses an empty
+    one, a usage error naming it (exit 2, before any request): an empty name would otherwise
+    mean none at all (``ls --experiment ''`` listing every experiment's runs), or reach a
+    URL as nothing."""
+    seen = set() if seen is None else seen
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                _refuse_empty(sub, seen)
+        elif action.nargs != 0 and action.dest not in FREE_TEXT and action not in seen:
+            seen.add(action)  # the common options are one action shared by every command
+            # Every type here is a function (none is a registry name such as "int").
+            action.type = _given(action.type if callable(action.type) else None, action)
+
+
 def _parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
     # SUPPRESS: an option given before the command is not reset by the command's parser.
@@ -213,6 +257,7 @@ def _parser() -> argparse.ArgumentParser:
     completion.add_argument("shell", choices=("bash", "zsh", "tcsh"))
     cli_access.add_commands(commands, common)
     add_deadletter_commands(commands, common)
+    _refuse_empty(parser)
     return parser
 
 
@@ -285,7 +330,10 @@ def _login_commands(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except CliError as exc:  # an empty value (``_refuse_empty``)
+        return _fail(str(exc), exc.code)
     session: Session | None = None
     try:
         session = Session(_settings(), args, lambda url, token: TrainyardClient(url, token))

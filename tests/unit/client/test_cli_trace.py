@@ -94,11 +94,21 @@ def test_a_span_whose_parent_is_not_in_the_file_is_shown_at_the_top(
 
 
 def test_an_ambiguous_prefix_is_refused_naming_the_jobs(
-    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _, err = _trace(capsys, "", "--file", str(DATA / "spans.jsonl"))
+    # The jobs of the file share no prefix, so the other one is renamed to share "3f2a".
+    # (This test used the empty JOB as its prefix, which is now a usage error: below.)
+    near = "3f2a0000-5a49-4382-8170-6f5e4d3c2b1a"
+    spans = tmp_path / "spans.jsonl"
+    spans.write_text((DATA / "spans.jsonl").read_text().replace(OTHER, near))
+    code, _, err = _trace(capsys, "3f2a", "--file", str(spans))
     assert code != 0
-    assert "several jobs" in err and JOB in err and OTHER in err
+    assert "several jobs" in err and JOB in err and near in err
+    code, _, err = _trace(capsys, "", "--file", str(spans))
+    assert (
+        code == 2
+        and err == "trainyard: error: JOB is empty: give a job id or the beginning of one\n"
+    )
 
 
 def test_an_unknown_job_and_a_missing_file_are_one_line_errors(
