@@ -14,11 +14,11 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from trainyard.cli_base import CliError, Exit, Session, dumps, resolve
 from trainyard.cli_models import parse_ref
 from trainyard.cli_render import short, table, time_text
+from trainyard.client import segment
 
 
 def add_commands(
@@ -61,7 +61,7 @@ def add_commands(
 
 
 def _path(team: str, name: str) -> str:
-    return f"/v1/datasets/{quote(team, safe='')}/{quote(name, safe='')}"
+    return f"/v1/datasets/{segment(team)}/{segment(name)}"
 
 
 def run_ls(session: Session) -> int:
@@ -161,7 +161,7 @@ def run_grant(session: Session) -> int:
     args = session.args
     ref = parse_ref(args.dataset, "TEAM/NAME")
     method = "PUT" if args.action == "grant" else "DELETE"
-    path = f"{_path(ref.team, ref.name)}/grants/{quote(args.grantee, safe='')}"
+    path = f"{_path(ref.team, ref.name)}/grants/{segment(args.grantee)}"
     change = session.service("registry").call(method, path)
     verb = "may read" if change["granted"] else "may not read"
     same = "" if change.get("changed", True) else " (unchanged)"
@@ -174,8 +174,7 @@ def run_lineage(session: Session) -> int:
     ref = parse_ref(args.ref, "TEAM/NAME:V", version=True)
     kind, way = ("models", "upstream") if args.action == "up" else ("datasets", "downstream")
     path = (
-        f"/v1/lineage/{kind}/{quote(ref.team, safe='')}/{quote(ref.name, safe='')}"
-        f"/versions/{ref.version}/{way}"
+        f"/v1/lineage/{kind}/{segment(ref.team)}/{segment(ref.name)}/versions/{ref.version}/{way}"
     )
     registry = session.service("registry")
     if args.openlineage:

@@ -26,11 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from trainyard.cli_base import CliError, Exit, Session, note
 from trainyard.cli_render import short, table, time_text
-from trainyard.client import TrainyardClient, TrainyardError, download
+from trainyard.client import TrainyardClient, TrainyardError, download, segment
 
 _NAME = r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,99}"
 _ALIAS = r"[a-z][a-z0-9_\-]{0,62}"
@@ -51,7 +50,7 @@ class Ref:
     @property
     def path(self) -> str:
         """The URL path segment pair ``team/name``, each segment quoted."""
-        return f"{quote(self.team, safe='')}/{quote(self.name, safe='')}"
+        return f"{segment(self.team)}/{segment(self.name)}"
 
     def __str__(self) -> str:
         tail = f":{self.version}" if self.version else f"@{self.alias}" if self.alias else ""
@@ -226,7 +225,7 @@ def run_ls(session: Session) -> int:
 
 def _version_path(ref: Ref) -> str:
     if ref.alias:
-        return f"/v1/models/{ref.path}/versions/by-alias/{quote(ref.alias, safe='')}"
+        return f"/v1/models/{ref.path}/versions/by-alias/{segment(ref.alias)}"
     return f"/v1/models/{ref.path}/versions/{ref.version}"
 
 
@@ -348,7 +347,7 @@ def run_alias(session: Session) -> int:
     args = session.args
     ref = parse_ref(args.model, "TEAM/NAME")
     registry = session.service("registry")
-    path = f"/v1/models/{ref.path}/aliases/{quote(args.alias, safe='')}"
+    path = f"/v1/models/{ref.path}/aliases/{segment(args.alias)}"
     if args.alias_action == "set":
         moved = registry.call("PUT", path, {"version": args.version})
         was = moved.get("previous")
@@ -399,7 +398,7 @@ def run_grant(session: Session) -> int:
     args = session.args
     ref = parse_ref(args.model, "TEAM/NAME")
     method = "PUT" if args.action == "grant" else "DELETE"
-    path = f"/v1/models/{ref.path}/grants/{quote(args.grantee, safe='')}"
+    path = f"/v1/models/{ref.path}/grants/{segment(args.grantee)}"
     change = session.service("registry").call(method, path)
     verb = "may read" if change["granted"] else "may not read"
     same = "" if change.get("changed", True) else " (unchanged)"

@@ -14,11 +14,10 @@ import sys
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import Any
-from urllib.parse import quote
 
 from trainyard.cli_base import CliError, Exit, Session, exit_code_of, resolve
 from trainyard.cli_render import duration, metrics_text, short, sparkline, table, time_text
-from trainyard.client import TrainyardClient, TrainyardError, get_text
+from trainyard.client import TrainyardClient, TrainyardError, get_text, segment
 
 
 def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
@@ -82,6 +81,22 @@ def _float(value: Any) -> float | None:
         return None
 
 
+def metric_key_path(key: str) -> str:
+    """A metric key as the rest of ``/v1/jobs/{id}/metrics/``, which the registry reads as
+    the key (its ``/`` included): each part between slashes quoted as one path segment. A
+    key with an empty, ``.`` or ``..`` part is refused (a usage error naming KEY): a URL
+    resolves or merges such parts, so the request would reach another key or route."""
+    parts = key.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise CliError(
+            f"KEY: {key!r} has an empty, '.' or '..' part between slashes, which a URL path "
+            "cannot carry as it is (`trainyard metrics JOB --json` lists every key with its "
+            "final value)",
+            Exit.USAGE,
+        )
+    return "/".join(segment(part) for part in parts)
+
+
 def run_metrics(session: Session) -> int:
     args = session.args
     job_id = resolve(session.client, args.job)
@@ -98,7 +113,7 @@ def run_metrics(session: Session) -> int:
         return Exit.OK
     if args.key:
         curve = registry.get(
-            f"/v1/jobs/{quote(job_id, safe='')}/metrics/{quote(args.key, safe='/')}",
+            f"/v1/jobs/{segment(job_id)}/metrics/{metric_key_path(args.key)}",
             max_points=args.points,
         )
         points = curve["points"]
@@ -118,7 +133,7 @@ def run_metrics(session: Session) -> int:
 
         session.emit(curve, text)
         return Exit.OK
-    listed = registry.get(f"/v1/jobs/{quote(job_id, safe='')}/metrics")
+    listed = registry.get(f"/v1/jobs/{segment(job_id)}/metrics")
     rows = []
     for m in listed["metrics"]:
         rows.append(
@@ -250,9 +265,7 @@ def run_tag(session: Session) -> int:
     method = "DELETE" if args.rm else "PUT"
     answer: dict[str, Any] = {}
     for tag in args.tags:
-        answer = registry.call(
-            method, f"/v1/jobs/{quote(job_id, safe='')}/tags/{quote(tag, safe='')}"
-        )
+        answer = registry.call(method, f"/v1/jobs/{segment(job_id)}/tags/{segment(tag)}")
     session.emit(answer, lambda: f"{short(job_id)} tags: {' '.join(answer['tags']) or '(none)'}")
     return Exit.OK
 
@@ -260,7 +273,7 @@ def run_tag(session: Session) -> int:
 def run_note(session: Session) -> int:
     args = session.args
     job_id = resolve(session.client, args.job)
-    path = f"/v1/jobs/{quote(job_id, safe='')}/note"
+    path = f"/v1/jobs/{segment(job_id)}/note"
     answer = session.service("registry").call("PUT", path, {"note": args.text})
     session.emit(answer, lambda: f"{short(job_id)} note: {answer['note'] or '(none)'}")
     return Exit.OK
@@ -270,7 +283,7 @@ def run_models(session: Session) -> int:
     args = session.args
     team = args.team or session.client.whoami()["team"]
     found = session.service("registry").get(
-        f"/v1/models/{quote(team, safe='')}/{quote(args.name, safe='')}/versions"
+        f"/v1/models/{segment(team)}/{segment(args.name)}/versions"
     )
     rows = [
         (
@@ -316,7 +329,7 @@ def run_cost(session: Session) -> int:
                     "cost JOB takes no --by, --from, --to, --granularity or --csv", Exit.USAGE
                 )
             job_id = resolve(session.client, args.job)
-            bill = billing.get(f"/v1/jobs/{quote(job_id, safe='')}/cost")
+            bill = billing.get(f"/v1/jobs/{segment(job_id)}/cost")
             session.emit(bill, lambda: job_cost_text(bill))
             return Exit.OK
         params: dict[str, str | None] = {

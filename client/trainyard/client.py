@@ -323,9 +323,13 @@ def _settled(view: dict[str, Any]) -> bool:
     return cost_final and model_in
 
 
-def segment(job_id: str) -> str:
-    """A job id as one URL path segment (an id can never reach another route)."""
-    return quote(job_id, safe="")
+def segment(value: str) -> str:
+    """``value`` (a job id, a name, a tag, a metric key) as exactly one URL path segment, so
+    no value can reach another route or another name: every ``/`` and ``%`` is quoted, and
+    a value of dots only (``.``, ``..``), which a URL would resolve away, has its dots
+    quoted too (``%2E``)."""
+    quoted = quote(value, safe="")
+    return quoted.replace(".", "%2E") if not quoted.strip(".") else quoted
 
 
 def _json(response: httpx.Response, default: Any = None) -> Any:
