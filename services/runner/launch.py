@@ -49,6 +49,7 @@ from trainyard_platform.services.runner.provenance import (
     packages_digest,
 )
 from trainyard_platform.services.runner.sandbox import (
+    AsJob,
     JobUser,
     PlatformError,
     Sandbox,
@@ -127,6 +128,14 @@ def prepare(
         box.checkpoints,
     )
     hand_over_sandbox(box)
+    env = job_env_vars(
+        grant,
+        box,
+        job_env,
+        passthrough=settings.job_env_passthrough,
+        gpus=gpus,
+        trace_headers=trace_headers,
+    )
     probe_dir = box.code if spec.code is not None else settings.code_dir
     environment = capture_environment(
         python=job_env.python,
@@ -135,6 +144,8 @@ def prepare(
         gpu_flavor=settings.gpu_flavor,
         gpus=gpus,
         gpu_indices=grant.gpu_indices,
+        as_job=AsJob(user, env),
+        code_is_jobs=spec.code is not None,
         topology=settings.topology,
     ).model_copy(
         update={
@@ -147,14 +158,7 @@ def prepare(
     return Prepared(
         sandbox=box,
         argv=job_argv(job_env.python, grant, rendezvous_port(grant.job_id, grant.attempt)),
-        env=job_env_vars(
-            grant,
-            box,
-            job_env,
-            passthrough=settings.job_env_passthrough,
-            gpus=gpus,
-            trace_headers=trace_headers,
-        ),
+        env=env,
         resumed_from=resumed_from,
         code_version=code_id or code_version(settings.code_dir, spec.entrypoint),
         environment=environment,

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trainyard_platform.services.runner.gpus import GpuInventory
+from trainyard_platform.services.runner.sandbox import AsJob
 from trainyard_platform.shared.events.payloads import Environment
 
 log = logging.getLogger(__name__)
@@ -64,19 +65,9 @@ def source_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _git(code_dir: Path, *args: str) -> str | None:
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(code_dir), *args],
-            capture_output=True,
-            text=True,
-            timeout=_GIT_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.info("git %s in %s failed: %s", " ".join(args), code_dir, exc)
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
+def _git(code_dir: Path, *args: str, as_job: AsJob | None = None) -> str | None:
+    raw = _git_raw(code_dir, *args, as_job=as_job)
+    return None if raw is None else raw.decode(errors="replace").strip()
 
 
 def git_version(code_dir: Path) -> str | None:
@@ -91,16 +82,19 @@ def git_version(code_dir: Path) -> str | None:
     return f"git:{commit}{'+dirty' if dirty else ''}"
 
 
-def diff_digest(code_dir: Path) -> str | None:
+def diff_digest(code_dir: Path, as_job: AsJob | None = None) -> str | None:
     """sha256 of a dirty work tree's uncommitted changes: ``git diff HEAD --binary`` (staged
     and unstaged) and every untracked, not ignored file (its path and the sha256 of its
     content), in path order. None when ``code_dir`` is not a git work tree, is clean, or git
-    cannot say (the ``+dirty`` of ``git_version`` still tells)."""
-    if _git(code_dir, "rev-parse", "--is-inside-work-tree") != "true":
+    cannot say (the ``+dirty`` of ``git_version`` still tells). ``as_job``: git runs with
+    the job's privileges (``code_dir`` is the job's: its ``.git/config`` may name programs)."""
+    if _git(code_dir, "rev-parse", "--is-inside-work-tree", as_job=as_job) != "true":
         return None
-    has_head = _git(code_dir, "rev-parse", "--verify", "--quiet", "HEAD") is not None
-    diff = _git_raw(code_dir, "diff", "HEAD", "--binary") if has_head else b""
-    untracked = _git_raw(code_dir, "ls-files", "-z", "--others", "--exclude-standard")
+    has_head = _git(code_dir, "rev-parse", "--verify", "--quiet", "HEAD", as_job=as_job) is not None
+    diff = _git_raw(code_dir, "diff", "HEAD", "--binary", as_job=as_job) if has_head else b""
+    untracked = _git_raw(
+        code_dir, "ls-files", "-z", "--others", "--exclude-standard", as_job=as_job
+    )
     if diff is None or untracked is None:
         return None
     if not diff and not untracked:
@@ -114,14 +108,13 @@ def diff_digest(code_dir: Path) -> str | None:
     return digest.hexdigest()
 
 
-def _git_raw(code_dir: Path, *args: str) -> bytes | None:
+def _git_raw(code_dir: Path, *args: str, as_job: AsJob | None = None) -> bytes | None:
+    argv = ["git", "-C", str(code_dir), *args]
     try:
-        done = subprocess.run(
-            ["git", "-C", str(code_dir), *args],
-            capture_output=True,
-            timeout=_GIT_TIMEOUT_S,
-            check=False,
-        )
+        if as_job is not None:
+            done = as_job.run(argv, cwd=code_dir, timeout=_GIT_TIMEOUT_S)
+        else:
+            done = subprocess.run(argv, capture_output=True, timeout=_GIT_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.info("git %s in %s failed: %s", " ".join(args), code_dir, exc)
         return None
@@ -193,17 +186,15 @@ print(json.dumps({
 """
 
 
-def probe_interpreter(python: str, code_dir: Path) -> dict[str, str | None]:
-    """Python and torch versions as the job's interpreter sees them."""
+def probe_interpreter(python: str, code_dir: Path, as_job: AsJob) -> dict[str, str | None]:
+    """Python and torch versions as the job's interpreter sees them, asked with the job's
+    privileges (its environment's ``.pth`` files run at start) and isolated (``-I``: the
+    job's code in ``code_dir`` is not on the probe's path, so a ``json.py`` of the job's
+    is never imported by it)."""
     try:
-        done = subprocess.run(
-            [python, "-c", _PROBE],
-            cwd=code_dir,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
+        done = as_job.run([python, "-I", "-c", _PROBE], cwd=code_dir, timeout=60)
+        if done.returncode != 0:
+            raise ValueError(f"exit status {done.returncode}: {done.stderr[-500:]!r}")
         found: dict[str, str | None] = json.loads(done.stdout)
         return found
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
@@ -219,11 +210,15 @@ def capture_environment(
     gpu_flavor: str,
     gpus: GpuInventory,
     gpu_indices: list[int],
+    as_job: AsJob,
+    code_is_jobs: bool,
     topology: str | None = None,
 ) -> Environment:
     """Where the job runs: interpreter, torch, cuDNN, NCCL, OS, host, node and its topology,
-    the driver, the job's own GPUs, and the uncommitted changes of the code it runs."""
-    probe = probe_interpreter(python, code_dir)
+    the driver, the job's own GPUs, and the uncommitted changes of the code it runs.
+    Whatever runs the job's interpreter, or git in code the job brought
+    (``code_is_jobs``), runs with the job's privileges (``as_job``)."""
+    probe = probe_interpreter(python, code_dir, as_job)
     cuda = None if gpus.virtual else (probe.get("torch_cuda") or gpus.cuda)
     names = [gpus.names[i] for i in gpu_indices if 0 <= i < gpus.count]
     return Environment(
@@ -240,5 +235,5 @@ def capture_environment(
         driver=None if gpus.virtual else driver_version(),
         gpu_count=len(names),
         topology=topology,
-        code_diff_sha256=diff_digest(code_dir),
+        code_diff_sha256=diff_digest(code_dir, as_job if code_is_jobs else None),
     )

@@ -37,7 +37,7 @@ import signal
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,6 +103,45 @@ def claim_job_uids(uids: range, lock_dir: Path | None = None) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+@dataclass(frozen=True)
+class AsJob:
+    """The privileges of one job: its user and its environment (built from nothing).
+
+    Whatever the runner runs that reads what a tenant controls (the job's interpreter and
+    the packages of its environment, whose ``.pth`` files run at every start; git in the
+    job's code) runs through :meth:`run`, never as the runner: a bundle with a ``json.py``
+    beside the probe's working directory, or a wheel with a ``.pth``, would otherwise run
+    as root with the runner's bus, database and store credentials in its environment."""
+
+    user: JobUser
+    env: Mapping[str, str]
+
+    def run(
+        self, argv: Sequence[str], *, cwd: Path, timeout: float
+    ) -> subprocess.CompletedProcess[bytes]:
+        """Run ``argv`` as the job would be run: its user (no supplementary groups), exactly
+        its environment, stdin closed, in a process group of its own; stdout and stderr
+        captured. Whatever it leaves running is killed before this returns. Raises
+        ``OSError`` and ``subprocess.TimeoutExpired`` like ``subprocess.run``."""
+        try:
+            return subprocess.run(
+                list(argv),
+                cwd=cwd,
+                env=dict(self.env),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=timeout,
+                process_group=0,
+                check=False,
+                user=self.user.uid,
+                group=self.user.gid,
+                extra_groups=[] if self.user.isolated else None,
+            )
+        finally:
+            if self.user.uid is not None:
+                kill_leftovers(range(self.user.uid, self.user.uid + 1), [])
 
 
 def job_user(uid_base: int, slot: int) -> JobUser:

@@ -29,7 +29,7 @@ from tests.integration.runner.conftest import (
 from trainyard_platform.deploy.local.postgres import PostgresServer
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.shared.bus import Bus
-from trainyard_platform.shared.events.payloads import CheckpointSaved, JobSucceeded
+from trainyard_platform.shared.events.payloads import CheckpointSaved, JobFailed, JobSucceeded
 from trainyard_platform.shared.storage import open_store
 
 pytestmark = [
@@ -165,3 +165,56 @@ async def test_a_job_of_team_b_touches_nothing_of_team_a(
     assert store.get_bytes(done.artifact.uri.removeprefix(store.root_uri + "/")) == victim_bytes
     assert not store.list(f"jobs/{attacker.job_id}/checkpoints/step-00000001")
     assert launched(launches) == [victim.allocation_id]
+
+
+# Modules a bundle may put beside its entrypoint under the names of standard modules: the
+# job's own ``python script.py`` imports them (its folder comes first on its path), which
+# is its business; nothing the runner itself runs may import them.
+SHADOWING_MODULE = textwrap.dedent(
+    """
+    import os, sys
+    _folder = sys.argv[-1] if len(sys.argv) > 1 else ""
+    _marker = os.path.join(os.environ.get("TRAINYARD_TEST_MARKERS", "/nonexistent"),
+                           f"{os.getpid()}-uid{os.getuid()}")
+    try:
+        with open(_marker, "w") as _f:
+            _f.write(" ".join(sorted(os.environ)))
+    except OSError:
+        pass
+    """
+)
+
+
+async def test_the_runner_imports_nothing_of_a_jobs_code(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    launches: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bundle holding ``json.py``, ``platform.py``, ``re.py``...: whatever the runner runs
+    to prepare the job (probes of its interpreter, its environment) never imports them, so
+    no code of a tenant runs as the runner's user or sees the runner's environment."""
+    monkeypatch.setenv("TRAINYARD_TEST_MARKERS", str(launches))
+    monkeypatch.setenv("TRAINYARD_STORAGE_SECRET_KEY", "not-for-jobs")
+    await start_runner(settings)
+    store = open_store(settings.storage.uri)
+    code_folder = tmp_path / "shadowing"
+    code_folder.mkdir()
+    for name in ("json", "platform", "re", "pathlib", "importlib", "email", "zipfile", "csv"):
+        (code_folder / f"{name}.py").write_text(SHADOWING_MODULE)
+    (code_folder / "main.py").write_text("print('ran')\n")
+    code = upload_bundle(store, "team-b", code_folder)
+    job = grant(settings.node_id, [], entrypoint="main.py", code=code)
+    job = job.model_copy(
+        update={"spec": job.spec.model_copy(update={"team": "team-b", "user": "mallory"})}
+    )
+    await publish(bus, job, settings.node_id)
+    await events.wait_for(
+        lambda: events.of(JobSucceeded, job.job_id) or events.of(JobFailed, job.job_id),
+        what="the job's end",
+    )
+    as_runner = [n for n in os.listdir(launches) if n.endswith(f"-uid{os.geteuid()}")]
+    assert as_runner == [], f"a tenant's module ran as the runner: {as_runner}"

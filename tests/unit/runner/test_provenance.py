@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import os
 import re
 import subprocess
 import sys
@@ -20,6 +21,10 @@ from trainyard_platform.services.runner.provenance import (
     git_version,
     packages_digest,
 )
+from trainyard_platform.services.runner.sandbox import AsJob, JobUser
+
+AS_RUNNER = AsJob(JobUser(None, None), {"PATH": os.environ["PATH"]})
+"""Tests run as themselves, with a clean environment like a job's."""
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false"]
 
@@ -97,6 +102,8 @@ def test_the_environment_is_the_job_interpreters(code: Path) -> None:
         gpu_flavor="cpu",
         gpus=virtual_inventory(4),
         gpu_indices=[2, 3],
+        as_job=AS_RUNNER,
+        code_is_jobs=True,
     )
     assert re.fullmatch(r"\w+ 3\.\d+\.\d+.*", env.python)
     assert env.torch == importlib.metadata.version("torch")
@@ -114,6 +121,8 @@ def test_on_real_gpus_the_cuda_version_is_recorded(code: Path) -> None:
         gpu_flavor="h200",
         gpus=GpuInventory(("NVIDIA H200", "NVIDIA H200"), "nvml", "12.4"),
         gpu_indices=[1],
+        as_job=AS_RUNNER,
+        code_is_jobs=True,
     )
     assert env.gpu_names == ["NVIDIA H200"]
     # torch's own CUDA build when it has one (not this CPU wheel), else the driver's.
@@ -128,6 +137,8 @@ def test_an_interpreter_that_does_not_run_is_recorded_as_unknown(code: Path) -> 
         gpu_flavor="cpu",
         gpus=virtual_inventory(1),
         gpu_indices=[0],
+        as_job=AS_RUNNER,
+        code_is_jobs=True,
     )
     assert env.python.startswith("unknown") and env.torch == "not installed"
 
@@ -140,6 +151,8 @@ def test_on_cpu_the_gpu_libraries_are_null_never_invented(code: Path) -> None:
         gpu_flavor="cpu",
         gpus=virtual_inventory(2),
         gpu_indices=[0, 1],
+        as_job=AS_RUNNER,
+        code_is_jobs=True,
         topology="rack-7",
     )
     assert env.cudnn is None and env.nccl is None and env.driver is None and env.cuda is None
