@@ -54,6 +54,16 @@ an environment whose lock it can take exclusively without waiting, never removes
 use. Lock files are never deleted (deleting a lock file others may have open breaks
 mutual exclusion).
 
+**Nothing of the packages runs while building.** Requirements are a tenant's choice and
+the build runs as the runner: only wheels are installed (``uv --no-build``, ``pip
+--only-binary=:all:``: a source distribution's ``setup.py`` is code, so a requirement
+available only as source fails to build, saying so); bytecode is compiled by the venv's
+interpreter started with ``-I -S`` (``site`` would run the ``.pth`` files of the installed
+wheels); the package list is read from their metadata in the runner's own process
+(:func:`installed_packages`). The installers get an environment of their own settings
+(``UV_*``, ``PIP_*``, proxies, certificates, ``PATH``, ``HOME``: ``installer_environment``),
+never the runner's credentials. The job runs the ``.pth`` files, as its own user.
+
 **Permissions.** Jobs run as an unprivileged uid, so everything under ``root`` must be
 readable by others: the installers run with umask 022, and after a build every directory
 is set to 0755 and every file gets read (and, where its owner has it, execute) permission
@@ -69,6 +79,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -159,7 +170,7 @@ def normalize_requirement(requirement: str) -> str:
     whitespace-free sorted version specifiers, marker stripped. Two spellings of the same
     requirement that still differ (say, in a marker's spacing) only cost an extra build.
     Raises ValueError for anything that does not start with a distribution name (e.g. an
-    installer option)."""
+    installer option) and for a URL that does not name a wheel."""
     if "\n" in requirement or "\r" in requirement:
         raise ValueError(f"requirement {requirement!r} spans several lines")
     match = _REQUIREMENT.match(requirement)
@@ -173,6 +184,11 @@ def normalize_requirement(requirement: str) -> str:
     rest = match["rest"]
     if rest.startswith("@"):
         url, *marker_part = re.split(r"\s;", rest[1:], maxsplit=1)  # PEP 508: " ;"
+        if not re.fullmatch(r"[^?#]+\.whl(?:[?#]\S*)?", url.strip(), re.IGNORECASE):
+            raise ValueError(
+                f"requirement {requirement!r} names a URL that is not a wheel: only wheels are "
+                "installed (building a source distribution or a git checkout runs its code)"
+            )
         body = f" @ {url.strip()}"
         marker = marker_part[0].strip() if marker_part else ""
     else:
@@ -372,8 +388,9 @@ class EnvironmentCache:
             self._write_file(purelib / BASE_PTH, _base_pth(base.site))
             if requirements:
                 self._install(target, requirements)
+                self._compile(target, purelib)
             _make_readable(target)
-            probe = self._probe(str(target / "bin" / "python"))
+            packages = installed_packages([str(purelib), *base.site])
             marker = {
                 "key": key,
                 "requirements": requirements,
@@ -382,7 +399,7 @@ class EnvironmentCache:
                 "base_version": base.version,
                 "base_site": list(base.site),
                 "provided": list(self.provided),
-                "packages": list(probe.packages),
+                "packages": list(packages),
                 "built_at": time.time(),
             }
             self._write_file(target / LAST_USED, "")
@@ -407,11 +424,11 @@ class EnvironmentCache:
             argv = [
                 self.base_python, "-m", "pip", "--python", python, "install",
                 "--no-input", "--disable-pip-version-check", "--progress-bar", "off",
-                *requirements,
+                "--only-binary=:all:", "--no-compile", *requirements,
             ]  # fmt: skip
             self._run(argv, "pip install")
             return
-        argv = [_uv_bin(), "pip", "install", "--python", python, "--compile-bytecode"]
+        argv = [_uv_bin(), "pip", "install", "--python", python, "--no-build"]
         named = {_requirement_name(r) for r in requirements}
         excluded = [p for p in self.provided if p not in named]
         with tempfile.TemporaryDirectory(prefix="trainyard-uv-") as tmp:
@@ -421,8 +438,14 @@ class EnvironmentCache:
                 argv += ["--excludes", str(excludes)]
             self._run([*argv, *requirements], "uv pip install")
 
+    def _compile(self, target: Path, purelib: Path) -> None:
+        """Bytecode for the installed packages (job users cannot write it), by the venv's
+        own interpreter without ``site`` (``-S``: no ``.pth`` of a package runs)."""
+        python = str(target / "bin" / "python")
+        self._run([python, "-I", "-S", "-m", "compileall", "-q", str(purelib)], "compiling")
+
     def _run(self, argv: list[str], what: str) -> str:
-        env = {k: v for k, v in os.environ.items() if k not in _WITHHELD_FROM_INSTALLERS}
+        env = installer_environment(os.environ)
         env.update(NO_COLOR="1", UV_NO_PROGRESS="1", PIP_NO_INPUT="1")
         env.update(self.installer_env)
         try:
@@ -569,9 +592,38 @@ class EnvironmentCache:
             os.utime(path)
 
 
-_WITHHELD_FROM_INSTALLERS = frozenset(
-    {"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV", "CONDA_PREFIX", "PIP_USER"}
-)
+_INSTALLER_VARIABLES = frozenset(
+    {
+        "PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "XDG_CACHE_HOME", "SSL_CERT_FILE",
+        "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY",
+        "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+    }
+)  # fmt: skip
+_INSTALLER_PREFIXES = ("UV_", "PIP_")
+
+
+def installer_environment(runner_env: Mapping[str, str]) -> dict[str, str]:
+    """What the installers see of the runner's environment: their own settings (``UV_*``,
+    ``PIP_*`` but ``PIP_USER``), proxies, certificates, ``PATH`` and ``HOME`` (their
+    caches), and nothing else: never the runner's bus, database or store credentials."""
+    return {
+        name: value
+        for name, value in runner_env.items()
+        if (name in _INSTALLER_VARIABLES or name.startswith(_INSTALLER_PREFIXES))
+        and name != "PIP_USER"
+    }
+
+
+def installed_packages(search: Sequence[str]) -> tuple[str, ...]:
+    """``name==version`` (names normalised, sorted) of the distributions along ``search``,
+    the first one per name (the one an interpreter with that path imports), read from
+    their metadata: nothing of them runs."""
+    packages: dict[str, str] = {}
+    for dist in importlib.metadata.distributions(path=list(search)):
+        name = dist.metadata["Name"]
+        if name:
+            packages.setdefault(canonical_name(name), dist.version)
+    return tuple(sorted(f"{k}=={v}" for k, v in packages.items()))
 
 
 def _uv_bin() -> str:

@@ -107,6 +107,9 @@ _REQ_EXTRAS = rf"\[ *{_REQ_NAME}(?: *, *{_REQ_NAME})* *\]"
 _REQ_VERSION = r"(?:===|==|!=|<=|>=|~=|<|>) *[A-Za-z0-9*][A-Za-z0-9.*+!_-]*"
 _REQ_VERSIONS = rf"{_REQ_VERSION}(?: *, *{_REQ_VERSION})*"
 _REQ_URL = r"(?:https|git\+https|git\+ssh)://[^\s;\x00-\x1f\x7f\"'\\]+"
+WHEEL_URL = re.compile(r"https://[^?#]+\.whl(?:[?#]\S*)?", re.IGNORECASE)
+"""The only URL a requirement may name: a wheel. Runners install wheels only (building a
+source distribution or a git checkout runs its code, as the runner)."""
 _MARKER_VAR = (
     r"(?:python_version|python_full_version|os_name|sys_platform|platform_release"
     r"|platform_system|platform_version|platform_machine|platform_python_implementation"
@@ -125,7 +128,7 @@ REQUIREMENT = re.compile(
     rf"(?:; *{_MARKER})? *"
 )
 """A conservative subset of PEP 508: ``name[extras] <versions> ; <marker>`` or
-``name @ https://...`` (also ``git+https``/``git+ssh``). Spaces are the only whitespace,
+``name @ https://...`` (which must also be a ``WHEEL_URL``). Spaces are the only whitespace,
 marker strings hold no spaces, and nothing can start with ``-``: a requirement never turns
 into a pip option (``--index-url``, ``-e``, ``--hash``), not even when written to a
 requirements file, where pip splits a line at spaces."""
@@ -213,7 +216,13 @@ def _requirement(value: str) -> str:
         raise ValueError(
             "must be a PEP 508 requirement: name[extras], optional versions "
             "(torch>=2.3,<3), optional marker (; python_version>='3.11'), or "
-            "name @ https://... (git+https, git+ssh)"
+            "name @ https://.../name-1.0-py3-none-any.whl"
+        )
+    url = re.search(r"@ *([^\s;]+)", value)
+    if url is not None and not WHEEL_URL.fullmatch(url.group(1)):
+        raise ValueError(
+            "a URL must name a wheel (https://.../name-1.0-py3-none-any.whl): source "
+            "distributions and git URLs are not installed, since building one runs its code"
         )
     return value
 

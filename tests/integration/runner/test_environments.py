@@ -13,7 +13,7 @@ import threading
 import time
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -256,3 +256,87 @@ def test_provided_packages_come_from_the_base_unless_named(tmp_path: Path) -> No
 
     named = cache.resolve(["python-dateutil==2.9.0.post0", OLD_SIX])
     assert OLD_SIX in named.packages
+
+
+def _wheel(folder: Path, name: str, pth: str) -> Path:
+    """A wheel of one module and a ``.pth`` file: site runs a ``.pth`` line that starts
+    with ``import`` in every interpreter that starts in the environment."""
+    import base64
+    import hashlib
+    import zipfile
+
+    files = {
+        f"{name}/__init__.py": "",
+        f"{name}.pth": pth,
+        f"{name}-1.0.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        f"{name}-1.0.dist-info/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(f"{path},sha256={digest.decode()},{len(text.encode())}")
+    record.append(f"{name}-1.0.dist-info/RECORD,,")
+    files[f"{name}-1.0.dist-info/RECORD"] = "\n".join(record) + "\n"
+    wheel = folder / f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)
+    return wheel
+
+
+def _sdist(folder: Path, name: str, setup: str) -> Path:
+    import tarfile
+
+    source = folder / f"{name}-1.0"
+    source.mkdir()
+    (source / "setup.py").write_text(setup)
+    (source / "PKG-INFO").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    archive = folder / f"{name}-1.0.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(source, arcname=source.name)
+    return archive
+
+
+def _marking(markers: Path) -> str:
+    """Code that leaves a file in ``markers`` naming who ran it and what it could read."""
+    return (
+        "import os; open(os.path.join("
+        f"{str(markers)!r}, f'{{os.getpid()}}-uid{{os.getuid()}}'), 'w')"
+        ".write(' '.join(sorted(os.environ)))\n"
+    )
+
+
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+def test_building_an_environment_runs_no_code_of_its_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, installer: Literal["uv", "pip"]
+) -> None:
+    """Requirements are a tenant's choice: a wheel's ``.pth`` runs in every interpreter
+    started in the environment, so nothing the build starts there may process it (the job
+    does, as its own user); a source distribution's ``setup.py`` is code too, so none is
+    built."""
+    monkeypatch.setenv("TRAINYARD_STORAGE_SECRET_KEY", "not-for-installers")
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    wheel = _wheel(tmp_path, "pthmarker", _marking(markers))
+    cache = EnvironmentCache(tmp_path / "envs", BASE, installer)
+    env = cache.resolve([f"pthmarker @ {wheel.as_uri()}"])
+    assert "pthmarker==1.0" in env.packages
+    assert os.listdir(markers) == [], "a package's .pth ran while its environment was built"
+
+    index = tmp_path / "index"
+    index.mkdir()
+    sdist = _sdist(index, "trainyard-test-setupmarker", _marking(markers))
+    with pytest.raises(ValueError, match="not a wheel"):
+        cache.resolve([f"trainyard-test-setupmarker @ {sdist.as_uri()}"])
+    # The same source distribution found by the installer itself (an index that has no
+    # wheel of a package): refused too.
+    monkeypatch.setenv("UV_FIND_LINKS", str(index))
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    with pytest.raises(EnvironmentBuildError):
+        cache.resolve(["trainyard-test-setupmarker==1.0"])
+    assert os.listdir(markers) == [], "a source distribution's setup.py ran"
+    # The job itself runs the .pth, as whoever runs it: that is its business.
+    run_in(env, "pass")
+    assert len(os.listdir(markers)) == 1

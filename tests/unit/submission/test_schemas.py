@@ -304,7 +304,6 @@ def test_bad_code_is_named(code: object, field: str) -> None:
         'tomli>=2; python_version < "3.11"',
         "uvloop; sys_platform != 'win32' and platform_machine == 'x86_64'",
         "mylib @ https://example.org/mylib-1.0-py3-none-any.whl#sha256=abc",
-        "mylib @ git+https://github.com/acme/mylib@v1.2",
     ],
 )
 def test_requirements_accepted(requirement: str) -> None:
@@ -328,6 +327,10 @@ def test_requirements_accepted(requirement: str) -> None:
         ("torch>= --pre", "PEP 508"),
         ("torch; python_version == 'x --index-url=y'", "PEP 508"),
         ("mylib @ http://insecure/x.whl", "PEP 508"),
+        ("mylib @ git+https://github.com/acme/mylib@v1.2", "must name a wheel"),
+        ("mylib @ git+ssh://git@github.com/acme/mylib", "must name a wheel"),
+        ("mylib @ https://example.org/mylib-1.0.tar.gz", "must name a wheel"),
+        ("mylib @ https://example.org/mylib.whl.tar.gz; python_version>'3'", "must name a wheel"),
         ("./local/path", "PEP 508"),
         ("torch\t==2", "PEP 508"),
         ("   ", "blank"),
