@@ -7,7 +7,11 @@ Contract:
   ``time`` (UTC, ISO 8601), ``level``, ``service``, ``logger``, ``message``, ``trace_id`` and
   ``span_id`` of the span current when the record was made (absent outside a span),
   ``job_id`` when known, and ``exception`` (the formatted traceback) when there is one.
-  ``text`` (the default, for a developer's terminal) writes the same facts on one line.
+  ``text`` (the default, for a developer's terminal) writes the same facts on one line:
+  line breaks and other control characters in the message (a job names its metrics, and
+  the runner's warnings quote them) are written escaped (``\\n``, ``\\x1b``), so no text of
+  a tenant can start a line that looks like the platform's own; only a traceback follows on
+  lines of its own.
 - The job id is taken from the record's ``job_id`` attribute (``log.info(..., extra={"job_id":
   ...})``), else from the job scope (``job_scope(job_id)``: a context variable, so it holds in
   the block and in every task and thread started from it, whatever the sampler: the runner
@@ -24,8 +28,10 @@ Contract:
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -133,6 +139,12 @@ class TextFormatter(logging.Formatter):
     def __init__(self, service: str) -> None:
         super().__init__(f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s")
 
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        # A copy: other handlers of the same record format its message themselves.
+        escaped = copy.copy(record)
+        escaped.message = one_line(record.message)
+        return super().formatMessage(escaped)
+
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         fields = trace_fields(record)
@@ -141,6 +153,15 @@ class TextFormatter(logging.Formatter):
         ids = " ".join(f"{k.removesuffix('_id')}={v}" for k, v in fields.items())
         first, _, rest = text.partition("\n")  # keep a traceback below the line it belongs to
         return f"{first} [{ids}]" + (f"\n{rest}" if rest else "")
+
+
+_LINE_BREAKING = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters (C0, DEL, C1) and Unicode line and paragraph
+    separators escaped as Python would write them (``\\n``, ``\\x1b``, ``\\u2028``)."""
+    return _LINE_BREAKING.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def formatter(service: str, log_format: Literal["json", "text"]) -> logging.Formatter:

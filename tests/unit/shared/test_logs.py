@@ -72,3 +72,29 @@ def test_the_format_is_chosen_by_trainyard_log_format(monkeypatch: pytest.Monkey
     monkeypatch.setenv("TRAINYARD_LOG_FORMAT", "xml")
     with pytest.raises(ValueError, match="TRAINYARD_LOG_FORMAT"):
         ServiceSettings()
+
+
+def test_a_text_line_is_one_line_whatever_its_arguments_hold() -> None:
+    """A job names its metrics: the runner's warning about a non-finite one must not let a
+    newline in the name start a line that looks like the platform's own."""
+    forged = "loss\n2026-12-05 18:00:00,000 runner ERROR trainyard: node drained\r\x1b[2K"
+    record = logging.LogRecord(
+        "svc.mod", logging.WARNING, __file__, 1, "job %s reported %s", ("j-4", forged), None
+    )
+    text = TextFormatter("runner").format(record)
+    assert "\n" not in text and "\r" not in text and "\x1b" not in text
+    assert "loss\\n2026-12-05 18:00:00,000 runner ERROR" in text
+    assert "\\r\\x1b[2K" in text
+    for separator in ("\u2028", "\u2029", "\x85"):
+        assert separator not in TextFormatter("runner").format(_record(f"a{separator}b"))
+
+
+def test_a_traceback_still_follows_its_text_line() -> None:
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        record = logging.LogRecord(
+            "m", logging.ERROR, __file__, 1, "failed", (), exc_info=__import__("sys").exc_info()
+        )
+    first, _, rest = TextFormatter("billing").format(record).partition("\n")
+    assert first.endswith("failed") and rest.startswith("Traceback") and "boom" in rest
