@@ -55,6 +55,8 @@ from trainyard_platform.services.runner.sandbox import (
     Sandbox,
     create_sandbox,
     fetch_code,
+    kill_leftovers,
+    remove_files_of,
 )
 from trainyard_platform.services.runner.sandbox import hand_over as hand_over_sandbox
 from trainyard_platform.shared.control import JobRuntimeEnv
@@ -110,6 +112,12 @@ def prepare(
     trace_headers: Mapping[str, str],
 ) -> Prepared:
     spec = grant.spec
+    if user.uid is not None:
+        # The slot's uid starts clean, however its last job ended (one whose start failed
+        # after its interpreter was probed as this uid included).
+        uid = range(user.uid, user.uid + 1)
+        kill_leftovers(uid, [])
+        remove_files_of(uid)
     box = create_sandbox(settings.sandboxes_dir, sandbox_name(grant.allocation_id), user)
     code_id = fetch_code(spec, store, box.code)
     try:

@@ -34,6 +34,7 @@ import fcntl
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import tarfile
 import tempfile
@@ -369,3 +370,59 @@ def kill_leftovers(uids: range | None, groups: list[ProcessGroupRecord]) -> int:
             os.kill(pid, signal.SIGKILL)
             killed += 1
     return killed
+
+
+SHARED_TEMP_FOLDERS = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"))
+"""Folders every user may write to, where a job's files would outlive it."""
+_MAX_DEPTH = 32
+
+
+def remove_files_of(uids: range, folders: Sequence[Path] = SHARED_TEMP_FOLDERS) -> int:
+    """Remove what users ``uids`` own in ``folders``, which every user may write to; returns
+    how many entries (a folder of theirs counts once, with all it holds). Call it once no
+    process of ``uids`` runs: jobs of different teams run as the same uid one after the
+    other (one per slot), so a file a job left in ``/dev/shm`` would be the next one's to
+    read.
+
+    A uid can write only where it owns the folder or everyone may write, so only folders
+    everyone may write to are searched, to ``_MAX_DEPTH``. Every step goes through folder
+    descriptors opened without following links (the folders are others' to change while
+    this runs: a path swapped for a link never leads out)."""
+    removed = 0
+    for folder in folders:
+        try:
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            removed += _remove_files_in(fd, uids, _MAX_DEPTH)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _remove_files_in(folder_fd: int, uids: range, depth: int) -> int:
+    removed = 0
+    try:
+        with os.scandir(folder_fd) as entries:
+            names = [entry.name for entry in entries]
+    except OSError:
+        return 0
+    for name in names:
+        try:
+            st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+            if st.st_uid in uids:
+                if stat.S_ISDIR(st.st_mode):
+                    shutil.rmtree(name, dir_fd=folder_fd)
+                else:
+                    os.unlink(name, dir_fd=folder_fd)
+                removed += 1
+            elif stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH and depth > 0:
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=folder_fd)
+                try:
+                    removed += _remove_files_in(fd, uids, depth - 1)
+                finally:
+                    os.close(fd)
+        except OSError:
+            continue  # gone meanwhile, or not ours to touch
+    return removed

@@ -218,3 +218,51 @@ async def test_the_runner_imports_nothing_of_a_jobs_code(
     )
     as_runner = [n for n in os.listdir(launches) if n.endswith(f"-uid{os.geteuid()}")]
     assert as_runner == [], f"a tenant's module ran as the runner: {as_runner}"
+
+
+LEAVING_JOB = textwrap.dedent(
+    """
+    import os, sys
+    tag = sys.argv[1]
+    for folder in ("/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(folder):
+            with open(os.path.join(folder, tag), "w") as f:
+                f.write("team A's secret")
+            os.mkdir(os.path.join(folder, tag + ".d"))
+            with open(os.path.join(folder, tag + ".d", "inside"), "w") as f:
+                f.write("team A's secret")
+    print("left", flush=True)
+    """
+)
+
+
+async def test_what_a_job_left_in_shared_temp_folders_goes_with_it(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    tmp_path: Path,
+) -> None:
+    """Jobs of different teams run as the same uid, one after the other (a uid per slot): a
+    file a job leaves where every user may write (``/tmp``, ``/var/tmp``, ``/dev/shm``) would
+    be the next job's to read. It is removed when the job ends."""
+    await start_runner(settings)
+    store = open_store(settings.storage.uri)
+    code_folder = tmp_path / "leaving"
+    code_folder.mkdir()
+    (code_folder / "leave.py").write_text(LEAVING_JOB)
+    code = upload_bundle(store, "team-a", code_folder)
+    tag = f"trainyard-test-{os.urandom(6).hex()}"
+    job = grant(settings.node_id, [tag], entrypoint="leave.py", code=code)
+    await publish(bus, job, settings.node_id)
+    await events.first(JobSucceeded, job.job_id)
+    assert _left_by(tag) == [], f"the job's files outlived it: {_left_by(tag)}"
+
+
+def _left_by(tag: str) -> list[str]:
+    return [
+        str(path)
+        for folder in ("/tmp", "/var/tmp", "/dev/shm")
+        for path in (Path(folder) / tag, Path(folder) / f"{tag}.d")
+        if os.path.lexists(path)
+    ]

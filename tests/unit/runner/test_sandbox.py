@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import subprocess
 import tarfile
 from pathlib import Path
@@ -16,6 +17,7 @@ from trainyard_platform.services.runner.sandbox import (
     checkout_git,
     claim_job_uids,
     fetch_bundle,
+    remove_files_of,
 )
 from trainyard_platform.shared.events.payloads import CodeBundle, CodeGit
 from trainyard_platform.shared.storage import LocalStore
@@ -116,3 +118,41 @@ def test_a_uid_range_is_held_by_one_runner_per_host(tmp_path: Path) -> None:
             pass
     with claim_job_uids(uids, tmp_path):
         pass
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="files of other users need root")
+def test_only_the_uids_files_go_and_no_link_is_followed(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o1777)
+    shared.chmod(0o1777)
+    precious = tmp_path / "precious"
+    precious.write_text("root's")
+    uid, other = 290_001, 290_002
+
+    def owned(path: Path, by: int) -> Path:
+        os.lchown(path, by, by)
+        return path
+
+    (shared / "left.txt").write_text("a's")
+    owned(shared / "left.txt", uid)
+    (shared / "link").symlink_to(precious)
+    owned(shared / "link", uid)
+    (shared / "folder").mkdir()
+    (shared / "folder" / "inside").write_text("a's")
+    owned(shared / "folder", uid)
+    (shared / "others").mkdir(mode=0o777)
+    (shared / "others").chmod(0o777)
+    owned(shared / "others", other)
+    (shared / "others" / "mine").write_text("a's, in another's open folder")
+    owned(shared / "others" / "mine", uid)
+    (shared / "others" / "theirs").write_text("b's")
+    owned(shared / "others" / "theirs", other)
+    (shared / "closed").mkdir(mode=0o755)
+    (shared / "closed" / "x").write_text("not searched")
+    owned(shared / "closed" / "x", uid)
+
+    assert remove_files_of(range(uid, uid + 1), [shared]) == 4
+    assert sorted(p.name for p in shared.iterdir()) == ["closed", "others"]
+    assert [p.name for p in (shared / "others").iterdir()] == ["theirs"]
+    assert precious.read_text() == "root's"
+    assert (shared / "closed" / "x").exists()  # a folder the uid cannot write to
