@@ -3,7 +3,8 @@ signals.
 
 Contract:
 - The child runs ``argv`` in ``cwd`` with exactly ``env``, as ``user`` when one is given
-  (no supplementary groups), stdin closed, stdout and stderr merged into one pipe.
+  (no supplementary groups), with umask 077, stdin closed, stdout and stderr merged into one
+  pipe.
 - The child leads its own process group. ``terminate`` sends SIGTERM to the leader only (the
   job's SIGTERM handler checkpoints; its data-loader workers must not die under it, and
   ``torchrun`` forwards it to its workers); ``kill_group`` SIGKILLs the whole group, and is
@@ -31,6 +32,9 @@ from typing import Any
 from trainyard_platform.services.runner.sandbox import JobUser
 
 _PR_SET_PDEATHSIG = 1
+JOB_UMASK = 0o077
+"""What a job creates is its own uid's alone: other teams' jobs run beside it as other uids,
+and it writes where every user may read (``/dev/shm``, ``/tmp``)."""
 OUTPUT_LINE_LIMIT = 64 * 1024
 """Longer output lines are split into pieces of this size."""
 
@@ -91,6 +95,7 @@ class JobProcess:
                 stdout=write_fd,
                 stderr=write_fd,
                 process_group=0,
+                umask=JOB_UMASK,
                 preexec_fn=_death_signal_preexec(),
                 **identity,
             )

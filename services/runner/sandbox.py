@@ -135,6 +135,7 @@ class AsJob:
                 capture_output=True,
                 timeout=timeout,
                 process_group=0,
+                umask=0o077,  # as the job's own processes (process.JOB_UMASK)
                 check=False,
                 user=self.user.uid,
                 group=self.user.gid,

@@ -266,3 +266,45 @@ def _left_by(tag: str) -> list[str]:
         for path in (Path(folder) / tag, Path(folder) / f"{tag}.d")
         if os.path.lexists(path)
     ]
+
+
+PRIVATE_FILES_JOB = textwrap.dedent(
+    """
+    import os, stat, sys
+    path = os.path.join("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp", sys.argv[1])
+    with open(path, "w") as f:
+        f.write("team A's batch")
+    print("MODE", oct(stat.S_IMODE(os.stat(path).st_mode)), flush=True)
+    """
+)
+
+
+async def test_files_a_job_makes_are_its_own_to_read(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    tmp_path: Path,
+) -> None:
+    """Jobs of other teams run beside it as other uids: a file a job writes where every user
+    may read (``/dev/shm``, where data loaders and NCCL put theirs; ``/tmp``) is created
+    readable by its own uid only (umask 077)."""
+    await start_runner(settings)
+    store = open_store(settings.storage.uri)
+    code_folder = tmp_path / "private"
+    code_folder.mkdir()
+    (code_folder / "write.py").write_text(PRIVATE_FILES_JOB)
+    code = upload_bundle(store, "team-a", code_folder)
+    job = grant(
+        settings.node_id,
+        [f"trainyard-test-{os.urandom(6).hex()}"],
+        entrypoint="write.py",
+        code=code,
+    )
+    await publish(bus, job, settings.node_id)
+    await events.first(JobSucceeded, job.job_id)
+    stream = f"logs/{job.job_id}/a0001-{settings.node_id}"
+    output = b"".join(
+        store.get_bytes(k) for k in store.list(f"{stream}/") if k.endswith(".log")
+    ).decode()
+    assert "MODE 0o600" in output, output
