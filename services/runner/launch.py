@@ -119,7 +119,7 @@ def prepare(
         kill_leftovers(uid, [])
         remove_files_of(uid)
     box = create_sandbox(settings.sandboxes_dir, sandbox_name(grant.allocation_id), user)
-    code_id = fetch_code(spec, store, box.code)
+    code_id = fetch_code(spec, store, box)
     try:
         job_env = environments.resolve(spec.requirements)
     except (EnvironmentBuildError, ValueError) as exc:  # ValueError: a bad requirement

@@ -223,17 +223,17 @@ def bundle_key(team: str, sha256: str) -> str:
     return f"bundles/{team}/{sha256}.tar.gz"
 
 
-def fetch_code(spec: JobSpec, store: ObjectStore, dest: Path) -> str | None:
-    """Put the job's code into ``dest``; returns the code's identity (``sha256:...`` or
+def fetch_code(spec: JobSpec, store: ObjectStore, box: Sandbox) -> str | None:
+    """Put the job's code into ``box.code``; returns the code's identity (``sha256:...`` or
     ``git:<commit>``), None when the spec names no code. Raises ``PlatformError``."""
     code = spec.code
     if code is None:
         return None
     if isinstance(code, CodeBundle):
-        fetch_bundle(store, spec.team, code, dest)
+        fetch_bundle(store, spec.team, code, box.code)
         return f"sha256:{code.sha256}"
     assert isinstance(code, CodeGit)
-    checkout_git(code, dest)
+    checkout_git(code, box.code, box.user, box.home)
     return f"git:{code.commit}"
 
 
@@ -282,22 +282,34 @@ def fetch_bundle(
             ) from exc
 
 
-def checkout_git(code: CodeGit, dest: Path) -> None:
+def checkout_git(code: CodeGit, dest: Path, user: JobUser, home: Path) -> None:
+    """Fetch ``code.commit`` of ``code.repository`` into ``dest`` (empty) as the job's
+    ``user`` (``home`` its HOME), never as the runner: the repository is the tenant's
+    choice, so git must reach only what the job itself could, never with the runner's SSH
+    keys or the host's credential helpers (``GIT_CONFIG_NOSYSTEM``; the job's uid has no
+    keys), nor parse what a hostile server sends with the runner's privileges."""
+    if user.uid is not None and user.gid is not None:
+        os.chown(dest, user.uid, user.gid)
+    as_job = AsJob(
+        user,
+        {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(home),
+            "LANG": "C.UTF-8",
+            "GIT_TERMINAL_PROMPT": "0",
+            "GIT_CONFIG_NOSYSTEM": "1",
+        },
+    )
+
     def git(*args: str) -> str:
-        result = subprocess.run(
-            ["git", *args],
-            cwd=dest,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_TERMINAL_PROMPT": "0"},
-            check=False,
-        )
+        try:
+            result = as_job.run(["git", *args], cwd=dest, timeout=600)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise PlatformError(f"git {args[0]} of {code.repository} failed: {exc}") from None
         if result.returncode != 0:
-            raise PlatformError(
-                f"git {args[0]} of {code.repository} failed: {result.stderr.strip()[-500:]}"
-            )
-        return result.stdout.strip()
+            stderr = result.stderr.decode(errors="replace").strip()
+            raise PlatformError(f"git {args[0]} of {code.repository} failed: {stderr[-500:]}")
+        return result.stdout.decode(errors="replace").strip()
 
     git("init", "-q")
     git("fetch", "-q", "--depth", "1", code.repository, code.commit)

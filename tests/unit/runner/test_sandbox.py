@@ -5,13 +5,16 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
 import subprocess
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from trainyard_platform.services.runner.sandbox import (
+    JobUser,
     PlatformError,
     UidsInUse,
     checkout_git,
@@ -95,12 +98,31 @@ def test_code_named_by_git_commit_is_checked_out_at_that_commit(tmp_path: Path) 
     git(repo, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qam", "v2")
     dest = tmp_path / "code"
     dest.mkdir()
-    checkout_git(CodeGit(repository=str(repo), commit=first), dest)
+    checkout_git(CodeGit(repository=str(repo), commit=first), dest, RUNNERS, tmp_path)
     assert (dest / "train.py").read_text() == "print('v1')\n"
     missing = tmp_path / "other"
     missing.mkdir()
     with pytest.raises(PlatformError, match="git fetch"):
-        checkout_git(CodeGit(repository=str(repo), commit="0" * 40), missing)
+        checkout_git(CodeGit(repository=str(repo), commit="0" * 40), missing, RUNNERS, tmp_path)
+
+    if os.geteuid() == 0:
+        # As the job's user, git reaches only what the job could: not the runner's files
+        # (pytest's folder is root's alone), nor its keys.
+        job = JobUser(290_003, 290_003)
+        sandbox = Path(tempfile.mkdtemp(prefix="trainyard-test-"))  # the job may pass
+        try:
+            sandbox.chmod(0o711)
+            theirs = sandbox / "code"
+            theirs.mkdir()
+            with pytest.raises(PlatformError, match="git fetch"):
+                checkout_git(CodeGit(repository=str(repo), commit=first), theirs, job, theirs)
+            assert not (theirs / "train.py").exists()
+        finally:
+            shutil.rmtree(sandbox)
+
+
+RUNNERS = JobUser(None, None)
+"""The tests' own user (as a runner that is not root runs jobs)."""
 
 
 def test_a_uid_range_is_held_by_one_runner_per_host(tmp_path: Path) -> None:
