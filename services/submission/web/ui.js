@@ -30,10 +30,26 @@ export function svg(tag, attrs = {}, ...children) {
   return element;
 }
 
+/**
+ * ``element``'s children become ``children``. Pages redraw parts of themselves every few
+ * seconds: when the keyboard focus was inside ``element``, it moves to the redrawn element
+ * that is the same control (same tag, id, target, label and text), so a person moving through
+ * the page with Tab does not fall back to the top of the document at every refresh.
+ */
 export function replace(element, ...children) {
+  const focused = document.activeElement;
+  const key = focused && focused !== element && element.contains(focused) ? focusKey(focused) : null;
   element.replaceChildren();
   append(element, children);
+  if (key !== null) {
+    const same = [...element.querySelectorAll(focused.tagName)].find((e) => focusKey(e) === key);
+    if (same) same.focus({ preventScroll: true });
+  }
   return element;
+}
+
+function focusKey(element) {
+  return [element.tagName, element.id, element.getAttribute("href"), element.getAttribute("aria-label"), element.textContent].join("\u0000");
 }
 
 export const STATUSES = ["QUEUED", "PENDING", "SCHEDULED", "RUNNING", "SUCCEEDED", "FAILED", "PREEMPTED", "CANCELLED"];

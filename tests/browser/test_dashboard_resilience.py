@@ -1,0 +1,122 @@
+"""The dashboard where people stumble: the keyboard, odd links, odd tokens, long names.
+
+A small local stack (one runner of one virtual GPU) and one team whose job asks for two GPUs,
+so it waits for good: a living job whose page and row redraw themselves every few seconds.
+Each test drives headless Chromium as a person would and checks what they would see.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.browser.test_dashboard import script_errors, wait
+from trainyard_platform.deploy.local.stack import LocalStack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+LONG_NAME = "a-very-long-run-name-" + "x" * 79
+"""As long as a job name may be (100 characters), with no space to break it at."""
+
+
+@dataclass
+class Stack:
+    stack: LocalStack
+    token: str
+    waiting: str
+    """The id of a job that waits for good (it asks for more GPUs than the cluster has)."""
+
+    @property
+    def url(self) -> str:
+        return self.stack.submission_url
+
+
+def _submit(stack: LocalStack, token: str, name: str) -> str:
+    answer = httpx.post(
+        f"{stack.submission_url}/v1/jobs",
+        json={"name": name, "gpus": 2, "gpu_flavor": "cpu", "command": ["sleep", "1"]},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=10,
+    )
+    assert answer.status_code == 201, answer.text
+    return str(answer.json()["id"])
+
+
+@pytest.fixture(scope="module")
+def small() -> Iterator[Stack]:
+    data = Path(tempfile.mkdtemp(prefix="trainyard-browser-"))
+    env = {"TRAINYARD_RUNNER_JOB_UID_BASE": "266064"}
+    try:
+        with LocalStack(data / "stack", storage="file", runner_gpus=1, extra_env=env) as stack:
+            token = stack.bootstrap_admin("vision", "alice")
+            waiting = _submit(stack, token, "waits-for-two")
+            _submit(stack, token, LONG_NAME)
+            yield Stack(stack, token, waiting)
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def sign_in(driver: Any, small: Stack, route: str = "/jobs") -> None:
+    driver.get(f"{small.url}/ui/")
+    driver.execute_script("sessionStorage.clear()")
+    driver.get("about:blank")
+    driver.get(f"{small.url}/ui/#{route}")
+    field = wait(driver, "the sign-in form", lambda d: d.find_elements("id", "token"))[0]
+    field.send_keys(small.token)
+    driver.find_element("css selector", "#login button[type=submit]").click()
+    wait(driver, "signed in", lambda d: d.find_elements("id", "logout"))
+
+
+def focused(driver: Any) -> str:
+    """The focused element as a person would name it: its tag, target and text."""
+    described: str = driver.execute_script(
+        "const e = document.activeElement;"
+        "return `${e.tagName} ${e.getAttribute('href') || ''} ${e.textContent.trim()}`"
+    )
+    return described
+
+
+def refreshed(driver: Any, selector: str) -> None:
+    """Wait until the element under ``selector`` is replaced by the page's own refresh."""
+    driver.execute_script("document.querySelector(arguments[0]).dataset.old = 'yes'", selector)
+    wait(
+        driver,
+        f"{selector} redrawn",
+        lambda d: d.execute_script(
+            "const e = document.querySelector(arguments[0]); return e && !e.dataset.old",
+            selector,
+        ),
+    )
+
+
+def test_the_keyboard_focus_survives_the_pages_own_refreshes(browser: Any, small: Stack) -> None:
+    """The jobs list redraws every 5 s and a living job's page every 3 s: a person who tabbed
+    to a job's link or to "Cancel job" stays there."""
+    driver = browser
+    sign_in(driver, small)
+    link = wait(
+        driver,
+        "the waiting job's row",
+        lambda d: d.find_elements("css selector", f"#jobs a[title='{small.waiting}']"),
+    )[0]
+    driver.execute_script("arguments[0].focus()", link)
+    before = focused(driver)
+    assert small.waiting in before
+    refreshed(driver, "#jobs table")
+    assert focused(driver) == before
+
+    driver.execute_script("location.hash = arguments[0]", f"/jobs/{small.waiting}")
+    cancel = wait(
+        driver, "the cancel button", lambda d: d.find_elements("css selector", "button.danger")
+    )[0]
+    driver.execute_script("arguments[0].focus()", cancel)
+    refreshed(driver, ".page-header")
+    assert focused(driver).strip() == "BUTTON  Cancel job"
+    assert not script_errors(driver)
