@@ -120,3 +120,15 @@ def test_the_keyboard_focus_survives_the_pages_own_refreshes(browser: Any, small
     refreshed(driver, ".page-header")
     assert focused(driver).strip() == "BUTTON  Cancel job"
     assert not script_errors(driver)
+
+
+def test_a_mangled_link_says_there_is_no_such_job(browser: Any, small: Stack) -> None:
+    """A job link whose percent-encoding was cut (``%E0%A4%A``) is a job that does not exist,
+    not a page stuck on "Loading…"; the next link works."""
+    driver = browser
+    sign_in(driver, small)
+    driver.execute_script("location.hash = arguments[0]", "/jobs/%E0%A4%A")
+    wait(driver, "no such job", lambda d: "No such job" in d.find_element("tag name", "body").text)
+    driver.execute_script("location.hash = arguments[0]", f"/jobs/{small.waiting}")
+    wait(driver, "the job", lambda d: d.find_elements("css selector", "button.danger"))
+    assert not script_errors(driver)

@@ -21,9 +21,19 @@ let cleanup = null;
 let generation = 0;
 
 function route() {
-  const parts = location.hash.replace(/^#\/?/, "").split("?")[0].split("/").filter(Boolean).map(decodeURIComponent);
+  const parts = location.hash.replace(/^#\/?/, "").split("?")[0].split("/").filter(Boolean).map(decoded);
   const page = parts[0] in PAGES ? parts[0] : "jobs";
   return { page, params: parts.slice(1) };
+}
+
+/** A part of the route as typed: a link mangled in a chat (``%E0%A4%A``) is not valid
+ * percent-encoding; it is then taken as it is, so the page says there is no such thing. */
+function decoded(part) {
+  try {
+    return decodeURIComponent(part);
+  } catch {
+    return part;
+  }
 }
 
 async function show() {
