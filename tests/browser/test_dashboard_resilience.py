@@ -132,3 +132,45 @@ def test_a_mangled_link_says_there_is_no_such_job(browser: Any, small: Stack) ->
     driver.execute_script("location.hash = arguments[0]", f"/jobs/{small.waiting}")
     wait(driver, "the job", lambda d: d.find_elements("css selector", "button.danger"))
     assert not script_errors(driver)
+
+
+def sign_in_with(driver: Any, small: Stack, typed: str) -> Any:
+    """Type ``typed`` into a fresh sign-in form, submit it, and return the form's status."""
+    driver.get(f"{small.url}/ui/")
+    driver.execute_script("sessionStorage.clear()")
+    driver.get("about:blank")
+    driver.get(f"{small.url}/ui/#/jobs")
+    wait(driver, "the sign-in form", lambda d: d.find_elements("id", "token"))
+    return sign_in_again(driver, typed)
+
+
+def sign_in_again(driver: Any, typed: str) -> Any:
+    """Type ``typed`` into the sign-in form shown, submit it, and return the form's status."""
+    driver.find_element("id", "token").send_keys(typed)
+    driver.find_element("css selector", "#login button[type=submit]").click()
+    return driver.find_element("css selector", ".login-status")
+
+
+def test_a_token_that_cannot_be_sent_or_checked_gets_a_clear_answer(
+    browser: Any, small: Stack
+) -> None:
+    """A token pasted with a character no header can hold ("…") is refused naming it, and a
+    platform that does not answer the sign-in says so; neither leaves "Checking…" for ever."""
+    driver = browser
+    status = sign_in_with(driver, small, small.token[:10] + "…")
+    wait(driver, "the refusal", lambda d: "That is not a token" in status.text)
+    assert "character 11 is U+2026" in status.text
+    assert driver.execute_script("return sessionStorage.length") == 0
+
+    # The platform goes down after the form was shown.
+    small.stack.stop_service("submission")
+    try:
+        driver.find_element("id", "token").clear()
+        status = sign_in_again(driver, small.token)
+        wait(driver, "the platform's silence", lambda d: "did not answer" in status.text)
+        assert "submission service cannot be reached" in status.text
+        assert driver.execute_script("return sessionStorage.length") == 0
+    finally:
+        small.stack.start_service("submission")
+    sign_in(driver, small)
+    assert not script_errors(driver)

@@ -30,6 +30,26 @@ export const token = {
   clear: () => sessionStorage.removeItem(TOKEN_KEY),
 };
 
+const MAX_TOKEN_LENGTH = 1024;
+const TOKEN68 = /^[A-Za-z0-9\-._~+/]+=*$/;
+
+/**
+ * Why no Trainyard API would take ``value`` as a token (RFC 6750's ``b64token``: ASCII
+ * letters, digits and ``-._~+/``, then ``=`` padding; at most 1024 characters), or null; as
+ * the CLI says it, naming the first wrong character's position and code point, never the
+ * token. A browser cannot even send a header holding a character beyond Latin-1 (a pasted
+ * "…" or curly quote).
+ */
+export function tokenProblem(value) {
+  if (!value) return "it is empty";
+  if (value.length > MAX_TOKEN_LENGTH) return `it has ${value.length} characters, more than a token's ${MAX_TOKEN_LENGTH}`;
+  if (TOKEN68.test(value)) return null;
+  const at = /^[A-Za-z0-9\-._~+/]*/.exec(value)[0].length;
+  const point = value.codePointAt(at);
+  const what = point === 0x20 ? "a space" : `U+${point.toString(16).toUpperCase().padStart(4, "0")}`;
+  return `character ${at + 1} is ${what}; a token holds only ASCII letters, digits and -._~+/, then = padding`;
+}
+
 function baseOf(service) {
   if (service === "submission") return "";
   const url = config && config[`${service}_url`];

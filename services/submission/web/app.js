@@ -1,7 +1,7 @@
 // The dashboard's shell: sign-in with a token, navigation, and the page router (#/page/...).
 // Each page module exports render(view, params, ctx) and may return a cleanup function.
 
-import { ApiError, get, loadConfig, token } from "./api.js";
+import { ApiError, get, loadConfig, token, tokenProblem } from "./api.js";
 import { h, message, replace } from "./ui.js";
 
 const PAGES = {
@@ -77,9 +77,21 @@ function signIn(notice) {
   if (notice) status.append(message("warn", notice));
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
+    const value = input.value.trim();
+    const problem = tokenProblem(value);
+    if (problem) { replace(status, message("error", "That is not a token.", problem)); return; }
     replace(status, h("div", { class: "loading" }, "Checking…"));
-    token.set(input.value.trim());
-    if (await identify()) show();
+    token.set(value);
+    let accepted = false;
+    try {
+      accepted = await identify();
+    } catch (error) {
+      // Not a verdict on the token: the platform did not answer (down, overloaded).
+      token.clear();
+      replace(status, message("error", "Could not sign in: the platform did not answer.", error.message || String(error)));
+      return;
+    }
+    if (accepted) show();
     else { token.clear(); replace(status, message("error", "That token was not accepted.", "It may be wrong, revoked or expired.")); }
   });
   replace(view, h("div", { class: "login" }, form));
