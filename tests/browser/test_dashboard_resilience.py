@@ -174,3 +174,19 @@ def test_a_token_that_cannot_be_sent_or_checked_gets_a_clear_answer(
         small.stack.start_service("submission")
     sign_in(driver, small)
     assert not script_errors(driver)
+
+
+def test_a_hundred_character_name_keeps_the_jobs_table_on_the_page(
+    browser: Any, small: Stack
+) -> None:
+    """A job name as long as the API allows, with nowhere to break, wraps in its column: the
+    table is no wider than the page, so the cost column stays in view."""
+    driver = browser
+    sign_in(driver, small)
+    wait(driver, "the long name", lambda d: LONG_NAME in d.find_element("id", "jobs").text)
+    jobs = driver.find_element("id", "jobs")
+    width, visible = driver.execute_script(
+        "return [arguments[0].scrollWidth, arguments[0].clientWidth]", jobs
+    )
+    assert width <= visible, f"the jobs table is {width} px wide in a {visible} px box"
+    assert driver.find_element("xpath", "//div[@id='jobs']//th[.='Cost']").is_displayed()

@@ -100,7 +100,7 @@ function breakdown(id, title, rows, label, total) {
   const sorted = [...rows].sort((a, b) => Number(b.cost) - Number(a.cost));
   const share = (r) => (total > 0 ? (100 * Number(r.cost)) / total : 0);
   return h("div", { id }, table([
-    { title, cell: (r) => h("span", { class: "breakdown-key" }, label(r)) },
+    { title, cell: (r) => h("span", { class: "breakdown-key", title: label(r) }, label(r)) },
     { title: "GPU time", align: "right", cell: (r) => gpuHours(r.gpu_seconds) },
     { title: "Cost", align: "right", cell: (r) => h("span", { class: "breakdown-cost", "data-cost": String(r.cost) }, money(r.cost, r.currency)) },
     { title: "Share", cell: (r) => h("span", { class: "share" },

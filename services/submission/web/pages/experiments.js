@@ -23,7 +23,7 @@ export async function render(view, params, ctx) {
   }
   const experiments = answer.experiments || [];
   view.append(card(null, table([
-    { title: "Experiment", cell: (e) => h("a", { href: `#/experiments/${e.id}`, class: "experiment-name" }, e.name) },
+    { title: "Experiment", cell: (e) => h("a", { href: `#/experiments/${e.id}`, class: "experiment-name", title: e.name }, e.name) },
     { title: "Project", cell: (e) => e.project },
     { title: "Runs", align: "right", cell: (e) => e.runs },
     { title: "Running", align: "right", cell: (e) => e.running },
@@ -62,7 +62,7 @@ async function renderOne(view, id, me) {
   });
   view.append(card("Runs", table([
     { title: "", cell: checkbox },
-    { title: "Run", cell: (r) => h("span", {}, h("a", { href: `#/jobs/${r.job_id}` }, r.name), " ", jobLink(r.job_id)) },
+    { title: "Run", cell: (r) => h("span", {}, h("a", { href: `#/jobs/${r.job_id}`, class: "job-name", title: r.name }, r.name), " ", jobLink(r.job_id)) },
     { title: "Status", cell: (r) => statusBadge(r.status.toUpperCase()) },
     { title: "User", cell: (r) => r.user },
     { title: "Duration", align: "right", cell: (r) => duration(r.duration_seconds) },

@@ -53,7 +53,7 @@ async function renderList(view, { me }) {
   function draw() {
     replace(body, table([
       { title: "Status", cell: (j) => statusBadge(j.status) },
-      { title: "Name", cell: (j) => h("a", { href: `#/jobs/${j.id}`, class: "job-name" }, j.name) },
+      { title: "Name", cell: (j) => h("a", { href: `#/jobs/${j.id}`, class: "job-name", title: j.name }, j.name) },
       { title: "Id", cell: (j) => jobLink(j.id) },
       { title: "User", cell: (j) => j.user },
       { title: "GPUs", cell: (j) => `${j.gpus} × ${j.gpu_flavor}` },

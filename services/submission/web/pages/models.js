@@ -24,7 +24,7 @@ export async function render(view, params, ctx) {
     return;
   }
   replace(body, card(null, table([
-    { title: "Model", cell: (m) => h("a", { href: `#/models/${encodeURIComponent(m.team)}/${encodeURIComponent(m.name)}`, class: "model-name", "data-team": m.team }, m.name) },
+    { title: "Model", cell: (m) => h("a", { href: `#/models/${encodeURIComponent(m.team)}/${encodeURIComponent(m.name)}`, class: "model-name", title: m.name, "data-team": m.team }, m.name) },
     { title: "Team", cell: (m) => m.team },
     { title: "Access", cell: (m) => access(m) },
     { title: "Project", cell: (m) => m.project || "—" },

@@ -128,7 +128,7 @@ async function teamQueue(me) {
   parts.push(card(`Waiting (${waiting.length})`,
     table([
       { title: "#", align: "right", cell: (p) => p.position ?? "—" },
-      { title: "Job", cell: (p) => h("span", {}, h("a", { href: `#/jobs/${p.job_id}` }, p.name), " ", jobLink(p.job_id)) },
+      { title: "Job", cell: (p) => h("span", {}, h("a", { href: `#/jobs/${p.job_id}`, class: "job-name", title: p.name }, p.name), " ", jobLink(p.job_id)) },
       { title: "Status", cell: (p) => statusBadge(p.status) },
       { title: "GPUs", cell: (p) => `${p.gpus} × ${p.gpu_flavor}` },
       { title: "Reason", cell: (p) => h("span", { class: "reason" }, withJobLinks(p.reason || "waiting for the next pass")) },
