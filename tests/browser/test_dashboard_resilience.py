@@ -190,3 +190,23 @@ def test_a_hundred_character_name_keeps_the_jobs_table_on_the_page(
     )
     assert width <= visible, f"the jobs table is {width} px wide in a {visible} px box"
     assert driver.find_element("xpath", "//div[@id='jobs']//th[.='Cost']").is_displayed()
+
+
+def test_times_name_their_time_zone(browser: Any, small: Stack) -> None:
+    """A job's link read in Tokyo shows its times in Tokyo's zone and says which zone that
+    is (the costs pages count UTC days: a bare "1:22 AM" would be read as either)."""
+    driver = browser
+    driver.execute_cdp_cmd("Emulation.setTimezoneOverride", {"timezoneId": "Asia/Tokyo"})
+    try:
+        sign_in(driver, small, f"/jobs/{small.waiting}")
+        details = wait(driver, "the job's details", lambda d: d.find_elements("id", "details"))
+        wait(driver, "the submission time", lambda d: "by alice" in details[0].text)
+        submitted = details[0].text.split("Submitted")[1].split("by alice")[0]
+        assert "GMT+9" in submitted, submitted
+        driver.execute_script("location.hash = '/jobs'")
+        submitted = wait(
+            driver, "the jobs", lambda d: d.find_elements("css selector", "#jobs time")
+        )
+        assert "GMT+9" in submitted[0].get_attribute("title")
+    finally:
+        driver.execute_cdp_cmd("Emulation.setTimezoneOverride", {"timezoneId": ""})

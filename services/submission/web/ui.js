@@ -95,10 +95,16 @@ export function gpuHours(seconds) {
   return `${(Number(seconds) / 3600).toFixed(Number(seconds) < 36 ? 4 : 2)} GPU·h`;
 }
 
+/** A date and time in the reader's time zone, the zone named ("12/5/2026, 4:22:45 PM UTC"):
+ * a link to a job is read in other zones, and the costs pages count whole UTC days. */
+function local(date) {
+  return date.toLocaleString(undefined, { timeZoneName: "short" });
+}
+
 export function when(iso) {
   if (!iso) return "—";
   const date = new Date(iso);
-  return h("time", { datetime: iso, title: date.toLocaleString() }, relative(date));
+  return h("time", { datetime: iso, title: local(date) }, relative(date));
 }
 
 export function relative(date, now = Date.now()) {
@@ -109,7 +115,7 @@ export function relative(date, now = Date.now()) {
 }
 
 export function absolute(iso) {
-  return iso ? new Date(iso).toLocaleString() : "—";
+  return iso ? local(new Date(iso)) : "—";
 }
 
 export function metric(value) {
