@@ -31,8 +31,9 @@ from trainyard_platform.services.submission.api import AppDeps
 from trainyard_platform.services.submission.api import create_app as submission_app
 from trainyard_platform.services.submission.config import Settings as SubmissionSettings
 from trainyard_platform.shared.access import service_guard
+from trainyard_platform.shared.deadletters import deadletter_routes
 from trainyard_platform.shared.runtime import ServiceRuntime
-from trainyard_platform.shared.settings import ServiceSettings
+from trainyard_platform.shared.settings import NatsSettings, ServiceSettings
 from trainyard_platform.shared.storage import LocalStore
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -43,19 +44,31 @@ DOCS = "\n".join(
 
 
 def apps(objects: Path) -> dict[str, Litestar]:
-    """The five apps, over no database (nothing here sends a request)."""
+    """The five apps as ``service.serve`` builds them, over no database and no bus (no
+    request here reaches a handler that needs one)."""
     no_pool = cast(Any, None)
-    health = ServiceRuntime("test", ServiceSettings()).health_handlers()
+    no_bus = cast(Any, SimpleNamespace(jetstream=None, settings=NatsSettings()))
     guard = service_guard(SecretStr("operator"), None)
     agent = SimpleNamespace(node_id="n1", settings=SimpleNamespace(gpu_flavor="cpu"))
+
+    def routes(service: str) -> list[Any]:
+        """What ``service.serve`` adds to the app: the probes and the dead-letter routes."""
+        health = ServiceRuntime(service, ServiceSettings()).health_handlers()
+        return [*health, *deadletter_routes(no_bus, service, no_pool)]
+
     return {
         "submission": submission_app(
-            SubmissionSettings(), AppDeps(no_pool, LocalStore(objects), health)
+            SubmissionSettings(), AppDeps(no_pool, LocalStore(objects), routes("submission"))
         ),
-        "scheduler": scheduler_app(no_pool, guard, health),
-        "registry": registry_app(no_pool, guard, health),
-        "billing": billing_app(no_pool, guard, health),
-        "runner": runner_app(ServiceRuntime("runner", ServiceSettings()), cast(Any, agent), guard),
+        "scheduler": scheduler_app(no_pool, guard, routes("scheduler")),
+        "registry": registry_app(no_pool, guard, routes("registry")),
+        "billing": billing_app(no_pool, guard, routes("billing")),
+        "runner": runner_app(
+            ServiceRuntime("runner", ServiceSettings()),
+            cast(Any, agent),
+            guard,
+            deadletter_routes(no_bus, "runner-n1"),
+        ),
     }
 
 
