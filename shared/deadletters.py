@@ -59,6 +59,7 @@ from trainyard_platform.shared.bus import (
     redrive_subject,
 )
 from trainyard_platform.shared.events import EventParseError, parse_envelope
+from trainyard_platform.shared.http_app import error_responses
 from trainyard_platform.shared.identity import Principal, Role
 
 MAX_PAGE = 500
@@ -320,7 +321,11 @@ def deadletter_routes(
         principal.require(Role.OPERATOR, "reading dead letters")
         return await letters.page(after, limit, reason)
 
-    @get("/v1/deadletters/{sequence:int}", opt=needs(Role.OPERATOR))
+    @get(
+        "/v1/deadletters/{sequence:int}",
+        opt=needs(Role.OPERATOR),
+        responses=error_responses(404),
+    )
     async def get_dead_letter(
         principal: NamedDependency[Principal], sequence: FromPath[int]
     ) -> DeadLetterDetail:
@@ -330,7 +335,12 @@ def deadletter_routes(
             raise NotFoundException(f"no dead letter {sequence} of {consumer}")
         return found
 
-    @post("/v1/deadletters/{sequence:int}/redrive", status_code=200, opt=needs(Role.OPERATOR))
+    @post(
+        "/v1/deadletters/{sequence:int}/redrive",
+        status_code=200,
+        opt=needs(Role.OPERATOR),
+        responses=error_responses(404, 409),
+    )
     async def redrive_dead_letter(
         principal: NamedDependency[Principal], sequence: FromPath[int]
     ) -> Redriven:
@@ -358,7 +368,12 @@ def deadletter_routes(
             raise NotFoundException(f"no dead letter {sequence} of {consumer}")
         return redriven
 
-    @delete("/v1/deadletters/{sequence:int}", status_code=200, opt=needs(Role.OPERATOR))
+    @delete(
+        "/v1/deadletters/{sequence:int}",
+        status_code=200,
+        opt=needs(Role.OPERATOR),
+        responses=error_responses(404),
+    )
     async def discard_dead_letter(
         principal: NamedDependency[Principal], sequence: FromPath[int]
     ) -> Discarded:

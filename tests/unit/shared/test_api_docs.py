@@ -141,3 +141,23 @@ async def test_security_md_names_every_route_open_without_a_token(tmp_path: Path
     opened = {_normal(p) for p in await _open_routes(tmp_path)}
     assert "/healthz" in opened
     assert opened == documented
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "statuses"),
+    [
+        ("get", "/v1/deadletters/{sequence}", {"404"}),
+        ("post", "/v1/deadletters/{sequence}/redrive", {"404", "409"}),
+        ("delete", "/v1/deadletters/{sequence}", {"404"}),
+    ],
+)
+def test_the_dead_letter_routes_declare_what_they_answer(
+    method: str, path: str, statuses: set[str], tmp_path: Path
+) -> None:
+    """The dead-letter routes answer 404 for a sequence that is no dead letter of the
+    service, and a redrive 409 when the consumer does not read its redrive subject or the
+    event cannot be sent again (``shared.deadletters``); their OpenAPI documents declared
+    neither, on all five services, so a client generated from them knew only 200."""
+    for service, app in apps(tmp_path).items():
+        responses = app.openapi_schema.to_schema()["paths"][path][method]["responses"]
+        assert statuses <= set(responses), f"{service}: {method.upper()} {path}"
