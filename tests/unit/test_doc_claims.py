@@ -39,3 +39,19 @@ def test_the_dashboard_page_does_not_call_its_routes_the_only_open_ones() -> Non
     for path in OPEN_PATHS:
         assert f"GET {path}" in _text("docs/security.md"), path
     assert 'docs/security.md, "HTTP"' in page
+
+
+def test_the_isolation_guarantee_names_grants_and_operators() -> None:
+    """docs/architecture.md's guarantee "tenants are isolated" said "every query filters by
+    that team", enforced in "submission": a team reads the models and datasets other teams
+    granted it (``services/registry/grants.py``), operators read every team, and every
+    service checks the caller (``shared/access.py``), not the submission service alone."""
+    [row] = [
+        line
+        for line in (ROOT / "docs" / "architecture.md").read_text().splitlines()
+        if line.startswith("| tenants are isolated |")
+    ]
+    assert "every query filters by that team" not in row
+    for named in ("granted", "operators", "shared/access.py", "services/registry/grants.py"):
+        assert named in row, named
+    assert (ROOT / "services" / "registry" / "grants.py").exists()
