@@ -70,3 +70,13 @@ def test_the_containment_guarantee_says_it_needs_a_root_runner() -> None:
     assert "runs as root" in row
     assert "runs jobs as its own user" in row
     assert "Not covered" in _text("docs/security.md")
+
+
+def test_the_checkpoint_guarantee_does_not_promise_one_interval() -> None:
+    """docs/architecture.md promised "a failure costs at most one checkpoint interval": a job
+    resumes from the newest checkpoint whose upload finished, and a node that fails while
+    one uploads (the runner uploads them one at a time per job, skipping to the newest,
+    ``services/runner/supervisor.py``) loses the interval before it too."""
+    text = _text("docs/architecture.md")
+    assert "at most one checkpoint interval" not in text
+    assert "the work since the last uploaded checkpoint" in text
