@@ -161,3 +161,25 @@ def test_the_dead_letter_routes_declare_what_they_answer(
     for service, app in apps(tmp_path).items():
         responses = app.openapi_schema.to_schema()["paths"][path][method]["responses"]
         assert statuses <= set(responses), f"{service}: {method.upper()} {path}"
+
+
+async def test_billing_md_s_422_examples_are_what_billing_answers(tmp_path: Path) -> None:
+    """docs/billing.md shows the 422 of a `GET /v1/costs` with an unknown parameter, then of
+    the same request without it. Its list of known parameters had `group_by` before
+    `granularity`; billing lists them sorted (`granularity` first)."""
+    import json
+
+    doc = (ROOT / "docs" / "billing.md").read_text()
+    first = re.search(r'\{"field": "colour", "message": "([^"]+)"\}', doc)
+    then = re.findall(
+        r'\{"field": "(group_by|from)", "message": "([^"]+)"\}', " ".join(doc.split())
+    )
+    assert first is not None and len(then) == 2
+    transport = httpx.ASGITransport(app=apps(tmp_path)["billing"])
+    headers = {"Authorization": "Bearer operator"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=headers) as http:
+        query = "/v1/costs?group_by=team,colour&from=2026-12-01T10:30:00Z"
+        with_colour = (await http.get(query + "&colour=red")).json()["errors"]
+        without = (await http.get(query)).json()["errors"]
+    assert with_colour == [{"field": "colour", "message": first.group(1)}], json.dumps(with_colour)
+    assert [(e["field"], e["message"]) for e in without] == then
