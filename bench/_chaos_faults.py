@@ -11,6 +11,9 @@ recovery. Kinds:
 - ``kill nats``: SIGKILL of the server (its file store stays: a kill -9 keeps the page cache,
   so this is no power loss), started again after the outage;
 - ``kill postgres``: SIGKILL of the postmaster and every backend, crash recovery on start;
+- ``pause postgres``: SIGSTOP of the postmaster and every backend for the outage, then
+  SIGCONT: a server that keeps its connections and answers nothing (a hung host, a stalled
+  network path), which only the services' statement, acquire and connect timeouts end;
 - ``pause runner``: SIGSTOP of a runner and its jobs for longer than the scheduler's node
   timeout (a frozen node that comes back), then SIGCONT;
 - ``cut off NATS``: one service's or runner's NATS connections dropped and refused by its
@@ -42,6 +45,7 @@ KINDS = (
     "kill runner",
     "kill nats",
     "kill postgres",
+    "pause postgres",
     "pause runner",
     "cut off NATS",
     "lose JetStream",
@@ -91,8 +95,9 @@ def schedule(
                 target, length = kind.removeprefix("kill "), outage(rng, *outage_s)
             elif kind == "kill runner":
                 target, length = rng.choice(platform.runners), outage(rng, *outage_s)
-            elif kind in ("kill nats", "kill postgres"):
-                target, length = kind.removeprefix("kill "), outage(rng, *outage_s)
+            elif kind in ("kill nats", "kill postgres", "pause postgres"):
+                target = kind.split(" ", 1)[1]
+                length = outage(rng, *outage_s)
             elif kind == "pause runner":
                 target = rng.choice(platform.runners)
                 length = timeout + rng.uniform(*pause_past_timeout_s)
@@ -111,7 +116,7 @@ def inject(platform: ChaosPlatform, fault: Fault, sleep: Any = time.sleep) -> No
         platform.kill(target)
         sleep(fault.outage_s)
         platform.restart(target)
-    elif kind == "pause runner":
+    elif kind.startswith("pause "):
         platform.pause(target)
         sleep(fault.outage_s)
         platform.resume(target)

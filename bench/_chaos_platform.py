@@ -16,7 +16,7 @@ Faults (each returns at once): ``kill(name)``/``restart(name)`` for a service, a
 ``"nats"`` (its file store stays) or ``"postgres"`` (the postmaster's group: it and its
 backends; crash recovery on start): SIGKILL, then started again on its old port, folder and
 socket; ``pause(name)``/``resume(name)`` (SIGSTOP/SIGCONT of a process and every descendant:
-a frozen node, jobs included); ``lose_jetstream`` (NATS killed, its JetStream store deleted,
+a frozen node, jobs included, or of PostgreSQL's postmaster and backends: a hung database); ``lose_jetstream`` (NATS killed, its JetStream store deleted,
 started empty: broker data loss); ``cut(name)``/``heal(name)`` (the proxy drops the
 process's NATS connections and refuses new ones).
 """
@@ -273,6 +273,12 @@ class ChaosPlatform:
         ]
 
     def pause(self, name: str) -> None:
+        """SIGSTOP ``name``: a runner with every process under it (its jobs), or
+        ``"postgres"`` (the postmaster and every backend), until ``resume``."""
+        if name == "postgres":
+            self.stack.pause(name)
+            self._paused[name] = []  # so that stop() resumes it
+            return
         pid = self.stack.process(name).pid
         assert pid is not None
         root = psutil.Process(pid)
@@ -283,6 +289,10 @@ class ChaosPlatform:
         self._paused[name] = tree
 
     def resume(self, name: str) -> None:
+        if name == "postgres":
+            self._paused.pop(name, None)
+            self.stack.resume(name)
+            return
         for proc in self._paused.pop(name, []):
             with contextlib.suppress(psutil.Error):
                 proc.send_signal(signal.SIGCONT)

@@ -17,8 +17,8 @@ Jepsen's NATS analysis):
    cannot answer.
 3. Faults (``bench._chaos_faults``), one at a time, in rounds that each hold every kind once
    in a seeded order: SIGKILL and restart of each service, a runner, NATS and PostgreSQL
-   (outages ``--outage-min``..``--outage-max`` s), a runner SIGSTOPped past the node timeout,
-   a service or runner cut off NATS for a few seconds, and the JetStream store deleted. After
+   (outages ``--outage-min``..``--outage-max`` s), PostgreSQL SIGSTOPped for such an
+   outage, a runner SIGSTOPped past the node timeout, a service or runner cut off NATS for a few seconds, and the JetStream store deleted. After
    each, the time until every process is ready and until a probe job submitted at the
    fault's end has ended with its cost is the recovery time.
 4. Poison: three messages the suite makes poisonous (unparseable, refused, forged) are

@@ -1,7 +1,7 @@
 """The chaos suite's short version (``python -m bench.chaos --short``): the whole platform
 under load from three teams while every kind of fault happens once (SIGKILL and restart of
-each service, a runner, NATS and PostgreSQL; a runner paused past its node timeout; a
-process cut off NATS; the JetStream store lost), then every invariant checked from the
+each service, a runner, NATS and PostgreSQL; a runner paused past its node timeout;
+PostgreSQL paused; a process cut off NATS; the JetStream store lost), then every invariant checked from the
 stores (``bench._chaos_check``). The seed is ``TRAINYARD_CHAOS_SEED`` (default 1); a failure
 prints it, and ``python -m bench.chaos --short --seed N --keep`` runs the same schedule."""
 
