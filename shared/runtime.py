@@ -46,6 +46,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from contextlib import AsyncExitStack
 from typing import Any, Final, TypeVar
@@ -395,11 +396,30 @@ READINESS_KEY: Final = ".trainyard-readiness"
 
 async def store_answers(store: ObjectStore) -> bool:
     """Readiness of the object store: a local folder exists; an S3 endpoint answers a request
-    for an object's metadata (present or not), in a thread (the client blocks)."""
+    for an object's metadata (present or not), in a thread (the client blocks).
+
+    At most one S3 request of it is in flight per store: a probe that comes while one has
+    not answered yet waits for that one (``asyncio.shield``: a probe given up cancels only
+    its own wait). Each probe started a thread of its own, and against an endpoint that
+    never answers each thread lived for the client's timeouts while ``/readyz`` gave up
+    after ``READINESS_TIMEOUT_SECONDS``: the probes filled the default thread pool, which
+    every ``asyncio.to_thread`` of the service shares."""
     if isinstance(store, LocalStore):
         return await asyncio.to_thread(store.root.is_dir)
-    await asyncio.to_thread(store.exists, READINESS_KEY)
+    check = _store_checks.get(store)
+    if check is None or check.done() or check.get_loop() is not asyncio.get_running_loop():
+        check = asyncio.ensure_future(asyncio.to_thread(store.exists, READINESS_KEY))
+        # Retrieved here, so that a check nobody waits for any more logs no warning.
+        check.add_done_callback(lambda done: done.cancelled() or done.exception())
+        _store_checks[store] = check
+    await asyncio.shield(check)
     return True
+
+
+_store_checks: weakref.WeakKeyDictionary[ObjectStore, asyncio.Future[bool]] = (
+    weakref.WeakKeyDictionary()
+)
+"""The S3 readiness request in flight of each store (``store_answers``)."""
 
 
 def run_service(serving: Coroutine[Any, Any, int]) -> int:

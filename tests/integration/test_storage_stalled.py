@@ -3,12 +3,14 @@ SIGSTOP, as a hung MinIO or a stalled network path looks to a client): every sto
 fails within the settings' timeouts as the object store unreachable (an outage: waited
 out by handlers, 503 to requests), instead of holding its caller (a runner uploading a
 checkpoint, a request downloading a bundle) for MinIO's client's 5 minutes, six times
-over."""
+over; and the readiness check keeps at most one call in flight, so probes of a hung store
+do not fill the thread pool every ``asyncio.to_thread`` of the service shares."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +20,7 @@ import pytest
 
 from trainyard_platform.deploy.local.s3 import S3Server
 from trainyard_platform.shared.bus import infrastructure_fault
+from trainyard_platform.shared.runtime import store_answers
 from trainyard_platform.shared.storage import S3Store, open_store
 
 pytestmark = pytest.mark.integration
@@ -32,6 +35,24 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """An S3 server of this module's own, since its tests pause it."""
     with S3Server(log_dir=tmp_path_factory.mktemp("s3-stalled")) as server:
         yield server
+
+
+class Counted(S3Store):
+    """The S3 store, counting the readiness checks' calls in flight."""
+
+    in_flight = 0
+    most = 0
+    _lock = threading.Lock()
+
+    def exists(self, key: str) -> bool:
+        with self._lock:
+            Counted.in_flight += 1
+            Counted.most = max(Counted.most, Counted.in_flight)
+        try:
+            return super().exists(key)
+        finally:
+            with self._lock:
+                Counted.in_flight -= 1
 
 
 def _store(s3: S3Server) -> S3Store:
@@ -81,3 +102,28 @@ async def test_every_call_to_a_stalled_store_fails_in_time_as_an_outage(
     finally:
         s3.send_signal(signal.SIGCONT)
     assert store.get_bytes("ckpt/0") == b"before"  # the same client works again
+
+
+async def test_readiness_keeps_one_check_of_a_stalled_store_in_flight(s3: S3Server) -> None:
+    plain = _store(s3)
+    store = Counted(plain._client, plain.bucket)  # the same client and bucket, counted
+    Counted.in_flight = Counted.most = 0
+    s3.send_signal(signal.SIGSTOP)
+    try:
+        for _ in range(5):  # probes every 0.2 s, each given up after 0.2 s (as /readyz does)
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.2):
+                    await store_answers(store)
+        assert Counted.most == 1
+    finally:
+        s3.send_signal(signal.SIGCONT)
+    async with asyncio.timeout(BOUND_S):
+        while not await _ready(store):
+            await asyncio.sleep(0.2)
+
+
+async def _ready(store: S3Store) -> bool:
+    try:
+        return await store_answers(store)
+    except Exception:
+        return False
