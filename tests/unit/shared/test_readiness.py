@@ -50,6 +50,36 @@ async def test_a_hanging_check_fails_and_the_others_are_still_read() -> None:
     assert answered == ["yes"]
 
 
+async def test_the_answer_does_not_wait_for_a_given_up_check_to_clean_up() -> None:
+    """A check cancelled inside ``async with pool.acquire()`` ends only once asyncpg has
+    handed the connection back: against a PostgreSQL that did not answer, ``/readyz``
+    answered after 3.5 s (the check's 1.5 s and the ping's 2 s acquire timeout), past
+    compose's 2 s probe."""
+    runtime = ServiceRuntime("test", ServiceSettings(port=0))
+    handed_back = asyncio.Event()
+    cleaned: list[bool] = []
+
+    async def slow_to_clean_up() -> bool:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await handed_back.wait()  # the clean-up: set only once /readyz has answered
+            cleaned.append(True)
+        return True
+
+    runtime.add_readiness_check("database", slow_to_clean_up)
+
+    # A guard, not a timing assertion: before, the answer waited for the clean-up, for ever.
+    checks = await asyncio.wait_for(runtime.is_ready(), 30)
+
+    assert checks == {"database": False}
+    assert cleaned == []
+    handed_back.set()
+    async with asyncio.timeout(30):
+        while not cleaned:  # the clean-up still ran to its end
+            await asyncio.sleep(0.01)
+
+
 def test_the_checks_fit_in_the_shortest_probe_timeout() -> None:
     """compose's healthcheck reads /readyz with a 2 s timeout, the manifests' probe 3 s."""
     assert READINESS_TIMEOUT_SECONDS < 2
