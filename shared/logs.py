@@ -175,6 +175,13 @@ def configure_logging(service: str, level: str, log_format: Literal["json", "tex
     logging.basicConfig(level=level, handlers=[handler], force=True)
 
 
+def error_text(exc: BaseException) -> str:
+    """What a log line or a one-line message says of ``exc``: its text on one line, or its
+    type's name when it has none (``str(TimeoutError())`` is empty: a line about a database
+    that did not answer ended in "failed: " and said nothing)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 REPEAT_SECONDS: Final = 60.0
 """A repeated failure is logged again at most this often (``Throttle``)."""
 

@@ -63,6 +63,7 @@ from nats.js.errors import APIError
 from trainyard_platform.shared import db
 from trainyard_platform.shared.bus import Bus, StreamMissingError, infrastructure_fault
 from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.logs import error_text
 from trainyard_platform.shared.telemetry import inject
 
 log = logging.getLogger(__name__)
@@ -277,7 +278,7 @@ class OutboxRelay:
             while await self.relay_once():
                 pass
         except Exception as exc:  # stopping anyway: what is left goes out after the restart
-            log.warning("outbox relay: final flush stopped: %s", exc)
+            log.warning("outbox relay: final flush stopped: %s", error_text(exc))
 
     async def relay_once(self) -> int:
         """Publish up to one batch of committed, unpublished events; return how many rows it

@@ -63,7 +63,7 @@ from pydantic_settings import BaseSettings
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.db import open_pool
 from trainyard_platform.shared.http_deadline import SlowClientDeadlines
-from trainyard_platform.shared.logs import configure_logging, formatter
+from trainyard_platform.shared.logs import configure_logging, error_text, formatter
 from trainyard_platform.shared.metrics import metrics_route, setup_metrics
 from trainyard_platform.shared.metrics_sampler import Sampler, common_readings
 from trainyard_platform.shared.settings import (
@@ -391,8 +391,7 @@ def needed(dependency: str, settings: str) -> Generator[None, None, None]:
     try:
         yield
     except Exception as exc:
-        reason = " ".join(str(exc).split()) or type(exc).__name__
-        raise StartupFailed(f"{dependency} ({settings}): {reason}") from exc
+        raise StartupFailed(f"{dependency} ({settings}): {error_text(exc)}") from exc
 
 
 async def open_service_store(settings: StorageSettings) -> ObjectStore:

@@ -304,6 +304,7 @@ async def read(
 def main(argv: list[str] | None = None) -> int:
     from trainyard_platform.services.billing.service import MIGRATIONS, NAME
     from trainyard_platform.shared.db import migrate, open_pool
+    from trainyard_platform.shared.logs import error_text
     from trainyard_platform.shared.runtime import settings_or_exit
     from trainyard_platform.shared.settings import DatabaseSettings
 
@@ -324,7 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         folded = asyncio.run(run())
     except DATABASE_FAULTS as exc:
-        print(f"{parser.prog}: cannot rebuild the waste rollups: {exc}", file=sys.stderr)
+        print(
+            f"{parser.prog}: cannot rebuild the waste rollups: {error_text(exc)}", file=sys.stderr
+        )
         return 1
     print(f"waste rollups rebuilt from {folded} released allocations")
     return 0

@@ -23,6 +23,7 @@ from trainyard_platform.services.submission.schemas import NAME_PATTERN
 from trainyard_platform.services.submission.service import bootstrap_user, serve
 from trainyard_platform.shared.db import DATABASE_FAULTS
 from trainyard_platform.shared.identity import Role
+from trainyard_platform.shared.logs import error_text
 from trainyard_platform.shared.runtime import run_service, service_settings_or_exit
 
 
@@ -73,7 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except DATABASE_FAULTS as exc:
         # The DSN is not echoed: it may hold a password.
-        print(f"bootstrap-admin: database (TRAINYARD_DATABASE_URL) failed: {exc}", file=sys.stderr)
+        print(
+            f"bootstrap-admin: database (TRAINYARD_DATABASE_URL) failed: {error_text(exc)}",
+            file=sys.stderr,
+        )
         return 1
     print(token)
     return 0

@@ -364,6 +364,21 @@ async def test_a_failed_final_flush_is_logged_and_the_relay_returns(
     ]
 
 
+async def test_a_final_flush_that_timed_out_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """A PostgreSQL that does not answer fails the flush with a ``TimeoutError``, whose text
+    is empty: the line ended in "final flush stopped: " and said nothing."""
+    relay = Scripted([], stream_check_s=3600.0)
+    relay.stop.set()
+
+    async def relay_once() -> int:
+        raise TimeoutError
+
+    relay.relay_once = relay_once  # type: ignore[method-assign]
+    with caplog.at_level(logging.INFO, logger="trainyard_platform.shared.outbox"):
+        await run(relay)
+    assert "outbox relay: final flush stopped: TimeoutError" in caplog.messages
+
+
 # --- when the stream is looked at, and the pause itself (on the test's clock) ---------------
 
 
