@@ -22,7 +22,9 @@ unreadable to same-uid processes).
 Code. A bundle is fetched from ``bundles/<team>/<sha256>.tar.gz`` of the job's own team, its
 sha256 verified before anything is unpacked, and unpacked with the ``data`` filter (no
 absolute paths, no ``..``, no links leaving the folder, no devices). A git source is cloned
-and the named commit checked out and verified.
+and the named commit checked out and verified. A bundle the object store cannot serve now
+(unreachable, not answering: ``bus.infrastructure_fault``) is no fault of the job: that
+error is raised as it is, and the runner lets the grant come again instead of failing it.
 
 Blocking: call through ``asyncio.to_thread``.
 """
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainyard_platform.services.runner.checkpoints import file_sha256
+from trainyard_platform.shared.bus import infrastructure_fault
 from trainyard_platform.shared.events.payloads import CodeBundle, CodeGit, JobSpec
 from trainyard_platform.shared.storage import ObjectNotFound, ObjectStore
 
@@ -259,6 +262,8 @@ def fetch_bundle(
                 f"code bundle {bundle.sha256[:12]} of team {team} is not in the object store"
             ) from None
         except Exception as exc:
+            if infrastructure_fault(exc) is not None:
+                raise  # the store away or not answering: the grant is tried again, not failed
             raise PlatformError(f"could not fetch code bundle {bundle.sha256[:12]}: {exc}") from exc
         digest = file_sha256(archive)
         if digest != bundle.sha256:
