@@ -20,7 +20,8 @@ Contract:
   ``the database is unavailable``, ``the event bus is unavailable``, ``the object store is
   unavailable``) and nothing of the error; a bare OS error or timeout of unknown origin says
   ``temporarily unavailable, try again``. The caller may simply retry (a transaction that
-  failed stored nothing).
+  failed stored nothing). The log has the failure with its traceback, once per fault and
+  minute (``logs.Throttle``, per app).
 - Anything else, and every other 5xx, is ``internal error``: the traceback goes to the log,
   never to the user.
 - ``check_json`` screens a JSON body before any model sees it: UTF-8, well formed, no
@@ -58,6 +59,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from trainyard_platform.shared.bus import POSTGRES_NOT_ANSWERING, infrastructure_fault
 from trainyard_platform.shared.identity import Denied, IdentityRateLimited, IdentityUnavailable
+from trainyard_platform.shared.logs import Throttle, held_back
 
 log = logging.getLogger(__name__)
 
@@ -416,15 +418,24 @@ def exception_handlers(
     statuses: Mapping[type[Exception], int] | None = None,
 ) -> ExceptionHandlersMap:
     """The handlers of an app: the shared ones, plus each of the service's own exceptions
-    answered with its status (``{NotFound: 404, Conflict: 409}``)."""
+    answered with its status (``{NotFound: 404, Conflict: 409}``). The app's 503s for a
+    dependency are logged through one ``logs.Throttle`` of its own."""
+    throttle = Throttle()
+
+    def http(request: AnyRequest, exc: HTTPException) -> Response[ErrorBody]:
+        return _http(request, exc, throttle)
+
+    def crash(request: AnyRequest, exc: Exception) -> Response[ErrorBody]:
+        return _crash(request, exc, throttle)
+
     handlers: ExceptionHandlersMap = {
         RequestInvalid: _invalid,
         ValidationException: _litestar_invalid,
-        HTTPException: _http,
+        HTTPException: http,
         Denied: status_handler(403),
         IdentityUnavailable: status_handler(503),
         IdentityRateLimited: _rate_limited,
-        Exception: _crash,
+        Exception: crash,
     }
     for kind, status in (statuses or {}).items():
         handlers[kind] = status_handler(status)
@@ -468,9 +479,9 @@ def _litestar_invalid(_: AnyRequest, exc: ValidationException) -> Response[Error
     return _error(422, "invalid request", errors)
 
 
-def _http(request: AnyRequest, exc: HTTPException) -> Response[ErrorBody]:
+def _http(request: AnyRequest, exc: HTTPException, throttle: Throttle) -> Response[ErrorBody]:
     if exc.status_code >= 500 and _lost_connection(exc):
-        return _unavailable(request, exc)
+        return _unavailable(request, exc, throttle)
     if exc.status_code >= 500:
         # Litestar wraps failures in dependencies; the cause is in the chain, for the log only.
         log.error("HTTP %d: %s", exc.status_code, exc.detail, exc_info=exc)
@@ -481,9 +492,9 @@ def _http(request: AnyRequest, exc: HTTPException) -> Response[ErrorBody]:
     return _error(exc.status_code, exc.detail, headers=headers)
 
 
-def _crash(request: AnyRequest, exc: Exception) -> Response[ErrorBody]:
+def _crash(request: AnyRequest, exc: Exception, throttle: Throttle) -> Response[ErrorBody]:
     if _lost_connection(exc):
-        return _unavailable(request, exc)
+        return _unavailable(request, exc, throttle)
     log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
     return _error(500, "internal error")
 
@@ -514,16 +525,24 @@ def _lost_connection(exc: BaseException) -> bool:
     return infrastructure_fault(exc) is not None
 
 
-def _unavailable(request: AnyRequest, exc: BaseException) -> Response[ErrorBody]:
+def _unavailable(
+    request: AnyRequest, exc: BaseException, throttle: Throttle
+) -> Response[ErrorBody]:
+    """503 for a dependency that failed. Logged with its traceback the first time for each
+    fault, then once a minute with the count held back (``logs.Throttle``): while a
+    database does not answer, every request meets it, and each logged its traceback."""
     fault = infrastructure_fault(exc)
-    log.warning(
-        "%s %s: a dependency is unavailable: %s: %r",
-        request.method,
-        request.url.path,
-        fault,
-        exc,
-        exc_info=exc,
-    )
+    repeats = throttle.due(fault or repr(exc))
+    if repeats is not None:
+        log.warning(
+            "%s %s: a dependency is unavailable: %s: %r%s",
+            request.method,
+            request.url.path,
+            fault,
+            exc,
+            held_back(repeats),
+            exc_info=exc,
+        )
     return _error(
         503,
         unavailable_detail(fault),

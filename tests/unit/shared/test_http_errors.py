@@ -232,6 +232,22 @@ def test_a_database_that_does_not_answer_is_a_503_that_says_so(
     assert "PostgreSQL not answering (TimeoutError)" in caplog.text
 
 
+def test_a_dependency_away_is_logged_once_a_minute_not_per_request(
+    client: TestClient[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """While a database does not answer, every request meets it: each logged a warning with
+    its traceback."""
+    for _ in range(5):
+        assert client.get("/database-lost").status_code == 503
+    assert client.get("/nats-away").status_code == 503
+    lines = [r for r in caplog.records if "a dependency is unavailable" in r.getMessage()]
+    assert [r.getMessage().split(": ")[0] for r in lines] == [
+        "GET /database-lost",
+        "GET /nats-away",
+    ]
+    assert all(r.exc_info for r in lines)  # each with its traceback
+
+
 def test_body_errors_are_reported_by_path_all_at_once() -> None:
     raw = b'{"limits": {"a100": {"nominal": 1, "lending": 2}, "h200": {"nominal": "x"}}, "x": 1}'
     with pytest.raises(RequestInvalid) as caught:
