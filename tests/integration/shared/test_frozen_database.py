@@ -28,11 +28,17 @@ import pytest
 from tests.integration.billing.conftest import grant_of, release_event, until
 from trainyard_platform.deploy.local.ports import free_port
 from trainyard_platform.deploy.local.postgres import PostgresServer
-from trainyard_platform.shared.bus import Bus
-from trainyard_platform.shared.events.payloads import AllocationReleased
-from trainyard_platform.shared.settings import NatsSettings
+from trainyard_platform.shared.bus import Bus, infrastructure_fault
+from trainyard_platform.shared.db import migrate, open_pool
+from trainyard_platform.shared.events import Envelope
+from trainyard_platform.shared.events.payloads import AllocationReleased, JobCancelRequested
+from trainyard_platform.shared.events.trust import SUBMISSION
+from trainyard_platform.shared.outbox import enqueue
+from trainyard_platform.shared.settings import DatabaseSettings, NatsSettings
 
 pytestmark = pytest.mark.integration
+
+EMPTY = Path(__file__).parent / "no-migrations"
 
 ROOT = Path(__file__).resolve().parents[3]
 TOKEN = {"Authorization": "Bearer op-token"}
@@ -154,3 +160,44 @@ async def test_a_frozen_database_is_a_503_not_ready_and_nothing_is_lost(
         code = await asyncio.wait_for(process.wait(), timeout=60)
         await asyncio.to_thread(own_postgres.drop_database, name)
     assert code == 0, log_path.read_text()
+
+
+async def test_a_transaction_cut_short_by_the_timeout_leaves_nothing_behind(
+    own_postgres: PostgresServer,
+) -> None:
+    """A decision and its outbox event are written in one transaction (the scheduler's
+    leases, every handler's effects): one whose statement times out while PostgreSQL is
+    paused is rolled back whole once it resumes, the half already written with it."""
+    name = f"frozen_{uuid.uuid4().hex}"
+    dsn = own_postgres.create_database(name)
+    settings = DatabaseSettings(url=dsn, query_timeout_seconds=1, acquire_timeout_seconds=1)
+    paused = False
+    try:
+        async with open_pool(settings, "t") as pool:
+            await migrate(pool, "t", EMPTY)
+            await pool.execute("CREATE TABLE decisions (job_id text NOT NULL)")
+            event = Envelope.wrap(
+                JobCancelRequested(job_id="j1", team="t", user="u"), source=SUBMISSION, subject="j1"
+            )
+            with pytest.raises(TimeoutError) as timed_out:
+                async with pool.acquire() as conn, conn.transaction():
+                    await conn.execute("INSERT INTO decisions VALUES ('j1')")
+                    await enqueue(conn, event)
+                    await asyncio.to_thread(own_postgres.send_signal, signal.SIGSTOP)
+                    paused = True
+                    await conn.execute("INSERT INTO decisions VALUES ('j2')")
+            fault = infrastructure_fault(timed_out.value)
+            assert fault is not None and fault.startswith("PostgreSQL not answering")
+
+            await asyncio.to_thread(own_postgres.send_signal, signal.SIGCONT)
+            paused = False
+            assert await pool.fetchval("SELECT count(*) FROM decisions") == 0
+            assert await pool.fetchval("SELECT count(*) FROM outbox") == 0
+            async with pool.acquire() as conn, conn.transaction():  # and it works again
+                await conn.execute("INSERT INTO decisions VALUES ('j3')")
+                await enqueue(conn, event)
+            assert await pool.fetchval("SELECT count(*) FROM outbox") == 1
+    finally:
+        if paused:
+            await asyncio.to_thread(own_postgres.send_signal, signal.SIGCONT)
+        await asyncio.to_thread(own_postgres.drop_database, name)
