@@ -384,6 +384,13 @@ class StartupFailed(Exception):
     names it and its setting, never the setting's value (a URL may hold a password)."""
 
 
+class StartupRefused(Exception):
+    """The operator's configuration stops the start in a way no one setting's check can see
+    (the runner's job uids held by another runner on the host): exit status 2, as for a
+    bad setting, with one log line in the service's log format; the message says what to
+    change."""
+
+
 @contextlib.contextmanager
 def needed(dependency: str, settings: str) -> Generator[None, None, None]:
     """A step of the start-up that needs ``dependency``, configured by ``settings``: any
@@ -440,14 +447,18 @@ _store_checks: weakref.WeakKeyDictionary[ObjectStore, asyncio.Future[bool]] = (
 
 
 def run_service(serving: Coroutine[Any, Any, int]) -> int:
-    """Run a service's ``serve`` to its end and return its exit status: 1 with one line
-    (``cannot start: ...``) when a dependency failed its start-up (``StartupFailed``), 0 when
-    SIGTERM or SIGINT stopped it while it was starting."""
+    """Run a service's ``serve`` to its end and return its exit status: 1 with one log line
+    (``cannot start: ...``) when a dependency failed its start-up (``StartupFailed``), 2 with
+    one when the configuration refuses it (``StartupRefused``), 0 when SIGTERM or SIGINT
+    stopped it while it was starting."""
     try:
         return asyncio.run(serving)
     except StartupFailed as exc:
         log.critical("cannot start: %s", exc)
         return 1
+    except StartupRefused as exc:
+        log.critical("cannot start: %s", exc)
+        return 2
     except asyncio.CancelledError:  # SIGTERM or SIGINT while starting (ServiceRuntime)
         log.info("stopped before it had started")
         return 0

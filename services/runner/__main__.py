@@ -7,7 +7,6 @@ import sys
 from typing import Any
 
 from trainyard_platform.services.runner.config import Settings
-from trainyard_platform.services.runner.sandbox import UidsInUse
 from trainyard_platform.services.runner.service import serve
 from trainyard_platform.shared.runtime import run_service, service_settings_or_exit
 
@@ -39,11 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None
     }
     settings = service_settings_or_exit(parser.prog, Settings, **overrides)
-    try:
-        return run_service(serve(settings))
-    except UidsInUse as exc:  # a misconfiguration the operator fixes: one line, no traceback
-        print(f"{parser.prog}: {exc}", file=sys.stderr)
-        return 2
+    # Another runner's job uids (sandbox.UidsInUse) end it with status 2 and one log line.
+    return run_service(serve(settings))
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from pathlib import Path
 from trainyard_platform.services.runner.checkpoints import file_sha256
 from trainyard_platform.shared.bus import infrastructure_fault
 from trainyard_platform.shared.events.payloads import CodeBundle, CodeGit, JobSpec
+from trainyard_platform.shared.runtime import StartupRefused
 from trainyard_platform.shared.storage import ObjectNotFound, ObjectStore
 
 
@@ -75,8 +76,9 @@ RUNNER_LOCKS = Path("/run/trainyard")
 """Host-wide locks of root runners (``/run``: root's, in memory, empty after a reboot)."""
 
 
-class UidsInUse(PlatformError):
-    """Another live runner on this host runs its jobs as the same uids."""
+class UidsInUse(PlatformError, StartupRefused):
+    """Another live runner on this host runs its jobs as the same uids (the runner does not
+    start: ``runtime.run_service``)."""
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@ one line naming the setting, and exits with status 1: no traceback, no secret.""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -100,3 +101,29 @@ def test_a_runner_work_folder_that_cannot_be_made_names_its_setting(
     assert "(TRAINYARD_RUNNER_WORK_DIR)" in line
     assert "/proc/no-folder-can-be-made-here" in line
     assert "Traceback" not in err
+
+
+def test_another_runners_job_uids_are_one_log_line_in_the_log_format_and_status_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The runner printed this refusal as plain text whatever TRAINYARD_LOG_FORMAT said (a
+    log pipeline reading JSON lines lost it); now it is a log line like every other
+    refusal to start, with the status of a bad setting."""
+    from trainyard_platform.services.runner.sandbox import UidsInUse
+    from trainyard_platform.shared.runtime import ServiceRuntime, run_service
+    from trainyard_platform.shared.settings import ServiceSettings
+
+    monkeypatch.setenv("TRAINYARD_LOG_FORMAT", "json")
+
+    async def serve_held() -> int:
+        async with ServiceRuntime("runner", ServiceSettings(port=0)):
+            # What claim_job_uids raises while another runner holds the uids.
+            raise UidsInUse("job uids 1-2 are held by another runner on this host")
+
+    assert run_service(serve_held()) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    record = json.loads(line)
+    assert record["level"] == "CRITICAL" and record["service"] == "runner"
+    assert record["message"] == (
+        "cannot start: job uids 1-2 are held by another runner on this host"
+    )
