@@ -31,7 +31,9 @@ Contract (``GroupCommit.write``):
   the connection was lost after the commit: then each row written again finds its own job
   stored (its job id is its own) and nothing is stored twice; a row without an
   idempotency key answers as stored, one with a key as that key's replay (its own job);
-  the outbox relay, not woken for that commit, finds its event at its next poll.
+  the outbox relay, not woken for that commit, finds its event at its next poll. A row
+  written alone that fails for an outage (the database away or not answering) ends the
+  rewrites: the rows after it answer that failure (503, try again), unwritten.
 - A request cancelled while its submission is queued takes it out of the queue: nothing of
   it is written. Cancelled while its batch is being written, the batch goes on (all of its
   stored rows or none, as one statement) and only that answer is lost, as when a request is
@@ -51,6 +53,7 @@ from opentelemetry import trace
 
 from trainyard_platform.services.submission import repository as repo
 from trainyard_platform.shared import outbox
+from trainyard_platform.shared.bus import infrastructure_fault
 from trainyard_platform.shared.telemetry import tracer
 
 log = logging.getLogger(__name__)
@@ -203,9 +206,17 @@ class GroupCommit:
 
     async def _one_by_one(self, batch: Sequence[_Queued]) -> None:
         """Each submission of a failed batch written alone, in order, in its request's
-        context (its database span in its trace); a cancelled request's is not written."""
+        context (its database span in its trace); a cancelled request's is not written.
+        Once one fails for an outage (``bus.infrastructure_fault``: the database away or
+        not answering), the rest answer that failure unwritten: each would wait out its own
+        timeouts, one after the other, and the last request of a full batch its timeouts
+        times the batch."""
+        outage: Exception | None = None
         for queued in batch:
             if queued.answer.done():
+                continue
+            if outage is not None:
+                queued.answer.set_exception(outage)
                 continue
             try:
                 alone = self._write_alone(queued.submission)
@@ -219,6 +230,8 @@ class GroupCommit:
                     queued.answer.set_result((True, True))
                 else:
                     queued.answer.set_exception(exc)
+                    if infrastructure_fault(exc) is not None:
+                        outage = exc
             else:
                 if not queued.answer.done():
                     queued.answer.set_result(outcome)

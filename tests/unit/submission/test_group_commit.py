@@ -166,6 +166,26 @@ async def test_a_failed_batch_answers_each_row_on_its_own_even_when_one_fails_ag
     await _idle(writer, writes)
 
 
+async def test_a_row_failing_alone_for_an_outage_ends_the_rewrites_of_its_batch(
+    writes: _Writes,
+) -> None:
+    """A PostgreSQL that does not answer fails the batch, then each row written alone, one
+    after the other, each after its own timeouts: the last request of a full batch (64)
+    waited 64 times as long. Once a row alone fails for an outage, the rest answer it."""
+    writer = GroupCommit(_Pool())  # type: ignore[arg-type]
+    writes.fail["b+c+d"] = TimeoutError()
+    writes.fail["b"] = ConnectionRefusedError(111, "the database is away")
+    first, queued = await _behind_a_write(writer, writes, "bcd")
+    for name in ("a", "b+c+d", "b"):
+        writes.open(name)
+    assert await first == (True, False)
+    for waiter in queued:
+        with pytest.raises(ConnectionRefusedError):
+            await waiter
+    assert writes.started == ["a", "b+c+d", "b"]  # c and d were not written
+    await _idle(writer, writes)
+
+
 async def test_a_request_cancelled_while_its_batch_is_written_loses_only_its_answer(
     writes: _Writes,
 ) -> None:
