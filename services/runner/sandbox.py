@@ -20,11 +20,13 @@ with the same clean environment and the runner made non-dumpable (``/proc/<pid>/
 unreadable to same-uid processes).
 
 Code. A bundle is fetched from ``bundles/<team>/<sha256>.tar.gz`` of the job's own team, its
-sha256 verified before anything is unpacked, and unpacked with the ``data`` filter (no
-absolute paths, no ``..``, no links leaving the folder, no devices). A git source is cloned
-and the named commit checked out and verified. A bundle the object store cannot serve now
-(unreachable, not answering: ``bus.infrastructure_fault``) is no fault of the job: that
-error is raised as it is, and the runner lets the grant come again instead of failing it.
+sha256 verified before anything is unpacked, checked by the same rule as at upload
+(``shared.bundle_archive.check_bundle``: no absolute paths, no ``..``, no links leaving the
+bundle, no devices, bounded size), and unpacked with the ``data`` filter too. A git source
+is cloned and the named commit checked out and verified. A bundle the object store cannot
+serve now (unreachable, not answering: ``bus.infrastructure_fault``) is no fault of the
+job: that error is raised as it is, and the runner lets the grant come again instead of
+failing it.
 
 Blocking: call through ``asyncio.to_thread``.
 """
@@ -46,6 +48,12 @@ from pathlib import Path
 
 from trainyard_platform.services.runner.checkpoints import file_sha256
 from trainyard_platform.shared.bus import infrastructure_fault
+from trainyard_platform.shared.bundle_archive import (
+    MAX_BUNDLE_MEMBERS,
+    MAX_UNPACKED_BYTES,
+    BundleRefused,
+    check_bundle,
+)
 from trainyard_platform.shared.events.payloads import CodeBundle, CodeGit, JobSpec
 from trainyard_platform.shared.runtime import StartupRefused
 from trainyard_platform.shared.storage import ObjectNotFound, ObjectStore
@@ -242,11 +250,6 @@ def fetch_code(spec: JobSpec, store: ObjectStore, box: Sandbox) -> str | None:
     return f"git:{code.commit}"
 
 
-MAX_UNPACKED_BYTES = 4 * 1024**3
-"""A bundle may unpack to at most this much (a small gzip of zeros can unpack to terabytes)."""
-MAX_BUNDLE_MEMBERS = 200_000
-
-
 def fetch_bundle(
     store: ObjectStore,
     team: str,
@@ -282,8 +285,10 @@ def fetch_bundle(
                         f"{len(members)} entries; at most {max_unpacked} bytes and "
                         f"{MAX_BUNDLE_MEMBERS} entries are allowed"
                     )
+                with archive.open("rb") as raw:  # the upload's rule, checked again
+                    check_bundle(raw, max_unpacked=max_unpacked)
                 tar.extractall(dest, members=members, filter="data")
-        except (tarfile.TarError, OSError, EOFError) as exc:
+        except (tarfile.TarError, OSError, EOFError, BundleRefused) as exc:
             raise PlatformError(
                 f"code bundle {bundle.sha256[:12]} cannot be unpacked: {exc}"
             ) from exc

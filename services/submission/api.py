@@ -17,7 +17,9 @@ Contract:
   upload has its own limit (``bundle_max_bytes``).
 - Code bundles are per team: ``HEAD /v1/bundles/{sha256}`` answers 200 when the caller's
   team has uploaded it, else 404; ``PUT /v1/bundles/{sha256}`` stores the body after
-  checking that its sha256 is the one in the path (201 created, 200 already there).
+  checking that its sha256 is the one in the path and that it is a bundle a runner unpacks
+  (``shared.bundle_archive``: else 422 naming ``body`` with the reason; 201 created, 200
+  already there).
 - Every authenticated request spends a token of its user's bucket (``ratelimit``; keyed by
   the user id the guard resolves, never the token itself nor the client address): reads
   (``GET``, ``HEAD``) and writes (everything else) have buckets and settings of their own
@@ -28,7 +30,9 @@ Contract:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import io
 import math
 import re
 from collections.abc import Sequence
@@ -105,6 +109,7 @@ from trainyard_platform.shared.access import (
 )
 from trainyard_platform.shared.audit import audit_route
 from trainyard_platform.shared.auth import hash_token, presented_token
+from trainyard_platform.shared.bundle_archive import BundleRefused, check_bundle
 from trainyard_platform.shared.events.payloads import BUNDLE_SHA256_PATTERN
 from trainyard_platform.shared.http_app import (
     bytes_request_body,
@@ -595,6 +600,10 @@ async def upload_bundle(
             "body",
             f"the body's sha256 is {digest.hexdigest()}, not the {sha256} named in the path",
         )
+    try:  # the runner's own rule, so what is stored is what a runner unpacks
+        await asyncio.to_thread(check_bundle, io.BytesIO(data))
+    except BundleRefused as exc:
+        raise RequestInvalid.one("body", f"not a code bundle a runner unpacks: {exc}") from None
     created = await objects.put_bundle(caller.team, sha256, bytes(data))
     stored = BundleStored(sha256=sha256, size_bytes=len(data), team=caller.team, created=created)
     return Response(stored, status_code=201 if created else 200)

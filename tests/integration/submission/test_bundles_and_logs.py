@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
+import tarfile
 from typing import Any
 
 import httpx
@@ -17,7 +19,19 @@ from trainyard_platform.services.submission.config import Settings
 
 pytestmark = pytest.mark.integration
 
-BUNDLE = b"\x1f\x8b pretend this is a tar.gz " + os.urandom(64)
+
+def tar_gz(*members: tuple[str, bytes]) -> bytes:
+    """A bundle of ``(name, content)`` files, as a runner unpacks them."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return raw.getvalue()
+
+
+BUNDLE = tar_gz(("train.py", b"print(1)\n"), ("noise.bin", os.urandom(64)))
 SHA = hashlib.sha256(BUNDLE).hexdigest()
 
 
@@ -76,6 +90,26 @@ async def test_malformed_sha256_is_422(submission: Submission, sha: str) -> None
     if response.status_code == 422:
         assert response.json()["errors"][0]["field"] == "sha256"
     assert await _head(submission, sha) in (404, 422)
+    assert submission.store.list("bundles/") == []
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"\x1f\x8b pretend this is a tar.gz", "not a gzip-compressed tar archive"),
+        (tar_gz(("/etc/cron.d/job", b"x")), "'/etc/cron.d/job' is an absolute path"),
+        (tar_gz(("../../escape.py", b"x")), "'../../escape.py' has a '..' part"),
+        (tar_gz(("a", b"x"), ("a", b"y")), "'a' is in it twice"),
+    ],
+)
+async def test_a_bundle_a_runner_would_refuse_is_refused_at_upload(
+    submission: Submission, data: bytes, reason: str
+) -> None:
+    """Every rule of ``shared.bundle_archive`` (bombs included: its unit test) applies."""
+    response = await _put(submission, data, hashlib.sha256(data).hexdigest())
+    assert response.status_code == 422, response.text
+    [error] = response.json()["errors"]
+    assert error["field"] == "body" and reason in error["message"], error
     assert submission.store.list("bundles/") == []
 
 

@@ -4,12 +4,14 @@ and a row the outbox cannot send never stops the service."""
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import asyncpg
 import pytest
 
 from tests.integration.submission.conftest import SPEC, Submission, eventually
+from tests.integration.submission.test_bundles_and_logs import tar_gz
 from trainyard_platform.services.submission.api import JSON_BODY_MAX_BYTES
 from trainyard_platform.shared.outbox import parked_count
 
@@ -138,7 +140,8 @@ async def test_body_over_the_limit_is_413_with_a_clear_message(submission: Submi
 async def test_the_bundle_upload_keeps_its_own_larger_limit(submission: Submission) -> None:
     import hashlib
 
-    data = b"b" * (JSON_BODY_MAX_BYTES * 4)
+    data = tar_gz(("noise.bin", os.urandom(JSON_BODY_MAX_BYTES * 4)))  # random: stays large
+    assert len(data) > JSON_BODY_MAX_BYTES * 4
     sha = hashlib.sha256(data).hexdigest()
     response = await submission.client.put(
         f"/v1/bundles/{sha}", content=data, headers=submission.auth()

@@ -79,6 +79,18 @@ def test_a_member_escaping_the_folder_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "escape.py").exists()
 
 
+def test_the_runner_refuses_what_the_upload_refuses(tmp_path: Path) -> None:
+    """The data filter alone unpacked an absolute name inside the folder (``/abs.py`` as
+    ``abs.py``); the runner now checks the upload's rule too (``check_bundle``) and unpacks
+    nothing of a bundle it refuses."""
+    store = LocalStore(tmp_path / "store")
+    bundle = store_bundle(store, "a", {"train.py": b"", "/abs.py": b"x"})
+    with pytest.raises(PlatformError, match=r"cannot be unpacked: '/abs\.py' is an absolute path"):
+        fetch_bundle(store, "a", bundle, tmp_path / "code")
+    assert not (tmp_path / "code" / "abs.py").exists()
+    assert not (tmp_path / "code" / "train.py").exists()
+
+
 def git(cwd: Path, *args: str) -> str:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(cwd), "GIT_CONFIG_NOSYSTEM": "1"}
     done = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True)
