@@ -65,7 +65,15 @@ def _path(team: str, name: str) -> str:
 
 
 def run_ls(session: Session) -> int:
-    found = session.service("registry").get("/v1/datasets", limit=500)
+    registry = session.service("registry")
+    found: dict[str, Any] = {"datasets": [], "next": None}
+    after: str | None = None
+    while True:  # every page: a listing is never cut short silently
+        page = registry.get("/v1/datasets", limit=500, after=after)
+        found["datasets"].extend(page["datasets"])
+        after = page.get("next")
+        if not after:
+            break
     rows = [
         (f"{d['team']}/{d['name']}", d["latest_version"], time_text(d["created_at"]))
         for d in found["datasets"]

@@ -2,8 +2,8 @@
 
 - ``POST /v1/datasets/{team}/{name}/versions`` (members of ``team``): a new version, never
   an update; the dataset is created with its first version.
-- ``GET /v1/datasets``: the datasets the caller's team may read (its own and those granted to
-  it; operators: every one).
+- ``GET /v1/datasets?limit&after``: the datasets the caller's team may read (its own and
+  those granted to it; operators: every one), keyset-paged by team and name (``next``).
 - ``GET /v1/datasets/{team}/{name}``: one dataset with its versions (and, for its own team and
   operators, its grants).
 - ``GET /v1/datasets/{team}/{name}/versions/{version}``: one version (submission's admission
@@ -131,9 +131,11 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
     async def list_datasets(
         principal: Caller,
         limit: Annotated[int, QueryParameter(ge=1, le=PAGE_MAX)] = 100,
+        after: Annotated[str | None, QueryParameter(max_length=201)] = None,
     ) -> DatasetPage:
+        cursor = names.cursor(after)
         async with pool.acquire() as conn:
-            rows = await datasets.readable_datasets(conn, _reader(principal), limit)
+            rows = await datasets.readable_datasets(conn, _reader(principal), limit, cursor)
         return DatasetPage(
             datasets=[
                 DatasetSummary(
@@ -143,7 +145,8 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
                     created_at=r.created_at,
                 )
                 for r in rows
-            ]
+            ],
+            next=f"{rows[-1].team}/{rows[-1].name}" if len(rows) == limit else None,
         )
 
     @get("/v1/datasets/{team:str}/{name:str}", responses=error_responses(404))

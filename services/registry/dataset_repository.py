@@ -184,18 +184,21 @@ async def dataset(conn: asyncpg.Connection, team: str, name: str) -> Dataset | N
 
 
 async def readable_datasets(
-    conn: asyncpg.Connection, team: str | None, limit: int
+    conn: asyncpg.Connection, team: str | None, limit: int, after: tuple[str, str] | None = None
 ) -> list[Dataset]:
     """Datasets ``team`` may read (its own and those granted to it; None: every one), by
-    team and name."""
+    team and name, the first ``limit`` after ``after`` (``(team, name)``)."""
     rows = await conn.fetch(
         f"""{_DATASET}
-            WHERE $1::text IS NULL OR d.team = $1
-               OR EXISTS (SELECT 1 FROM dataset_grants g
-                          WHERE g.dataset_id = d.id AND g.grantee_team = $1)
+            WHERE ($1::text IS NULL OR d.team = $1
+                   OR EXISTS (SELECT 1 FROM dataset_grants g
+                              WHERE g.dataset_id = d.id AND g.grantee_team = $1))
+              AND ($3::text IS NULL OR (d.team, d.name) > ($3, $4::text))
             ORDER BY d.team, d.name LIMIT $2""",
         team,
         limit,
+        None if after is None else after[0],
+        None if after is None else after[1],
     )
     return [_dataset(r) for r in rows]
 

@@ -162,7 +162,7 @@ def model_routes(
             names.check("team", team)
         if project is not None:
             names.check("model", project, "project")  # a project is named like a job
-        cursor = _cursor(after)
+        cursor = names.cursor(after)
         grantee = None
         if granted:
             # Models other teams granted to the caller's; ``team`` narrows to one owner.
@@ -598,16 +598,6 @@ def _known_parameters(request: Request[Any, Any, Any], known: frozenset[str]) ->
             errors.append(FieldError(field=key, message="given more than once"))
     if errors:
         raise RequestInvalid(errors)
-
-
-def _cursor(after: str | None) -> tuple[str, str] | None:
-    """``after`` (``team/name`` of the last model of a page), checked."""
-    if after is None:
-        return None
-    team, sep, name = after.partition("/")
-    if not sep or not names.is_valid("team", team) or not names.is_valid("model", name):
-        raise RequestInvalid.one("after", "must be the 'next' of a page: team/name")
-    return team, name
 
 
 def _owned_key(version: ModelVersion) -> str:

@@ -51,6 +51,17 @@ def check(kind: Kind, value: str, field: str | None = None) -> str:
     return value
 
 
+def cursor(after: str | None) -> tuple[str, str] | None:
+    """``after``, the ``next`` of a page of models or datasets (``team/name`` of its last
+    one), checked: 422 naming ``after`` otherwise."""
+    if after is None:
+        return None
+    team, sep, name = after.partition("/")
+    if not sep or not is_valid("team", team) or not is_valid("model", name):
+        raise RequestInvalid.one("after", "must be the 'next' of a page: team/name")
+    return team, name
+
+
 def check_model(team: str, model: str) -> None:
     """Both path names of a model, every bad one named at once (as ``team`` and ``name``)."""
     # Named as the path parameters are: {team} and {name}.

@@ -210,3 +210,34 @@ async def test_a_bad_version_body_names_each_bad_field(
         unknown_job = await add(client, "vision", "digits", producing_job_id="job-of-nobody")
         assert unknown_job.status_code == 422
         assert unknown_job.json()["errors"][0]["field"] == "producing_job_id"
+
+
+async def test_the_listing_pages_on_and_never_stops_short_silently(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """``GET /v1/datasets?limit=N`` answered the first N and nothing said there were more
+    (the CLI asked for 500 and showed 500 of 501)."""
+    async with app_as(pool, store, ML) as ml:
+        for name in ("m1", "m2"):
+            assert (await add(ml, "ml", name)).status_code == 201
+        assert (await ml.put("/v1/datasets/ml/m2/grants/vision")).status_code == 200
+    async with app_as(pool, store, VISION) as vision:
+        for name in ("v1", "v2", "v3"):
+            assert (await add(vision, "vision", name)).status_code == 201
+        seen, after, pages = [], None, 0
+        while True:
+            params = {"limit": 2} if after is None else {"limit": 2, "after": after}
+            page = await vision.get("/v1/datasets", params=params)
+            assert page.status_code == 200, page.text
+            seen += [f"{d['team']}/{d['name']}" for d in page.json()["datasets"]]
+            pages, after = pages + 1, page.json()["next"]
+            if after is None:
+                break
+        assert seen == ["ml/m2", "vision/v1", "vision/v2", "vision/v3"]  # ml/m1: not granted
+        assert pages == 2 + 1  # a full last page has a next, whose page is empty
+        # A cursor naming another team's dataset only says where to start.
+        page = (await vision.get("/v1/datasets", params={"after": "ml/m1"})).json()
+        assert [d["name"] for d in page["datasets"]] == ["m2", "v1", "v2", "v3"]
+        for forged in ("nothing", "a/../b", "/x", "a/b/c"):
+            bad = await vision.get("/v1/datasets", params={"after": forged})
+            assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "after"
