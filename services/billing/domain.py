@@ -75,6 +75,13 @@ def gpu_seconds(gpus: int, start: datetime, end: datetime) -> Decimal:
     return Decimal(gpus) * duration_seconds(start, end)
 
 
+def money(value: Decimal) -> Decimal:
+    """An amount a caller gave (a price, a budget; at most ``MONEY_PLACES`` already), as
+    every amount is answered and stored: six places, no exponent, no negative zero
+    (``1e3`` is ``1000.000000``, ``-0`` is ``0.000000``)."""
+    return value.quantize(MONEY_PLACES) + 0
+
+
 def cost(gpu_secs: Decimal, per_gpu_hour: Decimal) -> Decimal:
     # Enough precision that the division is never rounded before the one money rounding.
     with localcontext(prec=60):

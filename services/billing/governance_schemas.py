@@ -6,8 +6,9 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Annotated
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
+from trainyard_platform.services.billing.domain import money
 from trainyard_platform.shared.events.payloads import (
     MAX_CPUS_PER_GPU,
     MAX_JOB_GPUS,
@@ -19,7 +20,7 @@ from trainyard_platform.shared.events.payloads import (
 MAX_PRICE = Decimal("1e9")
 
 
-Amount = Annotated[Decimal, Field(ge=0, le=MAX_PRICE, decimal_places=6)]
+Amount = Annotated[Decimal, Field(ge=0, le=MAX_PRICE, decimal_places=6), AfterValidator(money)]
 
 
 class PriceRequest(BaseModel):
