@@ -69,6 +69,9 @@ class Graph:
     jobs: dict[str, JobFacts] = field(default_factory=dict)
     truncated: bool = False
     hidden: int = 0
+    _linked: set[tuple[str, str, str]] = field(default_factory=set, repr=False, compare=False)
+    """``edges`` as a set: a link is checked in constant time, not by a scan of every edge
+    (a dataset read by 10,000 jobs made a walk scan 50 million edges)."""
 
     def add(self, node: Node) -> bool:
         """Add ``node``; False if it was there already (or the graph is full)."""
@@ -82,7 +85,8 @@ class Graph:
 
     def link(self, source: str, target: str, relation: str) -> None:
         edge = (source, target, relation)
-        if edge not in self.edges:
+        if edge not in self._linked:
+            self._linked.add(edge)
             self.edges.append(edge)
 
     async def visible_to(
@@ -108,6 +112,7 @@ class Graph:
                 kept[node.id] = node
         shown = Graph(self.root, self.direction, kept)
         shown.edges = [e for e in self.edges if e[0] in kept and e[1] in kept]
+        shown._linked = set(shown.edges)
         shown.jobs = {key: f for key, f in self.jobs.items() if key in kept}
         shown.truncated = self.truncated
         shown.hidden = len(self.nodes) - len(kept)
@@ -291,15 +296,20 @@ def openlineage(graph: Graph) -> list[dict[str, Any]]:
     """One OpenLineage ``RunEvent`` per job of ``graph``: its inputs are the nodes with an
     edge into the job, its outputs those it has an edge to, and the model versions
     registered from its checkpoints."""
+    into: dict[str, list[str]] = {}
+    out_of: dict[str, list[tuple[str, str]]] = {}
+    for source, target, relation in graph.edges:  # once, not once per job
+        into.setdefault(target, []).append(source)
+        out_of.setdefault(source, []).append((target, relation))
     events = []
     for job_key, facts in graph.jobs.items():
-        inputs = [graph.nodes[s] for s, t, _ in graph.edges if t == job_key]
-        outputs = [graph.nodes[t] for s, t, _ in graph.edges if s == job_key]
+        inputs = [graph.nodes[s] for s in into.get(job_key, [])]
+        outputs = [graph.nodes[t] for t, _ in out_of.get(job_key, [])]
         registered = [
             graph.nodes[t]
             for out in outputs
-            for s, t, relation in graph.edges
-            if s == out.id and relation == "registered_as"
+            for t, relation in out_of.get(out.id, [])
+            if relation == "registered_as"
         ]
         when = facts.ended_at or facts.started_at
         events.append(
