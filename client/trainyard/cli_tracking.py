@@ -213,12 +213,19 @@ def run_experiments(session: Session) -> int:
         )
         for run in found["runs"]
     ]
+    total = int(found["experiment"]["runs"])
+    shown = len(found["runs"])
+    # The registry answers at most its limit of runs: say so rather than stop short.
+    cut = f"\n({shown} of {total} runs shown: the registry answers at most {shown})"
     session.emit(
         found,
-        lambda: table(
-            ("ID", "NAME", "USER", "STATUS", "DURATION", *(k.upper() for k in keys)),
-            rows,
-            empty="no runs",
+        lambda: (
+            table(
+                ("ID", "NAME", "USER", "STATUS", "DURATION", *(k.upper() for k in keys)),
+                rows,
+                empty="no runs",
+            )
+            + (cut if not args.filter and shown < total else "")
         ),
     )
     return Exit.OK
