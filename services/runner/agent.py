@@ -360,6 +360,7 @@ class NodeAgent:
             gpus=len(grant.gpu_indices),
             usage=self._usage,
             gpu_indices=grant.gpu_indices,
+            max_output_bytes=self.settings.max_output_bytes,
         )
         try:
             await run.start(prepared.argv, env=prepared.env)

@@ -101,6 +101,10 @@ class Settings(GuardedServiceSettings):
     """Metric points per ``job.metrics`` at most (a fuller batch goes at once)."""
     metrics_batch_seconds: float = Field(default=1.0, ge=0)
     """How long a job's metric point may wait for its batch to fill before it is sent."""
+    max_output_bytes: int = Field(default=2 * 1024**3, ge=1024)
+    """Most bytes of a job attempt's output, and of its metric series, kept on this node and
+    shipped to the store (each); past it the output ends with a notice and the rest is
+    dropped, so a job that writes without end fills neither the disk nor the store."""
     log_tail_lines: int = Field(default=40, ge=1)
     """Lines of output carried in ``job.failed``."""
 

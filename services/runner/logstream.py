@@ -13,6 +13,10 @@ kept as JSON's ``NaN``/``Infinity``) under ``metrics/<job>/<stream>/chunk-<seq:0
 
 The job's output never goes into the runner's own log: a job must not be able to forge the
 platform's log lines.
+
+Both local files are written through ``CappedFile``: a job that writes without end (``yes``
+in a loop) would otherwise fill the node's disk and the store; past the runner's
+``max_output_bytes`` an attempt's output ends with a notice and the rest is dropped.
 """
 
 from __future__ import annotations
@@ -27,6 +31,42 @@ from trainyard_platform.shared.storage import ObjectStore
 log = logging.getLogger(__name__)
 
 MAX_CHUNK_BYTES = 1024 * 1024
+
+
+class CappedFile:
+    """Appends to ``path`` at most ``limit`` bytes in all (what it held before counts).
+    The first write that would pass the limit writes ``notice`` instead (it may pass the
+    limit by its own size) and every later write is dropped, counted in ``dropped``. Each
+    write is flushed, so a reader (``tail -f``, the shipper) sees it at once."""
+
+    def __init__(self, path: Path, limit: int, notice: bytes = b"") -> None:
+        self._file = path.open("ab")
+        self._written = self._file.tell()
+        self._limit = limit
+        self._notice = notice
+        self.dropped = 0
+
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
+    @property
+    def full(self) -> bool:
+        return self.dropped > 0
+
+    def write(self, data: bytes) -> None:
+        if self.dropped or self._written + len(data) > self._limit:
+            if not self.dropped and self._notice:
+                self._file.write(self._notice)
+                self._file.flush()
+            self.dropped += len(data)
+            return
+        self._file.write(data)
+        self._file.flush()
+        self._written += len(data)
+
+    def close(self) -> None:
+        self._file.close()
 
 
 def stream_prefix(job_id: str, attempt: int, node_id: str, kind: str = "logs") -> str:

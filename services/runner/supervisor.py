@@ -30,7 +30,6 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import BinaryIO
 
 from trainyard_platform.services.runner import checkpoints, domain, usage_metrics
 from trainyard_platform.services.runner.domain import (
@@ -42,7 +41,7 @@ from trainyard_platform.services.runner.domain import (
 )
 from trainyard_platform.services.runner.gpus import GpuUsage
 from trainyard_platform.services.runner.ledger import Ledger
-from trainyard_platform.services.runner.logstream import LogShipper, stream_prefix
+from trainyard_platform.services.runner.logstream import CappedFile, LogShipper, stream_prefix
 from trainyard_platform.services.runner.process import JobProcess, read_lines
 from trainyard_platform.services.runner.publishing import JobEvents
 from trainyard_platform.services.runner.sandbox import Sandbox, kill_leftovers, remove_files_of
@@ -95,6 +94,7 @@ class JobRun:
         usage: GpuUsage | None = None,
         gpu_indices: Sequence[int] = (),
         usage_interval_s: float = 5.0,
+        max_output_bytes: int = 2 * 1024**3,
     ) -> None:
         self.job = job
         self.started_at = datetime.now(UTC)
@@ -119,8 +119,9 @@ class JobRun:
             log_path,
             log_ship_interval_s,
         )
+        self._max_output_bytes = max_output_bytes
         self._metrics_path = log_path.with_suffix(".metrics.jsonl")
-        self._metrics_file: BinaryIO | None = None
+        self._metrics_file: CappedFile | None = None
         self._metrics_shipper = LogShipper(
             store,
             stream_prefix(job.job_id, job.attempt, job.node_id, "metrics"),
@@ -147,7 +148,7 @@ class JobRun:
         self._last_checkpoint: CheckpointRef | None = resumed_from
         self._data_waits: list[float] = []
         self._process: JobProcess | None = None
-        self._log_file: BinaryIO | None = None
+        self._log_file: CappedFile | None = None
         self._ended = False
 
     @property
@@ -167,8 +168,13 @@ class JobRun:
         """Open the control socket and spawn the job in its sandbox (raises, e.g.
         ``OSError``, when it cannot be started)."""
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_file = self._log_path.open("ab")
-        self._metrics_file = self._metrics_path.open("ab")
+        limit = self._max_output_bytes
+        self._log_file = CappedFile(
+            self._log_path,
+            limit,
+            f"\n[trainyard: this attempt's output passed {limit} bytes; the rest is not kept]\n".encode(),
+        )
+        self._metrics_file = CappedFile(self._metrics_path, limit)  # JSON lines: no notice
         try:
             socket_path = self._sandbox.control_socket
             self._server = await asyncio.start_unix_server(
@@ -282,6 +288,15 @@ class JobRun:
             await self._close_control()
             if self._metrics_file is not None:
                 self._metrics_file.close()
+            for what, capped in (("output", self._log_file), ("metric series", self._metrics_file)):
+                if capped is not None and capped.full:
+                    log.warning(
+                        "job %s: its %s passed %d bytes; %d more bytes were not kept",
+                        self.job.job_id,
+                        what,
+                        self._max_output_bytes,
+                        capped.dropped,
+                    )
         outcome = domain.decide_outcome(exit_code, self.stop_request, self._tail.text())
         log.info(
             "job %s allocation %s %s: %s",
@@ -347,7 +362,6 @@ class JobRun:
             if self._log_file is not None:
                 # Small appends to a local file; flushed per line so `tail -f` follows along.
                 self._log_file.write(raw)
-                self._log_file.flush()
             self._tail.add(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
 
     # --- the control socket -------------------------------------------------------------
@@ -427,7 +441,6 @@ class JobRun:
         if self._metrics_file is not None and not self._metrics_file.closed:
             record = {"step": step, "time": time.time(), "metrics": metrics}
             self._metrics_file.write(json.dumps(record).encode() + b"\n")
-            self._metrics_file.flush()
 
     async def _sample_usage(self) -> None:
         assert self._usage is not None

@@ -18,6 +18,7 @@ from tests.integration.runner.conftest import (
     grant,
     launched,
     publish,
+    upload_bundle,
 )
 from trainyard_platform.services.runner import checkpoints, domain
 from trainyard_platform.services.runner.config import Settings
@@ -393,3 +394,42 @@ async def test_a_checkpoint_is_uploaded_once_the_store_comes_back(
     saved = events.of(CheckpointSaved, allocation.job_id)
     assert [s.checkpoint.step for s in saved] == [5]
     assert done.artifact == saved[0].checkpoint
+
+
+async def test_output_without_end_is_cut_at_the_nodes_limit(
+    settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, tmp_path: Path
+) -> None:
+    """A job that prints without end fills neither the node's disk nor the store: past
+    ``max_output_bytes`` its output ends with a notice, and so does its metric series."""
+    limit = 64 * 1024
+    settings = settings.model_copy(update={"max_output_bytes": limit})
+    await start_runner(settings)
+    store = open_store(settings.storage.uri)
+    code_folder = tmp_path / "loud"
+    code_folder.mkdir()
+    (code_folder / "loud.py").write_text(
+        "import json, os, socket\n"
+        "control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "control.connect(os.environ['TRAINYARD_CONTROL_SOCKET'])\n"
+        "for i in range(20000):\n"
+        "    print('y' * 99, flush=False)\n"
+        "    line = {'kind': 'metrics', 'step': i, 'metrics': {'loss': 1.0}}\n"
+        "    control.sendall((json.dumps(line) + '\\n').encode())\n"
+    )
+    code = upload_bundle(store, "team-a", code_folder)
+    job = grant(settings.node_id, [], entrypoint="loud.py", code=code)
+    await publish(bus, job, settings.node_id)
+    await events.first(JobSucceeded, job.job_id)
+
+    def shipped(kind: str) -> bytes:
+        prefix = f"{kind}/{job.job_id}/a0001-{settings.node_id}/"
+        return b"".join(store.get_bytes(k) for k in sorted(store.list(prefix)) if "chunk-" in k)
+
+    output = shipped("logs")
+    assert len(output) < limit + 200, len(output)  # 2 MB printed
+    assert output.rstrip().endswith(b"the rest is not kept]")
+    series = shipped("metrics")
+    assert 0 < len(series) <= limit, len(series)
+    assert all(json.loads(line)["metrics"] == {"loss": 1.0} for line in series.splitlines())
+    log_file = settings.work_dir / "jobs" / safe_file_name(job.job_id)
+    assert all(f.stat().st_size < limit + 200 for f in log_file.iterdir())
