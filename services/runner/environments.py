@@ -64,10 +64,12 @@ wheels); the package list is read from their metadata in the runner's own proces
 (``UV_*``, ``PIP_*``, proxies, certificates, ``PATH``, ``HOME``: ``installer_environment``),
 never the runner's credentials. The job runs the ``.pth`` files, as its own user.
 
-**Permissions.** Jobs run as an unprivileged uid, so everything under ``root`` must be
-readable by others: the installers run with umask 022, and after a build every directory
-is set to 0755 and every file gets read (and, where its owner has it, execute) permission
-for group and others, otherwise keeping its mode. The process-wide umask is not touched
+**Permissions.** Jobs run as an unprivileged uid, so every environment must be readable by
+others: the installers run with umask 022, and after a build every directory of it is set
+to 0755 and every file gets read (and, where its owner has it, execute) permission for
+group and others, otherwise keeping its mode. ``root`` and ``.store`` are 0711: a job
+reaches the environment it is given but lists neither, so it cannot find the environments
+of other teams (their markers and ``direct_url.json`` records name their requirements). The process-wide umask is not touched
 (the runner is multi-threaded); ``root``'s parents must be traversable by the job's uid.
 
 Every method blocks (subprocesses, file locks): call them in a thread.
@@ -349,6 +351,10 @@ class EnvironmentCache:
             raise ValueError("keep must be >= 0")
         if not self.root.is_dir():
             return []
+        # A cache made before these folders were closed is closed at the runner's start.
+        self._ensure_dir(self.root)
+        if (self.root / STORE).is_dir():
+            self._ensure_dir(self.root / STORE)
         published: list[tuple[float, str]] = []
         for entry in self.root.iterdir():
             if _KEY_PATTERN.match(entry.name) and entry.is_symlink():
@@ -572,9 +578,11 @@ class EnvironmentCache:
 
     @staticmethod
     def _ensure_dir(path: Path) -> None:
+        # 0711: job users pass through to the environment they are given, but list neither
+        # the cache nor its store (other teams' requirement sets, in markers and records).
         path.mkdir(parents=True, exist_ok=True)
-        if stat.S_IMODE(path.stat().st_mode) != 0o755:
-            os.chmod(path, 0o755)
+        if stat.S_IMODE(path.stat().st_mode) != 0o711:
+            os.chmod(path, 0o711)
 
     @staticmethod
     def _write_file(path: Path, text: str) -> None:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from importlib.metadata import version
@@ -23,6 +25,7 @@ from trainyard_platform.services.runner.environments import (
     EnvironmentBuildError,
     EnvironmentCache,
     JobEnvironment,
+    job_interpreter,
 )
 
 pytestmark = pytest.mark.integration
@@ -204,7 +207,7 @@ def test_everything_is_readable_by_other_users(tmp_path: Path) -> None:
     finally:
         os.umask(old)
     target = Path(env.python).parents[1].resolve()
-    assert stat.S_IMODE(root.stat().st_mode) == 0o755
+    assert stat.S_IMODE(root.stat().st_mode) == 0o711  # passed through, never listed
     for dirpath, _dirnames, filenames in os.walk(target):
         assert stat.S_IMODE(os.stat(dirpath).st_mode) == 0o755, dirpath
         for name in filenames:
@@ -340,3 +343,45 @@ def test_building_an_environment_runs_no_code_of_its_packages(
     # The job itself runs the .pth, as whoever runs it: that is its business.
     run_in(env, "pass")
     assert len(os.listdir(markers)) == 1
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user needs root to become")
+def test_other_users_run_an_environment_but_cannot_list_the_cache(tmp_path: Path) -> None:
+    """Environments are shared by every team that asks for the same set, so a job must be
+    able to run one it is given, but not find the others: their markers and ``direct_url``
+    records name other teams' requirements (a private wheel's URL, a token in its query)."""
+    reachable = Path(tempfile.mkdtemp(prefix="trainyard-test-"))  # pytest's is root's alone
+    reachable.chmod(0o711)
+    try:
+        _run_as_another_user(reachable / "envs")
+    finally:
+        shutil.rmtree(reachable)
+
+
+def _run_as_another_user(root: Path) -> None:
+    env = EnvironmentCache(root, BASE, interpreter=job_interpreter(BASE)).resolve([TABULATE])
+    probe = (
+        "import os, sys\n"
+        "for folder in sys.argv[1:]:\n"
+        "    try:\n"
+        "        print(folder, 'LISTED', len(os.listdir(folder)))\n"
+        "    except PermissionError:\n"
+        "        print(folder, 'refused')\n"
+        "import tabulate; print('ran')\n"
+    )
+    done = subprocess.run(
+        [env.python, "-c", probe, str(root), str(root / STORE)],
+        user=290_005,
+        group=290_005,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == [
+        f"{root} refused",
+        f"{root / STORE} refused",
+        "ran",
+    ], done.stdout
