@@ -9,7 +9,8 @@ the job user's, so the job can neither list another sandbox nor swap its own
     tmp/           TMPDIR
     checkpoints/   staging: the job commits checkpoints here, the runner uploads them;
                    before start it holds the verified checkpoint to resume from
-    control.sock   the runner's control socket (made by the supervisor)
+    control.sock   the runner's control socket (made by the supervisor: 0600, the job's,
+                   bound elsewhere and moved here, so no other uid ever connects)
 
 Users. A runner started as root runs each job as an unprivileged uid of its own range,
 ``uid_base + slot``, where the slot is free among this node's running jobs: jobs never share

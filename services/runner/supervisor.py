@@ -176,16 +176,10 @@ class JobRun:
         )
         self._metrics_file = CappedFile(self._metrics_path, limit)  # JSON lines: no notice
         try:
-            socket_path = self._sandbox.control_socket
-            self._server = await asyncio.start_unix_server(
-                self._on_connection,
-                path=unix_address(str(socket_path)),
-                limit=MAX_CONTROL_LINE_BYTES + 1,
+            self._server = await self._open_control_socket()
+            self._process = await JobProcess.start(
+                argv, cwd=self._sandbox.code, env=env, user=self._sandbox.user
             )
-            user = self._sandbox.user
-            if user.uid is not None and user.gid is not None:
-                os.chown(socket_path, user.uid, user.gid)
-            self._process = await JobProcess.start(argv, cwd=self._sandbox.code, env=env, user=user)
         except BaseException:
             self._log_file.close()
             self._metrics_file.close()
@@ -204,6 +198,36 @@ class JobRun:
             self._sandbox.user.uid if self._sandbox.user.isolated else "(runner's)",
             " ".join(argv),
         )
+
+    async def _open_control_socket(self) -> asyncio.Server:
+        """Listen on the sandbox's control socket, which only the job's uid may connect to
+        from the moment it exists: it is bound in a folder of the runner's alone (a socket
+        gets its mode from the umask, and other jobs pass through the sandbox's root), made
+        0600 and the job's, and only then moved into place."""
+        final = self._sandbox.control_socket
+        private = final.parent / ".control"
+        private.mkdir(mode=0o700)
+        try:
+            bound = private / final.name
+            server = await asyncio.start_unix_server(
+                self._on_connection,
+                path=unix_address(str(bound)),
+                limit=MAX_CONTROL_LINE_BYTES + 1,
+            )
+            try:
+                os.chmod(bound, 0o600)
+                user = self._sandbox.user
+                if user.uid is not None and user.gid is not None:
+                    os.chown(bound, user.uid, user.gid)
+                os.rename(bound, final)
+            except BaseException:
+                server.close()
+                raise
+        finally:
+            with contextlib.suppress(OSError):
+                bound.unlink()
+            private.rmdir()
+        return server
 
     def request_stop(self, stop: StopRequest, grace_s: float) -> None:
         """SIGTERM now (first request only), SIGKILL at the earliest deadline asked for."""

@@ -28,8 +28,15 @@ from tests.integration.runner.conftest import (
 )
 from trainyard_platform.deploy.local.postgres import PostgresServer
 from trainyard_platform.services.runner.config import Settings
+from trainyard_platform.services.runner.launch import sandbox_name
 from trainyard_platform.shared.bus import Bus
-from trainyard_platform.shared.events.payloads import CheckpointSaved, JobFailed, JobSucceeded
+from trainyard_platform.shared.events.payloads import (
+    AllocationRevoked,
+    CheckpointSaved,
+    JobFailed,
+    JobMetrics,
+    JobSucceeded,
+)
 from trainyard_platform.shared.storage import open_store
 
 pytestmark = [
@@ -308,3 +315,87 @@ async def test_files_a_job_makes_are_its_own_to_read(
         store.get_bytes(k) for k in store.list(f"{stream}/") if k.endswith(".log")
     ).decode()
     assert "MODE 0o600" in output, output
+
+
+SOCKET_KNOCKER = textwrap.dedent(
+    """
+    import json, socket, sys
+    try:
+        control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        control.connect(sys.argv[1])
+        line = {"kind": "metrics", "step": 4242, "metrics": {"loss": -1.0}}
+        control.sendall((json.dumps(line) + "\\n").encode())
+        control.close()
+        print("KNOCK ALLOWED", flush=True)
+    except OSError as exc:
+        print("KNOCK denied", type(exc).__name__, flush=True)
+    """
+)
+
+
+async def test_no_job_reaches_another_jobs_control_socket(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    launches: Path,
+    tmp_path: Path,
+) -> None:
+    """A job's control socket is its own uid's alone, whatever the runner's umask: another
+    job that finds its path (the sandbox root may be passed through) cannot report metrics
+    or checkpoints in its name."""
+    old = os.umask(0)  # a runner started with a lax umask
+    try:
+        await start_runner(settings)
+        victim = grant(settings.node_id, ["wait", str(launches)], gpu_indices=[0])
+        await publish(bus, victim, settings.node_id)
+        await events.wait_for(lambda: events.of(JobMetrics, settings.node_id), what="metrics")
+    finally:
+        os.umask(old)
+    victim_socket = settings.sandboxes_dir / sandbox_name(victim.allocation_id) / "control.sock"
+    store = open_store(settings.storage.uri)
+    code_folder = tmp_path / "knocker"
+    code_folder.mkdir()
+    (code_folder / "knock.py").write_text(SOCKET_KNOCKER)
+    code = upload_bundle(store, "team-b", code_folder)
+    attacker = grant(settings.node_id, [str(victim_socket)], entrypoint="knock.py", code=code)
+    attacker = attacker.model_copy(
+        update={"spec": attacker.spec.model_copy(update={"team": "team-b", "user": "mallory"})}
+    )
+    await publish(bus, attacker, settings.node_id)
+    await events.first(JobSucceeded, attacker.job_id)
+    await publish(
+        bus,
+        AllocationRevoked(
+            allocation_id=victim.allocation_id,
+            job_id=victim.job_id,
+            node_id=settings.node_id,
+            epoch=victim.epoch,
+            reason="cancelled",
+            grace_seconds=5,
+        ),
+        settings.node_id,
+    )
+    await events.wait_for(
+        lambda: [
+            e
+            for e in events.events
+            if e.envelope.subject == victim.job_id
+            and e.envelope.type.endswith(
+                ("preempted.v1", "cancelled.v1", "failed.v1", "succeeded.v1")
+            )
+        ],
+        what="the victim's end",
+    )
+    stream = f"logs/{attacker.job_id}/a0001-{settings.node_id}"
+    output = b"".join(
+        store.get_bytes(k) for k in store.list(f"{stream}/") if k.endswith(".log")
+    ).decode()
+    assert "KNOCK denied" in output, output
+    steps = [
+        p.step
+        for m in events.of(JobMetrics, settings.node_id)
+        for p in m.points
+        if m.job_id == victim.job_id
+    ]
+    assert 4242 not in steps
