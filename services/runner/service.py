@@ -33,12 +33,16 @@ _PR_SET_DUMPABLE = 4
 
 def protect_runner(settings: Settings) -> None:
     """Close the runner to its own jobs: its work folder may be passed through (a job
-    reaches its sandbox) but not listed, and the process is made non-dumpable, so its
-    ``/proc/<pid>/environ`` (bus, store credentials) is unreadable even to a job that runs
-    as the same user (a runner that is not root)."""
+    reaches its sandbox) but not listed, the jobs' logs (``jobs/``) and the ledger are the
+    runner's alone (set at every start: an older runner or a lax umask may have left them
+    open), and the process is made non-dumpable, so its ``/proc/<pid>/environ`` (bus, store
+    credentials) is unreadable even to a job that runs as the same user (a runner that is
+    not root)."""
     settings.work_dir.mkdir(parents=True, exist_ok=True)
     settings.work_dir.chmod(0o711)
-    (settings.work_dir / "jobs").mkdir(mode=0o700, exist_ok=True)
+    for private in ("jobs", "ledger"):
+        (settings.work_dir / private).mkdir(mode=0o700, exist_ok=True)
+        (settings.work_dir / private).chmod(0o700)
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
 
