@@ -58,7 +58,7 @@ from trainyard_platform.services.runner.sandbox import (
     job_user,
     kill_leftovers,
     process_start_time,
-    remove_files_of,
+    remove_leftovers_of,
     remove_sandbox,
 )
 from trainyard_platform.services.runner.supervisor import JobRun, end_allocation
@@ -175,9 +175,11 @@ class NodeAgent:
         if killed:
             log.warning("killed %d job processes a previous runner left behind", killed)
         if uids is not None:
-            removed = remove_files_of(uids)
+            removed = remove_leftovers_of(uids)
             if removed:
-                log.warning("removed %d files that earlier jobs left in shared folders", removed)
+                log.warning(
+                    "removed %d files and IPC objects that earlier jobs left behind", removed
+                )
         remove_sandbox(self.settings.sandboxes_dir)
         # Nothing runs yet, so no environment is in use: keep the most recently used ones.
         pruned = self._environments.prune(self.settings.environments_keep)

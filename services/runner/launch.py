@@ -56,7 +56,7 @@ from trainyard_platform.services.runner.sandbox import (
     create_sandbox,
     fetch_code,
     kill_leftovers,
-    remove_files_of,
+    remove_leftovers_of,
 )
 from trainyard_platform.services.runner.sandbox import hand_over as hand_over_sandbox
 from trainyard_platform.shared.control import JobRuntimeEnv
@@ -117,7 +117,7 @@ def prepare(
         # after its interpreter was probed as this uid included).
         uid = range(user.uid, user.uid + 1)
         kill_leftovers(uid, [])
-        remove_files_of(uid)
+        remove_leftovers_of(uid)
     box = create_sandbox(settings.sandboxes_dir, sandbox_name(grant.allocation_id), user)
     code_id = fetch_code(spec, store, box)
     try:

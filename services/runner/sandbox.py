@@ -35,6 +35,7 @@ Blocking: call through ``asyncio.to_thread``.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
 import shutil
@@ -452,3 +453,48 @@ def _remove_files_in(folder_fd: int, uids: range, depth: int) -> int:
         except OSError:
             continue  # gone meanwhile, or not ours to touch
     return removed
+
+
+_SYSV_IPC = (("shm", "shmid"), ("sem", "semid"), ("msg", "msqid"))
+_IPC_RMID = 0
+
+
+def remove_ipc_of(uids: range, listing: Path = Path("/proc/sysvipc")) -> int:
+    """Remove the System V shared memory segments, semaphore sets and message queues that
+    users ``uids`` own or created; returns how many. They outlive the processes that made
+    them: a segment keeps its memory after the job, and the next job of the same uid (maybe
+    another team's) could attach it. Call it once no process of ``uids`` runs."""
+    if not listing.is_dir():
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    removed = 0
+    for kind, id_column in _SYSV_IPC:
+        try:
+            header, *rows = (listing / kind).read_text().splitlines()
+        except (OSError, ValueError):
+            continue
+        columns = header.split()
+        for row in rows:
+            fields = dict(zip(columns, row.split(), strict=False))
+            try:
+                ident = int(fields[id_column])
+                owners = {int(fields["uid"]), int(fields["cuid"])}
+            except (KeyError, ValueError):
+                continue
+            if not owners & set(uids):
+                continue
+            if kind == "shm":
+                done = libc.shmctl(ident, _IPC_RMID, None)
+            elif kind == "sem":
+                done = libc.semctl(ident, 0, _IPC_RMID)
+            else:
+                done = libc.msgctl(ident, _IPC_RMID, None)
+            removed += done == 0
+    return removed
+
+
+def remove_leftovers_of(uids: range) -> int:
+    """What users ``uids`` left that outlives processes: their files where every user may
+    write (``remove_files_of``) and their System V IPC objects (``remove_ipc_of``). Call it
+    once no process of ``uids`` runs; returns how many were removed."""
+    return remove_files_of(uids) + remove_ipc_of(uids)

@@ -10,8 +10,8 @@ sends SIGTERM and, after its grace, SIGKILL to the job's process group; the earl
 deadline wins, the first reason is kept.
 
 When the job has exited: its group and every process of its uid are killed and its
-uid's files in the folders every user may write to (``sandbox.remove_files_of``) are
-removed, its control connections are read to the end
+uid's files in the folders every user may write to and its System V IPC objects
+(``sandbox.remove_leftovers_of``) are removed, its control connections are read to the end
 and every checkpoint it staged is uploaded, the held-back metric points and progress are sent, the log's last
 chunk is shipped, old checkpoints beyond the retention are deleted, the outcome is decided
 (``domain.decide_outcome``) and the terminal event is stored in the ledger, then published.
@@ -44,7 +44,11 @@ from trainyard_platform.services.runner.ledger import Ledger
 from trainyard_platform.services.runner.logstream import CappedFile, LogShipper, stream_prefix
 from trainyard_platform.services.runner.process import JobProcess, read_lines
 from trainyard_platform.services.runner.publishing import JobEvents
-from trainyard_platform.services.runner.sandbox import Sandbox, kill_leftovers, remove_files_of
+from trainyard_platform.services.runner.sandbox import (
+    Sandbox,
+    kill_leftovers,
+    remove_leftovers_of,
+)
 from trainyard_platform.shared.control import (
     MAX_CONTROL_LINE_BYTES,
     CheckpointMessage,
@@ -294,7 +298,7 @@ class JobRun:
             self._kill_everything(process)
             if self._sandbox.user.uid is not None:
                 uid = self._sandbox.user.uid
-                await asyncio.to_thread(remove_files_of, range(uid, uid + 1))
+                await asyncio.to_thread(remove_leftovers_of, range(uid, uid + 1))
             done, stuck = await asyncio.wait(readers, timeout=_PIPE_DRAIN_S)
             for task in stuck:
                 task.cancel()

@@ -399,3 +399,56 @@ async def test_no_job_reaches_another_jobs_control_socket(
         if m.job_id == victim.job_id
     ]
     assert 4242 not in steps
+
+
+IPC_JOB = textwrap.dedent(
+    """
+    import ctypes, sys
+    libc = ctypes.CDLL(None, use_errno=True)
+    key, IPC_CREAT = int(sys.argv[1]), 0o1000
+    ids = (
+        libc.shmget(key, 1 << 20, IPC_CREAT | 0o600),
+        libc.semget(key, 1, IPC_CREAT | 0o600),
+        libc.msgget(key, IPC_CREAT | 0o600),
+    )
+    print("IPC", *ids, flush=True)
+    """
+)
+
+
+async def test_system_v_ipc_a_job_made_goes_with_it(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    tmp_path: Path,
+) -> None:
+    """A System V shared memory segment (or semaphore set, or message queue) outlives the
+    process that made it: it would keep its memory after the job, and the next job of the
+    same uid (another team's) could attach it. It is removed when the job ends."""
+    await start_runner(settings)
+    store = open_store(settings.storage.uri)
+    code_folder = tmp_path / "ipc"
+    code_folder.mkdir()
+    (code_folder / "ipc.py").write_text(IPC_JOB)
+    code = upload_bundle(store, "team-a", code_folder)
+    key = int.from_bytes(os.urandom(3), "big") + 1
+    job = grant(settings.node_id, [str(key)], entrypoint="ipc.py", code=code)
+    await publish(bus, job, settings.node_id)
+    await events.first(JobSucceeded, job.job_id)
+    stream = f"logs/{job.job_id}/a0001-{settings.node_id}"
+    output = b"".join(
+        store.get_bytes(k) for k in store.list(f"{stream}/") if k.endswith(".log")
+    ).decode()
+    [made] = [line.split()[1:] for line in output.splitlines() if line.startswith("IPC ")]
+    assert all(int(ident) >= 0 for ident in made), output
+    assert _ipc_with_key(key) == [], "the job's System V IPC objects outlived it"
+
+
+def _ipc_with_key(key: int) -> list[str]:
+    found = []
+    for kind in ("shm", "sem", "msg"):
+        for line in Path(f"/proc/sysvipc/{kind}").read_text().splitlines()[1:]:
+            if int(line.split()[0]) == key:
+                found.append(f"{kind}: {line.split()[1]}")
+    return found
