@@ -12,8 +12,9 @@ exists; folders of the older layout (``step-00000100/``) are read too.
 
 Staging, in the job's sandbox: the SDK writes ``step-<n>/checkpoint.pt`` then
 ``step-<n>/manifest.json`` and sends a ``CheckpointMessage``. ``commit_staged`` reads
-*only* that step folder of the staging root, refuses links and anything that resolves
-outside it (the job owns the folder and could point a file anywhere the runner can read),
+*only* that step folder of the staging root, refuses links (hard links too) and anything
+that resolves outside it (the job owns the folder and could point a file anywhere the runner
+can read),
 copies the object to a private file while hashing it, checks size and sha256 against the
 manifest, uploads object then manifest, and removes the staged folder.
 
@@ -187,8 +188,15 @@ def _open_confined(root: Path, path: Path) -> int:
             real = path.resolve()
         if not real.is_relative_to(root.resolve()):
             raise StagedCheckpointInvalid(f"{path.name} lies outside the staging folder")
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise StagedCheckpointInvalid(f"{path.name} is not a regular file")
+        # A hard link lies inside the folder and is another file all the same (one the job
+        # may not read, where the kernel lets users link others' files): never uploaded.
+        if st.st_nlink != 1:
+            raise StagedCheckpointInvalid(
+                f"{path.name} is a hard link ({st.st_nlink} names): stage a file of its own"
+            )
     except BaseException:
         os.close(fd)
         raise

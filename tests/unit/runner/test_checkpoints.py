@@ -83,6 +83,25 @@ def test_a_link_to_a_file_outside_the_staging_folder_is_refused(tmp_path: Path) 
     assert store.list() == []
 
 
+@pytest.mark.parametrize("which", ["checkpoint.pt", "manifest.json"])
+def test_a_hard_link_to_a_file_outside_the_staging_folder_is_refused(
+    tmp_path: Path, which: str
+) -> None:
+    """A hard link resolves inside the folder, yet is another file's: where the kernel lets
+    a user link files of others (fs.protected_hardlinks=0), a job could have the runner
+    upload a file it cannot read into its own prefix, and read it back on resume."""
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    stage(staging, 1, b"s3 keys")
+    staged = staging / "step-00000001" / which
+    secret = tmp_path / "runner-secret"
+    secret.write_bytes(staged.read_bytes())
+    staged.unlink()
+    os.link(secret, staged)
+    with pytest.raises(StagedCheckpointInvalid, match="hard link"):
+        commit_staged(staging, 1, store, attempt=1)
+    assert store.list() == []
+
+
 @pytest.mark.parametrize(
     "object_key", ["../../runner-secret", "step-00000002/checkpoint.pt", "other/checkpoint.pt"]
 )
