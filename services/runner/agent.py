@@ -42,6 +42,7 @@ from trainyard_platform.services.runner.domain import JobIdentity, StopRequest
 from trainyard_platform.services.runner.environments import (
     EnvironmentBuildError,
     EnvironmentCache,
+    EnvironmentLease,
     job_interpreter,
 )
 from trainyard_platform.services.runner.gpus import GpuInventory, GpuUsage
@@ -104,11 +105,17 @@ class NodeAgent:
                 self._interpreter_problem = str(exc)
                 log.error("jobs cannot run on this node: %s", exc)
         self._environments = EnvironmentCache(
-            settings.environments_root, settings.python, settings.installer, interpreter=interpreter
+            settings.environments_root,
+            settings.python,
+            settings.installer,
+            interpreter=interpreter,
+            keep=settings.environments_keep,
         )
         self._usage = GpuUsage(gpus)
         self._runs: dict[str, JobRun] = {}
         self._slots: dict[str, int] = {}
+        self._leases: dict[str, EnvironmentLease] = {}
+        """The environment each prepared allocation runs in, held until it ends."""
         self._supervisors: set[asyncio.Task[None]] = set()
         self._launching = asyncio.Lock()
         self.drained = asyncio.Event()
@@ -253,6 +260,7 @@ class NodeAgent:
             # redelivered, rather than failing a job that did nothing wrong.
             await asyncio.to_thread(self._release, job.allocation_id)
             raise
+        self._leases[grant.allocation_id] = prepared.environment_lease
         started = JobStarted(
             job_id=grant.job_id,
             allocation_id=grant.allocation_id,
@@ -320,6 +328,9 @@ class NodeAgent:
 
     def _release(self, allocation_id: str) -> None:
         self._slots.pop(allocation_id, None)
+        lease = self._leases.pop(allocation_id, None)
+        if lease is not None:
+            lease.release()
         remove_sandbox(self.settings.sandboxes_dir / launch.sandbox_name(allocation_id))
 
     async def _failed_to_start(

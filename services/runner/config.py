@@ -70,7 +70,8 @@ class Settings(GuardedServiceSettings):
     environments_dir: Path | None = None
     """Cache of job environments by requirement-set hash (default ``<work_dir>/envs``)."""
     environments_keep: int = Field(default=20, ge=1)
-    """Cached environments kept; the least recently used beyond this are removed."""
+    """Cached environments kept; the least recently used beyond this (and not in use) are
+    removed at the runner's start and after each build."""
     job_uid_base: int = Field(default_factory=lambda: 0, ge=0)
     """First uid of this node's job users (a runner started as root runs each job as
     ``job_uid_base + slot``); 0: derived from the node id, in 200000-263999."""

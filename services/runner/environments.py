@@ -247,6 +247,8 @@ class EnvironmentCache:
 
     ``installer_env`` is added to the installers' environment (an index URL, a cache
     folder, ``UV_NO_CACHE``...); ``timeout`` bounds each installer command in seconds.
+    ``keep``: after each build, :meth:`prune` to this many (None: only when asked), so a
+    stream of jobs with new requirement sets cannot fill the disk between restarts.
     """
 
     def __init__(
@@ -259,6 +261,7 @@ class EnvironmentCache:
         installer_env: Mapping[str, str] | None = None,
         timeout: float = 1800.0,
         interpreter: str | None = None,
+        keep: int | None = None,
     ) -> None:
         if installer not in ("uv", "pip"):
             raise ValueError(f"installer must be 'uv' or 'pip', not {installer!r}")
@@ -277,6 +280,7 @@ class EnvironmentCache:
         self.provided = tuple(sorted({canonical_name(p) for p in provided}))
         self.installer_env = dict(installer_env or {})
         self.timeout = timeout
+        self.keep = keep
         self._base: _Probe | None = None
         self._base_lock = threading.Lock()
 
@@ -341,6 +345,9 @@ class EnvironmentCache:
         except BaseException:
             os.close(fd)
             raise
+        if built and self.keep is not None:
+            # This one is held (shared lock): prune passes over it, and over any in use.
+            self.prune(self.keep)
         return EnvironmentLease(env, fd)
 
     def prune(self, keep: int) -> list[str]:

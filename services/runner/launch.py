@@ -38,6 +38,7 @@ from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.environments import (
     EnvironmentBuildError,
     EnvironmentCache,
+    EnvironmentLease,
     JobEnvironment,
 )
 from trainyard_platform.services.runner.gpus import GpuInventory
@@ -85,6 +86,8 @@ class Prepared:
     resumed_from: CheckpointRef | None
     code_version: str
     environment: Environment
+    environment_lease: EnvironmentLease
+    """Keeps the job's environment from being pruned: release it when the job has ended."""
 
 
 def cannot_run(grant: AllocationGranted, gpus: GpuInventory) -> str | None:
@@ -121,9 +124,29 @@ def prepare(
     box = create_sandbox(settings.sandboxes_dir, sandbox_name(grant.allocation_id), user)
     code_id = fetch_code(spec, store, box)
     try:
-        job_env = environments.resolve(spec.requirements)
+        # Held until the job ends (Prepared.environment_lease): the cache is pruned after
+        # every build, and an environment in use is never removed.
+        lease = environments.acquire(spec.requirements)
     except (EnvironmentBuildError, ValueError) as exc:  # ValueError: a bad requirement
         raise PlatformError(f"could not build the job's environment: {exc}") from exc
+    try:
+        return _prepared(grant, settings, store, gpus, box, lease, code_id, trace_headers)
+    except BaseException:
+        lease.release()
+        raise
+
+
+def _prepared(
+    grant: AllocationGranted,
+    settings: Settings,
+    store: ObjectStore,
+    gpus: GpuInventory,
+    box: Sandbox,
+    lease: EnvironmentLease,
+    code_id: str | None,
+    trace_headers: Mapping[str, str],
+) -> Prepared:
+    spec, user, job_env = grant.spec, box.user, lease.env
     log.info(
         "job %s: environment %s (%d requirements) %s",
         grant.job_id,
@@ -170,6 +193,7 @@ def prepare(
         resumed_from=resumed_from,
         code_version=code_id or code_version(settings.code_dir, spec.entrypoint),
         environment=environment,
+        environment_lease=lease,
     )
 
 

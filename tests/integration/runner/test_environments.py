@@ -385,3 +385,16 @@ def _run_as_another_user(root: Path) -> None:
         f"{root / STORE} refused",
         "ran",
     ], done.stdout
+
+
+def test_the_cache_keeps_its_size_while_the_runner_runs(tmp_path: Path) -> None:
+    """Every distinct requirement set a tenant names is a new environment: the cache holds
+    ``keep`` of them (besides those in use) after each build, not only at the runner's
+    start, so no stream of jobs fills the node's disk between restarts."""
+    cache = EnvironmentCache(tmp_path / "envs", BASE, keep=1)
+    first = cache.resolve([OLD_SIX])
+    in_use = cache.acquire([OLD_SIX, TABULATE])
+    second = cache.resolve([TABULATE])
+    assert not cache.path(first.key).exists()
+    assert cache.path(second.key).exists() and cache.path(in_use.env.key).exists()
+    in_use.release()

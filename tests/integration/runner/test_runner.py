@@ -26,6 +26,7 @@ from trainyard_platform.services.runner.ledger import Ledger, safe_file_name
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.events import parse_envelope
 from trainyard_platform.shared.events.payloads import (
+    AllocationGranted,
     AllocationRevoked,
     CheckpointSaved,
     JobFailed,
@@ -433,3 +434,48 @@ async def test_output_without_end_is_cut_at_the_nodes_limit(
     assert all(json.loads(line)["metrics"] == {"loss": 1.0} for line in series.splitlines())
     log_file = settings.work_dir / "jobs" / safe_file_name(job.job_id)
     assert all(f.stat().st_size < limit + 200 for f in log_file.iterdir())
+
+
+async def test_a_running_jobs_environment_is_never_pruned(
+    settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
+) -> None:
+    """The cache keeps ``environments_keep`` environments after every build, and never
+    removes one a job runs in: a job's environment is held from its start to its end."""
+    settings = settings.model_copy(update={"environments_keep": 1})
+    await start_runner(settings)
+
+    def with_requirements(allocation: AllocationGranted, requirement: str) -> AllocationGranted:
+        spec = allocation.spec.model_copy(update={"requirements": [requirement]})
+        return allocation.model_copy(update={"spec": spec})
+
+    running = with_requirements(
+        grant(settings.node_id, ["wait", str(launches)], gpu_indices=[0]), "six==1.16.0"
+    )
+    await publish(bus, running, settings.node_id)
+    await events.first(JobStarted, running.job_id, timeout=120)
+    other = with_requirements(
+        grant(settings.node_id, ["succeed", str(launches)], gpu_indices=[1]), "tabulate==0.9.0"
+    )
+    await publish(bus, other, settings.node_id)
+    await events.first(JobSucceeded, other.job_id, timeout=120)
+    published = [
+        p.name
+        for p in settings.environments_root.iterdir()
+        if len(p.name) == 64 and p.is_symlink() and (p / "bin" / "python").exists()
+    ]
+    assert len(published) == 2, published  # the running job's, and the newest
+
+    await publish(
+        bus,
+        AllocationRevoked(
+            allocation_id=running.allocation_id,
+            job_id=running.job_id,
+            node_id=settings.node_id,
+            epoch=running.epoch,
+            reason="preempted",
+            grace_seconds=20,
+        ),
+        settings.node_id,
+    )
+    preempted = await events.first(JobPreempted, running.job_id)
+    assert preempted.checkpoint is not None and preempted.checkpoint.step == 7
