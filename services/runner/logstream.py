@@ -54,16 +54,18 @@ class CappedFile:
     def full(self) -> bool:
         return self.dropped > 0
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes) -> bool:
+        """Append ``data``; False when it was dropped."""
         if self.dropped or self._written + len(data) > self._limit:
             if not self.dropped and self._notice:
                 self._file.write(self._notice)
                 self._file.flush()
             self.dropped += len(data)
-            return
+            return False
         self._file.write(data)
         self._file.flush()
         self._written += len(data)
+        return True
 
     def close(self) -> None:
         self._file.close()

@@ -446,8 +446,10 @@ class JobRun:
                 message.step,
             )
         self._last_step = message.step
-        self._record_metrics(message.step, message.metrics)
-        self._batch_metrics(message)
+        # The points published (the registry stores every one) are the series, cut where the
+        # series is: a job reporting without end fills no database either.
+        if self._record_metrics(message.step, message.metrics):
+            self._batch_metrics(message)
         # The newest value of every metric the job reported, for job.succeeded.
         self._last_metrics.update(message.metrics)
         wait = message.metrics.get("data_wait_fraction")
@@ -464,11 +466,13 @@ class JobRun:
                 max(0.0, due - now), self._flush_progress
             )
 
-    def _record_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        """One line of the job's metric series (shipped with its log)."""
+    def _record_metrics(self, step: int, metrics: dict[str, float]) -> bool:
+        """One line of the job's metric series (shipped with its log); False once the series
+        is full (``max_output_bytes``): the report is then kept nowhere."""
         if self._metrics_file is not None and not self._metrics_file.closed:
             record = {"step": step, "time": time.time(), "metrics": metrics}
-            self._metrics_file.write(json.dumps(record).encode() + b"\n")
+            return self._metrics_file.write(json.dumps(record).encode() + b"\n")
+        return True
 
     async def _sample_usage(self) -> None:
         assert self._usage is not None

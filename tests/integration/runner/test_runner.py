@@ -432,6 +432,14 @@ async def test_output_without_end_is_cut_at_the_nodes_limit(
     series = shipped("metrics")
     assert 0 < len(series) <= limit, len(series)
     assert all(json.loads(line)["metrics"] == {"loss": 1.0} for line in series.splitlines())
+    # The points published (which the registry stores) are the series, cut at the same place.
+    published = [
+        p.step
+        for m in events.of(JobMetrics, settings.node_id)
+        if m.job_id == job.job_id
+        for p in m.points
+    ]
+    assert published == [json.loads(line)["step"] for line in series.splitlines()]
     log_file = settings.work_dir / "jobs" / safe_file_name(job.job_id)
     assert all(f.stat().st_size < limit + 200 for f in log_file.iterdir())
 
