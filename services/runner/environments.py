@@ -609,7 +609,8 @@ class EnvironmentCache:
 
 _INSTALLER_VARIABLES = frozenset(
     {
-        "PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "XDG_CACHE_HOME", "SSL_CERT_FILE",
+        "PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "XDG_CACHE_HOME", "LD_LIBRARY_PATH",
+        "SSL_CERT_FILE",
         "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY",
         "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy",
     }
@@ -620,7 +621,8 @@ _INSTALLER_PREFIXES = ("UV_", "PIP_")
 def installer_environment(runner_env: Mapping[str, str]) -> dict[str, str]:
     """What the installers see of the runner's environment: their own settings (``UV_*``,
     ``PIP_*`` but ``PIP_USER``), proxies, certificates, ``PATH`` and ``HOME`` (their
-    caches), and nothing else: never the runner's bus, database or store credentials."""
+    caches), ``LD_LIBRARY_PATH`` (an interpreter with a shared libpython needs it to start),
+    and nothing else: never the runner's bus, database or store credentials."""
     return {
         name: value
         for name, value in runner_env.items()
