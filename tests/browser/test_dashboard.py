@@ -536,6 +536,14 @@ def test_models_show_aliases_and_lineage_and_costs_are_billings(browser: Any, wo
     aliases = [e.text for e in driver.find_elements("css selector", "span.tag.alias")]
     assert aliases == ["production"]
     shot(driver, world, "model-upstream")
+    # A version link naming none (a number or not) says so, under the model's versions.
+    for version in ("99", "latest"):
+        visit(driver, f"/models/vision/{model['name']}/{version}", "Versions")
+        wait(
+            driver,
+            f"v{version}: no such version",
+            lambda d: "No such version, or not one" in d.find_element("id", "version").text,
+        )
 
     costs = world.stack.service_urls["billing"]
     # The page's window (costs.js ``window``): the 30 UTC days up to the end of today.

@@ -210,3 +210,22 @@ def test_times_name_their_time_zone(browser: Any, small: Stack) -> None:
         assert "GMT+9" in submitted[0].get_attribute("title")
     finally:
         driver.execute_cdp_cmd("Emulation.setTimezoneOverride", {"timezoneId": ""})
+
+
+def test_an_experiment_link_naming_none_says_so(browser: Any, small: Stack) -> None:
+    """An experiment's id is a number: a link with anything else, or a number naming none,
+    is "no such experiment", not "this server has no experiments"."""
+    driver = browser
+    sign_in(driver, small)
+    for route in ("/experiments/lr-sweep", "/experiments/999"):
+        driver.execute_script("location.hash = arguments[0]", route)
+        wait(
+            driver,
+            f"{route}: no such experiment",
+            lambda d: (
+                "No such experiment, or not one your team can see"
+                in d.find_element("tag name", "main").text
+            ),
+        )
+        assert "not available" not in driver.find_element("tag name", "main").text
+    assert not script_errors(driver)

@@ -149,12 +149,18 @@ export function message(kind, text, detail) {
     h("strong", {}, text), detail ? h("div", {}, detail) : null);
 }
 
+/** The answer to an id that names nothing ``what`` (singular: "job", "version") the reader
+ * may see. */
+export function noSuch(what) {
+  return message("warn", `No such ${what}, or not one your team can see.`);
+}
+
 /** An error as a person reads it. */
 export function errorMessage(error, what) {
   if (error instanceof Unavailable)
     return message("info", `${what[0].toUpperCase()}${what.slice(1)}: not available on this server.`, error.message);
   if (error && error.status === 403) return message("warn", `You may not see ${what}.`, error.message);
-  if (error && error.status === 404) return message("warn", `No such ${what}, or not one your team can see.`);
+  if (error && error.status === 404) return noSuch(what);
   return message("error", `Could not load ${what}.`, error ? error.message : "");
 }
 

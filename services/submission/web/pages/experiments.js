@@ -4,8 +4,8 @@
 import { Unavailable, call, get } from "../api.js";
 import { PALETTE, lineChart } from "../chart.js";
 import {
-  card, duration, errorMessage, h, jobLink, message, metric, pageHeader, replace, statusBadge,
-  table, when,
+  card, duration, errorMessage, h, jobLink, message, metric, noSuch, pageHeader, replace,
+  statusBadge, table, when,
 } from "../ui.js";
 
 const MAX_COMPARED = 8;
@@ -39,11 +39,14 @@ function unavailable(error, what) {
 }
 
 async function renderOne(view, id, me) {
+  // An experiment's id is a number: the registry has no route for anything else, and its
+  // bare "Not Found" would read as a server without experiments.
+  if (!/^[0-9]+$/.test(id)) { view.append(pageHeader("Experiment", id), noSuch("experiment")); return; }
   let data;
   try {
     data = await get("registry", `/v1/experiments/${encodeURIComponent(id)}`);
   } catch (error) {
-    view.append(pageHeader("Experiment", id), unavailable(error, "Experiments"));
+    view.append(pageHeader("Experiment", id), error instanceof Unavailable ? unavailable(error, "Experiments") : errorMessage(error, "experiment"));
     return;
   }
   const { experiment, runs } = data;

@@ -4,8 +4,8 @@
 
 import { ApiError, Unavailable, get } from "../api.js";
 import {
-  absolute, card, errorMessage, h, jobLink, keyValues, message, metric, money, pageHeader,
-  replace, stat, svg, table, when,
+  absolute, card, errorMessage, h, jobLink, keyValues, message, metric, money, noSuch,
+  pageHeader, replace, stat, svg, table, when,
 } from "../ui.js";
 
 const SCAN_JOBS = 40;
@@ -116,7 +116,8 @@ async function renderModel(view, team, name, wanted, me) {
       details.set(v.version, await get("registry", `${base}/versions/${v.version}`));
     } catch { /* deleted meanwhile: the cost shows as unknown */ }
   }));
-  const selected = wanted ? Number(wanted) : versions[versions.length - 1].version;
+  // A version is a number (the registry has no route for anything else: see experiments.js).
+  const selected = wanted === undefined ? versions[versions.length - 1].version : /^[0-9]+$/.test(wanted) ? Number(wanted) : null;
   const keys = [...new Set(versions.flatMap((v) => Object.keys(v.metrics || {})))].sort();
   const href = (v) => `#/models/${encodeURIComponent(team)}/${encodeURIComponent(name)}/${v}`;
   view.append(card("Versions", table([
@@ -129,6 +130,7 @@ async function renderModel(view, team, name, wanted, me) {
   ], [...versions].reverse(), { rowClass: (v) => (v.version === selected ? "selected" : "") })));
   const detailBox = h("div", { id: "version" }, h("div", { class: "loading" }, "Loading…"));
   view.append(detailBox);
+  if (selected === null) { replace(detailBox, noSuch("version")); return; }
   try {
     const detail = details.get(selected) || await get("registry", `${base}/versions/${selected}`);
     const lineage = detail.lineage || {};
@@ -161,7 +163,7 @@ async function renderModel(view, team, name, wanted, me) {
       .then((graph) => replace(upstream, lineageTree(graph)))
       .catch((error) => replace(upstream, errorMessage(error, "the lineage")));
   } catch (error) {
-    replace(detailBox, errorMessage(error, "this version"));
+    replace(detailBox, errorMessage(error, "version"));
   }
 }
 
