@@ -229,3 +229,33 @@ def test_an_experiment_link_naming_none_says_so(browser: Any, small: Stack) -> N
         )
         assert "not available" not in driver.find_element("tag name", "main").text
     assert not script_errors(driver)
+
+
+ANSWER_S = 30
+"""How long the dashboard waits for an answer (api.js ``ANSWER_S``)."""
+
+
+def test_a_service_that_hangs_is_named_and_the_rest_still_works(browser: Any, small: Stack) -> None:
+    """With the registry frozen (SIGSTOP), the experiments page says it is loading, then
+    names the registry as the service that did not answer; the jobs page still works."""
+    driver = browser
+    sign_in(driver, small)
+    small.stack.pause("registry")
+    try:
+        driver.execute_script("location.hash = '/experiments'")
+        wait(driver, "loading", lambda d: d.find_elements("css selector", "main > .loading"))
+        wait(
+            driver,
+            "the registry named",
+            lambda d: (
+                f"the registry service did not answer within {ANSWER_S} s"
+                in d.find_element("tag name", "main").text
+            ),
+            ANSWER_S + 30,
+        )
+        assert not driver.find_elements("css selector", "main > .loading")
+        driver.execute_script("location.hash = '/jobs'")
+        wait(driver, "the jobs", lambda d: "waits-for-two" in d.find_element("id", "jobs").text)
+    finally:
+        small.stack.resume("registry")
+    assert not script_errors(driver)

@@ -14,6 +14,10 @@ export class ApiError extends Error {
 /** A service this server does not offer (no public URL configured, or no such endpoint). */
 export class Unavailable extends ApiError {}
 
+/** How long an answer may take. A service that hangs (overloaded, stopped with SIGSTOP, a
+ * network that drops packets) gets a message naming it instead of a page that waits for ever. */
+export const ANSWER_S = 30;
+
 let config = null;
 
 export async function loadConfig() {
@@ -78,17 +82,20 @@ export async function call(service, path, { method = "GET", query, body, signal,
   }
   const headers = { Authorization: `Bearer ${token.get() || ""}` };
   if (body !== undefined) headers["Content-Type"] = "application/json";
-  let answer;
+  const late = AbortSignal.timeout(ANSWER_S * 1000);
+  let answer, text;
   try {
     answer = await fetch(url, {
-      method, headers, signal, cache: "no-store",
+      method, headers, cache: "no-store",
+      signal: signal ? AbortSignal.any([signal, late]) : late,
       body: body === undefined ? undefined : JSON.stringify(body),
     });
+    text = await answer.text();
   } catch (error) {
+    if (late.aborted) throw new ApiError(0, `the ${service} service did not answer within ${ANSWER_S} s`, service);
     if (error.name === "AbortError") throw error;
     throw new ApiError(0, `the ${service} service cannot be reached`, service);
   }
-  const text = await answer.text();
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch { data = null; }
   if (answer.status === 429 && method === "GET" && retries > 0) {

@@ -49,8 +49,15 @@ async function show() {
     const module = await PAGES[page]();
     if (current !== generation) return;
     const content = h("div", { class: "page" });
-    replace(view, content);
-    const done = await module.render(content, params, { me });
+    // Below what the page has drawn so far, until it has drawn everything it waits for.
+    const waiting = h("div", { class: "loading" }, "Loading…");
+    replace(view, content, waiting);
+    let done;
+    try {
+      done = await module.render(content, params, { me });
+    } finally {
+      waiting.remove();
+    }
     if (current === generation) cleanup = typeof done === "function" ? done : null;
     else if (typeof done === "function") done();
   } catch (error) {
