@@ -259,3 +259,18 @@ def test_a_service_that_hangs_is_named_and_the_rest_still_works(browser: Any, sm
     finally:
         small.stack.resume("registry")
     assert not script_errors(driver)
+
+
+def test_the_job_page_shows_the_trace_id_of_its_submission(browser: Any, small: Stack) -> None:
+    """The trace id the job view carries (the request that submitted it) is on the job's
+    page, where an operator copies it into the tracing UI."""
+    driver = browser
+    view = httpx.get(
+        f"{small.url}/v1/jobs/{small.waiting}",
+        headers={"Authorization": f"Bearer {small.token}"},
+        timeout=10,
+    ).json()
+    assert view["trace_id"]
+    sign_in(driver, small, f"/jobs/{small.waiting}")
+    shown = wait(driver, "the trace id", lambda d: d.find_elements("id", "trace-id"))[0]
+    assert shown.text == view["trace_id"]
