@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.browser.test_dashboard import script_errors, wait
+from tests.browser.test_dashboard import _until, script_errors, wait
 from trainyard_platform.deploy.local.stack import LocalStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
@@ -30,6 +30,7 @@ LONG_NAME = "a-very-long-run-name-" + "x" * 79
 class Stack:
     stack: LocalStack
     token: str
+    operator: str
     waiting: str
     """The id of a job that waits for good (it asks for more GPUs than the cluster has)."""
 
@@ -38,10 +39,11 @@ class Stack:
         return self.stack.submission_url
 
 
-def _submit(stack: LocalStack, token: str, name: str) -> str:
+def _submit(stack: LocalStack, token: str, name: str, **spec: Any) -> str:
+    body = {"name": name, "gpus": 2, "gpu_flavor": "cpu", "command": ["sleep", "1"], **spec}
     answer = httpx.post(
         f"{stack.submission_url}/v1/jobs",
-        json={"name": name, "gpus": 2, "gpu_flavor": "cpu", "command": ["sleep", "1"]},
+        json=body,
         headers={"Authorization": f"Bearer {token}"},
         timeout=10,
     )
@@ -56,20 +58,30 @@ def small() -> Iterator[Stack]:
     try:
         with LocalStack(data / "stack", storage="file", runner_gpus=1, extra_env=env) as stack:
             token = stack.bootstrap_admin("vision", "alice")
+            operator = stack.bootstrap_admin("platform", "root", role="operator")
             waiting = _submit(stack, token, "waits-for-two")
             _submit(stack, token, LONG_NAME)
-            yield Stack(stack, token, waiting)
+            # A run of an experiment (the registry makes one when a run starts).
+            _submit(stack, token, "one-run", gpus=1, command=["true"], experiment="lr-sweep")
+            experiments = f"{stack.service_urls['registry']}/v1/experiments"
+            _until(
+                "the experiment",
+                lambda: httpx.get(
+                    experiments, headers={"Authorization": f"Bearer {token}"}, timeout=10
+                ).json()["experiments"],
+            )
+            yield Stack(stack, token, operator, waiting)
     finally:
         shutil.rmtree(data, ignore_errors=True)
 
 
-def sign_in(driver: Any, small: Stack, route: str = "/jobs") -> None:
+def sign_in(driver: Any, small: Stack, route: str = "/jobs", token: str | None = None) -> None:
     driver.get(f"{small.url}/ui/")
     driver.execute_script("sessionStorage.clear()")
     driver.get("about:blank")
     driver.get(f"{small.url}/ui/#{route}")
     field = wait(driver, "the sign-in form", lambda d: d.find_elements("id", "token"))[0]
-    field.send_keys(small.token)
+    field.send_keys(token or small.token)
     driver.find_element("css selector", "#login button[type=submit]").click()
     wait(driver, "signed in", lambda d: d.find_elements("id", "logout"))
 
@@ -274,3 +286,22 @@ def test_the_job_page_shows_the_trace_id_of_its_submission(browser: Any, small: 
     sign_in(driver, small, f"/jobs/{small.waiting}")
     shown = wait(driver, "the trace id", lambda d: d.find_elements("id", "trace-id"))[0]
     assert shown.text == view["trace_id"]
+
+
+def test_an_operator_reads_every_teams_experiments_as_such(browser: Any, small: Stack) -> None:
+    """The registry lists an operator every team's experiments: the page says so and names
+    each one's team, rather than calling them the operator's own team's."""
+    driver = browser
+    sign_in(driver, small, "/experiments", small.operator)
+    main = wait(driver, "the list", lambda d: d.find_elements("css selector", "main table"))[0]
+    header = driver.find_element("css selector", ".page-header").text
+    assert "Every team" in header and "Team platform" not in header
+    row = main.find_element("xpath", ".//tr[.//a[.='lr-sweep']]").text
+    assert "vision" in row
+    main.find_element("link text", "lr-sweep").click()
+    wait(
+        driver,
+        "the experiment's team",
+        lambda d: "Team vision" in d.find_element("css selector", ".page-header").text,
+    )
+    assert not script_errors(driver)

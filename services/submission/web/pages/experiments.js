@@ -13,7 +13,9 @@ const MAX_CURVES = 3;
 
 export async function render(view, params, ctx) {
   if (params.length) return renderOne(view, params[0], ctx.me);
-  view.append(pageHeader("Experiments", `Team ${ctx.me.team}: runs grouped by the experiment their spec names.`));
+  // The registry lists an operator every team's experiments (a member, their own team's).
+  const operator = ctx.me.role === "operator";
+  view.append(pageHeader("Experiments", `${operator ? "Every team" : `Team ${ctx.me.team}`}: runs grouped by the experiment their spec names.`));
   let answer;
   try {
     answer = await get("registry", "/v1/experiments");
@@ -24,6 +26,7 @@ export async function render(view, params, ctx) {
   const experiments = answer.experiments || [];
   view.append(card(null, table([
     { title: "Experiment", cell: (e) => h("a", { href: `#/experiments/${e.id}`, class: "experiment-name", title: e.name }, e.name) },
+    ...(operator ? [{ title: "Team", cell: (e) => e.team }] : []),
     { title: "Project", cell: (e) => e.project },
     { title: "Runs", align: "right", cell: (e) => e.runs },
     { title: "Running", align: "right", cell: (e) => e.running },
@@ -55,7 +58,7 @@ async function renderOne(view, id, me) {
   const compared = h("div", { id: "comparison" });
   const cells = new Map();
 
-  view.append(pageHeader(experiment.name, `Project ${experiment.project} · ${experiment.runs} runs · ${experiment.running} running`));
+  view.append(pageHeader(experiment.name, `Team ${experiment.team} · project ${experiment.project} · ${experiment.runs} runs · ${experiment.running} running`));
   const checkbox = (run) => h("input", {
     type: "checkbox", checked: chosen.has(run.job_id), "aria-label": `compare ${run.name}`,
     onchange: (event) => {
