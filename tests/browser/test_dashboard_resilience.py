@@ -305,3 +305,35 @@ def test_an_operator_reads_every_teams_experiments_as_such(browser: Any, small: 
         lambda d: "Team vision" in d.find_element("css selector", ".page-header").text,
     )
     assert not script_errors(driver)
+
+
+def test_a_tag_the_registry_refuses_is_refused_naming_the_rule(browser: Any, small: Stack) -> None:
+    """A tag typed with a "/" (which the registry's route cannot even receive) is refused with
+    the registry's rule for tags, not "Not Found"; a good tag is then added."""
+    driver = browser
+    sign_in(driver, small, "/experiments")
+    wait(driver, "the list", lambda d: d.find_elements("link text", "lr-sweep"))[0].click()
+    field = wait(
+        driver, "the tag field", lambda d: d.find_elements("css selector", "input.tag-input")
+    )
+    field[0].send_keys("team/a\n")
+    refusal = wait(
+        driver,
+        "the refusal",
+        lambda d: [e.text for e in d.find_elements("css selector", ".inline-error") if e.text],
+    )
+    assert refusal == [
+        "Not saved: tag: must be 1 to 64 letters, digits, '_', '.', ':' or '-', "
+        "not starting with one of the last four"
+    ]
+    field = driver.find_element("css selector", "input.tag-input")
+    field.clear()
+    field.send_keys("baseline\n")
+    wait(
+        driver,
+        "the tag",
+        lambda d: any(
+            t.text.startswith("baseline") for t in d.find_elements("css selector", ".tag")
+        ),
+    )
+    assert not script_errors(driver)

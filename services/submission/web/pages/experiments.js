@@ -9,6 +9,10 @@ import {
 } from "../ui.js";
 
 const MAX_COMPARED = 8;
+/** The registry's rule for a tag (its tracking_query.check_tag), checked before sending: a
+ * tag holding "/" never reaches the registry's route, whose bare 404 would say nothing. */
+const TAG = /^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$/;
+const TAG_RULE = "tag: must be 1 to 64 letters, digits, '_', '.', ':' or '-', not starting with one of the last four";
 const MAX_CURVES = 3;
 
 export async function render(view, params, ctx) {
@@ -142,7 +146,10 @@ function annotations(run, editable, cache) {
     editable ? h("input", {
       class: "tag-input", placeholder: "+ tag", "aria-label": `add a tag to ${run.name}`, size: 6,
       onkeydown: (event) => {
-        if (event.key === "Enter" && event.target.value.trim()) save("PUT", `/tags/${encodeURIComponent(event.target.value.trim())}`);
+        const tag = event.target.value.trim();
+        if (event.key !== "Enter" || !tag) return;
+        if (TAG.test(tag)) save("PUT", `/tags/${encodeURIComponent(tag)}`);
+        else problem({ message: TAG_RULE });
       },
     }) : null, status);
     const text = run.note || "";
