@@ -49,13 +49,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainyard_platform.services.runner.checkpoints import file_sha256
-from trainyard_platform.shared.bus import infrastructure_fault
 from trainyard_platform.shared.bundle_archive import (
     MAX_BUNDLE_MEMBERS,
     MAX_UNPACKED_BYTES,
     BundleRefused,
     check_bundle,
 )
+from trainyard_platform.shared.bus import infrastructure_fault
 from trainyard_platform.shared.events.payloads import CodeBundle, CodeGit, JobSpec
 from trainyard_platform.shared.runtime import StartupRefused
 from trainyard_platform.shared.storage import ObjectNotFound, ObjectStore
