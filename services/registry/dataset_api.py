@@ -186,11 +186,13 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
         name: str,
         grantee_team: str,
         principal: Principal,
-        teams: Teams | None = None,
+        teams: Teams,
+        *,
+        granted: bool,
     ) -> GrantChange:
-        """Grant ``grantee_team`` (with ``teams``, which checks that it exists: nothing is
-        stored for a team that does not), or revoke its grant (without)."""
-        granted = teams is not None
+        """Grant ``grantee_team`` read access, or revoke it. A grant is stored only for a
+        team that exists (``teams``: 422 naming ``grantee_team`` otherwise); a revoke stores
+        nothing, so it asks nothing."""
         names.check_model(team, name)
         names.check("team", grantee_team, "grantee_team")
         missing = NotFoundException(f"no dataset {name!r} in team {team!r}")
@@ -200,7 +202,7 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
             raise PermissionDeniedException("granting needs the admin role of the dataset's team")
         if grantee_team == team:
             raise RequestInvalid.one("grantee_team", "a team always reads its own datasets")
-        if teams is not None:
+        if granted:
             await teams.require(grantee_team, "grantee_team")
         async with pool.acquire() as conn, conn.transaction():
             found = await datasets.dataset(conn, team, name)
@@ -237,7 +239,7 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
         principal: Caller,
         teams: TeamCheck,
     ) -> GrantChange:
-        return await change_grant(team, name, grantee_team, principal, teams)
+        return await change_grant(team, name, grantee_team, principal, teams, granted=True)
 
     @delete(
         "/v1/datasets/{team:str}/{name:str}/grants/{grantee_team:str}",
@@ -247,9 +249,13 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
         responses=error_responses(404),
     )
     async def delete_grant(
-        team: FromPath[str], name: FromPath[str], grantee_team: FromPath[str], principal: Caller
+        team: FromPath[str],
+        name: FromPath[str],
+        grantee_team: FromPath[str],
+        principal: Caller,
+        teams: TeamCheck,
     ) -> GrantChange:
-        return await change_grant(team, name, grantee_team, principal)
+        return await change_grant(team, name, grantee_team, principal, teams, granted=False)
 
     return [add_version, list_datasets, get_dataset, get_version, put_grant, delete_grant]
 

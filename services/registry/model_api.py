@@ -493,11 +493,13 @@ def model_routes(
         name: str,
         grantee_team: str,
         principal: Principal,
-        teams: Teams | None = None,
+        teams: Teams,
+        *,
+        granted: bool,
     ) -> GrantChange:
-        """Grant ``grantee_team`` (with ``teams``, which checks that it exists: nothing is
-        stored for a team that does not), or revoke its grant (without)."""
-        granted = teams is not None
+        """Grant ``grantee_team`` read access, or revoke it. A grant is stored only for a
+        team that exists (``teams``: 422 naming ``grantee_team`` otherwise); a revoke stores
+        nothing, so it asks nothing."""
         names.check_model(team, name)
         names.check("team", grantee_team, "grantee_team")
         missing = NotFoundException(f"no model {name!r} in team {team!r}")
@@ -507,7 +509,7 @@ def model_routes(
             raise PermissionDeniedException("granting needs the admin role of the model's team")
         if grantee_team == team:
             raise RequestInvalid.one("grantee_team", "a team always reads its own models")
-        if teams is not None:
+        if granted:
             await teams.require(grantee_team, "grantee_team")
         async with pool.acquire() as conn, conn.transaction():
             model_id = await models_repo.lock_existing_model(conn, team, name)
@@ -544,7 +546,7 @@ def model_routes(
         principal: Caller,
         teams: TeamCheck,
     ) -> GrantChange:
-        return await change_grant(team, name, grantee_team, principal, teams)
+        return await change_grant(team, name, grantee_team, principal, teams, granted=True)
 
     @delete(
         "/v1/models/{team:str}/{name:str}/grants/{grantee_team:str}",
@@ -554,9 +556,13 @@ def model_routes(
         responses=error_responses(404),
     )
     async def delete_grant(
-        team: FromPath[str], name: FromPath[str], grantee_team: FromPath[str], principal: Caller
+        team: FromPath[str],
+        name: FromPath[str],
+        grantee_team: FromPath[str],
+        principal: Caller,
+        teams: TeamCheck,
     ) -> GrantChange:
-        return await change_grant(team, name, grantee_team, principal)
+        return await change_grant(team, name, grantee_team, principal, teams, granted=False)
 
     return [
         put_grant,
