@@ -6,7 +6,8 @@ folders and symbolic links, every path relative and inside the bundle. Refused, 
 its reason (``BundleRefused``):
 
 - anything that is not a gzip-compressed tar archive (or is cut short);
-- an absolute path, a ``..`` part, an empty name, or a name given twice;
+- an absolute path, a ``..`` part, an empty name (but for the bundle's own folder, ``./``,
+  which ``tar -C code .`` writes first), or a name given twice;
 - a hard link, a device, a FIFO or any other special file;
 - a symbolic link with an absolute target, or whose target (through any other links of the
   bundle) leaves the bundle; a member inside a symbolic link (written through it);
@@ -82,6 +83,8 @@ def check_bundle(
                 count += 1
                 if count > max_members:
                     raise BundleRefused(f"it has more than {max_members} entries")
+                if member.isdir() and set(member.name.split("/")) <= {"", "."}:
+                    continue  # the bundle's own folder (tar -C dir . writes "./" first)
                 name = _relative(member.name)
                 if name in names:
                     raise BundleRefused(f"{member.name!r} is in it twice")

@@ -57,6 +57,8 @@ def test_a_packed_bundle_passes(tmp_path: Path) -> None:
     with bundle.path.open("rb") as raw:
         check_bundle(raw)
     check_bundle(io.BytesIO(archive(("a/", "/"), ("a/b", "->../c"), ("c", b"x"), ("./d", b""))))
+    # As tar -C code . writes it: the folder itself first, as "./".
+    check_bundle(io.BytesIO(archive(("./", "/"), ("./train.py", b"x"), (".", "/"))))
 
 
 @pytest.mark.parametrize(
@@ -69,6 +71,7 @@ def test_a_packed_bundle_passes(tmp_path: Path) -> None:
         (archive(("/etc/cron.d/x", b"x")), "'/etc/cron.d/x' is an absolute path"),
         (archive(("a/../../x", b"x")), "'a/../../x' has a '..' part"),
         (archive(("..", "/")), "'..' has a '..' part"),
+        (archive((".", b"x")), "an entry has no name ('.')"),
         (archive(("a", b"x"), ("./a", b"y")), "'./a' is in it twice"),
         (archive(("l", "->/etc/passwd")), "only a relative target inside the bundle"),
         (archive(("d/l", "->../../x")), "points to '../../x', outside the bundle"),
