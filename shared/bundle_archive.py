@@ -8,7 +8,8 @@ its reason (``BundleRefused``):
 - anything that is not a gzip-compressed tar archive (or is cut short);
 - an absolute path, a ``..`` part, an empty name (but for the bundle's own folder, ``./``,
   which ``tar -C code .`` writes first), or a name given twice;
-- a hard link, a device, a FIFO or any other special file;
+- a hard link to anything but a regular file before it; a device, a FIFO or any other
+  special file;
 - a symbolic link with an absolute target, or whose target (through any other links of the
   bundle) leaves the bundle; a member inside a symbolic link (written through it);
 - more than ``max_members`` entries, or files adding up to more than ``max_unpacked`` bytes:
@@ -76,6 +77,7 @@ def check_bundle(
     stream = io.BufferedReader(_Counted(gzip.GzipFile(fileobj=archive, mode="rb"), limit))
     names: set[str] = set()
     links: dict[str, str] = {}
+    files: set[str] = set()
     unpacked = count = 0
     try:
         with tarfile.open(fileobj=stream, mode="r|") as tar:
@@ -90,11 +92,18 @@ def check_bundle(
                     raise BundleRefused(f"{member.name!r} is in it twice")
                 names.add(name)
                 if member.isreg():
+                    files.add(name)
                     unpacked += member.size
                     if unpacked > max_unpacked:
                         raise BundleRefused(
                             f"it unpacks to more than {max_unpacked} bytes (a bomb, or "
                             "files to leave out with .trainyardignore)"
+                        )
+                elif member.islnk():  # another name for a file before it (tar writes them)
+                    if _relative(member.linkname) not in files:
+                        raise BundleRefused(
+                            f"hard link {member.name!r} points to {member.linkname!r}, which "
+                            "is not a file before it in the bundle"
                         )
                 elif member.issym():
                     if member.linkname.startswith("/") or not member.linkname:
@@ -168,8 +177,6 @@ def _inside(link: str, target: str, links: dict[str, str]) -> None:
 
 
 def _kind(member: tarfile.TarInfo) -> str:
-    if member.islnk():
-        return "hard link"
     if member.ischr() or member.isblk():
         return "device"
     if member.isfifo():

@@ -57,6 +57,7 @@ def test_a_packed_bundle_passes(tmp_path: Path) -> None:
     with bundle.path.open("rb") as raw:
         check_bundle(raw)
     check_bundle(io.BytesIO(archive(("a/", "/"), ("a/b", "->../c"), ("c", b"x"), ("./d", b""))))
+    check_bundle(io.BytesIO(archive(("t", b"x"), ("h", "=t"))))  # tar's second name of a file
     # As tar -C code . writes it: the folder itself first, as "./".
     check_bundle(io.BytesIO(archive(("./", "/"), ("./train.py", b"x"), (".", "/"))))
 
@@ -79,7 +80,9 @@ def test_a_packed_bundle_passes(tmp_path: Path) -> None:
         (archive(("c/", "/"), ("c/b", "->.."), ("a", "->c/b/..")), "'a' points to 'c/b/..'"),
         (archive(("x", "->y"), ("y", "->x")), "'x' loops"),
         (archive(("l", "->."), ("l/f", b"x")), "'l/f' is inside symbolic link 'l'"),
-        (archive(("t", b"x"), ("h", "=t")), "'h' is a hard link"),
+        (archive(("h", "=t"), ("t", b"x")), "hard link 'h' points to 't', which is not a file"),
+        (archive(("h", "=/etc/passwd")), "'/etc/passwd' is an absolute path"),
+        (archive(("d/", "/"), ("h", "=d")), "hard link 'h' points to 'd'"),
         (archive(("tty", ord(tarfile.CHRTYPE))), "'tty' is a device"),
         (archive(("sda", ord(tarfile.BLKTYPE))), "'sda' is a device"),
         (archive(("p", ord(tarfile.FIFOTYPE))), "'p' is a FIFO"),
