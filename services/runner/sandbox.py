@@ -359,10 +359,24 @@ def process_start_time(pid: int) -> int | None:
     return int(fields[19]) if fields else None
 
 
+def process_uids(pid: int) -> set[int] | None:
+    """The real, effective, saved and file-system uids of ``pid``, None when it is gone.
+    Not the owner of ``/proc/<pid>``: that is the effective uid, root's for a setuid
+    program the job started (whose real uid is still the job's)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("Uid:"):
+            return {int(uid) for uid in line.split()[1:]}
+    return None
+
+
 def leftover_processes(uids: range | None, groups: list[ProcessGroupRecord]) -> list[int]:
-    """Pids of processes earlier incarnations of this runner left: any process whose real
-    uid is in ``uids`` (jobs run as their own users), and any process of a recorded group
-    that started no earlier than the group's leader."""
+    """Pids of processes earlier incarnations of this runner left: any process with any of
+    its uids (real, effective, saved) in ``uids`` (jobs run as their own users), and any
+    process of a recorded group that started no earlier than the group's leader."""
     wanted = {g.pgid: g.started for g in groups}
     found: list[int] = []
     proc = Path("/proc")
@@ -373,11 +387,10 @@ def leftover_processes(uids: range | None, groups: list[ProcessGroupRecord]) -> 
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
         pid = int(entry.name)
-        try:
-            uid = entry.stat().st_uid
-        except OSError:
+        ids = process_uids(pid)
+        if ids is None:
             continue  # gone meanwhile
-        if uids is not None and uid in uids:
+        if uids is not None and any(uid in uids for uid in ids):
             found.append(pid)
             continue
         fields = _stat_fields(pid)

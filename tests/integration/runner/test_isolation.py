@@ -452,3 +452,55 @@ def _ipc_with_key(key: int) -> list[str]:
             if int(line.split()[0]) == key:
                 found.append(f"{kind}: {line.split()[1]}")
     return found
+
+
+async def test_a_setuid_program_the_job_left_dies_with_it(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    reachable_tmp: Path,
+    tmp_path: Path,
+) -> None:
+    """A program the job runs that is setuid root has the job's real uid but root's
+    effective one (and its /proc entry is root's): it is the job's all the same, and dies
+    with it even when it left the job's session."""
+    setuid_sleep, launches = _setuid_sleep(reachable_tmp)
+    await start_runner(settings)
+    store = open_store(settings.storage.uri)
+    code_folder = tmp_path / "setuid"
+    code_folder.mkdir()
+    (code_folder / "leave.py").write_text(
+        "import subprocess, sys\n"
+        "child = subprocess.Popen([sys.argv[1], '600'], start_new_session=True)\n"
+        "open(sys.argv[2] + '/pid', 'w').write(str(child.pid))\n"
+    )
+    code = upload_bundle(store, "team-a", code_folder)
+    job = grant(
+        settings.node_id, [str(setuid_sleep), str(launches)], entrypoint="leave.py", code=code
+    )
+    await publish(bus, job, settings.node_id)
+    await events.first(JobSucceeded, job.job_id)
+    pid = int((launches / "pid").read_text())
+    alive = _alive(pid)
+    if alive:
+        os.kill(pid, 9)
+    assert not alive, "the job's setuid program outlived it"
+
+
+def _setuid_sleep(folder: Path) -> tuple[Path, Path]:
+    """A copy of ``sleep`` that is setuid root, and a folder the job may write to."""
+    setuid_sleep = folder / "sleep"
+    setuid_sleep.write_bytes(Path("/bin/sleep").read_bytes())
+    setuid_sleep.chmod(0o4755)
+    launches = folder / "pids"
+    launches.mkdir(mode=0o777)
+    launches.chmod(0o777)
+    return setuid_sleep, launches
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
