@@ -10,9 +10,12 @@ checkpoint under A's URI. Every attempt must fail and A's data must be unchanged
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import subprocess
 import textwrap
+import time
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -504,3 +507,63 @@ def _alive(pid: int) -> bool:
         return "zombie" not in Path(f"/proc/{pid}/status").read_text()
     except FileNotFoundError:
         return False
+
+
+HOPPING_JOB = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys, time
+    beat = sys.argv[1]
+    hop = (
+        "import os, signal, sys, time\\n"
+        "signal.signal(15, signal.SIG_IGN)\\n"
+        "while True:\\n"
+        "    if os.fork():\\n"
+        "        os._exit(0)\\n"
+        "    with open(sys.argv[1], 'w') as f:\\n"
+        "        f.write(str(os.getpid()))\\n"
+        "    time.sleep(0.001)\\n"
+    )
+    subprocess.Popen([sys.executable, "-c", hop, beat], start_new_session=True)
+    time.sleep(0.5)
+    """
+)
+
+
+async def test_a_process_that_keeps_changing_its_pid_dies_with_the_job(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    reachable_tmp: Path,
+    tmp_path: Path,
+) -> None:
+    """A process that forks and lets its parent exit, again and again, is never at the pid
+    a kill by listed pids finds (it was seen running 40 minutes after its job): every
+    process of the job's uid is killed at once, so it dies with its job too."""
+    beats = reachable_tmp / "beats"
+    beats.mkdir(mode=0o777)
+    beats.chmod(0o777)
+    beat = beats / "beat"
+    await start_runner(settings)
+    store = open_store(settings.storage.uri)
+    code_folder = tmp_path / "hopping"
+    code_folder.mkdir()
+    (code_folder / "hop.py").write_text(HOPPING_JOB)
+    code = upload_bundle(store, "team-a", code_folder)
+    job = grant(settings.node_id, [str(beat)], entrypoint="hop.py", code=code)
+    await publish(bus, job, settings.node_id)
+    await events.first(JobSucceeded, job.job_id)
+    uid = int(beat.stat().st_uid)
+    still_beating = await asyncio.to_thread(_beating, beat, 2.0, uid)
+    assert not still_beating, "a process of the job kept running after it"
+
+
+def _beating(beat: Path, over_s: float, uid: int) -> bool:
+    """Whether ``beat`` is still being written ``over_s`` from now (then every process of
+    ``uid`` is killed: it must not go on running on the machine)."""
+    before = beat.stat().st_mtime_ns
+    time.sleep(over_s)
+    beating = beat.stat().st_mtime_ns != before
+    if beating:
+        subprocess.run(["/bin/kill", "-9", "-1"], user=uid, group=uid, extra_groups=[], check=False)
+    return beating
