@@ -92,7 +92,7 @@ from contextlib import AbstractContextManager, asynccontextmanager, contextmanag
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cached_property
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import asyncpg
 import nats
@@ -112,7 +112,7 @@ from opentelemetry.sdk.trace import SpanLimits
 from trainyard_platform.shared.events import Envelope, EventParseError, Payload, parse_envelope
 from trainyard_platform.shared.events.payloads import JobMetrics, JobProgress, RunnerHeartbeat
 from trainyard_platform.shared.events.trust import forged_because, misrouted_because
-from trainyard_platform.shared.logs import Throttle, held_back, job_scope, span_job_id
+from trainyard_platform.shared.logs import Throttle, error_text, held_back, job_scope, span_job_id
 from trainyard_platform.shared.settings import NatsSettings
 from trainyard_platform.shared.span_errors import safe_message
 from trainyard_platform.shared.telemetry import extract, inject, tracer
@@ -412,6 +412,41 @@ def _own_fault(exc: BaseException) -> str | None:
     return None
 
 
+CLOSE_TIMEOUT_S: Final = 5
+"""Longest the connection's drain may take when the bus closes (a healthy NATS takes
+milliseconds): the client's own limit on draining its subscriptions (``drain_timeout``),
+and a second more for the rest; past it the connection is closed as it is."""
+
+
+async def _close(nc: NatsClient) -> None:
+    """Drain the connection (subscriptions end, what was published leaves) within
+    ``CLOSE_TIMEOUT_S``, then close it, whatever the drain did. Against a NATS that took the
+    connection and never answered, the client's drain waited 20 s, then raised
+    ``FlushTimeoutError`` out of the stop (a traceback and status 1, past the stop's time
+    in compose) and left the connection open."""
+    if nc.is_connected:
+        draining = asyncio.ensure_future(nc.drain())
+        done, _ = await asyncio.wait({draining}, timeout=CLOSE_TIMEOUT_S + 1)
+        failed: BaseException | None = None
+        if done:
+            failed = draining.exception()
+        else:
+            # Its last step waits for the server's answer to a flush (10 s); the client's
+            # drain swallows a cancellation that comes while it waits for its subscriptions.
+            while not draining.done():
+                draining.cancel()
+                await asyncio.wait({draining}, timeout=0.1)
+            if not draining.cancelled():
+                draining.exception()  # retrieved: the warning below says it
+        if not done or failed is not None:
+            log.warning(
+                "NATS (TRAINYARD_NATS_URL): the connection did not drain on closing (%s); "
+                "closed as it is",
+                "no answer" if failed is None else error_text(failed),
+            )
+    await nc.close()
+
+
 def _raised_in(exc: BaseException, package: str) -> bool:
     """Whether ``exc`` went through code of ``package`` on its way up: asyncpg's timeouts
     are plain ``TimeoutError``s, told from others only by where they were raised."""
@@ -501,6 +536,7 @@ class Bus:
             settings.url,
             name=name,
             max_reconnect_attempts=-1,
+            drain_timeout=CLOSE_TIMEOUT_S,
             error_cb=nats_error_logger(),
             disconnected_cb=disconnected,
             reconnected_cb=reconnected,
@@ -512,10 +548,7 @@ class Bus:
             await bus.ensure_streams()
             yield bus
         finally:
-            if nc.is_connected:
-                await nc.drain()
-            else:
-                await nc.close()
+            await _close(nc)
 
     @property
     def jetstream(self) -> JetStreamContext:

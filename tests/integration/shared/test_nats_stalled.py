@@ -1,0 +1,70 @@
+"""A NATS that keeps the connection but passes nothing (a stalled network path: the TCP
+proxy of ``tests.fixtures.tcp_proxy`` frozen): publishing fails within its timeout as an
+outage, and closing the bus (every service's stop) ends, without an error, however the
+drain goes; once NATS passes bytes again a new bus works."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.fixtures.tcp_proxy import TcpProxy
+from trainyard_platform.shared.bus import Bus, infrastructure_fault
+from trainyard_platform.shared.events import Envelope, Payload, nats_subject
+from trainyard_platform.shared.events.payloads import JobCancelRequested
+from trainyard_platform.shared.events.trust import SUBMISSION
+from trainyard_platform.shared.settings import NatsSettings
+
+pytestmark = pytest.mark.integration
+
+SUBJECTS = [nats_subject(JobCancelRequested)]
+
+
+@pytest.fixture
+async def proxy(nats_settings: NatsSettings) -> AsyncIterator[TcpProxy]:
+    target = urlsplit(nats_settings.url)
+    assert target.hostname is not None and target.port is not None
+    async with TcpProxy(target.hostname, target.port) as started:
+        yield started
+
+
+def _event(job_id: str) -> Envelope[JobCancelRequested]:
+    return Envelope.wrap(
+        JobCancelRequested(job_id=job_id, team="t", user="u"), source=SUBMISSION, subject=job_id
+    )
+
+
+async def test_a_stalled_nats_fails_publishes_and_lets_the_bus_close(
+    nats_settings: NatsSettings, proxy: TcpProxy
+) -> None:
+    settings = nats_settings.model_copy(
+        update={"url": proxy.url_for(nats_settings.url), "publish_timeout_seconds": 1.0}
+    )
+    seen: list[str] = []
+
+    async def handle(envelope: Envelope[Payload]) -> None:
+        seen.append(envelope.subject)
+
+    try:
+        # A guard, not a timing assertion: the close raised FlushTimeoutError before.
+        async with asyncio.timeout(60), Bus.connect(settings, "stalled-test") as bus:
+            stop = asyncio.Event()
+            consumer = asyncio.create_task(bus.consume("stalled", SUBJECTS, handle, stop))
+            await bus.publish(_event("j1"))
+            async with asyncio.timeout(10):
+                while seen != ["j1"]:
+                    await asyncio.sleep(0.05)
+            proxy.freeze()
+            with pytest.raises(TimeoutError) as timed_out:
+                await bus.publish(_event("j2"))
+            assert infrastructure_fault(timed_out.value) is not None
+            stop.set()
+            await consumer
+    finally:
+        proxy.restore()
+
+    async with Bus.connect(settings, "stalled-test") as bus:  # and NATS works again
+        assert await bus.ping()
