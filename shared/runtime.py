@@ -422,28 +422,34 @@ async def store_answers(store: ObjectStore) -> bool:
     """Readiness of the object store: a local folder exists; an S3 endpoint answers a request
     for an object's metadata (present or not), in a thread (the client blocks).
 
-    At most one S3 request of it is in flight per store: a probe that comes while one has
-    not answered yet waits for that one (``asyncio.shield``: a probe given up cancels only
-    its own wait). Each probe started a thread of its own, and against an endpoint that
-    never answers each thread lived for the client's timeouts while ``/readyz`` gave up
-    after ``READINESS_TIMEOUT_SECONDS``: the probes filled the default thread pool, which
-    every ``asyncio.to_thread`` of the service shares."""
-    if isinstance(store, LocalStore):
-        return await asyncio.to_thread(store.root.is_dir)
+    At most one such check is in flight per store: a probe that comes while one has not
+    answered yet waits for that one (``asyncio.shield``: a probe given up cancels only its
+    own wait). Each probe started a thread of its own, and against an endpoint that never
+    answers each thread lived for the client's timeouts (a local folder on a hung network
+    mount: for ever) while ``/readyz`` gave up after ``READINESS_TIMEOUT_SECONDS``: the
+    probes filled the default thread pool, which every ``asyncio.to_thread`` of the service
+    shares."""
     check = _store_checks.get(store)
     if check is None or check.done() or check.get_loop() is not asyncio.get_running_loop():
-        check = asyncio.ensure_future(asyncio.to_thread(store.exists, READINESS_KEY))
+        check = asyncio.ensure_future(asyncio.to_thread(_store_answers_now, store))
         # Retrieved here, so that a check nobody waits for any more logs no warning.
         check.add_done_callback(lambda done: done.cancelled() or done.exception())
         _store_checks[store] = check
-    await asyncio.shield(check)
+    return await asyncio.shield(check)
+
+
+def _store_answers_now(store: ObjectStore) -> bool:
+    """``store_answers``' check itself, blocking."""
+    if isinstance(store, LocalStore):
+        return store.root.is_dir()
+    store.exists(READINESS_KEY)
     return True
 
 
 _store_checks: weakref.WeakKeyDictionary[ObjectStore, asyncio.Future[bool]] = (
     weakref.WeakKeyDictionary()
 )
-"""The S3 readiness request in flight of each store (``store_answers``)."""
+"""The readiness check in flight of each store (``store_answers``)."""
 
 
 def run_service(serving: Coroutine[Any, Any, int]) -> int:

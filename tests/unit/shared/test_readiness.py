@@ -10,8 +10,10 @@ compose's after 2 s."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
+import pytest
 import urllib3.exceptions
 from minio.error import S3Error
 
@@ -78,6 +80,38 @@ async def test_the_answer_does_not_wait_for_a_given_up_check_to_clean_up() -> No
     async with asyncio.timeout(30):
         while not cleaned:  # the clean-up still ran to its end
             await asyncio.sleep(0.01)
+
+
+async def test_a_local_folder_that_hangs_holds_one_thread_not_one_per_probe(
+    tmp_path: Path,
+) -> None:
+    """A local store on a network mount that hangs: each probe's ``is_dir`` held a thread of
+    the default pool for as long as the mount hung, one more per probe, until the pool every
+    ``asyncio.to_thread`` of the service shares was full."""
+    release = threading.Event()
+    in_flight: list[int] = []
+
+    class HungFolder(type(tmp_path)):  # type: ignore[misc]
+        def is_dir(self) -> bool:
+            in_flight.append(1)
+            release.wait(30)
+            return True
+
+    class HungStore(LocalStore):
+        @property
+        def root(self) -> Path:
+            return HungFolder(tmp_path)
+
+    store = HungStore(tmp_path)
+    try:
+        for _ in range(5):  # probes, each given up after 0.2 s (as /readyz does)
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.2):
+                    await store_answers(store)
+        assert len(in_flight) == 1
+    finally:
+        release.set()
+    assert await asyncio.wait_for(store_answers(store), 30)  # answers once the mount does
 
 
 def test_the_checks_fit_in_the_shortest_probe_timeout() -> None:
