@@ -383,6 +383,8 @@ def infrastructure_fault(exc: BaseException) -> str | None:
 POSTGRES_NOT_ANSWERING = "PostgreSQL not answering"
 """How ``infrastructure_fault`` begins for a timeout of asyncpg's (a statement past its
 ``command_timeout``, an acquire or a connect past theirs: ``shared.db``)."""
+NATS_NOT_ANSWERING = "NATS not answering"
+"""How it begins for the NATS client's timeout (a request or a publish unanswered)."""
 
 
 def _own_fault(exc: BaseException) -> str | None:
@@ -391,6 +393,8 @@ def _own_fault(exc: BaseException) -> str | None:
         return f"PostgreSQL unavailable ({what})"
     if isinstance(exc, TimeoutError) and _raised_in(exc, "asyncpg"):
         return f"{POSTGRES_NOT_ANSWERING} ({what})"
+    if isinstance(exc, NatsTimeoutError):
+        return f"{NATS_NOT_ANSWERING} ({what})"
     if isinstance(exc, asyncpg.InternalClientError) or (
         isinstance(exc, asyncpg.InterfaceError)
         and any(word in str(exc) for word in ("connection is closed", "pool is closing"))

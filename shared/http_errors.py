@@ -17,8 +17,8 @@ Contract:
   mid-operation; a timeout), raised or in the chain of a 5xx (an exception group's members
   too), answers 503 ``temporarily unavailable (<what>), try again`` with ``Retry-After``,
   ``<what>`` naming the dependency (``the database is not answering``: asyncpg timed out;
-  ``the database is unavailable``, ``the event bus is unavailable``, ``the object store is
-  unavailable``) and nothing of the error; a bare OS error or timeout of unknown origin says
+  ``the database is unavailable``, ``the event bus is not answering`` (the NATS client
+  timed out), ``the event bus is unavailable``, ``the object store is unavailable``) and nothing of the error; a bare OS error or timeout of unknown origin says
   ``temporarily unavailable, try again``. The caller may simply retry (a transaction that
   failed stored nothing). The log has the failure with its traceback, once per fault and
   minute (``logs.Throttle``, per app).
@@ -57,7 +57,11 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import ExceptionHandlersMap
 from pydantic import BaseModel, Field, ValidationError
 
-from trainyard_platform.shared.bus import POSTGRES_NOT_ANSWERING, infrastructure_fault
+from trainyard_platform.shared.bus import (
+    NATS_NOT_ANSWERING,
+    POSTGRES_NOT_ANSWERING,
+    infrastructure_fault,
+)
 from trainyard_platform.shared.identity import Denied, IdentityRateLimited, IdentityUnavailable
 from trainyard_platform.shared.logs import Throttle, held_back
 
@@ -502,6 +506,7 @@ def _crash(request: AnyRequest, exc: Exception, throttle: Throttle) -> Response[
 _UNAVAILABLE: tuple[tuple[str, str], ...] = (
     (POSTGRES_NOT_ANSWERING, "the database is not answering"),
     ("PostgreSQL", "the database is unavailable"),
+    (NATS_NOT_ANSWERING, "the event bus is not answering"),
     ("NATS", "the event bus is unavailable"),
     ("object store", "the object store is unavailable"),
 )

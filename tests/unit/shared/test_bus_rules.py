@@ -82,6 +82,7 @@ def s3_error(code: str) -> S3Error:
             "object store unreachable (ServerError: bad gateway)",
         ),
         (TimeoutError(), "unreachable or timed out (TimeoutError)"),
+        (nats.errors.TimeoutError(), "NATS not answering (TimeoutError: nats: timeout)"),
         (
             ConnectionRefusedError(111, "refused"),
             "unreachable or timed out (ConnectionRefusedError: [Errno 111] refused)",

@@ -117,6 +117,12 @@ async def nats_away() -> None:
     raise nats.errors.NoServersError() from ConnectionRefusedError(111, "nats.internal refused")
 
 
+@get("/nats-not-answering")
+async def nats_not_answering() -> None:
+    # A JetStream request or a publish unanswered (a stalled NATS).
+    raise nats.errors.TimeoutError() from ConnectionError("nats.internal: no answer")
+
+
 @get("/store-away")
 async def store_away() -> None:
     raise urllib3.exceptions.ProtocolError("db.internal: Connection aborted.")
@@ -144,6 +150,7 @@ def client() -> Iterator[TestClient[Any]]:
             left_mid_operation,
             database_not_answering,
             nats_away,
+            nats_not_answering,
             store_away,
         ],
         exception_handlers=exception_handlers({Missing: 404}),
@@ -202,6 +209,8 @@ DATABASE_UNAVAILABLE = "temporarily unavailable (the database is unavailable), t
         ("/connection-closed", DATABASE_UNAVAILABLE),
         ("/left-mid-operation", DATABASE_UNAVAILABLE),
         ("/nats-away", "temporarily unavailable (the event bus is unavailable), try again"),
+        ("/nats-not-answering", "temporarily unavailable (the event bus is not answering), "
+         "try again"),
         ("/store-away", "temporarily unavailable (the object store is unavailable), try again"),
     ],
 )  # fmt: skip
