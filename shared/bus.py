@@ -465,10 +465,13 @@ def nats_error_logger() -> Callable[[Exception], Awaitable[None]]:
     traceback. The client reports every failed try to (re)connect, one every 2 s for as long
     as NATS is away (at start too: the client waits for it for ever), and its default logged
     each with the library's traceback; here a repeated error is logged once a minute
-    (``logs.Throttle``)."""
+    (``logs.Throttle``). A drain that timed out is the bus closing, not a try to connect:
+    ``_close`` says it in a line of its own (this one said "the client keeps trying")."""
     throttle = Throttle()
 
     async def report(exc: Exception) -> None:
+        if isinstance(exc, nats.errors.DrainTimeoutError):
+            return
         reason = " ".join(str(exc).split()) or type(exc).__name__
         repeats = throttle.due(reason)
         if repeats is None:

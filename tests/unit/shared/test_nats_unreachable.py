@@ -9,6 +9,7 @@ import logging
 import signal
 from typing import Any
 
+import nats.errors
 import pytest
 
 from trainyard_platform.shared import bus as bus_module
@@ -36,6 +37,20 @@ async def test_each_reason_is_one_line_naming_the_setting(
     assert "Connect call failed" in lines[0].getMessage()
     assert "Authorization Violation" in lines[1].getMessage()
     assert "TRAINYARD_NATS_USER" in lines[1].getMessage()
+
+
+async def test_a_drain_that_timed_out_is_not_said_to_be_tried_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """On closing against a NATS that answers nothing, the client reports its drain's
+    timeout to this logger, which said "the client keeps trying" of a connection being
+    closed; the bus's close says what happened in a line of its own."""
+    report = nats_error_logger()
+    caplog.set_level(logging.DEBUG, logger=bus_module.__name__)
+
+    await report(nats.errors.DrainTimeoutError())
+
+    assert [r for r in caplog.records if r.name == bus_module.__name__] == []
 
 
 async def test_the_bus_hands_the_client_its_error_logger(monkeypatch: pytest.MonkeyPatch) -> None:
