@@ -20,7 +20,10 @@ manifest, uploads object then manifest, and removes the staged folder.
 
 ``stage_resume`` is the way back: it downloads the newest complete checkpoint whose object
 matches its manifest into the staging folder, in the SDK's layout, so the job restores
-exactly what the runner verified, and ``resumed_from`` names what was really loaded.
+exactly what the runner verified, and ``resumed_from`` names what was really loaded. A
+checkpoint the store cannot serve now (an outage: ``bus.infrastructure_fault``, such as a
+store folder on a mount that does not answer) is no unusable checkpoint: the error is
+raised, and the grant comes again, rather than the job resuming from an older one.
 
 Each ``commit_staged`` is a ``checkpoint upload`` span (kind ``CLIENT``) in the job's trace
 (``parent``: the context its events are published in): the job id, step and attempt, the
@@ -49,6 +52,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from trainyard_platform.shared.bus import infrastructure_fault
 from trainyard_platform.shared.events.payloads import CheckpointRef
 from trainyard_platform.shared.metrics import instrument
 from trainyard_platform.shared.storage import ObjectNotFound, ObjectStore, validate_key
@@ -249,6 +253,8 @@ def stage_resume(store: ObjectStore, staging: Path) -> CheckpointRef | None:
             size = (local / OBJECT_NAME).stat().st_size
             digest = file_sha256(local / OBJECT_NAME)
         except (ObjectNotFound, ValidationError, ValueError, OSError) as exc:
+            if isinstance(exc, OSError) and infrastructure_fault(exc) is not None:
+                raise  # the store not answering now: not a reason to lose the newer steps
             log.warning("checkpoint %s is unusable, trying an older one: %s", folder, exc)
             continue
         if (size, digest) != (manifest.size_bytes, manifest.sha256):

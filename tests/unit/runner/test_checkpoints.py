@@ -129,6 +129,28 @@ def test_resume_stages_the_newest_checkpoint_that_verifies(tmp_path: Path) -> No
     assert not (resume / "step-00000009").exists()
 
 
+def test_a_checkpoint_the_store_cannot_serve_now_is_not_skipped_for_an_older_one(
+    tmp_path: Path,
+) -> None:
+    """A store folder on a mount that times out raised an OSError (TimeoutError) that was
+    taken for an unusable checkpoint: the job resumed from an older step, its newer ones
+    lost to a passing outage. The error is raised now (the grant comes again)."""
+    staging = tmp_path / "staging"
+
+    class NotAnswering(LocalStore):
+        def get_file(self, key: str, path: Path) -> None:
+            if key.startswith("step-00000009"):
+                raise TimeoutError(110, "Connection timed out")
+            super().get_file(key, path)
+
+    store = NotAnswering(tmp_path / "store")
+    for step in (5, 9):
+        stage(staging, step)
+        commit_staged(staging, step, store, attempt=1)
+    with pytest.raises(TimeoutError):
+        stage_resume(store, tmp_path / "resume")
+
+
 def test_resume_reads_the_older_layout_and_skips_broken_manifests(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "store")
     data = b"old"
