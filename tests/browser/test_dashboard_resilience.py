@@ -337,3 +337,28 @@ def test_a_tag_the_registry_refuses_is_refused_naming_the_rule(browser: Any, sma
         ),
     )
     assert not script_errors(driver)
+
+
+def test_a_tab_reloaded_after_its_token_was_revoked_says_why(browser: Any, small: Stack) -> None:
+    """A tab whose token was revoked since it signed in, reloaded (or its link opened again
+    in it), says the session ended, as it does when that happens while a page is open; after
+    signing in again the link's page shows."""
+    driver = browser
+    headers = {"Authorization": f"Bearer {small.token}"}
+    made = httpx.post(f"{small.url}/v1/tokens", json={"name": "tab"}, headers=headers).json()
+    driver.get(f"{small.url}/ui/")
+    # The tab kept the token; this page has started without it (it reads it only at start).
+    wait(driver, "the sign-in form", lambda d: d.find_elements("id", "token"))
+    driver.execute_script("sessionStorage.setItem('trainyard.token', arguments[0])", made["token"])
+    revoked = httpx.delete(f"{small.url}/v1/tokens/{made['id']}", headers=headers)
+    assert revoked.status_code == 204, revoked.text
+    driver.get("about:blank")
+    driver.get(f"{small.url}/ui/#/jobs/{small.waiting}")
+    status = wait(
+        driver, "the sign-in form", lambda d: d.find_elements("css selector", ".login-status")
+    )
+    wait(driver, "the notice", lambda d: "Your session ended" in status[0].text)
+    driver.find_element("id", "token").send_keys(small.token)
+    driver.find_element("css selector", "#login button[type=submit]").click()
+    wait(driver, "the linked job", lambda d: d.find_elements("css selector", "button.danger"))
+    assert not script_errors(driver)

@@ -119,17 +119,20 @@ async function identify() {
   return true;
 }
 
+const ENDED = "Your session ended (the token was revoked or expired). Sign in again.";
+
 window.addEventListener("trainyard:unauthorized", () => {
   token.clear();
   me = null;
-  signIn("Your session ended (the token was revoked or expired). Sign in again.");
+  signIn(ENDED);
 });
 window.addEventListener("hashchange", show);
 
 (async () => {
   try {
     await loadConfig();
-    if (token.get() && !(await identify())) token.clear();
+    // A tab reloaded after its token was revoked or expired: said as when it happens mid-session.
+    if (token.get() && !(await identify())) { token.clear(); signIn(ENDED); return; }
   } catch (error) {
     replace(view, message("error", "The platform cannot be reached.", error.message));
     return;
