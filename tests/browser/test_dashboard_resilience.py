@@ -365,3 +365,23 @@ def test_a_tab_reloaded_after_its_token_was_revoked_says_why(browser: Any, small
     driver.find_element("css selector", "#login button[type=submit]").click()
     wait(driver, "the linked job", lambda d: d.find_elements("css selector", "button.danger"))
     assert not script_errors(driver)
+
+
+def test_the_navigation_says_which_page_is_shown(browser: Any, small: Stack) -> None:
+    """The highlighted link of the navigation is also marked for screen readers
+    (``aria-current="page"``), and only that one."""
+    driver = browser
+    sign_in(driver, small)
+    for page in ("costs", "jobs"):
+        driver.execute_script("location.hash = arguments[0]", f"/{page}")
+        wait(
+            driver,
+            f"{page} marked",
+            lambda d, page=page: (
+                [
+                    link.get_attribute("data-page")
+                    for link in d.find_elements("css selector", "#nav a[aria-current=page]")
+                ]
+                == [page]
+            ),
+        )

@@ -41,8 +41,12 @@ async function show() {
   const current = ++generation;
   if (cleanup) { try { cleanup(); } catch { /* a page's own teardown */ } cleanup = null; }
   const { page, params } = route();
-  for (const link of document.querySelectorAll("#nav a"))
+  for (const link of document.querySelectorAll("#nav a")) {
     link.classList.toggle("active", link.dataset.page === page);
+    // What the highlight says to the eye, said to a screen reader.
+    if (link.dataset.page === page) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
   document.body.dataset.page = page;
   replace(view, h("div", { class: "loading" }, "Loading…"));
   try {
