@@ -385,3 +385,18 @@ def test_the_navigation_says_which_page_is_shown(browser: Any, small: Stack) -> 
                 == [page]
             ),
         )
+
+
+def test_a_status_link_typed_in_lower_case_filters(browser: Any, small: Stack) -> None:
+    """``#/jobs?status=pending`` (as the CLI takes it) lists the pending jobs with the filter
+    set to pending; a status that does not exist lists every job with the filter on "All"."""
+    driver = browser
+    sign_in(driver, small, "/jobs?status=pending")
+    wait(driver, "the pending jobs", lambda d: "waits-for-two" in d.find_element("id", "jobs").text)
+    assert "one-run" not in driver.find_element("id", "jobs").text
+    assert driver.find_element("id", "status-filter").get_attribute("value") == "PENDING"
+    driver.get("about:blank")
+    driver.get(f"{small.url}/ui/#/jobs?status=sleeping")
+    wait(driver, "every job", lambda d: "one-run" in d.find_element("id", "jobs").text)
+    assert driver.find_element("id", "status-filter").get_attribute("value") == ""
+    assert not script_errors(driver)

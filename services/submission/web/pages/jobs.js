@@ -17,7 +17,10 @@ export async function render(view, params, ctx) {
 
 async function renderList(view, { me }) {
   const query = new URLSearchParams(location.hash.split("?")[1] || "");
-  let status = query.get("status") || "";
+  // A link typed by hand says "running" as often as "RUNNING" (the CLI takes either); one
+  // naming no status lists them all, as the filter then shows.
+  let status = (query.get("status") || "").toUpperCase();
+  if (!STATUSES.includes(status)) status = "";
   let rows = [];
   let cursor = null;
   let timer = null;
