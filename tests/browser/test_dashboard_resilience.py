@@ -24,6 +24,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 LONG_NAME = "a-very-long-run-name-" + "x" * 79
 """As long as a job name may be (100 characters), with no space to break it at."""
+ONE_RUN = "one-run-" + "y" * 92
+"""A run of experiment ``lr-sweep``, as long a name as ``LONG_NAME``."""
 
 
 @dataclass
@@ -61,14 +63,28 @@ def small() -> Iterator[Stack]:
             operator = stack.bootstrap_admin("platform", "root", role="operator")
             waiting = _submit(stack, token, "waits-for-two")
             _submit(stack, token, LONG_NAME)
-            # A run of an experiment (the registry makes one when a run starts).
-            _submit(stack, token, "one-run", gpus=1, command=["true"], experiment="lr-sweep")
+            # Two runs of an experiment (the registry makes one when a run starts), with
+            # names as long as names go and parameters that differ.
+            for run, lr in ((ONE_RUN, 0.1), (ONE_RUN.replace("-y", "-z"), 0.2)):
+                _submit(
+                    stack,
+                    token,
+                    run,
+                    gpus=1,
+                    command=["true"],
+                    experiment="lr-sweep",
+                    hyperparameters={"lr": lr},
+                )
             experiments = f"{stack.service_urls['registry']}/v1/experiments"
             _until(
-                "the experiment",
-                lambda: httpx.get(
-                    experiments, headers={"Authorization": f"Bearer {token}"}, timeout=10
-                ).json()["experiments"],
+                "the experiment's two runs",
+                lambda: [
+                    e
+                    for e in httpx.get(
+                        experiments, headers={"Authorization": f"Bearer {token}"}, timeout=10
+                    ).json()["experiments"]
+                    if e["runs"] == 2
+                ],
             )
             yield Stack(stack, token, operator, waiting)
     finally:
@@ -399,4 +415,24 @@ def test_a_status_link_typed_in_lower_case_filters(browser: Any, small: Stack) -
     driver.get(f"{small.url}/ui/#/jobs?status=sleeping")
     wait(driver, "every job", lambda d: "one-run" in d.find_element("id", "jobs").text)
     assert driver.find_element("id", "status-filter").get_attribute("value") == ""
+    assert not script_errors(driver)
+
+
+def test_an_experiment_of_long_named_runs_stays_within_the_window(
+    browser: Any, small: Stack
+) -> None:
+    """Two runs named as long as names go, compared: the runs table and the parameters that
+    differ (one column per run, headed by its name) keep the page from scrolling sideways."""
+    driver = browser
+    sign_in(driver, small, "/experiments")
+    wait(driver, "the list", lambda d: d.find_elements("link text", "lr-sweep"))[0].click()
+    wait(
+        driver,
+        "both runs",
+        lambda d: len(d.find_elements("css selector", "#parameters thead th")) == 3,
+    )
+    width, window = driver.execute_script(
+        "const e = document.documentElement; return [e.scrollWidth, e.clientWidth]"
+    )
+    assert width <= window, f"the page is {width} px wide in a {window} px window"
     assert not script_errors(driver)

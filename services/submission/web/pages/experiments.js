@@ -108,7 +108,8 @@ async function renderOne(view, id, me) {
       lineChart(charts, key, Object.entries(byJob).map(([jobId, curve]) => ({ label: label(jobId), points: curve.points || [] })));
     }
     const runIds = comparison.runs.map((r) => r.job_id);
-    const legend = (jobId, i) => h("span", { class: "swatch", style: `--c:${PALETTE[i % PALETTE.length]}` }, label(jobId));
+    const legend = (jobId, i) => h("span", { class: "swatch", style: `--c:${PALETTE[i % PALETTE.length]}`, title: label(jobId) },
+      h("span", { class: "clip" }, label(jobId)));
     const params = Object.entries(comparison.differing_parameters || {});
     compared.append(h("h3", {}, "Parameters that differ"), params.length
       ? h("table", { class: "grid compare", id: "parameters" },
