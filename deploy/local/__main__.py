@@ -378,8 +378,6 @@ def _print_result(view: dict[str, Any]) -> None:
     amount = float(cost.get("cost") or 0.0)
     currency = cost.get("currency") or ""
     price = cost.get("price_per_gpu_hour")
-    if price is None and gpu_seconds > 0:
-        price = amount * 3600.0 / gpu_seconds
     price_text = f"{float(price):.4f} {currency}/GPU-hour" if price is not None else "(no price)"
     _say(
         f"== cost: {gpu_seconds:.1f} GPU-seconds x {price_text} = {amount:.6f} {currency}"

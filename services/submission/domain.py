@@ -359,8 +359,12 @@ def summarize_cost(lines: list[CostLine], allocations: int, status: JobStatus) -
     was granted has been billed (billing reports each one after it is released)."""
     gpu_seconds = sum(line.gpu_seconds for line in lines)
     cost = sum(line.cost for line in lines)
+    # The billed GPU prices, weighted by GPU-seconds. Not the cost over the GPU-hours: each
+    # cost is rounded to 6 places (0.000033 for 1.2 GPU-seconds at 0.10 reads as 0.099) and
+    # may hold CPU and memory charges, which are no part of a price per GPU-hour.
     if gpu_seconds > 0:
-        price: float | None = cost * 3600.0 / gpu_seconds  # the effective blended price
+        weighted = sum(line.price_per_gpu_hour * line.gpu_seconds for line in lines)
+        price: float | None = weighted / gpu_seconds
     else:
         price = lines[-1].price_per_gpu_hour if lines else None
     return CostSummary(

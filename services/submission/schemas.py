@@ -540,7 +540,8 @@ class CostView(BaseModel):
     cost: float
     currency: str | None
     price_per_gpu_hour: float | None
-    """Effective price: total cost over total GPU-hours."""
+    """The billed prices per GPU-hour, weighted by GPU-seconds (``cost`` may also hold CPU
+    and memory charges)."""
     final: bool
     """The job has ended and every allocation it held has been billed."""
 

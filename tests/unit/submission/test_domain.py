@@ -196,10 +196,21 @@ def test_cost_is_summed_and_final_only_when_every_allocation_is_billed() -> None
     lines = [CostLine(3600, 2.0, "USD", 2.0), CostLine(1800, 2.0, "USD", 4.0)]
     summary = summarize_cost(lines, allocations=2, status=S.SUCCEEDED)
     assert (summary.gpu_seconds, summary.cost, summary.currency) == (5400, 4.0, "USD")
-    assert summary.price_per_gpu_hour == pytest.approx(4.0 * 3600 / 5400)
+    # weighted by GPU-seconds: an hour at 2.0 and half an hour at 4.0
+    assert summary.price_per_gpu_hour == pytest.approx((2.0 * 3600 + 4.0 * 1800) / 5400)
     assert summary.final
     assert not summarize_cost(lines[:1], allocations=2, status=S.SUCCEEDED).final
     assert not summarize_cost(lines, allocations=2, status=S.RUNNING).final
+
+
+def test_the_price_is_the_billed_price_not_one_derived_from_the_rounded_cost() -> None:
+    # A 1.2-GPU-second job at 0.10/GPU-hour costs 0.0000333..., billed 0.000033 (6 places):
+    # the cost over the GPU-hours gave 0.099 (the demo printed "0.0998 USD/GPU-hour").
+    # The cost may also hold CPU and memory charges, which are no part of the GPU price.
+    lines = [CostLine(1.2, 0.000033, "USD", 0.10)]
+    assert summarize_cost(lines, 1, S.SUCCEEDED).price_per_gpu_hour == pytest.approx(0.10)
+    with_cpu = [CostLine(3600, 2.5, "USD", 2.0)]
+    assert summarize_cost(with_cpu, 1, S.SUCCEEDED).price_per_gpu_hour == pytest.approx(2.0)
 
 
 def test_a_job_cancelled_before_placement_has_a_final_zero_cost() -> None:
