@@ -63,8 +63,8 @@ def job_view(
         terminal=status.is_terminal,
         history=[HistoryEntry(status=h["status"], at=h["at"], reason=h["reason"]) for h in history],
         pending=_pending(job, status),
-        node=job["node_id"],
-        gpu_indices=list(job["gpu_indices"] or []),
+        node=_node(job, status),
+        gpu_indices=list(job["gpu_indices"] or []) if _node(job, status) else [],
         attempt=job["attempt"],
         submitted_at=job["submitted_at"],
         started_at=job["started_at"],
@@ -213,6 +213,16 @@ def _model(model: Row | None) -> ModelView | None:
     )
 
 
+_WAITING = frozenset({JobStatus.QUEUED, JobStatus.PENDING})
+
+
+def _node(job: Row, status: JobStatus) -> str | None:
+    """The node of the job's allocation: the one it holds, or for a job that ended (or was
+    just preempted) the one it last held. None while it waits: the row keeps the last
+    allocation's node after a preemption, and a re-queued job holds no GPU there."""
+    return None if status in _WAITING else job["node_id"]
+
+
 def job_summary(job: Row) -> JobSummary:
     """One line of the job list from a row of ``repository.jobs_for_team``."""
     status = JobStatus(job["status"])
@@ -228,7 +238,7 @@ def job_summary(job: Row) -> JobSummary:
         submitted_at=job["submitted_at"],
         started_at=job["started_at"],
         finished_at=job["finished_at"],
-        node=job["node_id"],
+        node=_node(job, status),
         attempt=job["attempt"],
         step=job["metrics_step"],
         cost=job["cost"],

@@ -125,6 +125,21 @@ def test_finished_job_view_has_placement_results_and_cost() -> None:
     assert not job_view(row, [], [], None, costs[:1], allocations=2).cost.final
 
 
+def test_a_job_waiting_again_after_preemption_is_on_no_node() -> None:
+    # Seen on a local stack: a preempted job back in its queue was shown "PENDING (attempt 0
+    # on local-node-1, GPUs 0,1)" by `trainyard describe` (and on that node by the
+    # dashboard) while another job ran on those GPUs. Waiting, it holds none.
+    placed = {"node_id": "node-7", "gpu_indices": [0, 1], "attempt": 0, "started_at": at(10)}
+    for status in ("PENDING", "QUEUED"):
+        row = _job(status=status, **placed)
+        view = job_view(row, [], [], None, [], 1)
+        assert (view.node, view.gpu_indices, view.attempt) == (None, [], 0)
+        assert job_summary({**row, "cost": 0.0, "currency": None}).node is None
+    for status in ("SCHEDULED", "RUNNING", "PREEMPTED", "SUCCEEDED"):
+        view = job_view(_job(status=status, **placed), [], [], None, [], 1)
+        assert (view.node, view.gpu_indices) == ("node-7", [0, 1])
+
+
 def test_a_restarted_job_shows_why_its_last_attempt_failed() -> None:
     failure = {
         "reason": "attempt 1 failed: user_error: exited with status 1",
