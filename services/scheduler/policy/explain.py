@@ -113,11 +113,26 @@ def cohort_full(
     )
 
 
-def reclaim(flavor: str, nominal: int, taken: Sequence[tuple[str, int]], when: str) -> str:
-    """'team-b borrows 6 of your 8 a100 quota; reclaim expected in ~12 min'."""
+def reclaim(
+    flavor: str,
+    nominal: int,
+    taken: Sequence[tuple[str, int]],
+    start: float | None,
+    now: float,
+    preempting: bool,
+) -> str:
+    """'team-b borrows 6 of your 8 a100 quota; reclaim expected in ~12 min' when the quota
+    comes back by preemption; '...; it returns as their jobs end, expected in ~5.5 h' when
+    it waits for jobs that end by themselves first (ones that may not be preempted, or not
+    yet): telling that user "reclaim" promised a preemption that was not coming."""
     parts = [f"{team} borrows {n}" for team, n in taken[:MAX_NAMES]] or ["other queues borrow it"]
-    joined = names(parts)
-    return f"{joined} of your {nominal} {flavor} quota; reclaim {when}"
+    joined = f"{names(parts)} of your {nominal} {flavor} quota"
+    if start is None:
+        return f"{joined}; no return can be estimated yet"
+    when = eta(start, now).replace("expected start", "expected")
+    if preempting:
+        return f"{joined}; reclaim {when}"
+    return f"{joined}; it returns as their jobs end, {when}"
 
 
 def capacity(

@@ -119,6 +119,8 @@ class _Explainer:
         self._reclaiming: dict[tuple[str, str, int], tuple[Verdict, list[_Leaving]]] = {}
         """(queue, flavor, GPUs) of jobs waiting for reclaim whose lenders' jobs may stand
         before them once reclaimed together -> their verdict and ``_walk``."""
+        self._preempted: dict[tuple[tuple[str, ...], str, frozenset[str]], _Timeline] = {}
+        """(lenders, flavor, spared) -> when their jobs leave by preemption alone."""
         self._spares: dict[str, frozenset[str]] = {}
         """Job id -> ``_spared`` (the same for the whole run)."""
 
@@ -553,8 +555,10 @@ class _Explainer:
             walk = self._walk(job, lenders)
             self._reclaiming[(job.queue, job.flavor, job.gpus)] = (verdict, walk)
         start = self._reclaimed(job, lenders, verdict.excess, spared)
-        when = explain.eta(start, self.now).replace("expected start", "expected")
-        text = explain.reclaim(job.flavor, verdict.nominal, taken, when)
+        preempting = start is not None and self._by_preemption(
+            job, lenders, verdict.excess, spared, start
+        )
+        text = explain.reclaim(job.flavor, verdict.nominal, taken, start, self.now, preempting)
         return text, blocking, start
 
     def _borrowers(self, cohort: str, flavor: str) -> list[tuple[str, int]]:
@@ -598,6 +602,31 @@ class _Explainer:
             ]
             self._timelines[key] = _Timeline(ends)
         return self._timelines[key].when(gpus, self.now)
+
+    def _by_preemption(
+        self,
+        job: PendingJob,
+        queues: tuple[str, ...],
+        gpus: int,
+        spared: frozenset[str],
+        start: float,
+    ) -> bool:
+        """Whether ``gpus`` of ``queues``' jobs are back by ``start`` (``_reclaimed``) through
+        preemption alone: jobs under notice or preempted once protected, none of ``spared``.
+        False when the estimate waits for a job to end by itself."""
+        key = (queues, job.flavor, spared)
+        timeline = self._preempted.get(key)
+        if timeline is None:
+            timeline = self._preempted[key] = _Timeline(
+                [
+                    (leaving.at, leaving.gpus)
+                    for leaving in self._walk(job, queues)
+                    if leaving.job is None
+                    or (leaving.preempted and leaving.job.job.job_id not in spared)
+                ]
+            )
+        reclaimed = timeline.when(gpus, self.now)
+        return reclaimed is not None and reclaimed <= start
 
     # --- capacity ------------------------------------------------------------------------
 

@@ -17,7 +17,9 @@ once the pass's preemptions are played out (``PolicyState.outgoing``; 8 changed,
 placement: in three, a 2-GPU job reclaimed from a queue that borrowed no more once its own
 8-GPU job had been preempted for a 1-GPU one, and preempts within its own queue instead;
 in all, explanations of jobs waiting for reclaim leave out the victims already chosen and
-name what the lenders still borrow).
+name what the lenders still borrow), then the text of a job waiting for reclaim (11 changed,
+explanations only: a wait for borrowers' jobs to end is no longer called "reclaim expected",
+and "reclaim no start can be estimated yet" reads "no return can be estimated yet").
 """
 
 from __future__ import annotations
@@ -52,18 +54,18 @@ GOLDEN: dict[str, str] = {
     "pass-10-1-5-no-preemption": "a9f651cc14e603dd7bfc",
     "pass-10-1-5-no-fair-share": "85d3611bba4da80ed32b",
     "pass-10-1-5-short-ageing": "8d180a8104c229760aaf",
-    "pass-40-2-50-default": "b001b47c0d6be37a236d",
-    "pass-40-2-50-no-backfill": "ad08f15714135207ac1a",
-    "pass-40-2-50-no-reservations": "bf27c120ae506dba9d62",
-    "pass-40-2-50-no-preemption": "4d66b9883c2f883a4407",
-    "pass-40-2-50-no-fair-share": "81121c5ccc314b57ae9a",
-    "pass-40-2-50-short-ageing": "b3345273edf1ebd937e0",
-    "pass-120-3-20-default": "2ca2e31a288a7d246b7e",
-    "pass-120-3-20-no-backfill": "adf5c3289cc698772bdf",
-    "pass-120-3-20-no-reservations": "8e6e68706521e0fdfc41",
-    "pass-120-3-20-no-preemption": "44e7b295fc69d3722501",
+    "pass-40-2-50-default": "002a3a22fd473934e92f",
+    "pass-40-2-50-no-backfill": "086a63f5e8232d35a931",
+    "pass-40-2-50-no-reservations": "87aca3b3ea0994557611",
+    "pass-40-2-50-no-preemption": "a378c016afb999da098e",
+    "pass-40-2-50-no-fair-share": "b94d95264877f09207f6",
+    "pass-40-2-50-short-ageing": "4b708996829bea1de485",
+    "pass-120-3-20-default": "59975f37add23b6c6634",
+    "pass-120-3-20-no-backfill": "31f3479483a4c0856db3",
+    "pass-120-3-20-no-reservations": "d6f0e468604c8c64ff1d",
+    "pass-120-3-20-no-preemption": "5da2b0498e9174296209",
     "pass-120-3-20-no-fair-share": "f21df7713eb1745762e7",
-    "pass-120-3-20-short-ageing": "811e463126c84c1cbc49",
+    "pass-120-3-20-short-ageing": "0072e1440beb3940fd65",
     "arrivals-20-2": "f76215929a0e123833ad",
     "arrivals-60-5": "9f86ab82ca92b45f0d72",
 }

@@ -20,7 +20,8 @@ then for reclaim sparing a job larger than what its queue borrows for
 job decided earlier (``preemption.Reserved``; 1 more changed), then for reclaim counting
 what a lender borrows once the pass's preemptions are played out
 (``PolicyState.outgoing``; 1 changed: the explanation of a job waiting for reclaim after
-incremental events); so these worlds guard the caches against the policy of those
+incremental events), then for the text of a job waiting for reclaim (4 changed, explanations
+only: a wait for borrowers' jobs to end is no longer called "reclaim expected"); so these worlds guard the caches against the policy of those
 changes, not the policy from before the caches.
 """
 
@@ -174,7 +175,7 @@ def decisions(
 
 
 GOLDEN: dict[int, str] = {
-    0: "83258c24d693c52d41a6",
+    0: "167307080958da5c8e37",
     1: "9c0f754aade1492efb22",
     2: "f6748a1c753b9b6c4299",
     3: "4e6ec92f08196156d99b",
@@ -193,7 +194,7 @@ GOLDEN: dict[int, str] = {
     16: "02ca6d6e557cd5daf59e",
     17: "5f58a9f8caf29a1ab361",
     18: "b17e662cf5d5c7be4150",
-    19: "c107809c44dda0f9403c",
+    19: "7184b203632c42c0f05c",
     20: "9a2066131bdd093d913c",
     21: "80244c6e935b4d0262ee",
     22: "91ea32bc33355248f0ee",
@@ -205,7 +206,7 @@ GOLDEN: dict[int, str] = {
     28: "5c701a904e74be847872",
     29: "9bb6f0a0146a44b4b670",
     30: "02d9ad9f6201ec04df85",
-    31: "5f6f3095fbd253a6e33f",
+    31: "df96e56a948b2d89ebca",
     32: "2d9efff17bf281c70531",
     33: "73c654397fa2bf4bc469",
     34: "c8a4d8affc51c376a4ae",
@@ -218,7 +219,7 @@ GOLDEN: dict[int, str] = {
     41: "e662d086bd9724577ff6",
     42: "d9785a7e4eaa3e7444e9",
     43: "c0ed59b896c87883140b",
-    44: "7eb18d6558ae1655cd9e",
+    44: "9dd7b97540fff7cd47ae",
     45: "07ce57f01fb9397953ff",
     46: "52cf6dbf1bd2c1c10034",
     47: "5816ee099f71fda9c0e8",

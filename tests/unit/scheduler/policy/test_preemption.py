@@ -61,6 +61,20 @@ def test_minimum_runtime_protects_borrowers_and_says_when_reclaim_comes() -> Non
     assert e.estimated_start == NOW - 600 + 1800 + 300
 
 
+def test_a_borrower_that_may_not_be_preempted_is_not_said_to_be_reclaimed() -> None:
+    # Seen on a local stack: team b's `high` (not preemptible) jobs borrowed team a's quota
+    # and a's job was told "reclaim expected in ~30 min" -- no reclaim was coming, only
+    # their declared ends.
+    nodes, run = borrowed_cluster(priority="pinned")
+    d = schedule(snap(nodes, COHORT, (pending("a-job", "a", gpus=6),), run))
+    assert d.preemptions == ()
+    e = d.explanations["a-job"]
+    assert e.reason == (
+        "team-b borrows 6 of your 8 a100 quota; it returns as their jobs end, expected in ~9.0 h"
+    )
+    assert e.estimated_start is not None and e.estimated_start > NOW
+
+
 def test_priority_preemption_within_a_queue() -> None:
     nodes = (node("n1"),)
     queues = (queue("a", nominal=8),)
@@ -100,7 +114,10 @@ def test_preemption_can_be_switched_off() -> None:
     config = PolicyConfig(preemption=False)
     d = schedule(snap(nodes, COHORT, (pending("a-job", "a", gpus=6),), run), config)
     assert d.preemptions == ()
-    assert "reclaim expected in" in d.explanations["a-job"].reason
+    # Nothing is reclaimed with preemption off: the quota comes back as the borrowers end.
+    assert d.explanations["a-job"].reason == (
+        "team-b borrows 6 of your 8 a100 quota; it returns as their jobs end, expected in ~9.0 h"
+    )
 
 
 def test_victims_lose_least_work_first() -> None:

@@ -81,7 +81,7 @@ def test_a_job_that_may_not_reclaim_a_gang_expects_its_declared_end() -> None:
     g = before.running[0]
     explained = schedule(before, CONFIG).explanations["p"]
     assert explained.estimated_start == g.started_at + g.declared_runtime_s
-    assert explained.reason.endswith("reclaim expected in ~5.5 h")
+    assert explained.reason.endswith("it returns as their jobs end, expected in ~5.5 h")
     # b's team the heavy user: the gang may be reclaimed, which the estimate says.
     taken = schedule(cohort(0.0, heavy, gang(NOW - 5 * HOUR)), CONFIG)
     assert taken.explanations["p"].estimated_start == NOW + CONFIG.grace_s

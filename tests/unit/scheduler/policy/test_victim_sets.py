@@ -103,7 +103,7 @@ def test_a_waiting_job_is_not_told_it_can_reclaim_a_set_it_may_not_take() -> Non
     g2 = two_gangs().running[1]
     explained = schedule(two_gangs(), CONFIG).explanations["p"]
     assert explained.estimated_start == g2.started_at + g2.declared_runtime_s
-    assert explained.reason.endswith("reclaim expected in ~5.5 h")
+    assert explained.reason.endswith("it returns as their jobs end, expected in ~5.5 h")
     young = two_gangs(started=NOW - 30)
     decisions = schedule(young, CONFIG)
     assert decisions.preemptions == ()
