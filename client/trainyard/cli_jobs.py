@@ -304,11 +304,13 @@ def _submitted(
     client = session.client
     _say_estimate(session, spec)
     try:
-        view = client.submit(spec, idempotency_key=getattr(args, "idempotency_key", None))
+        view, warning = client.submit_warned(spec, getattr(args, "idempotency_key", None))
     except TrainyardError as exc:
         if exc.status == 422 and exc.errors and loaded is not None:
             raise _explained(exc.errors, loaded, args) from None
         raise
+    if warning:
+        note(f"warning: {warning}")
     if not args.follow:
         if session.as_json:
             print(dumps(view))

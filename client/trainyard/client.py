@@ -29,6 +29,8 @@ SETTLE_SECONDS = 10.0
 """After a job ends, how long ``wait`` waits for its model and final cost to arrive."""
 UPLOAD_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
 """A bundle upload may take minutes on a slow link."""
+BUDGET_WARNING_HEADER = "Trainyard-Budget-Warning"
+"""What ``POST /v1/jobs`` says of a job a spent budget let in (docs/billing.md, "Budgets")."""
 LIST_PAGE_MAX = 500
 """The most jobs ``GET /v1/jobs`` gives in one page (its ``limit`` is at most 500)."""
 MAX_TOKEN_LENGTH = 1024
@@ -106,8 +108,19 @@ class TrainyardClient:
     def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
         """Submit a job spec; return the job view. With ``idempotency_key``, submitting the
         same spec again returns the job created the first time."""
+        return self.submit_warned(spec, idempotency_key)[0]
+
+    def submit_warned(
+        self, spec: dict[str, Any], idempotency_key: str | None = None
+    ) -> tuple[dict[str, Any], str | None]:
+        """``submit``, with the server's warning about the job (``Trainyard-Budget-Warning``:
+        a spent budget let it in, perhaps at a lower priority than it asked), or None."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self._object("POST", "/v1/jobs", json=spec, headers=headers)
+        response = self._response("POST", "/v1/jobs", headers, json=spec)
+        view = _json(response)
+        if not isinstance(view, dict):
+            raise TrainyardError(0, "unexpected response: expected a JSON object")
+        return view, response.headers.get(BUDGET_WARNING_HEADER) or None
 
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self._object("GET", f"/v1/jobs/{segment(job_id)}")

@@ -63,6 +63,11 @@ SPEC: dict[str, Any] = {
 """A spec the client's own checks pass (the fake server takes anything)."""
 
 
+BUDGET_WARNING = (
+    "the budget of team nlp is spent (1 of 1 USD spent in 2026-12); the job runs at priority low"
+)
+
+
 class Seen(list[httpx.Request]):
     """The requests the fake server got, and its state."""
 
@@ -121,7 +126,9 @@ def api(monkeypatch: pytest.MonkeyPatch) -> Seen:
                     "errors": [{"field": "entrypoint", "message": "must be a dotted module"}],
                 }
                 return httpx.Response(422, json=body)
-            return httpx.Response(201, json={**VIEW, "status": "QUEUED"})
+            warned = spec.get("name") == "warned"
+            headers = {"Trainyard-Budget-Warning": BUDGET_WARNING} if warned else {}
+            return httpx.Response(201, json={**VIEW, "status": "QUEUED"}, headers=headers)
         return httpx.Response(200, json=VIEW)
 
     def make(base_url: str, token: str, timeout: float = 10) -> TrainyardClient:
@@ -194,6 +201,23 @@ def test_submit_and_follow(api: Seen, tmp_path: Path, capsys: pytest.CaptureFixt
     assert "SUCCEEDED" in captured.out and "model registered: digits v2" in captured.out
     assert "cost: 4.0000 USD" in captured.out
     assert "epoch 1\n" in captured.out and "==> a0001-node-1 <==" in captured.err
+
+
+def test_submit_says_the_budget_warning(
+    api: Seen, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Seen on a local stack: a team's spent budget (policy deprioritize) made its job run at
+    # priority low, and submission said so in its Trainyard-Budget-Warning header, which the
+    # CLI dropped: the user learnt nothing of why the job waited behind every other.
+    spec = tmp_path / "job.json"
+    spec.write_text(json.dumps({**SPEC, "name": "warned"}))
+    for extra in ([], ["--json"]):
+        assert cli.main(["submit", str(spec), *extra]) == 0
+        captured = capsys.readouterr()
+        assert f"warning: {BUDGET_WARNING}" in captured.err.splitlines()
+    spec.write_text(json.dumps(SPEC))
+    assert cli.main(["submit", str(spec)]) == 0
+    assert "warning" not in capsys.readouterr().err
 
 
 def test_submit_packs_and_uploads_the_spec_folder_once(
