@@ -348,7 +348,8 @@ async def job_for_team(
 
 
 _SUMMARY_COLUMNS = """j.id, j.name, j.status, j.submitted_at, j.started_at, j.finished_at,
-    j.node_id, j.attempt, j.metrics_step, u.name AS user_name, t.name AS team_name,
+    j.node_id, j.attempt, j.metrics_step, j.estimated_start, u.name AS user_name,
+    t.name AS team_name,
     jsonb_build_object('gpu_flavor', j.spec -> 'gpu_flavor', 'gpus', j.spec -> 'gpus',
         'project', j.spec -> 'project', 'experiment', j.spec -> 'experiment') AS spec,
     coalesce(CASE WHEN j.status IN ('PENDING', 'QUEUED') THEN j.pending_reason

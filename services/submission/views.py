@@ -1,4 +1,5 @@
-"""Assembly of the job view from stored rows (pure: rows in, HTTP schema out)."""
+"""Assembly of the job view from stored rows (rows in, HTTP schema out; the clock is read only
+to count a pending reason's estimate from the time it is read, ``shared.waits``)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from trainyard_platform.services.submission.schemas import (
     ModelView,
     PendingView,
 )
+from trainyard_platform.shared.waits import estimate_from
 
 Row = Mapping[str, Any]
 
@@ -180,7 +182,7 @@ def _pending(job: Row, status: JobStatus) -> PendingView | None:
     if status is not JobStatus.PENDING:
         return None
     return PendingView(
-        reason=job["pending_reason"],
+        reason=estimate_from(job["pending_reason"], job["estimated_start"], datetime.now(UTC)),
         position=job["pending_position"],
         estimated_start=job["estimated_start"],
         blocking=job["pending_blocking"],
@@ -245,5 +247,13 @@ def job_summary(job: Row) -> JobSummary:
         currency=job["currency"],
         project=job["spec"].get("project") or "default",
         experiment=job["spec"].get("experiment"),
-        reason=job.get("reason"),
+        reason=_reason(job, status),
     )
+
+
+def _reason(job: Row, status: JobStatus) -> str | None:
+    """A list line's reason; a pending one's estimate counted from now (``waits``)."""
+    reason: str | None = job.get("reason")
+    if reason is None or status is not JobStatus.PENDING:
+        return reason
+    return estimate_from(reason, job.get("estimated_start"), datetime.now(UTC))

@@ -10,25 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from trainyard_platform.shared.waits import NEXT_PASS, duration
+
 MAX_NAMES = 3
 
 
-def duration(seconds: float) -> str:
-    """'~45 s', '~12 min', '~3.5 h', '~2 d'."""
-    if seconds < 60:
-        return f"~{max(0, round(seconds))} s"
-    if seconds < 3600:
-        return f"~{round(seconds / 60)} min"
-    if seconds < 86400:
-        return f"~{seconds / 3600:.1f} h"
-    return f"~{seconds / 86400:.1f} d"
-
-
 def eta(start: float | None, now: float) -> str:
+    """Ends a reason; readers count it again from the estimated start (``waits``)."""
     if start is None:
         return "no start can be estimated yet"
     if start <= now:
-        return "expected to start at the next pass"
+        return NEXT_PASS
     return f"expected start in {duration(start - now)}"
 
 

@@ -48,6 +48,7 @@ from trainyard_platform.services.scheduler.policy.preemption import (
     victim_key,
 )
 from trainyard_platform.services.scheduler.policy.quota import Verdict
+from trainyard_platform.shared.waits import duration
 
 if TYPE_CHECKING:
     from trainyard_platform.services.scheduler.policy.engine import PolicyState, Waiting
@@ -247,9 +248,7 @@ class _Explainer:
         if w.kind == "invalid":
             return w.text, w.blocking, w.suggestion, None
         if w.kind == "preempting":
-            text = explain.preempting(
-                w.victims, w.victim_kind, explain.duration(self.state.config.grace_s)
-            )
+            text = explain.preempting(w.victims, w.victim_kind, duration(self.state.config.grace_s))
             return text, ", ".join(w.victims), None, w.start
         if w.reserved_ahead:
             return self.reserved_ahead(w)
@@ -258,7 +257,7 @@ class _Explainer:
         if w.kind == "held":
             assert w.holder is not None
             holder = w.holder
-            waited = explain.duration(self.now - holder.submitted_at)
+            waited = duration(self.now - holder.submitted_at)
             text = explain.held(holder.job_id, job.queue, job.flavor, waited)
             cached = self._quota.get((holder.queue, holder.flavor, holder.gpus))
             start = cached[2] if cached is not None else None

@@ -81,6 +81,41 @@ def test_pending_details_are_shown_only_while_pending() -> None:
     assert job_view({**pending, "status": "QUEUED"}, [], [], None, [], 0).pending is None
 
 
+def test_a_pending_reason_counts_its_estimate_from_the_time_it_is_read() -> None:
+    # Seen on a local stack: the scheduler republishes a note only when more than its
+    # durations changed, so a reason written at 17:25 kept "expected start in ~28 min" for
+    # as long as the job waited. The view counts it from its estimated start, read now.
+    submitted = datetime.now(UTC)
+    pending = _job(
+        status="PENDING",
+        pending_reason="needs 2 cpu GPUs on one node; no cpu GPU is free; expected start in ~28 min",
+        estimated_start=submitted + timedelta(minutes=12, seconds=10),
+    )
+    view = job_view(pending, [], [], None, [], 0).pending
+    assert view is not None
+    assert view.reason.endswith("; expected start in ~12 min")
+    reclaim = "team-b borrows 6 of your 8 a100 quota; reclaim expected in ~30 min"
+    late = {
+        **pending,
+        "pending_reason": reclaim,
+        "estimated_start": submitted - timedelta(minutes=1),
+    }
+    view = job_view(late, [], [], None, [], 0).pending
+    assert view is not None
+    assert (
+        view.reason
+        == "team-b borrows 6 of your 8 a100 quota; reclaim expected to start at the next pass"
+    )
+    line = job_summary({**late, "reason": reclaim, "cost": 0.0, "currency": None})
+    assert line.reason == view.reason
+    # A reason without an estimate, or a job without one, is shown as written.
+    for reason, start in (("no ready node has h100 GPUs", submitted), (reclaim, None)):
+        view = job_view(
+            {**pending, "pending_reason": reason, "estimated_start": start}, [], [], None, [], 0
+        ).pending
+        assert view is not None and view.reason == reason
+
+
 def test_finished_job_view_has_placement_results_and_cost() -> None:
     row = _job(
         status="FAILED",
