@@ -138,6 +138,8 @@ def render_job(view: dict[str, Any]) -> str:
             f"{spec['gpus']} x {spec['gpu_flavor']}, {_program(spec)} "
             f"{' '.join(spec.get('args') or [])}".rstrip(),
         ),
+        # The class it runs at: a spent budget may have lowered the one asked for.
+        ("priority", spec.get("priority") or "normal"),
         (
             "times",
             "  ".join(

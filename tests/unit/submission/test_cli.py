@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import httpx
 import pytest
 
 from trainyard import cli, cli_jobs
+from trainyard.cli_render import render_job
 from trainyard.client import TrainyardClient
 
 VIEW: dict[str, Any] = {
@@ -163,6 +165,14 @@ def test_status_is_readable(api: list[httpx.Request], capsys: pytest.CaptureFixt
     assert "2024-06-01 12:00:00Z  QUEUED     submitted" in out
     assert api[0].headers["Authorization"] == "Bearer ty_env"
     assert str(api[0].url).startswith("http://env.test/")
+
+
+def test_describe_shows_the_priority_class_the_job_runs_at() -> None:
+    # A job let in by a spent budget (policy deprioritize) runs at priority low; describe
+    # showed no class at all, so nothing said why it waited behind the team's other jobs.
+    assert re.search(r"^priority +normal$", render_job(VIEW), re.M)
+    low = {**VIEW, "spec": {**VIEW["spec"], "priority": "low"}}
+    assert re.search(r"^priority +low$", render_job(low), re.M)
 
 
 def test_options_override_the_environment_before_or_after_the_command(
