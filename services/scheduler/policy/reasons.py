@@ -737,7 +737,50 @@ def _reason_seen_by(reason: str, team: str | None, team_of: Mapping[str, str]) -
         other = team_of.get(m.group(2))
         return m.group(0) if other is None or other == team else f"a {other} job"
 
-    return _WORD.sub(in_reason, reason)
+    return _counted(_WORD.sub(in_reason, reason))
+
+
+_ITEM = r"(?:a [\w.:-]+ job|[\w.:-]+)"
+_LIST = re.compile(rf"{_ITEM}(?:, {_ITEM})*(?: and (?:{_ITEM}|\d+ more))+")
+_TEAM_JOB = re.compile(r"a ([\w.:-]+) job")
+
+
+def _counted(reason: str) -> str:
+    """``reason`` with each list (as ``explain.names`` writes it) that names several jobs of
+    one other team counting them: 'a team-b job, 2 team-c jobs and 1 more', not 'a team-b
+    job, a team-c job, a team-c job and 1 more' (what naming each by its team gave)."""
+    if reason.count(" job") < 2:
+        return reason
+
+    def count(m: re.Match[str]) -> str:
+        text = m.group(0)
+        more = ""
+        if re.search(r" and \d+ more$", text):
+            text, _, more = text.rpartition(" and ")
+        items = re.split(r", | and ", text)
+        teams = [_team_of_item(i) for i in items]
+        if all(teams.count(t) < 2 for t in teams if t is not None):
+            return m.group(0)
+        shown: list[str] = []
+        seen: set[str] = set()
+        for item, t in zip(items, teams, strict=True):
+            if t is None:
+                shown.append(item)
+            elif t not in seen:
+                seen.add(t)
+                n = teams.count(t)
+                shown.append(item if n == 1 else f"{n} {t} jobs")
+        if more:
+            return f"{', '.join(shown)} and {more}"
+        return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} and {shown[-1]}"
+
+    return _LIST.sub(count, reason)
+
+
+def _team_of_item(item: str) -> str | None:
+    """The team of a list item 'a <team> job'; None for any other item."""
+    found = _TEAM_JOB.fullmatch(item)
+    return found.group(1) if found else None
 
 
 def _blocking_seen_by(blocking: str, team: str | None, team_of: Mapping[str, str]) -> str:

@@ -19,7 +19,9 @@ placement: in three, a 2-GPU job reclaimed from a queue that borrowed no more on
 in all, explanations of jobs waiting for reclaim leave out the victims already chosen and
 name what the lenders still borrow), then the text of a job waiting for reclaim (11 changed,
 explanations only: a wait for borrowers' jobs to end is no longer called "reclaim expected",
-and "reclaim no start can be estimated yet" reads "no return can be estimated yet").
+and "reclaim no start can be estimated yet" reads "no return can be estimated yet"), then
+lists naming several jobs of one other team counting them ("2 team-00 jobs"; 6 changed,
+explanations only).
 """
 
 from __future__ import annotations
@@ -48,11 +50,11 @@ PASSES = [
 ]
 
 GOLDEN: dict[str, str] = {
-    "pass-10-1-5-default": "ca1e99cab96876b0156e",
+    "pass-10-1-5-default": "72e4fa9c15ca2105ba74",
     "pass-10-1-5-no-backfill": "02e26dbd3b0c684fb7b7",
     "pass-10-1-5-no-reservations": "4bf9ca15d3c7f580b07a",
-    "pass-10-1-5-no-preemption": "a9f651cc14e603dd7bfc",
-    "pass-10-1-5-no-fair-share": "85d3611bba4da80ed32b",
+    "pass-10-1-5-no-preemption": "8f565b0ae677b758fe2a",
+    "pass-10-1-5-no-fair-share": "a78d9757569e70af8ba4",
     "pass-10-1-5-short-ageing": "8d180a8104c229760aaf",
     "pass-40-2-50-default": "002a3a22fd473934e92f",
     "pass-40-2-50-no-backfill": "086a63f5e8232d35a931",
@@ -60,10 +62,10 @@ GOLDEN: dict[str, str] = {
     "pass-40-2-50-no-preemption": "a378c016afb999da098e",
     "pass-40-2-50-no-fair-share": "b94d95264877f09207f6",
     "pass-40-2-50-short-ageing": "4b708996829bea1de485",
-    "pass-120-3-20-default": "59975f37add23b6c6634",
-    "pass-120-3-20-no-backfill": "31f3479483a4c0856db3",
+    "pass-120-3-20-default": "6714ddd0d5d787a44503",
+    "pass-120-3-20-no-backfill": "f4da0fa5ab858c5f0dd7",
     "pass-120-3-20-no-reservations": "d6f0e468604c8c64ff1d",
-    "pass-120-3-20-no-preemption": "5da2b0498e9174296209",
+    "pass-120-3-20-no-preemption": "0baaad5e667ad5ad1b6f",
     "pass-120-3-20-no-fair-share": "f21df7713eb1745762e7",
     "pass-120-3-20-short-ageing": "0072e1440beb3940fd65",
     "arrivals-20-2": "f76215929a0e123833ad",

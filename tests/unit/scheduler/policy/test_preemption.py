@@ -36,7 +36,7 @@ def test_reclaim_preempts_borrowers_to_return_quota() -> None:
     assert all(p.for_job_id == "a-job" for p in d.preemptions)
     e = d.explanations["a-job"]
     assert e.reason.startswith(
-        "freeing GPUs held by jobs running on borrowed quota (a team-b job and a team-b job)"
+        "freeing GPUs held by jobs running on borrowed quota (2 team-b jobs)"
     )
     assert e.blocking == "team-b"  # the victims are team b's: a's user never sees their ids
     assert not any(v in e.reason for v in victims)

@@ -30,3 +30,19 @@ def test_rewriting_around_the_last_separator_equals_rewriting_the_whole(
     first, blocking = _as_seen_by(a, "j1, j2", team, TEAM_OF)
     rest = _as_seen_by(b, "", team, TEAM_OF)[0]
     assert whole == (f"{first}; {rest}", blocking)
+
+
+def test_several_jobs_of_one_other_team_are_counted() -> None:
+    # Seen on a local stack: "the rest is held by a nlp job, a nlp job and a nlp job".
+    team_of = {"n1": "nlp", "n2": "nlp", "n3": "nlp", "v1": "vision", "m1": "ml"}
+    held = "the rest is held by n1, n2 and n3; expected start in ~28 min"
+    assert _as_seen_by(held, "n1, n2, n3", "ml", team_of) == (
+        "the rest is held by 3 nlp jobs; expected start in ~28 min",
+        "nlp",
+    )
+    mixed = "they are held by v1, n1, m1, n2 and 2 more"
+    assert _as_seen_by(mixed, "", "ml", team_of)[0] == (
+        "they are held by a vision job, 2 nlp jobs, m1 and 2 more"
+    )
+    # The reader's own jobs keep their ids; one job of a team stays "a <team> job".
+    assert _as_seen_by("held by m1 and n1", "", "ml", team_of)[0] == "held by m1 and a nlp job"
