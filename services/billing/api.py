@@ -5,7 +5,9 @@
 ``services.billing.governance_api``; ``GET /v1/waste``, the waste figures and the job
 success rate, is ``services.billing.waste_api``. ``GET /v1/usage?team=<team>``, the older
 summary, sums every allocation's current bill per team, per user and per job, over all
-time; any query parameter but ``team`` answers 422 naming it.
+time; the per-job rows come a page at a time (``limit``, at most ``USAGE_PAGE_MAX``, and
+``after``, the ``next`` of the previous page: ``shared.paging``); any other query parameter
+answers 422 naming it.
 Users (viewer and up) read their own team's usage: without ``team`` they get their team's,
 and another team answers 404. Operators read any team's, or every team's without ``team``.
 ``GET /v1/audit`` is for operators. Authentication is the shared guard (``shared.access``).
@@ -29,11 +31,15 @@ from trainyard_platform.services.billing.costs_api import check_parameters, cost
 from trainyard_platform.services.billing.governance_api import governance_routes
 from trainyard_platform.services.billing.schemas import UsageSummary, usage_summary
 from trainyard_platform.services.billing.waste_api import waste_routes
+from trainyard_platform.shared import paging
 from trainyard_platform.shared.audit import audit_route
 from trainyard_platform.shared.http_app import error_responses, service_app
 from trainyard_platform.shared.identity import Principal
 
 Caller = NamedDependency[Principal]
+
+USAGE_PAGE_MAX = 500
+"""The most per-job rows one ``GET /v1/usage`` answers (default 100)."""
 
 
 def create_app(
@@ -50,8 +56,20 @@ def create_app(
         team: Annotated[
             str | None, QueryParameter(description="only this team", max_length=100)
         ] = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=USAGE_PAGE_MAX)] = 100,
+        after: Annotated[str | None, QueryParameter(description="the next of a page")] = None,
     ) -> UsageSummary:
-        check_parameters(request, frozenset({"team"}))
+        check_parameters(request, frozenset({"team", "limit", "after"}))
+        key = paging.decode(
+            after,
+            "GET /v1/usage",
+            paging.text,
+            paging.text,
+            paging.instant,
+            paging.text,
+            paging.text,
+            paging.text,
+        )
         if not principal.is_operator:
             team = team or principal.team
             if team is None or not principal.may_see_team(team):
@@ -60,11 +78,13 @@ def create_app(
             pool.acquire() as conn,
             conn.transaction(isolation="repeatable_read", readonly=True),
         ):
+            jobs, more = paging.split(await repo.usage_by_job(conn, team, limit + 1, key), limit)
             return usage_summary(
                 team,
                 await repo.usage_by_team(conn, team),
                 await repo.usage_by_user(conn, team),
-                await repo.usage_by_job(conn, team),
+                jobs,
+                paging.encode(*(jobs[-1][c] for c in repo.JOB_USAGE_KEY)) if more else None,
             )
 
     return service_app(

@@ -112,13 +112,25 @@ async def usage_by_user(conn: asyncpg.Connection, team: str | None) -> list[Row]
     return rows
 
 
-async def usage_by_job(conn: asyncpg.Connection, team: str | None) -> list[Row]:
+async def usage_by_job(
+    conn: asyncpg.Connection, team: str | None, limit: int, after: tuple[Any, ...] | None
+) -> list[Row]:
+    """At most ``limit`` rows of the per-job usage (one per job, flavor and currency) after
+    the key ``after`` (``JOB_USAGE_KEY`` of the previous page's last row), in key order."""
     rows: list[Row] = await conn.fetch(
         f"SELECT team, user_name, job_id, gpu_flavor, min(started_at) AS first_started_at, "
         f"max(ended_at) AS last_ended_at, {_SUMS} FROM usage_ledger "
         "WHERE ($1::text IS NULL OR team = $1) "
         "GROUP BY team, user_name, job_id, gpu_flavor, currency "
-        "ORDER BY team, user_name, min(started_at), job_id",
+        "HAVING $3::text IS NULL OR (team, user_name, min(started_at), job_id, gpu_flavor, "
+        "currency) > ($3, $4, $5::timestamptz, $6, $7, $8) "
+        "ORDER BY team, user_name, min(started_at), job_id, gpu_flavor, currency LIMIT $2",
         team,
+        limit,
+        *(after or (None,) * len(JOB_USAGE_KEY)),
     )
     return rows
+
+
+JOB_USAGE_KEY = ("team", "user_name", "first_started_at", "job_id", "gpu_flavor", "currency")
+"""The columns of a per-job usage row that order and page them (unique per row)."""

@@ -50,6 +50,8 @@ class UsageSummary(_Schema):
     teams: list[TeamUsage]
     users: list[UserUsage]
     jobs: list[JobUsage]
+    next: str | None = None
+    """Pass as ``after`` for the next page of ``jobs``; None when this page is the last."""
 
 
 def _totals(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -66,6 +68,7 @@ def usage_summary(
     teams: Sequence[Mapping[str, Any]],
     users: Sequence[Mapping[str, Any]],
     jobs: Sequence[Mapping[str, Any]],
+    next_page: str | None = None,
 ) -> UsageSummary:
     return UsageSummary(
         team=team,
@@ -83,4 +86,5 @@ def usage_summary(
             )
             for r in jobs
         ],
+        next=next_page,
     )

@@ -23,9 +23,6 @@ Contract:
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -58,7 +55,7 @@ from trainyard_platform.services.submission.views import (
     submitted_job_json,
     submitted_job_view,
 )
-from trainyard_platform.shared import audit, outbox
+from trainyard_platform.shared import audit, outbox, paging
 from trainyard_platform.shared.events import Envelope
 from trainyard_platform.shared.events.payloads import (
     JobCancelRequested,
@@ -262,44 +259,14 @@ async def list_jobs(
     cursor ``after`` (from an earlier page; none: from the newest). Returns the page and the
     cursor of the next one (None: this page is the last). A cursor is a position, not a
     snapshot: jobs submitted since never appear on later pages, none is listed twice."""
-    position = _ListCursor.decode(after)
+    position = paging.decode(after, "GET /v1/jobs", paging.instant, paging.text)
     async with pool.acquire() as conn:
         rows = await repo.jobs_for_team(
             conn, caller.team_id, status, limit + 1, position, (filters or JobFilters()).query()
         )
-    page = rows[:limit]
-    more = len(rows) > limit
-    cursor = _ListCursor.encode(page[-1]["submitted_at"], page[-1]["id"]) if more else None
+    page, more = paging.split(rows, limit)
+    cursor = paging.encode(page[-1]["submitted_at"], page[-1]["id"]) if more else None
     return [job_summary(row) for row in page], cursor
-
-
-class _ListCursor:
-    """The opaque cursor of ``GET /v1/jobs``: the ``(submitted_at, id)`` of the last job of
-    a page, as base64url of a JSON pair."""
-
-    MAX_CHARS = 256
-
-    @staticmethod
-    def encode(submitted_at: datetime, job_id: str) -> str:
-        raw = json.dumps([submitted_at.isoformat(), job_id], separators=(",", ":"))
-        return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-    @classmethod
-    def decode(cls, text: str | None) -> tuple[datetime, str] | None:
-        if not text:
-            return None
-        bad = RequestInvalid.one("after", "not a cursor returned by GET /v1/jobs")
-        if len(text) > cls.MAX_CHARS:
-            raise bad
-        try:
-            pair = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-            at, job_id = pair
-            submitted_at = datetime.fromisoformat(at)
-        except (binascii.Error, ValueError, TypeError):
-            raise bad from None
-        if submitted_at.tzinfo is None or not isinstance(job_id, str) or not job_id:
-            raise bad
-        return submitted_at, job_id
 
 
 async def cancel_job(pool: asyncpg.Pool, caller: Caller, job_id: str) -> JobView:

@@ -162,3 +162,35 @@ async def test_usage_summary_per_team_user_and_job(billing: Billing) -> None:
         ("bob", Decimal(7200), Decimal("5")),
     ]
     assert [(j["job_id"], j["allocations"]) for j in body["jobs"]] == [("j1", 2), ("j2", 1)]
+
+
+async def test_usage_jobs_come_a_page_at_a_time_with_an_opaque_cursor(billing: Billing) -> None:
+    # An operator without team used to get every job of every team in one answer.
+    for n in range(5):
+        team = "vision" if n % 2 else "nlp"
+        await billing.send(released(f"a{n}", job_id=f"j{n}", team=team, user=f"u{n % 3}"))
+    await billing.send(released("a5", job_id="j0", team="nlp", user="u0", flavor="cpu"))
+    app = create_app(billing.pool, service_guard(SecretStr("s3cret")), [])
+    operator = {"Authorization": "Bearer s3cret"}
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="http://billing") as client:
+        seen: list[tuple[str, str]] = []
+        params: dict[str, str | int] = {"limit": 2}
+        for _ in range(10):
+            response = await client.get("/v1/usage", params=params, headers=operator)
+            assert response.status_code == 200, response.text
+            body = response.json()
+            assert len(body["jobs"]) <= 2
+            seen += [(j["job_id"], j["gpu_flavor"]) for j in body["jobs"]]
+            if body["next"] is None:
+                break
+            params = {"limit": 2, "after": body["next"]}
+        expected = [("j0", "cpu"), *((f"j{n}", "a100") for n in range(5))]
+        assert sorted(seen) == sorted(expected)
+        assert len(seen) == len(set(seen))
+        whole = (await client.get("/v1/usage", headers=operator)).json()
+        assert len(whole["jobs"]) == 6 and whole["next"] is None
+        for bad in ({"limit": 0}, {"limit": 501}, {"after": "bm90IGEgY3Vyc29y"}, {"after": "%%"}):
+            refused = await client.get("/v1/usage", params=bad, headers=operator)
+            assert refused.status_code == 422, (bad, refused.text)
+            assert refused.json()["errors"][0]["field"] == next(iter(bad))

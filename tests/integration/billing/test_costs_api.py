@@ -276,7 +276,7 @@ async def test_the_job_cost_and_the_older_usage_refuse_unknown_parameters(
 ) -> None:
     for path, params, field, message in (
         ("/v1/jobs/ml-2/cost", {"attempt": "1"}, "attempt", "unknown query parameter"),
-        ("/v1/usage", {"tema": "ml"}, "tema", "unknown query parameter (team)"),
+        ("/v1/usage", {"tema": "ml"}, "tema", "unknown query parameter (after, limit, team)"),
         ("/v1/usage", {"team": ["ml", "ml"]}, "team", "given more than once"),
     ):
         response = await client.get(path, params=params, headers=OPERATOR)
