@@ -34,10 +34,19 @@ T = TypeVar("T")
 
 
 def encode(*key: Part | datetime) -> str:
-    """The cursor of a row whose sort key is ``key`` (datetimes as ISO 8601 text)."""
-    parts = [k.isoformat() if isinstance(k, datetime) else k for k in key]
+    """The cursor of a row whose sort key is ``key`` (datetimes as ISO 8601 text, floats as
+    their ``repr``, so NaN and the infinities survive: parse them with ``real``)."""
+    parts = [_part(k) for k in key]
     raw = json.dumps(parts, separators=(",", ":"), allow_nan=False)
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _part(key: Part | datetime) -> str | int | None:
+    if isinstance(key, datetime):
+        return key.isoformat()
+    if isinstance(key, float):
+        return repr(key)
+    return key
 
 
 def decode(text: str | None, route: str, *parsers: Parser) -> tuple[Any, ...] | None:
@@ -75,6 +84,11 @@ def integer(part: Any) -> int:
     if not isinstance(part, int) or isinstance(part, bool) or not -(2**63) <= part < 2**63:
         raise ValueError("not an integer part")
     return part
+
+
+def real(part: Any) -> float:
+    """A float written by ``encode`` (``'0.5'``, ``'nan'``, ``'-inf'``)."""
+    return float(text(part))
 
 
 def instant(part: Any) -> datetime:

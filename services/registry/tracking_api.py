@@ -4,10 +4,15 @@
 - ``GET /v1/jobs/{job_id}/metrics/{key}?max_points&from_step&to_step``: one metric's
   points; more than ``max_points`` are downsampled in SQL keeping each bucket's first, last,
   min and max (``metrics``).
-- ``GET /v1/experiments?project``: the caller's team's experiments (an operator's: every
-  team's, or ``?team``), with run counts.
-- ``GET /v1/experiments/{id}?sort&order&filter&limit``: its runs, sorted or filtered by a
-  metric's final or best value (``sort=best:loss``, ``filter=final:accuracy>=0.9``).
+- ``GET /v1/experiments?project&limit&after``: the caller's team's experiments (an
+  operator's: every team's, or ``?team``), with run counts.
+- ``GET /v1/experiments/{id}?sort&order&filter&limit&after``: its runs, sorted or filtered
+  by a metric's final or best value (``sort=best:loss``, ``filter=final:accuracy>=0.9``).
+
+Both lists come a page at a time (``shared.paging``): at most ``limit`` (experiments: 1 to
+``PAGE_MAX``, default 100; runs: 1 to ``RUNS_PAGE_MAX``, default that), and while more
+follow, ``next``, the cursor to pass as ``after``. A runs cursor holds its sort: given with
+another ``sort`` or ``order`` it answers 422 naming ``after``.
 - ``GET /v1/experiments/{id}/compare?keys&jobs&max_points``: runs side by side.
 - ``PUT``/``DELETE /v1/jobs/{job_id}/tags/{tag}``, ``PUT /v1/jobs/{job_id}/note``: members.
 
@@ -18,7 +23,7 @@ parameters answer 422 naming the parameter (the platform's rule, ``shared.http_e
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -40,7 +45,7 @@ from trainyard_platform.services.registry.tracking_query import (
     parse_sort,
     to_run,
 )
-from trainyard_platform.services.registry.tracking_repository import RunFilter, RunOrder
+from trainyard_platform.services.registry.tracking_repository import RunOrder
 from trainyard_platform.services.registry.tracking_schemas import (
     Comparison,
     Experiment,
@@ -55,7 +60,7 @@ from trainyard_platform.services.registry.tracking_schemas import (
     RunAnnotations,
     RunMetric,
 )
-from trainyard_platform.shared import audit
+from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import needs
 from trainyard_platform.shared.http_app import error_responses, json_request_body
 from trainyard_platform.shared.http_errors import RequestInvalid, parse_body, read_json_body
@@ -68,7 +73,23 @@ MaxPoints = Annotated[
 Step = Annotated[int | None, QueryParameter(ge=0, le=2**63 - 1)]
 ExperimentId = Annotated[int, PathParameter(ge=1, le=2**63 - 1)]  # the column's bigint
 _MAX_COMPARED = 50
+PAGE_MAX = 500
+RUNS_PAGE_MAX = 1000
+After = Annotated[str | None, QueryParameter(description="the next of the previous page")]
 NOTE_BODY_MAX_BYTES = 64 * 1024
+
+
+def _sort_name(order: RunOrder | None) -> str:
+    """The sort a runs cursor belongs to, as its first part (``""``: newest first)."""
+    if order is None:
+        return ""
+    return f"{order.field}:{order.key}:{'desc' if order.descending else 'asc'}"
+
+
+def _same_sort(part: Any, sorted_by: str) -> str:
+    if part != sorted_by:
+        raise ValueError("a cursor of another sort")
+    return sorted_by
 
 
 def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
@@ -87,15 +108,8 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
             raise NotFoundException(f"no experiment {experiment_id}")
         return Experiment(**dict(row))
 
-    async def runs_of(
-        conn: asyncpg.Connection,
-        experiment_id: int,
-        order: RunOrder | None = None,
-        where: RunFilter | None = None,
-        limit: int = 1000,
-        job_ids: list[str] | None = None,
-    ) -> list[Run]:
-        rows = await repo.runs(conn, experiment_id, order, where, limit, job_ids)
+    async def as_runs(conn: asyncpg.Connection, rows: Sequence[Any]) -> list[Run]:
+        """The rows of ``repo.runs`` as ``Run``s, with their final and best metrics."""
         by_job: dict[str, dict[str, RunMetric]] = {}
         for m in await repo.final_metrics(conn, [r["job_id"] for r in rows]):
             by_job.setdefault(m["job_id"], {})[m["key"]] = RunMetric(
@@ -168,14 +182,24 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
             str | None,
             QueryParameter(min_length=1, max_length=100, description="operators: one team"),
         ] = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=PAGE_MAX)] = 100,
+        after: After = None,
     ) -> ExperimentList:
+        key = paging.decode(
+            after, "GET /v1/experiments", paging.optional(paging.instant), paging.integer
+        )
         if not principal.is_operator:
             if team is not None and team != principal.team:
                 return ExperimentList(experiments=[])
             team = principal.team
         async with pool.acquire() as conn:
-            rows = await repo.experiments(conn, team, project)
-        return ExperimentList(experiments=[Experiment(**dict(r)) for r in rows])
+            fetched = await repo.experiments(conn, team, project, limit + 1, key)
+        rows, more = paging.split(fetched, limit)
+        last = rows[-1] if more else None
+        return ExperimentList(
+            experiments=[Experiment(**dict(r)) for r in rows],
+            next=paging.encode(last["last_started_at"], last["id"]) if last else None,
+        )
 
     @get(
         "/v1/experiments/{experiment_id:int}",
@@ -198,13 +222,34 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
         filter: Annotated[
             str | None, QueryParameter(description="e.g. final:accuracy>=0.9, best:loss<0.5")
         ] = None,
-        limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 1000,
+        limit: Annotated[int, QueryParameter(ge=1, le=RUNS_PAGE_MAX)] = RUNS_PAGE_MAX,
+        after: After = None,
     ) -> ExperimentRuns:
         run_order, where = parse_sort(sort, order), parse_filter(filter)
+        sorted_by = _sort_name(run_order)
+        key = paging.decode(
+            after,
+            "GET /v1/experiments/{id} with this sort",
+            lambda part: _same_sort(part, sorted_by),
+            paging.optional(paging.real),
+            paging.instant,
+            paging.text,
+        )
         async with pool.acquire() as conn:
             found = await visible_experiment(conn, experiment_id, principal)
-            shown = await runs_of(conn, experiment_id, run_order, where, limit)
-        return ExperimentRuns(experiment=found, runs=shown)
+            fetched = await repo.runs(
+                conn, experiment_id, run_order, where, limit + 1, after=key[1:] if key else None
+            )
+            rows, more = paging.split(fetched, limit)
+            shown = await as_runs(conn, rows)
+        last = rows[-1] if more else None
+        return ExperimentRuns(
+            experiment=found,
+            runs=shown,
+            next=paging.encode(sorted_by, last["sort_value"], last["started_at"], last["job_id"])
+            if last
+            else None,
+        )
 
     @get(
         "/v1/experiments/{experiment_id:int}/compare",
@@ -231,7 +276,9 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
         job_ids = comma_names(jobs, "jobs", _MAX_COMPARED)
         async with pool.acquire() as conn:
             found = await visible_experiment(conn, experiment_id, principal)
-            shown = await runs_of(conn, experiment_id, limit=_MAX_COMPARED, job_ids=job_ids)
+            shown = await as_runs(
+                conn, await repo.runs(conn, experiment_id, limit=_MAX_COMPARED, job_ids=job_ids)
+            )
             drawn: dict[str, dict[str, MetricCurve]] = {}
             for key in wanted:
                 for run in shown:

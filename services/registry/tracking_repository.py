@@ -87,15 +87,31 @@ _EXPERIMENT = """SELECT e.id, e.team, e.project, e.name, e.created_at,
     FROM experiments e LEFT JOIN tracked_jobs j ON j.experiment_id = e.id"""
 
 
-async def experiments(conn: asyncpg.Connection, team: str | None, project: str | None) -> list[Row]:
-    """Experiments of ``team`` (every team's: None), optionally of one project, newest run
-    first."""
+async def experiments(
+    conn: asyncpg.Connection,
+    team: str | None,
+    project: str | None,
+    limit: int,
+    after: tuple[datetime | None, int] | None = None,
+) -> list[Row]:
+    """At most ``limit`` experiments of ``team`` (every team's: None), optionally of one
+    project, newest run first (then the newest experiment), after the key ``after``
+    (``(last_started_at, id)`` of the previous page's last one)."""
+    last, last_id = after or (None, None)
     return await conn.fetch(  # type: ignore[no-any-return]
         f"""{_EXPERIMENT}
             WHERE ($1::text IS NULL OR e.team = $1) AND ($2::text IS NULL OR e.project = $2)
-            GROUP BY e.id ORDER BY max(j.started_at) DESC NULLS LAST, e.id DESC""",
+            GROUP BY e.id
+            HAVING $5::bigint IS NULL OR CASE WHEN $4::timestamptz IS NULL
+                THEN max(j.started_at) IS NULL AND e.id < $5
+                ELSE max(j.started_at) IS NULL OR max(j.started_at) < $4
+                     OR (max(j.started_at) = $4 AND e.id < $5) END
+            ORDER BY max(j.started_at) DESC NULLS LAST, e.id DESC LIMIT $3""",
         team,
         project,
+        limit,
+        last,
+        last_id,
     )
 
 
@@ -125,6 +141,11 @@ class RunFilter:
     value: float
 
 
+RunKey = tuple[float | None, datetime, str]
+"""Where a page of runs ends: the last run's sort value (None without ``order``, or when it
+lacks the metric), its start and its job id."""
+
+
 async def runs(
     conn: asyncpg.Connection,
     experiment_id: int,
@@ -132,27 +153,39 @@ async def runs(
     where: RunFilter | None = None,
     limit: int = 1000,
     job_ids: Sequence[str] | None = None,
+    after: RunKey | None = None,
 ) -> list[Row]:
-    """The runs of an experiment (newest first unless ``order``; runs without the metric
-    last), each with its tags."""
+    """At most ``limit`` runs of an experiment (newest first unless ``order``; runs without
+    the metric last; ties by start, newest first, then job id), each with its tags and its
+    sort value (``sort_value``), after the run at ``after``."""
     # Columns and operators come from the closed sets above, never from the caller.
-    sort = "j.started_at DESC"
+    sort = "j.started_at DESC, j.job_id DESC"
+    beyond = "<"
     if order is not None:
         direction = "DESC" if order.descending else "ASC"
-        sort = f"o.{_COLUMN[order.field]} {direction} NULLS LAST, j.started_at DESC"
+        sort = f"o.{_COLUMN[order.field]} {direction} NULLS LAST, {sort}"
+        beyond = "<" if order.descending else ">"
+    value = f"o.{_COLUMN[order.field]}" if order is not None else "NULL::float8"
     condition = "true"
     if where is not None:
         assert where.op in ("<", "<=", ">", ">=")
         condition = f"f.{_COLUMN[where.field]} {where.op} $5::float8"
+    # Keyset: a run after the cursor's value in sort order (NULLS LAST: a run without the
+    # metric comes after every run with it), or of the same value and older.
+    tie = "(j.started_at, j.job_id) < ($8::timestamptz, $9::text)"
+    past = f"""$9::text IS NULL OR CASE WHEN $7::float8 IS NULL
+        THEN {value} IS NULL AND {tie}
+        ELSE {value} IS NULL OR {value} {beyond} $7 OR ({value} = $7 AND {tie}) END"""
+    cursor_value, cursor_start, cursor_job = after or (None, None, None)
     return await conn.fetch(  # type: ignore[no-any-return]
         f"""SELECT j.job_id, j.name, j.user_name, j.status, j.started_at, j.ended_at, j.spec,
                    j.note, ARRAY(SELECT tag FROM job_tags t WHERE t.job_id = j.job_id
-                                 ORDER BY tag) AS tags
+                                 ORDER BY tag) AS tags, {value} AS sort_value
             FROM tracked_jobs j
             LEFT JOIN metric_series o ON o.job_id = j.job_id AND o.key = $2::text
             LEFT JOIN metric_series f ON f.job_id = j.job_id AND f.key = $4::text
             WHERE j.experiment_id = $1 AND ($6::text[] IS NULL OR j.job_id = ANY($6))
-              AND ($5::float8 IS NULL OR {condition})
+              AND ($5::float8 IS NULL OR {condition}) AND ({past})
             ORDER BY {sort} LIMIT $3""",
         experiment_id,
         order.key if order else None,
@@ -160,6 +193,9 @@ async def runs(
         where.key if where else None,
         where.value if where else None,
         list(job_ids) if job_ids is not None else None,
+        cursor_value,
+        cursor_start,
+        cursor_job,
     )
 
 

@@ -97,6 +97,8 @@ class Experiment(_Schema):
 
 class ExperimentList(_Schema):
     experiments: list[Experiment]
+    next: str | None = None
+    """Pass as ``after`` for the next page; None when this page is the last."""
 
 
 class RunMetric(_Schema):
@@ -125,6 +127,9 @@ class Run(_Schema):
 class ExperimentRuns(_Schema):
     experiment: Experiment
     runs: list[Run]
+    next: str | None = None
+    """Pass as ``after`` (same sort, order and filter) for the next page of runs; None when
+    this page is the last."""
 
 
 class Comparison(_Schema):

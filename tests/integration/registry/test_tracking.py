@@ -409,3 +409,62 @@ async def test_points_are_believed_only_from_the_node_the_run_started_on(
     await apply([wrapped(early)])
     assert await pool.fetchval("SELECT count FROM metric_series WHERE job_id = $1", j) == 1
     assert await pool.fetchval("SELECT count(*) FROM metric_series WHERE job_id = $1", other) == 0
+
+
+async def test_experiments_and_runs_come_a_page_at_a_time(pool: asyncpg.Pool) -> None:
+    # GET /v1/experiments had no limit, and an experiment's runs stopped at 1,000 with no
+    # cursor. Now both page with the platform's cursor; following it gives exactly the rows
+    # of one big page, in its order, through ties, NaN, infinities and missing metrics.
+    team = f"pg{uuid.uuid4().hex[:8]}"
+    apply = idempotent_batches(pool, "registry", RegistryHandlers().dispatch_batch)
+    events: list[Delivery] = []
+    for n in range(5):
+        j = job()
+        events.append(wrapped(started(j, spec(team=team, experiment=f"alone-{n}"))))
+    losses: list[float | None] = [0.5, NAN, 0.5, None, 0.2, INF, 0.5]
+    for n, loss in enumerate(losses):
+        j = job()
+        begun = started(j, spec(team=team, experiment="sweep"))
+        begun = begun.model_copy(update={"started_at": T0 + timedelta(minutes=n % 3)})
+        events.append(wrapped(begun))
+        if loss is not None:
+            events.append(wrapped(batch(j, 0, "loss", [loss])))
+    await apply(events)
+    who = Principal(user="alice", team=team, role=Role.MEMBER, token_id=9)
+    async with app_as(pool, who) as client:
+
+        async def every(path: str, field: str, params: dict[str, Any], size: int) -> list[Any]:
+            rows: list[Any] = []
+            query = {**params, "limit": size}
+            for _ in range(20):
+                answer = await client.get(path, params=query)
+                assert answer.status_code == 200, answer.text
+                body = answer.json()
+                assert len(body[field]) <= size
+                rows += body[field]
+                if body["next"] is None:
+                    return rows
+                query = {**params, "limit": size, "after": body["next"]}
+            raise AssertionError("the cursor never ended")
+
+        whole = await every("/v1/experiments", "experiments", {}, 500)
+        assert len(whole) == 6
+        assert await every("/v1/experiments", "experiments", {}, 2) == whole
+        eid = next(e["id"] for e in whole if e["name"] == "sweep")
+        path = f"/v1/experiments/{eid}"
+        for params in ({}, {"sort": "final:loss"}, {"sort": "final:loss", "order": "desc"}):
+            one = await every(path, "runs", params, 1000)
+            assert len(one) == len(losses)
+            paged = await every(path, "runs", params, 2)
+            assert [r["job_id"] for r in paged] == [r["job_id"] for r in one], params
+
+        first = (await client.get(path, params={"limit": 2})).json()
+        for bad_path, bad in (
+            ("/v1/experiments", {"after": "bm90IGEgY3Vyc29y"}),
+            ("/v1/experiments", {"limit": 501}),
+            (path, {"after": first["next"], "sort": "final:loss"}),  # another sort's cursor
+            (path, {"after": "x" * 600}),
+        ):
+            refused = await client.get(bad_path, params=bad)
+            assert refused.status_code == 422, (bad, refused.text)
+            assert refused.json()["errors"][0]["field"] == next(iter(bad)), refused.text
