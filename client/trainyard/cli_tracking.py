@@ -158,10 +158,22 @@ def run_metrics(session: Session) -> int:
     return Exit.OK
 
 
+def _every(registry: TrainyardClient, path: str, field: str, **params: Any) -> dict[str, Any]:
+    """The answer of a paged registry list ``path`` with every page's ``field`` rows in
+    it, following ``next`` (``after``) to the last page."""
+    answer = registry.get(path, **params)
+    rows = list(answer[field])
+    while answer.get("next"):
+        answer = registry.get(path, **params, after=answer["next"])
+        rows.extend(answer[field])
+    return {**answer, field: rows, "next": None}
+
+
 def _experiment_id(session: Session, ref: str, project: str | None) -> int:
     if ref.isdigit():
         return int(ref)
-    found = session.service("registry").get("/v1/experiments", project=project)
+    registry = session.service("registry")
+    found = _every(registry, "/v1/experiments", "experiments", project=project, limit=500)
     matches = [e for e in found["experiments"] if e["name"] == ref]
     if not matches:
         raise CliError(f"no experiment {ref!r} in your team", Exit.NOT_FOUND)
@@ -178,7 +190,7 @@ def run_experiments(session: Session) -> int:
     args = session.args
     registry = session.service("registry")
     if not args.experiment:
-        found = registry.get("/v1/experiments", project=args.project)
+        found = _every(registry, "/v1/experiments", "experiments", project=args.project, limit=500)
         rows = [
             (
                 e["id"],
@@ -200,7 +212,9 @@ def run_experiments(session: Session) -> int:
         )
         return Exit.OK
     number = _experiment_id(session, args.experiment, args.project)
-    found = registry.get(f"/v1/experiments/{number}", sort=args.sort, filter=args.filter)
+    found = _every(
+        registry, f"/v1/experiments/{number}", "runs", sort=args.sort, filter=args.filter
+    )
     keys = sorted({k for run in found["runs"] for k in run["metrics"]})[:6]
     rows = [
         (
@@ -215,7 +229,7 @@ def run_experiments(session: Session) -> int:
     ]
     total = int(found["experiment"]["runs"])
     shown = len(found["runs"])
-    # The registry answers at most its limit of runs: say so rather than stop short.
+    # A registry without paging answers at most its limit of runs: say so, not stop short.
     cut = f"\n({shown} of {total} runs shown: the registry answers at most {shown})"
     session.emit(
         found,
