@@ -511,6 +511,40 @@ def test_ten_thousand_jobs_list_a_page_at_a_time(browser: Any, world: World) -> 
     assert not script_errors(driver)
 
 
+async def _insert_experiments(dsn: str, team: str, count: int) -> None:
+    """``count`` experiments of ``team`` (no runs yet) straight into the registry schema."""
+    conn = await asyncpg.connect(dsn, server_settings={"search_path": "registry"})
+    try:
+        await conn.execute(
+            "INSERT INTO experiments (team, project, name, created_at) "
+            "SELECT $1, 'many', 'exp-' || lpad(n::text, 3, '0'), now() "
+            "FROM generate_series(1, $2::int) AS n",
+            team,
+            count,
+        )
+    finally:
+        await conn.close()
+
+
+def test_every_experiment_is_listed_page_after_page(browser: Any, world: World) -> None:
+    """A team with 600 experiments: the registry answers at most 500 a page, and the
+    experiments page follows its ``next`` cursor to list every one (it showed the first
+    page only, so the oldest experiments were missing)."""
+    driver = browser
+    if not registry_has_experiments(world):
+        pytest.skip("this stack's registry has no experiment tracking")
+    world.tokens["many"] = world.stack.bootstrap_admin("many", "dora")
+    asyncio.run(_insert_experiments(world.stack.database_url, "many", 600))
+    login(driver, world, "many")
+    visit(driver, "/experiments", "exp-600")
+    # The newest experiment comes first, so exp-001 is on the registry's second page.
+    names = driver.execute_script(
+        "return [...document.querySelectorAll('a.experiment-name')].map(a => a.textContent)"
+    )
+    assert len(names) == 600 and "exp-001" in names, len(names)
+    assert not script_errors(driver)
+
+
 def test_models_show_aliases_and_lineage_and_costs_are_billings(browser: Any, world: World) -> None:
     """The models page reads the registry's models API (aliases included) and draws the
     version's upstream lineage; the costs page shows billing's exact ``/v1/costs``: the total,

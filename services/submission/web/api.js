@@ -120,6 +120,22 @@ export async function get(service, path, query, signal) {
   return (await call(service, path, { query, signal })).data;
 }
 
+/**
+ * The answer of a paged list ``path`` (the registry's and billing's: rows in ``field`` and
+ * the cursor of the next page in the body's ``next``) with every page's rows in ``field``:
+ * follows ``next`` as ``after`` to the last page.
+ */
+export async function getEvery(service, path, field, query, signal) {
+  const first = await get(service, path, query, signal);
+  const rows = [...(first[field] || [])];
+  let page = first;
+  while (page.next) {
+    page = await get(service, path, { ...query, after: page.next }, signal);
+    rows.push(...(page[field] || []));
+  }
+  return { ...first, [field]: rows, next: null };
+}
+
 function nextCursor(link) {
   if (!link) return null;
   const match = /<([^>]+)>\s*;\s*rel="next"/.exec(link);

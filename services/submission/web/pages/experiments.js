@@ -1,7 +1,7 @@
 // Experiments: the team's named groups of runs, and runs side by side (overlaid curves, the
 // parameters that differ, final metrics, duration). Served by the registry's tracking API.
 
-import { Unavailable, call, get } from "../api.js";
+import { Unavailable, call, get, getEvery } from "../api.js";
 import { PALETTE, lineChart } from "../chart.js";
 import {
   card, duration, errorMessage, h, jobLink, message, metric, noSuch, pageHeader, replace,
@@ -22,7 +22,7 @@ export async function render(view, params, ctx) {
   view.append(pageHeader("Experiments", `${operator ? "Every team" : `Team ${ctx.me.team}`}: runs grouped by the experiment their spec names.`));
   let answer;
   try {
-    answer = await get("registry", "/v1/experiments");
+    answer = await getEvery("registry", "/v1/experiments", "experiments", { limit: 500 });
   } catch (error) {
     view.append(unavailable(error, "Experiments"));
     return;
@@ -51,7 +51,7 @@ async function renderOne(view, id, me) {
   if (!/^[0-9]+$/.test(id)) { view.append(pageHeader("Experiment", id), noSuch("experiment")); return; }
   let data;
   try {
-    data = await get("registry", `/v1/experiments/${encodeURIComponent(id)}`);
+    data = await getEvery("registry", `/v1/experiments/${encodeURIComponent(id)}`, "runs");
   } catch (error) {
     view.append(pageHeader("Experiment", id), error instanceof Unavailable ? unavailable(error, "Experiments") : errorMessage(error, "experiment"));
     return;

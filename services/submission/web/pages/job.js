@@ -3,7 +3,7 @@
 // registry's verdict naming what differed from the original.
 // While the job lives the page follows it (view every 3 s, logs every 2 s, charts every 10 s).
 
-import { ApiError, Unavailable, call, get } from "../api.js";
+import { ApiError, Unavailable, call, get, getEvery } from "../api.js";
 import { lineChart } from "../chart.js";
 import {
   absolute, card, duration, errorMessage, gpuHours, h, jobLink, keyValues, message, metric, money,
@@ -237,7 +237,7 @@ export async function render(view, [jobId], { me }) {
     const spec = job.spec || {};
     if (!spec.experiment) return;
     try {
-      const { experiments } = await get("registry", "/v1/experiments", { project: spec.project || undefined });
+      const { experiments } = await getEvery("registry", "/v1/experiments", "experiments", { project: spec.project || undefined, limit: 500 });
       const found = (experiments || []).find((e) => e.name === spec.experiment);
       if (found) { experimentHref = `#/experiments/${found.id}`; drawDetails(); }
     } catch { /* the plain list link stays */ }
