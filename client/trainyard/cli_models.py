@@ -291,7 +291,9 @@ def run_show(session: Session) -> int:
         session.emit(found, lambda: render_version(found))
         return Exit.OK
     model = registry.get(f"/v1/models/{ref.path}")
-    versions = registry.get(f"/v1/models/{ref.path}/versions")["versions"]
+    versions = registry.get_every(f"/v1/models/{ref.path}/versions", "versions", limit=500)[
+        "versions"
+    ]
     by_version: dict[int, list[str]] = {}
     for name, number in model["aliases"].items():
         by_version.setdefault(number, []).append(name)
@@ -364,7 +366,7 @@ def run_alias(session: Session) -> int:
             gone, lambda: f"removed {ref}@{args.alias} (was version {gone.get('previous')})"
         )
     else:
-        moves = registry.get(f"{path}/moves")
+        moves = registry.get_every(f"{path}/moves", "moves", limit=500)
         rows = [
             (
                 time_text(m["at"]),
@@ -411,7 +413,9 @@ def run_download(session: Session) -> int:
     ref = parse_ref(args.model, "TEAM/NAME", version=None, alias=True)
     registry = session.service("registry")
     if ref.version is None and ref.alias is None:
-        latest = registry.get(f"/v1/models/{ref.path}/versions")["versions"]
+        latest = registry.get_every(f"/v1/models/{ref.path}/versions", "versions", limit=500)[
+            "versions"
+        ]
         if not latest:
             raise CliError(f"{ref} has no live version", Exit.NOT_FOUND)
         ref = Ref(ref.team, ref.name, int(latest[-1]["version"]))

@@ -158,22 +158,11 @@ def run_metrics(session: Session) -> int:
     return Exit.OK
 
 
-def _every(registry: TrainyardClient, path: str, field: str, **params: Any) -> dict[str, Any]:
-    """The answer of a paged registry list ``path`` with every page's ``field`` rows in
-    it, following ``next`` (``after``) to the last page."""
-    answer = registry.get(path, **params)
-    rows = list(answer[field])
-    while answer.get("next"):
-        answer = registry.get(path, **params, after=answer["next"])
-        rows.extend(answer[field])
-    return {**answer, field: rows, "next": None}
-
-
 def _experiment_id(session: Session, ref: str, project: str | None) -> int:
     if ref.isdigit():
         return int(ref)
     registry = session.service("registry")
-    found = _every(registry, "/v1/experiments", "experiments", project=project, limit=500)
+    found = registry.get_every("/v1/experiments", "experiments", project=project, limit=500)
     matches = [e for e in found["experiments"] if e["name"] == ref]
     if not matches:
         raise CliError(f"no experiment {ref!r} in your team", Exit.NOT_FOUND)
@@ -190,7 +179,9 @@ def run_experiments(session: Session) -> int:
     args = session.args
     registry = session.service("registry")
     if not args.experiment:
-        found = _every(registry, "/v1/experiments", "experiments", project=args.project, limit=500)
+        found = registry.get_every(
+            "/v1/experiments", "experiments", project=args.project, limit=500
+        )
         rows = [
             (
                 e["id"],
@@ -212,8 +203,8 @@ def run_experiments(session: Session) -> int:
         )
         return Exit.OK
     number = _experiment_id(session, args.experiment, args.project)
-    found = _every(
-        registry, f"/v1/experiments/{number}", "runs", sort=args.sort, filter=args.filter
+    found = registry.get_every(
+        f"/v1/experiments/{number}", "runs", sort=args.sort, filter=args.filter
     )
     keys = sorted({k for run in found["runs"] for k in run["metrics"]})[:6]
     rows = [
@@ -303,8 +294,8 @@ def run_note(session: Session) -> int:
 def run_models(session: Session) -> int:
     args = session.args
     team = args.team or session.client.whoami()["team"]
-    found = session.service("registry").get(
-        f"/v1/models/{segment(team)}/{segment(args.name)}/versions"
+    found = session.service("registry").get_every(
+        f"/v1/models/{segment(team)}/{segment(args.name)}/versions", "versions", limit=500
     )
     rows = [
         (

@@ -145,6 +145,17 @@ class TrainyardClient:
         """The JSON answer of ``GET path`` (any endpoint of this base URL)."""
         return self._request("GET", path, params={k: v for k, v in params.items() if v is not None})
 
+    def get_every(self, path: str, field: str, **params: str | int | None) -> dict[str, Any]:
+        """The answer of a paged list ``path`` (the registry's and billing's: rows in
+        ``field``, the cursor of the next page in ``next``) with every page's rows in
+        ``field``, following ``next`` as ``after`` to the last page."""
+        answer = self.get(path, **params)
+        rows = list(answer[field])
+        while answer.get("next"):
+            answer = self.get(path, **params, after=answer["next"])
+            rows.extend(answer[field])
+        return {**answer, field: rows, "next": None}
+
     def call(self, method: str, path: str, body: Any = None) -> Any:
         """The JSON answer of ``method path`` (with a JSON ``body``), for any endpoint."""
         return self._request(method, path, **({} if body is None else {"json": body}))

@@ -1,6 +1,8 @@
 """The registry's HTTP app: health, readiness and the model API.
 
-- ``GET /v1/models/{team}/{name}/versions``: every live version of a model, oldest first.
+- ``GET /v1/models/{team}/{name}/versions?limit&after``: the live versions of a model,
+  oldest first, a page at a time (``shared.paging``: at most ``limit``, 1 to
+  ``VERSIONS_PAGE_MAX``, default 100; ``next`` while more follow, passed as ``after``).
 - ``GET /v1/models/{team}/{name}/versions/{version}``: one version with its full lineage,
   its registration details, the aliases pointing at it and what it cost to make
   (``model_cost``; 404 once deleted).
@@ -28,7 +30,7 @@ from litestar import Litestar, get
 from litestar.di import NamedDependency
 from litestar.exceptions import NotFoundException
 from litestar.handlers import HTTPRouteHandler
-from litestar.params import FromPath, PathParameter
+from litestar.params import FromPath, PathParameter, QueryParameter
 from litestar.types import Guard
 
 from trainyard_platform.services.registry import model_cost, model_grants
@@ -41,12 +43,14 @@ from trainyard_platform.services.registry.model_cost import CostedVersion
 from trainyard_platform.services.registry.reproduction_api import reproduction_routes
 from trainyard_platform.services.registry.schemas import VersionList, VersionSummary
 from trainyard_platform.services.registry.tracking_api import tracking_routes
+from trainyard_platform.shared import paging
 from trainyard_platform.shared.audit import audit_route
 from trainyard_platform.shared.http_app import error_responses, service_app
 from trainyard_platform.shared.identity import Principal
 from trainyard_platform.shared.storage import ObjectStore
 
 Caller = NamedDependency[Principal]
+VERSIONS_PAGE_MAX = 500
 
 
 def create_app(
@@ -63,16 +67,27 @@ def create_app(
 
     @get("/v1/models/{team:str}/{name:str}/versions", responses=error_responses(404))
     async def list_versions(
-        team: FromPath[str], name: FromPath[str], principal: Caller
+        team: FromPath[str],
+        name: FromPath[str],
+        principal: Caller,
+        limit: Annotated[int, QueryParameter(ge=1, le=VERSIONS_PAGE_MAX)] = 100,
+        after: Annotated[str | None, QueryParameter(description="the next of a page")] = None,
     ) -> VersionList:
         missing = NotFoundException(f"no model {name!r} in team {team!r}")
+        key = paging.decode(after, "GET /v1/models/{team}/{name}/versions", paging.integer)
         async with pool.acquire() as conn:
             await model_grants.readable_or_404(conn, principal, team, name)
-            versions = await repo.versions_of_model(conn, team, name)
-            if not versions and not await repo.model_exists(conn, team, name):
+            fetched = await repo.versions_of_model(
+                conn, team, name, limit + 1, key[0] if key else 0
+            )
+            if not fetched and not await repo.model_exists(conn, team, name):
                 raise missing
+        versions, more = paging.split(fetched, limit)
         return VersionList(
-            team=team, model=name, versions=[VersionSummary.from_domain(v) for v in versions]
+            team=team,
+            model=name,
+            versions=[VersionSummary.from_domain(v) for v in versions],
+            next=paging.encode(versions[-1].version) if more else None,
         )
 
     @get(

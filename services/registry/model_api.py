@@ -64,7 +64,7 @@ from trainyard_platform.services.registry.schemas import (
     ModelSummary,
     RegisterRequest,
 )
-from trainyard_platform.shared import audit
+from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import Teams, needs
 from trainyard_platform.shared.http_app import error_responses, json_request_body
 from trainyard_platform.shared.http_errors import (
@@ -462,16 +462,33 @@ def model_routes(
         responses=error_responses(404),
     )
     async def alias_history(
-        team: FromPath[str], name: FromPath[str], alias: FromPath[str], principal: Caller
+        team: FromPath[str],
+        name: FromPath[str],
+        alias: FromPath[str],
+        principal: Caller,
+        limit: Annotated[int, QueryParameter(ge=1, le=PAGE_MAX)] = 100,
+        after: Annotated[str | None, QueryParameter(description="the next of a page")] = None,
     ) -> AliasHistory:
         names.check_model(team, name)
         names.check("alias", alias)
+        key = paging.decode(after, "GET .../aliases/{alias}/moves", paging.integer)
         async with pool.acquire() as conn:
             await readable(conn, principal, team, name)
             found = await models_repo.model(conn, team, name)
-            moves = await models_repo.alias_moves(conn, found.id, alias) if found else []
-        if not moves:
+            fetched = (
+                await models_repo.alias_moves(
+                    conn, found.id, alias, limit + 1, key[0] if key else 0
+                )
+                if found
+                else []
+            )
+            # A page past the last move is empty; only an alias never moved is a 404.
+            known = bool(fetched) or bool(
+                found and key and await models_repo.alias_moves(conn, found.id, alias, 1)
+            )
+        if not known:
             raise NotFoundException(f"no alias {alias!r} of model {name!r} in team {team!r}")
+        moves, more = paging.split(fetched, limit)
         return AliasHistory(
             team=team,
             model=name,
@@ -486,6 +503,7 @@ def model_routes(
                 )
                 for m in moves
             ],
+            next=paging.encode(moves[-1].id) if more else None,
         )
 
     async def change_grant(

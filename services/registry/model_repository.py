@@ -129,6 +129,8 @@ class AliasMove:
     to_version: int | None
     actor: str
     at: datetime
+    id: int = 0
+    """Its place in the history (moves are listed and paged by it)."""
 
 
 async def aliases(conn: asyncpg.Connection, model_id: int) -> dict[str, int]:
@@ -208,15 +210,21 @@ async def _record_move(
     )
 
 
-async def alias_moves(conn: asyncpg.Connection, model_id: int, alias: str) -> list[AliasMove]:
+async def alias_moves(
+    conn: asyncpg.Connection, model_id: int, alias: str, limit: int, after: int = 0
+) -> list[AliasMove]:
+    """At most ``limit`` moves of the alias after the move ``after`` (its id), oldest first."""
     rows = await conn.fetch(
-        """SELECT alias, from_version, to_version, actor, at FROM model_alias_moves
-           WHERE model_id = $1 AND alias = $2 ORDER BY id""",
+        """SELECT id, alias, from_version, to_version, actor, at FROM model_alias_moves
+           WHERE model_id = $1 AND alias = $2 AND id > $4 ORDER BY id LIMIT $3""",
         model_id,
         alias,
+        limit,
+        after,
     )
     return [
-        AliasMove(r["alias"], r["from_version"], r["to_version"], r["actor"], r["at"]) for r in rows
+        AliasMove(r["alias"], r["from_version"], r["to_version"], r["actor"], r["at"], r["id"])
+        for r in rows
     ]
 
 

@@ -161,13 +161,19 @@ async def insert_version(conn: asyncpg.Connection, model_id: int, version: Model
     )
 
 
-async def versions_of_model(conn: asyncpg.Connection, team: str, name: str) -> list[ModelVersion]:
-    """The model's versions that are not deleted, oldest first."""
+async def versions_of_model(
+    conn: asyncpg.Connection, team: str, name: str, limit: int, after: int = 0
+) -> list[ModelVersion]:
+    """At most ``limit`` of the model's versions that are not deleted, numbered above
+    ``after``, oldest first."""
     rows = await conn.fetch(
         f"SELECT {_VERSION_COLUMNS} FROM model_versions v JOIN models m ON m.id = v.model_id "
-        "WHERE m.team = $1 AND m.name = $2 AND v.deleted_at IS NULL ORDER BY v.version",
+        "WHERE m.team = $1 AND m.name = $2 AND v.deleted_at IS NULL AND v.version > $4 "
+        "ORDER BY v.version LIMIT $3",
         team,
         name,
+        limit,
+        after,
     )
     return [ModelVersion.from_row(r) for r in rows]
 

@@ -57,6 +57,8 @@ class VersionList(_Schema):
     team: str
     model: str
     versions: list[VersionSummary]
+    next: str | None = None
+    """Pass as ``after`` for the next page; None when this page is the last."""
 
 
 class VersionDetail(VersionSummary):
@@ -180,6 +182,8 @@ class AliasHistory(_Schema):
     model: str
     alias: str
     moves: list[AliasMoveRead]
+    next: str | None = None
+    """Pass as ``after`` for the next page; None when this page is the last."""
 
 
 class Download(_Schema):

@@ -305,3 +305,63 @@ async def test_a_success_whose_checkpoint_changed_since_its_commit_registers_not
         True,
     )
     assert version["created_by"] == "alice"  # the job's user
+
+
+async def test_versions_come_a_page_at_a_time(pool: asyncpg.Pool, store: ObjectStore) -> None:
+    # GET .../versions answered every live version of a model in one body, however many.
+    # Now it pages with the platform's cursor; a deleted version is skipped, not a hole.
+    job = await job_with_checkpoints(pool, store, [10, 20, 30], name="paged")
+    async with app_as(pool, store, VISION) as client:
+        for checkpoint in [*job.checkpoints, *job.checkpoints]:
+            made = await register(client, "vision", "paged", job, checkpoint_uri=checkpoint.uri)
+            assert made.status_code == 201, made.text
+        deleted = await client.delete("/v1/models/vision/paged/versions/3")
+        assert deleted.status_code == 200, deleted.text
+        base = "/v1/models/vision/paged/versions"
+        seen: list[int] = []
+        query: dict[str, str | int] = {"limit": 2}
+        for _ in range(10):
+            answer = await client.get(base, params=query)
+            assert answer.status_code == 200, answer.text
+            body = answer.json()
+            assert len(body["versions"]) <= 2
+            seen += [v["version"] for v in body["versions"]]
+            if body["next"] is None:
+                break
+            query = {"limit": 2, "after": body["next"]}
+        assert seen == [1, 2, 4, 5, 6]
+        for bad in ({"after": "Mg"}, {"after": "WyJ4Il0"}, {"limit": 501}, {"limit": 0}):
+            refused = await client.get(base, params=bad)
+            assert refused.status_code == 422, (bad, refused.text)
+            assert refused.json()["errors"][0]["field"] == next(iter(bad)), refused.text
+
+
+async def test_alias_moves_come_a_page_at_a_time(pool: asyncpg.Pool, store: ObjectStore) -> None:
+    # An alias's history is append-only and grows with every move; GET .../moves answered
+    # all of it in one body. Now it pages with the platform's cursor.
+    job = await job_with_checkpoints(pool, store, [10, 20], name="moved")
+    async with app_as(pool, store, VISION) as client:
+        for checkpoint in job.checkpoints:
+            made = await register(client, "vision", "moved", job, checkpoint_uri=checkpoint.uri)
+            assert made.status_code == 201, made.text
+        alias = "/v1/models/vision/moved/aliases/production"
+        for target in [1, 2, 1, 2, 1]:
+            assert (await client.put(alias, json={"version": target})).status_code in (200, 201)
+        seen: list[int | None] = []
+        query: dict[str, str | int] = {"limit": 2}
+        for _ in range(10):
+            answer = await client.get(f"{alias}/moves", params=query)
+            assert answer.status_code == 200, answer.text
+            body = answer.json()
+            assert len(body["moves"]) <= 2
+            seen += [m["to_version"] for m in body["moves"]]
+            if body["next"] is None:
+                break
+            query = {"limit": 2, "after": body["next"]}
+        assert seen == [1, 2, 1, 2, 1]
+        for bad in ({"after": "Mg"}, {"limit": 501}):
+            refused = await client.get(f"{alias}/moves", params=bad)
+            assert refused.status_code == 422, (bad, refused.text)
+            assert refused.json()["errors"][0]["field"] == next(iter(bad)), refused.text
+        never = await client.get("/v1/models/vision/moved/aliases/candidate/moves")
+        assert never.status_code == 404

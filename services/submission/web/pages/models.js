@@ -2,7 +2,7 @@
 // (its own job plus every job upstream of it, from the registry's `cost`), the teams a model is
 // granted to, and its lineage (code, data, environment, the job, its checkpoints) as a graph.
 
-import { ApiError, Unavailable, get } from "../api.js";
+import { ApiError, Unavailable, get, getEvery } from "../api.js";
 import {
   absolute, card, errorMessage, h, jobLink, keyValues, message, metric, money, noSuch,
   pageHeader, replace, stat, svg, table, when,
@@ -99,7 +99,7 @@ async function renderModel(view, team, name, wanted, me) {
   let list, model;
   const aliases = new Map();
   try {
-    [model, list] = await Promise.all([get("registry", base), get("registry", `${base}/versions`)]);
+    [model, list] = await Promise.all([get("registry", base), getEvery("registry", `${base}/versions`, "versions", { limit: 500 })]);
     for (const [alias, version] of Object.entries(model.aliases || {})) aliases.set(version, [...(aliases.get(version) || []), alias].sort());
   } catch (error) {
     view.append(pageHeader(name, `Model of team ${team}`), errorMessage(error, "model"));
