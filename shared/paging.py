@@ -80,6 +80,14 @@ def text(part: Any) -> str:
     return part
 
 
+def str_or_empty(part: Any) -> str:
+    """Text that may be empty (a key column whose ``''`` means none, as a team's budget's
+    project)."""
+    if not isinstance(part, str):
+        raise ValueError("not a text part")
+    return part
+
+
 def integer(part: Any) -> int:
     if not isinstance(part, int) or isinstance(part, bool) or not -(2**63) <= part < 2**63:
         raise ValueError("not an integer part")

@@ -75,12 +75,24 @@ async def delete(conn: asyncpg.Connection, team: str, project: str | None) -> Bu
     return _budget(row) if row is not None else None
 
 
-async def of_teams(conn: asyncpg.Connection, team: str | None) -> list[Budget]:
-    """Every budget (of one team, or all), by team and project."""
+async def of_teams(
+    conn: asyncpg.Connection,
+    team: str | None,
+    limit: int | None = None,
+    after: tuple[str, str] | None = None,
+) -> list[Budget]:
+    """At most ``limit`` budgets (of one team, or all; None: no bound, for the metrics
+    sampler, never for a request) after ``after`` (the ``(team, project)`` of the previous
+    page's last; a team's own budget has project ``''``), by team and project."""
+    last_team, last_project = after or (None, None)
     rows = await conn.fetch(
-        f"SELECT {_COLUMNS} FROM budgets WHERE $1::text IS NULL OR team = $1 "
-        "ORDER BY team, project",
+        f"SELECT {_COLUMNS} FROM budgets WHERE ($1::text IS NULL OR team = $1) "
+        "AND ($3::text IS NULL OR (team, project) > ($3, $4::text)) "
+        "ORDER BY team, project LIMIT $2",
         team,
+        limit,
+        last_team,
+        last_project,
     )
     return [_budget(r) for r in rows]
 

@@ -11,7 +11,8 @@
 - ``POST /v1/costs/estimate`` (any user): what a job spec costs at most, from its GPUs,
   flavor, maximum runtime and restarts and the prices in force (422 naming ``gpu_flavor``
   when it has no price).
-- ``GET /v1/budgets`` (users: their team's; operators: every team's, or ``?team=``),
+- ``GET /v1/budgets?team&limit&after`` (users: their team's; operators: every team's, or
+  ``?team=``; a page at a time, ``shared.paging``, the next page in the ``Link`` header),
   ``GET|PUT|DELETE /v1/budgets/{team}`` and ``/v1/budgets/{team}/{project}``: reads for the
   team's users, writes for its admins and operators. Another team's answers 404. A change
   says the budget's state (``budget.updated``) and any threshold the month's spending has
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 import asyncpg
 from litestar import Request, Response, delete, get, post, put
@@ -53,7 +55,7 @@ from trainyard_platform.services.billing.governance_schemas import (
     PriceView,
 )
 from trainyard_platform.services.billing.prices import BEGINNING, RESOURCES
-from trainyard_platform.shared import audit
+from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import Teams, needs
 from trainyard_platform.shared.http_app import error_responses, json_request_body
 from trainyard_platform.shared.http_errors import RequestInvalid, parse_body, read_json_body
@@ -72,6 +74,7 @@ TeamCheck = NamedDependency[Teams]
 AnyRequest = Request[Any, Any, Any]
 Clock = Callable[[], datetime]
 BODY_MAX_BYTES = 64 * 1024
+BUDGETS_PAGE_MAX = 500
 """A job spec is read as an estimate's body: the largest a spec file may reasonably be."""
 FLAVOR = r"^[a-z0-9][a-z0-9-]{0,39}$"
 TEAM = r"^[A-Za-z0-9_-]{1,100}$"
@@ -274,8 +277,13 @@ def governance_routes(
         request: AnyRequest,
         principal: Caller,
         team: Annotated[str | None, QueryParameter(min_length=1, max_length=100)] = None,
-    ) -> list[BudgetView]:
-        check_parameters(request, frozenset({"team"}))
+        limit: Annotated[int, QueryParameter(ge=1, le=BUDGETS_PAGE_MAX)] = 100,
+        after: Annotated[str | None, QueryParameter(description="from the Link header")] = None,
+    ) -> Response[list[BudgetView]]:
+        """A page of budgets; while more follow, ``Link: <...&after=CURSOR>; rel="next"``
+        (the body stays a plain list, as ``GET /v1/jobs``'s)."""
+        check_parameters(request, frozenset({"team", "limit", "after"}))
+        key = paging.decode(after, "GET /v1/budgets", paging.text, paging.str_or_empty)
         if not principal.is_operator:
             team = team or principal.team
             if team is None:
@@ -286,9 +294,15 @@ def governance_routes(
             pool.acquire() as conn,
             conn.transaction(isolation="repeatable_read", readonly=True),
         ):
-            found = await budgets_repo.of_teams(conn, team)
+            fetched = await budgets_repo.of_teams(conn, team, limit + 1, key)
+            found, more = paging.split(fetched, limit)
             spent = [await budgets_repo.spent(conn, b, month_start(now), now) for b in found]
-        return [budget_view(b, s, now) for b, s in zip(found, spent, strict=True)]
+        views = [budget_view(b, s, now) for b, s in zip(found, spent, strict=True)]
+        if not more:
+            return Response(views)
+        cursor = paging.encode(found[-1].team, found[-1].project or "")
+        query = {**({"team": team} if team else {}), "limit": str(limit), "after": cursor}
+        return Response(views, headers={"Link": f'</v1/budgets?{urlencode(query)}>; rel="next"'})
 
     async def _get(principal: Principal, team: str, project: str | None) -> BudgetView:
         _visible(principal, team)

@@ -347,3 +347,29 @@ async def test_an_amount_is_answered_as_it_is_kept_whatever_its_spelling(
         "100.000000",
         "0.000000",
     }
+
+
+async def test_budgets_come_a_page_at_a_time(client: httpx.AsyncClient) -> None:
+    # An operator's GET /v1/budgets answered every budget of every team (and priced each
+    # one's month) in one request. Now a page of at most limit, the rest by the Link cursor.
+    body = {"amount": "100", "policy": "warn"}
+    scopes = ["/v1/budgets/ml", "/v1/budgets/ml/a", "/v1/budgets/ml/b", "/v1/budgets/vision"]
+    for scope in scopes:
+        made = await client.put(scope, json=body, headers=OPERATOR_USER)
+        assert made.status_code == 201, made.text
+    seen: list[tuple[str, str | None]] = []
+    url: str | None = "/v1/budgets?limit=3"
+    for _ in range(5):
+        assert url is not None
+        page = await client.get(url, headers=OPERATOR_USER)
+        assert page.status_code == 200, page.text
+        assert len(page.json()) <= 3
+        seen += [(b["team"], b["project"]) for b in page.json()]
+        url = page.links.get("next", {}).get("url")
+        if url is None:
+            break
+    assert seen == [("ml", None), ("ml", "a"), ("ml", "b"), ("vision", None)]
+    for bad in ({"after": "bm90IGEgY3Vyc29y"}, {"limit": 501}, {"limit": 0}):
+        refused = await client.get("/v1/budgets", params=bad, headers=OPERATOR_USER)
+        assert refused.status_code == 422, (bad, refused.text)
+        assert next(iter(bad)) in errors(refused), refused.text
