@@ -22,6 +22,9 @@ import json
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Final, TypeVar
+from urllib.parse import urlencode
+
+from litestar import Response
 
 from trainyard_platform.shared.http_errors import RequestInvalid
 
@@ -64,6 +67,18 @@ def decode(text: str | None, route: str, *parsers: Parser) -> tuple[Any, ...] | 
         return tuple(parse(part) for parse, part in zip(parsers, parts, strict=True))
     except (binascii.Error, ValueError, TypeError, UnicodeDecodeError):
         raise bad from None
+
+
+def listed(
+    rows: list[T], path: str, query: dict[str, str], cursor: str | None
+) -> Response[list[T]]:
+    """The answer of a list route whose body is a plain list: ``rows``, and while more
+    follow (``cursor``), ``Link: <path?query&after=cursor>; rel="next"`` (``GET /v1/jobs``'s
+    form)."""
+    if cursor is None:
+        return Response(rows)
+    target = f"{path}?{urlencode({**query, 'after': cursor})}"
+    return Response(rows, headers={"Link": f'<{target}>; rel="next"'})
 
 
 def split(rows: Sequence[T], limit: int) -> tuple[Sequence[T], bool]:

@@ -307,10 +307,20 @@ class TrainyardClient:
         return body
 
     def _list(self, method: str, path: str, **kwargs: Any) -> list[dict[str, Any]]:
-        body = self._request(method, path, **kwargs)
-        if not isinstance(body, list):
-            raise TrainyardError(0, "unexpected response: expected a JSON list")
-        return body
+        """Every row of a list route whose body is a plain list, following its
+        ``Link: <...>; rel="next"`` header page after page."""
+        rows: list[dict[str, Any]] = []
+        while True:
+            response = self._response(method, path, None, **kwargs)
+            body = _json(response)
+            if not isinstance(body, list):
+                raise TrainyardError(0, "unexpected response: expected a JSON list")
+            rows.extend(body)
+            following = response.links.get("next", {}).get("url")
+            if not following:
+                return rows
+            # The next page's URL carries every parameter, the cursor included.
+            path, kwargs = following, {k: v for k, v in kwargs.items() if k != "params"}
 
     def _request(
         self, method: str, path: str, headers: dict[str, str] | None = None, **kwargs: Any

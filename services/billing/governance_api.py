@@ -25,7 +25,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Annotated, Any
-from urllib.parse import urlencode
 
 import asyncpg
 from litestar import Request, Response, delete, get, post, put
@@ -298,11 +297,9 @@ def governance_routes(
             found, more = paging.split(fetched, limit)
             spent = [await budgets_repo.spent(conn, b, month_start(now), now) for b in found]
         views = [budget_view(b, s, now) for b, s in zip(found, spent, strict=True)]
-        if not more:
-            return Response(views)
-        cursor = paging.encode(found[-1].team, found[-1].project or "")
-        query = {**({"team": team} if team else {}), "limit": str(limit), "after": cursor}
-        return Response(views, headers={"Link": f'</v1/budgets?{urlencode(query)}>; rel="next"'})
+        cursor = paging.encode(found[-1].team, found[-1].project or "") if more else None
+        query = {**({"team": team} if team else {}), "limit": str(limit)}
+        return paging.listed(views, "/v1/budgets", query, cursor)
 
     async def _get(principal: Principal, team: str, project: str | None) -> BudgetView:
         _visible(principal, team)

@@ -38,7 +38,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, cast
-from urllib.parse import urlencode
 
 import asyncpg
 import httpx
@@ -98,7 +97,7 @@ from trainyard_platform.services.submission.schemas import (
     parse_idempotency_key,
     parse_job_request,
 )
-from trainyard_platform.shared import audit
+from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import (
     UNAUTHENTICATED,
     enforce_least_role,
@@ -134,6 +133,7 @@ Admission = NamedDependency[DataAdmission]
 AnyRequest = Request[Any, Any, Any]
 IdempotencyKey = Annotated[str | None, HeaderParameter(name="Idempotency-Key")]
 Limit = Annotated[int, QueryParameter(ge=1, le=500)]
+Cursor = Annotated[str | None, QueryParameter(description="from the Link header's next")]
 LogLimit = Annotated[int, QueryParameter(ge=1, le=100)]
 IdPrefix = Annotated[
     str | None, QueryParameter(pattern=ID_PREFIX_PATTERN, description="an id's beginning")
@@ -277,8 +277,14 @@ async def create_user(request: AnyRequest, pool: Pool, caller: Me, settings: Con
 
 
 @get("/admin/users", opt=needs(Role.ADMIN), responses=error_responses(404))
-async def list_users(pool: Pool, caller: Me, team: TeamName = None) -> list[UserView]:
-    return await identity.list_users(pool, caller, team)
+async def list_users(
+    pool: Pool, caller: Me, team: TeamName = None, limit: Limit = 100, after: Cursor = None
+) -> Response[list[UserView]]:
+    """The team's users by name, a page at a time (the next in the ``Link`` header, as
+    ``GET /v1/jobs``)."""
+    users, cursor = await identity.list_users(pool, caller, team, limit, after)
+    query = {**({"team": team} if team else {}), "limit": str(limit)}
+    return paging.listed(users, "/v1/admin/users", query, cursor)
 
 
 @patch(
@@ -317,9 +323,21 @@ async def disable_user(
 
 @get("/tokens", responses=error_responses(404))
 async def list_tokens(
-    pool: Pool, caller: Me, user: UserName = None, team: TeamName = None
-) -> list[TokenView]:
-    return await identity.list_tokens(pool, caller, user, team)
+    pool: Pool,
+    caller: Me,
+    user: UserName = None,
+    team: TeamName = None,
+    limit: Limit = 100,
+    after: Cursor = None,
+) -> Response[list[TokenView]]:
+    """The user's tokens, oldest first, a page at a time (the next in the ``Link`` header)."""
+    tokens, cursor = await identity.list_tokens(pool, caller, user, team, limit, after)
+    query = {
+        **({"user": user} if user else {}),
+        **({"team": team} if team else {}),
+        "limit": str(limit),
+    }
+    return paging.listed(tokens, "/v1/tokens", query, cursor)
 
 
 @post(
@@ -512,15 +530,8 @@ async def list_jobs(
         id_prefix=id_prefix, user=user, project=project, experiment=experiment, label=label
     )
     jobs, cursor = await commands.list_jobs(pool, caller, status, limit, after, filters)
-    if cursor is None:
-        return Response(jobs)
-    query = {
-        "limit": str(limit),
-        **({"status": str(status)} if status else {}),
-        **filters.query(),
-        "after": cursor,
-    }
-    return Response(jobs, headers={"Link": f'</v1/jobs?{urlencode(query)}>; rel="next"'})
+    query = {"limit": str(limit), **({"status": str(status)} if status else {}), **filters.query()}
+    return paging.listed(jobs, "/v1/jobs", query, cursor)
 
 
 @post(

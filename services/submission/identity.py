@@ -38,7 +38,7 @@ from trainyard_platform.services.submission.identity_schemas import (
     UserView,
 )
 from trainyard_platform.services.submission.schemas import CreateUserRequest, UserCreated
-from trainyard_platform.shared import audit
+from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.auth import hash_token, new_token
 from trainyard_platform.shared.identity import Principal, Role
 
@@ -245,12 +245,19 @@ async def _team_in_reach(conn: asyncpg.Connection, caller: Caller, team: str | N
     return found
 
 
-async def list_users(pool: asyncpg.Pool, caller: Caller, team: str | None) -> list[UserView]:
+async def list_users(
+    pool: asyncpg.Pool, caller: Caller, team: str | None, limit: int, after: str | None = None
+) -> tuple[list[UserView], str | None]:
+    """A page of the team's users by name (at most ``limit``, after the cursor ``after``)
+    and the cursor of the next page (None: this is the last)."""
     caller.require(Role.ADMIN, "listing users")
+    key = paging.decode(after, "GET /v1/admin/users", paging.text)
     async with pool.acquire() as conn:
         team_id = await _team_in_reach(conn, caller, team)
-        rows = await repo.users(conn, team_id)
+        fetched = await repo.users(conn, team_id, limit + 1, key[0] if key else "")
+    rows, more = paging.split(fetched, limit)
     shown = team or caller.team
+    cursor = paging.encode(rows[-1]["name"]) if more else None
     return [
         UserView(
             name=r["name"],
@@ -260,7 +267,7 @@ async def list_users(pool: asyncpg.Pool, caller: Caller, team: str | None) -> li
             disabled_at=r["disabled_at"],
         )
         for r in rows
-    ]
+    ], cursor
 
 
 async def _other_user(
@@ -330,13 +337,22 @@ def _token_view(row: asyncpg.Record) -> TokenView:
 
 
 async def list_tokens(
-    pool: asyncpg.Pool, caller: Caller, user: str | None, team: str | None
-) -> list[TokenView]:
-    """The tokens of ``user`` (default: the caller), never the tokens themselves."""
+    pool: asyncpg.Pool,
+    caller: Caller,
+    user: str | None,
+    team: str | None,
+    limit: int,
+    after: str | None = None,
+) -> tuple[list[TokenView], str | None]:
+    """A page of the tokens of ``user`` (default: the caller), never the tokens themselves,
+    oldest first, and the cursor of the next page (None: this is the last)."""
+    key = paging.decode(after, "GET /v1/tokens", paging.integer)
     async with pool.acquire() as conn:
         user_id = await _user_in_reach(conn, caller, user, team)
-        rows = await repo.tokens_of_user(conn, user_id)
-    return [_token_view(r) for r in rows]
+        fetched = await repo.tokens_of_user(conn, user_id, limit + 1, key[0] if key else 0)
+    rows, more = paging.split(fetched, limit)
+    cursor = paging.encode(rows[-1]["id"]) if more else None
+    return [_token_view(r) for r in rows], cursor
 
 
 async def _user_in_reach(

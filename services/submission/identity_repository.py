@@ -76,10 +76,16 @@ async def user(conn: asyncpg.Connection, team_id: int, name: str) -> asyncpg.Rec
     )
 
 
-async def users(conn: asyncpg.Connection, team_id: int) -> list[asyncpg.Record]:
+async def users(
+    conn: asyncpg.Connection, team_id: int, limit: int, after: str = ""
+) -> list[asyncpg.Record]:
+    """At most ``limit`` users of the team named after ``after``, by name."""
     rows: list[asyncpg.Record] = await conn.fetch(
-        "SELECT id, name, role, created_at, disabled_at FROM users WHERE team_id = $1 ORDER BY name",
+        "SELECT id, name, role, created_at, disabled_at FROM users "
+        "WHERE team_id = $1 AND name > $3 ORDER BY name LIMIT $2",
         team_id,
+        limit,
+        after,
     )
     return rows
 
@@ -123,12 +129,17 @@ _TOKEN_COLUMNS = """k.id, k.name, k.created_at, k.expires_at, k.revoked_at, u.na
                     t.name AS team_name, u.team_id"""
 
 
-async def tokens_of_user(conn: asyncpg.Connection, user_id: int) -> list[asyncpg.Record]:
+async def tokens_of_user(
+    conn: asyncpg.Connection, user_id: int, limit: int, after: int = 0
+) -> list[asyncpg.Record]:
+    """At most ``limit`` tokens of the user with an id above ``after``, oldest first."""
     rows: list[asyncpg.Record] = await conn.fetch(
         f"""SELECT {_TOKEN_COLUMNS}
             FROM tokens k JOIN users u ON u.id = k.user_id JOIN teams t ON t.id = u.team_id
-            WHERE k.user_id = $1 ORDER BY k.id""",
+            WHERE k.user_id = $1 AND k.id > $3 ORDER BY k.id LIMIT $2""",
         user_id,
+        limit,
+        after,
     )
     return rows
 

@@ -335,3 +335,45 @@ async def test_the_job_spec_schema_is_served_to_anyone(submission: Submission) -
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("application/schema+json")
     assert response.text == schema_text()
+
+
+async def test_users_and_tokens_come_a_page_at_a_time(submission: Submission) -> None:
+    # GET /v1/admin/users and GET /v1/tokens answered every row in one body, however many
+    # users a team has or tokens a user made. Now a page of at most limit, the rest by the
+    # Link cursor (as GET /v1/jobs).
+    admin = submission.auth()
+    for name in ("u1", "u2", "u3", "u4"):
+        made = await submission.client.post("/v1/admin/users", json={"name": name}, headers=admin)
+        assert made.status_code == 201, made.text
+    for n in range(4):
+        made = await submission.client.post("/v1/tokens", json={"name": f"t{n}"}, headers=admin)
+        assert made.status_code == 201, made.text
+
+    async def every(url: str) -> list[Any]:
+        rows: list[Any] = []
+        following: str | None = url
+        for _ in range(10):
+            assert following is not None
+            page = await submission.client.get(following, headers=admin)
+            assert page.status_code == 200, page.text
+            assert len(page.json()) <= 2
+            rows += page.json()
+            following = page.links.get("next", {}).get("url")
+            if following is None:
+                return rows
+        raise AssertionError("the cursor never ended")
+
+    users = await every("/v1/admin/users?limit=2")
+    assert {"u1", "u2", "u3", "u4"} <= {u["name"] for u in users}
+    assert [u["name"] for u in users] == sorted(u["name"] for u in users)
+    tokens = await every("/v1/tokens?limit=2")
+    assert {"t0", "t1", "t2", "t3"} <= {t["name"] for t in tokens}
+    assert len({t["id"] for t in tokens}) == len(tokens)
+    for path, bad in (
+        ("/v1/admin/users", {"after": "bm90IGEgY3Vyc29y"}),
+        ("/v1/tokens", {"after": "Mg"}),
+        ("/v1/tokens", {"limit": 501}),
+    ):
+        refused = await submission.client.get(path, params=bad, headers=admin)
+        assert refused.status_code == 422, (bad, refused.text)
+        assert refused.json()["errors"][0]["field"] == next(iter(bad)), refused.text
