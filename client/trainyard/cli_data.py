@@ -94,7 +94,7 @@ def run_show(session: Session) -> int:
         v = registry.get(f"{_path(ref.team, ref.name)}/versions/{ref.version}")
         session.emit(v, lambda: _version_text(v))
         return Exit.OK
-    found = registry.get(_path(ref.team, ref.name))
+    found = registry.get_every(_path(ref.team, ref.name), "versions", limit=500)
     rows = [
         (
             v["version"],

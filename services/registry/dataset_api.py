@@ -4,8 +4,9 @@
   an update; the dataset is created with its first version.
 - ``GET /v1/datasets?limit&after``: the datasets the caller's team may read (its own and
   those granted to it; operators: every one), keyset-paged by team and name (``next``).
-- ``GET /v1/datasets/{team}/{name}``: one dataset with its versions (and, for its own team and
-  operators, its grants).
+- ``GET /v1/datasets/{team}/{name}?limit&after``: one dataset with a page of its versions,
+  oldest first (``shared.paging``: at most ``limit``, 1 to ``PAGE_MAX``, default 100;
+  ``next`` while more follow) and, for its own team and operators, its grants.
 - ``GET /v1/datasets/{team}/{name}/versions/{version}``: one version (submission's admission
   asks this with the submitting user's token).
 - ``PUT``/``DELETE /v1/datasets/{team}/{name}/grants/{grantee_team}`` (admins of ``team``,
@@ -39,7 +40,7 @@ from trainyard_platform.services.registry.dataset_schemas import (
     DatasetVersionRequest,
     GrantChange,
 )
-from trainyard_platform.shared import audit
+from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import Teams, needs
 from trainyard_platform.shared.http_app import error_responses, json_request_body
 from trainyard_platform.shared.http_errors import RequestInvalid, parse_body, read_json_body
@@ -151,12 +152,18 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
 
     @get("/v1/datasets/{team:str}/{name:str}", responses=error_responses(404))
     async def get_dataset(
-        team: FromPath[str], name: FromPath[str], principal: Caller
+        team: FromPath[str],
+        name: FromPath[str],
+        principal: Caller,
+        limit: Annotated[int, QueryParameter(ge=1, le=PAGE_MAX)] = 100,
+        after: Annotated[str | None, QueryParameter(description="the next of a page")] = None,
     ) -> DatasetDetail:
         names.check_model(team, name)
+        key = paging.decode(after, "GET /v1/datasets/{team}/{name}", paging.integer)
         async with pool.acquire() as conn:
             found = await readable(conn, principal, team, name)
-            versions = await datasets.versions(conn, team, name)
+            fetched = await datasets.versions(conn, team, name, limit + 1, key[0] if key else 0)
+        versions, more = paging.split(fetched, limit)
         return DatasetDetail(
             team=team,
             name=name,
@@ -164,6 +171,7 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
             created_at=found.created_at,
             versions=[DatasetVersionRead.of(v) for v in versions],
             grants=found.grants if principal.may_see_team(team) else None,
+            next=paging.encode(versions[-1].version) if more else None,
         )
 
     @get(

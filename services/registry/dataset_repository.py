@@ -153,9 +153,17 @@ async def version_by_id(conn: asyncpg.Connection, version_id: str) -> DatasetVer
     return None if row is None else DatasetVersion.from_row(row)
 
 
-async def versions(conn: asyncpg.Connection, team: str, name: str) -> list[DatasetVersion]:
+async def versions(
+    conn: asyncpg.Connection, team: str, name: str, limit: int, after: int = 0
+) -> list[DatasetVersion]:
+    """At most ``limit`` versions of the dataset numbered above ``after``, oldest first."""
     rows = await conn.fetch(
-        f"{_VERSION} WHERE d.team = $1 AND d.name = $2 ORDER BY v.version", team, name
+        f"{_VERSION} WHERE d.team = $1 AND d.name = $2 AND v.version > $4 "
+        "ORDER BY v.version LIMIT $3",
+        team,
+        name,
+        limit,
+        after,
     )
     return [DatasetVersion.from_row(r) for r in rows]
 

@@ -82,6 +82,8 @@ class DatasetDetail(DatasetSummary):
     versions: list[DatasetVersionRead]
     grants: list[str] | None
     """The teams granted read access (shown to the owning team and operators only)."""
+    next: str | None = None
+    """Pass as ``after`` for the next page of ``versions``; None when this page is the last."""
 
 
 class GrantChange(BaseModel):

@@ -241,3 +241,31 @@ async def test_the_listing_pages_on_and_never_stops_short_silently(
         for forged in ("nothing", "a/../b", "/x", "a/b/c"):
             bad = await vision.get("/v1/datasets", params={"after": forged})
             assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "after"
+
+
+async def test_a_dataset_s_versions_come_a_page_at_a_time(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    # GET /v1/datasets/{team}/{name} answered every version of the dataset in one body,
+    # however many. Now a page of them with the platform's cursor (next, passed as after).
+    name = f"paged-{uuid.uuid4().hex[:6]}"
+    async with app_as(pool, store, VISION) as client:
+        for n in range(5):
+            made = await add(client, "vision", name, uri=f"s3://data/digits/v{n}.parquet")
+            assert made.status_code == 201, made.text
+        seen: list[int] = []
+        query: dict[str, str | int] = {"limit": 2}
+        for _ in range(10):
+            answer = await client.get(f"/v1/datasets/vision/{name}", params=query)
+            assert answer.status_code == 200, answer.text
+            body = answer.json()
+            assert len(body["versions"]) <= 2 and body["latest_version"] == 5
+            seen += [v["version"] for v in body["versions"]]
+            if body["next"] is None:
+                break
+            query = {"limit": 2, "after": body["next"]}
+        assert seen == [1, 2, 3, 4, 5]
+        for bad in ({"after": "Mg"}, {"limit": 501}):
+            refused = await client.get(f"/v1/datasets/vision/{name}", params=bad)
+            assert refused.status_code == 422, (bad, refused.text)
+            assert refused.json()["errors"][0]["field"] == next(iter(bad)), refused.text

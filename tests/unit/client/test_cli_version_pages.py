@@ -1,6 +1,7 @@
-"""``trainyard model show``, ``trainyard models NAME`` and ``trainyard model alias history``
-follow the registry's cursor over a model's versions and an alias's moves (``next``, passed
-as ``after``): before, they read the first page only and missed every later one."""
+"""``trainyard model show``, ``trainyard models NAME``, ``trainyard model alias history`` and
+``trainyard dataset show`` follow the registry's cursor over a model's or dataset's versions
+and an alias's moves (``next``, passed as ``after``): before, they read the first page only
+and missed every later one."""
 
 from __future__ import annotations
 
@@ -44,11 +45,28 @@ def move(number: int) -> dict[str, Any]:
     }
 
 
+def dataset_version(number: int) -> dict[str, Any]:
+    return {
+        "version": number,
+        "uri": f"s3://d/v{number}",
+        "size_bytes": 1,
+        "sha256": "a" * 64,
+        "feature_version": None,
+        "created_at": "2026-12-01T00:00:00Z",
+    }
+
+
 def route(request: httpx.Request) -> httpx.Response:
     """A registry answering a model's versions in two pages."""
     if request.url.path == "/v1/models/t/m":
         return httpx.Response(200, json=MODEL)
     second = request.url.params.get("after") == "page-2"
+    if request.url.path == "/v1/datasets/t/m":
+        versions = [dataset_version(3)] if second else [dataset_version(1), dataset_version(2)]
+        detail = {"team": "t", "name": "m", "latest_version": 3, "grants": None}
+        return httpx.Response(
+            200, json={**detail, "versions": versions, "next": None if second else "page-2"}
+        )
     if request.url.path.endswith("/moves"):
         moves = [move(3)] if second else [move(1), move(2)]
         return httpx.Response(200, json={"moves": moves, "next": None if second else "page-2"})
@@ -74,6 +92,7 @@ def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         (["model", "show", "t/m"], "version_list"),
         (["models", "m", "--team", "t"], "versions"),
         (["model", "alias", "history", "t/m", "production"], "moves"),
+        (["dataset", "show", "t/m"], "versions"),
     ],
 )
 def test_every_version_is_read(
