@@ -52,7 +52,7 @@ from trainyard_platform.services.scheduler.admin_schemas import (
 )
 from trainyard_platform.services.scheduler.convert import implicit_queue
 from trainyard_platform.services.scheduler.scheduling import emit
-from trainyard_platform.shared import audit
+from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.events.payloads import FlavorDeclared, FlavorRetired
 from trainyard_platform.shared.http_errors import FieldError, RequestInvalid
 from trainyard_platform.shared.identity import Principal
@@ -264,11 +264,18 @@ async def _check_references(conn: asyncpg.Connection, body: QueueRequest) -> Non
         raise RequestInvalid(errors)
 
 
-async def list_queues(pool: asyncpg.Pool) -> list[QueueConfigView]:
+async def list_queues(
+    pool: asyncpg.Pool, limit: int, after: str | None = None
+) -> tuple[list[QueueConfigView], str | None]:
+    """A page of queues by name (at most ``limit``, after the cursor ``after``) with their
+    quotas, and the cursor of the next page (None: this is the last)."""
+    key = paging.decode(after, "GET /v1/admin/queues", paging.text)
     async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-        rows = await admin_repo.queues(conn)
-        quotas = await admin_repo.quotas(conn)
-    return [queue_config_view(r, quotas) for r in rows]
+        fetched = await admin_repo.queues(conn, limit + 1, key[0] if key else "")
+        rows, more = paging.split(fetched, limit)
+        quotas = await admin_repo.quotas(conn, [r["name"] for r in rows])
+    cursor = paging.encode(rows[-1]["name"]) if more else None
+    return [queue_config_view(r, quotas) for r in rows], cursor
 
 
 async def get_queue(pool: asyncpg.Pool, name: str) -> QueueConfigView:

@@ -122,10 +122,14 @@ async def delete_cohort(conn: asyncpg.Connection, name: str) -> None:
 # --- queues and quotas -----------------------------------------------------------------
 
 
-async def queues(conn: asyncpg.Connection) -> list[Row]:
+async def queues(conn: asyncpg.Connection, limit: int | None = None, after: str = "") -> list[Row]:
+    """At most ``limit`` queues named after ``after``, by name (None: every one, for the
+    scheduler's own passes and its whole-cluster view, never for a listing)."""
     rows: list[Row] = await conn.fetch(
         "SELECT name, team, cohort, weight, implicit, created_at, updated_at FROM queues "
-        "ORDER BY name"
+        "WHERE name > $2 ORDER BY name LIMIT $1",
+        limit,
+        after,
     )
     return rows
 

@@ -34,7 +34,7 @@ from litestar import Litestar, Request, Response, Router, delete, get, put
 from litestar.di import NamedDependency
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import ResponseSpec
-from litestar.params import FromPath, PathParameter
+from litestar.params import FromPath, PathParameter, QueryParameter
 from litestar.types import Guard
 
 from trainyard_platform.services.scheduler import admin
@@ -54,6 +54,7 @@ from trainyard_platform.services.scheduler.admin_schemas import (
     QueueRequest,
 )
 from trainyard_platform.services.scheduler.schemas import QueueView, queue_view
+from trainyard_platform.shared import paging
 from trainyard_platform.shared.access import needs
 from trainyard_platform.shared.audit import audit_route
 from trainyard_platform.shared.http_app import error_responses, json_request_body, service_app
@@ -63,6 +64,7 @@ from trainyard_platform.shared.identity import Principal, Role
 AnyRequest = Request[Any, Any, Any]
 Caller = NamedDependency[Principal]
 ADMIN_BODY_MAX_BYTES = 64 * 1024
+QUEUES_PAGE_MAX = 500
 """The largest admin body accepted (a queue with 100 quotas is a few KB)."""
 Readiness = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
 """(ready, body) of ``GET /readyz``."""
@@ -133,8 +135,14 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         await admin.delete_cohort(pool, name, principal)
 
     @get("/queues")
-    async def list_queues() -> list[QueueConfigView]:
-        return await admin.list_queues(pool)
+    async def list_queues(
+        limit: Annotated[int, QueryParameter(ge=1, le=QUEUES_PAGE_MAX)] = 100,
+        after: Annotated[str | None, QueryParameter(description="from the Link header")] = None,
+    ) -> Response[list[QueueConfigView]]:
+        """A page of queues by name; the next in ``Link: <...>; rel="next"`` (``shared.paging``,
+        as ``GET /v1/jobs``): every team has at least its implicit queue."""
+        queues, cursor = await admin.list_queues(pool, limit, after)
+        return paging.listed(queues, "/v1/admin/queues", {"limit": str(limit)}, cursor)
 
     @get("/queues/{name:str}", responses=error_responses(404))
     async def get_queue(name: FromPath[str]) -> QueueConfigView:

@@ -397,3 +397,31 @@ async def test_bodies_are_screened_before_the_model(
     )
     shape(response, 413)
     assert await pool.fetchval("SELECT count(*) FROM cohorts") == 0
+
+
+async def test_queues_come_a_page_at_a_time(http: httpx.AsyncClient) -> None:
+    # GET /v1/admin/queues answered every queue in one body, and every team has one (its
+    # implicit queue at least). Now a page of at most limit, the rest by the Link cursor.
+    assert (await put(http, "flavors/a100", {"description": "A100"})).status_code in (200, 201)
+    for team in ("q1", "q2", "q3", "q4", "q5"):
+        body = {"team": team, "quotas": {"a100": {"nominal": 1}}}
+        assert (await put(http, f"queues/{team}", body)).status_code == 201
+    seen: list[str] = []
+    url: str | None = "/v1/admin/queues?limit=2"
+    for _ in range(10):
+        assert url is not None
+        page = await http.get(url, headers=AUTH)
+        assert page.status_code == 200, page.text
+        assert len(page.json()) <= 2
+        seen += [q["name"] for q in page.json()]
+        assert all(
+            q["quotas"] == {"a100": {"nominal": 1, "borrowing_limit": None, "lending_limit": None}}
+            for q in page.json()
+        )
+        url = page.links.get("next", {}).get("url")
+        if url is None:
+            break
+    assert seen == ["q1", "q2", "q3", "q4", "q5"]
+    for bad in ({"after": "bm90IGEgY3Vyc29y"}, {"limit": 501}):
+        refused = await http.get("/v1/admin/queues", params=bad, headers=AUTH)
+        assert next(iter(bad)) in fields(refused)

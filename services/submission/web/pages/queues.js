@@ -2,7 +2,7 @@
 // the scheduler's reasons. Operators see the whole cluster (GET /v1/queue on the scheduler);
 // a team member sees their own team's queue and waiting jobs.
 
-import { ApiError, get } from "../api.js";
+import { ApiError, call, get } from "../api.js";
 import {
   absolute, card, errorMessage, h, jobLink, message, pageHeader, relative, replace, statusBadge,
   table, when, withJobLinks,
@@ -89,10 +89,22 @@ function clusterQueues(queue) {
   return [...queues, ...cohorts];
 }
 
+/** Every page of ``GET /v1/admin/queues`` (the next named by its Link header). */
+async function everyQueue() {
+  const queues = [];
+  let after;
+  do {
+    const page = await call("scheduler", "/v1/admin/queues", { query: { limit: 500, after } });
+    queues.push(...page.data);
+    after = page.next;
+  } while (after);
+  return queues;
+}
+
 async function teamQueue(me) {
   const parts = [];
   try {
-    const configs = await get("scheduler", "/v1/admin/queues");
+    const configs = await everyQueue();
     // Only the user's own team: other teams' queues are theirs to look at.
     const mine = configs.filter((q) => q.team === me.team);
     parts.push(...mine.map((q) => card(`Queue ${q.name}`,
