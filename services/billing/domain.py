@@ -75,6 +75,15 @@ def gpu_seconds(gpus: int, start: datetime, end: datetime) -> Decimal:
     return Decimal(gpus) * duration_seconds(start, end)
 
 
+def plain(value: Decimal) -> Decimal:
+    """A price as PostgreSQL's ``numeric`` keeps it and every read answers it: the scale
+    given, no exponent, no negative zero (``1e2`` is ``100``, ``-0`` is ``0``, ``0.031``
+    stays ``0.031``), so a ``PUT``'s answer and the reads agree."""
+    if value.as_tuple().exponent > 0:  # type: ignore[operator]
+        value = value.quantize(Decimal(1))
+    return value + 0
+
+
 def money(value: Decimal) -> Decimal:
     """An amount a caller gave (a price, a budget; at most ``MONEY_PLACES`` already), as
     every amount is answered and stored: six places, no exponent, no negative zero

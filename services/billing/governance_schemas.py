@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
-from trainyard_platform.services.billing.domain import money
+from trainyard_platform.services.billing.domain import plain
 from trainyard_platform.shared.events.payloads import (
     MAX_CPUS_PER_GPU,
     MAX_JOB_GPUS,
@@ -20,7 +20,7 @@ from trainyard_platform.shared.events.payloads import (
 MAX_PRICE = Decimal("1e9")
 
 
-Amount = Annotated[Decimal, Field(ge=0, le=MAX_PRICE, decimal_places=6), AfterValidator(money)]
+Amount = Annotated[Decimal, Field(ge=0, le=MAX_PRICE, decimal_places=6), AfterValidator(plain)]
 
 
 class PriceRequest(BaseModel):
