@@ -38,6 +38,7 @@ import contextlib
 import ctypes
 import fcntl
 import os
+import pwd
 import shutil
 import signal
 import stat
@@ -87,8 +88,25 @@ RUNNER_LOCKS = Path("/run/trainyard")
 
 
 class UidsInUse(PlatformError, StartupRefused):
-    """Another live runner on this host runs its jobs as the same uids (the runner does not
-    start: ``runtime.run_service``)."""
+    """Another live runner on this host runs its jobs as the same uids, or an account of the
+    host has one of them (the runner does not start: ``runtime.run_service``)."""
+
+
+def refuse_account_uids(uids: range) -> None:
+    """Raise ``UidsInUse`` when an account of this host (its passwd database) has one of
+    ``uids``. A root runner kills every process of its job uids when a job ends and when it
+    starts (``kill_user``: ``kill(-1)`` sent as the uid), so a range overlapping a real
+    account would kill that account's processes, and the account would share its files
+    with every job."""
+    for uid in uids:
+        try:
+            account = pwd.getpwuid(uid)
+        except KeyError:
+            continue
+        raise UidsInUse(
+            f"job uid {uid} is the uid of the host's account {account.pw_name!r}: set "
+            f"TRAINYARD_RUNNER_JOB_UID_BASE to the first of {len(uids)} uids no account has"
+        )
 
 
 @contextlib.contextmanager
@@ -102,7 +120,9 @@ def claim_job_uids(uids: range, lock_dir: Path | None = None) -> Iterator[None]:
     alone: in a world-writable folder a job, or a process one left behind, could take the
     lock first and keep every later runner from starting); the kernel drops it when the
     process dies, so a crashed runner never blocks its successor. Raises ``UidsInUse`` when
-    a live runner holds it."""
+    a live runner holds it, or when an account of the host has one of the uids
+    (``refuse_account_uids``)."""
+    refuse_account_uids(uids)
     folder = lock_dir or RUNNER_LOCKS
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = folder / f"trainyard-job-uids-{uids.start}-{uids.stop - 1}.lock"

@@ -190,3 +190,14 @@ def test_only_the_uids_files_go_and_no_link_is_followed(tmp_path: Path) -> None:
     assert [p.name for p in (shared / "others").iterdir()] == ["theirs"]
     assert precious.read_text() == "root's"
     assert (shared / "closed" / "x").exists()  # a folder the uid cannot write to
+
+
+def test_a_job_uid_range_holding_an_account_of_the_host_is_refused(tmp_path: Path) -> None:
+    # A root runner kills every process of its job uids (kill_user); a range overlapping
+    # root's uid (or any account's) would kill that account's processes at every job's end.
+    with (
+        pytest.raises(UidsInUse, match=r"account 'root'.*TRAINYARD_RUNNER_JOB_UID_BASE"),
+        claim_job_uids(range(0, 64), tmp_path),
+    ):
+        pass
+    assert not list(tmp_path.iterdir())  # refused before any lock was taken
