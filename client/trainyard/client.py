@@ -28,6 +28,11 @@ TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 SETTLE_SECONDS = 10.0
 """After a job ends, how long ``wait`` waits for its model and final cost to arrive."""
 UPLOAD_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
+REQUEST_TIMEOUT_S = 30.0
+"""How long a request may wait for each step of its answer. Longer than the services take to
+give up on a database that does not answer (a statement's 10 s and a connection's 5 s by
+default, ``TRAINYARD_DATABASE_*_TIMEOUT_SECONDS``), so the user reads their 503 naming the
+database rather than a timeout of this client's own."""
 """A bundle upload may take minutes on a slow link."""
 BUDGET_WARNING_HEADER = "Trainyard-Budget-Warning"
 """What ``POST /v1/jobs`` says of a job a spent budget let in (docs/billing.md, "Budgets")."""
@@ -85,7 +90,7 @@ class TrainyardClient:
         self,
         base_url: str,
         token: str,
-        timeout: float = 10,
+        timeout: float = REQUEST_TIMEOUT_S,
         *,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
