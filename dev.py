@@ -15,7 +15,8 @@ of both ``pyproject.toml`` files as they are now.
     python3 dev.py help    this list
 
 Extra arguments go to the last tool: ``python3 dev.py test -k stack -x`` passes
-``-k stack -x`` to pytest. Each step is printed before it runs; the first step that fails
+``-k stack -x`` to pytest (``test`` also passes ``--durations=25``, so its log names the
+slowest tests). Each step is printed before it runs; the first step that fails
 ends the run with that step's exit status.
 """
 
@@ -110,8 +111,14 @@ def cmd_up(args: Sequence[str]) -> None:
     exec_python(["-m", "trainyard_platform.deploy.local", "up", *args])
 
 
+DURATIONS = "--durations=25"
+"""pytest names the 25 slowest set-ups, tests and teardowns of every ``test`` run, so each CI
+log says where the suite's time went (a later ``--durations=N`` among the extra arguments
+wins)."""
+
+
 def cmd_test(args: Sequence[str]) -> None:
-    gate(list(args))
+    gate([DURATIONS, *args])
 
 
 def cmd_check(args: Sequence[str]) -> None:
