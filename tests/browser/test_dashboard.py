@@ -16,6 +16,7 @@ but the model B granted.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import shutil
 import tempfile
@@ -243,8 +244,16 @@ def script_errors(driver: Any) -> list[str]:
 
 
 def money(amount: float, currency: str | None) -> str:
-    """The dashboard's own formatting (ui.js ``money``)."""
-    text = f"{amount:.4f}" if amount != 0 and abs(amount) < 0.01 else f"{amount:.2f}"
+    """The dashboard's own formatting (ui.js ``money``): below 0.1, two significant digits."""
+    magnitude = abs(amount)
+    if magnitude == 0 or magnitude >= 0.1:
+        text = f"{amount:.2f}"
+    elif magnitude < 1e-6:
+        text = "> -0.000001" if amount < 0 else "< 0.000001"
+    else:
+        decimals = min(6, 1 - math.floor(math.log10(magnitude)))
+        text = f"{amount:.{decimals}f}"
+        text = text[: text.index(".") + 3] + text[text.index(".") + 3 :].rstrip("0")
     return f"{text} {currency}" if currency else text
 
 

@@ -84,15 +84,30 @@ export function runSeconds(job, now = Date.now()) {
   return (end - Date.parse(job.started_at)) / 1000;
 }
 
+/**
+ * A quantity as it is, never rounded to nothing: two decimals, and below 0.1 as many as two
+ * significant digits take ("0.015", "0.000028"), down to a millionth (billing rounds each
+ * amount to millionths); less than that but not 0 is "< 0.000001". A job of seconds at a
+ * cent a GPU-hour costs 0.000028, which four fixed decimals wrote "0.0000", as if free.
+ */
+export function quantity(value) {
+  value = Number(value);
+  const magnitude = Math.abs(value);
+  if (magnitude === 0 || magnitude >= 0.1 || !isFinite(magnitude)) return value.toFixed(2);
+  if (magnitude < 1e-6) return value < 0 ? "> -0.000001" : "< 0.000001";
+  const decimals = Math.min(6, 1 - Math.floor(Math.log10(magnitude)));
+  return value.toFixed(decimals).replace(/(\.\d\d\d*?)0+$/, "$1");
+}
+
+/** An amount of money, everywhere the dashboard shows one (``quantity`` and the currency). */
 export function money(amount, currency) {
   if (amount === null || amount === undefined) return "—";
-  const value = Number(amount);
-  const text = value.toFixed(value !== 0 && Math.abs(value) < 0.01 ? 4 : 2);
+  const text = quantity(amount);
   return currency ? `${text} ${currency}` : text;
 }
 
 export function gpuHours(seconds) {
-  return `${(Number(seconds) / 3600).toFixed(Number(seconds) < 36 ? 4 : 2)} GPU·h`;
+  return `${quantity(Number(seconds) / 3600)} GPU·h`;
 }
 
 /** A date and time in the reader's time zone, the zone named ("12/5/2026, 4:22:45 PM UTC"):

@@ -1,0 +1,150 @@
+"""How the dashboard presents what it shows: amounts, long names in charts, colours.
+
+A small local stack (one runner of one virtual GPU) priced so that seconds of CPU cost a few
+hundred-thousandths of a dollar. Team vision has two short runs of experiment ``long-sweep``
+with 100-character names, each reporting the loss and a metric with a long key, and a job
+that asks for two GPUs, so it waits for good (nothing billed). Each test drives headless
+Chromium as a person would and checks what they would read.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser.test_dashboard import _until, script_errors, visit, wait
+from trainyard.bundle import pack
+from trainyard.client import TrainyardClient
+from trainyard_platform.deploy.local.stack import LocalStack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+LONG_KEY = "validation_loss_on_the_held_out_set_of_every_camera_" + "k" * 40
+"""A metric key far wider than a chart's legend has room for."""
+RUN = "sweep-run-" + "r" * 90
+"""A run of experiment ``long-sweep``, as long as a job name may be (100 characters)."""
+TRAIN = textwrap.dedent(
+    f"""
+    from trainyard import sdk
+
+    ctx = sdk.init({{"lr": 0.1}})
+    loss = 2.0
+    for step in range(1, 11):
+        loss *= 1.0 - float(ctx.hyperparameters["lr"])
+        ctx.report_metrics(step, **{{"loss": loss, {LONG_KEY!r}: loss / 2}})
+    """
+)
+PRICES = '{"cpu": 0.01}'
+"""A cent a GPU-hour: a run of ten seconds costs a few hundred-thousandths of a dollar."""
+
+
+@dataclass
+class Stack:
+    stack: LocalStack
+    token: str
+    operator: str
+    runs: list[dict[str, Any]]
+    """The two finished runs' views (their costs are tiny)."""
+    waiting: str
+    """A job that waits for good: nothing of it is billed."""
+
+    @property
+    def url(self) -> str:
+        return self.stack.submission_url
+
+
+@pytest.fixture(scope="module")
+def priced() -> Iterator[Stack]:
+    data = Path(tempfile.mkdtemp(prefix="trainyard-browser-"))
+    project = data / "project"
+    project.mkdir()
+    (project / "train.py").write_text(TRAIN)
+    env = {"TRAINYARD_BILLING_PRICES": PRICES, "TRAINYARD_RUNNER_JOB_UID_BASE": "268064"}
+    try:
+        with LocalStack(data / "stack", storage="file", runner_gpus=1, extra_env=env) as stack:
+            token = stack.bootstrap_admin("vision", "alice")
+            operator = stack.bootstrap_admin("platform", "root", role="operator")
+            client = TrainyardClient(stack.submission_url, token)
+            bundle = pack(project, out_dir=data)
+            client.upload_bundle(bundle.path, bundle.sha256)
+            code = {"kind": "bundle", "sha256": bundle.sha256, "size_bytes": bundle.size_bytes}
+            ids = [
+                str(
+                    client.submit(
+                        {
+                            "name": RUN[:-1] + str(i),
+                            "gpus": 1,
+                            "gpu_flavor": "cpu",
+                            "entrypoint": "train.py",
+                            "code": code,
+                            "experiment": "long-sweep",
+                            "hyperparameters": {"lr": lr},
+                        }
+                    )["id"]
+                )
+                for i, lr in ((1, 0.1), (2, 0.2))
+            ]
+            for job in ids:
+                assert client.wait(job, timeout_s=180)["status"] == "SUCCEEDED"
+            _until(
+                "the costs are final",
+                lambda: all(client.get_job(job)["cost"]["final"] for job in ids),
+                60,
+            )
+            waiting = client.submit(
+                {"name": "waits-for-two", "gpus": 2, "gpu_flavor": "cpu", "command": ["true"]}
+            )
+            runs = [client.get_job(job) for job in ids]
+            yield Stack(stack, token, operator, runs, str(waiting["id"]))
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def sign_in(driver: Any, priced: Stack, route: str = "/jobs", token: str | None = None) -> None:
+    driver.get(f"{priced.url}/ui/")
+    driver.execute_script("sessionStorage.clear()")
+    driver.get("about:blank")
+    driver.get(f"{priced.url}/ui/#{route}")
+    field = wait(driver, "the sign-in form", lambda d: d.find_elements("id", "token"))[0]
+    field.send_keys(token or priced.token)
+    driver.find_element("css selector", "#login button[type=submit]").click()
+    wait(driver, "signed in", lambda d: d.find_elements("id", "logout"))
+
+
+def cell(driver: Any, job_id: str, column: str) -> str:
+    """The text of the jobs list's ``column`` in ``job_id``'s row."""
+    titles = [th.text for th in driver.find_elements("css selector", "#jobs thead th")]
+    row = driver.find_element("xpath", f"//tr[.//a[@title='{job_id}']]")
+    text: str = row.find_elements("css selector", "td")[titles.index(column)].text
+    return text
+
+
+def amount(text: str) -> float:
+    """The number of a money amount as the page writes it ("0.000031 USD")."""
+    return float(text.split()[0])
+
+
+def test_a_tiny_cost_is_shown_as_what_it_is(browser: Any, priced: Stack) -> None:
+    """A run of ten seconds at a cent a GPU-hour costs a few hundred-thousandths of a
+    dollar: the job's page and the jobs list say that amount (two significant digits), not
+    ``0.0000 USD``."""
+    driver = browser
+    run = priced.runs[0]
+    cost, currency = run["cost"]["cost"], run["cost"]["currency"]
+    assert 0 < cost < 0.001, run["cost"]
+    sign_in(driver, priced, f"/jobs/{run['id']}")
+    shown = wait(driver, "the job's cost", lambda d: d.find_elements("id", "job-cost"))[0].text
+    assert shown.endswith(f" {currency}")
+    assert amount(shown) == pytest.approx(cost, rel=0.05), shown
+    visit(driver, "/jobs", "waits-for-two")
+    shown = cell(driver, run["id"], "Cost")
+    assert amount(shown) == pytest.approx(cost, rel=0.05), shown
+    assert not script_errors(driver)
+
