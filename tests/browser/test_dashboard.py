@@ -245,6 +245,8 @@ def script_errors(driver: Any) -> list[str]:
 
 def money(amount: float, currency: str | None) -> str:
     """The dashboard's own formatting (ui.js ``money``): below 0.1, two significant digits."""
+    if not currency and amount == 0:
+        return "—"  # nothing billed
     magnitude = abs(amount)
     if magnitude == 0 or magnitude >= 0.1:
         text = f"{amount:.2f}"

@@ -148,3 +148,16 @@ def test_a_tiny_cost_is_shown_as_what_it_is(browser: Any, priced: Stack) -> None
     assert amount(shown) == pytest.approx(cost, rel=0.05), shown
     assert not script_errors(driver)
 
+
+def test_a_cost_with_nothing_billed_is_not_a_bare_number(browser: Any, priced: Stack) -> None:
+    """A job that waits has nothing billed, so no currency either: its page and its row say
+    "—" (its page: "nothing billed yet"), never a bare ``0.00`` with no currency."""
+    driver = browser
+    sign_in(driver, priced, f"/jobs/{priced.waiting}")
+    wait(driver, "why it waits", lambda d: d.find_elements("id", "pending-reason"))
+    assert driver.find_element("id", "job-cost").text == "—"
+    stat = driver.find_element("xpath", "//div[@class='stat'][.//span[@id='job-cost']]").text
+    assert "nothing billed yet" in stat
+    visit(driver, "/jobs", "waits-for-two")
+    assert cell(driver, priced.waiting, "Cost") == "—"
+    assert not script_errors(driver)

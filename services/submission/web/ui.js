@@ -99,9 +99,12 @@ export function quantity(value) {
   return value.toFixed(decimals).replace(/(\.\d\d\d*?)0+$/, "$1");
 }
 
-/** An amount of money, everywhere the dashboard shows one (``quantity`` and the currency). */
+/** An amount of money, everywhere the dashboard shows one (``quantity`` and the currency).
+ * Every billed amount has its currency; no currency with nothing in it means nothing was
+ * billed (a job that waits, a window with no spend): "—", never a bare "0.00". */
 export function money(amount, currency) {
   if (amount === null || amount === undefined) return "—";
+  if (!currency && Number(amount) === 0) return "—";
   const text = quantity(amount);
   return currency ? `${text} ${currency}` : text;
 }

@@ -62,7 +62,7 @@ export async function render(view, [jobId], { me }) {
       stat("Status", statusBadge(job.status), job.attempt !== null ? `attempt ${job.attempt + 1}` : null),
       stat("Duration", duration(runSeconds(job)), job.started_at ? `started ${absolute(job.started_at)}` : "not started"),
       stat("Cost", h("span", { id: "job-cost" }, money(cost.cost, cost.currency)),
-        `${gpuHours(cost.gpu_seconds || 0)}${cost.final ? "" : " · so far"}`),
+        cost.currency ? `${gpuHours(cost.gpu_seconds || 0)}${cost.final ? "" : " · so far"}` : "nothing billed yet"),
       stat("GPUs", `${job.spec.gpus} × ${job.spec.gpu_flavor}`,
         job.node ? `${job.node} [${job.gpu_indices.join(", ")}]` : "no node yet"),
       stat("Step", job.step ?? "—", job.spec.priority ? `priority ${job.spec.priority}` : null));

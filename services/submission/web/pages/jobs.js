@@ -63,7 +63,7 @@ async function renderList(view, { me }) {
       { title: "Submitted", cell: (j) => when(j.submitted_at) },
       { title: "Duration", align: "right", cell: (j) => duration(runSeconds(j)) },
       { title: "Step", align: "right", cell: (j) => (j.step ?? "—") },
-      { title: "Cost", align: "right", cell: (j) => money(j.cost, j.currency) },
+      { title: "Cost", align: "right", cell: (j) => (j.currency ? money(j.cost, j.currency) : h("span", { title: "nothing billed yet" }, money(j.cost, j.currency))) },
       // Why it waits or failed, when the server's list gives it.
       ...(rows.some((j) => j.reason) ? [{ title: "Reason", cell: (j) => (j.reason ? h("span", { class: "muted", title: j.reason }, j.reason.length > 80 ? `${j.reason.slice(0, 79)}…` : j.reason) : "") }] : []),
     ], rows, { empty: status ? `No ${status.toLowerCase()} jobs.` : "No jobs yet: submit one with trainyard submit." }));
