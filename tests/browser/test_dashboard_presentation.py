@@ -2,8 +2,8 @@
 
 A small local stack (one runner of one virtual GPU) priced so that seconds of CPU cost a few
 hundred-thousandths of a dollar. Team vision has two short runs of experiment ``long-sweep``
-with 100-character names, each reporting the loss and a metric with a long key, and a job
-that asks for two GPUs, so it waits for good (nothing billed). Each test drives headless
+with 100-character names, each reporting the loss and a metric with a long key (the first
+registers a model), and a job that asks for two GPUs, so it waits for good (nothing billed). Each test drives headless
 Chromium as a person would and checks what they would read.
 """
 
@@ -32,6 +32,7 @@ RUN = "sweep-run-" + "r" * 90
 """A run of experiment ``long-sweep``, as long as a job name may be (100 characters)."""
 TRAIN = textwrap.dedent(
     f"""
+    import torch
     from trainyard import sdk
 
     ctx = sdk.init({{"lr": 0.1}})
@@ -39,6 +40,7 @@ TRAIN = textwrap.dedent(
     for step in range(1, 11):
         loss *= 1.0 - float(ctx.hyperparameters["lr"])
         ctx.report_metrics(step, **{{"loss": loss, {LONG_KEY!r}: loss / 2}})
+    ctx.save_checkpoint(10, {{"w": torch.full((2,), loss)}})
     """
 )
 PRICES = '{"cpu": 0.01}'
@@ -86,6 +88,9 @@ def priced() -> Iterator[Stack]:
                             "code": code,
                             "experiment": "long-sweep",
                             "hyperparameters": {"lr": lr},
+                            # The first registers a model (named as long as the run): the
+                            # models page and a version's lineage graph have something.
+                            "register_model": i == 1,
                         }
                     )["id"]
                 )
@@ -101,6 +106,7 @@ def priced() -> Iterator[Stack]:
             waiting = client.submit(
                 {"name": "waits-for-two", "gpus": 2, "gpu_flavor": "cpu", "command": ["true"]}
             )
+            _until("the model is registered", lambda: client.get_job(ids[0])["model"], 60)
             runs = [client.get_job(job) for job in ids]
             yield Stack(stack, token, operator, runs, str(waiting["id"]))
     finally:
@@ -160,4 +166,115 @@ def test_a_cost_with_nothing_billed_is_not_a_bare_number(browser: Any, priced: S
     assert "nothing billed yet" in stat
     visit(driver, "/jobs", "waits-for-two")
     assert cell(driver, priced.waiting, "Cost") == "—"
+    assert not script_errors(driver)
+
+
+CONTRAST = """
+const parse = (c) => {
+  const m = c.match(/rgba?\\(([^)]+)\\)/);
+  if (!m) return null;
+  const [r, g, b, a] = m[1].split(/[ ,\\/]+/).filter(Boolean).map(Number);
+  return [r, g, b, a === undefined ? 1 : a];
+};
+const over = (top, under) => top.slice(0, 3).map((v, i) => v * top[3] + under[i] * (1 - top[3])).concat(1);
+const luminance = (c) => {
+  const [r, g, b] = c.slice(0, 3).map((v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; });
+  return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+};
+const ratio = (a, b) => { const [x, y] = [luminance(a), luminance(b)].sort((p, q) => q - p); return (x + 0.05) / (y + 0.05); };
+// What is painted behind an element: its own and its ancestors' backgrounds, composited
+// down to the first opaque one (the canvas is white). An SVG text sits on its group's shape.
+const backdrop = (e) => {
+  const layers = [];
+  for (let n = e; n; n = n.parentElement) {
+    const shape = n instanceof SVGElement && n.tagName !== 'svg' ? n.querySelector(':scope > rect') : null;
+    const colour = parse(shape ? getComputedStyle(shape).fill : getComputedStyle(n).backgroundColor);
+    if (colour && colour[3] > 0) { layers.push(colour); if (colour[3] === 1) break; }
+  }
+  return layers.reverse().reduce((under, top) => over(top, under), [255, 255, 255, 1]);
+};
+const opacity = (e) => { let o = 1; for (let n = e; n; n = n.parentElement) o *= Number(getComputedStyle(n).opacity); return o; };
+const texts = [...document.querySelectorAll('body *')].filter((e) =>
+  (['INPUT', 'SELECT', 'TEXTAREA'].includes(e.tagName) && e.type !== 'hidden') ||
+  [...e.childNodes].some((n) => n.nodeType === Node.TEXT_NODE && n.textContent.trim()));
+const failures = [];
+for (const e of texts) {
+  if (!e.getClientRects().length || getComputedStyle(e).visibility !== 'visible') continue;
+  // uPlot greys out a series a person switched off: an inactive control.
+  if (e.closest('.u-off') || e.tagName === 'OPTION') continue;
+  const style = getComputedStyle(e);
+  const back = backdrop(e);
+  const ink = parse(e instanceof SVGElement ? style.fill : style.color);
+  const seen = over([...ink.slice(0, 3), ink[3] * opacity(e)], back);
+  const size = parseFloat(style.fontSize), bold = Number(style.fontWeight) >= 700;
+  const needed = size >= 24 || (bold && size >= 18.66) ? 3 : 4.5;
+  const r = ratio(seen, back);
+  if (r < needed) failures.push(`${e.tagName.toLowerCase()}.${e.getAttribute('class') || ''} ` +
+    `"${e.textContent.trim().slice(0, 40)}": ${seen.slice(0, 3).map(Math.round)} on ${back.slice(0, 3).map(Math.round)}: ` +
+    `${r.toFixed(2)}:1 < ${needed}:1`);
+}
+return failures;
+"""
+"""Every text shown (and every form field) whose colour against what is painted behind it
+falls under WCAG AA: 4.5:1, 3:1 for large text."""
+
+
+def contrast_failures(driver: Any) -> list[str]:
+    failures: list[str] = driver.execute_script(CONTRAST)
+    return failures
+
+
+def test_every_text_on_every_page_has_the_contrast_wcag_aa_asks(
+    browser: Any, priced: Stack
+) -> None:
+    """Each page, as a member and as an operator, with its messages and empty states: every
+    text colour the stylesheet gives against its background is at least 4.5:1 (3:1 for large
+    text), so muted text, hints, badges and notes stay readable. The dashboard has one theme."""
+    driver = browser
+    run, model = priced.runs[0], priced.runs[0]["model"]
+    failures: dict[str, list[str]] = {}
+
+    driver.get(f"{priced.url}/ui/")
+    driver.execute_script("sessionStorage.clear()")
+    driver.get("about:blank")
+    driver.get(f"{priced.url}/ui/#/jobs")
+    wait(driver, "the sign-in form", lambda d: d.find_elements("id", "token"))
+    failures["sign-in"] = contrast_failures(driver)
+    driver.find_element("id", "token").send_keys("not a token")
+    driver.find_element("css selector", "#login button[type=submit]").click()
+    wait(driver, "the refusal", lambda d: d.find_elements("css selector", ".login-status .message"))
+    failures["sign-in refused"] = contrast_failures(driver)
+
+    sign_in(driver, priced)
+    pages = [
+        ("/jobs", "waits-for-two"),
+        (f"/jobs/{run['id']}", LONG_KEY),
+        (f"/jobs/{priced.waiting}", "Why it waits"),
+        ("/jobs/00000000-0000-0000-0000-000000000000", "No such job"),
+        ("/experiments", "long-sweep"),
+        ("/queues", "waits-for-two"),
+        ("/nodes", "Nodes"),
+        ("/models", model["name"]),
+        (f"/models/vision/{model['name']}", "Lineage of"),
+        ("/costs", "Most expensive jobs"),
+        ("/waste", "Jobs that wasted most"),
+    ]
+    for route, ready in pages:
+        visit(driver, route, ready, 30)
+        failures[route] = contrast_failures(driver)
+    # An experiment: its runs, those compared highlighted, their charts.
+    visit(driver, "/experiments", "long-sweep")
+    driver.find_element("link text", "long-sweep").click()
+    wait(driver, "the comparison", lambda d: d.find_elements("css selector", "#parameters"))
+    failures["experiment long-sweep"] = contrast_failures(driver)
+    sign_in(driver, priced, token=priced.operator)
+    for route, ready in (
+        ("/queues", "Every team's queue"),
+        ("/nodes", "Nodes"),
+        ("/costs", "Most expensive jobs"),
+    ):
+        visit(driver, route, ready, 30)
+        failures[f"{route} (operator)"] = contrast_failures(driver)
+    found = [f"{page}: {failure}" for page, each in failures.items() for failure in each]
+    assert not found, "\n".join(found)
     assert not script_errors(driver)
