@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.browser.conftest import WINDOW
 from tests.browser.test_dashboard import _until, script_errors, visit, wait
 from trainyard.bundle import pack
 from trainyard.client import TrainyardClient
@@ -167,6 +168,73 @@ def test_a_cost_with_nothing_billed_is_not_a_bare_number(browser: Any, priced: S
     visit(driver, "/jobs", "waits-for-two")
     assert cell(driver, priced.waiting, "Cost") == "—"
     assert not script_errors(driver)
+
+
+LABELS = """
+return [...document.querySelectorAll('figure.chart')].flatMap((figure) => {
+  const box = figure.getBoundingClientRect();
+  const labels = figure.querySelectorAll('figcaption .chart-title, .u-legend .u-series .u-label');
+  return [...labels].map((e) => {
+    const r = e.getBoundingClientRect();
+    return {text: e.textContent, title: e.title, inside: r.left >= box.left - 1 && r.right <= box.right + 1,
+            cut: e.scrollWidth > e.clientWidth, ellipsis: getComputedStyle(e).textOverflow === 'ellipsis'};
+  });
+});
+"""
+"""Each chart's title and legend labels: their text, tooltip, whether they lie within the
+chart and whether they are cut (and with "…")."""
+
+
+def chart_labels(driver: Any) -> list[dict[str, Any]]:
+    labels: list[dict[str, Any]] = driver.execute_script(LABELS)
+    return labels
+
+
+def readable(labels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The labels a person cannot read whole: outside the chart (clipped by it), or cut
+    without "…" or without the whole name in the tooltip."""
+    return [
+        label
+        for label in labels
+        if not label["inside"]
+        or (label["cut"] and (not label["ellipsis"] or label["title"] != label["text"]))
+    ]
+
+
+@pytest.mark.parametrize("width", [1360, 390])
+def test_a_chart_names_each_series_whole_or_cut_with_an_ellipsis(
+    browser: Any, priced: Stack, width: int
+) -> None:
+    """A job's chart titled with a long metric key, and an experiment's charts whose legend
+    names 100-character runs: every title and legend label lies within its chart, and one
+    cut for room ends in "…" with the whole name as its tooltip (wide and phone-wide)."""
+    driver = browser
+    driver.set_window_size(width, 900)
+    try:
+        sign_in(driver, priced, f"/jobs/{priced.runs[0]['id']}")
+        wait(
+            driver,
+            "the long key's chart",
+            lambda d: d.find_elements("css selector", "figure.chart .u-legend"),
+        )
+        labels = chart_labels(driver)
+        assert LONG_KEY in [label["text"] for label in labels], labels
+        assert not readable(labels), readable(labels)
+
+        visit(driver, "/experiments", "long-sweep")
+        driver.find_element("link text", "long-sweep").click()
+        wait(
+            driver,
+            "the compared runs' charts",
+            lambda d: len(d.find_elements("css selector", "figure.chart .u-legend")) == 2,
+        )
+        labels = chart_labels(driver)
+        names = {run["name"] for run in priced.runs}
+        assert names <= {label["text"].split(" (")[0] for label in labels}, labels
+        assert not readable(labels), readable(labels)
+        assert not script_errors(driver)
+    finally:
+        driver.set_window_size(*WINDOW)
 
 
 CONTRAST = """

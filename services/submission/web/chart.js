@@ -14,7 +14,7 @@ export const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "
 export function lineChart(container, title, series, { height = 240, yLabel = "", note = null } = {}) {
   const steps = [...new Set(series.flatMap((s) => s.points.map((p) => Number(p.step))))].sort((a, b) => a - b);
   const wrapper = h("figure", { class: "chart", dataset: { metric: title } },
-    h("figcaption", {}, title, note ? h("small", { class: "muted" }, ` · ${note}`) : null));
+    h("figcaption", {}, h("span", { class: "chart-title", title }, title), note ? h("small", { class: "muted" }, ` · ${note}`) : null));
   container.append(wrapper);
   if (!steps.length) {
     wrapper.append(h("p", { class: "empty" }, "No points yet."));
@@ -42,6 +42,8 @@ export function lineChart(container, title, series, { height = 240, yLabel = "",
     }))],
   };
   const plot = new uPlot(options, data, wrapper);
+  // A label too long for the chart is cut with "…" (style.css): the whole name is its tooltip.
+  for (const label of plot.root.querySelectorAll(".u-legend .u-series .u-label")) label.title = label.textContent;
   // The figure's width comes from the page's grid (the plot is absolutely sized inside it).
   const observer = new ResizeObserver(() => {
     if (!wrapper.isConnected) { observer.disconnect(); return; }
