@@ -1,7 +1,7 @@
 """Code bundles: a working directory packed into a deterministic ``.tar.gz``.
 
 ``pack(workdir)`` writes the bundle a job's code travels in and returns
-``Bundle(path, sha256, size_bytes)``. Contract:
+``Bundle(path, sha256, size_bytes, names)``. Contract:
 
 - **Deterministic.** Entries are sorted by path; every entry has mtime 0, uid/gid 0, no owner
   names, mode 0644 (0755 for folders and for files with any execute bit); the gzip header
@@ -49,12 +49,13 @@ _COMPRESS_LEVEL = 6
 
 
 class Bundle(NamedTuple):
-    """A packed bundle: the ``.tar.gz`` file (the caller deletes it), its sha256 (hex) and
-    its size in bytes."""
+    """A packed bundle: the ``.tar.gz`` file (the caller deletes it), its sha256 (hex), its
+    size in bytes, and the relative paths of the files and links in it (``/``-separated)."""
 
     path: Path
     sha256: str
     size_bytes: int
+    names: frozenset[str] = frozenset()
 
 
 class BundleError(Exception):
@@ -123,7 +124,8 @@ def pack(
     except BaseException:
         path.unlink(missing_ok=True)
         raise
-    return Bundle(path=path, sha256=digest, size_bytes=size)
+    names = frozenset(e.name for e in entries if e.kind != "dir")
+    return Bundle(path=path, sha256=digest, size_bytes=size, names=names)
 
 
 def list_files(workdir: Path, warn: Callable[[str], None] | None = None) -> list[str]:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from trainyard.bundle import format_size, pack
+from trainyard.bundle import ALWAYS_EXCLUDED, Bundle, format_size, pack
 from trainyard.cli_base import FINAL_EXIT, CliError, Exit, Session, dumps, note, resolve
 from trainyard.cli_render import (
     LIST_HEADER,
@@ -90,8 +90,34 @@ def submit(session: Session) -> int:
     if not args.no_code and "code" not in spec:
         here = Path.cwd() if str(args.file) == "-" else args.file.parent
         workdir = args.workdir if args.workdir is not None else here
-        spec["code"] = upload_code(client, workdir, session.settings.bundle_max_bytes)
+        spec["code"] = upload_code(
+            client,
+            workdir,
+            session.settings.bundle_max_bytes,
+            check=lambda bundle: _script_packed(loaded, spec, workdir, bundle),
+        )
     return _submitted(session, spec, loaded)
+
+
+def _script_packed(loaded: SpecFile, spec: dict[str, Any], workdir: Path, bundle: Bundle) -> None:
+    """Raise a ``SpecError`` on the entrypoint's line when it names a ``.py`` script the
+    bundle lacks: such a job could only fail, once per restart, with "can't open file". A
+    path the API refuses anyway (absolute, ``..``) is left to its reason, and a dotted module
+    to the runner (the requirements may install it)."""
+    script = spec.get("entrypoint")
+    if not isinstance(script, str) or not script.endswith(".py") or script.startswith("/"):
+        return
+    if any(part in ("", ".", "..") for part in script.split("/")) or script in bundle.names:
+        return
+    folder = workdir.resolve()
+    if (folder / script).is_file():
+        why = (
+            f"{script} is in {folder} but not packed: a .gitignore or .trainyardignore leaves "
+            f"it out, or a folder never packed ({', '.join(ALWAYS_EXCLUDED)}) holds it"
+        )
+    else:
+        why = f"no file {script} in the code packed from {folder}"
+    raise loaded.explain([{"field": "entrypoint", "message": why}])
 
 
 def rerun(session: Session) -> int:
@@ -356,11 +382,19 @@ def _first_word(client: TrainyardClient, view: dict[str, Any]) -> str:
     return "" if view["status"] == "QUEUED" else f"status: {view['status']}"
 
 
-def upload_code(client: TrainyardClient, workdir: Path, max_bytes: int) -> dict[str, Any]:
+def upload_code(
+    client: TrainyardClient,
+    workdir: Path,
+    max_bytes: int,
+    check: Callable[[Bundle], None] | None = None,
+) -> dict[str, Any]:
     """Pack ``workdir``, upload the bundle unless the team has it, and return the spec's
-    ``code``; says what happened in one line on stderr."""
+    ``code``; says what happened in one line on stderr. ``check`` sees the packed bundle
+    first and raises to stop before anything is uploaded."""
     bundle = pack(workdir, max_bytes=max_bytes, warn=lambda m: note(f"warning: {m}"))
     try:
+        if check is not None:
+            check(bundle)
         uploaded = client.upload_bundle(bundle.path, bundle.sha256)
     finally:
         bundle.path.unlink(missing_ok=True)
