@@ -343,10 +343,12 @@ def _submitted(
             return Exit.OK
         again = f" (rerun of {rerun_of})" if rerun_of else ""
         print(f"submitted job {view['id']} ({view['name']}){again}", flush=True)
-        waiting = _first_word(client, view)
+        view = _first_look(client, view)
+        waiting = _first_word(view)
         if waiting:
-            print(waiting)
-        return Exit.OK
+            print(waiting, flush=True)
+        # A job that ended already (the scheduler refused it) ends the command as `wait` would.
+        return ended(view) if view["status"] in FINAL_EXIT else Exit.OK
     if not session.as_json:
         print(f"submitted job {view['id']} ({view['name']}); following (Ctrl-C stops following)")
     return follow(session, view["id"], args.timeout)
@@ -370,13 +372,19 @@ def _say_estimate(session: Session, spec: dict[str, Any]) -> None:
     )
 
 
-def _first_word(client: TrainyardClient, view: dict[str, Any]) -> str:
-    """The job's status once the scheduler has seen it (its place and estimated start while
-    it waits), or "" if it has not within ``ESTIMATE_WAIT_SECONDS``."""
+def _first_look(client: TrainyardClient, view: dict[str, Any]) -> dict[str, Any]:
+    """The job's view once the scheduler has seen it, or as it is after
+    ``ESTIMATE_WAIT_SECONDS``."""
     deadline = time.monotonic() + ESTIMATE_WAIT_SECONDS
     while view["status"] == "QUEUED" and time.monotonic() < deadline:
         time.sleep(0.2)
         view = client.get_job(view["id"])
+    return view
+
+
+def _first_word(view: dict[str, Any]) -> str:
+    """The job's status after its first look (its place and estimated start while it
+    waits), or "" while it is still QUEUED."""
     if view.get("pending"):
         return f"{view['status']}: {pending_text(view['pending'])}"
     return "" if view["status"] == "QUEUED" else f"status: {view['status']}"

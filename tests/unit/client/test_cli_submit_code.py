@@ -1,4 +1,5 @@
-"""``submit`` checks the spec against the code it packs, before anything is uploaded."""
+"""What ``submit`` checks before it uploads (the spec against the code it packed) and what it
+says after (a job refused at once)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from trainyard import cli
 from trainyard.cli import main
 from trainyard.cli_base import Exit
+from trainyard.client import TrainyardClient
 
 HEAD = "apiVersion: trainyard.dev/v1\nkind: Job\nname: a\ngpus: 1\ngpu_flavor: cpu\n"
 
@@ -68,3 +71,48 @@ def test_an_entrypoint_in_the_code_or_a_module_goes_on_to_the_upload(
     (tmp_path / "pkg" / "run.py").write_text("print(1)\n")
     submit(tmp_path, f"entrypoint: {entrypoint}\n", sent, capsys)
     assert sent and sent[0].url.path.startswith("/v1/bundles/")
+
+
+def _job(status: str, **more: object) -> dict[str, object]:
+    return {"id": "5689e086-0000", "name": "a", "status": status, "history": [], **more}
+
+
+@pytest.mark.parametrize(
+    ("later", "code", "error"),
+    [
+        (
+            _job("FAILED", failure={"reason": "refused: priority class 'urgent' does not exist"}),
+            Exit.JOB_FAILED,
+            "trainyard: error: job 5689e086-0000 ended FAILED: refused: priority class "
+            "'urgent' does not exist",
+        ),
+        (_job("SCHEDULED"), Exit.OK, None),
+    ],
+)
+def test_a_job_refused_at_once_is_reported_with_its_reason_and_exit_code(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    later: dict[str, object],
+    code: int,
+    error: str | None,
+) -> None:
+    """``priority: urgent`` (no such class): the scheduler refused the job at once, and
+    submit printed "status: FAILED" and exited 0, without the reason, so a script went on
+    and a person had to run describe to learn why."""
+
+    def route(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            return httpx.Response(201, json=_job("QUEUED"))
+        return httpx.Response(200, json=later)
+
+    def make(base_url: str, token: str, timeout: float = 10) -> TrainyardClient:
+        return TrainyardClient(base_url, token, timeout, transport=httpx.MockTransport(route))
+
+    monkeypatch.setattr(cli, "TrainyardClient", make)
+    monkeypatch.setenv("TRAINYARD_CONFIG", str(tmp_path / "config.json"))
+    (tmp_path / "job.yaml").write_text(HEAD + "entrypoint: train\npriority: urgent\n")
+    assert main(["--token", "ty_a", "submit", str(tmp_path / "job.yaml"), "--no-code"]) == code
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["submitted job 5689e086-0000 (a)", f"status: {later['status']}"]
+    assert [line for line in err.splitlines() if "error" in line] == ([error] if error else [])
