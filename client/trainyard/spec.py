@@ -157,6 +157,10 @@ def parse(text: str, file: str, warn: Callable[[str], None] = lambda _: None) ->
     return spec
 
 
+EMPTY = "is empty; a job spec is a mapping"
+"""What an empty file is told, YAML or JSON."""
+
+
 # --- reading ----------------------------------------------------------------------------------
 
 
@@ -198,7 +202,7 @@ def _read_yaml(text: str, file: str) -> SpecFile:
     except yaml.YAMLError as exc:
         raise SpecError(file, [SpecIssue("", f"invalid YAML: {exc}")]) from None
     if root is None:
-        raise SpecError(file, [SpecIssue("", "is empty; a job spec is a mapping")]) from None
+        raise SpecError(file, [SpecIssue("", EMPTY)]) from None
     spec = SpecFile(file, {})
     issues: list[SpecIssue] = []
     spec.spec = _node_value(root, (), spec, issues)
@@ -278,6 +282,8 @@ def _read_json(text: str, file: str) -> SpecFile:
             seen[key] = value
         return seen
 
+    if not text.strip():
+        raise SpecError(file, [SpecIssue("", EMPTY)])
     try:
         value = json.loads(text, object_pairs_hook=pairs)
     except json.JSONDecodeError as exc:

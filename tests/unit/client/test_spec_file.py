@@ -87,6 +87,19 @@ def test_json_errors_name_their_line() -> None:
     assert _problems(good, "job.json") == ["job.json:2:10: gpus: must be at least 1"]
 
 
+@pytest.mark.parametrize(
+    ("file", "text"),
+    [
+        *((f, t) for f in ("job.json", "job.yaml", "job.spec") for t in ("", "\n", "  \n\n")),
+        ("job.yaml", "# just a comment\n"),
+    ],
+)
+def test_an_empty_file_says_so_whatever_its_format(file: str, text: str) -> None:
+    """An empty ``job.json`` said "job.json:1:1: invalid JSON: Expecting value" where an
+    empty ``job.yaml`` says it is empty."""
+    assert _problems(text, file) == [f"{file}: is empty; a job spec is a mapping"]
+
+
 def test_api_version_and_kind() -> None:
     warnings: list[str] = []
     plain = GOOD.replace("apiVersion: trainyard.dev/v1\nkind: Job\n", "")
