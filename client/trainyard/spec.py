@@ -193,6 +193,8 @@ def _read_yaml(text: str, file: str) -> SpecFile:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or exc.context or "malformed"
+        if "'\\t'" in problem:  # PyYAML's words leave the fix unsaid
+            problem += " (YAML indents with spaces, never tabs)"
         line = None if mark is None else mark.line + 1
         near = "" if line is None else _key_near(text, line)
         issue = SpecIssue(
@@ -271,6 +273,24 @@ def _key_near(text: str, line: int) -> str:
     return ""
 
 
+_JSON_KEY = re.compile(r'"([A-Za-z_][\w.-]*)"\s*:')
+
+
+def _json_issue(text: str, exc: json.JSONDecodeError) -> SpecIssue:
+    """``exc`` at the key before it; a trailing comma (JavaScript and Python allow one, so
+    people write it) named as such, at the comma, since the parser's words do not say."""
+    at, message = exc.pos, exc.msg
+    before = text[: exc.pos].rstrip()
+    closing = text[exc.pos : exc.pos + 1]
+    if before.endswith(",") and closing in ("}", "]"):
+        at = len(before) - 1
+        message = f"a trailing comma before '{closing}' (JSON allows none): remove it"
+    line = text.count("\n", 0, at) + 1
+    column = at - text.rfind("\n", 0, at)
+    keys = _JSON_KEY.findall(text, 0, at)
+    return SpecIssue(keys[-1] if keys else "", f"invalid JSON: {message}", line, column)
+
+
 def _read_json(text: str, file: str) -> SpecFile:
     duplicates: list[str] = []
 
@@ -287,10 +307,7 @@ def _read_json(text: str, file: str) -> SpecFile:
     try:
         value = json.loads(text, object_pairs_hook=pairs)
     except json.JSONDecodeError as exc:
-        issue = SpecIssue(
-            _key_near(text, exc.lineno), f"invalid JSON: {exc.msg}", exc.lineno, exc.colno
-        )
-        raise SpecError(file, [issue]) from None
+        raise SpecError(file, [_json_issue(text, exc)]) from None
     spec = SpecFile(file, value)
     try:  # positions only: JSON is YAML, and YAML's parser knows where each node is
         root = yaml.compose(text, Loader=_Loader)

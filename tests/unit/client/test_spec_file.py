@@ -100,6 +100,39 @@ def test_an_empty_file_says_so_whatever_its_format(file: str, text: str) -> None
     assert _problems(text, file) == [f"{file}: is empty; a job spec is a mapping"]
 
 
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('{"name": "a",\n "gpus": 1,\n}', "job.json:2:11: gpus: invalid JSON: a trailing comma"),
+        (
+            '{"args": ["a", "b",],\n "gpus": 1}',
+            "job.json:1:19: args: invalid JSON: a trailing comma",
+        ),
+        (
+            '{"name": "a", , "gpus": 1}',
+            "job.json:1:15: name: invalid JSON: Expecting property name",
+        ),
+    ],
+)
+def test_a_trailing_comma_in_json_is_named_so(text: str, says: str) -> None:
+    """``{"gpus": 1,}`` said "Expecting property name enclosed in double quotes" at the
+    brace: a person who wrote a trailing comma (JavaScript and Python allow it) cannot tell
+    from that what to change."""
+    (problem,) = _problems(text, "job.json")
+    assert problem.startswith(says)
+    if "trailing" in says:
+        assert problem.endswith("(JSON allows none): remove it")
+
+
+def test_a_tab_in_yaml_says_yaml_indents_with_spaces() -> None:
+    """A tab in the indentation said only "found character '\\t' that cannot start any
+    token"; the fix is to indent with spaces."""
+    assert _problems(GOOD + "hyperparameters:\n\tlr: 1\n") == [
+        "job.yaml:8:1: lr: invalid YAML: found character '\\t' that cannot start any token "
+        "(YAML indents with spaces, never tabs)"
+    ]
+
+
 def test_api_version_and_kind() -> None:
     warnings: list[str] = []
     plain = GOOD.replace("apiVersion: trainyard.dev/v1\nkind: Job\n", "")
