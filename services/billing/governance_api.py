@@ -245,7 +245,8 @@ def governance_routes(
         body: EstimateRequest = await _body(EstimateRequest, request)
         now = clock()
         async with pool.acquire() as conn:
-            book = await catalogue.schedule(conn, body.gpu_flavor)
+            # The whole book, not the flavor's: an unpriced flavor's error lists the priced.
+            book = await catalogue.schedule(conn)
         end = now + timedelta(seconds=body.max_runtime_seconds)
         try:
             segments = book.segments(

@@ -234,6 +234,20 @@ async def test_a_job_spec_is_estimated_from_its_resources_runtime_and_restarts(
     assert anonymous.status_code == 401
 
 
+async def test_an_unpriced_flavors_estimate_names_the_priced_ones(
+    client: httpx.AsyncClient,
+) -> None:
+    """``gpu_flavor: a100x`` (a typo) answered "no price for 'a100x' in the price book
+    (priced: none)" while a100 and cpu had prices: the estimate read the book of the asked
+    flavor only, so the list a user could pick from was always empty."""
+    spec = {"name": "t", "entrypoint": "t", "gpus": 1, "gpu_flavor": "a100x"}
+    answer = await client.post("/v1/costs/estimate", json=spec, headers=ML_VIEWER)
+    assert answer.status_code == 422
+    assert errors(answer)["gpu_flavor"] == (
+        "no price for 'a100x' in the price book (priced: a100, cpu)"
+    )
+
+
 # --- budgets ---------------------------------------------------------------------------
 
 
