@@ -438,7 +438,17 @@ def _login(session: Session) -> int:
         raise CliError("the token is empty", Exit.USAGE)
     token = checked_token(token, "given")
     with session.make(url, token) as client:
-        me = client.whoami()
+        try:
+            me = client.whoami()
+        except TrainyardError as exc:
+            if exc.status != 404:
+                raise
+            # The submission API always has /v1/me: a 404 means the URL names something else.
+            raise CliError(
+                f"{url} is not the submission API (GET {url}/v1/me answered 404); give the "
+                "API's base URL, without a path such as /ui/ (the dashboard's)",
+                Exit.USAGE,
+            ) from None
     path = session.config_path
     config = cli_config.read(path)
     config.named()[args.name] = cli_config.Context(

@@ -79,6 +79,22 @@ def test_login_checks_the_token_and_stores_a_private_context(
     assert set(json.loads(config.read_text())["contexts"]) == {"a"}  # nothing stored
 
 
+@pytest.mark.parametrize("url", ["http://a.test/ui/", "http://a.test/ui", "http://a.test/v1"])
+def test_login_to_a_url_that_is_not_the_api_says_so(
+    config: Path, api: Api, capsys: pytest.CaptureFixture[str], url: str
+) -> None:
+    """``login http://127.0.0.1:PORT/ui/`` (the dashboard's address, which ``dev.py up``
+    prints too) ended "404 no file or directory match the path v1/me was found", exit 3,
+    naming no URL and no way out."""
+    assert cli.main(["login", url, "--token", "ty_a"]) == 2
+    base = url.rstrip("/")
+    assert capsys.readouterr().err.splitlines() == [
+        f"trainyard: error: {base} is not the submission API (GET {base}/v1/me answered 404); "
+        "give the API's base URL, without a path such as /ui/ (the dashboard's)"
+    ]
+    assert not config.exists()  # nothing stored
+
+
 def test_contexts_switch_and_the_environment_overrides(
     config: Path, api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
