@@ -36,7 +36,8 @@ from trainyard.client import (
     TrainyardError,
     segment,
 )
-from trainyard.spec import SpecFile, load, parse, plain_scalar
+from trainyard.secret_names import looks_secret
+from trainyard.spec import SECRET_WARNING, SpecFile, load, parse, plain_scalar
 
 LOG_POLL_SECONDS = 1.0
 ESTIMATE_WAIT_SECONDS = 2.0
@@ -286,6 +287,8 @@ def set_values(pairs: list[tuple[str, str]]) -> dict[str, Any]:
         value = _scalar(text)
         if isinstance(value, float) and not math.isfinite(value):
             raise CliError(f"--set {key}={text}: not a finite number", Exit.USAGE)
+        if looks_secret(key):
+            note(f"warning: --set {key}: {SECRET_WARNING}")
         values[key] = value
     return values
 

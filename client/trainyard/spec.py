@@ -34,6 +34,7 @@ import jsonschema
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from trainyard.secret_names import looks_secret
 from trainyard.suggest import unknown_field
 
 API_VERSION = "trainyard.dev/v1"
@@ -148,6 +149,8 @@ def parse(text: str, file: str, warn: Callable[[str], None] = lambda _: None) ->
     issues += [spec.issue(_field(p), "must be a finite number") for p in _not_finite(spec.spec)]
     if issues:
         raise SpecError(file, sorted(issues, key=lambda i: (i.line or 0, i.column or 0)))
+    for issue in _secret_looking(spec):
+        warn(issue.render(file))
     if "apiVersion" not in spec.spec or "kind" not in spec.spec:
         warn(
             f"{file}: no apiVersion/kind; read as apiVersion: {API_VERSION}, kind: {KIND} "
@@ -159,6 +162,41 @@ def parse(text: str, file: str, warn: Callable[[str], None] = lambda _: None) ->
 
 EMPTY = "is empty; a job spec is a mapping"
 """What an empty file is told, YAML or JSON."""
+
+
+SECRET_WARNING = (
+    "looks like a secret: a spec is stored with the job and readable by your team "
+    "(describe --json, the dashboard); give the job no credentials in its spec"
+)
+
+
+def _secret_looking(spec: SpecFile) -> list[SpecIssue]:
+    """The spec's names and values that look like credentials (``trainyard.secret_names``):
+    keys of ``hyperparameters`` (at any depth) and ``labels``, and in ``args``/``command``
+    the value of a ``--name=value``, ``NAME=value`` or ``--name value`` whose name does."""
+    found: list[SpecIssue] = []
+
+    def keys(value: Any, path: str) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                if looks_secret(str(key)):
+                    found.append(spec.issue(f"{path}.{key}", SECRET_WARNING, key=True))
+                keys(inner, f"{path}.{key}")
+
+    keys(spec.spec.get("hyperparameters"), "hyperparameters")
+    keys(spec.spec.get("labels"), "labels")
+    for name in ("args", "command"):
+        argv = spec.spec.get(name)
+        if not isinstance(argv, list):
+            continue
+        for i, item in enumerate(argv):
+            flag, given, _ = str(item).partition("=")
+            after = str(argv[i - 1]) if i else ""
+            if (given and looks_secret(flag.lstrip("-"))) or (
+                after.startswith("-") and "=" not in after and looks_secret(after.lstrip("-"))
+            ):
+                found.append(spec.issue(f"{name}[{i}]", SECRET_WARNING))
+    return found
 
 
 # --- reading ----------------------------------------------------------------------------------
