@@ -350,8 +350,10 @@ def _submitted(
         waiting = _first_word(view)
         if waiting:
             print(waiting, flush=True)
-        # A job that ended already (the scheduler refused it) ends the command as `wait` would.
-        return ended(view) if view["status"] in FINAL_EXIT else Exit.OK
+        # A job the scheduler refused (it never ran) ends the command as `wait` would; one
+        # that ran, however fast it ended, is the user's to `wait` for as before.
+        refused = (view.get("failure") or {}).get("failure_kind") == "rejected"
+        return ended(view) if refused else Exit.OK
     if not session.as_json:
         print(f"submitted job {view['id']} ({view['name']}); following (Ctrl-C stops following)")
     return follow(session, view["id"], args.timeout)

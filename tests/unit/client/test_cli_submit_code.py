@@ -81,12 +81,20 @@ def _job(status: str, **more: object) -> dict[str, object]:
     ("later", "code", "error"),
     [
         (
-            _job("FAILED", failure={"reason": "refused: priority class 'urgent' does not exist"}),
+            _job(
+                "FAILED",
+                failure={
+                    "failure_kind": "rejected",
+                    "reason": "refused: priority class 'urgent' does not exist",
+                },
+            ),
             Exit.JOB_FAILED,
             "trainyard: error: job 5689e086-0000 ended FAILED: refused: priority class "
             "'urgent' does not exist",
         ),
         (_job("SCHEDULED"), Exit.OK, None),
+        # A job that ran and failed before the first look: `wait` says how it ended.
+        (_job("FAILED", failure={"failure_kind": "user_error", "reason": "x"}), Exit.OK, None),
     ],
 )
 def test_a_job_refused_at_once_is_reported_with_its_reason_and_exit_code(
