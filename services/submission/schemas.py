@@ -270,6 +270,19 @@ def program_problem(entrypoint_given: bool, command_given: bool) -> FieldError |
     return None
 
 
+def script_problem(entrypoint: object, code: object) -> FieldError | None:
+    """The error when ``entrypoint`` is a ``.py`` script and the job has no ``code``: the
+    runner starts a script from the job's code, so it could never start. (A module may come
+    from the requirements or the image.)"""
+    if isinstance(entrypoint, str) and entrypoint.endswith(".py") and code is None:
+        return FieldError(
+            field="entrypoint",
+            message="a .py script runs from the job's code and this job has none: give code "
+            "(trainyard submit packs the spec's folder unless --no-code) or a module",
+        )
+    return None
+
+
 class BundleCode(BaseModel):
     """Code from a bundle uploaded with ``PUT /v1/bundles/{sha256}`` by the same team."""
 
@@ -440,7 +453,9 @@ class JobRequest(BaseModel):
 
     @model_validator(mode="after")
     def _one_program(self) -> JobRequest:
-        problem = program_problem(self.entrypoint is not None, self.command is not None)
+        problem = program_problem(
+            self.entrypoint is not None, self.command is not None
+        ) or script_problem(self.entrypoint, self.code)
         if problem is not None:
             raise ValueError(f"{problem.field}: {problem.message}")
         return self
@@ -640,7 +655,9 @@ def _program_problem_of(body: bytes) -> FieldError | None:
         return None
     if not isinstance(raw, dict):
         return None
-    return program_problem(raw.get("entrypoint") is not None, raw.get("command") is not None)
+    return program_problem(
+        raw.get("entrypoint") is not None, raw.get("command") is not None
+    ) or script_problem(raw.get("entrypoint"), raw.get("code"))
 
 
 def parse_idempotency_key(value: str | None) -> str | None:

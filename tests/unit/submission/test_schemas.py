@@ -186,7 +186,21 @@ def _job(**change: object) -> JobRequest:
 
 @pytest.mark.parametrize("entrypoint", ["train.py", "scripts/train.py", "a/b_c/d-e.v2.py", "m"])
 def test_entrypoint_is_a_module_or_a_relative_script(entrypoint: str) -> None:
-    assert _job(entrypoint=entrypoint).to_spec("alice", "ml").entrypoint == entrypoint
+    code = {"kind": "git", "repository": "https://github.com/o/r", "commit": COMMIT}
+    job = _job(entrypoint=entrypoint, code=code)
+    assert job.to_spec("alice", "ml").entrypoint == entrypoint
+
+
+def test_a_script_entrypoint_needs_code() -> None:
+    """``trainyard submit job.yaml --no-code`` with ``entrypoint: train.py`` was accepted,
+    and every attempt failed with "can't open file .../code/train.py": a script is run from
+    the job's code, so a job with none can never start it. A module may come from the
+    requirements or the image, so it still needs none."""
+    assert _errors({**GOOD, "entrypoint": "train.py"}) == {
+        "entrypoint": "a .py script runs from the job's code and this job has none: give "
+        "code (trainyard submit packs the spec's folder unless --no-code) or a module"
+    }
+    assert _job(entrypoint="m").code is None
 
 
 @pytest.mark.parametrize(

@@ -206,7 +206,8 @@ def test_an_entrypoint_that_cannot_be_a_module_or_a_file_is_422(entrypoint: str)
     "entrypoint", ["a/" + "b" * 252 + ".py", "c" * 255 + "/train.py", "m" * 252, "p." + "m" * 252]
 )
 def test_entrypoint_names_up_to_the_file_name_limit_are_accepted(entrypoint: str) -> None:
-    assert _accepted(_body(entrypoint=entrypoint)).entrypoint == entrypoint
+    # A script needs code to run from (schemas.script_problem).
+    assert _accepted(_body(entrypoint=entrypoint, code=GIT)).entrypoint == entrypoint
 
 
 @pytest.mark.parametrize(
