@@ -1,16 +1,28 @@
 """Did you mean ...? The closest known name to a misspelt one, for error messages.
 
-Contract: ``closest`` returns a candidate only when it is plausibly what was meant: the same
-name but for case, ``-``/``_`` and camelCase (``maxRestarts``, ``max-restarts`` ->
-``max_restarts``), else the best ``difflib`` match at a similarity of at least 0.6; None
-otherwise. Pure standard library: the client and the services use the same words.
+Contract: ``closest`` returns a candidate only when it is plausibly what was meant, by the
+first of these rules that picks exactly one candidate (names compared after camelCase,
+``-`` and case are made ``_`` and lower case):
+
+1. the same name (``maxRestarts``, ``max-restarts`` -> ``max_restarts``);
+2. the words of one are all among the other's, the most letters shared winning
+   (``cpus`` -> ``cpus_per_gpu``, ``num_gpus`` -> ``gpus``, ``experiment_name`` ->
+   ``experiment`` rather than ``name``);
+3. a typo: at most one edit (insertion, deletion, substitution, swap of neighbours) per four
+   characters, at least one (``hyperparamters``, ``gpu``, ``label``);
+4. an abbreviation: the name's letters in order in the candidate, with its first letter
+   (``hparams`` -> ``hyperparameters``), for names of four letters or more.
+
+A rule that fits several candidates equally picks none; None when no rule picks one
+(``model``: ``parent_model`` or ``register_model``): a wrong guess (``cpus`` -> ``gpus``)
+sends a person the wrong way. Pure
+standard library: the client and the services use the same words.
 """
 
 from __future__ import annotations
 
-import difflib
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
@@ -19,14 +31,54 @@ def _plain(name: str) -> str:
     return _CAMEL.sub("_", name).lower().replace("-", "_")
 
 
+def _edits(a: str, b: str) -> int:
+    """Optimal string alignment distance: edits, a swap of neighbours counting one."""
+    rows = [list(range(len(b) + 1))]
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            row[j] = min(rows[-1][j] + 1, row[j - 1] + 1, rows[-1][j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], rows[-2][j - 2] + 1)
+        rows.append(row)
+    return rows[-1][-1]
+
+
+def _words(name: str) -> set[str]:
+    return {w for w in name.split("_") if w}
+
+
+def _abbreviates(name: str, candidate: str) -> bool:
+    letters = iter(candidate)
+    return len(name) >= 4 and name[0] == candidate[0] and all(c in letters for c in name)
+
+
+def _shared_words(name: str, candidate: str) -> int:
+    """Letters in the words the two share when one's words are all among the other's."""
+    mine, theirs = _words(name), _words(candidate)
+    return sum(map(len, mine & theirs)) if mine <= theirs or theirs <= mine else 0
+
+
 def closest(name: str, candidates: Iterable[str]) -> str | None:
-    """The candidate ``name`` most likely stands for, or None."""
-    known = sorted(set(candidates))
-    plain = {_plain(c): c for c in known}
-    if _plain(name) in plain:
-        return plain[_plain(name)]
-    match = difflib.get_close_matches(_plain(name), list(plain), n=1, cutoff=0.6)
-    return plain[match[0]] if match else None
+    """The candidate ``name`` most likely stands for, or None (see the module)."""
+    plain = {_plain(c): c for c in sorted(set(candidates))}
+    wanted = _plain(name)
+    if not wanted:
+        return None
+    if wanted in plain:
+        return plain[wanted]
+    rules: list[Callable[[str], int]] = [
+        lambda c: _shared_words(wanted, c),
+        lambda c: int(_edits(wanted, c) <= max(1, len(wanted) // 4)),
+        lambda c: int(_abbreviates(wanted, c)),
+    ]
+    for score in rules:
+        scores = {c: score(c) for c in plain}
+        best = max(scores.values())
+        found = [c for c, n in scores.items() if n == best]
+        if best and len(found) == 1:
+            return plain[found[0]]
+    return None
 
 
 def unknown_field(name: str, candidates: Iterable[str]) -> str:

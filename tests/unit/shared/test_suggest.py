@@ -35,3 +35,39 @@ def test_the_message() -> None:
         "unknown field 'hyperparameter': did you mean 'hyperparameters'?"
     )
     assert unknown_field("zzz", FIELDS) == "unknown field 'zzz'"
+
+
+SPEC_FIELDS = [
+    "apiVersion", "kind", "name", "team", "entrypoint", "command", "code", "requirements",
+    "image", "args", "gpus", "gpu_flavor", "cpus_per_gpu", "memory_gib_per_gpu",
+    "hyperparameters", "seed", "max_runtime_seconds", "dataset", "max_restarts", "priority",
+    "project", "experiment", "labels", "register_model", "datasets", "parent_model",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [
+        # A wrong guess sends a person the wrong way: "cpus: 4" -> "did you mean 'gpus'?"
+        # asked for 4 GPUs. Each of these was suggested the name after "was".
+        ("cpus", "cpus_per_gpu"),  # was gpus
+        ("memory", "memory_gib_per_gpu"),  # was nothing
+        ("environment", None),  # was requirements
+        ("model", None),  # was code; parent_model and register_model are both candidates
+        ("nodes", None),  # was code
+        ("tags", None),  # was args
+        ("params", None),  # was args
+        # Kept: a word of a field, an abbreviation, a typo.
+        ("num_gpus", "gpus"),
+        ("flavor", "gpu_flavor"),
+        ("restarts", "max_restarts"),
+        ("max_runtime", "max_runtime_seconds"),
+        ("experiment_name", "experiment"),
+        ("hparams", "hyperparameters"),
+        ("hyper_parameters", "hyperparameters"),
+        ("requirement", "requirements"),
+        ("gpu", "gpus"),
+    ],
+)
+def test_a_suggestion_is_what_was_meant_or_nothing(name: str, meant: str | None) -> None:
+    assert closest(name, SPEC_FIELDS) == meant
