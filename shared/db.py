@@ -24,6 +24,12 @@ Contract:
   503, a loop logs a failed round. A one-off command whose statements may rightly run long
   (a rebuild of rollups) opens its pool with ``long_statements=True``; migrations give their
   statements ``MIGRATION_TIMEOUT_S``.
+- PostgreSQL away is logged as one line when it goes and one when it answers again
+  (``outages.POSTGRES``), told by every connection opened (``connect``: the pools', the
+  scheduler leader's) and every readiness ``ping``. asyncpg's pool, which connects again to
+  keep ``pool_min_size`` connections after it lost them, logs each failed try with its
+  traceback ("Failed to restore the pool connection floor"); a record of that for a
+  database fault is dropped (``connect`` told it already), any other keeps its traceback.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import asyncpg
 
 from trainyard_platform.shared.bus import infrastructure_fault
 from trainyard_platform.shared.metrics import instrument
+from trainyard_platform.shared.outages import POSTGRES
 from trainyard_platform.shared.settings import DatabaseSettings
 
 PLATFORM_MIGRATIONS = Path(__file__).parent / "migrations"
@@ -69,6 +76,33 @@ def on_release(listener: Callable[[asyncpg.Connection], None]) -> None:
     """Call ``listener(conn)`` whenever a connection of any pool of this process goes back to
     its pool, after its transaction ended. It must not raise or block."""
     _release_listeners.append(listener)
+
+
+async def connect(*args: Any, **kwargs: Any) -> asyncpg.Connection:
+    """``asyncpg.connect``, telling ``outages.POSTGRES`` whether PostgreSQL answered."""
+    try:
+        conn = await asyncpg.connect(*args, **kwargs)
+    except DATABASE_FAULTS as exc:
+        POSTGRES.failed(exc)
+        raise
+    POSTGRES.answered()
+    return conn
+
+
+class _PoolFloorOutage(logging.Filter):
+    """Drops asyncpg's record of a failed try to keep the pool's floor when the failure is a
+    database fault: ``connect`` told ``outages.POSTGRES`` of it, in one line a minute."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        failure = record.exc_info[1] if record.exc_info else None
+        return not (
+            str(record.msg).startswith("Failed to restore the pool connection floor")
+            and isinstance(failure, DATABASE_FAULTS)
+        )
+
+
+_POOL_FLOOR_FILTER = _PoolFloorOutage()
+logging.getLogger("asyncpg.pool").addFilter(_POOL_FLOOR_FILTER)
 
 
 class BoundedPool(asyncpg.Pool):  # type: ignore[misc]  # asyncpg ships no types
@@ -108,6 +142,7 @@ async def open_pool(
         server_settings={"search_path": schema},
         init=_init_connection,
         reset=_released,
+        connect=connect,
     )
     await pool
     try:
@@ -209,9 +244,15 @@ _failed_rounds = instrument("trainyard.loop.failed_rounds")
 
 
 async def ping(pool: asyncpg.Pool) -> bool:
-    """Readiness: the database answers a trivial query."""
-    async with pool.acquire(timeout=2) as conn:
-        return bool(await conn.fetchval("SELECT true", timeout=2))
+    """Readiness: the database answers a trivial query (told to ``outages.POSTGRES``)."""
+    try:
+        async with pool.acquire(timeout=2) as conn:
+            answered = bool(await conn.fetchval("SELECT true", timeout=2))
+    except DATABASE_FAULTS as exc:
+        POSTGRES.failed(exc)
+        raise
+    POSTGRES.answered()
+    return answered
 
 
 def migration_files(folder: Path) -> list[Path]:

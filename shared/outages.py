@@ -1,0 +1,119 @@
+"""One log line when a dependency of the process goes away, and one when it answers again.
+
+Contract:
+- ``Dependency(name, settings)`` is one dependency of the process (PostgreSQL, NATS, the
+  object store) and whether it is away. ``failed(exc)`` logs at WARNING, the first time
+  after it answered, ``<name> (<settings>) unavailable: <error>; waiting for it``; while it
+  stays away, at most one line a minute (``logs.REPEAT_SECONDS``): ``<name> (<settings>)
+  still unavailable after N s: <error> (M more failures since the last line)``.
+  ``answered()`` after a failure logs one line ``<name> (<settings>) answers again after N s
+  (M failures)``; while it answers it logs nothing and costs a comparison. No line has a
+  traceback: an outage is expected and its error's text says what happened
+  (``logs.error_text``); an error that is not an outage is no business of this module.
+- ``POSTGRES``, ``NATS`` and ``OBJECT_STORE`` are the process's own; ``report(exc)`` tells
+  the one an infrastructure fault names (``bus.infrastructure_fault``) and answers whether
+  ``exc`` was one, so a caller logs any other error itself, with its traceback.
+- Which code tells them: ``shared.db`` of every connection it opens (the pools' and the
+  scheduler leader's) and every readiness ping, the loops that log a failed round
+  (``db.log_failed_round``), the outbox relay and the leader election.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Final
+
+from trainyard_platform.shared.bus import infrastructure_fault
+from trainyard_platform.shared.logs import REPEAT_SECONDS, error_text
+
+log = logging.getLogger(__name__)
+
+
+class Dependency:
+    """One dependency of the process and whether it is away (see the module)."""
+
+    def __init__(
+        self,
+        name: str,
+        settings: str,
+        *,
+        interval_s: float = REPEAT_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.what = f"{name} ({settings})"
+        self.interval_s = interval_s
+        self._clock = clock
+        self._away_since: float | None = None
+        self._logged_at = 0.0
+        self._failures = 0
+        self._held_back = 0
+
+    @property
+    def away(self) -> bool:
+        """Whether it failed and has not answered since."""
+        return self._away_since is not None
+
+    def failed(self, exc: BaseException) -> None:
+        """It failed with ``exc`` (see the module for what is logged)."""
+        now = self._clock()
+        self._failures += 1
+        if self._away_since is None:
+            self._away_since = self._logged_at = now
+            self._held_back = 0
+            log.warning("%s unavailable: %s; waiting for it", self.what, error_text(exc))
+            return
+        if now - self._logged_at < self.interval_s:
+            self._held_back += 1
+            return
+        log.warning(
+            "%s still unavailable after %.0f s: %s (%d more failures since the last line)",
+            self.what,
+            now - self._away_since,
+            error_text(exc),
+            self._held_back,
+        )
+        self._logged_at = now
+        self._held_back = 0
+
+    def answered(self) -> None:
+        """It answered (see the module)."""
+        if self._away_since is None:
+            return
+        log.warning(
+            "%s answers again after %.0f s (%d failures)",
+            self.what,
+            self._clock() - self._away_since,
+            self._failures,
+        )
+        self._away_since = None
+        self._failures = 0
+
+
+POSTGRES: Final = Dependency("PostgreSQL", "TRAINYARD_DATABASE_URL")
+NATS: Final = Dependency("NATS", "TRAINYARD_NATS_URL")
+OBJECT_STORE: Final = Dependency("the object store", "TRAINYARD_STORAGE_URI")
+UNKNOWN: Final = Dependency("a dependency", "unreachable or timed out")
+"""An outage whose error names no dependency (a bare OS error from elsewhere)."""
+
+_BY_FAULT: Final = (("PostgreSQL", POSTGRES), ("NATS", NATS), ("object store", OBJECT_STORE))
+"""The dependency, by how ``infrastructure_fault`` begins."""
+
+
+def dependency_of(exc: BaseException) -> Dependency | None:
+    """The dependency whose outage ``exc`` is, or None when it is no outage."""
+    fault = infrastructure_fault(exc)
+    if fault is None:
+        return None
+    return next((d for prefix, d in _BY_FAULT if fault.startswith(prefix)), UNKNOWN)
+
+
+def report(exc: BaseException) -> bool:
+    """Tell the dependency whose outage ``exc`` is (``Dependency.failed``); False when it is
+    no outage (the caller logs it as the error it is)."""
+    dependency = dependency_of(exc)
+    if dependency is None:
+        return False
+    dependency.failed(exc)
+    return True
