@@ -412,6 +412,8 @@ def _own_fault(exc: BaseException) -> str | None:
     # refused, a directory where a file is wanted, a file that exists): waiting them out
     # would retry for ever, and an HTTP client told "try again" would too.
     if isinstance(exc, OSError) and not isinstance(exc, _PATH_FOR_GOOD):
+        if _raised_in(exc, "asyncpg"):  # its connect raises the socket's own error
+            return f"PostgreSQL unavailable ({what})"
         return f"unreachable or timed out ({what})"
     return None
 

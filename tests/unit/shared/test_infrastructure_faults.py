@@ -4,6 +4,7 @@ few times, then dead-lettered): ``shared.bus.infrastructure_fault``."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import asyncpg
 import nats.errors
@@ -16,9 +17,11 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from pydantic import BaseModel, ValidationError
 from urllib3 import HTTPResponse
 
+from trainyard_platform.deploy.local.ports import free_port
 from trainyard_platform.shared import db
 from trainyard_platform.shared.bus import Reject, infrastructure_fault
 from trainyard_platform.shared.db import DATABASE_FAULTS, log_failed_round
+from trainyard_platform.shared.http_errors import unavailable_detail
 from trainyard_platform.shared.metrics import instrument
 
 
@@ -167,3 +170,21 @@ def test_a_loops_failed_round_is_one_line_for_an_outage_and_a_traceback_otherwis
     ]
     cause = "error" if traceback else "outage"
     assert (dict(point.attributes or {}), point.value) == ({"loop": "sweep", "cause": cause}, 1)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["postgresql://u@127.0.0.1:{port}/db", "postgresql://u@/db?host={folder}"],
+    ids=["refused", "no-socket"],
+)
+async def test_postgresql_that_is_not_there_is_named(url: str, tmp_path: Path) -> None:
+    """asyncpg raises the socket's own error when nothing listens (a refused port, a Unix
+    socket that is not there): the fault said ``unreachable or timed out`` and named no
+    dependency, so a consumer's ``paused`` line and a 503's detail did not say the database."""
+    with pytest.raises(OSError) as failed:
+        await asyncpg.connect(url.format(port=free_port(), folder=tmp_path), timeout=5)
+    fault = infrastructure_fault(failed.value)
+    assert fault is not None and fault.startswith("PostgreSQL unavailable"), fault
+    assert unavailable_detail(fault) == (
+        "temporarily unavailable (the database is unavailable), try again"
+    )
