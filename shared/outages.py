@@ -12,7 +12,8 @@ Contract:
   (``logs.error_text``); an error that is not an outage is no business of this module.
 - ``POSTGRES``, ``NATS`` and ``OBJECT_STORE`` are the process's own; ``report(exc)`` tells
   the one an infrastructure fault names (``bus.infrastructure_fault``) and answers whether
-  ``exc`` was one, so a caller logs any other error itself, with its traceback.
+  ``exc`` was one, so a caller logs any other error itself, with its traceback. ``forget()``
+  puts them back as at the process's start.
 - Which code tells them: ``shared.db`` of every connection it opens (the pools' and the
   scheduler leader's) and every readiness ping, the loops that log a failed round
   (``db.log_failed_round``), the outbox relay and the leader election.
@@ -77,6 +78,11 @@ class Dependency:
         self._logged_at = now
         self._held_back = 0
 
+    def forget(self) -> None:
+        """As at the process's start: answering, nothing counted."""
+        self._away_since = None
+        self._failures = self._held_back = 0
+
     def answered(self) -> None:
         """It answered (see the module)."""
         if self._away_since is None:
@@ -96,6 +102,15 @@ NATS: Final = Dependency("NATS", "TRAINYARD_NATS_URL")
 OBJECT_STORE: Final = Dependency("the object store", "TRAINYARD_STORAGE_URI")
 UNKNOWN: Final = Dependency("a dependency", "unreachable or timed out")
 """An outage whose error names no dependency (a bare OS error from elsewhere)."""
+
+EVERY: Final = (POSTGRES, NATS, OBJECT_STORE, UNKNOWN)
+
+
+def forget() -> None:
+    """Every dependency as at the process's start (for tests that run many in one)."""
+    for dependency in EVERY:
+        dependency.forget()
+
 
 _BY_FAULT: Final = (("PostgreSQL", POSTGRES), ("NATS", NATS), ("object store", OBJECT_STORE))
 """The dependency, by how ``infrastructure_fault`` begins."""

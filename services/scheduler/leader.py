@@ -37,7 +37,8 @@ from typing import Any, Literal
 
 import asyncpg
 
-from trainyard_platform.shared.db import DATABASE_FAULTS
+from trainyard_platform.shared import outages
+from trainyard_platform.shared.db import DATABASE_FAULTS, connect
 
 log = logging.getLogger(__name__)
 
@@ -121,12 +122,14 @@ class Leadership:
             conn: asyncpg.Connection | None = None
             led = False
             try:
-                conn = await asyncpg.connect(
+                conn = await connect(
                     self._dsn, timeout=10, server_settings=self._session_settings()
                 )
                 led = await self._compete(conn, stop, lead)
             except DATABASE_FAULTS as exc:
-                log.warning("leader election: %s; retrying", exc)
+                # Tried every retry_s: an outage is one line (``outages``), not one a try.
+                if not outages.report(exc):
+                    log.warning("leader election: %s; retrying", exc)
             finally:
                 self._pid = None
                 if conn is not None:
