@@ -68,3 +68,30 @@ async def test_a_stalled_nats_fails_publishes_and_lets_the_bus_close(
 
     async with Bus.connect(settings, "stalled-test") as bus:  # and NATS works again
         assert await bus.ping()
+
+
+async def test_the_bus_closes_without_an_error_while_nats_is_away(
+    nats_settings: NatsSettings, proxy: TcpProxy
+) -> None:
+    """SIGTERM during a NATS outage: the client's ``close`` drained the socket of its last
+    try to reconnect, which NATS had reset, and raised ``ConnectionResetError`` out of the
+    stop (seen on a local stack with NATS killed: the submission service exited with status
+    1 and a traceback) when a publish was left in the client's buffer (its outbox relay
+    tried one). Here NATS is cut off, each connection ended with a TCP reset."""
+    settings = nats_settings.model_copy(
+        update={"url": proxy.url_for(nats_settings.url), "publish_timeout_seconds": 1.0}
+    )
+    try:
+        async with asyncio.timeout(60), Bus.connect(settings, "away-test") as bus:
+            assert await bus.ping()
+            tried = proxy.accepted
+            await proxy.cut(reset=True)
+            while not bus.nats.is_reconnecting:
+                await asyncio.sleep(0.05)
+            with pytest.raises(Exception) as failed:  # buffered by the client, unanswered
+                await bus.publish(_event("j1"))
+            assert infrastructure_fault(failed.value) is not None
+            while proxy.accepted < tried + 2:  # the client tries again every 2 s
+                await asyncio.sleep(0.05)
+    finally:
+        proxy.restore()
