@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import logging
 import os
 import pwd
 import shutil
@@ -60,6 +61,8 @@ from trainyard_platform.shared.bus import infrastructure_fault
 from trainyard_platform.shared.events.payloads import CodeBundle, CodeGit, JobSpec
 from trainyard_platform.shared.runtime import StartupRefused
 from trainyard_platform.shared.storage import ObjectNotFound, ObjectStore
+
+log = logging.getLogger(__name__)
 
 
 class PlatformError(RuntimeError):
@@ -557,8 +560,44 @@ def remove_ipc_of(uids: range, listing: Path = Path("/proc/sysvipc")) -> int:
     return removed
 
 
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
+_MNT_DETACH = 2
+_mqueue_unreachable_said = False
+
+
+def remove_mqueues_of(uids: range) -> int:
+    """Remove the POSIX message queues users ``uids`` own; returns how many. Like System V
+    IPC they outlive their processes, with their messages, for the next job of the uid.
+
+    Queues live in the IPC namespace's ``mqueue`` file system whether or not a host mounts
+    it (at ``/dev/mqueue``), so the runner mounts that file system itself, in a folder of
+    its own, for as long as it takes ``remove_files_of`` to remove the uids' entries. Only
+    a root runner can (mount needs ``CAP_SYS_ADMIN``; one that cannot says so once)."""
+    global _mqueue_unreachable_said
+    if not can_switch_users():
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    with tempfile.TemporaryDirectory(prefix="trainyard-mqueue-") as folder:
+        target = folder.encode()
+        if libc.mount(b"mqueue", target, b"mqueue", flags, None) != 0:
+            if not _mqueue_unreachable_said:
+                _mqueue_unreachable_said = True
+                log.warning(
+                    "POSIX message queues of jobs cannot be removed: mounting the mqueue "
+                    "file system failed (%s)",
+                    os.strerror(ctypes.get_errno()),
+                )
+            return 0
+        try:
+            return remove_files_of(uids, [Path(folder)])
+        finally:
+            libc.umount2(target, _MNT_DETACH)
+
+
 def remove_leftovers_of(uids: range) -> int:
     """What users ``uids`` left that outlives processes: their files where every user may
-    write (``remove_files_of``) and their System V IPC objects (``remove_ipc_of``). Call it
-    once no process of ``uids`` runs; returns how many were removed."""
-    return remove_files_of(uids) + remove_ipc_of(uids)
+    write (``remove_files_of``), their System V IPC objects (``remove_ipc_of``) and their
+    POSIX message queues (``remove_mqueues_of``). Call it once no process of ``uids`` runs;
+    returns how many were removed."""
+    return remove_files_of(uids) + remove_ipc_of(uids) + remove_mqueues_of(uids)

@@ -11,6 +11,8 @@ checkpoint under A's URI. Every attempt must fail and A's data must be unchanged
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import errno
 import json
 import os
 import subprocess
@@ -446,6 +448,59 @@ async def test_system_v_ipc_a_job_made_goes_with_it(
     [made] = [line.split()[1:] for line in output.splitlines() if line.startswith("IPC ")]
     assert all(int(ident) >= 0 for ident in made), output
     assert _ipc_with_key(key) == [], "the job's System V IPC objects outlived it"
+
+
+MQUEUE_JOB = textwrap.dedent(
+    """
+    import ctypes, os, sys
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    fd = libc.mq_open(sys.argv[1].encode(), os.O_CREAT | os.O_RDWR, 0o600, None)
+    print("MQ", fd, ctypes.get_errno(), flush=True)
+    """
+)
+
+
+async def test_posix_message_queues_a_job_made_go_with_it(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    tmp_path: Path,
+) -> None:
+    """A POSIX message queue outlives the process that made it, with its messages: the next
+    job of the same uid (another team's) could open it. It is removed when the job ends."""
+    await start_runner(settings)
+    store = open_store(settings.storage.uri)
+    code_folder = tmp_path / "mqueue"
+    code_folder.mkdir()
+    (code_folder / "mq.py").write_text(MQUEUE_JOB)
+    code = upload_bundle(store, "team-a", code_folder)
+    name = f"/trainyard-test-{os.urandom(6).hex()}"
+    job = grant(settings.node_id, [name], entrypoint="mq.py", code=code)
+    await publish(bus, job, settings.node_id)
+    await events.first(JobSucceeded, job.job_id)
+    stream = f"logs/{job.job_id}/a0001-{settings.node_id}"
+    output = b"".join(
+        store.get_bytes(k) for k in store.list(f"{stream}/") if k.endswith(".log")
+    ).decode()
+    [made] = [line.split()[1:] for line in output.splitlines() if line.startswith("MQ ")]
+    assert int(made[0]) >= 0, output
+    try:
+        assert not _mqueue_exists(name), "the job's POSIX message queue outlived it"
+    finally:
+        ctypes.CDLL(None).mq_unlink(name.encode())
+
+
+def _mqueue_exists(name: str) -> bool:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    fd = libc.mq_open(name.encode(), os.O_RDONLY)
+    if fd < 0:
+        assert ctypes.get_errno() == errno.ENOENT
+        return False
+    os.close(fd)
+    return True
 
 
 def _ipc_with_key(key: int) -> list[str]:
