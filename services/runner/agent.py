@@ -374,6 +374,7 @@ class NodeAgent:
             usage=self._usage,
             gpu_indices=grant.gpu_indices,
             max_output_bytes=self.settings.max_output_bytes,
+            max_checkpoint_bytes=self.settings.max_checkpoint_bytes,
         )
         try:
             await run.start(prepared.argv, env=prepared.env)

@@ -18,6 +18,13 @@ can read),
 copies the object to a private file while hashing it, checks size and sha256 against the
 manifest, uploads object then manifest, and removes the staged folder.
 
+Size. A checkpoint's size is its apparent size (``st_size``), whatever the disk holds of
+it: a sparse file of 10 GiB written with one ``seek`` is 10 GiB read, hashed and uploaded.
+So the object is refused before a byte is read when that size differs from its manifest's
+or exceeds ``max_bytes`` (``TRAINYARD_RUNNER_MAX_CHECKPOINT_BYTES``), and when it grows or
+shrinks while read. The private copy keeps the holes as holes (``SEEK_DATA``/``SEEK_HOLE``),
+so it takes no more of the runner's disk than the staged file takes of the job's.
+
 ``stage_resume`` is the way back: it downloads the newest complete checkpoint whose object
 matches its manifest into the staging folder, in the SDK's layout, so the job restores
 exactly what the runner verified, and ``resumed_from`` names what was really loaded. A
@@ -36,6 +43,7 @@ Blocking store and file calls: run them through ``asyncio.to_thread``.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -64,6 +72,8 @@ _tracer = tracer(__name__)
 OBJECT_NAME = "checkpoint.pt"
 MANIFEST_NAME = "manifest.json"
 MAX_MANIFEST_BYTES = 64 * 1024
+MAX_CHECKPOINT_BYTES = 256 * 1024**3
+"""Default of ``max_bytes``: the largest checkpoint object (apparent size) committed."""
 _STORE_FOLDER = re.compile(r"^step-(\d{8,})(?:-a(\d{4,}))?/manifest\.json$")
 _CHUNK = 1024 * 1024
 
@@ -112,10 +122,12 @@ def commit_staged(
     *,
     job_id: str | None = None,
     parent: otel_context.Context | None = None,
+    max_bytes: int = MAX_CHECKPOINT_BYTES,
 ) -> CheckpointRef:
     """Verify the staged checkpoint of ``step`` and upload it to ``store`` (job ``job_id``'s
     checkpoint prefix), in a ``checkpoint upload`` span child of ``parent`` (the module; a
-    key relative to the store, and no job id, when ``job_id`` is None).
+    key relative to the store, and no job id, when ``job_id`` is None). An object of more
+    than ``max_bytes`` (apparent size) is refused unread.
     Raises ``StagedCheckpointInvalid`` for anything the job got wrong."""
     key = f"{store_folder(step, attempt)}/{OBJECT_NAME}"
     attributes: dict[str, str | int] = {
@@ -128,12 +140,14 @@ def commit_staged(
     with _tracer.start_as_current_span(
         "checkpoint upload", context=parent, kind=trace.SpanKind.CLIENT, attributes=attributes
     ) as span:
-        ref = _commit_staged(staging, step, store, attempt)
+        ref = _commit_staged(staging, step, store, attempt, max_bytes)
         span.set_attribute("trainyard.checkpoint.size_bytes", ref.size_bytes)
         return ref
 
 
-def _commit_staged(staging: Path, step: int, store: ObjectStore, attempt: int) -> CheckpointRef:
+def _commit_staged(
+    staging: Path, step: int, store: ObjectStore, attempt: int, max_bytes: int
+) -> CheckpointRef:
     folder = staging / staged_folder(step)
     manifest_bytes = _read_confined(staging, folder / MANIFEST_NAME, MAX_MANIFEST_BYTES)
     try:
@@ -153,7 +167,9 @@ def _commit_staged(staging: Path, step: int, store: ObjectStore, attempt: int) -
     manifest_key = f"{target}/{MANIFEST_NAME}"
     with tempfile.TemporaryDirectory(prefix="trainyard-commit-") as private:
         copy = Path(private) / OBJECT_NAME
-        size, digest = _copy_confined(staging, folder / inside, copy)
+        size, digest = _copy_confined(
+            staging, folder / inside, copy, manifest.size_bytes, max_bytes
+        )
         if (size, digest) != (manifest.size_bytes, manifest.sha256):
             raise StagedCheckpointInvalid(
                 f"checkpoint of step {step} does not match its manifest: {size} bytes, "
@@ -216,16 +232,69 @@ def _read_confined(root: Path, path: Path, limit: int) -> bytes:
     return data
 
 
-def _copy_confined(root: Path, path: Path, dest: Path) -> tuple[int, str]:
+def _copy_confined(
+    root: Path, path: Path, dest: Path, expected: int, max_bytes: int
+) -> tuple[int, str]:
+    """Copy the confined file ``path`` to ``dest``, holes kept as holes; its size and
+    sha256. Refused unread when its apparent size is not ``expected`` or exceeds
+    ``max_bytes``, and when it changes size while read (module docstring, "Size")."""
     fd = _open_confined(root, path)
+    try:
+        size = os.fstat(fd).st_size
+        if size > max_bytes:
+            raise StagedCheckpointInvalid(
+                f"{path.name} is {size} bytes (its apparent size, holes of a sparse file "
+                f"included); at most {max_bytes} bytes are uploaded"
+            )
+        if size != expected:
+            raise StagedCheckpointInvalid(
+                f"{path.name} is {size} bytes, its manifest says {expected}: not read"
+            )
+        with dest.open("wb") as sink:
+            digest = _copy_extents(fd, sink.fileno(), size)
+            os.ftruncate(sink.fileno(), size)  # a hole at the end is a hole of the copy too
+        if os.pread(fd, 1, size):
+            raise StagedCheckpointInvalid(f"{path.name} grew while it was read")
+    finally:
+        os.close(fd)
+    return size, digest
+
+
+_ZEROS = bytes(_CHUNK)
+
+
+def _copy_extents(source: int, sink: int, size: int) -> str:
+    """Copy the first ``size`` bytes of ``source`` to the same offsets of ``sink``, writing
+    only its data extents; the sha256 of all ``size`` bytes (a hole hashes as zeros)."""
     digest = hashlib.sha256()
-    size = 0
-    with os.fdopen(fd, "rb") as source, dest.open("wb") as sink:
-        while chunk := source.read(_CHUNK):
+    offset = 0
+    while offset < size:
+        data = min(_seek(source, offset, os.SEEK_DATA, size), size)
+        while offset < data:  # a hole: zeros, not read, not written
+            step = min(_CHUNK, data - offset)
+            digest.update(_ZEROS[:step])
+            offset += step
+        hole = min(_seek(source, offset, os.SEEK_HOLE, size), size)
+        while offset < hole:
+            chunk = os.pread(source, min(_CHUNK, hole - offset), offset)
+            if not chunk:
+                raise StagedCheckpointInvalid("the checkpoint shrank while it was read")
             digest.update(chunk)
-            sink.write(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
+            os.pwrite(sink, chunk, offset)
+            offset += len(chunk)
+    return digest.hexdigest()
+
+
+def _seek(fd: int, offset: int, whence: int, size: int) -> int:
+    """``lseek`` for ``SEEK_DATA``/``SEEK_HOLE``; ``size`` past the last data (``ENXIO``)."""
+    try:
+        return os.lseek(fd, offset, whence)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            return size
+        if exc.errno == errno.EINVAL:  # a file system without them: all of it is data
+            return offset if whence == os.SEEK_DATA else size
+        raise
 
 
 # --- store -> job --------------------------------------------------------------------

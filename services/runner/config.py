@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from trainyard_platform.services.runner.checkpoints import MAX_CHECKPOINT_BYTES
 from trainyard_platform.shared.events.payloads import MAX_METRIC_POINTS
 from trainyard_platform.shared.settings import GuardedServiceSettings, Port
 
@@ -106,6 +107,9 @@ class Settings(GuardedServiceSettings):
     """Most bytes of a job attempt's output, and of its metric series, kept on this node and
     shipped to the store (each); past it the output ends with a notice and the rest is
     dropped, so a job that writes without end fills neither the disk nor the store."""
+    max_checkpoint_bytes: int = Field(default=MAX_CHECKPOINT_BYTES, ge=1)
+    """Largest checkpoint object committed, by its apparent size (a sparse file counts with
+    its holes); a larger one is refused unread and the job's earlier checkpoints stand."""
     log_tail_lines: int = Field(default=40, ge=1)
     """Lines of output carried in ``job.failed``."""
 

@@ -99,6 +99,7 @@ class JobRun:
         gpu_indices: Sequence[int] = (),
         usage_interval_s: float = 5.0,
         max_output_bytes: int = 2 * 1024**3,
+        max_checkpoint_bytes: int = checkpoints.MAX_CHECKPOINT_BYTES,
     ) -> None:
         self.job = job
         self.started_at = datetime.now(UTC)
@@ -124,6 +125,7 @@ class JobRun:
             log_ship_interval_s,
         )
         self._max_output_bytes = max_output_bytes
+        self._max_checkpoint_bytes = max_checkpoint_bytes
         self._metrics_path = log_path.with_suffix(".metrics.jsonl")
         self._metrics_file: CappedFile | None = None
         self._metrics_shipper = LogShipper(
@@ -597,6 +599,7 @@ class JobRun:
                     self.job.attempt,
                     job_id=self.job.job_id,
                     parent=self._events.parent,
+                    max_bytes=self._max_checkpoint_bytes,
                 )
                 break
             except checkpoints.StagedCheckpointInvalid as exc:

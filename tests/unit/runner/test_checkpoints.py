@@ -183,3 +183,64 @@ def test_retention_keeps_the_newest_and_protected_ones(tmp_path: Path) -> None:
     assert apply_retention(store, 2, protected) == 3
     assert [s for s, _, _ in complete_folders(store)] == [1, 5, 6]
     assert store.list("step-00000002") == []
+
+
+def stage_sparse(staging: Path, step: int, apparent: int, tail: bytes) -> bytes:
+    """A sparse object: a hole of ``apparent - len(tail)`` bytes, then ``tail``; returns
+    the bytes it reads as (what its manifest describes)."""
+    folder = staging / f"step-{step:08d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "checkpoint.pt").open("wb") as handle:
+        handle.seek(apparent - len(tail))
+        handle.write(tail)
+    digest = hashlib.sha256()
+    digest.update(bytes(apparent - len(tail)))
+    digest.update(tail)
+    manifest = {
+        "step": step,
+        "object": f"step-{step:08d}/checkpoint.pt",
+        "size_bytes": apparent,
+        "sha256": digest.hexdigest(),
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return tail
+
+
+def test_a_sparse_checkpoint_counts_its_holes_against_the_cap(tmp_path: Path) -> None:
+    # 64 MiB to read, hash and upload, though the disk holds a few bytes of it.
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    stage_sparse(staging, 1, 64 * 1024**2, b"end")
+    with pytest.raises(StagedCheckpointInvalid, match=r"67108864 bytes \(its apparent size"):
+        commit_staged(staging, 1, store, attempt=1, max_bytes=1024**2)
+    assert store.list() == []
+
+
+def test_an_object_of_another_size_than_its_manifest_says_is_refused_unread(
+    tmp_path: Path,
+) -> None:
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    stage(staging, 2, b"abc", size_bytes=2)
+    with pytest.raises(StagedCheckpointInvalid, match="is 3 bytes, its manifest says 2"):
+        commit_staged(staging, 2, store, attempt=1)
+    assert store.list() == []
+
+
+def test_a_sparse_checkpoint_within_the_cap_is_copied_with_its_holes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    apparent = 256 * 1024**2
+    stage_sparse(staging, 3, apparent, b"weights")
+    copies: list[os.stat_result] = []
+    real_put = store.put_file
+
+    def put_file(key: str, path: Path) -> None:
+        copies.append(path.stat())  # the runner's private copy, before it is uploaded
+        real_put(key, path)
+
+    monkeypatch.setattr(store, "put_file", put_file)
+    ref = commit_staged(staging, 3, store, attempt=1)
+    assert ref.size_bytes == apparent
+    [copy] = copies
+    assert copy.st_size == apparent
+    assert copy.st_blocks * 512 < 1024**2, "the private copy was written dense"
