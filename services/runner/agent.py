@@ -375,6 +375,8 @@ class NodeAgent:
             gpu_indices=grant.gpu_indices,
             max_output_bytes=self.settings.max_output_bytes,
             max_checkpoint_bytes=self.settings.max_checkpoint_bytes,
+            metrics_points_per_second=self.settings.metrics_points_per_second,
+            metrics_max_keys=self.settings.metrics_max_keys,
         )
         try:
             await run.start(prepared.argv, env=prepared.env)

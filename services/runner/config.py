@@ -103,6 +103,13 @@ class Settings(GuardedServiceSettings):
     """Metric points per ``job.metrics`` at most (a fuller batch goes at once)."""
     metrics_batch_seconds: float = Field(default=1.0, ge=0)
     """How long a job's metric point may wait for its batch to fill before it is sent."""
+    metrics_points_per_second: float = Field(default=1000.0, gt=0)
+    """A job's metric points entering its series (metric log, ``job.metrics``) per second
+    on average, in bursts of up to 10 seconds' worth; a report beyond is left out of the
+    series (its values still reach ``job.progress`` and the job's end), said in its log."""
+    metrics_max_keys: int = Field(default=1000, ge=1)
+    """Distinct metric keys a job may report; values under further keys are dropped
+    everywhere, said in its log."""
     max_output_bytes: int = Field(default=2 * 1024**3, ge=1024)
     """Most bytes of a job attempt's output, and of its metric series, kept on this node and
     shipped to the store (each); past it the output ends with a notice and the rest is

@@ -1,7 +1,8 @@
 """Supervision of one running allocation, from spawn to its one terminal event.
 
-While the job runs: lines on its control socket become ``job.metrics`` (every point, in
-batches: ``domain.MetricBatcher``), ``job.progress`` (throttled, the newest kept) and, for checkpoints it staged, an upload to the job's own prefix
+While the job runs: lines on its control socket become ``job.metrics`` (every point within
+the job's bound, ``metric_limits``, in batches: ``domain.MetricBatcher``; what the bound
+drops is counted in notices in the job's log), ``job.progress`` (throttled, the newest kept) and, for checkpoints it staged, an upload to the job's own prefix
 (``checkpoints.commit_staged``) followed by ``checkpoint.saved``; its output goes to
 ``<work_dir>/jobs/<job>/<allocation>.log``, is shipped to the object store in chunks about
 every second (``logstream.LogShipper``) and feeds a tail kept for ``job.failed``; it never
@@ -42,6 +43,7 @@ from trainyard_platform.services.runner.domain import (
 from trainyard_platform.services.runner.gpus import GpuUsage
 from trainyard_platform.services.runner.ledger import Ledger
 from trainyard_platform.services.runner.logstream import CappedFile, LogShipper, stream_prefix
+from trainyard_platform.services.runner.metric_limits import MetricLimits
 from trainyard_platform.services.runner.process import JobProcess, read_lines
 from trainyard_platform.services.runner.publishing import JobEvents
 from trainyard_platform.services.runner.sandbox import (
@@ -100,6 +102,8 @@ class JobRun:
         usage_interval_s: float = 5.0,
         max_output_bytes: int = 2 * 1024**3,
         max_checkpoint_bytes: int = checkpoints.MAX_CHECKPOINT_BYTES,
+        metrics_points_per_second: float = 1000.0,
+        metrics_max_keys: int = 1000,
     ) -> None:
         self.job = job
         self.started_at = datetime.now(UTC)
@@ -146,6 +150,7 @@ class JobRun:
         self._throttle: ProgressThrottle[MetricsMessage] = ProgressThrottle(progress_interval_s)
         self._flush_timer: asyncio.TimerHandle | None = None
         self._batcher = domain.MetricBatcher(metrics_batch_points, metrics_batch_interval_s)
+        self._limits = MetricLimits(metrics_points_per_second, metrics_max_keys)
         self._batch_timer: asyncio.TimerHandle | None = None
         self._kill_timer: asyncio.TimerHandle | None = None
         self._kill_at: float | None = None
@@ -313,11 +318,22 @@ class JobRun:
                         exc_info=task.exception(),
                     )
             process.close()
-            if self._log_file is not None:
-                self._log_file.close()
             await self._close_control()
+            if self._log_file is not None:
+                # The control connections are read to the end: the last word on dropped
+                # metrics goes after the job's last output.
+                self._say_dropped_metrics(final=True)
+                self._log_file.close()
             if self._metrics_file is not None:
                 self._metrics_file.close()
+            if self._limits.points_dropped_total or self._limits.values_dropped_total:
+                log.warning(
+                    "job %s: %d metric points left out of its series for their pace, %d "
+                    "values dropped for their keys",
+                    self.job.job_id,
+                    self._limits.points_dropped_total,
+                    self._limits.values_dropped_total,
+                )
             for what, capped in (("output", self._log_file), ("metric series", self._metrics_file)):
                 if capped is not None and capped.full:
                     log.warning(
@@ -439,6 +455,8 @@ class JobRun:
             self._sandbox.control_socket.unlink()
 
     def _on_metrics(self, message: MetricsMessage) -> None:
+        # Bounded first (metric_limits): no event of the job grows with its keys.
+        message = message.model_copy(update={"metrics": self._limits.keys(message.metrics)})
         dropped = sorted(set(message.metrics) - set(domain.publishable_metrics(message.metrics)))
         if dropped:
             log.warning(
@@ -450,14 +468,17 @@ class JobRun:
         self._last_step = message.step
         # The points published (the registry stores every one) are the series, cut where the
         # series is: a job reporting without end fills no database either.
-        if self._record_metrics(message.step, message.metrics):
+        now = time.monotonic()
+        if self._limits.admit(len(message.metrics), now) and self._record_metrics(
+            message.step, message.metrics
+        ):
             self._batch_metrics(message)
+        self._say_dropped_metrics()
         # The newest value of every metric the job reported, for job.succeeded.
         self._last_metrics.update(message.metrics)
         wait = message.metrics.get("data_wait_fraction")
         if wait is not None and math.isfinite(wait):
             self._data_waits.append(wait)
-        now = time.monotonic()
         ready = self._throttle.offer(message, now)
         if ready is not None:
             self._emit_progress(ready)
@@ -467,6 +488,12 @@ class JobRun:
             self._flush_timer = asyncio.get_running_loop().call_later(
                 max(0.0, due - now), self._flush_progress
             )
+
+    def _say_dropped_metrics(self, *, final: bool = False) -> None:
+        """Tell the job, in its own log, what ``metric_limits`` dropped (when it is time)."""
+        notice = self._limits.notice(time.monotonic(), final=final)
+        if notice is not None and self._log_file is not None and not self._log_file.closed:
+            self._log_file.write(notice.encode())
 
     def _record_metrics(self, step: int, metrics: dict[str, float]) -> bool:
         """One line of the job's metric series (shipped with its log); False once the series

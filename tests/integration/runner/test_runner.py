@@ -444,6 +444,62 @@ async def test_output_without_end_is_cut_at_the_nodes_limit(
     assert all(f.stat().st_size < limit + 200 for f in log_file.iterdir())
 
 
+async def test_a_job_reporting_metrics_without_bound_is_bounded_and_told(
+    settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, tmp_path: Path
+) -> None:
+    """A job reporting in a tight loop, under ever new keys, floods neither the bus nor the
+    registry: its series keeps its pace and its first keys, and its log says what went."""
+    settings = settings.model_copy(
+        update={"metrics_points_per_second": 1.0, "metrics_max_keys": 50}
+    )
+    await start_runner(settings)
+    store = open_store(settings.storage.uri)
+    code_folder = tmp_path / "chatty"
+    code_folder.mkdir()
+    (code_folder / "chatty.py").write_text(
+        "import json, os, socket\n"
+        "control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "control.connect(os.environ['TRAINYARD_CONTROL_SOCKET'])\n"
+        "for i in range(2000):\n"
+        "    line = {'kind': 'metrics', 'step': i, 'metrics': {'loss': 1.0}}\n"
+        "    control.sendall((json.dumps(line) + '\\n').encode())\n"
+        "keys = {f'key{k}': float(k) for k in range(3000)}\n"
+        "line = {'kind': 'metrics', 'step': 2000, 'metrics': keys}\n"
+        "control.sendall((json.dumps(line) + '\\n').encode())\n"
+    )
+    code = upload_bundle(store, "team-a", code_folder)
+    job = grant(settings.node_id, [], entrypoint="chatty.py", code=code)
+    await publish(bus, job, settings.node_id)
+    done = await events.first(JobSucceeded, job.job_id)
+
+    published = [
+        p
+        for m in events.of(JobMetrics, settings.node_id)
+        if m.job_id == job.job_id
+        for p in m.points
+    ]
+    output = b"".join(
+        store.get_bytes(k)
+        for k in sorted(store.list(f"logs/{job.job_id}/a0001-{settings.node_id}/"))
+        if "chunk-" in k
+    ).decode()
+    notices = [line for line in output.splitlines() if line.startswith("[trainyard: ")]
+    left_out = sum(
+        int(n.split(" metric points left out")[0].rsplit(" ", 1)[-1])
+        for notice in notices
+        for n in notice.split("; ")
+        if " metric points left out" in n
+    )
+    assert notices, output
+    # Every report is either in the series or counted in a notice: 2000 of 1 point, then
+    # one of 50 (the keys beyond the first 50 dropped everywhere).
+    assert len(published) + left_out == 2000 + 49, (len(published), left_out)
+    assert len(published) < 2000
+    assert any("2951 metric values dropped" in notice for notice in notices), notices
+    assert len({p.key for p in published}) <= 50
+    assert len(done.metrics) <= 50 + 5, len(done.metrics)  # + what the runner measures
+
+
 async def test_a_running_jobs_environment_is_never_pruned(
     settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
 ) -> None:

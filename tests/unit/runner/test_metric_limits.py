@@ -1,0 +1,60 @@
+"""A job's metric keys and the pace of its series are bounded, and what is dropped is said."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainyard_platform.services.runner.metric_limits import (
+    BURST_SECONDS,
+    NOTICE_INTERVAL_S,
+    MetricLimits,
+)
+
+
+def test_keys_beyond_the_bound_are_dropped_and_known_ones_kept() -> None:
+    limits = MetricLimits(points_per_second=10, max_keys=2)
+    assert limits.keys({"loss": 1.0, "acc": 0.5, "lr": 0.1}) == {"loss": 1.0, "acc": 0.5}
+    assert limits.keys({"lr": 0.2, "loss": 0.9}) == {"loss": 0.9}
+    assert limits.keys({"x" * 201: 1.0, "": 2.0}) == {}
+    assert limits.values_dropped_total == 4
+    notice = limits.notice(0.0)
+    assert notice is not None and "4 metric values dropped" in notice
+
+
+def test_a_tight_loop_is_cut_to_the_pace_after_its_burst() -> None:
+    limits = MetricLimits(points_per_second=10, max_keys=10)
+    burst = int(10 * BURST_SECONDS)
+    admitted = sum(limits.admit(1, now=0.0) for _ in range(burst + 50))
+    assert admitted == burst
+    assert limits.points_dropped_total == 50
+    # Time refills it at the pace, never past the burst.
+    assert sum(limits.admit(1, now=1.0) for _ in range(20)) == 10
+    assert sum(limits.admit(1, now=1000.0) for _ in range(burst + 1)) == burst
+
+
+def test_a_report_is_admitted_or_dropped_whole() -> None:
+    limits = MetricLimits(points_per_second=1, max_keys=100)
+    assert limits.admit(int(BURST_SECONDS), now=0.0)
+    assert not limits.admit(3, now=2.0)  # 2 points of budget: not 2 of the 3
+    assert limits.admit(2, now=2.0)
+    assert limits.points_dropped_total == 3
+
+
+def test_notices_come_at_most_once_an_interval_and_once_at_the_end() -> None:
+    limits = MetricLimits(points_per_second=1, max_keys=100)
+    assert limits.notice(0.0) is None  # nothing dropped, nothing said
+    limits.admit(100, now=0.0)
+    first = limits.notice(0.0)
+    assert first is not None and first.startswith("[trainyard: 100 metric points left out")
+    limits.admit(100, now=1.0)
+    assert limits.notice(1.0) is None
+    assert limits.notice(NOTICE_INTERVAL_S) == first
+    limits.admit(70, now=NOTICE_INTERVAL_S + 1)
+    last = limits.notice(NOTICE_INTERVAL_S + 1, final=True)
+    assert last is not None and "70 metric points" in last
+    assert limits.notice(1e9, final=True) is None
+
+
+def test_a_bound_that_admits_nothing_is_refused() -> None:
+    with pytest.raises(ValueError, match="points_per_second"):
+        MetricLimits(points_per_second=0, max_keys=1)
