@@ -2,9 +2,15 @@
 
 Contract:
 - ``on_granted`` launches a job at most once per allocation id, across redeliveries and
-  runner restarts (the ledger remembers every allocation this node saw). It publishes
-  ``job.started`` (awaited: if that fails the grant is redelivered and nothing ran), records
-  the launch, spawns the process and returns; a background task supervises the process.
+  runner restarts (the ledger remembers every allocation this node saw). It checks the
+  grant, takes a slot, fetches the job's code and checkpoint from the object store (an
+  unreachable store raises: the grant comes again) and records the launch in the ledger,
+  then returns; a task of the grant's own builds its environment (minutes, maybe), publishes
+  ``job.started`` (until sent) and spawns the process, so launches of different jobs
+  proceed side by side. Launches that share a GPU go one after the other (a newer grant
+  can then fence the older job, below), a revocation during a launch stops the job as soon
+  as it runs, and a runner that dies during one reports it lost at its next start.
+  A background task supervises the process.
   A grant that cannot run here (GPU indices this node lacks, a malformed entrypoint) ends at
   once with ``job.failed``. A grant arriving while the runner shuts down raises, so it stays
   unacknowledged and goes to the next runner of this node.
@@ -32,6 +38,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from opentelemetry import context as otel_context
@@ -47,11 +54,7 @@ from trainyard_platform.services.runner.environments import (
 )
 from trainyard_platform.services.runner.gpus import GpuInventory, GpuUsage
 from trainyard_platform.services.runner.ledger import Ledger, LedgerEntry, safe_file_name
-from trainyard_platform.services.runner.publishing import (
-    JobEvents,
-    publish_in_trace,
-    publish_until_sent,
-)
+from trainyard_platform.services.runner.publishing import JobEvents, publish_until_sent
 from trainyard_platform.services.runner.sandbox import (
     PlatformError,
     ProcessGroupRecord,
@@ -117,7 +120,9 @@ class NodeAgent:
         self._leases: dict[str, EnvironmentLease] = {}
         """The environment each prepared allocation runs in, held until it ends."""
         self._supervisors: set[asyncio.Task[None]] = set()
-        self._launching = asyncio.Lock()
+        self._launches: dict[str, _Launch] = {}
+        """Grants being launched, from their receipt until their job runs or ended unrun."""
+        self._launch_tasks: set[asyncio.Task[None]] = set()
         self.drained = asyncio.Event()
 
     @property
@@ -196,24 +201,67 @@ class NodeAgent:
     # --- allocation.granted ----------------------------------------------------------------
 
     async def on_granted(self, grant: AllocationGranted) -> None:
+        """Accept ``grant`` (what needs the object store included: its code and checkpoint)
+        and hand the rest of its launch (its environment, maybe minutes of installing) to a
+        task of its own, so the next grant's launch does not wait for it."""
         if grant.node_id != self.node_id:
             log.warning("ignoring allocation %s for node %s", grant.allocation_id, grant.node_id)
             return
-        # Held until the job is spawned: a drain that begins meanwhile waits, then stops it.
-        async with self._launching:
-            if self._stop.is_set():
-                raise RuntimeError(
-                    "the runner is shutting down; the grant waits for its next start"
+        if self._stop.is_set():
+            raise RuntimeError("the runner is shutting down; the grant waits for its next start")
+        if grant.allocation_id in self._launches:
+            log.info(
+                "allocation %s is being launched already: duplicate grant ignored",
+                grant.allocation_id,
+            )
+            return
+        # In flight from here until its job runs or it ended unrun: a drain waits for it.
+        launching = _Launch(grant.epoch, frozenset(grant.gpu_indices))
+        self._launches[grant.allocation_id] = launching
+        handed_on = False
+        try:
+            # A launch in flight on one of its GPUs goes first: only a job that runs can be
+            # fenced (``_gpus_freed``), and two launches must never share a GPU.
+            await self._launched_on(launching.gpus, grant.allocation_id)
+            accepted = await self._grant(grant)
+            if accepted is not None:
+                task = asyncio.create_task(
+                    self._finish_launch(accepted, launching), name=f"launch {grant.job_id}"
                 )
-            await self._grant(grant)
+                self._launch_tasks.add(task)
+                task.add_done_callback(self._launch_tasks.discard)
+                handed_on = True
+        finally:
+            if not handed_on:
+                self._launch_ended(grant.allocation_id)
 
-    async def _grant(self, grant: AllocationGranted) -> None:
+    async def _launched_on(self, gpus: frozenset[int], allocation_id: str) -> None:
+        """Return once no other launch in flight wants any of ``gpus``."""
+        while True:
+            others = [
+                launch
+                for other, launch in self._launches.items()
+                if other != allocation_id and launch.gpus & gpus
+            ]
+            if not others:
+                return
+            await others[0].done.wait()
+
+    def _launch_ended(self, allocation_id: str) -> None:
+        launching = self._launches.pop(allocation_id, None)
+        if launching is not None:
+            launching.done.set()
+
+    async def _grant(self, grant: AllocationGranted) -> _Accepted | None:
+        """Check, take a slot, fetch and record ``grant``; None when it is not to run (a
+        duplicate, or ended at once). An error of the infrastructure (the object store
+        down) frees the slot and is raised: the grant comes again."""
         if grant.allocation_id in self._runs:
             log.info(
                 "allocation %s is running already: duplicate grant ignored", grant.allocation_id
             )
             await publishing.say_again(self._bus, grant.allocation_id)
-            return
+            return None
         seen = await asyncio.to_thread(self._ledger.get, grant.allocation_id)
         if seen is not None:
             log.info(
@@ -222,10 +270,10 @@ class NodeAgent:
                 seen.state.value,
             )
             await publishing.say_again(self._bus, grant.allocation_id, _stored(seen))
-            return
+            return None
         await publishing.note_grant(self._bus, grant.allocation_id)
         if not await self._gpus_freed(grant):
-            return
+            return None
         job = JobIdentity.from_grant(grant)
         # The consumer span of this grant: every later event of the job is published in it.
         parent = otel_context.get_current()
@@ -239,49 +287,63 @@ class NodeAgent:
             log.error("allocation %s cannot run here: %s", grant.allocation_id, problem)
             payload = domain.failed_to_start(job, str(problem), datetime.now(UTC))
             await end_allocation(job, payload, events, self._ledger, trace_headers)
-            return
+            return None
         self._slots[grant.allocation_id] = slot
         try:
-            prepared = await asyncio.to_thread(
-                launch.prepare,
+            fetched = await asyncio.to_thread(
+                launch.fetch,
                 grant,
                 self.settings,
                 self._store,
-                self.gpus,
-                self._environments,
                 job_user(self.settings.job_uids.start, slot),
-                trace_headers,
             )
+            # Recorded before the grant is acknowledged: a runner that dies during the rest
+            # of the launch leaves its successor an allocation to report lost.
+            await asyncio.to_thread(self._ledger.launched, job, trace_headers)
         except PlatformError as exc:
             await self._failed_to_start(job, str(exc), events, trace_headers)
-            return
+            return None
         except Exception:
             # Something else (the object store down?): free the slot and let the grant be
             # redelivered, rather than failing a job that did nothing wrong.
             await asyncio.to_thread(self._release, job.allocation_id)
             raise
-        self._leases[grant.allocation_id] = prepared.environment_lease
-        started = JobStarted(
-            job_id=grant.job_id,
-            allocation_id=grant.allocation_id,
-            node_id=grant.node_id,
-            attempt=grant.attempt,
-            epoch=grant.epoch,
-            started_at=datetime.now(UTC),
-            code_version=prepared.code_version,
-            environment=prepared.environment,
-            spec=grant.spec,
-            resumed_from=prepared.resumed_from.uri if prepared.resumed_from else None,
-        )
-        said: Envelope[Payload] = Envelope.wrap(
-            started,
-            source=domain.SOURCE,
-            subject=grant.job_id,
-            event_id=domain.event_id(grant.allocation_id, "started"),
-        )
-        await publish_in_trace(self._bus, said, parent)
-        await asyncio.to_thread(self._ledger.launched, job, trace_headers, said.to_json().decode())
-        await self._launch(grant, job, prepared, events, trace_headers)
+        return _Accepted(grant, job, fetched, events, trace_headers, parent)
+
+    async def _finish_launch(self, accepted: _Accepted, launching: _Launch) -> None:
+        """The rest of a launch, in a task of its own: the job's environment, its
+        ``job.started`` and its process. Whatever stops it, the allocation ends."""
+        grant, job, events = accepted.grant, accepted.job, accepted.events
+        trace_headers = accepted.trace_headers
+        try:
+            with job_scope(job.job_id):
+                try:
+                    prepared = await asyncio.to_thread(
+                        launch.prepare,
+                        grant,
+                        self.settings,
+                        accepted.fetched,
+                        self.gpus,
+                        self._environments,
+                        trace_headers,
+                    )
+                except Exception as exc:  # PlatformError, or anything else: it cannot start
+                    if not isinstance(exc, PlatformError):
+                        log.exception("preparing allocation %s failed", job.allocation_id)
+                    await self._failed_to_start(job, str(exc), events, trace_headers)
+                    return
+                self._leases[grant.allocation_id] = prepared.environment_lease
+                said = _started(grant, prepared)
+                await publish_until_sent(self._bus, said, accepted.parent)
+                await asyncio.to_thread(
+                    self._ledger.started, job.allocation_id, said.to_json().decode()
+                )
+                await self._launch(grant, job, prepared, events, trace_headers)
+                run = self._runs.get(job.allocation_id)
+                if run is not None and launching.revoked is not None:
+                    run.request_stop(*launching.revoked)
+        finally:
+            self._launch_ended(grant.allocation_id)
 
     async def _gpus_freed(self, grant: AllocationGranted) -> bool:
         """Make sure no job of this node still runs on the grant's GPUs. The scheduler
@@ -407,6 +469,16 @@ class NodeAgent:
     # --- allocation.revoked ------------------------------------------------------------------
 
     async def on_revoked(self, revoked: AllocationRevoked) -> None:
+        launching = self._launches.get(revoked.allocation_id)
+        if launching is not None and launching.epoch == revoked.epoch:
+            # Its launch is in flight: the job is stopped as soon as it runs.
+            why = revoked.detail or revoked.reason
+            launching.revoked = (StopRequest("revoked", why), revoked.grace_seconds)
+            log.info(
+                "allocation %s is revoked while it is launched: it stops once it runs",
+                revoked.allocation_id,
+            )
+            return
         run = self._runs.get(revoked.allocation_id)
         if run is not None:
             if run.job.epoch != revoked.epoch:
@@ -483,8 +555,9 @@ class NodeAgent:
         """When ``stop`` is set: stop every job and wait for their ends (module docstring)."""
         try:
             await stop.wait()
-            async with self._launching:
-                pass  # a launch in progress finishes first; no new one starts after this
+            # Launches in flight finish first; no new one starts after ``stop``.
+            while self._launches:
+                await next(iter(self._launches.values())).done.wait()
             runs = self.running()
             if runs:
                 log.info(
@@ -498,6 +571,51 @@ class NodeAgent:
             for task in self._supervisors:
                 task.cancel()
             self.drained.set()
+
+
+@dataclass
+class _Launch:
+    """A grant being launched (``NodeAgent._launches``)."""
+
+    epoch: int
+    gpus: frozenset[int]
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once its job runs, or it ended unrun."""
+    revoked: tuple[StopRequest, float] | None = None
+    """A revocation that came during the launch: the stop and its grace."""
+
+
+@dataclass(frozen=True)
+class _Accepted:
+    """A grant checked, with a slot, its code and checkpoint fetched, and in the ledger."""
+
+    grant: AllocationGranted
+    job: JobIdentity
+    fetched: launch.Fetched
+    events: JobEvents
+    trace_headers: dict[str, str]
+    parent: otel_context.Context
+
+
+def _started(grant: AllocationGranted, prepared: launch.Prepared) -> Envelope[Payload]:
+    started = JobStarted(
+        job_id=grant.job_id,
+        allocation_id=grant.allocation_id,
+        node_id=grant.node_id,
+        attempt=grant.attempt,
+        epoch=grant.epoch,
+        started_at=datetime.now(UTC),
+        code_version=prepared.code_version,
+        environment=prepared.environment,
+        spec=grant.spec,
+        resumed_from=prepared.resumed_from.uri if prepared.resumed_from else None,
+    )
+    return Envelope.wrap(
+        started,
+        source=domain.SOURCE,
+        subject=grant.job_id,
+        event_id=domain.event_id(grant.allocation_id, "started"),
+    )
 
 
 def _stored(entry: LedgerEntry) -> list[publishing.Said]:

@@ -19,8 +19,11 @@ spec's ``command``; under ``torchrun`` when the job has more than one process (s
 here, or a gang of nodes): ``--standalone`` on one node, else a static rendezvous at rank
 0's node (``gang[0].address``) on ``rendezvous_port``, with this node's ``--node_rank``.
 
-``prepare`` blocks (store downloads, environment builds, git): run it in a thread. It raises
-``PlatformError`` when the job cannot be started.
+Two steps, both blocking (run them in a thread), both raising ``PlatformError`` when the job
+cannot be started: ``fetch`` takes what comes from the object store (the sandbox, the code,
+the checkpoint to resume from; an unreachable store raises as it is, so the grant comes
+again), ``prepare`` the rest (the environment, built in minutes maybe, and the job's
+command and variables).
 """
 
 from __future__ import annotations
@@ -77,6 +80,16 @@ RENDEZVOUS_PORTS = range(29500, 30500)
 
 
 @dataclass(frozen=True)
+class Fetched:
+    """What a job has from the object store, in its sandbox."""
+
+    sandbox: Sandbox
+    code_id: str | None
+    """The code's identity (``sha256:...``, ``git:<commit>``), None when the spec names none."""
+    resumed_from: CheckpointRef | None
+
+
+@dataclass(frozen=True)
 class Prepared:
     """A job ready to spawn."""
 
@@ -105,16 +118,11 @@ def cannot_run(grant: AllocationGranted, gpus: GpuInventory) -> str | None:
     return gpus.invalid_indices(grant.gpu_indices)
 
 
-def prepare(
-    grant: AllocationGranted,
-    settings: Settings,
-    store: ObjectStore,
-    gpus: GpuInventory,
-    environments: EnvironmentCache,
-    user: JobUser,
-    trace_headers: Mapping[str, str],
-) -> Prepared:
-    spec = grant.spec
+def fetch(
+    grant: AllocationGranted, settings: Settings, store: ObjectStore, user: JobUser
+) -> Fetched:
+    """A fresh sandbox for ``grant`` run as ``user``, with the job's code and the newest
+    checkpoint it resumes from."""
     if user.uid is not None:
         # The slot's uid starts clean, however its last job ended (one whose start failed
         # after its interpreter was probed as this uid included).
@@ -122,7 +130,24 @@ def prepare(
         kill_leftovers(uid, [])
         remove_leftovers_of(uid)
     box = create_sandbox(settings.sandboxes_dir, sandbox_name(grant.allocation_id), user)
-    code_id = fetch_code(spec, store, box)
+    code_id = fetch_code(grant.spec, store, box)
+    resumed_from = checkpoints.stage_resume(
+        open_store(store.uri_for(checkpoints.job_prefix(grant.job_id)), settings.storage),
+        box.checkpoints,
+    )
+    return Fetched(box, code_id, resumed_from)
+
+
+def prepare(
+    grant: AllocationGranted,
+    settings: Settings,
+    fetched: Fetched,
+    gpus: GpuInventory,
+    environments: EnvironmentCache,
+    trace_headers: Mapping[str, str],
+) -> Prepared:
+    """The job's environment (built when not cached), its command and its variables."""
+    spec = grant.spec
     try:
         # Held until the job ends (Prepared.environment_lease): the cache is pruned after
         # every build, and an environment in use is never removed.
@@ -130,7 +155,7 @@ def prepare(
     except (EnvironmentBuildError, ValueError) as exc:  # ValueError: a bad requirement
         raise PlatformError(f"could not build the job's environment: {exc}") from exc
     try:
-        return _prepared(grant, settings, store, gpus, box, lease, code_id, trace_headers)
+        return _prepared(grant, settings, gpus, fetched, lease, trace_headers)
     except BaseException:
         lease.release()
         raise
@@ -139,13 +164,12 @@ def prepare(
 def _prepared(
     grant: AllocationGranted,
     settings: Settings,
-    store: ObjectStore,
     gpus: GpuInventory,
-    box: Sandbox,
+    fetched: Fetched,
     lease: EnvironmentLease,
-    code_id: str | None,
     trace_headers: Mapping[str, str],
 ) -> Prepared:
+    box, code_id = fetched.sandbox, fetched.code_id
     spec, user, job_env = grant.spec, box.user, lease.env
     log.info(
         "job %s: environment %s (%d requirements) %s",
@@ -153,10 +177,6 @@ def _prepared(
         job_env.key[:12],
         len(spec.requirements),
         "cached" if job_env.cached else f"built in {job_env.seconds:.1f} s",
-    )
-    resumed_from = checkpoints.stage_resume(
-        open_store(store.uri_for(checkpoints.job_prefix(grant.job_id)), settings.storage),
-        box.checkpoints,
     )
     hand_over_sandbox(box)
     env = job_env_vars(
@@ -190,7 +210,7 @@ def _prepared(
         sandbox=box,
         argv=job_argv(job_env.python, grant, rendezvous_port(grant.job_id, grant.attempt)),
         env=env,
-        resumed_from=resumed_from,
+        resumed_from=fetched.resumed_from,
         code_version=code_id or code_version(settings.code_dir, spec.entrypoint),
         environment=environment,
         environment_lease=lease,

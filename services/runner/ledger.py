@@ -3,9 +3,10 @@
 One JSON file per allocation in ``<work_dir>/ledger/<node_id>/``, replaced atomically
 (temp file, fsync, rename) on every state change:
 
-- ``launched`` before the job starts, with the ``job.started`` it published: a redelivered
-  ``allocation.granted`` is not run twice, and after a crash the next runner knows the
-  job's process was lost;
+- ``launched`` once the grant is accepted, before it is acknowledged and before the job
+  starts: a redelivered ``allocation.granted`` is not run twice, and after a crash the next
+  runner knows the job (or its launch) was lost; ``started`` adds the ``job.started`` the
+  runner published;
 - ``ending`` with the terminal event (and its trace headers) stored *before* it is published:
   if the publish never happens (NATS down, runner killed), the next runner publishes it;
 - ``finished`` once the terminal event was published.
@@ -107,6 +108,17 @@ class Ledger:
         )
         self._write(entry)
         return entry
+
+    def started(self, allocation_id: str, started_event: str) -> None:
+        """Record the ``job.started`` published for the launched allocation."""
+        current = self.get(allocation_id)
+        if current is None:
+            raise KeyError(f"allocation {allocation_id} is not in the ledger")
+        self._write(
+            current.model_copy(
+                update={"started_event": started_event, "updated_at": datetime.now(UTC)}
+            )
+        )
 
     def spawned(self, allocation_id: str, process_group: int, started: int | None) -> None:
         """Record the launched job's process group (before anything else can go wrong)."""

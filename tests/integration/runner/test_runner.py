@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from tests.integration.runner.conftest import (
     publish,
     upload_bundle,
 )
-from trainyard_platform.services.runner import checkpoints, domain
+from trainyard_platform.services.runner import checkpoints, domain, launch
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.ledger import Ledger, safe_file_name
 from trainyard_platform.shared.bus import Bus
@@ -442,6 +443,60 @@ async def test_output_without_end_is_cut_at_the_nodes_limit(
     assert published == [json.loads(line)["step"] for line in series.splitlines()]
     log_file = settings.work_dir / "jobs" / safe_file_name(job.job_id)
     assert all(f.stat().st_size < limit + 200 for f in log_file.iterdir())
+
+
+async def test_a_slow_environment_holds_up_no_other_jobs_launch(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    launches: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One job's environment taking minutes to install (here: held until the other job has
+    started) does not delay the launch of another job on the node; a revocation that comes
+    while it is launched stops it once it runs."""
+    real = launch.prepare
+    entered, release = threading.Event(), threading.Event()
+    slow = grant(settings.node_id, ["succeed", str(launches)], gpu_indices=[0])
+    quick = grant(settings.node_id, ["succeed", str(launches)], gpu_indices=[1])
+
+    def prepare(*args: Any, **kwargs: Any) -> Any:
+        if args[0].allocation_id == slow.allocation_id:
+            entered.set()
+            release.wait(timeout=120)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(launch, "prepare", prepare)
+    runner = await start_runner(settings)
+    try:
+        await publish(bus, slow, settings.node_id)
+        async with asyncio.timeout(30):
+            while not entered.is_set():
+                await asyncio.sleep(0.05)
+        await publish(bus, quick, settings.node_id)
+        await events.first(JobSucceeded, quick.job_id)
+        assert events.of(JobStarted, slow.job_id) == []
+        await publish(
+            bus,
+            AllocationRevoked(
+                allocation_id=slow.allocation_id,
+                job_id=slow.job_id,
+                node_id=settings.node_id,
+                epoch=slow.epoch,
+                reason="preempted",
+                grace_seconds=0.5,
+            ),
+            settings.node_id,
+        )
+        async with asyncio.timeout(30):  # handled while the launch is still in flight
+            while runner.agent._launches[slow.allocation_id].revoked is None:
+                await asyncio.sleep(0.05)
+    finally:
+        release.set()
+    done = await events.first(JobPreempted, slow.job_id)
+    assert done.allocation_id == slow.allocation_id
+    assert events.of(JobStarted, slow.job_id)
 
 
 async def test_a_job_reporting_metrics_without_bound_is_bounded_and_told(
