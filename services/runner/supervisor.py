@@ -73,6 +73,11 @@ _PIPE_DRAIN_S = 10.0
 """After the job exited (and its group was killed), how long its output may take to close."""
 _UPLOAD_DRAIN_S = 900.0
 """How long the checkpoints a job staged before it exited may take to upload."""
+MAX_CONTROL_CONNECTIONS = 64
+"""Control connections one job may have open at once. The SDK opens one per process that
+reports (a rank); each costs the runner a descriptor and a line buffer of up to
+``MAX_CONTROL_LINE_BYTES``, so a job opening them without end would exhaust the runner's
+descriptors (and memory) for every job on the node. One more is closed at once."""
 
 
 class JobRun:
@@ -142,6 +147,7 @@ class JobRun:
         self._sampler: asyncio.Task[None] | None = None
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._refused_connections = 0
         self._staged_steps: list[int] = []
         self._staged = asyncio.Event()
         self._uploader: asyncio.Task[None] | None = None
@@ -417,6 +423,16 @@ class JobRun:
     ) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if len(self._connections) >= MAX_CONTROL_CONNECTIONS:
+            self._refused_connections += 1
+            if self._refused_connections == 1:
+                log.warning(
+                    "job %s opened more than %d control connections: the others are closed",
+                    self.job.job_id,
+                    MAX_CONTROL_CONNECTIONS,
+                )
+            writer.close()
+            return
         self._connections.add(task)
         try:
             async for raw in read_lines(reader):

@@ -34,6 +34,7 @@ from tests.integration.runner.conftest import (
 from trainyard_platform.deploy.local.postgres import PostgresServer
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.launch import sandbox_name
+from trainyard_platform.services.runner.supervisor import MAX_CONTROL_CONNECTIONS
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.events.payloads import (
     AllocationRevoked,
@@ -448,6 +449,53 @@ async def test_system_v_ipc_a_job_made_goes_with_it(
     [made] = [line.split()[1:] for line in output.splitlines() if line.startswith("IPC ")]
     assert all(int(ident) >= 0 for ident in made), output
     assert _ipc_with_key(key) == [], "the job's System V IPC objects outlived it"
+
+
+HOARD_JOB = textwrap.dedent(
+    """
+    import os, select, socket, sys, time
+    wanted = int(sys.argv[1])
+    held = []
+    for _ in range(wanted):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(os.environ["TRAINYARD_CONTROL_SOCKET"])
+        held.append(sock)
+    # A connection the runner closed reads as end of file; wait (a while) for it to close
+    # all it means to close.
+    closed = set()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(closed) < wanted - 64:
+        ready, _, _ = select.select([s for s in held if s not in closed], [], [], 0.5)
+        closed.update(s for s in ready if s.recv(1) == b"")
+    print("CLOSED", len(closed), flush=True)
+    """
+)
+
+
+async def test_a_job_cannot_hold_the_runners_descriptors_with_control_connections(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    tmp_path: Path,
+) -> None:
+    """Each control connection costs the runner a descriptor and a line buffer: a job that
+    opens hundreds keeps only ``MAX_CONTROL_CONNECTIONS`` of them; the rest are closed."""
+    await start_runner(settings)
+    store = open_store(settings.storage.uri)
+    code_folder = tmp_path / "hoard"
+    code_folder.mkdir()
+    (code_folder / "hoard.py").write_text(HOARD_JOB)
+    code = upload_bundle(store, "team-a", code_folder)
+    job = grant(settings.node_id, ["300"], entrypoint="hoard.py", code=code)
+    await publish(bus, job, settings.node_id)
+    await events.first(JobSucceeded, job.job_id, timeout=60)
+    stream = f"logs/{job.job_id}/a0001-{settings.node_id}"
+    output = b"".join(
+        store.get_bytes(k) for k in store.list(f"{stream}/") if k.endswith(".log")
+    ).decode()
+    [closed] = [int(line.split()[1]) for line in output.splitlines() if line.startswith("CLOSED")]
+    assert closed >= 300 - MAX_CONTROL_CONNECTIONS, output
 
 
 MQUEUE_JOB = textwrap.dedent(
