@@ -73,6 +73,10 @@ _PIPE_DRAIN_S = 10.0
 """After the job exited (and its group was killed), how long its output may take to close."""
 _UPLOAD_DRAIN_S = 900.0
 """How long the checkpoints a job staged before it exited may take to upload."""
+WARNINGS_PER_KIND = 5
+"""Warnings about what one job sent (a bad control line, a refused checkpoint, ...) logged
+per kind; the rest are counted and their number logged when the job ends: the job decides
+how often it sends them, and the runner's log is the operator's."""
 MAX_CONTROL_CONNECTIONS = 64
 """Control connections one job may have open at once. The SDK opens one per process that
 reports (a rank); each costs the runner a descriptor and a line buffer of up to
@@ -148,6 +152,7 @@ class JobRun:
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._refused_connections = 0
+        self._warnings: dict[str, int] = {}
         self._staged_steps: list[int] = []
         self._staged = asyncio.Event()
         self._uploader: asyncio.Task[None] | None = None
@@ -340,6 +345,14 @@ class JobRun:
                     self._limits.points_dropped_total,
                     self._limits.values_dropped_total,
                 )
+            for kind, count in self._warnings.items():
+                if count > WARNINGS_PER_KIND:
+                    log.warning(
+                        "job %s: %d more warnings (%s) were not logged",
+                        self.job.job_id,
+                        count - WARNINGS_PER_KIND,
+                        kind,
+                    )
             for what, capped in (("output", self._log_file), ("metric series", self._metrics_file)):
                 if capped is not None and capped.full:
                     log.warning(
@@ -439,7 +452,7 @@ class JobRun:
                 try:
                     message = parse_control_line(raw)
                 except ValueError as exc:
-                    log.warning("job %s sent a bad control line: %s", self.job.job_id, exc)
+                    self._warn("bad control line", "job %s sent a bad control line: %s", exc)
                     continue
                 if isinstance(message, MetricsMessage):
                     self._on_metrics(message)
@@ -475,9 +488,9 @@ class JobRun:
         message = message.model_copy(update={"metrics": self._limits.keys(message.metrics)})
         dropped = sorted(set(message.metrics) - set(domain.publishable_metrics(message.metrics)))
         if dropped:
-            log.warning(
+            self._warn(
+                "non-finite metrics",
                 "job %s reported non-finite %s at step %d (not publishable: left out of events)",
-                self.job.job_id,
                 ", ".join(f"{k}={message.metrics[k]}" for k in dropped),
                 message.step,
             )
@@ -504,6 +517,13 @@ class JobRun:
             self._flush_timer = asyncio.get_running_loop().call_later(
                 max(0.0, due - now), self._flush_progress
             )
+
+    def _warn(self, kind: str, message: str, *args: object) -> None:
+        """Log a warning about what the job sent (``message``'s first argument is the job
+        id): the first ``WARNINGS_PER_KIND`` of ``kind``, the rest only counted."""
+        count = self._warnings[kind] = self._warnings.get(kind, 0) + 1
+        if count <= WARNINGS_PER_KIND:
+            log.warning(message, self.job.job_id, *args)
 
     def _say_dropped_metrics(self, *, final: bool = False) -> None:
         """Tell the job, in its own log, what ``metric_limits`` dropped (when it is time)."""
@@ -535,10 +555,10 @@ class JobRun:
     def _batch_metrics(self, message: MetricsMessage) -> None:
         points, refused = domain.metric_points(message, datetime.now(UTC))
         if refused:
-            log.warning(
+            self._warn(
+                "long metric keys",
                 "job %s reported metric keys of more than %d characters (left out of the "
                 "series; in its metric log): %s",
-                self.job.job_id,
                 MAX_METRIC_KEY,
                 ", ".join(k[:40] for k in refused),
             )
@@ -646,7 +666,9 @@ class JobRun:
                 )
                 break
             except checkpoints.StagedCheckpointInvalid as exc:
-                log.warning("job %s: checkpoint of step %d refused: %s", self.job.job_id, step, exc)
+                self._warn(
+                    "checkpoint refused", "job %s: checkpoint of step %d refused: %s", step, exc
+                )
                 return
             except Exception as exc:
                 if self._staged_steps:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
@@ -443,6 +444,37 @@ async def test_output_without_end_is_cut_at_the_nodes_limit(
     assert published == [json.loads(line)["step"] for line in series.splitlines()]
     log_file = settings.work_dir / "jobs" / safe_file_name(job.job_id)
     assert all(f.stat().st_size < limit + 200 for f in log_file.iterdir())
+
+
+async def test_a_job_cannot_flood_the_runners_log(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What a job sends is warned about in the runner's log a few times per kind; the rest
+    are counted, and their number logged once when the job ends."""
+    await start_runner(settings)
+    store = open_store(settings.storage.uri)
+    code_folder = tmp_path / "noisy"
+    code_folder.mkdir()
+    (code_folder / "noisy.py").write_text(
+        "import os, socket\n"
+        "control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "control.connect(os.environ['TRAINYARD_CONTROL_SOCKET'])\n"
+        "control.sendall(b'not json\\n' * 1000)\n"
+    )
+    code = upload_bundle(store, "team-a", code_folder)
+    job = grant(settings.node_id, [], entrypoint="noisy.py", code=code)
+    with caplog.at_level(logging.WARNING, logger="trainyard_platform.services.runner"):
+        await publish(bus, job, settings.node_id)
+        await events.first(JobSucceeded, job.job_id)
+    warned = [r.getMessage() for r in caplog.records if job.job_id in r.getMessage()]
+    bad = [m for m in warned if "sent a bad control line" in m]
+    assert 0 < len(bad) <= 5, len(bad)
+    assert any("995 more warnings (bad control line) were not logged" in m for m in warned)
 
 
 async def test_a_slow_environment_holds_up_no_other_jobs_launch(
