@@ -7,7 +7,7 @@ Contract:
 - Roles (``shared.identity.Role``): viewer < member < admin within a team; operator over the
   platform. A user is created by an admin of its team (roles up to admin) or by an operator
   (any team, any role, operator included). A user manages its own tokens; an admin manages
-  those of its team's users; an operator those of everyone. Another team's user or token
+  those of its team's users but operators (``Forbidden``); an operator those of everyone. Another team's user or token
   is ``NotFound`` for anyone but an operator, exactly like one that does not exist.
 - Every change to users or tokens is recorded in the audit log (``shared.audit``) in the
   same transaction. Tokens themselves are never stored (only their SHA-256), logged or
@@ -365,7 +365,15 @@ async def _user_in_reach(
     row = await repo.user(conn, team_id, user or caller.user)
     if row is None:
         raise NotFound(f"no user {user!r} in team {team or caller.team!r}")
+    _may_manage_tokens_of(caller, row["role"])
     return int(row["id"])
+
+
+def _may_manage_tokens_of(caller: Caller, role: str) -> None:
+    """An operator's tokens are managed by operators only, as operators alone disable
+    operators: an admin of the operator's team would otherwise lock it out."""
+    if role == Role.OPERATOR and not caller.principal.is_operator:
+        raise Forbidden("only operators manage operators' tokens")
 
 
 async def create_token(
@@ -425,16 +433,18 @@ async def _issue(
 
 
 async def revoke_token(pool: asyncpg.Pool, caller: Caller, token_id: int) -> None:
-    """Revoke a token of the caller's, of its team's users (admins) or anyone's
-    (operators). Revoking a revoked token changes nothing."""
+    """Revoke a token of the caller's, of its team's users but operators (admins) or
+    anyone's (operators). Revoking a revoked token changes nothing."""
     async with pool.acquire() as conn, conn.transaction():
         row = await repo.token(conn, token_id)
         missing = NotFound(f"no token {token_id}")
         if row is None:
             raise missing
         others = caller.is_admin and caller.principal.may_see_team(row["team_name"])
-        if row["user_id"] != caller.user_id and not others:
-            raise missing
+        if row["user_id"] != caller.user_id:
+            if not others:
+                raise missing
+            _may_manage_tokens_of(caller, row["user_role"])
         if await repo.revoke_token(conn, token_id, datetime.now(UTC)):
             await audit.record(
                 conn,

@@ -146,7 +146,7 @@ async def tokens_of_user(
 
 async def token(conn: asyncpg.Connection, token_id: int) -> asyncpg.Record | None:
     return await conn.fetchrow(
-        f"""SELECT {_TOKEN_COLUMNS}, k.user_id
+        f"""SELECT {_TOKEN_COLUMNS}, k.user_id, u.role AS user_role
             FROM tokens k JOIN users u ON u.id = k.user_id JOIN teams t ON t.id = u.team_id
             WHERE k.id = $1""",
         token_id,

@@ -222,3 +222,42 @@ async def test_dashboard_paths_the_file_system_refuses_are_404_not_500(world: Wo
         assert answer.status_code == 404, (path[:40], answer.status_code, answer.text[:200])
         assert answer.json()["detail"] == "no such file under /ui/"
     assert (await _send(world.apps["submission"], "GET", "/ui/index.html", [])).status_code == 200
+
+
+async def test_a_team_admin_cannot_see_or_revoke_an_operators_tokens(world: World) -> None:
+    """Only operators disable operators or change their role, but team ``ml``'s admin could
+    list and revoke every token of an operator user of team ``ml`` (``GET /v1/tokens?user=``,
+    ``DELETE /v1/tokens/{id}``): 200 and 204, and the operator was locked out. Now 403 naming
+    the rule, and nothing changes; an operator still manages them."""
+    submission = world.apps["submission"]
+    created = await endpoint_auth.call(
+        submission,
+        "POST",
+        "/v1/admin/users",
+        world.tokens["operator"],
+        content_json={"team": "ml", "name": "op2", "role": "operator"},
+    )
+    assert created.status_code == 201, created.text
+    op2 = created.json()["token"]
+    token_id = (await endpoint_auth.call(submission, "GET", "/v1/me", op2)).json()["token_id"]
+    before = await endpoint_auth.snapshot(world.pools)
+    admin = world.tokens["admin"]
+    for method, path in (
+        ("GET", "/v1/tokens?user=op2"),
+        ("GET", "/v1/tokens?user=op2&team=ml"),
+        ("DELETE", f"/v1/tokens/{token_id}"),
+    ):
+        answer = await endpoint_auth.call(submission, method, path, admin)
+        assert answer.status_code == 403, (method, path, answer.text)
+        assert answer.json()["detail"] == "only operators manage operators' tokens"
+    assert await endpoint_auth.snapshot(world.pools) == before
+    assert (await endpoint_auth.call(submission, "GET", "/v1/me", op2)).status_code == 200
+    listed = await endpoint_auth.call(
+        submission, "GET", "/v1/tokens?user=op2&team=ml", world.tokens["operator"]
+    )
+    assert listed.status_code == 200 and [t["id"] for t in listed.json()] == [token_id]
+    revoked = await endpoint_auth.call(
+        submission, "DELETE", f"/v1/tokens/{token_id}", world.tokens["operator"]
+    )
+    assert revoked.status_code == 204, revoked.text
+    assert (await endpoint_auth.call(submission, "GET", "/v1/me", op2)).status_code == 401
