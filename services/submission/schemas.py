@@ -460,6 +460,18 @@ class JobRequest(BaseModel):
             raise ValueError(f"{problem.field}: {problem.message}")
         return self
 
+    @model_validator(mode="after")
+    def _model_name(self) -> JobRequest:
+        # The registry names the model like the job and refuses a name starting with '.'
+        # ('..' would be a segment of its object keys): it would register nothing, after
+        # the whole run, with only a line in its log to say so.
+        if self.register_model and self.name.startswith("."):
+            raise ValueError(
+                "name: with register_model the job's name names its model, which must not "
+                "start with '.'"
+            )
+        return self
+
     def to_spec(self, user: str, team: str) -> JobSpec:
         """The wire spec, as submitted by ``user`` of ``team``."""
         fields = self.model_dump(exclude={"team", "api_version", "kind"})

@@ -261,3 +261,32 @@ async def test_a_team_admin_cannot_see_or_revoke_an_operators_tokens(world: Worl
     )
     assert revoked.status_code == 204, revoked.text
     assert (await endpoint_auth.call(submission, "GET", "/v1/me", op2)).status_code == 401
+
+
+@pytest.mark.parametrize("name", ["..", ".", ".hidden"])
+async def test_a_job_that_asks_for_a_model_is_named_as_a_model_can_be(
+    world: World, name: str
+) -> None:
+    """``register_model: true`` registers the job's final checkpoint as a version of the
+    model named like the job; the registry refuses a model name starting with ``.`` (an
+    object-key segment ``..`` among them), so such a job (``"name": ".."``) was accepted,
+    ran, succeeded, and nothing was registered (a warning in the registry's log only). Now
+    a 422 naming ``name`` at submission, nothing stored; without ``register_model`` the
+    name is still a job's name."""
+    from tests.integration.submission.conftest import SPEC
+
+    submission = world.apps["submission"]
+    before = await endpoint_auth.snapshot(world.pools)
+    spec = {**SPEC, "name": name, "register_model": True}
+    answer = await endpoint_auth.call(
+        submission, "POST", "/v1/jobs", world.tokens["admin"], content_json=spec
+    )
+    assert answer.status_code == 422, answer.text
+    assert [e["field"] for e in answer.json()["errors"]] == ["name"], answer.text
+    assert "register_model" in answer.json()["errors"][0]["message"]
+    assert await endpoint_auth.snapshot(world.pools) == before
+    plain = {**SPEC, "name": name}
+    kept = await endpoint_auth.call(
+        submission, "POST", "/v1/jobs", world.tokens["admin"], content_json=plain
+    )
+    assert kept.status_code == 201, kept.text
