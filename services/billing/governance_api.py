@@ -187,7 +187,7 @@ def governance_routes(
                 "price_per_gpu_hour", f"give at least one of {', '.join(PRICE_FIELDS)}"
             )
         now = clock()
-        effective = body.effective_from.astimezone(UTC) if body.effective_from else now
+        effective = body.effective_from or now  # in UTC (``UtcInstant``)
         if effective < now:
             raise RequestInvalid.one(
                 "effective_from",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated
 
@@ -23,6 +23,18 @@ MAX_PRICE = Decimal("1e9")
 Amount = Annotated[Decimal, Field(ge=0, le=MAX_PRICE, decimal_places=6), AfterValidator(plain)]
 
 
+def _in_utc(value: datetime) -> datetime:
+    """``value`` in UTC; a date whose offset carries it before year 1 or past 9999 in UTC
+    (``0001-01-01T00:00:00+14:00``) is refused, never left to overflow later."""
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("out of range: in UTC it falls before year 1 or after 9999") from None
+
+
+UtcInstant = Annotated[AwareDatetime, AfterValidator(_in_utc)]
+
+
 class PriceRequest(BaseModel):
     """``PUT /v1/prices/{flavor}``: a price per GPU-hour, per CPU-hour and/or per GiB-hour
     of memory (at least one), all from ``effective_from`` (default: now, or the beginning
@@ -33,7 +45,7 @@ class PriceRequest(BaseModel):
     price_per_gpu_hour: Amount | None = None
     price_per_cpu_hour: Amount | None = None
     price_per_memory_gib_hour: Amount | None = None
-    effective_from: AwareDatetime | None = None
+    effective_from: UtcInstant | None = None
 
 
 class PriceView(BaseModel):

@@ -290,3 +290,29 @@ async def test_a_job_that_asks_for_a_model_is_named_as_a_model_can_be(
         submission, "POST", "/v1/jobs", world.tokens["admin"], content_json=plain
     )
     assert kept.status_code == 201, kept.text
+
+
+@pytest.mark.parametrize(
+    "effective_from", ["0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00"]
+)
+async def test_a_price_date_beyond_the_calendar_in_utc_is_422(
+    world: World, effective_from: str
+) -> None:
+    """``PUT /v1/prices/{flavor}`` took any date with an offset and turned it into UTC, where
+    these fall before year 1 or after 9999: a 500 (``OverflowError``) with a traceback in
+    the log. Now 422 naming ``effective_from``, and no price is stored."""
+    async with world.pools["billing"].acquire() as conn:
+        await conn.execute(
+            "INSERT INTO flavors (name, revision, changed_at) VALUES ('a100', 1, now())"
+        )
+    before = await endpoint_auth.snapshot(world.pools)
+    answer = await endpoint_auth.call(
+        world.apps["billing"],
+        "PUT",
+        "/v1/prices/a100",
+        world.tokens["operator"],
+        content_json={"price_per_gpu_hour": "2.5", "effective_from": effective_from},
+    )
+    assert answer.status_code == 422, answer.text
+    assert [e["field"] for e in answer.json()["errors"]] == ["effective_from"], answer.text
+    assert await endpoint_auth.snapshot(world.pools) == before
