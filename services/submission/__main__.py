@@ -19,7 +19,7 @@ import sys
 
 from trainyard_platform.services.submission.config import Settings
 from trainyard_platform.services.submission.errors import UserExists
-from trainyard_platform.services.submission.schemas import NAME_PATTERN
+from trainyard_platform.services.submission.schemas import NAME_PATTERN, new_team
 from trainyard_platform.services.submission.service import bootstrap_user, serve
 from trainyard_platform.shared.db import DATABASE_FAULTS
 from trainyard_platform.shared.identity import Role
@@ -33,6 +33,13 @@ def _name(value: str) -> str:
     return value
 
 
+def _team(value: str) -> str:
+    try:
+        return new_team(_name(value))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{value!r}: {exc}") from None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m trainyard_platform.services.submission",
@@ -42,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     boot = commands.add_parser(
         "bootstrap-admin", help="create a team's admin user and print its token"
     )
-    boot.add_argument("--team", required=True, type=_name, help="team name (created if new)")
+    boot.add_argument("--team", required=True, type=_team, help="team name (created if new)")
     boot.add_argument("--user", required=True, type=_name, help="the admin's user name")
     boot.add_argument(
         "--role",

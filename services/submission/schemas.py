@@ -327,6 +327,21 @@ def _hyper_value(value: object) -> HyperValue:
 
 
 Name = Annotated[str, Field(min_length=1, max_length=100, pattern=NAME_PATTERN)]
+NEW_TEAM_RULE = "must not start with '.': a team's name is a folder of its objects"
+
+
+def new_team(value: str) -> str:
+    """``value`` as the name of a team to create, or ``ValueError`` (``NEW_TEAM_RULE``).
+
+    A team's name is a segment of object keys (``bundles/<team>/``, the registry's
+    ``registry/<team>/``): ``.`` and ``..`` cannot be one, and the registry refuses every
+    name that starts with ``.``. Teams that exist are still looked up by ``Name``."""
+    if value.startswith("."):
+        raise ValueError(NEW_TEAM_RULE)
+    return value
+
+
+NewTeam = Annotated[Name, AfterValidator(new_team)]
 Project = Annotated[str, Field(min_length=1, max_length=MAX_PROJECT, pattern=NAME_PATTERN)]
 Experiment = Annotated[str, Field(min_length=1, max_length=MAX_EXPERIMENT, pattern=NAME_PATTERN)]
 LabelKey = Annotated[str, Field(min_length=1, max_length=MAX_LABEL_KEY), AfterValidator(_label_key)]
@@ -498,7 +513,7 @@ class CreateUserRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     name: Name
-    team: Name | None = None
+    team: NewTeam | None = None
     """Defaults to the caller's team; admins create users in their own team only, operators
     in any."""
     role: RoleName = "member"

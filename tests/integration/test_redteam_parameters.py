@@ -316,3 +316,31 @@ async def test_a_price_date_beyond_the_calendar_in_utc_is_422(
     assert answer.status_code == 422, answer.text
     assert [e["field"] for e in answer.json()["errors"]] == ["effective_from"], answer.text
     assert await endpoint_auth.snapshot(world.pools) == before
+
+
+@pytest.mark.parametrize("team", ["..", ".", ".hidden"])
+async def test_a_new_team_is_named_so_it_can_be_a_folder(world: World, team: str) -> None:
+    """A team's name is a segment of its object keys (``bundles/<team>/...``, the
+    registry's ``registry/<team>/...``). An operator could create team ``..``
+    (``POST /v1/admin/users``: 201), whose every bundle upload and look-up was then a 500
+    (the store refuses a ``..`` key), and whose models and datasets the registry refuses by
+    name. Now 422 naming ``team``, and nothing is stored; the bootstrap command refuses
+    such a team too."""
+    before = await endpoint_auth.snapshot(world.pools)
+    answer = await endpoint_auth.call(
+        world.apps["submission"],
+        "POST",
+        "/v1/admin/users",
+        world.tokens["operator"],
+        content_json={"team": team, "name": "dot", "role": "admin"},
+    )
+    assert answer.status_code == 422, answer.text
+    [error] = answer.json()["errors"]
+    assert error["field"] == "team" and "'.'" in error["message"], answer.text
+    assert await endpoint_auth.snapshot(world.pools) == before
+    from trainyard_platform.services.submission.__main__ import _parser
+
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["bootstrap-admin", "--team", team, "--user", "dot"])
+    parsed = _parser().parse_args(["bootstrap-admin", "--team", "a.b", "--user", ".dot"])
+    assert (parsed.team, parsed.user) == ("a.b", ".dot")
