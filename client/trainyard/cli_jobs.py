@@ -25,6 +25,7 @@ from trainyard.cli_render import (
     list_row,
     pending_text,
     render_job,
+    stream_text,
     table,
     time_text,
     why,
@@ -474,8 +475,8 @@ def wait(session: Session) -> int:
 class LogFollower:
     """Prints a job's output as it arrives (``GET /v1/jobs/{id}/logs``).
 
-    Chunks go to ``out`` as they are; a ``==> stream <==`` line on ``err`` says whose output
-    follows whenever the stream (attempt and node) changes. Following ends once the job has
+    Chunks go to ``out`` as they are; a ``==> attempt N on NODE <==`` line on ``err`` says
+    whose output follows whenever the stream (attempt and node) changes. Following ends once the job has
     ended and all its streams are complete, or ``grace_s`` after the job ended (a runner
     that died never completes its streams). ``best_effort`` (for ``submit --follow``):
     an error reading the logs stops printing them instead of failing."""
@@ -548,7 +549,9 @@ class LogFollower:
             if self._open_line:
                 out.write("\n")
             out.flush()
-            print(f"==> {chunk['stream']} <==", file=self._err or sys.stderr, flush=True)
+            print(
+                f"==> {stream_text(chunk['stream'])} <==", file=self._err or sys.stderr, flush=True
+            )
             self._stream = chunk["stream"]
         text = chunk["text"]
         if text:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -34,6 +35,26 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]], empty: str = 
 
 def short(job_id: str) -> str:
     return job_id[:SHORT_ID]
+
+
+def attempt_number(index: int) -> int:
+    """An attempt as people count it: the API, the events and the stored keys carry its
+    0-based index (``attempt``: 0 for the first), every view shows 1 for it."""
+    return index + 1
+
+
+def attempt_text(index: int) -> str:
+    return f"attempt {attempt_number(index)}"
+
+
+_STREAM = re.compile(r"a([0-9]{4,})-(.+)")
+
+
+def stream_text(stream: str) -> str:
+    """A log stream as people read it: ``a0001-node-7`` -> ``attempt 2 on node-7`` (a name
+    of another form as it is)."""
+    match = _STREAM.fullmatch(stream)
+    return f"{attempt_text(int(match[1]))} on {match[2]}" if match else stream
 
 
 def sparkline(values: Sequence[float | None], width: int = 40) -> str:
@@ -125,7 +146,8 @@ def render_job(view: dict[str, Any]) -> str:
     status = view["status"]
     if view.get("node"):
         gpus = ",".join(str(i) for i in view.get("gpu_indices") or []) or "none"
-        status += f" (attempt {view['attempt']} on {view['node']}, GPUs {gpus})"
+        at = "" if view.get("attempt") is None else f"{attempt_text(view['attempt'])} "
+        status += f" ({at}on {view['node']}, GPUs {gpus})"
     if view.get("cancel_requested") and not view.get("terminal"):
         status += ", cancellation requested"
     rows = [

@@ -16,7 +16,15 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from trainyard.cli_base import CliError, Exit, Session, exit_code_of, resolve
-from trainyard.cli_render import duration, metrics_text, short, sparkline, table, time_text
+from trainyard.cli_render import (
+    attempt_number,
+    duration,
+    metrics_text,
+    short,
+    sparkline,
+    table,
+    time_text,
+)
 from trainyard.client import TrainyardClient, TrainyardError, get_text, segment
 
 
@@ -462,7 +470,7 @@ def job_cost_text(bill: dict[str, Any]) -> str:
     held = any(a.get("cpus") or a.get("memory_gib") for a in allocations)
     rows = [
         (
-            a.get("attempt") if a.get("attempt") is not None else "-",
+            attempt_number(a["attempt"]) if a.get("attempt") is not None else "-",
             a["node_id"],
             f"{a['gpus']}x {a['gpu_flavor']}",
             duration(a["started_at"], a["ended_at"]),

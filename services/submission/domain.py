@@ -254,7 +254,7 @@ def history_reason(event: LifecycleEvent) -> str | None:
             return event.reason
         case AllocationGranted():
             gpus = ",".join(str(i) for i in event.gpu_indices) or "none"
-            return f"attempt {event.attempt} on {event.node_id} (GPUs {gpus})"
+            return f"{attempt_text(event.attempt)} on {event.node_id} (GPUs {gpus})"
         case JobStarted():
             return f"resumed from {event.resumed_from}" if event.resumed_from else None
         case JobFailed():
@@ -272,9 +272,18 @@ def failure_line(failure: Mapping[str, Any]) -> str:
     return str(failure["reason"]) + ("" if code is None else f" (exit code {code})")
 
 
+def attempt_text(index: int) -> str:
+    """An attempt as people count it. Events, the job row and the API's ``attempt`` fields
+    carry its 0-based index (0: the first attempt); every text shows ``attempt 1`` for it, as
+    the scheduler's reasons ("attempt 1 failed (...); restarting in 5 s") and the dashboard
+    do."""
+    return f"attempt {index + 1}"
+
+
 def attempt_failure_reason(event: JobFailed, attempt: int | None) -> str:
-    """What failed, e.g. ``attempt 1 failed: user_error: exited with status 1``."""
-    which = "attempt failed" if attempt is None else f"attempt {attempt} failed"
+    """What failed, e.g. ``attempt 1 failed: user_error: exited with status 1`` (the first
+    attempt, index 0)."""
+    which = "attempt failed" if attempt is None else f"{attempt_text(attempt)} failed"
     return f"{which}: {event.failure_kind}: {event.reason}"
 
 

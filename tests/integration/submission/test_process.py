@@ -197,8 +197,8 @@ async def test_served_process_end_to_end_through_client_and_cli(
         )
         for payload in (
             ev.pending(job_id),
-            ev.granted(job_id),
-            ev.started(job_id),
+            ev.granted(job_id, attempt=0),  # the first attempt, as the scheduler numbers it
+            ev.started(job_id, attempt=0),
             ev.progress(job_id, 100, loss=0.2),
             ev.checkpoint(job_id, 100),
             ev.succeeded(job_id, accuracy=0.98),

@@ -27,9 +27,12 @@ def _history(view: dict[str, Any]) -> list[tuple[str, str | None]]:
 async def test_a_restarted_job_runs_again_and_fails_when_the_scheduler_says_so(
     submission: Submission,
 ) -> None:
+    # Attempts as the scheduler numbers them in its events: 0 is the first. The history says
+    # "attempt 1" for it, as the scheduler's own reasons do (it said "attempt 0 on node-1"
+    # and "attempt 0 failed: ..." above the scheduler's "attempt 1 failed (...); restarting").
     job = (await submission.submit())["id"]
-    await submission.publish(ev.granted(job, "alloc-1", attempt=1), source=SCHEDULER_SOURCE)
-    await submission.publish(ev.started(job, "alloc-1", attempt=1), source=RUNNER)
+    await submission.publish(ev.granted(job, "alloc-1", attempt=0), source=SCHEDULER_SOURCE)
+    await submission.publish(ev.started(job, "alloc-1", attempt=0), source=RUNNER)
     attempt_1 = ev.failed(
         job, "alloc-1", exit_code=1, reason="exited with status 1", log_tail="boom 1"
     )
@@ -44,7 +47,7 @@ async def test_a_restarted_job_runs_again_and_fails_when_the_scheduler_says_so(
         "exit_code": 1,
         "log_tail": "boom 1",
         "failure_kind": "user_error",
-        "attempt": 1,
+        "attempt": 0,
     }
     assert view["failed_attempts"] == 1
 
@@ -53,12 +56,12 @@ async def test_a_restarted_job_runs_again_and_fails_when_the_scheduler_says_so(
         ev.preempted_by_scheduler(job, "alloc-1", restart), source=SCHEDULER_SOURCE
     )
     view = await submission.wait_for(job, lambda v: v["status"] == "PREEMPTED")
-    assert view["failure"]["attempt"] == 1  # why the job is being restarted
+    assert view["failure"]["attempt"] == 0  # why the job is being restarted
     await submission.publish(ev.pending(job, "restarting in 5 s"), source=SCHEDULER_SOURCE)
-    await submission.publish(ev.granted(job, "alloc-2", attempt=2), source=SCHEDULER_SOURCE)
-    await submission.publish(ev.started(job, "alloc-2", attempt=2), source=RUNNER)
+    await submission.publish(ev.granted(job, "alloc-2", attempt=1), source=SCHEDULER_SOURCE)
+    await submission.publish(ev.started(job, "alloc-2", attempt=1), source=RUNNER)
     view = await submission.wait_for(job, lambda v: v["status"] == "RUNNING")
-    assert view["attempt"] == 2 and view["failure"]["attempt"] == 1
+    assert view["attempt"] == 1 and view["failure"]["attempt"] == 0
 
     attempt_2 = ev.failed(
         job,
@@ -88,7 +91,7 @@ async def test_a_restarted_job_runs_again_and_fails_when_the_scheduler_says_so(
         "exit_code": 2,
         "log_tail": "boom 2",
         "failure_kind": "user_error",
-        "attempt": 2,
+        "attempt": 1,
     }
     assert view["failed_attempts"] == 2
     assert _history(view) == [

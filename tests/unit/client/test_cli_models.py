@@ -231,7 +231,7 @@ def test_a_job_bill_shows_each_allocation() -> None:
         "user": "ann",
         "allocations": [
             {
-                "attempt": 1,
+                "attempt": 0,  # the first attempt's index: shown as attempt 1
                 "node_id": "n1",
                 "gpus": 2,
                 "gpu_flavor": "a100",

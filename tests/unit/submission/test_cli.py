@@ -32,7 +32,7 @@ VIEW: dict[str, Any] = {
     "pending": None,
     "node": "node-1",
     "gpu_indices": [0, 1],
-    "attempt": 1,
+    "attempt": 0,  # the first attempt (0-based index, as the API carries it)
     "submitted_at": "2024-06-01T12:00:00Z",
     "started_at": "2024-06-01T12:01:00Z",
     "finished_at": "2024-06-01T12:10:00Z",
@@ -175,6 +175,13 @@ def test_describe_shows_the_priority_class_the_job_runs_at() -> None:
     assert re.search(r"^priority +low$", render_job(low), re.M)
 
 
+def test_describe_counts_attempts_from_one() -> None:
+    # The view's attempt is the 0-based index (the scheduler's first attempt is 0); describe
+    # said "attempt 0 on node-1" where the dashboard and the history say "attempt 1".
+    first = render_job({**VIEW, "attempt": 0})
+    assert re.search(r"^status +SUCCEEDED \(attempt 1 on node-1, GPUs 0,1\)$", first, re.M)
+
+
 def test_options_override_the_environment_before_or_after_the_command(
     api: list[httpx.Request],
 ) -> None:
@@ -205,12 +212,12 @@ def test_submit_and_follow(api: Seen, tmp_path: Path, capsys: pytest.CaptureFixt
     spec.write_text(json.dumps({**SPEC, "name": "digits-cnn", "gpus": 2}))
     assert cli.main(["submit", str(spec)]) == 0
     assert "submitted job job-1" in capsys.readouterr().out
-    api.log_pages = [_page([("a0001-node-1", 0, "epoch 1\n")], "c1", complete=True, terminal=True)]
+    api.log_pages = [_page([("a0000-node-1", 0, "epoch 1\n")], "c1", complete=True, terminal=True)]
     assert cli.main(["submit", str(spec), "--follow"]) == 0
     captured = capsys.readouterr()
     assert "SUCCEEDED" in captured.out and "model registered: digits v2" in captured.out
     assert "cost: 4.0000 USD" in captured.out
-    assert "epoch 1\n" in captured.out and "==> a0001-node-1 <==" in captured.err
+    assert "epoch 1\n" in captured.out and "==> attempt 1 on node-1 <==" in captured.err
 
 
 def test_submit_says_the_budget_warning(
@@ -307,14 +314,15 @@ def test_logs_prints_chunks_with_stream_headers(
     api: Seen, capsys: pytest.CaptureFixture[str]
 ) -> None:
     api.log_pages = [
-        _page([("a0001-node-1", 0, "one\n"), ("a0001-node-1", 1, "two (no newline)")], "c1"),
-        _page([("a0002-node-1", 0, "retry\n")], "c2"),
+        _page([("a0000-node-1", 0, "one\n"), ("a0000-node-1", 1, "two (no newline)")], "c1"),
+        _page([("a0001-node-1", 0, "retry\n")], "c2"),
         _page([], "c2"),
     ]
     assert cli.main(["logs", "job-1"]) == 0
     captured = capsys.readouterr()
     assert captured.out == "one\ntwo (no newline)\nretry\n"
-    assert captured.err == "==> a0001-node-1 <==\n==> a0002-node-1 <==\n"
+    # Streams are keyed by the 0-based attempt index; people read attempts from 1.
+    assert captured.err == "==> attempt 1 on node-1 <==\n==> attempt 2 on node-1 <==\n"
     logs = [r for r in api if r.url.path == "/v1/jobs/job-1/logs"]
     assert [r.url.params["after"] for r in logs] == ["", "c1", "c2"]
 

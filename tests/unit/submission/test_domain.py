@@ -176,7 +176,7 @@ def test_a_job_that_failed_while_cancelling_ends_cancelled_when_the_scheduler_sa
 
 
 def test_event_times_and_history_reasons() -> None:
-    grant = ev.granted(JOB)
+    grant = ev.granted(JOB, attempt=0)  # the scheduler's first attempt; people count from 1
     assert event_time(grant, ev.at(999)) == grant.granted_at
     assert event_time(ev.cancelled(JOB), ev.at(999)) == ev.at(999)
     assert history_reason(grant) == "attempt 1 on node-1 (GPUs 0,1)"
@@ -355,15 +355,17 @@ def test_a_restarted_job_goes_on_until_the_scheduler_says_it_failed() -> None:
 
 def test_an_attempt_failure_record_says_which_attempt_and_why() -> None:
     event = ev.failed(JOB, exit_code=1, reason="exited with status 1")
-    record = failure_record(event, final=False, attempt=1, previous=None)
+    # The first attempt is index 0 in events and the API; its text says "attempt 1".
+    record = failure_record(event, final=False, attempt=0, previous=None)
     assert record["reason"] == "attempt 1 failed: user_error: exited with status 1"
-    assert (record["exit_code"], record["failure_kind"], record["attempt"]) == (1, "user_error", 1)
+    assert (record["exit_code"], record["failure_kind"], record["attempt"]) == (1, "user_error", 0)
     assert record["log_tail"].endswith("ValueError: bad batch")
     assert record["failed_attempts"] == 1
     assert (
         failure_line(record) == "attempt 1 failed: user_error: exited with status 1 (exit code 1)"
     )
-    second = failure_record(ev.failed(JOB, "alloc-2"), final=False, attempt=2, previous=record)
+    second = failure_record(ev.failed(JOB, "alloc-2"), final=False, attempt=1, previous=record)
+    assert second["reason"].startswith("attempt 2 failed: ")
     assert second["failed_attempts"] == 2
     assert failed_attempts(second) == 2
     assert failed_attempts(None) == 0
