@@ -11,6 +11,9 @@ Contract:
   handler judges a runner's report that came before its grant (or a success before its
   start) only once that arrives (``early_reports``). One exception: a job whose cancel was requested and whose process then failed becomes
   CANCELLED when the scheduler confirms the cancel (the scheduler decides the outcome).
+- A job whose cancel was requested is never PREEMPTED: a ``job.preempted`` then reports the
+  stop the cancel asked for, and the job stays as it was until the scheduler's
+  ``job.cancelled`` (its history never says it was preempted).
 - Only the scheduler ends a job FAILED. A ``job.failed`` from any other source (the
   runner's) reports one attempt: ``judge`` answers ``AttemptFailed`` (record the failure and
   a FAILED history entry, keep the status) once per attempt, and only while that attempt
@@ -198,6 +201,10 @@ def judge(state: JobState, event: LifecycleEvent, source: str = "") -> Verdict:
                     f"{target} from allocation {event.allocation_id}, "
                     f"but the job holds {state.allocation_id}"
                 )
+            if isinstance(event, JobPreempted) and state.cancel_requested:
+                # The stop the cancel asked for (the runner says a revocation ended its
+                # allocation as job.preempted); the scheduler's job.cancelled ends the job.
+                return Ignore("the job is being cancelled; it was stopped, not preempted")
         case AllocationGranted():
             if event.allocation_id == state.allocation_id:
                 return Ignore(f"allocation {event.allocation_id} was already granted")

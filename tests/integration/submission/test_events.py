@@ -172,6 +172,24 @@ async def test_cancelled_job_whose_process_failed_ends_cancelled(submission: Sub
     assert view["failure"]["exit_code"] == -15
 
 
+async def test_a_cancelled_running_job_is_not_said_preempted(submission: Submission) -> None:
+    # Seen on a local stack: the history of a running job its user cancelled read RUNNING,
+    # "PREEMPTED cancelled", "CANCELLED cancelled by user": the runner reports the stop the
+    # scheduler asked for as job.preempted. The job was cancelled, never preempted.
+    job = (await submission.submit())["id"]
+    await submission.publish(ev.granted(job))
+    await submission.publish(ev.started(job))
+    await submission.wait_for(job, lambda v: v["status"] == "RUNNING")
+    cancel = await submission.client.post(f"/v1/jobs/{job}/cancel", headers=submission.auth())
+    assert cancel.status_code == 202
+    stopped = ev.preempted(job).model_copy(update={"reason": "cancelled", "checkpoint": None})
+    await submission.publish(stopped)
+    await submission.publish(ev.cancelled(job))  # the scheduler's verdict
+    view = await submission.wait_for(job, lambda v: v["status"] == "CANCELLED")
+    assert _statuses(view) == ["QUEUED", "SCHEDULED", "RUNNING", "CANCELLED"]
+    assert view["history"][-1]["reason"] == "cancelled by user"
+
+
 async def test_events_for_unknown_jobs_are_ignored_and_consumption_goes_on(
     submission: Submission,
 ) -> None:

@@ -165,6 +165,20 @@ def test_cancel_applies_from_any_live_status() -> None:
         assert judge(state, ev.cancelled(JOB)) == Apply(S.CANCELLED, True)
 
 
+def test_the_stop_of_a_job_being_cancelled_is_no_preemption() -> None:
+    # Seen on a local stack: a running job cancelled by its user showed "PREEMPTED
+    # cancelled" in its history before "CANCELLED cancelled by user" (the runner reports the
+    # revocation that stops it as job.preempted); it was never preempted.
+    cancelling = JobState(S.RUNNING, allocation_id="alloc-1", attempt=0, cancel_requested=True)
+    stopped = ev.preempted(JOB).model_copy(update={"reason": "cancelled"})
+    assert isinstance(judge(cancelling, stopped), Ignore)
+    assert isinstance(judge(cancelling, stopped, SCHEDULER_SOURCE), Ignore)
+    assert judge(cancelling, ev.cancelled(JOB)) == Apply(S.CANCELLED, record=True)
+    # Without a cancel request a preemption is one.
+    running = JobState(S.RUNNING, allocation_id="alloc-1", attempt=0)
+    assert judge(running, stopped) == Apply(S.PREEMPTED, record=True)
+
+
 def test_a_job_that_failed_while_cancelling_ends_cancelled_when_the_scheduler_says_so() -> None:
     failed = JobState(S.FAILED, allocation_id="alloc-1", attempt=1, cancel_requested=True)
     assert judge(failed, ev.cancelled(JOB)) == Apply(S.CANCELLED, record=True)
