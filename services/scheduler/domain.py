@@ -282,6 +282,7 @@ def allocation_ended(
     status: JobStatus,
     kind: EndKind,
     *,
+    attempt: int,
     restarts: int,
     max_restarts: int,
     failure: Failure | None = None,
@@ -290,9 +291,11 @@ def allocation_ended(
 ) -> EndDecision:
     """The job's next state when its live allocation ends with ``kind``.
 
+    ``attempt`` is the ending attempt's 0-based index (every requeue, a preemption's too, makes
+    a new attempt); the reasons name it as people count it, from 1, as the job's history does.
     ``restarts`` counts the restarts used so far; failures and lost nodes share it, so a job
-    runs at most ``max_restarts + 1`` counted attempts ("attempt n of m" below counts those;
-    preemption is not the job's fault and never uses up a restart).
+    fails on the ``max_restarts + 1``-th failed or lost attempt (preemption is not the job's
+    fault and never uses up a restart).
 
     | job        | ended with                          | next      | outcome   | restart |
     |------------|-------------------------------------|-----------|-----------|---------|
@@ -314,7 +317,7 @@ def allocation_ended(
     if status.is_terminal or not status.holds_gpus:
         raise IllegalTransition(f"a {status.value} job holds no allocation that could end")
     cancelling = status is JobStatus.CANCELLING
-    attempt, attempts = restarts + 1, max_restarts + 1
+    number = attempt + 1
     exhausted = restarts >= max_restarts
     match kind:
         case "succeeded":
@@ -325,19 +328,17 @@ def allocation_ended(
             failure = failure or Failure()
             what = f"{failure.kind}: {failure.detail}"
             if failure.kind not in RESTARTABLE:
-                reason = (
-                    f"{what}; {failure.kind} is not restarted (attempt {attempt} of {attempts})"
-                )
+                reason = f"{what}; {failure.kind} is not restarted (attempt {number})"
                 return EndDecision(
                     status.check(JobStatus.FAILED), "failed", reason, failure_kind=failure.kind
                 )
             if exhausted:
-                reason = f"{what}; max restarts ({max_restarts}) reached after {attempt} attempts"
+                reason = f"{what}; max restarts ({max_restarts}) reached after {number} attempts"
                 return EndDecision(
                     status.check(JobStatus.FAILED), "failed", reason, failure_kind=failure.kind
                 )
             backoff = restart_backoff(restarts + 1, backoff_base_s, backoff_max_s)
-            reason = f"attempt {attempt} failed ({what}); restarting in {format_seconds(backoff)}"
+            reason = f"attempt {number} failed ({what}); restarting in {format_seconds(backoff)}"
             return EndDecision(
                 status.check(JobStatus.QUEUED),
                 "failed",
@@ -353,13 +354,16 @@ def allocation_ended(
         case "lost" if exhausted:
             reason = (
                 f"node_lost: node lost; max restarts ({max_restarts}) reached after "
-                f"{attempt} attempts"
+                f"{number} attempts"
             )
             return EndDecision(
                 status.check(JobStatus.FAILED), "lost", reason, failure_kind="node_lost"
             )
         case "lost":
-            reason = f"node lost; requeued for attempt {attempt + 1} of {attempts}"
+            reason = (
+                f"node lost; requeued for attempt {number + 1} "
+                f"(restart {restarts + 1} of {max_restarts})"
+            )
             return EndDecision(
                 status.check(JobStatus.QUEUED),
                 "lost",

@@ -17,7 +17,7 @@ Contract:
   silent runner's behalf so the job's view moves on.
 - Said for the runner, so the job's view follows the scheduler's decision: a job requeued
   after a lost node or a failure gets a ``JobPreempted`` per allocation (event id
-  ``said-preempted:<allocation>``; reason ``node lost; requeued for attempt 2 of 4`` or
+  ``said-preempted:<allocation>``; reason ``node lost; requeued for attempt 2 (restart 1 of 3)`` or
   ``attempt 1 failed (user_error: ...); restarting in 5 s``); a job that ends FAILED gets
   one ``JobFailed`` (event id ``said-failed:<allocation>``) carrying the decision's reason,
   its ``failure_kind`` and, after a runner's report, its exit code and log tail. A requeued
@@ -111,6 +111,7 @@ def plan_end(
     decision = allocation_ended(
         job.status,
         kind,
+        attempt=job.attempt,
         restarts=job.restarts,
         max_restarts=job.spec.max_restarts,
         failure=Failure(failed.failure_kind, failed.reason) if failed is not None else None,

@@ -126,7 +126,7 @@ async def mark_lost_nodes(conn: asyncpg.Connection, cutoff: datetime, now: datet
 _PENDING_ROWS = (
     "SELECT job_id, queue, gpu_flavor, gpus, priority_class, submitted_at, "
     "max_runtime_seconds, seq, pending_reason, pending_position, pending_blocking, "
-    "pending_suggestion, pending_estimated_start, eligible_at, restarts, max_restarts "
+    "pending_suggestion, pending_estimated_start, eligible_at, attempt, restarts, max_restarts "
     "FROM jobs"
 )
 

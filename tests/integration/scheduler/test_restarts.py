@@ -73,9 +73,11 @@ async def test_a_failing_job_backs_off_and_restarts_until_max_restarts(
         assert said.reason == expected
         # ... and while it waits, its note says why and until when.
         (note,) = await scheduler.wait_for(
-            JobPending, lambda p, n=attempt: f"(attempt {n + 1} of 3)" in p.reason
+            JobPending, lambda p, n=attempt: f"(attempt {n + 1}, restart {n} of 2)" in p.reason
         )
-        assert note.reason.startswith(f"restarting after a failure (attempt {attempt + 1} of 3)")
+        assert note.reason.startswith(
+            f"restarting after a failure (attempt {attempt + 1}, restart {attempt} of 2)"
+        )
         assert note.reason.endswith(f"eligible at {row['eligible_at']:%H:%M:%S} UTC")
         assert note.estimated_start == row["eligible_at"]
         assert note.blocking == "restart back-off"
@@ -107,6 +109,37 @@ async def test_a_failing_job_backs_off_and_restarts_until_max_restarts(
     assert len(scheduler.events(AllocationGranted)) == 3
 
 
+async def test_a_restart_after_a_preemption_names_the_attempt_the_history_shows(
+    scheduler_with: Tuned,
+) -> None:
+    # The reasons counted restarts used, not attempts: a job preempted once, then failing on
+    # its second attempt, was said "attempt 1 failed (...)" and "restarting after a failure
+    # (attempt 2 of 3)" while its history showed attempt 2 placed and failed.
+    scheduler = await scheduler_with(restart_backoff_s=BACKOFF_S)
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.submit("job-1", gpus=1, max_restarts=2)
+    (grant,) = await scheduler.wait_for(AllocationGranted)
+    preempted = JobPreempted(
+        job_id=grant.job_id,
+        allocation_id=grant.allocation_id,
+        node_id=grant.node_id,
+        epoch=grant.epoch,
+        finished_at=datetime.now(UTC),
+        reason="preempted for job j-high",
+    )
+    await scheduler.send(preempted, "job-1")
+    second = (await scheduler.wait_for(AllocationGranted, count=2))[-1]
+    assert second.attempt == 1
+    await scheduler.send(failed(second), "job-1")
+    row = await job_row(scheduler.pool, "job-1")
+    expected = "attempt 2 failed (user_error: exit code 1); restarting in 0.5 s"
+    assert (row["status"], row["status_reason"], row["restarts"]) == ("QUEUED", expected, 1)
+    (note,) = await scheduler.wait_for(
+        JobPending, lambda p: p.reason.startswith("restarting after a failure")
+    )
+    assert note.reason.startswith("restarting after a failure (attempt 3, restart 1 of 2)")
+
+
 @pytest.mark.parametrize("kind", ["platform_error", "max_runtime"])
 async def test_a_failure_retrying_cannot_fix_fails_at_once(
     scheduler: Scheduler, kind: FailureKind
@@ -116,7 +149,7 @@ async def test_a_failure_retrying_cannot_fix_fails_at_once(
     (grant,) = await scheduler.wait_for(AllocationGranted)
     await scheduler.send(failed(grant, kind), "job-1")
     row = await job_row(scheduler.pool, "job-1")
-    reason = f"{kind}: exit code 1; {kind} is not restarted (attempt 1 of 4)"
+    reason = f"{kind}: exit code 1; {kind} is not restarted (attempt 1)"
     assert (row["status"], row["status_reason"], row["restarts"]) == ("FAILED", reason, 0)
     assert row["eligible_at"] is None
     (said,) = await scheduler.wait_for(JobFailed, lambda f: f.reason == reason)

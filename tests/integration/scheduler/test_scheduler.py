@@ -358,7 +358,7 @@ async def test_lost_node_requeues_its_jobs_elsewhere(scheduler: Scheduler) -> No
     (said,) = await scheduler.wait_for(JobPreempted)
     assert (said.allocation_id, said.reason) == (
         grant.allocation_id,
-        "node lost; requeued for attempt 2 of 2",
+        "node lost; requeued for attempt 2 (restart 1 of 1)",
     )
     (regrant,) = await scheduler.wait_for(AllocationGranted, lambda g: g.node_id == "n2")
     assert (regrant.job_id, regrant.attempt) == ("job-1", 1)

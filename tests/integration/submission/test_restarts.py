@@ -127,9 +127,7 @@ async def test_a_platform_error_is_not_restarted_and_the_job_fails(
     assert view["status"] == "SCHEDULED"  # the process never ran; the scheduler decides
     assert view["failure"]["failure_kind"] == "platform_error"
 
-    reason = (
-        "platform_error: bundle abc not found; platform_error is not restarted (attempt 1 of 4)"
-    )
+    reason = "platform_error: bundle abc not found; platform_error is not restarted (attempt 1)"
     said = ev.failed(
         job, "alloc-1", exit_code=None, reason=reason, failure_kind="platform_error", log_tail=""
     )

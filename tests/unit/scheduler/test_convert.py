@@ -208,7 +208,10 @@ def test_unknown_priority_is_held_back_and_explained_last_in_its_queue() -> None
 
 def test_a_job_backing_off_is_held_back_until_eligible_and_says_so() -> None:
     eligible = NOW + timedelta(seconds=65)
-    restarting = waiting("again", "qa", seq=1, eligible_at=eligible, restarts=1, max_restarts=3)
+    # Its first attempt (index 0) failed; the requeue made index 1 the next.
+    restarting = waiting(
+        "again", "qa", seq=1, eligible_at=eligible, attempt=1, restarts=1, max_restarts=3
+    )
     pending = [restarting, waiting("j2", "qa", gpus=8, seq=2)]
     built = build_snapshot(rows(pending=pending), NOW, HALF_LIFE)
     assert [j.job_id for j in built.snapshot.pending] == ["j2"]  # the policy never sees it
@@ -216,7 +219,7 @@ def test_a_job_backing_off_is_held_back_until_eligible_and_says_so() -> None:
     notes = pending_notes(schedule(built.snapshot, PolicyConfig()), built)
     note = notes["again"]
     assert note == PendingNote(
-        reason="restarting after a failure (attempt 2 of 4); eligible at 12:01:05 UTC",
+        reason="restarting after a failure (attempt 2, restart 1 of 3); eligible at 12:01:05 UTC",
         position=2,
         blocking="restart back-off",
         estimated_start=eligible,

@@ -103,21 +103,21 @@ def test_allocation_transitions() -> None:
 def test_allocation_ended(
     status: JobStatus, kind: str, job_status: JobStatus, outcome: str
 ) -> None:
-    decision = allocation_ended(status, kind, restarts=0, max_restarts=3)  # type: ignore[arg-type]
+    decision = allocation_ended(status, kind, attempt=0, restarts=0, max_restarts=3)  # type: ignore[arg-type]
     assert (decision.job_status, decision.outcome) == (job_status, outcome)
     assert decision.requeued is (job_status is JobStatus.QUEUED)
 
 
 def test_lost_node_requeues_until_max_restarts() -> None:
-    first = allocation_ended(JobStatus.RUNNING, "lost", restarts=1, max_restarts=2)
+    first = allocation_ended(JobStatus.RUNNING, "lost", attempt=1, restarts=1, max_restarts=2)
     assert first.requeued and first.restart
     assert first.backoff_s == 0.0  # the node is gone: placed again at once
-    assert first.reason == "node lost; requeued for attempt 3 of 3"
-    last = allocation_ended(JobStatus.RUNNING, "lost", restarts=2, max_restarts=2)
+    assert first.reason == "node lost; requeued for attempt 3 (restart 2 of 2)"
+    last = allocation_ended(JobStatus.RUNNING, "lost", attempt=2, restarts=2, max_restarts=2)
     assert last.job_status is JobStatus.FAILED
     assert last.reason == "node_lost: node lost; max restarts (2) reached after 3 attempts"
     assert last.failure_kind == "node_lost"
-    never = allocation_ended(JobStatus.RUNNING, "lost", restarts=0, max_restarts=0)
+    never = allocation_ended(JobStatus.RUNNING, "lost", attempt=0, restarts=0, max_restarts=0)
     assert never.job_status is JobStatus.FAILED
 
 
@@ -129,6 +129,7 @@ def test_a_failure_requeues_with_back_off_until_max_restarts(kind: str) -> None:
         return allocation_ended(
             JobStatus.RUNNING,
             "failed",
+            attempt=restarts,  # no preemption in between: each attempt failed
             restarts=restarts,
             max_restarts=2,
             failure=failure,
@@ -161,6 +162,7 @@ def test_other_failure_kinds_fail_at_once(kind: str) -> None:
     decision = allocation_ended(
         JobStatus.RUNNING,
         "failed",
+        attempt=0,
         restarts=0,
         max_restarts=3,
         failure=Failure(kind, "bundle sha256 mismatch"),  # type: ignore[arg-type]
@@ -171,13 +173,13 @@ def test_other_failure_kinds_fail_at_once(kind: str) -> None:
         False,
     )
     assert decision.reason == (
-        f"{kind}: bundle sha256 mismatch; {kind} is not restarted (attempt 1 of 4)"
+        f"{kind}: bundle sha256 mismatch; {kind} is not restarted (attempt 1)"
     )
 
 
 def test_a_failure_of_a_job_being_cancelled_cancels_it() -> None:
     decision = allocation_ended(
-        JobStatus.CANCELLING, "failed", restarts=0, max_restarts=3, failure=Failure()
+        JobStatus.CANCELLING, "failed", attempt=0, restarts=0, max_restarts=3, failure=Failure()
     )
     assert (decision.job_status, decision.outcome, decision.restart) == (
         JobStatus.CANCELLED,
@@ -189,10 +191,39 @@ def test_a_failure_of_a_job_being_cancelled_cancels_it() -> None:
 def test_failures_and_lost_nodes_share_one_restart_counter() -> None:
     # One restart went to a lost node; the next failure is attempt 2 and uses the last one.
     decision = allocation_ended(
-        JobStatus.RUNNING, "failed", restarts=1, max_restarts=1, failure=Failure()
+        JobStatus.RUNNING, "failed", attempt=1, restarts=1, max_restarts=1, failure=Failure()
     )
     assert decision.job_status is JobStatus.FAILED
     assert decision.reason == "user_error: failed; max restarts (1) reached after 2 attempts"
+
+
+def test_the_reasons_name_the_attempt_as_the_history_does_after_a_preemption() -> None:
+    # A job preempted once, then failing: its history said "SCHEDULED attempt 2 on ...",
+    # "FAILED attempt 2 failed: ...", then the scheduler's "attempt 1 failed (...);
+    # restarting", and its wait "restarting after a failure (attempt 2 of 4)" though the next
+    # attempt was the third: the reasons counted restarts used, not attempts.
+    failure = Failure("user_error", "exit code 1")
+    restarted = allocation_ended(
+        JobStatus.RUNNING, "failed", attempt=1, restarts=0, max_restarts=1, failure=failure
+    )
+    assert restarted.reason == "attempt 2 failed (user_error: exit code 1); restarting in 5 s"
+    last = allocation_ended(
+        JobStatus.RUNNING, "failed", attempt=2, restarts=1, max_restarts=1, failure=failure
+    )
+    assert last.reason == "user_error: exit code 1; max restarts (1) reached after 3 attempts"
+    lost = allocation_ended(JobStatus.RUNNING, "lost", attempt=1, restarts=0, max_restarts=1)
+    assert lost.reason == "node lost; requeued for attempt 3 (restart 1 of 1)"
+    other = allocation_ended(
+        JobStatus.RUNNING,
+        "failed",
+        attempt=1,
+        restarts=0,
+        max_restarts=3,
+        failure=Failure("platform_error", "bundle gone"),
+    )
+    assert (
+        other.reason == "platform_error: bundle gone; platform_error is not restarted (attempt 2)"
+    )
 
 
 def test_restart_backoff_doubles_up_to_its_cap() -> None:
@@ -207,14 +238,16 @@ def test_restart_backoff_doubles_up_to_its_cap() -> None:
 
 
 def test_preemption_does_not_use_up_restarts() -> None:
-    decision = allocation_ended(JobStatus.RUNNING, "preempted", restarts=5, max_restarts=0)
+    decision = allocation_ended(
+        JobStatus.RUNNING, "preempted", attempt=5, restarts=5, max_restarts=0
+    )
     assert decision.requeued
 
 
 @pytest.mark.parametrize("status", [JobStatus.QUEUED, JobStatus.SUCCEEDED, JobStatus.CANCELLED])
 def test_a_job_without_gpus_has_nothing_to_end(status: JobStatus) -> None:
     with pytest.raises(IllegalTransition):
-        allocation_ended(status, "succeeded", restarts=0, max_restarts=3)
+        allocation_ended(status, "succeeded", attempt=0, restarts=0, max_restarts=3)
 
 
 def test_release_time_is_kept_between_grant_and_now() -> None:

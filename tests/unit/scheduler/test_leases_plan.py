@@ -290,7 +290,7 @@ def test_a_lost_gang_with_restarts_left_is_said_preempted_with_the_reason() -> N
     ending = plan(job(restarts=0), "lost", reported_s=50, now_s=80)
     said = payloads(ending)
     assert [type(p) for p in said][-2:] == [JobPreempted, JobPreempted]
-    assert said[-1].reason == "node lost; requeued for attempt 2 of 3"
+    assert said[-1].reason == "node lost; requeued for attempt 2 (restart 1 of 2)"
     assert ending.decision.backoff_s == 0
 
 
