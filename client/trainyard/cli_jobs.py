@@ -26,6 +26,7 @@ from trainyard.cli_render import (
     pending_text,
     render_job,
     stream_text,
+    summary_reason,
     table,
     time_text,
     why,
@@ -622,16 +623,15 @@ def get(session: Session) -> int:
 
 
 def _summary(view: dict[str, Any]) -> dict[str, Any]:
-    """A job view as a line of ``GET /v1/jobs``."""
+    """A job view as a line of ``GET /v1/jobs``, its reason chosen as that line's is."""
     spec = view["spec"]
-    reason = (view.get("failure") or {}).get("reason") or (view.get("pending") or {}).get("reason")
     return {
         **view,
         "gpus": spec.get("gpus"),
         "gpu_flavor": spec.get("gpu_flavor"),
         "cost": view["cost"]["cost"],
         "currency": view["cost"].get("currency"),
-        "reason": reason,
+        "reason": summary_reason(view),
     }
 
 

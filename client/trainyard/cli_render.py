@@ -217,6 +217,23 @@ def render_list(jobs: list[dict[str, Any]]) -> str:
     return table(LIST_HEADER, [list_row(j) for j in jobs], empty="no jobs")
 
 
+def summary_reason(view: dict[str, Any]) -> str | None:
+    """The reason ``GET /v1/jobs`` gives a job, from its full view (``trainyard get`` shows
+    the same line as ``ls``): why it waits (QUEUED, PENDING), why it failed (FAILED), else
+    the reason of its latest change, if that had one (cancelled by whom, preempted by what)."""
+    if view["status"] in ("QUEUED", "PENDING"):
+        waiting = (view.get("pending") or {}).get("reason")
+        if waiting:
+            return str(waiting)
+    if view["status"] == "FAILED":
+        failed = (view.get("failure") or {}).get("reason")
+        if failed:
+            return str(failed)
+    history = view.get("history") or []
+    latest = history[-1].get("reason") if history else None
+    return str(latest) if latest else None
+
+
 def list_row(job: dict[str, Any]) -> tuple[str, ...]:
     reason = " ".join(str(job.get("reason") or "-").split())
     if len(reason) > REASON_WIDTH:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from trainyard import cli, cli_jobs
-from trainyard.cli_render import render_job
+from trainyard.cli_render import render_job, summary_reason
 from trainyard.client import TrainyardClient
 
 VIEW: dict[str, Any] = {
@@ -533,3 +533,30 @@ def test_submit_reads_a_spec_from_stdin(
     monkeypatch.setattr("sys.stdin", io.StringIO("name: piped\ngpu: 1\n"))
     assert cli.main(["submit", "-", "--no-code"]) == 1
     assert "<stdin>:2:1: gpu: unknown field 'gpu': did you mean 'gpus'?" in capsys.readouterr().err
+
+
+def test_get_gives_a_job_the_reason_ls_gives_it() -> None:
+    # Seen on a local stack: `trainyard get` of a cancelled job said REASON "-", where the
+    # line GET /v1/jobs gives it (what `ls` shows) says "cancelled by user": get read only a
+    # failure or a pending reason, so it also showed a job running again after a failed
+    # attempt with that old failure. get now chooses as GET /v1/jobs does.
+    def entry(status: str, reason: str | None) -> dict[str, Any]:
+        return {"status": status, "at": "2024-06-01T12:00:00Z", "reason": reason}
+
+    cancelled = {
+        **VIEW,
+        "status": "CANCELLED",
+        "history": [entry("QUEUED", "submitted"), entry("CANCELLED", "cancelled by user")],
+    }
+    assert summary_reason(cancelled) == "cancelled by user"
+    again = {
+        **VIEW,
+        "status": "RUNNING",
+        "failure": {"reason": "attempt 1 failed: user_error: exited with status 1"},
+        "history": [entry("SCHEDULED", "attempt 2 on node-1 (GPUs 0)"), entry("RUNNING", None)],
+    }
+    assert summary_reason(again) is None
+    failed = {**again, "status": "FAILED", "failure": {"reason": "max restarts (1) reached"}}
+    assert summary_reason(failed) == "max restarts (1) reached"
+    waiting = {**VIEW, "status": "PENDING", "pending": {"reason": "no cpu GPU is free"}}
+    assert summary_reason(waiting) == "no cpu GPU is free"
