@@ -291,7 +291,8 @@ def _model(model: dict[str, Any]) -> str:
 def cost_text(cost: dict[str, Any]) -> str:
     state = "final" if cost["final"] else "so far"
     if not cost.get("currency"):
-        return f"nothing billed yet ({state})"
+        # "yet" only while more may come: a job that ended holding no GPU costs nothing.
+        return "nothing billed (final)" if cost["final"] else "nothing billed yet (so far)"
     hours = cost["gpu_seconds"] / 3600
     price = cost.get("price_per_gpu_hour")
     at_price = f" at {price:.2f} {cost['currency']}/GPU-hour" if price is not None else ""

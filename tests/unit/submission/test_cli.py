@@ -560,3 +560,13 @@ def test_get_gives_a_job_the_reason_ls_gives_it() -> None:
     assert summary_reason(failed) == "max restarts (1) reached"
     waiting = {**VIEW, "status": "PENDING", "pending": {"reason": "no cpu GPU is free"}}
     assert summary_reason(waiting) == "no cpu GPU is free"
+
+
+def test_describe_says_a_job_that_held_no_gpu_cost_nothing_final() -> None:
+    # Seen on a local stack: a job cancelled while it waited showed "cost  nothing billed
+    # yet (final)": "yet" promises more, "final" says none will come.
+    nothing = {"gpu_seconds": 0.0, "cost": 0.0, "currency": None, "price_per_gpu_hour": None}
+    ended = render_job({**VIEW, "status": "CANCELLED", "cost": {**nothing, "final": True}})
+    assert re.search(r"^cost +nothing billed \(final\)$", ended, re.M)
+    waiting = render_job({**VIEW, "status": "PENDING", "cost": {**nothing, "final": False}})
+    assert re.search(r"^cost +nothing billed yet \(so far\)$", waiting, re.M)
