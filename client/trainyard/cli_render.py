@@ -205,7 +205,11 @@ def render_job(view: dict[str, Any]) -> str:
         ("", f"{time_text(h['at'])}  {h['status']:<10} {h.get('reason') or ''}".rstrip())
         for h in view["history"]
     )
-    return "\n".join(f"{label:<12}{value}".rstrip() for label, value in rows)
+    # A value of several lines (a failure's reason may hold a tool's output) stays in its
+    # column: each further line is indented under the first.
+    return "\n".join(
+        f"{label:<12}{value}".rstrip().replace("\n", "\n" + " " * 12) for label, value in rows
+    )
 
 
 LIST_HEADER = ("ID", "NAME", "USER", "STATUS", "REASON", "GPUS", "SUBMITTED", "DURATION", "COST")

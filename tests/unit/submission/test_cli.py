@@ -570,3 +570,27 @@ def test_describe_says_a_job_that_held_no_gpu_cost_nothing_final() -> None:
     assert re.search(r"^cost +nothing billed \(final\)$", ended, re.M)
     waiting = render_job({**VIEW, "status": "PENDING", "cost": {**nothing, "final": False}})
     assert re.search(r"^cost +nothing billed yet \(so far\)$", waiting, re.M)
+
+
+def test_describe_keeps_a_reason_of_several_lines_in_its_column() -> None:
+    # Seen on a local stack: a job whose environment could not be built failed with the
+    # installer's output in its reason; describe printed its further lines at the left
+    # margin, among the labels, in the failure row and in the history.
+    reason = "platform_error: could not build the job's environment:\nerror: No solution found"
+    failed = {
+        **VIEW,
+        "status": "FAILED",
+        "failure": {"reason": reason, "exit_code": None, "log_tail": ""},
+        "history": [{"status": "FAILED", "at": "2024-06-01T12:00:00Z", "reason": reason}],
+    }
+    lines = render_job(failed).splitlines()
+    failure = lines.index("failure     platform_error: could not build the job's environment:")
+    assert lines[failure + 1] == " " * 12 + "error: No solution found"
+    assert lines[-1] == " " * 12 + "error: No solution found"
+    assert all(line[:12].strip() in LABELS for line in lines)
+
+
+LABELS = {
+    "", "job", "status", "owner", "project", "resources", "priority", "times", "duration",
+    "metrics", "checkpoints", "model", "cost", "failure", "history",
+}  # fmt: skip
