@@ -351,6 +351,10 @@ def finite_metrics(metrics: dict[str, float]) -> dict[str, float | None]:
     return {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
 
 
+MONEY_PLACES = 6
+"""The decimal places billing keeps a cost in."""
+
+
 @dataclass(frozen=True)
 class CostLine:
     """One billed allocation."""
@@ -373,14 +377,21 @@ class CostSummary:
 def summarize_cost(lines: list[CostLine], allocations: int, status: JobStatus) -> CostSummary:
     """Sum the billed allocations. ``final``: the job has ended and every allocation it
     was granted has been billed (billing reports each one after it is released)."""
-    gpu_seconds = sum(line.gpu_seconds for line in lines)
-    cost = sum(line.cost for line in lines)
+    # Billing keeps each cost to 6 places (numeric(24, 6)): their sum has no more, and the
+    # float additions' noise (0.0030470000000000002) is no part of it. GPU-seconds are
+    # summed to the microsecond.
+    gpu_seconds = round(sum(line.gpu_seconds for line in lines), MONEY_PLACES)
+    cost = round(sum(line.cost for line in lines), MONEY_PLACES)
     # The billed GPU prices, weighted by GPU-seconds. Not the cost over the GPU-hours: each
     # cost is rounded to 6 places (0.000033 for 1.2 GPU-seconds at 0.10 reads as 0.099) and
-    # may hold CPU and memory charges, which are no part of a price per GPU-hour.
-    if gpu_seconds > 0:
+    # may hold CPU and memory charges, which are no part of a price per GPU-hour. One price
+    # is itself (its weighted mean of floats read 0.09999999999999999 for 0.1).
+    prices = {line.price_per_gpu_hour for line in lines}
+    if len(prices) == 1:
+        price: float | None = prices.pop()
+    elif gpu_seconds > 0:
         weighted = sum(line.price_per_gpu_hour * line.gpu_seconds for line in lines)
-        price: float | None = weighted / gpu_seconds
+        price = weighted / gpu_seconds
     else:
         price = lines[-1].price_per_gpu_hour if lines else None
     return CostSummary(

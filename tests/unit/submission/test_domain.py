@@ -227,6 +227,24 @@ def test_the_price_is_the_billed_price_not_one_derived_from_the_rounded_cost() -
     assert summarize_cost(with_cpu, 1, S.SUCCEEDED).price_per_gpu_hour == pytest.approx(2.0)
 
 
+def test_the_cost_and_price_carry_no_float_noise() -> None:
+    # Seen on a local stack: GET /v1/jobs/{id} said "cost": 0.0030470000000000002 and
+    # "price_per_gpu_hour": 0.09999999999999999 for allocations billed at 0.10/GPU-hour,
+    # while billing's own answer said 0.003047 and 0.1.
+    lines = [
+        CostLine(31.938, 0.001323, "USD", 0.10),
+        CostLine(12.642455, 0.001724, "USD", 0.10),
+        CostLine(0.1, 0.0, "USD", 0.10),
+        CostLine(0.2, 0.0, "USD", 0.10),
+    ]
+    summary = summarize_cost(lines, 4, S.SUCCEEDED)
+    assert summary.price_per_gpu_hour == 0.10
+    assert summary.cost == 0.003047
+    assert summary.gpu_seconds == 44.880455
+    mixed = summarize_cost([CostLine(10, 1, "USD", 0.1), CostLine(30, 1, "USD", 0.3)], 2, S.FAILED)
+    assert mixed.price_per_gpu_hour == pytest.approx(0.25)
+
+
 def test_a_job_cancelled_before_placement_has_a_final_zero_cost() -> None:
     summary = summarize_cost([], allocations=0, status=S.CANCELLED)
     assert (summary.cost, summary.currency, summary.final) == (0, None, True)
