@@ -3,7 +3,9 @@ view and the admin API.
 
 Contract:
 - Every route but the probes needs the operator token or a user token (401 otherwise;
-  ``shared.access``). ``GET /v1/queue`` (the whole cluster) and every admin write are for
+  ``shared.access``). ``GET /v1/queue`` (the whole cluster, each queue's first
+  ``PENDING_SHOWN`` waiting jobs and how many wait), ``GET /v1/queue/{name}/pending`` (all of
+  a queue's waiting jobs, a page at a time: ``shared.paging``) and every admin write are for
   operators (403 for users); the admin reads (flavors, cohorts, queues, priority classes)
   are open to every authenticated user, who needs them to write a job spec. Every admin
   write is recorded in the audit log (``GET /v1/audit``, operators).
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any
+from urllib.parse import quote
 
 import asyncpg
 from litestar import Litestar, Request, Response, Router, delete, get, put
@@ -53,7 +56,13 @@ from trainyard_platform.services.scheduler.admin_schemas import (
     QueueConfigView,
     QueueRequest,
 )
-from trainyard_platform.services.scheduler.schemas import QueueView, queue_view
+from trainyard_platform.services.scheduler.schemas import (
+    PENDING_SHOWN,
+    PendingJobView,
+    QueueView,
+    pending_view,
+    queue_view,
+)
 from trainyard_platform.shared import paging
 from trainyard_platform.shared.access import needs
 from trainyard_platform.shared.audit import audit_route
@@ -64,8 +73,10 @@ from trainyard_platform.shared.identity import Principal, Role
 AnyRequest = Request[Any, Any, Any]
 Caller = NamedDependency[Principal]
 ADMIN_BODY_MAX_BYTES = 64 * 1024
-QUEUES_PAGE_MAX = 500
 """The largest admin body accepted (a queue with 100 quotas is a few KB)."""
+QUEUES_PAGE_MAX = 500
+PENDING_PAGE_MAX = 1000
+"""The most rows of a page of ``GET /v1/admin/queues`` and ``GET /v1/queue/{name}/pending``."""
 Readiness = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
 """(ready, body) of ``GET /readyz``."""
 
@@ -252,14 +263,38 @@ def create_app(
             return queue_view(
                 await repo.all_nodes(conn),
                 await repo.running_allocations(conn),
-                await repo.pending_jobs(conn),
+                await repo.pending_heads(conn, PENDING_SHOWN),
                 await admin_repo.queues(conn),
                 await admin_repo.quotas(conn),
             )
 
+    @get(
+        "/v1/queue/{name:str}/pending",
+        opt=needs(Role.OPERATOR),
+        responses=error_responses(404, 422),
+    )
+    async def waiting(
+        name: FromPath[str],
+        limit: Annotated[int, QueryParameter(ge=1, le=PENDING_PAGE_MAX)] = 100,
+        after: Annotated[str | None, QueryParameter(description="from the Link header")] = None,
+    ) -> Response[list[PendingJobView]]:
+        """A page of the queue's waiting jobs in queue order; the next in ``Link: <...>;
+        rel="next"`` (``shared.paging``): its line has no bound."""
+        key = paging.decode(
+            after, "GET /v1/queue/{name}/pending", paging.integer, paging.instant, paging.integer
+        )
+        async with pool.acquire() as conn:
+            if await admin_repo.queue(conn, name) is None:
+                raise NotFound(f"no queue {name}")
+            fetched = await repo.pending_page(conn, name, limit + 1, key)
+        rows, more = paging.split(fetched, limit)
+        cursor = paging.encode(*repo.pending_key(rows[-1])) if more else None
+        path = f"/v1/queue/{quote(name, safe='')}/pending"
+        return paging.listed([pending_view(r) for r in rows], path, {"limit": str(limit)}, cursor)
+
     return service_app(
         "scheduler",
-        [*health_handlers, queue, admin_router(pool), audit_route(pool)],
+        [*health_handlers, queue, waiting, admin_router(pool), audit_route(pool)],
         guard,
         statuses={NotFound: 404, Conflict: 409},
         cors_origins=cors_origins,

@@ -420,12 +420,50 @@ async def running_allocations(conn: asyncpg.Connection) -> list[Row]:
     return rows
 
 
-async def pending_jobs(conn: asyncpg.Connection) -> list[Row]:
-    """Queued jobs in the order of their last published position in each queue."""
+_PENDING_COLUMNS = (
+    "job_id, team, queue, gpu_flavor, gpus, priority_class, attempt, submitted_at, "
+    "pending_reason, pending_position, pending_blocking, pending_suggestion, "
+    "pending_estimated_start, eligible_at, seq"
+)
+_LAST_POSITION = 2**31 - 1
+"""Stands for no position yet in the waiting order's key: after every real one (an integer
+column), as ``NULLS LAST`` sorts it."""
+
+
+async def pending_heads(conn: asyncpg.Connection, per_queue: int) -> list[Row]:
+    """The first ``per_queue`` queued jobs of each queue in the order of their last
+    published position, each with ``waiting``: how many wait in its queue in all."""
     rows: list[Row] = await conn.fetch(
-        "SELECT job_id, team, queue, gpu_flavor, gpus, priority_class, attempt, submitted_at, "
-        "pending_reason, pending_position, pending_blocking, pending_suggestion, "
-        "pending_estimated_start, eligible_at FROM jobs WHERE status = 'QUEUED' "
-        "ORDER BY queue, pending_position NULLS LAST, submitted_at, seq"
+        f"SELECT * FROM (SELECT {_PENDING_COLUMNS}, "
+        "row_number() OVER w AS place, count(*) OVER (PARTITION BY queue) AS waiting "
+        "FROM jobs WHERE status = 'QUEUED' WINDOW w AS (PARTITION BY queue "
+        "ORDER BY pending_position NULLS LAST, submitted_at, seq)) AS ranked "
+        "WHERE place <= $1 ORDER BY queue, place",
+        per_queue,
+    )
+    return rows
+
+
+def pending_key(row: Row) -> tuple[int, datetime, int]:
+    """A queued job's place in its queue's waiting order (``pending_page``'s key)."""
+    position = row["pending_position"]
+    return (_LAST_POSITION if position is None else position, row["submitted_at"], row["seq"])
+
+
+async def pending_page(
+    conn: asyncpg.Connection, queue: str, limit: int, after: tuple[int, datetime, int] | None
+) -> list[Row]:
+    """At most ``limit`` queued jobs of ``queue`` in waiting order, after the key ``after``
+    (``pending_key``; None: from the first)."""
+    rows: list[Row] = await conn.fetch(
+        f"SELECT {_PENDING_COLUMNS} FROM jobs WHERE status = 'QUEUED' AND queue = $1 "
+        "AND ($3::integer IS NULL "
+        "OR (COALESCE(pending_position, $6), submitted_at, seq) "
+        "> ($3::integer, $4::timestamptz, $5::bigint)) "
+        "ORDER BY pending_position NULLS LAST, submitted_at, seq LIMIT $2",
+        queue,
+        limit,
+        *(after if after else (None, None, None)),
+        _LAST_POSITION,
     )
     return rows

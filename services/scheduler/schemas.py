@@ -6,7 +6,9 @@ quota use and borrowing per flavor, its running jobs, and its pending jobs in or
 position, reason, blocking, suggestion and estimated start (as last published); per cohort,
 the size of its shared pool of lendable quota and how much of it is in use. It holds no
 user data beyond job ids, team and node names, but it shows the whole cluster across teams:
-it is an operator endpoint and must not be exposed publicly.
+it is an operator endpoint and must not be exposed publicly. It shows each queue's first
+``PENDING_SHOWN`` waiting jobs and how many wait: a backlog of any size keeps its answer
+bounded; ``GET /v1/queue/{name}/pending`` pages through all of them (``shared.paging``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from trainyard_platform.services.scheduler.convert import queues_from_rows
 from trainyard_platform.services.scheduler.policy.quota import QuotaBook
 
 Row = Mapping[str, Any]
+PENDING_SHOWN = 100
+"""Waiting jobs ``GET /v1/queue`` shows per queue (the head of its line)."""
 
 
 class _Schema(BaseModel):
@@ -112,7 +116,10 @@ class QueueStateView(_Schema):
     quotas: list[QuotaUsage]
     running: list[RunningJobView]
     pending: list[PendingJobView]
-    """In queue order."""
+    """The first ``PENDING_SHOWN`` waiting jobs, in queue order (every one:
+    ``GET /v1/queue/{name}/pending``, a page at a time)."""
+    waiting: int
+    """How many jobs wait in the queue in all (``pending`` shows the first of them)."""
 
 
 class CohortPoolView(_Schema):
@@ -205,6 +212,7 @@ def _queue(
     book: QuotaBook,
 ) -> QueueStateView:
     name = q["name"]
+    mine = [p for p in pending if p["queue"] == name]
     own = {r["flavor"]: r for r in quotas if r["queue"] == name}
     members = [a for a in allocations if a["queue"] == name]
     flavors = sorted(set(own) | {a["gpu_flavor"] for a in members})
@@ -229,7 +237,8 @@ def _queue(
         implicit=q["implicit"],
         quotas=usage,
         running=_running(members),
-        pending=[_pending(p) for p in pending if p["queue"] == name],
+        pending=[pending_view(p) for p in mine],
+        waiting=mine[0]["waiting"] if mine else 0,
     )
 
 
@@ -261,7 +270,7 @@ def _running(members: Sequence[Row]) -> list[RunningJobView]:
     return views
 
 
-def _pending(p: Row) -> PendingJobView:
+def pending_view(p: Row) -> PendingJobView:
     return PendingJobView(
         job_id=p["job_id"],
         gpu_flavor=p["gpu_flavor"],

@@ -91,6 +91,7 @@ POLICY: dict[str, dict[tuple[str, str], Role]] = {
     },
     "scheduler": {
         ("GET", "/v1/queue"): OP,
+        ("GET", "/v1/queue/{name:str}/pending"): OP,
         ("GET", "/v1/audit"): OP,
         **{
             (method, f"/v1/admin/{kind}{suffix}"): role

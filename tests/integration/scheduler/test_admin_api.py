@@ -425,3 +425,46 @@ async def test_queues_come_a_page_at_a_time(http: httpx.AsyncClient) -> None:
     for bad in ({"after": "bm90IGEgY3Vyc29y"}, {"limit": 501}):
         refused = await http.get("/v1/admin/queues", params=bad, headers=AUTH)
         assert next(iter(bad)) in fields(refused)
+
+
+async def test_a_queue_s_waiting_line_comes_a_page_at_a_time(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    # GET /v1/queue answered every waiting job of every queue in one body: 100,000 pending
+    # jobs, 100,000 rows. Now each queue shows the head of its line and how many wait, and
+    # GET /v1/queue/{name}/pending pages through the whole line in queue order.
+    for n in range(105):
+        await add_job(pool, f"job-{n:03}", team="vision")
+    # The last pass placed three of them: they come first, by position; the rest by arrival.
+    for position, job in enumerate(("job-104", "job-050", "job-007"), start=1):
+        await pool.execute(
+            "UPDATE jobs SET pending_position = $1, pending_reason = 'waiting' WHERE job_id = $2",
+            position,
+            job,
+        )
+    order = ["job-104", "job-050", "job-007"] + [
+        f"job-{n:03}" for n in range(105) if n not in (104, 50, 7)
+    ]
+    (queue,) = (await http.get("/v1/queue", headers=AUTH)).json()["queues"]
+    assert queue["waiting"] == 105
+    assert [p["job_id"] for p in queue["pending"]] == order[:100]
+
+    seen: list[str] = []
+    url: str | None = "/v1/queue/default:vision/pending?limit=40"
+    for _ in range(10):
+        assert url is not None
+        page = await http.get(url, headers=AUTH)
+        assert page.status_code == 200, page.text
+        assert len(page.json()) <= 40
+        seen += [p["job_id"] for p in page.json()]
+        url = page.links.get("next", {}).get("url")
+        if url is None:
+            break
+    assert seen == order
+    for bad in ({"after": "bm90IGEgY3Vyc29y"}, {"limit": 1001}, {"limit": 0}):
+        refused = await http.get("/v1/queue/default:vision/pending", params=bad, headers=AUTH)
+        assert next(iter(bad)) in fields(refused)
+    missing = await http.get("/v1/queue/ghost/pending", headers=AUTH)
+    assert missing.status_code == 404
+    assert missing.json()["detail"] == "no queue ghost"
+    assert (await http.get("/v1/queue/default:vision/pending")).status_code == 401

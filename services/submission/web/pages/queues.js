@@ -84,7 +84,9 @@ function clusterQueues(queue) {
       { title: "Borrowed", cell: (r) => (r.borrowed ? "yes" : "no") },
       { title: "Notice", cell: (r) => (r.notice_at ? `${r.notice_reason || "revoked"} ${relative(new Date(r.notice_at))}` : "—") },
     ], q.running, { empty: "Nothing running." }),
-    h("h3", {}, `Waiting (${q.pending.length})`),
+    h("h3", {}, `Waiting (${q.waiting ?? q.pending.length})`),
+    // The scheduler answers the head of a line of any length (GET /v1/queue/{name}/pending has all).
+    q.waiting > q.pending.length ? h("p", { class: "muted" }, `The first ${q.pending.length} of ${q.waiting} in line.`) : null,
     waitingTable(q.pending)));
   return [...queues, ...cohorts];
 }
