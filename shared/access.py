@@ -25,7 +25,7 @@ Contract:
   the handler runs or the body is read (``enforce_least_role``). Handlers receive the caller
   as the ``principal`` dependency (``principal_dependency``) for finer checks (whose team).
 - A handler about to store a reference to another team (a grant, a budget set by an
-  operator) asks the ``teams`` dependency (``Teams.require``): only the submission service
+  operator, a scheduler queue for a team it has not seen) asks the ``teams`` dependency (``Teams.require``): only the submission service
   knows which teams exist, so it is asked with the caller's own user token
   (``IdentityClient.team_exists``). A team that does not exist is a 422 naming the field;
   with the service's operator token there is no user token to ask with, and the reference

@@ -5,6 +5,12 @@ Contract:
 - Every ``put_*`` validates the whole request first (unknown cohort or flavor, a team that
   already has another queue, a queue that would change team) and changes nothing when any
   check fails: ``RequestInvalid`` (422, naming each field) or ``Conflict`` (409).
+- A queue for a team the scheduler has never seen is stored only after the submission
+  service, which owns teams, says the team exists (``shared.access.Teams``, asked with the
+  caller's user token): a typo'd team would otherwise get a queue no job ever uses. With the
+  service's break-glass operator token there is no user token to ask with, so such a queue
+  is refused (422 naming ``team``); queues of teams it knows stay editable with it (quota
+  changes while the submission service is down).
 - Every ``delete_*`` raises ``NotFound`` (404) for an absent name, and ``Conflict`` (409,
   naming what still uses it) rather than orphan anything: a flavor of a node, a quota or an
   unfinished job; a cohort with queues; a queue or a priority class of unfinished jobs.
@@ -53,6 +59,7 @@ from trainyard_platform.services.scheduler.admin_schemas import (
 from trainyard_platform.services.scheduler.convert import implicit_queue
 from trainyard_platform.services.scheduler.scheduling import emit
 from trainyard_platform.shared import audit, paging
+from trainyard_platform.shared.access import Teams
 from trainyard_platform.shared.events.payloads import FlavorDeclared, FlavorRetired
 from trainyard_platform.shared.http_errors import FieldError, RequestInvalid
 from trainyard_platform.shared.identity import Principal
@@ -190,9 +197,22 @@ async def get_cohort(pool: asyncpg.Pool, name: str) -> CohortView:
 
 
 async def put_queue(
-    pool: asyncpg.Pool, name: str, body: QueueRequest, by: Principal
+    pool: asyncpg.Pool, name: str, body: QueueRequest, by: Principal, teams: Teams | None = None
 ) -> tuple[QueueConfigView, bool]:
+    """Create or replace queue ``name``. A queue for a team the scheduler has never seen (no
+    queue of it, not even the implicit one its first job makes, which came through submission)
+    is checked with ``teams`` once the rest of the request is valid (None: the caller vouches
+    for the team, as the scheduler's own tests do); a queue keeps its team, so replacing one
+    asks nothing."""
     check_name(name)
+    if teams is not None:
+        async with pool.acquire() as conn:
+            await _check_references(conn, body)
+            seen = await admin_repo.queue_of_team(conn, body.team) is not None
+            replaced = await admin_repo.queue(conn, name) is not None
+        # Asked outside the scheduling lock: it is a request to another service.
+        if not seen and not replaced:
+            await teams.require(body.team, "team")
     async with _writing(pool, by, "put queue", name, body) as conn:
         await _check_references(conn, body)
         existing = await admin_repo.queue(conn, name)

@@ -64,7 +64,7 @@ from trainyard_platform.services.scheduler.schemas import (
     queue_view,
 )
 from trainyard_platform.shared import paging
-from trainyard_platform.shared.access import needs
+from trainyard_platform.shared.access import Teams, needs
 from trainyard_platform.shared.audit import audit_route
 from trainyard_platform.shared.http_app import error_responses, json_request_body, service_app
 from trainyard_platform.shared.http_errors import parse_body, read_json_body
@@ -72,6 +72,7 @@ from trainyard_platform.shared.identity import Principal, Role
 
 AnyRequest = Request[Any, Any, Any]
 Caller = NamedDependency[Principal]
+TeamCheck = NamedDependency[Teams]
 ADMIN_BODY_MAX_BYTES = 64 * 1024
 """The largest admin body accepted (a queue with 100 quotas is a few KB)."""
 QUEUES_PAGE_MAX = 500
@@ -169,9 +170,10 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
         request: AnyRequest,
         principal: Caller,
+        teams: TeamCheck,
     ) -> Response[QueueConfigView]:
         body = await _body(QueueRequest, request)
-        return _created(*await admin.put_queue(pool, name, body, principal))
+        return _created(*await admin.put_queue(pool, name, body, principal, teams))
 
     @delete("/queues/{name:str}", opt=needs(Role.OPERATOR), responses=error_responses(404, 409))
     async def delete_queue(name: FromPath[str], principal: Caller) -> None:

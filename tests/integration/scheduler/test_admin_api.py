@@ -58,6 +58,15 @@ async def add_job(pool: asyncpg.Pool, job_id: str, **spec: Any) -> None:
         await repo.insert_job(conn, job_id, make_spec(**spec), now, now)
 
 
+async def known(pool: asyncpg.Pool, *teams: str) -> None:
+    """Teams the scheduler has seen, as a first job of each makes them (its implicit queue):
+    queues for them need no word from the submission service, which owns teams and which these
+    tests run without (the break-glass token has no user token to ask it with)."""
+    async with pool.acquire() as conn:
+        for team in teams:
+            await repo.queue_for_team(conn, team)
+
+
 async def finish(pool: asyncpg.Pool, job_id: str) -> None:
     await pool.execute("UPDATE jobs SET status = 'CANCELLED' WHERE job_id = $1", job_id)
 
@@ -79,6 +88,7 @@ async def test_every_admin_route_needs_the_token(http: httpx.AsyncClient) -> Non
 async def test_define_a_cohort_and_queues_with_quotas(
     http: httpx.AsyncClient, pool: asyncpg.Pool
 ) -> None:
+    await known(pool, "vision")
     response = await put(http, "flavors/a100", {"description": "80 GB"})
     assert response.status_code == 201
     assert response.json() == {
@@ -181,7 +191,10 @@ async def test_bad_input_is_refused_with_the_field_named(
     assert await pool.fetchval("SELECT count(*) FROM priority_classes") == 3
 
 
-async def test_a_team_has_one_queue_and_a_queue_keeps_its_team(http: httpx.AsyncClient) -> None:
+async def test_a_team_has_one_queue_and_a_queue_keeps_its_team(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    await known(pool, "vision")
     assert (await put(http, "queues/vision", {"team": "vision"})).status_code == 201
     response = await put(http, "queues/vision-2", {"team": "vision"})
     assert response.status_code == 409
@@ -227,6 +240,7 @@ async def test_flavors_show_their_nodes(http: httpx.AsyncClient, pool: asyncpg.P
 
 
 async def test_delete_answers_204_then_404(http: httpx.AsyncClient, pool: asyncpg.Pool) -> None:
+    await known(pool, "vision")
     await put(http, "flavors/a100", {})
     await put(http, "cohorts/research", {})
     await put(http, "queues/vision", {"team": "vision", "quotas": {"a100": {"nominal": 2}}})
@@ -253,6 +267,7 @@ async def test_delete_answers_204_then_404(http: httpx.AsyncClient, pool: asyncp
 async def test_a_flavor_of_a_node_a_quota_or_an_unfinished_job_stays(
     http: httpx.AsyncClient, pool: asyncpg.Pool
 ) -> None:
+    await known(pool, "vision")
     now = datetime.now(UTC)
     async with pool.acquire() as conn:
         await repo.upsert_node(conn, "n1", "h1", "h200", 8, now)
@@ -272,7 +287,8 @@ async def test_a_flavor_of_a_node_a_quota_or_an_unfinished_job_stays(
     assert (await delete(http, "flavors/a100")).status_code == 204
 
 
-async def test_a_cohort_with_queues_stays(http: httpx.AsyncClient) -> None:
+async def test_a_cohort_with_queues_stays(http: httpx.AsyncClient, pool: asyncpg.Pool) -> None:
+    await known(pool, "nlp", "vision")
     await put(http, "cohorts/research", {})
     for team in ("nlp", "vision"):
         await put(http, f"queues/{team}", {"team": team, "cohort": "research"})
@@ -287,6 +303,7 @@ async def test_a_cohort_with_queues_stays(http: httpx.AsyncClient) -> None:
 async def test_a_queue_with_unfinished_jobs_stays_and_finished_ones_keep_their_history(
     http: httpx.AsyncClient, pool: asyncpg.Pool
 ) -> None:
+    await known(pool, "vision")
     await put(http, "flavors/cpu", {})
     await put(http, "queues/vision", {"team": "vision", "quotas": {"cpu": {"nominal": 2}}})
     for n in range(1, 8):
@@ -328,6 +345,7 @@ async def test_a_priority_class_of_unfinished_jobs_stays(
 async def test_after_its_queue_is_deleted_a_team_schedules_in_its_implicit_queue(
     http: httpx.AsyncClient, scheduler: Scheduler
 ) -> None:
+    await known(scheduler.pool, "vision")
     await scheduler.heartbeat("n1", gpus=2)
     await put(http, "queues/vision", {"team": "vision", "quotas": {"cpu": {"nominal": 4}}})
     await scheduler.submit("job-1", gpus=3)  # more than the cluster has: it waits
@@ -399,7 +417,8 @@ async def test_bodies_are_screened_before_the_model(
     assert await pool.fetchval("SELECT count(*) FROM cohorts") == 0
 
 
-async def test_queues_come_a_page_at_a_time(http: httpx.AsyncClient) -> None:
+async def test_queues_come_a_page_at_a_time(http: httpx.AsyncClient, pool: asyncpg.Pool) -> None:
+    await known(pool, "q1", "q2", "q3", "q4", "q5")
     # GET /v1/admin/queues answered every queue in one body, and every team has one (its
     # implicit queue at least). Now a page of at most limit, the rest by the Link cursor.
     assert (await put(http, "flavors/a100", {"description": "A100"})).status_code in (200, 201)

@@ -18,6 +18,8 @@ from tests.integration.submission import test_data_admission as admission
 from tests.integration.submission.test_data_admission import Platform, errors, model_version
 from trainyard_platform.services.billing.api import create_app as billing_app
 from trainyard_platform.services.billing.service import MIGRATIONS as BILLING_MIGRATIONS
+from trainyard_platform.services.scheduler.api import create_app as scheduler_app
+from trainyard_platform.services.scheduler.service import MIGRATIONS as SCHEDULER_MIGRATIONS
 from trainyard_platform.services.submission import identity
 from trainyard_platform.services.submission.config import Settings
 from trainyard_platform.shared.access import service_guard
@@ -43,6 +45,20 @@ async def billing(
         transport = httpx.ASGITransport(app=billing_app(bp, guard, []))  # type: ignore[arg-type]
         async with httpx.AsyncClient(transport=transport, base_url="http://billing") as client:
             yield client
+
+
+@pytest.fixture
+async def scheduler(
+    platform: Platform, settings: Settings, database_url: str
+) -> AsyncIterator[tuple[httpx.AsyncClient, asyncpg.Pool]]:
+    """The scheduler's app behind its real guard, asking the platform's submission app."""
+    database = settings.database.model_copy(update={"url": database_url})
+    async with open_pool(database, "scheduler") as sp:
+        await migrate(sp, "scheduler", SCHEDULER_MIGRATIONS)
+        guard = service_guard(SecretStr(BREAK_GLASS), IdentityClient("", http=platform.submission))
+        transport = httpx.ASGITransport(app=scheduler_app(sp, guard, []))  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://scheduler") as client:
+            yield client, sp
 
 
 async def count(pool: asyncpg.Pool, table: str) -> int:
@@ -116,3 +132,39 @@ async def test_an_operator_names_only_teams_that_exist(
     assert made.status_code == 201, made.text
     own = await p.registry.post(f"/v1/datasets/{p.ml}/y/versions", json=body, headers=operator)
     assert own.status_code == 201, own.text
+
+
+async def test_a_queue_is_made_only_for_a_team_that_exists(
+    platform: Platform, pool: asyncpg.Pool, scheduler: tuple[httpx.AsyncClient, asyncpg.Pool]
+) -> None:
+    """``PUT /v1/admin/queues/{name}`` stored a queue for any team it was given: a typo
+    (``"team": "visoin"``) made a queue no job would ever use, answered 201."""
+    p = platform
+    http, scheduler_pool = scheduler
+    operator = {
+        "Authorization": f"Bearer {await identity.bootstrap_user(pool, 'platform', 'root', Role.OPERATOR)}"
+    }
+    glass = {"Authorization": f"Bearer {BREAK_GLASS}"}
+    typo = await http.put("/v1/admin/queues/typo", json={"team": "no-such-team"}, headers=operator)
+    assert errors(typo) == {"team": "no team 'no-such-team'"}
+    refused = errors(await http.put("/v1/admin/queues/ml", json={"team": p.ml}, headers=glass))
+    assert "operator token" in refused["team"]
+    assert await count(scheduler_pool, "queues") == 0
+    assert await count(scheduler_pool, "audit_log") == 0
+
+    made = await http.put("/v1/admin/queues/ml", json={"team": p.ml}, headers=operator)
+    assert made.status_code == 201, made.text
+    # A queue keeps its team: replacing it asks nothing, so it works with the break-glass
+    # token while the submission service is down; so does a queue for a team the scheduler
+    # has seen (its first job made its implicit queue).
+    again = await http.put("/v1/admin/queues/ml", json={"team": p.ml, "weight": 2}, headers=glass)
+    assert again.status_code == 200, again.text
+    await scheduler_pool.execute(
+        "INSERT INTO queues (name, team, implicit) VALUES ($1, $2, true)",
+        f"default:{p.vision}",
+        p.vision,
+    )
+    seen = await http.put("/v1/admin/queues/vision", json={"team": p.vision}, headers=glass)
+    assert seen.status_code == 201, seen.text
+    member = await http.put("/v1/admin/queues/x", json={"team": p.ml}, headers=p.auth(p.ml))
+    assert member.status_code == 403
