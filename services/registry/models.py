@@ -16,7 +16,8 @@ Contract:
   says what it freed. A version registered before the registry kept copies owns no object:
   nothing is freed (its artifact is the job's checkpoint).
 - ``move_alias`` points an alias at a live version of the model under the model's row
-  lock, appending the move (who, from, to, when) to ``model_alias_moves``.
+  lock, appending the move (who, from, to, when) to ``model_alias_moves``. A model has at
+  most ``MAX_ALIASES`` aliases: every model listing and detail carries all of them.
 """
 
 from __future__ import annotations
@@ -36,7 +37,12 @@ from trainyard_platform.services.registry.domain import ModelVersion, Origin, Ru
 from trainyard_platform.shared import outbox
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import CheckpointRef
+from trainyard_platform.shared.http_errors import RequestInvalid
 from trainyard_platform.shared.storage import ObjectStore
+
+MAX_ALIASES = 100
+"""The most aliases a model may have (a new one past it is refused): the model's detail, each
+model of ``GET /v1/models`` and ``GET .../aliases`` answer all of them in one body."""
 
 log = logging.getLogger(__name__)
 
@@ -190,9 +196,17 @@ async def move_alias(
     now: datetime,
 ) -> int | None:
     """Point ``alias`` at ``target`` (the model's row locked by the caller); the version it
-    pointed at before. ``VersionGone`` when ``target`` is deleted."""
+    pointed at before. ``VersionGone`` when ``target`` is deleted; ``RequestInvalid`` on
+    ``alias`` for a new alias of a model that has ``MAX_ALIASES`` already."""
     if target.deleted_at is not None:
         raise VersionGone(
             f"version {target.version} of {target.team}/{target.model_name} was deleted"
+        )
+    aliases = await models_repo.aliases(conn, model_id)
+    if alias not in aliases and len(aliases) >= MAX_ALIASES:
+        raise RequestInvalid.one(
+            "alias",
+            f"model {target.team}/{target.model_name} has {len(aliases)} aliases, the most a "
+            f"model may have is {MAX_ALIASES}: move or delete one of them",
         )
     return await models_repo.set_alias(conn, model_id, alias, target.version, actor, now)

@@ -22,6 +22,7 @@ from tests.integration.registry.modelkit import (
     register,
 )
 from tests.integration.registry.test_registry import succeeded
+from trainyard_platform.services.registry.models import MAX_ALIASES
 from trainyard_platform.shared.storage import ObjectStore
 
 pytestmark = pytest.mark.integration
@@ -365,3 +366,26 @@ async def test_alias_moves_come_a_page_at_a_time(pool: asyncpg.Pool, store: Obje
             assert refused.json()["errors"][0]["field"] == next(iter(bad)), refused.text
         never = await client.get("/v1/models/vision/moved/aliases/candidate/moves")
         assert never.status_code == 404
+
+
+async def test_a_model_has_at_most_max_aliases(pool: asyncpg.Pool, store: ObjectStore) -> None:
+    # A member could give a model any number of aliases, and its detail, its row in
+    # GET /v1/models and GET .../aliases carry every one of them in one body. Now a new alias
+    # past MAX_ALIASES is a 422 naming alias and the limit; moving or deleting one still works.
+    job = await job_with_checkpoints(pool, store, [10], name="tagged")
+    async with app_as(pool, store, VISION) as client:
+        assert (await register(client, "vision", "tagged", job)).status_code == 201
+        base = "/v1/models/vision/tagged/aliases"
+        for n in range(MAX_ALIASES):
+            made = await client.put(f"{base}/a{n:03}", json={"version": 1})
+            assert made.status_code == 200, made.text
+        refused = await client.put(f"{base}/one-more", json={"version": 1})
+        assert refused.status_code == 422, refused.text
+        (error,) = refused.json()["errors"]
+        assert error["field"] == "alias"
+        assert f"the most a model may have is {MAX_ALIASES}" in error["message"]
+        listed = (await client.get(base)).json()["aliases"]
+        assert len(listed) == MAX_ALIASES and "one-more" not in listed
+        assert (await client.put(f"{base}/a000", json={"version": 1})).status_code == 200
+        assert (await client.delete(f"{base}/a000")).status_code == 200
+        assert (await client.put(f"{base}/one-more", json={"version": 1})).status_code == 200
