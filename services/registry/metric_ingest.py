@@ -4,10 +4,17 @@ The summaries of the (job, key) pairs a batch touches and the extremes of the bl
 steps it touches are read ``FOR UPDATE``, merged in Python (``metrics.merge``,
 ``metrics.merge_extremes``) and written back with one statement each for new and changed
 rows; every point goes in with one ``COPY``. Redelivery is the inbox's to drop (event ids).
-Tables are unqualified: the pool's ``search_path`` is the ``registry`` schema."""
+Tables are unqualified: the pool's ``search_path`` is the ``registry`` schema.
+
+A job has at most ``MAX_METRIC_KEYS`` series: its code chooses its keys, and its metric
+summary and every run row of its experiment carry all of them. Points of a key past the
+limit are not stored (a warning names the job and how many keys were left out; the job's
+metric log keeps them). Batches of one job are stored one after the other (an advisory lock
+per job), so concurrent batches cannot both take the last free places."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -20,6 +27,25 @@ from trainyard_platform.services.registry.metrics import Extremes, Point, Summar
 from trainyard_platform.shared.events.payloads import JobMetrics
 
 Row = Mapping[str, Any]
+log = logging.getLogger(__name__)
+
+MAX_METRIC_KEYS = 1000
+"""The most metric keys (series) one job may have."""
+
+
+def over_the_limit(
+    new: Sequence[tuple[str, str]], counts: Mapping[str, int], limit: int = MAX_METRIC_KEYS
+) -> set[tuple[str, str]]:
+    """Of the ``new`` (job, key) series (sorted), those that would take a job past ``limit``
+    series, given how many each job has (``counts``): the first come, the rest are left out."""
+    taken = dict(counts)
+    refused = set()
+    for job, key in new:
+        if taken.get(job, 0) >= limit:
+            refused.add((job, key))
+        else:
+            taken[job] = taken.get(job, 0) + 1
+    return refused
 
 
 # --- ingest -------------------------------------------------------------------------------
@@ -62,6 +88,11 @@ async def ingest(conn: asyncpg.Connection, batches: Sequence[JobMetrics]) -> int
     if not grouped:
         return 0
     job_ids = sorted({job for job, _ in grouped})
+    for job in job_ids:  # in one order, so two transactions never wait on each other
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended('registry.metric_series:' || $1, 0))",
+            job,
+        )
     pairs = sorted(grouped)
     labels = {
         r["job_id"]: r["labels"] or {}
@@ -82,6 +113,27 @@ async def ingest(conn: asyncpg.Connection, batches: Sequence[JobMetrics]) -> int
             [k for _, k in pairs],
         )
     }
+    new = [pair for pair in pairs if pair not in existing]
+    if new:
+        counts = await conn.fetch(
+            "SELECT job_id, count(*) AS n FROM metric_series WHERE job_id = ANY($1) "
+            "GROUP BY job_id",
+            sorted({job for job, _ in new}),
+        )
+        refused = over_the_limit(new, {r["job_id"]: r["n"] for r in counts})
+        for job in sorted({job for job, _ in refused}):
+            log.warning(
+                "job %s reported more than %d metric keys: %d left out of its series (kept "
+                "in its metric log)",
+                job,
+                MAX_METRIC_KEYS,
+                sum(1 for j, _ in refused if j == job),
+            )
+        pairs = [pair for pair in pairs if pair not in refused]
+        for pair in refused:
+            del grouped[pair]
+        if not grouped:
+            return 0
     updates: list[tuple[Any, ...]] = []
     inserts: list[tuple[Any, ...]] = []
     for job, key in pairs:

@@ -20,6 +20,7 @@ from trainyard_platform.services.registry import metrics
 from trainyard_platform.services.registry.api import create_app
 from trainyard_platform.services.registry.domain import RunNotRecorded
 from trainyard_platform.services.registry.handlers import RegistryHandlers
+from trainyard_platform.services.registry.metric_ingest import MAX_METRIC_KEYS
 from trainyard_platform.shared.access import remember
 from trainyard_platform.shared.bus import Bus, Delivery, Reject
 from trainyard_platform.shared.events import Envelope, Payload
@@ -468,3 +469,43 @@ async def test_experiments_and_runs_come_a_page_at_a_time(pool: asyncpg.Pool) ->
             refused = await client.get(bad_path, params=bad)
             assert refused.status_code == 422, (bad, refused.text)
             assert refused.json()["errors"][0]["field"] == next(iter(bad)), refused.text
+
+
+async def test_a_job_has_at_most_max_metric_keys(
+    pool: asyncpg.Pool, vision: httpx.AsyncClient
+) -> None:
+    # A job's code chooses its metric keys: one reporting a new key at every step grew its
+    # series without bound, and GET /v1/jobs/{id}/metrics and every run row of its
+    # experiment carried all of them. Now the series past MAX_METRIC_KEYS are left out.
+    j = job()
+    apply = idempotent_batches(pool, "registry", RegistryHandlers().dispatch_batch)
+    keys = [f"k{n:05}" for n in range(MAX_METRIC_KEYS + 5)]
+    events = [
+        JobMetrics(
+            job_id=j,
+            allocation_id=f"a-{j}",
+            node_id="node-a",
+            seq=seq,
+            points=[MetricPoint(key=k, step=0, time=T0, value=1.0) for k in keys[at : at + 100]],
+        )
+        for seq, at in enumerate(range(0, len(keys), 100))
+    ]
+    await apply([wrapped(started(j, spec())), *map(wrapped, events)])
+    summary = (await vision.get(f"/v1/jobs/{j}/metrics")).json()["metrics"]
+    assert [m["key"] for m in summary] == keys[:MAX_METRIC_KEYS]
+    # A key it has goes on; a new one stays out.
+    more = JobMetrics(
+        job_id=j,
+        allocation_id=f"a-{j}",
+        node_id="node-a",
+        seq=len(events),
+        points=[
+            MetricPoint(key=keys[0], step=1, time=T0, value=2.0),
+            MetricPoint(key="fresh", step=1, time=T0, value=2.0),
+        ],
+    )
+    await apply([wrapped(more)])
+    summary = (await vision.get(f"/v1/jobs/{j}/metrics")).json()["metrics"]
+    assert len(summary) == MAX_METRIC_KEYS
+    assert next(m for m in summary if m["key"] == keys[0])["count"] == 2
+    assert (await vision.get(f"/v1/jobs/{j}/metrics/fresh")).status_code == 404
