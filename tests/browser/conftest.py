@@ -3,20 +3,31 @@
 Chromium and its driver come from Debian's ``chromium`` and ``chromium-driver`` packages
 (``.ci/run`` installs them when it runs as root with apt-get). Without them the tests are
 skipped, saying why; with ``TRAINYARD_BROWSER_TESTS=required`` (CI) they fail instead.
+
+Both modules drive one local stack (``stack``, started once for the package): a start and a
+stop of the whole platform is most of a minute on a loaded machine. Each module keeps to
+teams of its own, so neither sees the other's jobs, experiments or models.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from trainyard_platform.deploy.local.stack import LocalStack
+
 CHROMIUM = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 DRIVER = ("/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver")
 WINDOW = (1360, 900)
+PRICES = '{"cpu": 36.0}'
+"""A price per GPU-hour that makes seconds of CPU cost cents."""
+RUNNER_GPUS = 2
+"""The one runner's virtual GPUs (flavor ``cpu``): a job asking for more waits for good."""
 
 
 def _first(paths: tuple[str, ...], name: str) -> str | None:
@@ -60,3 +71,20 @@ def browser() -> Iterator[object]:
         yield session
     finally:
         session.quit()
+
+
+@pytest.fixture(scope="package")
+def stack() -> Iterator[LocalStack]:
+    """The whole platform, one runner of ``RUNNER_GPUS`` virtual GPUs, shared by the modules.
+
+    Job uids of its own, so another local stack on this host (another test run) does not
+    hold them."""
+    data = Path(tempfile.mkdtemp(prefix="trainyard-browser-"))
+    env = {"TRAINYARD_BILLING_PRICES": PRICES, "TRAINYARD_RUNNER_JOB_UID_BASE": "264064"}
+    try:
+        with LocalStack(
+            data / "stack", storage="file", runner_gpus=RUNNER_GPUS, extra_env=env
+        ) as running:
+            yield running
+    finally:
+        shutil.rmtree(data, ignore_errors=True)

@@ -16,6 +16,7 @@ but the model B granted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import shutil
@@ -56,8 +57,6 @@ TRAIN = textwrap.dedent(
     print("training done at step", step, flush=True)
     """
 )
-PRICES = '{"cpu": 36.0}'
-"""A price per GPU-hour that makes seconds of CPU cost cents."""
 WAIT_S = 20.0
 
 
@@ -87,84 +86,91 @@ def _until(what: str, check: Callable[[], Any], timeout_s: float = 120) -> Any:
 
 
 @pytest.fixture(scope="module")
-def world() -> Iterator[World]:
+def world(stack: LocalStack) -> Iterator[World]:
+    """Teams ``vision``, ``audio``, ``platform`` (the operator) and, made by the tests that
+    need them, ``scale`` and ``many``: this module's own on the package's stack. Its jobs
+    still living at the end are cancelled, so the next module finds the GPUs free."""
     data = Path(tempfile.mkdtemp(prefix="trainyard-browser-"))
     project = data / "project"
     project.mkdir()
     (project / "train.py").write_text(TRAIN)
     shots = Path(os.environ.get("TRAINYARD_SCREENSHOT_DIR") or data / "screenshots")
     shots.mkdir(parents=True, exist_ok=True)
-    # Job uids of their own, so another local stack on this host (another test run) does
-    # not hold them.
-    env = {"TRAINYARD_BILLING_PRICES": PRICES, "TRAINYARD_RUNNER_JOB_UID_BASE": "264064"}
+    living: list[tuple[TrainyardClient, str]] = []
     try:
-        with LocalStack(data / "stack", storage="file", runner_gpus=2, extra_env=env) as stack:
-            tokens = {
-                "a": stack.bootstrap_admin("vision", "alice"),
-                "b": stack.bootstrap_admin("audio", "bob"),
-                # A second user of team A, whose job is billed to another project.
-                "a2": stack.bootstrap_admin("vision", "dave"),
-                "operator": stack.bootstrap_admin("platform", "root", role="operator"),
-            }
-            a = TrainyardClient(stack.submission_url, tokens["a"])
-            b = TrainyardClient(stack.submission_url, tokens["b"])
-            dave = TrainyardClient(stack.submission_url, tokens["a2"])
-            bundle = pack(project, out_dir=data)
-            code = {"kind": "bundle", "sha256": bundle.sha256, "size_bytes": bundle.size_bytes}
-            for client in (a, b):
-                client.upload_bundle(bundle.path, bundle.sha256)
-            ids = {
-                # Both register their checkpoint as a model on success (the registry
-                # registers only jobs whose spec asks for it).
-                "other": _submit(
-                    b, code, "audio-secret-run", experiment="audio-only", register_model=True
-                ),
-                "finished": _submit(
-                    a,
-                    code,
-                    "vision-finished",
-                    experiment="lr-sweep",
-                    hyperparameters={"lr": 0.1},
-                    register_model=True,
-                ),
-            }
-            # Billed to another project by another user: the costs page's breakdowns.
-            ids["tuning"] = _submit(dave, code, "vision-tuning", project="tuning")
-            for key, client in (("other", b), ("finished", a), ("tuning", dave)):
-                view = client.wait(ids[key], timeout_s=180)
-                assert view["status"] == "SUCCEEDED", view
-            # A reproduction of the finished job with another learning rate, on purpose: its
-            # verdict names what changed.
-            reproduction = a.call(
-                "POST",
-                f"/v1/jobs/{ids['finished']}/reproduce",
-                {"hyperparameters": {"lr": 0.05}},
-            )
-            ids["reproduction"] = str(reproduction["id"])
-            view = a.wait(ids["reproduction"], timeout_s=180)
-            assert view["status"] == "SUCCEEDED", view
-            ids["running"] = _submit(
+        tokens = {
+            "a": stack.bootstrap_admin("vision", "alice"),
+            "b": stack.bootstrap_admin("audio", "bob"),
+            # A second user of team A, whose job is billed to another project.
+            "a2": stack.bootstrap_admin("vision", "dave"),
+            "operator": stack.bootstrap_admin("platform", "root", role="operator"),
+        }
+        a = TrainyardClient(stack.submission_url, tokens["a"])
+        b = TrainyardClient(stack.submission_url, tokens["b"])
+        dave = TrainyardClient(stack.submission_url, tokens["a2"])
+        bundle = pack(project, out_dir=data)
+        code = {"kind": "bundle", "sha256": bundle.sha256, "size_bytes": bundle.size_bytes}
+        for client in (a, b):
+            client.upload_bundle(bundle.path, bundle.sha256)
+        ids = {
+            # Both register their checkpoint as a model on success (the registry
+            # registers only jobs whose spec asks for it).
+            "other": _submit(
+                b, code, "audio-secret-run", experiment="audio-only", register_model=True
+            ),
+            "finished": _submit(
                 a,
                 code,
-                "vision-running",
+                "vision-finished",
                 experiment="lr-sweep",
-                hyperparameters={"lr": 0.02, "steps": 100000, "sleep": 0.25},
-                max_runtime_seconds=900,
-            )
-            _until("the long job runs", lambda: (a.get_job(ids["running"])["step"] or 0) >= 3)
-            ids["pending"] = _submit(a, code, "vision-pending", gpus=2)
-            _until(
-                "the 2-GPU job has a reason to wait",
-                lambda: (a.get_job(ids["pending"])["pending"] or {}).get("reason"),
-                60,
-            )
-            _until("the model is registered", lambda: a.get_job(ids["finished"])["model"], 60)
-            _until("the cost is final", lambda: a.get_job(ids["finished"])["cost"]["final"], 60)
-            registry = Registry(stack.service_urls["registry"], tokens["a"])
-            _until("the reproduction's verdict", lambda: registry.verdict(ids["reproduction"]), 60)
-            jobs = {key: (b if key == "other" else a).get_job(job) for key, job in ids.items()}
-            yield World(stack, tokens, jobs, shots)
+                hyperparameters={"lr": 0.1},
+                register_model=True,
+            ),
+        }
+        # Billed to another project by another user: the costs page's breakdowns.
+        ids["tuning"] = _submit(dave, code, "vision-tuning", project="tuning")
+        for key, client in (("other", b), ("finished", a), ("tuning", dave)):
+            view = client.wait(ids[key], timeout_s=180)
+            assert view["status"] == "SUCCEEDED", view
+        # A reproduction of the finished job with another learning rate, on purpose: its
+        # verdict names what changed.
+        reproduction = a.call(
+            "POST",
+            f"/v1/jobs/{ids['finished']}/reproduce",
+            {"hyperparameters": {"lr": 0.05}},
+        )
+        ids["reproduction"] = str(reproduction["id"])
+        view = a.wait(ids["reproduction"], timeout_s=180)
+        assert view["status"] == "SUCCEEDED", view
+        ids["running"] = _submit(
+            a,
+            code,
+            "vision-running",
+            experiment="lr-sweep",
+            hyperparameters={"lr": 0.02, "steps": 100000, "sleep": 0.25},
+            max_runtime_seconds=900,
+        )
+        living.append((a, ids["running"]))
+        _until("the long job runs", lambda: (a.get_job(ids["running"])["step"] or 0) >= 3)
+        ids["pending"] = _submit(a, code, "vision-pending", gpus=2)
+        living.append((a, ids["pending"]))
+        _until(
+            "the 2-GPU job has a reason to wait",
+            lambda: (a.get_job(ids["pending"])["pending"] or {}).get("reason"),
+            60,
+        )
+        _until("the model is registered", lambda: a.get_job(ids["finished"])["model"], 60)
+        _until("the cost is final", lambda: a.get_job(ids["finished"])["cost"]["final"], 60)
+        registry = Registry(stack.service_urls["registry"], tokens["a"])
+        _until("the reproduction's verdict", lambda: registry.verdict(ids["reproduction"]), 60)
+        jobs = {key: (b if key == "other" else a).get_job(job) for key, job in ids.items()}
+        yield World(stack, tokens, jobs, shots)
     finally:
+        for client, job in living:
+            # A test cancels them once it no longer needs them; one that failed first did
+            # not, and the next module's jobs would wait for these GPUs.
+            with contextlib.suppress(Exception):
+                client.cancel(job)
         shutil.rmtree(data, ignore_errors=True)
 
 

@@ -1,22 +1,21 @@
 """The dashboard where people stumble: the keyboard, odd links, odd tokens, long names.
 
-A small local stack (one runner of one virtual GPU) and one team whose job asks for two GPUs,
-so it waits for good: a living job whose page and row redraw themselves every few seconds.
-Each test drives headless Chromium as a person would and checks what they would see.
+The package's local stack (one runner of ``RUNNER_GPUS`` virtual GPUs) and a team of this
+module's own (``speech``) whose job asks for more GPUs than that, so it waits for good: a living
+job whose page and row redraw themselves every few seconds. Each test drives headless Chromium
+as a person would and checks what they would see.
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.browser.conftest import RUNNER_GPUS
 from tests.browser.test_dashboard import _until, script_errors, wait
 from trainyard_platform.deploy.local.stack import LocalStack
 
@@ -25,7 +24,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 LONG_NAME = "a-very-long-run-name-" + "x" * 79
 """As long as a job name may be (100 characters), with no space to break it at."""
 ONE_RUN = "one-run-" + "y" * 92
-"""A run of experiment ``lr-sweep``, as long a name as ``LONG_NAME``."""
+"""A run of experiment ``EXPERIMENT``, as long a name as ``LONG_NAME``."""
+EXPERIMENT = "long-runs"
+"""This module's experiment, named as no other module's is (an operator lists them all)."""
+TEAM = "speech"
+"""This module's team: the other module's teams and their experiments are not in its lists."""
+TOO_MANY = RUNNER_GPUS + 1
+"""GPUs a job asks for that the cluster does not have: it waits for good."""
 
 
 @dataclass
@@ -42,7 +47,7 @@ class Stack:
 
 
 def _submit(stack: LocalStack, token: str, name: str, **spec: Any) -> str:
-    body = {"name": name, "gpus": 2, "gpu_flavor": "cpu", "command": ["sleep", "1"], **spec}
+    body = {"name": name, "gpus": TOO_MANY, "gpu_flavor": "cpu", "command": ["sleep", "1"], **spec}
     answer = httpx.post(
         f"{stack.submission_url}/v1/jobs",
         json=body,
@@ -54,41 +59,35 @@ def _submit(stack: LocalStack, token: str, name: str, **spec: Any) -> str:
 
 
 @pytest.fixture(scope="module")
-def small() -> Iterator[Stack]:
-    data = Path(tempfile.mkdtemp(prefix="trainyard-browser-"))
-    env = {"TRAINYARD_RUNNER_JOB_UID_BASE": "266064"}
-    try:
-        with LocalStack(data / "stack", storage="file", runner_gpus=1, extra_env=env) as stack:
-            token = stack.bootstrap_admin("vision", "alice")
-            operator = stack.bootstrap_admin("platform", "root", role="operator")
-            waiting = _submit(stack, token, "waits-for-two")
-            _submit(stack, token, LONG_NAME)
-            # Two runs of an experiment (the registry makes one when a run starts), with
-            # names as long as names go and parameters that differ.
-            for run, lr in ((ONE_RUN, 0.1), (ONE_RUN.replace("-y", "-z"), 0.2)):
-                _submit(
-                    stack,
-                    token,
-                    run,
-                    gpus=1,
-                    command=["true"],
-                    experiment="lr-sweep",
-                    hyperparameters={"lr": lr},
-                )
-            experiments = f"{stack.service_urls['registry']}/v1/experiments"
-            _until(
-                "the experiment's two runs",
-                lambda: [
-                    e
-                    for e in httpx.get(
-                        experiments, headers={"Authorization": f"Bearer {token}"}, timeout=10
-                    ).json()["experiments"]
-                    if e["runs"] == 2
-                ],
-            )
-            yield Stack(stack, token, operator, waiting)
-    finally:
-        shutil.rmtree(data, ignore_errors=True)
+def small(stack: LocalStack) -> Iterator[Stack]:
+    token = stack.bootstrap_admin(TEAM, "alice")
+    operator = stack.bootstrap_admin("platform", "rita", role="operator")
+    waiting = _submit(stack, token, "waits-for-more")
+    _submit(stack, token, LONG_NAME)
+    # Two runs of an experiment (the registry makes one when a run starts), with
+    # names as long as names go and parameters that differ.
+    for run, lr in ((ONE_RUN, 0.1), (ONE_RUN.replace("-y", "-z"), 0.2)):
+        _submit(
+            stack,
+            token,
+            run,
+            gpus=1,
+            command=["true"],
+            experiment=EXPERIMENT,
+            hyperparameters={"lr": lr},
+        )
+    experiments = f"{stack.service_urls['registry']}/v1/experiments"
+    _until(
+        "the experiment's two runs",
+        lambda: [
+            e
+            for e in httpx.get(
+                experiments, headers={"Authorization": f"Bearer {token}"}, timeout=10
+            ).json()["experiments"]
+            if e["runs"] == 2
+        ],
+    )
+    yield Stack(stack, token, operator, waiting)
 
 
 def sign_in(driver: Any, small: Stack, route: str = "/jobs", token: str | None = None) -> None:
@@ -283,7 +282,7 @@ def test_a_service_that_hangs_is_named_and_the_rest_still_works(browser: Any, sm
         )
         assert not driver.find_elements("css selector", "main > .loading")
         driver.execute_script("location.hash = '/jobs'")
-        wait(driver, "the jobs", lambda d: "waits-for-two" in d.find_element("id", "jobs").text)
+        wait(driver, "the jobs", lambda d: "waits-for-more" in d.find_element("id", "jobs").text)
     finally:
         small.stack.resume("registry")
     assert not script_errors(driver)
@@ -312,13 +311,13 @@ def test_an_operator_reads_every_teams_experiments_as_such(browser: Any, small: 
     main = wait(driver, "the list", lambda d: d.find_elements("css selector", "main table"))[0]
     header = driver.find_element("css selector", ".page-header").text
     assert "Every team" in header and "Team platform" not in header
-    row = main.find_element("xpath", ".//tr[.//a[.='lr-sweep']]").text
-    assert "vision" in row
-    main.find_element("link text", "lr-sweep").click()
+    row = main.find_element("xpath", f".//tr[.//a[.='{EXPERIMENT}']]").text
+    assert TEAM in row
+    main.find_element("link text", EXPERIMENT).click()
     wait(
         driver,
         "the experiment's team",
-        lambda d: "Team vision" in d.find_element("css selector", ".page-header").text,
+        lambda d: f"Team {TEAM}" in d.find_element("css selector", ".page-header").text,
     )
     assert not script_errors(driver)
 
@@ -328,7 +327,7 @@ def test_a_tag_the_registry_refuses_is_refused_naming_the_rule(browser: Any, sma
     the registry's rule for tags, not "Not Found"; a good tag is then added."""
     driver = browser
     sign_in(driver, small, "/experiments")
-    wait(driver, "the list", lambda d: d.find_elements("link text", "lr-sweep"))[0].click()
+    wait(driver, "the list", lambda d: d.find_elements("link text", EXPERIMENT))[0].click()
     field = wait(
         driver, "the tag field", lambda d: d.find_elements("css selector", "input.tag-input")
     )
@@ -408,7 +407,9 @@ def test_a_status_link_typed_in_lower_case_filters(browser: Any, small: Stack) -
     set to pending; a status that does not exist lists every job with the filter on "All"."""
     driver = browser
     sign_in(driver, small, "/jobs?status=pending")
-    wait(driver, "the pending jobs", lambda d: "waits-for-two" in d.find_element("id", "jobs").text)
+    wait(
+        driver, "the pending jobs", lambda d: "waits-for-more" in d.find_element("id", "jobs").text
+    )
     assert "one-run" not in driver.find_element("id", "jobs").text
     assert driver.find_element("id", "status-filter").get_attribute("value") == "PENDING"
     driver.get("about:blank")
@@ -425,7 +426,7 @@ def test_an_experiment_of_long_named_runs_stays_within_the_window(
     differ (one column per run, headed by its name) keep the page from scrolling sideways."""
     driver = browser
     sign_in(driver, small, "/experiments")
-    wait(driver, "the list", lambda d: d.find_elements("link text", "lr-sweep"))[0].click()
+    wait(driver, "the list", lambda d: d.find_elements("link text", EXPERIMENT))[0].click()
     wait(
         driver,
         "both runs",
