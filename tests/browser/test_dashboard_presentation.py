@@ -346,3 +346,48 @@ def test_every_text_on_every_page_has_the_contrast_wcag_aa_asks(
     found = [f"{page}: {failure}" for page, each in failures.items() for failure in each]
     assert not found, "\n".join(found)
     assert not script_errors(driver)
+
+
+NARROW = """
+const e = document.documentElement;
+const squeezed = [...document.querySelectorAll('dl.kv')].flatMap((list) => [...list.querySelectorAll(':scope > dd')]
+  .filter((dd) => dd.getBoundingClientRect().width < list.getBoundingClientRect().width / 2)
+  .map((dd) => `${dd.previousElementSibling.textContent.slice(0, 30)}: ${Math.round(dd.getBoundingClientRect().width)} px`));
+return {wide: e.scrollWidth > e.clientWidth ? `${e.scrollWidth} px in ${e.clientWidth}` : null, squeezed};
+"""
+"""Whether the page scrolls sideways, and the values of key-value lists squeezed to less than
+half of their list's width (a long key took the room)."""
+
+
+def test_a_phone_wide_window_shows_every_page_without_scrolling_sideways(
+    browser: Any, priced: Stack
+) -> None:
+    """390 pixels wide: a 100-character job or model name in a page's title wraps, the charts,
+    columns and nodes fit the width, and a key-value list whose key is a 92-character metric
+    name leaves its values room (wide tables still scroll inside their card)."""
+    driver = browser
+    run, model = priced.runs[0], priced.runs[0]["model"]
+    driver.set_window_size(390, 900)
+    try:
+        sign_in(driver, priced)
+        found = {}
+        for route, ready in (
+            ("/jobs", "waits-for-two"),
+            (f"/jobs/{run['id']}", LONG_KEY),
+            (f"/jobs/{priced.waiting}", "Why it waits"),
+            ("/experiments", "long-sweep"),
+            ("/queues", "waits-for-two"),
+            ("/nodes", "Nodes"),
+            ("/models", model["name"]),
+            (f"/models/vision/{model['name']}", "Lineage of"),
+            ("/costs", "Most expensive jobs"),
+            ("/waste", "Jobs that wasted most"),
+        ):
+            visit(driver, route, ready, 30)
+            measured = driver.execute_script(NARROW)
+            if measured["wide"] or measured["squeezed"]:
+                found[route] = measured
+        assert not found
+        assert not script_errors(driver)
+    finally:
+        driver.set_window_size(*WINDOW)
