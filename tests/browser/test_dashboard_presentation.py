@@ -141,7 +141,7 @@ def amount(text: str) -> float:
 def test_a_tiny_cost_is_shown_as_what_it_is(browser: Any, priced: Stack) -> None:
     """A run of ten seconds at a cent a GPU-hour costs a few hundred-thousandths of a
     dollar: the job's page and the jobs list say that amount (two significant digits), not
-    ``0.0000 USD``."""
+    ``0.0000 USD``, the list on one line."""
     driver = browser
     run = priced.runs[0]
     cost, currency = run["cost"]["cost"], run["cost"]["currency"]
@@ -153,6 +153,13 @@ def test_a_tiny_cost_is_shown_as_what_it_is(browser: Any, priced: Stack) -> None
     visit(driver, "/jobs", "waits-for-two")
     shown = cell(driver, run["id"], "Cost")
     assert amount(shown) == pytest.approx(cost, rel=0.05), shown
+    # The amount and its currency on one line, however narrow the column.
+    lines = driver.execute_script(
+        "const range = document.createRange(); range.selectNodeContents(arguments[0]);"
+        "return new Set([...range.getClientRects()].map((r) => Math.round(r.top))).size",
+        driver.find_element("xpath", f"//tr[.//a[@title='{run['id']}']]/td[.='{shown}']"),
+    )
+    assert lines == 1, f"{shown!r} is written on {lines} lines"
     assert not script_errors(driver)
 
 
