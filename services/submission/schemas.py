@@ -203,6 +203,11 @@ def program_problem_of_command(program: str) -> str | None:
     return None
 
 
+FILE_SUFFIXES = (".txt", ".in", ".toml", ".cfg", ".lock")
+"""A requirement whose name ends so is a requirements or project file a person meant to
+list the contents of (``requirements.txt``), not a package."""
+
+
 def _requirement(value: str) -> str:
     if value.lstrip().startswith("-"):
         raise ValueError("must be a requirement such as 'torch>=2.3', not a pip option")
@@ -217,6 +222,13 @@ def _requirement(value: str) -> str:
             "must be a PEP 508 requirement: name[extras], optional versions "
             "(torch>=2.3,<3), optional marker (; python_version>='3.11'), or "
             "name @ https://.../name-1.0-py3-none-any.whl"
+        )
+    name = re.match(r"[A-Za-z0-9._-]+", value.strip())
+    if name is not None and name.group().lower().endswith(FILE_SUFFIXES):
+        # A valid project name, but what a person means is the file's contents.
+        raise ValueError(
+            f"{name.group()!r} is a file name, not a package: list the packages themselves, "
+            "one item each (the lines of a requirements file)"
         )
     url = re.search(r"@ *([^\s;]+)", value)
     if url is not None and not WHEEL_URL.fullmatch(url.group(1)):

@@ -360,6 +360,24 @@ def test_requirements_that_could_inject_pip_options_are_refused(
     assert says in errors["requirements[1]"]
 
 
+@pytest.mark.parametrize(
+    "requirement", ["requirements.txt", "requirements-dev.txt", "requirements.in", "pyproject.toml"]
+)
+def test_a_requirement_that_names_a_file_says_to_list_the_packages(requirement: str) -> None:
+    """``requirements: [requirements.txt]`` was taken for a package of that name: admitted,
+    then the job failed installing it ("requirements.txt was not found in the package
+    registry")."""
+    assert _errors({**GOOD, "requirements": ["numpy", requirement]}) == {
+        "requirements[1]": f"{requirement!r} is a file name, not a package: list the packages "
+        "themselves, one item each (the lines of a requirements file)"
+    }
+
+
+@pytest.mark.parametrize("requirement", ["discord.py", "zope.interface", "backports.zoneinfo"])
+def test_dotted_package_names_are_packages(requirement: str) -> None:
+    assert _job(requirements=[requirement]).requirements == [requirement]
+
+
 def test_at_most_100_requirements() -> None:
     assert list(_errors({**GOOD, "requirements": ["numpy"] * 101})) == ["requirements"]
 
