@@ -80,3 +80,17 @@ def test_the_checkpoint_guarantee_does_not_promise_one_interval() -> None:
     text = _text("docs/architecture.md")
     assert "at most one checkpoint interval" not in text
     assert "the work since the last uploaded checkpoint" in text
+
+
+def test_the_readmes_own_project_example_asks_for_no_package_built_against_torch() -> None:
+    """README's "Your own project" spec asked for ``requirements: [timm==1.0.9]``. Run as
+    shown (on cpu), the job failed: ``RuntimeError: operator torchvision::nms does not
+    exist``. The runner keeps torch out of a job's environment (it comes from the platform,
+    ``services.runner.environments``) but installs timm's torchvision at its newest version,
+    built against another torch. The example names a requirement that works, and the README
+    says what does not."""
+    readme = _text("README.md")
+    example = readme.split("### Your own project", 1)[1].split("```", 2)[1]
+    assert "timm" not in example and "torchvision" not in example
+    assert "requirements: [einops==0.8.1]" in example
+    assert "built against torch (torchvision, timm, ...)" in readme
