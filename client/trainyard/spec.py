@@ -432,6 +432,7 @@ def _message(error: jsonschema.ValidationError) -> str:
         "type": lambda: (
             "must be "
             + _or([_TYPES.get(t, t) for t in ([value] if isinstance(value, str) else value)])
+            + _type_hint([value] if isinstance(value, str) else list(value), error.instance)
         ),
         "maximum": lambda: f"must be at most {value}",
         "minimum": lambda: f"must be at least {value}",
@@ -453,6 +454,30 @@ def _message(error: jsonschema.ValidationError) -> str:
             )
         return "matches none of the allowed forms (see `trainyard schema`)"
     return str(error.message)
+
+
+_YAML11_BOOLEANS = {"yes": True, "no": False, "on": True, "off": False, "y": True, "n": False}
+
+
+def _type_hint(wanted: list[str], value: Any) -> str:
+    """How to write ``value`` as the one type ``wanted``, where the fix is plain: quoting a
+    number, unquoting one, a list for a scalar, ``true`` for YAML 1.1's ``yes``; else ""."""
+    if len(wanted) != 1:
+        return ""
+    want = wanted[0]
+    if want == "array" and not isinstance(value, dict | list):
+        return " (in YAML: [a, b], or one '- a' per line)"
+    if want == "string" and isinstance(value, bool | int | float):
+        return f' (quote it: "{json.dumps(value)}")'
+    if want == "boolean" and isinstance(value, str) and value.lower() in _YAML11_BOOLEANS:
+        meant = "true" if _YAML11_BOOLEANS[value.lower()] else "false"
+        return f" (YAML 1.2 reads {value!r} as a string: write {meant})"
+    if want in ("integer", "number") and isinstance(value, str):
+        number = plain_scalar(value.strip())
+        fits = int if want == "integer" else int | float
+        if isinstance(number, fits) and not isinstance(number, bool):
+            return f" (remove the quotes: {value.strip()})"
+    return ""
 
 
 def _or(words: list[str]) -> str:

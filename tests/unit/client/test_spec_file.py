@@ -64,7 +64,7 @@ def test_every_bad_value_is_named_at_its_line_all_at_once() -> None:
     assert _problems(text) == [
         "job.yaml:1:7: name: must match ^[A-Za-z0-9._-]{1,100}$",
         "job.yaml:3:7: gpus: must be at most 64",
-        "job.yaml:5:12: args[1]: must be a string",
+        'job.yaml:5:12: args[1]: must be a string (quote it: "3")',
         "job.yaml:6:52: code.commit: must match ^[0-9a-f]{40}$",
         "job.yaml:7:9: labels: key '': must be at least 1 character",
     ]
@@ -131,6 +131,35 @@ def test_a_tab_in_yaml_says_yaml_indents_with_spaces() -> None:
         "job.yaml:8:1: lr: invalid YAML: found character '\\t' that cannot start any token "
         "(YAML indents with spaces, never tabs)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        (
+            "requirements: numpy",
+            "requirements: must be a list (in YAML: [a, b], or one '- a' per line)",
+        ),
+        ("labels: {epoch: 3}", 'labels.epoch: must be a string (quote it: "3")'),
+        ("labels: {fast: true}", 'labels.fast: must be a string (quote it: "true")'),
+        (
+            "register_model: yes",
+            "register_model: must be true or false (YAML 1.2 reads 'yes' as a string: write true)",
+        ),
+        (
+            "register_model: off",
+            "register_model: must be true or false (YAML 1.2 reads 'off' as a string: write false)",
+        ),
+        ('seed: "42"', "seed: must be an integer (remove the quotes: 42)"),
+        ("seed: 4.5", "seed: must be an integer"),
+    ],
+)
+def test_a_value_of_the_wrong_type_says_how_to_write_it(line: str, says: str) -> None:
+    """``register_model: yes`` said only "must be true or false" (YAML 1.2 reads ``yes`` as a
+    string, unlike YAML 1.1), ``labels: {epoch: 3}`` only "must be a string": the fix is one
+    word, and the message now says it."""
+    (problem,) = _problems(GOOD + line + "\n")
+    assert problem.split(": ", 1)[1] == says
 
 
 def test_api_version_and_kind() -> None:
