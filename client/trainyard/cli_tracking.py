@@ -116,7 +116,11 @@ def run_metrics(session: Session) -> int:
         view = session.client.get_job(job_id)
         session.emit(
             {"job_id": job_id, "step": view.get("step"), "metrics": view.get("metrics")},
-            lambda: f"step {view.get('step')}: {metrics_text(view.get('metrics') or {})}",
+            lambda: (
+                f"step {view.get('step')}: {metrics_text(view['metrics'])}"
+                if view.get("metrics")
+                else "no metrics reported"  # as the registry's table says it
+            ),
         )
         return Exit.OK
     if args.key:
