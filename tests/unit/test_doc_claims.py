@@ -94,3 +94,17 @@ def test_the_readmes_own_project_example_asks_for_no_package_built_against_torch
     assert "timm" not in example and "torchvision" not in example
     assert "requirements: [einops==0.8.1]" in example
     assert "built against torch (torchvision, timm, ...)" in readme
+
+
+def test_the_readme_says_what_a_login_without_the_other_services_urls_leaves_out() -> None:
+    """README's quick start logs in with the submission API's URL only and then lists
+    ``metrics`` among what a job offers; ``experiments``, ``model``, ``cost`` then stop with
+    "no registry URL" or "no billing URL", and ``metrics`` shows only the latest step. The
+    README says so and names the options (``trainyard.cli_config.SERVICES``)."""
+    from trainyard.cli_config import SERVICES
+
+    readme = _text("README.md")
+    for service in ("registry", "billing"):
+        assert service in SERVICES
+        assert f"`--{service}-url`" in readme
+    assert "`metrics` shows only the latest step" in readme
