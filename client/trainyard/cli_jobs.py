@@ -440,8 +440,18 @@ def follow(session: Session, job_id: str, timeout_s: float) -> int:
         raise CliError(
             f"stopped following; the job goes on: trainyard attach {job_id}", Exit.INTERRUPTED
         ) from None
+    except TimeoutError as exc:
+        raise _timed_out(exc, job_id) from None
     print(dumps(final) if session.as_json else "\n" + render_job(final))
     return ended(final)
+
+
+def _timed_out(exc: TimeoutError, job_id: str) -> CliError:
+    """``--timeout`` ran out: only the waiting stops, which the message says."""
+    return CliError(
+        f"{exc}; it goes on: trainyard attach {job_id}, or trainyard cancel {job_id}",
+        Exit.TIMEOUT,
+    )
 
 
 def ended(view: dict[str, Any]) -> int:
@@ -468,7 +478,7 @@ def wait(session: Session) -> int:
     try:
         final = client.wait(job_id, timeout_s=session.args.timeout)
     except TimeoutError as exc:
-        raise CliError(str(exc), Exit.TIMEOUT) from None
+        raise _timed_out(exc, job_id) from None
     session.emit(final, lambda: f"{final['id']}  {final['status']}{why(final)}")
     return ended(final)
 

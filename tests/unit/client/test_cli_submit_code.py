@@ -124,3 +124,37 @@ def test_a_job_refused_at_once_is_reported_with_its_reason_and_exit_code(
     out, err = capsys.readouterr()
     assert out.splitlines() == ["submitted job 5689e086-0000 (a)", f"status: {later['status']}"]
     assert [line for line in err.splitlines() if "error" in line] == ([error] if error else [])
+
+
+@pytest.mark.parametrize("command", [["wait", "5689e086"], ["attach", "5689e086"]])
+def test_a_timeout_says_the_job_goes_on(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: list[str],
+) -> None:
+    """``submit --follow --timeout 3`` of a job that waits ended "did not finish within 3s
+    (last status: PENDING)": nothing said the job still waits for GPUs, and how to stop it or
+    follow it again (Ctrl-C says so)."""
+
+    waiting = _job("PENDING", checkpoints=[], metrics={}, step=None, cost={"final": False})
+
+    def route(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/jobs":
+            return httpx.Response(200, json=[waiting])
+        if request.url.path.endswith("/logs"):
+            page = {"chunks": [], "cursor": "", "streams_complete": False, "job_terminal": False}
+            return httpx.Response(200, json=page)
+        return httpx.Response(200, json=waiting)
+
+    def make(base_url: str, token: str, timeout: float = 10) -> TrainyardClient:
+        return TrainyardClient(base_url, token, timeout, transport=httpx.MockTransport(route))
+
+    monkeypatch.setattr(cli, "TrainyardClient", make)
+    monkeypatch.setenv("TRAINYARD_CONFIG", str(tmp_path / "config.json"))
+    assert main(["--token", "ty_a", *command, "--timeout", "0"]) == Exit.TIMEOUT
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert errors == [
+        "trainyard: error: job 5689e086-0000 did not finish within 0s (last status: PENDING); "
+        "it goes on: trainyard attach 5689e086-0000, or trainyard cancel 5689e086-0000"
+    ]
