@@ -32,6 +32,12 @@ Contract:
   The bus's check (``Bus.ping``) fails while one of its consumers is paused, waiting out an
   infrastructure outage with a message in hand (``shared.bus``), so a service that cannot
   make progress is not ready even when its own connections look fine.
+- ``run_service`` does not wait for threads still blocked on a dependency that does not
+  answer (a call to a hung object store, which waits up to its read timeout and a retry,
+  made in ``asyncio.to_thread``; the readiness check makes one per probe): once the service
+  has stopped, it logs one line naming how many were left and ends the process with the
+  service's status. asyncio's end and Python's exit both waited for every such thread: a
+  SIGTERM during the outage outlasted the stop's grace and the process was killed.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 import socket
 import sys
@@ -48,6 +55,7 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Generator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from typing import Any, Final, TypeVar
 
@@ -457,17 +465,57 @@ def run_service(serving: Coroutine[Any, Any, int]) -> int:
     (``cannot start: ...``) when a dependency failed its start-up (``StartupFailed``), 2 with
     one when the configuration refuses it (``StartupRefused``), 0 when SIGTERM or SIGINT
     stopped it while it was starting."""
+    executor = ThreadPoolExecutor(thread_name_prefix=_THREADS)
     try:
-        return asyncio.run(serving)
+        status = asyncio.run(_with_executor(executor, serving))
     except StartupFailed as exc:
         log.critical("cannot start: %s", exc)
-        return 1
+        status = 1
     except StartupRefused as exc:
         log.critical("cannot start: %s", exc)
-        return 2
+        status = 2
     except asyncio.CancelledError:  # SIGTERM or SIGINT while starting (ServiceRuntime)
         log.info("stopped before it had started")
-        return 0
+        status = 0
+    _leave_blocked_threads(status)
+    return status
+
+
+IDLE_THREADS_END_S: Final = 1.0
+"""How long the threads of the executor, told to end, get to do so before they count as
+blocked."""
+_THREADS: Final = "service-thread"
+"""The name (and prefix) of the threads of a service's default executor."""
+
+
+async def _with_executor(executor: ThreadPoolExecutor, serving: Coroutine[Any, Any, int]) -> int:
+    """``serving`` with ``executor`` as the loop's default (``asyncio.to_thread``'s); at its
+    end the loop gets a fresh one, so asyncio's own end waits for no thread of ``executor``."""
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(executor)
+    try:
+        return await serving
+    finally:
+        loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix="service-end"))
+        executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _leave_blocked_threads(status: int) -> None:
+    """End the process now with ``status`` when threads of the service's executor are still
+    blocked (see the module): Python's exit would join them first."""
+    deadline = time.monotonic() + IDLE_THREADS_END_S
+    for thread in threading.enumerate():
+        if thread.name.startswith(f"{_THREADS}_"):  # an idle one ends at once
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    blocked = [t for t in threading.enumerate() if t.name.startswith(f"{_THREADS}_")]
+    if not blocked:
+        return
+    log.warning(
+        "%d threads still wait on a dependency that does not answer; the process ends without them",
+        len(blocked),
+    )
+    logging.shutdown()  # flushes the log; os._exit runs no exit handler
+    os._exit(status)
 
 
 def serve_from_command_line(
