@@ -68,6 +68,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
+from trainyard_platform.shared import outages
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.db import open_pool
 from trainyard_platform.shared.http_deadline import SlowClientDeadlines
@@ -440,10 +441,23 @@ async def store_answers(store: ObjectStore) -> bool:
     check = _store_checks.get(store)
     if check is None or check.done() or check.get_loop() is not asyncio.get_running_loop():
         check = asyncio.ensure_future(asyncio.to_thread(_store_answers_now, store))
-        # Retrieved here, so that a check nobody waits for any more logs no warning.
-        check.add_done_callback(lambda done: done.cancelled() or done.exception())
+        check.add_done_callback(_told_to_outages)
         _store_checks[store] = check
     return await asyncio.shield(check)
+
+
+def _told_to_outages(check: asyncio.Future[bool]) -> None:
+    """Tell ``outages.OBJECT_STORE`` what a finished store check found: it is the one call
+    to the store that every service makes while the store is away, however idle, so the
+    outage is logged (one line, and one when it is back) even where nothing else calls it.
+    The error is retrieved here, so a check nobody waits for any more logs no warning."""
+    if check.cancelled():
+        return
+    failure = check.exception()
+    if failure is None:
+        outages.OBJECT_STORE.answered()
+    else:
+        outages.report(failure)
 
 
 def _store_answers_now(store: ObjectStore) -> bool:

@@ -9,6 +9,7 @@ do not fill the thread pool every ``asyncio.to_thread`` of the service shares.""
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import threading
 import uuid
@@ -127,3 +128,27 @@ async def _ready(store: S3Store) -> bool:
         return await store_answers(store)
     except Exception:
         return False
+
+
+async def test_readiness_logs_the_store_away_in_one_line_and_back_in_another(
+    s3: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While the object store hung, a service's log said nothing of it (urllib3's retry
+    warning at most, which names no setting), though ``/readyz`` failed its ``storage``."""
+    store = _store(s3)
+    caplog.set_level(logging.WARNING)
+    s3.send_signal(signal.SIGSTOP)
+    try:
+        for _ in range(3):  # probes, each waiting for the check's answer (a read timeout)
+            assert not await _ready(store)
+    finally:
+        s3.send_signal(signal.SIGCONT)
+    async with asyncio.timeout(BOUND_S):
+        while not await _ready(store):
+            await asyncio.sleep(0.2)
+    ours = [r for r in caplog.records if r.name == "trainyard_platform.shared.outages"]
+    messages = [r.getMessage() for r in ours]
+    assert len(messages) == 2, messages
+    assert messages[0].startswith("the object store (TRAINYARD_STORAGE_URI) unavailable: ")
+    assert messages[1].startswith("the object store (TRAINYARD_STORAGE_URI) answers again after ")
+    assert all(r.exc_info is None for r in ours)
