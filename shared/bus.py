@@ -78,6 +78,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 import traceback
 from collections.abc import (
     AsyncIterator,
@@ -542,12 +543,21 @@ class Bus:
     ) -> AsyncIterator[Bus]:
         """Connect, make sure the streams exist, and drain on exit."""
         buses: list[Bus] = []
+        lost_at: list[float] = []  # when the connection was lost, while it is
 
         async def disconnected() -> None:
+            if not lost_at:
+                lost_at.append(time.monotonic())
             for one in buses:
                 one._connected_since = None
 
         async def reconnected() -> None:
+            # The going is logged by ``nats_error_logger``; the coming back in one line too.
+            if lost_at:
+                log.warning(
+                    "NATS (TRAINYARD_NATS_URL) answers again after %.0f s",
+                    time.monotonic() - lost_at.pop(),
+                )
             for one in buses:
                 one._reconnects = _reconnects(one._nc)
                 one._connected_since = _utc_now()

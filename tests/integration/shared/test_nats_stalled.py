@@ -6,6 +6,7 @@ drain goes; once NATS passes bytes again a new bus works."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
@@ -95,3 +96,24 @@ async def test_the_bus_closes_without_an_error_while_nats_is_away(
                 await asyncio.sleep(0.05)
     finally:
         proxy.restore()
+
+
+async def test_nats_back_is_logged_in_one_line(
+    nats_settings: NatsSettings, proxy: TcpProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A service logged NATS going (``NATS (TRAINYARD_NATS_URL): <reason>; the client keeps
+    trying``) but nothing when it came back: an operator could not tell from the log whether
+    the outage was over."""
+    settings = nats_settings.model_copy(update={"url": proxy.url_for(nats_settings.url)})
+    caplog.set_level(logging.WARNING)
+    async with asyncio.timeout(60), Bus.connect(settings, "back-test") as bus:
+        tried = proxy.accepted
+        await proxy.cut()
+        while proxy.accepted < tried + 1:  # the client tried again, and was refused
+            await asyncio.sleep(0.05)
+        proxy.restore()
+        while not bus.nats.is_connected:
+            await asyncio.sleep(0.05)
+        assert await bus.ping()
+    back = [m for m in caplog.messages if m.startswith("NATS (TRAINYARD_NATS_URL) answers again")]
+    assert len(back) == 1, caplog.messages
