@@ -993,6 +993,7 @@ class Bus:
         capped exponential back-off and jitter; the consumer counts as paused meanwhile.
         Other errors propagate; ``_Stopped`` when ``stop`` is set during an outage."""
         failures = 0
+        stopped = False
         started = asyncio.get_running_loop().time()
         try:
             while True:
@@ -1003,6 +1004,7 @@ class Bus:
                     if fault is None:
                         raise
                     if stop.is_set():
+                        stopped = True
                         raise _Stopped from exc
                     failures += 1
                     self._outage_retries.add(1, {"consumer": consumer})
@@ -1022,14 +1024,17 @@ class Bus:
                         async with asyncio.timeout(delay):
                             await stop.wait()
                     if stop.is_set():
+                        stopped = True
                         raise _Stopped from exc
         finally:
             if failures:
                 self._paused.pop(consumer, None)
                 self._paused_metric.add(-1, {"consumer": consumer})
                 log.warning(
-                    "%s: resumed after %.1f s and %d retries",
+                    # A stop during the outage is no resumption (the event is handed back).
+                    "%s: %s after %.1f s and %d retries",
                     consumer,
+                    "stopped while paused," if stopped else "resumed",
                     asyncio.get_running_loop().time() - started,
                     failures,
                 )

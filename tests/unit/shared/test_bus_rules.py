@@ -280,6 +280,32 @@ async def test_an_outage_pauses_the_consumer_until_the_attempt_succeeds(
     assert levels == [logging.WARNING, logging.INFO, logging.INFO, logging.WARNING]
 
 
+async def test_a_consumer_stopped_while_paused_says_so_not_that_it_resumed(
+    quick_bus: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SIGTERM during an outage: the consumer's last line said 'resumed after 50.9 s and 5
+    retries' (seen on a local stack with PostgreSQL paused), though nothing had resumed."""
+    stop = asyncio.Event()
+    tries: list[int] = []
+
+    async def attempt() -> str:
+        tries.append(1)
+        if len(tries) == 2:
+            stop.set()  # the service is told to stop while the outage lasts
+        raise ConnectionRefusedError(111, "refused")
+
+    with (
+        caplog.at_level(logging.INFO, logger="trainyard_platform.shared.bus"),
+        pytest.raises(Exception) as stopped,
+    ):
+        await quick_bus._through_outages("c", attempt, stop)
+    assert type(stopped.value).__name__ == "_Stopped"
+    messages = [r.getMessage() for r in caplog.records if r.name == "trainyard_platform.shared.bus"]
+    assert not any("resumed" in m for m in messages), messages
+    assert messages[-1].startswith("c: stopped while paused, after "), messages
+    assert quick_bus.paused == {}
+
+
 async def test_the_paused_map_is_a_copy(quick_bus: Bus) -> None:
     quick_bus._paused["c"] = "down"
     view = quick_bus.paused
