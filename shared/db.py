@@ -45,6 +45,7 @@ from typing import Any
 import asyncpg
 
 from trainyard_platform.shared.bus import infrastructure_fault
+from trainyard_platform.shared.logs import error_text
 from trainyard_platform.shared.metrics import instrument
 from trainyard_platform.shared.outages import POSTGRES
 from trainyard_platform.shared.settings import DatabaseSettings
@@ -222,13 +223,13 @@ def log_failed_round(logger: logging.Logger, loop: str, message: str, exc: BaseE
     a bug) at error level with its traceback, so a loop that survives it does not hide it.
     Counted in ``trainyard.loop.failed_rounds`` (``loop``, ``cause``: ``outage`` or
     ``error``; the alert ``TrainyardLoopFailing`` fires on errors). ``message`` ends with
-    ``%s``, which gets the error."""
+    ``%s``, which gets the error's text (``logs.error_text``: a timeout's is empty)."""
     outage = infrastructure_fault(exc) is not None
     _failed_rounds.add(1, {"loop": loop, "cause": "outage" if outage else "error"})
     if outage:
-        logger.warning(message, exc)
+        logger.warning(message, error_text(exc))
     else:
-        logger.error(message, exc, exc_info=exc)
+        logger.error(message, error_text(exc), exc_info=exc)
 
 
 def failed_rounds_from_zero(loop: str) -> None:

@@ -74,7 +74,7 @@ from trainyard_platform.shared.events.payloads import (
     JobStarted,
     RunnerHeartbeat,
 )
-from trainyard_platform.shared.logs import job_scope
+from trainyard_platform.shared.logs import error_text, job_scope
 from trainyard_platform.shared.storage import ObjectStore, open_store
 from trainyard_platform.shared.telemetry import extract, inject
 
@@ -543,7 +543,7 @@ class NodeAgent:
                     envelope, {TTL_HEADER: f"{self.settings.heartbeat_ttl_seconds}s"}
                 )
             except Exception as exc:  # a missed heartbeat is not worth crashing the node for
-                log.warning("heartbeat not published: %s", exc)
+                log.warning("heartbeat not published: %s", error_text(exc))
             if self.drained.is_set():
                 return
             with contextlib.suppress(TimeoutError):

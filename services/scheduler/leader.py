@@ -39,6 +39,7 @@ import asyncpg
 
 from trainyard_platform.shared import outages
 from trainyard_platform.shared.db import DATABASE_FAULTS, connect
+from trainyard_platform.shared.logs import error_text
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ class Leadership:
             except DATABASE_FAULTS as exc:
                 # Tried every retry_s: an outage is one line (``outages``), not one a try.
                 if not outages.report(exc):
-                    log.warning("leader election: %s; retrying", exc)
+                    log.warning("leader election: %s; retrying", error_text(exc))
             finally:
                 self._pid = None
                 if conn is not None:
@@ -195,7 +196,7 @@ class Leadership:
             try:
                 await conn.fetchval("SELECT 1", timeout=max(self._check_s, 1.0))
             except DATABASE_FAULTS as exc:
-                log.error("leader lock connection failed: %s", exc)
+                log.error("leader lock connection failed: %s", error_text(exc))
                 lost.set()
                 return
             await _sleep(lost, self._check_s)

@@ -60,3 +60,21 @@ async def test_a_refusal_in_the_current_term_deposes_it() -> None:
         await leadership.check(conn)  # type: ignore[arg-type]
     assert not leadership.is_leader
     assert lost.is_set()
+
+
+class _Unanswered:
+    """A lock connection whose check times out, as against a paused PostgreSQL."""
+
+    async def fetchval(self, *_args: object, **_kwargs: object) -> bool:
+        raise TimeoutError()
+
+
+async def test_a_lock_check_that_timed_out_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """With PostgreSQL paused, the leader logged 'leader lock connection failed: ' and
+    nothing after it: a timeout's text is empty."""
+    leadership = Leadership("postgresql://unused")
+    lost = _begin_term(leadership, 101)
+    await leadership._watch(_Unanswered(), lost)  # type: ignore[arg-type]
+    assert lost.is_set()
+    (message,) = [r.getMessage() for r in caplog.records if "leader lock" in r.getMessage()]
+    assert message == "leader lock connection failed: TimeoutError", message

@@ -188,3 +188,12 @@ async def test_postgresql_that_is_not_there_is_named(url: str, tmp_path: Path) -
     assert unavailable_detail(fault) == (
         "temporarily unavailable (the database is unavailable), try again"
     )
+
+
+def test_a_loops_round_lost_to_a_timeout_names_it(caplog: pytest.LogCaptureFixture) -> None:
+    """A timeout's text is empty: the line read 'round failed: ; retrying'."""
+    try:
+        raise TimeoutError()
+    except DATABASE_FAULTS as exc:
+        log_failed_round(logging.getLogger("test.loop"), "sweep", "round failed: %s; retrying", exc)
+    assert caplog.messages == ["round failed: TimeoutError; retrying"]
