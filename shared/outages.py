@@ -1,7 +1,7 @@
 """One log line when a dependency of the process goes away, and one when it answers again.
 
 Contract:
-- ``Dependency(name, settings)`` is one dependency of the process (PostgreSQL, NATS, the
+- ``Dependency(name, settings)`` is one dependency of the process (PostgreSQL, the
   object store) and whether it is away. ``failed(exc)`` logs at WARNING, the first time
   after it answered, ``<name> (<settings>) unavailable: <error>; waiting for it``; while it
   stays away, at most one line a minute (``logs.REPEAT_SECONDS``): ``<name> (<settings>)
@@ -10,13 +10,14 @@ Contract:
   (M failures)``; while it answers it logs nothing and costs a comparison. No line has a
   traceback: an outage is expected and its error's text says what happened
   (``logs.error_text``); an error that is not an outage is no business of this module.
-- ``POSTGRES``, ``NATS`` and ``OBJECT_STORE`` are the process's own; ``report(exc)`` tells
-  the one an infrastructure fault names (``bus.infrastructure_fault``) and answers whether
-  ``exc`` was one, so a caller logs any other error itself, with its traceback. ``forget()``
-  puts them back as at the process's start.
+- ``POSTGRES`` and ``OBJECT_STORE`` are the process's own; ``report(exc)`` tells the one an
+  infrastructure fault names (``bus.infrastructure_fault``) and answers whether ``exc`` was
+  one, so a caller logs any other error itself (with its traceback when it is no outage).
+  ``forget()`` puts them back as at the process's start. NATS is not here: the bus logs
+  its going and its coming back itself.
 - Which code tells them: ``shared.db`` of every connection it opens (the pools' and the
-  scheduler leader's) and every readiness ping, the loops that log a failed round
-  (``db.log_failed_round``), the outbox relay and the leader election.
+  scheduler leader's) and every readiness ping, the object store's readiness check
+  (``runtime.store_answers``), the outbox relay and the leader election.
 """
 
 from __future__ import annotations
@@ -98,12 +99,10 @@ class Dependency:
 
 
 POSTGRES: Final = Dependency("PostgreSQL", "TRAINYARD_DATABASE_URL")
-NATS: Final = Dependency("NATS", "TRAINYARD_NATS_URL")
 OBJECT_STORE: Final = Dependency("the object store", "TRAINYARD_STORAGE_URI")
-UNKNOWN: Final = Dependency("a dependency", "unreachable or timed out")
-"""An outage whose error names no dependency (a bare OS error from elsewhere)."""
-
-EVERY: Final = (POSTGRES, NATS, OBJECT_STORE, UNKNOWN)
+EVERY: Final = (POSTGRES, OBJECT_STORE)
+"""The dependencies told here; each is also told when it answers again. NATS is not: the
+bus logs its going (``bus.nats_error_logger``) and its coming back itself."""
 
 
 def forget() -> None:
@@ -112,21 +111,22 @@ def forget() -> None:
         dependency.forget()
 
 
-_BY_FAULT: Final = (("PostgreSQL", POSTGRES), ("NATS", NATS), ("object store", OBJECT_STORE))
+_BY_FAULT: Final = (("PostgreSQL", POSTGRES), ("object store", OBJECT_STORE))
 """The dependency, by how ``infrastructure_fault`` begins."""
 
 
 def dependency_of(exc: BaseException) -> Dependency | None:
-    """The dependency whose outage ``exc`` is, or None when it is no outage."""
+    """The dependency of ``EVERY`` whose outage ``exc`` is, or None (no outage, or one of
+    another or an unknown dependency)."""
     fault = infrastructure_fault(exc)
     if fault is None:
         return None
-    return next((d for prefix, d in _BY_FAULT if fault.startswith(prefix)), UNKNOWN)
+    return next((d for prefix, d in _BY_FAULT if fault.startswith(prefix)), None)
 
 
 def report(exc: BaseException) -> bool:
     """Tell the dependency whose outage ``exc`` is (``Dependency.failed``); False when it is
-    no outage (the caller logs it as the error it is)."""
+    none of ``EVERY``'s (the caller logs it itself)."""
     dependency = dependency_of(exc)
     if dependency is None:
         return False

@@ -60,7 +60,7 @@ from nats.errors import BadHeaderError, BadSubjectError, MaxPayloadError
 from nats.errors import Error as NatsError
 from nats.js.errors import APIError
 
-from trainyard_platform.shared import db
+from trainyard_platform.shared import db, outages
 from trainyard_platform.shared.bus import Bus, StreamMissingError, infrastructure_fault
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.logs import error_text
@@ -453,9 +453,12 @@ def _reconnects(bus: Bus) -> int:
 
 
 def _log_failure(exc: Exception, delay: float) -> None:
-    """An outage (``bus.infrastructure_fault``) or a refusal of NATS, one line a try;
-    anything else, a query PostgreSQL refuses for good among it, with its traceback (the
-    rule of ``db.log_failed_round``)."""
+    """An outage of PostgreSQL or the object store: told to ``outages`` (one line while it
+    lasts); another outage (``bus.infrastructure_fault``) or a refusal of NATS, one line a
+    try; anything else, a query PostgreSQL refuses for good among it, with its traceback
+    (the rule of ``db.log_failed_round``)."""
+    if outages.report(exc):
+        return
     if infrastructure_fault(exc) is not None or isinstance(exc, NatsError | StreamMissingError):
         log.warning("outbox relay: %s; retrying in %.1fs", str(exc) or type(exc).__name__, delay)
     else:

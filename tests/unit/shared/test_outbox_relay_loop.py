@@ -270,16 +270,8 @@ async def test_an_error_in_the_loop_is_logged_never_raised(
             ConnectionRefusedError(111, "refused"),
             "outbox relay: [Errno 111] refused; retrying in 1.5s",
         ),
-        (
-            asyncpg.CannotConnectNowError("starting up"),
-            "outbox relay: starting up; retrying in 1.5s",
-        ),
         (ConnectionClosedError(), "outbox relay: nats: connection closed; retrying in 1.5s"),
         (StreamMissingError("no stream"), "outbox relay: no stream; retrying in 1.5s"),
-        (
-            asyncpg.InterfaceError("connection is closed"),
-            "outbox relay: connection is closed; retrying in 1.5s",
-        ),
     ],
     ids=lambda value: type(value).__name__ if isinstance(value, BaseException) else "",
 )
@@ -290,6 +282,30 @@ def test_an_outage_is_a_warning_of_one_line(
         _log_failure(error, 1.5)
     [record] = caplog.records
     assert (record.levelno, record.getMessage(), record.exc_info) == (logging.WARNING, said, None)
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (asyncpg.CannotConnectNowError("starting up"), "starting up"),
+        (asyncpg.InterfaceError("connection is closed"), "connection is closed"),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, BaseException) else "",
+)
+def test_a_postgresql_outage_is_the_one_line_of_its_outage(
+    caplog: pytest.LogCaptureFixture, error: Exception, said: str
+) -> None:
+    """The relay tries again at 1, 2, 4 ... 30 s and logged 'outbox relay: starting up;
+    retrying in 1.0s' each time, naming no dependency, beside the outage's own line
+    (``shared.outages``): now it tells the outage, logged once (and once a minute)."""
+    with caplog.at_level(logging.DEBUG, logger="trainyard_platform.shared.outbox"):
+        for delay in (1.0, 2.0, 4.0):
+            _log_failure(error, delay)
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING and record.exc_info is None
+    assert record.getMessage() == (
+        f"PostgreSQL (TRAINYARD_DATABASE_URL) unavailable: {said}; waiting for it"
+    )
 
 
 @pytest.mark.parametrize(
