@@ -146,6 +146,7 @@ async def open_pool(
         connect=connect,
     )
     await pool
+    POSTGRES.watched()
     try:
         yield pool
     finally:

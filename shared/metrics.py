@@ -109,6 +109,14 @@ CATALOGUE: Final = _specs(
         ("consumer",),
     ),
     MetricSpec(
+        "trainyard.dependency.away",
+        "updown",
+        "{dependency}",
+        "Dependencies of the process (postgresql, object_store) that failed and have not "
+        "answered since",
+        ("dependency",),
+    ),
+    MetricSpec(
         "trainyard.consumer.outage_retries",
         "counter",
         "{retry}",

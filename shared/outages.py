@@ -10,6 +10,9 @@ Contract:
   (M failures)``; while it answers it logs nothing and costs a comparison. No line has a
   traceback: an outage is expected and its error's text says what happened
   (``logs.error_text``); an error that is not an outage is no business of this module.
+  The gauge ``trainyard.dependency.away`` (``dependency``: ``postgresql``,
+  ``object_store``) is 1 from the failure to the answer, else 0, reported from 0 once the
+  process uses it (``watched``: ``db.open_pool``, ``runtime.open_service_store``).
 - ``POSTGRES`` and ``OBJECT_STORE`` are the process's own; ``report(exc)`` tells the one an
   infrastructure fault names (``bus.infrastructure_fault``) and answers whether ``exc`` was
   one, so a caller logs any other error itself (with its traceback when it is no outage).
@@ -29,6 +32,7 @@ from typing import Final
 
 from trainyard_platform.shared.bus import infrastructure_fault
 from trainyard_platform.shared.logs import REPEAT_SECONDS, error_text
+from trainyard_platform.shared.metrics import instrument
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +44,13 @@ class Dependency:
         self,
         name: str,
         settings: str,
+        label: str,
         *,
         interval_s: float = REPEAT_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.what = f"{name} ({settings})"
+        self.label = label
         self.interval_s = interval_s
         self._clock = clock
         self._away_since: float | None = None
@@ -64,6 +70,7 @@ class Dependency:
         if self._away_since is None:
             self._away_since = self._logged_at = now
             self._held_back = 0
+            _away.add(1, {"dependency": self.label})
             log.warning("%s unavailable: %s; waiting for it", self.what, error_text(exc))
             return
         if now - self._logged_at < self.interval_s:
@@ -96,10 +103,17 @@ class Dependency:
         )
         self._away_since = None
         self._failures = 0
+        _away.add(-1, {"dependency": self.label})
+
+    def watched(self) -> None:
+        """Report ``trainyard.dependency.away`` for it from 0: the process uses it (a series
+        first seen at 1 shows no change to an alert's ``for``)."""
+        _away.add(0, {"dependency": self.label})
 
 
-POSTGRES: Final = Dependency("PostgreSQL", "TRAINYARD_DATABASE_URL")
-OBJECT_STORE: Final = Dependency("the object store", "TRAINYARD_STORAGE_URI")
+_away = instrument("trainyard.dependency.away")
+POSTGRES: Final = Dependency("PostgreSQL", "TRAINYARD_DATABASE_URL", "postgresql")
+OBJECT_STORE: Final = Dependency("the object store", "TRAINYARD_STORAGE_URI", "object_store")
 EVERY: Final = (POSTGRES, OBJECT_STORE)
 """The dependencies told here; each is also told when it answers again. NATS is not: the
 bus logs its going (``bus.nats_error_logger``) and its coming back itself."""

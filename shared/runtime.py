@@ -420,7 +420,8 @@ async def open_service_store(settings: StorageSettings) -> ObjectStore:
             # Its folder is made at the first write otherwise, and readiness
             # (``store_answers``) asks that it exist: a fresh store would never be ready.
             await asyncio.to_thread(store.root.mkdir, 0o700, True, True)
-        return store
+    outages.OBJECT_STORE.watched()
+    return store
 
 
 READINESS_KEY: Final = ".trainyard-readiness"
