@@ -39,6 +39,7 @@ import ctypes
 import fcntl
 import logging
 import os
+import platform
 import pwd
 import shutil
 import signal
@@ -595,9 +596,51 @@ def remove_mqueues_of(uids: range) -> int:
             libc.umount2(target, _MNT_DETACH)
 
 
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(platform.machine())
+_KEYCTL_GET_PERSISTENT, _KEYCTL_CLEAR = 22, 7
+_KEY_SPEC_PROCESS_KEYRING, _KEY_SPEC_USER_KEYRING, _KEY_SPEC_USER_SESSION_KEYRING = -2, -4, -5
+
+
+def clear_keyrings_of(uids: range) -> None:
+    """Empty the kernel keyrings each of ``uids`` keeps beyond its processes: its user and
+    user-session keyrings and its persistent keyring. A key a job adds to them (``keyctl add
+    user name secret @u``) would otherwise be the next job's of the uid to read, another
+    team's maybe. Like ``kill_user``, a child switched to the uid does it (a keyring is its
+    owner's to clear) before it runs ``/bin/true``. Call it once no process of ``uids`` runs;
+    only a root runner can (and needs to)."""
+    if _SYS_KEYCTL is None or not can_switch_users():
+        return
+
+    def clear_mine() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        persistent = libc.syscall(
+            _SYS_KEYCTL, _KEYCTL_GET_PERSISTENT, -1, _KEY_SPEC_PROCESS_KEYRING
+        )
+        for keyring in (_KEY_SPEC_USER_KEYRING, _KEY_SPEC_USER_SESSION_KEYRING, persistent):
+            if keyring != -1:
+                libc.syscall(_SYS_KEYCTL, _KEYCTL_CLEAR, keyring)
+
+    for uid in uids:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                ["/bin/true"],
+                user=uid,
+                group=uid,
+                extra_groups=[],
+                preexec_fn=clear_mine,  # runs after the switch of user
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=30,
+                check=False,
+            )
+
+
 def remove_leftovers_of(uids: range) -> int:
     """What users ``uids`` left that outlives processes: their files where every user may
-    write (``remove_files_of``), their System V IPC objects (``remove_ipc_of``) and their
-    POSIX message queues (``remove_mqueues_of``). Call it once no process of ``uids`` runs;
-    returns how many were removed."""
+    write (``remove_files_of``), their System V IPC objects (``remove_ipc_of``), their
+    POSIX message queues (``remove_mqueues_of``) and their keys (``clear_keyrings_of``).
+    Call it once no process of ``uids`` runs; returns how many files, IPC objects and
+    queues were removed."""
+    clear_keyrings_of(uids)
     return remove_files_of(uids) + remove_ipc_of(uids) + remove_mqueues_of(uids)

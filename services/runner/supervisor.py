@@ -11,8 +11,8 @@ sends SIGTERM and, after its grace, SIGKILL to the job's process group; the earl
 deadline wins, the first reason is kept.
 
 When the job has exited: its group and every process of its uid are killed and its
-uid's files in the folders every user may write to, its System V IPC objects and its
-POSIX message queues (``sandbox.remove_leftovers_of``) are removed, its control connections are read to the end
+uid's files in the folders every user may write to, its System V IPC objects, its
+POSIX message queues and its keyrings' keys (``sandbox.remove_leftovers_of``) are removed, its control connections are read to the end
 and every checkpoint it staged is uploaded, the held-back metric points and progress are sent, the log's last
 chunk is shipped, old checkpoints beyond the retention are deleted, the outcome is decided
 (``domain.decide_outcome``) and the terminal event is stored in the ledger, then published.

@@ -498,6 +498,55 @@ async def test_a_job_cannot_hold_the_runners_descriptors_with_control_connection
     assert closed >= 300 - MAX_CONTROL_CONNECTIONS, output
 
 
+KEYRING_JOB = textwrap.dedent(
+    """
+    import ctypes, sys
+    libc = ctypes.CDLL(None, use_errno=True)
+    ADD_KEY, REQUEST_KEY, KEYCTL, KEYCTL_READ, USER_KEYRING = 248, 249, 250, 11, -4
+    if sys.argv[1] == "add":
+        made = libc.syscall(ADD_KEY, b"user", b"team-a-secret", b"s3cr3t", 6, USER_KEYRING)
+        print("ADDED", made, flush=True)
+    else:
+        found = libc.syscall(REQUEST_KEY, b"user", b"team-a-secret", None, 0)
+        text = ctypes.create_string_buffer(64)
+        size = libc.syscall(KEYCTL, KEYCTL_READ, found, text, 64) if found > 0 else -1
+        print("FOUND", text.raw[: max(size, 0)].decode() or "nothing", flush=True)
+    """
+)
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the job uses x86-64 syscall numbers")
+async def test_a_key_a_job_left_in_its_users_keyring_goes_with_it(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    tmp_path: Path,
+) -> None:
+    """The kernel keeps a uid's user keyring beyond its processes: a key one job adds to
+    it would be read by the next job of its slot (another team's). It is cleared."""
+    await start_runner(settings)
+    store = open_store(settings.storage.uri)
+    code_folder = tmp_path / "keys"
+    code_folder.mkdir()
+    (code_folder / "keys.py").write_text(KEYRING_JOB)
+    code = upload_bundle(store, "team-a", code_folder)
+
+    async def run(arg: str) -> str:
+        job = grant(settings.node_id, [arg], entrypoint="keys.py", code=code)
+        await publish(bus, job, settings.node_id)
+        await events.first(JobSucceeded, job.job_id)
+        stream = f"logs/{job.job_id}/a0001-{settings.node_id}"
+        return b"".join(
+            store.get_bytes(k) for k in store.list(f"{stream}/") if k.endswith(".log")
+        ).decode()
+
+    added = await run("add")
+    assert "ADDED" in added and "ADDED -1" not in added, added
+    found = await run("find")  # the same slot, so the same uid
+    assert "FOUND nothing" in found, found
+
+
 MQUEUE_JOB = textwrap.dedent(
     """
     import ctypes, os, sys
