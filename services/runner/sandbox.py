@@ -468,13 +468,44 @@ def kill_leftovers(uids: range | None, groups: list[ProcessGroupRecord]) -> int:
 
 
 SHARED_TEMP_FOLDERS = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"))
-"""Folders every user may write to, where a job's files would outlive it."""
+"""Folders every user may write to on any host, where a job's files would outlive it."""
 _MAX_DEPTH = 32
+_SHARED_SEARCH_DEPTH = 3
+_NOT_SEARCHED = frozenset({"/proc", "/sys"})
 
 
-def remove_files_of(uids: range, folders: Sequence[Path] = SHARED_TEMP_FOLDERS) -> int:
-    """Remove what users ``uids`` own in ``folders``, which every user may write to; returns
-    how many entries (a folder of theirs counts once, with all it holds). Call it once no
+def shared_folders(top: Path = Path("/"), depth: int = _SHARED_SEARCH_DEPTH) -> list[Path]:
+    """``SHARED_TEMP_FOLDERS`` and every other folder everyone may write to, up to ``depth``
+    levels below ``top`` (``/proc`` and ``/sys`` not searched, links not followed): hosts
+    have more of them than the three every host has (``/run/lock``, ``/var/crash``, a
+    mounted ``/dev/mqueue``), and a job's files in any of them would outlive it."""
+    found = [folder for folder in SHARED_TEMP_FOLDERS if folder.is_dir()]
+    pending = [(top, depth)]
+    while pending:
+        folder, left = pending.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if not entry.is_dir(follow_symlinks=False) or entry.path in _NOT_SEARCHED:
+                    continue
+                mode = entry.stat(follow_symlinks=False).st_mode
+            except OSError:
+                continue
+            path = Path(entry.path)
+            if mode & stat.S_IWOTH and path not in found:
+                found.append(path)
+            elif left > 1:
+                pending.append((path, left - 1))
+    return found
+
+
+def remove_files_of(uids: range, folders: Sequence[Path] | None = None) -> int:
+    """Remove what users ``uids`` own in ``folders`` (default: ``shared_folders()``), which
+    every user may write to; returns how many entries (a folder of theirs counts once, with
+    all it holds). Call it once no
     process of ``uids`` runs: jobs of different teams run as the same uid one after the
     other (one per slot), so a file a job left in ``/dev/shm`` would be the next one's to
     read.
@@ -484,7 +515,7 @@ def remove_files_of(uids: range, folders: Sequence[Path] = SHARED_TEMP_FOLDERS) 
     descriptors opened without following links (the folders are others' to change while
     this runs: a path swapped for a link never leads out)."""
     removed = 0
-    for folder in folders:
+    for folder in shared_folders() if folders is None else folders:
         try:
             fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         except OSError:

@@ -272,6 +272,72 @@ async def test_what_a_job_left_in_shared_temp_folders_goes_with_it(
     assert _left_by(tag) == [], f"the job's files outlived it: {_left_by(tag)}"
 
 
+EVERYWHERE_JOB = textwrap.dedent(
+    """
+    import os, stat, sys
+    tag, wrote = sys.argv[1], []
+    pending = [("/", 3)]
+    while pending:
+        folder, left = pending.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.path in ("/proc", "/sys") or not entry.is_dir(follow_symlinks=False):
+                continue
+            if entry.stat(follow_symlinks=False).st_mode & stat.S_IWOTH:
+                try:
+                    with open(os.path.join(entry.path, tag), "w") as f:
+                        f.write("team A's secret")
+                    wrote.append(os.path.join(entry.path, tag))
+                except OSError:
+                    pass
+            elif left > 1:
+                pending.append((entry.path, left - 1))
+    print("WROTE", *wrote, flush=True)
+    """
+)
+
+
+async def test_what_a_job_left_in_any_folder_everyone_may_write_to_goes_with_it(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    tmp_path: Path,
+) -> None:
+    """Hosts have more folders every user may write to than ``/tmp``, ``/var/tmp`` and
+    ``/dev/shm`` (``/run/lock``, ``/var/crash``, ...): what a job leaves in any of them goes
+    with it too."""
+    await start_runner(settings)
+    store = open_store(settings.storage.uri)
+    code_folder = tmp_path / "everywhere"
+    code_folder.mkdir()
+    (code_folder / "everywhere.py").write_text(EVERYWHERE_JOB)
+    code = upload_bundle(store, "team-a", code_folder)
+    tag = f"trainyard-test-{os.urandom(6).hex()}"
+    job = grant(settings.node_id, [tag], entrypoint="everywhere.py", code=code)
+    await publish(bus, job, settings.node_id)
+    await events.first(JobSucceeded, job.job_id)
+    stream = f"logs/{job.job_id}/a0001-{settings.node_id}"
+    output = b"".join(
+        store.get_bytes(k) for k in store.list(f"{stream}/") if k.endswith(".log")
+    ).decode()
+    [wrote] = [line.split()[1:] for line in output.splitlines() if line.startswith("WROTE")]
+    assert wrote, output
+    left = _remove_remaining(wrote)
+    assert left == [], f"the job's files outlived it: {left}"
+
+
+def _remove_remaining(paths: list[str]) -> list[str]:
+    """Which of ``paths`` still exist (removed now, so a failure leaves nothing behind)."""
+    left = [path for path in paths if os.path.lexists(path)]
+    for path in left:
+        os.unlink(path)
+    return left
+
+
 def _left_by(tag: str) -> list[str]:
     return [
         str(path)
