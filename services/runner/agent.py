@@ -436,6 +436,7 @@ class NodeAgent:
             usage=self._usage,
             gpu_indices=grant.gpu_indices,
             max_output_bytes=self.settings.max_output_bytes,
+            max_processes=self.settings.job_max_processes,
             max_checkpoint_bytes=self.settings.max_checkpoint_bytes,
             metrics_points_per_second=self.settings.metrics_points_per_second,
             metrics_max_keys=self.settings.metrics_max_keys,

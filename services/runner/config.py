@@ -76,6 +76,9 @@ class Settings(GuardedServiceSettings):
     job_uid_base: int = Field(default_factory=lambda: 0, ge=0)
     """First uid of this node's job users (a runner started as root runs each job as
     ``job_uid_base + slot``); 0: derived from the node id, in 200000-263999."""
+    job_max_processes: int = Field(default=16384, ge=16)
+    """Processes and threads a job's user may have at once (``RLIMIT_NPROC``; only where
+    jobs run as users of their own): a fork bomb spends its own budget, not the host's."""
     job_env_passthrough: list[str] = Field(
         default_factory=lambda: [
             "LD_LIBRARY_PATH",

@@ -113,6 +113,7 @@ class JobRun:
         max_checkpoint_bytes: int = checkpoints.MAX_CHECKPOINT_BYTES,
         metrics_points_per_second: float = 1000.0,
         metrics_max_keys: int = 1000,
+        max_processes: int | None = None,
     ) -> None:
         self.job = job
         self.started_at = datetime.now(UTC)
@@ -139,6 +140,7 @@ class JobRun:
         )
         self._max_output_bytes = max_output_bytes
         self._max_checkpoint_bytes = max_checkpoint_bytes
+        self._max_processes = max_processes
         self._metrics_path = log_path.with_suffix(".metrics.jsonl")
         self._metrics_file: CappedFile | None = None
         self._metrics_shipper = LogShipper(
@@ -200,7 +202,11 @@ class JobRun:
         try:
             self._server = await self._open_control_socket()
             self._process = await JobProcess.start(
-                argv, cwd=self._sandbox.code, env=env, user=self._sandbox.user
+                argv,
+                cwd=self._sandbox.code,
+                env=env,
+                user=self._sandbox.user,
+                max_processes=self._max_processes,
             )
         except BaseException:
             self._log_file.close()

@@ -613,6 +613,57 @@ async def test_a_key_a_job_left_in_its_users_keyring_goes_with_it(
     assert "FOUND nothing" in found, found
 
 
+FORKING_JOB = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    children, refused = [], 0
+    for _ in range(int(sys.argv[1])):
+        try:
+            pid = os.fork()
+        except BlockingIOError:
+            refused += 1
+            continue
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        children.append(pid)
+    print("FORKED", len(children), "REFUSED", refused, flush=True)
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    """
+)
+
+
+async def test_a_fork_bomb_spends_the_jobs_own_process_budget(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    tmp_path: Path,
+) -> None:
+    """A job's user may have ``job_max_processes`` processes at once: a job forking without
+    end is refused past it, and the host's process table (the runner's, every job's) is
+    left alone."""
+    settings = settings.model_copy(update={"job_max_processes": 40})
+    await start_runner(settings)
+    store = open_store(settings.storage.uri)
+    code_folder = tmp_path / "forking"
+    code_folder.mkdir()
+    (code_folder / "fork.py").write_text(FORKING_JOB)
+    code = upload_bundle(store, "team-a", code_folder)
+    job = grant(settings.node_id, ["100"], entrypoint="fork.py", code=code)
+    await publish(bus, job, settings.node_id)
+    await events.first(JobSucceeded, job.job_id)
+    stream = f"logs/{job.job_id}/a0001-{settings.node_id}"
+    output = b"".join(
+        store.get_bytes(k) for k in store.list(f"{stream}/") if k.endswith(".log")
+    ).decode()
+    [line] = [line.split() for line in output.splitlines() if line.startswith("FORKED")]
+    forked, refused = int(line[1]), int(line[3])
+    assert forked < 40 and refused > 60, output
+
+
 MQUEUE_JOB = textwrap.dedent(
     """
     import ctypes, os, sys
