@@ -495,8 +495,10 @@ def shared_folders(top: Path = Path("/"), depth: int = _SHARED_SEARCH_DEPTH) -> 
             except OSError:
                 continue
             path = Path(entry.path)
-            if mode & stat.S_IWOTH and path not in found:
-                found.append(path)
+            if mode & stat.S_IWOTH:
+                # Searched whole by remove_files_of (with what everyone may write below it).
+                if path not in found:
+                    found.append(path)
             elif left > 1:
                 pending.append((path, left - 1))
     return found

@@ -21,6 +21,7 @@ from trainyard_platform.services.runner.sandbox import (
     claim_job_uids,
     fetch_bundle,
     remove_files_of,
+    shared_folders,
 )
 from trainyard_platform.shared.events.payloads import CodeBundle, CodeGit
 from trainyard_platform.shared.storage import LocalStore
@@ -201,3 +202,18 @@ def test_a_job_uid_range_holding_an_account_of_the_host_is_refused(tmp_path: Pat
     ):
         pass
     assert not list(tmp_path.iterdir())  # refused before any lock was taken
+
+
+def test_shared_folders_are_found_below_the_top_and_not_searched_twice(tmp_path: Path) -> None:
+    top = tmp_path / "root"
+    (top / "run" / "lock").mkdir(parents=True)
+    (top / "run" / "lock").chmod(0o1777)
+    (top / "open" / "inner").mkdir(parents=True)
+    (top / "open").chmod(0o1777)
+    (top / "open" / "inner").chmod(0o1777)
+    (top / "a" / "b" / "c" / "deep").mkdir(parents=True)
+    (top / "a" / "b" / "c" / "deep").chmod(0o1777)
+    found = [p for p in shared_folders(top, depth=3) if p.is_relative_to(top)]
+    # The inner one is searched with "open" (remove_files_of descends into what everyone
+    # may write); "deep" lies four levels down.
+    assert sorted(found) == [top / "open", top / "run" / "lock"]
