@@ -18,9 +18,16 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+)
 
-from trainyard_platform.services.billing.domain import money
+from trainyard_platform.services.billing.domain import decimal_text, money
 from trainyard_platform.shared.events.payloads import BudgetPolicy
 
 DEFAULT_THRESHOLDS = (50, 80, 100)
@@ -64,7 +71,12 @@ class BudgetRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    amount: Annotated[Decimal, Field(gt=0, le=MAX_AMOUNT, decimal_places=6), AfterValidator(money)]
+    amount: Annotated[
+        Decimal,
+        BeforeValidator(decimal_text),
+        Field(gt=0, le=MAX_AMOUNT, decimal_places=6),
+        AfterValidator(money),
+    ]
     """Money per UTC month (a decimal string or number), in billing's currency."""
     thresholds: Annotated[list[Annotated[int, Field(ge=1, le=1000)]], Field(max_length=20)] = Field(
         default_factory=lambda: list(DEFAULT_THRESHOLDS)

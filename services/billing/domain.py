@@ -14,6 +14,7 @@ Contract:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
@@ -73,6 +74,24 @@ def gpu_seconds(gpus: int, start: datetime, end: datetime) -> Decimal:
     if end < start:
         raise ValueError(f"released_at {end.isoformat()} is before granted_at {start.isoformat()}")
     return Decimal(gpus) * duration_seconds(start, end)
+
+
+_DECIMAL_TEXT = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?")
+
+
+def decimal_text(value: object) -> object:
+    """A money value a caller wrote, as a ``Decimal``: a JSON number, or a string as it
+    reads (``"2.75"``, ``"-0"``, ``"1e3"``); ``ValueError`` for any other string.
+    ``Decimal`` itself takes other scripts' digits (Arabic-Indic U+0665, full-width
+    U+FF15), ``_`` between digits and surrounding spaces, so a stored amount could differ
+    from the one shown. Anything else (``true``, ``null``) is left to the field's type."""
+    if isinstance(value, str):
+        if _DECIMAL_TEXT.fullmatch(value) is None:
+            raise ValueError('must be a decimal number in ASCII digits, such as "2.75"')
+        return Decimal(value)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return Decimal(str(value))  # as pydantic reads a JSON number: its shortest text
+    return value
 
 
 def plain(value: Decimal) -> Decimal:

@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
-from trainyard_platform.services.billing.domain import plain
+from trainyard_platform.services.billing.domain import decimal_text, plain
 from trainyard_platform.shared.events.payloads import (
     MAX_CPUS_PER_GPU,
     MAX_JOB_GPUS,
@@ -20,7 +20,12 @@ from trainyard_platform.shared.events.payloads import (
 MAX_PRICE = Decimal("1e9")
 
 
-Amount = Annotated[Decimal, Field(ge=0, le=MAX_PRICE, decimal_places=6), AfterValidator(plain)]
+Amount = Annotated[
+    Decimal,
+    BeforeValidator(decimal_text),
+    Field(ge=0, le=MAX_PRICE, decimal_places=6),
+    AfterValidator(plain),
+]
 
 
 def _in_utc(value: datetime) -> datetime:

@@ -344,3 +344,33 @@ async def test_a_new_team_is_named_so_it_can_be_a_folder(world: World, team: str
         _parser().parse_args(["bootstrap-admin", "--team", team, "--user", "dot"])
     parsed = _parser().parse_args(["bootstrap-admin", "--team", "a.b", "--user", ".dot"])
     assert (parsed.team, parsed.user) == ("a.b", ".dot")
+
+
+@pytest.mark.parametrize("written", ["\u0665", "\uff15", " 5", "5 ", "1_000", "5\u00a0"])
+async def test_an_amount_is_written_with_ascii_digits(world: World, written: str) -> None:
+    """Billing read a money string as Python's ``Decimal`` does: Arabic-Indic U+0665 and
+    full-width U+FF15 as 5, ``1_000`` as 1000, spaces around ignored; a budget or a price
+    that reads as another number than it shows was stored (200/201). Now 422 naming the
+    field, nothing stored; ``"5"``, ``"1e3"`` and JSON numbers are as before."""
+    async with world.pools["billing"].acquire() as conn:
+        await conn.execute(
+            "INSERT INTO flavors (name, revision, changed_at) VALUES ('a100', 1, now())"
+        )
+    billing = world.apps["billing"]
+    before = await endpoint_auth.snapshot(world.pools)
+    for path, token, field in (
+        ("/v1/budgets/ml", world.tokens["admin"], "amount"),
+        ("/v1/prices/a100", world.tokens["operator"], "price_per_gpu_hour"),
+    ):
+        answer = await endpoint_auth.call(
+            billing, "PUT", path, token, content_json={field: written}
+        )
+        assert answer.status_code == 422, (path, answer.text)
+        assert [e["field"] for e in answer.json()["errors"]] == [field], answer.text
+        assert "ASCII" in answer.json()["errors"][0]["message"], answer.text
+    assert await endpoint_auth.snapshot(world.pools) == before
+    for amount in ("5", "1e3", 5, 2.75):
+        answer = await endpoint_auth.call(
+            billing, "PUT", "/v1/budgets/ml", world.tokens["admin"], content_json={"amount": amount}
+        )
+        assert answer.status_code in (200, 201), answer.text
