@@ -339,16 +339,20 @@ def _hyper_value(value: object) -> HyperValue:
 
 
 Name = Annotated[str, Field(min_length=1, max_length=100, pattern=NAME_PATTERN)]
-NEW_TEAM_RULE = "must not start with '.': a team's name is a folder of its objects"
+NEW_TEAM_RULE = (
+    "must not contain '.': a team's name is one token of NATS subjects and a folder of its objects"
+)
 
 
 def new_team(value: str) -> str:
     """``value`` as the name of a team to create, or ``ValueError`` (``NEW_TEAM_RULE``).
 
-    A team's name is a segment of object keys (``bundles/<team>/``, the registry's
-    ``registry/<team>/``): ``.`` and ``..`` cannot be one, and the registry refuses every
-    name that starts with ``.``. Teams that exist are still looked up by ``Name``."""
-    if value.startswith("."):
+    A team's name is the routing key of its budget events, one token of their NATS subject
+    (``trainyard.budget.updated.v1.<team>``, read with the filter ``...v1.*``), and a
+    segment of object keys (``bundles/<team>/``, the registry's ``registry/<team>/``): a
+    '.' would split the token (the event would match no consumer's filter) or make the
+    segment ``.`` or ``..``. Teams that exist are still looked up by ``Name``."""
+    if "." in value:
         raise ValueError(NEW_TEAM_RULE)
     return value
 

@@ -342,8 +342,8 @@ async def test_a_new_team_is_named_so_it_can_be_a_folder(world: World, team: str
 
     with pytest.raises(SystemExit):
         _parser().parse_args(["bootstrap-admin", "--team", team, "--user", "dot"])
-    parsed = _parser().parse_args(["bootstrap-admin", "--team", "a.b", "--user", ".dot"])
-    assert (parsed.team, parsed.user) == ("a.b", ".dot")
+    parsed = _parser().parse_args(["bootstrap-admin", "--team", "a-b_c", "--user", ".dot"])
+    assert (parsed.team, parsed.user) == ("a-b_c", ".dot")
 
 
 @pytest.mark.parametrize("written", ["\u0665", "\uff15", " 5", "5 ", "1_000", "5\u00a0"])
@@ -374,3 +374,30 @@ async def test_an_amount_is_written_with_ascii_digits(world: World, written: str
             billing, "PUT", "/v1/budgets/ml", world.tokens["admin"], content_json={"amount": amount}
         )
         assert answer.status_code in (200, 201), answer.text
+
+
+@pytest.mark.parametrize("team", ["ml.research", "a..b", "end."])
+async def test_a_new_team_is_named_so_it_can_be_a_subject_token(world: World, team: str) -> None:
+    """A team's name is the routing key of its budget events, one token of the NATS subject
+    (``trainyard.budget.updated.v1.<team>``), and submission reads them with the filter
+    ``trainyard.budget.updated.v1.*``. Team ``ml.research`` (created with 201) had its
+    budgets said on ``...v1.ml.research``, which that filter never matches: submission's
+    replica never learnt them, and admission could not apply a spent budget's policy;
+    ``a..b`` is not a valid NATS subject at all. Now 422 naming ``team``; nothing is stored; the
+    bootstrap command refuses it too."""
+    before = await endpoint_auth.snapshot(world.pools)
+    answer = await endpoint_auth.call(
+        world.apps["submission"],
+        "POST",
+        "/v1/admin/users",
+        world.tokens["operator"],
+        content_json={"team": team, "name": "dot", "role": "admin"},
+    )
+    assert answer.status_code == 422, answer.text
+    [error] = answer.json()["errors"]
+    assert error["field"] == "team" and "'.'" in error["message"], answer.text
+    assert await endpoint_auth.snapshot(world.pools) == before
+    from trainyard_platform.services.submission.__main__ import _parser
+
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["bootstrap-admin", "--team", team, "--user", "dot"])
