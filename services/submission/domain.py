@@ -11,6 +11,9 @@ Contract:
   handler judges a runner's report that came before its grant (or a success before its
   start) only once that arrives (``early_reports``). One exception: a job whose cancel was requested and whose process then failed becomes
   CANCELLED when the scheduler confirms the cancel (the scheduler decides the outcome).
+- A job whose current attempt failed is requeued QUEUED, not PREEMPTED: the scheduler's
+  ``job.preempted`` that restarts it (after the runner's ``job.failed``) says why it runs
+  again, and no one preempted it.
 - A job whose cancel was requested is never PREEMPTED: a ``job.preempted`` then reports the
   stop the cancel asked for, and the job stays as it was until the scheduler's
   ``job.cancelled`` (its history never says it was preempted).
@@ -77,8 +80,14 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     # SCHEDULED/RUNNING -> SCHEDULED: the job was placed again (its node was lost); only a
     # grant of a later attempt may do this (see ``judge``). A job can fail or be preempted
     # before its process ever started.
-    _S.SCHEDULED: frozenset({_S.SCHEDULED, _S.RUNNING, _S.FAILED, _S.PREEMPTED, _S.CANCELLED}),
-    _S.RUNNING: frozenset({_S.SCHEDULED, _S.SUCCEEDED, _S.FAILED, _S.PREEMPTED, _S.CANCELLED}),
+    # SCHEDULED/RUNNING -> QUEUED: the attempt failed and the scheduler restarts the job (see
+    # ``judge``: it was not preempted).
+    _S.SCHEDULED: frozenset(
+        {_S.QUEUED, _S.SCHEDULED, _S.RUNNING, _S.FAILED, _S.PREEMPTED, _S.CANCELLED}
+    ),
+    _S.RUNNING: frozenset(
+        {_S.QUEUED, _S.SCHEDULED, _S.SUCCEEDED, _S.FAILED, _S.PREEMPTED, _S.CANCELLED}
+    ),
     _S.PREEMPTED: frozenset({_S.QUEUED, _S.PENDING, _S.SCHEDULED, _S.CANCELLED}),
     _S.SUCCEEDED: frozenset(),
     _S.FAILED: frozenset(),
@@ -205,6 +214,10 @@ def judge(state: JobState, event: LifecycleEvent, source: str = "") -> Verdict:
                 # The stop the cancel asked for (the runner says a revocation ended its
                 # allocation as job.preempted); the scheduler's job.cancelled ends the job.
                 return Ignore("the job is being cancelled; it was stopped, not preempted")
+            if isinstance(event, JobPreempted) and _restarted(state):
+                # The scheduler's requeue of an attempt whose failure is recorded: the job
+                # waits to run again after a failure; nothing preempted it.
+                return Apply(JobStatus.QUEUED, record=True)
         case AllocationGranted():
             if event.allocation_id == state.allocation_id:
                 return Ignore(f"allocation {event.allocation_id} was already granted")
@@ -222,6 +235,11 @@ def judge(state: JobState, event: LifecycleEvent, source: str = "") -> Verdict:
         # A refresh of the same wait is not news; a new reason is.
         return Apply(target, record=event.reason != state.pending_reason)
     return Apply(target, record=True)
+
+
+def _restarted(state: JobState) -> bool:
+    """The current attempt's failure is recorded: a requeue now is a restart after it."""
+    return state.attempt is not None and state.failed_attempt == state.attempt
 
 
 def is_attempt_failure(event: LifecycleEvent, source: str) -> bool:

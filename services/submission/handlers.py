@@ -227,7 +227,7 @@ async def _apply(
         case JobStarted():
             await repo.set_running(conn, job_id, event.started_at)
         case JobPreempted():
-            await repo.set_preempted(conn, job_id)
+            await repo.set_preempted(conn, job_id, verdict.status)
         case JobSucceeded() | JobCancelled():
             # The job keeps a recorded failure (of an attempt that failed before).
             await repo.set_finished(conn, job_id, verdict.status, at, None)

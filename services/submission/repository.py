@@ -579,10 +579,13 @@ async def set_running(conn: asyncpg.Connection, job_id: str, started_at: datetim
     )
 
 
-async def set_preempted(conn: asyncpg.Connection, job_id: str) -> None:
+async def set_preempted(conn: asyncpg.Connection, job_id: str, status: str) -> None:
+    """The job's allocation ended and it waits to run again: PREEMPTED, or QUEUED for a
+    restart after its attempt failed (``domain.judge``)."""
     await conn.execute(
-        "UPDATE jobs SET status = 'PREEMPTED', updated_at = clock_timestamp() WHERE id = $1",
+        "UPDATE jobs SET status = $2, updated_at = clock_timestamp() WHERE id = $1",
         job_id,
+        status,
     )
 
 

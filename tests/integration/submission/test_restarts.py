@@ -55,8 +55,10 @@ async def test_a_restarted_job_runs_again_and_fails_when_the_scheduler_says_so(
     await submission.publish(
         ev.preempted_by_scheduler(job, "alloc-1", restart), source=SCHEDULER_SOURCE
     )
-    view = await submission.wait_for(job, lambda v: v["status"] == "PREEMPTED")
+    # Restarted after its failure: QUEUED again (it was not preempted).
+    view = await submission.wait_for(job, lambda v: v["status"] == "QUEUED")
     assert view["failure"]["attempt"] == 0  # why the job is being restarted
+    assert view["node"] is None
     await submission.publish(ev.pending(job, "restarting in 5 s"), source=SCHEDULER_SOURCE)
     await submission.publish(ev.granted(job, "alloc-2", attempt=1), source=SCHEDULER_SOURCE)
     await submission.publish(ev.started(job, "alloc-2", attempt=1), source=RUNNER)
@@ -99,7 +101,7 @@ async def test_a_restarted_job_runs_again_and_fails_when_the_scheduler_says_so(
         ("SCHEDULED", "attempt 1 on node-1 (GPUs 0,1)"),
         ("RUNNING", None),
         ("FAILED", "attempt 1 failed: user_error: exited with status 1 (exit code 1)"),
-        ("PREEMPTED", restart),
+        ("QUEUED", restart),
         ("PENDING", "restarting in 5 s"),
         ("SCHEDULED", "attempt 2 on node-1 (GPUs 0,1)"),
         ("RUNNING", None),
@@ -185,7 +187,7 @@ async def test_late_and_repeated_reports_of_an_older_attempt_change_nothing(
         "SCHEDULED",
         "RUNNING",
         "FAILED",  # attempt 1, once
-        "PREEMPTED",
+        "QUEUED",  # restarted after it
         "SCHEDULED",
         "RUNNING",
     ]

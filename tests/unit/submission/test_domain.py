@@ -376,13 +376,28 @@ def test_a_restarted_job_goes_on_until_the_scheduler_says_it_failed() -> None:
         S.SCHEDULED,
         S.RUNNING,
         S.FAILED,  # attempt 1 failed
-        S.PREEMPTED,
+        S.QUEUED,  # restarted after its failure: nothing preempted it
         S.PENDING,
         S.SCHEDULED,
         S.RUNNING,
         S.FAILED,  # attempt 2 failed
         S.FAILED,  # the job failed
     ]
+
+
+def test_a_restart_after_a_failure_is_no_preemption() -> None:
+    # Seen on a local stack: a job whose attempt failed and was restarted showed "PREEMPTED
+    # attempt 1 failed (user_error: ...); restarting in 0.5 s" in its history; nothing
+    # preempted it. It is QUEUED again, with the scheduler's reason.
+    failed = JobState(S.RUNNING, allocation_id="alloc-1", attempt=0, failed_attempt=0)
+    restart = ev.preempted_by_scheduler(JOB, "alloc-1")
+    assert judge(failed, restart, SCHEDULER) == Apply(S.QUEUED, record=True)
+    # A preemption (no failure of this attempt recorded: an earlier one's does not count).
+    assert judge(replace(failed, failed_attempt=None), ev.preempted(JOB)) == Apply(
+        S.PREEMPTED, record=True
+    )
+    earlier = JobState(S.RUNNING, allocation_id="alloc-1", attempt=1, failed_attempt=0)
+    assert judge(earlier, ev.preempted(JOB)) == Apply(S.PREEMPTED, record=True)
 
 
 def test_an_attempt_failure_record_says_which_attempt_and_why() -> None:
