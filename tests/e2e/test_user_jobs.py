@@ -306,3 +306,61 @@ def test_a_runner_killed_mid_training_leaves_no_process_and_the_job_resumes_exac
     assert re.search(r"resumed at step [1-9]\d*", output), output
     [final] = re.findall(r"FINAL_WEIGHTS sha256=(\w+)", output)
     assert final == reference
+
+
+SLEEPS = textwrap.dedent(
+    """
+    import time
+    print("working", flush=True)
+    time.sleep(300)
+    """
+)
+
+
+def test_every_view_counts_a_jobs_attempts_alike_and_a_cancel_is_no_preemption(
+    stack: LocalStack, token: str, client: TrainyardClient, project: Path
+) -> None:
+    # What each view says of a job's life, across the services. Attempts are counted from 1
+    # in every text (the API's attempt is the 0-based index): the history said "attempt 0
+    # on ..." and "attempt 0 failed" beside the scheduler's "attempt 1 failed (...)",
+    # describe "attempt 0 on ...", logs "==> a0000-..."; the restart read PREEMPTED, and so
+    # did the stop of a cancelled job.
+    spec_path = write_project(
+        project,
+        {"crash.py": CRASHES},
+        {"name": "crashes-twice", "entrypoint": "crash.py", "max_restarts": 1},
+    )
+    job_id = job_id_of(cli(stack, token, "submit", str(spec_path)))
+    view = client.wait(job_id, timeout_s=180)
+    assert view["status"] == "FAILED", ended_how(stack, view)
+    assert (view["attempt"], view["failure"]["attempt"]) == (1, 1)  # indices: the second
+    reasons = [h["reason"] or "" for h in view["history"]]
+    placed = [r for r in reasons if r.startswith("attempt ") and " on " in r]
+    assert [r.split(" on ")[0] for r in placed] == ["attempt 1", "attempt 2"], reasons
+    assert any(r.startswith("attempt 1 failed: user_error") for r in reasons), reasons
+    assert any(r.startswith("attempt 1 failed (user_error") for r in reasons), reasons
+    assert any(r.startswith("attempt 2 failed: user_error") for r in reasons), reasons
+    assert "max restarts (1) reached after 2 attempts" in view["failure"]["reason"]
+    # Restarted after its failure, it waited QUEUED; nothing preempted it.
+    assert "PREEMPTED" not in [h["status"] for h in view["history"]], reasons
+    assert f"FAILED (attempt 2 on {RUNNER_NODE_ID}" in cli(stack, token, "describe", job_id)
+    shown = cli(stack, token, "logs", job_id)
+    assert f"==> attempt 1 on {RUNNER_NODE_ID} <==" in shown
+    assert f"==> attempt 2 on {RUNNER_NODE_ID} <==" in shown
+    # The job's own variable keeps the index (docs/job-spec.md).
+    assert "attempt 0 starting" in shown and "attempt 1 starting" in shown
+
+    # A running job its user cancels ends CANCELLED, and was never PREEMPTED.
+    spec_path = write_project(
+        project, {"sleeps.py": SLEEPS}, {"name": "sleeps", "entrypoint": "sleeps.py"}
+    )
+    job_id = job_id_of(cli(stack, token, "submit", str(spec_path)))
+    deadline = time.monotonic() + 120
+    while client.get_job(job_id)["status"] != "RUNNING":
+        assert time.monotonic() < deadline, "not running within 120 s"
+        time.sleep(0.5)
+    cli(stack, token, "cancel", job_id)
+    view = client.wait(job_id, timeout_s=120)
+    assert view["status"] == "CANCELLED", ended_how(stack, view)
+    statuses = [h["status"] for h in view["history"]]
+    assert "PREEMPTED" not in statuses and statuses[-2:] == ["RUNNING", "CANCELLED"], statuses
