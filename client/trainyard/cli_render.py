@@ -119,7 +119,9 @@ class FollowPrinter:
         lines: list[str] = []
         for entry in view["history"][self._history :]:
             reason = f"  {entry['reason']}" if entry.get("reason") else ""
-            lines.append(f"{time_text(entry['at'])}  {entry['status']}{reason}")
+            # A reason of several lines stays indented under its entry, as in describe.
+            line = f"{time_text(entry['at'])}  {entry['status']}{reason}"
+            lines.append(line.replace("\n", "\n" + " " * 10))
         self._history = len(view["history"])
         if view.get("pending") and lines:
             lines.append(f"          {pending_text(view['pending'])}")

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from trainyard import cli, cli_jobs
-from trainyard.cli_render import render_job, summary_reason
+from trainyard.cli_render import FollowPrinter, render_job, summary_reason
 from trainyard.client import TrainyardClient
 
 VIEW: dict[str, Any] = {
@@ -594,3 +594,18 @@ LABELS = {
     "", "job", "status", "owner", "project", "resources", "priority", "times", "duration",
     "metrics", "checkpoints", "model", "cost", "failure", "history",
 }  # fmt: skip
+
+
+def test_attach_keeps_a_reason_of_several_lines_under_its_entry() -> None:
+    # attach and submit --follow print new history entries; a reason holding a tool's
+    # output (a failed environment build) put its further lines at the left margin, where
+    # the entries' times go.
+    reason = "platform_error: could not build the job's environment:\nerror: No solution found"
+    view = {
+        **VIEW,
+        "status": "FAILED",
+        "history": [{"status": "FAILED", "at": "2024-06-01T12:00:00Z", "reason": reason}],
+    }
+    lines = "\n".join(FollowPrinter().changes(view)).splitlines()
+    assert lines[0].startswith("2024-06-01 12:00:00Z  FAILED  platform_error: could not")
+    assert lines[1] == " " * 10 + "error: No solution found"
