@@ -15,6 +15,7 @@ follow, ``next``, the cursor to pass as ``after``. A runs cursor holds its sort:
 another ``sort`` or ``order`` it answers 422 naming ``after``.
 - ``GET /v1/experiments/{id}/compare?keys&jobs&max_points``: runs side by side.
 - ``PUT``/``DELETE /v1/jobs/{job_id}/tags/{tag}``, ``PUT /v1/jobs/{job_id}/note``: members.
+  A run has at most ``MAX_RUN_TAGS`` tags: a new one past them is a 422 naming ``tag``.
 
 A job or experiment of another team answers 404, exactly like one that does not exist.
 Non-finite values are the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``. Invalid query
@@ -309,13 +310,20 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
         summary="Tag a run (members)",
         opt=needs(Role.MEMBER),
         status_code=200,
-        responses=error_responses(404),
+        responses=error_responses(404, 422),
     )
     async def put_tag(
         job_id: FromPath[str], tag: FromPath[str], principal: Caller
     ) -> RunAnnotations:
         async def add(conn: asyncpg.Connection) -> bool:
-            return await repo.add_tag(conn, job_id, tag, datetime.now(UTC))
+            try:
+                return await repo.add_tag(conn, job_id, tag, datetime.now(UTC))
+            except repo.TooManyTags:
+                raise RequestInvalid.one(
+                    "tag",
+                    f"run {job_id} has {repo.MAX_RUN_TAGS} tags, the most a run may have: "
+                    "remove one first",
+                ) from None
 
         return await retag(job_id, tag, principal, add, "tag run")
 

@@ -210,8 +210,24 @@ async def final_metrics(conn: asyncpg.Connection, job_ids: Sequence[str]) -> lis
 # --- tags and notes -----------------------------------------------------------------------
 
 
+MAX_RUN_TAGS = 50
+"""The most tags a run may have: each row of its experiment's runs carries all of them."""
+
+
+class TooManyTags(Exception):
+    """The run has ``MAX_RUN_TAGS`` tags already."""
+
+
 async def add_tag(conn: asyncpg.Connection, job_id: str, tag: str, now: datetime) -> bool:
-    """True when the tag is new on the job."""
+    """True when the tag is new on the job; ``TooManyTags`` when a new one would be past
+    ``MAX_RUN_TAGS``. The run's row is locked first, so concurrent tags take turns."""
+    held = await conn.fetchval(
+        "SELECT (SELECT array_agg(tag) FROM job_tags t WHERE t.job_id = j.job_id) "
+        "FROM tracked_jobs j WHERE j.job_id = $1 FOR UPDATE",
+        job_id,
+    )
+    if held and tag not in held and len(held) >= MAX_RUN_TAGS:
+        raise TooManyTags(job_id)
     added = await conn.fetchval(
         "INSERT INTO job_tags (job_id, tag, added_at) VALUES ($1, $2, $3) "
         "ON CONFLICT DO NOTHING RETURNING true",

@@ -21,6 +21,7 @@ from trainyard_platform.services.registry.api import create_app
 from trainyard_platform.services.registry.domain import RunNotRecorded
 from trainyard_platform.services.registry.handlers import RegistryHandlers
 from trainyard_platform.services.registry.metric_ingest import MAX_METRIC_KEYS
+from trainyard_platform.services.registry.tracking_repository import MAX_RUN_TAGS
 from trainyard_platform.shared.access import remember
 from trainyard_platform.shared.bus import Bus, Delivery, Reject
 from trainyard_platform.shared.events import Envelope, Payload
@@ -509,3 +510,22 @@ async def test_a_job_has_at_most_max_metric_keys(
     assert len(summary) == MAX_METRIC_KEYS
     assert next(m for m in summary if m["key"] == keys[0])["count"] == 2
     assert (await vision.get(f"/v1/jobs/{j}/metrics/fresh")).status_code == 404
+
+
+async def test_a_run_has_at_most_max_run_tags(
+    pool: asyncpg.Pool, vision: httpx.AsyncClient
+) -> None:
+    # PUT .../tags/{tag} added any number of tags to a run, and every row of its experiment's
+    # runs carries all of them. Now a new tag past MAX_RUN_TAGS is a 422 naming tag.
+    j = job()
+    apply = idempotent_batches(pool, "registry", RegistryHandlers().dispatch_batch)
+    await apply([wrapped(started(j, spec()))])
+    for n in range(MAX_RUN_TAGS):
+        assert (await vision.put(f"/v1/jobs/{j}/tags/t{n:02}")).status_code == 200
+    refused = await vision.put(f"/v1/jobs/{j}/tags/one-more")
+    assert refused.status_code == 422, refused.text
+    (error,) = refused.json()["errors"]
+    assert error["field"] == "tag" and f"{MAX_RUN_TAGS} tags" in error["message"]
+    assert (await vision.put(f"/v1/jobs/{j}/tags/t00")).status_code == 200  # has it: no-op
+    assert (await vision.delete(f"/v1/jobs/{j}/tags/t00")).status_code == 200
+    assert "one-more" in (await vision.put(f"/v1/jobs/{j}/tags/one-more")).json()["tags"]
