@@ -144,9 +144,15 @@ async def delete_flavor(pool: asyncpg.Pool, name: str, by: Principal) -> None:
         await emit(conn, retired, name, f"flavor:{name}:{revision}")
 
 
-async def list_flavors(pool: asyncpg.Pool) -> list[FlavorView]:
+async def list_flavors(
+    pool: asyncpg.Pool, limit: int, after: str | None = None
+) -> tuple[list[FlavorView], str | None]:
+    """A page of flavors by name and the cursor of the next (None: the last)."""
+    key = paging.decode(after, "GET /v1/admin/flavors", paging.text)
     async with pool.acquire() as conn:
-        return [flavor_view(r) for r in await admin_repo.flavors(conn)]
+        fetched = await admin_repo.flavors(conn, limit + 1, key[0] if key else "")
+    rows, more = paging.split(fetched, limit)
+    return [flavor_view(r) for r in rows], paging.encode(rows[-1]["name"]) if more else None
 
 
 async def get_flavor(pool: asyncpg.Pool, name: str) -> FlavorView:
@@ -180,9 +186,15 @@ async def delete_cohort(pool: asyncpg.Pool, name: str, by: Principal) -> None:
         await admin_repo.delete_cohort(conn, name)
 
 
-async def list_cohorts(pool: asyncpg.Pool) -> list[CohortView]:
+async def list_cohorts(
+    pool: asyncpg.Pool, limit: int, after: str | None = None
+) -> tuple[list[CohortView], str | None]:
+    """A page of cohorts by name and the cursor of the next (None: the last)."""
+    key = paging.decode(after, "GET /v1/admin/cohorts", paging.text)
     async with pool.acquire() as conn:
-        return [cohort_view(r) for r in await admin_repo.cohorts(conn)]
+        fetched = await admin_repo.cohorts(conn, limit + 1, key[0] if key else "")
+    rows, more = paging.split(fetched, limit)
+    return [cohort_view(r) for r in rows], paging.encode(rows[-1]["name"]) if more else None
 
 
 async def get_cohort(pool: asyncpg.Pool, name: str) -> CohortView:
@@ -332,9 +344,19 @@ async def delete_priority_class(pool: asyncpg.Pool, name: str, by: Principal) ->
         await admin_repo.delete_priority_class(conn, name)
 
 
-async def list_priority_classes(pool: asyncpg.Pool) -> list[PriorityClassView]:
+async def list_priority_classes(
+    pool: asyncpg.Pool, limit: int, after: str | None = None
+) -> tuple[list[PriorityClassView], str | None]:
+    """A page of priority classes, highest value first, and the cursor of the next (None:
+    the last)."""
+    key = paging.decode(after, "GET /v1/admin/priority-classes", paging.integer, paging.text)
     async with pool.acquire() as conn:
-        return [priority_class_view(r) for r in await admin_repo.priority_classes(conn)]
+        fetched = await admin_repo.priority_classes(
+            conn, limit + 1, (key[0], key[1]) if key else None
+        )
+    rows, more = paging.split(fetched, limit)
+    cursor = paging.encode(rows[-1]["value"], rows[-1]["name"]) if more else None
+    return [priority_class_view(r) for r in rows], cursor
 
 
 async def get_priority_class(pool: asyncpg.Pool, name: str) -> PriorityClassView:

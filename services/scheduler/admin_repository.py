@@ -29,8 +29,11 @@ _FLAVOR_VIEW = """SELECT f.name, f.description, f.created_at,
     FROM flavors f LEFT JOIN nodes n ON n.gpu_flavor = f.name"""
 
 
-async def flavors(conn: asyncpg.Connection) -> list[Row]:
-    rows: list[Row] = await conn.fetch(f"{_FLAVOR_VIEW} GROUP BY f.name ORDER BY f.name")
+async def flavors(conn: asyncpg.Connection, limit: int, after: str = "") -> list[Row]:
+    """At most ``limit`` flavors named after ``after``, by name."""
+    rows: list[Row] = await conn.fetch(
+        f"{_FLAVOR_VIEW} WHERE f.name > $2 GROUP BY f.name ORDER BY f.name LIMIT $1", limit, after
+    )
     return rows
 
 
@@ -94,8 +97,11 @@ _COHORT_VIEW = """SELECT c.name, c.description, c.created_at, c.updated_at,
     FROM cohorts c LEFT JOIN queues q ON q.cohort = c.name"""
 
 
-async def cohorts(conn: asyncpg.Connection) -> list[Row]:
-    rows: list[Row] = await conn.fetch(f"{_COHORT_VIEW} GROUP BY c.name ORDER BY c.name")
+async def cohorts(conn: asyncpg.Connection, limit: int, after: str = "") -> list[Row]:
+    """At most ``limit`` cohorts named after ``after``, by name."""
+    rows: list[Row] = await conn.fetch(
+        f"{_COHORT_VIEW} WHERE c.name > $2 GROUP BY c.name ORDER BY c.name LIMIT $1", limit, after
+    )
     return rows
 
 
@@ -233,9 +239,17 @@ _CLASS_COLUMNS = (
 )
 
 
-async def priority_classes(conn: asyncpg.Connection) -> list[Row]:
+async def priority_classes(
+    conn: asyncpg.Connection, limit: int, after: tuple[int, str] | None = None
+) -> list[Row]:
+    """At most ``limit`` classes after the class ``after`` (its value and name), highest
+    value first, then by name."""
     rows: list[Row] = await conn.fetch(
-        f"SELECT {_CLASS_COLUMNS} FROM priority_classes ORDER BY value DESC, name"
+        f"SELECT {_CLASS_COLUMNS} FROM priority_classes "
+        "WHERE $2::bigint IS NULL OR (-value, name) > (-$2::bigint, $3::text) "
+        "ORDER BY value DESC, name LIMIT $1",
+        limit,
+        *(after if after else (None, None)),
     )
     return rows
 

@@ -11,7 +11,9 @@ Contract:
   write is recorded in the audit log (``GET /v1/audit``, operators).
 - They read and write PostgreSQL directly, so they work on every replica, leader or not.
 - Admin routes: ``GET /v1/admin/flavors``, ``GET|PUT|DELETE /v1/admin/flavors/{name}``, and
-  the same for ``cohorts``, ``queues`` and ``priority-classes``. ``PUT`` creates (201) or
+  the same for ``cohorts``, ``queues`` and ``priority-classes``. The four lists come a page at
+  a time (``shared.paging``: ``limit`` 1 to ``ADMIN_PAGE_MAX``, default 100, the next page in
+  ``Link: <...>; rel="next"``). ``PUT`` creates (201) or
   replaces (200) and returns the resource; ``DELETE`` answers 204, or 409 naming what still
   uses the resource (see ``admin``).
 - Errors are JSON ``{"detail": ..., "errors": [{"field": ..., "message": ...}]}``
@@ -75,9 +77,10 @@ Caller = NamedDependency[Principal]
 TeamCheck = NamedDependency[Teams]
 ADMIN_BODY_MAX_BYTES = 64 * 1024
 """The largest admin body accepted (a queue with 100 quotas is a few KB)."""
-QUEUES_PAGE_MAX = 500
+ADMIN_PAGE_MAX = 500
+"""The most rows of a page of ``GET /v1/admin/{flavors,cohorts,queues,priority-classes}``."""
 PENDING_PAGE_MAX = 1000
-"""The most rows of a page of ``GET /v1/admin/queues`` and ``GET /v1/queue/{name}/pending``."""
+"""The most rows of a page of ``GET /v1/queue/{name}/pending``."""
 Readiness = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
 """(ready, body) of ``GET /readyz``."""
 
@@ -95,8 +98,13 @@ def _put_responses(view: type[Any]) -> dict[int, ResponseSpec]:
 
 def admin_router(pool: asyncpg.Pool) -> Router:
     @get("/flavors")
-    async def list_flavors() -> list[FlavorView]:
-        return await admin.list_flavors(pool)
+    async def list_flavors(
+        limit: Annotated[int, QueryParameter(ge=1, le=ADMIN_PAGE_MAX)] = 100,
+        after: Annotated[str | None, QueryParameter(description="from the Link header")] = None,
+    ) -> Response[list[FlavorView]]:
+        """A page of flavors by name; the next in ``Link`` (``shared.paging``)."""
+        flavors, cursor = await admin.list_flavors(pool, limit, after)
+        return paging.listed(flavors, "/v1/admin/flavors", {"limit": str(limit)}, cursor)
 
     @get("/flavors/{name:str}", responses=error_responses(404))
     async def get_flavor(name: FromPath[str]) -> FlavorView:
@@ -121,8 +129,13 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         await admin.delete_flavor(pool, name, principal)
 
     @get("/cohorts")
-    async def list_cohorts() -> list[CohortView]:
-        return await admin.list_cohorts(pool)
+    async def list_cohorts(
+        limit: Annotated[int, QueryParameter(ge=1, le=ADMIN_PAGE_MAX)] = 100,
+        after: Annotated[str | None, QueryParameter(description="from the Link header")] = None,
+    ) -> Response[list[CohortView]]:
+        """A page of cohorts by name; the next in ``Link`` (``shared.paging``)."""
+        cohorts, cursor = await admin.list_cohorts(pool, limit, after)
+        return paging.listed(cohorts, "/v1/admin/cohorts", {"limit": str(limit)}, cursor)
 
     @get("/cohorts/{name:str}", responses=error_responses(404))
     async def get_cohort(name: FromPath[str]) -> CohortView:
@@ -148,7 +161,7 @@ def admin_router(pool: asyncpg.Pool) -> Router:
 
     @get("/queues")
     async def list_queues(
-        limit: Annotated[int, QueryParameter(ge=1, le=QUEUES_PAGE_MAX)] = 100,
+        limit: Annotated[int, QueryParameter(ge=1, le=ADMIN_PAGE_MAX)] = 100,
         after: Annotated[str | None, QueryParameter(description="from the Link header")] = None,
     ) -> Response[list[QueueConfigView]]:
         """A page of queues by name; the next in ``Link: <...>; rel="next"`` (``shared.paging``,
@@ -180,8 +193,13 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         await admin.delete_queue(pool, name, principal)
 
     @get("/priority-classes")
-    async def list_classes() -> list[PriorityClassView]:
-        return await admin.list_priority_classes(pool)
+    async def list_classes(
+        limit: Annotated[int, QueryParameter(ge=1, le=ADMIN_PAGE_MAX)] = 100,
+        after: Annotated[str | None, QueryParameter(description="from the Link header")] = None,
+    ) -> Response[list[PriorityClassView]]:
+        """A page of classes, highest value first; the next in ``Link`` (``shared.paging``)."""
+        classes, cursor = await admin.list_priority_classes(pool, limit, after)
+        return paging.listed(classes, "/v1/admin/priority-classes", {"limit": str(limit)}, cursor)
 
     @get("/priority-classes/{name:str}", responses=error_responses(404))
     async def get_class(name: FromPath[str]) -> PriorityClassView:

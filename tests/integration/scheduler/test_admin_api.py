@@ -487,3 +487,50 @@ async def test_a_queue_s_waiting_line_comes_a_page_at_a_time(
     assert missing.status_code == 404
     assert missing.json()["detail"] == "no queue ghost"
     assert (await http.get("/v1/queue/default:vision/pending")).status_code == 401
+
+
+async def every_page(http: httpx.AsyncClient, url: str | None) -> list[str]:
+    """The names of every page from ``url`` on, following ``Link: <...>; rel="next"``."""
+    seen: list[str] = []
+    for _ in range(20):
+        assert url is not None
+        page = await http.get(url, headers=AUTH)
+        assert page.status_code == 200, page.text
+        assert len(page.json()) <= 2
+        seen += [item["name"] for item in page.json()]
+        url = page.links.get("next", {}).get("url")
+        if url is None:
+            return seen
+    raise AssertionError(f"more than 20 pages from {url}")
+
+
+async def test_flavors_cohorts_and_priority_classes_come_a_page_at_a_time(
+    http: httpx.AsyncClient,
+) -> None:
+    # GET /v1/admin/{flavors,cohorts,priority-classes} answered every one in one body; now a
+    # page of at most limit, as GET /v1/admin/queues, the rest by the Link cursor.
+    for name in ("f1", "f2", "f3", "f4", "f5"):
+        assert (await put(http, f"flavors/{name}", {})).status_code == 201
+        assert (await put(http, f"cohorts/c-{name}", {})).status_code == 201
+    for name, value in (("urgent", 500), ("alpha", 100)):
+        body = {"value": value, "preemptible": True}
+        assert (await put(http, f"priority-classes/{name}", body)).status_code == 201
+    assert await every_page(http, "/v1/admin/flavors?limit=2") == ["f1", "f2", "f3", "f4", "f5"]
+    assert await every_page(http, "/v1/admin/cohorts?limit=2") == [
+        "c-f1",
+        "c-f2",
+        "c-f3",
+        "c-f4",
+        "c-f5",
+    ]
+    assert await every_page(http, "/v1/admin/priority-classes?limit=2") == [
+        "high",
+        "urgent",
+        "alpha",
+        "normal",
+        "low",
+    ]
+    for kind in ("flavors", "cohorts", "priority-classes"):
+        for bad in ({"after": "bm90IGEgY3Vyc29y"}, {"limit": 501}):
+            refused = await http.get(f"/v1/admin/{kind}", params=bad, headers=AUTH)
+            assert next(iter(bad)) in fields(refused), kind
