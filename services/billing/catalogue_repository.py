@@ -156,6 +156,50 @@ async def resource_price_rows(conn: asyncpg.Connection, flavor: str | None = Non
     return rows
 
 
+PriceKey = tuple[str, datetime, int]
+"""A row's place in the price book's listing: flavor, effective_from, resource rank."""
+
+
+async def price_book_page(
+    conn: asyncpg.Connection,
+    flavor: str | None,
+    now: datetime,
+    limit: int,
+    after: PriceKey | None,
+) -> list[Row]:
+    """At most ``limit`` prices of the book (of ``flavor``, or every one), GPU, CPU and
+    memory alike, by flavor, date and resource (``rank``: GPU 0, CPU 1, memory 2), after the
+    key ``after``; each with ``in_force``: whether it is its resource's price at ``now``."""
+    rows: list[Row] = await conn.fetch(
+        """WITH book AS (
+               SELECT flavor, 'gpu' AS resource, 0 AS rank, effective_from,
+                      price_per_gpu_hour AS price, currency, set_by,
+                      (SELECT max(o.effective_from) FROM prices o
+                        WHERE o.flavor = p.flavor AND o.effective_from <= $2) AS current
+                 FROM prices p
+               UNION ALL
+               SELECT flavor, resource, CASE resource WHEN 'cpu' THEN 1 ELSE 2 END,
+                      effective_from, price_per_unit_hour, currency, set_by,
+                      (SELECT max(o.effective_from) FROM resource_prices o
+                        WHERE o.flavor = r.flavor AND o.resource = r.resource
+                          AND o.effective_from <= $2)
+                 FROM resource_prices r)
+           SELECT flavor, resource, rank, effective_from, price, currency, set_by,
+                  (effective_from = current) IS TRUE AS in_force
+             FROM book
+            WHERE ($1::text IS NULL OR flavor = $1)
+              AND ($4::text IS NULL
+                   OR (flavor, effective_from, rank) > ($4::text, $5::timestamptz, $6::int))
+            ORDER BY flavor, effective_from, rank
+            LIMIT $3""",
+        flavor,
+        now,
+        limit,
+        *(after if after else (None, None, None)),
+    )
+    return rows
+
+
 async def price_rows(conn: asyncpg.Connection, flavor: str | None = None) -> list[Row]:
     rows: list[Row] = await conn.fetch(
         "SELECT flavor, effective_from, price_per_gpu_hour, currency, set_by, recorded_at "

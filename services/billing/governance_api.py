@@ -1,7 +1,9 @@
 """Billing's price book, cost estimate and budget routes.
 
-- ``GET /v1/prices[?flavor=]`` (any user): every price of the book (per GPU-hour, per
-  CPU-hour, per GiB-hour of memory), dated.
+- ``GET /v1/prices[?flavor=&limit=&after=]`` (any user): the prices of the book (per
+  GPU-hour, per CPU-hour, per GiB-hour of memory), dated, a page at a time
+  (``shared.paging``: ``limit`` 1 to ``PRICES_PAGE_MAX``, default 100, the next page in the
+  ``Link`` header).
   ``PUT /v1/prices/{flavor}`` (operators): new prices (any of the three, at least one) from
   ``effective_from`` (default now;
   a time in the past is refused: usage already made keeps its price). A flavor's first
@@ -73,8 +75,10 @@ TeamCheck = NamedDependency[Teams]
 AnyRequest = Request[Any, Any, Any]
 Clock = Callable[[], datetime]
 BODY_MAX_BYTES = 64 * 1024
-BUDGETS_PAGE_MAX = 500
 """A job spec is read as an estimate's body: the largest a spec file may reasonably be."""
+BUDGETS_PAGE_MAX = 500
+PRICES_PAGE_MAX = 500
+"""The most rows of a page of ``GET /v1/budgets`` and ``GET /v1/prices``."""
 FLAVOR = r"^[a-z0-9][a-z0-9-]{0,39}$"
 TEAM = r"^[A-Za-z0-9_-]{1,100}$"
 """A team with a budget: no dot, since the team is the routing key of budget events (a NATS
@@ -137,34 +141,36 @@ def governance_routes(
     async def list_prices(
         request: AnyRequest,
         flavor: Annotated[str | None, QueryParameter(min_length=1, max_length=100)] = None,
-    ) -> list[PriceView]:
-        check_parameters(request, frozenset({"flavor"}))
-        now = clock()
+        limit: Annotated[int, QueryParameter(ge=1, le=PRICES_PAGE_MAX)] = 100,
+        after: Annotated[str | None, QueryParameter(description="from the Link header")] = None,
+    ) -> Response[list[PriceView]]:
+        """A page of the price book by flavor, date and resource (GPU, CPU, memory); the
+        next in ``Link: <...>; rel="next"`` (``shared.paging``): every price change adds a
+        row, so the book grows without bound."""
+        check_parameters(request, frozenset({"flavor", "limit", "after"}))
+        key = paging.decode(after, "GET /v1/prices", paging.text, paging.instant, paging.integer)
         async with pool.acquire() as conn:
-            rows = [
-                (r, "gpu", {"price_per_gpu_hour": r["price_per_gpu_hour"]})
-                for r in await catalogue.price_rows(conn, flavor)
-            ]
-            rows += [
-                (r, r["resource"], {PRICE_FIELD[r["resource"]]: r["price_per_unit_hour"]})
-                for r in await catalogue.resource_price_rows(conn, flavor)
-            ]
-        in_force: dict[tuple[str, str], datetime] = {}
-        for r, resource, _ in rows:  # each key's rows by ascending date
-            if r["effective_from"] <= now:
-                in_force[(r["flavor"], resource)] = r["effective_from"]
+            fetched = await catalogue.price_book_page(
+                conn, flavor, clock(), limit + 1, (key[0], key[1], key[2]) if key else None
+            )
+        rows, more = paging.split(fetched, limit)
         views = [
             PriceView(
                 flavor=r["flavor"],
                 effective_from=r["effective_from"],
                 currency=r["currency"],
                 set_by=r["set_by"],
-                in_force=in_force.get((r["flavor"], resource)) == r["effective_from"],
-                **{"price_per_gpu_hour": None, **price},
+                in_force=r["in_force"],
+                **{"price_per_gpu_hour": None, PRICE_FIELD[r["resource"]]: r["price"]},
             )
-            for r, resource, price in rows
+            for r in rows
         ]
-        return sorted(views, key=lambda v: (v.flavor, v.effective_from))
+        last = rows[-1] if more else None
+        cursor = (
+            paging.encode(last["flavor"], last["effective_from"], last["rank"]) if last else None
+        )
+        query = {**({"flavor": flavor} if flavor else {}), "limit": str(limit)}
+        return paging.listed(views, "/v1/prices", query, cursor)
 
     @put(
         "/v1/prices/{flavor:str}",

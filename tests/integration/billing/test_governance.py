@@ -384,3 +384,45 @@ async def test_budgets_come_a_page_at_a_time(client: httpx.AsyncClient) -> None:
         refused = await client.get("/v1/budgets", params=bad, headers=OPERATOR_USER)
         assert refused.status_code == 422, (bad, refused.text)
         assert next(iter(bad)) in errors(refused), refused.text
+
+
+async def test_the_price_book_comes_a_page_at_a_time(client: httpx.AsyncClient) -> None:
+    # Every price change adds a row to the book, and GET /v1/prices answered all of them in
+    # one body. Now a page of at most limit, the rest by the Link cursor, with in_force as
+    # the whole book says it.
+    soon = datetime.now(UTC) + timedelta(days=1)
+    for n in range(3):
+        body = {
+            "price_per_gpu_hour": f"{3 + n}",
+            "price_per_cpu_hour": "0.2",
+            "effective_from": (soon + timedelta(days=n)).isoformat(),
+        }
+        made = await client.put("/v1/prices/a100", json=body, headers=OPERATOR)
+        assert made.status_code == 201, made.text
+    whole = await client.get("/v1/prices", params={"limit": 500}, headers=ML_VIEWER)
+    assert whole.status_code == 200 and "link" not in whole.headers
+    book = whole.json()
+    assert len(book) >= 7
+    seen: list[dict[str, object]] = []
+    url: str | None = "/v1/prices?limit=2"
+    for _ in range(20):
+        assert url is not None
+        page = await client.get(url, headers=ML_VIEWER)
+        assert page.status_code == 200, page.text
+        assert len(page.json()) <= 2
+        seen += page.json()
+        url = page.links.get("next", {}).get("url")
+        if url is None:
+            break
+    assert seen == book
+    a100 = [p for p in book if p["flavor"] == "a100"]
+    gpu = [p for p in a100 if p["price_per_gpu_hour"] is not None]
+    assert [p["in_force"] for p in gpu] == [True, False, False, False]
+    cpu = [p for p in a100 if p["price_per_cpu_hour"] is not None]
+    assert [p["in_force"] for p in cpu] == [False, False, False]  # all still to come
+    only = await client.get("/v1/prices", params={"flavor": "a100", "limit": 1}, headers=ML_VIEWER)
+    assert only.json() == a100[:1] and "flavor=a100" in only.links["next"]["url"]
+    for bad in ({"after": "bm90IGEgY3Vyc29y"}, {"limit": 501}):
+        assert next(iter(bad)) in errors(
+            await client.get("/v1/prices", params=bad, headers=ML_VIEWER)
+        )
