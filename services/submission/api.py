@@ -345,7 +345,7 @@ async def list_tokens(
     status_code=201,
     request_max_body_size=None,
     operation_class=json_request_body(TokenRequest),
-    responses=error_responses(413, 415),
+    responses=error_responses(409, 413, 415),
 )
 async def create_token(
     request: AnyRequest, pool: Pool, caller: Me, settings: Config

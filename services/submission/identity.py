@@ -15,6 +15,9 @@ Contract:
 - Rotation issues a new token with the old one's label and revokes the presented one, in
   one transaction: a client that got the answer holds a working token, and the old one is
   dead.
+- A user has at most ``MAX_LIVE_TOKENS`` unrevoked, unexpired tokens: issuing one more is a
+  ``Conflict`` (409) saying so; every token is checked on every request and listed in
+  ``GET /v1/tokens``.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ from trainyard_platform.services.submission.schemas import CreateUserRequest, Us
 from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.auth import hash_token, new_token
 from trainyard_platform.shared.identity import Principal, Role
+
+MAX_LIVE_TOKENS = 100
+"""The most unrevoked, unexpired tokens one user may hold."""
 
 
 @dataclass(frozen=True)
@@ -405,6 +411,12 @@ async def _issue(
     ttl_days: int | None,
     action: str,
 ) -> TokenCreated:
+    held = await repo.live_tokens(conn, caller.user_id, datetime.now(UTC))
+    if held >= MAX_LIVE_TOKENS:
+        raise Conflict(
+            f"user {caller.team}/{caller.user} has {held} live tokens, the most a user may "
+            f"have is {MAX_LIVE_TOKENS}: revoke one first (DELETE /v1/tokens/{{id}})"
+        )
     token, token_hash = new_token()
     days = request.expires_in_days or ttl_days
     row = await repo.insert_token(

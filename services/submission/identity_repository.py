@@ -104,6 +104,19 @@ async def disable_user(conn: asyncpg.Connection, user_id: int, at: datetime) -> 
     )
 
 
+async def live_tokens(conn: asyncpg.Connection, user_id: int, now: datetime) -> int:
+    """How many unrevoked, unexpired tokens the user has; its row is locked first, so two
+    transactions issuing tokens to one user take turns."""
+    await conn.execute("SELECT 1 FROM users WHERE id = $1 FOR UPDATE", user_id)
+    found: int = await conn.fetchval(
+        "SELECT count(*) FROM tokens WHERE user_id = $1 AND revoked_at IS NULL "
+        "AND (expires_at IS NULL OR expires_at > $2)",
+        user_id,
+        now,
+    )
+    return found
+
+
 async def insert_token(
     conn: asyncpg.Connection,
     token_hash: str,
