@@ -15,8 +15,9 @@ downloading versions, and aliases.
 - ``GET .../versions/{version}/download``: a presigned URL of the version's one object,
   after its sha256 is verified (S3); on a local store, the ``.../content`` route instead.
 - ``GET .../versions/{version}/content``: the bytes, verified before the first is sent.
-- ``GET .../aliases``, ``PUT``/``DELETE .../aliases/{alias}`` (members),
-  ``GET .../aliases/{alias}/moves``: aliases and their append-only history.
+- ``GET .../aliases?limit&after`` (a page by name, ``next``), ``PUT``/``DELETE
+  .../aliases/{alias}`` (members), ``GET .../aliases/{alias}/moves``: aliases and their
+  append-only history.
 - ``PUT``/``DELETE /v1/models/{team}/{name}/grants/{grantee_team}`` (admins of ``team``,
   operators): let another team read the model, or stop it; audited (``model_grants``).
 
@@ -373,14 +374,29 @@ def model_routes(
 
     @get("/v1/models/{team:str}/{name:str}/aliases", responses=error_responses(404))
     async def list_aliases(
-        team: FromPath[str], name: FromPath[str], principal: Caller
+        team: FromPath[str],
+        name: FromPath[str],
+        principal: Caller,
+        limit: Annotated[int, QueryParameter(ge=1, le=PAGE_MAX)] = 100,
+        after: Annotated[str | None, QueryParameter(description="the next of a page")] = None,
     ) -> AliasList:
+        """A page of the model's aliases by name (``shared.paging``, ``next`` as the
+        versions')."""
+        names.check_model(team, name)
+        key = paging.decode(after, "GET /v1/models/{team}/{name}/aliases", paging.text)
         async with pool.acquire() as conn:
             await readable(conn, principal, team, name)
-            found = await models_repo.model(conn, team, name)
-        if found is None:
-            raise NotFoundException(f"no model {name!r} in team {team!r}")
-        return AliasList(team=team, model=name, aliases=found.aliases)
+            found = await models_repo.model_id(conn, team, name)
+            if found is None:
+                raise NotFoundException(f"no model {name!r} in team {team!r}")
+            fetched = await models_repo.aliases_page(conn, found, limit + 1, key[0] if key else "")
+        page, more = paging.split(fetched, limit)
+        return AliasList(
+            team=team,
+            model=name,
+            aliases=dict(page),
+            next=paging.encode(page[-1][0]) if more else None,
+        )
 
     @put(
         "/v1/models/{team:str}/{name:str}/aliases/{alias:str}",

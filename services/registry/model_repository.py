@@ -133,6 +133,20 @@ class AliasMove:
     """Its place in the history (moves are listed and paged by it)."""
 
 
+async def aliases_page(
+    conn: asyncpg.Connection, model_id: int, limit: int, after: str = ""
+) -> list[tuple[str, int]]:
+    """At most ``limit`` (alias, version) of the model named after ``after``, by name."""
+    rows = await conn.fetch(
+        "SELECT alias, version FROM model_aliases WHERE model_id = $1 AND alias > $3 "
+        "ORDER BY alias LIMIT $2",
+        model_id,
+        limit,
+        after,
+    )
+    return [(r["alias"], int(r["version"])) for r in rows]
+
+
 async def aliases(conn: asyncpg.Connection, model_id: int) -> dict[str, int]:
     rows = await conn.fetch(
         "SELECT alias, version FROM model_aliases WHERE model_id = $1 ORDER BY alias", model_id

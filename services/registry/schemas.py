@@ -157,6 +157,9 @@ class AliasList(_Schema):
     team: str
     model: str
     aliases: dict[str, int]
+    """A page of them, by name."""
+    next: str | None = None
+    """Pass as ``after`` for the next page; None when this page is the last."""
 
 
 class AliasMoveRead(_Schema):

@@ -389,3 +389,31 @@ async def test_a_model_has_at_most_max_aliases(pool: asyncpg.Pool, store: Object
         assert (await client.put(f"{base}/a000", json={"version": 1})).status_code == 200
         assert (await client.delete(f"{base}/a000")).status_code == 200
         assert (await client.put(f"{base}/one-more", json={"version": 1})).status_code == 200
+
+
+async def test_aliases_come_a_page_at_a_time(pool: asyncpg.Pool, store: ObjectStore) -> None:
+    # GET .../aliases answered every alias of the model in one body; now a page by name,
+    # the rest by next (as the versions and the moves).
+    job = await job_with_checkpoints(pool, store, [10], name="paged")
+    async with app_as(pool, store, VISION) as client:
+        assert (await register(client, "vision", "paged", job)).status_code == 201
+        base = "/v1/models/vision/paged/aliases"
+        for alias in ("e", "d", "c", "b", "a"):
+            assert (await client.put(f"{base}/{alias}", json={"version": 1})).status_code == 200
+        seen: list[str] = []
+        query: dict[str, str | int] = {"limit": 2}
+        for _ in range(10):
+            answer = await client.get(base, params=query)
+            assert answer.status_code == 200, answer.text
+            body = answer.json()
+            assert len(body["aliases"]) <= 2 and set(body["aliases"].values()) == {1}
+            seen += list(body["aliases"])
+            if body["next"] is None:
+                break
+            query = {"limit": 2, "after": body["next"]}
+        assert seen == ["a", "b", "c", "d", "e"]
+        for bad in ({"after": "bm90IGEgY3Vyc29y"}, {"limit": 501}):
+            refused = await client.get(base, params=bad)
+            assert refused.status_code == 422, (bad, refused.text)
+            assert refused.json()["errors"][0]["field"] == next(iter(bad)), refused.text
+        assert (await client.get("/v1/models/vision/ghost/aliases")).status_code == 404
