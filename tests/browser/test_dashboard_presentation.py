@@ -9,6 +9,7 @@ Chromium as a person would and checks what they would read.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import tempfile
 import textwrap
@@ -395,6 +396,44 @@ def test_a_phone_wide_window_shows_every_page_without_scrolling_sideways(
             if measured["wide"] or measured["squeezed"]:
                 found[route] = measured
         assert not found
+        assert not script_errors(driver)
+    finally:
+        driver.set_window_size(*WINDOW)
+
+
+DATES = """
+const labels = [...document.querySelectorAll(arguments[0] + ' .col')].map((col) => {
+  const label = col.querySelector('.col-label'), r = label.getBoundingClientRect();
+  const range = document.createRange(); range.selectNodeContents(label);
+  const text = range.getBoundingClientRect();
+  return {day: col.dataset.day, text: label.textContent.trim(), left: text.left, right: text.right,
+          whole: label.scrollWidth <= label.clientWidth || getComputedStyle(label).overflowX === 'visible'};
+}).filter((label) => label.text);
+return labels;
+"""
+"""The dates written under a costs chart's columns: each with its column's day and where
+its text lies."""
+
+
+@pytest.mark.parametrize("width", [1360, 390])
+def test_the_costs_chart_dates_are_readable_in_any_window(
+    browser: Any, priced: Stack, width: int
+) -> None:
+    """Under the spend-per-day columns, over 7, 30 and 90 days: the dates written are whole
+    (month and day of their own column), at least one a week apart, and none overlaps the
+    next, however narrow the window."""
+    driver = browser
+    driver.set_window_size(width, 900)
+    try:
+        sign_in(driver, priced)
+        for days in (7, 30, 90):
+            visit(driver, f"/costs/{days}", "Most expensive jobs", 30)
+            labels = driver.execute_script(DATES, "#daily-spend")
+            assert len(labels) >= min(days, 6), labels
+            for label in labels:
+                assert label["whole"] and label["text"] == label["day"][5:], label
+            for one, other in itertools.pairwise(labels):
+                assert one["right"] <= other["left"], (one, other)
         assert not script_errors(driver)
     finally:
         driver.set_window_size(*WINDOW)

@@ -128,15 +128,18 @@ function stackedDaily(id, report, keyOf, range, currency) {
   const colour = new Map(ranked.map((key, i) => [key, i < STACKED ? PALETTE[i % PALETTE.length] : OTHERS]));
   const dayTotal = (pieces) => [...pieces.values()].reduce((n, c) => n + c, 0);
   const top = Math.max(...[...days.values()].map(dayTotal), 1e-12);
+  // About seven dates under the columns, whatever the window: 30 or 90 dates, each cut to
+  // the width of its column, read "1 1 1 …" in a phone-wide window.
+  const every = Math.ceil(range.days / 7);
   const chart = h("div", { class: "columns-chart", id, role: "img", "aria-label": `cost per day, last ${range.days} days` },
-    [...days.entries()].map(([day, pieces]) => {
+    [...days.entries()].map(([day, pieces], i) => {
       const cost = dayTotal(pieces);
       const order = ranked.filter((key) => pieces.has(key)).reverse(); // the largest at the bottom
       return h("div", { class: "col", "data-day": day, "data-cost": String(cost), title: `${day}: ${money(cost, currency)}` },
         h("span", { class: "col-stack", style: `height:${(100 * cost) / top}%` }, order.map((key) =>
           h("span", { class: "seg", "data-key": key, "data-cost": String(pieces.get(key)), title: `${day} · ${key}: ${money(pieces.get(key), currency)}`,
             style: `height:${(100 * pieces.get(key)) / cost}%;background:${colour.get(key)}` }))),
-        h("span", { class: "col-label" }, range.days > 31 ? day.slice(8) : day.slice(5)));
+        h("span", { class: "col-label" }, i % every === 0 ? day.slice(5) : "\u00a0"));
     }));
   const named = ranked.slice(0, STACKED);
   const others = ranked.slice(STACKED).reduce((n, key) => n + sums.get(key), 0);
