@@ -35,7 +35,7 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from trainyard.secret_names import looks_secret
-from trainyard.suggest import unknown_field
+from trainyard.suggest import NOT_JOB_FIELDS, unknown_field
 
 API_VERSION = "trainyard.dev/v1"
 KIND = "Job"
@@ -411,7 +411,8 @@ def _issues(error: jsonschema.ValidationError, spec: SpecFile) -> Iterator[SpecI
         known = list(error.schema.get("properties", {}))
         for key in error.instance:
             if key not in known:
-                yield spec.issue(_field((*path, key)), unknown_field(key, known), key=True)
+                absent = NOT_JOB_FIELDS if not path else None
+                yield spec.issue(_field((*path, key)), unknown_field(key, known, absent), key=True)
         return
     if kind == "required":
         missing = re.match(r"'([^']+)'", error.message)

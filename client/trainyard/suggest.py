@@ -22,7 +22,7 @@ standard library: the client and the services use the same words.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
@@ -81,7 +81,31 @@ def closest(name: str, candidates: Iterable[str]) -> str | None:
     return None
 
 
-def unknown_field(name: str, candidates: Iterable[str]) -> str:
-    """``unknown field 'hyperparameter': did you mean 'hyperparameters'?``"""
+NOT_JOB_FIELDS: dict[str, str] = {
+    **dict.fromkeys(
+        ("env", "environment", "env_vars", "environment_variables", "envs"),
+        "a job gets no environment variables of yours: give values as hyperparameters (the "
+        "job reads TRAINYARD_HYPERPARAMETERS, or ctx.hyperparameters), never credentials",
+    ),
+    "queue": "a job goes to its team's queue, which operators define; a spec does not pick it",
+    "timeout": "the time limit is max_runtime_seconds",
+    **dict.fromkeys(
+        ("nodes", "num_nodes"),
+        "the scheduler chooses the nodes: a job asks for gpus, and gets several nodes (a "
+        "gang) when one has too few",
+    ),
+}
+"""Fields people expect in a job spec that it has not, each with what to do instead (keys
+as ``_plain`` makes names: lower case, ``_``)."""
+
+
+def unknown_field(
+    name: str, candidates: Iterable[str], absent: Mapping[str, str] | None = None
+) -> str:
+    """``unknown field 'hyperparameter': did you mean 'hyperparameters'?``; with no close
+    name, what ``absent`` says of it (``NOT_JOB_FIELDS`` for a job spec), if anything."""
     guess = closest(name, candidates)
-    return f"unknown field {name!r}" + (f": did you mean {guess!r}?" if guess else "")
+    if guess:
+        return f"unknown field {name!r}: did you mean {guess!r}?"
+    instead = (absent or {}).get(_plain(name))
+    return f"unknown field {name!r}" + (f": {instead}" if instead else "")

@@ -55,7 +55,7 @@ from trainyard_platform.shared.events.payloads import (
     JobSpec,
 )
 from trainyard_platform.shared.http_errors import FieldError, RequestInvalid, field_errors
-from trainyard_platform.shared.suggest import unknown_field
+from trainyard_platform.shared.suggest import NOT_JOB_FIELDS, unknown_field
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,100}$"
 PRIORITY_PATTERN = r"^[a-z][a-z0-9-]{0,39}$"
@@ -671,7 +671,7 @@ def _suggested(error: FieldError) -> FieldError:
     if error.message != "unknown field":
         return error
     parent, _, name = error.field.rpartition(".")
-    message = unknown_field(name, known_fields(parent))
+    message = unknown_field(name, known_fields(parent), NOT_JOB_FIELDS if not parent else None)
     return FieldError(field=error.field, message=message)
 
 

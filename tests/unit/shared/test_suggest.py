@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainyard_platform.shared.suggest import closest, unknown_field
+from trainyard_platform.shared.suggest import NOT_JOB_FIELDS, closest, unknown_field
 
 FIELDS = ["name", "gpus", "gpu_flavor", "hyperparameters", "max_restarts", "seed", "labels"]
 
@@ -71,3 +71,36 @@ SPEC_FIELDS = [
 )
 def test_a_suggestion_is_what_was_meant_or_nothing(name: str, meant: str | None) -> None:
     assert closest(name, SPEC_FIELDS) == meant
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("env", "a job gets no environment variables of yours"),
+        ("environment", "a job gets no environment variables of yours"),
+        ("ENV_VARS", "a job gets no environment variables of yours"),
+        ("queue", "a job goes to its team's queue"),
+        ("timeout", "the time limit is max_runtime_seconds"),
+        ("nodes", "the scheduler chooses the nodes"),
+    ],
+)
+def test_a_field_people_expect_that_the_spec_has_not_says_what_to_do(name: str, says: str) -> None:
+    """``env:``, ``queue:``, ``timeout:``, ``nodes:`` answered only "unknown field 'env'":
+    a person who wants to pass a variable, pick a queue or set a time limit was not told how
+    (or that it is not theirs to choose). The spec file check and the API say the same."""
+    from trainyard.spec import parse
+    from trainyard_platform.services.submission.schemas import parse_job_request
+    from trainyard_platform.shared.http_errors import RequestInvalid
+
+    message = unknown_field(name, SPEC_FIELDS, NOT_JOB_FIELDS)
+    assert message.startswith(f"unknown field {name!r}: {says}")
+    head = "name: a\nentrypoint: t\ngpus: 1\ngpu_flavor: cpu\n"
+    with pytest.raises(Exception) as in_file:
+        parse(f"{head}{name}: x\n", "job.yaml")
+    assert str(in_file.value) == f"job.yaml:5:1: {name}: {message}"
+    with pytest.raises(RequestInvalid) as in_api:
+        parse_job_request(
+            f'{{"name": "a", "entrypoint": "t", "gpus": 1, "gpu_flavor": "cpu", "{name}": 1}}'.encode(),
+            ["cpu"],
+        )
+    assert [(e.field, e.message) for e in in_api.value.errors] == [(name, message)]
