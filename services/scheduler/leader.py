@@ -110,9 +110,11 @@ class Leadership:
             raise NotLeader(f"the leader lock is no longer held by backend {pid}")
 
     def _deposed(self, why: str) -> None:
-        """Stop leading at once (``is_leader`` false first), and end the term."""
+        """Stop leading at once (``is_leader`` false first, ``since`` gone with it), and end
+        the term."""
         if self._pid is not None:
             self._pid = None
+            self.since = None
             log.error("%s: no longer leading", why)
         if self._lost is not None:
             self._lost.set()

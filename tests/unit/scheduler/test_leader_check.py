@@ -9,6 +9,7 @@ new one.
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
 import pytest
 
@@ -78,3 +79,14 @@ async def test_a_lock_check_that_timed_out_says_so(caplog: pytest.LogCaptureFixt
     assert lost.is_set()
     (message,) = [r.getMessage() for r in caplog.records if "leader lock" in r.getMessage()]
     assert message == "leader lock connection failed: TimeoutError", message
+
+
+def test_a_deposed_leader_no_longer_says_since_when_it_leads() -> None:
+    """With PostgreSQL paused, /readyz answered 'role: follower' with the old term's
+    'leader_since' for as long as the deposed term's work took to stop (seen 15 s)."""
+    leadership = Leadership("postgresql://unused")
+    _begin_term(leadership, 101)
+    leadership.since = datetime.now(UTC)
+    leadership._deposed("lost the leader lock connection")
+    assert leadership.role == "follower"
+    assert leadership.since is None
