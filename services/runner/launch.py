@@ -195,7 +195,7 @@ def _prepared(
         gpu_flavor=settings.gpu_flavor,
         gpus=gpus,
         gpu_indices=grant.gpu_indices,
-        as_job=AsJob(user, env),
+        as_job=AsJob(user, env, max_processes=settings.job_max_processes),
         code_is_jobs=spec.code is not None,
         topology=settings.topology,
     ).model_copy(

@@ -41,6 +41,7 @@ import logging
 import os
 import platform
 import pwd
+import resource
 import shutil
 import signal
 import stat
@@ -157,6 +158,9 @@ class AsJob:
 
     user: JobUser
     env: Mapping[str, str]
+    max_processes: int | None = None
+    """Processes and threads the user may have meanwhile (``RLIMIT_NPROC``, as the job's own
+    processes: ``process.JobProcess``); None: no limit. Only for a user of its own."""
 
     def run(
         self, argv: Sequence[str], *, cwd: Path, timeout: float
@@ -165,6 +169,12 @@ class AsJob:
         its environment, stdin closed, in a process group of its own; stdout and stderr
         captured. Whatever it leaves running is killed before this returns. Raises
         ``OSError`` and ``subprocess.TimeoutExpired`` like ``subprocess.run``."""
+        limit = self.max_processes if self.user.isolated else None
+
+        def cap_processes() -> None:  # runs as the job's user, before the program
+            if limit is not None:
+                resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+
         try:
             return subprocess.run(
                 list(argv),
@@ -179,6 +189,7 @@ class AsJob:
                 user=self.user.uid,
                 group=self.user.gid,
                 extra_groups=[] if self.user.isolated else None,
+                preexec_fn=cap_processes if limit is not None else None,
             )
         finally:
             if self.user.uid is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from trainyard_platform.services.runner.sandbox import (
+    AsJob,
     JobUser,
     PlatformError,
     UidsInUse,
@@ -217,3 +218,28 @@ def test_shared_folders_are_found_below_the_top_and_not_searched_twice(tmp_path:
     # The inner one is searched with "open" (remove_files_of descends into what everyone
     # may write); "deep" lies four levels down.
     assert sorted(found) == [top / "open", top / "run" / "lock"]
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/usr/bin/python3").exists(),
+    reason="switching users needs root, and an interpreter any user may run",
+)
+def test_what_runs_as_the_job_has_the_jobs_process_budget(tmp_path: Path) -> None:
+    # The probe of a job's interpreter runs the .pth files of its environment: the tenant's
+    # code, which must not fork without bound either.
+    forking = (
+        "import os, time\n"
+        "refused = 0\n"
+        "for _ in range(30):\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            os.close(1); os.close(2); time.sleep(30); os._exit(0)\n"
+        "    except BlockingIOError:\n"
+        "        refused += 1\n"
+        "print(refused)\n"
+    )
+    tmp_path.chmod(0o755)
+    as_job = AsJob(JobUser(290_003, 290_003), {"PATH": "/usr/bin:/bin"}, max_processes=10)
+    result = as_job.run(["/usr/bin/python3", "-c", forking], cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) >= 20
