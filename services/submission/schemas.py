@@ -546,6 +546,18 @@ class UserCreated(BaseModel):
     """Shown once; only its hash is stored."""
 
 
+AttemptIndex = Annotated[
+    int | None,
+    Field(
+        description=(
+            "the attempt's 0-based index (0: the job's first attempt; one more for each "
+            "requeue); texts for people name it counted from 1 (index 0 is 'attempt 1')"
+        )
+    ),
+]
+"""An ``attempt`` field of the API: the index the events carry, kept as it always was."""
+
+
 class HistoryEntry(BaseModel):
     status: JobStatus
     at: datetime
@@ -572,8 +584,8 @@ class FailureView(BaseModel):
     failure_kind: str | None = None
     """``user_error``, ``out_of_memory``, ``platform_error``, ``max_runtime``, ``node_lost``,
     ... (``job.failed``'s ``failure_kind``); None for failures recorded before it was kept."""
-    attempt: int | None = None
-    """The attempt that failed."""
+    attempt: AttemptIndex = None
+    """The attempt that failed (its index)."""
 
 
 class CheckpointView(BaseModel):
@@ -618,7 +630,7 @@ class JobView(BaseModel):
     pending: PendingView | None
     node: str | None
     gpu_indices: list[int]
-    attempt: int | None
+    attempt: AttemptIndex
     submitted_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -755,7 +767,7 @@ class JobSummary(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     node: str | None
-    attempt: int | None
+    attempt: AttemptIndex
     step: int | None
     cost: float
     currency: str | None

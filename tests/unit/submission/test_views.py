@@ -10,6 +10,7 @@ from litestar import Litestar, Response, get
 from litestar.testing import TestClient
 
 from tests.unit.submission.factories import at
+from trainyard_platform.services.submission.schemas import FailureView, JobSummary, JobView
 from trainyard_platform.services.submission.views import (
     job_summary,
     job_view,
@@ -263,3 +264,11 @@ def test_a_submitted_jobs_json_is_the_bytes_litestar_writes_for_its_view(
     assert encoded.content == view.content
     assert encoded.headers["content-type"] == view.headers["content-type"]
     assert submitted_job_view(*args).model_dump(mode="json")["trace_id"] == trace_id
+
+
+def test_every_attempt_field_of_the_api_says_it_is_a_0_based_index() -> None:
+    # The API's attempt fields carry the scheduler's index (0 for the first attempt) while
+    # every text says "attempt 1" for it; the OpenAPI document said nothing of it.
+    for model in (JobView, JobSummary, FailureView):
+        described = model.model_json_schema()["properties"]["attempt"].get("description", "")
+        assert "0-based index" in described and "attempt 1" in described, model.__name__
