@@ -28,7 +28,7 @@ import os
 from collections.abc import Mapping
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 HyperValue = float | int | str | bool
 """One hyperparameter's value, as a job spec carries it and a job receives it."""
@@ -180,11 +180,15 @@ class _Message(BaseModel):
         return self.model_dump_json().encode() + b"\n"
 
 
+MAX_STEP = 2**63 - 1
+"""The largest step a control message may name: steps are stored as 64-bit integers."""
+
+
 class MetricsMessage(_Message):
     """Training metrics at one step (the runner publishes them as ``JobProgress``)."""
 
     kind: Literal["metrics"] = "metrics"
-    step: int = Field(ge=0)
+    step: int = Field(ge=0, le=MAX_STEP)
     metrics: dict[str, float]
 
 
@@ -193,6 +197,13 @@ class CheckpointMessage(_Message):
 
     kind: Literal["checkpoint"] = "checkpoint"
     checkpoint: CheckpointRef
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _step_fits(cls, checkpoint: CheckpointRef) -> CheckpointRef:
+        if not 0 <= checkpoint.step <= MAX_STEP:
+            raise ValueError(f"step must be 0 to {MAX_STEP}, not {checkpoint.step}")
+        return checkpoint
 
 
 ControlMessage = Annotated[MetricsMessage | CheckpointMessage, Field(discriminator="kind")]
@@ -214,6 +225,8 @@ def parse_control_line(line: bytes | str) -> MetricsMessage | CheckpointMessage:
         document = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"control line is not valid JSON: {exc}: {_preview(raw)}") from None
+    except RecursionError:  # nested deeper than the decoder goes: no message is
+        raise ValueError(f"control line is nested too deeply: {_preview(raw)}") from None
     if not isinstance(document, dict):
         raise ValueError(f"control line is not a JSON object: {_preview(raw)}")
     kind = document.get("kind")

@@ -151,6 +151,13 @@ def test_unknown_fields_are_ignored_for_forward_compatibility() -> None:
         (b'{"kind": "metrics", "step": -1, "metrics": {}}', "step"),
         (b'{"kind": "metrics", "step": 1, "metrics": {"loss": "low"}}', "metrics.loss"),
         (b'{"kind": "checkpoint"}', "checkpoint: Field required"),
+        (b"[" * 200_000, "nested too deeply"),
+        (b'{"kind": "metrics", "step": 9223372036854775808, "metrics": {}}', "step"),
+        (
+            b'{"kind": "checkpoint", "checkpoint": {"uri": "u", "manifest_uri": "m", '
+            b'"step": 9223372036854775808, "size_bytes": 1, "sha256": "x"}}',
+            "step must be 0 to 9223372036854775807",
+        ),
     ],
 )
 def test_bad_lines_raise_value_error_with_a_reason(line: bytes, message: str) -> None:
