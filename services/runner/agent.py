@@ -5,9 +5,10 @@ Contract:
   runner restarts (the ledger remembers every allocation this node saw). It checks the
   grant, takes a slot, fetches the job's code and checkpoint from the object store (an
   unreachable store raises: the grant comes again) and records the launch in the ledger,
-  then returns; a task of the grant's own builds its environment (minutes, maybe), publishes
-  ``job.started`` (until sent) and spawns the process, so launches of different jobs
-  proceed side by side. Launches that share a GPU go one after the other (a newer grant
+  then returns; a task of the grant's own builds its environment (minutes, maybe) and
+  spawns the process, so launches of different jobs proceed side by side. Only once the
+  process exists is ``job.started`` said (before anything the job reports): a job whose
+  process could not be spawned ends with ``job.failed`` and was never said to have started. Launches that share a GPU go one after the other (a newer grant
   can then fence the older job, below), a revocation during a launch stops the job as soon
   as it runs, and a runner that dies during one reports it lost at its next start.
   A background task supervises the process.
@@ -333,11 +334,6 @@ class NodeAgent:
                     await self._failed_to_start(job, str(exc), events, trace_headers)
                     return
                 self._leases[grant.allocation_id] = prepared.environment_lease
-                said = _started(grant, prepared)
-                await publish_until_sent(self._bus, said, accepted.parent)
-                await asyncio.to_thread(
-                    self._ledger.started, job.allocation_id, said.to_json().decode()
-                )
                 await self._launch(grant, job, prepared, events, trace_headers)
                 run = self._runs.get(job.allocation_id)
                 if run is not None and launching.revoked is not None:
@@ -446,10 +442,17 @@ class NodeAgent:
         except Exception as exc:  # whatever stops the spawn, the allocation must still end
             await self._failed_to_start(job, f"could not start: {exc}", events, trace_headers)
             return
-        if run.pid is not None:
-            await asyncio.to_thread(
-                self._ledger.spawned, job.allocation_id, run.pid, process_start_time(run.pid)
-            )
+        # Said only now that its process exists (a job whose spawn failed never ran), and
+        # queued before anything the job itself reports: nothing ran since the spawn.
+        said = _started(grant, prepared)
+        events.emit(said)
+        await asyncio.to_thread(
+            self._ledger.spawned,
+            job.allocation_id,
+            run.pid,
+            process_start_time(run.pid) if run.pid is not None else None,
+            said.to_json().decode(),
+        )
         self._runs[job.allocation_id] = run
         task = asyncio.create_task(
             self._supervise(run, grant.spec.max_runtime_seconds), name=f"job {job.job_id}"

@@ -5,8 +5,9 @@ One JSON file per allocation in ``<work_dir>/ledger/<node_id>/``, replaced atomi
 
 - ``launched`` once the grant is accepted, before it is acknowledged and before the job
   starts: a redelivered ``allocation.granted`` is not run twice, and after a crash the next
-  runner knows the job (or its launch) was lost; ``started`` adds the ``job.started`` the
-  runner published;
+  runner knows the job (or its launch) was lost;
+- ``spawned`` once the job's process exists, with its process group and the ``job.started``
+  said for it (a job whose process was never spawned was never said to have started);
 - ``ending`` with the terminal event (and its trace headers) stored *before* it is published:
   if the publish never happens (NATS down, runner killed), the next runner publishes it;
 - ``finished`` once the terminal event was published.
@@ -52,9 +53,10 @@ class LedgerEntry(BaseModel):
     attempt: int
     state: AllocationState
     started_event: str | None = None
-    """The ``job.started`` envelope (CloudEvents JSON) the runner published before launching:
-    after a broker loss, a runner restarted since (its journal gone) says it again before the
-    end, so a view that had not heard the start does not wait for it in vain."""
+    """The ``job.started`` envelope (CloudEvents JSON) the runner said once the job's process
+    was spawned (None: it never was): after a broker loss, a runner restarted since (its
+    journal gone) says it again before the end, so a view that had not heard the start does
+    not wait for it in vain."""
     terminal_event: str | None = None
     """The terminal envelope (CloudEvents JSON) once the job ended."""
     trace_headers: dict[str, str] = Field(default_factory=dict)
@@ -109,19 +111,15 @@ class Ledger:
         self._write(entry)
         return entry
 
-    def started(self, allocation_id: str, started_event: str) -> None:
-        """Record the ``job.started`` published for the launched allocation."""
-        current = self.get(allocation_id)
-        if current is None:
-            raise KeyError(f"allocation {allocation_id} is not in the ledger")
-        self._write(
-            current.model_copy(
-                update={"started_event": started_event, "updated_at": datetime.now(UTC)}
-            )
-        )
-
-    def spawned(self, allocation_id: str, process_group: int, started: int | None) -> None:
-        """Record the launched job's process group (before anything else can go wrong)."""
+    def spawned(
+        self,
+        allocation_id: str,
+        process_group: int | None,
+        started: int | None,
+        started_event: str | None = None,
+    ) -> None:
+        """Record the launched job's process group (before anything else can go wrong) and
+        the ``job.started`` said for it."""
         current = self.get(allocation_id)
         if current is None:
             raise KeyError(f"allocation {allocation_id} is not in the ledger")
@@ -130,6 +128,7 @@ class Ledger:
                 update={
                     "process_group": process_group,
                     "process_started": started,
+                    "started_event": started_event or current.started_event,
                     "updated_at": datetime.now(UTC),
                 }
             )

@@ -22,7 +22,7 @@ from tests.integration.runner.conftest import (
     publish,
     upload_bundle,
 )
-from trainyard_platform.services.runner import checkpoints, domain, launch
+from trainyard_platform.services.runner import checkpoints, domain, launch, supervisor
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.ledger import Ledger, safe_file_name
 from trainyard_platform.shared.bus import Bus
@@ -630,3 +630,33 @@ async def test_a_running_jobs_environment_is_never_pruned(
     )
     preempted = await events.first(JobPreempted, running.job_id)
     assert preempted.checkpoint is not None and preempted.checkpoint.step == 7
+
+
+async def test_a_process_that_fails_to_spawn_is_never_said_started(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    launches: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The runner said job.started before it spawned the process, so a spawn that failed
+    # showed the job RUNNING (with a start time) in its history, then failed, though no
+    # process of it ever ran. A spawn failure is injected here (the OS refusing the exec).
+    async def refused(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(8, "Exec format error (injected)")
+
+    monkeypatch.setattr(supervisor.JobProcess, "start", refused)
+    await start_runner(settings)
+    allocation = grant(settings.node_id, ["succeed", str(launches)])
+    await publish(bus, allocation, settings.node_id)
+    failed = await events.first(JobFailed, allocation.job_id)
+    assert failed.failure_kind == "platform_error" and failed.exit_code is None
+    assert "could not start" in failed.reason and "Exec format error" in failed.reason
+    assert not events.of(JobStarted, allocation.job_id)
+    entry = Ledger(settings.work_dir / "ledger" / safe_file_name(settings.node_id)).get(
+        allocation.allocation_id
+    )
+    assert entry is not None
+    # A redelivered grant says again only what was said: the end, no start.
+    assert [parse_envelope(s.encode()).type for s in entry.said()] == [JobFailed.TYPE]
