@@ -72,6 +72,7 @@ from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationRevoked,
+    FailureKind,
     JobStarted,
     RunnerHeartbeat,
 )
@@ -331,7 +332,13 @@ class NodeAgent:
                 except Exception as exc:  # PlatformError, or anything else: it cannot start
                     if not isinstance(exc, PlatformError):
                         log.exception("preparing allocation %s failed", job.allocation_id)
-                    await self._failed_to_start(job, str(exc), events, trace_headers)
+                    await self._failed_to_start(
+                        job,
+                        str(exc),
+                        events,
+                        trace_headers,
+                        "user_error" if isinstance(exc, launch.RequirementsUnmet) else None,
+                    )
                     return
                 self._leases[grant.allocation_id] = prepared.environment_lease
                 await self._launch(grant, job, prepared, events, trace_headers)
@@ -392,10 +399,17 @@ class NodeAgent:
         remove_sandbox(self.settings.sandboxes_dir / launch.sandbox_name(allocation_id))
 
     async def _failed_to_start(
-        self, job: JobIdentity, reason: str, events: JobEvents, trace_headers: dict[str, str]
+        self,
+        job: JobIdentity,
+        reason: str,
+        events: JobEvents,
+        trace_headers: dict[str, str],
+        failure_kind: FailureKind | None = None,
     ) -> None:
         log.error("allocation %s could not start: %s", job.allocation_id, reason)
-        payload = domain.failed_to_start(job, reason, datetime.now(UTC))
+        payload = domain.failed_to_start(
+            job, reason, datetime.now(UTC), failure_kind or "platform_error"
+        )
         try:
             await end_allocation(job, payload, events, self._ledger, trace_headers)
         finally:

@@ -422,11 +422,14 @@ def terminal_event(
     raise AssertionError(f"unknown outcome {outcome.kind!r}")  # pragma: no cover
 
 
-def failed_to_start(job: JobIdentity, reason: str, now: datetime) -> JobFailed:
-    """The terminal event of an allocation whose job never ran (a platform error: the code,
-    environment or process could not be had; the scheduler does not retry it)."""
+def failed_to_start(
+    job: JobIdentity, reason: str, now: datetime, failure_kind: FailureKind = "platform_error"
+) -> JobFailed:
+    """The terminal event of an allocation whose job never ran: a platform error (the code,
+    environment or process could not be had; the scheduler does not retry it), or
+    ``user_error`` when the job's own requirements cannot be met."""
     return JobFailed(
-        failure_kind="platform_error",
+        failure_kind=failure_kind,
         job_id=job.job_id,
         allocation_id=job.allocation_id,
         node_id=job.node_id,

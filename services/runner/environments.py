@@ -137,6 +137,46 @@ class EnvironmentBuildError(RuntimeError):
     lines of output (the runner reports it as a ``platform_error``)."""
 
 
+class RequirementsError(EnvironmentBuildError):
+    """The job's requirements cannot be met, whatever the platform does: a package or
+    version the index does not have, no wheel for this platform, requirements that
+    conflict (with each other or with the base layer's provided packages). The job's own
+    failure (the runner reports it as a ``user_error``), not the platform's."""
+
+
+# An installer's output that says the requirements cannot be met (uv, pip)...
+_UNMET = (
+    "No solution found when resolving dependencies",
+    "Could not find a version that satisfies the requirement",
+    "No matching distribution found",
+    "ResolutionImpossible",
+    "conflicting dependencies",
+    "is not a supported wheel on this platform",
+)
+# ...unless it also says the index or the disk failed (then the verdict is not trustworthy:
+# an unreachable index looks like a package that does not exist).
+_PLATFORM_FAULTS = (
+    "Failed to fetch",
+    "error sending request",
+    "Connection refused",
+    "Connection reset",
+    "ConnectionError",
+    "NewConnectionError",
+    "timed out",
+    "Temporary failure in name resolution",
+    "Network is unreachable",
+    "No space left on device",
+    "Disk quota exceeded",
+    "Permission denied",
+)
+
+
+def requirements_at_fault(output: str) -> bool:
+    """Whether an installer's failing ``output`` blames the requirements (see
+    :class:`RequirementsError`) and nothing of the platform."""
+    return any(m in output for m in _UNMET) and not any(m in output for m in _PLATFORM_FAULTS)
+
+
 @dataclass(frozen=True)
 class JobEnvironment:
     """The interpreter a job runs with and what it sees."""
@@ -439,7 +479,7 @@ class EnvironmentCache:
                 "--no-input", "--disable-pip-version-check", "--progress-bar", "off",
                 "--only-binary=:all:", "--no-compile", *requirements,
             ]  # fmt: skip
-            self._run(argv, "pip install")
+            self._run(argv, "pip install", installing=True)
             return
         argv = [_uv_bin(), "pip", "install", "--python", python, "--no-build"]
         named = {_requirement_name(r) for r in requirements}
@@ -449,7 +489,7 @@ class EnvironmentCache:
                 excludes = Path(tmp) / "excludes.txt"
                 excludes.write_text("".join(f"{p}\n" for p in excluded))
                 argv += ["--excludes", str(excludes)]
-            self._run([*argv, *requirements], "uv pip install")
+            self._run([*argv, *requirements], "uv pip install", installing=True)
 
     def _compile(self, target: Path, purelib: Path) -> None:
         """Bytecode for the installed packages (job users cannot write it), by the venv's
@@ -457,7 +497,10 @@ class EnvironmentCache:
         python = str(target / "bin" / "python")
         self._run([python, "-I", "-S", "-m", "compileall", "-q", str(purelib)], "compiling")
 
-    def _run(self, argv: list[str], what: str) -> str:
+    def _run(self, argv: list[str], what: str, *, installing: bool = False) -> str:
+        """``argv``'s output; raises :class:`EnvironmentBuildError` when it fails, a
+        :class:`RequirementsError` when ``installing`` and the output blames the
+        requirements."""
         env = installer_environment(os.environ)
         env.update(NO_COLOR="1", UV_NO_PROGRESS="1", PIP_NO_INPUT="1")
         env.update(self.installer_env)
@@ -482,9 +525,12 @@ class EnvironmentCache:
         except OSError as exc:
             raise EnvironmentBuildError(f"{what} could not start: {exc}") from None
         if done.returncode != 0:
-            raise EnvironmentBuildError(
-                f"{what} failed (exit status {done.returncode}){_tail(done.stdout)}"
+            error = (
+                RequirementsError
+                if installing and requirements_at_fault(done.stdout)
+                else EnvironmentBuildError
             )
+            raise error(f"{what} failed (exit status {done.returncode}){_tail(done.stdout)}")
         return done.stdout
 
     # -- probing --------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from trainyard_platform.services.runner.environments import (
     EnvironmentCache,
     EnvironmentLease,
     JobEnvironment,
+    RequirementsError,
 )
 from trainyard_platform.services.runner.gpus import GpuInventory
 from trainyard_platform.services.runner.ledger import safe_file_name
@@ -118,6 +119,12 @@ def cannot_run(grant: AllocationGranted, gpus: GpuInventory) -> str | None:
     return gpus.invalid_indices(grant.gpu_indices)
 
 
+class RequirementsUnmet(PlatformError):
+    """The job cannot start because of its own ``requirements`` (a package or version that
+    does not exist, no wheel, a conflict, a provided package at another version than the
+    base's): it never ran, but by its own fault, so it fails as ``user_error``."""
+
+
 def fetch(
     grant: AllocationGranted, settings: Settings, store: ObjectStore, user: JobUser
 ) -> Fetched:
@@ -152,7 +159,9 @@ def prepare(
         # Held until the job ends (Prepared.environment_lease): the cache is pruned after
         # every build, and an environment in use is never removed.
         lease = environments.acquire(spec.requirements)
-    except (EnvironmentBuildError, ValueError) as exc:  # ValueError: a bad requirement
+    except (RequirementsError, ValueError) as exc:  # ValueError: a bad requirement
+        raise RequirementsUnmet(f"could not build the job's environment: {exc}") from exc
+    except EnvironmentBuildError as exc:
         raise PlatformError(f"could not build the job's environment: {exc}") from exc
     try:
         return _prepared(grant, settings, gpus, fetched, lease, trace_headers)

@@ -25,6 +25,7 @@ from trainyard_platform.services.runner.environments import (
     EnvironmentBuildError,
     EnvironmentCache,
     JobEnvironment,
+    RequirementsError,
     job_interpreter,
 )
 
@@ -171,6 +172,38 @@ def test_a_failed_install_says_why_and_leaves_nothing(tmp_path: Path) -> None:
     assert len(message.splitlines()) <= 21
     assert not cache.path(cache.key([missing])).exists()
     assert list((tmp_path / "envs" / STORE).iterdir()) == []
+
+
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+@pytest.mark.parametrize(
+    ("requirement", "says"),
+    [
+        ("trainyard-no-such-package-xyz==1.0", "trainyard-no-such-package-xyz"),
+        ("six==99", "six"),  # no such version
+        ("pyyaml==3.13", "pyyaml"),  # only a source distribution: no wheel
+    ],
+)
+def test_requirements_that_cannot_be_met_are_the_jobs_fault(
+    tmp_path: Path, installer: Literal["uv", "pip"], requirement: str, says: str
+) -> None:
+    cache = EnvironmentCache(tmp_path / "envs", BASE, installer)
+    with pytest.raises(RequirementsError) as caught:
+        cache.resolve([requirement])
+    assert says in str(caught.value).lower()
+
+
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+def test_an_unreachable_index_is_the_platforms_fault(
+    tmp_path: Path, installer: Literal["uv", "pip"]
+) -> None:
+    index = "http://127.0.0.1:9/simple"  # nothing listens on the discard port
+    settings = {"UV_INDEX_URL": index, "UV_NO_CACHE": "1"} | {
+        "PIP_INDEX_URL": index, "PIP_RETRIES": "1", "PIP_NO_CACHE_DIR": "1"
+    }  # fmt: skip
+    cache = EnvironmentCache(tmp_path / "envs", BASE, installer, installer_env=settings)
+    with pytest.raises(EnvironmentBuildError) as caught:
+        cache.resolve([TABULATE])
+    assert not isinstance(caught.value, RequirementsError), str(caught.value)
 
 
 def test_a_crash_mid_build_leaves_nothing_that_looks_ready(

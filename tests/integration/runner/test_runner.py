@@ -346,6 +346,21 @@ async def test_a_job_that_cannot_be_spawned_fails_with_the_reason(
     assert launched(launches) == []
 
 
+async def test_a_job_whose_requirements_do_not_exist_fails_as_its_own_error(
+    settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
+) -> None:
+    await start_runner(settings)
+    allocation = grant(settings.node_id, ["succeed", str(launches)])
+    spec = allocation.spec.model_copy(update={"requirements": ["trainyard-no-such-pkg-xyz==1.0"]})
+    allocation = allocation.model_copy(update={"spec": spec})
+    await publish(bus, allocation, settings.node_id)
+    failed = await events.first(JobFailed, allocation.job_id)
+    assert failed.exit_code is None and failed.failure_kind == "user_error"
+    assert "trainyard-no-such-pkg-xyz" in failed.reason and "not found" in failed.reason
+    assert not events.of(JobStarted, allocation.job_id)
+    assert launched(launches) == []
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="a job user of its own needs a root runner")
 async def test_a_process_that_left_the_jobs_session_dies_with_the_job(
     settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path

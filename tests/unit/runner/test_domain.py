@@ -264,3 +264,9 @@ def test_a_failure_and_a_preemption_carry_what_was_measured_finite_only() -> Non
         event = domain.terminal_event(JOB, outcome, measured, NOW)
         assert isinstance(event, JobFailed | JobPreempted)
         assert event.metrics == {"gpu_utilization_mean": 3.5, "data_wait_fraction_mean": 0.4}
+
+
+def test_a_job_that_never_ran_by_its_own_fault_fails_as_a_user_error() -> None:
+    event = domain.failed_to_start(JOB, "requirements cannot be met", NOW, "user_error")
+    assert (event.failure_kind, event.exit_code) == ("user_error", None)
+    assert domain.failed_to_start(JOB, "disk full", NOW).failure_kind == "platform_error"
