@@ -12,17 +12,33 @@ the job's own packages come first on ``sys.path`` and win over the base's (a req
 ``six==1.16.0`` shadows a base ``six 1.17``); it also processes the base's own ``.pth``
 files, so an editable ``trainyard`` install (an import-hook ``.pth``) keeps working.
 
-The installers differ in how they see that layer while installing:
+**Provided packages** (``provided``, default ``torch`` and ``trainyard``) are the base
+layer's: a job never gets a second copy of one (gigabytes, and a build that may not match
+the node's driver). Of those the base has:
 
-- ``pip`` runs under the job venv's interpreter, sees the base packages on ``sys.path``
-  and skips every requirement the base already satisfies (``--system-site-packages``
-  semantics); conflicting versions are installed into the venv and shadow the base.
-- ``uv`` only looks at the venv's own site-packages (astral-sh/uv#4466), so it installs
-  the requirements' whole dependency closure into the venv, even packages the base has.
-  To keep it from pulling a second torch (gigabytes, and possibly a build that does not
-  match the node's driver), the ``provided`` packages (default ``torch`` and
-  ``trainyard``) are passed to ``uv pip install --excludes`` unless the job names them
-  itself: they always come from the base layer. ``--excludes`` needs uv 0.9.8 or later.
+- A requirement naming one (``torch``, ``torch>=2``) that the base's version satisfies is
+  met by the base: it is not passed to the installer, and the job imports the base's. One
+  the base's version does not satisfy (``torch==2.1.0``), or one naming a URL, fails the
+  build with a :class:`RequirementsError` naming the requirement, the base's version and
+  what to write instead.
+- The rest is resolved with each one pinned to the base's version (a constraints file,
+  ``name==version``), so a dependant of torch resolves to a version whose metadata accepts
+  the base's torch (torchvision, say) or, where there is none, the build fails with the
+  installer's account of the conflict (a :class:`RequirementsError`). Versions only: the
+  build variant (CPU or a CUDA version) is whatever the index serves, so the index must
+  serve the base torch's variant (a ``+cpu`` torch needs a ``+cpu`` torchvision). Nothing pinned is installed into
+  the venv: a build that did is refused.
+
+The installers differ in how they see the base layer while installing: ``pip`` runs under
+the job venv's interpreter and sees the base packages on ``sys.path`` (the pins are
+installed already, and it skips every requirement the base satisfies; a conflicting
+version of a package that is not provided is installed into the venv and shadows the
+base's). ``uv`` only looks at the venv's own site-packages (astral-sh/uv#4466): while it
+installs, each pinned package has a metadata-only record in the venv (a ``.dist-info``
+with its name and version, no files, no dependencies), so uv takes it as installed and
+keeps it; the records are removed after the install. uv installs the rest of the
+requirements' dependency closure into the venv, even packages the base has. A provided
+name the base does not have is an ordinary package.
 
 **Cache layout** under ``root``::
 
@@ -33,7 +49,8 @@ The installers differ in how they see that layer while installing:
         .trainyard-ready                                   JSON, written last (the freeze)
         .last-used                                         touched on every resolve
 
-``key`` is the sha256 of the normalised, sorted requirements, the base interpreter's
+``key`` is the sha256 of how environments are built (a recipe number), the normalised,
+sorted requirements, the base interpreter's
 version, the installer, the base's site-packages paths and package list, and the
 ``provided`` names: a change of base layer gets new environments rather than reusing ones
 built against the old one.
@@ -439,8 +456,10 @@ class EnvironmentCache:
             self._create_venv(target)
             purelib = Path(self._probe(str(target / "bin" / "python"), with_packages=False).purelib)
             self._write_file(purelib / BASE_PTH, _base_pth(base.site))
-            if requirements:
-                self._install(target, requirements)
+            pins = self._pins(base)
+            wanted = _beyond_the_base(requirements, pins)
+            if wanted:
+                self._install(target, purelib, wanted, pins)
                 self._compile(target, purelib)
             _make_readable(target)
             packages = installed_packages([str(purelib), *base.site])
@@ -471,25 +490,59 @@ class EnvironmentCache:
             argv = [self.interpreter, "-m", "venv", "--without-pip", str(target)]
         self._run(argv, "creating the virtual environment")
 
-    def _install(self, target: Path, requirements: list[str]) -> None:
+    def _pins(self, base: _Probe) -> dict[str, str]:
+        """The provided packages the base has, with their versions."""
+        versions = dict(p.split("==", 1) for p in base.packages)
+        return {name: versions[name] for name in self.provided if name in versions}
+
+    def _install(
+        self, target: Path, purelib: Path, requirements: list[str], pins: Mapping[str, str]
+    ) -> None:
+        """Install ``requirements`` into ``target`` with ``pins`` held at their versions
+        (see the module docstring), none of them into the venv."""
         python = str(target / "bin" / "python")
-        if self.installer == "pip":
-            argv = [
-                self.base_python, "-m", "pip", "--python", python, "install",
-                "--no-input", "--disable-pip-version-check", "--progress-bar", "off",
-                "--only-binary=:all:", "--no-compile", *requirements,
-            ]  # fmt: skip
-            self._run(argv, "pip install", installing=True)
-            return
-        argv = [_uv_bin(), "pip", "install", "--python", python, "--no-build"]
-        named = {_requirement_name(r) for r in requirements}
-        excluded = [p for p in self.provided if p not in named]
-        with tempfile.TemporaryDirectory(prefix="trainyard-uv-") as tmp:
-            if excluded:
-                excludes = Path(tmp) / "excludes.txt"
-                excludes.write_text("".join(f"{p}\n" for p in excluded))
-                argv += ["--excludes", str(excludes)]
-            self._run([*argv, *requirements], "uv pip install", installing=True)
+        with tempfile.TemporaryDirectory(prefix="trainyard-install-") as tmp:
+            constraints = Path(tmp) / "constraints.txt"
+            constraints.write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
+            try:
+                if self.installer == "pip":
+                    argv = [
+                        self.base_python, "-m", "pip", "--python", python, "install",
+                        "--no-input", "--disable-pip-version-check", "--progress-bar", "off",
+                        "--only-binary=:all:", "--no-compile", "--constraint", str(constraints),
+                        *requirements,
+                    ]  # fmt: skip
+                    self._run(argv, "pip install", installing=True)
+                else:
+                    records = [_write_record(purelib, n, v) for n, v in pins.items()]
+                    argv = [
+                        _uv_bin(), "pip", "install", "--python", python, "--no-build",
+                        "--constraint", str(constraints), *requirements,
+                    ]  # fmt: skip
+                    try:
+                        self._run(argv, "uv pip install", installing=True)
+                    finally:
+                        for record in records:
+                            shutil.rmtree(record, ignore_errors=True)
+            except RequirementsError as exc:
+                said = str(exc).lower()
+                named = [
+                    f"{n} {v}"
+                    for n, v in sorted(pins.items())
+                    if re.search(rf"(?<![\w.-]){re.escape(n)}(?![\w-])", said)
+                ]
+                if not named:
+                    raise
+                raise RequirementsError(
+                    f"{exc}\nthe platform provides {', '.join(named)} (its base layer): "
+                    "every requirement, and what it depends on, must accept that version"
+                ) from None
+        second = [p for p in installed_packages([str(purelib)]) if p.split("==")[0] in pins]
+        if second:
+            raise EnvironmentBuildError(
+                f"the installer put {', '.join(second)} into the job's environment although "
+                "the base layer provides it"
+            )
 
     def _compile(self, target: Path, purelib: Path) -> None:
         """Bytecode for the installed packages (job users cannot write it), by the venv's
@@ -557,6 +610,10 @@ class EnvironmentCache:
     def _key(self, normalized: list[str]) -> str:
         base = self._probe_base()
         material = {
+            # How environments are built: bumped when a change makes earlier ones wrong (2:
+            # provided packages pinned; before, a dependant of torch could bring one
+            # built for another torch, and such an environment must not be reused).
+            "recipe": 2,
             "requirements": normalized,
             "python": base.version,
             "installer": self.installer,
@@ -687,6 +744,43 @@ def installed_packages(search: Sequence[str]) -> tuple[str, ...]:
         if name:
             packages.setdefault(canonical_name(name), dist.version)
     return tuple(sorted(f"{k}=={v}" for k, v in packages.items()))
+
+
+def _beyond_the_base(requirements: Sequence[str], pins: Mapping[str, str]) -> list[str]:
+    """``requirements`` less those on a pinned (provided) package, each of which the
+    base's version must satisfy; raises :class:`RequirementsError` for one it does not."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    rest = []
+    for text in requirements:
+        name = _requirement_name(text)
+        if name not in pins:
+            rest.append(text)
+            continue
+        version = pins[name]
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement as exc:
+            raise RequirementsError(f"requirement {text!r} is not valid: {exc}") from None
+        if requirement.marker is not None and not requirement.marker.evaluate():
+            continue  # not for this platform: nothing to meet
+        if requirement.url is None and requirement.specifier.contains(version, prereleases=True):
+            continue
+        raise RequirementsError(
+            f"requirement {text!r} cannot be met: the platform provides {name} {version} "
+            f"(its base layer) and a job cannot install another {name}; write {name!r} "
+            f"(or {name + '==' + version!r}) or leave it out"
+        )
+    return rest
+
+
+def _write_record(purelib: Path, name: str, version: str) -> Path:
+    """A metadata-only ``.dist-info`` of ``name`` ``version`` in ``purelib``: uv takes
+    the package as installed (it does not see the base layer)."""
+    record = purelib / f"{name.replace('-', '_')}-{version}.dist-info"
+    record.mkdir()
+    (record / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return record
 
 
 def _uv_bin() -> str:

@@ -281,30 +281,106 @@ def test_prune_keeps_the_recent_and_those_in_use(tmp_path: Path) -> None:
     assert not again.cached
 
 
-def test_provided_packages_come_from_the_base_unless_named(tmp_path: Path) -> None:
-    # python-dateutil depends on six; with six "provided" (as torch is by default) uv must
-    # not install it into the venv, so the base's six is the one the job imports.
-    cache = EnvironmentCache(tmp_path / "envs", BASE, "uv", provided=["six"])
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+def test_provided_packages_always_come_from_the_base(
+    tmp_path: Path, installer: Literal["uv", "pip"]
+) -> None:
+    # python-dateutil depends on six; with six "provided" (as torch is by default) it must
+    # not be installed into the venv, so the base's six is the one the job imports.
+    cache = EnvironmentCache(tmp_path / "envs", BASE, installer, provided=["six"])
     env = cache.resolve(["python-dateutil==2.9.0.post0"])
     assert "python-dateutil==2.9.0.post0" in env.packages
     assert f"six=={version('six')}" in env.packages
     assert run_in(env, "import six, sys; print(six.__file__.startswith(sys.prefix))") == "False"
 
-    named = cache.resolve(["python-dateutil==2.9.0.post0", OLD_SIX])
-    assert OLD_SIX in named.packages
+    # Named at a version the base does not have: the job cannot get another six.
+    with pytest.raises(RequirementsError) as caught:
+        cache.resolve(["python-dateutil==2.9.0.post0", OLD_SIX])
+    assert f"the platform provides six {version('six')}" in str(caught.value)
 
 
-def _wheel(folder: Path, name: str, pth: str) -> Path:
-    """A wheel of one module and a ``.pth`` file: site runs a ``.pth`` line that starts
-    with ``import`` in every interpreter that starts in the environment."""
+def _site_packages(env: JobEnvironment) -> Path:
+    assert env.bin_dir is not None
+    (found,) = env.bin_dir.parent.glob("lib/python3*/site-packages")
+    return found
+
+
+def _imported_from_the_base(env: JobEnvironment, module: str) -> bool:
+    code = f"import importlib.util as u, sys; print(u.find_spec({module!r}).origin)"
+    origin = run_in(env, code)
+    return not origin.startswith(str(env.bin_dir.parent if env.bin_dir else "?"))
+
+
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+def test_a_requirement_on_torch_that_the_base_satisfies_is_met_by_the_base(
+    tmp_path: Path, installer: Literal["uv", "pip"]
+) -> None:
+    cache = EnvironmentCache(tmp_path / "envs", BASE, installer)
+    for requirements in (["torch"], ["torch>=1", "torch", TABULATE]):
+        env = cache.resolve(requirements)
+        assert f"torch=={version('torch')}" in env.packages
+        assert not list(_site_packages(env).glob("torch*"))
+        assert _imported_from_the_base(env, "torch")
+    assert TABULATE in env.packages
+
+
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+def test_a_requirement_on_another_torch_says_what_to_write_instead(
+    tmp_path: Path, installer: Literal["uv", "pip"]
+) -> None:
+    cache = EnvironmentCache(tmp_path / "envs", BASE, installer)
+    for requirement in ("torch==1.0.0", "torch @ https://example.com/torch-1.0-py3-none-any.whl"):
+        with pytest.raises(RequirementsError) as caught:
+            cache.resolve([TABULATE, requirement])
+        message = str(caught.value)
+        assert message.startswith(f"requirement {requirement!r} cannot be met")
+        assert f"the platform provides torch {version('torch')}" in message
+        assert f"write 'torch' (or 'torch=={version('torch')}')" in message
+    assert list((tmp_path / "envs" / STORE).iterdir()) == []
+
+
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+def test_dependants_of_torch_resolve_against_the_bases_torch(
+    tmp_path: Path, installer: Literal["uv", "pip"]
+) -> None:
+    """A dependency that needs another torch than the base's is a conflict the job is
+    told about; one the base's torch satisfies installs without a second torch."""
+    links = tmp_path / "links"
+    links.mkdir()
+    _wheel(links, "needs_torch", "", requires=("torch>=1",))
+    _wheel(links, "needs_old_torch", "", requires=("torch==1.0.0",))
+    offline = {"UV_FIND_LINKS": str(links), "UV_NO_INDEX": "1"} | {
+        "PIP_FIND_LINKS": str(links), "PIP_NO_INDEX": "1"
+    }  # fmt: skip
+    cache = EnvironmentCache(tmp_path / "envs", BASE, installer, installer_env=offline)
+
+    env = cache.resolve(["needs-torch"])
+    assert "needs-torch==1.0" in env.packages
+    assert f"torch=={version('torch')}" in env.packages
+    assert not list(_site_packages(env).glob("torch*"))
+
+    with pytest.raises(RequirementsError) as caught:
+        cache.resolve(["needs-old-torch"])
+    message = str(caught.value)
+    assert "torch==1.0.0" in message
+    assert f"the platform provides torch {version('torch')}" in message
+
+
+def _wheel(folder: Path, name: str, pth: str, requires: tuple[str, ...] = ()) -> Path:
+    """A wheel of one module and a ``.pth`` file (none when ``pth`` is empty): site runs a
+    ``.pth`` line that starts with ``import`` in every interpreter that starts in the
+    environment. ``requires``: its ``Requires-Dist``."""
     import base64
     import hashlib
     import zipfile
 
+    depends = "".join(f"Requires-Dist: {r}\n" for r in requires)
     files = {
         f"{name}/__init__.py": "",
-        f"{name}.pth": pth,
-        f"{name}-1.0.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        **({f"{name}.pth": pth} if pth else {}),
+        f"{name}-1.0.dist-info/METADATA": (
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n{depends}"
+        ),
         f"{name}-1.0.dist-info/WHEEL": (
             "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
         ),
