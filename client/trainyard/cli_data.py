@@ -133,7 +133,7 @@ def _version_text(v: dict[str, Any]) -> str:
             f"  features:  {v['feature_version'] or '-'}",
             f"  job:       {v.get('producing_job_id') or '-'}",
             f"  schema:    {json.dumps(v.get('data_schema') or {}, sort_keys=True)}",
-            f"  created:   {time_text(v['created_at'])} by {v['created_by']}",
+            f"  created:   {time_text(v['created_at'])} by {v.get('created_by') or '-'}",
         ]
     )
 

@@ -229,17 +229,24 @@ def _version_path(ref: Ref) -> str:
     return f"/v1/models/{ref.path}/versions/{ref.version}"
 
 
+def _job_of(v: dict[str, Any]) -> str:
+    """The version's job; to a team the model is granted to the registry shows no job (the
+    owner's work): then whose it was."""
+    return str(v["job_id"]) if v.get("job_id") else f"a job of team {v['team']}"
+
+
 def render_version(v: dict[str, Any]) -> str:
-    """One version as ``key: value`` lines."""
+    """One version as ``key: value`` lines (``-`` for what the registry does not show: the
+    owner's job, people and checkpoints to a team the model is granted to)."""
     artifact = v.get("artifact") or {}
     lines = [
         f"{v['team']}/{v['model']}:{v['version']}",
-        f"  job:         {v.get('job_id')}",
-        f"  registered:  {time_text(v.get('registered_at'))} by {v.get('created_by', '-')} ({v.get('origin', '-')})",
+        f"  job:         {_job_of(v)}",
+        f"  registered:  {time_text(v.get('registered_at'))} by {v.get('created_by') or '-'} ({v.get('origin', '-')})",
         f"  aliases:     {' '.join(v.get('aliases') or []) or '-'}",
         f"  tags:        {' '.join(v.get('tags') or []) or '-'}",
         f"  metrics:     {_metrics(v.get('metrics')) or '-'}",
-        f"  artifact:    {artifact.get('uri', '-')} (step {artifact.get('step', '-')}, {artifact.get('size_bytes', '-')} bytes)",
+        f"  artifact:    {artifact.get('uri') or '-'} (step {artifact.get('step', '-')}, {artifact.get('size_bytes', '-')} bytes)",
         f"  sha256:      {artifact.get('sha256', '-')}",
     ]
     if v.get("source_uri"):
@@ -301,7 +308,7 @@ def run_show(session: Session) -> int:
         (
             v["version"],
             " ".join(sorted(by_version.get(v["version"], []))) or "-",
-            short(v["job_id"]),
+            short(v["job_id"]) if v.get("job_id") else "-",
             time_text(v["registered_at"]),
             _metrics(v["metrics"]) or "-",
         )
@@ -372,7 +379,7 @@ def run_alias(session: Session) -> int:
                 time_text(m["at"]),
                 "-" if m["from_version"] is None else m["from_version"],
                 "(deleted)" if m["to_version"] is None else m["to_version"],
-                m["actor"],
+                m["actor"] or "-",  # null to a team the model is granted to
             )
             for m in moves["moves"]
         ]

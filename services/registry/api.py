@@ -6,6 +6,7 @@
 - ``GET /v1/models/{team}/{name}/versions/{version}``: one version with its full lineage,
   its registration details, the aliases pointing at it and what it cost to make
   (``model_cost``; 404 once deleted).
+
 - The model lifecycle (listing, registering, aliases, downloads, deletion): ``model_api``.
 - Datasets, their immutable versions and grants: ``dataset_api``.
 - Lineage queries (upstream of a model version, downstream of a dataset version, as JSON
@@ -17,7 +18,9 @@
 Any user of ``team`` (viewer and up) reads that team's models and lineage, and the models
 other teams granted to it (``model_grants``); operators read every team's. A model the
 caller may not read answers 404, exactly like a model that does not exist, so names cannot
-be probed. Authentication is the shared guard (``shared.access``).
+be probed. Authentication is the shared guard (``shared.access``). Every read answer goes
+through ``grantee_view.shown``: a team a model or dataset is granted to sees it without the
+owner's work (job, lineage, people, checkpoints: null).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from trainyard_platform.services.registry import model_cost, model_grants
 from trainyard_platform.services.registry import model_repository as models_repo
 from trainyard_platform.services.registry import repository as repo
 from trainyard_platform.services.registry.dataset_api import dataset_routes
+from trainyard_platform.services.registry.grantee_view import shown
 from trainyard_platform.services.registry.lineage_api import lineage_routes
 from trainyard_platform.services.registry.model_api import STATUSES, model_routes
 from trainyard_platform.services.registry.model_cost import CostedVersion
@@ -83,12 +87,13 @@ def create_app(
             if not fetched and not await repo.model_exists(conn, team, name):
                 raise missing
         versions, more = paging.split(fetched, limit)
-        return VersionList(
+        page = VersionList(
             team=team,
             model=name,
             versions=[VersionSummary.from_domain(v) for v in versions],
             next=paging.encode(versions[-1].version) if more else None,
         )
+        return shown(page, team, model_grants.reader_of(principal))
 
     @get(
         "/v1/models/{team:str}/{name:str}/versions/{version:int}",
@@ -109,7 +114,8 @@ def create_app(
             model_id = await models_repo.model_id(conn, team, name)
             assert model_id is not None  # the version's model
             pointing = await models_repo.aliases_of_version(conn, model_id, version)
-            return await model_cost.costed(conn, found, pointing, model_grants.reader_of(principal))
+            reader = model_grants.reader_of(principal)
+            return shown(await model_cost.costed(conn, found, pointing, reader), team, reader)
 
     return service_app(
         "registry",

@@ -40,6 +40,7 @@ from trainyard_platform.services.registry.dataset_schemas import (
     DatasetVersionRequest,
     GrantChange,
 )
+from trainyard_platform.services.registry.grantee_view import shown
 from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import Teams, needs
 from trainyard_platform.shared.http_app import error_responses, json_request_body
@@ -164,15 +165,16 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
             found = await readable(conn, principal, team, name)
             fetched = await datasets.versions(conn, team, name, limit + 1, key[0] if key else 0)
         versions, more = paging.split(fetched, limit)
-        return DatasetDetail(
+        detail = DatasetDetail(
             team=team,
             name=name,
             latest_version=found.latest_version,
             created_at=found.created_at,
             versions=[DatasetVersionRead.of(v) for v in versions],
-            grants=found.grants if principal.may_see_team(team) else None,
+            grants=found.grants,
             next=paging.encode(versions[-1].version) if more else None,
         )
+        return shown(detail, team, _reader(principal))
 
     @get(
         "/v1/datasets/{team:str}/{name:str}/versions/{version:int}",
@@ -187,7 +189,7 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
             found = await datasets.version(conn, team, name, version)
         if found is None:
             raise NotFoundException(f"no version {version} of dataset {name!r} in team {team!r}")
-        return DatasetVersionRead.of(found)
+        return shown(DatasetVersionRead.of(found), team, _reader(principal))
 
     async def change_grant(
         team: str,

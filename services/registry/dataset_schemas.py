@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -32,7 +32,15 @@ class DatasetVersionRequest(BaseModel):
     """The job of the dataset's team that produced the data, if one did."""
 
 
+DATASET_GRANTEE_NULL = "null to a team the dataset is granted to: the owner's work, not the data"
+
+
 class DatasetVersionRead(BaseModel):
+    """One version; the job that produced it and who added it are null to a grantee
+    (``grantee_view``): a grant opens the data, not the owner's work."""
+
+    OWNER_ONLY: ClassVar[frozenset[str]] = frozenset({"producing_job_id", "created_by"})
+
     team: str
     name: str
     version: int
@@ -43,9 +51,9 @@ class DatasetVersionRead(BaseModel):
     size_bytes: int
     data_schema: dict[str, Any]
     feature_version: str
-    producing_job_id: str | None
+    producing_job_id: str | None = Field(description=DATASET_GRANTEE_NULL)
     created_at: datetime
-    created_by: str
+    created_by: str | None = Field(description=DATASET_GRANTEE_NULL)
 
     @classmethod
     def of(cls, v: DatasetVersion) -> DatasetVersionRead:
@@ -79,8 +87,10 @@ class DatasetPage(BaseModel):
 
 
 class DatasetDetail(DatasetSummary):
+    OWNER_ONLY: ClassVar[frozenset[str]] = frozenset({"grants"})
+
     versions: list[DatasetVersionRead]
-    grants: list[str] | None
+    grants: list[str] | None = Field(description=DATASET_GRANTEE_NULL)
     """The teams granted read access (shown to the owning team and operators only)."""
     next: str | None = None
     """Pass as ``after`` for the next page of ``versions``; None when this page is the last."""

@@ -24,7 +24,8 @@ downloading versions, and aliases.
 Reads need any role of the team or of a team the model is granted to (``model_grants``),
 writes ``member`` of the model's own team; operators reach every team. A model the caller
 may not read answers 404 like one that does not exist. Every name in a path or body is
-checked (``names``) before anything uses it: 422 naming the field.
+checked (``names``) before anything uses it: 422 naming the field. A read answer shows a
+granted team the model, not the owner's work behind it (``grantee_view.shown``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from trainyard_platform.services.registry import repository as repo
 from trainyard_platform.services.registry.artifacts import Digest
 from trainyard_platform.services.registry.dataset_schemas import GrantChange
 from trainyard_platform.services.registry.domain import ModelVersion, latest_checkpoint
+from trainyard_platform.services.registry.grantee_view import shown
 from trainyard_platform.services.registry.model_cost import CostedVersion
 from trainyard_platform.services.registry.model_grants import ModelDetail
 from trainyard_platform.services.registry.model_repository import ModelRow
@@ -188,12 +190,9 @@ def model_routes(
             found = await models_repo.model(conn, team, name)
             if found is None:
                 raise NotFoundException(f"no model {name!r} in team {team!r}")
-            grants = (
-                await model_grants.grants_of(conn, found.id)
-                if principal.may_see_team(team)
-                else None
-            )
-        return ModelDetail(**_summary(found).model_dump(), grants=grants)
+            grants = await model_grants.grants_of(conn, found.id)
+        detail = ModelDetail(**_summary(found).model_dump(), grants=grants)
+        return shown(detail, team, model_grants.reader_of(principal))
 
     @post(
         "/v1/models/{team:str}/{name:str}/versions",
@@ -311,9 +310,8 @@ def model_routes(
                 raise NotFoundException(f"no alias {alias!r} of model {name!r} in team {team!r}")
             version = await live_version(conn, team, name, found.aliases[alias])
             pointing = await models_repo.aliases_of_version(conn, found.id, version.version)
-            return await model_cost.costed(
-                conn, version, pointing, model_grants.reader_of(principal)
-            )
+            reader = model_grants.reader_of(principal)
+            return shown(await model_cost.costed(conn, version, pointing, reader), team, reader)
 
     @get(
         "/v1/models/{team:str}/{name:str}/versions/{version:int}/download",
@@ -505,7 +503,7 @@ def model_routes(
         if not known:
             raise NotFoundException(f"no alias {alias!r} of model {name!r} in team {team!r}")
         moves, more = paging.split(fetched, limit)
-        return AliasHistory(
+        history = AliasHistory(
             team=team,
             model=name,
             alias=alias,
@@ -521,6 +519,7 @@ def model_routes(
             ],
             next=paging.encode(moves[-1].id) if more else None,
         )
+        return shown(history, team, model_grants.reader_of(principal))
 
     async def change_grant(
         team: str,

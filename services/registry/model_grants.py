@@ -18,19 +18,23 @@ Contract:
 from __future__ import annotations
 
 from datetime import datetime
+from typing import ClassVar
 
 import asyncpg
 from litestar.exceptions import NotFoundException
+from pydantic import Field
 
 from trainyard_platform.services.registry import grants, names
-from trainyard_platform.services.registry.schemas import ModelSummary
+from trainyard_platform.services.registry.schemas import GRANTEE_NULL, ModelSummary
 from trainyard_platform.shared.identity import Principal
 
 
 class ModelDetail(ModelSummary):
     """A model as ``GET /v1/models/{team}/{name}`` answers it."""
 
-    grants: list[str] | None = None
+    OWNER_ONLY: ClassVar[frozenset[str]] = frozenset({"grants"})
+
+    grants: list[str] | None = Field(default=None, description=GRANTEE_NULL)
     """The teams granted to read it; shown to its own team and operators (null otherwise)."""
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -15,11 +15,24 @@ class _Schema(BaseModel):
     model_config = ConfigDict(frozen=True)
 
 
-class Artifact(_Schema):
-    """The model's weights: a checkpoint any ``torch.load`` opens, and its manifest."""
+GRANTEE_NULL = "null to a team the model is granted to: the owner's work, not the model"
+"""The OpenAPI description of every field in an ``OWNER_ONLY``."""
 
-    uri: str
-    manifest_uri: str
+
+class Artifact(_Schema):
+    """The model's weights: a checkpoint any ``torch.load`` opens, and its manifest.
+
+    ``manifest_uri`` is the manifest of the job's checkpoint it was copied from: the owner's,
+    null to a team the model is granted to (``grantee_view``), as is ``uri`` when it is not
+    the registry's own copy."""
+
+    OWNER_ONLY: ClassVar[frozenset[str]] = frozenset({"manifest_uri"})
+
+    uri: str | None = Field(
+        description="the registry's own copy; a version without one (owned false) names the "
+        "owner's checkpoint here, null to a team the model is granted to"
+    )
+    manifest_uri: str | None = Field(description=GRANTEE_NULL)
     step: int
     size_bytes: int
     sha256: str
@@ -30,14 +43,20 @@ class Artifact(_Schema):
 
 
 class VersionSummary(_Schema):
+    """A version as its list shows it; ``job_id`` is null to a grantee (``grantee_view``)."""
+
+    OWNER_ONLY: ClassVar[frozenset[str]] = frozenset({"job_id"})
+
     id: str
     team: str
     model: str
     version: int
-    job_id: str
+    job_id: str | None = Field(description=GRANTEE_NULL)
     artifact: Artifact
     metrics: dict[str, float]
     registered_at: datetime
+    owned: bool
+    """Whether the registry holds its own immutable copy (only such versions download)."""
 
     @classmethod
     def from_domain(cls, version: ModelVersion) -> VersionSummary:
@@ -50,6 +69,7 @@ class VersionSummary(_Schema):
             artifact=Artifact.from_ref(version.artifact),
             metrics=version.metrics,
             registered_at=version.registered_at,
+            owned=version.owned,
         )
 
 
@@ -62,10 +82,12 @@ class VersionList(_Schema):
 
 
 class VersionDetail(VersionSummary):
-    """A version with everything needed to reproduce it."""
+    """A version with everything needed to reproduce it (its owner's: null to a grantee)."""
 
-    allocation_id: str
-    lineage: Lineage
+    OWNER_ONLY: ClassVar[frozenset[str]] = VersionSummary.OWNER_ONLY | {"allocation_id", "lineage"}
+
+    allocation_id: str | None = Field(description=GRANTEE_NULL)
+    lineage: Lineage | None = Field(description=GRANTEE_NULL)
 
     @classmethod
     def from_domain(cls, version: ModelVersion) -> VersionDetail:
@@ -109,15 +131,16 @@ class AliasRequest(BaseModel):
 
 
 class OwnedVersion(VersionDetail):
-    """A version with its registration details."""
+    """A version with its registration details (who and from which checkpoint: null to a
+    grantee)."""
+
+    OWNER_ONLY: ClassVar[frozenset[str]] = VersionDetail.OWNER_ONLY | {"source_uri", "created_by"}
 
     origin: str
-    source_uri: str | None
-    owned: bool
-    """Whether the registry holds its own immutable copy (only such versions download)."""
+    source_uri: str | None = Field(description=GRANTEE_NULL)
     tags: list[str]
     description: str
-    created_by: str
+    created_by: str | None = Field(description=GRANTEE_NULL)
     aliases: list[str]
 
     @classmethod
@@ -127,7 +150,6 @@ class OwnedVersion(VersionDetail):
             **detail.model_dump(),
             origin=version.origin,
             source_uri=version.source_uri,
-            owned=version.owned,
             tags=list(version.tags),
             description=version.description,
             created_by=version.created_by,
@@ -163,10 +185,14 @@ class AliasList(_Schema):
 
 
 class AliasMoveRead(_Schema):
+    """One move of an alias; who moved it (``actor``) is null to a grantee."""
+
+    OWNER_ONLY: ClassVar[frozenset[str]] = frozenset({"actor"})
+
     alias: str
     from_version: int | None
     to_version: int | None
-    actor: str
+    actor: str | None = Field(description=GRANTEE_NULL)
     at: datetime
 
 

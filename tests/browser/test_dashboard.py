@@ -461,6 +461,8 @@ def test_team_a_sees_nothing_of_team_b(browser: Any, world: World, shared_model:
         visit(driver, f"/models/audio/{shared_model}", "Lineage of")
         wait(driver, "the upstream tree", lambda d: d.find_elements("css selector", "#upstream li"))
         assert "a job of team audio" in driver.find_element("id", "lineage").text
+        # The registry shows A no lineage of B's: what reproducing it takes is B's.
+        assert "team audio" in driver.find_element("id", "owner-work").text
         leaked = [s for s in secrets if s in driver.page_source]
         assert not leaked, f"the granted model's page shows team B's {leaked}"
     finally:

@@ -21,6 +21,7 @@ from tests.integration.registry.modelkit import (
     job_with_checkpoints,
     register,
 )
+from tests.integration.registry.test_datasets import add
 from tests.integration.registry.test_lineage import ids, run_job
 from trainyard_platform.shared.identity import Principal, Role
 from trainyard_platform.shared.storage import ObjectStore
@@ -148,3 +149,79 @@ async def test_registering_answers_the_version_as_get_does_with_its_cost(
     assert answer == shown
     assert answer["cost"]["jobs"][0]["job_id"] == job.id
     assert answer["cost"]["jobs"][0]["relation"] == "own"
+
+
+async def test_a_grantee_reads_the_model_not_the_work_behind_it(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """Every registry answer a grantee reads shows the model (or dataset) it was granted and
+    nothing of the owner's job: no job or allocation id, spec, people, hosts or checkpoints.
+    The owner and operators still see all of it."""
+    tag = uuid.uuid4().hex[:6]
+    name, data = f"shared-{tag}", f"feat-{tag}"
+    job = await run_job(pool, store, name, team="ml")
+    model = f"/v1/models/ml/{name}"
+    async with app_as(pool, store, ML) as ml:
+        assert (await ml.put(f"{model}/grants/vision")).status_code == 200
+        assert (await ml.put(f"{model}/aliases/prod", json={"version": 1})).status_code == 200
+        made = await add(ml, "ml", data, producing_job_id=job)
+        assert made.status_code == 201, made.text
+        assert (await ml.put(f"/v1/datasets/ml/{data}/grants/vision")).status_code == 200
+        owner = await body(await ml.get(f"{model}/versions/1"))
+    # What the owner sees of its work, none of which a grantee may.
+    lineage = owner["lineage"]
+    secrets = {
+        job,
+        owner["allocation_id"],
+        owner["source_uri"],
+        owner["artifact"]["manifest_uri"],
+        lineage["environment"]["hostname"],
+        lineage["environment"]["node_id"],
+        f'"{lineage["spec"]["user"]}"',
+        '"ml/bob"',  # ml's admin: moved the alias, added the dataset version
+    }
+    assert all(secrets) and owner["job_id"] == job and lineage["spec"]["team"] == "ml"
+    routes = [
+        model,
+        f"{model}/versions",
+        f"{model}/versions/1",
+        f"{model}/versions/by-alias/prod",
+        f"{model}/versions/1/download",
+        f"{model}/aliases",
+        f"{model}/aliases/prod/moves",
+        "/v1/datasets",
+        f"/v1/datasets/ml/{data}",
+        f"/v1/datasets/ml/{data}/versions/1",
+    ]
+    async with app_as(pool, store, VISION) as vision:
+        for route in routes:
+            answer = await vision.get(route)
+            assert answer.status_code == 200, (route, answer.text)
+            leaked = sorted(s for s in secrets if s in answer.text)
+            assert leaked == [], (route, leaked)
+        shown = await body(await vision.get(f"{model}/versions/1"))
+        moves = await body(await vision.get(f"{model}/aliases/prod/moves"))
+        listed = await body(await vision.get(f"{model}/versions"))
+    # The model itself stays: what it is, how to check it, how it scores, what it cost.
+    assert (shown["team"], shown["model"], shown["version"]) == ("ml", name, 1)
+    assert shown["artifact"]["sha256"] == owner["artifact"]["sha256"]
+    assert shown["artifact"]["size_bytes"] == owner["artifact"]["size_bytes"]
+    assert shown["artifact"]["uri"] == owner["artifact"]["uri"]  # the registry's own copy
+    assert shown["metrics"] == owner["metrics"] and shown["aliases"] == ["prod"]
+    assert shown["cost"]["hidden_jobs"] == 1
+    assert shown["lineage"] is None and shown["job_id"] is None
+    assert listed["versions"][0]["artifact"]["sha256"] == owner["artifact"]["sha256"]
+    assert [(m["from_version"], m["to_version"], m["actor"]) for m in moves["moves"]] == [
+        (None, 1, None)
+    ]
+    # The owner and operators still see everything.
+    async with app_as(pool, store, OPERATOR) as operator:
+        everything = await body(await operator.get(f"{model}/versions/1"))
+        seen = await body(await operator.get(f"/v1/datasets/ml/{data}/versions/1"))
+    assert {k: v for k, v in everything.items() if k != "cost"} == {
+        k: v for k, v in owner.items() if k != "cost"
+    }
+    assert seen["producing_job_id"] == job and seen["created_by"] == "ml/bob"
+    async with app_as(pool, store, ML) as ml:
+        moved = await body(await ml.get(f"{model}/aliases/prod/moves"))
+    assert moved["moves"][0]["actor"] == "ml/bob"

@@ -144,12 +144,13 @@ async function renderModel(view, team, name, wanted, me) {
         card("Version", keyValues([
           ["Registered", absolute(detail.registered_at)],
           ["Job", grantee ? ownerJob(team) : jobLink(detail.job_id, detail.job_id)],
-          ["Artifact", h("span", { class: "mono" }, detail.artifact.uri)],
+          ["Artifact", h("span", { class: "mono" }, detail.artifact.uri || "—")],
           ["sha256", h("span", { class: "mono" }, detail.artifact.sha256)],
           ["Step", detail.artifact.step],
           ...Object.entries(detail.metrics || {}).map(([k, v]) => [k, metric(v)]),
         ])),
-        card("How to reproduce it", keyValues([
+        // The registry shows no lineage to a team the model is granted to (the owner's work).
+        detail.lineage == null ? card("How to reproduce it", h("p", { class: "muted", id: "owner-work" }, `Made by a job of team ${team}: its code, data and environment are that team's, not shown to yours.`)) : card("How to reproduce it", keyValues([
           ["Code", h("span", { class: "mono" }, lineage.code_version || "—")],
           ["Dataset", lineage.dataset || "—"],
           ["Seed", lineage.seed ?? "—"],
@@ -279,7 +280,7 @@ export function lineageGraph(detail, owner = null) {
       ...(lineage.parent_checkpoints || []).map((c) => ({ kind: "parent", title: "parent checkpoint", text: short(c.split("/").slice(-2).join("/")) })),
     ].filter(Boolean),
     [owner
-      ? { kind: "job", title: `job · ${lineage.attempts ?? 1} attempt(s)`, text: short(`a job of team ${owner}`) }
+      ? { kind: "job", title: "job", text: short(`a job of team ${owner}`) }
       : { kind: "job", title: `job · ${lineage.attempts ?? 1} attempt(s)`, text: short(`${detail.job_id.slice(0, 8)} · ${(lineage.spec && lineage.spec.name) || ""}`), href: `#/jobs/${detail.job_id}` }],
     [{ kind: "checkpoint", title: `checkpoint · step ${detail.artifact.step}`, text: short(detail.artifact.sha256, 16) }],
     [{ kind: "model", title: "model version", text: `${detail.model} v${detail.version}` }],

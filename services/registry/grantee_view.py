@@ -1,0 +1,54 @@
+"""What another team sees of a model or dataset granted to it (docs/models.md and
+docs/datasets.md, "Grants"; docs/lineage.md): a grant opens the model or the dataset, not
+the work of the team that made it.
+
+Contract:
+- ``shown(answer, team, reader)`` is ``answer`` (a read answer about ``team``'s model or
+  dataset) as ``reader`` (a team; None: an operator) may see it: unchanged for ``team``
+  itself and for operators; for any other team (one it was granted to) every field named in
+  the ``OWNER_ONLY`` of its schema is null, in nested answers and lists of them too.
+- A schema that carries the owner's work — job or allocation ids, the job's spec and
+  environment, people, checkpoints, grants — names those fields in ``OWNER_ONLY`` and
+  declares them nullable; every read route passes its answer through ``shown``, so what a
+  grantee sees is decided here and in those declarations, nowhere else.
+- A version whose artifact is not the registry's own copy (``owned`` false: registered
+  before the registry kept copies) has the owner's checkpoint as its artifact: its ``uri``
+  is hidden as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from trainyard_platform.services.registry.schemas import VersionSummary
+
+Answer = TypeVar("Answer", bound=BaseModel)
+
+
+def shown(answer: Answer, team: str, reader: str | None) -> Answer:
+    """``answer`` as ``reader`` may see it (module docstring)."""
+    if reader is None or reader == team:
+        return answer
+    return _redacted(answer)
+
+
+def _redacted(answer: Answer) -> Answer:
+    hidden: frozenset[str] = getattr(answer, "OWNER_ONLY", frozenset())
+    changes: dict[str, Any] = {name: None for name in hidden}
+    for name in type(answer).model_fields:
+        if name in hidden:
+            continue
+        value = getattr(answer, name)
+        if isinstance(value, BaseModel):
+            changes[name] = _redacted(value)
+        elif isinstance(value, list) and value and isinstance(value[0], BaseModel):
+            changes[name] = [_redacted(v) for v in value]
+    if isinstance(answer, VersionSummary) and not answer.owned:
+        changes["artifact"] = changes["artifact"].model_copy(update={"uri": None})
+    return answer.model_copy(update=changes)
+
+
+__all__: Sequence[str] = ["shown"]
