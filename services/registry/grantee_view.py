@@ -14,12 +14,15 @@ Contract:
 - A version whose artifact is not the registry's own copy (``owned`` false: registered
   before the registry kept copies) has the owner's checkpoint as its artifact: its ``uri``
   is hidden as well.
+- The lineage graph (``lineage.Graph.visible_to``) keeps another team's model or dataset
+  version node only when granted, and passes its detail through ``shown_detail``: the keys
+  in ``NODE_OWNER_ONLY`` (the job that made it) are null there too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from pydantic import BaseModel
 
@@ -27,12 +30,22 @@ from trainyard_platform.services.registry.schemas import VersionSummary
 
 Answer = TypeVar("Answer", bound=BaseModel)
 
+NODE_OWNER_ONLY: Final = frozenset({"job_id"})
+"""The detail of a version node of the lineage graph that is its owner's work."""
+
 
 def shown(answer: Answer, team: str, reader: str | None) -> Answer:
     """``answer`` as ``reader`` may see it (module docstring)."""
     if reader is None or reader == team:
         return answer
     return _redacted(answer)
+
+
+def shown_detail(detail: dict[str, Any], team: str, reader: str | None) -> dict[str, Any]:
+    """The detail of a lineage node of ``team`` as ``reader`` may see it (module docstring)."""
+    if reader is None or reader == team:
+        return detail
+    return {key: None if key in NODE_OWNER_ONLY else value for key, value in detail.items()}
 
 
 def _redacted(answer: Answer) -> Answer:
@@ -51,4 +64,4 @@ def _redacted(answer: Answer) -> Answer:
     return answer.model_copy(update=changes)
 
 
-__all__: Sequence[str] = ["shown"]
+__all__: Sequence[str] = ["NODE_OWNER_ONLY", "shown", "shown_detail"]

@@ -15,7 +15,8 @@ Contract:
 - ``Graph.visible_to`` keeps what a caller may see (its team's nodes, and the dataset and
   model versions of other teams that granted it reading them; operators all) and counts the
   rest as ``hidden``, dropping their edges: a grant opens the dataset or model, never the
-  jobs and checkpoints of the team that made it.
+  jobs and checkpoints of the team that made it (a granted version node's ``job_id`` is
+  null: ``grantee_view.shown_detail``).
 - ``openlineage`` turns a graph into OpenLineage run events (one ``RunEvent`` per job:
   ``eventType``, ``eventTime``, ``run``, ``job``, ``inputs``, ``outputs``, ``producer``,
   ``schemaURL``), as the OpenLineage 2-0-2 spec names them.
@@ -31,6 +32,7 @@ from typing import Any, Final, Literal
 import asyncpg
 
 from trainyard_platform.services.registry import dataset_repository as datasets
+from trainyard_platform.services.registry import grantee_view
 from trainyard_platform.services.registry import lineage_repository as lineage_repo
 from trainyard_platform.services.registry.dataset_repository import DatasetVersion
 from trainyard_platform.services.registry.domain import ModelVersion
@@ -108,8 +110,11 @@ class Graph:
 
         kept: dict[str, Node] = {}
         for node in self.nodes.values():
-            if node.team == team or await granted(node):
+            if node.team == team:
                 kept[node.id] = node
+            elif await granted(node):  # the version, not the owner's job that made it
+                detail = grantee_view.shown_detail(node.detail, node.team, team)
+                kept[node.id] = Node(node.id, node.kind, node.team, detail)
         shown = Graph(self.root, self.direction, kept)
         shown.edges = [e for e in self.edges if e[0] in kept and e[1] in kept]
         shown._linked = set(shown.edges)

@@ -155,8 +155,9 @@ async def test_a_grantee_reads_the_model_not_the_work_behind_it(
     pool: asyncpg.Pool, store: ObjectStore
 ) -> None:
     """Every registry answer a grantee reads shows the model (or dataset) it was granted and
-    nothing of the owner's job: no job or allocation id, spec, people, hosts or checkpoints.
-    The owner and operators still see all of it."""
+    nothing of the owner's job: no job or allocation id, spec, people, hosts or checkpoints,
+    in the version answers and in the lineage graph alike. The owner and operators still see
+    all of it."""
     tag = uuid.uuid4().hex[:6]
     name, data = f"shared-{tag}", f"feat-{tag}"
     job = await run_job(pool, store, name, team="ml")
@@ -192,6 +193,10 @@ async def test_a_grantee_reads_the_model_not_the_work_behind_it(
         "/v1/datasets",
         f"/v1/datasets/ml/{data}",
         f"/v1/datasets/ml/{data}/versions/1",
+        f"/v1/lineage/models/ml/{name}/versions/1/upstream",
+        f"/v1/lineage/models/ml/{name}/versions/1/upstream?format=openlineage",
+        f"/v1/lineage/datasets/ml/{data}/versions/1/downstream",
+        f"/v1/lineage/datasets/ml/{data}/versions/1/downstream?format=openlineage",
     ]
     async with app_as(pool, store, VISION) as vision:
         for route in routes:
@@ -224,4 +229,7 @@ async def test_a_grantee_reads_the_model_not_the_work_behind_it(
     assert seen["producing_job_id"] == job and seen["created_by"] == "ml/bob"
     async with app_as(pool, store, ML) as ml:
         moved = await body(await ml.get(f"{model}/aliases/prod/moves"))
+        graph = await body(await ml.get(f"/v1/lineage/models/ml/{name}/versions/1/upstream"))
     assert moved["moves"][0]["actor"] == "ml/bob"
+    root = next(n for n in graph["nodes"] if n["id"] == graph["root"])
+    assert root["job_id"] == job and f"job:{job}" in ids(graph)
