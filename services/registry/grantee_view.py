@@ -17,6 +17,8 @@ Contract:
 - The lineage graph (``lineage.Graph.visible_to``) keeps another team's model or dataset
   version node only when granted, and passes its detail through ``shown_detail``: the keys
   in ``NODE_OWNER_ONLY`` (the job that made it) are null there too.
+- ``sees_all(team, reader)`` is the rule itself, for what is not a schema (an error message
+  that would name the owner's checkpoint).
 """
 
 from __future__ import annotations
@@ -34,16 +36,22 @@ NODE_OWNER_ONLY: Final = frozenset({"job_id"})
 """The detail of a version node of the lineage graph that is its owner's work."""
 
 
+def sees_all(team: str, reader: str | None) -> bool:
+    """Whether ``reader`` (None: an operator) sees all of ``team``'s work: its own team and
+    operators do; a team something was granted to does not."""
+    return reader is None or reader == team
+
+
 def shown(answer: Answer, team: str, reader: str | None) -> Answer:
     """``answer`` as ``reader`` may see it (module docstring)."""
-    if reader is None or reader == team:
+    if sees_all(team, reader):
         return answer
     return _redacted(answer)
 
 
 def shown_detail(detail: dict[str, Any], team: str, reader: str | None) -> dict[str, Any]:
     """The detail of a lineage node of ``team`` as ``reader`` may see it (module docstring)."""
-    if reader is None or reader == team:
+    if sees_all(team, reader):
         return detail
     return {key: None if key in NODE_OWNER_ONLY else value for key, value in detail.items()}
 
@@ -64,4 +72,4 @@ def _redacted(answer: Answer) -> Answer:
     return answer.model_copy(update=changes)
 
 
-__all__: Sequence[str] = ["NODE_OWNER_ONLY", "shown", "shown_detail"]
+__all__: Sequence[str] = ["NODE_OWNER_ONLY", "sees_all", "shown", "shown_detail"]

@@ -45,7 +45,14 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, PathParameter, QueryParameter
 from litestar.response import File
 
-from trainyard_platform.services.registry import artifacts, model_cost, model_grants, models, names
+from trainyard_platform.services.registry import (
+    artifacts,
+    grantee_view,
+    model_cost,
+    model_grants,
+    models,
+    names,
+)
 from trainyard_platform.services.registry import model_repository as models_repo
 from trainyard_platform.services.registry import repository as repo
 from trainyard_platform.services.registry.artifacts import Digest
@@ -324,7 +331,7 @@ def model_routes(
         async with pool.acquire() as conn:
             await readable(conn, principal, team, name)
             found = await live_version(conn, team, name, version)
-        key = _owned_key(found)
+        key = _owned_key(found, model_grants.reader_of(principal))
         source = storage()
         url = await asyncio.to_thread(source.presign_get, key, download_url_seconds)
         if url is None:
@@ -360,7 +367,7 @@ def model_routes(
         async with pool.acquire() as conn:
             await readable(conn, principal, team, name)
             found = await live_version(conn, team, name, version)
-        key = _owned_key(found)
+        key = _owned_key(found, model_grants.reader_of(principal))
         verified = await asyncio.to_thread(_fetch, storage(), key, found)
         return File(
             verified,
@@ -639,12 +646,15 @@ def _known_parameters(request: Request[Any, Any, Any], known: frozenset[str]) ->
         raise RequestInvalid(errors)
 
 
-def _owned_key(version: ModelVersion) -> str:
+def _owned_key(version: ModelVersion, reader: str | None) -> str:
+    """The registry's own key of the version's artifact, else ``NotOwned`` (409), naming the
+    job's checkpoint only to those who see the owner's work (``grantee_view.sees_all``)."""
     if version.artifact_key is None:
+        where = f" {version.artifact.uri}" if grantee_view.sees_all(version.team, reader) else ""
         raise NotOwned(
             f"version {version.version} of {version.team}/{version.model_name} was registered "
-            "before the registry kept its own copies; its artifact is the job's checkpoint "
-            f"{version.artifact.uri}: register that checkpoint again to download it"
+            f"before the registry kept its own copies; its artifact is the job's checkpoint"
+            f"{where}: its team can register that checkpoint again to make it downloadable"
         )
     return version.artifact_key
 

@@ -233,3 +233,36 @@ async def test_a_grantee_reads_the_model_not_the_work_behind_it(
     assert moved["moves"][0]["actor"] == "ml/bob"
     root = next(n for n in graph["nodes"] if n["id"] == graph["root"])
     assert root["job_id"] == job and f"job:{job}" in ids(graph)
+
+
+async def test_a_grantee_never_reads_the_checkpoint_behind_a_version_without_a_copy(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """A version registered before the registry kept its own copies has the owner's job
+    checkpoint as its artifact: a grantee sees neither its URI (null) nor, when it asks to
+    download it, the URI in the refusal (409). The owner is told where the checkpoint is."""
+    name = f"legacy-{uuid.uuid4().hex[:6]}"
+    job = await run_job(pool, store, name, team="ml")
+    model = f"/v1/models/ml/{name}"
+    async with pool.acquire() as conn:  # as a version of before migration 0004 was stored
+        await conn.execute(
+            """UPDATE model_versions SET artifact_key = NULL, artifact_uri = source_uri
+               WHERE job_id = $1""",
+            job,
+        )
+    async with app_as(pool, store, ML) as ml:
+        assert (await ml.put(f"{model}/grants/vision")).status_code == 200
+        owner = await body(await ml.get(f"{model}/versions/1"))
+        refused_owner = await ml.get(f"{model}/versions/1/download")
+    assert owner["owned"] is False and job in owner["artifact"]["uri"]
+    assert refused_owner.status_code == 409 and owner["artifact"]["uri"] in refused_owner.text
+    async with app_as(pool, store, VISION) as vision:
+        shown = await body(await vision.get(f"{model}/versions/1"))
+        listed = await body(await vision.get(f"{model}/versions"))
+        refused = await vision.get(f"{model}/versions/1/download")
+        refused_content = await vision.get(f"{model}/versions/1/content")
+    assert shown["artifact"]["uri"] is None and listed["versions"][0]["artifact"]["uri"] is None
+    assert shown["artifact"]["sha256"] == owner["artifact"]["sha256"]
+    for answer in (refused, refused_content):
+        assert answer.status_code == 409, answer.text
+        assert job not in answer.text and "register" in answer.json()["detail"]
