@@ -1,15 +1,18 @@
 """How the dashboard presents what it shows: amounts, long names in charts, colours.
 
-A small local stack (one runner of one virtual GPU) priced so that seconds of CPU cost a few
-hundred-thousandths of a dollar. Team vision has two short runs of experiment ``long-sweep``
+The package's local stack (tests/browser/conftest.py), with the CPU flavor repriced for this
+module's jobs so that seconds of CPU cost a few hundred-thousandths of a dollar (the price in
+force before is put back after). Team design has two short runs of experiment ``long-sweep``
 with 100-character names, each reporting the loss and a metric with a long key (the first
-registers a model), and a job that asks for two GPUs, so it waits for good (nothing billed). Each test drives headless
-Chromium as a person would and checks what they would read.
+registers a model), and a job that asks for more GPUs than the runner has, so it waits for
+good (nothing billed). Each test drives headless Chromium as a person would and checks what
+they would read.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import shutil
 import tempfile
 import textwrap
@@ -18,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from tests.browser.conftest import WINDOW
+from tests.browser.conftest import PRICES, RUNNER_GPUS, WINDOW
 from tests.browser.test_dashboard import _until, script_errors, visit, wait
 from trainyard.bundle import pack
 from trainyard.client import TrainyardClient
@@ -45,7 +49,7 @@ TRAIN = textwrap.dedent(
     ctx.save_checkpoint(10, {{"w": torch.full((2,), loss)}})
     """
 )
-PRICES = '{"cpu": 0.01}'
+PRICE = "0.01"
 """A cent a GPU-hour: a run of ten seconds costs a few hundred-thousandths of a dollar."""
 
 
@@ -64,54 +68,72 @@ class Stack:
         return self.stack.submission_url
 
 
+def _price_cpu(stack: LocalStack, operator: str, price: str) -> None:
+    """Price the CPU flavor's GPU-hour at ``price`` from now on (billing's price book)."""
+    answer = httpx.put(
+        f"{stack.service_urls['billing']}/v1/prices/cpu",
+        json={"price_per_gpu_hour": price},
+        headers={"Authorization": f"Bearer {operator}"},
+        timeout=30,
+    )
+    assert answer.status_code in (200, 201), answer.text
+
+
 @pytest.fixture(scope="module")
-def priced() -> Iterator[Stack]:
+def priced(stack: LocalStack) -> Iterator[Stack]:
     data = Path(tempfile.mkdtemp(prefix="trainyard-browser-"))
     project = data / "project"
     project.mkdir()
     (project / "train.py").write_text(TRAIN)
-    env = {"TRAINYARD_BILLING_PRICES": PRICES, "TRAINYARD_RUNNER_JOB_UID_BASE": "268064"}
+    token = stack.bootstrap_admin("design", "pia")
+    operator = stack.bootstrap_admin("platform", "olga", role="operator")
+    _price_cpu(stack, operator, PRICE)
     try:
-        with LocalStack(data / "stack", storage="file", runner_gpus=1, extra_env=env) as stack:
-            token = stack.bootstrap_admin("vision", "alice")
-            operator = stack.bootstrap_admin("platform", "root", role="operator")
-            client = TrainyardClient(stack.submission_url, token)
-            bundle = pack(project, out_dir=data)
-            client.upload_bundle(bundle.path, bundle.sha256)
-            code = {"kind": "bundle", "sha256": bundle.sha256, "size_bytes": bundle.size_bytes}
-            ids = [
-                str(
-                    client.submit(
-                        {
-                            "name": RUN[:-1] + str(i),
-                            "gpus": 1,
-                            "gpu_flavor": "cpu",
-                            "entrypoint": "train.py",
-                            "code": code,
-                            "experiment": "long-sweep",
-                            "hyperparameters": {"lr": lr},
-                            # The first registers a model (named as long as the run): the
-                            # models page and a version's lineage graph have something.
-                            "register_model": i == 1,
-                        }
-                    )["id"]
-                )
-                for i, lr in ((1, 0.1), (2, 0.2))
-            ]
-            for job in ids:
-                assert client.wait(job, timeout_s=180)["status"] == "SUCCEEDED"
-            _until(
-                "the costs are final",
-                lambda: all(client.get_job(job)["cost"]["final"] for job in ids),
-                60,
+        client = TrainyardClient(stack.submission_url, token)
+        bundle = pack(project, out_dir=data)
+        client.upload_bundle(bundle.path, bundle.sha256)
+        code = {"kind": "bundle", "sha256": bundle.sha256, "size_bytes": bundle.size_bytes}
+        ids = [
+            str(
+                client.submit(
+                    {
+                        "name": RUN[:-1] + str(i),
+                        "gpus": 1,
+                        "gpu_flavor": "cpu",
+                        "entrypoint": "train.py",
+                        "code": code,
+                        "experiment": "long-sweep",
+                        "hyperparameters": {"lr": lr},
+                        # The first registers a model (named as long as the run): the
+                        # models page and a version's lineage graph have something.
+                        "register_model": i == 1,
+                    }
+                )["id"]
             )
-            waiting = client.submit(
-                {"name": "waits-for-two", "gpus": 2, "gpu_flavor": "cpu", "command": ["true"]}
-            )
-            _until("the model is registered", lambda: client.get_job(ids[0])["model"], 60)
-            runs = [client.get_job(job) for job in ids]
-            yield Stack(stack, token, operator, runs, str(waiting["id"]))
+            for i, lr in ((1, 0.1), (2, 0.2))
+        ]
+        for job in ids:
+            assert client.wait(job, timeout_s=180)["status"] == "SUCCEEDED"
+        _until(
+            "the costs are final",
+            lambda: all(client.get_job(job)["cost"]["final"] for job in ids),
+            60,
+        )
+        waiting = client.submit(
+            {
+                "name": "waits-in-design",
+                "gpus": RUNNER_GPUS + 1,
+                "gpu_flavor": "cpu",
+                "command": ["true"],
+            }
+        )
+        _until("the model is registered", lambda: client.get_job(ids[0])["model"], 60)
+        runs = [client.get_job(job) for job in ids]
+        yield Stack(stack, token, operator, runs, str(waiting["id"]))
+        # The waiting job is of no use to the modules after this one.
+        client.cancel(str(waiting["id"]))
     finally:
+        _price_cpu(stack, operator, str(json.loads(PRICES)["cpu"]))
         shutil.rmtree(data, ignore_errors=True)
 
 
@@ -151,7 +173,7 @@ def test_a_tiny_cost_is_shown_as_what_it_is(browser: Any, priced: Stack) -> None
     shown = wait(driver, "the job's cost", lambda d: d.find_elements("id", "job-cost"))[0].text
     assert shown.endswith(f" {currency}")
     assert amount(shown) == pytest.approx(cost, rel=0.05), shown
-    visit(driver, "/jobs", "waits-for-two")
+    visit(driver, "/jobs", "waits-in-design")
     shown = cell(driver, run["id"], "Cost")
     assert amount(shown) == pytest.approx(cost, rel=0.05), shown
     # The amount and its currency on one line, however narrow the column.
@@ -173,7 +195,7 @@ def test_a_cost_with_nothing_billed_is_not_a_bare_number(browser: Any, priced: S
     assert driver.find_element("id", "job-cost").text == "—"
     stat = driver.find_element("xpath", "//div[@class='stat'][.//span[@id='job-cost']]").text
     assert "nothing billed yet" in stat
-    visit(driver, "/jobs", "waits-for-two")
+    visit(driver, "/jobs", "waits-in-design")
     assert cell(driver, priced.waiting, "Cost") == "—"
     assert not script_errors(driver)
 
@@ -323,15 +345,15 @@ def test_every_text_on_every_page_has_the_contrast_wcag_aa_asks(
 
     sign_in(driver, priced)
     pages = [
-        ("/jobs", "waits-for-two"),
+        ("/jobs", "waits-in-design"),
         (f"/jobs/{run['id']}", LONG_KEY),
         (f"/jobs/{priced.waiting}", "Why it waits"),
         ("/jobs/00000000-0000-0000-0000-000000000000", "No such job"),
         ("/experiments", "long-sweep"),
-        ("/queues", "waits-for-two"),
+        ("/queues", "waits-in-design"),
         ("/nodes", "Nodes"),
         ("/models", model["name"]),
-        (f"/models/vision/{model['name']}", "Lineage of"),
+        (f"/models/design/{model['name']}", "Lineage of"),
         ("/costs", "Most expensive jobs"),
         ("/waste", "Jobs that wasted most"),
     ]
@@ -380,14 +402,14 @@ def test_a_phone_wide_window_shows_every_page_without_scrolling_sideways(
         sign_in(driver, priced)
         found = {}
         for route, ready in (
-            ("/jobs", "waits-for-two"),
+            ("/jobs", "waits-in-design"),
             (f"/jobs/{run['id']}", LONG_KEY),
             (f"/jobs/{priced.waiting}", "Why it waits"),
             ("/experiments", "long-sweep"),
-            ("/queues", "waits-for-two"),
+            ("/queues", "waits-in-design"),
             ("/nodes", "Nodes"),
             ("/models", model["name"]),
-            (f"/models/vision/{model['name']}", "Lineage of"),
+            (f"/models/design/{model['name']}", "Lineage of"),
             ("/costs", "Most expensive jobs"),
             ("/waste", "Jobs that wasted most"),
         ):
