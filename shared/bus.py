@@ -30,8 +30,9 @@ Contract:
   jitter; meanwhile the consumer fetches nothing new (it is *paused*: ``Bus.paused``,
   ``ping`` and so the service's ``/readyz`` say so, and the metric
   ``trainyard.consumer.paused`` is 1 for it), and the message is neither acknowledged nor
-  redelivered. An infrastructure fault never dead-letters a message. On stop the messages in
-  hand are handed back (``nak``) for the next process.
+  redelivered. An infrastructure fault never dead-letters a message. On stop, and when the
+  consumer is cancelled (its service's stop grace ran out), the messages in hand are handed
+  back (``nak``): the next process gets them at once, not after ``ack_wait``.
 - Any other handler error leads to a delayed redelivery; after ``max_deliver`` deliveries, or
   at once for bytes that are not a valid event, an event whose ``source`` may not send its
   type or that came on another subject than its type, source and routing key give
@@ -1050,7 +1051,11 @@ class Bus:
     @asynccontextmanager
     async def _kept_in_progress(self, messages: Sequence[Msg]) -> AsyncIterator[None]:
         """While the batch is in hand, tell JetStream every third of ``ack_wait`` that each
-        message not yet settled is still being worked on, so it is not redelivered."""
+        message not yet settled is still being worked on, so it is not redelivered. A
+        message still unsettled when the batch leaves hand is handed back (``_hand_back``):
+        the consumer was cancelled (its service's stop grace ran out while an attempt waited
+        on a dependency), and the message goes at once to the next process instead of after
+        ``ack_wait``."""
         interval = max(self._settings.ack_wait_seconds / 3, 0.05)
 
         async def beat() -> None:
@@ -1068,6 +1073,9 @@ class Bus:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            for msg in messages:
+                if not msg._ackd:
+                    await self._hand_back(msg)
 
     async def _ack(self, msg: Msg) -> None:
         try:

@@ -666,3 +666,78 @@ async def test_hearing_starts_again_with_each_run_of_a_consumer(own_bus: Bus) ->
 
 async def _noop(envelope: Envelope[Payload]) -> None:
     return None
+
+
+async def next_consumer_gets(settings: NatsSettings, consumer: str, batch: int) -> list[str]:
+    """What a consumer started now on ``consumer`` handles first; fails after 20 s (the
+    tests' ``ack_wait`` is 60 s: a message left to it would not come in time)."""
+    async with Bus.connect(settings, "next") as bus:
+        again = asyncio.Event()
+        got: list[str] = []
+
+        async def up(deliveries: Sequence[Delivery]) -> None:
+            got.extend(d.envelope.subject for d in deliveries)
+            again.set()
+
+        task = asyncio.create_task(bus.consume_batches(consumer, [SUBJECT], up, again, batch))
+        try:
+            async with asyncio.timeout(20):
+                await again.wait()
+        finally:
+            again.set()
+            await task
+    return got
+
+
+HANDING_BACK = {
+    "ack_wait_seconds": 60.0,
+    "outage_retry_initial_seconds": 0.01,
+    "outage_retry_max_seconds": 0.02,
+}
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+async def test_a_message_held_when_a_consumer_stops_goes_at_once_to_the_next(
+    own_settings: NatsSettings, batch: int
+) -> None:
+    """A consumer stopped while it waits out an outage with a message in hand hands it back:
+    the next consumer gets it at once, not after ``ack_wait``."""
+    settings = own_settings.model_copy(update=HANDING_BACK)
+    async with Bus.connect(settings, "handing-back") as bus:
+        await bus.publish(event("held"))
+        stop = asyncio.Event()
+
+        async def down(deliveries: Sequence[Delivery]) -> None:
+            if "handed" in bus.paused:
+                stop.set()
+            raise ConnectionRefusedError(111, "PostgreSQL is down")
+
+        async with asyncio.timeout(10):
+            await bus.consume_batches("handed", [SUBJECT], down, stop, batch)
+    assert await next_consumer_gets(settings, "handed", batch) == ["held"]
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+async def test_a_message_held_when_a_consumer_is_cancelled_goes_at_once_to_the_next(
+    own_settings: NatsSettings, batch: int
+) -> None:
+    """A consumer cancelled with a message in hand (its service's stop grace ran out while
+    an attempt waited on PostgreSQL) hands it back too."""
+    settings = own_settings.model_copy(update=HANDING_BACK)
+    async with Bus.connect(settings, "cancelled") as bus:
+        await bus.publish(event("held"))
+        waiting = asyncio.Event()
+
+        async def hangs(deliveries: Sequence[Delivery]) -> None:
+            waiting.set()
+            await asyncio.Event().wait()  # a connect that does not answer
+
+        task = asyncio.create_task(
+            bus.consume_batches("cancelled", [SUBJECT], hangs, asyncio.Event(), batch)
+        )
+        async with asyncio.timeout(10):
+            await waiting.wait()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert await next_consumer_gets(settings, "cancelled", batch) == ["held"]
