@@ -1155,11 +1155,12 @@ class _DurablePull:
     the streams (``Bus._restore_streams``), binds anew and raises ``ConsumerLostError``, an
     outage the consumer waits out for a moment, so its loop sees the gap.
 
-    It keeps stream order across a consumer that died with messages in hand: binding, it
-    finds them still unacknowledged (``num_ack_pending``) and lowers the consumer's
+    It keeps stream order across a consumer that stopped or died with messages in hand:
+    binding, it finds them still unacknowledged (``num_ack_pending``, which counts those
+    handed back until they are delivered again) and lowers the consumer's
     ``max_ack_pending`` to their number, so the server delivers nothing newer until they
-    have come back (after ``ack_wait``) and been settled; then the limit is the batch
-    again."""
+    have come back (at once when handed back, after ``ack_wait`` when a consumer died) and
+    been settled; then the limit is the batch again."""
 
     def __init__(self, bus: Bus, config: api.ConsumerConfig, sub: Pull) -> None:
         self._bus = bus
@@ -1184,9 +1185,12 @@ class _DurablePull:
         self._handed_over = _delivered(info)
         pending = info.num_ack_pending or 0
         if pending and pending < (self._config.max_ack_pending or 0):
+            # The server counts a message handed back (nak) as unacknowledged until it is
+            # delivered again, at once: this is no sign of a wait for ack_wait.
             log.info(
-                "%s: %d messages of a consumer that stopped are unacknowledged: nothing newer "
-                "until they are back (after ack_wait)",
+                "%s: %d messages delivered before this start are not settled yet: nothing "
+                "newer until they are (one handed back on a stop comes at once, one held by "
+                "a consumer that died after ack_wait)",
                 name,
                 pending,
             )
