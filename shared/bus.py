@@ -79,7 +79,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import time
 import traceback
 from collections.abc import (
     AsyncIterator,
@@ -94,7 +93,7 @@ from contextlib import AbstractContextManager, asynccontextmanager, contextmanag
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cached_property
-from typing import Final, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import asyncpg
 import nats
@@ -114,11 +113,14 @@ from opentelemetry.sdk.trace import SpanLimits
 from trainyard_platform.shared.events import Envelope, EventParseError, Payload, parse_envelope
 from trainyard_platform.shared.events.payloads import JobMetrics, JobProgress, RunnerHeartbeat
 from trainyard_platform.shared.events.trust import forged_because, misrouted_because
-from trainyard_platform.shared.logs import Throttle, error_text, held_back, job_scope, span_job_id
+from trainyard_platform.shared.logs import error_text, job_scope, span_job_id
 from trainyard_platform.shared.settings import NatsSettings
 from trainyard_platform.shared.span_errors import safe_message
 from trainyard_platform.shared.telemetry import extract, inject, tracer
 from trainyard_platform.shared.telemetry import meter as telemetry_meter
+
+if TYPE_CHECKING:
+    from trainyard_platform.shared.outages import Dependency
 
 log = logging.getLogger(__name__)
 _tracer = tracer(__name__)
@@ -475,30 +477,39 @@ def _raised_in(exc: BaseException, package: str) -> bool:
     )
 
 
-def nats_error_logger() -> Callable[[Exception], Awaitable[None]]:
-    """The NATS client's ``error_cb``: each error in one line that names the setting, with no
-    traceback. The client reports every failed try to (re)connect, one every 2 s for as long
-    as NATS is away (at start too: the client waits for it for ever), and its default logged
-    each with the library's traceback; here a repeated error is logged once a minute
-    (``logs.Throttle``). A drain that timed out is the bus closing, not a try to connect:
-    ``_close`` says it in a line of its own (this one said "the client keeps trying")."""
-    throttle = Throttle()
+def nats_error_logger(
+    dependency: Dependency | None = None,
+) -> Callable[[Exception], Awaitable[None]]:
+    """The NATS client's ``error_cb``: its errors tell ``dependency`` (``outages.Dependency``, one
+    of the connection's own by default) that NATS failed, so an outage is one line when it
+    goes (``NATS (TRAINYARD_NATS_URL) unavailable: <error>; waiting for it``), at most one a
+    minute while it lasts, and one when the connection is made again (``Bus.connect`` tells
+    it), never a traceback. The client reports every failed try to (re)connect, one every
+    2 s for as long as NATS is away (at start too: the client waits for it for ever), each
+    with its own error (EOF, a reset, a refusal): logged per error, a loss of NATS was three
+    lines a minute. A refused login names the user's settings in its error. A drain that
+    timed out is the bus closing, not a try to connect: ``_close`` says it in a line of its
+    own."""
+    nats_away = dependency or nats_dependency()
 
     async def report(exc: Exception) -> None:
         if isinstance(exc, nats.errors.DrainTimeoutError):
             return
-        reason = " ".join(str(exc).split()) or type(exc).__name__
-        repeats = throttle.due(reason)
-        if repeats is None:
-            return
-        settings = "TRAINYARD_NATS_URL"
+        reason = error_text(exc)
         if "authorization" in reason.lower() or "authentication" in reason.lower():
-            settings += ", TRAINYARD_NATS_USER, TRAINYARD_NATS_PASSWORD"
-        log.warning(
-            "NATS (%s): %s%s; the client keeps trying", settings, reason, held_back(repeats)
-        )
+            exc = ConnectionError(f"{reason} (TRAINYARD_NATS_USER, TRAINYARD_NATS_PASSWORD)")
+        nats_away.failed(exc)
 
     return report
+
+
+def nats_dependency() -> Dependency:
+    """NATS as a dependency of one connection (``outages.Dependency``)."""
+    # Imported here: ``outages`` tells outages apart with this module's
+    # ``infrastructure_fault``.
+    from trainyard_platform.shared.outages import Dependency
+
+    return Dependency("NATS", "TRAINYARD_NATS_URL", "nats")
 
 
 class Bus:
@@ -544,21 +555,16 @@ class Bus:
     ) -> AsyncIterator[Bus]:
         """Connect, make sure the streams exist, and drain on exit."""
         buses: list[Bus] = []
-        lost_at: list[float] = []  # when the connection was lost, while it is
+        outage = nats_dependency()
+        outage.watched()
 
         async def disconnected() -> None:
-            if not lost_at:
-                lost_at.append(time.monotonic())
             for one in buses:
                 one._connected_since = None
 
         async def reconnected() -> None:
-            # The going is logged by ``nats_error_logger``; the coming back in one line too.
-            if lost_at:
-                log.warning(
-                    "NATS (TRAINYARD_NATS_URL) answers again after %.0f s",
-                    time.monotonic() - lost_at.pop(),
-                )
+            # Its going is told by ``nats_error_logger``; its coming back in one line too.
+            outage.answered()
             for one in buses:
                 one._reconnects = _reconnects(one._nc)
                 one._connected_since = _utc_now()
@@ -568,7 +574,7 @@ class Bus:
             name=name,
             max_reconnect_attempts=-1,
             drain_timeout=CLOSE_TIMEOUT_S,
-            error_cb=nats_error_logger(),
+            error_cb=nats_error_logger(outage),
             disconnected_cb=disconnected,
             reconnected_cb=reconnected,
             **_auth(settings),

@@ -112,8 +112,8 @@ CATALOGUE: Final = _specs(
         "trainyard.dependency.away",
         "updown",
         "{dependency}",
-        "Dependencies of the process (postgresql, object_store) that failed and have not "
-        "answered since",
+        "Dependencies of the process (postgresql, object_store, nats) that failed and have "
+        "not answered since",
         ("dependency",),
     ),
     MetricSpec(

@@ -2,7 +2,7 @@
 
 Contract:
 - ``Dependency(name, settings)`` is one dependency of the process (PostgreSQL, the
-  object store) and whether it is away. ``failed(exc)`` logs at WARNING, the first time
+  object store, NATS) and whether it is away. ``failed(exc)`` logs at WARNING, the first time
   after it answered, ``<name> (<settings>) unavailable: <error>; waiting for it``; while it
   stays away, at most one line a minute (``logs.REPEAT_SECONDS``): ``<name> (<settings>)
   still unavailable after N s: <error> (M more failures since the last line)``.
@@ -11,13 +11,15 @@ Contract:
   traceback: an outage is expected and its error's text says what happened
   (``logs.error_text``); an error that is not an outage is no business of this module.
   The gauge ``trainyard.dependency.away`` (``dependency``: ``postgresql``,
-  ``object_store``) is 1 from the failure to the answer, else 0, reported from 0 once the
-  process uses it (``watched``: ``db.open_pool``, ``runtime.open_service_store``).
+  ``object_store``, ``nats``) is 1 from the failure to the answer, else 0, reported from 0
+  once the process uses it (``watched``: ``db.open_pool``, ``runtime.open_service_store``,
+  ``bus.Bus.connect``).
 - ``POSTGRES`` and ``OBJECT_STORE`` are the process's own; ``report(exc)`` tells the one an
   infrastructure fault names (``bus.infrastructure_fault``) and answers whether ``exc`` was
   one, so a caller logs any other error itself (with its traceback when it is no outage).
-  ``forget()`` puts them back as at the process's start. NATS is not here: the bus logs
-  its going and its coming back itself.
+  ``forget()`` puts them back as at the process's start. NATS is not among them: each NATS
+  connection has a ``Dependency`` of its own (``bus.nats_dependency``), told by the NATS
+  client's errors and its reconnection (``bus.nats_error_logger``, ``Bus.connect``).
 - Which code tells them: ``shared.db`` of every connection it opens (the pools' and the
   scheduler leader's) and every readiness ping, the object store's readiness check
   (``runtime.store_answers``), the outbox relay and the leader election.
@@ -115,8 +117,8 @@ _away = instrument("trainyard.dependency.away")
 POSTGRES: Final = Dependency("PostgreSQL", "TRAINYARD_DATABASE_URL", "postgresql")
 OBJECT_STORE: Final = Dependency("the object store", "TRAINYARD_STORAGE_URI", "object_store")
 EVERY: Final = (POSTGRES, OBJECT_STORE)
-"""The dependencies told here; each is also told when it answers again. NATS is not: the
-bus logs its going (``bus.nats_error_logger``) and its coming back itself."""
+"""The dependencies told here; each is also told when it answers again. NATS is not: each
+connection tells one of its own (``bus.nats_dependency``)."""
 
 
 def forget() -> None:
