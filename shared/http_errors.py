@@ -20,8 +20,9 @@ Contract:
   ``the database is unavailable``, ``the event bus is not answering`` (the NATS client
   timed out), ``the event bus is unavailable``, ``the object store is unavailable``) and nothing of the error; a bare OS error or timeout of unknown origin says
   ``temporarily unavailable, try again``. The caller may simply retry (a transaction that
-  failed stored nothing). The log has the failure with its traceback, once per fault and
-  minute (``logs.Throttle``, per app).
+  failed stored nothing). The log has the failure in one line, the exception chain's types
+  and texts with no traceback (``logs.chain_text``: an outage is no bug, and its errors'
+  texts name the host), once per fault and minute (``logs.Throttle``, per app).
 - Anything else, and every other 5xx, is ``internal error``: the traceback goes to the log,
   never to the user.
 - ``check_json`` screens a JSON body before any model sees it: UTF-8, well formed, no
@@ -63,7 +64,7 @@ from trainyard_platform.shared.bus import (
     infrastructure_fault,
 )
 from trainyard_platform.shared.identity import Denied, IdentityRateLimited, IdentityUnavailable
-from trainyard_platform.shared.logs import Throttle, held_back
+from trainyard_platform.shared.logs import Throttle, chain_text, held_back
 
 log = logging.getLogger(__name__)
 
@@ -533,20 +534,20 @@ def _lost_connection(exc: BaseException) -> bool:
 def _unavailable(
     request: AnyRequest, exc: BaseException, throttle: Throttle
 ) -> Response[ErrorBody]:
-    """503 for a dependency that failed. Logged with its traceback the first time for each
-    fault, then once a minute with the count held back (``logs.Throttle``): while a
-    database does not answer, every request meets it, and each logged its traceback."""
+    """503 for a dependency that failed. Logged in one line, the exception chain without a
+    traceback (``logs.chain_text``), the first time for each fault, then once a minute with
+    the count held back (``logs.Throttle``): while a database does not answer, every request
+    meets it, and each logged its traceback."""
     fault = infrastructure_fault(exc)
     repeats = throttle.due(fault or repr(exc))
     if repeats is not None:
         log.warning(
-            "%s %s: a dependency is unavailable: %s: %r%s",
+            "%s %s: a dependency is unavailable%s: %s: %s",
             request.method,
             request.url.path,
-            fault,
-            exc,
             held_back(repeats),
-            exc_info=exc,
+            fault,
+            chain_text(exc),
         )
     return _error(
         503,

@@ -24,6 +24,8 @@ Contract:
   call saying so.
 - ``Throttle`` keeps a failure that every request or retry meets while it lasts (a
   dependency away) to one log line per reason a minute, with the count of those held back.
+- ``chain_text`` says an exception and its causes on one line, for a line about an outage
+  (no traceback).
 """
 
 from __future__ import annotations
@@ -180,6 +182,32 @@ def error_text(exc: BaseException) -> str:
     type's name when it has none (``str(TimeoutError())`` is empty: a line about a database
     that did not answer ended in "failed: " and said nothing)."""
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+CHAIN_LIMIT: Final = 8
+"""At most this many exceptions of a chain are said (``chain_text``)."""
+
+
+def chain_text(exc: BaseException) -> str:
+    """``exc`` and what it came from (``raise ... from``, or raised while handling), on one
+    line: each exception's type and text (``error_text``), the outermost first, joined by
+    `` <- ``, at most ``CHAIN_LIMIT`` of them. For a line about an outage, where a
+    traceback says nothing more: the host or the call that failed is in the chain's texts
+    (``NoServersError: ... <- ConnectionRefusedError: [Errno 111] ...``)."""
+    said: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(said) < CHAIN_LIMIT:
+        seen.add(id(current))
+        text = " ".join(str(current).split())
+        said.append(f"{type(current).__name__}: {text}" if text else type(current).__name__)
+        if current.__cause__ is not None:
+            current = current.__cause__
+        elif current.__suppress_context__:
+            current = None
+        else:
+            current = current.__context__
+    return " <- ".join(said)
 
 
 REPEAT_SECONDS: Final = 60.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -245,7 +246,8 @@ def test_a_dependency_away_is_logged_once_a_minute_not_per_request(
     client: TestClient[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     """While a database does not answer, every request meets it: each logged a warning with
-    its traceback."""
+    its traceback. Now one line a minute per fault, and no traceback: an outage is expected,
+    and the exception chain, each exception's type and message, says what happened."""
     for _ in range(5):
         assert client.get("/database-lost").status_code == 503
     assert client.get("/nats-away").status_code == 503
@@ -254,7 +256,23 @@ def test_a_dependency_away_is_logged_once_a_minute_not_per_request(
         "GET /database-lost",
         "GET /nats-away",
     ]
-    assert all(r.exc_info for r in lines)  # each with its traceback
+    assert all(r.exc_info is None and "\n" not in r.getMessage() for r in lines)
+    assert (
+        lines[1]
+        .getMessage()
+        .endswith(
+            ": NoServersError: nats: no servers available for connection"
+            " <- ConnectionRefusedError: [Errno 111] nats.internal refused"
+        )
+    )
+
+
+def test_a_server_error_that_is_no_outage_keeps_its_traceback(
+    client: TestClient[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    assert client.get("/crash").status_code == 500
+    (line,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert line.exc_info is not None
 
 
 def test_body_errors_are_reported_by_path_all_at_once() -> None:
