@@ -113,7 +113,7 @@ from opentelemetry.sdk.trace import SpanLimits
 from trainyard_platform.shared.events import Envelope, EventParseError, Payload, parse_envelope
 from trainyard_platform.shared.events.payloads import JobMetrics, JobProgress, RunnerHeartbeat
 from trainyard_platform.shared.events.trust import forged_because, misrouted_because
-from trainyard_platform.shared.logs import error_text, job_scope, span_job_id
+from trainyard_platform.shared.logs import Throttle, error_text, held_back, job_scope, span_job_id
 from trainyard_platform.shared.settings import NatsSettings
 from trainyard_platform.shared.span_errors import safe_message
 from trainyard_platform.shared.telemetry import extract, inject, tracer
@@ -478,27 +478,37 @@ def _raised_in(exc: BaseException, package: str) -> bool:
 
 
 def nats_error_logger(
-    dependency: Dependency | None = None,
+    dependency: Dependency | None = None, connected: Callable[[], bool] = lambda: False
 ) -> Callable[[Exception], Awaitable[None]]:
-    """The NATS client's ``error_cb``: its errors tell ``dependency`` (``outages.Dependency``, one
-    of the connection's own by default) that NATS failed, so an outage is one line when it
-    goes (``NATS (TRAINYARD_NATS_URL) unavailable: <error>; waiting for it``), at most one a
-    minute while it lasts, and one when the connection is made again (``Bus.connect`` tells
-    it), never a traceback. The client reports every failed try to (re)connect, one every
-    2 s for as long as NATS is away (at start too: the client waits for it for ever), each
-    with its own error (EOF, a reset, a refusal): logged per error, a loss of NATS was three
-    lines a minute. A refused login names the user's settings in its error. A drain that
-    timed out is the bus closing, not a try to connect: ``_close`` says it in a line of its
-    own."""
+    """The NATS client's ``error_cb``, never logging a traceback. An error that comes while
+    the client is not ``connected`` (its tries to connect, at the start or after a loss) or
+    that is a refused login tells ``dependency`` (``outages.Dependency``, one of the
+    connection's own by default) that NATS is away, so an outage is one line when it goes
+    (``NATS (TRAINYARD_NATS_URL) unavailable: <error>; waiting for it``), at most one a
+    minute while it lasts, and one when the connection is made (``Bus.connect`` tells it).
+    The client reports every failed try, one every 2 s for as long as NATS is away (at
+    start too: the client waits for it for ever), each with its own error (EOF, a reset, a
+    refusal): logged per error, a loss of NATS was three lines a minute. A refused login's
+    error names the user's settings. An error on a connection that is there (a slow
+    consumer, a permission refused, a flush unanswered) says nothing of NATS being away
+    (nothing would ever say it answers again): a line of its own, once per error and minute
+    (``logs.Throttle``). A drain that timed out is the bus closing, not a try to connect:
+    ``_close`` says it in a line of its own."""
     nats_away = dependency or nats_dependency()
+    throttle = Throttle()
 
     async def report(exc: Exception) -> None:
         if isinstance(exc, nats.errors.DrainTimeoutError):
             return
         reason = error_text(exc)
         if "authorization" in reason.lower() or "authentication" in reason.lower():
-            exc = ConnectionError(f"{reason} (TRAINYARD_NATS_USER, TRAINYARD_NATS_PASSWORD)")
-        nats_away.failed(exc)
+            nats_away.failed(
+                ConnectionError(f"{reason} (TRAINYARD_NATS_USER, TRAINYARD_NATS_PASSWORD)")
+            )
+        elif not connected():
+            nats_away.failed(exc)
+        elif (repeats := throttle.due(reason)) is not None:
+            log.warning("NATS (TRAINYARD_NATS_URL): %s%s", reason, held_back(repeats))
 
     return report
 
@@ -569,16 +579,23 @@ class Bus:
                 one._reconnects = _reconnects(one._nc)
                 one._connected_since = _utc_now()
 
+        clients: list[NatsClient] = []  # none while it connects the first time
+
+        def connected() -> bool:
+            return any(client.is_connected for client in clients)
+
         nc = await nats.connect(
             settings.url,
             name=name,
             max_reconnect_attempts=-1,
             drain_timeout=CLOSE_TIMEOUT_S,
-            error_cb=nats_error_logger(outage),
+            error_cb=nats_error_logger(outage, connected),
             disconnected_cb=disconnected,
             reconnected_cb=reconnected,
             **_auth(settings),
         )
+        clients.append(nc)
+        outage.answered()  # it may have been away at the start, which no callback tells
         bus = cls(nc, settings, meter=meter)
         buses.append(bus)
         try:

@@ -117,3 +117,28 @@ async def test_nats_back_is_logged_in_one_line(
         assert await bus.ping()
     back = [m for m in caplog.messages if m.startswith("NATS (TRAINYARD_NATS_URL) answers again")]
     assert len(back) == 1, caplog.messages
+
+
+async def test_nats_away_at_the_start_is_told_answering_once_connected(
+    nats_settings: NatsSettings, proxy: TcpProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The client waits for NATS at the start, each failed try told to its error logger, but
+    no callback says it connected at last: the outage's line had no end, and
+    ``trainyard_dependency_away`` stayed 1 for the life of the process."""
+    settings = nats_settings.model_copy(update={"url": proxy.url_for(nats_settings.url)})
+    caplog.set_level(logging.WARNING)
+    await proxy.cut()
+    try:
+        async with asyncio.timeout(60):
+            connecting = asyncio.create_task(Bus.connect(settings, "late-test").__aenter__())
+            while not any("unavailable" in m for m in caplog.messages):
+                await asyncio.sleep(0.05)
+            proxy.restore()
+            bus = await connecting
+            assert await bus.ping()
+            await bus.nats.close()
+    finally:
+        proxy.restore()
+    said = [m for m in caplog.messages if m.startswith("NATS (TRAINYARD_NATS_URL)")]
+    assert said[0].startswith("NATS (TRAINYARD_NATS_URL) unavailable: ")
+    assert said[-1].startswith("NATS (TRAINYARD_NATS_URL) answers again after "), said

@@ -55,6 +55,26 @@ async def test_a_refused_login_names_the_users_settings(
     assert "TRAINYARD_NATS_USER" in line
 
 
+async def test_an_error_that_is_no_outage_is_a_line_of_its_own(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A slow consumer or a flush that timed out on a connection that is there says nothing
+    of NATS being away (nothing would ever say it answers again)."""
+    away = bus_module.nats_dependency()
+    report = nats_error_logger(away, connected=lambda: True)
+    caplog.set_level(logging.DEBUG)
+
+    await report(nats.errors.SlowConsumerError(subject="s", reply="", sid=1, sub=None))
+    await report(nats.errors.FlushTimeoutError())
+
+    assert not away.away
+    assert [r.getMessage() for r in caplog.records] == [
+        "NATS (TRAINYARD_NATS_URL): nats: slow consumer, messages dropped subject: s, sid: 1, "
+        "sub: None",
+        "NATS (TRAINYARD_NATS_URL): nats: flush timeout",
+    ]
+
+
 async def test_a_drain_that_timed_out_is_not_said_to_be_tried_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
