@@ -48,7 +48,7 @@ import stat
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -449,13 +449,21 @@ def kill_user(uid: int) -> None:
         with contextlib.suppress(OSError):  # ESRCH: nothing of this uid runs
             os.kill(-1, signal.SIGKILL)
 
+    _act_as(uid, kill_all_of_mine)
+
+
+def _act_as(uid: int, action: Callable[[], None]) -> None:
+    """Run ``action`` in a child switched to ``uid`` (and its own gid, no other groups),
+    before it runs ``/bin/true``: what only a process of that uid may do to its own
+    (signal all of them, clear its keyrings). Failures are ignored: the caller's effect is
+    checked elsewhere, or best effort."""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run(
             ["/bin/true"],
             user=uid,
             group=uid,
             extra_groups=[],
-            preexec_fn=kill_all_of_mine,  # runs after the switch of user
+            preexec_fn=action,  # runs after the switch of user
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -665,19 +673,7 @@ def clear_keyrings_of(uids: range) -> None:
                 libc.syscall(_SYS_KEYCTL, _KEYCTL_CLEAR, keyring)
 
     for uid in uids:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(
-                ["/bin/true"],
-                user=uid,
-                group=uid,
-                extra_groups=[],
-                preexec_fn=clear_mine,  # runs after the switch of user
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=30,
-                check=False,
-            )
+        _act_as(uid, clear_mine)
 
 
 def remove_leftovers_of(uids: range) -> int:
