@@ -41,6 +41,7 @@ import logging
 import os
 import platform
 import pwd
+import re
 import resource
 import shutil
 import signal
@@ -491,14 +492,48 @@ SHARED_TEMP_FOLDERS = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"))
 _MAX_DEPTH = 32
 _SHARED_SEARCH_DEPTH = 3
 _NOT_SEARCHED = frozenset({"/proc", "/sys"})
+_NETWORK_FILE_SYSTEMS = frozenset(
+    {
+        "nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "gpfs",
+        "beegfs", "afs", "9p", "virtiofs", "orangefs", "ocfs2", "gfs2", "davfs",
+    }
+)  # fmt: skip
+"""File systems other hosts may share: the same job uid runs on every node (one per slot),
+so a file of that uid there may be another node's running job's."""
+
+
+def network_mounts(mountinfo: Path = Path("/proc/self/mountinfo")) -> frozenset[Path]:
+    """The mount points of file systems other hosts may share (``_NETWORK_FILE_SYSTEMS``,
+    and FUSE file systems but the overlay one, which may be anything, a network's too)."""
+    try:
+        lines = mountinfo.read_text().splitlines()
+    except OSError:
+        return frozenset()
+    found = set()
+    for line in lines:
+        mine, _, theirs = line.partition(" - ")
+        fields, kind = mine.split(), (theirs.split() or [""])[0]
+        if len(fields) < 5:
+            continue
+        remote = kind in _NETWORK_FILE_SYSTEMS or (
+            kind.startswith("fuse") and "overlay" not in kind
+        )
+        if remote:
+            # mountinfo writes space, tab, newline and backslash as octal escapes.
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+            found.add(Path(point))
+    return frozenset(found)
 
 
 def shared_folders(top: Path = Path("/"), depth: int = _SHARED_SEARCH_DEPTH) -> list[Path]:
     """``SHARED_TEMP_FOLDERS`` and every other folder everyone may write to, up to ``depth``
     levels below ``top`` (``/proc`` and ``/sys`` not searched, links not followed): hosts
     have more of them than the three every host has (``/run/lock``, ``/var/crash``, a
-    mounted ``/dev/mqueue``), and a job's files in any of them would outlive it."""
-    found = [folder for folder in SHARED_TEMP_FOLDERS if folder.is_dir()]
+    mounted ``/dev/mqueue``), and a job's files in any of them would outlive it. Folders on
+    a file system other hosts may share (``network_mounts``) are neither listed nor
+    searched: a file of the job's uid there may be another node's job's."""
+    shared = network_mounts()
+    found = [f for f in SHARED_TEMP_FOLDERS if f.is_dir() and f not in shared]
     pending = [(top, depth)]
     while pending:
         folder, left = pending.pop()
@@ -509,6 +544,8 @@ def shared_folders(top: Path = Path("/"), depth: int = _SHARED_SEARCH_DEPTH) -> 
         for entry in entries:
             try:
                 if not entry.is_dir(follow_symlinks=False) or entry.path in _NOT_SEARCHED:
+                    continue
+                if Path(entry.path) in shared:
                     continue
                 mode = entry.stat(follow_symlinks=False).st_mode
             except OSError:
@@ -542,13 +579,15 @@ def remove_files_of(uids: range, folders: Sequence[Path] | None = None) -> int:
         except OSError:
             continue
         try:
-            removed += _remove_files_in(fd, uids, _MAX_DEPTH)
+            removed += _remove_files_in(fd, uids, _MAX_DEPTH, os.fstat(fd).st_dev)
         finally:
             os.close(fd)
     return removed
 
 
-def _remove_files_in(folder_fd: int, uids: range, depth: int) -> int:
+def _remove_files_in(folder_fd: int, uids: range, depth: int, device: int) -> int:
+    """Remove what ``uids`` own in the folder, and below in what everyone may write, never
+    leaving the file system ``device`` (a mount below may be one other hosts share)."""
     removed = 0
     try:
         with os.scandir(folder_fd) as entries:
@@ -558,6 +597,8 @@ def _remove_files_in(folder_fd: int, uids: range, depth: int) -> int:
     for name in names:
         try:
             st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+            if st.st_dev != device:
+                continue  # a mount point: another file system, maybe a shared one
             if st.st_uid in uids:
                 if stat.S_ISDIR(st.st_mode):
                     shutil.rmtree(name, dir_fd=folder_fd)
@@ -567,7 +608,7 @@ def _remove_files_in(folder_fd: int, uids: range, depth: int) -> int:
             elif stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH and depth > 0:
                 fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=folder_fd)
                 try:
-                    removed += _remove_files_in(fd, uids, depth - 1)
+                    removed += _remove_files_in(fd, uids, depth - 1, device)
                 finally:
                     os.close(fd)
         except OSError:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from trainyard_platform.services.runner import sandbox
 from trainyard_platform.services.runner.sandbox import (
     AsJob,
     JobUser,
@@ -192,6 +193,59 @@ def test_only_the_uids_files_go_and_no_link_is_followed(tmp_path: Path) -> None:
     assert [p.name for p in (shared / "others").iterdir()] == ["theirs"]
     assert precious.read_text() == "root's"
     assert (shared / "closed" / "x").exists()  # a folder the uid cannot write to
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting and files of other users need root")
+def test_no_file_is_removed_across_a_mount_below_a_shared_folder(tmp_path: Path) -> None:
+    # A world-writable folder may hold a mount of a file system other hosts share (an NFS
+    # scratch space): the same job uid runs on every node, so a file of that uid there may
+    # be another node's running job's. The walk stays on the shared folder's file system.
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o1777)
+    shared.chmod(0o1777)
+    mounted = shared / "scratch"
+    mounted.mkdir(mode=0o1777)
+    uid = 290_003
+    mounting = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "mode=1777,size=1m", "tmpfs", str(mounted)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounting.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounting.stderr.strip()}")
+    try:
+        (shared / "mine").write_text("this node's job's")
+        os.lchown(shared / "mine", uid, uid)
+        (mounted / "another-nodes").write_text("another node's job's, same uid")
+        os.lchown(mounted / "another-nodes", uid, uid)
+        assert remove_files_of(range(uid, uid + 1), [shared]) == 1
+        assert not (shared / "mine").exists()
+        assert (mounted / "another-nodes").exists()
+    finally:
+        subprocess.run(["umount", str(mounted)], check=False)
+
+
+def test_folders_on_a_file_system_other_hosts_share_are_not_searched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    top = tmp_path / "root"
+    for folder in (top / "scratch", top / "mnt" / "team space", top / "local"):
+        folder.mkdir(parents=True)
+        folder.chmod(0o1777)
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/vda1 rw\n"
+        f"40 22 0:40 / {top}/scratch rw - nfs4 server:/scratch rw,vers=4.2\n"
+        f"41 22 0:41 / {top}/mnt/team\\040space rw - fuse.sshfs me@host:/x rw\n"
+        f"42 22 0:42 / {top}/local rw - tmpfs tmpfs rw\n"
+        f"43 22 0:43 / {top}/overlay rw - fuse.fuse-overlayfs fuse-overlayfs rw\n"
+    )
+    assert sandbox.network_mounts(mountinfo) == {top / "scratch", top / "mnt" / "team space"}
+    read = sandbox.network_mounts
+    monkeypatch.setattr(sandbox, "network_mounts", lambda: read(mountinfo))
+    found = [p for p in shared_folders(top, depth=3) if p.is_relative_to(top)]
+    assert found == [top / "local"]
 
 
 def test_a_job_uid_range_holding_an_account_of_the_host_is_refused(tmp_path: Path) -> None:
