@@ -40,9 +40,14 @@ from trainyard_platform.services.submission.identity_schemas import (
     TokenView,
     UserView,
 )
-from trainyard_platform.services.submission.schemas import CreateUserRequest, UserCreated
+from trainyard_platform.services.submission.schemas import (
+    CreateUserRequest,
+    UserCreated,
+    new_team,
+)
 from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.auth import hash_token, new_token
+from trainyard_platform.shared.http_errors import RequestInvalid
 from trainyard_platform.shared.identity import Principal, Role
 
 MAX_LIVE_TOKENS = 100
@@ -216,6 +221,12 @@ async def create_user(
     if role is Role.OPERATOR and not caller.principal.is_operator:
         raise Forbidden("only operators create operators")
     async with pool.acquire() as conn, conn.transaction():
+        if await repo.team_id(conn, team) is None:
+            # Only a team this makes is held to the rule: one made before it still gets users.
+            try:
+                new_team(team)
+            except ValueError as exc:
+                raise RequestInvalid.one("team", str(exc)) from None
         try:
             token, row = await add_user(conn, team, request.name, role, ttl_days, caller.user_id)
         except UserExists as exc:

@@ -351,7 +351,8 @@ def new_team(value: str) -> str:
     (``trainyard.budget.updated.v1.<team>``, read with the filter ``...v1.*``), and a
     segment of object keys (``bundles/<team>/``, the registry's ``registry/<team>/``): a
     '.' would split the token (the event would match no consumer's filter) or make the
-    segment ``.`` or ``..``. Teams that exist are still looked up by ``Name``."""
+    segment ``.`` or ``..``. Teams that exist (made before the rule) are still looked up by
+    ``Name``, and still get users (``identity.create_user``)."""
     if "." in value:
         raise ValueError(NEW_TEAM_RULE)
     return value
@@ -529,9 +530,9 @@ class CreateUserRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     name: Name
-    team: NewTeam | None = None
+    team: Name | None = None
     """Defaults to the caller's team; admins create users in their own team only, operators
-    in any."""
+    in any. A team that does not exist yet is made, its name held to ``new_team``."""
     role: RoleName = "member"
     """viewer reads; member also submits and cancels its own jobs; admin also manages the
     team's users and tokens and cancels any of its jobs; operator (created by operators

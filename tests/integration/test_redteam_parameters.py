@@ -401,3 +401,20 @@ async def test_a_new_team_is_named_so_it_can_be_a_subject_token(world: World, te
 
     with pytest.raises(SystemExit):
         _parser().parse_args(["bootstrap-admin", "--team", team, "--user", "dot"])
+
+
+async def test_a_team_made_before_the_name_rule_still_gets_users(world: World) -> None:
+    """The '.' rule is for teams a request makes: ``POST /v1/admin/users`` for a team that
+    exists already (made before the rule, e.g. ``legacy.team``) refused it with 422, so such
+    a team could get no new user at all. It is created as asked; a new dotted team is still
+    refused (above)."""
+    await world.pools["submission"].execute("INSERT INTO teams (name) VALUES ('legacy.team')")
+    answer = await endpoint_auth.call(
+        world.apps["submission"],
+        "POST",
+        "/v1/admin/users",
+        world.tokens["operator"],
+        content_json={"team": "legacy.team", "name": "newcomer", "role": "member"},
+    )
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["team"] == "legacy.team"
