@@ -20,7 +20,7 @@ import base64
 import binascii
 import json
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 from urllib.parse import urlencode
 
@@ -90,21 +90,32 @@ def split(rows: Sequence[T], limit: int) -> tuple[Sequence[T], bool]:
 
 
 def text(part: Any) -> str:
-    if not isinstance(part, str) or not part:
+    if not part:
         raise ValueError("not a text part")
-    return part
+    return str_or_empty(part)
 
 
 def str_or_empty(part: Any) -> str:
     """Text that may be empty (a key column whose ``''`` means none, as a team's budget's
-    project)."""
-    if not isinstance(part, str):
+    project); never with a NUL, which no PostgreSQL text holds."""
+    if not isinstance(part, str) or "\x00" in part:
         raise ValueError("not a text part")
     return part
 
 
 def integer(part: Any) -> int:
-    if not isinstance(part, int) or isinstance(part, bool) or not -(2**63) <= part < 2**63:
+    """An integer a ``bigint`` column holds, and its negation too (a key sorted descending
+    is compared negated)."""
+    return _bounded(part, 63)
+
+
+def int32(part: Any) -> int:
+    """An integer an ``integer`` column holds, and its negation too."""
+    return _bounded(part, 31)
+
+
+def _bounded(part: Any, bits: int) -> int:
+    if not isinstance(part, int) or isinstance(part, bool) or not -(2**bits) < part < 2**bits:
         raise ValueError("not an integer part")
     return part
 
@@ -119,7 +130,12 @@ def instant(part: Any) -> datetime:
     found = datetime.fromisoformat(text(part))
     if found.tzinfo is None:
         raise ValueError("an instant without a time zone")
-    return found
+    try:
+        # In UTC, so an offset that carries it past year 9999 or before 1 is refused here,
+        # not when the database driver converts it.
+        return found.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("an instant out of range") from None
 
 
 def optional(parser: Parser) -> Parser:

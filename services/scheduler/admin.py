@@ -349,7 +349,7 @@ async def list_priority_classes(
 ) -> tuple[list[PriorityClassView], str | None]:
     """A page of priority classes, highest value first, and the cursor of the next (None:
     the last)."""
-    key = paging.decode(after, "GET /v1/admin/priority-classes", paging.integer, paging.text)
+    key = paging.decode(after, "GET /v1/admin/priority-classes", paging.int32, paging.text)
     async with pool.acquire() as conn:
         fetched = await admin_repo.priority_classes(
             conn, limit + 1, (key[0], key[1]) if key else None

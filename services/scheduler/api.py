@@ -301,7 +301,7 @@ def create_app(
         """A page of the queue's waiting jobs in queue order; the next in ``Link: <...>;
         rel="next"`` (``shared.paging``): its line has no bound."""
         key = paging.decode(
-            after, "GET /v1/queue/{name}/pending", paging.integer, paging.instant, paging.integer
+            after, "GET /v1/queue/{name}/pending", paging.int32, paging.instant, paging.integer
         )
         async with pool.acquire() as conn:
             if await admin_repo.queue(conn, name) is None:

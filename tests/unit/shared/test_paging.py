@@ -51,3 +51,30 @@ def test_a_forged_cursor_is_refused_on_after(forged: str) -> None:
 def test_split_tells_whether_more_follow() -> None:
     assert paging.split([1, 2, 3], 2) == ([1, 2], True)
     assert paging.split([1, 2], 2) == ([1, 2], False)
+
+
+@pytest.mark.parametrize(
+    ("forged", "parsers"),
+    [
+        # Each decoded, but its value is one the query's column cannot take: the database
+        # call failed (asyncpg refusing to encode, PostgreSQL overflowing) with a 500.
+        (paging.encode(2**40), (paging.int32,)),  # GET /v1/queue/{name}/pending's position
+        (paging.encode(-(2**31)), (paging.int32,)),  # negated, past an integer
+        (paging.encode(-(2**63)), (paging.integer,)),  # negated, past a bigint
+        (paging.encode("9999-12-31T23:59:59-14:00"), (paging.instant,)),  # past 9999 in UTC
+        (paging.encode("a\x00b"), (paging.text,)),  # no PostgreSQL text holds a NUL
+        (paging.encode("\x00"), (paging.str_or_empty,)),
+    ],
+)
+def test_a_cursor_the_database_cannot_take_is_refused_on_after(
+    forged: str, parsers: tuple[paging.Parser, ...]
+) -> None:
+    with pytest.raises(RequestInvalid) as refused:
+        paging.decode(forged, "GET /x", *parsers)
+    assert refused.value.errors[0].field == "after"
+
+
+def test_an_instant_comes_back_in_utc() -> None:
+    key = paging.decode(paging.encode("2026-01-01T09:00:00+09:00"), "GET /x", paging.instant)
+    assert key == (datetime(2026, 1, 1, 0, 0, tzinfo=UTC),)
+    assert key is not None and key[0].utcoffset() is not None and not key[0].utcoffset()
