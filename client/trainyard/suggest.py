@@ -25,6 +25,9 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+MAX_GUESSED = 64
+"""No name longer than this is guessed at, nor shown whole in a message: no field is that
+long, and comparing a key of a request's size with every field cost seconds."""
 
 
 def _plain(name: str) -> str:
@@ -42,6 +45,13 @@ def _edits(a: str, b: str) -> int:
                 row[j] = min(row[j], rows[-2][j - 2] + 1)
         rows.append(row)
     return rows[-1][-1]
+
+
+def _close_in_spelling(name: str, candidate: str) -> bool:
+    """At most a quarter of ``name``'s letters (at least one) edited; lengths further apart
+    than that are not, without aligning them (an alignment costs both lengths' product)."""
+    most = max(1, len(name) // 4)
+    return abs(len(name) - len(candidate)) <= most and _edits(name, candidate) <= most
 
 
 def _words(name: str) -> set[str]:
@@ -63,13 +73,13 @@ def closest(name: str, candidates: Iterable[str]) -> str | None:
     """The candidate ``name`` most likely stands for, or None (see the module)."""
     plain = {_plain(c): c for c in sorted(set(candidates))}
     wanted = _plain(name)
-    if not wanted:
+    if not wanted or len(wanted) > MAX_GUESSED:
         return None
     if wanted in plain:
         return plain[wanted]
     rules: list[Callable[[str], int]] = [
         lambda c: _shared_words(wanted, c),
-        lambda c: int(_edits(wanted, c) <= max(1, len(wanted) // 4)),
+        lambda c: int(_close_in_spelling(wanted, c)),
         lambda c: int(_abbreviates(wanted, c)),
     ]
     for score in rules:
@@ -105,7 +115,8 @@ def unknown_field(
     """``unknown field 'hyperparameter': did you mean 'hyperparameters'?``; with no close
     name, what ``absent`` says of it (``NOT_JOB_FIELDS`` for a job spec), if anything."""
     guess = closest(name, candidates)
+    shown = repr(name if len(name) <= MAX_GUESSED else name[:MAX_GUESSED] + "…")
     if guess:
-        return f"unknown field {name!r}: did you mean {guess!r}?"
+        return f"unknown field {shown}: did you mean {guess!r}?"
     instead = (absent or {}).get(_plain(name))
-    return f"unknown field {name!r}" + (f": {instead}" if instead else "")
+    return f"unknown field {shown}" + (f": {instead}" if instead else "")

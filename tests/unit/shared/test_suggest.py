@@ -104,3 +104,13 @@ def test_a_field_people_expect_that_the_spec_has_not_says_what_to_do(name: str, 
             ["cpu"],
         )
     assert [(e.field, e.message) for e in in_api.value.errors] == [(name, message)]
+
+
+def test_a_key_of_a_requests_size_is_no_field_and_is_not_repeated_whole() -> None:
+    # A 100,000-character unknown key was aligned with every field (seconds of CPU for one
+    # request to the submission service) and repeated whole in the error message.
+    key = "k" * 100_000
+    assert closest(key, ["hyperparameters", "requirements", "gpus"]) is None
+    message = unknown_field(key, ["hyperparameters", "requirements", "gpus"])
+    assert len(message) < 100, message
+    assert message.startswith("unknown field 'kkkk") and message.endswith("…'")
