@@ -495,7 +495,7 @@ _NOT_SEARCHED = frozenset({"/proc", "/sys"})
 _NETWORK_FILE_SYSTEMS = frozenset(
     {
         "nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "gpfs",
-        "beegfs", "afs", "9p", "virtiofs", "orangefs", "ocfs2", "gfs2", "davfs",
+        "beegfs", "afs", "9p", "virtiofs", "orangefs", "ocfs2", "gfs2", "davfs", "autofs",
     }
 )  # fmt: skip
 """File systems other hosts may share: the same job uid runs on every node (one per slot),
@@ -533,7 +533,11 @@ def shared_folders(top: Path = Path("/"), depth: int = _SHARED_SEARCH_DEPTH) -> 
     a file system other hosts may share (``network_mounts``) are neither listed nor
     searched: a file of the job's uid there may be another node's job's."""
     shared = network_mounts()
-    found = [f for f in SHARED_TEMP_FOLDERS if f.is_dir() and f not in shared]
+
+    def on_a_network(path: Path) -> bool:
+        return any(path.is_relative_to(mount) for mount in shared)
+
+    found = [f for f in SHARED_TEMP_FOLDERS if f.is_dir() and not on_a_network(f)]
     pending = [(top, depth)]
     while pending:
         folder, left = pending.pop()
@@ -545,7 +549,7 @@ def shared_folders(top: Path = Path("/"), depth: int = _SHARED_SEARCH_DEPTH) -> 
             try:
                 if not entry.is_dir(follow_symlinks=False) or entry.path in _NOT_SEARCHED:
                     continue
-                if Path(entry.path) in shared:
+                if on_a_network(Path(entry.path)):
                     continue
                 mode = entry.stat(follow_symlinks=False).st_mode
             except OSError:

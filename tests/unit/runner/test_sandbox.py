@@ -230,7 +230,12 @@ def test_folders_on_a_file_system_other_hosts_share_are_not_searched(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     top = tmp_path / "root"
-    for folder in (top / "scratch", top / "mnt" / "team space", top / "local"):
+    for folder in (
+        top / "scratch",
+        top / "scratch" / "tmp",
+        top / "mnt" / "team space",
+        top / "local",
+    ):
         folder.mkdir(parents=True)
         folder.chmod(0o1777)
     mountinfo = tmp_path / "mountinfo"
@@ -244,6 +249,8 @@ def test_folders_on_a_file_system_other_hosts_share_are_not_searched(
     assert sandbox.network_mounts(mountinfo) == {top / "scratch", top / "mnt" / "team space"}
     read = sandbox.network_mounts
     monkeypatch.setattr(sandbox, "network_mounts", lambda: read(mountinfo))
+    # A temporary folder of every host's, below a network mount (/var on NFS: /var/tmp).
+    monkeypatch.setattr(sandbox, "SHARED_TEMP_FOLDERS", (top / "scratch" / "tmp",))
     found = [p for p in shared_folders(top, depth=3) if p.is_relative_to(top)]
     assert found == [top / "local"]
 
