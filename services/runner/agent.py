@@ -8,9 +8,13 @@ Contract:
   then returns; a task of the grant's own builds its environment (minutes, maybe) and
   spawns the process, so launches of different jobs proceed side by side. Only once the
   process exists is ``job.started`` said (before anything the job reports): a job whose
-  process could not be spawned ends with ``job.failed`` and was never said to have started. Launches that share a GPU go one after the other (a newer grant
-  can then fence the older job, below), a revocation during a launch stops the job as soon
-  as it runs, and a runner that dies during one reports it lost at its next start.
+  process could not be spawned ends with ``job.failed`` and was never said to have
+  started. Launches that share a GPU go one after the other, in the order their grants
+  came (a newer grant can then fence the older job, below); such a grant waits in the
+  node's grant consumer, holding up its later grants and revocations meanwhile (a GPU is
+  granted again while its job still launches only after that job was preempted or
+  fenced). A revocation during a launch stops the job as soon as it runs, and a runner
+  that dies during one reports it lost at its next start.
   A background task supervises the process.
   A grant that cannot run here (GPU indices this node lacks, a malformed entrypoint) ends at
   once with ``job.failed``. A grant arriving while the runner shuts down raises, so it stays
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import socket
 from dataclasses import dataclass, field
@@ -225,6 +230,10 @@ class NodeAgent:
             # A launch in flight on one of its GPUs goes first: only a job that runs can be
             # fenced (``_gpus_freed``), and two launches must never share a GPU.
             await self._launched_on(launching.gpus, grant.allocation_id)
+            if self._stop.is_set():  # began while it waited: nothing of it was done yet
+                raise RuntimeError(
+                    "the runner is shutting down; the grant waits for its next start"
+                )
             accepted = await self._grant(grant)
             if accepted is not None:
                 task = asyncio.create_task(
@@ -238,13 +247,13 @@ class NodeAgent:
                 self._launch_ended(grant.allocation_id)
 
     async def _launched_on(self, gpus: frozenset[int], allocation_id: str) -> None:
-        """Return once no other launch in flight wants any of ``gpus``."""
+        """Return once no launch in flight that came before ``allocation_id``'s wants any of
+        ``gpus``. Only earlier ones: launches waiting for each other on a GPU go in the order
+        they came, where waiting for any other had two later ones wait for each other for
+        good once the first ended."""
         while True:
-            others = [
-                launch
-                for other, launch in self._launches.items()
-                if other != allocation_id and launch.gpus & gpus
-            ]
+            earlier = list(itertools.takewhile(lambda a: a != allocation_id, self._launches))
+            others = [self._launches[a] for a in earlier if self._launches[a].gpus & gpus]
             if not others:
                 return
             await others[0].done.wait()
