@@ -246,15 +246,25 @@ _failed_rounds = instrument("trainyard.loop.failed_rounds")
 
 
 async def ping(pool: asyncpg.Pool) -> bool:
-    """Readiness: the database answers a trivial query (told to ``outages.POSTGRES``)."""
+    """Readiness: the database answers a trivial query (told to ``outages.POSTGRES``). No
+    connection to be had because every one of the pool's is in use is not ready, but no
+    outage either: PostgreSQL answers, the process is busy."""
+    acquired = False
     try:
         async with pool.acquire(timeout=2) as conn:
+            acquired = True
             answered = bool(await conn.fetchval("SELECT true", timeout=2))
     except DATABASE_FAULTS as exc:
-        POSTGRES.failed(exc)
+        if acquired or not _all_in_use(pool):
+            POSTGRES.failed(exc)
         raise
     POSTGRES.answered()
     return answered
+
+
+def _all_in_use(pool: asyncpg.Pool) -> bool:
+    """Whether the pool holds all the connections it may and none is idle."""
+    return bool(pool.get_size() >= pool.get_max_size() and pool.get_idle_size() == 0)
 
 
 def migration_files(folder: Path) -> list[Path]:
