@@ -764,6 +764,14 @@ def _beyond_the_base(requirements: Sequence[str], pins: Mapping[str, str]) -> li
             raise RequirementsError(f"requirement {text!r} is not valid: {exc}") from None
         if requirement.marker is not None and not requirement.marker.evaluate():
             continue  # not for this platform: nothing to meet
+        if requirement.extras:
+            # The base has the package, not what its extras add; met by the base, they
+            # would be left out without a word and the job fail at an import.
+            raise RequirementsError(
+                f"requirement {text!r}: the platform provides {name} {version} (its base "
+                f"layer) without extras; write {name!r} and list the packages the extras "
+                f"{sorted(requirement.extras)} add as requirements of their own"
+            )
         if requirement.url is None and requirement.specifier.contains(version, prereleases=True):
             continue
         raise RequirementsError(

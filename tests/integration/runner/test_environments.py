@@ -339,6 +339,17 @@ def test_a_requirement_on_another_torch_says_what_to_write_instead(
     assert list((tmp_path / "envs" / STORE).iterdir()) == []
 
 
+def test_a_requirement_on_torch_with_extras_says_to_list_them(tmp_path: Path) -> None:
+    # torch[opt-einsum]>=2 was met by the base's torch and its extra left out without a
+    # word: the job failed later, at an import of what the extra adds.
+    cache = EnvironmentCache(tmp_path / "envs", BASE, "uv")
+    with pytest.raises(RequirementsError) as caught:
+        cache.resolve([TABULATE, "torch[opt-einsum]>=1"])
+    message = str(caught.value)
+    assert "without extras" in message and "['opt-einsum']" in message
+    assert list((tmp_path / "envs" / STORE).iterdir()) == []
+
+
 @pytest.mark.parametrize("installer", ["uv", "pip"])
 def test_dependants_of_torch_resolve_against_the_bases_torch(
     tmp_path: Path, installer: Literal["uv", "pip"]
