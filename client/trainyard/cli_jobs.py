@@ -39,7 +39,7 @@ from trainyard.client import (
     segment,
 )
 from trainyard.secret_names import looks_secret
-from trainyard.spec import SECRET_WARNING, SpecFile, load, parse, plain_scalar
+from trainyard.spec import SECRET_WARNING, SpecFile, load, load_stream, plain_scalar
 
 LOG_POLL_SECONDS = 1.0
 ESTIMATE_WAIT_SECONDS = 2.0
@@ -85,7 +85,7 @@ def submit(session: Session) -> int:
         note(f"warning: {message}")
 
     if str(args.file) == "-":  # the spec from stdin (a script that writes specs)
-        loaded = parse(sys.stdin.read(), "<stdin>", warn)
+        loaded = load_stream(getattr(sys.stdin, "buffer", sys.stdin), "<stdin>", warn)
     else:
         loaded = load(args.file, warn)
     spec = _overridden(loaded.spec, args)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import jsonschema
 import yaml
@@ -44,6 +44,9 @@ MAX_VALUES = 200_000
 """The most values a spec file may hold once YAML's aliases are expanded (a spec has a few
 thousand at most; an alias bomb has billions)."""
 MAX_DEPTH = 32
+MAX_SPEC_BYTES = 1 << 20
+"""A spec file is read up to this (1 MiB; a spec file of a person's is a few KiB): a bigger
+one, or a device that never ends, is refused, not read into memory whole."""
 """The deepest a spec file's values may nest (deeper is refused, however it is written)."""
 
 Path_ = tuple[str | int, ...]
@@ -125,12 +128,32 @@ def load(path: Path, warn: Callable[[str], None] = lambda _: None) -> SpecFile:
     """Read and check the spec file at ``path`` (``SpecError`` naming every problem)."""
     file = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise SpecError(file, [SpecIssue("", "is not UTF-8 text")]) from None
+        with path.open("rb") as stream:
+            return parse(_read_bounded(stream, file), file, warn)
     except OSError as exc:
         raise SpecError(file, [SpecIssue("", f"cannot read: {exc.strerror or exc}")]) from None
-    return parse(text, file, warn)
+
+
+def load_stream(
+    stream: IO[Any], file: str, warn: Callable[[str], None] = lambda _: None
+) -> SpecFile:
+    """``load`` of a spec read from ``stream``, of bytes or text (standard input, named
+    ``file``)."""
+    return parse(_read_bounded(stream, file), file, warn)
+
+
+def _read_bounded(stream: IO[Any], file: str) -> str:
+    """At most ``MAX_SPEC_BYTES`` of ``stream`` as UTF-8 text (``SpecError`` otherwise)."""
+    data = stream.read(MAX_SPEC_BYTES + 1)
+    if len(data) > MAX_SPEC_BYTES:
+        too_big = f"is over {MAX_SPEC_BYTES} bytes: a job spec is a few KiB (data and code "
+        raise SpecError(file, [SpecIssue("", too_big + "go in datasets and the code folder)")])
+    if isinstance(data, str):
+        return data
+    try:
+        return str(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise SpecError(file, [SpecIssue("", "is not UTF-8 text")]) from None
 
 
 def parse(text: str, file: str, warn: Callable[[str], None] = lambda _: None) -> SpecFile:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from trainyard import spec as spec_module
 from trainyard.spec import SpecError, SpecFile, load, parse
 
 GOOD = textwrap.dedent(
@@ -238,3 +240,19 @@ def test_nesting_beyond_the_parsers_reach_is_a_spec_error(text: str, file: str) 
     "unexpected RecursionError" with no file or line; they are refused, like 33 levels."""
     (problem,) = _problems(text, file)
     assert problem == f"{file}: nested too deeply: at most 32 levels"
+
+
+def test_a_spec_too_big_to_be_one_is_refused_unread(tmp_path: Path) -> None:
+    # A 60 MB file was read whole (19 s) and then said only "missing fields"; a device that
+    # never ends (/dev/zero) was read until memory ran out.
+    big = tmp_path / "job.yaml"
+    big.write_text("# " + "x" * (spec_module.MAX_SPEC_BYTES + 10) + "\nname: a\n")
+    with pytest.raises(SpecError) as refused:
+        spec_module.load(big)
+    assert f"is over {spec_module.MAX_SPEC_BYTES} bytes" in str(refused.value)
+    endless = io.BytesIO(b"a" * (spec_module.MAX_SPEC_BYTES + 1))
+    with pytest.raises(SpecError, match="is over"):
+        spec_module.load_stream(endless, "<stdin>")
+    if Path("/dev/zero").exists():
+        with pytest.raises(SpecError, match="is over"):
+            spec_module.load(Path("/dev/zero"))
