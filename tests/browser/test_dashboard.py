@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -449,6 +450,7 @@ def test_team_a_sees_nothing_of_team_b(browser: Any, world: World, shared_model:
         (f"/models/audio/{shared_model}", "Lineage of"),
         ("/costs", "By user"),
         ("/waste", "Jobs that wasted most"),
+        ("/budgets", "for this UTC month"),
     ]
     try:
         for route, ready in pages:
@@ -932,3 +934,140 @@ def test_costs_by_project_and_user_over_time_are_billings(browser: Any, world: W
             driver.execute_script("document.getElementById('by-project').scrollIntoView()")
             shot(driver, world, "costs-breakdown")
     assert not script_errors(driver)
+
+
+def budgets(world: World, who: str, method: str = "GET", path: str = "", **body: str) -> Any:
+    """Billing's ``/v1/budgets[path]`` as ``who`` reads (or sets, or deletes) it."""
+    answer = httpx.request(
+        method,
+        f"{world.stack.service_urls['billing']}/v1/budgets{path}",
+        json=body or None,
+        headers={"Authorization": f"Bearer {world.tokens[who]}"},
+        timeout=10,
+    )
+    assert answer.status_code in (200, 201, 204), answer.text
+    return answer.json() if answer.content else None
+
+
+def figures(views: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """What a budget view says of money (its forecast moves with the clock)."""
+    fields = ("team", "project", "amount", "spent", "remaining", "percent_spent", "exhausted")
+    return [tuple(view[f] for f in fields) for view in views]
+
+
+def page_budgets(driver: Any) -> dict[tuple[str, str | None], dict[str, str]]:
+    """The budgets page's rows by (team, project): each figure as written, its amount as
+    billing's decimal (``data-amount``), the mark and the policy."""
+    found = {}
+    for row in driver.find_elements("css selector", "#budgets tbody tr"):
+        team, project = (td.text for td in row.find_elements("css selector", "td")[:2])
+
+        def text(css: str, row: Any = row) -> str:
+            value: str = row.find_element("css selector", css).text
+            return value
+
+        found[(team, None if project == "whole team" else project)] = {
+            **{f: text(f".budget-{f}") for f in ("limit", "spent", "remaining", "percent")},
+            **{
+                f"{f}_amount": row.find_element("css selector", f".budget-{f}").get_attribute(
+                    "data-amount"
+                )
+                for f in ("limit", "spent", "remaining")
+            },
+            "mark": row.find_element("css selector", "[data-standing]").get_attribute(
+                "data-standing"
+            ),
+            "policy": text(".budget-policy"),
+        }
+    return found
+
+
+def test_budgets_show_limit_spent_remaining_and_the_exhausted_mark(
+    browser: Any, world: World
+) -> None:
+    """Team A's admin sets a budget for the team below what it spent this month (``warn``)
+    and one for project ``tuning`` at about nine tenths spent (``deprioritize``) through
+    billing's API. Reached from the costs page, each budget's limit, spent, remaining and
+    share are billing's (as the dashboard writes money), the team's marked exhausted with
+    what happens to its next job, the project's near its limit; an operator sees both; a
+    member of team B sees neither, and that team B has no budget."""
+    driver = browser
+    client = TrainyardClient(world.stack.submission_url, world.tokens["a"])
+    # Spending that stops moving: every job of team A ended (the waste test ends them).
+    for key in ("pending", "running"):
+        with contextlib.suppress(Exception):
+            client.cancel(world.jobs[key]["id"])
+    # A running job's spending grows until its bill replaces it.
+    _until(
+        "the long job's bill is made",
+        lambda: client.get_job(world.jobs["running"]["id"])["cost"]["final"],
+        60,
+    )
+    places = Decimal("0.000001")
+    try:
+        # The tuning job's bill: the project's spending this month.
+        budgets(world, "a", "PUT", "/vision/tuning", amount="1000000", policy="deprioritize")
+        spent = Decimal(
+            _until(
+                "the tuning job is billed",
+                lambda: (
+                    (s := budgets(world, "a", path="/vision/tuning")["spent"])
+                    and Decimal(s) > 0
+                    and s
+                ),
+                60,
+            )
+        )
+        near = (spent / Decimal("0.9")).quantize(places, rounding=ROUND_CEILING)
+        budgets(world, "a", "PUT", "/vision/tuning", amount=str(near), policy="deprioritize")
+        below = max((spent / 2).quantize(places), places)  # the team spent the project's and more
+        budgets(world, "a", "PUT", "/vision", amount=str(below), policy="warn")
+
+        login(driver, world, "a")
+        for _attempt in range(5):
+            before = budgets(world, "a")
+            visit(driver, "/costs", "By user")
+            driver.find_element("id", "budgets-link").click()
+            wait(driver, "the budgets", lambda d: d.find_elements("css selector", "#budgets tr"))
+            page = page_budgets(driver)
+            if figures(budgets(world, "a")) == figures(before):
+                break  # no bill landed while the page loaded
+        else:
+            raise AssertionError(f"billing's budgets kept moving: {before}")
+        assert page.keys() == {("vision", None), ("vision", "tuning")}, page
+        for budget in before:
+            row, currency = page[(budget["team"], budget["project"])], budget["currency"]
+            assert row["limit"] == money(float(budget["amount"]), currency)
+            assert row["spent"] == money(float(budget["spent"]), currency)
+            assert row["remaining"] == money(float(budget["remaining"]), currency)
+            assert row["percent"] == f"{budget['percent_spent']} %"
+            assert (row["limit_amount"], row["spent_amount"], row["remaining_amount"]) == (
+                budget["amount"],
+                budget["spent"],
+                budget["remaining"],
+            )
+        team, project = page[("vision", None)], page[("vision", "tuning")]
+        assert Decimal(team["limit_amount"]) == below and Decimal(team["remaining_amount"]) == 0
+        assert team["mark"] == "exhausted" and team["policy"] == "warn"
+        assert Decimal(project["limit_amount"]) == near and project["mark"] == "near"
+        assert project["policy"] == "deprioritize"
+        text = driver.find_element("tag name", "body").text
+        assert "A budget is spent for this month." in text
+        assert "team vision: warn, new jobs are let in with a warning." in text
+        shot(driver, world, "budgets")
+        assert not script_errors(driver)
+
+        login(driver, world, "operator")
+        visit(driver, "/budgets", "Every team's budgets")
+        assert {("vision", None), ("vision", "tuning")} <= page_budgets(driver).keys()
+
+        # Another team's member: none of team A's, and plainly no budget of their own.
+        login(driver, world, "b")
+        text = visit(driver, "/budgets", "No budget set for team audio.")
+        assert not driver.find_elements("css selector", "#budgets")
+        assert "vision" not in driver.page_source and "tuning" not in driver.page_source
+        assert not script_errors(driver)
+    finally:
+        for path in ("/vision/tuning", "/vision"):
+            with contextlib.suppress(AssertionError):
+                budgets(world, "a", "DELETE", path)

@@ -11,6 +11,7 @@ const PAGES = {
   nodes: () => import("./pages/nodes.js"),
   models: () => import("./pages/models.js"),
   costs: () => import("./pages/costs.js"),
+  budgets: () => import("./pages/budgets.js"),
   waste: () => import("./pages/waste.js"),
 };
 

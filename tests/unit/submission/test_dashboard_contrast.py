@@ -149,3 +149,10 @@ def test_the_contrast_ratio_is_wcags(a: str, b: str, expected: float) -> None:
     colour_a, colour_b = rgb(a), rgb(b)
     assert colour_a is not None and colour_b is not None
     assert ratio(colour_a, colour_b) == pytest.approx(expected, abs=0.01)
+
+
+def test_the_budget_marks_are_among_the_colours_checked() -> None:
+    """The budgets page's marks (exhausted, near the limit, within) are text on their own
+    backgrounds: the pairs above include them, so they are held to AA like the rest."""
+    checked = {selector for selector, name, _, _ in pairs() if name == "its own background"}
+    assert {".badge.budget-exhausted", ".badge.budget-near", ".badge.budget-ok"} <= checked

@@ -37,6 +37,7 @@ export async function render(view, params, { me }) {
   view.append(pageHeader("Costs", `${whose} GPU time and spend, last ${range.days} days (UTC).`,
     h("nav", { class: "range", id: "cost-range", "aria-label": "window" }, RANGES.map((d) =>
       h("a", { href: `#/costs/${d}`, class: d === range.days ? "button active" : "button", "data-days": String(d) }, `${d} days`))),
+    h("a", { href: "#/budgets", class: "button", id: "budgets-link" }, "Budgets →"),
     h("a", { href: "#/waste", class: "button", id: "waste-link" }, "Waste and success rate →")));
   const report = (extra) => get("billing", "/v1/costs", { from: range.from, to: range.to, ...extra });
   let dayProject, dayUser, byTeam, byUser, byProject, byJob;
