@@ -137,6 +137,21 @@ def priced(stack: LocalStack) -> Iterator[Stack]:
         shutil.rmtree(data, ignore_errors=True)
 
 
+@pytest.fixture
+def spent_budget(priced: Stack) -> Iterator[None]:
+    """Team design's budget, a millionth of a dollar (``warn``): spent, so the budgets page
+    shows its table, the exhausted mark and the message above it. Deleted after."""
+    url = f"{priced.stack.service_urls['billing']}/v1/budgets/design"
+    headers = {"Authorization": f"Bearer {priced.token}"}
+    body = {"amount": "0.000001", "policy": "warn"}
+    answer = httpx.put(url, json=body, headers=headers, timeout=30)
+    assert answer.status_code in (200, 201) and answer.json()["exhausted"], answer.text
+    try:
+        yield
+    finally:
+        httpx.delete(url, headers=headers, timeout=30)
+
+
 def sign_in(driver: Any, priced: Stack, route: str = "/jobs", token: str | None = None) -> None:
     driver.get(f"{priced.url}/ui/")
     driver.execute_script("sessionStorage.clear()")
@@ -323,7 +338,7 @@ def contrast_failures(driver: Any) -> list[str]:
 
 
 def test_every_text_on_every_page_has_the_contrast_wcag_aa_asks(
-    browser: Any, priced: Stack
+    browser: Any, priced: Stack, spent_budget: None
 ) -> None:
     """Each page, as a member and as an operator, with its messages and empty states: every
     text colour the stylesheet gives against its background is at least 4.5:1 (3:1 for large
@@ -356,6 +371,7 @@ def test_every_text_on_every_page_has_the_contrast_wcag_aa_asks(
         (f"/models/design/{model['name']}", "Lineage of"),
         ("/costs", "Most expensive jobs"),
         ("/waste", "Jobs that wasted most"),
+        ("/budgets", "A budget is spent"),
     ]
     for route, ready in pages:
         visit(driver, route, ready, 30)
@@ -370,6 +386,7 @@ def test_every_text_on_every_page_has_the_contrast_wcag_aa_asks(
         ("/queues", "Every team's queue"),
         ("/nodes", "Nodes"),
         ("/costs", "Most expensive jobs"),
+        ("/budgets", "Every team's budgets"),
     ):
         visit(driver, route, ready, 30)
         failures[f"{route} (operator)"] = contrast_failures(driver)
@@ -390,7 +407,7 @@ half of their list's width (a long key took the room)."""
 
 
 def test_a_phone_wide_window_shows_every_page_without_scrolling_sideways(
-    browser: Any, priced: Stack
+    browser: Any, priced: Stack, spent_budget: None
 ) -> None:
     """390 pixels wide: a 100-character job or model name in a page's title wraps, the charts,
     columns and nodes fit the width, and a key-value list whose key is a 92-character metric
@@ -412,6 +429,7 @@ def test_a_phone_wide_window_shows_every_page_without_scrolling_sideways(
             (f"/models/design/{model['name']}", "Lineage of"),
             ("/costs", "Most expensive jobs"),
             ("/waste", "Jobs that wasted most"),
+            ("/budgets", "A budget is spent"),
         ):
             visit(driver, route, ready, 30)
             measured = driver.execute_script(NARROW)
