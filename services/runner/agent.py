@@ -15,7 +15,10 @@ Contract:
   granted again while its job still launches only after that job was preempted or
   fenced). A revocation during a launch stops the job as soon as it runs, and a runner
   that dies during one reports it lost at its next start.
-  A background task supervises the process.
+  A background task supervises the process, from its spawn on: one whose process group
+  cannot be recorded in the ledger (a full disk) is killed at once and ends with
+  ``job.failed`` (``platform_error``), as the next runner could not find it. A launch or
+  supervision task that fails is logged at once with the job's id (``background``).
   A grant that cannot run here (GPU indices this node lacks, a malformed entrypoint) ends at
   once with ``job.failed``. A grant arriving while the runner shuts down raises, so it stays
   unacknowledged and goes to the next runner of this node.
@@ -49,7 +52,13 @@ from datetime import UTC, datetime, timedelta
 
 from opentelemetry import context as otel_context
 
-from trainyard_platform.services.runner import checkpoints, domain, launch, publishing
+from trainyard_platform.services.runner import (
+    background,
+    checkpoints,
+    domain,
+    launch,
+    publishing,
+)
 from trainyard_platform.services.runner.config import JOB_SLOTS, Settings
 from trainyard_platform.services.runner.domain import JobIdentity, StopRequest
 from trainyard_platform.services.runner.environments import (
@@ -236,11 +245,12 @@ class NodeAgent:
                 )
             accepted = await self._grant(grant)
             if accepted is not None:
-                task = asyncio.create_task(
-                    self._finish_launch(accepted, launching), name=f"launch {grant.job_id}"
+                background.start(
+                    self._finish_launch(accepted, launching),
+                    f"the launch of allocation {grant.allocation_id}",
+                    grant.job_id,
+                    self._launch_tasks,
                 )
-                self._launch_tasks.add(task)
-                task.add_done_callback(self._launch_tasks.discard)
                 handed_on = True
         finally:
             if not handed_on:
@@ -465,23 +475,40 @@ class NodeAgent:
         except Exception as exc:  # whatever stops the spawn, the allocation must still end
             await self._failed_to_start(job, f"could not start: {exc}", events, trace_headers)
             return
-        # Said only now that its process exists (a job whose spawn failed never ran), and
-        # queued before anything the job itself reports: nothing ran since the spawn.
-        said = _started(grant, prepared)
-        events.emit(said)
-        await asyncio.to_thread(
-            self._ledger.spawned,
-            job.allocation_id,
-            run.pid,
-            process_start_time(run.pid) if run.pid is not None else None,
-            said.to_json().decode(),
-        )
         self._runs[job.allocation_id] = run
-        task = asyncio.create_task(
-            self._supervise(run, grant.spec.max_runtime_seconds), name=f"job {job.job_id}"
-        )
-        self._supervisors.add(task)
-        task.add_done_callback(self._supervisors.discard)
+        try:
+            # Said only now that its process exists (a job whose spawn failed never ran),
+            # and queued before anything the job itself reports: nothing ran since the spawn.
+            said = _started(grant, prepared)
+            events.emit(said)
+            await asyncio.to_thread(
+                self._ledger.spawned,
+                job.allocation_id,
+                run.pid,
+                process_start_time(run.pid) if run.pid is not None else None,
+                said.to_json().decode(),
+            )
+        except Exception as exc:
+            # A process the ledger does not know would outlive this runner unkilled (the
+            # next one kills only the groups it recorded): it goes now, as the platform's
+            # failure (e.g. a full disk), not the job's.
+            log.error(
+                "allocation %s of job %s: its process could not be recorded; killing it",
+                job.allocation_id,
+                job.job_id,
+                exc_info=exc,
+            )
+            run.abandon(f"the runner could not record the job's process: {error_text(exc)}")
+        finally:
+            # Supervised whatever happened since the spawn, and only once the record is
+            # written (its end is written after it): a process is never left running
+            # unwatched until the runner restarts.
+            background.start(
+                self._supervise(run, grant.spec.max_runtime_seconds),
+                f"the supervision of allocation {job.allocation_id}",
+                job.job_id,
+                self._supervisors,
+            )
 
     async def _supervise(self, run: JobRun, max_runtime_s: int) -> None:
         try:

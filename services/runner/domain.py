@@ -270,7 +270,7 @@ def checkpoint_event_id(job: JobIdentity, message: CheckpointMessage) -> str:
 
 # --- outcomes ----------------------------------------------------------------------------
 
-StopKind = Literal["revoked", "shutdown", "max_runtime"]
+StopKind = Literal["revoked", "shutdown", "max_runtime", "platform"]
 
 
 @dataclass(frozen=True)
@@ -281,7 +281,8 @@ class StopRequest:
     reason: str
     """The revocation's detail when it has one (for which job, by which rule, the work
     lost), else its reason (``cancelled`` / ``preempted`` / ``fenced``); or
-    ``runner shutting down``, or ``max runtime exceeded (N s)``."""
+    ``runner shutting down``, or ``max runtime exceeded (N s)``, or (``platform``) what
+    failed in the runner that keeps it from supervising the job."""
 
 
 def shutdown_stop() -> StopRequest:
@@ -325,6 +326,8 @@ def describe_exit(exit_code: int | None) -> str:
 def decide_outcome(exit_code: int, stop: StopRequest | None, log_tail: str = "") -> Outcome:
     """How a job that exited with ``exit_code`` ended, given why the runner stopped it.
 
+    - Killed by the runner for its own failure (``platform``): failed as
+      ``platform_error``, whatever the exit status.
     - Over its max runtime: failed, whatever the exit status.
     - Exit 0: succeeded (also when it finished its work during a stop's grace period).
     - Stopped by a revocation or the runner's shutdown: preempted with the stop's reason
@@ -336,6 +339,8 @@ def decide_outcome(exit_code: int, stop: StopRequest | None, log_tail: str = "")
     - Anything else: failed, as ``out_of_memory`` when ``looks_out_of_memory``, else
       ``user_error``.
     """
+    if stop is not None and stop.kind == "platform":
+        return Outcome("failed", stop.reason, exit_code, "platform_error")
     if stop is not None and stop.kind == "max_runtime":
         return Outcome("failed", stop.reason, exit_code, "max_runtime")
     if exit_code == 0:

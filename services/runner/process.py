@@ -130,7 +130,9 @@ class JobProcess:
             )
         except BaseException:
             os.close(read_fd)
-            proc.kill()
+            # The whole group: what it started meanwhile would run on unwatched.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
             raise
         return cls(proc, output, transport)
 

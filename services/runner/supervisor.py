@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from trainyard_platform.services.runner import checkpoints, domain, usage_metrics
+from trainyard_platform.services.runner import background, checkpoints, domain, usage_metrics
 from trainyard_platform.services.runner.domain import (
     JobIdentity,
     JobResults,
@@ -217,7 +217,11 @@ class JobRun:
         self._shipper.start()
         self._metrics_shipper.start()
         if self._usage is not None and self._gpu_indices:
-            self._sampler = asyncio.create_task(self._sample_usage(), name="gpu usage")
+            self._sampler = background.start(
+                self._sample_usage(),
+                f"the GPU sampling of allocation {self.job.allocation_id}",
+                self.job.job_id,
+            )
         log.info(
             "job %s allocation %s started: pid %d, uid %s, %s",
             self.job.job_id,
@@ -279,6 +283,14 @@ class JobRun:
                 self._kill_timer.cancel()
             self._kill_at = kill_at
             self._kill_timer = loop.call_at(kill_at, self._kill)
+
+    def abandon(self, reason: str) -> None:
+        """Kill the job at once (its group and its uid's processes), for a failure of the
+        runner's own that keeps it from supervising the job (``reason``): whatever stop was
+        asked before, it ends failed as ``platform_error`` (``domain.decide_outcome``)."""
+        self.stop_request = StopRequest("platform", reason)
+        if self._process is not None and self._process.returncode is None:
+            self._kill_everything(self._process)
 
     def _kill(self) -> None:
         if self._process is not None and self._process.returncode is None:

@@ -675,3 +675,89 @@ async def test_a_process_that_fails_to_spawn_is_never_said_started(
     assert entry is not None
     # A redelivered grant says again only what was said: the end, no start.
     assert [parse_envelope(s.encode()).type for s in entry.said()] == [JobFailed.TYPE]
+
+
+def processes_naming(text: str) -> list[int]:
+    """Pids of the live processes whose command line contains ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = next(
+                line for line in (entry / "status").read_text().splitlines() if line[:6] == "State:"
+            )
+        except (OSError, StopIteration):
+            continue
+        if text in cmdline and "zombie" not in state:
+            found.append(int(entry.name))
+    return found
+
+
+async def test_a_process_whose_spawn_cannot_be_recorded_is_killed_and_fails(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    launches: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The ledger write after the spawn failed (a full disk), its error was lost in the launch
+    # task, and the job ran on unsupervised, never reported, until the runner restarted.
+    def disk_full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device (injected)")
+
+    monkeypatch.setattr(Ledger, "spawned", disk_full)
+    await start_runner(settings)
+    allocation = grant(settings.node_id, ["wait", str(launches)])
+    await publish(bus, allocation, settings.node_id)
+    failed = await events.first(JobFailed, allocation.job_id, timeout=20)
+    assert failed.failure_kind == "platform_error"
+    assert "could not record" in failed.reason and "No space left" in failed.reason
+    assert processes_naming(str(launches)) == []
+    logged = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.ERROR and allocation.job_id in r.getMessage() and r.exc_info
+    ]
+    assert logged, "the failure is logged with the job's id"
+
+
+async def test_a_launch_that_fails_unexpectedly_is_logged_with_its_job(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    launches: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A launch task whose own failure report failed (the ledger unwritable) died with no
+    # line naming the job: nobody awaited it.
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("environment broken (injected)")
+
+    def disk_full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(28, "No space left on device (injected)")
+
+    monkeypatch.setattr(launch, "prepare", broken)
+    monkeypatch.setattr(Ledger, "ending", disk_full)
+    runner = await start_runner(settings)
+    allocation = grant(settings.node_id, ["succeed", str(launches)])
+    await publish(bus, allocation, settings.node_id)
+
+    def said_failed() -> bool:
+        return any(
+            r.levelno >= logging.ERROR
+            and r.name.startswith("trainyard_platform.services.runner")
+            and allocation.job_id in r.getMessage()
+            and "No space left" in r.getMessage()
+            for r in caplog.records
+        )
+
+    async with asyncio.timeout(20):
+        while not said_failed():
+            await asyncio.sleep(0.1)
+    assert not runner.agent.running_allocations()

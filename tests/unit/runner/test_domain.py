@@ -149,6 +149,18 @@ CANCELLED = StopRequest("revoked", "cancelled")
             domain.max_runtime_stop(60),
             Outcome("failed", "max runtime exceeded (60 s)", 75, "max_runtime"),
         ),
+        (
+            -9,
+            StopRequest("platform", "the runner could not record the job's process"),
+            Outcome(
+                "failed", "the runner could not record the job's process", -9, "platform_error"
+            ),
+        ),
+        (
+            0,
+            StopRequest("platform", "the runner could not record the job's process"),
+            Outcome("failed", "the runner could not record the job's process", 0, "platform_error"),
+        ),
     ],
 )
 def test_decide_outcome(exit_code: int, stop: StopRequest | None, expected: Outcome) -> None:
