@@ -247,6 +247,10 @@ class Failure:
     kind: FailureKind = "user_error"
     detail: str = "failed"
     """The runner's reason, e.g. "exited with status 1"."""
+    ran: bool = True
+    """Whether the job's code ran (the runner's report has an exit code). A job that
+    failed without running by its own fault (``user_error``: its requirements cannot be
+    met) would fail the same way again: it is not restarted."""
 
 
 @dataclass(frozen=True)
@@ -303,9 +307,10 @@ def allocation_ended(
     | CANCELLING | failed / preempted                  | CANCELLED | cancelled | -       |
     | CANCELLING | lost                                | CANCELLED | lost      | -       |
     | other      | failed, user_error / out_of_memory, | QUEUED    | failed    | yes,    |
-    |            | restarts < max_restarts             |           |           | backs off |
+    |            | its code ran, restarts left         |           |           | backs off |
     | other      | the same, restarts used up          | FAILED    | failed    | -       |
-    | other      | failed, any other kind              | FAILED    | failed    | -       |
+    | other      | failed, any other kind, or a job    | FAILED    | failed    | -       |
+    |            | whose code never ran                |           |           |         |
     | other      | preempted                           | QUEUED    | preempted | -       |
     | other      | lost, restarts < max_restarts       | QUEUED    | lost      | yes     |
     | other      | lost, restarts used up              | FAILED    | lost      | -       |
@@ -327,8 +332,9 @@ def allocation_ended(
         case "failed":
             failure = failure or Failure()
             what = f"{failure.kind}: {failure.detail}"
-            if failure.kind not in RESTARTABLE:
-                reason = f"{what}; {failure.kind} is not restarted (attempt {number})"
+            if failure.kind not in RESTARTABLE or not failure.ran:
+                why = failure.kind if failure.ran else f"{failure.kind} of a job that never ran"
+                reason = f"{what}; {why} is not restarted (attempt {number})"
                 return EndDecision(
                     status.check(JobStatus.FAILED), "failed", reason, failure_kind=failure.kind
                 )

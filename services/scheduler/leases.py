@@ -114,7 +114,11 @@ def plan_end(
         attempt=job.attempt,
         restarts=job.restarts,
         max_restarts=job.spec.max_restarts,
-        failure=Failure(failed.failure_kind, failed.reason) if failed is not None else None,
+        failure=(
+            Failure(failed.failure_kind, failed.reason, ran=failed.exit_code is not None)
+            if failed is not None
+            else None
+        ),
         backoff_base_s=tuning.restart_backoff_s,
         backoff_max_s=tuning.restart_backoff_max_s,
     )

@@ -160,6 +160,30 @@ async def test_a_failure_retrying_cannot_fix_fails_at_once(
     assert len(scheduler.events(AllocationGranted)) == 1
 
 
+async def test_a_job_whose_requirements_cannot_be_met_fails_at_once(
+    scheduler: Scheduler,
+) -> None:
+    # The runner's job.failed for requirements that cannot be met (user_error, exit code
+    # null: the job never ran) requeued it to fail the same way, max_restarts times.
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.submit("job-1", gpus=1, max_restarts=3)
+    (grant,) = await scheduler.wait_for(AllocationGranted)
+    unmet = failed(grant).model_copy(
+        update={"exit_code": None, "reason": "could not build the job's environment"}
+    )
+    await scheduler.send(unmet, "job-1")
+    reason = (
+        "user_error: could not build the job's environment; user_error of a job that never "
+        "ran is not restarted (attempt 1)"
+    )
+    (said,) = await scheduler.wait_for(JobFailed, lambda f: f.reason == reason)
+    assert said.failure_kind == "user_error"
+    row = await job_row(scheduler.pool, "job-1")
+    assert (row["status"], row["restarts"]) == ("FAILED", 0)
+    assert scheduler.events(JobPreempted) == []
+    assert len(scheduler.events(AllocationGranted)) == 1
+
+
 async def test_a_failure_while_cancelling_ends_cancelled(scheduler: Scheduler) -> None:
     await scheduler.heartbeat("n1", gpus=1)
     await scheduler.submit("job-1", gpus=1, max_restarts=3)

@@ -259,3 +259,26 @@ def test_release_time_is_kept_between_grant_and_now() -> None:
     assert release_time(now + timedelta(minutes=5), granted, now) == now
     # A clock behind the grant still never makes a negative lease.
     assert release_time(inside, granted, granted - timedelta(seconds=1)) == granted
+
+
+def test_a_job_that_failed_by_its_own_fault_without_running_is_not_restarted() -> None:
+    # requirements: [no-such-package==1.0] failed as user_error (exit code null) and was
+    # restarted max_restarts times, backing off, though every attempt fails the same way.
+    decision = allocation_ended(
+        JobStatus.RUNNING,
+        "failed",
+        attempt=0,
+        restarts=0,
+        max_restarts=3,
+        failure=Failure("user_error", "could not build the job's environment", ran=False),
+    )
+    assert (decision.job_status, decision.outcome, decision.restart) == (
+        JobStatus.FAILED,
+        "failed",
+        False,
+    )
+    assert decision.failure_kind == "user_error"
+    assert decision.reason == (
+        "user_error: could not build the job's environment; user_error of a job that never "
+        "ran is not restarted (attempt 1)"
+    )

@@ -337,3 +337,12 @@ def test_the_restart_back_off_is_capped_by_the_tuning() -> None:
     ending = plan_end(job(), GANG, "failed", T0, T0, capped, failed=failed_report())
     assert ending.decision.backoff_s == 25.0
     assert ending.decision.reason is not None and "restarting in 25 s" in ending.decision.reason
+
+
+def test_a_report_without_an_exit_code_says_the_job_never_ran() -> None:
+    # The runner's job.failed of a job whose requirements cannot be met (user_error, exit
+    # code null) requeued it with a back-off, to fail the same way again.
+    report = failed_report().model_copy(update={"exit_code": None})
+    ending = plan_end(job(), GANG, "failed", T0, T0, TUNING, failed=report)
+    assert ending.decision.job_status is JobStatus.FAILED and not ending.decision.restart
+    assert "never ran is not restarted" in (ending.decision.reason or "")
