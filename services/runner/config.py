@@ -108,7 +108,8 @@ class Settings(GuardedServiceSettings):
     """How long a job's metric point may wait for its batch to fill before it is sent."""
     metrics_points_per_second: float = Field(default=1000.0, gt=0)
     """A job's metric points entering its series (metric log, ``job.metrics``) per second
-    on average, in bursts of up to 10 seconds' worth; a report beyond is left out of the
+    on average, in bursts of up to 10 seconds' worth (at least ``metrics_max_keys``: one
+    report of every key allowed); a report beyond is left out of the
     series (its values still reach ``job.progress`` and the job's end), said in its log."""
     metrics_max_keys: int = Field(default=1000, ge=1)
     """Distinct metric keys a job may report; values under further keys are dropped

@@ -7,7 +7,10 @@ would otherwise put every point on the bus and into the registry's database. Per
   characters; a value under any other key is dropped everywhere (series, ``job.progress``,
   the metrics of the job's end), so no event of the job grows with what it reports.
 - Pace. Points enter the series (the metric log, ``job.metrics``) at ``points_per_second``
-  on average, in bursts of up to ``BURST_SECONDS`` of that; a report over the budget is
+  on average, in bursts of up to ``BURST_SECONDS`` of that, and never less than
+  ``max_keys`` (one report of every key allowed is always admitted to a full budget, however
+  low the pace: else a job reporting all its keys at once never had a point in its
+  series); a report over the budget is
   left out of the series whole (a step's values stay together). Its values still reach
   ``job.progress`` (throttled, the newest kept) and the metrics of the job's end: excess
   reports are coalesced into the newest, never lost from the job's final numbers.
@@ -37,7 +40,7 @@ class MetricLimits:
         if points_per_second <= 0 or max_keys < 1:
             raise ValueError("points_per_second must be positive and max_keys at least 1")
         self._rate = points_per_second
-        self._burst = points_per_second * BURST_SECONDS
+        self._burst = max(points_per_second * BURST_SECONDS, float(max_keys))
         self._tokens = self._burst
         self._refilled: float | None = None
         self._max_keys = max_keys

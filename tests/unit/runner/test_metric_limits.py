@@ -33,7 +33,7 @@ def test_a_tight_loop_is_cut_to_the_pace_after_its_burst() -> None:
 
 
 def test_a_report_is_admitted_or_dropped_whole() -> None:
-    limits = MetricLimits(points_per_second=1, max_keys=100)
+    limits = MetricLimits(points_per_second=1, max_keys=int(BURST_SECONDS))
     assert limits.admit(int(BURST_SECONDS), now=0.0)
     assert not limits.admit(3, now=2.0)  # 2 points of budget: not 2 of the 3
     assert limits.admit(2, now=2.0)
@@ -41,7 +41,7 @@ def test_a_report_is_admitted_or_dropped_whole() -> None:
 
 
 def test_notices_come_at_most_once_an_interval_and_once_at_the_end() -> None:
-    limits = MetricLimits(points_per_second=1, max_keys=100)
+    limits = MetricLimits(points_per_second=1, max_keys=int(BURST_SECONDS))
     assert limits.notice(0.0) is None  # nothing dropped, nothing said
     limits.admit(100, now=0.0)
     first = limits.notice(0.0)
@@ -53,6 +53,18 @@ def test_notices_come_at_most_once_an_interval_and_once_at_the_end() -> None:
     last = limits.notice(NOTICE_INTERVAL_S + 1, final=True)
     assert last is not None and "70 metric points" in last
     assert limits.notice(1e9, final=True) is None
+
+
+def test_a_report_of_every_allowed_key_is_admitted_however_low_the_pace() -> None:
+    # METRICS_POINTS_PER_SECOND=10 with METRICS_MAX_KEYS=1000: the burst was 100 points, so
+    # a report of the job's 1000 keys never entered its series, however long it waited.
+    limits = MetricLimits(points_per_second=10, max_keys=1000)
+    report = limits.keys({f"k{i}": float(i) for i in range(1000)})
+    assert len(report) == 1000
+    assert limits.admit(len(report), now=0.0)
+    assert not limits.admit(len(report), now=1.0)  # the pace still holds: 10 points refilled
+    assert limits.admit(len(report), now=100.0)
+    assert limits.points_dropped_total == 1000
 
 
 def test_a_bound_that_admits_nothing_is_refused() -> None:
