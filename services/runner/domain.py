@@ -32,7 +32,6 @@ from typing import Generic, Literal, TypeVar
 
 from trainyard_platform.shared.control import PREEMPTED_EXIT_CODE, CheckpointMessage, MetricsMessage
 from trainyard_platform.shared.events.payloads import (
-    MAX_METRIC_KEY,
     MAX_METRIC_POINTS,
     AllocationGranted,
     CheckpointRef,
@@ -198,17 +197,14 @@ class MetricBatcher:
         return seq, batch
 
 
-def metric_points(message: MetricsMessage, at: datetime) -> tuple[list[MetricPoint], list[str]]:
-    """Every value of a report as points (NaN and infinities kept), and the keys refused
-    (longer than ``MAX_METRIC_KEY`` or empty)."""
-    points: list[MetricPoint] = []
-    refused: list[str] = []
-    for key, value in message.metrics.items():
-        if not 1 <= len(key) <= MAX_METRIC_KEY:
-            refused.append(key)
-            continue
-        points.append(MetricPoint(key=key, step=message.step, time=at, value=value))
-    return points, refused
+def metric_points(message: MetricsMessage, at: datetime) -> list[MetricPoint]:
+    """Every value of a report as points (NaN and infinities kept). Its keys are those
+    ``metric_limits.MetricLimits.keys`` kept (1 to ``MAX_METRIC_KEY`` characters): the one
+    place a key is refused, and said in the job's log."""
+    return [
+        MetricPoint(key=key, step=message.step, time=at, value=value)
+        for key, value in message.metrics.items()
+    ]
 
 
 def metrics_event(job: JobIdentity, seq: int, points: list[MetricPoint]) -> JobMetrics:

@@ -60,7 +60,6 @@ from trainyard_platform.shared.control import (
 )
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import (
-    MAX_METRIC_KEY,
     MAX_METRIC_POINTS,
     CheckpointRef,
     MetricPoint,
@@ -571,15 +570,7 @@ class JobRun:
             usage_metrics.forget(self)
 
     def _batch_metrics(self, message: MetricsMessage) -> None:
-        points, refused = domain.metric_points(message, datetime.now(UTC))
-        if refused:
-            self._warn(
-                "long metric keys",
-                "job %s reported metric keys of more than %d characters (left out of the "
-                "series; in its metric log): %s",
-                MAX_METRIC_KEY,
-                ", ".join(k[:40] for k in refused),
-            )
+        points = domain.metric_points(message, datetime.now(UTC))
         now = time.monotonic()
         for seq, batch in self._batcher.add(points, now):
             self._emit_metrics(seq, batch)

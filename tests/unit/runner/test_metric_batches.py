@@ -9,6 +9,7 @@ import pytest
 
 from trainyard_platform.services.runner import domain
 from trainyard_platform.services.runner.domain import JobIdentity, MetricBatcher
+from trainyard_platform.services.runner.metric_limits import MetricLimits
 from trainyard_platform.shared.control import MetricsMessage
 from trainyard_platform.shared.events import Envelope, parse_envelope
 from trainyard_platform.shared.events.payloads import MAX_METRIC_POINTS, MetricPoint
@@ -69,14 +70,19 @@ def test_batch_size_is_bounded(size: int) -> None:
         MetricBatcher(max_points=size)
 
 
-def test_points_keep_nan_and_infinities_and_refuse_overlong_keys() -> None:
+def test_points_keep_nan_and_infinities_and_overlong_keys_never_reach_them() -> None:
+    # An over-long key is refused in one place, the job's limits (said in its log); the
+    # runner's warning about such keys in its points could no longer fire, and said they
+    # were "in its metric log", which they never were.
     message = MetricsMessage(
         step=3, metrics={"loss": math.nan, "grad": math.inf, "x" * 201: 1.0, "lr": 0.1}
     )
-    points, refused = domain.metric_points(message, NOW)
+    limits = MetricLimits(points_per_second=10, max_keys=10)
+    kept = message.model_copy(update={"metrics": limits.keys(message.metrics)})
+    points = domain.metric_points(kept, NOW)
     assert [p.key for p in points] == ["loss", "grad", "lr"]
     assert math.isnan(points[0].value) and points[1].value == math.inf
-    assert refused == ["x" * 201]
+    assert limits.values_dropped_total == 1
 
 
 def test_a_full_event_fits_the_bus_and_round_trips() -> None:
