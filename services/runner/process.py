@@ -20,54 +20,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
-import resource
 import signal
-import sys
-import threading
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from trainyard_platform.services.runner import sandbox
 from trainyard_platform.services.runner.sandbox import JobUser
 
-_PR_SET_PDEATHSIG = 1
 JOB_UMASK = 0o077
 """What a job creates is its own uid's alone: other teams' jobs run beside it as other uids,
 and it writes where every user may read (``/dev/shm``, ``/tmp``)."""
 OUTPUT_LINE_LIMIT = 64 * 1024
 """Longer output lines are split into pieces of this size."""
-
-
-def _job_preexec(max_processes: int | None) -> Callable[[], None] | None:
-    """What the job's process does before it runs the job, as the job's user: it caps the
-    processes (and threads) of that user at ``max_processes`` (``RLIMIT_NPROC`` counts
-    every task of the uid, which is the job's alone when it runs as a user of its own: a
-    fork bomb then exhausts its own budget, not the host's process table), and it asks for
-    SIGKILL when the runner dies."""
-    limit = None
-    if max_processes is not None:
-        limit = (max_processes, max_processes)
-    # The death signal fires when the forking *thread* exits, so only from the main thread.
-    death_signal = sys.platform.startswith("linux") and (
-        threading.current_thread() is threading.main_thread()
-    )
-    if limit is None and not death_signal:
-        return None
-    # Loaded in the parent: loading a library after fork in a threaded parent can hang.
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    parent = os.getpid()
-
-    def preexec() -> None:
-        if limit is not None:
-            resource.setrlimit(resource.RLIMIT_NPROC, limit)
-        if death_signal:
-            prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
-            if os.getppid() != parent:  # the runner died before prctl took effect
-                os._exit(1)
-
-    return preexec
 
 
 class JobProcess:
@@ -95,7 +61,7 @@ class JobProcess:
     ) -> JobProcess:
         """Spawn the job (raises ``OSError`` and the like when it cannot be started); when
         it runs as a ``user`` of its own, that user may have ``max_processes`` processes and
-        threads at most (``_job_preexec``)."""
+        threads at most (``sandbox.job_preexec``)."""
         identity: dict[str, Any] = {}
         isolated = user is not None and user.isolated
         if user is not None and user.isolated:
@@ -113,7 +79,7 @@ class JobProcess:
                 stderr=write_fd,
                 process_group=0,
                 umask=JOB_UMASK,
-                preexec_fn=_job_preexec(max_processes if isolated else None),
+                preexec_fn=sandbox.job_preexec(max_processes if isolated else None),
                 **identity,
             )
         except BaseException:

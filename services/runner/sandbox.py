@@ -47,8 +47,10 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tarfile
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +149,41 @@ def claim_job_uids(uids: range, lock_dir: Path | None = None) -> Iterator[None]:
         os.close(fd)
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def job_preexec(max_processes: int | None) -> Callable[[], None] | None:
+    """What a process run as the job does before its program, as the job's user: the job's
+    own (``process.JobProcess``) and whatever else runs as the job (``AsJob.run``), so
+    this is the one place the budget is set. It caps the processes (and threads) of that
+    user at ``max_processes`` (None: no cap; ``RLIMIT_NPROC`` counts every task of the uid,
+    which is the job's alone when it runs as a user of its own: a fork bomb then exhausts
+    its own budget, not the host's process table), and, forked from the main thread on
+    Linux, it asks for SIGKILL when the runner dies."""
+    limit = None
+    if max_processes is not None:
+        limit = (max_processes, max_processes)
+    # The death signal fires when the forking *thread* exits, so only from the main thread.
+    death_signal = sys.platform.startswith("linux") and (
+        threading.current_thread() is threading.main_thread()
+    )
+    if limit is None and not death_signal:
+        return None
+    # Loaded in the parent: loading a library after fork in a threaded parent can hang.
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if limit is not None:
+            resource.setrlimit(resource.RLIMIT_NPROC, limit)
+        if death_signal:
+            prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+            if os.getppid() != parent:  # the runner died before prctl took effect
+                os._exit(1)
+
+    return preexec
+
+
 @dataclass(frozen=True)
 class AsJob:
     """The privileges of one job: its user and its environment (built from nothing).
@@ -171,11 +208,6 @@ class AsJob:
         captured. Whatever it leaves running is killed before this returns. Raises
         ``OSError`` and ``subprocess.TimeoutExpired`` like ``subprocess.run``."""
         limit = self.max_processes if self.user.isolated else None
-
-        def cap_processes() -> None:  # runs as the job's user, before the program
-            if limit is not None:
-                resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
-
         try:
             return subprocess.run(
                 list(argv),
@@ -190,7 +222,7 @@ class AsJob:
                 user=self.user.uid,
                 group=self.user.gid,
                 extra_groups=[] if self.user.isolated else None,
-                preexec_fn=cap_processes if limit is not None else None,
+                preexec_fn=job_preexec(limit),
             )
         finally:
             if self.user.uid is not None:

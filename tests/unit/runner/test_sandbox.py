@@ -304,3 +304,26 @@ def test_what_runs_as_the_job_has_the_jobs_process_budget(tmp_path: Path) -> Non
     result = as_job.run(["/usr/bin/python3", "-c", forking], cwd=tmp_path, timeout=60)
     assert result.returncode == 0, result.stderr
     assert int(result.stdout) >= 20
+
+
+async def test_the_jobs_process_budget_is_set_in_one_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # RLIMIT_NPROC was set twice, in process._job_preexec for the job's own processes and
+    # in AsJob.run for what else runs as the job: two copies of one budget to keep alike.
+    from trainyard_platform.services.runner.process import JobProcess
+
+    asked: list[int | None] = []
+    real = sandbox.job_preexec
+
+    def recording(max_processes: int | None) -> object:
+        asked.append(max_processes)
+        return real(max_processes)
+
+    monkeypatch.setattr(sandbox, "job_preexec", recording)
+    user = JobUser(None, None)  # the runner's own user: no budget, but the same path
+    AsJob(user, {"PATH": "/usr/bin:/bin"}, max_processes=10).run(["true"], cwd=tmp_path, timeout=30)
+    job = await JobProcess.start(["true"], cwd=tmp_path, env={}, user=user, max_processes=10)
+    await job.wait()
+    job.close()
+    assert asked == [None, None]
