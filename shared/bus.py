@@ -526,9 +526,19 @@ class Bus:
     """A JetStream connection with Trainyard's publish and consume rules."""
 
     def __init__(
-        self, nc: NatsClient, settings: NatsSettings, *, meter: metrics.Meter | None = None
+        self,
+        nc: NatsClient,
+        settings: NatsSettings,
+        *,
+        meter: metrics.Meter | None = None,
+        nats_away: Dependency | None = None,
     ) -> None:
         self._nc = nc
+        self.nats_away = nats_away or nats_dependency()
+        """NATS as a dependency of this connection (``outages.Dependency``), told by the
+        client's errors and reconnections (``connect``); code whose own use of the bus
+        fails while NATS is away (a publish retried) tells it too, so an outage is one line
+        when it starts and one when it ends, not one a try."""
         self._js: JetStreamContext = nc.jetstream()
         self._settings = settings
         self._paused: dict[str, str] = {}
@@ -596,7 +606,7 @@ class Bus:
         )
         clients.append(nc)
         outage.answered()  # it may have been away at the start, which no callback tells
-        bus = cls(nc, settings, meter=meter)
+        bus = cls(nc, settings, meter=meter, nats_away=outage)
         buses.append(bus)
         try:
             await bus.ensure_streams()

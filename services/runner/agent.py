@@ -37,7 +37,9 @@ Contract:
 - ``drain_on(stop)``: stop accepting, SIGTERM every job, SIGKILL after the drain timeout,
   wait for their terminal events (``job.preempted``, reason ``runner shutting down``).
 - ``heartbeats`` publishes ``runner.heartbeat`` every interval until the drain is done, each
-  kept in the event stream only ``heartbeat_ttl_seconds`` (``Nats-TTL``).
+  kept in the event stream only ``heartbeat_ttl_seconds`` (``Nats-TTL``). One that fails
+  while NATS is away tells the connection's ``Bus.nats_away`` (``shared.outages``): an
+  outage is one line when it starts and one when it ends.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ from trainyard_platform.services.runner.sandbox import (
     remove_sandbox,
 )
 from trainyard_platform.services.runner.supervisor import JobRun, end_allocation
-from trainyard_platform.shared.bus import TTL_HEADER, Bus
+from trainyard_platform.shared.bus import TTL_HEADER, Bus, infrastructure_fault
 from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
@@ -597,7 +599,13 @@ class NodeAgent:
                     envelope, {TTL_HEADER: f"{self.settings.heartbeat_ttl_seconds}s"}
                 )
             except Exception as exc:  # a missed heartbeat is not worth crashing the node for
-                log.warning("heartbeat not published: %s", error_text(exc))
+                if infrastructure_fault(exc) is not None:
+                    # One line when NATS goes and one when it answers, not one a beat.
+                    self._bus.nats_away.failed(exc)
+                else:
+                    log.warning("heartbeat not published: %s", error_text(exc))
+            else:
+                self._bus.nats_away.answered()
             if self.drained.is_set():
                 return
             with contextlib.suppress(TimeoutError):

@@ -44,7 +44,7 @@ from weakref import WeakKeyDictionary
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from trainyard_platform.shared.bus import UNTRACED_TYPES, Bus
+from trainyard_platform.shared.bus import UNTRACED_TYPES, Bus, infrastructure_fault
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import JobMetrics, JobProgress
 from trainyard_platform.shared.telemetry import tracer
@@ -224,11 +224,19 @@ async def publish_until_sent(
             if after_grant:
                 await _after_grant(bus, envelope)
             await publish_in_trace(bus, envelope, parent, record=record, summary=summary)
-            return
         except Exception as exc:  # any NATS or connection error: the event must still go out
-            log.warning("publishing %s %s failed (%s); retrying", envelope.type, envelope.id, exc)
+            if infrastructure_fault(exc) is not None:
+                # NATS away: one line for the outage (``Bus.nats_away``), not one a try.
+                bus.nats_away.failed(exc)
+            else:
+                log.warning(
+                    "publishing %s %s failed (%s); retrying", envelope.type, envelope.id, exc
+                )
             await asyncio.sleep(delay)
             delay = min(delay * 2, _MAX_RETRY_S)
+        else:
+            bus.nats_away.answered()
+            return
 
 
 MAX_PENDING_METRIC_BATCHES = 256

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from trainyard_platform.services.runner.publishing import JobEvents
+from trainyard_platform.shared.bus import nats_dependency
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import JobMetrics, JobProgress, MetricPoint
 
@@ -19,6 +20,7 @@ class StuckBus:
     def __init__(self) -> None:
         self.flowing = asyncio.Event()
         self.sent: list[Envelope[Payload]] = []
+        self.nats_away = nats_dependency()
 
     async def publish(self, envelope: Envelope[Payload], headers: Any = None) -> None:
         await self.flowing.wait()
