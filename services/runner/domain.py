@@ -22,11 +22,12 @@ import enum
 import hashlib
 import json
 import math
+import re
 import signal
 import uuid
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Generic, Literal, TypeVar
 
@@ -319,7 +320,28 @@ def describe_exit(exit_code: int | None) -> str:
     return f"exited with status {exit_code}"
 
 
-def decide_outcome(exit_code: int, stop: StopRequest | None, log_tail: str = "") -> Outcome:
+TORCHRUN_MODULE = "torch.distributed.run"
+"""The launcher a job of several processes runs under (``launch.job_argv``)."""
+_TORCHRUN_ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)",
+    re.DOTALL,
+)
+
+
+def torchrun_worker_exit(log_tail: str) -> tuple[int, int] | None:
+    """``(rank, exit code)`` of the worker whose failure ended a ``torchrun`` job, from the
+    report torchrun prints last (``Root Cause (first observed failure)``, its ``rank`` and
+    ``exitcode``: negative for a signal), or None when the tail holds none."""
+    start = log_tail.rfind("Root Cause (first observed failure):")
+    if start < 0:
+        return None
+    found = _TORCHRUN_ROOT_CAUSE.search(log_tail, start)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def decide_outcome(
+    exit_code: int, stop: StopRequest | None, log_tail: str = "", *, torchrun: bool = False
+) -> Outcome:
     """How a job that exited with ``exit_code`` ended, given why the runner stopped it.
 
     - Killed by the runner for its own failure (``platform``): failed as
@@ -333,7 +355,9 @@ def decide_outcome(exit_code: int, stop: StopRequest | None, log_tail: str = "")
       resumes from its last reported checkpoint.
     - Exit 75 without a stop request: failed (the job was not asked to stop).
     - Anything else: failed, as ``out_of_memory`` when ``looks_out_of_memory``, else
-      ``user_error``.
+      ``user_error``. Under ``torchrun`` (which exits 1 whatever its worker did) the
+      worker's exit code that torchrun reported (``torchrun_worker_exit``) is the one
+      classified and recorded, the reason naming its rank and torchrun's own exit.
     """
     if stop is not None and stop.kind == "platform":
         return Outcome("failed", stop.reason, exit_code, "platform_error")
@@ -343,6 +367,12 @@ def decide_outcome(exit_code: int, stop: StopRequest | None, log_tail: str = "")
         return Outcome("succeeded", "exited with status 0", 0)
     if stop is not None:
         return Outcome("preempted", stop.reason, exit_code)
+    worker = torchrun_worker_exit(log_tail) if torchrun else None
+    if worker is not None and worker[1] != 0:
+        rank, code = worker
+        failed = decide_outcome(code, None, log_tail)
+        why = f"rank {rank}: {failed.reason} (torchrun {describe_exit(exit_code)})"
+        return replace(failed, reason=why)
     if exit_code == PREEMPTED_EXIT_CODE:
         return Outcome(
             "failed",

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from trainyard_platform.services.runner import checkpoints
 from trainyard_platform.services.runner.config import Settings
+from trainyard_platform.services.runner.domain import TORCHRUN_MODULE
 from trainyard_platform.services.runner.environments import (
     EnvironmentBuildError,
     EnvironmentCache,
@@ -246,7 +247,7 @@ def job_argv(python: str, grant: AllocationGranted, port: int) -> list[str]:
     procs = max(1, len(grant.gpu_indices))
     if procs == 1 and len(grant.gang) <= 1:
         return program(python, spec)
-    launcher = [python, "-m", "torch.distributed.run", f"--nproc_per_node={procs}"]
+    launcher = [python, "-m", TORCHRUN_MODULE, f"--nproc_per_node={procs}"]
     if len(grant.gang) <= 1:
         launcher.append("--standalone")
     else:

@@ -173,6 +173,8 @@ class JobRun:
         self._process: JobProcess | None = None
         self._log_file: CappedFile | None = None
         self._ended = False
+        self._torchrun = False
+        """Whether the job runs under torchrun (its worker's exit code is the one judged)."""
 
     @property
     def pid(self) -> int | None:
@@ -198,6 +200,7 @@ class JobRun:
             f"\n[trainyard: this attempt's output passed {limit} bytes; the rest is not kept]\n".encode(),
         )
         self._metrics_file = CappedFile(self._metrics_path, limit)  # JSON lines: no notice
+        self._torchrun = domain.TORCHRUN_MODULE in argv
         try:
             self._server = await self._open_control_socket()
             self._process = await JobProcess.start(
@@ -379,7 +382,9 @@ class JobRun:
                         self._max_output_bytes,
                         capped.dropped,
                     )
-        outcome = domain.decide_outcome(exit_code, self.stop_request, self._tail.text())
+        outcome = domain.decide_outcome(
+            exit_code, self.stop_request, self._tail.text(), torchrun=self._torchrun
+        )
         log.info(
             "job %s allocation %s %s: %s",
             self.job.job_id,

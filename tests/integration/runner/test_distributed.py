@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.runner.conftest import EventLog, StartRunner, publish, upload_bundle
+from tests.integration.runner.conftest import (
+    EventLog,
+    StartRunner,
+    grant,
+    publish,
+    upload_bundle,
+)
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.events.payloads import (
@@ -203,3 +209,25 @@ async def test_a_revoked_two_process_job_stops_every_rank_at_one_step_and_checkp
     stops = dict(re.findall(r"STOPPING rank=(\d+) step=(\d+)", text))
     assert stops == {"0": str(preempted.checkpoint.step), "1": str(preempted.checkpoint.step)}
     assert not events.of(JobFailed, job_id)
+
+
+@pytest.mark.timeout(240)
+async def test_a_failed_worker_under_torchrun_is_reported_with_its_own_exit_code(
+    settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, tmp_path: Path
+) -> None:
+    # torchrun exits 1 whatever its worker did: the job's failure said "exited with status
+    # 1", hiding the worker's sys.exit(3).
+    await start_runner(settings)
+    store = open_store(settings.storage.uri)
+    folder = tmp_path / "exits"
+    folder.mkdir()
+    (folder / "exits.py").write_text(
+        "import os, sys\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n"
+    )
+    code = upload_bundle(store, "team-a", folder)
+    allocation = grant(settings.node_id, [], entrypoint="exits.py", code=code, gpu_indices=[0, 1])
+    await publish(bus, allocation, settings.node_id)
+    failed = await events.first(JobFailed, allocation.job_id, timeout=150)
+    assert failed.exit_code == 3, (failed.reason, failed.log_tail)
+    assert failed.reason == "rank 1: exited with status 3 (torchrun exited with status 1)"
+    assert failed.failure_kind == "user_error"

@@ -282,3 +282,49 @@ def test_a_job_that_never_ran_by_its_own_fault_fails_as_a_user_error() -> None:
     event = domain.failed_to_start(JOB, "requirements cannot be met", NOW, "user_error")
     assert (event.failure_kind, event.exit_code) == ("user_error", None)
     assert domain.failed_to_start(JOB, "disk full", NOW).failure_kind == "platform_error"
+
+
+TORCHRUN_TAIL = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-05_23:00:20
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 13940)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 13940
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-05_23:00:20
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : {code} (pid: 13941)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_under_torchrun_the_failure_names_the_workers_exit_code() -> None:
+    # torchrun exits 1 whatever its worker did: a worker's sys.exit(3) was recorded as
+    # "exited with status 1", and a worker the OOM killer took as a user_error.
+    outcome = domain.decide_outcome(1, None, TORCHRUN_TAIL.format(code=3), torchrun=True)
+    assert outcome == Outcome(
+        "failed",
+        "rank 1: exited with status 3 (torchrun exited with status 1)",
+        3,
+        "user_error",
+    )
+    killed = domain.decide_outcome(1, None, TORCHRUN_TAIL.format(code=-9), torchrun=True)
+    assert (killed.exit_code, killed.failure_kind) == (-9, "out_of_memory")
+    assert killed.reason.startswith("rank 1: out of memory: killed by SIGKILL")
+    # Without torchrun, or without its report, the process's own exit code stands.
+    plain = domain.decide_outcome(1, None, TORCHRUN_TAIL.format(code=3))
+    assert plain == Outcome("failed", "exited with status 1", 1, "user_error")
+    silent = domain.decide_outcome(1, None, "Traceback: boom", torchrun=True)
+    assert silent == Outcome("failed", "exited with status 1", 1, "user_error")
