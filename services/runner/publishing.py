@@ -157,14 +157,17 @@ async def _after_grant(bus: Bus, envelope: Envelope[Payload]) -> None:
     deadline = time.monotonic() + GRANT_WAIT_S
     told = False
     while time.monotonic() < deadline:
+        answered = True
         if allocation_id not in record.saying:
             try:
                 created = await bus.stream_created()
-            except Exception:  # NATS away: publishing would fail too
-                created = None
+            except Exception as exc:  # NATS away: publishing would fail too
+                answered, created = False, None
+                if infrastructure_fault(exc) is not None:
+                    bus.nats_away.failed(exc)  # the outage's one line, not this event's
             if created is not None and created == record.granted_in.get(allocation_id):
                 return
-        if not told:
+        if answered and not told:  # NATS away says nothing of the stream: no line of it
             log.warning(
                 "allocation %s: %s waits until its grant is in the event stream again "
                 "(the stream was lost and made again)",

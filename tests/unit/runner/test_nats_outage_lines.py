@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,7 +13,7 @@ import nats.errors
 import pytest
 
 from trainyard_platform.services.runner.agent import NodeAgent
-from trainyard_platform.services.runner.publishing import publish_until_sent
+from trainyard_platform.services.runner.publishing import journal, publish_until_sent
 from trainyard_platform.shared.bus import nats_dependency
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import JobProgress
@@ -80,6 +81,41 @@ async def test_a_retried_publish_says_an_outage_once(caplog: pytest.LogCaptureFi
     with caplog.at_level(logging.WARNING):
         await asyncio.wait_for(
             publish_until_sent(bus, envelope, None, record=False, after_grant=False),  # type: ignore[arg-type]
+            timeout=30,
+        )
+    said = lines(caplog)
+    assert bus.sent == 1
+    assert len(said) == 2, said
+    assert "unavailable" in said[0] and "answers again" in said[1]
+
+
+async def test_an_event_waiting_for_its_grant_says_nothing_of_a_lost_stream_while_nats_is_away(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Each job's event waiting while NATS was away logged "... waits until its grant is in
+    # the event stream again (the stream was lost and made again)": NATS being away had the
+    # stream's identity unknown, which was taken for a stream made again.
+    bus = AwayBus(failures=0)
+    created = datetime(2026, 1, 1, tzinfo=UTC)
+    away = 3
+
+    async def stream_created() -> datetime:
+        nonlocal away
+        if away:
+            away -= 1
+            raise nats.errors.NoServersError()
+        return created
+
+    bus.stream_created = stream_created  # type: ignore[attr-defined]
+    journal(bus).granted_in["a"] = created  # type: ignore[arg-type]
+    envelope = Envelope.wrap(
+        JobProgress(job_id="j", allocation_id="a", step=1, metrics={"loss": 1.0}),
+        source="trainyard/runner",
+        subject="j",
+    )
+    with caplog.at_level(logging.WARNING):
+        await asyncio.wait_for(
+            publish_until_sent(bus, envelope, None, record=False),  # type: ignore[arg-type]
             timeout=30,
         )
     said = lines(caplog)
