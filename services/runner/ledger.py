@@ -9,7 +9,8 @@ One JSON file per allocation in ``<work_dir>/ledger/<node_id>/``, replaced atomi
 - ``spawned`` once the job's process exists, with its process group and the ``job.started``
   said for it (a job whose process was never spawned was never said to have started);
 - ``ending`` with the terminal event (and its trace headers) stored *before* it is published:
-  if the publish never happens (NATS down, runner killed), the next runner publishes it;
+  if the publish never happens (NATS down, runner killed), the next runner publishes it (one
+  that cannot be stored, a full disk, is published all the same: ``end_allocation``);
 - ``finished`` once the terminal event was published.
 
 A small, local outbox for the one event per allocation that must not be lost. Files of

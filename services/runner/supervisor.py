@@ -725,9 +725,25 @@ async def end_allocation(
     trace_headers: dict[str, str],
 ) -> None:
     """Store the terminal event in the ledger, publish it after the job's earlier events,
-    then mark the allocation finished."""
+    then mark the allocation finished. An end the ledger cannot store (``OSError``: a full
+    disk) is published all the same, so the scheduler is not left waiting for it: the
+    ledger then still has the allocation unfinished, and the next runner's report of it
+    (``lost_on_restart``) has the same event id, which consumers drop as said already."""
     envelope = _wrap(payload, job, domain.event_id(job.allocation_id, "end"))
-    await asyncio.to_thread(ledger.ending, job, envelope.to_json().decode(), trace_headers)
+    try:
+        await asyncio.to_thread(ledger.ending, job, envelope.to_json().decode(), trace_headers)
+    except OSError as exc:
+        log.error(
+            "allocation %s of job %s: its end could not be stored in the ledger (%s); "
+            "publishing it all the same",
+            job.allocation_id,
+            job.job_id,
+            exc,
+        )
+        stored = False
+    else:
+        stored = True
     events.emit(envelope)
     await events.close()
-    await asyncio.to_thread(ledger.finished, job.allocation_id)
+    if stored:
+        await asyncio.to_thread(ledger.finished, job.allocation_id)

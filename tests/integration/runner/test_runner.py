@@ -734,16 +734,16 @@ async def test_a_launch_that_fails_unexpectedly_is_logged_with_its_job(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # A launch task whose own failure report failed (the ledger unwritable) died with no
-    # line naming the job: nobody awaited it.
+    # A launch task whose own failure report failed (the ledger broken) died with no line
+    # naming the job: nobody awaited it.
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("environment broken (injected)")
 
-    def disk_full(*args: Any, **kwargs: Any) -> Any:
-        raise OSError(28, "No space left on device (injected)")
+    def ledger_broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the ledger is broken (injected)")
 
     monkeypatch.setattr(launch, "prepare", broken)
-    monkeypatch.setattr(Ledger, "ending", disk_full)
+    monkeypatch.setattr(Ledger, "ending", ledger_broken)
     runner = await start_runner(settings)
     allocation = grant(settings.node_id, ["succeed", str(launches)])
     await publish(bus, allocation, settings.node_id)
@@ -753,7 +753,7 @@ async def test_a_launch_that_fails_unexpectedly_is_logged_with_its_job(
             r.levelno >= logging.ERROR
             and r.name.startswith("trainyard_platform.services.runner")
             and allocation.job_id in r.getMessage()
-            and "No space left" in r.getMessage()
+            and "the ledger is broken" in r.getMessage()
             for r in caplog.records
         )
 
@@ -761,3 +761,27 @@ async def test_a_launch_that_fails_unexpectedly_is_logged_with_its_job(
         while not said_failed():
             await asyncio.sleep(0.1)
     assert not runner.agent.running_allocations()
+
+
+async def test_an_end_the_ledger_cannot_store_is_published_all_the_same(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    launches: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # With the disk full, the end of a job was never said: Ledger.ending raised before the
+    # publish, and the scheduler waited for the allocation until the runner restarted.
+    def disk_full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device (injected)")
+
+    monkeypatch.setattr(Ledger, "spawned", disk_full)
+    monkeypatch.setattr(Ledger, "ending", disk_full)
+    runner = await start_runner(settings)
+    allocation = grant(settings.node_id, ["wait", str(launches)])
+    await publish(bus, allocation, settings.node_id)
+    failed = await events.first(JobFailed, allocation.job_id, timeout=20)
+    assert failed.failure_kind == "platform_error" and "No space left" in failed.reason
+    assert processes_naming(str(launches)) == []
+    await events.wait_for(lambda: not runner.agent.running_allocations(), what="its end")
