@@ -39,6 +39,7 @@ from nats.errors import Error as NatsError
 from nats.js import api
 from pydantic import SecretStr
 
+from tests.fixtures.uids import job_uid_base
 from tests.integration.test_nats_permissions import session
 from trainyard_platform.deploy.local.nats import NatsServer, NatsUser, can_authenticate
 from trainyard_platform.services.billing import handlers as billing_handlers
@@ -513,6 +514,7 @@ async def platform(
         runner = await bus_of(f"runner-{NODE_A}")
         settings = RunnerSettings(
             node_id=NODE_A,
+            job_uid_base=job_uid_base(),
             virtual_gpus=2,
             work_dir=tmp_path / "runner",
             nats=_as(nats_settings, nats_server, users[f"runner-{NODE_A}"]),

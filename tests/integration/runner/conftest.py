@@ -21,6 +21,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from pydantic import SecretStr
 
+from tests.fixtures.uids import job_uid_base
 from trainyard.bundle import pack
 from trainyard_platform.services.runner.agent import NodeAgent
 from trainyard_platform.services.runner.config import Settings
@@ -237,6 +238,7 @@ def settings(
     CODE_FOR_NODE[node_id] = upload_bundle(open_store(storage.uri), "team-a", code_dir)
     return Settings(
         node_id=node_id,
+        job_uid_base=job_uid_base(),
         virtual_gpus=2,
         work_dir=reachable_tmp / "work",
         code_dir=code_dir,

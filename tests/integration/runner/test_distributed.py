@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.uids import job_uid_base
 from tests.integration.runner.conftest import (
     EventLog,
     StartRunner,
@@ -134,7 +135,11 @@ async def test_a_gang_of_two_nodes_trains_identical_replicas_and_rank_0_checkpoi
 ) -> None:
     first = settings
     second = settings.model_copy(
-        update={"node_id": f"node-{uuid.uuid4().hex[:8]}", "work_dir": reachable_tmp / "work-2"}
+        update={
+            "node_id": f"node-{uuid.uuid4().hex[:8]}",
+            "job_uid_base": job_uid_base(),
+            "work_dir": reachable_tmp / "work-2",
+        }
     )
     await start_runner(first)
     await start_runner(second)

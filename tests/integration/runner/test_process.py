@@ -35,6 +35,7 @@ async def test_sigterm_drains_the_jobs_and_reports_them_preempted(
         "TRAINYARD_RUNNER_HEARTBEAT_INTERVAL_SECONDS": "0.2",
         "TRAINYARD_RUNNER_DRAIN_TIMEOUT_SECONDS": "10",
         "TRAINYARD_RUNNER_ADMIN_TOKEN": "op-token",
+        "TRAINYARD_RUNNER_JOB_UID_BASE": str(settings.job_uid_base),
     }
     runner = await asyncio.create_subprocess_exec(
         sys.executable,

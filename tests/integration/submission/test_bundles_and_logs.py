@@ -83,7 +83,13 @@ async def test_body_must_hash_to_the_path(submission: Submission) -> None:
     assert submission.store.list("bundles/") == []
 
 
-@pytest.mark.parametrize("sha", ["abc", SHA.upper(), SHA + "0", "..%2F..%2Fetc"])
+# Named ids: the bundle (and so SHA) differs from run to run, and a test's id must not, or
+# parallel workers (pytest-xdist) collect different tests.
+@pytest.mark.parametrize(
+    "sha",
+    ["abc", SHA.upper(), SHA + "0", "..%2F..%2Fetc"],
+    ids=["short", "upper-case", "one-too-long", "a-path"],
+)
 async def test_malformed_sha256_is_422(submission: Submission, sha: str) -> None:
     response = await _put(submission, BUNDLE, sha)
     assert response.status_code in (404, 422)
