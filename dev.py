@@ -16,7 +16,7 @@ of both ``pyproject.toml`` files as they are now.
 
 Extra arguments go to the last tool: ``python3 dev.py test -k stack -x`` passes
 ``-k stack -x`` to pytest (``test`` also passes ``--durations=25``, so its log names the
-slowest tests). Each step is printed before it runs; the first step that fails
+slowest tests, and runs two workers: ``-n 0`` runs one). Each step is printed before it runs; the first step that fails
 ends the run with that step's exit status.
 """
 
@@ -116,9 +116,16 @@ DURATIONS = "--durations=25"
 log says where the suite's time went (a later ``--durations=N`` among the extra arguments
 wins)."""
 
+WORKERS = ("--numprocesses=2", "--dist=loadscope")
+"""The suite runs in two worker processes (pytest-xdist): most of its time is spent waiting
+on processes, servers and the network, so two workers take less time, even on two cores.
+``loadscope`` keeps each module on one worker, and tests/conftest.py makes every test that
+starts whole stacks one scope, so those run one after another. ``-n 0`` among the extra
+arguments runs the suite in one process."""
+
 
 def cmd_test(args: Sequence[str]) -> None:
-    gate([DURATIONS, *args])
+    gate([*WORKERS, DURATIONS, *args])
 
 
 def cmd_check(args: Sequence[str]) -> None:

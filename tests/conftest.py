@@ -1,14 +1,50 @@
 """Test-wide fixtures: real servers (``tests.fixtures.servers``) and collected spans
 (``tests.fixtures.telemetry``); and every test starts with no dependency known to be away
-(``shared.outages`` keeps that per process, and one test's outage is not the next one's)."""
+(``shared.outages`` keeps that per process, and one test's outage is not the next one's).
+
+The suite may run in parallel workers (pytest-xdist, as ``dev.py test`` does, with ``--dist
+loadscope``): each module's tests then run on one worker, and the tests that start whole
+local stacks (``STACK_FOLDERS``) all on one, one after another. Each stack's runner takes job
+uids derived from its data folder (or named by the test), and two stacks alive at once could,
+by a hash, take the same ones; the runners other tests start take uids of their worker's own
+(``tests.fixtures.uids``)."""
+
+from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from trainyard_platform.shared import outages
 
 pytest_plugins = ["tests.fixtures.servers", "tests.fixtures.telemetry"]
+
+STACK_FOLDERS = frozenset({"e2e", "browser", "chaos"})
+"""Folders of ``tests/`` whose tests start whole local stacks."""
+
+
+def stack_scope(nodeid: str) -> str | None:
+    """``"stacks"`` for a test that starts whole stacks (its node id is ``tests/<folder>/...``,
+    relative to the repository), else None."""
+    parts = nodeid.split("::", 1)[0].split("/")
+    return "stacks" if len(parts) > 2 and parts[1] in STACK_FOLDERS else None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist loadscope``, pytest-xdist's module scopes with every stack test in one
+    scope. (Its ``loadgroup`` marks cannot do it with pytest 9.2, whose node ids no longer
+    take the group's suffix that mode relies on.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class StacksTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return stack_scope(nodeid) or super()._split_scope(nodeid)
+
+    return StacksTogether(config, log)
 
 
 @pytest.fixture(autouse=True)
