@@ -788,6 +788,11 @@ def test_a_granted_model_is_listed_for_its_grantee_until_revoked(
         assert driver.find_element("id", "read-only").text == "read-only"
         versions = driver.find_elements("css selector", ".card table.grid tbody tr")
         assert versions and "a job of team audio" in versions[0].text
+        # Its cost counts the owner's job without listing it, and says so (it said "No job
+        # billed yet." beside the job's amount).
+        hidden = wait(driver, "the cost's note", lambda d: d.find_elements("id", "cost-hidden"))
+        assert hidden[0].text == "1 job of other teams counted in the amounts above, not listed."
+        assert "No job" not in driver.find_element("id", "model-cost").text
         shot(driver, world, "model-granted")
     finally:
         grant(world, shared_model, granted=False)

@@ -220,15 +220,24 @@ function costCard(detail, reader = null) {
       stat("Total", h("span", { id: "version-cost-total" }, costText(cost)), "own job + upstream"),
       stat("Own job", h("span", { id: "version-cost-own" }, part(cost, "own_job")), "the job that made it"),
       stat("Upstream", h("span", { id: "version-cost-upstream" }, part(cost, "upstream")), "parent models' and datasets' jobs")),
-    table([
+    // Every job of a granted model's cost may be its owner's: then only the note says so.
+    jobs.length || !cost.hidden_jobs ? table([
       { title: "Job", cell: (j) => (theirs(j) ? ownerJob(j.team) : jobLink(j.job_id)) },
       { title: "Name", cell: (j) => (theirs(j) ? "—" : j.name) },
       { title: "Made", cell: (j) => (j.relation === "own" ? "this version" : "upstream") },
       { title: "Status", cell: (j) => h("span", { class: `badge status-${j.status}` }, j.status) },
       { title: "Allocations", align: "right", cell: (j) => j.allocations },
       { title: "Cost", align: "right", cell: (j) => amounts(j) },
-    ], jobs, { empty: "No job billed yet." }),
-    cost.hidden_jobs ? h("p", { class: "muted" }, `${cost.hidden_jobs} upstream job(s) of other teams counted in the total, not listed.`) : null);
+    ], jobs, { empty: "No job is recorded for this version." }) : null,
+    hiddenJobs(cost.hidden_jobs));
+}
+
+/** The jobs of other teams a cost counts but does not list (a granted model's own job is
+ * one of them, not only upstream ones), or nothing when there are none. */
+function hiddenJobs(count) {
+  if (!count) return null;
+  const jobs = count === 1 ? "1 job" : `${count} jobs`;
+  return h("p", { class: "muted", id: "cost-hidden" }, `${jobs} of other teams counted in the amounts above, not listed.`);
 }
 
 
