@@ -203,7 +203,7 @@ def run_ls(session: Session) -> int:
     rows = [
         (
             f"{m['team']}/{m['name']}",
-            m["project"],
+            m.get("project") or "-",  # null: another team's, granted to the caller's
             m["versions"],
             m["latest_version"],
             " ".join(f"{a}={v}" for a, v in sorted(m["aliases"].items())) or "-",
@@ -317,7 +317,7 @@ def run_show(session: Session) -> int:
 
     def text() -> str:
         head = (
-            f"{model['team']}/{model['name']}  project {model['project']}, "
+            f"{model['team']}/{model['name']}  project {model.get('project') or '-'}, "
             f"{model['versions']} live versions, latest {model['latest_version']}"
         )
         grants = model.get("grants")

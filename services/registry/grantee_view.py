@@ -7,10 +7,10 @@ Contract:
   dataset) as ``reader`` (a team; None: an operator) may see it: unchanged for ``team``
   itself and for operators; for any other team (one it was granted to) every field named in
   the ``OWNER_ONLY`` of its schema is null, in nested answers and lists of them too.
-- A schema that carries the owner's work — job or allocation ids, the job's spec and
-  environment, people, checkpoints, grants — names those fields in ``OWNER_ONLY`` and
-  declares them nullable; every read route passes its answer through ``shown``, so what a
-  grantee sees is decided here and in those declarations, nowhere else.
+- A schema that carries the owner's work — job or allocation ids, the job's spec (its
+  project too: a model's is its first job's) and environment, people, checkpoints, grants
+  — names those fields in ``OWNER_ONLY`` and declares them nullable; every read route
+  passes its answer through ``shown``, so what a grantee sees is decided here and in those declarations, nowhere else.
 - A version whose artifact is not the registry's own copy (``owned`` false: registered
   before the registry kept copies) has the owner's checkpoint as its artifact: its ``uri``
   is hidden as well.

@@ -5,7 +5,8 @@ downloading versions, and aliases.
   keyset-paged: the caller's team's (``team``: another team's that it granted to the
   caller's; operators: any team's, every team's without ``team``); ``granted=true``: the
   models other teams granted to the caller's team (``team`` narrows to one owner). Unknown
-  or repeated parameters answer 422 naming them.
+  or repeated parameters answer 422 naming them. Another team's ``project`` is null to a
+  grantee and matches no ``project`` filter.
 - ``GET /v1/models/{team}/{name}``: one model with its aliases.
 - ``POST /v1/models/{team}/{name}/versions`` (members): register a committed checkpoint;
   answers the version as ``GET`` does, with its ``cost``.
@@ -185,10 +186,15 @@ def model_routes(
             if team is not None and team != principal.team:
                 grantee = principal.team  # another team's: only what it granted to ours
             team = team or principal.team
-        async with pool.acquire() as conn:
-            rows = await models_repo.list_models(conn, team, cursor, limit, project, grantee)
+        rows: list[ModelRow] = []
+        # Another team's project is its work, null to a grantee: it matches no project
+        # filter, so it cannot be found by trying names either.
+        if grantee is None or project is None:
+            async with pool.acquire() as conn:
+                rows = await models_repo.list_models(conn, team, cursor, limit, project, grantee)
         following = f"{rows[-1].team}/{rows[-1].name}" if len(rows) == limit else None
-        return ModelPage(models=[_summary(r) for r in rows], next=following)
+        reader = model_grants.reader_of(principal)
+        return ModelPage(models=[shown(_summary(r), r.team, reader) for r in rows], next=following)
 
     @get("/v1/models/{team:str}/{name:str}", responses=error_responses(404))
     async def get_model(team: FromPath[str], name: FromPath[str], principal: Caller) -> ModelDetail:

@@ -32,7 +32,7 @@ from trainyard_platform.shared.identity import Principal
 class ModelDetail(ModelSummary):
     """A model as ``GET /v1/models/{team}/{name}`` answers it."""
 
-    OWNER_ONLY: ClassVar[frozenset[str]] = frozenset({"grants"})
+    OWNER_ONLY: ClassVar[frozenset[str]] = ModelSummary.OWNER_ONLY | {"grants"}
 
     grants: list[str] | None = Field(default=None, description=GRANTEE_NULL)
     """The teams granted to read it; shown to its own team and operators (null otherwise)."""

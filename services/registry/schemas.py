@@ -158,9 +158,14 @@ class OwnedVersion(VersionDetail):
 
 
 class ModelSummary(_Schema):
+    """A model as its listing shows it; ``project`` (that of the job that made its first
+    version: the owner's work) is null to a grantee (``grantee_view``)."""
+
+    OWNER_ONLY: ClassVar[frozenset[str]] = frozenset({"project"})
+
     team: str
     name: str
-    project: str
+    project: str | None = Field(description=GRANTEE_NULL)
     latest_version: int
     """The highest version number ever given (deleted versions keep theirs)."""
     versions: int

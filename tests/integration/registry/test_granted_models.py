@@ -266,3 +266,53 @@ async def test_a_grantee_never_reads_the_checkpoint_behind_a_version_without_a_c
     for answer in (refused, refused_content):
         assert answer.status_code == 409, answer.text
         assert job not in answer.text and "register" in answer.json()["detail"]
+
+
+async def test_a_grantee_never_reads_nor_probes_the_owner_project(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """The project of a model is that of the owner's job (its spec): the owner's work. No
+    answer a grantee reads names it — the model, its listings, versions, aliases, lineage,
+    cost — and filtering a listing of granted models by project matches nothing, so the
+    project cannot be found by trying names either. The owner and operators see it."""
+    tag = uuid.uuid4().hex[:6]
+    name, project = f"proj-{tag}", f"secret-{tag}"
+    await run_job(pool, store, name, team="ml", project=project)
+    model = f"/v1/models/ml/{name}"
+    async with app_as(pool, store, ML) as ml:
+        assert (await ml.put(f"{model}/grants/vision")).status_code == 200
+        assert (await ml.put(f"{model}/aliases/prod", json={"version": 1})).status_code == 200
+        assert (await body(await ml.get(model)))["project"] == project
+        mine = await body(await ml.get("/v1/models", params={"project": project}))
+        assert [m["name"] for m in mine["models"]] == [name]
+    routes = [
+        model,
+        "/v1/models?granted=true",
+        "/v1/models?granted=true&team=ml",
+        "/v1/models?team=ml",
+        f"{model}/versions",
+        f"{model}/versions/1",
+        f"{model}/versions/by-alias/prod",
+        f"{model}/aliases",
+        f"{model}/aliases/prod/moves",
+        f"/v1/lineage/models/ml/{name}/versions/1/upstream",
+        f"/v1/lineage/models/ml/{name}/versions/1/upstream?format=openlineage",
+    ]
+    async with app_as(pool, store, VISION) as vision:
+        for route in routes:
+            answer = await vision.get(route)
+            assert answer.status_code == 200, (route, answer.text)
+            assert project not in answer.text, route
+        shown = await body(await vision.get(model))
+        assert shown["project"] is None and shown["name"] == name
+        assert f"ml/{name}" in await granted_names(vision)
+        for params in ({"granted": "true"}, {"granted": "true", "team": "ml"}, {"team": "ml"}):
+            right = await body(
+                await vision.get("/v1/models", params={**params, "project": project})
+            )
+            wrong = await body(await vision.get("/v1/models", params={**params, "project": "nope"}))
+            assert right == wrong == {"models": [], "next": None}, params
+    async with app_as(pool, store, OPERATOR) as operator:
+        assert (await body(await operator.get(model)))["project"] == project
+        listed = await body(await operator.get("/v1/models", params={"team": "ml"}))
+        assert {m["name"]: m["project"] for m in listed["models"]}.get(name) == project

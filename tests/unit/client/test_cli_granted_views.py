@@ -1,6 +1,6 @@
 """What the registry shows a team of a model or dataset another team granted to it: the
-model itself, with the owner's job, people and checkpoints null (docs/models.md, "Grants").
-``trainyard model show``, ``model alias history`` and ``dataset show`` print such answers
+model itself, with the owner's job, project, people and checkpoints null (docs/models.md, "Grants").
+``trainyard model ls``, ``model show``, ``model alias history`` and ``dataset show`` print such answers
 with ``-`` where the owner's work was, never a traceback or ``None``."""
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ SHA = "b" * 64
 MODEL = {
     "team": "ml",
     "name": "m",
-    "project": "p",
+    "project": None,
     "versions": 1,
     "latest_version": 1,
     "aliases": {"prod": 1},
+    "created_at": "2026-12-01T00:00:00Z",
     "grants": None,
 }
 ARTIFACT = {"uri": None, "manifest_uri": None, "step": 10, "size_bytes": 4, "sha256": SHA}
@@ -70,6 +71,7 @@ def route(request: httpx.Request) -> httpx.Response:
     """The registry as it answers a grantee."""
     path = request.url.path
     answers = {
+        "/v1/models": {"models": [MODEL], "next": None},
         "/v1/models/ml/m": MODEL,
         "/v1/models/ml/m/versions": {"team": "ml", "model": "m", "versions": [VERSION]},
         "/v1/models/ml/m/versions/1": VERSION,
@@ -93,6 +95,7 @@ def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     "argv",
     [
+        ["model", "ls"],
         ["model", "show", "ml/m"],
         ["model", "show", "ml/m:1"],
         ["model", "alias", "history", "ml/m", "prod"],
