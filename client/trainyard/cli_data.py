@@ -66,14 +66,8 @@ def _path(team: str, name: str) -> str:
 
 def run_ls(session: Session) -> int:
     registry = session.service("registry")
-    found: dict[str, Any] = {"datasets": [], "next": None}
-    after: str | None = None
-    while True:  # every page: a listing is never cut short silently
-        page = registry.get("/v1/datasets", limit=500, after=after)
-        found["datasets"].extend(page["datasets"])
-        after = page.get("next")
-        if not after:
-            break
+    # Every page: a listing is never cut short silently.
+    found = registry.get_every("/v1/datasets", "datasets", limit=500)
     rows = [
         (f"{d['team']}/{d['name']}", d["latest_version"], time_text(d["created_at"]))
         for d in found["datasets"]

@@ -29,7 +29,7 @@ from typing import Any
 
 from trainyard.cli_base import CliError, Exit, Session, note
 from trainyard.cli_render import short, table, time_text
-from trainyard.client import TrainyardClient, TrainyardError, download, segment
+from trainyard.client import TrainyardClient, TrainyardError, amended, download, segment
 
 _NAME = r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,99}"
 _ALIAS = r"[a-z][a-z0-9_\-]{0,62}"
@@ -169,14 +169,10 @@ def _metrics(metrics: dict[str, Any] | None) -> str:
 
 def _pages(registry: TrainyardClient, **params: str | None) -> list[dict[str, Any]]:
     """Every model of ``GET /v1/models`` with ``params``, page after page."""
-    models: list[dict[str, Any]] = []
-    after: str | None = None
-    while True:
-        page = registry.get("/v1/models", **params, after=after, limit=500)
-        models.extend(page["models"])
-        after = page.get("next")
-        if not after:
-            return models
+    models: list[dict[str, Any]] = registry.get_every("/v1/models", "models", **params, limit=500)[
+        "models"
+    ]
+    return models
 
 
 def _granted_to_us(registry: TrainyardClient, **params: str | None) -> list[dict[str, Any]]:
@@ -197,9 +193,9 @@ def run_ls(session: Session) -> int:
     # Another team's models, as a member sees them, are those it granted: marked as well.
     granted = _granted_to_us(registry, team=args.team, project=args.project)
     keys = {(m["team"], m["name"]) for m in granted}
-    models = [{**m, "granted": (m["team"], m["name"]) in keys} for m in listed]
+    models = [amended(m, granted=(m["team"], m["name"]) in keys) for m in listed]
     seen = {(m["team"], m["name"]) for m in listed}
-    models += [{**m, "granted": True} for m in granted if (m["team"], m["name"]) not in seen]
+    models += [amended(m, granted=True) for m in granted if (m["team"], m["name"]) not in seen]
     rows = [
         (
             f"{m['team']}/{m['name']}",

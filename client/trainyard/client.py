@@ -6,6 +6,11 @@ Contract:
 - A response other than 2xx raises ``TrainyardError(status, message, errors)``; ``errors`` is
   the server's list of ``{"field", "message"}`` for invalid input. A server that cannot be
   reached raises ``TrainyardError`` with status 0.
+- A 2xx answer that is not what its route answers raises ``MalformedAnswer`` (a
+  ``TrainyardError`` with the answer's status), naming the request and what was wrong: not
+  JSON, a list where an object belongs, a key it lacks when the caller reads it (every JSON
+  object of an answer is an ``Answer``, whose missing key raises it rather than
+  ``KeyError``), or a page whose rows are no list or whose ``next`` is no cursor.
 - ``wait`` polls a job until it has ended and its results have settled (see ``wait``).
 - ``upload_bundle`` uploads a code bundle only when the team has not stored it yet: the
   bundle's sha256 names it, so an identical bundle is uploaded once.
@@ -83,6 +88,45 @@ class TrainyardError(Exception):
         return f"{head} ({fields})"
 
 
+class MalformedAnswer(TrainyardError):
+    """A successful (2xx) answer that is not what its route answers: the server's fault, or
+    that of what stands between, not the caller's. ``status`` is the answer's, so it is
+    never taken for an unreachable server (status 0)."""
+
+    def __init__(self, response: httpx.Response, problem: str) -> None:
+        super().__init__(
+            response.status_code, f"unexpected answer to {_request_of(response)}: {problem}"
+        )
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class Answer(dict[str, Any]):
+    """A JSON object of a successful answer: reading a key it lacks (``answer["models"]``)
+    raises ``MalformedAnswer`` naming the request and the key, where a plain dict raised a
+    bare ``KeyError``; ``get`` answers its default as ever."""
+
+    response: httpx.Response | None = None
+
+    def __missing__(self, key: object) -> Any:
+        if self.response is None:
+            raise KeyError(key)
+        raise MalformedAnswer(self.response, f"it has no {key!r}")
+
+
+class AnswerList(list[Any]):
+    """A JSON list of a successful answer: reading it by a key, as if it were an object,
+    raises ``MalformedAnswer`` saying so, not ``TypeError``."""
+
+    response: httpx.Response | None = None
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, str) and self.response is not None:
+            raise MalformedAnswer(self.response, f"a list where an object with {index!r} belongs")
+        return super().__getitem__(index)
+
+
 class TrainyardClient:
     """The submission API at ``base_url`` (e.g. ``http://127.0.0.1:8080``) as ``token``."""
 
@@ -122,10 +166,7 @@ class TrainyardClient:
         a spent budget let it in, perhaps at a lower priority than it asked), or None."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         response = self._response("POST", "/v1/jobs", headers, json=spec)
-        view = _json(response)
-        if not isinstance(view, dict):
-            raise TrainyardError(0, "unexpected response: expected a JSON object")
-        return view, response.headers.get(BUDGET_WARNING_HEADER) or None
+        return _object(response), response.headers.get(BUDGET_WARNING_HEADER) or None
 
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self._object("GET", f"/v1/jobs/{segment(job_id)}")
@@ -142,28 +183,44 @@ class TrainyardClient:
         response = self._response("GET", "/v1/jobs", params=params)
         page = _json(response)
         if not isinstance(page, list):
-            raise TrainyardError(0, "unexpected response: expected a list of jobs")
+            raise MalformedAnswer(response, "not a list of jobs")
         cursor = httpx.URL(response.links.get("next", {}).get("url", "")).params.get("after")
         return page, cursor or None
 
-    def get(self, path: str, **params: str | int | None) -> Any:
-        """The JSON answer of ``GET path`` (any endpoint of this base URL)."""
-        return self._request("GET", path, params={k: v for k, v in params.items() if v is not None})
+    def get(self, path: str, **params: str | int | None) -> dict[str, Any]:
+        """The JSON object that answers ``GET path`` (any endpoint of this base URL whose
+        answer is an object; anything else: ``MalformedAnswer``)."""
+        query = {k: v for k, v in params.items() if v is not None}
+        return self._object("GET", path, params=query)
 
     def get_every(self, path: str, field: str, **params: str | int | None) -> dict[str, Any]:
         """The answer of a paged list ``path`` (the registry's and billing's: rows in
         ``field``, the cursor of the next page in ``next``) with every page's rows in
-        ``field``, following ``next`` as ``after`` to the last page."""
-        answer = self.get(path, **params)
-        rows = list(answer[field])
-        while answer.get("next"):
-            answer = self.get(path, **params, after=answer["next"])
-            rows.extend(answer[field])
-        return {**answer, field: rows, "next": None}
+        ``field``, following ``next`` as ``after`` to the last page. A page that is no
+        object, whose ``field`` is no list, or whose ``next`` is neither null nor a new
+        cursor raises ``MalformedAnswer``."""
+        query = {k: v for k, v in params.items() if v is not None}
+        rows: list[Any] = []
+        after: str | None = None
+        while True:
+            response = self._response("GET", path, params={**query, **_after(after)})
+            answer = _object(response)
+            page, following = answer[field], answer.get("next")
+            if not isinstance(page, list):
+                raise MalformedAnswer(response, f"{field!r} is not a list")
+            if following is not None and (not isinstance(following, str) or following == after):
+                raise MalformedAnswer(
+                    response, f"'next' is not the cursor of a next page: {following!r}"
+                )
+            rows.extend(page)
+            if not following:
+                return amended(answer, **{field: _listed(response, rows), "next": None})
+            after = following
 
-    def call(self, method: str, path: str, body: Any = None) -> Any:
-        """The JSON answer of ``method path`` (with a JSON ``body``), for any endpoint."""
-        return self._request(method, path, **({} if body is None else {"json": body}))
+    def call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        """The JSON object that answers ``method path`` (with a JSON ``body``), for any
+        endpoint whose answer is an object (anything else: ``MalformedAnswer``)."""
+        return self._object(method, path, **({} if body is None else {"json": body}))
 
     def list_jobs(self, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         """The team's newest ``limit`` jobs, newest first (optionally only those in
@@ -305,11 +362,8 @@ class TrainyardClient:
                 )
             time.sleep(min(poll_s, max(deadline - now, 0.0)))
 
-    def _object(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        body = self._request(method, path, **kwargs)
-        if not isinstance(body, dict):
-            raise TrainyardError(0, "unexpected response: expected a JSON object")
-        return body
+    def _object(self, method: str, path: str, **kwargs: Any) -> Answer:
+        return _object(self._response(method, path, None, **kwargs))
 
     def _list(self, method: str, path: str, **kwargs: Any) -> list[dict[str, Any]]:
         """Every row of a list route whose body is a plain list, following its
@@ -319,7 +373,7 @@ class TrainyardClient:
             response = self._response(method, path, None, **kwargs)
             body = _json(response)
             if not isinstance(body, list):
-                raise TrainyardError(0, "unexpected response: expected a JSON list")
+                raise MalformedAnswer(response, "not a JSON list")
             rows.extend(body)
             following = response.links.get("next", {}).get("url")
             if not following:
@@ -352,6 +406,16 @@ class TrainyardClient:
         )
 
 
+def amended(answer: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """A copy of ``answer`` with ``fields`` set: an ``Answer`` stays one (of the same request),
+    so a key it lacks still raises ``MalformedAnswer``."""
+    if not isinstance(answer, Answer):
+        return {**answer, **fields}
+    copy = Answer({**answer, **fields})
+    copy.response = answer.response
+    return copy
+
+
 def _token_body(name: str | None, days: int | None) -> dict[str, Any]:
     return {k: v for k, v in (("name", name), ("expires_in_days", days)) if v is not None}
 
@@ -372,12 +436,57 @@ def segment(value: str) -> str:
 
 
 def _json(response: httpx.Response, default: Any = None) -> Any:
+    """The JSON body of ``response``, its objects ``Answer``s and their lists ``AnswerList``s
+    (so a key it lacks raises ``MalformedAnswer``); not JSON: ``default`` if given, else
+    ``MalformedAnswer``."""
+
+    def answer(pairs: dict[str, Any]) -> Answer:
+        found = Answer(
+            (k, _listed(response, v) if type(v) is list else v) for k, v in pairs.items()
+        )
+        found.response = response
+        return found
+
     try:
-        return response.json()
+        body = response.json(object_hook=answer)
     except ValueError:
         if default is not None:
             return default
-        raise TrainyardError(response.status_code, "response is not JSON") from None
+        raise MalformedAnswer(response, "it is not JSON") from None
+    return _listed(response, body) if type(body) is list else body
+
+
+def _listed(response: httpx.Response, items: list[Any]) -> AnswerList:
+    found = AnswerList(items)
+    found.response = response
+    return found
+
+
+def _object(response: httpx.Response) -> Answer:
+    """The answer of ``response``, which must be a JSON object (``MalformedAnswer``)."""
+    body = _json(response)
+    if not isinstance(body, Answer):
+        raise MalformedAnswer(response, f"{_kind(body)} where an object belongs")
+    return body
+
+
+def _kind(value: Any) -> str:
+    """What a JSON value is, in words."""
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, bool | int | float):
+        return "a number" if not isinstance(value, bool) else "a boolean"
+    return "null"
+
+
+def _after(cursor: str | None) -> dict[str, str]:
+    return {"after": cursor} if cursor is not None else {}
+
+
+def _request_of(response: httpx.Response) -> str:
+    return f"{response.request.method} {response.request.url.path}"
 
 
 # --- downloads (appended for the model commands) -----------------------------------------
