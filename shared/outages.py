@@ -17,9 +17,10 @@ Contract:
 - ``POSTGRES`` and ``OBJECT_STORE`` are the process's own; ``report(exc)`` tells the one an
   infrastructure fault names (``bus.infrastructure_fault``) and answers whether ``exc`` was
   one, so a caller logs any other error itself (with its traceback when it is no outage).
-  ``forget()`` puts them back as at the process's start. NATS is not among them: each NATS
-  connection has a ``Dependency`` of its own (``bus.nats_dependency``), told by the NATS
-  client's errors and its reconnection (``bus.nats_error_logger``, ``Bus.connect``).
+  ``forget()`` puts them back as at the process's start, their gauge at 0 too. NATS is not
+  among them: each NATS connection has a ``Dependency`` of its own
+  (``bus.nats_dependency``), told by the NATS client's errors and its reconnection
+  (``bus.nats_error_logger``, ``Bus.connect``).
 - Which code tells them: ``shared.db`` of every connection it opens (the pools' and the
   scheduler leader's) and every readiness ping, the object store's readiness check
   (``runtime.store_answers``), the outbox relay and the leader election.
@@ -89,7 +90,10 @@ class Dependency:
         self._held_back = 0
 
     def forget(self) -> None:
-        """As at the process's start: answering, nothing counted."""
+        """As at the process's start: answering, nothing counted, the gauge at 0 (logs
+        nothing: no answer was seen)."""
+        if self._away_since is not None:
+            _away.add(-1, {"dependency": self.label})
         self._away_since = None
         self._failures = self._held_back = 0
 

@@ -56,3 +56,22 @@ def test_an_outage_is_three_lines_and_a_gauge(
         "Connection refused (11 more failures since the last line)",
         "PostgreSQL (TRAINYARD_DATABASE_URL) answers again after 95 s (18 failures)",
     ]
+
+
+def test_forget_puts_the_gauge_back_as_well(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``forget`` put a dependency back to answering, but the gauge still said away (1):
+    the next process in the same interpreter showed an outage it never had, and its own
+    failure and answer made the gauge 2, then 1, never 0."""
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
+    monkeypatch.setattr(outages, "_away", instrument("trainyard.dependency.away", meter))
+    db = outages.Dependency("PostgreSQL", "TRAINYARD_DATABASE_URL", "postgresql")
+    db.watched()
+    db.failed(ConnectionRefusedError(111, "Connection refused"))
+    assert _away(reader) == {"postgresql": 1}
+    db.forget()
+    db.forget()  # forgetting what is not away changes nothing
+    assert not db.away and _away(reader) == {"postgresql": 0}
+    db.failed(ConnectionRefusedError(111, "Connection refused"))
+    db.answered()
+    assert _away(reader) == {"postgresql": 0}
