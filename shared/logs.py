@@ -218,15 +218,21 @@ class Throttle:
     """Whether a repeated failure, keyed by its reason, is to be logged now: the first time,
     then at most once every ``interval_s``. ``due`` answers how many times it came since it
     was last logged (0 the first time), or None to hold it back (it is counted). At most
-    ``MAX_REASONS`` reasons are kept; past that the oldest are forgotten (logged again)."""
+    ``max_reasons`` (``MAX_REASONS``) reasons are kept; past that the oldest are forgotten
+    (logged again), so memory stays bounded. ``interval_s`` infinite: once per reason."""
 
     MAX_REASONS: Final = 256
 
     def __init__(
-        self, interval_s: float = REPEAT_SECONDS, clock: Callable[[], float] = time.monotonic
+        self,
+        interval_s: float = REPEAT_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        max_reasons: int = MAX_REASONS,
     ) -> None:
         self.interval_s = interval_s
         self._clock = clock
+        self._max_reasons = max_reasons
         self._seen: dict[str, tuple[float, int]] = {}
 
     def due(self, reason: str) -> int | None:
@@ -236,7 +242,7 @@ class Throttle:
             self._seen[reason] = (seen[0], seen[1] + 1)
             return None
         self._seen.pop(reason, None)
-        if len(self._seen) >= self.MAX_REASONS:
+        if len(self._seen) >= self._max_reasons:
             del self._seen[next(iter(self._seen))]
         self._seen[reason] = (now, 0)
         return 0 if seen is None else seen[1]

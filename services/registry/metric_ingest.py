@@ -8,8 +8,8 @@ Tables are unqualified: the pool's ``search_path`` is the ``registry`` schema.
 
 A job has at most ``MAX_METRIC_KEYS`` series: its code chooses its keys, and its metric
 summary and every run row of its experiment carry all of them. Points of a key past the
-limit are not stored (a warning names the job and how many keys were left out; the job's
-metric log keeps them). Batches of one job are stored one after the other (an advisory lock
+limit are not stored (a warning names the job and how many keys of that batch were left
+out, once per job: ``OVER_THE_LIMIT``; the job's metric log keeps them). Batches of one job are stored one after the other (an advisory lock
 per job), so concurrent batches cannot both take the last free places."""
 
 from __future__ import annotations
@@ -25,12 +25,18 @@ import asyncpg
 from trainyard_platform.services.registry import metrics
 from trainyard_platform.services.registry.metrics import Extremes, Point, Summary
 from trainyard_platform.shared.events.payloads import JobMetrics
+from trainyard_platform.shared.logs import Throttle
 
 Row = Mapping[str, Any]
 log = logging.getLogger(__name__)
 
 MAX_METRIC_KEYS = 1000
 """The most metric keys (series) one job may have."""
+WARNED_JOBS_KEPT = 10_000
+OVER_THE_LIMIT = Throttle(math.inf, max_reasons=WARNED_JOBS_KEPT)
+"""The jobs warned about being past ``MAX_METRIC_KEYS``: each once (every later batch of a
+job still reporting new keys would repeat it). The last ``WARNED_JOBS_KEPT`` are kept, so
+memory stays bounded; a job forgotten that way is warned about once more."""
 
 
 def over_the_limit(
@@ -122,9 +128,11 @@ async def ingest(conn: asyncpg.Connection, batches: Sequence[JobMetrics]) -> int
         )
         refused = over_the_limit(new, {r["job_id"]: r["n"] for r in counts})
         for job in sorted({job for job, _ in refused}):
+            if OVER_THE_LIMIT.due(job) is None:
+                continue
             log.warning(
                 "job %s reported more than %d metric keys: %d left out of its series (kept "
-                "in its metric log)",
+                "in its metric log; said once per job)",
                 job,
                 MAX_METRIC_KEYS,
                 sum(1 for j, _ in refused if j == job),

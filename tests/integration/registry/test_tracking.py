@@ -5,6 +5,7 @@ SQL matches the rule, experiments, sorting and filtering, tags and notes, team i
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import uuid
 from collections.abc import AsyncIterator
@@ -510,6 +511,35 @@ async def test_a_job_has_at_most_max_metric_keys(
     assert len(summary) == MAX_METRIC_KEYS
     assert next(m for m in summary if m["key"] == keys[0])["count"] == 2
     assert (await vision.get(f"/v1/jobs/{j}/metrics/fresh")).status_code == 404
+
+
+async def test_a_job_past_its_metric_key_limit_is_warned_about_once(
+    pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Every batch of a job past MAX_METRIC_KEYS logged "reported more than 1000 metric keys"
+    # again: a job that kept reporting new keys wrote one warning a batch for as long as it
+    # ran. Now the first is the only one (another job past its limit has its own).
+    j, other = job(), job()
+    apply = idempotent_batches(pool, "registry", RegistryHandlers().dispatch_batch)
+
+    def batch(job_id: str, seq: int, keys: list[str]) -> JobMetrics:
+        return JobMetrics(
+            job_id=job_id,
+            allocation_id=f"a-{job_id}",
+            node_id="node-a",
+            seq=seq,
+            points=[MetricPoint(key=k, step=seq, time=T0, value=1.0) for k in keys],
+        )
+
+    full = [f"k{n:05}" for n in range(MAX_METRIC_KEYS)]
+    await apply([wrapped(started(j, spec())), wrapped(started(other, spec()))])
+    await apply([wrapped(batch(j, 0, full)), wrapped(batch(other, 0, full))])
+    with caplog.at_level(logging.WARNING, "trainyard_platform.services.registry.metric_ingest"):
+        for seq in range(1, 4):  # three batches, each with a key past the limit
+            await apply([wrapped(batch(j, seq, [f"new{seq}"]))])
+        await apply([wrapped(batch(other, 1, ["new"]))])
+    said = [r.getMessage() for r in caplog.records if "metric keys" in r.getMessage()]
+    assert [m.split()[1] for m in said] == [j, other], said
 
 
 async def test_a_run_has_at_most_max_run_tags(

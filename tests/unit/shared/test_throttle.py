@@ -3,6 +3,8 @@ retry meets while it lasts, counting the ones held back."""
 
 from __future__ import annotations
 
+import math
+
 from trainyard_platform.shared.logs import Throttle, held_back
 
 
@@ -51,3 +53,13 @@ def test_the_reasons_kept_are_bounded_and_the_oldest_is_forgotten() -> None:
 def test_the_count_reads_as_a_suffix_only_when_some_were_held_back() -> None:
     assert held_back(0) == ""
     assert held_back(3) == " (3 more times since it was last logged)"
+
+
+def test_an_infinite_interval_is_once_per_reason_within_a_bounded_memory() -> None:
+    """The registry warns once per job past its metric-key limit (``metric_ingest``): an
+    infinite interval says each reason once, and past ``max_reasons`` the oldest is
+    forgotten (said once more), so the reasons kept never grow without bound."""
+    once = Throttle(math.inf, max_reasons=2)
+    assert [once.due(r) for r in ("a", "a", "b", "b")] == [0, None, 0, None]
+    assert once.due("c") == 0  # "a", the oldest, is forgotten
+    assert [once.due(r) for r in ("b", "c", "a")] == [None, None, 0]
