@@ -36,7 +36,7 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, PathParameter, QueryParameter
 from litestar.types import Guard
 
-from trainyard_platform.services.registry import model_cost, model_grants
+from trainyard_platform.services.registry import grants, model_cost, model_grants
 from trainyard_platform.services.registry import model_repository as models_repo
 from trainyard_platform.services.registry import repository as repo
 from trainyard_platform.services.registry.dataset_api import dataset_routes
@@ -93,7 +93,7 @@ def create_app(
             versions=[VersionSummary.from_domain(v) for v in versions],
             next=paging.encode(versions[-1].version) if more else None,
         )
-        return shown(page, team, model_grants.reader_of(principal))
+        return shown(page, team, grants.reader_of(principal))
 
     @get(
         "/v1/models/{team:str}/{name:str}/versions/{version:int}",
@@ -114,7 +114,7 @@ def create_app(
             model_id = await models_repo.model_id(conn, team, name)
             assert model_id is not None  # the version's model
             pointing = await models_repo.aliases_of_version(conn, model_id, version)
-            reader = model_grants.reader_of(principal)
+            reader = grants.reader_of(principal)
             return shown(await model_cost.costed(conn, found, pointing, reader), team, reader)
 
     return service_app(

@@ -30,7 +30,7 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, PathParameter, QueryParameter
 
 from trainyard_platform.services.registry import dataset_repository as datasets
-from trainyard_platform.services.registry import names
+from trainyard_platform.services.registry import grants, names
 from trainyard_platform.services.registry import repository as repo
 from trainyard_platform.services.registry.dataset_schemas import (
     DatasetDetail,
@@ -59,11 +59,6 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def _reader(principal: Principal) -> str | None:
-    """The team whose rights apply (None: an operator, who reads every dataset)."""
-    return None if principal.is_operator else principal.team
-
-
 def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRouteHandler]:
     """The routes of the module docstring over the registry's pool."""
 
@@ -71,7 +66,9 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
         conn: asyncpg.Connection, principal: Principal, team: str, name: str
     ) -> datasets.Dataset:
         found = await datasets.dataset(conn, team, name)
-        if found is None or not await datasets.readable(conn, _reader(principal), team, name):
+        if found is None or not await datasets.readable(
+            conn, grants.reader_of(principal), team, name
+        ):
             raise NotFoundException(f"no dataset {name!r} in team {team!r}")
         return found
 
@@ -137,7 +134,9 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
     ) -> DatasetPage:
         cursor = names.cursor(after)
         async with pool.acquire() as conn:
-            rows = await datasets.readable_datasets(conn, _reader(principal), limit, cursor)
+            rows = await datasets.readable_datasets(
+                conn, grants.reader_of(principal), limit, cursor
+            )
         return DatasetPage(
             datasets=[
                 DatasetSummary(
@@ -174,7 +173,7 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
             grants=found.grants,
             next=paging.encode(versions[-1].version) if more else None,
         )
-        return shown(detail, team, _reader(principal))
+        return shown(detail, team, grants.reader_of(principal))
 
     @get(
         "/v1/datasets/{team:str}/{name:str}/versions/{version:int}",
@@ -189,7 +188,7 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
             found = await datasets.version(conn, team, name, version)
         if found is None:
             raise NotFoundException(f"no version {version} of dataset {name!r} in team {team!r}")
-        return shown(DatasetVersionRead.of(found), team, _reader(principal))
+        return shown(DatasetVersionRead.of(found), team, grants.reader_of(principal))
 
     async def change_grant(
         team: str,

@@ -5,6 +5,8 @@ Each kind keeps its own table of the same shape — one row per (owned thing, gr
 ``<key>``, ``grantee_team``, ``granted_by``, ``granted_at`` — and answers by the same rule
 through one ``GrantTable``:
 
+- ``reader_of(principal)``: whose rights a read applies, the caller's team (None for an
+  operator), for models, datasets and lineage alike.
 - ``readable(conn, reader, team, name)``: the owning team, a granted team, or an operator
   (``reader`` None) may read ``team/name``.
 - ``grantees(conn, owner_id)``: the teams granted, by name.
@@ -21,6 +23,14 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import asyncpg
+
+from trainyard_platform.shared.identity import Principal
+
+
+def reader_of(principal: Principal) -> str | None:
+    """The team whose rights apply to ``principal``'s reads (None: an operator, who reads
+    every team's)."""
+    return None if principal.is_operator else principal.team
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, PathParameter, QueryParameter
 
 from trainyard_platform.services.registry import dataset_repository as datasets
-from trainyard_platform.services.registry import lineage, model_grants, names
+from trainyard_platform.services.registry import grants, lineage, model_grants, names
 from trainyard_platform.services.registry import repository as repo
 from trainyard_platform.shared.http_app import error_responses
 from trainyard_platform.shared.identity import Principal
@@ -42,7 +42,7 @@ def lineage_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
     async def answer(
         conn: asyncpg.Connection, graph: lineage.Graph, principal: Principal, fmt: str
     ) -> dict[str, Any]:
-        reader = None if principal.is_operator else principal.team
+        reader = grants.reader_of(principal)
 
         async def may_read(kind: lineage.Kind, team: str, name: str) -> bool:
             if kind == "model_version":
@@ -69,7 +69,7 @@ def lineage_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
         names.check_model(team, name)
         missing = NotFoundException(f"no version {version} of model {name!r} in team {team!r}")
         async with pool.acquire() as conn:
-            if not await model_grants.readable(conn, model_grants.reader_of(principal), team, name):
+            if not await model_grants.readable(conn, grants.reader_of(principal), team, name):
                 raise missing
             found = await repo.model_version(conn, team, name, version)
             if found is None:
@@ -90,7 +90,7 @@ def lineage_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
     ) -> dict[str, Any]:
         names.check_model(team, name)
         missing = NotFoundException(f"no version {version} of dataset {name!r} in team {team!r}")
-        reader = None if principal.is_operator else principal.team
+        reader = grants.reader_of(principal)
         async with pool.acquire() as conn:
             if not await datasets.readable(conn, reader, team, name):
                 raise missing

@@ -49,6 +49,7 @@ from litestar.response import File
 from trainyard_platform.services.registry import (
     artifacts,
     grantee_view,
+    grants,
     model_cost,
     model_grants,
     models,
@@ -193,7 +194,7 @@ def model_routes(
             async with pool.acquire() as conn:
                 rows = await models_repo.list_models(conn, team, cursor, limit, project, grantee)
         following = f"{rows[-1].team}/{rows[-1].name}" if len(rows) == limit else None
-        reader = model_grants.reader_of(principal)
+        reader = grants.reader_of(principal)
         return ModelPage(models=[shown(_summary(r), r.team, reader) for r in rows], next=following)
 
     @get("/v1/models/{team:str}/{name:str}", responses=error_responses(404))
@@ -203,9 +204,9 @@ def model_routes(
             found = await models_repo.model(conn, team, name)
             if found is None:
                 raise NotFoundException(f"no model {name!r} in team {team!r}")
-            grants = await model_grants.grants_of(conn, found.id)
-        detail = ModelDetail(**_summary(found).model_dump(), grants=grants)
-        return shown(detail, team, model_grants.reader_of(principal))
+            granted_to = await model_grants.grants_of(conn, found.id)
+        detail = ModelDetail(**_summary(found).model_dump(), grants=granted_to)
+        return shown(detail, team, grants.reader_of(principal))
 
     @post(
         "/v1/models/{team:str}/{name:str}/versions",
@@ -272,7 +273,7 @@ def model_routes(
                         {"job_id": body.job_id, "checkpoint_uri": chosen.ref.uri},
                     )
             # The shape GET answers: what the new version cost to make (its job and upstream).
-            return await model_cost.costed(conn, version, [], model_grants.reader_of(principal))
+            return await model_cost.costed(conn, version, [], grants.reader_of(principal))
 
     @delete(
         "/v1/models/{team:str}/{name:str}/versions/{version:int}",
@@ -323,7 +324,7 @@ def model_routes(
                 raise NotFoundException(f"no alias {alias!r} of model {name!r} in team {team!r}")
             version = await live_version(conn, team, name, found.aliases[alias])
             pointing = await models_repo.aliases_of_version(conn, found.id, version.version)
-            reader = model_grants.reader_of(principal)
+            reader = grants.reader_of(principal)
             return shown(await model_cost.costed(conn, version, pointing, reader), team, reader)
 
     @get(
@@ -337,7 +338,7 @@ def model_routes(
         async with pool.acquire() as conn:
             await readable(conn, principal, team, name)
             found = await live_version(conn, team, name, version)
-        key = _owned_key(found, model_grants.reader_of(principal))
+        key = _owned_key(found, grants.reader_of(principal))
         source = storage()
         url = await asyncio.to_thread(source.presign_get, key, download_url_seconds)
         if url is None:
@@ -373,7 +374,7 @@ def model_routes(
         async with pool.acquire() as conn:
             await readable(conn, principal, team, name)
             found = await live_version(conn, team, name, version)
-        key = _owned_key(found, model_grants.reader_of(principal))
+        key = _owned_key(found, grants.reader_of(principal))
         verified = await asyncio.to_thread(_fetch, storage(), key, found)
         return File(
             verified,
@@ -532,7 +533,7 @@ def model_routes(
             ],
             next=paging.encode(moves[-1].id) if more else None,
         )
-        return shown(history, team, model_grants.reader_of(principal))
+        return shown(history, team, grants.reader_of(principal))
 
     async def change_grant(
         team: str,

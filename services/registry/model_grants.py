@@ -38,11 +38,6 @@ class ModelDetail(ModelSummary):
     """The teams granted to read it; shown to its own team and operators (null otherwise)."""
 
 
-def reader_of(principal: Principal) -> str | None:
-    """The team whose rights apply (None: an operator, who reads every model)."""
-    return None if principal.is_operator else principal.team
-
-
 async def readable(conn: asyncpg.Connection, reader: str | None, team: str, name: str) -> bool:
     """Whether ``reader`` (a team; None: an operator) may read model ``team/name``."""
     return await grants.MODELS.readable(conn, reader, team, name)
@@ -53,7 +48,7 @@ async def readable_or_404(
 ) -> None:
     """Check the names (422 naming the field), then 404 unless the caller may read it."""
     names.check_model(team, name)
-    if not await readable(conn, reader_of(principal), team, name):
+    if not await readable(conn, grants.reader_of(principal), team, name):
         raise NotFoundException(f"no model {name!r} in team {team!r}")
 
 
