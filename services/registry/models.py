@@ -41,8 +41,9 @@ from trainyard_platform.shared.http_errors import RequestInvalid
 from trainyard_platform.shared.storage import ObjectStore
 
 MAX_ALIASES = 100
-"""The most aliases a model may have (a new one past it is refused): the model's detail, each
-model of ``GET /v1/models`` and ``GET .../aliases`` answer all of them in one body."""
+"""The most aliases a model may have (100; a new one past it is refused, moving or deleting
+one still works): the model's detail and each model of ``GET /v1/models`` carry all of them
+in one body (``GET .../aliases`` pages them)."""
 
 log = logging.getLogger(__name__)
 

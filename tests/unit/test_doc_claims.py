@@ -108,3 +108,19 @@ def test_the_readme_says_what_a_login_without_the_other_services_urls_leaves_out
         assert service in SERVICES
         assert f"`--{service}-url`" in readme
     assert "`metrics` shows only the latest step" in readme
+
+
+def test_the_alias_limit_does_not_say_the_alias_page_carries_all_of_them() -> None:
+    """``models.MAX_ALIASES``'s docstring and docs/models.md ("Aliases") said ``GET
+    …/aliases`` answers all of a model's aliases in one body; it is paged (``limit`` 1 to
+    500, default 100, ``next``: ``model_api.list_aliases``). What carries all of them is the
+    model's detail and its row of ``GET /v1/models``; the limit is 100 a model."""
+    from trainyard_platform.services.registry import models
+
+    assert models.MAX_ALIASES == 100
+    source = " ".join(Path(models.__file__).read_text().split())
+    assert "``GET .../aliases`` answer all of them" not in source
+    assert "The most aliases a model may have (100" in source
+    page = _text("docs/models.md")
+    assert "`GET …/aliases` carry all of them" not in page
+    assert "A model has at most 100 aliases" in page
