@@ -550,6 +550,10 @@ class Bus:
         self._heeded: set[str] = set()
         """The consumers whose ``hearing`` was asked: only their fetches are judged (one
         JetStream API request per empty fetch; a runner's consumer needs none)."""
+        self._settled: set[int] = set()
+        """The messages in hand (by ``id``) whose outcome JetStream was told (``_settle``):
+        acknowledged, handed back or terminated. The bus keeps this itself rather than read
+        nats-py's private ``Msg._ackd``; a batch's are forgotten when it leaves hand."""
         instruments = meter or telemetry_meter(__name__)
         self._paused_metric = instruments.create_up_down_counter(
             "trainyard.consumer.paused",
@@ -1016,7 +1020,8 @@ class Bus:
                     deliveries,
                     reason,
                 )
-                await msg.nak(delay=self._settings.retry_delay_seconds * 2 ** (deliveries - 1))
+                delay = self._settings.retry_delay_seconds * 2 ** (deliveries - 1)
+                await self._settle(msg, msg.nak(delay=delay))
             return
         await self._ack(msg)
 
@@ -1095,7 +1100,7 @@ class Bus:
             while True:
                 await asyncio.sleep(interval)
                 for msg in messages:
-                    if not msg._ackd:  # acked, nak'ed or terminated already
+                    if id(msg) not in self._settled:  # not acked, nak'ed or terminated
                         with contextlib.suppress(Exception):  # NATS away: nothing to tell
                             await msg.in_progress()
 
@@ -1106,13 +1111,23 @@ class Bus:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            for msg in messages:
-                if not msg._ackd:
-                    await self._hand_back(msg)
+            try:
+                for msg in messages:
+                    if id(msg) not in self._settled:
+                        await self._hand_back(msg)
+            finally:
+                self._settled.difference_update(id(msg) for msg in messages)
+
+    async def _settle(self, msg: Msg, outcome: Awaitable[None]) -> None:
+        """Tell JetStream ``msg``'s outcome (``msg.ack()``, ``msg.nak(...)``, ``msg.term()``)
+        and, once told, remember it settled: no more in-progress beats, no hand-back. An
+        outcome that could not be told leaves it unsettled, as nats-py does."""
+        await outcome
+        self._settled.add(id(msg))
 
     async def _ack(self, msg: Msg) -> None:
         try:
-            await msg.ack()
+            await self._settle(msg, msg.ack())
         except Exception as exc:
             if infrastructure_fault(exc) is None:
                 raise
@@ -1123,7 +1138,7 @@ class Bus:
     async def _hand_back(self, msg: Msg) -> None:
         """Stopping: give the message back now for the next process (not dead-lettered)."""
         try:
-            await msg.nak()
+            await self._settle(msg, msg.nak())
         except Exception as exc:
             if infrastructure_fault(exc) is None:
                 raise
@@ -1167,7 +1182,7 @@ class Bus:
         except _Stopped:
             await self._hand_back(msg)
             return
-        await msg.term()
+        await self._settle(msg, msg.term())
         kind = reason.split(" ", 1)[0].rstrip(":")
         self._dead_letters.add(1, {"consumer": consumer, "kind": kind})
         log.error("%s: dead-lettered message %d from %s: %s", consumer, seq, subject, reason)

@@ -53,7 +53,9 @@ Step = list[Any] | BaseException | Callable[[], Any]
 
 
 class FakeMsg:
-    """A fetched message: its data and subject, delivery count, and what it was told."""
+    """A fetched message: its data and subject, delivery count, and what it was told. It has
+    none of nats-py's private state (``_ackd``): what the bus knows of a message it settled,
+    it keeps itself."""
 
     def __init__(
         self, data: bytes, subject: str, delivered: int = 1, seq: int = 1, pending: int = 0
@@ -66,9 +68,9 @@ class FakeMsg:
             sequence=SimpleNamespace(stream=seq, consumer=seq),
             num_pending=pending,
         )
-        self._ackd = False
         self.told: list[tuple[str, float | None]] = []
         self.kept = asyncio.Event()
+        self.kept_after_settled = 0
         self.ack_error: BaseException | None = None
 
     async def ack(self) -> None:
@@ -84,10 +86,10 @@ class FakeMsg:
 
     async def in_progress(self) -> None:
         self.kept.set()
+        self.kept_after_settled += bool(self.told)
 
     def _settle(self, what: str, delay: float | None = None) -> None:
         self.told.append((what, delay))
-        self._ackd = True
 
 
 class FakeSub:
@@ -798,6 +800,28 @@ async def test_a_batch_is_kept_in_progress_while_in_hand(
 
     await consume(bus, js, slow)
     assert msg.told == [("ack", None)]
+
+
+async def test_a_settled_message_is_neither_kept_in_progress_nor_handed_back(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bus read nats-py's private ``msg._ackd`` to know which messages of a batch were
+    settled; it now keeps that itself. The first message, acknowledged, is told nothing
+    more while the second is still in hand (no in-progress beat, no hand-back); the second
+    is kept in progress, then acknowledged."""
+    bus = make_bus(js, monkeypatch, ack_wait_seconds=0.15)
+    first, second = event_msg(envelope=an_event("j1")), event_msg(envelope=an_event("j2"))
+    js.script = [[first, second]]
+
+    async def slow_second(envelope: Envelope[Payload]) -> None:
+        if envelope.subject == "j2":
+            await second.kept.wait()
+            second.kept.clear()
+            await second.kept.wait()  # two beats: the first message had its chance too
+
+    await consume(bus, js, slow_second)
+    assert first.told == [("ack", None)] and first.kept_after_settled == 0
+    assert second.told == [("ack", None)]
 
 
 # --- what arrives: forged, redriven, traced -----------------------------------------------
