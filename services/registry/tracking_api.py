@@ -4,8 +4,9 @@
 - ``GET /v1/jobs/{job_id}/metrics/{key}?max_points&from_step&to_step``: one metric's
   points; more than ``max_points`` are downsampled in SQL keeping each bucket's first, last,
   min and max (``metrics``).
-- ``GET /v1/experiments?project&limit&after``: the caller's team's experiments (an
-  operator's: every team's, or ``?team``), with run counts.
+- ``GET /v1/experiments?project&team&limit&after``: the caller's team's experiments (an
+  operator's: every team's, or ``?team``), with run counts; a user naming another team
+  (``?team``) gets 404, as for a team that does not exist.
 - ``GET /v1/experiments/{id}?sort&order&filter&limit&after``: its runs, sorted or filtered
   by a metric's final or best value (``sort=best:loss``, ``filter=final:accuracy>=0.9``).
 
@@ -174,7 +175,8 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
         "/v1/experiments",
         summary="The caller's team's experiments",
         description="With their run counts, the one with the newest run first; operators "
-        "see every team's (or one: team).",
+        "see every team's (or one: team); a user naming another team gets 404.",
+        responses=error_responses(404),
     )
     async def list_experiments(
         principal: Caller,
@@ -190,8 +192,9 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
             after, "GET /v1/experiments", paging.optional(paging.instant), paging.integer
         )
         if not principal.is_operator:
-            if team is not None and team != principal.team:
-                return ExperimentList(experiments=[])
+            # Another team answers as one that does not exist (and as billing's costs do).
+            if team is not None and not principal.may_see_team(team):
+                raise NotFoundException(f"no experiments of team {team!r} for you to read")
             team = principal.team
         async with pool.acquire() as conn:
             fetched = await repo.experiments(conn, team, project, limit + 1, key)

@@ -388,7 +388,13 @@ async def test_another_teams_job_and_experiment_answer_404(
         assert (await ml.put(f"/v1/jobs/{j}/note", json={"note": "x"})).status_code == 404
         mine = (await ml.get("/v1/experiments")).json()["experiments"]
         assert all(e["team"] == "ml" for e in mine)
-        assert (await ml.get("/v1/experiments?team=vision")).json()["experiments"] == []
+        # Another team's experiments answer 404 naming the team, as billing's costs do and
+        # exactly as a team that does not exist (it answered 200 with an empty list).
+        for team in ("vision", "no-such-team"):
+            refused = await ml.get("/v1/experiments", params={"team": team})
+            assert refused.status_code == 404, refused.text
+            assert refused.json()["detail"] == f"no experiments of team {team!r} for you to read"
+        assert (await ml.get("/v1/experiments?team=ml")).json()["experiments"] == mine
     missing = await vision.get("/v1/jobs/no-such-job/metrics")
     assert missing.status_code == 404
     assert (await vision.get(f"/v1/jobs/{j}/metrics/nope")).status_code == 404
