@@ -24,7 +24,7 @@ import json
 import sys
 from typing import Any
 
-from trainyard.client import TrainyardClient, TrainyardError
+from trainyard.client import Answer, TrainyardClient, TrainyardError, malformed
 
 _PAGE = 200
 
@@ -106,7 +106,7 @@ class _DeadLetterApi:
     def __init__(self, client: TrainyardClient) -> None:
         self._client = client
 
-    def page(self, after: int, limit: int, reason: str | None) -> dict[str, Any]:
+    def page(self, after: int, limit: int, reason: str | None) -> Answer:
         params: dict[str, str | int] = {"after": after, "limit": limit}
         if reason:
             params["reason"] = reason
@@ -119,7 +119,11 @@ class _DeadLetterApi:
         while after is not None:
             page = self.page(after, _PAGE, reason)
             found.extend(page["dead_letters"])
-            after = page["next_after"]
+            following = page["next_after"]
+            if following is not None and (type(following) is not int or following <= after):
+                # Not past the page just read: asked for, it would come again, for ever.
+                raise malformed(page, f"'next_after' is not past {after}: {following!r}")
+            after = following
         return found
 
     def get(self, sequence: int) -> dict[str, Any]:

@@ -185,6 +185,8 @@ class TrainyardClient:
         if not isinstance(page, list):
             raise MalformedAnswer(response, "not a list of jobs")
         cursor = httpx.URL(response.links.get("next", {}).get("url", "")).params.get("after")
+        if cursor and cursor == after:
+            raise MalformedAnswer(response, f"its next page is the one just read ({cursor!r})")
         return page, cursor or None
 
     def get(self, path: str, **params: str | int | None) -> dict[str, Any]:
@@ -247,7 +249,15 @@ class TrainyardClient:
         params: dict[str, str | int] = {"after": after}
         if limit is not None:
             params["limit"] = limit
-        return self._object("GET", f"/v1/jobs/{segment(job_id)}/logs", params=params)
+        response = self._response("GET", f"/v1/jobs/{segment(job_id)}/logs", params=params)
+        page = _object(response)
+        if not isinstance(page["chunks"], list):
+            raise MalformedAnswer(response, "'chunks' is not a list")
+        if page["chunks"] and page["cursor"] == after:
+            # Output after ``after`` whose cursor is ``after`` again: asked for, it would
+            # come again, for ever.
+            raise MalformedAnswer(response, f"its chunks end at the cursor asked for ({after!r})")
+        return page
 
     # --- who: the caller, tokens, users, the audit log -----------------------------------
 
@@ -369,15 +379,19 @@ class TrainyardClient:
         """Every row of a list route whose body is a plain list, following its
         ``Link: <...>; rel="next"`` header page after page."""
         rows: list[dict[str, Any]] = []
+        read: set[str] = set()
         while True:
             response = self._response(method, path, None, **kwargs)
             body = _json(response)
             if not isinstance(body, list):
                 raise MalformedAnswer(response, "not a JSON list")
             rows.extend(body)
+            read.add(str(response.request.url))
             following = response.links.get("next", {}).get("url")
             if not following:
                 return rows
+            if str(response.request.url.join(following)) in read:
+                raise MalformedAnswer(response, f"its next page is one already read ({following})")
             # The next page's URL carries every parameter, the cursor included.
             path, kwargs = following, {k: v for k, v in kwargs.items() if k != "params"}
 
@@ -454,6 +468,13 @@ def _json(response: httpx.Response, default: Any = None) -> Any:
             return default
         raise MalformedAnswer(response, "it is not JSON") from None
     return _listed(response, body) if type(body) is list else body
+
+
+def malformed(answer: Answer, problem: str) -> MalformedAnswer:
+    """A ``MalformedAnswer`` naming ``answer``'s request, for what a caller found wrong in
+    it."""
+    assert answer.response is not None  # every Answer the client returns has its response
+    return MalformedAnswer(answer.response, problem)
 
 
 def _listed(response: httpx.Response, items: list[Any]) -> AnswerList:

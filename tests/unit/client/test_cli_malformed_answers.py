@@ -105,3 +105,56 @@ def test_a_malformed_answer_is_one_line_naming_the_request_and_exit_1(
     assert re.match(r"trainyard: error: (\w+: )?unexpected answer to GET /v1/", lines[0]), lines
 
     assert "Error" not in captured.err and "Traceback" not in captured.out + captured.err
+
+
+STUCK = [
+    (["ls", "--all"], "/v1/jobs"),
+    (["logs", "j-1"], "/v1/jobs/j-1/logs"),
+    (["tokens"], "/v1/tokens"),
+    (["audit"], "/v1/audit"),
+    (["deadletters", "discard", "--all"], "/v1/deadletters"),
+]
+
+
+@pytest.mark.parametrize(("argv", "path"), STUCK, ids=[" ".join(a) for a, _ in STUCK])
+def test_a_page_that_names_itself_as_the_next_ends_the_command(
+    argv: list[str],
+    path: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A server whose every page names the page just read as the next (the same cursor, the
+    same ``Link``, a ``next_after`` that does not advance, log chunks with the cursor
+    unchanged) kept these commands asking, and printing, forever. Now that page is a
+    malformed answer: one line, exit 1, after a few requests."""
+    monkeypatch.setenv("TRAINYARD_CONFIG", str(tmp_path / "config.json"))
+    monkeypatch.setenv("TRAINYARD_TOKEN", "ty_a")
+    asked: list[httpx.Request] = []
+
+    def route(request: httpx.Request) -> httpx.Response:
+        asked.append(request)
+        if len(asked) > 20:  # the old loop: refuse to go on, so the test ends either way
+            return httpx.Response(500, json={"detail": "asked again and again"})
+        if request.url.path == "/v1/jobs/j-1":
+            return httpx.Response(200, json={"id": "j-1", "status": "RUNNING"})
+        if request.url.path.endswith("/logs"):
+            chunk = {"stream": "stdout", "seq": 1, "text": "again\n"}
+            body = {"chunks": [chunk], "cursor": "c1", "streams_complete": False}
+            return httpx.Response(200, json={**body, "job_terminal": False})
+        if request.url.path == "/v1/deadletters":
+            return httpx.Response(200, json={"dead_letters": [{"sequence": 1}], "next_after": 0})
+        link = f'<{request.url.copy_set_param("after", "c1")}>; rel="next"'
+        return httpx.Response(200, json=[{"id": "x"}], headers={"Link": link})
+
+    def make(base_url: str, token: str, timeout: float = 10) -> TrainyardClient:
+        return TrainyardClient(base_url, token, timeout, transport=httpx.MockTransport(route))
+
+    monkeypatch.setattr(cli, "TrainyardClient", make)
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 1 and len(asked) <= 3, (code, len(asked), err)
+    said = [line for line in err.splitlines() if line.startswith("trainyard: error:")]
+    assert len(said) == 1, err  # (``logs`` names the stream it printed from, on stderr)
+    assert re.match(rf"trainyard: error: unexpected answer to GET {path}: ", said[0]), err
+    assert "Traceback" not in err
