@@ -12,9 +12,10 @@ Contract:
   limps on with half its consumers dead.
 - Tracing (``shared.telemetry``), metrics (``shared.metrics``) and logging (``shared.logs``)
   are set up when the runtime is entered, the same way in every service. When it exits,
-  the last spans and metrics get at most ``TELEMETRY_STOP_SECONDS`` to leave (both
-  providers stop side by side); what has not left by then is dropped, with a warning, so
-  an unreachable collector never holds a stop for its exporters' retries.
+  the last spans and metrics get at most ``TELEMETRY_STOP_SECONDS`` to leave (the tracer
+  provider stops and the meter provider flushes, side by side; the meter provider stays
+  installed for the rest of the process); what has not left by then is dropped, with a
+  warning, so an unreachable collector never holds a stop for its exporters' retries.
 - ``run`` freezes the heap built during start-up (``gc.freeze()``, after one full
   collection): the modules, settings, pools and app a service keeps for its whole life are
   never traversed again by the garbage collector, whose full collections then cost a
@@ -138,9 +139,20 @@ class ServiceRuntime:
             self._stop_telemetry()
 
     def _stop_telemetry(self) -> None:
-        """Stop the tracer and meter providers, flushing what they hold, within
-        ``TELEMETRY_STOP_SECONDS`` (see the module docstring)."""
-        stops = [p.shutdown for p in (self._provider, self._meter_provider) if p is not None]
+        """Stop the tracer provider and flush the meter provider, within
+        ``TELEMETRY_STOP_SECONDS`` (see the module docstring). The meter provider is flushed,
+        never shut down: OpenTelemetry installs one per process, once, and a shut-down one
+        hands out no-op meters, so every later runtime of the process (tests run several)
+        had no metrics. (A shut-down tracer provider still takes a later runtime's
+        exporters.) A service's process ends right after its stop."""
+        stops = [
+            stop
+            for stop in (
+                self._provider.shutdown if self._provider else None,
+                self._meter_provider.force_flush if self._meter_provider else None,
+            )
+            if stop is not None
+        ]
         threads = [
             threading.Thread(target=stop, name=f"{self.name} telemetry stop", daemon=True)
             for stop in stops

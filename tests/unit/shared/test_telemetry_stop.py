@@ -10,6 +10,8 @@ import threading
 from collections.abc import Sequence
 
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
@@ -75,3 +77,21 @@ def test_a_stop_that_flushes_in_time_says_nothing(
         asyncio.run(service.__aexit__(None, None, None))
     assert exported == ["last work"]  # flushed by the stop (its batch was not due yet)
     assert "telemetry not exported" not in caplog.text
+
+
+def test_a_stop_flushes_the_meter_provider_and_leaves_it_working() -> None:
+    """OpenTelemetry lets a process install one meter provider, once, and a shut-down one
+    hands out no-op meters and collects nothing. A stop that shut it down left every later
+    runtime of the process (tests run several) without metrics: its ``/metrics`` lacked
+    ``trainyard_http_server_duration_seconds``, depending on which test ran first."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    service = ServiceRuntime("billing", ServiceSettings())
+    service._meter_provider = provider
+    asyncio.run(service.__aexit__(None, None, None))
+
+    provider.get_meter("test").create_counter("stops").add(1)
+    data = reader.get_metrics_data()
+    assert data is not None
+    names = [m.name for r in data.resource_metrics for s in r.scope_metrics for m in s.metrics]
+    assert names == ["stops"]
