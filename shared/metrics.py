@@ -319,9 +319,12 @@ def observe(name: str, reading: Reading, meter: metrics.Meter | None = None) -> 
 
 
 def setup_metrics(service_name: str) -> MeterProvider | None:
-    """Install the process's meter provider (see the module) and return it (call
-    ``shutdown()`` on exit); None when one is installed already (one per process, e.g.
-    several services in one test process share it and its ``/metrics``)."""
+    """Install the process's meter provider (see the module) and return it; None when one
+    is installed already (one per process, e.g. several services in one test process share
+    it and its ``/metrics``). Its owner calls ``force_flush()`` at the stop, within its own
+    bound (``ServiceRuntime``): the provider registers no exit handler, whose final export
+    would hold the process's exit for the exporter's timeout when the collector does not
+    answer."""
     if isinstance(metrics.get_meter_provider(), MeterProvider):
         return None
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -335,7 +338,9 @@ def setup_metrics(service_name: str) -> MeterProvider | None:
                 export_interval_millis=METRICS_EXPORT_SECONDS * 1000,
             )
         )
-    provider = MeterProvider(metric_readers=readers, resource=service_resource(service_name))
+    provider = MeterProvider(
+        metric_readers=readers, resource=service_resource(service_name), shutdown_on_exit=False
+    )
     metrics.set_meter_provider(provider)
     return provider
 

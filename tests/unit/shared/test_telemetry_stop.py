@@ -5,9 +5,14 @@ each stop about 20 s longer (the exporters' retries), after a drain of up to 20 
 from __future__ import annotations
 
 import asyncio
+import http.server
 import logging
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
@@ -95,3 +100,55 @@ def test_a_stop_flushes_the_meter_provider_and_leaves_it_working() -> None:
     assert data is not None
     names = [m.name for r in data.resource_metrics for s in r.scope_metrics for m in s.metrics]
     assert names == ["stops"]
+
+
+EXIT_AFTER_A_STOP = """
+from opentelemetry import metrics
+from trainyard_platform.shared.metrics import setup_metrics
+
+provider = setup_metrics("billing")
+metrics.get_meter("test").create_counter("stops").add(1)
+provider.force_flush(5_000)  # what ServiceRuntime's stop does
+print("stopped", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_process_that_ends_after_its_stop_exports_its_metrics_no_more() -> None:
+    """The stop's flush is the last export: the process's exit adds none. Left to the SDK's
+    exit handler (``MeterProvider(shutdown_on_exit=True)``), the exit made one more export,
+    which against a collector that does not answer held the process for the exporter's
+    timeout, past the stop's bound (``TELEMETRY_STOP_SECONDS``)."""
+    exports: list[str] = []
+
+    class Collector(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            exports.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = {
+            **os.environ,
+            "OTEL_METRICS_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": f"http://127.0.0.1:{server.server_port}/v1/metrics",
+        }
+        done = subprocess.run(
+            [sys.executable, "-c", EXIT_AFTER_A_STOP],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=50,
+            check=False,
+        )
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stderr
+    assert "stopped" in done.stdout
+    assert exports == ["/v1/metrics"], exports
