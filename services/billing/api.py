@@ -20,23 +20,19 @@ from typing import Annotated, Any
 
 import asyncpg
 from litestar import Litestar, Request, get
-from litestar.di import NamedDependency
-from litestar.exceptions import NotFoundException
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import QueryParameter
 from litestar.types import Guard
 
 from trainyard_platform.services.billing import repository as repo
-from trainyard_platform.services.billing.costs_api import check_parameters, cost_routes
+from trainyard_platform.services.billing.costs_api import cost_routes
 from trainyard_platform.services.billing.governance_api import governance_routes
+from trainyard_platform.services.billing.report_api import Caller, check_parameters, team_to_read
 from trainyard_platform.services.billing.schemas import UsageSummary, usage_summary
 from trainyard_platform.services.billing.waste_api import waste_routes
 from trainyard_platform.shared import paging
 from trainyard_platform.shared.audit import audit_route
 from trainyard_platform.shared.http_app import error_responses, service_app
-from trainyard_platform.shared.identity import Principal
-
-Caller = NamedDependency[Principal]
 
 USAGE_PAGE_MAX = 500
 """The most per-job rows one ``GET /v1/usage`` answers (default 100)."""
@@ -70,10 +66,7 @@ def create_app(
             paging.text,
             paging.text,
         )
-        if not principal.is_operator:
-            team = team or principal.team
-            if team is None or not principal.may_see_team(team):
-                raise NotFoundException(f"no usage of team {team!r} for you to read")
+        team = team_to_read(principal, team, "usage")
         async with (
             pool.acquire() as conn,
             conn.transaction(isolation="repeatable_read", readonly=True),

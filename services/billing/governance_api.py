@@ -23,8 +23,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Annotated, Any
 
@@ -46,7 +45,6 @@ from trainyard_platform.services.billing.budgets import (
     month_label,
     month_start,
 )
-from trainyard_platform.services.billing.costs_api import check_parameters
 from trainyard_platform.services.billing.domain import UnknownFlavor
 from trainyard_platform.services.billing.governance_schemas import (
     BudgetView,
@@ -56,6 +54,13 @@ from trainyard_platform.services.billing.governance_schemas import (
     PriceView,
 )
 from trainyard_platform.services.billing.prices import BEGINNING, RESOURCES
+from trainyard_platform.services.billing.report_api import (
+    Caller,
+    Clock,
+    check_parameters,
+    team_to_read,
+    utc_now,
+)
 from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import Teams, needs
 from trainyard_platform.shared.http_app import error_responses, json_request_body
@@ -70,10 +75,8 @@ PRICE_FIELD = {
 """The request's and the view's field of each resource's price."""
 PRICE_FIELDS = tuple(PRICE_FIELD.values())
 
-Caller = NamedDependency[Principal]
 TeamCheck = NamedDependency[Teams]
 AnyRequest = Request[Any, Any, Any]
-Clock = Callable[[], datetime]
 BODY_MAX_BYTES = 64 * 1024
 """A job spec is read as an estimate's body: the largest a spec file may reasonably be."""
 BUDGETS_PAGE_MAX = 500
@@ -88,18 +91,9 @@ TeamPath = Annotated[str, PathParameter(pattern=TEAM, min_length=1, max_length=1
 ProjectPath = Annotated[str, PathParameter(pattern=NAME, min_length=1, max_length=100)]
 
 
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 async def _body(model: type[Any], request: AnyRequest) -> Any:
     body = await read_json_body(request, BODY_MAX_BYTES, free_text=lambda path: True)
     return parse_body(model, body)
-
-
-def _visible(principal: Principal, team: str) -> None:
-    if not principal.may_see_team(team):
-        raise NotFoundException(f"no budget of team {team!r} for you to read")
 
 
 def budget_view(budget: Budget, spent: Decimal, now: datetime) -> BudgetView:
@@ -133,7 +127,7 @@ def budget_view(budget: Budget, spent: Decimal, now: datetime) -> BudgetView:
 
 
 def governance_routes(
-    pool: asyncpg.Pool, currency: str, clock: Clock = _utc_now
+    pool: asyncpg.Pool, currency: str, clock: Clock = utc_now
 ) -> list[HTTPRouteHandler]:
     """The routes of the module docstring, over billing's pool, in ``currency``."""
 
@@ -290,11 +284,7 @@ def governance_routes(
         (the body stays a plain list, as ``GET /v1/jobs``'s)."""
         check_parameters(request, frozenset({"team", "limit", "after"}))
         key = paging.decode(after, "GET /v1/budgets", paging.text, paging.str_or_empty)
-        if not principal.is_operator:
-            team = team or principal.team
-            if team is None:
-                raise NotFoundException("no team of yours to read budgets of")
-            _visible(principal, team)
+        team = team_to_read(principal, team, "budgets")
         now = clock()
         async with (
             pool.acquire() as conn,
@@ -309,7 +299,7 @@ def governance_routes(
         return paging.listed(views, "/v1/budgets", query, cursor)
 
     async def _get(principal: Principal, team: str, project: str | None) -> BudgetView:
-        _visible(principal, team)
+        team_to_read(principal, team, "budget")
         now = clock()
         async with pool.acquire() as conn:
             budget = await budgets_repo.get(conn, team, project)
@@ -321,7 +311,7 @@ def governance_routes(
     async def _put(
         request: AnyRequest, principal: Caller, teams: Teams, team: str, project: str | None
     ) -> Response[BudgetView]:
-        _visible(principal, team)
+        team_to_read(principal, team, "budget")
         body: BudgetRequest = await _body(BudgetRequest, request)
         if principal.is_operator:  # a user's own team exists; an operator's may not
             await teams.require(team, "team")
@@ -347,7 +337,7 @@ def governance_routes(
         return Response(budget_view(budget, spent, now), status_code=201 if created else 200)
 
     async def _delete(principal: Principal, team: str, project: str | None) -> None:
-        _visible(principal, team)
+        team_to_read(principal, team, "budget")
         now = clock()
         async with pool.acquire() as conn, conn.transaction():
             budget = await budgets_repo.delete(conn, team, project)

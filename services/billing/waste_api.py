@@ -14,27 +14,34 @@ naming the field and the reason.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import asyncpg
 from litestar import Request, Response, get
-from litestar.di import NamedDependency
-from litestar.exceptions import NotFoundException
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import QueryParameter
 
 from trainyard_platform.services.billing import catalogue_repository as catalogue
 from trainyard_platform.services.billing import costs_repository
 from trainyard_platform.services.billing import waste_repository as repo
 from trainyard_platform.services.billing import waste_rollups as rollups
 from trainyard_platform.services.billing.buckets import floor
-from trainyard_platform.services.billing.costs import CostQuery, Dimension
-from trainyard_platform.services.billing.costs_api import (
+from trainyard_platform.services.billing.costs import CostQuery
+from trainyard_platform.services.billing.report_api import (
+    REPORT_PARAMETERS,
+    Caller,
+    Clock,
+    Format,
+    From,
+    GroupBy,
     JsonOrCsvOperation,
+    Name,
+    Rows,
+    To,
     check_parameters,
+    dimension_filters,
+    team_to_read,
+    utc_now,
     wants_csv,
 )
 from trainyard_platform.services.billing.waste import (
@@ -46,24 +53,10 @@ from trainyard_platform.services.billing.waste import (
 )
 from trainyard_platform.services.billing.waste_schemas import WasteReport, waste_csv, waste_report
 from trainyard_platform.shared.http_app import error_responses
-from trainyard_platform.shared.identity import Principal
-
-Caller = NamedDependency[Principal]
-Name = Annotated[str | None, QueryParameter(min_length=1, max_length=200)]
-QUERY_PARAMETERS = frozenset(
-    {"group_by", "from", "to", "team", "project", "user", "queue", "flavor", "job"}
-    | {"format", "limit"}
-)
-MAX_ROWS = 100_000
-Clock = Callable[[], datetime]
-
-
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 def waste_routes(
-    pool: asyncpg.Pool, currency: str = "USD", clock: Clock = _utc_now
+    pool: asyncpg.Pool, currency: str = "USD", clock: Clock = utc_now
 ) -> list[HTTPRouteHandler]:
     """The route of the module docstring, over billing's pool."""
 
@@ -82,55 +75,21 @@ def waste_routes(
     async def waste(
         request: Request[Any, Any, Any],
         principal: Caller,
-        group_by: Annotated[
-            str | None,
-            QueryParameter(
-                max_length=100,
-                description="comma-separated: team, project, user, queue, flavor, job",
-            ),
-        ] = None,
-        start: Annotated[
-            str | None,
-            QueryParameter(
-                name="from",
-                format="date-time",
-                max_length=40,
-                description="ISO 8601, a whole UTC hour; default: the current month's start",
-            ),
-        ] = None,
-        end: Annotated[
-            str | None,
-            QueryParameter(
-                name="to",
-                format="date-time",
-                max_length=40,
-                description="ISO 8601, a whole UTC hour; default: the end of from's month",
-            ),
-        ] = None,
+        group_by: GroupBy = None,
+        start: From = None,
+        end: To = None,
         team: Name = None,
         project: Name = None,
         user: Name = None,
         queue: Name = None,
         flavor: Name = None,
         job: Name = None,
-        format: Annotated[
-            Literal["json", "csv"] | None, QueryParameter(description="default: by Accept")
-        ] = None,
-        limit: Annotated[int, QueryParameter(ge=1, le=MAX_ROWS)] = 10_000,
+        format: Format = None,
+        limit: Rows = 10_000,
     ) -> Response[Any]:
-        check_parameters(request, QUERY_PARAMETERS)
-        if not principal.is_operator:
-            team = team or principal.team
-            if team is None or not principal.may_see_team(team):
-                raise NotFoundException(f"no waste of team {team!r} for you to read")
-        filters: dict[Dimension, str | None] = {
-            "team": team,
-            "project": project,
-            "user": user,
-            "queue": queue,
-            "flavor": flavor,
-            "job": job,
-        }
+        check_parameters(request, REPORT_PARAMETERS)
+        team = team_to_read(principal, team, "waste")
+        filters = dimension_filters(team, project, user, queue, flavor, job)
         now = clock()
         query = CostQuery.parse(
             start=start, end=end, granularity=None, group_by=group_by, filters=filters, now=now
