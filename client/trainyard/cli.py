@@ -8,6 +8,7 @@
     trainyard logs JOB [-f]                                       its output
     trainyard attach JOB | wait JOB                               follow it | wait for its end
     trainyard cancel JOB... | rerun JOB                           cancel | submit its spec again
+    trainyard sweep SPEC --grid K=V1,V2 [--random N] [--metric M]  hyper-parameter search
     trainyard rerun --reproduce JOB [--follow] | reproduction JOB reproduce it | the verdict
     trainyard queue                                               the team's waiting line, why
     trainyard metrics JOB [KEY] | experiments [EXP] | compare EXP curves, experiments, runs
@@ -60,6 +61,7 @@ from trainyard import (
     cli_data,
     cli_jobs,
     cli_models,
+    cli_sweep,
     cli_trace,
     cli_tracking,
     cli_waste,
@@ -182,6 +184,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     code.add_argument("--no-code", action="store_true", help="submit without a code bundle")
     _override_options(submit)
+    sweep = command(
+        "sweep", cli_sweep.sweep, "a hyper-parameter search: one job per trial, best first"
+    )
+    sweep.add_argument("file", type=Path, help="the job spec every trial starts from")
+    cli_sweep.add_arguments(sweep)
+    sweep.add_argument(
+        "--timeout", type=seconds_arg, default=7 * 86_400.0, help="seconds to wait (7 days)"
+    )
+    sweep_code = sweep.add_mutually_exclusive_group()
+    sweep_code.add_argument(
+        "--workdir", type=Path, help="folder to pack as the code (default: the spec's)"
+    )
+    sweep_code.add_argument("--no-code", action="store_true", help="submit without a code bundle")
+    _override_options(sweep)
     rerun = command("rerun", cli_jobs.rerun, "submit the spec (and code) of a job again")
     rerun.add_argument("job", metavar="JOB")
     rerun.add_argument(

@@ -79,6 +79,13 @@ def key_value(value: str) -> tuple[str, str]:
 
 
 def submit(session: Session) -> int:
+    loaded, spec = prepared(session)
+    return _submitted(session, spec, loaded)
+
+
+def prepared(session: Session) -> tuple[SpecFile, dict[str, Any]]:
+    """The spec file of ``args.file`` (``-``: stdin) with the command line's overrides, and
+    its code packed and uploaded (unless ``--no-code`` or the spec names its code)."""
     args = session.args
 
     def warn(message: str) -> None:
@@ -89,17 +96,16 @@ def submit(session: Session) -> int:
     else:
         loaded = load(args.file, warn)
     spec = _overridden(loaded.spec, args)
-    client = session.client
     if not args.no_code and "code" not in spec:
         here = Path.cwd() if str(args.file) == "-" else args.file.parent
         workdir = args.workdir if args.workdir is not None else here
         spec["code"] = upload_code(
-            client,
+            session.client,
             workdir,
             session.settings.bundle_max_bytes,
             check=lambda bundle: _script_packed(loaded, spec, workdir, bundle),
         )
-    return _submitted(session, spec, loaded)
+    return loaded, spec
 
 
 def _script_packed(loaded: SpecFile, spec: dict[str, Any], workdir: Path, bundle: Bundle) -> None:
@@ -273,7 +279,7 @@ def _overridden(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
     return spec
 
 
-def _scalar(text: str) -> Any:
+def scalar(text: str) -> Any:
     """``--set lr=1e-3``: the value as a spec file reads a plain scalar (YAML 1.2's core
     schema, ``spec.plain_scalar``: a number, true/false, else the text; ``no``, ``on`` and
     dates stay strings), null as the text itself."""
@@ -286,7 +292,7 @@ def set_values(pairs: list[tuple[str, str]]) -> dict[str, Any]:
     finite one (``1e999``, ``.inf``, ``.nan``: no JSON holds it) is a usage error."""
     values = {}
     for key, text in pairs:
-        value = _scalar(text)
+        value = scalar(text)
         if isinstance(value, float) and not math.isfinite(value):
             raise CliError(f"--set {key}={text}: not a finite number", Exit.USAGE)
         if looks_secret(key):
@@ -307,9 +313,7 @@ def _override_options(args: argparse.Namespace) -> dict[str, str]:
     return given
 
 
-def _explained(
-    errors: list[dict[str, str]], loaded: SpecFile, args: argparse.Namespace
-) -> CliError:
+def explained(errors: list[dict[str, str]], loaded: SpecFile, args: argparse.Namespace) -> CliError:
     """The API's field errors of a submission: one about a value the command line set names
     its option (``--name: name: ...``); the rest stand on the spec file's lines."""
     options = _override_options(args)
@@ -338,7 +342,7 @@ def _submitted(
         view, warning = client.submit_warned(spec, getattr(args, "idempotency_key", None))
     except TrainyardError as exc:
         if exc.status == 422 and exc.errors and loaded is not None:
-            raise _explained(exc.errors, loaded, args) from None
+            raise explained(exc.errors, loaded, args) from None
         raise
     if warning:
         note(f"warning: {warning}")

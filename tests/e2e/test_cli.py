@@ -1,7 +1,8 @@
 """The ``trainyard`` command line against the whole local stack, as a user types it.
 
 Tables and ``--json``, exit codes (0 succeeded, 10 failed, 11 cancelled, 3 not found, 1 bad
-input), job ids by unique prefix, ``login`` and contexts, ``rerun``, ``queue`` with the
+input), job ids by unique prefix, ``login`` and contexts, ``rerun``, a ``sweep`` resumed by
+running it again, ``queue`` with the
 reason a job waits, a reader that closes the pipe early, and bad spec files: each problem
 named by its line and field, an unknown field with the close name.
 """
@@ -238,6 +239,36 @@ def test_rerun_submits_the_same_spec_again(env: dict[str, str], succeeded: str) 
     assert view["spec"]["labels"] == {"suite": "e2e", "trainyard.dev/rerun-of": succeeded}
     assert view["spec"]["hyperparameters"]["steps"] == 2
     assert view["spec"]["code"] == json.loads(run(env, "get", succeeded, "--json"))["spec"]["code"]
+
+
+def test_a_sweep_runs_one_job_per_trial_and_ranks_them(env: dict[str, str], project: Path) -> None:
+    sweep = (str(project / "job.yaml"), "--grid", "steps=2,4", "--experiment", "cli-sweep")
+    done = subprocess.run(
+        [str(CLI), "--json", "sweep", *sweep, "--metric", "loss", "--goal", "min"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "trial 2: SUCCEEDED, loss=0.25" in done.stderr  # progress goes to stderr
+    report = json.loads(done.stdout)
+    assert [t["status"] for t in report["trials"]] == ["SUCCEEDED", "SUCCEEDED"]
+    assert report["best"]["hyperparameters"] == {"steps": 4}
+    assert report["best"]["metric"] == pytest.approx(0.25)
+    trials = json.loads(run(env, "ls", "--label", f"sweep={report['sweep']}", "--json"))
+    assert sorted(t["id"] for t in trials) == sorted(t["job_id"] for t in report["trials"])
+
+    def runs() -> str | None:
+        found = json.loads(run(env, "experiments", "cli-sweep", "--project", "cli", "--json"))
+        ids = sorted(r["job_id"] for r in found["runs"])
+        return " ".join(ids) if len(ids) == 2 else None
+
+    assert eventually(runs) == " ".join(sorted(t["id"] for t in trials))  # one experiment
+    again = run(env, "sweep", *sweep, "--metric", "loss", "--goal", "min")
+    assert f"best: trial 2, job {report['best']['job_id'][:8]}: loss=0.25 (steps=4)" in again
+    assert len(json.loads(run(env, "ls", "--label", f"sweep={report['sweep']}", "--json"))) == 2
 
 
 def test_queue_shows_why_a_job_waits(env: dict[str, str], project: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 from trainyard import cli
 from trainyard.cli import seconds_arg
 from trainyard.cli_base import CliError, Exit
-from trainyard.cli_jobs import _overridden, _scalar, key_value, set_values
+from trainyard.cli_jobs import _overridden, key_value, scalar, set_values
 from trainyard.client import TrainyardClient
 
 
@@ -21,7 +21,7 @@ from trainyard.client import TrainyardClient
     [("1e-3", 0.001), ("3", 3), ("0.5", 0.5), ("true", True), ("adam", "adam"), ("-2", -2)],
 )
 def test_set_values_are_yaml_scalars(text: str, value: object) -> None:
-    assert _scalar(text) == value
+    assert scalar(text) == value
 
 
 @pytest.mark.parametrize(
@@ -42,8 +42,8 @@ def test_set_values_are_yaml_scalars(text: str, value: object) -> None:
 def test_set_values_read_as_a_spec_files_values_do(text: str, value: object) -> None:
     """The spec file is YAML 1.2's core schema (docs/job-spec.md): ``--set`` the same, so
     ``--set country=no`` is the string 'no' in both, never False."""
-    assert _scalar(text) == value
-    assert type(_scalar(text)) is type(value)
+    assert scalar(text) == value
+    assert type(scalar(text)) is type(value)
 
 
 @pytest.mark.parametrize("text", ["1e999", "-1e999", ".inf", "-.inf", ".nan", ".NaN"])

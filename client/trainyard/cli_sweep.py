@@ -1,0 +1,285 @@
+"""``trainyard sweep``: a hyper-parameter search over one job spec (``trainyard.sweep``).
+
+The command packs the code once, expands the search space into trials, and keeps at most
+``--parallel`` of them submitted and unfinished: as one ends, the next is submitted. Each
+trial is a job of its own (the spec's name, its hyper-parameters with the trial's values, in
+one experiment, labelled ``sweep=<id>`` and ``sweep-trial=<n>``), queued, placed, billed and
+tracked as any job; the experiment compares them (``trainyard compare``). At the end the
+trials are listed, best first by ``--metric`` (the last value each job reported).
+
+An API that does not answer, or answers 429, 502, 503 or 504, is waited out (tries at
+growing intervals up to 30 s) until ``--timeout``. Interrupted (Ctrl-C, ``--timeout``, any
+other error), the same command run again resumes:
+trials are submitted under idempotency keys derived from the sweep, so those already
+submitted are followed, not submitted twice. The loop runs in this command, not in the
+platform: while no command runs, no new trial is submitted (those submitted run on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from trainyard.cli_base import CliError, Exit, Session, note
+from trainyard.cli_jobs import explained, prepared, scalar
+from trainyard.cli_render import short, table
+from trainyard.client import TERMINAL, TrainyardError
+from trainyard.sweep import (
+    SpaceError,
+    idempotency_key,
+    metric_of,
+    ranked,
+    space,
+    sweep_id,
+    trial_spec,
+)
+
+_T = TypeVar("_T")
+
+POLL_SECONDS = 2.0
+"""How often the unfinished trials are looked at."""
+RETRY_SECONDS = 30.0
+"""The longest wait between tries while the API is away (``TRANSIENT``)."""
+TRANSIENT = frozenset({0, 429, 502, 503, 504})
+"""Answers a sweep waits out (0: no answer at all) rather than stopping: it may run for days,
+and each try is safe to repeat (a submission is idempotent)."""
+
+
+def grid_arg(value: str) -> tuple[str, list[Any]]:
+    """``--grid KEY=V1,V2,...``: the values read as a spec file's plain scalars."""
+    key, sep, rest = value.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{value!r} is not KEY=V1,V2,...")
+    values = [scalar(text.strip()) for text in rest.split(",") if text.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"{value!r} lists no value")
+    for given in values:
+        if isinstance(given, float) and not math.isfinite(given):
+            raise argparse.ArgumentTypeError(f"{value!r}: {given} is not a finite number")
+    return key, values
+
+
+def range_arg(value: str) -> tuple[str, float, float]:
+    """``--uniform KEY=LOW:HIGH`` (also ``--log-uniform``)."""
+    key, sep, rest = value.partition("=")
+    low, colon, high = rest.partition(":")
+    try:
+        if not sep or not key or not colon:
+            raise ValueError
+        return key, float(low), float(high)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not KEY=LOW:HIGH (numbers)") from None
+
+
+def add_arguments(sub: argparse.ArgumentParser) -> None:
+    """The options of ``trainyard sweep`` (the spec file's overrides are added by the caller,
+    as for ``submit``)."""
+    sub.add_argument(
+        "--grid",
+        action="append",
+        type=grid_arg,
+        default=[],
+        metavar="K=V1,V2",
+        help="try each value of hyper-parameter K (repeat for more; every combination)",
+    )
+    sub.add_argument(
+        "--uniform",
+        action="append",
+        type=range_arg,
+        default=[],
+        metavar="K=LO:HI",
+        help="with --random: draw K uniformly from [LO, HI]",
+    )
+    sub.add_argument(
+        "--log-uniform",
+        action="append",
+        type=range_arg,
+        default=[],
+        metavar="K=LO:HI",
+        help="with --random: draw K uniformly on a log scale (lr=1e-5:1e-1)",
+    )
+    sub.add_argument("--random", type=int, metavar="N", help="draw N trials (default: the grid)")
+    sub.add_argument("--seed", type=int, default=0, help="the draws' seed (0)")
+    sub.add_argument("--parallel", type=int, default=2, help="trials unfinished at once (2)")
+    sub.add_argument("--metric", help="rank the trials by this metric's last value")
+    sub.add_argument("--goal", choices=("max", "min"), default="max", help="best is (max)")
+
+
+def sweep(session: Session) -> int:
+    args = session.args
+    if args.parallel < 1:
+        raise CliError(f"--parallel: {args.parallel}; give 1 or more", Exit.USAGE)
+    fixed = [key for key, _ in getattr(args, "set", None) or []]
+    try:
+        trials = space(args.grid, args.uniform, args.log_uniform, fixed).trials(
+            args.random, args.seed
+        )
+    except SpaceError as exc:
+        raise CliError(str(exc), Exit.USAGE) from None
+    loaded, spec = prepared(session)
+    experiment = spec.get("experiment") or f"{spec.get('name', 'job')}-sweep"[:100]
+    ident = sweep_id(spec, trials)
+    note(
+        f"sweep {ident}: {len(trials)} trials of {spec.get('name')} in experiment "
+        f"{experiment}, {args.parallel} at a time (run the same command again to resume)"
+    )
+    client = session.client
+    deadline = time.monotonic() + args.timeout
+    patient = _Patient(deadline, ident, len(trials))
+    waiting = list(enumerate(trials, start=1))
+    running: dict[int, str] = {}
+    ended: dict[int, dict[str, Any]] = {}
+    try:
+        while waiting or running:
+            while waiting and len(running) < args.parallel:
+                index, params = waiting.pop(0)
+                trial = trial_spec(spec, params, ident, index, experiment)
+                try:
+                    view = patient.call(client.submit, trial, idempotency_key(ident, index))
+                except TrainyardError as exc:
+                    if exc.status == 422 and exc.errors:
+                        raise explained(exc.errors, loaded, args) from None
+                    raise
+                note(f"trial {index}: job {short(view['id'])} {_params(params)}")
+                running[index] = view["id"]
+            patient.check(len(ended))
+            time.sleep(POLL_SECONDS if running else 0)
+            for index, job_id in list(running.items()):
+                view = patient.call(client.get_job, job_id)
+                if view.get("status") in TERMINAL:
+                    ended[index] = view
+                    del running[index]
+                    note(f"trial {index}: {view['status']}{_metric_note(view, args.metric)}")
+    except KeyboardInterrupt:
+        note(f"sweep {ident} interrupted: run the same command again to resume it")
+        raise
+    order = ranked(list(ended.items()), args.metric, args.goal)
+    report = _report(ident, experiment, spec, args, order, dict(enumerate(trials, start=1)))
+    session.emit(report, lambda: _text(report))
+    return (
+        Exit.OK if any(v.get("status") == "SUCCEEDED" for v in ended.values()) else Exit.JOB_FAILED
+    )
+
+
+class _Patient:
+    """Calls that wait out an API that is away (``TRANSIENT``), until ``deadline``."""
+
+    def __init__(self, deadline: float, ident: str, trials: int) -> None:
+        self.deadline = deadline
+        self.ident = ident
+        self.trials = trials
+        self.ended = 0
+
+    def check(self, ended: int) -> None:
+        """Raise ``TimeoutError`` once the deadline has passed."""
+        self.ended = ended
+        if time.monotonic() >= self.deadline:
+            raise TimeoutError(
+                f"sweep {self.ident} did not finish in time ({ended} of {self.trials} trials "
+                "ended; run the same command again to resume it)"
+            )
+
+    def call(self, function: Callable[..., _T], *args: Any) -> _T:
+        wait = POLL_SECONDS
+        while True:
+            try:
+                return function(*args)
+            except TrainyardError as exc:
+                if exc.status not in TRANSIENT:
+                    raise
+                note(f"sweep {self.ident}: {exc}; trying again in {wait:g} s")
+            self.check(self.ended)
+            time.sleep(wait)
+            wait = min(max(2 * wait, 1.0), RETRY_SECONDS)
+
+
+def _params(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def _metric_note(view: dict[str, Any], metric: str | None) -> str:
+    if metric is None:
+        return ""
+    value = metric_of(view, metric)
+    return f", {metric}={_number(value)}" if value is not None else f", no {metric} reported"
+
+
+def _report(
+    ident: str,
+    experiment: str,
+    spec: dict[str, Any],
+    args: argparse.Namespace,
+    order: list[tuple[int, Any]],
+    params_of: dict[int, dict[str, Any]],
+) -> dict[str, Any]:
+    """What ``--json`` prints: the sweep, its trials best first, and the best (None when no
+    trial succeeded with the metric, or no metric was named)."""
+    metric: str | None = args.metric
+    rows = [
+        {
+            "trial": index,
+            "job_id": view["id"],
+            "status": view.get("status"),
+            "hyperparameters": params_of[index],
+            "metric": metric_of(view, metric) if metric else None,
+        }
+        for index, view in order
+    ]
+    best = rows[0] if rows and metric and rows[0]["metric"] is not None else None
+    if best is not None and best["status"] != "SUCCEEDED":
+        best = None
+    return {
+        "sweep": ident,
+        "experiment": experiment,
+        "project": spec.get("project") or "default",
+        "metric": metric,
+        "goal": args.goal,
+        "trials": rows,
+        "best": best,
+    }
+
+
+def _text(report: dict[str, Any]) -> str:
+    """The report of ``_report`` for people: a table, the best trial, what to run next."""
+    metric = report["metric"]
+    rows = report["trials"]
+    keys = list(rows[0]["hyperparameters"]) if rows else []
+    header = ["TRIAL", "JOB", "STATUS", *[k.upper() for k in keys]]
+    header += [metric.upper()] if metric else []
+    lines = [
+        table(
+            header,
+            [
+                [
+                    row["trial"],
+                    short(row["job_id"]),
+                    row["status"],
+                    *[row["hyperparameters"][k] for k in keys],
+                    *([_number(row["metric"])] if metric else []),
+                ]
+                for row in rows
+            ],
+        )
+    ]
+    best = report["best"]
+    if best is not None:
+        lines.append(
+            f"best: trial {best['trial']}, job {short(best['job_id'])}: "
+            f"{metric}={_number(best['metric'])} ({_params(best['hyperparameters'])})"
+        )
+    elif metric:
+        lines.append(f"best: none (no succeeded trial reported {metric})")
+    project = report["project"]
+    where = "" if project == "default" else f" --project {project}"
+    lines.append(
+        f"compare: trainyard compare {report['experiment']}{where}   "
+        f"trials: trainyard ls --label sweep={report['sweep']}"
+    )
+    return "\n".join(lines)
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.6g}"
