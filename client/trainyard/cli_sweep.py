@@ -12,7 +12,8 @@ growing intervals up to 30 s) until ``--timeout``. Interrupted (Ctrl-C, ``--time
 other error), the same command run again resumes:
 trials are submitted under idempotency keys derived from the sweep, so those already
 submitted are followed, not submitted twice. The loop runs in this command, not in the
-platform: while no command runs, no new trial is submitted (those submitted run on).
+platform: while no command runs, no new trial is submitted (those submitted run on), and
+none is stopped early.
 """
 
 from __future__ import annotations
@@ -26,10 +27,15 @@ from typing import Any, TypeVar
 from trainyard.cli_base import CliError, Exit, Session, note
 from trainyard.cli_jobs import explained, prepared, scalar
 from trainyard.cli_render import short, table
-from trainyard.client import TERMINAL, TrainyardError
+from trainyard.cli_tracking import metric_key_path
+from trainyard.client import TERMINAL, TrainyardClient, TrainyardError, segment
 from trainyard.sweep import (
+    Curve,
+    Goal,
     SpaceError,
+    curve_of,
     idempotency_key,
+    median_stop,
     metric_of,
     ranked,
     space,
@@ -41,6 +47,9 @@ _T = TypeVar("_T")
 
 POLL_SECONDS = 2.0
 """How often the unfinished trials are looked at."""
+CURVE_POINTS = 2000
+"""Points asked of a curve: downsampled, the registry keeps each bucket's min and max, so a
+best value is exact."""
 RETRY_SECONDS = 30.0
 """The longest wait between tries while the API is away (``TRANSIENT``)."""
 TRANSIENT = frozenset({0, 429, 502, 503, 504})
@@ -106,6 +115,13 @@ def add_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--parallel", type=int, default=2, help="trials unfinished at once (2)")
     sub.add_argument("--metric", help="rank the trials by this metric's last value")
     sub.add_argument("--goal", choices=("max", "min"), default="max", help="best is (max)")
+    sub.add_argument(
+        "--median-stop",
+        type=int,
+        metavar="STEP",
+        help="from STEP on, stop a trial whose best --metric is worse than the median of the "
+        "finished trials' by the same step (needs the registry and 3 finished trials)",
+    )
 
 
 def sweep(session: Session) -> int:
@@ -119,6 +135,7 @@ def sweep(session: Session) -> int:
         )
     except SpaceError as exc:
         raise CliError(str(exc), Exit.USAGE) from None
+    stopper = _MedianStop.of(session) if args.median_stop is not None else None
     loaded, spec = prepared(session)
     experiment = spec.get("experiment") or f"{spec.get('name', 'job')}-sweep"[:100]
     ident = sweep_id(spec, trials)
@@ -153,15 +170,67 @@ def sweep(session: Session) -> int:
                     ended[index] = view
                     del running[index]
                     note(f"trial {index}: {view['status']}{_metric_note(view, args.metric)}")
+                if stopper is not None:
+                    stopper.look(index, view, patient)
     except KeyboardInterrupt:
         note(f"sweep {ident} interrupted: run the same command again to resume it")
         raise
     order = ranked(list(ended.items()), args.metric, args.goal)
+    stopped = stopper.stopped if stopper is not None else {}
     report = _report(ident, experiment, spec, args, order, dict(enumerate(trials, start=1)))
+    for row in report["trials"]:
+        row["stopped_early"] = stopped.get(row["trial"])
     session.emit(report, lambda: _text(report))
     return (
         Exit.OK if any(v.get("status") == "SUCCEEDED" for v in ended.values()) else Exit.JOB_FAILED
     )
+
+
+class _MedianStop:
+    """The median stopping rule (``sweep.median_stop``) over the registry's curves of the
+    sweep's metric: each finished trial's read once, a running trial's at every look."""
+
+    def __init__(self, client: TrainyardClient, jobs: TrainyardClient, args: argparse.Namespace):
+        self.registry = client
+        self.jobs = jobs
+        self.metric: str = args.metric
+        self.goal: Goal = args.goal
+        self.start_step: int = args.median_stop
+        self.finished: list[Curve] = []
+        self.stopped: dict[int, str] = {}
+
+    @classmethod
+    def of(cls, session: Session) -> _MedianStop:
+        """The rule for the command's options; a usage error without ``--metric``, an error
+        without a registry URL, both before anything is submitted."""
+        if not session.args.metric:
+            raise CliError("--median-stop needs --metric (the metric to compare)", Exit.USAGE)
+        metric_key_path(session.args.metric)  # a key no URL can name: a usage error now
+        return cls(session.service("registry"), session.client, session.args)
+
+    def look(self, index: int, view: dict[str, Any], patient: _Patient) -> None:
+        status = view.get("status")
+        if status == "SUCCEEDED":
+            self.finished.append(self._curve(view["id"], patient))
+        elif status == "RUNNING" and index not in self.stopped:
+            why = median_stop(
+                self._curve(view["id"], patient), self.finished, self.goal, self.start_step
+            )
+            if why is not None:
+                patient.call(self.jobs.cancel, view["id"])
+                self.stopped[index] = why
+                note(f"trial {index}: stopped early: {self.metric} {why}")
+
+    def _curve(self, job_id: str, patient: _Patient) -> Curve:
+        path = f"/v1/jobs/{segment(job_id)}/metrics/{metric_key_path(self.metric)}"
+        try:
+            found = patient.call(self.registry.get, path, max_points=CURVE_POINTS)
+        except TrainyardError as exc:
+            if exc.status == 404:  # nothing of this metric reported yet
+                return []
+            raise
+        points = found.get("points")
+        return curve_of(points) if isinstance(points, list) else []
 
 
 class _Patient:
@@ -182,11 +251,12 @@ class _Patient:
                 "ended; run the same command again to resume it)"
             )
 
-    def call(self, function: Callable[..., _T], *args: Any) -> _T:
+    def call(self, function: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """``function(*args, **kwargs)``, tried again while the API is away."""
         wait = POLL_SECONDS
         while True:
             try:
-                return function(*args)
+                return function(*args, **kwargs)
             except TrainyardError as exc:
                 if exc.status not in TRANSIENT:
                     raise
@@ -256,7 +326,7 @@ def _text(report: dict[str, Any]) -> str:
                 [
                     row["trial"],
                     short(row["job_id"]),
-                    row["status"],
+                    row["status"] + (" (stopped early)" if row.get("stopped_early") else ""),
                     *[row["hyperparameters"][k] for k in keys],
                     *([_number(row["metric"])] if metric else []),
                 ]

@@ -9,6 +9,11 @@ with one, each trial draws every parameter independently from a generator seeded
 sweep (a grid parameter's values are its choices), so the same command always expands to the
 same trials.
 
+With a median stopping rule (``median_stop``), a running trial whose best value of the
+metric so far is worse than the median of the best values the finished trials had reached
+by the same step is stopped early, from a given step on and once three trials have
+finished (the rule of Google Vizier's "median automated stopping", on best values).
+
 A sweep's id is a digest of the job spec it starts from (its code included) and of its
 trials: the same command over the same code names the same sweep, and each trial is
 submitted under the idempotency key ``sweep-<id>-<trial>``, so running a sweep again after an
@@ -25,6 +30,9 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+
+MEDIAN_STOP_TRIALS = 3
+"""How many finished trials the median stopping rule needs before it stops any."""
 
 MAX_TRIALS = 1000
 """The most trials one sweep submits (a grid larger than this is refused, not cut)."""
@@ -180,3 +188,53 @@ def ranked(
         return (0, sign * value, index)
 
     return sorted(trials, key=key)
+
+
+Curve = Sequence[tuple[int, float]]
+"""A metric's points as ``(step, value)`` in step order, finite values only."""
+
+
+def curve_of(points: Iterable[Mapping[str, Any]]) -> list[tuple[int, float]]:
+    """The finite points of a registry ``MetricCurve``'s ``points`` (``NaN`` and the like, a
+    string there, left out)."""
+    curve = []
+    for point in points:
+        step, value = point.get("step"), point.get("value")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if isinstance(step, int) and math.isfinite(value):
+            curve.append((step, float(value)))
+    return curve
+
+
+def best_until(curve: Curve, step: int, goal: Goal) -> float | None:
+    """The best value of ``curve`` at steps up to ``step`` (None: no point there yet)."""
+    values = [v for s, v in curve if s <= step]
+    if not values:
+        return None
+    return max(values) if goal == "max" else min(values)
+
+
+def median_stop(
+    running: Curve, finished: Sequence[Curve], goal: Goal, start_step: int
+) -> str | None:
+    """Why a running trial with ``running`` so far should stop (None: it goes on): from
+    ``start_step`` on, its best value is strictly worse than the median of the best values
+    each finished trial had by the same step, among at least ``MEDIAN_STOP_TRIALS``
+    finished trials that had reported by then."""
+    if not running or running[-1][0] < start_step:
+        return None
+    step = running[-1][0]
+    mine = best_until(running, step, goal)
+    theirs = sorted(b for c in finished if (b := best_until(c, step, goal)) is not None)
+    if mine is None or len(theirs) < MEDIAN_STOP_TRIALS:
+        return None
+    middle = len(theirs) // 2
+    median = theirs[middle] if len(theirs) % 2 else (theirs[middle - 1] + theirs[middle]) / 2
+    worse = mine < median if goal == "max" else mine > median
+    if not worse:
+        return None
+    return (
+        f"best {mine:.6g} by step {step}, worse than the median {median:.6g} of "
+        f"{len(theirs)} finished trials by then"
+    )

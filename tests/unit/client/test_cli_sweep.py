@@ -39,6 +39,8 @@ class FakeApi:
         self.submitted: list[dict[str, Any]] = []
         self.most_unfinished = 0
         self.away = 0
+        self.running_status = False
+        """Whether a job is RUNNING between its first look and its end (else QUEUED)."""
         """How many requests from now on are answered 503 (the API restarting)."""
 
     def route(self, request: httpx.Request) -> httpx.Response:
@@ -57,17 +59,37 @@ class FakeApi:
             unfinished = sum(1 for j in self.jobs.values() if j["status"] == "QUEUED")
             self.most_unfinished = max(self.most_unfinished, unfinished)
             return httpx.Response(201, json=self.jobs[self.by_key[key]])
-        job_id = request.url.path.rsplit("/", 1)[1]
-        job = self.jobs[job_id]
-        self.looks[job_id] += 1
-        if job["status"] == "QUEUED" and self.looks[job_id] >= self.polls:
-            spec = self.submitted[int(job_id[:8], 16) - 1]
-            lr = spec["hyperparameters"]["lr"]
-            if lr in self.failing:
+        parts = request.url.path.split("/")  # "", "v1", "jobs", id[, "metrics", key | "cancel"]
+        job = self.jobs[parts[3]]
+        if request.url.host == "registry.test":
+            points = [
+                {"step": step, "time": "2026-12-06T00:00:00Z", "value": self.acc(job["id"])}
+                for step in range(1, self.looks[job["id"]] + 1)
+            ]
+            if not points:
+                return httpx.Response(404, json={"detail": "no such metric", "errors": []})
+            curve = {"job_id": job["id"], "key": parts[5], "total": len(points), "points": points}
+            return httpx.Response(200, json={**curve, "downsampled": False})
+        if parts[-1] == "cancel":
+            job["status"] = "CANCELLED"
+            return httpx.Response(200, json=job)
+        self.looks[job["id"]] += 1
+        if job["status"] == "QUEUED" and self.looks[job["id"]] >= self.polls:
+            if self.lr(job["id"]) in self.failing:
                 job.update(status="FAILED", metrics={})
             else:
-                job.update(status="SUCCEEDED", metrics={"acc": 1.0 - abs(lr - 0.01)})
+                job.update(status="SUCCEEDED", metrics={"acc": self.acc(job["id"])})
+        elif job["status"] == "QUEUED":
+            job["status"] = "RUNNING" if self.running_status else "QUEUED"
+        elif job["status"] == "RUNNING" and self.looks[job["id"]] >= self.polls:
+            job.update(status="SUCCEEDED", metrics={"acc": self.acc(job["id"])})
         return httpx.Response(200, json=job)
+
+    def lr(self, job_id: str) -> float:
+        return float(self.submitted[int(job_id[:8], 16) - 1]["hyperparameters"]["lr"])
+
+    def acc(self, job_id: str) -> float:
+        return 1.0 - abs(self.lr(job_id) - 0.01)
 
 
 @pytest.fixture
@@ -76,6 +98,7 @@ def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeApi:
     monkeypatch.setenv("TRAINYARD_URL", "http://api.test")
     monkeypatch.setenv("TRAINYARD_TOKEN", "ty_test")
     monkeypatch.delenv("TRAINYARD_BILLING_URL", raising=False)
+    monkeypatch.delenv("TRAINYARD_REGISTRY_URL", raising=False)
     monkeypatch.setattr(cli_sweep, "POLL_SECONDS", 0.0)
     monkeypatch.setattr(cli_sweep, "RETRY_SECONDS", 0.0)
     fake = FakeApi()
@@ -190,3 +213,48 @@ def test_a_malformed_option_is_a_usage_error(
         cli.main(["sweep", "job.yaml", "--no-code", name, value])
     assert ended.value.code == 2
     assert "sweep" in capsys.readouterr().err
+
+
+def test_the_median_rule_stops_a_trial_worse_than_the_finished_ones(
+    api: FakeApi, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trials one at a time: the first three finish (acc 0.91, 1.0, 0.991); the fourth
+    (lr=0.5, acc 0.51 at every step) is worse than their median by step 2 and is cancelled;
+    the fifth (lr=0.011, acc 0.999) is not."""
+    monkeypatch.setenv("TRAINYARD_REGISTRY_URL", "http://registry.test")
+    api.polls = 4
+    api.running_status = True
+    argv = ["--json", "sweep", "job.yaml", "--no-code", "--grid", "lr=0.1,0.01,0.001,0.5,0.011"]
+    code = cli.main([*argv, "--parallel", "1", "--metric", "acc", "--median-stop", "2"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    report = json.loads(out)
+    by_trial = {t["trial"]: t for t in report["trials"]}
+    assert [by_trial[i]["status"] for i in range(1, 6)] == [
+        "SUCCEEDED",
+        "SUCCEEDED",
+        "SUCCEEDED",
+        "CANCELLED",
+        "SUCCEEDED",
+    ]
+    assert by_trial[4]["stopped_early"] == (
+        "best 0.51 by step 2, worse than the median 0.991 of 3 finished trials by then"
+    )
+    assert by_trial[5]["stopped_early"] is None  # 0.999 is not worse than the median
+    assert "trial 4: stopped early: acc best 0.51" in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message", "code"),
+    [
+        (["--median-stop", "2"], "--median-stop needs --metric", 2),
+        (["--median-stop", "2", "--metric", "a//b"], "KEY: 'a//b' has an empty", 2),
+        (["--median-stop", "2", "--metric", "acc"], "no registry URL", 1),
+    ],
+)
+def test_the_median_rule_needs_a_metric_and_the_registry_before_anything_is_submitted(
+    api: FakeApi, capsys: pytest.CaptureFixture[str], extra: list[str], message: str, code: int
+) -> None:
+    assert cli.main([*GRID, *extra]) == code
+    assert message in capsys.readouterr().err
+    assert api.submitted == []

@@ -10,7 +10,10 @@ from trainyard.sweep import (
     MAX_TRIALS,
     SpaceError,
     Uniform,
+    best_until,
+    curve_of,
     idempotency_key,
+    median_stop,
     metric_of,
     ranked,
     space,
@@ -130,3 +133,40 @@ def test_trials_rank_best_first_and_those_without_a_result_last() -> None:
     assert [i for i, _ in ranked(trials, "acc", "max")] == [3, 1, 5, 2, 4]
     assert [i for i, _ in ranked(trials, "acc", "min")] == [5, 1, 3, 2, 4]
     assert [i for i, _ in ranked(list(reversed(trials)), None, "max")] == [1, 2, 3, 4, 5]
+
+
+def test_a_curve_keeps_finite_numbers_only() -> None:
+    points = [
+        {"step": 1, "value": 0.5},
+        {"step": 2, "value": "NaN"},
+        {"step": 3, "value": True},
+        {"step": "4", "value": 0.1},
+        {"step": 5, "value": 2},
+    ]
+    assert curve_of(points) == [(1, 0.5), (5, 2.0)]
+    assert best_until([(1, 0.5), (5, 2.0)], 4, "max") == 0.5
+    assert best_until([(1, 0.5), (5, 2.0)], 0, "min") is None
+
+
+FINISHED = [[(1, 0.2), (5, 0.8)], [(1, 0.3), (5, 0.9)], [(2, 0.1), (5, 0.7)]]
+
+
+def test_the_median_rule_compares_best_values_by_the_same_step() -> None:
+    # By step 2 the finished trials' best values were 0.2, 0.3, 0.1: median 0.2.
+    assert median_stop([(1, 0.1), (2, 0.15)], FINISHED, "max", 2) == (
+        "best 0.15 by step 2, worse than the median 0.2 of 3 finished trials by then"
+    )
+    assert median_stop([(1, 0.1), (2, 0.2)], FINISHED, "max", 2) is None  # equal: goes on
+    assert median_stop([(1, 0.1), (2, 0.15)], FINISHED, "max", 3) is None  # before STEP
+    # Minimising, the same values: 0.15 is better than the median 0.2.
+    assert median_stop([(1, 0.1), (2, 0.15)], FINISHED, "min", 2) is None
+    assert median_stop([(2, 0.25)], FINISHED, "min", 1) is not None
+
+
+def test_the_median_rule_waits_for_three_finished_trials_that_had_reported() -> None:
+    assert median_stop([(1, 0.0)], FINISHED[:2], "max", 1) is None
+    # At step 1 only two of the three had reported.
+    assert median_stop([(1, 0.0)], FINISHED, "max", 1) is None
+    four = [*FINISHED, [(1, 0.4)]]
+    assert "median 0.3 of 3" in (median_stop([(1, 0.0)], four, "max", 1) or "")
+    assert "median 0.75 of 4" in (median_stop([(5, 0.0)], four, "max", 1) or "")
