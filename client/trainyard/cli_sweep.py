@@ -50,6 +50,8 @@ POLL_SECONDS = 2.0
 CURVE_POINTS = 2000
 """Points asked of a curve: downsampled, the registry keeps each bucket's min and max, so a
 best value is exact."""
+CELL_WIDTH = 40
+"""The widest a hyper-parameter's value is shown in the table and the notes."""
 RETRY_SECONDS = 30.0
 """The longest wait between tries while the API is away (``TRANSIENT``)."""
 TRANSIENT = frozenset({0, 429, 502, 503, 504})
@@ -140,7 +142,7 @@ def sweep(session: Session) -> int:
     experiment = spec.get("experiment") or f"{spec.get('name', 'job')}-sweep"[:100]
     ident = sweep_id(spec, trials)
     note(
-        f"sweep {ident}: {len(trials)} trials of {spec.get('name')} in experiment "
+        f"sweep {ident}: {_count(len(trials), 'trial')} of {spec.get('name')} in experiment "
         f"{experiment}, {args.parallel} at a time (run the same command again to resume)"
     )
     client = session.client
@@ -267,7 +269,17 @@ class _Patient:
 
 
 def _params(params: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in params.items())
+    return " ".join(f"{k}={_cell(v)}" for k, v in params.items())
+
+
+def _cell(value: Any, width: int = CELL_WIDTH) -> str:
+    """A value as a table shows it: at most ``width`` characters (a long string cut with …)."""
+    text = str(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _metric_note(view: dict[str, Any], metric: str | None) -> str:
@@ -327,7 +339,7 @@ def _text(report: dict[str, Any]) -> str:
                     row["trial"],
                     short(row["job_id"]),
                     row["status"] + (" (stopped early)" if row.get("stopped_early") else ""),
-                    *[row["hyperparameters"][k] for k in keys],
+                    *[_cell(row["hyperparameters"][k]) for k in keys],
                     *([_number(row["metric"])] if metric else []),
                 ]
                 for row in rows

@@ -258,3 +258,15 @@ def test_the_median_rule_needs_a_metric_and_the_registry_before_anything_is_subm
     assert cli.main([*GRID, *extra]) == code
     assert message in capsys.readouterr().err
     assert api.submitted == []
+
+
+def test_a_long_value_is_cut_in_the_table_and_notes_not_in_the_job(
+    api: FakeApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    long = "a" * 500
+    argv = ["sweep", "job.yaml", "--no-code", "--grid", "lr=0.01", "--grid", f"note={long}"]
+    assert cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert api.submitted[0]["hyperparameters"]["note"] == long
+    assert "a" * 39 + "…" in out and long not in out and long not in err
+    assert "1 trial of digits" in err
