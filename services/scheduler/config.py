@@ -37,6 +37,11 @@ class Settings(GuardedServiceSettings):
     again; 0: no back-off."""
     restart_backoff_max_seconds: float = Field(default=300.0, ge=0)
     """The longest restart back-off."""
+    platform_retries: int = Field(default=3, ge=0)
+    """A job whose attempt fails through the platform (``platform_error``: a node's full
+    disk, the package index or object store away) is requeued this many times at most,
+    backing off as a restart does; these retries never use up the job's ``max_restarts``.
+    0: such a job fails at once."""
     pass_interval_seconds: float = Field(default=5.0, gt=0)
     """A scheduling pass runs after every change of supply or demand, and at least this often
     (ageing, estimates, forced releases after the preemption grace)."""

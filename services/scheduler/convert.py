@@ -86,7 +86,7 @@ class SnapshotRows:
     pending: Sequence[Row]
     """Queued jobs: job_id, queue, gpu_flavor, gpus, priority_class, submitted_at,
     max_runtime_seconds, seq, the last published pending_* columns (and eligible_at,
-    attempt, restarts, max_restarts)."""
+    attempt, restarts, max_restarts, platform_retries)."""
 
 
 @dataclass(frozen=True)
@@ -320,12 +320,15 @@ def unknown_priority_note(priority: str, classes: Sequence[str], position: int) 
 def restart_note(row: Row, position: int) -> PendingNote:
     """The note of a job backing off after a failure: which attempt comes next (its index,
     already the next one's, + 1: people count from 1), the restarts used of ``max_restarts``,
-    and when it may be placed (``estimated_start``)."""
+    the platform retries used (when any), and when it may be placed (``estimated_start``)."""
     eligible_at: datetime = row["eligible_at"]
+    # Platform retries, where any were used: a back-off the job's code did not cause.
+    retries = row.get("platform_retries") or 0
+    platform = f", platform retries {retries}" if retries else ""
     return PendingNote(
         reason=(
             f"restarting after a failure (attempt {row['attempt'] + 1}, restart "
-            f"{row['restarts']} of {row['max_restarts']}); eligible at "
+            f"{row['restarts']} of {row['max_restarts']}{platform}); eligible at "
             f"{eligible_at.astimezone(UTC):%H:%M:%S} UTC"
         ),
         position=position,

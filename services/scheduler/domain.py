@@ -31,8 +31,16 @@ Outcome = Literal["succeeded", "failed", "cancelled", "preempted", "lost"]
 EndKind = Literal["succeeded", "failed", "preempted", "lost"]
 
 RESTARTABLE: frozenset[FailureKind] = frozenset({"user_error", "out_of_memory"})
-"""Failure kinds a job is restarted after (while restarts are left). Any other kind
-(``platform_error``, ``max_runtime``, ...) would only fail again: the job fails at once."""
+"""Failure kinds of the job's own code a job is restarted after (while ``max_restarts``
+allows). ``platform_error`` is retried on its own budget (``PLATFORM``); any other kind
+(``max_runtime``, ...) would only fail again: the job fails at once."""
+
+PLATFORM: FailureKind = "platform_error"
+"""The platform's failure (a full disk, the package index or the object store away, the
+ledger not written): retried while the operator's ``platform_retries`` allow, whether the
+job's code ran or not, never counted against the job's ``max_restarts``. A failure the
+job's own input causes (a repository or commit that does not exist, a bundle that does not
+verify, requirements the index cannot meet) is ``user_error`` instead: the runner says so."""
 
 
 class IllegalTransition(ValueError):
@@ -148,6 +156,9 @@ class Job:
     pending_reason: str | None
     pending_position: int | None
     queue: str = ""
+    platform_retries: int = 0
+    """Retries used after ``platform_error`` failures (``allocation_ended``); apart from
+    ``restarts``."""
     """The team's queue (``default:<team>`` until an operator defines one)."""
     trace_context: Mapping[str, str] | None = None
     """W3C trace headers of the job's submission (its events join that trace)."""
@@ -170,6 +181,7 @@ class Job:
             queue=row["queue"],
             trace_context=row["trace_context"],
             changed_at=row["updated_at"],
+            platform_retries=row["platform_retries"],
         )
 
 
@@ -264,6 +276,9 @@ class EndDecision:
     failure, a lost node), else None."""
     restart: bool = False
     """The requeue uses up one of the job's ``max_restarts``."""
+    platform_retry: bool = False
+    """The requeue uses up one of the platform's retries (``platform_retries``), not a
+    restart."""
     backoff_s: float = 0.0
     """Seconds the requeued job waits before it may be placed again (0: at once)."""
     failure_kind: FailureKind | None = None
@@ -292,6 +307,8 @@ def allocation_ended(
     failure: Failure | None = None,
     backoff_base_s: float = 5.0,
     backoff_max_s: float = 300.0,
+    platform_retries: int = 0,
+    max_platform_retries: int = 0,
 ) -> EndDecision:
     """The job's next state when its live allocation ends with ``kind``.
 
@@ -299,7 +316,10 @@ def allocation_ended(
     a new attempt); the reasons name it as people count it, from 1, as the job's history does.
     ``restarts`` counts the restarts used so far; failures and lost nodes share it, so a job
     fails on the ``max_restarts + 1``-th failed or lost attempt (preemption is not the job's
-    fault and never uses up a restart).
+    fault and never uses up a restart). ``platform_retries`` counts the retries used after
+    ``platform_error`` failures, of ``max_platform_retries`` (the operator's): a job fails
+    on its ``max_platform_retries + 1``-th platform failure, and those never use up
+    ``max_restarts`` (that budget is for the job's own code failing).
 
     | job        | ended with                          | next      | outcome   | restart |
     |------------|-------------------------------------|-----------|-----------|---------|
@@ -309,6 +329,11 @@ def allocation_ended(
     | other      | failed, user_error / out_of_memory, | QUEUED    | failed    | yes,    |
     |            | its code ran, restarts left         |           |           | backs off |
     | other      | the same, restarts used up          | FAILED    | failed    | -       |
+    | other      | failed, platform_error (ran or not),| QUEUED    | failed    | no: a   |
+    |            | platform retries left               |           |           | platform  |
+    |            |                                     |           |           | retry, backs off |
+    | other      | failed, platform_error, platform    | FAILED    | failed    | -       |
+    |            | retries used up                     |           |           |         |
     | other      | failed, any other kind, or a job    | FAILED    | failed    | -       |
     |            | whose code never ran                |           |           |         |
     | other      | preempted                           | QUEUED    | preempted | -       |
@@ -332,6 +357,16 @@ def allocation_ended(
         case "failed":
             failure = failure or Failure()
             what = f"{failure.kind}: {failure.detail}"
+            if failure.kind == PLATFORM:
+                return _platform_failure(
+                    status,
+                    what,
+                    number,
+                    platform_retries,
+                    max_platform_retries,
+                    backoff_base_s,
+                    backoff_max_s,
+                )
             if failure.kind not in RESTARTABLE or not failure.ran:
                 why = failure.kind if failure.ran else f"{failure.kind} of a job that never ran"
                 reason = f"{what}; {why} is not restarted (attempt {number})"
@@ -378,6 +413,39 @@ def allocation_ended(
                 failure_kind="node_lost",
             )
     raise AssertionError(f"unknown end kind {kind!r}")  # pragma: no cover
+
+
+def _platform_failure(
+    status: JobStatus,
+    what: str,
+    number: int,
+    used: int,
+    allowed: int,
+    backoff_base_s: float,
+    backoff_max_s: float,
+) -> EndDecision:
+    """``allocation_ended`` for a ``platform_error`` (``what``) of attempt ``number``, with
+    ``used`` of ``allowed`` platform retries used before it."""
+    if used >= allowed:
+        failures = used + 1
+        reason = (
+            f"{what}; failed through the platform {failures} time{'s' * (failures > 1)} "
+            f"(platform retries: {allowed}, all used; attempt {number})"
+        )
+        return EndDecision(status.check(JobStatus.FAILED), "failed", reason, failure_kind=PLATFORM)
+    backoff = restart_backoff(used + 1, backoff_base_s, backoff_max_s)
+    reason = (
+        f"attempt {number} failed ({what}); retrying in {format_seconds(backoff)} "
+        f"(platform retry {used + 1} of {allowed}; max_restarts not used)"
+    )
+    return EndDecision(
+        status.check(JobStatus.QUEUED),
+        "failed",
+        reason,
+        platform_retry=True,
+        backoff_s=backoff,
+        failure_kind=PLATFORM,
+    )
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,9 @@ Contract:
 - Said for the runner, so the job's view follows the scheduler's decision: a job requeued
   after a lost node or a failure gets a ``JobPreempted`` per allocation (event id
   ``said-preempted:<allocation>``; reason ``node lost; requeued for attempt 2 (restart 1 of 3)`` or
-  ``attempt 1 failed (user_error: ...); restarting in 5 s``); a job that ends FAILED gets
+  ``attempt 1 failed (user_error: ...); restarting in 5 s``, or after a platform failure
+  ``attempt 1 failed (platform_error: ...); retrying in 5 s (platform retry 1 of 3; ...)``);
+  a job that ends FAILED gets
   one ``JobFailed`` (event id ``said-failed:<allocation>``) carrying the decision's reason,
   its ``failure_kind`` and, after a runner's report, its exit code and log tail. A requeued
   job backs off until ``jobs.eligible_at`` (``Tuning.restart_backoff_s``).
@@ -121,6 +123,8 @@ def plan_end(
         ),
         backoff_base_s=tuning.restart_backoff_s,
         backoff_max_s=tuning.restart_backoff_max_s,
+        platform_retries=job.platform_retries,
+        max_platform_retries=tuning.platform_retries,
     )
     releases: list[tuple[str, datetime, Outcome]] = []
     events: list[Traced] = []
@@ -152,7 +156,7 @@ def plan_end(
         # The scheduler decides the job's outcome and says it: the runner of a lost node
         # cannot, and a runner's own report is only about its attempt.
         events.append(_said_failed(job.job_id, allocations, reporter, decision, failed, now))
-    elif decision.requeued and decision.restart:
+    elif decision.requeued and (decision.restart or decision.platform_retry):
         # Likewise: the job's view must leave RUNNING now, not when it is placed again.
         events.extend(_said_preempted(job.job_id, allocations, reported_at, decision.reason))
     return Ending(job, allocations, kind, decision, releases, gpu_seconds, events)
@@ -197,7 +201,7 @@ async def apply_endings(
         by_team[team] = by_team.get(team, 0.0) + ending.gpu_seconds
     for team, gpu_seconds in by_team.items():
         await charge_usage(conn, team, gpu_seconds, now, tuning.half_life_s)
-    requeued: list[tuple[str, str, bool, datetime | None]] = []
+    requeued: list[repo.Requeue] = []
     moved: dict[tuple[JobStatus, str | None], list[str]] = {}  # (status, reason) -> jobs
     for ending in endings:
         job_id, decision = ending.job.job_id, ending.decision
@@ -206,7 +210,9 @@ async def apply_endings(
             eligible_at = None
             if decision.backoff_s > 0:
                 eligible_at = now + timedelta(seconds=decision.backoff_s)
-            requeued.append((job_id, why, decision.restart, eligible_at))
+            requeued.append(
+                repo.Requeue(job_id, why, decision.restart, decision.platform_retry, eligible_at)
+            )
         else:
             moved.setdefault((decision.job_status, decision.reason), []).append(job_id)
     await repo.requeue_jobs(conn, requeued, now)

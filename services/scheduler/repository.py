@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import asyncpg
 
@@ -126,8 +126,8 @@ async def mark_lost_nodes(conn: asyncpg.Connection, cutoff: datetime, now: datet
 _PENDING_ROWS = (
     "SELECT job_id, queue, gpu_flavor, gpus, priority_class, submitted_at, "
     "max_runtime_seconds, seq, pending_reason, pending_position, pending_blocking, "
-    "pending_suggestion, pending_estimated_start, eligible_at, attempt, restarts, max_restarts "
-    "FROM jobs"
+    "pending_suggestion, pending_estimated_start, eligible_at, attempt, restarts, max_restarts, "
+    "platform_retries FROM jobs"
 )
 
 
@@ -289,7 +289,7 @@ async def insert_jobs(conn: asyncpg.Connection, jobs: Sequence[NewJob], now: dat
 
 _JOB_COLUMNS = (
     "job_id, spec, status, status_reason, attempt, restarts, submitted_at, "
-    "pending_reason, pending_position, queue, trace_context, updated_at"
+    "pending_reason, pending_position, queue, trace_context, updated_at, platform_retries"
 )
 
 
@@ -339,26 +339,38 @@ async def trace_contexts(
     return {r["job_id"]: r["trace_context"] for r in rows}
 
 
+class Requeue(NamedTuple):
+    """A job going back to QUEUED for its next attempt (``requeue_jobs``)."""
+
+    job_id: str
+    reason: str
+    restart: bool
+    """It uses up one of the job's ``max_restarts``."""
+    platform_retry: bool
+    """It uses up one of the platform's retries (``jobs.platform_retries``)."""
+    eligible_at: datetime | None
+    """None: placeable at once."""
+
+
 async def requeue_jobs(
-    conn: asyncpg.Connection,
-    requeues: Sequence[tuple[str, str, bool, datetime | None]],
-    now: datetime,
+    conn: asyncpg.Connection, requeues: Sequence[Requeue], now: datetime
 ) -> None:
-    """Back to QUEUED for the next attempt, each ``(job id, reason, restart used, eligible
-    at)`` (None: placeable at once), in one statement however many there are."""
+    """Back to QUEUED for the next attempt, in one statement however many there are."""
     if not requeues:
         return
     await conn.execute(
         "UPDATE jobs j SET status = 'QUEUED', attempt = j.attempt + 1, "
-        "restarts = j.restarts + r.restart::int, status_reason = r.reason, updated_at = $5, "
-        f"eligible_at = r.eligible_at, {_NO_PENDING} "
-        "FROM unnest($1::text[], $2::text[], $3::boolean[], $4::timestamptz[]) "
-        "     AS r(job_id, reason, restart, eligible_at) "
+        "restarts = j.restarts + r.restart::int, "
+        "platform_retries = j.platform_retries + r.platform_retry::int, "
+        f"status_reason = r.reason, updated_at = $6, eligible_at = r.eligible_at, {_NO_PENDING} "
+        "FROM unnest($1::text[], $2::text[], $3::boolean[], $4::boolean[], $5::timestamptz[]) "
+        "     AS r(job_id, reason, restart, platform_retry, eligible_at) "
         "WHERE j.job_id = r.job_id",
-        [job_id for job_id, _, _, _ in requeues],
-        [reason for _, reason, _, _ in requeues],
-        [restart for _, _, restart, _ in requeues],
-        [eligible_at for _, _, _, eligible_at in requeues],
+        [r.job_id for r in requeues],
+        [r.reason for r in requeues],
+        [r.restart for r in requeues],
+        [r.platform_retry for r in requeues],
+        [r.eligible_at for r in requeues],
         now,
     )
 

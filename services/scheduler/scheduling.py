@@ -110,6 +110,9 @@ class Tuning:
     not at all) before it may be placed again ..."""
     restart_backoff_max_s: float = 300.0
     """... but at most this long."""
+    platform_retries: int = 3
+    """Retries of a job after ``platform_error`` failures (apart from its ``max_restarts``),
+    each backing off as a restart does."""
 
     @property
     def preemption_grace_s(self) -> float:

@@ -69,6 +69,7 @@ def tuning_from(settings: Settings) -> Tuning:
         cancel_grace_s=settings.revoke_grace_seconds,
         restart_backoff_s=settings.restart_backoff_seconds,
         restart_backoff_max_s=settings.restart_backoff_max_seconds,
+        platform_retries=settings.platform_retries,
     )
 
 

@@ -182,6 +182,7 @@ async def scheduler_with(pool: asyncpg.Pool, nats_settings: NatsSettings) -> Asy
             restart_backoff_s: float = 0.2,
             restart_backoff_max_s: float = 300.0,
             pass_interval_s: float = 0.2,
+            platform_retries: int = 3,
             **policy: Any,
         ) -> Scheduler:
             bus = await stack.enter_async_context(Bus.connect(nats_settings, "scheduler-test"))
@@ -195,6 +196,7 @@ async def scheduler_with(pool: asyncpg.Pool, nats_settings: NatsSettings) -> Asy
                 cancel_grace_s=cancel_grace_s,
                 restart_backoff_s=restart_backoff_s,
                 restart_backoff_max_s=restart_backoff_max_s,
+                platform_retries=platform_retries,
             )
             work = LeaderWork(
                 NAME,

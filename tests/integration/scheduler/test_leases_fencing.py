@@ -46,7 +46,10 @@ from .conftest import make_spec
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 HOUR = 3600.0
 TUNING = Tuning(
-    PolicyConfig(grace_s=60.0, half_life_s=HOUR), cancel_grace_s=9.0, restart_backoff_s=4.0
+    PolicyConfig(grace_s=60.0, half_life_s=HOUR),
+    cancel_grace_s=9.0,
+    restart_backoff_s=4.0,
+    platform_retries=0,  # a platform_error here is a final failure, as these tests need
 )
 
 

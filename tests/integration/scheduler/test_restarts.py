@@ -140,7 +140,56 @@ async def test_a_restart_after_a_preemption_names_the_attempt_the_history_shows(
     assert note.reason.startswith("restarting after a failure (attempt 3, restart 1 of 2)")
 
 
-@pytest.mark.parametrize("kind", ["platform_error", "max_runtime"])
+async def test_a_platform_failure_is_retried_apart_from_max_restarts_then_fails_saying_so(
+    scheduler_with: Tuned,
+) -> None:
+    # Before: a platform_error failed the job at once ("platform_error is not restarted"),
+    # even with max_restarts left, so a node's full disk failed the tenant's job for good.
+    scheduler = await scheduler_with(restart_backoff_s=BACKOFF_S, platform_retries=2)
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.submit("job-1", gpus=1, max_restarts=0)
+    (grant,) = await scheduler.wait_for(AllocationGranted)
+    for retry in (1, 2):
+        await scheduler.send(failed(grant, "platform_error"), "job-1")
+        row = await job_row(scheduler.pool, "job-1")
+        shown = "0.5 s" if retry == 1 else "1 s"
+        expected = (
+            f"attempt {retry} failed (platform_error: exit code 1); retrying in {shown} "
+            f"(platform retry {retry} of 2; max_restarts not used)"
+        )
+        assert (row["status"], row["status_reason"], row["restarts"]) == ("QUEUED", expected, 0)
+        assert row["eligible_at"] is not None  # it backs off, as a restart does
+        platform_retries = await scheduler.pool.fetchval(
+            "SELECT platform_retries FROM jobs WHERE job_id = 'job-1'"
+        )
+        assert platform_retries == retry
+        (said,) = await scheduler.wait_for(
+            JobPreempted, lambda p, a=grant.allocation_id: p.allocation_id == a
+        )
+        assert said.reason == expected
+        (note,) = await scheduler.wait_for(
+            JobPending, lambda p, n=retry: f"platform retries {n})" in p.reason
+        )
+        assert note.reason.startswith(
+            f"restarting after a failure (attempt {retry + 1}, restart 0 of 0, "
+            f"platform retries {retry})"
+        )
+        grant = (await scheduler.wait_for(AllocationGranted, count=retry + 1))[-1]
+        assert grant.attempt == retry
+    await scheduler.send(failed(grant, "platform_error"), "job-1")
+    final = (
+        "platform_error: exit code 1; failed through the platform 3 times "
+        "(platform retries: 2, all used; attempt 3)"
+    )
+    row = await job_row(scheduler.pool, "job-1")
+    assert (row["status"], row["status_reason"], row["restarts"]) == ("FAILED", final, 0)
+    (said_failed,) = await scheduler.wait_for(JobFailed, lambda f: f.reason == final)
+    assert said_failed.failure_kind == "platform_error"
+    released = await scheduler.wait_for(AllocationReleased, count=3)
+    assert [r.outcome for r in released] == ["failed"] * 3
+
+
+@pytest.mark.parametrize("kind", ["max_runtime"])
 async def test_a_failure_retrying_cannot_fix_fails_at_once(
     scheduler: Scheduler, kind: FailureKind
 ) -> None:

@@ -155,9 +155,7 @@ def test_a_failure_requeues_with_back_off_until_max_restarts(kind: str) -> None:
     assert last.failure_kind == kind
 
 
-@pytest.mark.parametrize(
-    "kind", ["platform_error", "max_runtime", "node_lost", "preempted", "cancelled"]
-)
+@pytest.mark.parametrize("kind", ["max_runtime", "node_lost", "preempted", "cancelled"])
 def test_other_failure_kinds_fail_at_once(kind: str) -> None:
     decision = allocation_ended(
         JobStatus.RUNNING,
@@ -219,10 +217,131 @@ def test_the_reasons_name_the_attempt_as_the_history_does_after_a_preemption() -
         attempt=1,
         restarts=0,
         max_restarts=3,
-        failure=Failure("platform_error", "bundle gone"),
+        failure=Failure("platform_error", "disk full"),
+        max_platform_retries=3,
     )
-    assert (
-        other.reason == "platform_error: bundle gone; platform_error is not restarted (attempt 2)"
+    assert other.reason == (
+        "attempt 2 failed (platform_error: disk full); retrying in 5 s "
+        "(platform retry 1 of 3; max_restarts not used)"
+    )
+
+
+@pytest.mark.parametrize("ran", [True, False])
+def test_a_platform_failure_is_retried_on_its_own_budget_then_fails_saying_so(ran: bool) -> None:
+    # Before: platform_error failed the job at once ("platform_error is not restarted"),
+    # whatever max_restarts said, so a node's full disk failed the tenant's job for good.
+    failure = Failure("platform_error", "the object store refused", ran=ran)
+
+    def ended(used: int, restarts: int = 0) -> EndDecision:
+        return allocation_ended(
+            JobStatus.RUNNING,
+            "failed",
+            attempt=used,
+            restarts=restarts,
+            max_restarts=0,  # no restarts at all: the platform's retries are apart
+            failure=failure,
+            backoff_base_s=5.0,
+            backoff_max_s=300.0,
+            platform_retries=used,
+            max_platform_retries=3,
+        )
+
+    first = ended(0)
+    assert first == EndDecision(
+        JobStatus.QUEUED,
+        "failed",
+        "attempt 1 failed (platform_error: the object store refused); retrying in 5 s "
+        "(platform retry 1 of 3; max_restarts not used)",
+        restart=False,
+        platform_retry=True,
+        backoff_s=5.0,
+        failure_kind="platform_error",
+    )
+    third = ended(2)
+    assert (third.job_status, third.restart, third.platform_retry) == (
+        JobStatus.QUEUED,
+        False,
+        True,
+    )
+    assert third.backoff_s == 20.0  # backs off as a restart does
+    last = ended(3)
+    assert (last.job_status, last.outcome, last.restart, last.platform_retry) == (
+        JobStatus.FAILED,
+        "failed",
+        False,
+        False,
+    )
+    assert last.reason == (
+        "platform_error: the object store refused; failed through the platform 4 times "
+        "(platform retries: 3, all used; attempt 4)"
+    )
+    assert last.failure_kind == "platform_error"
+
+
+def test_platform_retries_and_restarts_do_not_use_each_others_budget() -> None:
+    # Every platform retry used: a failure of the job's own code still has its restart.
+    own = allocation_ended(
+        JobStatus.RUNNING,
+        "failed",
+        attempt=3,
+        restarts=0,
+        max_restarts=1,
+        failure=Failure("user_error", "exited with status 1"),
+        platform_retries=3,
+        max_platform_retries=3,
+    )
+    assert (own.job_status, own.restart, own.platform_retry) == (JobStatus.QUEUED, True, False)
+    # Every restart used: a platform failure is still retried.
+    platform = allocation_ended(
+        JobStatus.RUNNING,
+        "failed",
+        attempt=2,
+        restarts=2,
+        max_restarts=2,
+        failure=Failure("platform_error", "disk full"),
+        platform_retries=0,
+        max_platform_retries=3,
+    )
+    assert (platform.job_status, platform.restart, platform.platform_retry) == (
+        JobStatus.QUEUED,
+        False,
+        True,
+    )
+
+
+def test_no_platform_retries_fails_a_platform_failure_at_once() -> None:
+    decision = allocation_ended(
+        JobStatus.RUNNING,
+        "failed",
+        attempt=0,
+        restarts=0,
+        max_restarts=3,
+        failure=Failure("platform_error", "disk full"),
+        max_platform_retries=0,
+    )
+    assert decision.job_status is JobStatus.FAILED
+    assert decision.reason == (
+        "platform_error: disk full; failed through the platform 1 time "
+        "(platform retries: 0, all used; attempt 1)"
+    )
+
+
+def test_a_tenant_input_failure_is_not_retried() -> None:
+    # The runner says user_error (exit code None) for a repository, commit or bundle the
+    # job named that cannot be had: neither a restart nor a platform retry is spent.
+    decision = allocation_ended(
+        JobStatus.RUNNING,
+        "failed",
+        attempt=0,
+        restarts=0,
+        max_restarts=3,
+        failure=Failure("user_error", "spec.code.commit: not in the repository", ran=False),
+        max_platform_retries=3,
+    )
+    assert (decision.job_status, decision.restart, decision.platform_retry) == (
+        JobStatus.FAILED,
+        False,
+        False,
     )
 
 

@@ -36,6 +36,7 @@ def job(
     restarts: int = 0,
     max_restarts: int = 2,
     reason: str | None = None,
+    platform_retries: int = 0,
 ) -> Job:
     spec = JobSpec(
         name="mnist",
@@ -58,6 +59,7 @@ def job(
         submitted_at=T0,
         pending_reason=None,
         pending_position=None,
+        platform_retries=platform_retries,
     )
 
 
@@ -214,7 +216,7 @@ def test_a_restartable_failure_fences_the_other_members_and_says_each_preempted(
 
 def test_a_final_failure_says_job_failed_about_the_reporter_with_its_report() -> None:
     ending = plan(
-        job(),
+        job(platform_retries=TUNING.platform_retries),  # the platform's retries used up
         "failed",
         reported_s=90,
         now_s=100,
@@ -243,7 +245,7 @@ def test_a_final_failure_says_job_failed_about_the_reporter_with_its_report() ->
         log_tail="Traceback ...",
         failure_kind="platform_error",
     )
-    assert "platform_error is not restarted" in said[-1].reason
+    assert "failed through the platform 4 times" in said[-1].reason
 
 
 def test_the_failure_said_for_a_report_from_the_future_ends_at_now() -> None:
@@ -253,7 +255,7 @@ def test_the_failure_said_for_a_report_from_the_future_ends_at_now() -> None:
         reported_s=90,
         now_s=100,
         reporter=B.allocation_id,
-        failed=failed_report("platform_error", finished_s=500),
+        failed=failed_report("max_runtime", finished_s=500),
     )
     assert payloads(ending)[-1].finished_at == T0 + timedelta(seconds=100)
 
@@ -313,9 +315,30 @@ def test_a_cancelled_job_is_said_cancelled_with_its_reason(reason: str | None, s
 
 
 def test_an_ending_without_allocations_bills_and_says_nothing() -> None:
-    ending = plan_end(job(), [], "failed", T0, T0, TUNING, failed=failed_report("platform_error"))
+    ending = plan_end(job(), [], "failed", T0, T0, TUNING, failed=failed_report("max_runtime"))
     assert ending.decision.job_status is JobStatus.FAILED
     assert ending.events == [] and ending.releases == [] and ending.gpu_seconds == 0.0
+
+
+def test_a_platform_failure_requeues_saying_so_without_using_a_restart() -> None:
+    ending = plan(
+        job(max_restarts=0),
+        "failed",
+        reported_s=90,
+        now_s=100,
+        reporter=B.allocation_id,
+        failed=failed_report("platform_error", finished_s=95),
+    )
+    decision = ending.decision
+    assert (decision.job_status, decision.restart, decision.platform_retry) == (
+        JobStatus.QUEUED,
+        False,
+        True,
+    )
+    said = [p for p in payloads(ending) if isinstance(p, JobPreempted)]
+    assert [p.allocation_id for p in said] == [A.allocation_id, B.allocation_id]
+    assert said[0].reason == decision.reason
+    assert decision.reason is not None and "(platform retry 1 of 3;" in decision.reason
 
 
 def test_a_fence_revocation_is_one_event_per_allocation_and_node() -> None:
