@@ -33,7 +33,11 @@ Contract:
   process died with it.
 - Each job runs in a fresh sandbox (``sandbox``) as a uid of its own slot; a grant whose
   code, environment or process cannot be had ends at once with ``job.failed``
-  (``failure_kind`` ``platform_error``), so its GPUs are released promptly.
+  (``failure_kind`` ``platform_error``, which the scheduler retries), so its GPUs are
+  released promptly; one that cannot start because of what its own spec names (a
+  repository or commit that cannot be fetched, a bundle that cannot be unpacked,
+  requirements the index cannot meet: ``sandbox.JobInputError``) ends as ``user_error``,
+  its reason naming the spec field, and is not retried.
 - ``drain_on(stop)``: stop accepting, SIGTERM every job, SIGKILL after the drain timeout,
   wait for their terminal events (``job.preempted``, reason ``runner shutting down``).
 - ``heartbeats`` publishes ``runner.heartbeat`` every interval until the drain is done, each
@@ -76,6 +80,7 @@ from trainyard_platform.services.runner.sandbox import (
     PlatformError,
     ProcessGroupRecord,
     can_switch_users,
+    failure_kind,
     job_user,
     kill_leftovers,
     process_start_time,
@@ -324,7 +329,7 @@ class NodeAgent:
             # of the launch leaves its successor an allocation to report lost.
             await asyncio.to_thread(self._ledger.launched, job, trace_headers)
         except PlatformError as exc:
-            await self._failed_to_start(job, str(exc), events, trace_headers)
+            await self._failed_to_start(job, str(exc), events, trace_headers, failure_kind(exc))
             return None
         except Exception:
             # Something else (the object store down?): free the slot and let the grant be
@@ -354,11 +359,7 @@ class NodeAgent:
                     if not isinstance(exc, PlatformError):
                         log.exception("preparing allocation %s failed", job.allocation_id)
                     await self._failed_to_start(
-                        job,
-                        str(exc),
-                        events,
-                        trace_headers,
-                        "user_error" if isinstance(exc, launch.RequirementsUnmet) else None,
+                        job, str(exc), events, trace_headers, failure_kind(exc)
                     )
                     return
                 self._leases[grant.allocation_id] = prepared.environment_lease
@@ -425,12 +426,12 @@ class NodeAgent:
         reason: str,
         events: JobEvents,
         trace_headers: dict[str, str],
-        failure_kind: FailureKind | None = None,
+        kind: FailureKind = "platform_error",
     ) -> None:
+        """End an allocation whose job could not start, as ``kind`` (``failure_kind``: the
+        job's own input is ``user_error``, anything else ``platform_error``)."""
         log.error("allocation %s could not start: %s", job.allocation_id, reason)
-        payload = domain.failed_to_start(
-            job, reason, datetime.now(UTC), failure_kind or "platform_error"
-        )
+        payload = domain.failed_to_start(job, reason, datetime.now(UTC), kind)
         try:
             await end_allocation(job, payload, events, self._ledger, trace_headers)
         finally:

@@ -457,8 +457,9 @@ def failed_to_start(
     job: JobIdentity, reason: str, now: datetime, failure_kind: FailureKind = "platform_error"
 ) -> JobFailed:
     """The terminal event of an allocation whose job never ran: a platform error (the code,
-    environment or process could not be had; the scheduler does not retry it), or
-    ``user_error`` when the job's own requirements cannot be met."""
+    environment or process could not be had; the scheduler retries it on its own budget),
+    or ``user_error`` when the job's own input is at fault (``sandbox.JobInputError``:
+    requirements, repository, commit or bundle), which it does not."""
     return JobFailed(
         failure_kind=failure_kind,
         job_id=job.job_id,

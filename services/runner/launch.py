@@ -56,6 +56,7 @@ from trainyard_platform.services.runner.provenance import (
 )
 from trainyard_platform.services.runner.sandbox import (
     AsJob,
+    JobInputError,
     JobUser,
     PlatformError,
     Sandbox,
@@ -120,7 +121,7 @@ def cannot_run(grant: AllocationGranted, gpus: GpuInventory) -> str | None:
     return gpus.invalid_indices(grant.gpu_indices)
 
 
-class RequirementsUnmet(PlatformError):
+class RequirementsUnmet(JobInputError):
     """The job cannot start because of its own ``requirements`` (a package or version that
     does not exist, no wheel, a conflict, a provided package at another version than the
     base's): it never ran, but by its own fault, so it fails as ``user_error``."""
@@ -161,7 +162,9 @@ def prepare(
         # every build, and an environment in use is never removed.
         lease = environments.acquire(spec.requirements)
     except (RequirementsError, ValueError) as exc:  # ValueError: a bad requirement
-        raise RequirementsUnmet(f"could not build the job's environment: {exc}") from exc
+        raise RequirementsUnmet(
+            f"spec.requirements: could not build the job's environment: {exc}"
+        ) from exc
     except EnvironmentBuildError as exc:
         raise PlatformError(f"could not build the job's environment: {exc}") from exc
     try:

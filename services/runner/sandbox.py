@@ -63,7 +63,7 @@ from trainyard_platform.shared.bundle_archive import (
     check_bundle,
 )
 from trainyard_platform.shared.bus import infrastructure_fault
-from trainyard_platform.shared.events.payloads import CodeBundle, CodeGit, JobSpec
+from trainyard_platform.shared.events.payloads import CodeBundle, CodeGit, FailureKind, JobSpec
 from trainyard_platform.shared.runtime import StartupRefused
 from trainyard_platform.shared.storage import ObjectNotFound, ObjectStore
 
@@ -72,7 +72,23 @@ log = logging.getLogger(__name__)
 
 class PlatformError(RuntimeError):
     """The job could not be started through no fault of its running code (code not
-    fetched or verified, environment not built, process not spawned)."""
+    fetched or verified, environment not built, process not spawned): it fails as
+    ``platform_error``, which the scheduler retries (on a budget apart from the job's
+    ``max_restarts``), unless it is a ``JobInputError``."""
+
+
+class JobInputError(PlatformError):
+    """The job could not be started because of what its own spec names, and would fail the
+    same way on any node at any time: a repository or commit that cannot be fetched, a
+    bundle that cannot be unpacked, requirements the index cannot meet. Its message starts
+    with the spec field at fault and says why. It fails as ``user_error`` without an exit
+    code, which the scheduler neither restarts nor retries (``failure_kind``)."""
+
+
+def failure_kind(exc: BaseException) -> FailureKind:
+    """How a job that could not start because of ``exc`` failed: ``user_error`` for its own
+    input (``JobInputError``), else ``platform_error``."""
+    return "user_error" if isinstance(exc, JobInputError) else "platform_error"
 
 
 @dataclass(frozen=True)
@@ -350,17 +366,23 @@ def fetch_bundle(
                 members = tar.getmembers()  # headers only: sizes are known before writing
                 unpacked = sum(m.size for m in members)
                 if unpacked > max_unpacked or len(members) > MAX_BUNDLE_MEMBERS:
-                    raise PlatformError(
-                        f"code bundle {bundle.sha256[:12]} would unpack to {unpacked} bytes in "
-                        f"{len(members)} entries; at most {max_unpacked} bytes and "
-                        f"{MAX_BUNDLE_MEMBERS} entries are allowed"
+                    raise JobInputError(
+                        f"spec.code.sha256: code bundle {bundle.sha256[:12]} would unpack to "
+                        f"{unpacked} bytes in {len(members)} entries; at most {max_unpacked} "
+                        f"bytes and {MAX_BUNDLE_MEMBERS} entries are allowed"
                     )
                 with archive.open("rb") as raw:  # the upload's rule, checked again
                     check_bundle(raw, max_unpacked=max_unpacked)
                 tar.extractall(dest, members=members, filter="data")
-        except (tarfile.TarError, OSError, EOFError, BundleRefused) as exc:
+        except (tarfile.TarError, EOFError, BundleRefused) as exc:
+            # Its bytes are the ones uploaded (the sha256 matched): the archive itself is
+            # refused, and would be on any node, every time.
+            raise JobInputError(
+                f"spec.code.sha256: code bundle {bundle.sha256[:12]} cannot be unpacked: {exc}"
+            ) from exc
+        except OSError as exc:  # this node's disk (full, read-only): not the bundle's fault
             raise PlatformError(
-                f"code bundle {bundle.sha256[:12]} cannot be unpacked: {exc}"
+                f"code bundle {bundle.sha256[:12]} could not be unpacked here: {exc}"
             ) from exc
 
 
@@ -390,7 +412,11 @@ def checkout_git(code: CodeGit, dest: Path, user: JobUser, home: Path) -> None:
             raise PlatformError(f"git {args[0]} of {code.repository} failed: {exc}") from None
         if result.returncode != 0:
             stderr = result.stderr.decode(errors="replace").strip()
-            raise PlatformError(f"git {args[0]} of {code.repository} failed: {stderr[-500:]}")
+            failed = f"git {args[0]} of {code.repository} failed: {stderr[-500:]}"
+            fault = git_input_fault(stderr)
+            if fault is not None:
+                raise JobInputError(f"{fault}; {failed}")
+            raise PlatformError(failed)
         return result.stdout.decode(errors="replace").strip()
 
     git("init", "-q")
@@ -399,6 +425,43 @@ def checkout_git(code: CodeGit, dest: Path, user: JobUser, home: Path) -> None:
     head = git("rev-parse", "HEAD")
     if head != code.commit:
         raise PlatformError(f"git checkout of {code.repository} gave {head}, not {code.commit}")
+
+
+_GIT_INPUT_FAULTS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern, re.IGNORECASE), fault)
+    for pattern, fault in (
+        (
+            r"not our ref|couldn't find remote ref|unadvertised object",
+            "spec.code.commit: the repository has no such commit",
+        ),
+        (
+            r"does not appear to be a git repository|repository '[^']*' not found"
+            r"|returned error: 404",
+            "spec.code.repository: no git repository there",
+        ),
+        (
+            r"terminal prompts disabled|could not read (username|password)"
+            r"|authentication failed|permission denied \(publickey",
+            "spec.code.repository: the repository asks for credentials, and jobs fetch without any",
+        ),
+        (
+            r"transport '[^']*' not allowed|protocol '[^']*' is not supported",
+            "spec.code.repository: git does not fetch by this transport",
+        ),
+    )
+)
+"""What git says when the job's own ``code`` is at fault, and that fault: any node, any
+time, would fail the same way. Anything else (a host that does not resolve or answer, a
+timeout, a full disk) may pass, and is the platform's."""
+
+
+def git_input_fault(stderr: str) -> str | None:
+    """The spec field at fault and why, when git's ``stderr`` says the job's own
+    repository or commit cannot be had; None when the failure may be the platform's."""
+    for pattern, fault in _GIT_INPUT_FAULTS:
+        if pattern.search(stderr):
+            return fault
+    return None
 
 
 # --- processes left behind -----------------------------------------------------------

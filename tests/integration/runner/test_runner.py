@@ -31,6 +31,7 @@ from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationRevoked,
     CheckpointSaved,
+    CodeGit,
     JobFailed,
     JobMetrics,
     JobPreempted,
@@ -645,6 +646,25 @@ async def test_a_running_jobs_environment_is_never_pruned(
     )
     preempted = await events.first(JobPreempted, running.job_id)
     assert preempted.checkpoint is not None and preempted.checkpoint.step == 7
+
+
+async def test_a_repository_that_does_not_exist_fails_as_the_jobs_own_error(
+    settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
+) -> None:
+    # Before: platform_error ("git fetch of ... failed"), a failure the scheduler now
+    # retries, though every node would fail it the same way: the repository is the job's.
+    await start_runner(settings)
+    allocation = grant(settings.node_id, ["succeed", str(launches)])
+    code = CodeGit(repository=str(settings.work_dir / "no-such-repo"), commit="0" * 40)
+    allocation = allocation.model_copy(
+        update={"spec": allocation.spec.model_copy(update={"code": code})}
+    )
+    await publish(bus, allocation, settings.node_id)
+    failed = await events.first(JobFailed, allocation.job_id)
+    assert failed.exit_code is None and failed.failure_kind == "user_error"
+    assert failed.reason.startswith("spec.code.repository: no git repository there;")
+    assert not events.of(JobStarted, allocation.job_id)
+    assert launched(launches) == []
 
 
 async def test_a_process_that_fails_to_spawn_is_never_said_started(

@@ -1,7 +1,7 @@
 """An object store that does not answer while a grant comes (MinIO hung: its server paused
 with SIGSTOP) is no fault of the job: the runner waits it out and runs the job once the
-store answers, instead of failing it for good ("could not fetch code bundle", a
-``platform_error`` the scheduler does not retry)."""
+store answers, instead of failing its attempt ("could not fetch code bundle", a
+``platform_error``)."""
 
 from __future__ import annotations
 

@@ -16,11 +16,13 @@ import pytest
 from trainyard_platform.services.runner import sandbox
 from trainyard_platform.services.runner.sandbox import (
     AsJob,
+    JobInputError,
     JobUser,
     PlatformError,
     UidsInUse,
     checkout_git,
     claim_job_uids,
+    failure_kind,
     fetch_bundle,
     remove_files_of,
     shared_folders,
@@ -138,6 +140,98 @@ def test_code_named_by_git_commit_is_checked_out_at_that_commit(tmp_path: Path) 
 
 RUNNERS = JobUser(None, None)
 """The tests' own user (as a runner that is not root runs jobs)."""
+
+
+def one_commit_repo(tmp_path: Path) -> tuple[Path, str]:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "train.py").write_text("print('v1')\n")
+    git(repo, "add", "train.py")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "v1")
+    return repo, git(repo, "rev-parse", "HEAD")
+
+
+def checkout_fails(tmp_path: Path, code: CodeGit) -> PlatformError:
+    dest = tmp_path / "code"
+    dest.mkdir()
+    with pytest.raises(PlatformError) as raised:
+        checkout_git(code, dest, RUNNERS, tmp_path)
+    return raised.value
+
+
+def test_a_commit_the_repository_lacks_is_the_jobs_input_naming_the_field(
+    tmp_path: Path,
+) -> None:
+    # Before: a PlatformError like any other, so the job failed as platform_error (and
+    # would now be retried to fail the same way): the commit is the tenant's input.
+    repo, _ = one_commit_repo(tmp_path)
+    error = checkout_fails(tmp_path, CodeGit(repository=str(repo), commit="0" * 40))
+    assert isinstance(error, JobInputError) and failure_kind(error) == "user_error"
+    assert str(error).startswith("spec.code.commit: the repository has no such commit; git fetch")
+
+
+def test_a_repository_that_does_not_exist_is_the_jobs_input_naming_the_field(
+    tmp_path: Path,
+) -> None:
+    error = checkout_fails(tmp_path, CodeGit(repository=str(tmp_path / "nope"), commit="0" * 40))
+    assert isinstance(error, JobInputError) and failure_kind(error) == "user_error"
+    assert str(error).startswith("spec.code.repository: no git repository there; git fetch")
+
+
+def test_a_repository_that_cannot_be_reached_now_is_the_platforms(tmp_path: Path) -> None:
+    # Nothing listens on port 1: a server away is no fault of the job's, and may pass.
+    code = CodeGit(repository="https://127.0.0.1:1/team/repo.git", commit="0" * 40)
+    error = checkout_fails(tmp_path, code)
+    assert not isinstance(error, JobInputError) and failure_kind(error) == "platform_error"
+    assert "git fetch of https://127.0.0.1:1/team/repo.git failed" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("stderr", "field"),
+    [
+        ("fatal: remote error: upload-pack: not our ref 00000", "spec.code.commit"),
+        ("fatal: couldn't find remote ref refs/heads/x", "spec.code.commit"),
+        (
+            "remote: Repository not found.\nfatal: repository 'https://h/x/' not found",
+            "spec.code.repository",
+        ),
+        (
+            "fatal: could not read Username for 'https://h': terminal prompts disabled",
+            "spec.code.repository",
+        ),
+        ("git@h: Permission denied (publickey).", "spec.code.repository"),
+        ("fatal: transport 'ext' not allowed", "spec.code.repository"),
+        ("fatal: unable to access 'https://h/x/': Could not resolve host: h", None),
+        ("fatal: unable to access 'https://h/x/': Failed to connect to h port 443", None),
+        ("error: RPC failed; HTTP 503", None),
+    ],
+)
+def test_what_git_says_tells_the_jobs_input_from_the_platform(
+    stderr: str, field: str | None
+) -> None:
+    fault = sandbox.git_input_fault(stderr)
+    assert (fault.split(":")[0] if fault else None) == field
+
+
+def test_a_bundle_the_upload_rule_refuses_is_the_jobs_input_naming_the_field(
+    tmp_path: Path,
+) -> None:
+    store = LocalStore(tmp_path / "store")
+    bundle = store_bundle(store, "a", {"../escape.py": b"x"})
+    with pytest.raises(JobInputError, match=r"^spec\.code\.sha256: code bundle .* cannot be"):
+        fetch_bundle(store, "a", bundle, tmp_path / "code")
+
+
+def test_a_bundle_that_does_not_verify_is_the_platforms(tmp_path: Path) -> None:
+    # The upload checked its sha256 (and submission that it exists): other bytes now are
+    # the store's doing (a truncated or corrupted object), not the tenant's.
+    store = LocalStore(tmp_path / "store")
+    bundle = store_bundle(store, "a", {"train.py": b""})
+    store.put_bytes(f"bundles/a/{bundle.sha256}.tar.gz", b"not the bundle")
+    with pytest.raises(PlatformError) as raised:
+        fetch_bundle(store, "a", bundle, tmp_path / "code")
+    assert failure_kind(raised.value) == "platform_error"
 
 
 def test_a_uid_range_is_held_by_one_runner_per_host(tmp_path: Path) -> None:
