@@ -139,7 +139,7 @@ def fetch(
         kill_leftovers(uid, [])
         remove_leftovers_of(uid)
     box = create_sandbox(settings.sandboxes_dir, sandbox_name(grant.allocation_id), user)
-    code_id = fetch_code(grant.spec, store, box)
+    code_id = fetch_code(grant.spec, store, box, settings.job_max_processes)
     resumed_from = checkpoints.stage_resume(
         open_store(store.uri_for(checkpoints.job_prefix(grant.job_id)), settings.storage),
         box.checkpoints,

@@ -322,9 +322,12 @@ def bundle_key(team: str, sha256: str) -> str:
     return f"bundles/{team}/{sha256}.tar.gz"
 
 
-def fetch_code(spec: JobSpec, store: ObjectStore, box: Sandbox) -> str | None:
+def fetch_code(
+    spec: JobSpec, store: ObjectStore, box: Sandbox, max_processes: int | None = None
+) -> str | None:
     """Put the job's code into ``box.code``; returns the code's identity (``sha256:...`` or
-    ``git:<commit>``), None when the spec names no code. Raises ``PlatformError``."""
+    ``git:<commit>``), None when the spec names no code. Raises ``PlatformError``.
+    ``max_processes``: the job's process budget, which git, run as the job, has too."""
     code = spec.code
     if code is None:
         return None
@@ -332,7 +335,7 @@ def fetch_code(spec: JobSpec, store: ObjectStore, box: Sandbox) -> str | None:
         fetch_bundle(store, spec.team, code, box.code)
         return f"sha256:{code.sha256}"
     assert isinstance(code, CodeGit)
-    checkout_git(code, box.code, box.user, box.home)
+    checkout_git(code, box.code, box.user, box.home, max_processes)
     return f"git:{code.commit}"
 
 
@@ -386,12 +389,16 @@ def fetch_bundle(
             ) from exc
 
 
-def checkout_git(code: CodeGit, dest: Path, user: JobUser, home: Path) -> None:
+def checkout_git(
+    code: CodeGit, dest: Path, user: JobUser, home: Path, max_processes: int | None = None
+) -> None:
     """Fetch ``code.commit`` of ``code.repository`` into ``dest`` (empty) as the job's
     ``user`` (``home`` its HOME), never as the runner: the repository is the tenant's
     choice, so git must reach only what the job itself could, never with the runner's SSH
     keys or the host's credential helpers (``GIT_CONFIG_NOSYSTEM``; the job's uid has no
-    keys), nor parse what a hostile server sends with the runner's privileges."""
+    keys), nor parse what a hostile server sends with the runner's privileges. It runs
+    under the job's own limits too (``max_processes``: ``AsJob``, ``job_preexec``): what the
+    tenant's server or repository makes git do spends the job's budget, not the host's."""
     if user.uid is not None and user.gid is not None:
         os.chown(dest, user.uid, user.gid)
     as_job = AsJob(
@@ -403,6 +410,7 @@ def checkout_git(code: CodeGit, dest: Path, user: JobUser, home: Path) -> None:
             "GIT_TERMINAL_PROMPT": "0",
             "GIT_CONFIG_NOSYSTEM": "1",
         },
+        max_processes=max_processes,
     )
 
     def git(*args: str) -> str:

@@ -10,6 +10,7 @@ import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ from trainyard_platform.services.runner.sandbox import (
     remove_files_of,
     shared_folders,
 )
-from trainyard_platform.shared.events.payloads import CodeBundle, CodeGit
+from trainyard_platform.shared.events.payloads import CodeBundle, CodeGit, JobSpec
 from trainyard_platform.shared.storage import LocalStore
 
 
@@ -212,6 +213,36 @@ def test_what_git_says_tells_the_jobs_input_from_the_platform(
 ) -> None:
     fault = sandbox.git_input_fault(stderr)
     assert (fault.split(":")[0] if fault else None) == field
+
+
+def test_git_runs_under_the_jobs_process_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: checkout_git ran git as the job's user but with no RLIMIT_NPROC (AsJob's
+    # max_processes None), so git of a hostile repository had the host's process budget.
+    seen: list[AsJob] = []
+    done = subprocess.CompletedProcess[bytes]([], 0, b"", b"")
+
+    def run(self: AsJob, argv: list[str], *, cwd: Path, timeout: float) -> Any:
+        seen.append(self)
+        return done
+
+    monkeypatch.setattr(AsJob, "run", run)
+    box = sandbox.Sandbox(tmp_path, JobUser(None, None))
+    spec = JobSpec(
+        name="j",
+        team="a",
+        user="u",
+        entrypoint="train.py",
+        gpus=1,
+        gpu_flavor="cpu",
+        seed=1,
+        max_runtime_seconds=60,
+        code=CodeGit(repository="https://example.invalid/r.git", commit="0" * 40),
+    )
+    with pytest.raises(PlatformError, match="gave"):  # rev-parse said "", not the commit
+        sandbox.fetch_code(spec, LocalStore(tmp_path / "store"), box, max_processes=77)
+    assert seen and {job.max_processes for job in seen} == {77}
 
 
 def test_a_bundle_the_upload_rule_refuses_is_the_jobs_input_naming_the_field(
