@@ -19,8 +19,10 @@ Contract:
   cannot be recorded in the ledger (a full disk) is killed at once and ends with
   ``job.failed`` (``platform_error``), as the next runner could not find it. A launch or
   supervision task that fails is logged at once with the job's id (``background``).
-  A grant that cannot run here (GPU indices this node lacks, a malformed entrypoint) ends at
-  once with ``job.failed``. A grant arriving while the runner shuts down raises, so it stays
+  A grant that cannot run here ends at once with ``job.failed``: ``user_error`` naming the
+  field when its spec is at fault (a malformed entrypoint, both or neither of entrypoint and
+  command), ``platform_error`` when this node is (GPU indices it lacks, no container
+  executor, its interpreter broken, every slot taken). A grant arriving while the runner shuts down raises, so it stays
   unacknowledged and goes to the next runner of this node.
 - ``on_revoked`` (same allocation id *and* epoch) stops the job: SIGTERM, then SIGKILL after
   the revocation's grace; the outcome is ``job.preempted`` with the revocation's reason
@@ -307,13 +309,16 @@ class NodeAgent:
         parent = otel_context.get_current()
         trace_headers = inject()
         events = JobEvents(self._bus, parent, job.job_id)
-        problem = launch.cannot_run(grant, self.gpus) or self._interpreter_problem
+        problem = launch.cannot_run(grant, self.gpus)
+        if problem is None and self._interpreter_problem is not None:
+            problem = PlatformError(self._interpreter_problem)
         slot = self._free_slot()
-        if problem is None and slot is None:
-            problem = f"this node runs {JOB_SLOTS} jobs already"
         if problem is not None or slot is None:
+            problem = problem or PlatformError(f"this node runs {JOB_SLOTS} jobs already")
             log.error("allocation %s cannot run here: %s", grant.allocation_id, problem)
-            payload = domain.failed_to_start(job, str(problem), datetime.now(UTC))
+            payload = domain.failed_to_start(
+                job, str(problem), datetime.now(UTC), failure_kind(problem)
+            )
             await end_allocation(job, payload, events, self._ledger, trace_headers)
             return None
         self._slots[grant.allocation_id] = slot

@@ -106,19 +106,24 @@ class Prepared:
     """Keeps the job's environment from being pruned: release it when the job has ended."""
 
 
-def cannot_run(grant: AllocationGranted, gpus: GpuInventory) -> str | None:
-    """Why ``grant`` can never run on this node, or None."""
+def cannot_run(grant: AllocationGranted, gpus: GpuInventory) -> PlatformError | None:
+    """Why ``grant`` can never run on this node, or None: a ``JobInputError`` naming the
+    spec field when its spec is at fault (it would fail the same way anywhere), else a
+    ``PlatformError`` (this node cannot run it: no container executor, GPUs it lacks)."""
     spec = grant.spec
     if spec.command:
         if spec.entrypoint:
-            return "the spec names both an entrypoint and a command"
+            return JobInputError("spec.command: the spec names both an entrypoint and a command")
     elif not spec.entrypoint:
-        return "the spec names neither an entrypoint nor a command"
+        return JobInputError("spec.entrypoint: the spec names neither an entrypoint nor a command")
     elif not (ENTRYPOINT_PATTERN.match(spec.entrypoint) or SCRIPT_PATTERN.match(spec.entrypoint)):
-        return f"entrypoint {spec.entrypoint!r} is neither a dotted module nor a .py path"
+        return JobInputError(
+            f"spec.entrypoint: {spec.entrypoint!r} is neither a dotted module nor a .py path"
+        )
     if spec.image is not None:
-        return "this runner has no container executor configured for image jobs"
-    return gpus.invalid_indices(grant.gpu_indices)
+        return PlatformError("this runner has no container executor configured for image jobs")
+    invalid = gpus.invalid_indices(grant.gpu_indices)
+    return PlatformError(invalid) if invalid is not None else None
 
 
 class RequirementsUnmet(JobInputError):

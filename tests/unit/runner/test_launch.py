@@ -10,7 +10,7 @@ import pytest
 from trainyard_platform.services.runner import launch
 from trainyard_platform.services.runner.environments import JobEnvironment
 from trainyard_platform.services.runner.gpus import GpuInventory, virtual_inventory
-from trainyard_platform.services.runner.sandbox import JobUser, Sandbox
+from trainyard_platform.services.runner.sandbox import JobUser, Sandbox, failure_kind
 from trainyard_platform.shared.control import JobRuntimeEnv
 from trainyard_platform.shared.events.payloads import AllocationGranted, GangMember, JobSpec
 
@@ -159,23 +159,32 @@ def test_on_virtual_gpus_the_job_sees_no_cuda_device_and_no_trace_when_none() ->
 
 
 @pytest.mark.parametrize(
-    ("update", "reason"),
+    ("update", "reason", "kind"),
     [
-        ({"entrypoint": "a b"}, "neither a dotted module"),
-        ({"entrypoint": "../escape.py"}, "neither a dotted module"),
-        ({"entrypoint": "/abs/train.py"}, "neither a dotted module"),
-        ({"entrypoint": ""}, "neither an entrypoint nor a command"),
-        ({"command": ["x"]}, "both an entrypoint and a command"),
-        ({"image": "pytorch/pytorch:2.5"}, "no container executor"),
+        ({"entrypoint": "a b"}, "spec.entrypoint: 'a b' is neither a dotted module", "user_error"),
+        ({"entrypoint": "../escape.py"}, "neither a dotted module", "user_error"),
+        ({"entrypoint": "/abs/train.py"}, "neither a dotted module", "user_error"),
+        ({"entrypoint": ""}, "spec.entrypoint: the spec names neither", "user_error"),
+        ({"command": ["x"]}, "spec.command: the spec names both", "user_error"),
+        ({"image": "pytorch/pytorch:2.5"}, "no container executor", "platform_error"),
     ],
 )
-def test_grants_that_can_never_run_here_say_why(update: dict[str, object], reason: str) -> None:
+def test_grants_that_can_never_run_here_say_why(
+    update: dict[str, object], reason: str, kind: str
+) -> None:
+    # Before: every one was a platform_error, which the scheduler now retries: a spec at
+    # fault would fail the same way on every retry. A node without an executor is the
+    # platform's (another node may have one).
     assert launch.cannot_run(GRANT, H200) is None
-    assert reason in (launch.cannot_run(spec_with(**update), H200) or "")
+    problem = launch.cannot_run(spec_with(**update), H200)
+    assert problem is not None and reason in str(problem)
+    assert failure_kind(problem) == kind
 
 
 def test_grants_for_gpus_this_node_lacks_say_why() -> None:
-    assert "do not exist" in (launch.cannot_run(GRANT, virtual_inventory(2)) or "")
+    problem = launch.cannot_run(GRANT, virtual_inventory(2))
+    assert problem is not None and "do not exist" in str(problem)
+    assert failure_kind(problem) == "platform_error"
 
 
 def test_job_logs_live_under_the_work_dir_whatever_the_ids(tmp_path: Path) -> None:
