@@ -149,6 +149,43 @@ async def test_a_platform_error_is_not_restarted_and_the_job_fails(
     assert _history(view)[-1] == ("FAILED", reason)
 
 
+async def test_a_platform_retry_shows_in_the_view_and_the_job_runs_again(
+    submission: Submission,
+) -> None:
+    # The scheduler retries a platform_error (its own budget, not max_restarts): the view
+    # must show why the job went back to the queue, and run it again.
+    job = (await submission.submit())["id"]
+    await submission.publish(ev.granted(job, "alloc-1", attempt=0), source=SCHEDULER_SOURCE)
+    runner = ev.failed(
+        job,
+        "alloc-1",
+        exit_code=None,
+        reason="the runner could not record the job's process: No space left on device",
+        failure_kind="platform_error",
+        log_tail="",
+    )
+    await submission.publish(runner, source=RUNNER)
+    retry = (
+        "attempt 1 failed (platform_error: the runner could not record the job's process: "
+        "No space left on device); retrying in 5 s (platform retry 1 of 3; max_restarts not "
+        "used)"
+    )
+    await submission.publish(
+        ev.preempted_by_scheduler(job, "alloc-1", retry), source=SCHEDULER_SOURCE
+    )
+    view = await submission.wait_for(job, lambda v: ("QUEUED", retry) in _history(v))
+    assert view["status"] == "QUEUED"
+    assert view["failure"]["failure_kind"] == "platform_error"
+    assert view["failure"]["attempt"] == 0
+    assert _history(view)[-1] == ("QUEUED", retry)
+    await submission.publish(ev.granted(job, "alloc-2", attempt=1), source=SCHEDULER_SOURCE)
+    await submission.publish(ev.started(job, "alloc-2", attempt=1), source=RUNNER)
+    await submission.publish(ev.succeeded(job, "alloc-2"), source=RUNNER)
+    view = await submission.wait_for(job, lambda v: v["terminal"])
+    assert view["status"] == "SUCCEEDED" and view["attempt"] == 1
+    assert ("QUEUED", retry) in _history(view)
+
+
 async def test_late_and_repeated_reports_of_an_older_attempt_change_nothing(
     submission: Submission,
 ) -> None:
