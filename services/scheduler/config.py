@@ -34,7 +34,8 @@ class Settings(GuardedServiceSettings):
     restart_backoff_seconds: float = Field(default=5.0, ge=0)
     """A job restarted after a failure (``user_error``, ``out_of_memory``; while
     ``max_restarts`` allows) waits this long times 2**(restarts-1) before it may be placed
-    again; 0: no back-off."""
+    again, and one retried after a ``platform_error`` this long times 2**(platform
+    retries-1); 0: no back-off."""
     restart_backoff_max_seconds: float = Field(default=300.0, ge=0)
     """The longest restart back-off."""
     platform_retries: int = Field(default=3, ge=0)
