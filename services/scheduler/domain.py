@@ -156,10 +156,10 @@ class Job:
     pending_reason: str | None
     pending_position: int | None
     queue: str = ""
+    """The team's queue (``default:<team>`` until an operator defines one)."""
     platform_retries: int = 0
     """Retries used after ``platform_error`` failures (``allocation_ended``); apart from
     ``restarts``."""
-    """The team's queue (``default:<team>`` until an operator defines one)."""
     trace_context: Mapping[str, str] | None = None
     """W3C trace headers of the job's submission (its events join that trace)."""
     changed_at: datetime | None = None
