@@ -28,6 +28,11 @@ their CORS headers so the page can read them). No cookies are used (``allow_cred
 off): the dashboard sends ``Authorization: Bearer``. ``Link`` (the next page),
 ``Retry-After`` and ``Location`` are exposed to scripts.
 
+Building the app leaves the process's logging alone (``logging_config=None``): Litestar's
+default set-up replaced the root handler with a queue-listener thread writing to the stderr
+of that moment, in its own format, and kept the ``litestar`` logger on it; its records now
+go, like every other, to the one handler of ``shared.logs``.
+
 Guards are called with the route's handler itself, not with the copy Litestar makes of it on
 every request (``authorize_connection``'s ``copy(self)``, about 3% of a submission's CPU):
 a guard reads the handler (its ``opt``), it never changes it.
@@ -244,6 +249,7 @@ def service_app(
             security=[{"bearer": []}],
         ),
         debug=False,
+        logging_config=None,  # the process's one set-up is shared.logs (see the module)
         cors_config=cors_config(cors_origins),
         **litestar_options,
     )

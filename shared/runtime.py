@@ -11,7 +11,9 @@ Contract:
 - A background task that crashes stops the whole process with exit status 1: a service never
   limps on with half its consumers dead.
 - Tracing (``shared.telemetry``), metrics (``shared.metrics``) and logging (``shared.logs``)
-  are set up when the runtime is entered, the same way in every service. When it exits,
+  are set up when the runtime is entered, the same way in every service. Every logger's
+  records go to that one handler, uvicorn's and Litestar's too: neither the HTTP server
+  (``log_config=None``) nor an app (``logging_config=None``) installs handlers of its own. When it exits,
   the last spans and metrics get at most ``TELEMETRY_STOP_SECONDS`` to leave (the tracer
   provider stops and the meter provider flushes, side by side; the meter provider stays
   installed for the rest of the process); what has not left by then is dropped, with a
@@ -122,7 +124,7 @@ class ServiceRuntime:
         self._meter_provider: MeterProvider | None = None
 
     async def __aenter__(self) -> ServiceRuntime:
-        self._configure_logging()
+        configure_logging(self.name, self.settings.log_level, self.settings.log_format)
         self._provider = setup_tracing(self.name, self.settings.telemetry)
         self._meter_provider = setup_metrics(self.name)
         loop = asyncio.get_running_loop()
@@ -222,15 +224,11 @@ class ServiceRuntime:
         self._crashed = True
         self.stopping.set()
 
-    def _configure_logging(self) -> None:
-        configure_logging(self.name, self.settings.log_level, self.settings.log_format)
-
     async def run(self, app: Litestar | None = None) -> int:
         """Serve HTTP (``app``, or the health endpoints alone) until stopped; return the exit
         status."""
         self.work_begins()
-        app = app or Litestar(route_handlers=self.health_handlers())
-        self._configure_logging()  # building a Litestar app replaces the root logging setup
+        app = app or Litestar(route_handlers=self.health_handlers(), logging_config=None)
         host, port = self.settings.host, self.settings.port
         try:
             listener = _listening_socket(host, port)
@@ -254,6 +252,7 @@ class ServiceRuntime:
                     host=self.settings.host,
                     port=self.settings.port,
                     log_level="warning",
+                    log_config=None,  # uvicorn's loggers go to the one set-up (shared.logs)
                     lifespan="off",
                     http=SlowClientDeadlines,
                 )
