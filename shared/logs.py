@@ -15,7 +15,7 @@ Contract:
 - The job id is taken from the record's ``job_id`` attribute (``log.info(..., extra={"job_id":
   ...})``), else from the job scope (``job_scope(job_id)``: a context variable, so it holds in
   the block and in every task and thread started from it, whatever the sampler: the runner
-  wraps a job's grant, revocation and recovery in it, whose work is in spans routed by node),
+  wraps a job's grant, revocation, recovery and its stop in a drain in it, whose work is in spans routed by node),
   else from the current span: its ``trainyard.job_id`` or ``job.id`` attribute (the
   scheduler's spans about a job), or the routing key of the event it publishes or handles
   (``cloudevents.event_subject``, or the runner's ``trainyard.subject``) when that event's

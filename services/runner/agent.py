@@ -632,7 +632,10 @@ class NodeAgent:
                     "draining %d jobs (up to %g s)", len(runs), self.settings.drain_timeout_seconds
                 )
             for run in runs:
-                run.request_stop(domain.shutdown_stop(), self.settings.drain_timeout_seconds)
+                # The drain is the node's task, not the job's: its lines about the job (and
+                # the SIGKILL timer set here) name it only inside the job's scope.
+                with job_scope(run.job.job_id):
+                    run.request_stop(domain.shutdown_stop(), self.settings.drain_timeout_seconds)
             if self._supervisors:
                 await asyncio.wait(set(self._supervisors))
         finally:
