@@ -49,6 +49,11 @@ async def test_a_malformed_request_is_logged_in_the_services_format(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TRAINYARD_LOG_FORMAT", "json")
+    # As in a fresh process: a test app built with plain Litestar() earlier in this one set
+    # the framework's logger up its own way.
+    framework = logging.getLogger("litestar")
+    monkeypatch.setattr(framework, "handlers", [])
+    monkeypatch.setattr(framework, "propagate", True)
     port = free_port()
     settings = ServiceSettings(port=port)
     async with ServiceRuntime("billing", settings) as runtime:
