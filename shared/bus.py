@@ -182,18 +182,24 @@ class Delivery:
     def span(self, consumer: str) -> Iterator[trace.Span]:
         """The consumer span of handling this event, inside the producer's trace; for an
         event of ``UNTRACED_TYPES``, no span: the handler runs under an invalid one, so its
-        database queries make no span either."""
-        if self.envelope.type in UNTRACED_TYPES:
-            with untraced():
-                yield trace.INVALID_SPAN
-            return
-        with _tracer.start_as_current_span(
-            f"{self.envelope.type} process",
-            context=extract(self.headers),
-            kind=trace.SpanKind.CONSUMER,
-            attributes={**_attrs(self.envelope), "messaging.consumer.group.name": consumer},
-        ) as span:
-            yield span
+        database queries make no span either. The lines logged inside name the event's job
+        (``job_of``)."""
+        with self._job_scope():
+            if self.envelope.type in UNTRACED_TYPES:
+                with untraced():
+                    yield trace.INVALID_SPAN
+                return
+            with _tracer.start_as_current_span(
+                f"{self.envelope.type} process",
+                context=extract(self.headers),
+                kind=trace.SpanKind.CONSUMER,
+                attributes={**_attrs(self.envelope), "messaging.consumer.group.name": consumer},
+            ) as span:
+                yield span
+
+    def _job_scope(self) -> AbstractContextManager[None]:
+        job_id = job_of(self.envelope)
+        return job_scope(job_id) if job_id is not None else nullcontext()
 
     @cached_property
     def carried(self) -> trace.SpanContext | None:
@@ -210,12 +216,11 @@ class Delivery:
         ``batch_span``'s events): what is said inside carries the context the event came with
         (``carried``), so the spans of its consumers join the producer's trace; an event that
         carries none is handled under no span (``untraced``). The lines logged inside name the
-        event's job, as inside its span (``shared.logs.span_job_id``: no span carries it here)."""
+        event's job, as inside its span (``job_of``)."""
         carried = self.carried
-        job_id = span_job_id(_attrs(self.envelope))
         with (
             _current(trace.INVALID_SPAN if carried is None else trace.NonRecordingSpan(carried)),
-            job_scope(job_id) if job_id is not None else nullcontext(),
+            self._job_scope(),
         ):
             yield
 
@@ -1349,6 +1354,15 @@ def _current(span: trace.Span) -> Iterator[None]:
         yield
     finally:
         otel_context.detach(token)
+
+
+def job_of(envelope: Envelope[Payload]) -> str | None:
+    """The job an event is about: its payload's ``job_id`` (a grant, a revocation or a batch
+    of a job's metrics is routed by its node, yet about one job), else its routing key when
+    its type is routed by job (``shared.logs.span_job_id``); None for an event about no one
+    job (a heartbeat, a flavor, a budget)."""
+    job_id = getattr(envelope.data, "job_id", None)
+    return job_id if isinstance(job_id, str) else span_job_id(_attrs(envelope))
 
 
 def _attrs(envelope: Envelope[Payload]) -> dict[str, str]:
