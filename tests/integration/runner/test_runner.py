@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.json_log import json_lines
 from tests.integration.runner.conftest import (
     EventLog,
     StartRunner,
@@ -40,7 +41,6 @@ from trainyard_platform.shared.events.payloads import (
     JobSucceeded,
     RunnerHeartbeat,
 )
-from trainyard_platform.shared.logs import JsonFormatter
 from trainyard_platform.shared.storage import open_store
 
 pytestmark = pytest.mark.integration
@@ -494,17 +494,7 @@ async def test_a_job_cannot_flood_the_runners_log(
     assert any("995 more warnings (bad control line) were not logged" in m for m in warned)
 
 
-class _JsonLines(logging.Handler):
-    """The runner's log as the service writes it: each record formatted when it is made
-    (its job id comes from the context it is logged in)."""
-
-    def __init__(self, level: int = logging.WARNING) -> None:
-        super().__init__(level)
-        self.formatter = JsonFormatter("runner")
-        self.lines: list[dict[str, Any]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(json.loads(self.format(record)))
+RUNNER_LOG = "trainyard_platform.services.runner"
 
 
 async def test_warnings_about_a_jobs_control_connection_carry_its_job_id(
@@ -522,14 +512,9 @@ async def test_warnings_about_a_jobs_control_connection_carry_its_job_id(
     )
     code = upload_bundle(store, "team-a", code_folder)
     job = grant(settings.node_id, [], entrypoint="bad.py", code=code)
-    runner_log = logging.getLogger("trainyard_platform.services.runner")
-    lines = _JsonLines()
-    runner_log.addHandler(lines)
-    try:
+    with json_lines(RUNNER_LOG, "runner", logging.WARNING) as lines:
         await publish(bus, job, settings.node_id)
         await events.first(JobSucceeded, job.job_id)
-    finally:
-        runner_log.removeHandler(lines)
     about_the_job = [line for line in lines.lines if job.job_id in line["message"]]
     bad = [line for line in about_the_job if "sent a bad control line" in line["message"]]
     assert bad
@@ -544,15 +529,8 @@ async def test_a_drains_lines_about_each_job_carry_its_job_id(
     allocation = grant(settings.node_id, ["wait", str(launches)])
     await publish(bus, allocation, settings.node_id)
     await events.first(JobStarted, allocation.job_id)
-    runner_log = logging.getLogger("trainyard_platform.services.runner")
-    lines, level = _JsonLines(logging.INFO), runner_log.level
-    runner_log.addHandler(lines)
-    runner_log.setLevel(logging.INFO)
-    try:
+    with json_lines(RUNNER_LOG, "runner") as lines:
         await runner.shutdown()
-    finally:
-        runner_log.removeHandler(lines)
-        runner_log.setLevel(level)
     about_the_job = [line for line in lines.lines if allocation.job_id in line["message"]]
     assert any("stopping job" in line["message"] for line in about_the_job), lines.lines
     assert all(line.get("job_id") == allocation.job_id for line in about_the_job), about_the_job
