@@ -25,7 +25,7 @@ import asyncpg
 from trainyard_platform.services.registry import metrics
 from trainyard_platform.services.registry.metrics import Extremes, Point, Summary
 from trainyard_platform.shared.events.payloads import JobMetrics
-from trainyard_platform.shared.logs import Throttle
+from trainyard_platform.shared.logs import Throttle, job_scope
 
 Row = Mapping[str, Any]
 log = logging.getLogger(__name__)
@@ -130,13 +130,14 @@ async def ingest(conn: asyncpg.Connection, batches: Sequence[JobMetrics]) -> int
         for job in sorted({job for job, _ in refused}):
             if OVER_THE_LIMIT.due(job) is None:
                 continue
-            log.warning(
-                "job %s reported more than %d metric keys: %d left out of its series (kept "
-                "in its metric log; said once per job)",
-                job,
-                MAX_METRIC_KEYS,
-                sum(1 for j, _ in refused if j == job),
-            )
+            with job_scope(job):  # after the batch's events were handled: in no job's scope
+                log.warning(
+                    "job %s reported more than %d metric keys: %d left out of its series (kept "
+                    "in its metric log; said once per job)",
+                    job,
+                    MAX_METRIC_KEYS,
+                    sum(1 for j, _ in refused if j == job),
+                )
         pairs = [pair for pair in pairs if pair not in refused]
         for pair in refused:
             del grouped[pair]

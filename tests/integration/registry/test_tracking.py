@@ -16,6 +16,7 @@ import asyncpg
 import httpx
 import pytest
 
+from tests.fixtures.json_log import json_lines
 from tests.integration.registry.test_registry import ENV, client_of
 from trainyard_platform.services.registry import metrics
 from trainyard_platform.services.registry.api import create_app
@@ -546,6 +547,28 @@ async def test_a_job_past_its_metric_key_limit_is_warned_about_once(
         await apply([wrapped(batch(other, 1, ["new"]))])
     said = [r.getMessage() for r in caplog.records if "metric keys" in r.getMessage()]
     assert [m.split()[1] for m in said] == [j, other], said
+
+
+async def test_the_metric_key_limit_warning_names_the_job_in_its_record(
+    pool: asyncpg.Pool,
+) -> None:
+    # The warning is logged after a batch's events were handled, outside any event's scope:
+    # its JSON record had no job_id (the batch mixes jobs, routed by node).
+    j = job()
+    apply = idempotent_batches(pool, "registry", RegistryHandlers().dispatch_batch)
+    full = [f"k{n:05}" for n in range(MAX_METRIC_KEYS)]
+    points = [MetricPoint(key=k, step=0, time=T0, value=1.0) for k in [*full, "one-more"]]
+    metrics_of_j = JobMetrics(
+        job_id=j, allocation_id=f"a-{j}", node_id="node-a", seq=0, points=points[:MAX_METRIC_KEYS]
+    )
+    more = JobMetrics(
+        job_id=j, allocation_id=f"a-{j}", node_id="node-a", seq=1, points=points[MAX_METRIC_KEYS:]
+    )
+    await apply([wrapped(started(j, spec())), wrapped(metrics_of_j)])
+    with json_lines("trainyard_platform.services.registry", "registry", logging.WARNING) as log:
+        await apply([wrapped(more)])
+    [line] = [line for line in log.lines if "metric keys" in line["message"]]
+    assert line["job_id"] == j
 
 
 async def test_a_run_has_at_most_max_run_tags(
