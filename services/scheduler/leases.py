@@ -59,6 +59,7 @@ from trainyard_platform.shared.events.payloads import (
     JobFailed,
     JobPreempted,
 )
+from trainyard_platform.shared.logs import job_scope
 from trainyard_platform.shared.outbox import Traced
 
 log = logging.getLogger(__name__)
@@ -220,13 +221,14 @@ async def apply_endings(
         await repo.set_job_status(conn, job_ids, status, now, reason)
     await outbox.enqueue_traced(conn, [event for e in endings for event in e.events])
     for ending in endings:
-        log.info(
-            "allocation(s) %s of job %s ended (%s): job %s",
-            ", ".join(a.allocation_id for a in ending.allocations),
-            ending.job.job_id,
-            ending.decision.outcome,
-            ending.decision.job_status.value,
-        )
+        with job_scope(ending.job.job_id):  # a sweep's endings are in no event's span
+            log.info(
+                "allocation(s) %s of job %s ended (%s): job %s",
+                ", ".join(a.allocation_id for a in ending.allocations),
+                ending.job.job_id,
+                ending.decision.outcome,
+                ending.decision.job_status.value,
+            )
 
 
 async def charge_usage(
@@ -254,20 +256,29 @@ async def release_expired_notices(
     cutoff = now - timedelta(seconds=tuning.preemption_grace_s)
     ended: list[str] = []
     for job_id in await allocation_repo.jobs_with_expired_notice(conn, cutoff):
-        job = await repo.job_for_update(conn, job_id)
-        allocations = await allocation_repo.live_allocations(conn, job_id)
-        if job is None or not allocations or not job.status.holds_gpus:
-            continue
-        log.warning("job %s did not stop within the preemption grace: revoking", job_id)
-        await end_gang(conn, job, allocations, "preempted", now, now, tuning)
-        with job_trace(job_id, job.trace_context, "preempted"):
-            reason = (
-                "preempted; the runner did not stop within the grace period, so its GPUs "
-                "were revoked"
-            )
-            await outbox.enqueue_traced(conn, _said_preempted(job_id, allocations, now, reason))
-        ended.append(job_id)
+        with job_scope(job_id):  # the sweep is in no event's span: its lines name the job
+            if await _release_expired(conn, job_id, now, tuning):
+                ended.append(job_id)
     return ended
+
+
+async def _release_expired(
+    conn: asyncpg.Connection, job_id: str, now: datetime, tuning: Tuning
+) -> bool:
+    """End ``job_id`` by force (``release_expired_notices``); False when nothing was left to
+    end."""
+    job = await repo.job_for_update(conn, job_id)
+    allocations = await allocation_repo.live_allocations(conn, job_id)
+    if job is None or not allocations or not job.status.holds_gpus:
+        return False
+    log.warning("job %s did not stop within the preemption grace: revoking", job_id)
+    await end_gang(conn, job, allocations, "preempted", now, now, tuning)
+    with job_trace(job_id, job.trace_context, "preempted"):
+        reason = (
+            "preempted; the runner did not stop within the grace period, so its GPUs were revoked"
+        )
+        await outbox.enqueue_traced(conn, _said_preempted(job_id, allocations, now, reason))
+    return True
 
 
 def _said_preempted(

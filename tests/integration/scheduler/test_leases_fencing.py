@@ -16,6 +16,7 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tests.fixtures.json_log import json_lines
 from trainyard_platform.services.scheduler import allocation_repository as allocation_repo
 from trainyard_platform.services.scheduler import repository as repo
 from trainyard_platform.services.scheduler.domain import (
@@ -541,3 +542,20 @@ async def test_endings_decided_outside_an_event_continue_the_jobs_trace(
     headers = said_late[0][1]
     headers = json.loads(headers) if isinstance(headers, str) else headers
     assert headers["traceparent"].split("-")[2] == format(preempted.context.span_id, "016x")
+
+
+async def test_a_forced_ends_lines_carry_the_jobs_id(pool: asyncpg.Pool) -> None:
+    # The sweep ends jobs outside any event's span: its warning and the end's line named the
+    # job in their text only, and their JSON records had no job_id.
+    async with pool.acquire() as conn, conn.transaction():
+        await add_job(conn, "late")
+        late = await grant(conn, "late", {"n1": (0,)})
+        await allocation_repo.set_notice(conn, [a.allocation_id for a in late], at(0), "reclaim")
+        with json_lines("trainyard_platform.services.scheduler", "scheduler") as log:
+            assert await release_expired_notices(conn, at(100), TUNING) == ["late"]
+    about = [line for line in log.lines if "job late" in line["message"]]
+    assert [line["message"].split(":")[0] for line in about] == [
+        "job late did not stop within the preemption grace",
+        f"allocation(s) {late[0].allocation_id} of job late ended (preempted)",
+    ]
+    assert [line.get("job_id") for line in about] == ["late", "late"]
