@@ -184,7 +184,7 @@ class Delivery:
         event of ``UNTRACED_TYPES``, no span: the handler runs under an invalid one, so its
         database queries make no span either. The lines logged inside name the event's job
         (``job_of``)."""
-        with self._job_scope():
+        with self.about_its_job():
             if self.envelope.type in UNTRACED_TYPES:
                 with untraced():
                     yield trace.INVALID_SPAN
@@ -197,7 +197,9 @@ class Delivery:
             ) as span:
                 yield span
 
-    def _job_scope(self) -> AbstractContextManager[None]:
+    def about_its_job(self) -> AbstractContextManager[None]:
+        """The job scope of the event's job (``job_of``; none for an event about no one
+        job): the lines logged inside carry its ``job_id``."""
         job_id = job_of(self.envelope)
         return job_scope(job_id) if job_id is not None else nullcontext()
 
@@ -220,7 +222,7 @@ class Delivery:
         carried = self.carried
         with (
             _current(trace.INVALID_SPAN if carried is None else trace.NonRecordingSpan(carried)),
-            self._job_scope(),
+            self.about_its_job(),
         ):
             yield
 
@@ -986,6 +988,19 @@ class Bus:
         return True
 
     async def _handle(
+        self,
+        consumer: str,
+        msg: Msg,
+        delivery: Delivery,
+        handler: BatchHandler,
+        stop: asyncio.Event,
+    ) -> None:
+        # What is said of this event after its handler's span (it will be retried, it is
+        # dead-lettered) names its job too.
+        with delivery.about_its_job():
+            await self._handle_in_scope(consumer, msg, delivery, handler, stop)
+
+    async def _handle_in_scope(
         self,
         consumer: str,
         msg: Msg,

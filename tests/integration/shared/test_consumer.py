@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 import asyncpg
 import pytest
 
+from tests.fixtures.json_log import json_lines
 from trainyard_platform.shared.bus import (
     ORIGINAL_SUBJECT_HEADER,
     REASON_HEADER,
@@ -135,6 +137,28 @@ async def test_handler_that_keeps_failing_is_dead_lettered_after_max_deliver(bus
     assert attempts == 3  # nats_settings.max_deliver
     reason = (await _dead_letters(bus))[0][0]
     assert "failed 3 times" in reason and "downstream is broken" in reason
+
+
+async def test_the_lines_about_a_failing_event_name_its_job(bus: Bus) -> None:
+    # "will retry", "giving up" and "dead-lettered" were logged after the handler's span had
+    # ended: their JSON records had no job_id, though the event was about one job.
+    async def always_fails(envelope: Envelope[Payload]) -> None:
+        raise ValueError("downstream is broken")
+
+    await bus.publish(_event("job-6"))
+
+    async def dead_lettered() -> bool:
+        return len(await _dead_letters(bus)) == 1
+
+    with json_lines("trainyard_platform.shared.bus", "test", logging.WARNING) as log:
+        await _consume_until(bus, always_fails, dead_lettered)
+    about = [
+        line
+        for line in log.lines
+        if any(said in line["message"] for said in ("will retry", "giving up", "dead-lettered"))
+    ]
+    assert len(about) == 4, log.lines  # two retries, giving up, the dead letter
+    assert {line.get("job_id") for line in about} == {"job-6"}
 
 
 async def test_a_batch_commits_together_and_a_bad_event_costs_only_itself(
