@@ -70,6 +70,7 @@ from trainyard_platform.shared.events.payloads import (
     AllocationRevoked,
     GangMember,
 )
+from trainyard_platform.shared.logs import job_scope
 from trainyard_platform.shared.telemetry import extract, inject, tracer
 
 log = logging.getLogger(__name__)
@@ -337,7 +338,10 @@ async def _give_notice(
                 detail=preemption.reason,
             )
             await emit(conn, revoke, m["node_id"], event_id=f"preempt:{m['allocation_id']}")
-    log.info("preemption notice to %s: %s", preemption.job_id, preemption.reason)
+    # A pass is about many jobs (and may run while a handler of another job's event does):
+    # this line names the victim.
+    with job_scope(preemption.job_id):
+        log.info("preemption notice to %s: %s", preemption.job_id, preemption.reason)
 
 
 def _pending_attributes(note: PendingNote) -> dict[str, str | int]:

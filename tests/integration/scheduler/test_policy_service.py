@@ -11,6 +11,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from tests.fixtures.json_log import json_lines
 from tests.integration.scheduler.conftest import Scheduler, Tuned, make_spec, preempted, until
 from trainyard_platform.services.scheduler import admin
 from trainyard_platform.services.scheduler import repository as repo
@@ -84,6 +85,19 @@ async def running(scheduler: Scheduler, job_id: str) -> AllocationGranted:
     (grant,) = await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == job_id)
     await scheduler.send(started(grant), job_id)
     return grant
+
+
+async def test_a_passs_line_about_a_job_names_that_job(scheduler: Scheduler) -> None:
+    # The pass that gives "low" its notice runs while the scheduler handles "high"'s
+    # submission: its line about "low" carried job_id "high", the job of the event handled.
+    await scheduler.heartbeat("n1", gpus=4)
+    await scheduler.submit("low", gpus=4, priority="low")
+    await running(scheduler, "low")
+    with json_lines("trainyard_platform.services.scheduler", "scheduler") as log:
+        await scheduler.submit("high", gpus=4, priority="high")
+        await scheduler.wait_for(AllocationRevoked)
+    [notice] = [line for line in log.lines if "preemption notice to low" in line["message"]]
+    assert notice["job_id"] == "low"
 
 
 async def test_high_priority_preempts_low_and_gets_its_gpus(scheduler: Scheduler) -> None:
