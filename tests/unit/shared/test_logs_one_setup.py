@@ -49,11 +49,11 @@ async def test_a_malformed_request_is_logged_in_the_services_format(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TRAINYARD_LOG_FORMAT", "json")
-    # As in a fresh process: a test app built with plain Litestar() earlier in this one set
-    # the framework's logger up its own way.
-    framework = logging.getLogger("litestar")
-    monkeypatch.setattr(framework, "handlers", [])
-    monkeypatch.setattr(framework, "propagate", True)
+    # As in a fresh process: a test app built with plain Litestar(), or a uvicorn.Config with
+    # its default log_config, earlier in this one set these loggers up their own way.
+    for name in ("litestar", "uvicorn", "uvicorn.error", "uvicorn.access"):
+        monkeypatch.setattr(logging.getLogger(name), "handlers", [])
+        monkeypatch.setattr(logging.getLogger(name), "propagate", True)
     port = free_port()
     settings = ServiceSettings(port=port)
     async with ServiceRuntime("billing", settings) as runtime:
