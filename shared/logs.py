@@ -13,10 +13,12 @@ Contract:
   a tenant can start a line that looks like the platform's own; only a traceback follows on
   lines of its own.
 - The job id is taken from the record's ``job_id`` attribute (``log.info(..., extra={"job_id":
-  ...})``), else from the job scope (``job_scope(job_id)``: a context variable, so it holds in
-  the block and in every task and thread started from it, whatever the sampler: the runner
-  wraps a job's grant, revocation, recovery and its stop in a drain in it, whose work is in spans routed by node),
-  else from the current span: its ``trainyard.job_id`` or ``job.id`` attribute (the
+  ...})``), else from the innermost job scope (``job_scope(job_id)``: a context variable, so
+  it holds in the block and in every task and thread started from it, whatever the sampler:
+  the bus opens one for the event a consumer handles (``bus.job_of``: its payload's job, also
+  for a node-routed grant, revocation or batch of metrics); the runner wraps a job's grant,
+  revocation, recovery and its stop in a drain in one; the scheduler's sweeps and passes and
+  the registry's batches one per job they log about), else from the current span: its ``trainyard.job_id`` or ``job.id`` attribute (the
   scheduler's spans about a job), or the routing key of the event it publishes or handles
   (``cloudevents.event_subject``, or the runner's ``trainyard.subject``) when that event's
   type is routed by its job id (docs/events.md: every type but the node-, flavor- and
