@@ -10,7 +10,9 @@ Contract:
   ``TrainyardError`` with the answer's status), naming the request and what was wrong: not
   JSON, a list where an object belongs, a key it lacks when the caller reads it (every JSON
   object of an answer is an ``Answer``, whose missing key raises it rather than
-  ``KeyError``), or a page whose rows are no list or whose ``next`` is no cursor.
+  ``KeyError``), a page whose rows are no list or whose ``next`` is no cursor, or a value
+  of another type than the route answers at any depth, named by where it is
+  (``rows[3].cost: expected a number, got "abc"``; the shapes are in ``trainyard.answers``).
 - ``wait`` polls a job until it has ended and its results have settled (see ``wait``).
 - ``upload_bundle`` uploads a code bundle only when the team has not stored it yet: the
   bundle's sha256 names it, so an identical bundle is uploaded once.
@@ -27,6 +29,7 @@ from urllib.parse import quote
 
 import httpx
 
+from trainyard.answers import answer_problem
 from trainyard.tracing import inject
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
@@ -452,7 +455,8 @@ def segment(value: str) -> str:
 def _json(response: httpx.Response, default: Any = None) -> Any:
     """The JSON body of ``response``, its objects ``Answer``s and their lists ``AnswerList``s
     (so a key it lacks raises ``MalformedAnswer``); not JSON: ``default`` if given, else
-    ``MalformedAnswer``."""
+    ``MalformedAnswer``. A successful answer with a value of another type than its route
+    answers, at any depth, raises ``MalformedAnswer`` naming where (``answers``)."""
 
     def answer(pairs: dict[str, Any]) -> Answer:
         found = Answer(
@@ -467,6 +471,12 @@ def _json(response: httpx.Response, default: Any = None) -> Any:
         if default is not None:
             return default
         raise MalformedAnswer(response, "it is not JSON") from None
+    if response.is_success:
+        request = response.request
+        path = request.url.raw_path.decode("ascii").partition("?")[0]
+        problem = answer_problem(request.method, path, body)
+        if problem is not None:
+            raise MalformedAnswer(response, problem)
     return _listed(response, body) if type(body) is list else body
 
 

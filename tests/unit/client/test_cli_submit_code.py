@@ -140,8 +140,8 @@ def test_a_timeout_says_the_job_goes_on(
     waiting = _job("PENDING", checkpoints=[], metrics={}, step=None, cost={"final": False})
 
     def route(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v1/jobs":
-            return httpx.Response(200, json=[waiting])
+        if request.url.path == "/v1/jobs":  # a list row's cost is a number, not a view's
+            return httpx.Response(200, json=[{**waiting, "cost": 0.0}])
         if request.url.path.endswith("/logs"):
             page = {"chunks": [], "cursor": "", "streams_complete": False, "job_terminal": False}
             return httpx.Response(200, json=page)
