@@ -8,7 +8,7 @@ Contract:
   reached raises ``TrainyardError`` with status 0.
 - A 2xx answer that is not what its route answers raises ``MalformedAnswer`` (a
   ``TrainyardError`` with the answer's status), naming the request and what was wrong: not
-  JSON, a list where an object belongs, a key it lacks when the caller reads it (every JSON
+  JSON (or nested too deeply to read), a list where an object belongs, a key it lacks when the caller reads it (every JSON
   object of an answer is an ``Answer``, whose missing key raises it rather than
   ``KeyError``), a page whose rows are no list or whose ``next`` is no cursor, or a value
   of another type than the route answers at any depth, named by where it is
@@ -467,10 +467,12 @@ def _json(response: httpx.Response, default: Any = None) -> Any:
 
     try:
         body = response.json(object_hook=answer)
-    except ValueError:
+    except (ValueError, RecursionError) as exc:
+        # RecursionError: JSON nested deeper than the parser follows, also not an answer.
         if default is not None:
             return default
-        raise MalformedAnswer(response, "it is not JSON") from None
+        why = "it is nested too deeply to read" if isinstance(exc, RecursionError) else None
+        raise MalformedAnswer(response, why or "it is not JSON") from None
     if response.is_success:
         request = response.request
         path = request.url.raw_path.decode("ascii").partition("?")[0]

@@ -562,6 +562,8 @@ class Api:
     def __init__(self) -> None:
         self.changed: tuple[int, tuple[str | int, ...], Any] | None = None
         self.asked: list[int] = []
+        self.raw: bytes | None = None
+        """When set, the body of every answer, as it is."""
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -576,12 +578,15 @@ class Api:
                 if answer is None:
                     answer = _logs(parse_qs(url.query).get("after", [""])[0])
                 api.asked.append(index)
+                if api.raw is not None:
+                    self._send(200, api.raw)
+                    return
                 if api.changed is not None and api.changed[0] == index:
                     answer = replaced(answer, api.changed[1], api.changed[2])
                 self._send(200, answer)
 
             def _send(self, status: int, body: Any) -> None:
-                data = json.dumps(body).encode()
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -719,3 +724,26 @@ def test_a_key_that_is_no_plain_name_is_quoted_in_the_one_line(
     assert err.rstrip().endswith(
         'metrics["val/loss\\nnext"]: expected a number, a string, a boolean or null, got a list'
     ), err
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+"""JSON nested deeper than Python's parser can follow (it raised RecursionError)."""
+
+
+@pytest.mark.usefixtures("environment")
+@pytest.mark.parametrize("argv", COMMANDS, ids=[" ".join(a) for a in COMMANDS])
+def test_an_answer_nested_too_deeply_is_one_line(
+    argv: list[str], api: Api, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An answer nested deeper than the JSON parser follows ended every command with
+    "unexpected RecursionError: maximum recursion depth exceeded"; it is a malformed answer
+    like any other now."""
+    api.raw = DEEP
+    try:
+        code, out, err = run(api, argv, capsys)
+    finally:
+        api.raw = None
+    lines = err.splitlines()
+    assert code == 1 and len(lines) == 1, err
+    assert re.match(r"trainyard: error: (\w+: )?unexpected answer to \w+ /v1/\S+: ", lines[0]), err
+    assert "nested too deeply" in lines[0] and "Traceback" not in out + err, err
