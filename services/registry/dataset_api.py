@@ -3,7 +3,8 @@
 - ``POST /v1/datasets/{team}/{name}/versions`` (members of ``team``): a new version, never
   an update; the dataset is created with its first version.
 - ``GET /v1/datasets?limit&after``: the datasets the caller's team may read (its own and
-  those granted to it; operators: every one), keyset-paged by team and name (``next``).
+  those granted to it; operators: every one), keyset-paged by team and name
+  (``shared.paging``: ``next`` while more follow).
 - ``GET /v1/datasets/{team}/{name}?limit&after``: one dataset with a page of its versions,
   oldest first (``shared.paging``: at most ``limit``, 1 to ``PAGE_MAX``, default 100;
   ``next`` while more follow) and, for its own team and operators, its grants.
@@ -130,13 +131,14 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
     async def list_datasets(
         principal: Caller,
         limit: Annotated[int, QueryParameter(ge=1, le=PAGE_MAX)] = 100,
-        after: Annotated[str | None, QueryParameter(max_length=201)] = None,
+        after: Annotated[str | None, QueryParameter(description="the next of a page")] = None,
     ) -> DatasetPage:
-        cursor = names.cursor(after)
+        cursor = names.cursor(after, "GET /v1/datasets")
         async with pool.acquire() as conn:
-            rows = await datasets.readable_datasets(
-                conn, grants.reader_of(principal), limit, cursor
+            fetched = await datasets.readable_datasets(
+                conn, grants.reader_of(principal), limit + 1, cursor
             )
+        rows, more = paging.split(fetched, limit)
         return DatasetPage(
             datasets=[
                 DatasetSummary(
@@ -147,7 +149,7 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
                 )
                 for r in rows
             ],
-            next=f"{rows[-1].team}/{rows[-1].name}" if len(rows) == limit else None,
+            next=names.next_cursor(rows[-1].team, rows[-1].name) if more else None,
         )
 
     @get("/v1/datasets/{team:str}/{name:str}", responses=error_responses(404))

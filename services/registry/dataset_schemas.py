@@ -83,7 +83,8 @@ class DatasetSummary(BaseModel):
 class DatasetPage(BaseModel):
     datasets: list[DatasetSummary]
     next: str | None = None
-    """``team/name`` to pass as ``after`` for the next page; null on the last one."""
+    """The cursor (``shared.paging``) to pass as ``after`` for the next page; null on the
+    last one."""
 
 
 class DatasetDetail(DatasetSummary):

@@ -2,7 +2,7 @@
 downloading versions, and aliases.
 
 - ``GET /v1/models?team&project&after&limit&granted``: models, ordered by team and name,
-  keyset-paged: the caller's team's (``team``: another team's that it granted to the
+  keyset-paged (``shared.paging``: ``next`` while more follow): the caller's team's (``team``: another team's that it granted to the
   caller's; operators: any team's, every team's without ``team``); ``granted=true``: the
   models other teams granted to the caller's team (``team`` narrows to one owner). Unknown
   or repeated parameters answer 422 naming them. Another team's ``project`` is null to a
@@ -164,7 +164,7 @@ def model_routes(
         request: Request[Any, Any, Any],
         principal: Caller,
         team: Annotated[str | None, QueryParameter(max_length=100)] = None,
-        after: Annotated[str | None, QueryParameter(max_length=201)] = None,
+        after: Annotated[str | None, QueryParameter(description="the next of a page")] = None,
         limit: Annotated[int, QueryParameter(ge=1, le=PAGE_MAX)] = 100,
         project: Annotated[str | None, QueryParameter(max_length=100)] = None,
         granted: Annotated[bool, QueryParameter()] = False,
@@ -174,7 +174,7 @@ def model_routes(
             names.check("team", team)
         if project is not None:
             names.check("model", project, "project")  # a project is named like a job
-        cursor = names.cursor(after)
+        cursor = names.cursor(after, "GET /v1/models")
         grantee = None
         if granted:
             # Models other teams granted to the caller's; ``team`` narrows to one owner.
@@ -187,13 +187,16 @@ def model_routes(
             if team is not None and team != principal.team:
                 grantee = principal.team  # another team's: only what it granted to ours
             team = team or principal.team
-        rows: list[ModelRow] = []
+        fetched: list[ModelRow] = []
         # Another team's project is its work, null to a grantee: it matches no project
         # filter, so it cannot be found by trying names either.
         if grantee is None or project is None:
             async with pool.acquire() as conn:
-                rows = await models_repo.list_models(conn, team, cursor, limit, project, grantee)
-        following = f"{rows[-1].team}/{rows[-1].name}" if len(rows) == limit else None
+                fetched = await models_repo.list_models(
+                    conn, team, cursor, limit + 1, project, grantee
+                )
+        rows, more = paging.split(fetched, limit)
+        following = names.next_cursor(rows[-1].team, rows[-1].name) if more else None
         reader = grants.reader_of(principal)
         return ModelPage(models=[shown(_summary(r), r.team, reader) for r in rows], next=following)
 

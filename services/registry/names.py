@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from typing import Final, Literal
 
+from trainyard_platform.shared import paging
 from trainyard_platform.shared.http_errors import FieldError, RequestInvalid
 
 Kind = Literal["team", "model", "alias", "tag"]
@@ -51,15 +52,26 @@ def check(kind: Kind, value: str, field: str | None = None) -> str:
     return value
 
 
-def cursor(after: str | None) -> tuple[str, str] | None:
-    """``after``, the ``next`` of a page of models or datasets (``team/name`` of its last
-    one), checked: 422 naming ``after`` otherwise."""
-    if after is None:
-        return None
-    team, sep, name = after.partition("/")
-    if not sep or not is_valid("team", team) or not is_valid("model", name):
-        raise RequestInvalid.one("after", "must be the 'next' of a page: team/name")
-    return team, name
+def cursor(after: str | None, route: str) -> tuple[str, str] | None:
+    """The ``(team, name)`` in ``after``, the ``next`` of a page of ``route`` (models or
+    datasets, listed by team and name): the platform's cursor (``shared.paging``), whose
+    parts must be valid names; anything else is paging's 422 naming ``after``."""
+    key = paging.decode(after, route, _name_part("team"), _name_part("model"))
+    return None if key is None else (key[0], key[1])
+
+
+def next_cursor(team: str, name: str) -> str:
+    """The cursor of a page whose last row is ``team/name`` (``cursor`` reads it back)."""
+    return paging.encode(team, name)
+
+
+def _name_part(kind: Kind) -> paging.Parser:
+    def parse(part: object) -> str:
+        if not isinstance(part, str) or not is_valid(kind, part):
+            raise ValueError(f"not a {kind} name")
+        return part
+
+    return parse
 
 
 def check_model(team: str, model: str) -> None:
