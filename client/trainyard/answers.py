@@ -515,6 +515,7 @@ ROUTES: dict[tuple[str, str], Shape] = {
     ("GET", "/v1/audit"): AUDIT,
     ("GET", "/v1/deadletters"): DEAD_LETTERS,
     ("GET", "/v1/deadletters/*"): _LETTER,
+    ("POST", "/v1/deadletters/*/redrive"): {"subject": STR, "event_id": Opt(STR)},
     ("GET", "/v1/models"): MODELS,
     ("GET", _MODEL_PATH): MODEL,
     ("GET", f"{_MODEL_PATH}/versions"): VERSIONS,

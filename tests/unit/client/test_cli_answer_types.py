@@ -45,9 +45,9 @@ JOB = {
     "team": "ml",
     "user": "ann",
     "spec": SPEC,
-    "status": "FAILED",
+    "status": "SUCCEEDED",
     "terminal": True,
-    "history": [{"status": "QUEUED", "at": T0, "reason": None}, {"status": "FAILED", "at": T1}],
+    "history": [{"status": "QUEUED", "at": T0, "reason": None}, {"status": "SUCCEEDED", "at": T1}],
     "pending": {
         "reason": "no GPU free",
         "position": 2,
@@ -218,9 +218,82 @@ LETTER = {
     "body_encoding": "utf-8",
 }
 NODE_JOB = {"id": "job:j-1", "kind": "job", "job_id": "j-1", "name": "a", "status": "SUCCEEDED"}
+GRANT = {"team": "ml", "name": "m", "grantee_team": "cv", "granted": True, "changed": True}
+TOKEN = {
+    "id": 4,
+    "name": "cli",
+    "user": "ann",
+    "team": "ml",
+    "created_at": T0,
+    "expires_at": None,
+    "token": "ty_new",
+}
 ANSWERS: list[tuple[str, str, Any]] = [
     # (method, path pattern: [^/]+ for one segment, the answer)
     ("GET", "/v1/jobs", [ROW]),
+    ("POST", "/v1/jobs", JOB),
+    (
+        "POST",
+        "/v1/costs/estimate",
+        {
+            "estimated_cost": "2.25",
+            "worst_case_cost": "9.00",
+            "currency": "EUR",
+            "gpus": 1,
+            "gpu_flavor": "cpu",
+            "max_runtime_seconds": 3600,
+        },
+    ),
+    ("POST", "/v1/models/[^/]+/[^/]+/versions", VERSION),
+    (
+        "DELETE",
+        "/v1/models/[^/]+/[^/]+/versions/[0-9]+",
+        {
+            "team": "ml",
+            "model": "m",
+            "version": 1,
+            "objects": 2,
+            "bytes": 10,
+        },
+    ),
+    (
+        "DELETE",
+        "/v1/models/[^/]+/[^/]+/aliases/[^/]+",
+        {
+            "team": "ml",
+            "model": "m",
+            "alias": "prod",
+            "version": None,
+            "previous": 1,
+        },
+    ),
+    ("PUT", "/v1/models/[^/]+/[^/]+/grants/[^/]+", GRANT),
+    ("POST", "/v1/datasets/[^/]+/[^/]+/versions", DATASET_VERSION),
+    ("PUT", "/v1/datasets/[^/]+/[^/]+/grants/[^/]+", GRANT),
+    ("POST", "/v1/tokens", TOKEN),
+    ("POST", "/v1/tokens/rotate", TOKEN),
+    ("POST", "/v1/admin/users", {"user": "bob", "team": "ml", "role": "member", "token": "ty_b"}),
+    (
+        "PATCH",
+        "/v1/admin/users/[^/]+",
+        {
+            "name": "bob",
+            "team": "ml",
+            "role": "admin",
+            "created_at": T0,
+            "disabled_at": None,
+        },
+    ),
+    (
+        "POST",
+        "/v1/deadletters/[^/]+/redrive",
+        {
+            "sequence": 7,
+            "subject": "jobs.finished",
+            "event_id": "e-1",
+        },
+    ),
+    ("DELETE", "/v1/deadletters/[^/]+", {"sequence": 7}),
     ("GET", "/v1/jobs/[^/]+", JOB),
     ("POST", "/v1/jobs/[^/]+/cancel", JOB),
     ("GET", "/v1/jobs/[^/]+/logs", None),  # see ``_logs``
@@ -499,6 +572,9 @@ ANSWERS: list[tuple[str, str, Any]] = [
     ),
 ]
 COMMANDS = [
+    ["submit", "job.yaml", "--no-code"],
+    ["wait", "j-1"],
+    ["attach", "j-1"],
     ["ls"],
     ["get", "j-1"],
     ["describe", "j-1"],
@@ -533,7 +609,22 @@ COMMANDS = [
     ["audit"],
     ["deadletters", "list"],
     ["deadletters", "show", "7"],
+    ["deadletters", "redrive", "7"],
+    ["deadletters", "discard", "7"],
+    ["model", "register", "ml/m", "--job", "j-1"],
+    ["model", "rm", "ml/m", "1"],
+    ["model", "alias", "rm", "ml/m", "prod"],
+    ["model", "grant", "ml/m", "cv"],
+    ["dataset", "register", "ml/d", "--uri", "s3://b/d", "--sha256", "ef" * 32, "--size", "10"],
+    ["dataset", "grant", "ml/d", "cv"],
+    ["token", "create"],
+    ["token", "rotate"],
+    ["user", "add", "bob"],
+    ["user", "role", "bob", "admin"],
 ]
+
+READS_NOTHING = [["deadletters", "discard", "7"]]
+"""Commands that show no value of their answer (``discarded 7``)."""
 
 
 def _logs(after: str) -> dict[str, Any]:
@@ -666,8 +757,15 @@ def run(api: Api, argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[
     return code, captured.out, err
 
 
+def errors_in(err: str) -> list[str]:
+    """The error lines of stderr (beside notes: ``submit``'s estimate, ``logs``'s streams)."""
+    return [line for line in err.splitlines() if line.startswith("trainyard: error:")]
+
+
 @pytest.fixture
 def environment(api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "job.yaml").write_text("name: a\ngpus: 1\ngpu_flavor: cpu\nentrypoint: t.py\n")
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TRAINYARD_CONFIG", str(tmp_path / "config.json"))
     for name in ("URL", "REGISTRY_URL", "BILLING_URL"):
         monkeypatch.setenv(f"TRAINYARD_{name}", api.url)
@@ -681,7 +779,7 @@ def test_a_value_of_another_type_at_any_depth_is_one_line_naming_where(
 ) -> None:
     api.changed = None
     code, out, err = run(api, argv, capsys)
-    assert (code, err) == (0, ""), err  # the answers as the services give them are shown
+    assert (code, errors_in(err)) == (0, []), err  # the answers as the services give them
     asked = sorted(set(api.asked))
     assert asked, "the command asked for nothing"
     refused = 0
@@ -698,15 +796,15 @@ def test_a_value_of_another_type_at_any_depth_is_one_line_naming_where(
             assert "Traceback" not in out + err and "unexpected" not in err.replace(
                 "unexpected answer to", ""
             ), case
-            if code == 0:  # a value the command does not read
-                assert err == "", case
+            if code == 0:  # a value the command does not read (or a note's, as an estimate's)
+                assert errors_in(err) == [], case
                 continue
             refused += 1
-            lines = err.splitlines()
-            assert code == 1 and len(lines) == 1, case
-            said = rf"trainyard: error: (\w+: )?unexpected answer to {method} /v1/\S+: "
-            assert re.match(said + re.escape(written(path)) + ": expected ", lines[0]), case
-    assert refused, "no value of another type was refused"
+            errors = errors_in(err)
+            assert code == 1 and len(errors) == 1, case
+            said = rf"trainyard: error: (.+: )?unexpected answer to {method} /v1/\S+: "
+            assert re.match(said + re.escape(written(path)) + ": expected ", errors[0]), case
+    assert refused or argv in READS_NOTHING, "no value of another type was refused"
 
 
 @pytest.mark.usefixtures("environment")
@@ -743,7 +841,7 @@ def test_an_answer_nested_too_deeply_is_one_line(
         code, out, err = run(api, argv, capsys)
     finally:
         api.raw = None
-    lines = err.splitlines()
+    lines = errors_in(err)
     assert code == 1 and len(lines) == 1, err
-    assert re.match(r"trainyard: error: (\w+: )?unexpected answer to \w+ /v1/\S+: ", lines[0]), err
+    assert re.match(r"trainyard: error: (.+: )?unexpected answer to \w+ /v1/\S+: ", lines[0]), err
     assert "nested too deeply" in lines[0] and "Traceback" not in out + err, err
