@@ -232,6 +232,7 @@ ANSWERS: list[tuple[str, str, Any]] = [
     # (method, path pattern: [^/]+ for one segment, the answer)
     ("GET", "/v1/jobs", [ROW]),
     ("POST", "/v1/jobs", JOB),
+    ("POST", "/v1/jobs/[^/]+/reproduce", JOB),
     (
         "POST",
         "/v1/costs/estimate",
@@ -573,6 +574,9 @@ ANSWERS: list[tuple[str, str, Any]] = [
 ]
 COMMANDS = [
     ["submit", "job.yaml", "--no-code"],
+    ["rerun", "j-1"],
+    ["rerun", "--reproduce", "j-1"],
+    ["login", "{url}", "--token", "ty_a"],
     ["wait", "j-1"],
     ["attach", "j-1"],
     ["ls"],
@@ -750,7 +754,7 @@ def written(path: tuple[str | int, ...]) -> str:
 
 def run(api: Api, argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     api.asked.clear()
-    code = cli.main(argv)
+    code = cli.main([api.url if a == "{url}" else a for a in argv])
     captured = capsys.readouterr()
     # ``logs`` names the stream it prints from on stderr (``==> stdout <==``): not an error.
     err = "".join(line for line in captured.err.splitlines(True) if not line.startswith("==> "))
