@@ -7,8 +7,8 @@ Contract:
 - Every write by an admin or an operator is recorded, and every change to users or tokens
   whoever makes it (``must_record``).
 - The table refuses UPDATE, DELETE and TRUNCATE (``shared/migrations/0004_audit_log.sql``).
-- ``audit_route`` serves ``GET /v1/audit`` (newest first, keyset-paged with ``before``), to
-  operators only.
+- ``audit_route`` serves ``GET /v1/audit`` (newest first; ``before`` an id to start below;
+  paged with the platform's cursor, ``shared.paging``), to operators only.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from datetime import datetime
 from typing import Annotated, Any
 
 import asyncpg
-from litestar import get
+from litestar import Response, get
 from litestar.di import NamedDependency
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import QueryParameter
 from pydantic import BaseModel
 
+from trainyard_platform.shared import paging
 from trainyard_platform.shared.access import needs
 from trainyard_platform.shared.identity import Principal, Role
 
@@ -78,8 +79,14 @@ async def entries(conn: asyncpg.Connection, before: int | None, limit: int) -> l
     return [AuditEntry(**dict(row)) for row in rows]
 
 
+ROUTE = "GET /v1/audit"
+
+
 def audit_route(pool: asyncpg.Pool) -> HTTPRouteHandler:
-    """``GET /v1/audit?before=<id>&limit=<n>``: the service's audit log, operators only."""
+    """``GET /v1/audit?before=<id>&limit=<n>&after=<cursor>``: the service's audit log,
+    newest first, operators only. ``before`` keeps the entries older than that id; a page
+    is at most ``limit`` entries and, while more follow, ``Link: <...&after=CURSOR>;
+    rel="next"`` names the next (``shared.paging``, as every list whose body is a list)."""
 
     @get("/v1/audit", opt=needs(Role.OPERATOR))
     async def audit_log(
@@ -89,8 +96,15 @@ def audit_route(pool: asyncpg.Pool) -> HTTPRouteHandler:
             QueryParameter(ge=1, le=2**63 - 1, description="entries older than this id"),
         ] = None,
         limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 100,
-    ) -> list[AuditEntry]:
+        after: Annotated[str | None, QueryParameter(description="the next page's cursor")] = None,
+    ) -> Response[list[AuditEntry]]:
+        key = paging.decode(after, ROUTE, paging.integer)
+        below = [i for i in (before, None if key is None else key[0]) if i is not None]
         async with pool.acquire() as conn:
-            return await entries(conn, before, limit)
+            fetched = await entries(conn, min(below) if below else None, limit + 1)
+        page, more = paging.split(fetched, limit)
+        query = {"limit": str(limit), **({"before": str(before)} if before else {})}
+        cursor = paging.encode(page[-1].id) if more else None
+        return paging.listed(list(page), "/v1/audit", query, cursor)
 
     return audit_log

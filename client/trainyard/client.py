@@ -46,6 +46,8 @@ BUDGET_WARNING_HEADER = "Trainyard-Budget-Warning"
 """What ``POST /v1/jobs`` says of a job a spent budget let in (docs/billing.md, "Budgets")."""
 LIST_PAGE_MAX = 500
 """The most jobs ``GET /v1/jobs`` gives in one page (its ``limit`` is at most 500)."""
+AUDIT_PAGE_MAX = 1000
+"""The most entries ``GET /v1/audit`` gives in one page (its ``limit`` is at most 1000)."""
 MAX_TOKEN_LENGTH = 1024
 """The longest bearer credential a Trainyard API accepts (a user token is 46 characters)."""
 _TOKEN68 = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
@@ -301,8 +303,13 @@ class TrainyardClient:
         self._response("DELETE", f"/v1/admin/users/{segment(name)}", params=params)
 
     def audit(self, before: int | None = None, limit: int = 100) -> list[dict[str, Any]]:
-        params: dict[str, int] = {"limit": limit, **({"before": before} if before else {})}
-        return self._list("GET", "/v1/audit", params=params)
+        """The newest ``limit`` entries of the audit log (below the id ``before``), page after
+        page as the server gives them (at most 1000 a page)."""
+        params: dict[str, int] = {
+            "limit": min(limit, AUDIT_PAGE_MAX),
+            **({"before": before} if before else {}),
+        }
+        return self._list("GET", "/v1/audit", params=params, most=limit)
 
     def bundle_stored(self, sha256: str) -> bool:
         """Whether the caller's team has uploaded the bundle ``sha256``."""
@@ -378,9 +385,11 @@ class TrainyardClient:
     def _object(self, method: str, path: str, **kwargs: Any) -> Answer:
         return _object(self._response(method, path, None, **kwargs))
 
-    def _list(self, method: str, path: str, **kwargs: Any) -> list[dict[str, Any]]:
-        """Every row of a list route whose body is a plain list, following its
-        ``Link: <...>; rel="next"`` header page after page."""
+    def _list(
+        self, method: str, path: str, most: int | None = None, **kwargs: Any
+    ) -> list[dict[str, Any]]:
+        """Every row of a list route whose body is a plain list (the first ``most`` when
+        given), following its ``Link: <...>; rel="next"`` header page after page."""
         rows: list[dict[str, Any]] = []
         read: set[str] = set()
         while True:
@@ -391,6 +400,8 @@ class TrainyardClient:
             rows.extend(body)
             read.add(str(response.request.url))
             following = response.links.get("next", {}).get("url")
+            if most is not None and len(rows) >= most:
+                return rows[:most]
             if not following:
                 return rows
             if str(response.request.url.join(following)) in read:

@@ -3,7 +3,9 @@ has a ``next`` only when more rows follow, and a cursor the route did not give (
 another format, too long) is the same 422 everywhere, naming ``after`` and why.
 
 The models and datasets lists had a cursor of their own, ``team/name`` as plain text, and
-answered a ``next`` for every full page, the last one too, whose next page was empty.
+answered a ``next`` for every full page, the last one too, whose next page was empty. The
+audit log (every service's, ``shared.audit``) answered its newest ``limit`` entries and no
+cursor at all: older ones only by giving an id as ``before``.
 """
 
 from __future__ import annotations
@@ -11,8 +13,15 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from tests.integration.registry.modelkit import VISION, app_as, job_with_checkpoints, register
+from tests.integration.registry.modelkit import (
+    OPERATOR,
+    VISION,
+    app_as,
+    job_with_checkpoints,
+    register,
+)
 from tests.integration.registry.test_datasets import add
+from trainyard_platform.shared import audit
 from trainyard_platform.shared.storage import ObjectStore
 
 ROUTES = [
@@ -65,4 +74,37 @@ async def test_one_cursor_and_one_error_for_every_list(
             assert refused.status_code == 422, (bad, refused.text)
             assert refused.json()["errors"] == [
                 {"field": "after", "message": f"not a cursor returned by {route}"}
+            ], (bad, refused.text)
+
+
+async def test_the_audit_log_pages_with_the_same_cursor(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """Five entries, three of them below ``before``, read two a page: the pages follow the
+    ``Link`` (keeping ``before``), newest first, and a cursor it did not give is the same
+    422 as every list's."""
+    async with pool.acquire() as conn:
+        for n in range(5):
+            await audit.record(conn, OPERATOR, "test", f"thing {n}")
+        ids = [r["id"] for r in await conn.fetch("SELECT id FROM audit_log ORDER BY id DESC")]
+    async with app_as(pool, store, OPERATOR) as client:
+        seen: list[int] = []
+        query = f"/v1/audit?limit=2&before={ids[1]}"
+        for _ in range(5):
+            page = await client.get(query)
+            assert page.status_code == 200, page.text
+            seen += [e["id"] for e in page.json()]
+            following = page.links.get("next", {}).get("url")
+            if not following:
+                break
+            assert f"before={ids[1]}" in following
+            query = following
+        assert seen == ids[2:]
+        whole = await client.get("/v1/audit", params={"limit": len(ids)})
+        assert [e["id"] for e in whole.json()] == ids and "link" not in whole.headers
+        for bad in NOT_CURSORS:
+            refused = await client.get("/v1/audit", params={"after": bad})
+            assert refused.status_code == 422, (bad, refused.text)
+            assert refused.json()["errors"] == [
+                {"field": "after", "message": "not a cursor returned by GET /v1/audit"}
             ], (bad, refused.text)

@@ -28,3 +28,21 @@ def test_every_page_is_read(read: str) -> None:
     )
     rows = getattr(client, read)(team="ml")
     assert [r["name"] for r in rows] == ["a", "b", "c"]
+
+
+def test_the_audit_log_is_read_up_to_its_limit_across_pages() -> None:
+    """``GET /v1/audit`` pages with the platform's cursor (``Link``) like every plain list:
+    ``trainyard audit --limit 3`` reads pages until it has 3 entries, and no more pages."""
+    asked: list[httpx.Request] = []
+
+    def audit(request: httpx.Request) -> httpx.Response:
+        asked.append(request)
+        after = int(request.url.params.get("after") or 100)
+        ids = [i for i in range(after - 1, after - 3, -1) if i > 0]
+        link = f'</v1/audit?limit=2&before=100&after={ids[-1]}>; rel="next"' if ids else ""
+        headers = {"Link": link} if link else {}
+        return httpx.Response(200, json=[{"id": i} for i in ids], headers=headers)
+
+    client = TrainyardClient("http://s.test", "ty_a", 5, transport=httpx.MockTransport(audit))
+    assert [e["id"] for e in client.audit(before=100, limit=3)] == [99, 98, 97]
+    assert len(asked) == 2 and asked[0].url.params["before"] == "100"
