@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from trainyard import cli
+from trainyard import cli, cli_sweep
 
 T0 = "2026-12-01T10:00:00+00:00"
 T1 = "2026-12-01T11:00:00+00:00"
@@ -574,6 +574,8 @@ ANSWERS: list[tuple[str, str, Any]] = [
 ]
 COMMANDS = [
     ["submit", "job.yaml", "--no-code"],
+    ["sweep", "job.yaml", "--no-code", "--grid", "lr=1", "--metric", "loss"],
+    ["sweep", "job.yaml", "--no-code", "--grid", "lr=1", "--metric", "loss", "--median-stop", "1"],
     ["rerun", "j-1"],
     ["rerun", "--reproduce", "j-1"],
     ["login", "{url}", "--token", "ty_a"],
@@ -774,6 +776,7 @@ def environment(api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     for name in ("URL", "REGISTRY_URL", "BILLING_URL"):
         monkeypatch.setenv(f"TRAINYARD_{name}", api.url)
     monkeypatch.setenv("TRAINYARD_TOKEN", "ty_a")
+    monkeypatch.setattr(cli_sweep, "POLL_SECONDS", 0.0)  # a sweep's looks: no waiting here
 
 
 @pytest.mark.usefixtures("environment")
