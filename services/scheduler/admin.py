@@ -1,5 +1,5 @@
 """The operator's commands: define and delete flavors, cohorts, queues with quotas, priority
-classes.
+classes; cordon and uncordon nodes (``cordon``).
 
 Contract:
 - Every ``put_*`` validates the whole request first (unknown cohort or flavor, a team that
@@ -11,6 +11,7 @@ Contract:
   service's break-glass operator token there is no user token to ask with, so such a queue
   is refused (422 naming ``team``); queues of teams it knows stay editable with it (quota
   changes while the submission service is down).
+- ``cordon_node`` and ``uncordon_node`` raise ``NotFound`` (404) for a node never heard of.
 - Every ``delete_*`` raises ``NotFound`` (404) for an absent name, and ``Conflict`` (409,
   naming what still uses it) rather than orphan anything: a flavor of a node, a quota or an
   unfinished job; a cohort with queues; a queue or a priority class of unfinished jobs.
@@ -39,11 +40,13 @@ import asyncpg
 from pydantic import BaseModel
 
 from trainyard_platform.services.scheduler import admin_repository as admin_repo
+from trainyard_platform.services.scheduler import cordon
 from trainyard_platform.services.scheduler import repository as repo
 from trainyard_platform.services.scheduler.admin_schemas import (
     FLAVOR_PATTERN,
     CohortRequest,
     CohortView,
+    CordonRequest,
     FlavorRequest,
     FlavorView,
     PriorityClassRequest,
@@ -58,6 +61,7 @@ from trainyard_platform.services.scheduler.admin_schemas import (
 )
 from trainyard_platform.services.scheduler.convert import implicit_queue
 from trainyard_platform.services.scheduler.scheduling import emit
+from trainyard_platform.services.scheduler.schemas import NodeCordonView, cordon_view
 from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import Teams
 from trainyard_platform.shared.events.payloads import FlavorDeclared, FlavorRetired
@@ -161,6 +165,37 @@ async def get_flavor(pool: asyncpg.Pool, name: str) -> FlavorView:
     if row is None:
         raise NotFound(f"no flavor {name}")
     return flavor_view(row)
+
+
+# --- nodes -----------------------------------------------------------------------------
+
+
+async def cordon_node(
+    pool: asyncpg.Pool, node_id: str, body: CordonRequest, by: Principal
+) -> NodeCordonView:
+    """Cordon ``node_id`` until uncordoned (``cordon.cordon``)."""
+    async with _writing(pool, by, "cordon node", node_id, body) as conn:
+        now = await admin_repo.transaction_time(conn)
+        if not await cordon.cordon(conn, node_id, body.reason, by.actor, now):
+            raise NotFound(f"no node {node_id}")
+        return await _node_cordon(conn, node_id)
+
+
+async def uncordon_node(pool: asyncpg.Pool, node_id: str, by: Principal) -> NodeCordonView:
+    """Lift any cordon of ``node_id``, an automatic one too (``cordon.uncordon``)."""
+    async with _writing(pool, by, "uncordon node", node_id) as conn:
+        if not await cordon.uncordon(conn, node_id):
+            raise NotFound(f"no node {node_id}")
+        return await _node_cordon(conn, node_id)
+
+
+async def _node_cordon(conn: asyncpg.Connection, node_id: str) -> NodeCordonView:
+    row = await conn.fetchrow(
+        "SELECT cordoned_at, cordon_reason, cordoned_by, cordoned_until FROM nodes "
+        "WHERE node_id = $1",
+        node_id,
+    )
+    return NodeCordonView(node_id=node_id, cordon=cordon_view(row))
 
 
 # --- cohorts ---------------------------------------------------------------------------

@@ -36,6 +36,18 @@ class FlavorRequest(_Request):
     description: Description = ""
 
 
+class CordonRequest(_Request):
+    """``POST /v1/admin/nodes/{node_id}/cordon``: why the node takes no new work."""
+
+    reason: Annotated[str, Field(min_length=1, max_length=500)]
+
+    @model_validator(mode="after")
+    def _reason_says_something(self) -> CordonRequest:
+        if not self.reason.strip():
+            raise ValueError("reason: must not be blank")
+        return self
+
+
 class CohortRequest(_Request):
     """``PUT /v1/admin/cohorts/{name}``."""
 

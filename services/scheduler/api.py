@@ -15,7 +15,9 @@ Contract:
   a time (``shared.paging``: ``limit`` 1 to ``ADMIN_PAGE_MAX``, default 100, the next page in
   ``Link: <...>; rel="next"``). ``PUT`` creates (201) or
   replaces (200) and returns the resource; ``DELETE`` answers 204, or 409 naming what still
-  uses the resource (see ``admin``).
+  uses the resource (see ``admin``). ``POST /v1/admin/nodes/{node_id}/cordon`` (body
+  ``{"reason": ...}``) and ``POST /v1/admin/nodes/{node_id}/uncordon`` (operators; 200 with
+  the node's cordon, 404 for an unknown node) take a node out of placement and back.
 - Errors are JSON ``{"detail": ..., "errors": [{"field": ..., "message": ...}]}``
   (``shared.http_errors``): 422 for invalid input (every bad field named, nothing stored),
   401/404/409 as usual, 500 with a generic message (the traceback goes to the log).
@@ -35,7 +37,7 @@ from typing import Annotated, Any
 from urllib.parse import quote
 
 import asyncpg
-from litestar import Litestar, Request, Response, Router, delete, get, put
+from litestar import Litestar, Request, Response, Router, delete, get, post, put
 from litestar.di import NamedDependency
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import ResponseSpec
@@ -51,6 +53,7 @@ from trainyard_platform.services.scheduler.admin_schemas import (
     NAME_PATTERN,
     CohortRequest,
     CohortView,
+    CordonRequest,
     FlavorRequest,
     FlavorView,
     PriorityClassRequest,
@@ -60,6 +63,7 @@ from trainyard_platform.services.scheduler.admin_schemas import (
 )
 from trainyard_platform.services.scheduler.schemas import (
     PENDING_SHOWN,
+    NodeCordonView,
     PendingJobView,
     QueueView,
     pending_view,
@@ -227,9 +231,35 @@ def admin_router(pool: asyncpg.Pool) -> Router:
     async def delete_class(name: FromPath[str], principal: Caller) -> None:
         await admin.delete_priority_class(pool, name, principal)
 
+    @post(
+        "/nodes/{node_id:str}/cordon",
+        opt=needs(Role.OPERATOR),
+        operation_class=json_request_body(CordonRequest),
+        responses=error_responses(404, 413, 415),
+        status_code=200,
+    )
+    async def cordon_node(
+        node_id: FromPath[str], request: AnyRequest, principal: Caller
+    ) -> NodeCordonView:
+        """No new allocation on the node until uncordoned; its running jobs go on."""
+        body = await _body(CordonRequest, request)
+        return await admin.cordon_node(pool, node_id, body, principal)
+
+    @post(
+        "/nodes/{node_id:str}/uncordon",
+        opt=needs(Role.OPERATOR),
+        responses=error_responses(404),
+        status_code=200,
+    )
+    async def uncordon_node(node_id: FromPath[str], principal: Caller) -> NodeCordonView:
+        """The node takes new work again (an automatic cordon too is lifted)."""
+        return await admin.uncordon_node(pool, node_id, principal)
+
     return Router(
         "/v1/admin",
         route_handlers=[
+            cordon_node,
+            uncordon_node,
             list_flavors,
             get_flavor,
             put_flavor,

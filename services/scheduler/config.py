@@ -43,6 +43,12 @@ class Settings(GuardedServiceSettings):
     disk, the package index or object store away) is requeued this many times at most,
     backing off as a restart does; these retries never use up the job's ``max_restarts``.
     0: such a job fails at once."""
+    cordon_after_platform_failures: int = Field(default=3, ge=0)
+    """A node whose allocations end in ``platform_error`` this many times in a row (a success
+    on it resets the count) is cordoned for ``cordon_seconds``: no new allocation is placed
+    on it, its running jobs go on. 0: never."""
+    cordon_seconds: float = Field(default=600.0, gt=0)
+    """How long an automatic cordon lasts (an operator's lasts until uncordoned)."""
     pass_interval_seconds: float = Field(default=5.0, gt=0)
     """A scheduling pass runs after every change of supply or demand, and at least this often
     (ageing, estimates, forced releases after the preemption grace)."""

@@ -5,7 +5,9 @@ Contract:
   policy's ``Snapshot`` (times as epoch seconds). Rules the service adds around the policy:
   an *implicit* queue (``default:<team>``, made for a team no operator gave a queue) gets no
   cohort and a nominal quota of twice the ready GPUs of every flavor -- more than it can
-  ever use -- so a fresh install schedules everything; a job whose priority class does not exist is held back from the
+  ever use -- so a fresh install schedules everything; a cordoned node (``cordon``) is left
+  out of the policy's nodes, its GPUs still counted in that quota, its running jobs kept
+  in ``running``; a job whose priority class does not exist is held back from the
   policy (it waits, and ``unknown_priority_note`` says why), and so is a job backing off
   after a failure until its ``eligible_at`` (``restart_note`` says so); a job being cancelled, or under
   a preemption notice, is *leaving* (never chosen as a victim again); usage is decayed to
@@ -66,7 +68,7 @@ class SnapshotRows:
     """What ``repository.load_snapshot_rows`` reads, one list per query."""
 
     nodes: Sequence[Row]
-    """Ready nodes: node_id, gpu_flavor, gpu_count, topology (and address)."""
+    """Ready nodes: node_id, gpu_flavor, gpu_count, topology, cordoned (and address)."""
     leases: Sequence[Row]
     """Live leases on ready nodes: node_id, gpu_index, job_id."""
     running: Sequence[Row]
@@ -178,7 +180,11 @@ def _nodes(
     totals: dict[str, int] = {}
     nodes = []
     for n in node_rows:
+        # A cordoned node's GPUs still count for the size of the cluster (an implicit
+        # queue's quota, which its running jobs use), but it is no node to place on.
         totals[n["gpu_flavor"]] = totals.get(n["gpu_flavor"], 0) + n["gpu_count"]
+        if n.get("cordoned"):
+            continue
         nodes.append(
             Node(
                 n["node_id"],

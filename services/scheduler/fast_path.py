@@ -9,8 +9,9 @@ Contract:
   for a pass, a checkpoint (victims are chosen by it), the cancel of a running job, a
   lost node, an admin change, the end of a leadership term, and any failure of the fast
   path. It is also void from ``valid_until``: the pass's clock plus the pass interval
-  (the timer pass, the safety net, re-decides everything at a new clock by then), the first preemption notice to run out, or the first job backing off to become
-  eligible -- a pass would act on those.
+  (the timer pass, the safety net, re-decides everything at a new clock by then), the first preemption notice to run out, the first job backing off to become
+  eligible, or the first automatic cordon of a node to run out -- a pass would act on
+  those.
 - ``decide_arrivals(conn, kept, job_ids, now)`` decides jobs just queued, in order, with
   ``Incremental.arrive``, when each provably changes nothing else the pass decided
   (``Incremental.arrival_is_isolated``: it can only wait). The decisions then equal those
@@ -65,10 +66,20 @@ class Kept:
     """Jobs this kept pass decided (``decide_arrivals``)."""
 
     @classmethod
-    def of(cls, result: PassResult, config: PolicyConfig, interval_s: float) -> Kept:
+    def of(
+        cls,
+        result: PassResult,
+        config: PolicyConfig,
+        interval_s: float,
+        due_at: datetime | None = None,
+    ) -> Kept:
+        """``result`` kept until ``valid_until`` (the module docstring); ``due_at``: when
+        something else a pass acts on comes due (an automatic cordon running out)."""
         built = result.built
         snapshot = built.snapshot
         ends = [snapshot.now + interval_s]
+        if due_at is not None:
+            ends.append(due_at.timestamp())
         ends += [r.notice_at + config.grace_s for r in snapshot.running if r.notice_at is not None]
         ends += [row["eligible_at"].timestamp() for row in built.backing_off]
         until = from_epoch(min(ends)) or datetime.fromtimestamp(snapshot.now, UTC)

@@ -24,6 +24,9 @@ Contract:
   one ``JobFailed`` (event id ``said-failed:<allocation>``) carrying the decision's reason,
   its ``failure_kind`` and, after a runner's report, its exit code and log tail. A requeued
   job backs off until ``jobs.eligible_at`` (``Tuning.restart_backoff_s``).
+- Each ending also tells the nodes' health (``cordon.record_ends``): a platform failure
+  counts against the node that reported it, a success resets the count of each of the
+  job's nodes; enough failures in a row cordon the node.
 The caller holds the scheduling lock and runs a pass afterwards.
 """
 
@@ -37,8 +40,10 @@ from datetime import datetime, timedelta
 import asyncpg
 
 from trainyard_platform.services.scheduler import allocation_repository as allocation_repo
+from trainyard_platform.services.scheduler import cordon
 from trainyard_platform.services.scheduler import repository as repo
 from trainyard_platform.services.scheduler.domain import (
+    PLATFORM,
     Allocation,
     EndDecision,
     EndKind,
@@ -77,6 +82,9 @@ class Ending:
     gpu_seconds: float
     events: list[Traced]
     """In order, each with the trace context current when it was planned."""
+    node_ends: tuple[cordon.NodeEnd, ...] = ()
+    """What the ending says of its nodes' health (``cordon.record_ends``): the reporting
+    node's platform failure, or a success on every node of the job."""
 
 
 async def end_gang(
@@ -160,7 +168,33 @@ def plan_end(
     elif decision.requeued and (decision.restart or decision.platform_retry):
         # Likewise: the job's view must leave RUNNING now, not when it is placed again.
         events.extend(_said_preempted(job.job_id, allocations, reported_at, decision.reason))
-    return Ending(job, allocations, kind, decision, releases, gpu_seconds, events)
+    return Ending(
+        job,
+        allocations,
+        kind,
+        decision,
+        releases,
+        gpu_seconds,
+        events,
+        _node_ends(allocations, kind, decision, reporter, failed),
+    )
+
+
+def _node_ends(
+    allocations: Sequence[Allocation],
+    kind: EndKind,
+    decision: EndDecision,
+    reporter: str | None,
+    failed: JobFailed | None,
+) -> tuple[cordon.NodeEnd, ...]:
+    """A success on each of the job's nodes, or a platform failure on the node whose runner
+    reported it (a gang's other members were only fenced); nothing for any other end."""
+    if kind == "succeeded":
+        return tuple((a.node_id, None) for a in allocations)
+    if decision.failure_kind != PLATFORM or failed is None:
+        return ()
+    node = next((a.node_id for a in allocations if a.allocation_id == reporter), failed.node_id)
+    return ((node, failed.reason or PLATFORM),)
 
 
 def _said_failed(
@@ -220,6 +254,13 @@ async def apply_endings(
     for (status, reason), job_ids in moved.items():
         await repo.set_job_status(conn, job_ids, status, now, reason)
     await outbox.enqueue_traced(conn, [event for e in endings for event in e.events])
+    await cordon.record_ends(
+        conn,
+        [end for e in endings for end in e.node_ends],
+        now,
+        tuning.cordon_after_platform_failures,
+        tuning.cordon_seconds,
+    )
     for ending in endings:
         with job_scope(ending.job.job_id):  # a sweep's endings are in no event's span
             log.info(

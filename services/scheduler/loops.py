@@ -13,7 +13,8 @@ Contract:
   settled state (``run_pass(settled_notes=True)``), unless notes have waited ``interval_s``
   already. When a job backs off after a failure, the loop also wakes when the first such
   job becomes eligible (``jobs.eligible_at``), so it is placed then, not up to
-  ``interval_s`` later.
+  ``interval_s`` later; likewise when the first automatic cordon of a node runs out, and
+  before each pass it lifts those that have (``cordon.lift_expired``).
 - A pass that placed and preempted nothing is kept for the arrival fast path
   (``fast_path``): a batch of events that only queued new jobs has them decided against it
   (``PassLoop.decide_arrivals``) instead of asking for a pass, where each provably can only
@@ -35,6 +36,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
+from trainyard_platform.services.scheduler import cordon
 from trainyard_platform.services.scheduler import repository as repo
 from trainyard_platform.services.scheduler.admin_repository import CONFIG_CHANNEL
 from trainyard_platform.services.scheduler.fast_path import Kept, decide_arrivals
@@ -88,7 +90,8 @@ class PassLoop:
         self._notes_at = time.monotonic()
         self._rest_until = 0.0
         self._due_at: float | None = None
-        """Monotonic time when the next job backing off becomes eligible (None: none)."""
+        """Monotonic time when the next job backing off becomes eligible, or the next
+        automatic cordon ends, whichever is first (None: neither)."""
         self.passes = 0
         self._kept: Kept | None = None
         """The last settled pass, for the arrival fast path (``fast_path``); None: none
@@ -182,18 +185,20 @@ class PassLoop:
             await self._guard(conn)
             now, at = self._clock(), time.monotonic()
             await release_expired_notices(conn, now, self._tuning)
+            await cordon.lift_expired(conn, now)
             overdue = started - self._notes_at >= self._interval_s
             decisions = await run_pass(
                 conn, now, self._tuning, settled_notes=not overdue, keep=kept.append
             )
-            eligible_at = await repo.next_eligible_at(conn, now)
+            due = [await repo.next_eligible_at(conn, now), await cordon.next_end(conn, now)]
+            due_at = min((d for d in due if d is not None), default=None)
         # A change that got the lock as this pass committed may have forgotten it already
         # (before this coroutine resumed): then it is not the state any more.
         if kept and self._forgotten == forgotten:
-            self._kept = Kept.of(kept[0], self._tuning.policy, self._interval_s)
+            self._kept = Kept.of(kept[0], self._tuning.policy, self._interval_s, due_at)
         self._due_at = None
-        if eligible_at is not None:
-            self._due_at = at + (eligible_at - now).total_seconds()
+        if due_at is not None:
+            self._due_at = at + (due_at - now).total_seconds()
         self.passes += 1
         log.debug(
             "pass %d: %d placed, %d preempted, %d waiting in %.1f ms",

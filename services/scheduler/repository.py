@@ -152,7 +152,8 @@ async def load_snapshot_rows(conn: asyncpg.Connection) -> SnapshotRows:
         # queries below find it.
         pending=await conn.fetch(f"{_PENDING_ROWS} WHERE status = $1", JobStatus.QUEUED.value),
         nodes=await conn.fetch(
-            "SELECT node_id, gpu_flavor, gpu_count, topology, address FROM nodes WHERE status = $1",
+            "SELECT node_id, gpu_flavor, gpu_count, topology, address, "
+            "cordoned_at IS NOT NULL AS cordoned FROM nodes WHERE status = $1",
             ready,
         ),
         leases=await conn.fetch(
@@ -414,8 +415,8 @@ _NO_PENDING = (
 
 async def all_nodes(conn: asyncpg.Connection) -> list[Row]:
     rows: list[Row] = await conn.fetch(
-        "SELECT node_id, hostname, gpu_flavor, gpu_count, topology, status, last_heartbeat "
-        "FROM nodes ORDER BY node_id"
+        "SELECT node_id, hostname, gpu_flavor, gpu_count, topology, status, last_heartbeat, "
+        "cordoned_at, cordon_reason, cordoned_by, cordoned_until FROM nodes ORDER BY node_id"
     )
     return rows
 

@@ -114,6 +114,10 @@ class Tuning:
     platform_retries: int = 3
     """Retries of a job after ``platform_error`` failures (apart from its ``max_restarts``),
     each backing off as a restart does."""
+    cordon_after_platform_failures: int = 3
+    """A node whose allocations end in ``platform_error`` this many times in a row is
+    cordoned for ``cordon_seconds`` (``cordon``); 0: never."""
+    cordon_seconds: float = 600.0
 
     @property
     def preemption_grace_s(self) -> float:

@@ -31,6 +31,23 @@ class _Schema(BaseModel):
     model_config = ConfigDict(frozen=True)
 
 
+class CordonView(_Schema):
+    reason: str
+    by: str
+    """Who cordoned it: the operator, or ``scheduler`` for an automatic cordon."""
+    since: datetime
+    until: datetime | None
+    """When an automatic cordon ends by itself; None: until an operator uncordons."""
+
+
+class NodeCordonView(_Schema):
+    """What ``POST /v1/admin/nodes/{node_id}/cordon`` and ``.../uncordon`` answer."""
+
+    node_id: str
+    cordon: CordonView | None
+    """None: the node takes new work."""
+
+
 class NodeView(_Schema):
     node_id: str
     hostname: str
@@ -39,10 +56,12 @@ class NodeView(_Schema):
     status: str
     gpu_count: int
     free_gpus: list[int]
-    """Indices free for new work (none on a LOST node)."""
+    """Indices free for new work (none on a LOST or cordoned node)."""
     used_gpus: dict[int, str]
     """GPU index -> id of the job leasing it."""
     last_heartbeat: datetime
+    cordon: CordonView | None = None
+    """Set while the node is cordoned: no new allocation is placed on it."""
 
 
 class AllocationView(_Schema):
@@ -170,8 +189,22 @@ def queue_view(
     )
 
 
+def cordon_view(row: Row) -> CordonView | None:
+    """The node row's cordon (columns ``cordoned_at``, ``cordon_reason``, ``cordoned_by``,
+    ``cordoned_until``), or None when it is not cordoned."""
+    if row.get("cordoned_at") is None:
+        return None
+    return CordonView(
+        reason=row["cordon_reason"],
+        by=row["cordoned_by"],
+        since=row["cordoned_at"],
+        until=row["cordoned_until"],
+    )
+
+
 def _node(row: Row, used: dict[int, str]) -> NodeView:
-    ready = row["status"] == "READY"
+    cordon = cordon_view(row)
+    ready = row["status"] == "READY" and cordon is None
     return NodeView(
         node_id=row["node_id"],
         hostname=row["hostname"],
@@ -182,6 +215,7 @@ def _node(row: Row, used: dict[int, str]) -> NodeView:
         free_gpus=[i for i in range(row["gpu_count"]) if i not in used] if ready else [],
         used_gpus=dict(sorted(used.items())),
         last_heartbeat=row["last_heartbeat"],
+        cordon=cordon,
     )
 
 

@@ -70,6 +70,8 @@ def tuning_from(settings: Settings) -> Tuning:
         restart_backoff_s=settings.restart_backoff_seconds,
         restart_backoff_max_s=settings.restart_backoff_max_seconds,
         platform_retries=settings.platform_retries,
+        cordon_after_platform_failures=settings.cordon_after_platform_failures,
+        cordon_seconds=settings.cordon_seconds,
     )
 
 

@@ -62,6 +62,7 @@ from trainyard_platform.services.runner.agent import NodeAgent
 from trainyard_platform.services.runner.app import create_app as runner_app
 from trainyard_platform.services.scheduler.admin_schemas import (
     CohortRequest,
+    CordonRequest,
     FlavorRequest,
     PriorityClassRequest,
     QueueRequest,
@@ -283,6 +284,7 @@ JSON_BODIES: dict[tuple[str, str, str], type[BaseModel]] = {
     ("scheduler", "put", "/v1/admin/cohorts/{name}"): CohortRequest,
     ("scheduler", "put", "/v1/admin/queues/{name}"): QueueRequest,
     ("scheduler", "put", "/v1/admin/priority-classes/{name}"): PriorityClassRequest,
+    ("scheduler", "post", "/v1/admin/nodes/{node_id}/cordon"): CordonRequest,
     ("registry", "put", "/v1/jobs/{job_id}/note"): NoteBody,
     ("registry", "post", "/v1/models/{team}/{name}/versions"): RegisterRequest,
     ("registry", "put", "/v1/models/{team}/{name}/aliases/{alias}"): AliasRequest,
@@ -343,6 +345,7 @@ UNHOLDABLE: dict[str, list[tuple[str, str, str]]] = {
             for kind in ("flavors", "cohorts", "queues", "priority-classes")
             for method in ("GET", "DELETE")
         ),
+        *(("POST", f"/v1/admin/nodes/a%00b/{verb}", "node_id") for verb in ("cordon", "uncordon")),
         ("GET", f"/v1/audit?before={INT64_MAX + 1}", "before"),
     ],
     "registry": [

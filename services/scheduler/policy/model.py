@@ -28,7 +28,9 @@ Flavor = str
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """A ready node (lost or draining nodes are left out of the snapshot)."""
+    """A ready node that takes new work (lost or cordoned nodes are left out of the
+    snapshot; the running jobs of a cordoned one stay in ``Snapshot.running``, their
+    ``placement`` naming a node that is not here)."""
 
     node_id: str
     flavor: Flavor

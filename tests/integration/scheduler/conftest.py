@@ -183,6 +183,8 @@ async def scheduler_with(pool: asyncpg.Pool, nats_settings: NatsSettings) -> Asy
             restart_backoff_max_s: float = 300.0,
             pass_interval_s: float = 0.2,
             platform_retries: int = 3,
+            cordon_after_platform_failures: int = 3,
+            cordon_seconds: float = 600.0,
             **policy: Any,
         ) -> Scheduler:
             bus = await stack.enter_async_context(Bus.connect(nats_settings, "scheduler-test"))
@@ -197,6 +199,8 @@ async def scheduler_with(pool: asyncpg.Pool, nats_settings: NatsSettings) -> Asy
                 restart_backoff_s=restart_backoff_s,
                 restart_backoff_max_s=restart_backoff_max_s,
                 platform_retries=platform_retries,
+                cordon_after_platform_failures=cordon_after_platform_failures,
+                cordon_seconds=cordon_seconds,
             )
             work = LeaderWork(
                 NAME,

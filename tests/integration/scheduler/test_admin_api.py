@@ -534,3 +534,48 @@ async def test_flavors_cohorts_and_priority_classes_come_a_page_at_a_time(
         for bad in ({"after": "bm90IGEgY3Vyc29y"}, {"limit": 501}):
             refused = await http.get(f"/v1/admin/{kind}", params=bad, headers=AUTH)
             assert next(iter(bad)) in fields(refused), kind
+
+
+# --- cordon ----------------------------------------------------------------------------
+
+
+async def test_cordon_needs_a_known_node_and_a_reason(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    for verb in ("cordon", "uncordon"):
+        response = await http.post(f"/v1/admin/nodes/n1/{verb}", json={"reason": "x"})
+        assert response.status_code == 401, response.text
+        response = await http.post(
+            f"/v1/admin/nodes/nope/{verb}", json={"reason": "disk"}, headers=AUTH
+        )
+        assert response.status_code == 404, response.text
+        assert response.json()["detail"] == "no node nope"
+    async with pool.acquire() as conn:
+        await repo.upsert_node(conn, "n1", "h1", "h200", 8, datetime.now(UTC))
+    for body, message in (
+        ({}, "field required"),
+        ({"reason": ""}, "at least 1 character"),
+        ({"reason": "   "}, "must not be blank"),
+        ({"reason": "x" * 501}, "at most 500 characters"),
+        ({"reason": 7}, "valid string"),
+    ):
+        response = await http.post("/v1/admin/nodes/n1/cordon", json=body, headers=AUTH)
+        assert message in fields(response)["reason"], (body, response.text)
+    response = await http.post(
+        "/v1/admin/nodes/n1/cordon", json={"reason": "disk", "until": "never"}, headers=AUTH
+    )
+    assert "until" in fields(response)
+    json_type = {**AUTH, "Content-Type": "application/json"}
+    response = await http.post("/v1/admin/nodes/n1/cordon", content=b"not json", headers=json_type)
+    assert response.status_code == 422 and response.json()["detail"], response.text
+    # Nothing was stored or audited by any of those.
+    assert await pool.fetchval("SELECT cordoned_at FROM nodes WHERE node_id = 'n1'") is None
+    assert (await http.get("/v1/audit", headers=AUTH)).json() == []
+    # An operator's second cordon keeps its start and takes the new reason.
+    first = (
+        await http.post("/v1/admin/nodes/n1/cordon", json={"reason": "disk"}, headers=AUTH)
+    ).json()["cordon"]
+    again = (
+        await http.post("/v1/admin/nodes/n1/cordon", json={"reason": "fan"}, headers=AUTH)
+    ).json()["cordon"]
+    assert (again["since"], again["reason"]) == (first["since"], "fan")

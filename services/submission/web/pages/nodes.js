@@ -77,7 +77,7 @@ function clusterNodes(queue) {
     const usedCount = Object.keys(node.used_gpus).length;
     const share = node.gpu_count ? usedCount / node.gpu_count : 0;
     return h("section", { class: `card node ${lost ? "node-lost" : ""}`, dataset: { node: node.node_id } },
-      h("h2", {}, node.node_id, " ", h("span", { class: `badge ${lost ? "status-failed" : "status-succeeded"}` }, node.status.toLowerCase())),
+      h("h2", {}, node.node_id, " ", h("span", { class: `badge ${lost ? "status-failed" : node.cordon ? "status-preempted" : "status-succeeded"}`, title: node.cordon ? `cordoned by ${node.cordon.by}: ${node.cordon.reason}` : null }, node.cordon && !lost ? "cordoned" : node.status.toLowerCase())),
       h("p", { class: "muted" }, `${node.hostname} · ${node.gpu_flavor} · ${node.topology || "no topology"} · heartbeat `, when(node.last_heartbeat)),
       h("div", { class: "meter", title: `${usedCount} of ${node.gpu_count} GPUs allocated` },
         h("span", { style: `width:${Math.round(share * 100)}%` })),
