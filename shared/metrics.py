@@ -217,6 +217,14 @@ CATALOGUE: Final = _specs(
         ("state",),
     ),
     MetricSpec(
+        "trainyard.scheduler.nodes.cordoned",
+        "gauge",
+        "{node}",
+        "Nodes that take no new allocation, by who cordoned them: an operator, or the "
+        "scheduler after repeated platform failures",
+        ("by",),
+    ),
+    MetricSpec(
         "trainyard.scheduler.jobs.finished",
         "counter",
         "{job}",

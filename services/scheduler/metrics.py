@@ -37,6 +37,13 @@ _ALLOCATIONS = """SELECT n.gpu_flavor AS flavor, count(a.allocation_id) AS grant
 FROM nodes n LEFT JOIN allocations a USING (node_id) GROUP BY n.gpu_flavor"""
 """Every flavor a node ever had, at 0 until its first allocation (as ``_QUEUES``)."""
 
+CORDONED_BY = ("operator", "scheduler")
+"""Every ``by`` of ``trainyard.scheduler.nodes.cordoned``, each from the start at 0: an
+automatic cordon (the scheduler's) has an end, an operator's has none."""
+_CORDONED = """SELECT CASE WHEN cordoned_until IS NULL THEN 'operator' ELSE 'scheduler' END AS by,
+       count(*) AS n
+FROM nodes WHERE cordoned_at IS NOT NULL GROUP BY 1"""
+
 TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
 """Every state of ``trainyard.scheduler.jobs.finished``: each is reported from the start, 0
 until a job ends in it (a series that appears only with its first job reads as "unknown" to
@@ -80,6 +87,12 @@ def scheduler_readings(sampler: Sampler, pool: asyncpg.Pool) -> None:
             counts[str(r["status"]).lower()] = float(r["n"])
         return [(n, {"state": state}) for state, n in counts.items()]
 
+    async def cordoned() -> Readings:
+        counts = dict.fromkeys(CORDONED_BY, 0.0)
+        for r in await fetch(_CORDONED):
+            counts[str(r["by"])] = float(r["n"])
+        return [(n, {"by": by}) for by, n in counts.items()]
+
     async def allocations() -> Readings:
         return [(float(r["granted"]), {"flavor": r["flavor"]}) for r in await fetch(_ALLOCATIONS)]
 
@@ -96,6 +109,7 @@ def scheduler_readings(sampler: Sampler, pool: asyncpg.Pool) -> None:
     sampler.gauge("trainyard.scheduler.queue.oldest_wait", oldest)
     sampler.gauge("trainyard.scheduler.gpus", gpus)
     sampler.gauge("trainyard.scheduler.nodes", nodes)
+    sampler.gauge("trainyard.scheduler.nodes.cordoned", cordoned)
     sampler.gauge("trainyard.scheduler.allocations", allocations)
     sampler.gauge("trainyard.scheduler.preemptions", preemptions)
     sampler.gauge("trainyard.scheduler.jobs.finished", finished)

@@ -47,6 +47,7 @@ OWN: dict[str, set[str]] = {
         "trainyard.scheduler.preemptions",
         "trainyard.scheduler.gpus",
         "trainyard.scheduler.nodes",
+        "trainyard.scheduler.nodes.cordoned",
         "trainyard.scheduler.jobs.finished",
     },
     "runner": {

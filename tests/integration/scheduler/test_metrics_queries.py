@@ -17,8 +17,8 @@ from trainyard_platform.shared.metrics_sampler import Sampler
 pytestmark = pytest.mark.integration
 
 
-async def readings(scheduler: Scheduler, name: str) -> dict[str, float]:
-    """``name``'s points by their ``flavor`` label, sampled once from the database."""
+async def readings(scheduler: Scheduler, name: str, label: str = "flavor") -> dict[str, float]:
+    """``name``'s points by their ``label`` label, sampled once from the database."""
     reader = InMemoryMetricReader()
     sampler = Sampler(meter=MeterProvider(metric_readers=[reader]).get_meter("test"))
     scheduler_readings(sampler, scheduler.pool)
@@ -26,7 +26,7 @@ async def readings(scheduler: Scheduler, name: str) -> dict[str, float]:
     data = reader.get_metrics_data()
     assert data is not None
     return {
-        str(point.attributes["flavor"]): float(point.value)  # type: ignore[index]
+        str(point.attributes[label]): float(point.value)  # type: ignore[index]
         for resource in data.resource_metrics
         for scope in resource.scope_metrics
         for metric in scope.metrics
@@ -49,3 +49,17 @@ async def test_allocations_and_preemptions_per_flavor_from_zero(scheduler: Sched
     await scheduler.wait_for(AllocationGranted, count=2)
     assert await readings(scheduler, "trainyard.scheduler.preemptions") == {"cpu": 0, "a100": 0}
     assert await readings(scheduler, "trainyard.scheduler.allocations") == {"cpu": 2, "a100": 0}
+
+
+async def test_cordoned_nodes_by_who_cordoned_them_from_zero(scheduler: Scheduler) -> None:
+    name = "trainyard.scheduler.nodes.cordoned"
+    assert await readings(scheduler, name, "by") == {"operator": 0, "scheduler": 0}
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.heartbeat("n2", gpus=1)
+    await scheduler.heartbeat("n3", gpus=1)
+    await scheduler.pool.execute(
+        "UPDATE nodes SET cordoned_at = now(), cordon_reason = 'r', cordoned_by = 'ops', "
+        "cordoned_until = CASE node_id WHEN 'n1' THEN NULL ELSE now() + interval '1 hour' END "
+        "WHERE node_id IN ('n1', 'n2')"
+    )
+    assert await readings(scheduler, name, "by") == {"operator": 1, "scheduler": 1}
