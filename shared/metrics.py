@@ -206,7 +206,8 @@ CATALOGUE: Final = _specs(
         "gauge",
         "{gpu}",
         "GPUs by flavor and state: allocated (leased to a job), idle (on a ready node, "
-        "free), lost (on a node that stopped heartbeating)",
+        "free), cordoned (free on a cordoned node: no job is placed there), lost (on a node "
+        "that stopped heartbeating)",
         ("flavor", "state"),
     ),
     MetricSpec(

@@ -19,18 +19,20 @@ GROUP BY q.name"""
 """Every queue, empty ones at 0 (a series that vanishes when a queue drains reads as
 "unknown" to Prometheus)."""
 
-_GPUS = """SELECT n.gpu_flavor AS flavor, n.status,
+_GPUS = """SELECT n.gpu_flavor AS flavor, n.status, n.cordoned_at IS NOT NULL AS cordoned,
        sum(n.gpu_count) AS gpus,
        coalesce(sum(l.leased), 0) AS leased
 FROM nodes n
 LEFT JOIN (SELECT node_id, count(*) AS leased FROM gpu_leases WHERE released_at IS NULL
            GROUP BY node_id) l USING (node_id)
-GROUP BY n.gpu_flavor, n.status"""
+GROUP BY n.gpu_flavor, n.status, n.cordoned_at IS NOT NULL"""
 
-GPU_STATES = ("allocated", "idle", "lost")
+GPU_STATES = ("allocated", "idle", "cordoned", "lost")
 """Every state of ``trainyard.scheduler.gpus``, each reported for every flavor a node has
 (0 where none): before, a flavor whose nodes were all lost lost its ``allocated`` and
-``idle`` series, and its ``lost`` series vanished once they came back."""
+``idle`` series, and its ``lost`` series vanished once they came back. The free GPUs of a
+cordoned node are ``cordoned``, not ``idle``: no job can be placed on them, and counted
+idle they set off ``TrainyardGPUsIdleWhileJobsWait`` for as long as a node was cordoned."""
 
 _ALLOCATIONS = """SELECT n.gpu_flavor AS flavor, count(a.allocation_id) AS granted,
        count(*) FILTER (WHERE a.outcome = 'preempted' AND a.notice_at IS NOT NULL) AS preempted
@@ -74,7 +76,7 @@ def scheduler_readings(sampler: Sampler, pool: asyncpg.Pool) -> None:
                 continue
             leased = float(r["leased"])
             flavor["allocated"] += leased
-            flavor["idle"] += float(r["gpus"]) - leased
+            flavor["cordoned" if r.get("cordoned") else "idle"] += float(r["gpus"]) - leased
         return [
             (n, {"flavor": flavor, "state": state})
             for flavor, states in counts.items()

@@ -63,3 +63,29 @@ async def test_cordoned_nodes_by_who_cordoned_them_from_zero(scheduler: Schedule
         "WHERE node_id IN ('n1', 'n2')"
     )
     assert await readings(scheduler, name, "by") == {"operator": 1, "scheduler": 1}
+
+
+async def test_free_gpus_of_a_cordoned_node_are_not_idle(scheduler: Scheduler) -> None:
+    # Before: they counted idle, and TrainyardGPUsIdleWhileJobsWait fired for as long as a
+    # node was cordoned while jobs waited, though no job could be placed on them.
+    await scheduler.heartbeat("n1", gpus=2)
+    await scheduler.heartbeat("n2", gpus=1)
+    await scheduler.pool.execute(
+        "UPDATE nodes SET cordoned_at = now(), cordon_reason = 'r', cordoned_by = 'ops' "
+        "WHERE node_id = 'n1'"
+    )
+    reader = InMemoryMetricReader()
+    sampler = Sampler(meter=MeterProvider(metric_readers=[reader]).get_meter("test"))
+    scheduler_readings(sampler, scheduler.pool)
+    await sampler.sample_once()
+    data = reader.get_metrics_data()
+    assert data is not None
+    gpus = {
+        str(point.attributes["state"]): float(point.value)  # type: ignore[index]
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == "trainyard.scheduler.gpus"
+        for point in metric.data.data_points  # type: ignore[union-attr]
+    }
+    assert gpus == {"allocated": 0, "idle": 1, "cordoned": 2, "lost": 0}

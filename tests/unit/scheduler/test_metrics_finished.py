@@ -66,8 +66,10 @@ async def test_every_gpu_state_of_every_flavor_is_reported_lost_nodes_too() -> N
     assert gpus == {
         ("h100", "allocated"): 3,
         ("h100", "idle"): 5,
+        ("h100", "cordoned"): 0,
         ("h100", "lost"): 0,
         ("a100", "allocated"): 0,
         ("a100", "idle"): 0,
+        ("a100", "cordoned"): 0,
         ("a100", "lost"): 8,
     }
