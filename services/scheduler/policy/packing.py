@@ -237,19 +237,6 @@ class FlavorPool:
                     break
         return picked
 
-    def fits_after_freeing(self, shapes: tuple[Shape, ...], freed: Mapping[str, int]) -> bool:
-        """Whether some shape would fit if ``freed`` (node id -> GPUs) were released."""
-        for count, per_node in shapes:
-            have = self.count_at_least(per_node) if per_node <= self.capacity else 0
-            for node_id, gpus in freed.items():
-                node = self.nodes[node_id]
-                before = node.free_count
-                if before < per_node <= before + gpus:
-                    have += 1
-            if have >= count:
-                return True
-        return False
-
     # --- change --------------------------------------------------------------------------
 
     def take(self, nodes: list[NodeSlot], per_node: int, job_id: str) -> dict[str, tuple[int, ...]]:
