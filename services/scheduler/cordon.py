@@ -16,7 +16,8 @@ Contract:
   platform failure while it is cordoned so extends the period; an operator's cordon is
   never replaced by an automatic one (an operator's cordon replaces an automatic one).
 - ``lift_expired`` (the pass loop, before each pass) uncordons the nodes whose automatic
-  cordon has run out; their count stays, so one more platform failure cordons again.
+  cordon has run out, and says when the next one ends; their count stays, so one more
+  platform failure cordons again.
 """
 
 from __future__ import annotations
@@ -74,18 +75,30 @@ async def record_ends(
         by_node.setdefault(node_id, []).append(reason)
     if not by_node:
         return []
+    if all(reason is None for reasons in by_node.values() for reason in reasons):
+        # Successes only (nearly every batch): one statement, which writes only the rows
+        # of nodes that had failures to forget.
+        await conn.execute(
+            "UPDATE nodes SET platform_failures = 0 "
+            "WHERE node_id = ANY($1::text[]) AND platform_failures <> 0",
+            sorted(by_node),
+        )
+        return []
     rows = await conn.fetch(
         "SELECT node_id, platform_failures FROM nodes WHERE node_id = ANY($1::text[]) "
         "ORDER BY node_id FOR UPDATE",
         sorted(by_node),
     )
+    counted = {r["node_id"]: tally(r["platform_failures"], by_node[r["node_id"]]) for r in rows}
+    await conn.execute(
+        "UPDATE nodes SET platform_failures = v.count "
+        "FROM unnest($1::text[], $2::int[]) AS v(node_id, count) "
+        "WHERE nodes.node_id = v.node_id AND nodes.platform_failures <> v.count",
+        list(counted),
+        [count for count, _ in counted.values()],
+    )
     cordoned: list[str] = []
-    for row in rows:
-        node_id = row["node_id"]
-        count, last = tally(row["platform_failures"], by_node[node_id])
-        await conn.execute(
-            "UPDATE nodes SET platform_failures = $2 WHERE node_id = $1", node_id, count
-        )
+    for node_id, (count, last) in counted.items():
         if last is None or not cordons(count, after):
             continue
         reason = automatic_reason(count, last)
@@ -112,25 +125,23 @@ async def record_ends(
     return cordoned
 
 
-async def lift_expired(conn: asyncpg.Connection, now: datetime) -> list[str]:
-    """Uncordon the nodes whose automatic cordon ended by ``now``; returns them."""
-    rows = await conn.fetch(
-        "UPDATE nodes SET cordoned_at = NULL, cordon_reason = NULL, cordoned_by = NULL, "
-        "cordoned_until = NULL WHERE cordoned_until <= $1 RETURNING node_id",
+async def lift_expired(conn: asyncpg.Connection, now: datetime) -> datetime | None:
+    """Uncordon the nodes whose automatic cordon ended by ``now`` (each logged), and return
+    when the next automatic cordon still in place ends (None: none is). One statement: the
+    pass loop calls it before every pass."""
+    row = await conn.fetchrow(
+        "WITH lifted AS (UPDATE nodes SET cordoned_at = NULL, cordon_reason = NULL, "
+        "cordoned_by = NULL, cordoned_until = NULL WHERE cordoned_until <= $1 "
+        "RETURNING node_id) "
+        "SELECT ARRAY(SELECT node_id FROM lifted ORDER BY node_id) AS lifted, "
+        "(SELECT min(cordoned_until) FROM nodes WHERE cordoned_until > $1) AS next_end",
         now,
     )
-    lifted = sorted(r["node_id"] for r in rows)
-    for node_id in lifted:
+    assert row is not None  # a SELECT without FROM has one row
+    for node_id in row["lifted"]:
         log.info("node %s: its automatic cordon ended; it takes new allocations again", node_id)
-    return lifted
-
-
-async def next_end(conn: asyncpg.Connection, now: datetime) -> datetime | None:
-    """When the next automatic cordon ends (None: none is in place)."""
-    at: datetime | None = await conn.fetchval(
-        "SELECT min(cordoned_until) FROM nodes WHERE cordoned_until > $1", now
-    )
-    return at
+    next_end: datetime | None = row["next_end"]
+    return next_end
 
 
 async def cordon(

@@ -185,12 +185,12 @@ class PassLoop:
             await self._guard(conn)
             now, at = self._clock(), time.monotonic()
             await release_expired_notices(conn, now, self._tuning)
-            await cordon.lift_expired(conn, now)
+            cordon_ends = await cordon.lift_expired(conn, now)
             overdue = started - self._notes_at >= self._interval_s
             decisions = await run_pass(
                 conn, now, self._tuning, settled_notes=not overdue, keep=kept.append
             )
-            due = [await repo.next_eligible_at(conn, now), await cordon.next_end(conn, now)]
+            due = [await repo.next_eligible_at(conn, now), cordon_ends]
             due_at = min((d for d in due if d is not None), default=None)
         # A change that got the lock as this pass committed may have forgotten it already
         # (before this coroutine resumed): then it is not the state any more.
