@@ -469,7 +469,9 @@ async def test_the_watchdog_deposes_a_leader_whose_lock_session_stops_answering(
             os.kill(frozen, signal.SIGSTOP)
             # check_s is 0.1: the query times out after 1 s.
             await until(lambda: not first.leadership.is_leader, timeout=6)
-            assert first.stepped_down == 1 and seen_by_work == [False]
+            # The flag falls first; the work hears of it at its next turn of the event loop.
+            await until(lambda: first.stepped_down == 1, timeout=6)
+            assert seen_by_work == [False]
             failed = [m for m in caplog.messages if m.startswith("leader lock connection failed")]
             assert failed and "None" not in failed[0]  # names the failure
             assert "lost the leader lock connection: no longer leading" in caplog.messages
