@@ -153,6 +153,10 @@ STREAMS_USER = "scheduler"
 """The one service NATS user that makes and updates the streams (docs/security.md, "Bus")."""
 STREAM_WAIT_S = 120.0
 """How long another service waits at start for the streams to exist."""
+STORE_FAILED_ERR_CODE = 10049
+"""JetStream's error code for "error creating store for stream" (``Bus._add_stream``)."""
+STORE_RETRIES = 5
+STORE_RETRY_S = 0.2
 
 Handler = Callable[[Envelope[Payload]], Awaitable[None]]
 """Handles one event."""
@@ -747,11 +751,28 @@ class Bus:
             if not self.makes_streams:
                 await self._wait_for_stream(name)
                 continue
+            await self._add_stream(config)
+
+    async def _add_stream(self, config: api.StreamConfig) -> None:
+        """Add ``config``'s stream, or update it where it exists with another configuration
+        (e.g. an older duplicate window). A store the server fails to create is tried again
+        ``STORE_RETRIES`` times, ``STORE_RETRY_S`` apart, before the error is raised: seen
+        (nats-server 2.15, a loaded host) when a stream is made again right after the
+        stream of that name was deleted, as a bus does when a stream was lost."""
+        for attempt in range(STORE_RETRIES + 1):
             try:
                 await self._js.add_stream(config)
+                return
             except BadRequestError:
-                # Exists with another configuration (e.g. an older duplicate window).
                 await self._js.update_stream(config)
+                return
+            except nats.js.errors.ServerError as exc:
+                if exc.err_code != STORE_FAILED_ERR_CODE or attempt == STORE_RETRIES:
+                    raise
+                log.warning(
+                    "NATS could not create the store of stream %s yet; retrying", config.name
+                )
+                await asyncio.sleep(STORE_RETRY_S)
 
     async def _wait_for_stream(self, name: str) -> None:
         loop = asyncio.get_running_loop()

@@ -16,6 +16,7 @@ from typing import Any
 
 import asyncpg
 import nats.errors
+import nats.js.errors
 import pytest
 import urllib3.exceptions
 from minio.error import S3Error, ServerError
@@ -510,3 +511,51 @@ def test_an_error_seen_twice_does_not_end_the_search() -> None:
     seen_twice = ValueError("the same error, twice")
     group = ExceptionGroup("tasks", [asyncpg.CannotConnectNowError("up"), seen_twice, seen_twice])
     assert infrastructure_fault(group) == "PostgreSQL unavailable (CannotConnectNowError: up)"
+
+
+# --- making the streams --------------------------------------------------------------------
+
+
+class StoreFailingJetStream:
+    """``add_stream`` fails to create the store ``failures`` times, then makes the stream."""
+
+    def __init__(self, failures: int, err_code: int = 10049) -> None:
+        self.failures = failures
+        self.err_code = err_code
+        self.added: list[str] = []
+
+    async def add_stream(self, config: Any) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise nats.js.errors.ServerError(
+                code=500, err_code=self.err_code, description="error creating store for stream"
+            )
+        self.added.append(config.name)
+
+
+def bus_on(js: StoreFailingJetStream, monkeypatch: pytest.MonkeyPatch) -> Bus:
+    monkeypatch.setattr(bus_module, "STORE_RETRY_S", 0)
+    bus = make_bus()
+    bus._js = js  # type: ignore[assignment]
+    return bus
+
+
+async def test_a_store_the_server_fails_to_create_at_first_is_tried_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    js = StoreFailingJetStream(failures=bus_module.STORE_RETRIES)
+    await bus_on(js, monkeypatch).ensure_streams()
+    assert js.added == ["TRAINYARD", "TRAINYARD_DEADLETTER"]
+
+
+async def test_a_store_that_keeps_failing_or_another_server_error_is_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(nats.js.errors.ServerError):
+        await bus_on(
+            StoreFailingJetStream(failures=bus_module.STORE_RETRIES + 1), monkeypatch
+        ).ensure_streams()
+    other = StoreFailingJetStream(failures=1, err_code=10077)
+    with pytest.raises(nats.js.errors.ServerError):
+        await bus_on(other, monkeypatch).ensure_streams()
+    assert other.added == []
