@@ -349,8 +349,8 @@ class TrainyardClient:
     ) -> dict[str, Any]:
         """Poll until the job has ended, and return its view.
 
-        A job's results arrive after it ends: the model from the registry (for SUCCEEDED)
-        and the cost from billing. ``wait`` therefore keeps polling an ended job until
+        A job's results arrive after it ends: the model from the registry (for SUCCEEDED,
+        when its spec asked for one) and the cost from billing. ``wait`` therefore keeps polling an ended job until
         its cost is final and, for SUCCEEDED, its model is there, or until
         ``SETTLE_SECONDS`` have passed since it ended (or ``timeout_s`` runs out), and
         then returns the view as it is.
@@ -449,8 +449,11 @@ def _token_body(name: str | None, days: int | None) -> dict[str, Any]:
 
 
 def _settled(view: dict[str, Any]) -> bool:
+    """Whether an ended job's results are all in: its final cost, and the model it asked
+    for (``register_model``) when it SUCCEEDED; a job that asked for none gets none."""
     cost_final = bool((view.get("cost") or {}).get("final"))
-    model_in = view.get("status") != "SUCCEEDED" or view.get("model") is not None
+    asked = bool((view.get("spec") or {}).get("register_model"))
+    model_in = view.get("status") != "SUCCEEDED" or not asked or view.get("model") is not None
     return cost_final and model_in
 
 
