@@ -4,7 +4,8 @@ Contract:
 - ``on_granted`` launches a job at most once per allocation id, across redeliveries and
   runner restarts (the ledger remembers every allocation this node saw). It checks the
   grant, takes a slot, fetches the job's code and checkpoint from the object store (an
-  unreachable store raises: the grant comes again) and records the launch in the ledger,
+  unreachable store raises: the grant comes again; any other failure, this node's full
+  disk included, ends the allocation as ``platform_error``) and records the launch in the ledger,
   then returns; a task of the grant's own builds its environment (minutes, maybe) and
   spawns the process, so launches of different jobs proceed side by side. Only once the
   process exists is ``job.started`` said (before anything the job reports): a job whose
@@ -77,6 +78,7 @@ from trainyard_platform.services.runner.environments import (
 )
 from trainyard_platform.services.runner.gpus import GpuInventory, GpuUsage
 from trainyard_platform.services.runner.ledger import Ledger, LedgerEntry, safe_file_name
+from trainyard_platform.services.runner.node_faults import node_fault
 from trainyard_platform.services.runner.publishing import JobEvents, publish_until_sent
 from trainyard_platform.services.runner.sandbox import (
     PlatformError,
@@ -285,7 +287,8 @@ class NodeAgent:
     async def _grant(self, grant: AllocationGranted) -> _Accepted | None:
         """Check, take a slot, fetch and record ``grant``; None when it is not to run (a
         duplicate, or ended at once). An error of the infrastructure (the object store
-        down) frees the slot and is raised: the grant comes again."""
+        down) frees the slot and is raised: the grant comes again. Any other failure,
+        this node's full disk included (``node_faults``), ends the allocation at once."""
         if grant.allocation_id in self._runs:
             log.info(
                 "allocation %s is running already: duplicate grant ignored", grant.allocation_id
@@ -333,14 +336,25 @@ class NodeAgent:
             # Recorded before the grant is acknowledged: a runner that dies during the rest
             # of the launch leaves its successor an allocation to report lost.
             await asyncio.to_thread(self._ledger.launched, job, trace_headers)
-        except PlatformError as exc:
-            await self._failed_to_start(job, str(exc), events, trace_headers, failure_kind(exc))
+        except Exception as exc:
+            fault = None if isinstance(exc, PlatformError) else node_fault(exc)
+            if fault is None and not isinstance(exc, PlatformError):
+                if infrastructure_fault(exc) is not None:
+                    # The object store away or not answering: free the slot and let the
+                    # grant be redelivered, rather than failing a job that did nothing wrong.
+                    await asyncio.to_thread(self._release, job.allocation_id)
+                    raise
+                log.exception("fetching allocation %s failed", job.allocation_id)
+            # Anything else ends the allocation now: this node's disk (full, read-only) does
+            # not come back by waiting in the grant consumer, which would hold up every
+            # later grant, and the scheduler retries a platform_error (elsewhere, maybe).
+            reason = (
+                str(exc)
+                if isinstance(exc, PlatformError)
+                else f"could not be prepared on this node: {fault or error_text(exc)}"
+            )
+            await self._failed_to_start(job, reason, events, trace_headers, failure_kind(exc))
             return None
-        except Exception:
-            # Something else (the object store down?): free the slot and let the grant be
-            # redelivered, rather than failing a job that did nothing wrong.
-            await asyncio.to_thread(self._release, job.allocation_id)
-            raise
         return _Accepted(grant, job, fetched, events, trace_headers, parent)
 
     async def _finish_launch(self, accepted: _Accepted, launching: _Launch) -> None:

@@ -14,6 +14,7 @@ import pytest
 from tests.integration.runner.conftest import CODE_FOR_NODE, EventLog, StartRunner, launched
 from tests.integration.scheduler import conftest as scheduler_fixtures
 from tests.integration.scheduler.conftest import Tuned, until
+from trainyard_platform.services.runner import launch
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.ledger import Ledger
 from trainyard_platform.shared.events.payloads import (
@@ -84,3 +85,48 @@ async def test_a_job_whose_first_attempt_fails_through_the_platform_succeeds_on_
     row = await scheduler.pool.fetchrow(query)
     assert (row["status"], row["restarts"], row["platform_retries"]) == ("SUCCEEDED", 0, 1)
     assert grants[1].allocation_id in launched(launches)
+
+
+async def test_a_full_disk_while_a_grant_is_prepared_ends_it_and_the_job_is_retried(
+    scheduler_with: Tuned,
+    settings: Settings,
+    start_runner: StartRunner,
+    events: EventLog,
+    launches: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Before: the disk full when the sandbox was made (before the ledger knew the
+    # allocation) counted as an outage: the node's grant consumer waited, the job stayed
+    # ALLOCATED there, and neither the platform retry nor the cordon followed.
+    real_create = launch.create_sandbox
+    full = [True]
+
+    def disk_full_once(*args: Any, **kwargs: Any) -> Any:
+        if full.pop() if full else False:
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        return real_create(*args, **kwargs)
+
+    monkeypatch.setattr(launch, "create_sandbox", disk_full_once)
+    scheduler = await scheduler_with(restart_backoff_s=0.2, platform_retries=3)
+    await start_runner(settings)
+    await scheduler.submit(
+        "job-full-disk",
+        gpus=1,
+        flavor=settings.gpu_flavor,
+        team="team-a",
+        entrypoint="fakejob",
+        args=["succeed", str(launches)],
+        code=CODE_FOR_NODE[settings.node_id],
+        max_restarts=0,
+    )
+
+    done = await events.first(JobSucceeded, "job-full-disk", timeout=60)
+    grants = scheduler.events(AllocationGranted, lambda g: g.job_id == "job-full-disk")
+    assert [g.attempt for g in grants] == [0, 1]
+    assert done.allocation_id == grants[1].allocation_id
+    (failed,) = events.of(JobFailed, "job-full-disk")
+    assert failed.allocation_id == grants[0].allocation_id
+    assert failed.failure_kind == "platform_error"
+    assert failed.reason.startswith("could not be prepared on this node: ")
+    assert "No space left" in failed.reason
+    assert grants[0].allocation_id not in launched(launches)

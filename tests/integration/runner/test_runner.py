@@ -826,6 +826,33 @@ async def test_a_launch_that_fails_unexpectedly_is_logged_with_its_job(
     assert not runner.agent.running_allocations()
 
 
+async def test_a_launch_the_ledger_cannot_record_ends_platform_error(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    launches: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # With the disk full when the launch was recorded (and its end could not be stored
+    # either), the grant waited in the node's consumer as for an outage: no end was said,
+    # and the node's later grants waited behind it.
+    def disk_full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device (injected)")
+
+    monkeypatch.setattr(Ledger, "launched", disk_full)
+    monkeypatch.setattr(Ledger, "ending", disk_full)
+    runner = await start_runner(settings)
+    allocation = grant(settings.node_id, ["succeed", str(launches)])
+    await publish(bus, allocation, settings.node_id)
+    failed = await events.first(JobFailed, allocation.job_id, timeout=20)
+    assert failed.failure_kind == "platform_error"
+    assert failed.reason.startswith("could not be prepared on this node: ")
+    assert "No space left" in failed.reason
+    assert allocation.allocation_id not in launched(launches)
+    await events.wait_for(lambda: not runner.agent.running_allocations(), what="its end")
+
+
 async def test_an_end_the_ledger_cannot_store_is_published_all_the_same(
     settings: Settings,
     start_runner: StartRunner,

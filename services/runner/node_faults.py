@@ -1,0 +1,42 @@
+"""Which failures are this node's own files failing (a full disk, a read-only or broken file
+system, no descriptors left), as against an outage of the bus, the database or the object
+store.
+
+The bus waits out every ``OSError`` but a few of a path (``shared.bus.infrastructure_fault``):
+right for a socket, wrong for the runner's own disk, which does not come back by waiting
+in the grant consumer (and a consumer that waits holds up every later grant of the node).
+A grant whose preparation fails this way ends as ``platform_error`` instead: the scheduler
+retries it (on another node, maybe) and cordons a node that keeps failing.
+"""
+
+from __future__ import annotations
+
+import errno
+
+from trainyard_platform.shared.logs import error_text
+
+NODE_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EMFILE, errno.ENFILE}
+)
+"""Errors of this node's own storage and descriptors: no outage of another service says them."""
+
+
+def node_fault(exc: BaseException) -> str | None:
+    """What failed on this node when ``exc`` (or what it was raised from, or a member of an
+    exception group) is an ``OSError`` of ``NODE_ERRNOS``; None otherwise."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [exc]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in NODE_ERRNOS:
+            return f"this node's disk or files failed: {error_text(current)}"
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        if current.__cause__ is not None:
+            pending.append(current.__cause__)
+        if current.__context__ is not None and not current.__suppress_context__:
+            pending.append(current.__context__)
+    return None
