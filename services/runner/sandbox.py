@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainyard_platform.services.runner.checkpoints import file_sha256
+from trainyard_platform.services.runner.git_faults import COMMIT, git_fault, git_not_run
 from trainyard_platform.shared.bundle_archive import (
     MAX_BUNDLE_MEMBERS,
     MAX_UNPACKED_BYTES,
@@ -353,16 +354,20 @@ def fetch_bundle(
             store.get_file(key, archive)
         except ObjectNotFound:
             raise PlatformError(
-                f"code bundle {bundle.sha256[:12]} of team {team} is not in the object store"
+                f"spec.code.sha256: code bundle {bundle.sha256[:12]} of team {team} is not "
+                "in the object store"
             ) from None
         except Exception as exc:
             if infrastructure_fault(exc) is not None:
                 raise  # the store away or not answering: the grant is tried again, not failed
-            raise PlatformError(f"could not fetch code bundle {bundle.sha256[:12]}: {exc}") from exc
+            raise PlatformError(
+                f"spec.code.sha256: could not fetch code bundle {bundle.sha256[:12]}: {exc}"
+            ) from exc
         digest = file_sha256(archive)
         if digest != bundle.sha256:
             raise PlatformError(
-                f"code bundle {bundle.sha256[:12]} failed verification: its sha256 is {digest}"
+                f"spec.code.sha256: code bundle {bundle.sha256[:12]} failed verification: "
+                f"its sha256 is {digest}"
             )
         try:
             with tarfile.open(archive, "r:gz") as tar:
@@ -385,7 +390,8 @@ def fetch_bundle(
             ) from exc
         except OSError as exc:  # this node's disk (full, read-only): not the bundle's fault
             raise PlatformError(
-                f"code bundle {bundle.sha256[:12]} could not be unpacked here: {exc}"
+                f"spec.code.sha256: code bundle {bundle.sha256[:12]} could not be unpacked "
+                f"on this node: {exc}"
             ) from exc
 
 
@@ -414,17 +420,17 @@ def checkout_git(
     )
 
     def git(*args: str) -> str:
+        # Every reason names the spec field and what happened (``git_faults``).
         try:
             result = as_job.run(["git", *args], cwd=dest, timeout=600)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise PlatformError(f"git {args[0]} of {code.repository} failed: {exc}") from None
+            fault = git_not_run(args[0], str(exc))
+            raise PlatformError(fault.reason(f"git {args[0]} of {code.repository}")) from None
         if result.returncode != 0:
             stderr = result.stderr.decode(errors="replace").strip()
-            failed = f"git {args[0]} of {code.repository} failed: {stderr[-500:]}"
-            fault = git_input_fault(stderr)
-            if fault is not None:
-                raise JobInputError(f"{fault}; {failed}")
-            raise PlatformError(failed)
+            fault = git_fault(args[0], stderr)
+            failed = fault.reason(f"git {args[0]} of {code.repository} failed: {stderr[-500:]}")
+            raise (JobInputError if fault.job_input else PlatformError)(failed)
         return result.stdout.decode(errors="replace").strip()
 
     git("init", "-q")
@@ -432,44 +438,10 @@ def checkout_git(
     git("checkout", "-q", "FETCH_HEAD")
     head = git("rev-parse", "HEAD")
     if head != code.commit:
-        raise PlatformError(f"git checkout of {code.repository} gave {head}, not {code.commit}")
-
-
-_GIT_INPUT_FAULTS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(pattern, re.IGNORECASE), fault)
-    for pattern, fault in (
-        (
-            r"not our ref|couldn't find remote ref|unadvertised object",
-            "spec.code.commit: the repository has no such commit",
-        ),
-        (
-            r"does not appear to be a git repository|repository '[^']*' not found"
-            r"|returned error: 404",
-            "spec.code.repository: no git repository there",
-        ),
-        (
-            r"terminal prompts disabled|could not read (username|password)"
-            r"|authentication failed|permission denied \(publickey",
-            "spec.code.repository: the repository asks for credentials, and jobs fetch without any",
-        ),
-        (
-            r"transport '[^']*' not allowed|protocol '[^']*' is not supported",
-            "spec.code.repository: git does not fetch by this transport",
-        ),
-    )
-)
-"""What git says when the job's own ``code`` is at fault, and that fault: any node, any
-time, would fail the same way. Anything else (a host that does not resolve or answer, a
-timeout, a full disk) may pass, and is the platform's."""
-
-
-def git_input_fault(stderr: str) -> str | None:
-    """The spec field at fault and why, when git's ``stderr`` says the job's own
-    repository or commit cannot be had; None when the failure may be the platform's."""
-    for pattern, fault in _GIT_INPUT_FAULTS:
-        if pattern.search(stderr):
-            return fault
-    return None
+        raise PlatformError(
+            f"{COMMIT}: the checkout of {code.repository} on this node gave {head}, "
+            f"not {code.commit}"
+        )
 
 
 # --- processes left behind -----------------------------------------------------------

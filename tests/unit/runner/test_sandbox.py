@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from trainyard_platform.services.runner import sandbox
+from trainyard_platform.services.runner.git_faults import git_fault
 from trainyard_platform.services.runner.sandbox import (
     AsJob,
     JobInputError,
@@ -55,7 +56,7 @@ def test_a_bundle_unpacks_into_the_sandbox(tmp_path: Path) -> None:
 def test_another_teams_bundle_is_not_found(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "store")
     bundle = store_bundle(store, "a", {"train.py": b""})
-    with pytest.raises(PlatformError, match="not in the object store"):
+    with pytest.raises(PlatformError, match=r"^spec\.code\.sha256: .* not in the object store"):
         fetch_bundle(store, "b", bundle, tmp_path / "code")
 
 
@@ -63,7 +64,7 @@ def test_a_tampered_bundle_is_refused_before_unpacking(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "store")
     bundle = store_bundle(store, "a", {"train.py": b""})
     store.put_bytes(f"bundles/a/{bundle.sha256}.tar.gz", b"not the bundle")
-    with pytest.raises(PlatformError, match="failed verification"):
+    with pytest.raises(PlatformError, match=r"^spec\.code\.sha256: .* failed verification"):
         fetch_bundle(store, "a", bundle, tmp_path / "code")
     assert not (tmp_path / "code").exists()
 
@@ -189,30 +190,97 @@ def test_a_repository_that_cannot_be_reached_now_is_the_platforms(tmp_path: Path
 
 
 @pytest.mark.parametrize(
-    ("stderr", "field"),
+    ("command", "stderr", "field", "job_input"),
     [
-        ("fatal: remote error: upload-pack: not our ref 00000", "spec.code.commit"),
-        ("fatal: couldn't find remote ref refs/heads/x", "spec.code.commit"),
+        ("fetch", "fatal: remote error: upload-pack: not our ref 00000", "spec.code.commit", True),
+        ("fetch", "fatal: couldn't find remote ref refs/heads/x", "spec.code.commit", True),
         (
+            "fetch",
             "remote: Repository not found.\nfatal: repository 'https://h/x/' not found",
             "spec.code.repository",
+            True,
         ),
         (
+            "fetch",
             "fatal: could not read Username for 'https://h': terminal prompts disabled",
             "spec.code.repository",
+            True,
         ),
-        ("git@h: Permission denied (publickey).", "spec.code.repository"),
-        ("fatal: transport 'ext' not allowed", "spec.code.repository"),
-        ("fatal: unable to access 'https://h/x/': Could not resolve host: h", None),
-        ("fatal: unable to access 'https://h/x/': Failed to connect to h port 443", None),
-        ("error: RPC failed; HTTP 503", None),
+        ("fetch", "git@h: Permission denied (publickey).", "spec.code.repository", True),
+        ("fetch", "fatal: transport 'ext' not allowed", "spec.code.repository", True),
+        # What may pass is the platform's, but names the field all the same.
+        (
+            "fetch",
+            "fatal: unable to access 'https://h/x/': Could not resolve host: h",
+            "spec.code.repository",
+            False,
+        ),
+        (
+            "fetch",
+            "ssh: Could not resolve hostname h: Name or service not known\n"
+            "fatal: Could not read from remote repository.",
+            "spec.code.repository",
+            False,
+        ),
+        (
+            "fetch",
+            "fatal: unable to look up h (port 9418) (Temporary failure in name resolution)",
+            "spec.code.repository",
+            False,
+        ),
+        (
+            "fetch",
+            "fatal: unable to access 'https://h/x/': Failed to connect to h port 443",
+            "spec.code.repository",
+            False,
+        ),
+        ("fetch", "error: RPC failed; HTTP 503", "spec.code.repository", False),
+        ("fetch", "fatal: something new", "spec.code.repository", False),
+        ("init", "fatal: cannot mkdir .git", "spec.code.repository", False),
+        (
+            "checkout",
+            "error: unable to write file x: No space left on device",
+            "spec.code.repository",
+            False,
+        ),
+        ("checkout", "fatal: something new", "spec.code.commit", False),
     ],
 )
-def test_what_git_says_tells_the_jobs_input_from_the_platform(
-    stderr: str, field: str | None
+def test_every_git_failure_names_the_field_and_tells_the_jobs_input_from_the_platform(
+    command: str, stderr: str, field: str, job_input: bool
 ) -> None:
-    fault = sandbox.git_input_fault(stderr)
-    assert (fault.split(":")[0] if fault else None) == field
+    # Before: only the job's own faults named a field; a host that does not resolve said
+    # "git fetch of ... failed: ..." and nothing of spec.code.repository.
+    fault = git_fault(command, stderr)
+    assert (fault.field, fault.job_input) == (field, job_input)
+    assert fault.reason("git fetch of r failed: x").startswith(f"{field}: ")
+
+
+def test_a_host_that_does_not_resolve_is_the_platforms_naming_the_field(tmp_path: Path) -> None:
+    # Before: "git fetch of https://gti.example.invalid/x.git failed: fatal: unable to access
+    # ...": no field named, so a typo of the host read as the platform's trouble alone.
+    # It stays platform_error: a node's resolver that cannot reach the internet answers
+    # "no such name" of every public host too (git_faults).
+    code = CodeGit(repository="https://gti.example.invalid/x.git", commit="0" * 40)
+    error = checkout_fails(tmp_path, code)
+    assert failure_kind(error) == "platform_error"
+    assert str(error).startswith(
+        "spec.code.repository: its host name did not resolve from this node (mistyped, or "
+        "this node's DNS failing"
+    )
+    assert "git fetch of https://gti.example.invalid/x.git failed: " in str(error)
+
+
+def test_git_that_cannot_run_names_the_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def run(self: AsJob, argv: list[str], *, cwd: Path, timeout: float) -> Any:
+        raise subprocess.TimeoutExpired(argv, timeout)
+
+    monkeypatch.setattr(AsJob, "run", run)
+    error = checkout_fails(tmp_path, CodeGit(repository="https://h/x.git", commit="0" * 40))
+    assert failure_kind(error) == "platform_error"
+    assert str(error).startswith("spec.code.repository: git init could not run to its end")
 
 
 def test_git_runs_under_the_jobs_process_limit(

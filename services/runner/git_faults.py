@@ -1,0 +1,128 @@
+"""What a failed git command of a job's code fetch says, as the spec field at fault and
+what happened, and whether the job's own input is to blame.
+
+Every reason names ``spec.code.repository`` or ``spec.code.commit``: the job's owner reads
+it in the job's history, and the field tells where to look. Only what would fail the same
+way on any node at any time is the job's input (``job_input``: ``user_error``, not
+retried): a commit the repository lacks, no repository there, one that asks for
+credentials, a transport git refuses. Everything else may pass and is the platform's
+(``platform_error``, retried), its reason naming the field all the same.
+
+A host that does not resolve stays the platform's: from git's words (curl's "Could not
+resolve host", ssh's "Name or service not known") a mistyped host and a node whose resolver
+cannot reach the internet answer the same, NXDOMAIN included (a node with filtered DNS says
+"Name or service not known" of every public name), so calling it the job's fault would
+fail good jobs for good on such a node. Its reason says both readings.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GitFault:
+    field: str
+    """``spec.code.repository`` or ``spec.code.commit``."""
+    what: str
+    """What happened, in a few words."""
+    job_input: bool
+    """True when the job's own spec is at fault (``user_error``)."""
+
+    def reason(self, detail: str) -> str:
+        """``<field>: <what>; <detail>`` (``detail``: the command and git's own words)."""
+        return f"{self.field}: {self.what}; {detail}"
+
+
+REPOSITORY = "spec.code.repository"
+COMMIT = "spec.code.commit"
+
+_FAULTS: tuple[tuple[re.Pattern[str], str, str, bool], ...] = tuple(
+    (re.compile(pattern, re.IGNORECASE), field, what, job_input)
+    for pattern, field, what, job_input in (
+        # The job's own input: any node, any time, fails the same way.
+        (
+            r"not our ref|couldn't find remote ref|unadvertised object",
+            COMMIT,
+            "the repository has no such commit",
+            True,
+        ),
+        (
+            r"does not appear to be a git repository|repository '[^']*' not found"
+            r"|returned error: 404",
+            REPOSITORY,
+            "no git repository there",
+            True,
+        ),
+        (
+            r"terminal prompts disabled|could not read (username|password)"
+            r"|authentication failed|permission denied \(publickey",
+            REPOSITORY,
+            "the repository asks for credentials, and jobs fetch without any",
+            True,
+        ),
+        (
+            r"transport '[^']*' not allowed|protocol '[^']*' is not supported",
+            REPOSITORY,
+            "git does not fetch by this transport",
+            True,
+        ),
+        # What may pass: the platform's.
+        (
+            r"could not resolve host|could not resolve hostname|unable to look up"
+            r"|name or service not known|temporary failure in name resolution",
+            REPOSITORY,
+            "its host name did not resolve from this node (mistyped, or this node's DNS "
+            "failing: the two look the same, so it is retried as the platform's)",
+            False,
+        ),
+        (
+            r"no space left on device|disk quota exceeded|read-only file system",
+            REPOSITORY,
+            "this node's disk could not hold the checkout",
+            False,
+        ),
+        (
+            r"failed to connect|connection refused|connection timed out|timed out"
+            r"|could not connect|unable to connect|network is unreachable|connection reset",
+            REPOSITORY,
+            "its host did not answer from this node",
+            False,
+        ),
+        (
+            r"returned error: 5\d\d|http 5\d\d|rpc failed",
+            REPOSITORY,
+            "its server failed to serve the fetch",
+            False,
+        ),
+        (
+            r"ssl certificate|certificate verif|server certificate|gnutls|ssl_connect"
+            r"|tls connection",
+            REPOSITORY,
+            "the TLS connection to its host failed from this node",
+            False,
+        ),
+    )
+)
+
+
+def git_fault(command: str, stderr: str) -> GitFault:
+    """The fault of a git ``command`` (``init``, ``fetch``, ``checkout``, ``rev-parse``)
+    that failed saying ``stderr``: the first rule that matches, else the field the command
+    works on (the repository for ``init`` and ``fetch``, the commit after) and the
+    platform's."""
+    for pattern, field, what, job_input in _FAULTS:
+        if pattern.search(stderr):
+            return GitFault(field, what, job_input)
+    if command in ("init", "fetch"):
+        return GitFault(REPOSITORY, f"git {command} failed on this node", False)
+    return GitFault(COMMIT, f"git {command} of the fetched commit failed on this node", False)
+
+
+def git_not_run(command: str, problem: str) -> GitFault:
+    """The fault of a git ``command`` that could not be run or did not finish
+    (``problem``: the ``OSError`` or the timeout): the platform's."""
+    field = REPOSITORY if command in ("init", "fetch") else COMMIT
+    what = f"git {command} could not run to its end on this node ({problem})"
+    return GitFault(field, what, False)
