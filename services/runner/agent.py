@@ -64,6 +64,7 @@ from opentelemetry import context as otel_context
 from trainyard_platform.services.runner import (
     background,
     checkpoints,
+    disk_watch,
     domain,
     launch,
     publishing,
@@ -489,6 +490,8 @@ class NodeAgent:
             max_output_bytes=self.settings.max_output_bytes,
             max_processes=self.settings.job_max_processes,
             max_checkpoint_bytes=self.settings.max_checkpoint_bytes,
+            disk_limit_bytes=int(self.settings.job_disk_gib * disk_watch.GIB) or None,
+            disk_check_interval_s=self.settings.job_disk_check_seconds,
             metrics_points_per_second=self.settings.metrics_points_per_second,
             metrics_max_keys=self.settings.metrics_max_keys,
         )

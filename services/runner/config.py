@@ -121,6 +121,13 @@ class Settings(GuardedServiceSettings):
     max_checkpoint_bytes: int = Field(default=MAX_CHECKPOINT_BYTES, ge=1)
     """Largest checkpoint object committed, by its apparent size (a sparse file counts with
     its holes); a larger one is refused unread and the job's earlier checkpoints stand."""
+    job_disk_gib: float = Field(default=512.0, ge=0)
+    """Disk a job may take in its sandbox (its code, home, tmp and checkpoint staging), in
+    GiB, measured every ``job_disk_check_seconds`` (``disk_watch``); a job over it is
+    stopped (SIGTERM, SIGKILL after ``kill_grace_seconds``) and fails as ``user_error``.
+    The default holds two checkpoints of the largest size committed; 0: no limit."""
+    job_disk_check_seconds: float = Field(default=5.0, gt=0)
+    """How often a running job's disk use is measured."""
     log_tail_lines: int = Field(default=40, ge=1)
     """Lines of output carried in ``job.failed``."""
 

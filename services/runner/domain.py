@@ -267,7 +267,7 @@ def checkpoint_event_id(job: JobIdentity, message: CheckpointMessage) -> str:
 
 # --- outcomes ----------------------------------------------------------------------------
 
-StopKind = Literal["revoked", "shutdown", "max_runtime", "platform"]
+StopKind = Literal["revoked", "shutdown", "max_runtime", "platform", "over_limit"]
 
 
 @dataclass(frozen=True)
@@ -279,7 +279,8 @@ class StopRequest:
     """The revocation's detail when it has one (for which job, by which rule, the work
     lost), else its reason (``cancelled`` / ``preempted`` / ``fenced``); or
     ``runner shutting down``, or ``max runtime exceeded (N s)``, or (``platform``) what
-    failed in the runner that keeps it from supervising the job."""
+    failed in the runner that keeps it from supervising the job, or (``over_limit``) the
+    limit of the node's the job went past (its disk use: ``disk_watch``)."""
 
 
 def shutdown_stop() -> StopRequest:
@@ -347,6 +348,8 @@ def decide_outcome(
     - Killed by the runner for its own failure (``platform``): failed as
       ``platform_error``, whatever the exit status.
     - Over its max runtime: failed, whatever the exit status.
+    - Over a limit of the node's (``over_limit``: its disk use): failed as ``user_error``,
+      whatever the exit status.
     - Exit 0: succeeded (also when it finished its work during a stop's grace period).
     - Stopped by a revocation or the runner's shutdown: preempted with the stop's reason
       (``cancelled`` included: the scheduler already knows it is cancelling and ends the job
@@ -363,6 +366,8 @@ def decide_outcome(
         return Outcome("failed", stop.reason, exit_code, "platform_error")
     if stop is not None and stop.kind == "max_runtime":
         return Outcome("failed", stop.reason, exit_code, "max_runtime")
+    if stop is not None and stop.kind == "over_limit":
+        return Outcome("failed", stop.reason, exit_code, "user_error")
     if exit_code == 0:
         return Outcome("succeeded", "exited with status 0", 0)
     if stop is not None:

@@ -8,7 +8,8 @@ drops is counted in notices in the job's log), ``job.progress`` (throttled, the 
 every second (``logstream.LogShipper``) and feeds a tail kept for ``job.failed``; it never
 goes into the runner's own log. A stop request (revocation, runner shutdown, max runtime)
 sends SIGTERM and, after its grace, SIGKILL to the job's process group; the earliest
-deadline wins, the first reason is kept.
+deadline wins, the first reason is kept. So does a job over its disk limit: its sandbox is
+measured every few seconds (``disk_watch``), and it fails as ``user_error`` naming the limit.
 
 When the job has exited: its group and every process of its uid are killed and its
 uid's files in the folders every user may write to, its System V IPC objects, its
@@ -32,7 +33,13 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from trainyard_platform.services.runner import background, checkpoints, domain, usage_metrics
+from trainyard_platform.services.runner import (
+    background,
+    checkpoints,
+    disk_watch,
+    domain,
+    usage_metrics,
+)
 from trainyard_platform.services.runner.domain import (
     JobIdentity,
     JobResults,
@@ -113,6 +120,8 @@ class JobRun:
         metrics_points_per_second: float = 1000.0,
         metrics_max_keys: int = 1000,
         max_processes: int | None = None,
+        disk_limit_bytes: int | None = None,
+        disk_check_interval_s: float = 5.0,
     ) -> None:
         self.job = job
         self.started_at = datetime.now(UTC)
@@ -140,6 +149,8 @@ class JobRun:
         self._max_output_bytes = max_output_bytes
         self._max_checkpoint_bytes = max_checkpoint_bytes
         self._max_processes = max_processes
+        self._disk_limit_bytes = disk_limit_bytes
+        self._disk_check_interval_s = disk_check_interval_s
         self._metrics_path = log_path.with_suffix(".metrics.jsonl")
         self._metrics_file: CappedFile | None = None
         self._metrics_shipper = LogShipper(
@@ -324,10 +335,17 @@ class JobRun:
             max_runtime_s,
             lambda: self.request_stop(domain.max_runtime_stop(max_runtime_s), kill_grace_s),
         )
+        disk_watch_task = (
+            asyncio.create_task(self._watch_disk(self._disk_limit_bytes, kill_grace_s))
+            if self._disk_limit_bytes
+            else None
+        )
         try:
             exit_code = await process.wait()
         finally:
             deadline.cancel()
+            if disk_watch_task is not None:
+                disk_watch_task.cancel()
             if self._kill_timer is not None:
                 self._kill_timer.cancel()
             # Whatever the job left running goes with it (and closes the pipes), and so do
@@ -424,6 +442,28 @@ class JobRun:
         results = JobResults(metrics, self._last_checkpoint, self._tail.text())
         payload = domain.terminal_event(self.job, outcome, results, datetime.now(UTC))
         await end_allocation(self.job, payload, self._events, self._ledger, self._trace_headers)
+
+    async def _watch_disk(self, limit_bytes: int, kill_grace_s: float) -> None:
+        """Measure the job's sandbox every ``disk_check_interval_s`` and stop the job, as for
+        its max runtime, once it is over ``limit_bytes`` (``disk_watch``). A measurement
+        that fails is logged and tried again: the watch never ends the supervision."""
+        failures = 0
+        while True:
+            await asyncio.sleep(self._disk_check_interval_s)
+            try:
+                use = await asyncio.to_thread(disk_watch.measure, [self._sandbox.root], limit_bytes)
+            except Exception as exc:
+                failures += 1
+                if failures == 1:
+                    log.warning("job %s: its disk use was not measured: %s", self.job.job_id, exc)
+                continue
+            why = disk_watch.over_limit(use, limit_bytes)
+            if why is not None:
+                log.warning(
+                    "job %s allocation %s: %s", self.job.job_id, self.job.allocation_id, why
+                )
+                self.request_stop(StopRequest("over_limit", why), kill_grace_s)
+                return
 
     async def _retain_checkpoints(self) -> None:
         protected = {

@@ -1,0 +1,103 @@
+"""A job's disk use, measured the way kubelet bounds ephemeral storage without quotas: the
+runner walks the folders the job writes to (its sandbox: code, home, tmp and checkpoint
+staging) every few seconds, and a job over its limit is stopped (``JobRun``) and fails as
+``user_error``, its reason naming the limit and the setting.
+
+The walk is cheap and safe: ``os.scandir`` without following symbolic links (a link
+counts as itself, never as what it points to), ``st_blocks * 512`` per entry, so a sparse
+file counts what it takes on disk, not its apparent size, and hard links to one inode count
+once. It stops as soon as the use is over the limit, and after ``MAX_ENTRIES`` files and
+folders: a job that makes more than that is over its limit too (inodes fill a disk as bytes
+do), so the bound on the walk leaves no way around the limit. Files and folders vanishing
+or unreadable during the walk are skipped (the job writes while it is measured); the walk
+never raises for them.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+GIB = 1024**3
+MAX_ENTRIES = 1_000_000
+"""Files and folders a job may have in its sandbox; the walk stops here."""
+SETTING = "TRAINYARD_RUNNER_JOB_DISK_GIB"
+
+
+@dataclass(frozen=True)
+class DiskUse:
+    bytes: int
+    """Bytes taken on disk (``st_blocks * 512``), counted up to where the walk stopped."""
+    entries: int
+    """Files and folders counted."""
+    stopped_early: bool
+    """The walk stopped before the end (over the limit in bytes, or ``max_entries``)."""
+
+
+def measure(
+    roots: Iterable[Path], limit_bytes: int | None = None, max_entries: int = MAX_ENTRIES
+) -> DiskUse:
+    """The disk use of everything under ``roots`` (the roots included), stopping once it is
+    over ``limit_bytes`` (None: no stop for bytes) or past ``max_entries``."""
+    total = 0
+    entries = 0
+    seen: set[tuple[int, int]] = set()
+    pending: list[str] = []
+    for root in roots:
+        try:
+            info = os.lstat(root)
+        except OSError:
+            continue
+        total += info.st_blocks * 512
+        entries += 1
+        if stat.S_ISDIR(info.st_mode):
+            pending.append(str(root))
+    while pending:
+        folder = pending.pop()
+        try:
+            with os.scandir(folder) as listing:
+                for entry in listing:
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except OSError:  # gone since it was listed
+                        continue
+                    entries += 1
+                    if info.st_nlink > 1:
+                        key = (info.st_dev, info.st_ino)
+                        if key in seen:
+                            continue
+                        seen.add(key)
+                    total += info.st_blocks * 512
+                    if stat.S_ISDIR(info.st_mode):
+                        pending.append(entry.path)
+                    if (limit_bytes is not None and total > limit_bytes) or entries > max_entries:
+                        return DiskUse(total, entries, True)
+        except OSError:  # the folder gone, or not ours to read: what it held is not counted
+            continue
+    return DiskUse(total, entries, False)
+
+
+def over_limit(use: DiskUse, limit_bytes: int, max_entries: int = MAX_ENTRIES) -> str | None:
+    """Why ``use`` is over the job's disk limit (the reason its attempt fails with), or
+    None when it is within it."""
+    if use.bytes > limit_bytes:
+        return (
+            f"the job wrote {gib(use.bytes)} to its sandbox, over its disk limit of "
+            f"{gib(limit_bytes)} ({SETTING})"
+        )
+    if use.entries > max_entries:
+        return (
+            f"the job made over {max_entries} files and folders in its sandbox, over its "
+            f"disk limit ({SETTING} bounds {gib(limit_bytes)} in at most {max_entries} entries)"
+        )
+    return None
+
+
+def gib(size: int) -> str:
+    """``size`` in GiB for a reason: ``12.3 GiB``, ``10 GiB``, ``0.02 GiB``."""
+    value = size / GIB
+    text = f"{value:.1f}" if value >= 1 else f"{value:.2g}"
+    return f"{text.removesuffix('.0')} GiB"
