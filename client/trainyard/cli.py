@@ -103,7 +103,9 @@ def _given(convert: Callable[[str], Any] | None, action: argparse.Action) -> Cal
     """``convert`` (or the string itself), refusing an empty or blank value with a
     ``CliError`` naming the argument (exit 2; argparse lets it through, ``main`` says it)."""
     if action.option_strings:
-        name, hint = action.option_strings[-1], "give a value or leave the option out"
+        name = action.option_strings[-1]
+        # A required option cannot be left out: that would be the next usage error.
+        hint = "give a value" if action.required else "give a value or leave the option out"
     else:
         name = str(action.metavar or action.dest.upper())
         hint = "give a job id or the beginning of one" if name == "JOB" else "give one"

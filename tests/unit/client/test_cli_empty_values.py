@@ -77,3 +77,20 @@ def test_every_option_that_takes_a_value_refuses_an_empty_one() -> None:
 def test_free_text_may_be_empty(sent: list[httpx.Request]) -> None:
     assert cli.main([*BASE, "note", JOB, ""]) == Exit.NOT_FOUND  # '' clears the note: sent
     assert [r.url.path for r in sent] == [f"/v1/jobs/{JOB}/note"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["dataset", "register", "a/b", "--uri", " ", "--sha256", "a" * 64, "--size", "1"],
+    ],
+)
+def test_an_empty_required_option_is_not_told_to_be_left_out(
+    argv: list[str], sent: list[httpx.Request], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An option the command cannot do without said "give a value or leave the option out",
+    and leaving it out is the next usage error: its empty value asks for a value only."""
+    assert cli.main([*BASE, *argv]) == Exit.USAGE
+    err = capsys.readouterr().err
+    assert err.endswith("is empty: give a value\n"), err
+    assert sent == []
