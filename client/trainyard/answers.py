@@ -496,6 +496,24 @@ ESTIMATE: Shape = {
     "max_runtime_seconds": INT,
 }
 
+_CORDON: Shape = Opt({"reason": STR, "by": STR, "since": TIME, "until": Opt(TIME)})
+QUEUE: Shape = {
+    "nodes": [
+        {
+            "node_id": STR,
+            "gpu_flavor": STR,
+            "status": STR,
+            "gpu_count": INT,
+            "free_gpus": [INT],
+            "used_gpus": Each(STR),
+            "last_heartbeat": TIME,
+            "cordon": _CORDON,
+        }
+    ]
+}
+"""The scheduler's ``GET /v1/queue``, the part ``nodes ls`` shows."""
+NODE_CORDON: Shape = {"node_id": STR, "cordon": _CORDON}
+
 _MODEL_PATH = "/v1/models/*/*"
 _VERSION_PATH = f"{_MODEL_PATH}/versions/*"
 ROUTES: dict[tuple[str, str], Shape] = {
@@ -549,6 +567,9 @@ ROUTES: dict[tuple[str, str], Shape] = {
     ("GET", "/v1/costs"): COSTS,
     ("POST", "/v1/costs/estimate"): ESTIMATE,
     ("GET", "/v1/waste"): WASTE,
+    ("GET", "/v1/queue"): QUEUE,
+    ("POST", "/v1/admin/nodes/*/cordon"): NODE_CORDON,
+    ("POST", "/v1/admin/nodes/*/uncordon"): NODE_CORDON,
 }
 """Each route the CLI shows the answer of (``*``: one path segment), and its shape. A
 metric's curve (``/v1/jobs/{id}/metrics/{key...}``, whose key may hold slashes) is matched

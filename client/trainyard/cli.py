@@ -20,6 +20,7 @@
     trainyard cost [JOB] [--by DIMS] [--from T] [--to T] [--csv]  exact costs (billing)
     trainyard waste [--by DIMS] [--from T] [--to T] [--csv]       waste priced, success rate
     trainyard trace JOB [--file PATH]                             its spans as a tree, timed
+    trainyard nodes ls | cordon NODE --reason T | uncordon NODE   nodes (operators, scheduler)
     trainyard whoami | tokens | token ... | user ... | audit      who may do what
     trainyard schema | version | completion bash|zsh|tcsh
 
@@ -61,6 +62,7 @@ from trainyard import (
     cli_data,
     cli_jobs,
     cli_models,
+    cli_nodes,
     cli_sweep,
     cli_trace,
     cli_tracking,
@@ -264,6 +266,7 @@ def _parser() -> argparse.ArgumentParser:
     cli_waste.add_command(command)
     cli_models.add_commands(command, common)
     cli_data.add_commands(command, common)
+    cli_nodes.add_commands(command, common)
     cli_trace.add_command(command)
 
     tokens = command("tokens", _tokens, "your tokens (as token list)")

@@ -228,6 +228,21 @@ TOKEN = {
     "expires_at": None,
     "token": "ty_new",
 }
+CORDON = {"reason": "replacing a fan", "by": "ops", "since": T0, "until": None}
+NODES = [
+    {
+        "node_id": "gpu-07",
+        "hostname": "gpu-07.local",
+        "gpu_flavor": "h100",
+        "topology": "nvlink",
+        "status": "READY",
+        "gpu_count": 2,
+        "free_gpus": [],
+        "used_gpus": {"0": "j-1"},
+        "last_heartbeat": T1,
+        "cordon": CORDON,
+    }
+]
 ANSWERS: list[tuple[str, str, Any]] = [
     # (method, path pattern: [^/]+ for one segment, the answer)
     ("GET", "/v1/jobs", [ROW]),
@@ -298,6 +313,9 @@ ANSWERS: list[tuple[str, str, Any]] = [
     ("GET", "/v1/jobs/[^/]+", JOB),
     ("POST", "/v1/jobs/[^/]+/cancel", JOB),
     ("GET", "/v1/jobs/[^/]+/logs", None),  # see ``_logs``
+    ("GET", "/v1/queue", {"nodes": NODES, "allocations": [], "queues": [], "cohorts": []}),
+    ("POST", "/v1/admin/nodes/[^/]+/cordon", {"node_id": "gpu-07", "cordon": CORDON}),
+    ("POST", "/v1/admin/nodes/[^/]+/uncordon", {"node_id": "gpu-07", "cordon": None}),
     (
         "GET",
         "/v1/me",
@@ -627,6 +645,9 @@ COMMANDS = [
     ["token", "rotate"],
     ["user", "add", "bob"],
     ["user", "role", "bob", "admin"],
+    ["nodes", "ls"],
+    ["nodes", "cordon", "gpu-07", "--reason", "replacing a fan"],
+    ["nodes", "uncordon", "gpu-07"],
 ]
 
 READS_NOTHING = [["deadletters", "discard", "7"]]
@@ -773,7 +794,7 @@ def environment(api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     (tmp_path / "job.yaml").write_text("name: a\ngpus: 1\ngpu_flavor: cpu\nentrypoint: t.py\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TRAINYARD_CONFIG", str(tmp_path / "config.json"))
-    for name in ("URL", "REGISTRY_URL", "BILLING_URL"):
+    for name in ("URL", "REGISTRY_URL", "BILLING_URL", "SCHEDULER_URL"):
         monkeypatch.setenv(f"TRAINYARD_{name}", api.url)
     monkeypatch.setenv("TRAINYARD_TOKEN", "ty_a")
     monkeypatch.setattr(cli_sweep, "POLL_SECONDS", 0.0)  # a sweep's looks: no waiting here

@@ -83,6 +83,7 @@ def test_free_text_may_be_empty(sent: list[httpx.Request]) -> None:
     "argv",
     [
         ["dataset", "register", "a/b", "--uri", " ", "--sha256", "a" * 64, "--size", "1"],
+        ["nodes", "cordon", "gpu-07", "--reason", "  "],
     ],
 )
 def test_an_empty_required_option_is_not_told_to_be_left_out(

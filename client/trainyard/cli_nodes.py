@@ -1,0 +1,112 @@
+"""``trainyard nodes``: the cluster's nodes, and cordoning one (operators; the scheduler's API).
+
+    trainyard nodes ls                       every node: flavor, GPUs, state, last heard, cordon
+    trainyard nodes cordon NODE --reason T   no new allocation on NODE; its running jobs go on
+    trainyard nodes uncordon NODE            NODE takes new work again (an automatic cordon too)
+
+The list is the ``nodes`` of the scheduler's ``GET /v1/queue`` (what the dashboard's nodes
+page reads; ``--json`` prints that list); cordon and uncordon are ``POST
+/v1/admin/nodes/{node}/cordon|uncordon``, whose answer (the node's cordon, null once lifted)
+``--json`` prints. All three are for operators: the scheduler answers 403 to anyone else, and
+404 to a node it has never heard of; both are one line (exit 4, exit 3). A blank
+``--reason`` is refused before any request (exit 2); one the scheduler refuses (over 500
+characters, a control character) is its 422 naming ``reason`` (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from trainyard.cli_base import CliError, Exit, Session, exit_code_of
+from trainyard.cli_render import table, time_text
+from trainyard.client import TrainyardError, segment
+
+HEADER = ("NODE", "FLAVOR", "GPUS", "USED", "FREE", "STATE", "LAST HEARD", "CORDON")
+
+
+def add_commands(
+    command: Callable[..., argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """Add ``nodes ls|cordon|uncordon`` to the CLI's commands (``common``: the options every
+    command takes)."""
+    nodes = command("nodes", None, "operators: the nodes, their GPUs and state; cordon one")
+    actions = nodes.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def action(name: str, run: Callable[[Session], int], text: str) -> argparse.ArgumentParser:
+        sub = actions.add_parser(name, parents=[common], help=text, description=text)
+        sub.set_defaults(run=run)
+        return sub
+
+    action("ls", run_list, "every node: flavor, GPUs used and free, state, last heard, cordon")
+    cordon = action("cordon", run_cordon, "no new allocation on NODE; its running jobs go on")
+    cordon.add_argument("node", metavar="NODE", help="the node's id (as `nodes ls` shows it)")
+    cordon.add_argument("--reason", required=True, help="why, for the other operators")
+    uncordon = action("uncordon", run_uncordon, "NODE takes new work again (any cordon lifted)")
+    uncordon.add_argument("node", metavar="NODE", help="the node's id")
+
+
+def run_list(session: Session) -> int:
+    answer = _asked(lambda: session.service("scheduler").get("/v1/queue"))
+    nodes: list[dict[str, Any]] = answer["nodes"]
+    session.emit(nodes, lambda: nodes_text(nodes))
+    return Exit.OK
+
+
+def run_cordon(session: Session) -> int:
+    args = session.args
+    path = f"/v1/admin/nodes/{segment(args.node)}/cordon"
+    found = _asked(lambda: session.service("scheduler").call("POST", path, {"reason": args.reason}))
+    session.emit(found, lambda: f"cordoned {found['node_id']}: {cordon_text(found['cordon'])}")
+    return Exit.OK
+
+
+def run_uncordon(session: Session) -> int:
+    path = f"/v1/admin/nodes/{segment(session.args.node)}/uncordon"
+    found = _asked(lambda: session.service("scheduler").call("POST", path))
+    session.emit(found, lambda: f"uncordoned {found['node_id']}: it takes new work")
+    return Exit.OK
+
+
+def _asked(call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``call()``'s answer; the scheduler's refusal as one line naming it, with its exit code
+    (403: 4, 404: 3, unreachable: 5, else 1)."""
+    try:
+        return call()
+    except TrainyardError as exc:
+        raise CliError(f"scheduler: {exc}", exit_code_of(exc)) from None
+
+
+def nodes_text(nodes: list[dict[str, Any]]) -> str:
+    """The nodes as a table, by id: GPUs in all, leased and free for new work (none on a lost
+    or cordoned node), ``ready``/``cordoned``/``lost``, the last heartbeat, and the cordon."""
+    rows = [
+        (
+            node["node_id"],
+            node["gpu_flavor"],
+            node["gpu_count"],
+            len(node["used_gpus"]),
+            len(node["free_gpus"]),
+            _state(node),
+            time_text(node["last_heartbeat"]),
+            cordon_text(node.get("cordon")),
+        )
+        for node in sorted(nodes, key=lambda n: str(n["node_id"]))
+    ]
+    return table(HEADER, rows, empty="no nodes: none has sent a heartbeat yet")
+
+
+def _state(node: dict[str, Any]) -> str:
+    if node["status"] == "LOST":
+        return "lost"
+    return "cordoned" if node.get("cordon") else str(node["status"]).lower()
+
+
+def cordon_text(cordon: dict[str, Any] | None) -> str:
+    """A cordon on one line: who, since and until when, why (``-``: none)."""
+    if not cordon:
+        return "-"
+    until = time_text(cordon["until"]) if cordon.get("until") else "uncordoned"
+    reason = " ".join(str(cordon["reason"]).split())  # one line, whatever the reason holds
+    return f"by {cordon['by']} since {time_text(cordon['since'])} until {until}: {reason}"
