@@ -15,6 +15,11 @@ Contract:
   and control characters in any key or string (tab, newline and carriage return are allowed
   only in the free text of ``args``, ``command`` and hyperparameter values). The bundle
   upload has its own limit (``bundle_max_bytes``).
+- ``POST /v1/jobs?dry_run=true`` checks the job exactly as a submission does (the body, the
+  flavors, the budgets, the registry's data admission, the bundle, a repeated
+  ``Idempotency-Key``) and stores nothing: 200 with the job as it would be submitted (under
+  an id no job has; a key used before with the same spec: that job), or the very refusal
+  the submission would get.
 - Code bundles are per team: ``HEAD /v1/bundles/{sha256}`` answers 200 when the caller's
   team has uploaded it, else 404; ``PUT /v1/bundles/{sha256}`` stores the body after
   checking that its sha256 is the one in the path and that it is a bundle a runner unpacks
@@ -132,6 +137,14 @@ Store = NamedDependency[Objects]
 Admission = NamedDependency[DataAdmission]
 AnyRequest = Request[Any, Any, Any]
 IdempotencyKey = Annotated[str | None, HeaderParameter(name="Idempotency-Key")]
+DryRun = Annotated[
+    bool,
+    QueryParameter(
+        description="check the job as a submission does (every check, the budgets' and the "
+        "registry's included) and store nothing: 200 with the job as it would be submitted "
+        "(an id no job has), or the refusal a submission would get"
+    ),
+]
 Limit = Annotated[int, QueryParameter(ge=1, le=500)]
 Cursor = Annotated[str | None, QueryParameter(description="from the Link header's next")]
 LogLimit = Annotated[int, QueryParameter(ge=1, le=100)]
@@ -394,18 +407,23 @@ def _name(field: str, value: str) -> str:
     responses={
         200: ResponseSpec(
             JobView,
-            description="the job this Idempotency-Key already submitted, with the same spec",
+            description="the job this Idempotency-Key already submitted, with the same spec; "
+            "with dry_run, the job as it would be submitted (nothing stored)",
             generate_examples=False,
         ),
         **error_responses(409, 413, 415),
     },
 )
 async def submit_job(
-    request: AnyRequest, front: FrontDoor, key: IdempotencyKey = None
+    request: AnyRequest, front: FrontDoor, key: IdempotencyKey = None, dry_run: DryRun = False
 ) -> Response[JobView]:
     body: bytes | None = None
     known = request.scope["state"].pop(_KNOWN, None)
-    if isinstance(known, KnownCaller):
+    if isinstance(known, KnownCaller) and dry_run:
+        # A dry run stores nothing, so no statement checks the remembered caller: check the
+        # token now, and go the full way.
+        await _check_again(request, front)
+    elif isinstance(known, KnownCaller):
         # The guard let the request in on what the token's last check read, without a
         # query: the job is stored only if one statement finds all of it unchanged.
         # Otherwise, or on any refusal before that statement, the token is checked again
@@ -438,10 +456,22 @@ async def submit_job(
         await give_back_held(request)
     job = await front.admission.admit(job, request.headers.get("authorization", ""))
     key = parse_idempotency_key(key)
+    if dry_run:
+        view = await commands.check_job(
+            front.pool, front.objects, caller, job, key, held=held_connection(request)
+        )
+        return _checked(view, warnings)
     view, created = await commands.submit_job(
         front.pool, front.objects, caller, job, key, held=held_connection(request)
     )
     return _submitted(view, created, warnings)
+
+
+def _checked(view: JobView, warnings: list[str]) -> Response[JobView]:
+    """The answer of a dry run: 200, the budgets' warnings as a submission's, no
+    ``Location`` (no job was made)."""
+    headers = {BUDGET_WARNING_HEADER: "; ".join(warnings)} if warnings else {}
+    return Response(view, status_code=200, headers=headers)
 
 
 def _submitted(

@@ -14,6 +14,8 @@ Contract:
   submissions that arrive while others are being written share one such statement and its
   commit (``group_commit``); an audited caller's submission is a transaction with the audit
   row.
+- ``check_job`` (a dry run) makes ``submit_job``'s checks and stores nothing: no row, no
+  event, no audit entry.
 - ``cancel_job`` announces ``JobCancelRequested`` once; the status turns CANCELLED only when
   the scheduler confirms with ``JobCancelled``.
 - A job whose code is a bundle is accepted only when the caller's team uploaded that
@@ -111,6 +113,34 @@ async def submit_job(
             await audit.record(conn, caller.principal, "submit job", job_id, {"name": spec.name})
     view = submitted_job_view(job_id, caller.team, caller.user, stored, now, current_trace_id())
     return view, True
+
+
+async def check_job(
+    pool: asyncpg.Pool,
+    objects: Objects,
+    caller: Caller,
+    request: JobRequest,
+    idempotency_key: str | None,
+    held: asyncpg.Connection | None = None,
+) -> JobView:
+    """What ``submit_job`` would answer for ``request``, with its checks, storing nothing (a
+    dry run): ``prepare``'s (the role, the team, the bundle), and, for an idempotency key
+    used before, the earlier job when its spec is the same (as a replay answers) or the
+    ``Conflict`` a replay raises. A new job's view is ``submitted_job_view``'s, under an id
+    no job has."""
+    job = await prepare(objects, caller, request)
+    if idempotency_key is not None:
+        async with _connection(pool, held) as conn:
+            row = await repo.job_by_idempotency_key(
+                conn, caller.team_id, caller.user_id, idempotency_key
+            )
+            if row is not None:
+                replayed = await _replayed_job(conn, caller, idempotency_key, job.stored)
+                return await _read_view(conn, caller, replayed)
+    trace_id = current_trace_id()
+    return submitted_job_view(
+        job.job_id, caller.team, caller.user, job.stored, job.submitted_at, trace_id
+    )
 
 
 @dataclass(frozen=True)
