@@ -7,6 +7,11 @@ one experiment, labelled ``sweep=<id>`` and ``sweep-trial=<n>``), queued, placed
 tracked as any job; the experiment compares them (``trainyard compare``). At the end the
 trials are listed, best first by ``--metric`` (the last value each job reported).
 
+Before the first trial is submitted, every trial is checked by the server as its submission
+will be (``POST /v1/jobs?dry_run=true``, storing nothing): a trial the server would refuse (a
+value with a control character, over a bound) ends the command with nothing submitted,
+naming the trial, its values and each field's reason.
+
 An API that does not answer, or answers 429, 502, 503 or 504, is waited out (tries at
 growing intervals up to 30 s) until ``--timeout``. Interrupted (Ctrl-C, ``--timeout``, any
 other error), the same command run again resumes:
@@ -24,11 +29,12 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from trainyard.cli_base import CliError, Exit, Session, note
+from trainyard.cli_base import CliError, Exit, Session, exit_code_of, note
 from trainyard.cli_jobs import explained, prepared, scalar
 from trainyard.cli_render import short, table
 from trainyard.cli_tracking import metric_key_path
 from trainyard.client import TERMINAL, TrainyardClient, TrainyardError, segment
+from trainyard.spec import SpecFile
 from trainyard.sweep import (
     Curve,
     Goal,
@@ -149,6 +155,14 @@ def sweep(session: Session) -> int:
     deadline = time.monotonic() + args.timeout
     patient = _Patient(deadline, ident, len(trials))
     waiting = list(enumerate(trials, start=1))
+    for index, params in waiting:
+        # Every trial is checked as its submission will be before any is submitted: a
+        # value the server refuses in trial 7 must not leave trials 1 to 6 running.
+        trial = trial_spec(spec, params, ident, index, experiment)
+        try:
+            patient.call(client.submit_warned, trial, idempotency_key(ident, index), True)
+        except TrainyardError as exc:
+            raise _refused(exc, index, params, len(trials), loaded, args) from None
     running: dict[int, str] = {}
     ended: dict[int, dict[str, Any]] = {}
     try:
@@ -156,12 +170,7 @@ def sweep(session: Session) -> int:
             while waiting and len(running) < args.parallel:
                 index, params = waiting.pop(0)
                 trial = trial_spec(spec, params, ident, index, experiment)
-                try:
-                    view = patient.call(client.submit, trial, idempotency_key(ident, index))
-                except TrainyardError as exc:
-                    if exc.status == 422 and exc.errors:
-                        raise explained(exc.errors, loaded, args) from None
-                    raise
+                view = patient.call(client.submit, trial, idempotency_key(ident, index))
                 note(f"trial {index}: job {short(view['id'])} {_params(params)}")
                 running[index] = view["id"]
             patient.check(len(ended))
@@ -186,6 +195,44 @@ def sweep(session: Session) -> int:
     return (
         Exit.OK if any(v.get("status") == "SUCCEEDED" for v in ended.values()) else Exit.JOB_FAILED
     )
+
+
+def _refused(
+    exc: TrainyardError,
+    index: int,
+    params: dict[str, Any],
+    trials: int,
+    loaded: SpecFile,
+    args: argparse.Namespace,
+) -> CliError:
+    """The server's refusal of trial ``index`` in the check before anything is submitted: a
+    first line naming the trial and its values, then, for invalid input, each field's
+    reason, one the sweep set naming its option (``--grid lr: hyperparameters.lr: ...``),
+    the rest as ``submit`` says them; the exit code of the refusal (``exit_code_of``)."""
+    values = ", ".join(f"{k}={v!r}" for k, v in params.items())
+    head = f"trial {index} of {trials} ({values}) would be refused, so no trial was submitted"
+    if exc.status != 422 or not exc.errors:
+        return CliError(f"{head}: {exc}", exit_code_of(exc))
+    options = {
+        f"hyperparameters.{key}": f"{option} {key}"
+        for option, given in (
+            ("--grid", args.grid),
+            ("--uniform", args.uniform),
+            ("--log-uniform", args.log_uniform),
+        )
+        for key, *_ in given
+    }
+    ours, theirs = [], []
+    for error in exc.errors:
+        field = str(error.get("field", ""))
+        if field in options:
+            ours.append(f"{options[field]}: {field}: {error.get('message', '')}")
+        else:
+            theirs.append(error)
+    lines = [f"{head}:", *ours]
+    if theirs:
+        lines += str(explained(theirs, loaded, args)).splitlines()
+    return CliError("\n".join(lines))
 
 
 class _MedianStop:

@@ -165,12 +165,16 @@ class TrainyardClient:
         return self.submit_warned(spec, idempotency_key)[0]
 
     def submit_warned(
-        self, spec: dict[str, Any], idempotency_key: str | None = None
+        self, spec: dict[str, Any], idempotency_key: str | None = None, dry_run: bool = False
     ) -> tuple[dict[str, Any], str | None]:
         """``submit``, with the server's warning about the job (``Trainyard-Budget-Warning``:
-        a spent budget let it in, perhaps at a lower priority than it asked), or None."""
+        a spent budget let it in, perhaps at a lower priority than it asked), or None. With
+        ``dry_run`` the server checks the job as it checks a submission and stores nothing
+        (``POST /v1/jobs?dry_run=true``): the view is of the job as it would be, under an id
+        no job has (a used ``idempotency_key``'s: that job), or the refusal is raised."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        response = self._response("POST", "/v1/jobs", headers, json=spec)
+        params = {"dry_run": "true"} if dry_run else {}
+        response = self._response("POST", "/v1/jobs", headers, json=spec, params=params)
         return _object(response), response.headers.get(BUDGET_WARNING_HEADER) or None
 
     def get_job(self, job_id: str) -> dict[str, Any]:

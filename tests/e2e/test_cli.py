@@ -242,6 +242,13 @@ def test_rerun_submits_the_same_spec_again(env: dict[str, str], succeeded: str) 
 
 
 def test_a_sweep_runs_one_job_per_trial_and_ranks_them(env: dict[str, str], project: Path) -> None:
+    # A trial the server would refuse (a control character in its value) stops the sweep
+    # before any trial is submitted (the server's dry run checks each first).
+    refused = (str(project / "job.yaml"), "--grid", "note=fine,b\x01c", "--experiment", "cli-bad")
+    said = run(env, "sweep", *refused, code=1)
+    assert "trial 2 of 2 (note='b\\x01c') would be refused, so no trial was submitted" in said
+    assert "--grid note: hyperparameters.note: " in said
+    assert json.loads(run(env, "ls", "--experiment", "cli-bad", "--json")) == []
     sweep = (str(project / "job.yaml"), "--grid", "steps=2,4", "--experiment", "cli-sweep")
     done = subprocess.run(
         [str(CLI), "--json", "sweep", *sweep, "--metric", "loss", "--goal", "min"],

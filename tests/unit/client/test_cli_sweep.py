@@ -4,6 +4,7 @@ what it prints, and resuming by running the same command again."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,10 @@ class FakeApi:
         self.running_status = False
         """Whether a job is RUNNING between its first look and its end (else QUEUED)."""
         """How many requests from now on are answered 503 (the API restarting)."""
+        self.checked: list[dict[str, Any]] = []
+        """The specs of the dry runs (``?dry_run=true``), stored nowhere."""
+        self.refuse: Callable[[dict[str, Any]], list[dict[str, str]]] = lambda spec: []
+        """The field errors the server finds in a spec (a dry run's and a submission's)."""
 
     def route(self, request: httpx.Request) -> httpx.Response:
         if self.away:
@@ -50,6 +55,14 @@ class FakeApi:
         if request.method == "POST" and request.url.path == "/v1/jobs":
             spec = json.loads(request.content)
             key = request.headers["Idempotency-Key"]
+            errors = self.refuse(spec)
+            if errors:
+                return httpx.Response(422, json={"detail": "invalid request", "errors": errors})
+            if request.url.params.get("dry_run") == "true":
+                self.checked.append(spec)
+                job_id = self.by_key.get(key, "ffffffff-0000-4000-8000-000000000000")
+                view = self.jobs.get(job_id, {"id": job_id, "name": spec["name"]})
+                return httpx.Response(200, json={"status": "QUEUED", **view})
             if key not in self.by_key:
                 job_id = f"{len(self.jobs) + 1:08x}-0000-4000-8000-000000000000"
                 self.by_key[key] = job_id
@@ -270,3 +283,51 @@ def test_a_long_value_is_cut_in_the_table_and_notes_not_in_the_job(
     assert api.submitted[0]["hyperparameters"]["note"] == long
     assert "a" * 39 + "…" in out and long not in out and long not in err
     assert "1 trial of digits" in err
+
+
+def _control_characters(spec: dict[str, Any]) -> list[dict[str, str]]:
+    """What the server says of a hyper-parameter value holding a control character."""
+    return [
+        {"field": f"hyperparameters.{key}", "message": "control character U+0001"}
+        for key, value in spec["hyperparameters"].items()
+        if isinstance(value, str) and "\x01" in value
+    ]
+
+
+@pytest.mark.parametrize("parallel", ["1", "3"])
+def test_a_trial_the_server_would_refuse_stops_the_sweep_before_anything_is_submitted(
+    parallel: str, api: FakeApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A value the server refused in a later trial stopped the sweep there, with the trials
+    before it submitted and running; run again, it stopped at the same trial. Every trial is
+    checked first now (``?dry_run=true``), and nothing is submitted."""
+    api.refuse = _control_characters
+    argv = [*GRID[:3], "--grid", "lr=0.1,0.01", "--grid", "note=plain,b\x01c", "--parallel"]
+    for _ in range(2):  # run again: still nothing submitted
+        assert cli.main([*argv, parallel]) == 1
+        out, err = capsys.readouterr()
+        assert api.submitted == [] and api.jobs == {}, api.submitted
+        assert err.splitlines()[1:] == [
+            "trainyard: error: trial 2 of 4 (lr=0.1, note='b\\x01c') would be refused, so no "
+            "trial was submitted:",
+            "trainyard: error: --grid note: hyperparameters.note: control character U+0001",
+        ], err
+        assert out == ""
+    assert [c["labels"]["sweep-trial"] for c in api.checked] == ["1", "1"]  # one good each run
+
+
+def test_a_refusal_of_another_kind_says_nothing_was_submitted_in_one_line(
+    api: FakeApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def spent(request: httpx.Request) -> httpx.Response:
+        detail = "the budget of team ml is spent (12.00 of 10.00 USD); its policy refuses jobs"
+        return httpx.Response(409, json={"detail": detail, "errors": []})
+
+    api.route = spent  # type: ignore[method-assign]
+    assert cli.main([*GRID]) == 1
+    _, err = capsys.readouterr()
+    assert err.splitlines()[1:] == [
+        "trainyard: error: trial 1 of 6 (lr=0.1, bs=32) would be refused, so no trial was "
+        "submitted: 409 the budget of team ml is spent (12.00 of 10.00 USD); its policy refuses "
+        "jobs"
+    ], err
