@@ -278,6 +278,30 @@ def test_a_sweep_runs_one_job_per_trial_and_ranks_them(env: dict[str, str], proj
     assert len(json.loads(run(env, "ls", "--label", f"sweep={report['sweep']}", "--json"))) == 2
 
 
+def test_nodes_are_listed_and_cordoned_by_an_operator_only(
+    env: dict[str, str], stack: LocalStack
+) -> None:
+    scheduler = {**env, "TRAINYARD_SCHEDULER_URL": stack.service_urls["scheduler"]}
+    operator = {
+        **scheduler,
+        "TRAINYARD_TOKEN": stack.bootstrap_admin("ops", "olga", role="operator"),
+    }
+    first = json.loads(run(operator, "--json", "nodes", "ls"))[0]
+    node = first["node_id"]
+    assert first["status"] == "READY" and first["cordon"] is None
+    try:
+        said = run(operator, "nodes", "cordon", node, "--reason", "e2e: replacing a fan")
+        assert said.startswith(f"cordoned {node}: by ") and "replacing a fan" in said, said
+        row = next(line for line in run(operator, "nodes", "ls").splitlines() if node in line)
+        assert " cordoned " in row and row.endswith(": e2e: replacing a fan"), row
+    finally:
+        assert run(operator, "nodes", "uncordon", node).startswith(f"uncordoned {node}")
+    after = json.loads(run(operator, "--json", "nodes", "ls"))
+    assert [n["cordon"] for n in after if n["node_id"] == node] == [None]
+    assert "scheduler: 403 " in run(scheduler, "nodes", "ls", code=4)  # a team's admin
+    assert "scheduler: 404 " in run(operator, "nodes", "uncordon", "no-such-node", code=3)
+
+
 def test_queue_shows_why_a_job_waits(env: dict[str, str], project: Path) -> None:
     both = project / "both.yaml"
     both.write_text(SPEC.replace("gpus: 1", "gpus: 2"))  # every GPU of the runner
