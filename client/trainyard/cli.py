@@ -182,6 +182,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     _follow_options(submit)
     submit.add_argument("--idempotency-key", help="submit at most once under this key")
+    submit.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="have the server check the job as it checks a submission; submit nothing",
+    )
     code = submit.add_mutually_exclusive_group()
     code.add_argument(
         "--workdir", type=Path, help="folder to pack as the job's code (default: the spec's)"

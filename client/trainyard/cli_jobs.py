@@ -337,15 +337,30 @@ def _submitted(
 ) -> int:
     args = session.args
     client = session.client
+    dry_run = bool(getattr(args, "dry_run", False))
+    if dry_run and args.follow:
+        raise CliError("--follow cannot follow a dry run: nothing is submitted", Exit.USAGE)
     _say_estimate(session, spec)
     try:
-        view, warning = client.submit_warned(spec, getattr(args, "idempotency_key", None))
+        view, warning = client.submit_warned(
+            spec, getattr(args, "idempotency_key", None), dry_run=dry_run
+        )
     except TrainyardError as exc:
         if exc.status == 422 and exc.errors and loaded is not None:
             raise explained(exc.errors, loaded, args) from None
         raise
     if warning:
         note(f"warning: {warning}")
+    if dry_run:
+        spec_of = view["spec"]
+        session.emit(
+            view,
+            lambda: (
+                f"the job would be accepted: {view['name']} ({spec_of['gpus']} x "
+                f"{spec_of['gpu_flavor']}); nothing was submitted"
+            ),
+        )
+        return Exit.OK
     if not args.follow:
         if session.as_json:
             print(dumps(view))

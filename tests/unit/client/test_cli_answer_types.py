@@ -592,6 +592,7 @@ ANSWERS: list[tuple[str, str, Any]] = [
 ]
 COMMANDS = [
     ["submit", "job.yaml", "--no-code"],
+    ["submit", "job.yaml", "--no-code", "--dry-run"],
     ["sweep", "job.yaml", "--no-code", "--grid", "lr=1", "--metric", "loss"],
     ["sweep", "job.yaml", "--no-code", "--grid", "lr=1", "--metric", "loss", "--median-stop", "1"],
     ["rerun", "j-1"],
