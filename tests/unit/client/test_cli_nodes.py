@@ -153,15 +153,17 @@ def _refusal(status: int, detail: str, errors: list[dict[str, str]] | None = Non
     [
         (
             ["nodes", "ls"],
-            _refusal(403, "GET /v1/queue needs the role operator"),
+            _refusal(403, "GET /v1/queue needs the operator role; you are admin"),
             Exit.DENIED,
-            "scheduler: 403 GET /v1/queue needs the role operator",
+            "scheduler: 403 GET /v1/queue needs the operator role; you are admin",
         ),
         (
             ["nodes", "cordon", "gpu-7", "--reason", "fan"],
-            _refusal(403, "POST /v1/admin/nodes/gpu-7/cordon needs the role operator"),
+            _refusal(
+                403, "POST /v1/admin/nodes/gpu-7/cordon needs the operator role; you are admin"
+            ),
             Exit.DENIED,
-            "scheduler: 403 POST /v1/admin/nodes/gpu-7/cordon needs the role operator",
+            "scheduler: 403 POST /v1/admin/nodes/gpu-7/cordon needs the operator role; you are admin",
         ),
         (
             ["nodes", "uncordon", "gpu-9"],
