@@ -13,7 +13,8 @@ value with a control character, over a bound) ends the command with nothing subm
 naming the trial, its values and each field's reason.
 
 An API that does not answer, or answers 429, 502, 503 or 504, is waited out (tries at
-growing intervals up to 30 s) until ``--timeout``. Interrupted (Ctrl-C, ``--timeout``, any
+growing intervals up to 30 s, or after the answer's ``Retry-After``, up to 300 s) until
+``--timeout``. Interrupted (Ctrl-C, ``--timeout``, any
 other error), the same command run again resumes:
 trials are submitted under idempotency keys derived from the sweep, so those already
 submitted are followed, not submitted twice. The loop runs in this command, not in the
@@ -60,6 +61,8 @@ CELL_WIDTH = 40
 """The widest a hyper-parameter's value is shown in the table and the notes."""
 RETRY_SECONDS = 30.0
 """The longest wait between tries while the API is away (``TRANSIENT``)."""
+RETRY_CAP_S = 300.0
+"""The longest a server's ``Retry-After`` is followed (a longer one is waited this long)."""
 TRANSIENT = frozenset({0, 429, 502, 503, 504})
 """Answers a sweep waits out (0: no answer at all) rather than stopping: it may run for days,
 and each try is safe to repeat (a submission is idempotent)."""
@@ -309,9 +312,11 @@ class _Patient:
             except TrainyardError as exc:
                 if exc.status not in TRANSIENT:
                     raise
-                note(f"sweep {self.ident}: {exc}; trying again in {wait:g} s")
+                # The server's Retry-After, when it gives one, over our own back-off.
+                pause = wait if exc.retry_after is None else min(exc.retry_after, RETRY_CAP_S)
+                note(f"sweep {self.ident}: {exc}; trying again in {pause:g} s")
             self.check(self.ended)
-            time.sleep(wait)
+            time.sleep(pause)
             wait = min(max(2 * wait, 1.0), RETRY_SECONDS)
 
 

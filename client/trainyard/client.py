@@ -20,9 +20,11 @@ Contract:
 
 from __future__ import annotations
 
+import email.utils
 import re
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -78,11 +80,18 @@ class TrainyardError(Exception):
     """The API refused a request (or could not be reached: ``status`` 0)."""
 
     def __init__(
-        self, status: int, message: str, errors: list[dict[str, str]] | None = None
+        self,
+        status: int,
+        message: str,
+        errors: list[dict[str, str]] | None = None,
+        retry_after: float | None = None,
     ) -> None:
         self.status = status
         self.message = message
         self.errors = list(errors or [])
+        self.retry_after = retry_after
+        """Seconds the server asked the caller to wait before trying again (its
+        ``Retry-After``, on a 429 or 503), None when it said nothing usable."""
         super().__init__(str(self))
 
     def __str__(self) -> str:
@@ -435,6 +444,7 @@ class TrainyardClient:
             response.status_code,
             str(detail or response.reason_phrase or "request failed"),
             errors if isinstance(errors, list) else None,
+            retry_after=retry_after(response.headers.get("Retry-After")),
         )
 
 
@@ -459,6 +469,23 @@ def _settled(view: dict[str, Any]) -> bool:
     asked = bool((view.get("spec") or {}).get("register_model"))
     model_in = view.get("status") != "SUCCEEDED" or not asked or view.get("model") is not None
     return cost_final and model_in
+
+
+def retry_after(value: str | None) -> float | None:
+    """A ``Retry-After`` header as seconds from now: delay-seconds, or an HTTP date (RFC 9110
+    10.2.3); None when absent or not one of those (a date in the past is 0)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 def segment(value: str) -> str:

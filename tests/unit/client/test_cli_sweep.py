@@ -175,6 +175,29 @@ def test_an_api_that_is_away_for_a_while_is_waited_out(
     assert "503 restarting; trying again" in capsys.readouterr().err
 
 
+def test_a_rate_limited_sweep_waits_as_long_as_the_server_asks(
+    api: FakeApi, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(cli_sweep.time, "sleep", slept.append)
+    limited = {"left": 3}
+    route = api.route
+
+    def rate_limited(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and limited["left"]:
+            limited["left"] -= 1
+            return httpx.Response(
+                429, headers={"Retry-After": "7"}, json={"detail": "slow down", "errors": []}
+            )
+        return route(request)
+
+    monkeypatch.setattr(api, "route", rate_limited)
+    assert cli.main([*GRID, "--metric", "acc"]) == 0
+    assert len(api.submitted) == 6
+    assert slept.count(7.0) == 3
+    assert "429 slow down; trying again in 7 s" in capsys.readouterr().err
+
+
 def test_random_trials_and_the_json_report(
     api: FakeApi, capsys: pytest.CaptureFixture[str]
 ) -> None:
