@@ -79,10 +79,11 @@ async def entries(conn: asyncpg.Connection, before: int | None, limit: int) -> l
     return [AuditEntry(**dict(row)) for row in rows]
 
 
-ROUTE = "GET /v1/audit"
+CURSOR = paging.Cursor("GET /v1/audit", paging.integer)
+"""A page's position in a service's audit log (``of`` the service: each has its own)."""
 
 
-def audit_route(pool: asyncpg.Pool) -> HTTPRouteHandler:
+def audit_route(pool: asyncpg.Pool, service: str) -> HTTPRouteHandler:
     """``GET /v1/audit?before=<id>&limit=<n>&after=<cursor>``: the service's audit log,
     newest first, operators only. ``before`` keeps the entries older than that id; a page
     is at most ``limit`` entries and, while more follow, ``Link: <...&after=CURSOR>;
@@ -98,13 +99,13 @@ def audit_route(pool: asyncpg.Pool) -> HTTPRouteHandler:
         limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 100,
         after: Annotated[str | None, QueryParameter(description="the next page's cursor")] = None,
     ) -> Response[list[AuditEntry]]:
-        key = paging.decode(after, ROUTE, paging.integer)
+        key = CURSOR.read(after, of=service)
         below = [i for i in (before, None if key is None else key[0]) if i is not None]
         async with pool.acquire() as conn:
             fetched = await entries(conn, min(below) if below else None, limit + 1)
         page, more = paging.split(fetched, limit)
         query = {"limit": str(limit), **({"before": str(before)} if before else {})}
-        cursor = paging.encode(page[-1].id) if more else None
+        cursor = CURSOR.write(page[-1].id, of=service) if more else None
         return paging.listed(list(page), "/v1/audit", query, cursor)
 
     return audit_log

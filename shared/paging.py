@@ -5,11 +5,19 @@ Contract:
   it) and ``after``, the cursor of the previous page, and answers at most ``limit`` rows with
   the cursor of the next page (none: this page is the last). A cursor is a position, not a
   snapshot: rows added since may be skipped, none is listed twice.
-- A cursor is the sort key of a page's last row, as unpadded base64url of a JSON array.
-  Clients treat it as opaque. ``decode`` gives the key back only if it has the route's
-  shape (one parser per part); anything else, a forged or foreign cursor, too long, not
-  base64url, not JSON or of the wrong shape, is ``RequestInvalid`` on ``after`` (422 naming
-  the route), never a 5xx.
+- Each list has one ``Cursor``: its route (as errors name it), the parsers of its sort key,
+  and, per request, ``of``: what else names the list (a model's versions: the model; an
+  experiment's runs: the experiment and the sort). A cursor is that list's tag (a hash of
+  route and ``of``) and the sort key of a page's last row, as unpadded base64url of JSON.
+  Clients treat it as opaque.
+- ``Cursor.read`` gives the key back only from a cursor its list wrote: one of another list
+  (even of the same shape: a job's position given to the audit log) is ``RequestInvalid`` on
+  ``after`` saying it belongs to another list; anything else, forged, too long, not
+  base64url, not JSON, of the wrong shape or written before cursors named their list, is
+  ``RequestInvalid`` on ``after`` naming the route; never a 5xx.
+- A cursor only says where a page starts. Who may read which rows comes from the caller's
+  token, never from a cursor, and every key part reaches SQL as a bound parameter of the type
+  its parser checked, so a forged cursor can skip rows but never widen a query or change it.
 - ``split`` turns the ``limit + 1`` rows a query fetched into the page and whether more
   follow, so a route never needs a second query to know.
 """
@@ -18,7 +26,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
+import re
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
@@ -36,12 +46,60 @@ Parser = Callable[[Any], Any]
 T = TypeVar("T")
 
 
-def encode(*key: Part | datetime) -> str:
-    """The cursor of a row whose sort key is ``key`` (datetimes as ISO 8601 text, floats as
-    their ``repr``, so NaN and the infinities survive: parse them with ``real``)."""
-    parts = [_part(k) for k in key]
-    raw = json.dumps(parts, separators=(",", ":"), allow_nan=False)
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+TAG_CHARS: Final = 16
+"""Hex digits of a list's tag: 64 bits, so no two lists' tags meet."""
+_TAG: Final = re.compile(f"[0-9a-f]{{{TAG_CHARS}}}")
+
+
+class Cursor:
+    """The cursor of one list route: ``route`` names it in errors; ``parsers`` read its sort
+    key back, one parser per part."""
+
+    def __init__(self, route: str, *parsers: Parser) -> None:
+        self.route = route
+        self.parsers = parsers
+
+    def write(self, *key: Part | datetime, of: str = "") -> str:
+        """The cursor of a row whose sort key is ``key`` in the list ``of`` names (datetimes as
+        ISO 8601 text, floats as their ``repr``, so NaN and the infinities survive: parse them
+        with ``real``)."""
+        parts = [_part(k) for k in key]
+        raw = json.dumps(
+            {"list": self._tag(of), "key": parts}, separators=(",", ":"), allow_nan=False
+        )
+        return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+    def read(self, text: str | None, of: str = "") -> tuple[Any, ...] | None:
+        """The key in cursor ``text`` (None when no cursor was given), each part through its
+        parser; ``RequestInvalid`` on ``after`` when this list, ``of``, did not write it."""
+        if not text:
+            return None
+        bad = RequestInvalid.one("after", f"not a cursor returned by {self.route}")
+        if len(text) > MAX_CURSOR_CHARS:
+            raise bad
+        try:
+            found = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+        except (binascii.Error, ValueError, UnicodeDecodeError):
+            raise bad from None
+        if not isinstance(found, dict) or set(found) != {"list", "key"}:
+            raise bad
+        if found["list"] != self._tag(of):
+            # Checked before the key, so a cursor of another list is named as one whatever
+            # its shape.
+            if isinstance(found["list"], str) and _TAG.fullmatch(found["list"]):
+                raise RequestInvalid.one("after", f"a cursor of another list, not of {self.route}")
+            raise bad
+        parts = found["key"]
+        if not isinstance(parts, list) or len(parts) != len(self.parsers):
+            raise bad
+        try:
+            return tuple(parse(part) for parse, part in zip(self.parsers, parts, strict=True))
+        except (ValueError, TypeError):
+            raise bad from None
+
+    def _tag(self, of: str) -> str:
+        # A hash, not the names: short, and says nothing of the list to whoever holds it.
+        return hashlib.sha256(f"{self.route}\n{of}".encode()).hexdigest()[:TAG_CHARS]
 
 
 def _part(key: Part | datetime) -> str | int | None:
@@ -50,23 +108,6 @@ def _part(key: Part | datetime) -> str | int | None:
     if isinstance(key, float):
         return repr(key)
     return key
-
-
-def decode(text: str | None, route: str, *parsers: Parser) -> tuple[Any, ...] | None:
-    """The key in cursor ``text`` (None when no cursor was given), each part through its
-    parser; ``RequestInvalid`` on ``after`` when it is not a cursor ``route`` gave."""
-    if not text:
-        return None
-    bad = RequestInvalid.one("after", f"not a cursor returned by {route}")
-    if len(text) > MAX_CURSOR_CHARS:
-        raise bad
-    try:
-        parts = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-        if not isinstance(parts, list) or len(parts) != len(parsers):
-            raise bad
-        return tuple(parse(part) for parse, part in zip(parsers, parts, strict=True))
-    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError):
-        raise bad from None
 
 
 def listed(

@@ -36,6 +36,16 @@ from trainyard_platform.shared.http_app import error_responses, service_app
 
 USAGE_PAGE_MAX = 500
 """The most per-job rows one ``GET /v1/usage`` answers (default 100)."""
+USAGE = paging.Cursor(
+    "GET /v1/usage",
+    paging.text,
+    paging.text,
+    paging.instant,
+    paging.text,
+    paging.text,
+    paging.text,
+)
+"""A page's position in the per-job usage: ``repo.JOB_USAGE_KEY`` of its last row."""
 
 
 def create_app(
@@ -56,16 +66,7 @@ def create_app(
         after: Annotated[str | None, QueryParameter(description="the next of a page")] = None,
     ) -> UsageSummary:
         check_parameters(request, frozenset({"team", "limit", "after"}))
-        key = paging.decode(
-            after,
-            "GET /v1/usage",
-            paging.text,
-            paging.text,
-            paging.instant,
-            paging.text,
-            paging.text,
-            paging.text,
-        )
+        key = USAGE.read(after)
         team = team_to_read(principal, team, "usage")
         async with (
             pool.acquire() as conn,
@@ -77,7 +78,7 @@ def create_app(
                 await repo.usage_by_team(conn, team),
                 await repo.usage_by_user(conn, team),
                 jobs,
-                paging.encode(*(jobs[-1][c] for c in repo.JOB_USAGE_KEY)) if more else None,
+                USAGE.write(*(jobs[-1][c] for c in repo.JOB_USAGE_KEY)) if more else None,
             )
 
     return service_app(
@@ -88,7 +89,7 @@ def create_app(
             *cost_routes(pool),
             *governance_routes(pool, currency),
             *waste_routes(pool, currency),
-            audit_route(pool),
+            audit_route(pool, "billing"),
         ],
         guard,
         cors_origins=cors_origins,

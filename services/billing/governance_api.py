@@ -81,6 +81,8 @@ BODY_MAX_BYTES = 64 * 1024
 """A job spec is read as an estimate's body: the largest a spec file may reasonably be."""
 BUDGETS_PAGE_MAX = 500
 PRICES_PAGE_MAX = 500
+BUDGETS = paging.Cursor("GET /v1/budgets", paging.text, paging.str_or_empty)
+PRICES = paging.Cursor("GET /v1/prices", paging.text, paging.instant, paging.integer)
 """The most rows of a page of ``GET /v1/budgets`` and ``GET /v1/prices``."""
 FLAVOR = r"^[a-z0-9][a-z0-9-]{0,39}$"
 TEAM = r"^[A-Za-z0-9_-]{1,100}$"
@@ -142,7 +144,7 @@ def governance_routes(
         next in ``Link: <...>; rel="next"`` (``shared.paging``): every price change adds a
         row, so the book grows without bound."""
         check_parameters(request, frozenset({"flavor", "limit", "after"}))
-        key = paging.decode(after, "GET /v1/prices", paging.text, paging.instant, paging.integer)
+        key = PRICES.read(after)
         async with pool.acquire() as conn:
             fetched = await catalogue.price_book_page(
                 conn, flavor, clock(), limit + 1, (key[0], key[1], key[2]) if key else None
@@ -161,7 +163,7 @@ def governance_routes(
         ]
         last = rows[-1] if more else None
         cursor = (
-            paging.encode(last["flavor"], last["effective_from"], last["rank"]) if last else None
+            PRICES.write(last["flavor"], last["effective_from"], last["rank"]) if last else None
         )
         query = {**({"flavor": flavor} if flavor else {}), "limit": str(limit)}
         return paging.listed(views, "/v1/prices", query, cursor)
@@ -283,7 +285,7 @@ def governance_routes(
         """A page of budgets; while more follow, ``Link: <...&after=CURSOR>; rel="next"``
         (the body stays a plain list, as ``GET /v1/jobs``'s)."""
         check_parameters(request, frozenset({"team", "limit", "after"}))
-        key = paging.decode(after, "GET /v1/budgets", paging.text, paging.str_or_empty)
+        key = BUDGETS.read(after)
         team = team_to_read(principal, team, "budgets")
         now = clock()
         async with (
@@ -294,7 +296,7 @@ def governance_routes(
             found, more = paging.split(fetched, limit)
             spent = [await budgets_repo.spent(conn, b, month_start(now), now) for b in found]
         views = [budget_view(b, s, now) for b, s in zip(found, spent, strict=True)]
-        cursor = paging.encode(found[-1].team, found[-1].project or "") if more else None
+        cursor = BUDGETS.write(found[-1].team, found[-1].project or "") if more else None
         query = {**({"team": team} if team else {}), "limit": str(limit)}
         return paging.listed(views, "/v1/budgets", query, cursor)
 

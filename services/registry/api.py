@@ -55,6 +55,8 @@ from trainyard_platform.shared.storage import ObjectStore
 
 Caller = NamedDependency[Principal]
 VERSIONS_PAGE_MAX = 500
+VERSIONS = paging.Cursor("GET /v1/models/{team}/{name}/versions", paging.integer)
+"""A page's position in one model's versions (``of`` the model: ``team/name``)."""
 
 
 def create_app(
@@ -78,7 +80,7 @@ def create_app(
         after: Annotated[str | None, QueryParameter(description="the next of a page")] = None,
     ) -> VersionList:
         missing = NotFoundException(f"no model {name!r} in team {team!r}")
-        key = paging.decode(after, "GET /v1/models/{team}/{name}/versions", paging.integer)
+        key = VERSIONS.read(after, of=f"{team}/{name}")
         async with pool.acquire() as conn:
             await model_grants.readable_or_404(conn, principal, team, name)
             fetched = await repo.versions_of_model(
@@ -91,7 +93,7 @@ def create_app(
             team=team,
             model=name,
             versions=[VersionSummary.from_domain(v) for v in versions],
-            next=paging.encode(versions[-1].version) if more else None,
+            next=VERSIONS.write(versions[-1].version, of=f"{team}/{name}") if more else None,
         )
         return shown(page, team, grants.reader_of(principal))
 
@@ -128,7 +130,7 @@ def create_app(
             *lineage_routes(pool),
             *reproduction_routes(pool),
             *tracking_routes(pool),
-            audit_route(pool),
+            audit_route(pool, "registry"),
         ],
         guard,
         statuses=STATUSES,

@@ -54,6 +54,9 @@ Version = Annotated[int, PathParameter(ge=1, le=2**31 - 1)]
 Clock = Callable[[], datetime]
 BODY_MAX_BYTES = 64 * 1024
 PAGE_MAX = 500
+DATASETS = names.by_name("GET /v1/datasets")
+VERSIONS = paging.Cursor("GET /v1/datasets/{team}/{name}", paging.integer)
+"""A page's position in one dataset's versions (``of`` the dataset: ``team/name``)."""
 
 
 def utc_now() -> datetime:
@@ -133,7 +136,7 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
         limit: Annotated[int, QueryParameter(ge=1, le=PAGE_MAX)] = 100,
         after: Annotated[str | None, QueryParameter(description="the next of a page")] = None,
     ) -> DatasetPage:
-        cursor = names.cursor(after, "GET /v1/datasets")
+        cursor = DATASETS.read(after)
         async with pool.acquire() as conn:
             fetched = await datasets.readable_datasets(
                 conn, grants.reader_of(principal), limit + 1, cursor
@@ -149,7 +152,7 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
                 )
                 for r in rows
             ],
-            next=names.next_cursor(rows[-1].team, rows[-1].name) if more else None,
+            next=DATASETS.write(rows[-1].team, rows[-1].name) if more else None,
         )
 
     @get("/v1/datasets/{team:str}/{name:str}", responses=error_responses(404))
@@ -161,7 +164,7 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
         after: Annotated[str | None, QueryParameter(description="the next of a page")] = None,
     ) -> DatasetDetail:
         names.check_model(team, name)
-        key = paging.decode(after, "GET /v1/datasets/{team}/{name}", paging.integer)
+        key = VERSIONS.read(after, of=f"{team}/{name}")
         async with pool.acquire() as conn:
             found = await readable(conn, principal, team, name)
             fetched = await datasets.versions(conn, team, name, limit + 1, key[0] if key else 0)
@@ -173,7 +176,7 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
             created_at=found.created_at,
             versions=[DatasetVersionRead.of(v) for v in versions],
             grants=found.grants,
-            next=paging.encode(versions[-1].version) if more else None,
+            next=VERSIONS.write(versions[-1].version, of=f"{team}/{name}") if more else None,
         )
         return shown(detail, team, grants.reader_of(principal))
 

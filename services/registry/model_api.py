@@ -94,6 +94,11 @@ Version = Annotated[int, PathParameter(ge=1, le=2**31 - 1)]  # the column's inte
 Clock = Callable[[], datetime]
 BODY_MAX_BYTES = 64 * 1024
 PAGE_MAX = 500
+MODELS = names.by_name("GET /v1/models")
+ALIASES = paging.Cursor("GET /v1/models/{team}/{name}/aliases", paging.text)
+"""A page's position in one model's aliases (``of`` the model: ``team/name``)."""
+MOVES = paging.Cursor("GET .../aliases/{alias}/moves", paging.integer)
+"""A page's position in one alias's moves (``of`` ``team/name/alias``)."""
 LIST_PARAMETERS = frozenset({"team", "after", "limit", "project", "granted"})
 
 
@@ -174,7 +179,7 @@ def model_routes(
             names.check("team", team)
         if project is not None:
             names.check("model", project, "project")  # a project is named like a job
-        cursor = names.cursor(after, "GET /v1/models")
+        cursor = MODELS.read(after)
         grantee = None
         if granted:
             # Models other teams granted to the caller's; ``team`` narrows to one owner.
@@ -196,7 +201,7 @@ def model_routes(
                     conn, team, cursor, limit + 1, project, grantee
                 )
         rows, more = paging.split(fetched, limit)
-        following = names.next_cursor(rows[-1].team, rows[-1].name) if more else None
+        following = MODELS.write(rows[-1].team, rows[-1].name) if more else None
         reader = grants.reader_of(principal)
         return ModelPage(models=[shown(_summary(r), r.team, reader) for r in rows], next=following)
 
@@ -398,7 +403,7 @@ def model_routes(
         """A page of the model's aliases by name (``shared.paging``, ``next`` as the
         versions')."""
         names.check_model(team, name)
-        key = paging.decode(after, "GET /v1/models/{team}/{name}/aliases", paging.text)
+        key = ALIASES.read(after, of=f"{team}/{name}")
         async with pool.acquire() as conn:
             await readable(conn, principal, team, name)
             found = await models_repo.model_id(conn, team, name)
@@ -410,7 +415,7 @@ def model_routes(
             team=team,
             model=name,
             aliases=dict(page),
-            next=paging.encode(page[-1][0]) if more else None,
+            next=ALIASES.write(page[-1][0], of=f"{team}/{name}") if more else None,
         )
 
     @put(
@@ -502,7 +507,7 @@ def model_routes(
     ) -> AliasHistory:
         names.check_model(team, name)
         names.check("alias", alias)
-        key = paging.decode(after, "GET .../aliases/{alias}/moves", paging.integer)
+        key = MOVES.read(after, of=f"{team}/{name}/{alias}")
         async with pool.acquire() as conn:
             await readable(conn, principal, team, name)
             found = await models_repo.model(conn, team, name)
@@ -534,7 +539,7 @@ def model_routes(
                 )
                 for m in moves
             ],
-            next=paging.encode(moves[-1].id) if more else None,
+            next=MOVES.write(moves[-1].id, of=f"{team}/{name}/{alias}") if more else None,
         )
         return shown(history, team, grants.reader_of(principal))
 

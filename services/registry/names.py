@@ -52,17 +52,11 @@ def check(kind: Kind, value: str, field: str | None = None) -> str:
     return value
 
 
-def cursor(after: str | None, route: str) -> tuple[str, str] | None:
-    """The ``(team, name)`` in ``after``, the ``next`` of a page of ``route`` (models or
-    datasets, listed by team and name): the platform's cursor (``shared.paging``), whose
-    parts must be valid names; anything else is paging's 422 naming ``after``."""
-    key = paging.decode(after, route, _name_part("team"), _name_part("model"))
-    return None if key is None else (key[0], key[1])
-
-
-def next_cursor(team: str, name: str) -> str:
-    """The cursor of a page whose last row is ``team/name`` (``cursor`` reads it back)."""
-    return paging.encode(team, name)
+def by_name(route: str) -> paging.Cursor:
+    """The cursor of ``route``, a list of models or datasets by team and name: the
+    platform's cursor (``shared.paging``) of ``(team, name)``, whose parts must be valid
+    names; anything else is paging's 422 naming ``after``."""
+    return paging.Cursor(route, _name_part("team"), _name_part("model"))
 
 
 def _name_part(kind: Kind) -> paging.Parser:

@@ -81,17 +81,22 @@ After = Annotated[str | None, QueryParameter(description="the next of the previo
 NOTE_BODY_MAX_BYTES = 64 * 1024
 
 
-def _sort_name(order: RunOrder | None) -> str:
-    """The sort a runs cursor belongs to, as its first part (``""``: newest first)."""
+EXPERIMENTS = paging.Cursor("GET /v1/experiments", paging.optional(paging.instant), paging.integer)
+RUNS = paging.Cursor(
+    "GET /v1/experiments/{id} with this sort",
+    paging.optional(paging.real),
+    paging.instant,
+    paging.text,
+)
+"""A page's position in one experiment's runs in one order (``of``: ``_runs_list``)."""
+
+
+def _runs_list(experiment_id: int, order: RunOrder | None) -> str:
+    """What names a runs list besides its route: the experiment and its sort (newest first
+    when none), since a position in one order means nothing in another."""
     if order is None:
-        return ""
-    return f"{order.field}:{order.key}:{'desc' if order.descending else 'asc'}"
-
-
-def _same_sort(part: Any, sorted_by: str) -> str:
-    if part != sorted_by:
-        raise ValueError("a cursor of another sort")
-    return sorted_by
+        return str(experiment_id)
+    return f"{experiment_id} {order.field}:{order.key}:{'desc' if order.descending else 'asc'}"
 
 
 def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
@@ -188,9 +193,7 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
         limit: Annotated[int, QueryParameter(ge=1, le=PAGE_MAX)] = 100,
         after: After = None,
     ) -> ExperimentList:
-        key = paging.decode(
-            after, "GET /v1/experiments", paging.optional(paging.instant), paging.integer
-        )
+        key = EXPERIMENTS.read(after)
         if not principal.is_operator:
             # Another team answers as one that does not exist (and as billing's costs do).
             if team is not None and not principal.may_see_team(team):
@@ -202,7 +205,7 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
         last = rows[-1] if more else None
         return ExperimentList(
             experiments=[Experiment(**dict(r)) for r in rows],
-            next=paging.encode(last["last_started_at"], last["id"]) if last else None,
+            next=EXPERIMENTS.write(last["last_started_at"], last["id"]) if last else None,
         )
 
     @get(
@@ -230,27 +233,18 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
         after: After = None,
     ) -> ExperimentRuns:
         run_order, where = parse_sort(sort, order), parse_filter(filter)
-        sorted_by = _sort_name(run_order)
-        key = paging.decode(
-            after,
-            "GET /v1/experiments/{id} with this sort",
-            lambda part: _same_sort(part, sorted_by),
-            paging.optional(paging.real),
-            paging.instant,
-            paging.text,
-        )
+        runs_list = _runs_list(experiment_id, run_order)
+        key = RUNS.read(after, of=runs_list)
         async with pool.acquire() as conn:
             found = await visible_experiment(conn, experiment_id, principal)
-            fetched = await repo.runs(
-                conn, experiment_id, run_order, where, limit + 1, after=key[1:] if key else None
-            )
+            fetched = await repo.runs(conn, experiment_id, run_order, where, limit + 1, after=key)
             rows, more = paging.split(fetched, limit)
             shown = await as_runs(conn, rows)
         last = rows[-1] if more else None
         return ExperimentRuns(
             experiment=found,
             runs=shown,
-            next=paging.encode(sorted_by, last["sort_value"], last["started_at"], last["job_id"])
+            next=RUNS.write(last["sort_value"], last["started_at"], last["job_id"], of=runs_list)
             if last
             else None,
         )

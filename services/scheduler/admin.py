@@ -148,15 +148,18 @@ async def delete_flavor(pool: asyncpg.Pool, name: str, by: Principal) -> None:
         await emit(conn, retired, name, f"flavor:{name}:{revision}")
 
 
+FLAVORS = paging.Cursor("GET /v1/admin/flavors", paging.text)
+
+
 async def list_flavors(
     pool: asyncpg.Pool, limit: int, after: str | None = None
 ) -> tuple[list[FlavorView], str | None]:
     """A page of flavors by name and the cursor of the next (None: the last)."""
-    key = paging.decode(after, "GET /v1/admin/flavors", paging.text)
+    key = FLAVORS.read(after)
     async with pool.acquire() as conn:
         fetched = await admin_repo.flavors(conn, limit + 1, key[0] if key else "")
     rows, more = paging.split(fetched, limit)
-    return [flavor_view(r) for r in rows], paging.encode(rows[-1]["name"]) if more else None
+    return [flavor_view(r) for r in rows], FLAVORS.write(rows[-1]["name"]) if more else None
 
 
 async def get_flavor(pool: asyncpg.Pool, name: str) -> FlavorView:
@@ -221,15 +224,18 @@ async def delete_cohort(pool: asyncpg.Pool, name: str, by: Principal) -> None:
         await admin_repo.delete_cohort(conn, name)
 
 
+COHORTS = paging.Cursor("GET /v1/admin/cohorts", paging.text)
+
+
 async def list_cohorts(
     pool: asyncpg.Pool, limit: int, after: str | None = None
 ) -> tuple[list[CohortView], str | None]:
     """A page of cohorts by name and the cursor of the next (None: the last)."""
-    key = paging.decode(after, "GET /v1/admin/cohorts", paging.text)
+    key = COHORTS.read(after)
     async with pool.acquire() as conn:
         fetched = await admin_repo.cohorts(conn, limit + 1, key[0] if key else "")
     rows, more = paging.split(fetched, limit)
-    return [cohort_view(r) for r in rows], paging.encode(rows[-1]["name"]) if more else None
+    return [cohort_view(r) for r in rows], COHORTS.write(rows[-1]["name"]) if more else None
 
 
 async def get_cohort(pool: asyncpg.Pool, name: str) -> CohortView:
@@ -331,17 +337,20 @@ async def _check_references(conn: asyncpg.Connection, body: QueueRequest) -> Non
         raise RequestInvalid(errors)
 
 
+QUEUES = paging.Cursor("GET /v1/admin/queues", paging.text)
+
+
 async def list_queues(
     pool: asyncpg.Pool, limit: int, after: str | None = None
 ) -> tuple[list[QueueConfigView], str | None]:
     """A page of queues by name (at most ``limit``, after the cursor ``after``) with their
     quotas, and the cursor of the next page (None: this is the last)."""
-    key = paging.decode(after, "GET /v1/admin/queues", paging.text)
+    key = QUEUES.read(after)
     async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
         fetched = await admin_repo.queues(conn, limit + 1, key[0] if key else "")
         rows, more = paging.split(fetched, limit)
         quotas = await admin_repo.quotas(conn, [r["name"] for r in rows])
-    cursor = paging.encode(rows[-1]["name"]) if more else None
+    cursor = QUEUES.write(rows[-1]["name"]) if more else None
     return [queue_config_view(r, quotas) for r in rows], cursor
 
 
@@ -379,18 +388,21 @@ async def delete_priority_class(pool: asyncpg.Pool, name: str, by: Principal) ->
         await admin_repo.delete_priority_class(conn, name)
 
 
+PRIORITY_CLASSES = paging.Cursor("GET /v1/admin/priority-classes", paging.int32, paging.text)
+
+
 async def list_priority_classes(
     pool: asyncpg.Pool, limit: int, after: str | None = None
 ) -> tuple[list[PriorityClassView], str | None]:
     """A page of priority classes, highest value first, and the cursor of the next (None:
     the last)."""
-    key = paging.decode(after, "GET /v1/admin/priority-classes", paging.int32, paging.text)
+    key = PRIORITY_CLASSES.read(after)
     async with pool.acquire() as conn:
         fetched = await admin_repo.priority_classes(
             conn, limit + 1, (key[0], key[1]) if key else None
         )
     rows, more = paging.split(fetched, limit)
-    cursor = paging.encode(rows[-1]["value"], rows[-1]["name"]) if more else None
+    cursor = PRIORITY_CLASSES.write(rows[-1]["value"], rows[-1]["name"]) if more else None
     return [priority_class_view(r) for r in rows], cursor
 
 

@@ -84,6 +84,10 @@ ADMIN_BODY_MAX_BYTES = 64 * 1024
 ADMIN_PAGE_MAX = 500
 """The most rows of a page of ``GET /v1/admin/{flavors,cohorts,queues,priority-classes}``."""
 PENDING_PAGE_MAX = 1000
+PENDING = paging.Cursor(
+    "GET /v1/queue/{name}/pending", paging.int32, paging.instant, paging.integer
+)
+"""A page's position in one queue's waiting jobs (``of`` the queue's name)."""
 """The most rows of a page of ``GET /v1/queue/{name}/pending``."""
 Readiness = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
 """(ready, body) of ``GET /readyz``."""
@@ -330,21 +334,19 @@ def create_app(
     ) -> Response[list[PendingJobView]]:
         """A page of the queue's waiting jobs in queue order; the next in ``Link: <...>;
         rel="next"`` (``shared.paging``): its line has no bound."""
-        key = paging.decode(
-            after, "GET /v1/queue/{name}/pending", paging.int32, paging.instant, paging.integer
-        )
+        key = PENDING.read(after, of=name)
         async with pool.acquire() as conn:
             if await admin_repo.queue(conn, name) is None:
                 raise NotFound(f"no queue {name}")
             fetched = await repo.pending_page(conn, name, limit + 1, key)
         rows, more = paging.split(fetched, limit)
-        cursor = paging.encode(*repo.pending_key(rows[-1])) if more else None
+        cursor = PENDING.write(*repo.pending_key(rows[-1]), of=name) if more else None
         path = f"/v1/queue/{quote(name, safe='')}/pending"
         return paging.listed([pending_view(r) for r in rows], path, {"limit": str(limit)}, cursor)
 
     return service_app(
         "scheduler",
-        [*health_handlers, queue, waiting, admin_router(pool), audit_route(pool)],
+        [*health_handlers, queue, waiting, admin_router(pool), audit_route(pool, "scheduler")],
         guard,
         statuses={NotFound: 404, Conflict: 409},
         cors_origins=cors_origins,

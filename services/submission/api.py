@@ -884,7 +884,12 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
     )
     return service_app(
         "submission",
-        [*deps.health_handlers, v1, audit_route(deps.pool), *dashboard_routes(settings)],
+        [
+            *deps.health_handlers,
+            v1,
+            audit_route(deps.pool, "submission"),
+            *dashboard_routes(settings),
+        ],
         caller_guard(deps.pool, RateLimits.of(settings), settings.flavors, known),
         statuses={NotFound: 404, Forbidden: 403, Conflict: 409, RegistryUnavailable: 503},
         errors=(429,),

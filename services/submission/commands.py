@@ -277,6 +277,10 @@ async def get_job(pool: asyncpg.Pool, caller: Caller, job_id: str) -> JobView:
         return await _read_view(conn, caller, job_id)
 
 
+JOBS = paging.Cursor("GET /v1/jobs", paging.instant, paging.text)
+"""A page's position in a team's jobs: the last job's submission and id."""
+
+
 async def list_jobs(
     pool: asyncpg.Pool,
     caller: Caller,
@@ -289,13 +293,13 @@ async def list_jobs(
     cursor ``after`` (from an earlier page; none: from the newest). Returns the page and the
     cursor of the next one (None: this page is the last). A cursor is a position, not a
     snapshot: jobs submitted since never appear on later pages, none is listed twice."""
-    position = paging.decode(after, "GET /v1/jobs", paging.instant, paging.text)
+    position = JOBS.read(after)
     async with pool.acquire() as conn:
         rows = await repo.jobs_for_team(
             conn, caller.team_id, status, limit + 1, position, (filters or JobFilters()).query()
         )
     page, more = paging.split(rows, limit)
-    cursor = paging.encode(page[-1]["submitted_at"], page[-1]["id"]) if more else None
+    cursor = JOBS.write(page[-1]["submitted_at"], page[-1]["id"]) if more else None
     return [job_summary(row) for row in page], cursor
 
 

@@ -262,19 +262,22 @@ async def _team_in_reach(conn: asyncpg.Connection, caller: Caller, team: str | N
     return found
 
 
+USERS = paging.Cursor("GET /v1/admin/users", paging.text)
+
+
 async def list_users(
     pool: asyncpg.Pool, caller: Caller, team: str | None, limit: int, after: str | None = None
 ) -> tuple[list[UserView], str | None]:
     """A page of the team's users by name (at most ``limit``, after the cursor ``after``)
     and the cursor of the next page (None: this is the last)."""
     caller.require(Role.ADMIN, "listing users")
-    key = paging.decode(after, "GET /v1/admin/users", paging.text)
+    key = USERS.read(after)
     async with pool.acquire() as conn:
         team_id = await _team_in_reach(conn, caller, team)
         fetched = await repo.users(conn, team_id, limit + 1, key[0] if key else "")
     rows, more = paging.split(fetched, limit)
     shown = team or caller.team
-    cursor = paging.encode(rows[-1]["name"]) if more else None
+    cursor = USERS.write(rows[-1]["name"]) if more else None
     return [
         UserView(
             name=r["name"],
@@ -353,6 +356,9 @@ def _token_view(row: asyncpg.Record) -> TokenView:
     )
 
 
+TOKENS = paging.Cursor("GET /v1/tokens", paging.integer)
+
+
 async def list_tokens(
     pool: asyncpg.Pool,
     caller: Caller,
@@ -363,12 +369,12 @@ async def list_tokens(
 ) -> tuple[list[TokenView], str | None]:
     """A page of the tokens of ``user`` (default: the caller), never the tokens themselves,
     oldest first, and the cursor of the next page (None: this is the last)."""
-    key = paging.decode(after, "GET /v1/tokens", paging.integer)
+    key = TOKENS.read(after)
     async with pool.acquire() as conn:
         user_id = await _user_in_reach(conn, caller, user, team)
         fetched = await repo.tokens_of_user(conn, user_id, limit + 1, key[0] if key else 0)
     rows, more = paging.split(fetched, limit)
-    cursor = paging.encode(rows[-1]["id"]) if more else None
+    cursor = TOKENS.write(rows[-1]["id"]) if more else None
     return [_token_view(r) for r in rows], cursor
 
 

@@ -21,7 +21,7 @@ from tests.integration.registry.modelkit import (
     apply,
 )
 from tests.integration.registry.test_registry import spec, started
-from trainyard_platform.shared import paging
+from trainyard_platform.services.registry.dataset_api import DATASETS
 from trainyard_platform.shared.storage import ObjectStore
 
 pytestmark = pytest.mark.integration
@@ -238,7 +238,7 @@ async def test_the_listing_pages_on_and_never_stops_short_silently(
         assert pages == 2  # a full page that is the last has no next (shared.paging)
         # A cursor naming another team's dataset only says where to start.
         page = (
-            await vision.get("/v1/datasets", params={"after": paging.encode("ml", "m1")})
+            await vision.get("/v1/datasets", params={"after": DATASETS.write("ml", "m1")})
         ).json()
         assert [d["name"] for d in page["datasets"]] == ["m2", "v1", "v2", "v3"]
         for forged in ("nothing", "a/../b", "/x", "a/b/c"):

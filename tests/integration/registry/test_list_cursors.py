@@ -108,3 +108,42 @@ async def test_the_audit_log_pages_with_the_same_cursor(
             assert refused.json()["errors"] == [
                 {"field": "after", "message": "not a cursor returned by GET /v1/audit"}
             ], (bad, refused.text)
+
+
+@pytest.mark.usefixtures("filled")
+async def test_a_cursor_of_another_list_is_refused(pool: asyncpg.Pool, store: ObjectStore) -> None:
+    """A ``next`` of one list given to another: the models list's ``(team, name)`` was read
+    by the datasets list, a model's versions' position by another model's, the audit log's by
+    every integer-keyed list, each paging from an arbitrary point. Now each is a 422 on
+    ``after`` saying it belongs to another list."""
+    async with pool.acquire() as conn:
+        for n in range(3):
+            await audit.record(conn, OPERATOR, "test", f"thing {n}")
+    async with app_as(pool, store, OPERATOR) as operator:
+        audit_next = (await operator.get("/v1/audit", params={"limit": 1})).links["next"]["url"]
+        audit_cursor = audit_next.split("after=")[1]
+    async with app_as(pool, store, VISION) as client:
+
+        async def next_of(path: str, field: str = "next") -> str:
+            page = await client.get(path, params={"limit": 1})
+            assert page.status_code == 200, page.text
+            cursor: str = page.json()[field]
+            return cursor
+
+        models = await next_of("/v1/models")
+        alpha_versions = await next_of("/v1/models/vision/alpha/versions")
+        prod_moves = await next_of("/v1/models/vision/alpha/aliases/prod/moves")
+        foreign = [
+            ("/v1/datasets", models, "GET /v1/datasets"),
+            ("/v1/models", await next_of("/v1/datasets"), "GET /v1/models"),
+            ("/v1/models/vision/beta/versions", alpha_versions, ROUTES[2][3]),
+            ("/v1/datasets/vision/d1", alpha_versions, ROUTES[3][3]),
+            ("/v1/models/vision/alpha/versions", audit_cursor, ROUTES[2][3]),
+            ("/v1/models/vision/alpha/aliases/staging/moves", prod_moves, ROUTES[5][3]),
+        ]
+        for path, cursor, route in foreign:
+            refused = await client.get(path, params={"after": cursor})
+            assert refused.status_code == 422, (path, refused.text)
+            assert refused.json()["errors"] == [
+                {"field": "after", "message": f"a cursor of another list, not of {route}"}
+            ], (path, refused.text)

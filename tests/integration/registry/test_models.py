@@ -22,8 +22,8 @@ from tests.integration.registry.modelkit import (
     register,
 )
 from tests.integration.registry.test_registry import succeeded
+from trainyard_platform.services.registry.model_api import MODELS
 from trainyard_platform.services.registry.models import MAX_ALIASES
-from trainyard_platform.shared import paging
 from trainyard_platform.shared.storage import ObjectStore
 
 pytestmark = pytest.mark.integration
@@ -256,7 +256,7 @@ async def test_models_are_listed_per_team_with_paging(
     async with app_as(pool, store, VISION) as client:
         first = (await client.get("/v1/models", params={"limit": 2})).json()
         assert [m["name"] for m in first["models"]] == ["alpha", "beta"]
-        assert first["next"] == paging.encode("vision", "beta")  # the platform's cursor
+        assert first["next"] == MODELS.write("vision", "beta")  # the platform's cursor
         second = (
             await client.get("/v1/models", params={"limit": 2, "after": first["next"]})
         ).json()
