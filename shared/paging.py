@@ -39,9 +39,10 @@ from litestar import Response
 from trainyard_platform.shared.http_errors import RequestInvalid
 
 MAX_CURSOR_CHARS: Final = 512
-"""No key this platform pages by encodes longer; a longer ``after`` is refused unread."""
+"""No sort key this platform pages by encodes longer; a longer ``after`` is refused unread
+(a list whose key is longer, a job's log positions, says its own ``max_chars``)."""
 
-Part = str | int | float | None
+Part = str | int | float | dict[str, int] | None
 Parser = Callable[[Any], Any]
 T = TypeVar("T")
 
@@ -53,11 +54,12 @@ _TAG: Final = re.compile(f"[0-9a-f]{{{TAG_CHARS}}}")
 
 class Cursor:
     """The cursor of one list route: ``route`` names it in errors; ``parsers`` read its sort
-    key back, one parser per part."""
+    key back, one parser per part; a longer cursor than ``max_chars`` is refused unread."""
 
-    def __init__(self, route: str, *parsers: Parser) -> None:
+    def __init__(self, route: str, *parsers: Parser, max_chars: int = MAX_CURSOR_CHARS) -> None:
         self.route = route
         self.parsers = parsers
+        self.max_chars = max_chars
 
     def write(self, *key: Part | datetime, of: str = "") -> str:
         """The cursor of a row whose sort key is ``key`` in the list ``of`` names (datetimes as
@@ -75,7 +77,7 @@ class Cursor:
         if not text:
             return None
         bad = RequestInvalid.one("after", f"not a cursor returned by {self.route}")
-        if len(text) > MAX_CURSOR_CHARS:
+        if len(text) > self.max_chars:
             raise bad
         try:
             found = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
@@ -102,7 +104,7 @@ class Cursor:
         return hashlib.sha256(f"{self.route}\n{of}".encode()).hexdigest()[:TAG_CHARS]
 
 
-def _part(key: Part | datetime) -> str | int | None:
+def _part(key: Part | datetime) -> str | int | dict[str, int] | None:
     if isinstance(key, datetime):
         return key.isoformat()
     if isinstance(key, float):

@@ -325,6 +325,10 @@ async def cancel_job(pool: asyncpg.Pool, caller: Caller, job_id: str) -> JobView
         return await _read_view(conn, caller, job_id)
 
 
+LOGS = paging.Cursor("GET /v1/jobs/{id}/logs", logs.Cursor.parse, max_chars=logs.MAX_CURSOR_CHARS)
+"""Where a reader of one job's logs is (``of`` the job): ``logs.Cursor``'s positions."""
+
+
 async def job_logs(
     pool: asyncpg.Pool,
     objects: Objects,
@@ -336,10 +340,8 @@ async def job_logs(
 ) -> LogPage:
     """The job's log chunks after the cursor ``after`` (see ``logs``): at most ``limit``
     chunks and, past the first, at most ``max_bytes`` of output."""
-    try:
-        cursor = logs.Cursor.decode(after)
-    except logs.BadCursor as exc:
-        raise RequestInvalid.one("after", str(exc)) from None
+    key = LOGS.read(after, of=job_id)
+    cursor = key[0] if key else logs.Cursor()
     # The job first: a terminal status read here is never newer than the listing below.
     async with pool.acquire() as conn:
         job = await repo.job_for_team(conn, await _team_of_job(conn, caller, job_id), job_id)
@@ -361,7 +363,7 @@ async def job_logs(
     cursor = cursor.advance(returned)
     return LogPage(
         chunks=chunks,
-        cursor=cursor.encode(),
+        cursor=LOGS.write(cursor.part(), of=job_id) if cursor.positions else "",
         streams_complete=index.complete(cursor, started),
         job_terminal=JobStatus(job["status"]).is_terminal,
     )

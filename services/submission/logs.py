@@ -13,8 +13,9 @@ Contract:
   has passed, at most ``limit`` of them.
 - The cursor remembers, per stream, the last sequence number returned. One key would not
   do: the nodes of a gang write concurrently, and a new chunk of ``a0001-node-1`` sorts
-  before a chunk of ``a0001-node-2`` already returned. The cursor is opaque to clients
-  (URL-safe base64 of a JSON object); the empty string is the start.
+  before a chunk of ``a0001-node-2`` already returned. ``Cursor.part`` is those positions as
+  one part of the platform's cursor (``shared.paging``, bound to the job), opaque to
+  clients; the empty string is the start.
 - Within a stream, chunks are returned without gaps: after chunk ``n`` comes ``n+1``, and a
   later chunk that is already listed waits until ``n+1`` is (it is being uploaded). Once the
   stream has its ``end``, nothing more will come, and any gap is skipped.
@@ -24,17 +25,16 @@ Contract:
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 STREAM = re.compile(r"a[0-9]{4}-[^/]+")
 CHUNK = re.compile(r"chunk-([0-9]{8,})\.log")
 END = "end"
 MAX_CURSOR_CHARS = 20_000
+"""The longest log cursor read: a job's streams, one per attempt and node, are many."""
 
 
 def prefix(job_id: str) -> str:
@@ -58,39 +58,25 @@ class ChunkRef:
         return chunk_key(self.stream, self.seq)
 
 
-class BadCursor(ValueError):
-    """A cursor this module did not make."""
-
-
 @dataclass(frozen=True)
 class Cursor:
     """Per stream, the last sequence number returned."""
 
     positions: Mapping[str, int] = field(default_factory=dict)
 
-    def encode(self) -> str:
-        if not self.positions:
-            return ""
-        raw = json.dumps(dict(sorted(self.positions.items())), separators=(",", ":"))
-        return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+    def part(self) -> dict[str, int]:
+        """The positions as a cursor part (``parse`` reads it back)."""
+        return dict(sorted(self.positions.items()))
 
     @classmethod
-    def decode(cls, text: str | None) -> Cursor:
-        if not text:
-            return cls()
-        if len(text) > MAX_CURSOR_CHARS:
-            raise BadCursor("cursor too long")
-        try:
-            raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-            positions = json.loads(raw)
-        except (binascii.Error, ValueError):
-            raise BadCursor("not a cursor returned by this endpoint") from None
-        if not isinstance(positions, dict) or not all(
+    def parse(cls, part: Any) -> Cursor:
+        """The positions in a cursor part; ValueError for anything ``part`` never wrote."""
+        if not isinstance(part, dict) or not all(
             isinstance(k, str) and STREAM.fullmatch(k) and type(v) is int and v >= 0
-            for k, v in positions.items()
+            for k, v in part.items()
         ):
-            raise BadCursor("not a cursor returned by this endpoint")
-        return cls(positions)
+            raise ValueError("not a log cursor")
+        return cls(part)
 
     def advance(self, chunks: Iterable[ChunkRef]) -> Cursor:
         """The cursor after ``chunks`` were returned."""

@@ -293,6 +293,24 @@ async def test_logs_are_team_scoped_and_check_their_input(submission: Submission
         assert response.json()["errors"][0]["field"] == field
 
 
+async def test_a_log_cursor_of_another_job_is_refused(submission: Submission) -> None:
+    """A log cursor (per-stream positions) carried no job: one job's, given to another job
+    whose streams have the same names, was read as its position and skipped its output."""
+    first, second = (await submission.submit())["id"], (await submission.submit())["id"]
+    for job_id in (first, second):
+        for seq in range(2):
+            _chunk(submission, job_id, "a0001-node-1", seq, b"line\n")
+    cursor = (await _logs(submission, first, limit=1))["cursor"]
+    refused = await submission.client.get(
+        f"/v1/jobs/{second}/logs", params={"after": cursor}, headers=submission.auth()
+    )
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["errors"] == [
+        {"field": "after", "message": "a cursor of another list, not of GET /v1/jobs/{id}/logs"}
+    ]
+    assert [c["seq"] for c in (await _logs(submission, first, cursor))["chunks"]] == [1]
+
+
 async def test_a_job_that_never_started_has_complete_empty_logs(submission: Submission) -> None:
     job_id = (await submission.submit())["id"]
     await submission.publish(ev.cancelled(job_id))

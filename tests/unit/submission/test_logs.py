@@ -6,14 +6,15 @@ import base64
 
 import pytest
 
+from trainyard_platform.services.submission.commands import LOGS
 from trainyard_platform.services.submission.logs import (
-    BadCursor,
     ChunkRef,
     Cursor,
     LogIndex,
     chunk_key,
     page,
 )
+from trainyard_platform.shared.http_errors import RequestInvalid
 
 
 def _index(*keys: str) -> LogIndex:
@@ -98,13 +99,12 @@ def test_no_streams_is_complete_only_for_a_job_that_never_started() -> None:
     assert not _index().complete(Cursor(), started=True)
 
 
-def test_cursor_round_trip_and_canonical_empty() -> None:
+def test_cursor_round_trip() -> None:
     cursor = Cursor().advance([ChunkRef("a0001-node-1", 3), ChunkRef("a0002-node-1", 0)])
-    text = cursor.encode()
+    text = LOGS.write(cursor.part(), of="j1")
     assert "=" not in text and "/" not in text and "+" not in text
-    assert Cursor.decode(text) == cursor
-    assert Cursor().encode() == "" and Cursor.decode("") == Cursor()
-    assert Cursor.decode(None) == Cursor()
+    assert LOGS.read(text, of="j1") == (cursor,)
+    assert LOGS.read("", of="j1") is None and LOGS.read(None, of="j1") is None
     assert cursor.advance([ChunkRef("a0001-node-1", 1)]).positions["a0001-node-1"] == 3
 
 
@@ -113,14 +113,22 @@ def test_cursor_round_trip_and_canonical_empty() -> None:
     [
         "not base64!",
         base64.urlsafe_b64encode(b"[1, 2]").decode(),
-        base64.urlsafe_b64encode(b'{"a0001-n": -1}').decode(),
-        base64.urlsafe_b64encode(b'{"a0001-n": "3"}').decode(),
-        base64.urlsafe_b64encode(b'{"../x": 3}').decode(),
+        LOGS.write({"a0001-n": -1}, of="j1"),
+        base64.urlsafe_b64encode(b'{"a0001-n": 3}').decode(),  # the old form
+        LOGS.write({"../x": 3}, of="j1"),
         base64.urlsafe_b64encode(b"\xff\xfe").decode(),
         "a0001-node-1/chunk-00000003.log",
         "x" * 20_001,
+        LOGS.write({"a0001-n": 3}, of="j2"),  # another job's
     ],
 )
 def test_foreign_cursors_are_refused(text: str) -> None:
-    with pytest.raises(BadCursor):
-        Cursor.decode(text)
+    with pytest.raises(RequestInvalid) as refused:
+        LOGS.read(text, of="j1")
+    assert refused.value.errors[0].field == "after"
+
+
+def test_a_cursor_part_must_be_positions() -> None:
+    for part in ([1, 2], {"a0001-n": "3"}, {"a0001-n": True}, {"../x": 3}):
+        with pytest.raises(ValueError):
+            Cursor.parse(part)
