@@ -43,6 +43,9 @@ Contract:
   any outcome (the consumer died while handling it, each time) is dead-lettered before it is
   handled again. Nothing crash-loops, and the server never drops a message on its own
   (the consumer's ``max_deliver`` is unlimited: these rules decide).
+- Each delivery a handler ran for is counted once when it is settled (applied, failed to be
+  retried, or dead-lettered), and the time of the attempt that applied a batch recorded
+  (``shared.event_metrics``); handlers report nothing themselves.
 - Dead letters are listed, redriven and discarded with ``shared.deadletters``: a redrive
   republishes the event as it was (same body, so the same event id for the inboxes) to
   ``trainyard.redrive.<consumer>``, which only that consumer reads.
@@ -79,6 +82,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 import traceback
 from collections.abc import (
     AsyncIterator,
@@ -110,6 +114,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.trace import SpanLimits
 
+from trainyard_platform.shared.event_metrics import EventMetrics
 from trainyard_platform.shared.events import Envelope, EventParseError, Payload, parse_envelope
 from trainyard_platform.shared.events.payloads import JobMetrics, JobProgress, RunnerHeartbeat
 from trainyard_platform.shared.events.trust import forged_because, misrouted_because
@@ -582,6 +587,7 @@ class Bus:
             unit="{message}",
             description="Messages copied to the dead-letter stream, by consumer and kind",
         )
+        self._event_metrics = EventMetrics(meter)
 
     @classmethod
     @asynccontextmanager
@@ -996,17 +1002,39 @@ class Bus:
         failed otherwise."""
         deliveries = [delivery for _, delivery in parsed]
         try:
-            await self._through_outages(consumer, lambda: handler(deliveries), stop)
+            await self._apply(consumer, handler, deliveries, stop)
         except _Stopped:
             for msg, _ in parsed:
                 await self._hand_back(msg)
             return True
         except Exception as exc:
+            # No outcome of any event yet: each counts its own, handled alone.
             log.info("batch of %d failed (%s); handling them one at a time", len(parsed), exc)
             return False
         for msg, _ in parsed:
             await self._ack(msg)
+        self._event_metrics.settled(consumer, (d.envelope for d in deliveries), "ok")
         return True
+
+    async def _apply(
+        self,
+        consumer: str,
+        handler: BatchHandler,
+        deliveries: Sequence[Delivery],
+        stop: asyncio.Event,
+    ) -> None:
+        """``handler(deliveries)``, waiting out outages (``_through_outages``); the time of
+        the attempt that applied them is recorded (``EventMetrics.applied``), not the wait."""
+        took = 0.0
+
+        async def attempt() -> None:
+            nonlocal took
+            started = time.perf_counter()
+            await handler(deliveries)
+            took = time.perf_counter() - started
+
+        await self._through_outages(consumer, attempt, stop)
+        self._event_metrics.applied(consumer, [d.envelope for d in deliveries], took)
 
     async def _handle(
         self,
@@ -1032,12 +1060,13 @@ class Bus:
         deliveries = msg.metadata.num_delivered
         envelope = delivery.envelope
         try:
-            await self._through_outages(consumer, lambda: handler([delivery]), stop)
+            await self._apply(consumer, handler, [delivery], stop)
         except _Stopped:
             await self._hand_back(msg)
             return
         except Reject as exc:
-            await self._dead_letter(consumer, msg, f"rejected: {exc}")
+            if await self._dead_letter(consumer, msg, f"rejected: {exc}"):
+                self._event_metrics.settled(consumer, [envelope], "dead_lettered")
             return
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
@@ -1052,7 +1081,8 @@ class Bus:
                 # The dead letter outlives the log and is read through an API: a database
                 # error's values stay in the log only (``span_errors.safe_message``).
                 kept = f"{type(exc).__name__}: {safe_message(exc)}"
-                await self._dead_letter(consumer, msg, f"failed {deliveries} times: {kept}")
+                if await self._dead_letter(consumer, msg, f"failed {deliveries} times: {kept}"):
+                    self._event_metrics.settled(consumer, [envelope], "dead_lettered")
             else:
                 log.warning(
                     "%s: %s failed (delivery %d), will retry: %s",
@@ -1063,8 +1093,10 @@ class Bus:
                 )
                 delay = self._settings.retry_delay_seconds * 2 ** (deliveries - 1)
                 await self._settle(msg, msg.nak(delay=delay))
+                self._event_metrics.settled(consumer, [envelope], "failed")
             return
         await self._ack(msg)
+        self._event_metrics.settled(consumer, [envelope], "ok")
 
     async def _through_outages(
         self, consumer: str, attempt: Callable[[], Awaitable[T]], stop: asyncio.Event
@@ -1193,7 +1225,9 @@ class Bus:
         for kind in DEAD_LETTER_KINDS:
             self._dead_letters.add(0, {"consumer": consumer, "kind": kind})
 
-    async def _dead_letter(self, consumer: str, msg: Msg, reason: str) -> None:
+    async def _dead_letter(self, consumer: str, msg: Msg, reason: str) -> bool:
+        """Copy ``msg`` to the consumer's dead letters and terminate it: True; False when a
+        stop came while the dead-letter stream could not be written (handed back)."""
         seq = msg.metadata.sequence.stream
         reason = " ".join(reason.split())[:1000]  # one header line
         original = dict(msg.headers or {})
@@ -1222,11 +1256,12 @@ class Bus:
             )
         except _Stopped:
             await self._hand_back(msg)
-            return
+            return False
         await self._settle(msg, msg.term())
         kind = reason.split(" ", 1)[0].rstrip(":")
         self._dead_letters.add(1, {"consumer": consumer, "kind": kind})
         log.error("%s: dead-lettered message %d from %s: %s", consumer, seq, subject, reason)
+        return True
 
 
 def _utc_now() -> datetime:

@@ -1,60 +1,46 @@
-"""Event handling rate, latency and failures per consumer and event type.
+"""Event handling outcomes and times per consumer and event type, as the bus settles them.
 
-``measured(consumer, handler)`` wraps a ``BatchHandler`` (``shared.bus``; ``measured_each``
-a one-event ``Handler``, the runner's): each batch
-counts its events on ``trainyard.events.handled`` by event type with ``outcome`` ok or failed
-(failed: the handler raised; the bus then retries or dead-letters) and records the batch's
-handling time on ``trainyard.events.handling.duration`` once per type in it. The ``type``
-label is the event's type (``job.started``, a fixed set), never its NATS subject, which
-ends in the job or node id.
+Contract (``shared.bus`` calls these; handlers report nothing themselves):
+- ``settled(consumer, deliveries, outcome)`` counts each delivery of an event once, on
+  ``trainyard.events.handled``, when the bus settles it after its handler ran: ``ok``
+  (applied and acknowledged), ``failed`` (its handler raised; it comes again after a delay)
+  or ``dead_lettered`` (its handler rejected it, or failed on its ``max_deliver``-th
+  delivery). A batch that failed whole and is then handled one event at a time is no
+  outcome: each of its events counts its own. Retries in place while a dependency is away
+  are no outcome either (``trainyard.consumer.outage_retries`` counts them), nor is a
+  delivery handed back on stop: it counts when it comes again.
+- ``applied(consumer, deliveries, seconds)`` records on ``trainyard.events.handling.duration``
+  the time of the attempt that applied a batch, once per event type in it; attempts that
+  failed, and waits out of an outage, applied nothing.
+- The ``type`` label is the event's type (``job.started``, a fixed set), never its NATS
+  subject, which ends in the job or node id.
 """
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Literal
 
-from trainyard_platform.shared.bus import BatchHandler, Delivery, Handler
+from opentelemetry import metrics
+
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.metrics import instrument
 
-_handled = instrument("trainyard.events.handled")
-_duration = instrument("trainyard.events.handling.duration")
+Outcome = Literal["ok", "failed", "dead_lettered"]
 
 
-def measured(consumer: str, handler: BatchHandler) -> BatchHandler:
-    """``handler``, measured (see the module)."""
+class EventMetrics:
+    """The two instruments of the module docstring, made on ``meter``."""
 
-    async def handle(deliveries: Sequence[Delivery]) -> None:
-        types = Counter(d.envelope.type for d in deliveries)
-        started = time.perf_counter()
-        outcome = "failed"
-        try:
-            await handler(deliveries)
-            outcome = "ok"
-        finally:
-            elapsed = time.perf_counter() - started
-            for event_type, count in types.items():
-                labels = {"consumer": consumer, "type": event_type}
-                _handled.add(count, {**labels, "outcome": outcome})
-                _duration.record(elapsed, labels)
+    def __init__(self, meter: metrics.Meter | None = None) -> None:
+        self._handled = instrument("trainyard.events.handled", meter)
+        self._duration = instrument("trainyard.events.handling.duration", meter)
 
-    return handle
+    def settled(self, consumer: str, events: Iterable[Envelope[Payload]], outcome: Outcome) -> None:
+        for event_type, count in Counter(e.type for e in events).items():
+            self._handled.add(count, {"consumer": consumer, "type": event_type, "outcome": outcome})
 
-
-def measured_each(consumer: str, handler: Handler) -> Handler:
-    """``handler`` (one event at a time), measured (see the module)."""
-
-    async def handle(envelope: Envelope[Payload]) -> None:
-        labels = {"consumer": consumer, "type": envelope.type}
-        started = time.perf_counter()
-        outcome = "failed"
-        try:
-            await handler(envelope)
-            outcome = "ok"
-        finally:
-            _handled.add(1, {**labels, "outcome": outcome})
-            _duration.record(time.perf_counter() - started, labels)
-
-    return handle
+    def applied(self, consumer: str, events: Sequence[Envelope[Payload]], seconds: float) -> None:
+        for event_type in {e.type for e in events}:
+            self._duration.record(seconds, {"consumer": consumer, "type": event_type})

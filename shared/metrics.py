@@ -89,15 +89,15 @@ CATALOGUE: Final = _specs(
         "trainyard.events.handled",
         "counter",
         "{event}",
-        "Events handled by consumer and event type; outcome ok or failed (will be retried or "
-        "dead-lettered)",
+        "Deliveries of events settled after their handler ran, each once, by consumer and "
+        "event type; outcome ok (applied), failed (will be retried) or dead_lettered",
         ("consumer", "type", "outcome"),
     ),
     MetricSpec(
         "trainyard.events.handling.duration",
         "histogram",
         "s",
-        "Time to apply one batch of events, by consumer and event type",
+        "Time of the attempt that applied a batch of events, by consumer and event type",
         ("consumer", "type"),
         LATENCY_BUCKETS,
     ),

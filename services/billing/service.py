@@ -20,7 +20,6 @@ from trainyard_platform.shared.access import guard_for
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.db import migrate, ping
 from trainyard_platform.shared.deadletters import deadletter_routes
-from trainyard_platform.shared.event_metrics import measured
 from trainyard_platform.shared.inbox import idempotent
 from trainyard_platform.shared.outbox import OutboxRelay
 from trainyard_platform.shared.retention import Retention
@@ -68,7 +67,7 @@ async def serve(settings: Settings) -> int:
             bus.consume_batches(
                 NAME,
                 SUBJECTS,
-                measured(NAME, idempotent(pool, NAME, handlers.dispatch)),
+                idempotent(pool, NAME, handlers.dispatch),
                 rt.stopping,
             ),
             "events",

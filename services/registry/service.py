@@ -12,7 +12,6 @@ from trainyard_platform.shared.access import guard_for
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.db import migrate, ping
 from trainyard_platform.shared.deadletters import deadletter_routes
-from trainyard_platform.shared.event_metrics import measured
 from trainyard_platform.shared.events import nats_subject
 from trainyard_platform.shared.events.payloads import (
     CheckpointSaved,
@@ -67,7 +66,7 @@ async def serve(settings: Settings) -> int:
             bus.consume_batches(
                 NAME,
                 SUBJECTS,
-                measured(NAME, idempotent_batches(pool, NAME, handlers.dispatch_batch)),
+                idempotent_batches(pool, NAME, handlers.dispatch_batch),
                 rt.stopping,
             ),
             "events",

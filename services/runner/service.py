@@ -18,7 +18,6 @@ from trainyard_platform.services.runner.sandbox import can_switch_users, claim_j
 from trainyard_platform.shared.access import guard_for
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.deadletters import deadletter_routes
-from trainyard_platform.shared.event_metrics import measured_each
 from trainyard_platform.shared.runtime import (
     ServiceRuntime,
     needed,
@@ -92,7 +91,7 @@ def agent_loops(
         "allocations": bus.consume(
             f"runner-{node}",
             handlers.subjects(node),
-            measured_each(f"runner-{node}", handlers.dispatcher(agent)),
+            handlers.dispatcher(agent),
             stop,
             redrive=False,  # one filter: the form of consumer create its NATS user may use
         ),

@@ -53,7 +53,6 @@ from trainyard_platform.services.scheduler.scheduling import (
 )
 from trainyard_platform.shared.bus import Bus, Delivery
 from trainyard_platform.shared.db import DATABASE_FAULTS, failed_rounds_from_zero, log_failed_round
-from trainyard_platform.shared.event_metrics import measured
 from trainyard_platform.shared.inbox import Guard, idempotent_batches, no_guard
 
 log = logging.getLogger(__name__)
@@ -318,7 +317,7 @@ class LeaderWork:
                 self._bus.consume_batches(
                     self._name,
                     self._subjects,
-                    measured(self._name, handle),
+                    handle,
                     stop,
                     batch=EVENT_BATCH,
                 ),

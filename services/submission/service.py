@@ -12,7 +12,6 @@ from trainyard_platform.services.submission.config import Settings
 from trainyard_platform.shared.bus import BatchHandler, Bus
 from trainyard_platform.shared.db import migrate, open_pool, ping
 from trainyard_platform.shared.deadletters import deadletter_routes
-from trainyard_platform.shared.event_metrics import measured
 from trainyard_platform.shared.events import nats_subject
 from trainyard_platform.shared.identity import Role
 from trainyard_platform.shared.inbox import TransactionalHandler, idempotent
@@ -52,7 +51,7 @@ async def serve(settings: Settings) -> int:
         rt.add_readiness_check("storage", lambda: store_answers(store))
         rt.spawn(outbox_relay(pool, bus, settings).run(rt.stopping), "outbox-relay")
         rt.spawn(Retention(pool, settings.nats.retention_hours).run(rt.stopping), "retention")
-        handler = measured(NAME, event_handler(pool))
+        handler = event_handler(pool)
         rt.spawn(bus.consume_batches(NAME, SUBJECTS, handler, rt.stopping), "events")
         rt.sample_metrics(bus, NAME, pool)
         routes = [*rt.health_handlers(), *deadletter_routes(bus, NAME, pool)]

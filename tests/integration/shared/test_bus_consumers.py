@@ -239,6 +239,63 @@ async def test_a_failed_batch_is_handled_again_one_event_at_a_time(
     await settled(bus, "batch-test")
 
 
+def handled_metric(reader: InMemoryMetricReader) -> dict[str, float]:
+    """``trainyard.events.handled`` by outcome, and how many handling times were recorded."""
+    data = reader.get_metrics_data()
+    found: dict[str, float] = {}
+    for resource in data.resource_metrics if data else []:
+        for scope in resource.scope_metrics:
+            for one in scope.metrics:
+                for point in one.data.data_points:
+                    labels = dict(point.attributes or {})
+                    if one.name == "trainyard.events.handled":
+                        outcome = str(labels["outcome"])
+                        found[outcome] = found.get(outcome, 0) + point.value  # type: ignore[union-attr]
+                    elif one.name == "trainyard.events.handling.duration":
+                        found["timed"] = found.get("timed", 0) + point.count  # type: ignore[union-attr]
+    return found
+
+
+async def test_each_event_s_outcome_is_counted_once(own_settings: NatsSettings) -> None:
+    """A batch of three failed, was handled again one event at a time (a, c applied; b failed
+    twice, then dead-lettered), and a dependency was away for one attempt of a. Counted on
+    the handler before: the failed batch as three events failed, the outage's attempt as a
+    failure, and a and c a second time, as handled. Now each delivery counts its one outcome
+    (a and c ok, b failed on its first delivery and dead-lettered on its second), and a
+    handling time only for what was applied, once each."""
+    settings = own_settings.model_copy(
+        update={
+            "max_deliver": 2,
+            "retry_delay_seconds": 0.01,
+            "outage_retry_initial_seconds": 0.01,
+            "outage_retry_max_seconds": 0.02,
+        }
+    )
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
+    async with Bus.connect(settings, "outcomes", meter=meter) as bus:
+        for job_id in ("a", "b", "c"):
+            await bus.publish(event(job_id))
+        stop = asyncio.Event()
+        alone: list[str] = []
+
+        async def handle(deliveries: Sequence[Delivery]) -> None:
+            if len(deliveries) > 1:
+                raise RuntimeError("one of them is bad")
+            alone.append(deliveries[0].envelope.subject)
+            if alone == ["a"]:
+                raise ConnectionRefusedError(111, "PostgreSQL is down")
+            if alone[-1] == "b":
+                if alone.count("b") == 2:
+                    stop.set()
+                raise RuntimeError("b is bad")
+
+        async with asyncio.timeout(10):
+            await bus.consume_batches("outcomes", [SUBJECT], handle, stop)
+    assert alone == ["a", "a", "b", "c", "b"]
+    assert handled_metric(reader) == {"ok": 2, "failed": 1, "dead_lettered": 1, "timed": 2}
+
+
 async def test_a_batch_that_succeeds_is_acknowledged_whole_and_handled_once(own_bus: Bus) -> None:
     bus = own_bus
     for job_id in ("a", "b", "c"):
