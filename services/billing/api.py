@@ -54,7 +54,11 @@ def create_app(
     health_handlers: list[HTTPRouteHandler],
     cors_origins: Sequence[str] = (),
     currency: str = "USD",
+    platform_retries: int = 3,
 ) -> Litestar:
+    """Billing's HTTP app; ``platform_retries`` is ``Settings.platform_retries`` (the cost
+    estimate's)."""
+
     @get("/v1/usage", responses=error_responses(404, 422))
     async def usage(
         request: Request[Any, Any, Any],
@@ -87,7 +91,7 @@ def create_app(
             *health_handlers,
             usage,
             *cost_routes(pool),
-            *governance_routes(pool, currency),
+            *governance_routes(pool, currency, platform_retries),
             *waste_routes(pool, currency),
             audit_route(pool, "billing"),
         ],

@@ -76,5 +76,12 @@ async def serve(settings: Settings) -> int:
         guard = await rt.resources.enter_async_context(guard_for(settings))
         routes = [*rt.health_handlers(), *deadletter_routes(bus, NAME, pool)]
         return await rt.run(
-            create_app(pool, guard, routes, settings.cors_origins, settings.currency)
+            create_app(
+                pool,
+                guard,
+                routes,
+                settings.cors_origins,
+                settings.currency,
+                settings.platform_retries,
+            )
         )

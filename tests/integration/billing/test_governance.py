@@ -27,8 +27,9 @@ from trainyard_platform.shared.events.payloads import (
     BudgetUpdated,
     FlavorDeclared,
     FlavorRetired,
+    JobFailed,
 )
-from trainyard_platform.shared.events.trust import owner
+from trainyard_platform.shared.events.trust import RUNNER, owner
 from trainyard_platform.shared.identity import IdentityClient
 
 pytestmark = pytest.mark.integration
@@ -220,7 +221,9 @@ async def test_a_job_spec_is_estimated_from_its_resources_runtime_and_restarts(
     body = answer.json()
     assert Decimal(body["gpu_seconds"]) == 3600  # 2 GPUs x 30 min
     assert Decimal(body["estimated_cost"]) == Decimal("2.5")
-    assert Decimal(body["worst_case_cost"]) == Decimal(5)  # two attempts
+    # The attempt, its restart, and the scheduler's 3 platform retries (the default).
+    assert body["attempts_at_most"] == 5
+    assert Decimal(body["worst_case_cost"]) == Decimal("12.5")
     assert body["currency"] == "USD"
 
     unpriced = await client.post(
@@ -232,6 +235,46 @@ async def test_a_job_spec_is_estimated_from_its_resources_runtime_and_restarts(
     )
     anonymous = await client.post("/v1/costs/estimate", json=spec)
     assert anonymous.status_code == 401
+
+
+async def test_an_attempt_that_failed_through_the_platform_is_charged_and_estimated(
+    pool: asyncpg.Pool,
+) -> None:
+    """A job failing with ``platform_error`` is run again up to the scheduler's
+    ``platform_retries`` times apart from ``max_restarts``, and billing charges each such
+    attempt from grant to release, as any other (the release says only ``failed``). The
+    worst case counted ``1 + max_restarts`` attempts: with the default 3 retries and no
+    restart it said 2.5 where four attempts of 2.5 could be charged."""
+    attempt = released("p1", datetime.now(UTC) - timedelta(hours=2), timedelta(minutes=30))
+    attempt = attempt.model_copy(update={"outcome": "failed"})
+    report = JobFailed(
+        job_id=attempt.job_id,
+        allocation_id="p1",
+        node_id="node-1",
+        epoch=1,
+        finished_at=attempt.released_at,
+        exit_code=None,
+        reason="the node's disk is full",
+        failure_kind="platform_error",
+    )
+    await feed(
+        pool,
+        grant_of(attempt),
+        Envelope.wrap(report, source=RUNNER, subject=attempt.job_id),
+        release_event(attempt),
+    )
+    charged = await pool.fetchval("SELECT cost FROM usage_ledger WHERE allocation_id = 'p1'")
+    assert charged == Decimal("2.500000")  # 2 GPUs x 30 min at 2.5: the team's
+
+    spec = {"gpus": 2, "gpu_flavor": "a100", "max_runtime_seconds": 1800, "max_restarts": 0}
+    for retries, attempts in ((3, 4), (0, 1)):
+        app = create_app(pool, service_guard(SecretStr("s3cret")), [], platform_retries=retries)
+        transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://billing") as c:
+            answer = await c.post("/v1/costs/estimate", json=spec, headers=OPERATOR)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["attempts_at_most"] == attempts
+        assert Decimal(answer.json()["worst_case_cost"]) == charged * attempts
 
 
 async def test_an_unpriced_flavors_estimate_names_the_priced_ones(
