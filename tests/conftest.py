@@ -37,6 +37,24 @@ def stack_scope(nodeid: str) -> str | None:
     return "stacks" if len(parts) > 2 and parts[1] in STACK_FOLDERS else None
 
 
+@pytest.fixture(autouse=True)
+def _root_logging_as_it_was() -> Iterator[None]:
+    """Give back the root logger's handlers and level after each test. A test that sets up a
+    service's logging in-process leaves a handler writing to that test's capture stream,
+    closed once it ends; a later test in the worker that logs (httpx logs each request at
+    INFO) then printed "--- Logging error ---" into what it reads of stderr."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in handlers:
+            root.removeHandler(handler)
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Take back the logging set-up tests made, before pytest closes the streams it points
     at (see the module): an exit handler's line then goes to Python's last resort (the real
