@@ -513,6 +513,54 @@ QUEUE: Shape = {
 }
 """The scheduler's ``GET /v1/queue``, the part ``nodes ls`` shows."""
 NODE_CORDON: Shape = {"node_id": STR, "cordon": _CORDON}
+FLAVOR: Shape = {
+    "name": STR,
+    "description": STR,
+    "nodes": INT,
+    "ready_nodes": INT,
+    "gpus": INT,
+    "ready_gpus": INT,
+}
+COHORT: Shape = {
+    "name": STR,
+    "description": STR,
+    "queues": [STR],
+    "created_at": TIME,
+    "updated_at": TIME,
+}
+QUEUE_CONFIG: Shape = {
+    "name": STR,
+    "team": STR,
+    "cohort": Opt(STR),
+    "weight": NUMBER,
+    "implicit": BOOL,
+    "quotas": Each({"nominal": INT, "borrowing_limit": Opt(INT), "lending_limit": Opt(INT)}),
+}
+PRIORITY_CLASS: Shape = {
+    "name": STR,
+    "value": INT,
+    "preemptible": BOOL,
+    "min_runtime_seconds": NUMBER,
+    "description": STR,
+}
+"""The scheduler's admin views (``admin_schemas``): ``trainyard admin KIND``."""
+PRICE: Shape = {
+    "flavor": STR,
+    "effective_from": TIME,
+    "price_per_gpu_hour": Opt(DECIMAL),
+    "price_per_cpu_hour": Opt(DECIMAL),
+    "price_per_memory_gib_hour": Opt(DECIMAL),
+    "currency": STR,
+    "set_by": STR,
+    "in_force": BOOL,
+}
+"""A row of billing's price book: ``trainyard admin prices``."""
+_ADMIN = {
+    "flavors": FLAVOR,
+    "cohorts": COHORT,
+    "queues": QUEUE_CONFIG,
+    "priority-classes": PRIORITY_CLASS,
+}
 
 _MODEL_PATH = "/v1/models/*/*"
 _VERSION_PATH = f"{_MODEL_PATH}/versions/*"
@@ -570,6 +618,14 @@ ROUTES: dict[tuple[str, str], Shape] = {
     ("GET", "/v1/queue"): QUEUE,
     ("POST", "/v1/admin/nodes/*/cordon"): NODE_CORDON,
     ("POST", "/v1/admin/nodes/*/uncordon"): NODE_CORDON,
+    **{("GET", f"/v1/admin/{kind}"): [view] for kind, view in _ADMIN.items()},
+    **{
+        (verb, f"/v1/admin/{kind}/*"): view
+        for kind, view in _ADMIN.items()
+        for verb in ("GET", "PUT")
+    },
+    ("GET", "/v1/prices"): [PRICE],
+    ("PUT", "/v1/prices/*"): PRICE,
 }
 """Each route the CLI shows the answer of (``*``: one path segment), and its shape. A
 metric's curve (``/v1/jobs/{id}/metrics/{key...}``, whose key may hold slashes) is matched

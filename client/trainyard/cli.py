@@ -21,6 +21,8 @@
     trainyard waste [--by DIMS] [--from T] [--to T] [--csv]       waste priced, success rate
     trainyard trace JOB [--file PATH]                             its spans as a tree, timed
     trainyard nodes ls | cordon NODE --reason T | uncordon NODE   nodes (operators, scheduler)
+    trainyard admin flavors|cohorts|queues|priority-classes ls|show|set|rm   configuration
+    trainyard admin prices ls | set FLAVOR --gpu-hour P [--from T]  billing's price book
     trainyard whoami | tokens | token ... | user ... | audit      who may do what
     trainyard schema | version | completion bash|zsh|tcsh
 
@@ -58,6 +60,7 @@ from pydantic import ValidationError
 
 from trainyard import (
     cli_access,
+    cli_admin,
     cli_config,
     cli_data,
     cli_jobs,
@@ -272,6 +275,7 @@ def _parser() -> argparse.ArgumentParser:
     cli_models.add_commands(command, common)
     cli_data.add_commands(command, common)
     cli_nodes.add_commands(command, common)
+    cli_admin.add_commands(command, common)
     cli_trace.add_command(command)
 
     tokens = command("tokens", _tokens, "your tokens (as token list)")

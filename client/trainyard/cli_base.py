@@ -122,6 +122,15 @@ def exit_code_of(exc: TrainyardError) -> Exit:
     return Exit.ERROR
 
 
+def asked(service: str, call: Callable[[], Any]) -> Any:
+    """``call()``'s answer; ``service``'s refusal (``TrainyardError``) as one line naming the
+    service (``scheduler: 409 ...``), with the exit code of its status (``exit_code_of``)."""
+    try:
+        return call()
+    except TrainyardError as exc:
+        raise CliError(f"{service}: {exc}", exit_code_of(exc)) from None
+
+
 @dataclass
 class Session:
     """The API, the token and the output options of one command."""

@@ -242,6 +242,19 @@ class TrainyardClient:
         endpoint whose answer is an object (anything else: ``MalformedAnswer``)."""
         return self._object(method, path, **({} if body is None else {"json": body}))
 
+    def get_all(self, path: str, **params: str | int | None) -> list[dict[str, Any]]:
+        """Every row of the plain-list route ``path`` (the scheduler's admin lists, billing's
+        prices), page after page as its ``Link: <...>; rel="next"`` header leads."""
+        query = {k: v for k, v in params.items() if v is not None}
+        return self._list("GET", path, params=query)
+
+    def delete(self, path: str) -> None:
+        """``DELETE path``, whose success answers nothing (204); a body it has anyway must
+        be what the route answers (``MalformedAnswer`` else), as every answer's."""
+        response = self._response("DELETE", path)
+        if response.content:
+            _json(response)
+
     def list_jobs(self, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         """The team's newest ``limit`` jobs, newest first (optionally only those in
         ``status``). The server gives at most ``LIST_PAGE_MAX`` a request; more are fetched

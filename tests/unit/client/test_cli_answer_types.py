@@ -243,6 +243,48 @@ NODES = [
         "cordon": CORDON,
     }
 ]
+ADMIN = {
+    "flavors": {
+        "name": "h200",
+        "description": "H200",
+        "nodes": 1,
+        "ready_nodes": 1,
+        "gpus": 8,
+        "ready_gpus": 8,
+    },
+    "cohorts": {
+        "name": "research",
+        "description": "",
+        "queues": ["ml-prod"],
+        "created_at": T0,
+        "updated_at": T1,
+    },
+    "queues": {
+        "name": "ml-prod",
+        "team": "ml",
+        "cohort": "research",
+        "weight": 1.5,
+        "implicit": False,
+        "quotas": {"h200": {"nominal": 8, "borrowing_limit": 4, "lending_limit": 2}},
+    },
+    "priority-classes": {
+        "name": "urgent",
+        "value": 100,
+        "preemptible": False,
+        "min_runtime_seconds": 60.0,
+        "description": "pages",
+    },
+}
+PRICE = {
+    "flavor": "h200",
+    "effective_from": T0,
+    "price_per_gpu_hour": "2.75",
+    "price_per_cpu_hour": "0.05",
+    "price_per_memory_gib_hour": "0.01",
+    "currency": "EUR",
+    "set_by": "ops",
+    "in_force": True,
+}
 ANSWERS: list[tuple[str, str, Any]] = [
     # (method, path pattern: [^/]+ for one segment, the answer)
     ("GET", "/v1/jobs", [ROW]),
@@ -316,6 +358,15 @@ ANSWERS: list[tuple[str, str, Any]] = [
     ("GET", "/v1/queue", {"nodes": NODES, "allocations": [], "queues": [], "cohorts": []}),
     ("POST", "/v1/admin/nodes/[^/]+/cordon", {"node_id": "gpu-07", "cordon": CORDON}),
     ("POST", "/v1/admin/nodes/[^/]+/uncordon", {"node_id": "gpu-07", "cordon": None}),
+    *[("GET", f"/v1/admin/{kind}", [view]) for kind, view in ADMIN.items()],
+    *[
+        (verb, f"/v1/admin/{kind}/[^/]+", view)
+        for kind, view in ADMIN.items()
+        for verb in ("GET", "PUT")
+    ],
+    *[("DELETE", f"/v1/admin/{kind}/[^/]+", {}) for kind in ADMIN],  # 204 in the services
+    ("GET", "/v1/prices", [PRICE]),
+    ("PUT", "/v1/prices/[^/]+", PRICE),
     (
         "GET",
         "/v1/me",
@@ -649,9 +700,32 @@ COMMANDS = [
     ["nodes", "ls"],
     ["nodes", "cordon", "gpu-07", "--reason", "replacing a fan"],
     ["nodes", "uncordon", "gpu-07"],
+    *[
+        ["admin", kind, action, *name]
+        for kind in ADMIN
+        for action, name in (("ls", []), ("show", ["x"]))
+    ],
+    ["admin", "flavors", "set", "h200", "--description", "H200"],
+    ["admin", "cohorts", "set", "research"],
+    [
+        "admin",
+        "queues",
+        "set",
+        "ml-prod",
+        "--team",
+        "ml",
+        "--quota",
+        "h200=8",
+        "--borrow",
+        "h200=4",
+    ],
+    ["admin", "priority-classes", "set", "urgent", "--value", "100", "--no-preemptible"],
+    *[["admin", kind, "rm", "x"] for kind in ADMIN],
+    ["admin", "prices", "ls"],
+    ["admin", "prices", "set", "h200", "--gpu-hour", "2.75"],
 ]
 
-READS_NOTHING = [["deadletters", "discard", "7"]]
+READS_NOTHING = [["deadletters", "discard", "7"], *[["admin", kind, "rm", "x"] for kind in ADMIN]]
 """Commands that show no value of their answer (``discarded 7``)."""
 
 

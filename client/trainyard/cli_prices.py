@@ -1,0 +1,107 @@
+"""``trainyard admin prices``: billing's price book (``--billing-url`` at login, or
+``TRAINYARD_BILLING_URL``).
+
+    trainyard admin prices ls [--flavor F]         every price, dated, in force or not
+    trainyard admin prices set FLAVOR [--gpu-hour P] [--cpu-hour P] [--memory-gib-hour P]
+        [--from TIME]                              new prices (operators)
+
+``ls`` is every page of ``GET /v1/prices`` (one row per flavor, date and resource); ``set``
+is ``PUT /v1/prices/{flavor}`` with the prices given, from ``--from`` (ISO 8601; default
+now, or the beginning for a flavor's first price). ``--json`` prints billing's answer. A
+``set`` without any price, or with a price that is no finite decimal number, is a usage
+error before any request (exit 2); a time in the past, an unknown flavor or a price out of
+bounds is billing's 422 naming the field, one line (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from trainyard.cli_base import CliError, Exit, Session, asked
+from trainyard.cli_render import table, time_text
+from trainyard.client import segment
+
+PRICES = (
+    ("--gpu-hour", "price_per_gpu_hour", "GPU-hour"),
+    ("--cpu-hour", "price_per_cpu_hour", "CPU-hour"),
+    ("--memory-gib-hour", "price_per_memory_gib_hour", "GiB-hour of memory"),
+)
+"""Each price's option, the field of billing's body and answer, and what it is per."""
+HEADER = ("FLAVOR", "FROM", "PER", "PRICE", "CURRENCY", "IN FORCE", "SET BY")
+
+
+def price_arg(value: str) -> str:
+    """A price as written (billing reads its decimal text as given), when it is a finite
+    decimal number; its bounds and precision are billing's to judge."""
+    try:
+        finite = Decimal(value).is_finite()
+    except InvalidOperation:
+        finite = False
+    if not finite:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a decimal number such as 2.75")
+    return value
+
+
+def add_commands(
+    kinds: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """Add ``prices ls|set`` beside the scheduler's kinds of ``admin``."""
+    text = "billing's prices per GPU-hour, CPU-hour, GiB-hour (set: operators)"
+    prices = kinds.add_parser("prices", parents=[common], help=text, description=text)
+    actions = prices.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = actions.add_parser("ls", parents=[common], help="every price, dated")
+    listing.add_argument("--flavor", help="only this flavor's prices")
+    listing.set_defaults(run=run_list)
+    put = actions.add_parser("set", parents=[common], help="new prices of a flavor (operators)")
+    put.add_argument("flavor", metavar="FLAVOR")
+    for option, field, per in PRICES:
+        put.add_argument(option, dest=field, type=price_arg, metavar="PRICE", help=f"per {per}")
+    put.add_argument(
+        "--from", dest="start", metavar="TIME", help="ISO 8601, not in the past (default: now)"
+    )
+    put.set_defaults(run=run_set)
+
+
+def run_list(session: Session) -> int:
+    billing = session.service("billing")
+    rows = asked("billing", lambda: billing.get_all("/v1/prices", flavor=session.args.flavor))
+    session.emit(
+        rows,
+        lambda: table(HEADER, [row for r in rows for row in price_rows(r)], empty="no prices"),
+    )
+    return Exit.OK
+
+
+def run_set(session: Session) -> int:
+    args = session.args
+    body: dict[str, Any] = {
+        field: getattr(args, field) for _, field, _ in PRICES if getattr(args, field) is not None
+    }
+    if not body:
+        given = ", ".join(option for option, _, _ in PRICES)
+        raise CliError(f"give at least one price: {given}", Exit.USAGE)
+    if args.start is not None:
+        body["effective_from"] = args.start
+    path = f"/v1/prices/{segment(args.flavor)}"
+    found = asked("billing", lambda: session.service("billing").call("PUT", path, body))
+    session.emit(found, lambda: table(HEADER, price_rows(found)))
+    return Exit.OK
+
+
+def price_rows(price: dict[str, Any]) -> list[tuple[object, ...]]:
+    """A price of the book (or the prices one ``set`` made) as a row per resource priced."""
+    return [
+        (
+            price["flavor"],
+            time_text(price["effective_from"]),
+            per,
+            price[field],
+            price["currency"],
+            "yes" if price["in_force"] else "no",
+            price["set_by"],
+        )
+        for _, field, per in PRICES
+        if price.get(field) is not None
+    ]

@@ -1,0 +1,406 @@
+"""``trainyard admin KIND ls|show|set|rm`` and ``admin prices ls|set``: the requests they send
+the scheduler and billing (bodies as the routes take them), what they print, and how a
+refusal reads (one line, the CLI's exit codes). Operators wrote these JSON bodies by hand with
+curl before: the CLI had no governance command."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from trainyard import cli
+from trainyard.cli_base import Exit
+from trainyard.client import TrainyardClient
+
+SCHEDULER = "http://scheduler.test"
+BILLING = "http://billing.test"
+BASE = ["--url", "http://submission.test", "--token", "ty_op"]
+T0 = "2026-12-01T10:00:00Z"
+QUEUE = {
+    "name": "ml-prod",
+    "team": "ml",
+    "cohort": "research",
+    "weight": 2.0,
+    "implicit": False,
+    "quotas": {
+        "h200": {"nominal": 8, "borrowing_limit": 4, "lending_limit": None},
+        "a100": {"nominal": 2, "borrowing_limit": None, "lending_limit": None},
+    },
+}
+PRICE = {
+    "flavor": "h200",
+    "effective_from": T0,
+    "price_per_gpu_hour": "2.75",
+    "price_per_cpu_hour": None,
+    "price_per_memory_gib_hour": "0.01",
+    "currency": "EUR",
+    "set_by": "ops",
+    "in_force": False,
+}
+
+Route = Callable[[httpx.Request], httpx.Response]
+
+
+@pytest.fixture
+def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The scheduler's and billing's APIs, answering what ``state["route"]`` says;
+    ``state["sent"]``: every request the CLI made."""
+    monkeypatch.setenv("TRAINYARD_CONFIG", str(tmp_path / "config.json"))
+    monkeypatch.setenv("TRAINYARD_SCHEDULER_URL", SCHEDULER)
+    monkeypatch.setenv("TRAINYARD_BILLING_URL", BILLING)
+    state: dict[str, Any] = {"sent": [], "route": lambda r: httpx.Response(404)}
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        state["sent"].append(request)
+        response: httpx.Response = state["route"](request)
+        return response
+
+    def make(base_url: str, token: str, timeout: float = 10) -> TrainyardClient:
+        return TrainyardClient(base_url, token, timeout, transport=httpx.MockTransport(handle))
+
+    monkeypatch.setattr(cli, "TrainyardClient", make)
+    return state
+
+
+def _sent(state: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    return [
+        (r.method, str(r.url), json.loads(r.content) if r.content else None) for r in state["sent"]
+    ]
+
+
+def test_queues_ls_follows_every_page_and_shows_quotas(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    implicit = {**QUEUE, "name": "default:cv", "team": "cv", "cohort": None, "quotas": {}}
+    implicit["implicit"], implicit["weight"] = True, 1.0
+
+    def route(request: httpx.Request) -> httpx.Response:
+        if "after" in request.url.params:
+            return httpx.Response(200, json=[QUEUE])
+        link = '</v1/admin/queues?limit=100&after=c1>; rel="next"'
+        return httpx.Response(200, json=[implicit], headers={"Link": link})
+
+    api["route"] = route
+    assert cli.main([*BASE, "admin", "queues", "ls"]) == Exit.OK
+    assert [url for _, url, _ in _sent(api)] == [
+        f"{SCHEDULER}/v1/admin/queues",
+        f"{SCHEDULER}/v1/admin/queues?limit=100&after=c1",
+    ]
+    assert capsys.readouterr().out.splitlines() == [
+        "NAME                   TEAM  COHORT    WEIGHT  QUOTAS",
+        "default:cv (implicit)  cv    -         1       -",
+        "ml-prod                ml    research  2       a100=2, h200=8 (borrow 4)",
+    ]
+
+
+def test_queues_set_sends_the_whole_definition_from_the_options(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    api["route"] = lambda r: httpx.Response(201, json=QUEUE)
+    argv = ["admin", "queues", "set", "ml-prod", "--team", "ml", "--cohort", "research"]
+    argv += ["--weight", "2", "--quota", "h200=8", "--borrow", "h200=4", "--quota", "a100=2"]
+    argv += ["--lend", "a100=0"]
+    assert cli.main([*BASE, *argv]) == Exit.OK
+    assert _sent(api) == [
+        (
+            "PUT",
+            f"{SCHEDULER}/v1/admin/queues/ml-prod",
+            {
+                "team": "ml",
+                "cohort": "research",
+                "weight": 2.0,
+                "quotas": {
+                    "h200": {"nominal": 8, "borrowing_limit": 4},
+                    "a100": {"nominal": 2, "lending_limit": 0},
+                },
+            },
+        )
+    ]
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "created queue ml-prod"
+    assert out[2].split()[:4] == ["ml-prod", "ml", "research", "2"]
+
+
+def test_queues_set_with_only_a_team_sends_no_defaults(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What is left out is the scheduler's default, not one the CLI invents."""
+    api["route"] = lambda r: httpx.Response(200, json={**QUEUE, "cohort": None, "quotas": {}})
+    assert cli.main([*BASE, "admin", "queues", "set", "q", "--team", "ml", "--json"]) == 0
+    assert _sent(api)[0][2] == {"team": "ml", "quotas": {}}
+    assert json.loads(capsys.readouterr().out)["quotas"] == {}
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--quota", "h200=abc"], "'h200=abc': 'abc' is not a whole number of GPUs"),
+        (["--quota", "h200"], "'h200' is not FLAVOR=N"),
+        (["--quota", "=4"], "'=4' is not FLAVOR=N"),
+        (["--quota", "h200=8", "--quota", "h200=4"], "--quota names h200 twice"),
+        (["--borrow", "h200=4"], "--borrow h200=4: give --quota h200=N too"),
+        (["--quota", "h200=8", "--lend", "a100=1"], "--lend a100=1: give --quota a100=N too"),
+        (["--weight", "nan"], "'nan' is not a finite number"),
+        (["--weight", "many"], "'many' is not a finite number"),
+        (["--cohort", " "], "--cohort is empty: give a value or leave the option out"),
+    ],
+)
+def test_queue_options_the_cli_can_judge_are_refused_before_any_request(
+    argv: list[str], line: str, api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = _usage(["admin", "queues", "set", "q", "--team", "ml", *argv])
+    assert code == Exit.USAGE
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and line in err, err
+    assert api["sent"] == []
+
+
+def _usage(argv: list[str]) -> int:
+    """The exit code of ``argv``: argparse's own usage errors exit through ``SystemExit``."""
+    try:
+        return cli.main([*BASE, *argv])
+    except SystemExit as usage:
+        return int(usage.code or 0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "route", "body", "view"),
+    [
+        (
+            ["flavors", "set", "h200", "--description", "H200 141 GB"],
+            "flavors/h200",
+            {"description": "H200 141 GB"},
+            {
+                "name": "h200",
+                "description": "H200 141 GB",
+                "nodes": 0,
+                "ready_nodes": 0,
+                "gpus": 0,
+                "ready_gpus": 0,
+            },
+        ),
+        (
+            ["cohorts", "set", "research", "--description", ""],
+            "cohorts/research",
+            {"description": ""},
+            {
+                "name": "research",
+                "description": "",
+                "queues": [],
+                "created_at": T0,
+                "updated_at": T0,
+            },
+        ),
+        (
+            ["priority-classes", "set", "urgent", "--value", "100", "--no-preemptible"],
+            "priority-classes/urgent",
+            {"value": 100, "preemptible": False},
+            {
+                "name": "urgent",
+                "value": 100,
+                "preemptible": False,
+                "min_runtime_seconds": 0.0,
+                "description": "",
+            },
+        ),
+        (
+            [
+                *("priority-classes", "set", "low", "--value", "-5", "--preemptible"),
+                *("--min-runtime", "600", "--description", "batch"),
+            ],
+            "priority-classes/low",
+            {
+                "value": -5,
+                "preemptible": True,
+                "min_runtime_seconds": 600.0,
+                "description": "batch",
+            },
+            {
+                "name": "low",
+                "value": -5,
+                "preemptible": True,
+                "min_runtime_seconds": 600.0,
+                "description": "batch",
+            },
+        ),
+    ],
+)
+def test_set_puts_the_body_the_route_takes_and_says_what_it_did(
+    argv: list[str],
+    route: str,
+    body: dict[str, Any],
+    view: dict[str, Any],
+    api: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    api["route"] = lambda r: httpx.Response(200, json=view)
+    assert cli.main([*BASE, "admin", *argv]) == Exit.OK
+    assert _sent(api) == [("PUT", f"{SCHEDULER}/v1/admin/{route}", body)]
+    noun = {"flavors": "flavor", "cohorts": "cohort"}.get(argv[0], "priority class")
+    assert capsys.readouterr().out.startswith(f"set {noun} {view['name']}\n")
+
+
+def test_a_priority_class_needs_its_value_and_whether_it_is_preemptible(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _usage(["admin", "priority-classes", "set", "x", "--value", "1"]) == Exit.USAGE
+    assert "--preemptible/--no-preemptible" in capsys.readouterr().err
+    assert api["sent"] == []
+
+
+@pytest.mark.parametrize("kind", ["flavors", "cohorts", "queues", "priority-classes"])
+def test_show_and_rm_name_one_path_segment(
+    kind: str, api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    api["route"] = lambda r: httpx.Response(204)
+    assert cli.main([*BASE, "admin", kind, "rm", "a/b"]) == Exit.OK
+    assert [(r.method, r.url.raw_path) for r in api["sent"]] == [
+        ("DELETE", f"/v1/admin/{kind}/a%2Fb".encode())
+    ]
+    noun = {"priority-classes": "priority class"}.get(kind, kind[:-1])
+    assert capsys.readouterr().out == f"removed {noun} a/b\n"
+    assert cli.main([*BASE, "admin", kind, "rm", "x", "--json"]) == Exit.OK
+    assert json.loads(capsys.readouterr().out) == {"removed": "x"}
+
+
+def test_show_prints_one_row_and_json_the_schedulers_answer(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    api["route"] = lambda r: httpx.Response(200, json=QUEUE)
+    assert cli.main([*BASE, "admin", "queues", "show", "ml-prod"]) == Exit.OK
+    assert capsys.readouterr().out.splitlines()[1].split()[:3] == ["ml-prod", "ml", "research"]
+    assert cli.main([*BASE, "admin", "queues", "show", "ml-prod", "--json"]) == Exit.OK
+    assert json.loads(capsys.readouterr().out) == QUEUE
+
+
+def _refusal(status: int, detail: str, errors: list[dict[str, str]] | None = None) -> Route:
+    return lambda r: httpx.Response(status, json={"detail": detail, "errors": errors or []})
+
+
+@pytest.mark.parametrize(
+    ("argv", "route", "code", "line"),
+    [
+        (
+            ["cohorts", "set", "research"],
+            _refusal(403, "PUT /v1/admin/cohorts/research needs the operator role; you are admin"),
+            Exit.DENIED,
+            "scheduler: 403 PUT /v1/admin/cohorts/research needs the operator role; you are admin",
+        ),
+        (
+            ["cohorts", "rm", "research"],
+            _refusal(409, "cohort research is in use by queues ml-prod"),
+            Exit.ERROR,
+            "scheduler: 409 cohort research is in use by queues ml-prod",
+        ),
+        (
+            ["queues", "show", "nope"],
+            _refusal(404, "no queue nope"),
+            Exit.NOT_FOUND,
+            "scheduler: 404 no queue nope",
+        ),
+        (
+            ["queues", "set", "q", "--team", "ml", "--quota", "h200=-1"],
+            _refusal(
+                422,
+                "invalid request",
+                [{"field": "quotas.h200.nominal", "message": "Input should be >= 0"}],
+            ),
+            Exit.ERROR,
+            "scheduler: 422 invalid request (quotas.h200.nominal: Input should be >= 0)",
+        ),
+        (
+            ["prices", "set", "h200", "--gpu-hour", "2.75", "--from", "2020-01-01T00:00:00Z"],
+            _refusal(
+                422, "invalid request", [{"field": "effective_from", "message": "in the past"}]
+            ),
+            Exit.ERROR,
+            "billing: 422 invalid request (effective_from: in the past)",
+        ),
+        (
+            ["prices", "ls"],
+            _refusal(401, "no valid token"),
+            Exit.DENIED,
+            "billing: 401 no valid token",
+        ),
+    ],
+)
+def test_a_refusal_is_one_line_with_its_exit_code(
+    argv: list[str],
+    route: Route,
+    code: Exit,
+    line: str,
+    api: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    api["route"] = route
+    assert cli.main([*BASE, "admin", *argv]) == code
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == ("", f"trainyard: error: {line}\n")
+
+
+def test_prices_ls_shows_a_row_per_resource_priced(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    api["route"] = lambda r: httpx.Response(200, json=[PRICE])
+    assert cli.main([*BASE, "admin", "prices", "ls", "--flavor", "h200"]) == Exit.OK
+    assert [url for _, url, _ in _sent(api)] == [f"{BILLING}/v1/prices?flavor=h200"]
+    assert capsys.readouterr().out.splitlines() == [
+        "FLAVOR  FROM                  PER                 PRICE  CURRENCY  IN FORCE  SET BY",
+        "h200    2026-12-01 10:00:00Z  GPU-hour            2.75   EUR       no        ops",
+        "h200    2026-12-01 10:00:00Z  GiB-hour of memory  0.01   EUR       no        ops",
+    ]
+
+
+def test_prices_set_sends_the_prices_as_written(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    api["route"] = lambda r: httpx.Response(201, json=PRICE)
+    argv = ["admin", "prices", "set", "h200", "--gpu-hour", "2.75", "--memory-gib-hour", "0.01"]
+    assert cli.main([*BASE, *argv, "--from", T0, "--json"]) == Exit.OK
+    assert _sent(api) == [
+        (
+            "PUT",
+            f"{BILLING}/v1/prices/h200",
+            {
+                "price_per_gpu_hour": "2.75",
+                "price_per_memory_gib_hour": "0.01",
+                "effective_from": T0,
+            },
+        )
+    ]
+    assert json.loads(capsys.readouterr().out) == PRICE
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        ([], "give at least one price: --gpu-hour, --cpu-hour, --memory-gib-hour"),
+        (["--gpu-hour", "abc"], "'abc' is not a decimal number such as 2.75"),
+        (["--cpu-hour", "inf"], "'inf' is not a decimal number such as 2.75"),
+        (["--gpu-hour", "1", "--from", ""], "--from is empty"),
+    ],
+)
+def test_prices_set_refuses_what_the_cli_can_judge_before_any_request(
+    argv: list[str], line: str, api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _usage(["admin", "prices", "set", "h200", *argv]) == Exit.USAGE
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and line in err, err
+    assert api["sent"] == []
+
+
+def test_without_a_billing_url_it_says_how_to_give_one(
+    api: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("TRAINYARD_BILLING_URL")
+    assert cli.main([*BASE, "admin", "prices", "ls"]) == Exit.ERROR
+    assert capsys.readouterr().err == (
+        "trainyard: error: no billing URL: set TRAINYARD_BILLING_URL or "
+        "trainyard login URL --billing-url BILLING_URL\n"
+    )
+    assert api["sent"] == []
