@@ -4,7 +4,8 @@ Tables and ``--json``, exit codes (0 succeeded, 10 failed, 11 cancelled, 3 not f
 input), job ids by unique prefix, ``login`` and contexts, ``rerun``, a ``sweep`` resumed by
 running it again, ``queue`` with the
 reason a job waits, a reader that closes the pipe early, and bad spec files: each problem
-named by its line and field, an unknown field with the close name.
+named by its line and field, an unknown field with the close name. Operators: ``nodes``
+(cordon), and ``admin`` (a cohort and a queue with a quota, defined, listed, deleted).
 """
 
 from __future__ import annotations
@@ -300,6 +301,47 @@ def test_nodes_are_listed_and_cordoned_by_an_operator_only(
     assert [n["cordon"] for n in after if n["node_id"] == node] == [None]
     assert "scheduler: 403 " in run(scheduler, "nodes", "ls", code=4)  # a team's admin
     assert "scheduler: 404 " in run(operator, "nodes", "uncordon", "no-such-node", code=3)
+
+
+def test_an_operator_defines_a_cohort_and_a_queue_with_a_quota(
+    env: dict[str, str], stack: LocalStack
+) -> None:
+    """``trainyard admin``, the scheduler's real answers: a queue with a quota in a cohort,
+    listed, the cohort's delete refused while the queue is in it (409), a team's admin
+    refused (403), then both deleted. The queue is the operator's own team's (``gov``), whose
+    no job runs here."""
+    scheduler = {**env, "TRAINYARD_SCHEDULER_URL": stack.service_urls["scheduler"]}
+    operator = {
+        **scheduler,
+        "TRAINYARD_TOKEN": stack.bootstrap_admin("gov", "gail", role="operator"),
+    }
+    assert run(operator, "admin", "cohorts", "set", "e2e-research").startswith(
+        "created cohort e2e-research"
+    )
+    try:
+        said = run(
+            operator,
+            *("admin", "queues", "set", "e2e-ops", "--team", "gov", "--cohort", "e2e-research"),
+            *("--quota", "cpu=1", "--borrow", "cpu=2"),
+        )
+        assert said.startswith("created queue e2e-ops"), said
+        row = next(
+            line
+            for line in run(operator, "admin", "queues", "ls").splitlines()
+            if "e2e-ops" in line
+        )
+        assert row.split() == ["e2e-ops", "gov", "e2e-research", "1", "cpu=1", "(borrow", "2)"]
+        refused = run(operator, "admin", "cohorts", "rm", "e2e-research", code=1)
+        assert "scheduler: 409 cohort e2e-research is in use by queues e2e-ops" in refused
+        assert "scheduler: 403 " in run(scheduler, "admin", "cohorts", "rm", "e2e-research", code=4)
+        unknown = run(operator, "admin", "queues", "set", "e2e-ops", "--team", "gov", "--quota",
+                      "nope=1", code=1)  # fmt: skip
+        assert "scheduler: 422 " in unknown and "quotas.nope: unknown flavor nope" in unknown
+    finally:
+        assert run(operator, "admin", "queues", "rm", "e2e-ops") == "removed queue e2e-ops\n"
+        assert run(operator, "admin", "cohorts", "rm", "e2e-research").startswith("removed")
+    prices = run(operator, "admin", "prices", "ls", "--flavor", "cpu").splitlines()
+    assert prices[1].split()[0] == "cpu" and " GPU-hour " in prices[1], prices  # from billing
 
 
 def test_queue_shows_why_a_job_waits(env: dict[str, str], project: Path) -> None:
