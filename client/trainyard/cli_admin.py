@@ -252,7 +252,7 @@ def _add_kind(
     kind: Kind,
     common: argparse.ArgumentParser,
 ) -> None:
-    text = f"the scheduler's {kind.name} (writes: operators)"
+    text = f"the scheduler's {kind.name.replace('-', ' ')} (writes: operators)"
     sub = kinds.add_parser(kind.name, parents=[common], help=text, description=text)
     actions = sub.add_subparsers(dest="action", required=True, metavar="ACTION")
 
