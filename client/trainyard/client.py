@@ -250,7 +250,7 @@ class TrainyardClient:
 
     def delete(self, path: str) -> None:
         """``DELETE path``, whose success answers nothing (204); a body it has anyway must
-        be what the route answers (``MalformedAnswer`` else), as every answer's."""
+        be JSON (``MalformedAnswer`` else: a proxy's page, JSON nested too deeply)."""
         response = self._response("DELETE", path)
         if response.content:
             _json(response)

@@ -404,3 +404,15 @@ def test_without_a_billing_url_it_says_how_to_give_one(
         "trainyard login URL --billing-url BILLING_URL\n"
     )
     assert api["sent"] == []
+
+
+def test_rm_with_a_body_that_is_no_json_is_one_line(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DELETE answers 204 and nothing; a proxy's page in its place is a malformed answer."""
+    api["route"] = lambda r: httpx.Response(200, text="<html>ok</html>")
+    assert cli.main([*BASE, "admin", "queues", "rm", "q"]) == Exit.ERROR
+    assert capsys.readouterr().err == (
+        "trainyard: error: scheduler: unexpected answer to DELETE /v1/admin/queues/q: "
+        "it is not JSON\n"
+    )
