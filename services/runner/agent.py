@@ -34,7 +34,8 @@ Contract:
   process groups of unfinished allocations) and removes their sandboxes, then publishes what
   that runner left unsaid: stored terminal events, and ``job.preempted`` for jobs whose
   process died with it.
-- Each job runs in a fresh sandbox (``sandbox``) as a uid of its own slot; a grant whose
+- Each job runs in a fresh sandbox (``sandbox``) as a uid of its own slot, in a cgroup of
+  its own attempt where the node has cgroups (``cgroups``: its memory limit); a grant whose
   code, environment or process cannot be had ends at once with ``job.failed``
   (``failure_kind`` ``platform_error``, which the scheduler retries), so its GPUs are
   released promptly; one that cannot start because of what its own spec names (a
@@ -69,6 +70,7 @@ from trainyard_platform.services.runner import (
     launch,
     publishing,
 )
+from trainyard_platform.services.runner.cgroups import NodeCgroups
 from trainyard_platform.services.runner.config import JOB_SLOTS, Settings
 from trainyard_platform.services.runner.domain import JobIdentity, StopRequest
 from trainyard_platform.services.runner.environments import (
@@ -143,6 +145,8 @@ class NodeAgent:
             keep=settings.environments_keep,
         )
         self._usage = GpuUsage(gpus)
+        self._cgroups: NodeCgroups | None = None
+        """The jobs' cgroups (memory and process limits), set up by ``recover``."""
         self._runs: dict[str, JobRun] = {}
         self._slots: dict[str, int] = {}
         self._leases: dict[str, EnvironmentLease] = {}
@@ -221,6 +225,8 @@ class NodeAgent:
                     "removed %d files and IPC objects that earlier jobs left behind", removed
                 )
         remove_sandbox(self.settings.sandboxes_dir)
+        # After the kill: what an earlier runner's jobs left of their cgroups goes too.
+        self._cgroups = NodeCgroups.detect(self.settings.node_id)
         # Nothing runs yet, so no environment is in use: keep the most recently used ones.
         pruned = self._environments.prune(self.settings.environments_keep)
         if pruned:
@@ -333,6 +339,8 @@ class NodeAgent:
                 self.settings,
                 self._store,
                 job_user(self.settings.job_uids.start, slot),
+                self._cgroups,
+                self.gpus.count,
             )
             # Recorded before the grant is acknowledged: a runner that dies during the rest
             # of the launch leaves its successor an allocation to report lost.
@@ -439,6 +447,8 @@ class NodeAgent:
         if lease is not None:
             lease.release()
         remove_sandbox(self.settings.sandboxes_dir / launch.sandbox_name(allocation_id))
+        if self._cgroups is not None:
+            self._cgroups.remove(launch.sandbox_name(allocation_id))
 
     async def _failed_to_start(
         self,
@@ -658,6 +668,8 @@ class NodeAgent:
         finally:
             for task in self._supervisors:
                 task.cancel()
+            if self._cgroups is not None:
+                self._cgroups.close()
             self.drained.set()
 
 

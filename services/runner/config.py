@@ -79,6 +79,12 @@ class Settings(GuardedServiceSettings):
     job_max_processes: int = Field(default=16384, ge=16)
     """Processes and threads a job's user may have at once (``RLIMIT_NPROC``; only where
     jobs run as users of their own): a fork bomb spends its own budget, not the host's."""
+    job_memory_gib_per_gpu: float | None = Field(default=None, ge=0)
+    """Memory (GiB) per GPU a job that declares no ``memory_gib_per_gpu`` may use (its cgroup's
+    limit: this x its GPUs here, swap not counted beside it); unset: the node's memory
+    divided by its GPUs, the job's fair share; 0: no limit. A job that declares
+    ``memory_gib_per_gpu`` is limited to what it declares. Only where the runner has cgroups
+    (root, a memory controller: ``cgroups``)."""
     job_env_passthrough: list[str] = Field(
         default_factory=lambda: [
             "LD_LIBRARY_PATH",

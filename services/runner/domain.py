@@ -341,7 +341,12 @@ def torchrun_worker_exit(log_tail: str) -> tuple[int, int] | None:
 
 
 def decide_outcome(
-    exit_code: int, stop: StopRequest | None, log_tail: str = "", *, torchrun: bool = False
+    exit_code: int,
+    stop: StopRequest | None,
+    log_tail: str = "",
+    *,
+    torchrun: bool = False,
+    memory_exceeded: str | None = None,
 ) -> Outcome:
     """How a job that exited with ``exit_code`` ended, given why the runner stopped it.
 
@@ -356,6 +361,10 @@ def decide_outcome(
       CANCELLED). Exit 75 is the clean case; any other status (killed after the grace, a
       crash while checkpointing) is still the platform's doing, so still preempted; the job
       resumes from its last reported checkpoint.
+    - Its cgroup's memory limit killed a process of it (``memory_exceeded``: why, naming
+      the limit and where it comes from): failed as ``out_of_memory`` with that reason,
+      torchrun or not (the job's own doing: restarted like ``user_error``, never the
+      platform's).
     - Exit 75 without a stop request: failed (the job was not asked to stop).
     - Anything else: failed, as ``out_of_memory`` when ``looks_out_of_memory``, else
       ``user_error``. Under ``torchrun`` (which exits 1 whatever its worker did) the
@@ -372,6 +381,8 @@ def decide_outcome(
         return Outcome("succeeded", "exited with status 0", 0)
     if stop is not None:
         return Outcome("preempted", stop.reason, exit_code)
+    if memory_exceeded is not None:
+        return Outcome("failed", memory_exceeded, exit_code, "out_of_memory")
     worker = torchrun_worker_exit(log_tail) if torchrun else None
     if worker is not None and worker[1] != 0:
         rank, code = worker

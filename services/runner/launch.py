@@ -20,8 +20,9 @@ here, or a gang of nodes): ``--standalone`` on one node, else a static rendezvou
 0's node (``gang[0].address``) on ``rendezvous_port``, with this node's ``--node_rank``.
 
 Two steps, both blocking (run them in a thread), both raising ``PlatformError`` when the job
-cannot be started: ``fetch`` takes what comes from the object store (the sandbox, the code,
-the checkpoint to resume from; an unreachable store raises as it is, so the grant comes
+cannot be started: ``fetch`` takes what comes from the object store (the sandbox, with the
+attempt's cgroup and its memory limit where the node has cgroups, the code, the checkpoint
+to resume from; an unreachable store raises as it is, so the grant comes
 again), ``prepare`` the rest (the environment, built in minutes maybe, and the job's
 command and variables).
 """
@@ -37,6 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainyard_platform.services.runner import checkpoints
+from trainyard_platform.services.runner.cgroups import (
+    JobCgroup,
+    NodeCgroups,
+    memory_limit,
+    node_memory_bytes,
+)
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.domain import TORCHRUN_MODULE
 from trainyard_platform.services.runner.environments import (
@@ -133,23 +140,63 @@ class RequirementsUnmet(JobInputError):
 
 
 def fetch(
-    grant: AllocationGranted, settings: Settings, store: ObjectStore, user: JobUser
+    grant: AllocationGranted,
+    settings: Settings,
+    store: ObjectStore,
+    user: JobUser,
+    cgroups: NodeCgroups | None = None,
+    node_gpus: int = 1,
 ) -> Fetched:
-    """A fresh sandbox for ``grant`` run as ``user``, with the job's code and the newest
-    checkpoint it resumes from."""
+    """A fresh sandbox for ``grant`` run as ``user``, in a cgroup of its own when the node
+    has ``cgroups`` (``job_cgroup``; this node has ``node_gpus`` GPUs), with the job's code
+    and the newest checkpoint it resumes from."""
     if user.uid is not None:
         # The slot's uid starts clean, however its last job ended (one whose start failed
         # after its interpreter was probed as this uid included).
         uid = range(user.uid, user.uid + 1)
         kill_leftovers(uid, [])
         remove_leftovers_of(uid)
-    box = create_sandbox(settings.sandboxes_dir, sandbox_name(grant.allocation_id), user)
+    cgroup = job_cgroup(grant, settings, cgroups, node_gpus)
+    box = create_sandbox(settings.sandboxes_dir, sandbox_name(grant.allocation_id), user, cgroup)
     code_id = fetch_code(grant.spec, store, box, settings.job_max_processes)
     resumed_from = checkpoints.stage_resume(
         open_store(store.uri_for(checkpoints.job_prefix(grant.job_id)), settings.storage),
         box.checkpoints,
     )
     return Fetched(box, code_id, resumed_from)
+
+
+def job_cgroup(
+    grant: AllocationGranted, settings: Settings, cgroups: NodeCgroups | None, node_gpus: int
+) -> JobCgroup | None:
+    """The attempt's cgroup (None when the node has none): memory limited by
+    ``cgroups.memory_limit`` (the job's ``memory_gib_per_gpu`` x its GPUs here, else the
+    node's default), processes by ``job_max_processes``. Its folder is named like the
+    sandbox, so the runner removes both by the allocation's id. Raises ``PlatformError``
+    when it cannot be made."""
+    if cgroups is None:
+        return None
+    limit = memory_limit(
+        grant.spec.memory_gib_per_gpu,
+        len(grant.gpu_indices),
+        settings.job_memory_gib_per_gpu,
+        node_memory_bytes(),
+        node_gpus,
+    )
+    try:
+        cgroup = cgroups.create(
+            sandbox_name(grant.allocation_id), limit, settings.job_max_processes
+        )
+    except OSError as exc:
+        raise PlatformError(f"could not create the job's cgroup: {exc}") from exc
+    log.info(
+        "job %s: memory limit %s",
+        grant.job_id,
+        limit.describe()
+        if limit is not None
+        else "none (TRAINYARD_RUNNER_JOB_MEMORY_GIB_PER_GPU 0)",
+    )
+    return cgroup
 
 
 def prepare(
@@ -213,7 +260,7 @@ def _prepared(
         gpu_flavor=settings.gpu_flavor,
         gpus=gpus,
         gpu_indices=grant.gpu_indices,
-        as_job=AsJob(user, env, max_processes=settings.job_max_processes),
+        as_job=AsJob(user, env, max_processes=settings.job_max_processes, cgroup=box.cgroup),
         code_is_jobs=spec.code is not None,
         topology=settings.topology,
     ).model_copy(

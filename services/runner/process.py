@@ -2,8 +2,9 @@
 signals.
 
 Contract:
-- The child runs ``argv`` in ``cwd`` with exactly ``env``, as ``user`` when one is given
-  (no supplementary groups), with umask 077, stdin closed, stdout and stderr merged into one
+- The child runs ``argv`` in ``cwd`` with exactly ``env``, in the attempt's cgroup when it
+  has one (joined before anything of the job runs), as ``user`` when one is given (no
+  supplementary groups), with umask 077, stdin closed, stdout and stderr merged into one
   pipe.
 - The child leads its own process group. ``terminate`` sends SIGTERM to the leader only (the
   job's SIGTERM handler checkpoints; its data-loader workers must not die under it, and
@@ -24,9 +25,9 @@ import os
 import signal
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from trainyard_platform.services.runner import sandbox
+from trainyard_platform.services.runner.cgroups import JobCgroup
 from trainyard_platform.services.runner.sandbox import JobUser
 
 JOB_UMASK = 0o077
@@ -58,14 +59,13 @@ class JobProcess:
         env: Mapping[str, str],
         user: JobUser | None = None,
         max_processes: int | None = None,
+        cgroup: JobCgroup | None = None,
     ) -> JobProcess:
-        """Spawn the job (raises ``OSError`` and the like when it cannot be started); when
-        it runs as a ``user`` of its own, that user may have ``max_processes`` processes and
-        threads at most (``sandbox.job_preexec``)."""
-        identity: dict[str, Any] = {}
+        """Spawn the job (raises ``OSError`` and the like when it cannot be started) in its
+        ``cgroup`` when it has one; when it runs as a ``user`` of its own, that user may have
+        ``max_processes`` processes and threads at most (``sandbox.job_preexec``, which
+        also switches to the user)."""
         isolated = user is not None and user.isolated
-        if user is not None and user.isolated:
-            identity = {"user": user.uid, "group": user.gid, "extra_groups": []}
         # Our own pipe, not asyncio's: asyncio's wait() also waits for its pipes to close,
         # which a grandchild that left the group (torchrun's workers do) could delay forever.
         read_fd, write_fd = os.pipe()
@@ -79,8 +79,7 @@ class JobProcess:
                 stderr=write_fd,
                 process_group=0,
                 umask=JOB_UMASK,
-                preexec_fn=sandbox.job_preexec(max_processes if isolated else None),
-                **identity,
+                preexec_fn=sandbox.job_preexec(max_processes if isolated else None, user, cgroup),
             )
         except BaseException:
             os.close(read_fd)

@@ -115,7 +115,7 @@ def _git_raw(code_dir: Path, *args: str, as_job: AsJob | None = None) -> bytes |
             done = as_job.run(argv, cwd=code_dir, timeout=_GIT_TIMEOUT_S)
         else:
             done = subprocess.run(argv, capture_output=True, timeout=_GIT_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+    except (OSError, subprocess.SubprocessError) as exc:  # a timeout, a failed preexec
         log.info("git %s in %s failed: %s", " ".join(args), code_dir, exc)
         return None
     return done.stdout if done.returncode == 0 else None

@@ -55,6 +55,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainyard_platform.services.runner.cgroups import JobCgroup
 from trainyard_platform.services.runner.checkpoints import file_sha256
 from trainyard_platform.services.runner.git_faults import COMMIT, git_fault, git_not_run
 from trainyard_platform.shared.bundle_archive import (
@@ -169,14 +170,27 @@ def claim_job_uids(uids: range, lock_dir: Path | None = None) -> Iterator[None]:
 PR_SET_PDEATHSIG = 1
 
 
-def job_preexec(max_processes: int | None) -> Callable[[], None] | None:
-    """What a process run as the job does before its program, as the job's user: the job's
-    own (``process.JobProcess``) and whatever else runs as the job (``AsJob.run``), so
-    this is the one place the budget is set. It caps the processes (and threads) of that
-    user at ``max_processes`` (None: no cap; ``RLIMIT_NPROC`` counts every task of the uid,
-    which is the job's alone when it runs as a user of its own: a fork bomb then exhausts
-    its own budget, not the host's process table), and, forked from the main thread on
-    Linux, it asks for SIGKILL when the runner dies."""
+def job_preexec(
+    max_processes: int | None, user: JobUser | None = None, cgroup: JobCgroup | None = None
+) -> Callable[[], None] | None:
+    """What a process run as the job does before its program: the job's own
+    (``process.JobProcess``) and whatever else runs as the job (``AsJob.run``), so this is
+    the one place its confinement is set. In this order:
+
+    - it joins the attempt's ``cgroup`` (its memory and process limits, ``cgroups``) while
+      it is still the runner's root (the cgroup's files are root's alone: the job can
+      neither leave it nor move into another), and whatever it starts is born inside, so
+      nothing of the job ever runs outside;
+    - it becomes ``user`` when that is a user of its own (no supplementary groups, its own
+      gid): the switch is done here, not by ``subprocess``, so it comes after the join;
+    - it caps the processes (and threads) of that user at ``max_processes`` (None: no cap;
+      ``RLIMIT_NPROC`` counts every task of the uid, which is the job's alone when it runs
+      as a user of its own: a fork bomb then exhausts its own budget, not the host's
+      process table);
+    - forked from the main thread on Linux, it asks for SIGKILL when the runner dies (after
+      the switch of user, which would clear it).
+
+    Anything failing raises, so the program never runs: the spawn fails instead."""
     limit = None
     if max_processes is not None:
         limit = (max_processes, max_processes)
@@ -184,13 +198,27 @@ def job_preexec(max_processes: int | None) -> Callable[[], None] | None:
     death_signal = sys.platform.startswith("linux") and (
         threading.current_thread() is threading.main_thread()
     )
-    if limit is None and not death_signal:
+    switch = user is not None and user.uid is not None and user.gid is not None
+    join = cgroup.procs_files if cgroup is not None else ()
+    if limit is None and not death_signal and not switch and not join:
         return None
     # Loaded in the parent: loading a library after fork in a threaded parent can hang.
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     parent = os.getpid()
+    uid = user.uid if user is not None else None
+    gid = user.gid if user is not None else None
 
     def preexec() -> None:
+        for procs in join:
+            fd = os.open(procs, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")  # 0: the writing process itself
+            finally:
+                os.close(fd)
+        if uid is not None and gid is not None:
+            os.setgroups([])
+            os.setregid(gid, gid)
+            os.setreuid(uid, uid)
         if limit is not None:
             resource.setrlimit(resource.RLIMIT_NPROC, limit)
         if death_signal:
@@ -216,14 +244,18 @@ class AsJob:
     max_processes: int | None = None
     """Processes and threads the user may have meanwhile (``RLIMIT_NPROC``, as the job's own
     processes: ``process.JobProcess``); None: no limit. Only for a user of its own."""
+    cgroup: JobCgroup | None = None
+    """The attempt's cgroup (its memory and process limits), None where there is none."""
 
     def run(
         self, argv: Sequence[str], *, cwd: Path, timeout: float
     ) -> subprocess.CompletedProcess[bytes]:
-        """Run ``argv`` as the job would be run: its user (no supplementary groups), exactly
-        its environment, stdin closed, in a process group of its own; stdout and stderr
-        captured. Whatever it leaves running is killed before this returns. Raises
-        ``OSError`` and ``subprocess.TimeoutExpired`` like ``subprocess.run``."""
+        """Run ``argv`` as the job would be run: its user (no supplementary groups) and its
+        cgroup (``job_preexec``), exactly its environment, stdin closed, in a process group
+        of its own; stdout and stderr captured. Whatever it leaves running is killed before
+        this returns. Raises ``OSError``, ``subprocess.SubprocessError`` (the process could
+        not join its cgroup or become its user) and ``subprocess.TimeoutExpired`` like
+        ``subprocess.run``."""
         limit = self.max_processes if self.user.isolated else None
         try:
             return subprocess.run(
@@ -236,10 +268,7 @@ class AsJob:
                 process_group=0,
                 umask=0o077,  # as the job's own processes (process.JOB_UMASK)
                 check=False,
-                user=self.user.uid,
-                group=self.user.gid,
-                extra_groups=[] if self.user.isolated else None,
-                preexec_fn=job_preexec(limit),
+                preexec_fn=job_preexec(limit, self.user, self.cgroup),
             )
         finally:
             if self.user.uid is not None:
@@ -258,6 +287,8 @@ def job_user(uid_base: int, slot: int) -> JobUser:
 class Sandbox:
     root: Path
     user: JobUser
+    cgroup: JobCgroup | None = None
+    """The attempt's cgroup, which every process run as the job joins (``job_preexec``)."""
 
     @property
     def code(self) -> Path:
@@ -280,7 +311,9 @@ class Sandbox:
         return self.root / "control.sock"
 
 
-def create_sandbox(parent: Path, name: str, user: JobUser) -> Sandbox:
+def create_sandbox(
+    parent: Path, name: str, user: JobUser, cgroup: JobCgroup | None = None
+) -> Sandbox:
     """A fresh, empty sandbox (an old one of the same name is removed first)."""
     parent.mkdir(parents=True, exist_ok=True)
     # Others may pass through (a job reaches its own sandbox) but never list the folder.
@@ -291,7 +324,7 @@ def create_sandbox(parent: Path, name: str, user: JobUser) -> Sandbox:
     # job owns what is inside but cannot rename or replace ``checkpoints/`` or the control
     # socket, which the runner (root) reaches by path.
     root.mkdir(mode=0o711 if user.isolated else 0o700)
-    box = Sandbox(root, user)
+    box = Sandbox(root, user, cgroup)
     for folder in (box.code, box.home, box.tmp, box.checkpoints):
         folder.mkdir(mode=0o700)
     return box
@@ -336,7 +369,7 @@ def fetch_code(
         fetch_bundle(store, spec.team, code, box.code)
         return f"sha256:{code.sha256}"
     assert isinstance(code, CodeGit)
-    checkout_git(code, box.code, box.user, box.home, max_processes)
+    checkout_git(code, box.code, box.user, box.home, max_processes, box.cgroup)
     return f"git:{code.commit}"
 
 
@@ -396,15 +429,21 @@ def fetch_bundle(
 
 
 def checkout_git(
-    code: CodeGit, dest: Path, user: JobUser, home: Path, max_processes: int | None = None
+    code: CodeGit,
+    dest: Path,
+    user: JobUser,
+    home: Path,
+    max_processes: int | None = None,
+    cgroup: JobCgroup | None = None,
 ) -> None:
     """Fetch ``code.commit`` of ``code.repository`` into ``dest`` (empty) as the job's
     ``user`` (``home`` its HOME), never as the runner: the repository is the tenant's
     choice, so git must reach only what the job itself could, never with the runner's SSH
     keys or the host's credential helpers (``GIT_CONFIG_NOSYSTEM``; the job's uid has no
     keys), nor parse what a hostile server sends with the runner's privileges. It runs
-    under the job's own limits too (``max_processes``: ``AsJob``, ``job_preexec``): what the
-    tenant's server or repository makes git do spends the job's budget, not the host's."""
+    under the job's own limits too (``max_processes`` and its ``cgroup``: ``AsJob``,
+    ``job_preexec``): what the tenant's server or repository makes git do spends the job's
+    budget, not the host's."""
     if user.uid is not None and user.gid is not None:
         os.chown(dest, user.uid, user.gid)
     as_job = AsJob(
@@ -417,13 +456,14 @@ def checkout_git(
             "GIT_CONFIG_NOSYSTEM": "1",
         },
         max_processes=max_processes,
+        cgroup=cgroup,
     )
 
     def git(*args: str) -> str:
         # Every reason names the spec field and what happened (``git_faults``).
         try:
             result = as_job.run(["git", *args], cwd=dest, timeout=600)
-        except (OSError, subprocess.TimeoutExpired) as exc:
+        except (OSError, subprocess.SubprocessError) as exc:  # a timeout, a failed preexec
             fault = git_not_run(args[0], str(exc))
             raise PlatformError(fault.reason(f"git {args[0]} of {code.repository}")) from None
         if result.returncode != 0:

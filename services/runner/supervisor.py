@@ -220,6 +220,7 @@ class JobRun:
                 env=env,
                 user=self._sandbox.user,
                 max_processes=self._max_processes,
+                cgroup=self._sandbox.cgroup,
             )
         except BaseException:
             self._log_file.close()
@@ -400,8 +401,13 @@ class JobRun:
                         self._max_output_bytes,
                         capped.dropped,
                     )
+        cgroup = self._sandbox.cgroup
         outcome = domain.decide_outcome(
-            exit_code, self.stop_request, self._tail.text(), torchrun=self._torchrun
+            exit_code,
+            self.stop_request,
+            self._tail.text(),
+            torchrun=self._torchrun,
+            memory_exceeded=cgroup.memory_exceeded() if cgroup is not None else None,
         )
         log.info(
             "job %s allocation %s %s: %s",

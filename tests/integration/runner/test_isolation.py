@@ -84,6 +84,16 @@ HOSTILE_JOB = textwrap.dedent(
     attempt("read runner environ", lambda: open(f"/proc/{os.getppid()}/environ", "rb").read())
     attempt("connect to the database", connect_database)
     attempt("list other sandboxes", lambda: os.listdir(sandboxes))
+
+    def leave_cgroup(point):
+        with open(os.path.join(point, "cgroup.procs"), "w") as f:  # the hierarchy's root
+            f.write(str(os.getpid()))
+
+    for line in open("/proc/self/mountinfo"):  # out of its attempt's cgroup, its limits
+        mine, _, theirs = line.partition(" - ")
+        if theirs.split()[:1] in (["cgroup"], ["cgroup2"]):
+            point = mine.split()[4]
+            attempt(f"leave its cgroup ({point})", lambda: leave_cgroup(point))
     report["platform variables"] = sorted(
         k for k in os.environ
         if k.startswith(("TRAINYARD_STORAGE", "TRAINYARD_NATS", "TRAINYARD_DATABASE", "AWS_"))

@@ -509,9 +509,9 @@ async def test_the_jobs_process_budget_is_set_in_one_place(
     asked: list[int | None] = []
     real = sandbox.job_preexec
 
-    def recording(max_processes: int | None) -> object:
+    def recording(max_processes: int | None, *confinement: Any) -> object:
         asked.append(max_processes)
-        return real(max_processes)
+        return real(max_processes, *confinement)
 
     monkeypatch.setattr(sandbox, "job_preexec", recording)
     user = JobUser(None, None)  # the runner's own user: no budget, but the same path

@@ -1,0 +1,413 @@
+"""Control groups of job attempts: a memory limit (swap included) and a process limit the
+kernel enforces on every process of an attempt, so a job that allocates without end is
+killed in its own cgroup instead of the host's OOM killer picking a neighbour (another
+team's job, the runner, its ledger).
+
+Where. A root runner gives each attempt a cgroup of its own,
+``<own>/trainyard/<node>/<sandbox name>``, below the runner's own cgroup in each hierarchy
+that carries a controller it uses: nested runners, a systemd unit's or a CI job's cgroup
+keep theirs. Each controller is taken where the host mounts it (``find_controllers``, from
+``/proc/self/mountinfo`` and ``/proc/self/cgroup``): cgroup v1 (a hierarchy per controller:
+``memory.limit_in_bytes``, and ``memory.memsw.limit_in_bytes`` the same so swap adds nothing,
+else ``memory.swappiness`` 0; ``pids.max``) or cgroup v2 (``memory.max``, ``memory.swap.max``
+0 where it exists, ``pids.max``). A host with both (v1 memory beside a cgroup2 mount) uses
+each controller where it is. On v2 the controllers are enabled for the children of the
+runner's cgroup (``cgroup.subtree_control``); a cgroup with processes of its own cannot
+have that, so the runner first moves itself into a leaf beside the jobs',
+``<own>/trainyard-runner``.
+
+When. Every process run as the job enters the attempt's cgroup before it runs anything
+of the job's (``sandbox.job_preexec`` writes ``cgroup.procs`` while still root, then drops
+to the job's user): the probe of its interpreter, git fetching its code, the job itself and
+whatever they start. The cgroup is removed when the attempt ended (``JobCgroup.remove``,
+which kills whatever is still in it first). Left over from a runner that died, the node's
+cgroups are removed when the next one starts (``NodeCgroups.detect``).
+
+Not usable (the runner is not root, the host has no memory controller, the cgroup file
+system is read-only): ``NodeCgroups.detect`` logs one warning and returns None, and jobs run
+without these limits, as the runner's readiness does not depend on them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+log = logging.getLogger(__name__)
+
+CONTROLLERS = ("memory", "pids")
+"""The controllers jobs are limited by."""
+RUNNER_LEAF = "trainyard-runner"
+"""On cgroup v2, the leaf the runner moves itself into (below its own cgroup)."""
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """Where one controller is: the cgroup version and the runner's own cgroup in it."""
+
+    version: Literal[1, 2]
+    own: Path
+
+
+def _unescape(field: str) -> str:
+    # mountinfo writes space, tab, newline and backslash as octal escapes.
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def find_controllers(mountinfo: str, proc_cgroup: str) -> dict[str, Hierarchy]:
+    """For each of ``CONTROLLERS`` this process can use, where it is: ``mountinfo`` is the
+    text of ``/proc/self/mountinfo`` and ``proc_cgroup`` of ``/proc/self/cgroup``. A v1
+    hierarchy carries the controllers its mount options name; the v2 one those its
+    ``cgroup.controllers`` (in the runner's own cgroup, read from disk) lists. A mount that
+    does not reach the process's own cgroup (it shows another part of the tree) is passed
+    over."""
+    v1_paths: dict[str, str] = {}
+    v2_path: str | None = None
+    for line in proc_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        ident, names, path = parts
+        if ident == "0" and names == "":
+            v2_path = path
+        else:
+            for name in names.split(","):
+                v1_paths[name] = path
+    found: dict[str, Hierarchy] = {}
+    v2: list[Path] = []
+    for line in mountinfo.splitlines():
+        mine, _, theirs = line.partition(" - ")
+        fields, rest = mine.split(), theirs.split()
+        if len(fields) < 5 or len(rest) < 3:
+            continue
+        root, point, kind, options = _unescape(fields[3]), _unescape(fields[4]), rest[0], rest[2]
+        if kind == "cgroup":
+            for name in set(options.split(",")) & set(CONTROLLERS):
+                own = _below(Path(point), root, v1_paths.get(name))
+                if own is not None and name not in found:
+                    found[name] = Hierarchy(1, own)
+        elif kind == "cgroup2":
+            own = _below(Path(point), root, v2_path)
+            if own is not None:
+                # A runner that moved itself into its leaf (``NodeCgroups._delegate``) still
+                # owns the cgroup above it: a later start does not nest one leaf deeper.
+                v2.append(own.parent if own.name == RUNNER_LEAF else own)
+    for own in v2[:1]:
+        try:
+            offered = set((own / "cgroup.controllers").read_text().split())
+        except OSError:
+            continue
+        for name in CONTROLLERS:
+            if name in offered and name not in found:
+                found[name] = Hierarchy(2, own)
+    return found
+
+
+def _below(point: Path, root: str, path: str | None) -> Path | None:
+    """The folder of cgroup ``path`` in a hierarchy whose ``root`` is mounted at ``point``."""
+    if path is None:
+        return None
+    if root == "/":
+        return point / path.lstrip("/")
+    if path == root or path.startswith(root.rstrip("/") + "/"):
+        return point / path[len(root) :].lstrip("/")
+    return None
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """A job attempt's memory limit and where it comes from, for the message that names it."""
+
+    bytes: int
+    source: str
+    """e.g. ``spec.memory_gib_per_gpu 2 x 2 GPUs``."""
+
+    def describe(self) -> str:
+        return f"{format_gib(self.bytes)} ({self.source})"
+
+
+def format_gib(size: int) -> str:
+    gib = size / GIB
+    return f"{gib:g} GiB" if gib == round(gib, 2) else f"{gib:.2f} GiB"
+
+
+def node_memory_bytes() -> int:
+    """The host's physical memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def memory_limit(
+    declared_gib_per_gpu: int,
+    gpus: int,
+    node_default_gib_per_gpu: float | None,
+    node_bytes: int,
+    node_gpus: int,
+) -> MemoryLimit | None:
+    """The memory limit of an attempt holding ``gpus`` GPUs of this node (None: no limit).
+
+    The job's declared ``memory_gib_per_gpu`` x its GPUs here, when it declares one (> 0);
+    else the node's default per GPU x its GPUs: ``node_default_gib_per_gpu`` when set (0:
+    no limit), unset the node's memory divided by its GPUs (``node_gpus``, at least 1), so
+    a job declaring nothing gets its fair share of the node."""
+    count = max(gpus, 1)
+    noun = "GPU" if count == 1 else "GPUs"
+    if declared_gib_per_gpu > 0:
+        return MemoryLimit(
+            declared_gib_per_gpu * count * GIB,
+            f"spec.memory_gib_per_gpu {declared_gib_per_gpu} x {count} {noun}",
+        )
+    if node_default_gib_per_gpu is None:
+        per_gpu = node_bytes // max(node_gpus, 1)
+        why = "the node's memory divided by its GPUs"
+    elif node_default_gib_per_gpu == 0:
+        return None
+    else:
+        per_gpu = int(node_default_gib_per_gpu * GIB)
+        why = "the node's TRAINYARD_RUNNER_JOB_MEMORY_GIB_PER_GPU"
+    return MemoryLimit(
+        per_gpu * count,
+        f"spec.memory_gib_per_gpu is 0, so {why}, {format_gib(per_gpu)} x {count} {noun}",
+    )
+
+
+@dataclass(frozen=True)
+class JobCgroup:
+    """The cgroups of one job attempt (one folder per hierarchy it uses)."""
+
+    folders: tuple[Path, ...]
+    memory: Hierarchy | None
+    """Where the memory controller is (``memory_folder`` is the attempt's folder in it)."""
+    memory_folder: Path | None
+    limit: MemoryLimit | None
+
+    @property
+    def procs_files(self) -> tuple[bytes, ...]:
+        """The ``cgroup.procs`` files a process writes ``0`` to, to join the attempt."""
+        return tuple(os.fsencode(folder / "cgroup.procs") for folder in self.folders)
+
+    def oom_kills(self) -> int:
+        """How many processes of the attempt its memory limit's OOM killer killed (v2:
+        ``memory.events`` ``oom_kill``; v1: ``memory.oom_control`` ``oom_kill``); 0 when
+        there is no memory controller or the kernel does not count them."""
+        if self.memory is None or self.memory_folder is None:
+            return 0
+        name = "memory.events" if self.memory.version == 2 else "memory.oom_control"
+        try:
+            text = (self.memory_folder / name).read_text()
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+        return 0
+
+    def memory_exceeded(self) -> str | None:
+        """Why the attempt failed when its memory limit killed a process of it (the field
+        and the numbers, for the job's owner), else None."""
+        if self.limit is None or self.oom_kills() == 0:
+            return None
+        return (
+            f"the job exceeded its memory limit of {self.limit.describe()} and was killed by "
+            "the kernel; declare more memory_gib_per_gpu, or use less memory"
+        )
+
+    def remove(self) -> None:
+        """Kill whatever is still in the attempt's cgroups, then remove them."""
+        for folder in self.folders:
+            remove_cgroup(folder)
+
+
+def remove_cgroup(folder: Path, attempts: int = 50) -> None:
+    """SIGKILL the processes in cgroup ``folder`` (and its children), then remove it.
+    Killed processes leave their cgroup only once they are reaped, so the removal is tried
+    again for a while; a cgroup that stays (a process stuck in the kernel) is logged."""
+    if not folder.is_dir():
+        return
+    for child in [p for p in folder.iterdir() if p.is_dir()]:
+        remove_cgroup(child, attempts)
+    for attempt in range(attempts):
+        with contextlib.suppress(OSError):
+            for pid in (folder / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), signal.SIGKILL)
+        try:
+            folder.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or attempt == attempts - 1:
+                log.warning("cgroup %s could not be removed: %s", folder, exc)
+                return
+            time.sleep(0.02)
+
+
+class NodeCgroups:
+    """This node's job cgroups: ``<own>/trainyard/<node>`` in each hierarchy used."""
+
+    def __init__(self, controllers: dict[str, Hierarchy], node_id: str) -> None:
+        self._controllers = controllers
+        self._node_id = node_id
+
+    def node_folder(self, hierarchy: Hierarchy) -> Path:
+        return hierarchy.own / "trainyard" / self._node_id
+
+    @property
+    def hierarchies(self) -> list[Hierarchy]:
+        return list(dict.fromkeys(self._controllers.values()))
+
+    @classmethod
+    def detect(
+        cls,
+        node_id: str,
+        *,
+        mountinfo: Path = Path("/proc/self/mountinfo"),
+        proc_cgroup: Path = Path("/proc/self/cgroup"),
+        as_root: bool | None = None,
+    ) -> NodeCgroups | None:
+        """This node's job cgroups, set up and emptied of what an earlier runner left; None
+        (with one warning saying why and what it means) when they cannot be had."""
+        root = as_root if as_root is not None else hasattr(os, "geteuid") and os.geteuid() == 0
+        problem: str | None = None
+        node: NodeCgroups | None = None
+        if not root:
+            problem = "the runner is not root"
+        else:
+            try:
+                controllers = find_controllers(mountinfo.read_text(), proc_cgroup.read_text())
+            except OSError as exc:
+                controllers, problem = {}, f"the cgroups of this process are unknown ({exc})"
+            if problem is None and "memory" not in controllers:
+                problem = "this host offers this process no memory cgroup controller"
+            if problem is None:
+                node = cls(controllers, node_id)
+                try:
+                    node._set_up()
+                except OSError as exc:
+                    problem, node = f"its cgroups cannot be set up ({exc})", None
+        if problem is not None:
+            log.warning(
+                "jobs run without memory and process limits of their own: %s; a job may "
+                "then use all of the node's memory (a root runner on a host with a writable "
+                "memory cgroup controller limits each job)",
+                problem,
+            )
+            return None
+        assert node is not None
+        log.info(
+            "jobs run in cgroups of their own: %s",
+            ", ".join(f"{c} (v{h.version}, {h.own})" for c, h in node._controllers.items()),
+        )
+        return node
+
+    def _set_up(self) -> None:
+        for hierarchy in self.hierarchies:
+            folder = self.node_folder(hierarchy)
+            if hierarchy.version == 2:
+                self._delegate(hierarchy)
+            else:
+                folder.mkdir(parents=True, exist_ok=True)
+            for left in [p for p in folder.iterdir() if p.is_dir()]:
+                remove_cgroup(left)
+
+    def _delegate(self, hierarchy: Hierarchy) -> None:
+        """Enable this node's v2 controllers for the cgroups below ``trainyard/<node>``."""
+        wanted = " ".join(f"+{c}" for c, h in self._controllers.items() if h == hierarchy)
+        try:
+            _write(hierarchy.own / "cgroup.subtree_control", wanted)
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise
+            # Processes in the runner's own cgroup forbid controllers for its children:
+            # the runner moves into a leaf of its own (it alone: others keep it busy).
+            leaf = hierarchy.own / RUNNER_LEAF
+            leaf.mkdir(exist_ok=True)
+            _write(leaf / "cgroup.procs", str(os.getpid()))
+            try:
+                _write(hierarchy.own / "cgroup.subtree_control", wanted)
+            except OSError as again:
+                if again.errno != errno.EBUSY:
+                    raise
+                raise OSError(
+                    errno.EBUSY,
+                    f"{hierarchy.own} holds processes other than the runner, so its "
+                    "controllers cannot be given to cgroups below it",
+                ) from again
+        folder = hierarchy.own
+        for part in ("trainyard", self._node_id):
+            folder = folder / part
+            folder.mkdir(exist_ok=True)
+            _write(folder / "cgroup.subtree_control", wanted)
+
+    def close(self) -> None:
+        """Remove this node's cgroup folders once its jobs have ended (one still holding an
+        attempt's stays, for the next runner of the node to empty)."""
+        for hierarchy in self.hierarchies:
+            with contextlib.suppress(OSError):
+                self.node_folder(hierarchy).rmdir()
+
+    def remove(self, name: str) -> None:
+        """Remove the cgroups of attempt ``name`` (``remove_cgroup``), if there are any."""
+        for hierarchy in self.hierarchies:
+            remove_cgroup(self.node_folder(hierarchy) / name)
+
+    def create(self, name: str, limit: MemoryLimit | None, max_processes: int | None) -> JobCgroup:
+        """The cgroups of one attempt (an old one of the same ``name`` removed first), its
+        limits written; raises ``OSError`` when they cannot be made."""
+        folders: list[Path] = []
+        memory = self._controllers.get("memory")
+        pids = self._controllers.get("pids")
+        try:
+            for hierarchy in self.hierarchies:
+                folder = self.node_folder(hierarchy) / name
+                remove_cgroup(folder)
+                folder.mkdir()
+                folders.append(folder)
+                if hierarchy == memory and limit is not None:
+                    _limit_memory(folder, hierarchy.version, limit.bytes)
+                if hierarchy == pids and max_processes is not None:
+                    _write(folder / "pids.max", str(max_processes))
+        except BaseException:
+            for folder in folders:
+                remove_cgroup(folder)
+            raise
+        memory_folder = self.node_folder(memory) / name if memory is not None else None
+        return JobCgroup(tuple(folders), memory, memory_folder, limit)
+
+
+def _limit_memory(folder: Path, version: int, size: int) -> None:
+    """``size`` bytes at most, swap not counted beside them (a job cannot swap its way past
+    its limit): on v1 memory+swap is limited to the same (or, where the kernel does not
+    account swap, the cgroup is told not to swap); on v2 swap is 0."""
+    if version == 2:
+        _write(folder / "memory.max", str(size))
+        if (folder / "memory.swap.max").exists():
+            _write(folder / "memory.swap.max", "0")
+        return
+    _write(folder / "memory.limit_in_bytes", str(size))
+    if (folder / "memory.memsw.limit_in_bytes").exists():
+        _write(folder / "memory.memsw.limit_in_bytes", str(size))
+    else:
+        with contextlib.suppress(OSError):
+            _write(folder / "memory.swappiness", "0")
+
+
+def _write(path: Path, value: str) -> None:
+    """Write a cgroup file in one ``write`` (the kernel takes each write as one value).
+    ``O_CREAT`` opens the kernel's file as it is (a cgroup file system makes none), and
+    lets a plain folder stand in for a cgroup in tests."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)

@@ -1,0 +1,209 @@
+"""The logic of job cgroups on a stand-in tree: where each controller is found (cgroup v1,
+v2, both), the memory limit an attempt gets, the limits written, an OOM kill told apart,
+and a runner that cannot have cgroups saying so once. The kernel's side (a job over its
+limit killed, its end) is tests/integration/runner/test_memory_limits.py."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainyard_platform.services.runner import domain
+from trainyard_platform.services.runner.cgroups import (
+    GIB,
+    Hierarchy,
+    JobCgroup,
+    MemoryLimit,
+    NodeCgroups,
+    find_controllers,
+    memory_limit,
+)
+from trainyard_platform.services.runner.sandbox import AsJob, JobUser
+
+HYBRID_MOUNTINFO = """\
+31 23 0:28 / {top} rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / {top}/cpu rw,relatime - cgroup cgroup rw,cpu
+35 31 0:32 / {top}/memory rw,relatime - cgroup cgroup rw,memory
+39 31 0:36 / {top}/pids rw,relatime - cgroup cgroup rw,pids
+40 31 0:37 / {top}/systemd rw,relatime - cgroup cgroup rw,name=systemd
+41 31 0:38 / {top}/unified rw,relatime - cgroup2 cgroup2 rw
+"""
+HYBRID_CGROUP = """\
+9:name=systemd:/
+8:pids:/
+4:memory:/process_api/65d64e67
+1:cpu:/
+0::/
+"""
+
+
+def test_a_hybrid_host_uses_its_v1_memory_and_pids_below_the_runners_own_cgroup(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "unified").mkdir()
+    (tmp_path / "unified" / "cgroup.controllers").write_text("hugetlb\n")
+    found = find_controllers(HYBRID_MOUNTINFO.format(top=tmp_path), HYBRID_CGROUP)
+    assert found == {
+        "memory": Hierarchy(1, tmp_path / "memory" / "process_api" / "65d64e67"),
+        "pids": Hierarchy(1, tmp_path / "pids"),
+    }
+
+
+def test_a_v2_host_uses_the_controllers_its_own_cgroup_offers(tmp_path: Path) -> None:
+    own = tmp_path / "system.slice" / "trainyard-runner.service"
+    own.mkdir(parents=True)
+    (own / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    mountinfo = f"30 23 0:26 / {tmp_path} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+    found = find_controllers(mountinfo, "0::/system.slice/trainyard-runner.service\n")
+    assert found == {"memory": Hierarchy(2, own), "pids": Hierarchy(2, own)}
+
+    # A runner that moved itself into its leaf still uses the cgroup above it.
+    leaf = "0::/system.slice/trainyard-runner.service/trainyard-runner\n"
+    assert find_controllers(mountinfo, leaf) == found
+
+    (own / "cgroup.controllers").write_text("cpu io\n")  # memory not delegated to it
+    assert find_controllers(mountinfo, "0::/system.slice/trainyard-runner.service\n") == {}
+
+
+def test_a_mount_of_part_of_the_tree_is_followed_only_where_it_reaches_the_runner(
+    tmp_path: Path,
+) -> None:
+    """In a container without a cgroup namespace the mount's root is the container's cgroup
+    (``/docker/abc``): the runner's own cgroup is found below it, and a mount of another
+    part of the tree is passed over."""
+    mountinfo = (
+        f"35 31 0:32 /docker/other {tmp_path}/elsewhere rw - cgroup cgroup rw,memory\n"
+        f"36 31 0:32 /docker/abc {tmp_path}/memory rw - cgroup cgroup rw,memory\n"
+    )
+    found = find_controllers(mountinfo, "4:memory:/docker/abc/runner\n")
+    assert found == {"memory": Hierarchy(1, tmp_path / "memory" / "runner")}
+
+
+def test_the_memory_limit_is_what_the_job_declares_else_the_nodes_default() -> None:
+    declared = memory_limit(2, 2, None, 64 * GIB, 8)
+    assert declared == MemoryLimit(4 * GIB, "spec.memory_gib_per_gpu 2 x 2 GPUs")
+    assert declared.describe() == "4 GiB (spec.memory_gib_per_gpu 2 x 2 GPUs)"
+    # Declared wins over the node's setting, and one GPU is "1 GPU".
+    assert memory_limit(3, 1, 0, 64 * GIB, 8) == MemoryLimit(
+        3 * GIB, "spec.memory_gib_per_gpu 3 x 1 GPU"
+    )
+
+    share = memory_limit(0, 2, None, 64 * GIB, 8)  # the node's memory over its GPUs
+    assert share is not None and share.bytes == 16 * GIB
+    assert "the node's memory divided by its GPUs, 8 GiB x 2 GPUs" in share.source
+    assert "spec.memory_gib_per_gpu is 0" in share.source
+
+    setting = memory_limit(0, 3, 0.5, 64 * GIB, 8)
+    assert setting is not None and setting.bytes == 3 * GIB // 2
+    assert "TRAINYARD_RUNNER_JOB_MEMORY_GIB_PER_GPU" in setting.source
+
+    assert memory_limit(0, 2, 0, 64 * GIB, 8) is None  # 0: no limit
+    node_without_gpus = memory_limit(0, 1, None, 8 * GIB, 0)
+    assert node_without_gpus is not None and node_without_gpus.bytes == 8 * GIB
+
+
+def v1_node(tmp_path: Path) -> NodeCgroups:
+    memory, pids = tmp_path / "memory" / "own", tmp_path / "pids"
+    return NodeCgroups({"memory": Hierarchy(1, memory), "pids": Hierarchy(1, pids)}, "node-a")
+
+
+def test_an_attempts_v1_cgroups_get_its_memory_and_process_limits(tmp_path: Path) -> None:
+    node = v1_node(tmp_path)
+    node._set_up()
+    cgroup = node.create("sb1", MemoryLimit(3 * GIB, "x"), 512)
+    memory = tmp_path / "memory" / "own" / "trainyard" / "node-a" / "sb1"
+    pids = tmp_path / "pids" / "trainyard" / "node-a" / "sb1"
+    assert cgroup.folders == (memory, pids)
+    assert (memory / "memory.limit_in_bytes").read_text() == str(3 * GIB)
+    # This stand-in has no memory.memsw.limit_in_bytes: the cgroup is told not to swap.
+    assert (memory / "memory.swappiness").read_text() == "0"
+    assert (pids / "pids.max").read_text() == "512"
+    assert cgroup.procs_files == (
+        str(memory / "cgroup.procs").encode(),
+        str(pids / "cgroup.procs").encode(),
+    )
+
+
+def test_an_attempts_v2_cgroup_gets_its_limits_and_no_swap(tmp_path: Path) -> None:
+    own = tmp_path / "runner.service"
+    hierarchy = Hierarchy(2, own)
+    node = NodeCgroups({"memory": hierarchy, "pids": hierarchy}, "node-a")
+    own.mkdir()
+    node._set_up()
+    for folder in (own, own / "trainyard", own / "trainyard" / "node-a"):
+        assert (folder / "cgroup.subtree_control").read_text() == "+memory +pids"
+    cgroup = node.create("sb1", MemoryLimit(GIB, "x"), 100)
+    folder = own / "trainyard" / "node-a" / "sb1"
+    assert cgroup.folders == (folder,)
+    assert (folder / "memory.max").read_text() == str(GIB)
+    assert (folder / "pids.max").read_text() == "100"
+    no_limit = node.create("sb2", None, None)
+    assert not (no_limit.folders[0] / "memory.max").exists()
+
+
+@pytest.mark.parametrize(
+    ("version", "file", "text"),
+    [
+        (1, "memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill {n}\n"),
+        (2, "memory.events", "low 0\nhigh 0\nmax 12\noom 1\noom_kill {n}\noom_group_kill 0\n"),
+    ],
+)
+def test_an_oom_kill_in_the_attempts_cgroup_names_the_limit_and_its_source(
+    tmp_path: Path, version: int, file: str, text: str
+) -> None:
+    limit = MemoryLimit(4 * GIB, "spec.memory_gib_per_gpu 2 x 2 GPUs")
+    cgroup = JobCgroup((tmp_path,), Hierarchy(version, tmp_path), tmp_path, limit)  # type: ignore[arg-type]
+    (tmp_path / file).write_text(text.format(n=0))
+    assert cgroup.memory_exceeded() is None  # limits hit and reclaimed, nothing killed
+    (tmp_path / file).write_text(text.format(n=1))
+    assert cgroup.memory_exceeded() == (
+        "the job exceeded its memory limit of 4 GiB (spec.memory_gib_per_gpu 2 x 2 GPUs) and "
+        "was killed by the kernel; declare more memory_gib_per_gpu, or use less memory"
+    )
+    unlimited = JobCgroup((tmp_path,), Hierarchy(version, tmp_path), tmp_path, None)  # type: ignore[arg-type]
+    assert unlimited.memory_exceeded() is None
+
+
+def test_a_job_its_cgroup_killed_fails_as_out_of_memory_not_the_platforms() -> None:
+    why = "the job exceeded its memory limit of 1 GiB (spec.memory_gib_per_gpu 1 x 1 GPU)"
+    outcome = domain.decide_outcome(-9, None, "", memory_exceeded=why)
+    assert outcome == domain.Outcome("failed", why, -9, "out_of_memory")
+    # torchrun exits 1 when its worker is killed: the cgroup's word is the one kept.
+    tail = "Root Cause (first observed failure):\n  rank      : 0\n  exitcode  : -9\n"
+    assert domain.decide_outcome(1, None, tail, torchrun=True, memory_exceeded=why).reason == why
+    # A job that recovered (a killed data-loader worker) and exited 0 succeeded.
+    assert domain.decide_outcome(0, None, memory_exceeded=why).kind == "succeeded"
+    stop = domain.StopRequest("revoked", "preempted")
+    assert domain.decide_outcome(-9, stop, memory_exceeded=why).kind == "preempted"
+
+
+def test_a_process_that_cannot_join_its_cgroup_never_runs(tmp_path: Path) -> None:
+    """The join is the first thing before the program: failing, the spawn fails."""
+    missing = JobCgroup((tmp_path / "gone",), None, None, None)
+    marker = tmp_path / "ran"
+    as_job = AsJob(JobUser(None, None), {}, cgroup=missing)
+    with pytest.raises(subprocess.SubprocessError, match="preexec"):
+        as_job.run([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], cwd=tmp_path, timeout=30)
+    assert not marker.exists()
+
+
+def test_a_runner_without_cgroups_says_so_once_and_runs_jobs_unlimited(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    assert NodeCgroups.detect("node-a", as_root=False) is None
+    mountinfo, cgroup = tmp_path / "mountinfo", tmp_path / "cgroup"
+    mountinfo.write_text(f"39 31 0:36 / {tmp_path}/pids rw - cgroup cgroup rw,pids\n")
+    cgroup.write_text("8:pids:/\n")
+    assert (
+        NodeCgroups.detect("node-a", mountinfo=mountinfo, proc_cgroup=cgroup, as_root=True) is None
+    )
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2
+    assert "the runner is not root" in warnings[0]
+    assert "no memory cgroup controller" in warnings[1]
+    assert all("run without memory and process limits" in w for w in warnings)
