@@ -145,6 +145,31 @@ def node_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def cgroup_memory_limit(memory: Hierarchy) -> int | None:
+    """The memory limit the runner's own cgroup is under, its ancestors' included (None:
+    none): a runner in a container or a unit with a limit must not share out more than it
+    has, or its jobs together would bring the OOM killer onto the runner. v1: the
+    ``hierarchical_memory_limit`` of ``memory.stat``; v2: the least ``memory.max`` from its
+    own cgroup up to the top that has one."""
+    limits: list[int] = []
+    if memory.version == 1:
+        with contextlib.suppress(OSError):
+            for line in (memory.own / "memory.stat").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "hierarchical_memory_limit" and value.strip().isdigit():
+                    limits.append(int(value))
+    else:
+        folder = memory.own
+        while (folder / "memory.max").is_file():
+            with contextlib.suppress(OSError):
+                value = (folder / "memory.max").read_text().strip()
+                if value.isdigit():
+                    limits.append(int(value))
+            folder = folder.parent
+    # v1 writes "no limit" as the largest page-aligned number: anything past the host's.
+    return min((n for n in limits if n < node_memory_bytes()), default=None)
+
+
 def memory_limit(
     declared_gib_per_gpu: int,
     gpus: int,
@@ -157,7 +182,8 @@ def memory_limit(
     The job's declared ``memory_gib_per_gpu`` x its GPUs here, when it declares one (> 0);
     else the node's default per GPU x its GPUs: ``node_default_gib_per_gpu`` when set (0:
     no limit), unset the node's memory divided by its GPUs (``node_gpus``, at least 1), so
-    a job declaring nothing gets its fair share of the node."""
+    a job declaring nothing gets its fair share of the node (``node_bytes``: the memory
+    the node's jobs share, ``NodeCgroups.memory_bytes``)."""
     count = max(gpus, 1)
     noun = "GPU" if count == 1 else "GPUs"
     if declared_gib_per_gpu > 0:
@@ -258,6 +284,14 @@ class NodeCgroups:
     def __init__(self, controllers: dict[str, Hierarchy], node_id: str) -> None:
         self._controllers = controllers
         self._node_id = node_id
+
+    def memory_bytes(self) -> int:
+        """The memory this node's jobs share: the host's, or less when the runner's own
+        cgroup is limited (``cgroup_memory_limit``)."""
+        host = node_memory_bytes()
+        memory = self._controllers.get("memory")
+        own = cgroup_memory_limit(memory) if memory is not None else None
+        return min(host, own) if own is not None else host
 
     def node_folder(self, hierarchy: Hierarchy) -> Path:
         return hierarchy.own / "trainyard" / self._node_id

@@ -82,7 +82,8 @@ class Settings(GuardedServiceSettings):
     job_memory_gib_per_gpu: float | None = Field(default=None, ge=0)
     """Memory (GiB) per GPU a job that declares no ``memory_gib_per_gpu`` may use (its cgroup's
     limit: this x its GPUs here, swap not counted beside it); unset: the node's memory
-    divided by its GPUs, the job's fair share; 0: no limit. A job that declares
+    divided by its GPUs, the job's fair share (the host's memory, or the runner's own
+    cgroup's limit when less: ``NodeCgroups.memory_bytes``); 0: no limit. A job that declares
     ``memory_gib_per_gpu`` is limited to what it declares. Only where the runner has cgroups
     (root, a memory controller: ``cgroups``)."""
     job_env_passthrough: list[str] = Field(

@@ -42,7 +42,6 @@ from trainyard_platform.services.runner.cgroups import (
     JobCgroup,
     NodeCgroups,
     memory_limit,
-    node_memory_bytes,
 )
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.domain import TORCHRUN_MODULE
@@ -180,7 +179,7 @@ def job_cgroup(
         grant.spec.memory_gib_per_gpu,
         len(grant.gpu_indices),
         settings.job_memory_gib_per_gpu,
-        node_memory_bytes(),
+        cgroups.memory_bytes(),
         node_gpus,
     )
     try:

@@ -21,6 +21,7 @@ from trainyard_platform.services.runner.cgroups import (
     NodeCgroups,
     find_controllers,
     memory_limit,
+    node_memory_bytes,
 )
 from trainyard_platform.services.runner.sandbox import AsJob, JobUser
 
@@ -104,6 +105,29 @@ def test_the_memory_limit_is_what_the_job_declares_else_the_nodes_default() -> N
     assert memory_limit(0, 2, 0, 64 * GIB, 8) is None  # 0: no limit
     node_without_gpus = memory_limit(0, 1, None, 8 * GIB, 0)
     assert node_without_gpus is not None and node_without_gpus.bytes == 8 * GIB
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_runner_in_a_limited_cgroup_shares_out_no_more_than_its_limit(
+    tmp_path: Path, version: int
+) -> None:
+    """In a container limited to 8 GiB on a larger host, the jobs' default share is of the
+    8 GiB: their sum past it would bring the container's OOM killer onto the runner."""
+    own = tmp_path / "outer" / "runner"
+    own.mkdir(parents=True)
+    node = NodeCgroups({"memory": Hierarchy(version, own)}, "node-a")  # type: ignore[arg-type]
+    if version == 1:
+        (own / "memory.stat").write_text(
+            f"cache 0\nhierarchical_memory_limit {8 * GIB}\nhierarchical_memsw_limit 1\n"
+        )
+    else:
+        (own / "memory.max").write_text("max\n")
+        (own.parent / "memory.max").write_text(f"{8 * GIB}\n")
+    assert node.memory_bytes() == min(8 * GIB, node_memory_bytes())
+    unlimited = 9223372036854771712  # v1's "no limit"
+    (own / "memory.stat").write_text(f"hierarchical_memory_limit {unlimited}\n")
+    (own.parent / "memory.max").write_text("max\n")
+    assert node.memory_bytes() == node_memory_bytes()
 
 
 def v1_node(tmp_path: Path) -> NodeCgroups:
