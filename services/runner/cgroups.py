@@ -385,10 +385,14 @@ class NodeCgroups:
 
     def close(self) -> None:
         """Remove this node's cgroup folders once its jobs have ended (one still holding an
-        attempt's stays, for the next runner of the node to empty)."""
+        attempt's stays, for the next runner of the node to empty), and ``trainyard`` when
+        no other node's is left in it: a cgroup with children cannot be removed, so what
+        made the runner's own cgroup (a container, a CI job) could not remove it after."""
         for hierarchy in self.hierarchies:
-            with contextlib.suppress(OSError):
-                self.node_folder(hierarchy).rmdir()
+            node = self.node_folder(hierarchy)
+            for folder in (node, node.parent):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
 
     def remove(self, name: str) -> None:
         """Remove the cgroups of attempt ``name`` (``remove_cgroup``), if there are any."""
