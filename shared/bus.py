@@ -118,6 +118,7 @@ from trainyard_platform.shared.event_metrics import EventMetrics
 from trainyard_platform.shared.events import Envelope, EventParseError, Payload, parse_envelope
 from trainyard_platform.shared.events.payloads import JobMetrics, JobProgress, RunnerHeartbeat
 from trainyard_platform.shared.events.trust import forged_because, misrouted_because
+from trainyard_platform.shared.exception_chain import exception_chain
 from trainyard_platform.shared.logs import Throttle, error_text, held_back, job_scope, span_job_id
 from trainyard_platform.shared.settings import NatsSettings
 from trainyard_platform.shared.span_errors import safe_message
@@ -381,22 +382,10 @@ def infrastructure_fault(exc: BaseException) -> str | None:
     outage is over, so it is retried for as long as the outage lasts, never dead-lettered.
     The exception's causes and contexts (``raise ... from``) and the members of exception
     groups are looked at too."""
-    seen: set[int] = set()
-    pending: list[BaseException] = [exc]
-    while pending:
-        current = pending.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
+    for current in exception_chain(exc):
         reason = _own_fault(current)
         if reason is not None:
             return reason
-        if isinstance(current, BaseExceptionGroup):
-            pending.extend(current.exceptions)
-        if current.__cause__ is not None:
-            pending.append(current.__cause__)
-        if current.__context__ is not None and not current.__suppress_context__:
-            pending.append(current.__context__)
     return None
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 
+from trainyard_platform.shared.exception_chain import exception_chain
 from trainyard_platform.shared.logs import error_text
 
 NODE_ERRNOS = frozenset(
@@ -24,19 +25,7 @@ NODE_ERRNOS = frozenset(
 def node_fault(exc: BaseException) -> str | None:
     """What failed on this node when ``exc`` (or what it was raised from, or a member of an
     exception group) is an ``OSError`` of ``NODE_ERRNOS``; None otherwise."""
-    seen: set[int] = set()
-    pending: list[BaseException] = [exc]
-    while pending:
-        current = pending.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
+    for current in exception_chain(exc):
         if isinstance(current, OSError) and current.errno in NODE_ERRNOS:
             return f"this node's disk or files failed: {error_text(current)}"
-        if isinstance(current, BaseExceptionGroup):
-            pending.extend(current.exceptions)
-        if current.__cause__ is not None:
-            pending.append(current.__cause__)
-        if current.__context__ is not None and not current.__suppress_context__:
-            pending.append(current.__context__)
     return None
