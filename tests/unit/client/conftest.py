@@ -1,8 +1,9 @@
-"""What the CLI tests share: a fake API that records every request."""
+"""What the CLI tests share: fake APIs that record every request."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -28,3 +29,26 @@ def sent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[httpx.Request]
 
     monkeypatch.setattr(cli, "TrainyardClient", make)
     return requests
+
+
+def routed_api(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, urls: dict[str, str]
+) -> dict[str, Any]:
+    """The APIs at ``urls`` (``TRAINYARD_*_URL`` variables set to them) answering what
+    ``state["route"]`` says (404 until a test sets it); ``state["sent"]``: every request the
+    CLI made, in order."""
+    monkeypatch.setenv("TRAINYARD_CONFIG", str(tmp_path / "config.json"))
+    for variable, url in urls.items():
+        monkeypatch.setenv(variable, url)
+    state: dict[str, Any] = {"sent": [], "route": lambda r: httpx.Response(404)}
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        state["sent"].append(request)
+        response: httpx.Response = state["route"](request)
+        return response
+
+    def make(base_url: str, token: str, timeout: float = 10) -> TrainyardClient:
+        return TrainyardClient(base_url, token, timeout, transport=httpx.MockTransport(handle))
+
+    monkeypatch.setattr(cli, "TrainyardClient", make)
+    return state

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.unit.client.conftest import routed_api
 from trainyard import cli
 from trainyard.cli_base import Exit
-from trainyard.client import TrainyardClient
 
 SCHEDULER = "http://scheduler.test"
 BILLING = "http://billing.test"
@@ -50,21 +50,11 @@ Route = Callable[[httpx.Request], httpx.Response]
 def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """The scheduler's and billing's APIs, answering what ``state["route"]`` says;
     ``state["sent"]``: every request the CLI made."""
-    monkeypatch.setenv("TRAINYARD_CONFIG", str(tmp_path / "config.json"))
-    monkeypatch.setenv("TRAINYARD_SCHEDULER_URL", SCHEDULER)
-    monkeypatch.setenv("TRAINYARD_BILLING_URL", BILLING)
-    state: dict[str, Any] = {"sent": [], "route": lambda r: httpx.Response(404)}
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        state["sent"].append(request)
-        response: httpx.Response = state["route"](request)
-        return response
-
-    def make(base_url: str, token: str, timeout: float = 10) -> TrainyardClient:
-        return TrainyardClient(base_url, token, timeout, transport=httpx.MockTransport(handle))
-
-    monkeypatch.setattr(cli, "TrainyardClient", make)
-    return state
+    return routed_api(
+        tmp_path,
+        monkeypatch,
+        {"TRAINYARD_SCHEDULER_URL": SCHEDULER, "TRAINYARD_BILLING_URL": BILLING},
+    )
 
 
 def _sent(state: dict[str, Any]) -> list[tuple[str, str, Any]]:

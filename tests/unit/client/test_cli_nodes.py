@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.unit.client.conftest import routed_api
 from trainyard import cli
 from trainyard.cli_base import Exit
-from trainyard.client import TrainyardClient
 
 SCHEDULER = "http://scheduler.test"
 BASE = ["--url", "http://submission.test", "--token", "ty_op"]
@@ -70,20 +70,7 @@ Route = Callable[[httpx.Request], httpx.Response]
 def scheduler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """The scheduler's API, answering what ``state["route"]`` says; ``state["sent"]``: every
     request the CLI made."""
-    monkeypatch.setenv("TRAINYARD_CONFIG", str(tmp_path / "config.json"))
-    monkeypatch.setenv("TRAINYARD_SCHEDULER_URL", SCHEDULER)
-    state: dict[str, Any] = {"sent": [], "route": lambda r: httpx.Response(404)}
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        state["sent"].append(request)
-        response: httpx.Response = state["route"](request)
-        return response
-
-    def make(base_url: str, token: str, timeout: float = 10) -> TrainyardClient:
-        return TrainyardClient(base_url, token, timeout, transport=httpx.MockTransport(handle))
-
-    monkeypatch.setattr(cli, "TrainyardClient", make)
-    return state
+    return routed_api(tmp_path, monkeypatch, {"TRAINYARD_SCHEDULER_URL": SCHEDULER})
 
 
 def _queue(request: httpx.Request) -> httpx.Response:
