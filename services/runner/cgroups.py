@@ -1,7 +1,8 @@
-"""Control groups of job attempts: a memory limit (swap included) and a process limit the
-kernel enforces on every process of an attempt, so a job that allocates without end is
-killed in its own cgroup instead of the host's OOM killer picking a neighbour (another
-team's job, the runner, its ledger).
+"""Control groups of job attempts: a memory limit (swap included), a process limit and a
+CPU quota the kernel enforces on every process of an attempt, so a job that allocates
+without end is killed in its own cgroup instead of the host's OOM killer picking a
+neighbour (another team's job, the runner, its ledger), and a job that starts more threads
+than it declared CPUs is throttled instead of slowing its neighbours.
 
 Where. A root runner gives each attempt a cgroup of its own,
 ``<own>/trainyard/<node>/<sandbox name>``, below the runner's own cgroup in each hierarchy
@@ -9,8 +10,9 @@ that carries a controller it uses: nested runners, a systemd unit's or a CI job'
 keep theirs. Each controller is taken where the host mounts it (``find_controllers``, from
 ``/proc/self/mountinfo`` and ``/proc/self/cgroup``): cgroup v1 (a hierarchy per controller:
 ``memory.limit_in_bytes``, and ``memory.memsw.limit_in_bytes`` the same so swap adds nothing,
-else ``memory.swappiness`` 0; ``pids.max``) or cgroup v2 (``memory.max``, ``memory.swap.max``
-0 where it exists, ``pids.max``). A host with both (v1 memory beside a cgroup2 mount) uses
+else ``memory.swappiness`` 0; ``pids.max``; ``cpu.cfs_period_us`` and ``cpu.cfs_quota_us``)
+or cgroup v2 (``memory.max``, ``memory.swap.max`` 0 where it exists, ``pids.max``,
+``cpu.max``). A host with both (v1 memory beside a cgroup2 mount) uses
 each controller where it is. On v2 the controllers are enabled for the children of the
 runner's cgroup (``cgroup.subtree_control``); a cgroup with processes of its own cannot
 have that, so the runner first moves itself into a leaf beside the jobs',
@@ -25,7 +27,9 @@ cgroups are removed when the next one starts (``NodeCgroups.detect``).
 
 Not usable (the runner is not root, the host has no memory controller, the cgroup file
 system is read-only): ``NodeCgroups.detect`` logs one warning and returns None, and jobs run
-without these limits, as the runner's readiness does not depend on them.
+without these limits, as the runner's readiness does not depend on them. The cpu controller
+alone missing or not writable: one warning, and jobs run with memory and process limits but
+no CPU quota.
 """
 
 from __future__ import annotations
@@ -43,8 +47,13 @@ from typing import Literal
 
 log = logging.getLogger(__name__)
 
-CONTROLLERS = ("memory", "pids")
+CONTROLLERS = ("memory", "pids", "cpu")
 """The controllers jobs are limited by."""
+OPTIONAL = frozenset({"cpu"})
+"""Controllers jobs go without (one warning) where the host lacks them or they cannot be set
+up, the others still used."""
+CPU_PERIOD_US = 100_000
+"""The period a CPU quota is counted over (the kernel's default, 0.1 s)."""
 RUNNER_LEAF = "trainyard-runner"
 """On cgroup v2, the leaf the runner moves itself into (below its own cgroup)."""
 GIB = 1024**3
@@ -206,6 +215,65 @@ def memory_limit(
 
 
 @dataclass(frozen=True)
+class CpuLimit:
+    """A job attempt's CPU quota (in CPUs: 1.5 is one and a half CPUs' time each period) and
+    where it comes from."""
+
+    cpus: float
+    source: str
+    """e.g. ``spec.cpus_per_gpu 4 x 2 GPUs``."""
+
+    @property
+    def quota_us(self) -> int:
+        """Microseconds of CPU time per ``CPU_PERIOD_US``; at least the kernel's least, 1 ms."""
+        return max(1000, round(self.cpus * CPU_PERIOD_US))
+
+    def describe(self) -> str:
+        return f"{self.cpus:g} CPUs ({self.source})"
+
+
+def node_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a runner pinned to some CPUs shares
+    out only those)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def cpu_limit(
+    declared_cpus_per_gpu: int,
+    gpus: int,
+    node_default_cpus_per_gpu: float | None,
+    node_cpu_count: int,
+    node_gpus: int,
+) -> CpuLimit | None:
+    """The CPU quota of an attempt holding ``gpus`` GPUs of this node (None: no limit).
+
+    The job's declared ``cpus_per_gpu`` x its GPUs here, when it declares one (> 0); else
+    the node's default per GPU x its GPUs: ``node_default_cpus_per_gpu`` when set (0: no
+    limit), unset the node's CPUs (``node_cpu_count``) divided by its GPUs (``node_gpus``,
+    at least 1), as ``memory_limit`` shares out memory."""
+    count = max(gpus, 1)
+    noun = "GPU" if count == 1 else "GPUs"
+    if declared_cpus_per_gpu > 0:
+        return CpuLimit(
+            float(declared_cpus_per_gpu * count),
+            f"spec.cpus_per_gpu {declared_cpus_per_gpu} x {count} {noun}",
+        )
+    if node_default_cpus_per_gpu is None:
+        per_gpu = node_cpu_count / max(node_gpus, 1)
+        why = "the node's CPUs divided by its GPUs"
+    elif node_default_cpus_per_gpu == 0:
+        return None
+    else:
+        per_gpu = node_default_cpus_per_gpu
+        why = "the node's TRAINYARD_RUNNER_JOB_CPUS_PER_GPU"
+    return CpuLimit(
+        per_gpu * count, f"spec.cpus_per_gpu is 0, so {why}, {per_gpu:g} x {count} {noun}"
+    )
+
+
+@dataclass(frozen=True)
 class JobCgroup:
     """The cgroups of one job attempt (one folder per hierarchy it uses)."""
 
@@ -324,20 +392,23 @@ class NodeCgroups:
             if problem is None and "memory" not in controllers:
                 problem = "this host offers this process no memory cgroup controller"
             if problem is None:
-                node = cls(controllers, node_id)
+                # A copy: set-up drops the optional controllers it cannot use.
+                node = cls(dict(controllers), node_id)
                 try:
                     node._set_up()
                 except OSError as exc:
                     problem, node = f"its cgroups cannot be set up ({exc})", None
         if problem is not None:
             log.warning(
-                "jobs run without memory and process limits of their own: %s; a job may "
-                "then use all of the node's memory (a root runner on a host with a writable "
-                "memory cgroup controller limits each job)",
+                "jobs run without memory and process limits of their own, nor CPU quotas: "
+                "%s; a job may then use all of the node's memory (a root runner on a host "
+                "with a writable memory cgroup controller limits each job)",
                 problem,
             )
             return None
         assert node is not None
+        for name in sorted(OPTIONAL - controllers.keys()):
+            node._without(name, f"this host offers this process no {name} cgroup controller")
         log.info(
             "jobs run in cgroups of their own: %s",
             ", ".join(f"{c} (v{h.version}, {h.own})" for c, h in node._controllers.items()),
@@ -346,13 +417,35 @@ class NodeCgroups:
 
     def _set_up(self) -> None:
         for hierarchy in self.hierarchies:
-            folder = self.node_folder(hierarchy)
-            if hierarchy.version == 2:
-                self._delegate(hierarchy)
-            else:
-                folder.mkdir(parents=True, exist_ok=True)
-            for left in [p for p in folder.iterdir() if p.is_dir()]:
-                remove_cgroup(left)
+            try:
+                self._set_up_one(hierarchy)
+            except OSError as exc:
+                carried = [c for c, h in self._controllers.items() if h == hierarchy]
+                if not set(carried) <= OPTIONAL:
+                    raise
+                # A v1 hierarchy of an optional controller alone: jobs go without it.
+                for name in carried:
+                    del self._controllers[name]
+                    self._without(name, f"its cgroups cannot be set up ({exc})")
+
+    def _set_up_one(self, hierarchy: Hierarchy) -> None:
+        folder = self.node_folder(hierarchy)
+        if hierarchy.version == 2:
+            self._delegate(hierarchy)
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+        for left in [p for p in folder.iterdir() if p.is_dir()]:
+            remove_cgroup(left)
+
+    @staticmethod
+    def _without(name: str, problem: str) -> None:
+        """Say once that jobs go without optional controller ``name``, and why."""
+        if name == "cpu":
+            log.warning(
+                "jobs run without a CPU quota: %s; a job may then use every CPU of the node "
+                "(its memory and process limits still hold)",
+                problem,
+            )
 
     def _delegate(self, hierarchy: Hierarchy) -> None:
         """Enable this node's v2 controllers for the cgroups below ``trainyard/<node>``."""
@@ -399,12 +492,25 @@ class NodeCgroups:
         for hierarchy in self.hierarchies:
             remove_cgroup(self.node_folder(hierarchy) / name)
 
-    def create(self, name: str, limit: MemoryLimit | None, max_processes: int | None) -> JobCgroup:
+    @property
+    def limits_cpu(self) -> bool:
+        """Whether attempts get a CPU quota (the cpu controller is used)."""
+        return "cpu" in self._controllers
+
+    def create(
+        self,
+        name: str,
+        limit: MemoryLimit | None,
+        max_processes: int | None,
+        cpu: CpuLimit | None = None,
+    ) -> JobCgroup:
         """The cgroups of one attempt (an old one of the same ``name`` removed first), its
-        limits written; raises ``OSError`` when they cannot be made."""
+        limits written (``cpu`` only where the cpu controller is used); raises ``OSError``
+        when they cannot be made."""
         folders: list[Path] = []
         memory = self._controllers.get("memory")
         pids = self._controllers.get("pids")
+        cpus = self._controllers.get("cpu")
         try:
             for hierarchy in self.hierarchies:
                 folder = self.node_folder(hierarchy) / name
@@ -415,6 +521,8 @@ class NodeCgroups:
                     _limit_memory(folder, hierarchy.version, limit.bytes)
                 if hierarchy == pids and max_processes is not None:
                     _write(folder / "pids.max", str(max_processes))
+                if hierarchy == cpus and cpu is not None:
+                    _limit_cpu(folder, hierarchy.version, cpu.quota_us)
         except BaseException:
             for folder in folders:
                 remove_cgroup(folder)
@@ -438,6 +546,17 @@ def _limit_memory(folder: Path, version: int, size: int) -> None:
     else:
         with contextlib.suppress(OSError):
             _write(folder / "memory.swappiness", "0")
+
+
+def _limit_cpu(folder: Path, version: int, quota_us: int) -> None:
+    """``quota_us`` microseconds of CPU time per ``CPU_PERIOD_US`` for all of the cgroup's
+    processes together; past it they wait for the next period (throttled, never killed)."""
+    if version == 2:
+        _write(folder / "cpu.max", f"{quota_us} {CPU_PERIOD_US}")
+        return
+    # The period first: the kernel checks the quota against the period it has.
+    _write(folder / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+    _write(folder / "cpu.cfs_quota_us", str(quota_us))
 
 
 def _write(path: Path, value: str) -> None:

@@ -41,7 +41,9 @@ from trainyard_platform.services.runner import checkpoints
 from trainyard_platform.services.runner.cgroups import (
     JobCgroup,
     NodeCgroups,
+    cpu_limit,
     memory_limit,
+    node_cpus,
 )
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.domain import TORCHRUN_MODULE
@@ -170,7 +172,8 @@ def job_cgroup(
 ) -> JobCgroup | None:
     """The attempt's cgroup (None when the node has none): memory limited by
     ``cgroups.memory_limit`` (the job's ``memory_gib_per_gpu`` x its GPUs here, else the
-    node's default), processes by ``job_max_processes``. Its folder is named like the
+    node's default), processes by ``job_max_processes``, CPU by ``cgroups.cpu_limit`` (the
+    job's ``cpus_per_gpu`` x its GPUs here, else the node's default). Its folder is named like the
     sandbox, so the runner removes both by the allocation's id. Raises ``PlatformError``
     when it cannot be made."""
     if cgroups is None:
@@ -182,9 +185,16 @@ def job_cgroup(
         cgroups.memory_bytes(),
         node_gpus,
     )
+    cpu = cpu_limit(
+        grant.spec.cpus_per_gpu,
+        len(grant.gpu_indices),
+        settings.job_cpus_per_gpu,
+        node_cpus(),
+        node_gpus,
+    )
     try:
         cgroup = cgroups.create(
-            sandbox_name(grant.allocation_id), limit, settings.job_max_processes
+            sandbox_name(grant.allocation_id), limit, settings.job_max_processes, cpu
         )
     except OSError as exc:
         raise PlatformError(f"could not create the job's cgroup: {exc}") from exc
@@ -195,6 +205,12 @@ def job_cgroup(
         if limit is not None
         else "none (TRAINYARD_RUNNER_JOB_MEMORY_GIB_PER_GPU 0)",
     )
+    if cgroups.limits_cpu:
+        log.info(
+            "job %s: CPU limit %s",
+            grant.job_id,
+            cpu.describe() if cpu is not None else "none (TRAINYARD_RUNNER_JOB_CPUS_PER_GPU 0)",
+        )
     return cgroup
 
 

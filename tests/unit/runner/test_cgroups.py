@@ -15,10 +15,12 @@ import pytest
 from trainyard_platform.services.runner import domain
 from trainyard_platform.services.runner.cgroups import (
     GIB,
+    CpuLimit,
     Hierarchy,
     JobCgroup,
     MemoryLimit,
     NodeCgroups,
+    cpu_limit,
     find_controllers,
     memory_limit,
     node_memory_bytes,
@@ -42,7 +44,7 @@ HYBRID_CGROUP = """\
 """
 
 
-def test_a_hybrid_host_uses_its_v1_memory_and_pids_below_the_runners_own_cgroup(
+def test_a_hybrid_host_uses_its_v1_memory_pids_and_cpu_below_the_runners_own_cgroup(
     tmp_path: Path,
 ) -> None:
     (tmp_path / "unified").mkdir()
@@ -51,6 +53,7 @@ def test_a_hybrid_host_uses_its_v1_memory_and_pids_below_the_runners_own_cgroup(
     assert found == {
         "memory": Hierarchy(1, tmp_path / "memory" / "process_api" / "65d64e67"),
         "pids": Hierarchy(1, tmp_path / "pids"),
+        "cpu": Hierarchy(1, tmp_path / "cpu"),
     }
 
 
@@ -60,14 +63,19 @@ def test_a_v2_host_uses_the_controllers_its_own_cgroup_offers(tmp_path: Path) ->
     (own / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
     mountinfo = f"30 23 0:26 / {tmp_path} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
     found = find_controllers(mountinfo, "0::/system.slice/trainyard-runner.service\n")
-    assert found == {"memory": Hierarchy(2, own), "pids": Hierarchy(2, own)}
+    assert found == {
+        "memory": Hierarchy(2, own),
+        "pids": Hierarchy(2, own),
+        "cpu": Hierarchy(2, own),
+    }
 
     # A runner that moved itself into its leaf still uses the cgroup above it.
     leaf = "0::/system.slice/trainyard-runner.service/trainyard-runner\n"
     assert find_controllers(mountinfo, leaf) == found
 
     (own / "cgroup.controllers").write_text("cpu io\n")  # memory not delegated to it
-    assert find_controllers(mountinfo, "0::/system.slice/trainyard-runner.service\n") == {}
+    only_cpu = find_controllers(mountinfo, "0::/system.slice/trainyard-runner.service\n")
+    assert only_cpu == {"cpu": Hierarchy(2, own)}  # no memory: ``detect`` gives up
 
 
 def test_a_mount_of_part_of_the_tree_is_followed_only_where_it_reaches_the_runner(
@@ -231,3 +239,77 @@ def test_a_runner_without_cgroups_says_so_once_and_runs_jobs_unlimited(
     assert "the runner is not root" in warnings[0]
     assert "no memory cgroup controller" in warnings[1]
     assert all("run without memory and process limits" in w for w in warnings)
+
+
+def test_the_cpu_limit_is_what_the_job_declares_else_the_nodes_default() -> None:
+    declared = cpu_limit(4, 2, None, 64, 8)
+    assert declared == CpuLimit(8.0, "spec.cpus_per_gpu 4 x 2 GPUs")
+    assert declared.quota_us == 800_000
+    assert declared.describe() == "8 CPUs (spec.cpus_per_gpu 4 x 2 GPUs)"
+    assert cpu_limit(3, 1, 0, 64, 8) == CpuLimit(3.0, "spec.cpus_per_gpu 3 x 1 GPU")
+
+    share = cpu_limit(0, 2, None, 2, 8)  # the node's CPUs over its GPUs: a quarter each
+    assert share is not None and share.cpus == 0.5 and share.quota_us == 50_000
+    assert share.source == (
+        "spec.cpus_per_gpu is 0, so the node's CPUs divided by its GPUs, 0.25 x 2 GPUs"
+    )
+    setting = cpu_limit(0, 3, 1.5, 64, 8)
+    assert setting is not None and setting.quota_us == 450_000
+    assert "TRAINYARD_RUNNER_JOB_CPUS_PER_GPU, 1.5 x 3 GPUs" in setting.source
+    assert cpu_limit(0, 2, 0, 64, 8) is None  # 0: no limit
+    without_gpus = cpu_limit(0, 1, None, 16, 0)
+    assert without_gpus is not None and without_gpus.cpus == 16
+    assert CpuLimit(0.001, "x").quota_us == 1000  # the kernel's least quota
+
+
+def test_an_attempts_cpu_quota_is_written_on_v1_and_v2(tmp_path: Path) -> None:
+    v1 = NodeCgroups(
+        {"memory": Hierarchy(1, tmp_path / "memory"), "cpu": Hierarchy(1, tmp_path / "cpu")},
+        "node-a",
+    )
+    v1._set_up()
+    assert v1.limits_cpu
+    cgroup = v1.create("sb1", None, None, CpuLimit(2.5, "x"))
+    folder = tmp_path / "cpu" / "trainyard" / "node-a" / "sb1"
+    assert folder in cgroup.folders
+    assert (folder / "cpu.cfs_period_us").read_text() == "100000"
+    assert (folder / "cpu.cfs_quota_us").read_text() == "250000"
+    unlimited = v1.create("sb2", None, None, None)
+    assert not (unlimited.folders[1] / "cpu.cfs_quota_us").exists()
+
+    own = tmp_path / "v2"
+    own.mkdir()
+    hierarchy = Hierarchy(2, own)
+    v2 = NodeCgroups({"memory": hierarchy, "pids": hierarchy, "cpu": hierarchy}, "node-a")
+    v2._set_up()
+    assert (own / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
+    v2.create("sb1", None, None, CpuLimit(0.5, "x"))
+    assert (own / "trainyard" / "node-a" / "sb1" / "cpu.max").read_text() == "50000 100000"
+
+
+def test_a_missing_or_unwritable_cpu_controller_is_said_once_and_memory_still_limited(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    mountinfo, cgroup = tmp_path / "mountinfo", tmp_path / "cgroup"
+    (tmp_path / "memory").mkdir()
+    mountinfo.write_text(f"35 31 0:32 / {tmp_path}/memory rw - cgroup cgroup rw,memory\n")
+    cgroup.write_text("4:memory:/\n")
+    node = NodeCgroups.detect("node-a", mountinfo=mountinfo, proc_cgroup=cgroup, as_root=True)
+    assert node is not None and not node.limits_cpu
+    assert node.create("sb1", MemoryLimit(GIB, "x"), None, CpuLimit(1, "x")).folders == (
+        tmp_path / "memory" / "trainyard" / "node-a" / "sb1",
+    )
+
+    (tmp_path / "cpu").write_text("")  # a file where the hierarchy should be: mkdir fails
+    mountinfo.write_text(
+        mountinfo.read_text() + f"32 31 0:29 / {tmp_path}/cpu rw - cgroup cgroup rw,cpu\n"
+    )
+    cgroup.write_text("4:memory:/\n1:cpu:/\n")
+    node = NodeCgroups.detect("node-b", mountinfo=mountinfo, proc_cgroup=cgroup, as_root=True)
+    assert node is not None and not node.limits_cpu
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2
+    assert all(w.startswith("jobs run without a CPU quota: ") for w in warnings)
+    assert "no cpu cgroup controller" in warnings[0]
+    assert "its cgroups cannot be set up" in warnings[1]
