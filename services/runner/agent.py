@@ -35,7 +35,8 @@ Contract:
   that runner left unsaid: stored terminal events, and ``job.preempted`` for jobs whose
   process died with it.
 - Each job runs in a fresh sandbox (``sandbox``) as a uid of its own slot, in a cgroup of
-  its own attempt where the node has cgroups (``cgroups``: its memory limit); a grant whose
+  its own attempt where the node has cgroups (``cgroups``: its memory limit, CPU quota and,
+  on a node with real GPUs, only its own GPUs' device files); a grant whose
   code, environment or process cannot be had ends at once with ``job.failed``
   (``failure_kind`` ``platform_error``, which the scheduler retries), so its GPUs are
   released promptly; one that cannot start because of what its own spec names (a
@@ -226,7 +227,10 @@ class NodeAgent:
                 )
         remove_sandbox(self.settings.sandboxes_dir)
         # After the kill: what an earlier runner's jobs left of their cgroups goes too.
-        self._cgroups = NodeCgroups.detect(self.settings.node_id)
+        self._cgroups = NodeCgroups.detect(
+            self.settings.node_id,
+            gpu_minors=None if self.gpus.virtual else self.gpus.device_minors,
+        )
         # Nothing runs yet, so no environment is in use: keep the most recently used ones.
         pruned = self._environments.prune(self.settings.environments_keep)
         if pruned:

@@ -2,7 +2,8 @@
 CPU quota the kernel enforces on every process of an attempt, so a job that allocates
 without end is killed in its own cgroup instead of the host's OOM killer picking a
 neighbour (another team's job, the runner, its ledger), and a job that starts more threads
-than it declared CPUs is throttled instead of slowing its neighbours.
+than it declared CPUs is throttled instead of slowing its neighbours; on a node with real
+GPUs, the device files of the GPUs an attempt was not allocated are closed to it.
 
 Where. A root runner gives each attempt a cgroup of its own,
 ``<own>/trainyard/<node>/<sandbox name>``, below the runner's own cgroup in each hierarchy
@@ -12,7 +13,10 @@ keep theirs. Each controller is taken where the host mounts it (``find_controlle
 ``memory.limit_in_bytes``, and ``memory.memsw.limit_in_bytes`` the same so swap adds nothing,
 else ``memory.swappiness`` 0; ``pids.max``; ``cpu.cfs_period_us`` and ``cpu.cfs_quota_us``)
 or cgroup v2 (``memory.max``, ``memory.swap.max`` 0 where it exists, ``pids.max``,
-``cpu.max``). A host with both (v1 memory beside a cgroup2 mount) uses
+``cpu.max``). GPU device files: only with the v1 ``devices`` controller (``devices.deny``
+``c 195:<minor> rwm`` for each of the node's GPUs the attempt was not allocated, so
+``nvidiactl``, ``nvidia-uvm`` and its own GPUs stay open); cgroup v2 would need an eBPF
+device program, which the runner does not have. A host with both (v1 memory beside a cgroup2 mount) uses
 each controller where it is. On v2 the controllers are enabled for the children of the
 runner's cgroup (``cgroup.subtree_control``); a cgroup with processes of its own cannot
 have that, so the runner first moves itself into a leaf beside the jobs',
@@ -29,7 +33,9 @@ Not usable (the runner is not root, the host has no memory controller, the cgrou
 system is read-only): ``NodeCgroups.detect`` logs one warning and returns None, and jobs run
 without these limits, as the runner's readiness does not depend on them. The cpu controller
 alone missing or not writable: one warning, and jobs run with memory and process limits but
-no CPU quota.
+no CPU quota. On a node with real GPUs, the devices controller missing (a cgroup v2 host) or
+not writable: one warning, and a job that unsets ``CUDA_VISIBLE_DEVICES`` can open the
+node's other GPUs.
 """
 
 from __future__ import annotations
@@ -41,19 +47,23 @@ import os
 import re
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 log = logging.getLogger(__name__)
 
-CONTROLLERS = ("memory", "pids", "cpu")
-"""The controllers jobs are limited by."""
-OPTIONAL = frozenset({"cpu"})
+CONTROLLERS = ("memory", "pids", "cpu", "devices")
+"""The controllers jobs are limited by (``devices``: cgroup v1 only)."""
+OPTIONAL = frozenset({"cpu", "devices"})
 """Controllers jobs go without (one warning) where the host lacks them or they cannot be set
 up, the others still used."""
 CPU_PERIOD_US = 100_000
 """The period a CPU quota is counted over (the kernel's default, 0.1 s)."""
+NVIDIA_MAJOR = 195
+"""The char major number of NVIDIA's device files: ``/dev/nvidia<minor>`` is a GPU, 255 is
+``nvidiactl`` (``nvidia-uvm`` has a major of its own)."""
 RUNNER_LEAF = "trainyard-runner"
 """On cgroup v2, the leaf the runner moves itself into (below its own cgroup)."""
 GIB = 1024**3
@@ -273,6 +283,34 @@ def cpu_limit(
     )
 
 
+def gpu_device_denials(node_minors: Sequence[int], allocated: Sequence[int]) -> list[str]:
+    """The ``devices.deny`` lines of an attempt allocated GPUs ``allocated`` (indices) of a
+    node whose GPUs' device files have minors ``node_minors`` (by index): one per GPU it was
+    not allocated. What is not denied (its own GPUs, ``nvidiactl``, ``nvidia-uvm``) stays as
+    the runner's own cgroup has it."""
+    mine = {node_minors[i] for i in allocated if 0 <= i < len(node_minors)}
+    return [f"c {NVIDIA_MAJOR}:{minor} rwm" for minor in node_minors if minor not in mine]
+
+
+def unnarrowable_gpu_rule(own: Path) -> str | None:
+    """The rule of v1 devices cgroup ``own`` (its ``devices.list``) that deny rules of single
+    GPUs would not narrow, else None. Allowing every device (``a *:* rwm``, a host's
+    default), a cgroup takes deny rules as exceptions; with an allowlist (a container's),
+    a deny rule only removes the same allow rule, so ``c 195:* rwm`` would stay whole."""
+    try:
+        text = (own / "devices.list").read_text()
+    except OSError:
+        return None
+    rules = [line.split() for line in text.splitlines() if len(line.split()) == 3]
+    if ["a", "*:*", "rwm"] in rules:
+        return None
+    for kind, number, access in rules:
+        major, _, minor = number.partition(":")
+        if kind == "a" or (kind == "c" and (major == "*" or (major == "195" and minor == "*"))):
+            return f"{kind} {number} {access}"
+    return None
+
+
 @dataclass(frozen=True)
 class JobCgroup:
     """The cgroups of one job attempt (one folder per hierarchy it uses)."""
@@ -349,9 +387,18 @@ def remove_cgroup(folder: Path, attempts: int = 50) -> None:
 class NodeCgroups:
     """This node's job cgroups: ``<own>/trainyard/<node>`` in each hierarchy used."""
 
-    def __init__(self, controllers: dict[str, Hierarchy], node_id: str) -> None:
+    def __init__(
+        self,
+        controllers: dict[str, Hierarchy],
+        node_id: str,
+        gpu_minors: Sequence[int] | None = None,
+    ) -> None:
         self._controllers = controllers
         self._node_id = node_id
+        self._gpu_minors = tuple(gpu_minors) if gpu_minors is not None else None
+        if self._gpu_minors is None:
+            # Virtual GPUs (or none): there are no device files to confine.
+            self._controllers.pop("devices", None)
 
     def memory_bytes(self) -> int:
         """The memory this node's jobs share: the host's, or less when the runner's own
@@ -376,9 +423,13 @@ class NodeCgroups:
         mountinfo: Path = Path("/proc/self/mountinfo"),
         proc_cgroup: Path = Path("/proc/self/cgroup"),
         as_root: bool | None = None,
+        gpu_minors: Sequence[int] | None = None,
     ) -> NodeCgroups | None:
         """This node's job cgroups, set up and emptied of what an earlier runner left; None
-        (with one warning saying why and what it means) when they cannot be had."""
+        (with one warning saying why and what it means) when they cannot be had.
+        ``gpu_minors``: the minor numbers of the node's real GPUs' device files, by index
+        (``GpuInventory.device_minors``), whose files each attempt may open only for its own
+        GPUs; None (virtual GPUs): no device confinement."""
         root = as_root if as_root is not None else hasattr(os, "geteuid") and os.geteuid() == 0
         problem: str | None = None
         node: NodeCgroups | None = None
@@ -393,14 +444,15 @@ class NodeCgroups:
                 problem = "this host offers this process no memory cgroup controller"
             if problem is None:
                 # A copy: set-up drops the optional controllers it cannot use.
-                node = cls(dict(controllers), node_id)
+                node = cls(dict(controllers), node_id, gpu_minors)
                 try:
                     node._set_up()
                 except OSError as exc:
                     problem, node = f"its cgroups cannot be set up ({exc})", None
         if problem is not None:
             log.warning(
-                "jobs run without memory and process limits of their own, nor CPU quotas: "
+                "jobs run without memory and process limits of their own, nor CPU quotas or "
+                "GPU device confinement: "
                 "%s; a job may then use all of the node's memory (a root runner on a host "
                 "with a writable memory cgroup controller limits each job)",
                 problem,
@@ -408,7 +460,8 @@ class NodeCgroups:
             return None
         assert node is not None
         for name in sorted(OPTIONAL - controllers.keys()):
-            node._without(name, f"this host offers this process no {name} cgroup controller")
+            if name != "devices" or gpu_minors is not None:
+                node._without(name, f"this host offers this process no {name} cgroup controller")
         log.info(
             "jobs run in cgroups of their own: %s",
             ", ".join(f"{c} (v{h.version}, {h.own})" for c, h in node._controllers.items()),
@@ -430,6 +483,14 @@ class NodeCgroups:
 
     def _set_up_one(self, hierarchy: Hierarchy) -> None:
         folder = self.node_folder(hierarchy)
+        if hierarchy == self._controllers.get("devices"):
+            wildcard = unnarrowable_gpu_rule(hierarchy.own)
+            if wildcard is not None:
+                raise OSError(
+                    errno.EPERM,
+                    f"the runner's own devices cgroup allows NVIDIA's devices by a wildcard "
+                    f"({wildcard}), which the kernel does not narrow by single deny rules",
+                )
         if hierarchy.version == 2:
             self._delegate(hierarchy)
         else:
@@ -444,6 +505,14 @@ class NodeCgroups:
             log.warning(
                 "jobs run without a CPU quota: %s; a job may then use every CPU of the node "
                 "(its memory and process limits still hold)",
+                problem,
+            )
+        elif name == "devices":
+            log.warning(
+                "GPU device files are not confined to each job's own GPUs: %s (only the "
+                "cgroup v1 devices controller is used; cgroup v2 needs an eBPF device "
+                "program, which the runner does not have); a job that unsets "
+                "CUDA_VISIBLE_DEVICES can open the node's other GPUs",
                 problem,
             )
 
@@ -493,6 +562,11 @@ class NodeCgroups:
             remove_cgroup(self.node_folder(hierarchy) / name)
 
     @property
+    def confines_gpus(self) -> bool:
+        """Whether attempts are denied the device files of GPUs not theirs."""
+        return "devices" in self._controllers
+
+    @property
     def limits_cpu(self) -> bool:
         """Whether attempts get a CPU quota (the cpu controller is used)."""
         return "cpu" in self._controllers
@@ -503,14 +577,17 @@ class NodeCgroups:
         limit: MemoryLimit | None,
         max_processes: int | None,
         cpu: CpuLimit | None = None,
+        gpus: Sequence[int] = (),
     ) -> JobCgroup:
         """The cgroups of one attempt (an old one of the same ``name`` removed first), its
-        limits written (``cpu`` only where the cpu controller is used); raises ``OSError``
-        when they cannot be made."""
+        limits written (``cpu`` only where the cpu controller is used; where GPUs are
+        confined, the device files of the node's GPUs other than ``gpus``, its indices,
+        denied: ``gpu_device_denials``); raises ``OSError`` when they cannot be made."""
         folders: list[Path] = []
         memory = self._controllers.get("memory")
         pids = self._controllers.get("pids")
         cpus = self._controllers.get("cpu")
+        devices = self._controllers.get("devices")
         try:
             for hierarchy in self.hierarchies:
                 folder = self.node_folder(hierarchy) / name
@@ -523,6 +600,9 @@ class NodeCgroups:
                     _write(folder / "pids.max", str(max_processes))
                 if hierarchy == cpus and cpu is not None:
                     _limit_cpu(folder, hierarchy.version, cpu.quota_us)
+                if hierarchy == devices and self._gpu_minors is not None:
+                    for rule in gpu_device_denials(self._gpu_minors, gpus):
+                        _write(folder / "devices.deny", rule)
         except BaseException:
             for folder in folders:
                 remove_cgroup(folder)

@@ -5,7 +5,11 @@ run on CPU with ``CUDA_VISIBLE_DEVICES=""``), whatever hardware is present. Othe
 (``pynvml`` from ``nvidia-ml-py``, imported only if installed), then
 ``torch.cuda`` (imported only here, never at the runner's module level), else none.
 Real GPUs are numbered as NVML numbers them (PCI bus order), and jobs get
-``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so CUDA's numbering matches.
+``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so CUDA's numbering matches. Each real GPU's device file is
+``/dev/nvidia<minor>`` (char major 195): NVML gives the minor numbers
+(``nvmlDeviceGetMinorNumber``); without NVML (found through torch) they are assumed to equal
+the indices, which holds where the driver numbered the GPUs in PCI bus order, and the
+runner says so once.
 
 Discovery is blocking (driver calls): run it with ``asyncio.to_thread``.
 """
@@ -31,6 +35,14 @@ class GpuInventory:
     source: Source
     cuda: str | None = None
     """CUDA version the driver supports (NVML) or torch was built with; None when virtual."""
+    minors: tuple[int, ...] | None = None
+    """The minor number of each GPU's device file (``/dev/nvidia<minor>``), by index, as
+    NVML gives them; None where unknown (``device_minors`` then assumes the indices)."""
+
+    @property
+    def device_minors(self) -> tuple[int, ...]:
+        """The minor number of each GPU's device file, by index."""
+        return self.minors if self.minors is not None else tuple(range(self.count))
 
     @property
     def count(self) -> int:
@@ -91,6 +103,7 @@ def _from_nvml() -> GpuInventory | None:
             _text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)
         )
         cuda = _cuda_from_nvml(nvml)
+        minors = _minors_from_nvml(nvml, count)
     except Exception as exc:
         log.warning("NVML failed while listing GPUs: %s", exc)
         return None
@@ -98,7 +111,14 @@ def _from_nvml() -> GpuInventory | None:
         # Shutting down a half-initialised NVML may fail too: nothing more to do then.
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
-    return GpuInventory(names, "nvml", cuda) if names else None
+    return GpuInventory(names, "nvml", cuda, minors) if names else None
+
+
+def _minors_from_nvml(nvml: Any, count: int) -> tuple[int, ...] | None:
+    getter = getattr(nvml, "nvmlDeviceGetMinorNumber", None)
+    if getter is None:
+        return None
+    return tuple(int(getter(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count))
 
 
 def _cuda_from_nvml(nvml: Any) -> str | None:
@@ -123,7 +143,13 @@ def _from_torch() -> GpuInventory | None:
     except Exception as exc:  # a broken CUDA install: treat as no GPUs, say why
         log.warning("torch.cuda failed while listing GPUs: %s", exc)
         return None
-    return GpuInventory(names, "torch", torch.version.cuda) if names else None
+    if not names:
+        return None
+    log.info(
+        "GPUs found through torch, without NVML: their device files' minor numbers are "
+        "assumed to equal their indices (/dev/nvidia0 is GPU 0)"
+    )
+    return GpuInventory(names, "torch", torch.version.cuda)
 
 
 def _text(value: object) -> str:

@@ -173,7 +173,8 @@ def job_cgroup(
     """The attempt's cgroup (None when the node has none): memory limited by
     ``cgroups.memory_limit`` (the job's ``memory_gib_per_gpu`` x its GPUs here, else the
     node's default), processes by ``job_max_processes``, CPU by ``cgroups.cpu_limit`` (the
-    job's ``cpus_per_gpu`` x its GPUs here, else the node's default). Its folder is named like the
+    job's ``cpus_per_gpu`` x its GPUs here, else the node's default), and on a node whose
+    GPUs are confined the device files of GPUs other than its own. Its folder is named like the
     sandbox, so the runner removes both by the allocation's id. Raises ``PlatformError``
     when it cannot be made."""
     if cgroups is None:
@@ -194,7 +195,11 @@ def job_cgroup(
     )
     try:
         cgroup = cgroups.create(
-            sandbox_name(grant.allocation_id), limit, settings.job_max_processes, cpu
+            sandbox_name(grant.allocation_id),
+            limit,
+            settings.job_max_processes,
+            cpu,
+            grant.gpu_indices,
         )
     except OSError as exc:
         raise PlatformError(f"could not create the job's cgroup: {exc}") from exc

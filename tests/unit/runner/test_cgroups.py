@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trainyard_platform.services.runner import domain
+from trainyard_platform.services.runner import cgroups, domain
 from trainyard_platform.services.runner.cgroups import (
     GIB,
     CpuLimit,
@@ -22,6 +22,7 @@ from trainyard_platform.services.runner.cgroups import (
     NodeCgroups,
     cpu_limit,
     find_controllers,
+    gpu_device_denials,
     memory_limit,
     node_memory_bytes,
 )
@@ -313,3 +314,92 @@ def test_a_missing_or_unwritable_cpu_controller_is_said_once_and_memory_still_li
     assert all(w.startswith("jobs run without a CPU quota: ") for w in warnings)
     assert "no cpu cgroup controller" in warnings[0]
     assert "its cgroups cannot be set up" in warnings[1]
+
+
+def test_an_attempt_is_denied_the_device_files_of_the_nodes_other_gpus() -> None:
+    assert gpu_device_denials((0, 1, 2, 3), [1, 3]) == ["c 195:0 rwm", "c 195:2 rwm"]
+    # NVML's minors need not be the indices: GPU 0 is /dev/nvidia4 here.
+    assert gpu_device_denials((4, 5, 6, 7), [0]) == ["c 195:5 rwm", "c 195:6 rwm", "c 195:7 rwm"]
+    assert gpu_device_denials((0, 1), [0, 1]) == []
+    assert gpu_device_denials((0, 1), []) == ["c 195:0 rwm", "c 195:1 rwm"]
+
+
+def test_an_attempts_v1_devices_cgroup_gets_one_deny_rule_per_other_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    written: list[tuple[Path, str]] = []
+    real_write = cgroups._write
+
+    def record(path: Path, value: str) -> None:  # the kernel takes one rule per write
+        written.append((path, value))
+        real_write(path, value)
+
+    monkeypatch.setattr(cgroups, "_write", record)
+    controllers = {
+        "memory": Hierarchy(1, tmp_path / "memory"),
+        "devices": Hierarchy(1, tmp_path / "devices"),
+    }
+    node = NodeCgroups(dict(controllers), "node-a", gpu_minors=(0, 1, 2))
+    node._set_up()
+    assert node.confines_gpus
+    cgroup = node.create("sb1", None, None, None, [1])
+    folder = tmp_path / "devices" / "trainyard" / "node-a" / "sb1"
+    assert folder in cgroup.folders  # joined by every process of the attempt
+    assert written == [
+        (folder / "devices.deny", "c 195:0 rwm"),
+        (folder / "devices.deny", "c 195:2 rwm"),
+    ]
+    # Virtual GPUs: no device files to confine, no devices cgroup made.
+    virtual = NodeCgroups(dict(controllers), "node-b", gpu_minors=None)
+    assert not virtual.confines_gpus
+    assert virtual.hierarchies == [controllers["memory"]]
+
+
+def test_a_gpu_node_without_the_v1_devices_controller_says_once_gpus_are_not_confined(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    own = tmp_path / "runner.service"
+    own.mkdir()
+    (own / "cgroup.controllers").write_text("cpu memory pids\n")
+    mountinfo, cgroup = tmp_path / "mountinfo", tmp_path / "cgroup"
+    mountinfo.write_text(f"30 23 0:26 / {tmp_path} rw - cgroup2 cgroup2 rw\n")
+    cgroup.write_text("0::/runner.service\n")
+    virtual = NodeCgroups.detect("node-a", mountinfo=mountinfo, proc_cgroup=cgroup, as_root=True)
+    assert virtual is not None and caplog.records == []  # virtual GPUs: nothing to confine
+    node = NodeCgroups.detect(
+        "node-b", mountinfo=mountinfo, proc_cgroup=cgroup, as_root=True, gpu_minors=(0, 1)
+    )
+    assert node is not None and not node.confines_gpus and node.limits_cpu
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert warnings[0].startswith(
+        "GPU device files are not confined to each job's own GPUs: this host offers this "
+        "process no devices cgroup controller (only the cgroup v1 devices controller is used; "
+        "cgroup v2 needs an eBPF device program"
+    )
+
+
+def test_a_devices_allowlist_with_a_gpu_wildcard_is_said_once_and_not_relied_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In a container whose devices cgroup allows ``c 195:* rwm``, denying ``c 195:1`` would
+    leave the wildcard whole: the runner does not claim a confinement it does not have."""
+    caplog.set_level(logging.WARNING)
+    devices = tmp_path / "devices"
+    devices.mkdir()
+    (devices / "devices.list").write_text("c 1:3 rwm\nc 195:* rwm\n")
+    controllers = {"memory": Hierarchy(1, tmp_path / "memory"), "devices": Hierarchy(1, devices)}
+    node = NodeCgroups(dict(controllers), "node-a", gpu_minors=(0, 1))
+    node._set_up()
+    assert not node.confines_gpus
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "allows NVIDIA's devices by a wildcard (c 195:* rwm)" in warnings[0]
+
+    # Allowing every device (a host's default), or single GPUs by name: deny rules hold.
+    for listed in ("a *:* rwm\n", "c 1:3 rwm\nc 195:0 rwm\nc 195:1 rwm\n"):
+        (devices / "devices.list").write_text(listed)
+        node = NodeCgroups(dict(controllers), "node-a", gpu_minors=(0, 1))
+        node._set_up()
+        assert node.confines_gpus

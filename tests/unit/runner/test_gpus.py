@@ -73,6 +73,18 @@ def test_nvml_gpus_are_found_by_name_with_the_driver_cuda_version(
     assert fake.calls == ["init", "shutdown"]
 
 
+def test_nvml_gives_each_gpus_device_minor_and_torch_assumes_the_index(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = _fake_nvml([b"NVIDIA H200", b"NVIDIA H200"])
+    fake.nvmlDeviceGetMinorNumber = lambda handle: [3, 1][handle]  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    assert discover_gpus(None).device_minors == (3, 1)
+
+    # Found through torch (no NVML): the minors are assumed to be the indices.
+    assert GpuInventory(("A100", "A100"), "torch", "12.1").device_minors == (0, 1)
+
+
 def test_virtual_gpus_win_over_real_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml([b"NVIDIA H200"]))
     assert discover_gpus(2).source == "virtual"
