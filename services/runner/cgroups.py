@@ -235,8 +235,10 @@ class CpuLimit:
 
     @property
     def quota_us(self) -> int:
-        """Microseconds of CPU time per ``CPU_PERIOD_US``; at least the kernel's least, 1 ms."""
-        return max(1000, round(self.cpus * CPU_PERIOD_US))
+        """Microseconds of CPU time per ``CPU_PERIOD_US``; at least the kernel's least, 1 ms.
+        Rounded down (a float's last bit aside): capped at a parent's quota of 2/3 CPU,
+        66667 would be over it and refused."""
+        return max(1000, int(self.cpus * CPU_PERIOD_US + 1e-6))
 
     def describe(self) -> str:
         return f"{self.cpus:g} CPUs ({self.source})"
@@ -254,15 +256,35 @@ def cpu_limit(
     declared_cpus_per_gpu: int,
     gpus: int,
     node_default_cpus_per_gpu: float | None,
-    node_cpu_count: int,
+    node_cpu_count: float,
     node_gpus: int,
+    ceiling: float | None = None,
 ) -> CpuLimit | None:
     """The CPU quota of an attempt holding ``gpus`` GPUs of this node (None: no limit).
 
     The job's declared ``cpus_per_gpu`` x its GPUs here, when it declares one (> 0); else
     the node's default per GPU x its GPUs: ``node_default_cpus_per_gpu`` when set (0: no
     limit), unset the node's CPUs (``node_cpu_count``) divided by its GPUs (``node_gpus``,
-    at least 1), as ``memory_limit`` shares out memory."""
+    at least 1), as ``memory_limit`` shares out memory. Never more than ``ceiling``, the
+    CPUs of the runner's own cgroup's quota (``NodeCgroups.cpu_ceiling``): cgroup v1 refuses
+    a child a quota over its parent's, so an attempt asking more could not start."""
+    limit = _cpu_limit(
+        declared_cpus_per_gpu, gpus, node_default_cpus_per_gpu, node_cpu_count, node_gpus
+    )
+    if limit is None or ceiling is None or limit.cpus <= ceiling:
+        return limit
+    return CpuLimit(
+        ceiling, f"{limit.source}, capped at the {ceiling:g} CPUs of the runner's own cgroup"
+    )
+
+
+def _cpu_limit(
+    declared_cpus_per_gpu: int,
+    gpus: int,
+    node_default_cpus_per_gpu: float | None,
+    node_cpu_count: float,
+    node_gpus: int,
+) -> CpuLimit | None:
     count = max(gpus, 1)
     noun = "GPU" if count == 1 else "GPUs"
     if declared_cpus_per_gpu > 0:
@@ -281,6 +303,26 @@ def cpu_limit(
     return CpuLimit(
         per_gpu * count, f"spec.cpus_per_gpu is 0, so {why}, {per_gpu:g} x {count} {noun}"
     )
+
+
+def cgroup_cpu_limit(cpu: Hierarchy) -> float | None:
+    """The CPUs the runner's own cgroup may use by its quota, its ancestors' included (None:
+    no quota): the least ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (v1) or ``cpu.max``
+    (v2) from its own cgroup up to the top that has one."""
+    limits: list[float] = []
+    folder = cpu.own
+    name = "cpu.max" if cpu.version == 2 else "cpu.cfs_quota_us"
+    while (folder / name).is_file():
+        with contextlib.suppress(OSError, ValueError):
+            if cpu.version == 2:
+                quota, _, period = (folder / name).read_text().strip().partition(" ")
+            else:
+                quota = (folder / name).read_text().strip()
+                period = (folder / "cpu.cfs_period_us").read_text().strip()
+            if quota not in ("max", "-1"):
+                limits.append(int(quota) / int(period))
+        folder = folder.parent
+    return min(limits, default=None)
 
 
 def gpu_device_denials(node_minors: Sequence[int], allocated: Sequence[int]) -> list[str]:
@@ -560,6 +602,18 @@ class NodeCgroups:
         """Remove the cgroups of attempt ``name`` (``remove_cgroup``), if there are any."""
         for hierarchy in self.hierarchies:
             remove_cgroup(self.node_folder(hierarchy) / name)
+
+    def cpu_ceiling(self) -> float | None:
+        """The CPUs of the runner's own cgroup's quota (``cgroup_cpu_limit``); None where it
+        has none or there is no cpu controller."""
+        cpu = self._controllers.get("cpu")
+        return cgroup_cpu_limit(cpu) if cpu is not None else None
+
+    def cpus(self) -> float:
+        """The CPUs this node's jobs share: those the runner may run on (``node_cpus``), or
+        fewer when the runner's own cgroup has a quota."""
+        ceiling = self.cpu_ceiling()
+        return min(node_cpus(), ceiling) if ceiling is not None else node_cpus()
 
     @property
     def confines_gpus(self) -> bool:

@@ -43,7 +43,6 @@ from trainyard_platform.services.runner.cgroups import (
     NodeCgroups,
     cpu_limit,
     memory_limit,
-    node_cpus,
 )
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.domain import TORCHRUN_MODULE
@@ -190,8 +189,9 @@ def job_cgroup(
         grant.spec.cpus_per_gpu,
         len(grant.gpu_indices),
         settings.job_cpus_per_gpu,
-        node_cpus(),
+        cgroups.cpus(),
         node_gpus,
+        cgroups.cpu_ceiling(),
     )
     try:
         cgroup = cgroups.create(

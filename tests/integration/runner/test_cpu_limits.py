@@ -8,12 +8,18 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.integration.runner.conftest import EventLog, StartRunner, grant, publish, upload_bundle
-from trainyard_platform.services.runner.cgroups import Hierarchy, find_controllers
+from trainyard_platform.services.runner.cgroups import (
+    Hierarchy,
+    NodeCgroups,
+    cpu_limit,
+    find_controllers,
+)
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.launch import sandbox_name
 from trainyard_platform.shared.bus import Bus
@@ -124,3 +130,33 @@ async def test_a_jobs_cgroup_has_the_cpu_quota_it_declares_else_the_nodes_defaul
             assert seen["quota"] == {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": str(quota)}
         else:
             assert seen["quota"] == {"cpu.max": f"{quota} 100000"}
+
+
+def test_a_runner_under_a_cpu_quota_caps_its_jobs_quotas_at_it() -> None:
+    """In a container (here: a cgroup made by the test) limited to 2/3 of a CPU, a job
+    declaring 4 CPUs gets the container's 2/3: cgroup v1 refuses a child a quota over its
+    parent's (EINVAL), which would fail every such attempt as the platform's."""
+    assert CPU is not None
+    own = CPU.own / f"test-{uuid.uuid4().hex[:8]}"
+    own.mkdir()
+    try:
+        if CPU.version == 1:
+            (own / "cpu.cfs_period_us").write_text("3000")
+            (own / "cpu.cfs_quota_us").write_text("2000")
+        else:
+            (own / "cpu.max").write_text("2000 3000")
+        node = NodeCgroups({"cpu": Hierarchy(CPU.version, own)}, "node-a")
+        node._set_up()
+        assert node.cpu_ceiling() == pytest.approx(2 / 3)
+        limit = cpu_limit(4, 1, None, node.cpus(), 1, node.cpu_ceiling())
+        assert limit is not None and limit.quota_us == 66666
+        assert limit.source.endswith(", capped at the 0.666667 CPUs of the runner's own cgroup")
+        cgroup = node.create("sb1", None, None, limit)
+        name = "cpu.cfs_quota_us" if CPU.version == 1 else "cpu.max"
+        assert (cgroup.folders[0] / name).read_text().split()[0] == "66666"
+        cgroup.remove()
+        node.close()
+    finally:
+        for folder in (own / "trainyard" / "node-a", own / "trainyard", own):
+            if folder.exists():
+                folder.rmdir()

@@ -20,10 +20,12 @@ from trainyard_platform.services.runner.cgroups import (
     JobCgroup,
     MemoryLimit,
     NodeCgroups,
+    cgroup_cpu_limit,
     cpu_limit,
     find_controllers,
     gpu_device_denials,
     memory_limit,
+    node_cpus,
     node_memory_bytes,
 )
 from trainyard_platform.services.runner.sandbox import AsJob, JobUser
@@ -403,3 +405,34 @@ def test_a_devices_allowlist_with_a_gpu_wildcard_is_said_once_and_not_relied_on(
         node = NodeCgroups(dict(controllers), "node-a", gpu_minors=(0, 1))
         node._set_up()
         assert node.confines_gpus
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_runner_under_a_cpu_quota_shares_out_and_grants_no_more_than_it(
+    tmp_path: Path, version: int
+) -> None:
+    own = tmp_path / "outer" / "runner"
+    own.mkdir(parents=True)
+    node = NodeCgroups({"cpu": Hierarchy(version, own)}, "node-a")  # type: ignore[arg-type]
+    if version == 1:
+        (own / "cpu.cfs_quota_us").write_text("-1\n")
+        (own / "cpu.cfs_period_us").write_text("100000\n")
+        (own.parent / "cpu.cfs_quota_us").write_text("50000\n")  # an ancestor's: 1/2 CPU
+        (own.parent / "cpu.cfs_period_us").write_text("100000\n")
+    else:
+        (own / "cpu.max").write_text("max 100000\n")
+        (own.parent / "cpu.max").write_text("50000 100000\n")
+    assert cgroup_cpu_limit(Hierarchy(version, own)) == 0.5  # type: ignore[arg-type]
+    assert node.cpu_ceiling() == 0.5 and node.cpus() == 0.5
+    capped = cpu_limit(4, 2, None, node.cpus(), 8, node.cpu_ceiling())
+    assert capped == CpuLimit(
+        0.5, "spec.cpus_per_gpu 4 x 2 GPUs, capped at the 0.5 CPUs of the runner's own cgroup"
+    )
+    within = cpu_limit(0, 2, 0.1, node.cpus(), 8, node.cpu_ceiling())
+    assert within is not None and within.cpus == pytest.approx(0.2)
+    assert within.quota_us == 20_000  # 0.1 x 2 is 0.2000...004: the float's last bit aside
+
+    (own.parent / ("cpu.cfs_quota_us" if version == 1 else "cpu.max")).write_text(
+        "-1\n" if version == 1 else "max 100000\n"
+    )
+    assert node.cpu_ceiling() is None and node.cpus() == node_cpus()
