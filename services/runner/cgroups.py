@@ -16,8 +16,8 @@ or cgroup v2 (``memory.max``, ``memory.swap.max`` 0 where it exists, ``pids.max`
 ``cpu.max``). GPU device files: only with the v1 ``devices`` controller (``devices.deny``
 ``c 195:<minor> rwm`` for each of the node's GPUs the attempt was not allocated, so
 ``nvidiactl``, ``nvidia-uvm`` and its own GPUs stay open); cgroup v2 would need an eBPF
-device program, which the runner does not have. A host with both (v1 memory beside a cgroup2 mount) uses
-each controller where it is. On v2 the controllers are enabled for the children of the
+device program, which the runner does not have. A host with both (v1 memory beside a
+cgroup2 mount) uses each controller where it is. On v2 the controllers are enabled for the children of the
 runner's cgroup (``cgroup.subtree_control``); a cgroup with processes of its own cannot
 have that, so the runner first moves itself into a leaf beside the jobs',
 ``<own>/trainyard-runner``.

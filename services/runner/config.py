@@ -88,8 +88,8 @@ class Settings(GuardedServiceSettings):
     (root, a memory controller: ``cgroups``)."""
     job_cpus_per_gpu: float | None = Field(default=None, ge=0)
     """CPUs per GPU a job that declares no ``cpus_per_gpu`` may use (its cgroup's CPU quota:
-    this x its GPUs here); unset: the node's CPUs divided by its GPUs (``NodeCgroups.cpus``);
-    0: no limit. A job that declares ``cpus_per_gpu`` is limited to what it declares. Never
+    this x its GPUs here); unset: the node's CPUs divided by its GPUs
+    (``NodeCgroups.cpus``); 0: no limit. A job that declares ``cpus_per_gpu`` is limited to what it declares. Never
     more than the runner's own cgroup's quota (``NodeCgroups.cpu_ceiling``). Only where the runner has
     cgroups with a cpu controller (``cgroups``)."""
     job_env_passthrough: list[str] = Field(
