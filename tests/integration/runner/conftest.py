@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import tempfile
 import textwrap
@@ -24,6 +25,7 @@ from pydantic import SecretStr
 from tests.fixtures.uids import job_uid_base
 from trainyard.bundle import pack
 from trainyard_platform.services.runner.agent import NodeAgent
+from trainyard_platform.services.runner.cgroups import Hierarchy, find_controllers
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.gpus import virtual_inventory
 from trainyard_platform.services.runner.service import agent_loops
@@ -33,6 +35,25 @@ from trainyard_platform.shared.events.payloads import AllocationGranted, CodeBun
 from trainyard_platform.shared.events.trust import owner
 from trainyard_platform.shared.settings import NatsSettings, StorageSettings
 from trainyard_platform.shared.storage import ObjectStore, open_store
+
+
+def writable_cgroups(*controllers: str) -> dict[str, Hierarchy] | None:
+    """This process's own cgroup of each of ``controllers``, where a root runner started here
+    would make its jobs' cgroups; None unless this process is root and each is mounted and
+    writable (the cgroup tests skip then)."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return None
+    try:
+        found = find_controllers(
+            Path("/proc/self/mountinfo").read_text(), Path("/proc/self/cgroup").read_text()
+        )
+    except OSError:
+        return None
+    wanted = {name: found.get(name) for name in controllers}
+    if any(h is None or not os.access(h.own, os.W_OK) for h in wanted.values()):
+        return None
+    return {name: h for name, h in wanted.items() if h is not None}
+
 
 P = TypeVar("P", bound=Payload)
 

@@ -6,19 +6,24 @@ no timing is measured (a quota throttles, it does not kill)."""
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.integration.runner.conftest import EventLog, StartRunner, grant, publish, upload_bundle
+from tests.integration.runner.conftest import (
+    EventLog,
+    StartRunner,
+    grant,
+    publish,
+    upload_bundle,
+    writable_cgroups,
+)
 from trainyard_platform.services.runner.cgroups import (
     Hierarchy,
     NodeCgroups,
     cpu_limit,
-    find_controllers,
 )
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.launch import sandbox_name
@@ -26,23 +31,9 @@ from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.events.payloads import AllocationGranted, JobSucceeded
 from trainyard_platform.shared.storage import open_store
 
-
-def _cpu_hierarchy() -> Hierarchy | None:
-    """Where a root runner makes the jobs' cpu cgroups (None: it cannot)."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return None
-    try:
-        found = find_controllers(
-            Path("/proc/self/mountinfo").read_text(), Path("/proc/self/cgroup").read_text()
-        )
-    except OSError:
-        return None
-    memory, cpu = found.get("memory"), found.get("cpu")
-    writable = all(h is not None and os.access(h.own, os.W_OK) for h in (memory, cpu))
-    return cpu if writable else None
-
-
-CPU = _cpu_hierarchy()
+_CGROUPS = writable_cgroups("memory", "cpu")
+CPU = _CGROUPS["cpu"] if _CGROUPS else None
+"""Where a root runner makes the jobs' cpu cgroups (None: it cannot)."""
 
 pytestmark = [
     pytest.mark.integration,

@@ -16,21 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from trainyard_platform.services.runner.cgroups import NVIDIA_MAJOR, NodeCgroups, find_controllers
+from tests.integration.runner.conftest import writable_cgroups
+from trainyard_platform.services.runner.cgroups import NVIDIA_MAJOR, NodeCgroups
 from trainyard_platform.services.runner.sandbox import AsJob, JobUser
 
 
 def _devices_writable() -> bool:
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return False
-    try:
-        found = find_controllers(
-            Path("/proc/self/mountinfo").read_text(), Path("/proc/self/cgroup").read_text()
-        )
-    except OSError:
-        return False
-    needed = [found.get("memory"), found.get("devices")]
-    return all(h is not None and os.access(h.own, os.W_OK) for h in needed)
+    return writable_cgroups("memory", "devices") is not None
 
 
 pytestmark = [

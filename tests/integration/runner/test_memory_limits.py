@@ -5,36 +5,28 @@ reason naming the field to change; a job within it runs to the end."""
 from __future__ import annotations
 
 import asyncio
-import os
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.integration.runner.conftest import EventLog, StartRunner, grant, publish, upload_bundle
-from trainyard_platform.services.runner.cgroups import find_controllers
+from tests.integration.runner.conftest import (
+    EventLog,
+    StartRunner,
+    grant,
+    publish,
+    upload_bundle,
+    writable_cgroups,
+)
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.launch import sandbox_name
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.events.payloads import AllocationGranted, JobFailed, JobSucceeded
 from trainyard_platform.shared.storage import open_store
 
-
-def _memory_cgroup() -> Path | None:
-    """The runner's own memory cgroup, where a root runner can make the jobs' cgroups."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return None
-    try:
-        found = find_controllers(
-            Path("/proc/self/mountinfo").read_text(), Path("/proc/self/cgroup").read_text()
-        )
-    except OSError:
-        return None
-    memory = found.get("memory")
-    return memory.own if memory is not None and os.access(memory.own, os.W_OK) else None
-
-
-OWN_MEMORY_CGROUP = _memory_cgroup()
+_CGROUPS = writable_cgroups("memory")
+OWN_MEMORY_CGROUP = _CGROUPS["memory"].own if _CGROUPS else None
+"""The runner's own memory cgroup, where a root runner can make the jobs' cgroups."""
 
 pytestmark = [
     pytest.mark.integration,
