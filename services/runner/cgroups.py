@@ -362,6 +362,8 @@ class JobCgroup:
     """Where the memory controller is (``memory_folder`` is the attempt's folder in it)."""
     memory_folder: Path | None
     limit: MemoryLimit | None
+    cpu: CpuLimit | None = None
+    """The attempt's CPU quota, where one is set (None: no quota)."""
 
     @property
     def procs_files(self) -> tuple[bytes, ...]:
@@ -662,7 +664,8 @@ class NodeCgroups:
                 remove_cgroup(folder)
             raise
         memory_folder = self.node_folder(memory) / name if memory is not None else None
-        return JobCgroup(tuple(folders), memory, memory_folder, limit)
+        quota = cpu if cpus is not None else None
+        return JobCgroup(tuple(folders), memory, memory_folder, limit, quota)
 
 
 def _limit_memory(folder: Path, version: int, size: int) -> None:

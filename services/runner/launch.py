@@ -11,6 +11,9 @@ variables. It holds:
 - the ``shared.control.JobRuntimeEnv`` variables: job, allocation, attempt, seed,
   hyperparameters, dataset, GPUs, the staging checkpoint folder and the control socket;
 - ``CUDA_VISIBLE_DEVICES`` (and ``CUDA_DEVICE_ORDER``) confining it to its GPUs;
+- under a CPU quota, unless the operator lets it through, ``OMP_NUM_THREADS``: the quota's
+  whole CPUs per process (per GPU here), at least 1, so PyTorch's and OpenMP's thread pools
+  fit the quota instead of being throttled by it;
 - ``PYTHONUNBUFFERED=1`` and ``PYTHONNOUSERSITE=1``, and ``TRACEPARENT`` with the job's
   trace for code that wants to continue it.
 
@@ -391,6 +394,12 @@ def job_env_vars(
         ).to_env()
     )
     env.update(gpus.job_env(grant.gpu_indices))
+    quota = box.cgroup.cpu if box.cgroup is not None else None
+    if quota is not None and "OMP_NUM_THREADS" not in env:
+        # Each process (one per GPU here, under torchrun) computes on its share of the quota:
+        # more threads than that are throttled by the kernel, not sped up.
+        share = quota.cpus / max(len(grant.gpu_indices), 1)
+        env["OMP_NUM_THREADS"] = str(max(1, int(share)))
     if "traceparent" in trace_headers:
         env["TRACEPARENT"] = trace_headers["traceparent"]  # the W3C environment carrier
     return env

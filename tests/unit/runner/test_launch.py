@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from trainyard_platform.services.runner import launch
+from trainyard_platform.services.runner.cgroups import CpuLimit, JobCgroup
 from trainyard_platform.services.runner.environments import JobEnvironment
 from trainyard_platform.services.runner.gpus import GpuInventory, virtual_inventory
 from trainyard_platform.services.runner.sandbox import JobUser, Sandbox, failure_kind
@@ -191,3 +193,43 @@ def test_job_logs_live_under_the_work_dir_whatever_the_ids(tmp_path: Path) -> No
     assert launch.job_log_path(tmp_path, "job-1", "alloc-1") == tmp_path / "jobs/job-1/alloc-1.log"
     hostile = launch.job_log_path(tmp_path, "../..", "../../x")
     assert hostile.parent.parent == tmp_path / "jobs"
+
+
+def _under_quota(cpus: float) -> Sandbox:
+    cgroup = JobCgroup((), None, None, None, CpuLimit(cpus, "test"))
+    return dataclasses.replace(BOX, cgroup=cgroup)
+
+
+@pytest.mark.parametrize(
+    ("cpus", "grant", "threads"),
+    [(4.0, "one", "4"), (1.5, "one", "1"), (0.5, "one", "1"), (6.0, "two", "3"), (3.0, "two", "1")],
+)
+def test_a_job_under_a_cpu_quota_gets_as_many_threads_per_process_as_it_has_cpus(
+    cpus: float, grant: str, threads: str
+) -> None:
+    granted = ONE_GPU if grant == "one" else GRANT
+    assert len(granted.gpu_indices) == (1 if grant == "one" else 2)
+    env = launch.job_env_vars(
+        granted,
+        _under_quota(cpus),
+        JOB_ENV,
+        passthrough=[],
+        gpus=H200,
+        trace_headers={},
+        base=RUNNER_ENV,
+    )
+    assert env["OMP_NUM_THREADS"] == threads
+
+
+def test_no_quota_sets_no_thread_count_and_the_operators_own_wins() -> None:
+    assert "OMP_NUM_THREADS" not in env_for()  # no cgroup, no quota
+    env = launch.job_env_vars(
+        ONE_GPU,
+        _under_quota(4.0),
+        JOB_ENV,
+        passthrough=["OMP_NUM_THREADS"],
+        gpus=H200,
+        trace_headers={},
+        base={**RUNNER_ENV, "OMP_NUM_THREADS": "7"},
+    )
+    assert env["OMP_NUM_THREADS"] == "7"
