@@ -5,6 +5,9 @@ Contract:
 - 422 for invalid input: ``RequestInvalid`` (from ``parse_body`` or a service's own checks)
   or Litestar's validation of path and query parameters; every bad field is named by its
   path (``quotas.a100.nominal``, ``args[2]``; ``body`` for the body as a whole), all at once.
+- ``NameTaken`` (a new name that differs only by case from one that exists, where names are
+  unique regardless of case: docs/security.md) answers 409, its message as the detail and
+  one error naming the field.
 - Litestar's HTTP errors keep their status and detail; a 401 adds ``WWW-Authenticate:
   Bearer``.
 - A service's own exceptions answer the status it maps them to, their message as the detail;
@@ -99,6 +102,21 @@ class RequestInvalid(Exception):
     @classmethod
     def one(cls, field: str, message: str) -> RequestInvalid:
         return cls([FieldError(field=field, message=message)])
+
+
+class NameTaken(Exception):
+    """A new name that differs only by case from the existing ``existing`` (where names are
+    unique regardless of case: docs/security.md); answered with 409 and ``errors`` naming
+    ``field``. Its text: ``<field>: a <kind> named '<existing>' exists[ in <where>]; names
+    differ from it only by case``."""
+
+    def __init__(self, field: str, kind: str, existing: str, where: str = "") -> None:
+        place = f" in {where}" if where else ""
+        self.field = field
+        self.message = (
+            f"a {kind} named {existing!r} exists{place}; names differ from it only by case"
+        )
+        super().__init__(f"{field}: {self.message}")
 
 
 # --- validation into field errors ------------------------------------------------------------
@@ -435,6 +453,7 @@ def exception_handlers(
 
     handlers: ExceptionHandlersMap = {
         RequestInvalid: _invalid,
+        NameTaken: _name_taken,
         ValidationException: _litestar_invalid,
         HTTPException: http,
         Denied: status_handler(403),
@@ -468,6 +487,10 @@ def _error(
 
 def _rate_limited(_: AnyRequest, exc: IdentityRateLimited) -> Response[ErrorBody]:
     return _error(429, str(exc), headers={"Retry-After": exc.retry_after})
+
+
+def _name_taken(_: AnyRequest, exc: NameTaken) -> Response[ErrorBody]:
+    return _error(409, str(exc), [FieldError(field=exc.field, message=exc.message)])
 
 
 def _invalid(_: AnyRequest, exc: RequestInvalid) -> Response[ErrorBody]:

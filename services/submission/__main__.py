@@ -22,6 +22,7 @@ from trainyard_platform.services.submission.errors import UserExists
 from trainyard_platform.services.submission.schemas import NAME_PATTERN, new_team
 from trainyard_platform.services.submission.service import bootstrap_user, serve
 from trainyard_platform.shared.db import DATABASE_FAULTS
+from trainyard_platform.shared.http_errors import NameTaken
 from trainyard_platform.shared.identity import Role
 from trainyard_platform.shared.logs import error_text
 from trainyard_platform.shared.runtime import run_service, service_settings_or_exit
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         token = asyncio.run(
             bootstrap_user(settings, args.team, args.user, Role(args.role), args.reissue)
         )
-    except UserExists as exc:
+    except (UserExists, NameTaken) as exc:
         print(f"bootstrap-admin: {exc}; nothing changed", file=sys.stderr)
         return 1
     except DATABASE_FAULTS as exc:

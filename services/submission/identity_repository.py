@@ -12,6 +12,7 @@ from datetime import datetime
 import asyncpg
 
 from trainyard_platform.services.submission.governance import screening_columns
+from trainyard_platform.shared.http_errors import NameTaken
 
 
 async def caller_by_token(conn: asyncpg.Connection, token_hash: str) -> asyncpg.Record | None:
@@ -43,12 +44,35 @@ async def caller_and_screening(
 
 
 async def ensure_team(conn: asyncpg.Connection, name: str) -> int:
-    team_id = await conn.fetchval(
-        "INSERT INTO teams (name) VALUES ($1) ON CONFLICT (name) DO NOTHING RETURNING id", name
+    """The id of team ``name``, created if there is none; ``NameTaken`` (field ``team``) when
+    only a team whose name differs from it by case exists (the unique index on
+    ``lower(name)`` holds this against concurrent creates too)."""
+    for _ in range(2):  # a second look only after a concurrent create won the insert
+        found = await _same_name_any_case(conn, "SELECT id, name FROM teams", "", name)
+        if found is not None:
+            if found["name"] != name:
+                raise NameTaken("team", "team", found["name"])
+            return int(found["id"])
+        team_id = await conn.fetchval(
+            "INSERT INTO teams (name) VALUES ($1) ON CONFLICT DO NOTHING RETURNING id", name
+        )
+        if team_id is not None:
+            return int(team_id)
+    raise AssertionError(f"team {name!r}: neither found nor created")
+
+
+async def _same_name_any_case(
+    conn: asyncpg.Connection, select: str, scope: str, name: str, *args: object
+) -> asyncpg.Record | None:
+    """The row of ``select`` (whose ``WHERE`` is ``scope``, ``$2``... being ``args``) named
+    ``name`` regardless of case: the one spelled exactly so if any, else the oldest."""
+    where = f"{scope} AND " if scope else ""
+    row: asyncpg.Record | None = await conn.fetchrow(
+        f"{select} WHERE {where}lower(name) = lower($1) ORDER BY name = $1 DESC, id LIMIT 1",
+        name,
+        *args,
     )
-    if team_id is None:
-        team_id = await conn.fetchval("SELECT id FROM teams WHERE name = $1", name)
-    return int(team_id)
+    return row
 
 
 async def team_id(conn: asyncpg.Connection, name: str) -> int | None:
@@ -57,15 +81,28 @@ async def team_id(conn: asyncpg.Connection, name: str) -> int | None:
 
 
 async def insert_user(conn: asyncpg.Connection, team_id: int, name: str, role: str) -> int | None:
-    """The new user's id, or None when the team already has a user of that name."""
-    user_id = await conn.fetchval(
-        "INSERT INTO users (team_id, name, role) VALUES ($1, $2, $3) "
-        "ON CONFLICT (team_id, name) DO NOTHING RETURNING id",
-        team_id,
-        name,
-        role,
-    )
-    return None if user_id is None else int(user_id)
+    """The new user's id, or None when the team already has a user of that name;
+    ``NameTaken`` (field ``name``) when it has one whose name differs from it only by case
+    (the unique index on ``(team_id, lower(name))`` holds this against concurrent creates)."""
+    for _ in range(2):  # a second look only after a concurrent create won the insert
+        found = await _same_name_any_case(
+            conn, "SELECT name FROM users", "team_id = $2", name, team_id
+        )
+        if found is not None:
+            if found["name"] != name:
+                team = await conn.fetchval("SELECT name FROM teams WHERE id = $1", team_id)
+                raise NameTaken("name", "user", found["name"], f"team {team}")
+            return None
+        user_id = await conn.fetchval(
+            "INSERT INTO users (team_id, name, role) VALUES ($1, $2, $3) "
+            "ON CONFLICT DO NOTHING RETURNING id",
+            team_id,
+            name,
+            role,
+        )
+        if user_id is not None:
+            return int(user_id)
+    raise AssertionError(f"user {name!r}: neither found nor created")
 
 
 async def user(conn: asyncpg.Connection, team_id: int, name: str) -> asyncpg.Record | None:
