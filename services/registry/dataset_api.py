@@ -82,7 +82,7 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
         opt=needs(Role.MEMBER),
         status_code=201,
         operation_class=json_request_body(DatasetVersionRequest),
-        responses=error_responses(404, 413, 415),
+        responses=error_responses(404, 409, 413, 415),
     )
     async def add_version(
         team: FromPath[str],

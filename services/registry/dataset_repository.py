@@ -4,7 +4,8 @@ versions, grants to other teams, and the access audit of jobs.
 Contract:
 - ``add_version`` numbers versions per dataset under the dataset's row lock (created on first
   use), so concurrent registrations get successive numbers; a version row is never updated or
-  deleted (the table's trigger refuses it).
+  deleted (the table's trigger refuses it). A dataset's name is unique in its team regardless
+  of case: a new one differing only by case from another is ``NameTaken`` (409).
 - ``readable`` is the one read-permission rule: the owning team, a granted team, or an
   operator (``team`` None) — ``grants.DATASETS``, the rule models share (``grants``).
 """
@@ -20,6 +21,7 @@ from typing import Any
 import asyncpg
 
 from trainyard_platform.services.registry import grants
+from trainyard_platform.shared.http_errors import NameTaken
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,19 @@ _DATASET = """SELECT d.*, COALESCE(ARRAY(SELECT g.grantee_team FROM dataset_gran
               FROM datasets d"""
 
 
+async def _refuse_case_twin(conn: asyncpg.Connection, team: str, name: str) -> None:
+    """``NameTaken`` when ``team`` has no dataset spelled ``name`` but one whose name differs
+    from it only by case."""
+    found: str | None = await conn.fetchval(
+        "SELECT name FROM datasets WHERE team = $1 AND lower(name) = lower($2) "
+        "ORDER BY name = $2 DESC, id LIMIT 1",
+        team,
+        name,
+    )
+    if found is not None and found != name:
+        raise NameTaken("name", "dataset", found, f"team {team}")
+
+
 async def add_version(
     conn: asyncpg.Connection,
     team: str,
@@ -92,18 +107,28 @@ async def add_version(
     now: datetime,
 ) -> DatasetVersion:
     """A new version (the next number) of ``team/name``, creating the dataset on first use.
-    Call inside a transaction."""
-    row = await conn.fetchrow(
-        """INSERT INTO datasets (team, name, latest_version, created_at, created_by)
-           VALUES ($1, $2, 1, $3, $4)
-           ON CONFLICT (team, name)
-           DO UPDATE SET latest_version = datasets.latest_version + 1
-           RETURNING id, latest_version""",
-        team,
-        name,
-        now,
-        actor,
-    )
+    Call inside a transaction. ``NameTaken`` (field ``name``) when the team has a dataset
+    whose name differs from ``name`` only by case and none spelled so (the unique index on
+    ``(team, lower(name))`` holds this against a concurrent create too)."""
+    await _refuse_case_twin(conn, team, name)
+    try:
+        async with conn.transaction():  # a savepoint: the clash below is answered, not fatal
+            row = await conn.fetchrow(
+                """INSERT INTO datasets (team, name, latest_version, created_at, created_by)
+                   VALUES ($1, $2, 1, $3, $4)
+                   ON CONFLICT (team, name)
+                   DO UPDATE SET latest_version = datasets.latest_version + 1
+                   RETURNING id, latest_version""",
+                team,
+                name,
+                now,
+                actor,
+            )
+    except asyncpg.UniqueViolationError as exc:
+        if exc.constraint_name != "datasets_name_any_case":
+            raise
+        await _refuse_case_twin(conn, team, name)  # a concurrent create of a case twin won
+        raise
     assert row is not None
     version_id = uuid.uuid4()
     await conn.execute(

@@ -18,7 +18,9 @@ Runs inside the transaction of ``shared.inbox.idempotent``.
   run's ``job.started`` is not recorded yet, the handler raises an ordinary error so the
   event is redelivered after it. A success without any checkpoint (reported or recorded)
   registers nothing: the job made no model, which is a normal outcome, not an error (logged,
-  never dead-lettered).
+  never dead-lettered). A job whose name differs only by case from a model of its team
+  (``ResNet``, model ``resnet``) adds its version to that model: model names are unique in a
+  team regardless of case, and the version is kept rather than refused.
 - ``cost.recorded`` (billing's): the allocation's bill is kept for cost per model
   (``model_cost.record``: one row per allocation, an amended bill replaces it).
 - Reproducibility (``reproduction_repository``): every job's end (``job.succeeded``, the
@@ -204,9 +206,24 @@ class RegistryHandlers:
                 spec.name,
             )
             return
+        # Model names are unique in a team regardless of case: a job named 'ResNet' in a
+        # team with a model 'resnet' adds a version to 'resnet' (the one model a person
+        # reads both names as), never a second model; refusing would lose the version, as
+        # no one is there to answer. The version's model.registered names 'resnet'. (Should
+        # another spelling's first version commit meanwhile, lock_model's NameTaken fails
+        # this delivery and the redelivered event is registered there.)
+        model = await repo.model_spelling(conn, spec.team, spec.name) or spec.name
+        if model != spec.name:
+            log.info(
+                "job %s: model %r of team %r is spelled %r; the version is registered there",
+                succeeded.job_id,
+                spec.name,
+                spec.team,
+                model,
+            )
         what = models.Registration(
             team=spec.team,
-            model=spec.name,
+            model=model,
             project=spec.project,
             job_id=succeeded.job_id,
             final=final,

@@ -12,6 +12,7 @@ import asyncpg
 
 from trainyard_platform.services.registry.domain import ModelVersion, RecordedCheckpoint, Run
 from trainyard_platform.shared.events.payloads import CheckpointSaved, dump
+from trainyard_platform.shared.http_errors import NameTaken
 
 Row = Mapping[str, Any]
 
@@ -106,22 +107,40 @@ async def lock_model(
 ) -> tuple[int, int]:
     """``(model id, latest version)``, creating the model (in ``project``) if needed, with its
     row locked until the transaction ends (so concurrent registrations number versions in
-    turn, and alias moves and deletions of its versions take turns with them)."""
+    turn, and alias moves and deletions of its versions take turns with them).
+    ``NameTaken`` (field ``name``) when the team has a model whose name differs from
+    ``name`` only by case and none spelled so (the unique index on ``(team, lower(name))``
+    holds this against a concurrent create too)."""
     await conn.execute(
         "INSERT INTO models (team, name, created_at, project) VALUES ($1, $2, $3, $4) "
-        "ON CONFLICT (team, name) DO NOTHING",
+        "ON CONFLICT DO NOTHING",
         team,
         name,
         now,
         project,
     )
     row = await conn.fetchrow(
-        "SELECT id, latest_version FROM models WHERE team = $1 AND name = $2 FOR UPDATE",
+        "SELECT id, name, latest_version FROM models WHERE team = $1 AND lower(name) = lower($2) "
+        "ORDER BY name = $2 DESC, id LIMIT 1 FOR UPDATE",
         team,
         name,
     )
     assert row is not None  # inserted above or there already; models are never deleted
+    if row["name"] != name:
+        raise NameTaken("name", "model", row["name"], f"team {team}")
     return int(row["id"]), int(row["latest_version"])
+
+
+async def model_spelling(conn: asyncpg.Connection, team: str, name: str) -> str | None:
+    """How ``team``'s model named ``name`` regardless of case is spelled: ``name`` when a
+    model is spelled so, else the oldest whose name differs only by case; None when none."""
+    found: str | None = await conn.fetchval(
+        "SELECT name FROM models WHERE team = $1 AND lower(name) = lower($2) "
+        "ORDER BY name = $2 DESC, id LIMIT 1",
+        team,
+        name,
+    )
+    return found
 
 
 async def insert_version(conn: asyncpg.Connection, model_id: int, version: ModelVersion) -> None:

@@ -29,15 +29,26 @@ def experiment_name(spec: JobSpec) -> str:
 
 async def record_started(conn: asyncpg.Connection, started: JobStarted, now: datetime) -> None:
     """Put the job in its experiment (made if new); a later attempt's spec replaces the
-    earlier one while the job is running."""
+    earlier one while the job is running. Experiment names are unique in a team and project
+    regardless of case, as model names are: a job naming ``Baseline`` where ``baseline``
+    exists is a run of ``baseline`` (the unique index on ``lower(name)`` fails a concurrent
+    first run of the other spelling, whose event is then redelivered and lands here)."""
     spec = started.spec
+    named = experiment_name(spec)
+    spelled = await conn.fetchval(
+        "SELECT name FROM experiments WHERE team = $1 AND project = $2 "
+        "AND lower(name) = lower($3) ORDER BY name = $3 DESC, id LIMIT 1",
+        spec.team,
+        spec.project,
+        named,
+    )
     experiment_id = await conn.fetchval(
         """INSERT INTO experiments (team, project, name, created_at) VALUES ($1, $2, $3, $4)
            ON CONFLICT (team, project, name) DO UPDATE SET name = EXCLUDED.name
            RETURNING id""",
         spec.team,
         spec.project,
-        experiment_name(spec),
+        spelled or named,
         now,
     )
     await conn.execute(
