@@ -94,6 +94,22 @@ def test_bootstrap_admin_prints_only_the_token_and_refuses_twice(database_url: s
     assert invalid.returncode != 0 and invalid.stdout == ""
 
 
+def test_bootstrap_admin_refuses_a_case_twin_in_one_line(database_url: str) -> None:
+    """A user or team differing only by case from an existing one (docs/security.md): exit 1,
+    one line naming the field and the name that exists, no traceback, nothing stored."""
+    env = _env(database_url, "nats://127.0.0.1:1")
+    assert _bootstrap(env, "ml", "alice").returncode == 0
+    for team, user, line in [
+        ("ml", "Alice", "name: a user named 'alice' exists in team ml"),
+        ("ML", "bob", "team: a team named 'ml' exists"),
+    ]:
+        twin = _bootstrap(env, team, user)
+        assert (twin.returncode, twin.stdout) == (1, ""), twin.stderr
+        assert twin.stderr == (
+            f"bootstrap-admin: {line}; names differ from it only by case; nothing changed\n"
+        )
+
+
 def test_bootstrap_admin_reissues_a_token_only_to_the_same_enabled_user(
     database_url: str,
 ) -> None:
