@@ -1,8 +1,8 @@
 """``trainyard waste``: billing's waste figures and the job success rate (``GET /v1/waste``).
 
 ``trainyard waste [--by DIMS] [--from T] [--to T] [--team ...] [--job JOB] [--csv]``: one row
-per group and figure (idle GPUs, queueing, failed attempts, lost work, input-bound time,
-low-priority holding; the ``*_unmeasured`` rows are GPU time nobody measured, not waste),
+per group and figure (idle GPUs, queueing, failed attempts, platform failures (charged to
+the platform, not the team), lost work, input-bound time, low-priority holding; the ``*_unmeasured`` rows are GPU time nobody measured, not waste),
 then unallocated GPUs (operators), unattributed spend (must be 0) and the success rate per
 day, team and queue. ``--json`` prints billing's answer; ``--csv`` billing's CSV of the rows,
 as it is. A user sees their own team's figures; an operator every team's.

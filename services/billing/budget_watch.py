@@ -8,7 +8,9 @@ Contract:
   budget, month and threshold) and said as ``budget.threshold_crossed`` with a fixed event
   id; then the budget's state is said (``budget.updated``). The primary key and the
   consumer's inbox make each crossing said once, under any redelivery. Spending that goes
-  down (a reversal) un-crosses nothing.
+  down (a reversal) un-crosses nothing; when the entries lower it (an attempt's charges
+  moved to the platform), each budget's state is said, so a budget they had exhausted is
+  said not to be.
 - ``say_state(conn, budget, now, deleted=False)`` says a budget's state for the current
   month (after a change through the API, or a crossing): the amount, what is spent, whether
   it is exhausted (spent >= amount), its policy, with the next budget revision.
@@ -54,9 +56,10 @@ async def after_charges(
         (e.team, e.project) for e in entries if e.project is not None
     }
     months = sorted(_months(entries))
+    lowered = sum((e.cost for e in entries), Decimal(0)) < 0
     for team, project in sorted(scopes, key=lambda s: (s[0], s[1] or "")):
         budget = await repo.get(conn, team, project)
-        if budget is not None and await check(conn, budget, months, now):
+        if budget is not None and (await check(conn, budget, months, now) or lowered):
             await say_state(conn, budget, now)
 
 

@@ -119,7 +119,8 @@ async def accrued(
     conn: asyncpg.Connection, budget: Budget, month: datetime, now: datetime
 ) -> Decimal:
     """The cost so far of the budget's allocations that are granted and not billed yet
-    (running), within the month and up to ``now``, priced by the book as their bill will be
+    (running; not one whose runner said it failed through the platform: the platform pays
+    for it), within the month and up to ``now``, priced by the book as their bill will be
     (GPUs, CPUs and memory);
     0 for an allocation of a flavor without a price (its release will be dead-lettered)."""
     end = min(now, next_month(month))
@@ -130,7 +131,10 @@ async def accrued(
            FROM announced_allocations a
            WHERE a.team = $1 AND ($2::text IS NULL OR a.project = $2) AND a.granted_at < $3
              AND NOT EXISTS (SELECT 1 FROM usage_ledger u
-                             WHERE u.allocation_id = a.allocation_id)""",
+                             WHERE u.allocation_id = a.allocation_id)
+             AND NOT EXISTS (SELECT 1 FROM waste_run_reports r
+                             WHERE r.allocation_id = a.allocation_id AND r.job_id = a.job_id
+                               AND r.failure_kind = 'platform_error')""",
         budget.team,
         budget.project,
         end,

@@ -125,8 +125,12 @@ async def report(conn: asyncpg.Connection, query: CostQuery) -> list[CostLine]:
 
 
 async def job_entries(conn: asyncpg.Connection, job_id: str) -> list[LedgerEntry]:
-    """Every ledger entry of a job, in the order they were appended."""
+    """Every ledger entry of a job, in the order they were appended, but those of its
+    allocations charged to the platform (a team charge reversed: nothing of the team's)."""
     rows = await conn.fetch(
-        f"SELECT {_ENTRY} FROM ledger_entries WHERE job_id = $1 ORDER BY entry_id", job_id
+        f"SELECT {_ENTRY} FROM ledger_entries WHERE job_id = $1 AND allocation_id NOT IN "
+        "(SELECT allocation_id FROM usage_ledger WHERE job_id = $1 "
+        "AND charged_to = 'platform') ORDER BY entry_id",
+        job_id,
     )
     return [LedgerEntry.from_row(r) for r in rows]

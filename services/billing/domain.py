@@ -10,6 +10,8 @@ Contract:
 - An allocation has one bill (``Usage``), made by its first release. ``Usage.amended_by``
   says how a later release of it changes that bill: only a lost allocation's late success
   does (it is billed for the time it really ran); anything else changes nothing.
+- A bill is charged to its team, or to the platform (``charged_to``) when the attempt
+  failed through the platform: the team then pays nothing for it.
 """
 
 from __future__ import annotations
@@ -179,6 +181,9 @@ class Usage:
     """CPUs the allocation held (its GPUs x the job's ``cpus_per_gpu``)."""
     memory_gib: int = 0
     """Memory (GiB) the allocation held."""
+    charged_to: str = "team"
+    """``team``, or ``platform`` for an attempt that failed through the platform: its team
+    is charged nothing (no ledger charge) and its bill says 0 (``to_event``)."""
 
     @property
     def parts(self) -> tuple[Segment, ...]:
@@ -269,6 +274,7 @@ class Usage:
             cost=Decimal(row["cost"]),
             cpus=row.get("cpus", 0),
             memory_gib=row.get("memory_gib", 0),
+            charged_to=row.get("charged_to", "team"),
         )
 
     def amended_by(self, released: AllocationReleased) -> Usage | None:
@@ -305,7 +311,9 @@ class Usage:
         )
 
     def to_event(self) -> CostRecorded:
-        """The wire event (floats there; the ledger keeps the exact decimals)."""
+        """The wire event: what the team is charged (floats there; the ledger keeps the
+        exact decimals), 0 GPU-seconds and 0 cost for a bill charged to the platform."""
+        team_pays = self.charged_to == "team"
         return CostRecorded(
             allocation_id=self.allocation_id,
             job_id=self.job_id,
@@ -315,8 +323,8 @@ class Usage:
             gpus=self.gpus,
             started_at=self.started_at,
             ended_at=self.ended_at,
-            gpu_seconds=float(self.gpu_seconds),
+            gpu_seconds=float(self.gpu_seconds) if team_pays else 0.0,
             price_per_gpu_hour=float(self.price_per_gpu_hour),
-            cost=float(self.cost),
+            cost=float(self.cost) if team_pays else 0.0,
             currency=self.currency,
         )

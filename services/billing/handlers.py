@@ -16,12 +16,20 @@ release's job, node, team, user, flavor, GPUs and start must be its grant's). Th
 first on the stream, so it is always seen before its release. The CPUs and memory the grant
 said the allocation holds are billed over the same interval as its GPUs, in the same
 entries (``services.billing.prices``), at 0 where the flavor has no price for them.
+
+An attempt that failed through the platform (the runner's ``JobFailed`` with
+``failure_kind`` ``platform_error``) is charged to the platform, whichever of the report and
+the release comes first: a release after the report makes a bill with no charge
+(``charged_to`` ``platform``); a report after the release reverses the team's charges
+(``on_platform_failure``). Both lock the announced allocation's row first, so concurrent
+replicas see each other's.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import asyncpg
@@ -114,8 +122,11 @@ class BillingHandlers:
                 )
             case JobFailed() | JobPreempted() as report if envelope.source == RUNNER:
                 # One attempt's end: what the runner measured of it (a failure's or a
-                # preemption's said by the scheduler carries no measurement).
+                # preemption's said by the scheduler carries no measurement), and whether
+                # it failed through the platform (then the platform pays for it).
                 await waste.record_run_report(conn, report, self._clock())
+                if isinstance(report, JobFailed) and report.failure_kind == "platform_error":
+                    await self.on_platform_failure(conn, report.allocation_id, envelope.id)
             case JobFailed() as failed if envelope.source == SCHEDULER:
                 # The scheduler's word on a job that failed for good; a runner's report is
                 # only about one attempt. A job refused on arrival never queued: forgotten
@@ -155,9 +166,23 @@ class BillingHandlers:
         except (UnknownFlavor, ValueError) as exc:
             raise Reject(str(exc)) from exc
         usage = Usage.from_segments(released, segments, grant["cpus"], grant["memory_gib"])
+        if await repo.platform_failed(conn, usage.allocation_id):
+            usage = replace(usage, charged_to="platform")
         now = self._clock()
         if not await repo.insert_usage(conn, usage, event_id, now):
             await self._amend(conn, released, event_id)
+            return
+        if usage.charged_to == "platform":  # the team pays nothing: no charge
+            await waste_rollups.refresh(conn, [usage.allocation_id])
+            await _recorded(conn, usage, f"cost:{usage.allocation_id}")
+            log.info(
+                "job %s allocation %s failed through the platform: %s GPU-s of %s charged "
+                "to the platform",
+                usage.job_id,
+                usage.allocation_id,
+                usage.gpu_seconds,
+                usage.gpu_flavor,
+            )
             return
         charges = LedgerEntry.charges(usage, Attribution.from_announced(grant), revision=0)
         await ledger.append(conn, charges, event_id, now)
@@ -185,7 +210,7 @@ class BillingHandlers:
         )
         billed = Usage.from_row(row) if row is not None else None
         amended = billed.amended_by(released) if billed is not None else None
-        if billed is None or amended is None:
+        if billed is None or amended is None or billed.charged_to == "platform":
             log.info("allocation %s already billed; ignored", released.allocation_id)
             return
         now = self._clock()
@@ -237,6 +262,43 @@ class BillingHandlers:
         )
         await _recorded(conn, amended, f"cost:{amended.allocation_id}:amended")
         await budget_watch.after_charges(conn, [*reversals, *corrected], now)
+
+    async def on_platform_failure(
+        self, conn: asyncpg.Connection, allocation_id: str, event_id: str
+    ) -> None:
+        """The runner said the allocation's attempt failed through the platform: a bill its
+        team was charged already (its release came first) is charged to the platform
+        instead, once: a ``reversal`` of each charge of its current revision, and a
+        ``CostRecorded`` of 0 (event id ``cost:<allocation>:platform``). Before its
+        release, nothing: the release reads the report (``on_released``)."""
+        if await repo.announced(conn, allocation_id) is None:  # locked: see its release
+            return
+        row = await conn.fetchrow(
+            "SELECT * FROM usage_ledger WHERE allocation_id = $1 FOR UPDATE", allocation_id
+        )
+        if row is None or row["charged_to"] == "platform":
+            return
+        if not await repo.platform_failed(conn, allocation_id):
+            return  # the allocation's first report said otherwise, or was another job's
+        now = self._clock()
+        reversals = [c.reversal() for c in await ledger.latest_charges(conn, allocation_id)]
+        await ledger.append(conn, reversals, event_id, now)
+        await conn.execute(
+            "UPDATE usage_ledger SET charged_to = 'platform' WHERE allocation_id = $1",
+            allocation_id,
+        )
+        usage = replace(Usage.from_row(row), charged_to="platform")
+        await _recorded(conn, usage, f"cost:{allocation_id}:platform")
+        await budget_watch.after_charges(conn, reversals, now)
+        log.info(
+            "allocation %s of job %s failed through the platform: its %s %s charged to the "
+            "platform, not team %s",
+            allocation_id,
+            usage.job_id,
+            usage.cost,
+            usage.currency,
+            usage.team,
+        )
 
 
 async def _recorded(conn: asyncpg.Connection, usage: Usage, event_id: str) -> None:

@@ -24,9 +24,9 @@ async def insert_usage(
         """INSERT INTO usage_ledger (allocation_id, job_id, team, user_name, node_id, gpu_flavor,
                                      gpus, started_at, ended_at, outcome, gpu_seconds,
                                      price_per_gpu_hour, currency, cost, event_id, recorded_at,
-                                     cpus, memory_gib)
+                                     cpus, memory_gib, charged_to)
            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                   $18)
+                   $18, $19)
            ON CONFLICT (allocation_id) DO NOTHING RETURNING true""",
         usage.allocation_id,
         usage.job_id,
@@ -46,6 +46,7 @@ async def insert_usage(
         now,
         usage.cpus,
         usage.memory_gib,
+        usage.charged_to,
     )
     return bool(inserted)
 
@@ -83,19 +84,37 @@ async def insert_announced(
 
 
 async def announced(conn: asyncpg.Connection, allocation_id: str) -> Row | None:
-    """The announced allocation (columns as in ``announced_allocations``), or None."""
+    """The announced allocation (columns as in ``announced_allocations``), or None; its row
+    locked until the transaction ends, so that its release and its runner's end report,
+    applied concurrently, see each other (``platform_failed``)."""
     row: Row | None = await conn.fetchrow(
-        "SELECT * FROM announced_allocations WHERE allocation_id = $1", allocation_id
+        "SELECT * FROM announced_allocations WHERE allocation_id = $1 FOR UPDATE", allocation_id
     )
     return row
 
 
+async def platform_failed(conn: asyncpg.Connection, allocation_id: str) -> bool:
+    """Whether the runner's end report of the allocation (the first one recorded, of the
+    allocation's own job) said that the attempt failed through the platform."""
+    return bool(
+        await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM waste_run_reports r "
+            "JOIN announced_allocations a USING (allocation_id) "
+            "WHERE r.allocation_id = $1 AND r.job_id = a.job_id "
+            "AND r.failure_kind = 'platform_error')",
+            allocation_id,
+        )
+    )
+
+
 _SUMS = "currency, sum(gpu_seconds) AS gpu_seconds, sum(cost) AS cost, count(*) AS allocations"
+_TEAMS_BILLS = "charged_to = 'team' AND ($1::text IS NULL OR team = $1)"
+"""The bills of ``$1`` (every team's when NULL) that its team pays: not the platform's."""
 
 
 async def usage_by_team(conn: asyncpg.Connection, team: str | None) -> list[Row]:
     rows: list[Row] = await conn.fetch(
-        f"SELECT team, {_SUMS} FROM usage_ledger WHERE ($1::text IS NULL OR team = $1) "
+        f"SELECT team, {_SUMS} FROM usage_ledger WHERE {_TEAMS_BILLS} "
         "GROUP BY team, currency ORDER BY team, currency",
         team,
     )
@@ -104,8 +123,7 @@ async def usage_by_team(conn: asyncpg.Connection, team: str | None) -> list[Row]
 
 async def usage_by_user(conn: asyncpg.Connection, team: str | None) -> list[Row]:
     rows: list[Row] = await conn.fetch(
-        f"SELECT team, user_name, {_SUMS} FROM usage_ledger "
-        "WHERE ($1::text IS NULL OR team = $1) "
+        f"SELECT team, user_name, {_SUMS} FROM usage_ledger WHERE {_TEAMS_BILLS} "
         "GROUP BY team, user_name, currency ORDER BY team, user_name, currency",
         team,
     )
@@ -119,8 +137,7 @@ async def usage_by_job(
     the key ``after`` (``JOB_USAGE_KEY`` of the previous page's last row), in key order."""
     rows: list[Row] = await conn.fetch(
         f"SELECT team, user_name, job_id, gpu_flavor, min(started_at) AS first_started_at, "
-        f"max(ended_at) AS last_ended_at, {_SUMS} FROM usage_ledger "
-        "WHERE ($1::text IS NULL OR team = $1) "
+        f"max(ended_at) AS last_ended_at, {_SUMS} FROM usage_ledger WHERE {_TEAMS_BILLS} "
         "GROUP BY team, user_name, job_id, gpu_flavor, currency "
         "HAVING $3::text IS NULL OR (team, user_name, min(started_at), job_id, gpu_flavor, "
         "currency) > ($3, $4, $5::timestamptz, $6, $7, $8) "

@@ -38,6 +38,7 @@ Figure = Literal[
     "idle_gpus_unmeasured",
     "queueing",
     "failed_attempts",
+    "platform_failure",
     "lost_work",
     "input_bound",
     "input_bound_unmeasured",
@@ -49,6 +50,7 @@ FIGURES: tuple[Figure, ...] = (
     "idle_gpus_unmeasured",
     "queueing",
     "failed_attempts",
+    "platform_failure",
     "lost_work",
     "input_bound",
     "input_bound_unmeasured",
@@ -62,6 +64,9 @@ PRIORITY_VALUES: Mapping[str, int] = {"low": 0, "normal": 100, "high": 1000}
 the scheduler ranks a class it does not know (``DEFAULT_PRIORITY``)."""
 FAILED = frozenset({"failed", "lost"})
 """Outcomes of an attempt that failed (the job's code, or its node)."""
+PLATFORM_ERROR = "platform_error"
+"""The ``failure_kind`` of an attempt that failed through the platform: its GPU time is
+``platform_failure`` (charged to the platform) instead of ``failed_attempts``."""
 INTERRUPTED = frozenset({"failed", "lost", "preempted"})
 """Outcomes after which the work since the latest checkpoint is done again."""
 ZERO = Decimal(0)
@@ -100,6 +105,8 @@ class Allocation:
     gpu_utilization: Decimal | None = None
     data_wait_fraction: Decimal | None = None
     last_checkpoint: datetime | None = None
+    failure_kind: str | None = None
+    """The runner's ``failure_kind`` of a failed attempt (None: none reported)."""
 
 
 @dataclass(frozen=True)
@@ -200,8 +207,8 @@ def _overlaps(
 
 
 def allocation_pieces(a: Allocation) -> list[Piece]:
-    """Figures 1 (idle, allocated), 3 (failed attempts, lost work) and 4 (input-bound) of one
-    released allocation."""
+    """Figures 1 (idle, allocated), 3 (failed attempts or platform failures, lost work) and
+    4 (input-bound) of one released allocation."""
     if a.ended_at is None or a.outcome is None or a.ended_at <= a.granted_at:
         return []
     flavor = a.owner.flavor or ""
@@ -217,7 +224,10 @@ def allocation_pieces(a: Allocation) -> list[Piece]:
         share = min(a.data_wait_fraction, Decimal(1))
         out.append(Piece("input_bound", *whole, share=share))
     if a.outcome in FAILED:
-        out.append(Piece("failed_attempts", *whole))
+        # An attempt that failed through the platform is the platform's, not the team's
+        # (charged to the platform): one figure or the other, never both.
+        platform = a.failure_kind == PLATFORM_ERROR
+        out.append(Piece("platform_failure" if platform else "failed_attempts", *whole))
     if a.outcome in INTERRUPTED:
         since = a.granted_at
         if a.last_checkpoint is not None and a.granted_at <= a.last_checkpoint <= a.ended_at:

@@ -84,18 +84,20 @@ def _measured(metrics: Mapping[str, float], name: str) -> Decimal | None:
 async def record_run_report(
     conn: asyncpg.Connection, report: JobSucceeded | JobFailed | JobPreempted, now: datetime
 ) -> None:
-    """What the runner measured of the allocation, from its end report's metrics (the first
-    report of an allocation counts)."""
+    """What the runner measured of the allocation, from its end report's metrics, and a
+    failure's ``failure_kind`` (the first report of an allocation counts)."""
     await conn.execute(
         """INSERT INTO waste_run_reports (allocation_id, job_id, gpu_utilization_mean,
-                                          data_wait_fraction_mean, finished_at, recorded_at)
-           VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (allocation_id) DO NOTHING""",
+                                          data_wait_fraction_mean, finished_at, recorded_at,
+                                          failure_kind)
+           VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (allocation_id) DO NOTHING""",
         report.allocation_id,
         report.job_id,
         _measured(report.metrics, "gpu_utilization_mean"),
         _measured(report.metrics, "data_wait_fraction_mean"),
         report.finished_at,
         now,
+        report.failure_kind if isinstance(report, JobFailed) else None,
     )
     await rollups.refresh(conn, [report.allocation_id])  # its idle and input-bound time
 
@@ -183,6 +185,7 @@ SELECT a.allocation_id, a.job_id, a.team, a.project, a.user_name, a.queue, a.gpu
        a.gpus, a.granted_at, a.attempt, u.ended_at, u.outcome,
        coalesce(g.priority, j.priority) AS priority,
        r.gpu_utilization_mean, r.data_wait_fraction_mean,
+       CASE WHEN r.job_id = a.job_id THEN r.failure_kind END AS failure_kind,
        (SELECT max(c.saved_at) FROM waste_checkpoints c
         WHERE c.job_id = a.job_id AND c.saved_at >= a.granted_at
           AND (u.ended_at IS NULL OR c.saved_at <= u.ended_at)) AS last_checkpoint
@@ -198,7 +201,8 @@ _UNMEASURED = """
 SELECT a.allocation_id, a.job_id, a.team, a.project, a.user_name, a.queue, a.gpu_flavor,
        a.gpus, a.granted_at, a.attempt, u.ended_at, u.outcome,
        coalesce(g.priority, j.priority) AS priority, NULL::numeric AS gpu_utilization_mean,
-       NULL::numeric AS data_wait_fraction_mean, NULL::timestamptz AS last_checkpoint
+       NULL::numeric AS data_wait_fraction_mean, NULL::text AS failure_kind,
+       NULL::timestamptz AS last_checkpoint
 FROM announced_allocations a
 LEFT JOIN usage_ledger u USING (allocation_id)
 LEFT JOIN waste_grants g USING (allocation_id)

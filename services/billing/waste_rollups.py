@@ -5,7 +5,7 @@ status 0; 1 when the database cannot be reached or refuses; 2 for a bad setting)
 
 Contract (docs/billing.md, "Waste rollups"):
 - The figures of one released allocation (``waste.allocation_pieces``: idle and unmeasured
-  GPUs, input-bound and unmeasured time, failed attempts, lost work) are split at UTC hours
+  GPUs, input-bound and unmeasured time, failed attempts, platform failures, lost work) are split at UTC hours
   and at its flavor's price changes into ``waste_allocation_parts`` (exact GPU-microseconds
   times the figure's share, wall microseconds; ``starts``: the figure's interval starts in
   that hour, ``continues``: it covers the hour's start), and summed into
@@ -61,6 +61,7 @@ ROLLED: frozenset[Figure] = frozenset(
         "input_bound",
         "input_bound_unmeasured",
         "failed_attempts",
+        "platform_failure",
         "lost_work",
     }
 )
@@ -90,6 +91,7 @@ def allocation_of(r: Mapping[str, Any]) -> Allocation:
         gpu_utilization=r["gpu_utilization_mean"],
         data_wait_fraction=r["data_wait_fraction_mean"],
         last_checkpoint=r["last_checkpoint"],
+        failure_kind=r["failure_kind"],
     )
 
 
@@ -141,6 +143,7 @@ _ALLOCATIONS = """
 SELECT a.allocation_id, a.job_id, a.team, a.project, a.user_name, a.queue, a.gpu_flavor,
        a.gpus, a.granted_at, a.attempt, u.ended_at, u.outcome, NULL AS priority,
        r.gpu_utilization_mean, r.data_wait_fraction_mean,
+       CASE WHEN r.job_id = a.job_id THEN r.failure_kind END AS failure_kind,
        (SELECT max(c.saved_at) FROM waste_checkpoints c
         WHERE c.job_id = a.job_id AND c.saved_at >= a.granted_at
           AND c.saved_at <= u.ended_at) AS last_checkpoint

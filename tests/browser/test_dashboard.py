@@ -735,6 +735,7 @@ def test_model_cost_reproduction_verdict_and_waste(browser: Any, world: World) -
         "idle_gpus",
         "queueing",
         "failed_attempts",
+        "platform_failure",
         "lost_work",
         "input_bound",
         "low_priority_holding",

@@ -237,14 +237,13 @@ async def test_a_job_spec_is_estimated_from_its_resources_runtime_and_restarts(
     assert anonymous.status_code == 401
 
 
-async def test_an_attempt_that_failed_through_the_platform_is_charged_and_estimated(
+async def test_an_attempt_that_failed_through_the_platform_is_not_charged(
     pool: asyncpg.Pool,
 ) -> None:
     """A job failing with ``platform_error`` is run again up to the scheduler's
-    ``platform_retries`` times apart from ``max_restarts``, and billing charges each such
-    attempt from grant to release, as any other (the release says only ``failed``). The
-    worst case counted ``1 + max_restarts`` attempts: with the default 3 retries and no
-    restart it said 2.5 where four attempts of 2.5 could be charged."""
+    ``platform_retries`` times apart from ``max_restarts``. Billing charged each such
+    attempt to the team (2.5 here) like any failed attempt; now it is charged to the
+    platform (the team pays 0). The estimate still counts those attempts."""
     attempt = released("p1", datetime.now(UTC) - timedelta(hours=2), timedelta(minutes=30))
     attempt = attempt.model_copy(update={"outcome": "failed"})
     report = JobFailed(
@@ -263,8 +262,14 @@ async def test_an_attempt_that_failed_through_the_platform_is_charged_and_estima
         Envelope.wrap(report, source=RUNNER, subject=attempt.job_id),
         release_event(attempt),
     )
-    charged = await pool.fetchval("SELECT cost FROM usage_ledger WHERE allocation_id = 'p1'")
-    assert charged == Decimal("2.500000")  # 2 GPUs x 30 min at 2.5: the team's
+    bill = await pool.fetchrow(
+        "SELECT cost, charged_to FROM usage_ledger WHERE allocation_id = 'p1'"
+    )
+    assert (bill["cost"], bill["charged_to"]) == (Decimal("2.500000"), "platform")
+    charged = await pool.fetchval(
+        "SELECT coalesce(sum(cost), 0) FROM ledger_entries WHERE allocation_id = 'p1'"
+    )
+    assert charged == 0  # the team's
 
     spec = {"gpus": 2, "gpu_flavor": "a100", "max_runtime_seconds": 1800, "max_restarts": 0}
     for retries, attempts in ((3, 4), (0, 1)):
@@ -274,7 +279,7 @@ async def test_an_attempt_that_failed_through_the_platform_is_charged_and_estima
             answer = await c.post("/v1/costs/estimate", json=spec, headers=OPERATOR)
         assert answer.status_code == 200, answer.text
         assert answer.json()["attempts_at_most"] == attempts
-        assert Decimal(answer.json()["worst_case_cost"]) == charged * attempts
+        assert Decimal(answer.json()["worst_case_cost"]) == Decimal("2.5") * attempts
 
 
 async def test_an_unpriced_flavors_estimate_names_the_priced_ones(

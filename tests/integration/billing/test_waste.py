@@ -39,6 +39,7 @@ from trainyard_platform.shared.events.payloads import (
     AllocationReleased,
     CheckpointRef,
     CheckpointSaved,
+    FailureKind,
     JobFailed,
     JobSpec,
     JobSubmitted,
@@ -146,7 +147,13 @@ def succeeded(
 
 
 def failed(
-    allocation_id: str, job_id: str, node: str, when: datetime, source: str, **metrics: float
+    allocation_id: str,
+    job_id: str,
+    node: str,
+    when: datetime,
+    source: str,
+    failure_kind: FailureKind = "user_error",
+    **metrics: float,
 ) -> Envelope[Payload]:
     report = JobFailed(
         job_id=job_id,
@@ -156,6 +163,7 @@ def failed(
         finished_at=when,
         exit_code=1,
         reason="exit 1",
+        failure_kind=failure_kind,
         metrics=metrics,
     )
     return wrap(report, source)

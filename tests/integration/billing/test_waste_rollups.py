@@ -3,7 +3,8 @@ from the current one on) equals the report computed from the facts alone, row by
 micro-unit; and a rebuild gives the same rollups as those kept event by event.
 
 Hypothesis generates jobs of two teams on two flavors, each with attempts at any minute
-(failed, preempted, lost and then reported succeeded later, or succeeded), checkpoints,
+(failed through the job or through the platform, preempted, lost and then reported
+succeeded later, or succeeded), checkpoints,
 run reports with or without a utilisation and a data-wait share, and any order of their
 events in which a grant precedes its allocation's releases, with some events delivered
 twice. They go through billing's real consumer (the inbox and handlers) into a real
@@ -48,7 +49,8 @@ class Attempt:
     """Minutes after T0."""
     minutes: int
     fate: str
-    """failed, preempted, lost_then_succeeded or succeeded."""
+    """failed, platform_failed (through the platform), preempted, lost_then_succeeded or
+    succeeded."""
     checkpoint: int | None
     """Minutes into the attempt."""
     utilization: float | None
@@ -59,7 +61,9 @@ attempts = st.builds(
     Attempt,
     start=st.integers(0, 600),
     minutes=st.integers(1, 300),
-    fate=st.sampled_from(["failed", "preempted", "lost_then_succeeded", "succeeded"]),
+    fate=st.sampled_from(
+        ["failed", "platform_failed", "preempted", "lost_then_succeeded", "succeeded"]
+    ),
     checkpoint=st.none() | st.integers(0, 300),
     utilization=st.none() | st.sampled_from([0.0, 3.5, 60.0]),
     data_wait=st.none() | st.sampled_from([0.0, 0.123456789, 0.5, 1.0]),
@@ -107,8 +111,9 @@ def events(tag: str, drawn: list[Any]) -> list[list[Envelope[Payload]]]:
                     saved_at=at(a.start + min(a.checkpoint, a.minutes)),
                 )
                 sent.append(wrap(saved))
-            if a.fate == "failed":
-                sent.append(failed(alloc, job_id, node, end, RUNNER, **metrics))
+            if a.fate in ("failed", "platform_failed"):
+                kind = "platform_error" if a.fate == "platform_failed" else "user_error"
+                sent.append(failed(alloc, job_id, node, end, RUNNER, kind, **metrics))
                 sent.append(released(alloc, job_id, job, node, start, end, "failed"))
             elif a.fate == "preempted":
                 report = JobPreempted(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -114,3 +115,25 @@ def test_usage_from_release_and_its_event() -> None:
     assert (event.job_id, event.team, event.user, event.currency) == ("j-1", "vision", "ada", "USD")
     assert event.cost == pytest.approx(2.500001)
     assert event.started_at == T0
+
+
+def test_a_bill_charged_to_the_platform_says_its_team_pays_nothing() -> None:
+    """``cost.recorded`` of an attempt that failed through the platform said the team's full
+    cost (1.25); it says 0 GPU-seconds and 0 cost, the allocation and price kept."""
+    released = AllocationReleased(
+        allocation_id="a-1",
+        job_id="j-1",
+        node_id="n-1",
+        team="vision",
+        user="ada",
+        gpu_flavor="a100",
+        gpus=1,
+        granted_at=T0,
+        released_at=T0 + timedelta(minutes=30),
+        outcome="failed",
+    )
+    usage = Usage.from_release(released, Price("a100", Decimal("2.5"), "USD"))
+    event = replace(usage, charged_to="platform").to_event()
+    assert (event.allocation_id, event.gpu_seconds, event.cost) == ("a-1", 0.0, 0.0)
+    assert event.price_per_gpu_hour == 2.5
+    assert usage.to_event().cost == 1.25

@@ -110,6 +110,26 @@ def test_work_lost_since_the_latest_checkpoint_of_the_allocation() -> None:
     assert not [p for p in cancelled if p.figure in ("lost_work", "failed_attempts")]
 
 
+def test_an_attempt_the_platform_failed_is_the_platform_s_not_a_failed_attempt() -> None:
+    """A ``platform_error`` attempt was counted in the team's ``failed_attempts``; it is
+    ``platform_failure`` (charged to the platform), whole, instead. The job's own failure,
+    or one without a report, stays a failed attempt."""
+
+    def figures(**measured: object) -> set[str]:
+        pieces = allocation_pieces(alloc(0, 60, "failed", **measured))
+        return {p.figure for p in pieces if p.figure in ("failed_attempts", "platform_failure")}
+
+    assert figures(failure_kind="platform_error") == {"platform_failure"}
+    assert figures(failure_kind="user_error") == {"failed_attempts"}
+    assert figures() == {"failed_attempts"}
+    (whole,) = [
+        p
+        for p in allocation_pieces(alloc(0, 60, "lost", failure_kind="platform_error"))
+        if p.figure == "platform_failure"
+    ]
+    assert (whole.start, whole.end, whole.gpus) == (at(0), at(60), 2)
+
+
 def test_holding_counts_only_overlap_with_higher_priority_waits_of_the_flavor() -> None:
     low = alloc(0, 120, "succeeded", priority="low", owner=Owner("v", "p", "cy", "q", "a100", "l"))
     high = JobWaits(

@@ -15,6 +15,7 @@ export const FIGURES = [
   ["unallocated_gpus", "Unallocated GPUs", "GPUs no job held while a job of their flavor waited."],
   ["queueing", "Queueing", "GPUs × the time jobs waited for them, restarts' back-off included."],
   ["failed_attempts", "Failed attempts", "GPU time of attempts that failed or whose node was lost."],
+  ["platform_failure", "Platform failures", "GPU time of attempts that failed through the platform: charged to the platform, not the team."],
   ["lost_work", "Lost work", "GPU time since the last checkpoint of attempts that failed, were lost or preempted."],
   ["input_bound", "Input-bound", "GPU time spent waiting for data in the training loop."],
   ["low_priority_holding", "Low priority holding", "GPUs a lower-priority job held while a higher-priority one waited."],
