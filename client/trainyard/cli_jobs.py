@@ -394,8 +394,7 @@ def _say_estimate(session: Session, spec: dict[str, Any]) -> None:
     note(
         f"estimated cost: at most {cost['estimated_cost']} {cost['currency']} "
         f"({cost['gpus']} x {cost['gpu_flavor']} for {cost['max_runtime_seconds']} s; "
-        f"{cost['worst_case_cost']} {cost['currency']} if every restart and platform retry "
-        "is used)"
+        f"{cost['worst_case_cost']} {cost['currency']} if every restart is used)"
     )
 
 

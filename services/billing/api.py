@@ -54,10 +54,8 @@ def create_app(
     health_handlers: list[HTTPRouteHandler],
     cors_origins: Sequence[str] = (),
     currency: str = "USD",
-    platform_retries: int = 3,
 ) -> Litestar:
-    """Billing's HTTP app; ``platform_retries`` is ``Settings.platform_retries`` (the cost
-    estimate's)."""
+    """Billing's HTTP app."""
 
     @get("/v1/usage", responses=error_responses(404, 422))
     async def usage(
@@ -91,7 +89,7 @@ def create_app(
             *health_handlers,
             usage,
             *cost_routes(pool),
-            *governance_routes(pool, currency, platform_retries),
+            *governance_routes(pool, currency),
             *waste_routes(pool, currency),
             audit_route(pool, "billing"),
         ],

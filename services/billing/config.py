@@ -40,8 +40,3 @@ class Settings(GuardedServiceSettings):
     which replaces the whole default: ``TRAINYARD_BILLING_PRICES='{"cpu": 0.1}'``."""
     currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")
     """ISO 4217 currency of the price book (prices set through the API too) and budgets."""
-    platform_retries: int = Field(default=3, ge=0)
-    """The scheduler's ``TRAINYARD_SCHEDULER_PLATFORM_RETRIES`` (set both alike: billing
-    cannot read the scheduler's settings): a job failing through the platform is run again
-    that many times apart from its ``max_restarts``, and every such attempt is charged, so
-    the cost estimate's worst case counts them."""

@@ -129,10 +129,9 @@ def budget_view(budget: Budget, spent: Decimal, now: datetime) -> BudgetView:
 
 
 def governance_routes(
-    pool: asyncpg.Pool, currency: str, platform_retries: int = 3, clock: Clock = utc_now
+    pool: asyncpg.Pool, currency: str, clock: Clock = utc_now
 ) -> list[HTTPRouteHandler]:
-    """The routes of the module docstring, over billing's pool, in ``currency``; the
-    estimate's worst case counts ``platform_retries`` (the scheduler's) attempts more."""
+    """The routes of the module docstring, over billing's pool, in ``currency``."""
 
     @get("/v1/prices", responses=error_responses(422))
     async def list_prices(
@@ -263,10 +262,8 @@ def governance_routes(
         except UnknownFlavor as exc:
             raise RequestInvalid.one("gpu_flavor", str(exc).removeprefix("gpu_flavor: ")) from None
         one = sum((s.cost for s in segments), Decimal(0))
-        # Every attempt is charged from grant to release, one that failed through the
-        # platform too (billing cannot tell it from the job's own failure), and each may
-        # run to the limit (a full disk mid-run): so all of them, not only the restarts.
-        attempts = 1 + body.max_restarts + platform_retries
+        # The first attempt and each restart may run to the limit; an attempt that fails
+        # through the platform is charged to the platform, so its retries cost nothing.
         return Estimate(
             gpu_flavor=body.gpu_flavor,
             gpus=body.gpus,
@@ -275,8 +272,7 @@ def governance_routes(
             price_per_gpu_hour=segments[0].price_per_gpu_hour,
             gpu_seconds=sum((s.gpu_seconds for s in segments), Decimal(0)),
             estimated_cost=one,
-            worst_case_cost=one * attempts,
-            attempts_at_most=attempts,
+            worst_case_cost=one * (1 + body.max_restarts),
             priced_at=now,
         )
 

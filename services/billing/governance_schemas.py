@@ -95,11 +95,10 @@ class Estimate(BaseModel):
     estimated_cost: Decimal
     """The most one attempt costs: it is stopped at ``max_runtime_seconds``."""
     worst_case_cost: Decimal
-    """Every attempt the job may be run used, each to the limit: ``attempts_at_most``."""
-    attempts_at_most: int
-    """``1 + max_restarts + platform_retries``: the first attempt, its restarts, and the
-    scheduler's retries after the platform's failures (each charged). Preempted attempts
-    are charged too and not counted: how often a job is preempted is not known ahead."""
+    """Every restart used, each running to the limit: ``(1 + max_restarts)`` attempts. The
+    scheduler's retries after the platform's failures are not counted: such attempts are
+    charged to the platform, not the team. Preempted attempts are charged and not counted:
+    how often a job is preempted is not known ahead."""
     priced_at: datetime
 
 

@@ -82,6 +82,5 @@ async def serve(settings: Settings) -> int:
                 routes,
                 settings.cors_origins,
                 settings.currency,
-                settings.platform_retries,
             )
         )

@@ -221,9 +221,9 @@ async def test_a_job_spec_is_estimated_from_its_resources_runtime_and_restarts(
     body = answer.json()
     assert Decimal(body["gpu_seconds"]) == 3600  # 2 GPUs x 30 min
     assert Decimal(body["estimated_cost"]) == Decimal("2.5")
-    # The attempt, its restart, and the scheduler's 3 platform retries (the default).
-    assert body["attempts_at_most"] == 5
-    assert Decimal(body["worst_case_cost"]) == Decimal("12.5")
+    # The attempt and its restart (the platform's retries are the platform's to pay).
+    assert "attempts_at_most" not in body
+    assert Decimal(body["worst_case_cost"]) == Decimal("5")
     assert body["currency"] == "USD"
 
     unpriced = await client.post(
@@ -237,13 +237,15 @@ async def test_a_job_spec_is_estimated_from_its_resources_runtime_and_restarts(
     assert anonymous.status_code == 401
 
 
-async def test_an_attempt_that_failed_through_the_platform_is_not_charged(
-    pool: asyncpg.Pool,
+async def test_an_attempt_that_failed_through_the_platform_is_not_charged_nor_estimated(
+    pool: asyncpg.Pool, client: httpx.AsyncClient
 ) -> None:
     """A job failing with ``platform_error`` is run again up to the scheduler's
     ``platform_retries`` times apart from ``max_restarts``. Billing charged each such
-    attempt to the team (2.5 here) like any failed attempt; now it is charged to the
-    platform (the team pays 0). The estimate still counts those attempts."""
+    attempt to the team (2.5 here), and its estimate counted 1 + ``max_restarts`` + a
+    setting kept equal to the scheduler's by hand (4 attempts with no restart). Now such an
+    attempt is charged to the platform (the team pays 0), and the worst case is 1 +
+    ``max_restarts`` attempts."""
     attempt = released("p1", datetime.now(UTC) - timedelta(hours=2), timedelta(minutes=30))
     attempt = attempt.model_copy(update={"outcome": "failed"})
     report = JobFailed(
@@ -271,14 +273,12 @@ async def test_an_attempt_that_failed_through_the_platform_is_not_charged(
     )
     assert charged == 0  # the team's
 
-    spec = {"gpus": 2, "gpu_flavor": "a100", "max_runtime_seconds": 1800, "max_restarts": 0}
-    for retries, attempts in ((3, 4), (0, 1)):
-        app = create_app(pool, service_guard(SecretStr("s3cret")), [], platform_retries=retries)
-        transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
-        async with httpx.AsyncClient(transport=transport, base_url="http://billing") as c:
-            answer = await c.post("/v1/costs/estimate", json=spec, headers=OPERATOR)
+    spec = {"gpus": 2, "gpu_flavor": "a100", "max_runtime_seconds": 1800}
+    for restarts, attempts in ((0, 1), (2, 3)):
+        answer = await client.post(
+            "/v1/costs/estimate", json={**spec, "max_restarts": restarts}, headers=ML_VIEWER
+        )
         assert answer.status_code == 200, answer.text
-        assert answer.json()["attempts_at_most"] == attempts
         assert Decimal(answer.json()["worst_case_cost"]) == Decimal("2.5") * attempts
 
 

@@ -57,7 +57,7 @@ def test_the_estimate_is_noted_before_submitting(
     assert out.out == ""  # stdout stays the submission's (``--json`` included)
     assert out.err.strip() == (
         "estimated cost: at most 2.500000 USD (2 x a100 for 1800 s; 10.000000 USD if every "
-        "restart and platform retry is used)"
+        "restart is used)"
     )
 
 
