@@ -526,6 +526,8 @@ async def platform(
         await agent.recover()
         loops = agent_loops(agent, runner, stop)
         tasks.append(asyncio.create_task(loops.pop("allocations")))
+        # The drain too: it removes the node's cgroups when ``stop`` is set.
+        tasks.append(asyncio.create_task(loops.pop("drain")))
         for unused in loops.values():
             unused.close()
         try:
