@@ -81,7 +81,9 @@ class Cursor:
             raise bad
         try:
             found = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-        except (binascii.Error, ValueError, UnicodeDecodeError):
+        except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError):
+            # RecursionError: arrays nested thousands deep, which a list allowing long
+            # cursors (a job's log positions) would otherwise let through to a 500.
             raise bad from None
         if not isinstance(found, dict) or set(found) != {"list", "key"}:
             raise bad

@@ -130,3 +130,13 @@ def test_an_instant_comes_back_in_utc() -> None:
     key = at.read(at.write("2026-01-01T09:00:00+09:00"))
     assert key == (datetime(2026, 1, 1, 0, 0, tzinfo=UTC),)
     assert key is not None and key[0].utcoffset() is not None and not key[0].utcoffset()
+
+
+def test_a_cursor_nested_thousands_deep_is_refused_on_after_not_a_crash() -> None:
+    """A list allowing long cursors (a job's log positions: 20,000 characters) let JSON
+    arrays nested 10,000 deep reach ``json.loads``, whose RecursionError was a 500."""
+    cursor = paging.Cursor("GET /v1/jobs/{id}/logs", str, max_chars=20_000)
+    nested = base64.urlsafe_b64encode(b"[" * 10_000).decode().rstrip("=")
+    with pytest.raises(RequestInvalid) as refused:
+        cursor.read(nested)
+    assert refused.value.errors[0].field == "after"
