@@ -132,6 +132,43 @@ def json_request_body(
     )
 
 
+MERGE_PATCH = "application/merge-patch+json"
+"""The media type of a JSON Merge Patch (RFC 7396)."""
+
+
+def merge_patch_request_body(model: type[BaseModel]) -> type[Operation]:
+    """The ``operation_class`` of a route that reads a JSON Merge Patch of ``model`` (RFC
+    7396, ``shared.merge_patch``): its document shows ``model``'s schema with every field
+    optional and nullable (``null`` puts a field back to its default), as
+    ``application/merge-patch+json`` and ``application/json``, both of which it reads."""
+    media = OpenAPIMediaType(schema=_JSONSchema(document=_patchable(_inlined(model))))
+    return _with_body(
+        f"{model.__name__}Patch",
+        RequestBody(content={MERGE_PATCH: media, "application/json": media}, required=True),
+    )
+
+
+def _patchable(node: Any) -> Any:
+    """A JSON Schema of a document -> that of a merge patch of it: no member required, each
+    one also ``null``, objects within alike."""
+    if not isinstance(node, dict):
+        return node
+    node = {key: value for key, value in node.items() if key != "required"}
+    for members in ("properties", "patternProperties"):
+        if isinstance(node.get(members), dict):
+            node[members] = {k: _nullable(_patchable(v)) for k, v in node[members].items()}
+    if isinstance(node.get("additionalProperties"), dict):
+        node["additionalProperties"] = _nullable(_patchable(node["additionalProperties"]))
+    for key in ("anyOf", "oneOf", "allOf"):
+        if isinstance(node.get(key), list):
+            node[key] = [_patchable(branch) for branch in node[key]]
+    return node
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
 def bytes_request_body(description: str) -> type[Operation]:
     """The ``operation_class`` of a route that reads raw bytes (``description``) as its body."""
     binary = Schema(type=OpenAPIType.STRING, content_media_type="application/octet-stream")
@@ -203,7 +240,7 @@ def cors_config(origins: Sequence[str]) -> CORSConfig | None:
         raise ValueError("CORS: name the origins; '*' is not allowed")
     return CORSConfig(
         allow_origins=list(origins),
-        allow_methods=["GET", "HEAD", "POST", "PUT", "DELETE"],
+        allow_methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"],
         allow_headers=list(CORS_ALLOW_HEADERS),
         expose_headers=list(CORS_EXPOSE_HEADERS),
         allow_credentials=False,

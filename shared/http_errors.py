@@ -595,20 +595,23 @@ async def read_body(request: Request[Any, Any, Any], limit: int, too_large: str)
 
 
 async def read_json_body(
-    request: Request[Any, Any, Any], limit: int, free_text: Callable[[str], bool]
+    request: Request[Any, Any, Any],
+    limit: int,
+    free_text: Callable[[str], bool],
+    media_types: Sequence[str] = ("application/json",),
 ) -> bytes:
-    """The body of a JSON request: 415 unless ``Content-Type: application/json`` (UTF-8; no
-    other ``charset``), 413 past ``limit`` bytes (``read_body``), then screened by
+    """The body of a JSON request: 415 unless its ``Content-Type`` is one of ``media_types``
+    (UTF-8; no other ``charset``), 413 past ``limit`` bytes (``read_body``), then screened by
     ``check_json`` (``free_text``: the paths whose strings may hold tab, newline, CR)."""
     media, _, params = request.headers.get("content-type", "").partition(";")
     charset = re.search(r"charset\s*=\s*\"?([^\";\s]+)", params, re.IGNORECASE)
-    if media.strip().lower() != "application/json" or (
+    if media.strip().lower() not in media_types or (
         charset is not None and charset.group(1).lower() not in ("utf-8", "utf8")
     ):
         raise HTTPException(
             status_code=415,
             detail="unsupported media type: send the body as JSON with "
-            "Content-Type: application/json (UTF-8)",
+            f"Content-Type: {' or '.join(media_types)} (UTF-8)",
         )
     body = await read_body(request, limit, json_too_large(limit))
     check_json(body, free_text=free_text)

@@ -4,24 +4,35 @@ priority classes) and billing's price book, without hand-written JSON.
     trainyard admin flavors ls | show NAME | set NAME [--description D] | rm NAME
     trainyard admin cohorts ls | show NAME | set NAME [--description D] | rm NAME
     trainyard admin queues ls | show NAME | rm NAME
-    trainyard admin queues set NAME --team T [--cohort C] [--weight W]
-        [--quota FLAVOR=N]... [--borrow FLAVOR=N]... [--lend FLAVOR=N]...
+    trainyard admin queues set NAME [--team T] [--cohort C | --no-cohort] [--weight W]
+        [--quota FLAVOR=N]... [--borrow FLAVOR=N|none]... [--lend FLAVOR=N|none]...
+        [--remove-quota FLAVOR]... [--replace]
     trainyard admin priority-classes ls | show NAME | rm NAME
-    trainyard admin priority-classes set NAME --value N --preemptible|--no-preemptible
-        [--min-runtime S] [--description D]
+    trainyard admin priority-classes set NAME [--value N] [--preemptible|--no-preemptible]
+        [--min-runtime S] [--description D] [--replace]
     trainyard admin prices ...                     billing's prices (``cli_prices``)
 
 Each kind is the scheduler's ``/v1/admin/{kind}`` routes: ``ls`` every page of ``GET
 /v1/admin/{kind}`` (the ``Link`` header followed), ``show`` ``GET .../{name}``, ``set`` ``PUT
 .../{name}`` and ``rm`` ``DELETE .../{name}``; ``--json`` prints the scheduler's answer
-(``rm``: ``{"removed": NAME}``). ``set`` sends the whole definition, as ``PUT`` replaces it:
-what it leaves out takes the route's default (no cohort, weight 1, no quotas, an empty
-description). Reads are open to every user; writes are the operators' (403 for anyone else).
+(``rm``: ``{"removed": NAME}``). Reads are open to every user; writes are the operators' (403
+for anyone else).
+
+``set`` of a queue or a priority class that exists changes only what its options name and
+keeps the rest (``PATCH``, a JSON Merge Patch the scheduler applies under its lock: no other
+change falls between reading and writing): ``queues set vision --weight 2`` keeps the team,
+cohort and quotas; ``--quota``, ``--borrow`` and ``--lend`` change that flavor's figure
+alone, ``none`` lifts a limit, ``--remove-quota`` drops a flavor's quota, ``--no-cohort``
+leaves the cohort. When there is none yet (404), ``set`` creates it with ``PUT`` (a queue
+then needs ``--team``, a class ``--value`` and ``--preemptible``, or the scheduler names
+what is missing). ``--replace`` sends the whole definition with ``PUT`` instead: what it
+leaves out takes the route's default (no cohort, weight 1, no quotas, an empty description).
+A flavor's or a cohort's only field is its description, so their ``set`` is always a ``PUT``.
 
 What the command line alone shows to be wrong is a usage error before any request (exit 2):
-a ``--quota h200=abc`` (no whole number), a flavor given twice to one option, a ``--borrow``
-or ``--lend`` of a flavor without a ``--quota``, a weight or a runtime that is no finite
-number. The values themselves (bounds, names, a cohort that exists) are the scheduler's to
+a ``--quota h200=abc`` (no whole number), a flavor given twice to one option or both set and
+removed, a weight or a runtime that is no finite number; and, for a ``PUT``, a ``--borrow``
+or ``--lend`` of a flavor without a ``--quota``. The values themselves (bounds, names, a cohort that exists) are the scheduler's to
 judge: its refusal is one line, ``scheduler: 422 invalid request (quotas.h200.nominal:
 ...)``, with the exit code of its status (403: 4, 404: 3, 409 a cohort with queues: 1).
 """
@@ -35,9 +46,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainyard import cli_prices
-from trainyard.cli_base import CliError, Exit, Session, asked
+from trainyard.cli_base import CliError, Exit, Session, asked, exit_code_of
 from trainyard.cli_render import table, time_text
-from trainyard.client import segment
+from trainyard.client import TrainyardError, segment
 
 Row = tuple[object, ...]
 
@@ -54,6 +65,14 @@ def count_arg(value: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(
             f"{value!r}: {number!r} is not a whole number of GPUs"
         ) from None
+
+
+def limit_arg(value: str) -> tuple[str, int | None]:
+    """``FLAVOR=N`` or ``FLAVOR=none`` (``--borrow``, ``--lend``): a limit, or none."""
+    flavor, sep, number = value.partition("=")
+    if sep and flavor.strip() and number.strip().lower() == "none":
+        return flavor, None
+    return count_arg(value)
 
 
 def finite_arg(value: str) -> float:
@@ -79,6 +98,9 @@ class Kind:
     row: Callable[[dict[str, Any]], Row]
     options: Callable[[argparse.ArgumentParser], None]
     body: Callable[[argparse.Namespace], dict[str, Any]]
+    patch: Callable[[argparse.Namespace], dict[str, Any]] | None = None
+    """The merge patch of ``set``'s options, for a kind the scheduler patches (None: ``set``
+    is always a ``PUT``)."""
 
     def path(self, name: str | None = None) -> str:
         return f"/v1/admin/{self.name}" + ("" if name is None else f"/{segment(name)}")
@@ -93,52 +115,102 @@ def _described(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _queue_options(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("--team", required=True, help="the team whose jobs the queue holds")
-    sub.add_argument("--cohort", help="the cohort it lends to and borrows from")
+    sub.add_argument("--team", help="the team whose jobs the queue holds (to create it)")
+    cohort = sub.add_mutually_exclusive_group()
+    cohort.add_argument("--cohort", help="the cohort it lends to and borrows from")
+    cohort.add_argument("--no-cohort", action="store_true", help="leave its cohort")
     sub.add_argument("--weight", type=finite_arg, help="its fair share in the cohort (1)")
+    sub.add_argument(
+        "--quota",
+        action="append",
+        type=count_arg,
+        metavar="FLAVOR=N",
+        help="GPUs of FLAVOR the queue is guaranteed (repeat per flavor)",
+    )
     for option, text in (
-        ("--quota", "GPUs of FLAVOR the queue is guaranteed (repeat per flavor)"),
-        ("--borrow", "most GPUs of FLAVOR it may borrow beyond its quota (default: no limit)"),
-        ("--lend", "most of its unused quota of FLAVOR it lends (default: all of it)"),
+        ("--borrow", "most GPUs of FLAVOR it may borrow beyond its quota (none: no limit)"),
+        ("--lend", "most of its unused quota of FLAVOR it lends (none: all of it)"),
     ):
-        sub.add_argument(option, action="append", type=count_arg, metavar="FLAVOR=N", help=text)
+        sub.add_argument(
+            option, action="append", type=limit_arg, metavar="FLAVOR=N|none", help=text
+        )
+    sub.add_argument(
+        "--remove-quota", action="append", metavar="FLAVOR", help="drop its quota of FLAVOR"
+    )
+    _replace_option(sub)
+
+
+def _replace_option(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "--replace",
+        action="store_true",
+        help="send the whole definition (PUT): what the options leave out takes its default",
+    )
+
+
+_QUOTA_FIELDS = (("quota", "nominal"), ("borrow", "borrowing_limit"), ("lend", "lending_limit"))
+
+
+def _quota_figures(args: argparse.Namespace) -> dict[str, dict[str, int | None]]:
+    """Each flavor's figures from ``--quota``, ``--borrow`` and ``--lend`` (usage error: a
+    flavor twice to one option)."""
+    quotas: dict[str, dict[str, int | None]] = {}
+    for option, field in _QUOTA_FIELDS:
+        for flavor, number in getattr(args, option) or []:
+            if field in quotas.setdefault(flavor, {}):
+                raise CliError(f"--{option} names {flavor} twice", Exit.USAGE)
+            quotas[flavor][field] = number
+    return quotas
 
 
 def _queue_body(args: argparse.Namespace) -> dict[str, Any]:
     """The body of ``PUT /v1/admin/queues/{name}``: each flavor's quota from ``--quota``, its
-    limits from ``--borrow`` and ``--lend`` (usage errors: a flavor twice to one option, a
-    limit without a quota)."""
-    quotas: dict[str, dict[str, int]] = {}
-    for option, field in (
-        ("quota", "nominal"),
-        ("borrow", "borrowing_limit"),
-        ("lend", "lending_limit"),
-    ):
-        for flavor, number in getattr(args, option) or []:
-            if option != "quota" and flavor not in quotas:
-                raise CliError(
-                    f"--{option} {flavor}={number}: give --quota {flavor}=N too", Exit.USAGE
-                )
-            if field in quotas.setdefault(flavor, {}):
-                raise CliError(f"--{option} names {flavor} twice", Exit.USAGE)
-            quotas[flavor][field] = number
-    body: dict[str, Any] = {"team": args.team, "quotas": quotas}
-    if args.cohort is not None:
-        body["cohort"] = args.cohort
-    if args.weight is not None:
-        body["weight"] = args.weight
+    limits from ``--borrow`` and ``--lend`` (usage error: a limit without a quota); what is
+    not given is left out, for the scheduler to default or to name as missing."""
+    quotas = _quota_figures(args)
+    for flavor, figures in quotas.items():
+        if "nominal" not in figures:
+            option, number = next((o, figures[f]) for o, f in _QUOTA_FIELDS if f in figures)
+            raise CliError(f"--{option} {flavor}={number}: give --quota {flavor}=N too", Exit.USAGE)
+    body: dict[str, Any] = {
+        "quotas": {
+            flavor: {k: v for k, v in figures.items() if v is not None}
+            for flavor, figures in quotas.items()
+        }
+    }
+    for option in ("team", "cohort", "weight"):
+        if getattr(args, option) is not None:
+            body[option] = getattr(args, option)
     return body
+
+
+def _queue_patch(args: argparse.Namespace) -> dict[str, Any]:
+    """The merge patch of ``PATCH /v1/admin/queues/{name}``: only what the options name
+    (usage error: a flavor both set and removed)."""
+    quotas: dict[str, Any] = dict(_quota_figures(args))
+    for flavor in args.remove_quota or []:
+        if flavor in quotas:
+            raise CliError(
+                f"--remove-quota {flavor}: --quota, --borrow or --lend set it", Exit.USAGE
+            )
+        quotas[flavor] = None
+    patch: dict[str, Any] = {"quotas": quotas} if quotas else {}
+    for option in ("team", "cohort", "weight"):
+        if getattr(args, option) is not None:
+            patch[option] = getattr(args, option)
+    if args.no_cohort:
+        patch["cohort"] = None
+    return patch
 
 
 def _class_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument(
-        "--value", type=int, required=True, help="higher runs first, may preempt lower"
+        "--value", type=int, help="higher runs first, may preempt lower (to create it)"
     )
     sub.add_argument(
         "--preemptible",
         action=argparse.BooleanOptionalAction,
-        required=True,
-        help="whether a job of the class may be preempted",
+        help="whether a job of the class may be preempted (to create it)",
     )
     sub.add_argument(
         "--min-runtime",
@@ -147,12 +219,19 @@ def _class_options(sub: argparse.ArgumentParser) -> None:
         help="seconds a job runs before it may be preempted (0)",
     )
     _description_option(sub)
+    _replace_option(sub)
 
 
 def _class_body(args: argparse.Namespace) -> dict[str, Any]:
-    body: dict[str, Any] = {"value": args.value, "preemptible": args.preemptible}
-    if args.min_runtime is not None:
-        body["min_runtime_seconds"] = args.min_runtime
+    """The body of a ``PUT`` (or the patch) of a priority class: the options given."""
+    body: dict[str, Any] = {}
+    for option, field in (
+        ("value", "value"),
+        ("preemptible", "preemptible"),
+        ("min_runtime", "min_runtime_seconds"),
+    ):
+        if getattr(args, option) is not None:
+            body[field] = getattr(args, option)
     return {**body, **_described(args)}
 
 
@@ -215,6 +294,7 @@ KINDS = (
         ),
         _queue_options,
         _queue_body,
+        _queue_patch,
     ),
     Kind(
         "priority-classes",
@@ -228,6 +308,7 @@ KINDS = (
             _one_line(p["description"]),
         ),
         _class_options,
+        _class_body,
         _class_body,
     ),
 )
@@ -264,9 +345,12 @@ def _add_kind(
     action("ls", _lister(kind), f"every {kind.noun}")
     show = action("show", _shower(kind), f"one {kind.noun}")
     show.add_argument("name", metavar="NAME")
-    put = action(
-        "set", _setter(kind), f"create a {kind.noun} or replace its whole definition (operators)"
+    text = (
+        f"create a {kind.noun} or replace its whole definition (operators)"
+        if kind.patch is None
+        else f"create a {kind.noun}, or change only what the options name (operators)"
     )
+    put = action("set", _setter(kind), text)
     put.add_argument("name", metavar="NAME")
     kind.options(put)
     rm = action("rm", _remover(kind), f"delete a {kind.noun} (operators)")
@@ -298,18 +382,33 @@ def _shower(kind: Kind) -> Callable[[Session], int]:
 
 def _setter(kind: Kind) -> Callable[[Session], int]:
     def run(session: Session) -> int:
-        body = kind.body(session.args)  # usage errors before any request
-        path = kind.path(session.args.name)
-        found = asked("scheduler", lambda: session.service("scheduler").call("PUT", path, body))
+        args = session.args
+        path = kind.path(args.name)
+        scheduler = session.service("scheduler")
+        if kind.patch is not None and not args.replace:
+            patch = kind.patch(args)  # usage errors before any request
+            try:
+                found = scheduler.call("PATCH", path, patch)
+            except TrainyardError as exc:
+                if exc.status != 404:
+                    raise CliError(f"scheduler: {exc}", exit_code_of(exc)) from None
+            else:
+                return _show_set(session, kind, "set", found)
+        body = kind.body(args)
+        found = asked("scheduler", lambda: scheduler.call("PUT", path, body))
         response = getattr(found, "response", None)
         done = "created" if response is not None and response.status_code == 201 else "set"
-        session.emit(
-            found,
-            lambda: f"{done} {kind.noun} {found['name']}\n" + table(kind.header, [kind.row(found)]),
-        )
-        return Exit.OK
+        return _show_set(session, kind, done, found)
 
     return run
+
+
+def _show_set(session: Session, kind: Kind, done: str, found: dict[str, Any]) -> int:
+    session.emit(
+        found,
+        lambda: f"{done} {kind.noun} {found['name']}\n" + table(kind.header, [kind.row(found)]),
+    )
+    return Exit.OK
 
 
 def _remover(kind: Kind) -> Callable[[Session], int]:

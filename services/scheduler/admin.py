@@ -12,6 +12,9 @@ Contract:
   is refused (422 naming ``team``); queues of teams it knows stay editable with it (quota
   changes while the submission service is down).
 - ``cordon_node`` and ``uncordon_node`` raise ``NotFound`` (404) for a node never heard of.
+- ``patch_queue`` and ``patch_priority_class`` change only the fields a JSON Merge Patch
+  names (RFC 7396: ``null`` puts a field back to its default); the result is judged as the
+  ``PUT`` of it would be, read and written under the lock. A patch never creates (404).
 - Every ``delete_*`` raises ``NotFound`` (404) for an absent name, and ``Conflict`` (409,
   naming what still uses it) rather than orphan anything: a flavor of a node, a quota or an
   unfinished job; a cohort with queues; a queue or a priority class of unfinished jobs.
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import asyncpg
 from pydantic import BaseModel
@@ -56,8 +60,10 @@ from trainyard_platform.services.scheduler.admin_schemas import (
     check_name,
     cohort_view,
     flavor_view,
+    patched,
     priority_class_view,
     queue_config_view,
+    queue_request_of,
 )
 from trainyard_platform.services.scheduler.convert import implicit_queue
 from trainyard_platform.services.scheduler.scheduling import emit
@@ -82,14 +88,19 @@ class Conflict(Exception):
 
 @asynccontextmanager
 async def _writing(
-    pool: asyncpg.Pool, by: Principal, action: str, target: str, body: BaseModel | None = None
+    pool: asyncpg.Pool,
+    by: Principal,
+    action: str,
+    target: str,
+    body: BaseModel | Mapping[str, Any] | None = None,
 ) -> AsyncIterator[asyncpg.Connection]:
     """A transaction under the scheduling lock that wakes the pass loop when it commits and
-    records ``action`` on ``target`` by ``by`` in the audit log (with the request's fields)."""
+    records ``action`` on ``target`` by ``by`` in the audit log (with the request's fields:
+    a patch as it was sent)."""
     async with pool.acquire() as conn, conn.transaction():
         await repo.lock_scheduler(conn)
         yield conn
-        detail = body.model_dump(mode="json") if body is not None else {}
+        detail = body.model_dump(mode="json") if isinstance(body, BaseModel) else dict(body or {})
         await audit.record(conn, by, action, target, detail)
         await admin_repo.notify_config_changed(conn)
 
@@ -268,33 +279,57 @@ async def put_queue(
             await teams.require(body.team, "team")
     async with _writing(pool, by, "put queue", name, body) as conn:
         await _check_references(conn, body)
-        existing = await admin_repo.queue(conn, name)
-        current = await admin_repo.queue_of_team(conn, body.team)
-        created = existing is None
-        if existing is not None and existing["team"] != body.team:
-            raise RequestInvalid.one(
-                "team", f"queue {name} belongs to team {existing['team']}; a queue keeps its team"
-            )
-        if existing is None and current is not None and not current["implicit"]:
-            raise Conflict(f"team {body.team} already has queue {current['name']}")
-        if existing is None and current is not None:
-            await admin_repo.adopt_implicit_queue(
-                conn, current["name"], name, body.cohort, body.weight
-            )
-        else:
-            await admin_repo.upsert_queue(conn, name, body.team, body.cohort, body.weight)
-        await admin_repo.replace_quotas(
-            conn,
-            name,
-            [
-                (flavor, q.nominal, q.borrowing_limit, q.lending_limit)
-                for flavor, q in sorted(body.quotas.items())
-            ],
-        )
+        return await _write_queue(conn, name, body)
+
+
+async def patch_queue(
+    pool: asyncpg.Pool, name: str, patch: Mapping[str, Any], by: Principal
+) -> QueueConfigView:
+    """Change the fields of queue ``name`` that ``patch`` names (JSON Merge Patch of its
+    ``PUT`` body, ``shared.merge_patch``) and keep the rest, read and written under the
+    scheduling lock so no other change falls between. The result is judged as a ``PUT`` of
+    it would be; ``NotFound`` when there is no such queue (a patch never creates one)."""
+    check_name(name)
+    async with _writing(pool, by, "patch queue", name, patch) as conn:
         row = await admin_repo.queue(conn, name)
-        quotas = await admin_repo.quotas(conn, [name])
+        if row is None:
+            raise NotFound(f"no queue {name}; create it with PUT /v1/admin/queues/{name}")
+        current = queue_config_view(row, await admin_repo.quotas(conn, [name]))
+        body = patched(QueueRequest, queue_request_of(current), patch)
+        await _check_references(conn, body)
+        view, _ = await _write_queue(conn, name, body)
+    return view
+
+
+async def _write_queue(
+    conn: asyncpg.Connection, name: str, body: QueueRequest
+) -> tuple[QueueConfigView, bool]:
+    """Store ``body`` as queue ``name`` (under the lock, references checked): its view, and
+    whether it was created."""
+    existing = await admin_repo.queue(conn, name)
+    current = await admin_repo.queue_of_team(conn, body.team)
+    created = existing is None
+    if existing is not None and existing["team"] != body.team:
+        raise RequestInvalid.one(
+            "team", f"queue {name} belongs to team {existing['team']}; a queue keeps its team"
+        )
+    if existing is None and current is not None and not current["implicit"]:
+        raise Conflict(f"team {body.team} already has queue {current['name']}")
+    if existing is None and current is not None:
+        await admin_repo.adopt_implicit_queue(conn, current["name"], name, body.cohort, body.weight)
+    else:
+        await admin_repo.upsert_queue(conn, name, body.team, body.cohort, body.weight)
+    await admin_repo.replace_quotas(
+        conn,
+        name,
+        [
+            (flavor, q.nominal, q.borrowing_limit, q.lending_limit)
+            for flavor, q in sorted(body.quotas.items())
+        ],
+    )
+    row = await admin_repo.queue(conn, name)
     assert row is not None
-    return queue_config_view(row, quotas), created
+    return queue_config_view(row, await admin_repo.quotas(conn, [name])), created
 
 
 async def delete_queue(pool: asyncpg.Pool, name: str, by: Principal) -> None:
@@ -371,10 +406,34 @@ async def put_priority_class(
 ) -> tuple[PriorityClassView, bool]:
     check_name(name)
     async with _writing(pool, by, "put priority-class", name, body) as conn:
-        created = await admin_repo.upsert_priority_class(
-            conn, name, body.value, body.preemptible, body.min_runtime_seconds, body.description
-        )
+        return await _write_priority_class(conn, name, body)
+
+
+async def patch_priority_class(
+    pool: asyncpg.Pool, name: str, patch: Mapping[str, Any], by: Principal
+) -> PriorityClassView:
+    """Change the fields of priority class ``name`` that ``patch`` names, keep the rest (as
+    ``patch_queue``)."""
+    check_name(name)
+    async with _writing(pool, by, "patch priority-class", name, patch) as conn:
         row = await admin_repo.priority_class(conn, name)
+        if row is None:
+            raise NotFound(
+                f"no priority class {name}; create it with PUT /v1/admin/priority-classes/{name}"
+            )
+        current = priority_class_view(row).model_dump(exclude={"name"})
+        body = patched(PriorityClassRequest, current, patch)
+        view, _ = await _write_priority_class(conn, name, body)
+    return view
+
+
+async def _write_priority_class(
+    conn: asyncpg.Connection, name: str, body: PriorityClassRequest
+) -> tuple[PriorityClassView, bool]:
+    created = await admin_repo.upsert_priority_class(
+        conn, name, body.value, body.preemptible, body.min_runtime_seconds, body.description
+    )
+    row = await admin_repo.priority_class(conn, name)
     assert row is not None
     return priority_class_view(row), created
 

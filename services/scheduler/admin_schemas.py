@@ -7,14 +7,16 @@ reported with its path (``quotas.a100.nominal``), all at once, answered with 422
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trainyard_platform.shared.http_errors import RequestInvalid
+from trainyard_platform.shared.http_errors import RequestInvalid, parse_body
+from trainyard_platform.shared.merge_patch import merge_patch
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,39}$"
 """Names of queues, cohorts and priority classes (the same rule as a job's ``priority``)."""
@@ -28,6 +30,9 @@ Flavor = Annotated[str, Field(pattern=FLAVOR_PATTERN)]
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+R = TypeVar("R", bound=_Request)
 
 
 class FlavorRequest(_Request):
@@ -136,6 +141,18 @@ class PriorityClassView(BaseModel):
     preemptible: bool
     min_runtime_seconds: float
     description: str
+
+
+def patched(model: type[R], current: Mapping[str, Any], patch: Mapping[str, Any]) -> R:
+    """``current`` (a ``PUT`` body of ``model``) with the JSON Merge Patch ``patch`` applied,
+    judged as that ``PUT`` would be (``RequestInvalid`` naming each bad field; the paths of a
+    patch and of the document it makes are the same)."""
+    return parse_body(model, json.dumps(merge_patch(current, patch)).encode())
+
+
+def queue_request_of(view: QueueConfigView) -> dict[str, Any]:
+    """The ``PUT`` body that defines the queue ``view`` shows (what a patch applies to)."""
+    return view.model_dump(include={"team", "cohort", "weight", "quotas"})
 
 
 def check_name(value: str, pattern: str = NAME_PATTERN) -> str:

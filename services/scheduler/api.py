@@ -11,7 +11,8 @@ Contract:
   write is recorded in the audit log (``GET /v1/audit``, operators).
 - They read and write PostgreSQL directly, so they work on every replica, leader or not.
 - Admin routes: ``GET /v1/admin/flavors``, ``GET|PUT|DELETE /v1/admin/flavors/{name}``, and
-  the same for ``cohorts``, ``queues`` and ``priority-classes``. The four lists come a page at
+  the same for ``cohorts``, ``queues`` and ``priority-classes``; ``PATCH`` of a queue or a
+  priority class changes only the fields its JSON Merge Patch names (404 when there is none). The four lists come a page at
   a time (``shared.paging``: ``limit`` 1 to ``ADMIN_PAGE_MAX``, default 100, the next page in
   ``Link: <...>; rel="next"``). ``PUT`` creates (201) or
   replaces (200) and returns the resource; ``DELETE`` answers 204, or 409 naming what still
@@ -32,12 +33,13 @@ Contract:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any
 from urllib.parse import quote
 
 import asyncpg
-from litestar import Litestar, Request, Response, Router, delete, get, post, put
+from litestar import Litestar, Request, Response, Router, delete, get, patch, post, put
 from litestar.di import NamedDependency
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import ResponseSpec
@@ -72,8 +74,14 @@ from trainyard_platform.services.scheduler.schemas import (
 from trainyard_platform.shared import paging
 from trainyard_platform.shared.access import Teams, needs
 from trainyard_platform.shared.audit import audit_route
-from trainyard_platform.shared.http_app import error_responses, json_request_body, service_app
-from trainyard_platform.shared.http_errors import parse_body, read_json_body
+from trainyard_platform.shared.http_app import (
+    MERGE_PATCH,
+    error_responses,
+    json_request_body,
+    merge_patch_request_body,
+    service_app,
+)
+from trainyard_platform.shared.http_errors import RequestInvalid, parse_body, read_json_body
 from trainyard_platform.shared.identity import Principal, Role
 
 AnyRequest = Request[Any, Any, Any]
@@ -196,6 +204,22 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         body = await _body(QueueRequest, request)
         return _created(*await admin.put_queue(pool, name, body, principal, teams))
 
+    @patch(
+        "/queues/{name:str}",
+        opt=needs(Role.OPERATOR),
+        operation_class=merge_patch_request_body(QueueRequest),
+        responses=error_responses(404, 409, 413, 415),
+    )
+    async def patch_queue(
+        name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
+        request: AnyRequest,
+        principal: Caller,
+    ) -> QueueConfigView:
+        """Change only the fields the body names (a JSON Merge Patch, RFC 7396, of the
+        ``PUT`` body: ``{"weight": 2}``, ``{"quotas": {"a100": {"nominal": 16}}}``, ``null``
+        to remove a quota or put a field back to its default); the rest stays."""
+        return await admin.patch_queue(pool, name, await _patch_body(request), principal)
+
     @delete("/queues/{name:str}", opt=needs(Role.OPERATOR), responses=error_responses(404, 409))
     async def delete_queue(name: FromPath[str], principal: Caller) -> None:
         await admin.delete_queue(pool, name, principal)
@@ -226,6 +250,20 @@ def admin_router(pool: asyncpg.Pool) -> Router:
     ) -> Response[PriorityClassView]:
         body = await _body(PriorityClassRequest, request)
         return _created(*await admin.put_priority_class(pool, name, body, principal))
+
+    @patch(
+        "/priority-classes/{name:str}",
+        opt=needs(Role.OPERATOR),
+        operation_class=merge_patch_request_body(PriorityClassRequest),
+        responses=error_responses(404, 413, 415),
+    )
+    async def patch_class(
+        name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
+        request: AnyRequest,
+        principal: Caller,
+    ) -> PriorityClassView:
+        """Change only the fields the body names (a JSON Merge Patch of the ``PUT`` body)."""
+        return await admin.patch_priority_class(pool, name, await _patch_body(request), principal)
 
     @delete(
         "/priority-classes/{name:str}",
@@ -275,10 +313,12 @@ def admin_router(pool: asyncpg.Pool) -> Router:
             list_queues,
             get_queue,
             put_queue,
+            patch_queue,
             delete_queue,
             list_classes,
             get_class,
             put_class,
+            patch_class,
             delete_class,
         ],
     )
@@ -289,6 +329,20 @@ async def _body(model: type[Any], request: AnyRequest) -> Any:
         request, ADMIN_BODY_MAX_BYTES, free_text=lambda path: path == "description"
     )
     return parse_body(model, body)
+
+
+async def _patch_body(request: AnyRequest) -> dict[str, Any]:
+    """A JSON Merge Patch body, read and screened as ``_body``'s; it must be an object."""
+    body = await read_json_body(
+        request,
+        ADMIN_BODY_MAX_BYTES,
+        free_text=lambda path: path == "description",
+        media_types=(MERGE_PATCH, "application/json"),
+    )
+    patch = json.loads(body)
+    if not isinstance(patch, dict):
+        raise RequestInvalid.one("body", "must be a JSON object (a JSON Merge Patch)")
+    return patch
 
 
 def readiness_handler(readiness: Readiness) -> HTTPRouteHandler:

@@ -331,6 +331,11 @@ def test_an_operator_defines_a_cohort_and_a_queue_with_a_quota(
             if "e2e-ops" in line
         )
         assert row.split() == ["e2e-ops", "gov", "e2e-research", "1", "cpu=1", "(borrow", "2)"]
+        # A set of an existing queue changes only what it names (a PATCH).
+        said = run(operator, "admin", "queues", "set", "e2e-ops", "--weight", "3")
+        assert said.splitlines()[2].split() == [
+            *("e2e-ops", "gov", "e2e-research", "3", "cpu=1", "(borrow", "2)")
+        ], said
         refused = run(operator, "admin", "cohorts", "rm", "e2e-research", code=1)
         assert "scheduler: 409 cohort e2e-research is in use by queues e2e-ops" in refused
         assert "scheduler: 403 " in run(scheduler, "admin", "cohorts", "rm", "e2e-research", code=4)

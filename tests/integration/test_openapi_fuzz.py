@@ -284,6 +284,8 @@ JSON_BODIES: dict[tuple[str, str, str], type[BaseModel]] = {
     ("scheduler", "put", "/v1/admin/cohorts/{name}"): CohortRequest,
     ("scheduler", "put", "/v1/admin/queues/{name}"): QueueRequest,
     ("scheduler", "put", "/v1/admin/priority-classes/{name}"): PriorityClassRequest,
+    ("scheduler", "patch", "/v1/admin/queues/{name}"): QueueRequest,
+    ("scheduler", "patch", "/v1/admin/priority-classes/{name}"): PriorityClassRequest,
     ("scheduler", "post", "/v1/admin/nodes/{node_id}/cordon"): CordonRequest,
     ("registry", "put", "/v1/jobs/{job_id}/note"): NoteBody,
     ("registry", "post", "/v1/models/{team}/{name}/versions"): RegisterRequest,
@@ -323,6 +325,9 @@ async def test_the_documents_declare_the_errors_the_security_and_the_bodies(
                 if model is not EstimateRequest:  # a whole job spec, of which it reads a few
                     assert schema["additionalProperties"] is False, f"{method} {path}"
                 assert "$ref" not in json.dumps(schema)  # its $defs are inlined
+                if method == "patch":  # a JSON Merge Patch of the PUT's body: nothing required
+                    assert body["content"]["application/merge-patch+json"]["schema"] == schema
+                    assert '"required"' not in json.dumps(schema), f"{method} {path}"
             elif (method, path) == ("put", "/v1/bundles/{sha256}"):
                 assert set(body["content"]) == {"application/octet-stream"}
             else:

@@ -3,6 +3,7 @@ field and deletes that would orphan something."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
@@ -579,3 +580,121 @@ async def test_cordon_needs_a_known_node_and_a_reason(
         await http.post("/v1/admin/nodes/n1/cordon", json={"reason": "fan"}, headers=AUTH)
     ).json()["cordon"]
     assert (again["since"], again["reason"]) == (first["since"], "fan")
+
+
+async def patch(http: httpx.AsyncClient, path: str, body: Any) -> Any:
+    return await http.patch(
+        f"/v1/admin/{path}",
+        content=json.dumps(body).encode(),
+        headers={**AUTH, "Content-Type": "application/merge-patch+json"},
+    )
+
+
+async def test_a_patch_changes_only_the_fields_it_names(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    await known(pool, "vision")
+    for path in ("flavors/a100", "flavors/h100", "cohorts/research"):
+        assert (await put(http, path, {})).status_code == 201
+    body = {
+        "team": "vision",
+        "cohort": "research",
+        "weight": 2,
+        "quotas": {"a100": {"nominal": 8, "borrowing_limit": 4}, "h100": {"nominal": 2}},
+    }
+    assert (await put(http, "queues/vision", body)).status_code == 201
+    response = await patch(http, "queues/vision", {"weight": 3})
+    assert response.status_code == 200, response.text
+    assert response.json() == {
+        "name": "vision",
+        "team": "vision",
+        "cohort": "research",
+        "weight": 3.0,
+        "implicit": False,
+        "quotas": {
+            "a100": {"nominal": 8, "borrowing_limit": 4, "lending_limit": None},
+            "h100": {"nominal": 2, "borrowing_limit": None, "lending_limit": None},
+        },
+    }
+    # Within a flavor too; null removes a limit, a flavor, or puts a field to its default.
+    response = await patch(
+        http,
+        "queues/vision",
+        {"quotas": {"a100": {"borrowing_limit": None, "lending_limit": 1}, "h100": None}},
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["quotas"] == {
+        "a100": {"nominal": 8, "borrowing_limit": None, "lending_limit": 1}
+    }
+    assert response.json()["weight"] == 3.0
+    response = await http.patch(  # plain application/json is read as the same patch
+        "/v1/admin/queues/vision", json={"weight": None}, headers=AUTH
+    )
+    assert response.status_code == 200 and response.json()["weight"] == 1.0, response.text
+    # A priority class alike: its other fields stay.
+    response = await patch(http, "priority-classes/normal", {"min_runtime_seconds": 120})
+    assert response.status_code == 200, response.text
+    assert response.json() == {
+        "name": "normal",
+        "value": 100,
+        "preemptible": True,
+        "min_runtime_seconds": 120.0,
+        "description": response.json()["description"],
+    }
+    # The audit log keeps each patch as it was sent.
+    entries = (await http.get("/v1/audit", headers=AUTH)).json()
+    patches = [(e["action"], e["target"], e["detail"]) for e in entries if "patch" in e["action"]]
+    assert sorted(patches, key=str) == sorted(
+        [
+            ("patch queue", "vision", {"weight": 3}),
+            (
+                "patch queue",
+                "vision",
+                {"quotas": {"a100": {"borrowing_limit": None, "lending_limit": 1}, "h100": None}},
+            ),
+            ("patch queue", "vision", {"weight": None}),
+            ("patch priority-class", "normal", {"min_runtime_seconds": 120}),
+        ],
+        key=str,
+    )
+
+
+async def test_a_bad_patch_names_the_field_and_changes_nothing(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    await known(pool, "vision", "audio")
+    for path in ("flavors/a100", "cohorts/research"):
+        assert (await put(http, path, {})).status_code == 201
+    body = {
+        "team": "vision",
+        "cohort": "research",
+        "weight": 2,
+        "quotas": {"a100": {"nominal": 8, "borrowing_limit": 4}},
+    }
+    assert (await put(http, "queues/vision", body)).status_code == 201
+    before = (await http.get("/v1/admin/queues/vision", headers=AUTH)).json()
+    audited = len((await http.get("/v1/audit", headers=AUTH)).json())
+    for patch_body, field, message in (
+        ({"weight": -1}, "weight", "greater than 0"),
+        ({"weight": "3"}, "weight", "valid number"),
+        ({"quotas": {"a100": {"lending_limit": 9}}}, "quotas.a100.lending_limit", "nominal"),
+        ({"quotas": {"h100": {"nominal": 1}}}, "quotas.h100", "unknown flavor"),
+        ({"quotas": {"a100": {"nominal": None}}}, "quotas.a100.nominal", "field required"),
+        ({"cohort": None}, "quotas.a100", "need a cohort"),
+        ({"cohort": "nope"}, "cohort", "unknown cohort"),
+        ({"team": "audio"}, "team", "keeps its team"),
+        ({"colour": "red"}, "colour", "unknown field"),
+        ([{"op": "replace", "path": "/weight", "value": 3}], "body", "JSON object"),
+    ):
+        response = await patch(http, "queues/vision", patch_body)
+        assert message in fields(response).get(field, ""), (patch_body, response.text)
+    assert (await patch(http, "queues/nope", {"weight": 2})).status_code == 404
+    assert (await patch(http, "priority-classes/nope", {"value": 2})).status_code == 404
+    response = await http.patch(
+        "/v1/admin/queues/vision",
+        content=b'{"weight": 3}',
+        headers={**AUTH, "Content-Type": "text/plain"},
+    )
+    assert response.status_code == 415, response.text
+    assert (await http.get("/v1/admin/queues/vision", headers=AUTH)).json() == before
+    assert len((await http.get("/v1/audit", headers=AUTH)).json()) == audited

@@ -88,42 +88,83 @@ def test_queues_ls_follows_every_page_and_shows_quotas(
     ]
 
 
-def test_queues_set_sends_the_whole_definition_from_the_options(
+def _absent_then(status: int, view: dict[str, Any]) -> Route:
+    """A scheduler with no such resource yet: ``PATCH`` answers 404, ``PUT`` ``status``."""
+    return lambda r: (
+        httpx.Response(404, json={"detail": "no queue", "errors": []})
+        if r.method == "PATCH"
+        else httpx.Response(status, json=view)
+    )
+
+
+def test_queues_set_creates_with_the_whole_definition_when_there_is_none(
     api: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    api["route"] = lambda r: httpx.Response(201, json=QUEUE)
+    api["route"] = _absent_then(201, QUEUE)
     argv = ["admin", "queues", "set", "ml-prod", "--team", "ml", "--cohort", "research"]
     argv += ["--weight", "2", "--quota", "h200=8", "--borrow", "h200=4", "--quota", "a100=2"]
     argv += ["--lend", "a100=0"]
     assert cli.main([*BASE, *argv]) == Exit.OK
-    assert _sent(api) == [
-        (
-            "PUT",
-            f"{SCHEDULER}/v1/admin/queues/ml-prod",
-            {
-                "team": "ml",
-                "cohort": "research",
-                "weight": 2.0,
-                "quotas": {
-                    "h200": {"nominal": 8, "borrowing_limit": 4},
-                    "a100": {"nominal": 2, "lending_limit": 0},
-                },
-            },
-        )
-    ]
+    definition = {
+        "team": "ml",
+        "cohort": "research",
+        "weight": 2.0,
+        "quotas": {
+            "h200": {"nominal": 8, "borrowing_limit": 4},
+            "a100": {"nominal": 2, "lending_limit": 0},
+        },
+    }
+    path = f"{SCHEDULER}/v1/admin/queues/ml-prod"
+    assert _sent(api) == [("PATCH", path, definition), ("PUT", path, definition)]
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "created queue ml-prod"
     assert out[2].split()[:4] == ["ml-prod", "ml", "research", "2"]
 
 
-def test_queues_set_with_only_a_team_sends_no_defaults(
+def test_queues_set_changes_only_what_its_options_name(
     api: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """What is left out is the scheduler's default, not one the CLI invents."""
+    """An operator raising one queue's weight keeps its team, cohort and quotas: a ``set``
+    used to replace the whole queue, so a forgotten ``--quota`` dropped the team's quota."""
+    api["route"] = lambda r: httpx.Response(200, json={**QUEUE, "weight": 3.0})
+    assert cli.main([*BASE, "admin", "queues", "set", "ml-prod", "--weight", "3"]) == Exit.OK
+    assert _sent(api) == [("PATCH", f"{SCHEDULER}/v1/admin/queues/ml-prod", {"weight": 3.0})]
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "set queue ml-prod"
+    assert out[2].split()[3:] == ["3", "a100=2,", "h200=8", "(borrow", "4)"]
+    argv = ["admin", "queues", "set", "ml-prod", "--borrow", "h200=none", "--lend", "a100=1"]
+    argv += ["--remove-quota", "v100", "--no-cohort"]
+    assert cli.main([*BASE, *argv]) == Exit.OK
+    assert _sent(api)[-1][2] == {
+        "quotas": {"h200": {"borrowing_limit": None}, "a100": {"lending_limit": 1}, "v100": None},
+        "cohort": None,
+    }
+
+
+def test_queues_set_replace_sends_no_defaults(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--replace`` is one ``PUT``; what is left out is the scheduler's default, not one the
+    CLI invents."""
     api["route"] = lambda r: httpx.Response(200, json={**QUEUE, "cohort": None, "quotas": {}})
-    assert cli.main([*BASE, "admin", "queues", "set", "q", "--team", "ml", "--json"]) == 0
-    assert _sent(api)[0][2] == {"team": "ml", "quotas": {}}
+    argv = ["admin", "queues", "set", "q", "--team", "ml", "--replace", "--json"]
+    assert cli.main([*BASE, *argv]) == 0
+    assert _sent(api) == [("PUT", f"{SCHEDULER}/v1/admin/queues/q", {"team": "ml", "quotas": {}})]
     assert json.loads(capsys.readouterr().out)["quotas"] == {}
+
+
+def test_what_the_scheduler_refuses_in_a_patch_is_one_line(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    errors = [{"field": "quotas.h200.nominal", "message": "field required"}]
+    api["route"] = lambda r: httpx.Response(422, json={"detail": "invalid", "errors": errors})
+    argv = ["admin", "queues", "set", "ml-prod", "--borrow", "h200=4"]
+    assert cli.main([*BASE, *argv]) == Exit.ERROR
+    assert [m for m, _, _ in _sent(api)] == ["PATCH"]  # a refusal is not a reason to PUT
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "trainyard: error: scheduler: 422 invalid (quotas.h200.nominal: field required)"
+    ], err
 
 
 @pytest.mark.parametrize(
@@ -133,8 +174,18 @@ def test_queues_set_with_only_a_team_sends_no_defaults(
         (["--quota", "h200"], "'h200' is not FLAVOR=N"),
         (["--quota", "=4"], "'=4' is not FLAVOR=N"),
         (["--quota", "h200=8", "--quota", "h200=4"], "--quota names h200 twice"),
-        (["--borrow", "h200=4"], "--borrow h200=4: give --quota h200=N too"),
-        (["--quota", "h200=8", "--lend", "a100=1"], "--lend a100=1: give --quota a100=N too"),
+        (["--replace", "--borrow", "h200=4"], "--borrow h200=4: give --quota h200=N too"),
+        (
+            ["--replace", "--quota", "h200=8", "--lend", "a100=1"],
+            "--lend a100=1: give --quota a100=N too",
+        ),
+        (
+            ["--quota", "h200=8", "--remove-quota", "h200"],
+            "--remove-quota h200: --quota, --borrow or --lend set it",
+        ),
+        (["--borrow", "h200=4", "--borrow", "h200=none"], "--borrow names h200 twice"),
+        (["--borrow", "h200=lots"], "'h200=lots': 'lots' is not a whole number of GPUs"),
+        (["--cohort", "a", "--no-cohort"], "not allowed with argument --cohort"),
         (["--weight", "nan"], "'nan' is not a finite number"),
         (["--weight", "many"], "'many' is not a finite number"),
         (["--cohort", " "], "--cohort is empty: give a value or leave the option out"),
@@ -220,7 +271,7 @@ def _usage(argv: list[str]) -> int:
         ),
     ],
 )
-def test_set_puts_the_body_the_route_takes_and_says_what_it_did(
+def test_set_sends_the_body_the_route_takes_and_says_what_it_did(
     argv: list[str],
     route: str,
     body: dict[str, Any],
@@ -230,17 +281,30 @@ def test_set_puts_the_body_the_route_takes_and_says_what_it_did(
 ) -> None:
     api["route"] = lambda r: httpx.Response(200, json=view)
     assert cli.main([*BASE, "admin", *argv]) == Exit.OK
-    assert _sent(api) == [("PUT", f"{SCHEDULER}/v1/admin/{route}", body)]
+    # A flavor's and a cohort's one field is their description: theirs is always a PUT.
+    method = "PUT" if argv[0] in ("flavors", "cohorts") else "PATCH"
+    assert _sent(api) == [(method, f"{SCHEDULER}/v1/admin/{route}", body)]
     noun = {"flavors": "flavor", "cohorts": "cohort"}.get(argv[0], "priority class")
     assert capsys.readouterr().out.startswith(f"set {noun} {view['name']}\n")
 
 
-def test_a_priority_class_needs_its_value_and_whether_it_is_preemptible(
+def test_a_new_priority_class_without_what_it_needs_is_named_by_the_scheduler(
     api: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert _usage(["admin", "priority-classes", "set", "x", "--value", "1"]) == Exit.USAGE
-    assert "--preemptible/--no-preemptible" in capsys.readouterr().err
-    assert api["sent"] == []
+    errors = [{"field": "preemptible", "message": "field required"}]
+
+    def route(request: httpx.Request) -> httpx.Response:
+        if request.method == "PATCH":
+            return httpx.Response(404, json={"detail": "no priority class x", "errors": []})
+        return httpx.Response(422, json={"detail": "invalid request", "errors": errors})
+
+    api["route"] = route
+    assert cli.main([*BASE, "admin", "priority-classes", "set", "x", "--value", "1"]) == 1
+    path = f"{SCHEDULER}/v1/admin/priority-classes/x"
+    assert _sent(api) == [("PATCH", path, {"value": 1}), ("PUT", path, {"value": 1})]
+    assert capsys.readouterr().err.splitlines() == [
+        "trainyard: error: scheduler: 422 invalid request (preemptible: field required)"
+    ]
 
 
 @pytest.mark.parametrize("kind", ["flavors", "cohorts", "queues", "priority-classes"])
