@@ -172,3 +172,60 @@ def test_operations_md_lists_every_series_with_its_labels() -> None:
     assert sorted(documented) == sorted(specs)
     for name, labels in documented.items():
         assert labels == set(specs[name].labels), name
+
+
+TARGET_LABELS = frozenset({"job", "instance", "platform"})
+"""Labels Prometheus puts on every scraped series (``platform``: deploy/prometheus/
+prometheus.yml's static label), so a rule may select or group by them on any series."""
+_SELECTOR = re.compile(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{([^}]*)\}")
+_GROUPING = re.compile(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)")
+
+
+def label_problems(expr: str) -> list[str]:
+    """Each label ``expr`` matches on (``series{label="..."}``) that its series does not
+    have, and each label it groups by (``by``, ``without``, ``on``, ``ignoring``) that none
+    of its series has: such a matcher selects nothing, such a grouping merges everything,
+    and the rule never fires or says nothing of what fired."""
+    labels: dict[str, frozenset[str]] = {"up": frozenset()}
+    for spec in CATALOGUE.values():
+        for series in spec.series:
+            bucket = {"le"} if series.endswith("_bucket") else set()
+            labels[series] = frozenset(spec.labels) | bucket
+    problems = []
+    for series, matchers in _SELECTOR.findall(expr):
+        for label in re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", matchers):
+            if label not in labels.get(series, frozenset()) | TARGET_LABELS:
+                problems.append(f"{series} has no label {label!r}")
+    used = frozenset().union(*(labels.get(n, frozenset()) for n in metric_names(expr)))
+    for grouping in _GROUPING.findall(expr):
+        for label in (part.strip() for part in grouping.split(",")):
+            if label and label not in used | TARGET_LABELS:
+                problems.append(f"no series of it has the label {label!r} it groups by")
+    return problems
+
+
+def test_label_problems_are_found() -> None:
+    assert label_problems('sum by (flavor) (trainyard_scheduler_gpus{state="idle"})') == []
+    assert (
+        label_problems('max without (instance, job) (trainyard_scheduler_nodes{state="lost"})')
+        == []
+    )
+    assert label_problems('trainyard_scheduler_nodes{status="lost"}') == [
+        "trainyard_scheduler_nodes has no label 'status'"
+    ]
+    assert label_problems("sum by (team) (trainyard_scheduler_queue_depth)") == [
+        "no series of it has the label 'team' it groups by"
+    ]
+
+
+def test_every_label_the_rules_use_is_exported() -> None:
+    """A label the series does not have makes a matcher select nothing (the alert never
+    fires) and a grouping merge everything (its summary's ``$labels`` say nothing)."""
+    for rule in rules():
+        assert label_problems(rule["expr"]) == [], rule["alert"]
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_every_label_a_dashboard_uses_is_exported(path: Path) -> None:
+    for expr in dashboard_exprs(path):
+        assert label_problems(expr) == [], expr
