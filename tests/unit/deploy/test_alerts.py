@@ -152,6 +152,25 @@ def test_every_trainyard_command_an_alert_names_exists() -> None:
     assert named >= 2
 
 
+def test_every_alert_says_what_to_do_with_operators_commands() -> None:
+    """Each rule has a ``description``: what the operator paged looks at or runs. A
+    ``trainyard X`` it names is an operators' command (its help says ``operators:``): the
+    idle-GPUs alert sent them to ``trainyard queue``, which lists the caller's own team's
+    waiting jobs only, not the cluster's."""
+    import argparse
+
+    from trainyard.cli import _parser
+
+    [commands] = [a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    helps = {a.dest: a.help or "" for a in commands._choices_actions}
+    for rule in rules():
+        description = rule.get("annotations", {}).get("description", "")
+        assert description.strip(), f"{rule['alert']} says nothing an operator can act on"
+        for text in rule.get("annotations", {}).values():
+            for command in re.findall(r"(?<!-n )\btrainyard ([a-z][a-z-]*)", text):  # not kubectl's
+                assert helps[command].startswith("operators"), (rule["alert"], command)
+
+
 def test_operations_md_lists_every_series_with_its_labels() -> None:
     """docs/operations.md's metrics table ("Metrics") names each series of the catalogue
     (a histogram by its base name) with the catalogue's labels, and no other series."""
