@@ -248,3 +248,59 @@ def test_every_label_the_rules_use_is_exported() -> None:
 def test_every_label_a_dashboard_uses_is_exported(path: Path) -> None:
     for expr in dashboard_exprs(path):
         assert label_problems(expr) == [], expr
+
+
+def scrape_jobs() -> dict[str, int]:
+    """Each scrape job of deploy/prometheus/prometheus.yml -> how many targets it has."""
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    return {
+        job["job_name"]: sum(len(s["targets"]) for s in job.get("static_configs", []))
+        for job in config["scrape_configs"]
+    }
+
+
+def kept_labels_problems(rule: dict[str, Any]) -> list[str]:
+    """Each ``$labels.X`` of the rule's annotations that its expression's aggregation
+    drops: not among its ``by`` labels (where it groups by some), or among its ``without``
+    ones. Prometheus fills a dropped label with nothing."""
+    expr = rule["expr"]
+    kept = [set(re.split(r"\s*,\s*", g.strip())) for g in re.findall(r"\bby\s*\(([^)]*)\)", expr)]
+    dropped = set().union(
+        *(
+            set(re.split(r"\s*,\s*", g.strip()))
+            for g in re.findall(r"\bwithout\s*\(([^)]*)\)", expr)
+        )
+    )
+    problems = []
+    for text in rule.get("annotations", {}).values():
+        for label in re.findall(r"\$labels\.(\w+)", text):
+            if (kept and not any(label in k for k in kept)) or label in dropped:
+                problems.append(label)
+    return problems
+
+
+def test_each_alert_names_the_process_it_is_about() -> None:
+    """compose's Prometheus scrapes submission, scheduler, registry and billing as one job,
+    ``trainyard-services``: TrainyardDependencyAway said "trainyard-services cannot reach
+    postgresql" (its rule kept ``job`` and merged the four), and TrainyardOutboxLag and
+    TrainyardLoopFailing named the job the same way, so the operator paged could not tell
+    which service to look at. A rule names a process by ``instance``, and every label its
+    annotations use is one its aggregation keeps."""
+    assert max(scrape_jobs().values()) > 1  # so a job is no process
+    for rule in rules():
+        for text in rule.get("annotations", {}).values():
+            assert "$labels.job" not in text, rule["alert"]
+        assert kept_labels_problems(rule) == [], rule["alert"]
+
+
+def test_dropped_labels_are_found() -> None:
+    rule = {
+        "alert": "X",
+        "expr": "max without (instance) (trainyard_outbox_lag_seconds) > 60",
+        "annotations": {"summary": "{{ $labels.instance }} lags"},
+    }
+    assert kept_labels_problems(rule) == ["instance"]
+    rule["expr"] = "max by (job) (trainyard_outbox_lag_seconds) > 60"
+    assert kept_labels_problems(rule) == ["instance"]
+    rule["expr"] = "max by (job, instance) (trainyard_outbox_lag_seconds) > 60"
+    assert kept_labels_problems(rule) == []
