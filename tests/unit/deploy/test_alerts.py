@@ -304,3 +304,25 @@ def test_dropped_labels_are_found() -> None:
     assert kept_labels_problems(rule) == ["instance"]
     rule["expr"] = "max by (job, instance) (trainyard_outbox_lag_seconds) > 60"
     assert kept_labels_problems(rule) == []
+
+
+def dashboard_targets(path: Path) -> Iterator[dict[str, Any]]:
+    def walk(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        for panel in panels:
+            yield from panel.get("targets", [])
+            yield from walk(panel.get("panels", []))
+
+    yield from walk(json.loads(path.read_text())["panels"])
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_a_dashboard_tells_processes_apart_by_instance(path: Path) -> None:
+    """The dashboard drew one line per scrape job (``max by (job)
+    (trainyard_outbox_lag_seconds)``, legend ``{{job}}``): in compose the four services are
+    one job, ``trainyard-services``, so their outbox lags, dependencies away, failed loop
+    rounds and HTTP latencies were merged into one line named after none of them."""
+    assert max(scrape_jobs().values()) > 1
+    for target in dashboard_targets(path):
+        for grouping in re.findall(r"\bby\s*\(([^)]*)\)", target["expr"]):
+            assert "job" not in re.split(r"\s*,\s*", grouping.strip()), target["expr"]
+        assert "{{job}}" not in target.get("legendFormat", ""), target["expr"]
