@@ -3,7 +3,7 @@
 Contract:
 - ``setup_metrics`` installs the process's OpenTelemetry meter provider with a Prometheus
   reader (``prometheus_client`` text format on ``GET /metrics``) and, when
-  ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set or ``OTEL_METRICS_EXPORTER`` names ``otlp`` (and
+  ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` is set or ``OTEL_METRICS_EXPORTER`` names ``otlp`` (and
   not ``none``: ``shared.telemetry.OtelExportSettings``), an OTLP reader pushing every 15 s
   as well; the exporter reads ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` and the rest itself. Code records through OpenTelemetry instruments (``instrument``), so one
   API feeds both.

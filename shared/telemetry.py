@@ -142,7 +142,10 @@ class OtelExportSettings(BaseSettings):
         exporters = {e.strip() for e in self.metrics_exporter.split(",") if e.strip()}
         if "none" in exporters or self.sdk_disabled:
             return False
-        return "otlp" in exporters or bool(self.exporter_otlp_endpoint)
+        # As for spans: the signal's own endpoint turns its export on, as the general one does.
+        return "otlp" in exporters or bool(
+            self.exporter_otlp_metrics_endpoint or self.exporter_otlp_endpoint
+        )
 
     @property
     def protocol(self) -> str:

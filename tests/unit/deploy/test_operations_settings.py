@@ -236,3 +236,17 @@ def test_deploy_readme_gives_the_job_environment_s_variables_by_name() -> None:
     field = runner.Settings.model_fields["job_env_passthrough"]
     assert field.default_factory is not None
     assert re.findall(r"`([A-Z_*]+)`", default) == field.default_factory()
+
+
+def test_every_otel_variable_the_services_read_is_in_the_tracing_table() -> None:
+    """``shared.telemetry.OtelExportSettings`` reads standard ``OTEL_*`` variables itself
+    (the exporters read more); each has a row in docs/operations.md's "Tracing" table.
+    ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` was read (checked as a URL) and in no table."""
+    from trainyard_platform.shared.telemetry import OtelExportSettings
+
+    section = DOC[DOC.index("\n### Tracing\n") : DOC.index("\n### Metrics\n")]
+    table = section[section.index("| variable | effect |") :]
+    table = table[: table.index("\n\n")]
+    named = {name for row in table.splitlines() for name in re.findall(r"`(OTEL_[A-Z_]+)`", row)}
+    read = {variable for variable, _ in read_settings(OtelExportSettings)}
+    assert sorted(read - named) == []

@@ -24,6 +24,7 @@ _STANDARD = (
     "OTEL_METRICS_EXPORTER",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
     "OTEL_EXPORTER_OTLP_PROTOCOL",
     "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
 )
@@ -133,6 +134,17 @@ def test_metrics_go_over_otlp_unless_the_exporter_is_none(
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
     assert not OtelExportSettings().otlp_metrics_on
     assert OtelExportSettings().otlp_on  # traces still go
+
+
+def test_the_metrics_endpoint_alone_turns_their_export_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` alone pushed no metrics (only the general
+    endpoint turned the push on), while ``..._TRACES_ENDPOINT`` alone sends spans: a
+    deployment sending metrics to its own collector got none, and no line said why."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://collector:4318/v1/metrics")
+    assert OtelExportSettings().otlp_metrics_on
+    assert not OtelExportSettings().otlp_on  # no span goes there
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    assert not OtelExportSettings().otlp_metrics_on
 
 
 def test_a_service_with_a_bad_protocol_exits_naming_the_variable(
