@@ -250,3 +250,64 @@ def test_every_otel_variable_the_services_read_is_in_the_tracing_table() -> None
     named = {name for row in table.splitlines() for name in re.findall(r"`(OTEL_[A-Z_]+)`", row)}
     read = {variable for variable, _ in read_settings(OtelExportSettings)}
     assert sorted(read - named) == []
+
+
+def readme_rows() -> Iterator[tuple[str, str | None]]:
+    """(variable, its default as deploy/README.md's tables give it, or None where the row
+    gives none) of every variable those tables name in full, ``TRAINYARD_<SERVICE>_`` rows
+    aside (held above). ``TRAINYARD_NATS_USER`` / ``_PASSWORD`` names
+    ``TRAINYARD_NATS_PASSWORD``; ``[`1` / `10`]`` gives one default each, ``[`x`]`` one for
+    all; ``[none: ...]`` is unset."""
+    readme = (ROOT / "deploy" / "README.md").read_text()
+    section = readme[readme.index("## Environment variables") :]
+    for line in section.splitlines():
+        cells = line.split(" | ")
+        if not line.startswith("| `TRAINYARD_") or "<SERVICE>" in cells[0]:
+            continue
+        first, *others = re.findall(r"`((?:TRAINYARD|\.\.\.|)_[A-Z0-9_]+)`", cells[0])
+        names = [first]
+        for other in others:
+            if other.startswith("TRAINYARD_"):
+                names.append(other)
+            elif other.startswith("..._"):  # the first name's service prefix
+                names.append("_".join(first.split("_")[:2]) + other[3:])
+            else:  # as many trailing words of the first name replaced
+                names.append("_".join(first.split("_")[: -other.count("_")]) + other)
+        bracket = re.search(r"\[([^\]]*)\](?!\()", cells[-1])  # not a link
+        if bracket is None:
+            for name in names:
+                yield name, None
+            continue
+        given = bracket.group(1)
+        values = re.findall(r"`([^`]*)`", given)
+        if given.startswith("none"):
+            values = ["unset"] * len(names)
+        elif not values:
+            values = [given]
+        if len(values) == 1:
+            values *= len(names)
+        if len(values) != len(names):  # a list of names, not one value each
+            values = [json.dumps(values)] * len(names)
+        yield from zip(names, values, strict=True)
+
+
+README_ROWS = list(readme_rows())
+
+
+def test_deploy_readme_s_tables_are_read() -> None:
+    assert len(README_ROWS) >= 30, README_ROWS
+    assert ("TRAINYARD_NATS_PASSWORD", "unset") in README_ROWS
+    assert ("TRAINYARD_DATABASE_POOL_MAX_SIZE", "10") in README_ROWS
+    assert ("TRAINYARD_SUBMISSION_BILLING_PUBLIC_URL", None) in README_ROWS
+
+
+@pytest.mark.parametrize(("variable", "documented"), README_ROWS, ids=[v for v, _ in README_ROWS])
+def test_deploy_readme_names_settings_with_the_code_s_defaults(
+    variable: str, documented: str | None
+) -> None:
+    """deploy/README.md's "Environment variables" tables say each default in brackets; only
+    their per-service ports and the runner's job variables were held to the code."""
+    defaults = [d for (_, v), d in DEFAULTS.items() if v == variable]
+    assert defaults, f"deploy/README.md: {variable} is no setting of any service"
+    if documented is not None:
+        assert_agrees(variable, documented, defaults[0])
