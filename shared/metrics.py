@@ -343,7 +343,7 @@ def setup_metrics(service_name: str) -> MeterProvider | None:
     if export.otlp_metrics_on:
         readers.append(
             PeriodicExportingMetricReader(
-                _otlp_metric_exporter(export.protocol),
+                _otlp_metric_exporter(export.metrics_protocol),
                 export_interval_millis=METRICS_EXPORT_SECONDS * 1000,
             )
         )

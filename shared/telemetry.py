@@ -97,6 +97,7 @@ class OtelExportSettings(BaseSettings):
     exporter_otlp_metrics_endpoint: str = ""
     exporter_otlp_protocol: Literal["http/protobuf", "grpc", ""] = ""
     exporter_otlp_traces_protocol: Literal["http/protobuf", "grpc", ""] = ""
+    exporter_otlp_metrics_protocol: Literal["http/protobuf", "grpc", ""] = ""
     sdk_disabled: bool = Field(default=False)
     python_disabled_instrumentations: str = ""
     """Comma-separated instrumentations left off (``asyncpg``: no database spans)."""
@@ -149,7 +150,14 @@ class OtelExportSettings(BaseSettings):
 
     @property
     def protocol(self) -> str:
+        """The protocol of spans (the traces one, else the general one)."""
         return self.exporter_otlp_traces_protocol or self.exporter_otlp_protocol or "http/protobuf"
+
+    @property
+    def metrics_protocol(self) -> str:
+        """The protocol of pushed metrics: the metrics one, else the general one (never the
+        traces one, which is for spans)."""
+        return self.exporter_otlp_metrics_protocol or self.exporter_otlp_protocol or "http/protobuf"
 
 
 def service_resource(default_name: str) -> Resource:

@@ -27,6 +27,7 @@ _STANDARD = (
     "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
     "OTEL_EXPORTER_OTLP_PROTOCOL",
     "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
 )
 
 
@@ -145,6 +146,23 @@ def test_the_metrics_endpoint_alone_turns_their_export_on(monkeypatch: pytest.Mo
     assert not OtelExportSettings().otlp_on  # no span goes there
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
     assert not OtelExportSettings().otlp_metrics_on
+
+
+def test_pushed_metrics_take_the_metrics_protocol_not_the_traces_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc`` made the metrics exporter gRPC too, which
+    then sent to the general endpoint's HTTP port; the metrics have a variable of their own."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")
+    assert OtelExportSettings().protocol == "grpc"
+    assert OtelExportSettings().metrics_protocol == "http/protobuf"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    assert OtelExportSettings().metrics_protocol == "grpc"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "http/protobuf")
+    assert OtelExportSettings().metrics_protocol == "http/protobuf"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "http/json")
+    with pytest.raises(ValueError, match="exporter_otlp_metrics_protocol"):
+        OtelExportSettings()
 
 
 def test_a_service_with_a_bad_protocol_exits_naming_the_variable(
