@@ -310,9 +310,10 @@ class Usage:
             segments=tuple(segments),
         )
 
-    def to_event(self) -> CostRecorded:
+    def to_event(self, revision: int = 0) -> CostRecorded:
         """The wire event: what the team is charged (floats there; the ledger keeps the
-        exact decimals), 0 GPU-seconds and 0 cost for a bill charged to the platform."""
+        exact decimals), 0 GPU-seconds and 0 cost for a bill charged to the platform;
+        ``revision`` is the bill's (0 first, higher for each correction of it)."""
         team_pays = self.charged_to == "team"
         return CostRecorded(
             allocation_id=self.allocation_id,
@@ -327,4 +328,5 @@ class Usage:
             price_per_gpu_hour=float(self.price_per_gpu_hour),
             cost=float(self.cost) if team_pays else 0.0,
             currency=self.currency,
+            revision=revision,
         )

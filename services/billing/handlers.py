@@ -260,7 +260,7 @@ class BillingHandlers:
             amended.cost,
             amended.currency,
         )
-        await _recorded(conn, amended, f"cost:{amended.allocation_id}:amended")
+        await _recorded(conn, amended, f"cost:{amended.allocation_id}:amended", last.revision + 1)
         await budget_watch.after_charges(conn, [*reversals, *corrected], now)
 
     async def on_platform_failure(
@@ -281,14 +281,18 @@ class BillingHandlers:
         if not await repo.platform_failed(conn, allocation_id):
             return  # the allocation's first report said otherwise, or was another job's
         now = self._clock()
-        reversals = [c.reversal() for c in await ledger.latest_charges(conn, allocation_id)]
+        charges = await ledger.latest_charges(conn, allocation_id)
+        reversals = [c.reversal() for c in charges]
         await ledger.append(conn, reversals, event_id, now)
         await conn.execute(
             "UPDATE usage_ledger SET charged_to = 'platform' WHERE allocation_id = $1",
             allocation_id,
         )
         usage = replace(Usage.from_row(row), charged_to="platform")
-        await _recorded(conn, usage, f"cost:{allocation_id}:platform")
+        # Said after the bill it corrects (revision 0, or the amendment's), so consumers
+        # keep this one whichever arrives last.
+        revision = max((c.revision for c in charges), default=0) + 1
+        await _recorded(conn, usage, f"cost:{allocation_id}:platform", revision)
         await budget_watch.after_charges(conn, reversals, now)
         log.info(
             "allocation %s of job %s failed through the platform: its %s %s charged to the "
@@ -301,10 +305,14 @@ class BillingHandlers:
         )
 
 
-async def _recorded(conn: asyncpg.Connection, usage: Usage, event_id: str) -> None:
-    """Say ``usage`` (a new or amended bill) with a fixed id: whatever happens upstream, one
-    allocation gives one ``CostRecorded``, and one more if its bill is amended."""
-    recorded: Payload = usage.to_event()
+async def _recorded(
+    conn: asyncpg.Connection, usage: Usage, event_id: str, revision: int = 0
+) -> None:
+    """Say ``usage`` (a new or corrected bill) with a fixed id: whatever happens upstream,
+    one allocation gives one ``CostRecorded``, and one more for each correction of its bill
+    (amended, made the platform's), each of a higher ``revision`` than the one before, so
+    its consumers keep the latest whatever order they receive them in."""
+    recorded: Payload = usage.to_event(revision)
     envelope = Envelope.wrap(recorded, source=SOURCE, subject=usage.job_id, event_id=event_id)
     await outbox.enqueue(conn, envelope)
 

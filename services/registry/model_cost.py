@@ -4,10 +4,13 @@ job plus every job upstream of it in its lineage — from billing's ``cost.recor
 Contract:
 - ``record`` keeps one row per allocation in ``allocation_costs`` (migrations/0009), written
   by the registry's consumer inside the inbox's transaction, so a redelivered event is never
-  applied twice; a second event of one allocation (billing's amendment of a lost node's bill,
-  ``cost:<allocation>:amended``) replaces the row when it ends later (an amendment only ever
-  lengthens a bill) and is otherwise a no-op, in any order of arrival. Nothing is summed on
-  arrival: the row is the allocation's current bill.
+  applied twice; a later event of one allocation (billing's correction of its bill: the
+  amendment of a lost node's bill, ``cost:<allocation>:amended``, or the bill made the
+  platform's, ``cost:<allocation>:platform``, which says 0) replaces the row when its
+  ``revision`` is higher, or equal with an end no earlier (billing from before revisions
+  said 0 for every event, and an amendment only ever lengthens a bill), and is otherwise a
+  no-op, in any order of arrival. Nothing is summed on arrival: the row is the
+  allocation's current bill.
 - Amounts are exact decimals with 6 places, billing's own rounding: the event carries a
   float, and the shortest decimal that round-trips it (``repr``) is billing's amount for any
   amount under 10^9 (15 significant digits); that decimal is what is stored. A negative or
@@ -66,13 +69,15 @@ async def record(
     await conn.execute(
         """INSERT INTO allocation_costs (allocation_id, job_id, team, gpu_flavor, gpus,
                                          started_at, ended_at, gpu_seconds, cost, currency,
-                                         event_id, recorded_at)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                                         event_id, recorded_at, revision)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
            ON CONFLICT (allocation_id) DO UPDATE
            SET ended_at = EXCLUDED.ended_at, gpu_seconds = EXCLUDED.gpu_seconds,
                cost = EXCLUDED.cost, currency = EXCLUDED.currency,
-               event_id = EXCLUDED.event_id, recorded_at = EXCLUDED.recorded_at
-           WHERE allocation_costs.ended_at < EXCLUDED.ended_at""",
+               event_id = EXCLUDED.event_id, recorded_at = EXCLUDED.recorded_at,
+               revision = EXCLUDED.revision
+           WHERE (allocation_costs.revision, allocation_costs.ended_at)
+                 <= (EXCLUDED.revision, EXCLUDED.ended_at)""",
         cost.allocation_id,
         cost.job_id,
         cost.team,
@@ -85,6 +90,7 @@ async def record(
         cost.currency,
         event_id,
         now,
+        cost.revision,
     )
 
 

@@ -322,6 +322,7 @@ async def _cost(event: CostRecorded, conn: asyncpg.Connection) -> None:
         event.price_per_gpu_hour,
         event.cost,
         event.currency,
+        event.revision,
     )
 
 

@@ -737,17 +737,25 @@ async def upsert_cost(
     price_per_gpu_hour: float,
     cost: float,
     currency: str,
+    revision: int = 0,
 ) -> None:
+    """Keep billing's figure for the allocation: one of a higher ``revision`` (a correction)
+    replaces the row, one of the same revision with no earlier end too (billing from before
+    revisions said 0 for every event; an amendment only lengthens a bill); an older one
+    arriving late or again changes nothing."""
     await conn.execute(
         """INSERT INTO job_costs (allocation_id, job_id, gpu_flavor, gpus, started_at, ended_at,
-                                  gpu_seconds, price_per_gpu_hour, cost, currency)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                                  gpu_seconds, price_per_gpu_hour, cost, currency, revision)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
            ON CONFLICT (allocation_id) DO UPDATE SET
                gpu_flavor = EXCLUDED.gpu_flavor, gpus = EXCLUDED.gpus,
                started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at,
                gpu_seconds = EXCLUDED.gpu_seconds,
                price_per_gpu_hour = EXCLUDED.price_per_gpu_hour,
-               cost = EXCLUDED.cost, currency = EXCLUDED.currency""",
+               cost = EXCLUDED.cost, currency = EXCLUDED.currency,
+               revision = EXCLUDED.revision
+           WHERE (job_costs.revision, job_costs.ended_at)
+                 <= (EXCLUDED.revision, EXCLUDED.ended_at)""",
         allocation_id,
         job_id,
         gpu_flavor,
@@ -758,4 +766,5 @@ async def upsert_cost(
         price_per_gpu_hour,
         cost,
         currency,
+        revision,
     )

@@ -482,7 +482,12 @@ class ModelRegistered(Payload):
 class CostRecorded(Payload):
     """The bill of one ended allocation, attributed to job, user and team: its GPU-seconds x
     price, and, where its job declared CPUs and memory, their time x the flavor's CPU and
-    memory prices (``cost`` is the whole)."""
+    memory prices (``cost`` is the whole).
+
+    ``revision`` orders the events of one allocation: 0 for its first bill, higher for each
+    correction (an amended bill, the bill made the platform's), so a consumer keeps the
+    figure of the highest revision and an older one arriving late or again never replaces
+    it. Events of a billing that did not say it read 0."""
 
     TYPE = "trainyard.cost.recorded.v1"
     allocation_id: str
@@ -497,6 +502,7 @@ class CostRecorded(Payload):
     price_per_gpu_hour: float
     cost: float
     currency: str
+    revision: int = Field(default=0, ge=0)
 
 
 EVENT_TYPES: dict[str, type[Payload]] = {

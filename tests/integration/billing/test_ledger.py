@@ -21,7 +21,8 @@ from trainyard_platform.services.billing.domain import Price, Usage
 from trainyard_platform.services.billing.ledger import Attribution, LedgerEntry
 from trainyard_platform.services.billing.service import MIGRATIONS, NAME, ensure_rollups
 from trainyard_platform.shared.db import migrate, open_pool
-from trainyard_platform.shared.events.payloads import AllocationReleased
+from trainyard_platform.shared.events import parse_envelope
+from trainyard_platform.shared.events.payloads import AllocationReleased, CostRecorded
 from trainyard_platform.shared.settings import DatabaseSettings
 
 pytestmark = pytest.mark.integration
@@ -117,6 +118,14 @@ async def test_an_amended_bill_is_a_reversal_and_a_new_charge(pool: asyncpg.Pool
         "SELECT sum(cost) FROM cost_rollups WHERE granularity = 'hour'"
     ) == Decimal("10")
     assert await pool.fetchval("SELECT count(*) FROM outbox") == 2  # billed, amended
+    said = [
+        parse_envelope(r["body"]).data
+        for r in await pool.fetch("SELECT body FROM outbox ORDER BY seq")
+    ]
+    assert [(c.cost, c.revision) for c in said if isinstance(c, CostRecorded)] == [
+        (2.5, 0),
+        (10.0, 1),
+    ]
 
 
 async def _rollups(pool: asyncpg.Pool) -> list[tuple[Any, ...]]:

@@ -184,12 +184,18 @@ async def test_a_platform_failure_is_the_platform_s_not_the_team_s(
 
     # The say to the other services: the platform's attempts cost their teams 0.
     said: dict[str, list[float]] = {}
+    revisions: dict[str, list[int]] = {}
     for r in await pool.fetch("SELECT body FROM outbox WHERE event_id LIKE 'cost:%' ORDER BY seq"):
         data = parse_envelope(r["body"]).data
         assert isinstance(data, CostRecorded)
         said.setdefault(data.allocation_id, []).append(data.cost)
+        revisions.setdefault(data.allocation_id, []).append(data.revision)
     assert said["p-2"] == [2.5]
     assert said["p-1"][-1] == 0 and said["v-1"][-1] == 0
+    # A correction says a higher revision than the bill it corrects: consumers keep it
+    # whichever of the two reaches them last.
+    expected = [0] if report_first else [0, 1]
+    assert revisions == {"p-1": expected, "p-2": [0], "v-1": expected}
 
     # The waste report: the platform's time as platform_failure, the team's as failed.
     waste = await _get(client, "/v1/waste", OPERATOR, group_by="team", **RANGE)

@@ -207,3 +207,37 @@ async def test_while_an_upstream_job_runs_the_cost_says_it_is_incomplete(
         (prep, 0, {}),
     ]
     assert cost["complete"] is False  # the prep job still runs: more will be billed
+
+
+async def test_billing_s_correction_is_kept_whatever_order_its_events_come_in(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """An attempt that failed through the platform, reported after its release: billing
+    said 2.5, then its correction, 0 (revision 1, the same end). Before, the registry kept
+    2.5 (it replaced a row only by a later end). The correction wins whether it comes after
+    the bill, before it, or before the bill said again; an amendment (a later end) is kept
+    against the first bill arriving late too."""
+    tag = uuid.uuid4().hex[:6]
+    job = f"j-{tag}"
+    first = bill(job, f"{job}-1", "2.5")
+    correction = first.model_copy(update={"cost": 0.0, "gpu_seconds": 0.0, "revision": 1})
+    orders = {
+        f"{job}-1": [first, correction, first],
+        f"{job}-2": [correction, first],
+    }
+    for allocation, events in orders.items():
+        for event in events:
+            await apply(pool, store, job, event.model_copy(update={"allocation_id": allocation}))
+    amended = bill(job, f"{job}-3", "3.75", minutes=90).model_copy(update={"revision": 1})
+    await apply(pool, store, job, amended)
+    await apply(pool, store, job, bill(job, f"{job}-3", "2.5"))
+    rows = await pool.fetch(
+        "SELECT allocation_id, cost, revision FROM allocation_costs WHERE job_id = $1 "
+        "ORDER BY allocation_id",
+        job,
+    )
+    assert [(r["allocation_id"], r["cost"], r["revision"]) for r in rows] == [
+        (f"{job}-1", Decimal(0), 1),
+        (f"{job}-2", Decimal(0), 1),
+        (f"{job}-3", Decimal("3.75"), 1),
+    ]

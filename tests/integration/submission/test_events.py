@@ -136,6 +136,21 @@ async def test_preempted_job_resumes_and_cost_is_final_when_every_lease_is_bille
     assert view["cost"]["cost"] == pytest.approx(3.0)
 
 
+async def test_billing_s_correction_of_a_cost_is_kept_against_a_late_first_bill(
+    submission: Submission,
+) -> None:
+    """Billing said alloc-1's bill (4.0), then its correction (0: the attempt failed through
+    the platform; revision 1, the same end), then the first bill reached the consumer again
+    under a new id. Before, the last to arrive won: the view said 4.0 for alloc-1 again."""
+    job = (await submission.submit())["id"]
+    first = ev.cost(job, "alloc-1")
+    correction = first.model_copy(update={"cost": 0.0, "gpu_seconds": 0.0, "revision": 1})
+    for payload in (first, correction, first, ev.cost(job, "alloc-2", gpu_seconds=1800.0)):
+        await submission.publish(payload)
+    view = await submission.wait_for(job, lambda v: v["cost"]["gpu_seconds"] in (1800, 9000))
+    assert (view["cost"]["gpu_seconds"], view["cost"]["cost"]) == (1800.0, 1.0)
+
+
 async def test_late_and_out_of_order_events_do_not_move_the_status(submission: Submission) -> None:
     job = (await submission.submit())["id"]
     await submission.publish(ev.succeeded(job))  # before it was even scheduled
