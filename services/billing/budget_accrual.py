@@ -50,6 +50,7 @@ async def check_running(pool: asyncpg.Pool, now: datetime) -> int:
                                                WHERE u.allocation_id = a.allocation_id))
                ORDER BY b.team, b.project"""
         )
+        await repo.lock(conn, [(s["team"], s["project"] or None) for s in scopes])
         for scope in scopes:
             budget = await repo.get(conn, scope["team"], scope["project"] or None)
             if budget is None:

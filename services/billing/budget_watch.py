@@ -14,6 +14,11 @@ Contract:
 - ``say_state(conn, budget, now, deleted=False)`` says a budget's state for the current
   month (after a change through the API, or a crossing): the amount, what is spent, whether
   it is exhausted (spent >= amount), its policy, with the next budget revision.
+- Every transaction that says a budget's state holds the budget's scope
+  (``budgets_repository.lock``) from before it reads the budget until it commits: a bill,
+  a change or deletion through the API, the accrual check. So states are said in turns,
+  each read after the one before committed, and the highest revision (what submission
+  keeps) is always the budget as last changed, with every bill committed before it.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ async def after_charges(
     }
     months = sorted(_months(entries))
     lowered = sum((e.cost for e in entries), Decimal(0)) < 0
+    await repo.lock(conn, scopes)  # read each budget after any change to it committed
     for team, project in sorted(scopes, key=lambda s: (s[0], s[1] or "")):
         budget = await repo.get(conn, team, project)
         if budget is not None and (await check(conn, budget, months, now) or lowered):

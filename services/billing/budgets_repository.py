@@ -3,7 +3,7 @@ project ``''`` (part of the primary key); the API and events say None."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -30,6 +30,23 @@ def _budget(row: Row) -> Budget:
         updated_by=row["updated_by"],
         updated_at=row["updated_at"],
     )
+
+
+async def lock(conn: asyncpg.Connection, scopes: Iterable[tuple[str, str | None]]) -> None:
+    """Hold each budget scope (a team and a project, None for the team's) until the
+    transaction ends, whether the budget exists yet or not: every transaction that reads a
+    budget to say its state (a bill's, a change's, the accrual check's) takes it first, so
+    they take turns and the state said last (the highest revision) is read after every
+    earlier one committed. The scopes are taken in one order (by key) to avoid deadlocks;
+    distinct scopes sharing a key only wait for each other."""
+    keys = sorted({f"{team}:{project or ''}" for team, project in scopes})
+    if keys:
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock(k) FROM ("
+            "  SELECT DISTINCT hashtextextended('billing:budget:' || s, 0) AS k"
+            "  FROM unnest($1::text[]) AS s ORDER BY k) AS ordered",
+            keys,
+        )
 
 
 async def next_revision(conn: asyncpg.Connection) -> int:

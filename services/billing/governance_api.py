@@ -321,6 +321,7 @@ def governance_routes(
             await teams.require(team, "team")
         now = clock()
         async with pool.acquire() as conn, conn.transaction():
+            await budgets_repo.lock(conn, [(team, project)])  # budget_watch: in turns
             budget = Budget(
                 team=team,
                 project=project,
@@ -344,6 +345,7 @@ def governance_routes(
         team_to_read(principal, team, "budget")
         now = clock()
         async with pool.acquire() as conn, conn.transaction():
+            await budgets_repo.lock(conn, [(team, project)])
             budget = await budgets_repo.delete(conn, team, project)
             if budget is None:
                 raise NotFoundException(f"no budget of {_scope(team, project)}")

@@ -7,6 +7,7 @@ service's answer to ``GET /v1/me`` is stood in for (an httpx transport)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -20,7 +21,7 @@ from tests.integration.billing.conftest import Billing, feed, grant_of, release_
 from trainyard_platform.services.billing.api import create_app
 from trainyard_platform.services.billing.budgets import month_start
 from trainyard_platform.shared.access import service_guard
-from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
 from trainyard_platform.shared.events.payloads import (
     AllocationReleased,
     BudgetThresholdCrossed,
@@ -345,6 +346,66 @@ async def test_a_budget_crossing_its_thresholds_says_each_once(
     assert (view["team"], view["project"], Decimal(view["spent"])) == ("ml", None, Decimal(11))
     assert view["exhausted"] is True and view["runs_out_at"] is None
     assert view["forecast"] == "spent: the budget ran out this month"
+
+
+async def _lock_waiters(pool: asyncpg.Pool) -> int:
+    return int(
+        await pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND datname = current_database()"
+        )
+    )
+
+
+async def test_a_budget_changed_while_a_bill_is_made_is_said_last_as_changed(
+    pool: asyncpg.Pool, client: httpx.AsyncClient
+) -> None:
+    """A bill (5.0) that crosses ml's budget of 4 is being made when an admin raises the
+    budget to 1000. Before, the bill's transaction read the budget of 4 before the change
+    committed and drew its state's revision after the change had said its own: submission
+    kept (highest revision) a state of 4, exhausted, while the budget was 1000, and refused
+    ml's jobs. Now the state said last, with the highest revision, is the budget as changed.
+
+    The bill is held between reading the budget and saying its state by a test transaction
+    holding the row of its first crossing; the change is made while it waits."""
+    put = await client.put(
+        "/v1/budgets/ml", json={"amount": "4", "policy": "refuse"}, headers=ML_ADMIN
+    )
+    assert put.status_code == 201, put.text
+    month = month_start(datetime.now(UTC))
+    bill = released("r1", month + timedelta(minutes=1), timedelta(hours=1))  # 2 a100 x 1 h
+    async with pool.acquire() as holder:
+        hold = holder.transaction()
+        await hold.start()
+        await holder.execute(
+            "INSERT INTO budget_crossings VALUES ('ml', '', $1, 50, 0, now())", month.date()
+        )
+        billing = asyncio.create_task(feed(pool, grant_of(bill), release_event(bill)))
+        await until(lambda: _lock_waiters(pool))  # the bill waits for the crossing's row
+        assert not billing.done()
+        change = asyncio.create_task(
+            client.put(
+                "/v1/budgets/ml", json={"amount": "1000", "policy": "refuse"}, headers=ML_ADMIN
+            )
+        )
+
+        async def change_done_or_waiting() -> bool:
+            return change.done() or await _lock_waiters(pool) >= 2
+
+        await until(change_done_or_waiting)
+        await hold.rollback()
+    await billing
+    assert (await change).status_code == 200
+    states = [
+        parse_envelope(r["body"]).data
+        for r in await pool.fetch("SELECT body FROM outbox WHERE event_id LIKE 'budget:ml:%'")
+    ]
+    last = max((s for s in states if isinstance(s, BudgetUpdated)), key=lambda s: s.revision)
+    assert (Decimal(last.amount), Decimal(last.spent), last.exhausted) == (
+        Decimal(1000),
+        Decimal(5),
+        False,
+    )
 
 
 async def test_budgets_are_written_by_the_team_s_admins_and_read_by_its_users(
