@@ -3,7 +3,9 @@
 Contract (``handlers`` calls ``on_ended`` in the transaction of the event that ended a job):
 - Every job's end is recorded once in ``job_outcomes`` (status, final metrics, final
   committed checkpoint: the one ``job.succeeded`` reported, else the newest recorded); a
-  redelivery changes nothing.
+  redelivery changes nothing. A success replaces a failure, once: the scheduler's late
+  success of an attempt on a node it had declared lost (docs/events.md), the only move
+  out of an end; a reproduction's verdict is then decided again.
 - When the job that ended is a reproduction (its final run's spec names ``reproduces``), its
   verdict is decided (``reproduction.compare``) and stored once in ``reproductions``, in
   the same transaction. A reproduction of another team's job is not compared (logged):
@@ -122,7 +124,13 @@ async def on_ended(
     inserted = await conn.fetchval(
         """INSERT INTO job_outcomes (job_id, status, metrics, checkpoint_uri, checkpoint_sha256,
                                      ended_at)
-           VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (job_id) DO NOTHING RETURNING true""",
+           VALUES ($1, $2, $3, $4, $5, $6)
+           ON CONFLICT (job_id) DO UPDATE
+           SET status = EXCLUDED.status, metrics = EXCLUDED.metrics,
+               checkpoint_uri = EXCLUDED.checkpoint_uri,
+               checkpoint_sha256 = EXCLUDED.checkpoint_sha256, ended_at = EXCLUDED.ended_at
+           WHERE job_outcomes.status = 'failed' AND EXCLUDED.status = 'succeeded'
+           RETURNING true""",
         job_id,
         status,
         stored_metrics(metrics or {}),
@@ -194,7 +202,12 @@ async def _store(
     await conn.execute(
         """INSERT INTO reproductions (job_id, original_job_id, team, verdict, differences,
                                       metrics, weights, relative_tolerance, decided_at)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (job_id) DO NOTHING""",
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+           ON CONFLICT (job_id) DO UPDATE
+           SET verdict = EXCLUDED.verdict, differences = EXCLUDED.differences,
+               metrics = EXCLUDED.metrics, weights = EXCLUDED.weights,
+               relative_tolerance = EXCLUDED.relative_tolerance,
+               decided_at = EXCLUDED.decided_at""",
         job_id,
         original_id,
         team,

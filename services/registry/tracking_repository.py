@@ -68,10 +68,12 @@ async def record_started(conn: asyncpg.Connection, started: JobStarted, now: dat
 
 
 async def record_ended(conn: asyncpg.Connection, job_id: str, status: Status, at: datetime) -> None:
-    """The job ended (a job never started here is not tracked)."""
+    """The job ended (a job never started here is not tracked): its first end, except that
+    a success replaces a failure (the scheduler's late success of an attempt on a node it
+    had declared lost, the only move out of an end)."""
     await conn.execute(
         "UPDATE tracked_jobs SET status = $2, ended_at = $3 WHERE job_id = $1 "
-        "AND status = 'running'",
+        "AND (status = 'running' OR (status = 'failed' AND $2 = 'succeeded'))",
         job_id,
         status,
         at,

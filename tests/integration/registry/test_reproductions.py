@@ -145,6 +145,43 @@ async def test_a_failed_reproduction_is_different_by_its_status_once(
         )
 
 
+def succeeded(job: str) -> JobSucceeded:
+    return JobSucceeded(
+        job_id=job,
+        allocation_id=f"alloc-{job}",
+        node_id="node-a",
+        epoch=1,
+        finished_at=T0,
+        metrics={"loss": 0.5},
+        artifact=CHECKPOINT,
+    )
+
+
+async def test_a_late_success_after_the_failure_its_lost_node_caused_is_the_end(
+    bus: Bus, pool: asyncpg.Pool
+) -> None:
+    """A reproduction's node was declared lost and it used up its restarts: the scheduler
+    said it failed. Its runner then reported success after all, and the scheduler said the
+    success (``kept-success``, docs/events.md): the only move out of a terminal state.
+    Before, the registry kept the first end: the run was tracked ``failed`` and the verdict
+    said ``different`` by its status. Now the success replaces the failure in the outcome,
+    the tracked run and the verdict; a failure said again after it changes nothing."""
+    original, repro = f"job-{uuid.uuid4().hex[:8]}", f"job-{uuid.uuid4().hex[:8]}"
+    await publish(bus, started(original, spec()))
+    await publish(bus, succeeded(original))
+    await publish(bus, started(repro, spec(reproduces=original)))
+    await publish(bus, failed(repro), source=SCHEDULER)
+    await publish(bus, succeeded(repro), source=SCHEDULER)
+    await handled(pool, await publish(bus, failed(repro), source=SCHEDULER))
+    async with pool.acquire() as conn:
+        row = await conn.fetchrow("SELECT * FROM reproductions WHERE job_id = $1", repro)
+        ended = await conn.fetchval("SELECT status FROM job_outcomes WHERE job_id = $1", repro)
+        tracked = await conn.fetchval("SELECT status FROM tracked_jobs WHERE job_id = $1", repro)
+    assert row is not None
+    assert (row["verdict"], row["differences"]) == ("identical", [])
+    assert (ended, tracked) == ("succeeded", "succeeded")
+
+
 async def test_a_reproduction_of_another_teams_job_is_not_compared(
     bus: Bus, pool: asyncpg.Pool
 ) -> None:
