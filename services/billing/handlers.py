@@ -13,7 +13,10 @@ event id ``cost:<allocation>:amended``). A release that cannot be priced (unknow
 before start), or that billing cannot believe, is rejected to the dead-letter stream with the
 reason: billing meters only allocations the scheduler announced, and only as announced (the
 release's job, node, team, user, flavor, GPUs and start must be its grant's). The grant comes
-first on the stream, so it is always seen before its release. The CPUs and memory the grant
+first on the stream, but billing's replicas apply batches concurrently, so a release may be
+handled while its grant commits in another replica: a release of an allocation not
+announced (yet) is retried (``NotAnnounced``), and dead-lettered with the reason only
+after the bus's last delivery. The CPUs and memory the grant
 said the allocation holds are billed over the same interval as its GPUs, in the same
 entries (``services.billing.prices``), at 0 where the flavor has no price for them.
 
@@ -151,8 +154,13 @@ class BillingHandlers:
     ) -> None:
         grant = await repo.announced(conn, released.allocation_id)
         problem = unannounced(released, grant)
-        if problem is not None or grant is None:
-            raise Reject(problem or "unannounced")
+        if grant is None:
+            # Retried, not rejected at once: billing's replicas apply batches concurrently,
+            # so the grant before it on the stream may be committing in another one. Still
+            # unannounced after the bus's deliveries, it is dead-lettered with the reason.
+            raise NotAnnounced(problem or "unannounced")
+        if problem is not None:
+            raise Reject(problem)
         book = await catalogue.schedule(conn)
         try:
             segments = book.segments(
@@ -303,6 +311,12 @@ class BillingHandlers:
             usage.currency,
             usage.team,
         )
+
+
+class NotAnnounced(RuntimeError):
+    """A release of an allocation billing has not seen granted (yet): an ordinary error, so
+    the bus delivers it again (``TRAINYARD_NATS_MAX_DELIVER`` times) before it dead-letters
+    it with this reason."""
 
 
 async def _recorded(

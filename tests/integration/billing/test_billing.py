@@ -10,12 +10,13 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from tests.integration.billing.conftest import Billing, until
+from tests.integration.billing.conftest import Billing, feed, grant_of, release_event, until
 from trainyard_platform.services.billing.api import create_app
 from trainyard_platform.services.billing.config import Settings
+from trainyard_platform.services.billing.handlers import BillingHandlers, NotAnnounced
 from trainyard_platform.services.billing.service import seed_prices
 from trainyard_platform.shared.access import service_guard
-from trainyard_platform.shared.bus import REASON_HEADER
+from trainyard_platform.shared.bus import REASON_HEADER, Reject
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import AllocationReleased
 from trainyard_platform.shared.events.trust import owner
@@ -116,6 +117,23 @@ async def test_unknown_flavor_is_dead_lettered_with_the_reason(billing: Billing)
         for r in await billing.pool.fetch("SELECT allocation_id FROM usage_ledger")
     ]
     assert ids == ["alloc-10"]
+
+
+async def test_a_release_handled_while_its_grant_commits_elsewhere_is_retried(
+    pool: asyncpg.Pool,
+) -> None:
+    """Two replicas of billing apply consecutive batches at once: the grant's (not committed
+    yet) and its release's. Before, the release found no announcement and was rejected (at
+    once dead-lettered: never billed). Now it fails like any error, so the bus delivers it
+    again, and then it is billed once the grant has committed."""
+    release = released("alloc-r")
+    async with pool.acquire() as conn, conn.transaction():  # the other replica's batch
+        await BillingHandlers().dispatch(grant_of(release), conn)
+        with pytest.raises(NotAnnounced, match="was never announced") as raised:
+            await feed(pool, release_event(release))
+        assert not isinstance(raised.value, Reject)
+    await feed(pool, release_event(release))  # delivered again
+    assert await pool.fetchval("SELECT cost FROM usage_ledger") == Decimal("7.500000")
 
 
 async def test_settings_price_only_flavors_without_a_price(pool: asyncpg.Pool) -> None:
