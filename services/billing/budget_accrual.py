@@ -7,7 +7,10 @@ Contract:
   (bills and accrued cost, ``budgets_repository.spent``) has reached and that are not
   recorded yet are recorded and said as ``budget.threshold_crossed``, then the budget's
   state (``budget.updated``, exhausted or not), exactly as after a bill
-  (``budget_watch.check``). Returns how many budgets crossed a threshold.
+  (``budget_watch.check``). Each budget is checked holding its scope
+  (``budgets_repository.try_lock``, as a bill and a change of it do); one held by another
+  transaction at that moment is left to the next pass. Returns how many budgets crossed a
+  threshold.
 - ``BudgetAccrual(pool).run(stop)`` does it every ``interval_s`` until ``stop`` is set; a
   failed pass is logged and the next one tries again.
 """
@@ -50,9 +53,13 @@ async def check_running(pool: asyncpg.Pool, now: datetime) -> int:
                                                WHERE u.allocation_id = a.allocation_id))
                ORDER BY b.team, b.project"""
         )
-        await repo.lock(conn, [(s["team"], s["project"] or None) for s in scopes])
         for scope in scopes:
-            budget = await repo.get(conn, scope["team"], scope["project"] or None)
+            team, project = scope["team"], scope["project"] or None
+            # A budget a bill or a change holds now is checked at the next pass: waiting
+            # here, holding others, could deadlock with a bill taking them in another order.
+            if not await repo.try_lock(conn, team, project):
+                continue
+            budget = await repo.get(conn, team, project)
             if budget is None:
                 continue
             if await budget_watch.check(conn, budget, [month_start(now)], now):

@@ -39,14 +39,33 @@ async def lock(conn: asyncpg.Connection, scopes: Iterable[tuple[str, str | None]
     they take turns and the state said last (the highest revision) is read after every
     earlier one committed. The scopes are taken in one order (by key) to avoid deadlocks;
     distinct scopes sharing a key only wait for each other."""
-    keys = sorted({f"{team}:{project or ''}" for team, project in scopes})
+    keys = sorted({_scope_key(team, project) for team, project in scopes})
     if keys:
         await conn.execute(
-            "SELECT pg_advisory_xact_lock(k) FROM ("
-            "  SELECT DISTINCT hashtextextended('billing:budget:' || s, 0) AS k"
-            "  FROM unnest($1::text[]) AS s ORDER BY k) AS ordered",
+            f"SELECT pg_advisory_xact_lock(k) FROM ("
+            f"  SELECT DISTINCT {_LOCK_KEY.format(key='s')} AS k"
+            f"  FROM unnest($1::text[]) AS s ORDER BY k) AS ordered",
             keys,
         )
+
+
+async def try_lock(conn: asyncpg.Connection, team: str, project: str | None) -> bool:
+    """``lock`` of one scope if no other transaction holds it, without waiting; False when
+    one does (for a check that may skip a budget until its next pass: never waiting, it
+    cannot deadlock with a bill holding scopes in another order)."""
+    return bool(
+        await conn.fetchval(
+            f"SELECT pg_try_advisory_xact_lock({_LOCK_KEY.format(key='$1')})",
+            _scope_key(team, project),
+        )
+    )
+
+
+_LOCK_KEY = "hashtextextended('billing:budget:' || {key}, 0)"
+
+
+def _scope_key(team: str, project: str | None) -> str:
+    return f"{team}:{project or ''}"
 
 
 async def next_revision(conn: asyncpg.Connection) -> int:

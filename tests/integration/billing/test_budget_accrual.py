@@ -96,3 +96,14 @@ async def test_only_the_month_and_the_project_are_counted(pool: asyncpg.Pool) ->
         )
         assert spent == Decimal(5)  # r3's first hour of this month; r2 is another project's
         assert await say_state(conn, project, NOW) > 0
+
+
+async def test_a_budget_a_bill_holds_is_left_to_the_next_check(pool: asyncpg.Pool) -> None:
+    """The check takes each budget as a bill or a change does (``budgets_repository``),
+    but never waits for one: a budget held elsewhere is checked at the next pass."""
+    await budget(pool, "ml", None, "4")
+    await feed(pool, grant_of(running("r4", "ml", NOW - timedelta(hours=1))))
+    async with pool.acquire() as holder, holder.transaction():
+        await repo.lock(holder, [("ml", None)])  # a bill of ml's, being made
+        assert await check_running(pool, NOW) == 0
+    assert await check_running(pool, NOW) == 1
