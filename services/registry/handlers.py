@@ -22,7 +22,8 @@ Runs inside the transaction of ``shared.inbox.idempotent``.
   (``ResNet``, model ``resnet``) adds its version to that model: model names are unique in a
   team regardless of case, and the version is kept rather than refused.
 - ``cost.recorded`` (billing's): the allocation's bill is kept for cost per model
-  (``model_cost.record``: one row per allocation, an amended bill replaces it).
+  (``model_cost.record``: one row per allocation; billing's correction of it, an amended
+  bill or one made the platform's, of a higher ``revision``, replaces it in any order).
 - Reproducibility (``reproduction_repository``): every job's end (``job.succeeded``, the
   scheduler's ``job.failed``, ``job.cancelled``) records its outcome, and a reproduction's
   end decides its verdict against the original.
