@@ -231,6 +231,9 @@ def _requirement(value: str) -> str:
             "one item each (the lines of a requirements file)"
         )
     url = re.search(r"@ *([^\s;]+)", value)
+    # (An ssh URL keeps its login name, git@host: no credential.)
+    if url is not None and url.group(1).startswith("https:") and _has_userinfo(url.group(1)):
+        raise ValueError(WHEEL_CREDENTIALS)
     if url is not None and not WHEEL_URL.fullmatch(url.group(1)):
         raise ValueError(
             "a URL must name a wheel (https://.../name-1.0-py3-none-any.whl): source "
@@ -258,7 +261,28 @@ def _git_url(value: str) -> str:
             "must be an https://, ssh:// or git:// URL or user@host:path, without "
             "whitespace or credentials"
         )
+    if value.startswith(("https://", "git://")) and _has_userinfo(value):
+        # ssh needs its login name (git@host); https and git take none but a token.
+        raise ValueError(CREDENTIALS_IN_URL)
     return value
+
+
+CREDENTIALS_IN_URL = (
+    "must not carry credentials (a user name, token or password before '@' in the host "
+    "part): a job's spec is readable by its whole team and travels in the platform's "
+    "events; give the URL without them"
+)
+WHEEL_CREDENTIALS = (
+    f"{CREDENTIALS_IN_URL} (packages of a private index come through the index the "
+    "operator sets for the runners)"
+)
+
+
+def _has_userinfo(url: str) -> bool:
+    """Whether ``url`` (``scheme://...``) names a user, token or password before its host:
+    ``https://TOKEN@host/...``, ``https://user:password@host/...``."""
+    authority = url.partition("://")[2].split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
+    return "@" in authority
 
 
 def _image(value: str) -> str:

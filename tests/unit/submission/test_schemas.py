@@ -307,6 +307,44 @@ def test_bad_code_is_named(code: object, field: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "repository",
+    [
+        "https://ghp_0123456789abcdef@github.com/acme/train.git",
+        "https://oauth2@gitlab.example.com/acme/train.git",
+        "git://someone@example.org/train",
+    ],
+)
+def test_a_git_url_with_a_token_before_its_host_is_refused(repository: str) -> None:
+    """A spec is readable by the whole team and travels in every service's events, so a
+    token in its URL (``https://TOKEN@github.com/...``) must not be stored; ssh keeps its
+    login name (``git@host``), and an ``@`` in the path is no user."""
+    errors = _errors({**GOOD, "code": {"kind": "git", "repository": repository, "commit": COMMIT}})
+    assert list(errors) == ["code.repository"]
+    assert "must not carry credentials" in errors["code.repository"]
+    path_at = "https://example.org/acme/train@v1.git"
+    assert _job(code={"kind": "git", "repository": path_at, "commit": COMMIT}).code
+
+
+@pytest.mark.parametrize(
+    "requirement",
+    [
+        "mylib @ https://alice:s3cret@pypi.example.com/mylib-1.0-py3-none-any.whl",
+        "mylib @ https://ghp_0123456789abcdef@github.com/a/b/mylib-1.0-py3-none-any.whl",
+        "mylib@https://token@example.org/mylib-1.0-py3-none-any.whl",
+    ],
+)
+def test_a_wheel_url_with_credentials_is_refused(requirement: str) -> None:
+    """The installer would use them, and they would sit in the spec every teammate reads
+    and every service's events carry."""
+    errors = _errors({**GOOD, "requirements": ["numpy", requirement]})
+    assert list(errors) == ["requirements[1]"]
+    assert "must not carry credentials" in errors["requirements[1]"]
+    assert "s3cret" not in errors["requirements[1]"]
+    at_in_path = "mylib @ https://example.org/a@b/mylib-1.0-py3-none-any.whl"
+    assert _job(requirements=[at_in_path]).to_spec("a", "ml").requirements == [at_in_path]
+
+
+@pytest.mark.parametrize(
     "requirement",
     [
         "torch",
