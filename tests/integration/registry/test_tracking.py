@@ -18,7 +18,7 @@ import pytest
 
 from tests.fixtures.json_log import json_lines
 from tests.integration.registry.test_registry import ENV, client_of
-from trainyard_platform.services.registry import metrics
+from trainyard_platform.services.registry import metrics, tracking_api
 from trainyard_platform.services.registry.api import create_app
 from trainyard_platform.services.registry.domain import RunNotRecorded
 from trainyard_platform.services.registry.handlers import RegistryHandlers
@@ -323,6 +323,35 @@ async def test_experiments_runs_sorting_filtering_and_compare(
     assert compared["final"]["loss"] == {jobs[0]: 0.3, jobs[1]: 0.1, jobs[2]: 0.2}
     assert len(compared["curves"]["loss"][jobs[0]]["points"]) == 3
     assert set(compared["curves"]["accuracy"]) == set(jobs)
+
+
+async def test_a_comparison_shares_a_bounded_number_of_points_among_its_curves(
+    pool: asyncpg.Pool, vision: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """20 keys of 50 runs at max_points=10,000 asked for 1,000 curves of up to 10,000 points
+    each in one request: a reader could make the registry build millions of points. The
+    curves now share COMPARE_POINTS_MAX (here 1,000: two curves of 3,000 points get 500
+    each); max_points still caps a curve when its share is larger."""
+    monkeypatch.setattr(tracking_api, "COMPARE_POINTS_MAX", 1_000, raising=False)
+    j = job()
+    experiment = f"big-{uuid.uuid4().hex[:6]}"
+    apply = idempotent_batches(pool, "registry", RegistryHandlers().dispatch_batch)
+    deliveries = [wrapped(started(j, spec(experiment=experiment)))]
+    values = [math.cos(i / 100) for i in range(3_000)]
+    for seq, (key, first) in enumerate((k, f) for k in ("loss", "accuracy") for f in (0, 1_500)):
+        deliveries.append(wrapped(batch(j, seq, key, values[first : first + 1_500], first)))
+    await apply(deliveries)
+    listed = (await vision.get("/v1/experiments?project=vision-research")).json()["experiments"]
+    eid = next(e["id"] for e in listed if e["name"] == experiment)
+
+    wide = await vision.get(f"/v1/experiments/{eid}/compare?keys=loss,accuracy&max_points=10000")
+    assert wide.status_code == 200, wide.text
+    for key in ("loss", "accuracy"):
+        curve = wide.json()["curves"][key][j]
+        assert curve["total"] == 3_000 and curve["downsampled"] is True, key
+        assert len(curve["points"]) <= 500 + 500 // 4, key
+    narrow = (await vision.get(f"/v1/experiments/{eid}/compare?keys=loss&max_points=100")).json()
+    assert len(narrow["curves"]["loss"][j]["points"]) <= 100 + 100 // 4
 
 
 async def test_a_job_without_an_experiment_is_in_one_named_after_it(
