@@ -20,6 +20,10 @@ Contract:
   cluster).
 - ``load_facts`` reads what ``refusal`` needs in one query, two for a team with a queue an
   operator defined.
+- A job is refused too when its team already has ``Tuning.max_waiting_jobs`` jobs waiting
+  (``too_many_waiting``): not the configuration's doing but a bound on what one team may
+  make every scheduling pass weigh; the handlers count a team's waiting jobs
+  (``repository.waiting_jobs``).
 - ``refused`` is the event that ends a refused job: ``job.failed`` with ``failure_kind``
   ``rejected``, no allocation (``allocation_id`` and ``node_id`` empty, epoch 0); the job is
   never inserted into the scheduler's tables and never holds GPUs, so nothing is billed.
@@ -156,6 +160,14 @@ async def load_facts(conn: asyncpg.Connection, spec: JobSpec) -> Facts:
 def _queues(rows: Sequence[Mapping[str, Any]]) -> tuple[Queue, ...]:
     quotas = [r for r in rows if r["queue"] is not None]
     return queues_from_rows(rows, quotas, totals={})
+
+
+def too_many_waiting(team: str, most: int) -> str:
+    """Why a job is refused when its team has ``most`` jobs waiting already."""
+    return (
+        f"team {team} already has {most} jobs waiting, the most a team may have "
+        "(TRAINYARD_SCHEDULER_MAX_WAITING_JOBS_PER_TEAM); submit more as these start or end"
+    )
 
 
 def refused(job_id: str, reason: str, now: datetime) -> JobFailed:

@@ -49,6 +49,11 @@ class Settings(GuardedServiceSettings):
     on it, its running jobs go on. 0: never."""
     cordon_seconds: float = Field(default=600.0, gt=0)
     """How long an automatic cordon lasts (an operator's lasts until uncordoned)."""
+    max_waiting_jobs_per_team: int = Field(default=10_000, ge=0)
+    """A team may have at most this many jobs waiting (queued, not yet granted GPUs); a job
+    submitted beyond it is refused on arrival (``job.failed``, ``rejected``, saying so), so
+    one team's flood of submissions cannot make every scheduling pass, and so every team's
+    wait, longer. 0: no limit."""
     pass_interval_seconds: float = Field(default=5.0, gt=0)
     """A scheduling pass runs after every change of supply or demand, and at least this often
     (ageing, estimates, forced releases after the preemption grace)."""

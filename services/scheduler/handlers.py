@@ -153,6 +153,8 @@ class SchedulerHandlers:
         """Admission facts by (team, flavor), kept for one batch (see ``_admission_facts``)."""
         self._queues: dict[str, str] | None = None
         """Each team's queue, kept for one batch (see ``_queue_for``)."""
+        self._waiting: dict[str, int] | None = None
+        """Each team's waiting jobs, counted for one batch (see ``_too_many_waiting``)."""
 
     @property
     def tuning(self) -> Tuning:
@@ -162,11 +164,13 @@ class SchedulerHandlers:
         """Apply a batch of first-time deliveries in order (see the module docstring)."""
         self._facts = {}
         self._queues = {}
+        self._waiting = {}
         try:
             await self._apply(deliveries, conn)
         finally:
             self._facts = None
             self._queues = None
+            self._waiting = None
 
     async def _apply(self, deliveries: Sequence[Delivery], conn: asyncpg.Connection) -> None:
         now = self._clock()
@@ -313,8 +317,30 @@ class SchedulerHandlers:
         if spec.max_restarts < 0:
             raise Reject(f"spec.max_restarts: must be >= 0, got {spec.max_restarts}")
         refusal = admission.refusal(spec, await self._admission_facts(conn, spec))
+        if refusal is None:
+            refusal = await self._too_many_waiting(conn, spec.team)
         if refusal is not None and await repo.job_for_update(conn, submitted.job_id) is None:
             return refusal
+        return None
+
+    async def _too_many_waiting(self, conn: asyncpg.Connection, team: str) -> str | None:
+        """Why a new job of ``team`` is refused when the team has ``max_waiting_jobs`` waiting
+        already, or None, counting it as waiting. The count is read once per team in a batch
+        (the batch holds the scheduling lock: no pass grants meanwhile) and grows with each
+        job the batch admits."""
+        most = self._tuning.max_waiting_jobs
+        if most <= 0:
+            return None
+        if self._waiting is None:
+            waiting = await repo.waiting_jobs(conn, team, most)
+        elif team in self._waiting:
+            waiting = self._waiting[team]
+        else:
+            waiting = self._waiting[team] = await repo.waiting_jobs(conn, team, most)
+        if waiting >= most:
+            return admission.too_many_waiting(team, most)
+        if self._waiting is not None:
+            self._waiting[team] = waiting + 1
         return None
 
     async def _refuse(

@@ -203,6 +203,18 @@ async def queue_for_team(conn: asyncpg.Connection, team: str) -> str:
     return name
 
 
+async def waiting_jobs(conn: asyncpg.Connection, team: str, most: int) -> int:
+    """How many of ``team``'s jobs wait (``QUEUED``), counted up to ``most`` at most (the
+    index of queued jobs by team: never more than ``most`` entries read)."""
+    count: int = await conn.fetchval(
+        "SELECT count(*) FROM (SELECT 1 FROM jobs WHERE team = $1 AND status = 'QUEUED' "
+        "LIMIT $2) waiting",
+        team,
+        most,
+    )
+    return count
+
+
 async def insert_job(
     conn: asyncpg.Connection,
     job_id: str,

@@ -118,6 +118,9 @@ class Tuning:
     """A node whose allocations end in ``platform_error`` this many times in a row is
     cordoned for ``cordon_seconds`` (``cordon``); 0: never."""
     cordon_seconds: float = 600.0
+    max_waiting_jobs: int = 10_000
+    """A team's jobs waiting at most; one more arriving is refused (``admission``); 0: no
+    limit."""
 
     @property
     def preemption_grace_s(self) -> float:

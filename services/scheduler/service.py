@@ -72,6 +72,7 @@ def tuning_from(settings: Settings) -> Tuning:
         platform_retries=settings.platform_retries,
         cordon_after_platform_failures=settings.cordon_after_platform_failures,
         cordon_seconds=settings.cordon_seconds,
+        max_waiting_jobs=settings.max_waiting_jobs_per_team,
     )
 
 

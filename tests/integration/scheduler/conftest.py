@@ -185,6 +185,7 @@ async def scheduler_with(pool: asyncpg.Pool, nats_settings: NatsSettings) -> Asy
             platform_retries: int = 3,
             cordon_after_platform_failures: int = 3,
             cordon_seconds: float = 600.0,
+            max_waiting_jobs: int = 10_000,
             **policy: Any,
         ) -> Scheduler:
             bus = await stack.enter_async_context(Bus.connect(nats_settings, "scheduler-test"))
@@ -201,6 +202,7 @@ async def scheduler_with(pool: asyncpg.Pool, nats_settings: NatsSettings) -> Asy
                 platform_retries=platform_retries,
                 cordon_after_platform_failures=cordon_after_platform_failures,
                 cordon_seconds=cordon_seconds,
+                max_waiting_jobs=max_waiting_jobs,
             )
             work = LeaderWork(
                 NAME,

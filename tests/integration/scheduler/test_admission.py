@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import asyncpg
 import pytest
 
-from tests.integration.scheduler.conftest import Scheduler, make_spec
+from tests.integration.scheduler.conftest import Scheduler, Tuned, make_spec
 from trainyard_platform.services.scheduler import repository as repo
 from trainyard_platform.services.scheduler.admission import REFUSED_PREFIX
 from trainyard_platform.shared.bus import Delivery
@@ -65,6 +65,43 @@ async def test_each_unsatisfiable_job_is_refused_with_its_reason(scheduler: Sche
     assert await pool.fetchval("SELECT count(*) FROM jobs") == 0
     assert scheduler.events(AllocationGranted) == []
     assert scheduler.events(JobPending) == []
+
+
+async def test_a_team_with_the_most_waiting_jobs_has_its_next_one_refused(
+    scheduler_with: Tuned,
+) -> None:
+    """Waiting jobs cost nothing, yet every scheduling pass weighs each one (and publishes
+    its pending note): a member submitting without end made every team's pass, and wait,
+    longer. A team has at most max_waiting_jobs waiting (here 3); the next is refused on
+    arrival saying so, another team's jobs are not, and once a job starts the team may
+    submit again."""
+    scheduler = await scheduler_with(max_waiting_jobs=3)
+    for i in range(3):
+        await scheduler.submit(f"flood-{i}", gpus=1)
+    await scheduler.wait_for(JobPending, lambda p: p.job_id == "flood-2")
+    await scheduler.submit("flood-3", gpus=1)
+    await scheduler.submit("other-team", gpus=1, team="nlp")
+
+    failed = await scheduler.wait_for(JobFailed, lambda f: f.job_id == "flood-3")
+    assert failed[0].failure_kind == "rejected"
+    assert failed[0].reason == (
+        f"{REFUSED_PREFIX}team vision already has 3 jobs waiting, the most a team may have "
+        "(TRAINYARD_SCHEDULER_MAX_WAITING_JOBS_PER_TEAM); submit more as these start or end"
+    )
+    await scheduler.wait_for(JobPending, lambda p: p.job_id == "other-team")
+    waiting = "SELECT job_id FROM jobs WHERE status = 'QUEUED' ORDER BY job_id"
+    assert [r["job_id"] for r in await scheduler.pool.fetch(waiting)] == [
+        "flood-0",
+        "flood-1",
+        "flood-2",
+        "other-team",
+    ]
+
+    await scheduler.heartbeat("n1", gpus=2)  # one of the team's jobs starts, at least
+    await scheduler.wait_for(AllocationGranted, lambda g: g.job_id.startswith("flood-"))
+    await scheduler.submit("flood-4", gpus=1)
+    await scheduler.wait_for(JobPending, lambda p: p.job_id == "flood-4")
+    assert [f.job_id for f in scheduler.events(JobFailed)] == ["flood-3"]
 
 
 async def test_a_refused_job_stays_refused_and_a_fixed_resubmission_runs(
