@@ -105,6 +105,8 @@ POLICY: dict[str, dict[tuple[str, str], Role]] = {
                 ("DELETE", "/{name:str}", OP),
             )
         },
+        ("PATCH", "/v1/admin/queues/{name:str}"): OP,
+        ("PATCH", "/v1/admin/priority-classes/{name:str}"): OP,
     },
     "registry": {
         ("GET", "/v1/models/{team:str}/{name:str}/versions"): V,

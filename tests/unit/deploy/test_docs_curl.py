@@ -18,6 +18,8 @@ DOCS = sorted([*(ROOT / "docs").glob("*.md"), ROOT / "README.md", ROOT / "deploy
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 _BODY = re.compile(r"(?:^|\s)(?:-d|--data|--data-raw|--data-binary)(?:\s|=)")
 _JSON_TYPE = "Content-Type: application/json"
+_MERGE_PATCH_TYPE = "Content-Type: application/merge-patch+json"
+"""JSON too: the media type of a JSON Merge Patch, which the scheduler's PATCH routes read."""
 
 
 def _commands(text: str) -> Iterator[str]:
@@ -65,5 +67,9 @@ def test_the_docs_have_curl_examples_with_a_body() -> None:
     ("doc", "command", "variables"), CASES, ids=[f"{d}:{c[:50]}" for d, c, _ in CASES]
 )
 def test_a_curl_with_a_body_says_it_is_json(doc: str, command: str, variables: set[str]) -> None:
-    sends_json = _JSON_TYPE in command or any(f'"${name}"' in command for name in variables)
+    sends_json = (
+        _JSON_TYPE in command
+        or ("-X PATCH" in command and _MERGE_PATCH_TYPE in command)
+        or any(f'"${name}"' in command for name in variables)
+    )
     assert sends_json, f"{doc}: this curl sends a body without {_JSON_TYPE} (415):\n{command}"
