@@ -508,6 +508,7 @@ QUEUE: Shape = {
             "used_gpus": Each(STR),
             "last_heartbeat": TIME,
             "cordon": _CORDON,
+            "retired_at": Opt(TIME),
         }
     ]
 }

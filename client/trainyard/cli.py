@@ -21,6 +21,7 @@
     trainyard waste [--by DIMS] [--from T] [--to T] [--csv]       waste priced, success rate
     trainyard trace JOB [--file PATH]                             its spans as a tree, timed
     trainyard nodes ls | cordon NODE --reason T | uncordon NODE   nodes (operators, scheduler)
+    trainyard nodes retire NODE                                   forget a node gone for good
     trainyard admin flavors|cohorts|queues|priority-classes ls|show|set|rm   configuration
     trainyard admin prices ls | set FLAVOR --gpu-hour P [--from T]  billing's price book
     trainyard whoami | tokens | token ... | user ... | audit      who may do what

@@ -1,27 +1,34 @@
-"""``trainyard nodes``: the cluster's nodes, and cordoning one (operators; the scheduler's API).
+"""``trainyard nodes``: the cluster's nodes; cordoning one, retiring one (operators; the
+scheduler's API).
 
-    trainyard nodes ls                       every node: flavor, GPUs, state, last heard, cordon
+    trainyard nodes ls [--retired]           every node: flavor, GPUs, state, last heard, cordon
     trainyard nodes cordon NODE --reason T   no new allocation on NODE; its running jobs go on
     trainyard nodes uncordon NODE            NODE takes new work again (an automatic cordon too)
+    trainyard nodes retire NODE              forget a lost NODE taken out for good
 
 The list is the ``nodes`` of the scheduler's ``GET /v1/queue`` (what the dashboard's nodes
-page reads; ``--json`` prints that list); cordon and uncordon are ``POST
-/v1/admin/nodes/{node}/cordon|uncordon``, whose answer (the node's cordon, null once lifted)
-``--json`` prints. All three are for operators: the scheduler answers 403 to anyone else, and
-404 to a node it has never heard of; both are one line (exit 4, exit 3). A blank
-``--reason`` is refused before any request (exit 2); one the scheduler refuses (over 500
-characters, a control character) is its 422 naming ``reason`` (exit 1).
+page reads; ``--json`` prints that list), retired nodes only with ``--retired``
+(``?retired=true``); cordon and uncordon are ``POST /v1/admin/nodes/{node}/cordon|uncordon``,
+whose answer (the node's cordon, null once lifted) ``--json`` prints; retire is ``DELETE
+/v1/admin/nodes/{node}`` (204; ``--json`` prints ``{"retired": NODE}``), which the scheduler
+refuses with 409 naming why for a node that is ready or still holds a live allocation (exit
+1). All four are for operators: the scheduler answers 403 to anyone else, and 404 to a node
+it has never heard of; both are one line (exit 4, exit 3). A blank ``--reason`` is refused
+before any request (exit 2); one the scheduler refuses (over 500 characters, a control
+character) is its 422 naming ``reason`` (exit 1).
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from trainyard.cli_base import CliError, Exit, Session, exit_code_of
 from trainyard.cli_render import table, time_text
 from trainyard.client import TrainyardError, segment
+
+T = TypeVar("T")
 
 HEADER = ("NODE", "FLAVOR", "GPUS", "USED", "FREE", "STATE", "LAST HEARD", "CORDON")
 
@@ -29,9 +36,9 @@ HEADER = ("NODE", "FLAVOR", "GPUS", "USED", "FREE", "STATE", "LAST HEARD", "CORD
 def add_commands(
     command: Callable[..., argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
-    """Add ``nodes ls|cordon|uncordon`` to the CLI's commands (``common``: the options every
-    command takes)."""
-    nodes = command("nodes", None, "operators: the nodes, their GPUs and state; cordon one")
+    """Add ``nodes ls|cordon|uncordon|retire`` to the CLI's commands (``common``: the options
+    every command takes)."""
+    nodes = command("nodes", None, "operators: the nodes, their GPUs and state; cordon, retire")
     actions = nodes.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     def action(name: str, run: Callable[[Session], int], text: str) -> argparse.ArgumentParser:
@@ -39,16 +46,22 @@ def add_commands(
         sub.set_defaults(run=run)
         return sub
 
-    action("ls", run_list, "every node: flavor, GPUs used and free, state, last heard, cordon")
+    ls = action("ls", run_list, "every node: flavor, GPUs used and free, state, last heard, cordon")
+    ls.add_argument("--retired", action="store_true", help="list retired nodes too")
     cordon = action("cordon", run_cordon, "no new allocation on NODE; its running jobs go on")
     cordon.add_argument("node", metavar="NODE", help="the node's id (as `nodes ls` shows it)")
     cordon.add_argument("--reason", required=True, help="why, for the other operators")
     uncordon = action("uncordon", run_uncordon, "NODE takes new work again (any cordon lifted)")
     uncordon.add_argument("node", metavar="NODE", help="the node's id")
+    retire = action(
+        "retire", run_retire, "forget NODE, lost and taken out for good (its history stays)"
+    )
+    retire.add_argument("node", metavar="NODE", help="the node's id")
 
 
 def run_list(session: Session) -> int:
-    answer = _asked(lambda: session.service("scheduler").get("/v1/queue"))
+    retired = "true" if session.args.retired else None
+    answer = _asked(lambda: session.service("scheduler").get("/v1/queue", retired=retired))
     nodes: list[dict[str, Any]] = answer["nodes"]
     session.emit(nodes, lambda: nodes_text(nodes))
     return Exit.OK
@@ -69,7 +82,15 @@ def run_uncordon(session: Session) -> int:
     return Exit.OK
 
 
-def _asked(call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def run_retire(session: Session) -> int:
+    node = session.args.node
+    path = f"/v1/admin/nodes/{segment(node)}"
+    _asked(lambda: session.service("scheduler").delete(path))
+    session.emit({"retired": node}, lambda: f"retired {node}: left out until it heartbeats again")
+    return Exit.OK
+
+
+def _asked(call: Callable[[], T]) -> T:
     """``call()``'s answer; the scheduler's refusal as one line naming it, with its exit code
     (403: 4, 404: 3, unreachable: 5, else 1)."""
     try:
@@ -80,7 +101,8 @@ def _asked(call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 def nodes_text(nodes: list[dict[str, Any]]) -> str:
     """The nodes as a table, by id: GPUs in all, leased and free for new work (none on a lost
-    or cordoned node), ``ready``/``cordoned``/``lost``, the last heartbeat, and the cordon."""
+    or cordoned node), ``ready``/``cordoned``/``lost``/``retired``, the last heartbeat, and
+    the cordon."""
     rows = [
         (
             node["node_id"],
@@ -98,6 +120,8 @@ def nodes_text(nodes: list[dict[str, Any]]) -> str:
 
 
 def _state(node: dict[str, Any]) -> str:
+    if node.get("retired_at"):
+        return "retired"
     if node["status"] == "LOST":
         return "lost"
     return "cordoned" if node.get("cordon") else str(node["status"]).lower()

@@ -1,5 +1,5 @@
 """The operator's commands: define and delete flavors, cohorts, queues with quotas, priority
-classes; cordon and uncordon nodes (``cordon``).
+classes; cordon and uncordon nodes (``cordon``), retire a node taken out for good.
 
 Contract:
 - Every ``put_*`` validates the whole request first (unknown cohort or flavor, a team that
@@ -12,6 +12,15 @@ Contract:
   is refused (422 naming ``team``); queues of teams it knows stay editable with it (quota
   changes while the submission service is down).
 - ``cordon_node`` and ``uncordon_node`` raise ``NotFound`` (404) for a node never heard of.
+- ``retire_node`` forgets a node taken out for good without deleting its row (the
+  allocations and GPU leases of its past reference it): it sets ``retired_at``, and every
+  read of live nodes leaves it out (the snapshot reads READY nodes only, and a retired node
+  is always LOST; the node and GPU gauges the lost-node alerts read; a flavor's nodes, so
+  the flavor can be deleted; admission's largest node; ``GET /v1/queue`` unless asked).
+  ``NotFound`` for a node never heard of; ``Conflict`` (409) for a READY node (its runner
+  still heartbeats, or the scheduler has not yet declared it lost) and for one that still
+  holds a live allocation or GPU lease (naming the jobs). Retiring a retired node changes
+  nothing. Its next heartbeat makes it an ordinary node again (``repo.upsert_node``).
 - ``patch_queue`` and ``patch_priority_class`` change only the fields a JSON Merge Patch
   names (RFC 7396: ``null`` puts a field back to its default); the result is judged as the
   ``PUT`` of it would be, read and written under the lock. A patch never creates (404).
@@ -201,6 +210,22 @@ async def uncordon_node(pool: asyncpg.Pool, node_id: str, by: Principal) -> Node
         if not await cordon.uncordon(conn, node_id):
             raise NotFound(f"no node {node_id}")
         return await _node_cordon(conn, node_id)
+
+
+async def retire_node(pool: asyncpg.Pool, node_id: str, by: Principal) -> None:
+    """Retire ``node_id``, a lost node that holds nothing live (see the module docstring)."""
+    async with _writing(pool, by, "retire node", node_id) as conn:
+        row = await admin_repo.node_to_retire(conn, node_id)
+        if row is None:
+            raise NotFound(f"no node {node_id}")
+        if row["status"] != "LOST":
+            raise Conflict(
+                f"node {node_id} is ready (last heartbeat {row['last_heartbeat'].isoformat()}): "
+                "stop its runner, and retire it once the scheduler has declared it lost"
+            )
+        holding = await admin_repo.jobs_holding(conn, node_id)
+        _refuse_if_used(f"node {node_id}", {"the live allocations or GPU leases of jobs": holding})
+        await admin_repo.retire_node(conn, node_id, await admin_repo.transaction_time(conn))
 
 
 async def _node_cordon(conn: asyncpg.Connection, node_id: str) -> NodeCordonView:

@@ -26,7 +26,8 @@ _FLAVOR_VIEW = """SELECT f.name, f.description, f.created_at,
            count(n.node_id) FILTER (WHERE n.status = 'READY') AS ready_nodes,
            COALESCE(sum(n.gpu_count), 0) AS gpus,
            COALESCE(sum(n.gpu_count) FILTER (WHERE n.status = 'READY'), 0) AS ready_gpus
-    FROM flavors f LEFT JOIN nodes n ON n.gpu_flavor = f.name"""
+    FROM flavors f LEFT JOIN nodes n ON n.gpu_flavor = f.name AND n.retired_at IS NULL"""
+"""A flavor with its nodes, retired ones left out."""
 
 
 async def flavors(conn: asyncpg.Connection, limit: int, after: str = "") -> list[Row]:
@@ -73,11 +74,45 @@ async def transaction_time(conn: asyncpg.Connection) -> datetime:
 
 
 async def nodes_of_flavor(conn: asyncpg.Connection, name: str) -> list[str]:
-    """Every node of the flavor, ready or lost (a lost node may come back)."""
+    """Every node of the flavor, ready or lost (a lost node may come back), but not a
+    retired one (an operator said it will not)."""
     rows = await conn.fetch(
-        "SELECT node_id FROM nodes WHERE gpu_flavor = $1 ORDER BY node_id", name
+        "SELECT node_id FROM nodes WHERE gpu_flavor = $1 AND retired_at IS NULL ORDER BY node_id",
+        name,
     )
     return [r["node_id"] for r in rows]
+
+
+# --- nodes -----------------------------------------------------------------------------
+
+
+async def node_to_retire(conn: asyncpg.Connection, node_id: str) -> Row | None:
+    """The node's status and last heartbeat, its row locked until the transaction ends (a
+    heartbeat meanwhile waits, then makes it ready again)."""
+    row: Row | None = await conn.fetchrow(
+        "SELECT status, last_heartbeat FROM nodes WHERE node_id = $1 FOR UPDATE", node_id
+    )
+    return row
+
+
+async def jobs_holding(conn: asyncpg.Connection, node_id: str) -> list[str]:
+    """The jobs with a live allocation or a live GPU lease on the node, by id."""
+    rows = await conn.fetch(
+        "SELECT job_id FROM allocations WHERE node_id = $1 AND released_at IS NULL "
+        "UNION SELECT a.job_id FROM gpu_leases l JOIN allocations a USING (allocation_id) "
+        "WHERE l.node_id = $1 AND l.released_at IS NULL ORDER BY job_id",
+        node_id,
+    )
+    return [r["job_id"] for r in rows]
+
+
+async def retire_node(conn: asyncpg.Connection, node_id: str, now: datetime) -> None:
+    """Mark the (lost) node retired as of ``now``; one already retired keeps its time."""
+    await conn.execute(
+        "UPDATE nodes SET retired_at = COALESCE(retired_at, $2) WHERE node_id = $1",
+        node_id,
+        now,
+    )
 
 
 async def queues_with_quota_of(conn: asyncpg.Connection, flavor: str) -> list[str]:

@@ -133,7 +133,8 @@ async def load_facts(conn: asyncpg.Connection, spec: JobSpec) -> Facts:
     """The configuration ``refusal`` judges ``spec`` against, as committed now."""
     row = await conn.fetchrow(
         """SELECT ARRAY(SELECT name FROM priority_classes ORDER BY name) AS classes,
-                  (SELECT max(gpu_count) FROM nodes WHERE gpu_flavor = $2) AS largest_node,
+                  (SELECT max(gpu_count) FROM nodes
+                   WHERE gpu_flavor = $2 AND retired_at IS NULL) AS largest_node,
                   q.name, q.team, q.cohort, q.weight, q.implicit
            FROM (SELECT 1) AS one LEFT JOIN queues q ON q.team = $1""",
         spec.team,

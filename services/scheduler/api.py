@@ -19,6 +19,10 @@ Contract:
   uses the resource (see ``admin``). ``POST /v1/admin/nodes/{node_id}/cordon`` (body
   ``{"reason": ...}``) and ``POST /v1/admin/nodes/{node_id}/uncordon`` (operators; 200 with
   the node's cordon, 404 for an unknown node) take a node out of placement and back.
+  ``DELETE /v1/admin/nodes/{node_id}`` (operators; 204) retires a node taken out for good:
+  409 naming why for a ready node or one that still holds a live allocation, 404 for an
+  unknown node (``admin.retire_node``). ``GET /v1/queue`` leaves retired nodes out unless
+  asked with ``?retired=true``.
 - Errors are JSON ``{"detail": ..., "errors": [{"field": ..., "message": ...}]}``
   (``shared.http_errors``): 422 for invalid input (every bad field named, nothing stored),
   401/404/409 as usual, 500 with a generic message (the traceback goes to the log).
@@ -297,11 +301,20 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         """The node takes new work again (an automatic cordon too is lifted)."""
         return await admin.uncordon_node(pool, node_id, principal)
 
+    @delete("/nodes/{node_id:str}", opt=needs(Role.OPERATOR), responses=error_responses(404, 409))
+    async def retire_node(node_id: FromPath[str], principal: Caller) -> None:
+        """Retire a node taken out for good: it is left out of placement, the node and GPU
+        gauges (the lost-node alerts), its flavor's nodes and the node list; its history
+        stays. Refused (409) while it is ready or holds a live allocation; its next heartbeat
+        makes it an ordinary node again."""
+        await admin.retire_node(pool, node_id, principal)
+
     return Router(
         "/v1/admin",
         route_handlers=[
             cordon_node,
             uncordon_node,
+            retire_node,
             list_flavors,
             get_flavor,
             put_flavor,
@@ -363,13 +376,17 @@ def create_app(
     """The scheduler's app over ``pool`` with the given health routes (see the module)."""
 
     @get("/v1/queue", opt=needs(Role.OPERATOR))
-    async def queue() -> QueueView:
+    async def queue(
+        retired: Annotated[
+            bool, QueryParameter(description="true: list retired nodes too (retired_at set)")
+        ] = False,
+    ) -> QueueView:
         async with (
             pool.acquire() as conn,
             conn.transaction(isolation="repeatable_read", readonly=True),
         ):
             return queue_view(
-                await repo.all_nodes(conn),
+                await repo.all_nodes(conn, retired),
                 await repo.running_allocations(conn),
                 await repo.pending_heads(conn, PENDING_SHOWN),
                 await admin_repo.queues(conn),

@@ -25,6 +25,7 @@ _GPUS = """SELECT n.gpu_flavor AS flavor, n.status, n.cordoned_at IS NOT NULL AS
 FROM nodes n
 LEFT JOIN (SELECT node_id, count(*) AS leased FROM gpu_leases WHERE released_at IS NULL
            GROUP BY node_id) l USING (node_id)
+WHERE n.retired_at IS NULL
 GROUP BY n.gpu_flavor, n.status, n.cordoned_at IS NOT NULL"""
 
 GPU_STATES = ("allocated", "idle", "cordoned", "lost")
@@ -32,19 +33,25 @@ GPU_STATES = ("allocated", "idle", "cordoned", "lost")
 (0 where none): before, a flavor whose nodes were all lost lost its ``allocated`` and
 ``idle`` series, and its ``lost`` series vanished once they came back. The free GPUs of a
 cordoned node are ``cordoned``, not ``idle``: no job can be placed on them, and counted
-idle they set off ``TrainyardGPUsIdleWhileJobsWait`` for as long as a node was cordoned."""
+idle they set off ``TrainyardGPUsIdleWhileJobsWait`` for as long as a node was cordoned.
+A retired node (``admin.retire_node``) counts in no state: its GPUs are gone for good, and
+counted ``lost`` they kept ``TrainyardGPUsLost`` firing forever."""
 
 _ALLOCATIONS = """SELECT n.gpu_flavor AS flavor, count(a.allocation_id) AS granted,
        count(*) FILTER (WHERE a.outcome = 'preempted' AND a.notice_at IS NOT NULL) AS preempted
 FROM nodes n LEFT JOIN allocations a USING (node_id) GROUP BY n.gpu_flavor"""
-"""Every flavor a node ever had, at 0 until its first allocation (as ``_QUEUES``)."""
+"""Every flavor a node ever had, at 0 until its first allocation (as ``_QUEUES``); retired
+nodes included: these are totals, which must never go down."""
+
+_NODES = "SELECT status, count(*) AS n FROM nodes WHERE retired_at IS NULL GROUP BY status"
+"""Ready and lost nodes (``TrainyardNodeLost``); a retired node is neither, and is left out."""
 
 CORDONED_BY = ("operator", "scheduler")
 """Every ``by`` of ``trainyard.scheduler.nodes.cordoned``, each from the start at 0: an
 automatic cordon (the scheduler's) has an end, an operator's has none."""
 _CORDONED = """SELECT CASE WHEN cordoned_until IS NULL THEN 'operator' ELSE 'scheduler' END AS by,
        count(*) AS n
-FROM nodes WHERE cordoned_at IS NOT NULL GROUP BY 1"""
+FROM nodes WHERE cordoned_at IS NOT NULL AND retired_at IS NULL GROUP BY 1"""
 
 TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
 """Every state of ``trainyard.scheduler.jobs.finished``: each is reported from the start, 0
@@ -85,7 +92,7 @@ def scheduler_readings(sampler: Sampler, pool: asyncpg.Pool) -> None:
 
     async def nodes() -> Readings:
         counts = {"ready": 0.0, "lost": 0.0}
-        for r in await fetch("SELECT status, count(*) AS n FROM nodes GROUP BY status"):
+        for r in await fetch(_NODES):
             counts[str(r["status"]).lower()] = float(r["n"])
         return [(n, {"state": state}) for state, n in counts.items()]
 

@@ -86,7 +86,7 @@ async def upsert_node(
     address: str = "127.0.0.1",
 ) -> None:
     """Record a heartbeat: the node is READY, with what it reports now (its flavor is
-    registered if new)."""
+    registered if new); a retired node is an ordinary node again."""
     await conn.execute("INSERT INTO flavors (name) VALUES ($1) ON CONFLICT DO NOTHING", gpu_flavor)
     await conn.execute(
         """INSERT INTO nodes (node_id, hostname, gpu_flavor, gpu_count, topology, status,
@@ -100,6 +100,7 @@ async def upsert_node(
                address = EXCLUDED.address,
                status = 'READY',
                lost_at = NULL,
+               retired_at = NULL,
                last_heartbeat = GREATEST(nodes.last_heartbeat, EXCLUDED.last_heartbeat)""",
         node_id,
         hostname,
@@ -425,10 +426,13 @@ _NO_PENDING = (
 # --- the operator's queue view ---------------------------------------------------------
 
 
-async def all_nodes(conn: asyncpg.Connection) -> list[Row]:
+async def all_nodes(conn: asyncpg.Connection, retired: bool = False) -> list[Row]:
+    """Every node by id, the retired ones only when ``retired``."""
     rows: list[Row] = await conn.fetch(
         "SELECT node_id, hostname, gpu_flavor, gpu_count, topology, status, last_heartbeat, "
-        "cordoned_at, cordon_reason, cordoned_by, cordoned_until FROM nodes ORDER BY node_id"
+        "cordoned_at, cordon_reason, cordoned_by, cordoned_until, retired_at FROM nodes "
+        "WHERE $1 OR retired_at IS NULL ORDER BY node_id",
+        retired,
     )
     return rows
 

@@ -62,6 +62,8 @@ class NodeView(_Schema):
     last_heartbeat: datetime
     cordon: CordonView | None = None
     """Set while the node is cordoned: no new allocation is placed on it."""
+    retired_at: datetime | None = None
+    """When an operator retired the node (listed only on request); None: it is not."""
 
 
 class AllocationView(_Schema):
@@ -216,6 +218,7 @@ def _node(row: Row, used: dict[int, str]) -> NodeView:
         used_gpus=dict(sorted(used.items())),
         last_heartbeat=row["last_heartbeat"],
         cordon=cordon,
+        retired_at=row.get("retired_at"),
     )
 
 

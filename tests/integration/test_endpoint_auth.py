@@ -95,6 +95,7 @@ POLICY: dict[str, dict[tuple[str, str], Role]] = {
         ("GET", "/v1/audit"): OP,
         ("POST", "/v1/admin/nodes/{node_id:str}/cordon"): OP,
         ("POST", "/v1/admin/nodes/{node_id:str}/uncordon"): OP,
+        ("DELETE", "/v1/admin/nodes/{node_id:str}"): OP,
         **{
             (method, f"/v1/admin/{kind}{suffix}"): role
             for kind in ("flavors", "cohorts", "queues", "priority-classes")

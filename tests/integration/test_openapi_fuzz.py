@@ -351,6 +351,7 @@ UNHOLDABLE: dict[str, list[tuple[str, str, str]]] = {
             for method in ("GET", "DELETE")
         ),
         *(("POST", f"/v1/admin/nodes/a%00b/{verb}", "node_id") for verb in ("cordon", "uncordon")),
+        ("DELETE", "/v1/admin/nodes/a%00b", "node_id"),
         ("GET", f"/v1/audit?before={INT64_MAX + 1}", "before"),
     ],
     "registry": [

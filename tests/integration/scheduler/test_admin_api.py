@@ -1,5 +1,5 @@
 """The admin API on a real database: define, read back, delete, refuse bad input naming the
-field and deletes that would orphan something."""
+field and deletes that would orphan something; retire a node taken out for good."""
 
 from __future__ import annotations
 
@@ -11,17 +11,23 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from pydantic import SecretStr
 
 from tests.integration.scheduler.conftest import Scheduler, make_spec
 from trainyard_platform.services.scheduler import repository as repo
+from trainyard_platform.services.scheduler.admission import load_facts
 from trainyard_platform.services.scheduler.api import create_app
+from trainyard_platform.services.scheduler.metrics import scheduler_readings
+from trainyard_platform.services.scheduler.scheduling import run_pass
 from trainyard_platform.shared.access import service_guard
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     JobCancelRequested,
     JobPending,
 )
+from trainyard_platform.shared.metrics_sampler import Sampler
 
 pytestmark = pytest.mark.integration
 
@@ -580,6 +586,100 @@ async def test_cordon_needs_a_known_node_and_a_reason(
         await http.post("/v1/admin/nodes/n1/cordon", json={"reason": "fan"}, headers=AUTH)
     ).json()["cordon"]
     assert (again["since"], again["reason"]) == (first["since"], "fan")
+
+
+# --- retire ----------------------------------------------------------------------------
+
+
+async def alerted(pool: asyncpg.Pool) -> dict[str, float]:
+    """The gauges ``TrainyardNodeLost`` and ``TrainyardGPUsLost`` read, sampled once: nodes by
+    state, GPUs by ``flavor/state`` (only the non-zero ones)."""
+    reader = InMemoryMetricReader()
+    sampler = Sampler(meter=MeterProvider(metric_readers=[reader]).get_meter("test"))
+    scheduler_readings(sampler, pool)
+    await sampler.sample_once()
+    data = reader.get_metrics_data()
+    assert data is not None
+    points: dict[str, float] = {}
+    for metric in (m for r in data.resource_metrics for s in r.scope_metrics for m in s.metrics):
+        for point in metric.data.data_points:  # type: ignore[union-attr]
+            labels, value = point.attributes or {}, float(point.value)  # type: ignore[union-attr]
+            if metric.name == "trainyard.scheduler.nodes":
+                points[f"nodes/{labels['state']}"] = value
+            elif metric.name == "trainyard.scheduler.gpus" and value:
+                points[f"{labels['flavor']}/{labels['state']}"] = value
+    return points
+
+
+async def test_a_lost_node_holding_nothing_is_retired_until_it_heartbeats_again(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    # Before: no route forgot a node; a runner stopped for good left its node lost forever,
+    # the lost-node alerts firing and its flavor undeletable.
+    assert (await http.delete("/v1/admin/nodes/n1")).status_code == 401
+    response = await http.delete("/v1/admin/nodes/n1", headers=AUTH)
+    assert response.status_code == 404, response.text
+    assert response.json() == {"detail": "no node n1", "errors": []}
+    now = datetime.now(UTC)
+    async with pool.acquire() as conn:
+        await repo.upsert_node(conn, "n1", "h1", "h200", 8, now)
+        await repo.upsert_node(conn, "n2", "h2", "a100", 4, now)
+    assert conflict(await delete(http, "nodes/n1")).startswith(
+        "node n1 is ready (last heartbeat 20"
+    )
+    # Lost, but still holding a job's allocation and GPU lease: refused, naming the job.
+    await add_job(pool, "job-1", gpu_flavor="h200")
+    async with pool.acquire() as conn, conn.transaction():
+        await run_pass(conn, now)
+    await pool.execute("UPDATE nodes SET status = 'LOST', lost_at = now() WHERE node_id = 'n1'")
+    assert conflict(await delete(http, "nodes/n1")) == (
+        "node n1 is in use by the live allocations or GPU leases of jobs job-1"
+    )
+    await pool.execute(
+        "UPDATE allocations SET status = 'RELEASED', released_at = granted_at, outcome = 'lost'"
+    )
+    await pool.execute("UPDATE gpu_leases SET released_at = now()")
+    await finish(pool, "job-1")
+    assert await alerted(pool) == {
+        "nodes/ready": 1, "nodes/lost": 1, "a100/idle": 4, "h200/lost": 8
+    }  # fmt: skip
+    assert conflict(await delete(http, "flavors/h200")) == "flavor h200 is in use by nodes n1"
+
+    for _ in range(2):  # a second retire changes nothing
+        response = await delete(http, "nodes/n1")
+        assert response.status_code == 204, response.text
+    assert await alerted(pool) == {"nodes/ready": 1, "nodes/lost": 0, "a100/idle": 4}
+    queue = (await http.get("/v1/queue", headers=AUTH)).json()
+    assert [n["node_id"] for n in queue["nodes"]] == ["n2"]
+    queue = (await http.get("/v1/queue", params={"retired": "true"}, headers=AUTH)).json()
+    assert [(n["node_id"], n["retired_at"] is not None) for n in queue["nodes"]] == [
+        ("n1", True),
+        ("n2", False),
+    ]
+    flavor = (await http.get("/v1/admin/flavors/h200", headers=AUTH)).json()
+    assert (flavor["nodes"], flavor["gpus"]) == (0, 0)
+    async with pool.acquire() as conn:
+        assert [n["node_id"] for n in (await repo.load_snapshot_rows(conn)).nodes] == ["n2"]
+        facts = await load_facts(conn, make_spec(gpu_flavor="h200", gpus=8))
+        assert facts.largest_node == 0  # its 8 GPUs no longer judge a job's size
+    retired = [
+        e for e in (await http.get("/v1/audit", headers=AUTH)).json() if "retire" in e["action"]
+    ]
+    assert [(e["action"], e["target"]) for e in retired] == [("retire node", "n1")] * 2
+    assert (await delete(http, "flavors/h200")).status_code == 204  # its history stays
+    assert await pool.fetchval("SELECT count(*) FROM allocations WHERE node_id = 'n1'") == 1
+
+    # The machine came back: its heartbeat makes it an ordinary node again.
+    async with pool.acquire() as conn:
+        await repo.upsert_node(conn, "n1", "h1", "h200", 8, datetime.now(UTC))
+    queue = (await http.get("/v1/queue", headers=AUTH)).json()
+    assert [(n["node_id"], n["status"], n["retired_at"]) for n in queue["nodes"]] == [
+        ("n1", "READY", None),
+        ("n2", "READY", None),
+    ]
+    assert await alerted(pool) == {
+        "nodes/ready": 2, "nodes/lost": 0, "a100/idle": 4, "h200/idle": 8
+    }  # fmt: skip
 
 
 async def patch(http: httpx.AsyncClient, path: str, body: Any) -> Any:

@@ -358,6 +358,7 @@ ANSWERS: list[tuple[str, str, Any]] = [
     ("GET", "/v1/queue", {"nodes": NODES, "allocations": [], "queues": [], "cohorts": []}),
     ("POST", "/v1/admin/nodes/[^/]+/cordon", {"node_id": "gpu-07", "cordon": CORDON}),
     ("POST", "/v1/admin/nodes/[^/]+/uncordon", {"node_id": "gpu-07", "cordon": None}),
+    ("DELETE", "/v1/admin/nodes/[^/]+", {}),  # 204 in the scheduler
     *[("GET", f"/v1/admin/{kind}", [view]) for kind, view in ADMIN.items()],
     *[
         (verb, f"/v1/admin/{kind}/[^/]+", view)
@@ -700,6 +701,7 @@ COMMANDS = [
     ["nodes", "ls"],
     ["nodes", "cordon", "gpu-07", "--reason", "replacing a fan"],
     ["nodes", "uncordon", "gpu-07"],
+    ["nodes", "retire", "gpu-07"],
     *[
         ["admin", kind, action, *name]
         for kind in ADMIN
@@ -725,7 +727,11 @@ COMMANDS = [
     ["admin", "prices", "set", "h200", "--gpu-hour", "2.75"],
 ]
 
-READS_NOTHING = [["deadletters", "discard", "7"], *[["admin", kind, "rm", "x"] for kind in ADMIN]]
+READS_NOTHING = [
+    ["deadletters", "discard", "7"],
+    ["nodes", "retire", "gpu-07"],
+    *[["admin", kind, "rm", "x"] for kind in ADMIN],
+]
 """Commands that show no value of their answer (``discarded 7``)."""
 
 

@@ -1,6 +1,6 @@
-"""``trainyard nodes ls|cordon|uncordon``: what they ask the scheduler, what they print, and
-how its refusals read (one line each, the CLI's exit codes). Operators cordoned with curl
-before: the CLI had no node command."""
+"""``trainyard nodes ls|cordon|uncordon|retire``: what they ask the scheduler, what they print,
+and how its refusals read (one line each, the CLI's exit codes). Operators cordoned with curl
+before: the CLI had no node command; and no command (nor route) retired a node."""
 
 from __future__ import annotations
 
@@ -131,6 +131,32 @@ def test_uncordon(scheduler: dict[str, Any], capsys: pytest.CaptureFixture[str])
     assert json.loads(capsys.readouterr().out) == {"node_id": "gpu-7", "cordon": None}
 
 
+def test_retire_deletes_the_node_and_says_so(
+    scheduler: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    scheduler["route"] = lambda r: httpx.Response(204)
+    assert cli.main([*BASE, "nodes", "retire", "gpu/7"]) == Exit.OK
+    assert cli.main([*BASE, "nodes", "retire", "gpu/7", "--json"]) == Exit.OK
+    assert [(r.method, r.url.raw_path) for r in scheduler["sent"]] == [
+        ("DELETE", b"/v1/admin/nodes/gpu%2F7")
+    ] * 2
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "retired gpu/7: left out until it heartbeats again"
+    assert json.loads("\n".join(out[1:])) == {"retired": "gpu/7"}
+
+
+def test_ls_retired_asks_for_retired_nodes_and_marks_them(
+    scheduler: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    retired = {**NODES[2], "retired_at": T1}
+    scheduler["route"] = lambda r: httpx.Response(200, json={"nodes": [retired], "allocations": []})
+    assert cli.main([*BASE, "nodes", "ls", "--retired"]) == Exit.OK
+    assert [str(r.url) for r in scheduler["sent"]] == [f"{SCHEDULER}/v1/queue?retired=true"]
+    assert capsys.readouterr().out.splitlines()[1].split()[:6] == [
+        "a100-1", "a100", "4", "0", "0", "retired"
+    ]  # fmt: skip
+
+
 def _refusal(status: int, detail: str, errors: list[dict[str, str]] | None = None) -> Route:
     return lambda r: httpx.Response(status, json={"detail": detail, "errors": errors or []})
 
@@ -157,6 +183,12 @@ def _refusal(status: int, detail: str, errors: list[dict[str, str]] | None = Non
             _refusal(404, "no node gpu-9"),
             Exit.NOT_FOUND,
             "scheduler: 404 no node gpu-9",
+        ),
+        (
+            ["nodes", "retire", "gpu-7"],
+            _refusal(409, "node gpu-7 is ready (last heartbeat 2026-12-01T10:05:00+00:00): ..."),
+            Exit.ERROR,
+            "scheduler: 409 node gpu-7 is ready (last heartbeat 2026-12-01T10:05:00+00:00): ...",
         ),
         (
             ["nodes", "cordon", "gpu-7", "--reason", "x" * 501],
