@@ -37,8 +37,10 @@ class Settings(ServiceSettings):
     read_burst: int = Field(default=200, ge=1)
     """Reads a user may make at once before ``read_rate_per_s`` applies."""
     token_ttl_days: int | None = Field(default=90, ge=1, le=3660)
-    """Lifetime of a new token (first tokens of users included) unless its request says
-    otherwise; null: tokens never expire (not recommended)."""
+    """Lifetime of a new token in days, 1 to 3660 (first tokens of users included), unless
+    its request says otherwise. Every token so expires: the environment cannot turn expiry
+    off (``null``, an empty value, ``None`` and ``0`` are refused, and the service does not
+    start); only a ``Settings`` built in code with ``None`` gives tokens no expiry."""
     scheduler_public_url: str | None = None
     """The scheduler's API as browsers reach it (``http://host:port``), for the web
     dashboard's queue and node pages (``GET /ui/config.json``); unset: those pages say the
