@@ -8,7 +8,8 @@ Contract:
   1. its priority class does not exist (operators define the classes);
   2. its team has a queue an operator defined, and that queue can never hold as many GPUs of
      the flavor: its nominal quota plus what it may borrow from its cohort
-     (``QuotaBook.ceiling``; a flavor missing from the quotas is a quota of 0);
+     (``QuotaBook.ceiling``; a flavor missing from the quotas is a quota of 0), or only its
+     nominal quota for a job of a class that is not preemptible, which never borrows;
   3. the gang rules (``packing.job_shapes``: one node, or equal parts on at most twice the
      fewest nodes) cannot lay the job out on nodes of the size of the largest node of the
      flavor the scheduler has ever seen, ready or lost (more nodes of that size never help;
@@ -55,6 +56,8 @@ class Facts:
 
     classes: tuple[str, ...]
     """The priority classes that exist."""
+    unpreemptible: tuple[str, ...] = ()
+    """Those of them that are not preemptible (their jobs never borrow quota)."""
     queue: Queue | None = None
     """The team's queue if an operator defined it; None for an implicit queue (or none yet)."""
     cohort: tuple[Queue, ...] = ()
@@ -90,10 +93,17 @@ def _over_ceiling(spec: JobSpec, facts: Facts) -> str | None:
         return None
     book = QuotaBook((queue, *(q for q in facts.cohort if q.name != queue.name)))
     flavor, name = spec.gpu_flavor, queue.name
-    ceiling = book.ceiling(name, flavor)
+    borrows = spec.priority not in facts.unpreemptible
+    ceiling = book.ceiling(name, flavor, borrows)
     if spec.gpus <= ceiling:
         return None
     nominal = book.nominal(name, flavor)
+    if not borrows and book.ceiling(name, flavor) > ceiling:
+        return (
+            f"asks for {gpus_text(spec.gpus, flavor)} but priority class {spec.priority} is "
+            f"not preemptible, so its jobs never borrow, and queue {name} holds at most its "
+            f"nominal quota {nominal}; ask for at most {nominal} or use a preemptible class"
+        )
     if ceiling == 0:
         lends = f" and its cohort {queue.cohort} lends none" if queue.cohort else ""
         return (
@@ -133,6 +143,8 @@ async def load_facts(conn: asyncpg.Connection, spec: JobSpec) -> Facts:
     """The configuration ``refusal`` judges ``spec`` against, as committed now."""
     row = await conn.fetchrow(
         """SELECT ARRAY(SELECT name FROM priority_classes ORDER BY name) AS classes,
+                  ARRAY(SELECT name FROM priority_classes WHERE NOT preemptible
+                        ORDER BY name) AS unpreemptible,
                   (SELECT max(gpu_count) FROM nodes
                    WHERE gpu_flavor = $2 AND retired_at IS NULL) AS largest_node,
                   q.name, q.team, q.cohort, q.weight, q.implicit
@@ -141,7 +153,11 @@ async def load_facts(conn: asyncpg.Connection, spec: JobSpec) -> Facts:
         spec.gpu_flavor,
     )
     assert row is not None  # the outer join always gives one row
-    facts = Facts(classes=tuple(row["classes"]), largest_node=row["largest_node"] or 0)
+    facts = Facts(
+        classes=tuple(row["classes"]),
+        unpreemptible=tuple(row["unpreemptible"]),
+        largest_node=row["largest_node"] or 0,
+    )
     if row["name"] is None or row["implicit"]:
         return facts
     rows = await conn.fetch(
@@ -155,7 +171,9 @@ async def load_facts(conn: asyncpg.Connection, spec: JobSpec) -> Facts:
     )
     queues = {q.name: q for q in _queues(rows)}
     own = queues.pop(row["name"])
-    return Facts(facts.classes, own, tuple(queues.values()), facts.largest_node)
+    return Facts(
+        facts.classes, facts.unpreemptible, own, tuple(queues.values()), facts.largest_node
+    )
 
 
 def _queues(rows: Sequence[Mapping[str, Any]]) -> tuple[Queue, ...]:

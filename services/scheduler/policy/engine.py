@@ -176,9 +176,9 @@ class PolicyState:
         self._claimed: set[str] = set()
         self._holds: dict[tuple[str, str], PendingJob] = {}
         self._shape_cache: dict[tuple[str, int, int | None], tuple[Shape, ...]] = {}
-        self._invalid_cache: dict[tuple[str, str, int, int | None], Invalid | None] = {}
+        self._invalid_cache: dict[tuple[str, str, int, int | None, bool], Invalid | None] = {}
         self._request_cache: dict[
-            tuple[str, str, int, int | None], tuple[Invalid | None, tuple[Shape, ...]]
+            tuple[str, str, int, int | None, bool], tuple[Invalid | None, tuple[Shape, ...]]
         ] = {}
         self._no_fit: dict[tuple[str, tuple[Shape, ...]], tuple[int, float]] = {}
         self._fit_now: dict[
@@ -251,6 +251,11 @@ class PolicyState:
 
     def priority(self, name: str) -> PriorityClass:
         return self.classes.get(name, DEFAULT_PRIORITY)
+
+    def borrows(self, job: PendingJob) -> bool:
+        """Whether ``job`` may borrow its cohort's quota: only a job reclaim can take back,
+        i.e. one of a preemptible class (``quota``: the lender would never get it back)."""
+        return self.priority(job.priority).preemptible
 
     def level(self, job: PendingJob) -> float:
         """The job's priority level, less what its declared size costs it (``size_levels``).
@@ -403,7 +408,7 @@ class PolicyState:
             self._decided.append(job.job_id)
         else:
             self._decided_at[job.job_id] = self._step
-        request = (job.queue, job.flavor, job.gpus, job.gpus_per_node)
+        request = (job.queue, job.flavor, job.gpus, job.gpus_per_node, self.borrows(job))
         known = self._request_cache.get(request)
         if known is None:
             self.invalid(job)  # fills _invalid_cache[request]
@@ -425,7 +430,7 @@ class PolicyState:
             )
             return None
         pool = self.pools[job.flavor]
-        verdict = self.quota.check(job.queue, job.flavor, job.gpus)
+        verdict = self.quota.check(job.queue, job.flavor, job.gpus, borrows=self.borrows(job))
         waiting: Waiting
         if verdict.kind != "ok":  # = not verdict.ok
             # The commonest case at scale, taken apart from the rest: the same steps as for
@@ -531,11 +536,12 @@ class PolicyState:
 
     def invalid(self, job: PendingJob) -> Waiting | None:
         """Why ``job`` can never start as asked, or None (cached per kind of request)."""
-        key = (job.queue, job.flavor, job.gpus, job.gpus_per_node)
+        borrows = self.borrows(job)
+        key = (job.queue, job.flavor, job.gpus, job.gpus_per_node, borrows)
         if key not in self._invalid_cache:
             pool = self.pools.get(job.flavor)
             shapes = self.shapes(job, pool) if pool is not None else ()
-            self._invalid_cache[key] = why_invalid(job, self.quota, self.pools, shapes)
+            self._invalid_cache[key] = why_invalid(job, self.quota, self.pools, shapes, borrows)
         found = self._invalid_cache[key]
         if found is None:
             return None
@@ -677,7 +683,7 @@ class PolicyState:
             return
 
         def quota_ok(freed: Mapping[str, int]) -> bool:
-            return self.quota.check(job.queue, job.flavor, job.gpus, freed).ok
+            return self.quota.check(job.queue, job.flavor, job.gpus, freed, self.borrows(job)).ok
 
         def admits(victims: Sequence[Candidate]) -> bool:  # ... nor taken together
             return preemptor.admits(self.quota, victims)

@@ -79,6 +79,17 @@ def quota_ceiling(queue: str, job_gpus: int, flavor: str, ceiling: int) -> str:
     )
 
 
+def no_borrowing(queue: str, job_gpus: int, flavor: str, nominal: int, priority: str) -> str:
+    return (
+        f"needs {gpus(job_gpus, flavor)} but priority class {priority} is not preemptible, so "
+        f"its jobs never borrow and queue {queue} holds at most its nominal quota of {nominal}"
+    )
+
+
+NOT_BORROWING = "its priority class is not preemptible, so it never borrows"
+"""Said after a quota wait of a job that would borrow if it were preemptible."""
+
+
 def nominal_full(queue: str, flavor: str, used: int, nominal: int, holders: Sequence[str]) -> str:
     held = f" (jobs {names(holders)})" if holders else ""
     if nominal == 0:

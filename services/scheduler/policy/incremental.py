@@ -411,7 +411,9 @@ class Incremental:
         invalid = state.invalid(job)
         if invalid is not None:
             return invalid, index
-        verdict = self._start_quota.check(job.queue, job.flavor, job.gpus)
+        verdict = self._start_quota.check(
+            job.queue, job.flavor, job.gpus, borrows=state.borrows(job)
+        )
         if verdict.kind in POOLED:
             full_at = state.reservations_full_at.get(job.flavor)
             if self.config.reservations > 0 and (full_at is None or full_at > before):

@@ -10,6 +10,10 @@ Contract (per flavor ``f``; Kueue's ClusterQueue/cohort model):
   limit (no limit when none is set). A queue without a cohort never borrows.
 - A job that keeps its queue within the nominal quota but finds the pool used up is entitled
   to *reclaim*: borrowers (queues above their nominal) may be preempted for it.
+- A job that may never be preempted (``borrows=False``: its priority class is not
+  preemptible) never borrows: borrowed GPUs must come back to their lender by reclaim, which
+  could never take such a job, so a tenant choosing such a class could otherwise hold
+  another team's quota for the whole of its runtime. Its queue's nominal quota is its limit.
 - ``check`` changes no figure (it only keeps its last verdicts); ``add``/``remove`` keep
   ``used`` and ``pool_used`` in step.
 """
@@ -71,8 +75,8 @@ class QuotaBook:
         self._used: dict[tuple[str, str], int] = {}
         self._pool: dict[tuple[str, str], int] = {}
         self._pool_used: dict[tuple[str, str], int] = {}
-        self._verdicts: dict[tuple[str, str, int], tuple[int, int, Verdict]] = {}
-        """(queue, flavor, gpus) -> the queue's use and its cohort's pool use at the last
+        self._verdicts: dict[tuple[str, str, int, bool], tuple[int, int, Verdict]] = {}
+        """(queue, flavor, gpus, borrows) -> the queue's use and its cohort's pool use at the last
         ``check`` without ``freed``, and its verdict (see ``check``)."""
         for q in self.queues.values():
             if q.cohort is not None:
@@ -118,10 +122,11 @@ class QuotaBook:
         key = (cohort, flavor)
         return self._pool.get(key, 0), self._pool_used.get(key, 0)
 
-    def ceiling(self, queue: str, flavor: str) -> int:
-        """The most GPUs the queue could ever hold at once (everyone else idle)."""
+    def ceiling(self, queue: str, flavor: str, borrows: bool = True) -> int:
+        """The most GPUs the queue could ever hold at once (everyone else idle), for jobs
+        that borrow or (``borrows=False``) that do not."""
         t = self.terms(queue, flavor)
-        if t.cohort is None:
+        if t.cohort is None or not borrows:
             return t.nominal
         reach = t.guaranteed + self.pool(t.cohort, flavor)[0]
         return min(t.nominal + t.limit, max(t.nominal, reach))
@@ -162,25 +167,32 @@ class QuotaBook:
         return used + gpus <= terms.nominal or (used == 0 and terms.nominal > 0)
 
     def check(
-        self, queue: str, flavor: str, gpus: int, freed: Mapping[str, int] | None = None
+        self,
+        queue: str,
+        flavor: str,
+        gpus: int,
+        freed: Mapping[str, int] | None = None,
+        borrows: bool = True,
     ) -> Verdict:
         """Whether ``gpus`` more fit ``queue``'s quota, as if ``freed`` (queue -> GPUs of
-        this flavor) had been released first.
+        this flavor) had been released first, for a job that may borrow or (``borrows=False``)
+        may not: beyond the nominal, such a job's verdict is ``nominal_full``.
 
-        Without ``freed`` the last verdict for (queue, flavor, gpus) is kept with the queue's
-        use and its cohort's pool use it was made from: all else it reads (terms, pool
-        sizes) is fixed once built, so while those two are unchanged the verdict is too."""
+        Without ``freed`` the last verdict for (queue, flavor, gpus, borrows) is kept with
+        the queue's use and its cohort's pool use it was made from: all else it reads
+        (terms, pool sizes) is fixed once built, so while those two are unchanged the
+        verdict is too."""
         key = (queue, flavor)
         t = self._terms.get(key) or self.terms(queue, flavor)
         current = self._used.get(key, 0)
         if freed:
-            return self._check(t, queue, flavor, gpus, current, freed)
+            return self._check(t, queue, flavor, gpus, current, freed, borrows)
         pooled = self._pool_used.get((t.cohort, flavor), 0) if t.cohort is not None else 0
-        memo = (queue, flavor, gpus)
+        memo = (queue, flavor, gpus, borrows)
         kept = self._verdicts.get(memo)
         if kept is not None and kept[0] == current and kept[1] == pooled:
             return kept[2]
-        verdict = self._check(t, queue, flavor, gpus, current, None)
+        verdict = self._check(t, queue, flavor, gpus, current, None, borrows)
         self._verdicts[memo] = (current, pooled, verdict)
         return verdict
 
@@ -192,11 +204,12 @@ class QuotaBook:
         gpus: int,
         current: int,
         freed: Mapping[str, int] | None,
+        borrows: bool,
     ) -> Verdict:
         used = current - freed.get(queue, 0) if freed else current
         after = used + gpus
         nominal = t.nominal
-        if t.cohort is None:
+        if t.cohort is None or (not borrows and after > nominal):
             if after <= nominal:
                 return Verdict("ok", used, nominal)
             kind: VerdictKind = "no_quota" if nominal == 0 else "nominal_full"

@@ -87,13 +87,13 @@ class _Explainer:
         self.quick = quick
         self._fluid: dict[str, FluidEstimate] = {}
         self._capacity: dict[tuple[str, Shape], tuple[int, str, list[str]]] = {}
-        self._headroom: dict[tuple[str, str], int] = {}
-        self._hints: dict[tuple[str, str, int], str | None] = {}
+        self._headroom: dict[tuple[str, str, bool], int] = {}
+        self._hints: dict[tuple[str, str, int, bool], str | None] = {}
         self._borrowing: dict[tuple[str, str], list[tuple[str, int]]] = {}
         self._holders: dict[tuple[str, str], list[str]] = {}
         self._cohort_users: dict[tuple[str, str], list[tuple[int, str]]] = {}
         self._users_named: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
-        self._quota: dict[tuple[str, str, int], tuple[str, str, float | None]] = {}
+        self._quota: dict[tuple[str, str, int, bool], tuple[str, str, float | None]] = {}
         self._timelines: dict[tuple[tuple[str, ...], str, bool, frozenset[str]], _Timeline] = {}
         self._heads: dict[tuple[str, str, str | None], tuple[str, str]] = {}
         self._tails: dict[tuple[str, str | None], str] = {}
@@ -259,7 +259,8 @@ class _Explainer:
             holder = w.holder
             waited = duration(self.now - holder.submitted_at)
             text = explain.held(holder.job_id, job.queue, job.flavor, waited)
-            cached = self._quota.get((holder.queue, holder.flavor, holder.gpus))
+            borrows = self.state.borrows(holder)
+            cached = self._quota.get((holder.queue, holder.flavor, holder.gpus, borrows))
             start = cached[2] if cached is not None else None
             return text, holder.job_id, None, start
         start = self.fluid(job)
@@ -321,17 +322,19 @@ class _Explainer:
 
     def quota(self, w: Waiting) -> Parts:
         job = w.job
-        key = (job.queue, job.flavor, job.gpus)
+        borrows = self.state.borrows(job)
+        key = (job.queue, job.flavor, job.gpus, borrows)
         if key not in self._quota:
-            verdict = self.state.quota.check(job.queue, job.flavor, job.gpus)
+            verdict = self.state.quota.check(job.queue, job.flavor, job.gpus, borrows=borrows)
             if verdict.ok:  # only in the arrival path, where nothing changed since
                 assert w.verdict is not None
                 verdict = w.verdict
-            self._quota[key] = self._quota_text(job, verdict)
+            self._quota[key] = self._quota_text(job, verdict, borrows)
         text, blocking, start = self._quota[key]
         spared = self._spared(job)
         if spared:
-            text, blocking, start = self._reclaim_text(job, self._reclaiming[key][0], spared)
+            reclaiming = self._reclaiming[key[:3]][0]
+            text, blocking, start = self._reclaim_text(job, reclaiming, spared)
         return text, blocking, self.fewer(job), start
 
     def _spared(self, job: PendingJob) -> frozenset[str]:
@@ -448,7 +451,9 @@ class _Explainer:
         state = self.state
         return Preemptor(job, state.level, state.fair, max(state.config.ageing_s, 1e-9))
 
-    def _quota_text(self, job: PendingJob, verdict: Verdict) -> tuple[str, str, float | None]:
+    def _quota_text(
+        self, job: PendingJob, verdict: Verdict, borrows: bool = True
+    ) -> tuple[str, str, float | None]:
         q = self.state.quota
         queue = q.queues[job.queue]
         if verdict.kind in ("no_quota", "nominal_full", "borrow_limit"):
@@ -463,6 +468,8 @@ class _Explainer:
                 text = explain.nominal_full(
                     job.queue, job.flavor, verdict.used, verdict.nominal, ids
                 )
+                if not borrows and queue.cohort is not None:
+                    text = f"{text} ({explain.NOT_BORROWING})"
             text = f"{text}; {explain.eta(start, self.now)}"
             blocking = _ids(self._holding_ids(job.queue, job.flavor)) or f"queue {job.queue} quota"
             return text, blocking, start
@@ -654,10 +661,11 @@ class _Explainer:
 
     def fewer(self, job: PendingJob) -> str | None:
         """'asking for n GPUs would let it start now' when a smaller gang fits now."""
-        key = (job.queue, job.flavor)
+        borrows = self.state.borrows(job)
+        key = (job.queue, job.flavor, borrows)
         if key not in self._headroom:
-            self._headroom[key] = self._fits_now(job)
-        hint_key = (job.queue, job.flavor, job.gpus)
+            self._headroom[key] = self._fits_now(job, borrows)
+        hint_key = (job.queue, job.flavor, job.gpus, borrows)
         if hint_key not in self._hints:
             room = min(self._headroom[key], job.gpus - 1)
             pool = self.state.pools[job.flavor]
@@ -666,13 +674,14 @@ class _Explainer:
             self._hints[hint_key] = explain.fewer_gpus(n) if n >= 1 else None
         return self._hints[hint_key]
 
-    def _fits_now(self, job: PendingJob) -> int:
-        """The most GPUs a job of this queue and flavor could start with now."""
+    def _fits_now(self, job: PendingJob, borrows: bool) -> int:
+        """The most GPUs a job of this queue, flavor and kind (``borrows``) could start
+        with now."""
         quota = self.state.quota
-        low, high = 0, quota.ceiling(job.queue, job.flavor)
+        low, high = 0, quota.ceiling(job.queue, job.flavor, borrows)
         while low < high:  # largest n with quota room: check() is monotone in n
             mid = (low + high + 1) // 2
-            if quota.check(job.queue, job.flavor, mid).ok:
+            if quota.check(job.queue, job.flavor, mid, borrows=borrows).ok:
                 low = mid
             else:
                 high = mid - 1

@@ -34,8 +34,10 @@ def why_invalid(
     quota: QuotaBook,
     pools: Mapping[str, FlavorPool],
     shapes: tuple[Shape, ...],
+    borrows: bool = True,
 ) -> Invalid | None:
-    """Why ``job`` (whose usable ``shapes`` are given) can never start, or None."""
+    """Why ``job`` (whose usable ``shapes`` are given; ``borrows``: whether it may borrow
+    its cohort's quota, ``quota.QuotaBook.check``) can never start, or None."""
     if job.queue not in quota.queues:
         return Invalid(explain.unknown_queue(job.queue), f"queue {job.queue}", None)
     if job.gpus < 1:
@@ -53,9 +55,12 @@ def why_invalid(
             if job_shapes(n, None, pool.capacity) and n <= pool.total
         ]
         return Invalid(text, "the request", f"ask for {fits[0]} GPUs" if fits else None)
-    ceiling = quota.ceiling(job.queue, job.flavor)
+    ceiling = quota.ceiling(job.queue, job.flavor, borrows)
     if job.gpus > ceiling:
-        text = explain.quota_ceiling(job.queue, job.gpus, job.flavor, ceiling)
+        if borrows or quota.ceiling(job.queue, job.flavor) <= ceiling:
+            text = explain.quota_ceiling(job.queue, job.gpus, job.flavor, ceiling)
+        else:
+            text = explain.no_borrowing(job.queue, job.gpus, job.flavor, ceiling, job.priority)
         hint = f"ask for at most {ceiling} GPUs" if ceiling > 0 else None
         return Invalid(text, f"queue {job.queue} quota", hint)
     return None

@@ -168,3 +168,20 @@ def test_the_refusal_is_the_jobs_final_failure_without_an_allocation() -> None:
     assert event.failure_kind == "rejected" and event.exit_code is None
     assert event.reason == f"{REFUSED_PREFIX}priority class 'urgent' does not exist; existing: low"
     assert event.finished_at == now
+
+
+def test_a_job_of_a_class_that_is_not_preemptible_holds_only_its_nominal_quota() -> None:
+    own = queue(cohort="research", nominal={"a100": 4})
+    lender = queue("nlp", cohort="research", nominal={"a100": 4})
+    cohort = facts(queue=own, cohort=(lender,), unpreemptible=("high",))
+    assert refusal(spec(gpus=6), cohort) is None  # a preemptible job may borrow 2
+    assert refusal(spec(gpus=4, priority="high"), cohort) is None
+    assert refusal(spec(gpus=6, priority="high"), cohort) == (
+        "asks for 6 a100 GPUs but priority class high is not preemptible, so its jobs never "
+        "borrow, and queue vision holds at most its nominal quota 4; ask for at most 4 or use "
+        "a preemptible class"
+    )
+    alone = facts(queue=queue(nominal={"a100": 4}), unpreemptible=("high",))
+    assert "never hold more than 4 (its nominal quota 4)" in str(
+        refusal(spec(gpus=6, priority="high"), alone)
+    )
