@@ -99,10 +99,11 @@ def _over_ceiling(spec: JobSpec, facts: Facts) -> str | None:
         return None
     nominal = book.nominal(name, flavor)
     if not borrows and book.ceiling(name, flavor) > ceiling:
+        instead = f"ask for at most {nominal} or " if nominal > 0 else ""
         return (
             f"asks for {gpus_text(spec.gpus, flavor)} but priority class {spec.priority} is "
             f"not preemptible, so its jobs never borrow, and queue {name} holds at most its "
-            f"nominal quota {nominal}; ask for at most {nominal} or use a preemptible class"
+            f"nominal quota {nominal}; {instead}use a preemptible class"
         )
     if ceiling == 0:
         lends = f" and its cohort {queue.cohort} lends none" if queue.cohort else ""

@@ -3,6 +3,7 @@ only lacks capacity is not (it waits, and its pending note says why)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -180,6 +181,10 @@ def test_a_job_of_a_class_that_is_not_preemptible_holds_only_its_nominal_quota()
         "asks for 6 a100 GPUs but priority class high is not preemptible, so its jobs never "
         "borrow, and queue vision holds at most its nominal quota 4; ask for at most 4 or use "
         "a preemptible class"
+    )
+    borrower = queue(cohort="research")  # no a100 quota of its own: it only borrows
+    assert str(refusal(spec(priority="high"), replace(cohort, queue=borrower))).endswith(
+        "holds at most its nominal quota 0; use a preemptible class"
     )
     alone = facts(queue=queue(nominal={"a100": 4}), unpreemptible=("high",))
     assert "never hold more than 4 (its nominal quota 4)" in str(
