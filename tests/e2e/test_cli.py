@@ -39,6 +39,8 @@ TRAIN = textwrap.dedent(
     ctx = sdk.init({"steps": 5, "sleep": 0.0, "fail": 0, "spam": 0})
     hp = ctx.hyperparameters
     for step in range(1, int(hp["steps"]) + 1):
+        if ctx.should_stop():  # cancelled: stop now, not at the SIGKILL after the grace
+            ctx.exit_preempted()
         ctx.report_metrics(step, loss=1.0 / step)
         print(f"step {step}", flush=True)
         time.sleep(float(hp["sleep"]))
