@@ -50,6 +50,8 @@ TRAIN = textwrap.dedent(
     hp = ctx.hyperparameters
     loss = 2.0
     for step in range(1, int(hp["steps"]) + 1):
+        if ctx.should_stop():  # cancelled: stop now, not at the SIGKILL after the grace
+            ctx.exit_preempted()
         loss *= 1.0 - float(hp["lr"]) / 2
         ctx.report_metrics(step, loss=loss, accuracy=1.0 - loss / 2)
         if step % 20 == 0:
