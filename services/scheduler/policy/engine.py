@@ -129,6 +129,8 @@ class PolicyState:
         self.now = snapshot.now
         self.config = config or PolicyConfig()
         self.classes = {c.name: c for c in snapshot.priority_classes}
+        self._borrowing = {c.name: c.preemptible for c in snapshot.priority_classes}
+        """Class name -> whether its jobs may borrow (``borrows``; asked of every job)."""
         values = sorted({c.value for c in snapshot.priority_classes} | {DEFAULT_PRIORITY.value})
         self._level = {v: i for i, v in enumerate(values)}
         self.quota = QuotaBook(snapshot.queues)
@@ -255,7 +257,7 @@ class PolicyState:
     def borrows(self, job: PendingJob) -> bool:
         """Whether ``job`` may borrow its cohort's quota: only a job reclaim can take back,
         i.e. one of a preemptible class (``quota``: the lender would never get it back)."""
-        return self.priority(job.priority).preemptible
+        return self._borrowing.get(job.priority, DEFAULT_PRIORITY.preemptible)
 
     def level(self, job: PendingJob) -> float:
         """The job's priority level, less what its declared size costs it (``size_levels``).
