@@ -365,6 +365,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except CliError as exc:  # an empty value (``_refuse_empty``)
         return _fail(str(exc), exc.code)
+    except KeyboardInterrupt:  # building the parser takes a moment too
+        return _interrupted()
     session: Session | None = None
     try:
         session = Session(_settings(), args, lambda url, token: TrainyardClient(url, token))
@@ -384,8 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TimeoutError as exc:
         return _fail(str(exc), Exit.TIMEOUT)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return Exit.INTERRUPTED
+        return _interrupted()
     except BrokenPipeError:
         # The reader went away (``trainyard ls | head -1``): not an error. Python would
         # complain again when it flushes stdout at exit, so point stdout at nothing.
@@ -536,6 +537,13 @@ def _context_use(session: Session) -> int:
     cli_config.write(path, config)
     session.emit({"current": config.current}, lambda: f"using context {config.current!r}")
     return Exit.OK
+
+
+def _interrupted() -> int:
+    """Ctrl-C: one word on stderr and exit 130, wherever it came (``trainyard.launch`` says
+    the same of one that comes while this module is still being imported)."""
+    print("interrupted", file=sys.stderr)
+    return Exit.INTERRUPTED
 
 
 def _fail(message: str, code: int) -> int:

@@ -97,4 +97,4 @@ def test_the_cli_entry_point_is_declared(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/entry_points.txt")]
         entry_points = archive.read(name).decode()
-    assert "trainyard = trainyard.cli:main" in entry_points
+    assert "trainyard = trainyard.launch:main" in entry_points
