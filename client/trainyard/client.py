@@ -5,7 +5,9 @@ Contract:
   (``traceparent``), so a job's trace starts at the caller's span when there is one.
 - A response other than 2xx raises ``TrainyardError(status, message, errors)``; ``errors`` is
   the server's list of ``{"field", "message"}`` for invalid input. A server that cannot be
-  reached raises ``TrainyardError`` with status 0.
+  reached raises ``TrainyardError`` with status 0. An error answer that is not a Trainyard
+  API's JSON error (an HTML page, an empty body, JSON without a string ``detail``) names the
+  request and what came back (``refusal``); the server's texts are made safe to print.
 - A 2xx answer that is not what its route answers raises ``MalformedAnswer`` (a
   ``TrainyardError`` with the answer's status), naming the request and what was wrong: not
   JSON (or nested too deeply to read), a list where an object belongs, a key it lacks when the caller reads it (every JSON
@@ -21,6 +23,7 @@ Contract:
 from __future__ import annotations
 
 import email.utils
+import json
 import re
 import time
 from collections.abc import Callable
@@ -346,9 +349,7 @@ class TrainyardClient:
             raise TrainyardError(0, f"cannot reach {self._http.base_url}: {exc}") from exc
         if response.status_code in (200, 404):
             return response.status_code == 200
-        raise TrainyardError(
-            response.status_code, response.reason_phrase or "cannot check for the bundle"
-        )
+        raise refusal(response)
 
     def upload_bundle(self, path: Path, sha256: str) -> bool:
         """Upload the bundle at ``path`` (whose sha256 is ``sha256``) unless the team has it
@@ -450,15 +451,84 @@ class TrainyardClient:
             raise TrainyardError(0, f"cannot reach {self._http.base_url}: {exc}") from exc
         if response.is_success:
             return response
-        body = _json(response, default={})
-        detail = body.get("detail") if isinstance(body, dict) else None
-        errors = body.get("errors") if isinstance(body, dict) else None
-        raise TrainyardError(
+        raise refusal(response)
+
+
+def refusal(response: httpx.Response) -> TrainyardError:
+    """The ``TrainyardError`` of a non-2xx ``response``, whatever its body.
+
+    Every Trainyard API answers an error as JSON ``{"detail": "...", "errors": [{"field",
+    "message"}]}``: its detail and field errors are the message. Any other body (an HTML
+    page of a proxy or of another server, an empty one, JSON without a string ``detail``)
+    is no Trainyard API's answer: the message names the request and what came back, so a
+    wrong URL is not read as, say, "404 Not Found" of a job (an answer to ``HEAD``, which
+    has no body, is its status alone). Error items of another shape
+    become strings rather than failing the command, and every text is made safe to print
+    (``printable``)."""
+    body = _json(response, default={}) if response.content else {}
+    detail = body.get("detail") if isinstance(body, dict) else None
+    wait = retry_after(response.headers.get("Retry-After"))
+    if isinstance(detail, str) and detail.strip():
+        return TrainyardError(
             response.status_code,
-            str(detail or response.reason_phrase or "request failed"),
-            errors if isinstance(errors, list) else None,
-            retry_after=retry_after(response.headers.get("Retry-After")),
+            printable(detail),
+            field_errors(body.get("errors")),
+            retry_after=wait,
         )
+    reason = response.reason_phrase or "error"
+    if response.request.method == "HEAD":  # never has a body: nothing to judge it by
+        return TrainyardError(response.status_code, reason, retry_after=wait)
+    if not response.content:
+        what = "an empty answer"
+    elif "html" in response.headers.get("content-type", "").lower():
+        what = "an HTML page"
+    elif isinstance(body, dict) and body:
+        what = "JSON without a 'detail'"
+    else:
+        what = "not JSON" if not isinstance(body, list) else "a JSON list"
+    url = response.request.url.copy_with(query=None, fragment=None)
+    return TrainyardError(
+        response.status_code,
+        f"{reason} from {response.request.method} {url} ({what}, not the JSON error of a "
+        "Trainyard API: is the URL right?)",
+        retry_after=wait,
+    )
+
+
+ERROR_TEXT_MAX = 2000
+"""The most characters of a server's text an error shows (a detail, a field's message)."""
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str, limit: int = ERROR_TEXT_MAX) -> str:
+    """A server's ``text`` safe for a terminal: control characters other than newline and
+    tab, and bidirectional overrides, as escapes (an ESC as ``\\x1b``: an answer cannot
+    recolour, rewrite or reorder the screen), and at most ``limit`` characters, the rest
+    counted."""
+    shown = _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+    if len(shown) <= limit:
+        return shown
+    return f"{shown[:limit]}... ({len(shown) - limit} more characters)"
+
+
+def field_errors(errors: Any) -> list[dict[str, str]]:
+    """A 422's ``errors`` as ``{"field", "message"}`` strings, whatever the server sent: an
+    item that is no object is its message, a field or message that is no string its JSON;
+    anything but a list is no errors."""
+    if not isinstance(errors, list):
+        return []
+    found = []
+    for item in errors:
+        field, message = (
+            (item.get("field"), item.get("message")) if isinstance(item, dict) else (None, item)
+        )
+        found.append(
+            {
+                "field": printable(field if isinstance(field, str) else "?"),
+                "message": printable(message if isinstance(message, str) else json.dumps(message)),
+            }
+        )
+    return found
 
 
 def amended(answer: dict[str, Any], **fields: Any) -> dict[str, Any]:
@@ -607,11 +677,7 @@ def download(
         ):
             if not response.is_success:
                 response.read()
-                body = _json(response, default={})
-                detail = body.get("detail") if isinstance(body, dict) else None
-                raise TrainyardError(
-                    response.status_code, str(detail or response.reason_phrase or "failed")
-                )
+                raise refusal(response)
             for chunk in response.iter_bytes(DOWNLOAD_CHUNK):
                 sink(chunk)
     except httpx.HTTPError as exc:
