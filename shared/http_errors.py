@@ -61,6 +61,7 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import ExceptionHandlersMap
 from pydantic import BaseModel, Field, ValidationError
 
+from trainyard.patterns import pattern_message
 from trainyard_platform.shared.bus import (
     NATS_NOT_ANSWERING,
     POSTGRES_NOT_ANSWERING,
@@ -145,7 +146,7 @@ def field_errors(exc: ValidationError) -> list[FieldError]:
     errors = []
     for err in exc.errors(include_url=False):
         path = field_path(err["loc"])
-        message = _message(err["type"], err["msg"])
+        message = _message(err["type"], err["msg"], err.get("ctx"))
         head, sep, rest = message.partition(": ")
         if err["type"] == "value_error" and sep and _OWN_FIELD.fullmatch(head):
             path, message = (f"{path}.{head}" if path != "body" else head), rest
@@ -162,7 +163,10 @@ def field_path(loc: Sequence[int | str]) -> str:
     return path or "body"
 
 
-def _message(kind: str, message: str) -> str:
+def _message(kind: str, message: str, context: Mapping[str, Any] | None = None) -> str:
+    if kind == "string_pattern_mismatch" and context is not None:
+        # In words where the pattern has them (``trainyard.patterns``), not as a regex.
+        return pattern_message(str(context.get("pattern"))) or message
     if kind == "extra_forbidden":
         return "unknown field"
     if kind == "missing":

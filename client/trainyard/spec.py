@@ -34,6 +34,7 @@ import jsonschema
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from trainyard.patterns import pattern_message
 from trainyard.secret_names import looks_secret
 from trainyard.suggest import NOT_JOB_FIELDS, unknown_field
 
@@ -465,7 +466,7 @@ def _message(error: jsonschema.ValidationError) -> str:
         "maxItems": lambda: f"must have at most {value} items",
         "minItems": lambda: f"must have at least {value} item{'s' if value != 1 else ''}",
         "maxProperties": lambda: f"must have at most {value} entries",
-        "pattern": lambda: f"must match {value}",
+        "pattern": lambda: pattern_message(value) or f"must match {value}",
         "const": lambda: f"must be {value!r}",
         "enum": lambda: "must be one of " + ", ".join(repr(v) for v in value),
     }

@@ -64,10 +64,10 @@ def test_every_bad_value_is_named_at_its_line_all_at_once() -> None:
         """
     )
     assert _problems(text) == [
-        "job.yaml:1:7: name: must match ^[A-Za-z0-9._-]{1,100}$",
+        "job.yaml:1:7: name: must be 1 to 100 letters, digits, '.', '_' or '-'",
         "job.yaml:3:7: gpus: must be at most 64",
         'job.yaml:5:12: args[1]: must be a string (quote it: "3")',
-        "job.yaml:6:52: code.commit: must match ^[0-9a-f]{40}$",
+        "job.yaml:6:52: code.commit: must be a whole commit id: 40 lower-case hexadecimal digits",
         "job.yaml:7:9: labels: key '': must be at least 1 character",
     ]
 
