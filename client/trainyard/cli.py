@@ -185,7 +185,12 @@ def _parser() -> argparse.ArgumentParser:
         help="job spec (YAML or JSON), e.g. examples/digits.job.yaml; - reads stdin",
     )
     _follow_options(submit)
-    submit.add_argument("--idempotency-key", help="submit at most once under this key")
+    submit.add_argument(
+        "--idempotency-key",
+        type=cli_jobs.idempotency_key_arg,
+        metavar="KEY",
+        help="submit at most once under this key (1-200 printable ASCII characters)",
+    )
     submit.add_argument(
         "--dry-run",
         action="store_true",

@@ -75,6 +75,29 @@ def key_value(value: str) -> tuple[str, str]:
     return key, rest
 
 
+IDEMPOTENCY_KEY_MAX = 200
+"""The longest ``Idempotency-Key`` the submission API takes (of printable ASCII)."""
+
+
+def idempotency_key_arg(value: str) -> str:
+    """``submit --idempotency-key``: 1 to ``IDEMPOTENCY_KEY_MAX`` printable ASCII characters,
+    as the API takes it. Checked here, because an HTTP header cannot carry anything else: a
+    newline was reported as a server that cannot be reached (exit 5), an ``é`` as an
+    unexpected ``UnicodeEncodeError``."""
+    if len(value) > IDEMPOTENCY_KEY_MAX:
+        raise argparse.ArgumentTypeError(
+            f"has {len(value)} characters, more than the {IDEMPOTENCY_KEY_MAX} a key may have"
+        )
+    wrong = next((c for c in value if not " " <= c <= "~"), None)
+    if wrong is not None:
+        at = value.index(wrong) + 1
+        raise argparse.ArgumentTypeError(
+            f"character {at} is U+{ord(wrong):04X}; a key holds only printable ASCII "
+            "characters (letters, digits, punctuation and space)"
+        )
+    return value
+
+
 # --- submit and rerun ------------------------------------------------------------------------
 
 
