@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from trainyard.spec import load, schema_text
+from trainyard.spec import load, parse, schema_text
 from trainyard_platform.services.submission.jobschema import render
 from trainyard_platform.services.submission.schemas import parse_job_request
 from trainyard_platform.shared.http_errors import RequestInvalid
@@ -72,9 +72,45 @@ def test_api_version_and_kind_are_optional_but_checked() -> None:
     assert set(errors) == {"apiVersion", "kind"}
 
 
-@pytest.mark.parametrize("example", ["digits.job.json", "digits.job.yaml", "ddp_digits.job.json"])
+EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.job.*"))
+
+
+def test_every_example_spec_is_checked() -> None:
+    assert {"digits.job.json", "digits.job.yaml", "ddp_digits.job.json"} <= set(EXAMPLES)
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
 def test_the_examples_are_valid_specs(example: str) -> None:
     spec = load(ROOT / "examples" / example).spec
     # As `trainyard submit` sends it: with the code it packed from the spec's folder.
     spec["code"] = {"kind": "bundle", "sha256": "0" * 64, "size_bytes": 1}
     parse_job_request(json.dumps(spec).encode(), FLAVORS)
+
+
+def _doc_specs() -> list[tuple[str, str]]:
+    """The specs the documents show as files a user writes: docs/job-spec.md's first
+    ``yaml`` block, and the README's ``job.yaml`` of "Your own project" (its comments)."""
+    doc = (ROOT / "docs" / "job-spec.md").read_text()
+    first = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
+    readme = (ROOT / "README.md").read_text()
+    shown = readme.split("cat job.yaml", 1)[1].split("\ntrainyard submit", 1)[0]
+    own = "\n".join(line.split("# ", 1)[1] for line in shown.splitlines() if "# " in line)
+    return [("docs/job-spec.md", first), ("README.md", own)]
+
+
+@pytest.mark.parametrize(("where", "text"), _doc_specs())
+def test_the_documents_specs_are_valid(where: str, text: str) -> None:
+    spec = parse(text, where).spec
+    assert spec["name"] and spec["gpus"] >= 1
+    spec["code"] = {"kind": "bundle", "sha256": "0" * 64, "size_bytes": 1}
+    parse_job_request(json.dumps(spec).encode(), FLAVORS)
+
+
+def test_the_yaml_example_is_the_json_one_with_a_project_experiment_and_labels() -> None:
+    """docs/job-spec.md says what tells the two apart; nothing else may."""
+    as_yaml = load(ROOT / "examples" / "digits.job.yaml").spec
+    as_json = load(ROOT / "examples" / "digits.job.json").spec
+    assert {
+        k: v for k, v in as_yaml.items() if k not in ("project", "experiment", "labels")
+    } == as_json
+    assert {"project", "experiment", "labels"} <= set(as_yaml)
