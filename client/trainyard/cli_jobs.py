@@ -18,7 +18,16 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainyard.bundle import ALWAYS_EXCLUDED, Bundle, format_size, pack
-from trainyard.cli_base import FINAL_EXIT, CliError, Exit, Session, dumps, note, resolve
+from trainyard.cli_base import (
+    FINAL_EXIT,
+    CliError,
+    Exit,
+    Session,
+    dumps,
+    exit_code_of,
+    note,
+    resolve,
+)
 from trainyard.cli_render import (
     LIST_HEADER,
     FollowPrinter,
@@ -695,14 +704,32 @@ def describe(session: Session) -> int:
 
 
 def cancel(session: Session) -> int:
+    """Cancel every JOB named. Each is resolved first, so a prefix that names no job (or
+    several) cancels none; then each is asked for, and one the API refuses does not keep
+    the rest from being cancelled: those are reported, then the refusals, one line each,
+    with the exit code of the first. It stopped at the first refusal and printed nothing,
+    so a user did not learn that the jobs before it had been cancelled."""
     client = session.client
-    views = [client.cancel(resolve(client, ref)) for ref in session.args.jobs]
-    session.emit(
-        views[0] if len(views) == 1 else views,
-        lambda: "\n".join(
-            f"cancellation requested for job {v['id']} (status now {v['status']})" for v in views
-        ),
-    )
+    ids = [resolve(client, ref) for ref in session.args.jobs]
+    views, refused = [], []
+    for job_id in ids:
+        try:
+            views.append(client.cancel(job_id))
+        except TrainyardError as exc:
+            if len(ids) == 1:
+                raise
+            refused.append((job_id, exc))
+    if views:
+        session.emit(
+            views[0] if len(ids) == 1 else views,
+            lambda: "\n".join(
+                f"cancellation requested for job {v['id']} (status now {v['status']})"
+                for v in views
+            ),
+        )
+    if refused:
+        lines = [f"job {job_id} was not cancelled: {exc}" for job_id, exc in refused]
+        raise CliError("\n".join(lines), exit_code_of(refused[0][1]))
     return Exit.OK
 
 
