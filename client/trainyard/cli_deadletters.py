@@ -24,6 +24,7 @@ import json
 import sys
 from typing import Any
 
+from trainyard.cli_base import CliError, Exit
 from trainyard.client import Answer, TrainyardClient, TrainyardError, malformed
 
 _PAGE = 200
@@ -72,10 +73,11 @@ def run_deadletters(client: TrainyardClient, args: argparse.Namespace) -> int:
         letter = letters.get(args.sequence)
         print(_dumps(letter) if as_json else render_letter(letter))
         return 0
+    # Usage errors (exit 2): a TrainyardError of status 0 here read as "unreachable", exit 5.
     if args.all == bool(args.sequences):
-        raise TrainyardError(0, f"{action}: name dead letters (SEQ...) or pass --all, not both")
+        raise CliError(f"{action}: name dead letters (SEQ...) or pass --all, not both", Exit.USAGE)
     if args.reason and not args.all:
-        raise TrainyardError(0, f"{action}: --reason goes with --all")
+        raise CliError(f"{action}: --reason goes with --all", Exit.USAGE)
     sequences = args.sequences or [d["sequence"] for d in letters.every(args.reason)]
     done: list[Any] = []
     failed = 0
