@@ -4,7 +4,8 @@ Contract:
 - Every error is JSON ``{"detail": ..., "errors": [{"field": ..., "message": ...}]}``.
 - 422 for invalid input: ``RequestInvalid`` (from ``parse_body`` or a service's own checks)
   or Litestar's validation of path and query parameters; every bad field is named by its
-  path (``quotas.a100.nominal``, ``args[2]``; ``body`` for the body as a whole), all at once.
+  path (``quotas.a100.nominal``, ``args[2]``; ``body`` for the body as a whole; a bad key
+  of a mapping: the mapping, its message naming the key, ``key 'H100': ...``), all at once.
 - ``NameTaken`` (a new name that differs only by case from one that exists, where names are
   unique regardless of case: docs/security.md) answers 409, its message as the detail and
   one error naming the field.
@@ -145,8 +146,14 @@ def field_errors(exc: ValidationError) -> list[FieldError]:
     on that field, below the model's own path."""
     errors = []
     for err in exc.errors(include_url=False):
-        path = field_path(err["loc"])
-        message = _message(err["type"], err["msg"], err.get("ctx"))
+        loc, message = err["loc"], _message(err["type"], err["msg"], err.get("ctx"))
+        if len(loc) >= 2 and loc[-1] == "[key]":
+            # A mapping's key, not its value: pydantic's loc ("labels", "-bad", "[key]") read
+            # as the path "labels.-bad.[key]" (and an empty key "hyperparameters..[key]").
+            # The mapping is the field, the message names the key, as the CLI says it.
+            key = repr(str(loc[-2]))
+            loc, message = loc[:-2], message if key in message else f"key {key}: {message}"
+        path = field_path(loc)
         head, sep, rest = message.partition(": ")
         if err["type"] == "value_error" and sep and _OWN_FIELD.fullmatch(head):
             path, message = (f"{path}.{head}" if path != "body" else head), rest
