@@ -170,7 +170,6 @@ def parse(text: str, file: str, warn: Callable[[str], None] = lambda _: None) ->
     if not isinstance(spec.spec, dict):
         raise SpecError(file, [SpecIssue("", "must hold one mapping (the job spec)", 1, 1)])
     issues = list(_schema_issues(spec))
-    issues += [spec.issue(_field(p), "must be a finite number") for p in _not_finite(spec.spec)]
     if issues:
         raise SpecError(file, sorted(issues, key=lambda i: (i.line or 0, i.column or 0)))
     for issue in _secret_looking(spec):
@@ -391,9 +390,17 @@ def _validator() -> jsonschema.Draft202012Validator:
 
 
 def _schema_issues(spec: SpecFile) -> Iterator[SpecIssue]:
-    for error in _validator().iter_errors(spec.spec):
-        for leaf in _leaves(error):
+    """Every problem of the spec's values, one per value where one says it: a value of the
+    wrong type is told its type alone (``seed: 1e400`` is ``must be an integer``, not also
+    ``must be at most 4294967295`` and ``must be a finite number``)."""
+    leaves = [leaf for error in _validator().iter_errors(spec.spec) for leaf in _leaves(error)]
+    mistyped = {tuple(leaf.absolute_path) for leaf in leaves if leaf.validator == "type"}
+    for leaf in leaves:
+        if leaf.validator == "type" or tuple(leaf.absolute_path) not in mistyped:
             yield from _issues(leaf, spec)
+    for path in _not_finite(spec.spec):
+        if not any(path[:depth] in mistyped for depth in range(len(path) + 1)):
+            yield spec.issue(_field(path), "must be a finite number")
 
 
 def _leaves(error: jsonschema.ValidationError) -> list[jsonschema.ValidationError]:
