@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainyard.bundle import DEFAULT_MAX_BYTES
@@ -67,6 +67,15 @@ class CliSettings(BaseSettings):
     """The context to use instead of the current one."""
     config: Path | None = None
     """The config file (default ``~/.config/trainyard/config.json``)."""
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        """``TRAINYARD_CONFIG=`` means the default file, as an empty ``TRAINYARD_URL``,
+        ``TRAINYARD_TOKEN`` or ``TRAINYARD_CONTEXT`` means none: it was read as the path
+        ``.``, the current folder ("cannot read .: not a file")."""
+        return None if isinstance(value, str) and not value.strip() else value
+
     registry_url: str | None = None
     """Base URL of the registry API (models, metrics, experiments)."""
     billing_url: str | None = None
