@@ -458,6 +458,12 @@ def _completion(session: Session) -> int:
 
 def _login(session: Session) -> int:
     args = session.args
+    # Options login would otherwise ignore without a word: its URL is its argument, and a
+    # token comes from one place (--token-stdin took precedence over --token silently).
+    if getattr(args, "url", None) is not None:
+        raise CliError("login takes the API's URL as its argument, not --url", Exit.USAGE)
+    if args.token_stdin and getattr(args, "token", None) is not None:
+        raise CliError("give --token or --token-stdin, not both", Exit.USAGE)
     url = checked_url(args.login_url, "given").rstrip("/")  # before a token is asked for
     for service in cli_config.SERVICES:
         if getattr(args, f"{service}_url"):
