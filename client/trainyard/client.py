@@ -190,7 +190,12 @@ class TrainyardClient:
         return _object(response), response.headers.get(BUDGET_WARNING_HEADER) or None
 
     def get_job(self, job_id: str) -> dict[str, Any]:
-        return self._object("GET", f"/v1/jobs/{segment(job_id)}")
+        """The job's view; one without a status (a string) is a ``MalformedAnswer``: every
+        command that polls a job waits for its status, and would wait for one forever."""
+        view = self._object("GET", f"/v1/jobs/{segment(job_id)}")
+        if not isinstance(view.get("status"), str) and view.response is not None:
+            raise MalformedAnswer(view.response, "a job view without a status")
+        return view
 
     def list_page(
         self, limit: int = 50, after: str | None = None, **filters: str | None

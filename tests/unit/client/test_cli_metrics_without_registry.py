@@ -24,7 +24,7 @@ def _run(
     def route(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/jobs":
             return httpx.Response(200, json=[{"id": JOB, "name": "a", "status": "SUCCEEDED"}])
-        return httpx.Response(200, json={"id": JOB, **view})
+        return httpx.Response(200, json={"id": JOB, "status": "SUCCEEDED", **view})
 
     def make(base_url: str, token: str, timeout: float = 10) -> TrainyardClient:
         return TrainyardClient(base_url, token, timeout, transport=httpx.MockTransport(route))
