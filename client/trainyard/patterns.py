@@ -18,6 +18,9 @@ PATTERN_WORDS: dict[str, str] = {
     r"^[a-z][a-z0-9-]{0,39}$": (
         "a lower-case letter, then at most 39 lower-case letters, digits or '-'"
     ),
+    r"^[a-z0-9][a-z0-9-]{0,39}$": (
+        "a lower-case letter or a digit, then at most 39 lower-case letters, digits or '-'"
+    ),
     r"^[0-9a-f]{64}$": "a sha256: 64 lower-case hexadecimal digits",
     r"^[0-9a-f]{40}$": "a whole commit id: 40 lower-case hexadecimal digits",
     rf"^{_REF_NAME}/{_REF_NAME}(?::[1-9][0-9]{{0,8}})?$": (

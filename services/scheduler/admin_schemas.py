@@ -15,6 +15,7 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from trainyard.patterns import pattern_message
 from trainyard_platform.shared.http_errors import RequestInvalid, parse_body
 from trainyard_platform.shared.merge_patch import merge_patch
 
@@ -156,9 +157,10 @@ def queue_request_of(view: QueueConfigView) -> dict[str, Any]:
 
 
 def check_name(value: str, pattern: str = NAME_PATTERN) -> str:
-    """A path name must match ``pattern``; else 422 naming ``name``."""
+    """A path name must match ``pattern``; else 422 naming ``name``, saying what it must be
+    in words (``trainyard.patterns``)."""
     if not re.fullmatch(pattern, value):
-        raise RequestInvalid.one("name", f"must match {pattern}")
+        raise RequestInvalid.one("name", pattern_message(pattern) or f"must match {pattern}")
     return value
 
 

@@ -158,7 +158,11 @@ async def test_bad_input_is_refused_with_the_field_named(
 ) -> None:
     await put(http, "flavors/a100", {})
     assert fields(await put(http, "queues/Vision", {"team": "vision"})) == {
-        "name": "must match ^[a-z][a-z0-9-]{0,39}$"
+        "name": "must be a lower-case letter, then at most 39 lower-case letters, digits or '-'"
+    }
+    assert fields(await put(http, "flavors/A100", {})) == {
+        "name": "must be a lower-case letter or a digit, then at most 39 lower-case letters, "
+        "digits or '-'"
     }
     found = fields(
         await put(
