@@ -788,6 +788,10 @@ async def test_a_bad_patch_names_the_field_and_changes_nothing(
         ({"cohort": "nope"}, "cohort", "unknown cohort"),
         ({"team": "audio"}, "team", "keeps its team"),
         ({"colour": "red"}, "colour", "unknown field"),
+        ({"team": None}, "team", "field required"),
+        ({"quotas": {"a100": 5}}, "quotas.a100", "object"),
+        ({"quotas": {"a100": {"nominal": 10**30}}}, "quotas.a100.nominal", ""),
+        ({"weight": "\u0007"}, "weight", ""),
         ([{"op": "replace", "path": "/weight", "value": 3}], "body", "JSON object"),
     ):
         response = await patch(http, "queues/vision", patch_body)
