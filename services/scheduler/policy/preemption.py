@@ -307,10 +307,19 @@ class _Freeing:
             for _, per in self.shapes
         ]
         if self.reserved is not None:  # free GPUs reserved for others do not count
+            # = ``self._count(free, self.usable(node))`` with nothing freed yet, inlined: a
+            # pass at 10,000 nodes makes it for about 100,000 reserved nodes.
+            end = self.reserved.end
             for node in self.reserved.nodes.values():
-                free = node.free
-                if free:  # (a full node counts for no shape either way)
-                    self._count(len(free), self.usable(node))
+                free = len(node.free)
+                if not free:  # (a full node counts for no shape either way)
+                    continue
+                usable, node_id = free, node.node_id
+                for r in node.reservations:
+                    if end > r.start and r.slack[node_id] < usable:
+                        usable = r.slack[node_id]
+                if usable < free:
+                    self._count(free, usable)
 
     def usable(self, node: NodeSlot) -> int:
         freed = self.nodes.get(node.node_id, 0)
