@@ -140,7 +140,12 @@ def _earliest_nodes(
 
 def allows(node: NodeSlot, gpus: int, end: float) -> bool:
     """Whether a job taking ``gpus`` of ``node`` now until ``end`` delays no reservation."""
-    return not any(end > r.start and r.slack[node.node_id] < gpus for r in node.reservations)
+    # A loop, not ``any`` over a generator: a pass at 10,000 nodes asks 360,000 times.
+    node_id = node.node_id
+    for r in node.reservations:  # noqa: SIM110 - the loop is the point
+        if end > r.start and r.slack[node_id] < gpus:
+            return False
+    return True
 
 
 def commit(node: NodeSlot, gpus: int, end: float) -> None:
