@@ -107,6 +107,9 @@ def _earliest_nodes(
 ) -> tuple[float, list[NodeSlot]] | None:
     count, per_node = shape
     times: dict[str, list[tuple[float, str]]] = {}
+    # One node (most reservations): the least (start, domain, node id), which is what the
+    # candidates below come to, without a list per domain (a call meets thousands of nodes).
+    single: tuple[float, str, str] | None = None
     for node in nodes:
         at: float | None = None
         if node.reservations:
@@ -121,8 +124,19 @@ def _earliest_nodes(
                     if free >= per_node:
                         at = max(released_at, now)
                         break
-        if at is not None:
+        if at is None:
+            continue
+        if count == 1:
+            if (
+                single is None
+                or at < single[0]
+                or (at == single[0] and (node.topology, node.node_id) < single[1:])
+            ):
+                single = (at, node.topology, node.node_id)
+        else:
             times.setdefault(node.topology, []).append((at, node.node_id))
+    if count == 1:
+        return None if single is None else (single[0], [pool.nodes[single[2]]])
     if sum(len(v) for v in times.values()) < count:
         return None
     candidates: list[tuple[float, int, str, list[str]]] = []
@@ -131,9 +145,8 @@ def _earliest_nodes(
             found.sort()
             chosen = found[:count]
             candidates.append((chosen[-1][0], 0, topology, [n for _, n in chosen]))
-    if count > 1 or not candidates:
-        spread = sorted(t for found in times.values() for t in found)[:count]
-        candidates.append((spread[-1][0], 1, "", [n for _, n in spread]))
+    spread = sorted(t for found in times.values() for t in found)[:count]  # across domains
+    candidates.append((spread[-1][0], 1, "", [n for _, n in spread]))
     start, _, _, ids = min(candidates)
     return start, [pool.nodes[i] for i in ids]
 
