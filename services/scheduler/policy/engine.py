@@ -410,7 +410,8 @@ class PolicyState:
             self._decided.append(job.job_id)
         else:
             self._decided_at[job.job_id] = self._step
-        request = (job.queue, job.flavor, job.gpus, job.gpus_per_node, self.borrows(job))
+        borrows = self.borrows(job)
+        request = (job.queue, job.flavor, job.gpus, job.gpus_per_node, borrows)
         known = self._request_cache.get(request)
         if known is None:
             self.invalid(job)  # fills _invalid_cache[request]
@@ -432,7 +433,7 @@ class PolicyState:
             )
             return None
         pool = self.pools[job.flavor]
-        verdict = self.quota.check(job.queue, job.flavor, job.gpus, borrows=self.borrows(job))
+        verdict = self.quota.check(job.queue, job.flavor, job.gpus, borrows=borrows)
         waiting: Waiting
         if verdict.kind != "ok":  # = not verdict.ok
             # The commonest case at scale, taken apart from the rest: the same steps as for
