@@ -26,6 +26,10 @@ the release comes first: a release after the report makes a bill with no charge
 (``charged_to`` ``platform``); a report after the release reverses the team's charges
 (``on_platform_failure``). Both lock the announced allocation's row first, so concurrent
 replicas see each other's.
+
+A runner's end report and checkpoint count only as their allocation's own (its job, node
+and epoch: ``not_its_own``, ``waste_rollups.OWN_REPORT``), as the scheduler fences them:
+another changes no waste figure, no job's end and no bill.
 """
 
 from __future__ import annotations
@@ -119,10 +123,12 @@ class BillingHandlers:
             case CheckpointSaved() as saved:
                 await waste.record_checkpoint(conn, saved)
             case JobSucceeded() as succeeded:
+                ends_job = await self._ends_job(conn, succeeded, envelope.source)
                 await waste.record_run_report(conn, succeeded, self._clock())
-                await waste.record_end(
-                    conn, succeeded.job_id, "succeeded", succeeded.finished_at, self._clock()
-                )
+                if ends_job:
+                    await waste.record_end(
+                        conn, succeeded.job_id, "succeeded", succeeded.finished_at, self._clock()
+                    )
             case JobFailed() | JobPreempted() as report if envelope.source == RUNNER:
                 # One attempt's end: what the runner measured of it (a failure's or a
                 # preemption's said by the scheduler carries no measurement), and whether
@@ -148,6 +154,40 @@ class BillingHandlers:
                 await waste.record_heartbeat(conn, beat)
             case _:
                 pass
+
+    async def _ends_job(
+        self, conn: asyncpg.Connection, succeeded: JobSucceeded, source: str
+    ) -> bool:
+        """Whether ``succeeded`` says its job succeeded: only as its allocation's own report
+        (``not_its_own``), and a runner's only while the scheduler has not released that
+        allocation otherwise (it fenced that report; a lost node's success it keeps, it says
+        again itself). Raises ``NotAnnounced`` (retried, then dead-lettered) while the
+        allocation's grant is unknown, as a release's does."""
+        grant = await repo.announced(conn, succeeded.allocation_id)
+        if grant is None:
+            raise NotAnnounced(
+                f"job.succeeded of allocation {succeeded.allocation_id}: the allocation was "
+                "never announced (billing saw no allocation.granted for it)"
+            )
+        problem = not_its_own(succeeded, grant)
+        if problem is not None:
+            log.warning("job %s: %s; not its end", succeeded.job_id, problem)
+            return False
+        if source == RUNNER:
+            outcome = await conn.fetchval(
+                "SELECT outcome FROM usage_ledger WHERE allocation_id = $1",
+                succeeded.allocation_id,
+            )
+            if outcome not in (None, "succeeded"):
+                log.info(
+                    "job %s: the runner's success of allocation %s came after the scheduler "
+                    "released it %s; not the job's end",
+                    succeeded.job_id,
+                    succeeded.allocation_id,
+                    outcome,
+                )
+                return False
+        return True
 
     async def on_released(
         self, conn: asyncpg.Connection, released: AllocationReleased, event_id: str
@@ -329,6 +369,23 @@ async def _recorded(
     recorded: Payload = usage.to_event(revision)
     envelope = Envelope.wrap(recorded, source=SOURCE, subject=usage.job_id, event_id=event_id)
     await outbox.enqueue(conn, envelope)
+
+
+def not_its_own(report: JobSucceeded | JobFailed | JobPreempted, grant: repo.Row) -> str | None:
+    """Why ``report`` is not its allocation's own (``grant``: the allocation as announced):
+    about another job, from another node, or at another epoch; or None."""
+    differs = [
+        f"{field} {said!r} (granted: {announced!r})"
+        for field, announced, said in (
+            ("job_id", grant["job_id"], report.job_id),
+            ("node_id", grant["node_id"], report.node_id),
+            ("epoch", grant["epoch"], report.epoch),
+        )
+        if announced != said
+    ]
+    if differs:
+        return f"{report.TYPE} of allocation {report.allocation_id} says {', '.join(differs)}"
+    return None
 
 
 def unannounced(released: AllocationReleased, grant: repo.Row | None) -> str | None:

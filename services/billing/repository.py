@@ -10,6 +10,7 @@ from typing import Any
 import asyncpg
 
 from trainyard_platform.services.billing.domain import Usage
+from trainyard_platform.services.billing.waste_rollups import OWN_REPORT
 from trainyard_platform.shared.events.payloads import AllocationGranted
 
 Row = Mapping[str, Any]
@@ -94,14 +95,14 @@ async def announced(conn: asyncpg.Connection, allocation_id: str) -> Row | None:
 
 
 async def platform_failed(conn: asyncpg.Connection, allocation_id: str) -> bool:
-    """Whether the runner's end report of the allocation (the first one recorded, of the
-    allocation's own job) said that the attempt failed through the platform."""
+    """Whether the runner's end report of the allocation (the first one recorded of its
+    own: its job, node and epoch, ``waste_rollups.OWN_REPORT``) said that the attempt
+    failed through the platform."""
     return bool(
         await conn.fetchval(
             "SELECT EXISTS (SELECT 1 FROM waste_run_reports r "
-            "JOIN announced_allocations a USING (allocation_id) "
-            "WHERE r.allocation_id = $1 AND r.job_id = a.job_id "
-            "AND r.failure_kind = 'platform_error')",
+            f"JOIN announced_allocations a ON {OWN_REPORT} "
+            "WHERE r.allocation_id = $1 AND r.failure_kind = 'platform_error')",
             allocation_id,
         )
     )

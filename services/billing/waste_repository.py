@@ -66,12 +66,15 @@ async def record_grant(conn: asyncpg.Connection, grant: AllocationGranted, now: 
 
 
 async def record_checkpoint(conn: asyncpg.Connection, saved: CheckpointSaved) -> None:
+    """Keep the checkpoint with the allocation and epoch it claims: it counts only for its
+    job's own allocation at that epoch (``waste_rollups.LAST_CHECKPOINT``)."""
     await conn.execute(
-        "INSERT INTO waste_checkpoints (job_id, allocation_id, saved_at) VALUES ($1, $2, $3) "
-        "ON CONFLICT DO NOTHING",
+        "INSERT INTO waste_checkpoints (job_id, allocation_id, saved_at, epoch) "
+        "VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
         saved.job_id,
         saved.allocation_id,
         saved.saved_at,
+        saved.epoch,
     )
     await rollups.refresh_job(conn, saved.job_id)  # its allocations' lost work
 
@@ -85,14 +88,18 @@ async def record_run_report(
     conn: asyncpg.Connection, report: JobSucceeded | JobFailed | JobPreempted, now: datetime
 ) -> None:
     """What the runner measured of the allocation, from its end report's metrics, and a
-    failure's ``failure_kind`` (the first report of an allocation counts)."""
+    failure's ``failure_kind``, kept with the job, node and epoch the report claims: only
+    the allocation's own report is read (``waste_rollups.OWN_REPORT``), the first of them
+    counts, and one claiming another node, epoch or job keeps none out."""
     await conn.execute(
-        """INSERT INTO waste_run_reports (allocation_id, job_id, gpu_utilization_mean,
-                                          data_wait_fraction_mean, finished_at, recorded_at,
-                                          failure_kind)
-           VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (allocation_id) DO NOTHING""",
+        """INSERT INTO waste_run_reports (allocation_id, job_id, node_id, epoch,
+                                          gpu_utilization_mean, data_wait_fraction_mean,
+                                          finished_at, recorded_at, failure_kind)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING""",
         report.allocation_id,
         report.job_id,
+        report.node_id,
+        report.epoch,
         _measured(report.metrics, "gpu_utilization_mean"),
         _measured(report.metrics, "data_wait_fraction_mean"),
         report.finished_at,
@@ -180,20 +187,17 @@ async def record_heartbeat(conn: asyncpg.Connection, beat: RunnerHeartbeat) -> b
 
 # --- reading --------------------------------------------------------------------------------
 
-_ALLOCATIONS = """
+_ALLOCATIONS = f"""
 SELECT a.allocation_id, a.job_id, a.team, a.project, a.user_name, a.queue, a.gpu_flavor,
        a.gpus, a.granted_at, a.attempt, u.ended_at, u.outcome,
        coalesce(g.priority, j.priority) AS priority,
-       r.gpu_utilization_mean, r.data_wait_fraction_mean,
-       CASE WHEN r.job_id = a.job_id THEN r.failure_kind END AS failure_kind,
-       (SELECT max(c.saved_at) FROM waste_checkpoints c
-        WHERE c.job_id = a.job_id AND c.saved_at >= a.granted_at
-          AND (u.ended_at IS NULL OR c.saved_at <= u.ended_at)) AS last_checkpoint
+       r.gpu_utilization_mean, r.data_wait_fraction_mean, r.failure_kind,
+       {rollups.LAST_CHECKPOINT} AS last_checkpoint
 FROM announced_allocations a
 LEFT JOIN usage_ledger u USING (allocation_id)
 LEFT JOIN waste_grants g USING (allocation_id)
 LEFT JOIN waste_jobs j ON j.job_id = a.job_id
-LEFT JOIN waste_run_reports r USING (allocation_id)
+LEFT JOIN waste_run_reports r ON {rollups.OWN_REPORT}
 """
 
 

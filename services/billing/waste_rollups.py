@@ -139,17 +139,30 @@ def parts(allocation: Allocation, pricer: Pricer) -> dict[PartKey, PartRow]:
     return out
 
 
-_ALLOCATIONS = """
+OWN_REPORT = """r.allocation_id = a.allocation_id AND r.job_id = a.job_id
+    AND r.node_id = a.node_id AND r.epoch = coalesce(a.epoch, -1)"""
+"""Whether run report ``r`` is announced allocation ``a``'s own: about its job, from the node
+it was granted on, at its epoch (as the scheduler fences a runner's reports). Any other
+report, however it came, measures nothing."""
+
+LAST_CHECKPOINT = """(SELECT max(c.saved_at) FROM waste_checkpoints c
+    JOIN announced_allocations ca ON ca.allocation_id = c.allocation_id
+    WHERE c.job_id = a.job_id AND ca.job_id = a.job_id AND c.epoch = coalesce(ca.epoch, -1)
+      AND ca.attempt IS NOT DISTINCT FROM a.attempt AND c.saved_at >= a.granted_at
+      AND (u.ended_at IS NULL OR c.saved_at <= u.ended_at))"""
+"""The latest checkpoint that saves allocation ``a``'s work (``u``: its bill): saved during
+it, by an allocation of its job and attempt (a gang's members share one) at that
+allocation's own epoch; a checkpoint said under another job's allocation, another epoch or
+by an older attempt's runner saves nothing of it."""
+
+_ALLOCATIONS = f"""
 SELECT a.allocation_id, a.job_id, a.team, a.project, a.user_name, a.queue, a.gpu_flavor,
        a.gpus, a.granted_at, a.attempt, u.ended_at, u.outcome, NULL AS priority,
-       r.gpu_utilization_mean, r.data_wait_fraction_mean,
-       CASE WHEN r.job_id = a.job_id THEN r.failure_kind END AS failure_kind,
-       (SELECT max(c.saved_at) FROM waste_checkpoints c
-        WHERE c.job_id = a.job_id AND c.saved_at >= a.granted_at
-          AND c.saved_at <= u.ended_at) AS last_checkpoint
+       r.gpu_utilization_mean, r.data_wait_fraction_mean, r.failure_kind,
+       {LAST_CHECKPOINT} AS last_checkpoint
 FROM announced_allocations a
 JOIN usage_ledger u USING (allocation_id)
-LEFT JOIN waste_run_reports r USING (allocation_id)
+LEFT JOIN waste_run_reports r ON {OWN_REPORT}
 """
 """Released allocations with what the allocation figures need."""
 

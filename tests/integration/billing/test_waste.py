@@ -133,13 +133,13 @@ def released(
 
 
 def succeeded(
-    allocation_id: str, job_id: str, node: str, when: datetime, **metrics: float
+    allocation_id: str, job_id: str, node: str, when: datetime, *, epoch: int = 1, **metrics: float
 ) -> Envelope[Payload]:
     done = JobSucceeded(
         job_id=job_id,
         allocation_id=allocation_id,
         node_id=node,
-        epoch=1,
+        epoch=epoch,
         finished_at=when,
         metrics=metrics,
     )
@@ -153,13 +153,15 @@ def failed(
     when: datetime,
     source: str,
     failure_kind: FailureKind = "user_error",
+    *,
+    epoch: int = 1,
     **metrics: float,
 ) -> Envelope[Payload]:
     report = JobFailed(
         job_id=job_id,
         allocation_id=allocation_id,
         node_id=node,
-        epoch=1,
+        epoch=epoch,
         finished_at=when,
         exit_code=1,
         reason="exit 1",
@@ -218,7 +220,7 @@ async def the_day(pool: asyncpg.Pool) -> None:
     await feed(
         pool,
         succeeded(
-            "j-2", "j", "n-1", at(12 + 40 / 60), gpu_utilization_mean=2.0,
+            "j-2", "j", "n-1", at(12 + 40 / 60), epoch=2, gpu_utilization_mean=2.0,
             data_wait_fraction_mean=0.25,
         ),
         released("j-2", "j", J, "n-1", at(11 + 40 / 60), at(12 + 40 / 60), "succeeded"),

@@ -113,7 +113,7 @@ def events(tag: str, drawn: list[Any]) -> list[list[Envelope[Payload]]]:
                 sent.append(wrap(saved))
             if a.fate in ("failed", "platform_failed"):
                 kind = "platform_error" if a.fate == "platform_failed" else "user_error"
-                sent.append(failed(alloc, job_id, node, end, RUNNER, kind, **metrics))
+                sent.append(failed(alloc, job_id, node, end, RUNNER, kind, epoch=n, **metrics))
                 sent.append(released(alloc, job_id, job, node, start, end, "failed"))
             elif a.fate == "preempted":
                 report = JobPreempted(
@@ -130,10 +130,10 @@ def events(tag: str, drawn: list[Any]) -> list[list[Envelope[Payload]]]:
             elif a.fate == "lost_then_succeeded":
                 lost = at(a.start + a.minutes / 2)
                 sent.append(released(alloc, job_id, job, node, start, lost, "lost"))
-                sent.append(success(alloc, job_id, node, end, **metrics))
+                sent.append(success(alloc, job_id, node, end, epoch=n, **metrics))
                 sent.append(released(alloc, job_id, job, node, start, end, "succeeded"))
             else:
-                sent.append(success(alloc, job_id, node, end, **metrics))
+                sent.append(success(alloc, job_id, node, end, epoch=n, **metrics))
                 sent.append(released(alloc, job_id, job, node, start, end, "succeeded"))
             out.append(sent)
     return out

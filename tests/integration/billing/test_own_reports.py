@@ -1,0 +1,137 @@
+"""Billing believes a runner's report only as its allocation's own: about the allocation's
+job, from the node it was granted on, at its epoch (the scheduler fences reports the same
+way). A report that claims another allocation, comes from another node or carries another
+epoch changes no waste figure, no job's end and no bill, and cannot keep the allocation's
+own report out, whatever order they come in.
+
+Built on ``test_waste``'s day (its ``client``), with jobs of their own later that month.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import asyncpg
+import httpx
+import pytest
+
+from tests.integration.billing.conftest import feed
+from tests.integration.billing.test_waste import (
+    J,
+    at,
+    client,
+    failed,
+    figures,
+    granted,
+    released,
+    submitted,
+    succeeded,
+    waste,
+    wrap,
+)
+from trainyard_platform.services.billing.handlers import NotAnnounced
+from trainyard_platform.shared.events.payloads import CheckpointRef, CheckpointSaved
+from trainyard_platform.shared.events.trust import RUNNER
+
+pytestmark = pytest.mark.integration
+
+__all__ = ["client"]  # the fixture, with test_waste's day fed
+
+
+def checkpoint(allocation_id: str, job_id: str, hours: float, epoch: int = 1) -> CheckpointSaved:
+    return CheckpointSaved(
+        job_id=job_id,
+        allocation_id=allocation_id,
+        epoch=epoch,
+        checkpoint=CheckpointRef(
+            uri=f"s3://c/{job_id}", manifest_uri="s3://c/m.json", step=1, size_bytes=1, sha256="0"
+        ),
+        saved_at=at(hours),
+    )
+
+
+async def test_a_report_of_another_node_or_epoch_measures_nothing(
+    client: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    """Two reports claim f-1 first (idle, waiting on data): one from node n-7, one at epoch
+    5. Then f-1's own runner (n-1, epoch 1) reports it busy and fed: only that one counts."""
+    await feed(pool, submitted("f", J, at(30)), granted("f-1", "f", J, "n-1", at(30), "ml-q"))
+    await feed(
+        pool,
+        succeeded("f-1", "f", "n-7", at(31), gpu_utilization_mean=0.0, data_wait_fraction_mean=0.9),
+        succeeded(
+            "f-1", "f", "n-1", at(31), epoch=5, gpu_utilization_mean=0.0,
+            data_wait_fraction_mean=0.9,
+        ),
+    )  # fmt: skip
+    await feed(
+        pool,
+        succeeded("f-1", "f", "n-1", at(31), gpu_utilization_mean=90.0, data_wait_fraction_mean=0),
+        released("f-1", "f", J, "n-1", at(30), at(31), "succeeded"),
+    )
+    rows = figures(await waste(client, group_by="job", job="f"), "job")
+    assert ("idle_gpus", "f") not in rows
+    assert ("idle_gpus_unmeasured", "f") not in rows  # measured, by its own runner
+    assert ("input_bound", "f") not in rows  # it waited on no data
+    assert ("input_bound_unmeasured", "f") not in rows
+
+
+async def test_a_checkpoint_counts_only_from_the_job_s_own_allocation_and_epoch(
+    client: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    """g-1 (2 a100) fails after an hour, its own checkpoint half way: 30 minutes lost. A
+    checkpoint said for g under another job's allocation, or at another epoch, later in the
+    hour, saves nothing."""
+    await feed(pool, submitted("g", J, at(40)), granted("g-1", "g", J, "n-1", at(40), "ml-q"))
+    await feed(
+        pool,
+        wrap(checkpoint("g-1", "g", 40.5)),
+        wrap(checkpoint("j-1", "g", 40.9)),  # j's allocation, not g's
+        wrap(checkpoint("g-1", "g", 40.95, epoch=7)),  # not g-1's epoch
+        failed("g-1", "g", "n-1", at(41), RUNNER),
+        released("g-1", "g", J, "n-1", at(40), at(41), "failed"),
+    )
+    rows = figures(await waste(client, group_by="job", job="g"), "job")
+    assert rows["lost_work", "g"] == (Decimal(3600), Decimal("2.500000"))
+
+
+async def test_a_success_that_is_not_the_allocation_s_own_ends_no_job(
+    client: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    """h failed for good (test_waste's day). A success of h-1 from another node does not
+    make it succeeded; nor does its own runner's success after the scheduler released the
+    allocation otherwise (s-1, preempted: the scheduler fenced that report)."""
+    await feed(pool, succeeded("h-1", "h", "n-7", at(16)))
+    await feed(
+        pool,
+        submitted("s", J, at(50)),
+        granted("s-1", "s", J, "n-1", at(50), "ml-q"),
+        released("s-1", "s", J, "n-1", at(50), at(51), "preempted"),
+    )
+    await feed(pool, succeeded("s-1", "s", "n-1", at(51)))
+    ends = dict(await pool.fetch("SELECT job_id, outcome FROM waste_job_ends"))
+    assert ends["h"] == "failed"
+    assert "s" not in ends
+
+
+async def test_a_success_of_an_allocation_not_granted_waits_for_its_grant(
+    pool: asyncpg.Pool,
+) -> None:
+    """Retried (and dead-lettered after the bus's deliveries), not believed at once: its
+    grant may be committing in another replica."""
+    with pytest.raises(NotAnnounced):
+        await feed(pool, submitted("u", J, at(60)), succeeded("u-1", "u", "n-1", at(61)))
+    assert await pool.fetchval("SELECT count(*) FROM waste_job_ends") == 0
+
+
+async def test_a_platform_error_from_another_node_is_the_team_s(
+    client: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    await feed(
+        pool,
+        submitted("q", J, at(70)),
+        granted("q-1", "q", J, "n-1", at(70), "ml-q"),
+        failed("q-1", "q", "n-8", at(71), RUNNER, "platform_error"),
+        released("q-1", "q", J, "n-1", at(70), at(71), "failed"),
+    )
+    assert await pool.fetchval("SELECT charged_to FROM usage_ledger WHERE job_id = 'q'") == "team"
