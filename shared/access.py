@@ -16,7 +16,9 @@ Contract:
     time): the caller is ``shared.identity.operator_token_principal()``;
   * a user token, checked with the submission service on every request
     (``shared.identity.IdentityClient``, when the service has an ``identity_url``): the
-    caller is that user with its team and role.
+    caller is that user with its team and role. The check of a ``GET`` or ``HEAD`` spends
+    one of the user's reads, of any other method one of its writes (submission's rate
+    limits), so a user's writes are limited alike on every service.
   Anything else is 401; a missing header, a malformed one (a token that is not RFC 6750's
   ``b64token`` or is over 1024 characters, or ``Authorization`` given twice:
   ``shared.auth.presented_token``) and a wrong, revoked or expired token are not told apart. The identity service being down is 503, never an open door.
@@ -133,7 +135,8 @@ def service_guard(admin_token: SecretStr, identity: IdentityClient | None = None
         if secrets.compare_digest(presented.encode(), expected):
             principal = operator_token_principal()
         elif identity is not None:
-            principal = await identity.principal(presented)
+            method = str(connection.scope.get("method", "GET"))
+            principal = await identity.principal(presented, write=method not in _READS)
             teams = _asking(identity, presented)
         if principal is None:
             raise NotAuthorizedException(UNAUTHENTICATED)
@@ -167,6 +170,10 @@ async def guard_for(settings: GuardedServiceSettings) -> AsyncIterator[Guard]:
         if identity is not None:
             await identity.aclose()
 
+
+_READS: Final = frozenset({"GET", "HEAD"})
+"""Methods whose token check spends a read of the user's rate limit; any other spends a
+write (``IdentityClient.principal``)."""
 
 _LEAST_ROLE: Final = "least_role"
 

@@ -12,8 +12,10 @@ Contract:
   token, which only the submission service can check: it owns users, teams and tokens) or
   the service's own operator credential (``OPERATOR_TOKEN_ACTOR``, no team, no token id).
 - ``IdentityClient`` is how every other service checks a user token: it asks the submission
-  service ``GET /v1/me`` with that very token, on every request. Nothing is cached, so a
-  revoked or expired token is refused at once everywhere. It never logs a token.
+  service ``GET /v1/me`` with that very token, on every request (``POST /v1/me`` for a
+  write request, so that the check spends one of the user's writes, not a read: a user's
+  writes to any service have the write rate limit). Nothing is cached, so a revoked or
+  expired token is refused at once everywhere. It never logs a token.
 """
 
 from __future__ import annotations
@@ -142,12 +144,21 @@ class IdentityClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def principal(self, token: str) -> Principal | None:
+    async def principal(self, token: str, *, write: bool = False) -> Principal | None:
         """The user behind ``token``, or None when the token is not valid now (unknown,
-        revoked, expired, or its user disabled). Raises ``IdentityUnavailable`` when the
-        identity service cannot answer."""
+        revoked, expired, or its user disabled); asked for a write request (``write``), it
+        spends one of the user's writes (``POST /v1/me``), else a read (``GET``). Raises
+        ``IdentityUnavailable`` when the identity service cannot answer."""
+        headers = {"Authorization": f"Bearer {token}"}
         try:
-            response = await self._http.get("/v1/me", headers={"Authorization": f"Bearer {token}"})
+            if write:
+                response = await self._http.post("/v1/me", headers=headers)
+                if response.status_code == 405:
+                    # A submission service from before POST /v1/me (a rolling upgrade):
+                    # checked as before, spending a read.
+                    response = await self._http.get("/v1/me", headers=headers)
+            else:
+                response = await self._http.get("/v1/me", headers=headers)
         except httpx.HTTPError as exc:
             raise self._unavailable(
                 f"identity service unreachable ({type(exc).__name__})", str(exc)

@@ -28,7 +28,9 @@ Contract:
 - Every authenticated request spends a token of its user's bucket (``ratelimit``; keyed by
   the user id the guard resolves, never the token itself nor the client address): reads
   (``GET``, ``HEAD``) and writes (everything else) have buckets and settings of their own
-  (``read_rate_per_s``/``read_burst``, ``write_rate_per_s``/``write_burst``). An empty bucket
+  (``read_rate_per_s``/``read_burst``, ``write_rate_per_s``/``write_burst``); the other
+  services check the token of each of their writes with ``POST /v1/me``, a write, and of
+  each read with ``GET /v1/me``, so a user's requests to any service share these buckets. An empty bucket
   answers 429 with ``Retry-After`` (whole seconds, at least 1) and the limit in the detail.
   The probes are not limited.
 """
@@ -266,6 +268,14 @@ def held_connection(request: AnyRequest) -> asyncpg.Connection | None:
 @get("/me")
 async def whoami(caller: Me) -> MeView:
     """Who the presented token belongs to (other services check user tokens here)."""
+    return caller.me()
+
+
+@post("/me", status_code=200)
+async def whoami_for_write(caller: Me) -> MeView:
+    """Who the presented token belongs to, spending one of its user's writes rather than a
+    read: the registry, billing and the scheduler check the token of each of their write
+    requests here, so those writes have the user's write limit, as submission's own do."""
     return caller.me()
 
 
@@ -861,6 +871,7 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
         "/v1",
         route_handlers=[
             whoami,
+            whoami_for_write,
             team,
             create_user,
             list_users,

@@ -70,6 +70,7 @@ V, M, A, OP = Role.VIEWER, Role.MEMBER, Role.ADMIN, Role.OPERATOR
 POLICY: dict[str, dict[tuple[str, str], Role]] = {
     "submission": {
         ("GET", "/v1/me"): V,
+        ("POST", "/v1/me"): V,
         ("GET", "/v1/teams/{team:str}"): V,
         ("GET", "/v1/jobs"): V,
         ("GET", "/v1/jobs/{job_id:str}"): V,

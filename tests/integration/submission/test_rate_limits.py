@@ -8,12 +8,16 @@ from collections.abc import AsyncIterator
 import asyncpg
 import httpx
 import pytest
-from litestar import get
+from litestar import get, put
+from pydantic import SecretStr
 
 from tests.integration.submission.conftest import Submission, running_submission
 from trainyard_platform.services.submission.api import AppDeps, create_app
 from trainyard_platform.services.submission.config import Settings
+from trainyard_platform.shared.access import service_guard
 from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.http_app import service_app
+from trainyard_platform.shared.identity import IdentityClient
 
 pytestmark = pytest.mark.integration
 
@@ -89,3 +93,38 @@ async def test_probes_are_not_limited(limited: Submission, settings: Settings) -
         for _ in range(3):
             assert (await client.get("/v1/jobs", headers=limited.auth())).status_code == 200
         assert (await client.get("/v1/jobs", headers=limited.auth())).status_code == 429
+
+
+@get("/v1/things", sync_to_thread=False)
+def read_things() -> list[str]:
+    return []
+
+
+@put("/v1/things", sync_to_thread=False)
+def write_things() -> None:
+    return None
+
+
+async def test_another_service_s_writes_spend_the_user_s_writes(limited: Submission) -> None:
+    """The registry, billing and the scheduler check a user token with submission on every
+    request: a write there spends one of the user's writes, a read one of the reads, as
+    the same request to submission would. Before, every such check spent a read, so their
+    writes were limited only by the (higher) read rate."""
+    identity = IdentityClient("http://submission", http=limited.client)
+    app = service_app(
+        "billing", [read_things, write_things], service_guard(SecretStr("op"), identity)
+    )
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="http://billing") as billing:
+        for _ in range(2):
+            assert (await billing.put("/v1/things", headers=limited.auth())).status_code == 200
+        refused = await billing.put("/v1/things", headers=limited.auth())
+        assert refused.status_code == 429, refused.text
+        assert "write" in refused.json()["detail"], refused.text
+        assert int(refused.headers["retry-after"]) >= 1
+        # The user's reads are untouched by those writes, here and at submission.
+        for _ in range(2):
+            assert (await billing.get("/v1/things", headers=limited.auth())).status_code == 200
+        listed = await limited.client.get("/v1/jobs", headers=limited.auth())
+        assert listed.status_code == 200, listed.text
+        assert (await billing.get("/v1/things", headers=limited.auth())).status_code == 429

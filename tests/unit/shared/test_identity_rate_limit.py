@@ -71,3 +71,30 @@ def test_every_route_documents_429(**_: Any) -> None:
     app = service_app("test", [things], service_guard(SecretStr("operator")))
     responses = app.openapi_schema.to_schema()["paths"]["/v1/things"]["get"]["responses"]
     assert "429" in responses
+
+
+async def test_a_write_is_checked_as_a_write_and_as_before_by_an_older_submission() -> None:
+    """``POST /v1/me`` spends a write; a submission without that route (405, during an
+    upgrade) is asked ``GET /v1/me`` as before, not taken as down."""
+    asked: list[str] = []
+
+    def answer(request: httpx.Request, post: int) -> httpx.Response:
+        asked.append(request.method)
+        if request.method == "POST" and post != 200:
+            return httpx.Response(post)
+        return httpx.Response(
+            200, json={"user": "a", "team": "ml", "role": "viewer", "token_id": 1}
+        )
+
+    for post, methods in ((200, ["POST"]), (405, ["POST", "GET"])):
+        asked.clear()
+        transport = httpx.MockTransport(lambda r, post=post: answer(r, post))  # type: ignore[misc]
+        http = httpx.AsyncClient(base_url="http://identity", transport=transport)
+        found = await IdentityClient("http://identity", http=http).principal("ty_a", write=True)
+        assert found is not None and found.user == "a"
+        assert asked == methods
+    asked.clear()
+    transport = httpx.MockTransport(lambda r: answer(r, 200))
+    http = httpx.AsyncClient(base_url="http://identity", transport=transport)
+    await IdentityClient("http://identity", http=http).principal("ty_a")
+    assert asked == ["GET"]
