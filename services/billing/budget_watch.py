@@ -10,7 +10,10 @@ Contract:
   consumer's inbox make each crossing said once, under any redelivery. Spending that goes
   down (a reversal) un-crosses nothing; when the entries lower it (an attempt's charges
   moved to the platform), each budget's state is said, so a budget they had exhausted is
-  said not to be.
+  said not to be. The state is also said whenever the current month's spending makes the
+  budget exhausted and what was last said of that month was not (``state_changed``),
+  whatever its thresholds: a budget without a threshold of 100 %, or raised after its
+  thresholds were crossed this month, is still said exhausted once spent.
 - ``say_state(conn, budget, now, deleted=False)`` says a budget's state for the current
   month (after a change through the API, or a crossing): the amount, what is spent, whether
   it is exhausted (spent >= amount), its policy, with the next budget revision.
@@ -65,8 +68,21 @@ async def after_charges(
     await repo.lock(conn, scopes)  # read each budget after any change to it committed
     for team, project in sorted(scopes, key=lambda s: (s[0], s[1] or "")):
         budget = await repo.get(conn, team, project)
-        if budget is not None and (await check(conn, budget, months, now) or lowered):
+        if budget is None:
+            continue
+        crossed = await check(conn, budget, months, now)
+        this_month = month_start(now) in months
+        if crossed or lowered or (this_month and await state_changed(conn, budget, now)):
             await say_state(conn, budget, now)
+
+
+async def state_changed(conn: asyncpg.Connection, budget: Budget, now: datetime) -> bool:
+    """Whether ``budget`` is exhausted this month while what was last said of this month
+    (or nothing) says it is not: its state must be said, a threshold crossed or not."""
+    month = month_start(now)
+    if await repo.said_exhausted(conn, budget, month):
+        return False  # said so already; only a lowering (said apart) can undo it
+    return await repo.spent(conn, budget, month, now) >= budget.amount
 
 
 async def check(
@@ -128,6 +144,8 @@ async def say_state(
         revision=revision,
     )
     await _say(conn, state, budget.team, f"budget:{budget.team}:{budget.project or ''}:{revision}")
+    if not deleted:
+        await repo.mark_said(conn, budget, month, state.exhausted)
     return spent
 
 

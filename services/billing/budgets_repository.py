@@ -195,6 +195,30 @@ async def accrued(
     return total
 
 
+async def said_exhausted(conn: asyncpg.Connection, budget: Budget, month: datetime) -> bool:
+    """Whether the state billing last said of ``budget`` for ``month`` was exhausted (False
+    when the last said was about another month, or none was said since it was kept)."""
+    row = await conn.fetchrow(
+        "SELECT said_month, said_exhausted FROM budgets WHERE team = $1 AND project = $2",
+        budget.team,
+        budget.project or "",
+    )
+    return bool(row and row["said_month"] == month.date() and row["said_exhausted"])
+
+
+async def mark_said(
+    conn: asyncpg.Connection, budget: Budget, month: datetime, exhausted: bool
+) -> None:
+    """Keep what was just said of the budget's state (``said_exhausted``)."""
+    await conn.execute(
+        "UPDATE budgets SET said_month = $3, said_exhausted = $4 WHERE team = $1 AND project = $2",
+        budget.team,
+        budget.project or "",
+        month.date(),
+        exhausted,
+    )
+
+
 async def record_crossing(
     conn: asyncpg.Connection,
     budget: Budget,
