@@ -74,10 +74,10 @@ COLUMNS = {
     ],
     "waste_grants": ["allocation_id", "job_id", "priority", "recorded_at"],
     "waste_run_reports": [
-        "allocation_id", "job_id", "gpu_utilization_mean", "data_wait_fraction_mean",
-        "finished_at", "recorded_at",
+        "allocation_id", "job_id", "node_id", "epoch", "gpu_utilization_mean",
+        "data_wait_fraction_mean", "finished_at", "recorded_at",
     ],
-    "waste_checkpoints": ["job_id", "allocation_id", "saved_at"],
+    "waste_checkpoints": ["job_id", "allocation_id", "saved_at", "epoch"],
     "waste_job_ends": ["job_id", "outcome", "ended_at", "recorded_at"],
 }  # fmt: skip
 
@@ -125,10 +125,21 @@ def facts(teams: int, jobs: int, seed: int = 14) -> dict[str, list[tuple[Any, ..
             out["waste_grants"].append((allocation, job, priority, now))
             if rng.random() < 0.5:
                 out["waste_run_reports"].append(
-                    (allocation, job, rng.uniform(0, 100), rng.uniform(0, 0.5), ended, now)
+                    (
+                        allocation,
+                        job,
+                        "node-1",
+                        attempt,
+                        rng.uniform(0, 100),
+                        rng.uniform(0, 0.5),
+                        ended,
+                        now,
+                    )
                 )
             if outcome == "failed":
-                out["waste_checkpoints"].append((job, allocation, granted + (ended - granted) / 2))
+                out["waste_checkpoints"].append(
+                    (job, allocation, granted + (ended - granted) / 2, attempt)
+                )
             at = ended
         out["waste_job_ends"].append((job, "succeeded", at, now))
     return out

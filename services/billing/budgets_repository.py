@@ -13,6 +13,7 @@ import asyncpg
 from trainyard_platform.services.billing import catalogue_repository as catalogue
 from trainyard_platform.services.billing.budgets import Budget, next_month
 from trainyard_platform.services.billing.domain import UnknownFlavor
+from trainyard_platform.services.billing.waste_rollups import OWN_REPORT
 
 Row = Mapping[str, Any]
 _COLUMNS = "team, project, amount, currency, thresholds, policy, revision, updated_by, updated_at"
@@ -155,22 +156,21 @@ async def accrued(
     conn: asyncpg.Connection, budget: Budget, month: datetime, now: datetime
 ) -> Decimal:
     """The cost so far of the budget's allocations that are granted and not billed yet
-    (running; not one whose runner said it failed through the platform: the platform pays
-    for it), within the month and up to ``now``, priced by the book as their bill will be
+    (running; not one whose own runner said it failed through the platform, ``OWN_REPORT``:
+    the platform pays for it), within the month and up to ``now``, priced by the book as their bill will be
     (GPUs, CPUs and memory);
     0 for an allocation of a flavor without a price (its release will be dead-lettered)."""
     end = min(now, next_month(month))
     if end <= month:
         return Decimal(0)
     rows = await conn.fetch(
-        """SELECT a.gpu_flavor, a.gpus, a.cpus, a.memory_gib, a.granted_at
+        f"""SELECT a.gpu_flavor, a.gpus, a.cpus, a.memory_gib, a.granted_at
            FROM announced_allocations a
            WHERE a.team = $1 AND ($2::text IS NULL OR a.project = $2) AND a.granted_at < $3
              AND NOT EXISTS (SELECT 1 FROM usage_ledger u
                              WHERE u.allocation_id = a.allocation_id)
              AND NOT EXISTS (SELECT 1 FROM waste_run_reports r
-                             WHERE r.allocation_id = a.allocation_id AND r.job_id = a.job_id
-                               AND r.failure_kind = 'platform_error')""",
+                             WHERE {OWN_REPORT} AND r.failure_kind = 'platform_error')""",
         budget.team,
         budget.project,
         end,

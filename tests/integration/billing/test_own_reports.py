@@ -9,6 +9,7 @@ Built on ``test_waste``'s day (its ``client``), with jobs of their own later tha
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import asyncpg
@@ -29,6 +30,8 @@ from tests.integration.billing.test_waste import (
     waste,
     wrap,
 )
+from trainyard_platform.services.billing import budgets_repository as budgets
+from trainyard_platform.services.billing.budgets import Budget, month_start
 from trainyard_platform.services.billing.handlers import NotAnnounced
 from trainyard_platform.shared.events.payloads import CheckpointRef, CheckpointSaved
 from trainyard_platform.shared.events.trust import RUNNER
@@ -135,3 +138,20 @@ async def test_a_platform_error_from_another_node_is_the_team_s(
         released("q-1", "q", J, "n-1", at(70), at(71), "failed"),
     )
     assert await pool.fetchval("SELECT charged_to FROM usage_ledger WHERE job_id = 'q'") == "team"
+
+
+async def test_a_platform_error_from_another_node_stops_no_accrual(pool: asyncpg.Pool) -> None:
+    """A running allocation accrues against its team's budgets until billed, unless its own
+    runner said it failed through the platform: another node's say-so stops nothing."""
+    now = datetime.now(UTC)
+    start = now - timedelta(hours=1)
+    await feed(
+        pool,
+        submitted("r", J, start),
+        granted("r-1", "r", J, "n-1", start, "ml-q"),
+        failed("r-1", "r", "n-8", now, RUNNER, "platform_error"),
+    )
+    budget = Budget("ml", None, Decimal(100), "USD", (100,), "warn", 1, "test", now)
+    async with pool.acquire() as conn:
+        accrued = await budgets.accrued(conn, budget, month_start(start), now)
+    assert accrued > 0  # 2 a100 for the hour (5.00), within the month
