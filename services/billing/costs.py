@@ -7,7 +7,8 @@ Contract:
   of distinct dimensions (``DIMENSIONS``); ``from`` and ``to`` are whole UTC hours (a
   datetime without a zone is UTC) from 1970 to 9000, ``from < to``; ``from`` is by default the start of the
   current UTC month and ``to`` the end of ``from``'s month; a range covers at most
-  ``MAX_RANGE[granularity]`` (hour: 31 days, day: 366 days, month or none: 3660 days).
+  ``MAX_RANGE[granularity]`` (hour: 31 days, day: 366 days, month or none: 3660 days), or
+  the tighter bound the caller gives (the waste report: ``WASTE_MAX_RANGE``).
 - ``pieces(start, end, coarsest)`` covers ``[start, end)`` (whole hours) with rollup
   buckets, each as coarse as it can be without reaching past either end or past
   ``coarsest``: the hours up to the first whole day, the days up to the first whole month,
@@ -47,6 +48,12 @@ MAX_RANGE: Mapping[Unit | None, timedelta] = {
     None: timedelta(days=3660),
 }
 """The longest range a report may cover at each granularity (a bound on its size)."""
+
+
+WASTE_MAX_RANGE = timedelta(days=93)
+"""The longest range of ``GET /v1/waste`` (a quarter): it reads every job whose waits fall
+in the range, of every team, and computes queueing and holding from them when asked, so
+its cost grows with the range, unlike a cost report read from monthly rollups."""
 
 
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
@@ -101,7 +108,10 @@ class CostQuery:
         group_by: str | None,
         filters: Mapping[Dimension, str | None],
         now: datetime,
+        longest: timedelta | None = None,
     ) -> CostQuery:
+        """The checked query (module contract); ``longest``: a bound of the range tighter
+        than ``MAX_RANGE``'s, for a report whose cost grows with it."""
         errors: list[FieldError] = []
         dims: list[Dimension] = []
         for name in (group_by or "").split(",") if group_by else []:
@@ -124,7 +134,7 @@ class CostQuery:
             finish = next_bucket(floor(begin, "month"), "month")
         if not errors and finish <= begin:
             errors.append(FieldError(field="to", message="must be after from"))
-        longest = MAX_RANGE[granularity]
+        longest = min(MAX_RANGE[granularity], longest or MAX_RANGE[granularity])
         if not errors and finish - begin > longest:
             errors.append(
                 FieldError(

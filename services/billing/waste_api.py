@@ -9,7 +9,7 @@ queue. JSON, or the rows as CSV with ``Accept: text/csv`` or ``format=csv``.
 Scope: a user (viewer and up) reads only their own team's figures (another team answers
 404); operators read every team's, and the unallocated GPUs, which belong to no team. Any
 query parameter not listed, or given twice, answers 422 naming it; a bad value answers 422
-naming the field and the reason.
+naming the field and the reason; a range covers at most ``WASTE_MAX_RANGE`` (93 days).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from trainyard_platform.services.billing import costs_repository
 from trainyard_platform.services.billing import waste_repository as repo
 from trainyard_platform.services.billing import waste_rollups as rollups
 from trainyard_platform.services.billing.buckets import floor
-from trainyard_platform.services.billing.costs import CostQuery
+from trainyard_platform.services.billing.costs import WASTE_MAX_RANGE, CostQuery
 from trainyard_platform.services.billing.report_api import (
     REPORT_PARAMETERS,
     Caller,
@@ -92,7 +92,13 @@ def waste_routes(
         filters = dimension_filters(team, project, user, queue, flavor, job)
         now = clock()
         query = CostQuery.parse(
-            start=start, end=end, granularity=None, group_by=group_by, filters=filters, now=now
+            start=start,
+            end=end,
+            granularity=None,
+            group_by=group_by,
+            filters=filters,
+            now=now,
+            longest=WASTE_MAX_RANGE,
         )
         # Figure 6 from the rollups (fast; the ledger when filtered by job), by every owner
         # they hold; the job is the ledger's own column, checked apart (an empty job id).

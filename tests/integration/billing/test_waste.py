@@ -492,3 +492,18 @@ async def test_a_name_the_database_cannot_hold_is_refused_naming_it(
         response = await client.get("/v1/waste", params={name: "a\x00"}, headers=OPERATOR)
         assert response.status_code == 422, response.text
         assert name in response.text
+
+
+async def test_a_range_longer_than_a_quarter_is_refused_naming_to(
+    client: httpx.AsyncClient,
+) -> None:
+    """The waste report reads every job of its range (queueing and holding are computed
+    from the facts when asked), so any viewer asking for ten years made billing load every
+    job ever submitted; a range is at most 93 days."""
+    year = {"from": "2026-01-01T00:00:00Z", "to": "2027-01-01T00:00:00Z"}
+    response = await client.get("/v1/waste", params=year, headers=ML)
+    assert response.status_code == 422, response.text
+    (error,) = response.json()["errors"]
+    assert error["field"] == "to" and "93 days" in error["message"], error
+    quarter = {"from": "2026-10-01T00:00:00Z", "to": "2027-01-02T00:00:00Z"}
+    assert (await client.get("/v1/waste", params=quarter, headers=ML)).status_code == 200
