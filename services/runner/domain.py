@@ -421,6 +421,34 @@ def input_bound_metrics(data_waits: list[float], runtime_s: float, gpus: int) ->
     return figures
 
 
+RUNNER_MEASURED = frozenset(
+    {
+        "gpu_utilization_mean",
+        "data_wait_fraction_mean",
+        "input_bound",
+        "gpu_seconds_waiting_for_data",
+    }
+)
+"""The end report's metrics that are the runner's own measurement (billing prices idle and
+input-bound GPU time by them): never taken from what the job itself logged."""
+
+
+def end_metrics(
+    reported: Mapping[str, float],
+    utilization: list[float],
+    data_waits: list[float],
+    runtime_s: float,
+    gpus: int,
+) -> dict[str, float]:
+    """The metrics of an attempt's end report: the newest value of each metric the job
+    reported, but for ``RUNNER_MEASURED``, which only the runner says: the mean of its GPU
+    utilisation samples (none: not said) and ``input_bound_metrics`` of the data waits."""
+    metrics = {k: v for k, v in reported.items() if k not in RUNNER_MEASURED}
+    if utilization:
+        metrics["gpu_utilization_mean"] = sum(utilization) / len(utilization)
+    return metrics | input_bound_metrics(data_waits, runtime_s, gpus)
+
+
 @dataclass(frozen=True)
 class JobResults:
     """What the runner learned from the job while it ran."""

@@ -436,11 +436,9 @@ class JobRun:
         await self._shipper.close()
         await self._metrics_shipper.close()
         await self._retain_checkpoints()
-        if self._utilization:
-            self._last_metrics["gpu_utilization_mean"] = sum(self._utilization) / len(
-                self._utilization
-            )
-        metrics = self._last_metrics | domain.input_bound_metrics(
+        metrics = domain.end_metrics(
+            self._last_metrics,
+            self._utilization,
             self._data_waits,
             (datetime.now(UTC) - self.started_at).total_seconds(),
             self._gpus,

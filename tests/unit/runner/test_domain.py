@@ -265,6 +265,30 @@ def test_a_job_that_waits_on_input_is_flagged_with_the_gpu_time_it_wasted() -> N
     assert starved["gpu_seconds_waiting_for_data"] == pytest.approx(0.6 * 100 * 2)
 
 
+def test_the_runner_s_measurements_are_its_own_not_the_job_s_metrics() -> None:
+    """Billing prices idle and input-bound GPU time by ``gpu_utilization_mean`` and
+    ``data_wait_fraction_mean`` of the end report. A job that logged metrics of those names
+    itself (or ``input_bound``) had them published as the runner's measurement wherever
+    the runner measured none (a node without NVML, a job reading no data through the SDK),
+    so it could report itself busy and fed. Only the runner's own figures are said."""
+    claimed = {
+        "loss": 0.1,
+        "gpu_utilization_mean": 99.0,
+        "data_wait_fraction_mean": 0.0,
+        "input_bound": 0.0,
+        "gpu_seconds_waiting_for_data": 0.0,
+    }
+    assert domain.end_metrics(claimed, [], [], 100.0, 2) == {"loss": 0.1}
+    measured = domain.end_metrics(claimed, [1.0, 3.0], [0.5, 0.7], 100.0, 2)
+    assert measured == {
+        "loss": 0.1,
+        "gpu_utilization_mean": 2.0,
+        "data_wait_fraction_mean": pytest.approx(0.6),
+        "input_bound": 1.0,
+        "gpu_seconds_waiting_for_data": pytest.approx(0.6 * 100 * 2),
+    }
+
+
 def test_a_failure_and_a_preemption_carry_what_was_measured_finite_only() -> None:
     """Billing's waste figures read the attempt's utilisation and data wait from them."""
     measured = JobResults(
