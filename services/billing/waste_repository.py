@@ -144,7 +144,8 @@ and holding no allocation then."""
 
 async def record_heartbeat(conn: asyncpg.Connection, beat: RunnerHeartbeat) -> bool:
     """Remember the node's heartbeat; when the previous one is at most ``HEARTBEAT_GAP``
-    earlier, some of its GPUs were held by none of its running allocations and a job of its
+    earlier, some of its GPUs were held by none of its running allocations (those granted
+    on this node: another node's allocation it names holds none of them) and a job of its
     flavor was waiting, record the interval between them as unallocated (True)."""
     previous = await conn.fetchrow(
         "SELECT gpu_flavor, gpu_count, sent_at FROM waste_nodes WHERE node_id = $1 FOR UPDATE",
@@ -165,12 +166,13 @@ async def record_heartbeat(conn: asyncpg.Connection, beat: RunnerHeartbeat) -> b
     if previous is None or not timedelta(0) < beat.sent_at - previous["sent_at"] <= HEARTBEAT_GAP:
         return False
     held = await conn.fetch(
-        "SELECT gpus FROM announced_allocations WHERE allocation_id = ANY($1::text[])",
+        "SELECT gpus, node_id FROM announced_allocations WHERE allocation_id = ANY($1::text[])",
         beat.running_allocations,
     )
     if len(held) < len(set(beat.running_allocations)):
         return False  # an allocation billing has not seen granted yet: how many GPUs is unknown
-    free = beat.gpu_count - sum(r["gpus"] for r in held)
+    # Only the node's own allocations hold its GPUs: another node's, named here, holds none.
+    free = beat.gpu_count - sum(r["gpus"] for r in held if r["node_id"] == beat.node_id)
     if free <= 0 or not await conn.fetchval(_WAITING, beat.gpu_flavor, beat.sent_at):
         return False
     await conn.execute(

@@ -18,13 +18,16 @@ import pytest
 
 from tests.integration.billing.conftest import feed
 from tests.integration.billing.test_waste import (
+    H,
     J,
     at,
+    beat,
     client,
     failed,
     figures,
     granted,
     released,
+    spec,
     submitted,
     succeeded,
     waste,
@@ -155,3 +158,21 @@ async def test_a_platform_error_from_another_node_stops_no_accrual(pool: asyncpg
     async with pool.acquire() as conn:
         accrued = await budgets.accrued(conn, budget, month_start(start), now)
     assert accrued > 0  # 2 a100 for the hour (5.00), within the month
+
+
+async def test_a_heartbeat_holds_only_its_own_node_s_allocations(
+    client: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    """n-5 (8 cpu) holds k-1 (4 cpu) while w waits for cpu. Its heartbeats also name l-1,
+    an allocation of node n-2: that holds none of n-5's GPUs, so 4 of them sat free."""
+    k = spec("ml", "ada", "cpu", 4, "normal")
+    await feed(
+        pool,
+        submitted("w", H, at(80)),
+        submitted("k", k, at(80)),
+        granted("k-1", "k", k, "n-5", at(80), "ml-q"),
+    )
+    await feed(pool, beat("n-5", at(81), ["k-1", "l-1"]))
+    await feed(pool, beat("n-5", at(81 + 1 / 60), ["k-1", "l-1"]))
+    free = await pool.fetchval("SELECT free_gpus FROM waste_unallocated WHERE node_id = 'n-5'")
+    assert free == 4
