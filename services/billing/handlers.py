@@ -101,7 +101,8 @@ class BillingHandlers:
     async def dispatch(self, envelope: Envelope[Payload], conn: asyncpg.Connection) -> None:
         match envelope.data:
             case AllocationGranted() as grant:
-                await repo.insert_announced(conn, grant, envelope.id, self._clock())
+                if await repo.insert_announced(conn, grant, envelope.id, self._clock()):
+                    await self._success_before_grant(conn, grant)
                 await waste.record_grant(conn, grant, self._clock())
             case AllocationReleased() as released:
                 await self.on_released(conn, released, envelope.id)
@@ -123,9 +124,13 @@ class BillingHandlers:
             case CheckpointSaved() as saved:
                 await waste.record_checkpoint(conn, saved)
             case JobSucceeded() as succeeded:
-                ends_job = await self._ends_job(conn, succeeded, envelope.source)
                 await waste.record_run_report(conn, succeeded, self._clock())
-                if ends_job:
+                announced = await repo.announced(conn, succeeded.allocation_id)
+                # One of an allocation not announced yet (its grant may be committing in
+                # another replica) is judged when the grant comes (_success_before_grant).
+                if announced is not None and await self._ends_job(
+                    conn, succeeded, announced, envelope.source
+                ):
                     await waste.record_end(
                         conn, succeeded.job_id, "succeeded", succeeded.finished_at, self._clock()
                     )
@@ -156,38 +161,43 @@ class BillingHandlers:
                 pass
 
     async def _ends_job(
-        self, conn: asyncpg.Connection, succeeded: JobSucceeded, source: str
+        self, conn: asyncpg.Connection, succeeded: JobSucceeded, grant: repo.Row, source: str
     ) -> bool:
         """Whether ``succeeded`` says its job succeeded: only as its allocation's own report
         (``not_its_own``), and a runner's only while the scheduler has not released that
         allocation otherwise (it fenced that report; a lost node's success it keeps, it says
-        again itself). Raises ``NotAnnounced`` (retried, then dead-lettered) while the
-        allocation's grant is unknown, as a release's does."""
-        grant = await repo.announced(conn, succeeded.allocation_id)
-        if grant is None:
-            raise NotAnnounced(
-                f"job.succeeded of allocation {succeeded.allocation_id}: the allocation was "
-                "never announced (billing saw no allocation.granted for it)"
-            )
+        again itself)."""
         problem = not_its_own(succeeded, grant)
         if problem is not None:
             log.warning("job %s: %s; not its end", succeeded.job_id, problem)
             return False
-        if source == RUNNER:
-            outcome = await conn.fetchval(
-                "SELECT outcome FROM usage_ledger WHERE allocation_id = $1",
-                succeeded.allocation_id,
-            )
-            if outcome not in (None, "succeeded"):
-                log.info(
-                    "job %s: the runner's success of allocation %s came after the scheduler "
-                    "released it %s; not the job's end",
-                    succeeded.job_id,
-                    succeeded.allocation_id,
-                    outcome,
-                )
-                return False
-        return True
+        return source != RUNNER or await self._not_released_otherwise(conn, succeeded)
+
+    async def _not_released_otherwise(
+        self, conn: asyncpg.Connection, succeeded: JobSucceeded | AllocationGranted
+    ) -> bool:
+        outcome = await conn.fetchval(
+            "SELECT outcome FROM usage_ledger WHERE allocation_id = $1", succeeded.allocation_id
+        )
+        if outcome in (None, "succeeded"):
+            return True
+        log.info(
+            "job %s: the runner's success of allocation %s came after the scheduler released "
+            "it %s; not the job's end",
+            succeeded.job_id,
+            succeeded.allocation_id,
+            outcome,
+        )
+        return False
+
+    async def _success_before_grant(
+        self, conn: asyncpg.Connection, grant: AllocationGranted
+    ) -> None:
+        """A success of the allocation's own runner that was recorded before its grant ends
+        its job now (as ``_ends_job`` would have judged it)."""
+        finished = await waste.own_success(conn, grant)
+        if finished is not None and await self._not_released_otherwise(conn, grant):
+            await waste.record_end(conn, grant.job_id, "succeeded", finished, self._clock())
 
     async def on_released(
         self, conn: asyncpg.Connection, released: AllocationReleased, event_id: str

@@ -94,8 +94,8 @@ async def record_run_report(
     await conn.execute(
         """INSERT INTO waste_run_reports (allocation_id, job_id, node_id, epoch,
                                           gpu_utilization_mean, data_wait_fraction_mean,
-                                          finished_at, recorded_at, failure_kind)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING""",
+                                          finished_at, recorded_at, failure_kind, outcome)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT DO NOTHING""",
         report.allocation_id,
         report.job_id,
         report.node_id,
@@ -105,8 +105,26 @@ async def record_run_report(
         report.finished_at,
         now,
         report.failure_kind if isinstance(report, JobFailed) else None,
+        _OUTCOME[type(report)],
     )
     await rollups.refresh(conn, [report.allocation_id])  # its idle and input-bound time
+
+
+_OUTCOME = {JobSucceeded: "succeeded", JobFailed: "failed", JobPreempted: "preempted"}
+
+
+async def own_success(conn: asyncpg.Connection, grant: AllocationGranted) -> datetime | None:
+    """When the allocation's own runner said it succeeded (``finished_at`` of a success
+    recorded before its grant, of its job, node and epoch), or None."""
+    finished: datetime | None = await conn.fetchval(
+        "SELECT finished_at FROM waste_run_reports WHERE allocation_id = $1 AND job_id = $2 "
+        "AND node_id = $3 AND epoch = $4 AND outcome = 'succeeded'",
+        grant.allocation_id,
+        grant.job_id,
+        grant.node_id,
+        grant.epoch,
+    )
+    return finished
 
 
 async def record_end(

@@ -7,7 +7,12 @@
 -- The node and epoch each end report claims. Reports recorded before this migration take
 -- their grant's when they named its job (as they were read until now); the others match no
 -- grant ('' and -1).
-ALTER TABLE waste_run_reports ADD COLUMN node_id text, ADD COLUMN epoch bigint;
+ALTER TABLE waste_run_reports
+    ADD COLUMN node_id text,
+    ADD COLUMN epoch bigint,
+    -- which end report it was: a success that came before its grant ends its job when the
+    -- grant comes (null for reports recorded before this migration)
+    ADD COLUMN outcome text CHECK (outcome IN ('succeeded', 'failed', 'preempted'));
 UPDATE waste_run_reports r SET node_id = a.node_id, epoch = coalesce(a.epoch, -1)
 FROM announced_allocations a
 WHERE a.allocation_id = r.allocation_id AND a.job_id = r.job_id;

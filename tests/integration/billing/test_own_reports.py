@@ -35,7 +35,6 @@ from tests.integration.billing.test_waste import (
 )
 from trainyard_platform.services.billing import budgets_repository as budgets
 from trainyard_platform.services.billing.budgets import Budget, month_start
-from trainyard_platform.services.billing.handlers import NotAnnounced
 from trainyard_platform.shared.events.payloads import CheckpointRef, CheckpointSaved
 from trainyard_platform.shared.events.trust import RUNNER
 
@@ -120,14 +119,29 @@ async def test_a_success_that_is_not_the_allocation_s_own_ends_no_job(
     assert "s" not in ends
 
 
-async def test_a_success_of_an_allocation_not_granted_waits_for_its_grant(
+async def test_a_success_before_its_grant_ends_the_job_when_the_grant_comes(
     pool: asyncpg.Pool,
 ) -> None:
-    """Retried (and dead-lettered after the bus's deliveries), not believed at once: its
-    grant may be committing in another replica."""
-    with pytest.raises(NotAnnounced):
-        await feed(pool, submitted("u", J, at(60)), succeeded("u-1", "u", "n-1", at(61)))
+    """Billing's replicas apply batches concurrently, so a success may be handled before
+    its grant commits: it is kept, and judged when the grant comes, without holding the
+    consumer. A success claiming another node, kept first, ends nothing and keeps out
+    nothing."""
+    await feed(
+        pool,
+        submitted("u", J, at(60)),
+        succeeded("u-1", "u", "n-7", at(61)),  # not u-1's node
+        submitted("v", J, at(60)),
+        succeeded("v-1", "v", "n-7", at(61)),
+    )
+    await feed(pool, succeeded("u-1", "u", "n-1", at(61)))  # its own
     assert await pool.fetchval("SELECT count(*) FROM waste_job_ends") == 0
+    await feed(
+        pool,
+        granted("u-1", "u", J, "n-1", at(60), "ml-q"),
+        granted("v-1", "v", J, "n-1", at(60), "ml-q"),
+    )
+    ends = dict(await pool.fetch("SELECT job_id, outcome FROM waste_job_ends"))
+    assert ends == {"u": "succeeded"}
 
 
 async def test_a_platform_error_from_another_node_is_the_team_s(
