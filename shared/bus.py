@@ -104,7 +104,7 @@ import nats
 import nats.errors
 import nats.js.errors
 import urllib3.exceptions
-from minio.error import S3Error, ServerError
+from minio.error import InvalidResponseError, S3Error, ServerError
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -360,18 +360,35 @@ _NATS_DOWN: tuple[type[BaseException], ...] = (
     StreamMissingError,
     ConsumerLostError,
 )
-# S3 error codes that mean "the store is overloaded or unavailable; ask again later".
+# S3 error codes that mean "the store is overloaded or unavailable; ask again later". The
+# code is the server's word when it gives one: throttles and timeouts come as 400 or 429 too,
+# and MinIO that lost the quorum of its drives says ``SlowDownWrite``/``SlowDownRead`` (older
+# releases ``XMinio*Quorum``) as a 503. minio's client retries no POST (a multipart upload's
+# start and completion, a bulk delete), so these reach the caller as they are.
 _S3_UNAVAILABLE = frozenset(
     {
         "InternalError",
         "ServiceUnavailable",
         "SlowDown",
+        "SlowDownRead",
+        "SlowDownWrite",
         "RequestTimeout",
         "RequestTimeTooSkewed",
+        "Throttling",
+        "ThrottlingException",
+        "RequestThrottled",
+        "TooManyRequests",
+        "RequestLimitExceeded",
         "XMinioServerNotInitialized",
         "XMinioStorageFull",
+        "XMinioReadQuorum",
+        "XMinioWriteQuorum",
     }
 )
+# The statuses of an answer that is not S3's XML (a proxy's or load balancer's page before
+# the store, minio's ``InvalidResponseError``), which has no code: the store away, not
+# answering in time, or busy. Not 501: a method it will never take.
+_HTTP_UNAVAILABLE = frozenset({408, 429, 500, 502, 503, 504})
 
 
 def infrastructure_fault(exc: BaseException) -> str | None:
@@ -415,6 +432,8 @@ def _own_fault(exc: BaseException) -> str | None:
         return f"object store unreachable ({what})"
     if isinstance(exc, S3Error) and exc.code in _S3_UNAVAILABLE:
         return f"object store unavailable ({what})"
+    if isinstance(exc, InvalidResponseError) and _status_of(exc) in _HTTP_UNAVAILABLE:
+        return f"object store unavailable ({what})"
     # Sockets, DNS, refused and reset connections, a PostgreSQL socket that is not there,
     # a full disk, and every timeout (asyncio's, a pool acquire's, NATS's: all OSError).
     # Not the errors of a path that will stay what it is (a local object store's file
@@ -425,6 +444,12 @@ def _own_fault(exc: BaseException) -> str | None:
             return f"PostgreSQL unavailable ({what})"
         return f"unreachable or timed out ({what})"
     return None
+
+
+def _status_of(exc: InvalidResponseError) -> int | None:
+    """The HTTP status of a non-XML answer (minio keeps it in ``_code``, with no accessor)."""
+    status = getattr(exc, "_code", None)
+    return status if isinstance(status, int) else None
 
 
 CLOSE_TIMEOUT_S: Final = 5

@@ -11,7 +11,7 @@ import nats.errors
 import nats.js.errors
 import pytest
 import urllib3.exceptions
-from minio.error import S3Error, ServerError
+from minio.error import InvalidResponseError, S3Error, ServerError
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from pydantic import BaseModel, ValidationError
@@ -197,3 +197,56 @@ def test_a_loops_round_lost_to_a_timeout_names_it(caplog: pytest.LogCaptureFixtu
     except DATABASE_FAULTS as exc:
         log_failed_round(logging.getLogger("test.loop"), "sweep", "round failed: %s; retrying", exc)
     assert caplog.messages == ["round failed: TimeoutError; retrying"]
+
+
+def _s3_answer(code: str, status: int) -> S3Error:
+    return S3Error(HTTPResponse(status=status), code, "msg", "/b/k", "req", "host")
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        # MinIO without write or read quorum (drives or nodes away) says so with these
+        # codes, as a 503; minio's client retries no POST (a multipart upload's start and
+        # completion, a bulk delete), so they reach the caller as they are.
+        _s3_answer("SlowDownWrite", 503),
+        _s3_answer("SlowDownRead", 503),
+        _s3_answer("XMinioWriteQuorum", 503),
+        _s3_answer("XMinioReadQuorum", 503),
+        # throttling and timeouts of other S3 servers
+        _s3_answer("Throttling", 400),
+        _s3_answer("RequestThrottled", 503),
+        _s3_answer("TooManyRequests", 429),
+        _s3_answer("RequestLimitExceeded", 503),
+        # a proxy or load balancer before the store answers an HTML page: no code, only a
+        # status, which says the store is away or busy
+        InvalidResponseError(502, "text/html", "<html>502 Bad Gateway</html>"),
+        InvalidResponseError(503, "text/html", "<html>Service Unavailable</html>"),
+        InvalidResponseError(504, "text/plain", "upstream request timeout"),
+        InvalidResponseError(429, "text/plain", "Too Many Requests"),
+    ],
+    ids=lambda e: f"{type(e).__name__}-{getattr(e, 'code', None) or e.__reduce__()[1][0]}",
+)
+def test_the_object_store_busy_or_away_by_code_or_status_is_an_outage(error: Exception) -> None:
+    """An upload or registration that met these was retried five times and dead-lettered."""
+    fault = infrastructure_fault(error)
+    assert fault is not None and fault.startswith("object store"), fault
+    assert unavailable_detail(fault) == (
+        "temporarily unavailable (the object store is unavailable), try again"
+    )
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        InvalidResponseError(400, "text/html", "<html>Bad Request</html>"),
+        InvalidResponseError(403, "text/html", "<html>Forbidden</html>"),
+        InvalidResponseError(501, "text/plain", "Not Implemented"),
+        _s3_answer("AccessDenied", 403),
+        _s3_answer("NotImplemented", 501),
+        _s3_answer("EntityTooLarge", 400),
+    ],
+    ids=lambda e: f"{type(e).__name__}-{getattr(e, 'code', None) or e.__reduce__()[1][0]}",
+)
+def test_an_answer_that_refuses_the_request_is_no_outage(error: Exception) -> None:
+    assert infrastructure_fault(error) is None
