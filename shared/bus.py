@@ -329,16 +329,27 @@ class ConsumerLostError(Exception):
 
 
 # PostgreSQL errors that say the server, or the way to it, is not there now: connection
-# failures (class 08), shutdowns and "starting up" (57P0x), a session ended by a timeout
-# (57P05), and out of resources (class 53: disk full, memory, too many connections). A
-# cancelled statement (57014) is not among them: it is retried as an ordinary failure.
+# failures (class 08), shutdowns and "starting up" (57P0x), a session the server ended (a
+# timeout of its own: 57P05, 25P03, 25P04; the database dropped under it: 57P04), out of
+# resources (class 53: disk full, memory, too many connections), its disk failing (58030),
+# a failover that left the connection on a read-only server (25006), and a login refused
+# now (class 28: credentials rotated; 3D000: the database not there yet). None says
+# anything of the event: the same event succeeds once the server serves again. A cancelled
+# statement (57014) is not among them: it is retried as an ordinary failure.
 _POSTGRES_DOWN: tuple[type[BaseException], ...] = (
     asyncpg.PostgresConnectionError,
     asyncpg.CannotConnectNowError,
     asyncpg.AdminShutdownError,
     asyncpg.CrashShutdownError,
+    asyncpg.DatabaseDroppedError,
     asyncpg.IdleSessionTimeoutError,
+    asyncpg.IdleInTransactionSessionTimeoutError,
+    asyncpg.TransactionTimeoutError,
     asyncpg.InsufficientResourcesError,
+    asyncpg.PostgresIOError,
+    asyncpg.ReadOnlySQLTransactionError,
+    asyncpg.InvalidAuthorizationSpecificationError,
+    asyncpg.InvalidCatalogNameError,
 )
 _PATH_FOR_GOOD: tuple[type[OSError], ...] = (
     PermissionError,

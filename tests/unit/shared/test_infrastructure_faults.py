@@ -250,3 +250,36 @@ def test_the_object_store_busy_or_away_by_code_or_status_is_an_outage(error: Exc
 )
 def test_an_answer_that_refuses_the_request_is_no_outage(error: Exception) -> None:
     assert infrastructure_fault(error) is None
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        # the server ended the session (a timeout of the server's own, the database dropped
+        # and made again by a restore): the next statement meets a closed connection
+        asyncpg.IdleInTransactionSessionTimeoutError(
+            "terminating connection due to idle-in-transaction timeout"
+        ),
+        asyncpg.TransactionTimeoutError("terminating connection due to transaction timeout"),
+        asyncpg.DatabaseDroppedError("terminating connection because the database was dropped"),
+        # a failover: the connection reached a standby, or the old primary, now read-only
+        asyncpg.ReadOnlySQLTransactionError("cannot execute INSERT in a read-only transaction"),
+        # the server's disk or file system failing
+        asyncpg.PostgresIOError('could not read block 0 in file "base/16384/16385"'),
+        # a login the server refuses now (credentials rotated), a database not there (yet)
+        asyncpg.InvalidPasswordError('password authentication failed for user "registry"'),
+        asyncpg.InvalidAuthorizationSpecificationError('no pg_hba.conf entry for host "10.0.0.7"'),
+        asyncpg.InvalidCatalogNameError('database "trainyard" does not exist'),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_postgresql_that_ended_the_session_or_cannot_serve_it_is_an_outage(
+    error: Exception,
+) -> None:
+    """Each said nothing of the event, yet its handler was retried five times and the event
+    dead-lettered (a result lost), and an HTTP request answered 500."""
+    fault = infrastructure_fault(error)
+    assert fault is not None and fault.startswith("PostgreSQL"), fault
+    assert unavailable_detail(fault) == (
+        "temporarily unavailable (the database is unavailable), try again"
+    )
