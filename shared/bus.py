@@ -33,7 +33,9 @@ Contract:
   redelivered. An infrastructure fault never dead-letters a message. On stop, and when the
   consumer is cancelled (its service's stop grace ran out), the messages in hand are handed
   back (``nak``): the next process gets them at once, not after ``ack_wait``.
-- Any other handler error leads to a delayed redelivery; after ``max_deliver`` deliveries, or
+- Any other handler error leads to a delayed redelivery; after ``max_deliver`` deliveries
+  (``NOT_YET_EXTRA_DELIVERIES`` more, each ``ack_wait`` later, for a handler's ``NotYet``: an
+  event that follows one not applied yet, which a replica that died may hold), or
   at once for bytes that are not a valid event, an event whose ``source`` may not send its
   type or that came on another subject than its type, source and routing key give
   (``shared.events.trust``, checked before any handler), or a handler's ``Reject``, the
@@ -311,6 +313,20 @@ class Hearing:
 
 class Reject(Exception):
     """Raised by a handler for an event that can never be applied; it is dead-lettered at once."""
+
+
+class NotYet(Exception):
+    """Raised by a handler for an event that follows another one not applied yet (a release
+    before its grant, a success before its start). Replicas of a service share the durable
+    consumer and apply their batches concurrently, so the earlier event may be in another
+    replica's hands; if that replica died, it comes back only after ``ack_wait``. It is
+    retried as any failure and then, past the last delivery, ``NOT_YET_EXTRA_DELIVERIES``
+    more times, each ``ack_wait`` later, before it is dead-lettered."""
+
+
+NOT_YET_EXTRA_DELIVERIES: Final = 2
+"""Deliveries past ``max_deliver`` of an event that raised ``NotYet``, each ``ack_wait``
+after the one before: the earlier event a dead replica held is delivered again by then."""
 
 
 class _Stopped(Exception):
@@ -1095,7 +1111,10 @@ class Bus:
             return
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
-            if deliveries >= self._settings.max_deliver:
+            last = self._settings.max_deliver
+            if isinstance(exc, NotYet):  # the earlier event may come back after ack_wait
+                last += NOT_YET_EXTRA_DELIVERIES
+            if deliveries >= last:
                 log.error(
                     "%s: giving up on %s after %d deliveries: %s",
                     consumer,
@@ -1116,7 +1135,11 @@ class Bus:
                     deliveries,
                     reason,
                 )
-                delay = self._settings.retry_delay_seconds * 2 ** (deliveries - 1)
+                delay = (
+                    self._settings.retry_delay_seconds * 2 ** (deliveries - 1)
+                    if deliveries < self._settings.max_deliver
+                    else self._settings.ack_wait_seconds  # a NotYet past the last delivery
+                )
                 await self._settle(msg, msg.nak(delay=delay))
                 self._event_metrics.settled(consumer, [envelope], "failed")
             return

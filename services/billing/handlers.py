@@ -15,8 +15,9 @@ reason: billing meters only allocations the scheduler announced, and only as ann
 release's job, node, team, user, flavor, GPUs and start must be its grant's). The grant comes
 first on the stream, but billing's replicas apply batches concurrently, so a release may be
 handled while its grant commits in another replica: a release of an allocation not
-announced (yet) is retried (``NotAnnounced``), and dead-lettered with the reason only
-after the bus's last delivery. The CPUs and memory the grant
+announced (yet) is retried (``NotAnnounced``, a ``bus.NotYet``: a grant held by a replica
+that died comes back after ``ack_wait``, and the release is retried past that), and
+dead-lettered with the reason only after the bus's last delivery. The CPUs and memory the grant
 said the allocation holds are billed over the same interval as its GPUs, in the same
 entries (``services.billing.prices``), at 0 where the flavor has no price for them.
 
@@ -49,7 +50,7 @@ from trainyard_platform.services.billing import waste_repository as waste
 from trainyard_platform.services.billing.domain import UnknownFlavor, Usage
 from trainyard_platform.services.billing.ledger import Attribution, LedgerEntry
 from trainyard_platform.shared import outbox
-from trainyard_platform.shared.bus import Reject
+from trainyard_platform.shared.bus import NotYet, Reject
 from trainyard_platform.shared.events import Envelope, Payload, nats_subject
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
@@ -363,10 +364,11 @@ class BillingHandlers:
         )
 
 
-class NotAnnounced(RuntimeError):
-    """A release of an allocation billing has not seen granted (yet): an ordinary error, so
-    the bus delivers it again (``TRAINYARD_NATS_MAX_DELIVER`` times) before it dead-letters
-    it with this reason."""
+class NotAnnounced(NotYet):
+    """A release of an allocation billing has not seen granted (yet): the bus delivers it
+    again (``TRAINYARD_NATS_MAX_DELIVER`` times, then twice more ``ack_wait`` apart: the grant
+    may be in the hands of a replica that died, ``bus.NotYet``) before it dead-letters it
+    with this reason."""
 
 
 async def _recorded(

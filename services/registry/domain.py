@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from trainyard_platform.shared.bus import NotYet
 from trainyard_platform.shared.events.payloads import (
     CheckpointRef,
     Environment,
@@ -35,8 +36,9 @@ class NoArtifact(ValueError):
     """A succeeded job without any checkpoint: there is nothing to register."""
 
 
-class RunNotRecorded(LookupError):
-    """The succeeded run's ``job.started`` has not been recorded (yet): events overtook it."""
+class RunNotRecorded(NotYet, LookupError):
+    """The succeeded run's ``job.started`` has not been recorded (yet): events overtook it,
+    or another replica holds it (``bus.NotYet``: retried past ``ack_wait``)."""
 
 
 @dataclass(frozen=True)

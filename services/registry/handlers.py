@@ -15,8 +15,9 @@ Runs inside the transaction of ``shared.inbox.idempotent``.
   registers at most one version on success: a second success
   (a redelivery under another event id, a fenced runner that finished too) is a logged
   no-op, and the unique job id makes a concurrent one fail and retry into that no-op. If the
-  run's ``job.started`` is not recorded yet, the handler raises an ordinary error so the
-  event is redelivered after it. A success without any checkpoint (reported or recorded)
+  run's ``job.started`` is not recorded yet, the handler raises ``RunNotRecorded`` (a
+  ``bus.NotYet``) so the event is redelivered after it, past ``ack_wait`` if need be (another
+  replica that died may hold the start). A success without any checkpoint (reported or recorded)
   registers nothing: the job made no model, which is a normal outcome, not an error (logged,
   never dead-lettered). A job whose name differs only by case from a model of its team
   (``ResNet``, model ``resnet``) adds its version to that model: model names are unique in a

@@ -32,6 +32,7 @@ from trainyard_platform.shared.bus import (
     REASON_HEADER,
     Bus,
     Delivery,
+    NotYet,
     Reject,
 )
 from trainyard_platform.shared.events import Envelope, Payload, nats_subject
@@ -809,3 +810,77 @@ async def test_a_message_held_when_a_consumer_is_cancelled_goes_at_once_to_the_n
         with contextlib.suppress(asyncio.CancelledError):
             await task
     assert await next_consumer_gets(settings, "cancelled", batch) == ["held"]
+
+
+async def test_an_event_that_follows_one_a_dead_replica_held_waits_for_it(
+    own_settings: NatsSettings,
+) -> None:
+    """Two replicas share a durable consumer. The one that took the earlier event hangs and
+    dies without settling it, so that event comes back only after ``ack_wait``; meanwhile
+    the other takes the event that follows it (billing: a release after its grant; the
+    registry: a success after its start), whose handler says the earlier one is not applied
+    yet. Retried ``max_deliver`` times in a fraction of ``ack_wait``, it was dead-lettered:
+    a bill or a model version lost. It must wait for the earlier event and be applied."""
+    settings = own_settings.model_copy(
+        update={"ack_wait_seconds": 2.0, "retry_delay_seconds": 0.05, "max_deliver": 3}
+    )
+    applied: list[str] = []
+    holder: list[str] = []
+    held = asyncio.Event()
+
+    def handler(replica: str) -> Callable[[Envelope[Payload]], Any]:
+        async def handle(envelope: Envelope[Payload]) -> None:
+            if envelope.subject == "first" and not holder:
+                holder.append(replica)
+                held.set()
+                await asyncio.Event().wait()  # hangs with it in hand, until it dies
+            if envelope.subject == "second" and "first" not in applied:
+                raise NotYet("the first event is not applied yet")
+            applied.append(envelope.subject)
+
+        return handle
+
+    async with (
+        Bus.connect(settings, "replica-a") as bus_a,
+        Bus.connect(settings, "replica-b") as bus_b,
+    ):
+        buses = {"a": bus_a, "b": bus_b}
+        stops = {name: asyncio.Event() for name in buses}
+        tasks = {
+            name: asyncio.create_task(
+                bus.consume("pair", [SUBJECT], handler(name), stops[name], batch=4)
+            )
+            for name, bus in buses.items()
+        }
+        try:
+            async with asyncio.timeout(10):  # both replicas bound and asking for messages
+                while (
+                    await bus_a.jetstream.consumer_info(settings.stream, "pair")
+                ).num_waiting < 2:
+                    await asyncio.sleep(0.05)
+            await bus_a.publish(event("first"))
+            async with asyncio.timeout(10):
+                await held.wait()
+            (dead,) = holder
+            live = "b" if dead == "a" else "a"
+            # It dies: its connection is gone, so it neither acknowledges nor hands back.
+            await buses[dead].nats.close()
+            tasks[dead].cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await tasks[dead]
+            await asyncio.sleep(0.6)  # its last pull request has expired: the live one takes
+            await buses[live].publish(event("second"))
+            async with asyncio.timeout(30):
+                while "second" not in applied:
+                    dead_letters = await buses[live].jetstream.stream_info(
+                        settings.deadletter_stream
+                    )
+                    assert dead_letters.state.messages == 0, "the second event dead-lettered"
+                    await asyncio.sleep(0.05)
+        finally:
+            for name in buses:
+                stops[name].set()
+            for task in tasks.values():
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+    assert applied == ["first", "second"]

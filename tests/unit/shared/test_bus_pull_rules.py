@@ -35,6 +35,7 @@ from trainyard_platform.shared.bus import (
     ConsumerLostError,
     Delivery,
     Hearing,
+    NotYet,
     Reject,
     _attrs,
     _DurablePull,
@@ -647,6 +648,32 @@ async def test_an_event_failing_at_its_last_delivery_is_dead_lettered_and_logged
     assert f"c: giving up on {envelope.id} after 5 deliveries: ValueError: not yet" in (
         caplog.messages
     )
+
+
+@pytest.mark.parametrize(
+    ("delivered", "told"),
+    [(4, ("nak", 4.0)), (5, ("nak", 30.0)), (6, ("nak", 30.0)), (7, ("term", None))],
+)
+async def test_an_event_that_follows_one_not_applied_yet_waits_past_ack_wait_then_dead_letters(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch, delivered: int, told: tuple[str, Any]
+) -> None:
+    """The event it follows may be held by a replica that died: it comes back after
+    ack_wait, so the last delivery (5) is followed by two more, ack_wait apart."""
+    bus = make_bus(js, monkeypatch, max_deliver=5, retry_delay_seconds=0.5, ack_wait_seconds=30)
+    msg = event_msg(delivered)
+    js.script = [[msg]]
+
+    async def fail(got: Envelope[Payload]) -> None:
+        raise NotYet("the grant is not recorded yet")
+
+    await consume(bus, js, fail)
+    assert msg.told == [told]
+    expected = (
+        []
+        if told[0] == "nak"
+        else [("deadletter.c", "c", "failed 7 times: NotYet: the grant is not recorded yet")]
+    )
+    assert dead_letters(js) == expected
 
 
 async def test_a_message_delivered_too_often_without_an_outcome_is_dead_lettered_unhandled(
