@@ -33,6 +33,9 @@ Contract:
   redelivered. An infrastructure fault never dead-letters a message. On stop, and when the
   consumer is cancelled (its service's stop grace ran out), the messages in hand are handed
   back (``nak``): the next process gets them at once, not after ``ack_wait``.
+- A handler's ``NotNow`` (this process may not apply events now: a deposed scheduler
+  leader) hands every message of the batch back at once, counted as no failure, never
+  dead-lettered, and the consumer waits ``retry_delay_seconds`` or its stop.
 - Any other handler error leads to a delayed redelivery; after ``max_deliver`` deliveries
   (``NOT_YET_EXTRA_DELIVERIES`` more, each ``ack_wait`` later, for a handler's ``NotYet``: an
   event that follows one not applied yet, which a replica that died may hold), or
@@ -322,6 +325,14 @@ class NotYet(Exception):
     replica's hands; if that replica died, it comes back only after ``ack_wait``. It is
     retried as any failure and then, past the last delivery, ``NOT_YET_EXTRA_DELIVERIES``
     more times, each ``ack_wait`` later, before it is dead-lettered."""
+
+
+class NotNow(Exception):
+    """Raised by a handler (or the guard of its transaction) when this process may not apply
+    events now, whatever they are (a scheduler that is no longer the leader): the messages in
+    hand go back at once (``nak``), for the process that may, counted as no failure and never
+    dead-lettered, and the consumer waits ``retry_delay_seconds`` (or its stop) before it
+    fetches again."""
 
 
 NOT_YET_EXTRA_DELIVERIES: Final = 2
@@ -964,8 +975,16 @@ class Bus:
                 except _Stopped:
                     break
                 if messages:
-                    async with self._kept_in_progress(messages):
-                        await self._handle_batch(consumer, messages, handler, stop, atomic)
+                    try:
+                        async with self._kept_in_progress(messages):
+                            await self._handle_batch(consumer, messages, handler, stop, atomic)
+                    except NotNow as exc:
+                        # What was not settled went back as the batch left hand.
+                        log.info("%s: %s; the events in hand went back", consumer, exc)
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(self._settings.retry_delay_seconds):
+                                await stop.wait()
+                        continue
                 judged = consumer in self._heeded
                 drained = judged and await sub.nothing_waiting(messages)
                 self._fetched(consumer, asked_at, drained=drained)
@@ -1048,6 +1067,8 @@ class Bus:
             for msg, _ in parsed:
                 await self._hand_back(msg)
             return True
+        except NotNow:
+            raise  # not the events': all of them go back
         except Exception as exc:
             # No outcome of any event yet: each counts its own, handled alone.
             log.info("batch of %d failed (%s); handling them one at a time", len(parsed), exc)
@@ -1105,6 +1126,8 @@ class Bus:
         except _Stopped:
             await self._hand_back(msg)
             return
+        except NotNow:
+            raise  # not the event's: it goes back with the rest of the batch, unsettled
         except Reject as exc:
             if await self._dead_letter(consumer, msg, f"rejected: {exc}"):
                 self._event_metrics.settled(consumer, [envelope], "dead_lettered")

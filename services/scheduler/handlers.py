@@ -4,7 +4,7 @@
 redelivered event does nothing) for a whole batch of events, and after that transaction's
 guard (``LeaderWork``: the scheduling lock, so replicas and passes never interleave, then the
 leader check: a scheduler that is no longer the leader fails the transaction, and the events
-are redelivered to the new leader). Handlers therefore neither lock nor check leadership.
+are handed back for the new leader: ``NotLeader`` is a ``bus.NotNow``). Handlers therefore neither lock nor check leadership.
 
 Events about allocations are fenced by allocation id and epoch; a stale or out-of-order
 event is logged and ignored, never applied. One exception: the success of an allocation

@@ -14,7 +14,7 @@ Contract:
 - The leader checks its lock connection every ``check_s``. When the check fails (or the
   connection reports its end, or the watchdog itself ends for any reason) it stops leading
   at once: ``is_leader`` turns false before anything else, so ``check`` fails every
-  transaction still in flight (their events are redelivered to the next leader), and
+  transaction still in flight (their events are handed back for the next leader), and
   ``stop_leading`` is set. ``check`` finding the lock gone is a loss too: the process that
   finds it stops leading and competes again, whatever its watchdog says (seen: the lock
   session ended by ``idle_session_timeout`` under heavy load, no loss noticed, and every
@@ -38,6 +38,7 @@ from typing import Any, Literal
 import asyncpg
 
 from trainyard_platform.shared import outages
+from trainyard_platform.shared.bus import NotNow
 from trainyard_platform.shared.db import DATABASE_FAULTS, connect
 from trainyard_platform.shared.logs import error_text
 
@@ -51,8 +52,10 @@ Role = Literal["leader", "follower"]
 Lead = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 
 
-class NotLeader(Exception):
-    """This process does not hold the leader lock: its transaction must not commit."""
+class NotLeader(NotNow):
+    """This process does not hold the leader lock: its transaction must not commit. Raised in
+    an event batch's transaction, the bus hands the batch back for the new leader
+    (``bus.NotNow``): it says nothing of the events, so it is never counted against them."""
 
 
 class Leadership:

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 import pytest
 
 from trainyard_platform.services.scheduler.leader import Leadership, NotLeader
+from trainyard_platform.shared.bus import NotNow
 
 
 class _SlowRefusal:
@@ -90,3 +91,10 @@ def test_a_deposed_leader_no_longer_says_since_when_it_leads() -> None:
     leadership._deposed("lost the leader lock connection")
     assert leadership.role == "follower"
     assert leadership.since is None
+
+
+def test_a_refused_batch_goes_back_to_the_bus_for_the_new_leader() -> None:
+    """``NotLeader`` is the bus's ``NotNow``: a batch refused by a deposed leader is handed
+    back whole, counted as no failure of its events (``tests/unit/shared/
+    test_bus_pull_rules.py``), never dead-lettered."""
+    assert issubclass(NotLeader, NotNow)

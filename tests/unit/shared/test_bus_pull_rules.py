@@ -35,6 +35,7 @@ from trainyard_platform.shared.bus import (
     ConsumerLostError,
     Delivery,
     Hearing,
+    NotNow,
     NotYet,
     Reject,
     _attrs,
@@ -674,6 +675,39 @@ async def test_an_event_that_follows_one_not_applied_yet_waits_past_ack_wait_the
         else [("deadletter.c", "c", "failed 7 times: NotYet: the grant is not recorded yet")]
     )
     assert dead_letters(js) == expected
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["one-by-one", "batches"])
+async def test_events_a_process_may_not_apply_now_go_back_whole_never_dead_lettered(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch, batched: bool
+) -> None:
+    """A scheduler deposed while it held a batch refuses it (``NotLeader``): that says
+    nothing of the events. They were nak'ed as failures, one at a time, with growing delays,
+    and one at its last delivery (redelivered before by crashes and stops) was dead-lettered:
+    a submission or a job's end lost. Now the whole batch goes back at once, for the leader."""
+    bus = make_bus(js, monkeypatch, max_deliver=5)
+    last, newer = event_msg(5, an_event("j1")), event_msg(1, an_event("j2"))
+    js.script = [[last, newer]]
+    tried: list[str] = []
+
+    async def refuse(got: Envelope[Payload]) -> None:
+        tried.append(got.subject)
+        js.stop.set()  # the term ends as it is refused
+        raise NotNow("this scheduler is not the leader")
+
+    if batched:
+
+        async def refuse_all(deliveries: Sequence[Delivery]) -> None:
+            for delivery in deliveries:
+                await refuse(delivery.envelope)
+
+        await until_stopped(bus.consume_batches("c", ["trainyard.job.>"], refuse_all, js.stop))
+    else:
+        await consume(bus, js, refuse)
+    assert tried == ["j1"]
+    assert last.told == [("nak", None)]
+    assert newer.told == [("nak", None)]
+    assert dead_letters(js) == []
 
 
 async def test_a_message_delivered_too_often_without_an_outcome_is_dead_lettered_unhandled(
