@@ -44,7 +44,8 @@ Contract:
   (``shared.events.trust``, checked before any handler), or a handler's ``Reject``, the
   message is copied to ``deadletter.<consumer>`` with the reason (one line; a database
   error's message and detail withheld, as on spans: the log keeps them) and its origin in
-  headers, and terminated. A message delivered ``max_unfinished_deliveries`` times without
+  headers (its body cut to fit the server's ``max_payload`` with them, ``TRUNCATED_HEADER``
+  saying so), and terminated. A message delivered ``max_unfinished_deliveries`` times without
   any outcome (the consumer died while handling it, each time) is dead-lettered before it is
   handled again. Nothing crash-loops, and the server never drops a message on its own
   (the consumer's ``max_deliver`` is unlimited: these rules decide).
@@ -155,6 +156,11 @@ ORIGINAL_SEQUENCE_HEADER = "Trainyard-Original-Sequence"
 ORIGINAL_MSG_ID_HEADER = "Trainyard-Original-Msg-Id"
 DELIVERIES_HEADER = "Trainyard-Deliveries"
 REDRIVEN_FROM_HEADER = "Trainyard-Redriven-From"
+TRUNCATED_HEADER = "Trainyard-Dead-Letter-Truncated"
+"""On a dead letter whose body was cut to fit the bus's ``max_payload`` with its headers: the
+original body's size in bytes (it cannot be redriven)."""
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+"""NATS's default ``max_payload``: the limit assumed when the server names none."""
 DEAD_LETTER_KINDS = ("abandoned", "unparseable", "forged", "rejected", "failed")
 """The ``kind`` label of ``trainyard.consumer.dead_letters``: the first word of the reason.
 Each kind's series (and the consumer's outage retries) is reported from the consumer's
@@ -698,6 +704,13 @@ class Bus:
     @property
     def settings(self) -> NatsSettings:
         return self._settings
+
+    @property
+    def max_payload(self) -> int:
+        """The largest message (body and headers) the server takes: its ``max_payload``, or
+        ``DEFAULT_MAX_PAYLOAD`` when it names none."""
+        server = getattr(self._nc, "max_payload", None)
+        return server if isinstance(server, int) and server > 0 else DEFAULT_MAX_PAYLOAD
 
     @property
     def paused(self) -> Mapping[str, str]:
@@ -1315,11 +1328,11 @@ class Bus:
         }
         if "Nats-Msg-Id" in original:
             headers[ORIGINAL_MSG_ID_HEADER] = original["Nats-Msg-Id"]
+        letter_id = f"deadletter:{consumer}:{seq}"
+        body = _fit(msg.data, headers, letter_id, self.max_payload)
 
         async def publish() -> None:
-            await self.publish_raw(
-                deadletter_subject(consumer), msg.data, f"deadletter:{consumer}:{seq}", headers
-            )
+            await self.publish_raw(deadletter_subject(consumer), body, letter_id, headers)
 
         try:
             await self._through_outages(
@@ -1337,6 +1350,34 @@ class Bus:
 
 def _utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+def headers_size(headers: Mapping[str, str]) -> int:
+    """The bytes ``headers`` take in a NATS message (``NATS/1.0``, a ``key: value`` line
+    each, a blank line), which count against the server's ``max_payload`` with the body."""
+    if not headers:
+        return 0
+    lines = sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items())
+    return len(b"NATS/1.0\r\n\r\n") + lines
+
+
+_FIT_MARGIN = 64
+"""Bytes left free under ``max_payload`` when a dead letter's body is cut (the protocol line
+is not counted there)."""
+
+
+def _fit(body: bytes, headers: dict[str, str], msg_id: str, limit: int) -> bytes:
+    """``body``, or as much of its start as fits ``limit`` with ``headers`` and the message
+    id's header; cut, ``headers`` gains ``TRUNCATED_HEADER`` (its original size). A message
+    as large as the server takes, copied with its reason and origin in headers, exceeded it:
+    the server refused the publish and closed the connection, which read as an outage, and
+    the consumer waited for ever."""
+    with_id = {**headers, "Nats-Msg-Id": msg_id}
+    if len(body) + headers_size(with_id) + _FIT_MARGIN <= limit:
+        return body
+    headers[TRUNCATED_HEADER] = str(len(body))
+    room = limit - headers_size({**with_id, TRUNCATED_HEADER: str(len(body))}) - _FIT_MARGIN
+    return body[: max(0, room)]
 
 
 def _reconnects(nc: NatsClient) -> int:

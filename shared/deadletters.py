@@ -13,8 +13,9 @@ Contract:
   dead letter. The event keeps its id, so the consumer's inbox still applies it at most once;
   redriving the same dead letter twice inside the duplicate window publishes it once. If it
   fails again it comes back as a new dead letter with the new reason. A consumer whose
-  filter does not take its redrive subject cannot be redriven to (``CannotRedrive``, 409):
-  the dead letter stays.
+  filter does not take its redrive subject cannot be redriven to (``CannotRedrive``, 409),
+  nor can a dead letter whose body was cut to fit the bus's message size with its headers
+  (``TRUNCATED_HEADER``: garbage as large as NATS takes): the dead letter stays.
 - ``discard`` deletes the dead letter. Both are idempotent: the second call finds nothing.
 - ``deadletter_routes(bus, consumer, audit_pool=pool)`` serves the same to operators over
   HTTP (each route declares ``opt=needs(Role.OPERATOR)`` for the app's guard, and checks the
@@ -54,6 +55,7 @@ from trainyard_platform.shared.bus import (
     ORIGINAL_SUBJECT_HEADER,
     REASON_HEADER,
     REDRIVEN_FROM_HEADER,
+    TRUNCATED_HEADER,
     Bus,
     deadletter_subject,
     redrive_subject,
@@ -194,6 +196,12 @@ class DeadLetters:
         raw = await self._raw(sequence)
         if raw is None:
             return None
+        truncated = (raw.headers or {}).get(TRUNCATED_HEADER)
+        if truncated is not None:
+            raise CannotRedrive(
+                f"its body was cut to fit the bus's message size (from {truncated} bytes): it "
+                "is not the message any more; the dead letter stays"
+            )
         if not await self.reads_redrives():
             raise CannotRedrive(
                 f"consumer {self.consumer} does not read {redrive_subject(self.consumer)}; "

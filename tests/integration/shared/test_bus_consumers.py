@@ -30,11 +30,13 @@ from trainyard_platform.deploy.local.nats import NatsServer, NatsUser
 from trainyard_platform.shared.bus import (
     ORIGINAL_SUBJECT_HEADER,
     REASON_HEADER,
+    TRUNCATED_HEADER,
     Bus,
     Delivery,
     NotYet,
     Reject,
 )
+from trainyard_platform.shared.deadletters import CannotRedrive, DeadLetters
 from trainyard_platform.shared.events import Envelope, Payload, nats_subject
 from trainyard_platform.shared.events.payloads import JobCancelRequested
 from trainyard_platform.shared.events.trust import SUBMISSION
@@ -884,3 +886,41 @@ async def test_an_event_that_follows_one_a_dead_replica_held_waits_for_it(
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
     assert applied == ["first", "second"]
+
+
+async def test_a_message_too_large_to_copy_with_its_reason_is_dead_lettered_and_the_rest_go_on(
+    own_settings: NatsSettings,
+) -> None:
+    """Garbage as large as NATS takes (by a publisher allowed the subject) is unparseable, so
+    it goes to the dead letters with its reason and origin in headers: body and headers then
+    exceed the server's ``max_payload``, which refuses the publish and closes the
+    connection. The bus took the unanswered publish for an outage and tried again for ever:
+    the consumer paused, and every event after the garbage stuck behind it."""
+    async with Bus.connect(own_settings, "large") as bus:
+        limit = bus.nats.max_payload
+        garbage = b"{" + b"x" * (limit - 200)
+        await bus.publish_raw(SUBJECT.replace("*", "big"), garbage, "garbage", {})
+        await bus.publish(event("after"))
+        stop = asyncio.Event()
+        handled: list[str] = []
+
+        async def handle(envelope: Envelope[Payload]) -> None:
+            handled.append(envelope.subject)
+            stop.set()
+
+        async with asyncio.timeout(30):
+            await bus.consume("large", [SUBJECT], handle, stop)
+        assert handled == ["after"]
+        letter = await bus.jetstream.get_msg(bus.settings.deadletter_stream, 1)
+        # Cut to fit, it is no longer the message: it can be read, not redriven.
+        with pytest.raises(CannotRedrive, match="cut to fit"):
+            await DeadLetters(bus, "large").redrive(1)
+        assert await DeadLetters(bus, "large").count() == 1
+    assert letter.headers is not None
+    assert letter.headers[TRUNCATED_HEADER] == str(len(garbage))
+    assert (letter.data or b"") == garbage[: len(letter.data or b"")]
+    assert letter.headers[REASON_HEADER].startswith("unparseable event")
+    assert letter.headers[ORIGINAL_SUBJECT_HEADER] == SUBJECT.replace("*", "big")
+    assert len(letter.data or b"") + sum(len(k) + len(v) for k, v in letter.headers.items()) <= (
+        limit
+    )
