@@ -96,7 +96,7 @@ from trainyard_platform.services.runner.sandbox import (
     remove_sandbox,
 )
 from trainyard_platform.services.runner.supervisor import JobRun, end_allocation
-from trainyard_platform.shared.bus import TTL_HEADER, Bus, infrastructure_fault
+from trainyard_platform.shared.bus import TTL_HEADER, Bus, NotNow, infrastructure_fault
 from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
@@ -112,6 +112,12 @@ from trainyard_platform.shared.telemetry import extract, inject
 log = logging.getLogger(__name__)
 
 LEDGER_RETENTION = timedelta(days=14)
+
+
+class ShuttingDown(NotNow):
+    """A grant that comes while the runner stops: nothing of it is done, and the bus hands
+    it back for the runner's next start (``bus.NotNow``), counted as no failure of the
+    grant's."""
 
 
 class NodeAgent:
@@ -246,7 +252,7 @@ class NodeAgent:
             log.warning("ignoring allocation %s for node %s", grant.allocation_id, grant.node_id)
             return
         if self._stop.is_set():
-            raise RuntimeError("the runner is shutting down; the grant waits for its next start")
+            raise ShuttingDown("the runner is shutting down; the grant waits for its next start")
         if grant.allocation_id in self._launches:
             log.info(
                 "allocation %s is being launched already: duplicate grant ignored",
@@ -262,7 +268,7 @@ class NodeAgent:
             # fenced (``_gpus_freed``), and two launches must never share a GPU.
             await self._launched_on(launching.gpus, grant.allocation_id)
             if self._stop.is_set():  # began while it waited: nothing of it was done yet
-                raise RuntimeError(
+                raise ShuttingDown(
                     "the runner is shutting down; the grant waits for its next start"
                 )
             accepted = await self._grant(grant)

@@ -5,7 +5,12 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import pytest
+
 from trainyard_platform.services.runner.agent import NodeAgent, _Launch
+from trainyard_platform.shared.bus import NotNow
+
+from .test_launch import GRANT
 
 GPU = frozenset({0})
 
@@ -30,3 +35,16 @@ async def test_three_launches_on_one_gpu_go_in_turn_and_none_waits_for_good() ->
 async def test_a_launch_on_other_gpus_waits_for_none() -> None:
     agent = SimpleNamespace(_launches={"A": _Launch(1, GPU), "B": _Launch(1, frozenset({1}))})
     await asyncio.wait_for(NodeAgent._launched_on(agent, frozenset({1}), "B"), timeout=10)  # type: ignore[arg-type]
+
+
+async def test_a_grant_that_comes_while_the_runner_stops_goes_back_for_its_next_start() -> None:
+    """Refused as an error of the grant's, it was nak'ed as a failure: a grant that came
+    during a few stops (rolling restarts, the chaos suite's) was dead-lettered, and its job
+    stayed allocated to a node that never ran it. A runner that stops may not launch now,
+    whatever the grant: the bus hands it back (``NotNow``), never counted against it."""
+    stop = asyncio.Event()
+    stop.set()
+    agent = SimpleNamespace(settings=SimpleNamespace(node_id=GRANT.node_id), _stop=stop)
+    agent.node_id = GRANT.node_id
+    with pytest.raises(NotNow, match="shutting down"):
+        await NodeAgent.on_granted(agent, GRANT)  # type: ignore[arg-type]
