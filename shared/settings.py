@@ -80,7 +80,8 @@ class NatsSettings(PlatformSettings):
     """Most dead letters kept; beyond it the oldest go first."""
     max_deliver: int = Field(default=5, ge=1)
     """Deliveries of one message whose handler failed (for anything but an infrastructure
-    outage, which is waited out) before it is dead-lettered."""
+    outage, which is waited out) before it is dead-lettered; an event that follows one not
+    applied yet (``bus.NotYet``) gets two more, ``ack_wait_seconds`` apart."""
     max_unfinished_deliveries: int = Field(default=20, ge=2)
     """Deliveries of one message that each ended without any outcome (the consumer stopped
     or died while handling it) before it is dead-lettered instead of handled again."""
