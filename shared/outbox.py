@@ -441,7 +441,10 @@ def permanent_failure(
     # publisher only sees its acknowledgement time out.
     if isinstance(exc, TimeoutError) and last_error is not None:
         error = str(last_error)
-        if "permissions violation" in error.lower() and (not subject or subject in error):
+        # The server names the subject in quotes (``... to "trainyard.x"``): only that one,
+        # not every subject it begins with (job ``j1`` is the start of job ``j12``).
+        named = f'"{subject.lower()}"' in error.lower()
+        if "permissions violation" in error.lower() and (not subject or named):
             return error[:500]
     return None
 

@@ -101,6 +101,15 @@ def test_a_permissions_violation_is_for_good_only_for_its_subject_and_only_as_a_
     assert permanent_failure(TimeoutError(), "s", long) == str(long)[:500]
 
 
+def test_a_violation_of_a_longer_subject_is_not_this_ones() -> None:
+    """The subject is named in quotes; a subject that is only the start of the one refused
+    (job ``j1`` of ``j12``) timed out for another reason (NATS slow or away): parked, its
+    event was never published."""
+    violation = NatsError('nats: permissions violation for publish to "trainyard.a.j12"')
+    assert permanent_failure(TimeoutError(), "trainyard.a.j1", violation) is None
+    assert permanent_failure(TimeoutError(), "a.j12", violation) is None
+
+
 # --- finding the culprit --------------------------------------------------------------------
 
 
