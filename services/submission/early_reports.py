@@ -27,7 +27,9 @@ Contract (inside the handler's transaction, the job's row locked):
   and deletes the reports kept for an allocation. The handler takes them right after it
   applied the allocation's grant or start and judges each as if it had come then (one that
   still has to wait is kept again).
-- At most ``MAX_KEPT_PER_JOB`` reports wait for one job: a report beyond them is refused for
+- At most ``MAX_KEPT_PER_JOB`` progress reports, and as many others, wait for one job
+  (counted apart: a runner says a progress report every second, and those must not crowd
+  out the job's start, checkpoints and end while a grant waits): a report beyond them is refused for
   good (``Reject``: dead-lettered with the reason, where an operator can redrive it), so a
   runner that reports allocations that will never be granted cannot grow the table without
   bound. In a real loss a job's reports waiting at once are a few per allocation.
@@ -54,6 +56,7 @@ from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
 from trainyard_platform.shared.events.payloads import (
     JobFailed,
     JobPreempted,
+    JobProgress,
     JobStarted,
     JobSucceeded,
 )
@@ -106,20 +109,31 @@ async def keep(
     conn: asyncpg.Connection, envelope: Envelope[Payload], job_id: str, allocation_id: str
 ) -> None:
     """Store ``envelope`` until ``take(allocation_id)``; ``Reject`` when ``job_id`` already
-    has ``MAX_KEPT_PER_JOB`` reports waiting (the caller holds the job's row lock, so the
-    count cannot race)."""
-    waiting = await conn.fetchval("SELECT count(*) FROM early_reports WHERE job_id = $1", job_id)
+    has ``MAX_KEPT_PER_JOB`` reports of its kind waiting (the caller holds the job's row
+    lock, so the count cannot race). Progress reports and the others are counted apart: a
+    runner says a ``job.progress`` every second, so a grant that waited half a minute (held
+    by a replica that died, given back after ``ack_wait``) filled the job's room with them,
+    and the reports after, its start, checkpoints and end among them, were refused."""
+    progress = isinstance(envelope.data, JobProgress)
+    waiting = await conn.fetchval(
+        "SELECT count(*) FROM early_reports WHERE job_id = $1 AND progress = $2",
+        job_id,
+        progress,
+    )
     if waiting >= MAX_KEPT_PER_JOB:
+        kind = "progress reports" if progress else "reports other than progress"
         raise Reject(
             f"allocation_id: {allocation_id!r} of job {job_id!r} is not granted, and "
-            f"{waiting} reports of this job already wait for grants (at most "
+            f"{waiting} {kind} of this job already wait for grants (at most "
             f"{MAX_KEPT_PER_JOB}); refused, not kept"
         )
     await conn.execute(
-        "INSERT INTO early_reports (allocation_id, job_id, event) VALUES ($1, $2, $3)",
+        "INSERT INTO early_reports (allocation_id, job_id, event, progress) "
+        "VALUES ($1, $2, $3, $4)",
         allocation_id,
         job_id,
         envelope.to_json(),
+        progress,
     )
 
 

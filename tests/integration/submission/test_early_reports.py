@@ -5,6 +5,7 @@ bring it back."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -160,3 +161,34 @@ async def test_only_a_terminal_status_is_written_as_an_end(submission: Submissio
     async with submission.pool.acquire() as conn:
         with pytest.raises(ValueError, match="RUNNING"):
             await repo.set_finished(conn, job, "RUNNING", datetime.now(UTC), None)
+
+
+async def test_progress_while_the_grant_waits_never_takes_the_room_of_the_jobs_end(
+    submission: Submission,
+) -> None:
+    """A grant held by a replica of this service that died comes back only after ack_wait;
+    meanwhile the job's runner reports progress every second. The progress reports filled
+    the job's ``MAX_KEPT_PER_JOB`` kept reports, and every report after them was refused and
+    dead-lettered, the job's checkpoint and success among them: its view never ended. The
+    progress reports are now counted apart: those beyond the bound are refused (a later one
+    says more), the job's other reports are kept and the job converges."""
+    job = (await submission.submit())["id"]
+    beyond = 8
+    await submission.publish(ev.started(job))
+    for step in range(1, MAX_KEPT_PER_JOB + beyond + 1):
+        await submission.publish(ev.progress(job, step, loss=1 / step))
+    await submission.publish(ev.checkpoint(job, 50))
+    await submission.publish(ev.succeeded(job))
+    async with asyncio.timeout(15):
+        while await _kept(submission, job) < MAX_KEPT_PER_JOB + 3:
+            await asyncio.sleep(0.05)
+
+    await submission.publish(ev.granted(job))
+    view = await submission.wait_for(job, lambda v: v["status"] == "SUCCEEDED")
+    assert _statuses(view) == ["QUEUED", "SCHEDULED", "RUNNING", "SUCCEEDED"]
+    assert [c["step"] for c in view["checkpoints"]] == [50]
+    assert view["step"] == MAX_KEPT_PER_JOB
+    dead = await submission.bus.jetstream.stream_info(
+        submission.bus.settings.deadletter_stream, subjects_filter="deadletter.submission"
+    )
+    assert (dead.state.subjects or {}).get("deadletter.submission") == beyond
