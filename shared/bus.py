@@ -1318,8 +1318,8 @@ class Bus:
         subject = msg.subject
         if subject == redrive_subject(consumer):  # failed again after a redrive
             subject = original.get(ORIGINAL_SUBJECT_HEADER, subject)
-        headers = {k: v for k, v in original.items() if not k.startswith(("Nats-", "Trainyard-"))}
-        headers |= {
+        copied = {k: v for k, v in original.items() if not k.startswith(("Nats-", "Trainyard-"))}
+        ours = {
             REASON_HEADER: reason,
             ORIGINAL_SUBJECT_HEADER: subject,
             CONSUMER_HEADER: consumer,
@@ -1327,9 +1327,9 @@ class Bus:
             DELIVERIES_HEADER: str(msg.metadata.num_delivered),
         }
         if "Nats-Msg-Id" in original:
-            headers[ORIGINAL_MSG_ID_HEADER] = original["Nats-Msg-Id"]
+            ours[ORIGINAL_MSG_ID_HEADER] = original["Nats-Msg-Id"]
         letter_id = f"deadletter:{consumer}:{seq}"
-        body = _fit(msg.data, headers, letter_id, self.max_payload)
+        body, headers = _fit(msg.data, copied, ours, letter_id, self.max_payload)
 
         async def publish() -> None:
             await self.publish_raw(deadletter_subject(consumer), body, letter_id, headers)
@@ -1366,18 +1366,41 @@ _FIT_MARGIN = 64
 is not counted there)."""
 
 
-def _fit(body: bytes, headers: dict[str, str], msg_id: str, limit: int) -> bytes:
-    """``body``, or as much of its start as fits ``limit`` with ``headers`` and the message
-    id's header; cut, ``headers`` gains ``TRUNCATED_HEADER`` (its original size). A message
-    as large as the server takes, copied with its reason and origin in headers, exceeded it:
-    the server refused the publish and closed the connection, which read as an outage, and
-    the consumer waited for ever."""
-    with_id = {**headers, "Nats-Msg-Id": msg_id}
-    if len(body) + headers_size(with_id) + _FIT_MARGIN <= limit:
-        return body
-    headers[TRUNCATED_HEADER] = str(len(body))
-    room = limit - headers_size({**with_id, TRUNCATED_HEADER: str(len(body))}) - _FIT_MARGIN
-    return body[: max(0, room)]
+MAX_HEADERS_BYTES = 64 * 1024
+"""The most a message's headers may take in JetStream (it refuses more: error 10097)."""
+_FIT_VALUE_CHARS = 256
+"""Longest value of a dead letter's own header when its message's headers had to go (the
+original ``Nats-Msg-Id`` is the sender's to choose)."""
+
+
+def _fit(
+    body: bytes, copied: dict[str, str], ours: dict[str, str], msg_id: str, limit: int
+) -> tuple[bytes, dict[str, str]]:
+    """A dead letter's body and headers (the message's ``copied`` ones, then ``ours``) within
+    ``limit`` with the message id's header, and its headers within ``MAX_HEADERS_BYTES``: as
+    they are when they fit; else the body cut to its start, and, when the headers alone
+    leave no room or are more than JetStream takes, without the copied headers and with each
+    of ours cut to ``_FIT_VALUE_CHARS``; ``TRUNCATED_HEADER`` (the body's original size) says
+    it is not the message as it came. A message as large as the server takes, copied with
+    its reason and origin, exceeded the first limit: the server refused the publish and
+    closed the connection, which read as an outage, and the consumer waited for ever; one
+    with headers near JetStream's limit exceeded the second, and the refusal ended the
+    consumer, at every start again."""
+    headers = {**copied, **ours}
+
+    def room(kept: dict[str, str]) -> int:
+        return limit - headers_size({**kept, "Nats-Msg-Id": msg_id}) - _FIT_MARGIN
+
+    def headers_fit(kept: dict[str, str]) -> bool:
+        return headers_size({**kept, "Nats-Msg-Id": msg_id}) + _FIT_MARGIN <= MAX_HEADERS_BYTES
+
+    if len(body) <= room(headers) and headers_fit(headers):
+        return body, headers
+    mark = {TRUNCATED_HEADER: str(len(body))}
+    if room({**headers, **mark}) < 0 or not headers_fit({**headers, **mark}):
+        headers = {k: v[:_FIT_VALUE_CHARS] for k, v in ours.items()}
+    headers |= mark
+    return body[: max(0, room(headers))], headers
 
 
 def _reconnects(nc: NatsClient) -> int:

@@ -28,6 +28,7 @@ import trainyard_platform.shared.bus as bus_module
 from tests.fixtures.servers import lose_stream
 from trainyard_platform.deploy.local.nats import NatsServer, NatsUser
 from trainyard_platform.shared.bus import (
+    MAX_HEADERS_BYTES,
     ORIGINAL_SUBJECT_HEADER,
     REASON_HEADER,
     TRUNCATED_HEADER,
@@ -888,18 +889,25 @@ async def test_an_event_that_follows_one_a_dead_replica_held_waits_for_it(
     assert applied == ["first", "second"]
 
 
+@pytest.mark.parametrize("large", ["body", "headers"])
 async def test_a_message_too_large_to_copy_with_its_reason_is_dead_lettered_and_the_rest_go_on(
-    own_settings: NatsSettings,
+    own_settings: NatsSettings, large: str
 ) -> None:
     """Garbage as large as NATS takes (by a publisher allowed the subject) is unparseable, so
-    it goes to the dead letters with its reason and origin in headers: body and headers then
-    exceed the server's ``max_payload``, which refuses the publish and closes the
-    connection. The bus took the unanswered publish for an outage and tried again for ever:
-    the consumer paused, and every event after the garbage stuck behind it."""
+    it goes to the dead letters with its reason and origin in headers. A body near the
+    server's ``max_payload`` made the copy exceed it: NATS refused the publish and closed
+    the connection, the bus took the unanswered publish for an outage and tried again for
+    ever, and every event after the garbage stuck behind it. Headers near JetStream's 64 KiB
+    made the copy's exceed it: the refusal ended the consumer, at every start again."""
     async with Bus.connect(own_settings, "large") as bus:
         limit = bus.nats.max_payload
-        garbage = b"{" + b"x" * (limit - 200)
-        await bus.publish_raw(SUBJECT.replace("*", "big"), garbage, "garbage", {})
+        if large == "body":
+            garbage, extra = b"{" + b"x" * (limit - 200), {}
+        else:
+            # As large as JetStream takes a message's headers (64 KiB): with the dead
+            # letter's own, more than it takes.
+            garbage, extra = b"{", {"X-Garbage": "x" * (MAX_HEADERS_BYTES - 200)}
+        await bus.publish_raw(SUBJECT.replace("*", "big"), garbage, "garbage", extra)
         await bus.publish(event("after"))
         stop = asyncio.Event()
         handled: list[str] = []
@@ -921,6 +929,7 @@ async def test_a_message_too_large_to_copy_with_its_reason_is_dead_lettered_and_
     assert (letter.data or b"") == garbage[: len(letter.data or b"")]
     assert letter.headers[REASON_HEADER].startswith("unparseable event")
     assert letter.headers[ORIGINAL_SUBJECT_HEADER] == SUBJECT.replace("*", "big")
+    assert "X-Garbage" not in letter.headers  # dropped: the dead letter would not fit with it
     assert len(letter.data or b"") + sum(len(k) + len(v) for k, v in letter.headers.items()) <= (
         limit
     )
