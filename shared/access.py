@@ -16,9 +16,11 @@ Contract:
     time): the caller is ``shared.identity.operator_token_principal()``;
   * a user token, checked with the submission service on every request
     (``shared.identity.IdentityClient``, when the service has an ``identity_url``): the
-    caller is that user with its team and role. The check of a ``GET`` or ``HEAD`` spends
-    one of the user's reads, of any other method one of its writes (submission's rate
-    limits), so a user's writes are limited alike on every service.
+    caller is that user with its team and role. The check of a ``GET`` or ``HEAD``, or of
+    a route declared ``opt=only_reads()`` (a ``POST`` that computes an answer from a body
+    and stores nothing), spends one of the user's reads, of anything else one of its
+    writes (submission's rate limits), so a user's writes are limited alike on every
+    service.
   Anything else is 401; a missing header, a malformed one (a token that is not RFC 6750's
   ``b64token`` or is over 1024 characters, or ``Authorization`` given twice:
   ``shared.auth.presented_token``) and a wrong, revoked or expired token are not told apart. The identity service being down is 503, never an open door.
@@ -135,8 +137,7 @@ def service_guard(admin_token: SecretStr, identity: IdentityClient | None = None
         if secrets.compare_digest(presented.encode(), expected):
             principal = operator_token_principal()
         elif identity is not None:
-            method = str(connection.scope.get("method", "GET"))
-            principal = await identity.principal(presented, write=method not in _READS)
+            principal = await identity.principal(presented, write=is_write(connection, handler))
             teams = _asking(identity, presented)
         if principal is None:
             raise NotAuthorizedException(UNAUTHENTICATED)
@@ -173,7 +174,23 @@ async def guard_for(settings: GuardedServiceSettings) -> AsyncIterator[Guard]:
 
 _READS: Final = frozenset({"GET", "HEAD"})
 """Methods whose token check spends a read of the user's rate limit; any other spends a
-write (``IdentityClient.principal``)."""
+write (``IdentityClient.principal``), unless the route is declared ``only_reads()``."""
+_ONLY_READS: Final = "only_reads"
+
+
+def only_reads() -> dict[str, Any]:
+    """The ``opt`` of a route whose method is not ``GET`` but which changes nothing (it
+    answers from its request body, as a cost estimate does): its calls count as reads in
+    the user's rate limits (module docstring)."""
+    return {_ONLY_READS: True}
+
+
+def is_write(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> bool:
+    """Whether the request spends a write of its user's rate limit: any method but ``GET``
+    and ``HEAD``, unless the route is declared ``only_reads()``."""
+    method = str(connection.scope.get("method", "GET"))
+    return method not in _READS and handler.opt.get(_ONLY_READS) is not True
+
 
 _LEAST_ROLE: Final = "least_role"
 

@@ -62,7 +62,7 @@ from trainyard_platform.services.billing.report_api import (
     utc_now,
 )
 from trainyard_platform.shared import audit, paging
-from trainyard_platform.shared.access import Teams, needs
+from trainyard_platform.shared.access import Teams, needs, only_reads
 from trainyard_platform.shared.http_app import error_responses, json_request_body
 from trainyard_platform.shared.http_errors import RequestInvalid, parse_body, read_json_body
 from trainyard_platform.shared.identity import Principal, Role
@@ -242,6 +242,7 @@ def governance_routes(
             EstimateRequest, example={"gpus": 2, "gpu_flavor": "a100", "max_runtime_seconds": 3600}
         ),
         responses=error_responses(413, 415, 422),
+        opt=only_reads(),  # computed from the body, nothing stored: a read in rate limits
     )
     async def estimate(request: AnyRequest) -> Estimate:
         body: EstimateRequest = await _body(EstimateRequest, request)

@@ -109,6 +109,7 @@ from trainyard_platform.shared.access import (
     UNAUTHENTICATED,
     enforce_least_role,
     is_open_probe,
+    is_write,
     needs,
     public_asset,
     remember,
@@ -683,9 +684,10 @@ class RateLimits:
             writes=RateLimiter(settings.write_rate_per_s, settings.write_burst),
         )
 
-    def check(self, method: str, caller: Caller) -> None:
-        """Spend a token of ``caller``'s bucket for ``method``; 429 when it is empty."""
-        kind, limiter = ("read", self.reads) if method in _READS else ("write", self.writes)
+    def check(self, write: bool, caller: Caller) -> None:
+        """Spend a token of ``caller``'s bucket of writes (``write``) or of reads
+        (``shared.access.is_write`` says which a request spends); 429 when it is empty."""
+        kind, limiter = ("write", self.writes) if write else ("read", self.reads)
         wait = limiter.take(caller.user_id)
         if wait > 0:
             retry = max(1, math.ceil(wait))
@@ -695,9 +697,6 @@ class RateLimits:
                 f"second per user (bursts of {limiter.burst}); retry after {retry} s",
                 headers={"Retry-After": str(retry)},
             )
-
-
-_READS = frozenset({"GET", "HEAD"})
 
 
 def caller_guard(
@@ -747,7 +746,7 @@ def caller_guard(
                 raise NotAuthorizedException(UNAUTHENTICATED)
             caller = plain
         if limits is not None:
-            limits.check(str(connection.scope.get("method", "GET")), caller)
+            limits.check(is_write(connection, handler), caller)
         enforce_least_role(caller.principal, connection, handler)
         state[_CALLER] = caller
         remember(connection, caller.principal)
@@ -777,7 +776,7 @@ def _let_in_known(
         return False
     if limits is not None:
         try:
-            limits.check(str(connection.scope.get("method", "GET")), known.caller)
+            limits.check(is_write(connection, handler), known.caller)
         except HTTPException:
             # A refused take spends nothing: the full check takes (and refuses) again.
             return False
@@ -815,7 +814,7 @@ async def _check_held(
     caller = found.caller
     state[_SCREENING] = found.screening
     if limits is not None:
-        limits.check(str(connection.scope.get("method", "GET")), caller)
+        limits.check(is_write(connection, handler), caller)
     enforce_least_role(caller.principal, connection, handler)
     state[_CALLER] = caller
     remember(connection, caller.principal)

@@ -429,6 +429,24 @@ async def test_the_operator_token_reaches_every_route(service: str, world: World
         assert response.status_code not in (401, 403), f"{method} {path}: {response.text}"
 
 
+ONLY_READS = {("billing", "POST", "/v1/costs/estimate")}
+"""Routes that are no ``GET`` but store nothing, so that their calls spend the user's reads
+(``shared.access.only_reads``): each is reviewed here, since one that did write would take
+its user's write limit away."""
+
+
+async def test_only_routes_that_store_nothing_count_as_reads(world: World) -> None:
+    declared = {
+        (service, method, route.path)
+        for service, app in world.apps.items()
+        for route in app.routes
+        if isinstance(route, HTTPRoute)
+        for method, handlers in route.route_handler_map.items()
+        if handlers[0].opt.get("only_reads") is True
+    }
+    assert declared == ONLY_READS
+
+
 async def test_public_assets_hold_no_data(world: World) -> None:
     """The dashboard's routes are the only other open ones: its files and the services' URLs,
     the same for anyone; every data route behind them still answers 401 without a token."""

@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator
 import asyncpg
 import httpx
 import pytest
-from litestar import get, put
+from litestar import get, post, put
 from pydantic import SecretStr
 
 from tests.integration.submission.conftest import Submission, running_submission
 from trainyard_platform.services.submission.api import AppDeps, create_app
 from trainyard_platform.services.submission.config import Settings
-from trainyard_platform.shared.access import service_guard
+from trainyard_platform.shared.access import only_reads, service_guard
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.http_app import service_app
 from trainyard_platform.shared.identity import IdentityClient
@@ -128,3 +128,30 @@ async def test_another_service_s_writes_spend_the_user_s_writes(limited: Submiss
         listed = await limited.client.get("/v1/jobs", headers=limited.auth())
         assert listed.status_code == 200, listed.text
         assert (await billing.get("/v1/things", headers=limited.auth())).status_code == 429
+
+
+@post("/v1/things/estimate", status_code=200, sync_to_thread=False, opt=only_reads())
+def estimate_things() -> None:
+    return None
+
+
+async def test_a_post_that_only_reads_spends_a_read_not_a_write(limited: Submission) -> None:
+    """A route declared ``only_reads()`` (billing's cost estimate: a POST that stores
+    nothing) spends the user's reads, not the writes it would take from submitting: the
+    CLI asks one before each submission."""
+    identity = IdentityClient("http://submission", http=limited.client)
+    app = service_app(
+        "billing", [read_things, estimate_things], service_guard(SecretStr("op"), identity)
+    )
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="http://billing") as billing:
+        for _ in range(3):  # the read burst, more than the write burst of 2
+            answer = await billing.post("/v1/things/estimate", headers=limited.auth())
+            assert answer.status_code == 200, answer.text
+        refused = await billing.post("/v1/things/estimate", headers=limited.auth())
+        assert refused.status_code == 429, refused.text
+        assert "read" in refused.json()["detail"], refused.text
+    # The user's writes are untouched.
+    for _ in range(2):
+        write = await limited.client.post("/v1/jobs/nope/cancel", headers=limited.auth())
+        assert write.status_code == 404, write.text
