@@ -203,31 +203,38 @@ def render_tree(spans: list[Span]) -> str:
 
     shown: set[str] = set()
 
-    def walk(span: Span, prefix: str, last: bool, top: bool) -> None:
-        if span.span_id in shown:
-            return
-        shown.add(span.span_id)
-        branch = "" if top else ("└─ " if last else "├─ ")
-        missing = "  (parent missing)" if top and span.parent_id else ""
-        start = (span.start_ns - origin) / 1e9
-        error = "" if span.error is None else f"  ERROR: {span.error}".rstrip()
-        lines.append(
-            f"{prefix}{branch}{span.name}  [{span.service}]  {_duration(span.duration_s)}"
-            f"  @+{start:.3f}s{error}{missing}"
-        )
-        below = children.get(span.span_id, [])
-        deeper = prefix if top else prefix + ("   " if last else "│  ")
-        for event in span.events:
-            at = (event["time_ns"] - origin) / 1e9 if event["time_ns"] else start
-            said = " ".join(f"{k}={_one_line(v)}" for k, v in event["attributes"].items())
-            lines.append(f"{deeper}{'│' if below else ' '}  · {event['name']}  @+{at:.3f}s  {said}")
-        for i, child in enumerate(below):
-            walk(child, deeper, i == len(below) - 1, False)
+    def walk(root: Span) -> None:
+        # An explicit stack, not recursion: a chain of events each handled under the span
+        # that published it can be deeper than Python's recursion limit.
+        stack: list[tuple[Span, str, bool, bool]] = [(root, "", True, True)]
+        while stack:
+            span, prefix, last, top = stack.pop()
+            if span.span_id in shown:
+                continue
+            shown.add(span.span_id)
+            branch = "" if top else ("└─ " if last else "├─ ")
+            missing = "  (parent missing)" if top and span.parent_id else ""
+            start = (span.start_ns - origin) / 1e9
+            error = "" if span.error is None else f"  ERROR: {span.error}".rstrip()
+            lines.append(
+                f"{prefix}{branch}{span.name}  [{span.service}]  {_duration(span.duration_s)}"
+                f"  @+{start:.3f}s{error}{missing}"
+            )
+            below = children.get(span.span_id, [])
+            deeper = prefix if top else prefix + ("   " if last else "│  ")
+            for event in span.events:
+                at = (event["time_ns"] - origin) / 1e9 if event["time_ns"] else start
+                said = " ".join(f"{k}={_one_line(v)}" for k, v in event["attributes"].items())
+                lines.append(
+                    f"{deeper}{'│' if below else ' '}  · {event['name']}  @+{at:.3f}s  {said}"
+                )
+            for i in reversed(range(len(below))):  # pushed last first: shown in order
+                stack.append((below[i], deeper, i == len(below) - 1, False))
 
     for root in children.get(None, []):
-        walk(root, "", True, True)
+        walk(root)
     for span in sorted(spans, key=lambda s: (s.start_ns, s.name)):
-        walk(span, "", True, True)  # only those in a loop of parents are left
+        walk(span)  # only those in a loop of parents are left
     return "\n".join(lines)
 
 

@@ -229,3 +229,41 @@ def test_only_lines_naming_the_job_or_its_traces_are_read(
     code, out, err = _trace(capsys, JOB[:8], "--file", str(mixed))
     assert code == 0 and err == ""
     assert out == _trace(capsys, JOB[:8], "--file", str(DATA / "spans.jsonl"))[1]
+
+
+def test_a_trace_deeper_than_python_s_recursion_limit_is_printed_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each span a child of the one before (a chain of events, each handled under the span
+    # that published it): the tree was walked by recursion, and 3,000 levels ended in
+    # "unexpected RecursionError" instead of the trace.
+    depth = 3000
+    trace_id = "ab" * 16
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "service": "runner",
+                    "name": f"step {i}",
+                    "trace_id": trace_id,
+                    "span_id": format(i + 1, "016x"),
+                    "parent_id": format(i, "016x") if i else None,
+                    "attributes": {"trainyard.job_id": JOB},
+                    "start_ns": i,
+                    "end_ns": 2 * depth - i,
+                }
+            )
+            + "\n"
+            for i in range(depth)
+        )
+    )
+    code, out, err = _trace(capsys, JOB, "--file", str(deep))
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith(f"trace {trace_id}: {depth} spans")
+    assert [line.strip(" │├└─").split("  [")[0] for line in lines[1:]] == [
+        f"step {i}" for i in range(depth)
+    ]
+    assert lines[2].startswith("└─ step 1  [runner]")
+    assert lines[3].startswith("   └─ step 2  [runner]")
