@@ -59,7 +59,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 from opentelemetry.trace import StatusCode
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainyard.tracing import PROPAGATOR
@@ -101,6 +101,59 @@ class OtelExportSettings(BaseSettings):
     sdk_disabled: bool = Field(default=False)
     python_disabled_instrumentations: str = ""
     """Comma-separated instrumentations left off (``asyncpg``: no database spans)."""
+
+    # The SDK reads these numbers itself, and a bad one fails inside the start-up with its
+    # ValueError's traceback (span limits; a batch processor's size of 0) or logs one and
+    # goes on with its default (a batch processor's number that is not one): checked here,
+    # so the service refuses it at start, naming it, as any other bad setting.
+    attribute_count_limit: str = ""
+    attribute_value_length_limit: str = ""
+    span_attribute_count_limit: str = ""
+    span_attribute_value_length_limit: str = ""
+    span_event_count_limit: str = ""
+    span_link_count_limit: str = ""
+    event_attribute_count_limit: str = ""
+    link_attribute_count_limit: str = ""
+    """Span limits: a whole number from 0, or empty (the SDK's default; no limit for the
+    value lengths)."""
+    bsp_schedule_delay: str = ""
+    bsp_max_queue_size: str = ""
+    bsp_max_export_batch_size: str = ""
+    """The batch span processor's delay (ms) and sizes: a whole number from 1 (the batch at
+    most the queue), or empty (the SDK's default: 5000, 2048, 512)."""
+    bsp_export_timeout: str = ""
+    """Its export timeout (ms): a whole number from 0, or empty (the SDK's 30000)."""
+
+    @field_validator(
+        "attribute_count_limit",
+        "attribute_value_length_limit",
+        "span_attribute_count_limit",
+        "span_attribute_value_length_limit",
+        "span_event_count_limit",
+        "span_link_count_limit",
+        "event_attribute_count_limit",
+        "link_attribute_count_limit",
+        "bsp_export_timeout",
+    )
+    @classmethod
+    def _count(cls, value: str) -> str:
+        return _whole_number(value, minimum=0)
+
+    @field_validator("bsp_schedule_delay", "bsp_max_queue_size", "bsp_max_export_batch_size")
+    @classmethod
+    def _positive(cls, value: str) -> str:
+        return _whole_number(value, minimum=1)
+
+    @model_validator(mode="after")
+    def _batch_fits_the_queue(self) -> OtelExportSettings:
+        queue = int(self.bsp_max_queue_size or _SDK_BSP_QUEUE)
+        batch = int(self.bsp_max_export_batch_size or _SDK_BSP_BATCH)
+        if batch > queue:
+            raise ValueError(
+                f"OTEL_BSP_MAX_EXPORT_BATCH_SIZE ({batch}) must not exceed "
+                f"OTEL_BSP_MAX_QUEUE_SIZE ({queue})"
+            )
+        return self
 
     @field_validator(
         "exporter_otlp_endpoint", "exporter_otlp_traces_endpoint", "exporter_otlp_metrics_endpoint"
@@ -158,6 +211,26 @@ class OtelExportSettings(BaseSettings):
         """The protocol of pushed metrics: the metrics one, else the general one (never the
         traces one, which is for spans)."""
         return self.exporter_otlp_metrics_protocol or self.exporter_otlp_protocol or "http/protobuf"
+
+
+_SDK_BSP_QUEUE: Final = 2048
+_SDK_BSP_BATCH: Final = 512
+"""The batch span processor's sizes when their variables are not set (the SDK's)."""
+
+
+def _whole_number(value: str, minimum: int) -> str:
+    """``value`` stripped, when it is empty or a whole number of at least ``minimum`` (as
+    the SDK parses it: ``int`` of the stripped text); else a ``ValueError`` saying so."""
+    text = value.strip()
+    if not text:
+        return text
+    try:
+        number = int(text)
+    except ValueError:
+        number = None
+    if number is None or number < minimum:
+        raise ValueError(f"must be a whole number from {minimum}, or empty")
+    return text
 
 
 def service_resource(default_name: str) -> Resource:
