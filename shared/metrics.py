@@ -5,7 +5,9 @@ Contract:
   reader (``prometheus_client`` text format on ``GET /metrics``) and, when
   ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` is set or ``OTEL_METRICS_EXPORTER`` names ``otlp`` (and
   not ``none``: ``shared.telemetry.OtelExportSettings``), an OTLP reader pushing every 15 s
-  as well; the exporter reads ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` and the rest itself. Code records through OpenTelemetry instruments (``instrument``), so one
+  as well; the exporter reads ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` and the rest itself.
+  ``OTEL_METRICS_EXPORTER`` naming ``console`` (not with ``none``) adds a reader writing
+  them to standard output every 15 s (``metric_readers``). Code records through OpenTelemetry instruments (``instrument``), so one
   API feeds both.
 - ``CATALOGUE`` declares every Trainyard metric: its OpenTelemetry name, kind, unit, labels
   and the Prometheus series it exports as (``MetricSpec.series``). Alert rules and the
@@ -19,6 +21,7 @@ Contract:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -28,7 +31,11 @@ from litestar.handlers import HTTPRouteHandler
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    ConsoleMetricExporter,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from trainyard_platform.shared.telemetry import OtelExportSettings, service_resource
@@ -336,22 +343,35 @@ def setup_metrics(service_name: str) -> MeterProvider | None:
     answer."""
     if isinstance(metrics.get_meter_provider(), MeterProvider):
         return None
-    from opentelemetry.exporter.prometheus import PrometheusMetricReader
-
-    readers: list[MetricReader] = [PrometheusMetricReader(registry=REGISTRY)]
-    export = OtelExportSettings()
-    if export.otlp_metrics_on:
-        readers.append(
-            PeriodicExportingMetricReader(
-                _otlp_metric_exporter(export.metrics_protocol),
-                export_interval_millis=METRICS_EXPORT_SECONDS * 1000,
-            )
-        )
     provider = MeterProvider(
-        metric_readers=readers, resource=service_resource(service_name), shutdown_on_exit=False
+        metric_readers=metric_readers(),
+        resource=service_resource(service_name),
+        shutdown_on_exit=False,
     )
     metrics.set_meter_provider(provider)
     return provider
+
+
+def metric_readers(export: OtelExportSettings | None = None) -> list[MetricReader]:
+    """The readers of the process's meter provider: Prometheus' (``/metrics``, always), an
+    OTLP push and a console one (standard output), each every 15 s when the standard
+    variables ask for it (``OtelExportSettings``)."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+
+    export = export or OtelExportSettings()
+    readers: list[MetricReader] = [PrometheusMetricReader(registry=REGISTRY)]
+    pushed: list[Any] = []
+    if export.otlp_metrics_on:
+        pushed.append(_otlp_metric_exporter(export.metrics_protocol))
+    if export.console_metrics_on:
+        pushed.append(ConsoleMetricExporter(out=sys.stdout))
+    for exporter in pushed:
+        readers.append(
+            PeriodicExportingMetricReader(
+                exporter, export_interval_millis=METRICS_EXPORT_SECONDS * 1000
+            )
+        )
+    return readers
 
 
 def _otlp_metric_exporter(protocol: str) -> Any:

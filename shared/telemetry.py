@@ -10,9 +10,10 @@ Contract:
   protocol of ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``/``OTEL_EXPORTER_OTLP_PROTOCOL``
   (``http/protobuf``, the default, or ``grpc``); the exporter reads its endpoint, headers,
   timeout and compression from the environment (``http/protobuf`` is the SDK's exporter
-  writing the request itself, ``shared.otlp_http``: the same request for a third of the CPU). ``OTEL_TRACES_EXPORTER=none`` turns OTLP
-  off; a value these services do not have (``zipkin``, ``console``, a typo) is ignored with
-  a warning naming it. Independently, spans go to a JSON-lines file when ``TRAINYARD_TELEMETRY_SPAN_FILE``
+  writing the request itself, ``shared.otlp_http``: the same request for a third of the CPU).
+  ``OTEL_TRACES_EXPORTER`` naming ``console`` sends spans to standard output as well;
+  ``none`` turns every exporter off; a value these services do not have (``zipkin``, a typo)
+  is ignored with a warning naming it. Independently, spans go to a JSON-lines file when ``TRAINYARD_TELEMETRY_SPAN_FILE``
   is set (``trainyard trace JOB`` reads it).
 - ``inject``/``extract`` carry the current context in a plain ``dict[str, str]`` of headers
   (``traceparent``/``tracestate``), the same for NATS messages and HTTP requests, so one job
@@ -42,6 +43,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -54,6 +56,7 @@ from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Reso
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
+    ConsoleSpanExporter,
     SimpleSpanProcessor,
     SpanExporter,
     SpanExportResult,
@@ -75,9 +78,10 @@ log = logging.getLogger(__name__)
 _PROPAGATOR = PROPAGATOR
 
 
-KNOWN_TRACES_EXPORTERS: Final = frozenset({"otlp", "none"})
-KNOWN_METRICS_EXPORTERS: Final = frozenset({"otlp", "prometheus", "none"})
-"""``prometheus``: the scrape of ``GET /metrics``, which is always served."""
+KNOWN_TRACES_EXPORTERS: Final = frozenset({"otlp", "console", "none"})
+KNOWN_METRICS_EXPORTERS: Final = frozenset({"otlp", "prometheus", "console", "none"})
+"""``prometheus``: the scrape of ``GET /metrics``, which is always served. ``console``: the
+SDK's console exporter, on standard output (the logs are on standard error)."""
 
 
 class OtelExportSettings(BaseSettings):
@@ -88,7 +92,8 @@ class OtelExportSettings(BaseSettings):
 
     traces_exporter: str = ""
     """Comma-separated exporters; ``otlp`` turns OTLP on without an endpoint variable (the
-    SDK's default endpoint), ``none`` turns it off. Empty: on when an endpoint is set."""
+    SDK's default endpoint), ``console`` writes spans to standard output, ``none`` turns
+    every exporter off. Empty: OTLP on when an endpoint is set."""
     metrics_exporter: str = ""
     """Like ``traces_exporter`` for metrics pushed over OTLP (``none``: Prometheus scrapes
     ``/metrics`` only, which it always may)."""
@@ -192,6 +197,17 @@ class OtelExportSettings(BaseSettings):
         )
 
     @property
+    def console_on(self) -> bool:
+        """Spans go to standard output too (``console`` among the traces exporters)."""
+        return _console(self.traces_exporter, self.sdk_disabled)
+
+    @property
+    def console_metrics_on(self) -> bool:
+        """Metrics go to standard output every 15 s too (``console`` among the metrics
+        exporters)."""
+        return _console(self.metrics_exporter, self.sdk_disabled)
+
+    @property
     def otlp_metrics_on(self) -> bool:
         exporters = {e.strip() for e in self.metrics_exporter.split(",") if e.strip()}
         if "none" in exporters or self.sdk_disabled:
@@ -211,6 +227,11 @@ class OtelExportSettings(BaseSettings):
         """The protocol of pushed metrics: the metrics one, else the general one (never the
         traces one, which is for spans)."""
         return self.exporter_otlp_metrics_protocol or self.exporter_otlp_protocol or "http/protobuf"
+
+
+def _console(exporters: str, sdk_disabled: bool) -> bool:
+    named = {e.strip() for e in exporters.split(",") if e.strip()}
+    return "console" in named and "none" not in named and not sdk_disabled
 
 
 _SDK_BSP_QUEUE: Final = 2048
@@ -266,8 +287,8 @@ def warn_unknown_exporters(export: OtelExportSettings | None = None) -> list[str
     unknown = (export or OtelExportSettings()).unknown_exporters()
     for value in unknown:
         log.warning(
-            "%s is not an exporter of these services (traces: otlp, none; metrics: otlp, "
-            "prometheus, none): ignored",
+            "%s is not an exporter of these services (traces: otlp, console, none; metrics: "
+            "otlp, prometheus, console, none): ignored",
             value,
         )
     return unknown
@@ -287,20 +308,25 @@ def instrument_database(provider: trace.TracerProvider) -> bool:
 
 
 def span_exporters(export: OtelExportSettings | None = None) -> list[SpanExporter]:
-    """The OTLP exporter the standard variables ask for (none, or one), built without
-    arguments so the exporter itself reads its endpoint and options from the environment."""
+    """The exporters the standard variables ask for: OTLP (built without arguments so the
+    exporter itself reads its endpoint and options from the environment) and the console's,
+    each when asked for."""
     export = export or OtelExportSettings()
+    exporters: list[SpanExporter] = []
+    if export.console_on:
+        # The stream of now, not the SDK's default (sys.stdout when the SDK was imported).
+        exporters.append(ConsoleSpanExporter(out=sys.stdout))
     if not export.otlp_on:
-        return []
+        return exporters
     if export.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
             OTLPSpanExporter as GrpcSpanExporter,
         )
 
-        return [GrpcSpanExporter()]
+        return [*exporters, GrpcSpanExporter()]
     from trainyard_platform.shared.otlp_http import HttpSpanExporter
 
-    return [HttpSpanExporter()]
+    return [*exporters, HttpSpanExporter()]
 
 
 def add_exporters(provider: TracerProvider, settings: TelemetrySettings) -> None:

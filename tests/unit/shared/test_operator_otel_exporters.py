@@ -1,5 +1,5 @@
 """An ``OTEL_TRACES_EXPORTER`` or ``OTEL_METRICS_EXPORTER`` value the services do not have
-(``zipkin``, ``console``, a typo) was ignored without a word: the operator saw no spans and
+(``zipkin``, a typo) was ignored without a word: the operator saw no spans and
 no reason. It is still ignored (the process runs on), with a warning naming it."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from trainyard_platform.shared.telemetry import (
 
 def test_unknown_exporters_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp, zipkn")
-    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "prometheus,console")
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "prometheus,logging")
     assert OtelExportSettings().unknown_exporters() == [
         "OTEL_TRACES_EXPORTER=zipkn",
-        "OTEL_METRICS_EXPORTER=console",
+        "OTEL_METRICS_EXPORTER=logging",
     ]
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp,prometheus")
