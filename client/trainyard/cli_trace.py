@@ -21,7 +21,9 @@ file grows for as long as a stack runs. Those that are not span records (a line 
 when a disk filled up or a writer died, then continued by the next span) are skipped with a
 warning on stderr naming how many and the first one, so one bad line never hides every
 trace of a file that services keep appending to; a file with no span record at all is an
-error naming its first bad line.
+error naming its first bad line. Bytes that are not UTF-8 make their line such a line. The
+last line, when it has no line end yet and is no span record, is a span being written: it
+is left out without a warning (the next run reads it whole).
 """
 
 from __future__ import annotations
@@ -68,10 +70,15 @@ def load_spans(path: Path, keep: Callable[[str], bool] | None = None) -> list[Sp
     is true for are read: a file that services append to for weeks holds far more spans than
     one trace, and reading each cost about 4 KB of memory."""
     try:
-        text = path.read_text(encoding="utf-8")
+        # Bytes that are not UTF-8 (a damaged block) spoil their own line only: it is not
+        # JSON, so it is skipped as any line that is not a span record.
+        text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         raise CliError(f"cannot read spans from {path}: {exc.strerror or exc}") from None
     stripped = text.strip()
+    # A last line with no line end may be a span a service is writing now: unreadable, it
+    # is left for the next run rather than warned about.
+    being_written = 0 if text.endswith("\n") else len(text.splitlines())
     if stripped.startswith("{") and "\n" not in stripped:
         documents: Iterable[tuple[int, str]] = [(1, stripped)]
     else:
@@ -91,7 +98,8 @@ def load_spans(path: Path, keep: Callable[[str], bool] | None = None) -> list[Sp
             record = json.loads(line)
             spans.extend(_otlp_spans(record) if "resourceSpans" in record else [_span(record)])
         except (json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
-            bad.append(f"{path}:{number}: not a span record ({exc})")
+            if number != being_written:
+                bad.append(f"{path}:{number}: not a span record ({exc})")
     if bad and not spans:
         raise CliError(bad[0])
     if bad:

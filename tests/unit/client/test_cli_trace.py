@@ -267,3 +267,34 @@ def test_a_trace_deeper_than_python_s_recursion_limit_is_printed_whole(
     ]
     assert lines[2].startswith("└─ step 1  [runner]")
     assert lines[3].startswith("   └─ step 2  [runner]")
+
+
+def test_a_span_being_written_at_the_end_of_the_file_is_left_without_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A service appends to the file while the command reads it: its last line can be a
+    # span cut short with no line end yet. That is no damage to warn about (it was, twice:
+    # once per pass); it is read whole by the next run.
+    text = (DATA / "spans.jsonl").read_text()
+    growing = tmp_path / "spans.jsonl"
+    naming = next(line for line in text.splitlines() if JOB in line)
+    growing.write_text(text + naming[: naming.index(JOB) + len(JOB) + 2])
+    code, out, err = _trace(capsys, JOB[:8], "--file", str(growing))
+    assert code == 0, err
+    assert err == ""
+    assert out == _trace(capsys, JOB[:8], "--file", str(DATA / "spans.jsonl"))[1]
+
+
+def test_bytes_that_are_not_utf_8_on_one_line_hide_no_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A damaged block of the disk in the middle of the file: the whole command failed with
+    # "unexpected UnicodeDecodeError", whatever the job.
+    lines = (DATA / "spans.jsonl").read_bytes().splitlines(keepends=True)
+    damaged = tmp_path / "spans.jsonl"
+    damaged.write_bytes(b"".join([*lines[:3], b"\xff\xfe\x00 " + JOB.encode() + b"\n", *lines[3:]]))
+    code, out, err = _trace(capsys, JOB[:8], "--file", str(damaged))
+    assert code == 0, err
+    assert out == _trace(capsys, JOB[:8], "--file", str(DATA / "spans.jsonl"))[1]
+    assert "skipped 1 line(s)" in err and f"{damaged}:4: not a span record" in err
+    assert "UnicodeDecodeError" not in err
