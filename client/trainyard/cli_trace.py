@@ -64,11 +64,14 @@ class Span:
         return max(self.end_ns - self.start_ns, 0) / 1e9
 
 
-def load_spans(path: Path, keep: Callable[[str], bool] | None = None) -> list[Span]:
+def load_spans(
+    path: Path, keep: Callable[[str], bool] | None = None, *, enough: int | None = None
+) -> list[Span]:
     """Every span in ``path`` (JSON lines of spans, or OTLP-JSON); ``CliError`` naming the
     file and line when it is neither. With ``keep``, only the lines (of a file of lines) it
     is true for are read: a file that services append to for weeks holds far more spans than
-    one trace, and reading each cost about 4 KB of memory."""
+    one trace, and reading each cost about 4 KB of memory. With ``enough``, reading stops
+    once that many spans are read (whether the file holds any span at all: one)."""
     try:
         # Bytes that are not UTF-8 (a damaged block) spoil their own line only: it is not
         # JSON, so it is skipped as any line that is not a span record.
@@ -92,6 +95,8 @@ def load_spans(path: Path, keep: Callable[[str], bool] | None = None) -> list[Sp
     spans: list[Span] = []
     bad: list[str] = []
     for number, line in documents:
+        if enough is not None and len(spans) >= enough:
+            break
         if keep is not None and not keep(line):
             continue
         try:
@@ -284,7 +289,8 @@ def run_trace(session: Session) -> int:
     unique = {(s.trace_id, s.span_id): s for s in reversed(spans) if s.trace_id in wanted}
     chosen = sorted(unique.values(), key=lambda s: s.start_ns)  # each span once (render_tree)
     if not chosen:
-        load_spans(args.file)  # a file with no span at all is named as such (CliError)
+        # A file with no span at all is named as such (CliError); one span settles it.
+        load_spans(args.file, enough=1)
         raise CliError(f"no spans of {args.job} in {args.file}")
     by_trace: dict[str, list[Span]] = {}
     for s in chosen:

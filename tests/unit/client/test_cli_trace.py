@@ -298,3 +298,21 @@ def test_bytes_that_are_not_utf_8_on_one_line_hide_no_trace(
     assert out == _trace(capsys, JOB[:8], "--file", str(DATA / "spans.jsonl"))[1]
     assert "skipped 1 line(s)" in err and f"{damaged}:4: not a span record" in err
     assert "UnicodeDecodeError" not in err
+
+
+def test_an_unknown_job_does_not_parse_every_span_of_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # To tell "no spans of JOB" from "a file with no span at all" the command parsed every
+    # line of the file (a stack's file of weeks: all its spans in memory, for nothing); one
+    # span record settles it.
+    import trainyard.cli_trace as cli_trace
+
+    big = tmp_path / "spans.jsonl"
+    big.write_text((DATA / "spans.jsonl").read_text() * 200)
+    parsed: list[object] = []
+    real = cli_trace._span
+    monkeypatch.setattr(cli_trace, "_span", lambda record: parsed.append(record) or real(record))
+    code, _, err = _trace(capsys, "0000aaaa", "--file", str(big))
+    assert code != 0 and "no spans of 0000aaaa" in err
+    assert len(parsed) <= 1
