@@ -7,7 +7,9 @@ Contract:
   not ``none``: ``shared.telemetry.OtelExportSettings``), an OTLP reader pushing every 15 s
   as well; the exporter reads ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` and the rest itself.
   ``OTEL_METRICS_EXPORTER`` naming ``console`` (not with ``none``) adds a reader writing
-  them to standard output every 15 s (``metric_readers``). Code records through OpenTelemetry instruments (``instrument``), so one
+  them to standard output every 15 s (``metric_readers``). ``OTEL_SDK_DISABLED=true``
+  turns metrics off too, as the standard says (``/metrics`` is empty); the start-up warns.
+  Code records through OpenTelemetry instruments (``instrument``), so one
   API feeds both.
 - ``CATALOGUE`` declares every Trainyard metric: its OpenTelemetry name, kind, unit, labels
   and the Prometheus series it exports as (``MetricSpec.series``). Alert rules and the
@@ -21,6 +23,7 @@ Contract:
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -39,6 +42,8 @@ from opentelemetry.sdk.metrics.export import (
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from trainyard_platform.shared.telemetry import OtelExportSettings, service_resource
+
+log = logging.getLogger(__name__)
 
 REGISTRY: Final = CollectorRegistry()
 """The process's Prometheus registry (the reader of the one meter provider writes here)."""
@@ -343,6 +348,13 @@ def setup_metrics(service_name: str) -> MeterProvider | None:
     answer."""
     if isinstance(metrics.get_meter_provider(), MeterProvider):
         return None
+    if OtelExportSettings().sdk_disabled:
+        # The standard meaning (the whole SDK off) holds, but an empty scrape silences
+        # every alert while the target stays up: said once, at start.
+        log.warning(
+            "OTEL_SDK_DISABLED=true: no metrics either; GET /metrics serves nothing and no "
+            "alert rule can fire (for no spans alone: OTEL_TRACES_SAMPLER=always_off)"
+        )
     provider = MeterProvider(
         metric_readers=metric_readers(),
         resource=service_resource(service_name),
