@@ -13,7 +13,8 @@ Contract:
   writing the request itself, ``shared.otlp_http``: the same request for a third of the CPU).
   ``OTEL_TRACES_EXPORTER`` naming ``console`` sends spans to standard output as well;
   ``none`` turns every exporter off; a value these services do not have (``zipkin``, a typo)
-  is ignored with a warning naming it. Independently, spans go to a JSON-lines file when ``TRAINYARD_TELEMETRY_SPAN_FILE``
+  is ignored with a warning naming it, as is any ``OTEL_LOGS_EXPORTER`` but ``none`` (logs
+  go to standard error only). Independently, spans go to a JSON-lines file when ``TRAINYARD_TELEMETRY_SPAN_FILE``
   is set (``trainyard trace JOB`` reads it).
 - ``inject``/``extract`` carry the current context in a plain ``dict[str, str]`` of headers
   (``traceparent``/``tracestate``), the same for NATS messages and HTTP requests, so one job
@@ -82,6 +83,9 @@ KNOWN_TRACES_EXPORTERS: Final = frozenset({"otlp", "console", "none"})
 KNOWN_METRICS_EXPORTERS: Final = frozenset({"otlp", "prometheus", "console", "none"})
 """``prometheus``: the scrape of ``GET /metrics``, which is always served. ``console``: the
 SDK's console exporter, on standard output (the logs are on standard error)."""
+KNOWN_LOGS_EXPORTERS: Final = frozenset({"none"})
+"""Logs are never exported by the SDK: each service writes them to standard error (JSON
+lines under ``TRAINYARD_LOG_FORMAT=json``) for the platform's log collector to ship."""
 
 
 class OtelExportSettings(BaseSettings):
@@ -97,6 +101,8 @@ class OtelExportSettings(BaseSettings):
     metrics_exporter: str = ""
     """Like ``traces_exporter`` for metrics pushed over OTLP (``none``: Prometheus scrapes
     ``/metrics`` only, which it always may)."""
+    logs_exporter: str = ""
+    """Only ``none`` (or empty): these services export no logs (``KNOWN_LOGS_EXPORTERS``)."""
     exporter_otlp_endpoint: str = ""
     exporter_otlp_traces_endpoint: str = ""
     exporter_otlp_metrics_endpoint: str = ""
@@ -169,11 +175,12 @@ class OtelExportSettings(BaseSettings):
         return optional_http_url(value) or ""
 
     def unknown_exporters(self) -> list[str]:
-        """``OTEL_TRACES_EXPORTER``/``OTEL_METRICS_EXPORTER`` values these services do not
-        have, each as ``VARIABLE=value`` (they are ignored; ``setup_tracing`` warns)."""
+        """``OTEL_TRACES_EXPORTER``/``OTEL_METRICS_EXPORTER``/``OTEL_LOGS_EXPORTER`` values
+        these services do not have, each as ``VARIABLE=value`` (they are ignored; ``setup_tracing`` warns)."""
         known = {
             "traces_exporter": KNOWN_TRACES_EXPORTERS,
             "metrics_exporter": KNOWN_METRICS_EXPORTERS,
+            "logs_exporter": KNOWN_LOGS_EXPORTERS,
         }
         unknown: list[str] = []
         for name, values in known.items():
@@ -288,7 +295,7 @@ def warn_unknown_exporters(export: OtelExportSettings | None = None) -> list[str
     for value in unknown:
         log.warning(
             "%s is not an exporter of these services (traces: otlp, console, none; metrics: "
-            "otlp, prometheus, console, none): ignored",
+            "otlp, prometheus, console, none; logs: none, they go to standard error): ignored",
             value,
         )
     return unknown

@@ -37,3 +37,18 @@ def test_an_unknown_exporter_is_warned_about_and_exports_nothing(
     with caplog.at_level(logging.WARNING, logger="trainyard_platform.shared.telemetry"):
         assert warn_unknown_exporters() == ["OTEL_TRACES_EXPORTER=bogus"]
     assert any("OTEL_TRACES_EXPORTER=bogus" in r.getMessage() for r in caplog.records)
+
+
+def test_a_logs_exporter_is_warned_about_as_these_services_have_none(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # OTEL_LOGS_EXPORTER=otlp (the standard way to ship logs to a collector) was ignored
+    # without a word: the operator looked for logs in the collector and found none.
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
+    monkeypatch.delenv("OTEL_METRICS_EXPORTER", raising=False)
+    monkeypatch.setenv("OTEL_LOGS_EXPORTER", "otlp")
+    with caplog.at_level(logging.WARNING, logger="trainyard_platform.shared.telemetry"):
+        assert warn_unknown_exporters() == ["OTEL_LOGS_EXPORTER=otlp"]
+    assert any("standard error" in r.getMessage() for r in caplog.records)
+    monkeypatch.setenv("OTEL_LOGS_EXPORTER", "none")
+    assert OtelExportSettings().unknown_exporters() == []
