@@ -69,6 +69,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from trainyard.tracing import PROPAGATOR
 from trainyard.tracing import inject as inject
 from trainyard_platform.shared.db_spans import WithinTraceAsyncPG
+from trainyard_platform.shared.otel_import_check import whole_number
 from trainyard_platform.shared.settings import TelemetrySettings, optional_http_url
 from trainyard_platform.shared.span_errors import record_error
 
@@ -148,12 +149,12 @@ class OtelExportSettings(BaseSettings):
     )
     @classmethod
     def _count(cls, value: str) -> str:
-        return _whole_number(value, minimum=0)
+        return whole_number(value, minimum=0)
 
     @field_validator("bsp_schedule_delay", "bsp_max_queue_size", "bsp_max_export_batch_size")
     @classmethod
     def _positive(cls, value: str) -> str:
-        return _whole_number(value, minimum=1)
+        return whole_number(value, minimum=1)
 
     @model_validator(mode="after")
     def _batch_fits_the_queue(self) -> OtelExportSettings:
@@ -244,21 +245,6 @@ def _console(exporters: str, sdk_disabled: bool) -> bool:
 _SDK_BSP_QUEUE: Final = 2048
 _SDK_BSP_BATCH: Final = 512
 """The batch span processor's sizes when their variables are not set (the SDK's)."""
-
-
-def _whole_number(value: str, minimum: int) -> str:
-    """``value`` stripped, when it is empty or a whole number of at least ``minimum`` (as
-    the SDK parses it: ``int`` of the stripped text); else a ``ValueError`` saying so."""
-    text = value.strip()
-    if not text:
-        return text
-    try:
-        number = int(text)
-    except ValueError:
-        number = None
-    if number is None or number < minimum:
-        raise ValueError(f"must be a whole number from {minimum}, or empty")
-    return text
 
 
 def service_resource(default_name: str) -> Resource:

@@ -6,6 +6,13 @@ import argparse
 import sys
 from typing import Any
 
+from trainyard_platform.shared.otel_import_check import refuse_before_import
+
+# Before the imports below, which import the OpenTelemetry SDK: it reads one variable
+# when it is imported, and a bad one would end the process with a traceback.
+if __name__ == "__main__":
+    refuse_before_import("runner")
+
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.service import serve
 from trainyard_platform.shared.runtime import run_service, service_settings_or_exit

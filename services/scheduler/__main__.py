@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import sys
 
+from trainyard_platform.shared.otel_import_check import refuse_before_import
+
+# Before the imports below, which import the OpenTelemetry SDK: it reads one variable
+# when it is imported, and a bad one would end the process with a traceback.
+if __name__ == "__main__":
+    refuse_before_import("scheduler")
+
 from trainyard_platform.services.scheduler.config import Settings
 from trainyard_platform.services.scheduler.service import serve
 from trainyard_platform.shared.runtime import serve_from_command_line

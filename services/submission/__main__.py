@@ -17,6 +17,13 @@ import asyncio
 import re
 import sys
 
+from trainyard_platform.shared.otel_import_check import refuse_before_import
+
+# Before the imports below, which import the OpenTelemetry SDK: it reads one variable
+# when it is imported, and a bad one would end the process with a traceback.
+if __name__ == "__main__":
+    refuse_before_import("submission")
+
 from trainyard_platform.services.submission.config import Settings
 from trainyard_platform.services.submission.errors import UserExists
 from trainyard_platform.services.submission.schemas import NAME_PATTERN, new_team
