@@ -48,7 +48,8 @@ log = logging.getLogger(__name__)
 REGISTRY: Final = CollectorRegistry()
 """The process's Prometheus registry (the reader of the one meter provider writes here)."""
 METRICS_EXPORT_SECONDS: Final = 15.0
-"""How often the OTLP reader pushes (Prometheus pulls at its own pace)."""
+"""How often the OTLP and console readers push unless ``OTEL_METRIC_EXPORT_INTERVAL`` (ms)
+says otherwise (Prometheus pulls at its own pace)."""
 LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 WAIT_BUCKETS: Final = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 24 * 3600)
 SIZE_BUCKETS: Final = tuple(float(2**n) for n in range(10, 38, 3))  # 1 KiB .. 128 GiB
@@ -366,8 +367,9 @@ def setup_metrics(service_name: str) -> MeterProvider | None:
 
 def metric_readers(export: OtelExportSettings | None = None) -> list[MetricReader]:
     """The readers of the process's meter provider: Prometheus' (``/metrics``, always), an
-    OTLP push and a console one (standard output), each every 15 s when the standard
-    variables ask for it (``OtelExportSettings``)."""
+    OTLP push and a console one (standard output), each every 15 s (or
+    ``OTEL_METRIC_EXPORT_INTERVAL``) when the standard variables ask for it
+    (``OtelExportSettings``)."""
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
 
     export = export or OtelExportSettings()
@@ -377,12 +379,9 @@ def metric_readers(export: OtelExportSettings | None = None) -> list[MetricReade
         pushed.append(_otlp_metric_exporter(export.metrics_protocol))
     if export.console_metrics_on:
         pushed.append(ConsoleMetricExporter(out=sys.stdout))
+    interval_ms = export.metric_export_interval_ms or METRICS_EXPORT_SECONDS * 1000
     for exporter in pushed:
-        readers.append(
-            PeriodicExportingMetricReader(
-                exporter, export_interval_millis=METRICS_EXPORT_SECONDS * 1000
-            )
-        )
+        readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=interval_ms))
     return readers
 
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import sys
 import threading
@@ -133,6 +134,10 @@ class OtelExportSettings(BaseSettings):
     bsp_max_export_batch_size: str = ""
     """The batch span processor's delay (ms) and sizes: a whole number from 1 (the batch at
     most the queue), or empty (the SDK's default: 5000, 2048, 512)."""
+    metric_export_interval: str = ""
+    """How often metrics are pushed (OTLP, console), in milliseconds: a positive number, or
+    empty (``shared.metrics.METRICS_EXPORT_SECONDS``, 15 s; the services pass it to the
+    SDK, which would otherwise read this variable itself)."""
     bsp_export_timeout: str = ""
     """Its export timeout (ms): a whole number from 0, or empty (the SDK's 30000)."""
 
@@ -155,6 +160,25 @@ class OtelExportSettings(BaseSettings):
     @classmethod
     def _positive(cls, value: str) -> str:
         return whole_number(value, minimum=1)
+
+    @field_validator("metric_export_interval")
+    @classmethod
+    def _interval(cls, value: str) -> str:
+        text = value.strip()
+        if not text:
+            return text
+        try:
+            number = float(text)
+        except ValueError:
+            number = math.nan
+        if not (math.isfinite(number) and number > 0):
+            raise ValueError("must be a number of milliseconds above 0, or empty")
+        return text
+
+    @property
+    def metric_export_interval_ms(self) -> float | None:
+        """``OTEL_METRIC_EXPORT_INTERVAL`` as a number, None when unset."""
+        return float(self.metric_export_interval) if self.metric_export_interval else None
 
     @model_validator(mode="after")
     def _batch_fits_the_queue(self) -> OtelExportSettings:
