@@ -192,6 +192,29 @@ class OtelExportSettings(BaseSettings):
         return self
 
     @field_validator(
+        "exporter_otlp_protocol",
+        "exporter_otlp_traces_protocol",
+        "exporter_otlp_metrics_protocol",
+        mode="before",
+    )
+    @classmethod
+    def _protocol_in_any_case(cls, value: object) -> object:
+        # An enum of the standard: case-insensitive (``GRPC``).
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("sdk_disabled", mode="before")
+    @classmethod
+    def _as_the_sdk_reads_it(cls, value: object) -> object:
+        # The SDK's providers are off only for "true" (any case); pydantic would also take
+        # "1" or "yes", leaving the services' exporters off and the SDK on.
+        if not isinstance(value, str):
+            return value
+        text = value.strip().lower()
+        if text not in ("true", "false", ""):
+            raise ValueError("must be true or false (as the SDK reads it)")
+        return text == "true"
+
+    @field_validator(
         "exporter_otlp_endpoint", "exporter_otlp_traces_endpoint", "exporter_otlp_metrics_endpoint"
     )
     @classmethod
@@ -210,7 +233,7 @@ class OtelExportSettings(BaseSettings):
         unknown: list[str] = []
         for name, values in known.items():
             for value in getattr(self, name).split(","):
-                if value.strip() and value.strip() not in values:
+                if value.strip() and value.strip().lower() not in values:
                     unknown.append(f"OTEL_{name.upper()}={value.strip()}")
         return unknown
 
@@ -221,7 +244,7 @@ class OtelExportSettings(BaseSettings):
 
     @property
     def otlp_on(self) -> bool:
-        exporters = {e.strip() for e in self.traces_exporter.split(",") if e.strip()}
+        exporters = _named(self.traces_exporter)
         if "none" in exporters or self.sdk_disabled:
             return False
         return "otlp" in exporters or bool(
@@ -241,7 +264,7 @@ class OtelExportSettings(BaseSettings):
 
     @property
     def otlp_metrics_on(self) -> bool:
-        exporters = {e.strip() for e in self.metrics_exporter.split(",") if e.strip()}
+        exporters = _named(self.metrics_exporter)
         if "none" in exporters or self.sdk_disabled:
             return False
         # As for spans: the signal's own endpoint turns its export on, as the general one does.
@@ -261,8 +284,14 @@ class OtelExportSettings(BaseSettings):
         return self.exporter_otlp_metrics_protocol or self.exporter_otlp_protocol or "http/protobuf"
 
 
+def _named(exporters: str) -> set[str]:
+    """The exporters a comma-separated list names, in lower case: the standard's enum
+    values are case-insensitive (``OTLP``, ``None``)."""
+    return {e.strip().lower() for e in exporters.split(",") if e.strip()}
+
+
 def _console(exporters: str, sdk_disabled: bool) -> bool:
-    named = {e.strip() for e in exporters.split(",") if e.strip()}
+    named = _named(exporters)
     return "console" in named and "none" not in named and not sdk_disabled
 
 
