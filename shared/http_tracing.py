@@ -10,6 +10,9 @@ Contract:
   no latency point: a kubelet polling every few seconds would drown the traces.
 - Work done while handling the request (including outbox rows it writes) inherits the span,
   so a job's trace starts at the client's submit call.
+- A request whose route has a ``job_id`` path parameter is handled in that job's log scope
+  (``logs.job_scope``): its log lines carry the ``job_id``. The span names no job, so the
+  job's trace (``trainyard trace``) does not gather every poll of its view.
 
 Why hand-written rather than ``litestar.plugins.opentelemetry``: that plugin wraps
 ``opentelemetry-instrumentation-asgi``; its default extractor names the span by the raw path
@@ -27,6 +30,7 @@ from typing import Any, Final
 from opentelemetry import trace
 from opentelemetry.context import attach, detach
 
+from trainyard_platform.shared.logs import job_scope
 from trainyard_platform.shared.metrics import instrument
 from trainyard_platform.shared.telemetry import extract, tracer
 
@@ -74,7 +78,14 @@ def tracing_middleware(app: ASGIApp) -> ASGIApp:
                         span.set_attribute("http.response.status_code", status)
                     await send(message)
 
-                await app(scope, receive, send_with_status)
+                job_id = (scope.get("path_params") or {}).get("job_id")
+                if job_id is None:
+                    await app(scope, receive, send_with_status)
+                else:
+                    # The request's log lines name its job; the span does not (a poll of
+                    # the job's view is not part of the job's trace: ``trainyard trace``).
+                    with job_scope(str(job_id)):
+                        await app(scope, receive, send_with_status)
         finally:
             detach(token)
             _latency.record(

@@ -16,7 +16,8 @@ Contract:
   ...})``), else from the innermost job scope (``job_scope(job_id)``: a context variable, so
   it holds in the block and in every task and thread started from it, whatever the sampler:
   the bus opens one for the event a consumer handles (``bus.job_of``: its payload's job, also
-  for a node-routed grant, revocation or batch of metrics); the runner wraps a job's grant,
+  for a node-routed grant, revocation or batch of metrics); the HTTP middleware one for a
+  request whose route names a job (``http_tracing``); the runner wraps a job's grant,
   revocation, recovery and its stop in a drain in one; the scheduler's sweeps and passes and
   the registry's batches one per job they log about), else from the current span: its ``trainyard.job_id`` or ``job.id`` attribute (the
   scheduler's spans about a job), or the routing key of the event it publishes or handles
