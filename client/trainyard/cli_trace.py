@@ -16,8 +16,9 @@ their attributes. Children are indented under their parent, in start order. A sp
 parent is not in the file (not yet flushed, or another process's file) is shown at the top
 level marked ``(parent missing)``. ``--json`` prints the spans as a list instead.
 
-Only the lines that name the job (or, in a second pass, its traces' ids) are read: the
-file grows for as long as a stack runs. Those that are not span records (a line cut short
+The file is read a line at a time, and only the lines that name the job (or, in a second
+pass, its traces' ids) are parsed: the file grows for as long as a stack runs. Only an
+OTLP-JSON document spread over several lines is read whole. Those that are not span records (a line cut short
 when a disk filled up or a writer died, then continued by the next span) are skipped with a
 warning on stderr naming how many and the first one, so one bad line never hides every
 trace of a file that services keep appending to; a file with no span record at all is an
@@ -34,7 +35,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from trainyard.cli_base import CliError, Session, note, resolve
 from trainyard.client import TrainyardError
@@ -75,41 +76,66 @@ def load_spans(
     try:
         # Bytes that are not UTF-8 (a damaged block) spoil their own line only: it is not
         # JSON, so it is skipped as any line that is not a span record.
-        text = path.read_text(encoding="utf-8", errors="replace")
+        with path.open(encoding="utf-8", errors="replace") as handle:
+            whole = _whole_document(handle)
+            if whole is not None:
+                return list(_otlp_spans(whole))
+            handle.seek(0)
+            spans, bad = _read_lines(path, handle, keep, enough)
     except OSError as exc:
         raise CliError(f"cannot read spans from {path}: {exc.strerror or exc}") from None
-    stripped = text.strip()
-    # A last line with no line end may be a span a service is writing now: unreadable, it
-    # is left for the next run rather than warned about.
-    being_written = 0 if text.endswith("\n") else len(text.splitlines())
-    if stripped.startswith("{") and "\n" not in stripped:
-        documents: Iterable[tuple[int, str]] = [(1, stripped)]
-    else:
-        documents = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
-    try:
-        whole = json.loads(stripped) if stripped.startswith("{") else None
-    except json.JSONDecodeError:
-        whole = None
-    if isinstance(whole, dict) and "resourceSpans" in whole:
-        return list(_otlp_spans(whole))
-    spans: list[Span] = []
-    bad: list[str] = []
-    for number, line in documents:
-        if enough is not None and len(spans) >= enough:
-            break
-        if keep is not None and not keep(line):
-            continue
-        try:
-            record = json.loads(line)
-            spans.extend(_otlp_spans(record) if "resourceSpans" in record else [_span(record)])
-        except (json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
-            if number != being_written:
-                bad.append(f"{path}:{number}: not a span record ({exc})")
     if bad and not spans:
         raise CliError(bad[0])
     if bad:
         note(f"warning: skipped {len(bad)} line(s) that are not span records; the first: {bad[0]}")
     return spans
+
+
+def _read_lines(
+    path: Path,
+    handle: TextIO,
+    keep: Callable[[str], bool] | None,
+    enough: int | None,
+) -> tuple[list[Span], list[str]]:
+    """The spans of the file's lines, read one at a time (a file of weeks is never held
+    whole), and what is said of each line that is not a span record."""
+    spans: list[Span] = []
+    bad: list[str] = []
+    for number, raw in enumerate(handle, 1):
+        if enough is not None and len(spans) >= enough:
+            break
+        line = raw.rstrip("\n")
+        if not line.strip() or (keep is not None and not keep(line)):
+            continue
+        try:
+            record = json.loads(line)
+            spans.extend(_otlp_spans(record) if "resourceSpans" in record else [_span(record)])
+        except (json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
+            # A last line with no line end may be a span a service is writing now:
+            # unreadable, it is left for the next run rather than warned about.
+            if raw.endswith("\n"):
+                bad.append(f"{path}:{number}: not a span record ({exc})")
+    return spans, bad
+
+
+def _whole_document(handle: TextIO) -> dict[str, Any] | None:
+    """The file as one OTLP-JSON document spread over several lines (a collector's export
+    written pretty), or None for a file of lines. Only a file whose first line starts a
+    JSON object it does not finish is read whole."""
+    first = next((raw.strip() for raw in handle if raw.strip()), "")
+    if not first.startswith("{"):
+        return None
+    try:
+        json.loads(first)
+        return None  # a whole document on its line: a file of lines
+    except json.JSONDecodeError:
+        pass
+    handle.seek(0)
+    try:
+        whole = json.loads(handle.read())
+    except json.JSONDecodeError:
+        return None
+    return whole if isinstance(whole, dict) and "resourceSpans" in whole else None
 
 
 def _span(record: dict[str, Any]) -> Span:

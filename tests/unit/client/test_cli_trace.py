@@ -316,3 +316,28 @@ def test_an_unknown_job_does_not_parse_every_span_of_the_file(
     code, _, err = _trace(capsys, "0000aaaa", "--file", str(big))
     assert code != 0 and "no spans of 0000aaaa" in err
     assert len(parsed) <= 1
+
+
+def test_a_big_file_is_read_line_by_line_not_held_whole(tmp_path: Path) -> None:
+    # A stack's span file grows for weeks. The command read it whole into memory, and then
+    # as a list of its lines, before keeping the few that name the job: about three times
+    # the file's size, however small the trace.
+    import tracemalloc
+
+    from trainyard.cli_trace import _naming
+
+    text = (DATA / "spans.jsonl").read_text()
+    others = "".join(line + "\n" for line in text.splitlines() if JOB not in line)
+    big = tmp_path / "big.jsonl"
+    with big.open("w") as out:
+        while out.tell() < 24_000_000:
+            out.write(others * 100)
+        out.write(text)
+    tracemalloc.start()
+    try:
+        spans = load_spans(big, keep=_naming({JOB}))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert spans
+    assert peak < 4_000_000, peak
