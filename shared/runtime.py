@@ -86,7 +86,7 @@ from trainyard_platform.shared.settings import (
     invalid_settings,
 )
 from trainyard_platform.shared.storage import LocalStore, ObjectStore, open_store
-from trainyard_platform.shared.telemetry import OtelExportSettings, setup_tracing
+from trainyard_platform.shared.telemetry import OtelExportSettings, check_span_file, setup_tracing
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +125,10 @@ class ServiceRuntime:
 
     async def __aenter__(self) -> ServiceRuntime:
         configure_logging(self.name, self.settings.log_level, self.settings.log_format)
+        # Before anything starts: a span file that cannot be written would otherwise be a
+        # logged traceback for every span.
+        with needed("the span file", "TRAINYARD_TELEMETRY_SPAN_FILE"):
+            check_span_file(self.settings.telemetry)
         self._provider = setup_tracing(self.name, self.settings.telemetry)
         self._meter_provider = setup_metrics(self.name)
         loop = asyncio.get_running_loop()

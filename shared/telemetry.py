@@ -70,6 +70,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from trainyard.tracing import PROPAGATOR
 from trainyard.tracing import inject as inject
 from trainyard_platform.shared.db_spans import WithinTraceAsyncPG
+from trainyard_platform.shared.logs import Throttle, error_text, held_back
 from trainyard_platform.shared.otel_import_check import whole_number
 from trainyard_platform.shared.settings import TelemetrySettings, optional_http_url
 from trainyard_platform.shared.span_errors import record_error
@@ -587,18 +588,43 @@ every W3C implementation send; anything else goes to the propagator."""
 _TRACE_FLAGS = tuple(trace.TraceFlags(flags) for flags in range(256))
 
 
+def check_span_file(settings: TelemetrySettings) -> None:
+    """Raise the ``OSError`` of appending to ``settings``' span file, when it has one that
+    cannot be appended to (a service refuses to start on it: ``ServiceRuntime``)."""
+    if settings.span_file:
+        with open(settings.span_file, "a", encoding="utf-8"):
+            pass
+
+
 class JsonLinesSpanExporter(SpanExporter):
     """Appends each finished span as one JSON object per line (several processes may share
-    the file: each line is written with a single ``write`` call in append mode)."""
+    the file: each line is written with a single ``write`` call in append mode). A batch
+    that cannot be written (a full disk, a folder removed) is dropped: one warning a minute
+    per reason says so (the SDK would log a traceback for each span)."""
 
     def __init__(self, path: str | Path) -> None:
         self._path = Path(path)
         self._lock = threading.Lock()
+        self._throttle = Throttle()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         lines = "".join(json.dumps(span_record(s)) + "\n" for s in spans)
-        with self._lock, self._path.open("a", encoding="utf-8") as out:
-            out.write(lines)
+        with self._lock:
+            try:
+                with self._path.open("a", encoding="utf-8") as out:
+                    out.write(lines)
+            except OSError as exc:
+                reason = error_text(exc)
+                repeats = self._throttle.due(reason)
+                if repeats is not None:
+                    log.warning(
+                        "span file %s (TRAINYARD_TELEMETRY_SPAN_FILE): cannot append: %s; "
+                        "spans are dropped%s",
+                        self._path,
+                        reason,
+                        held_back(repeats),
+                    )
+                return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
