@@ -155,7 +155,8 @@ class TextFormatter(logging.Formatter):
         fields = trace_fields(record)
         if not fields:
             return text
-        ids = " ".join(f"{k.removesuffix('_id')}={v}" for k, v in fields.items())
+        # Escaped as the message is: a job id can be what a client put in a request's path.
+        ids = " ".join(f"{k.removesuffix('_id')}={one_line(v)}" for k, v in fields.items())
         first, _, rest = text.partition("\n")  # keep a traceback below the line it belongs to
         return f"{first} [{ids}]" + (f"\n{rest}" if rest else "")
 

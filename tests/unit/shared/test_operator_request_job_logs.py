@@ -64,3 +64,15 @@ def test_a_line_logged_for_a_job_s_request_names_the_job(spans: InMemorySpanExpo
     assert "job_id" not in not_about_job
     (server,) = [s for s in spans.get_finished_spans() if s.name == "GET /v1/jobs/{job_id}/things"]
     assert "trainyard.job_id" not in (server.attributes or {})
+
+
+def test_a_job_id_from_the_path_cannot_start_a_text_log_line() -> None:
+    # The path's job id is whatever the client sent (a str path parameter, percent-decoded:
+    # %0A is a line break); the text format escaped the message but wrote the ids raw.
+    from trainyard_platform.shared.logs import TextFormatter, job_scope
+
+    record = log.makeRecord(log.name, logging.WARNING, __file__, 0, "looking", (), None)
+    with job_scope("x\n2026-01-01 00:00:00,000 billing CRITICAL forged: line\x1b[31m"):
+        text = TextFormatter("things").format(record)
+    assert "\n" not in text and "\x1b" not in text
+    assert "job=x\\n2026-01-01" in text
