@@ -201,6 +201,15 @@ CATALOGUE: Final = _specs(
         ("queue",),
     ),
     MetricSpec(
+        "trainyard.scheduler.queue.wait",
+        "histogram",
+        "s",
+        "How long each granted job waited in its queue, from entering it (its submission, or "
+        "the end of its last attempt) to its grant",
+        ("queue",),
+        WAIT_BUCKETS,
+    ),
+    MetricSpec(
         "trainyard.scheduler.allocations",
         "counter",
         "{allocation}",

@@ -71,6 +71,7 @@ from trainyard_platform.shared.events.payloads import (
     GangMember,
 )
 from trainyard_platform.shared.logs import job_scope
+from trainyard_platform.shared.metrics import instrument
 from trainyard_platform.shared.telemetry import extract, inject, tracer
 
 log = logging.getLogger(__name__)
@@ -189,6 +190,17 @@ def queue_wait(job: Job, now: datetime) -> None:
     span.end(end_time=_nanoseconds(now))
 
 
+_queue_wait = instrument("trainyard.scheduler.queue.wait")
+
+
+def record_queue_wait(job: Job, now: datetime, histogram: Any = _queue_wait) -> None:
+    """Record on ``trainyard.scheduler.queue.wait`` how long ``job``, granted at ``now``,
+    waited in its queue: since it entered it (``changed_at``: its submission or the end of
+    its last attempt; its submission when unknown)."""
+    entered = job.changed_at or job.submitted_at
+    histogram.record(max(0.0, (now - entered).total_seconds()), {"queue": job.queue})
+
+
 def _nanoseconds(moment: datetime) -> int:
     """``moment`` as OpenTelemetry's timestamps: integer nanoseconds since the epoch."""
     return int(moment.timestamp() * 1_000_000_000)
@@ -280,6 +292,7 @@ async def _grant(
         allocations.extend(gang)
         rendezvous = gang_members(gang, built.addresses)
         queue_wait(job, now)
+        record_queue_wait(job, now)
         with job_trace(job.job_id, job.trace_context, "grant"):
             for allocation in gang:
                 granted = AllocationGranted(

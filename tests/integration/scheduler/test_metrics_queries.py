@@ -89,3 +89,27 @@ async def test_free_gpus_of_a_cordoned_node_are_not_idle(scheduler: Scheduler) -
         for point in metric.data.data_points  # type: ignore[union-attr]
     }
     assert gpus == {"allocated": 0, "idle": 1, "cordoned": 2, "lost": 0}
+
+
+async def test_a_grant_records_its_job_s_wait_in_its_queue(scheduler: Scheduler) -> None:
+    # The pass's grants record trainyard.scheduler.queue.wait (a histogram by queue); read
+    # from the process's scrape, as Prometheus reads it.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from trainyard_platform.shared.metrics import metrics_text, setup_metrics
+
+    setup_metrics("scheduler")  # the process's provider (none when one is there already)
+
+    def granted_in(queue: str) -> float:
+        for family in text_string_to_metric_families(metrics_text().decode()):
+            if family.name == "trainyard_scheduler_queue_wait_seconds":
+                for sample in family.samples:
+                    if sample.name.endswith("_count") and sample.labels["queue"] == queue:
+                        return sample.value
+        return 0.0
+
+    before = granted_in("default:vision")
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.submit("job-1", gpus=1)
+    await scheduler.wait_for(AllocationGranted)
+    assert granted_in("default:vision") == before + 1
