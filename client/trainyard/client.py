@@ -98,11 +98,13 @@ class TrainyardError(Exception):
         super().__init__(str(self))
 
     def __str__(self) -> str:
+        """``STATUS detail (field: message; ...)``, each field error the detail does not
+        already say (a 409 for a name taken but for its case has its one field error as the
+        detail: ``shared.http_errors.NameTaken``)."""
         head = f"{self.status} {self.message}" if self.status else self.message
-        if not self.errors:
-            return head
-        fields = "; ".join(f"{e.get('field', '?')}: {e.get('message', '?')}" for e in self.errors)
-        return f"{head} ({fields})"
+        said = (f"{e.get('field', '?')}: {e.get('message', '?')}" for e in self.errors)
+        fields = "; ".join(text for text in said if text not in self.message)
+        return f"{head} ({fields})" if fields else head
 
 
 class MalformedAnswer(TrainyardError):

@@ -114,3 +114,16 @@ def test_the_cli_says_it_in_one_line(
     else:
         assert err.startswith("trainyard: error: 404 Not Found from GET http://api.test/v1/jobs")
         assert len(err.splitlines()) == 1
+
+
+def test_an_error_the_detail_already_says_is_not_said_twice() -> None:
+    # A name taken but for its case answers 409 with the field's error as the detail too
+    # (shared.http_errors.NameTaken); the line said it twice, once in parentheses.
+    said = "a model named 'resnet' exists in team vision; names differ from it only by case"
+    body = {"detail": f"name: {said}", "errors": [{"field": "name", "message": said}]}
+    error = _refused(409, json.dumps(body).encode())
+    assert str(error) == f"409 name: {said}"
+    assert error.errors == [{"field": "name", "message": said}]  # still there for callers
+    # What the detail does not say is still shown, the rest once.
+    body["errors"].append({"field": "team", "message": "too long"})
+    assert str(_refused(409, json.dumps(body).encode())) == f"409 name: {said} (team: too long)"
