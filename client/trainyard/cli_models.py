@@ -6,7 +6,7 @@ They call the registry's models API (docs/models.md) at the registry URL of the 
 one is refused with a message naming the argument (exit 2):
 
     TEAM/NAME            a model
-    TEAM/NAME:V          one version (V a positive integer)
+    TEAM/NAME:V          one version (V from 1 to VERSION_MAX)
     TEAM/NAME@ALIAS      the version an alias points at
 
 ``download`` writes the bytes to a temporary file beside ``-o``, checks their size and
@@ -36,6 +36,10 @@ _ALIAS = r"[a-z][a-z0-9_\-]{0,62}"
 _REF = re.compile(
     rf"(?P<team>{_NAME})/(?P<name>{_NAME})(?::(?P<version>\d+)|@(?P<alias>{_ALIAS}))?"
 )
+VERSION_MAX = 2**31 - 1
+"""The largest version number the registry has (a PostgreSQL ``integer``; its routes refuse
+more): a larger one is a usage error here, not a request the registry refuses in its
+parser's words."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,11 @@ def parse_ref(value: str, what: str, *, version: bool | None = False, alias: boo
         raise CliError(f"{what}: {value!r} names an alias; give {shape}", Exit.USAGE)
     if number == 0:
         raise CliError(f"{what}: version must be 1 or more, got 0", Exit.USAGE)
+    if number is not None and number > VERSION_MAX:
+        raise CliError(
+            f"{what}: version must be at most {VERSION_MAX} (the registry's largest), got {number}",
+            Exit.USAGE,
+        )
     if version is True and number is None and not found["alias"]:
         raise CliError(f"{what}: {value!r} names no version; give {shape}", Exit.USAGE)
     return Ref(found["team"], found["name"], number, found["alias"])
@@ -101,8 +110,13 @@ def alias_arg(value: str) -> str:
 
 
 def version_arg(value: str) -> int:
-    if not value.isdigit() or int(value) < 1:
+    """A VERSION argument: 1 to ``VERSION_MAX``, else argparse's usage error naming it."""
+    if not value.isdecimal() or int(value) < 1:
         raise argparse.ArgumentTypeError(f"{value!r} is not a version (a positive integer)")
+    if int(value) > VERSION_MAX:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a version: at most {VERSION_MAX} (the registry's largest)"
+        )
     return int(value)
 
 

@@ -24,11 +24,12 @@ PATTERN_WORDS: dict[str, str] = {
     r"^[0-9a-f]{64}$": "a sha256: 64 lower-case hexadecimal digits",
     r"^[0-9a-f]{40}$": "a whole commit id: 40 lower-case hexadecimal digits",
     rf"^{_REF_NAME}/{_REF_NAME}(?::[1-9][0-9]{{0,8}})?$": (
-        f"TEAM/NAME or TEAM/NAME:VERSION ({_REF_NAME_WORDS}; a version from 1)"
+        f"TEAM/NAME or TEAM/NAME:VERSION ({_REF_NAME_WORDS}; a version from 1 to 999999999)"
     ),
     rf"^{_REF_NAME}/{_REF_NAME}(?::[1-9][0-9]{{0,8}}|@[a-z][a-z0-9_-]{{0,62}})$": (
-        f"TEAM/NAME:VERSION or TEAM/NAME@ALIAS ({_REF_NAME_WORDS}; a version from 1; an "
-        "alias a lower-case letter, then at most 62 lower-case letters, digits, '_' or '-')"
+        f"TEAM/NAME:VERSION or TEAM/NAME@ALIAS ({_REF_NAME_WORDS}; a version from 1 to "
+        "999999999; an alias a lower-case letter, then at most 62 lower-case letters, digits, "
+        "'_' or '-')"
     ),
 }
 

@@ -363,3 +363,27 @@ def test_a_download_that_cannot_be_written_is_named_and_leaves_nothing(
     assert caught.value.code == Exit.ERROR
     assert out.read_bytes() == b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]
+
+
+def test_a_version_past_the_registrys_largest_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The registry numbers versions as PostgreSQL integers: 2147483648 reached it and came
+    # back as its parser's words (`422 ... Expected `int` <= 2147483647`, exit 1), and as
+    # pydantic's other words for `alias set`.
+    assert parse_ref("a/b:2147483647", "M", version=None) == Ref("a", "b", 2147483647)
+    assert version_arg("2147483647") == 2147483647
+    for value in ("a/b:2147483648", "a/b:99999999999999999999"):
+        with pytest.raises(CliError) as raised:
+            parse_ref(value, "TEAM/NAME:V", version=True)
+        assert raised.value.code == Exit.USAGE
+        assert str(raised.value).startswith("TEAM/NAME:V: version must be at most 2147483647")
+    with pytest.raises(argparse.ArgumentTypeError, match="at most 2147483647"):
+        version_arg("2147483648")
+    base = ["--url", "http://127.0.0.1:9", "--token", "t"]  # nothing listens: 2, not 5
+    assert main([*base, "lineage", "up", "a/b:2147483648"]) == Exit.USAGE
+    assert "version must be at most 2147483647" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main([*base, "model", "alias", "set", "a/b", "prod", "2147483648"])
+    assert exited.value.code == Exit.USAGE
+    assert "at most 2147483647" in capsys.readouterr().err

@@ -60,3 +60,17 @@ def test_good_references_reach_the_wire_spec() -> None:
     assert spec.parent_model == "vision/cnn@production" and spec.register_model is True
     plain = parse_job_request(json.dumps(GOOD).encode(), ["cpu"]).to_spec("alice", "vision")
     assert (plain.datasets, plain.parent_model, plain.register_model) == ([], None, False)
+
+
+def test_a_version_past_the_largest_is_refused_saying_the_largest() -> None:
+    # A reference's version is at most nine digits; "a version from 1" left a user of
+    # vision/data:1234567890 (a number the registry could hold) to guess what was wrong.
+    assert (
+        "a version from 1 to 999999999"
+        in _errors(datasets=["vision/data:1234567890"])["datasets[0]"]
+    )
+    assert (
+        "a version from 1 to 999999999"
+        in _errors(parent_model="vision/cnn:1234567890")["parent_model"]
+    )
+    parse_job_request(json.dumps({**GOOD, "datasets": ["v/d:999999999"]}).encode(), ["cpu"])
