@@ -244,8 +244,9 @@ def _parser() -> argparse.ArgumentParser:
         type=status_arg,
         help=f"only jobs in this status, any case: {', '.join(s.lower() for s in cli_jobs.JOB_STATUSES)}",
     )
-    listing.add_argument("--user", help="only this user's jobs")
-    listing.add_argument("--mine", action="store_true", help="only your own jobs")
+    whose = listing.add_mutually_exclusive_group()
+    whose.add_argument("--user", help="only this user's jobs")
+    whose.add_argument("--mine", action="store_true", help="only your own jobs")
     listing.add_argument("--project", help="only jobs of this project")
     listing.add_argument("--experiment", help="only runs of this experiment")
     listing.add_argument(

@@ -32,17 +32,19 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     metrics = command("metrics", run_metrics, "a job's metrics: a table, or one as a sparkline")
     metrics.add_argument("job", metavar="JOB")
     metrics.add_argument("key", nargs="?", help="one metric: its curve (points with --json)")
-    metrics.add_argument("--points", type=int, default=1000, help="at most this many points")
+    metrics.add_argument(
+        "--points", type=int, help=f"with KEY: at most this many points ({CURVE_POINTS})"
+    )
     experiments = command(
         "experiments", run_experiments, "the team's experiments, or the runs of one"
     )
     experiments.add_argument("experiment", nargs="?", metavar="EXP", help="a name or an id")
-    experiments.add_argument("--project", help="only this project's")
-    experiments.add_argument("--sort", help="final:<key> or best:<key>")
-    experiments.add_argument("--filter", help="e.g. final:accuracy>=0.9")
+    experiments.add_argument("--project", help="only this project's (EXP: a name's project)")
+    experiments.add_argument("--sort", help="with EXP: its runs by final:<key> or best:<key>")
+    experiments.add_argument("--filter", help="with EXP: its runs, e.g. final:accuracy>=0.9")
     compare = command("compare", run_compare, "runs of an experiment side by side")
     compare.add_argument("experiment", metavar="EXP", help="a name or an id")
-    compare.add_argument("--project", help="the experiment's project (when names repeat)")
+    compare.add_argument("--project", help="the experiment's project (EXP a name that repeats)")
     compare.add_argument("--keys", help="metric keys to compare, comma-separated")
     compare.add_argument("--jobs", nargs="+", metavar="JOB", help="only these runs")
     tag = command("tag", run_tag, "tag a run (or --rm a tag)")
@@ -82,6 +84,18 @@ def _number(value: Any) -> str:
     return str(value)
 
 
+CURVE_POINTS = 1000
+"""How many points ``metrics JOB KEY`` asks for without ``--points``."""
+
+
+def unused(*given: tuple[str, object], form: str) -> None:
+    """A usage error naming the options of ``given`` (``(option, value)``) that were given
+    while the command's ``form`` does not use them: an option is never silently dropped."""
+    named = [option for option, value in given if value not in (None, False)]
+    if named:
+        raise CliError(f"{form} takes no {', '.join(named)}", Exit.USAGE)
+
+
 def _float(value: Any) -> float | None:
     try:
         return float(value)
@@ -107,6 +121,8 @@ def metric_key_path(key: str) -> str:
 
 def run_metrics(session: Session) -> int:
     args = session.args
+    if not args.key:
+        unused(("--points", args.points), form="metrics JOB (without KEY: the table)")
     job_id = resolve(session.client, args.job)
     try:
         registry = session.service("registry")
@@ -126,7 +142,7 @@ def run_metrics(session: Session) -> int:
     if args.key:
         curve = registry.get(
             f"/v1/jobs/{segment(job_id)}/metrics/{metric_key_path(args.key)}",
-            max_points=args.points,
+            max_points=CURVE_POINTS if args.points is None else args.points,
         )
         points = curve["points"]
         values = [_float(p["value"]) for p in points]
@@ -172,6 +188,7 @@ def run_metrics(session: Session) -> int:
 
 def _experiment_id(session: Session, ref: str, project: str | None) -> int:
     if ref.isdigit():
+        unused(("--project", project), form=f"EXP {ref} (an id; --project finds a name)")
         return int(ref)
     registry = session.service("registry")
     found = registry.get_every("/v1/experiments", "experiments", project=project, limit=500)
@@ -189,6 +206,12 @@ def _experiment_id(session: Session, ref: str, project: str | None) -> int:
 
 def run_experiments(session: Session) -> int:
     args = session.args
+    if not args.experiment:
+        unused(
+            ("--sort", args.sort),
+            ("--filter", args.filter),
+            form="experiments (without EXP: the list; --sort and --filter order its runs)",
+        )
     registry = session.service("registry")
     if not args.experiment:
         found = registry.get_every(
@@ -352,6 +375,10 @@ def run_cost(session: Session) -> int:
                 raise CliError(
                     "cost JOB takes no --by, --from, --to, --granularity or --csv", Exit.USAGE
                 )
+            unused(
+                *((f"--{dim}", getattr(args, dim)) for dim in COST_DIMENSIONS if dim != "job"),
+                form="cost JOB (one job's bill)",
+            )
             job_id = resolve(session.client, args.job)
             bill = billing.get(f"/v1/jobs/{segment(job_id)}/cost")
             session.emit(bill, lambda: job_cost_text(bill))
