@@ -14,7 +14,8 @@ Both lists come a page at a time (``shared.paging``): at most ``limit`` (experim
 ``PAGE_MAX``, default 100; runs: 1 to ``RUNS_PAGE_MAX``, default that), and while more
 follow, ``next``, the cursor to pass as ``after``. A runs cursor holds its sort: given with
 another ``sort`` or ``order`` it answers 422 naming ``after``.
-- ``GET /v1/experiments/{id}/compare?keys&jobs&max_points``: runs side by side.
+- ``GET /v1/experiments/{id}/compare?keys&jobs&max_points``: runs side by side; a job of
+  ``jobs`` that is not a run of the experiment is a 422 naming ``jobs`` and it.
 - ``PUT``/``DELETE /v1/jobs/{job_id}/tags/{tag}``, ``PUT /v1/jobs/{job_id}/note``: members.
   A run has at most ``MAX_RUN_TAGS`` tags: a new one past them is a 422 naming ``tag``.
 
@@ -284,6 +285,11 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
             shown = await as_runs(
                 conn, await repo.runs(conn, experiment_id, limit=_MAX_COMPARED, job_ids=job_ids)
             )
+            strangers = [j for j in job_ids or [] if j not in {run.job_id for run in shown}]
+            if strangers:  # compared silently without them, a mistyped id compared nothing
+                raise RequestInvalid.one(
+                    "jobs", f"not runs of experiment {experiment_id}: {', '.join(strangers)}"
+                )
             reported = [
                 (key, run.job_id, series)
                 for key in wanted

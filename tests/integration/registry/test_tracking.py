@@ -325,6 +325,31 @@ async def test_experiments_runs_sorting_filtering_and_compare(
     assert set(compared["curves"]["accuracy"]) == set(jobs)
 
 
+async def test_a_comparison_of_jobs_that_are_not_its_runs_names_them(
+    bus: Bus, pool: asyncpg.Pool, vision: httpx.AsyncClient
+) -> None:
+    """``compare?jobs=`` left out every job that is not a run of the experiment and answered
+    the rest: a mistyped id (or another experiment's run) compared nothing, silently."""
+    experiment, elsewhere = (f"cmp-{uuid.uuid4().hex[:6]}" for _ in range(2))
+    run, other = job(), job()
+    await publish(bus, started(run, spec(experiment=experiment)), run)
+    await publish(bus, started(other, spec(experiment=elsewhere)), other)
+    await publish(bus, batch(run, 0, "loss", [1.0]), run)
+    await publish(bus, batch(other, 0, "loss", [1.0]), other)
+    await wait_points(pool, run, 1)
+    await wait_points(pool, other, 1)
+    listed = (await vision.get("/v1/experiments?project=vision-research")).json()["experiments"]
+    eid = next(e["id"] for e in listed if e["name"] == experiment)
+
+    answer = await vision.get(f"/v1/experiments/{eid}/compare?jobs={run},{other},nope")
+    assert answer.status_code == 422, answer.text
+    (error,) = answer.json()["errors"]
+    assert error["field"] == "jobs"
+    assert f"{other}, nope" in error["message"] and run not in error["message"]
+    alone = await vision.get(f"/v1/experiments/{eid}/compare?jobs={run}")
+    assert alone.status_code == 200 and [r["job_id"] for r in alone.json()["runs"]] == [run]
+
+
 async def test_a_comparison_shares_a_bounded_number_of_points_among_its_curves(
     pool: asyncpg.Pool, vision: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
