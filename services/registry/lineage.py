@@ -27,6 +27,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Final, Literal
 
 import asyncpg
@@ -90,6 +91,13 @@ class Graph:
         if edge not in self._linked:
             self._linked.add(edge)
             self.edges.append(edge)
+
+    def prune(self) -> None:
+        """Drop the edges to or from a node the graph had no room for (``truncated``): every
+        edge joins two of its nodes, which the OpenLineage export and readers rely on."""
+        if self.truncated:
+            self.edges = [e for e in self.edges if e[0] in self.nodes and e[1] in self.nodes]
+            self._linked = set(self.edges)
 
     async def visible_to(
         self, team: str | None, may_read: Callable[[Kind, str, str], Awaitable[bool]]
@@ -194,10 +202,25 @@ def _source_checkpoint(version: ModelVersion) -> str:
     return version.source_uri or version.artifact.uri
 
 
+Step = Callable[[], Awaitable[list["Step"]]]
+"""One hop of a walk: it adds what it finds and answers the hops to take from there."""
+
+
 class _Walk:
+    """A walk over the graph's reads, one hop at a time from a stack: a chain of any length
+    (a model fine-tuned from one fine-tuned from ..., data made from data made from ...)
+    takes no deeper a stack than one hop, where a call per hop ran out of stack at some
+    hundreds of hops. Depth first, each hop's next hops in the order its reads give them."""
+
     def __init__(self, conn: asyncpg.Connection, graph: Graph) -> None:
         self.conn = conn
         self.graph = graph
+
+    async def run(self, first: Step) -> None:
+        stack = [first]
+        while stack:
+            stack.extend(reversed(await stack.pop()()))
+        self.graph.prune()
 
     async def job(self, job_id: str) -> bool:
         """Add the job and its resumed checkpoints; False if it was there already."""
@@ -218,56 +241,64 @@ class _Walk:
         self.graph.link(_job_id(version.job_id), _checkpoint_id(uri), "saved")
         self.graph.link(_checkpoint_id(uri), _model_id(version), "registered_as")
 
-    async def up_from_model(self, version: ModelVersion) -> None:
+    async def up_from_model(self, version: ModelVersion) -> list[Step]:
         self.registration(version, version.team)
-        await self.up_from_job(version.job_id)
+        return [partial(self.up_from_job, version.job_id)]
 
-    async def up_from_job(self, job_id: str) -> None:
+    async def up_from_job(self, job_id: str) -> list[Step]:
         if not await self.job(job_id):
-            return
+            return []
+        steps: list[Step] = []
         for given in await datasets.accessed_by(self.conn, job_id):
             self.graph.add(dataset_node(given))
             self.graph.link(_dataset_id(given), _job_id(job_id), "read_by")
             if given.producing_job_id is not None:
-                await self.up_from_job(given.producing_job_id)
                 self.graph.link(_job_id(given.producing_job_id), _dataset_id(given), "produced")
+                steps.append(partial(self.up_from_job, given.producing_job_id))
         parent_id = await lineage_repo.parent_of_job(self.conn, job_id)
         parent = (
             None if parent_id is None else await lineage_repo.version_by_id(self.conn, parent_id)
         )
         if parent is not None:
-            await self.up_from_model(parent)
             self.graph.link(_model_id(parent), _job_id(job_id), "fine_tuned_by")
+            steps.append(partial(self.up_from_model, parent))
+        return steps
 
-    async def down_from_dataset(self, version: DatasetVersion) -> None:
+    async def down_from_dataset(self, version: DatasetVersion) -> list[Step]:
         self.graph.add(dataset_node(version))
+        steps: list[Step] = []
         for job_id in await datasets.readers_of(self.conn, version.id):
             self.graph.link(_dataset_id(version), _job_id(job_id), "read_by")
-            await self.down_from_job(job_id)
+            steps.append(partial(self.down_from_job, job_id))
+        return steps
 
-    async def down_from_job(self, job_id: str) -> None:
+    async def down_from_job(self, job_id: str) -> list[Step]:
         if not await self.job(job_id):
-            return
+            return []
+        steps: list[Step] = []
         team = self.graph.jobs[_job_id(job_id)].team
         for made in await lineage_repo.versions_of_job(self.conn, job_id):
             self.registration(made, team)
             for child in await lineage_repo.children_of_version(self.conn, made.id):
                 self.graph.link(_model_id(made), _job_id(child), "fine_tuned_by")
-                await self.down_from_job(child)
+                steps.append(partial(self.down_from_job, child))
         for produced in await datasets.produced_by(self.conn, job_id):
             self.graph.link(_job_id(job_id), _dataset_id(produced), "produced")
-            await self.down_from_dataset(produced)
+            steps.append(partial(self.down_from_dataset, produced))
+        return steps
 
 
 async def upstream(conn: asyncpg.Connection, version: ModelVersion) -> Graph:
     graph = Graph(_model_id(version), "upstream")
-    await _Walk(conn, graph).up_from_model(version)
+    walk = _Walk(conn, graph)
+    await walk.run(partial(walk.up_from_model, version))
     return graph
 
 
 async def downstream(conn: asyncpg.Connection, version: DatasetVersion) -> Graph:
     graph = Graph(_dataset_id(version), "downstream")
-    await _Walk(conn, graph).down_from_dataset(version)
+    walk = _Walk(conn, graph)
+    await walk.run(partial(walk.down_from_dataset, version))
     return graph
 
 
