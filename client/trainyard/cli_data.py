@@ -4,7 +4,7 @@
 ``lineage`` prints the registry's graph as an indented tree from the root: upstream, each
 node's children are what it came from; downstream, what was made from it. A node reached
 twice is printed once in full and then as ``(see above)``, so a diamond does not repeat a
-subtree. ``--openlineage`` prints the registry's OpenLineage events (JSON) as they are.
+subtree; levels past ``INDENT_LEVELS`` keep its indent, their level written. ``--openlineage`` prints the registry's OpenLineage events (JSON) as they are.
 """
 
 from __future__ import annotations
@@ -211,24 +211,37 @@ def render_tree(graph: dict[str, Any]) -> str:
         children.setdefault(parent, []).append((edge["relation"], child))
     lines: list[str] = []
     seen: set[str] = set()
-
-    def walk(node_id: str, relation: str, depth: int) -> None:
+    # Depth first from a stack, not a call per level: the registry answers chains of
+    # thousands of nodes (a model fine-tuned from one fine-tuned from ...).
+    stack: list[tuple[str, str, int]] = [(graph["root"], "", 0)]
+    while stack:
+        node_id, relation, depth = stack.pop()
         node = nodes.get(node_id, {"id": node_id})
-        prefix = "  " * depth + (f"<-{relation}- " if upstream else f"-{relation}-> ") * bool(
+        prefix = _indent(depth) + (f"<-{relation}- " if upstream else f"-{relation}-> ") * bool(
             relation
         )
         if node_id in seen:
             lines.append(f"{prefix}{node_label(node)} (see above)")
-            return
+            continue
         seen.add(node_id)
         lines.append(prefix + node_label(node))
-        for rel, child in sorted(children.get(node_id, [])):
-            walk(child, rel, depth + 1)
-
-    walk(graph["root"], "", 0)
+        stack.extend(
+            (child, rel, depth + 1) for rel, child in reversed(sorted(children.get(node_id, [])))
+        )
     notes = []
     if graph.get("hidden"):
         notes.append(f"{graph['hidden']} nodes of other teams hidden")
     if graph.get("truncated"):
         notes.append("truncated at the registry's limit")
     return "\n".join(lines + ([f"({'; '.join(notes)})"] if notes else []))
+
+
+INDENT_LEVELS = 32
+"""Levels a lineage tree indents; deeper ones stay at this indent, their level written
+(``(40) <-saved- ...``), so a chain of thousands of nodes prints in lines of bounded width."""
+
+
+def _indent(depth: int) -> str:
+    if depth <= INDENT_LEVELS:
+        return "  " * depth
+    return "  " * INDENT_LEVELS + f"({depth}) "

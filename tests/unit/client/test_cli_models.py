@@ -145,6 +145,34 @@ def test_lineage_prints_as_a_tree_with_repeats_marked() -> None:
     assert lines[0] == "dataset v/d:3" and lines[1].startswith("  -read_by-> job 01234567")
 
 
+def test_a_lineage_as_deep_as_the_registry_answers_prints_whole() -> None:
+    # The registry answers up to 10,000 nodes; a chain of them (a model fine-tuned from one
+    # fine-tuned from ...) printed by a nested call per node ended "unexpected
+    # RecursionError" at some hundreds of hops.
+    depth = 10_000
+    nodes = [
+        {"id": f"model_version:v/cnn:{k}", "kind": "model_version", "team": "v", "name": "cnn"}
+        | {"version": k}
+        for k in range(depth)
+    ]
+    edges = [
+        {"from": f"model_version:v/cnn:{k - 1}", "to": f"model_version:v/cnn:{k}"}
+        | {"relation": "fine_tuned_by"}
+        for k in range(1, depth)
+    ]
+    root = f"model_version:v/cnn:{depth - 1}"
+    graph = {"root": root, "direction": "upstream", "nodes": nodes, "edges": edges}
+    lines = render_tree(graph).splitlines()
+    assert len(lines) == depth
+    assert lines[0] == f"model v/cnn:{depth - 1}"
+    assert lines[1] == f"  <-fine_tuned_by- model v/cnn:{depth - 2}"
+    assert lines[-1] == "  " * 32 + f"({depth - 1}) <-fine_tuned_by- model v/cnn:0"
+    assert lines[32].startswith("  " * 32 + "<-") and lines[33].startswith("  " * 32 + "(33) <-")
+    # A cycle (which the registry's graph should never hold) ends at the repeat.
+    looped = {**graph, "edges": [*edges, {"from": root, "to": nodes[0]["id"], "relation": "x"}]}
+    assert render_tree(looped).splitlines()[-1].endswith(f"model v/cnn:{depth - 1} (see above)")
+
+
 def test_cost_reports_render_buckets_dimensions_and_totals() -> None:
     report = {
         "start": "2026-12-01T00:00:00Z",
