@@ -76,9 +76,16 @@ def grid_arg(value: str) -> tuple[str, list[Any]]:
     values = [scalar(text.strip()) for text in rest.split(",") if text.strip()]
     if not values:
         raise argparse.ArgumentTypeError(f"{value!r} lists no value")
+    seen: set[tuple[str, Any]] = set()
     for given in values:
         if isinstance(given, float) and not math.isfinite(given):
             raise argparse.ArgumentTypeError(f"{value!r}: {given} is not a finite number")
+        # By type too: 1, 1.0 and true are equal in Python, not as hyper-parameters.
+        if (type(given).__name__, given) in seen:
+            raise argparse.ArgumentTypeError(
+                f"{value!r} lists {given!r} twice: each value is a trial (or a draw) of its own"
+            )
+        seen.add((type(given).__name__, given))
     return key, values
 
 

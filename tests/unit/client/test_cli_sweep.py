@@ -251,6 +251,25 @@ def test_a_malformed_option_is_a_usage_error(
     assert "sweep" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "values", ["lr=1,1", "lr=0.1, 0.10", "opt=adam,sgd,adam", "x=true,yes,true"]
+)
+def test_a_grid_value_given_twice_is_a_usage_error_not_a_second_trial(
+    api: FakeApi, capsys: pytest.CaptureFixture[str], values: str
+) -> None:
+    # `--grid lr=1,1` ran two identical trials: twice the GPUs for one result.
+    with pytest.raises(SystemExit) as ended:
+        cli.main(["sweep", "job.yaml", "--no-code", "--grid", values])
+    assert ended.value.code == 2
+    assert "twice" in capsys.readouterr().err and api.submitted == []
+
+
+def test_grid_values_of_other_types_are_not_the_same_value(api: FakeApi) -> None:
+    # 1, 1.0 and true compare equal in Python, not in a job's hyper-parameters.
+    assert cli.main(["sweep", "job.yaml", "--no-code", "--grid", "lr=1,1.0,true"]) == 0
+    assert len(api.submitted) == 3
+
+
 def test_the_median_rule_stops_a_trial_worse_than_the_finished_ones(
     api: FakeApi, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
