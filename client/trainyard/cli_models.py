@@ -9,10 +9,11 @@ one is refused with a message naming the argument (exit 2):
     TEAM/NAME:V          one version (V from 1 to VERSION_MAX)
     TEAM/NAME@ALIAS      the version an alias points at
 
-``download`` writes the bytes to a temporary file beside ``-o``, checks their size and
-sha256 against what the registry answered, and only then renames the file into place: a
-failed or interrupted download leaves no file at all, and an existing file is replaced
-only by verified bytes.
+``download`` writes the bytes to a temporary file beside ``-o`` (beside the file a link
+names, which is replaced and the link kept), checks their size and sha256 against what the
+registry answered, and only then renames the file into place: a failed or interrupted
+download leaves no file at all, and an existing file is replaced only by verified bytes.
+An ``-o`` that is a device or a pipe is refused: it would be replaced, not written to.
 """
 
 from __future__ import annotations
@@ -451,9 +452,19 @@ def run_download(session: Session) -> int:
 def fetch_verified(registry: TrainyardClient, where: dict[str, Any], output: Path) -> int:
     """Download ``where['url']`` into ``output`` (bytes counted); keep the file only when its
     size and sha256 are ``where``'s. Raises ``CliError`` and leaves no new file otherwise."""
-    target = output.expanduser()
+    # Through links to what they name: the verified file is renamed into place, and a
+    # rename onto a link replaces the link (``-o /dev/stdout`` replaced the machine's).
+    target = Path(os.path.realpath(output.expanduser()))
     if target.is_dir():
         raise CliError(f"-o: {output} is a folder; give a file name", Exit.USAGE)
+    if target.exists() and not target.is_file():
+        # A device or a pipe would be replaced by a file, not written to; the bytes go in
+        # place only once verified, so there is no stream to give it.
+        raise CliError(
+            f"-o: {output} is not a regular file (a device, a pipe or a socket); give a file "
+            "name: the bytes are put in place only once their sha256 is verified",
+            Exit.USAGE,
+        )
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
         raise CliError(f"-o: no folder {folder}", Exit.USAGE)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -415,3 +417,38 @@ def test_a_version_past_the_registrys_largest_is_a_usage_error(
         main([*base, "model", "alias", "set", "a/b", "prod", "2147483648"])
     assert exited.value.code == Exit.USAGE
     assert "at most 2147483647" in capsys.readouterr().err
+
+
+def test_a_download_never_replaces_a_link_a_device_or_a_pipe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The verified bytes were renamed onto ``-o`` whatever it was: ``-o /dev/stdout`` (a
+    link, for a pipe) or ``-o /dev/null`` as root replaced the device's name with a regular
+    file for every program of the machine, and ``-o latest.pt`` (a link to the current
+    weights) became a file of its own, the link's target untouched."""
+    body = b"weights"
+    where = {
+        "url": "/c",
+        "needs_token": True,
+        "sha256": hashlib.sha256(body).hexdigest(),
+        "size_bytes": len(body),
+    }
+    monkeypatch.setattr(cli_models, "download", lambda c, u, n, sink: sink(body))
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    (tmp_path / "to-pipe").symlink_to(pipe)
+    for special in (pipe, tmp_path / "to-pipe"):
+        with pytest.raises(CliError, match="is not a regular file") as caught:
+            fetch_verified(_registry(body, []), where, special)
+        assert caught.value.code == Exit.USAGE
+    assert stat.S_ISFIFO(pipe.stat().st_mode) and (tmp_path / "to-pipe").is_symlink()
+    # A link to a file: the file gets the bytes, the link stays a link.
+    (tmp_path / "weights").mkdir()
+    current = tmp_path / "weights" / "v3.pt"
+    current.write_bytes(b"old")
+    link = tmp_path / "latest.pt"
+    link.symlink_to(Path("weights") / "v3.pt")
+    assert fetch_verified(_registry(body, []), where, link) == len(body)
+    assert link.is_symlink() and current.read_bytes() == body
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.pt", "pipe", "to-pipe", "weights"]
+    assert [p.name for p in (tmp_path / "weights").iterdir()] == ["v3.pt"]
