@@ -9,7 +9,8 @@ Contract:
   ``{"current": NAME, "contexts": {NAME: {"url", "token", "user", "team", "registry_url",
   "billing_url", "scheduler_url"}}}``. It is written whole to a temporary file of mode 0600
   in the same folder (created 0700), then renamed over the old one: never half written,
-  never readable by others. A file others may read is refused until it is 0600 again.
+  never readable by others (a link to the file is followed: the file it names is
+  replaced, the link kept). A file others may read is refused until it is 0600 again.
 - What a command uses, strongest first: ``--url``/``--token``/``--context``, then
   ``TRAINYARD_URL``/``TRAINYARD_TOKEN``/``TRAINYARD_CONTEXT``, then the named or current
   context, then ``http://127.0.0.1:8080`` without a token.
@@ -111,7 +112,9 @@ def _is_config(raw: Any) -> bool:
 
 
 def write(path: Path, config: Config) -> None:
-    """Replace the file at ``path`` with ``config``, mode 0600 (see the contract)."""
+    """Replace the file at ``path`` with ``config``, mode 0600 (see the contract); a link
+    stays a link, the file it names replaced (as ``read`` follows it)."""
+    path = Path(os.path.realpath(path))
     body: dict[str, Any] = {
         "current": config.current,
         "contexts": {name: asdict(ctx) for name, ctx in sorted(config.named().items())},

@@ -338,3 +338,20 @@ def test_a_url_that_is_no_http_url_is_a_usage_error_naming_its_source(
     assert err == f"trainyard: error: the URL from TRAINYARD_REGISTRY_URL {expected}"
     assert api == []
     assert not config.exists()
+
+
+def test_a_config_file_that_is_a_link_stays_a_link(config: Path, api: Api, tmp_path: Path) -> None:
+    # A config kept elsewhere (a dotfiles folder) and linked into place was read through
+    # its link, then replaced by a file of its own at the first login: the file it named
+    # never saw the new context again.
+    kept = tmp_path / "dotfiles" / "trainyard.json"
+    kept.parent.mkdir()
+    assert cli.main(["login", "http://a.test", "--token", "ty_a", "--name", "a"]) == 0
+    config.rename(kept)
+    config.symlink_to(kept)
+    assert cli.main(["login", "http://b.test", "--token", "ty_b", "--name", "b"]) == 0
+    assert config.is_symlink()
+    assert sorted(json.loads(kept.read_text())["contexts"]) == ["a", "b"]
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    assert cli.main(["logout", "a"]) == 0
+    assert config.is_symlink() and sorted(json.loads(kept.read_text())["contexts"]) == ["b"]
