@@ -352,8 +352,17 @@ def explained(errors: list[dict[str, str]], loaded: SpecFile, args: argparse.Nam
     ours, theirs = [], []
     for error in errors:
         field = str(error.get("field", ""))
+        message = str(error.get("message", ""))
         option = next(
-            (o for f, o in options.items() if field == f or field.startswith((f"{f}.", f"{f}["))),
+            (
+                o
+                for f, o in options.items()
+                if field == f
+                or field.startswith((f"{f}.", f"{f}["))
+                # A mapping's bad key is named on the mapping, the key in the message
+                # (``labels``: "label key 'bad key' must be ..."): the option added it.
+                or (f.startswith(f"{field}.") and repr(f[len(field) + 1 :]) in message)
+            ),
             None,
         )
         if option is None:

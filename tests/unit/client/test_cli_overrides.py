@@ -132,3 +132,44 @@ def test_api_errors_about_overridden_values_name_the_option_not_the_files_line(
         "trainyard: error: --set lr: hyperparameters.lr: too large",
         f"trainyard: error: {spec}:2:7: gpus: too many",
     ]
+
+
+def test_a_bad_key_an_option_added_is_named_by_the_option(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The API names a mapping's bad key on the mapping, the key in the message
+    (``shared.http_errors``: ``labels``, "label key 'bad key' must be ..."), so a key that
+    ``--label`` or ``--set`` added was put on the file's ``labels:`` or ``hyperparameters:``
+    line, which holds only good keys; an error about a key of the file stays there."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "name: good\ngpus: 1\ngpu_flavor: cpu\nentrypoint: train\n"
+        "labels: {team: a}\nhyperparameters: {lr: 0.1}\n"
+    )
+    long = "k" * 300
+    errors = [
+        {"field": "labels", "message": "label key 'bad key' must be a Kubernetes-style key"},
+        {"field": "hyperparameters", "message": f"key '{long}': at most 100 characters"},
+        {"field": "labels", "message": "label key 'team' is reserved"},
+    ]
+
+    def route(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and request.url.path == "/v1/jobs":
+            return httpx.Response(422, json={"detail": "invalid job spec", "errors": errors})
+        return httpx.Response(404, json={"detail": "no", "errors": []})
+
+    def make(base_url: str, token: str, timeout: float = 10) -> TrainyardClient:
+        return TrainyardClient(base_url, token, timeout, transport=httpx.MockTransport(route))
+
+    monkeypatch.setattr(cli, "TrainyardClient", make)
+    monkeypatch.setenv("TRAINYARD_CONFIG", str(tmp_path / "config.json"))
+    monkeypatch.setenv("TRAINYARD_TOKEN", "ty_a")
+    argv = ["submit", str(spec), "--no-code", "--label", "bad key=1", "--set", f"{long}=1"]
+    assert cli.main(argv) == Exit.ERROR
+    lines = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert lines == [
+        "trainyard: error: --label bad key: labels: label key 'bad key' must be a "
+        "Kubernetes-style key",
+        f"trainyard: error: --set {long}: hyperparameters: key '{long}': at most 100 characters",
+        f"trainyard: error: {spec}:5:9: labels: label key 'team' is reserved",
+    ]
