@@ -198,7 +198,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     code = submit.add_mutually_exclusive_group()
     code.add_argument(
-        "--workdir", type=Path, help="folder to pack as the job's code (default: the spec's)"
+        "--workdir", type=folder_arg, help="folder to pack as the job's code (default: the spec's)"
     )
     code.add_argument("--no-code", action="store_true", help="submit without a code bundle")
     _override_options(submit)
@@ -212,7 +212,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sweep_code = sweep.add_mutually_exclusive_group()
     sweep_code.add_argument(
-        "--workdir", type=Path, help="folder to pack as the code (default: the spec's)"
+        "--workdir", type=folder_arg, help="folder to pack as the code (default: the spec's)"
     )
     sweep_code.add_argument("--no-code", action="store_true", help="submit without a code bundle")
     _override_options(sweep)
@@ -296,6 +296,15 @@ def _parser() -> argparse.ArgumentParser:
     add_deadletter_commands(commands, common)
     _refuse_empty(parser)
     return parser
+
+
+def folder_arg(value: str) -> Path:
+    """A ``--workdir``: a folder that exists (argparse's usage error naming the option)."""
+    path = Path(value)
+    if not path.expanduser().is_dir():
+        missing = "" if path.expanduser().exists() else ": nothing has that path"
+        raise argparse.ArgumentTypeError(f"{value!r} is not a folder{missing}")
+    return path
 
 
 def _positive(value: str) -> int:
