@@ -39,12 +39,12 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
         "experiments", run_experiments, "the team's experiments, or the runs of one"
     )
     experiments.add_argument("experiment", nargs="?", metavar="EXP", help="a name or an id")
-    experiments.add_argument("--project", help="only this project's (EXP: a name's project)")
+    experiments.add_argument("--project", help="only this project's (with EXP: EXP is a name)")
     experiments.add_argument("--sort", help="with EXP: its runs by final:<key> or best:<key>")
     experiments.add_argument("--filter", help="with EXP: its runs, e.g. final:accuracy>=0.9")
     compare = command("compare", run_compare, "runs of an experiment side by side")
     compare.add_argument("experiment", metavar="EXP", help="a name or an id")
-    compare.add_argument("--project", help="the experiment's project (EXP a name that repeats)")
+    compare.add_argument("--project", help="the experiment's project (EXP is then a name)")
     compare.add_argument("--keys", help="metric keys to compare, comma-separated")
     compare.add_argument("--jobs", nargs="+", metavar="JOB", help="only these runs")
     tag = command("tag", run_tag, "tag a run (or --rm a tag)")
@@ -186,11 +186,19 @@ def run_metrics(session: Session) -> int:
     return Exit.OK
 
 
+EXPERIMENT_ID_MAX = 2**63 - 1
+"""The largest experiment id (the registry's ``bigint``)."""
+
+
 def _experiment_id(session: Session, ref: str, project: str | None) -> int:
-    if ref.isdigit():
-        unused(("--project", project), form=f"EXP {ref} (an id; --project finds a name)")
-        return int(ref)
+    """The id EXP ``ref`` stands for: without ``--project``, ASCII digits are an id when an
+    experiment the caller may read has it; else (and always with ``--project``) a name,
+    which may be digits too (``2024``)."""
     registry = session.service("registry")
+    if project is None and ref.isascii() and ref.isdecimal():
+        number = int(ref)
+        if 1 <= number <= EXPERIMENT_ID_MAX and _readable(registry, number):
+            return number
     found = registry.get_every("/v1/experiments", "experiments", project=project, limit=500)
     matches = [e for e in found["experiments"] if e["name"] == ref]
     if not matches:
@@ -202,6 +210,16 @@ def _experiment_id(session: Session, ref: str, project: str | None) -> int:
             Exit.NOT_FOUND,
         )
     return int(matches[0]["id"])
+
+
+def _readable(registry: TrainyardClient, number: int) -> bool:
+    try:
+        registry.get(f"/v1/experiments/{number}", limit=1)
+    except TrainyardError as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
 
 
 def run_experiments(session: Session) -> int:

@@ -1,8 +1,7 @@
 """An option the command's form does not use is a usage error naming it (exit 2, no
 request), never silently dropped: ``experiments --sort final:loss`` (no EXP) listed the
 experiments unsorted, ``cost JOB --team x`` showed the job's bill unfiltered, ``metrics JOB
---points 5`` (no KEY) the whole table, ``ls --mine --user bob`` your own jobs, and
-``compare 7 --project p`` experiment 7 of whatever project."""
+--points 5`` (no KEY) the whole table, and ``ls --mine --user bob`` your own jobs."""
 
 from __future__ import annotations
 
@@ -21,8 +20,6 @@ BASE = ["--url", "http://127.0.0.1:9", "--token", "ty_a"]
     [
         (["experiments", "--sort", "final:loss"], "--sort"),
         (["experiments", "--filter", "final:loss<1"], "--filter"),
-        (["experiments", "7", "--project", "p"], "--project"),
-        (["compare", "7", "--project", "p"], "--project"),
         (["metrics", JOB, "--points", "5"], "--points"),
         (["cost", JOB, "--team", "vision"], "--team"),
         (["cost", JOB, "--project", "p"], "--project"),
