@@ -567,7 +567,7 @@ def retry_after(value: str | None) -> float | None:
     if value is None:
         return None
     text = value.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # RFC 9110's DIGIT; isdigit() alone takes '²'
         return float(text)
     try:
         when = email.utils.parsedate_to_datetime(text)

@@ -32,3 +32,10 @@ def test_an_http_date_is_the_time_left_until_it() -> None:
     header = format_datetime(datetime.now(UTC) + timedelta(seconds=60), usegmt=True)
     left = retry_after(header)
     assert left is not None and 50 <= left <= 60
+
+
+@pytest.mark.parametrize("header", ["\xb2", "\xb9\xb2", "\u0663"])
+def test_digits_that_are_no_ascii_digits_are_no_delay(header: str) -> None:
+    # A Retry-After of '²' (str.isdigit() takes it for a digit) ended the command with
+    # "unexpected ValueError" from float(); it is no delay-seconds, so no delay at all.
+    assert retry_after(header) is None
