@@ -397,7 +397,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BundleError as exc:
         return _fail(str(exc), Exit.ERROR)
     except TrainyardError as exc:
-        return _fail(str(exc), exit_code_of(exc))
+        said = str(exc)
+        if exc.status == 401 and session is not None and getattr(args, "run", None) != _login:
+            said += f"\n{session.refused_token()}"
+        return _fail(said, exit_code_of(exc))
     except TimeoutError as exc:
         return _fail(str(exc), Exit.TIMEOUT)
     except KeyboardInterrupt:

@@ -196,6 +196,22 @@ class Session:
             "no token: trainyard login URL, set TRAINYARD_TOKEN or pass --token", Exit.DENIED
         )
 
+    def refused_token(self) -> str:
+        """What to say of a token an API refused (401): where it came from and how to get
+        one that works; never the token."""
+        if getattr(self.args, "token", None):
+            return "the token from --token was refused"
+        if self.settings.token and self.settings.token.get_secret_value():
+            return "the token from TRAINYARD_TOKEN was refused"
+        name = self._context_name()
+        ctx = self.context()
+        if ctx is None:
+            return "the token was refused"
+        return (
+            f"the token of context {name!r} was refused (expired or revoked?): "
+            f"trainyard login {ctx.url} --name {name}"
+        )
+
     @property
     def client(self) -> TrainyardClient:
         """The submission API's client (made once)."""

@@ -355,3 +355,26 @@ def test_a_config_file_that_is_a_link_stays_a_link(config: Path, api: Api, tmp_p
     assert stat.S_IMODE(kept.stat().st_mode) == 0o600
     assert cli.main(["logout", "a"]) == 0
     assert config.is_symlink() and sorted(json.loads(kept.read_text())["contexts"]) == ["b"]
+
+
+def test_a_refused_token_is_named_by_where_it_came_from(
+    config: Path, api: Api, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A token that expired or was revoked after login answered only "401 invalid token":
+    # not which token (a context's, TRAINYARD_TOKEN, --token), nor what to do.
+    assert cli.main(["login", "http://a.test", "--token", "ty_a", "--name", "lab"]) == 0
+    capsys.readouterr()
+    del api.tokens["ty_a"]  # revoked, or expired, since
+    assert cli.main(["whoami"]) == 4
+    err = capsys.readouterr().err
+    assert err.startswith("trainyard: error: 401 invalid token")
+    assert "the token of context 'lab' was refused" in err
+    assert "trainyard login http://a.test --name lab" in err and "ty_a" not in err
+    monkeypatch.setenv("TRAINYARD_TOKEN", "ty_zz")
+    assert cli.main(["whoami"]) == 4
+    assert "the token from TRAINYARD_TOKEN was refused" in capsys.readouterr().err
+    assert cli.main(["whoami", "--token", "ty_yy"]) == 4
+    assert "the token from --token was refused" in capsys.readouterr().err
+    # login says nothing of a context: the token refused is the one it was given.
+    assert cli.main(["login", "http://a.test", "--token", "ty_xx"]) == 4
+    assert "was refused" not in capsys.readouterr().err
