@@ -469,12 +469,23 @@ def refusal(response: httpx.Response) -> TrainyardError:
     page of a proxy or of another server, an empty one, JSON without a string ``detail``)
     is no Trainyard API's answer: the message names the request and what came back, so a
     wrong URL is not read as, say, "404 Not Found" of a job (an answer to ``HEAD``, which
-    has no body, is its status alone). Error items of another shape
+    has no body, is its status alone). So is a 404 whose detail is the bare "Not Found" a
+    service answers for a path it has no route for (another service's URL). Error items of another shape
     become strings rather than failing the command, and every text is made safe to print
     (``printable``)."""
     body = _json(response, default={}) if response.content else {}
     detail = body.get("detail") if isinstance(body, dict) else None
     wait = retry_after(response.headers.get("Retry-After"))
+    url = response.request.url.copy_with(query=None, fragment=None)
+    if response.status_code == 404 and detail == "Not Found" and not body.get("errors"):
+        # The bare detail a platform service answers for a path none of its routes has
+        # (every missing thing is named: "no model 'x' ..."): a URL of another service.
+        return TrainyardError(
+            404,
+            f"Not Found from {response.request.method} {url}: this server has no such route "
+            "(the URL of another service, or of no Trainyard API: is the URL right?)",
+            retry_after=wait,
+        )
     if isinstance(detail, str) and detail.strip():
         return TrainyardError(
             response.status_code,
@@ -493,7 +504,6 @@ def refusal(response: httpx.Response) -> TrainyardError:
         what = "JSON without a 'detail'"
     else:
         what = "not JSON" if not isinstance(body, list) else "a JSON list"
-    url = response.request.url.copy_with(query=None, fragment=None)
     return TrainyardError(
         response.status_code,
         f"{reason} from {response.request.method} {url} ({what}, not the JSON error of a "

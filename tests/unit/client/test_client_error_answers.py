@@ -127,3 +127,17 @@ def test_an_error_the_detail_already_says_is_not_said_twice() -> None:
     # What the detail does not say is still shown, the rest once.
     body["errors"].append({"field": "team", "message": "too long"})
     assert str(_refused(409, json.dumps(body).encode())) == f"409 name: {said} (team: too long)"
+
+
+def test_a_route_the_server_does_not_have_names_the_request_and_the_url() -> None:
+    # A registry URL that is the submission's (or billing's) answered every model command
+    # "404 Not Found", as if the model did not exist: the platform's services answer a
+    # path none of their routes has with that bare detail (the dashboard reads it so too).
+    body = json.dumps({"detail": "Not Found", "errors": []}).encode()
+    error = _refused(404, body, {"content-type": "application/json"})
+    assert error.status == 404
+    assert str(error).startswith("404 Not Found from GET http://api.test/v1/jobs/abc: ")
+    assert "no such route" in str(error) and "is the URL right" in str(error)
+    # A thing that does not exist is still said as the service says it.
+    missing = json.dumps({"detail": "job abc not found", "errors": []}).encode()
+    assert str(_refused(404, missing)) == "404 job abc not found"
