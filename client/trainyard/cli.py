@@ -458,6 +458,8 @@ def _version(session: Session) -> int:
 
 
 def _completion(session: Session) -> int:
+    if session.as_json:
+        raise CliError("completion prints a shell script, not JSON: leave out --json", Exit.USAGE)
     try:
         import shtab
     except ImportError:

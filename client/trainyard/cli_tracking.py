@@ -386,6 +386,8 @@ def dimensions_arg(value: str) -> list[str]:
 
 def run_cost(session: Session) -> int:
     args = session.args
+    if args.csv and session.as_json:
+        raise CliError("--json and --csv are two outputs: give one", Exit.USAGE)
     billing = session.service("billing")
     try:
         if args.job is not None:

@@ -55,6 +55,8 @@ def add_command(command: Callable[..., argparse.ArgumentParser]) -> None:
 
 def run_waste(session: Session) -> int:
     args = session.args
+    if args.csv and session.as_json:
+        raise CliError("--json and --csv are two outputs: give one", Exit.USAGE)
     billing = session.service("billing")
     params: dict[str, str | None] = {
         "group_by": ",".join(args.by or ["team"]),

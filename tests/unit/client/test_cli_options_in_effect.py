@@ -48,3 +48,25 @@ def test_mine_and_another_user_are_one_or_the_other(
         cli.main([*BASE, "ls", "--mine", "--user", "bob"])
     assert exited.value.code == Exit.USAGE
     assert "--user" in capsys.readouterr().err and sent == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--json", "cost", "--csv"], "--csv"),
+        (["--json", "waste", "--csv"], "--csv"),
+        (["--json", "completion", "bash"], "completion"),
+    ],
+)
+def test_json_is_json_or_a_usage_error(
+    argv: list[str],
+    named: str,
+    sent: list[httpx.Request],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # `--json cost --csv` printed CSV and `--json completion bash` a shell script: a script
+    # that asked for JSON got something else, exit 0.
+    assert cli.main([*BASE, *argv]) == Exit.USAGE
+    captured = capsys.readouterr()
+    assert captured.out == "" and "--json" in captured.err and named in captured.err
+    assert sent == []
