@@ -71,7 +71,7 @@ from trainyard_platform.services.runner import (
     launch,
     publishing,
 )
-from trainyard_platform.services.runner.cgroups import NodeCgroups
+from trainyard_platform.services.runner.cgroups import NodeCgroups, runner_folder
 from trainyard_platform.services.runner.config import JOB_SLOTS, Settings
 from trainyard_platform.services.runner.domain import JobIdentity, StopRequest
 from trainyard_platform.services.runner.environments import (
@@ -234,7 +234,7 @@ class NodeAgent:
         remove_sandbox(self.settings.sandboxes_dir)
         # After the kill: what an earlier runner's jobs left of their cgroups goes too.
         self._cgroups = NodeCgroups.detect(
-            self.settings.node_id,
+            runner_folder(self.settings.node_id, self.settings.job_uids),
             gpu_minors=None if self.gpus.virtual else self.gpus.device_minors,
         )
         # Nothing runs yet, so no environment is in use: keep the most recently used ones.

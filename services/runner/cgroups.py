@@ -6,7 +6,8 @@ than it declared CPUs is throttled instead of slowing its neighbours; on a node 
 GPUs, the device files of the GPUs an attempt was not allocated are closed to it.
 
 Where. A root runner gives each attempt a cgroup of its own,
-``<own>/trainyard/<node>/<sandbox name>``, below the runner's own cgroup in each hierarchy
+``<own>/trainyard/<node>.<first job uid>/<sandbox name>`` (``runner_folder``), below the
+runner's own cgroup in each hierarchy
 that carries a controller it uses: nested runners, a systemd unit's or a CI job's cgroup
 keep theirs. Each controller is taken where the host mounts it (``find_controllers``, from
 ``/proc/self/mountinfo`` and ``/proc/self/cgroup``): cgroup v1 (a hierarchy per controller:
@@ -428,17 +429,29 @@ def remove_cgroup(folder: Path, attempts: int = 50) -> None:
             time.sleep(0.02)
 
 
+def runner_folder(node_id: str, job_uids: range) -> str:
+    """The name of a runner's folder below ``<own>/trainyard``: its node id and the first uid
+    of its jobs. A runner's job uids are its host-wide claim (``sandbox.claim_job_uids``), so
+    two runners alive on one host never share a folder, even under one node id and one own
+    cgroup (two local stacks, each naming its node ``local-node-1``): before, the second to
+    start emptied the first's folder (``NodeCgroups.detect`` removes what it finds there),
+    killing its running jobs, and the first's end removed the folder under the second's.
+    A runner restarted with its settings finds what its predecessor left."""
+    return f"{node_id}.{job_uids.start}"
+
+
 class NodeCgroups:
-    """This node's job cgroups: ``<own>/trainyard/<node>`` in each hierarchy used."""
+    """This runner's job cgroups: ``<own>/trainyard/<folder>`` in each hierarchy used
+    (``runner_folder`` names it)."""
 
     def __init__(
         self,
         controllers: dict[str, Hierarchy],
-        node_id: str,
+        folder: str,
         gpu_minors: Sequence[int] | None = None,
     ) -> None:
         self._controllers = controllers
-        self._node_id = node_id
+        self._folder = folder
         self._gpu_minors = tuple(gpu_minors) if gpu_minors is not None else None
         if self._gpu_minors is None:
             # Virtual GPUs (or none): there are no device files to confine.
@@ -453,7 +466,7 @@ class NodeCgroups:
         return min(host, own) if own is not None else host
 
     def node_folder(self, hierarchy: Hierarchy) -> Path:
-        return hierarchy.own / "trainyard" / self._node_id
+        return hierarchy.own / "trainyard" / self._folder
 
     @property
     def hierarchies(self) -> list[Hierarchy]:
@@ -462,15 +475,16 @@ class NodeCgroups:
     @classmethod
     def detect(
         cls,
-        node_id: str,
+        folder: str,
         *,
         mountinfo: Path = Path("/proc/self/mountinfo"),
         proc_cgroup: Path = Path("/proc/self/cgroup"),
         as_root: bool | None = None,
         gpu_minors: Sequence[int] | None = None,
     ) -> NodeCgroups | None:
-        """This node's job cgroups, set up and emptied of what an earlier runner left; None
-        (with one warning saying why and what it means) when they cannot be had.
+        """This runner's job cgroups in ``<own>/trainyard/<folder>`` (``runner_folder``), set
+        up and emptied of what an earlier runner of that folder left; None (with one warning
+        saying why and what it means) when they cannot be had.
         ``gpu_minors``: the minor numbers of the node's real GPUs' device files, by index
         (``GpuInventory.device_minors``), whose files each attempt may open only for its own
         GPUs; None (virtual GPUs): no device confinement."""
@@ -488,7 +502,7 @@ class NodeCgroups:
                 problem = "this host offers this process no memory cgroup controller"
             if problem is None:
                 # A copy: set-up drops the optional controllers it cannot use.
-                node = cls(dict(controllers), node_id, gpu_minors)
+                node = cls(dict(controllers), folder, gpu_minors)
                 try:
                     node._set_up()
                 except OSError as exc:
@@ -584,7 +598,7 @@ class NodeCgroups:
                     "controllers cannot be given to cgroups below it",
                 ) from again
         folder = hierarchy.own
-        for part in ("trainyard", self._node_id):
+        for part in ("trainyard", self._folder):
             folder = folder / part
             folder.mkdir(exist_ok=True)
             _write(folder / "cgroup.subtree_control", wanted)

@@ -24,6 +24,7 @@ from trainyard_platform.services.runner.cgroups import (
     Hierarchy,
     NodeCgroups,
     cpu_limit,
+    runner_folder,
 )
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.launch import sandbox_name
@@ -116,7 +117,8 @@ async def test_a_jobs_cgroup_has_the_cpu_quota_it_declares_else_the_nodes_defaul
     ):
         seen = json.loads((launches / out).read_text())
         name = sandbox_name(allocation.allocation_id)
-        assert seen["path"] == f"{own_cgroup_path()}/trainyard/{settings.node_id}/{name}"
+        folder = runner_folder(settings.node_id, settings.job_uids)
+        assert seen["path"] == f"{own_cgroup_path()}/trainyard/{folder}/{name}"
         if CPU.version == 1:
             assert seen["quota"] == {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": str(quota)}
         else:

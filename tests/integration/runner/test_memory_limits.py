@@ -18,6 +18,7 @@ from tests.integration.runner.conftest import (
     upload_bundle,
     writable_cgroups,
 )
+from trainyard_platform.services.runner.cgroups import runner_folder
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.launch import sandbox_name
 from trainyard_platform.shared.bus import Bus
@@ -63,7 +64,9 @@ def hog(settings: Settings, folder: Path, mib: int, gpu: int, memory_gib: int) -
 def attempt_cgroup(settings: Settings, allocation: AllocationGranted) -> Path:
     assert OWN_MEMORY_CGROUP is not None
     name = sandbox_name(allocation.allocation_id)
-    return OWN_MEMORY_CGROUP / "trainyard" / settings.node_id / name
+    return (
+        OWN_MEMORY_CGROUP / "trainyard" / runner_folder(settings.node_id, settings.job_uids) / name
+    )
 
 
 async def test_a_job_over_its_declared_memory_is_killed_and_fails_naming_the_field(

@@ -27,6 +27,7 @@ from trainyard_platform.services.runner.cgroups import (
     memory_limit,
     node_cpus,
     node_memory_bytes,
+    runner_folder,
 )
 from trainyard_platform.services.runner.sandbox import AsJob, JobUser
 
@@ -436,3 +437,32 @@ def test_a_runner_under_a_cpu_quota_shares_out_and_grants_no_more_than_it(
         "-1\n" if version == 1 else "max 100000\n"
     )
     assert node.cpu_ceiling() is None and node.cpus() == node_cpus()
+
+
+def test_two_runners_of_one_node_id_on_one_host_never_empty_each_others_cgroups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two local stacks on one host both name their node ``local-node-1`` and run under one
+    own cgroup; each runner's folder is its node id and its first job uid (its host-wide
+    claim), so the second to start does not remove the first's attempts (killing its jobs),
+    while the same runner started again removes what its predecessor left."""
+    removed: list[Path] = []
+    monkeypatch.setattr(cgroups, "remove_cgroup", removed.append)
+    mountinfo, cgroup = tmp_path / "mountinfo", tmp_path / "cgroup"
+    (tmp_path / "memory").mkdir()
+    mountinfo.write_text(f"35 31 0:32 / {tmp_path}/memory rw - cgroup cgroup rw,memory\n")
+    cgroup.write_text("4:memory:/\n")
+
+    def started(folder: str) -> NodeCgroups:
+        node = NodeCgroups.detect(folder, mountinfo=mountinfo, proc_cgroup=cgroup, as_root=True)
+        assert node is not None
+        return node
+
+    first_folder = runner_folder("local-node-1", range(200_064, 200_096))
+    second_folder = runner_folder("local-node-1", range(250_112, 250_144))
+    running = started(first_folder).create("sb1", MemoryLimit(GIB, "x"), None, None).folders
+    removed.clear()  # (an attempt's cgroup is made afresh: one left by that name goes first)
+    started(second_folder)
+    assert removed == [], "the second runner emptied the first's cgroups"
+    started(first_folder)
+    assert removed == list(running)
