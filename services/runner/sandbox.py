@@ -43,6 +43,7 @@ import platform
 import pwd
 import re
 import resource
+import selectors
 import shutil
 import signal
 import stat
@@ -52,13 +53,19 @@ import tarfile
 import tempfile
 import textwrap
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainyard_platform.services.runner.cgroups import JobCgroup
 from trainyard_platform.services.runner.checkpoints import file_sha256
-from trainyard_platform.services.runner.git_faults import COMMIT, git_fault, git_not_run
+from trainyard_platform.services.runner.git_faults import (
+    COMMIT,
+    REPOSITORY,
+    git_fault,
+    git_not_run,
+)
 from trainyard_platform.shared.bundle_archive import (
     MAX_BUNDLE_MEMBERS,
     MAX_UNPACKED_BYTES,
@@ -253,27 +260,81 @@ class AsJob:
     ) -> subprocess.CompletedProcess[bytes]:
         """Run ``argv`` as the job would be run: its user (no supplementary groups) and its
         cgroup (``job_preexec``), exactly its environment, stdin closed, in a process group
-        of its own; stdout and stderr captured. Whatever it leaves running is killed before
-        this returns. Raises ``OSError``, ``subprocess.SubprocessError`` (the process could
-        not join its cgroup or become its user) and ``subprocess.TimeoutExpired`` like
-        ``subprocess.run``."""
+        of its own; stdout and stderr captured, each up to ``MAX_AS_JOB_OUTPUT_BYTES``.
+        Whatever it leaves running is killed before this returns. Raises ``OSError``,
+        ``subprocess.SubprocessError`` (the process could not join its cgroup or become its
+        user), ``subprocess.TimeoutExpired`` like ``subprocess.run``, and ``OutputTooLarge``
+        (a ``SubprocessError``) once it has printed more than the bound, its group killed."""
         limit = self.max_processes if self.user.isolated else None
         try:
-            return subprocess.run(
+            with subprocess.Popen(
                 list(argv),
                 cwd=cwd,
                 env=dict(self.env),
                 stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=timeout,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 process_group=0,
                 umask=0o077,  # as the job's own processes (process.JOB_UMASK)
-                check=False,
                 preexec_fn=job_preexec(limit, self.user, self.cgroup),
-            )
+            ) as process:
+                try:
+                    stdout, stderr = _bounded_output(process, argv, timeout)
+                except BaseException:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(process.pid, signal.SIGKILL)
+                    raise
+                return subprocess.CompletedProcess(list(argv), process.wait(), stdout, stderr)
         finally:
             if self.user.uid is not None:
                 kill_leftovers(range(self.user.uid, self.user.uid + 1), [])
+
+
+MAX_AS_JOB_OUTPUT_BYTES = 32 * 1024 * 1024
+"""What ``AsJob.run`` keeps of each of stdout and stderr. What runs as the job prints what
+the tenant chose (its environment's ``.pth`` files run in the interpreter's probe; git
+prints what the tenant's server sends, and a diff of the code the tenant brought): without a
+bound the runner, root, would keep all of it in its memory."""
+
+
+class OutputTooLarge(subprocess.SubprocessError):
+    """What ran as the job printed more than ``MAX_AS_JOB_OUTPUT_BYTES`` on one stream."""
+
+
+def _bounded_output(
+    process: subprocess.Popen[bytes], argv: Sequence[str], timeout: float
+) -> tuple[bytes, bytes]:
+    """Read ``process``'s stdout and stderr to their end, each up to
+    ``MAX_AS_JOB_OUTPUT_BYTES`` (``OutputTooLarge`` past it), within ``timeout`` seconds
+    (``subprocess.TimeoutExpired``); then wait for it within what is left."""
+    assert process.stdout is not None and process.stderr is not None
+    deadline = time.monotonic() + timeout
+    streams = {process.stdout.fileno(): "stdout", process.stderr.fileno(): "stderr"}
+    kept = {fd: bytearray() for fd in streams}
+    with selectors.DefaultSelector() as selector:
+        for fd in streams:
+            selector.register(fd, selectors.EVENT_READ)
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(list(argv), timeout)
+            for key, _ in selector.select(left):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fd)
+                    continue
+                kept[key.fd] += chunk
+                if len(kept[key.fd]) > MAX_AS_JOB_OUTPUT_BYTES:
+                    raise OutputTooLarge(
+                        f"{argv[0]} printed more than {MAX_AS_JOB_OUTPUT_BYTES} bytes on "
+                        f"{streams[key.fd]}"
+                    )
+    try:
+        process.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise subprocess.TimeoutExpired(list(argv), timeout) from None
+    out, err = (bytes(kept[fd]) for fd in (process.stdout.fileno(), process.stderr.fileno()))
+    return out, err
 
 
 def job_user(uid_base: int, slot: int) -> JobUser:
@@ -464,6 +525,10 @@ def checkout_git(
         # Every reason names the spec field and what happened (``git_faults``).
         try:
             result = as_job.run(["git", *args], cwd=dest, timeout=600)
+        except OutputTooLarge as exc:  # what the tenant's server or repository made it say
+            raise JobInputError(
+                f"{REPOSITORY}: git {args[0]} of {code.repository}: {exc}"
+            ) from None
         except (OSError, subprocess.SubprocessError) as exc:  # a timeout, a failed preexec
             fault = git_not_run(args[0], str(exc))
             raise PlatformError(fault.reason(f"git {args[0]} of {code.repository}")) from None

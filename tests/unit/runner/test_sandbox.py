@@ -561,3 +561,45 @@ def test_every_process_of_each_uid_is_killed_and_no_other(tmp_path: Path) -> Non
         for p in [*inside, outside]:
             p.kill()
             p.wait()
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_what_runs_as_the_job_cannot_fill_the_runners_memory_with_its_output(
+    tmp_path: Path, stream: str
+) -> None:
+    # The probe of a job's interpreter runs its environment's .pth files (a wheel the tenant
+    # chose), and git prints what the tenant's server sends: before, the runner kept every
+    # byte of it (subprocess.run's capture), for up to the probe's 60 s.
+    redirect = ">&2" if stream == "stderr" else ""
+    over = sandbox.MAX_AS_JOB_OUTPUT_BYTES * 2
+    as_job = AsJob(JobUser(None, None), {"PATH": "/usr/bin:/bin"})
+    with pytest.raises(
+        sandbox.OutputTooLarge,
+        match=f"more than {sandbox.MAX_AS_JOB_OUTPUT_BYTES} bytes on {stream}",
+    ):
+        as_job.run(
+            ["/bin/sh", "-c", f"head -c {over} /dev/zero {redirect}"], cwd=tmp_path, timeout=60
+        )
+
+
+def test_output_within_the_bound_is_all_there(tmp_path: Path) -> None:
+    as_job = AsJob(JobUser(None, None), {"PATH": "/usr/bin:/bin"})
+    done = as_job.run(
+        ["/bin/sh", "-c", "printf out; printf err >&2; exit 3"], cwd=tmp_path, timeout=60
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (3, b"out", b"err")
+    with pytest.raises(subprocess.TimeoutExpired):
+        as_job.run(["/bin/sh", "-c", "sleep 30"], cwd=tmp_path, timeout=0.5)
+
+
+def test_git_printing_past_the_bound_is_the_jobs_input_naming_the_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def run(self: AsJob, argv: list[str], *, cwd: Path, timeout: float) -> Any:
+        raise sandbox.OutputTooLarge("git printed more than 16 bytes on stderr")
+
+    monkeypatch.setattr(AsJob, "run", run)
+    code = CodeGit(repository="https://git.example.com/noisy.git", commit="a" * 40)
+    (tmp_path / "code").mkdir()
+    with pytest.raises(JobInputError, match=r"^spec\.code\.repository: .*more than 16 bytes"):
+        checkout_git(code, tmp_path / "code", JobUser(None, None), tmp_path)
