@@ -195,11 +195,36 @@ def probe_interpreter(python: str, code_dir: Path, as_job: AsJob) -> dict[str, s
         done = as_job.run([python, "-I", "-c", _PROBE], cwd=code_dir, timeout=60)
         if done.returncode != 0:
             raise ValueError(f"exit status {done.returncode}: {done.stderr[-500:]!r}")
-        found: dict[str, str | None] = json.loads(done.stdout)
-        return found
+        return probe_answer(done.stdout)
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
         log.warning("could not probe the job interpreter %s: %s", python, exc)
-        return {"python": None, "torch": None, "torch_cuda": None, "cudnn": None, "nccl": None}
+        return dict.fromkeys(PROBE_FIELDS)
+
+
+PROBE_FIELDS = ("python", "torch", "torch_cuda", "cudnn", "nccl")
+_PROBE_VALUE = re.compile(r"[ -~]{1,200}")
+"""A version as the probe says one (``CPython 3.11.4``, ``2.4.0+cu121``): printable ASCII,
+at most 200 characters."""
+
+
+def probe_answer(stdout: bytes) -> dict[str, str | None]:
+    """The fields of the probe's answer, each a version (``_PROBE_VALUE``) or None; raises
+    ``ValueError`` for anything else. The probe runs the ``.pth`` files of the job's
+    environment, which can make it print anything: what it says goes into ``job.started``,
+    where a list, a NUL or a terminal escape has no place."""
+    found = json.loads(stdout)
+    if not isinstance(found, dict):
+        raise ValueError(f"the probe's answer is not a JSON object: {stdout[:200]!r}")
+    answer: dict[str, str | None] = {}
+    for field in PROBE_FIELDS:
+        value = found.get(field)
+        if value is not None and not (isinstance(value, str) and _PROBE_VALUE.fullmatch(value)):
+            raise ValueError(
+                f"the probe's {field} is not a version (printable ASCII, at most 200 "
+                f"characters): {str(value)[:200]!r}"
+            )
+        answer[field] = value
+    return answer
 
 
 def capture_environment(

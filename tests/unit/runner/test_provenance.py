@@ -184,3 +184,37 @@ def test_the_package_list_digest_ignores_order() -> None:
     assert one == packages_digest(["numpy==2.0.0", "torch==2.4.0"])
     assert one != packages_digest(["numpy==2.0.1", "torch==2.4.0"])
     assert re.fullmatch(r"[0-9a-f]{64}", one)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        '["not", "an", "object"]',
+        '{"python": 3, "torch": ["2.4"]}',
+        '{"python": "CPython 3.11.4\\u0000", "torch": "2.4.0"}',
+        '{"python": "CPython 3.11.4", "torch": "2.4.0\\u001b[2J"}',
+        '{"python": "CPython \\u202e3.11.4", "torch": "2.4.0"}',
+        '{"python": "CPython 3.11.4", "torch": "' + "9" * 1000 + '"}',
+    ],
+)
+def test_an_interpreter_answering_what_no_version_is_is_recorded_as_unknown(
+    code: Path, tmp_path: Path, answer: str
+) -> None:
+    # The probe runs the .pth files of the job's environment (a wheel the tenant chose),
+    # which can make it print anything. Before: a list or a number raised out of the
+    # launch (the job failed as platform_error, counted against the node), and a NUL or a
+    # terminal escape went into job.started, where no database could store it.
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\ncat <<'END'\n{answer}\nEND\n")
+    python.chmod(0o755)
+    env = capture_environment(
+        python=str(python),
+        code_dir=code,
+        node_id="n",
+        gpu_flavor="cpu",
+        gpus=virtual_inventory(1),
+        gpu_indices=[0],
+        as_job=AS_RUNNER,
+        code_is_jobs=True,
+    )
+    assert env.python == f"unknown ({python})" and env.torch == "not installed"
