@@ -512,7 +512,7 @@ def failed_to_start(
         epoch=job.epoch,
         finished_at=now,
         exit_code=None,
-        reason=reason,
+        reason=storable(reason),  # it may quote what the tenant's git server said
     )
 
 
@@ -533,14 +533,29 @@ def lost_on_restart(job: JobIdentity, now: datetime) -> JobPreempted:
     )
 
 
+MAX_LOG_TAIL_CHARS = 16 * 1024
+"""The most characters of a job's output its ``job.failed`` carries (the end of its last
+lines): lines are up to 64 KiB (``process.OUTPUT_LINE_LIMIT``) and a control character is
+six bytes of JSON, so forty whole lines could pass NATS's 1 MiB message limit, and an event
+that cannot be sent is retried for ever (``publishing``): the job would never end."""
+
+
+def storable(text: str) -> str:
+    """``text`` with each NUL replaced by U+FFFD, as undecodable output already is: the
+    consumers' databases (PostgreSQL's text and JSON) store no NUL, and an event they
+    cannot store is dead-lettered, not applied."""
+    return text.replace("\x00", "\ufffd")
+
+
 class LogTail:
-    """The last ``size`` lines of a job's output."""
+    """The last ``size`` lines of a job's output, at most ``MAX_LOG_TAIL_CHARS`` of them in
+    all, ``storable``."""
 
     def __init__(self, size: int) -> None:
         self._lines: deque[str] = deque(maxlen=size)
 
     def add(self, line: str) -> None:
-        self._lines.append(line)
+        self._lines.append(storable(line))
 
     def text(self) -> str:
-        return "\n".join(self._lines)
+        return "\n".join(self._lines)[-MAX_LOG_TAIL_CHARS:]

@@ -18,7 +18,9 @@ from trainyard_platform.services.runner.domain import (
     ProgressThrottle,
     StopRequest,
 )
+from trainyard_platform.services.runner.process import OUTPUT_LINE_LIMIT
 from trainyard_platform.shared.control import CheckpointMessage, MetricsMessage, parse_control_line
+from trainyard_platform.shared.events import Envelope
 from trainyard_platform.shared.events.payloads import (
     CheckpointRef,
     CheckpointSaved,
@@ -245,6 +247,31 @@ def test_log_tail_keeps_the_last_lines() -> None:
     for i in range(10):
         tail.add(f"line {i}")
     assert tail.text() == "line 7\nline 8\nline 9"
+
+
+def test_the_log_tail_of_any_output_fits_an_event_every_consumer_stores() -> None:
+    # A job that printed 40 lines of 64 KiB (a tensor, a progress bar without newlines) and
+    # failed: before, its job.failed was 2.5 MB (15 MB of JSON for control characters),
+    # past NATS's 1 MiB, so the runner published it again every 10 s for ever and the job
+    # never ended; and a NUL in its last lines made submission and the scheduler, whose
+    # databases store no NUL, dead-letter the job's end.
+    tail = LogTail(40)
+    for _ in range(41):
+        tail.add("\x01" * OUTPUT_LINE_LIMIT)
+    tail.add("last words\x00 here")
+    results = JobResults({}, None, tail.text())
+    event = domain.terminal_event(JOB, Outcome("failed", "exited with status 1", 1), results, NOW)
+    body = Envelope.wrap(event, source=domain.SOURCE, subject=JOB.job_id).to_json()
+    assert len(body) < 256 * 1024
+    assert b"\\u0000" not in body
+    assert isinstance(event, JobFailed) and event.log_tail.endswith("\nlast words\ufffd here")
+    assert len(event.log_tail) == domain.MAX_LOG_TAIL_CHARS
+
+
+def test_a_reason_quoting_what_a_tenant_sent_holds_no_nul() -> None:
+    # git's words on a failed fetch come from the tenant's server.
+    event = domain.failed_to_start(JOB, "spec.code.repository: git fetch failed: bad\x00", NOW)
+    assert event.reason == "spec.code.repository: git fetch failed: bad\ufffd"
 
 
 def test_non_finite_metrics_are_left_out_of_events_so_consumers_can_parse_them() -> None:
