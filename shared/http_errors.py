@@ -68,6 +68,7 @@ from trainyard_platform.shared.bus import (
     POSTGRES_NOT_ANSWERING,
     infrastructure_fault,
 )
+from trainyard_platform.shared.events.payloads import NOT_IN_A_NAME
 from trainyard_platform.shared.identity import Denied, IdentityRateLimited, IdentityUnavailable
 from trainyard_platform.shared.logs import Throttle, chain_text, held_back
 
@@ -188,10 +189,9 @@ def _message(kind: str, message: str, context: Mapping[str, Any] | None = None) 
 MAX_JSON_DEPTH = 16
 """How deeply a request body may nest objects and arrays."""
 _INT64 = 2**63
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-"""Refused outside free text: C0 and C1 controls, lone surrogates, and the bidirectional
-embeddings, overrides and isolates (U+202A-202E, U+2066-2069), with which a name can be
-shown as another ("Trojan Source"); free text may hold the latter (right-to-left prose)."""
+_CONTROL = NOT_IN_A_NAME
+"""Refused outside free text (``NOT_IN_A_NAME``); free text may hold the bidirectional
+marks (right-to-left prose)."""
 _CONTROL_BUT_WHITESPACE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
 
 

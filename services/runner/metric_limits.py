@@ -4,8 +4,11 @@ A job's code is its owner's to write, and a loop that reports metrics as fast as
 would otherwise put every point on the bus and into the registry's database. Per job:
 
 - Keys. At most ``max_keys`` distinct metric keys in all, each of 1 to ``MAX_METRIC_KEY``
-  characters; a value under any other key is dropped everywhere (series, ``job.progress``,
-  the metrics of the job's end), so no event of the job grows with what it reports.
+  characters, none holding a control character, a lone surrogate or a bidirectional
+  override (``NOT_IN_A_NAME``: a NUL is stored by no consumer's database, so every event
+  carrying it would be dead-lettered, the job's end too); a value under any other key is
+  dropped everywhere (series, ``job.progress``, the metrics of the job's end), so no event
+  of the job grows with what it reports, and every event of it can be stored.
 - Pace. Points enter the series (the metric log, ``job.metrics``) at ``points_per_second``
   on average, in bursts of up to ``BURST_SECONDS`` of that, and never less than
   ``max_keys`` (one report of every key allowed is always admitted to a full budget, however
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from trainyard_platform.shared.events.payloads import MAX_METRIC_KEY
+from trainyard_platform.shared.events.payloads import MAX_METRIC_KEY, NOT_IN_A_NAME
 
 BURST_SECONDS = 10.0
 """A job may report this many seconds' worth of points at once (a step's many metrics, an
@@ -57,7 +60,11 @@ class MetricLimits:
         for key, value in metrics.items():
             if key in self._keys:
                 kept[key] = value
-            elif 1 <= len(key) <= MAX_METRIC_KEY and len(self._keys) < self._max_keys:
+            elif (
+                1 <= len(key) <= MAX_METRIC_KEY
+                and not NOT_IN_A_NAME.search(key)
+                and len(self._keys) < self._max_keys
+            ):
                 self._keys.add(key)
                 kept[key] = value
             else:
@@ -95,7 +102,8 @@ class MetricLimits:
         if self._keys_dropped:
             parts.append(
                 f"{self._keys_dropped} metric values dropped (keys beyond the first "
-                f"{self._max_keys}, or of more than {MAX_METRIC_KEY} characters)"
+                f"{self._max_keys}, of more than {MAX_METRIC_KEY} characters, or holding a "
+                "control character or a bidirectional override)"
             )
         self._points_dropped = self._keys_dropped = 0
         return f"[trainyard: {'; '.join(parts)}]\n"

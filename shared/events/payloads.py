@@ -7,6 +7,7 @@ The catalogue in docs/events.md lists every type here.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -364,6 +365,12 @@ MAX_METRIC_POINTS = 2000
 """The most points one ``job.metrics`` carries: with keys of ``MAX_METRIC_KEY`` characters
 the event stays well under NATS's 1 MiB payload limit (about 500 KiB at worst)."""
 MAX_METRIC_KEY = 200
+NOT_IN_A_NAME = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+"""What no name, id or key may hold, whoever chose it (the APIs' screen of bodies,
+``shared.http_errors``; a job's metric keys, ``runner.metric_limits``): C0 and C1 controls
+(a NUL, which PostgreSQL stores in neither text nor JSON; a terminal escape), lone
+surrogates, and the bidirectional embeddings, overrides and isolates (U+202A-202E,
+U+2066-2069), with which a name can be shown as another ("Trojan Source")."""
 
 
 class MetricPoint(BaseModel):

@@ -70,3 +70,17 @@ def test_a_report_of_every_allowed_key_is_admitted_however_low_the_pace() -> Non
 def test_a_bound_that_admits_nothing_is_refused() -> None:
     with pytest.raises(ValueError, match="points_per_second"):
         MetricLimits(points_per_second=0, max_keys=1)
+
+
+def test_keys_holding_what_no_database_or_screen_shows_are_dropped_and_said() -> None:
+    # Before: a key with a NUL went into job.progress and job.metrics, which submission
+    # (JSONB) and the registry (text) cannot store, so each report was retried and
+    # dead-lettered, and so was the job's end (its metrics carry every key); a terminal
+    # escape or a bidirectional override reached every screen that lists metrics.
+    limits = MetricLimits(points_per_second=100, max_keys=3)
+    hostile = ["a\x00b", "acc\x1b[2J", "x\x85", "\u202eloss", "\ud800", "tab\there"]
+    kept = limits.keys({"loss": 1.0, **dict.fromkeys(hostile, 2.0), "acc": 3.0})
+    assert kept == {"loss": 1.0, "acc": 3.0}  # the bad keys took no place of the three
+    notice = limits.notice(0.0)
+    assert notice is not None and f"{len(hostile)} metric values dropped" in notice
+    assert "control character" in notice
