@@ -18,6 +18,11 @@ would otherwise put every point on the bus and into the registry's database. Per
   ``job.progress`` (throttled, the newest kept) and the metrics of the job's end: excess
   reports are coalesced into the newest, never lost from the job's final numbers.
 
+- Names. The runner's own measures (``RUNNER_MEASURES``: the GPU usage it samples, the
+  figures it derives when the job ends) are never the job's to report: billing's waste
+  report believes them (a job claiming ``gpu_utilization_mean`` 100 on a node without NVML
+  would hide its idle GPUs). A value under one of them is dropped everywhere, as above.
+
 What was dropped is counted and said in the job's own log, at most one notice per
 ``NOTICE_INTERVAL_S`` and once more when the job ends (``notice``). Times are plain floats
 (``time.monotonic()`` in the runner).
@@ -29,6 +34,17 @@ from collections.abc import Mapping
 
 from trainyard_platform.shared.events.payloads import MAX_METRIC_KEY, NOT_IN_A_NAME
 
+RUNNER_MEASURES = frozenset(
+    {
+        "gpu_utilization",  # gpus.GpuUsage.sample, into the job's series
+        "gpu_memory_used_bytes",
+        "gpu_utilization_mean",  # supervisor: the job's end
+        "data_wait_fraction_mean",  # domain.input_bound_metrics: the job's end
+        "input_bound",
+        "gpu_seconds_waiting_for_data",
+    }
+)
+"""Metric names only the runner says (module docstring, "Names")."""
 BURST_SECONDS = 10.0
 """A job may report this many seconds' worth of points at once (a step's many metrics, an
 evaluation after a quiet while) before its pace counts."""
@@ -50,6 +66,7 @@ class MetricLimits:
         self._keys: set[str] = set()
         self._points_dropped = 0
         self._keys_dropped = 0
+        self._measures_dropped = 0
         self._last_notice: float | None = None
         self.points_dropped_total = 0
         self.values_dropped_total = 0
@@ -58,7 +75,10 @@ class MetricLimits:
         """``metrics`` without the values under keys beyond the bound (counted)."""
         kept: dict[str, float] = {}
         for key, value in metrics.items():
-            if key in self._keys:
+            if key in RUNNER_MEASURES:
+                self._measures_dropped += 1
+                self.values_dropped_total += 1
+            elif key in self._keys:
                 kept[key] = value
             elif (
                 1 <= len(key) <= MAX_METRIC_KEY
@@ -87,7 +107,7 @@ class MetricLimits:
     def notice(self, now: float, *, final: bool = False) -> str | None:
         """A line for the job's log saying what was dropped since the last one, when there
         is something to say and it is time (``final``: the job ended, say it now)."""
-        if not (self._points_dropped or self._keys_dropped):
+        if not (self._points_dropped or self._keys_dropped or self._measures_dropped):
             return None
         recent = self._last_notice is not None and now - self._last_notice < NOTICE_INTERVAL_S
         if recent and not final:
@@ -105,5 +125,10 @@ class MetricLimits:
                 f"{self._max_keys}, of more than {MAX_METRIC_KEY} characters, or holding a "
                 "control character or a bidirectional override)"
             )
-        self._points_dropped = self._keys_dropped = 0
+        if self._measures_dropped:
+            parts.append(
+                f"{self._measures_dropped} metric values dropped (named as the runner's own "
+                f"measures: {', '.join(sorted(RUNNER_MEASURES))})"
+            )
+        self._points_dropped = self._keys_dropped = self._measures_dropped = 0
         return f"[trainyard: {'; '.join(parts)}]\n"

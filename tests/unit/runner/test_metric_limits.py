@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from trainyard_platform.services.runner import domain
+from trainyard_platform.services.runner.gpus import GpuUsage, virtual_inventory
 from trainyard_platform.services.runner.metric_limits import (
     BURST_SECONDS,
     NOTICE_INTERVAL_S,
+    RUNNER_MEASURES,
     MetricLimits,
 )
 
@@ -84,3 +87,49 @@ def test_keys_holding_what_no_database_or_screen_shows_are_dropped_and_said() ->
     notice = limits.notice(0.0)
     assert notice is not None and f"{len(hostile)} metric values dropped" in notice
     assert "control character" in notice
+
+
+def test_what_the_runner_measures_is_never_the_jobs_to_report() -> None:
+    # A job reporting gpu_utilization_mean=100 itself: on a node without NVML, or ending
+    # before the first sample, its value reached job.succeeded as the runner's measure, and
+    # billing's waste report counted its idle GPUs as busy (and data_wait_fraction_mean=0,
+    # never measured, as a loop that never waited on input).
+    limits = MetricLimits(points_per_second=100, max_keys=10)
+    forged = {
+        "gpu_utilization_mean": 100.0,
+        "gpu_utilization": 100.0,
+        "gpu_memory_used_bytes": 1.0,
+        "data_wait_fraction_mean": 0.0,
+        "input_bound": 0.0,
+        "gpu_seconds_waiting_for_data": 0.0,
+    }
+    assert limits.keys({"loss": 1.0, "data_wait_fraction": 0.5, **forged}) == {
+        "loss": 1.0,
+        "data_wait_fraction": 0.5,  # the SDK's own measure, made in the job
+    }
+    notice = limits.notice(0.0)
+    assert notice is not None and "6 metric values dropped" in notice
+    assert "the runner's own measures" in notice
+
+
+def test_every_measure_the_runner_adds_is_one_the_job_cannot_report() -> None:
+    usage = GpuUsage(virtual_inventory(1), nvml=_FakeNvml())
+    added = set(usage.sample([0])) | set(domain.input_bound_metrics([0.9], 10.0, 1))
+    assert added | {"gpu_utilization_mean"} <= RUNNER_MEASURES
+
+
+class _FakeNvml:
+    class _Rates:
+        gpu = 50
+
+    class _Memory:
+        used = 1024
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> _Rates:
+        return self._Rates()
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> _Memory:
+        return self._Memory()
