@@ -49,12 +49,14 @@ Contract:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import re
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from litestar import Request, Response
@@ -603,6 +605,26 @@ async def read_body(request: Request[Any, Any, Any], limit: int, too_large: str)
         if len(data) > limit:
             raise HTTPException(status_code=413, detail=too_large)
     return bytes(data)
+
+
+async def spool_body(
+    request: Request[Any, Any, Any], path: Path, limit: int, too_large: str
+) -> str:
+    """Write the request's body to the new file ``path`` as it streams in, refused like
+    ``read_body`` past ``limit`` bytes; its sha256 (hex). For bodies too large to hold in
+    memory (code bundles): the service keeps no more than one chunk of it at a time."""
+    announced = request.headers.get("content-length", "")
+    if announced.isdigit() and int(announced) > limit:
+        raise HTTPException(status_code=413, detail=too_large)
+    digest, size = hashlib.sha256(), 0
+    with path.open("xb") as sink:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HTTPException(status_code=413, detail=too_large)
+            digest.update(chunk)
+            sink.write(chunk)
+    return digest.hexdigest()
 
 
 async def read_json_body(

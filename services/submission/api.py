@@ -38,12 +38,12 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import io
 import math
 import re
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any, cast
 
 import asyncpg
@@ -127,8 +127,8 @@ from trainyard_platform.shared.http_app import (
 from trainyard_platform.shared.http_errors import (
     RequestInvalid,
     parse_body,
-    read_body,
     read_json_body,
+    spool_body,
 )
 from trainyard_platform.shared.identity import Role
 from trainyard_platform.shared.storage import ObjectStore
@@ -640,25 +640,34 @@ async def upload_bundle(
 ) -> Response[BundleStored]:
     sha256 = _bundle_sha256(sha256)
     limit = settings.bundle_max_bytes
-    data = await read_body(
-        request,
-        limit,
-        f"bundle too large: this server accepts at most {limit} bytes "
-        f"({limit / 2**20:.1f} MiB); leave large files out with .trainyardignore",
-    )
-    digest = hashlib.sha256(data)
-    if digest.hexdigest() != sha256:
-        raise RequestInvalid.one(
-            "body",
-            f"the body's sha256 is {digest.hexdigest()}, not the {sha256} named in the path",
+    # Spooled to a file as it comes, never held whole: a member may have tens of uploads
+    # of up to ``limit`` under way at once (its write bucket's burst).
+    with tempfile.TemporaryDirectory(prefix="trainyard-bundle-") as folder:
+        path = Path(folder) / "bundle.tar.gz"
+        digest = await spool_body(
+            request,
+            path,
+            limit,
+            f"bundle too large: this server accepts at most {limit} bytes "
+            f"({limit / 2**20:.1f} MiB); leave large files out with .trainyardignore",
         )
-    try:  # the runner's own rule, so what is stored is what a runner unpacks
-        await asyncio.to_thread(check_bundle, io.BytesIO(data))
-    except BundleRefused as exc:
-        raise RequestInvalid.one("body", f"not a code bundle a runner unpacks: {exc}") from None
-    created = await objects.put_bundle(caller.team, sha256, bytes(data))
-    stored = BundleStored(sha256=sha256, size_bytes=len(data), team=caller.team, created=created)
+        if digest != sha256:
+            raise RequestInvalid.one(
+                "body", f"the body's sha256 is {digest}, not the {sha256} named in the path"
+            )
+        try:  # the runner's own rule, so what is stored is what a runner unpacks
+            await asyncio.to_thread(_check_bundle_file, path)
+        except BundleRefused as exc:
+            raise RequestInvalid.one("body", f"not a code bundle a runner unpacks: {exc}") from None
+        created = await objects.put_bundle(caller.team, sha256, path)
+        size = path.stat().st_size
+    stored = BundleStored(sha256=sha256, size_bytes=size, team=caller.team, created=created)
     return Response(stored, status_code=201 if created else 200)
+
+
+def _check_bundle_file(path: Path) -> None:
+    with path.open("rb") as archive:
+        check_bundle(archive)
 
 
 def _bundle_sha256(value: str) -> str:

@@ -10,6 +10,7 @@ The object store is synchronous; every call runs in a worker thread.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from trainyard_platform.services.submission import logs
 from trainyard_platform.shared.storage import ObjectNotFound, ObjectStore
@@ -28,13 +29,13 @@ class Objects:
     async def bundle_exists(self, team: str, sha256: str) -> bool:
         return await asyncio.to_thread(self.store.exists, bundle_key(team, sha256))
 
-    async def put_bundle(self, team: str, sha256: str, data: bytes) -> bool:
-        """Store a verified bundle; False when it was there already (then nothing is
-        written: the key is its content's hash)."""
+    async def put_bundle(self, team: str, sha256: str, path: Path) -> bool:
+        """Store a verified bundle (the file ``path``); False when it was there already
+        (then nothing is written: the key is its content's hash)."""
         key = bundle_key(team, sha256)
         if await asyncio.to_thread(self.store.exists, key):
             return False
-        await asyncio.to_thread(self.store.put_bytes, key, data)
+        await asyncio.to_thread(self.store.put_file, key, path)
         return True
 
     async def log_keys(self, job_id: str) -> list[str]:

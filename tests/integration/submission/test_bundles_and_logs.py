@@ -7,6 +7,7 @@ import hashlib
 import io
 import os
 import tarfile
+import tracemalloc
 from typing import Any
 
 import httpx
@@ -140,6 +141,34 @@ async def test_bundle_over_the_limit_is_413(submission: Submission, settings: Se
         )
         assert response.status_code == 413
     assert submission.store.list("bundles/") == []
+
+
+async def test_an_upload_is_never_held_whole_in_the_services_memory(
+    submission: Submission,
+) -> None:
+    # Before: the body was read into memory (a bytearray, then a copy): up to 200 MiB per
+    # upload at the default 100 MiB limit, so a member's burst of 50 uploads at once
+    # (its write bucket's) needed 10 GiB of the front door every team submits through.
+    size = 24 * 1024 * 1024
+    payload = os.urandom(size)  # random: the bundle is as large as what it holds
+    data = tar_gz(("weights.bin", payload))
+    sha = hashlib.sha256(data).hexdigest()
+
+    async def chunks() -> Any:
+        for start in range(0, len(data), 64 * 1024):
+            yield data[start : start + 64 * 1024]
+
+    tracemalloc.start()
+    try:
+        response = await submission.client.put(
+            f"/v1/bundles/{sha}", content=chunks(), headers=submission.auth()
+        )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert response.status_code == 201, response.text
+    assert peak < size // 4, f"{peak} bytes at most while {size} came in"
+    assert submission.store.get_bytes(f"bundles/ml/{sha}.tar.gz") == data
 
 
 async def test_job_naming_a_bundle_needs_it_uploaded_by_its_own_team(
