@@ -518,7 +518,14 @@ class NodeAgent:
         try:
             await run.start(prepared.argv, env=prepared.env)
         except Exception as exc:  # whatever stops the spawn, the allocation must still end
-            await self._failed_to_start(job, f"could not start: {exc}", events, trace_headers)
+            problem = launch.spawn_problem(grant.spec, prepared.argv, exc)
+            await self._failed_to_start(
+                job,
+                str(problem) if problem is not None else f"could not start: {exc}",
+                events,
+                trace_headers,
+                failure_kind(problem) if problem is not None else "platform_error",
+            )
             return
         self._runs[job.allocation_id] = run
         try:

@@ -32,6 +32,7 @@ command and variables).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -134,6 +135,33 @@ def cannot_run(grant: AllocationGranted, gpus: GpuInventory) -> PlatformError | 
         return PlatformError("this runner has no container executor configured for image jobs")
     invalid = gpus.invalid_indices(grant.gpu_indices)
     return PlatformError(invalid) if invalid is not None else None
+
+
+def spawn_problem(spec: JobSpec, argv: list[str], exc: BaseException) -> JobInputError | None:
+    """A ``JobInputError`` naming ``spec.command`` when the spawn of ``argv`` failed (``exc``)
+    because the program it runs is a file of the job's own code (a relative path with a
+    ``/``: ``./train.sh``, ``scripts/run.sh``) that cannot be executed: missing, not
+    executable, its ``#!`` interpreter missing. The same code fails so on every node. None
+    otherwise: a bare name is looked up on the node's ``PATH`` and an absolute path is the
+    node's, which a node may lack where another has it, and an entrypoint's interpreter is
+    the platform's."""
+    program = spec.command[0] if spec.command else None
+    if (
+        program is None
+        or not isinstance(exc, OSError)
+        or argv[:1] != [program]
+        or exc.filename != program
+        or program.startswith("/")
+        or "/" not in program
+    ):
+        return None
+    hint = {
+        errno.EACCES: " (make it executable, chmod +x, or run it with its interpreter: "
+        f'["sh", "{program}"])',
+        errno.ENOENT: " (no such file in the job's code, or its #! interpreter does not exist)",
+        errno.ENOEXEC: " (not a program: give it a #! line, or run it with its interpreter)",
+    }.get(exc.errno or 0, "")
+    return JobInputError(f"spec.command: {program!r} cannot be run: {exc.strerror}{hint}")
 
 
 class RequirementsUnmet(JobInputError):

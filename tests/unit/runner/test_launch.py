@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -233,3 +234,42 @@ def test_no_quota_sets_no_thread_count_and_the_operators_own_wins() -> None:
         base={**RUNNER_ENV, "OMP_NUM_THREADS": "7"},
     )
     assert env["OMP_NUM_THREADS"] == "7"
+
+
+def _spawn_error(argv: list[str], cwd: Path) -> OSError:
+    try:
+        subprocess.run(argv, cwd=cwd, env={"PATH": "/usr/bin:/bin"}, check=False)
+    except OSError as exc:
+        return exc
+    raise AssertionError(f"{argv} started")
+
+
+def test_a_program_of_the_jobs_own_code_that_cannot_run_is_the_jobs_input(tmp_path: Path) -> None:
+    # Before: "could not start: [Errno 13] Permission denied: './train.sh'" was a
+    # platform_error, retried on other nodes (where the same code fails the same way), each
+    # failure counting towards that node's cordon.
+    (tmp_path / "train.sh").write_text("#!/bin/sh\necho hi\n")  # not executable
+    (tmp_path / "bad.sh").write_text("#!/no/such/interpreter\n")
+    (tmp_path / "bad.sh").chmod(0o755)
+    for program, why in (
+        ("./train.sh", "Permission denied"),
+        ("scripts/missing.sh", "No such file"),
+        ("./bad.sh", "No such file"),
+    ):
+        spec = GRANT.spec.model_copy(update={"entrypoint": "", "command": [program, "--x"]})
+        error = _spawn_error([program, "--x"], tmp_path)
+        problem = launch.spawn_problem(spec, [program, "--x"], error)
+        assert problem is not None and failure_kind(problem) == "user_error", program
+        assert str(problem).startswith(f"spec.command: {program!r} cannot be run: "), problem
+        assert why in str(problem)
+
+
+def test_a_program_the_node_may_lack_stays_the_platforms(tmp_path: Path) -> None:
+    # A bare name is looked up on the node's PATH, an absolute path is the node's: a node
+    # without it is not the job's fault. Nor is the job's interpreter (an entrypoint).
+    for argv in (["no-such-program"], ["/no/such/program"]):
+        spec = GRANT.spec.model_copy(update={"entrypoint": "", "command": argv})
+        assert launch.spawn_problem(spec, argv, _spawn_error(argv, tmp_path)) is None
+    argv = ["/envs/gone/bin/python", "-m", "examples.digits_cnn"]
+    assert launch.spawn_problem(GRANT.spec, argv, _spawn_error(argv, tmp_path)) is None
+    assert launch.spawn_problem(GRANT.spec, argv, RuntimeError("preexec")) is None
