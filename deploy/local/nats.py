@@ -137,6 +137,7 @@ _CONSUMES: dict[str, list[str]] = {
         JobPreempted,
     ),
     "registry": _every(
+        AllocationGranted,
         JobStarted,
         CheckpointSaved,
         JobSucceeded,

@@ -3,7 +3,8 @@
 Contract:
 - ``source_key`` turns a committed checkpoint's URI into its key in the registry's store. A
   URI outside the store's root, or inside the registry's own prefix, is refused
-  (``SourceOutsideStore``): the registry copies only job checkpoints of its own store.
+  (``SourceOutsideStore``): the registry copies only job checkpoints of its own store, and
+  for a registration only one of the registered job's own (``jobs/<job>/checkpoints/``).
 - ``copy_verified`` copies the checkpoint server-side (``ObjectStore.copy``) to a key the
   registry owns, then hashes the *copy*; unless its size and sha256 are what the job
   committed, the copy is deleted and ``ArtifactMismatch`` raised. A checkpoint overwritten
@@ -67,13 +68,17 @@ def key_in_store(store: ObjectStore, uri: str) -> str | None:
     return key if store.uri_for(key) == uri else None
 
 
-def source_key(store: ObjectStore, uri: str) -> str:
-    """The key of ``uri`` in ``store`` (see the module docstring)."""
+def source_key(store: ObjectStore, uri: str, job_id: str | None = None) -> str:
+    """The key of ``uri`` in ``store`` (see the module docstring); with ``job_id``, only a
+    key under that job's own checkpoints (``jobs/<job_id>/checkpoints/``, where its runner
+    commits them), so no report can make another job's object this job's model."""
     key = key_in_store(store, uri)
     if key is None or key.startswith(REGISTRY_PREFIX):
         raise SourceOutsideStore(
             f"checkpoint {uri!r} is not a job's object in the object store {store.root_uri!r}"
         )
+    if job_id is not None and not key.startswith(f"jobs/{job_id}/checkpoints/"):
+        raise SourceOutsideStore(f"checkpoint {uri!r} is not one of job {job_id}'s checkpoints")
     return key
 
 

@@ -9,10 +9,13 @@ Contract:
 - The lineage names the spec, code version and environment of the run that succeeded, the
   dataset and seed of its spec, how many runs (attempts) the job took, and the checkpoints
   its runs resumed from, in the order they started.
+- A run is a ``job.started`` that says what the scheduler granted (``unlike_its_grant``:
+  job, node, attempt, epoch, and the spec by its digest, ``spec_digest``).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -39,6 +42,35 @@ class NoArtifact(ValueError):
 class RunNotRecorded(NotYet, LookupError):
     """The succeeded run's ``job.started`` has not been recorded (yet): events overtook it,
     or another replica holds it (``bus.NotYet``: retried past ``ack_wait``)."""
+
+
+def spec_digest(spec: JobSpec) -> str:
+    """The sha256 of ``spec`` as the events carry it: a grant's and the ``job.started``
+    that answers it have the same (the runner copies the grant's spec)."""
+    return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()
+
+
+def unlike_its_grant(started: JobStarted, grant: Mapping[str, Any]) -> str | None:
+    """Why ``started`` is not the start of the allocation the scheduler granted (``grant``:
+    its ``granted_allocations`` row), or None."""
+    said = (
+        ("job", started.job_id, grant["job_id"]),
+        ("node", started.node_id, grant["node_id"]),
+        ("attempt", started.attempt, grant["attempt"]),
+        ("epoch", started.epoch, grant["epoch"]),
+    )
+    for field, theirs, granted in said:
+        if theirs != granted:
+            return (
+                f"job.started of allocation {started.allocation_id} says {field} {theirs!r}; "
+                f"the scheduler granted it for {field} {granted!r}"
+            )
+    if spec_digest(started.spec) != grant["spec_sha256"]:
+        return (
+            f"job.started of allocation {started.allocation_id} (job {started.job_id}) says "
+            "another spec than the one the scheduler granted"
+        )
+    return None
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,15 @@
 """Event handlers of the registry: one ``dispatch`` for every event it consumes.
 
 Runs inside the transaction of ``shared.inbox.idempotent``.
+- ``allocation.granted``: the scheduler's grant is remembered (its job, node, attempt, epoch
+  and spec digest). A runner may publish ``job.*`` events for any job id, so what a runner
+  says is believed only of what the scheduler granted: a ``job.started`` only as its grant
+  says (``domain.unlike_its_grant``; one whose grant is not recorded yet is retried,
+  ``NotGranted``, and dead-lettered after the bus's last delivery, one that says otherwise
+  is rejected), a ``checkpoint.saved`` or ``job.succeeded`` only of a run so started of that
+  job at that epoch (``believe_report``; retried while the run is not recorded), and a
+  version is registered only from a checkpoint under the job's own prefix
+  (``artifacts.source_key``).
 - ``job.started``: the run is recorded (once per allocation).
 - ``job.started`` also records what the job was given: its dataset versions (the access
   audit) and its parent model version (``job_inputs``).
@@ -58,10 +67,17 @@ from trainyard_platform.services.registry import repository as repo
 from trainyard_platform.services.registry import reproduction_repository as reproductions
 from trainyard_platform.services.registry import tracking_repository as tracking
 from trainyard_platform.services.registry.artifacts import ArtifactMismatch, SourceOutsideStore
-from trainyard_platform.services.registry.domain import NoArtifact, Run, RunNotRecorded
+from trainyard_platform.services.registry.domain import (
+    NoArtifact,
+    Run,
+    RunNotRecorded,
+    spec_digest,
+    unlike_its_grant,
+)
 from trainyard_platform.shared.bus import Delivery, Reject
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import (
+    AllocationGranted,
     CheckpointSaved,
     CostRecorded,
     JobCancelled,
@@ -83,6 +99,12 @@ Clock = Callable[[], datetime]
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+class NotGranted(LookupError):
+    """A ``job.started`` of an allocation whose grant the registry has not recorded (yet):
+    an ordinary error, so the bus delivers it again (the grant may be committing in another
+    replica) before it dead-letters it with this reason (a start never granted: forged)."""
 
 
 class RegistryHandlers:
@@ -109,11 +131,15 @@ class RegistryHandlers:
 
     async def dispatch(self, envelope: Envelope[Payload], conn: asyncpg.Connection) -> None:
         match envelope.data:
+            case AllocationGranted() as grant:
+                await repo.insert_grant(conn, grant, spec_digest(grant.spec), self._clock())
             case JobStarted() as started:
                 await self.on_started(conn, started)
             case CheckpointSaved() as saved:
+                await self.believe_report(conn, "checkpoint.saved", saved)
                 await self.on_checkpoint(conn, saved)
             case JobSucceeded() as succeeded:
+                await self.believe_report(conn, "job.succeeded", succeeded)
                 await self.on_succeeded(conn, succeeded)
                 await tracking.record_ended(
                     conn, succeeded.job_id, "succeeded", succeeded.finished_at
@@ -159,7 +185,34 @@ class RegistryHandlers:
                 f"{batch.allocation_id} is job {run[0]}'s on node {run[1]}"
             )
 
+    async def believe_report(
+        self, conn: asyncpg.Connection, what: str, report: CheckpointSaved | JobSucceeded
+    ) -> None:
+        """Raise unless ``report`` is about a run of its job at its epoch (module docstring):
+        ``RunNotRecorded`` (retried) while no run of its allocation is recorded, ``Reject``
+        when the allocation's run is another job's or of another epoch."""
+        run = await repo.run_identity(conn, report.allocation_id)
+        if run is None:
+            raise RunNotRecorded(
+                f"job {report.job_id}: {what} of allocation {report.allocation_id}, whose "
+                "job.started is not recorded (yet)"
+            )
+        if run != (report.job_id, report.epoch):
+            raise Reject(
+                f"{what} of job {report.job_id} at epoch {report.epoch}: allocation "
+                f"{report.allocation_id} is job {run[0]}'s at epoch {run[1]}"
+            )
+
     async def on_started(self, conn: asyncpg.Connection, started: JobStarted) -> None:
+        grant = await repo.grant_of(conn, started.allocation_id)
+        if grant is None:
+            raise NotGranted(
+                f"job.started of allocation {started.allocation_id} for job {started.job_id}: "
+                "the scheduler's grant of it is not recorded (yet)"
+            )
+        problem = unlike_its_grant(started, grant)
+        if problem is not None:
+            raise Reject(problem)
         await tracking.record_started(conn, started, self._clock())
         await job_inputs.record(conn, started, self._clock())
         if not await repo.insert_run(conn, Run.from_event(started), self._clock()):

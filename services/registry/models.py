@@ -96,7 +96,7 @@ async def register(
     ``shared.storage.ObjectNotFound`` when the checkpoint cannot be registered."""
     version_id = str(uuid.uuid4())
     key = names.artifact_key(what.team, what.model, version_id, ARTIFACT_FILE)
-    source = artifacts.source_key(store, what.checkpoint.uri)
+    source = artifacts.source_key(store, what.checkpoint.uri, what.job_id)
     expected = artifacts.Digest(what.checkpoint.size_bytes, what.checkpoint.sha256)
     await asyncio.to_thread(artifacts.copy_verified, store, source, key, expected)
     try:

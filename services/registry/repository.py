@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 
 from trainyard_platform.services.registry.domain import ModelVersion, RecordedCheckpoint, Run
-from trainyard_platform.shared.events.payloads import CheckpointSaved, dump
+from trainyard_platform.shared.events.payloads import AllocationGranted, CheckpointSaved, dump
 from trainyard_platform.shared.http_errors import NameTaken
 
 Row = Mapping[str, Any]
@@ -45,6 +45,39 @@ async def insert_run(conn: asyncpg.Connection, run: Run, now: datetime) -> bool:
         now,
     )
     return bool(inserted)
+
+
+async def insert_grant(
+    conn: asyncpg.Connection, grant: AllocationGranted, spec_sha256: str, now: datetime
+) -> None:
+    """Remember the scheduler's grant (once per allocation)."""
+    await conn.execute(
+        """INSERT INTO granted_allocations (allocation_id, job_id, node_id, attempt, epoch,
+                                            spec_sha256, recorded_at)
+           VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (allocation_id) DO NOTHING""",
+        grant.allocation_id,
+        grant.job_id,
+        grant.node_id,
+        grant.attempt,
+        grant.epoch,
+        spec_sha256,
+        now,
+    )
+
+
+async def grant_of(conn: asyncpg.Connection, allocation_id: str) -> asyncpg.Record | None:
+    """The scheduler's grant of ``allocation_id`` as remembered, or None."""
+    return await conn.fetchrow(
+        "SELECT * FROM granted_allocations WHERE allocation_id = $1", allocation_id
+    )
+
+
+async def run_identity(conn: asyncpg.Connection, allocation_id: str) -> tuple[str, int] | None:
+    """``(job id, epoch)`` of the run of ``allocation_id``, or None when none is recorded."""
+    row = await conn.fetchrow(
+        "SELECT job_id, epoch FROM runs WHERE allocation_id = $1", allocation_id
+    )
+    return None if row is None else (row["job_id"], row["epoch"])
 
 
 async def runs_of_job(conn: asyncpg.Connection, job_id: str) -> list[Run]:

@@ -14,6 +14,7 @@ from trainyard_platform.shared.db import migrate, ping
 from trainyard_platform.shared.deadletters import deadletter_routes
 from trainyard_platform.shared.events import nats_subject
 from trainyard_platform.shared.events.payloads import (
+    AllocationGranted,
     CheckpointSaved,
     CostRecorded,
     JobCancelled,
@@ -32,6 +33,7 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 SUBJECTS = [
     nats_subject(payload)
     for payload in (
+        AllocationGranted,
         JobStarted,
         CheckpointSaved,
         JobSucceeded,

@@ -741,10 +741,11 @@ async def test_what_only_the_consumer_can_judge_is_dead_lettered_with_the_reason
 async def test_a_runner_runs_no_grant_whose_epoch_it_cannot_verify(platform: Platform) -> None:
     """Epochs come from one ascending sequence: a grant at epoch 0, or one for a job this
     node already had at a later epoch, is stale or forged; the runner dead-letters it and
-    runs nothing. Billing and submission cannot tell such a grant from a real one (it comes
-    from the scheduler as far as the bus can see): billing only remembers it as announced and
-    as a grant for its waste figures (it meters nothing until a release), submission records
-    that it saw it."""
+    runs nothing. Billing, the registry and submission cannot tell such a grant from a real
+    one (it comes from the scheduler as far as the bus can see): billing only remembers it
+    as announced and as a grant for its waste figures (it meters nothing until a release),
+    the registry as granted (it records no run until a start answers it), submission
+    records that it saw it."""
     job = str(uuid.uuid4())
     had = JobIdentity(job, str(uuid.uuid4()), NODE_A, 7, 1)  # this node ran it at epoch 7
     await asyncio.to_thread(platform.agent.ledger.ending, had, "{}", {})
@@ -769,6 +770,8 @@ async def test_a_runner_runs_no_grant_whose_epoch_it_cannot_verify(platform: Pla
         "billing.announced_allocations",
         "billing.inbox",
         "billing.waste_grants",
+        "registry.granted_allocations",
+        "registry.inbox",
         "submission.inbox",
     }
     changed = {table for table in before if before[table] != after[table]}

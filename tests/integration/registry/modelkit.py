@@ -11,14 +11,20 @@ from typing import Any
 import asyncpg
 import httpx
 
-from tests.integration.registry.test_registry import T0, client_of, ref, spec, started
+from tests.integration.registry.test_registry import (
+    T0,
+    client_of,
+    envelopes,
+    ref,
+    spec,
+    started,
+)
 from trainyard_platform.services.registry.api import create_app
 from trainyard_platform.services.registry.handlers import RegistryHandlers
 from trainyard_platform.shared.access import enforce_least_role, remember
 from trainyard_platform.shared.bus import Delivery
-from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events import Payload
 from trainyard_platform.shared.events.payloads import CheckpointRef, CheckpointSaved
-from trainyard_platform.shared.events.trust import owner
 from trainyard_platform.shared.identity import Principal, Role
 from trainyard_platform.shared.inbox import idempotent
 from trainyard_platform.shared.storage import ObjectStore
@@ -62,7 +68,8 @@ class Job:
 async def apply(pool: asyncpg.Pool, store: ObjectStore, job_id: str, payload: Payload) -> None:
     """Hand ``payload`` (from its owner) to the registry's handlers, as the bus would."""
     handle = idempotent(pool, "registry", RegistryHandlers(store).dispatch)
-    await handle([Delivery(Envelope.wrap(payload, source=owner(payload), subject=job_id))])
+    for envelope in envelopes(payload, job_id):
+        await handle([Delivery(envelope)])
 
 
 async def commit_checkpoint(
@@ -97,7 +104,8 @@ async def job_with_checkpoints(
     apply = idempotent(pool, "registry", RegistryHandlers(store).dispatch)
 
     async def handle(payload: Payload) -> None:
-        await apply([Delivery(Envelope.wrap(payload, source=owner(payload), subject=job_id))])
+        for envelope in envelopes(payload, job_id):
+            await apply([Delivery(envelope)])
 
     allocation = f"alloc-{job_id}"  # allocation ids are unique across jobs
     await handle(started(job_id, allocation, 0, spec(name, team)))

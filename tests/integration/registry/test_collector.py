@@ -61,7 +61,8 @@ async def test_the_collector_frees_exactly_what_nothing_references(
     await apply(pool, store, done.id, JobCancelled(job_id=done.id, reason="by its user"))
     running = await job_with_checkpoints(pool, store, [])
     await commit_checkpoint(pool, store, running.id, 1)
-    late = f"job-{uuid.uuid4().hex[:8]}"  # its checkpoint.saved arrives during the pass
+    # Started; its checkpoint.saved arrives during the pass.
+    late = (await job_with_checkpoints(pool, store, [])).id
     await commit_checkpoint(pool, store, late, 9, record=False)
     lost = f"job-{uuid.uuid4().hex[:8]}"  # a checkpoint whose event never came
     await commit_checkpoint(pool, store, lost, 5, record=False)

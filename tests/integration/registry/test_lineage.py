@@ -33,7 +33,8 @@ async def run_job(
         first = ref(store, job, 5)
         final = f"a2-{job}"
         await apply(pool, store, job, started(job, final, 1, job_spec, resumed_from=first.uri))
-    await apply(pool, store, job, succeeded(job, final, ref(store, job, 10)))
+    epoch = 2 if restart else 1
+    await apply(pool, store, job, succeeded(job, final, ref(store, job, 10), epoch=epoch))
     return job
 
 

@@ -79,7 +79,8 @@ async def lifecycle(
     for attempt, allocation in enumerate(allocations):
         await apply(pool, store, job, started(job, allocation, attempt, job_spec))
     artifact = ref(store, job, 10) if model else None
-    await apply(pool, store, job, succeeded(job, allocations[-1], artifact))
+    last = len(allocations)  # the epoch of the last attempt's start
+    await apply(pool, store, job, succeeded(job, allocations[-1], artifact, epoch=last))
 
 
 async def test_a_fine_tuned_model_costs_its_job_and_everything_upstream_once(

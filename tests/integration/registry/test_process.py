@@ -14,11 +14,15 @@ import httpx
 import pytest
 
 from tests.integration.registry.conftest import EventLog
-from tests.integration.registry.test_registry import ref, spec, started, succeeded
+from tests.integration.registry.test_registry import (
+    envelopes,
+    ref,
+    spec,
+    started,
+    succeeded,
+)
 from trainyard_platform.deploy.local.ports import free_port
 from trainyard_platform.shared.bus import Bus
-from trainyard_platform.shared.events import Envelope, Payload
-from trainyard_platform.shared.events.trust import owner
 from trainyard_platform.shared.settings import NatsSettings
 from trainyard_platform.shared.storage import LocalStore
 
@@ -70,10 +74,8 @@ async def test_the_registry_process_registers_and_serves_a_version(
                 started(job, "alloc-1", 0, spec("proc")),
                 succeeded(job, "alloc-1", ref(store, job, 4)),
             ):
-                envelope: Envelope[Payload] = Envelope.wrap(
-                    payload, source=owner(payload), subject=job
-                )
-                await bus.publish(envelope)
+                for envelope in envelopes(payload, job):
+                    await bus.publish(envelope)
             await events.wait_for(
                 lambda: [e for e in events.events if e.type.startswith("trainyard.model.")],
                 what="model.registered",

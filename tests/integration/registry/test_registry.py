@@ -20,6 +20,7 @@ from trainyard_platform.shared.access import service_guard
 from trainyard_platform.shared.bus import Bus, Delivery
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import (
+    AllocationGranted,
     CheckpointRef,
     CheckpointSaved,
     Environment,
@@ -28,7 +29,7 @@ from trainyard_platform.shared.events.payloads import (
     JobSucceeded,
     ModelRegistered,
 )
-from trainyard_platform.shared.events.trust import RUNNER, owner
+from trainyard_platform.shared.events.trust import RUNNER, owner, routing_key_of
 from trainyard_platform.shared.inbox import idempotent
 from trainyard_platform.shared.storage import ObjectStore
 
@@ -98,6 +99,39 @@ def started(
     )
 
 
+def grant_of(start: JobStarted) -> AllocationGranted:
+    """The scheduler's grant a genuine ``start`` answers."""
+    return AllocationGranted(
+        allocation_id=start.allocation_id,
+        job_id=start.job_id,
+        node_id=start.node_id,
+        gpu_indices=[0],
+        epoch=start.epoch,
+        attempt=start.attempt,
+        granted_at=start.started_at,
+        spec=start.spec,
+    )
+
+
+def answering(payload: Payload) -> list[Payload]:
+    """``payload``, after the scheduler's grant it answers when it is a ``job.started``: the
+    registry believes a start only as it was granted."""
+    return [grant_of(payload), payload] if isinstance(payload, JobStarted) else [payload]
+
+
+def envelopes(payload: Payload, subject: str | None = None) -> list[Envelope[Payload]]:
+    """``answering(payload)`` as their owners say them (``subject``: ``payload``'s routing
+    key when not its own)."""
+    return [
+        Envelope.wrap(
+            said,
+            source=owner(said),
+            subject=subject if said is payload and subject else routing_key_of(said),
+        )
+        for said in answering(payload)
+    ]
+
+
 def succeeded(
     job_id: str, allocation_id: str, artifact: CheckpointRef | None, epoch: int = 1
 ) -> JobSucceeded:
@@ -119,7 +153,8 @@ def client_of(app: Litestar) -> httpx.AsyncClient:
 
 
 async def publish(bus: Bus, payload: Payload, subject: str) -> None:
-    await bus.publish(Envelope.wrap(payload, source=owner(payload), subject=subject))
+    for envelope in envelopes(payload, subject):
+        await bus.publish(envelope)
 
 
 def registered(events: EventLog, job_id: str) -> list[ModelRegistered]:
@@ -311,9 +346,8 @@ async def test_concurrent_registrations_of_one_model_take_turns(
 
     jobs = [f"job-{uuid.uuid4().hex[:8]}" for _ in range(6)]
     for job in jobs:
-        await handle(
-            Envelope.wrap(started(job, f"a-{job}", 0, spec("race")), source=RUNNER, subject=job)
-        )
+        for envelope in envelopes(started(job, f"a-{job}", 0, spec("race")), job):
+            await handle(envelope)
 
     def success(job: str) -> Envelope[Payload]:
         return Envelope.wrap(

@@ -11,6 +11,7 @@ import asyncpg
 import pytest
 
 from tests.integration.registry.conftest import EventLog
+from tests.integration.registry.test_registry import envelopes
 from trainyard_platform.services.registry.service import NAME
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.events import Envelope
@@ -72,7 +73,8 @@ async def test_a_success_without_any_checkpoint_registers_nothing_and_is_no_dead
         source=RUNNER,
         subject=job,
     )
-    await bus.publish(Envelope.wrap(started, source=RUNNER, subject=job))
+    for envelope in envelopes(started, job):
+        await bus.publish(envelope)
     await bus.publish(success)
 
     async def handled() -> bool:

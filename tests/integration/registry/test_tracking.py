@@ -8,7 +8,7 @@ import asyncio
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.fixtures.json_log import json_lines
-from tests.integration.registry.test_registry import ENV, client_of
+from tests.integration.registry.test_registry import ENV, client_of, envelopes, grant_of
 from trainyard_platform.services.registry import metrics, tracking_api
 from trainyard_platform.services.registry.api import create_app
 from trainyard_platform.services.registry.domain import RunNotRecorded
@@ -124,10 +124,26 @@ async def wait_points(pool: asyncpg.Pool, job_id: str, count: int) -> None:
 
 
 async def publish(bus: Bus, payload: Payload, _: str | None = None) -> None:
-    """As its producer says it: on the routing key it carries (a node's for metrics)."""
-    await bus.publish(
-        Envelope.wrap(payload, source=owner(payload), subject=routing_key_of(payload))
-    )
+    """As its producer says it: on the routing key it carries (a node's for metrics), a
+    ``job.started`` after the grant it answers."""
+    for envelope in envelopes(payload):
+        await bus.publish(envelope)
+
+
+def applying(pool: asyncpg.Pool) -> Callable[[Sequence[Delivery]], Awaitable[None]]:
+    """The registry's batch handler, each ``job.started`` given after the grant it answers
+    (in the same batch, as the stream has them)."""
+    apply = idempotent_batches(pool, "registry", RegistryHandlers().dispatch_batch)
+
+    async def handle(deliveries: Sequence[Delivery]) -> None:
+        granted = []
+        for delivery in deliveries:
+            if isinstance(delivery.envelope.data, JobStarted):
+                granted.append(wrapped(grant_of(delivery.envelope.data)))
+            granted.append(delivery)
+        await apply(granted)
+
+    return handle
 
 
 def wrapped(payload: Payload) -> Delivery:
@@ -180,7 +196,7 @@ async def test_keys_with_slashes(bus: Bus, pool: asyncpg.Pool, vision: httpx.Asy
 
 async def test_redelivery_stores_nothing_twice(pool: asyncpg.Pool) -> None:
     j = job()
-    apply = idempotent_batches(pool, "registry", RegistryHandlers().dispatch_batch)
+    apply = applying(pool)
     start = wrapped(started(j, spec()))
     points = [wrapped(batch(j, s, "loss", [1.0, 2.0])) for s in range(3)]
     await apply([start, *points])
@@ -201,7 +217,7 @@ async def test_downsampling_in_sql_matches_the_rule_and_keeps_extremes(
     pool: asyncpg.Pool, vision: httpx.AsyncClient
 ) -> None:
     j = job()
-    apply = idempotent_batches(pool, "registry", RegistryHandlers().dispatch_batch)
+    apply = applying(pool)
     values = [math.sin(i / 300) for i in range(20_000)]
     values[7_777] = 40.0
     values[15_001] = -40.0
@@ -360,7 +376,7 @@ async def test_a_comparison_shares_a_bounded_number_of_points_among_its_curves(
     monkeypatch.setattr(tracking_api, "COMPARE_POINTS_MAX", 1_000, raising=False)
     j = job()
     experiment = f"big-{uuid.uuid4().hex[:6]}"
-    apply = idempotent_batches(pool, "registry", RegistryHandlers().dispatch_batch)
+    apply = applying(pool)
     deliveries = [wrapped(started(j, spec(experiment=experiment)))]
     values = [math.cos(i / 100) for i in range(3_000)]
     for seq, (key, first) in enumerate((k, f) for k in ("loss", "accuracy") for f in (0, 1_500)):
@@ -459,7 +475,7 @@ async def test_points_are_believed_only_from_the_node_the_run_started_on(
     pool: asyncpg.Pool,
 ) -> None:
     j, other = job(), job()
-    apply = idempotent_batches(pool, "registry", RegistryHandlers().dispatch_batch)
+    apply = applying(pool)
     early = batch(j, 0, "loss", [1.0])
     with pytest.raises(RunNotRecorded):  # retried until its job.started is recorded
         await apply([wrapped(early)])
@@ -480,7 +496,7 @@ async def test_experiments_and_runs_come_a_page_at_a_time(pool: asyncpg.Pool) ->
     # cursor. Now both page with the platform's cursor; following it gives exactly the rows
     # of one big page, in its order, through ties, NaN, infinities and missing metrics.
     team = f"pg{uuid.uuid4().hex[:8]}"
-    apply = idempotent_batches(pool, "registry", RegistryHandlers().dispatch_batch)
+    apply = applying(pool)
     events: list[Delivery] = []
     for n in range(5):
         j = job()
@@ -541,7 +557,7 @@ async def test_a_job_has_at_most_max_metric_keys(
     # series without bound, and GET /v1/jobs/{id}/metrics and every run row of its
     # experiment carried all of them. Now the series past MAX_METRIC_KEYS are left out.
     j = job()
-    apply = idempotent_batches(pool, "registry", RegistryHandlers().dispatch_batch)
+    apply = applying(pool)
     keys = [f"k{n:05}" for n in range(MAX_METRIC_KEYS + 5)]
     events = [
         JobMetrics(
@@ -581,7 +597,7 @@ async def test_a_job_past_its_metric_key_limit_is_warned_about_once(
     # again: a job that kept reporting new keys wrote one warning a batch for as long as it
     # ran. Now the first is the only one (another job past its limit has its own).
     j, other = job(), job()
-    apply = idempotent_batches(pool, "registry", RegistryHandlers().dispatch_batch)
+    apply = applying(pool)
 
     def batch(job_id: str, seq: int, keys: list[str]) -> JobMetrics:
         return JobMetrics(
@@ -609,7 +625,7 @@ async def test_the_metric_key_limit_warning_names_the_job_in_its_record(
     # The warning is logged after a batch's events were handled, outside any event's scope:
     # its JSON record had no job_id (the batch mixes jobs, routed by node).
     j = job()
-    apply = idempotent_batches(pool, "registry", RegistryHandlers().dispatch_batch)
+    apply = applying(pool)
     full = [f"k{n:05}" for n in range(MAX_METRIC_KEYS)]
     points = [MetricPoint(key=k, step=0, time=T0, value=1.0) for k in [*full, "one-more"]]
     metrics_of_j = JobMetrics(
@@ -631,7 +647,7 @@ async def test_a_run_has_at_most_max_run_tags(
     # PUT .../tags/{tag} added any number of tags to a run, and every row of its experiment's
     # runs carries all of them. Now a new tag past MAX_RUN_TAGS is a 422 naming tag.
     j = job()
-    apply = idempotent_batches(pool, "registry", RegistryHandlers().dispatch_batch)
+    apply = applying(pool)
     await apply([wrapped(started(j, spec()))])
     for n in range(MAX_RUN_TAGS):
         assert (await vision.put(f"/v1/jobs/{j}/tags/t{n:02}")).status_code == 200
