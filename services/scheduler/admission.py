@@ -13,7 +13,10 @@ Contract:
   3. the gang rules (``packing.job_shapes``: one node, or equal parts on at most twice the
      fewest nodes) cannot lay the job out on nodes of the size of the largest node of the
      flavor the scheduler has ever seen, ready or lost (more nodes of that size never help;
-     a lost node counts so that a node restarting does not get jobs refused).
+     a lost node counts so that a node restarting does not get jobs refused);
+  4. it names a container ``image``: no runner runs one (``runner.launch.cannot_run``), so
+     every grant of it would end in the runner's refusal, a platform failure counted
+     against that node's health (``cordon``).
 - A job is *not* refused when capacity is all it lacks; it waits, and its ``job.pending``
   says why (the policy's reasons, unchanged): a flavor no node has (yet: a node of it may
   join; the submission API already refuses a flavor it is not configured with), more GPUs
@@ -74,10 +77,21 @@ def refusal(spec: JobSpec, facts: Facts) -> str | None:
             _unknown_class(spec.priority, facts.classes),
             _over_ceiling(spec, facts),
             _no_layout(spec, facts.largest_node),
+            _in_an_image(spec),
         )
         if reason is not None
     ]
     return "; ".join(reasons) or None
+
+
+def _in_an_image(spec: JobSpec) -> str | None:
+    if spec.image is None:
+        return None
+    return (
+        f"asks to run in the container image {spec.image!r}, and no runner of this platform "
+        "runs container images (the container executor is not wired into the runner); leave "
+        "image out and name the job's requirements instead"
+    )
 
 
 def _unknown_class(priority: str, classes: Sequence[str]) -> str | None:

@@ -190,3 +190,12 @@ def test_a_job_of_a_class_that_is_not_preemptible_holds_only_its_nominal_quota()
     assert "never hold more than 4 (its nominal quota 4)" in str(
         refusal(spec(gpus=6, priority="high"), alone)
     )
+
+
+def test_a_job_in_a_container_image_is_refused_as_no_runner_runs_one() -> None:
+    # Before: admitted and granted, then refused by its runner ("no container executor") as
+    # a platform_error, retried on other nodes (PLATFORM_RETRIES), each refusal counting
+    # towards that node's cordon: a member's few image jobs took nodes out of placement.
+    reason = refusal(spec(image="ghcr.io/acme/train:1.0"), facts())
+    assert reason is not None and "image" in reason and "container" in reason
+    assert "leave image out" in reason
