@@ -421,16 +421,20 @@ def input_bound_metrics(data_waits: list[float], runtime_s: float, gpus: int) ->
     return figures
 
 
-RUNNER_MEASURED = frozenset(
+RUNNER_MEASURES = frozenset(
     {
-        "gpu_utilization_mean",
-        "data_wait_fraction_mean",
+        "gpu_utilization",  # gpus.GpuUsage.sample, into the job's series
+        "gpu_memory_used_bytes",
+        "gpu_utilization_mean",  # end_metrics: the job's end
+        "data_wait_fraction_mean",  # input_bound_metrics: the job's end
         "input_bound",
         "gpu_seconds_waiting_for_data",
     }
 )
-"""The end report's metrics that are the runner's own measurement (billing prices idle and
-input-bound GPU time by them): never taken from what the job itself logged."""
+"""Metric names only the runner says, the one list of them: its GPU samples and the figures
+of a job's end (billing prices idle and input-bound GPU time by these). Never taken from
+what the job itself logged: ``end_metrics`` leaves them out of the job's own, and
+``metric_limits`` drops a value a job reports under one of them as it comes."""
 
 
 def end_metrics(
@@ -441,9 +445,9 @@ def end_metrics(
     gpus: int,
 ) -> dict[str, float]:
     """The metrics of an attempt's end report: the newest value of each metric the job
-    reported, but for ``RUNNER_MEASURED``, which only the runner says: the mean of its GPU
+    reported, but for ``RUNNER_MEASURES``, which only the runner says: the mean of its GPU
     utilisation samples (none: not said) and ``input_bound_metrics`` of the data waits."""
-    metrics = {k: v for k, v in reported.items() if k not in RUNNER_MEASURED}
+    metrics = {k: v for k, v in reported.items() if k not in RUNNER_MEASURES}
     if utilization:
         metrics["gpu_utilization_mean"] = sum(utilization) / len(utilization)
     return metrics | input_bound_metrics(data_waits, runtime_s, gpus)

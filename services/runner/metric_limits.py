@@ -18,7 +18,7 @@ would otherwise put every point on the bus and into the registry's database. Per
   ``job.progress`` (throttled, the newest kept) and the metrics of the job's end: excess
   reports are coalesced into the newest, never lost from the job's final numbers.
 
-- Names. The runner's own measures (``RUNNER_MEASURES``: the GPU usage it samples, the
+- Names. The runner's own measures (``domain.RUNNER_MEASURES``: the GPU usage it samples, the
   figures it derives when the job ends) are never the job's to report: billing's waste
   report believes them (a job claiming ``gpu_utilization_mean`` 100 on a node without NVML
   would hide its idle GPUs). A value under one of them is dropped everywhere, as above.
@@ -32,19 +32,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from trainyard_platform.services.runner.domain import RUNNER_MEASURES
 from trainyard_platform.shared.events.payloads import MAX_METRIC_KEY, NOT_IN_A_NAME
 
-RUNNER_MEASURES = frozenset(
-    {
-        "gpu_utilization",  # gpus.GpuUsage.sample, into the job's series
-        "gpu_memory_used_bytes",
-        "gpu_utilization_mean",  # supervisor: the job's end
-        "data_wait_fraction_mean",  # domain.input_bound_metrics: the job's end
-        "input_bound",
-        "gpu_seconds_waiting_for_data",
-    }
-)
-"""Metric names only the runner says (module docstring, "Names")."""
 BURST_SECONDS = 10.0
 """A job may report this many seconds' worth of points at once (a step's many metrics, an
 evaluation after a quiet while) before its pace counts."""
