@@ -700,6 +700,7 @@ def _act_as(uids: range, action: str) -> None:
         subprocess.run(
             [sys.executable, "-I", "-S", "-c", _AS_EACH, action, *map(str, numbers)]
             + [str(uid) for uid in uids],
+            env={},  # (its children run as the job uids: none of the runner's settings)
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -710,10 +711,12 @@ def _act_as(uids: range, action: str) -> None:
 
 def _act_as_one(uid: int, action: Callable[[], None]) -> None:
     """Run ``action`` in a child switched to ``uid`` (and its own gid, no other groups),
-    before it runs ``/bin/true``."""
+    before it runs ``/bin/true`` with an empty environment: once it has run a program, a
+    process of that uid may read its environment, and the runner's holds its credentials."""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run(
             ["/bin/true"],
+            env={},
             user=uid,
             group=uid,
             extra_groups=[],

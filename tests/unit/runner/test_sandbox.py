@@ -542,6 +542,23 @@ def test_a_runners_uids_are_acted_as_by_one_helper_not_a_fork_of_the_runner_each
     assert calls[2:] == [["/bin/true"], ["/bin/true"]]
 
 
+def test_what_runs_as_a_job_uid_for_the_runner_gets_none_of_its_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Once a process of a job's uid has run a program, that uid may read its environment
+    # (/proc/<pid>/environ), and the runner's holds its credentials.
+    environments: list[object] = []
+    monkeypatch.setattr(sandbox, "can_switch_users", lambda: True)
+    monkeypatch.setattr(sandbox, "leftover_processes", lambda uids, groups: [])
+    monkeypatch.setattr(
+        sandbox.subprocess, "run", lambda args, **kwargs: environments.append(kwargs.get("env"))
+    )
+    sandbox.kill_leftovers(range(291_000, 291_064), [])
+    sandbox.kill_user(291_000)
+    sandbox.clear_keyrings_of(range(291_000, 291_001))
+    assert environments == [{}, {}, {}]
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 def test_every_process_of_each_uid_is_killed_and_no_other(tmp_path: Path) -> None:
     def sleeper(uid: int) -> subprocess.Popen[bytes]:
