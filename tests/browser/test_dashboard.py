@@ -201,10 +201,19 @@ class Registry:
 
 
 def wait(driver: Any, what: str, check: Callable[[Any], Any], timeout_s: float = WAIT_S) -> Any:
+    """``check`` asked until it answers truly; an element it reads that the page replaced
+    meanwhile (a re-render: "stale element reference") or not shown yet is asked again, not a
+    failure (a CI run failed on a header re-rendered between finding it and reading it)."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
     try:
-        return WebDriverWait(driver, timeout_s, poll_frequency=0.2).until(check)
+        return WebDriverWait(
+            driver,
+            timeout_s,
+            poll_frequency=0.2,
+            ignored_exceptions=(NoSuchElementException, StaleElementReferenceException),
+        ).until(check)
     except Exception as exc:
         body = driver.find_element("tag name", "body").text[:3000]
         raise AssertionError(f"{what} (page text: {body!r})") from exc
