@@ -74,7 +74,7 @@ from trainyard_platform.services.registry.domain import (
     spec_digest,
     unlike_its_grant,
 )
-from trainyard_platform.shared.bus import Delivery, Reject
+from trainyard_platform.shared.bus import Delivery, NotYet, Reject
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
@@ -101,10 +101,11 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-class NotGranted(LookupError):
+class NotGranted(NotYet, LookupError):
     """A ``job.started`` of an allocation whose grant the registry has not recorded (yet):
-    an ordinary error, so the bus delivers it again (the grant may be committing in another
-    replica) before it dead-letters it with this reason (a start never granted: forged)."""
+    the grant may be committing in another replica, or held by one that died until its
+    ``ack_wait`` runs out (``bus.NotYet``: delivered again past it), before the bus
+    dead-letters it with this reason (a start never granted: forged)."""
 
 
 class RegistryHandlers:
