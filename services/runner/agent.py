@@ -3,19 +3,24 @@
 Contract:
 - ``on_granted`` launches a job at most once per allocation id, across redeliveries and
   runner restarts (the ledger remembers every allocation this node saw). It checks the
-  grant, takes a slot, fetches the job's code and checkpoint from the object store (an
-  unreachable store raises: the grant comes again; any other failure, this node's full
-  disk included, ends the allocation as ``platform_error``) and records the launch in the ledger,
-  then returns; a task of the grant's own builds its environment (minutes, maybe) and
-  spawns the process, so launches of different jobs proceed side by side. Only once the
-  process exists is ``job.started`` said (before anything the job reports): a job whose
-  process could not be spawned ends with ``job.failed`` and was never said to have
-  started. Launches that share a GPU go one after the other, in the order their grants
-  came (a newer grant can then fence the older job, below); such a grant waits in the
-  node's grant consumer, holding up its later grants and revocations meanwhile (a GPU is
-  granted again while its job still launches only after that job was preempted or
-  fenced). A revocation during a launch stops the job as soon as it runs, and a runner
-  that dies during one reports it lost at its next start.
+  grant and records it in the ledger, then returns: the node's consumer never waits on the
+  object store nor on another job, so a revocation (a cancel, a preemption) or a later
+  grant is handled at once, whatever a launch waits for. A task of the grant's own does the
+  rest: it frees the grant's GPUs (below), takes a slot, fetches the job's code and
+  checkpoint from the object store (an unreachable store is waited out in that task, with
+  capped back-off; any other failure, this node's full disk included, ends the allocation
+  as ``platform_error``), builds its environment (minutes, maybe) and spawns the process,
+  so launches of different jobs proceed side by side. Only once the process exists is
+  ``job.started`` said (before anything the job reports): a job whose process could not
+  be spawned ends with ``job.failed`` and was never said to have started. Launches that
+  share a GPU go one after the other, in the order their grants came (a newer grant can
+  then fence the older job, below). A revocation during a launch, or the drain, stops it
+  at the wait it is in (earlier launches, a fenced job's exit, the object store, the
+  install): it ends at once with ``job.preempted`` and the stop's reason (``cancelled``
+  too), never having started; the slot and sandbox are freed once the work in a thread it
+  no longer waits for returns. A revocation that comes while the process is being
+  spawned stops the job as soon as it runs. A runner that dies during a launch reports it
+  lost at its next start.
   A background task supervises the process, from its spawn on: one whose process group
   cannot be recorded in the ledger (a full disk) is killed at once and ends with
   ``job.failed`` (``platform_error``), as the next runner could not find it. A launch or
@@ -43,8 +48,9 @@ Contract:
   repository or commit that cannot be fetched, a bundle that cannot be unpacked,
   requirements the index cannot meet: ``sandbox.JobInputError``) ends as ``user_error``,
   its reason naming the spec field, and is not retried.
-- ``drain_on(stop)``: stop accepting, SIGTERM every job, SIGKILL after the drain timeout,
-  wait for their terminal events (``job.preempted``, reason ``runner shutting down``).
+- ``drain_on(stop)``: stop accepting, stop every launch still waiting (it ends unrun),
+  SIGTERM every job, SIGKILL after the drain timeout, wait for their terminal events
+  (``job.preempted``, reason ``runner shutting down``).
 - ``heartbeats`` publishes ``runner.heartbeat`` every interval until the drain is done, each
   kept in the event stream only ``heartbeat_ttl_seconds`` (``Nats-TTL``). One that fails
   while NATS is away tells the connection's ``Bus.nats_away`` (``shared.outages``): an
@@ -57,9 +63,12 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import random
 import socket
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 from opentelemetry import context as otel_context
 
@@ -96,6 +105,7 @@ from trainyard_platform.services.runner.sandbox import (
     remove_sandbox,
 )
 from trainyard_platform.services.runner.supervisor import JobRun, end_allocation
+from trainyard_platform.shared import outages
 from trainyard_platform.shared.bus import TTL_HEADER, Bus, NotNow, infrastructure_fault
 from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
 from trainyard_platform.shared.events.payloads import (
@@ -245,9 +255,10 @@ class NodeAgent:
     # --- allocation.granted ----------------------------------------------------------------
 
     async def on_granted(self, grant: AllocationGranted) -> None:
-        """Accept ``grant`` (what needs the object store included: its code and checkpoint)
-        and hand the rest of its launch (its environment, maybe minutes of installing) to a
-        task of its own, so the next grant's launch does not wait for it."""
+        """Accept ``grant``: check it, record it in the ledger and hand its whole launch
+        (GPUs to free, its code and checkpoint from the object store, its environment) to
+        a task of its own. Nothing here waits on the object store or on another job, so the
+        node's consumer goes on to its next grant or revocation at once."""
         if grant.node_id != self.node_id:
             log.warning("ignoring allocation %s for node %s", grant.allocation_id, grant.node_id)
             return
@@ -259,30 +270,18 @@ class NodeAgent:
                 grant.allocation_id,
             )
             return
+        accepted = await self._accept(grant)
+        if accepted is None:
+            return
         # In flight from here until its job runs or it ended unrun: a drain waits for it.
         launching = _Launch(grant.epoch, frozenset(grant.gpu_indices))
         self._launches[grant.allocation_id] = launching
-        handed_on = False
-        try:
-            # A launch in flight on one of its GPUs goes first: only a job that runs can be
-            # fenced (``_gpus_freed``), and two launches must never share a GPU.
-            await self._launched_on(launching.gpus, grant.allocation_id)
-            if self._stop.is_set():  # began while it waited: nothing of it was done yet
-                raise ShuttingDown(
-                    "the runner is shutting down; the grant waits for its next start"
-                )
-            accepted = await self._grant(grant)
-            if accepted is not None:
-                background.start(
-                    self._finish_launch(accepted, launching),
-                    f"the launch of allocation {grant.allocation_id}",
-                    grant.job_id,
-                    self._launch_tasks,
-                )
-                handed_on = True
-        finally:
-            if not handed_on:
-                self._launch_ended(grant.allocation_id)
+        background.start(
+            self._launch_job(accepted, launching),
+            f"the launch of allocation {grant.allocation_id}",
+            grant.job_id,
+            self._launch_tasks,
+        )
 
     async def _launched_on(self, gpus: frozenset[int], allocation_id: str) -> None:
         """Return once no launch in flight that came before ``allocation_id``'s wants any of
@@ -301,11 +300,9 @@ class NodeAgent:
         if launching is not None:
             launching.done.set()
 
-    async def _grant(self, grant: AllocationGranted) -> _Accepted | None:
-        """Check, take a slot, fetch and record ``grant``; None when it is not to run (a
-        duplicate, or ended at once). An error of the infrastructure (the object store
-        down) frees the slot and is raised: the grant comes again. Any other failure,
-        this node's full disk included (``node_faults``), ends the allocation at once."""
+    async def _accept(self, grant: AllocationGranted) -> _Accepted | None:
+        """Check ``grant`` and record it in the ledger; None when it is not to run (a
+        duplicate, or ended at once: its launch could not be recorded)."""
         if grant.allocation_id in self._runs:
             log.info(
                 "allocation %s is running already: duplicate grant ignored", grant.allocation_id
@@ -322,13 +319,58 @@ class NodeAgent:
             await publishing.say_again(self._bus, grant.allocation_id, _stored(seen))
             return None
         await publishing.note_grant(self._bus, grant.allocation_id)
-        if not await self._gpus_freed(grant):
-            return None
         job = JobIdentity.from_grant(grant)
         # The consumer span of this grant: every later event of the job is published in it.
         parent = otel_context.get_current()
         trace_headers = inject()
         events = JobEvents(self._bus, parent, job.job_id)
+        try:
+            # Recorded before the grant is acknowledged: a runner that dies during the rest
+            # of the launch leaves its successor an allocation to report lost.
+            await asyncio.to_thread(self._ledger.launched, job, trace_headers)
+        except Exception as exc:  # this node's disk (full, read-only): no waiting mends it
+            fault = node_fault(exc)
+            if fault is None:
+                log.exception("recording allocation %s failed", job.allocation_id)
+            reason = f"could not be prepared on this node: {fault or error_text(exc)}"
+            await self._failed_to_start(job, reason, events, trace_headers, failure_kind(exc))
+            return None
+        return _Accepted(grant, job, events, trace_headers, parent)
+
+    async def _launch_job(self, accepted: _Accepted, launching: _Launch) -> None:
+        """The whole launch of an accepted grant, in a task of its own: wait for earlier
+        launches on its GPUs and for the jobs it fences, take a slot, fetch its code and
+        checkpoint (an object store away is waited out here), build its environment, spawn
+        its process. A revocation or the drain (``_Launch.stop``) ends it unrun at any
+        of these waits. Whatever stops it, the allocation ends."""
+        grant, job = accepted.grant, accepted.job
+        try:
+            with job_scope(job.job_id):
+                try:
+                    prepared = await self._prepare(accepted, launching)
+                except _LaunchStopped:
+                    await self._end_unrun(accepted, launching)
+                    return
+                if prepared is None:
+                    return
+                self._leases[grant.allocation_id] = prepared.environment_lease
+                await self._launch(grant, job, prepared, accepted.events, accepted.trace_headers)
+                run = self._runs.get(job.allocation_id)
+                if run is not None and launching.revoked is not None:
+                    run.request_stop(*launching.revoked)
+        finally:
+            self._launch_ended(grant.allocation_id)
+
+    async def _prepare(self, accepted: _Accepted, launching: _Launch) -> launch.Prepared | None:
+        """Everything of a launch before its spawn; None when the allocation ended (unrun,
+        here). Raises ``_LaunchStopped`` when ``launching`` was stopped meanwhile."""
+        grant, job, events = accepted.grant, accepted.job, accepted.events
+        trace_headers = accepted.trace_headers
+        # A launch in flight on one of its GPUs goes first: only a job that runs can be
+        # fenced (``_gpus_freed``), and two launches must never share a GPU.
+        await launching.unless_stopped(self._launched_on(launching.gpus, grant.allocation_id))
+        if not await self._gpus_freed(grant, launching):
+            return None
         problem = launch.cannot_run(grant, self.gpus)
         if problem is None and self._interpreter_problem is not None:
             problem = PlatformError(self._interpreter_problem)
@@ -342,79 +384,126 @@ class NodeAgent:
             await end_allocation(job, payload, events, self._ledger, trace_headers)
             return None
         self._slots[grant.allocation_id] = slot
-        try:
-            fetched = await asyncio.to_thread(
-                launch.fetch,
-                grant,
-                self.settings,
-                self._store,
-                job_user(self.settings.job_uids.start, slot),
-                self._cgroups,
-                self.gpus.count,
-            )
-            # Recorded before the grant is acknowledged: a runner that dies during the rest
-            # of the launch leaves its successor an allocation to report lost.
-            await asyncio.to_thread(self._ledger.launched, job, trace_headers)
-        except Exception as exc:
-            fault = None if isinstance(exc, PlatformError) else node_fault(exc)
-            if fault is None and not isinstance(exc, PlatformError):
-                if infrastructure_fault(exc) is not None:
-                    # The object store away or not answering: free the slot and let the
-                    # grant be redelivered, rather than failing a job that did nothing wrong.
-                    await asyncio.to_thread(self._release, job.allocation_id)
-                    raise
-                log.exception("fetching allocation %s failed", job.allocation_id)
-            # Anything else ends the allocation now: this node's disk (full, read-only) does
-            # not come back by waiting in the grant consumer, which would hold up every
-            # later grant, and the scheduler retries a platform_error (elsewhere, maybe).
-            reason = (
-                str(exc)
-                if isinstance(exc, PlatformError)
-                else f"could not be prepared on this node: {fault or error_text(exc)}"
-            )
-            await self._failed_to_start(job, reason, events, trace_headers, failure_kind(exc))
+        fetched = await self._fetch(accepted, launching, slot)
+        if fetched is None:
             return None
-        return _Accepted(grant, job, fetched, events, trace_headers, parent)
-
-    async def _finish_launch(self, accepted: _Accepted, launching: _Launch) -> None:
-        """The rest of a launch, in a task of its own: the job's environment, its
-        ``job.started`` and its process. Whatever stops it, the allocation ends."""
-        grant, job, events = accepted.grant, accepted.job, accepted.events
-        trace_headers = accepted.trace_headers
         try:
-            with job_scope(job.job_id):
-                try:
-                    prepared = await asyncio.to_thread(
-                        launch.prepare,
+            # Minutes, maybe (an environment installed): a stop does not wait for it.
+            return await launching.unless_stopped(
+                asyncio.to_thread(
+                    launch.prepare,
+                    grant,
+                    self.settings,
+                    fetched,
+                    self.gpus,
+                    self._environments,
+                    trace_headers,
+                ),
+                runs_on=True,
+            )
+        except _LaunchStopped:
+            raise
+        except Exception as exc:  # PlatformError, or anything else: it cannot start
+            if not isinstance(exc, PlatformError):
+                log.exception("preparing allocation %s failed", job.allocation_id)
+            await self._failed_to_start(job, str(exc), events, trace_headers, failure_kind(exc))
+            return None
+
+    async def _fetch(
+        self, accepted: _Accepted, launching: _Launch, slot: int
+    ) -> launch.Fetched | None:
+        """The job's sandbox, code and checkpoint; None when the allocation ended. An object
+        store away (``infrastructure_fault``) is waited out here, with capped back-off, for
+        as long as it lasts or until the launch is stopped: the job did nothing wrong, and
+        only this launch waits. Any other failure, this node's full disk included
+        (``node_faults``), ends the allocation at once (``platform_error``, which the
+        scheduler retries, elsewhere maybe; ``user_error`` for the job's own input)."""
+        grant, job = accepted.grant, accepted.job
+        delay = _FETCH_RETRY_FIRST_S
+        while True:
+            if launching.stopping.is_set():
+                raise _LaunchStopped
+            try:
+                fetched = await launching.unless_stopped(
+                    asyncio.to_thread(
+                        launch.fetch,
                         grant,
                         self.settings,
-                        accepted.fetched,
-                        self.gpus,
-                        self._environments,
-                        trace_headers,
-                    )
-                except Exception as exc:  # PlatformError, or anything else: it cannot start
-                    if not isinstance(exc, PlatformError):
-                        log.exception("preparing allocation %s failed", job.allocation_id)
-                    await self._failed_to_start(
-                        job, str(exc), events, trace_headers, failure_kind(exc)
-                    )
-                    return
-                self._leases[grant.allocation_id] = prepared.environment_lease
-                await self._launch(grant, job, prepared, events, trace_headers)
-                run = self._runs.get(job.allocation_id)
-                if run is not None and launching.revoked is not None:
-                    run.request_stop(*launching.revoked)
-        finally:
-            self._launch_ended(grant.allocation_id)
+                        self._store,
+                        job_user(self.settings.job_uids.start, slot),
+                        self._cgroups,
+                        self.gpus.count,
+                    ),
+                    runs_on=True,
+                )
+            except _LaunchStopped:
+                raise
+            except Exception as exc:
+                fault = None if isinstance(exc, PlatformError) else node_fault(exc)
+                if fault is None and not isinstance(exc, PlatformError):
+                    if infrastructure_fault(exc) is not None:
+                        if not outages.report(exc):
+                            log.warning(
+                                "allocation %s waits to be fetched: %s",
+                                job.allocation_id,
+                                error_text(exc),
+                            )
+                        await asyncio.to_thread(self._discard_sandbox, job.allocation_id)
+                        pause = delay * random.uniform(0.5, 1.0)
+                        delay = min(delay * 2, _FETCH_RETRY_MAX_S)
+                        await launching.unless_stopped(asyncio.sleep(pause))
+                        continue
+                    log.exception("fetching allocation %s failed", job.allocation_id)
+                reason = (
+                    str(exc)
+                    if isinstance(exc, PlatformError)
+                    else f"could not be prepared on this node: {fault or error_text(exc)}"
+                )
+                await self._failed_to_start(
+                    job, reason, accepted.events, accepted.trace_headers, failure_kind(exc)
+                )
+                return None
+            outages.OBJECT_STORE.answered()
+            return fetched
 
-    async def _gpus_freed(self, grant: AllocationGranted) -> bool:
+    async def _end_unrun(self, accepted: _Accepted, launching: _Launch) -> None:
+        """End an allocation whose launch was stopped before its job ran: ``job.preempted``
+        with the stop's reason (a cancel's, a preemption's, the drain's), said at once. Its
+        slot and sandbox are freed once the work it no longer waits for (a download, an
+        install, in a thread) has returned."""
+        job = accepted.job
+        assert launching.revoked is not None
+        request, _grace = launching.revoked
+        log.info("allocation %s stopped before its job ran: %s", job.allocation_id, request.reason)
+        outcome = domain.Outcome("preempted", request.reason, None)
+        payload = domain.terminal_event(
+            job, outcome, domain.JobResults({}, None, ""), datetime.now(UTC)
+        )
+        try:
+            await end_allocation(
+                job, payload, accepted.events, self._ledger, accepted.trace_headers
+            )
+        finally:
+            self._launch_ended(job.allocation_id)  # its GPUs: the next grant may have them
+            for work in await launching.left_running():
+                if isinstance(work, launch.Prepared):
+                    work.environment_lease.release()
+            await asyncio.to_thread(self._release, job.allocation_id)
+
+    def _discard_sandbox(self, allocation_id: str) -> None:
+        """What a fetch that failed left of the sandbox and cgroup (the slot is kept)."""
+        remove_sandbox(self.settings.sandboxes_dir / launch.sandbox_name(allocation_id))
+        if self._cgroups is not None:
+            self._cgroups.remove(launch.sandbox_name(allocation_id))
+
+    async def _gpus_freed(self, grant: AllocationGranted, launching: _Launch) -> bool:
         """Make sure no job of this node still runs on the grant's GPUs. The scheduler
         grants a GPU only once its previous lease ended, so a job still on it is one whose
         allocation ended without it (its node was lost, paused or cut off, or its grant came
         late): the job with the older epoch is stopped as fenced, and the grant waits until its
         process has exited. A grant older than the job on its GPUs ends at once, unrun
-        (``job.preempted``, fenced). False when the grant must not run."""
+        (``job.preempted``, fenced). False when the grant must not run. Raises
+        ``_LaunchStopped`` when ``launching`` is stopped while it waits."""
         wanted = set(grant.gpu_indices)
         on_them = [run for run in self._runs.values() if wanted & set(run.gpu_indices)]
         holders = [run for run in on_them if run.job.epoch < grant.epoch]
@@ -444,7 +533,7 @@ class NodeAgent:
             )
             run.request_stop(StopRequest("revoked", "fenced"), self.settings.kill_grace_seconds)
         if holders:
-            await asyncio.gather(*(run.exited() for run in holders))
+            await launching.unless_stopped(asyncio.gather(*(run.exited() for run in holders)))
         return True
 
     def _free_slot(self) -> int | None:
@@ -577,11 +666,12 @@ class NodeAgent:
     async def on_revoked(self, revoked: AllocationRevoked) -> None:
         launching = self._launches.get(revoked.allocation_id)
         if launching is not None and launching.epoch == revoked.epoch:
-            # Its launch is in flight: the job is stopped as soon as it runs.
+            # Its launch is in flight: stopped at the wait it is in (a download, an install)
+            # and ended unrun, or, spawning already, the job is stopped as soon as it runs.
             why = revoked.detail or revoked.reason
-            launching.revoked = (StopRequest("revoked", why), revoked.grace_seconds)
+            launching.stop(StopRequest("revoked", why), revoked.grace_seconds)
             log.info(
-                "allocation %s is revoked while it is launched: it stops once it runs",
+                "allocation %s is revoked while it is launched: its launch stops",
                 revoked.allocation_id,
             )
             return
@@ -667,7 +757,10 @@ class NodeAgent:
         """When ``stop`` is set: stop every job and wait for their ends (module docstring)."""
         try:
             await stop.wait()
-            # Launches in flight finish first; no new one starts after ``stop``.
+            # Launches still waiting (for the object store, an install, another job) end
+            # unrun; one spawning finishes, and its job is stopped below. No new one starts.
+            for launching in self._launches.values():
+                launching.stop(domain.shutdown_stop(), self.settings.drain_timeout_seconds)
             while self._launches:
                 await next(iter(self._launches.values())).done.wait()
             runs = self.running()
@@ -690,6 +783,17 @@ class NodeAgent:
             self.drained.set()
 
 
+_T = TypeVar("_T")
+
+_FETCH_RETRY_FIRST_S = 1.0
+_FETCH_RETRY_MAX_S = 30.0
+"""The back-off between fetches of a launch while the object store is away."""
+
+
+class _LaunchStopped(Exception):
+    """The launch was stopped (``_Launch.stop``) while it waited: it ends unrun."""
+
+
 @dataclass
 class _Launch:
     """A grant being launched (``NodeAgent._launches``)."""
@@ -699,16 +803,58 @@ class _Launch:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once its job runs, or it ended unrun."""
     revoked: tuple[StopRequest, float] | None = None
-    """A revocation that came during the launch: the stop and its grace."""
+    """The first stop asked during the launch (a revocation, the drain) and its grace."""
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set with ``revoked``: wakes the wait the launch is in."""
+    running_on: set[asyncio.Future[object]] = field(default_factory=set)
+    """Work in threads the launch stopped waiting for: its slot is freed once it ends."""
+
+    def stop(self, request: StopRequest, grace_s: float) -> None:
+        """Stop the launch: the first request is kept."""
+        if self.revoked is None:
+            self.revoked = (request, grace_s)
+        self.stopping.set()
+
+    async def unless_stopped(self, work: Awaitable[_T], *, runs_on: bool = False) -> _T:
+        """``work``'s result, or ``_LaunchStopped`` as soon as the launch is stopped. Work
+        that cannot be interrupted (``runs_on``: a thread) is then kept in ``running_on``;
+        any other is cancelled."""
+        task = asyncio.ensure_future(work)
+        stopper = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            if not runs_on:
+                task.cancel()
+            raise
+        finally:
+            stopper.cancel()
+        if task.done():
+            return task.result()
+        if runs_on:
+            self.running_on.add(task)  # type: ignore[arg-type]
+        else:
+            task.cancel()
+        raise _LaunchStopped
+
+    async def left_running(self) -> list[object]:
+        """Wait for the work in ``running_on``; what it returned (failures left out)."""
+        if not self.running_on:
+            return []
+        await asyncio.wait(self.running_on)
+        return [
+            work.result()
+            for work in self.running_on
+            if not work.cancelled() and work.exception() is None
+        ]
 
 
 @dataclass(frozen=True)
 class _Accepted:
-    """A grant checked, with a slot, its code and checkpoint fetched, and in the ledger."""
+    """A grant checked and in the ledger, its launch to come."""
 
     grant: AllocationGranted
     job: JobIdentity
-    fetched: launch.Fetched
     events: JobEvents
     trace_headers: dict[str, str]
     parent: otel_context.Context

@@ -30,7 +30,8 @@ matches its manifest into the staging folder, in the SDK's layout, so the job re
 exactly what the runner verified, and ``resumed_from`` names what was really loaded. A
 checkpoint the store cannot serve now (an outage: ``bus.infrastructure_fault``, such as a
 store folder on a mount that does not answer) is no unusable checkpoint: the error is
-raised, and the grant comes again, rather than the job resuming from an older one.
+raised, and the launch fetches again once the store answers, rather than the job
+resuming from an older one.
 
 Each ``commit_staged`` is a ``checkpoint upload`` span (kind ``CLIENT``) in the job's trace
 (``parent``: the context its events are published in): the job id, step and attempt, the

@@ -25,8 +25,8 @@ here, or a gang of nodes): ``--standalone`` on one node, else a static rendezvou
 Two steps, both blocking (run them in a thread), both raising ``PlatformError`` when the job
 cannot be started: ``fetch`` takes what comes from the object store (the sandbox, with the
 attempt's cgroup and its memory limit where the node has cgroups, the code, the checkpoint
-to resume from; an unreachable store raises as it is, so the grant comes
-again), ``prepare`` the rest (the environment, built in minutes maybe, and the job's
+to resume from; an unreachable store raises as it is, and the agent's launch waits it
+out and fetches again), ``prepare`` the rest (the environment, built in minutes maybe, and the job's
 command and variables).
 """
 

@@ -2,9 +2,9 @@
 system, no descriptors left), as against an outage of the bus, the database or the object
 store.
 
-The bus waits out every ``OSError`` but a few of a path (``shared.bus.infrastructure_fault``):
-right for a socket, wrong for the runner's own disk, which does not come back by waiting
-in the grant consumer (and a consumer that waits holds up every later grant of the node).
+``shared.bus.infrastructure_fault`` calls every ``OSError`` but a few of a path an outage,
+which a grant's launch waits out: right for a socket, wrong for the runner's own disk,
+which does not come back by waiting (and a launch that waits holds its slot and GPUs).
 A grant whose preparation fails this way ends as ``platform_error`` instead: the scheduler
 retries it (on another node, maybe) and cordons a node that keeps failing.
 """

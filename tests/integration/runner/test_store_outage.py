@@ -1,7 +1,9 @@
 """An object store that does not answer while a grant comes (MinIO hung: its server paused
 with SIGSTOP) is no fault of the job: the runner waits it out and runs the job once the
 store answers, instead of failing its attempt ("could not fetch code bundle", a
-``platform_error``)."""
+``platform_error``). It waits in the launch's own task, never in the node's consumer: a
+cancel or a preemption of any job of the node, the one waiting included, is acted on while
+the store is still away."""
 
 from __future__ import annotations
 
@@ -23,7 +25,15 @@ from tests.integration.runner.conftest import (
 from trainyard_platform.deploy.local.s3 import S3Server
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.shared.bus import Bus
-from trainyard_platform.shared.events.payloads import JobFailed, JobSucceeded
+from trainyard_platform.shared.events.payloads import (
+    AllocationGranted,
+    AllocationRevoked,
+    JobFailed,
+    JobPreempted,
+    JobStarted,
+    JobSucceeded,
+)
+from trainyard_platform.shared.outages import OBJECT_STORE
 from trainyard_platform.shared.storage import open_store
 
 pytestmark = pytest.mark.integration
@@ -57,13 +67,72 @@ async def test_a_grant_met_by_a_store_that_does_not_answer_runs_once_it_answers(
     try:
         await publish(bus, allocation, settings.node_id)
         async with asyncio.timeout(60):  # each fetch gives up within a few seconds
-            while not runner.agent._bus.paused:
+            while not OBJECT_STORE.away:
                 assert not events.of(JobFailed, allocation.job_id)
                 await asyncio.sleep(0.1)
-        assert "object store unreachable" in next(iter(runner.agent._bus.paused.values()))
+        # Waited out by the launch, not by the consumer: it goes on reading revocations.
+        assert not runner.agent._bus.paused
     finally:
         s3.send_signal(signal.SIGCONT)
 
     done = await events.first(JobSucceeded, allocation.job_id, timeout=60)
     assert done.allocation_id == allocation.allocation_id
     assert events.of(JobFailed, allocation.job_id) == []
+
+
+def revocation(allocation: AllocationGranted, reason: str) -> AllocationRevoked:
+    return AllocationRevoked(
+        allocation_id=allocation.allocation_id,
+        job_id=allocation.job_id,
+        node_id=allocation.node_id,
+        epoch=allocation.epoch,
+        reason=reason,
+        grace_seconds=0.5,
+    )
+
+
+async def test_cancels_and_preemptions_are_acted_on_while_a_launch_waits_for_the_store(
+    s3: S3Server,
+    settings: Settings,
+    code_dir: Path,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    launches: Path,
+) -> None:
+    """The fetch of a grant's inputs waited out the outage inside the node's only consumer:
+    a preemption of a job already running there, and a cancel of the job being fetched,
+    waited for the store to come back (minutes, hours), holding the GPUs all along."""
+    storage = s3.storage_settings(f"s3://runner-{uuid.uuid4().hex[:12]}").model_copy(
+        update={"s3_connect_timeout_seconds": 1.0, "s3_read_timeout_seconds": 1.0}
+    )
+    code = upload_bundle(open_store(storage.uri, storage), "team-a", code_dir)
+    settings = settings.model_copy(update={"storage": storage})
+    runner = await start_runner(settings)
+    running = grant(settings.node_id, ["ignore-term", str(launches)], code=code, gpu_indices=[0])
+    waiting = grant(settings.node_id, ["succeed", str(launches)], code=code, gpu_indices=[1])
+    await publish(bus, running, settings.node_id)
+    await events.first(JobStarted, running.job_id)
+
+    s3.send_signal(signal.SIGSTOP)
+    try:
+        await publish(bus, waiting, settings.node_id)
+        async with asyncio.timeout(60):  # its fetch gives up within a few seconds
+            while not OBJECT_STORE.away:
+                await asyncio.sleep(0.1)
+        await publish(bus, revocation(running, "preempted"), settings.node_id)
+        preempted = await events.first(JobPreempted, running.job_id)
+        assert preempted.reason == "preempted"
+        await publish(bus, revocation(waiting, "cancelled"), settings.node_id)
+        cancelled = await events.first(JobPreempted, waiting.job_id)
+        assert cancelled.reason == "cancelled"
+        assert cancelled.allocation_id == waiting.allocation_id
+        assert OBJECT_STORE.away  # all of it while the store is still away
+    finally:
+        s3.send_signal(signal.SIGCONT)
+    # The cancelled job never ran, not even once the store answered again.
+    await runner.shutdown()
+    assert events.of(JobStarted, waiting.job_id) == []
+    assert events.of(JobSucceeded, waiting.job_id) == []
+    assert not (launches / waiting.allocation_id).exists()
+

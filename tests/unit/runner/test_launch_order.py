@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from types import SimpleNamespace
 
 import pytest
 
-from trainyard_platform.services.runner.agent import NodeAgent, _Launch
+from trainyard_platform.services.runner.agent import NodeAgent, _Launch, _LaunchStopped
+from trainyard_platform.services.runner.domain import StopRequest
 from trainyard_platform.shared.bus import NotNow
 
 from .test_launch import GRANT
@@ -48,3 +50,27 @@ async def test_a_grant_that_comes_while_the_runner_stops_goes_back_for_its_next_
     agent.node_id = GRANT.node_id
     with pytest.raises(NotNow, match="shutting down"):
         await NodeAgent.on_granted(agent, GRANT)  # type: ignore[arg-type]
+
+
+async def test_a_stopped_launch_stops_waiting_at_once_and_keeps_its_thread_in_view() -> None:
+    """A launch waited for its download or install to return before a cancel could end
+    it; now the stop ends the wait, and the thread it left is awaited before its slot
+    is freed (its result handed back, e.g. an environment lease to release)."""
+    launching = _Launch(1, GPU)
+    release = threading.Event()
+    download = asyncio.ensure_future(asyncio.to_thread(lambda: release.wait(30) and "fetched"))
+    waiting = asyncio.create_task(launching.unless_stopped(download, runs_on=True))
+    await asyncio.sleep(0.05)
+    launching.stop(StopRequest("revoked", "cancelled"), 0.5)
+    launching.stop(StopRequest("shutdown", "runner shutting down"), 5)  # the first is kept
+    with pytest.raises(_LaunchStopped):
+        await asyncio.wait_for(waiting, timeout=10)
+    assert launching.revoked == (StopRequest("revoked", "cancelled"), 0.5)
+    assert not download.done()
+    release.set()
+    assert await asyncio.wait_for(launching.left_running(), timeout=10) == ["fetched"]
+    sleeping = asyncio.ensure_future(asyncio.sleep(30))
+    with pytest.raises(_LaunchStopped):  # a wait of its own is cancelled instead
+        await launching.unless_stopped(sleeping)
+    await asyncio.sleep(0)
+    assert sleeping.cancelled()
