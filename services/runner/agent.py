@@ -599,6 +599,7 @@ class NodeAgent:
             max_output_bytes=self.settings.max_output_bytes,
             max_processes=self.settings.job_max_processes,
             max_checkpoint_bytes=self.settings.max_checkpoint_bytes,
+            checkpoint_upload_wait_s=self.settings.checkpoint_upload_wait_seconds,
             disk_limit_bytes=int(self.settings.job_disk_gib * disk_watch.GIB) or None,
             disk_check_interval_s=self.settings.job_disk_check_seconds,
             metrics_points_per_second=self.settings.metrics_points_per_second,

@@ -131,6 +131,11 @@ class Settings(GuardedServiceSettings):
     """Most bytes of a job attempt's output, and of its metric series, kept on this node and
     shipped to the store (each); past it the output ends with a notice and the rest is
     dropped, so a job that writes without end fills neither the disk nor the store."""
+    checkpoint_upload_wait_seconds: float = Field(default=900.0, gt=0, allow_inf_nan=False)
+    """How long a job's end waits for the checkpoints it staged before it exited to upload
+    (the object store away, slow); one left unuploaded is reported, never passed over: a
+    job that succeeded then fails as ``platform_error`` and is retried from its latest
+    uploaded checkpoint (``domain.with_lost_checkpoint``)."""
     max_checkpoint_bytes: int = Field(default=MAX_CHECKPOINT_BYTES, ge=1)
     """Largest checkpoint object committed, by its apparent size (a sparse file counts with
     its holes); a larger one is refused unread and the job's earlier checkpoints stand."""

@@ -464,6 +464,47 @@ class JobResults:
     log_tail: str
 
 
+@dataclass(frozen=True)
+class LostCheckpoint:
+    """A checkpoint the job staged that was still not uploaded when its end could wait no
+    longer (``TRAINYARD_RUNNER_CHECKPOINT_UPLOAD_WAIT_SECONDS``)."""
+
+    step: int
+    error: str
+    """Why its latest upload failed."""
+    waited_s: float
+
+
+def with_lost_checkpoint(
+    outcome: Outcome, lost: LostCheckpoint | None, kept: CheckpointRef | None
+) -> Outcome:
+    """``outcome``, told that the checkpoint ``lost`` was never uploaded (``kept``: the
+    latest one that was). Never silent: a job that succeeded would otherwise end with
+    ``kept`` as its artifact, an older checkpoint that the registry would register as its
+    model. It fails instead as ``platform_error`` (the job did nothing wrong), which the
+    scheduler retries on the platform's budget from ``kept``: at most the work since
+    ``kept`` is done again. Any other outcome keeps its kind and its reason says so too."""
+    if lost is None:
+        return outcome
+    since = (
+        f"the latest uploaded is step {kept.step}"
+        if kept is not None
+        else "none of its checkpoints was uploaded"
+    )
+    what = (
+        f"its checkpoint of step {lost.step} could not be uploaded to the object store "
+        f"within {lost.waited_s:g} s ({lost.error}); {since}"
+    )
+    if outcome.kind == "succeeded":
+        return Outcome(
+            "failed",
+            f"the job finished, but {what}",
+            outcome.exit_code,
+            "platform_error",
+        )
+    return replace(outcome, reason=f"{outcome.reason}; {what}")
+
+
 def terminal_event(
     job: JobIdentity, outcome: Outcome, results: JobResults, now: datetime
 ) -> JobSucceeded | JobFailed | JobPreempted:

@@ -71,14 +71,13 @@ from trainyard_platform.shared.events.payloads import (
     CheckpointRef,
     MetricPoint,
 )
+from trainyard_platform.shared.logs import error_text
 from trainyard_platform.shared.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 
 _PIPE_DRAIN_S = 10.0
 """After the job exited (and its group was killed), how long its output may take to close."""
-_UPLOAD_DRAIN_S = 900.0
-"""How long the checkpoints a job staged before it exited may take to upload."""
 WARNINGS_PER_KIND = 5
 """Warnings about what one job sent (a bad control line, a refused checkpoint, ...) logged
 per kind; the rest are counted and their number logged when the job ends: the job decides
@@ -117,6 +116,7 @@ class JobRun:
         usage_interval_s: float = 5.0,
         max_output_bytes: int = 2 * 1024**3,
         max_checkpoint_bytes: int = checkpoints.MAX_CHECKPOINT_BYTES,
+        checkpoint_upload_wait_s: float = 900.0,
         metrics_points_per_second: float = 1000.0,
         metrics_max_keys: int = 1000,
         max_processes: int | None = None,
@@ -148,6 +148,13 @@ class JobRun:
         )
         self._max_output_bytes = max_output_bytes
         self._max_checkpoint_bytes = max_checkpoint_bytes
+        self._upload_wait_s = checkpoint_upload_wait_s
+        self._committing: int | None = None
+        """The step being uploaded, until it is committed or given up for a newer one."""
+        self._upload_error = ""
+        """Why the latest upload failed, for the report of a checkpoint left unuploaded."""
+        self._lost_checkpoint: domain.LostCheckpoint | None = None
+        """A checkpoint the job staged that its end could not wait to upload."""
         self._max_processes = max_processes
         self._disk_limit_bytes = disk_limit_bytes
         self._disk_check_interval_s = disk_check_interval_s
@@ -409,6 +416,7 @@ class JobRun:
             torchrun=self._torchrun,
             memory_exceeded=cgroup.memory_exceeded() if cgroup is not None else None,
         )
+        outcome = domain.with_lost_checkpoint(outcome, self._lost_checkpoint, self._last_checkpoint)
         log.info(
             "job %s allocation %s %s: %s",
             self.job.job_id,
@@ -543,9 +551,24 @@ class JobRun:
         self._staged.set()
         if self._uploader is not None:
             try:
-                await asyncio.wait_for(self._uploader, timeout=_UPLOAD_DRAIN_S)
+                await asyncio.wait_for(self._uploader, timeout=self._upload_wait_s)
             except Exception as exc:
-                log.error("job %s: checkpoints left unuploaded: %s", self.job.job_id, exc)
+                # Said in the outcome (``domain.with_lost_checkpoint``): the job's last
+                # uploaded checkpoint must not pass for the newest it made.
+                left = [s for s in (self._committing, *self._staged_steps) if s is not None]
+                if left:
+                    self._lost_checkpoint = domain.LostCheckpoint(
+                        max(left),
+                        self._upload_error or error_text(exc) or type(exc).__name__,
+                        self._upload_wait_s,
+                    )
+                log.error(
+                    "job %s: checkpoint of step %s left unuploaded after %g s: %s",
+                    self.job.job_id,
+                    max(left) if left else "?",
+                    self._upload_wait_s,
+                    self._upload_error or error_text(exc) or type(exc).__name__,
+                )
         with contextlib.suppress(OSError):
             self._sandbox.control_socket.unlink()
 
@@ -708,8 +731,9 @@ class JobRun:
     async def _commit(self, step: int) -> None:
         """Upload one staged checkpoint. A store that fails (down, throttling) is retried
         with back-off until it works or a newer checkpoint is staged (which supersedes this
-        one); the end of the job waits for it up to ``_UPLOAD_DRAIN_S``."""
+        one); the end of the job waits for it up to ``checkpoint_upload_wait_s``."""
         delay = 1.0
+        self._committing = step
         while True:
             try:
                 ref = await asyncio.to_thread(
@@ -724,12 +748,15 @@ class JobRun:
                 )
                 break
             except checkpoints.StagedCheckpointInvalid as exc:
+                self._committing = None
                 self._warn(
                     "checkpoint refused", "job %s: checkpoint of step %d refused: %s", step, exc
                 )
                 return
             except Exception as exc:
+                self._upload_error = error_text(exc)
                 if self._staged_steps:
+                    self._committing = None
                     log.error(
                         "job %s: checkpoint of step %d not uploaded (%s); a newer one waits",
                         self.job.job_id,
@@ -746,6 +773,7 @@ class JobRun:
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
+        self._committing = None
         self._last_checkpoint = ref
         committed = CheckpointMessage(checkpoint=ref)
         self._events.emit(

@@ -99,6 +99,12 @@ FAKE_JOB = textwrap.dedent(
         send({"kind": "not-a-kind"})
         print("done", flush=True)
         sys.exit(0)
+    if mode == "checkpoint-twice":
+        checkpoint(1)
+        while not os.path.exists(os.path.join(launches, "go")):
+            time.sleep(0.05)
+        checkpoint(2)
+        sys.exit(0)
     if mode == "escape":
         import subprocess
         child = subprocess.Popen(

@@ -28,6 +28,7 @@ from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationRevoked,
+    CheckpointSaved,
     JobFailed,
     JobPreempted,
     JobStarted,
@@ -136,3 +137,40 @@ async def test_cancels_and_preemptions_are_acted_on_while_a_launch_waits_for_the
     assert events.of(JobSucceeded, waiting.job_id) == []
     assert not (launches / waiting.allocation_id).exists()
 
+
+async def test_a_final_checkpoint_the_store_cannot_take_is_reported_never_passed_over(
+    s3: S3Server,
+    settings: Settings,
+    code_dir: Path,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    launches: Path,
+) -> None:
+    """A job whose final checkpoint could not be uploaded before its end gave up waiting
+    (15 minutes of outage) succeeded with its previous checkpoint as its artifact: the
+    registry registered the older weights as the model, and nothing said so. It now fails
+    as the platform's error, naming both checkpoints, and is retried from the older one."""
+    storage = s3.storage_settings(f"s3://runner-{uuid.uuid4().hex[:12]}").model_copy(
+        update={"s3_connect_timeout_seconds": 1.0, "s3_read_timeout_seconds": 1.0}
+    )
+    code = upload_bundle(open_store(storage.uri, storage), "team-a", code_dir)
+    settings = settings.model_copy(
+        update={"storage": storage, "checkpoint_upload_wait_seconds": 3.0}
+    )
+    await start_runner(settings)
+    job = grant(settings.node_id, ["checkpoint-twice", str(launches)], code=code)
+    await publish(bus, job, settings.node_id)
+    first = await events.first(CheckpointSaved, job.job_id)
+    assert first.checkpoint.step == 1
+
+    s3.send_signal(signal.SIGSTOP)
+    try:
+        (launches / "go").touch()  # the job stages step 2 and exits 0
+        failed = await events.first(JobFailed, job.job_id, timeout=60)
+    finally:
+        s3.send_signal(signal.SIGCONT)
+    assert failed.failure_kind == "platform_error"
+    assert "checkpoint of step 2 could not be uploaded" in failed.reason
+    assert "the latest uploaded is step 1" in failed.reason
+    assert events.of(JobSucceeded, job.job_id) == []

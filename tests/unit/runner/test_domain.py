@@ -379,3 +379,30 @@ def test_under_torchrun_the_failure_names_the_workers_exit_code() -> None:
     assert plain == Outcome("failed", "exited with status 1", 1, "user_error")
     silent = domain.decide_outcome(1, None, "Traceback: boom", torchrun=True)
     assert silent == Outcome("failed", "exited with status 1", 1, "user_error")
+
+
+# --- a checkpoint left unuploaded at the job's end ---------------------------------------
+
+
+def test_a_success_whose_final_checkpoint_was_not_uploaded_fails_as_the_platforms() -> None:
+    """It succeeded with the older checkpoint as its artifact, which the registry
+    registered as the model, and nobody was told the final one was lost."""
+    lost = domain.LostCheckpoint(20, "object store unreachable", 900.0)
+    outcome = domain.with_lost_checkpoint(domain.Outcome("succeeded", "", 0), lost, REF)
+    assert outcome.kind == "failed"
+    assert outcome.failure_kind == "platform_error"
+    assert "checkpoint of step 20 could not be uploaded" in outcome.reason
+    assert "within 900 s (object store unreachable)" in outcome.reason
+    assert "the latest uploaded is step 10" in outcome.reason
+    event = domain.terminal_event(JOB, outcome, domain.JobResults({}, REF, ""), NOW)
+    assert isinstance(event, JobFailed)
+
+
+def test_other_outcomes_keep_their_kind_and_say_which_checkpoint_was_lost() -> None:
+    lost = domain.LostCheckpoint(20, "timed out", 5.0)
+    outcome = domain.with_lost_checkpoint(domain.Outcome("preempted", "cancelled", 75), lost, None)
+    assert outcome.kind == "preempted"
+    assert outcome.reason.startswith("cancelled; its checkpoint of step 20 could not be")
+    assert outcome.reason.endswith("none of its checkpoints was uploaded")
+    unchanged = domain.Outcome("succeeded", "", 0)
+    assert domain.with_lost_checkpoint(unchanged, None, REF) is unchanged
