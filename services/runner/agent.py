@@ -817,9 +817,10 @@ class _Launch:
         self.stopping.set()
 
     async def unless_stopped(self, work: Awaitable[_T], *, runs_on: bool = False) -> _T:
-        """``work``'s result, or ``_LaunchStopped`` as soon as the launch is stopped. Work
-        that cannot be interrupted (``runs_on``: a thread) is then kept in ``running_on``;
-        any other is cancelled."""
+        """``work``'s result, or ``_LaunchStopped`` as soon as the launch is stopped (also
+        when it was stopped already). Work that cannot be interrupted (``runs_on``: a
+        thread) is then kept in ``running_on``, whatever it returns handed to
+        ``left_running``; any other is cancelled."""
         task = asyncio.ensure_future(work)
         stopper = asyncio.ensure_future(self.stopping.wait())
         try:
@@ -830,10 +831,13 @@ class _Launch:
             raise
         finally:
             stopper.cancel()
-        if task.done():
+        if not self.stopping.is_set():
             return task.result()
+        # Stopped, even if the work is done too: a launch stopped goes no further.
         if runs_on:
             self.running_on.add(task)  # type: ignore[arg-type]
+        elif task.done():
+            _ = task.cancelled() or task.exception()  # retrieved: it is of no use now
         else:
             task.cancel()
         raise _LaunchStopped

@@ -74,3 +74,18 @@ async def test_a_stopped_launch_stops_waiting_at_once_and_keeps_its_thread_in_vi
         await launching.unless_stopped(sleeping)
     await asyncio.sleep(0)
     assert sleeping.cancelled()
+
+
+async def test_a_launch_stopped_already_goes_no_further_even_when_its_work_is_done() -> None:
+    """A stop that came while the launch was between two waits must not let it go on to
+    fence other jobs or download: the next wait raises at once, and what a thread returned
+    (an environment lease, say) is still handed back to be released."""
+    launching = _Launch(1, GPU)
+    launching.stop(StopRequest("revoked", "cancelled"), 0.5)
+    with pytest.raises(_LaunchStopped):
+        await launching.unless_stopped(asyncio.sleep(0, result="free"))
+    done = asyncio.ensure_future(asyncio.to_thread(lambda: "prepared"))
+    await done
+    with pytest.raises(_LaunchStopped):
+        await launching.unless_stopped(done, runs_on=True)
+    assert await launching.left_running() == ["prepared"]
