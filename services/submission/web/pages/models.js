@@ -250,29 +250,95 @@ function nodeLabel(node) {
   return node.id;
 }
 
+/** Lines the dashboard's lineage tree lists at most; the rest are counted in a note ("N more
+ * nodes not shown") that names the CLI command printing them all. A registry answer holds
+ * up to 10,000 nodes: a page of that many nested items is unreadable, and slow to lay out. */
+export const LINEAGE_LINES = 500;
+
+/** Levels the lineage tree nests; deeper items stay at this level, their level written
+ * ("(40) ..."), as the CLI's tree keeps its indent, so a long chain stays within the page. */
+export const LINEAGE_LEVELS = 32;
+
 /** The graph as nested lists from its root (each node's children: what it came from, for
- * upstream). A node reached twice is listed in full once, then named with "(see above)". */
-export function lineageTree(graph) {
+ * upstream). A node reached twice is listed in full once, then named with "(see above)"
+ * ("(cycle: see above)" when it is an ancestor of itself, which a well-formed lineage never
+ * is). Walked from a stack, not a call per level: the registry answers chains of thousands
+ * of nodes (a model fine-tuned from one fine-tuned from ...). At most ``maxLines`` items are
+ * listed and ``maxLevels`` nested (``LINEAGE_LINES``, ``LINEAGE_LEVELS``). */
+export function lineageTree(graph, { maxLines = LINEAGE_LINES, maxLevels = LINEAGE_LEVELS } = {}) {
   const nodes = new Map(graph.nodes.map((n) => [n.id, n]));
   const up = graph.direction === "upstream";
   const children = new Map();
   for (const e of graph.edges) {
     const [parent, child] = up ? [e.to, e.from] : [e.from, e.to];
-    children.set(parent, [...(children.get(parent) || []), [e.relation, child]]);
+    if (!children.has(parent)) children.set(parent, []);
+    children.get(parent).push([e.relation, child]);
   }
+  for (const list of children.values()) list.sort();
   const seen = new Set();
-  const item = (id, relation) => {
+  const path = [];  // the ids from the root to the item last listed, by depth
+  const onPath = new Set();
+  const top = h("ul", {});
+  let lines = 0, unlisted = 0, repeats = 0;
+  // [id, relation, depth, the list its item goes in]: pushed last child first, so popped in order.
+  const stack = [[graph.root, "", 0, top]];
+  while (stack.length) {
+    const [id, relation, depth, list] = stack.pop();
+    while (path.length > depth) onPath.delete(path.pop());
+    const repeat = seen.has(id);
+    if (lines >= maxLines) {
+      // Past the cap the walk goes on only to count what it leaves out.
+      if (repeat) repeats += 1;
+      else {
+        seen.add(id);
+        unlisted += 1;
+        const below = children.get(id) || [];
+        for (let i = below.length - 1; i >= 0; i--) stack.push([below[i][1], below[i][0], depth + 1, list]);
+      }
+      continue;
+    }
+    lines += 1;
     const node = nodes.get(id) || { id };
-    const label = h("span", { class: "lineage-node", "data-kind": node.kind || "" }, relation ? h("small", { class: "muted" }, `${relation} `) : null, nodeLabel(node));
-    if (seen.has(id)) return h("li", {}, label, h("small", { class: "muted" }, " (see above)"));
+    const label = h("span", { class: "lineage-node", "data-kind": node.kind || "" },
+      depth > maxLevels ? h("small", { class: "muted lineage-level" }, `(${depth}) `) : null,
+      relation ? h("small", { class: "muted" }, `${relation} `) : null, nodeLabel(node));
+    if (repeat) {
+      const cycle = onPath.has(id);
+      list.append(h("li", { class: cycle ? "lineage-cycle" : null }, label, h("small", { class: "muted" }, cycle ? " (cycle: see above)" : " (see above)")));
+      continue;
+    }
     seen.add(id);
-    const below = (children.get(id) || []).sort();
-    return h("li", {}, label, below.length ? h("ul", {}, below.map(([rel, child]) => item(child, rel))) : null);
-  };
+    path.push(id);
+    onPath.add(id);
+    const item = h("li", {}, label);
+    list.append(item);
+    const below = children.get(id) || [];
+    if (!below.length) continue;
+    let into = list;  // past maxLevels the children stay in this list, their level written
+    if (depth < maxLevels) {
+      into = h("ul", {});
+      item.append(into);
+    }
+    for (let i = below.length - 1; i >= 0; i--) stack.push([below[i][1], below[i][0], depth + 1, into]);
+  }
   const notes = [];
   if (graph.hidden) notes.push(`${graph.hidden} nodes of other teams hidden`);
   if (graph.truncated) notes.push("truncated at the registry's limit");
-  return h("div", { class: "lineage-tree" }, h("ul", {}, item(graph.root, "")), notes.length ? h("p", { class: "muted" }, notes.join("; ")) : null);
+  return h("div", { class: "lineage-tree" }, top,
+    notes.length ? h("p", { class: "muted" }, notes.join("; ")) : null,
+    unlisted || repeats ? lineageMore(graph.root, up, maxLines, unlisted, repeats) : null);
+}
+
+/** The note under a lineage tree cut at ``shown`` lines: how many nodes (and repeats of
+ * nodes listed) it leaves out, and the CLI command that prints the whole tree. */
+function lineageMore(root, up, shown, unlisted, repeats) {
+  const ref = String(root).slice(String(root).indexOf(":") + 1);
+  const parts = [];
+  if (unlisted) parts.push(`${unlisted.toLocaleString("en-US")} more ${unlisted === 1 ? "node" : "nodes"}`);
+  if (repeats) parts.push(`${repeats.toLocaleString("en-US")} more ${repeats === 1 ? "mention" : "mentions"} of nodes listed above`);
+  return h("p", { class: "muted lineage-more", id: "lineage-more" },
+    `${parts.join(" and ")} not shown (the first ${shown.toLocaleString("en-US")} lines are); `,
+    "the whole tree: ", h("code", {}, `trainyard lineage ${up ? "up" : "down"} ${ref}`));
 }
 
 /** Inputs (code, data, environment, parent checkpoints) -> job -> artifact -> version.
