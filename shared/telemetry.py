@@ -538,11 +538,14 @@ def meter(name: str) -> metrics.Meter:
     return metrics.get_meter(name)
 
 
-def current_trace_id() -> str | None:
-    """The W3C trace id (32 hex digits) of the current span, or None outside one (or when
-    the SDK is disabled)."""
+def recorded_trace_id() -> str | None:
+    """The W3C trace id (32 hex digits) of the current span when its trace is recorded (the
+    span context's sampled flag), else None: outside a span, with the SDK disabled, and when
+    the sampler dropped the trace (``OTEL_TRACES_SAMPLER=always_off``, a ratio, a caller's
+    ``traceparent`` flagged not sampled). An id of a dropped trace names nothing any trace
+    store or span file holds, so it is never handed out as one to look up."""
     ctx = trace.get_current_span().get_span_context()
-    return format(ctx.trace_id, "032x") if ctx.is_valid else None
+    return format(ctx.trace_id, "032x") if ctx.is_valid and ctx.trace_flags.sampled else None
 
 
 def extract(headers: Mapping[str, Any] | None) -> otel_context.Context:

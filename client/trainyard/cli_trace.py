@@ -7,7 +7,9 @@ OTLP-JSON file (an OpenTelemetry Collector's ``file`` exporter: one
 
 JOB is a job id or a unique prefix of one, or a 32-hex-digit trace id. The job's trace is
 found in the file by the job id its event spans carry (``cloudevents.event_subject``);
-failing that, and when a server is configured, by the ``trace_id`` of the job's view.
+failing that, and when a server is configured, by the ``trace_id`` of the job's view. A
+view whose ``trace_id`` is null (the job's trace was not sampled at submission, or tracing
+was off) is an error saying the job's trace was not sampled: there are no spans to find.
 
 Each line: the span's name, its service, its duration and its start relative to the trace's
 first span, and ``ERROR: <description>`` for a span that ended in error; the span's events
@@ -310,7 +312,7 @@ def run_trace(session: Session) -> int:
     else:  # two passes over the file, each reading only the lines that name what it seeks
         wanted = traces_of_job(load_spans(args.file, keep=_naming({ref})), ref)
         if not wanted:
-            wanted = _trace_from_server(session, args.job)
+            wanted = _trace_from_server(session, args.job, args.file)
     spans = load_spans(args.file, keep=_naming(wanted)) if wanted else []
     unique = {(s.trace_id, s.span_id): s for s in reversed(spans) if s.trace_id in wanted}
     chosen = sorted(unique.values(), key=lambda s: s.start_ns)  # each span once (render_tree)
@@ -336,10 +338,21 @@ def _naming(texts: set[str]) -> Callable[[str], bool]:
     return lambda line: any(form in line for form in forms)
 
 
-def _trace_from_server(session: Session, ref: str) -> set[str]:
+def _trace_from_server(session: Session, ref: str, file: Path) -> set[str]:
+    """The ``trace_id`` of the job's view, as a set; empty when no server is configured or
+    it knows no such job (the file was all). A view whose ``trace_id`` is null says the
+    job's trace was never recorded (not sampled at submission): a ``CliError`` saying so,
+    as no file or trace store can hold spans of it."""
     try:
         job_id = resolve(session.client, ref)
-        trace_id = session.client.get_job(job_id).get("trace_id")
+        view = session.client.get_job(job_id)
     except (CliError, TrainyardError):
-        return set()  # no server configured, or it knows no such job: the file was all
-    return {trace_id} if trace_id else set()
+        return set()
+    trace_id = view.get("trace_id")
+    if "trace_id" in view and trace_id is None:
+        raise CliError(
+            f"job {job_id}'s trace was not sampled: the submission API recorded no trace for "
+            "it (its sampler, OTEL_TRACES_SAMPLER, dropped it, or tracing was off), so no "
+            f"spans of it are in {file} or in any trace store"
+        )
+    return {trace_id} if isinstance(trace_id, str) and trace_id else set()

@@ -67,7 +67,7 @@ from trainyard_platform.shared.events.payloads import (
 )
 from trainyard_platform.shared.http_errors import RequestInvalid
 from trainyard_platform.shared.identity import Role
-from trainyard_platform.shared.telemetry import current_trace_id, inject
+from trainyard_platform.shared.telemetry import inject, recorded_trace_id
 
 SOURCE = "trainyard/submission"
 
@@ -101,7 +101,7 @@ async def submit_job(
             stored,
             idempotency_key,
             now,
-            trace_id=current_trace_id(),
+            trace_id=recorded_trace_id(),
         )
         if not created:
             assert idempotency_key is not None  # only a repeated key can conflict
@@ -111,7 +111,7 @@ async def submit_job(
         await outbox.enqueue(conn, Envelope.wrap(event, source=SOURCE, subject=job_id))
         if audit.must_record(caller.principal):
             await audit.record(conn, caller.principal, "submit job", job_id, {"name": spec.name})
-    view = submitted_job_view(job_id, caller.team, caller.user, stored, now, current_trace_id())
+    view = submitted_job_view(job_id, caller.team, caller.user, stored, now, recorded_trace_id())
     return view, True
 
 
@@ -137,7 +137,7 @@ async def check_job(
             if row is not None:
                 replayed = await _replayed_job(conn, caller, idempotency_key, job.stored)
                 return await _read_view(conn, caller, replayed)
-    trace_id = current_trace_id()
+    trace_id = recorded_trace_id()
     return submitted_job_view(
         job.job_id, caller.team, caller.user, job.stored, job.submitted_at, trace_id
     )
@@ -190,7 +190,7 @@ async def submit_prepared_if_known(
         subject=job.job_id,
     )
     event = (envelope.id, envelope.nats_subject, envelope.to_json(), inject())
-    trace_id = current_trace_id()
+    trace_id = recorded_trace_id()
     held, stored = await writer.write(
         (
             (known.token_hash, caller.token_id, caller.user_id, caller.team_id, str(caller.role)),
@@ -239,7 +239,7 @@ async def _store_announced(
         JobSubmitted(job_id=job_id, spec=spec, submitted_at=now), source=SOURCE, subject=job_id
     )
     event = (envelope.id, envelope.nats_subject, envelope.to_json(), inject())
-    trace_id = current_trace_id()
+    trace_id = recorded_trace_id()
     async with connection as conn:
         created = await repo.insert_job_announced(
             conn,

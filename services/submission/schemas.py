@@ -672,7 +672,10 @@ class JobView(BaseModel):
     cost: CostView
     trace_id: str | None = None
     """The W3C trace id the job's spans share, from the request that submitted it (look it
-    up in Jaeger, or ``trainyard trace JOB``); None for a job submitted with tracing off."""
+    up in Jaeger, or ``trainyard trace JOB``), only when that trace was recorded (sampled
+    at submission); None when it was not: the sampler dropped it (``OTEL_TRACES_SAMPLER``
+    ``always_off``, a ratio, or a caller's ``traceparent`` flagged not sampled), tracing was
+    off, or the job predates trace ids."""
 
 
 def parse_job_request(body: bytes, flavors: Sequence[str]) -> JobRequest:

@@ -16,14 +16,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
+from tests.unit.client.conftest import routed_api
 from trainyard.cli import main
 from trainyard.cli_trace import load_spans, render_tree
 
 DATA = Path(__file__).parent / "data"
 JOB = "3f2a9c1e-5b7d-4e21-9a0c-7d1e2f3a4b5c"
 OTHER = "9e8d7c6b-5a49-4382-8170-6f5e4d3c2b1a"
+UNSEEN = "5d6e7f80-1a2b-4c3d-8e9f-0a1b2c3d4e5f"
+"""A job none of whose spans are in the files."""
 
 
 @pytest.fixture(autouse=True)
@@ -341,3 +345,37 @@ def test_a_big_file_is_read_line_by_line_not_held_whole(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert spans
     assert peak < 4_000_000, peak
+
+
+def _server_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, view: dict[str, object]
+) -> dict[str, object]:
+    """A submission API that answers ``view`` for the job ``UNSEEN``, with a token set."""
+    state = routed_api(tmp_path, monkeypatch, {"TRAINYARD_URL": "http://api.test"})
+    monkeypatch.setenv("TRAINYARD_TOKEN", "t0ken")
+    state["route"] = lambda request: (
+        httpx.Response(200, json={"id": UNSEEN, "status": "SUCCEEDED", **view})
+        if request.url.path == f"/v1/jobs/{UNSEEN}"
+        else httpx.Response(404, json={"detail": "no such thing", "errors": []})
+    )
+    return state
+
+
+def test_a_job_whose_trace_was_not_sampled_is_said_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The file holds none of the job's spans and its view's ``trace_id`` is null: the job's
+    trace was never recorded, which the error says, rather than "no spans in the file"."""
+    _server_with(tmp_path, monkeypatch, {"trace_id": None})
+    code, out, err = _trace(capsys, UNSEEN, "--file", str(DATA / "spans.jsonl"))
+    assert (code, out) == (1, "")
+    assert err.startswith(f"trainyard: error: job {UNSEEN}'s trace was not sampled: ")
+    assert "OTEL_TRACES_SAMPLER" in err and "Traceback" not in err
+
+
+def test_a_recorded_trace_not_in_the_file_is_no_spans_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _server_with(tmp_path, monkeypatch, {"trace_id": "ab" * 16})
+    code, _, err = _trace(capsys, UNSEEN, "--file", str(DATA / "spans.jsonl"))
+    assert code == 1 and f"no spans of {UNSEEN} in" in err and "not sampled" not in err

@@ -147,7 +147,7 @@ export async function render(view, [jobId], { me }) {
       ["Seed", spec.seed ?? "—"],
       ["Max runtime", duration(spec.max_runtime_seconds)],
       ["Restarts allowed", spec.max_restarts ?? "—"],
-      ["Trace id", h("span", { class: "mono", id: "trace-id" }, job.trace_id || "not recorded by this server")],
+      ["Trace id", h("span", { class: "mono", id: "trace-id" }, job.trace_id || "none: its trace was not sampled (or tracing was off)")],
     ]),
     Object.keys(spec.hyperparameters || {}).length
       ? h("div", {}, h("h3", {}, "Hyper-parameters"), keyValues(Object.entries(spec.hyperparameters).map(([k, v]) => [k, String(v)])))
