@@ -82,6 +82,8 @@ from trainyard.cli_base import (
     checked_url,
     dumps,
     exit_code_of,
+    not_configured,
+    pick_context,
 )
 from trainyard.cli_deadletters import add_deadletter_commands, run_deadletters
 from trainyard.cli_jobs import LogFollower, status_arg, upload_code
@@ -400,6 +402,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         said = str(exc)
         if exc.status == 401 and session is not None and getattr(args, "run", None) != _login:
             said += f"\n{session.refused_token()}"
+        elif (
+            exc.status == 0
+            and cli_config.DEFAULT_URL in exc.message
+            and session is not None
+            and session.url_is_the_default()
+        ):
+            # Not a server down: none was configured, and the local stack's URL was tried.
+            said += (
+                f"\nno URL is configured, so {cli_config.DEFAULT_URL} (a local stack's) was "
+                "tried: trainyard login URL, set TRAINYARD_URL or pass --url"
+            )
         return _fail(said, exit_code_of(exc))
     except TimeoutError as exc:
         return _fail(str(exc), Exit.TIMEOUT)
@@ -532,8 +545,12 @@ def _logout(session: Session) -> int:
     path = session.config_path
     config = cli_config.read(path)
     name = session.args.name or config.current
-    if not name or name not in config.named():
-        raise CliError(f"no context {name!r}", Exit.NOT_FOUND)
+    if not name:
+        raise not_configured(
+            "no current context to forget",
+            "name one: trainyard logout NAME (context ls lists them)",
+        )
+    pick_context(config, name)  # an error naming the contexts if unknown
     del config.named()[name]
     if config.current == name:
         config.current = ""
@@ -558,7 +575,7 @@ def _context_ls(session: Session) -> int:
 def _context_use(session: Session) -> int:
     path = session.config_path
     config = cli_config.read(path)
-    cli_config.pick(config, session.args.name)  # an error naming the contexts if unknown
+    pick_context(config, session.args.name)  # an error naming the contexts if unknown
     config.current = session.args.name
     cli_config.write(path, config)
     session.emit({"current": config.current}, lambda: f"using context {config.current!r}")

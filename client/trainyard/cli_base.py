@@ -7,9 +7,11 @@ Exit codes (stable; scripts may rely on them):
     1    error: the API refused the request, a spec file is invalid, anything unexpected
     2    usage: the command line is wrong
     3    not found: no such job, or an id prefix that matches no job or several
-    4    not allowed: no token, a token the API refuses (401), or a forbidden action (403)
+    4    not allowed: a token the API refuses (401), or a forbidden action (403)
     5    unreachable: the API did not answer
     6    timed out (``wait --timeout``, ``submit --follow --timeout``)
+    7    not configured: the command lacks part of its context (no token, no context of the
+         name given, no current context, no URL of a service it calls); ``not_configured``
     10   the job ended FAILED
     11   the job ended CANCELLED
     130  interrupted (Ctrl-C)
@@ -32,7 +34,15 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainyard.bundle import DEFAULT_MAX_BYTES
-from trainyard.cli_config import DEFAULT_URL, Context, default_path, pick, read
+from trainyard.cli_config import (
+    DEFAULT_URL,
+    Config,
+    ConfigError,
+    Context,
+    default_path,
+    pick,
+    read,
+)
 from trainyard.cli_render import short
 from trainyard.client import TrainyardClient, TrainyardError, token_problem
 
@@ -45,6 +55,7 @@ class Exit(IntEnum):
     DENIED = 4
     UNREACHABLE = 5
     TIMEOUT = 6
+    NOT_CONFIGURED = 7
     JOB_FAILED = 10
     JOB_CANCELLED = 11
     INTERRUPTED = 130
@@ -92,6 +103,28 @@ class CliError(Exception):
     def __init__(self, message: str, code: Exit = Exit.ERROR) -> None:
         super().__init__(message)
         self.code = code
+
+
+def not_configured(missing: str, how: str) -> CliError:
+    """The error of any command that lacks part of its context: one line, ``missing`` (what
+    is missing: ``no token``, ``no registry URL``, ``no context 'lab'``), then ``how`` to set
+    it, exit ``Exit.NOT_CONFIGURED`` whatever the command. Every such error is made here, so
+    a script tells "set up first" from a refusal or a failure by one code."""
+    return CliError(f"{missing}: {how}", Exit.NOT_CONFIGURED)
+
+
+def pick_context(config: Config, name: str | None, named_by: str = "") -> Context | None:
+    """The context ``name`` of ``config`` (``cli_config.pick``), else the current one (None
+    when there is none); a name it does not hold is ``not_configured``, listing those it
+    holds, ``named_by`` saying where the name came from (``--context``)."""
+    if name and name not in config.named():
+        known = ", ".join(sorted(config.named())) or "none yet"
+        by = f" (named by {named_by})" if named_by else ""
+        raise not_configured(
+            f"no context {name!r}{by} (contexts: {known})",
+            f"trainyard login URL --name {name} stores one (trainyard context ls lists them)",
+        )
+    return pick(config, name)
 
 
 def checked_url(url: str, where: str) -> str:
@@ -159,8 +192,12 @@ class Session:
         return self.settings.config or default_path()
 
     def context(self) -> Context | None:
-        name = getattr(self.args, "context", None) or self.settings.context
-        return pick(read(self.config_path), name)
+        """The context named by ``--context`` or ``TRAINYARD_CONTEXT``, else the current one
+        (None when there is none); a name the config file does not hold is
+        ``not_configured``."""
+        given = getattr(self.args, "context", None)
+        named_by = "--context" if given else "TRAINYARD_CONTEXT"
+        return pick_context(read(self.config_path), given or self.settings.context, named_by)
 
     def _context_name(self) -> str:
         name = getattr(self.args, "context", None) or self.settings.context
@@ -178,6 +215,17 @@ class Session:
             return checked_url(ctx.url, f"of context {self._context_name()!r}")
         return DEFAULT_URL
 
+    def url_is_the_default(self) -> bool:
+        """Whether no submission API URL is configured (no ``--url``, no ``TRAINYARD_URL``,
+        no context with one), so ``url`` is ``DEFAULT_URL``, a local stack's."""
+        if self._url_given():
+            return False
+        try:
+            ctx = self.context()
+        except (CliError, ConfigError):
+            return False
+        return ctx is None or not ctx.url
+
     def _url_given(self) -> bool:
         return bool(getattr(self.args, "url", None) or self.settings.url)
 
@@ -192,8 +240,15 @@ class Session:
         ctx = self.context()
         if ctx is not None and ctx.token and (not self._url_given() or self.url == ctx.url):
             return checked_token(ctx.token, f"of context {self._context_name()!r}")
-        raise CliError(
-            "no token: trainyard login URL, set TRAINYARD_TOKEN or pass --token", Exit.DENIED
+        if ctx is not None and ctx.token:  # a context's token never goes to another server
+            raise not_configured(
+                f"no token for {self.url}",
+                f"the token of context {self._context_name()!r} is sent to {ctx.url} only: "
+                f"trainyard login {self.url}, set TRAINYARD_TOKEN or pass --token",
+            )
+        raise not_configured(
+            "no token" if ctx is not None else "no token (no context: not logged in)",
+            "trainyard login URL, set TRAINYARD_TOKEN or pass --token",
         )
 
     def refused_token(self) -> str:
@@ -229,9 +284,10 @@ class Session:
                 ctx = self.context()
                 stored = ctx and getattr(ctx, f"{name}_url")
                 if not stored:
-                    raise CliError(
-                        f"no {name} URL: set TRAINYARD_{name.upper()}_URL or "
-                        f"trainyard login URL --{name}-url {name.upper()}_URL"
+                    raise not_configured(
+                        f"no {name} URL",
+                        f"set TRAINYARD_{name.upper()}_URL or "
+                        f"trainyard login URL --{name}-url {name.upper()}_URL",
                     )
                 where = f"--{name}-url of context {self._context_name()!r}"
                 url = checked_url(stored, where)

@@ -157,11 +157,11 @@ def sweep(session: Session) -> int:
     loaded, spec = prepared(session)
     experiment = spec.get("experiment") or f"{spec.get('name', 'job')}-sweep"[:100]
     ident = sweep_id(spec, trials)
+    client = session.client  # the context first: no sweep is announced that cannot start
     note(
         f"sweep {ident}: {_count(len(trials), 'trial')} of {spec.get('name')} in experiment "
         f"{experiment}, {args.parallel} at a time (run the same command again to resume)"
     )
-    client = session.client
     deadline = time.monotonic() + args.timeout
     patient = _Patient(deadline, ident, len(trials))
     waiting = list(enumerate(trials, start=1))

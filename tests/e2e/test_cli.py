@@ -400,7 +400,7 @@ def test_a_reader_that_closes_the_pipe_early(env: dict[str, str], project: Path)
 def test_login_stores_a_private_context(env: dict[str, str], stack: LocalStack) -> None:
     bare = {k: v for k, v in env.items() if k not in ("TRAINYARD_URL", "TRAINYARD_TOKEN")}
     assert "no contexts" in run(bare, "context", "ls")
-    run(bare, "ls", code=4)  # no token anywhere
+    run(bare, "ls", code=7)  # no token anywhere: not configured
     done = subprocess.run(
         [str(CLI), "login", stack.submission_url, "--token-stdin", "--name", "local"],
         env=bare,

@@ -452,7 +452,7 @@ def test_without_a_billing_url_it_says_how_to_give_one(
     api: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("TRAINYARD_BILLING_URL")
-    assert cli.main([*BASE, "admin", "prices", "ls"]) == Exit.ERROR
+    assert cli.main([*BASE, "admin", "prices", "ls"]) == Exit.NOT_CONFIGURED
     assert capsys.readouterr().err == (
         "trainyard: error: no billing URL: set TRAINYARD_BILLING_URL or "
         "trainyard login URL --billing-url BILLING_URL\n"

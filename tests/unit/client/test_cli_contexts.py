@@ -120,11 +120,11 @@ def test_contexts_switch_and_the_environment_overrides(
     assert (api[-1].url.host, api[-1].headers["Authorization"]) == ("a.test", "Bearer ty_b")
     monkeypatch.delenv("TRAINYARD_TOKEN")
     # The context's token never goes to another server.
-    assert cli.main(["whoami", "--json", "--url", "http://elsewhere.test"]) == 4
-    assert cli.main(["context", "use", "nope"]) == 1
+    assert cli.main(["whoami", "--json", "--url", "http://elsewhere.test"]) == 7
+    assert cli.main(["context", "use", "nope"]) == 7
     assert "no context 'nope' (contexts: a, b)" in capsys.readouterr().err
     assert cli.main(["logout", "a"]) == 0
-    assert cli.main(["whoami", "--json"]) == 4  # no current context any more
+    assert cli.main(["whoami", "--json"]) == 7  # no current context any more
 
 
 def test_a_config_file_others_may_read_is_refused(

@@ -239,7 +239,7 @@ def test_without_a_scheduler_url_it_says_how_to_give_one(
     scheduler: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("TRAINYARD_SCHEDULER_URL")
-    assert cli.main([*BASE, "nodes", "ls"]) == Exit.ERROR
+    assert cli.main([*BASE, "nodes", "ls"]) == Exit.NOT_CONFIGURED
     assert capsys.readouterr().err == (
         "trainyard: error: no scheduler URL: set TRAINYARD_SCHEDULER_URL or "
         "trainyard login URL --scheduler-url SCHEDULER_URL\n"

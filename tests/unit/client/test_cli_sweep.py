@@ -304,7 +304,7 @@ def test_the_median_rule_stops_a_trial_worse_than_the_finished_ones(
     [
         (["--median-stop", "2"], "--median-stop needs --metric", 2),
         (["--median-stop", "2", "--metric", "a//b"], "KEY: 'a//b' has an empty", 2),
-        (["--median-stop", "2", "--metric", "acc"], "no registry URL", 1),
+        (["--median-stop", "2", "--metric", "acc"], "no registry URL", 7),
     ],
 )
 def test_the_median_rule_needs_a_metric_and_the_registry_before_anything_is_submitted(

@@ -452,7 +452,7 @@ def test_missing_token_is_a_clear_error(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("TRAINYARD_TOKEN", raising=False)
-    assert cli.main(["list"]) == 4
+    assert cli.main(["list"]) == 7  # not configured
     assert "set TRAINYARD_TOKEN or pass --token" in capsys.readouterr().err
 
 
@@ -485,9 +485,9 @@ def test_metrics_without_the_registry_are_the_latest_values(
 ) -> None:
     assert cli.main(["metrics", "job-1"]) == 0
     assert capsys.readouterr().out.strip() == "step 100: acc=0.97 loss=0.1235"
-    assert cli.main(["metrics", "job-1", "loss"]) == 1
+    assert cli.main(["metrics", "job-1", "loss"]) == 7  # not configured
     assert "no registry URL: set TRAINYARD_REGISTRY_URL" in capsys.readouterr().err
-    assert cli.main(["experiments"]) == 1
+    assert cli.main(["experiments"]) == 7
 
 
 def test_wait_exits_with_the_jobs_final_state(
