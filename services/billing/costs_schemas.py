@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from trainyard_platform.services.billing.costs import DIMENSIONS, CostQuery, Dimension
 from trainyard_platform.services.billing.costs_repository import CostLine
+from trainyard_platform.services.billing.domain import Instant, Money, money, utc_text
 from trainyard_platform.services.billing.ledger import AMOUNTS, LedgerEntry
 
 
@@ -25,17 +26,20 @@ class _Schema(BaseModel):
     model_config = ConfigDict(frozen=True)
 
 
+_ZERO = money(Decimal(0))
+
+
 class _Lines(_Schema):
     """The lines of an amount besides its GPU-seconds and whole ``cost``: the GPU cost, and
     the CPU and memory time and cost (0 for jobs that declared none). ``unpriced_``: the
     part of that time charged 0 because the flavor had no CPU (memory) price then."""
 
-    gpu_cost: Decimal = Decimal(0)
+    gpu_cost: Money = _ZERO
     cpu_seconds: Decimal = Decimal(0)
-    cpu_cost: Decimal = Decimal(0)
+    cpu_cost: Money = _ZERO
     unpriced_cpu_seconds: Decimal = Decimal(0)
     memory_gib_seconds: Decimal = Decimal(0)
-    memory_cost: Decimal = Decimal(0)
+    memory_cost: Money = _ZERO
     unpriced_memory_gib_seconds: Decimal = Decimal(0)
 
 
@@ -52,7 +56,7 @@ def _lines(amounts: Sequence[Decimal]) -> dict[str, Decimal]:
 
 
 class CostRow(_Lines):
-    bucket: datetime | None = None
+    bucket: Instant | None = None
     """The first instant (UTC) of the hour, day or month; null without a granularity."""
     team: str | None = None
     project: str | None = None
@@ -62,21 +66,21 @@ class CostRow(_Lines):
     job: str | None = None
     currency: str
     gpu_seconds: Decimal
-    cost: Decimal
+    cost: Money
     """The whole: GPUs, CPUs and memory (``gpu_cost`` + ``cpu_cost`` + ``memory_cost``)."""
 
 
 class CurrencyTotal(_Lines):
     currency: str
     gpu_seconds: Decimal
-    cost: Decimal
+    cost: Money
 
 
 class CostReport(_Schema):
-    start: datetime
+    start: Instant
     """The report covers ``[start, end)``: the ``from`` and ``to`` asked for, or their
     defaults."""
-    end: datetime
+    end: Instant
     granularity: str | None
     group_by: list[Dimension]
     filters: dict[Dimension, str]
@@ -128,9 +132,10 @@ def _cell(name: str | None) -> str:
 
 
 def csv_text(report: CostReport) -> str:
-    """The report's rows as CSV: a header, then ``bucket`` (when by granularity), the grouped
-    dimensions, ``currency``, ``gpu_seconds``, ``cost`` and the ``LINES`` (GPU cost, CPU
-    and memory); empty cells for nulls, and a ``'``
+    """The report's rows as CSV: a header, then ``bucket`` (when by granularity, written as
+    the JSON writes it: ``utc_text``), the grouped dimensions, ``currency``, ``gpu_seconds``,
+    ``cost`` and the ``LINES`` (GPU cost, CPU and memory; money with six places, as in the
+    JSON); empty cells for nulls, and a ``'``
     before a name that starts like a spreadsheet formula (``=``, ``+``, ``-``, ``@``)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
@@ -139,7 +144,7 @@ def csv_text(report: CostReport) -> str:
     head = (["bucket"] if report.granularity else []) + dims
     writer.writerow([*head, "currency", "gpu_seconds", "cost", *LINES])
     for row in report.rows:
-        bucket = [row.bucket.isoformat() if row.bucket else ""] if report.granularity else []
+        bucket = [utc_text(row.bucket) if row.bucket else ""] if report.granularity else []
         values = [_cell(getattr(row, d)) for d in dims]
         amounts = [str(row.gpu_seconds), str(row.cost), *(str(getattr(row, f)) for f in LINES)]
         writer.writerow([*bucket, *values, row.currency, *amounts])

@@ -12,6 +12,9 @@ Contract:
   does (it is billed for the time it really ran); anything else changes nothing.
 - A bill is charged to its team, or to the platform (``charged_to``) when the attempt
   failed through the platform: the team then pays nothing for it.
+- Every figure a report answers, in JSON and in CSV alike, is written by one function per
+  kind: money by ``money`` (six places: the ``Money`` type of the report schemas), an instant
+  by ``utc_text`` (UTC, ending in ``Z``: the ``Instant`` type).
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal, localcontext
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, PlainSerializer
 
 from trainyard_platform.shared.events.payloads import AllocationReleased, CostRecorded
 
@@ -106,10 +111,23 @@ def plain(value: Decimal) -> Decimal:
 
 
 def money(value: Decimal) -> Decimal:
-    """An amount a caller gave (a price, a budget; at most ``MONEY_PLACES`` already), as
-    every amount is answered and stored: six places, no exponent, no negative zero
-    (``1e3`` is ``1000.000000``, ``-0`` is ``0.000000``)."""
-    return value.quantize(MONEY_PLACES) + 0
+    """An amount as every amount is answered, stored and written (a price, a budget, a
+    report's figure): six places, rounded half-up (as a bill is), no exponent, no negative
+    zero (``1e3`` is ``1000.000000``, ``-0`` and ``0`` are ``0.000000``)."""
+    with localcontext(prec=60):
+        return value.quantize(MONEY_PLACES, rounding=ROUND_HALF_UP) + 0
+
+
+def utc_text(at: datetime) -> str:
+    """An instant as every report writes it, in JSON and in CSV: ISO 8601 in UTC, ending in
+    ``Z`` (``2026-12-02T00:00:00Z``; microseconds when there are any)."""
+    return at.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+Money = Annotated[Decimal, AfterValidator(money)]
+"""A report's money figure: always ``money``'s six places, whatever the sum it came from."""
+Instant = Annotated[datetime, PlainSerializer(utc_text, return_type=str, when_used="json")]
+"""A report's instant: written by ``utc_text`` in JSON, as the CSV writes it."""
 
 
 def cost(gpu_secs: Decimal, per_gpu_hour: Decimal) -> Decimal:

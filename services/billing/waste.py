@@ -25,11 +25,11 @@ from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from decimal import ROUND_HALF_UP, Decimal, localcontext
+from decimal import Decimal, localcontext
 from typing import Literal
 
 from trainyard_platform.services.billing.costs import Dimension
-from trainyard_platform.services.billing.domain import MONEY_PLACES
+from trainyard_platform.services.billing.domain import money
 from trainyard_platform.services.billing.prices import PriceSchedule
 
 Figure = Literal[
@@ -362,10 +362,10 @@ class Tally:
             )
             unpriced = self.by_price.get(None, ZERO)
             return Priced(
-                gpu_seconds=_money(total / MICROS_PER_SECOND),
-                cost=_money(cost),
-                unpriced_gpu_seconds=_money(unpriced / MICROS_PER_SECOND),
-                seconds=_money(Decimal(self.wall_micros) / MICROS_PER_SECOND),
+                gpu_seconds=money(total / MICROS_PER_SECOND),
+                cost=money(cost),
+                unpriced_gpu_seconds=money(unpriced / MICROS_PER_SECOND),
+                seconds=money(Decimal(self.wall_micros) / MICROS_PER_SECOND),
             )
 
 
@@ -376,11 +376,6 @@ def price(
     nothing of it is inside."""
     tally = Tally()
     return tally.priced() if tally.add(piece, Pricer(book), start, end, now) else None
-
-
-def _money(value: Decimal) -> Decimal:
-    with localcontext(prec=60):
-        return value.quantize(MONEY_PLACES, rounding=ROUND_HALF_UP)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from trainyard_platform.services.billing.costs import DIMENSIONS, CostQuery, Dimension
 from trainyard_platform.services.billing.costs_repository import CostLine
 from trainyard_platform.services.billing.costs_schemas import _cell
+from trainyard_platform.services.billing.domain import Instant, Money, money
 from trainyard_platform.services.billing.prices import PriceSchedule
 from trainyard_platform.services.billing.waste import (
     FIGURES,
@@ -43,7 +44,7 @@ class WasteRow(_Schema):
     currency: str
     gpu_seconds: Decimal
     """GPU-seconds of the figure inside the range."""
-    cost: Decimal
+    cost: Money
     """Their cost by the price book (0 for GPU-seconds of a flavor without a price)."""
     unpriced_gpu_seconds: Decimal
     """GPU-seconds of a flavor the price book has no price for (not in ``cost``)."""
@@ -57,7 +58,7 @@ class FigureTotal(_Schema):
     figure: Figure
     currency: str
     gpu_seconds: Decimal
-    cost: Decimal
+    cost: Money
     unpriced_gpu_seconds: Decimal
     seconds: Decimal
     count: int
@@ -69,13 +70,13 @@ class Unattributed(_Schema):
 
     currency: str
     gpu_seconds: Decimal
-    cost: Decimal
+    cost: Money
     ledger_gpu_seconds: Decimal
-    ledger_cost: Decimal
+    ledger_cost: Money
 
 
 class SuccessRow(_Schema):
-    day: datetime
+    day: Instant
     team: str | None
     queue: str | None
     ended: int
@@ -87,8 +88,8 @@ class SuccessRow(_Schema):
 
 
 class WasteReport(_Schema):
-    start: datetime
-    end: datetime
+    start: Instant
+    end: Instant
     group_by: list[Dimension]
     filters: dict[Dimension, str]
     idle_threshold_percent: Decimal
@@ -233,7 +234,11 @@ def waste_report(
         unallocated=spare,
         unattributed=[
             Unattributed(
-                currency=cur, gpu_seconds=s[0], cost=s[1], ledger_gpu_seconds=s[2], ledger_cost=s[3]
+                currency=cur,
+                gpu_seconds=money(s[0]),  # six places, as every figure's GPU-seconds
+                cost=s[1],
+                ledger_gpu_seconds=money(s[2]),
+                ledger_cost=s[3],
             )
             for cur, s in sorted(ledger_sums.items())
         ],

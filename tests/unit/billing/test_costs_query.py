@@ -152,8 +152,8 @@ def test_csv_has_a_header_the_grouped_dimensions_and_exact_amounts() -> None:
     assert csv_text(report).splitlines() == [
         "bucket,team,flavor,currency,gpu_seconds,cost,gpu_cost,cpu_seconds,cpu_cost,"
         "unpriced_cpu_seconds,memory_gib_seconds,memory_cost,unpriced_memory_gib_seconds",
-        "2026-12-02T00:00:00+00:00,ml,a100,USD,7200.000001,5.500001,5.000001,14400,0.4,0,"
-        "72000,0.1,36000",
+        "2026-12-02T00:00:00Z,ml,a100,USD,7200.000001,5.500001,5.000001,14400,0.400000,0,"
+        "72000,0.100000,36000",
     ]
 
 
@@ -161,5 +161,5 @@ def test_csv_cells_never_start_a_spreadsheet_formula() -> None:
     query = parse(group_by="project,user")
     lines = [CostLine(None, ("=HYPERLINK(1)", "-ada"), "USD", Decimal(1), Decimal(1))]
     assert csv_text(cost_report(query, lines, limit=10)).splitlines()[1] == (
-        "'=HYPERLINK(1),'-ada,USD,1,1,1,0,0,0,0,0,0"
+        "'=HYPERLINK(1),'-ada,USD,1,1.000000,1.000000,0,0.000000,0,0,0.000000,0"
     )
