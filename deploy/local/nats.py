@@ -135,6 +135,7 @@ _CONSUMES: dict[str, list[str]] = {
         JobSucceeded,
         JobFailed,
         JobPreempted,
+        BudgetUpdated,
     ),
     "registry": _every(
         AllocationGranted,

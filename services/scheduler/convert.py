@@ -9,7 +9,9 @@ Contract:
   out of the policy's nodes, its GPUs still counted in that quota, its running jobs kept
   in ``running``; a job whose priority class does not exist is held back from the
   policy (it waits, and ``unknown_priority_note`` says why), and so is a job backing off
-  after a failure until its ``eligible_at`` (``restart_note`` says so); a job being cancelled, or under
+  after a failure until its ``eligible_at`` (``restart_note`` says so), and a job whose
+  team's or project's budget holds it (``budget_holds``: spent this UTC month under a policy
+  that holds queued jobs; ``budget_note`` says which budget, and until when); a job being cancelled, or under
   a preemption notice, is *leaving* (never chosen as a victim again); usage is decayed to
   ``now`` with the policy's ``decay_usage``.
 - ``pending_notes(decisions, built, now)`` gives every waiting job its ``PendingNote``
@@ -27,6 +29,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from trainyard_platform.services.scheduler.budget_holds import (
+    Holds,
+    budget_note_parts,
+    hold_of,
+    holding,
+)
 from trainyard_platform.services.scheduler.policy.fairshare import decay_usage
 from trainyard_platform.services.scheduler.policy.model import (
     Decisions,
@@ -88,7 +96,9 @@ class SnapshotRows:
     pending: Sequence[Row]
     """Queued jobs: job_id, queue, gpu_flavor, gpus, priority_class, submitted_at,
     max_runtime_seconds, seq, the last published pending_* columns (and eligible_at,
-    attempt, restarts, max_restarts, platform_retries)."""
+    attempt, restarts, max_restarts, platform_retries, team, project)."""
+    budgets: Sequence[Row] = ()
+    """Budget states that may hold jobs (``budget_holds.load``): exhausted, not deleted."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +110,10 @@ class Built:
     """Queued jobs kept from the policy: their priority class does not exist."""
     backing_off: tuple[Row, ...] = ()
     """Queued jobs kept from the policy: restarted after a failure, not yet eligible."""
+    budget_held: tuple[Row, ...] = ()
+    """Queued jobs kept from the policy: their team's or project's budget holds them."""
+    holds: Holds = field(default_factory=dict)
+    """The budgets that hold jobs now (``budget_holds.holding``), by (team, project)."""
     addresses: Mapping[str, str] = field(default_factory=dict)
     """Ready node id -> its address (the last heartbeat's), for gang rendezvous."""
     pending: Mapping[str, Row] = field(default_factory=dict)
@@ -121,7 +135,12 @@ def build_snapshot(rows: SnapshotRows, now: datetime, half_life_s: float) -> Bui
     pending: list[PendingJob] = []
     held: list[Row] = []
     backing_off: list[Row] = []
+    budget_held: list[Row] = []
+    holds = holding(rows.budgets, now)
     for j in rows.pending:
+        if holds and hold_of(j.get("team", ""), j.get("project"), holds) is not None:
+            budget_held.append(j)  # before a back-off: the hold is what lasts
+            continue
         eligible_at = j.get("eligible_at")
         if eligible_at is not None and eligible_at > now:
             backing_off.append(j)
@@ -150,6 +169,8 @@ def build_snapshot(rows: SnapshotRows, now: datetime, half_life_s: float) -> Bui
         snapshot=snapshot,
         held_back=tuple(held),
         backing_off=tuple(backing_off),
+        budget_held=tuple(budget_held),
+        holds=holds,
         addresses={n["node_id"]: n.get("address") or "127.0.0.1" for n in rows.nodes},
         pending={j["job_id"]: j for j in rows.pending},
         running=by_job,
@@ -343,9 +364,18 @@ def restart_note(row: Row, position: int) -> PendingNote:
     )
 
 
+def budget_note(hold: Row, position: int, now: datetime) -> PendingNote:
+    """The note of a job that a spent budget (``hold``) holds: which budget, what is spent,
+    and that it waits until the budget is raised or the UTC month ends
+    (``estimated_start``: the first instant of the next month)."""
+    reason, blocking, suggestion, until = budget_note_parts(hold, now)
+    return PendingNote(reason, position, blocking, suggestion, until)
+
+
 def pending_notes(decisions: Decisions, built: Built) -> dict[str, PendingNote]:
     """A note for every waiting job: the policy's explanations, then the jobs held back (an
-    unknown priority class, a restart back-off) last in their queues, by submit time."""
+    unknown priority class, a restart back-off, a spent budget) last in their queues, by
+    submit time."""
     notes = {
         job_id: PendingNote.from_explanation(e) for job_id, e in decisions.explanations.items()
     }
@@ -354,13 +384,21 @@ def pending_notes(decisions: Decisions, built: Built) -> dict[str, PendingNote]:
         queue = built.pending[job_id]["queue"] if job_id in built.pending else ""
         behind[queue] = behind.get(queue, 0) + 1
     backing_off = {row["job_id"] for row in built.backing_off}
+    by_budget = {row["job_id"] for row in built.budget_held}
     held = sorted(
-        [*built.held_back, *built.backing_off], key=lambda r: (r["submitted_at"], r["seq"])
+        [*built.held_back, *built.backing_off, *built.budget_held],
+        key=lambda r: (r["submitted_at"], r["seq"]),
     )
+    now = from_epoch(built.snapshot.now) or datetime.now(UTC)
     for row in held:
         behind[row["queue"]] = behind.get(row["queue"], 0) + 1
         position = behind[row["queue"]]
-        if row["job_id"] in backing_off:
+        hold = None
+        if row["job_id"] in by_budget:
+            hold = hold_of(row["team"], row["project"], built.holds)
+        if hold is not None:
+            notes[row["job_id"]] = budget_note(hold, position, now)
+        elif row["job_id"] in backing_off:
             notes[row["job_id"]] = restart_note(row, position)
         else:
             notes[row["job_id"]] = unknown_priority_note(

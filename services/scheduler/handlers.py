@@ -55,7 +55,7 @@ from datetime import datetime
 
 import asyncpg
 
-from trainyard_platform.services.scheduler import admission
+from trainyard_platform.services.scheduler import admission, budget_holds
 from trainyard_platform.services.scheduler import allocation_repository as allocation_repo
 from trainyard_platform.services.scheduler import repository as repo
 from trainyard_platform.services.scheduler.domain import (
@@ -79,6 +79,7 @@ from trainyard_platform.shared.bus import Delivery, Reject, batch_span, link_chu
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import (
     AllocationRevoked,
+    BudgetUpdated,
     CheckpointSaved,
     JobCancelled,
     JobCancelRequested,
@@ -247,8 +248,28 @@ class SchedulerHandlers:
                 await self.on_started(conn, started, now)
             case CheckpointSaved() as saved:
                 await self.on_checkpoint(conn, saved)
+            case BudgetUpdated() as state:
+                await self.on_budget(conn, state)
             case _:
                 pass
+
+    async def on_budget(self, conn: asyncpg.Connection, state: BudgetUpdated) -> None:
+        """Keep billing's state of a budget; when it changed, a pass looks again: a spent
+        budget may now hold queued jobs of its team (or project), or a raised or deleted one
+        release them (``budget_holds``)."""
+        if await budget_holds.apply_state(conn, state):
+            log.info(
+                "budget of %s%s: %s of %s %s spent in %s%s (policy %s)",
+                state.team,
+                f"/{state.project}" if state.project else "",
+                state.spent,
+                state.amount,
+                state.currency,
+                state.month,
+                ", exhausted" if state.exhausted and not state.deleted else "",
+                state.policy,
+            )
+            self._poke()
 
     async def on_heartbeat(
         self, conn: asyncpg.Connection, heartbeat: RunnerHeartbeat, now: datetime

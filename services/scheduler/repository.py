@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import asyncpg
 
+from trainyard_platform.services.scheduler import budget_holds
 from trainyard_platform.services.scheduler.convert import PendingNote, SnapshotRows, implicit_queue
 from trainyard_platform.services.scheduler.domain import (
     Job,
@@ -128,7 +129,7 @@ _PENDING_ROWS = (
     "SELECT job_id, queue, gpu_flavor, gpus, priority_class, submitted_at, "
     "max_runtime_seconds, seq, pending_reason, pending_position, pending_blocking, "
     "pending_suggestion, pending_estimated_start, eligible_at, attempt, restarts, max_restarts, "
-    "platform_retries FROM jobs"
+    "platform_retries, team, spec->>'project' AS project FROM jobs"
 )
 
 
@@ -184,6 +185,7 @@ async def load_snapshot_rows(conn: asyncpg.Connection) -> SnapshotRows:
             "SELECT name, value, preemptible, min_runtime_seconds FROM priority_classes"
         ),
         usage=await conn.fetch("SELECT team, gpu_seconds, as_of FROM usage"),
+        budgets=await budget_holds.load(conn),
     )
 
 

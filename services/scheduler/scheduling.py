@@ -238,7 +238,10 @@ async def run_pass(
             )
             or "nothing",
             _first(f"{p.job_id} for {p.for_job_id}" for p in decisions.preemptions) or "none",
-            len(decisions.explanations) + len(built.held_back) + len(built.backing_off),
+            len(decisions.explanations)
+            + len(built.held_back)
+            + len(built.backing_off)
+            + len(built.budget_held),
             published,
         )
     return decisions

@@ -24,6 +24,7 @@ from trainyard_platform.shared.db import migrate, ping
 from trainyard_platform.shared.deadletters import deadletter_routes
 from trainyard_platform.shared.events import Payload, nats_subject
 from trainyard_platform.shared.events.payloads import (
+    BudgetUpdated,
     CheckpointSaved,
     JobCancelRequested,
     JobFailed,
@@ -48,6 +49,7 @@ CONSUMED: list[type[Payload]] = [
     JobSucceeded,
     JobFailed,
     JobPreempted,
+    BudgetUpdated,
 ]
 SUBJECTS = [nats_subject(model) for model in CONSUMED]
 

@@ -38,7 +38,9 @@ async def test_a_long_batch_lets_other_tasks_run_while_it_is_decided(
     kept: Any = SimpleNamespace(
         valid_until=now + timedelta(minutes=1),
         result=SimpleNamespace(
-            built=SimpleNamespace(held_back=(), backing_off=(), class_names=("normal",))
+            built=SimpleNamespace(
+                held_back=(), backing_off=(), budget_held=(), holds={}, class_names=("normal",)
+            )
         ),
         incremental=SimpleNamespace(knows=lambda job_id: False),
         note_before=lambda job_id: None,

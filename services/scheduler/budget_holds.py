@@ -1,0 +1,131 @@
+"""Budgets that hold queued jobs: billing's budget states, kept from its events, and the
+rule a pass applies to them.
+
+Contract:
+- ``apply_state(conn, state)`` keeps a ``budget.updated`` (billing's, the owner of budget
+  state) in ``budget_states``, one row per team and project (``''`` for the team's own
+  budget), unless the row already holds that revision or a higher one: redelivery and
+  reordering never bring back an older state. It says whether the row changed (a pass must
+  then look again: a hold may begin or end).
+- ``load(conn)``: the rows a hold can come from (exhausted, not deleted); ``holding(rows,
+  now)`` keeps those that hold now, by (team, project): exhausted in ``now``'s UTC month
+  (a state of another month holds nothing, so a new month releases every hold without a
+  word from billing) and whose policy holds queued jobs (``holds_queued``).
+- ``holds_queued(policy, on_exhausted)``: a spent budget holds its queued jobs when its
+  admission policy is ``refuse`` (no new spending is admitted: jobs queued before it ran
+  out are not started either) or when its running jobs are stopped (``on_exhausted``
+  ``stop``: a stopped job goes back to its queue and must not be placed again). Under
+  ``deprioritize`` or ``warn`` the queued jobs run as admitted.
+- ``hold_of(team, project, holds)``: the budget that holds a job of ``team`` and
+  ``project``: the team's budget before the project's; None when neither holds.
+- ``budget_note(hold, position, now)``: the note such a job is told (``job.pending``): which
+  budget, what is spent of it this month, and until when it is held (the start of the next
+  UTC month, its ``estimated_start``, unless the budget is raised or deleted first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+
+from trainyard_platform.shared.events.payloads import BudgetUpdated
+
+Row = Mapping[str, Any]
+Holds = Mapping[tuple[str, str], Row]
+"""Budgets that hold now, by (team, project); project ``''``: the team's budget."""
+
+HOLD_BLOCKING_PREFIX = "budget of "
+
+
+def month_label(at: datetime) -> str:
+    """``at``'s UTC month as billing names it (``YYYY-MM``)."""
+    at = at.astimezone(UTC)
+    return f"{at.year:04d}-{at.month:02d}"
+
+
+def next_month(at: datetime) -> datetime:
+    """The first instant of the UTC month after ``at``'s."""
+    at = at.astimezone(UTC)
+    return datetime(at.year + at.month // 12, at.month % 12 + 1, 1, tzinfo=UTC)
+
+
+def holds_queued(policy: str, on_exhausted: str) -> bool:
+    """Whether a spent budget with this policy holds its queued jobs (module contract)."""
+    return policy == "refuse" or on_exhausted == "stop"
+
+
+async def apply_state(conn: asyncpg.Connection, state: BudgetUpdated) -> bool:
+    """Keep ``state`` unless a newer one is kept already; True when the row changed."""
+    on_exhausted = "finish"
+    changed = await conn.fetchval(
+        """INSERT INTO budget_states (team, project, month, amount, spent, currency, policy,
+                                      on_exhausted, exhausted, deleted, revision)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+           ON CONFLICT (team, project) DO UPDATE SET month = EXCLUDED.month,
+               amount = EXCLUDED.amount, spent = EXCLUDED.spent,
+               currency = EXCLUDED.currency, policy = EXCLUDED.policy,
+               on_exhausted = EXCLUDED.on_exhausted, exhausted = EXCLUDED.exhausted,
+               deleted = EXCLUDED.deleted, revision = EXCLUDED.revision
+           WHERE budget_states.revision < EXCLUDED.revision
+           RETURNING true""",
+        state.team,
+        state.project or "",
+        state.month,
+        state.amount,
+        state.spent,
+        state.currency,
+        state.policy,
+        on_exhausted,
+        state.exhausted,
+        state.deleted,
+        state.revision,
+    )
+    return bool(changed)
+
+
+async def load(conn: asyncpg.Connection) -> Sequence[Row]:
+    """The budget states that can hold jobs: exhausted and not deleted (any month)."""
+    rows: Sequence[Row] = await conn.fetch(
+        "SELECT team, project, month, amount, spent, currency, policy, on_exhausted "
+        "FROM budget_states WHERE exhausted AND NOT deleted"
+    )
+    return rows
+
+
+def holding(rows: Iterable[Row], now: datetime) -> dict[tuple[str, str], Row]:
+    """The budgets of ``rows`` that hold queued jobs at ``now`` (module contract)."""
+    month = month_label(now)
+    return {
+        (r["team"], r["project"]): r
+        for r in rows
+        if r["month"] == month and holds_queued(r["policy"], r["on_exhausted"])
+    }
+
+
+def hold_of(team: str, project: str | None, holds: Holds) -> Row | None:
+    """The budget holding a job of ``team`` and ``project``, or None (module contract)."""
+    if not holds:
+        return None
+    return holds.get((team, "")) or (holds.get((team, project)) if project else None)
+
+
+def scope(hold: Row) -> str:
+    """The budget in words, as submission names it when it refuses a job."""
+    team, project = hold["team"], hold["project"]
+    return f"project {project} of {team}" if project else f"team {team}"
+
+
+def budget_note_parts(hold: Row, now: datetime) -> tuple[str, str, str, datetime]:
+    """Reason, blocking, suggestion and estimated start of a job ``hold`` holds."""
+    until = next_month(now)
+    spent = f"{hold['spent']} of {hold['amount']} {hold['currency']} spent in {hold['month']}"
+    reason = (
+        f"held: the budget of {scope(hold)} is spent ({spent}); queued jobs do not start "
+        f"until it is raised or the month ends ({until:%Y-%m-%d} 00:00 UTC)"
+    )
+    blocking = f"{HOLD_BLOCKING_PREFIX}{scope(hold)}"
+    suggestion = "ask a team admin or an operator to raise the budget (PUT /v1/budgets)"
+    return reason, blocking, suggestion, until

@@ -1,0 +1,71 @@
+"""A spent budget holds its team's queued jobs, through NATS and PostgreSQL: billing's
+``budget.updated`` reaches the scheduler, which keeps the jobs queued before the budget ran
+out from starting, tells them why (their ``job.pending`` and the queue's pending reasons),
+lets other teams' jobs start, and releases them when the budget is raised."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from tests.integration.scheduler.conftest import Scheduler
+from trainyard_platform.shared.events.payloads import (
+    AllocationGranted,
+    BudgetPolicy,
+    BudgetUpdated,
+    JobPending,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def state(revision: int, exhausted: bool, policy: BudgetPolicy = "refuse") -> BudgetUpdated:
+    now = datetime.now(UTC)
+    return BudgetUpdated(
+        team="vision",
+        month=f"{now.year:04d}-{now.month:02d}",
+        amount="100.000000" if exhausted else "500.000000",
+        spent="100.250000",
+        currency="USD",
+        policy=policy,
+        exhausted=exhausted,
+        revision=revision,
+    )
+
+
+async def test_a_spent_budget_holds_queued_jobs_until_it_is_raised(scheduler: Scheduler) -> None:
+    # Queued before the budget ran out: no GPU yet.
+    await scheduler.submit("queued-1", gpus=1)
+    await scheduler.wait_for(JobPending, lambda p: p.job_id == "queued-1")
+    await scheduler.send(state(1, exhausted=True), "vision")
+
+    (held,) = await scheduler.wait_for(
+        JobPending, lambda p: p.job_id == "queued-1" and p.reason.startswith("held:")
+    )
+    assert "the budget of team vision is spent (100.250000 of 100.000000 USD" in held.reason
+    assert held.blocking == "budget of team vision"
+    assert held.estimated_start is not None and held.estimated_start.day == 1
+
+    # GPUs come: another team's job starts, the held one does not.
+    await scheduler.submit("other-1", gpus=1, team="nlp")
+    await scheduler.heartbeat("n1", gpus=4)
+    await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == "other-1")
+    # An older state said again (redelivery, reordering) changes nothing.
+    await scheduler.send(state(1, exhausted=False), "vision")
+    reason = await scheduler.pool.fetchval(
+        "SELECT pending_reason FROM jobs WHERE job_id = 'queued-1' AND status = 'QUEUED'"
+    )
+    assert reason == held.reason  # the queue's pending reasons say it too
+    assert scheduler.events(AllocationGranted, lambda g: g.job_id == "queued-1") == []
+
+    # Raised: released at once.
+    await scheduler.send(state(2, exhausted=False), "vision")
+    await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == "queued-1")
+
+
+async def test_a_budget_that_only_warns_holds_nothing(scheduler: Scheduler) -> None:
+    await scheduler.send(state(1, exhausted=True, policy="warn"), "vision")
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.submit("warned-1", gpus=1)
+    await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == "warned-1")
