@@ -16,7 +16,8 @@ Contract:
   thresholds were crossed this month, is still said exhausted once spent.
 - ``say_state(conn, budget, now, deleted=False)`` says a budget's state for the current
   month (after a change through the API, or a crossing): the amount, what is spent, whether
-  it is exhausted (spent >= amount), its policy, with the next budget revision.
+  it is exhausted (spent >= amount), its policy and ``on_exhausted``, with the next budget
+  revision.
 - Every transaction that says a budget's state holds the budget's scope
   (``budgets_repository.lock``) from before it reads the budget until it commits: a bill,
   a change or deletion through the API, the accrual check. So states are said in turns,
@@ -142,6 +143,7 @@ async def say_state(
         exhausted=spent >= budget.amount,
         deleted=deleted,
         revision=revision,
+        on_exhausted=budget.on_exhausted,
     )
     await _say(conn, state, budget.team, f"budget:{budget.team}:{budget.project or ''}:{revision}")
     if not deleted:

@@ -3,7 +3,9 @@
 Contract:
 - A budget is an amount of money per UTC month for a team (project None) or a team's
   project, with thresholds in percent of the amount (default 50, 80, 100) and an admission
-  policy (``refuse``, ``deprioritize`` or ``warn``) that submission applies once it is spent.
+  policy (``refuse``, ``deprioritize`` or ``warn``) that submission applies once it is spent,
+  and what the scheduler does with its running jobs then (``on_exhausted``: ``finish`` or
+  ``stop``).
 - ``reached(amount, spent, thresholds)``: the thresholds that ``spent`` has reached
   (``spent >= amount x t / 100``), ascending.
 - ``forecast(amount, spent, now)``: when the budget runs out if spending goes on at the
@@ -28,7 +30,7 @@ from pydantic import (
 )
 
 from trainyard_platform.services.billing.domain import decimal_text, money
-from trainyard_platform.shared.events.payloads import BudgetPolicy
+from trainyard_platform.shared.events.payloads import BudgetOnExhausted, BudgetPolicy
 
 DEFAULT_THRESHOLDS = (50, 80, 100)
 MAX_AMOUNT = Decimal("1e15")
@@ -87,6 +89,10 @@ class BudgetRequest(BaseModel):
     """What submission does with a new job once the budget is spent: ``refuse`` it (409),
     ``deprioritize`` it (its priority class becomes ``low``), or ``warn`` (accepted, with a
     warning)."""
+    on_exhausted: BudgetOnExhausted = "finish"
+    """What the scheduler does with the budget's running jobs once it is spent: let them
+    ``finish``, or ``stop`` them (checkpoint and stop, as a preemption that is not a
+    failure; they wait queued, held, until the budget is raised or the month ends)."""
 
     @field_validator("thresholds")
     @classmethod
@@ -107,6 +113,7 @@ class Budget:
     revision: int
     updated_by: str
     updated_at: datetime
+    on_exhausted: BudgetOnExhausted = "finish"
 
 
 Scope = Literal["team", "project"]

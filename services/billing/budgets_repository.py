@@ -16,7 +16,10 @@ from trainyard_platform.services.billing.domain import UnknownFlavor
 from trainyard_platform.services.billing.waste_rollups import OWN_REPORT
 
 Row = Mapping[str, Any]
-_COLUMNS = "team, project, amount, currency, thresholds, policy, revision, updated_by, updated_at"
+_COLUMNS = (
+    "team, project, amount, currency, thresholds, policy, revision, updated_by, updated_at, "
+    "on_exhausted"
+)
 
 
 def _budget(row: Row) -> Budget:
@@ -30,6 +33,7 @@ def _budget(row: Row) -> Budget:
         revision=row["revision"],
         updated_by=row["updated_by"],
         updated_at=row["updated_at"],
+        on_exhausted=row["on_exhausted"],
     )
 
 
@@ -77,10 +81,11 @@ async def next_revision(conn: asyncpg.Connection) -> int:
 async def put(conn: asyncpg.Connection, budget: Budget) -> bool:
     """Create or replace a budget; True when it was created."""
     created: bool = await conn.fetchval(
-        f"""INSERT INTO budgets ({_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+        f"""INSERT INTO budgets ({_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
             ON CONFLICT (team, project) DO UPDATE SET amount = EXCLUDED.amount,
                 currency = EXCLUDED.currency, thresholds = EXCLUDED.thresholds,
-                policy = EXCLUDED.policy, revision = EXCLUDED.revision,
+                policy = EXCLUDED.policy, on_exhausted = EXCLUDED.on_exhausted,
+                revision = EXCLUDED.revision,
                 updated_by = EXCLUDED.updated_by, updated_at = EXCLUDED.updated_at
             RETURNING xmax = 0""",
         budget.team,
@@ -92,6 +97,7 @@ async def put(conn: asyncpg.Connection, budget: Budget) -> bool:
         budget.revision,
         budget.updated_by,
         budget.updated_at,
+        budget.on_exhausted,
     )
     return created
 

@@ -109,6 +109,8 @@ class BudgetView(BaseModel):
     currency: str
     thresholds: list[int]
     policy: str
+    on_exhausted: str
+    """What a spent budget does with its running jobs: ``finish`` or ``stop``."""
     month: str
     """The current UTC month, ``YYYY-MM``."""
     spent: Decimal

@@ -18,6 +18,12 @@ Contract:
   ``deprioritize`` or ``warn`` the queued jobs run as admitted.
 - ``hold_of(team, project, holds)``: the budget that holds a job of ``team`` and
   ``project``: the team's budget before the project's; None when neither holds.
+- ``stops(running, holds, leaving)``: the running jobs to stop now, each with the reason
+  it is told: those of a team (or project) whose holding budget says ``on_exhausted``
+  ``stop``, unless already leaving (under a notice, being cancelled, or in ``leaving``: a
+  victim of the same pass). The reason starts with ``budget_exhausted:``; the job is given
+  a preemption notice (checkpoint and stop within the preemption grace), so its attempt
+  ends ``preempted``, not failed, and it goes back to its queue, where the budget holds it.
 - ``budget_note(hold, position, now)``: the note such a job is told (``job.pending``): which
   budget, what is spent of it this month, and until when it is held (the start of the next
   UTC month, its ``estimated_start``, unless the budget is raised or deleted first).
@@ -59,7 +65,6 @@ def holds_queued(policy: str, on_exhausted: str) -> bool:
 
 async def apply_state(conn: asyncpg.Connection, state: BudgetUpdated) -> bool:
     """Keep ``state`` unless a newer one is kept already; True when the row changed."""
-    on_exhausted = "finish"
     changed = await conn.fetchval(
         """INSERT INTO budget_states (team, project, month, amount, spent, currency, policy,
                                       on_exhausted, exhausted, deleted, revision)
@@ -78,7 +83,7 @@ async def apply_state(conn: asyncpg.Connection, state: BudgetUpdated) -> bool:
         state.spent,
         state.currency,
         state.policy,
-        on_exhausted,
+        state.on_exhausted,
         state.exhausted,
         state.deleted,
         state.revision,
@@ -110,6 +115,50 @@ def hold_of(team: str, project: str | None, holds: Holds) -> Row | None:
     if not holds:
         return None
     return holds.get((team, "")) or (holds.get((team, project)) if project else None)
+
+
+STOP_PREFIX = "budget_exhausted: "
+"""How the reason of a job stopped by its budget starts (its preemption's detail)."""
+
+
+def stop_of(team: str, project: str | None, holds: Holds) -> Row | None:
+    """The holding budget of a job of ``team`` and ``project`` that stops running jobs (the
+    team's before the project's), or None."""
+    for key in [(team, ""), *([(team, project)] if project else [])]:
+        hold = holds.get(key)
+        if hold is not None and hold["on_exhausted"] == "stop":
+            return hold
+    return None
+
+
+def stops(
+    running: Mapping[str, Sequence[Row]], holds: Holds, leaving: Iterable[str] = ()
+) -> list[tuple[str, str]]:
+    """(job id, reason) of each running job a budget stops now (module contract), by id."""
+    if not holds:
+        return []
+    skip = set(leaving)
+    found = []
+    for job_id, members in sorted(running.items()):
+        first = members[0]
+        if job_id in skip or first["job_status"] == "CANCELLING":
+            continue
+        if any(m["notice_at"] is not None for m in members):
+            continue
+        hold = stop_of(first.get("team", ""), first.get("project"), holds)
+        if hold is not None:
+            spent = (
+                f"{hold['spent']} of {hold['amount']} {hold['currency']} spent in {hold['month']}"
+            )
+            found.append(
+                (
+                    job_id,
+                    f"{STOP_PREFIX}the budget of {scope(hold)} is spent ({spent}); stopped "
+                    "with a checkpoint, it waits queued until the budget is raised or the "
+                    "month ends",
+                )
+            )
+    return found
 
 
 def scope(hold: Row) -> str:

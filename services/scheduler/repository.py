@@ -172,8 +172,12 @@ async def load_snapshot_rows(conn: asyncpg.Connection) -> SnapshotRows:
             "a.borrowed, (SELECT count(DISTINCT p.attempt) FROM allocations p "
             "WHERE p.job_id = a.job_id AND p.outcome = 'preempted' "
             # Only the policy's own preemptions (it gave a notice): a runner that restarted
-            # or drained also ends its jobs 'preempted', which is no thrash to bound.
-            "AND p.notice_at IS NOT NULL) AS preemptions "
+            # or drained also ends its jobs 'preempted', which is no thrash to bound, and a
+            # job its spent budget stopped (budget_holds.stops) was no victim of the policy.
+            "AND p.notice_at IS NOT NULL "
+            f"AND coalesce(p.notice_reason, '') NOT LIKE '{budget_holds.STOP_PREFIX}%') "
+            "AS preemptions, "
+            "j.team, j.spec->>'project' AS project "
             "FROM allocations a JOIN jobs j USING (job_id) "
             "WHERE a.released_at IS NULL"
         ),

@@ -13,7 +13,9 @@ scheduling lock, so replicas never interleave and the snapshot's queries see one
 - Queued jobs backing off after a failure (``eligible_at`` ahead) are kept from the policy
   and told why (``convert.restart_note``).
 - Each preemption puts a notice on the victim's live allocations and sends each node an
-  ``AllocationRevoked(reason="preempted", grace_seconds=<preemption grace>)``. The victim
+  ``AllocationRevoked(reason="preempted", grace_seconds=<preemption grace>)``; so does each
+  running job a spent budget stops (``budget_holds.stops``: its detail starts
+  ``budget_exhausted:``). The victim
   keeps its GPUs until its runner reports ``JobPreempted`` or the grace runs out
   (``leases.release_expired_notices``).
 - Each waiting job's ``JobPending`` (reason, position, blocking, suggestion, estimated start)
@@ -42,6 +44,7 @@ import asyncpg
 from opentelemetry import trace
 
 from trainyard_platform.services.scheduler import allocation_repository as allocation_repo
+from trainyard_platform.services.scheduler import budget_holds
 from trainyard_platform.services.scheduler import repository as repo
 from trainyard_platform.services.scheduler.convert import (
     Built,
@@ -222,11 +225,16 @@ async def run_pass(
     await _grant(conn, built, decisions.placements, now)
     for preemption in decisions.preemptions:
         await _give_notice(conn, built, preemption, now, tuning.preemption_grace_s)
+    victims = [p.job_id for p in decisions.preemptions]
+    stopped = budget_holds.stops(built.running, built.holds, victims)
+    for job_id, reason in stopped:
+        await _notice(conn, built, job_id, reason, now, tuning.preemption_grace_s)
     published = 0
     if not (settled_notes and decisions.placements):
         news = await _publish_pending(conn, built, decisions, now)
         published = len(news)
-        if keep is not None and not decisions.placements and not decisions.preemptions:
+        settled = not decisions.placements and not decisions.preemptions and not stopped
+        if keep is not None and settled:
             # The settled state: a pass over it now would decide exactly this again.
             keep(PassResult(built, state, decisions, dict(news)))
     if decisions.placements or decisions.preemptions:
@@ -341,30 +349,36 @@ def gang_members(gang: Sequence[Allocation], addresses: Mapping[str, str]) -> li
 async def _give_notice(
     conn: asyncpg.Connection, built: Built, preemption: Preemption, now: datetime, grace: float
 ) -> None:
-    members = built.running.get(preemption.job_id, ())
+    await _notice(conn, built, preemption.job_id, preemption.reason, now, grace)
+
+
+async def _notice(
+    conn: asyncpg.Connection, built: Built, job_id: str, reason: str, now: datetime, grace: float
+) -> None:
+    """A preemption notice to ``job_id``'s live allocations (the policy's victim, or a job
+    its budget stops): ``AllocationRevoked(reason="preempted", detail=reason)``."""
+    members = built.running.get(job_id, ())
     fresh = [m for m in members if m["notice_at"] is None]
     if not fresh:
         return  # the policy never picks a job under notice; nothing to say twice
-    await allocation_repo.set_notice(
-        conn, [str(m["allocation_id"]) for m in fresh], now, preemption.reason
-    )
-    contexts = await repo.trace_contexts(conn, [preemption.job_id])
-    with job_trace(preemption.job_id, contexts.get(preemption.job_id), "preempt"):
+    await allocation_repo.set_notice(conn, [str(m["allocation_id"]) for m in fresh], now, reason)
+    contexts = await repo.trace_contexts(conn, [job_id])
+    with job_trace(job_id, contexts.get(job_id), "preempt"):
         for m in fresh:
             revoke = AllocationRevoked(
                 allocation_id=str(m["allocation_id"]),
-                job_id=preemption.job_id,
+                job_id=job_id,
                 node_id=m["node_id"],
                 epoch=m["epoch"],
                 reason="preempted",
                 grace_seconds=grace,
-                detail=preemption.reason,
+                detail=reason,
             )
             await emit(conn, revoke, m["node_id"], event_id=f"preempt:{m['allocation_id']}")
     # A pass is about many jobs (and may run while a handler of another job's event does):
     # this line names the victim.
-    with job_scope(preemption.job_id):
-        log.info("preemption notice to %s: %s", preemption.job_id, preemption.reason)
+    with job_scope(job_id):
+        log.info("preemption notice to %s: %s", job_id, reason)
 
 
 def _pending_attributes(note: PendingNote) -> dict[str, str | int]:

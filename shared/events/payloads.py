@@ -575,6 +575,9 @@ class FlavorRetired(Payload):
 
 BudgetPolicy = Literal["refuse", "deprioritize", "warn"]
 """What submission does with a new job of a team (or project) whose budget is spent."""
+BudgetOnExhausted = Literal["finish", "stop"]
+"""What the scheduler does with the running jobs of a team (or project) whose budget is
+spent: let them ``finish``, or ``stop`` them (checkpoint and stop, as a preemption)."""
 
 
 class BudgetUpdated(Payload):
@@ -597,6 +600,9 @@ class BudgetUpdated(Payload):
     exhausted: bool
     deleted: bool = False
     revision: int = Field(ge=1)
+    on_exhausted: BudgetOnExhausted = "finish"
+    """What the scheduler does with the budget's running jobs while it is exhausted (absent
+    from a state said before the field existed: ``finish``)."""
 
 
 class BudgetThresholdCrossed(Payload):

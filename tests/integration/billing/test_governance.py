@@ -348,6 +348,29 @@ async def test_a_budget_crossing_its_thresholds_says_each_once(
     assert view["forecast"] == "spent: the budget ran out this month"
 
 
+async def test_a_budget_says_what_happens_to_its_running_jobs(
+    billing: Billing, client: httpx.AsyncClient
+) -> None:
+    body = {"amount": "10", "policy": "warn", "on_exhausted": "stop"}
+    put = await client.put("/v1/budgets/ml", json=body, headers=ML_ADMIN)
+    assert put.status_code == 201, put.text
+    assert put.json()["on_exhausted"] == "stop"
+
+    def states() -> list[BudgetUpdated]:
+        return [e.data for e in billing.seen if isinstance(e.data, BudgetUpdated)]
+
+    await until(lambda: bool(states()))
+    assert [s.on_exhausted for s in states()] == ["stop"]
+    default = await client.put("/v1/budgets/ml/nlp", json={"amount": "5"}, headers=ML_ADMIN)
+    assert default.json()["on_exhausted"] == "finish"
+    invalid = await client.put(
+        "/v1/budgets/ml", json={**body, "on_exhausted": "kill"}, headers=ML_ADMIN
+    )
+    assert invalid.status_code == 422 and set(errors(invalid)) == {"on_exhausted"}
+    (view, _) = (await client.get("/v1/budgets", headers=ML_VIEWER)).json()
+    assert view["on_exhausted"] == "stop"
+
+
 async def _lock_waiters(pool: asyncpg.Pool) -> int:
     return int(
         await pool.fetchval(

@@ -9,9 +9,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from tests.integration.scheduler.conftest import Scheduler
+from tests.integration.scheduler.conftest import Scheduler, preempted
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
+    AllocationRevoked,
+    BudgetOnExhausted,
     BudgetPolicy,
     BudgetUpdated,
     JobPending,
@@ -20,7 +22,12 @@ from trainyard_platform.shared.events.payloads import (
 pytestmark = pytest.mark.integration
 
 
-def state(revision: int, exhausted: bool, policy: BudgetPolicy = "refuse") -> BudgetUpdated:
+def state(
+    revision: int,
+    exhausted: bool,
+    policy: BudgetPolicy = "refuse",
+    on_exhausted: BudgetOnExhausted = "finish",
+) -> BudgetUpdated:
     now = datetime.now(UTC)
     return BudgetUpdated(
         team="vision",
@@ -31,6 +38,7 @@ def state(revision: int, exhausted: bool, policy: BudgetPolicy = "refuse") -> Bu
         policy=policy,
         exhausted=exhausted,
         revision=revision,
+        on_exhausted=on_exhausted,
     )
 
 
@@ -69,3 +77,46 @@ async def test_a_budget_that_only_warns_holds_nothing(scheduler: Scheduler) -> N
     await scheduler.heartbeat("n1", gpus=1)
     await scheduler.submit("warned-1", gpus=1)
     await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == "warned-1")
+
+
+async def test_a_budget_that_stops_checkpoints_its_running_jobs_and_holds_them(
+    scheduler: Scheduler,
+) -> None:
+    await scheduler.heartbeat("n1", gpus=2)
+    await scheduler.submit("running-1", gpus=1)
+    (grant,) = await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == "running-1")
+    await scheduler.submit("other-1", gpus=1, team="nlp")
+    await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == "other-1")
+
+    await scheduler.send(state(1, exhausted=True, policy="warn", on_exhausted="stop"), "vision")
+    (revoke,) = await scheduler.wait_for(AllocationRevoked, lambda r: r.job_id == "running-1")
+    # A preemption: the runner checkpoints within the grace and reports it preempted.
+    assert (revoke.allocation_id, revoke.reason) == (grant.allocation_id, "preempted")
+    assert revoke.detail.startswith("budget_exhausted: the budget of team vision is spent")
+    assert scheduler.events(AllocationRevoked, lambda r: r.job_id == "other-1") == []
+
+    await scheduler.send(preempted(grant, reason=revoke.detail), "running-1")
+    row = await scheduler.pool.fetchrow(
+        "SELECT status, restarts FROM jobs WHERE job_id = 'running-1'"
+    )
+    assert (row["status"], row["restarts"]) == ("QUEUED", 0)  # not a failure
+    await scheduler.wait_for(
+        JobPending, lambda p: p.job_id == "running-1" and p.reason.startswith("held:")
+    )
+    assert len(scheduler.events(AllocationGranted, lambda g: g.job_id == "running-1")) == 1
+
+    await scheduler.send(state(2, exhausted=False, on_exhausted="stop"), "vision")
+    await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == "running-1", count=2)
+
+
+async def test_a_budget_that_lets_running_jobs_finish_stops_none(scheduler: Scheduler) -> None:
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.submit("running-1", gpus=1)
+    await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == "running-1")
+    await scheduler.submit("queued-1", gpus=1)
+    await scheduler.send(state(1, exhausted=True, on_exhausted="finish"), "vision")
+    # The pass that holds the queued job would have stopped the running one.
+    await scheduler.wait_for(
+        JobPending, lambda p: p.job_id == "queued-1" and p.reason.startswith("held:")
+    )
+    assert scheduler.events(AllocationRevoked) == []

@@ -101,3 +101,31 @@ def test_the_team_s_budget_names_the_hold_before_the_project_s() -> None:
     assert hold is not None and hold["project"] == ""
     assert hold_of("team-b", "vision", holds) is None
     assert hold_of("team-a", None, holding([budget("team-a", "vision")], NOW)) is None
+
+
+def test_a_budget_that_stops_names_its_running_jobs_once_each() -> None:
+    from trainyard_platform.services.scheduler.budget_holds import stops
+
+    def running(job_id: str, team: str, project: str, **more: Any) -> list[dict[str, Any]]:
+        row = {"team": team, "project": project, "job_status": "RUNNING", "notice_at": None}
+        return [{**row, **more}]
+
+    holds = holding(
+        [budget("team-a", on_exhausted="stop", policy="warn"), budget("team-b", "nlp")], NOW
+    )
+    jobs = {
+        "a-run": running("a-run", "team-a", "vision"),
+        "a-leaving": running("a-leaving", "team-a", "vision", notice_at=NOW),
+        "a-cancel": running("a-cancel", "team-a", "vision", job_status="CANCELLING"),
+        "a-victim": running("a-victim", "team-a", "vision"),
+        "b-run": running("b-run", "team-b", "nlp"),  # finish: runs on
+        "c-run": running("c-run", "team-c", "x"),
+    }
+    (stopped,) = stops(jobs, holds, leaving=["a-victim"])
+    assert stopped[0] == "a-run"
+    assert stopped[1].startswith("budget_exhausted: the budget of team team-a is spent (")
+    assert stops(jobs, holding([budget("team-a", on_exhausted="stop")], next_month()), ()) == []
+
+
+def next_month() -> datetime:
+    return datetime(2025, 4, 1, tzinfo=UTC)
