@@ -24,9 +24,10 @@ Contract:
   victim of the same pass). The reason starts with ``budget_exhausted:``; the job is given
   a preemption notice (checkpoint and stop within the preemption grace), so its attempt
   ends ``preempted``, not failed, and it goes back to its queue, where the budget holds it.
-- ``budget_note(hold, position, now)``: the note such a job is told (``job.pending``): which
-  budget, what is spent of it this month, and until when it is held (the start of the next
-  UTC month, its ``estimated_start``, unless the budget is raised or deleted first).
+- ``budget_note_parts(hold, now)``: what a held job is told (``convert.budget_note`` makes
+  its ``job.pending``): reason, blocking, suggestion and estimated start: which budget, what
+  is spent of it this month, and until when it is held (the start of the next UTC month,
+  its estimated start, unless the budget is raised or deleted first).
 """
 
 from __future__ import annotations

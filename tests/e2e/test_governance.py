@@ -6,6 +6,8 @@ and billing's bootstrap prices are the defaults). An operator declares it on the
 and prices it on billing; the catalogue reaches submission and billing as events, a job asks
 for it, runs and is billed at that price. Then the team's budget is spent: with ``refuse``
 the next job is refused naming the budget, with ``warn`` it is admitted with a warning.
+With ``on_exhausted: stop``, a running job is checkpointed and stopped when the budget is
+spent, waits held with the budget named in its view, and runs again once it is raised.
 """
 
 from __future__ import annotations
@@ -157,3 +159,31 @@ def test_a_declared_flavor_is_usable_and_billed_and_a_spent_budget_acts(
     assert "the budget of team ml is spent" in admitted.headers["Trainyard-Budget-Warning"]
     crossed = httpx.get(f"{billing}/v1/budgets/ml", headers=user).json()
     assert crossed["policy"] == "warn" and crossed["exhausted"] is True
+
+    # A budget that stops: a running job of the team is checkpointed and stopped when the
+    # budget is spent, waits held (its view says why), and runs again once it is raised.
+    stopping = {"amount": "1000", "policy": "refuse", "on_exhausted": "stop"}
+    raised = httpx.put(f"{billing}/v1/budgets/ml", json=stopping, headers=user)
+    assert raised.status_code == 200 and raised.json()["exhausted"] is False, raised.text
+    sleeper = {**spec("long"), "command": ["python", "-c", "import time; time.sleep(600)"]}
+    long_job = eventually(
+        lambda: (r := httpx.post(jobs, json=sleeper, headers=user)).status_code == 201 and r,
+        "submission admits a job once the budget is raised",
+    ).json()["id"]
+    eventually(lambda: client.get_job(long_job)["status"] == "RUNNING", "the job runs")
+
+    spent = httpx.put(
+        f"{billing}/v1/budgets/ml", json={**stopping, "amount": "0.000001"}, headers=user
+    )
+    assert spent.status_code == 200 and spent.json()["exhausted"] is True, spent.text
+
+    def held() -> Any:
+        view = client.get_job(long_job)
+        return view["status"] == "PENDING" and view["pending"] and view
+
+    view = eventually(held, "the running job is stopped and held")
+    assert "the budget of team ml is spent" in view["pending"]["reason"]
+    assert view["pending"]["blocking"] == "budget of team ml"
+    assert httpx.put(f"{billing}/v1/budgets/ml", json=stopping, headers=user).status_code == 200
+    eventually(lambda: client.get_job(long_job)["status"] == "RUNNING", "released, it runs")
+    client.cancel(long_job)
