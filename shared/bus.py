@@ -36,18 +36,31 @@ Contract:
 - A handler's ``NotNow`` (this process may not apply events now: a deposed scheduler
   leader) hands every message of the batch back at once, counted as no failure, never
   dead-lettered, and the consumer waits ``retry_delay_seconds`` or its stop.
-- Any other handler error leads to a delayed redelivery; after ``max_deliver`` deliveries
-  (``NOT_YET_EXTRA_DELIVERIES`` more, each ``ack_wait`` later, for a handler's ``NotYet``: an
-  event that follows one not applied yet, which a replica that died may hold), or
-  at once for bytes that are not a valid event, an event whose ``source`` may not send its
+- What became of a message's deliveries is counted by the bus itself, not read from
+  JetStream's delivery count (which counts every delivery: those after a consumer stopped,
+  died or handed the message back too). Each outcome that is not final is recorded before
+  JetStream is told it (``Tally``: one record per consumer and message in the attempts
+  stream ``attempts_stream``, subject ``attempts.<consumer>.<stream sequence>``, written
+  only if nobody wrote it since it was read, so replicas sharing the consumer never lose a
+  count; it survives restarts and is kept ``retention_hours``): a real failure (any handler
+  error but the ones below), a ``NotYet``, or a hand-back (``NotNow``, a stop, a cancel).
+  A first delivery reads nothing; a redelivery reads its record.
+- A real failure leads to a delayed redelivery (``retry_delay_seconds``, doubled per
+  failure); at the ``max_deliver``-th real failure the message is dead-lettered. A
+  ``NotYet`` (an event that follows one not applied yet, which a replica that died may hold)
+  is counted apart and dead-lettered at its ``max_deliver + NOT_YET_EXTRA_DELIVERIES``-th
+  (the last ones each ``ack_wait`` later). Hand-backs, outage waits and redeliveries after a
+  stop or a crash count toward neither. A message is also dead-lettered at once
+  for bytes that are not a valid event, an event whose ``source`` may not send its
   type or that came on another subject than its type, source and routing key give
   (``shared.events.trust``, checked before any handler), or a handler's ``Reject``, the
   message is copied to ``deadletter.<consumer>`` with the reason (one line; a database
   error's message and detail withheld, as on spans: the log keeps them) and its origin in
   headers (its body cut to fit the server's ``max_payload`` with them, ``TRUNCATED_HEADER``
-  saying so), and terminated. A message delivered ``max_unfinished_deliveries`` times without
-  any outcome (the consumer died while handling it, each time) is dead-lettered before it is
-  handled again. Nothing crash-loops, and the server never drops a message on its own
+  saying so), and terminated. A message whose earlier deliveries ended
+  ``max_unfinished_deliveries`` times without any recorded outcome (the consumer died while
+  handling it, each time) is dead-lettered before it is handled again. Nothing
+  crash-loops, and the server never drops a message on its own
   (the consumer's ``max_deliver`` is unlimited: these rules decide).
 - Each delivery a handler ran for is counted once when it is settled (applied, failed to be
   retried, or dead-lettered), and the time of the attempt that applied a batch recorded
@@ -86,6 +99,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import time
@@ -342,8 +356,72 @@ class NotNow(Exception):
 
 
 NOT_YET_EXTRA_DELIVERIES: Final = 2
-"""Deliveries past ``max_deliver`` of an event that raised ``NotYet``, each ``ack_wait``
-after the one before: the earlier event a dead replica held is delivered again by then."""
+"""``NotYet`` outcomes past ``max_deliver`` of an event before it is dead-lettered, each
+``ack_wait`` after the one before: the earlier event a dead replica held is delivered again
+by then."""
+
+ATTEMPTS_PREFIX = "attempts"
+MSG_ID_HEADER = "Nats-Msg-Id"
+EXPECTED_LAST_HEADER = "Nats-Expected-Last-Subject-Sequence"
+WRONG_LAST_SEQUENCE_ERR_CODE = 10071
+"""JetStream's error code for a publish whose ``Nats-Expected-Last-Subject-Sequence`` is
+not the subject's last sequence: someone recorded an outcome since it was read."""
+RECORD_TRIES = 5
+"""Reads and writes of one tally before a conflicting writer is taken for a fault."""
+
+
+def attempts_subject(consumer: str, sequence: int) -> str:
+    """Where ``consumer``'s tally of the event-stream message ``sequence`` is recorded."""
+    return f"{ATTEMPTS_PREFIX}.{consumer}.{sequence}"
+
+
+def consumer_attempts(consumer: str) -> str:
+    """The subjects of every tally of ``consumer``: all its NATS user may write or read."""
+    return f"{ATTEMPTS_PREFIX}.{consumer}.>"
+
+
+@dataclass(frozen=True)
+class Tally:
+    """The recorded outcomes of a message's earlier deliveries to one consumer: ``failures``
+    (its handler failed for real), ``waits`` (``NotYet``) and ``handed_back`` (``NotNow``,
+    a stop, a cancel); ``revision`` is the record's sequence in the attempts stream (0: none
+    yet). Deliveries beyond these ended with no outcome told (the consumer died)."""
+
+    failures: int = 0
+    waits: int = 0
+    handed_back: int = 0
+    revision: int = 0
+
+    def unfinished(self, delivered: int) -> int:
+        """Earlier deliveries (of ``delivered`` so far) that ended without any outcome."""
+        return max(0, delivered - 1 - self.failures - self.waits - self.handed_back)
+
+    def to_json(self, msg_id: str) -> bytes:
+        return json.dumps(
+            {
+                "msg_id": msg_id,
+                "failures": self.failures,
+                "waits": self.waits,
+                "handed_back": self.handed_back,
+            }
+        ).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | None, msg_id: str, revision: int) -> Tally:
+        """The tally a record holds; none (but its revision) when it is of another message
+        (the event stream was made again, and its sequences with it) or unreadable."""
+        try:
+            found = json.loads(data or b"")
+            if found.get("msg_id") != msg_id:
+                return cls(revision=revision)
+            return cls(
+                failures=int(found["failures"]),
+                waits=int(found["waits"]),
+                handed_back=int(found["handed_back"]),
+                revision=revision,
+            )
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return cls(revision=revision)
 
 
 class _Stopped(Exception):
@@ -624,6 +702,9 @@ class Bus:
         self._heeded: set[str] = set()
         """The consumers whose ``hearing`` was asked: only their fetches are judged (one
         JetStream API request per empty fetch; a runner's consumer needs none)."""
+        self._tallies: dict[int, Tally] = {}
+        """The recorded outcomes (``Tally``) of the earlier deliveries of each message in hand
+        (by ``id``), as read when it was fetched and updated as this process records more."""
         self._settled: set[int] = set()
         """The messages in hand (by ``id``) whose outcome JetStream was told (``_settle``):
         acknowledged, handed back or terminated. The bus keeps this itself rather than read
@@ -784,7 +865,7 @@ class Bus:
         if self.makes_streams:
             await self.ensure_streams()
             return
-        for name in (self._settings.stream, self._settings.deadletter_stream):
+        for name in self._stream_names:
             try:
                 await self._js.stream_info(name)
             except NotFoundError:
@@ -793,10 +874,19 @@ class Bus:
                     f"{STREAMS_USER!r} makes it again"
                 ) from None
 
+    @property
+    def _stream_names(self) -> tuple[str, str, str]:
+        return (
+            self._settings.stream,
+            self._settings.deadletter_stream,
+            self._settings.attempts_stream,
+        )
+
     async def ensure_streams(self) -> None:
-        """Make or update both streams where this connection may (the user ``STREAMS_USER``,
-        or credentials in the URL: an operator's, a test's); any other service only waits
-        until they exist, since its NATS user may read a stream's info but not change it."""
+        """Make or update the streams (events, dead letters, attempts) where this connection
+        may (the user ``STREAMS_USER``, or credentials in the URL: an operator's, a test's);
+        any other service only waits until they exist, since its NATS user may read a
+        stream's info but not change it."""
         events_max_age = self._settings.retention_hours * 3600
         for name, subjects, max_age, max_msgs in (
             (self._settings.stream, [EVENT_SUBJECTS], events_max_age, None),
@@ -806,7 +896,10 @@ class Bus:
                 self._settings.deadletter_max_age_days * 86400,
                 self._settings.deadletter_max_messages,
             ),
+            # A tally is of a message of the event stream: it need not outlive it.
+            (self._settings.attempts_stream, [f"{ATTEMPTS_PREFIX}.>"], events_max_age, None),
         ):
+            attempts = name == self._settings.attempts_stream
             config = api.StreamConfig(
                 name=name,
                 subjects=subjects,
@@ -818,6 +911,10 @@ class Bus:
                 # Per-message TTLs (TTL_HEADER) on the event stream only: heartbeats expire in
                 # minutes there. NATS cannot turn this off again once on, so it stays on.
                 allow_msg_ttl=True if name == self._settings.stream else None,
+                # One tally per message, read by its subject (a consumer's NATS user may read
+                # only its own: ``$JS.API.DIRECT.GET.<stream>.attempts.<consumer>.>``).
+                max_msgs_per_subject=1 if attempts else -1,
+                allow_direct=True if attempts else None,
             )
             if not self.makes_streams:
                 await self._wait_for_stream(name)
@@ -989,7 +1086,7 @@ class Bus:
                     break
                 if messages:
                     try:
-                        async with self._kept_in_progress(messages):
+                        async with self._kept_in_progress(consumer, messages):
                             await self._handle_batch(consumer, messages, handler, stop, atomic)
                     except NotNow as exc:
                         # What was not settled went back as the batch left hand.
@@ -1032,12 +1129,18 @@ class Bus:
         parsed = []
         for msg in messages:
             deliveries = msg.metadata.num_delivered
-            if deliveries > self._settings.max_unfinished_deliveries:
+            try:
+                tally = await self._tally(consumer, msg, stop)
+            except _Stopped:
+                return  # what is in hand goes back as the batch leaves hand
+            self._tallies[id(msg)] = tally
+            unfinished = tally.unfinished(deliveries)
+            if unfinished >= self._settings.max_unfinished_deliveries:
                 await self._dead_letter(
                     consumer,
                     msg,
-                    f"abandoned: delivered {deliveries} times without an outcome (the consumer "
-                    "stopped or died while handling it, each time)",
+                    f"abandoned: {unfinished} of its {deliveries - 1} earlier deliveries ended "
+                    "without an outcome (the consumer died while handling it, each time)",
                 )
                 continue
             found = await self._parse(consumer, msg)
@@ -1078,7 +1181,7 @@ class Bus:
             await self._apply(consumer, handler, deliveries, stop)
         except _Stopped:
             for msg, _ in parsed:
-                await self._hand_back(msg)
+                await self._hand_back(consumer, msg)
             return True
         except NotNow:
             raise  # not the events': all of them go back
@@ -1137,7 +1240,7 @@ class Bus:
         try:
             await self._apply(consumer, handler, [delivery], stop)
         except _Stopped:
-            await self._hand_back(msg)
+            await self._hand_back(consumer, msg)
             return
         except NotNow:
             raise  # not the event's: it goes back with the rest of the batch, unsettled
@@ -1147,37 +1250,56 @@ class Bus:
             return
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
+            tally = self._tallies.get(id(msg), Tally())
+            waiting = isinstance(exc, NotYet)
+            # Only this handler's own outcomes count: not the deliveries that ended in a
+            # stop, a crash or a hand-back (JetStream's delivery count has those too).
+            count = (tally.waits if waiting else tally.failures) + 1
             last = self._settings.max_deliver
-            if isinstance(exc, NotYet):  # the earlier event may come back after ack_wait
+            if waiting:  # the earlier event may come back after ack_wait
                 last += NOT_YET_EXTRA_DELIVERIES
-            if deliveries >= last:
+            if count >= last:
                 log.error(
-                    "%s: giving up on %s after %d deliveries: %s",
+                    "%s: giving up on %s after %d failures (delivery %d): %s",
                     consumer,
                     envelope.id,
+                    count,
                     deliveries,
                     reason,
                 )
                 # The dead letter outlives the log and is read through an API: a database
                 # error's values stay in the log only (``span_errors.safe_message``).
                 kept = f"{type(exc).__name__}: {safe_message(exc)}"
-                if await self._dead_letter(consumer, msg, f"failed {deliveries} times: {kept}"):
+                if await self._dead_letter(consumer, msg, f"failed {count} times: {kept}"):
                     self._event_metrics.settled(consumer, [envelope], "dead_lettered")
-            else:
-                log.warning(
-                    "%s: %s failed (delivery %d), will retry: %s",
+                return
+            try:
+                await self._through_outages(
                     consumer,
-                    envelope.id,
-                    deliveries,
-                    reason,
+                    lambda: self._record(
+                        consumer, msg, waits=1 if waiting else 0, failures=0 if waiting else 1
+                    ),
+                    stop,
                 )
-                delay = (
-                    self._settings.retry_delay_seconds * 2 ** (deliveries - 1)
-                    if deliveries < self._settings.max_deliver
-                    else self._settings.ack_wait_seconds  # a NotYet past the last delivery
-                )
-                await self._settle(msg, msg.nak(delay=delay))
-                self._event_metrics.settled(consumer, [envelope], "failed")
+            except _Stopped:
+                await self._hand_back(consumer, msg)
+                return
+            log.warning(
+                "%s: %s failed (failure %d of %d, delivery %d), will retry: %s",
+                consumer,
+                envelope.id,
+                count,
+                last,
+                deliveries,
+                reason,
+            )
+            delay = (
+                self._settings.retry_delay_seconds * 2 ** (count - 1)
+                if count < self._settings.max_deliver
+                else self._settings.ack_wait_seconds  # a NotYet past max_deliver
+            )
+            await self._settle(msg, msg.nak(delay=delay))
+            self._event_metrics.settled(consumer, [envelope], "failed")
             return
         await self._ack(msg)
         self._event_metrics.settled(consumer, [envelope], "ok")
@@ -1243,8 +1365,60 @@ class Bus:
         )
         return step / 2 + random.uniform(0, step / 2)
 
+    async def _tally(self, consumer: str, msg: Msg, stop: asyncio.Event) -> Tally:
+        """The recorded outcomes of ``msg``'s earlier deliveries to ``consumer``, waiting out
+        an outage (``_Stopped`` on a stop meanwhile). A first delivery has none to read."""
+        if msg.metadata.num_delivered <= 1:
+            return Tally()
+        return await self._through_outages(consumer, lambda: self._read_tally(consumer, msg), stop)
+
+    async def _read_tally(self, consumer: str, msg: Msg) -> Tally:
+        subject = attempts_subject(consumer, msg.metadata.sequence.stream)
+        try:
+            raw = await self._js.get_msg(
+                self._settings.attempts_stream, subject=subject, direct=True
+            )
+        except NotFoundError:
+            return Tally()
+        return Tally.from_json(raw.data, _msg_id(msg), raw.seq or 0)
+
+    async def _record(
+        self, consumer: str, msg: Msg, *, failures: int = 0, waits: int = 0, handed_back: int = 0
+    ) -> None:
+        """Add one outcome to ``msg``'s tally in the attempts stream. The write says which
+        record it follows (``EXPECTED_LAST_HEADER``); if another was written since (a replica
+        that held the message before, a record of a lost stream's message of that sequence),
+        the tally is read again and the outcome added to it."""
+        subject = attempts_subject(consumer, msg.metadata.sequence.stream)
+        tally = self._tallies.get(id(msg))
+        for attempt in range(RECORD_TRIES):
+            if tally is None:
+                tally = await self._read_tally(consumer, msg)
+            new = replace(
+                tally,
+                failures=tally.failures + failures,
+                waits=tally.waits + waits,
+                handed_back=tally.handed_back + handed_back,
+            )
+            try:
+                ack = await self._js.publish(
+                    subject,
+                    new.to_json(_msg_id(msg)),
+                    timeout=self._settings.publish_timeout_seconds,
+                    headers={EXPECTED_LAST_HEADER: str(tally.revision)},
+                )
+            except nats.js.errors.APIError as exc:
+                if exc.err_code != WRONG_LAST_SEQUENCE_ERR_CODE or attempt == RECORD_TRIES - 1:
+                    raise
+                tally = None
+                continue
+            self._tallies[id(msg)] = replace(new, revision=ack.seq)
+            return
+
     @asynccontextmanager
-    async def _kept_in_progress(self, messages: Sequence[Msg]) -> AsyncIterator[None]:
+    async def _kept_in_progress(
+        self, consumer: str, messages: Sequence[Msg]
+    ) -> AsyncIterator[None]:
         """While the batch is in hand, tell JetStream every third of ``ack_wait`` that each
         message not yet settled is still being worked on, so it is not redelivered. A
         message still unsettled when the batch leaves hand is handed back (``_hand_back``):
@@ -1271,9 +1445,11 @@ class Bus:
             try:
                 for msg in messages:
                     if id(msg) not in self._settled:
-                        await self._hand_back(msg)
+                        await self._hand_back(consumer, msg)
             finally:
                 self._settled.difference_update(id(msg) for msg in messages)
+                for msg in messages:
+                    self._tallies.pop(id(msg), None)
 
     async def _settle(self, msg: Msg, outcome: Awaitable[None]) -> None:
         """Tell JetStream ``msg``'s outcome (``msg.ack()``, ``msg.nak(...)``, ``msg.term()``)
@@ -1292,8 +1468,24 @@ class Bus:
             # consumer's inbox (or the handler's own idempotency) makes that harmless.
             log.warning("ack of message %d lost: %s", msg.metadata.sequence.stream, exc)
 
-    async def _hand_back(self, msg: Msg) -> None:
-        """Stopping: give the message back now for the next process (not dead-lettered)."""
+    async def _hand_back(self, consumer: str, msg: Msg) -> None:
+        """Give the message back now for the next process (stopping, cancelled, ``NotNow``):
+        recorded as handed back (``Tally``), so this delivery counts as no failure and not as
+        one without an outcome; never dead-lettered. While NATS is away nothing can be
+        recorded nor told: it comes back after ``ack_wait``, as if the process had died."""
+        if self._nc.is_connected:
+            try:
+                async with asyncio.timeout(self._settings.publish_timeout_seconds):
+                    await self._record(consumer, msg, handed_back=1)
+            except Exception as exc:  # the message goes back all the same
+                log.log(
+                    logging.INFO if infrastructure_fault(exc) else logging.WARNING,
+                    "%s: could not record message %d as handed back (it counts as a delivery "
+                    "without an outcome): %s",
+                    consumer,
+                    msg.metadata.sequence.stream,
+                    error_text(exc),
+                )
         try:
             await self._settle(msg, msg.nak())
         except Exception as exc:
@@ -1339,7 +1531,7 @@ class Bus:
                 consumer, publish, self._stops.get(consumer) or asyncio.Event()
             )
         except _Stopped:
-            await self._hand_back(msg)
+            await self._hand_back(consumer, msg)
             return False
         await self._settle(msg, msg.term())
         kind = reason.split(" ", 1)[0].rstrip(":")
@@ -1401,6 +1593,12 @@ def _fit(
         headers = {k: v[:_FIT_VALUE_CHARS] for k, v in ours.items()}
     headers |= mark
     return body[: max(0, room(headers))], headers
+
+
+def _msg_id(msg: Msg) -> str:
+    """The id a message was published with (its event's id): what tells a tally of it from one
+    of another message at that sequence of a stream made again."""
+    return (msg.headers or {}).get(MSG_ID_HEADER, "")
 
 
 def _reconnects(nc: NatsClient) -> int:

@@ -74,17 +74,22 @@ class NatsSettings(PlatformSettings):
     """Stream for ``deadletter.>``: messages that can never be handled (unparseable, forged,
     rejected) or kept failing; operators list, redrive and discard them
     (``shared.deadletters``)."""
+    attempts_stream: str = "TRAINYARD_ATTEMPTS"
+    """Stream for ``attempts.>``: what became of each redelivered message's earlier
+    deliveries to each consumer (``bus.Tally``: real failures, ``NotYet``s, hand-backs),
+    which decides when it is dead-lettered; kept ``retention_hours``."""
     deadletter_max_age_days: float = Field(default=14.0, gt=0)
     """How long the dead-letter stream keeps a dead letter (its ``max_age``)."""
     deadletter_max_messages: int = Field(default=100_000, ge=1)
     """Most dead letters kept; beyond it the oldest go first."""
     max_deliver: int = Field(default=5, ge=1)
-    """Deliveries of one message whose handler failed (for anything but an infrastructure
-    outage, which is waited out) before it is dead-lettered; an event that follows one not
-    applied yet (``bus.NotYet``) gets two more, ``ack_wait_seconds`` apart."""
+    """Real failures of one message's handler (an error of its own: not an infrastructure
+    outage, which is waited out, nor a hand-back, ``bus.NotNow``, nor a redelivery after a
+    stop or a crash) at which it is dead-lettered; an event that follows one not applied yet
+    (``bus.NotYet``) is counted apart and gets two more, ``ack_wait_seconds`` apart."""
     max_unfinished_deliveries: int = Field(default=20, ge=2)
-    """Deliveries of one message that each ended without any outcome (the consumer stopped
-    or died while handling it) before it is dead-lettered instead of handled again."""
+    """Deliveries of one message that each ended without any recorded outcome (the consumer
+    died while handling it) before it is dead-lettered instead of handled again."""
     ack_wait_seconds: float = Field(default=30.0, gt=0)
     """Seconds a delivered message may stay unacknowledged before redelivery (a consumer
     tells JetStream every third of it that the messages in hand are still in progress)."""

@@ -59,7 +59,7 @@ from typing import Any
 
 from trainyard_platform.deploy.local.ports import LOOPBACK, free_port
 from trainyard_platform.deploy.local.processes import Exit, ManagedProcess, ProcessFailedError
-from trainyard_platform.shared.bus import STREAMS_USER, redrive_subject
+from trainyard_platform.shared.bus import STREAMS_USER, consumer_attempts, redrive_subject
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
@@ -96,6 +96,7 @@ from trainyard_platform.shared.events.trust import (
 _START_ATTEMPTS = 3  # a free port can be taken between choosing it and binding it
 STREAM = "TRAINYARD"
 DEADLETTER_STREAM = "TRAINYARD_DEADLETTER"
+ATTEMPTS_STREAM = "TRAINYARD_ATTEMPTS"
 ADMIN_USER = "admin"
 
 Permissions = dict[str, dict[str, list[str]]]
@@ -179,6 +180,7 @@ def service_permissions(
     *,
     stream: str = STREAM,
     deadletter_stream: str = DEADLETTER_STREAM,
+    attempts_stream: str = ATTEMPTS_STREAM,
 ) -> Permissions:
     """What the NATS user of one service (a runner: of one node) may publish and subscribe."""
     if kind not in SERVICE_KINDS:
@@ -215,7 +217,11 @@ def service_permissions(
             f"{api}.CONSUMER.CREATE.{stream}.{consumer}.>",
         ]
     jetstream = [
-        *(f"{api}.STREAM.{op}.{name}" for name in (stream, deadletter_stream) for op in streams),
+        *(
+            f"{api}.STREAM.{op}.{name}"
+            for name in (stream, deadletter_stream, attempts_stream)
+            for op in streams
+        ),
         *creates,
         f"{api}.CONSUMER.INFO.{stream}.{consumer}",
         f"{api}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
@@ -225,10 +231,19 @@ def service_permissions(
         # read or delete another's dead letters (never an event of the main stream).
         f"{api}.STREAM.MSG.GET.{deadletter_stream}",
         f"{api}.STREAM.MSG.DELETE.{deadletter_stream}",
+        # Its own tallies of redelivered messages (shared.bus.Tally), by subject: a direct get
+        # names the subject in the request's, so this is scoped to its own consumer.
+        f"{api}.DIRECT.GET.{attempts_stream}.{consumer_attempts(consumer)}",
     ]
     redrive = [] if kind == "runner" else [redrive_subject(consumer)]
     publish: dict[str, list[str]] = {
-        "allow": [*produces, f"deadletter.{consumer}", *redrive, *jetstream]
+        "allow": [
+            *produces,
+            f"deadletter.{consumer}",
+            f"{consumer_attempts(consumer)}",
+            *redrive,
+            *jetstream,
+        ]
     }
     if denied:
         publish["deny"] = denied

@@ -42,7 +42,7 @@ from trainyard_platform.deploy.local.nats import (
     service_user_name,
 )
 from trainyard_platform.deploy.local.stack import RUNNER_NODE_ID, SERVICES
-from trainyard_platform.shared.bus import Bus, Reject
+from trainyard_platform.shared.bus import Bus, Reject, attempts_subject
 from trainyard_platform.shared.events import Envelope, Payload, nats_subject
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
@@ -231,7 +231,7 @@ async def test_only_the_scheduler_may_create_or_change_the_streams(server: NatsS
             continue
         async with session(server, user) as s:
             for op in ("UPDATE", "CREATE"):
-                for stream in ("TRAINYARD", "TRAINYARD_DEADLETTER"):
+                for stream in ("TRAINYARD", "TRAINYARD_DEADLETTER", "TRAINYARD_ATTEMPTS"):
                     subject = f"$JS.API.STREAM.{op}.{stream}"
 
                     async def change(subject: str = subject, nc: NatsClient = s.nc) -> None:
@@ -466,6 +466,52 @@ async def test_a_grant_goes_from_the_scheduler_to_its_runner_and_to_no_other(
         assert seen == [grants[0].id, grants[2].id]
         after = (await bus.jetstream.stream_info("TRAINYARD_DEADLETTER")).state.messages
         assert after == before + 1
+
+
+async def test_a_service_tallies_its_own_redelivered_events_and_no_others(
+    server: NatsServer,
+) -> None:
+    """A failure is recorded before the event goes back (``bus.Tally``) and read on its
+    redelivery, with the service's own user; another service's tallies it may neither
+    write (it could make that service dead-letter events sooner) nor read."""
+    scheduler = _settings(server, _user(server, "scheduler"))
+    runner_b = _settings(server, _user(server, "runner", NODE_B))
+    consumer = f"runner-{NODE_B}"
+    tries: list[str] = []
+    stop = asyncio.Event()
+
+    grant = _grant(NODE_B)
+
+    async def handle(envelope: Envelope[Payload]) -> None:
+        if envelope.id != grant.id:
+            return  # another test's grant to this node
+        tries.append(envelope.id)
+        if len(tries) == 1:
+            raise ValueError("the first try fails")
+        stop.set()
+
+    async with Bus.connect(scheduler, "scheduler") as bus:
+        stored = await bus.publish_raw(grant.nats_subject, grant.to_json(), grant.id, {})
+        async with Bus.connect(runner_b, "runner") as runner:
+            await asyncio.wait_for(
+                runner.consume(consumer, [node_subjects(NODE_B)], handle, stop, redrive=False),
+                30,
+            )
+            # Read as the runner reads it on a redelivery: its own subject, directly.
+            tally = await runner.jetstream.get_msg(
+                "TRAINYARD_ATTEMPTS", subject=attempts_subject(consumer, stored.seq), direct=True
+            )
+        assert tries == [grant.id, grant.id]
+        assert tally.data is not None and json.loads(tally.data)["failures"] == 1
+    async with session(server, _user(server, "runner", NODE_A)) as s:
+        theirs = attempts_subject(consumer, stored.seq)
+        assert await s.publish_denied(theirs)
+        direct = f"$JS.API.DIRECT.GET.TRAINYARD_ATTEMPTS.{theirs}"
+
+        async def read(nc: NatsClient = s.nc) -> None:
+            await nc.request(direct, b"", timeout=0.25)
+
+        assert await s.api_denied(direct, read)
 
 
 async def test_a_runner_cannot_pass_its_report_off_as_the_schedulers_decision(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -34,6 +35,7 @@ from trainyard_platform.shared.bus import (
     TRUNCATED_HEADER,
     Bus,
     Delivery,
+    NotNow,
     NotYet,
     Reject,
 )
@@ -62,12 +64,16 @@ async def own_settings(nats_settings: NatsSettings) -> AsyncIterator[NatsSetting
     streams no other test has used."""
     tag = uuid.uuid4().hex[:12].upper()
     settings = nats_settings.model_copy(
-        update={"stream": f"EVENTS_{tag}", "deadletter_stream": f"DEAD_{tag}"}
+        update={
+            "stream": f"EVENTS_{tag}",
+            "deadletter_stream": f"DEAD_{tag}",
+            "attempts_stream": f"ATTEMPTS_{tag}",
+        }
     )
     yield settings
     nc = await nats.connect(nats_settings.url)
     try:
-        for stream in (settings.stream, settings.deadletter_stream):
+        for stream in (settings.stream, settings.deadletter_stream, settings.attempts_stream):
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 await lose_stream(nc.jetstream(), stream)
     finally:
@@ -208,8 +214,8 @@ async def test_a_message_abandoned_too_often_is_dead_lettered_before_it_is_handl
             letter = await bus.jetstream.get_msg(bus.settings.deadletter_stream, first_dead)
             assert letter.headers is not None
             assert letter.headers[REASON_HEADER] == (
-                "abandoned: delivered 3 times without an outcome (the consumer stopped or died "
-                "while handling it, each time)"
+                "abandoned: 2 of its 2 earlier deliveries ended without an outcome (the "
+                "consumer died while handling it, each time)"
             )
         else:
             assert handled == ["again"] and dead_letters == 0
@@ -384,7 +390,7 @@ async def test_settling_a_message_on_a_closed_connection_is_left_to_ack_wait(
         first, second = await sub.fetch(2, timeout=5)
         await bus.nats.close()
         with caplog.at_level(logging.INFO, logger="trainyard_platform.shared.bus"):
-            await bus._hand_back(first)
+            await bus._hand_back("closing", first)
             await bus._ack(second)
     messages = [r.getMessage() for r in caplog.records if r.name == "trainyard_platform.shared.bus"]
     assert messages[0] == f"message {first.metadata.sequence.stream} goes back after ack_wait"
@@ -406,7 +412,7 @@ async def test_settling_a_message_twice_is_a_bug_not_an_outage(own_bus: Bus) -> 
     await first.ack()
     await second.ack()
     with pytest.raises(nats.errors.MsgAlreadyAckdError):
-        await bus._hand_back(first)
+        await bus._hand_back("twice", first)
     with pytest.raises(nats.errors.MsgAlreadyAckdError):
         await bus._ack(second)
 
@@ -940,3 +946,120 @@ async def _waiting_pulls(bus: Bus, stream: str, durable: str) -> int:
         return (await bus.jetstream.consumer_info(stream, durable)).num_waiting
     except nats.js.errors.NotFoundError:
         return 0
+
+
+class Restarted(Exception):
+    """The consumer's process was stopped with the event in hand (a deploy, a restart)."""
+
+
+async def until_settled_or_restarted(
+    settings: NatsSettings, consumer: str, handle: Callable[[str], Any]
+) -> bool:
+    """Run ``consumer`` in a process of its own (a ``Bus`` of its own) until its event is
+    settled (True) or ``handle`` says ``Restarted``: the process is then cancelled with the
+    event in hand, as a service whose stop grace ran out (False)."""
+    async with Bus.connect(settings, consumer) as bus:
+        stop = asyncio.Event()
+        restarted = asyncio.Event()
+
+        async def handler(envelope: Envelope[Payload]) -> None:
+            try:
+                handle(envelope.subject)
+            except Restarted:
+                restarted.set()
+                await asyncio.Event().wait()  # held until the process goes
+            stop.set()
+
+        task = asyncio.create_task(bus.consume(consumer, [SUBJECT], handler, stop))
+
+        async def settled_or_restarted() -> None:
+            # Applied (the consumer stopped after it), dead-lettered, or held for a restart.
+            while not (task.done() or restarted.is_set()):
+                dead = await bus.jetstream.stream_info(settings.deadletter_stream)
+                if dead.state.messages:
+                    return
+                await asyncio.sleep(0.05)
+
+        async with asyncio.timeout(30):
+            await settled_or_restarted()
+        stop.set()
+        if restarted.is_set():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return not restarted.is_set()
+
+
+async def test_hand_backs_and_restarts_never_count_toward_the_failures_that_give_up(
+    own_settings: NatsSettings,
+) -> None:
+    """JetStream's delivery count has every delivery, and the bus gave up at
+    ``max_deliver`` of them: an event handed back by a deposed leader (``NotNow``) and
+    redelivered after two restarts was dead-lettered at its first real failure, though its
+    handler had failed once. Only real failures count now, in a tally that outlives the
+    process: handed back four times, restarted twice, failed twice, it is applied."""
+    settings = own_settings  # max_deliver=3
+    consumer = "patient"
+    outcomes = iter(
+        [NotNow("not the leader")] * 4
+        + [Restarted(), Restarted()]
+        + [ValueError("first"), ValueError("second"), None]
+    )
+    applied: list[str] = []
+
+    def handle(subject: str) -> None:
+        outcome = next(outcomes)
+        if outcome is not None:
+            raise outcome
+        applied.append(subject)
+
+    async with Bus.connect(settings, "publisher") as publisher:
+        await publisher.publish(event("patient"))
+    runs = 0
+    while not await until_settled_or_restarted(settings, consumer, handle):
+        runs += 1
+    assert runs == 2
+    assert applied == ["patient"]
+    async with Bus.connect(settings, "reader") as bus:
+        info = await bus.jetstream.consumer_info(settings.stream, consumer)
+        assert info.num_ack_pending == 0
+        assert (await bus.jetstream.stream_info(settings.deadletter_stream)).state.messages == 0
+        tally = await bus.jetstream.get_msg(
+            settings.attempts_stream, subject=bus_module.attempts_subject(consumer, 1)
+        )
+        assert tally.data is not None
+        assert json.loads(tally.data) | {"msg_id": ""} == {
+            "msg_id": "",
+            "failures": 2,
+            "waits": 0,
+            "handed_back": 6,
+        }
+
+
+async def test_an_event_that_keeps_failing_is_dead_lettered_at_its_last_real_failure(
+    own_settings: NatsSettings,
+) -> None:
+    """Hand-backs and restarts before do not spare an event that fails for real: it is
+    dead-lettered at its ``max_deliver``-th real failure, neither before nor after."""
+    settings = own_settings  # max_deliver=3
+    consumer = "doomed"
+    failures: list[str] = []
+    outcomes = iter([NotNow("not the leader")] * 4 + [Restarted()])
+
+    def handle(subject: str) -> None:
+        outcome = next(outcomes, None)
+        if outcome is not None:
+            raise outcome
+        failures.append(subject)
+        raise ValueError("no such flavor")
+
+    async with Bus.connect(settings, "publisher") as publisher:
+        await publisher.publish(event("doomed"))
+    while not await until_settled_or_restarted(settings, consumer, handle):
+        pass
+    assert failures == ["doomed"] * 3
+    async with Bus.connect(settings, "reader") as bus:
+        letter = await bus.jetstream.get_msg(settings.deadletter_stream, 1)
+        assert letter.headers is not None
+        assert letter.headers[REASON_HEADER] == "failed 3 times: ValueError: no such flavor"
+        assert letter.headers[bus_module.DELIVERIES_HEADER] == "8"  # JetStream's own count

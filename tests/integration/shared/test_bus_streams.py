@@ -54,12 +54,16 @@ async def own_settings(nats_settings: NatsSettings) -> AsyncIterator[NatsSetting
     streams no other test has used."""
     tag = uuid.uuid4().hex[:12].upper()
     settings = nats_settings.model_copy(
-        update={"stream": f"EVENTS_{tag}", "deadletter_stream": f"DEAD_{tag}"}
+        update={
+            "stream": f"EVENTS_{tag}",
+            "deadletter_stream": f"DEAD_{tag}",
+            "attempts_stream": f"ATTEMPTS_{tag}",
+        }
     )
     yield settings
     nc = await nats.connect(nats_settings.url)
     try:
-        for stream in (settings.stream, settings.deadletter_stream):
+        for stream in (settings.stream, settings.deadletter_stream, settings.attempts_stream):
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 await lose_stream(nc.jetstream(), stream)
     finally:
@@ -325,10 +329,13 @@ async def test_a_failing_handler_is_retried_then_dead_lettered_with_its_error(
     assert len(deliveries) == 3  # max_deliver
     messages = [r.getMessage() for r in caplog.records if r.name == "trainyard_platform.shared.bus"]
     assert messages[:2] == [
-        f"retry-test: {one.id} failed (delivery 1), will retry: RuntimeError: boom",
-        f"retry-test: {one.id} failed (delivery 2), will retry: RuntimeError: boom",
+        f"retry-test: {one.id} failed (failure 1 of 3, delivery 1), will retry: RuntimeError: boom",
+        f"retry-test: {one.id} failed (failure 2 of 3, delivery 2), will retry: RuntimeError: boom",
     ]
-    assert f"retry-test: giving up on {one.id} after 3 deliveries: RuntimeError: boom" in messages
+    assert (
+        f"retry-test: giving up on {one.id} after 3 failures (delivery 3): RuntimeError: boom"
+        in messages
+    )
     dead = await bus.jetstream.get_msg(bus.settings.deadletter_stream, first_dead)
     assert dead.headers is not None
     assert dead.headers[REASON_HEADER] == "failed 3 times: RuntimeError: boom"

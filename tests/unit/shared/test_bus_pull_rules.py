@@ -10,6 +10,7 @@ decision can be seen exactly."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime, timedelta
@@ -163,6 +164,9 @@ class FakeJetStream:
         self.fetches: list[tuple[int, float]] = []
         self.paused_at_fetch: list[dict[str, str]] = []
         self.published_raw: list[tuple[str, bytes, float, dict[str, str]]] = []
+        self.tallies: dict[str, tuple[int, bytes]] = {}
+        """The attempts stream: each subject's last record, with its sequence."""
+        self.tally_seq = 0
 
     async def consumer_info(self, stream: str, name: str) -> Any:
         assert stream == "TRAINYARD", stream  # the event stream, where the consumers are
@@ -189,12 +193,44 @@ class FakeJetStream:
 
     async def publish(
         self, subject: str, body: bytes, timeout: float, headers: dict[str, str]
-    ) -> None:
+    ) -> Any:
         fault = self.publish_fault()
         if fault is not None:
             raise fault
+        if subject.startswith("attempts."):
+            last = self.tallies.get(subject, (0, b""))[0]
+            if headers.get("Nats-Expected-Last-Subject-Sequence") != str(last):
+                raise nats.js.errors.APIError(err_code=10071, description="wrong last sequence")
+            self.tally_seq += 1
+            self.tallies[subject] = (self.tally_seq, body)
+            return SimpleNamespace(seq=self.tally_seq)
         self.published.append((subject, headers))
         self.published_raw.append((subject, body, timeout, headers))
+
+    async def get_msg(self, stream: str, subject: str | None = None, direct: bool = False) -> Any:
+        assert (stream, direct) == ("TRAINYARD_ATTEMPTS", True), (stream, direct)
+        assert subject is not None
+        if subject not in self.tallies:
+            raise NotFoundError
+        seq, body = self.tallies[subject]
+        return SimpleNamespace(seq=seq, data=body)
+
+    def tally(self, seq: int = 1, consumer: str = "c") -> dict[str, Any] | None:
+        """The outcomes recorded for the message ``seq`` of ``consumer``."""
+        found = self.tallies.get(f"attempts.{consumer}.{seq}")
+        return None if found is None else json.loads(found[1])
+
+    def record(self, msg: FakeMsg, failures: int = 0, waits: int = 0, handed_back: int = 0) -> None:
+        """Outcomes of earlier deliveries of ``msg``, as another process recorded them."""
+        self.tally_seq += 1
+        body = {
+            "msg_id": (msg.headers or {}).get("Nats-Msg-Id", ""),
+            "failures": failures,
+            "waits": waits,
+            "handed_back": handed_back,
+        }
+        subject = f"attempts.c.{msg.metadata.sequence.stream}"
+        self.tallies[subject] = (self.tally_seq, json.dumps(body).encode())
 
     async def publish_async(self, subject: str, body: bytes, headers: dict[str, str]) -> Any:
         return asyncio.get_running_loop().create_future()  # an acknowledgement never comes
@@ -232,10 +268,15 @@ def an_event(job: str = "j1") -> Envelope[Payload]:
 
 
 def event_msg(
-    delivered: int = 1, envelope: Envelope[Payload] | None = None, subject: str | None = None
+    delivered: int = 1,
+    envelope: Envelope[Payload] | None = None,
+    subject: str | None = None,
+    seq: int = 1,
 ) -> FakeMsg:
     envelope = envelope or an_event()
-    return FakeMsg(envelope.to_json(), subject or envelope.nats_subject, delivered=delivered)
+    return FakeMsg(
+        envelope.to_json(), subject or envelope.nats_subject, delivered=delivered, seq=seq
+    )
 
 
 def dead_letters(js: FakeJetStream) -> list[tuple[str, str, str]]:
@@ -274,11 +315,12 @@ async def consume(
 
 
 @pytest.mark.parametrize(("delivered", "delay"), [(1, 0.5), (2, 1.0), (3, 2.0)])
-async def test_a_failed_event_comes_back_after_a_delay_that_doubles_with_each_delivery(
+async def test_a_failed_event_comes_back_after_a_delay_that_doubles_with_each_failure(
     js: FakeJetStream, monkeypatch: pytest.MonkeyPatch, delivered: int, delay: float
 ) -> None:
     bus = make_bus(js, monkeypatch, retry_delay_seconds=0.5, max_deliver=5)
     msg = event_msg(delivered)
+    js.record(msg, failures=delivered - 1)  # each earlier delivery failed
     js.script = [[msg]]
 
     async def fail(envelope: Envelope[Payload]) -> None:
@@ -286,6 +328,61 @@ async def test_a_failed_event_comes_back_after_a_delay_that_doubles_with_each_de
 
     await consume(bus, js, fail)
     assert msg.told == [("nak", delay)]
+    assert js.tally() == {"msg_id": "", "failures": delivered, "waits": 0, "handed_back": 0}
+
+
+@pytest.mark.parametrize("outcome", ["handed_back", "unfinished"])
+async def test_deliveries_that_were_no_failure_of_the_handler_count_toward_no_limit(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch, outcome: str
+) -> None:
+    """JetStream's delivery count has every delivery: those handed back (``NotNow``, a stop)
+    and those a crash or a restart ended. The limit was on it, so an event redelivered by
+    four restarts was dead-lettered at its first real failure; only real failures count
+    now, and the delay grows with them alone."""
+    bus = make_bus(js, monkeypatch, retry_delay_seconds=0.5, max_deliver=5)
+    msg = event_msg(12)
+    if outcome == "handed_back":
+        js.record(msg, failures=1, handed_back=10)
+    else:
+        js.record(msg, failures=1)  # the other ten ended with no outcome told
+    js.script = [[msg]]
+
+    async def fail(envelope: Envelope[Payload]) -> None:
+        raise ValueError("not yet")
+
+    await consume(bus, js, fail)
+    assert msg.told == [("nak", 1.0)]  # the second failure of five
+    assert dead_letters(js) == []
+    assert js.tally() == {
+        "msg_id": "",
+        "failures": 2,
+        "waits": 0,
+        "handed_back": 10 if outcome == "handed_back" else 0,
+    }
+
+
+async def test_a_tally_of_another_message_at_that_sequence_is_not_counted(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream made again (NATS lost its store) numbers its messages from 1 again: a tally
+    left of the lost stream's message is of another event, and is written over."""
+    bus = make_bus(js, monkeypatch, retry_delay_seconds=0.5, max_deliver=5)
+    msg = event_msg(2)
+    js.record(msg, failures=4)
+    msg.headers = {"Nats-Msg-Id": "another-event"}
+    js.script = [[msg]]
+
+    async def fail(envelope: Envelope[Payload]) -> None:
+        raise ValueError("not yet")
+
+    await consume(bus, js, fail)
+    assert msg.told == [("nak", 0.5)]
+    assert js.tally() == {
+        "msg_id": "another-event",
+        "failures": 1,
+        "waits": 0,
+        "handed_back": 0,
+    }
 
 
 async def test_a_dead_letter_waiting_out_an_outage_is_handed_back_on_stop(
@@ -633,6 +730,7 @@ async def test_an_event_failing_at_its_last_delivery_is_dead_lettered_and_logged
     bus = make_bus(js, monkeypatch, max_deliver=5)
     envelope = an_event()
     last, before_last = event_msg(5, envelope), event_msg(4, envelope)
+    js.record(before_last, failures=3)
     js.script = [[before_last], [last]]
 
     async def fail(got: Envelope[Payload]) -> None:
@@ -643,11 +741,13 @@ async def test_an_event_failing_at_its_last_delivery_is_dead_lettered_and_logged
     assert before_last.told == [("nak", 4.0)]
     assert last.told == [("term", None)]
     assert dead_letters(js) == [("deadletter.c", "c", "failed 5 times: ValueError: not yet")]
-    assert f"c: {envelope.id} failed (delivery 4), will retry: ValueError: not yet" in (
-        caplog.messages
+    assert (
+        f"c: {envelope.id} failed (failure 4 of 5, delivery 4), will retry: ValueError: not yet"
+        in caplog.messages
     )
-    assert f"c: giving up on {envelope.id} after 5 deliveries: ValueError: not yet" in (
-        caplog.messages
+    assert (
+        f"c: giving up on {envelope.id} after 5 failures (delivery 5): ValueError: not yet"
+        in caplog.messages
     )
 
 
@@ -662,6 +762,7 @@ async def test_an_event_that_follows_one_not_applied_yet_waits_past_ack_wait_the
     ack_wait, so the last delivery (5) is followed by two more, ack_wait apart."""
     bus = make_bus(js, monkeypatch, max_deliver=5, retry_delay_seconds=0.5, ack_wait_seconds=30)
     msg = event_msg(delivered)
+    js.record(msg, waits=delivered - 1)
     js.script = [[msg]]
 
     async def fail(got: Envelope[Payload]) -> None:
@@ -686,7 +787,8 @@ async def test_events_a_process_may_not_apply_now_go_back_whole_never_dead_lette
     and one at its last delivery (redelivered before by crashes and stops) was dead-lettered:
     a submission or a job's end lost. Now the whole batch goes back at once, for the leader."""
     bus = make_bus(js, monkeypatch, max_deliver=5)
-    last, newer = event_msg(5, an_event("j1")), event_msg(1, an_event("j2"))
+    last, newer = event_msg(5, an_event("j1"), seq=1), event_msg(1, an_event("j2"), seq=2)
+    js.record(last, failures=4)
     js.script = [[last, newer]]
     tried: list[str] = []
 
@@ -708,13 +810,32 @@ async def test_events_a_process_may_not_apply_now_go_back_whole_never_dead_lette
     assert last.told == [("nak", None)]
     assert newer.told == [("nak", None)]
     assert dead_letters(js) == []
+    # Recorded as handed back: no failure, nor a delivery without an outcome.
+    assert js.tally(1) == {"msg_id": "", "failures": 4, "waits": 0, "handed_back": 1}
+    assert js.tally(2) == {"msg_id": "", "failures": 0, "waits": 0, "handed_back": 1}
+
+
+async def test_a_message_handed_back_often_is_handled_not_abandoned(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deliveries handed back (``NotNow``, stops) have an outcome: they are not the ones a
+    consumer died in, which alone count toward ``max_unfinished_deliveries``."""
+    bus = make_bus(js, monkeypatch, max_unfinished_deliveries=20)
+    msg = event_msg(41)
+    js.record(msg, handed_back=25, failures=2, waits=2)  # and 11 with no outcome
+    js.script = [[msg]]
+
+    await consume(bus, js)
+    assert msg.told == [("ack", None)]
+    assert dead_letters(js) == []
 
 
 async def test_a_message_delivered_too_often_without_an_outcome_is_dead_lettered_unhandled(
     js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bus = make_bus(js, monkeypatch, max_unfinished_deliveries=20)
-    abandoned, at_the_limit = event_msg(21, an_event("j1")), event_msg(20, an_event("j2"))
+    abandoned = event_msg(21, an_event("j1"), seq=1)
+    at_the_limit = event_msg(20, an_event("j2"), seq=2)
     js.script = [[abandoned, at_the_limit]]
     handled: list[str] = []
 
@@ -729,8 +850,8 @@ async def test_a_message_delivered_too_often_without_an_outcome_is_dead_lettered
         (
             "deadletter.c",
             "c",
-            "abandoned: delivered 21 times without an outcome (the consumer stopped or died "
-            "while handling it, each time)",
+            "abandoned: 20 of its 20 earlier deliveries ended without an outcome (the "
+            "consumer died while handling it, each time)",
         )
     ]
 

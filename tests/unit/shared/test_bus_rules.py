@@ -545,7 +545,7 @@ async def test_a_store_the_server_fails_to_create_at_first_is_tried_again(
 ) -> None:
     js = StoreFailingJetStream(failures=bus_module.STORE_RETRIES)
     await bus_on(js, monkeypatch).ensure_streams()
-    assert js.added == ["TRAINYARD", "TRAINYARD_DEADLETTER"]
+    assert js.added == ["TRAINYARD", "TRAINYARD_DEADLETTER", "TRAINYARD_ATTEMPTS"]
 
 
 async def test_a_store_that_keeps_failing_or_another_server_error_is_raised(
