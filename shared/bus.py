@@ -1,10 +1,11 @@
 """The event bus on NATS JetStream.
 
 Contract:
-- ``Bus.connect`` creates the event stream (``trainyard.>``) and the dead-letter stream
+- ``Bus.connect`` creates the event stream (``trainyard.>``), the dead-letter stream
   (``deadletter.>``, kept ``deadletter_max_age_days`` and at most ``deadletter_max_messages``)
-  idempotently (as the scheduler's NATS user or an admin; any other service waits until
-  they exist), and drains the connection on exit.
+  and the attempts stream (``attempts.>``) idempotently (as the scheduler's NATS user or an
+  admin; any other service waits until they exist, however long, with capped back-off,
+  saying why at most once a minute), and drains the connection on exit.
 - A lost stream is made again: when NATS lost its store (or someone deleted a stream), a
   consumer finds its durable consumer gone; the bus that may make the streams makes them
   again, any other waits for them as for an outage (``StreamMissingError``: paused, never
@@ -182,8 +183,9 @@ start, at 0 until it happens (a series that appears only with its first dead let
 as "unknown" to Prometheus, and ``increase`` misses that first one)."""
 STREAMS_USER = "scheduler"
 """The one service NATS user that makes and updates the streams (docs/security.md, "Bus")."""
-STREAM_WAIT_S = 120.0
-"""How long another service waits at start for the streams to exist."""
+STREAM_WAIT_LOG_S = 60.0
+"""While another service waits at start for the streams to exist (for as long as it takes:
+the scheduler may be down, or NATS away), it says so at most once this often."""
 STORE_FAILED_ERR_CODE = 10049
 """JetStream's error code for "error creating store for stream" (``Bus._add_stream``)."""
 STORE_RETRIES = 5
@@ -943,20 +945,44 @@ class Bus:
                 await asyncio.sleep(STORE_RETRY_S)
 
     async def _wait_for_stream(self, name: str) -> None:
+        """Return once stream ``name`` exists, however long that takes: while it is missing
+        (the scheduler, whose NATS user makes it, has not started yet or is down) or NATS
+        does not answer, try again with capped back-off (``outage_retry_*``), saying why
+        at the first miss and then at most every ``STREAM_WAIT_LOG_S``. A stop meanwhile
+        cancels the start (``shared.runtime``)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + STREAM_WAIT_S
+        started = loop.time()
+        misses = 0
+        said_at: float | None = None
         while True:
             try:
                 await self._js.stream_info(name)
-                return
             except NotFoundError:
-                if loop.time() > deadline:
-                    raise RuntimeError(
-                        f"stream {name} does not exist after {STREAM_WAIT_S:.0f} s; "
-                        f"the NATS user {STREAMS_USER!r} makes it"
-                    ) from None
-                log.info("waiting for stream %s (made by the %s)", name, STREAMS_USER)
-                await asyncio.sleep(0.5)
+                why = f"it does not exist yet (the NATS user {STREAMS_USER!r} makes it)"
+            except Exception as exc:
+                fault = infrastructure_fault(exc)
+                if fault is None:
+                    raise
+                why = fault
+            else:
+                if misses:
+                    log.warning(
+                        "stream %s is there after %.0f s: going on", name, loop.time() - started
+                    )
+                return
+            misses += 1
+            delay = self._outage_delay(misses)
+            now = loop.time()
+            if said_at is None or now - said_at >= STREAM_WAIT_LOG_S:
+                said_at = now
+                log.warning(
+                    "waiting for stream %s: %s; %.0f s so far, next try in %.1f s",
+                    name,
+                    why,
+                    now - started,
+                    delay,
+                )
+            await asyncio.sleep(delay)
 
     async def publish(
         self, envelope: Envelope[Payload], headers: dict[str, str] | None = None

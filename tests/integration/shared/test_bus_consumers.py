@@ -504,25 +504,45 @@ async def test_a_stop_while_nats_is_away_ends_the_consumer_cleanly(
     )
 
 
-async def test_a_service_gives_up_waiting_for_the_streams_with_who_makes_them(
+async def test_a_service_waits_for_the_streams_however_long_and_says_who_makes_them(
     bus: Bus,
     nats_server: NatsServer,
     nats_settings: NatsSettings,
     nats_service_user: Callable[..., NatsUser],
-    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """A service whose NATS user may not make the streams waited 120 s for them and then
+    exited: with the scheduler down a while (a deploy, a crash loop of its own), every other
+    service stopped too, and a supervisor that gives up left them down. It waits now, with
+    capped back-off, saying why, and goes on by itself once the scheduler made them."""
     user = nats_service_user("registry")
     settings = nats_settings.model_copy(
-        update={"url": nats_server.address, "user": user.name, "password": SecretStr(user.password)}
+        update={
+            "url": nats_server.address,
+            "user": user.name,
+            "password": SecretStr(user.password),
+            "outage_retry_initial_seconds": 0.05,
+            "outage_retry_max_seconds": 0.2,
+        }
     )
     async with Bus.connect(settings, "registry-under-test") as service:
         await lose_stream(bus.jetstream, "TRAINYARD")
-        monkeypatch.setattr(bus_module, "STREAM_WAIT_S", 0.2)
-        with pytest.raises(RuntimeError) as gave_up:
-            await service.ensure_streams()
-        assert str(gave_up.value) == (
-            "stream TRAINYARD does not exist after 0 s; the NATS user 'scheduler' makes it"
-        )
+        with caplog.at_level(logging.WARNING, logger="trainyard_platform.shared.bus"):
+            waiting = asyncio.create_task(service.ensure_streams())
+            async with asyncio.timeout(10):
+                while not any("waiting for stream TRAINYARD" in m for m in caplog.messages):
+                    assert not waiting.done(), waiting
+                    await asyncio.sleep(0.05)
+            assert not waiting.done()
+            await bus.ensure_streams()  # the scheduler is back
+            async with asyncio.timeout(10):
+                await waiting
+    said = [m for m in caplog.messages if "stream TRAINYARD" in m]
+    assert said[0].startswith(
+        "waiting for stream TRAINYARD: it does not exist yet (the NATS user 'scheduler' "
+        "makes it); 0 s so far, next try in "
+    )
+    assert said[-1].startswith("stream TRAINYARD is there after ")
 
 
 def dead_letter_metric(reader: InMemoryMetricReader) -> list[tuple[dict[str, Any], float]]:
