@@ -72,7 +72,7 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
 from trainyard_platform.shared import outages
-from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.bus import Bus, infrastructure_fault
 from trainyard_platform.shared.db import open_pool
 from trainyard_platform.shared.http_deadline import SlowClientDeadlines
 from trainyard_platform.shared.logs import configure_logging, error_text, formatter
@@ -190,7 +190,7 @@ class ServiceRuntime:
     async def open_pool(self, settings: DatabaseSettings, schema: str) -> asyncpg.Pool:
         """The service's pool (``shared.db.open_pool``), closed with the runtime; PostgreSQL
         unreachable or the URL unusable at start is ``StartupFailed``."""
-        with needed("PostgreSQL", "TRAINYARD_DATABASE_URL"):
+        with needed("PostgreSQL", "TRAINYARD_DATABASE_URL", server=True):
             pool: asyncpg.Pool = await self.resources.enter_async_context(
                 open_pool(settings, schema)
             )
@@ -403,9 +403,22 @@ class _EmbeddedServer(uvicorn.Server):
         yield
 
 
+DEPENDENCY_UNAVAILABLE_STATUS: Final = os.EX_TEMPFAIL
+"""The exit status (75, EX_TEMPFAIL of sysexits.h) of a start that failed only because a
+dependency is unavailable now (``StartupFailed.transient``): the same start may succeed
+later, so a supervisor starts it again for as long as it takes (``deploy.local``'s
+watchdog never gives up on it); any other failed start is 1, a refused configuration 2."""
+
+
 class StartupFailed(Exception):
     """A dependency a service needs to start could not be reached or used; the message
-    names it and its setting, never the setting's value (a URL may hold a password)."""
+    names it and its setting, never the setting's value (a URL may hold a password).
+    ``transient``: it was an outage (``bus.infrastructure_fault``: unreachable, timed out,
+    refusing connections now), not a use that can never work (a malformed URL)."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class StartupRefused(Exception):
@@ -416,20 +429,26 @@ class StartupRefused(Exception):
 
 
 @contextlib.contextmanager
-def needed(dependency: str, settings: str) -> Generator[None, None, None]:
+def needed(dependency: str, settings: str, *, server: bool = False) -> Generator[None, None, None]:
     """A step of the start-up that needs ``dependency``, configured by ``settings``: any
-    error in it is ``StartupFailed`` naming both, with the error's own text on one line."""
+    error in it is ``StartupFailed`` naming both, with the error's own text on one line.
+    ``server``: the dependency is a server that may be away for a while (PostgreSQL, the
+    object store), so an infrastructure fault reaching it is ``transient``; a local file or
+    folder is not waited for."""
     try:
         yield
     except Exception as exc:
-        raise StartupFailed(f"{dependency} ({settings}): {error_text(exc)}") from exc
+        raise StartupFailed(
+            f"{dependency} ({settings}): {error_text(exc)}",
+            transient=server and infrastructure_fault(exc) is not None,
+        ) from exc
 
 
 async def open_service_store(settings: StorageSettings) -> ObjectStore:
     """The service's object store (``open_store``; S3 makes its bucket if missing, a local
     store its folder, blocking calls kept off the loop); unreachable or unusable at start is
     ``StartupFailed``."""
-    with needed("the object store", "TRAINYARD_STORAGE_URI, TRAINYARD_STORAGE_S3_*"):
+    with needed("the object store", "TRAINYARD_STORAGE_URI, TRAINYARD_STORAGE_S3_*", server=True):
         store = await asyncio.to_thread(open_store, settings.uri, settings)
         if isinstance(store, LocalStore):
             # Its folder is made at the first write otherwise, and readiness
@@ -491,8 +510,9 @@ _store_checks: weakref.WeakKeyDictionary[ObjectStore, asyncio.Future[bool]] = (
 
 
 def run_service(serving: Coroutine[Any, Any, int]) -> int:
-    """Run a service's ``serve`` to its end and return its exit status: 1 with one log line
-    (``cannot start: ...``) when a dependency failed its start-up (``StartupFailed``), 2 with
+    """Run a service's ``serve`` to its end and return its exit status: with one log line
+    (``cannot start: ...``) when a dependency failed its start-up (``StartupFailed``),
+    ``DEPENDENCY_UNAVAILABLE_STATUS`` (75) when it was an outage and 1 otherwise; 2 with
     one when the configuration refuses it (``StartupRefused``), 0 when SIGTERM or SIGINT
     stopped it while it was starting."""
     executor = ThreadPoolExecutor(thread_name_prefix=_THREADS)
@@ -500,7 +520,7 @@ def run_service(serving: Coroutine[Any, Any, int]) -> int:
         status = asyncio.run(_with_executor(executor, serving))
     except StartupFailed as exc:
         log.critical("cannot start: %s", exc)
-        status = 1
+        status = DEPENDENCY_UNAVAILABLE_STATUS if exc.transient else 1
     except StartupRefused as exc:
         log.critical("cannot start: %s", exc)
         status = 2

@@ -6,7 +6,8 @@
           SIGTERM. Meanwhile every process that dies (NATS, PostgreSQL, S3, each service)
           is reported on stderr with its exit status or signal and its log tail, and
           restarted with back-off; a crash loop is reported and, after five failures in a
-          row, left down (see ``deploy.local.stack``).
+          row, left down; a service that cannot start only because a dependency is away
+          (exit status 75) is started again until it is back (see ``deploy.local.stack``).
 ``demo``  starts a fresh stack in ``.trainyard/demo``, bootstraps an admin of team
           ``ml-research``, submits ``examples/digits.job.json`` for that team through
           ``TrainyardClient``, prints each status change, waits for SUCCEEDED, then prints

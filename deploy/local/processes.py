@@ -25,7 +25,12 @@ Contract:
   one) from a thread: every unexpected exit becomes a ``Death`` (name, how it ended, the
   log tail), reported and kept in ``deaths``, and the unit is started again after a
   back-off (``RestartPolicy``: 1 s doubling to 30 s; the count of failures in a row resets
-  once a start stays up 30 s; after 5 failures in a row it is left down and said so).
+  once a start stays up 30 s; after 5 failures in a row it is left down and said so). A
+  unit that exits with ``DEPENDENCY_WAIT_STATUS`` (75: a service that could not start only
+  because PostgreSQL or the object store is unavailable now) is no crash: it is started
+  again with the same back-off for as long as it takes, never given up on, each exit
+  reported in one line with its log's last line (the whole tail on the first of a row and
+  every ``WAIT_TAIL_EVERY``-th).
   ``hold(name)`` before an intentional stop and ``release(name)`` after an intentional
   start keep those from counting as crashes; ``set_auto_restart(name, False)`` leaves a
   crashed unit down (reported all the same) until someone starts it.
@@ -48,6 +53,12 @@ from pathlib import Path
 from types import TracebackType
 
 DEFAULT_GRACE_S = 10.0
+DEPENDENCY_WAIT_STATUS = os.EX_TEMPFAIL
+"""A child's exit status (75, EX_TEMPFAIL of sysexits.h) saying it could not start only
+because a dependency is unavailable now (``shared.runtime.DEPENDENCY_UNAVAILABLE_STATUS``):
+``Watchdog`` waits it out instead of counting a crash loop."""
+WAIT_TAIL_EVERY = 10
+"""Of a row of such exits, every this-many-th report has the log's tail again."""
 _PR_SET_PDEATHSIG = 1
 _TAIL_BYTES = 64 * 1024
 
@@ -385,6 +396,8 @@ class RestartPolicy:
     ``max_delay_s``) before the next start. A death after the unit stayed up
     ``stable_after_s`` starts a new row; the ``max_failures``-th failure in a row is a
     crash loop the watchdog gives up on (the unit stays down until someone starts it).
+    An exit with ``DEPENDENCY_WAIT_STATUS`` is no failure: such exits make a row of their
+    own, backed off the same way, which is never given up on.
     """
 
     first_delay_s: float = 1.0
@@ -425,6 +438,12 @@ class Death:
     """Automatic restarts are off for this unit."""
     start_failed: bool = False
     """The watchdog's restart itself failed (``how`` says why)."""
+    waiting: bool = False
+    """It exited with ``DEPENDENCY_WAIT_STATUS``: a dependency is unavailable; no crash."""
+    waits: int = 0
+    """Such exits in a row, this one included."""
+    show_tail: bool = True
+    """Whether its report carries the log's tail (else one line with the last line)."""
     stable_after_s: float = 0.0
     at: float = field(default_factory=time.time)
 
@@ -435,6 +454,19 @@ class Death:
     @property
     def summary(self) -> str:
         """One line: who, how, after how long, and what happens next."""
+        if self.waiting:
+            lines = [line.strip() for line in self.log_tail.splitlines() if line.strip()]
+            said = f"; its log: {lines[-1][:300]}" if lines else ""
+            text = (
+                f"{self.name} cannot start yet, a dependency is unavailable ({self.how}, "
+                f"after {self.uptime_s:.1f} s){said}"
+            )
+            if self.restarts_off:
+                return f"{text}; automatic restarts are off for it, it stays down"
+            return (
+                f"{text}; waiting for it: starting it again in {self.restart_in_s:g} s "
+                f"({self.waits} in a row)"
+            )
         if self.start_failed:
             text = f"{self.name} could not be started again: {self.how}"
         else:
@@ -452,6 +484,8 @@ class Death:
         return f"{text}; {loop}restarting it in {self.restart_in_s:g} s"
 
     def __str__(self) -> str:
+        if not self.show_tail:
+            return self.summary
         where = self.log_path if self.log_path is not None else "its log"
         tail = self.log_tail.rstrip() or "(empty)"
         return f"{self.summary}\n--- last lines of {where} ---\n{tail}\n---"
@@ -468,6 +502,7 @@ class _Unit:
     up_since: float
     held: bool = False
     failures: int = 0
+    waits: int = 0  # exits with DEPENDENCY_WAIT_STATUS in a row
     down: Death | None = None  # the death it has not come back from yet
     restart_at: float | None = None
     restarted_at: float | None = None  # restarted, not yet seen ready
@@ -653,11 +688,23 @@ class Watchdog:
     ) -> Death:
         now = self._clock()
         uptime = max(0.0, now - unit.up_since)
-        unit.failures = unit.failures + 1 if uptime < self.policy.stable_after_s else 1
+        stable = uptime >= self.policy.stable_after_s
+        # A dependency away (PostgreSQL, the object store) is waited out, however long: it
+        # is no failure of the unit's own, so it never counts toward giving up.
+        waiting = returncode == DEPENDENCY_WAIT_STATUS and not start_failed
+        if waiting:
+            unit.waits = 1 if stable else unit.waits + 1
+            if stable:
+                unit.failures = 0
+        else:
+            unit.waits = 0
+            unit.failures = 1 if stable else unit.failures + 1
         delay: float | None = None
         gave_up = restarts_off = False
         if not unit.auto_restart:
             restarts_off = True
+        elif waiting:
+            delay = self.policy.delay_s(unit.waits)
         elif unit.failures >= self.policy.max_failures:
             gave_up = True
         else:
@@ -677,6 +724,9 @@ class Watchdog:
             gave_up=gave_up,
             restarts_off=restarts_off,
             start_failed=start_failed,
+            waiting=waiting,
+            waits=unit.waits,
+            show_tail=not waiting or unit.waits == 1 or unit.waits % WAIT_TAIL_EVERY == 0,
             stable_after_s=self.policy.stable_after_s,
         )
         unit.down = death

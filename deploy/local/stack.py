@@ -39,7 +39,10 @@ Every unexpected exit is reported through ``report`` (default: ``progress``) wit
 name, the exit status or signal and the last lines of its log, and kept in ``deaths``;
 the process is then started again after a back-off (``restart_policy``: 1 s doubling to
 30 s; the count resets once it stays up 30 s; from the second failure in a row the report
-says "crash loop", and the fifth leaves the process down, saying so). NATS and PostgreSQL come back on the same port
+says "crash loop", and the fifth leaves the process down, saying so). A service that exits
+with status 75 (it could not start only because PostgreSQL or the object store is away) is
+no crash: it is started again with that back-off for as long as it takes, each exit
+reported in one line saying why. NATS and PostgreSQL come back on the same port
 (socket) with the same data folder, a service on the same port with the same
 environment, the S3 endpoint on the same port (empty: moto keeps buckets in memory; the
 bucket is created again). ``check_alive`` raises when a process is down for good (a

@@ -596,6 +596,9 @@ env_dir = os.environ["FAKE_ENV_DIR"]
 if os.environ.get("FAKE_FAIL") == kind or os.path.exists(os.path.join(env_dir, f"fail-{kind}")):
     print(f"{kind}: cannot start: broken on purpose", flush=True)
     sys.exit(2)
+if os.path.exists(os.path.join(env_dir, f"away-{kind}")):
+    print(f"{kind}: cannot start: PostgreSQL (TRAINYARD_DATABASE_URL): away", flush=True)
+    sys.exit(75)
 port = int(os.environ[f"TRAINYARD_{kind.upper()}_PORT"])
 with open(os.path.join(env_dir, f"{kind}-{port}.json"), "w") as f:
     json.dump({k: v for k, v in os.environ.items() if k.startswith(("TRAINYARD_", "FAKE_"))}, f)
@@ -785,6 +788,37 @@ def test_stack_chaos_controls(work_dir: Path) -> None:
         _wait_for(lambda: len(_deaths_of(stack, "billing")) == 2, what="the second death")
         with pytest.raises(KeyError, match="no process named 'nope'"):
             stack.kill("nope")
+
+
+def test_stack_waits_out_a_dependency_a_service_cannot_start_without(work_dir: Path) -> None:
+    """A service that cannot start because PostgreSQL is away (exit status 75) was a crash
+    loop, given up on after a few failed starts: it stayed down after PostgreSQL came
+    back. It is started again for as long as it takes, saying why, and comes up by itself."""
+    reports: list[str] = []
+    with _fake_stack(work_dir, restart_policy=FAST_RESTARTS, report=reports.append) as stack:
+        away = work_dir / "env" / "away-billing"
+        away.touch()  # every start from now on finds its dependency away
+        stack.kill("billing")
+        many = FAST_RESTARTS.max_failures + 3
+        _wait_for(
+            lambda: sum(d.waiting for d in _deaths_of(stack, "billing")) >= many,
+            what="the waits",
+        )
+        deaths = _deaths_of(stack, "billing")
+        assert not any(d.gave_up for d in deaths)
+        assert deaths[1].summary.startswith(
+            "billing cannot start yet, a dependency is unavailable (exit status 75, after "
+        )
+        assert "its log: billing: cannot start: PostgreSQL (TRAINYARD_DATABASE_URL): away" in (
+            deaths[1].summary
+        )
+        stack.check_alive()  # waiting is not down for good
+        away.unlink()  # PostgreSQL is back
+        _wait_for(
+            lambda: http_ready(f"{stack.service_urls['billing']}/readyz"), what="billing's start"
+        )
+        stack.check_alive()
+    assert any(r.startswith("billing restarted") for r in reports)
 
 
 def test_stack_gives_up_on_a_crash_loop(work_dir: Path) -> None:

@@ -1,5 +1,6 @@
 """A service whose PostgreSQL or object store cannot be reached or used at start says so in
-one line naming the setting, and exits with status 1: no traceback, no secret."""
+one line naming the setting, and exits with status 75 when it was an outage (a supervisor
+starts it again until it is over) or 1 when it can never work: no traceback, no secret."""
 
 from __future__ import annotations
 
@@ -35,16 +36,18 @@ def billing_settings(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(
-    ("url", "reason"),
+    ("url", "reason", "exit_status"),
     [
-        # Port 1 on loopback: nothing listens, the connection is refused at once.
-        ("postgresql://trainyard:pg-secret-pw@127.0.0.1:1/trainyard", "Connect call failed"),
-        ("mysql://trainyard:pg-secret-pw@db/trainyard", "invalid DSN"),
+        # Port 1 on loopback: nothing listens, the connection is refused at once. An outage:
+        # the same start may work later (EX_TEMPFAIL).
+        ("postgresql://trainyard:pg-secret-pw@127.0.0.1:1/trainyard", "Connect call failed", 75),
+        ("mysql://trainyard:pg-secret-pw@db/trainyard", "invalid DSN", 1),
     ],
 )
 def test_postgresql_unusable_at_start_is_one_line_naming_the_setting(
     url: str,
     reason: str,
+    exit_status: int,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -52,7 +55,7 @@ def test_postgresql_unusable_at_start_is_one_line_naming_the_setting(
 
     status = serve_from_command_line("billing", "test", Settings, serve, [])
 
-    assert status == 1
+    assert status == exit_status
     err = capsys.readouterr().err
     [line] = [line for line in err.splitlines() if "cannot start" in line]
     assert "PostgreSQL (TRAINYARD_DATABASE_URL)" in line
