@@ -346,7 +346,7 @@ _COMPOSE_HEADER = """\
 # requires (deploy/README.md, "NATS users"). Only the scheduler may create or change the
 # streams; the other services wait at start until they exist. Another runner node needs a
 # user of its own: runner-<node id>, with that node id in its heartbeat, grant and
-# revocation subjects and in its consumer's name and filter.
+# revocation subjects and in its consumer's name, filter and tallies (attempts.<consumer>.>).
 #
 # JSON, but for the unquoted $VARIABLE references.
 """
