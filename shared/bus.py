@@ -1406,6 +1406,12 @@ class Bus:
             )
         except NotFoundError:
             return Tally()
+        except nats.errors.NoRespondersError:
+            # Nothing answers a direct get of a stream that is not there (NATS lost its
+            # store, or it was deleted): made again here where this bus may, waited for as
+            # an outage elsewhere (``StreamMissingError``); tried again either way.
+            await self._restore_streams()
+            raise
         return Tally.from_json(raw.data, _msg_id(msg), raw.seq or 0)
 
     async def _record(
@@ -1433,6 +1439,9 @@ class Bus:
                     timeout=self._settings.publish_timeout_seconds,
                     headers={EXPECTED_LAST_HEADER: str(tally.revision)},
                 )
+            except nats.js.errors.NoStreamResponseError:
+                await self._restore_streams()  # as in ``_read_tally``
+                raise
             except nats.js.errors.APIError as exc:
                 if exc.err_code != WRONG_LAST_SEQUENCE_ERR_CODE or attempt == RECORD_TRIES - 1:
                     raise

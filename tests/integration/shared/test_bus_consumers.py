@@ -1083,3 +1083,30 @@ async def test_an_event_that_keeps_failing_is_dead_lettered_at_its_last_real_fai
         assert letter.headers is not None
         assert letter.headers[REASON_HEADER] == "failed 3 times: ValueError: no such flavor"
         assert letter.headers[bus_module.DELIVERIES_HEADER] == "8"  # JetStream's own count
+
+
+async def test_a_lost_attempts_stream_is_made_again_and_the_tally_goes_on(
+    own_settings: NatsSettings,
+) -> None:
+    """Only the attempts stream is gone (deleted by hand): a bus that makes the streams
+    makes it again when a failure is to be recorded or a tally read, instead of waiting
+    for ever as for NATS away; the event is retried and applied."""
+    consumer = "tally-lost"
+    tries: list[str] = []
+    stop = asyncio.Event()
+
+    async with Bus.connect(own_settings, consumer) as bus:
+
+        async def handle(envelope: Envelope[Payload]) -> None:
+            tries.append(envelope.subject)
+            if len(tries) == 1:
+                await lose_stream(bus.jetstream, own_settings.attempts_stream)
+                raise ValueError("the first try fails")
+            stop.set()
+
+        await bus.publish(event("again"))
+        async with asyncio.timeout(20):
+            await bus.consume(consumer, [SUBJECT], handle, stop)
+        assert tries == ["again", "again"]
+        info = await bus.jetstream.stream_info(own_settings.attempts_stream)
+        assert info.state.messages == 1  # the first failure, recorded after it was made again
