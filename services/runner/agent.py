@@ -27,9 +27,18 @@ Contract:
   supervision task that fails is logged at once with the job's id (``background``).
   A grant that cannot run here ends at once with ``job.failed``: ``user_error`` naming the
   field when its spec is at fault (a malformed entrypoint, both or neither of entrypoint and
-  command), ``platform_error`` when this node is (GPU indices it lacks, no container
-  executor, its interpreter broken, every slot taken). A grant arriving while the runner shuts down raises, so it stays
+  command), ``platform_error`` when this node is (GPU indices it lacks, its interpreter
+  broken, every slot taken) or when it asks for what this node does not offer (a container
+  image). A grant arriving while the runner shuts down raises, so it stays
   unacknowledged and goes to the next runner of this node.
+- Every ``job.failed`` of a job that could not start says whether this node itself is at
+  fault (``JobFailed.node_fault``, ``sandbox.counts_against_node``): only then does the
+  scheduler count it towards the node's cordon. The node's own failures (``NodeFault``: its
+  GPUs, disk, sandbox, cgroups, interpreter, its credentials to the store) are, and so is an
+  error of this node's own storage or descriptors (``node_faults``: a full disk);
+  a ``platform_error`` that follows the job's own input (its git host or server, a
+  ``command`` not on the node's ``PATH``, its requirements' install, its bundle's contents)
+  and any error the runner did not classify are not: a tenant's jobs cannot cordon a node.
 - ``on_revoked`` (same allocation id *and* epoch) stops the job: SIGTERM, then SIGKILL after
   the revocation's grace; the outcome is ``job.preempted`` with the revocation's reason
   (``cancelled`` too). A revocation of an allocation this node never ran ends it with
@@ -94,9 +103,11 @@ from trainyard_platform.services.runner.ledger import Ledger, LedgerEntry, safe_
 from trainyard_platform.services.runner.node_faults import node_fault
 from trainyard_platform.services.runner.publishing import JobEvents, publish_until_sent
 from trainyard_platform.services.runner.sandbox import (
+    NodeFault,
     PlatformError,
     ProcessGroupRecord,
     can_switch_users,
+    counts_against_node,
     failure_kind,
     job_user,
     kill_leftovers,
@@ -333,7 +344,10 @@ class NodeAgent:
             if fault is None:
                 log.exception("recording allocation %s failed", job.allocation_id)
             reason = f"could not be prepared on this node: {fault or error_text(exc)}"
-            await self._failed_to_start(job, reason, events, trace_headers, failure_kind(exc))
+            # Its own ledger: whatever failed, it is this node's.
+            await self._failed_to_start(
+                job, reason, events, trace_headers, failure_kind(exc), node_fault=True
+            )
             return None
         return _Accepted(grant, job, events, trace_headers, parent)
 
@@ -373,13 +387,17 @@ class NodeAgent:
             return None
         problem = launch.cannot_run(grant, self.gpus)
         if problem is None and self._interpreter_problem is not None:
-            problem = PlatformError(self._interpreter_problem)
+            problem = NodeFault(self._interpreter_problem)
         slot = self._free_slot()
         if problem is not None or slot is None:
-            problem = problem or PlatformError(f"this node runs {JOB_SLOTS} jobs already")
+            problem = problem or NodeFault(f"this node runs {JOB_SLOTS} jobs already")
             log.error("allocation %s cannot run here: %s", grant.allocation_id, problem)
             payload = domain.failed_to_start(
-                job, str(problem), datetime.now(UTC), failure_kind(problem)
+                job,
+                str(problem),
+                datetime.now(UTC),
+                failure_kind(problem),
+                node_fault=counts_against_node(problem),
             )
             await end_allocation(job, payload, events, self._ledger, trace_headers)
             return None
@@ -406,7 +424,14 @@ class NodeAgent:
         except Exception as exc:  # PlatformError, or anything else: it cannot start
             if not isinstance(exc, PlatformError):
                 log.exception("preparing allocation %s failed", job.allocation_id)
-            await self._failed_to_start(job, str(exc), events, trace_headers, failure_kind(exc))
+            await self._failed_to_start(
+                job,
+                str(exc),
+                events,
+                trace_headers,
+                failure_kind(exc),
+                counts_against_node(exc),
+            )
             return None
 
     async def _fetch(
@@ -460,7 +485,12 @@ class NodeAgent:
                     else f"could not be prepared on this node: {fault or error_text(exc)}"
                 )
                 await self._failed_to_start(
-                    job, reason, accepted.events, accepted.trace_headers, failure_kind(exc)
+                    job,
+                    reason,
+                    accepted.events,
+                    accepted.trace_headers,
+                    failure_kind(exc),
+                    counts_against_node(exc),
                 )
                 return None
             outages.OBJECT_STORE.answered()
@@ -555,12 +585,16 @@ class NodeAgent:
         reason: str,
         events: JobEvents,
         trace_headers: dict[str, str],
-        kind: FailureKind = "platform_error",
+        kind: FailureKind,
+        node_fault: bool,
     ) -> None:
         """End an allocation whose job could not start, as ``kind`` (``failure_kind``: the
-        job's own input is ``user_error``, anything else ``platform_error``)."""
+        job's own input is ``user_error``, anything else ``platform_error``), ``node_fault``
+        when this node itself is at fault (``counts_against_node``)."""
         log.error("allocation %s could not start: %s", job.allocation_id, reason)
-        payload = domain.failed_to_start(job, reason, datetime.now(UTC), kind)
+        payload = domain.failed_to_start(
+            job, reason, datetime.now(UTC), kind, node_fault=node_fault
+        )
         try:
             await end_allocation(job, payload, events, self._ledger, trace_headers)
         finally:
@@ -608,13 +642,18 @@ class NodeAgent:
         try:
             await run.start(prepared.argv, env=prepared.env)
         except Exception as exc:  # whatever stops the spawn, the allocation must still end
-            problem = launch.spawn_problem(grant.spec, prepared.argv, exc)
+            # The program the job's command names, when that is what could not run; else
+            # the spawn itself failed on this node.
+            problem = launch.spawn_problem(grant.spec, prepared.argv, exc) or NodeFault(
+                f"could not start: {exc}"
+            )
             await self._failed_to_start(
                 job,
-                str(problem) if problem is not None else f"could not start: {exc}",
+                str(problem),
                 events,
                 trace_headers,
-                failure_kind(problem) if problem is not None else "platform_error",
+                failure_kind(problem),
+                counts_against_node(problem),
             )
             return
         self._runs[job.allocation_id] = run

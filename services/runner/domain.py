@@ -298,6 +298,9 @@ class Outcome:
     exit_code: int | None
     failure_kind: FailureKind | None = None
     """How a failed attempt failed (None unless ``kind`` is failed)."""
+    node_fault: bool = False
+    """This node itself failed the attempt (``JobFailed.node_fault``: it counts towards
+    the node's cordon)."""
 
 
 _OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "MemoryError", "Killed: out of memory")
@@ -351,7 +354,7 @@ def decide_outcome(
     """How a job that exited with ``exit_code`` ended, given why the runner stopped it.
 
     - Killed by the runner for its own failure (``platform``): failed as
-      ``platform_error``, whatever the exit status.
+      ``platform_error``, whatever the exit status, this node's own fault (``node_fault``).
     - Over its max runtime: failed, whatever the exit status.
     - Over a limit of the node's (``over_limit``: its disk use): failed as ``user_error``,
       whatever the exit status.
@@ -372,7 +375,7 @@ def decide_outcome(
       classified and recorded, the reason naming its rank and torchrun's own exit.
     """
     if stop is not None and stop.kind == "platform":
-        return Outcome("failed", stop.reason, exit_code, "platform_error")
+        return Outcome("failed", stop.reason, exit_code, "platform_error", node_fault=True)
     if stop is not None and stop.kind == "max_runtime":
         return Outcome("failed", stop.reason, exit_code, "max_runtime")
     if stop is not None and stop.kind == "over_limit":
@@ -538,19 +541,28 @@ def terminal_event(
                 log_tail=results.log_tail,
                 failure_kind=outcome.failure_kind or "user_error",
                 metrics=publishable_metrics(results.last_metrics),
+                node_fault=outcome.node_fault,
             )
     raise AssertionError(f"unknown outcome {outcome.kind!r}")  # pragma: no cover
 
 
 def failed_to_start(
-    job: JobIdentity, reason: str, now: datetime, failure_kind: FailureKind = "platform_error"
+    job: JobIdentity,
+    reason: str,
+    now: datetime,
+    failure_kind: FailureKind = "platform_error",
+    *,
+    node_fault: bool = False,
 ) -> JobFailed:
     """The terminal event of an allocation whose job never ran: a platform error (the code,
     environment or process could not be had; the scheduler retries it on its own budget),
     or ``user_error`` when the job's own input is at fault (``sandbox.JobInputError``:
-    requirements, repository, commit or bundle), which it does not."""
+    requirements, repository, commit or bundle), which it does not. ``node_fault``: this
+    node itself is at fault (``sandbox.counts_against_node``), which alone counts towards
+    its cordon."""
     return JobFailed(
         failure_kind=failure_kind,
+        node_fault=node_fault,
         job_id=job.job_id,
         allocation_id=job.allocation_id,
         node_id=job.node_id,

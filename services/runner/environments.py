@@ -154,7 +154,16 @@ class EnvironmentBuildError(RuntimeError):
     lines of output (the runner reports it as a ``platform_error``)."""
 
 
-class RequirementsError(EnvironmentBuildError):
+class InstallError(EnvironmentBuildError):
+    """Installing (or compiling) the job's requirements failed, for a reason the installer's
+    output does not pin on them: the index or a download failed or ran out of time, the
+    wheels did not fit on the disk, a package brought a provided one along. What is
+    installed is the tenant's choice (a requirement may name any URL, any size), so the
+    runner reports it as a ``platform_error`` that is retried but never held against the
+    node; a failure of the build's other steps (the venv, the base's probe) is the node's."""
+
+
+class RequirementsError(InstallError):
     """The job's requirements cannot be met, whatever the platform does: a package or
     version the index does not have, no wheel for this platform, requirements that
     conflict (with each other or with the base layer's provided packages). The job's own
@@ -539,7 +548,7 @@ class EnvironmentCache:
                 ) from None
         second = [p for p in installed_packages([str(purelib)]) if p.split("==")[0] in pins]
         if second:
-            raise EnvironmentBuildError(
+            raise InstallError(
                 f"the installer put {', '.join(second)} into the job's environment although "
                 "the base layer provides it"
             )
@@ -548,12 +557,25 @@ class EnvironmentCache:
         """Bytecode for the installed packages (job users cannot write it), by the venv's
         own interpreter without ``site`` (``-S``: no ``.pth`` of a package runs)."""
         python = str(target / "bin" / "python")
-        self._run([python, "-I", "-S", "-m", "compileall", "-q", str(purelib)], "compiling")
+        # The files compiled are the job's packages' (one that is no valid Python fails it).
+        argv = [python, "-I", "-S", "-m", "compileall", "-q", str(purelib)]
+        self._run(argv, "compiling", failed_as=InstallError)
 
-    def _run(self, argv: list[str], what: str, *, installing: bool = False) -> str:
-        """``argv``'s output; raises :class:`EnvironmentBuildError` when it fails, a
-        :class:`RequirementsError` when ``installing`` and the output blames the
-        requirements."""
+    def _run(
+        self,
+        argv: list[str],
+        what: str,
+        *,
+        installing: bool = False,
+        failed_as: type[EnvironmentBuildError] = EnvironmentBuildError,
+    ) -> str:
+        """``argv``'s output; raises ``failed_as`` when it fails or runs out of time (an
+        :class:`InstallError` while ``installing``), a :class:`RequirementsError` when
+        ``installing`` and the output blames the requirements, and
+        :class:`EnvironmentBuildError` when it cannot be started at all (this node's
+        installer or interpreter missing)."""
+        if installing:
+            failed_as = InstallError
         env = installer_environment(os.environ)
         env.update(NO_COLOR="1", UV_NO_PROGRESS="1", PIP_NO_INPUT="1")
         env.update(self.installer_env)
@@ -572,7 +594,7 @@ class EnvironmentCache:
                 check=False,
             )
         except subprocess.TimeoutExpired as exc:
-            raise EnvironmentBuildError(
+            raise failed_as(
                 f"{what} timed out after {self.timeout:.0f} s{_tail(_text(exc.output))}"
             ) from None
         except OSError as exc:
@@ -581,7 +603,7 @@ class EnvironmentCache:
             error = (
                 RequirementsError
                 if installing and requirements_at_fault(done.stdout)
-                else EnvironmentBuildError
+                else failed_as
             )
             raise error(f"{what} failed (exit status {done.returncode}){_tail(done.stdout)}")
         return done.stdout

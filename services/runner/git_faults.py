@@ -13,6 +13,14 @@ resolve host", ssh's "Name or service not known") a mistyped host and a node who
 cannot reach the internet answer the same, NXDOMAIN included (a node with filtered DNS says
 "Name or service not known" of every public name), so calling it the job's fault would
 fail good jobs for good on such a node. Its reason says both readings.
+
+None of what follows the repository is held against the node (``node``: the node's cordon,
+``sandbox.NodeFault``): the repository, its host and its server are the tenant's choice, a
+hostile server says on git's stderr whatever it likes ("remote: No space left on device"
+included), and its size fills the disk it is checked out on. So a failure of ``git fetch``,
+``checkout`` or ``rev-parse``, or a fetch that runs out of time, is retried as the
+platform's but never counts towards a cordon, whatever git said. Only what no repository
+can cause is the node's: ``git init`` failing, or git that cannot be started at all.
 """
 
 from __future__ import annotations
@@ -29,6 +37,9 @@ class GitFault:
     """What happened, in a few words."""
     job_input: bool
     """True when the job's own spec is at fault (``user_error``)."""
+    node: bool = False
+    """True when this node itself is at fault whatever the repository (counted towards its
+    cordon); never together with ``job_input``."""
 
     def reason(self, detail: str) -> str:
         """``<field>: <what>; <detail>`` (``detail``: the command and git's own words)."""
@@ -80,7 +91,8 @@ _FAULTS: tuple[tuple[re.Pattern[str], str, str, bool], ...] = tuple(
         (
             r"no space left on device|disk quota exceeded|read-only file system",
             REPOSITORY,
-            "this node's disk could not hold the checkout",
+            "the checkout did not fit on this node's disk (the repository's size, or the "
+            "disk full)",
             False,
         ),
         (
@@ -111,18 +123,23 @@ def git_fault(command: str, stderr: str) -> GitFault:
     """The fault of a git ``command`` (``init``, ``fetch``, ``checkout``, ``rev-parse``)
     that failed saying ``stderr``: the first rule that matches, else the field the command
     works on (the repository for ``init`` and ``fetch``, the commit after) and the
-    platform's."""
+    platform's. Only ``init`` is the node's (``GitFault.node``): it runs before anything of
+    the repository is fetched."""
+    if command == "init":
+        return GitFault(REPOSITORY, "git init failed on this node", False, node=True)
     for pattern, field, what, job_input in _FAULTS:
         if pattern.search(stderr):
             return GitFault(field, what, job_input)
-    if command in ("init", "fetch"):
+    if command == "fetch":
         return GitFault(REPOSITORY, f"git {command} failed on this node", False)
     return GitFault(COMMIT, f"git {command} of the fetched commit failed on this node", False)
 
 
-def git_not_run(command: str, problem: str) -> GitFault:
+def git_not_run(command: str, problem: str, *, timed_out: bool = False) -> GitFault:
     """The fault of a git ``command`` that could not be run or did not finish
-    (``problem``: the ``OSError`` or the timeout): the platform's."""
+    (``problem``: the ``OSError`` or the timeout): the platform's; the node's
+    (``GitFault.node``) unless it ran out of time after ``init``, which the repository's
+    size or a server that answers slowly makes it do."""
     field = REPOSITORY if command in ("init", "fetch") else COMMIT
     what = f"git {command} could not run to its end on this node ({problem})"
-    return GitFault(field, what, False)
+    return GitFault(field, what, False, node=command == "init" or not timed_out)

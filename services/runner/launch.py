@@ -23,7 +23,8 @@ here, or a gang of nodes): ``--standalone`` on one node, else a static rendezvou
 0's node (``gang[0].address``) on ``rendezvous_port``, with this node's ``--node_rank``.
 
 Two steps, both blocking (run them in a thread), both raising ``PlatformError`` when the job
-cannot be started: ``fetch`` takes what comes from the object store (the sandbox, with the
+cannot be started (a ``NodeFault`` when this node itself failed, which alone counts towards
+its cordon; a ``JobInputError`` when the job's spec is surely at fault): ``fetch`` takes what comes from the object store (the sandbox, with the
 attempt's cgroup and its memory limit where the node has cgroups, the code, the checkpoint
 to resume from; an unreachable store raises as it is, and the agent's launch waits it
 out and fetches again), ``prepare`` the rest (the environment, built in minutes maybe, and the job's
@@ -54,11 +55,13 @@ from trainyard_platform.services.runner.environments import (
     EnvironmentBuildError,
     EnvironmentCache,
     EnvironmentLease,
+    InstallError,
     JobEnvironment,
     RequirementsError,
 )
 from trainyard_platform.services.runner.gpus import GpuInventory
 from trainyard_platform.services.runner.ledger import safe_file_name
+from trainyard_platform.services.runner.node_faults import node_fault
 from trainyard_platform.services.runner.provenance import (
     ENTRYPOINT_PATTERN,
     capture_environment,
@@ -69,6 +72,7 @@ from trainyard_platform.services.runner.sandbox import (
     AsJob,
     JobInputError,
     JobUser,
+    NodeFault,
     PlatformError,
     Sandbox,
     create_sandbox,
@@ -77,6 +81,7 @@ from trainyard_platform.services.runner.sandbox import (
     remove_leftovers_of,
 )
 from trainyard_platform.services.runner.sandbox import hand_over as hand_over_sandbox
+from trainyard_platform.shared.bus import infrastructure_fault
 from trainyard_platform.shared.control import JobRuntimeEnv
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
@@ -119,8 +124,10 @@ class Prepared:
 
 def cannot_run(grant: AllocationGranted, gpus: GpuInventory) -> PlatformError | None:
     """Why ``grant`` can never run on this node, or None: a ``JobInputError`` naming the
-    spec field when its spec is at fault (it would fail the same way anywhere), else a
-    ``PlatformError`` (this node cannot run it: no container executor, GPUs it lacks)."""
+    spec field when its spec is at fault (it would fail the same way anywhere), a
+    ``PlatformError`` when it asks for what this node does not offer (a container image: no
+    executor; not held against the node, as the job chose it), a ``NodeFault`` for GPU
+    indices the node lacks (its GPUs went away since it said it had them)."""
     spec = grant.spec
     if spec.command:
         if spec.entrypoint:
@@ -134,27 +141,38 @@ def cannot_run(grant: AllocationGranted, gpus: GpuInventory) -> PlatformError | 
     if spec.image is not None:
         return PlatformError("this runner has no container executor configured for image jobs")
     invalid = gpus.invalid_indices(grant.gpu_indices)
-    return PlatformError(invalid) if invalid is not None else None
+    return NodeFault(invalid) if invalid is not None else None
 
 
-def spawn_problem(spec: JobSpec, argv: list[str], exc: BaseException) -> JobInputError | None:
-    """A ``JobInputError`` naming ``spec.command`` when the spawn of ``argv`` failed (``exc``)
-    because the program it runs is a file of the job's own code (a relative path with a
-    ``/``: ``./train.sh``, ``scripts/run.sh``) that cannot be executed: missing, not
-    executable, its ``#!`` interpreter missing. The same code fails so on every node. None
-    otherwise: a bare name is looked up on the node's ``PATH`` and an absolute path is the
-    node's, which a node may lack where another has it, and an entrypoint's interpreter is
-    the platform's."""
+def spawn_problem(spec: JobSpec, argv: list[str], exc: BaseException) -> PlatformError | None:
+    """What the failed spawn of ``argv`` (``exc``) says of the job's ``spec.command``, when
+    the program it runs is the one the command names and that program could not be run:
+
+    - a ``JobInputError`` when it is a file of the job's own code (a relative path with a
+      ``/``: ``./train.sh``, ``scripts/run.sh``) that cannot be executed (missing, not
+      executable, its ``#!`` interpreter missing): the same code fails so on every node;
+    - a ``PlatformError`` naming the field (retried, never held against the node) when it
+      is a bare name looked up on the node's ``PATH`` or an absolute path: a node may lack
+      what another has, but which program to run is the tenant's choice, and a name no node
+      has must not take nodes out of service.
+
+    None otherwise (the spawn itself failed: this node's fault), an entrypoint's interpreter
+    included, which is the platform's."""
     program = spec.command[0] if spec.command else None
     if (
         program is None
         or not isinstance(exc, OSError)
         or argv[:1] != [program]
         or exc.filename != program
-        or program.startswith("/")
-        or "/" not in program
     ):
         return None
+    if program.startswith("/") or "/" not in program:
+        where = "an absolute path" if program.startswith("/") else f"looked up on PATH {JOB_PATH}"
+        return PlatformError(
+            f"spec.command: {program!r} cannot be run on this node: {exc.strerror} ({where}, "
+            "after the job environment's bin; a program the node lacks is retried, maybe on "
+            "another node)"
+        )
     hint = {
         errno.EACCES: " (make it executable, chmod +x, or run it with its interpreter: "
         f'["sh", "{program}"])',
@@ -181,19 +199,36 @@ def fetch(
     """A fresh sandbox for ``grant`` run as ``user``, in a cgroup of its own when the node
     has ``cgroups`` (``job_cgroup``; this node has ``node_gpus`` GPUs), with the job's code
     and the newest checkpoint it resumes from."""
-    if user.uid is not None:
-        # The slot's uid starts clean, however its last job ended (one whose start failed
-        # after its interpreter was probed as this uid included).
-        uid = range(user.uid, user.uid + 1)
-        kill_leftovers(uid, [])
-        remove_leftovers_of(uid)
-    cgroup = job_cgroup(grant, settings, cgroups, node_gpus)
-    box = create_sandbox(settings.sandboxes_dir, sandbox_name(grant.allocation_id), user, cgroup)
+    try:
+        if user.uid is not None:
+            # The slot's uid starts clean, however its last job ended (one whose start
+            # failed after its interpreter was probed as this uid included).
+            uid = range(user.uid, user.uid + 1)
+            kill_leftovers(uid, [])
+            remove_leftovers_of(uid)
+        cgroup = job_cgroup(grant, settings, cgroups, node_gpus)
+        box = create_sandbox(
+            settings.sandboxes_dir, sandbox_name(grant.allocation_id), user, cgroup
+        )
+    except PlatformError:
+        raise
+    except Exception as exc:  # nothing of the job's is used yet: this node's own failure
+        if node_fault(exc) is not None:
+            raise  # said as the node's disk or files (``node_faults``), which counts too
+        raise NodeFault(f"could not make the job's sandbox on this node: {exc}") from exc
+    # What the job asked for: its failures say whose fault they are (``sandbox``).
     code_id = fetch_code(grant.spec, store, box, settings.job_max_processes)
-    resumed_from = checkpoints.stage_resume(
-        open_store(store.uri_for(checkpoints.job_prefix(grant.job_id)), settings.storage),
-        box.checkpoints,
-    )
+    try:
+        resumed_from = checkpoints.stage_resume(
+            open_store(store.uri_for(checkpoints.job_prefix(grant.job_id)), settings.storage),
+            box.checkpoints,
+        )
+    except Exception as exc:
+        if infrastructure_fault(exc) is not None:
+            raise  # the store away: the grant comes again
+        # A checkpoint that is unusable is skipped (``stage_resume``): what is left is the
+        # store refusing this node (its credentials) or this node's disk.
+        raise NodeFault(f"could not fetch the job's checkpoint to resume from: {exc}") from exc
     return Fetched(box, code_id, resumed_from)
 
 
@@ -233,7 +268,7 @@ def job_cgroup(
             grant.gpu_indices,
         )
     except OSError as exc:
-        raise PlatformError(f"could not create the job's cgroup: {exc}") from exc
+        raise NodeFault(f"could not create the job's cgroup: {exc}") from exc
     log.info(
         "job %s: memory limit %s",
         grant.job_id,
@@ -268,8 +303,12 @@ def prepare(
         raise RequirementsUnmet(
             f"spec.requirements: could not build the job's environment: {exc}"
         ) from exc
+    except InstallError as exc:  # what the requirements are is the tenant's choice
+        raise PlatformError(
+            f"spec.requirements: could not install the job's requirements: {exc}"
+        ) from exc
     except EnvironmentBuildError as exc:
-        raise PlatformError(f"could not build the job's environment: {exc}") from exc
+        raise NodeFault(f"could not build the job's environment: {exc}") from exc
     try:
         return _prepared(grant, settings, gpus, fetched, lease, trace_headers)
     except BaseException:

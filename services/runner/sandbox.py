@@ -66,6 +66,7 @@ from trainyard_platform.services.runner.git_faults import (
     git_fault,
     git_not_run,
 )
+from trainyard_platform.services.runner.node_faults import NODE_ERRNOS, node_fault
 from trainyard_platform.shared.bundle_archive import (
     MAX_BUNDLE_MEMBERS,
     MAX_UNPACKED_BYTES,
@@ -84,7 +85,16 @@ class PlatformError(RuntimeError):
     """The job could not be started through no fault of its running code (code not
     fetched or verified, environment not built, process not spawned): it fails as
     ``platform_error``, which the scheduler retries (on a budget apart from the job's
-    ``max_restarts``), unless it is a ``JobInputError``."""
+    ``max_restarts``), unless it is a ``JobInputError``. A plain one is never held against
+    the node (``counts_against_node``): it follows what the job asked for (its git host, its
+    command, its requirements), which a tenant chooses; only a ``NodeFault`` is."""
+
+
+class NodeFault(PlatformError):
+    """The job could not be started because this node itself failed, whatever the job
+    asked for: its GPUs, its disk, its interpreter or runtime, its cgroups, its own
+    credentials to the object store. A ``platform_error`` that counts towards the node's
+    automatic cordon (``JobFailed.node_fault``)."""
 
 
 class JobInputError(PlatformError):
@@ -99,6 +109,17 @@ def failure_kind(exc: BaseException) -> FailureKind:
     """How a job that could not start because of ``exc`` failed: ``user_error`` for its own
     input (``JobInputError``), else ``platform_error``."""
     return "user_error" if isinstance(exc, JobInputError) else "platform_error"
+
+
+def counts_against_node(exc: BaseException) -> bool:
+    """Whether a job that could not start because of ``exc`` counts towards this node's
+    cordon: a ``NodeFault``, or an error the runner did not classify whose cause is this
+    node's own storage or descriptors (``node_faults.node_fault``: a full or read-only
+    disk). Anything else is not: a ``PlatformError`` that is no ``NodeFault`` follows the
+    job's own input, and an error nobody classified may be one a tenant's input provoked."""
+    if isinstance(exc, PlatformError):
+        return isinstance(exc, NodeFault)
+    return node_fault(exc) is not None
 
 
 @dataclass(frozen=True)
@@ -448,6 +469,7 @@ def fetch_bundle(
         try:
             store.get_file(key, archive)
         except ObjectNotFound:
+            # Which object the job names is its own input: no node would find it either.
             raise PlatformError(
                 f"spec.code.sha256: code bundle {bundle.sha256[:12]} of team {team} is not "
                 "in the object store"
@@ -455,11 +477,13 @@ def fetch_bundle(
         except Exception as exc:
             if infrastructure_fault(exc) is not None:
                 raise  # the store away or not answering: the grant is tried again, not failed
-            raise PlatformError(
+            # The store refused this node (its credentials), or its disk failed.
+            raise NodeFault(
                 f"spec.code.sha256: could not fetch code bundle {bundle.sha256[:12]}: {exc}"
             ) from exc
         digest = file_sha256(archive)
         if digest != bundle.sha256:
+            # The object's bytes are the same on every node: not this node's fault.
             raise PlatformError(
                 f"spec.code.sha256: code bundle {bundle.sha256[:12]} failed verification: "
                 f"its sha256 is {digest}"
@@ -483,8 +507,11 @@ def fetch_bundle(
             raise JobInputError(
                 f"spec.code.sha256: code bundle {bundle.sha256[:12]} cannot be unpacked: {exc}"
             ) from exc
-        except OSError as exc:  # this node's disk (full, read-only): not the bundle's fault
-            raise PlatformError(
+        except OSError as exc:
+            # This node's disk (full, read-only) is not the bundle's fault, and counts
+            # against the node (the bundle's size is bounded); any other error (a name the
+            # file system refuses, a broken gzip stream) follows the bundle's contents.
+            raise (NodeFault if exc.errno in NODE_ERRNOS else PlatformError)(
                 f"spec.code.sha256: code bundle {bundle.sha256[:12]} could not be unpacked "
                 f"on this node: {exc}"
             ) from exc
@@ -530,13 +557,16 @@ def checkout_git(
                 f"{REPOSITORY}: git {args[0]} of {code.repository}: {exc}"
             ) from None
         except (OSError, subprocess.SubprocessError) as exc:  # a timeout, a failed preexec
-            fault = git_not_run(args[0], str(exc))
-            raise PlatformError(fault.reason(f"git {args[0]} of {code.repository}")) from None
+            timed_out = isinstance(exc, subprocess.TimeoutExpired)
+            fault = git_not_run(args[0], str(exc), timed_out=timed_out)
+            failed = fault.reason(f"git {args[0]} of {code.repository}")
+            raise (NodeFault if fault.node else PlatformError)(failed) from None
         if result.returncode != 0:
             stderr = result.stderr.decode(errors="replace").strip()
             fault = git_fault(args[0], stderr)
             failed = fault.reason(f"git {args[0]} of {code.repository} failed: {stderr[-500:]}")
-            raise (JobInputError if fault.job_input else PlatformError)(failed)
+            error = JobInputError if fault.job_input else NodeFault if fault.node else PlatformError
+            raise error(failed)
         return result.stdout.decode(errors="replace").strip()
 
     git("init", "-q")
@@ -544,9 +574,11 @@ def checkout_git(
     git("checkout", "-q", "FETCH_HEAD")
     head = git("rev-parse", "HEAD")
     if head != code.commit:
+        # What the repository serves under the commit's id (an annotated tag's id names
+        # no commit of its own): it follows the job's input, not held against the node.
         raise PlatformError(
             f"{COMMIT}: the checkout of {code.repository} on this node gave {head}, "
-            f"not {code.commit}"
+            f"not {code.commit} (is it the id of a tag rather than of a commit?)"
         )
 
 

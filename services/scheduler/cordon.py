@@ -9,10 +9,14 @@ Contract:
 - An operator cordons (``cordon``, with a reason) until an operator uncordons (``uncordon``,
   which also forgets the node's platform failures). The scheduler cordons a node itself when
   ``Tuning.cordon_after_platform_failures`` (K; 0: never) of its allocations in a row
-  ended in ``platform_error``, for ``Tuning.cordon_seconds`` (its ``cordoned_until``),
-  with the reason ``N platform failures in a row: <the last one's reason>``, and logs a
-  warning naming the node. A success on the node resets its count; other ends (a job's
-  own failure, a preemption, a cancel, a lost node) neither count nor reset. A further
+  ended in ``platform_error`` that its runner said was the node's own fault
+  (``JobFailed.node_fault``: its GPUs, disk, runtime, own credentials), for
+  ``Tuning.cordon_seconds`` (its ``cordoned_until``), with the reason ``N platform
+  failures in a row: <the last one's reason>``, and logs a warning naming the node. A
+  success on the node resets its count; other ends (a job's own failure, a platform
+  failure that follows the job's own input such as its git host or its command, a
+  preemption, a cancel, a lost node) neither count nor reset: what a tenant submits never
+  takes a node out of service. A further
   platform failure while it is cordoned so extends the period; an operator's cordon is
   never replaced by an automatic one (an operator's cordon replaces an automatic one).
 - ``lift_expired`` (the pass loop, before each pass) uncordons the nodes whose automatic

@@ -25,8 +25,10 @@ Contract:
   its ``failure_kind`` and, after a runner's report, its exit code and log tail. A requeued
   job backs off until ``jobs.eligible_at`` (``Tuning.restart_backoff_s``).
 - Each ending also tells the nodes' health (``cordon.record_ends``): a platform failure
-  counts against the node that reported it, a success resets the count of each of the
-  job's nodes; enough failures in a row cordon the node.
+  its runner says is the node's own (``JobFailed.node_fault``) counts against the node that
+  reported it, a success resets the count of each of the job's nodes; enough failures in a
+  row cordon the node. A platform failure that follows the job's own input neither counts
+  nor resets.
 The caller holds the scheduling lock and runs a pass afterwards.
 """
 
@@ -188,10 +190,12 @@ def _node_ends(
     failed: JobFailed | None,
 ) -> tuple[cordon.NodeEnd, ...]:
     """A success on each of the job's nodes, or a platform failure on the node whose runner
-    reported it (a gang's other members were only fenced); nothing for any other end."""
+    reported it as the node's own fault (``JobFailed.node_fault``; a gang's other members
+    were only fenced); nothing for any other end, a platform failure that follows the job's
+    own input included (its git host, its command: a tenant's jobs must not cordon nodes)."""
     if kind == "succeeded":
         return tuple((a.node_id, None) for a in allocations)
-    if decision.failure_kind != PLATFORM or failed is None:
+    if decision.failure_kind != PLATFORM or failed is None or not failed.node_fault:
         return ()
     node = next((a.node_id for a in allocations if a.allocation_id == reporter), failed.node_id)
     return ((node, failed.reason or PLATFORM),)

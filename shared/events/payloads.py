@@ -67,7 +67,7 @@ FailureKind = Literal[
 """How an attempt ended badly. ``user_error`` (non-zero exit) and ``node_lost`` use up one
 of the job's ``max_restarts``; ``platform_error`` means the job never ran its code (the
 bundle could not be fetched or verified, the environment not built, the process not
-started); ``rejected`` means the scheduler refused the job when it arrived, because it asks
+started; ``JobFailed.node_fault`` says whether the node itself was at fault); ``rejected`` means the scheduler refused the job when it arrived, because it asks
 for something this cluster's configuration can never give (an undefined priority class, more
 GPUs than its queue may ever hold, a gang no node size allows): it never held GPUs."""
 
@@ -435,6 +435,12 @@ class JobFailed(Payload):
     metrics: dict[str, float] = Field(default_factory=dict)
     """What the runner measured of the attempt, as ``JobSucceeded.metrics`` (e.g.
     ``gpu_utilization_mean``, ``data_wait_fraction_mean``); empty when it measured none."""
+    node_fault: bool = False
+    """The runner's word that a ``platform_error`` is this node's own fault (its GPUs, its
+    disk, its runtime, its own storage credentials): only such a failure counts towards the
+    node's automatic cordon. False for every other failure, and for a ``platform_error``
+    that follows the job's own input (its git host, its command, its requirements), which
+    is retried but never held against the node: a tenant's jobs cannot cordon nodes."""
 
 
 class JobPreempted(Payload):

@@ -24,6 +24,7 @@ from trainyard_platform.services.runner.environments import (
     STORE,
     EnvironmentBuildError,
     EnvironmentCache,
+    InstallError,
     JobEnvironment,
     RequirementsError,
     job_interpreter,
@@ -204,6 +205,8 @@ def test_an_unreachable_index_is_the_platforms_fault(
     with pytest.raises(EnvironmentBuildError) as caught:
         cache.resolve([TABULATE])
     assert not isinstance(caught.value, RequirementsError), str(caught.value)
+    # The install failed: what follows the job's requirements, never held against the node.
+    assert isinstance(caught.value, InstallError), str(caught.value)
 
 
 def test_a_crash_mid_build_leaves_nothing_that_looks_ready(

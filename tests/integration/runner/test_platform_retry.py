@@ -73,6 +73,7 @@ async def test_a_job_whose_first_attempt_fails_through_the_platform_succeeds_on_
     (failed,) = events.of(JobFailed, "job-retry")
     assert failed.allocation_id == grants[0].allocation_id
     assert failed.failure_kind == "platform_error" and "No space left" in failed.reason
+    assert failed.node_fault  # the node's own disk: it counts towards its cordon
     (said,) = scheduler.events(JobPreempted, lambda p: p.job_id == "job-retry")
     assert said.reason.startswith("attempt 1 failed (platform_error: ")
     assert "(platform retry 1 of 3; max_restarts not used)" in said.reason
@@ -129,4 +130,68 @@ async def test_a_full_disk_while_a_grant_is_prepared_ends_it_and_the_job_is_retr
     assert failed.failure_kind == "platform_error"
     assert failed.reason.startswith("could not be prepared on this node: ")
     assert "No space left" in failed.reason
+    assert failed.node_fault
     assert grants[0].allocation_id not in launched(launches)
+
+
+async def test_a_command_no_node_has_is_retried_but_never_cordons_the_node(
+    scheduler_with: Tuned,
+    settings: Settings,
+    start_runner: StartRunner,
+    events: EventLog,
+    launches: Path,
+) -> None:
+    # Before: a spec.command naming a program not on PATH ended "could not start: [Errno 2]
+    # ..." as the node's own platform_error, so a tenant's few such jobs cordoned every
+    # node they were placed on (here: after 2). Now it is retried (the node may lack what
+    # another has) and fails for good, and the node stays in service.
+    scheduler = await scheduler_with(
+        restart_backoff_s=0.1, platform_retries=2, cordon_after_platform_failures=2
+    )
+    await start_runner(settings)
+    await scheduler.submit(
+        "job-no-program",
+        gpus=1,
+        flavor=settings.gpu_flavor,
+        team="team-a",
+        entrypoint="",
+        command=["trainyard-no-such-program"],
+        code=CODE_FOR_NODE[settings.node_id],
+        max_restarts=0,
+    )
+    query = "SELECT status FROM jobs WHERE job_id = 'job-no-program'"
+
+    async def failed_for_good() -> bool:
+        return bool((await scheduler.pool.fetchval(query)) == "FAILED")
+
+    await until(failed_for_good)
+
+    def runner_reports() -> list[JobFailed]:
+        return [
+            r.envelope.data
+            for r in events.records("job-no-program")
+            if isinstance(r.envelope.data, JobFailed) and r.envelope.source == "trainyard/runner"
+        ]
+
+    # The first attempt and its 2 platform retries.
+    await events.wait_for(lambda: len(runner_reports()) == 3, what="3 runner reports")
+    reports = runner_reports()
+    for failed in reports:
+        assert failed.failure_kind == "platform_error" and not failed.node_fault
+        assert failed.reason.startswith("spec.command: 'trainyard-no-such-program' cannot be run")
+    row = await scheduler.pool.fetchrow(
+        "SELECT cordoned_at, platform_failures FROM nodes WHERE node_id = $1", settings.node_id
+    )
+    assert (row["cordoned_at"], row["platform_failures"]) == (None, 0)
+
+    # The node still takes work.
+    await scheduler.submit(
+        "job-after",
+        gpus=1,
+        flavor=settings.gpu_flavor,
+        team="team-a",
+        entrypoint="fakejob",
+        args=["succeed", str(launches)],
+        code=CODE_FOR_NODE[settings.node_id],
+    )
+    await events.first(JobSucceeded, "job-after", timeout=60)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import http.server
 import json
 import logging
 import os
@@ -286,6 +287,7 @@ async def test_a_grant_naming_missing_gpus_fails_without_running(
     failed = await events.first(JobFailed, allocation.job_id)
     assert failed.exit_code is None
     assert "do not exist on this node" in failed.reason
+    assert failed.node_fault  # the node's own GPUs: it counts towards its cordon
     assert launched(launches) == []
     assert not events.of(JobStarted, allocation.job_id)
 
@@ -344,7 +346,47 @@ async def test_a_job_that_cannot_be_spawned_fails_with_the_reason(
     failed = await events.first(JobFailed, allocation.job_id)
     assert failed.exit_code is None and failed.failure_kind == "platform_error"
     assert "no-python" in failed.reason
+    assert failed.node_fault  # the node's interpreter, not the job's command
     assert not events.of(JobStarted, allocation.job_id)
+    assert launched(launches) == []
+
+
+async def test_a_git_server_failing_or_a_host_not_resolving_never_counts_against_the_node(
+    settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
+) -> None:
+    # Before: both ended platform_error counted towards the node's cordon, so a tenant
+    # pointing jobs at a server answering 503 (or at a host that does not resolve) took the
+    # nodes they were placed on out of service. Retried, but never held against the node.
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # the standard library's name
+            self.send_error(503, "Service Unavailable")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        await start_runner(settings)
+        repositories = {
+            "503": f"http://127.0.0.1:{server.server_address[1]}/team/repo.git",
+            "no such host": "https://gti.example.invalid/x.git",
+        }
+        for what, repository in repositories.items():
+            allocation = grant(settings.node_id, ["succeed", str(launches)])
+            code = CodeGit(repository=repository, commit="0" * 40)
+            allocation = allocation.model_copy(
+                update={"spec": allocation.spec.model_copy(update={"code": code})}
+            )
+            await publish(bus, allocation, settings.node_id)
+            failed = await events.first(JobFailed, allocation.job_id, timeout=60)
+            assert failed.failure_kind == "platform_error", what
+            assert not failed.node_fault, what
+            assert failed.reason.startswith("spec.code.repository: "), failed.reason
+    finally:
+        server.shutdown()
+        server.server_close()
     assert launched(launches) == []
 
 
@@ -733,6 +775,7 @@ async def test_a_process_that_fails_to_spawn_is_never_said_started(
     failed = await events.first(JobFailed, allocation.job_id)
     assert failed.failure_kind == "platform_error" and failed.exit_code is None
     assert "could not start" in failed.reason and "Exec format error" in failed.reason
+    assert failed.node_fault
     assert not events.of(JobStarted, allocation.job_id)
     entry = Ledger(settings.work_dir / "ledger" / safe_file_name(settings.node_id)).get(
         allocation.allocation_id
@@ -781,6 +824,7 @@ async def test_a_process_whose_spawn_cannot_be_recorded_is_killed_and_fails(
     failed = await events.first(JobFailed, allocation.job_id, timeout=20)
     assert failed.failure_kind == "platform_error"
     assert "could not record" in failed.reason and "No space left" in failed.reason
+    assert failed.node_fault
     assert processes_naming(str(launches)) == []
     logged = [
         r
@@ -851,6 +895,7 @@ async def test_a_launch_the_ledger_cannot_record_ends_platform_error(
     assert failed.failure_kind == "platform_error"
     assert failed.reason.startswith("could not be prepared on this node: ")
     assert "No space left" in failed.reason
+    assert failed.node_fault
     assert allocation.allocation_id not in launched(launches)
     await events.wait_for(lambda: not runner.agent.running_allocations(), what="its end")
 

@@ -39,7 +39,13 @@ async def http(pool: asyncpg.Pool) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-def platform_failure(grant: AllocationGranted) -> JobFailed:
+def platform_failure(
+    grant: AllocationGranted,
+    reason: str = "No space left on device",
+    node_fault: bool = True,
+) -> JobFailed:
+    """The runner's report of a platform failure: the node's own (``node_fault``), or one
+    that follows the job's input (its git host, its command)."""
     return JobFailed(
         job_id=grant.job_id,
         allocation_id=grant.allocation_id,
@@ -47,8 +53,9 @@ def platform_failure(grant: AllocationGranted) -> JobFailed:
         epoch=grant.epoch,
         finished_at=datetime.now(UTC),
         exit_code=None,
-        reason="No space left on device",
+        reason=reason,
         failure_kind="platform_error",
+        node_fault=node_fault,
     )
 
 
@@ -174,3 +181,48 @@ async def test_repeated_platform_failures_cordon_the_node_until_its_cordon_runs_
         return (await node_row(scheduler.pool, "n1"))["platform_failures"] == 0
 
     await until(reset)
+
+
+async def test_platform_failures_that_follow_the_jobs_input_never_cordon_the_node(
+    scheduler_with: Tuned,
+) -> None:
+    # Before: every platform_error counted, so a tenant whose job's git host answered 5xx
+    # (or did not resolve, or whose command was not on PATH) took each node it landed on out
+    # of service, K failures at a time. Now the job is retried and fails for good once its
+    # platform retries are used up, and the node stays in service, its count at 0.
+    scheduler = await scheduler_with(
+        restart_backoff_s=0.1, platform_retries=4, cordon_after_platform_failures=2
+    )
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.submit("job-1", gpus=1)
+    tenant_caused = (
+        "spec.code.repository: its server failed to serve the fetch; git fetch of "
+        "https://git.example/x.git failed: error: RPC failed; HTTP 503",
+        "spec.code.repository: its host name did not resolve from this node",
+        "spec.command: 'no-such-program' cannot be run on this node: No such file or directory",
+        "spec.requirements: the job's requirements could not be installed: timed out",
+        "spec.code.repository: its server failed to serve the fetch",
+    )
+    for attempt, reason in enumerate(tenant_caused, start=1):
+        grant = (await scheduler.wait_for(AllocationGranted, count=attempt))[-1]
+        assert (grant.job_id, grant.node_id) == ("job-1", "n1")
+        await scheduler.send(platform_failure(grant, reason, node_fault=False), "job-1")
+
+    async def failed_for_good() -> bool:
+        status = await scheduler.pool.fetchval("SELECT status FROM jobs WHERE job_id = 'job-1'")
+        return bool(status == "FAILED")
+
+    await until(failed_for_good)
+    row = await node_row(scheduler.pool, "n1")
+    assert (row["cordoned_at"], row["cordoned_by"], row["platform_failures"]) == (None, None, 0)
+
+    # The node still takes work, and one failure of its own still counts.
+    await scheduler.submit("job-2", gpus=1)
+    grant = (await scheduler.wait_for(AllocationGranted, count=len(tenant_caused) + 1))[-1]
+    assert (grant.job_id, grant.node_id) == ("job-2", "n1")
+    await scheduler.send(platform_failure(grant), "job-2")
+
+    async def counted() -> bool:
+        return bool((await node_row(scheduler.pool, "n1"))["platform_failures"] == 1)
+
+    await until(counted)

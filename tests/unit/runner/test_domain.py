@@ -155,13 +155,23 @@ CANCELLED = StopRequest("revoked", "cancelled")
             -9,
             StopRequest("platform", "the runner could not record the job's process"),
             Outcome(
-                "failed", "the runner could not record the job's process", -9, "platform_error"
+                "failed",
+                "the runner could not record the job's process",
+                -9,
+                "platform_error",
+                node_fault=True,  # the runner's own failure: the node's
             ),
         ),
         (
             0,
             StopRequest("platform", "the runner could not record the job's process"),
-            Outcome("failed", "the runner could not record the job's process", 0, "platform_error"),
+            Outcome(
+                "failed",
+                "the runner could not record the job's process",
+                0,
+                "platform_error",
+                node_fault=True,
+            ),
         ),
     ],
 )

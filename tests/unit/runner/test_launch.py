@@ -13,7 +13,12 @@ from trainyard_platform.services.runner import launch
 from trainyard_platform.services.runner.cgroups import CpuLimit, JobCgroup
 from trainyard_platform.services.runner.environments import JobEnvironment
 from trainyard_platform.services.runner.gpus import GpuInventory, virtual_inventory
-from trainyard_platform.services.runner.sandbox import JobUser, Sandbox, failure_kind
+from trainyard_platform.services.runner.sandbox import (
+    JobUser,
+    Sandbox,
+    counts_against_node,
+    failure_kind,
+)
 from trainyard_platform.shared.control import JobRuntimeEnv
 from trainyard_platform.shared.events.payloads import AllocationGranted, GangMember, JobSpec
 
@@ -182,12 +187,15 @@ def test_grants_that_can_never_run_here_say_why(
     problem = launch.cannot_run(spec_with(**update), H200)
     assert problem is not None and reason in str(problem)
     assert failure_kind(problem) == kind
+    # What the job asked for, an image included, is never held against the node.
+    assert not counts_against_node(problem)
 
 
 def test_grants_for_gpus_this_node_lacks_say_why() -> None:
     problem = launch.cannot_run(GRANT, virtual_inventory(2))
     assert problem is not None and "do not exist" in str(problem)
     assert failure_kind(problem) == "platform_error"
+    assert counts_against_node(problem)  # the node's own GPUs
 
 
 def test_job_logs_live_under_the_work_dir_whatever_the_ids(tmp_path: Path) -> None:
@@ -264,12 +272,21 @@ def test_a_program_of_the_jobs_own_code_that_cannot_run_is_the_jobs_input(tmp_pa
         assert why in str(problem)
 
 
-def test_a_program_the_node_may_lack_stays_the_platforms(tmp_path: Path) -> None:
+def test_a_program_the_node_may_lack_stays_the_platforms_but_never_counts(
+    tmp_path: Path,
+) -> None:
     # A bare name is looked up on the node's PATH, an absolute path is the node's: a node
-    # without it is not the job's fault. Nor is the job's interpreter (an entrypoint).
+    # without it is not the job's fault, so it stays a platform_error (retried). Before:
+    # spawn_problem said nothing of it (None), the agent reported "could not start: ..."
+    # as the node's own failure, and a tenant's command naming no program cordoned every
+    # node it was retried on. Now it names the field and is never held against the node.
     for argv in (["no-such-program"], ["/no/such/program"]):
         spec = GRANT.spec.model_copy(update={"entrypoint": "", "command": argv})
-        assert launch.spawn_problem(spec, argv, _spawn_error(argv, tmp_path)) is None
+        problem = launch.spawn_problem(spec, argv, _spawn_error(argv, tmp_path))
+        assert problem is not None and failure_kind(problem) == "platform_error", argv
+        assert not counts_against_node(problem), argv
+        assert str(problem).startswith(f"spec.command: {argv[0]!r} cannot be run on this node: ")
+    # The job's interpreter (an entrypoint), or a spawn that failed otherwise, is the node's.
     argv = ["/envs/gone/bin/python", "-m", "examples.digits_cnn"]
     assert launch.spawn_problem(GRANT.spec, argv, _spawn_error(argv, tmp_path)) is None
     assert launch.spawn_problem(GRANT.spec, argv, RuntimeError("preexec")) is None

@@ -46,12 +46,33 @@ def test_after_an_expired_cordon_the_count_stands_and_the_next_failure_cordons_a
 # --- what an ending says of its nodes ----------------------------------------------------
 
 
+def node_failure() -> Any:
+    """The runner's report of a platform failure of the node's own (a full disk, a GPU gone)."""
+    return failed_report("platform_error", node_fault=True)
+
+
 def test_a_platform_failure_counts_against_the_reporting_node_only() -> None:
-    ending = plan(
-        job(), "failed", 90, 100, reporter=B.allocation_id, failed=failed_report("platform_error")
-    )
+    ending = plan(job(), "failed", 90, 100, reporter=B.allocation_id, failed=node_failure())
     assert ending.decision.job_status is JobStatus.QUEUED
     assert ending.node_ends == (("node-b", "exited with status 3"),)
+
+
+def test_a_platform_failure_that_follows_the_jobs_input_never_counts() -> None:
+    # Before: every platform_error counted, so a tenant's jobs whose git host answered 5xx,
+    # did not resolve, or whose command was not on PATH cordoned each node they landed on.
+    # The job is retried all the same; the node's count neither grows nor resets.
+    for retries, status in ((0, JobStatus.QUEUED), (3, JobStatus.FAILED)):
+        ending = plan(
+            job(platform_retries=retries),
+            "failed",
+            90,
+            100,
+            reporter=B.allocation_id,
+            failed=failed_report("platform_error", node_fault=False),
+        )
+        assert ending.decision.job_status is status
+        assert ending.decision.failure_kind == "platform_error"
+        assert ending.node_ends == ()
 
 
 def test_a_platform_failure_with_no_retry_left_counts_too() -> None:
@@ -61,7 +82,7 @@ def test_a_platform_failure_with_no_retry_left_counts_too() -> None:
         90,
         100,
         reporter=B.allocation_id,
-        failed=failed_report("platform_error"),
+        failed=node_failure(),
     )
     assert ending.decision.job_status is JobStatus.FAILED
     assert ending.node_ends == (("node-b", "exited with status 3"),)
@@ -83,7 +104,7 @@ def test_other_ends_say_nothing_of_the_node() -> None:
         90,
         100,
         reporter=B.allocation_id,
-        failed=failed_report("platform_error"),
+        failed=node_failure(),
     )
     assert cancelling.node_ends == ()
 

@@ -101,7 +101,9 @@ def payloads(ending: Ending) -> list[Any]:
     return [envelope.data for envelope, _ in ending.events]
 
 
-def failed_report(kind: Any = "user_error", finished_s: float = 90) -> JobFailed:
+def failed_report(
+    kind: Any = "user_error", finished_s: float = 90, node_fault: bool = False
+) -> JobFailed:
     return JobFailed(
         job_id="job-1",
         allocation_id=B.allocation_id,
@@ -112,6 +114,7 @@ def failed_report(kind: Any = "user_error", finished_s: float = 90) -> JobFailed
         reason="exited with status 3",
         log_tail="Traceback ...",
         failure_kind=kind,
+        node_fault=node_fault,
     )
 
 
