@@ -16,7 +16,11 @@ platform's log lines.
 
 Both local files are written through ``CappedFile``: a job that writes without end (``yes``
 in a loop) would otherwise fill the node's disk and the store; past the runner's
-``max_output_bytes`` an attempt's output ends with a notice and the rest is dropped.
+``max_output_bytes`` an attempt's output ends with a notice and the rest is dropped. Once
+a stream is wholly in the store (``LogShipper.close`` says so), the supervisor removes its
+local file (``remove_shipped``): kept, every attempt's output would stay on the node's
+disk, and a tenant's stream of loud jobs would fill it, failing every later job there as
+the node's own fault. A file the store could not take stays, as its only copy.
 """
 
 from __future__ import annotations
@@ -99,9 +103,10 @@ class LogShipper:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"log shipper {self._prefix}")
 
-    async def close(self) -> None:
+    async def close(self) -> bool:
         """Ship the rest and the ``end`` marker; failures are logged, never raised (the
-        outcome of the job must go out whatever happens to its log)."""
+        outcome of the job must go out whatever happens to its log). True when the whole
+        file is in the store: the local copy is then no longer needed."""
         self._closed.set()
         if self._task is not None:
             with contextlib.suppress(Exception):
@@ -111,6 +116,8 @@ class LogShipper:
             await asyncio.to_thread(self._store.put_bytes, f"{self._prefix}/end", b"")
         except Exception as exc:
             log.warning("could not ship the end of log %s: %s", self._prefix, exc)
+            return False
+        return True
 
     async def _run(self) -> None:
         while not self._closed.is_set():
@@ -138,3 +145,16 @@ class LogShipper:
             self._seq += 1
             self._store.put_bytes(f"{self._prefix}/chunk-{self._seq:08d}{self._suffix}", data)
             self._offset += len(data)
+
+
+def remove_shipped(paths: list[Path]) -> None:
+    """Remove these local files, all shipped, and then their folder if it is left empty;
+    what cannot be removed is logged and left. Blocking: call through a thread."""
+    for path in paths:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("could not remove %s, shipped already: %s", path, exc)
+    for folder in {path.parent for path in paths}:
+        with contextlib.suppress(OSError):  # not empty: another attempt's files are there
+            folder.rmdir()

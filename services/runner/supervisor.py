@@ -15,7 +15,8 @@ When the job has exited: its group and every process of its uid are killed and i
 uid's files in the folders every user may write to, its System V IPC objects, its
 POSIX message queues and its keyrings' keys (``sandbox.remove_leftovers_of``) are removed, its control connections are read to the end
 and every checkpoint it staged is uploaded, the held-back metric points and progress are sent, the log's last
-chunk is shipped, old checkpoints beyond the retention are deleted, the outcome is decided
+chunk is shipped (and the local files of what the store took removed), old checkpoints
+beyond the retention are deleted, the outcome is decided
 (``domain.decide_outcome``) and the terminal event is stored in the ledger, then published.
 """
 
@@ -49,7 +50,12 @@ from trainyard_platform.services.runner.domain import (
 )
 from trainyard_platform.services.runner.gpus import GpuUsage
 from trainyard_platform.services.runner.ledger import Ledger
-from trainyard_platform.services.runner.logstream import CappedFile, LogShipper, stream_prefix
+from trainyard_platform.services.runner.logstream import (
+    CappedFile,
+    LogShipper,
+    remove_shipped,
+    stream_prefix,
+)
 from trainyard_platform.services.runner.metric_limits import MetricLimits
 from trainyard_platform.services.runner.process import JobProcess, read_lines
 from trainyard_platform.services.runner.publishing import JobEvents
@@ -441,8 +447,16 @@ class JobRun:
             self._emit_progress(held)
         if self._sampler is not None:
             self._sampler.cancel()
-        await self._shipper.close()
-        await self._metrics_shipper.close()
+        shipped = [
+            path
+            for path, shipper in (
+                (self._log_path, self._shipper),
+                (self._metrics_path, self._metrics_shipper),
+            )
+            if await shipper.close()
+        ]
+        # In the store now: the node's disk does not keep every attempt's output.
+        await asyncio.to_thread(remove_shipped, shipped)
         await self._retain_checkpoints()
         metrics = domain.end_metrics(
             self._last_metrics,

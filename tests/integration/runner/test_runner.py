@@ -501,8 +501,10 @@ async def test_output_without_end_is_cut_at_the_nodes_limit(
         for p in m.points
     ]
     assert published == [json.loads(line)["step"] for line in series.splitlines()]
-    log_file = settings.work_dir / "jobs" / safe_file_name(job.job_id)
-    assert all(f.stat().st_size < limit + 200 for f in log_file.iterdir())
+    # The node's disk keeps none of it once it is in the store (before: every attempt's
+    # output and series stayed under work_dir/jobs for good, up to the limit each, so a
+    # stream of loud jobs filled the disk and failed later jobs as the node's own fault).
+    assert not (settings.work_dir / "jobs" / safe_file_name(job.job_id)).exists()
 
 
 async def test_a_job_cannot_flood_the_runners_log(
