@@ -39,7 +39,6 @@ import ctypes
 import fcntl
 import logging
 import os
-import platform
 import pwd
 import re
 import resource
@@ -51,13 +50,13 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainyard_platform.services.runner import as_uid
 from trainyard_platform.services.runner.cgroups import JobCgroup
 from trainyard_platform.services.runner.checkpoints import file_sha256
 from trainyard_platform.services.runner.git_faults import (
@@ -666,45 +665,6 @@ def kill_users(uids: range) -> None:
     _act_as(uids, "kill")
 
 
-_AS_EACH = textwrap.dedent(
-    """\
-    import ctypes, os, signal, sys
-
-    def kill():
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except OSError:  # ESRCH: nothing of this uid runs
-            pass
-
-    def clear_keyrings():
-        keyctl, get_persistent, clear, own, user, session = map(int, sys.argv[2:8])
-        libc = ctypes.CDLL(None, use_errno=True)
-        persistent = libc.syscall(keyctl, get_persistent, -1, own)
-        for keyring in (user, session, persistent):
-            if keyring != -1:
-                libc.syscall(keyctl, clear, keyring)
-
-    action = {"kill": kill, "clear_keyrings": clear_keyrings}[sys.argv[1]]
-    for uid in map(int, sys.argv[8:]):
-        try:
-            pid = os.fork()
-        except OSError:  # out of processes now: the next uid is tried all the same
-            continue
-        if pid == 0:
-            try:
-                os.setgroups([])
-                os.setgid(uid)
-                os.setuid(uid)
-                action()
-            finally:
-                os._exit(0)
-        os.waitpid(pid, 0)
-    """
-)
-"""The helper of ``_act_as``: for each uid, a child switched to it (and its own gid, no
-other groups) does the action, one uid after the other."""
-
-
 def _act_as(uids: range, action: str) -> None:
     """Do ``action`` (``kill``: ``kill(-1)``; ``clear_keyrings``: ``clear_keyrings_of``) as
     each of ``uids`` in turn: what only a process of that uid may do to its own. Failures
@@ -712,26 +672,17 @@ def _act_as(uids: range, action: str) -> None:
 
     One uid (a job's end) is acted as by a child of this process (``_act_as_one``). More (a
     runner's start: its 64 uids, for each action) by the children of one fresh interpreter
-    (``_AS_EACH``): a fork copies the forking process's memory map, and the runner's is
-    large, so a fork of it cost up to ~20 ms against ~2 ms for the small helper, whose own
-    start (~40 ms) is paid once."""
+    (``as_uid.HELPER``, which runs ``as_uid``: the same code either way): a fork copies the
+    forking process's memory map, and the runner's is large, so a fork of it cost up to
+    ~20 ms against ~2 ms for the small helper, whose own start (~40 ms) is paid once."""
     if len(uids) == 1:
-        _act_as_one(uids[0], _IN_PROCESS[action])
+        _act_as_one(uids[0], as_uid.ACTIONS[action])
         return
     if not uids:
         return
-    numbers = (
-        _SYS_KEYCTL or 0,
-        _KEYCTL_GET_PERSISTENT,
-        _KEYCTL_CLEAR,
-        _KEY_SPEC_PROCESS_KEYRING,
-        _KEY_SPEC_USER_KEYRING,
-        _KEY_SPEC_USER_SESSION_KEYRING,
-    )
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run(
-            [sys.executable, "-I", "-S", "-c", _AS_EACH, action, *map(str, numbers)]
-            + [str(uid) for uid in uids],
+            [sys.executable, "-I", "-S", "-c", as_uid.HELPER, action] + [str(uid) for uid in uids],
             env={},  # (its children run as the job uids: none of the runner's settings)
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -759,27 +710,6 @@ def _act_as_one(uid: int, action: Callable[[], None]) -> None:
             timeout=30,
             check=False,
         )
-
-
-def _kill_all_of_mine() -> None:
-    """``kill`` of ``_AS_EACH``, in this process's child."""
-    with contextlib.suppress(OSError):  # ESRCH: nothing of this uid runs
-        os.kill(-1, signal.SIGKILL)
-
-
-def _clear_my_keyrings() -> None:
-    """``clear_keyrings`` of ``_AS_EACH``, in this process's child."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    persistent = libc.syscall(_SYS_KEYCTL, _KEYCTL_GET_PERSISTENT, -1, _KEY_SPEC_PROCESS_KEYRING)
-    for keyring in (_KEY_SPEC_USER_KEYRING, _KEY_SPEC_USER_SESSION_KEYRING, persistent):
-        if keyring != -1:
-            libc.syscall(_SYS_KEYCTL, _KEYCTL_CLEAR, keyring)
-
-
-_IN_PROCESS: dict[str, Callable[[], None]] = {
-    "kill": _kill_all_of_mine,
-    "clear_keyrings": _clear_my_keyrings,
-}
 
 
 def kill_leftovers(uids: range | None, groups: list[ProcessGroupRecord]) -> int:
@@ -1001,11 +931,6 @@ def remove_mqueues_of(uids: range) -> int:
             libc.umount2(target, _MNT_DETACH)
 
 
-_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(platform.machine())
-_KEYCTL_GET_PERSISTENT, _KEYCTL_CLEAR = 22, 7
-_KEY_SPEC_PROCESS_KEYRING, _KEY_SPEC_USER_KEYRING, _KEY_SPEC_USER_SESSION_KEYRING = -2, -4, -5
-
-
 def clear_keyrings_of(uids: range) -> None:
     """Empty the kernel keyrings each of ``uids`` keeps beyond its processes: its user and
     user-session keyrings and its persistent keyring. A key a job adds to them (``keyctl add
@@ -1013,7 +938,7 @@ def clear_keyrings_of(uids: range) -> None:
     team's maybe. Like ``kill_user``, a child switched to the uid does it (a keyring is its
     owner's to clear) before it runs ``/bin/true``. Call it once no process of ``uids`` runs;
     only a root runner can (and needs to)."""
-    if _SYS_KEYCTL is None or not can_switch_users():
+    if as_uid.SYS_KEYCTL is None or not can_switch_users():
         return
     _act_as(uids, "clear_keyrings")
 

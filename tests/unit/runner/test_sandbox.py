@@ -7,6 +7,7 @@ import io
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -557,6 +558,91 @@ def test_what_runs_as_a_job_uid_for_the_runner_gets_none_of_its_environment(
     sandbox.kill_user(291_000)
     sandbox.clear_keyrings_of(range(291_000, 291_001))
     assert environments == [{}, {}, {}]
+
+
+def test_the_helper_runs_the_one_copy_of_the_logic_in_an_empty_isolated_interpreter() -> None:
+    # Before: the kill and keyring logic was written twice, once as functions of this
+    # module and once as a string (_AS_EACH) the helper interpreter ran, with the keyctl
+    # numbers passed on its command line. Now the helper runs as_uid itself, which
+    # imports nothing of the platform: it works without site and with no environment.
+    import inspect
+
+    from trainyard_platform.services.runner import as_uid
+
+    def helper(*argv: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-I", "-S", "-c", as_uid.HELPER, *argv],
+            env={},
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+
+    assert helper("kill").returncode == 0  # no uid: nothing to do
+    unknown = helper("nothing-such")
+    assert unknown.returncode != 0 and b"KeyError" in unknown.stderr
+    assert "os.kill(-1" not in inspect.getsource(sandbox)
+    assert set(as_uid.ACTIONS) == {"kill", "clear_keyrings"}
+
+
+_KEYS = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+ADD_KEY, KEYCTL, KEYCTL_SEARCH, USER_KEYRING = 248, 250, 10, -4
+if sys.argv[1] == "add":
+    print(libc.syscall(ADD_KEY, b"user", b"left-behind", b"s3cr3t", 6, USER_KEYRING))
+else:  # in the uid's user keyring itself, whatever session keyring this process inherited
+    found = libc.syscall(KEYCTL, KEYCTL_SEARCH, USER_KEYRING, b"user", b"left-behind", 0)
+    print("kept" if found > 0 else "nothing")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86-64 syscall numbers")
+def test_the_helper_clears_the_keyrings_of_each_uid(tmp_path: Path) -> None:
+    # Several uids (a runner's start) go through the helper interpreter, which now runs
+    # as_uid's clear_my_keyrings: the same code a job's end runs in the runner's child.
+    from trainyard_platform.services.runner.environments import (
+        EnvironmentBuildError,
+        job_interpreter,
+    )
+
+    try:
+        python = job_interpreter(sys.executable)  # one the uids may run
+    except EnvironmentBuildError as exc:
+        pytest.skip(str(exc))
+
+    def as_uid_run(uid: int, arg: str) -> str:
+        done = subprocess.run(
+            [python, "-I", "-S", "-c", _KEYS, arg],
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            env={},
+            cwd="/",
+            capture_output=True,
+            timeout=60,
+            check=True,
+        )
+        return done.stdout.decode().strip()
+
+    uids = range(291_200, 291_202)
+    # A process of each uid held meanwhile: a kernel may free a uid's user keyring along
+    # with its last process, which would empty it whatever the helper does.
+    holders = [
+        subprocess.Popen(["sleep", "600"], user=uid, group=uid, extra_groups=[], cwd="/")
+        for uid in uids
+    ]
+    try:
+        for uid in uids:
+            assert int(as_uid_run(uid, "add")) > 0
+            assert as_uid_run(uid, "find") == "kept"
+        sandbox.clear_keyrings_of(uids)
+        assert [as_uid_run(uid, "find") for uid in uids] == ["nothing", "nothing"]
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
