@@ -556,6 +556,25 @@ PRICE: Shape = {
     "in_force": BOOL,
 }
 """A row of billing's price book: ``trainyard admin prices``."""
+BUDGET: Shape = {
+    "team": STR,
+    "project": Opt(STR),
+    "amount": DECIMAL,
+    "currency": STR,
+    "thresholds": [INT],
+    "policy": STR,
+    "on_exhausted": STR,
+    "month": STR,
+    "spent": DECIMAL,
+    "remaining": DECIMAL,
+    "percent_spent": DECIMAL,
+    "exhausted": BOOL,
+    "runs_out_at": Opt(TIME),
+    "forecast": STR,
+    "updated_by": STR,
+    "updated_at": TIME,
+}
+"""A budget as billing shows it (``governance_schemas.BudgetView``): ``trainyard budget``."""
 _ADMIN = {
     "flavors": FLAVOR,
     "cohorts": COHORT,
@@ -564,6 +583,7 @@ _ADMIN = {
 }
 
 _MODEL_PATH = "/v1/models/*/*"
+_BUDGET_PATHS = ("/v1/budgets/*", "/v1/budgets/*/*")
 _VERSION_PATH = f"{_MODEL_PATH}/versions/*"
 ROUTES: dict[tuple[str, str], Shape] = {
     ("GET", "/v1/jobs"): JOB_ROWS,
@@ -627,6 +647,8 @@ ROUTES: dict[tuple[str, str], Shape] = {
     },
     ("GET", "/v1/prices"): [PRICE],
     ("PUT", "/v1/prices/*"): PRICE,
+    ("GET", "/v1/budgets"): [BUDGET],
+    **{(verb, path): BUDGET for verb in ("GET", "PUT") for path in _BUDGET_PATHS},
 }
 """Each route the CLI shows the answer of (``*``: one path segment), and its shape. A
 metric's curve (``/v1/jobs/{id}/metrics/{key...}``, whose key may hold slashes) is matched

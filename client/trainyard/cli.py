@@ -24,6 +24,7 @@
     trainyard nodes retire NODE                                   forget a node gone for good
     trainyard admin flavors|cohorts|queues|priority-classes ls|show|set|rm   configuration
     trainyard admin prices ls | set FLAVOR --gpu-hour P [--from T]  billing's price book
+    trainyard budget ls | show TEAM | set TEAM --amount A | rm TEAM   monthly budgets (billing)
     trainyard whoami | tokens | token ... | user ... | audit      who may do what
     trainyard schema | version | completion bash|zsh|tcsh
 
@@ -62,6 +63,7 @@ from pydantic import ValidationError
 from trainyard import (
     cli_access,
     cli_admin,
+    cli_budgets,
     cli_config,
     cli_data,
     cli_jobs,
@@ -285,6 +287,7 @@ def _parser() -> argparse.ArgumentParser:
     cli_data.add_commands(command, common)
     cli_nodes.add_commands(command, common)
     cli_admin.add_commands(command, common)
+    cli_budgets.add_commands(command, common)
     cli_trace.add_command(command)
 
     tokens = command("tokens", _tokens, "your tokens (as token list)")

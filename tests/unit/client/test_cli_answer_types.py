@@ -285,6 +285,24 @@ PRICE = {
     "set_by": "ops",
     "in_force": True,
 }
+BUDGET = {
+    "team": "ml",
+    "project": None,
+    "amount": "1000.000000",
+    "currency": "EUR",
+    "thresholds": [50, 100],
+    "policy": "refuse",
+    "on_exhausted": "stop",
+    "month": "2026-12",
+    "spent": "812.5",
+    "remaining": "187.5",
+    "percent_spent": "81.25",
+    "exhausted": False,
+    "runs_out_at": T1,
+    "forecast": "at this rate the budget runs out on 2026-12-19",
+    "updated_by": "ann",
+    "updated_at": T0,
+}
 ANSWERS: list[tuple[str, str, Any]] = [
     # (method, path pattern: [^/]+ for one segment, the answer)
     ("GET", "/v1/jobs", [ROW]),
@@ -368,6 +386,9 @@ ANSWERS: list[tuple[str, str, Any]] = [
     *[("DELETE", f"/v1/admin/{kind}/[^/]+", {}) for kind in ADMIN],  # 204 in the services
     ("GET", "/v1/prices", [PRICE]),
     ("PUT", "/v1/prices/[^/]+", PRICE),
+    ("GET", "/v1/budgets", [BUDGET]),
+    *[(verb, "/v1/budgets/[^/]+(/[^/]+)?", BUDGET) for verb in ("GET", "PUT")],
+    ("DELETE", "/v1/budgets/[^/]+(/[^/]+)?", {}),  # 204 in billing
     (
         "GET",
         "/v1/me",
@@ -725,12 +746,17 @@ COMMANDS = [
     *[["admin", kind, "rm", "x"] for kind in ADMIN],
     ["admin", "prices", "ls"],
     ["admin", "prices", "set", "h200", "--gpu-hour", "2.75"],
+    ["budget", "ls"],
+    ["budget", "show", "ml", "--project", "vision"],
+    ["budget", "set", "ml", "--amount", "5"],
+    ["budget", "rm", "ml"],
 ]
 
 READS_NOTHING = [
     ["deadletters", "discard", "7"],
     ["nodes", "retire", "gpu-07"],
     *[["admin", kind, "rm", "x"] for kind in ADMIN],
+    ["budget", "rm", "ml"],
 ]
 """Commands that show no value of their answer (``discarded 7``)."""
 

@@ -66,6 +66,7 @@ OPTIONS = {
     "dataset register": ["--uri", "s3://bucket/digits", "--sha256", "ab" * 32, "--size", "10"],
     "nodes cordon": ["--reason", "maintenance"],
     "admin prices set": ["--gpu-hour", "1.5"],
+    "budget set": ["--amount", "100"],
     "submit": ["--no-code"],
     "sweep": ["--no-code", "--grid", "lr=0.1,0.01"],
 }

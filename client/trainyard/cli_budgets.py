@@ -1,0 +1,253 @@
+"""``trainyard budget``: billing's monthly budgets of a team or a team's project
+(``--billing-url`` at login, or ``TRAINYARD_BILLING_URL``; docs/billing.md, "Budgets").
+
+    trainyard budget ls [--team T]                   every budget you may read, spent so far
+    trainyard budget show TEAM [--project P]         one, with its thresholds and forecast
+    trainyard budget set TEAM [--project P] [--amount A] [--policy refuse|deprioritize|warn]
+        [--on-exhausted finish|stop] [--thresholds N,N,...] [--replace]   (team admins)
+    trainyard budget rm TEAM [--project P]           (team admins)
+
+``ls`` is every page of ``GET /v1/budgets`` (``?team=``: operators, another team's); ``show``
+``GET /v1/budgets/{team}[/{project}]``; ``set`` ``PUT`` and ``rm`` ``DELETE`` of the same
+path. ``--json`` prints billing's answer (``rm``: ``{"removed": {"team": T, "project": P}}``).
+
+Billing's ``PUT`` replaces the whole budget, what the body leaves out taking its default
+(policy ``warn``, ``on_exhausted`` ``finish``, thresholds 50, 80, 100). So ``set`` of a
+budget that exists reads it first and sends it back with only what its options name
+changed: ``budget set ml --amount 2000`` keeps a ``refuse`` policy. (Billing has no partial
+update: a change another admin makes between that read and the write is replaced.) When
+there is none yet (404), or with ``--replace``, ``set`` sends only its options, and billing
+defaults the rest or names what is missing (``amount``).
+
+What the command line alone shows to be wrong is a usage error before any request (exit 2):
+``set`` without any of its options, an amount that is no finite decimal number, thresholds
+that are no list of whole numbers, a policy or an ``--on-exhausted`` that is none of the
+choices. The values' bounds are billing's to judge: its refusal is one line naming the
+field, ``billing: 422 invalid request (amount: Input should be greater than 0)`` (exit 1);
+a budget that does not exist, or another team's, ``billing: 404 ...`` (exit 3); a member
+who is no admin writing one, ``billing: 403 ...`` (exit 4).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from trainyard.cli_base import CliError, Exit, Session, asked, exit_code_of
+from trainyard.cli_render import table, time_text
+from trainyard.client import TrainyardError, segment
+
+POLICIES = ("refuse", "deprioritize", "warn")
+"""What submission does with a new job once the budget is spent (billing's ``policy``)."""
+ON_EXHAUSTED = ("finish", "stop")
+"""What the scheduler does with running jobs once it is spent (billing's ``on_exhausted``)."""
+FIELDS = (
+    ("amount", "--amount"),
+    ("policy", "--policy"),
+    ("on_exhausted", "--on-exhausted"),
+    ("thresholds", "--thresholds"),
+)
+"""Each field of billing's body (and answer) and the option of ``set`` that gives it."""
+HEADER = (
+    "TEAM",
+    "PROJECT",
+    "MONTH",
+    "AMOUNT",
+    "SPENT",
+    "SPENT %",
+    "STATE",
+    "POLICY",
+    "ON EXHAUSTED",
+)
+
+
+def amount_arg(value: str) -> str:
+    """An amount as written (billing reads its decimal text as given), when it is a finite
+    decimal number; its bounds and precision are billing's to judge."""
+    try:
+        finite = Decimal(value).is_finite()
+    except InvalidOperation:
+        finite = False
+    if not finite:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a decimal number such as 1000")
+    return value
+
+
+def thresholds_arg(value: str) -> list[int]:
+    """``50,80,100``: percents of the amount, whole numbers; their bounds are billing's."""
+    try:
+        return [int(part) for part in value.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not whole percents separated by commas, such as 50,80,100"
+        ) from None
+
+
+def add_commands(
+    command: Callable[..., argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """Add ``budget ls|show|set|rm`` to the CLI's commands (``common``: the options every
+    command takes)."""
+    budget = command("budget", None, "billing's monthly budgets of teams and projects")
+    actions = budget.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def action(name: str, run: Callable[[Session], int], text: str) -> argparse.ArgumentParser:
+        sub = actions.add_parser(name, parents=[common], help=text, description=text)
+        sub.set_defaults(run=run)
+        return sub
+
+    listing = action("ls", run_list, "every budget you may read: spent this month, state")
+    listing.add_argument("--team", help="only this team's budgets (operators: any team)")
+    show = action("show", run_show, "one budget: spent, state, thresholds, forecast")
+    _scope_arguments(show)
+    put = action(
+        "set",
+        run_set,
+        "create a budget, or change only what the options name (team admins)",
+    )
+    _scope_arguments(put)
+    put.add_argument("--amount", type=amount_arg, help="money per UTC month, in billing's currency")
+    put.add_argument(
+        "--policy",
+        choices=POLICIES,
+        help="what a new job gets once it is spent: refused, run at priority low, or "
+        "accepted with a warning (a new budget: warn)",
+    )
+    put.add_argument(
+        "--on-exhausted",
+        choices=ON_EXHAUSTED,
+        help="what its running jobs do once it is spent: finish, or stop (checkpoint and "
+        "wait, queued) (a new budget: finish)",
+    )
+    put.add_argument(
+        "--thresholds",
+        type=thresholds_arg,
+        metavar="N,N,...",
+        help="percents of the amount billing says when reached (a new budget: 50,80,100)",
+    )
+    put.add_argument(
+        "--replace",
+        action="store_true",
+        help="send only the options (PUT): what they leave out takes its default",
+    )
+    rm = action("rm", run_remove, "delete a budget (team admins)")
+    _scope_arguments(rm)
+
+
+def _scope_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("team", metavar="TEAM", help="the team")
+    sub.add_argument("--project", help="the team's project (default: the team's own budget)")
+
+
+def path_of(team: str, project: str | None) -> str:
+    """The budget's route: ``/v1/budgets/{team}`` or ``/v1/budgets/{team}/{project}``, each
+    value one path segment."""
+    return f"/v1/budgets/{segment(team)}" + ("" if project is None else f"/{segment(project)}")
+
+
+def scope_text(team: str, project: str | None) -> str:
+    return f"team {team}" if project is None else f"project {team}/{project}"
+
+
+def run_list(session: Session) -> int:
+    billing = session.service("billing")
+    rows = asked("billing", lambda: billing.get_all("/v1/budgets", team=session.args.team))
+    session.emit(rows, lambda: table(HEADER, [budget_row(r) for r in rows], empty="no budgets"))
+    return Exit.OK
+
+
+def run_show(session: Session) -> int:
+    args = session.args
+    path = path_of(args.team, args.project)
+    found = asked("billing", lambda: session.service("billing").get(path))
+    session.emit(found, lambda: budget_text(found))
+    return Exit.OK
+
+
+def run_set(session: Session) -> int:
+    args = session.args
+    given = {field: getattr(args, field) for field, _ in FIELDS if getattr(args, field) is not None}
+    if not given:  # before any request: nothing to change
+        options = ", ".join(option for _, option in FIELDS)
+        raise CliError(f"give at least one of {options}", Exit.USAGE)
+    path = path_of(args.team, args.project)
+    billing = session.service("billing")
+    body = given
+    if not args.replace:
+        try:
+            current = billing.get(path)
+        except TrainyardError as exc:
+            if exc.status != 404:
+                raise CliError(f"billing: {exc}", exit_code_of(exc)) from None
+        else:
+            # Billing's PUT replaces the whole budget: what the options leave out is sent
+            # as it is, not left to take the route's default.
+            body = {**{field: current[field] for field, _ in FIELDS}, **given}
+    found = asked("billing", lambda: billing.call("PUT", path, body))
+    response = getattr(found, "response", None)
+    done = "created" if response is not None and response.status_code == 201 else "set"
+    scope = scope_text(args.team, args.project)
+    session.emit(found, lambda: f"{done} budget of {scope}\n" + budget_text(found))
+    return Exit.OK
+
+
+def run_remove(session: Session) -> int:
+    args = session.args
+    path = path_of(args.team, args.project)
+    asked("billing", lambda: session.service("billing").delete(path))
+    session.emit(
+        {"removed": {"team": args.team, "project": args.project}},
+        lambda: f"removed budget of {scope_text(args.team, args.project)}",
+    )
+    return Exit.OK
+
+
+def money(value: Any, currency: str | None = None) -> str:
+    """An amount billing sent (a decimal string, kept to six places) to the cent, with its
+    currency when given."""
+    try:
+        text = f"{Decimal(str(value)):.2f}"
+    except (InvalidOperation, ValueError):
+        text = str(value)
+    return f"{text} {currency}" if currency else text
+
+
+def state_text(budget: dict[str, Any]) -> str:
+    """``exhausted`` once the month's spending reached the amount; else when it runs out at
+    this month's rate (``runs out 2026-12-19``); else ``ok``."""
+    if budget["exhausted"]:
+        return "exhausted"
+    runs_out = budget.get("runs_out_at")
+    if runs_out:
+        return f"runs out {time_text(runs_out)[:10]}"
+    return "ok"
+
+
+def budget_row(budget: dict[str, Any]) -> tuple[object, ...]:
+    return (
+        budget["team"],
+        budget.get("project") or "-",
+        budget["month"],
+        money(budget["amount"], budget["currency"]),
+        money(budget["spent"]),
+        f"{budget['percent_spent']}%",
+        state_text(budget),
+        budget["policy"],
+        budget["on_exhausted"],
+    )
+
+
+def budget_text(budget: dict[str, Any]) -> str:
+    """One budget: its row, then its thresholds, forecast and last change."""
+    thresholds = ", ".join(f"{t}%" for t in budget["thresholds"]) or "none"
+    return "\n".join(
+        [
+            table(HEADER, [budget_row(budget)]),
+            f"remaining: {money(budget['remaining'], budget['currency'])}",
+            f"thresholds: {thresholds}",
+            f"forecast: {budget['forecast']}",
+            f"updated by {budget['updated_by']} at {time_text(budget['updated_at'])}",
+        ]
+    )

@@ -1,0 +1,312 @@
+"""``trainyard budget ls|show|set|rm``: the requests they send billing (bodies as its budget
+routes take them), what they print, and how a refusal reads (one line naming the field, the
+CLI's exit codes). Team admins wrote these JSON bodies by hand before: the CLI had no budget
+command."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.unit.client.conftest import routed_api
+from trainyard import cli
+from trainyard.cli_base import Exit
+
+BILLING = "http://billing.test"
+BASE = ["--url", "http://submission.test", "--token", "ty_admin"]
+BUDGET = {
+    "team": "ml",
+    "project": None,
+    "amount": "1000.000000",
+    "currency": "EUR",
+    "thresholds": [50, 80, 100],
+    "policy": "refuse",
+    "on_exhausted": "stop",
+    "month": "2026-12",
+    "spent": "812.504000",
+    "remaining": "187.496000",
+    "percent_spent": "81.25",
+    "exhausted": False,
+    "runs_out_at": "2026-12-19T06:00:00Z",
+    "forecast": "at this rate the budget runs out on 2026-12-19",
+    "updated_by": "ann",
+    "updated_at": "2026-12-01T10:00:00Z",
+}
+PROJECT = {
+    **BUDGET,
+    "project": "vision",
+    "amount": "200.000000",
+    "spent": "0",
+    "remaining": "200.000000",
+    "percent_spent": "0.00",
+    "policy": "warn",
+    "on_exhausted": "finish",
+    "runs_out_at": None,
+    "forecast": "nothing spent this month",
+}
+
+Route = Callable[[httpx.Request], httpx.Response]
+
+
+@pytest.fixture
+def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Billing's API, answering what ``state["route"]`` says; ``state["sent"]``: every
+    request the CLI made."""
+    return routed_api(tmp_path, monkeypatch, {"TRAINYARD_BILLING_URL": BILLING})
+
+
+def _sent(state: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    return [
+        (r.method, str(r.url), json.loads(r.content) if r.content else None) for r in state["sent"]
+    ]
+
+
+def test_ls_follows_every_page_and_shows_spent_and_state(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    spent = {**PROJECT, "spent": "200.000000", "percent_spent": "100.00", "exhausted": True}
+
+    def route(request: httpx.Request) -> httpx.Response:
+        if "after" in request.url.params:
+            return httpx.Response(200, json=[spent])
+        link = f'<{BILLING}/v1/budgets?team=ml&limit=100&after=c1>; rel="next"'
+        return httpx.Response(200, json=[BUDGET], headers={"Link": link})
+
+    api["route"] = route
+    assert cli.main([*BASE, "budget", "ls", "--team", "ml"]) == Exit.OK
+    assert [url for _, url, _ in _sent(api)] == [
+        f"{BILLING}/v1/budgets?team=ml",
+        f"{BILLING}/v1/budgets?team=ml&limit=100&after=c1",
+    ]
+    assert capsys.readouterr().out.splitlines() == [
+        "TEAM  PROJECT  MONTH    AMOUNT       SPENT   SPENT %  STATE                "
+        "POLICY  ON EXHAUSTED",
+        "ml    -        2026-12  1000.00 EUR  812.50  81.25%   runs out 2026-12-19  refuse  stop",
+        "ml    vision   2026-12  200.00 EUR   200.00  100.00%  exhausted            warn    finish",
+    ]
+
+
+def test_ls_json_is_billings_answer_and_none_is_said(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    api["route"] = lambda r: httpx.Response(200, json=[BUDGET, PROJECT])
+    assert cli.main([*BASE, "budget", "ls", "--json"]) == Exit.OK
+    assert json.loads(capsys.readouterr().out) == [BUDGET, PROJECT]
+    api["route"] = lambda r: httpx.Response(200, json=[])
+    assert cli.main([*BASE, "budget", "ls"]) == Exit.OK
+    assert capsys.readouterr().out == "no budgets\n"
+
+
+def test_show_names_the_team_or_the_project_as_one_path_segment_each(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    api["route"] = lambda r: httpx.Response(200, json=PROJECT)
+    assert cli.main([*BASE, "budget", "show", "ml", "--project", "a/b"]) == Exit.OK
+    assert cli.main([*BASE, "budget", "show", "ml"]) == Exit.OK
+    assert [url for _, url, _ in _sent(api)] == [
+        f"{BILLING}/v1/budgets/ml/a%2Fb",
+        f"{BILLING}/v1/budgets/ml",
+    ]
+    shown = capsys.readouterr().out.splitlines()[:6]  # the first of the two
+    assert shown[1].split()[:2] == ["ml", "vision"]
+    assert shown[2:] == [
+        "remaining: 200.00 EUR",
+        "thresholds: 50%, 80%, 100%",
+        "forecast: nothing spent this month",
+        "updated by ann at 2026-12-01 10:00:00Z",
+    ]
+
+
+def test_set_of_a_new_budget_sends_only_its_options(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No budget yet (404): the options alone, billing defaulting the rest."""
+
+    def route(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            return httpx.Response(404, json={"detail": "no budget of ml", "errors": []})
+        return httpx.Response(201, json=BUDGET)
+
+    api["route"] = route
+    argv = ["budget", "set", "ml", "--amount", "1e3", "--policy", "refuse"]
+    assert cli.main([*BASE, *argv, "--on-exhausted", "stop", "--thresholds", "80,50"]) == Exit.OK
+    assert _sent(api) == [
+        ("GET", f"{BILLING}/v1/budgets/ml", None),
+        (
+            "PUT",
+            f"{BILLING}/v1/budgets/ml",
+            {"amount": "1e3", "policy": "refuse", "on_exhausted": "stop", "thresholds": [80, 50]},
+        ),
+    ]
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "created budget of team ml"
+    assert out[2].split()[:4] == ["ml", "-", "2026-12", "1000.00"]
+
+
+def test_set_of_a_budget_that_exists_changes_only_what_its_options_name(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Billing's PUT replaces the whole budget: raising the amount must not turn a
+    ``refuse`` policy into the route's default ``warn`` (nor ``stop`` into ``finish``)."""
+
+    def route(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            return httpx.Response(200, json=BUDGET)
+        return httpx.Response(200, json={**BUDGET, "amount": "2000.000000"})
+
+    api["route"] = route
+    assert cli.main([*BASE, "budget", "set", "ml", "--amount", "2000", "--json"]) == Exit.OK
+    assert _sent(api)[1] == (
+        "PUT",
+        f"{BILLING}/v1/budgets/ml",
+        {"amount": "2000", "policy": "refuse", "on_exhausted": "stop", "thresholds": [50, 80, 100]},
+    )
+    assert json.loads(capsys.readouterr().out)["amount"] == "2000.000000"
+
+
+def test_set_replace_sends_only_its_options_without_reading(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    api["route"] = lambda r: httpx.Response(200, json=PROJECT)
+    argv = ["budget", "set", "ml", "--project", "vision", "--amount", "200", "--replace"]
+    assert cli.main([*BASE, *argv]) == Exit.OK
+    assert _sent(api) == [("PUT", f"{BILLING}/v1/budgets/ml/vision", {"amount": "200"})]
+    assert capsys.readouterr().out.startswith("set budget of project ml/vision\n")
+
+
+def test_rm_deletes_and_says_which(api: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    api["route"] = lambda r: httpx.Response(204)
+    assert cli.main([*BASE, "budget", "rm", "ml", "--project", "vision"]) == Exit.OK
+    assert cli.main([*BASE, "budget", "rm", "ml", "--json"]) == Exit.OK
+    assert _sent(api) == [
+        ("DELETE", f"{BILLING}/v1/budgets/ml/vision", None),
+        ("DELETE", f"{BILLING}/v1/budgets/ml", None),
+    ]
+    out = capsys.readouterr().out
+    assert out.startswith("removed budget of project ml/vision\n")
+    assert json.loads(out.split("\n", 1)[1]) == {"removed": {"team": "ml", "project": None}}
+
+
+def _refusal(status: int, detail: str, errors: list[dict[str, str]] | None = None) -> Route:
+    return lambda r: httpx.Response(status, json={"detail": detail, "errors": errors or []})
+
+
+@pytest.mark.parametrize(
+    ("argv", "route", "code", "line"),
+    [
+        (
+            ["set", "ml", "--amount", "0", "--replace"],
+            _refusal(
+                422,
+                "invalid request",
+                [{"field": "amount", "message": "Input should be greater than 0"}],
+            ),
+            Exit.ERROR,
+            "billing: 422 invalid request (amount: Input should be greater than 0)",
+        ),
+        (
+            ["set", "ml", "--thresholds", "50,50", "--replace"],
+            _refusal(
+                422,
+                "invalid request",
+                [
+                    {"field": "amount", "message": "Field required"},
+                    {"field": "thresholds", "message": "Value error, each threshold at most once"},
+                ],
+            ),
+            Exit.ERROR,
+            "billing: 422 invalid request (amount: Field required; "
+            "thresholds: Value error, each threshold at most once)",
+        ),
+        (
+            ["set", "ml", "--amount", "5"],
+            _refusal(403, "PUT /v1/budgets/ml needs the admin role; you are member"),
+            Exit.DENIED,
+            "billing: 403 PUT /v1/budgets/ml needs the admin role; you are member",
+        ),
+        (["show", "nlp"], _refusal(404, "no budget of team nlp"), Exit.NOT_FOUND, None),
+        (["rm", "nlp"], _refusal(404, "no budget of team nlp"), Exit.NOT_FOUND, None),
+        (["ls"], _refusal(401, "no valid token"), Exit.DENIED, "billing: 401 no valid token"),
+    ],
+)
+def test_a_refusal_is_one_line_naming_the_field_with_its_exit_code(
+    argv: list[str],
+    route: Route,
+    code: Exit,
+    line: str | None,
+    api: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    api["route"] = route
+    assert cli.main([*BASE, "budget", *argv]) == code
+    captured = capsys.readouterr()
+    said = line or "billing: 404 no budget of team nlp"
+    assert (captured.out, captured.err) == ("", f"trainyard: error: {said}\n")
+
+
+def test_a_failed_read_before_set_is_its_refusal_and_nothing_is_written(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    api["route"] = _refusal(401, "no valid token")
+    assert cli.main([*BASE, "budget", "set", "ml", "--amount", "5"]) == Exit.DENIED
+    assert capsys.readouterr().err == "trainyard: error: billing: 401 no valid token\n"
+    assert [method for method, _, _ in _sent(api)] == ["GET"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        ([], "give at least one of --amount, --policy, --on-exhausted, --thresholds"),
+        (["--replace"], "give at least one of --amount"),
+        (["--amount", "abc"], "'abc' is not a decimal number such as 1000"),
+        (["--amount", "nan"], "'nan' is not a decimal number such as 1000"),
+        (["--amount", ""], "'' is not a decimal number such as 1000"),
+        (["--thresholds", "50,x"], "'50,x' is not whole percents separated by commas"),
+        (["--thresholds", "50,,80"], "'50,,80' is not whole percents"),
+        (["--policy", "block"], "argument --policy: invalid choice: 'block'"),
+        (["--on-exhausted", "kill"], "argument --on-exhausted: invalid choice: 'kill'"),
+        (["--amount", "5", "--project", ""], "--project is empty"),
+    ],
+)
+def test_set_refuses_what_the_cli_can_judge_before_any_request(
+    argv: list[str], line: str, api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        code = cli.main([*BASE, "budget", "set", "ml", *argv])
+    except SystemExit as exc:  # argparse's own usage errors
+        code = int(exc.code or 0)
+    assert code == Exit.USAGE
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and line in err, err
+    assert api["sent"] == []
+
+
+def test_without_a_billing_url_it_says_how_to_give_one(
+    api: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("TRAINYARD_BILLING_URL")
+    assert cli.main([*BASE, "budget", "ls"]) == Exit.NOT_CONFIGURED
+    assert capsys.readouterr().err == (
+        "trainyard: error: no billing URL: set TRAINYARD_BILLING_URL or "
+        "trainyard login URL --billing-url BILLING_URL\n"
+    )
+    assert api["sent"] == []
+
+
+@pytest.mark.parametrize(
+    ("answer", "state"),
+    [
+        ({"exhausted": True, "runs_out_at": None}, "exhausted"),
+        ({"exhausted": False, "runs_out_at": "2026-12-19T06:00:00+00:00"}, "runs out 2026-12-19"),
+        ({"exhausted": False, "runs_out_at": None}, "ok"),
+    ],
+)
+def test_the_state_says_spent_or_when_it_runs_out(answer: dict[str, Any], state: str) -> None:
+    from trainyard.cli_budgets import state_text
+
+    assert state_text(answer) == state
