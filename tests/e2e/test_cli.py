@@ -5,7 +5,8 @@ input), job ids by unique prefix, ``login`` and contexts, ``rerun``, a ``sweep``
 running it again, ``queue`` with the
 reason a job waits, a reader that closes the pipe early, and bad spec files: each problem
 named by its line and field, an unknown field with the close name. Operators: ``nodes``
-(cordon), and ``admin`` (a cohort and a queue with a quota, defined, listed, deleted).
+(cordon), and ``admin`` (a cohort and a queue with a quota, defined, listed, deleted). Team
+admins: ``budget`` (a project's budget set, listed, changed, refused, removed).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -349,6 +351,45 @@ def test_an_operator_defines_a_cohort_and_a_queue_with_a_quota(
         assert run(operator, "admin", "cohorts", "rm", "e2e-research").startswith("removed")
     prices = run(operator, "admin", "prices", "ls", "--flavor", "cpu").splitlines()
     assert prices[1].split()[0] == "cpu" and " GPU-hour " in prices[1], prices  # from billing
+
+
+def test_a_team_admin_sets_lists_changes_and_removes_a_budget(env: dict[str, str]) -> None:
+    """``trainyard budget``, billing's real answers: a project budget created, listed with
+    what is spent this month, changed in one field (the others kept), refused with billing's
+    422 naming the field, removed. The project is one no job of this module runs in."""
+    scope = ("cli-team", "--project", "budget-e2e")
+    said = run(env, "budget", "set", *scope, "--amount", "1e3", "--on-exhausted", "stop")
+    assert said.startswith("created budget of project cli-team/budget-e2e\n"), said
+    try:
+        mine = [b for b in json.loads(run(env, "--json", "budget", "ls")) if b["project"]]
+        assert [
+            (b["team"], b["project"], Decimal(b["amount"]), b["policy"], b["on_exhausted"])
+            for b in mine
+        ] == [("cli-team", "budget-e2e", Decimal(1000), "warn", "stop")]
+        assert (Decimal(mine[0]["spent"]), mine[0]["exhausted"]) == (0, False)
+        row = next(line for line in run(env, "budget", "ls").splitlines() if "budget-e2e" in line)
+        assert row.split() == [
+            *("cli-team", "budget-e2e", mine[0]["month"], "1000.00", mine[0]["currency"]),
+            *("0.00", "0.00%", "ok", "warn", "stop"),
+        ], row
+        # A set of a budget that exists changes only what it names.
+        run(env, "budget", "set", *scope, "--policy", "refuse", "--thresholds", "50,90")
+        shown = json.loads(run(env, "budget", "show", *scope, "--json"))
+        assert (Decimal(shown["amount"]), shown["policy"], shown["on_exhausted"]) == (
+            Decimal(1000),
+            "refuse",
+            "stop",
+        )
+        assert shown["thresholds"] == [50, 90]
+        zero = run(env, "budget", "set", *scope, "--amount", "0", code=1)
+        assert zero.startswith("trainyard: error: billing: 422 invalid request (amount: "), zero
+        twice = run(env, "budget", "set", *scope, "--thresholds", "50,50", code=1)
+        assert "billing: 422 " in twice and "thresholds: " in twice, twice
+    finally:
+        removed = run(env, "budget", "rm", *scope)
+        assert removed == "removed budget of project cli-team/budget-e2e\n"
+    gone = run(env, "budget", "show", *scope, code=3)
+    assert gone.startswith("trainyard: error: billing: 404 "), gone
 
 
 def test_queue_shows_why_a_job_waits(env: dict[str, str], project: Path) -> None:
