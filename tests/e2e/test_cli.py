@@ -384,7 +384,10 @@ def test_a_team_admin_sets_lists_changes_and_removes_a_budget(env: dict[str, str
         zero = run(env, "budget", "set", *scope, "--amount", "0", code=1)
         assert zero.startswith("trainyard: error: billing: 422 invalid request (amount: "), zero
         twice = run(env, "budget", "set", *scope, "--thresholds", "50,50", code=1)
-        assert "billing: 422 " in twice and "thresholds: " in twice, twice
+        assert "billing: 422 invalid request (thresholds: each threshold at most once)" in twice
+        new = run(env, "budget", "set", "cli-team", "--project", "e2e-none", "--policy", "refuse",
+                  code=1)  # fmt: skip
+        assert "billing: 422 invalid request (amount: field required)" in new, new
     finally:
         removed = run(env, "budget", "rm", *scope)
         assert removed == "removed budget of project cli-team/budget-e2e\n"

@@ -215,13 +215,13 @@ def _refusal(status: int, detail: str, errors: list[dict[str, str]] | None = Non
                 422,
                 "invalid request",
                 [
-                    {"field": "amount", "message": "Field required"},
-                    {"field": "thresholds", "message": "Value error, each threshold at most once"},
+                    {"field": "amount", "message": "field required"},
+                    {"field": "thresholds", "message": "each threshold at most once"},
                 ],
             ),
             Exit.ERROR,
-            "billing: 422 invalid request (amount: Field required; "
-            "thresholds: Value error, each threshold at most once)",
+            "billing: 422 invalid request (amount: field required; "
+            "thresholds: each threshold at most once)",
         ),
         (
             ["set", "ml", "--amount", "5"],
