@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-import services.submission
+import trainyard_platform.services.submission as submission_service
 from tests.browser.test_dashboard import script_errors
 
-WEB = Path(services.submission.__file__).parent / "web"
+WEB = Path(submission_service.__file__).parent / "web"
 BLANK = b"<!doctype html><html><head><title>lineage</title></head><body></body></html>"
 
 DRAW = """
