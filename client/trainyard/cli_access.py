@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from trainyard.cli_render import table, time_text
 from trainyard.client import TrainyardClient
 
 ROLES = ("viewer", "member", "admin", "operator")
@@ -104,34 +105,32 @@ def _user(client: TrainyardClient, args: argparse.Namespace, as_json: bool) -> A
 
 
 def render_whoami(me: dict[str, Any]) -> str:
-    expiry = me.get("expires_at") or "never"
+    expiry = f"expires {time_text(me['expires_at'])}" if me.get("expires_at") else "never expires"
     return (
         f"{me['user']} of team {me['team']} ({me['role']}); "
-        f"token {me['token_id']} ({me['token_name']}) expires {expiry}"
+        f"token {me['token_id']} ({me['token_name']}) {expiry}"
     )
 
 
 def render_tokens(tokens: list[dict[str, Any]]) -> str:
-    lines = [f"{'ID':>6}  {'NAME':<16} {'USER':<20} {'EXPIRES':<26} STATE"]
-    for t in tokens:
-        state = "revoked" if t.get("revoked_at") else "active"
-        expires = t.get("expires_at") or "never"
-        lines.append(f"{t['id']:>6}  {t['name']:<16} {t['user']:<20} {expires:<26} {state}")
-    return "\n".join(lines)
+    rows = [
+        (
+            t["id"],
+            t["name"],
+            t["user"],
+            time_text(t["expires_at"]) if t.get("expires_at") else "never",
+            "revoked" if t.get("revoked_at") else "active",
+        )
+        for t in tokens
+    ]
+    return table(("ID", "NAME", "USER", "EXPIRES", "STATE"), rows)
 
 
 def render_users(users: list[dict[str, Any]]) -> str:
-    lines = [f"{'NAME':<24} {'ROLE':<9} STATE"]
-    for u in users:
-        state = "disabled" if u.get("disabled_at") else "active"
-        lines.append(f"{u['name']:<24} {u['role']:<9} {state}")
-    return "\n".join(lines)
+    rows = [(u["name"], u["role"], "disabled" if u.get("disabled_at") else "active") for u in users]
+    return table(("NAME", "ROLE", "STATE"), rows)
 
 
 def render_audit(entries: list[dict[str, Any]]) -> str:
-    lines = [f"{'ID':>6}  {'AT':<32} {'ACTOR':<24} {'ACTION':<22} TARGET"]
-    for e in entries:
-        lines.append(
-            f"{e['id']:>6}  {e['at']:<32} {e['actor']:<24} {e['action']:<22} {e['target']}"
-        )
-    return "\n".join(lines)
+    rows = [(e["id"], time_text(e["at"]), e["actor"], e["action"], e["target"]) for e in entries]
+    return table(("ID", "AT", "ACTOR", "ACTION", "TARGET"), rows)
