@@ -578,6 +578,10 @@ class LogFollower:
         self._sleep = sleep or (lambda s: time.sleep(s))
         self.cursor = ""
         self.done = False
+        self.printed = False
+        """True once a chunk of output has been printed."""
+        self.job_ended = False
+        """True once the API said the job has ended."""
         self._stream: str | None = None
         self._open_line = False
         self._ended_at: float | None = None
@@ -605,6 +609,7 @@ class LogFollower:
             if not page["chunks"]:
                 break
         if page["job_terminal"]:
+            self.job_ended = True
             now = self._clock()
             self._ended_at = now if self._ended_at is None else self._ended_at
             if page["streams_complete"] or now - self._ended_at >= self._grace_s:
@@ -612,6 +617,7 @@ class LogFollower:
         return self.done
 
     def _print(self, chunk: dict[str, Any]) -> None:
+        self.printed = True
         out = self._out or sys.stdout
         if self._as_json:
             print(dumps_line(chunk), file=out, flush=True)
@@ -637,11 +643,19 @@ def dumps_line(value: object) -> str:
 
 def logs(session: Session) -> int:
     client = session.client
-    follower = LogFollower(client, resolve(client, session.args.job), as_json=session.as_json)
+    job_id = resolve(client, session.args.job)
+    follower = LogFollower(client, job_id, as_json=session.as_json)
     try:
         follower.run(follow=session.args.follow)
     except KeyboardInterrupt:
         return Exit.INTERRUPTED  # quietly: the user asked to stop
+    if not follower.printed and not session.as_json:
+        # Empty stdout alone cannot be told from a command that did nothing.
+        note(
+            f"job {job_id} printed no output"
+            if follower.job_ended
+            else f"no output from job {job_id} yet; trainyard logs {job_id} -f follows it"
+        )
     return Exit.OK
 
 
