@@ -103,6 +103,31 @@ class _Parser(argparse.ArgumentParser):
         print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(Exit.USAGE)
 
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras and not hasattr(parsed, _USAGE_OWNER):
+            # The innermost command that left them over (its namespace is copied into its
+            # parent's): its usage error names the command and its help, where argparse
+            # would leave them to the top-level parser's.
+            setattr(parsed, _USAGE_OWNER, self)
+        return parsed, extras
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        owner: _Parser = getattr(parsed, _USAGE_OWNER, self)
+        if extras:
+            owner.error(f"unrecognized arguments: {' '.join(extras)}")
+        if hasattr(parsed, _USAGE_OWNER):
+            delattr(parsed, _USAGE_OWNER)
+        return parsed
+
+
+_USAGE_OWNER = "_trainyard_usage_owner"
+
 
 FREE_TEXT = frozenset({"description", "feature_version", "text"})
 """Arguments (by ``dest``) whose value may be empty: a version's description, a dataset's
