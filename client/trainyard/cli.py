@@ -210,6 +210,7 @@ def _parser() -> argparse.ArgumentParser:
     submit = command("submit", cli_jobs.submit, "submit a job spec file (YAML or JSON)")
     submit.add_argument(
         "file",
+        metavar="SPEC",
         type=Path,
         help="job spec (YAML or JSON), e.g. examples/digits.job.yaml; - reads stdin",
     )
@@ -234,7 +235,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep = command(
         "sweep", cli_sweep.sweep, "a hyper-parameter search: one job per trial, best first"
     )
-    sweep.add_argument("file", type=Path, help="the job spec every trial starts from")
+    sweep.add_argument(
+        "file", metavar="SPEC", type=Path, help="the job spec every trial starts from"
+    )
     cli_sweep.add_arguments(sweep)
     sweep.add_argument(
         "--timeout", type=seconds_arg, default=7 * 86_400.0, help="seconds to wait (7 days)"
@@ -393,15 +396,17 @@ def _login_commands(
     for service in cli_config.SERVICES:
         login.add_argument(f"--{service}-url", help=f"the {service} API's base URL")
     logout = command("logout", _logout, "forget a context and its token")
-    logout.add_argument("name", nargs="?", help="the context (default: the current one)")
+    logout.add_argument(
+        "name", metavar="CTX", nargs="?", help="the context (default: the current one)"
+    )
     context = command("context", None, "list, switch or remove contexts")
     actions = context.add_subparsers(dest="action", required=True, metavar="ACTION")
     actions.add_parser("ls", parents=[common], help="the contexts").set_defaults(run=_context_ls)
     use = actions.add_parser("use", parents=[common], help="make a context the current one")
-    use.add_argument("name")
+    use.add_argument("name", metavar="CTX")
     use.set_defaults(run=_context_use)
     rm = actions.add_parser("rm", parents=[common], help="remove a context")
-    rm.add_argument("name")
+    rm.add_argument("name", metavar="CTX")
     rm.set_defaults(run=_logout)
 
 

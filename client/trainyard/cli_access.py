@@ -4,7 +4,7 @@
     trainyard token list [--user U] [--team T]       tokens (never their secrets)
     trainyard token create [--name N] [--days D]     a new token for yourself (shown once)
     trainyard token rotate [--days D]                replace the token in use (old one dies)
-    trainyard token revoke TOKEN_ID                  revoke a token at once
+    trainyard token revoke ID                        revoke a token at once
     trainyard user list [--team T]                   the team's users (admins)
     trainyard user add NAME [--role R] [--team T]    a user and its first token (admins)
     trainyard user role NAME ROLE [--team T]         give a user another role (admins)
@@ -41,7 +41,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         made.add_argument("--name", help="a label (laptop, ci, ...)")
         made.add_argument("--days", type=int, help="lifetime in days (server default: 90)")
     revoke = tokens.add_parser("revoke", parents=[common], help="revoke a token by id")
-    revoke.add_argument("token_id", type=int)
+    revoke.add_argument("token_id", metavar="ID", type=int)
     user = commands.add_parser(
         "user", parents=[common], help="list, add, change the role of, disable users"
     )
@@ -50,15 +50,15 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         "--team", help="another team (operators)"
     )
     add = users.add_parser("add", parents=[common], help="a new user and its first token")
-    add.add_argument("name")
+    add.add_argument("name", metavar="NAME")
     add.add_argument("--role", choices=ROLES, default="member")
     add.add_argument("--team", help="another team (operators)")
     role = users.add_parser("role", parents=[common], help="give a user another role")
-    role.add_argument("name")
+    role.add_argument("name", metavar="NAME")
     role.add_argument("role", choices=ROLES)
     role.add_argument("--team", help="another team (operators)")
     disable = users.add_parser("disable", parents=[common], help="disable a user")
-    disable.add_argument("name")
+    disable.add_argument("name", metavar="NAME")
     disable.add_argument("--team", help="another team (operators)")
     audit = commands.add_parser("audit", parents=[common], help="the audit log (operators)")
     audit.add_argument("--limit", type=int, default=50)

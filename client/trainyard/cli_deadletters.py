@@ -48,7 +48,7 @@ def add_deadletter_commands(
     listing.add_argument("--after", type=int, default=0, help="only those after this sequence")
     listing.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     show = actions.add_parser("show", parents=[common], help="one dead letter, with its event")
-    show.add_argument("sequence", type=int)
+    show.add_argument("sequence", metavar="SEQ", type=int)
     for name, what in (
         ("redrive", "hand dead letters back to their consumer"),
         ("discard", "delete dead letters for good"),

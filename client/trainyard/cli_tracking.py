@@ -31,7 +31,9 @@ from trainyard.client import TrainyardClient, TrainyardError, get_text, segment
 def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     metrics = command("metrics", run_metrics, "a job's metrics: a table, or one as a sparkline")
     metrics.add_argument("job", metavar="JOB")
-    metrics.add_argument("key", nargs="?", help="one metric: its curve (points with --json)")
+    metrics.add_argument(
+        "key", metavar="KEY", nargs="?", help="one metric: its curve (points with --json)"
+    )
     metrics.add_argument(
         "--points", type=int, help=f"with KEY: at most this many points ({CURVE_POINTS})"
     )
@@ -53,9 +55,9 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     tag.add_argument("--rm", action="store_true", help="remove the tags instead")
     note = command("note", run_note, "set a run's note ('' clears it)")
     note.add_argument("job", metavar="JOB")
-    note.add_argument("text")
+    note.add_argument("text", metavar="TEXT")
     models = command("models", run_models, "the versions of one of the team's models")
-    models.add_argument("name", help="the model's name (a job's model shows it)")
+    models.add_argument("name", metavar="NAME", help="the model's name (a job's model shows it)")
     models.add_argument("--team", help="another team's (operators)")
     cost = command(
         "cost", run_cost, "exact costs from billing's ledger: a report, or one job's bill"
