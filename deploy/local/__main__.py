@@ -152,17 +152,26 @@ def cmd_up(args: argparse.Namespace) -> int:
             )
         if token is not None:
             _say(f"  admin       {args.user} of team {args.team}, token: {token}")
-            urls = stack.service_urls
             _say("\nFor the trainyard CLI (a context named local, kept in a 0600 file):")
-            _say(
-                f"  echo {token} | trainyard login {stack.submission_url} --token-stdin "
-                f"--name local --registry-url {urls['registry']} --billing-url {urls['billing']}"
-            )
-            _say(f"  or: export TRAINYARD_URL={stack.submission_url} TRAINYARD_TOKEN={token}")
+            for line in cli_hint(token, stack.service_urls):
+                _say(f"  {line}")
         # The stack's watchdog reports and restarts whatever dies; a process it leaves
         # down stays down: someone may be trying out what a dead service does.
         while True:
             time.sleep(1.0)
+
+
+def cli_hint(token: str, urls: dict[str, str]) -> list[str]:
+    """The login command for the stack at ``urls`` (by service), then the same as
+    environment variables: each names every service the CLI calls, so no command of it
+    ends for want of a URL."""
+    others = ("registry", "billing", "scheduler")
+    login = " ".join(f"--{name}-url {urls[name]}" for name in others)
+    export = " ".join(f"TRAINYARD_{name.upper()}_URL={urls[name]}" for name in others)
+    return [
+        f"echo {token} | trainyard login {urls['submission']} --token-stdin --name local {login}",
+        f"or: export TRAINYARD_URL={urls['submission']} TRAINYARD_TOKEN={token} {export}",
+    ]
 
 
 # --- demo ----------------------------------------------------------------------------
