@@ -307,6 +307,13 @@ def add_command(command: Callable[..., argparse.ArgumentParser]) -> None:
 def run_trace(session: Session) -> int:
     args = session.args
     ref = str(args.job).lower()
+    if args.file is DEFAULT_FILE and not DEFAULT_FILE.exists():
+        # The default is relative: from any folder but the stack's checkout it names nothing.
+        raise CliError(
+            f"cannot read spans from {DEFAULT_FILE}: No such file or directory (the default, "
+            "relative to the current folder: name the stack's span file with --file; dev.py "
+            "up prints it on its 'spans' line)"
+        )
     if _TRACE_ID.fullmatch(ref):
         wanted = {ref}
     else:  # two passes over the file, each reading only the lines that name what it seeks
