@@ -49,6 +49,7 @@ from trainyard.client import (
 )
 from trainyard.secret_names import looks_secret
 from trainyard.spec import SECRET_WARNING, SpecFile, load, load_stream, plain_scalar
+from trainyard.suggest import closest
 
 LOG_POLL_SECONDS = 1.0
 ESTIMATE_WAIT_SECONDS = 2.0
@@ -307,7 +308,17 @@ def _overridden(spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
         spec["labels"] = {**(spec.get("labels") or {}), **dict(args.label)}
     if getattr(args, "set", None):
         values = set_values(args.set)
-        spec["hyperparameters"] = {**(spec.get("hyperparameters") or {}), **values}
+        known = spec.get("hyperparameters") or {}
+        for key in values:
+            meant = None if key in known or not known else closest(key, known)
+            if meant is not None:
+                # A new key a typo away from one the job has: the job would run with the
+                # old value of the one meant, and nothing would say so.
+                note(
+                    f"warning: --set {key}: the spec has no hyper-parameter {key!r}; did you "
+                    f"mean {meant!r}? (it is added as a new one)"
+                )
+        spec["hyperparameters"] = {**known, **values}
     return spec
 
 
