@@ -254,12 +254,20 @@ class Session:
     def refused_token(self) -> str:
         """What to say of a token an API refused (401): where it came from and how to get
         one that works; never the token."""
-        if getattr(self.args, "token", None):
-            return "the token from --token was refused"
-        if self.settings.token and self.settings.token.get_secret_value():
-            return "the token from TRAINYARD_TOKEN was refused"
         name = self._context_name()
         ctx = self.context()
+        # A token given on top of a context hides the context's, which may well work.
+        hidden = ctx is not None and ctx.token and (not self._url_given() or self.url == ctx.url)
+        instead = f" to use the token of context {name!r}" if hidden else ""
+        if getattr(self.args, "token", None):
+            return "the token from --token was refused (expired or revoked?): give a valid one" + (
+                f", or leave --token out{instead}" if instead else ""
+            )
+        if self.settings.token and self.settings.token.get_secret_value():
+            return (
+                "the token from TRAINYARD_TOKEN was refused (expired or revoked?): set a valid "
+                "one" + (f", or unset TRAINYARD_TOKEN{instead}" if instead else "")
+            )
         if ctx is None:
             return "the token was refused"
         return (
