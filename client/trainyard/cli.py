@@ -284,7 +284,12 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument(
         "--label", type=cli_jobs.key_value, metavar="K=V", help="only jobs with this label"
     )
-    listing.add_argument("--limit", type=_positive, default=50, help="at most this many (50)")
+    listing.add_argument(
+        "--limit",
+        type=_positive,
+        default=cli_jobs.LS_LIMIT,
+        help=f"at most this many ({cli_jobs.LS_LIMIT})",
+    )
     listing.add_argument("--after", metavar="CURSOR", help="the page after this cursor")
     listing.add_argument("--all", action="store_true", help="every page")
     get = command("get", cli_jobs.get, "jobs as table rows")

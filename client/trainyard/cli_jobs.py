@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -67,6 +68,10 @@ JOB_STATUSES = (
 RERUN_LABEL = "trainyard.dev/rerun-of"
 """The label a rerun gets: the id of the job whose spec it repeats."""
 MAX_LABELS = 64
+
+
+LS_LIMIT = 50
+"""How many jobs ``ls`` lists when ``--limit`` is not given."""
 
 
 def status_arg(value: str) -> str:
@@ -697,8 +702,26 @@ def ls(session: Session) -> int:
             break
     session.emit(jobs, lambda: table(LIST_HEADER, [list_row(j) for j in jobs], empty="no jobs"))
     if cursor and not session.as_json and not args.all:
-        note(f"more jobs: trainyard ls --after {cursor}")
+        note(f"more jobs: {_next_page_command(args, cursor)}")
     return Exit.OK
+
+
+def _next_page_command(args: argparse.Namespace, cursor: str) -> str:
+    """The ``ls`` that lists the page after ``cursor`` of the same list: the cursor holds a
+    place, not the filters, so they are repeated (without them it lists every job)."""
+    words = ["trainyard", "ls"]
+    if args.status:
+        words += ["--status", args.status.lower()]
+    if args.mine:
+        words.append("--mine")
+    for option in ("user", "project", "experiment"):
+        if getattr(args, option):
+            words += [f"--{option}", getattr(args, option)]
+    if args.label:
+        words += ["--label", "=".join(args.label)]
+    if args.limit != LS_LIMIT:
+        words += ["--limit", str(args.limit)]
+    return shlex.join([*words, "--after", cursor])
 
 
 def _matches(job: dict[str, Any], key: str, wanted: str | None) -> bool:
