@@ -35,7 +35,9 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
         "key", metavar="KEY", nargs="?", help="one metric: its curve (points with --json)"
     )
     metrics.add_argument(
-        "--points", type=int, help=f"with KEY: at most this many points ({CURVE_POINTS})"
+        "--points",
+        type=points_arg,
+        help=f"with KEY: at most this many points, {POINTS_MIN} to {POINTS_MAX} ({CURVE_POINTS})",
     )
     experiments = command(
         "experiments", run_experiments, "the team's experiments, or the runs of one"
@@ -88,6 +90,22 @@ def _number(value: Any) -> str:
 
 CURVE_POINTS = 1000
 """How many points ``metrics JOB KEY`` asks for without ``--points``."""
+POINTS_MIN, POINTS_MAX = 4, 100_000
+"""The ``max_points`` the registry takes for one curve."""
+
+
+def points_arg(value: str) -> int:
+    """``--points``: a whole number the registry takes as ``max_points``, judged here so
+    that the error names the option, not the query parameter."""
+    try:
+        points = int(value)
+    except ValueError:
+        points = 0
+    if not POINTS_MIN <= points <= POINTS_MAX:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a whole number from {POINTS_MIN} to {POINTS_MAX}"
+        )
+    return points
 
 
 def unused(*given: tuple[str, object], form: str) -> None:
