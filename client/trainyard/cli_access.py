@@ -25,6 +25,24 @@ from trainyard.cli_render import table, time_text
 from trainyard.client import TrainyardClient
 
 ROLES = ("viewer", "member", "admin", "operator")
+TOKEN_DAYS_MIN, TOKEN_DAYS_MAX = 1, 366
+"""The lifetimes a token may be given (``expires_in_days`` of the submission API)."""
+
+
+def days_arg(value: str) -> int:
+    """``token create|rotate --days``: judged here so that the error names the option, not
+    the API's body field."""
+    try:
+        days = int(value)
+    except ValueError:
+        days = 0
+    if not TOKEN_DAYS_MIN <= days <= TOKEN_DAYS_MAX:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a whole number of days from {TOKEN_DAYS_MIN} to {TOKEN_DAYS_MAX}"
+        )
+    return days
+
+
 COMMANDS = frozenset({"whoami", "token", "user", "audit"})
 
 
@@ -39,7 +57,11 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     for action, text in (("create", "a new token for yourself"), ("rotate", "replace this one")):
         made = tokens.add_parser(action, parents=[common], help=text)
         made.add_argument("--name", help="a label (laptop, ci, ...)")
-        made.add_argument("--days", type=int, help="lifetime in days (server default: 90)")
+        made.add_argument(
+            "--days",
+            type=days_arg,
+            help=f"lifetime in days, {TOKEN_DAYS_MIN} to {TOKEN_DAYS_MAX} (server default: 90)",
+        )
     revoke = tokens.add_parser("revoke", parents=[common], help="revoke a token by id")
     revoke.add_argument("token_id", metavar="ID", type=int)
     user = commands.add_parser(
