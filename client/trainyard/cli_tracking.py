@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
@@ -44,8 +45,12 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     )
     experiments.add_argument("experiment", nargs="?", metavar="EXP", help="a name or an id")
     experiments.add_argument("--project", help="only this project's (with EXP: EXP is a name)")
-    experiments.add_argument("--sort", help="with EXP: its runs by final:<key> or best:<key>")
-    experiments.add_argument("--filter", help="with EXP: its runs, e.g. final:accuracy>=0.9")
+    experiments.add_argument(
+        "--sort", type=sort_arg, help="with EXP: its runs by final:<key> or best:<key>"
+    )
+    experiments.add_argument(
+        "--filter", type=filter_arg, help="with EXP: its runs, e.g. final:accuracy>=0.9"
+    )
     compare = command("compare", run_compare, "runs of an experiment side by side")
     compare.add_argument("experiment", metavar="EXP", help="a name or an id")
     compare.add_argument("--project", help="the experiment's project (EXP is then a name)")
@@ -86,6 +91,33 @@ def _number(value: Any) -> str:
     if isinstance(value, float):
         return "nan" if math.isnan(value) else f"{value:.4g}"
     return str(value)
+
+
+# The forms the registry takes (its tracking_query): judged here too, so that a malformed
+# one is a usage error naming the option rather than a 422 naming the query parameter.
+_SORT = re.compile(r"(final|best):(.{1,200})")
+_FILTER = re.compile(r"(final|best):(.{1,200}?)(<=|>=|<|>)(.+)")
+
+
+def sort_arg(value: str) -> str:
+    """``experiments EXP --sort``: ``final:KEY`` or ``best:KEY``."""
+    if not _SORT.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not final:KEY or best:KEY")
+    return value
+
+
+def filter_arg(value: str) -> str:
+    """``experiments EXP --filter``: ``final:KEY`` or ``best:KEY``, a comparison, a number."""
+    found = _FILTER.fullmatch(value)
+    try:
+        number = found is not None and float(found.group(4)) is not None
+    except ValueError:
+        number = False
+    if not number:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not final:KEY or best:KEY, then <, <=, > or >=, then a number"
+        )
+    return value
 
 
 CURVE_POINTS = 1000
