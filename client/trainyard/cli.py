@@ -440,17 +440,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         said = str(exc)
         if exc.status == 401 and session is not None and getattr(args, "run", None) != _login:
             said += f"\n{session.refused_token()}"
-        elif (
-            exc.status == 0
-            and cli_config.DEFAULT_URL in exc.message
-            and session is not None
-            and session.url_is_the_default()
-        ):
-            # Not a server down: none was configured, and the local stack's URL was tried.
-            said += (
-                f"\nno URL is configured, so {cli_config.DEFAULT_URL} (a local stack's) was "
-                "tried: trainyard login URL, set TRAINYARD_URL or pass --url"
-            )
+        elif exc.status == 0 and session is not None and getattr(args, "run", None) != _login:
+            hint = session.unreachable(said)
+            said += f"\n{hint}" if hint else ""
         return _fail(said, exit_code_of(exc))
     except TimeoutError as exc:
         return _fail(str(exc), Exit.TIMEOUT)

@@ -37,7 +37,6 @@ from trainyard.bundle import DEFAULT_MAX_BYTES
 from trainyard.cli_config import (
     DEFAULT_URL,
     Config,
-    ConfigError,
     Context,
     default_path,
     pick,
@@ -215,17 +214,6 @@ class Session:
             return checked_url(ctx.url, f"of context {self._context_name()!r}")
         return DEFAULT_URL
 
-    def url_is_the_default(self) -> bool:
-        """Whether no submission API URL is configured (no ``--url``, no ``TRAINYARD_URL``,
-        no context with one), so ``url`` is ``DEFAULT_URL``, a local stack's."""
-        if self._url_given():
-            return False
-        try:
-            ctx = self.context()
-        except (CliError, ConfigError):
-            return False
-        return ctx is None or not ctx.url
-
     def _url_given(self) -> bool:
         return bool(getattr(self.args, "url", None) or self.settings.url)
 
@@ -249,6 +237,30 @@ class Session:
         raise not_configured(
             "no token" if ctx is not None else "no token (no context: not logged in)",
             "trainyard login URL, set TRAINYARD_TOKEN or pass --token",
+        )
+
+    def unreachable(self, said: str) -> str | None:
+        """What to add when the submission API did not answer (``said``: the error): where
+        its URL came from and what to do; None for another service's URL."""
+        url = self.url
+        if not said.startswith(f"cannot reach {url}"):
+            return None
+        if getattr(self.args, "url", None):
+            return None  # given on this very command line
+        if self.settings.url:
+            return "that is the URL from TRAINYARD_URL: is the API up there?"
+        ctx = self.context()
+        if ctx is not None and ctx.url:
+            name = self._context_name()
+            return (
+                f"that is the URL of context {name!r}: is the API up there? (dev.py up takes "
+                "new ports at each start: log in again with the URL it prints, trainyard "
+                f"login URL --name {name})"
+            )
+        # Not a server down: none was configured, and the local stack's URL was tried.
+        return (
+            f"no URL is configured, so {DEFAULT_URL} (a local stack's) was tried: trainyard "
+            "login URL, set TRAINYARD_URL or pass --url"
         )
 
     def refused_token(self) -> str:

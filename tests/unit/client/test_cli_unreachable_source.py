@@ -1,0 +1,72 @@
+"""An API that does not answer was said as ``cannot reach http://127.0.0.1:57301: [Errno
+111] Connection refused``, exit 5, with no word of where that URL came from. A new user
+meets it in two ways: never logged in (the default URL), or after restarting ``dev.py up``,
+which takes new ports at each start (the context names the old ones). The second line now
+says where the URL came from and what to do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from trainyard import cli
+
+from .conftest import routed_api
+
+
+def _refused(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+
+@pytest.fixture
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    for name in ("URL", "TOKEN", "CONTEXT"):
+        monkeypatch.delenv(f"TRAINYARD_{name}", raising=False)
+    state = routed_api(tmp_path, monkeypatch, {})
+    state["route"] = _refused
+    state["config"] = tmp_path / "config.json"
+    return state
+
+
+def test_a_context_s_url_that_does_not_answer_says_how_to_log_in_again(
+    state: dict[str, object], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = state["config"]
+    assert isinstance(config, Path)
+    config.write_text(
+        '{"current": "local", "contexts": {"local": {"url": "http://127.0.0.1:1", '
+        '"token": "ty_a"}}}\n'
+    )
+    config.chmod(0o600)
+    assert cli.main(["ls"]) == 5
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("trainyard: error: cannot reach http://127.0.0.1:1")
+    assert lines[1] == (
+        "trainyard: error: that is the URL of context 'local': is the API up there? (dev.py "
+        "up takes new ports at each start: log in again with the URL it prints, trainyard "
+        "login URL --name local)"
+    )
+
+
+def test_the_default_url_that_does_not_answer_says_to_log_in(
+    state: dict[str, object], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TRAINYARD_TOKEN", "ty_a")
+    assert cli.main(["ls"]) == 5
+    assert capsys.readouterr().err.splitlines()[1] == (
+        "trainyard: error: no URL is configured, so http://127.0.0.1:8080 (a local stack's) "
+        "was tried: trainyard login URL, set TRAINYARD_URL or pass --url"
+    )
+
+
+def test_a_url_from_the_environment_is_named_as_such(
+    state: dict[str, object], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TRAINYARD_TOKEN", "ty_a")
+    monkeypatch.setenv("TRAINYARD_URL", "http://127.0.0.1:2")
+    assert cli.main(["ls"]) == 5
+    assert capsys.readouterr().err.splitlines()[1] == (
+        "trainyard: error: that is the URL from TRAINYARD_URL: is the API up there?"
+    )
