@@ -100,14 +100,18 @@ _FILTER = re.compile(r"(final|best):(.{1,200}?)(<=|>=|<|>)(.+)")
 
 
 def sort_arg(value: str) -> str:
-    """``experiments EXP --sort``: ``final:KEY`` or ``best:KEY``."""
-    if not _SORT.fullmatch(value):
+    """``experiments EXP --sort``: ``final:KEY`` or ``best:KEY`` (a blank one is left to
+    the empty-value check, which names it as empty)."""
+    if value.strip() and not _SORT.fullmatch(value):
         raise argparse.ArgumentTypeError(f"{value!r} is not final:KEY or best:KEY")
     return value
 
 
 def filter_arg(value: str) -> str:
-    """``experiments EXP --filter``: ``final:KEY`` or ``best:KEY``, a comparison, a number."""
+    """``experiments EXP --filter``: ``final:KEY`` or ``best:KEY``, a comparison, a number
+    (a blank one is left to the empty-value check, which names it as empty)."""
+    if not value.strip():
+        return value
     found = _FILTER.fullmatch(value)
     try:
         number = found is not None and float(found.group(4)) is not None
