@@ -51,12 +51,11 @@ VALUES = {
     "NAME": "gold",
     "FLAVOR": "cpu",
     "SEQ": "1",
-    "file": "job.yaml",
-    "text": "a note",
-    "name": "cnn",
-    "token_id": "1",
+    "SPEC": "job.yaml",
+    "CTX": "cnn",
+    "ID": "1",
+    "TEXT": "a note",
     "role": "member",
-    "sequence": "1",
 }
 """A valid value of each positional argument, by metavar (else by name)."""
 
