@@ -138,7 +138,8 @@ class Settings(GuardedServiceSettings):
     uploaded checkpoint (``domain.with_lost_checkpoint``)."""
     max_checkpoint_bytes: int = Field(default=MAX_CHECKPOINT_BYTES, ge=1)
     """Largest checkpoint object committed, by its apparent size (a sparse file counts with
-    its holes); a larger one is refused unread and the job's earlier checkpoints stand."""
+    its holes); a larger one is refused unread and the job's earlier checkpoints stand (a
+    refused final checkpoint fails a job that succeeded: ``domain.with_refused_checkpoint``)."""
     job_disk_gib: float = Field(default=512.0, ge=0)
     """Disk a job may take in its sandbox (its code, home, tmp and checkpoint staging), in
     GiB, measured every ``job_disk_check_seconds`` (``disk_watch``); a job over it is

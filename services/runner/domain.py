@@ -508,6 +508,44 @@ def with_lost_checkpoint(
     return replace(outcome, reason=f"{outcome.reason}; {what}")
 
 
+@dataclass(frozen=True)
+class RefusedCheckpoint:
+    """A checkpoint the job staged that the runner refused to upload
+    (``checkpoints.StagedCheckpointInvalid``: a bad manifest, a link, a path outside its
+    staging folder, an object too large or not matching its manifest)."""
+
+    step: int
+    why: str
+    """The refusal's message."""
+
+
+def with_refused_checkpoint(
+    outcome: Outcome, refused: RefusedCheckpoint | None, kept: CheckpointRef | None
+) -> Outcome:
+    """``outcome``, told that the runner refused the checkpoint ``refused`` (the newest of
+    the job's refused, if any), ``kept`` being the latest one uploaded. When ``kept`` is
+    newer, nothing changes: the job's artifact is its newest checkpoint. Otherwise never
+    silent: a job that succeeded would end with ``kept`` as its artifact, an older
+    checkpoint that the registry would register as its model. It fails instead as
+    ``user_error`` (the refused checkpoint is the job's own output; not retried on the
+    platform's budget) and nothing is registered. Any other outcome keeps its kind and its
+    reason says so too."""
+    if refused is None or (kept is not None and kept.step >= refused.step):
+        return outcome
+    since = (
+        f"the latest valid checkpoint is step {kept.step}"
+        if kept is not None
+        else "none of its checkpoints was valid"
+    )
+    what = (
+        f"its final checkpoint, of step {refused.step}, was refused by the runner "
+        f"({refused.why}); {since}"
+    )
+    if outcome.kind == "succeeded":
+        return Outcome("failed", f"the job finished, but {what}", outcome.exit_code, "user_error")
+    return replace(outcome, reason=f"{outcome.reason}; {what}")
+
+
 def terminal_event(
     job: JobIdentity, outcome: Outcome, results: JobResults, now: datetime
 ) -> JobSucceeded | JobFailed | JobPreempted:

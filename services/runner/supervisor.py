@@ -161,6 +161,8 @@ class JobRun:
         """Why the latest upload failed, for the report of a checkpoint left unuploaded."""
         self._lost_checkpoint: domain.LostCheckpoint | None = None
         """A checkpoint the job staged that its end could not wait to upload."""
+        self._refused_checkpoint: domain.RefusedCheckpoint | None = None
+        """The newest checkpoint the job staged that the runner refused."""
         self._max_processes = max_processes
         self._disk_limit_bytes = disk_limit_bytes
         self._disk_check_interval_s = disk_check_interval_s
@@ -423,6 +425,11 @@ class JobRun:
             memory_exceeded=cgroup.memory_exceeded() if cgroup is not None else None,
         )
         outcome = domain.with_lost_checkpoint(outcome, self._lost_checkpoint, self._last_checkpoint)
+        if self._lost_checkpoint is None:
+            # A lost checkpoint was staged after any refused one: it is the final one then.
+            outcome = domain.with_refused_checkpoint(
+                outcome, self._refused_checkpoint, self._last_checkpoint
+            )
         log.info(
             "job %s allocation %s %s: %s",
             self.job.job_id,
@@ -763,6 +770,10 @@ class JobRun:
                 break
             except checkpoints.StagedCheckpointInvalid as exc:
                 self._committing = None
+                # Said in the outcome (``domain.with_refused_checkpoint``) when no newer
+                # checkpoint is uploaded: an older one must not pass for the job's last.
+                if self._refused_checkpoint is None or step > self._refused_checkpoint.step:
+                    self._refused_checkpoint = domain.RefusedCheckpoint(step, str(exc))
                 self._warn(
                     "checkpoint refused", "job %s: checkpoint of step %d refused: %s", step, exc
                 )

@@ -72,14 +72,14 @@ FAKE_JOB = textwrap.dedent(
     def send(message):
         control.sendall((json.dumps(message) + "\\n").encode())
 
-    def checkpoint(step):
+    def checkpoint(step, corrupt=False):
         root = unquote(urlparse(os.environ["TRAINYARD_CHECKPOINT_URI"]).path)
         folder = f"step-{step:08d}"
         os.makedirs(os.path.join(root, folder), exist_ok=True)
         data = f"weights at step {step}".encode()
         with open(os.path.join(root, folder, "checkpoint.pt"), "wb") as f:
             f.write(data)
-        digest = hashlib.sha256(data).hexdigest()
+        digest = hashlib.sha256(data if not corrupt else b"other weights").hexdigest()
         manifest = {"step": step, "object": f"{folder}/checkpoint.pt",
                     "size_bytes": len(data), "sha256": digest}
         with open(os.path.join(root, folder, "manifest.json"), "w") as f:
@@ -104,6 +104,12 @@ FAKE_JOB = textwrap.dedent(
         while not os.path.exists(os.path.join(launches, "go")):
             time.sleep(0.05)
         checkpoint(2)
+        sys.exit(0)
+    if mode == "refused-final-checkpoint":
+        checkpoint(1)
+        while not os.path.exists(os.path.join(launches, "go")):
+            time.sleep(0.05)
+        checkpoint(2, corrupt=True)  # its manifest's sha256 is another object's
         sys.exit(0)
     if mode == "escape":
         import subprocess

@@ -207,6 +207,31 @@ async def test_a_revoked_job_checkpoints_and_is_reported_preempted(
     assert not events.of(JobFailed, allocation.job_id)
 
 
+async def test_a_final_checkpoint_the_runner_refuses_is_never_passed_over(
+    settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
+) -> None:
+    """A job whose final checkpoint the runner refused (here: its manifest's sha256 is not
+    its object's) succeeded with its previous checkpoint as its artifact, which the
+    registry registered as the model; only a warning said so. It now fails as the job's
+    own error, naming the refused step, why, and the latest valid one."""
+    await start_runner(settings)
+    job = grant(settings.node_id, ["refused-final-checkpoint", str(launches)])
+    await publish(bus, job, settings.node_id)
+    first = await events.first(CheckpointSaved, job.job_id)
+    assert first.checkpoint.step == 1
+
+    (launches / "go").touch()  # the job stages a step 2 that does not match its manifest
+    failed = await events.first(JobFailed, job.job_id)
+    assert failed.failure_kind == "user_error"
+    assert failed.exit_code == 0
+    assert "its final checkpoint, of step 2, was refused by the runner" in failed.reason
+    assert "does not match its manifest" in failed.reason
+    assert "the latest valid checkpoint is step 1" in failed.reason
+    assert not failed.node_fault
+    assert events.of(JobSucceeded, job.job_id) == []
+    assert [s.checkpoint.step for s in events.of(CheckpointSaved, job.job_id)] == [1]
+
+
 async def test_a_job_ignoring_sigterm_is_killed_after_the_grace_and_cancelled(
     settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
 ) -> None:

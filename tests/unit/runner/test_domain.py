@@ -416,3 +416,51 @@ def test_other_outcomes_keep_their_kind_and_say_which_checkpoint_was_lost() -> N
     assert outcome.reason.endswith("none of its checkpoints was uploaded")
     unchanged = domain.Outcome("succeeded", "", 0)
     assert domain.with_lost_checkpoint(unchanged, None, REF) is unchanged
+
+
+# --- a final checkpoint the runner refused ------------------------------------------------
+
+
+def test_a_success_whose_final_checkpoint_was_refused_fails_as_the_jobs_own_error() -> None:
+    """It succeeded with the older checkpoint as its artifact, which the registry
+    registered as the model; the refusal was said only in a warning."""
+    refused = domain.RefusedCheckpoint(20, "checkpoint.pt is a hard link (2 names)")
+    outcome = domain.with_refused_checkpoint(domain.Outcome("succeeded", "", 0), refused, REF)
+    assert outcome.kind == "failed"
+    assert outcome.failure_kind == "user_error"
+    assert outcome.exit_code == 0
+    assert "its final checkpoint, of step 20, was refused" in outcome.reason
+    assert "(checkpoint.pt is a hard link (2 names))" in outcome.reason
+    assert "the latest valid checkpoint is step 10" in outcome.reason
+    event = domain.terminal_event(JOB, outcome, domain.JobResults({}, REF, ""), NOW)
+    assert isinstance(event, JobFailed)
+    assert event.failure_kind == "user_error"
+
+
+def test_a_refused_final_checkpoint_with_none_valid_before_says_so() -> None:
+    refused = domain.RefusedCheckpoint(3, "manifest of step 3 is invalid")
+    outcome = domain.with_refused_checkpoint(domain.Outcome("succeeded", "", 0), refused, None)
+    assert outcome.kind == "failed" and outcome.failure_kind == "user_error"
+    assert outcome.reason.endswith("none of its checkpoints was valid")
+
+
+def test_other_outcomes_keep_their_kind_and_say_which_checkpoint_was_refused() -> None:
+    refused = domain.RefusedCheckpoint(20, "too large")
+    preempted = domain.with_refused_checkpoint(
+        domain.Outcome("preempted", "cancelled", 75), refused, REF
+    )
+    assert preempted.kind == "preempted"
+    assert preempted.reason.startswith("cancelled; its final checkpoint, of step 20, was")
+    failed = domain.Outcome("failed", "exited with status 3", 3, "user_error")
+    told = domain.with_refused_checkpoint(failed, refused, REF)
+    assert (told.kind, told.failure_kind, told.exit_code) == ("failed", "user_error", 3)
+    assert "of step 20, was refused by the runner (too large)" in told.reason
+    unchanged = domain.Outcome("succeeded", "", 0)
+    assert domain.with_refused_checkpoint(unchanged, None, REF) is unchanged
+
+
+def test_a_refused_checkpoint_older_than_the_kept_one_changes_nothing() -> None:
+    """A newer valid checkpoint supersedes the one refused: the artifact is the newest."""
+    refused = domain.RefusedCheckpoint(5, "bad manifest")
+    unchanged = domain.Outcome("succeeded", "", 0)
+    assert domain.with_refused_checkpoint(unchanged, refused, REF) is unchanged
