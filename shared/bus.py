@@ -697,6 +697,8 @@ class Bus:
         self._settings = settings
         self._paused: dict[str, str] = {}
         self._stops: dict[str, asyncio.Event] = {}
+        self._parsers: dict[str, Callable[[bytes], Envelope[Payload]]] = {}
+        """How each consumer reads its messages' bytes (``consume``'s ``parse``)."""
         self._connected_since: datetime | None = _utc_now() if nc.is_connected else None
         self._reconnects = _reconnects(nc)
         self._fetching_since: dict[str, datetime] = {}
@@ -1035,19 +1037,24 @@ class Bus:
         batch: int = 16,
         *,
         redrive: bool = True,
+        parse: Callable[[bytes], Envelope[Payload]] = parse_envelope,
     ) -> None:
         """Handle messages of ``subjects`` in order, one at a time, until ``stop`` is set, then
         return after the batch in hand is finished (graceful drain). Without ``redrive`` the
         consumer reads no redrive subject, so one subject filter stays one: it then travels
         in the consumer-create request's subject, where NATS permissions can check it (a
-        runner's NATS user may create its consumer only with its own node's filter)."""
+        runner's NATS user may create its consumer only with its own node's filter).
+        ``parse`` reads a message's bytes (``parse_envelope``, or one that reads more of
+        them); what it raises ``EventParseError`` for is dead-lettered as unparseable."""
 
         async def each(deliveries: Sequence[Delivery]) -> None:
             for delivery in deliveries:
                 with delivery.span(consumer):
                     await handler(delivery.envelope)
 
-        await self._pull(consumer, subjects, each, stop, batch, atomic=False, redrive=redrive)
+        await self._pull(
+            consumer, subjects, each, stop, batch, atomic=False, redrive=redrive, parse=parse
+        )
 
     async def consume_batches(
         self,
@@ -1070,6 +1077,7 @@ class Bus:
         batch: int,
         atomic: bool,
         redrive: bool = True,
+        parse: Callable[[bytes], Envelope[Payload]] = parse_envelope,
     ) -> None:
         filters = [*subjects, redrive_subject(consumer)] if redrive else subjects
         one = filters[0] if len(filters) == 1 else None
@@ -1090,6 +1098,7 @@ class Bus:
         )
         sub = await _DurablePull.bind(self, config)
         self._stops[consumer] = stop
+        self._parsers[consumer] = parse
         self._counters_from_zero(consumer)
         asked_at = _utc_now()
 
@@ -1126,6 +1135,7 @@ class Bus:
                 self._fetched(consumer, asked_at, drained=drained)
         finally:
             self._stops.pop(consumer, None)
+            self._parsers.pop(consumer, None)
             self._fetching_since.pop(consumer, None)
             self._heard_through.pop(consumer, None)
             with contextlib.suppress(Exception):
@@ -1179,7 +1189,7 @@ class Bus:
 
     async def _parse(self, consumer: str, msg: Msg) -> tuple[Msg, Delivery] | None:
         try:
-            envelope = parse_envelope(msg.data)
+            envelope = self._parsers.get(consumer, parse_envelope)(msg.data)
         except EventParseError as exc:
             await self._dead_letter(consumer, msg, f"unparseable event: {exc}")
             return None

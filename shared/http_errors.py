@@ -70,7 +70,7 @@ from trainyard_platform.shared.bus import (
     POSTGRES_NOT_ANSWERING,
     infrastructure_fault,
 )
-from trainyard_platform.shared.events.payloads import NOT_IN_A_NAME
+from trainyard_platform.shared.events.payloads import NOT_IN_A_NAME, NOT_IN_FREE_TEXT
 from trainyard_platform.shared.identity import Denied, IdentityRateLimited, IdentityUnavailable
 from trainyard_platform.shared.logs import Throttle, chain_text, held_back
 
@@ -194,7 +194,7 @@ _INT64 = 2**63
 _CONTROL = NOT_IN_A_NAME
 """Refused outside free text (``NOT_IN_A_NAME``); free text may hold the bidirectional
 marks (right-to-left prose)."""
-_CONTROL_BUT_WHITESPACE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+_CONTROL_BUT_WHITESPACE = NOT_IN_FREE_TEXT
 
 
 class _Bad:

@@ -77,7 +77,7 @@ import socket
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from typing import TypeVar, overload
 
 from opentelemetry import context as otel_context
 
@@ -123,6 +123,7 @@ from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationRevoked,
     FailureKind,
+    GrantOfInvalidSpec,
     JobStarted,
     RunnerHeartbeat,
 )
@@ -311,7 +312,32 @@ class NodeAgent:
         if launching is not None:
             launching.done.set()
 
-    async def _accept(self, grant: AllocationGranted) -> _Accepted | None:
+    async def on_invalid_grant(self, grant: GrantOfInvalidSpec) -> None:
+        """End a grant whose spec is no valid ``JobSpec`` as the job's own error:
+        ``user_error``, no exit code (it never ran), no fault of this node, the reason naming
+        each bad field. Recorded in the ledger first like any grant, so a redelivery is
+        answered again, never run."""
+        if self._stop.is_set():
+            raise ShuttingDown("the runner is shutting down; the grant waits for its next start")
+        if grant.allocation_id in self._launches:
+            return
+        recorded = await self._accept(grant)
+        if recorded is None:
+            return
+        await self._failed_to_start(
+            recorded.job,
+            f"the job's spec is invalid: {grant.problem}",
+            recorded.events,
+            recorded.trace_headers,
+            "user_error",
+            node_fault=False,
+        )
+
+    @overload
+    async def _accept(self, grant: AllocationGranted) -> _Accepted | None: ...
+    @overload
+    async def _accept(self, grant: GrantOfInvalidSpec) -> _Recorded | None: ...
+    async def _accept(self, grant: AllocationGranted | GrantOfInvalidSpec) -> _Recorded | None:
         """Check ``grant`` and record it in the ledger; None when it is not to run (a
         duplicate, or ended at once: its launch could not be recorded)."""
         if grant.allocation_id in self._runs:
@@ -349,7 +375,9 @@ class NodeAgent:
                 job, reason, events, trace_headers, failure_kind(exc), node_fault=True
             )
             return None
-        return _Accepted(grant, job, events, trace_headers, parent)
+        if isinstance(grant, GrantOfInvalidSpec):
+            return _Recorded(job, events, trace_headers, parent)
+        return _Accepted(job, events, trace_headers, parent, grant)
 
     async def _launch_job(self, accepted: _Accepted, launching: _Launch) -> None:
         """The whole launch of an accepted grant, in a task of its own: wait for earlier
@@ -894,14 +922,20 @@ class _Launch:
 
 
 @dataclass(frozen=True)
-class _Accepted:
-    """A grant checked and in the ledger, its launch to come."""
+class _Recorded:
+    """A grant checked and in the ledger."""
 
-    grant: AllocationGranted
     job: JobIdentity
     events: JobEvents
     trace_headers: dict[str, str]
     parent: otel_context.Context
+
+
+@dataclass(frozen=True)
+class _Accepted(_Recorded):
+    """A grant checked and in the ledger, its launch to come."""
+
+    grant: AllocationGranted
 
 
 def _started(grant: AllocationGranted, prepared: launch.Prepared) -> Envelope[Payload]:

@@ -38,6 +38,7 @@ from trainyard_platform.shared.events.payloads import (
     CheckpointRef,
     CheckpointSaved,
     FailureKind,
+    GrantOfInvalidSpec,
     JobFailed,
     JobMetrics,
     JobPreempted,
@@ -101,7 +102,7 @@ class JobIdentity:
     attempt: int
 
     @classmethod
-    def from_grant(cls, grant: AllocationGranted) -> JobIdentity:
+    def from_grant(cls, grant: AllocationGranted | GrantOfInvalidSpec) -> JobIdentity:
         return cls(grant.job_id, grant.allocation_id, grant.node_id, grant.epoch, grant.attempt)
 
 

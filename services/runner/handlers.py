@@ -15,13 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+from pydantic import ValidationError
 
 from trainyard_platform.services.runner.agent import NodeAgent
 from trainyard_platform.services.runner.ledger import LedgerEntry
 from trainyard_platform.shared.bus import Handler, Reject
-from trainyard_platform.shared.events import Envelope, Payload
-from trainyard_platform.shared.events.payloads import AllocationGranted, AllocationRevoked
+from trainyard_platform.shared.events import Envelope, EventParseError, Payload, parse_envelope
+from trainyard_platform.shared.events.envelope import envelope_model
+from trainyard_platform.shared.events.payloads import (
+    NOT_IN_A_NAME,
+    AllocationGranted,
+    AllocationRevoked,
+    GrantOfInvalidSpec,
+)
 from trainyard_platform.shared.events.trust import node_subjects
 from trainyard_platform.shared.logs import job_scope
 
@@ -34,8 +42,53 @@ def subjects(node_id: str) -> list[str]:
     return [node_subjects(node_id)]
 
 
+_SPEC_PROBLEMS_SAID = 5
+"""The bad fields of a grant's spec named in its job's failure; the rest are counted."""
+
+
+def parse_event(raw: bytes) -> Envelope[Payload]:
+    """``parse_envelope``, but a grant whose only fault is its ``spec`` (a producer other
+    than the submission API wrote it) is read as a ``GrantOfInvalidSpec`` naming the bad
+    fields, so that its job fails as its own error (``NodeAgent.on_invalid_grant``) rather
+    than the grant being dead-lettered unanswered. Raises ``EventParseError`` otherwise."""
+    try:
+        return parse_envelope(raw)
+    except EventParseError as exc:
+        cause = exc.__cause__
+        errors = cause.errors() if isinstance(cause, ValidationError) else []
+        if not errors or any(tuple(e["loc"][:2]) != ("data", "spec") for e in errors):
+            raise
+        try:
+            envelope = envelope_model(GrantOfInvalidSpec).model_validate_json(raw)
+        except ValidationError:
+            raise exc from None
+        if envelope.type != AllocationGranted.TYPE:
+            raise
+        problem = _spec_problem([(e["loc"][1:], e["msg"]) for e in errors])
+        data = envelope.data.model_copy(update={"problem": problem})
+        return envelope.model_copy(update={"data": data})
+
+
+def _spec_problem(errors: Sequence[tuple[tuple[int | str, ...], str]]) -> str:
+    """Each bad field (``spec.command[1]``) and why, the field's path printable whatever
+    keys the spec had (a key of control characters is escaped)."""
+    said = []
+    for loc, message in errors[:_SPEC_PROBLEMS_SAID]:
+        path = ""
+        for part in loc:
+            if isinstance(part, int):
+                path += f"[{part}]"
+            else:
+                shown = NOT_IN_A_NAME.sub(lambda m: f"\\u{ord(m.group()):04x}", part)
+                path += f".{shown}" if path else shown
+        said.append(f"{path}: {message.removeprefix('Value error, ')}")
+    if len(errors) > _SPEC_PROBLEMS_SAID:
+        said.append(f"and {len(errors) - _SPEC_PROBLEMS_SAID} more")
+    return "; ".join(said)
+
+
 def grant_problem(
-    node_id: str, grant: AllocationGranted, known: Iterable[LedgerEntry]
+    node_id: str, grant: AllocationGranted | GrantOfInvalidSpec, known: Iterable[LedgerEntry]
 ) -> str | None:
     """Why this node must not run ``grant``, given the allocations in its ledger (``known``)."""
     if grant.node_id != node_id:
@@ -78,6 +131,13 @@ def dispatcher(agent: NodeAgent) -> Handler:
                     if problem is not None:
                         raise Reject(problem)
                     await agent.on_granted(grant)
+            case GrantOfInvalidSpec() as invalid:
+                with job_scope(invalid.job_id):
+                    known = await asyncio.to_thread(agent.ledger.entries)
+                    problem = grant_problem(agent.node_id, invalid, known)
+                    if problem is not None:
+                        raise Reject(problem)
+                    await agent.on_invalid_grant(invalid)
             case AllocationRevoked() as revoked:
                 if revoked.node_id != agent.node_id:
                     raise Reject(

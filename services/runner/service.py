@@ -94,5 +94,6 @@ def agent_loops(
             handlers.dispatcher(agent),
             stop,
             redrive=False,  # one filter: the form of consumer create its NATS user may use
+            parse=handlers.parse_event,  # a grant of an invalid spec fails its job
         ),
     }

@@ -11,7 +11,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 # Defined by the client distribution (the job <-> runner contract) and carried in events.
 from trainyard.control import CheckpointRef as CheckpointRef
@@ -53,6 +53,48 @@ DATASET_REF_PATTERN = rf"^{_REF_NAME}/{_REF_NAME}(?::[1-9][0-9]{{0,8}})?$"
 no leading dot, no ``/``, ``%``, NUL or other control character)."""
 MODEL_REF_PATTERN = rf"^{_REF_NAME}/{_REF_NAME}(?::[1-9][0-9]{{0,8}}|@[a-z][a-z0-9_-]{{0,62}})$"
 """``team/name:version`` or ``team/name@alias`` of a registered model version."""
+
+NOT_IN_A_NAME = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+"""What no name, id or key may hold, whoever chose it (the APIs' screen of bodies,
+``shared.http_errors``; a job's metric keys, ``runner.metric_limits``): C0 and C1 controls
+(a NUL, which PostgreSQL stores in neither text nor JSON; a terminal escape), lone
+surrogates, and the bidirectional embeddings, overrides and isolates (U+202A-202E,
+U+2066-2069), with which a name can be shown as another ("Trojan Source")."""
+NOT_IN_FREE_TEXT = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+"""What no string may hold, free text included (an argument, a hyperparameter's value):
+``NOT_IN_A_NAME`` but tab, newline and carriage return, and the bidirectional marks (the
+argv of ``sh -c`` and right-to-left prose hold them)."""
+
+
+def _refuse(found: re.Match[str] | None, allowed: str) -> None:
+    if found is not None:
+        raise ValueError(
+            f"must not contain control characters (found U+{ord(found.group()):04X}; "
+            f"allowed: {allowed})"
+        )
+
+
+def _name_text(value: str) -> str:
+    _refuse(NOT_IN_A_NAME.search(value), "none")
+    return value
+
+
+def _free_text(value: str) -> str:
+    _refuse(NOT_IN_FREE_TEXT.search(value), "tab, newline and carriage return only")
+    return value
+
+
+def _free_hyper_value(value: Any) -> Any:
+    return _free_text(value) if isinstance(value, str) else value
+
+
+Text = Annotated[str, AfterValidator(_name_text)]
+"""A string of a spec that is no free text: no control character (``NOT_IN_A_NAME``), as
+the submission API's screen of bodies (``shared.http_errors.check_json``) has it."""
+FreeText = Annotated[str, AfterValidator(_free_text)]
+"""A string of a spec that is free text (``command``, ``args``, hyperparameter values):
+``NOT_IN_FREE_TEXT`` refused, as the submission API's screen has it."""
+
 
 FailureKind = Literal[
     "user_error",
@@ -100,7 +142,7 @@ class CodeGit(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     kind: Literal["git"] = "git"
-    repository: str = Field(min_length=1, max_length=500)
+    repository: Text = Field(min_length=1, max_length=500)
     commit: str = Field(pattern=GIT_COMMIT_PATTERN)
 
 
@@ -112,68 +154,71 @@ class JobSpec(BaseModel):
 
     Every field is bounded by the same limits as the HTTP schema (the submission API checks
     the finer rules: patterns, entrypoint paths, requirements), so a consumer never sees a
-    spec the API would have refused for its size or range."""
+    spec the API would have refused for its size or range. No string holds a control
+    character (``Text``; ``FreeText`` for ``command``, ``args`` and hyperparameter values),
+    whoever produced the spec: an error names the field and the character."""
 
     model_config = ConfigDict(frozen=True, ser_json_inf_nan="strings")
 
-    name: str = Field(min_length=1, max_length=100)
-    team: str = Field(min_length=1, max_length=100)
-    user: str = Field(min_length=1, max_length=100)
-    entrypoint: str = Field(default="", max_length=300)
+    name: Text = Field(min_length=1, max_length=100)
+    team: Text = Field(min_length=1, max_length=100)
+    user: Text = Field(min_length=1, max_length=100)
+    entrypoint: Text = Field(default="", max_length=300)
     """A dotted module (``python -m``) or a ``.py`` script path inside the code; empty when
     ``command`` is given instead."""
-    args: list[Annotated[str, Field(max_length=MAX_ARGUMENT_CHARS)]] = Field(
+    args: list[Annotated[FreeText, Field(max_length=MAX_ARGUMENT_CHARS)]] = Field(
         default_factory=list, max_length=MAX_ARGS
     )
     gpus: int = Field(ge=1, le=MAX_JOB_GPUS)
-    gpu_flavor: str = Field(min_length=1, max_length=100)
+    gpu_flavor: Text = Field(min_length=1, max_length=100)
     cpus_per_gpu: int = Field(default=0, ge=0, le=MAX_CPUS_PER_GPU)
     """CPUs the job declares per GPU (an allocation of ``g`` GPUs holds ``g`` x this);
     billing meters them at the flavor's CPU-hour price. 0: none declared."""
     memory_gib_per_gpu: int = Field(default=0, ge=0, le=MAX_MEMORY_GIB_PER_GPU)
     """Memory (GiB) the job declares per GPU, metered like ``cpus_per_gpu``."""
-    hyperparameters: dict[Annotated[str, Field(max_length=200)], HyperValue] = Field(
-        default_factory=dict, max_length=MAX_HYPERPARAMETERS
-    )
+    hyperparameters: dict[
+        Annotated[Text, Field(max_length=200)],
+        Annotated[HyperValue, AfterValidator(_free_hyper_value)],
+    ] = Field(default_factory=dict, max_length=MAX_HYPERPARAMETERS)
     seed: int = Field(ge=0, le=MAX_SEED)
     max_runtime_seconds: int = Field(ge=1, le=MAX_JOB_RUNTIME_SECONDS)
-    dataset: str | None = Field(default=None, max_length=1000)
+    dataset: Text | None = Field(default=None, max_length=1000)
     max_restarts: int = Field(default=3, ge=0, le=MAX_JOB_RESTARTS)
-    priority: str = Field(default="normal", min_length=1, max_length=40)
+    priority: Text = Field(default="normal", min_length=1, max_length=40)
     """Priority class name; the scheduler's admin API defines the classes."""
     code: CodeRef | None = None
     """Where the job's code comes from; ``None``: only what the environment already has."""
-    command: list[Annotated[str, Field(max_length=MAX_ARGUMENT_CHARS)]] = Field(
+    command: list[Annotated[FreeText, Field(max_length=MAX_ARGUMENT_CHARS)]] = Field(
         default_factory=list, max_length=MAX_COMMAND
     )
     """An argv run as is in the job's working directory (instead of ``entrypoint``)."""
-    requirements: list[Annotated[str, Field(max_length=200)]] = Field(
+    requirements: list[Annotated[Text, Field(max_length=200)]] = Field(
         default_factory=list, max_length=MAX_REQUIREMENTS
     )
     """Python requirements (PEP 508) installed into a cached virtual environment."""
-    image: str | None = Field(default=None, max_length=300)
+    image: Text | None = Field(default=None, max_length=300)
     """A container image to run in (the container executor) instead of a local process."""
-    project: str = Field(default="default", min_length=1, max_length=MAX_PROJECT)
+    project: Text = Field(default="default", min_length=1, max_length=MAX_PROJECT)
     """The team's project the job belongs to (``default`` when the spec names none)."""
-    experiment: str | None = Field(default=None, min_length=1, max_length=MAX_EXPERIMENT)
+    experiment: Text | None = Field(default=None, min_length=1, max_length=MAX_EXPERIMENT)
     """The experiment (a named group of runs in the team and project) the job is a run of."""
     labels: dict[
-        Annotated[str, Field(min_length=1, max_length=MAX_LABEL_KEY)],
-        Annotated[str, Field(max_length=MAX_LABEL_VALUE)],
+        Annotated[Text, Field(min_length=1, max_length=MAX_LABEL_KEY)],
+        Annotated[Text, Field(max_length=MAX_LABEL_VALUE)],
     ] = Field(default_factory=dict, max_length=MAX_LABELS)
     """Free key/value labels (keys like Kubernetes label keys) to find and group runs by."""
     register_model: bool = False
     """Whether the registry registers a model version from the job's final checkpoint when it
     succeeds (``False``: it registers nothing unless asked by ``POST .../versions``)."""
-    datasets: list[Annotated[str, Field(min_length=3, max_length=MAX_REFERENCE)]] = Field(
+    datasets: list[Annotated[Text, Field(min_length=3, max_length=MAX_REFERENCE)]] = Field(
         default_factory=list, max_length=MAX_DATASETS
     )
     """Registered dataset versions the job reads, each ``team/name:version`` (submission
     resolves a reference without a version to the latest one at admission)."""
-    parent_model: str | None = Field(default=None, min_length=3, max_length=MAX_REFERENCE)
+    parent_model: Text | None = Field(default=None, min_length=3, max_length=MAX_REFERENCE)
     """The model version the job fine-tunes from, ``team/name:version`` (submission resolves
     ``team/name@alias`` to the version it points at, at admission)."""
-    reproduces: str | None = Field(default=None, min_length=1, max_length=100)
+    reproduces: Text | None = Field(default=None, min_length=1, max_length=100)
     """The id of the job this one reproduces (``POST /v1/jobs/{id}/reproduce``): the
     registry compares the two when this one ends."""
 
@@ -230,6 +275,24 @@ class AllocationGranted(Payload):
     queue: str | None = None
     """The scheduler's queue the job was placed from (billing attributes cost to it); None
     from a publisher that does not say."""
+
+
+class GrantOfInvalidSpec(Payload):
+    """An ``AllocationGranted`` whose ``spec`` is no valid ``JobSpec`` (a producer other
+    than the submission API wrote it): its other fields, valid, and why the spec is not
+    (``problem``, each bad field named). Never published and in no catalogue: the runner
+    reads a grant so (``runner.handlers.parse_event``) to fail its job as the job's own
+    error, where the grant would otherwise be dead-lettered unanswered."""
+
+    TYPE = AllocationGranted.TYPE
+    allocation_id: str
+    job_id: str
+    node_id: str
+    gpu_indices: list[int]
+    epoch: int
+    attempt: int
+    granted_at: datetime
+    problem: str = ""
 
 
 class AllocationRevoked(Payload):
@@ -365,12 +428,6 @@ MAX_METRIC_POINTS = 2000
 """The most points one ``job.metrics`` carries: with keys of ``MAX_METRIC_KEY`` characters
 the event stays well under NATS's 1 MiB payload limit (about 500 KiB at worst)."""
 MAX_METRIC_KEY = 200
-NOT_IN_A_NAME = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-"""What no name, id or key may hold, whoever chose it (the APIs' screen of bodies,
-``shared.http_errors``; a job's metric keys, ``runner.metric_limits``): C0 and C1 controls
-(a NUL, which PostgreSQL stores in neither text nor JSON; a terminal escape), lone
-surrogates, and the bidirectional embeddings, overrides and isolates (U+202A-202E,
-U+2066-2069), with which a name can be shown as another ("Trojan Source")."""
 
 
 class MetricPoint(BaseModel):

@@ -28,6 +28,7 @@ from trainyard_platform.shared.events.payloads import (
     CostRecorded,
     FlavorDeclared,
     FlavorRetired,
+    GrantOfInvalidSpec,
     JobCancelled,
     JobCancelRequested,
     JobFailed,
@@ -123,6 +124,7 @@ def node_subjects(node_id: str) -> str:
 
 _ROUTED_BY_NODE: tuple[type[Payload], ...] = (
     AllocationGranted,
+    GrantOfInvalidSpec,
     AllocationRevoked,
     RunnerHeartbeat,
     JobMetrics,

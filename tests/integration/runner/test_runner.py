@@ -376,6 +376,27 @@ async def test_a_job_that_cannot_be_spawned_fails_with_the_reason(
     assert launched(launches) == []
 
 
+async def test_a_grant_whose_spec_holds_a_nul_fails_as_the_jobs_own_error(
+    settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
+) -> None:
+    """A grant from a producer other than the submission API, with a NUL in its argv: its
+    spawn failed as this node's fault (platform_error, node_fault), a job's own input
+    counted against the node. The shared model now refuses it, and the runner fails the
+    job as user_error naming the field, without running anything."""
+    await start_runner(settings)
+    allocation = grant(settings.node_id, ["succeed", str(launches)])
+    bad = allocation.spec.model_copy(update={"command": ["python", "fake\x00job"]})
+    await publish(bus, allocation.model_copy(update={"spec": bad}), settings.node_id)
+    failed = await events.first(JobFailed, allocation.job_id)
+    assert failed.allocation_id == allocation.allocation_id
+    assert failed.failure_kind == "user_error"
+    assert not failed.node_fault
+    assert failed.exit_code is None
+    assert "spec.command[1]: must not contain control characters (found U+0000" in failed.reason
+    assert not events.of(JobStarted, allocation.job_id)
+    assert launched(launches) == []
+
+
 async def test_a_git_server_failing_or_a_host_not_resolving_never_counts_against_the_node(
     settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
 ) -> None:
