@@ -779,15 +779,43 @@ def cancel(session: Session) -> int:
     if views:
         session.emit(
             views[0] if len(ids) == 1 else views,
-            lambda: "\n".join(
-                f"cancellation requested for job {v['id']} (status now {v['status']})"
-                for v in views
-            ),
+            lambda: "\n".join(_cancel_text(v) for v in views),
         )
     if refused:
-        lines = [f"job {job_id} was not cancelled: {exc}" for job_id, exc in refused]
+        lines = [_refusal_text(job_id, exc) for job_id, exc in refused]
         raise CliError("\n".join(lines), exit_code_of(refused[0][1]))
     return Exit.OK
+
+
+_NOT_STARTED = ("QUEUED", "PENDING", "PREEMPTED")
+"""Statuses of a job that holds no GPUs: the scheduler cancels it as soon as it reads the
+request, with no runner to wait for."""
+
+
+def _cancel_text(view: dict[str, Any]) -> str:
+    """What a cancel does to the job of ``view`` (the API's answer, written before the
+    scheduler acts on it: its status is the one the job had). "(status now PENDING)" read
+    as if the job stayed pending, although a waiting job ends CANCELLED at once."""
+    job_id, status = view["id"], view["status"]
+    if view.get("terminal") or status in ("SUCCEEDED", "FAILED", "CANCELLED"):
+        return f"job {job_id} has already ended ({status})"
+    if status in _NOT_STARTED:
+        return f"job {job_id} is cancelled before it starts (it was {status})"
+    return (
+        f"cancellation requested for job {job_id}: it was {status} and ends CANCELLED once "
+        f"its runner has stopped it (`trainyard wait {job_id}` waits for that)"
+    )
+
+
+def _refusal_text(job_id: str, exc: TrainyardError) -> str:
+    """A refused cancel as one line that names the job once: the API's reason names it
+    already ("409 job j-1 has already ended"), where it does."""
+    reason = str(exc)
+    return (
+        f"not cancelled: {reason}"
+        if job_id in reason
+        else f"job {job_id} was not cancelled: {reason}"
+    )
 
 
 QUEUE_HEADER = (

@@ -16,6 +16,10 @@ from trainyard import cli
 from .conftest import routed_api
 
 A, C = "aaaaaaaa-0000-4000-8000-000000000001", "cccccccc-0000-4000-8000-000000000003"
+P = "pppppppp-0000-4000-8000-000000000004"
+"""A job still waiting: the API answers PENDING, and the scheduler cancels it at once."""
+E = "eeeeeeee-0000-4000-8000-000000000005"
+"""A job that has ended: the API refuses to cancel it."""
 
 
 def _api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[httpx.Request]:
@@ -24,6 +28,12 @@ def _api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[httpx.Request]
 
     def route(request: httpx.Request) -> httpx.Response:
         parts = request.url.path.split("/")  # "", "v1", "jobs", id[, "cancel"]
+        if request.method == "POST" and parts[-1] == "cancel" and parts[3] == P:
+            view = {"id": P, "name": "p", "status": "PENDING", "cancel_requested": True}
+            return httpx.Response(202, json=view)
+        if request.method == "POST" and parts[-1] == "cancel" and parts[3] == E:
+            detail = f"job {E} has already ended (SUCCEEDED)"
+            return httpx.Response(409, json={"detail": detail, "errors": []})
         if request.method == "POST" and parts[-1] == "cancel" and parts[3] in (A, C):
             view = {"id": parts[3], "name": "a", "status": "RUNNING", "history": []}
             return httpx.Response(200, json=view)
@@ -43,10 +53,12 @@ def test_a_refused_job_does_not_stop_or_hide_the_others(
     assert cli.main(["cancel", A, "j-unknown", C]) == 3
     out, err = capsys.readouterr()
     assert out.splitlines() == [
-        f"cancellation requested for job {A} (status now RUNNING)",
-        f"cancellation requested for job {C} (status now RUNNING)",
+        f"cancellation requested for job {A}: it was RUNNING and ends CANCELLED once its "
+        f"runner has stopped it (`trainyard wait {A}` waits for that)",
+        f"cancellation requested for job {C}: it was RUNNING and ends CANCELLED once its "
+        f"runner has stopped it (`trainyard wait {C}` waits for that)",
     ]
-    assert err == "trainyard: error: job j-unknown was not cancelled: 404 no job j-unknown\n"
+    assert err == "trainyard: error: not cancelled: 404 no job j-unknown\n"
     assert [r.url.path for r in sent if r.method == "POST"] == [
         f"/v1/jobs/{A}/cancel",
         "/v1/jobs/j-unknown/cancel",
@@ -72,3 +84,16 @@ def test_one_job_is_as_before(
     assert out == "" and err == "trainyard: error: 404 no job j-unknown\n"
     assert cli.main(["--json", "cancel", A]) == 0
     assert '"id": "' + A in capsys.readouterr().out
+
+
+def test_a_pending_job_is_said_to_be_cancelled_and_a_refusal_names_the_job_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It printed "(status now PENDING)" for a job the scheduler cancels at once, and
+    "job E was not cancelled: 409 job E has already ended": the id twice."""
+    _api(tmp_path, monkeypatch)
+    assert cli.main(["cancel", P, E]) == 1
+    out, err = capsys.readouterr()
+    assert out == f"job {P} is cancelled before it starts (it was PENDING)\n"
+    assert err == f"trainyard: error: not cancelled: 409 job {E} has already ended (SUCCEEDED)\n"
+    assert err.count(E) == 1
