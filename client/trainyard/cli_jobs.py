@@ -123,7 +123,8 @@ def submit(session: Session) -> int:
 
 def prepared(session: Session) -> tuple[SpecFile, dict[str, Any]]:
     """The spec file of ``args.file`` (``-``: stdin) with the command line's overrides, and
-    its code packed and uploaded (unless ``--no-code`` or the spec names its code)."""
+    its code packed and uploaded (unless ``--no-code`` or the spec names its code). Before
+    the upload, the spec is checked as the API checks it (``_spec_refused``)."""
     args = session.args
 
     def warn(message: str) -> None:
@@ -141,9 +142,42 @@ def prepared(session: Session) -> tuple[SpecFile, dict[str, Any]]:
             session.client,
             workdir,
             session.settings.bundle_max_bytes,
-            check=lambda bundle: _script_packed(loaded, spec, workdir, bundle),
+            check=lambda bundle: _checked(session, loaded, spec, workdir, bundle),
         )
     return loaded, spec
+
+
+def _checked(
+    session: Session, loaded: SpecFile, spec: dict[str, Any], workdir: Path, bundle: Bundle
+) -> None:
+    """What stops a submission before its code is uploaded: a script missing from the code
+    (no request), then the API's errors of the spec."""
+    _script_packed(loaded, spec, workdir, bundle)
+    _spec_refused(session, loaded, spec)
+
+
+_SETTLED_BY_CODE = ("code", "entrypoint")
+"""The fields whose errors a job without its code may have only for want of it (a ``.py``
+entrypoint runs from the code)."""
+
+
+def _spec_refused(session: Session, loaded: SpecFile, spec: dict[str, Any]) -> None:
+    """Raise the API's errors of the spec, on its lines, before its code is uploaded: a
+    dry run of the job without its code (``POST /v1/jobs?dry_run=true``, which stores
+    nothing), whose errors about the code itself are left to the submission. A typo in
+    ``gpu_flavor`` was found only after the code had been packed and uploaded. Any other
+    answer (the dry run refused for another reason, or accepted) goes on to the upload: the
+    submission itself says what it has to."""
+    try:
+        session.client.submit_warned({k: v for k, v in spec.items() if k != "code"}, dry_run=True)
+    except TrainyardError as exc:
+        errors = [
+            error
+            for error in exc.errors or []
+            if str(error.get("field", "")).split(".")[0].split("[")[0] not in _SETTLED_BY_CODE
+        ]
+        if exc.status == 422 and errors:
+            raise explained(errors, loaded, session.args) from None
 
 
 def _script_packed(loaded: SpecFile, spec: dict[str, Any], workdir: Path, bundle: Bundle) -> None:
@@ -397,7 +431,7 @@ def _submitted(
     dry_run = bool(getattr(args, "dry_run", False))
     if dry_run and args.follow:
         raise CliError("--follow cannot follow a dry run: nothing is submitted", Exit.USAGE)
-    _say_estimate(session, spec)
+    no_estimate = _say_estimate(session, spec)
     try:
         view, warning = client.submit_warned(
             spec, getattr(args, "idempotency_key", None), dry_run=dry_run
@@ -406,6 +440,8 @@ def _submitted(
         if exc.status == 422 and exc.errors and loaded is not None:
             raise explained(exc.errors, loaded, args) from None
         raise
+    if no_estimate:
+        note(no_estimate)
     if warning:
         note(f"warning: {warning}")
     if dry_run:
@@ -437,22 +473,24 @@ def _submitted(
     return follow(session, view["id"], args.timeout)
 
 
-def _say_estimate(session: Session, spec: dict[str, Any]) -> None:
+def _say_estimate(session: Session, spec: dict[str, Any]) -> str | None:
     """The most the job costs (billing's ``POST /v1/costs/estimate``), as a note on stderr,
-    when a billing URL is configured; a failed estimate is noted and never stops the
-    submission."""
+    when a billing URL is configured. A failed estimate never stops the submission: its
+    note is returned, for the caller to say once the API has accepted the job. Said at
+    once, billing's refusal of a bad spec ("no cost estimate: 422 ... gpu_flavor") came
+    just before the API's refusal of the same spec, the one problem said twice."""
     if not (session.settings.billing_url or getattr(session.context(), "billing_url", "")):
-        return
+        return None
     try:
         cost = session.service("billing").call("POST", "/v1/costs/estimate", spec)
     except (TrainyardError, CliError) as exc:
-        note(f"no cost estimate: {exc}")
-        return
+        return f"no cost estimate: {exc}"
     note(
         f"estimated cost: at most {cost['estimated_cost']} {cost['currency']} "
         f"({cost['gpus']} x {cost['gpu_flavor']} for {cost['max_runtime_seconds']} s; "
         f"{cost['worst_case_cost']} {cost['currency']} if every restart is used)"
     )
+    return None
 
 
 def _first_look(client: TrainyardClient, view: dict[str, Any]) -> dict[str, Any]:

@@ -70,7 +70,13 @@ def test_an_entrypoint_in_the_code_or_a_module_goes_on_to_the_upload(
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "run.py").write_text("print(1)\n")
     submit(tmp_path, f"entrypoint: {entrypoint}\n", sent, capsys)
-    assert sent and sent[0].url.path.startswith("/v1/bundles/")
+    # The spec's dry run without its code (``_spec_refused``), then the bundle's upload.
+    assert [(r.method, r.url.path) for r in sent][:2] == [
+        ("POST", "/v1/jobs"),
+        ("HEAD", sent[1].url.path),
+    ]
+    assert sent[0].url.params["dry_run"] == "true"
+    assert sent[1].url.path.startswith("/v1/bundles/")
 
 
 def _job(status: str, **more: object) -> dict[str, object]:
