@@ -521,7 +521,7 @@ class EnvironmentCache:
                         "--only-binary=:all:", "--no-compile", "--constraint", str(constraints),
                         *requirements,
                     ]  # fmt: skip
-                    self._run(argv, "pip install", installing=True)
+                    self._run(argv, "pip install", installing=True, requirements=requirements)
                 else:
                     records = [_write_record(purelib, n, v) for n, v in pins.items()]
                     argv = [
@@ -529,7 +529,9 @@ class EnvironmentCache:
                         "--constraint", str(constraints), *requirements,
                     ]  # fmt: skip
                     try:
-                        self._run(argv, "uv pip install", installing=True)
+                        self._run(
+                            argv, "uv pip install", installing=True, requirements=requirements
+                        )
                     finally:
                         for record in records:
                             shutil.rmtree(record, ignore_errors=True)
@@ -567,15 +569,23 @@ class EnvironmentCache:
         what: str,
         *,
         installing: bool = False,
+        requirements: Sequence[str] = (),
         failed_as: type[EnvironmentBuildError] = EnvironmentBuildError,
     ) -> str:
         """``argv``'s output; raises ``failed_as`` when it fails or runs out of time (an
         :class:`InstallError` while ``installing``), a :class:`RequirementsError` when
         ``installing`` and the output blames the requirements, and
         :class:`EnvironmentBuildError` when it cannot be started at all (this node's
-        installer or interpreter missing)."""
+        installer or interpreter missing). While ``installing`` (the job's
+        ``requirements``) the message is the job's user's to read (``install_failure``)."""
         if installing:
             failed_as = InstallError
+            hidden = [str(self.root), *(a for a in argv if a.startswith("/"))]
+
+            def tail(output: str) -> str:
+                return install_failure(output, requirements, hidden)
+        else:
+            tail = _tail
         env = installer_environment(os.environ)
         env.update(NO_COLOR="1", UV_NO_PROGRESS="1", PIP_NO_INPUT="1")
         env.update(self.installer_env)
@@ -595,7 +605,7 @@ class EnvironmentCache:
             )
         except subprocess.TimeoutExpired as exc:
             raise failed_as(
-                f"{what} timed out after {self.timeout:.0f} s{_tail(_text(exc.output))}"
+                f"{what} timed out after {self.timeout:.0f} s{tail(_text(exc.output))}"
             ) from None
         except OSError as exc:
             raise EnvironmentBuildError(f"{what} could not start: {exc}") from None
@@ -605,7 +615,7 @@ class EnvironmentCache:
                 if installing and requirements_at_fault(done.stdout)
                 else failed_as
             )
-            raise error(f"{what} failed (exit status {done.returncode}){_tail(done.stdout)}")
+            raise error(f"{what} failed (exit status {done.returncode}){tail(done.stdout)}")
         return done.stdout
 
     # -- probing --------------------------------------------------------------------------
@@ -849,6 +859,52 @@ def _text(output: str | bytes | None) -> str:
     if isinstance(output, bytes):
         return output.decode(errors="replace")
     return output
+
+
+INSTALL_TAIL_LINES = 8
+"""How many of the installer's last relevant lines a failed install's reason quotes."""
+
+# The installer's lines that say what went well (uv's, pip's), never why it failed.
+_INSTALL_NOISE = re.compile(
+    r"^\s*(Using (C?Python|Python \S+ environment)|Resolved |Prepared |Installed |"
+    r"Uninstalled |Audited |Downloading |Downloaded |Collecting |Looking in (indexes|links))"
+)
+
+
+def install_failure(output: str, requirements: Sequence[str], hidden: Sequence[str]) -> str:
+    """The end of a failed install's reason, for the job's user: the requirements of
+    ``spec.requirements`` the installer's ``output`` names, then its last relevant lines,
+    each path of ``hidden`` (the runner's environments, the venv's interpreter, the
+    constraints file) and below written ``<runner path>``. It quoted the installer's last 20 lines
+    as they were, the runner's ``.store/<key>`` paths and progress lines included."""
+    named = [r for r in requirements if _names(output, r)]
+    lines = [
+        _without_paths(line.rstrip(), hidden)
+        for line in output.splitlines()
+        if line.strip() and not _INSTALL_NOISE.match(line)
+    ][-INSTALL_TAIL_LINES:]
+    kind = "requirement" if len(named) == 1 else "requirements"
+    said = f" on the {kind} {', '.join(map(repr, named))}" if named else ""
+    quoted = "\n".join(f"  {line}" for line in lines)
+    return f"{said}; it said:\n{quoted}" if quoted else said
+
+
+def _names(output: str, requirement: str) -> bool:
+    """Whether ``output`` names the package of ``requirement`` (``numpy==99``: numpy,
+    written with any of ``-_.`` between its parts, in any case)."""
+    found = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
+    if found is None:
+        return False
+    parts = re.split(r"[-_.]+", found.group(1))
+    name = r"[-_.]+".join(map(re.escape, parts))
+    return re.search(rf"(?<![\w.-]){name}(?![\w-])", output, re.IGNORECASE) is not None
+
+
+def _without_paths(line: str, hidden: Sequence[str]) -> str:
+    for path in sorted(hidden, key=len, reverse=True):
+        line = re.sub(rf"{re.escape(path)}[^\s'\"`,;:)]*", "<runner path>", line)
+    # A path of the runner's cache the list does not hold (the installer resolved a link).
+    return re.sub(rf"\S*/{re.escape(STORE)}/[^\s'\"`,;:)]*", "<runner path>", line)
 
 
 def _tail(output: str) -> str:
