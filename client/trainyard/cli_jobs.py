@@ -838,7 +838,8 @@ def _cancel_text(view: dict[str, Any]) -> str:
     if view.get("terminal") or status in ("SUCCEEDED", "FAILED", "CANCELLED"):
         return f"job {job_id} has already ended ({status})"
     if status in _NOT_STARTED:
-        return f"job {job_id} is cancelled before it starts (it was {status})"
+        again = " again" if status == "PREEMPTED" else ""
+        return f"job {job_id} is cancelled before it starts{again} (it was {status})"
     return (
         f"cancellation requested for job {job_id}: it was {status} and ends CANCELLED once "
         f"its runner has stopped it (`trainyard wait {job_id}` waits for that)"

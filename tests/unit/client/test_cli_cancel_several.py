@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from trainyard import cli
+from trainyard.cli_jobs import _cancel_text
 
 from .conftest import routed_api
 
@@ -97,3 +98,15 @@ def test_a_pending_job_is_said_to_be_cancelled_and_a_refusal_names_the_job_once(
     assert out == f"job {P} is cancelled before it starts (it was PENDING)\n"
     assert err == f"trainyard: error: not cancelled: 409 job {E} has already ended (SUCCEEDED)\n"
     assert err.count(E) == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "said"),
+    [
+        ("QUEUED", "is cancelled before it starts (it was QUEUED)"),
+        ("PREEMPTED", "is cancelled before it starts again (it was PREEMPTED)"),
+        ("SCHEDULED", "cancellation requested for job"),
+    ],
+)
+def test_each_status_is_said_as_what_the_cancel_does(status: str, said: str) -> None:
+    assert said in _cancel_text({"id": "j-1", "status": status, "cancel_requested": True})
