@@ -25,6 +25,7 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
@@ -321,6 +322,23 @@ class Session:
     def emit(self, value: Any, text: Callable[[], str]) -> None:
         """``value`` as JSON with ``--json``, else ``text()``."""
         print(dumps(value) if self.as_json else text())
+
+
+def decimal_arg(example: str) -> Callable[[str], str]:
+    """An argparse ``type`` for money as written (billing reads its decimal text as given):
+    a finite decimal number passes unchanged; its bounds and precision are billing's to
+    judge. ``example`` is shown in the error."""
+
+    def check(value: str) -> str:
+        try:
+            finite = Decimal(value).is_finite()
+        except InvalidOperation:
+            finite = False
+        if not finite:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a decimal number such as {example}")
+        return value
+
+    return check
 
 
 def dumps(value: object) -> str:

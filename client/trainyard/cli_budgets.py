@@ -35,7 +35,7 @@ from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from trainyard.cli_base import CliError, Exit, Session, asked, exit_code_of
+from trainyard.cli_base import CliError, Exit, Session, asked, decimal_arg, exit_code_of
 from trainyard.cli_render import table, time_text
 from trainyard.client import TrainyardError, segment
 
@@ -63,16 +63,8 @@ HEADER = (
 )
 
 
-def amount_arg(value: str) -> str:
-    """An amount as written (billing reads its decimal text as given), when it is a finite
-    decimal number; its bounds and precision are billing's to judge."""
-    try:
-        finite = Decimal(value).is_finite()
-    except InvalidOperation:
-        finite = False
-    if not finite:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a decimal number such as 1000")
-    return value
+amount_arg = decimal_arg("1000")
+"""A budget's amount as written (``cli_base.decimal_arg``)."""
 
 
 def thresholds_arg(value: str) -> list[int]:

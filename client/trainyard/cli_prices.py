@@ -16,10 +16,9 @@ bounds is billing's 422 naming the field, one line (exit 1).
 from __future__ import annotations
 
 import argparse
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from trainyard.cli_base import CliError, Exit, Session, asked
+from trainyard.cli_base import CliError, Exit, Session, asked, decimal_arg
 from trainyard.cli_render import table, time_text
 from trainyard.client import segment
 
@@ -32,16 +31,8 @@ PRICES = (
 HEADER = ("FLAVOR", "FROM", "PER", "PRICE", "CURRENCY", "IN FORCE", "SET BY")
 
 
-def price_arg(value: str) -> str:
-    """A price as written (billing reads its decimal text as given), when it is a finite
-    decimal number; its bounds and precision are billing's to judge."""
-    try:
-        finite = Decimal(value).is_finite()
-    except InvalidOperation:
-        finite = False
-    if not finite:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a decimal number such as 2.75")
-    return value
+price_arg = decimal_arg("2.75")
+"""A price as written (``cli_base.decimal_arg``)."""
 
 
 def add_commands(
