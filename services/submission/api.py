@@ -30,9 +30,12 @@ Contract:
   (``GET``, ``HEAD``) and writes (everything else) have buckets and settings of their own
   (``read_rate_per_s``/``read_burst``, ``write_rate_per_s``/``write_burst``); the other
   services check the token of each of their writes with ``POST /v1/me``, a write, and of
-  each read with ``GET /v1/me``, so a user's requests to any service share these buckets. An empty bucket
-  answers 429 with ``Retry-After`` (whole seconds, at least 1) and the limit in the detail.
-  The probes are not limited.
+  each read with ``GET /v1/me``, so a user's requests to any service share these buckets.
+  Each request also spends a token of its team's bucket (``team_rate_factor`` times a
+  user's rate and burst), so a team's users together, however many its admin creates, are
+  limited too. An empty bucket answers 429 with ``Retry-After`` (whole seconds, at least
+  1) and the limit in the detail; a request refused spends nothing. The probes are not
+  limited.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, NoReturn, cast
 
 import asyncpg
 import httpx
@@ -681,31 +684,57 @@ def _bundle_sha256(value: str) -> str:
 
 @dataclass(frozen=True)
 class RateLimits:
-    """The buckets of reads and of writes, per user (see the module)."""
+    """The buckets of reads and of writes, per user and per team (see the module)."""
 
     reads: RateLimiter
     writes: RateLimiter
+    team_reads: RateLimiter
+    team_writes: RateLimiter
 
     @classmethod
     def of(cls, settings: Settings) -> RateLimits:
+        factor = settings.team_rate_factor
         return cls(
             reads=RateLimiter(settings.read_rate_per_s, settings.read_burst),
             writes=RateLimiter(settings.write_rate_per_s, settings.write_burst),
+            team_reads=RateLimiter(
+                settings.read_rate_per_s * factor, math.ceil(settings.read_burst * factor)
+            ),
+            team_writes=RateLimiter(
+                settings.write_rate_per_s * factor, math.ceil(settings.write_burst * factor)
+            ),
         )
 
     def check(self, write: bool, caller: Caller) -> None:
         """Spend a token of ``caller``'s bucket of writes (``write``) or of reads
-        (``shared.access.is_write`` says which a request spends); 429 when it is empty."""
-        kind, limiter = ("write", self.writes) if write else ("read", self.reads)
-        wait = limiter.take(caller.user_id)
+        (``shared.access.is_write`` says which a request spends), and one of its team's;
+        429 when either is empty, and then neither is spent. The team's bucket is asked
+        second: a user past its own limit spends nothing of its teammates'."""
+        kind, user, team = (
+            ("write", self.writes, self.team_writes)
+            if write
+            else ("read", self.reads, self.team_reads)
+        )
+        wait = user.take(caller.user_id)
         if wait > 0:
-            retry = max(1, math.ceil(wait))
-            raise HTTPException(
-                status_code=429,
-                detail=f"rate limit exceeded: at most {limiter.rate:g} {kind} requests per "
-                f"second per user (bursts of {limiter.burst}); retry after {retry} s",
-                headers={"Retry-After": str(retry)},
+            _too_many(wait, f"{user.rate:g} {kind} requests per second per user", user.burst)
+        wait = team.take(caller.team_id)
+        if wait > 0:
+            user.give_back(caller.user_id)
+            _too_many(
+                wait,
+                f"{team.rate:g} {kind} requests per second per team, all its users together",
+                team.burst,
             )
+
+
+def _too_many(wait: float, limit: str, burst: int) -> NoReturn:
+    retry = max(1, math.ceil(wait))
+    raise HTTPException(
+        status_code=429,
+        detail=f"rate limit exceeded: at most {limit} (bursts of {burst}); retry after {retry} s",
+        headers={"Retry-After": str(retry)},
+    )
 
 
 def caller_guard(

@@ -36,6 +36,9 @@ class Settings(ServiceSettings):
     """Reads (``GET``, ``HEAD``) each user may make per second, sustained."""
     read_burst: int = Field(default=200, ge=1)
     """Reads a user may make at once before ``read_rate_per_s`` applies."""
+    team_rate_factor: float = Field(default=10.0, ge=1, le=1_000_000)
+    """A team's users together may make this many times a user's reads and writes (rate
+    and burst): an admin creating users does not multiply the team's rate past it."""
     token_ttl_days: int | None = Field(default=90, ge=1, le=3660)
     """Lifetime of a new token in days, 1 to 3660 (first tokens of users included), unless
     its request says otherwise. Every token so expires: the environment cannot turn expiry

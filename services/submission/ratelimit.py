@@ -6,6 +6,8 @@ Contract:
   at most ``burst`` tokens, starts full and refills at ``rate`` tokens per second.
 - ``take(key)`` spends one token and answers 0.0, or, when the bucket is empty, spends
   nothing and answers the seconds until a token will be there (always > 0).
+- ``give_back(key)`` returns the token a ``take`` just spent (a request that another
+  bucket refused spends nothing of this one); never past the burst.
 - Memory is bounded: a bucket idle long enough to be full again is forgotten (a fresh one
   is the same), and past ``max_keys`` buckets the least recently used is dropped (that
   caller gets a full bucket again: lenient, never stricter than the limit).
@@ -62,6 +64,12 @@ class RateLimiter:
         while len(self._buckets) > self._max_keys:
             self._buckets.popitem(last=False)
         return wait
+
+    def give_back(self, key: Hashable) -> None:
+        """Return one token to ``key``'s bucket (see the module); nothing when it is gone."""
+        counted = self._buckets.get(key)
+        if counted is not None:
+            self._buckets[key] = (min(float(self.burst), counted[0] + 1.0), counted[1])
 
     def _forget_idle(self, now: float) -> None:
         # Least recently used first: stop at the first bucket that may still be short.

@@ -12,12 +12,13 @@ from litestar import get, post, put
 from pydantic import SecretStr
 
 from tests.integration.submission.conftest import Submission, running_submission
+from trainyard_platform.services.submission import identity
 from trainyard_platform.services.submission.api import AppDeps, create_app
 from trainyard_platform.services.submission.config import Settings
 from trainyard_platform.shared.access import only_reads, service_guard
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.http_app import service_app
-from trainyard_platform.shared.identity import IdentityClient
+from trainyard_platform.shared.identity import IdentityClient, Role
 
 pytestmark = pytest.mark.integration
 
@@ -155,3 +156,31 @@ async def test_a_post_that_only_reads_spends_a_read_not_a_write(limited: Submiss
     for _ in range(2):
         write = await limited.client.post("/v1/jobs/nope/cancel", headers=limited.auth())
         assert write.status_code == 404, write.text
+
+
+async def test_more_users_do_not_give_a_team_more_requests(
+    settings: Settings, pool: asyncpg.Pool, bus: Bus
+) -> None:
+    """A team admin may create users at will, each with a bucket of its own: a team's
+    requests together spend its team's bucket too (``team_rate_factor`` times a user's),
+    so a hostile team cannot multiply its rate by its users. Before, 4 users of one team
+    made 4 bursts of reads and writes; another team was never affected by it, nor is now."""
+    limits = tight(settings).model_copy(update={"team_rate_factor": 2.0})
+    async with running_submission(limits, pool, bus) as running:
+        # As many users as an admin likes (created here directly: their creation is not
+        # what is measured).
+        tokens = [await identity.bootstrap_user(pool, "ml", name, Role.VIEWER) for name in "wxyz"]
+        answers = [
+            (await running.client.get("/v1/jobs", headers=running.auth(token))).status_code
+            for token in tokens
+            for _ in range(3)  # each user's whole read burst
+        ]
+        # The team's read burst is 2 x 3 = 6, whatever the number of its users.
+        assert answers.count(200) == 6, answers
+        assert answers.count(429) == len(answers) - 6, answers
+        refused = await running.client.get("/v1/jobs", headers=running.auth(tokens[-1]))
+        assert refused.status_code == 429
+        assert "per team" in refused.json()["detail"], refused.text
+        assert int(refused.headers["retry-after"]) >= 1
+        other = await running.client.get("/v1/jobs", headers=running.auth(running.other_team_token))
+        assert other.status_code == 200, other.text

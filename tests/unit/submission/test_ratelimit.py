@@ -85,3 +85,20 @@ def test_nonsense_settings_are_refused() -> None:
     for rate, burst in ((0, 1), (-1, 1), (1, 0)):
         with pytest.raises(ValueError):
             RateLimiter(rate=rate, burst=burst)
+
+
+def test_a_token_given_back_is_there_again_never_past_the_burst() -> None:
+    clock = Clock()
+    limiter = RateLimiter(rate=1, burst=2, clock=clock)
+    limiter.take("a")
+    limiter.take("a")
+    assert limiter.take("a") > 0
+    limiter.give_back("a")
+    assert limiter.take("a") == 0.0
+    limiter.give_back("b")  # no bucket: nothing to give back, none made
+    assert len(limiter) == 1
+    limiter.give_back("a")
+    limiter.give_back("a")
+    limiter.give_back("a")
+    assert [limiter.take("a") for _ in range(2)] == [0.0, 0.0]
+    assert limiter.take("a") > 0
