@@ -47,6 +47,11 @@ from trainyard_platform.services.registry.model_cost import CostedVersion
 from trainyard_platform.services.registry.reproduction_api import reproduction_routes
 from trainyard_platform.services.registry.schemas import VersionList, VersionSummary
 from trainyard_platform.services.registry.tracking_api import tracking_routes
+from trainyard_platform.services.registry.transfers import (
+    DEFAULT_MAX_TRANSFERS,
+    DEFAULT_MAX_TRANSFERS_PER_TEAM,
+    Transfers,
+)
 from trainyard_platform.shared import paging
 from trainyard_platform.shared.audit import audit_route
 from trainyard_platform.shared.http_app import error_responses, service_app
@@ -67,9 +72,14 @@ def create_app(
     *,
     store: ObjectStore | None = None,
     download_url_seconds: int = 300,
+    max_transfers: int = DEFAULT_MAX_TRANSFERS,
+    max_transfers_per_team: int = DEFAULT_MAX_TRANSFERS_PER_TEAM,
 ) -> Litestar:
     """The app over ``pool`` and ``store`` (where checkpoints are and the registry's copies
-    go; without one, registering, deleting and downloading versions answer 503)."""
+    go; without one, registering, deleting and downloading versions answer 503); at most
+    ``max_transfers`` artifact transfers at once, ``max_transfers_per_team`` of a team
+    (``transfers``)."""
+    transfers = Transfers(max_transfers, max_transfers_per_team)
 
     @get("/v1/models/{team:str}/{name:str}/versions", responses=error_responses(404))
     async def list_versions(
@@ -125,7 +135,7 @@ def create_app(
             *health_handlers,
             list_versions,
             get_version,
-            *model_routes(pool, store, download_url_seconds),
+            *model_routes(pool, store, download_url_seconds, transfers),
             *dataset_routes(pool),
             *lineage_routes(pool),
             *reproduction_routes(pool),
@@ -135,4 +145,5 @@ def create_app(
         guard,
         statuses=STATUSES,
         cors_origins=cors_origins,
+        on_shutdown=[transfers.close],
     )

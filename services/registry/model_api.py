@@ -16,6 +16,9 @@ downloading versions, and aliases.
 - ``GET .../versions/{version}/download``: a presigned URL of the version's one object,
   after its sha256 is verified (S3); on a local store, the ``.../content`` route instead.
 - ``GET .../versions/{version}/content``: the bytes, verified before the first is sent.
+- A registration, ``download`` and ``content`` each read the whole artifact: at most
+  ``transfers.per_team`` of the caller's team run at once (429), ``transfers.most`` in all
+  (503), both with ``Retry-After`` (``transfers``).
 - ``GET .../aliases?limit&after`` (a page by name, ``next``), ``PUT``/``DELETE
   .../aliases/{alias}`` (members), ``GET .../aliases/{alias}/moves``: aliases and their
   append-only history.
@@ -34,6 +37,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -76,6 +80,7 @@ from trainyard_platform.services.registry.schemas import (
     ModelSummary,
     RegisterRequest,
 )
+from trainyard_platform.services.registry.transfers import Transfers
 from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import Teams, needs
 from trainyard_platform.shared.http_app import error_responses, json_request_body
@@ -131,9 +136,14 @@ def model_routes(
     pool: asyncpg.Pool,
     store: ObjectStore | None,
     download_url_seconds: int,
+    transfers: Transfers,
     clock: Clock = utc_now,
 ) -> list[HTTPRouteHandler]:
-    """The routes of the module docstring over the registry's pool and object store."""
+    """The routes of the module docstring over the registry's pool and object store; every
+    artifact copy or read runs within ``transfers``, counted for the caller's team."""
+
+    def transfer(principal: Principal) -> models.Transfer:
+        return partial(transfers.run, principal.team)
 
     def storage() -> ObjectStore:
         if store is None:
@@ -271,7 +281,7 @@ def model_routes(
                 description=body.description,
             )
             async with conn.transaction():
-                version = await models.register(conn, storage(), what, clock())
+                version = await models.register(conn, storage(), what, clock(), transfer(principal))
                 if audit.must_record(principal):
                     await audit.record(
                         conn,
@@ -360,7 +370,7 @@ def model_routes(
                 sha256=found.artifact.sha256,
                 size_bytes=found.artifact.size_bytes,
             )
-        verified = await asyncio.to_thread(_fetch, source, key, found)
+        verified = await transfers.run(principal.team, _fetch, source, key, found)
         artifacts.discard(verified)
         return Download(
             url=url,
@@ -383,7 +393,7 @@ def model_routes(
             await readable(conn, principal, team, name)
             found = await live_version(conn, team, name, version)
         key = _owned_key(found, grants.reader_of(principal))
-        verified = await asyncio.to_thread(_fetch, storage(), key, found)
+        verified = await transfers.run(principal.team, _fetch, storage(), key, found)
         return File(
             verified,
             filename=f"{name}-v{version}.pt",

@@ -25,8 +25,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 
@@ -48,6 +50,8 @@ in one body (``GET .../aliases`` pages them)."""
 log = logging.getLogger(__name__)
 
 SOURCE = "trainyard/registry"
+Transfer = Callable[..., Awaitable[Any]]
+"""Runs a blocking ``fn(*args)`` off the event loop and answers its result."""
 ARTIFACT_FILE = "checkpoint.pt"
 
 
@@ -89,16 +93,22 @@ class Freed:
 
 
 async def register(
-    conn: asyncpg.Connection, store: ObjectStore, what: Registration, now: datetime
+    conn: asyncpg.Connection,
+    store: ObjectStore,
+    what: Registration,
+    now: datetime,
+    transfer: Transfer | None = None,
 ) -> ModelVersion:
     """Copy, verify and store a new version (module docstring); raises
     ``artifacts.SourceOutsideStore``, ``artifacts.ArtifactMismatch`` or
-    ``shared.storage.ObjectNotFound`` when the checkpoint cannot be registered."""
+    ``shared.storage.ObjectNotFound`` when the checkpoint cannot be registered.
+    ``transfer`` runs the copy (``transfers.Transfers.run`` for a caller's team, which may
+    refuse it); without one, ``asyncio.to_thread``."""
     version_id = str(uuid.uuid4())
     key = names.artifact_key(what.team, what.model, version_id, ARTIFACT_FILE)
     source = artifacts.source_key(store, what.checkpoint.uri, what.job_id)
     expected = artifacts.Digest(what.checkpoint.size_bytes, what.checkpoint.sha256)
-    await asyncio.to_thread(artifacts.copy_verified, store, source, key, expected)
+    await (transfer or asyncio.to_thread)(artifacts.copy_verified, store, source, key, expected)
     try:
         model_id, latest = await repo.lock_model(conn, what.team, what.model, now, what.project)
         version = ModelVersion(

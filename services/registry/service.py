@@ -83,5 +83,7 @@ async def serve(settings: Settings) -> int:
             settings.cors_origins,
             store=store,
             download_url_seconds=settings.download_url_seconds,
+            max_transfers=settings.max_transfers,
+            max_transfers_per_team=settings.max_transfers_per_team,
         )
         return await rt.run(app)

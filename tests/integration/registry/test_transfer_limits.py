@@ -1,0 +1,93 @@
+"""What one team's artifact transfers may take of the registry, on a real PostgreSQL and S3
+endpoint.
+
+Every registration, ``download`` and ``content`` reads the whole artifact from the object
+store into the registry's own disk and hashes it (``artifacts``): gigabytes of a model,
+on a thread. Before, nothing bounded them: one viewer asking for its team's large model
+many times at once filled the registry's disk and every thread ``asyncio.to_thread`` has,
+so presigning, registering and serving stalled for every team. Now a team has at most
+``MAX_TRANSFERS_PER_TEAM`` at once (one more: 429 with ``Retry-After``), all teams at most
+``MAX_TRANSFERS`` (503), on threads of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from tests.integration.registry.modelkit import ML, VISION, app_as, job_with_checkpoints, register
+from trainyard_platform.shared.storage import ObjectStore
+
+pytestmark = pytest.mark.integration
+
+
+class Held:
+    """Makes ``store.get_file`` wait until released, counting the reads under way."""
+
+    def __init__(self, store: Any) -> None:
+        self.release = threading.Event()
+        self.lock = threading.Lock()
+        self.now = 0
+        self.most = 0
+        self.entered = asyncio.Queue[int]()
+        self.loop = asyncio.get_running_loop()
+        self._get_file = store.get_file
+        store.get_file = self.get_file
+
+    def get_file(self, key: str, path: Path) -> None:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+            self.loop.call_soon_threadsafe(self.entered.put_nowait, self.now)
+        try:
+            self.release.wait(60)
+            self._get_file(key, path)
+        finally:
+            with self.lock:
+                self.now -= 1
+
+
+async def _download(client: httpx.AsyncClient, team: str, name: str) -> httpx.Response:
+    return await client.get(f"/v1/models/{team}/{name}/versions/1/download")
+
+
+async def test_a_team_has_at_most_its_share_of_transfers_at_once(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    vision_job = await job_with_checkpoints(pool, store, [1])
+    ml_job = await job_with_checkpoints(pool, store, [1], team="ml", name="tabular")
+    async with app_as(pool, store, VISION) as vision, app_as(pool, store, ML) as ml:
+        assert (await register(vision, "vision", "digits", vision_job)).status_code == 201
+        assert (await register(ml, "ml", "tabular", ml_job)).status_code == 201
+        held = Held(store)
+        first = [asyncio.create_task(_download(vision, "vision", "digits")) for _ in range(2)]
+        for _ in range(2):
+            await asyncio.wait_for(held.entered.get(), 30)
+        # A third of the same team: refused at once, its artifact never read.
+        third = asyncio.create_task(_download(vision, "vision", "digits"))
+        entered = asyncio.create_task(held.entered.get())
+        done, _ = await asyncio.wait({third, entered}, return_when=asyncio.FIRST_COMPLETED)
+        assert third in done, f"a third transfer of one team was let in ({held.most} at once)"
+        entered.cancel()
+        refused = third.result()
+        assert refused.status_code == 429, refused.text
+        assert int(refused.headers["retry-after"]) >= 1
+        assert "transfers" in refused.json()["detail"], refused.text
+        assert "vision" in refused.json()["detail"], refused.text
+        # Another team is not held back by vision's.
+        other = asyncio.create_task(_download(ml, "ml", "tabular"))
+        await asyncio.wait_for(held.entered.get(), 30)
+        held.release.set()
+        for task in [*first, other]:
+            answer = await task
+            assert answer.status_code == 200, answer.text
+        # Ended, they hold nothing: the team may transfer again.
+        again = await _download(vision, "vision", "digits")
+        assert again.status_code == 200, again.text
+        assert held.most == 3
