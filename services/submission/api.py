@@ -44,7 +44,8 @@ import asyncio
 import math
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, cast
@@ -616,6 +617,43 @@ async def json_body(request: AnyRequest, free_text: re.Pattern[str] | None = Non
 # --- code bundles ----------------------------------------------------------------------
 
 
+class UploadsUnderWay:
+    """How many bundle uploads each team has under way (``held_by``): at most
+    ``per_team`` at once; one more is refused (429) before its body is read."""
+
+    def __init__(self, per_team: int) -> None:
+        self.per_team = per_team
+        self._held: dict[int, int] = {}
+
+    @contextmanager
+    def held_by(self, caller: Caller) -> Iterator[None]:
+        """A place for ``caller``'s team while the block runs; ``HTTPException`` 429 with
+        ``Retry-After`` when the team has ``per_team`` under way."""
+        team = caller.team_id
+        if self._held.get(team, 0) >= self.per_team:
+            raise HTTPException(
+                status_code=429,
+                detail=f"too many bundle uploads at once: team {caller.team} has "
+                f"{self.per_team} under way, the most a team may "
+                f"(TRAINYARD_SUBMISSION_BUNDLE_UPLOADS_PER_TEAM); retry after "
+                f"{UPLOAD_RETRY_AFTER_S} s",
+                headers={"Retry-After": str(UPLOAD_RETRY_AFTER_S)},
+            )
+        self._held[team] = self._held.get(team, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._held[team] - 1
+            if left:
+                self._held[team] = left
+            else:
+                del self._held[team]
+
+
+UPLOAD_RETRY_AFTER_S = 5
+Uploads = NamedDependency[UploadsUnderWay]
+
+
 @head(
     "/bundles/{sha256:str}",
     responses={404: ResponseSpec(None, description="the caller's team has no such bundle")},
@@ -639,13 +677,21 @@ async def bundle_stored(sha256: Sha256, objects: Store, caller: Me) -> Response[
     },
 )
 async def upload_bundle(
-    request: AnyRequest, sha256: Sha256, objects: Store, caller: Me, settings: Config
+    request: AnyRequest,
+    sha256: Sha256,
+    objects: Store,
+    caller: Me,
+    settings: Config,
+    uploads: Uploads,
 ) -> Response[BundleStored]:
     sha256 = _bundle_sha256(sha256)
     limit = settings.bundle_max_bytes
-    # Spooled to a file as it comes, never held whole: a member may have tens of uploads
-    # of up to ``limit`` under way at once (its write bucket's burst).
-    with tempfile.TemporaryDirectory(prefix="trainyard-bundle-") as folder:
+    # Spooled to a file as it comes, never held whole; each upload under way takes up to
+    # ``limit`` of the service's disk, so a team has at most its share of them at once.
+    with (
+        uploads.held_by(caller),
+        tempfile.TemporaryDirectory(prefix="trainyard-bundle-") as folder,
+    ):
         path = Path(folder) / "bundle.tar.gz"
         digest = await spool_body(
             request,
@@ -897,6 +943,11 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
     def provide_admission() -> DataAdmission:
         return admission
 
+    uploads = UploadsUnderWay(settings.bundle_uploads_per_team)
+
+    def provide_uploads() -> UploadsUnderWay:
+        return uploads
+
     known = KnownCallers()
     writer = deps.group_commit or GroupCommit(deps.pool)
     front = Front(deps.pool, objects, settings, admission, known, writer)
@@ -946,6 +997,7 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
             "settings": Provide(provide_settings, sync_to_thread=False),
             "objects": Provide(provide_objects, sync_to_thread=False),
             "admission": Provide(provide_admission, sync_to_thread=False),
+            "uploads": Provide(provide_uploads, sync_to_thread=False),
             "front": Provide(provide_front, sync_to_thread=False),
         },
     )

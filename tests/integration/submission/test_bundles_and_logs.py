@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import os
@@ -346,3 +347,56 @@ async def test_a_job_that_never_started_has_complete_empty_logs(submission: Subm
     await submission.wait_for(job_id, lambda v: v["terminal"])
     page = await _logs(submission, job_id)
     assert page["chunks"] == [] and page["streams_complete"] and page["job_terminal"]
+
+
+async def test_a_team_has_at_most_its_share_of_uploads_under_way(
+    submission: Submission, settings: Settings
+) -> None:
+    """Each upload under way takes up to the bundle limit of the service's disk (it is
+    spooled there). Before, a team had as many at once as its write bursts allow (hundreds
+    of 100 MiB each, every team's front door's disk); now ``bundle_uploads_per_team`` (an
+    upload past them: 429 with ``Retry-After``, nothing read), and another team's go on."""
+    limited = settings.model_copy(update={"bundle_uploads_per_team": 2})
+    app = create_app(limited, AppDeps(pool=submission.pool, store=submission.store))
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    release = asyncio.Event()
+    started = asyncio.Queue[int]()
+
+    def slow(data: bytes) -> Any:
+        async def chunks() -> Any:
+            yield data[:10]
+            started.put_nowait(1)
+            await release.wait()
+            yield data[10:]
+
+        return chunks()
+
+    async with httpx.AsyncClient(transport=transport, base_url="http://s") as client:
+
+        async def put(data: bytes, token: str | None = None, slowly: bool = True) -> Any:
+            sha = hashlib.sha256(data).hexdigest()
+            content = slow(data) if slowly else data
+            return await client.put(
+                f"/v1/bundles/{sha}", content=content, headers=submission.auth(token)
+            )
+
+        bundles = [tar_gz(("train.py", f"print({i})\n".encode())) for i in range(5)]
+        under_way = [asyncio.create_task(put(b)) for b in bundles[:2]]
+        for _ in range(2):
+            await asyncio.wait_for(started.get(), 30)
+        third = asyncio.create_task(put(bundles[2]))
+        body_read = asyncio.create_task(started.get())
+        done, _ = await asyncio.wait({third, body_read}, return_when=asyncio.FIRST_COMPLETED)
+        assert third in done, "a third upload of one team was read while two were under way"
+        body_read.cancel()
+        refused = third.result()
+        assert refused.status_code == 429, refused.text
+        assert int(refused.headers["retry-after"]) >= 1
+        assert "team ml" in refused.json()["detail"], refused.text
+        other = await put(bundles[3], submission.other_team_token, slowly=False)
+        assert other.status_code == 201, other.text
+        release.set()
+        for task in under_way:
+            assert (await task).status_code == 201
+        again = await put(bundles[4], slowly=False)
+        assert again.status_code == 201, again.text
