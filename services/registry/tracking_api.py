@@ -15,7 +15,9 @@ Both lists come a page at a time (``shared.paging``): at most ``limit`` (experim
 follow, ``next``, the cursor to pass as ``after``. A runs cursor holds its sort: given with
 another ``sort`` or ``order`` it answers 422 naming ``after``.
 - ``GET /v1/experiments/{id}/compare?keys&jobs&max_points``: runs side by side; a job of
-  ``jobs`` that is not a run of the experiment is a 422 naming ``jobs`` and it.
+  ``jobs`` that is not a run of the experiment is a 422 naming ``jobs`` and it. A team has
+  at most ``COMPARISONS_PER_TEAM`` under way at once: one more is a 429 with
+  ``Retry-After``, before anything is read.
 - ``PUT``/``DELETE /v1/jobs/{job_id}/tags/{tag}``, ``PUT /v1/jobs/{job_id}/note``: members.
   A run has at most ``MAX_RUN_TAGS`` tags: a new one past them is a 422 naming ``tag``.
 
@@ -26,14 +28,15 @@ parameters answer 422 naming the parameter (the platform's rule, ``shared.http_e
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import asyncpg
 from litestar import Request, delete, get, put
 from litestar.di import NamedDependency
-from litestar.exceptions import NotFoundException
+from litestar.exceptions import HTTPException, NotFoundException
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, PathParameter, QueryParameter
 
@@ -82,6 +85,11 @@ COMPARE_POINTS_MAX = 100_000
 at ``max_points`` 10,000 were 1,000 curves of up to 10,000 points each, millions of points
 built in the registry's memory for one reader's request. One metric's own route answers
 at most 100,000 points too."""
+COMPARISONS_PER_TEAM = 2
+"""Comparisons one team (the caller's; operators count as one) may have under way at once:
+one of 20 keys of 50 runs takes seconds of the registry's event loop and database, so more
+would let one reader keep the registry busy for every team."""
+COMPARISON_RETRY_AFTER_S = 2
 PAGE_MAX = 500
 RUNS_PAGE_MAX = 1000
 After = Annotated[str | None, QueryParameter(description="the next of the previous page")]
@@ -108,6 +116,29 @@ def _runs_list(experiment_id: int, order: RunOrder | None) -> str:
 
 def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
     """The routes of the module docstring, over the registry's pool."""
+    comparing: dict[str | None, int] = {}
+    """Comparisons under way, by the caller's team (``COMPARISONS_PER_TEAM``)."""
+
+    @asynccontextmanager
+    async def comparison_of(principal: Principal) -> AsyncIterator[None]:
+        team = principal.team
+        if comparing.get(team, 0) >= COMPARISONS_PER_TEAM:
+            who = "operators" if team is None else f"team {team!r}"
+            raise HTTPException(
+                status_code=429,
+                detail=f"too many comparisons at once: {who} has {COMPARISONS_PER_TEAM} "
+                f"under way, the most a team may; retry after {COMPARISON_RETRY_AFTER_S} s",
+                headers={"Retry-After": str(COMPARISON_RETRY_AFTER_S)},
+            )
+        comparing[team] = comparing.get(team, 0) + 1
+        try:
+            yield
+        finally:
+            left = comparing[team] - 1
+            if left:
+                comparing[team] = left
+            else:
+                del comparing[team]
 
     async def visible_job(conn: asyncpg.Connection, job_id: str, principal: Principal) -> None:
         team = await repo.job_team(conn, job_id)
@@ -280,7 +311,7 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
     ) -> Comparison:
         wanted = comma_names(keys, "keys", 20) or []
         job_ids = comma_names(jobs, "jobs", _MAX_COMPARED)
-        async with pool.acquire() as conn:
+        async with comparison_of(principal), pool.acquire() as conn:
             found = await visible_experiment(conn, experiment_id, principal)
             shown = await as_runs(
                 conn, await repo.runs(conn, experiment_id, limit=_MAX_COMPARED, job_ids=job_ids)
