@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from services.runner.environments import EnvironmentCache, RequirementsError
+from trainyard_platform.services.runner.environments import EnvironmentCache, RequirementsError
 
 CROSS = "\u00d7"
 """The mark uv starts an error with."""
