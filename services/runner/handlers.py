@@ -122,22 +122,19 @@ def dispatcher(agent: NodeAgent) -> Handler:
 
     async def dispatch(envelope: Envelope[Payload]) -> None:
         match envelope.data:
-            case AllocationGranted() as grant:
+            case AllocationGranted() | GrantOfInvalidSpec() as grant:
                 # The job's work (its supervision, uploads and reports: tasks started here)
-                # logs with its job id, though the grant's span is routed by node.
+                # logs with its job id, though the grant's span is routed by node. A grant
+                # whose spec is invalid passes the same checks before it is ended unrun.
                 with job_scope(grant.job_id):
                     known = await asyncio.to_thread(agent.ledger.entries)
                     problem = grant_problem(agent.node_id, grant, known)
                     if problem is not None:
                         raise Reject(problem)
-                    await agent.on_granted(grant)
-            case GrantOfInvalidSpec() as invalid:
-                with job_scope(invalid.job_id):
-                    known = await asyncio.to_thread(agent.ledger.entries)
-                    problem = grant_problem(agent.node_id, invalid, known)
-                    if problem is not None:
-                        raise Reject(problem)
-                    await agent.on_invalid_grant(invalid)
+                    if isinstance(grant, AllocationGranted):
+                        await agent.on_granted(grant)
+                    else:
+                        await agent.on_invalid_grant(grant)
             case AllocationRevoked() as revoked:
                 if revoked.node_id != agent.node_id:
                     raise Reject(
