@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from trainyard.cli_base import whole_arg
 from trainyard.cli_render import table, time_text
 from trainyard.client import TrainyardClient
 
@@ -29,18 +30,8 @@ TOKEN_DAYS_MIN, TOKEN_DAYS_MAX = 1, 366
 """The lifetimes a token may be given (``expires_in_days`` of the submission API)."""
 
 
-def days_arg(value: str) -> int:
-    """``token create|rotate --days``: judged here so that the error names the option, not
-    the API's body field."""
-    try:
-        days = int(value)
-    except ValueError:
-        days = 0
-    if not TOKEN_DAYS_MIN <= days <= TOKEN_DAYS_MAX:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a whole number of days from {TOKEN_DAYS_MIN} to {TOKEN_DAYS_MAX}"
-        )
-    return days
+days_arg = whole_arg(TOKEN_DAYS_MIN, TOKEN_DAYS_MAX, "days")
+"""``token create|rotate --days``."""
 
 
 COMMANDS = frozenset({"whoami", "token", "user", "audit"})

@@ -324,6 +324,28 @@ class Session:
         print(dumps(value) if self.as_json else text())
 
 
+def whole_arg(low: int, high: int, unit: str = "") -> Callable[[str], int]:
+    """An argparse ``type`` for a whole number from ``low`` to ``high`` (of ``unit``, when
+    given), judged on the command line so that the error names the option, not the API's
+    field."""
+    what = f"{unit} " if unit else ""
+
+    def check(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = low - 1
+        if not low <= number <= high:
+            raise argparse.ArgumentTypeError(
+                f"{value!r} is not a whole number of {what}from {low} to {high}"
+                if unit
+                else f"{value!r} is not a whole number from {low} to {high}"
+            )
+        return number
+
+    return check
+
+
 def decimal_arg(example: str) -> Callable[[str], str]:
     """An argparse ``type`` for money as written (billing reads its decimal text as given):
     a finite decimal number passes unchanged; its bounds and precision are billing's to

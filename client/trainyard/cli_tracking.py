@@ -16,7 +16,7 @@ from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from trainyard.cli_base import CliError, Exit, Session, exit_code_of, resolve
+from trainyard.cli_base import CliError, Exit, Session, exit_code_of, resolve, whole_arg
 from trainyard.cli_render import (
     attempt_number,
     duration,
@@ -130,18 +130,8 @@ POINTS_MIN, POINTS_MAX = 4, 100_000
 """The ``max_points`` the registry takes for one curve."""
 
 
-def points_arg(value: str) -> int:
-    """``--points``: a whole number the registry takes as ``max_points``, judged here so
-    that the error names the option, not the query parameter."""
-    try:
-        points = int(value)
-    except ValueError:
-        points = 0
-    if not POINTS_MIN <= points <= POINTS_MAX:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a whole number from {POINTS_MIN} to {POINTS_MAX}"
-        )
-    return points
+points_arg = whole_arg(POINTS_MIN, POINTS_MAX)
+"""``--points``: the ``max_points`` the registry takes for one curve."""
 
 
 def unused(*given: tuple[str, object], form: str) -> None:
