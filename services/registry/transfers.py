@@ -11,7 +11,8 @@ Contract:
   and ``most`` in all run at once.
 - ``run(team, fn, *args)`` runs ``fn(*args)`` on one of the transfers' own ``most``
   threads (never those of ``asyncio.to_thread``, which the rest of the registry uses) and
-  answers its result; its place is taken before and given back after, however it ends.
+  answers its result; its place is taken before and given back once ``fn`` has returned
+  or raised, however it ends, a caller that stopped waiting (a client gone) included.
   With no place: ``HTTPException`` 429 naming the team and its limit when the team holds
   its share, else 503 (the registry is busy); both with ``Retry-After``. Nothing waits
   in a queue, so nothing a client abandons holds a place.
@@ -53,9 +54,19 @@ class Transfers:
     async def run(self, team: str | None, fn: Callable[..., T], *args: object) -> T:
         self._take(team)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
-        finally:
+            work = asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
+        except BaseException:
             self._give_back(team)
+            raise
+        # The place is given back when the thread's work ends, not when the caller stops
+        # waiting: a cancelled request (a client gone) leaves its thread reading on.
+        work.add_done_callback(lambda done: self._settled(team, done))
+        return await asyncio.shield(work)
+
+    def _settled(self, team: str | None, done: asyncio.Future[T]) -> None:
+        self._give_back(team)
+        if not done.cancelled():
+            done.exception()  # read: nobody may await a transfer whose caller went away
 
     def _take(self, team: str | None) -> None:
         who = "operators" if team is None else f"team {team!r}"

@@ -47,3 +47,31 @@ async def test_a_failed_transfer_gives_its_place_back() -> None:
     assert transfers.held(None) == 0
     assert await transfers.run(None, lambda: "ok") == "ok"
     transfers.close()
+
+
+async def test_a_transfer_whose_caller_went_away_holds_its_place_until_its_thread_ends() -> None:
+    # A client that disconnects cancels the request, not the thread reading the artifact:
+    # the place stays taken while that thread still fills the disk, or a team could start,
+    # abandon and start again past its share.
+    transfers = Transfers(most=2, per_team=1)
+    release = threading.Event()
+    try:
+        request = asyncio.create_task(transfers.run("a", release.wait, 10))
+        await asyncio.sleep(0.05)
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        assert transfers.held("a") == 1
+        with pytest.raises(HTTPException) as again:
+            await transfers.run("a", lambda: None)
+        assert again.value.status_code == 429
+        release.set()
+        for _ in range(200):
+            if transfers.held("a") == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert transfers.held("a") == 0
+        assert await transfers.run("a", lambda: 3) == 3
+    finally:
+        release.set()
+        transfers.close()
