@@ -26,9 +26,9 @@ scheduler's, registry's and billing's URLs, and those three allow its origin (CO
 Every child gets this process's environment without any inherited ``TRAINYARD_*``
 variable, then the stack's settings (``env``: infrastructure plus ``extra_env``), then its
 own ``TRAINYARD_<SERVICE>_*`` settings; ``extra_env`` is applied last and so wins. A
-runner's jobs run as uids derived from the data folder and its node id
-(``runner_job_uid_base``), so stacks with data folders of their own run side by side on one
-host.
+runner's jobs run as uids it derives from its node id, taking the next free range when a
+runner of another stack holds that one, so stacks with data folders of their own run side
+by side on one host.
 
 ``service_argv(kind)`` says how a service starts (default ``python -m trainyard_platform.services.<kind>``);
 tests replace it with stand-ins, and ``bootstrap_admin`` appends its sub-command to it.
@@ -82,7 +82,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -129,17 +128,6 @@ _PORT_ATTEMPTS: Final = 3
 _KILL_MARGIN_S: Final = 5.0  # beyond the service's own drain time before SIGKILL
 
 StorageKind = Literal["file", "s3"]
-
-
-def runner_job_uid_base(data_dir: Path, node_id: str) -> int:
-    """The first uid of a local runner's jobs: derived from the stack's data folder and the
-    node id, as the runner derives its own from the node id alone (``TRAINYARD_RUNNER_``
-    ``JOB_UID_BASE``). Every local stack names its first node ``local-node-1``, so two stacks
-    on one host (each with its own ``--data-dir``) got the same uids, and the second runner
-    refused to start (the uids are a host-wide claim) with advice the stack gives no way to
-    follow: it hands its processes no inherited ``TRAINYARD_*`` variable."""
-    key = f"{data_dir.resolve()}\0{node_id}".encode()
-    return 200_000 + 64 * (zlib.crc32(key) % 1000)
 
 
 def project_root() -> Path | None:
@@ -649,9 +637,6 @@ class LocalStack:
                     # The runner insists that its jobs' drain ends before its own grace does.
                     "TRAINYARD_RUNNER_DRAIN_TIMEOUT_SECONDS": f"{self.shutdown_grace_s * 0.75:g}",
                     "TRAINYARD_RUNNER_NODE_ID": node_id,
-                    "TRAINYARD_RUNNER_JOB_UID_BASE": str(
-                        runner_job_uid_base(self.data_dir, node_id)
-                    ),
                     "TRAINYARD_RUNNER_GPU_FLAVOR": RUNNER_FLAVOR,
                     "TRAINYARD_RUNNER_VIRTUAL_GPUS": str(
                         self.runner_gpus if gpus is None else gpus

@@ -232,6 +232,12 @@ class NodeAgent:
         await publish_until_sent(self._bus, parse_envelope(entry.terminal_event.encode()), parent)
         await asyncio.to_thread(self._ledger.finished, entry.allocation_id)
 
+    @property
+    def job_uids(self) -> range | None:
+        """The uids this node's jobs run as; None where they run as the runner's own user
+        (a runner that is not root)."""
+        return self.settings.job_uids if can_switch_users() else None
+
     def _kill_leftovers(self) -> None:
         if not can_switch_users():
             log.warning(
@@ -243,7 +249,7 @@ class NodeAgent:
             for e in self._ledger.unfinished()
             if e.process_group is not None
         ]
-        uids = self.settings.job_uids if can_switch_users() else None
+        uids = self.job_uids
         killed = kill_leftovers(uids, groups)
         if killed:
             log.warning("killed %d job processes a previous runner left behind", killed)

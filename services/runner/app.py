@@ -1,6 +1,7 @@
 """The runner's HTTP surface: health, readiness, and ``GET /v1/node`` for operators.
 
-``/v1/node`` shows the node's GPUs and the jobs it runs now (job and allocation ids, pids):
+``/v1/node`` shows the node's GPUs, the uids its jobs run as (null where they run as the
+runner's own user) and the jobs it runs now (job and allocation ids, pids):
 operators only (403 for users). Authentication is the shared guard (``shared.access``): the
 ``admin_token`` setting or, with ``identity_url``, a user token.
 """
@@ -33,6 +34,11 @@ def create_app(
             "node_id": agent.node_id,
             "gpu_flavor": agent.settings.gpu_flavor,
             "gpus": {"source": agent.gpus.source, "names": list(agent.gpus.names)},
+            "job_uids": (
+                {"first": agent.job_uids.start, "last": agent.job_uids.stop - 1}
+                if agent.job_uids is not None
+                else None
+            ),
             "running": [
                 {
                     "job_id": run.job.job_id,

@@ -19,6 +19,10 @@ from trainyard_platform.shared.settings import GuardedServiceSettings, Port
 NODE_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 JOB_SLOTS = 64
 """Most jobs one node runs at once (one uid each)."""
+DERIVED_UID_FIRST = 200_000
+DERIVED_UID_RANGES = 1000
+"""Ranges of ``JOB_SLOTS`` uids from ``DERIVED_UID_FIRST`` that runners with no
+``job_uid_base`` choose among."""
 
 
 def default_node_id(hostname: str | None = None) -> str:
@@ -75,7 +79,8 @@ class Settings(GuardedServiceSettings):
     removed at the runner's start and after each build."""
     job_uid_base: int = Field(default_factory=lambda: 0, ge=0)
     """First uid of this node's job users (a runner started as root runs each job as
-    ``job_uid_base + slot``); 0: derived from the node id, in 200000-263999."""
+    ``job_uid_base + slot``); 0: derived from the node id, in 200000-263999 (the next free
+    range when another runner on the host holds that one)."""
     job_max_processes: int = Field(default=16384, ge=16)
     """Processes and threads a job's user may have at once (``RLIMIT_NPROC``; only where
     jobs run as users of their own): a fork bomb spends its own budget, not the host's."""
@@ -160,9 +165,26 @@ class Settings(GuardedServiceSettings):
 
     @property
     def job_uids(self) -> range:
-        """The uids this node's jobs run as (one per concurrently running job)."""
-        base = self.job_uid_base or 200_000 + 64 * (zlib.crc32(self.node_id.encode()) % 1000)
-        return range(base, base + JOB_SLOTS)
+        """The uids this node's jobs run as (one per concurrently running job): the first
+        of ``job_uid_choices`` until the runner has claimed a range and set ``job_uid_base``
+        to it (``service.serve``)."""
+        return self.job_uid_choices[0]
+
+    @property
+    def job_uid_choices(self) -> list[range]:
+        """The ranges this node's jobs may run as, in the order the runner tries them
+        (``sandbox.claim_job_uids``): the one ``job_uid_base`` names alone; unset, all
+        ``DERIVED_UID_RANGES`` of 200000-263999, starting with the one the node id hashes
+        to, so a runner keeps its range across restarts and two whose ids hash alike both
+        start."""
+        if self.job_uid_base:
+            return [range(self.job_uid_base, self.job_uid_base + JOB_SLOTS)]
+        first = zlib.crc32(self.node_id.encode()) % DERIVED_UID_RANGES
+        return [
+            range(base, base + JOB_SLOTS)
+            for i in range(DERIVED_UID_RANGES)
+            for base in [DERIVED_UID_FIRST + JOB_SLOTS * ((first + i) % DERIVED_UID_RANGES)]
+        ]
 
     @model_validator(mode="after")
     def _drain_fits_grace(self) -> Settings:

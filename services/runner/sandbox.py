@@ -152,47 +152,68 @@ def refuse_account_uids(uids: range) -> None:
     starts (``kill_user``: ``kill(-1)`` sent as the uid), so a range overlapping a real
     account would kill that account's processes, and the account would share its files
     with every job."""
-    for uid in uids:
-        try:
-            account = pwd.getpwuid(uid)
-        except KeyError:
-            continue
+    account = _account_among(uids)
+    if account is not None:
+        uid, name = account
         raise UidsInUse(
-            f"job uid {uid} is the uid of the host's account {account.pw_name!r}: set "
+            f"job uid {uid} is the uid of the host's account {name!r}: set "
             f"TRAINYARD_RUNNER_JOB_UID_BASE to the first of {len(uids)} uids no account has"
         )
 
 
+def _account_among(uids: range) -> tuple[int, str] | None:
+    """The first uid of ``uids`` that an account of the host has, with its name."""
+    for uid in uids:
+        try:
+            return uid, pwd.getpwuid(uid).pw_name
+        except KeyError:
+            continue
+    return None
+
+
 @contextlib.contextmanager
-def claim_job_uids(uids: range, lock_dir: Path | None = None) -> Iterator[None]:
-    """Hold ``uids`` for this runner alone on this host, for as long as the block runs.
+def claim_job_uids(choices: Sequence[range], lock_dir: Path | None = None) -> Iterator[range]:
+    """Hold the first of ``choices`` that no live runner on this host holds, for this runner
+    alone, for as long as the block runs; yields the range held.
 
     Jobs run as these uids, and a runner that starts kills every process of them
-    (``kill_leftovers``): two runners on one host with the same range (the same node id, or
-    a clash of derived ranges) would run jobs as one user and kill each other's jobs. The
-    claim is an exclusive ``flock`` on a file named after the range in ``RUNNER_LOCKS`` (root's
-    alone: in a world-writable folder a job, or a process one left behind, could take the
-    lock first and keep every later runner from starting); the kernel drops it when the
-    process dies, so a crashed runner never blocks its successor. Raises ``UidsInUse`` when
-    a live runner holds it, or when an account of the host has one of the uids
-    (``refuse_account_uids``)."""
-    refuse_account_uids(uids)
+    (``kill_leftovers``): two runners on one host with the same range would run jobs as one
+    user and kill each other's jobs. The claim is an exclusive ``flock`` on a file named
+    after the range in ``RUNNER_LOCKS`` (root's alone: in a world-writable folder a job, or
+    a process one left behind, could take the lock first and keep every later runner from
+    starting); the kernel drops it when the process dies, so a crashed runner never blocks
+    its successor, and a restarted runner gets its first choice back.
+
+    One choice (a range the operator set) is held or refused: ``UidsInUse`` when a live
+    runner holds it or an account of the host has one of its uids
+    (``refuse_account_uids``). Several (a range derived from the node id, then the rest)
+    pass over those to the next, so two runners whose node ids hash alike both start;
+    ``UidsInUse`` only when none is free."""
+    if len(choices) == 1:
+        refuse_account_uids(choices[0])
     folder = lock_dir or RUNNER_LOCKS
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path = folder / f"trainyard-job-uids-{uids.start}-{uids.stop - 1}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
+    for uids in choices:
+        if len(choices) > 1 and _account_among(uids) is not None:
+            continue
+        path = folder / f"trainyard-job-uids-{uids.start}-{uids.stop - 1}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise UidsInUse(
-                f"job uids {uids.start}-{uids.stop - 1} are held by another runner on this "
-                f"host ({path}): give each runner its own node id, or set "
-                "TRAINYARD_RUNNER_JOB_UID_BASE"
-            ) from None
-        yield
-    finally:
-        os.close(fd)
+            os.close(fd)
+            continue
+        try:
+            yield uids
+        finally:
+            os.close(fd)
+        return
+    held = choices[0] if len(choices) == 1 else range(choices[0].start, choices[-1].stop)
+    raise UidsInUse(
+        f"job uids {held.start}-{held.stop - 1} are held by "
+        f"{'another runner' if len(choices) == 1 else 'other runners'} on this host "
+        f"({folder}): give each runner its own node id, or set TRAINYARD_RUNNER_JOB_UID_BASE"
+    )
 
 
 PR_SET_PDEATHSIG = 1

@@ -66,7 +66,17 @@ async def serve(settings: Settings) -> int:
         rt.add_readiness_check("nats", bus.ping)
         rt.add_readiness_check("storage", lambda: store_answers(store))
         if can_switch_users():
-            rt.resources.enter_context(claim_job_uids(settings.job_uids))
+            uids = rt.resources.enter_context(claim_job_uids(settings.job_uid_choices))
+            if uids != settings.job_uids:
+                log.warning(
+                    "job uids %d-%d are held by another runner on this host: this node's "
+                    "jobs run as %d-%d",
+                    settings.job_uids.start,
+                    settings.job_uids.stop - 1,
+                    uids.start,
+                    uids.stop - 1,
+                )
+            settings = settings.model_copy(update={"job_uid_base": uids.start})
         agent = NodeAgent(settings, bus, store, gpus, rt.stopping)
         rt.work_begins()  # a stop from here drains the jobs recovered
         await agent.recover()

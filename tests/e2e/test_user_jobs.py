@@ -27,11 +27,9 @@ from typing import Any
 
 import httpx
 import pytest
-from pydantic import SecretStr
 
 from trainyard.client import TrainyardClient
-from trainyard_platform.deploy.local.stack import RUNNER_NODE_ID, LocalStack, runner_job_uid_base
-from trainyard_platform.services.runner.config import Settings as RunnerSettings
+from trainyard_platform.deploy.local.stack import RUNNER_NODE_ID, LocalStack
 from trainyard_platform.services.runner.sandbox import leftover_processes
 
 pytestmark = pytest.mark.e2e
@@ -287,11 +285,11 @@ def test_a_runner_killed_mid_training_leaves_no_process_and_the_job_resumes_exac
     while not client.get_job(job_id)["checkpoints"]:
         assert time.monotonic() < deadline, "no checkpoint within 120 s"
         time.sleep(0.5)
-    uids = RunnerSettings(
-        node_id=RUNNER_NODE_ID,
-        job_uid_base=runner_job_uid_base(stack.data_dir, RUNNER_NODE_ID),  # as the stack gives
-        admin_token=SecretStr(stack.admin_token),
-    ).job_uids
+    node = httpx.get(
+        f"{stack.service_urls['runner']}/v1/node",
+        headers={"Authorization": f"Bearer {stack.admin_token}"},
+    ).json()
+    uids = range(node["job_uids"]["first"], node["job_uids"]["last"] + 1)
     assert leftover_processes(uids, []), "the job runs as a job user"
     stack.kill_service("runner")
     deadline = time.monotonic() + 10

@@ -67,3 +67,13 @@ def test_the_cli_overrides_the_environment(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr("trainyard_platform.services.runner.__main__.serve", fake_serve)
     assert main(["--virtual-gpus", "2", "--node-id", "n-1", "--gpu-flavor", "h200"]) == 0
     assert (seen[0].virtual_gpus, seen[0].node_id, seen[0].gpu_flavor) == (2, "n-1", "h200")
+
+
+def test_derived_choices_are_every_range_once_starting_with_the_node_ids() -> None:
+    choices = Settings(node_id="node-7").job_uid_choices
+    assert choices[0] == Settings(node_id="node-7").job_uids
+    assert len({c.start for c in choices}) == 1000
+    assert all(c.start % 64 == 0 and c.start >= 200_000 and c.stop <= 264_000 for c in choices)
+    assert Settings(node_id="node-7", job_uid_base=300_000).job_uid_choices == [
+        range(300_000, 300_064)
+    ]

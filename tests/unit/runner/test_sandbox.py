@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
 from trainyard_platform.services.runner import sandbox
+from trainyard_platform.services.runner.config import Settings as RunnerSettings
 from trainyard_platform.services.runner.git_faults import git_fault
 from trainyard_platform.services.runner.sandbox import (
     AsJob,
@@ -338,16 +340,42 @@ def test_a_uid_range_is_held_by_one_runner_per_host(tmp_path: Path) -> None:
     """A second claim of the same uids fails with the way out named; another range, or the
     same one after the first runner let go (or died: the kernel drops the lock), is free."""
     uids = range(216_384, 216_448)
-    with claim_job_uids(uids, tmp_path):
+    with claim_job_uids([uids], tmp_path) as held:
+        assert held == uids
         with (
             pytest.raises(UidsInUse, match="216384-216447") as refused,
-            claim_job_uids(uids, tmp_path),
+            claim_job_uids([uids], tmp_path),
         ):
             pass
         assert "TRAINYARD_RUNNER_JOB_UID_BASE" in str(refused.value)
-        with claim_job_uids(range(300_000, 300_064), tmp_path):
+        with claim_job_uids([range(300_000, 300_064)], tmp_path):
             pass
-    with claim_job_uids(uids, tmp_path):
+    with claim_job_uids([uids], tmp_path):
+        pass
+
+
+def test_runners_whose_derived_uids_clash_each_take_the_next_free_range(tmp_path: Path) -> None:
+    """CI failed when a runner of one local stack refused to start: its node id and data
+    folder hashed to the range another stack's runner held. A derived range is a first
+    choice: the runner takes the next free one, and gets its first back once it is free."""
+    clashing = RunnerSettings(node_id="chaos-3", admin_token=SecretStr("t")).job_uid_choices
+    first, second = clashing[0], clashing[1]
+    with claim_job_uids(clashing, tmp_path) as one, claim_job_uids(clashing, tmp_path) as two:
+        assert (one, two) == (first, second)
+        with pytest.raises(UidsInUse), claim_job_uids(clashing[:2], tmp_path):
+            pass
+    with claim_job_uids(clashing, tmp_path) as again:
+        assert again == first  # a restarted runner keeps its range
+
+
+def test_two_held_ranges_are_named_when_none_is_free(tmp_path: Path) -> None:
+    choices = [range(300_000, 300_064), range(300_064, 300_128)]
+    with (
+        claim_job_uids(choices[:1], tmp_path),
+        claim_job_uids(choices[1:], tmp_path),
+        pytest.raises(UidsInUse, match="300000-300127 are held by other runners"),
+        claim_job_uids(choices, tmp_path),
+    ):
         pass
 
 
@@ -454,7 +482,7 @@ def test_a_job_uid_range_holding_an_account_of_the_host_is_refused(tmp_path: Pat
     # root's uid (or any account's) would kill that account's processes at every job's end.
     with (
         pytest.raises(UidsInUse, match=r"account 'root'.*TRAINYARD_RUNNER_JOB_UID_BASE"),
-        claim_job_uids(range(0, 64), tmp_path),
+        claim_job_uids([range(0, 64)], tmp_path),
     ):
         pass
     assert not list(tmp_path.iterdir())  # refused before any lock was taken
