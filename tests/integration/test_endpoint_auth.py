@@ -270,6 +270,7 @@ async def world(database_url: str, tmp_path: Path) -> AsyncIterator[World]:
             node_id="n1",
             settings=SimpleNamespace(gpu_flavor="cpu"),
             gpus=SimpleNamespace(source="virtual", names=[]),
+            job_uids=range(300_000, 300_064),
             running=list,
         )
         apps = {

@@ -163,6 +163,7 @@ async def fuzzed(database_url: str, tmp_path: Path) -> AsyncIterator[Fuzzed]:
             node_id="n1",
             settings=SimpleNamespace(gpu_flavor="cpu"),
             gpus=SimpleNamespace(source="virtual", names=[]),
+            job_uids=range(300_000, 300_064),
             running=list,
         )
         apps = {
