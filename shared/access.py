@@ -16,11 +16,13 @@ Contract:
     time): the caller is ``shared.identity.operator_token_principal()``;
   * a user token, checked with the submission service on every request
     (``shared.identity.IdentityClient``, when the service has an ``identity_url``): the
-    caller is that user with its team and role. The check of a ``GET`` or ``HEAD``, or of
-    a route declared ``opt=only_reads()`` (a ``POST`` that computes an answer from a body
-    and stores nothing), spends one of the user's reads, of anything else one of its
-    writes (submission's rate limits), so a user's writes are limited alike on every
-    service.
+    caller is that user with its team and role. The check of a ``GET`` or ``HEAD``, of a
+    route declared ``opt=only_reads()`` (a ``POST`` that computes an answer from a body
+    and stores nothing), or of a dry run of a route declared ``opt=only_reads("dry_run")``
+    (``?dry_run=true``: checked as the real request is, nothing stored) spends one of the
+    user's reads, of anything else one of its writes (submission's rate limits), so a
+    user's writes are limited alike on every service, and a request that writes nothing
+    leaves the user's writes to the requests that do.
   Anything else is 401; a missing header, a malformed one (a token that is not RFC 6750's
   ``b64token`` or is over 1024 characters, or ``Authorization`` given twice:
   ``shared.auth.presented_token``) and a wrong, revoked or expired token are not told apart. The identity service being down is 503, never an open door.
@@ -176,20 +178,46 @@ _READS: Final = frozenset({"GET", "HEAD"})
 """Methods whose token check spends a read of the user's rate limit; any other spends a
 write (``IdentityClient.principal``), unless the route is declared ``only_reads()``."""
 _ONLY_READS: Final = "only_reads"
+_TRUE: Final = frozenset({"true", "1"})
+"""The values of a dry-run query parameter that make a request a read here: a subset of
+those the route's ``bool`` parameter reads as true, so no request counted as a read is a
+real write (``TRUE`` counts as a write, though the route reads it as a dry run)."""
 
 
-def only_reads() -> dict[str, Any]:
+def only_reads(when: str | None = None) -> dict[str, Any]:
     """The ``opt`` of a route whose method is not ``GET`` but which changes nothing (it
     answers from its request body, as a cost estimate does): its calls count as reads in
-    the user's rate limits (module docstring)."""
-    return {_ONLY_READS: True}
+    the user's rate limits (module docstring). With ``when``, the name of the route's
+    ``bool`` query parameter that makes a request a dry run (``dry_run``), only dry runs
+    count as reads: a request whose every ``when`` is ``true`` or ``1`` (repeated, the
+    route reads one of them); any other spends a write."""
+    return {_ONLY_READS: when or True}
 
 
 def is_write(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> bool:
     """Whether the request spends a write of its user's rate limit: any method but ``GET``
-    and ``HEAD``, unless the route is declared ``only_reads()``."""
+    and ``HEAD``, unless the route is declared ``only_reads()`` (``only_reads(when)``: and
+    the request is a dry run)."""
     method = str(connection.scope.get("method", "GET"))
-    return method not in _READS and handler.opt.get(_ONLY_READS) is not True
+    if method in _READS:
+        return False
+    declared = handler.opt.get(_ONLY_READS)
+    if declared is True:
+        return False
+    if isinstance(declared, str):
+        values = connection.query_params.getall(declared, [])
+        return not (values and all(value in _TRUE for value in values))
+    return True
+
+
+def stores_nothing(
+    connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
+) -> bool:
+    """Whether the request is no ``GET`` or ``HEAD`` yet spends a read (``only_reads``):
+    a 429 says why such a request met the read limit."""
+    return str(connection.scope.get("method", "GET")) not in _READS and not is_write(
+        connection, handler
+    )
 
 
 _LEAST_ROLE: Final = "least_role"

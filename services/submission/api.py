@@ -19,7 +19,8 @@ Contract:
   flavors, the budgets, the registry's data admission, the bundle, a repeated
   ``Idempotency-Key``) and stores nothing: 200 with the job as it would be submitted (under
   an id no job has; a key used before with the same spec: that job), or the very refusal
-  the submission would get.
+  the submission would get. It spends a read of the rate limits, not a write
+  (``shared.access.only_reads``): the CLI checks a spec so before each submission.
 - Code bundles are per team: ``HEAD /v1/bundles/{sha256}`` answers 200 when the caller's
   team has uploaded it, else 404; ``PUT /v1/bundles/{sha256}`` stores the body after
   checking that its sha256 is the one in the path and that it is a bundle a runner unpacks
@@ -28,14 +29,16 @@ Contract:
 - Every authenticated request spends a token of its user's bucket (``ratelimit``; keyed by
   the user id the guard resolves, never the token itself nor the client address): reads
   (``GET``, ``HEAD``) and writes (everything else) have buckets and settings of their own
-  (``read_rate_per_s``/``read_burst``, ``write_rate_per_s``/``write_burst``); the other
+  (``read_rate_per_s``/``read_burst``, ``write_rate_per_s``/``write_burst``), and a
+  request that stores nothing (a dry run) spends a read, so it never takes a write from
+  the requests that do, and is limited all the same; the other
   services check the token of each of their writes with ``POST /v1/me``, a write, and of
   each read with ``GET /v1/me``, so a user's requests to any service share these buckets.
   Each request also spends a token of its team's bucket (``team_rate_factor`` times a
   user's rate and burst), so a team's users together, however many its admin creates, are
   limited too. An empty bucket answers 429 with ``Retry-After`` (whole seconds, at least
-  1) and the limit in the detail; a request refused spends nothing. The probes are not
-  limited.
+  1) and the limit in the detail (a dry run's: that it counts as a read); a request
+  refused spends nothing. The probes are not limited.
 """
 
 from __future__ import annotations
@@ -115,8 +118,10 @@ from trainyard_platform.shared.access import (
     is_open_probe,
     is_write,
     needs,
+    only_reads,
     public_asset,
     remember,
+    stores_nothing,
 )
 from trainyard_platform.shared.audit import audit_route
 from trainyard_platform.shared.auth import hash_token, presented_token
@@ -149,7 +154,8 @@ DryRun = Annotated[
     QueryParameter(
         description="check the job as a submission does (every check, the budgets' and the "
         "registry's included) and store nothing: 200 with the job as it would be submitted "
-        "(an id no job has), or the refusal a submission would get"
+        "(an id no job has), or the refusal a submission would get; it spends a read of "
+        "the rate limits, not a write (only dry_run=true or 1 does)"
     ),
 ]
 Limit = Annotated[int, QueryParameter(ge=1, le=500)]
@@ -413,7 +419,8 @@ def _name(field: str, value: str) -> str:
     "/jobs",
     status_code=201,
     request_max_body_size=None,
-    opt=screened(Role.MEMBER, remembered=True),
+    # A dry run stores nothing: it spends a read, leaving the writes to submissions.
+    opt={**screened(Role.MEMBER, remembered=True), **only_reads(when="dry_run")},
     middleware=[release_held],
     operation_class=json_request_body(
         JobRequest,
@@ -751,19 +758,26 @@ class RateLimits:
             ),
         )
 
-    def check(self, write: bool, caller: Caller) -> None:
-        """Spend a token of ``caller``'s bucket of writes (``write``) or of reads
-        (``shared.access.is_write`` says which a request spends), and one of its team's;
+    def check(
+        self,
+        connection: ASGIConnection[Any, Any, Any, Any],
+        handler: BaseRouteHandler,
+        caller: Caller,
+    ) -> None:
+        """Spend a token of ``caller``'s bucket of writes or of reads
+        (``shared.access.is_write`` says which the request spends), and one of its team's;
         429 when either is empty, and then neither is spent. The team's bucket is asked
-        second: a user past its own limit spends nothing of its teammates'."""
+        second: a user past its own limit spends nothing of its teammates'. The 429 of a
+        request that is no read but spends one (a dry run) says that it counts as a read."""
         kind, user, team = (
             ("write", self.writes, self.team_writes)
-            if write
+            if is_write(connection, handler)
             else ("read", self.reads, self.team_reads)
         )
+        why = _COUNTED_AS_READ if stores_nothing(connection, handler) else ""
         wait = user.take(caller.user_id)
         if wait > 0:
-            _too_many(wait, f"{user.rate:g} {kind} requests per second per user", user.burst)
+            _too_many(wait, f"{user.rate:g} {kind} requests per second per user", user.burst, why)
         wait = team.take(caller.team_id)
         if wait > 0:
             user.give_back(caller.user_id)
@@ -771,14 +785,19 @@ class RateLimits:
                 wait,
                 f"{team.rate:g} {kind} requests per second per team, all its users together",
                 team.burst,
+                why,
             )
 
 
-def _too_many(wait: float, limit: str, burst: int) -> NoReturn:
+_COUNTED_AS_READ = "; a request that stores nothing, as this dry run, counts as a read"
+
+
+def _too_many(wait: float, limit: str, burst: int, why: str = "") -> NoReturn:
     retry = max(1, math.ceil(wait))
     raise HTTPException(
         status_code=429,
-        detail=f"rate limit exceeded: at most {limit} (bursts of {burst}); retry after {retry} s",
+        detail=f"rate limit exceeded: at most {limit} (bursts of {burst}){why}; "
+        f"retry after {retry} s",
         headers={"Retry-After": str(retry)},
     )
 
@@ -830,7 +849,7 @@ def caller_guard(
                 raise NotAuthorizedException(UNAUTHENTICATED)
             caller = plain
         if limits is not None:
-            limits.check(is_write(connection, handler), caller)
+            limits.check(connection, handler, caller)
         enforce_least_role(caller.principal, connection, handler)
         state[_CALLER] = caller
         remember(connection, caller.principal)
@@ -860,7 +879,7 @@ def _let_in_known(
         return False
     if limits is not None:
         try:
-            limits.check(is_write(connection, handler), known.caller)
+            limits.check(connection, handler, known.caller)
         except HTTPException:
             # A refused take spends nothing: the full check takes (and refuses) again.
             return False
@@ -898,7 +917,7 @@ async def _check_held(
     caller = found.caller
     state[_SCREENING] = found.screening
     if limits is not None:
-        limits.check(is_write(connection, handler), caller)
+        limits.check(connection, handler, caller)
     enforce_least_role(caller.principal, connection, handler)
     state[_CALLER] = caller
     remember(connection, caller.principal)

@@ -11,7 +11,7 @@ import pytest
 from litestar import get, post, put
 from pydantic import SecretStr
 
-from tests.integration.submission.conftest import Submission, running_submission
+from tests.integration.submission.conftest import SPEC, Submission, running_submission
 from trainyard_platform.services.submission import identity
 from trainyard_platform.services.submission.api import AppDeps, create_app
 from trainyard_platform.services.submission.config import Settings
@@ -21,6 +21,8 @@ from trainyard_platform.shared.http_app import service_app
 from trainyard_platform.shared.identity import IdentityClient, Role
 
 pytestmark = pytest.mark.integration
+
+DRY = "/v1/jobs?dry_run=true"
 
 
 def tight(settings: Settings) -> Settings:
@@ -156,6 +158,49 @@ async def test_a_post_that_only_reads_spends_a_read_not_a_write(limited: Submiss
     for _ in range(2):
         write = await limited.client.post("/v1/jobs/nope/cancel", headers=limited.auth())
         assert write.status_code == 404, write.text
+
+
+async def test_dry_runs_spend_reads_not_the_writes_submissions_need(limited: Submission) -> None:
+    """A dry run (``POST /v1/jobs?dry_run=true``) stores nothing: it spends a read, so the
+    submission it checks still has the writes. Before, each spent a write: ``trainyard
+    submit`` checks every spec so, which halved a user's submissions per minute, and a user
+    near the limit saw the submission refused right after its dry run passed. The dry runs
+    are still limited, by the reads: past their burst, 429 saying why, with Retry-After."""
+    member = await identity.bootstrap_user(limited.pool, "ml", "carol", Role.MEMBER)
+    # An admin's submissions are audited, a member's token is remembered after its first
+    # request (the guard's two ways in): both spend the same.
+    for headers in (limited.auth(), limited.auth(member)):
+        for _ in range(2):  # the whole write burst
+            checked = await limited.client.post(DRY, json=SPEC, headers=headers)
+            assert checked.status_code == 200, checked.text
+        submitted = await limited.client.post("/v1/jobs", json=SPEC, headers=headers)
+        assert submitted.status_code == 201, submitted.text
+        checked = await limited.client.post(DRY, json=SPEC, headers=headers)
+        assert checked.status_code == 200, checked.text  # the read burst of 3
+        refused = await limited.client.post(DRY, json=SPEC, headers=headers)
+        assert refused.status_code == 429, refused.text
+        detail = refused.json()["detail"]
+        assert "read requests per second per user" in detail, detail
+        assert "dry run" in detail and "bursts of 3" in detail, detail
+        assert int(refused.headers["retry-after"]) >= 1
+        # Refused dry runs took nothing of the writes: the last of the burst is there.
+        submitted = await limited.client.post("/v1/jobs", json=SPEC, headers=headers)
+        assert submitted.status_code == 201, submitted.text
+
+
+async def test_a_submission_is_a_write_whatever_its_query(limited: Submission) -> None:
+    """Only a request the route surely reads as a dry run spends a read: one that may
+    store a job spends a write, whatever else its query says (a flag given twice: the
+    route reads the last)."""
+    for query in ("", "?dry_run=false"):  # the write burst of 2
+        submitted = await limited.client.post(f"/v1/jobs{query}", json=SPEC, headers=limited.auth())
+        assert submitted.status_code == 201, submitted.text
+    refused = await limited.client.post(
+        "/v1/jobs?dry_run=true&dry_run=false", json=SPEC, headers=limited.auth()
+    )
+    assert refused.status_code == 429, refused.text
+    assert "write requests per second per user" in refused.json()["detail"], refused.text
+    assert "dry run" not in refused.json()["detail"], refused.text
 
 
 async def test_more_users_do_not_give_a_team_more_requests(
