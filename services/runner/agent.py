@@ -166,12 +166,22 @@ class NodeAgent:
             except EnvironmentBuildError as exc:  # every job will say why it cannot start
                 self._interpreter_problem = str(exc)
                 log.error("jobs cannot run on this node: %s", exc)
+        try:
+            max_bytes = settings.environments_max_bytes()
+        except OSError as exc:
+            max_bytes = None
+            log.warning(
+                "cached job environments have no bound on their disk: the size of their file "
+                "system cannot be read (%s); set TRAINYARD_RUNNER_ENVIRONMENTS_MAX_GIB",
+                error_text(exc),
+            )
         self._environments = EnvironmentCache(
             settings.environments_root,
             settings.python,
             settings.installer,
             interpreter=interpreter,
             keep=settings.environments_keep,
+            max_bytes=max_bytes,
         )
         self._usage = GpuUsage(gpus)
         self._cgroups: NodeCgroups | None = None
@@ -266,7 +276,15 @@ class NodeAgent:
             gpu_minors=None if self.gpus.virtual else self.gpus.device_minors,
         )
         # Nothing runs yet, so no environment is in use: keep the most recently used ones.
-        pruned = self._environments.prune(self.settings.environments_keep)
+        cache = self._environments
+        log.info(
+            "job environments: at most %s cached, %s",
+            cache.keep,
+            "with no bound on their disk"
+            if cache.max_bytes is None
+            else f"taking at most {disk_watch.gib(cache.max_bytes)} of disk",
+        )
+        pruned = cache.prune(cache.keep, cache.max_bytes)
         if pruned:
             log.info("removed %d least recently used job environments", len(pruned))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import sys
@@ -13,6 +14,8 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from trainyard_platform.services.runner.checkpoints import MAX_CHECKPOINT_BYTES
+from trainyard_platform.services.runner.disk_watch import GIB
+from trainyard_platform.services.runner.environments import DEFAULT_MAX_SHARE
 from trainyard_platform.shared.events.payloads import MAX_METRIC_POINTS
 from trainyard_platform.shared.settings import GuardedServiceSettings, Port
 
@@ -77,6 +80,10 @@ class Settings(GuardedServiceSettings):
     environments_keep: int = Field(default=20, ge=1)
     """Cached environments kept; the least recently used beyond this (and not in use) are
     removed at the runner's start and after each build."""
+    environments_max_gib: float | None = Field(default=None, ge=0)
+    """Disk (GiB) the cached environments take at most, together; the least recently used
+    (and not in use) are removed until they fit, at the runner's start and after each
+    build. Unset: a fifth of the size of the file system they are on; 0: no bound."""
     job_uid_base: int = Field(default_factory=lambda: 0, ge=0)
     """First uid of this node's job users (a runner started as root runs each job as
     ``job_uid_base + slot``); 0: derived from the node id, in 200000-263999 (the next free
@@ -162,6 +169,20 @@ class Settings(GuardedServiceSettings):
     @property
     def environments_root(self) -> Path:
         return self.environments_dir or self.work_dir / "envs"
+
+    def environments_max_bytes(self) -> int | None:
+        """The bound of ``environments_max_gib`` in bytes (None: none); unset, a fifth
+        (``environments.DEFAULT_MAX_SHARE``) of the size of the file system the cache is
+        on, or of the nearest existing folder above it. Raises OSError when that cannot
+        be read."""
+        if self.environments_max_gib is not None:
+            wanted = self.environments_max_gib * GIB
+            return max(1, int(wanted)) if wanted else None
+        folder = self.environments_root.absolute()
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        fs = os.statvfs(folder)
+        return int(fs.f_blocks * fs.f_frsize * DEFAULT_MAX_SHARE)
 
     @property
     def job_uids(self) -> range:

@@ -46,6 +46,8 @@ name the base does not have is an ordinary package.
     <key>.lock         flock: exclusive while building, shared while in use
     .store/<key>.<random>/
         bin/python ...                                     the venv
+        .trainyard-size                                    bytes it takes on disk, measured
+                                                           once, when its build finished
         .trainyard-ready                                   JSON, written last (the freeze)
         .last-used                                         touched on every resolve
 
@@ -61,6 +63,15 @@ built against the old one.
 installers write absolute paths into it (console-script shebangs, ``RECORD``), which a
 rename would break. A crash mid-build therefore leaves an unpublished folder in ``.store/``
 (removed by ``prune``) and never a ``<key>`` that looks ready.
+
+**Bounds.** The cache holds at most ``keep`` environments and ``max_bytes`` bytes on disk:
+:meth:`EnvironmentCache.prune` removes the least recently used environments no job is in
+until both hold, at the runner's start and after each build. Sizes are read from each
+environment's ``.trainyard-size`` (measured by walking it once, when its build finished:
+blocks taken, a file hard-linked with the installer's cache counted in full), so a prune
+walks no environment's tree. Environments in use are never removed, so the cache may stay
+over its bound while they are; one that alone is larger than ``max_bytes`` is still built and
+its job runs (a warning says so), and it goes at the first prune that finds it unused.
 
 **Concurrency.** Resolves of the same key, from threads or from other runner processes on
 the same ``root``, build once: the builder holds ``fcntl.flock(LOCK_EX)`` on
@@ -100,12 +111,14 @@ import fcntl
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import re
 import secrets
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -115,10 +128,18 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
+from trainyard_platform.services.runner import disk_watch
+
+log = logging.getLogger(__name__)
+
 Installer = Literal["uv", "pip"]
 
 MARKER = ".trainyard-ready"
 LAST_USED = ".last-used"
+SIZE = ".trainyard-size"
+MAX_SETTING = "TRAINYARD_RUNNER_ENVIRONMENTS_MAX_GIB"
+DEFAULT_MAX_SHARE = 0.2
+"""Share of its file system's size the cache takes at most when ``MAX_SETTING`` is unset."""
 BASE_PTH = "_trainyard_base.pth"
 STORE = ".store"
 ERROR_TAIL_LINES = 20
@@ -313,8 +334,9 @@ class EnvironmentCache:
 
     ``installer_env`` is added to the installers' environment (an index URL, a cache
     folder, ``UV_NO_CACHE``...); ``timeout`` bounds each installer command in seconds.
-    ``keep``: after each build, :meth:`prune` to this many (None: only when asked), so a
-    stream of jobs with new requirement sets cannot fill the disk between restarts.
+    ``keep`` and ``max_bytes``: after each build, :meth:`prune` to this many environments
+    and bytes on disk (None: no such bound), so a stream of jobs with new requirement sets
+    cannot fill the disk between restarts.
     """
 
     def __init__(
@@ -328,6 +350,7 @@ class EnvironmentCache:
         timeout: float = 1800.0,
         interpreter: str | None = None,
         keep: int | None = None,
+        max_bytes: int | None = None,
     ) -> None:
         if installer not in ("uv", "pip"):
             raise ValueError(f"installer must be 'uv' or 'pip', not {installer!r}")
@@ -347,6 +370,7 @@ class EnvironmentCache:
         self.installer_env = dict(installer_env or {})
         self.timeout = timeout
         self.keep = keep
+        self.max_bytes = max_bytes
         self._base: _Probe | None = None
         self._base_lock = threading.Lock()
 
@@ -411,17 +435,28 @@ class EnvironmentCache:
         except BaseException:
             os.close(fd)
             raise
-        if built and self.keep is not None:
+        if built and (self.keep is not None or self.max_bytes is not None):
             # This one is held (shared lock): prune passes over it, and over any in use.
-            self.prune(self.keep)
+            self.prune(self.keep, self.max_bytes)
         return EnvironmentLease(env, fd)
 
-    def prune(self, keep: int) -> list[str]:
-        """Remove the least recently used environments beyond the ``keep`` most recent,
-        except those in use (resolving, building or leased), and leftovers of crashed
-        builds. Returns the keys removed."""
-        if keep < 0:
+    def size(self, key: str) -> int | None:
+        """Bytes the published environment of ``key`` takes on disk, as recorded when its
+        build finished (measured now, and recorded, for one built before sizes were); None
+        when there is none."""
+        target = self._published_target(key)
+        return None if target is None else self._size(target)
+
+    def prune(self, keep: int | None, max_bytes: int | None = None) -> list[str]:
+        """Remove the least recently used environments beyond the ``keep`` most recent
+        (None: no bound on the count), then more of them, the least recently used first,
+        while all of them together take over ``max_bytes`` on disk (None: no bound on the
+        size); never one in use (resolving, building or leased). Also removes leftovers of
+        crashed builds. Returns the keys removed."""
+        if keep is not None and keep < 0:
             raise ValueError("keep must be >= 0")
+        if max_bytes is not None and max_bytes < 0:
+            raise ValueError("max_bytes must be >= 0")
         if not self.root.is_dir():
             return []
         # A cache made before these folders were closed is closed at the runner's start.
@@ -432,9 +467,15 @@ class EnvironmentCache:
         for entry in self.root.iterdir():
             if _KEY_PATTERN.match(entry.name) and entry.is_symlink():
                 published.append((self._last_used(entry), entry.name))
-        published.sort(reverse=True)
+        published.sort()  # the least recently used first
+        sizes = {key: self.size(key) or 0 for _, key in published} if max_bytes is not None else {}
+        total = sum(sizes.values())
+        beyond_keep = len(published) - keep if keep is not None else 0
         removed: list[str] = []
-        for _, key in published[keep:]:
+        for n, (_, key) in enumerate(published):
+            over_size = max_bytes is not None and total > max_bytes
+            if n >= beyond_keep and not over_size:
+                continue
             with self._try_exclusive(key) as held:
                 if held:
                     target = self._published_target(key)
@@ -442,6 +483,15 @@ class EnvironmentCache:
                     if target is not None:
                         shutil.rmtree(target, ignore_errors=True)
                     removed.append(key)
+                    total -= sizes.get(key, 0)
+        if max_bytes is not None and total > max_bytes:
+            log.warning(
+                "job environments in use take %s on disk, over the %s the cache may take "
+                "(%s): none is removed while a job runs in it",
+                disk_watch.gib(total),
+                disk_watch.gib(max_bytes),
+                MAX_SETTING,
+            )
         self._remove_leftovers()
         return removed
 
@@ -472,6 +522,17 @@ class EnvironmentCache:
                 self._compile(target, purelib)
             _make_readable(target)
             packages = installed_packages([str(purelib), *base.site])
+            size = self._record_size(target)
+            if self.max_bytes is not None and size > self.max_bytes:
+                log.warning(
+                    "job environment %s takes %s on disk, more than the whole cache of job "
+                    "environments may take (%s, %s): its jobs run in it, and it is removed "
+                    "at the first prune that finds no job in it",
+                    key[:12],
+                    disk_watch.gib(size),
+                    disk_watch.gib(self.max_bytes),
+                    MAX_SETTING,
+                )
             marker = {
                 "key": key,
                 "requirements": requirements,
@@ -676,6 +737,19 @@ class EnvironmentCache:
         target = (self.root / os.readlink(link)).resolve()
         store = (self.root / STORE).resolve()
         return target if target.parent == store else None
+
+    def _size(self, target: Path) -> int:
+        try:
+            return int((target / SIZE).read_text())
+        except (OSError, ValueError):
+            return self._record_size(target)  # built before sizes were recorded: once
+
+    def _record_size(self, target: Path) -> int:
+        """Measure the environment at ``target`` (the files in it are final) and record it."""
+        size = disk_watch.measure([target], max_entries=sys.maxsize).bytes
+        with contextlib.suppress(OSError):
+            self._write_file(target / SIZE, f"{size}\n")
+        return size
 
     def _last_used(self, link: Path) -> float:
         for name in (LAST_USED, MARKER):
