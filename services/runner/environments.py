@@ -72,6 +72,9 @@ blocks taken, a file hard-linked with the installer's cache counted in full), so
 walks no environment's tree. Environments in use are never removed, so the cache may stay
 over its bound while they are; one that alone is larger than ``max_bytes`` is still built and
 its job runs (a warning says so), and it goes at the first prune that finds it unused.
+A build that runs out of disk (:func:`out_of_space`) removes every environment no job is
+in and, when that removed any, is tried once more: the cache gives up its disk before a
+job fails for it; what fails again fails as it would have.
 
 **Concurrency.** Resolves of the same key, from threads or from other runner processes on
 the same ``root``, build once: the builder holds ``fcntl.flock(LOCK_EX)`` on
@@ -216,6 +219,24 @@ _PLATFORM_FAULTS = (
     "Disk quota exceeded",
     "Permission denied",
 )
+
+
+_OUT_OF_SPACE = ("No space left on device", "Disk quota exceeded")
+
+
+def out_of_space(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) says the disk was full: an ``OSError``
+    of ``ENOSPC`` or ``EDQUOT``, or an installer's output saying so."""
+    current: BaseException | None = exc
+    while current is not None:
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if isinstance(current, EnvironmentBuildError) and any(
+            m in str(current) for m in _OUT_OF_SPACE
+        ):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def requirements_at_fault(output: str) -> bool:
@@ -420,7 +441,7 @@ class EnvironmentCache:
                     break
                 fcntl.flock(fd, fcntl.LOCK_EX)  # not atomic: check again once held
                 if self._ready_packages(key) is None:
-                    self._build(key, normalized, base)
+                    self._build_making_room(key, normalized, base)
                     built = True
                 # back to shared, and check again: a prune may slip in between
             self._touch(self.path(key) / LAST_USED)
@@ -496,6 +517,28 @@ class EnvironmentCache:
         return removed
 
     # -- building -------------------------------------------------------------------------
+
+    def _build_making_room(self, key: str, requirements: list[str], base: _Probe) -> None:
+        """:meth:`_build`; one that ran out of disk (:func:`out_of_space`) removes every
+        environment no job is in and, when that removed any, builds once more: the cache
+        gives up its disk to the build rather than fail the job (as the node's fault, when
+        the venv could not be made) for space the cache itself held. The caller holds the
+        lock of ``key`` exclusively, so the prune passes over it."""
+        try:
+            self._build(key, requirements, base)
+        except (EnvironmentBuildError, OSError) as exc:
+            if not out_of_space(exc):
+                raise
+            removed = self.prune(0)
+            if not removed:
+                raise
+            log.warning(
+                "building job environment %s ran out of disk: removed the %d cached "
+                "environments no job was in, and building it again",
+                key[:12],
+                len(removed),
+            )
+            self._build(key, requirements, base)
 
     def _build(self, key: str, requirements: list[str], base: _Probe) -> None:
         """Build and publish ``key``; the caller holds its lock exclusively."""

@@ -4,6 +4,7 @@ from what each build recorded (no walk of every environment on every prune)."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -23,7 +24,10 @@ from trainyard_platform.services.runner.environments import (
     MAX_SETTING,
     SIZE,
     STORE,
+    EnvironmentBuildError,
     EnvironmentCache,
+    InstallError,
+    out_of_space,
 )
 
 MIB = 1024**2
@@ -164,3 +168,70 @@ def test_the_setting_in_bytes(tmp_path: Path) -> None:
     settings = Settings(environments_dir=tmp_path / "not" / "yet")  # made at the first build
     fs = os.statvfs(tmp_path)
     assert settings.environments_max_bytes() == int(fs.f_blocks * fs.f_frsize * DEFAULT_MAX_SHARE)
+
+
+# -- a build that runs out of disk: the cache makes room ----------------------------------
+
+
+def venv_fails_once(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """``_create_venv`` fails as a full disk makes it fail, the first time only."""
+    tries: list[Path] = []
+    real = EnvironmentCache._create_venv
+
+    def create(self: EnvironmentCache, target: Path) -> None:
+        tries.append(target)
+        if len(tries) == 1:
+            target.mkdir(parents=True)  # what it wrote before the disk was full
+            raise EnvironmentBuildError(
+                "creating the virtual environment failed (exit status 1):\n"
+                "Error: [Errno 28] No space left on device"
+            )
+        real(self, target)
+
+    monkeypatch.setattr(EnvironmentCache, "_create_venv", create)
+    return tries
+
+
+def test_a_build_out_of_disk_removes_the_unused_environments_and_builds_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = real_cache(tmp_path, None)
+    for n in range(1, 4):
+        publish(cache.root, n, MIB, used=1000.0 + n)
+    fd = os.open(cache.root / f"{key(3)}.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # a job runs in environment 3
+    tries = venv_fails_once(monkeypatch)
+    try:
+        with cache.acquire(["pytest"]) as env:
+            assert len(tries) == 2 and not env.cached
+            assert Path(env.python).exists()
+        assert left(cache) == [key(3)]
+    finally:
+        os.close(fd)
+
+
+def test_a_build_out_of_disk_fails_as_before_when_nothing_could_be_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = real_cache(tmp_path, None)
+    tries = venv_fails_once(monkeypatch)
+    with pytest.raises(EnvironmentBuildError, match="No space left on device"):
+        cache.acquire(["pytest"])
+    assert len(tries) == 1
+    assert list((cache.root / STORE).iterdir()) == []  # nothing of the failed build is left
+
+
+def test_what_says_the_disk_was_full() -> None:
+    assert out_of_space(OSError(errno.ENOSPC, "No space left on device"))
+    assert out_of_space(
+        InstallError("pip install failed; it said:\n  OSError: [Errno 122] Disk quota exceeded")
+    )
+    try:
+        try:
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+        except OSError as exc:
+            raise EnvironmentBuildError("could not write") from exc
+    except EnvironmentBuildError as exc:
+        assert out_of_space(exc)
+    assert not out_of_space(InstallError("pip install failed: Failed to fetch"))
+    assert not out_of_space(OSError(errno.EACCES, "Permission denied"))
