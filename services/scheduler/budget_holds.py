@@ -24,6 +24,15 @@ Contract:
   victim of the same pass). The reason starts with ``budget_exhausted:``; the job is given
   a preemption notice (checkpoint and stop within the preemption grace), so its attempt
   ends ``preempted``, not failed, and it goes back to its queue, where the budget holds it.
+- ``lowering(rows, now)`` keeps the rows of ``load`` that lower new jobs now, by (team,
+  project): exhausted in ``now``'s UTC month under policy ``deprioritize`` without holding
+  queued jobs (``on_exhausted`` ``finish``). Submission admits a job of such a budget's team
+  (or project) at priority ``LOWERED_CLASS``; the scheduler changes no job's class, but
+  ``lowered_by(team, project, priority, lowers)`` names the budget (the team's before the
+  project's) when a waiting job is of that class while its budget lowers, and
+  ``lowered_part(budget, now)`` is what its explanation then starts with: which budget,
+  what is spent of it, and until when jobs are submitted at ``low`` (it is raised, or the
+  next UTC month). A job its user asked ``low`` for is told the same: nothing says which.
 - ``budget_note_parts(hold, now)``: what a held job is told (``convert.budget_note`` makes
   its ``job.pending``): reason, blocking, suggestion and estimated start: which budget, what
   is spent of it this month, and until when it is held (the start of the next UTC month,
@@ -116,6 +125,47 @@ def hold_of(team: str, project: str | None, holds: Holds) -> Row | None:
     if not holds:
         return None
     return holds.get((team, "")) or (holds.get((team, project)) if project else None)
+
+
+LOWERED_CLASS = "low"
+"""The priority class submission admits a job at while its budget is spent under
+``deprioritize`` (submission's ``governance.DEPRIORITIZED_CLASS``; the services share no
+code, a test keeps the two equal)."""
+LOWERED_PREFIX = "deprioritized: "
+"""How the explanation of a waiting job at ``LOWERED_CLASS`` starts while its budget lowers."""
+
+
+def lowering(rows: Iterable[Row], now: datetime) -> dict[tuple[str, str], Row]:
+    """The budgets of ``rows`` that lower new jobs at ``now`` (module contract)."""
+    month = month_label(now)
+    return {
+        (r["team"], r["project"]): r
+        for r in rows
+        if r["month"] == month
+        and r["policy"] == "deprioritize"
+        and not holds_queued(r["policy"], r["on_exhausted"])
+    }
+
+
+def lowered_by(team: str, project: str | None, priority: str, lowers: Holds) -> Row | None:
+    """The budget lowering new jobs of ``team`` and ``project`` when ``priority`` is the class
+    it gives them, or None (module contract)."""
+    if priority != LOWERED_CLASS:
+        return None
+    return hold_of(team, project, lowers)
+
+
+def lowered_part(budget: Row, now: datetime) -> str:
+    """What a waiting job at ``LOWERED_CLASS`` is told first while ``budget`` lowers."""
+    until = next_month(now)
+    spent = (
+        f"{budget['spent']} of {budget['amount']} {budget['currency']} spent in {budget['month']}"
+    )
+    return (
+        f"{LOWERED_PREFIX}the budget of {scope(budget)} is spent ({spent}); jobs submitted "
+        f"until it is raised or the month ends ({until:%Y-%m-%d} 00:00 UTC) run at priority "
+        f"{LOWERED_CLASS}"
+    )
 
 
 STOP_PREFIX = "budget_exhausted: "

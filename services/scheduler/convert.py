@@ -11,7 +11,9 @@ Contract:
   policy (it waits, and ``unknown_priority_note`` says why), and so is a job backing off
   after a failure until its ``eligible_at`` (``restart_note`` says so), and a job whose
   team's or project's budget holds it (``budget_holds``: spent this UTC month under a policy
-  that holds queued jobs; ``budget_note`` says which budget, and until when); a job being cancelled, or under
+  that holds queued jobs; ``budget_note`` says which budget, and until when); a waiting job
+  at the class a spent budget under ``deprioritize`` gives its team's (or project's) new jobs
+  is told so first (``lowered_note``; ``budget_holds.lowering``); a job being cancelled, or under
   a preemption notice, is *leaving* (never chosen as a victim again); usage is decayed to
   ``now`` with the policy's ``decay_usage``.
 - ``pending_notes(decisions, built, now)`` gives every waiting job its ``PendingNote``
@@ -25,7 +27,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,6 +36,9 @@ from trainyard_platform.services.scheduler.budget_holds import (
     budget_note_parts,
     hold_of,
     holding,
+    lowered_by,
+    lowered_part,
+    lowering,
 )
 from trainyard_platform.services.scheduler.policy.fairshare import decay_usage
 from trainyard_platform.services.scheduler.policy.model import (
@@ -114,6 +119,8 @@ class Built:
     """Queued jobs kept from the policy: their team's or project's budget holds them."""
     holds: Holds = field(default_factory=dict)
     """The budgets that hold jobs now (``budget_holds.holding``), by (team, project)."""
+    lowers: Holds = field(default_factory=dict)
+    """The budgets whose new jobs run at priority low now (``budget_holds.lowering``)."""
     addresses: Mapping[str, str] = field(default_factory=dict)
     """Ready node id -> its address (the last heartbeat's), for gang rendezvous."""
     pending: Mapping[str, Row] = field(default_factory=dict)
@@ -171,6 +178,7 @@ def build_snapshot(rows: SnapshotRows, now: datetime, half_life_s: float) -> Bui
         backing_off=tuple(backing_off),
         budget_held=tuple(budget_held),
         holds=holds,
+        lowers=lowering(rows.budgets, now),
         addresses={n["node_id"]: n.get("address") or "127.0.0.1" for n in rows.nodes},
         pending={j["job_id"]: j for j in rows.pending},
         running=by_job,
@@ -372,10 +380,22 @@ def budget_note(hold: Row, position: int, now: datetime) -> PendingNote:
     return PendingNote(reason, position, blocking, suggestion, until)
 
 
+def lowered_note(note: PendingNote, row: Row, lowers: Holds, now: datetime) -> PendingNote:
+    """``note`` of the waiting job ``row``, starting with ``budget_holds.lowered_part`` while
+    a spent budget lowers its team's (or project's) new jobs and it is of the class they get;
+    otherwise ``note`` unchanged (the decisions are the policy's either way)."""
+    budget = lowered_by(row.get("team", ""), row.get("project"), row["priority_class"], lowers)
+    if budget is None:
+        return note
+    # First: a reason ends with its estimate, which ``shared.waits`` rewrites when read.
+    return replace(note, reason=f"{lowered_part(budget, now)}; {note.reason}")
+
+
 def pending_notes(decisions: Decisions, built: Built) -> dict[str, PendingNote]:
     """A note for every waiting job: the policy's explanations, then the jobs held back (an
     unknown priority class, a restart back-off, a spent budget) last in their queues, by
-    submit time."""
+    submit time. A job at the class a spent budget gives its team's new jobs says so first
+    (``lowered_note``), unless a budget holds it."""
     notes = {
         job_id: PendingNote.from_explanation(e) for job_id, e in decisions.explanations.items()
     }
@@ -404,6 +424,12 @@ def pending_notes(decisions: Decisions, built: Built) -> dict[str, PendingNote]:
             notes[row["job_id"]] = unknown_priority_note(
                 row["priority_class"], built.class_names, position
             )
+    if built.lowers:
+        for job_id in notes.keys() - by_budget:
+            if job_id in built.pending:
+                notes[job_id] = lowered_note(
+                    notes[job_id], built.pending[job_id], built.lowers, now
+                )
     return notes
 
 

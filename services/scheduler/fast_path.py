@@ -10,7 +10,8 @@ Contract:
   lost node, an admin change, the end of a leadership term, and any failure of the fast
   path. It is also void from ``valid_until``: the pass's clock plus the pass interval
   (the timer pass, the safety net, re-decides everything at a new clock by then), the first preemption notice to run out, the first job backing off to become
-  eligible, the next UTC month while a budget holds jobs (it releases them), or the first automatic cordon of a node to run out -- a pass would act on
+  eligible, the next UTC month while a budget holds jobs (it releases them) or lowers new
+  jobs (their explanations stop saying so), or the first automatic cordon of a node to run out -- a pass would act on
   those.
 - ``decide_arrivals(conn, kept, job_ids, now)`` decides jobs just queued, in order, with
   ``Incremental.arrive``, when each provably changes nothing else the pass decided
@@ -19,7 +20,8 @@ Contract:
   ``JobPending`` and the moved positions of the jobs behind it in its queue are published
   when news (``convert.note_changed``), as a pass publishes them. It returns False when any
   of them needs a whole pass (not isolated, an unknown queue or priority class, a queue
-  with jobs held back from the policy, a job a spent budget holds): nothing is published then and ``kept`` must be
+  with jobs held back from the policy, a job a spent budget holds, a job of a team with a
+  spent budget that lowers its new jobs, whose explanations a pass words): nothing is published then and ``kept`` must be
   forgotten (it may hold some of the jobs); the caller runs a pass. Every ``YIELD_EVERY``
   jobs it lets the event loop run the leader's other tasks: the caller holds the scheduling
   lock in its transaction, so no pass or other batch can change ``kept`` meanwhile.
@@ -83,7 +85,7 @@ class Kept:
             ends.append(due_at.timestamp())
         ends += [r.notice_at + config.grace_s for r in snapshot.running if r.notice_at is not None]
         ends += [row["eligible_at"].timestamp() for row in built.backing_off]
-        if built.holds:  # the next UTC month releases every budget hold
+        if built.holds or built.lowers:  # the next UTC month ends every hold and lowering
             ends.append(next_month(datetime.fromtimestamp(snapshot.now, UTC)).timestamp())
         until = from_epoch(min(ends)) or datetime.fromtimestamp(snapshot.now, UTC)
         incremental = Incremental(snapshot, config, result.state, result.decisions)
@@ -132,6 +134,10 @@ async def decide_arrivals(
             return False
         if built.holds and hold_of(row["team"], row["project"], built.holds) is not None:
             return False  # a spent budget holds it: a pass tells it so
+        if any(team == row["team"] for team, _ in built.lowers):
+            # Its team's jobs (its queue's) may be told a spent budget lowers them: a pass
+            # does, with each job's row at hand (``convert.lowered_note``).
+            return False
         told = decide(kept, job) if row["eligible_at"] is None else None
         if told is None:
             return False

@@ -120,3 +120,44 @@ async def test_a_budget_that_lets_running_jobs_finish_stops_none(scheduler: Sche
         JobPending, lambda p: p.job_id == "queued-1" and p.reason.startswith("held:")
     )
     assert scheduler.events(AllocationRevoked) == []
+
+
+async def test_a_budget_that_deprioritizes_is_named_in_its_low_jobs_reasons_until_raised(
+    scheduler: Scheduler,
+) -> None:
+    # Seen: submission admits a job at priority low once its team's budget is spent under
+    # ``deprioritize``, and said so only in the answer to the submission; the job's reason
+    # (what describe, ls, the job view and the dashboard show) never did.
+    await scheduler.submit("low-1", gpus=1, priority="low")
+    await scheduler.submit("normal-1", gpus=1)
+    for job_id in ("low-1", "normal-1"):
+        await scheduler.wait_for(JobPending, lambda p, job_id=job_id: p.job_id == job_id)
+    await scheduler.send(state(1, exhausted=True, policy="deprioritize"), "vision")
+    (told,) = await scheduler.wait_for(
+        JobPending, lambda p: p.job_id == "low-1" and p.reason.startswith("deprioritized:")
+    )
+    assert told.reason.startswith(
+        "deprioritized: the budget of team vision is spent (100.250000 of 100.000000 USD spent in "
+    )
+    assert "until it is raised or the month ends" in told.reason
+    # A job arriving while the budget is spent (submission lowered it) is told at once.
+    await scheduler.submit("low-2", gpus=1, priority="low")
+    await scheduler.wait_for(
+        JobPending, lambda p: p.job_id == "low-2" and p.reason.startswith("deprioritized:")
+    )
+    reason = await scheduler.pool.fetchval(
+        "SELECT pending_reason FROM jobs WHERE job_id = 'low-1' AND status = 'QUEUED'"
+    )
+    assert reason == told.reason  # the queue's pending reasons say it too
+    # At its own class: nothing lowered it.
+    told_normal = scheduler.events(JobPending, lambda p: p.job_id == "normal-1")
+    assert not any(p.reason.startswith("deprioritized:") for p in told_normal)
+
+    # Raised: the reason goes.
+    await scheduler.send(state(2, exhausted=False, policy="deprioritize"), "vision")
+    for job_id, count in (("low-1", 2), ("low-2", 1)):  # low-1: as before the budget ran out
+        await scheduler.wait_for(
+            JobPending,
+            lambda p, job_id=job_id: p.job_id == job_id and not p.reason.startswith("deprio"),
+            count=count,
+        )

@@ -1,16 +1,32 @@
 """A spent budget holds its team's (or project's) queued jobs: kept from the policy, told
-why, released by a new month, a raised budget, or a policy that lets them run."""
+why, released by a new month, a raised budget, or a policy that lets them run. One that
+deprioritizes new jobs instead has its team's waiting jobs at priority low told so."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tests.unit.scheduler.test_convert import HALF_LIFE, NOW, queue, rows, waiting
-from trainyard_platform.services.scheduler.budget_holds import hold_of, holding, holds_queued
-from trainyard_platform.services.scheduler.convert import build_snapshot, pending_notes
+from trainyard_platform.services.scheduler.budget_holds import (
+    LOWERED_CLASS,
+    hold_of,
+    holding,
+    holds_queued,
+    lowering,
+)
+from trainyard_platform.services.scheduler.convert import (
+    PendingNote,
+    build_snapshot,
+    lowered_note,
+    note_changed,
+    pending_notes,
+)
 from trainyard_platform.services.scheduler.policy.engine import schedule
 from trainyard_platform.services.scheduler.policy.model import PolicyConfig
+from trainyard_platform.services.submission.governance import DEPRIORITIZED_CLASS
+from trainyard_platform.shared.waits import estimate_from
 
 
 def budget(team: str, project: str = "", **more: Any) -> dict[str, Any]:
@@ -129,3 +145,109 @@ def test_a_budget_that_stops_names_its_running_jobs_once_each() -> None:
 
 def next_month() -> datetime:
     return datetime(2025, 4, 1, tzinfo=UTC)
+
+
+def lowered_rows(*budgets: dict[str, Any]) -> Any:
+    """Team-a's jobs too large for their queue ever to start (8 GPUs; queue qa holds 4):
+    ``a-low`` at the class a spent budget under ``deprioritize`` gives new jobs, ``a-normal``
+    queued at its own, ``a-nlp`` at ``low`` in another project; and team-z's, at ``low``."""
+    return rows(
+        pending=[
+            waiting("a-low", "qa", gpus=8, seq=1, priority_class="low", **TEAM_A),
+            waiting("a-normal", "qa", gpus=8, seq=2, **TEAM_A),
+            waiting(
+                "a-nlp", "qa", gpus=8, seq=3, priority_class="low", team="team-a", project="nlp"
+            ),
+            waiting(
+                "z-low", implicit_queue_z(), gpus=16, seq=4, priority_class="low", team="team-z"
+            ),
+        ],
+        budgets=list(budgets),
+        queues=[queue("qa", "team-a", "c1"), queue(implicit_queue_z(), "team-z", implicit=True)],
+    )
+
+
+TEAM_A = {"team": "team-a", "project": "vision"}
+LOWERED = (
+    "deprioritized: the budget of team team-a is spent (101.500000 of 100.000000 USD spent in "
+    "2025-03); jobs submitted until it is raised or the month ends (2025-04-01 00:00 UTC) run "
+    "at priority low; "
+)
+
+
+def lowered_notes(*budgets: dict[str, Any], now: datetime = NOW) -> Any:
+    built = build_snapshot(lowered_rows(*budgets), now, HALF_LIFE)
+    decisions = schedule(built.snapshot, PolicyConfig())
+    return decisions, pending_notes(decisions, built)
+
+
+def test_a_job_at_low_while_its_budget_deprioritizes_says_so_and_nothing_else_changes() -> None:
+    # Seen: a spent budget under ``deprioritize`` made submission admit the team's jobs at
+    # priority low, said only in the answer to the submission; the job's explanation
+    # (describe, ls, the job view, the dashboard, the queue) gave no reason for the class.
+    plain, before = lowered_notes()
+    decisions, notes = lowered_notes(budget("team-a", policy="deprioritize"))
+    assert decisions == plain  # the scheduler decides as it did: only the words change
+    low = notes["a-low"]
+    assert low.reason == LOWERED + before["a-low"].reason
+    assert low.reason.endswith(before["a-low"].reason)  # its estimate stays last
+    assert (low.position, low.blocking, low.suggestion, low.estimated_start) == (
+        before["a-low"].position,
+        before["a-low"].blocking,
+        before["a-low"].suggestion,
+        before["a-low"].estimated_start,
+    )
+    assert notes["a-nlp"].reason.startswith(LOWERED)  # the team's budget covers its projects
+    # Queued at its own class (before the budget ran out, or not lowered): nothing to say.
+    assert notes["a-normal"] == before["a-normal"]
+    assert notes["z-low"] == before["z-low"]  # another team's budget
+
+
+def test_a_project_budget_that_deprioritizes_names_only_that_project() -> None:
+    _, notes = lowered_notes(budget("team-a", "vision", policy="deprioritize"))
+    assert notes["a-low"].reason.startswith(
+        "deprioritized: the budget of project vision of team-a is spent ("
+    )
+    assert not notes["a-nlp"].reason.startswith("deprioritized:")
+
+
+def test_the_reason_goes_when_the_budget_is_raised_or_the_month_ends() -> None:
+    _, before = lowered_notes()
+    _, spent = lowered_notes(budget("team-a", policy="deprioritize"))
+    # Raised or deleted: billing's state is no longer exhausted, so ``load`` leaves it out.
+    _, raised = lowered_notes()
+    _, new_month = lowered_notes(
+        budget("team-a", policy="deprioritize"), now=datetime(2025, 4, 1, tzinfo=UTC)
+    )
+    assert raised["a-low"] == before["a-low"]
+    assert not new_month["a-low"].reason.startswith("deprioritized:")
+    # Each change is news: the pass publishes it (``job.pending``) as it publishes any other.
+    assert note_changed(before["a-low"], spent["a-low"], NOW)
+    assert note_changed(spent["a-low"], raised["a-low"], NOW)
+
+
+def test_a_budget_that_holds_or_only_warns_lowers_nothing() -> None:
+    for state in (
+        budget("team-a", policy="warn"),
+        budget("team-a", policy="refuse"),
+        budget("team-a", policy="deprioritize", on_exhausted="stop"),  # held instead
+    ):
+        _, notes = lowered_notes(state)
+        assert not any(n.reason.startswith("deprioritized:") for n in notes.values())
+
+
+def test_the_class_told_is_the_one_submission_gives() -> None:
+    assert LOWERED_CLASS == DEPRIORITIZED_CLASS
+
+
+def test_a_deprioritized_reason_keeps_its_estimate_last_for_readers_to_count_again() -> None:
+    # Views rewrite a reason's closing estimate from the time they are read (shared.waits).
+    start = NOW + timedelta(minutes=28)
+    note = PendingNote("waiting for GPUs; expected start in ~28 min", 3, "a100", None, start)
+    row = {"team": "team-a", "project": "vision", "priority_class": "low"}
+    lowers = lowering([budget("team-a", policy="deprioritize")], NOW)
+    told = lowered_note(note, row, lowers, NOW)
+    assert told == replace(note, reason=LOWERED + note.reason)
+    read = estimate_from(told.reason, start, NOW + timedelta(minutes=10))
+    assert read == LOWERED + "waiting for GPUs; expected start in ~18 min"
+    assert lowered_note(note, {**row, "priority_class": "normal"}, lowers, NOW) == note

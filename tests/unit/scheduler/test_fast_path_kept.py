@@ -1,6 +1,7 @@
 """A kept pass (the arrival fast path's state) is void from the first moment a pass would act
 on something other than an arrival: its clock plus the pass interval, the first preemption
-notice to run out, the first job backing off to become eligible."""
+notice to run out, the first job backing off to become eligible, the next UTC month while a
+budget deprioritizes."""
 
 from __future__ import annotations
 
@@ -42,3 +43,18 @@ def test_a_kept_pass_ends_when_the_first_preemption_notice_runs_out() -> None:
 def test_a_kept_pass_ends_when_the_first_job_backing_off_becomes_eligible() -> None:
     kept = _kept(snap((node("n1"),), (queue("a"),)), eligible_at=(NOW + 45.0, NOW + 30.0))
     assert _until(kept) == NOW + 30.0
+
+
+def test_a_kept_pass_ends_with_the_month_while_a_budget_deprioritizes() -> None:
+    # A new month ends what a spent budget says to its team's waiting jobs at low: an
+    # arrival decided against the kept pass after it would still be told.
+    month_end = datetime(2025, 4, 1, tzinfo=UTC).timestamp()
+    snapshot = snap((node("n1"),), (queue("a"),), now=month_end - 30.0)
+    budget = {"team": "a", "project": "", "policy": "deprioritize"}
+    for built, until in (
+        (Built(snapshot), month_end + 30.0),
+        (Built(snapshot, lowers={("a", ""): budget}), month_end),
+    ):
+        state = PolicyState(snapshot, CONFIG)
+        kept = Kept.of(PassResult(built, state, state.run(), {}), CONFIG, interval_s=60.0)
+        assert _until(kept) == until

@@ -39,7 +39,12 @@ async def test_a_long_batch_lets_other_tasks_run_while_it_is_decided(
         valid_until=now + timedelta(minutes=1),
         result=SimpleNamespace(
             built=SimpleNamespace(
-                held_back=(), backing_off=(), budget_held=(), holds={}, class_names=("normal",)
+                held_back=(),
+                backing_off=(),
+                budget_held=(),
+                holds={},
+                lowers={},
+                class_names=("normal",),
             )
         ),
         incremental=SimpleNamespace(knows=lambda job_id: False),
