@@ -71,7 +71,8 @@ def init_distributed() -> torch.device:
 
 
 def say(line: str) -> None:
-    """Print ``line`` in one write: the ranks share stdout, and print() writes in pieces."""
+    """Print ``line`` in one write: run under torchrun without the platform the ranks share
+    stdout, and print() writes in pieces (the platform gives each rank a pipe of its own)."""
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
 

@@ -692,7 +692,7 @@ class NodeAgent:
             metrics_max_keys=self.settings.metrics_max_keys,
         )
         try:
-            await run.start(prepared.argv, env=prepared.env)
+            await run.start(prepared.argv, env=prepared.env, ranks=prepared.ranks)
         except Exception as exc:  # whatever stops the spawn, the allocation must still end
             # The program the job's command names, when that is what could not run; else
             # the spawn itself failed on this node.

@@ -21,6 +21,10 @@ The command: ``python -m <module>`` or ``python <script.py>`` (inside the code),
 spec's ``command``; under ``torchrun`` when the job has more than one process (several GPUs
 here, or a gang of nodes): ``--standalone`` on one node, else a static rendezvous at rank
 0's node (``gang[0].address``) on ``rendezvous_port``, with this node's ``--node_rank``.
+Under ``torchrun`` each process starts through ``rank_argv``: ``/bin/sh`` points its stdout
+and stderr at its local rank's named pipe in the sandbox (``process.RankPipes``), then
+execs the program (the same process, pid and signals as without it); the runner prefixes
+each of its lines with its global rank (``ranks``).
 
 Two steps, both blocking (run them in a thread), both raising ``PlatformError`` when the job
 cannot be started (a ``NodeFault`` when this node itself failed, which alone counts towards
@@ -38,7 +42,7 @@ import hashlib
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,6 +124,9 @@ class Prepared:
     environment: Environment
     environment_lease: EnvironmentLease
     """Keeps the job's environment from being pruned: release it when the job has ended."""
+    ranks: tuple[int, ...] = ()
+    """The global ranks of this node's processes by local rank (``ranks``); empty for a job
+    of one process."""
 
 
 def cannot_run(grant: AllocationGranted, gpus: GpuInventory) -> PlatformError | None:
@@ -363,12 +370,18 @@ def _prepared(
     )
     return Prepared(
         sandbox=box,
-        argv=job_argv(job_env.python, grant, rendezvous_port(grant.job_id, grant.attempt)),
+        argv=job_argv(
+            job_env.python,
+            grant,
+            rendezvous_port(grant.job_id, grant.attempt),
+            box.rank_output,
+        ),
         env=env,
         resumed_from=fetched.resumed_from,
         code_version=code_id or code_version(settings.code_dir, spec.entrypoint),
         environment=environment,
         environment_lease=lease,
+        ranks=ranks(grant),
     )
 
 
@@ -386,11 +399,36 @@ def program(python: str, spec: JobSpec) -> list[str]:
     return [python, "-m", spec.entrypoint, *spec.args]
 
 
-def job_argv(python: str, grant: AllocationGranted, port: int) -> list[str]:
-    """The job's command line (see the module docstring for when ``torchrun`` is used)."""
-    spec = grant.spec
+RANK_OUTPUT_SCRIPT = (
+    'f="$1/${LOCAL_RANK-}"; shift; if [ -p "$f" ]; then exec >"$f" 2>&1; fi; exec "$@"'
+)
+"""Run by ``/bin/sh`` for each process torchrun starts: its output to its local rank's pipe
+(torchrun sets ``LOCAL_RANK``), then the program in its place. No pipe there (never, but
+for a launcher that sets no ``LOCAL_RANK``): the output stays on the shared pipe."""
+
+
+def rank_argv(folder: Path, program: Sequence[str]) -> list[str]:
+    """``program`` with its output going to its local rank's pipe in ``folder``."""
+    return ["/bin/sh", "-c", RANK_OUTPUT_SCRIPT, "trainyard-rank-output", str(folder), *program]
+
+
+def ranks(grant: AllocationGranted) -> tuple[int, ...]:
+    """The global ranks of this node's processes, by local rank (torchrun numbers a node's
+    processes from its gang member's ``first_rank``); empty for a job of one process, which
+    runs without torchrun."""
     procs = max(1, len(grant.gpu_indices))
     if procs == 1 and len(grant.gang) <= 1:
+        return ()
+    first = next((m.first_rank for m in grant.gang if m.allocation_id == grant.allocation_id), 0)
+    return tuple(range(first, first + procs))
+
+
+def job_argv(python: str, grant: AllocationGranted, port: int, rank_output: Path) -> list[str]:
+    """The job's command line (see the module docstring for when ``torchrun`` is used);
+    under torchrun, each process's output goes to its pipe in ``rank_output``."""
+    spec = grant.spec
+    procs = len(ranks(grant))
+    if not procs:
         return program(python, spec)
     launcher = [python, "-m", TORCHRUN_MODULE, f"--nproc_per_node={procs}"]
     if len(grant.gang) <= 1:
@@ -403,11 +441,14 @@ def job_argv(python: str, grant: AllocationGranted, port: int) -> list[str]:
             f"--master_addr={grant.gang[0].address}",
             f"--master_port={port}",
         ]
+    # What torchrun itself would run for a module or a script: ``python -u``.
     if spec.command:
-        return [*launcher, "--no-python", *spec.command, *spec.args]
-    if SCRIPT_PATTERN.match(spec.entrypoint):
-        return [*launcher, spec.entrypoint, *spec.args]
-    return [*launcher, "-m", spec.entrypoint, *spec.args]
+        each = [*spec.command]
+    elif SCRIPT_PATTERN.match(spec.entrypoint):
+        each = [python, "-u", spec.entrypoint]
+    else:
+        each = [python, "-u", "-m", spec.entrypoint]
+    return [*launcher, "--no-python", *rank_argv(rank_output, [*each, *spec.args])]
 
 
 def rendezvous_port(job_id: str, attempt: int, ports: range = RENDEZVOUS_PORTS) -> int:

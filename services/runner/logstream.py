@@ -12,7 +12,9 @@ lets through: one JSON line per report (``{"step", "time", "metrics"}``, NaN and
 kept as JSON's ``NaN``/``Infinity``) under ``metrics/<job>/<stream>/chunk-<seq:08d>.jsonl``.
 
 The job's output never goes into the runner's own log: a job must not be able to forge the
-platform's log lines.
+platform's log lines. The output of a job of one process is kept byte for byte; that of a
+job of several processes (under torchrun) line by line, each line prefixed with the rank
+that wrote it (``rank_line``).
 
 Both local files are written through ``CappedFile``: a job that writes without end (``yes``
 in a loop) would otherwise fill the node's disk and the store; past the runner's
@@ -73,6 +75,16 @@ class CappedFile:
 
     def close(self) -> None:
         self._file.close()
+
+
+def rank_line(piece: bytes, rank: int | None) -> bytes:
+    """A piece of output of a job of several processes (a whole line, or a piece of a long
+    one: ``process.read_pieces``) as its log holds it: prefixed with ``[rank N] `` for the
+    process of global rank ``N`` (nothing for ``rank`` None: torchrun's own lines), and
+    ending with a newline, so that whatever any process writes next starts a line of its
+    own."""
+    line = piece if piece.endswith(b"\n") else piece + b"\n"
+    return line if rank is None else b"[rank %d] " % rank + line
 
 
 def stream_prefix(job_id: str, attempt: int, node_id: str, kind: str = "logs") -> str:

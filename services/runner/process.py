@@ -1,5 +1,5 @@
 """One job process: started as its own user, its output read line by line, stopped by
-signals.
+signals; and the named pipes a job of several processes writes each rank's output to.
 
 Contract:
 - The child runs ``argv`` in ``cwd`` with exactly ``env``, in the attempt's cgroup when it
@@ -15,12 +15,17 @@ Contract:
   ignores SIGTERM. It loses at most its last checkpoint interval; anything it spawned that
   escaped the group is killed by the next runner before it accepts work
   (``sandbox.kill_leftovers``).
+- Under torchrun, every local rank writes its stdout and stderr to a named pipe of its own
+  (``RankPipes``, ``launch.rank_argv``): on the one shared pipe, one rank's partial line
+  (``print`` unbuffered writes its pieces one by one) would be spliced into another's, and
+  no line could be told apart by rank. torchrun's own output stays on the shared pipe.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -113,6 +118,10 @@ class JobProcess:
         """Raw stdout/stderr lines until every process holding them has closed them."""
         return read_lines(self._output)
 
+    def output_pieces(self) -> AsyncIterator[bytes]:
+        """The same output, each piece a whole line (``read_pieces``)."""
+        return read_pieces(self._output)
+
     def close(self) -> None:
         self._output_transport.close()
 
@@ -144,3 +153,97 @@ async def read_lines(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
             return
         except asyncio.LimitOverrunError as exc:
             yield await reader.readexactly(max(exc.consumed, 1))
+
+
+async def read_pieces(
+    reader: asyncio.StreamReader, limit: int = OUTPUT_LINE_LIMIT
+) -> AsyncIterator[bytes]:
+    """Lines until EOF, each whole with its newline, none empty: a line of more than
+    ``limit`` bytes comes out in pieces of ``limit`` bytes (its last piece with the
+    newline), a last line without a newline as it is. Never more than ``limit`` bytes
+    (and a newline) are held back waiting for the end of a line."""
+    pending = bytearray()
+    while chunk := await reader.read(limit):
+        pending += chunk
+        start = 0
+        while True:
+            end = pending.find(b"\n", start, start + limit + 1)
+            if end >= 0:
+                yield bytes(pending[start : end + 1])
+                start = end + 1
+            elif len(pending) - start > limit:
+                yield bytes(pending[start : start + limit])
+                start += limit
+            else:
+                break
+        del pending[:start]
+    if pending:
+        yield bytes(pending)
+
+
+class RankPipes:
+    """One named pipe per local rank of a job of several processes, which that rank's stdout
+    and stderr go to (``launch.rank_argv``); read with ``lines``. Open them before the job
+    starts (``open``), ``release`` them once its main process has exited, ``close`` them
+    once read."""
+
+    def __init__(self) -> None:
+        self._readers: list[asyncio.StreamReader] = []
+        self._transports: list[asyncio.BaseTransport] = []
+        self._write_fds: list[int] = []
+
+    @classmethod
+    async def open(cls, folder: Path, count: int, user: JobUser) -> RankPipes:
+        """Make ``folder`` (the runner's: the job cannot replace a pipe in it; others pass
+        through when the job has a user of its own) with the FIFOs ``0 .. count-1``, each
+        0600 and the job user's, so that no other job can write into this one's output; open
+        each for reading. Each is also held open for writing until ``release``: a FIFO
+        without a writer reads as ended, and a rank opens its own only once torchrun has
+        started it. Raises ``OSError`` when they cannot be made (nothing is left open)."""
+        pipes = cls()
+        loop = asyncio.get_running_loop()
+        try:
+            os.mkdir(folder, 0o700)
+            os.chmod(folder, 0o711 if user.isolated else 0o700)  # whatever the runner's umask
+            for local_rank in range(count):
+                path = folder / str(local_rank)
+                os.mkfifo(path, 0o600)
+                os.chmod(path, 0o600)
+                if user.uid is not None and user.gid is not None:
+                    os.chown(path, user.uid, user.gid)
+                # Not inherited by the job (PEP 446): it holds only the end it opens itself.
+                read_end = os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb", buffering=0)
+                try:
+                    pipes._write_fds.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+                    reader = asyncio.StreamReader(limit=OUTPUT_LINE_LIMIT, loop=loop)
+                    transport, _ = await loop.connect_read_pipe(
+                        functools.partial(asyncio.StreamReaderProtocol, reader, loop=loop),
+                        read_end,
+                    )
+                except BaseException:
+                    read_end.close()
+                    raise
+                pipes._readers.append(reader)
+                pipes._transports.append(transport)
+        except BaseException:
+            pipes.close()
+            raise
+        return pipes
+
+    def lines(self, local_rank: int) -> AsyncIterator[bytes]:
+        """The rank's output in whole lines (``read_pieces``) until every process holding
+        its pipe has closed it, after ``release``."""
+        return read_pieces(self._readers[local_rank])
+
+    def release(self) -> None:
+        """Close the runner's own write ends: each pipe ends once the job's processes that
+        hold it are gone."""
+        for fd in self._write_fds:
+            os.close(fd)
+        self._write_fds.clear()
+
+    def close(self) -> None:
+        self.release()
+        for transport in self._transports:
+            transport.close()
+        self._transports.clear()

@@ -413,6 +413,12 @@ class Sandbox:
     def control_socket(self) -> Path:
         return self.root / "control.sock"
 
+    @property
+    def rank_output(self) -> Path:
+        """The folder of the named pipes a job of several processes writes each rank's
+        output to (``process.RankPipes``), made when it starts."""
+        return self.root / "output"
+
 
 def create_sandbox(
     parent: Path, name: str, user: JobUser, cgroup: JobCgroup | None = None

@@ -6,10 +6,13 @@ drops is counted in notices in the job's log), ``job.progress`` (throttled, the 
 (``checkpoints.commit_staged``) followed by ``checkpoint.saved``; its output goes to
 ``<work_dir>/jobs/<job>/<allocation>.log``, is shipped to the object store in chunks about
 every second (``logstream.LogShipper``) and feeds a tail kept for ``job.failed``; it never
-goes into the runner's own log. A stop request (revocation, runner shutdown, max runtime)
-sends SIGTERM and, after its grace, SIGKILL to the job's process group; the earliest
-deadline wins, the first reason is kept. So does a job over its disk limit: its sandbox is
-measured every few seconds (``disk_watch``), and it fails as ``user_error`` naming the limit.
+goes into the runner's own log. A job of several processes (under torchrun) has each rank's
+output read from a pipe of its own (``process.RankPipes``) line by line, each line whole,
+ending with a newline and prefixed with its rank (``logstream.rank_line``). A stop request
+(revocation, runner shutdown, max runtime) sends SIGTERM and, after its grace, SIGKILL to
+the job's process group; the earliest deadline wins, the first reason is kept. So does a
+job over its disk limit: its sandbox is measured every few seconds (``disk_watch``), and it
+fails as ``user_error`` naming the limit.
 
 When the job has exited: its group and every process of its uid are killed and its
 uid's files in the folders every user may write to, its System V IPC objects, its
@@ -30,7 +33,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -53,11 +56,12 @@ from trainyard_platform.services.runner.ledger import Ledger
 from trainyard_platform.services.runner.logstream import (
     CappedFile,
     LogShipper,
+    rank_line,
     remove_shipped,
     stream_prefix,
 )
 from trainyard_platform.services.runner.metric_limits import MetricLimits
-from trainyard_platform.services.runner.process import JobProcess, read_lines
+from trainyard_platform.services.runner.process import JobProcess, RankPipes, read_lines
 from trainyard_platform.services.runner.publishing import JobEvents
 from trainyard_platform.services.runner.sandbox import (
     Sandbox,
@@ -198,6 +202,9 @@ class JobRun:
         self._data_waits: list[float] = []
         self._process: JobProcess | None = None
         self._log_file: CappedFile | None = None
+        self._ranks: tuple[int, ...] = ()
+        """The global ranks of the job's processes here, by local rank; empty for one."""
+        self._rank_pipes: RankPipes | None = None
         self._ended = False
         self._torchrun = False
         """Whether the job runs under torchrun (its worker's exit code is the one judged)."""
@@ -215,9 +222,13 @@ class JobRun:
         if self._process is not None:
             await self._process.wait()
 
-    async def start(self, argv: Sequence[str], *, env: dict[str, str]) -> None:
+    async def start(
+        self, argv: Sequence[str], *, env: dict[str, str], ranks: Sequence[int] = ()
+    ) -> None:
         """Open the control socket and spawn the job in its sandbox (raises, e.g.
-        ``OSError``, when it cannot be started)."""
+        ``OSError``, when it cannot be started); a job of several processes (``ranks``, the
+        global rank of each local rank: ``launch.ranks``) has their output pipes opened
+        first, in the sandbox's ``rank_output`` its ``argv`` points them to."""
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         limit = self._max_output_bytes
         self._log_file = CappedFile(
@@ -227,7 +238,12 @@ class JobRun:
         )
         self._metrics_file = CappedFile(self._metrics_path, limit)  # JSON lines: no notice
         self._torchrun = domain.TORCHRUN_MODULE in argv
+        self._ranks = tuple(ranks)
         try:
+            if self._ranks:
+                self._rank_pipes = await RankPipes.open(
+                    self._sandbox.rank_output, len(self._ranks), self._sandbox.user
+                )
             self._server = await self._open_control_socket()
             self._process = await JobProcess.start(
                 argv,
@@ -242,6 +258,8 @@ class JobRun:
             self._metrics_file.close()
             if self._server is not None:
                 self._server.close()
+            if self._rank_pipes is not None:
+                self._rank_pipes.close()
             raise
         self._shipper.start()
         self._metrics_shipper.start()
@@ -344,9 +362,20 @@ class JobRun:
         process = self._process
         assert process is not None, "start() first"
         loop = asyncio.get_running_loop()
+        # Several processes: each line of the launcher's a line of its own too.
+        output = process.output_pieces() if self._ranks else process.output_lines()
         readers = [
-            asyncio.create_task(self._read_output(process), name=f"output {self.job.job_id}"),
+            asyncio.create_task(self._read_output(output), name=f"output {self.job.job_id}"),
         ]
+        pipes = self._rank_pipes
+        if pipes is not None:
+            readers += [
+                asyncio.create_task(
+                    self._read_output(pipes.lines(local_rank), rank),
+                    name=f"output of rank {rank} {self.job.job_id}",
+                )
+                for local_rank, rank in enumerate(self._ranks)
+            ]
         deadline = loop.call_later(
             max_runtime_s,
             lambda: self.request_stop(domain.max_runtime_stop(max_runtime_s), kill_grace_s),
@@ -371,6 +400,8 @@ class JobRun:
             if self._sandbox.user.uid is not None:
                 uid = self._sandbox.user.uid
                 await asyncio.to_thread(remove_leftovers_of, range(uid, uid + 1))
+            if pipes is not None:
+                pipes.release()  # each rank's pipe ends once the job's processes are gone
             done, stuck = await asyncio.wait(readers, timeout=_PIPE_DRAIN_S)
             for task in stuck:
                 task.cancel()
@@ -383,6 +414,8 @@ class JobRun:
                         exc_info=task.exception(),
                     )
             process.close()
+            if pipes is not None:
+                pipes.close()
             await self._close_control()
             if self._log_file is not None:
                 # The control connections are read to the end: the last word on dropped
@@ -517,8 +550,13 @@ class JobRun:
 
     # --- the job's output ---------------------------------------------------------------
 
-    async def _read_output(self, process: JobProcess) -> None:
-        async for raw in process.output_lines():
+    async def _read_output(self, lines: AsyncIterator[bytes], rank: int | None = None) -> None:
+        """Copy ``lines`` to the job's log and tail: as they are for a job of one process;
+        else each as a line of its own, prefixed with ``rank`` (the launcher's own lines,
+        ``rank`` None, without one)."""
+        async for raw in lines:
+            if self._ranks:
+                raw = rank_line(raw, rank)
             if self._log_file is not None:
                 # Small appends to a local file; flushed per line so `tail -f` follows along.
                 self._log_file.write(raw)

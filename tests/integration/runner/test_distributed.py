@@ -39,7 +39,9 @@ pytestmark = pytest.mark.integration
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 JOB_SPEC = json.loads((EXAMPLES / "ddp_digits.job.json").read_text())
-FINAL_WEIGHTS = re.compile(r"FINAL_WEIGHTS rank=(\d+) sha256=([0-9a-f]{64})")
+FINAL_WEIGHTS = re.compile(
+    r"^\[rank (\d+)\] FINAL_WEIGHTS rank=(\d+) sha256=([0-9a-f]{64})$", re.MULTILINE
+)
 
 
 def ddp_grant(
@@ -76,11 +78,13 @@ def log_text(store: ObjectStore, job_id: str, node_id: str) -> str:
 
 
 def final_weights(store: ObjectStore, job_id: str, node_id: str) -> dict[int, str]:
-    """``rank -> sha256`` from the FINAL_WEIGHTS lines of the job's log on ``node_id``."""
+    """``rank -> sha256`` from the FINAL_WEIGHTS lines of the job's log on ``node_id``,
+    each a line of its own prefixed with the rank that printed it."""
     text = log_text(store, job_id, node_id)
     found = FINAL_WEIGHTS.findall(text)
-    assert len(found) == len({rank for rank, _ in found}), text[-3000:]
-    return {int(rank): digest for rank, digest in found}
+    assert all(prefix == rank for prefix, rank, _ in found), found
+    assert len(found) == len({rank for _, rank, _ in found}), text[-3000:]
+    return {int(rank): digest for _, rank, digest in found}
 
 
 def assert_one_checkpoint_per_step(saved: list[CheckpointSaved], last_step: int) -> None:

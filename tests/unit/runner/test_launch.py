@@ -46,6 +46,7 @@ GRANT = AllocationGranted(
 )
 ONE_GPU = GRANT.model_copy(update={"gpu_indices": [1]})
 BOX = Sandbox(Path("/sandboxes/alloc-1"), JobUser(200_001, 200_001))
+RANKS = BOX.rank_output
 JOB_ENV = JobEnvironment(
     python="/envs/abc/bin/python",
     bin_dir=Path("/envs/abc/bin"),
@@ -87,7 +88,7 @@ def spec_with(**update: object) -> AllocationGranted:
 
 def test_a_module_a_script_or_a_command_runs_with_its_args() -> None:
     python = "/envs/abc/bin/python"
-    assert launch.job_argv(python, ONE_GPU, 29500) == [
+    assert launch.job_argv(python, ONE_GPU, 29500, RANKS) == [
         python,
         "-m",
         "examples.digits_cnn",
@@ -95,15 +96,38 @@ def test_a_module_a_script_or_a_command_runs_with_its_args() -> None:
         "x y",
     ]
     script = spec_with(entrypoint="src/train.py")
-    assert launch.job_argv(python, script, 29500) == [python, "src/train.py", "--fast", "x y"]
+    assert launch.job_argv(python, script, 29500, RANKS) == [
+        python,
+        "src/train.py",
+        "--fast",
+        "x y",
+    ]
     command = spec_with(entrypoint="", command=["bash", "run.sh"])
-    assert launch.job_argv(python, command, 29500) == ["bash", "run.sh", "--fast", "x y"]
+    assert launch.job_argv(python, command, 29500, RANKS) == ["bash", "run.sh", "--fast", "x y"]
+    assert launch.ranks(ONE_GPU) == ()  # one process: its output is kept as it is
 
 
 def test_several_gpus_on_one_node_start_under_torchrun_standalone() -> None:
-    argv = launch.job_argv("/py", GRANT, 29500)
+    argv = launch.job_argv("/py", GRANT, 29500, RANKS)
     assert argv[:5] == ["/py", "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone"]
-    assert argv[5:] == ["-m", "examples.digits_cnn", "--fast", "x y"]
+    # Each process as torchrun would start it (python -u), its output to its rank's pipe.
+    assert argv[5:] == [
+        "--no-python",
+        *launch.rank_argv(RANKS, ["/py", "-u", "-m", "examples.digits_cnn", "--fast", "x y"]),
+    ]
+    assert launch.ranks(GRANT) == (0, 1)
+    script = GRANT.model_copy(update={"spec": GRANT.spec.model_copy(update={"entrypoint": "t.py"})})
+    assert launch.job_argv("/py", script, 29500, RANKS)[5:] == [
+        "--no-python",
+        *launch.rank_argv(RANKS, ["/py", "-u", "t.py", "--fast", "x y"]),
+    ]
+    command = GRANT.model_copy(
+        update={"spec": GRANT.spec.model_copy(update={"entrypoint": "", "command": ["./run.sh"]})}
+    )
+    assert launch.job_argv("/py", command, 29500, RANKS)[5:] == [
+        "--no-python",
+        *launch.rank_argv(RANKS, ["./run.sh", "--fast", "x y"]),
+    ]
 
 
 def test_a_gang_meets_at_rank_zeros_node_with_this_nodes_rank() -> None:
@@ -114,7 +138,7 @@ def test_a_gang_meets_at_rank_zeros_node_with_this_nodes_rank() -> None:
     grant = ONE_GPU.model_copy(update={"gang": gang})
     port = launch.rendezvous_port("job-1", 2)
     assert launch.rendezvous_port("job-1", 2) == port != launch.rendezvous_port("job-1", 3)
-    assert launch.job_argv("/py", grant, port) == [
+    assert launch.job_argv("/py", grant, port, RANKS) == [
         "/py",
         "-m",
         "torch.distributed.run",
@@ -123,11 +147,12 @@ def test_a_gang_meets_at_rank_zeros_node_with_this_nodes_rank() -> None:
         "--node_rank=1",
         "--master_addr=10.0.0.1",
         f"--master_port={port}",
-        "-m",
-        "examples.digits_cnn",
-        "--fast",
-        "x y",
+        "--no-python",
+        *launch.rank_argv(RANKS, ["/py", "-u", "-m", "examples.digits_cnn", "--fast", "x y"]),
     ]
+    assert launch.ranks(grant) == (1,)  # its gang member's first rank on
+    two_each = [m.model_copy(update={"gpus": 2, "first_rank": 2 * i}) for i, m in enumerate(gang)]
+    assert launch.ranks(GRANT.model_copy(update={"gang": two_each})) == (2, 3)
 
 
 def test_the_job_reads_its_context_back_from_its_environment() -> None:
