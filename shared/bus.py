@@ -105,6 +105,7 @@ import logging
 import random
 import time
 import traceback
+import uuid
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -370,6 +371,11 @@ WRONG_LAST_SEQUENCE_ERR_CODE = 10071
 not the subject's last sequence: someone recorded an outcome since it was read."""
 RECORD_TRIES = 5
 """Reads and writes of one tally before a conflicting writer is taken for a fault."""
+RECORDED_DELIVERIES_KEPT = 16
+"""The latest deliveries a tally names as counted (``Tally.deliveries``): enough for the
+replicas that may hold one message in turn while a write of theirs is retried."""
+DELIVERY_ID_CHARS = 16
+"""Hex characters of a delivery's own id in a tally (random, one per delivery in hand)."""
 
 
 def attempts_subject(consumer: str, sequence: int) -> str:
@@ -387,12 +393,17 @@ class Tally:
     """The recorded outcomes of a message's earlier deliveries to one consumer: ``failures``
     (its handler failed for real), ``waits`` (``NotYet``) and ``handed_back`` (``NotNow``,
     a stop, a cancel); ``revision`` is the record's sequence in the attempts stream (0: none
-    yet). Deliveries beyond these ended with no outcome told (the consumer died)."""
+    yet). Deliveries beyond these ended with no outcome told (the consumer died).
+    ``deliveries`` are the ids of the latest deliveries (at most ``RECORDED_DELIVERIES_KEPT``)
+    whose outcome it counts: each delivery counts once, however often its write was tried.
+    The ids are the bus's own, random per delivery in hand, not JetStream's delivery count,
+    which starts again at 1 for a consumer made again."""
 
     failures: int = 0
     waits: int = 0
     handed_back: int = 0
     revision: int = 0
+    deliveries: tuple[str, ...] = ()
 
     def unfinished(self, delivered: int) -> int:
         """Earlier deliveries (of ``delivered`` so far) that ended without any outcome."""
@@ -405,6 +416,7 @@ class Tally:
                 "failures": self.failures,
                 "waits": self.waits,
                 "handed_back": self.handed_back,
+                "deliveries": list(self.deliveries),
             }
         ).encode()
 
@@ -421,6 +433,8 @@ class Tally:
                 waits=int(found["waits"]),
                 handed_back=int(found["handed_back"]),
                 revision=revision,
+                # A record written before deliveries were kept names none.
+                deliveries=tuple(str(d) for d in found.get("deliveries", ())),
             )
         except (ValueError, TypeError, KeyError, AttributeError):
             return cls(revision=revision)
@@ -709,6 +723,10 @@ class Bus:
         self._tallies: dict[int, Tally] = {}
         """The recorded outcomes (``Tally``) of the earlier deliveries of each message in hand
         (by ``id``), as read when it was fetched and updated as this process records more."""
+        self._delivery_ids: dict[int, str] = {}
+        """Each message in hand's delivery id in its tally (``Tally.deliveries``), made when
+        its outcome is first recorded and kept while it is in hand, so a write tried again
+        names the same delivery."""
         self._settled: set[int] = set()
         """The messages in hand (by ``id``) whose outcome JetStream was told (``_settle``):
         acknowledged, handed back or terminated. The bus keeps this itself rather than read
@@ -1427,20 +1445,27 @@ class Bus:
     async def _record(
         self, consumer: str, msg: Msg, *, failures: int = 0, waits: int = 0, handed_back: int = 0
     ) -> None:
-        """Add one outcome to ``msg``'s tally in the attempts stream. The write says which
+        """Add the outcome of ``msg``'s present delivery to its tally in the attempts stream,
+        once: a delivery the tally already counts is not added again. The write says which
         record it follows (``EXPECTED_LAST_HEADER``); if another was written since (a replica
-        that held the message before, a record of a lost stream's message of that sequence),
-        the tally is read again and the outcome added to it."""
+        that held the message before, a record of a lost stream's message of that sequence,
+        or this very write, stored though its acknowledgement was lost and it was tried
+        again), the tally is read again and the outcome added to it unless it is there."""
         subject = attempts_subject(consumer, msg.metadata.sequence.stream)
+        delivery = self._delivery_ids.setdefault(id(msg), uuid.uuid4().hex[:DELIVERY_ID_CHARS])
         tally = self._tallies.get(id(msg))
         for attempt in range(RECORD_TRIES):
             if tally is None:
                 tally = await self._read_tally(consumer, msg)
+            if delivery in tally.deliveries:
+                self._tallies[id(msg)] = tally
+                return
             new = replace(
                 tally,
                 failures=tally.failures + failures,
                 waits=tally.waits + waits,
                 handed_back=tally.handed_back + handed_back,
+                deliveries=(*tally.deliveries, delivery)[-RECORDED_DELIVERIES_KEPT:],
             )
             try:
                 ack = await self._js.publish(
@@ -1495,6 +1520,7 @@ class Bus:
                 self._settled.difference_update(id(msg) for msg in messages)
                 for msg in messages:
                     self._tallies.pop(id(msg), None)
+                    self._delivery_ids.pop(id(msg), None)
 
     async def _settle(self, msg: Msg, outcome: Awaitable[None]) -> None:
         """Tell JetStream ``msg``'s outcome (``msg.ack()``, ``msg.nak(...)``, ``msg.term()``)

@@ -1048,12 +1048,15 @@ async def test_hand_backs_and_restarts_never_count_toward_the_failures_that_give
             settings.attempts_stream, subject=bus_module.attempts_subject(consumer, 1)
         )
         assert tally.data is not None
-        assert json.loads(tally.data) | {"msg_id": ""} == {
+        recorded = json.loads(tally.data)
+        assert recorded | {"msg_id": "", "deliveries": []} == {
             "msg_id": "",
             "failures": 2,
             "waits": 0,
             "handed_back": 6,
+            "deliveries": [],
         }
+        assert len(set(recorded["deliveries"])) == 8  # each counted once; the 9th applied it
 
 
 async def test_an_event_that_keeps_failing_is_dead_lettered_at_its_last_real_failure(
@@ -1110,3 +1113,59 @@ async def test_a_lost_attempts_stream_is_made_again_and_the_tally_goes_on(
         assert tries == ["again", "again"]
         info = await bus.jetstream.stream_info(own_settings.attempts_stream)
         assert info.state.messages == 1  # the first failure, recorded after it was made again
+
+
+async def test_a_failure_whose_record_s_acknowledgement_was_lost_counts_once(
+    own_settings: NatsSettings,
+) -> None:
+    """JetStream stored a failure's record but its acknowledgement never came (a NATS
+    failover, a slow server): the write was retried as an outage, found the record changed
+    under it, read it again and added the failure a second time. With ``max_deliver`` 3, an
+    event whose handler failed twice was dead-lettered at its second real failure as
+    "failed 3 times". Each failure now counts once: the event is applied at its third try."""
+    settings = own_settings  # max_deliver=3
+    consumer = "ack-lost"
+    tries: list[str] = []
+    lost: set[int] = set()
+    stop = asyncio.Event()
+
+    async with Bus.connect(settings, consumer) as bus:
+        stored = bus.jetstream.publish
+
+        async def ack_lost(subject: str, payload: bytes = b"", **kwargs: Any) -> api.PubAck:
+            ack = await stored(subject, payload, **kwargs)
+            if subject.startswith(f"{bus_module.ATTEMPTS_PREFIX}.") and len(tries) not in lost:
+                lost.add(len(tries))  # the first record written in each try
+                raise nats.errors.TimeoutError
+            return ack
+
+        bus.jetstream.publish = ack_lost  # type: ignore[method-assign]
+
+        async def handle(envelope: Envelope[Payload]) -> None:
+            tries.append(envelope.subject)
+            if len(tries) < 3:
+                raise ValueError(f"try {len(tries)} fails")
+            stop.set()
+
+        async def stop_when_dead_lettered() -> None:
+            while not (await bus.jetstream.stream_info(settings.deadletter_stream)).state.messages:
+                await asyncio.sleep(0.05)
+            stop.set()
+
+        await bus.publish(event("once"))
+        watcher = asyncio.create_task(stop_when_dead_lettered())
+        try:
+            async with asyncio.timeout(30):
+                await bus.consume(consumer, [SUBJECT], handle, stop)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        dead = await bus.jetstream.stream_info(settings.deadletter_stream)
+        assert (tries, dead.state.messages) == (["once"] * 3, 0)
+        tally = await bus.jetstream.get_msg(
+            settings.attempts_stream, subject=bus_module.attempts_subject(consumer, 1)
+        )
+        assert tally.data is not None
+        recorded = json.loads(tally.data)
+        assert (recorded["failures"], len(set(recorded["deliveries"]))) == (2, 2)
