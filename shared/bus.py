@@ -1574,7 +1574,8 @@ class Bus:
 
     async def _dead_letter(self, consumer: str, msg: Msg, reason: str) -> bool:
         """Copy ``msg`` to the consumer's dead letters and terminate it: True; False when a
-        stop came while the dead-letter stream could not be written (handed back)."""
+        stop came while the dead-letter stream could not be written (handed back). A lost
+        dead-letter stream is made again where this bus may (``_restore_streams``)."""
         seq = msg.metadata.sequence.stream
         reason = " ".join(reason.split())[:1000]  # one header line
         original = dict(msg.headers or {})
@@ -1595,7 +1596,13 @@ class Bus:
         body, headers = _fit(msg.data, copied, ours, letter_id, self.max_payload)
 
         async def publish() -> None:
-            await self.publish_raw(deadletter_subject(consumer), body, letter_id, headers)
+            try:
+                await self.publish_raw(deadletter_subject(consumer), body, letter_id, headers)
+            except nats.js.errors.NoStreamResponseError:
+                # No stream took it: the dead-letter stream was lost (deleted by hand). Made
+                # again here where this bus may, waited for elsewhere, as in ``_read_tally``.
+                await self._restore_streams()
+                raise
 
         try:
             await self._through_outages(

@@ -1169,3 +1169,42 @@ async def test_a_failure_whose_record_s_acknowledgement_was_lost_counts_once(
         assert tally.data is not None
         recorded = json.loads(tally.data)
         assert (recorded["failures"], len(set(recorded["deliveries"]))) == (2, 2)
+
+
+async def test_a_lost_dead_letter_stream_is_made_again_and_the_dead_letter_written(
+    own_settings: NatsSettings,
+) -> None:
+    """Only the dead-letter stream is gone (deleted by hand): no stream took the dead letter
+    (``NoStreamResponseError``), which read as NATS away, and the consumer, the scheduler's
+    too, whose bus makes the streams, paused for ever with the event in hand. Now the bus
+    that makes the streams makes them again and the dead letter is written."""
+    consumer = "letter-lost"
+    stop = asyncio.Event()
+
+    async with Bus.connect(own_settings, consumer) as bus:
+
+        async def reject(envelope: Envelope[Payload]) -> None:
+            await lose_stream(bus.jetstream, own_settings.deadletter_stream)
+            raise Reject("never valid")
+
+        async def stop_when_dead_lettered() -> None:
+            while True:
+                with contextlib.suppress(nats.js.errors.NotFoundError):
+                    info = await bus.jetstream.stream_info(own_settings.deadletter_stream)
+                    if info.state.messages:
+                        break
+                await asyncio.sleep(0.05)
+            stop.set()
+
+        await bus.publish(event("rejected"))
+        watcher = asyncio.create_task(stop_when_dead_lettered())
+        try:
+            async with asyncio.timeout(20):
+                await bus.consume(consumer, [SUBJECT], reject, stop)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        letter = await bus.jetstream.get_msg(own_settings.deadletter_stream, 1)
+        assert letter.headers is not None
+        assert letter.headers[REASON_HEADER] == "rejected: never valid"
