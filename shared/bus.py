@@ -189,6 +189,9 @@ STREAM_WAIT_LOG_S = 60.0
 the scheduler may be down, or NATS away), it says so at most once this often."""
 STORE_FAILED_ERR_CODE = 10049
 """JetStream's error code for "error creating store for stream" (``Bus._add_stream``)."""
+OTHER_STREAMS_CHECK_S = 10.0
+"""How often at most ``stream_created`` of a bus that makes the streams also looks for the
+dead-letter and attempts streams (two more requests), to make a lost one again."""
 STORE_RETRIES = 5
 STORE_RETRY_S = 0.2
 
@@ -720,6 +723,8 @@ class Bus:
         self._heeded: set[str] = set()
         """The consumers whose ``hearing`` was asked: only their fetches are judged (one
         JetStream API request per empty fetch; a runner's consumer needs none)."""
+        self._others_checked_at: float | None = None
+        """When ``stream_created`` last found the dead-letter and attempts streams there."""
         self._tallies: dict[int, Tally] = {}
         """The recorded outcomes (``Tally``) of the earlier deliveries of each message in hand
         (by ``id``), as read when it was fetched and updated as this process records more."""
@@ -871,7 +876,10 @@ class Bus:
     async def stream_created(self) -> datetime | None:
         """When the event stream was created: its identity, since a stream that was lost (NATS
         lost its store) and made again has a new one. A bus that makes the streams makes them
-        again first when they are gone; any other answers None while the stream is missing."""
+        again first when they are gone, the dead-letter and attempts streams too (looked for
+        at most every ``OTHER_STREAMS_CHECK_S``: every other service waits, paused, for a
+        lost one, and the scheduler's outbox relay asks this every second); any other bus
+        answers None while the event stream is missing."""
         try:
             info = await self._js.stream_info(self._settings.stream)
         except NotFoundError:
@@ -879,7 +887,28 @@ class Bus:
                 return None
             await self.ensure_streams()
             info = await self._js.stream_info(self._settings.stream)
+        else:
+            if self.makes_streams:
+                await self._make_other_streams_again()
         return info.created
+
+    async def _make_other_streams_again(self) -> None:
+        """Make the streams again if the dead-letter or the attempts stream is gone (deleted
+        by hand), at most every ``OTHER_STREAMS_CHECK_S``."""
+        now = asyncio.get_running_loop().time()
+        if (
+            self._others_checked_at is not None
+            and now - self._others_checked_at < OTHER_STREAMS_CHECK_S
+        ):
+            return
+        for name in (self._settings.deadletter_stream, self._settings.attempts_stream):
+            try:
+                await self._js.stream_info(name)
+            except NotFoundError:
+                log.warning("stream %s does not exist (lost?): making it again", name)
+                await self.ensure_streams()
+                break
+        self._others_checked_at = now
 
     async def _restore_streams(self) -> None:
         """Make the streams again where this bus may; elsewhere raise ``StreamMissingError``

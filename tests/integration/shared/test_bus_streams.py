@@ -15,6 +15,7 @@ import pytest
 from nats.js import api
 from pydantic import SecretStr
 
+import trainyard_platform.shared.bus as bus_module
 from tests.fixtures.servers import lose_stream
 from trainyard_platform.deploy.local.nats import NatsServer, NatsUser
 from trainyard_platform.shared.bus import (
@@ -369,3 +370,21 @@ async def test_a_consumer_that_caught_up_has_heard_everything_before_its_last_fe
         stop.set()
         await task
     assert bus.hearing("hearing-test") is None
+
+
+@pytest.mark.parametrize("lost", ["deadletter_stream", "attempts_stream"])
+async def test_the_stream_check_makes_a_lost_dead_letter_or_attempts_stream_again(
+    own_bus: Bus, lost: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the dead-letter or the attempts stream is gone (deleted by hand): the scheduler's
+    bus made it again only at its start or when one of its own consumers next needed it, so
+    every other service that needed it stayed paused until the scheduler was restarted. The
+    stream check its outbox relay makes every second (``stream_created``) now makes it again
+    too, at most every ``OTHER_STREAMS_CHECK_S``."""
+    monkeypatch.setattr(bus_module, "OTHER_STREAMS_CHECK_S", 0.0)
+    bus = own_bus
+    name = getattr(bus.settings, lost)
+    await lose_stream(bus.jetstream, name)
+    created = await bus.stream_created()
+    assert created == (await bus.jetstream.stream_info(bus.settings.stream)).created
+    assert (await bus.jetstream.stream_info(name)).config.name == name
