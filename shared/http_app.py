@@ -18,7 +18,10 @@ it):
   model sees them) declares the model it then validates with
   ``operation_class=json_request_body(Model)``: the document shows the model's JSON Schema
   as the request body, while the handler still reads the bytes itself
-  (``bytes_request_body`` for a raw upload).
+  (``bytes_request_body`` for a raw upload). A ``PATCH`` that changes only the fields it
+  names declares ``merge_patch_request_body(Model)`` (a JSON Merge Patch of the ``PUT``
+  body), reads it with ``read_merge_patch`` and judges the document it makes with
+  ``patched``, as the ``PUT`` would.
 
 CORS (``cors_origins``, from ``TRAINYARD_CORS_ORIGINS``): off unless origins are configured;
 then pages of exactly those origins (the web dashboard's) may call the API from a browser.
@@ -40,12 +43,13 @@ a guard reads the handler (its ``opt``), it never changes it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MethodType
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
-from litestar import Litestar, Router
+from litestar import Litestar, Request, Router
 from litestar.config.cors import CORSConfig
 from litestar.connection import ASGIConnection
 from litestar.di import Provide
@@ -67,11 +71,17 @@ from pydantic import BaseModel
 from trainyard_platform.shared.access import principal_dependency
 from trainyard_platform.shared.http_errors import (
     ErrorBody,
+    RequestInvalid,
     check_parameters,
     declare_query_parameters,
     exception_handlers,
+    parse_body,
+    read_json_body,
 )
 from trainyard_platform.shared.http_tracing import tracing_middleware
+from trainyard_platform.shared.merge_patch import merge_patch
+
+M = TypeVar("M", bound=BaseModel)
 
 ERRORS: Final[Mapping[int, str]] = {
     400: "malformed request (a bad Content-Length or Host header), refused before it is read",
@@ -134,6 +144,7 @@ def json_request_body(
 
 MERGE_PATCH = "application/merge-patch+json"
 """The media type of a JSON Merge Patch (RFC 7396)."""
+JSON = "application/json"
 
 
 def merge_patch_request_body(model: type[BaseModel]) -> type[Operation]:
@@ -146,6 +157,27 @@ def merge_patch_request_body(model: type[BaseModel]) -> type[Operation]:
         f"{model.__name__}Patch",
         RequestBody(content={MERGE_PATCH: media, "application/json": media}, required=True),
     )
+
+
+async def read_merge_patch(
+    request: Request[Any, Any, Any], limit: int, free_text: Callable[[str], bool]
+) -> dict[str, Any]:
+    """The JSON Merge Patch a request's body holds, read and screened as every hand-read
+    JSON body is (``read_json_body``: 413, 415, 422), as ``application/merge-patch+json`` or
+    ``application/json``; 422 naming ``body`` unless it is an object (a patch that is no
+    object would replace the whole document, which is a ``PUT``'s to do)."""
+    patch = json.loads(await read_json_body(request, limit, free_text, (MERGE_PATCH, JSON)))
+    if not isinstance(patch, dict):
+        raise RequestInvalid.one("body", "must be a JSON object (a JSON Merge Patch)")
+    return patch
+
+
+def patched(model: type[M], current: Mapping[str, Any], patch: Mapping[str, Any]) -> M:
+    """``current`` (a ``PUT`` body of ``model``, as JSON values) with the JSON Merge Patch
+    ``patch`` applied (``shared.merge_patch``), judged as that ``PUT`` would be
+    (``RequestInvalid`` naming each bad field; the paths of a patch and of the document it
+    makes are the same)."""
+    return parse_body(model, json.dumps(merge_patch(current, patch)).encode())
 
 
 def _patchable(node: Any) -> Any:

@@ -8,16 +8,17 @@
     trainyard budget rm TEAM [--project P]           (team admins)
 
 ``ls`` is every page of ``GET /v1/budgets`` (``?team=``: operators, another team's); ``show``
-``GET /v1/budgets/{team}[/{project}]``; ``set`` ``PUT`` and ``rm`` ``DELETE`` of the same
-path. ``--json`` prints billing's answer (``rm``: ``{"removed": {"team": T, "project": P}}``).
+``GET /v1/budgets/{team}[/{project}]``; ``set`` ``PATCH`` (or ``PUT``) and ``rm`` ``DELETE``
+of the same path. ``--json`` prints billing's answer (``rm``: ``{"removed": {"team": T,
+"project": P}}``).
 
-Billing's ``PUT`` replaces the whole budget, what the body leaves out taking its default
-(policy ``warn``, ``on_exhausted`` ``finish``, thresholds 50, 80, 100). So ``set`` of a
-budget that exists reads it first and sends it back with only what its options name
-changed: ``budget set ml --amount 2000`` keeps a ``refuse`` policy. (Billing has no partial
-update: a change another admin makes between that read and the write is replaced.) When
-there is none yet (404), or with ``--replace``, ``set`` sends only its options, and billing
-defaults the rest or names what is missing (``amount``).
+``set`` of a budget that exists changes only what its options name and keeps the rest
+(``PATCH``, a JSON Merge Patch billing applies under the budget's lock: a change another
+admin makes at the same time to other fields is kept too): ``budget set ml --amount 2000``
+keeps a ``refuse`` policy. When there is none yet (404), ``set`` creates it with ``PUT`` of
+its options alone, billing defaulting the rest (policy ``warn``, ``on_exhausted``
+``finish``, thresholds 50, 80, 100) or naming what is missing (``amount``). ``--replace``
+sends only the options with ``PUT`` instead: what they leave out takes its default.
 
 What the command line alone shows to be wrong is a usage error before any request (exit 2):
 ``set`` without any of its options, an amount that is no finite decimal number, thresholds
@@ -122,7 +123,7 @@ def add_commands(
     put.add_argument(
         "--replace",
         action="store_true",
-        help="send only the options (PUT): what they leave out takes its default",
+        help="replace the whole budget (PUT): what the options leave out takes its default",
     )
     rm = action("rm", run_remove, "delete a budget (team admins)")
     _scope_arguments(rm)
@@ -166,21 +167,23 @@ def run_set(session: Session) -> int:
         raise CliError(f"give at least one of {options}", Exit.USAGE)
     path = path_of(args.team, args.project)
     billing = session.service("billing")
-    body = given
     if not args.replace:
         try:
-            current = billing.get(path)
+            found = billing.call("PATCH", path, given)
         except TrainyardError as exc:
             if exc.status != 404:
                 raise CliError(f"billing: {exc}", exit_code_of(exc)) from None
         else:
-            # Billing's PUT replaces the whole budget: what the options leave out is sent
-            # as it is, not left to take the route's default.
-            body = {**{field: current[field] for field, _ in FIELDS}, **given}
-    found = asked("billing", lambda: billing.call("PUT", path, body))
+            return _show_set(session, "set", found)
+    found = asked("billing", lambda: billing.call("PUT", path, given))
     response = getattr(found, "response", None)
-    done = "created" if response is not None and response.status_code == 201 else "set"
-    scope = scope_text(args.team, args.project)
+    return _show_set(
+        session, "created" if response is not None and response.status_code == 201 else "set", found
+    )
+
+
+def _show_set(session: Session, done: str, found: dict[str, Any]) -> int:
+    scope = scope_text(session.args.team, session.args.project)
     session.emit(found, lambda: f"{done} budget of {scope}\n" + budget_text(found))
     return Exit.OK
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -114,6 +114,16 @@ class Budget:
     updated_by: str
     updated_at: datetime
     on_exhausted: BudgetOnExhausted = "finish"
+
+
+def request_of(budget: Budget) -> dict[str, Any]:
+    """The ``PUT`` body, as JSON values, that defines ``budget`` (what a patch applies to)."""
+    return {
+        "amount": str(budget.amount),
+        "thresholds": list(budget.thresholds),
+        "policy": budget.policy,
+        "on_exhausted": budget.on_exhausted,
+    }
 
 
 Scope = Literal["team", "project"]

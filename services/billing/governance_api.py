@@ -15,8 +15,12 @@
   when it has no price).
 - ``GET /v1/budgets?team&limit&after`` (users: their team's; operators: every team's, or
   ``?team=``; a page at a time, ``shared.paging``, the next page in the ``Link`` header),
-  ``GET|PUT|DELETE /v1/budgets/{team}`` and ``/v1/budgets/{team}/{project}``: reads for the
-  team's users, writes for its admins and operators. Another team's answers 404. A change
+  ``GET|PUT|PATCH|DELETE /v1/budgets/{team}`` and ``/v1/budgets/{team}/{project}``: reads
+  for the team's users, writes for its admins and operators. Another team's answers 404.
+  ``PUT`` creates (201) or replaces (200) the whole budget, what its body leaves out taking
+  its default; ``PATCH`` (a JSON Merge Patch of the ``PUT`` body) changes only the fields it
+  names, read and written under the budget's lock, so two admins changing different fields
+  at once both keep their change (404 when there is none: a patch never creates). A change
   says the budget's state (``budget.updated``) and any threshold the month's spending has
   reached already (``budget.threshold_crossed``), through the outbox.
 """
@@ -28,7 +32,7 @@ from decimal import Decimal
 from typing import Annotated, Any
 
 import asyncpg
-from litestar import Request, Response, delete, get, post, put
+from litestar import Request, Response, delete, get, patch, post, put
 from litestar.di import NamedDependency
 from litestar.exceptions import NotFoundException
 from litestar.handlers import HTTPRouteHandler
@@ -44,6 +48,7 @@ from trainyard_platform.services.billing.budgets import (
     forecast,
     month_label,
     month_start,
+    request_of,
 )
 from trainyard_platform.services.billing.domain import UnknownFlavor
 from trainyard_platform.services.billing.governance_schemas import (
@@ -63,7 +68,13 @@ from trainyard_platform.services.billing.report_api import (
 )
 from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import Teams, needs, only_reads
-from trainyard_platform.shared.http_app import error_responses, json_request_body
+from trainyard_platform.shared.http_app import (
+    error_responses,
+    json_request_body,
+    merge_patch_request_body,
+    patched,
+    read_merge_patch,
+)
 from trainyard_platform.shared.http_errors import RequestInvalid, parse_body, read_json_body
 from trainyard_platform.shared.identity import Principal, Role
 
@@ -314,6 +325,33 @@ def governance_routes(
             spent = await budgets_repo.spent(conn, budget, month_start(now), now)
         return budget_view(budget, spent, now)
 
+    async def _write(
+        conn: asyncpg.Connection,
+        principal: Principal,
+        team: str,
+        project: str | None,
+        body: BudgetRequest,
+        now: datetime,
+    ) -> tuple[BudgetView, bool]:
+        """Store ``body`` as the budget of ``team`` (``project``), under its lock, and say
+        its state: its view, and whether it was created."""
+        budget = Budget(
+            team=team,
+            project=project,
+            amount=body.amount,
+            currency=currency,
+            thresholds=tuple(body.thresholds),
+            policy=body.policy,
+            on_exhausted=body.on_exhausted,
+            revision=await budgets_repo.next_revision(conn),
+            updated_by=principal.user,
+            updated_at=now,
+        )
+        created = await budgets_repo.put(conn, budget)
+        await budget_watch.check(conn, budget, [month_start(now)], now)
+        spent = await budget_watch.say_state(conn, budget, now)
+        return budget_view(budget, spent, now), created
+
     async def _put(
         request: AnyRequest, principal: Caller, teams: Teams, team: str, project: str | None
     ) -> Response[BudgetView]:
@@ -324,25 +362,32 @@ def governance_routes(
         now = clock()
         async with pool.acquire() as conn, conn.transaction():
             await budgets_repo.lock(conn, [(team, project)])  # budget_watch: in turns
-            budget = Budget(
-                team=team,
-                project=project,
-                amount=body.amount,
-                currency=currency,
-                thresholds=tuple(body.thresholds),
-                policy=body.policy,
-                on_exhausted=body.on_exhausted,
-                revision=await budgets_repo.next_revision(conn),
-                updated_by=principal.user,
-                updated_at=now,
-            )
-            created = await budgets_repo.put(conn, budget)
-            await budget_watch.check(conn, budget, [month_start(now)], now)
-            spent = await budget_watch.say_state(conn, budget, now)
+            view, created = await _write(conn, principal, team, project, body, now)
             await audit.record(
                 conn, principal, "put budget", _scope(team, project), body.model_dump(mode="json")
             )
-        return Response(budget_view(budget, spent, now), status_code=201 if created else 200)
+        return Response(view, status_code=201 if created else 200)
+
+    async def _patch(
+        request: AnyRequest, principal: Caller, team: str, project: str | None
+    ) -> BudgetView:
+        team_to_read(principal, team, "budget")
+        changes = await read_merge_patch(request, BODY_MAX_BYTES, free_text=lambda path: True)
+        now = clock()
+        async with pool.acquire() as conn, conn.transaction():
+            # Read and written under the budget's lock, which every change takes: no other
+            # change falls between, so one that names other fields is kept, not replaced.
+            await budgets_repo.lock(conn, [(team, project)])
+            current = await budgets_repo.get(conn, team, project)
+            if current is None:
+                raise NotFoundException(
+                    f"no budget of {_scope(team, project)}; create it with PUT "
+                    f"/v1/budgets/{team}{'' if project is None else '/' + project}"
+                )
+            body = patched(BudgetRequest, request_of(current), changes)
+            view, _ = await _write(conn, principal, team, project, body, now)
+            await audit.record(conn, principal, "patch budget", _scope(team, project), changes)
+        return view
 
     async def _delete(principal: Principal, team: str, project: str | None) -> None:
         team_to_read(principal, team, "budget")
@@ -359,6 +404,7 @@ def governance_routes(
         201: ResponseSpec(BudgetView, description="created", generate_examples=False),
         **error_responses(404, 413, 415, 422),
     }
+    patch_responses = error_responses(404, 413, 415)
     example = {"amount": "1000", "thresholds": [50, 80, 100], "policy": "warn"}
 
     @get("/v1/budgets/{team:str}", responses=error_responses(404))
@@ -397,6 +443,33 @@ def governance_routes(
     ) -> Response[BudgetView]:
         return await _put(request, principal, teams, team, project)
 
+    @patch(
+        "/v1/budgets/{team:str}",
+        opt=needs(Role.ADMIN),
+        operation_class=merge_patch_request_body(BudgetRequest),
+        responses=patch_responses,
+    )
+    async def patch_team_budget(
+        team: TeamPath, request: AnyRequest, principal: Caller
+    ) -> BudgetView:
+        """Change only the fields the body names (a JSON Merge Patch, RFC 7396, of the
+        ``PUT`` body: ``{"policy": "refuse"}``; ``null`` puts a field back to its default);
+        the rest stays, whatever another change made of it meanwhile. 404 when there is no
+        budget: a patch never creates one."""
+        return await _patch(request, principal, team, None)
+
+    @patch(
+        "/v1/budgets/{team:str}/{project:str}",
+        opt=needs(Role.ADMIN),
+        operation_class=merge_patch_request_body(BudgetRequest),
+        responses=patch_responses,
+    )
+    async def patch_project_budget(
+        team: TeamPath, project: ProjectPath, request: AnyRequest, principal: Caller
+    ) -> BudgetView:
+        """As ``PATCH /v1/budgets/{team}``, of the project's budget."""
+        return await _patch(request, principal, team, project)
+
     @delete("/v1/budgets/{team:str}", opt=needs(Role.ADMIN), responses=error_responses(404))
     async def delete_team_budget(team: TeamPath, principal: Caller) -> None:
         await _delete(principal, team, None)
@@ -420,6 +493,8 @@ def governance_routes(
         get_project_budget,
         put_team_budget,
         put_project_budget,
+        patch_team_budget,
+        patch_project_budget,
         delete_team_budget,
         delete_project_budget,
     ]

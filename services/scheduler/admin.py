@@ -69,7 +69,6 @@ from trainyard_platform.services.scheduler.admin_schemas import (
     check_name,
     cohort_view,
     flavor_view,
-    patched,
     priority_class_view,
     queue_config_view,
     queue_request_of,
@@ -80,6 +79,7 @@ from trainyard_platform.services.scheduler.schemas import NodeCordonView, cordon
 from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import Teams
 from trainyard_platform.shared.events.payloads import FlavorDeclared, FlavorRetired
+from trainyard_platform.shared.http_app import patched
 from trainyard_platform.shared.http_errors import FieldError, RequestInvalid
 from trainyard_platform.shared.identity import Principal
 

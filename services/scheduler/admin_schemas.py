@@ -7,17 +7,15 @@ reported with its path (``quotas.a100.nominal``), all at once, answered with 422
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainyard.patterns import pattern_message
-from trainyard_platform.shared.http_errors import RequestInvalid, parse_body
-from trainyard_platform.shared.merge_patch import merge_patch
+from trainyard_platform.shared.http_errors import RequestInvalid
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,39}$"
 """Names of queues, cohorts and priority classes (the same rule as a job's ``priority``)."""
@@ -31,9 +29,6 @@ Flavor = Annotated[str, Field(pattern=FLAVOR_PATTERN)]
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-R = TypeVar("R", bound=_Request)
 
 
 class FlavorRequest(_Request):
@@ -142,13 +137,6 @@ class PriorityClassView(BaseModel):
     preemptible: bool
     min_runtime_seconds: float
     description: str
-
-
-def patched(model: type[R], current: Mapping[str, Any], patch: Mapping[str, Any]) -> R:
-    """``current`` (a ``PUT`` body of ``model``) with the JSON Merge Patch ``patch`` applied,
-    judged as that ``PUT`` would be (``RequestInvalid`` naming each bad field; the paths of a
-    patch and of the document it makes are the same)."""
-    return parse_body(model, json.dumps(merge_patch(current, patch)).encode())
 
 
 def queue_request_of(view: QueueConfigView) -> dict[str, Any]:

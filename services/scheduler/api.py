@@ -37,7 +37,6 @@ Contract:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -79,13 +78,13 @@ from trainyard_platform.shared import paging
 from trainyard_platform.shared.access import Teams, needs
 from trainyard_platform.shared.audit import audit_route
 from trainyard_platform.shared.http_app import (
-    MERGE_PATCH,
     error_responses,
     json_request_body,
     merge_patch_request_body,
+    read_merge_patch,
     service_app,
 )
-from trainyard_platform.shared.http_errors import RequestInvalid, parse_body, read_json_body
+from trainyard_platform.shared.http_errors import parse_body, read_json_body
 from trainyard_platform.shared.identity import Principal, Role
 
 AnyRequest = Request[Any, Any, Any]
@@ -346,16 +345,9 @@ async def _body(model: type[Any], request: AnyRequest) -> Any:
 
 async def _patch_body(request: AnyRequest) -> dict[str, Any]:
     """A JSON Merge Patch body, read and screened as ``_body``'s; it must be an object."""
-    body = await read_json_body(
-        request,
-        ADMIN_BODY_MAX_BYTES,
-        free_text=lambda path: path == "description",
-        media_types=(MERGE_PATCH, "application/json"),
+    return await read_merge_patch(
+        request, ADMIN_BODY_MAX_BYTES, free_text=lambda path: path == "description"
     )
-    patch = json.loads(body)
-    if not isinstance(patch, dict):
-        raise RequestInvalid.one("body", "must be a JSON object (a JSON Merge Patch)")
-    return patch
 
 
 def readiness_handler(readiness: Readiness) -> HTTPRouteHandler:

@@ -163,6 +163,8 @@ POLICY: dict[str, dict[tuple[str, str], Role]] = {
         ("GET", "/v1/budgets/{team:str}/{project:str}"): V,
         ("PUT", "/v1/budgets/{team:str}"): A,
         ("PUT", "/v1/budgets/{team:str}/{project:str}"): A,
+        ("PATCH", "/v1/budgets/{team:str}"): A,
+        ("PATCH", "/v1/budgets/{team:str}/{project:str}"): A,
         ("DELETE", "/v1/budgets/{team:str}"): A,
         ("DELETE", "/v1/budgets/{team:str}/{project:str}"): A,
     },

@@ -296,8 +296,12 @@ JSON_BODIES: dict[tuple[str, str, str], type[BaseModel]] = {
     ("billing", "post", "/v1/costs/estimate"): EstimateRequest,
     ("billing", "put", "/v1/budgets/{team}"): BudgetRequest,
     ("billing", "put", "/v1/budgets/{team}/{project}"): BudgetRequest,
+    ("billing", "patch", "/v1/budgets/{team}"): BudgetRequest,
+    ("billing", "patch", "/v1/budgets/{team}/{project}"): BudgetRequest,
 }
 """The routes that read their JSON body by hand, and the model each validates it with."""
+MERGE_PATCHES = {("scheduler", "patch"), ("billing", "patch")}
+"""The services whose ``PATCH`` reads a JSON Merge Patch of its ``PUT`` body."""
 
 
 @pytest.mark.parametrize("service", SERVICES)
@@ -326,7 +330,7 @@ async def test_the_documents_declare_the_errors_the_security_and_the_bodies(
                 if model is not EstimateRequest:  # a whole job spec, of which it reads a few
                     assert schema["additionalProperties"] is False, f"{method} {path}"
                 assert "$ref" not in json.dumps(schema)  # its $defs are inlined
-                if (service, method) == ("scheduler", "patch"):  # a merge patch of the PUT body
+                if (service, method) in MERGE_PATCHES:  # a merge patch of the PUT body
                     assert body["content"]["application/merge-patch+json"]["schema"] == schema
                     assert '"required"' not in json.dumps(schema), f"{method} {path}"
             elif (method, path) == ("put", "/v1/bundles/{sha256}"):

@@ -18,6 +18,7 @@ import pytest
 from pydantic import SecretStr
 
 from tests.integration.billing.conftest import Billing, feed, grant_of, release_event, until
+from trainyard_platform.services.billing import budgets_repository as budgets_repo
 from trainyard_platform.services.billing.api import create_app
 from trainyard_platform.services.billing.budgets import month_start
 from trainyard_platform.shared.access import service_guard
@@ -429,6 +430,107 @@ async def test_a_budget_changed_while_a_bill_is_made_is_said_last_as_changed(
         Decimal(5),
         False,
     )
+
+
+async def test_two_admins_patching_different_fields_at_once_both_keep_their_change(
+    pool: asyncpg.Pool, client: httpx.AsyncClient
+) -> None:
+    """One admin raises ml's amount while another sets its policy. Before, a change of some
+    fields was a read of the budget and a ``PUT`` of it whole: the write made last put back
+    the other field as it was read, and one change was lost. Now each sends a ``PATCH`` of
+    its field, read and written under the budget's lock: both are kept.
+
+    A test transaction holds the budget's lock until both patches wait for it."""
+    body = {"amount": "100", "policy": "warn", "on_exhausted": "stop"}
+    made = await client.put("/v1/budgets/ml", json=body, headers=ML_ADMIN)
+    assert made.status_code == 201, made.text
+    async with pool.acquire() as holder:
+        hold = holder.transaction()
+        await hold.start()
+        await budgets_repo.lock(holder, [("ml", None)])
+        amount = asyncio.create_task(
+            client.patch("/v1/budgets/ml", json={"amount": "500"}, headers=ML_ADMIN)
+        )
+        policy = asyncio.create_task(
+            client.patch(
+                "/v1/budgets/ml",
+                content=b'{"policy": "refuse"}',
+                headers={**OPERATOR_USER, "Content-Type": "application/merge-patch+json"},
+            )
+        )
+
+        async def both_wait() -> bool:
+            return amount.done() or policy.done() or await _lock_waiters(pool) >= 2
+
+        await until(both_wait)
+        await hold.rollback()
+    for answer in (await amount, await policy):
+        assert answer.status_code == 200, answer.text
+    kept = (await client.get("/v1/budgets/ml", headers=ML_VIEWER)).json()
+    assert (kept["amount"], kept["policy"], kept["on_exhausted"]) == (
+        "500.000000",
+        "refuse",
+        "stop",
+    )
+    assert kept["thresholds"] == [50, 80, 100]
+    states = [
+        parse_envelope(r["body"]).data
+        for r in await pool.fetch("SELECT body FROM outbox WHERE event_id LIKE 'budget:ml:%'")
+    ]
+    last = max((s for s in states if isinstance(s, BudgetUpdated)), key=lambda s: s.revision)
+    assert (Decimal(last.amount), last.policy, last.on_exhausted) == (
+        Decimal(500),
+        "refuse",
+        "stop",
+    )
+    actions = await pool.fetch(
+        "SELECT action, detail FROM audit_log WHERE target = 'team ml' ORDER BY id"
+    )
+    assert [r["action"] for r in actions] == ["put budget", "patch budget", "patch budget"]
+
+
+async def test_a_budget_patch_is_judged_as_the_put_it_makes(client: httpx.AsyncClient) -> None:
+    """A patch names only what changes; ``null`` puts a field back to its default; the
+    result is judged as a ``PUT`` of it would be (422 naming each bad field); a patch never
+    creates a budget (404) and is written by the team's admins only."""
+    body = {"amount": "100", "thresholds": [90], "policy": "refuse"}
+    made = await client.put("/v1/budgets/ml/nlp", json=body, headers=ML_ADMIN)
+    assert made.status_code == 201, made.text
+    reset = await client.patch(
+        "/v1/budgets/ml/nlp", json={"thresholds": None, "on_exhausted": "stop"}, headers=ML_ADMIN
+    )
+    assert reset.status_code == 200, reset.text
+    assert (reset.json()["thresholds"], reset.json()["policy"]) == ([50, 80, 100], "refuse")
+    assert reset.json()["on_exhausted"] == "stop"
+
+    invalid = await client.patch(
+        "/v1/budgets/ml/nlp",
+        json={"amount": "0", "thresholds": [5, 5], "colour": 1},
+        headers=ML_ADMIN,
+    )
+    assert set(errors(invalid)) == {"amount", "thresholds", "colour"}
+    no_amount = await client.patch("/v1/budgets/ml/nlp", json={"amount": None}, headers=ML_ADMIN)
+    assert set(errors(no_amount)) == {"amount"}
+    not_object = await client.patch("/v1/budgets/ml/nlp", json=[1], headers=ML_ADMIN)
+    assert set(errors(not_object)) == {"body"}
+    kept = (await client.get("/v1/budgets/ml/nlp", headers=ML_VIEWER)).json()
+    assert (kept["amount"], kept["on_exhausted"]) == ("100.000000", "stop")
+
+    missing = await client.patch("/v1/budgets/ml/cv", json={"amount": "5"}, headers=ML_ADMIN)
+    assert missing.status_code == 404, missing.text
+    assert "PUT /v1/budgets/ml/cv" in missing.json()["detail"]
+    assert (await client.get("/v1/budgets/ml/cv", headers=ML_VIEWER)).status_code == 404
+    change = {"amount": "1"}
+    viewer = await client.patch("/v1/budgets/ml/nlp", json=change, headers=ML_VIEWER)
+    assert viewer.status_code == 403
+    other = await client.patch("/v1/budgets/ml/nlp", json=change, headers=VISION_ADMIN)
+    assert other.status_code == 404
+    text = await client.patch(
+        "/v1/budgets/ml/nlp",
+        content=b'{"amount": "1"}',
+        headers={**ML_ADMIN, "Content-Type": "text/plain"},
+    )
+    assert text.status_code == 415
 
 
 async def test_budgets_are_written_by_the_team_s_admins_and_read_by_its_users(

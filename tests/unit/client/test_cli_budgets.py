@@ -1,5 +1,5 @@
 """``trainyard budget ls|show|set|rm``: the requests they send billing (bodies as its budget
-routes take them), what they print, and how a refusal reads (one line naming the field, the
+routes take them: ``set`` a merge patch of only what its options name), what they print, and how a refusal reads (one line naming the field, the
 CLI's exit codes). Team admins wrote these JSON bodies by hand before: the CLI had no budget
 command."""
 
@@ -125,48 +125,69 @@ def test_show_names_the_team_or_the_project_as_one_path_segment_each(
 def test_set_of_a_new_budget_sends_only_its_options(
     api: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """No budget yet (404): the options alone, billing defaulting the rest."""
+    """No budget yet (the patch's 404): the options alone with ``PUT``, billing defaulting
+    the rest."""
 
     def route(request: httpx.Request) -> httpx.Response:
-        if request.method == "GET":
-            return httpx.Response(404, json={"detail": "no budget of ml", "errors": []})
+        if request.method == "PATCH":
+            return httpx.Response(404, json={"detail": "no budget of team ml", "errors": []})
         return httpx.Response(201, json=BUDGET)
 
     api["route"] = route
     argv = ["budget", "set", "ml", "--amount", "1e3", "--policy", "refuse"]
     assert cli.main([*BASE, *argv, "--on-exhausted", "stop", "--thresholds", "80,50"]) == Exit.OK
+    options = {"amount": "1e3", "policy": "refuse", "on_exhausted": "stop", "thresholds": [80, 50]}
     assert _sent(api) == [
-        ("GET", f"{BILLING}/v1/budgets/ml", None),
-        (
-            "PUT",
-            f"{BILLING}/v1/budgets/ml",
-            {"amount": "1e3", "policy": "refuse", "on_exhausted": "stop", "thresholds": [80, 50]},
-        ),
+        ("PATCH", f"{BILLING}/v1/budgets/ml", options),
+        ("PUT", f"{BILLING}/v1/budgets/ml", options),
     ]
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "created budget of team ml"
     assert out[2].split()[:4] == ["ml", "-", "2026-12", "1000.00"]
 
 
-def test_set_of_a_budget_that_exists_changes_only_what_its_options_name(
+def test_set_of_a_budget_that_exists_patches_only_what_its_options_name(
     api: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Billing's PUT replaces the whole budget: raising the amount must not turn a
-    ``refuse`` policy into the route's default ``warn`` (nor ``stop`` into ``finish``)."""
+    """Raising the amount must not turn a ``refuse`` policy into the ``PUT``'s default
+    ``warn`` (nor ``stop`` into ``finish``): the options alone, as a merge patch."""
+    api["route"] = lambda r: httpx.Response(200, json={**BUDGET, "amount": "2000.000000"})
+    assert cli.main([*BASE, "budget", "set", "ml", "--amount", "2000", "--json"]) == Exit.OK
+    assert _sent(api) == [("PATCH", f"{BILLING}/v1/budgets/ml", {"amount": "2000"})]
+    assert json.loads(capsys.readouterr().out)["amount"] == "2000.000000"
+
+
+def test_two_admins_setting_different_fields_at_once_both_keep_their_change(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another admin sets the policy to ``refuse`` while ``set --amount 2000`` is under
+    way: right after billing first hears from this ``set``. Before, ``set`` read the budget
+    and ``PUT`` it back whole with its old ``warn`` policy, undoing the other change; now it
+    sends only the amount, and billing keeps both."""
+    kept = {**PROJECT}
+    others_done = False
 
     def route(request: httpx.Request) -> httpx.Response:
-        if request.method == "GET":
-            return httpx.Response(200, json=BUDGET)
-        return httpx.Response(200, json={**BUDGET, "amount": "2000.000000"})
+        nonlocal others_done
+        answer = httpx.Response(200, json=kept)
+        if request.method == "PUT":
+            kept.clear()
+            kept.update({**PROJECT, "policy": "warn", "on_exhausted": "finish"})
+            kept.update(json.loads(request.content))
+            answer = httpx.Response(200, json=kept)
+        elif request.method == "PATCH":
+            kept.update(json.loads(request.content))
+            answer = httpx.Response(200, json=kept)
+        if not others_done:  # the other admin's change lands just after this request
+            others_done = True
+            kept["policy"] = "refuse"
+        return answer
 
     api["route"] = route
-    assert cli.main([*BASE, "budget", "set", "ml", "--amount", "2000", "--json"]) == Exit.OK
-    assert _sent(api)[1] == (
-        "PUT",
-        f"{BILLING}/v1/budgets/ml",
-        {"amount": "2000", "policy": "refuse", "on_exhausted": "stop", "thresholds": [50, 80, 100]},
-    )
-    assert json.loads(capsys.readouterr().out)["amount"] == "2000.000000"
+    argv = ["budget", "set", "ml", "--project", "vision", "--amount", "2000"]
+    assert cli.main([*BASE, *argv]) == Exit.OK
+    assert (kept["amount"], kept["policy"]) == ("2000", "refuse")
+    assert capsys.readouterr().out.startswith("set budget of project ml/vision\n")
 
 
 def test_set_replace_sends_only_its_options_without_reading(
@@ -225,9 +246,9 @@ def _refusal(status: int, detail: str, errors: list[dict[str, str]] | None = Non
         ),
         (
             ["set", "ml", "--amount", "5"],
-            _refusal(403, "PUT /v1/budgets/ml needs the admin role; you are member"),
+            _refusal(403, "PATCH /v1/budgets/ml needs the admin role; you are member"),
             Exit.DENIED,
-            "billing: 403 PUT /v1/budgets/ml needs the admin role; you are member",
+            "billing: 403 PATCH /v1/budgets/ml needs the admin role; you are member",
         ),
         (["show", "nlp"], _refusal(404, "no budget of team nlp"), Exit.NOT_FOUND, None),
         (["rm", "nlp"], _refusal(404, "no budget of team nlp"), Exit.NOT_FOUND, None),
@@ -249,13 +270,23 @@ def test_a_refusal_is_one_line_naming_the_field_with_its_exit_code(
     assert (captured.out, captured.err) == ("", f"trainyard: error: {said}\n")
 
 
-def test_a_failed_read_before_set_is_its_refusal_and_nothing_is_written(
+def test_a_refused_patch_is_the_set_s_refusal_and_nothing_else_is_sent(
     api: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Only a 404 (no budget yet) leads on to the ``PUT`` that creates one."""
     api["route"] = _refusal(401, "no valid token")
     assert cli.main([*BASE, "budget", "set", "ml", "--amount", "5"]) == Exit.DENIED
     assert capsys.readouterr().err == "trainyard: error: billing: 401 no valid token\n"
-    assert [method for method, _, _ in _sent(api)] == ["GET"]
+    assert [method for method, _, _ in _sent(api)] == ["PATCH"]
+    api["sent"].clear()
+    api["route"] = _refusal(
+        422, "invalid request", [{"field": "thresholds", "message": "each threshold at most once"}]
+    )
+    assert cli.main([*BASE, "budget", "set", "ml", "--thresholds", "5,5"]) == Exit.ERROR
+    assert capsys.readouterr().err == (
+        "trainyard: error: billing: 422 invalid request (thresholds: each threshold at most once)\n"
+    )
+    assert [method for method, _, _ in _sent(api)] == ["PATCH"]
 
 
 @pytest.mark.parametrize(
