@@ -5,8 +5,9 @@ Contract:
 - ``apply_state(conn, state)`` keeps a ``budget.updated`` (billing's, the owner of budget
   state) in ``budget_states``, one row per team and project (``''`` for the team's own
   budget), unless the row already holds that revision or a higher one: redelivery and
-  reordering never bring back an older state. It says whether the row changed (a pass must
-  then look again: a hold may begin or end).
+  reordering never bring back an older state (``shared.budget_states.keep``, as
+  submission's replica). It says whether the row changed (a pass must then look again: a
+  hold may begin or end).
 - ``load(conn)``: the rows a hold can come from (exhausted, not deleted); ``holding(rows,
   now)`` keeps those that hold now, by (team, project): exhausted in ``now``'s UTC month
   (a state of another month holds nothing, so a new month releases every hold without a
@@ -47,6 +48,7 @@ from typing import Any
 
 import asyncpg
 
+from trainyard_platform.shared import budget_states
 from trainyard_platform.shared.events.payloads import BudgetUpdated
 
 Row = Mapping[str, Any]
@@ -75,30 +77,7 @@ def holds_queued(policy: str, on_exhausted: str) -> bool:
 
 async def apply_state(conn: asyncpg.Connection, state: BudgetUpdated) -> bool:
     """Keep ``state`` unless a newer one is kept already; True when the row changed."""
-    changed = await conn.fetchval(
-        """INSERT INTO budget_states (team, project, month, amount, spent, currency, policy,
-                                      on_exhausted, exhausted, deleted, revision)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
-           ON CONFLICT (team, project) DO UPDATE SET month = EXCLUDED.month,
-               amount = EXCLUDED.amount, spent = EXCLUDED.spent,
-               currency = EXCLUDED.currency, policy = EXCLUDED.policy,
-               on_exhausted = EXCLUDED.on_exhausted, exhausted = EXCLUDED.exhausted,
-               deleted = EXCLUDED.deleted, revision = EXCLUDED.revision
-           WHERE budget_states.revision < EXCLUDED.revision
-           RETURNING true""",
-        state.team,
-        state.project or "",
-        state.month,
-        state.amount,
-        state.spent,
-        state.currency,
-        state.policy,
-        state.on_exhausted,
-        state.exhausted,
-        state.deleted,
-        state.revision,
-    )
-    return bool(changed)
+    return await budget_states.keep(conn, "budget_states", state)
 
 
 async def load(conn: asyncpg.Connection) -> Sequence[Row]:

@@ -6,7 +6,8 @@ Contract:
   ``flavor.retired`` and ``budget.updated`` go to the replicas (``budget.threshold_crossed``
   is logged) (``flavor_replica``,
   ``budget_replica``), anything else to ``dispatch``. Each replica row keeps the highest
-  revision it saw: redelivery and reordering never bring back an older state.
+  revision it saw: redelivery and reordering never bring back an older state (the budget
+  replica through ``shared.budget_states.keep``, as the scheduler's).
 - ``known_flavors(pool, bootstrap)``: the flavors a job may ask for: the bootstrap list
   (the ``flavors`` setting, so a fresh install works before any operator declares one) and
   every flavor the scheduler declared, less those it retired since.
@@ -35,6 +36,7 @@ import asyncpg
 
 from trainyard_platform.services.submission.errors import Conflict
 from trainyard_platform.services.submission.schemas import JobRequest
+from trainyard_platform.shared import budget_states
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import (
     BudgetThresholdCrossed,
@@ -119,28 +121,13 @@ async def _apply_flavor(
     )
 
 
+REPLICA_FIELDS = tuple(f for f in budget_states.FIELDS if f != "on_exhausted")
+"""What ``budget_replica`` keeps of a budget state: admission has no use for what the
+scheduler does with running jobs (``on_exhausted``)."""
+
+
 async def _apply_budget(conn: asyncpg.Connection, state: BudgetUpdated) -> None:
-    await conn.execute(
-        """INSERT INTO budget_replica (team, project, month, amount, spent, currency, policy,
-                                       exhausted, deleted, revision)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-           ON CONFLICT (team, project) DO UPDATE SET month = EXCLUDED.month,
-               amount = EXCLUDED.amount, spent = EXCLUDED.spent,
-               currency = EXCLUDED.currency, policy = EXCLUDED.policy,
-               exhausted = EXCLUDED.exhausted, deleted = EXCLUDED.deleted,
-               revision = EXCLUDED.revision
-           WHERE budget_replica.revision < EXCLUDED.revision""",
-        state.team,
-        state.project or "",
-        state.month,
-        state.amount,
-        state.spent,
-        state.currency,
-        state.policy,
-        state.exhausted,
-        state.deleted,
-        state.revision,
-    )
+    await budget_states.keep(conn, "budget_replica", state, REPLICA_FIELDS)
 
 
 async def known_flavors(pool: asyncpg.Pool, bootstrap: Sequence[str]) -> list[str]:

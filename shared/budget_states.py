@@ -1,0 +1,68 @@
+"""A service's replica of billing's budget states, kept from its ``budget.updated`` events
+(billing owns budgets; submission keeps them for admission, the scheduler to hold queued
+jobs).
+
+Contract:
+- ``keep(conn, table, state, fields)`` writes ``state`` into the replica ``table``, one row
+  per team and project (project ``''`` for the team's own budget, as None says in the event),
+  with its ``revision`` and the payload's ``fields`` in columns of the same names, unless the
+  row already holds that revision or a higher one: redelivery and reordering never bring back
+  an older state. It answers whether the row changed.
+- The table has a primary key (or unique constraint) on ``(team, project)`` and a ``revision``
+  column; ``fields`` are those of ``BudgetUpdated`` a replica keeps (``FIELDS``, the default,
+  is every one): ``ValueError`` for a table that is no plain SQL name or a field that is none
+  of them, before anything is written.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import asyncpg
+
+from trainyard_platform.shared.events.payloads import BudgetUpdated
+
+FIELDS: tuple[str, ...] = (
+    "month",
+    "amount",
+    "spent",
+    "currency",
+    "policy",
+    "on_exhausted",
+    "exhausted",
+    "deleted",
+)
+"""The fields of a ``budget.updated`` besides its key (team, project) and revision."""
+_TABLE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+async def keep(
+    conn: asyncpg.Connection,
+    table: str,
+    state: BudgetUpdated,
+    fields: Sequence[str] = FIELDS,
+) -> bool:
+    """Keep ``state`` in ``table`` unless a newer one is kept already (module contract);
+    True when the row changed."""
+    if not _TABLE.fullmatch(table):
+        raise ValueError(f"table {table!r} is no plain SQL name")
+    unknown = [f for f in fields if f not in FIELDS]
+    if unknown or not fields:
+        raise ValueError(f"fields {unknown or 'none'}: a replica keeps some of {FIELDS}")
+    columns = ["team", "project", *fields, "revision"]
+    values = [state.team, state.project or "", *(getattr(state, f) for f in fields)]
+    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in [*fields, "revision"])
+    changed = await conn.fetchval(
+        f"INSERT INTO {table} ({', '.join(columns)}) "
+        f"VALUES ({', '.join(f'${i}' for i in range(1, len(columns) + 1))}) "
+        f"ON CONFLICT (team, project) DO UPDATE SET {updates} "
+        f"WHERE {table}.revision < EXCLUDED.revision "
+        "RETURNING true",
+        *values,
+        state.revision,
+    )
+    return bool(changed)
+
+
+__all__ = ["FIELDS", "keep"]
