@@ -89,6 +89,7 @@ ERRORS: Final[Mapping[int, str]] = {
     403: "the caller's role, or team, may not do this",
     404: "no such resource (or none the caller's team may see)",
     409: "conflicts with the resource's current state",
+    412: "a precondition the request sets failed (If-None-Match: * of a resource that exists)",
     413: "request body over this endpoint's limit",
     415: "the body must be Content-Type: application/json (UTF-8)",
     422: "invalid input: every bad field named in errors",

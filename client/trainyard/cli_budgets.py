@@ -17,7 +17,9 @@ of the same path. ``--json`` prints billing's answer (``rm``: ``{"removed": {"te
 admin makes at the same time to other fields is kept too): ``budget set ml --amount 2000``
 keeps a ``refuse`` policy. When there is none yet (404), ``set`` creates it with ``PUT`` of
 its options alone, billing defaulting the rest (policy ``warn``, ``on_exhausted``
-``finish``, thresholds 50, 80, 100) or naming what is missing (``amount``). ``--replace``
+``finish``, thresholds 50, 80, 100) or naming what is missing (``amount``); that ``PUT``
+says ``If-None-Match: *``, so a budget another admin created since the patch is not
+replaced: billing answers 412 and ``set`` patches that one instead, once. ``--replace``
 sends only the options with ``PUT`` instead: what they leave out takes its default.
 
 What the command line alone shows to be wrong is a usage error before any request (exit 2):
@@ -167,15 +169,25 @@ def run_set(session: Session) -> int:
         raise CliError(f"give at least one of {options}", Exit.USAGE)
     path = path_of(args.team, args.project)
     billing = session.service("billing")
-    if not args.replace:
+    if args.replace:
+        found = asked("billing", lambda: billing.call("PUT", path, given))
+    else:
         try:
-            found = billing.call("PATCH", path, given)
+            patched = billing.call("PATCH", path, given)
         except TrainyardError as exc:
             if exc.status != 404:
                 raise CliError(f"billing: {exc}", exit_code_of(exc)) from None
         else:
-            return _show_set(session, "set", found)
-    found = asked("billing", lambda: billing.call("PUT", path, given))
+            return _show_set(session, "set", patched)
+        try:
+            # Create it, unless another admin did since the patch: then patch that one.
+            found = billing.call("PUT", path, given, headers={"If-None-Match": "*"})
+        except TrainyardError as exc:
+            if exc.status != 412:
+                raise CliError(f"billing: {exc}", exit_code_of(exc)) from None
+            return _show_set(
+                session, "set", asked("billing", lambda: billing.call("PATCH", path, given))
+            )
     response = getattr(found, "response", None)
     return _show_set(
         session, "created" if response is not None and response.status_code == 201 else "set", found

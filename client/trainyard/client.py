@@ -247,10 +247,14 @@ class TrainyardClient:
                 return amended(answer, **{field: _listed(response, rows), "next": None})
             after = following
 
-    def call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
-        """The JSON object that answers ``method path`` (with a JSON ``body``), for any
-        endpoint whose answer is an object (anything else: ``MalformedAnswer``)."""
-        return self._object(method, path, **({} if body is None else {"json": body}))
+    def call(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """The JSON object that answers ``method path`` (with a JSON ``body`` and
+        ``headers``), for any endpoint whose answer is an object (anything else:
+        ``MalformedAnswer``)."""
+        kwargs = {} if body is None else {"json": body}
+        return _object(self._response(method, path, headers, **kwargs))
 
     def get_all(self, path: str, **params: str | int | None) -> list[dict[str, Any]]:
         """Every row of the plain-list route ``path`` (the scheduler's admin lists, billing's

@@ -18,7 +18,7 @@
   ``GET|PUT|PATCH|DELETE /v1/budgets/{team}`` and ``/v1/budgets/{team}/{project}``: reads
   for the team's users, writes for its admins and operators. Another team's answers 404.
   ``PUT`` creates (201) or replaces (200) the whole budget, what its body leaves out taking
-  its default; ``PATCH`` (a JSON Merge Patch of the ``PUT`` body) changes only the fields it
+  its default (with ``If-None-Match: *`` it only creates: 412 when the budget exists); ``PATCH`` (a JSON Merge Patch of the ``PUT`` body) changes only the fields it
   names, read and written under the budget's lock, so two admins changing different fields
   at once both keep their change (404 when there is none: a patch never creates). A change
   says the budget's state (``budget.updated``) and any threshold the month's spending has
@@ -34,10 +34,10 @@ from typing import Annotated, Any
 import asyncpg
 from litestar import Request, Response, delete, get, patch, post, put
 from litestar.di import NamedDependency
-from litestar.exceptions import NotFoundException
+from litestar.exceptions import HTTPException, NotFoundException
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import PathParameter, QueryParameter
+from litestar.params import HeaderParameter, PathParameter, QueryParameter
 
 from trainyard_platform.services.billing import budget_watch
 from trainyard_platform.services.billing import budgets_repository as budgets_repo
@@ -102,6 +102,16 @@ subject token)."""
 NAME = r"^[A-Za-z0-9._-]{1,100}$"
 TeamPath = Annotated[str, PathParameter(pattern=TEAM, min_length=1, max_length=100)]
 ProjectPath = Annotated[str, PathParameter(pattern=NAME, min_length=1, max_length=100)]
+IfNoneMatch = Annotated[
+    str | None,
+    HeaderParameter(
+        name="If-None-Match",
+        schema_extra={"pattern": r"^\*$"},  # judged by _put, naming the header
+        description="``*``: create the budget only if it does not exist (412 when it does)",
+    ),
+]
+"""A ``PUT`` that must not replace a budget another change made meanwhile (billing gives
+budgets no entity tags, so ``*`` is the one value it understands)."""
 
 
 async def _body(model: type[Any], request: AnyRequest) -> Any:
@@ -353,15 +363,31 @@ def governance_routes(
         return budget_view(budget, spent, now), created
 
     async def _put(
-        request: AnyRequest, principal: Caller, teams: Teams, team: str, project: str | None
+        request: AnyRequest,
+        principal: Caller,
+        teams: Teams,
+        team: str,
+        project: str | None,
+        if_none_match: str | None,
     ) -> Response[BudgetView]:
         team_to_read(principal, team, "budget")
+        if if_none_match is not None and if_none_match.strip() != "*":
+            raise RequestInvalid.one(
+                "If-None-Match",
+                "only * is understood (create only): billing gives budgets no entity tags",
+            )
         body: BudgetRequest = await _body(BudgetRequest, request)
         if principal.is_operator:  # a user's own team exists; an operator's may not
             await teams.require(team, "team")
         now = clock()
         async with pool.acquire() as conn, conn.transaction():
             await budgets_repo.lock(conn, [(team, project)])  # budget_watch: in turns
+            if if_none_match and await budgets_repo.get(conn, team, project) is not None:
+                raise HTTPException(
+                    status_code=412,
+                    detail=f"the budget of {_scope(team, project)} exists already "
+                    "(If-None-Match: *): change it with PATCH, or replace it without the header",
+                )
             view, created = await _write(conn, principal, team, project, body, now)
             await audit.record(
                 conn, principal, "put budget", _scope(team, project), body.model_dump(mode="json")
@@ -402,7 +428,7 @@ def governance_routes(
 
     put_responses = {
         201: ResponseSpec(BudgetView, description="created", generate_examples=False),
-        **error_responses(404, 413, 415, 422),
+        **error_responses(404, 412, 413, 415, 422),
     }
     patch_responses = error_responses(404, 413, 415)
     example = {"amount": "1000", "thresholds": [50, 80, 100], "policy": "warn"}
@@ -424,9 +450,15 @@ def governance_routes(
         responses=put_responses,
     )
     async def put_team_budget(
-        team: TeamPath, request: AnyRequest, principal: Caller, teams: TeamCheck
+        team: TeamPath,
+        request: AnyRequest,
+        principal: Caller,
+        teams: TeamCheck,
+        if_none_match: IfNoneMatch = None,
     ) -> Response[BudgetView]:
-        return await _put(request, principal, teams, team, None)
+        """Create the budget (201) or replace it whole (200); with ``If-None-Match: *``
+        only create it: 412 when it exists, nothing changed."""
+        return await _put(request, principal, teams, team, None, if_none_match)
 
     @put(
         "/v1/budgets/{team:str}/{project:str}",
@@ -440,8 +472,10 @@ def governance_routes(
         request: AnyRequest,
         principal: Caller,
         teams: TeamCheck,
+        if_none_match: IfNoneMatch = None,
     ) -> Response[BudgetView]:
-        return await _put(request, principal, teams, team, project)
+        """As ``PUT /v1/budgets/{team}``, of the project's budget."""
+        return await _put(request, principal, teams, team, project, if_none_match)
 
     @patch(
         "/v1/budgets/{team:str}",

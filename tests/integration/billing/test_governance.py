@@ -533,6 +533,29 @@ async def test_a_budget_patch_is_judged_as_the_put_it_makes(client: httpx.AsyncC
     assert text.status_code == 415
 
 
+async def test_a_put_with_if_none_match_creates_a_budget_and_never_replaces_one(
+    pool: asyncpg.Pool, client: httpx.AsyncClient
+) -> None:
+    """``If-None-Match: *`` makes a ``PUT`` create only: another admin's budget, made since
+    the caller found none, is answered 412 and kept as it is, so that caller can patch it."""
+    create_only = {**ML_ADMIN, "If-None-Match": "*"}
+    made = await client.put("/v1/budgets/ml", json={"amount": "5"}, headers=create_only)
+    assert made.status_code == 201, made.text
+    again = await client.put(
+        "/v1/budgets/ml", json={"amount": "9", "policy": "refuse"}, headers=create_only
+    )
+    assert again.status_code == 412, again.text
+    assert "PATCH" in again.json()["detail"]
+    kept = (await client.get("/v1/budgets/ml", headers=ML_VIEWER)).json()
+    assert (kept["amount"], kept["policy"]) == ("5.000000", "warn")
+    odd = await client.put(
+        "/v1/budgets/ml", json={"amount": "9"}, headers={**ML_ADMIN, "If-None-Match": '"v1"'}
+    )
+    assert odd.status_code == 422 and "If-None-Match" in errors(odd), odd.text
+    actions = await pool.fetch("SELECT action FROM audit_log WHERE target = 'team ml'")
+    assert [r["action"] for r in actions] == ["put budget"]
+
+
 async def test_budgets_are_written_by_the_team_s_admins_and_read_by_its_users(
     client: httpx.AsyncClient,
 ) -> None:

@@ -141,9 +141,36 @@ def test_set_of_a_new_budget_sends_only_its_options(
         ("PATCH", f"{BILLING}/v1/budgets/ml", options),
         ("PUT", f"{BILLING}/v1/budgets/ml", options),
     ]
+    assert api["sent"][1].headers["If-None-Match"] == "*"  # creates, replaces nothing
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "created budget of team ml"
     assert out[2].split()[:4] == ["ml", "-", "2026-12", "1000.00"]
+
+
+def test_set_does_not_replace_a_budget_another_admin_created_since_its_patch(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The patch finds no budget (404), then another admin creates one with a ``refuse``
+    policy. Before, ``set`` then put its options alone and the other admin's budget was
+    replaced (its policy back to ``warn``). Now its ``PUT`` says ``If-None-Match: *``:
+    billing answers 412 and ``set`` patches the budget that is there."""
+    kept: dict[str, Any] = {}
+
+    def route(request: httpx.Request) -> httpx.Response:
+        if request.method == "PATCH" and not kept:
+            kept.update({**BUDGET, "amount": "5.000000"})  # the other admin's, just after
+            return httpx.Response(404, json={"detail": "no budget of team ml", "errors": []})
+        if request.method == "PUT" and request.headers.get("If-None-Match") == "*":
+            return httpx.Response(412, json={"detail": "the budget exists already", "errors": []})
+        kept.update(json.loads(request.content))
+        return httpx.Response(200, json=kept)
+
+    api["route"] = route
+    assert cli.main([*BASE, "budget", "set", "ml", "--amount", "2000"]) == Exit.OK
+    assert [r.method for r in api["sent"]] == ["PATCH", "PUT", "PATCH"]
+    assert api["sent"][1].headers["If-None-Match"] == "*"
+    assert (kept["amount"], kept["policy"], kept["on_exhausted"]) == ("2000", "refuse", "stop")
+    assert capsys.readouterr().out.startswith("set budget of team ml\n")
 
 
 def test_set_of_a_budget_that_exists_patches_only_what_its_options_name(
