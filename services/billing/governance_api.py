@@ -18,9 +18,10 @@
   ``GET|PUT|PATCH|DELETE /v1/budgets/{team}`` and ``/v1/budgets/{team}/{project}``: reads
   for the team's users, writes for its admins and operators. Another team's answers 404.
   ``PUT`` creates (201) or replaces (200) the whole budget, what its body leaves out taking
-  its default (with ``If-None-Match: *`` it only creates: 412 when the budget exists); ``PATCH`` (a JSON Merge Patch of the ``PUT`` body) changes only the fields it
-  names, read and written under the budget's lock, so two admins changing different fields
-  at once both keep their change (404 when there is none: a patch never creates). A change
+  its default (with ``If-None-Match: *`` it only creates: 412 when the budget exists);
+  ``PATCH`` (a JSON Merge Patch of the ``PUT`` body) changes only the fields it names, read
+  and written under the budget's lock, so two admins changing different fields at once
+  both keep their change (404 when there is none: a patch never creates). A change
   says the budget's state (``budget.updated``) and any threshold the month's spending has
   reached already (``budget.threshold_crossed``), through the outbox.
 """
