@@ -22,6 +22,11 @@ it):
   names declares ``merge_patch_request_body(Model)`` (a JSON Merge Patch of the ``PUT``
   body), reads it with ``read_merge_patch`` and judges the document it makes with
   ``patched``, as the ``PUT`` would.
+- A ``PUT`` that creates or replaces, whose caller may first have tried a ``PATCH`` (404:
+  none yet), takes ``If-None-Match: *`` (RFC 9110: create only) as a parameter of type
+  ``IfNoneMatch``, reads it with ``create_only`` and, under the resource's lock, raises
+  ``shared.http_errors.Exists`` (412) when the resource is there: another admin's, made
+  between the two requests, is not replaced. It documents 412 with ``error_responses``.
 
 CORS (``cors_origins``, from ``TRAINYARD_CORS_ORIGINS``): off unless origins are configured;
 then pages of exactly those origins (the web dashboard's) may call the API from a browser.
@@ -47,7 +52,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MethodType
-from typing import Any, Final, TypeVar
+from typing import Annotated, Any, Final, TypeVar
 
 from litestar import Litestar, Request, Router
 from litestar.config.cors import CORSConfig
@@ -64,6 +69,7 @@ from litestar.openapi.spec import (
     Schema,
     SecurityScheme,
 )
+from litestar.params import HeaderParameter
 from litestar.routes import HTTPRoute
 from litestar.types import ControllerRouterHandler, Guard
 from pydantic import BaseModel
@@ -103,6 +109,33 @@ EVERY_ROUTE: Final = (400, 401, 403, 422, 429, 503)
 role or team below the route's, an invalid parameter, the user's rate limit spent (checking
 a user token spends it, on every service), a token that cannot be checked now or a
 dependency that cannot be reached."""
+
+
+IfNoneMatch = Annotated[
+    str | None,
+    HeaderParameter(
+        name="If-None-Match",
+        schema_extra={"pattern": r"^\*$"},  # judged by create_only, naming the header
+        description="``*``: create only; 412 when the resource exists, nothing changed",
+    ),
+]
+"""The ``If-None-Match`` header of a ``PUT`` that must not replace what another change made
+meanwhile (read with ``create_only``)."""
+
+
+def create_only(if_none_match: str | None) -> bool:
+    """Whether a ``PUT``'s ``If-None-Match`` (an ``IfNoneMatch`` parameter) asks it to create
+    only (``*``); absent: False. Any other value is ``RequestInvalid`` naming
+    ``If-None-Match``: Trainyard's resources have no entity tags, so ``*`` is the one value
+    understood."""
+    if if_none_match is None:
+        return False
+    if if_none_match.strip() != "*":
+        raise RequestInvalid.one(
+            "If-None-Match",
+            "only * is understood (create only): these resources have no entity tags",
+        )
+    return True
 
 
 def error_responses(*statuses: int) -> dict[int, ResponseSpec]:

@@ -9,6 +9,8 @@ Contract:
 - ``NameTaken`` (a new name that differs only by case from one that exists, where names are
   unique regardless of case: docs/security.md) answers 409, its message as the detail and
   one error naming the field.
+- ``Exists`` (a create-only ``PUT``, ``If-None-Match: *``, of a resource that exists:
+  ``shared.http_app.create_only``) answers 412, its message as the detail; nothing changed.
 - Litestar's HTTP errors keep their status and detail; a 401 adds ``WWW-Authenticate:
   Bearer``.
 - A service's own exceptions answer the status it maps them to, their message as the detail;
@@ -122,6 +124,19 @@ class NameTaken(Exception):
             f"a {kind} named {existing!r} exists{place}; names differ from it only by case"
         )
         super().__init__(f"{field}: {self.message}")
+
+
+class Exists(Exception):
+    """A ``PUT`` with ``If-None-Match: *`` (create only) found ``what`` there already,
+    another change having made it meanwhile; answered with 412 and left as it is. Its text:
+    ``<what> exists already (If-None-Match: *): change it with PATCH, or replace it without
+    the header``."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"{what} exists already (If-None-Match: *): "
+            "change it with PATCH, or replace it without the header"
+        )
 
 
 # --- validation into field errors ------------------------------------------------------------
@@ -467,6 +482,7 @@ def exception_handlers(
     handlers: ExceptionHandlersMap = {
         RequestInvalid: _invalid,
         NameTaken: _name_taken,
+        Exists: status_handler(412),
         ValidationException: _litestar_invalid,
         HTTPException: http,
         Denied: status_handler(403),

@@ -25,8 +25,11 @@ cohort and quotas; ``--quota``, ``--borrow`` and ``--lend`` change that flavor's
 alone, ``none`` lifts a limit, ``--remove-quota`` drops a flavor's quota, ``--no-cohort``
 leaves the cohort. When there is none yet (404), ``set`` creates it with ``PUT`` (a queue
 then needs ``--team``, a class ``--value`` and ``--preemptible``, or the scheduler names
-what is missing). ``--replace`` sends the whole definition with ``PUT`` instead: what it
-leaves out takes the route's default (no cohort, weight 1, no quotas, an empty description).
+what is missing); that ``PUT`` says ``If-None-Match: *``, so one another admin created since
+the patch is not replaced: the scheduler answers 412 and ``set`` patches it instead, once
+(``cli_base.patch_or_create``). ``--replace`` sends the whole definition with ``PUT``
+instead: what it leaves out takes the route's default (no cohort, weight 1, no quotas, an
+empty description).
 A flavor's or a cohort's only field is its description, so their ``set`` is always a ``PUT``.
 
 What the command line alone shows to be wrong is a usage error before any request (exit 2):
@@ -46,9 +49,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainyard import cli_prices
-from trainyard.cli_base import CliError, Exit, Session, asked, exit_code_of
+from trainyard.cli_base import CliError, Exit, Session, asked, created, patch_or_create
 from trainyard.cli_render import table, time_text
-from trainyard.client import TrainyardError, segment
+from trainyard.client import segment
 
 Row = tuple[object, ...]
 
@@ -387,18 +390,14 @@ def _setter(kind: Kind) -> Callable[[Session], int]:
         scheduler = session.service("scheduler")
         if kind.patch is not None and not args.replace:
             patch = kind.patch(args)  # usage errors before any request
-            try:
-                found = scheduler.call("PATCH", path, patch)
-            except TrainyardError as exc:
-                if exc.status != 404:
-                    raise CliError(f"scheduler: {exc}", exit_code_of(exc)) from None
-            else:
-                return _show_set(session, kind, "set", found)
-        body = kind.body(args)
-        found = asked("scheduler", lambda: scheduler.call("PUT", path, body))
-        response = getattr(found, "response", None)
-        done = "created" if response is not None and response.status_code == 201 else "set"
-        return _show_set(session, kind, done, found)
+            found, made = patch_or_create(
+                "scheduler", scheduler, path, patch, lambda: kind.body(args)
+            )
+        else:
+            body = kind.body(args)
+            found = asked("scheduler", lambda: scheduler.call("PUT", path, body))
+            made = created(found)
+        return _show_set(session, kind, "created" if made else "set", found)
 
     return run
 

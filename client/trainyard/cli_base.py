@@ -173,6 +173,35 @@ def asked(service: str, call: Callable[[], Any]) -> Any:
         raise CliError(f"{service}: {exc}", exit_code_of(exc)) from None
 
 
+def patch_or_create(
+    service: str, client: TrainyardClient, path: str, patch: Any, body: Callable[[], Any]
+) -> tuple[dict[str, Any], bool]:
+    """Change the resource at ``path`` with ``PATCH`` of ``patch`` (only the fields it names);
+    when there is none (404), create it with ``PUT`` of ``body()`` saying ``If-None-Match:
+    *``, so that one another admin created between the two requests is not replaced: on 412
+    patch that one instead, once. The answer and whether it was created (201). A refusal is
+    ``asked``'s one line naming ``service``."""
+    try:
+        return client.call("PATCH", path, patch), False
+    except TrainyardError as exc:
+        if exc.status != 404:
+            raise CliError(f"{service}: {exc}", exit_code_of(exc)) from None
+    sent = body()  # its usage errors only now: a patch needs no whole definition
+    try:
+        found = client.call("PUT", path, sent, headers={"If-None-Match": "*"})
+    except TrainyardError as exc:
+        if exc.status != 412:
+            raise CliError(f"{service}: {exc}", exit_code_of(exc)) from None
+        return asked(service, lambda: client.call("PATCH", path, patch)), False
+    return found, created(found)
+
+
+def created(found: Any) -> bool:
+    """Whether ``found``, an answer of ``TrainyardClient.call``, came with 201 (created)."""
+    response = getattr(found, "response", None)
+    return response is not None and response.status_code == 201
+
+
 @dataclass
 class Session:
     """The API, the token and the output options of one command."""

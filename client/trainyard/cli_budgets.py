@@ -38,9 +38,17 @@ from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from trainyard.cli_base import CliError, Exit, Session, asked, decimal_arg, exit_code_of
+from trainyard.cli_base import (
+    CliError,
+    Exit,
+    Session,
+    asked,
+    created,
+    decimal_arg,
+    patch_or_create,
+)
 from trainyard.cli_render import table, time_text
-from trainyard.client import TrainyardError, segment
+from trainyard.client import segment
 
 POLICIES = ("refuse", "deprioritize", "warn")
 """What submission does with a new job once the budget is spent (billing's ``policy``)."""
@@ -171,27 +179,10 @@ def run_set(session: Session) -> int:
     billing = session.service("billing")
     if args.replace:
         found = asked("billing", lambda: billing.call("PUT", path, given))
+        made = created(found)
     else:
-        try:
-            patched = billing.call("PATCH", path, given)
-        except TrainyardError as exc:
-            if exc.status != 404:
-                raise CliError(f"billing: {exc}", exit_code_of(exc)) from None
-        else:
-            return _show_set(session, "set", patched)
-        try:
-            # Create it, unless another admin did since the patch: then patch that one.
-            found = billing.call("PUT", path, given, headers={"If-None-Match": "*"})
-        except TrainyardError as exc:
-            if exc.status != 412:
-                raise CliError(f"billing: {exc}", exit_code_of(exc)) from None
-            return _show_set(
-                session, "set", asked("billing", lambda: billing.call("PATCH", path, given))
-            )
-    response = getattr(found, "response", None)
-    return _show_set(
-        session, "created" if response is not None and response.status_code == 201 else "set", found
-    )
+        found, made = patch_or_create("billing", billing, path, given, lambda: given)
+    return _show_set(session, "created" if made else "set", found)
 
 
 def _show_set(session: Session, done: str, found: dict[str, Any]) -> int:

@@ -35,10 +35,10 @@ from typing import Annotated, Any
 import asyncpg
 from litestar import Request, Response, delete, get, patch, post, put
 from litestar.di import NamedDependency
-from litestar.exceptions import HTTPException, NotFoundException
+from litestar.exceptions import NotFoundException
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import HeaderParameter, PathParameter, QueryParameter
+from litestar.params import PathParameter, QueryParameter
 
 from trainyard_platform.services.billing import budget_watch
 from trainyard_platform.services.billing import budgets_repository as budgets_repo
@@ -70,13 +70,20 @@ from trainyard_platform.services.billing.report_api import (
 from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import Teams, needs, only_reads
 from trainyard_platform.shared.http_app import (
+    IfNoneMatch,
+    create_only,
     error_responses,
     json_request_body,
     merge_patch_request_body,
     patched,
     read_merge_patch,
 )
-from trainyard_platform.shared.http_errors import RequestInvalid, parse_body, read_json_body
+from trainyard_platform.shared.http_errors import (
+    Exists,
+    RequestInvalid,
+    parse_body,
+    read_json_body,
+)
 from trainyard_platform.shared.identity import Principal, Role
 
 PRICE_FIELD = {
@@ -103,16 +110,6 @@ subject token)."""
 NAME = r"^[A-Za-z0-9._-]{1,100}$"
 TeamPath = Annotated[str, PathParameter(pattern=TEAM, min_length=1, max_length=100)]
 ProjectPath = Annotated[str, PathParameter(pattern=NAME, min_length=1, max_length=100)]
-IfNoneMatch = Annotated[
-    str | None,
-    HeaderParameter(
-        name="If-None-Match",
-        schema_extra={"pattern": r"^\*$"},  # judged by _put, naming the header
-        description="``*``: create the budget only if it does not exist (412 when it does)",
-    ),
-]
-"""A ``PUT`` that must not replace a budget another change made meanwhile (billing gives
-budgets no entity tags, so ``*`` is the one value it understands)."""
 
 
 async def _body(model: type[Any], request: AnyRequest) -> Any:
@@ -372,23 +369,15 @@ def governance_routes(
         if_none_match: str | None,
     ) -> Response[BudgetView]:
         team_to_read(principal, team, "budget")
-        if if_none_match is not None and if_none_match.strip() != "*":
-            raise RequestInvalid.one(
-                "If-None-Match",
-                "only * is understood (create only): billing gives budgets no entity tags",
-            )
+        creating = create_only(if_none_match)
         body: BudgetRequest = await _body(BudgetRequest, request)
         if principal.is_operator:  # a user's own team exists; an operator's may not
             await teams.require(team, "team")
         now = clock()
         async with pool.acquire() as conn, conn.transaction():
             await budgets_repo.lock(conn, [(team, project)])  # budget_watch: in turns
-            if if_none_match and await budgets_repo.get(conn, team, project) is not None:
-                raise HTTPException(
-                    status_code=412,
-                    detail=f"the budget of {_scope(team, project)} exists already "
-                    "(If-None-Match: *): change it with PATCH, or replace it without the header",
-                )
+            if creating and await budgets_repo.get(conn, team, project) is not None:
+                raise Exists(f"the budget of {_scope(team, project)}")
             view, created = await _write(conn, principal, team, project, body, now)
             await audit.record(
                 conn, principal, "put budget", _scope(team, project), body.model_dump(mode="json")

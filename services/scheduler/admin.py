@@ -21,6 +21,9 @@ Contract:
   still heartbeats, or the scheduler has not yet declared it lost) and for one that still
   holds a live allocation or GPU lease (naming the jobs). Retiring a retired node changes
   nothing. Its next heartbeat makes it an ordinary node again (``repo.upsert_node``).
+- ``put_queue`` and ``put_priority_class`` with ``create_only`` (``If-None-Match: *``)
+  create only: one that exists, made by another change since the caller found none, raises
+  ``shared.http_errors.Exists`` (412), judged under the lock, and is kept as it is.
 - ``patch_queue`` and ``patch_priority_class`` change only the fields a JSON Merge Patch
   names (RFC 7396: ``null`` puts a field back to its default); the result is judged as the
   ``PUT`` of it would be, read and written under the lock. A patch never creates (404).
@@ -80,7 +83,7 @@ from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import Teams
 from trainyard_platform.shared.events.payloads import FlavorDeclared, FlavorRetired
 from trainyard_platform.shared.http_app import patched
-from trainyard_platform.shared.http_errors import FieldError, RequestInvalid
+from trainyard_platform.shared.http_errors import Exists, FieldError, RequestInvalid
 from trainyard_platform.shared.identity import Principal
 
 _SHOWN = 5
@@ -286,23 +289,32 @@ async def get_cohort(pool: asyncpg.Pool, name: str) -> CohortView:
 
 
 async def put_queue(
-    pool: asyncpg.Pool, name: str, body: QueueRequest, by: Principal, teams: Teams | None = None
+    pool: asyncpg.Pool,
+    name: str,
+    body: QueueRequest,
+    by: Principal,
+    teams: Teams | None = None,
+    create_only: bool = False,
 ) -> tuple[QueueConfigView, bool]:
-    """Create or replace queue ``name``. A queue for a team the scheduler has never seen (no
-    queue of it, not even the implicit one its first job makes, which came through submission)
-    is checked with ``teams`` once the rest of the request is valid (None: the caller vouches
-    for the team, as the scheduler's own tests do); a queue keeps its team, so replacing one
-    asks nothing."""
+    """Create or replace queue ``name`` (``create_only``: ``Exists`` when there is one). A
+    queue for a team the scheduler has never seen (no queue of it, not even the implicit one
+    its first job makes, which came through submission) is checked with ``teams`` once the
+    rest of the request is valid (None: the caller vouches for the team, as the scheduler's
+    own tests do); a queue keeps its team, so replacing one asks nothing."""
     check_name(name)
     if teams is not None:
         async with pool.acquire() as conn:
             await _check_references(conn, body)
             seen = await admin_repo.queue_of_team(conn, body.team) is not None
             replaced = await admin_repo.queue(conn, name) is not None
+        if create_only and replaced:
+            raise Exists(f"queue {name}")
         # Asked outside the scheduling lock: it is a request to another service.
         if not seen and not replaced:
             await teams.require(body.team, "team")
     async with _writing(pool, by, "put queue", name, body) as conn:
+        if create_only and await admin_repo.queue(conn, name) is not None:
+            raise Exists(f"queue {name}")
         await _check_references(conn, body)
         return await _write_queue(conn, name, body)
 
@@ -427,10 +439,18 @@ async def get_queue(pool: asyncpg.Pool, name: str) -> QueueConfigView:
 
 
 async def put_priority_class(
-    pool: asyncpg.Pool, name: str, body: PriorityClassRequest, by: Principal
+    pool: asyncpg.Pool,
+    name: str,
+    body: PriorityClassRequest,
+    by: Principal,
+    create_only: bool = False,
 ) -> tuple[PriorityClassView, bool]:
+    """Create or replace priority class ``name`` (``create_only``: ``Exists`` when there is
+    one)."""
     check_name(name)
     async with _writing(pool, by, "put priority-class", name, body) as conn:
+        if create_only and await admin_repo.priority_class(conn, name) is not None:
+            raise Exists(f"priority class {name}")
         return await _write_priority_class(conn, name, body)
 
 

@@ -12,7 +12,8 @@ Contract:
 - They read and write PostgreSQL directly, so they work on every replica, leader or not.
 - Admin routes: ``GET /v1/admin/flavors``, ``GET|PUT|DELETE /v1/admin/flavors/{name}``, and
   the same for ``cohorts``, ``queues`` and ``priority-classes``; ``PATCH`` of a queue or a
-  priority class changes only the fields its JSON Merge Patch names (404 when there is none). The four lists come a page at
+  priority class changes only the fields its JSON Merge Patch names (404 when there is none),
+  and their ``PUT`` with ``If-None-Match: *`` only creates (412 when it exists). The four lists come a page at
   a time (``shared.paging``: ``limit`` 1 to ``ADMIN_PAGE_MAX``, default 100, the next page in
   ``Link: <...>; rel="next"``). ``PUT`` creates (201) or
   replaces (200) and returns the resource; ``DELETE`` answers 204, or 409 naming what still
@@ -78,6 +79,8 @@ from trainyard_platform.shared import paging
 from trainyard_platform.shared.access import Teams, needs
 from trainyard_platform.shared.audit import audit_route
 from trainyard_platform.shared.http_app import (
+    IfNoneMatch,
+    create_only,
     error_responses,
     json_request_body,
     merge_patch_request_body,
@@ -108,11 +111,12 @@ def _created(view: Any, created: bool) -> Response[Any]:
     return Response(view, status_code=201 if created else 200)
 
 
-def _put_responses(view: type[Any]) -> dict[int, ResponseSpec]:
+def _put_responses(view: type[Any], *more: int) -> dict[int, ResponseSpec]:
     """A ``PUT``: 201 created besides 200 replaced; 409 when the change contradicts the
-    configuration in place, 413 for a body over ``ADMIN_BODY_MAX_BYTES``."""
+    configuration in place, 413 for a body over ``ADMIN_BODY_MAX_BYTES``; ``more``: its own
+    (412 where it takes ``If-None-Match: *``)."""
     created = ResponseSpec(view, description="created", generate_examples=False)
-    return {201: created, **error_responses(409, 413, 415)}
+    return {201: created, **error_responses(409, 413, 415, *more)}
 
 
 def admin_router(pool: asyncpg.Pool) -> Router:
@@ -196,16 +200,21 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         "/queues/{name:str}",
         opt=needs(Role.OPERATOR),
         operation_class=json_request_body(QueueRequest),
-        responses=_put_responses(QueueConfigView),
+        responses=_put_responses(QueueConfigView, 412),
     )
     async def put_queue(
         name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
         request: AnyRequest,
         principal: Caller,
         teams: TeamCheck,
+        if_none_match: IfNoneMatch = None,
     ) -> Response[QueueConfigView]:
+        """Create the queue (201) or replace it whole (200); with ``If-None-Match: *`` only
+        create it: 412 when it exists, nothing changed."""
+        creating = create_only(if_none_match)
         body = await _body(QueueRequest, request)
-        return _created(*await admin.put_queue(pool, name, body, principal, teams))
+        view, created = await admin.put_queue(pool, name, body, principal, teams, creating)
+        return _created(view, created)
 
     @patch(
         "/queues/{name:str}",
@@ -244,15 +253,18 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         "/priority-classes/{name:str}",
         opt=needs(Role.OPERATOR),
         operation_class=json_request_body(PriorityClassRequest),
-        responses=_put_responses(PriorityClassView),
+        responses=_put_responses(PriorityClassView, 412),
     )
     async def put_class(
         name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
         request: AnyRequest,
         principal: Caller,
+        if_none_match: IfNoneMatch = None,
     ) -> Response[PriorityClassView]:
+        """As ``PUT /v1/admin/queues/{name}``, of a priority class."""
+        creating = create_only(if_none_match)
         body = await _body(PriorityClassRequest, request)
-        return _created(*await admin.put_priority_class(pool, name, body, principal))
+        return _created(*await admin.put_priority_class(pool, name, body, principal, creating))
 
     @patch(
         "/priority-classes/{name:str}",

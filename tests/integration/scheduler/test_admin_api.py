@@ -806,3 +806,40 @@ async def test_a_bad_patch_names_the_field_and_changes_nothing(
     assert response.status_code == 415, response.text
     assert (await http.get("/v1/admin/queues/vision", headers=AUTH)).json() == before
     assert len((await http.get("/v1/audit", headers=AUTH)).json()) == audited
+
+
+async def test_a_put_with_if_none_match_creates_and_never_replaces(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    """``If-None-Match: *`` makes a queue's or a priority class's ``PUT`` create only: one
+    another admin made since the caller's patch found none is answered 412 and kept as it
+    is (before, the ``PUT`` replaced it whole), so that caller can patch it instead."""
+    await known(pool, "vision")
+    assert (await put(http, "cohorts/research", {})).status_code == 201
+    create_only = {**AUTH, "If-None-Match": "*"}
+    for path, first, second in (
+        (
+            "queues/vision",
+            {"team": "vision", "cohort": "research", "weight": 2},
+            {"team": "vision", "weight": 5},
+        ),
+        (
+            "priority-classes/urgent",
+            {"value": 500, "preemptible": False, "min_runtime_seconds": 60},
+            {"value": 7, "preemptible": True},
+        ),
+    ):
+        made = await http.put(f"/v1/admin/{path}", json=first, headers=create_only)
+        assert made.status_code == 201, made.text
+        kept = (await http.get(f"/v1/admin/{path}", headers=AUTH)).json()
+        again = await http.put(f"/v1/admin/{path}", json=second, headers=create_only)
+        assert again.status_code == 412, again.text
+        assert "exists already" in again.json()["detail"] and "PATCH" in again.json()["detail"]
+        assert (await http.get(f"/v1/admin/{path}", headers=AUTH)).json() == kept
+        odd = await http.put(
+            f"/v1/admin/{path}", json=second, headers={**AUTH, "If-None-Match": '"v1"'}
+        )
+        assert "If-None-Match" in fields(odd), odd.text
+    # Only the two creations (and the cohort) were written and audited.
+    actions = [e["action"] for e in (await http.get("/v1/audit", headers=AUTH)).json()]
+    assert sorted(actions) == ["put cohort", "put priority-class", "put queue"]

@@ -116,9 +116,74 @@ def test_queues_set_creates_with_the_whole_definition_when_there_is_none(
     }
     path = f"{SCHEDULER}/v1/admin/queues/ml-prod"
     assert _sent(api) == [("PATCH", path, definition), ("PUT", path, definition)]
+    assert api["sent"][1].headers["If-None-Match"] == "*"  # creates, replaces nothing
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "created queue ml-prod"
     assert out[2].split()[:4] == ["ml-prod", "ml", "research", "2"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "route", "theirs", "defaults"),
+    [
+        (
+            ["queues", "set", "ml-prod", "--team", "ml", "--weight", "3"],
+            "queues/ml-prod",
+            {**QUEUE, "weight": 1.0, "cohort": "research"},
+            {"name": "ml-prod", "cohort": None, "weight": 1.0, "implicit": False, "quotas": {}},
+        ),
+        (
+            ["priority-classes", "set", "hi", "--value", "5", "--preemptible"],
+            "priority-classes/hi",
+            {
+                "name": "hi",
+                "value": 1,
+                "preemptible": False,
+                "min_runtime_seconds": 600.0,
+                "description": "theirs",
+            },
+            {"name": "hi", "min_runtime_seconds": 0.0, "description": ""},
+        ),
+    ],
+)
+def test_set_does_not_replace_one_another_admin_created_since_its_patch(
+    argv: list[str],
+    route: str,
+    theirs: dict[str, Any],
+    defaults: dict[str, Any],
+    api: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The patch finds none (404), then another admin creates it. Before, ``set`` then put
+    its options alone and the other admin's definition was replaced (its cohort, quotas,
+    runtime back to the defaults). Now its ``PUT`` says ``If-None-Match: *``: the scheduler
+    answers 412 and ``set`` patches what is there, once."""
+    kept: dict[str, Any] = {}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.method == "PATCH" and not kept:
+            kept.update(theirs)  # the other admin's, just after
+            return httpx.Response(404, json={"detail": "none", "errors": []})
+        if request.method == "PUT" and request.headers.get("If-None-Match") == "*":
+            return httpx.Response(412, json={"detail": "it exists already", "errors": []})
+        if request.method == "PUT":  # without the header it replaces the whole definition
+            kept.clear()
+            kept.update(defaults)
+        kept.update(json.loads(request.content))
+        return httpx.Response(200, json=kept)
+
+    api["route"] = answer
+    assert cli.main([*BASE, "admin", *argv]) == Exit.OK
+    path = f"{SCHEDULER}/v1/admin/{route}"
+    assert [(method, url) for method, url, _ in _sent(api)] == [
+        ("PATCH", path),
+        ("PUT", path),
+        ("PATCH", path),
+    ]
+    assert api["sent"][1].headers["If-None-Match"] == "*"
+    # What the options name is changed; the rest of the other admin's definition stays.
+    untouched = {k: v for k, v in theirs.items() if k not in _sent(api)[0][2]}
+    assert {k: kept.get(k) for k in untouched} == untouched
+    assert capsys.readouterr().out.startswith("set ")
 
 
 def test_queues_set_changes_only_what_its_options_name(
