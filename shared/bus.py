@@ -47,10 +47,10 @@ Contract:
   error but the ones below), a ``NotYet``, or a hand-back (``NotNow``, a stop, a cancel).
   A first delivery reads nothing; a redelivery reads its record.
 - A real failure leads to a delayed redelivery (``retry_delay_seconds``, doubled per
-  failure); at the ``max_deliver``-th real failure the message is dead-lettered. A
-  ``NotYet`` (an event that follows one not applied yet, which a replica that died may hold)
-  is counted apart and dead-lettered at its ``max_deliver + NOT_YET_EXTRA_DELIVERIES``-th
-  (the last ones each ``ack_wait`` later). Hand-backs, outage waits and redeliveries after a
+  failure, at most ``retry_delay_max_seconds``); at the ``max_deliver``-th real failure the
+  message is dead-lettered. A ``NotYet`` (an event that follows one not applied yet, which
+  a replica that died may hold) is counted apart and dead-lettered at its ``max_deliver +
+  NOT_YET_EXTRA_DELIVERIES``-th (the last ones each ``ack_wait`` later). Hand-backs, outage waits and redeliveries after a
   stop or a crash count toward neither. A message is also dead-lettered at once
   for bytes that are not a valid event, an event whose ``source`` may not send its
   type or that came on another subject than its type, source and routing key give
@@ -1377,7 +1377,7 @@ class Bus:
                 reason,
             )
             delay = (
-                self._settings.retry_delay_seconds * 2 ** (count - 1)
+                self._retry_delay(count)
                 if count < self._settings.max_deliver
                 else self._settings.ack_wait_seconds  # a NotYet past max_deliver
             )
@@ -1439,6 +1439,15 @@ class Bus:
                     asyncio.get_running_loop().time() - started,
                     failures,
                 )
+
+    def _retry_delay(self, failures: int) -> float:
+        """The delay before a message that failed ``failures`` times comes back:
+        ``retry_delay_seconds`` doubled per failure after the first, at most
+        ``retry_delay_max_seconds`` (the exponent is bounded first: 2 ** 1100 is no float)."""
+        return min(
+            self._settings.retry_delay_max_seconds,
+            self._settings.retry_delay_seconds * 2.0 ** min(failures - 1, 64),
+        )
 
     def _outage_delay(self, failures: int) -> float:
         """Capped exponential back-off with jitter: half the step, plus up to another half."""

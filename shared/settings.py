@@ -54,6 +54,11 @@ class PlatformSettings(BaseSettings):
     model_config = SettingsConfigDict(allow_inf_nan=False)
 
 
+RETRY_DELAY_MAX_BOUND = 86_400.0
+"""The largest ``retry_delay_max_seconds`` taken: a day (a redelivery delay of more only
+holds a failed event back from its consumer's operators)."""
+
+
 class NatsSettings(PlatformSettings):
     """How to reach NATS JetStream and how consumers retry."""
 
@@ -94,7 +99,12 @@ class NatsSettings(PlatformSettings):
     """Seconds a delivered message may stay unacknowledged before redelivery (a consumer
     tells JetStream every third of it that the messages in hand are still in progress)."""
     retry_delay_seconds: float = Field(default=0.5, ge=0)
-    """Base delay before a failed message is redelivered (grows per attempt)."""
+    """Base delay before a failed message is redelivered (doubled per real failure, up to
+    ``retry_delay_max_seconds``)."""
+    retry_delay_max_seconds: float = Field(default=600.0, gt=0, le=RETRY_DELAY_MAX_BOUND)
+    """Longest delay before a failed message is redelivered, however many failures it had
+    (the doubling would otherwise run to days with a large ``max_deliver``, and past what
+    JetStream's delay in nanoseconds holds)."""
     outage_retry_initial_seconds: float = Field(default=0.5, gt=0)
     """First pause before a handler that failed for an infrastructure fault (PostgreSQL,
     NATS or the object store unreachable) is tried again; it doubles per failure."""

@@ -338,6 +338,38 @@ async def test_a_failed_event_comes_back_after_a_delay_that_doubles_with_each_fa
     }
 
 
+@pytest.mark.parametrize(
+    ("failures", "settings", "delay"),
+    [
+        (39, {}, 600.0),  # 0.5 s x 2^39: over 8,000 years, past 64 bits in nanoseconds
+        (1999, {}, 600.0),  # 2^1999: no float holds it
+        (20, {"retry_delay_max_seconds": 60}, 60.0),
+        (3, {"retry_delay_max_seconds": 60}, 4.0),  # below the cap it still doubles
+    ],
+)
+async def test_the_delay_before_a_failed_event_comes_back_is_capped(
+    js: FakeJetStream,
+    monkeypatch: pytest.MonkeyPatch,
+    failures: int,
+    settings: dict[str, Any],
+    delay: float,
+) -> None:
+    """With a large ``MAX_DELIVER`` the doubled delay ran to days, then years, and a nak
+    delay past 2^63 nanoseconds (about the 35th failure) or no float at all failed the
+    handling of the event; it stops at ``retry_delay_max_seconds`` (10 minutes unless set)."""
+    bus = make_bus(js, monkeypatch, retry_delay_seconds=0.5, max_deliver=5000, **settings)
+    msg = event_msg(failures + 1)
+    js.record(msg, failures=failures)
+    js.script = [[msg]]
+
+    async def fail(envelope: Envelope[Payload]) -> None:
+        raise ValueError("not yet")
+
+    await consume(bus, js, fail)
+    assert msg.told == [("nak", delay)]
+    assert dead_letters(js) == []
+
+
 @pytest.mark.parametrize("outcome", ["handed_back", "unfinished"])
 async def test_deliveries_that_were_no_failure_of_the_handler_count_toward_no_limit(
     js: FakeJetStream, monkeypatch: pytest.MonkeyPatch, outcome: str

@@ -267,3 +267,20 @@ def test_every_service_names_a_bad_otel_variable_before_it_starts(
     err = capsys.readouterr().err
     assert f"invalid setting {variable}: " in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("value", ["0", "86401", "inf"])
+def test_a_redelivery_delay_cap_past_a_day_or_none_is_named(
+    value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``TRAINYARD_NATS_RETRY_DELAY_MAX_SECONDS`` bounds the doubling redelivery delay; a
+    cap of nothing, or of more than a day, is refused at start naming it."""
+    monkeypatch.setenv("TRAINYARD_NATS_RETRY_DELAY_MAX_SECONDS", value)
+
+    with pytest.raises(SystemExit) as exited:
+        serve_from_command_line("billing", "test", Settings, _must_not_serve, [])
+
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid setting TRAINYARD_NATS_RETRY_DELAY_MAX_SECONDS:" in err
+    assert "Traceback" not in err
