@@ -1392,20 +1392,26 @@ class Bus:
     ) -> T:
         """``attempt()``, again and again while it fails with an infrastructure fault, with
         capped exponential back-off and jitter; the consumer counts as paused meanwhile.
-        Other errors propagate; ``_Stopped`` when ``stop`` is set during an outage."""
+        Other errors propagate; ``_Stopped`` when ``stop`` is set during an outage. After a
+        pause its last line says how the pause ended: ``resumed`` (a try succeeded),
+        ``stopped while paused``, ``cancelled while paused`` or ``outage over, the next try
+        failed (<error type>)``."""
         failures = 0
-        stopped = False
+        ended = "stopped while paused,"  # what the last line says, unless the end is another
         started = asyncio.get_running_loop().time()
         try:
             while True:
                 try:
-                    return await attempt()
+                    result = await attempt()
+                except asyncio.CancelledError:
+                    ended = "cancelled while paused,"
+                    raise
                 except Exception as exc:
                     fault = infrastructure_fault(exc)
                     if fault is None:
+                        ended = f"outage over, the next try failed ({type(exc).__name__}),"
                         raise
                     if stop.is_set():
-                        stopped = True
                         raise _Stopped from exc
                     failures += 1
                     self._outage_retries.add(1, {"consumer": consumer})
@@ -1421,21 +1427,28 @@ class Bus:
                         fault,
                         delay,
                     )
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(delay):
-                            await stop.wait()
+                    try:
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(delay):
+                                await stop.wait()
+                    except asyncio.CancelledError:
+                        ended = "cancelled while paused,"
+                        raise
                     if stop.is_set():
-                        stopped = True
                         raise _Stopped from exc
+                else:
+                    ended = "resumed"
+                    return result
         finally:
             if failures:
                 self._paused.pop(consumer, None)
                 self._paused_metric.add(-1, {"consumer": consumer})
                 log.warning(
-                    # A stop during the outage is no resumption (the event is handed back).
+                    # Only a try that succeeded resumes: a stop, a cancel or an error of the
+                    # try's own ends the pause otherwise, and the line says which.
                     "%s: %s after %.1f s and %d retries",
                     consumer,
-                    "stopped while paused," if stopped else "resumed",
+                    ended,
                     asyncio.get_running_loop().time() - started,
                     failures,
                 )

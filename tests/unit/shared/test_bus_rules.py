@@ -307,6 +307,67 @@ async def test_a_consumer_stopped_while_paused_says_so_not_that_it_resumed(
     assert quick_bus.paused == {}
 
 
+@pytest.mark.parametrize("where", ["waiting", "trying"])
+async def test_a_consumer_cancelled_while_paused_says_so_not_that_it_resumed(
+    quick_bus: Bus, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A task cancelled during an outage (between tries, or in a try that hangs): its last
+    line said 'resumed after ... s and N retries', though nothing had resumed."""
+    tries: list[int] = []
+    hung = asyncio.Event()
+
+    async def attempt() -> str:
+        tries.append(1)
+        if len(tries) == 3 and where == "trying":
+            hung.set()
+            await asyncio.Event().wait()  # the third try hangs until cancelled
+        raise ConnectionRefusedError(111, "refused")
+
+    delay = 3600.0 if where == "waiting" else 0.001  # waiting: cancelled between tries
+    monkeypatch.setattr(quick_bus, "_outage_delay", lambda failures: delay)
+    with caplog.at_level(logging.INFO, logger="trainyard_platform.shared.bus"):
+        task = asyncio.create_task(quick_bus._through_outages("c", attempt, asyncio.Event()))
+        if where == "trying":
+            await hung.wait()
+        else:
+            while quick_bus.paused == {}:
+                await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    messages = [r.getMessage() for r in caplog.records if r.name == "trainyard_platform.shared.bus"]
+    assert not any("resumed" in m for m in messages), messages
+    retries = 2 if where == "trying" else 1
+    assert messages[-1].startswith("c: cancelled while paused, after "), messages
+    assert messages[-1].endswith(f" and {retries} retries"), messages
+    assert quick_bus.paused == {}
+
+
+async def test_an_error_of_its_own_after_an_outage_is_no_resumption(
+    quick_bus: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The outage ends but the try then fails for a reason of its own: the line says the
+    outage is over and that try failed, not that the consumer resumed."""
+    tries: list[int] = []
+
+    async def attempt() -> str:
+        tries.append(1)
+        if len(tries) == 1:
+            raise ConnectionRefusedError(111, "refused")
+        raise ValueError("bad row")
+
+    with (
+        caplog.at_level(logging.INFO, logger="trainyard_platform.shared.bus"),
+        pytest.raises(ValueError, match="bad row"),
+    ):
+        await quick_bus._through_outages("c", attempt, asyncio.Event())
+    messages = [r.getMessage() for r in caplog.records if r.name == "trainyard_platform.shared.bus"]
+    assert not any("resumed" in m for m in messages), messages
+    assert messages[-1].startswith("c: outage over, the next try failed (ValueError), after ")
+    assert quick_bus.paused == {}
+
+
 async def test_the_paused_map_is_a_copy(quick_bus: Bus) -> None:
     quick_bus._paused["c"] = "down"
     view = quick_bus.paused
