@@ -54,7 +54,6 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -90,7 +89,7 @@ from trainyard.cli_base import (
 from trainyard.cli_deadletters import add_deadletter_commands, run_deadletters
 from trainyard.cli_jobs import LogFollower, status_arg, upload_code
 from trainyard.cli_render import table
-from trainyard.client import TrainyardClient, TrainyardError
+from trainyard.client import TrainyardClient, TrainyardError, client_version
 from trainyard.spec import SpecError, schema_text
 
 __all__ = ["LogFollower", "main", "upload_code"]
@@ -492,10 +491,7 @@ def _schema(session: Session) -> int:
 
 
 def _version(session: Session) -> int:
-    try:
-        version = metadata.version("trainyard")
-    except metadata.PackageNotFoundError:
-        version = "unknown"
+    version = client_version() or "unknown"
     session.emit({"client": version}, lambda: f"trainyard {version}")
     return Exit.OK
 

@@ -28,6 +28,7 @@ import re
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -465,6 +466,15 @@ class TrainyardClient:
         raise refusal(response)
 
 
+def client_version() -> str | None:
+    """The installed ``trainyard`` distribution's version (None when it is not installed:
+    run from a source tree)."""
+    try:
+        return metadata.version("trainyard")
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def refusal(response: httpx.Response) -> TrainyardError:
     """The ``TrainyardError`` of a non-2xx ``response``, whatever its body.
 
@@ -474,20 +484,41 @@ def refusal(response: httpx.Response) -> TrainyardError:
     is no Trainyard API's answer: the message names the request and what came back, so a
     wrong URL is not read as, say, "404 Not Found" of a job (an answer to ``HEAD``, which
     has no body, is its status alone). So is a 404 whose detail is the bare "Not Found" a
-    service answers for a path it has no route for (another service's URL). Error items of another shape
+    service answers for a path it has no route for (another service's URL, or a service
+    older than this client), and a 405 whose detail is the bare "Method Not Allowed" (a
+    method of a path the service lacks: it may be older than this client; the methods its
+    ``Allow`` names are said). Both name the client's version. Error items of another shape
     become strings rather than failing the command, and every text is made safe to print
     (``printable``)."""
     body = _json(response, default={}) if response.content else {}
     detail = body.get("detail") if isinstance(body, dict) else None
     wait = retry_after(response.headers.get("Retry-After"))
     url = response.request.url.copy_with(query=None, fragment=None)
+    method = response.request.method
+    cli = f"this CLI (trainyard {client_version() or 'of unknown version'})"
     if response.status_code == 404 and detail == "Not Found" and not body.get("errors"):
         # The bare detail a platform service answers for a path none of its routes has
-        # (every missing thing is named: "no model 'x' ..."): a URL of another service.
+        # (every missing thing is named: "no model 'x' ..."): a URL of another service, or
+        # a service older than the route.
         return TrainyardError(
             404,
-            f"Not Found from {response.request.method} {url}: this server has no such route "
-            "(the URL of another service, or of no Trainyard API: is the URL right?)",
+            f"Not Found from {method} {url}: this server has no such route (the URL of "
+            "another service, or of no Trainyard API: is the URL right? Or the service is "
+            f"older than {cli} and lacks it)",
+            retry_after=wait,
+        )
+    if response.status_code == 405 and detail == "Method Not Allowed" and not body.get("errors"):
+        # A platform service's answer to a method its path does not have: a path an older
+        # service has, asked with a method added since (PATCH of what only had PUT).
+        allowed = [m.strip() for m in response.headers.get("Allow", "").split(",")]
+        allows = ", ".join(printable(m, 20) for m in allowed if m and m != "OPTIONS")
+        server = str(url.copy_with(path="/")).rstrip("/")
+        said = f" (it allows {allows})" if allows else ""
+        return TrainyardError(
+            405,
+            f"Method Not Allowed from {method} {url}: the service at {server} has no "
+            f"{method} of this path{said}: it may be older than {cli}; upgrade it, or use a "
+            "CLI of its version",
             retry_after=wait,
         )
     if isinstance(detail, str) and detail.strip():

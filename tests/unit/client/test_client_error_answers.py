@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from trainyard import cli
-from trainyard.client import ERROR_TEXT_MAX, TrainyardClient, TrainyardError
+from trainyard.client import ERROR_TEXT_MAX, TrainyardClient, TrainyardError, client_version
 
 from .conftest import routed_api
 
@@ -141,3 +141,41 @@ def test_a_route_the_server_does_not_have_names_the_request_and_the_url() -> Non
     # A thing that does not exist is still said as the service says it.
     missing = json.dumps({"detail": "job abc not found", "errors": []}).encode()
     assert str(_refused(404, missing)) == "404 job abc not found"
+
+
+def test_a_route_the_server_lacks_may_be_of_a_service_older_than_the_cli() -> None:
+    """A new CLI asking an older service for a route it lacks read only ``404 Not Found``
+    (the path is new) or ``405 Method Not Allowed`` (a new method of an old path, as
+    ``PATCH`` of a budget): now the line says the service may be older than this CLI,
+    naming the CLI's version, and what the path allows."""
+    version = client_version()
+    assert version  # the installed distribution's
+    route = json.dumps({"detail": "Not Found", "errors": []}).encode()
+    error = _refused(404, route, {"content-type": "application/json"})
+    assert f"older than this CLI (trainyard {version})" in str(error)
+    method = json.dumps({"detail": "Method Not Allowed", "errors": []}).encode()
+    error = _refused(405, method, {"content-type": "application/json", "allow": "PUT, OPTIONS"})
+    assert error.status == 405
+    assert str(error) == (
+        "405 Method Not Allowed from GET http://api.test/v1/jobs/abc: the service at "
+        "http://api.test has no GET of this path (it allows PUT): it may be older than this "
+        f"CLI (trainyard {version}); upgrade it, or use a CLI of its version"
+    )
+
+
+def test_the_cli_says_an_older_service_lacks_the_route_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = routed_api(
+        tmp_path,
+        monkeypatch,
+        {"TRAINYARD_URL": "http://api.test", "TRAINYARD_BILLING_URL": "http://billing.test"},
+    )
+    method = {"detail": "Method Not Allowed", "errors": []}
+    state["route"] = lambda r: httpx.Response(405, json=method, headers={"allow": "GET, PUT"})
+    argv = ["--token", "ty_a", "budget", "set", "ml", "--amount", "10"]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("trainyard: error: billing: 405 Method Not Allowed from PATCH ")
+    assert "may be older than this CLI (trainyard " in err
+    assert "Traceback" not in err and len(err.splitlines()) == 1
