@@ -31,7 +31,8 @@ exactly what the runner verified, and ``resumed_from`` names what was really loa
 checkpoint the store cannot serve now (an outage: ``bus.infrastructure_fault``, such as a
 store folder on a mount that does not answer) is no unusable checkpoint: the error is
 raised, and the launch fetches again once the store answers, rather than the job
-resuming from an older one.
+resuming from an older one. Nor is one larger by its manifest than the job's disk allowance
+(``ResumeTooLarge``, before any download): the job fails as its own fault.
 
 Each ``commit_staged`` is a ``checkpoint upload`` span (kind ``CLIENT``) in the job's trace
 (``parent``: the context its events are published in): the job id, step and attempt, the
@@ -311,13 +312,31 @@ def complete_folders(store: ObjectStore) -> list[tuple[int, int, str]]:
     return sorted(found)
 
 
-def stage_resume(store: ObjectStore, staging: Path) -> CheckpointRef | None:
+class ResumeTooLarge(Exception):
+    """The newest usable checkpoint is larger, by its manifest, than the job may hold on
+    disk (``max_bytes`` of ``stage_resume``): it is not downloaded."""
+
+    def __init__(self, step: int, size_bytes: int, max_bytes: int) -> None:
+        super().__init__(f"checkpoint of step {step} is {size_bytes} bytes, over {max_bytes}")
+        self.step = step
+        self.size_bytes = size_bytes
+        self.max_bytes = max_bytes
+
+
+def stage_resume(
+    store: ObjectStore, staging: Path, max_bytes: int | None = None
+) -> CheckpointRef | None:
     """Download the newest checkpoint that matches its manifest into ``staging`` (the SDK's
-    layout); returns its reference in the store, or None when there is none."""
+    layout); returns its reference in the store, or None when there is none. One whose
+    manifest says more than ``max_bytes`` (None: no bound) raises ``ResumeTooLarge`` before
+    a byte of it is downloaded; no older one is taken instead, which would drop the job's
+    newer steps unsaid."""
     for step, _attempt, folder in reversed(complete_folders(store)):
         try:
             manifest = Manifest.model_validate_json(store.get_bytes(f"{folder}/{MANIFEST_NAME}"))
             object_key = validate_key(manifest.object)
+            if max_bytes is not None and manifest.size_bytes > max_bytes:
+                raise ResumeTooLarge(step, manifest.size_bytes, max_bytes)
             local = staging / staged_folder(step)
             store.get_file(object_key, local / OBJECT_NAME)
             size = (local / OBJECT_NAME).stat().st_size

@@ -46,7 +46,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainyard_platform.services.runner import checkpoints
+from trainyard_platform.services.runner import checkpoints, disk_watch
 from trainyard_platform.services.runner.cgroups import (
     JobCgroup,
     NodeCgroups,
@@ -225,18 +225,37 @@ def fetch(
         raise NodeFault(f"could not make the job's sandbox on this node: {exc}") from exc
     # What the job asked for: its failures say whose fault they are (``sandbox``).
     code_id = fetch_code(grant.spec, store, box, settings.job_max_processes)
+    return Fetched(box, code_id, resume_from(grant, settings, store, box.checkpoints))
+
+
+def resume_from(
+    grant: AllocationGranted, settings: Settings, store: ObjectStore, staging: Path
+) -> CheckpointRef | None:
+    """Stage the job's newest usable checkpoint in ``staging`` (``checkpoints.stage_resume``);
+    its reference, None when it has none. One larger by its manifest than the job's disk
+    allowance (``job_disk_gib``; 0: none) is a ``JobInputError`` naming both sizes, raised
+    before the download: restored, it would fill the sandbox before the job ran, and no
+    node with that allowance could hold it."""
+    limit = int(settings.job_disk_gib * disk_watch.GIB) or None
     try:
-        resumed_from = checkpoints.stage_resume(
+        return checkpoints.stage_resume(
             open_store(store.uri_for(checkpoints.job_prefix(grant.job_id)), settings.storage),
-            box.checkpoints,
+            staging,
+            limit,
         )
+    except checkpoints.ResumeTooLarge as exc:
+        raise JobInputError(
+            f"checkpoint: the job's checkpoint of step {exc.step}, to resume from, is "
+            f"{disk_watch.gib(exc.size_bytes)} ({exc.size_bytes} bytes by its manifest), over "
+            f"its disk limit of {disk_watch.gib(exc.max_bytes)} ({exc.max_bytes} bytes, "
+            f"{disk_watch.SETTING}): not downloaded"
+        ) from None
     except Exception as exc:
         if infrastructure_fault(exc) is not None:
             raise  # the store away: the grant comes again
         # A checkpoint that is unusable is skipped (``stage_resume``): what is left is the
         # store refusing this node (its credentials) or this node's disk.
         raise NodeFault(f"could not fetch the job's checkpoint to resume from: {exc}") from exc
-    return Fetched(box, code_id, resumed_from)
 
 
 def job_cgroup(

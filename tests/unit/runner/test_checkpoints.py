@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from trainyard_platform.services.runner.checkpoints import (
+    ResumeTooLarge,
     StagedCheckpointInvalid,
     apply_retention,
     commit_staged,
@@ -244,3 +245,28 @@ def test_a_sparse_checkpoint_within_the_cap_is_copied_with_its_holes(
     [copy] = copies
     assert copy.st_size == apparent
     assert copy.st_blocks * 512 < 1024**2, "the private copy was written dense"
+
+
+def test_a_checkpoint_larger_than_the_allowance_is_refused_before_its_download(
+    tmp_path: Path,
+) -> None:
+    """Its manifest gives its size: a checkpoint over ``max_bytes`` (the job's disk
+    allowance) raised nothing and was downloaded whole, filling the node's disk. It is
+    refused now, naming the step and both sizes, and nothing is downloaded; an older one
+    that fits is not taken instead (the job would lose its newer steps unsaid)."""
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    stage(staging, 5, b"x" * 10)
+    commit_staged(staging, 5, store, attempt=1)
+    stage(staging, 9, b"x" * 4096)
+    commit_staged(staging, 9, store, attempt=1)
+    resume = tmp_path / "resume"
+    with pytest.raises(ResumeTooLarge) as refused:
+        stage_resume(store, resume, max_bytes=4095)
+    assert (refused.value.step, refused.value.size_bytes, refused.value.max_bytes) == (
+        9,
+        4096,
+        4095,
+    )
+    assert not resume.exists() or list(resume.rglob("*.pt")) == []
+    ref = stage_resume(store, resume, max_bytes=4096)  # one that fits is staged as ever
+    assert ref is not None and ref.step == 9

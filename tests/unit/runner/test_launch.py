@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from trainyard_platform.services.runner import launch
+from trainyard_platform.services.runner import checkpoints, disk_watch, launch
 from trainyard_platform.services.runner.cgroups import CpuLimit, JobCgroup
+from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.environments import JobEnvironment
 from trainyard_platform.services.runner.gpus import GpuInventory, virtual_inventory
 from trainyard_platform.services.runner.sandbox import (
@@ -21,6 +24,7 @@ from trainyard_platform.services.runner.sandbox import (
 )
 from trainyard_platform.shared.control import JobRuntimeEnv
 from trainyard_platform.shared.events.payloads import AllocationGranted, GangMember, JobSpec
+from trainyard_platform.shared.storage import LocalStore
 
 GRANT = AllocationGranted(
     allocation_id="alloc-1",
@@ -315,3 +319,41 @@ def test_a_program_the_node_may_lack_stays_the_platforms_but_never_counts(
     argv = ["/envs/gone/bin/python", "-m", "examples.digits_cnn"]
     assert launch.spawn_problem(GRANT.spec, argv, _spawn_error(argv, tmp_path)) is None
     assert launch.spawn_problem(GRANT.spec, argv, RuntimeError("preexec")) is None
+
+
+def test_a_checkpoint_over_the_jobs_disk_limit_fails_it_up_front_as_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job resumed from a checkpoint larger than its disk allowance
+    (``TRAINYARD_RUNNER_JOB_DISK_GIB``) downloaded it whole into its sandbox before it ran,
+    filling the disk. Its manifest says its size: the job fails before the download, as
+    ``user_error`` naming both sizes, and it never counts against the node."""
+    store = LocalStore(tmp_path / "store")
+    staging = tmp_path / "staging"
+    data = b"w" * 4096
+    folder = staging / "step-00000007"
+    folder.mkdir(parents=True)
+    (folder / "checkpoint.pt").write_bytes(data)
+    manifest = {
+        "step": 7,
+        "object": "step-00000007/checkpoint.pt",
+        "size_bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    job_store = LocalStore(tmp_path / "store" / checkpoints.job_prefix(GRANT.job_id))
+    checkpoints.commit_staged(staging, 7, job_store, attempt=1)
+    box = tmp_path / "box"
+    monkeypatch.setenv("TRAINYARD_RUNNER_ADMIN_TOKEN", "op-token")
+    small = Settings(job_disk_gib=1000 / disk_watch.GIB)  # 1000 bytes
+    with pytest.raises(launch.JobInputError) as refused:
+        launch.resume_from(GRANT, small, store, box)
+    said = str(refused.value)
+    assert "step 7" in said and "4096 bytes" in said and "TRAINYARD_RUNNER_JOB_DISK_GIB" in said
+    assert failure_kind(refused.value) == "user_error"
+    assert not counts_against_node(refused.value)
+    assert not box.exists() or list(box.rglob("*.pt")) == []
+    # Within the limit (or with none: 0) it is staged as ever.
+    for roomy in (Settings(job_disk_gib=1.0), Settings(job_disk_gib=0)):
+        ref = launch.resume_from(GRANT, roomy, store, box)
+        assert ref is not None and ref.step == 7
