@@ -145,9 +145,21 @@ class _Explainer:
         # caches per those), so the finished explanation is too, but for its position --
         # unless it is the one whose try to preempt reservations stopped (``reserved_ahead``).
         by_request: dict[tuple[str, str, int], Parts] = {}
+        # A held job is explained by its holder alone (``parts``): the holder is of its queue
+        # and flavor, so of its team, and its estimate is the holder's quota estimate, which
+        # ``quota`` records once per request and never changes. Once that is recorded, every
+        # job one holder holds gets the same finished explanation but for its position (at
+        # 10,000 nodes, 56,836 held jobs behind 950 holders).
+        by_holder: dict[str, Parts] = {}
         reclaiming = self._reclaiming  # (filled as jobs waiting for reclaim are explained)
         for w in waiting:
             job = w.job
+            holder = w.holder if w.kind == "held" and not w.reserved_ahead else None
+            if holder is not None:
+                done = by_holder.get(holder.job_id)
+                if done is not None:
+                    out[job.job_id] = Explanation(w.position, *done)
+                    continue
             # (What a job may not reclaim depends on the job, not on its request alone:
             # ``_spared``, asked only of a request in ``reclaiming``.)
             request = (job.queue, job.flavor, job.gpus)
@@ -179,7 +191,15 @@ class _Explainer:
             out[job.job_id] = Explanation(w.position, shown[0], shown[1], suggestion, start)
             if alone and not self._spared(job):  # (known once its request was explained)
                 by_request[request] = (shown[0], shown[1], suggestion, start)
+            elif holder is not None and self._holder_estimated(holder):
+                by_holder[holder.job_id] = (shown[0], shown[1], suggestion, start)
         return out
+
+    def _holder_estimated(self, holder: PendingJob) -> bool:
+        """Whether ``holder``'s quota estimate is recorded (``quota``), as a job it holds
+        reads it (``parts``)."""
+        borrows = self.state.borrows(holder)
+        return (holder.queue, holder.flavor, holder.gpus, borrows) in self._quota
 
     def _seen_by(
         self, reason: str, blocking: str, own: str | None, team_of: Mapping[str, str]
