@@ -44,6 +44,7 @@ waits; the next full pass reconsiders it with everyone else.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import gc
@@ -188,6 +189,9 @@ class PolicyState:
         self._fit_now: dict[
             tuple[str, Shape], tuple[int, tuple[backfill.Reservation, ...], float]
         ] = {}
+        self._gang_limits: dict[tuple[str, int], tuple[int, list[float]]] = {}
+        """(flavor, GPUs per node) -> the pool's version and the sorted limits of the nodes
+        with that many free (``_find``)."""
         self._level_cache: dict[tuple[str, int, float], float] = {}
         self._judged: dict[str, tuple[int, bool]] = {}
         self._candidates: dict[tuple[str, str, str, int], list[Candidate]] = {}
@@ -571,7 +575,15 @@ class PolicyState:
         pool is unchanged (no GPUs taken, no reservation made: each bumps the version), a
         search for the same shapes ending at ``end`` or later fails too, because
         ``backfill.allows`` only refuses more nodes as ``end`` grows and a search fails when
-        too few nodes are allowed (one node; ``count`` in a domain or in all)."""
+        too few nodes are allowed (one node; ``count`` in a domain or in all).
+
+        A gang search that failed also leaves, for its pool's ``version`` and GPUs per node,
+        the sorted limits (``_limit``) of the nodes with that many free: a later gang of
+        that many per node, ending at any ``end``, is allowed on as many nodes as have a
+        limit of at least ``end``, and fails without a search when they are fewer than its
+        node count (``find`` gives only nodes it is allowed on). At 10,000 nodes, about 800
+        failing gang searches a pass walked every node with room (often twice: in one
+        domain, then across), at about 190 distinct versions and sizes."""
         key = (pool.flavor, shapes)
         failed = self._no_fit.get(key)
         if failed is not None and failed[0] == pool.version and end >= failed[1]:
@@ -580,9 +592,23 @@ class PolicyState:
         # (a partial, not a closure: it is called for every reserved node a search meets)
         allow = functools.partial(backfill.allows, end=end)
         for shape in shapes:
+            count, per_node = shape
+            if count > 1:
+                limits = self._gang_limits.get((pool.flavor, per_node))
+                if (
+                    limits is not None
+                    and limits[0] == pool.version
+                    and len(limits[1]) - bisect.bisect_left(limits[1], end) < count
+                ):
+                    continue  # fewer than ``count`` nodes allow it: ``find`` fails
             nodes = pool.find(shape, allow)
             if nodes is not None:
                 return nodes, shape[1]
+            if count > 1:
+                self._gang_limits[(pool.flavor, per_node)] = (
+                    pool.version,
+                    sorted(_limit(node, per_node) for node in pool.with_free(per_node)),
+                )
         if failed is None or failed[0] != pool.version or end < failed[1]:
             self._no_fit[key] = (pool.version, end)
         return None
@@ -771,6 +797,18 @@ class PolicyState:
     def decisions(self) -> Decisions:
         explanations = explain_all(self, self.waiting)
         return Decisions(tuple(self.placements), tuple(self.preemptions), explanations)
+
+
+def _limit(node: NodeSlot, gpus: int) -> float:
+    """The latest end until which ``backfill.allows`` lets a job take ``gpus`` of ``node``
+    now: the earliest start of its reservations whose slack there is under ``gpus`` (a job
+    ending after it would delay that one); infinite when there is none."""
+    limit = float("inf")
+    node_id = node.node_id
+    for r in node.reservations:
+        if r.slack[node_id] < gpus and r.start < limit:
+            limit = r.start
+    return limit
 
 
 COLLECT_AFTER = 100_000
