@@ -28,7 +28,7 @@ import heapq
 import itertools
 import operator
 import re
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -141,10 +141,10 @@ class _Explainer:
         # ~27,000 (one per text and reading team).
         generic: dict[tuple[str, str], tuple[frozenset[str], str, str]] = {}
         seen: dict[tuple[str, str, str], tuple[str, str]] = {}
-        # A job waiting for quota is explained by its queue, flavor and size alone (``quota``
-        # caches per those), so the finished explanation is too, but for its position --
-        # unless it is the one whose try to preempt reservations stopped (``reserved_ahead``).
-        by_request: dict[tuple[str, str, int], Parts] = {}
+        # A job waiting for quota is explained by its request alone (``quota_request``), so
+        # the finished explanation is too, but for its position -- unless it is the one
+        # whose try to preempt reservations stopped (``reserved_ahead``).
+        by_request: dict[Hashable, Parts] = {}
         # A held job is explained by its holder alone (``parts``): the holder is of its queue
         # and flavor, so of its team, and its estimate is the holder's quota estimate, which
         # ``quota`` records once per request and never changes. Once that is recorded, every
@@ -169,7 +169,8 @@ class _Explainer:
                 and (request not in reclaiming or not self._spared(job))
             )
             if alone:
-                done = by_request.get(request)
+                shared = self.quota_request(job)
+                done = by_request.get(shared)
                 if done is not None:
                     out[job.job_id] = Explanation(w.position, *done)
                     continue
@@ -190,10 +191,17 @@ class _Explainer:
             # (Made once, with the texts as its reader sees them.)
             out[job.job_id] = Explanation(w.position, shown[0], shown[1], suggestion, start)
             if alone and not self._spared(job):  # (known once its request was explained)
-                by_request[request] = (shown[0], shown[1], suggestion, start)
+                by_request[shared] = (shown[0], shown[1], suggestion, start)
             elif holder is not None and self._holder_estimated(holder):
                 by_holder[holder.job_id] = (shown[0], shown[1], suggestion, start)
         return out
+
+    def quota_request(self, job: PendingJob) -> Hashable:
+        """What the explanation of ``job``'s wait for quota depends on, its position apart:
+        its queue, flavor and GPUs, and whether it may borrow (``quota`` caches per those;
+        a job that never borrows is told so, and its estimate counts no loan). Jobs with
+        the same request share one explanation in ``run``."""
+        return (job.queue, job.flavor, job.gpus, self.state.borrows(job))
 
     def _holder_estimated(self, holder: PendingJob) -> bool:
         """Whether ``holder``'s quota estimate is recorded (``quota``), as a job it holds
