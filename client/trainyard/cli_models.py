@@ -451,7 +451,8 @@ def run_download(session: Session) -> int:
 
 def fetch_verified(registry: TrainyardClient, where: dict[str, Any], output: Path) -> int:
     """Download ``where['url']`` into ``output`` (bytes counted); keep the file only when its
-    size and sha256 are ``where``'s. Raises ``CliError`` and leaves no new file otherwise."""
+    size and sha256 are ``where``'s. Raises ``CliError`` and leaves no new file otherwise,
+    reading no more than ``where['size_bytes']`` and a chunk."""
     # Through links to what they name: the verified file is renamed into place, and a
     # rename onto a link replaces the link (``-o /dev/stdout`` replaced the machine's).
     target = Path(os.path.realpath(output.expanduser()))
@@ -470,6 +471,7 @@ def fetch_verified(registry: TrainyardClient, where: dict[str, Any], output: Pat
         raise CliError(f"-o: no folder {folder}", Exit.USAGE)
     digest = hashlib.sha256()
     size = 0
+    expected = int(where["size_bytes"])
     try:
         handle, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=folder)
     except OSError as exc:
@@ -479,12 +481,18 @@ def fetch_verified(registry: TrainyardClient, where: dict[str, Any], output: Pat
 
             def take(chunk: bytes) -> None:
                 nonlocal size
-                digest.update(chunk)
                 size += len(chunk)
+                if size > expected:  # it cannot verify: stop reading, rather than fill the disk
+                    raise CliError(
+                        f"download does not match the registered version: more than "
+                        f"{expected} bytes came, the registered size; stopped there, nothing "
+                        "was written"
+                    )
+                digest.update(chunk)
                 sink.write(chunk)
 
             download(registry, str(where["url"]), bool(where.get("needs_token")), take)
-        if size != int(where["size_bytes"]) or digest.hexdigest() != where["sha256"]:
+        if size != expected or digest.hexdigest() != where["sha256"]:
             raise CliError(
                 f"download does not match the registered version: got {size} bytes with sha256 "
                 f"{digest.hexdigest()}, expected {where['size_bytes']} bytes with {where['sha256']}; "

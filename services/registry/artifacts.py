@@ -12,7 +12,8 @@ Contract:
   not touch the copy.
 - ``fetch_verified`` downloads an owned artifact to a private temporary file and hashes it;
   a sha256 or size other than the one registered raises ``ArtifactCorrupt`` (logged at
-  ERROR), and the file is removed. The caller serves that very file (or, for a presigned
+  ERROR), and the file is removed. Neither reads more of an object than the size it should
+  have: a larger one is refused after at most a read's chunk more, never downloaded whole. The caller serves that very file (or, for a presigned
   URL, signs the object only after this check), so bytes that fail the check never leave.
 - Every function here blocks (object I/O and hashing): call them through
   ``asyncio.to_thread``.
@@ -29,7 +30,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from trainyard_platform.services.registry.names import REGISTRY_PREFIX
-from trainyard_platform.shared.storage import ObjectStore, validate_key
+from trainyard_platform.shared.storage import ObjectStore, ObjectTooLarge, validate_key
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,14 @@ def copy_verified(store: ObjectStore, src: str, dst: str, expected: Digest) -> D
     try:
         with tempfile.TemporaryDirectory(prefix="registry-copy-") as folder:
             local = Path(folder) / "artifact"
-            store.get_file(dst, local)
+            try:
+                store.get_file(dst, local, max_bytes=expected.size_bytes)
+            except ObjectTooLarge as exc:
+                raise ArtifactMismatch(
+                    f"checkpoint {store.uri_for(src)} is {exc.size}, not the "
+                    f"{expected.size_bytes} bytes its job committed: it changed after it was "
+                    "committed"
+                ) from None
             got = digest_file(local)
         if got != expected:
             raise ArtifactMismatch(
@@ -118,8 +126,18 @@ def fetch_verified(store: ObjectStore, key: str, expected: Digest) -> Path:
     folder = Path(tempfile.mkdtemp(prefix="registry-serve-"))
     local = folder / "artifact"
     try:
-        store.get_file(key, local)
+        # Never more than was registered: a larger object is no longer the artifact.
+        store.get_file(key, local, max_bytes=expected.size_bytes)
         got = digest_file(local)
+    except ObjectTooLarge as exc:
+        shutil.rmtree(folder, ignore_errors=True)
+        log.error(
+            "artifact %s failed its integrity check: %s; registered %d bytes; not served",
+            store.uri_for(key),
+            exc.size,
+            expected.size_bytes,
+        )
+        raise _corrupt(expected) from None
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
@@ -134,11 +152,15 @@ def fetch_verified(store: ObjectStore, key: str, expected: Digest) -> Path:
             expected.size_bytes,
             expected.sha256,
         )
-        raise ArtifactCorrupt(
-            f"the stored artifact no longer matches its registered sha256 {expected.sha256} "
-            "(it was changed or damaged in the object store); it is not served"
-        )
+        raise _corrupt(expected)
     return local
+
+
+def _corrupt(expected: Digest) -> ArtifactCorrupt:
+    return ArtifactCorrupt(
+        f"the stored artifact no longer matches its registered sha256 {expected.sha256} "
+        "(it was changed or damaged in the object store); it is not served"
+    )
 
 
 def discard(path: Path) -> None:

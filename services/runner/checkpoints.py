@@ -32,7 +32,9 @@ checkpoint the store cannot serve now (an outage: ``bus.infrastructure_fault``, 
 store folder on a mount that does not answer) is no unusable checkpoint: the error is
 raised, and the launch fetches again once the store answers, rather than the job
 resuming from an older one. Nor is one larger by its manifest than the job's disk allowance
-(``ResumeTooLarge``, before any download): the job fails as its own fault.
+(``ResumeTooLarge``, before any download): the job fails as its own fault. Nothing is read
+past what its manifest says (nor a manifest past ``MAX_MANIFEST_BYTES``): an object larger
+than its manifest is unusable after at most that much more of it, never downloaded whole.
 
 Each ``commit_staged`` is a ``checkpoint upload`` span (kind ``CLIENT``) in the job's trace
 (``parent``: the context its events are published in): the job id, step and attempt, the
@@ -65,7 +67,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from trainyard_platform.shared.bus import infrastructure_fault
 from trainyard_platform.shared.events.payloads import CheckpointRef
 from trainyard_platform.shared.metrics import instrument
-from trainyard_platform.shared.storage import ObjectNotFound, ObjectStore, validate_key
+from trainyard_platform.shared.storage import (
+    ObjectNotFound,
+    ObjectStore,
+    ObjectTooLarge,
+    validate_key,
+)
 from trainyard_platform.shared.telemetry import tracer
 
 log = logging.getLogger(__name__)
@@ -333,18 +340,23 @@ def stage_resume(
     newer steps unsaid."""
     for step, _attempt, folder in reversed(complete_folders(store)):
         try:
-            manifest = Manifest.model_validate_json(store.get_bytes(f"{folder}/{MANIFEST_NAME}"))
+            manifest = Manifest.model_validate_json(
+                store.get_bytes(f"{folder}/{MANIFEST_NAME}", max_bytes=MAX_MANIFEST_BYTES)
+            )
             object_key = validate_key(manifest.object)
             if max_bytes is not None and manifest.size_bytes > max_bytes:
                 raise ResumeTooLarge(step, manifest.size_bytes, max_bytes)
             local = staging / staged_folder(step)
-            store.get_file(object_key, local / OBJECT_NAME)
+            # Read no more than the manifest says: a larger object cannot match it, and
+            # may be larger than the job's disk allowance, which its manifest's size met.
+            store.get_file(object_key, local / OBJECT_NAME, max_bytes=manifest.size_bytes)
             size = (local / OBJECT_NAME).stat().st_size
             digest = file_sha256(local / OBJECT_NAME)
-        except (ObjectNotFound, ValidationError, ValueError, OSError) as exc:
+        except (ObjectNotFound, ObjectTooLarge, ValidationError, ValueError, OSError) as exc:
             if isinstance(exc, OSError) and infrastructure_fault(exc) is not None:
                 raise  # the store not answering now: not a reason to lose the newer steps
             log.warning("checkpoint %s is unusable, trying an older one: %s", folder, exc)
+            shutil.rmtree(staging / staged_folder(step), ignore_errors=True)
             continue
         if (size, digest) != (manifest.size_bytes, manifest.sha256):
             log.warning(

@@ -75,7 +75,7 @@ from trainyard_platform.shared.bundle_archive import (
 from trainyard_platform.shared.bus import infrastructure_fault
 from trainyard_platform.shared.events.payloads import CodeBundle, CodeGit, FailureKind, JobSpec
 from trainyard_platform.shared.runtime import StartupRefused
-from trainyard_platform.shared.storage import ObjectNotFound, ObjectStore
+from trainyard_platform.shared.storage import ObjectNotFound, ObjectStore, ObjectTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -493,7 +493,15 @@ def fetch_bundle(
     with tempfile.TemporaryDirectory(prefix="bundle-") as scratch:
         archive = Path(scratch) / "bundle.tar.gz"
         try:
-            store.get_file(key, archive)
+            # No more than the spec says it holds: a larger object cannot be the bundle it
+            # names, and would take the node's disk before its sha256 said so.
+            store.get_file(key, archive, max_bytes=bundle.size_bytes)
+        except ObjectTooLarge as exc:
+            raise JobInputError(
+                f"spec.code.size_bytes: code bundle {bundle.sha256[:12]} is {exc.size} in "
+                f"the object store, more than the {bundle.size_bytes} bytes the spec gives: "
+                "not downloaded"
+            ) from None
         except ObjectNotFound:
             # Which object the job names is its own input: no node would find it either.
             raise PlatformError(

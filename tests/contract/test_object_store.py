@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 from tests.contract.conftest import Backend
-from trainyard_platform.shared.storage import ObjectNotFound, ObjectStore, split_uri
+from trainyard_platform.shared.storage import (
+    ObjectNotFound,
+    ObjectStore,
+    ObjectTooLarge,
+    split_uri,
+)
 
 BAD_KEYS = [
     ("", "empty"),
@@ -57,6 +62,35 @@ def test_put_file_and_get_file_round_trip(store: ObjectStore, tmp_path: Path) ->
     store.get_file("blobs/big.bin", destination)
     assert destination.read_bytes() == payload
     assert sorted(p.name for p in destination.parent.iterdir()) == ["big.bin"]
+
+
+def test_a_read_with_a_bound_stops_at_it(store: ObjectStore, tmp_path: Path) -> None:
+    """A reader that knows how large an object should be (a manifest, a spec) downloaded
+    one larger whole before its own check refused it: a node's disk filled with an object
+    that was never going to be used. ``max_bytes`` bounds the read: a larger object raises
+    ``ObjectTooLarge`` naming the key and the bound (and its size where the backend said
+    it), and leaves no file; one within it is read as ever."""
+    payload = os.urandom(2 * 1024 * 1024 + 17)  # several read chunks
+    store.put_bytes("blobs/big.bin", payload)
+    destination = tmp_path / "out" / "big.bin"
+    for bound in (len(payload) - 1, 1024, 0):
+        with pytest.raises(ObjectTooLarge) as refused:
+            store.get_file("blobs/big.bin", destination, max_bytes=bound)
+        assert (refused.value.key, refused.value.max_bytes) == ("blobs/big.bin", bound)
+        assert refused.value.size_bytes in (None, len(payload))
+        assert f"over the {bound} bytes allowed" in str(refused.value)
+        assert not destination.exists()
+        with pytest.raises(ObjectTooLarge):
+            store.get_bytes("blobs/big.bin", max_bytes=bound)
+    assert not destination.parent.exists() or list(destination.parent.iterdir()) == []
+
+    store.get_file("blobs/big.bin", destination, max_bytes=len(payload))
+    assert destination.read_bytes() == payload
+    assert store.get_bytes("blobs/big.bin", max_bytes=len(payload)) == payload
+    store.put_bytes("empty", b"")
+    assert store.get_bytes("empty", max_bytes=0) == b""
+    with pytest.raises(ObjectNotFound):
+        store.get_bytes("nope", max_bytes=10)
 
 
 def test_missing_object_raises_object_not_found(store: ObjectStore, tmp_path: Path) -> None:

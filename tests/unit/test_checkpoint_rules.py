@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from trainyard.sdk.checkpoints import (
+    MAX_MANIFEST_BYTES,
     CheckpointManifest,
     CheckpointWriter,
     CorruptCheckpoint,
@@ -137,3 +138,34 @@ def test_each_reason_to_refuse_a_checkpoint_is_named(tmp_path: Path) -> None:
         f"object '{object_key(8)}' has 14 bytes with sha256 {actual[:12]}..., manifest says "
         f"{data['size_bytes']} bytes with sha256 {sha[:12]}..."
     )
+
+
+def test_no_more_of_a_checkpoint_is_read_than_its_manifest_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object larger than its manifest says was downloaded whole before the digest
+    refused it; the read now stops past the manifest's size (a manifest's past
+    ``MAX_MANIFEST_BYTES``), and the refusal names both sizes."""
+    store = LocalStore(tmp_path)
+    _commit(store, 1, {"step": 1})
+    size = json.loads(store.get_bytes(manifest_key(1)))["size_bytes"]
+    store.put_bytes(object_key(1), b"z" * (size + 5000))
+    bounds: list[int | None] = []
+    read_file, read_bytes = store.get_file, store.get_bytes
+
+    def get_file(key: str, path: Path, *, max_bytes: int | None = None) -> None:
+        bounds.append(max_bytes)
+        read_file(key, path, max_bytes=max_bytes)
+
+    def get_bytes(key: str, *, max_bytes: int | None = None) -> bytes:
+        bounds.append(max_bytes)
+        return read_bytes(key, max_bytes=max_bytes)
+
+    monkeypatch.setattr(store, "get_file", get_file)
+    monkeypatch.setattr(store, "get_bytes", get_bytes)
+    with pytest.raises(CorruptCheckpoint) as refused:
+        load_verified(store, 1)
+    assert str(refused.value) == (
+        f"object '{object_key(1)}' is {size + 5000} bytes, manifest says {size} bytes"
+    )
+    assert bounds == [MAX_MANIFEST_BYTES, size]

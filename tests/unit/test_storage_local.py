@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from trainyard_platform.shared.storage import (
     validate_key,
     validate_prefix,
 )
-from trainyard_platform.shared.storage.base import TEMP_PREFIX
+from trainyard_platform.shared.storage.base import TEMP_PREFIX, ObjectTooLarge, bounded
 
 
 def test_absolute_file_uri_roots_the_store_there(tmp_path: Path) -> None:
@@ -175,3 +176,40 @@ def test_prefixes_may_be_empty_or_end_in_a_slash() -> None:
     assert validate_prefix("step-00000001/") == "step-00000001/"
     with pytest.raises(ValueError, match="empty segment"):
         validate_prefix("a//")
+
+
+def test_a_bounded_read_asks_for_no_chunk_past_its_bound() -> None:
+    """Where the size is not known before the read (a file that grows, a server that sends
+    more than it said), the bytes are counted as they come: once past the bound, no further
+    chunk is asked for, however many the source would give."""
+    asked = 0
+
+    def endless() -> Iterator[bytes]:
+        nonlocal asked
+        while True:
+            asked += 1
+            yield b"x" * 1000
+
+    taken = []
+    with pytest.raises(ObjectTooLarge) as refused:
+        for chunk in bounded(endless(), "k", 2500, "file:///store/k"):
+            taken.append(chunk)
+    assert (asked, len(taken)) == (3, 2)
+    assert refused.value.size_bytes is None
+    assert str(refused.value) == (
+        "object 'k' (file:///store/k) is more than 2500 bytes, over the 2500 bytes allowed: "
+        "not read past them"
+    )
+    assert b"".join(bounded(iter([b"ab", b"c"]), "k", 3)) == b"abc"
+    assert b"".join(bounded(iter([b"ab", b"c"]), "k", None)) == b"abc"
+
+
+def test_a_file_larger_than_its_bound_is_refused_by_its_size(tmp_path: Path) -> None:
+    """A file's size is known before it is read: over the bound, the refusal says it."""
+    store = LocalStore(tmp_path)
+    store.put_bytes("big", b"y" * 5000)
+    with pytest.raises(ObjectTooLarge) as refused:
+        store.get_file("big", tmp_path / "out", max_bytes=4999)
+    assert refused.value.size_bytes == 5000
+    assert "is 5000 bytes, over the 4999 bytes allowed" in str(refused.value)
+    assert not (tmp_path / "out").exists()

@@ -7,7 +7,8 @@ Layout under a job's checkpoint folder, one folder per step::
 
 The manifest is written *last*: a step folder without one is an upload that never
 finished and is ignored. A checkpoint is only restored if its object's size and sha256
-match the manifest, so a torn or tampered object is skipped in favour of an older one.
+match the manifest, so a torn or tampered object is skipped in favour of an older one; no
+more of it is read than its manifest says (a manifest itself: ``MAX_MANIFEST_BYTES``).
 
 ``CheckpointWriter.save`` copies the state to CPU memory and returns; one background
 thread serialises, uploads and publishes it. At most one checkpoint is in flight: a
@@ -37,7 +38,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainyard.control import CheckpointRef
-from trainyard.storage import ObjectNotFound, ObjectStore, validate_key
+from trainyard.storage import ObjectNotFound, ObjectStore, ObjectTooLarge, validate_key
 
 log = logging.getLogger("trainyard.sdk")
 
@@ -45,6 +46,8 @@ OBJECT_NAME = "checkpoint.pt"
 MANIFEST_NAME = "manifest.json"
 _MANIFEST_KEY = re.compile(r"^step-(\d{8,})/" + re.escape(MANIFEST_NAME) + r"$")
 _CHUNK = 1024 * 1024
+MAX_MANIFEST_BYTES = 64 * 1024
+"""The most of a manifest read (one is a few hundred bytes; the runner commits none larger)."""
 
 
 def step_folder(step: int) -> str:
@@ -231,9 +234,13 @@ def load_verified(store: ObjectStore, step: int) -> dict[str, Any]:
     """Load the checkpoint of ``step`` if its object matches its manifest, else raise
     ``CorruptCheckpoint``. Storage outages propagate: they are not corruption."""
     try:
-        manifest = CheckpointManifest.model_validate_json(store.get_bytes(manifest_key(step)))
+        manifest = CheckpointManifest.model_validate_json(
+            store.get_bytes(manifest_key(step), max_bytes=MAX_MANIFEST_BYTES)
+        )
     except ObjectNotFound as exc:
         raise CorruptCheckpoint(f"manifest vanished: {exc}") from exc
+    except ObjectTooLarge as exc:
+        raise CorruptCheckpoint(f"unreadable manifest: {exc}") from exc
     except ValidationError as exc:
         raise CorruptCheckpoint(f"unreadable manifest: {exc}") from exc
     if manifest.step != step:
@@ -245,9 +252,14 @@ def load_verified(store: ObjectStore, step: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="trainyard-ckpt-") as tmp:
         path = Path(tmp) / OBJECT_NAME
         try:
-            store.get_file(key, path)
+            # No more than the manifest says: a larger object cannot match it.
+            store.get_file(key, path, max_bytes=manifest.size_bytes)
         except ObjectNotFound as exc:
             raise CorruptCheckpoint(f"object missing: {exc}") from exc
+        except ObjectTooLarge as exc:
+            raise CorruptCheckpoint(
+                f"object {key!r} is {exc.size}, manifest says {manifest.size_bytes} bytes"
+            ) from exc
         sha256, size = file_digest(path)
         if (sha256, size) != (manifest.sha256, manifest.size_bytes):
             raise CorruptCheckpoint(

@@ -20,7 +20,13 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import unquote
 
-from trainyard.storage.base import ObjectNotFound, ObjectStore, validate_key, validate_prefix
+from trainyard.storage.base import (
+    ObjectNotFound,
+    ObjectStore,
+    ObjectTooLarge,
+    validate_key,
+    validate_prefix,
+)
 from trainyard.storage.local import LocalStore
 from trainyard.storage.settings import StorageSettings
 
@@ -28,6 +34,7 @@ __all__ = [
     "LocalStore",
     "ObjectNotFound",
     "ObjectStore",
+    "ObjectTooLarge",
     "StorageSettings",
     "open_store",
     "parse_uri",

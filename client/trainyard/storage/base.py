@@ -9,6 +9,12 @@ addresses objects by *keys*: ``/``-separated relative names such as
 * ``get_bytes``/``get_file``/``exists`` on a key that holds no object raise
   ``ObjectNotFound`` (``get_*``) or return ``False`` (``exists``).
 * ``get_file`` writes the destination atomically, creating its parent folders.
+* ``get_bytes``/``get_file`` with ``max_bytes`` read at most that many bytes of the object
+  (and at most one read's chunk past them): a larger one raises ``ObjectTooLarge`` naming
+  the bound (and the object's size where the backend said it before the read), and
+  ``get_file`` leaves no destination. A caller that knows how large an object should be
+  (a manifest, a spec), or how much it may hold, passes it, so an object larger than it
+  was said to be is never downloaded whole.
 * ``list(prefix)`` returns the keys (relative to the root) that start with ``prefix`` as a
   plain string prefix, like S3 (``"step-"`` matches ``"step-00000001/manifest.json"``),
   sorted.
@@ -34,7 +40,7 @@ import abc
 import builtins
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 TEMP_PREFIX = ".trainyard-tmp-"
@@ -54,6 +60,56 @@ class ObjectNotFound(KeyError):
     def __str__(self) -> str:
         # KeyError.__str__ repr()s its argument, which would wrap the message in quotes.
         return self.message
+
+
+class ObjectTooLarge(Exception):
+    """The object under ``key`` is larger than the ``max_bytes`` its reader allowed; it was
+    not read past them. ``size_bytes`` is its size where the backend said it up front
+    (a file's size, an HTTP ``Content-Length``), else None: only "more than ``max_bytes``"
+    is known."""
+
+    def __init__(
+        self, key: str, max_bytes: int, uri: str | None = None, size_bytes: int | None = None
+    ) -> None:
+        self.key = key
+        self.max_bytes = max_bytes
+        self.uri = uri
+        self.size_bytes = size_bytes
+        where = f" ({uri})" if uri else ""
+        super().__init__(
+            f"object {key!r}{where} is {self.size}, over the {max_bytes} bytes allowed: "
+            "not read past them"
+        )
+
+    @property
+    def size(self) -> str:
+        """What is known of its size: ``"N bytes"``, or ``"more than N bytes"``."""
+        if self.size_bytes is not None:
+            return f"{self.size_bytes} bytes"
+        return f"more than {self.max_bytes} bytes"
+
+
+def bounded(
+    chunks: Iterable[bytes], key: str, max_bytes: int | None, uri: str | None = None
+) -> Iterator[bytes]:
+    """``chunks`` as they come, until more than ``max_bytes`` (None: no bound) have: then
+    ``ObjectTooLarge``, and no further chunk is asked for."""
+    if max_bytes is None:
+        yield from chunks
+        return
+    total = 0
+    for chunk in chunks:
+        total += len(chunk)
+        if total > max_bytes:
+            raise ObjectTooLarge(key, max_bytes, uri)
+        yield chunk
+
+
+def check_size(key: str, size_bytes: int | None, max_bytes: int | None, uri: str) -> None:
+    """``ObjectTooLarge`` when the size a backend says an object has before it is read is
+    over ``max_bytes``: then not a byte of it is read."""
+    if max_bytes is not None and size_bytes is not None and size_bytes > max_bytes:
+        raise ObjectTooLarge(key, max_bytes, uri, size_bytes)
 
 
 def validate_key(key: str) -> str:
@@ -160,12 +216,15 @@ class ObjectStore(abc.ABC):
         """Store the contents of the local file ``path`` under ``key``."""
 
     @abc.abstractmethod
-    def get_bytes(self, key: str) -> bytes:
-        """The object's bytes; ``ObjectNotFound`` if there is none."""
+    def get_bytes(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        """The object's bytes; ``ObjectNotFound`` if there is none, ``ObjectTooLarge`` if it
+        is larger than ``max_bytes`` (None: no bound), read no further than that."""
 
     @abc.abstractmethod
-    def get_file(self, key: str, path: Path) -> None:
-        """Download the object to ``path`` (atomically); ``ObjectNotFound`` if there is none."""
+    def get_file(self, key: str, path: Path, *, max_bytes: int | None = None) -> None:
+        """Download the object to ``path`` (atomically); ``ObjectNotFound`` if there is none,
+        ``ObjectTooLarge`` if it is larger than ``max_bytes`` (None: no bound), read no
+        further than that and with no file left at ``path``."""
 
     @abc.abstractmethod
     def exists(self, key: str) -> bool:

@@ -10,17 +10,23 @@ from __future__ import annotations
 
 import builtins
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from trainyard.storage.base import (
     TEMP_PREFIX,
     ObjectNotFound,
     ObjectStore,
+    bounded,
+    check_size,
     read_file_chunks,
     validate_key,
     validate_prefix,
     write_file_atomically,
 )
+
+_CHUNK = 1024 * 1024
 
 
 class LocalStore(ObjectStore):
@@ -49,22 +55,31 @@ class LocalStore(ObjectStore):
     def put_file(self, key: str, path: Path) -> None:
         write_file_atomically(self._path(key), read_file_chunks(path))
 
-    def get_bytes(self, key: str) -> bytes:
-        target = self._path(key)
-        try:
-            return target.read_bytes()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            # A folder (or a path through a file) is not an object either.
-            raise ObjectNotFound(key, target.as_uri()) from None
-
-    def get_file(self, key: str, path: Path) -> None:
+    def _open(self, key: str, max_bytes: int | None) -> BinaryIO:
         target = self._path(key)
         try:
             src = target.open("rb")
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            # A folder (or a path through a file) is not an object either.
             raise ObjectNotFound(key, target.as_uri()) from None
-        with src:
-            write_file_atomically(path, iter(lambda: src.read(1024 * 1024), b""))
+        try:
+            check_size(key, os.fstat(src.fileno()).st_size, max_bytes, target.as_uri())
+        except BaseException:
+            src.close()
+            raise
+        return src
+
+    def _chunks(self, key: str, src: BinaryIO, max_bytes: int | None) -> Iterator[bytes]:
+        # Counted as read too: the file may grow after its size was looked at.
+        return bounded(iter(lambda: src.read(_CHUNK), b""), key, max_bytes, self.uri_for(key))
+
+    def get_bytes(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        with self._open(key, max_bytes) as src:
+            return b"".join(self._chunks(key, src, max_bytes))
+
+    def get_file(self, key: str, path: Path, *, max_bytes: int | None = None) -> None:
+        with self._open(key, max_bytes) as src:
+            write_file_atomically(path, self._chunks(key, src, max_bytes))
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()

@@ -29,6 +29,8 @@ from urllib3 import BaseHTTPResponse
 from trainyard.storage.base import (
     ObjectNotFound,
     ObjectStore,
+    bounded,
+    check_size,
     validate_key,
     validate_prefix,
     write_file_atomically,
@@ -124,29 +126,40 @@ class S3Store(ObjectStore):
     def put_file(self, key: str, path: Path) -> None:
         self._client.fput_object(self._bucket, self._name(key), str(path))
 
-    def _open(self, key: str) -> BaseHTTPResponse:
+    def _open(self, key: str, max_bytes: int | None) -> BaseHTTPResponse:
         try:
-            return self._client.get_object(self._bucket, self._name(key))
+            response = self._client.get_object(self._bucket, self._name(key))
         except S3Error as exc:
             if exc.code in _MISSING_CODES:
                 raise ObjectNotFound(key, self.uri_for(key)) from None
             raise
-
-    def get_bytes(self, key: str) -> bytes:
-        response = self._open(key)
+        length = response.headers.get("Content-Length")
         try:
-            return response.read()
-        finally:
-            response.close()
-            response.release_conn()
+            check_size(key, int(length) if length else None, max_bytes, self.uri_for(key))
+        except BaseException:
+            _done(response)  # its body unread: the connection is closed, not reused
+            raise
+        return response
 
-    def get_file(self, key: str, path: Path) -> None:
-        response = self._open(key)
+    def _chunks(
+        self, key: str, response: BaseHTTPResponse, max_bytes: int | None
+    ) -> Iterator[bytes]:
+        # Counted as they come too: a server need not send what its Content-Length said.
+        return bounded(response.stream(_CHUNK), key, max_bytes, self.uri_for(key))
+
+    def get_bytes(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        response = self._open(key, max_bytes)
         try:
-            write_file_atomically(path, _stream(response))
+            return b"".join(self._chunks(key, response, max_bytes))
         finally:
-            response.close()
-            response.release_conn()
+            _done(response)
+
+    def get_file(self, key: str, path: Path, *, max_bytes: int | None = None) -> None:
+        response = self._open(key, max_bytes)
+        try:
+            write_file_atomically(path, self._chunks(key, response, max_bytes))
+        finally:
+            _done(response)
 
     def exists(self, key: str) -> bool:
         try:
@@ -198,5 +211,6 @@ class S3Store(ObjectStore):
         )
 
 
-def _stream(response: BaseHTTPResponse) -> Iterator[bytes]:
-    yield from response.stream(_CHUNK)
+def _done(response: BaseHTTPResponse) -> None:
+    response.close()
+    response.release_conn()

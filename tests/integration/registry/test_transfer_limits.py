@@ -40,14 +40,14 @@ class Held:
         self._get_file = store.get_file
         store.get_file = self.get_file
 
-    def get_file(self, key: str, path: Path) -> None:
+    def get_file(self, key: str, path: Path, *, max_bytes: int | None = None) -> None:
         with self.lock:
             self.now += 1
             self.most = max(self.most, self.now)
             self.loop.call_soon_threadsafe(self.entered.put_nowait, self.now)
         try:
             self.release.wait(60)
-            self._get_file(key, path)
+            self._get_file(key, path, max_bytes=max_bytes)
         finally:
             with self.lock:
                 self.now -= 1

@@ -351,6 +351,27 @@ def test_a_download_keeps_only_verified_bytes(
     assert cli_models.Ref("a", "b") == parse_ref("a/b", "M")
 
 
+def test_a_download_larger_than_registered_stops_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A download longer than the registered size was read to its end (onto the user's
+    disk) before the check refused it; it now stops at the first chunk past that size."""
+    chunks_asked = 0
+
+    def endless(client: Any, url: str, needs_token: bool, sink: Any) -> None:
+        nonlocal chunks_asked
+        while chunks_asked < 1000:
+            chunks_asked += 1
+            sink(b"w" * 1024)
+
+    monkeypatch.setattr(cli_models, "download", endless)
+    where = {"url": "/x", "needs_token": True, "sha256": "0" * 64, "size_bytes": 2048}
+    with pytest.raises(CliError, match=r"more than 2048 bytes came, the registered size"):
+        fetch_verified(_registry(b"", []), where, tmp_path / "m.pt")
+    assert chunks_asked == 3
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("fails", ["create", "write", "rename"])
 def test_a_download_that_cannot_be_written_is_named_and_leaves_nothing(
     fails: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

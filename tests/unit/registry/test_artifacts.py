@@ -74,3 +74,28 @@ def test_serving_verifies_the_bytes_it_serves(store: LocalStore) -> None:
     store.put_bytes("registry/t/m/v/c.pt", b"weightz")  # same size, other bytes
     with pytest.raises(ArtifactCorrupt):
         artifacts.fetch_verified(store, "registry/t/m/v/c.pt", digest(b"weights"))
+
+
+def test_an_artifact_is_never_read_past_the_size_it_should_have(
+    store: LocalStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object larger than the artifact it should be (replaced in the store, or a
+    checkpoint changed since its commit) was downloaded whole to the registry's disk before
+    its digest refused it. The read now stops past the size recorded, and is refused as
+    before, naming the sizes."""
+    bounds: list[int | None] = []
+    read = store.get_file
+
+    def recording(key: str, path: Path, *, max_bytes: int | None = None) -> None:
+        bounds.append(max_bytes)
+        read(key, path, max_bytes=max_bytes)
+
+    monkeypatch.setattr(store, "get_file", recording)
+    store.put_bytes("registry/t/m/v/c.pt", b"weights" * 1000)
+    with pytest.raises(ArtifactCorrupt):
+        artifacts.fetch_verified(store, "registry/t/m/v/c.pt", digest(b"weights"))
+    store.put_bytes("jobs/j/c.pt", b"changed since" * 1000)
+    with pytest.raises(ArtifactMismatch, match=r"is 13000 bytes, not the 7 bytes its job"):
+        artifacts.copy_verified(store, "jobs/j/c.pt", "registry/t/m/v2/c.pt", digest(b"weights"))
+    assert not store.exists("registry/t/m/v2/c.pt")
+    assert bounds == [7, 7]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from trainyard_platform.services.runner.checkpoints import (
+    MAX_MANIFEST_BYTES,
     ResumeTooLarge,
     StagedCheckpointInvalid,
     apply_retention,
@@ -139,10 +140,10 @@ def test_a_checkpoint_the_store_cannot_serve_now_is_not_skipped_for_an_older_one
     staging = tmp_path / "staging"
 
     class NotAnswering(LocalStore):
-        def get_file(self, key: str, path: Path) -> None:
+        def get_file(self, key: str, path: Path, *, max_bytes: int | None = None) -> None:
             if key.startswith("step-00000009"):
                 raise TimeoutError(110, "Connection timed out")
-            super().get_file(key, path)
+            super().get_file(key, path, max_bytes=max_bytes)
 
     store = NotAnswering(tmp_path / "store")
     for step in (5, 9):
@@ -270,3 +271,37 @@ def test_a_checkpoint_larger_than_the_allowance_is_refused_before_its_download(
     assert not resume.exists() or list(resume.rglob("*.pt")) == []
     ref = stage_resume(store, resume, max_bytes=4096)  # one that fits is staged as ever
     assert ref is not None and ref.step == 9
+
+
+def test_no_more_of_a_checkpoint_is_read_than_its_manifest_says(tmp_path: Path) -> None:
+    """The allowance is checked against the manifest's size: a manifest that understated
+    its object (3 MiB, said to be 4096 bytes, over an allowance of 1 MiB) had the runner
+    download the whole object before the size check skipped it. The store is now asked
+    for no more than the manifest says (a manifest for no more than ``MAX_MANIFEST_BYTES``),
+    so the object is refused unread and an older checkpoint is taken, as for any object
+    that does not match its manifest."""
+    reads: list[tuple[str, int | None]] = []
+
+    class Recording(LocalStore):
+        def get_file(self, key: str, path: Path, *, max_bytes: int | None = None) -> None:
+            reads.append((key, max_bytes))
+            super().get_file(key, path, max_bytes=max_bytes)
+
+        def get_bytes(self, key: str, *, max_bytes: int | None = None) -> bytes:
+            reads.append((key, max_bytes))
+            return super().get_bytes(key, max_bytes=max_bytes)
+
+    staging, store = tmp_path / "staging", Recording(tmp_path / "store")
+    stage(staging, 5, b"five")
+    commit_staged(staging, 5, store, attempt=1)
+    stage(staging, 9, b"x" * 4096)
+    commit_staged(staging, 9, store, attempt=1)
+    store.put_bytes("step-00000009-a0001/checkpoint.pt", b"x" * (3 * 1024 * 1024))
+    reads.clear()
+    resume = tmp_path / "resume"
+    ref = stage_resume(store, resume, max_bytes=1024 * 1024)
+    assert ref is not None and ref.step == 5
+    assert ("step-00000009-a0001/checkpoint.pt", 4096) in reads
+    assert ("step-00000009-a0001/manifest.json", MAX_MANIFEST_BYTES) in reads
+    assert None not in {bound for _, bound in reads}
+    assert not (resume / "step-00000009").exists()

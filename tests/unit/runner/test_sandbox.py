@@ -72,6 +72,28 @@ def test_a_tampered_bundle_is_refused_before_unpacking(tmp_path: Path) -> None:
     assert not (tmp_path / "code").exists()
 
 
+def test_a_bundle_larger_than_its_spec_says_fails_as_the_jobs_own_unread(
+    tmp_path: Path,
+) -> None:
+    """The spec gives the bundle's size (``code.size_bytes``; the CLI sets it). A bundle
+    larger than that was downloaded whole onto the node before anything looked at it. The
+    download now stops past the spec's size, and the job fails as its own input naming
+    both sizes."""
+    store = LocalStore(tmp_path / "store")
+    bundle = store_bundle(store, "a", {"train.py": os.urandom(4096)})  # incompressible
+    understated = CodeBundle(sha256=bundle.sha256, size_bytes=100)
+    with pytest.raises(JobInputError) as refused:
+        fetch_bundle(store, "a", understated, tmp_path / "code")
+    said = str(refused.value)
+    assert said.startswith(f"spec.code.size_bytes: code bundle {bundle.sha256[:12]} is ")
+    assert f"is {bundle.size_bytes} bytes in the object store" in said
+    assert "more than the 100 bytes the spec gives" in said
+    assert failure_kind(refused.value) == "user_error"
+    assert not (tmp_path / "code").exists()
+    fetch_bundle(store, "a", bundle, tmp_path / "code")  # its own size: unpacked as ever
+    assert (tmp_path / "code" / "train.py").stat().st_size == 4096
+
+
 def test_a_bundle_that_would_unpack_too_large_is_refused(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "store")
     bundle = store_bundle(store, "a", {"zeros.bin": b"\0" * 2_000_000})
