@@ -12,9 +12,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # Jobs read it too (the SDK opens its checkpoint store), so the client distribution owns it.
@@ -54,9 +61,43 @@ class PlatformSettings(BaseSettings):
     model_config = SettingsConfigDict(allow_inf_nan=False)
 
 
+JETSTREAM_MAX_SECONDS = (2**63 - 1) // 10**9
+"""The longest duration JetStream holds, in whole seconds (9,223,372,036: about 292 years):
+it takes each (a consumer's ``ack_wait``, a redelivery delay, a stream's ``max_age`` and
+duplicate window, a message's ``Nats-TTL``) in nanoseconds, in a signed 64-bit integer. A
+longer one overflowed it, long after start: the server refused the stream or the consumer,
+or could not read a redelivery's delay."""
+
+
+_Number = TypeVar("_Number", int, float)
+
+
+def jetstream_duration(value: _Number, unit_seconds: int = 1) -> _Number:
+    """``value`` (in units of ``unit_seconds``: 1 for seconds, 3600 for hours) if JetStream
+    can hold it (``JETSTREAM_MAX_SECONDS``), else ``ValueError`` naming the most it may be,
+    a settings validator's way to refuse it."""
+    if value * unit_seconds > JETSTREAM_MAX_SECONDS:
+        most = JETSTREAM_MAX_SECONDS // unit_seconds
+        raise ValueError(
+            f"must be at most {most} (about 292 years: JetStream holds a duration in "
+            "nanoseconds, in 64 bits)"
+        )
+    return value
+
+
 RETRY_DELAY_MAX_BOUND = 86_400.0
 """The largest ``retry_delay_max_seconds`` taken: a day (a redelivery delay of more only
 holds a failed event back from its consumer's operators)."""
+
+
+_JETSTREAM_UNITS = {
+    "ack_wait_seconds": 1,
+    "duplicate_window_seconds": 1,
+    "retention_hours": 3600,
+    "deadletter_max_age_days": 86_400,
+}
+"""The settings JetStream receives as durations, with the seconds in each one's unit (the
+redelivery delays are bounded apart: ``retry_delay_max_seconds``)."""
 
 
 class NatsSettings(PlatformSettings):
@@ -123,6 +164,11 @@ class NatsSettings(PlatformSettings):
     @classmethod
     def _usable_url(cls, value: str) -> str:
         return usable(value, nats_url_problem)
+
+    @field_validator(*_JETSTREAM_UNITS)
+    @classmethod
+    def _held_by_jetstream(cls, value: float, info: ValidationInfo) -> float:
+        return jetstream_duration(value, _JETSTREAM_UNITS[str(info.field_name)])
 
 
 class DatabaseSettings(PlatformSettings):

@@ -8,16 +8,16 @@ import socket
 import sys
 import zlib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from trainyard_platform.services.runner.checkpoints import MAX_CHECKPOINT_BYTES
 from trainyard_platform.services.runner.disk_watch import GIB
 from trainyard_platform.services.runner.environments import DEFAULT_MAX_SHARE
 from trainyard_platform.shared.events.payloads import MAX_METRIC_POINTS
-from trainyard_platform.shared.settings import GuardedServiceSettings, Port
+from trainyard_platform.shared.settings import GuardedServiceSettings, Port, jetstream_duration
 
 NODE_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 JOB_SLOTS = 64
@@ -60,9 +60,12 @@ class Settings(GuardedServiceSettings):
     discovering real ones. Unset: discover with NVML, else torch."""
     heartbeat_interval_seconds: float = Field(default=2.0, gt=0)
     """How often ``runner.heartbeat`` is published."""
-    heartbeat_ttl_seconds: int = Field(default=600, ge=1)
+    heartbeat_ttl_seconds: Annotated[int, AfterValidator(jetstream_duration)] = Field(
+        default=600, ge=1
+    )
     """How long the event stream keeps a heartbeat (its ``Nats-TTL``): a heartbeat is news
-    for seconds, so it is not kept the stream's week (about 300,000 per node)."""
+    for seconds, so it is not kept the stream's week (about 300,000 per node). At most what
+    JetStream holds (``jetstream_duration``)."""
     work_dir: Path = Path(".trainyard/runner")
     """Local folder for job logs (``jobs/<job>/<allocation>.log``) and the allocation ledger
     (``ledger/<node_id>/``) that survives runner restarts."""

@@ -9,6 +9,7 @@ import pytest
 from trainyard_platform.services.billing.config import Settings
 from trainyard_platform.services.runner.__main__ import main as runner_main
 from trainyard_platform.shared.runtime import serve_from_command_line
+from trainyard_platform.shared.settings import NatsSettings
 
 
 async def _must_not_serve(_: Settings) -> int:
@@ -284,3 +285,56 @@ def test_a_redelivery_delay_cap_past_a_day_or_none_is_named(
     err = capsys.readouterr().err
     assert "invalid setting TRAINYARD_NATS_RETRY_DELAY_MAX_SECONDS:" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("variable", "too_long", "longest"),
+    [
+        ("TRAINYARD_NATS_ACK_WAIT_SECONDS", "9223372037", "9223372036"),
+        ("TRAINYARD_NATS_ACK_WAIT_SECONDS", "1e300", "9223372036"),
+        ("TRAINYARD_NATS_DUPLICATE_WINDOW_SECONDS", "1e12", "9223372036"),
+        ("TRAINYARD_NATS_RETENTION_HOURS", "2562048", "2562047"),
+        ("TRAINYARD_NATS_DEADLETTER_MAX_AGE_DAYS", "106752", "106751"),
+    ],
+)
+def test_a_duration_longer_than_jetstream_holds_is_named_at_start(
+    variable: str,
+    too_long: str,
+    longest: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """JetStream takes these durations in nanoseconds, in 64 bits: the ack wait (a
+    consumer's ``ack_wait``, and a redelivery delay) and the streams' windows and ages had
+    no upper bound, so a huge one started the service and overflowed later (a consumer or
+    stream the server refused, a redelivery delay it could not read). It is refused at start now, naming
+    the variable and the most it may be; that most is taken."""
+    monkeypatch.setenv(variable, too_long)
+
+    with pytest.raises(SystemExit) as exited:
+        serve_from_command_line("billing", "test", Settings, _must_not_serve, [])
+
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"invalid setting {variable}: Value error, must be at most {longest} " in err
+    assert "Traceback" not in err
+    monkeypatch.setenv(variable, longest)
+    assert NatsSettings()  # the longest JetStream holds is taken
+
+
+def test_a_heartbeat_ttl_longer_than_jetstream_holds_is_named_at_start(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The runner's heartbeats carry their TTL (``Nats-TTL``), a duration JetStream holds in
+    nanoseconds too: a longer one failed every heartbeat's publish; it is refused at start."""
+    monkeypatch.setenv("TRAINYARD_RUNNER_HEARTBEAT_TTL_SECONDS", "9223372037")
+
+    with pytest.raises(SystemExit) as exited:
+        runner_main([])
+
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        "invalid setting TRAINYARD_RUNNER_HEARTBEAT_TTL_SECONDS: Value error, must be at most"
+        in err
+    )
