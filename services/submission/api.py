@@ -472,7 +472,7 @@ async def submit_job(
     if body is None:
         body = await json_body(request, _JOB_FREE_TEXT)
     job = parse_job_request(body, screening.flavors)
-    job, warnings = screening.admit(job)
+    job, warnings, lowered = screening.admit(job)
     if front.admission.asks_registry(job):
         # It waits on the registry (up to its timeout): no pooled connection is held then.
         await give_back_held(request)
@@ -480,11 +480,11 @@ async def submit_job(
     key = parse_idempotency_key(key)
     if dry_run:
         view = await commands.check_job(
-            front.pool, front.objects, caller, job, key, held=held_connection(request)
+            front.pool, front.objects, caller, job, key, held_connection(request), lowered
         )
         return _checked(view, warnings)
     view, created = await commands.submit_job(
-        front.pool, front.objects, caller, job, key, held=held_connection(request)
+        front.pool, front.objects, caller, job, key, held=held_connection(request), lowered=lowered
     )
     return _submitted(view, created, warnings)
 
@@ -525,11 +525,12 @@ async def _prepare_known(
     makes them, with the checked idempotency key; None where the full path must run (a
     job the registry must admit). Raises the refusal the remembered caller would get."""
     job = parse_job_request(body, known.screening.flavors)
-    job, warnings = known.screening.admit(job)
+    job, warnings, lowered = known.screening.admit(job)
     if front.admission.asks_registry(job):
         return None
     checked_key = parse_idempotency_key(key)
-    return await commands.prepare(front.objects, known.caller, job), warnings, checked_key
+    prepared = await commands.prepare(front.objects, known.caller, job, lowered=lowered)
+    return prepared, warnings, checked_key
 
 
 async def _check_again(request: AnyRequest, front: Front) -> None:

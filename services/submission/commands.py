@@ -38,6 +38,7 @@ from trainyard_platform.services.submission import logs
 from trainyard_platform.services.submission import repository as repo
 from trainyard_platform.services.submission.domain import JobStatus
 from trainyard_platform.services.submission.errors import Conflict, Forbidden, NotFound
+from trainyard_platform.services.submission.governance import Lowered, lowered_reason
 from trainyard_platform.services.submission.group_commit import GroupCommit
 from trainyard_platform.services.submission.identity import Caller
 from trainyard_platform.services.submission.known_callers import KnownCaller
@@ -80,17 +81,18 @@ async def submit_job(
     idempotency_key: str | None,
     reproduces: str | None = None,
     held: asyncpg.Connection | None = None,
+    lowered: Lowered | None = None,
 ) -> tuple[JobView, bool]:
     """Store and announce a job; return its view and whether it is new (False: the same
     idempotency key was used before, and the earlier job is returned). ``reproduces``: the
     id of the job this one reproduces (``reproduce``). ``held``: a connection of ``pool``
-    the caller already holds (and gives back itself), used instead of taking another."""
-    job = await prepare(objects, caller, request, reproduces)
+    the caller already holds (and gives back itself), used instead of taking another.
+    ``lowered``: a spent budget lowered its class (``governance.admit``): its first history
+    entry and its ``job.submitted`` say from what class."""
+    job = await prepare(objects, caller, request, reproduces, lowered)
     job_id, spec, stored, now = job.job_id, job.spec, job.stored, job.submitted_at
     if not audit.must_record(caller.principal):
-        return await _store_announced(
-            _connection(pool, held), caller, job_id, spec, stored, now, idempotency_key
-        )
+        return await _store_announced(_connection(pool, held), caller, job, idempotency_key)
     async with _connection(pool, held) as conn, conn.transaction():
         created = await repo.insert_job(
             conn,
@@ -102,16 +104,17 @@ async def submit_job(
             idempotency_key,
             now,
             trace_id=recorded_trace_id(),
+            reason=job.reason,
         )
         if not created:
             assert idempotency_key is not None  # only a repeated key can conflict
             replayed = await _replayed_job(conn, caller, idempotency_key, stored)
             return await _read_view(conn, caller, replayed), False
-        event = JobSubmitted(job_id=job_id, spec=spec, submitted_at=now)
-        await outbox.enqueue(conn, Envelope.wrap(event, source=SOURCE, subject=job_id))
+        await outbox.enqueue(conn, Envelope.wrap(job.event, source=SOURCE, subject=job_id))
         if audit.must_record(caller.principal):
             await audit.record(conn, caller.principal, "submit job", job_id, {"name": spec.name})
-    view = submitted_job_view(job_id, caller.team, caller.user, stored, now, recorded_trace_id())
+    trace_id = recorded_trace_id()
+    view = submitted_job_view(job_id, caller.team, caller.user, stored, now, trace_id, job.reason)
     return view, True
 
 
@@ -122,13 +125,14 @@ async def check_job(
     request: JobRequest,
     idempotency_key: str | None,
     held: asyncpg.Connection | None = None,
+    lowered: Lowered | None = None,
 ) -> JobView:
     """What ``submit_job`` would answer for ``request``, with its checks, storing nothing (a
     dry run): ``prepare``'s (the role, the team, the bundle), and, for an idempotency key
     used before, the earlier job when its spec is the same (as a replay answers) or the
     ``Conflict`` a replay raises. A new job's view is ``submitted_job_view``'s, under an id
     no job has."""
-    job = await prepare(objects, caller, request)
+    job = await prepare(objects, caller, request, lowered=lowered)
     if idempotency_key is not None:
         async with _connection(pool, held) as conn:
             row = await repo.job_by_idempotency_key(
@@ -139,7 +143,7 @@ async def check_job(
                 return await _read_view(conn, caller, replayed)
     trace_id = recorded_trace_id()
     return submitted_job_view(
-        job.job_id, caller.team, caller.user, job.stored, job.submitted_at, trace_id
+        job.job_id, caller.team, caller.user, job.stored, job.submitted_at, trace_id, job.reason
     )
 
 
@@ -151,13 +155,36 @@ class Prepared:
     spec: JobSpec
     stored: dict[str, Any]
     submitted_at: datetime
+    lowered: Lowered | None = None
+    """A spent budget lowered its class (``governance.admit``)."""
+
+    @property
+    def reason(self) -> str:
+        """Its first history entry's reason (``governance.lowered_reason``)."""
+        return lowered_reason(self.lowered)
+
+    @property
+    def event(self) -> JobSubmitted:
+        """Its ``job.submitted``: with the class asked for when a budget lowered it."""
+        lowered_from = self.lowered.from_class if self.lowered else None
+        return JobSubmitted(
+            job_id=self.job_id,
+            spec=self.spec,
+            submitted_at=self.submitted_at,
+            lowered_from=lowered_from,
+        )
 
 
 async def prepare(
-    objects: Objects, caller: Caller, request: JobRequest, reproduces: str | None = None
+    objects: Objects,
+    caller: Caller,
+    request: JobRequest,
+    reproduces: str | None = None,
+    lowered: Lowered | None = None,
 ) -> Prepared:
     """What ``submit_job`` checks before it writes (the role, the team, the bundle), and
-    the job's id, spec and time. Reads only (the bundle's existence); raises the refusal."""
+    the job's id, spec and time (``lowered``: as ``submit_job``'s). Reads only (the bundle's
+    existence); raises the refusal."""
     caller.require(Role.MEMBER, "submitting jobs")
     if request.team is not None and request.team != caller.team:
         raise Forbidden(f"you can submit jobs for your own team ({caller.team}) only")
@@ -169,7 +196,7 @@ async def prepare(
     spec = request.to_spec(user=caller.user, team=caller.team)
     if reproduces is not None:
         spec = spec.model_copy(update={"reproduces": reproduces})
-    return Prepared(str(uuid.uuid4()), spec, dump(spec), datetime.now(UTC))
+    return Prepared(str(uuid.uuid4()), spec, dump(spec), datetime.now(UTC), lowered)
 
 
 async def submit_prepared_if_known(
@@ -184,18 +211,22 @@ async def submit_prepared_if_known(
     answers (``views.submitted_job_json``), a replayed one's as a ``JobView``."""
     caller = known.caller
     assert not audit.must_record(caller.principal)  # audited callers are never remembered
-    envelope = Envelope.wrap(
-        JobSubmitted(job_id=job.job_id, spec=job.spec, submitted_at=job.submitted_at),
-        source=SOURCE,
-        subject=job.job_id,
-    )
+    envelope = Envelope.wrap(job.event, source=SOURCE, subject=job.job_id)
     event = (envelope.id, envelope.nats_subject, envelope.to_json(), inject())
     trace_id = recorded_trace_id()
     held, stored = await writer.write(
         (
             (known.token_hash, caller.token_id, caller.user_id, caller.team_id, str(caller.role)),
             (known.month, known.declared, known.retired, known.budgets),
-            (job.job_id, job.spec.name, job.stored, idempotency_key, job.submitted_at, trace_id),
+            (
+                job.job_id,
+                job.spec.name,
+                job.stored,
+                idempotency_key,
+                job.submitted_at,
+                trace_id,
+                job.reason,
+            ),
             event,
         )
     )
@@ -207,7 +238,7 @@ async def submit_prepared_if_known(
             replayed = await _replayed_job(conn, caller, idempotency_key, job.stored)
             return await _read_view(conn, caller, replayed), False
     view = submitted_job_json(
-        job.job_id, caller.team, caller.user, job.stored, job.submitted_at, trace_id
+        job.job_id, caller.team, caller.user, job.stored, job.submitted_at, trace_id, job.reason
     )
     return view, True
 
@@ -227,17 +258,13 @@ async def _connection(
 async def _store_announced(
     connection: AbstractAsyncContextManager[asyncpg.Connection],
     caller: Caller,
-    job_id: str,
-    spec: JobSpec,
-    stored: dict[str, Any],
-    now: datetime,
+    job: Prepared,
     idempotency_key: str | None,
 ) -> tuple[JobView, bool]:
     """``submit_job`` for a caller whose writes are not audited: the job, its first history
     entry and its event in one statement, one round trip."""
-    envelope = Envelope.wrap(
-        JobSubmitted(job_id=job_id, spec=spec, submitted_at=now), source=SOURCE, subject=job_id
-    )
+    job_id, spec, stored, now = job.job_id, job.spec, job.stored, job.submitted_at
+    envelope = Envelope.wrap(job.event, source=SOURCE, subject=job_id)
     event = (envelope.id, envelope.nats_subject, envelope.to_json(), inject())
     trace_id = recorded_trace_id()
     async with connection as conn:
@@ -252,6 +279,7 @@ async def _store_announced(
             now,
             trace_id,
             event,
+            job.reason,
         )
         if not created:
             assert idempotency_key is not None  # only a repeated key can conflict
@@ -259,7 +287,8 @@ async def _store_announced(
                 replayed = await _replayed_job(conn, caller, idempotency_key, stored)
                 return await _read_view(conn, caller, replayed), False
         outbox.enqueued_by(conn)
-    return submitted_job_view(job_id, caller.team, caller.user, stored, now, trace_id), True
+    view = submitted_job_view(job_id, caller.team, caller.user, stored, now, trace_id, job.reason)
+    return view, True
 
 
 async def _replayed_job(

@@ -17,6 +17,9 @@ Contract:
   raises ``Conflict`` (409) naming the budget; ``deprioritize`` makes the job's priority
   class ``low`` (``DEPRIORITIZED_CLASS``), with a warning; ``warn`` admits it with a
   warning. The state is billing's as last said: a bill billing has not said yet is not in it.
+  Also returned: ``Lowered`` when ``deprioritize`` changed the class (the class asked for,
+  and why), None otherwise (a job asked ``low`` for is not lowered), which is recorded with
+  the job (its first history entry, ``lowered_reason``) and said in its ``job.submitted``.
 - ``screening(pool, bootstrap, team, now)``: both of the above read in one query (the
   submission path): ``.flavors`` is ``known_flavors``, ``.admit(job)`` is ``admit``.
   ``screening_columns``/``screening_of`` let another query read it too (the API's token
@@ -58,6 +61,28 @@ BUDGET_WARNING_HEADER = "Trainyard-Budget-Warning"
 log = logging.getLogger(__name__)
 DEPRIORITIZED_CLASS = "low"
 """The priority class a job gets when its budget is spent under ``deprioritize``."""
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A job whose priority class a spent budget lowered at admission (``deprioritize``)."""
+
+    from_class: str
+    """The class the job asked for."""
+    budget: str
+    """Which budget, and what is spent of it: "the budget of team vision is spent (100 of
+    90 USD spent in 2026-12)"."""
+
+
+def lowered_reason(lowered: Lowered | None) -> str:
+    """The reason of a job's first history entry: ``submitted``, and for a job a budget
+    lowered, from what class and why (kept once the budget is raised or the month ends)."""
+    if lowered is None:
+        return "submitted"
+    return (
+        f"submitted; priority lowered from {lowered.from_class} to {DEPRIORITIZED_CLASS}: "
+        f"{lowered.budget} (policy deprioritize)"
+    )
 
 
 def dispatch_with_governance(dispatch: TransactionalHandler) -> TransactionalHandler:
@@ -140,7 +165,7 @@ async def known_flavors(pool: asyncpg.Pool, bootstrap: Sequence[str]) -> list[st
 
 async def admit(
     pool: asyncpg.Pool, team: str, job: JobRequest, now: datetime | None = None
-) -> tuple[JobRequest, list[str]]:
+) -> tuple[JobRequest, list[str], Lowered | None]:
     """The job as its budgets admit it, and the warnings (module contract)."""
     month = _month(now or datetime.now(UTC))
     rows = await pool.fetch(
@@ -164,7 +189,7 @@ class Screening:
     flavors: list[str]
     budgets: list[dict[str, Any]]
 
-    def admit(self, job: JobRequest) -> tuple[JobRequest, list[str]]:
+    def admit(self, job: JobRequest) -> tuple[JobRequest, list[str], Lowered | None]:
         """``admit``, by the budgets read."""
         budgets = [b for b in self.budgets if b["project"] in ("", job.project)]
         return _by_budgets(self.team, job, budgets)
@@ -230,14 +255,17 @@ def _month(now: datetime) -> str:
 
 def _by_budgets(
     team: str, job: JobRequest, rows: Sequence[Mapping[str, Any]]
-) -> tuple[JobRequest, list[str]]:
+) -> tuple[JobRequest, list[str], Lowered | None]:
     warnings: list[str] = []
+    lowered: Lowered | None = None
     for row in rows:
         scope = f"team {team}" if not row["project"] else f"project {row['project']} of {team}"
         spent = f"{row['spent']} of {row['amount']} {row['currency']} spent in {row['month']}"
         if row["policy"] == "refuse":
             raise Conflict(f"the budget of {scope} is spent ({spent}); new jobs are refused")
         if row["policy"] == "deprioritize":
+            if job.priority != DEPRIORITIZED_CLASS:  # the first budget that lowers it
+                lowered = Lowered(job.priority, f"the budget of {scope} is spent ({spent})")
             job = job.model_copy(update={"priority": DEPRIORITIZED_CLASS})
             warnings.append(
                 f"the budget of {scope} is spent ({spent}); the job runs at priority "
@@ -245,4 +273,4 @@ def _by_budgets(
             )
         else:
             warnings.append(f"the budget of {scope} is spent ({spent})")
-    return job, warnings
+    return job, warnings, lowered

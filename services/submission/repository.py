@@ -25,9 +25,12 @@ def _insert_job_sql(*, announced: bool, caller_check: str | None = None) -> str:
     idempotency key, submitted at, trace id) and its first history entry (``submitted``),
     skipped when this user already used the idempotency key; with ``announced``, also the
     outbox row of its ``job.submitted`` event (``$9``-``$12``); with ``caller_check`` (a
-    ``SELECT`` of one row or none), only if that finds its row. The three statements the
+    ``SELECT`` of one row or none), only if that finds its row. The history entry's reason
+    is the last parameter (``governance.lowered_reason``). The three statements the
     functions below send are made here once, from these fixed fragments."""
     row = "$1, $2, $3, $4, $5, 'QUEUED', $6, $7, $7, $8"
+    # After the job's 8, the event's 4 and the caller check's 7 parameters.
+    reason = f"${9 + (4 if announced else 0) + (7 if caller_check else 0)}::text"
     parts = [f"caller AS ({caller_check})"] if caller_check else []
     parts += [
         f"""job AS (
@@ -35,9 +38,9 @@ def _insert_job_sql(*, announced: bool, caller_check: str | None = None) -> str:
                                  submitted_at, updated_at, trace_id)
                {f"SELECT {row} FROM caller" if caller_check else f"VALUES ({row})"}
                ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING id)""",
-        """history AS (
+        f"""history AS (
                INSERT INTO job_history (job_id, status, at, reason)
-               SELECT id, 'QUEUED', $7, 'submitted' FROM job RETURNING 1)""",
+               SELECT id, 'QUEUED', $7, {reason} FROM job RETURNING 1)""",
     ]
     stored = "history"
     if announced:
@@ -101,6 +104,7 @@ _BATCH_COLUMNS = (
     ("declared", "text"),
     ("retired", "text"),
     ("budgets", "text"),
+    ("reason", "text"),
 )
 """The columns of the rows ``insert_jobs_if_callers`` writes, one array parameter each
 (``spec`` and ``headers`` as JSON text, ``declared`` and ``retired`` as array literals:
@@ -133,7 +137,7 @@ _INSERT_JOBS_IF_CALLERS = f"""WITH r AS (
        ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING id),
    history AS (
        INSERT INTO job_history (job_id, status, at, reason)
-       SELECT c.id, 'QUEUED', c.submitted_at, 'submitted' FROM job JOIN caller c USING (id)
+       SELECT c.id, 'QUEUED', c.submitted_at, c.reason FROM job JOIN caller c USING (id)
        RETURNING 1),
    event AS (
        INSERT INTO outbox (event_id, subject, body, headers)
@@ -153,10 +157,12 @@ async def insert_job(
     idempotency_key: str | None,
     submitted_at: datetime,
     trace_id: str | None = None,
+    reason: str = "submitted",
 ) -> bool:
-    """Store a QUEUED job and its first history entry (``submitted``), in one statement,
-    with the trace its events travel in (``trace_id``). False (nothing stored) when this user
-    already submitted a job with this idempotency key."""
+    """Store a QUEUED job and its first history entry (``reason``: ``submitted``, or what
+    ``governance.lowered_reason`` says of a job a budget lowered), in one statement, with the
+    trace its events travel in (``trace_id``). False (nothing stored) when this user already
+    submitted a job with this idempotency key."""
     row = await conn.fetchrow(
         _INSERT_JOB,
         job_id,
@@ -167,6 +173,7 @@ async def insert_job(
         idempotency_key,
         submitted_at,
         trace_id,
+        reason,
     )
     assert row is not None  # a SELECT without FROM has one row
     return bool(row["stored"])
@@ -183,6 +190,7 @@ async def insert_job_announced(
     submitted_at: datetime,
     trace_id: str | None,
     event: tuple[str, str, bytes, dict[str, str]],
+    reason: str = "submitted",
 ) -> bool:
     """``insert_job`` and the outbox row of its ``job.submitted`` event ``(event_id,
     subject, body, headers)``, in one statement (so in one transaction of its own, with no
@@ -200,6 +208,7 @@ async def insert_job_announced(
         submitted_at,
         trace_id,
         *event,
+        reason,
     )
     assert row is not None  # a SELECT without FROM has one row
     return bool(row["stored"])
@@ -210,8 +219,9 @@ CallerKey = tuple[str, int, int, int, str]
 user_id, team_id, role)``."""
 ScreeningKey = tuple[str, list[str], list[str], str]
 """A remembered screening: ``(month, declared, retired, budgets)``."""
-NewJob = tuple[str, str, dict[str, Any], str | None, datetime, str | None]
-"""``(job_id, name, spec, idempotency_key, submitted_at, trace_id)``."""
+NewJob = tuple[str, str, dict[str, Any], str | None, datetime, str | None, str]
+"""``(job_id, name, spec, idempotency_key, submitted_at, trace_id, reason)``: ``reason`` is
+its first history entry's (``insert_job``)."""
 NewEvent = tuple[str, str, bytes, dict[str, str]]
 """An outbox row: ``(event_id, subject, body, headers)``."""
 Submission = tuple[CallerKey, ScreeningKey, NewJob, NewEvent]
@@ -231,12 +241,12 @@ async def insert_job_if_caller(
     caller and stores the job. ``caller``: ``(token_hash, token_id, user_id, team_id,
     role)``; ``screening``: ``(month, declared, retired, budgets)`` as
     ``governance.screening_unchanged`` takes them; ``job``: ``(job_id, name, spec,
-    idempotency_key, submitted_at, trace_id)``. Returns (the caller and screening held,
+    idempotency_key, submitted_at, trace_id, reason)``. Returns (the caller and screening held,
     the job was stored): (True, False) when this user already used the idempotency key,
     (False, False) when anything about the caller or screening differs (nothing stored)."""
     token_hash, token_id, user_id, team_id, role = caller
     month, declared, retired, budgets = screening
-    job_id, name, spec, idempotency_key, submitted_at, trace_id = job
+    job_id, name, spec, idempotency_key, submitted_at, trace_id, reason = job
     row = await conn.fetchrow(
         _INSERT_JOB_IF_CALLER,
         job_id,
@@ -255,6 +265,7 @@ async def insert_job_if_caller(
         declared,
         retired,
         budgets,
+        reason,
     )
     assert row is not None  # a SELECT without FROM has one row
     return bool(row["held"]), bool(row["stored"])
@@ -274,7 +285,7 @@ async def insert_jobs_if_callers(
     ``(held, stored)`` per submission, in order."""
     columns: list[list[Any]] = [[] for _ in _BATCH_COLUMNS]
     for caller, screening, job, event in submissions:
-        job_id, name, spec, key, submitted_at, trace_id = job
+        job_id, name, spec, key, submitted_at, trace_id, reason = job
         token_hash, token_id, user_id, team_id, role = caller
         month, declared, retired, budgets = screening
         event_id, subject, body, headers = event
@@ -298,6 +309,7 @@ async def insert_jobs_if_callers(
             _text_array(declared),
             _text_array(retired),
             budgets,
+            reason,
         )
         for column, value in zip(columns, row, strict=True):
             column.append(value)

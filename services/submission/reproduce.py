@@ -143,10 +143,10 @@ async def reproduce_job(
     original = JobSpec.model_validate(row["spec"])
     screening = await governance.screening(pool, settings.flavors, caller.team)
     job = parse_job_request(reproduction_body(original, changes), screening.flavors)
-    job, warnings = screening.admit(job)
+    job, warnings, lowered = screening.admit(job)
     job = await admission.admit(job, request.headers.get("authorization", ""))
     view, created = await commands.submit_job(
-        pool, objects, caller, job, parse_idempotency_key(key), reproduces=job_id
+        pool, objects, caller, job, parse_idempotency_key(key), reproduces=job_id, lowered=lowered
     )
     headers = {"Location": f"/v1/jobs/{view.id}"}
     if warnings:

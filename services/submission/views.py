@@ -97,9 +97,11 @@ def submitted_job_view(
     spec: dict[str, Any],
     submitted_at: datetime,
     trace_id: str | None = None,
+    reason: str = "submitted",
 ) -> JobView:
     """The view of a job just stored by ``repository.insert_job``: what reading it back
-    would give (QUEUED, one history entry, nothing placed, run, saved or billed yet)."""
+    would give (QUEUED, one history entry with ``reason``, nothing placed, run, saved or
+    billed yet)."""
     row: dict[str, Any] = dict.fromkeys(_NULLABLE_JOB_COLUMNS)
     row.update(
         id=job_id,
@@ -113,7 +115,7 @@ def submitted_job_view(
         metrics={},
         trace_id=trace_id,
     )
-    history = [{"status": JobStatus.QUEUED, "at": submitted_at, "reason": "submitted"}]
+    history = [{"status": JobStatus.QUEUED, "at": submitted_at, "reason": reason}]
     return job_view(row, history, checkpoints=[], model=None, costs=[], allocations=0)
 
 
@@ -124,6 +126,7 @@ def submitted_job_json(
     spec: dict[str, Any],
     submitted_at: datetime,
     trace_id: str | None = None,
+    reason: str = "submitted",
 ) -> bytes:
     """``submitted_job_view`` as the API answers it, without building the view: the same
     bytes Litestar writes for that ``JobView`` (its JSON-mode dump, encoded by Litestar's
@@ -139,7 +142,7 @@ def submitted_job_json(
         team=team,
         user=user,
         spec=spec,
-        history=[{**view["history"][0], "at": at}],
+        history=[{**view["history"][0], "at": at, "reason": reason}],
         submitted_at=at,
         updated_at=at,
         trace_id=trace_id,

@@ -231,6 +231,10 @@ class JobSubmitted(Payload):
     job_id: str
     spec: JobSpec
     submitted_at: datetime
+    lowered_from: Text | None = None
+    """The priority class the job asked for when a spent budget (policy ``deprioritize``)
+    admitted it at ``spec.priority`` (``low``) instead; None: admitted at the class asked for
+    (or from a publisher that does not say)."""
 
 
 class JobCancelRequested(Payload):

@@ -78,22 +78,28 @@ async def test_the_catalogue_replica_keeps_the_latest_revision_of_each_flavor(
 async def test_a_spent_budget_refuses_deprioritizes_or_warns_by_its_policy(
     pool: asyncpg.Pool,
 ) -> None:
-    assert await admit(pool, "ml", job(), NOW) == (job(), [])
+    assert await admit(pool, "ml", job(), NOW) == (job(), [], None)
 
     await feed(pool, state(1))
     with pytest.raises(Conflict, match=r"budget of team ml is spent \(12 of 10 USD"):
         await admit(pool, "ml", job(), NOW)
-    assert await admit(pool, "vision", job(), NOW) == (job(), [])  # another team's
+    assert await admit(pool, "vision", job(), NOW) == (job(), [], None)  # another team's
     # A state of an earlier month counts for nothing in this one.
-    assert await admit(pool, "ml", job(), datetime(2027, 1, 1, tzinfo=UTC)) == (job(), [])
+    assert await admit(pool, "ml", job(), datetime(2027, 1, 1, tzinfo=UTC)) == (job(), [], None)
 
     await feed(pool, state(3, policy="deprioritize"), state(2, policy="refuse"))  # 2 is older
-    admitted, warnings = await admit(pool, "ml", job(), NOW)
+    admitted, warnings, lowered = await admit(pool, "ml", job(), NOW)
     assert admitted.priority == "low"
     assert warnings == [
         "the budget of team ml is spent (12 of 10 USD spent in 2026-12); the job runs at "
         "priority low"
     ]
+    # What the job keeps (its first history entry, its job.submitted): lowered, from what.
+    assert lowered == governance.Lowered(
+        "normal", "the budget of team ml is spent (12 of 10 USD spent in 2026-12)"
+    )
+    low = job().model_copy(update={"priority": "low"})
+    assert await admit(pool, "ml", low, NOW) == (low, warnings, None)  # asked low: not lowered
 
     await feed(pool, state(4, policy="warn"), state(5, project="nlp", policy="refuse"))
     assert (await admit(pool, "ml", job("default"), NOW))[0].priority == "normal"
@@ -101,7 +107,7 @@ async def test_a_spent_budget_refuses_deprioritizes_or_warns_by_its_policy(
         await admit(pool, "ml", job("nlp"), NOW)
 
     await feed(pool, state(6, project="nlp", deleted=True), state(7, exhausted=False))
-    assert await admit(pool, "ml", job("nlp"), NOW) == (job("nlp"), [])
+    assert await admit(pool, "ml", job("nlp"), NOW) == (job("nlp"), [], None)
 
 
 async def test_the_one_query_screening_reads_what_known_flavors_and_admit_read(

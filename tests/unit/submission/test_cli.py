@@ -175,6 +175,19 @@ def test_describe_shows_the_priority_class_the_job_runs_at() -> None:
     assert re.search(r"^priority +low$", render_job(low), re.M)
 
 
+def test_describe_shows_from_what_class_a_budget_lowered_the_job() -> None:
+    # Once the budget is raised or the month ends nothing else says why the job runs at low:
+    # its first history entry (written at submission) does, and describe shows it whole.
+    reason = (
+        "submitted; priority lowered from normal to low: the budget of team ml is spent "
+        "(12 of 10 USD spent in 2026-12) (policy deprioritize)"
+    )
+    first = {**VIEW["history"][0], "reason": reason}
+    out = render_job({**VIEW, "history": [first, *VIEW["history"][1:]]})
+    assert "QUEUED     submitted; priority lowered from normal to low: the budget" in out
+    assert "(policy deprioritize)" in out
+
+
 def test_describe_counts_attempts_from_one() -> None:
     # The view's attempt is the 0-based index (the scheduler's first attempt is 0); describe
     # said "attempt 0 on node-1" where the dashboard and the history say "attempt 1".

@@ -245,11 +245,18 @@ _FRESH: list[tuple[dict[str, Any], datetime, str | None]] = [
 ]
 
 
+LOWERED = (
+    "submitted; priority lowered from normal to low: the budget of team ml is spent "
+    "(12 of 10 USD spent in 2026-12) (policy deprioritize)"
+)
+
+
+@pytest.mark.parametrize("reason", ["submitted", LOWERED])
 @pytest.mark.parametrize(("spec", "submitted_at", "trace_id"), _FRESH)
 def test_a_submitted_jobs_json_is_the_bytes_litestar_writes_for_its_view(
-    spec: dict[str, Any], submitted_at: datetime, trace_id: str | None
+    spec: dict[str, Any], submitted_at: datetime, trace_id: str | None, reason: str
 ) -> None:
-    args = ("job-1", "ml", "alice", spec, submitted_at, trace_id)
+    args = ("job-1", "ml", "alice", spec, submitted_at, trace_id, reason)
 
     @get("/view", sync_to_thread=False)
     def as_view() -> Response[Any]:
@@ -264,6 +271,8 @@ def test_a_submitted_jobs_json_is_the_bytes_litestar_writes_for_its_view(
     assert encoded.content == view.content
     assert encoded.headers["content-type"] == view.headers["content-type"]
     assert submitted_job_view(*args).model_dump(mode="json")["trace_id"] == trace_id
+    # A job a spent budget lowered says so in its first history entry from its 201 on.
+    assert [h["reason"] for h in view.json()["history"]] == [reason]
 
 
 def test_every_attempt_field_of_the_api_says_it_is_a_0_based_index() -> None:

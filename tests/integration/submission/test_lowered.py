@@ -1,0 +1,118 @@
+"""A job a spent budget lowered at submission (policy ``deprioritize``) keeps, from its
+admission, that it was lowered and from what class: its first history entry (what the job
+view, ``trainyard describe`` and the dashboard show) and its ``job.submitted``
+(``lowered_from``, which the scheduler reads), on every path that stores a job: an audited
+caller's transaction, a member's one statement, a remembered member's statement and a
+group commit's batch. A job its user asked ``low`` for is submitted as ever."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from tests.integration.submission.conftest import SPEC
+from tests.integration.submission.test_known_callers import _client, _member, _post
+from trainyard_platform.services.submission import identity
+from trainyard_platform.services.submission import repository as repo
+from trainyard_platform.services.submission.config import Settings
+from trainyard_platform.services.submission.governance import current_month
+from trainyard_platform.services.submission.service import NAME
+from trainyard_platform.shared.auth import hash_token
+from trainyard_platform.shared.db import open_pool
+
+pytestmark = pytest.mark.integration
+
+SPENT = f"the budget of team ml is spent (11 of 10 USD spent in {current_month()})"
+LOWERED = f"submitted; priority lowered from normal to low: {SPENT} (policy deprioritize)"
+
+
+async def _deprioritizing(pool: asyncpg.Pool) -> None:
+    await pool.execute(
+        """INSERT INTO budget_replica (team, project, month, amount, spent, currency, policy,
+                                      exhausted, deleted, revision)
+           VALUES ('ml', '', $1, '10', '11', 'USD', 'deprioritize', true, false, 1)""",
+        current_month(),
+    )
+
+
+async def _told(pool: asyncpg.Pool, job_id: str) -> tuple[str, str | None]:
+    """The job's first history entry's reason and its job.submitted's ``lowered_from``."""
+    reason = await pool.fetchval(
+        "SELECT reason FROM job_history WHERE job_id = $1 ORDER BY id LIMIT 1", job_id
+    )
+    body = await pool.fetchval(
+        "SELECT body FROM outbox WHERE subject = $1", f"trainyard.job.submitted.v1.{job_id}"
+    )
+    data: dict[str, Any] = json.loads(body)["data"]
+    return reason, data.get("lowered_from")
+
+
+async def _view(client: httpx.AsyncClient, token: str, job_id: str) -> dict[str, Any]:
+    got = await client.get(f"/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {token}"})
+    assert got.status_code == 200, got.text
+    view: dict[str, Any] = got.json()
+    return view
+
+
+async def test_a_lowered_job_says_from_what_class_on_every_path(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    # Seen: the job was told only in the answer to its submission (a header); once the
+    # budget was raised nothing said why it ran at low, and the scheduler could not tell it
+    # from a job asked low for.
+    await _deprioritizing(pool)
+    admin = await identity.bootstrap_user(pool, "ml", "alice")
+    async with open_pool(settings.database, NAME) as front, await _client(settings, front) as c:
+        member = await _member(c, admin)
+        answers = [
+            await _post(c, admin),  # audited: a transaction with its audit row
+            await _post(c, member),  # the token's first request: the full path
+            await _post(c, member),  # remembered: the one statement with the token check
+        ]
+        asked_low = await _post(c, member, {**SPEC, "priority": "low"})
+        dry = await c.post(
+            "/v1/jobs?dry_run=true", json=SPEC, headers={"Authorization": f"Bearer {member}"}
+        )
+        for answer in answers:
+            assert answer.status_code == 201, answer.text
+            assert "Trainyard-Budget-Warning" in answer.headers
+            job = answer.json()
+            assert job["spec"]["priority"] == "low"
+            assert [h["reason"] for h in job["history"]] == [LOWERED]  # the 201 says it
+            view = await _view(c, admin, job["id"])
+            assert view["history"][0]["reason"] == LOWERED  # and so does the job view
+            assert await _told(pool, job["id"]) == (LOWERED, "normal")
+        assert asked_low.status_code == 201, asked_low.text
+        assert await _told(pool, asked_low.json()["id"]) == ("submitted", None)
+        assert dry.status_code == 200, dry.text
+        assert dry.json()["history"][0]["reason"] == LOWERED
+
+
+async def test_a_group_commits_batch_keeps_each_jobs_own_first_reason(
+    pool: asyncpg.Pool,
+) -> None:
+    token = await identity.bootstrap_user(pool, "ml", "alice")
+    row = await pool.fetchrow(
+        "SELECT k.id, u.id AS user_id, u.team_id FROM tokens k JOIN users u ON u.id = k.user_id"
+    )
+    assert row is not None
+    caller = (hash_token(token), row["id"], row["user_id"], row["team_id"], "admin")
+    screening = (current_month(), [], [], "[]")
+    at = await pool.fetchval("SELECT now()")
+    rows = [
+        (
+            caller,
+            screening,
+            (job_id, "n", {"name": "n"}, None, at, None, reason),
+            (f"e-{job_id}", f"trainyard.job.submitted.v1.{job_id}", b"{}", {}),
+        )
+        for job_id, reason in (("j1", LOWERED), ("j2", "submitted"))
+    ]
+    async with pool.acquire() as conn:
+        assert await repo.insert_jobs_if_callers(conn, rows) == [(True, True), (True, True)]
+    stored = await pool.fetch("SELECT job_id, reason FROM job_history ORDER BY job_id")
+    assert [tuple(r) for r in stored] == [("j1", LOWERED), ("j2", "submitted")]
