@@ -29,11 +29,14 @@ Contract:
   project): exhausted in ``now``'s UTC month under policy ``deprioritize`` without holding
   queued jobs (``on_exhausted`` ``finish``). Submission admits a job of such a budget's team
   (or project) at priority ``LOWERED_CLASS``; the scheduler changes no job's class, but
-  ``lowered_by(team, project, priority, lowers)`` names the budget (the team's before the
-  project's) when a waiting job is of that class while its budget lowers, and
-  ``lowered_part(budget, now)`` is what its explanation then starts with: which budget,
-  what is spent of it, and until when jobs are submitted at ``low`` (it is raised, or the
-  next UTC month). A job its user asked ``low`` for is told the same: nothing says which.
+  ``lowered_by(team, project, priority, lowered_from, lowers)`` names the budget (the
+  team's before the project's) when a waiting job submission lowered (its ``job.submitted``
+  said ``lowered_from``, kept in ``jobs.lowered_from``) is of that class while its budget
+  lowers, and ``lowered_part(budget, now)`` is what its explanation then starts with: which
+  budget, what is spent of it, and until when jobs are submitted at ``low`` (it is raised,
+  or the next UTC month). A job its user asked ``low`` for is told nothing of the budget,
+  nor is one queued before the scheduler kept ``lowered_from`` (nothing says it was
+  lowered).
 - ``budget_note_parts(hold, now)``: what a held job is told (``convert.budget_note`` makes
   its ``job.pending``): reason, blocking, suggestion and estimated start: which budget, what
   is spent of it this month, and until when it is held (the start of the next UTC month,
@@ -126,10 +129,13 @@ def lowering(rows: Iterable[Row], now: datetime) -> dict[tuple[str, str], Row]:
     }
 
 
-def lowered_by(team: str, project: str | None, priority: str, lowers: Holds) -> Row | None:
-    """The budget lowering new jobs of ``team`` and ``project`` when ``priority`` is the class
-    it gives them, or None (module contract)."""
-    if priority != LOWERED_CLASS:
+def lowered_by(
+    team: str, project: str | None, priority: str, lowered_from: str | None, lowers: Holds
+) -> Row | None:
+    """The budget lowering new jobs of ``team`` and ``project`` when the job was lowered
+    (``lowered_from``: the class it asked for) and ``priority`` is still the class it was
+    given, or None (module contract)."""
+    if priority != LOWERED_CLASS or lowered_from is None:
         return None
     return hold_of(team, project, lowers)
 

@@ -12,10 +12,10 @@ Contract:
   after a failure until its ``eligible_at`` (``restart_note`` says so), and a job whose
   team's or project's budget holds it (``budget_holds``: spent this UTC month under a policy
   that holds queued jobs; ``budget_note`` says which budget, and until when); a waiting job
-  at the class a spent budget under ``deprioritize`` gives its team's (or project's) new jobs
-  is told so first (``lowered_note``; ``budget_holds.lowering``); a job being cancelled, or under
-  a preemption notice, is *leaving* (never chosen as a victim again); usage is decayed to
-  ``now`` with the policy's ``decay_usage``.
+  that submission lowered to the class a spent budget under ``deprioritize`` gives its team's
+  (or project's) new jobs is told so first (``lowered_note``; ``budget_holds.lowering``); a
+  job being cancelled, or under a preemption notice, is *leaving* (never chosen as a victim
+  again); usage is decayed to ``now`` with the policy's ``decay_usage``.
 - ``pending_notes(decisions, built, now)`` gives every waiting job its ``PendingNote``
   (reason, position, blocking, suggestion, estimated start as a datetime) and
   ``note_changed`` says whether a note is news compared with the last one published: the
@@ -101,7 +101,7 @@ class SnapshotRows:
     pending: Sequence[Row]
     """Queued jobs: job_id, queue, gpu_flavor, gpus, priority_class, submitted_at,
     max_runtime_seconds, seq, the last published pending_* columns (and eligible_at,
-    attempt, restarts, max_restarts, platform_retries, team, project)."""
+    attempt, restarts, max_restarts, platform_retries, team, project, lowered_from)."""
     budgets: Sequence[Row] = ()
     """Budget states that may hold jobs (``budget_holds.load``): exhausted, not deleted."""
 
@@ -382,9 +382,16 @@ def budget_note(hold: Row, position: int, now: datetime) -> PendingNote:
 
 def lowered_note(note: PendingNote, row: Row, lowers: Holds, now: datetime) -> PendingNote:
     """``note`` of the waiting job ``row``, starting with ``budget_holds.lowered_part`` while
-    a spent budget lowers its team's (or project's) new jobs and it is of the class they get;
-    otherwise ``note`` unchanged (the decisions are the policy's either way)."""
-    budget = lowered_by(row.get("team", ""), row.get("project"), row["priority_class"], lowers)
+    a spent budget lowers its team's (or project's) new jobs and submission lowered it to
+    the class they get (``row["lowered_from"]``); otherwise ``note`` unchanged (the
+    decisions are the policy's either way)."""
+    budget = lowered_by(
+        row.get("team", ""),
+        row.get("project"),
+        row["priority_class"],
+        row.get("lowered_from"),
+        lowers,
+    )
     if budget is None:
         return note
     # First: a reason ends with its estimate, which ``shared.waits`` rewrites when read.
@@ -394,8 +401,8 @@ def lowered_note(note: PendingNote, row: Row, lowers: Holds, now: datetime) -> P
 def pending_notes(decisions: Decisions, built: Built) -> dict[str, PendingNote]:
     """A note for every waiting job: the policy's explanations, then the jobs held back (an
     unknown priority class, a restart back-off, a spent budget) last in their queues, by
-    submit time. A job at the class a spent budget gives its team's new jobs says so first
-    (``lowered_note``), unless a budget holds it."""
+    submit time. A job submission lowered to the class a spent budget gives its team's new
+    jobs says so first (``lowered_note``), unless a budget holds it."""
     notes = {
         job_id: PendingNote.from_explanation(e) for job_id, e in decisions.explanations.items()
     }

@@ -375,7 +375,14 @@ class SchedulerHandlers:
         self, conn: asyncpg.Connection, submitted: JobSubmitted, context: dict[str, str] | None
     ) -> repo.NewJob:
         queue = await self._queue_for(conn, submitted.spec.team)
-        return repo.NewJob(submitted.job_id, submitted.spec, submitted.submitted_at, queue, context)
+        return repo.NewJob(
+            submitted.job_id,
+            submitted.spec,
+            submitted.submitted_at,
+            queue,
+            context,
+            submitted.lowered_from,
+        )
 
     async def _queue(
         self, conn: asyncpg.Connection, jobs: Sequence[repo.NewJob], now: datetime

@@ -129,7 +129,7 @@ _PENDING_ROWS = (
     "SELECT job_id, queue, gpu_flavor, gpus, priority_class, submitted_at, "
     "max_runtime_seconds, seq, pending_reason, pending_position, pending_blocking, "
     "pending_suggestion, pending_estimated_start, eligible_at, attempt, restarts, max_restarts, "
-    "platform_retries, team, spec->>'project' AS project FROM jobs"
+    "platform_retries, team, spec->>'project' AS project, lowered_from FROM jobs"
 )
 
 
@@ -266,6 +266,9 @@ class NewJob:
     queue: str
     trace_context: Mapping[str, str] | None
     """The trace context its submission's handling runs in (None: none)."""
+    lowered_from: str | None = None
+    """The class it asked for when a spent budget had submission admit it at ``low``
+    (``job.submitted``'s ``lowered_from``); None: admitted at the class it asked for."""
 
 
 async def insert_jobs(conn: asyncpg.Connection, jobs: Sequence[NewJob], now: datetime) -> set[str]:
@@ -278,16 +281,16 @@ async def insert_jobs(conn: asyncpg.Connection, jobs: Sequence[NewJob], now: dat
     rows = await conn.fetch(
         """INSERT INTO jobs (job_id, team, user_name, gpu_flavor, gpus, max_restarts, spec,
                              status, submitted_at, updated_at, queue, priority_class,
-                             max_runtime_seconds, trace_context)
+                             max_runtime_seconds, trace_context, lowered_from)
            SELECT j.job_id, j.team, j.user_name, j.gpu_flavor, j.gpus, j.max_restarts, j.spec,
                   'QUEUED', j.submitted_at, $12, j.queue, j.priority_class, j.runtime,
-                  j.trace_context
+                  j.trace_context, j.lowered_from
            FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::integer[],
                        $6::integer[], $7::jsonb[], $8::timestamptz[], $9::text[], $10::text[],
-                       $11::integer[], $13::jsonb[])
+                       $11::integer[], $13::jsonb[], $14::text[])
                 WITH ORDINALITY AS j(job_id, team, user_name, gpu_flavor, gpus, max_restarts,
                                      spec, submitted_at, queue, priority_class, runtime,
-                                     trace_context, n)
+                                     trace_context, lowered_from, n)
            ORDER BY j.n
            ON CONFLICT (job_id) DO NOTHING RETURNING job_id""",
         [j.job_id for j in jobs],
@@ -303,6 +306,7 @@ async def insert_jobs(conn: asyncpg.Connection, jobs: Sequence[NewJob], now: dat
         [max(1, j.spec.max_runtime_seconds) for j in jobs],
         now,
         [dict(j.trace_context) if j.trace_context else None for j in jobs],
+        [j.lowered_from for j in jobs],
     )
     return {r["job_id"] for r in rows}
 

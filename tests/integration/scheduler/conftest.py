@@ -123,12 +123,22 @@ class Scheduler:
             node_id,
         )
 
-    async def submit(self, job_id: str, gpus: int, flavor: str = "cpu", **spec: Any) -> None:
+    async def submit(
+        self,
+        job_id: str,
+        gpus: int,
+        flavor: str = "cpu",
+        lowered_from: str | None = None,
+        **spec: Any,
+    ) -> None:
+        """Submit a job as submission announces it (``lowered_from``: a spent budget had it
+        admitted at ``low`` instead of that class)."""
         await self.send(
             JobSubmitted(
                 job_id=job_id,
                 spec=make_spec(gpus=gpus, gpu_flavor=flavor, **spec),
                 submitted_at=datetime.now(UTC),
+                lowered_from=lowered_from,
             ),
             job_id,
         )

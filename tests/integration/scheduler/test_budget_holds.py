@@ -128,9 +128,11 @@ async def test_a_budget_that_deprioritizes_is_named_in_its_low_jobs_reasons_unti
     # Seen: submission admits a job at priority low once its team's budget is spent under
     # ``deprioritize``, and said so only in the answer to the submission; the job's reason
     # (what describe, ls, the job view and the dashboard show) never did.
-    await scheduler.submit("low-1", gpus=1, priority="low")
+    await scheduler.submit("low-1", gpus=1, priority="low", lowered_from="normal")
     await scheduler.submit("normal-1", gpus=1)
-    for job_id in ("low-1", "normal-1"):
+    # Its user asked for low: job.submitted says no class was lowered, so it is told nothing.
+    await scheduler.submit("asked-low", gpus=1, priority="low")
+    for job_id in ("low-1", "normal-1", "asked-low"):
         await scheduler.wait_for(JobPending, lambda p, job_id=job_id: p.job_id == job_id)
     await scheduler.send(state(1, exhausted=True, policy="deprioritize"), "vision")
     (told,) = await scheduler.wait_for(
@@ -141,7 +143,7 @@ async def test_a_budget_that_deprioritizes_is_named_in_its_low_jobs_reasons_unti
     )
     assert "until it is raised or the month ends" in told.reason
     # A job arriving while the budget is spent (submission lowered it) is told at once.
-    await scheduler.submit("low-2", gpus=1, priority="low")
+    await scheduler.submit("low-2", gpus=1, priority="low", lowered_from="high")
     await scheduler.wait_for(
         JobPending, lambda p: p.job_id == "low-2" and p.reason.startswith("deprioritized:")
     )
@@ -149,9 +151,14 @@ async def test_a_budget_that_deprioritizes_is_named_in_its_low_jobs_reasons_unti
         "SELECT pending_reason FROM jobs WHERE job_id = 'low-1' AND status = 'QUEUED'"
     )
     assert reason == told.reason  # the queue's pending reasons say it too
-    # At its own class: nothing lowered it.
-    told_normal = scheduler.events(JobPending, lambda p: p.job_id == "normal-1")
-    assert not any(p.reason.startswith("deprioritized:") for p in told_normal)
+    # At its own class, or at low because its user asked: nothing lowered it.
+    for job_id in ("normal-1", "asked-low"):
+        told_plain = scheduler.events(JobPending, lambda p, job_id=job_id: p.job_id == job_id)
+        assert told_plain and not any(p.reason.startswith("deprioritized:") for p in told_plain)
+    kept = await scheduler.pool.fetch(
+        "SELECT job_id, lowered_from FROM jobs WHERE job_id LIKE '%low%' ORDER BY job_id"
+    )
+    assert [tuple(r) for r in kept] == [("asked-low", None), ("low-1", "normal"), ("low-2", "high")]
 
     # Raised: the reason goes.
     await scheduler.send(state(2, exhausted=False, policy="deprioritize"), "vision")

@@ -149,18 +149,17 @@ def next_month() -> datetime:
 
 def lowered_rows(*budgets: dict[str, Any]) -> Any:
     """Team-a's jobs too large for their queue ever to start (8 GPUs; queue qa holds 4):
-    ``a-low`` at the class a spent budget under ``deprioritize`` gives new jobs, ``a-normal``
-    queued at its own, ``a-nlp`` at ``low`` in another project; and team-z's, at ``low``."""
+    ``a-low`` lowered by submission to the class a spent budget under ``deprioritize`` gives
+    new jobs, ``a-normal`` queued at its own, ``a-nlp`` lowered to ``low`` in another project,
+    ``a-asked-low`` at ``low`` because its user asked for it; and team-z's, at ``low``."""
+    lowered = {"priority_class": "low", "lowered_from": "normal"}
     return rows(
         pending=[
-            waiting("a-low", "qa", gpus=8, seq=1, priority_class="low", **TEAM_A),
+            waiting("a-low", "qa", gpus=8, seq=1, **lowered, **TEAM_A),
             waiting("a-normal", "qa", gpus=8, seq=2, **TEAM_A),
-            waiting(
-                "a-nlp", "qa", gpus=8, seq=3, priority_class="low", team="team-a", project="nlp"
-            ),
-            waiting(
-                "z-low", implicit_queue_z(), gpus=16, seq=4, priority_class="low", team="team-z"
-            ),
+            waiting("a-nlp", "qa", gpus=8, seq=3, **lowered, team="team-a", project="nlp"),
+            waiting("a-asked-low", "qa", gpus=8, seq=5, priority_class="low", **TEAM_A),
+            waiting("z-low", implicit_queue_z(), gpus=16, seq=4, **lowered, team="team-z"),
         ],
         budgets=list(budgets),
         queues=[queue("qa", "team-a", "c1"), queue(implicit_queue_z(), "team-z", implicit=True)],
@@ -200,6 +199,9 @@ def test_a_job_at_low_while_its_budget_deprioritizes_says_so_and_nothing_else_ch
     assert notes["a-nlp"].reason.startswith(LOWERED)  # the team's budget covers its projects
     # Queued at its own class (before the budget ran out, or not lowered): nothing to say.
     assert notes["a-normal"] == before["a-normal"]
+    # Its user asked for low: the budget did not lower it (job.submitted said no
+    # lowered_from), so it is not told the budget did.
+    assert notes["a-asked-low"] == before["a-asked-low"]
     assert notes["z-low"] == before["z-low"]  # another team's budget
 
 
@@ -244,10 +246,11 @@ def test_a_deprioritized_reason_keeps_its_estimate_last_for_readers_to_count_aga
     # Views rewrite a reason's closing estimate from the time they are read (shared.waits).
     start = NOW + timedelta(minutes=28)
     note = PendingNote("waiting for GPUs; expected start in ~28 min", 3, "a100", None, start)
-    row = {"team": "team-a", "project": "vision", "priority_class": "low"}
+    row = {"team": "team-a", "project": "vision", "priority_class": "low", "lowered_from": "x"}
     lowers = lowering([budget("team-a", policy="deprioritize")], NOW)
     told = lowered_note(note, row, lowers, NOW)
     assert told == replace(note, reason=LOWERED + note.reason)
     read = estimate_from(told.reason, start, NOW + timedelta(minutes=10))
     assert read == LOWERED + "waiting for GPUs; expected start in ~18 min"
     assert lowered_note(note, {**row, "priority_class": "normal"}, lowers, NOW) == note
+    assert lowered_note(note, {**row, "lowered_from": None}, lowers, NOW) == note
