@@ -216,6 +216,30 @@ def claim_job_uids(choices: Sequence[range], lock_dir: Path | None = None) -> It
     )
 
 
+def remembered_first(choices: Sequence[range], record: Path) -> list[range]:
+    """``choices`` with the range this node's runner held last (``remember_job_uids``) put
+    first. A runner that took a later choice because its first was held, then was killed,
+    would otherwise take its first back once free, leaving the earlier runner's job
+    processes, under uids no runner then holds, for nobody to kill (``kill_leftovers``
+    kills only the uids it claims). A single choice (set by the operator) is kept as is;
+    an unreadable record, or one naming no choice, changes nothing."""
+    if len(choices) < 2:
+        return list(choices)
+    try:
+        start = int(record.read_text().strip())
+    except (OSError, ValueError):
+        return list(choices)
+    last = [c for c in choices if c.start == start]
+    return last + [c for c in choices if c.start != start]
+
+
+def remember_job_uids(record: Path, uids: range) -> None:
+    """Record ``uids`` as this node's (``remembered_first``), replacing the record whole."""
+    partial = record.with_name(record.name + ".partial")
+    partial.write_text(f"{uids.start}\n")
+    partial.replace(record)
+
+
 PR_SET_PDEATHSIG = 1
 
 

@@ -14,7 +14,12 @@ from trainyard_platform.services.runner.agent import NodeAgent
 from trainyard_platform.services.runner.app import create_app
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.gpus import discover_gpus
-from trainyard_platform.services.runner.sandbox import can_switch_users, claim_job_uids
+from trainyard_platform.services.runner.sandbox import (
+    can_switch_users,
+    claim_job_uids,
+    remember_job_uids,
+    remembered_first,
+)
 from trainyard_platform.shared.access import guard_for
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.deadletters import deadletter_routes
@@ -66,16 +71,19 @@ async def serve(settings: Settings) -> int:
         rt.add_readiness_check("nats", bus.ping)
         rt.add_readiness_check("storage", lambda: store_answers(store))
         if can_switch_users():
-            uids = rt.resources.enter_context(claim_job_uids(settings.job_uid_choices))
-            if uids != settings.job_uids:
+            record = settings.work_dir / "job-uids"
+            choices = remembered_first(settings.job_uid_choices, record)
+            uids = rt.resources.enter_context(claim_job_uids(choices))
+            if uids != choices[0]:
                 log.warning(
                     "job uids %d-%d are held by another runner on this host: this node's "
                     "jobs run as %d-%d",
-                    settings.job_uids.start,
-                    settings.job_uids.stop - 1,
+                    choices[0].start,
+                    choices[0].stop - 1,
                     uids.start,
                     uids.stop - 1,
                 )
+            remember_job_uids(record, uids)
             settings = settings.model_copy(update={"job_uid_base": uids.start})
         agent = NodeAgent(settings, bus, store, gpus, rt.stopping)
         rt.work_begins()  # a stop from here drains the jobs recovered

@@ -29,6 +29,8 @@ from trainyard_platform.services.runner.sandbox import (
     claim_job_uids,
     failure_kind,
     fetch_bundle,
+    remember_job_uids,
+    remembered_first,
     remove_files_of,
     shared_folders,
 )
@@ -756,3 +758,24 @@ def test_git_printing_past_the_bound_is_the_jobs_input_naming_the_field(
     (tmp_path / "code").mkdir()
     with pytest.raises(JobInputError, match=r"^spec\.code\.repository: .*more than 16 bytes"):
         checkout_git(code, tmp_path / "code", JobUser(None, None), tmp_path)
+
+
+def test_a_restarted_runner_takes_back_the_range_its_jobs_ran_as(tmp_path: Path) -> None:
+    """A runner that took its second choice (the first held), killed, then restarted once
+    its first was free, took the first: its jobs' processes, under the second, were left for
+    nobody to kill. The range held last is tried first; an operator's range stays alone."""
+    record = tmp_path / "job-uids"
+    choices = RunnerSettings(node_id="chaos-3", admin_token=SecretStr("t")).job_uid_choices
+    assert remembered_first(choices, record) == choices  # nothing recorded yet
+    locks = tmp_path / "locks"
+    with claim_job_uids(choices, locks), claim_job_uids(choices, locks) as second:
+        remember_job_uids(record, second)
+    ordered = remembered_first(choices, record)
+    assert ordered[0] == choices[1] and sorted(ordered, key=lambda r: r.start) == sorted(
+        choices, key=lambda r: r.start
+    )
+    with claim_job_uids(ordered, locks) as again:
+        assert again == choices[1]
+    record.write_text("not a number")
+    assert remembered_first(choices, record) == choices
+    assert remembered_first(choices[:1], tmp_path / "none") == choices[:1]
