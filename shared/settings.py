@@ -170,6 +170,22 @@ class NatsSettings(PlatformSettings):
     def _held_by_jetstream(cls, value: float, info: ValidationInfo) -> float:
         return jetstream_duration(value, _JETSTREAM_UNITS[str(info.field_name)])
 
+    @model_validator(mode="after")
+    def _window_within_ages(self) -> NatsSettings:
+        # Every stream takes the one duplicate window, and JetStream refuses a stream whose
+        # window is longer than its max_age: refused here, at start, not when making it.
+        for name, age in (
+            ("retention_hours", self.retention_hours * 3600),
+            ("deadletter_max_age_days", self.deadletter_max_age_days * 86_400),
+        ):
+            if self.duplicate_window_seconds > age:
+                raise ValueError(
+                    f"duplicate_window_seconds ({self.duplicate_window_seconds:g} s) must not "
+                    f"exceed {name} ({age:g} s): JetStream refuses a stream whose duplicate "
+                    "window is longer than its max age"
+                )
+        return self
+
 
 class DatabaseSettings(PlatformSettings):
     """PostgreSQL connection; each service works in its own schema of this database."""
