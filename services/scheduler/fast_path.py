@@ -20,9 +20,11 @@ Contract:
   ``JobPending`` and the moved positions of the jobs behind it in its queue are published
   when news (``convert.note_changed``), as a pass publishes them. It returns False when any
   of them needs a whole pass (not isolated, an unknown queue or priority class, a queue
-  with jobs held back from the policy, a job a spent budget holds, a job of a team with a
-  spent budget that lowers its new jobs, whose explanations a pass words): nothing is published then and ``kept`` must be
-  forgotten (it may hold some of the jobs); the caller runs a pass. Every ``YIELD_EVERY``
+  with jobs held back from the policy, a job a spent budget holds): nothing is published
+  then and ``kept`` must be
+  forgotten (it may hold some of the jobs); the caller runs a pass. A note of a job a
+  spent budget lowered says so first, worded as a pass words it (``convert.lowered_note``,
+  at the kept pass's clock). Every ``YIELD_EVERY``
   jobs it lets the event loop run the leader's other tasks: the caller holds the scheduling
   lock in its transaction, so no pass or other batch can change ``kept`` meanwhile.
 """
@@ -40,7 +42,9 @@ from trainyard_platform.services.scheduler import repository as repo
 from trainyard_platform.services.scheduler.budget_holds import hold_of, next_month
 from trainyard_platform.services.scheduler.convert import (
     PendingNote,
+    Row,
     from_epoch,
+    lowered_note,
     note_changed,
     pending_job,
 )
@@ -67,6 +71,10 @@ class Kept:
     rows were read (the pass's news, then the fast path's)."""
     arrivals: int = 0
     """Jobs this kept pass decided (``decide_arrivals``)."""
+    rows: dict[str, Row] = field(default_factory=dict)
+    """While a spent budget lowers new jobs, the rows of the jobs this kept pass decided, read
+    at their arrival: with the pass's own (``result.built.pending``), what a note of a
+    lowered job is worded from."""
 
     @classmethod
     def of(
@@ -134,13 +142,13 @@ async def decide_arrivals(
             return False
         if built.holds and hold_of(row["team"], row["project"], built.holds) is not None:
             return False  # a spent budget holds it: a pass tells it so
-        if any(team == row["team"] for team, _ in built.lowers):
-            # Its team's jobs (its queue's) may be told a spent budget lowers them: a pass
-            # does, with each job's row at hand (``convert.lowered_note``).
-            return False
         told = decide(kept, job) if row["eligible_at"] is None else None
         if told is None:
             return False
+        if built.lowers:
+            kept.rows[job_id] = row
+            if not _say_lowered(kept, told):
+                return False
         notes.update(told)
     news = [
         (job_id, note)
@@ -150,6 +158,20 @@ async def decide_arrivals(
     await publish_notes(conn, news)
     kept.published.update(news)
     kept.arrivals += len(job_ids)
+    return True
+
+
+def _say_lowered(kept: Kept, notes: dict[str, PendingNote]) -> bool:
+    """Word ``notes`` (in place) as ``convert.pending_notes`` does while a spent budget
+    lowers new jobs: each lowered job's says so first. False when a job's row is unknown
+    (the caller then runs a pass, which has them all)."""
+    built = kept.result.built
+    clock = from_epoch(built.snapshot.now) or datetime.now(UTC)
+    for job_id, note in notes.items():
+        row = kept.rows.get(job_id) or built.pending.get(job_id)
+        if row is None:
+            return False
+        notes[job_id] = lowered_note(note, row, built.lowers, clock)
     return True
 
 

@@ -13,6 +13,7 @@ import asyncpg
 import pytest
 
 from tests.integration.scheduler.conftest import Scheduler, Tuned, until
+from tests.integration.scheduler.test_budget_holds import state as budget_state
 from tests.integration.scheduler.test_policy_service import checkpoint, running
 from trainyard_platform.services.scheduler import admin
 from trainyard_platform.services.scheduler import repository as repo
@@ -305,3 +306,47 @@ async def test_a_deposed_leader_decides_no_arrival_by_the_fast_path(pool: asyncp
     leading[0] = False
     assert not await loop.decide_arrivals(["j"])
     assert not loop.idle_with_kept_pass
+
+
+async def test_an_arrival_of_a_team_whose_spent_budget_lowers_it_is_decided_by_the_fast_path(
+    scheduler_with: Tuned,
+) -> None:
+    # Seen: every arrival of a team whose spent budget lowers its new jobs cost a whole
+    # pass (at 10,000 nodes, seconds), because only a pass worded their "deprioritized"
+    # note; a team submitting while over budget so made the scheduler pass on each arrival.
+    scheduler, work = await _quota_filled_by_a(scheduler_with)
+    await scheduler.send(budget_state(1, exhausted=True, policy="deprioritize"), "vision")
+    await scheduler.submit("b", gpus=2, priority="low", lowered_from="normal")
+    await scheduler.wait_for(
+        JobPending, lambda p: p.job_id == "b" and p.reason.startswith("deprioritized:")
+    )
+    await until(lambda: work.passes.idle_with_kept_pass)
+    passes, fast = work.passes.passes, work.passes.fast_arrivals
+
+    # "c" (lowered by the spent budget) and "d" (low because its user asked) wait behind "b".
+    await scheduler.submit("c", gpus=2, priority="low", lowered_from="high")
+    (c,) = await scheduler.wait_for(JobPending, lambda p: p.job_id == "c")
+    await scheduler.submit("d", gpus=2, priority="low")
+    (d,) = await scheduler.wait_for(JobPending, lambda p: p.job_id == "d")
+    assert c.reason.startswith("deprioritized: the budget of team vision is spent")
+    assert "queue q uses 2 of its 2 cpu quota" in c.reason
+    assert d.reason.startswith("queue q uses 2 of its 2 cpu quota")
+    assert (c.position, d.position) == (2, 3)
+    assert (work.passes.passes, work.passes.fast_arrivals) == (passes, fast + 2)
+
+    # A full pass over the same state agrees: nothing about "c" or "d" is news to it.
+    await work.passes.run_once()
+    for told in (c, d):
+        row = await scheduler.pool.fetchrow(
+            "SELECT pending_reason, pending_position, pending_blocking, pending_suggestion, "
+            "pending_estimated_start FROM jobs WHERE job_id = $1",
+            told.job_id,
+        )
+        assert tuple(row) == (
+            told.reason,
+            told.position,
+            told.blocking,
+            told.suggestion,
+            told.estimated_start,
+        )
+    assert len(scheduler.events(JobPending, lambda p: p.job_id in ("c", "d"))) == 2
