@@ -667,8 +667,8 @@ Uploads = NamedDependency[UploadsUnderWay]
     responses={404: ResponseSpec(None, description="the caller's team has no such bundle")},
 )
 async def bundle_stored(sha256: Sha256, objects: Store, caller: Me) -> Response[None]:
-    found = await objects.bundle_exists(caller.team, _bundle_sha256(sha256))
-    return Response(content=None, status_code=200 if found else 404)
+    size = await objects.bundle_size(caller.team, _bundle_sha256(sha256))
+    return Response(content=None, status_code=404 if size is None else 200)
 
 
 @put(

@@ -19,7 +19,9 @@ Contract:
 - ``cancel_job`` announces ``JobCancelRequested`` once; the status turns CANCELLED only when
   the scheduler confirms with ``JobCancelled``.
 - A job whose code is a bundle is accepted only when the caller's team uploaded that
-  bundle (``PUT /v1/bundles/{sha256}``); otherwise 422 on ``code.sha256``.
+  bundle (``PUT /v1/bundles/{sha256}``), otherwise 422 on ``code.sha256``; and only when
+  its ``code.size_bytes`` is that bundle's size, otherwise 422 on ``code.size_bytes``
+  naming both sizes (a runner reads no more than the spec's size: ``bundle_problem``).
 - ``job_logs`` reads a job's log chunks from the object store, scoped like ``get_job``.
 """
 
@@ -66,7 +68,7 @@ from trainyard_platform.shared.events.payloads import (
     JobSubmitted,
     dump,
 )
-from trainyard_platform.shared.http_errors import RequestInvalid
+from trainyard_platform.shared.http_errors import FieldError, RequestInvalid
 from trainyard_platform.shared.identity import Role
 from trainyard_platform.shared.telemetry import inject, recorded_trace_id
 
@@ -184,19 +186,39 @@ async def prepare(
 ) -> Prepared:
     """What ``submit_job`` checks before it writes (the role, the team, the bundle), and
     the job's id, spec and time (``lowered``: as ``submit_job``'s). Reads only (the bundle's
-    existence); raises the refusal."""
+    size, which says its existence too); raises the refusal."""
     caller.require(Role.MEMBER, "submitting jobs")
     if request.team is not None and request.team != caller.team:
         raise Forbidden(f"you can submit jobs for your own team ({caller.team}) only")
     code = request.code
-    if isinstance(code, BundleCode) and not await objects.bundle_exists(caller.team, code.sha256):
-        raise RequestInvalid.one(
-            "code.sha256", f"no bundle with this sha256 was uploaded for team {caller.team}"
-        )
+    if isinstance(code, BundleCode):
+        stored = await objects.bundle_size(caller.team, code.sha256)
+        problem = bundle_problem(caller.team, code, stored)
+        if problem is not None:
+            raise RequestInvalid([problem])
     spec = request.to_spec(user=caller.user, team=caller.team)
     if reproduces is not None:
         spec = spec.model_copy(update={"reproduces": reproduces})
     return Prepared(str(uuid.uuid4()), spec, dump(spec), datetime.now(UTC), lowered)
+
+
+def bundle_problem(team: str, code: BundleCode, stored_bytes: int | None) -> FieldError | None:
+    """Why a job of ``team`` cannot run the bundle ``code`` names, whose stored size is
+    ``stored_bytes`` (None: ``team`` has not uploaded it); None when it can. A runner
+    downloads no more than ``code.size_bytes`` and refuses a larger bundle, and a bundle's
+    sha256 fixes its size, so any other size is a mistake found now, before the job waits
+    in the queue and takes GPUs."""
+    if stored_bytes is None:
+        return FieldError(
+            field="code.sha256", message=f"no bundle with this sha256 was uploaded for team {team}"
+        )
+    if stored_bytes != code.size_bytes:
+        return FieldError(
+            field="code.size_bytes",
+            message=f"the bundle with this sha256 is {stored_bytes} bytes, not the "
+            f"{code.size_bytes} bytes given: give the size of the file uploaded",
+        )
+    return None
 
 
 async def submit_prepared_if_known(

@@ -26,8 +26,10 @@ class Objects:
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
 
-    async def bundle_exists(self, team: str, sha256: str) -> bool:
-        return await asyncio.to_thread(self.store.exists, bundle_key(team, sha256))
+    async def bundle_size(self, team: str, sha256: str) -> int | None:
+        """The size in bytes of the team's bundle ``sha256``, None when the team has not
+        uploaded it: one look at the object (an S3 HEAD), which says both."""
+        return await asyncio.to_thread(self.store.size, bundle_key(team, sha256))
 
     async def put_bundle(self, team: str, sha256: str, path: Path) -> bool:
         """Store a verified bundle (the file ``path``); False when it was there already

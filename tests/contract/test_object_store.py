@@ -108,9 +108,23 @@ def test_missing_object_raises_object_not_found(store: ObjectStore, tmp_path: Pa
     assert not store.exists("nope/missing.txt")
 
 
+def test_size_is_the_stored_objects_or_none(store: ObjectStore) -> None:
+    """A reader that checks a size it was told (a spec's bundle) against the stored object
+    learns it in one look, without reading the object."""
+    store.put_bytes("blobs/three.bin", b"abc")
+    store.put_bytes("blobs/empty.bin", b"")
+    assert store.size("blobs/three.bin") == 3
+    assert store.size("blobs/empty.bin") == 0
+    assert store.size("blobs/missing.bin") is None
+    assert store.size("blobs/three.bin/below") is None  # a path through an object
+    store.put_bytes("blobs/three.bin", b"longer now")
+    assert store.size("blobs/three.bin") == len(b"longer now")
+
+
 def test_a_folder_is_not_an_object(store: ObjectStore) -> None:
     store.put_bytes("folder/inner.txt", b"x")
     assert not store.exists("folder")
+    assert store.size("folder") is None
     with pytest.raises(ObjectNotFound):
         store.get_bytes("folder")
 

@@ -87,6 +87,7 @@ async def test_every_call_to_a_stalled_store_fails_in_time_as_an_outage(
     try:
         calls: dict[str, Callable[[], Any]] = {
             "exists": lambda: store.exists("ckpt/0"),
+            "size": lambda: store.size("ckpt/0"),
             "get_bytes": lambda: store.get_bytes("ckpt/0"),
             "get_file": lambda: store.get_file("ckpt/0", tmp_path / "got"),
             "put_bytes": lambda: store.put_bytes("ckpt/1", b"during"),

@@ -231,6 +231,11 @@ class ObjectStore(abc.ABC):
         """Whether an object is stored under ``key``."""
 
     @abc.abstractmethod
+    def size(self, key: str) -> int | None:
+        """The size in bytes of the object under ``key``, None if there is none: one look
+        at its metadata (an S3 HEAD), its bytes unread."""
+
+    @abc.abstractmethod
     def delete(self, key: str) -> None:
         """Remove the object under ``key``; no error if there is none."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -83,6 +84,14 @@ class LocalStore(ObjectStore):
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
+
+    def size(self, key: str) -> int | None:
+        try:
+            found = self._path(key).stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        # A folder (or anything but a file) is not an object, as for ``exists``.
+        return found.st_size if stat.S_ISREG(found.st_mode) else None
 
     def delete(self, key: str) -> None:
         path = self._path(key)

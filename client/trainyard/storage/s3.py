@@ -170,6 +170,17 @@ class S3Store(ObjectStore):
             raise
         return True
 
+    def size(self, key: str) -> int | None:
+        try:
+            found = self._client.stat_object(self._bucket, self._name(key))
+        except S3Error as exc:
+            if exc.code in _MISSING_CODES:
+                return None
+            raise
+        if found.size is None:  # an S3 HEAD always says Content-Length; this server did not
+            raise ValueError(f"{self.uri_for(key)}: the store did not say the object's size")
+        return found.size
+
     def delete(self, key: str) -> None:
         self._client.remove_object(self._bucket, self._name(key))
 

@@ -200,6 +200,62 @@ async def test_job_naming_a_bundle_needs_it_uploaded_by_its_own_team(
     ]
 
 
+async def _stored(submission: Submission) -> tuple[int, int]:
+    """Jobs, and ``job.submitted`` events waiting for the bus or sent to it."""
+    jobs = await submission.pool.fetchval("SELECT count(*) FROM jobs")
+    events = await submission.pool.fetchval(
+        "SELECT count(*) FROM outbox WHERE subject LIKE '%submitted%'"
+    )
+    return int(jobs), int(events)
+
+
+async def test_a_job_whose_bundle_size_is_not_the_stored_ones_is_refused_at_submission(
+    submission: Submission,
+) -> None:
+    """``code.size_bytes`` was never compared with the bundle the team uploaded: the job
+    was admitted, waited in the queue, took GPUs, and only then did its runner refuse a
+    bundle larger than the spec said. Now the submission answers 422 naming the field and
+    both sizes, on every path (a submission, a dry run, a remembered member's submission,
+    which is one statement), and stores nothing; the right size is admitted."""
+    response = await submission.client.post(
+        "/v1/admin/users", json={"name": "carol", "role": "member"}, headers=submission.auth()
+    )
+    assert response.status_code == 201, response.text
+    member = response.json()["token"]
+    assert (await _put(submission, BUNDLE, SHA)).status_code == 201
+    right = {**SPEC, "code": _code()}
+    # The member's token is checked once and remembered: its next submissions go the
+    # remembered caller's way.
+    first = await submission.client.post("/v1/jobs", json=right, headers=submission.auth(member))
+    assert first.status_code == 201, first.text
+    before = await _stored(submission)
+    for size in (len(BUNDLE) - 1, len(BUNDLE) + 1, 1):
+        wrong = {**SPEC, "code": _code(size=size)}
+        expected = {
+            "field": "code.size_bytes",
+            "message": f"the bundle with this sha256 is {len(BUNDLE)} bytes, not the {size} "
+            "bytes given: give the size of the file uploaded",
+        }
+        for token in (None, member):
+            for path in ("/v1/jobs", "/v1/jobs?dry_run=true"):
+                refused = await submission.client.post(
+                    path, json=wrong, headers=submission.auth(token)
+                )
+                assert refused.status_code == 422, (path, refused.text)
+                assert refused.json()["errors"] == [expected]
+    assert await _stored(submission) == before
+
+    checked = await submission.client.post(
+        "/v1/jobs?dry_run=true", json=right, headers=submission.auth()
+    )
+    assert checked.status_code == 200, checked.text
+    view = await submission.submit(right)
+    assert view["spec"]["code"] == _code()
+    again = await submission.client.post("/v1/jobs", json=right, headers=submission.auth(member))
+    assert again.status_code == 201, again.text
+    assert await _stored(submission) == (before[0] + 2, before[1] + 2)
+
+
 async def test_command_requirements_image_and_git_reach_the_spec(submission: Submission) -> None:
     spec = {k: v for k, v in SPEC.items() if k != "entrypoint"}
     spec |= {
