@@ -81,12 +81,13 @@ class Settings(GuardedServiceSettings):
     environments_dir: Path | None = None
     """Cache of job environments by requirement-set hash (default ``<work_dir>/envs``)."""
     environments_keep: int = Field(default=20, ge=1)
-    """Cached environments kept; the least recently used beyond this (and not in use) are
-    removed at the runner's start and after each build."""
+    """Cached environments kept; those beyond this (and not in use) are removed at the
+    runner's start and after each build, those of the team holding the most of the cache
+    first (``EnvironmentCache.prune``)."""
     environments_max_gib: float | None = Field(default=None, ge=0)
-    """Disk (GiB) the cached environments take at most, together; the least recently used
-    (and not in use) are removed until they fit, at the runner's start and after each
-    build. Unset: a fifth of the size of the file system they are on; 0: no bound."""
+    """Disk (GiB) the cached environments take at most, together; environments not in use
+    are removed until they fit, at the runner's start and after each build, those of the
+    team holding the most bytes of the cache first (``EnvironmentCache.prune``). Unset: a fifth of the size of the file system they are on; 0: no bound."""
     job_uid_base: int = Field(default_factory=lambda: 0, ge=0)
     """First uid of this node's job users (a runner started as root runs each job as
     ``job_uid_base + slot``); 0: derived from the node id, in 200000-263999 (the next free

@@ -50,6 +50,9 @@ name the base does not have is an ordinary package.
                                                            once, when its build finished
         .trainyard-ready                                   JSON, written last (the freeze)
         .last-used                                         touched on every resolve
+        .used-by/<sha256 of a team>                        one empty file per team whose
+                                                           jobs used it, touched on each
+                                                           of its resolves (0700)
 
 ``key`` is the sha256 of how environments are built (a recipe number), the normalised,
 sorted requirements, the base interpreter's
@@ -65,8 +68,11 @@ rename would break. A crash mid-build therefore leaves an unpublished folder in 
 (removed by ``prune``) and never a ``<key>`` that looks ready.
 
 **Bounds.** The cache holds at most ``keep`` environments and ``max_bytes`` bytes on disk:
-:meth:`EnvironmentCache.prune` removes the least recently used environments no job is in
-until both hold, at the runner's start and after each build. Sizes are read from each
+:meth:`EnvironmentCache.prune` removes environments no job is in until both hold, at the
+runner's start and after each build: those no team is recorded on first, then those of
+the team holding the largest share of the cache, each team's least recently used first,
+so one team naming ever new requirement sets evicts its own environments, not the other
+teams' (the order is :meth:`EnvironmentCache.prune`'s). Sizes are read from each
 environment's ``.trainyard-size`` (measured by walking it once, when its build finished:
 blocks taken, a file hard-linked with the installer's cache counted in full), so a prune
 walks no environment's tree. Environments in use are never removed, so the cache may stay
@@ -100,7 +106,9 @@ others: the installers run with umask 022, and after a build every directory of 
 to 0755 and every file gets read (and, where its owner has it, execute) permission for
 group and others, otherwise keeping its mode. ``root`` and ``.store`` are 0711: a job
 reaches the environment it is given but lists neither, so it cannot find the environments
-of other teams (their markers and ``direct_url.json`` records name their requirements). The process-wide umask is not touched
+of other teams (their markers and ``direct_url.json`` records name their requirements).
+The one folder job users cannot read is ``.used-by`` (0700, made at the first resolve for a
+team): which teams use an environment is the runner's alone. The process-wide umask is not touched
 (the runner is multi-threaded); ``root``'s parents must be traversable by the job's uid.
 
 Every method blocks (subprocesses, file locks): call them in a thread.
@@ -127,6 +135,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
@@ -139,6 +148,9 @@ Installer = Literal["uv", "pip"]
 
 MARKER = ".trainyard-ready"
 LAST_USED = ".last-used"
+USERS = ".used-by"
+"""Folder in an environment of one empty file per team that used it (named by the sha256 of
+the team's name), its modification time the team's last use."""
 SIZE = ".trainyard-size"
 MAX_SETTING = "TRAINYARD_RUNNER_ENVIRONMENTS_MAX_GIB"
 DEFAULT_MAX_SHARE = 0.2
@@ -405,15 +417,16 @@ class EnvironmentCache:
         """Where the environment of ``key`` is published (it may not exist)."""
         return self.root / key
 
-    def resolve(self, requirements: Sequence[str]) -> JobEnvironment:
-        """The environment for ``requirements``, built if needed. Raises
-        :class:`EnvironmentBuildError` when it cannot be built and ValueError for a
+    def resolve(self, requirements: Sequence[str], team: str | None = None) -> JobEnvironment:
+        """The environment for ``requirements``, built if needed, its use recorded for
+        ``team`` (the job's: :meth:`prune` evicts by team; None: recorded for no team).
+        Raises :class:`EnvironmentBuildError` when it cannot be built and ValueError for a
         requirement that is not a PEP 508 string."""
-        lease = self.acquire(requirements)
+        lease = self.acquire(requirements, team)
         lease.release()
         return lease.env
 
-    def acquire(self, requirements: Sequence[str]) -> EnvironmentLease:
+    def acquire(self, requirements: Sequence[str], team: str | None = None) -> EnvironmentLease:
         """Like :meth:`resolve`, and keep the environment from being pruned until the
         lease is released: hold it for as long as the job runs."""
         started = time.monotonic()
@@ -445,6 +458,8 @@ class EnvironmentCache:
                     built = True
                 # back to shared, and check again: a prune may slip in between
             self._touch(self.path(key) / LAST_USED)
+            if team:
+                self._record_use(key, team)
             env = JobEnvironment(
                 python=str(self.path(key) / "bin" / "python"),
                 bin_dir=self.path(key) / "bin",
@@ -469,11 +484,39 @@ class EnvironmentCache:
         return None if target is None else self._size(target)
 
     def prune(self, keep: int | None, max_bytes: int | None = None) -> list[str]:
-        """Remove the least recently used environments beyond the ``keep`` most recent
-        (None: no bound on the count), then more of them, the least recently used first,
-        while all of them together take over ``max_bytes`` on disk (None: no bound on the
-        size); never one in use (resolving, building or leased). Also removes leftovers of
-        crashed builds. Returns the keys removed."""
+        """Remove environments no job is in (resolving, building or leased), in the order
+        below, until the cache holds at most ``keep`` (None: no bound on the count) and
+        takes at most ``max_bytes`` on disk (None: no bound on the size). One in use is
+        never removed but keeps its place in the order: for the count, the ``keep`` last
+        in the order stay and so do those in use (one in use among the first is kept, and
+        none goes in its stead); for the size, the next in the order goes instead, until
+        the cache fits or all that is left is in use (a warning says so). Also removes
+        leftovers of crashed builds. Returns the keys removed.
+
+        **The order** (each next one chosen among those not yet passed over):
+
+        1. Environments no team is recorded on (built before teams were recorded, or
+           resolved without a team), the least recently used first: nobody holds a share
+           of them.
+        2. Then those whose teams all hold more than their fair share, then the rest.
+           Within each, the team holding the largest share goes first (ties: the one whose
+           use is the oldest), and of its environments the one it used least recently.
+
+        A team's **holding** is what stays if the next one goes (those not yet passed over
+        and those in use): each environment counts ``1/k`` for each of its ``k`` teams,
+        in bytes (its size ``/ k``) while the cache is over ``max_bytes``, in
+        environments while it is over ``keep`` only. Its **fair share** is the bound
+        divided by the number of teams holding any. Fractional because the holdings then
+        add up to what the teams hold: counted in full for each, an environment shared
+        would make its teams look larger than they are, and a team could push another
+        over its share by using that team's environments (and have them go first);
+        fractionally, using another team's environment lowers that team's holding.
+
+        So an environment any team under its fair share used stays while one used only
+        by teams over theirs (or by none) can go, and a team naming ever new requirement
+        sets is the largest holder and gives its own least recently used environments:
+        it cannot flush the other teams'. Without any team recorded the order is the
+        least recently used first."""
         if keep is not None and keep < 0:
             raise ValueError("keep must be >= 0")
         if max_bytes is not None and max_bytes < 0:
@@ -484,27 +527,38 @@ class EnvironmentCache:
         self._ensure_dir(self.root)
         if (self.root / STORE).is_dir():
             self._ensure_dir(self.root / STORE)
-        published: list[tuple[float, str]] = []
+        waiting: list[_Cached] = []  # not yet passed over
         for entry in self.root.iterdir():
             if _KEY_PATTERN.match(entry.name) and entry.is_symlink():
-                published.append((self._last_used(entry), entry.name))
-        published.sort()  # the least recently used first
-        sizes = {key: self.size(key) or 0 for _, key in published} if max_bytes is not None else {}
+                waiting.append(_Cached(entry.name, self._last_used(entry), self._users(entry)))
+        sizes = {e.key: self.size(e.key) or 0 for e in waiting} if max_bytes is not None else {}
         total = sum(sizes.values())
-        beyond_keep = len(published) - keep if keep is not None else 0
+        beyond_keep = len(waiting) - keep if keep is not None else 0
+        kept: list[_Cached] = []  # passed over while in use: they stay
         removed: list[str] = []
-        for n, (_, key) in enumerate(published):
+        passed = 0
+        while waiting:
             over_size = max_bytes is not None and total > max_bytes
-            if n >= beyond_keep and not over_size:
-                continue
-            with self._try_exclusive(key) as held:
-                if held:
-                    target = self._published_target(key)
-                    self.path(key).unlink(missing_ok=True)
-                    if target is not None:
-                        shutil.rmtree(target, ignore_errors=True)
-                    removed.append(key)
-                    total -= sizes.get(key, 0)
+            if passed >= beyond_keep and not over_size:
+                break
+            if over_size:
+                assert max_bytes is not None
+                going = _next_to_go(waiting, kept, sizes, max_bytes)
+            else:
+                assert keep is not None
+                going = _next_to_go(waiting, kept, None, keep)
+            waiting.remove(going)
+            passed += 1
+            with self._try_exclusive(going.key) as held:
+                if not held:
+                    kept.append(going)
+                    continue
+                target = self._published_target(going.key)
+                self.path(going.key).unlink(missing_ok=True)
+                if target is not None:
+                    shutil.rmtree(target, ignore_errors=True)
+                removed.append(going.key)
+                total -= sizes.get(going.key, 0)
         if max_bytes is not None and total > max_bytes:
             log.warning(
                 "job environments in use take %s on disk, over the %s the cache may take "
@@ -794,6 +848,29 @@ class EnvironmentCache:
             self._write_file(target / SIZE, f"{size}\n")
         return size
 
+    def _record_use(self, key: str, team: str) -> None:
+        """Record ``team``'s use of ``key`` (the caller holds its lock): its file in
+        ``USERS`` created or touched. A file per team, not one file listing them, so that
+        resolves of the same environment by several teams at once (shared locks, several
+        runner processes) never write over one another's record. The folder is 0700: job
+        users may list the environment they run in, never which teams use it."""
+        folder = self.path(key) / USERS
+        with contextlib.suppress(OSError):  # a record missing costs a fair eviction only
+            folder.mkdir(mode=0o700, exist_ok=True)
+            (folder / hashlib.sha256(team.encode()).hexdigest()).touch(mode=0o600)
+
+    @staticmethod
+    def _users(link: Path) -> dict[str, float]:
+        """The teams recorded on the environment at ``link`` (by the sha256 of each name),
+        each with its last use."""
+        users: dict[str, float] = {}
+        with contextlib.suppress(OSError), os.scandir(link / USERS) as records:
+            for record in records:
+                if _KEY_PATTERN.match(record.name):
+                    with contextlib.suppress(OSError):
+                        users[record.name] = record.stat().st_mtime
+        return users
+
     def _last_used(self, link: Path) -> float:
         for name in (LAST_USED, MARKER):
             with contextlib.suppress(OSError):
@@ -857,6 +934,44 @@ class EnvironmentCache:
     def _touch(path: Path) -> None:
         with contextlib.suppress(OSError):
             os.utime(path)
+
+
+@dataclass(frozen=True, eq=False)
+class _Cached:
+    """A published environment as :meth:`EnvironmentCache.prune` sees it."""
+
+    key: str
+    last_used: float
+    users: dict[str, float]
+    """The teams recorded on it (sha256 of the name) and when each last used it."""
+
+
+def _next_to_go(
+    waiting: Sequence[_Cached],
+    kept: Sequence[_Cached],
+    sizes: Mapping[str, int] | None,
+    bound: int,
+) -> _Cached:
+    """The next of ``waiting`` (not empty) in :meth:`EnvironmentCache.prune`'s order,
+    ``kept`` staying besides them: holdings in bytes of ``sizes`` (None: in environments),
+    fair shares of ``bound``."""
+    unrecorded = [e for e in waiting if not e.users]
+    if unrecorded:
+        return min(unrecorded, key=lambda e: (e.last_used, e.key))
+    holdings: dict[str, Fraction] = {}
+    for cached in (*waiting, *kept):
+        weight = sizes.get(cached.key, 0) if sizes is not None else 1
+        for team in cached.users:
+            holdings[team] = holdings.get(team, Fraction(0)) + Fraction(weight, len(cached.users))
+    fair = Fraction(bound, len(holdings))
+    over = {team for team, holding in holdings.items() if holding > fair}
+    pool = [e for e in waiting if over.issuperset(e.users)] or list(waiting)
+    oldest: dict[str, float] = {}
+    for cached in pool:
+        for team, used in cached.users.items():
+            oldest[team] = min(used, oldest.get(team, used))
+    team = min(oldest, key=lambda t: (-holdings[t], oldest[t], t))
+    return min((e for e in pool if team in e.users), key=lambda e: (e.users[team], e.key))
 
 
 _INSTALLER_VARIABLES = frozenset(

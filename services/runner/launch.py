@@ -323,8 +323,9 @@ def prepare(
     spec = grant.spec
     try:
         # Held until the job ends (Prepared.environment_lease): the cache is pruned after
-        # every build, and an environment in use is never removed.
-        lease = environments.acquire(spec.requirements)
+        # every build, and an environment in use is never removed. The team's use is
+        # recorded: a prune evicts the environments of the team holding the most first.
+        lease = environments.acquire(spec.requirements, spec.team)
     except (RequirementsError, ValueError) as exc:  # ValueError: a bad requirement
         raise RequirementsUnmet(
             f"spec.requirements: could not build the job's environment: {exc}"

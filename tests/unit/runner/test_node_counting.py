@@ -164,7 +164,7 @@ class _Environments:
     def __init__(self, error: Exception) -> None:
         self.error = error
 
-    def acquire(self, requirements: Any) -> Any:
+    def acquire(self, requirements: Any, team: Any = None) -> Any:
         raise self.error
 
 
