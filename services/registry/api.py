@@ -56,6 +56,7 @@ from trainyard_platform.shared import paging
 from trainyard_platform.shared.audit import audit_route
 from trainyard_platform.shared.http_app import error_responses, service_app
 from trainyard_platform.shared.identity import Principal
+from trainyard_platform.shared.slots import Slots
 from trainyard_platform.shared.storage import ObjectStore
 
 Caller = NamedDependency[Principal]
@@ -77,9 +78,10 @@ def create_app(
 ) -> Litestar:
     """The app over ``pool`` and ``store`` (where checkpoints are and the registry's copies
     go; without one, registering, deleting and downloading versions answer 503); at most
-    ``max_transfers`` artifact transfers at once, ``max_transfers_per_team`` of a team
-    (``transfers``)."""
-    transfers = Transfers(max_transfers, max_transfers_per_team)
+    ``max_transfers`` artifact transfers at once, ``max_transfers_per_team`` of a team across
+    every replica (``transfers``)."""
+    transfer_places = Slots(pool, "registry.transfers")
+    transfers = Transfers(max_transfers, max_transfers_per_team, transfer_places)
 
     @get("/v1/models/{team:str}/{name:str}/versions", responses=error_responses(404))
     async def list_versions(
@@ -145,5 +147,5 @@ def create_app(
         guard,
         statuses=STATUSES,
         cors_origins=cors_origins,
-        on_shutdown=[transfers.close],
+        on_shutdown=[transfers.close, transfer_places.close],
     )

@@ -24,11 +24,11 @@ class Settings(GuardedServiceSettings):
     seven days)."""
     max_transfers: int = Field(default=DEFAULT_MAX_TRANSFERS, ge=1, le=256)
     """Artifact transfers (a registration's copy, a ``download``'s or ``content``'s read:
-    each the whole artifact through the registry's disk) run at once, on threads of their
-    own; one more answers 503 with ``Retry-After``."""
+    each the whole artifact through the registry's disk) run at once on one replica, on
+    threads of their own; one more answers 503 with ``Retry-After``."""
     max_transfers_per_team: int = Field(default=DEFAULT_MAX_TRANSFERS_PER_TEAM, ge=1, le=256)
-    """Of them, those of one team (the caller's); one more answers 429 with
-    ``Retry-After``, so one team cannot take them all."""
+    """Of them, those of one team (the caller's), across every replica; one more answers
+    429 with ``Retry-After``, so one team cannot take them all."""
     collector_interval_seconds: float = Field(default=3600.0, ge=0)
     """How often the storage collector runs a pass (``services.registry.collector``); 0
     turns the periodic pass off (``python -m trainyard_platform.services.registry.collector`` still runs one)."""

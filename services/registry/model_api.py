@@ -17,8 +17,9 @@ downloading versions, and aliases.
   after its sha256 is verified (S3); on a local store, the ``.../content`` route instead.
 - ``GET .../versions/{version}/content``: the bytes, verified before the first is sent.
 - A registration, ``download`` and ``content`` each read the whole artifact: at most
-  ``transfers.per_team`` of the caller's team run at once (429), ``transfers.most`` in all
-  (503), both with ``Retry-After`` (``transfers``).
+  ``transfers.per_team`` of the caller's team run at once across the registry's replicas
+  (429), ``transfers.most`` in all on this one (503), both with ``Retry-After``
+  (``transfers``).
 - ``GET .../aliases?limit&after`` (a page by name, ``next``), ``PUT``/``DELETE
   .../aliases/{alias}`` (members), ``GET .../aliases/{alias}/moves``: aliases and their
   append-only history.

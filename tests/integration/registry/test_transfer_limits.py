@@ -91,3 +91,39 @@ async def test_a_team_has_at_most_its_share_of_transfers_at_once(
         again = await _download(vision, "vision", "digits")
         assert again.status_code == 200, again.text
         assert held.most == 3
+
+
+async def test_a_teams_share_of_transfers_holds_across_replicas(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """Before, each replica counted a team's transfers in its own memory: with two replicas
+    a team had twice its share. Now the places are held in the registry's database
+    (``shared.slots``), so a team's third transfer is refused whichever replica it reaches."""
+    vision_job = await job_with_checkpoints(pool, store, [1])
+    async with app_as(pool, store, VISION) as first, app_as(pool, store, VISION) as second:
+        assert (await register(first, "vision", "digits", vision_job)).status_code == 201
+        held = Held(store)
+        under_way = [
+            asyncio.create_task(_download(replica, "vision", "digits"))
+            for replica in (first, second)
+        ]
+        for _ in range(2):
+            await asyncio.wait_for(held.entered.get(), 30)
+        for replica in (first, second):
+            third = asyncio.create_task(_download(replica, "vision", "digits"))
+            entered = asyncio.create_task(held.entered.get())
+            done, _ = await asyncio.wait({third, entered}, return_when=asyncio.FIRST_COMPLETED)
+            assert third in done, f"a third transfer of one team was let in ({held.most} at once)"
+            entered.cancel()
+            refused = third.result()
+            assert refused.status_code == 429, refused.text
+            assert "TRAINYARD_REGISTRY_MAX_TRANSFERS_PER_TEAM" in refused.json()["detail"]
+        held.release.set()
+        for task in under_way:
+            answer = await task
+            assert answer.status_code == 200, answer.text
+        assert held.most == 2
+        # Ended, their places are given back: either replica may transfer again.
+        for replica in (first, second):
+            again = await _download(replica, "vision", "digits")
+            assert again.status_code == 200, again.text

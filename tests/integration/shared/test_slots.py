@@ -1,0 +1,163 @@
+"""Places for work in flight that every replica counts together (``shared.slots``), on a
+real PostgreSQL: two instances over their own pools stand for two replicas.
+
+Before, each such limit (a team's model transfers, bundle uploads, comparisons) was a
+count in one process's memory, so N replicas let a team N times its share."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, TypeVar
+
+import asyncpg
+import pytest
+
+from trainyard_platform.shared.db import open_pool
+from trainyard_platform.shared.settings import DatabaseSettings
+from trainyard_platform.shared.slots import Slot, Slots
+
+pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
+
+
+@asynccontextmanager
+async def replica(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    """Another replica's own pool on the same database (``pool`` migrated it)."""
+    async with open_pool(DatabaseSettings(url=database_url), "t") as p:
+        yield p
+
+
+async def test_two_replicas_together_hold_at_most_the_share(
+    pool: asyncpg.Pool, database_url: str
+) -> None:
+    async with replica(database_url) as other:
+        replicas = [Slots(pool, "work"), Slots(other, "work")]
+        share = 3
+        now = most = 0
+        release = asyncio.Event()
+        started = asyncio.Queue[int]()
+
+        async def one(slots: Slots) -> bool:
+            nonlocal now, most
+            slot = await slots.take("team:vision", share)
+            if slot is None:
+                return False
+            now += 1
+            most = max(most, now)
+            started.put_nowait(1)
+            await release.wait()
+            now -= 1
+            await slots.give_back(slot)
+            return True
+
+        tries = [asyncio.create_task(one(replicas[i % 2])) for i in range(12)]
+        for _ in range(share):
+            await asyncio.wait_for(started.get(), 30)
+        # Every try has either its place or its refusal before any place is given back.
+        async with asyncio.timeout(30):
+            while sum(t.done() for t in tries) < len(tries) - share:
+                await asyncio.sleep(0.01)
+        # Another scope has its own share, held beside vision's.
+        other_team = await replicas[1].take("team:ml", 1)
+        assert other_team is not None
+        release.set()
+        taken = await asyncio.gather(*tries)
+        assert most == share, f"{most} places of a share of {share} held at once"
+        assert taken.count(True) == share
+        await replicas[1].give_back(other_team)
+        # Given back, the places are free again, on either replica.
+        again = [await replicas[i % 2].take("team:vision", share) for i in range(share)]
+        assert None not in again
+        assert await replicas[0].take("team:vision", share) is None
+        for i, slot in enumerate(again):
+            assert slot is not None
+            await replicas[i % 2].give_back(slot)
+        assert await pool.fetchval("SELECT count(*) FROM held_slots") == 0
+
+
+class _Frozen:
+    """A replica running on an event loop of its own, in a thread, that can be stopped
+    dead: nothing it scheduled (its lease renewals) runs again, as when its process dies."""
+
+    def __init__(self) -> None:
+        self.pool: asyncpg.Pool | None = None
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def call(self, work: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(work, self.loop).result(60)
+
+    def die(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(60)
+
+    def open_pool(self, database_url: str) -> asyncpg.Pool:
+        async def opened() -> asyncpg.Pool:
+            return await asyncpg.create_pool(
+                database_url, min_size=1, server_settings={"search_path": "t"}
+            )
+
+        self.pool = self.call(opened())
+        return self.pool
+
+    def bury(self) -> None:
+        """Close what the dead replica left open, so its database can be dropped."""
+
+        async def close() -> None:
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+            if self.pool is not None:
+                await self.pool.close()
+
+        burial = threading.Thread(target=self.loop.run_until_complete, args=(close(),))
+        burial.start()
+        burial.join(60)
+        self.loop.close()
+
+
+@contextmanager
+def frozen() -> Iterator[_Frozen]:
+    dead = _Frozen()
+    try:
+        yield dead
+    finally:
+        if dead.thread.is_alive():
+            dead.die()
+        dead.bury()
+
+
+async def test_a_dead_replicas_places_free_themselves_after_their_lease(
+    pool: asyncpg.Pool, database_url: str
+) -> None:
+    lease_s = 6.0
+    survivor = Slots(pool, "work", lease_s=lease_s)
+    with frozen() as dead:
+        doomed = Slots(dead.open_pool(database_url), "work", lease_s=lease_s)
+        held: list[Slot | None] = [dead.call(doomed.take("team:vision", 2)) for _ in range(2)]
+        assert None not in held
+        # Alive, the first replica renews its leases: past the first lease, the survivor
+        # still gets no place.
+        assert await survivor.take("team:vision", 2) is None
+        await asyncio.sleep(lease_s * 1.5)
+        assert await survivor.take("team:vision", 2) is None
+        dead.die()
+        # Dead, it renews nothing: its places free themselves when their leases end.
+        got: list[Slot] = []
+        for _ in range(600):
+            slot = await survivor.take("team:vision", 2)
+            if slot is not None:
+                got.append(slot)
+                if len(got) == 2:
+                    break
+            else:
+                await asyncio.sleep(0.1)
+        assert len(got) == 2, "a dead replica's places were never freed"
+        assert await survivor.take("team:vision", 2) is None
+        for slot in got:
+            await survivor.give_back(slot)
