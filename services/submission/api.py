@@ -47,8 +47,8 @@ import asyncio
 import math
 import re
 import tempfile
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, cast
@@ -140,6 +140,7 @@ from trainyard_platform.shared.http_errors import (
     spool_body,
 )
 from trainyard_platform.shared.identity import Role
+from trainyard_platform.shared.slots import Slots
 from trainyard_platform.shared.storage import ObjectStore
 
 Pool = NamedDependency[asyncpg.Pool]
@@ -627,19 +628,20 @@ async def json_body(request: AnyRequest, free_text: re.Pattern[str] | None = Non
 
 class UploadsUnderWay:
     """How many bundle uploads each team has under way (``held_by``): at most
-    ``per_team`` at once; one more is refused (429) before its body is read."""
+    ``per_team`` at once across every replica of the service (places held in its database,
+    ``shared.slots``); one more is refused (429) before its body is read."""
 
-    def __init__(self, per_team: int) -> None:
+    def __init__(self, per_team: int, places: Slots) -> None:
         self.per_team = per_team
-        self._held: dict[int, int] = {}
+        self.places = places
 
-    @contextmanager
-    def held_by(self, caller: Caller) -> Iterator[None]:
+    @asynccontextmanager
+    async def held_by(self, caller: Caller) -> AsyncIterator[None]:
         """A place for ``caller``'s team while the block runs; ``HTTPException`` 429 with
         ``Retry-After`` when the team has ``per_team`` under way."""
-        team = caller.team_id
-        if self._held.get(team, 0) >= self.per_team:
-            raise HTTPException(
+
+        def refused() -> HTTPException:
+            return HTTPException(
                 status_code=429,
                 detail=f"too many bundle uploads at once: team {caller.team} has "
                 f"{self.per_team} under way, the most a team may "
@@ -647,15 +649,9 @@ class UploadsUnderWay:
                 f"{UPLOAD_RETRY_AFTER_S} s",
                 headers={"Retry-After": str(UPLOAD_RETRY_AFTER_S)},
             )
-        self._held[team] = self._held.get(team, 0) + 1
-        try:
+
+        async with self.places.held(f"team:{caller.team_id}", self.per_team, refused):
             yield
-        finally:
-            left = self._held[team] - 1
-            if left:
-                self._held[team] = left
-            else:
-                del self._held[team]
 
 
 UPLOAD_RETRY_AFTER_S = 5
@@ -696,10 +692,15 @@ async def upload_bundle(
     limit = settings.bundle_max_bytes
     # Spooled to a file as it comes, never held whole; each upload under way takes up to
     # ``limit`` of the service's disk, so a team has at most its share of them at once.
-    with (
-        uploads.held_by(caller),
-        tempfile.TemporaryDirectory(prefix="trainyard-bundle-") as folder,
-    ):
+    async with uploads.held_by(caller):
+        stored = await _store_bundle(request, sha256, objects, caller, limit)
+    return Response(stored, status_code=201 if stored.created else 200)
+
+
+async def _store_bundle(
+    request: AnyRequest, sha256: str, objects: Objects, caller: Caller, limit: int
+) -> BundleStored:
+    with tempfile.TemporaryDirectory(prefix="trainyard-bundle-") as folder:
         path = Path(folder) / "bundle.tar.gz"
         digest = await spool_body(
             request,
@@ -718,8 +719,7 @@ async def upload_bundle(
             raise RequestInvalid.one("body", f"not a code bundle a runner unpacks: {exc}") from None
         created = await objects.put_bundle(caller.team, sha256, path)
         size = path.stat().st_size
-    stored = BundleStored(sha256=sha256, size_bytes=size, team=caller.team, created=created)
-    return Response(stored, status_code=201 if created else 200)
+    return BundleStored(sha256=sha256, size_bytes=size, team=caller.team, created=created)
 
 
 def _check_bundle_file(path: Path) -> None:
@@ -963,7 +963,9 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
     def provide_admission() -> DataAdmission:
         return admission
 
-    uploads = UploadsUnderWay(settings.bundle_uploads_per_team)
+    uploads = UploadsUnderWay(
+        settings.bundle_uploads_per_team, Slots(deps.pool, "submission.bundle_uploads")
+    )
 
     def provide_uploads() -> UploadsUnderWay:
         return uploads

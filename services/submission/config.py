@@ -25,9 +25,9 @@ class Settings(ServiceSettings):
     bundle_max_bytes: int = Field(default=DEFAULT_BUNDLE_MAX_BYTES, ge=1)
     """Largest code bundle ``PUT /v1/bundles/{sha256}`` accepts (bytes, compressed)."""
     bundle_uploads_per_team: int = Field(default=4, ge=1, le=10_000)
-    """Bundle uploads a team may have under way at once (each takes up to
-    ``bundle_max_bytes`` of the service's disk while it streams in); one more answers 429
-    with ``Retry-After`` before its body is read."""
+    """Bundle uploads a team may have under way at once, across every replica (each takes
+    up to ``bundle_max_bytes`` of the service's disk while it streams in); one more answers
+    429 with ``Retry-After`` before its body is read."""
     log_page_max_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
     """A page of ``GET /v1/jobs/{id}/logs`` stops adding chunks past this many bytes (it
     always holds at least one)."""

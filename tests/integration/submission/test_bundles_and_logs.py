@@ -456,3 +456,61 @@ async def test_a_team_has_at_most_its_share_of_uploads_under_way(
             assert (await task).status_code == 201
         again = await put(bundles[4], slowly=False)
         assert again.status_code == 201, again.text
+
+
+async def test_a_teams_share_of_uploads_holds_across_replicas(
+    submission: Submission, settings: Settings
+) -> None:
+    """Before, each replica counted a team's uploads in its own memory: with two replicas a
+    team had twice its share of uploads under way. Now the places are held in the
+    service's database (``shared.slots``), so a third is refused whichever replica it
+    reaches, and given back, they are free on either."""
+    limited = settings.model_copy(update={"bundle_uploads_per_team": 2})
+    release = asyncio.Event()
+    started = asyncio.Queue[int]()
+
+    def slow(data: bytes) -> Any:
+        async def chunks() -> Any:
+            yield data[:10]
+            started.put_nowait(1)
+            await release.wait()
+            yield data[10:]
+
+        return chunks()
+
+    def replica() -> httpx.AsyncClient:
+        app = create_app(limited, AppDeps(pool=submission.pool, store=submission.store))
+        transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+        return httpx.AsyncClient(transport=transport, base_url="http://s")
+
+    async with replica() as first, replica() as second:
+
+        async def put(client: httpx.AsyncClient, data: bytes, slowly: bool = True) -> Any:
+            sha = hashlib.sha256(data).hexdigest()
+            content = slow(data) if slowly else data
+            return await client.put(
+                f"/v1/bundles/{sha}", content=content, headers=submission.auth()
+            )
+
+        bundles = [tar_gz(("train.py", f"print('r{i}')\n".encode())) for i in range(6)]
+        under_way = [
+            asyncio.create_task(put(client, b))
+            for client, b in zip((first, second), bundles[:2], strict=True)
+        ]
+        for _ in range(2):
+            await asyncio.wait_for(started.get(), 30)
+        for client, bundle in zip((first, second), bundles[2:4], strict=True):
+            third = asyncio.create_task(put(client, bundle))
+            body_read = asyncio.create_task(started.get())
+            done, _ = await asyncio.wait({third, body_read}, return_when=asyncio.FIRST_COMPLETED)
+            assert third in done, "a third upload of one team was read while two were under way"
+            body_read.cancel()
+            refused = third.result()
+            assert refused.status_code == 429, refused.text
+            assert "BUNDLE_UPLOADS_PER_TEAM" in refused.json()["detail"], refused.text
+        release.set()
+        for task in under_way:
+            assert (await task).status_code == 201
+        for client, bundle in zip((first, second), bundles[4:], strict=True):
+            again = await put(client, bundle, slowly=False)
+            assert again.status_code == 201, again.text
