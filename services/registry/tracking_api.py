@@ -16,8 +16,8 @@ follow, ``next``, the cursor to pass as ``after``. A runs cursor holds its sort:
 another ``sort`` or ``order`` it answers 422 naming ``after``.
 - ``GET /v1/experiments/{id}/compare?keys&jobs&max_points``: runs side by side; a job of
   ``jobs`` that is not a run of the experiment is a 422 naming ``jobs`` and it. A team has
-  at most ``COMPARISONS_PER_TEAM`` under way at once: one more is a 429 with
-  ``Retry-After``, before anything is read.
+  at most ``COMPARISONS_PER_TEAM`` under way at once, across every replica: one more is a
+  429 with ``Retry-After``, before anything is read.
 - ``PUT``/``DELETE /v1/jobs/{job_id}/tags/{tag}``, ``PUT /v1/jobs/{job_id}/note``: members.
   A run has at most ``MAX_RUN_TAGS`` tags: a new one past them is a 422 naming ``tag``.
 
@@ -71,6 +71,7 @@ from trainyard_platform.shared.access import needs
 from trainyard_platform.shared.http_app import error_responses, json_request_body
 from trainyard_platform.shared.http_errors import RequestInvalid, parse_body, read_json_body
 from trainyard_platform.shared.identity import Principal, Role
+from trainyard_platform.shared.slots import Slots
 
 Caller = NamedDependency[Principal]
 MaxPoints = Annotated[
@@ -116,29 +117,26 @@ def _runs_list(experiment_id: int, order: RunOrder | None) -> str:
 
 def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
     """The routes of the module docstring, over the registry's pool."""
-    comparing: dict[str | None, int] = {}
-    """Comparisons under way, by the caller's team (``COMPARISONS_PER_TEAM``)."""
+    comparing = Slots(pool, "registry.comparisons")
+    """Comparisons under way, by the caller's team (``COMPARISONS_PER_TEAM``), across
+    every replica (``shared.slots``)."""
 
     @asynccontextmanager
     async def comparison_of(principal: Principal) -> AsyncIterator[None]:
         team = principal.team
-        if comparing.get(team, 0) >= COMPARISONS_PER_TEAM:
+
+        def refused() -> HTTPException:
             who = "operators" if team is None else f"team {team!r}"
-            raise HTTPException(
+            return HTTPException(
                 status_code=429,
                 detail=f"too many comparisons at once: {who} has {COMPARISONS_PER_TEAM} "
                 f"under way, the most a team may; retry after {COMPARISON_RETRY_AFTER_S} s",
                 headers={"Retry-After": str(COMPARISON_RETRY_AFTER_S)},
             )
-        comparing[team] = comparing.get(team, 0) + 1
-        try:
+
+        scope = "operators" if team is None else f"team:{team}"
+        async with comparing.held(scope, COMPARISONS_PER_TEAM, refused):
             yield
-        finally:
-            left = comparing[team] - 1
-            if left:
-                comparing[team] = left
-            else:
-                del comparing[team]
 
     async def visible_job(conn: asyncpg.Connection, job_id: str, principal: Principal) -> None:
         team = await repo.job_team(conn, job_id)

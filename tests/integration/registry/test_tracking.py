@@ -712,3 +712,50 @@ async def test_a_team_runs_at_most_its_share_of_comparisons_at_once(
         assert (await task).status_code == 200
     again = await vision.get(f"/v1/experiments/{eid}/compare")
     assert again.status_code == 200, again.text
+
+
+async def test_a_teams_share_of_comparisons_holds_across_replicas(
+    pool: asyncpg.Pool, vision: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, each replica counted a team's comparisons in its own memory: two replicas
+    let a team twice its share. Now the places are held in the registry's database
+    (``shared.slots``): one more is refused whichever replica it reaches."""
+    j = job()
+    experiment = f"cmp-{uuid.uuid4().hex[:6]}"
+    await applying(pool)([wrapped(started(j, spec(experiment=experiment)))])
+    listed = (await vision.get("/v1/experiments?project=vision-research")).json()["experiments"]
+    eid = next(e["id"] for e in listed if e["name"] == experiment)
+    release = asyncio.Event()
+    under_way: asyncio.Queue[int] = asyncio.Queue()
+    slow = tracking_api.repo.runs
+
+    async def held_runs(*args: Any, **kwargs: Any) -> Any:
+        under_way.put_nowait(1)
+        await release.wait()
+        return await slow(*args, **kwargs)
+
+    monkeypatch.setattr(tracking_api.repo, "runs", held_runs)
+    share = tracking_api.COMPARISONS_PER_TEAM
+    async with app_as(pool, VISION) as other:
+        replicas = [vision, other]
+        first = [
+            asyncio.create_task(replicas[i % 2].get(f"/v1/experiments/{eid}/compare"))
+            for i in range(share)
+        ]
+        for _ in range(share):
+            await asyncio.wait_for(under_way.get(), 30)
+        for replica in replicas:
+            extra = asyncio.create_task(replica.get(f"/v1/experiments/{eid}/compare"))
+            entered = asyncio.create_task(under_way.get())
+            done, _ = await asyncio.wait({extra, entered}, return_when=asyncio.FIRST_COMPLETED)
+            assert extra in done, f"comparison {share + 1} of one team was let in"
+            entered.cancel()
+            refused = extra.result()
+            assert refused.status_code == 429, refused.text
+            assert "team 'vision'" in refused.json()["detail"], refused.text
+        release.set()
+        for task in first:
+            assert (await task).status_code == 200
+        for replica in replicas:
+            again = await replica.get(f"/v1/experiments/{eid}/compare")
+            assert again.status_code == 200, again.text
