@@ -25,7 +25,11 @@ Contract:
   the row; neither raises: a row that cannot be deleted (PostgreSQL away) is logged and
   frees itself when its lease ends. ``held(scope, most, refused)`` holds a place while its
   block runs, raising ``refused()`` when there is none.
-- A pool connection is taken only for each statement, never for the work itself.
+- A pool connection is taken only for each statement, never for the work itself. Call
+  ``take``, ``held`` and ``give_back`` holding no connection of ``pool``: as many callers
+  at once as it has connections, each holding one while waiting for another, would all
+  wait for one none gives back. A block under ``held`` may take one (a place is taken
+  before the connection and given back after it).
 - ``close()`` (a shutdown) stops renewing and gives back what is still held.
 - A database fault (``db.DATABASE_FAULTS``) of ``take`` is raised to its caller: an HTTP
   request then answers 503, as for any query.

@@ -281,8 +281,14 @@ def model_routes(
                 tags=tuple(dict.fromkeys(body.tags)),
                 description=body.description,
             )
+        # The copy (a whole artifact, with a place of the team's transfers taken through the
+        # pool) runs holding no connection: as many requests at once as the pool has
+        # connections, each holding one while its place waited for another, all waited for
+        # one none gave back, and answered 503 when the pool's acquire timeout ended.
+        copied = await models.copy_in(storage(), what, transfer(principal))
+        async with pool.acquire() as conn:
             async with conn.transaction():
-                version = await models.register(conn, storage(), what, clock(), transfer(principal))
+                version = await models.record(conn, storage(), what, clock(), copied)
                 if audit.must_record(principal):
                     await audit.record(
                         conn,

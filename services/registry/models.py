@@ -9,7 +9,9 @@ Contract:
   connection and transaction, it numbers the version under the lock, stores it and puts
   ``model.registered`` in the outbox. If storing fails, the copy is deleted; if the caller's
   transaction rolls back later, the copy is an unreferenced object the storage collector
-  frees after its grace period.
+  frees after its grace period. Its two steps are also ``copy_in`` (holding no connection)
+  and ``record`` (in the caller's transaction), for a caller whose copy takes a place
+  through the pool (the HTTP route's ``transfers``).
 - ``delete_version`` refuses (``AliasInUse``) while any alias points at the version; else
   the version becomes a tombstone (its number is never reused) in the caller's
   transaction, and ``free_objects`` — called after that commits — removes its objects and
@@ -92,23 +94,43 @@ class Freed:
     bytes: int
 
 
-async def register(
-    conn: asyncpg.Connection,
-    store: ObjectStore,
-    what: Registration,
-    now: datetime,
-    transfer: Transfer | None = None,
-) -> ModelVersion:
-    """Copy, verify and store a new version (module docstring); raises
-    ``artifacts.SourceOutsideStore``, ``artifacts.ArtifactMismatch`` or
-    ``shared.storage.ObjectNotFound`` when the checkpoint cannot be registered.
-    ``transfer`` runs the copy (``transfers.Transfers.run`` for a caller's team, which may
-    refuse it); without one, ``asyncio.to_thread``."""
+@dataclass(frozen=True)
+class Copy:
+    """A committed checkpoint copied and verified to a new version's own key (``copy_in``)."""
+
+    version_id: str
+    key: str
+
+
+async def copy_in(store: ObjectStore, what: Registration, transfer: Transfer | None = None) -> Copy:
+    """Copy ``what``'s checkpoint to a new version's own key and verify it (module
+    docstring); raises ``artifacts.SourceOutsideStore``, ``artifacts.ArtifactMismatch`` or
+    ``shared.storage.ObjectNotFound`` when it cannot be registered. ``transfer`` runs the
+    copy (``transfers.Transfers.run`` for a caller's team, which may refuse it); without
+    one, ``asyncio.to_thread``. Call it holding no connection of the registry's pool: a
+    ``transfer`` takes its place through that pool (``shared.slots``)."""
     version_id = str(uuid.uuid4())
     key = names.artifact_key(what.team, what.model, version_id, ARTIFACT_FILE)
     source = artifacts.source_key(store, what.checkpoint.uri, what.job_id)
     expected = artifacts.Digest(what.checkpoint.size_bytes, what.checkpoint.sha256)
     await (transfer or asyncio.to_thread)(artifacts.copy_verified, store, source, key, expected)
+    return Copy(version_id, key)
+
+
+async def register(
+    conn: asyncpg.Connection, store: ObjectStore, what: Registration, now: datetime
+) -> ModelVersion:
+    """Copy, verify and store a new version (module docstring): ``copy_in`` on
+    ``asyncio.to_thread``, then ``record``; raises as they do."""
+    return await record(conn, store, what, now, await copy_in(store, what))
+
+
+async def record(
+    conn: asyncpg.Connection, store: ObjectStore, what: Registration, now: datetime, copied: Copy
+) -> ModelVersion:
+    """Number, store and announce the version ``copied`` holds, on the caller's connection
+    and transaction (module docstring); if that fails, the copy is deleted."""
+    version_id, key = copied.version_id, copied.key
     try:
         model_id, latest = await repo.lock_model(conn, what.team, what.model, now, what.project)
         version = ModelVersion(

@@ -19,7 +19,8 @@ Contract:
   or raised, however it ends, a caller that stopped waiting (a client gone) included.
   With no place: ``HTTPException`` 429 naming the team and its limit when the team holds
   its share, else 503 (the registry is busy); both with ``Retry-After``. Nothing waits
-  in a queue, so nothing a client abandons holds a place.
+  in a queue, so nothing a client abandons holds a place. Call it holding no connection
+  of the registry's pool: the team's place is taken and given back through that pool.
 - This replica's counts are bookkeeping on one event loop: no locks.
 """
 

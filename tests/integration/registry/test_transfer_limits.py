@@ -22,6 +22,9 @@ import httpx
 import pytest
 
 from tests.integration.registry.modelkit import ML, VISION, app_as, job_with_checkpoints, register
+from trainyard_platform.services.registry.service import NAME
+from trainyard_platform.shared.db import open_pool
+from trainyard_platform.shared.settings import DatabaseSettings
 from trainyard_platform.shared.storage import ObjectStore
 
 pytestmark = pytest.mark.integration
@@ -127,3 +130,31 @@ async def test_a_teams_share_of_transfers_holds_across_replicas(
         for replica in (first, second):
             again = await _download(replica, "vision", "digits")
             assert again.status_code == 200, again.text
+
+
+async def test_transfers_run_over_a_pool_of_one_connection(
+    pool: asyncpg.Pool, store: ObjectStore, database_url: str
+) -> None:
+    """Before, a registration held a connection of the pool (its transaction) while its
+    transfer took a place through the same pool: with as many registrations at once as the
+    pool has connections, each waited for a connection none gave back, and answered 503 once
+    the pool's acquire timeout ended. A pool of one connection shows it with one request.
+    Now no route holds a connection while it takes or gives back a place."""
+    vision_job = await job_with_checkpoints(pool, store, [1])
+    one = DatabaseSettings(
+        url=database_url, pool_min_size=1, pool_max_size=1, acquire_timeout_seconds=2
+    )
+    async with (
+        asyncio.timeout(120),
+        open_pool(one, NAME) as small,
+        app_as(small, store, VISION) as vision,
+    ):
+        registered = await register(vision, "vision", "digits", vision_job)
+        assert registered.status_code == 201, registered.text
+        again = await register(vision, "vision", "digits", vision_job)
+        assert again.status_code == 201, again.text
+        assert (await _download(vision, "vision", "digits")).status_code == 200
+        content = await vision.get("/v1/models/vision/digits/versions/2/content")
+        assert content.status_code == 200, content.text
+        # Every place given back: none is left held.
+        assert await small.fetchval("SELECT count(*) FROM held_slots") == 0
