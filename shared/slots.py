@@ -21,6 +21,12 @@ Contract:
   cannot reach its database for longer than the lease, renews nothing: its places free
   themselves when their leases end (and, in the second case, its work may then run beside
   a newcomer's past the share until it ends).
+- Rows of holders gone (a dead replica's, one whose delete failed, numbers past a share
+  since lowered) would otherwise stay until a take of the same number: up to kinds x
+  scopes (teams) x ``most`` rows, read by every take of their scope. Each renewal round
+  also deletes at most ``SWEPT_PER_ROUND`` rows of its kind whose lease ended more than a
+  lease ago (a row taken over meanwhile is live again and kept). Nobody's place is taken
+  by it: a row past its lease was free to take already.
 - ``give_back_soon(slot)`` (from synchronous code) and ``await give_back(slot)`` delete
   the row; neither raises: a row that cannot be deleted (PostgreSQL away) is logged and
   frees itself when its lease ends. ``held(scope, most, refused)`` holds a place while its
@@ -92,6 +98,20 @@ WHERE kind = $1 AND holder = ANY($2::text[])
 """
 
 _GIVE_BACK = "DELETE FROM held_slots WHERE kind = $1 AND scope = $2 AND slot = $3 AND holder = $4"
+
+_SWEEP = """
+DELETE FROM held_slots AS h
+WHERE h.kind = $1 AND h.expires_at < now() - make_interval(secs => $2)
+  AND (h.scope, h.slot) IN (
+    SELECT scope, slot FROM held_slots
+    WHERE kind = $1 AND expires_at < now() - make_interval(secs => $2)
+    LIMIT $3
+  )
+"""
+# The outer condition is checked again on a row another replica took over meanwhile (its
+# lease renewed), so a row taken over is never swept.
+SWEPT_PER_ROUND: Final = 100
+"""Most rows of dead holders one renewal round deletes: a bounded statement each round."""
 
 
 @dataclass(frozen=True)
@@ -220,6 +240,13 @@ class Slots:
                 log_failed_round(
                     log, RENEWAL_LOOP, f"could not renew the leases of {self.kind}: %s", exc
                 )
+                continue
+            try:
+                await self._pool.execute(_SWEEP, self.kind, self.lease_s, SWEPT_PER_ROUND)
+            except DATABASE_FAULTS as exc:
+                log_failed_round(
+                    log, RENEWAL_LOOP, f"could not delete the dead places of {self.kind}: %s", exc
+                )
 
     def _spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         task = asyncio.get_running_loop().create_task(work)
@@ -233,4 +260,4 @@ class Slots:
             del self._counts[scope]
 
 
-__all__: Sequence[str] = ["LEASE_S", "Slot", "Slots"]
+__all__: Sequence[str] = ["LEASE_S", "SWEPT_PER_ROUND", "Slot", "Slots"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import Counter
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
@@ -17,7 +18,7 @@ import pytest
 
 from trainyard_platform.shared.db import open_pool
 from trainyard_platform.shared.settings import DatabaseSettings
-from trainyard_platform.shared.slots import Slot, Slots
+from trainyard_platform.shared.slots import SWEPT_PER_ROUND, Slot, Slots
 
 pytestmark = pytest.mark.integration
 
@@ -161,3 +162,40 @@ async def test_a_dead_replicas_places_free_themselves_after_their_lease(
         assert await survivor.take("team:vision", 2) is None
         for slot in got:
             await survivor.give_back(slot)
+
+
+async def test_rows_of_holders_long_gone_are_deleted_while_places_are_renewed(
+    pool: asyncpg.Pool,
+) -> None:
+    """Before, a dead holder's row stayed until a take of the same number of its scope:
+    with a team that never again ran that many at once (or a share lowered since), for
+    ever, one row per team and number. Now each renewal round deletes some of its kind's
+    rows whose lease ended more than a lease ago; live rows, and other kinds', are kept."""
+    lease_s = 1.5
+    gone = SWEPT_PER_ROUND + 20  # more than one round deletes
+    await pool.execute(
+        """INSERT INTO held_slots (kind, scope, slot, holder, expires_at)
+           SELECT kind, 'team:' || n, 0, 'dead:1:x', now() - interval '1 hour'
+           FROM generate_series(1, $1) AS n, unnest(ARRAY['work', 'other']) AS kind""",
+        gone,
+    )
+    # Another replica's live place.
+    await pool.execute(
+        """INSERT INTO held_slots (kind, scope, slot, holder, expires_at)
+           VALUES ('work', 'team:ml', 0, 'alive:2:y', now() + interval '1 hour')"""
+    )
+    slots = Slots(pool, "work", lease_s=lease_s)
+    live = await slots.take("team:vision", 1)
+    assert live is not None
+    async with asyncio.timeout(60):
+        while await pool.fetchval(
+            "SELECT count(*) FROM held_slots WHERE kind = 'work' AND holder = 'dead:1:x'"
+        ):
+            await asyncio.sleep(0.1)
+    held = await pool.fetch("SELECT kind, scope, holder FROM held_slots ORDER BY kind, scope")
+    kinds = Counter(row["kind"] for row in held)
+    assert kinds["other"] == gone, "another kind's rows were swept"
+    scopes = {row["scope"] for row in held if row["kind"] == "work"}
+    assert {"team:vision", "team:ml"} <= scopes, "a live place was swept"
+    await slots.give_back(live)
+    await slots.close()
