@@ -129,6 +129,19 @@ def test_no_number_setting_takes_a_non_finite_value(
         ("TRAINYARD_BILLING_SHUTDOWN_GRACE_SECONDS", "-5", "greater than or equal to 0"),
         ("TRAINYARD_DATABASE_POOL_MAX_SIZE", "0", "greater than or equal to 1"),
         ("TRAINYARD_DATABASE_POOL_MIN_SIZE", "20", "must not exceed pool_max_size"),
+        # JetStream refuses a stream whose duplicate window outlasts its max_age, and every
+        # stream takes the one window: a short age with the default window (120 s) started
+        # the service, which then failed making its streams.
+        (
+            "TRAINYARD_NATS_RETENTION_HOURS",
+            "0.01",
+            "duplicate_window_seconds (120 s) must not exceed retention_hours (36 s)",
+        ),
+        (
+            "TRAINYARD_NATS_DEADLETTER_MAX_AGE_DAYS",
+            "0.001",
+            "duplicate_window_seconds (120 s) must not exceed deadletter_max_age_days (86.4 s)",
+        ),
     ],
 )
 def test_numbers_out_of_range_are_refused(
@@ -326,45 +339,6 @@ def test_a_duration_longer_than_jetstream_holds_is_named_at_start(
         monkeypatch.setenv("TRAINYARD_NATS_DEADLETTER_MAX_AGE_DAYS", "106751")
         monkeypatch.setenv(variable, str(106751 * 86400))
     assert NatsSettings()  # the longest JetStream holds is taken
-
-
-@pytest.mark.parametrize(
-    ("variable", "value", "reason"),
-    [
-        (
-            "TRAINYARD_NATS_RETENTION_HOURS",
-            "0.01",
-            "duplicate_window_seconds (120 s) must not exceed retention_hours (36 s)",
-        ),
-        (
-            "TRAINYARD_NATS_DEADLETTER_MAX_AGE_DAYS",
-            "0.001",
-            "duplicate_window_seconds (120 s) must not exceed deadletter_max_age_days (86.4 s)",
-        ),
-    ],
-)
-def test_a_duplicate_window_longer_than_a_streams_age_is_named_at_start(
-    variable: str,
-    value: str,
-    reason: str,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """JetStream refuses a stream whose duplicate window is longer than its ``max_age``
-    ("duplicates window can not be larger then max age"), and every stream takes the one
-    window: a short retention with the default window started the service, which then
-    failed making its streams. It is refused at start now, naming both settings."""
-    monkeypatch.setenv(variable, value)
-
-    with pytest.raises(SystemExit) as exited:
-        serve_from_command_line("billing", "test", Settings, _must_not_serve, [])
-
-    assert exited.value.code == 2
-    err = capsys.readouterr().err
-    assert reason in err
-    assert "Traceback" not in err
-    monkeypatch.setenv("TRAINYARD_NATS_DUPLICATE_WINDOW_SECONDS", "30")
-    assert NatsSettings()  # a window within both ages is taken
 
 
 def test_a_heartbeat_ttl_longer_than_jetstream_holds_is_named_at_start(
