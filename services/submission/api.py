@@ -18,9 +18,16 @@ Contract:
 - ``POST /v1/jobs?dry_run=true`` checks the job exactly as a submission does (the body, the
   flavors, the budgets, the registry's data admission, the bundle, a repeated
   ``Idempotency-Key``) and stores nothing: 200 with the job as it would be submitted (under
-  an id no job has; a key used before with the same spec: that job), or the very refusal
+  an id no job has; a key used before with the same request: that job), or the very refusal
   the submission would get. It spends a read of the rate limits, not a write
   (``shared.access.only_reads``): the CLI checks a spec so before each submission.
+- ``POST /v1/jobs`` with an ``Idempotency-Key`` this user used before (``commands``): the
+  same request (the same JSON, however ordered or spaced: ``schemas.request_fingerprint``)
+  answers 200 with the job the key stored, as it is now, before the budgets or the
+  registry are asked (a budget spent or raised since, or one that now refuses new jobs,
+  changes nothing of a retry), with no budget warning; a different request answers 409
+  naming ``Idempotency-Key``. The body is still checked first (422), flavors included, and
+  the rate limit spent (429).
 - Code bundles are per team: ``HEAD /v1/bundles/{sha256}`` answers 200 when the caller's
   team has uploaded it, else 404; ``PUT /v1/bundles/{sha256}`` stores the body after
   checking that its sha256 is the one in the path and that it is a bundle a runner unpacks
@@ -110,6 +117,7 @@ from trainyard_platform.services.submission.schemas import (
     UserCreated,
     parse_idempotency_key,
     parse_job_request,
+    request_fingerprint,
 )
 from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import (
@@ -430,7 +438,7 @@ def _name(field: str, value: str) -> str:
     responses={
         200: ResponseSpec(
             JobView,
-            description="the job this Idempotency-Key already submitted, with the same spec; "
+            description="the job this Idempotency-Key already submitted, with the same request; "
             "with dry_run, the job as it would be submitted (nothing stored)",
             generate_examples=False,
         ),
@@ -473,19 +481,43 @@ async def submit_job(
     if body is None:
         body = await json_body(request, _JOB_FREE_TEXT)
     job = parse_job_request(body, screening.flavors)
+    key = parse_idempotency_key(key)
+    fingerprint = None
+    if key is not None:
+        # A retry is answered with the job its key stored before anything that could
+        # refuse or change a new job (a spent budget, the registry) is asked: what they
+        # say may have changed since, and that job was admitted then.
+        fingerprint = request_fingerprint(job)
+        held = held_connection(request)
+        replayed = await commands.replay(front.pool, caller, key, fingerprint, held)
+        if replayed is not None:
+            return _checked(replayed, []) if dry_run else _submitted(replayed, False, [])
     job, warnings, lowered = screening.admit(job)
     if front.admission.asks_registry(job):
         # It waits on the registry (up to its timeout): no pooled connection is held then.
         await give_back_held(request)
     job = await front.admission.admit(job, request.headers.get("authorization", ""))
-    key = parse_idempotency_key(key)
     if dry_run:
         view = await commands.check_job(
-            front.pool, front.objects, caller, job, key, held_connection(request), lowered
+            front.pool,
+            front.objects,
+            caller,
+            job,
+            key,
+            held_connection(request),
+            lowered,
+            fingerprint,
         )
         return _checked(view, warnings)
     view, created = await commands.submit_job(
-        front.pool, front.objects, caller, job, key, held=held_connection(request), lowered=lowered
+        front.pool,
+        front.objects,
+        caller,
+        job,
+        key,
+        held=held_connection(request),
+        lowered=lowered,
+        fingerprint=fingerprint,
     )
     return _submitted(view, created, warnings)
 
@@ -503,14 +535,16 @@ def _submitted(
     """The answer of ``submit_job``: ``view`` as a ``JobView``, or already encoded as
     Litestar would encode it (``views.submitted_job_json``: bytes go out as they are), the
     new job ``new_job_id``'s. ``Location`` names the job shown: a ``JobView``'s own id (a
-    replay's is the earlier job's, not the id the repeated request was prepared with)."""
+    replay's is the earlier job's, not the id the repeated request was prepared with). A
+    replay (not ``created``) says no budget warning: nothing was admitted, and the job's
+    own history says whether a budget lowered it."""
     if isinstance(view, JobView):
         job_id = view.id
     else:
         assert new_job_id is not None  # bytes are only ever a new job's view
         job_id = new_job_id
     headers = {"Location": f"/v1/jobs/{job_id}"}
-    if warnings:
+    if warnings and created:
         headers[BUDGET_WARNING_HEADER] = "; ".join(warnings)
     status = 201 if created else 200
     if isinstance(view, bytes):
@@ -526,11 +560,15 @@ async def _prepare_known(
     makes them, with the checked idempotency key; None where the full path must run (a
     job the registry must admit). Raises the refusal the remembered caller would get."""
     job = parse_job_request(body, known.screening.flavors)
+    checked_key = parse_idempotency_key(key)
+    # Of the request as sent: a replay compares it, whatever the budgets make of the job.
+    fingerprint = None if checked_key is None else request_fingerprint(job)
     job, warnings, lowered = known.screening.admit(job)
     if front.admission.asks_registry(job):
         return None
-    checked_key = parse_idempotency_key(key)
-    prepared = await commands.prepare(front.objects, known.caller, job, lowered=lowered)
+    prepared = await commands.prepare(
+        front.objects, known.caller, job, lowered=lowered, fingerprint=fingerprint
+    )
     return prepared, warnings, checked_key
 
 

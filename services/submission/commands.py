@@ -16,6 +16,14 @@ Contract:
   row.
 - ``check_job`` (a dry run) makes ``submit_job``'s checks and stores nothing: no row, no
   event, no audit entry.
+- An idempotency key this user used before answers with the job it stored (a replay: no
+  second job, 200) when the request is the same as the one that stored it, compared by the
+  fingerprint of what the client sent (``schemas.request_fingerprint``, kept with the job),
+  never by what the server made of it (a budget's lowering, a resolved dataset version), so
+  a retry is a replay whatever changed in between; a different request is ``Conflict``
+  naming ``Idempotency-Key``. ``replay`` answers it before any admission, so one that would
+  refuse or change a new job cannot refuse or change a retry. A job stored before
+  fingerprints were kept (none) is compared by its spec as stored.
 - ``cancel_job`` announces ``JobCancelRequested`` once; the status turns CANCELLED only when
   the scheduler confirms with ``JobCancelled``.
 - A job whose code is a bundle is accepted only when the caller's team uploaded that
@@ -84,14 +92,16 @@ async def submit_job(
     reproduces: str | None = None,
     held: asyncpg.Connection | None = None,
     lowered: Lowered | None = None,
+    fingerprint: str | None = None,
 ) -> tuple[JobView, bool]:
     """Store and announce a job; return its view and whether it is new (False: the same
     idempotency key was used before, and the earlier job is returned). ``reproduces``: the
     id of the job this one reproduces (``reproduce``). ``held``: a connection of ``pool``
     the caller already holds (and gives back itself), used instead of taking another.
     ``lowered``: a spent budget lowered its class (``governance.admit``): its first history
-    entry and its ``job.submitted`` say from what class."""
-    job = await prepare(objects, caller, request, reproduces, lowered)
+    entry and its ``job.submitted`` say from what class. ``fingerprint``: of the request as
+    the client sent it (``schemas.request_fingerprint``), given with an idempotency key."""
+    job = await prepare(objects, caller, request, reproduces, lowered, fingerprint)
     job_id, spec, stored, now = job.job_id, job.spec, job.stored, job.submitted_at
     if not audit.must_record(caller.principal):
         return await _store_announced(_connection(pool, held), caller, job, idempotency_key)
@@ -107,10 +117,11 @@ async def submit_job(
             now,
             trace_id=recorded_trace_id(),
             reason=job.reason,
+            fingerprint=job.fingerprint,
         )
         if not created:
             assert idempotency_key is not None  # only a repeated key can conflict
-            replayed = await _replayed_job(conn, caller, idempotency_key, stored)
+            replayed = await _replayed_job(conn, caller, idempotency_key, job)
             return await _read_view(conn, caller, replayed), False
         await outbox.enqueue(conn, Envelope.wrap(job.event, source=SOURCE, subject=job_id))
         if audit.must_record(caller.principal):
@@ -128,20 +139,21 @@ async def check_job(
     idempotency_key: str | None,
     held: asyncpg.Connection | None = None,
     lowered: Lowered | None = None,
+    fingerprint: str | None = None,
 ) -> JobView:
     """What ``submit_job`` would answer for ``request``, with its checks, storing nothing (a
     dry run): ``prepare``'s (the role, the team, the bundle), and, for an idempotency key
-    used before, the earlier job when its spec is the same (as a replay answers) or the
+    used before, the earlier job when the request is the same (as a replay answers) or the
     ``Conflict`` a replay raises. A new job's view is ``submitted_job_view``'s, under an id
     no job has."""
-    job = await prepare(objects, caller, request, lowered=lowered)
+    job = await prepare(objects, caller, request, lowered=lowered, fingerprint=fingerprint)
     if idempotency_key is not None:
         async with _connection(pool, held) as conn:
             row = await repo.job_by_idempotency_key(
                 conn, caller.team_id, caller.user_id, idempotency_key
             )
             if row is not None:
-                replayed = await _replayed_job(conn, caller, idempotency_key, job.stored)
+                replayed = await _replayed_job(conn, caller, idempotency_key, job)
                 return await _read_view(conn, caller, replayed)
     trace_id = recorded_trace_id()
     return submitted_job_view(
@@ -159,6 +171,9 @@ class Prepared:
     submitted_at: datetime
     lowered: Lowered | None = None
     """A spent budget lowered its class (``governance.admit``)."""
+    fingerprint: str | None = None
+    """Of the request as its client sent it (``schemas.request_fingerprint``): stored with
+    the job, what a replay of its idempotency key is compared by. None without a key."""
 
     @property
     def reason(self) -> str:
@@ -183,10 +198,11 @@ async def prepare(
     request: JobRequest,
     reproduces: str | None = None,
     lowered: Lowered | None = None,
+    fingerprint: str | None = None,
 ) -> Prepared:
     """What ``submit_job`` checks before it writes (the role, the team, the bundle), and
-    the job's id, spec and time (``lowered``: as ``submit_job``'s). Reads only (the bundle's
-    size, which says its existence too); raises the refusal."""
+    the job's id, spec and time (``lowered``, ``fingerprint``: as ``submit_job``'s). Reads
+    only (the bundle's size, which says its existence too); raises the refusal."""
     caller.require(Role.MEMBER, "submitting jobs")
     if request.team is not None and request.team != caller.team:
         raise Forbidden(f"you can submit jobs for your own team ({caller.team}) only")
@@ -199,7 +215,7 @@ async def prepare(
     spec = request.to_spec(user=caller.user, team=caller.team)
     if reproduces is not None:
         spec = spec.model_copy(update={"reproduces": reproduces})
-    return Prepared(str(uuid.uuid4()), spec, dump(spec), datetime.now(UTC), lowered)
+    return Prepared(str(uuid.uuid4()), spec, dump(spec), datetime.now(UTC), lowered, fingerprint)
 
 
 def bundle_problem(team: str, code: BundleCode, stored_bytes: int | None) -> FieldError | None:
@@ -248,6 +264,7 @@ async def submit_prepared_if_known(
                 job.submitted_at,
                 trace_id,
                 job.reason,
+                job.fingerprint,
             ),
             event,
         )
@@ -257,7 +274,7 @@ async def submit_prepared_if_known(
     if not stored:
         assert idempotency_key is not None  # only a repeated key can conflict
         async with writer.pool.acquire() as conn, conn.transaction():
-            replayed = await _replayed_job(conn, caller, idempotency_key, job.stored)
+            replayed = await _replayed_job(conn, caller, idempotency_key, job)
             return await _read_view(conn, caller, replayed), False
     view = submitted_job_json(
         job.job_id, caller.team, caller.user, job.stored, job.submitted_at, trace_id, job.reason
@@ -302,24 +319,56 @@ async def _store_announced(
             trace_id,
             event,
             job.reason,
+            job.fingerprint,
         )
         if not created:
             assert idempotency_key is not None  # only a repeated key can conflict
             async with conn.transaction():
-                replayed = await _replayed_job(conn, caller, idempotency_key, stored)
+                replayed = await _replayed_job(conn, caller, idempotency_key, job)
                 return await _read_view(conn, caller, replayed), False
         outbox.enqueued_by(conn)
     view = submitted_job_view(job_id, caller.team, caller.user, stored, now, trace_id, job.reason)
     return view, True
 
 
-async def _replayed_job(
-    conn: asyncpg.Connection, caller: Caller, key: str, spec: dict[str, object]
-) -> str:
+async def replay(
+    pool: asyncpg.Pool,
+    caller: Caller,
+    idempotency_key: str,
+    fingerprint: str,
+    held: asyncpg.Connection | None = None,
+) -> JobView | None:
+    """The view of the job this user stored with ``idempotency_key`` when the request that
+    stored it had this ``fingerprint`` (a replay, answered before any admission); raises
+    ``Conflict`` when it had another. None when the key is unused, or its job was stored
+    before fingerprints were kept (its spec is compared once the request is admitted, as
+    ``submit_job`` does). ``held``: as ``submit_job``'s."""
+    caller.require(Role.MEMBER, "submitting jobs")
+    async with _connection(pool, held) as conn, conn.transaction():
+        row = await repo.job_by_idempotency_key(
+            conn, caller.team_id, caller.user_id, idempotency_key
+        )
+        if row is None or row["request_fingerprint"] is None:
+            return None
+        if row["request_fingerprint"] != fingerprint:
+            raise _used_for_another()
+        return await _read_view(conn, caller, str(row["id"]))
+
+
+def _used_for_another() -> Conflict:
+    return Conflict("this Idempotency-Key was already used for a different job spec")
+
+
+async def _replayed_job(conn: asyncpg.Connection, caller: Caller, key: str, job: Prepared) -> str:
+    """The id of the job stored with ``key``, which ``job`` (prepared under the same key)
+    replays: compared by the requests' fingerprints, or for a job stored without one by
+    the specs as stored. Raises ``Conflict`` when they differ."""
     row = await repo.job_by_idempotency_key(conn, caller.team_id, caller.user_id, key)
     assert row is not None  # the insert conflicted on exactly this row
-    if row["spec"] != spec:
-        raise Conflict("this Idempotency-Key was already used for a different job spec")
+    stored = row["request_fingerprint"]
+    same = row["spec"] == job.stored if stored is None else stored == job.fingerprint
+    if not same:
+        raise _used_for_another()
     return str(row["id"])
 
 

@@ -26,16 +26,19 @@ def _insert_job_sql(*, announced: bool, caller_check: str | None = None) -> str:
     skipped when this user already used the idempotency key; with ``announced``, also the
     outbox row of its ``job.submitted`` event (``$9``-``$12``); with ``caller_check`` (a
     ``SELECT`` of one row or none), only if that finds its row. The history entry's reason
-    is the last parameter (``governance.lowered_reason``). The three statements the
-    functions below send are made here once, from these fixed fragments."""
+    is the next to last parameter (``governance.lowered_reason``), the request's fingerprint
+    (``schemas.request_fingerprint``) the last. The three statements the functions below
+    send are made here once, from these fixed fragments."""
     row = "$1, $2, $3, $4, $5, 'QUEUED', $6, $7, $7, $8"
     # After the job's 8, the event's 4 and the caller check's 7 parameters.
-    reason = f"${9 + (4 if announced else 0) + (7 if caller_check else 0)}::text"
+    last = 9 + (4 if announced else 0) + (7 if caller_check else 0)
+    reason = f"${last}::text"
+    row += f", ${last + 1}::text"
     parts = [f"caller AS ({caller_check})"] if caller_check else []
     parts += [
         f"""job AS (
                INSERT INTO jobs (id, team_id, user_id, name, spec, status, idempotency_key,
-                                 submitted_at, updated_at, trace_id)
+                                 submitted_at, updated_at, trace_id, request_fingerprint)
                {f"SELECT {row} FROM caller" if caller_check else f"VALUES ({row})"}
                ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING id)""",
         f"""history AS (
@@ -105,6 +108,7 @@ _BATCH_COLUMNS = (
     ("retired", "text"),
     ("budgets", "text"),
     ("reason", "text"),
+    ("request_fingerprint", "text"),
 )
 """The columns of the rows ``insert_jobs_if_callers`` writes, one array parameter each
 (``spec`` and ``headers`` as JSON text, ``declared`` and ``retired`` as array literals:
@@ -130,9 +134,9 @@ _INSERT_JOBS_IF_CALLERS = f"""WITH r AS (
              AND e.idempotency_key = c.idempotency_key AND e.ord < c.ord)),
    job AS (
        INSERT INTO jobs (id, team_id, user_id, name, spec, status, idempotency_key,
-                         submitted_at, updated_at, trace_id)
+                         submitted_at, updated_at, trace_id, request_fingerprint)
        SELECT id, team_id, user_id, name, spec::jsonb, 'QUEUED', idempotency_key,
-              submitted_at, submitted_at, trace_id
+              submitted_at, submitted_at, trace_id, request_fingerprint
        FROM first ORDER BY user_id, idempotency_key, ord
        ON CONFLICT (user_id, idempotency_key) DO NOTHING RETURNING id),
    history AS (
@@ -158,11 +162,13 @@ async def insert_job(
     submitted_at: datetime,
     trace_id: str | None = None,
     reason: str = "submitted",
+    fingerprint: str | None = None,
 ) -> bool:
     """Store a QUEUED job and its first history entry (``reason``: ``submitted``, or what
     ``governance.lowered_reason`` says of a job a budget lowered), in one statement, with the
-    trace its events travel in (``trace_id``). False (nothing stored) when this user already
-    submitted a job with this idempotency key."""
+    trace its events travel in (``trace_id``) and the fingerprint of the request that made
+    it (``schemas.request_fingerprint``, which a replay of its idempotency key compares).
+    False (nothing stored) when this user already submitted a job with this idempotency key."""
     row = await conn.fetchrow(
         _INSERT_JOB,
         job_id,
@@ -174,6 +180,7 @@ async def insert_job(
         submitted_at,
         trace_id,
         reason,
+        fingerprint,
     )
     assert row is not None  # a SELECT without FROM has one row
     return bool(row["stored"])
@@ -191,6 +198,7 @@ async def insert_job_announced(
     trace_id: str | None,
     event: tuple[str, str, bytes, dict[str, str]],
     reason: str = "submitted",
+    fingerprint: str | None = None,
 ) -> bool:
     """``insert_job`` and the outbox row of its ``job.submitted`` event ``(event_id,
     subject, body, headers)``, in one statement (so in one transaction of its own, with no
@@ -209,6 +217,7 @@ async def insert_job_announced(
         trace_id,
         *event,
         reason,
+        fingerprint,
     )
     assert row is not None  # a SELECT without FROM has one row
     return bool(row["stored"])
@@ -219,9 +228,9 @@ CallerKey = tuple[str, int, int, int, str]
 user_id, team_id, role)``."""
 ScreeningKey = tuple[str, list[str], list[str], str]
 """A remembered screening: ``(month, declared, retired, budgets)``."""
-NewJob = tuple[str, str, dict[str, Any], str | None, datetime, str | None, str]
-"""``(job_id, name, spec, idempotency_key, submitted_at, trace_id, reason)``: ``reason`` is
-its first history entry's (``insert_job``)."""
+NewJob = tuple[str, str, dict[str, Any], str | None, datetime, str | None, str, str | None]
+"""``(job_id, name, spec, idempotency_key, submitted_at, trace_id, reason, fingerprint)``:
+``reason`` is its first history entry's, ``fingerprint`` its request's (``insert_job``)."""
 NewEvent = tuple[str, str, bytes, dict[str, str]]
 """An outbox row: ``(event_id, subject, body, headers)``."""
 Submission = tuple[CallerKey, ScreeningKey, NewJob, NewEvent]
@@ -241,12 +250,12 @@ async def insert_job_if_caller(
     caller and stores the job. ``caller``: ``(token_hash, token_id, user_id, team_id,
     role)``; ``screening``: ``(month, declared, retired, budgets)`` as
     ``governance.screening_unchanged`` takes them; ``job``: ``(job_id, name, spec,
-    idempotency_key, submitted_at, trace_id, reason)``. Returns (the caller and screening held,
+    idempotency_key, submitted_at, trace_id, reason, fingerprint)``. Returns (the caller and screening held,
     the job was stored): (True, False) when this user already used the idempotency key,
     (False, False) when anything about the caller or screening differs (nothing stored)."""
     token_hash, token_id, user_id, team_id, role = caller
     month, declared, retired, budgets = screening
-    job_id, name, spec, idempotency_key, submitted_at, trace_id, reason = job
+    job_id, name, spec, idempotency_key, submitted_at, trace_id, reason, fingerprint = job
     row = await conn.fetchrow(
         _INSERT_JOB_IF_CALLER,
         job_id,
@@ -266,6 +275,7 @@ async def insert_job_if_caller(
         retired,
         budgets,
         reason,
+        fingerprint,
     )
     assert row is not None  # a SELECT without FROM has one row
     return bool(row["held"]), bool(row["stored"])
@@ -285,7 +295,7 @@ async def insert_jobs_if_callers(
     ``(held, stored)`` per submission, in order."""
     columns: list[list[Any]] = [[] for _ in _BATCH_COLUMNS]
     for caller, screening, job, event in submissions:
-        job_id, name, spec, key, submitted_at, trace_id, reason = job
+        job_id, name, spec, key, submitted_at, trace_id, reason, fingerprint = job
         token_hash, token_id, user_id, team_id, role = caller
         month, declared, retired, budgets = screening
         event_id, subject, body, headers = event
@@ -310,6 +320,7 @@ async def insert_jobs_if_callers(
             _text_array(retired),
             budgets,
             reason,
+            fingerprint,
         )
         for column, value in zip(columns, row, strict=True):
             column.append(value)
@@ -326,8 +337,11 @@ def _text_array(items: Sequence[str]) -> str:
 async def job_by_idempotency_key(
     conn: asyncpg.Connection, team_id: int, user_id: int, key: str
 ) -> asyncpg.Record | None:
+    """The job this user stored with this idempotency key: ``(id, spec,
+    request_fingerprint)`` (the fingerprint NULL for a job stored before it was kept)."""
     return await conn.fetchrow(
-        "SELECT id, spec FROM jobs WHERE team_id = $1 AND user_id = $2 AND idempotency_key = $3",
+        "SELECT id, spec, request_fingerprint FROM jobs"
+        " WHERE team_id = $1 AND user_id = $2 AND idempotency_key = $3",
         team_id,
         user_id,
         key,

@@ -15,6 +15,9 @@ Contract:
 - The optional body may change ``datasets``, ``seed`` or ``hyperparameters`` (keys merged
   over the original's) on purpose, to see what a change does: the registry's verdict then
   names what differs. Unknown fields are refused (422 naming them).
+- An ``Idempotency-Key`` used before by this user for the same reproduction (the same job,
+  the same changes) answers 200 with the job it stored, before the budgets or the registry
+  are asked, as ``POST /v1/jobs`` does (``commands.replay``); anything else under it, 409.
 - When the reproduction ends, the registry records the verdict (``GET /v1/jobs/{id}/
   reproduction`` on the registry; docs/reproducibility.md).
 """
@@ -43,6 +46,7 @@ from trainyard_platform.services.submission.schemas import (
     JobView,
     parse_idempotency_key,
     parse_job_request,
+    request_fingerprint,
 )
 from trainyard_platform.shared.access import needs
 from trainyard_platform.shared.events.payloads import (
@@ -100,6 +104,10 @@ def reproduction_body(original: JobSpec, changes: ReproduceRequest) -> bytes:
     return json.dumps(spec).encode()
 
 
+def _located(view: JobView) -> dict[str, str]:
+    return {"Location": f"/v1/jobs/{view.id}"}
+
+
 async def _changes(request: Request[Any, Any, Any]) -> ReproduceRequest:
     announced = request.headers.get("content-length", "")
     if announced == "0" or (not announced and "transfer-encoding" not in request.headers):
@@ -143,12 +151,28 @@ async def reproduce_job(
     original = JobSpec.model_validate(row["spec"])
     screening = await governance.screening(pool, settings.flavors, caller.team)
     job = parse_job_request(reproduction_body(original, changes), screening.flavors)
+    checked_key = parse_idempotency_key(key)
+    fingerprint = None
+    if checked_key is not None:
+        # As ``POST /v1/jobs``: a retry answers with its key's job before the budgets and
+        # the registry, which may say otherwise now, are asked.
+        fingerprint = request_fingerprint(job, reproduces=job_id)
+        replayed = await commands.replay(pool, caller, checked_key, fingerprint)
+        if replayed is not None:
+            return Response(replayed, status_code=200, headers=_located(replayed))
     job, warnings, lowered = screening.admit(job)
     job = await admission.admit(job, request.headers.get("authorization", ""))
     view, created = await commands.submit_job(
-        pool, objects, caller, job, parse_idempotency_key(key), reproduces=job_id, lowered=lowered
+        pool,
+        objects,
+        caller,
+        job,
+        checked_key,
+        reproduces=job_id,
+        lowered=lowered,
+        fingerprint=fingerprint,
     )
-    headers = {"Location": f"/v1/jobs/{view.id}"}
-    if warnings:
+    headers = _located(view)
+    if warnings and created:
         headers[BUDGET_WARNING_HEADER] = "; ".join(warnings)
     return Response(view, status_code=201 if created else 200, headers=headers)

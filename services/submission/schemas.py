@@ -9,6 +9,7 @@ by its path (``hyperparameters.lr``, ``args[2]``), all at once.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -753,6 +754,21 @@ def parse_idempotency_key(value: str | None) -> str | None:
         )
         raise RequestInvalid([error], "invalid Idempotency-Key header")
     return value
+
+
+def request_fingerprint(request: JobRequest, reproduces: str | None = None) -> str:
+    """What identifies a submission as its client sent it, for an ``Idempotency-Key``'s
+    replay: the sha256 (hex) of the canonical JSON (keys sorted, no spaces, ASCII) of the
+    fields the body set, as validated, and for a reproduction the id of the job it
+    reproduces. Equal for the same JSON however its keys are ordered or spaced; nothing the
+    server decides later (a budget's lowering, a dataset version the registry resolves, a
+    default) is in it, so a retry of the same body has the same fingerprint whenever it
+    comes. Fields left out are not the same as fields sent with their default value."""
+    fields = request.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    if reproduces is not None:
+        fields["reproduces"] = reproduces  # not a field of a request (``extra="forbid"``)
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
 
 ID_PREFIX_PATTERN = r"^[0-9a-f][0-9a-f-]{0,35}$"

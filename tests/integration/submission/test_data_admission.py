@@ -233,3 +233,26 @@ async def test_a_parent_model_of_another_team_is_admitted_only_with_a_grant(
     assert revoked.json()["changed"] is True
     again = errors(await p.submit(p.vision, parent_model=f"{p.ml}/shared:1"))
     assert again == refused  # revoked: the very next job is refused, as before the grant
+
+
+async def test_a_retry_is_its_keys_job_though_the_latest_version_changed(
+    platform: Platform,
+) -> None:
+    """A dataset named without a version is the latest one at admission: a retry under the
+    same ``Idempotency-Key`` after a newer version came is the job its key made (with the
+    version it was admitted with), not a conflict with it."""
+    p = platform
+    await p.dataset(p.vision, "raw")
+    headers = {**p.auth(p.vision), "Idempotency-Key": "nightly-raw"}
+    body = {**SPEC, "datasets": [f"{p.vision}/raw"]}
+    first = await p.submission.post("/v1/jobs", json=body, headers=headers)
+    assert first.status_code == 201, first.text
+    await p.dataset(p.vision, "raw")  # version 2
+    again = await p.submission.post("/v1/jobs", json=body, headers=headers)
+    assert again.status_code == 200, again.text
+    assert again.json()["id"] == first.json()["id"]
+    assert again.json()["spec"]["datasets"] == [f"{p.vision}/raw:1"]
+    other = {**body, "datasets": [f"{p.vision}/raw:2"]}
+    refused = await p.submission.post("/v1/jobs", json=other, headers=headers)
+    assert refused.status_code == 409, refused.text
+    assert "Idempotency-Key" in refused.json()["detail"]

@@ -271,7 +271,7 @@ async def test_the_batch_statement_checks_and_stores_each_row(pool: asyncpg.Pool
     stale: repo.ScreeningKey = (month, ['x"\\'], [], "[]")
 
     def row(n: int, key: str | None, screening: repo.ScreeningKey) -> repo.Submission:
-        job = (f"j{n}", "n", {"name": "n", "n": n}, key, now, None, "submitted")
+        job = (f"j{n}", "n", {"name": "n", "n": n}, key, now, None, "submitted", None)
         return caller, screening, job, (f"e{n}", "trainyard.job.submitted.x", b"{}", {"a": "b"})
 
     submissions = [row(1, "k", fresh), row(2, "k", fresh), row(3, None, stale), row(4, None, fresh)]
@@ -338,7 +338,7 @@ def _submission(
     spec: dict[str, Any] | None = None,
     key: str | None = None,
 ) -> repo.Submission:
-    job = (job_id, "n", spec or {"name": "n"}, key, now, None, "submitted")
+    job = (job_id, "n", spec or {"name": "n"}, key, now, None, "submitted", None)
     return caller, screening, job, (f"e-{job_id}", "trainyard.job.submitted.x", b"{}", {})
 
 

@@ -255,7 +255,16 @@ async def test_the_statement_stores_nothing_for_a_screening_that_changed(
     assert row is not None
     caller = (hash_token(token), row["id"], row["user_id"], row["team_id"], "admin")
     event = ("e1", "trainyard.job.submitted.j1", b"{}", {})
-    job = ("j1", "n", {"name": "n"}, None, await pool.fetchval("SELECT now()"), None, "submitted")
+    job = (
+        "j1",
+        "n",
+        {"name": "n"},
+        None,
+        await pool.fetchval("SELECT now()"),
+        None,
+        "submitted",
+        None,
+    )
     month = current_month()
     async with pool.acquire() as conn:
         # The catalogue retired no flavor and declared none; the remembered one says "x" was.
@@ -270,7 +279,7 @@ async def test_the_statement_stores_nothing_for_a_screening_that_changed(
         assert await _stored(pool) == (0, 0)
         assert await repo.insert_job_if_caller(conn, caller, fresh, job, event) == (True, True)
         await conn.execute("UPDATE tokens SET revoked_at = now()")
-        again = ("j2", "n", {"name": "n"}, None, job[4], None, "submitted")
+        again = ("j2", "n", {"name": "n"}, None, job[4], None, "submitted", None)
         other = ("e2", *event[1:])
         assert await repo.insert_job_if_caller(conn, caller, fresh, again, other) == (False, False)
     assert await _stored(pool) == (1, 1)

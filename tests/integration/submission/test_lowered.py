@@ -8,6 +8,7 @@ group commit's batch. A job its user asked ``low`` for is submitted as ever."""
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable
 from typing import Any
 
 import asyncpg
@@ -107,7 +108,7 @@ async def test_a_group_commits_batch_keeps_each_jobs_own_first_reason(
         (
             caller,
             screening,
-            (job_id, "n", {"name": "n"}, None, at, None, reason),
+            (job_id, "n", {"name": "n"}, None, at, None, reason, None),
             (f"e-{job_id}", f"trainyard.job.submitted.v1.{job_id}", b"{}", {}),
         )
         for job_id, reason in (("j1", LOWERED), ("j2", "submitted"))
@@ -116,3 +117,126 @@ async def test_a_group_commits_batch_keeps_each_jobs_own_first_reason(
         assert await repo.insert_jobs_if_callers(conn, rows) == [(True, True), (True, True)]
     stored = await pool.fetch("SELECT job_id, reason FROM job_history ORDER BY job_id")
     assert [tuple(r) for r in stored] == [("j1", LOWERED), ("j2", "submitted")]
+
+
+# --- a retry under an Idempotency-Key is its key's job, whatever the budgets say since -------
+
+
+def _keyed(
+    client: httpx.AsyncClient,
+    token: str,
+    key: str,
+    spec: dict[str, Any] | None = None,
+    dry_run: bool = False,
+) -> Awaitable[httpx.Response]:
+    return client.post(
+        "/v1/jobs?dry_run=true" if dry_run else "/v1/jobs",
+        json=spec or SPEC,
+        headers={"Authorization": f"Bearer {token}", "Idempotency-Key": key},
+    )
+
+
+async def _budget(pool: asyncpg.Pool, policy: str, exhausted: bool) -> None:
+    """The team's budget as billing said it last (a revision past every earlier one)."""
+    await pool.execute(
+        """INSERT INTO budget_replica (team, project, month, amount, spent, currency, policy,
+                                      exhausted, deleted, revision)
+           VALUES ('ml', '', $1, '10', '11', 'USD', $2, $3, false, 1)
+           ON CONFLICT (team, project) DO UPDATE SET policy = EXCLUDED.policy,
+               exhausted = EXCLUDED.exhausted, revision = budget_replica.revision + 1""",
+        current_month(),
+        policy,
+        exhausted,
+    )
+
+
+def _replayed(answer: httpx.Response, job_id: str) -> bool:
+    """The answer is the job ``job_id`` (200: no job made)."""
+    assert answer.status_code == 200, answer.text
+    return bool(answer.json()["id"] == job_id)
+
+
+def _refused_for_the_key(answer: httpx.Response) -> bool:
+    return answer.status_code == 409 and "Idempotency-Key" in answer.json()["detail"]
+
+
+async def test_a_retry_of_a_lowered_job_is_that_job_once_the_budget_is_raised(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    # Seen: a job submitted while the team's budget was spent was lowered to low; an admin
+    # raised the budget; the client's retry (the same body, the same key) was not lowered,
+    # so its spec differed from the stored one and it got 409 "already used for a
+    # different job spec" for the job its first request had made.
+    await _budget(pool, "deprioritize", exhausted=True)
+    admin = await identity.bootstrap_user(pool, "ml", "alice")
+    async with open_pool(settings.database, NAME) as front, await _client(settings, front) as c:
+        member = await _member(c, admin)
+        first = {}
+        for token in (admin, member):  # audited: a transaction; a member: one statement
+            answer = await _keyed(c, token, "nightly-1")
+            assert answer.status_code == 201, answer.text
+            assert answer.json()["spec"]["priority"] == "low"
+            first[token] = answer.json()["id"]
+        await _budget(pool, "deprioritize", exhausted=False)  # raised
+        for token in (admin, member):  # the member's token: its screening is stale
+            dry = await _keyed(c, token, "nightly-1", dry_run=True)
+            assert _replayed(dry, first[token])
+            again = await _keyed(c, token, "nightly-1")
+            assert _replayed(again, first[token])
+            assert again.json()["spec"]["priority"] == "low"  # the job as it was stored
+            assert "Trainyard-Budget-Warning" not in again.headers  # nothing was admitted
+            assert again.headers["Location"] == f"/v1/jobs/{first[token]}"
+        # The member's token now remembers the raised budget: the one statement, whose
+        # insert finds the key's row, compares the requests too.
+        again = await _keyed(c, member, "nightly-1")
+        assert _replayed(again, first[member])
+        for token in (admin, member):  # another body under the key is still refused
+            assert _refused_for_the_key(await _keyed(c, token, "nightly-1", {**SPEC, "seed": 8}))
+            other = await _keyed(c, token, "nightly-1", {**SPEC, "seed": 8}, dry_run=True)
+            assert _refused_for_the_key(other)
+    assert await pool.fetchval("SELECT count(*) FROM jobs") == 2
+
+
+async def test_a_retry_is_its_keys_job_once_the_budget_is_spent_or_refuses(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    """The reverse: a job admitted at its class, then the budget spent (lowering new jobs),
+    then refusing new jobs: the retry is still the job admitted, at its class."""
+    admin = await identity.bootstrap_user(pool, "ml", "alice")
+    async with open_pool(settings.database, NAME) as front, await _client(settings, front) as c:
+        member = await _member(c, admin)
+        first = {}
+        for token in (admin, member):
+            answer = await _keyed(c, token, "nightly-2")
+            assert answer.status_code == 201, answer.text
+            assert answer.json()["spec"]["priority"] == "normal"
+            first[token] = answer.json()["id"]
+        for policy in ("deprioritize", "refuse"):
+            await _budget(pool, policy, exhausted=True)
+            for token in (admin, member):
+                again = await _keyed(c, token, "nightly-2")
+                assert _replayed(again, first[token])
+                assert again.json()["spec"]["priority"] == "normal"
+                dry = await _keyed(c, token, "nightly-2", dry_run=True)
+                assert _replayed(dry, first[token])
+        for token in (admin, member):
+            refused = await _keyed(c, token, "nightly-3")  # a new job is refused
+            assert refused.status_code == 409, refused.text
+            assert "new jobs are refused" in refused.json()["detail"]
+            assert _refused_for_the_key(await _keyed(c, token, "nightly-2", {**SPEC, "seed": 8}))
+    assert await pool.fetchval("SELECT count(*) FROM jobs") == 2
+
+
+async def test_a_job_stored_before_fingerprints_is_replayed_by_its_spec(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    """A job stored before the request's fingerprint was kept (none) is compared with its
+    retry as it always was: by the spec as stored."""
+    admin = await identity.bootstrap_user(pool, "ml", "alice")
+    async with open_pool(settings.database, NAME) as front, await _client(settings, front) as c:
+        first = await _keyed(c, admin, "old-1")
+        assert first.status_code == 201, first.text
+        await pool.execute("UPDATE jobs SET request_fingerprint = NULL")
+        again = await _keyed(c, admin, "old-1")
+        assert _replayed(again, first.json()["id"])
+        assert _refused_for_the_key(await _keyed(c, admin, "old-1", {**SPEC, "seed": 8}))

@@ -8,6 +8,7 @@ import pytest
 
 from tests.integration.submission.conftest import Submission
 from tests.unit.submission import factories as ev
+from trainyard_platform.services.submission.governance import current_month
 
 pytestmark = pytest.mark.integration
 
@@ -79,3 +80,33 @@ async def test_another_teams_job_is_not_found(submission: Submission) -> None:
         "/v1/jobs/no-such-job/reproduce", headers=submission.auth()
     )
     assert missing.status_code == 404
+
+
+async def test_a_retried_reproduction_is_the_job_its_key_made_whatever_the_budget_says(
+    submission: Submission,
+) -> None:
+    """A retry under the same ``Idempotency-Key`` is answered with the reproduction its key
+    made, even once a spent budget would lower (or refuse) a new one; another reproduction
+    under that key is refused naming the key."""
+    job = await ended_job(submission)
+    headers = {**submission.auth(), "Idempotency-Key": "repro-1"}
+    url = f"/v1/jobs/{job}/reproduce"
+    first = await submission.client.post(url, json={"seed": 8}, headers=headers)
+    assert first.status_code == 201, first.text
+    assert first.json()["spec"]["priority"] == "normal"
+    for policy in ("deprioritize", "refuse"):
+        await submission.pool.execute(
+            """INSERT INTO budget_replica (team, project, month, amount, spent, currency,
+                                          policy, exhausted, deleted, revision)
+               VALUES ('ml', '', $1, '10', '11', 'USD', $2, true, false, 1)
+               ON CONFLICT (team, project) DO UPDATE SET policy = EXCLUDED.policy""",
+            current_month(),
+            policy,
+        )
+        again = await submission.client.post(url, json={"seed": 8}, headers=headers)
+        assert again.status_code == 200, again.text
+        assert again.json()["id"] == first.json()["id"]
+        assert again.json()["spec"]["priority"] == "normal"
+    other = await submission.client.post(url, json={"seed": 9}, headers=headers)
+    assert other.status_code == 409, other.text
+    assert "Idempotency-Key" in other.json()["detail"]

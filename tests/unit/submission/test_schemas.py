@@ -14,6 +14,7 @@ from trainyard_platform.services.submission.schemas import (
     JobRequest,
     parse_idempotency_key,
     parse_job_request,
+    request_fingerprint,
 )
 from trainyard_platform.shared.http_errors import RequestInvalid, field_path, parse_body
 
@@ -172,6 +173,46 @@ def test_idempotency_key_header() -> None:
         with pytest.raises(RequestInvalid) as caught:
             parse_idempotency_key(bad)
         assert [e.field for e in caught.value.errors] == ["Idempotency-Key"]
+
+
+def _fingerprint(raw: bytes) -> str:
+    return request_fingerprint(parse_job_request(raw, DEFAULT_FLAVORS))
+
+
+def test_a_request_fingerprint_is_of_the_json_not_its_spelling() -> None:
+    """A retry's body is compared with the first by this fingerprint (``Idempotency-Key``):
+    the same JSON however its keys are ordered, spaced or escaped is the same request."""
+    body = {**GOOD, "hyperparameters": {"lr": 0.1, "name": "caf\u00e9"}, "labels": {"a": "b"}}
+    compact = json.dumps(body, separators=(",", ":")).encode()
+    reordered = json.dumps(dict(reversed(list(body.items()))), indent=4, sort_keys=True)
+    unescaped = json.dumps(body, ensure_ascii=False).encode()
+    fingerprints = {_fingerprint(raw) for raw in (compact, reordered.encode(), unescaped)}
+    assert len(fingerprints) == 1
+    (fingerprint,) = fingerprints
+    assert len(fingerprint) == 64 and set(fingerprint) <= set("0123456789abcdef")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"seed": 8},
+        {"priority": "low"},
+        {"gpus": 1},
+        {"hyperparameters": {"lr": 0.2, "name": "caf\u00e9"}},
+        {"labels": {"a": "c"}},
+        {"priority": "normal"},  # the default, but sent: not what the first request sent
+    ],
+)
+def test_a_changed_field_changes_the_request_fingerprint(change: dict[str, Any]) -> None:
+    body = {**GOOD, "hyperparameters": {"lr": 0.1, "name": "caf\u00e9"}, "labels": {"a": "b"}}
+    first = _fingerprint(json.dumps(body).encode())
+    assert _fingerprint(json.dumps({**body, **change}).encode()) != first
+
+
+def test_a_reproductions_fingerprint_names_the_job_it_reproduces() -> None:
+    job = parse_job_request(json.dumps(GOOD).encode(), DEFAULT_FLAVORS)
+    assert request_fingerprint(job, reproduces="j1") == request_fingerprint(job, reproduces="j1")
+    assert len({request_fingerprint(job, r) for r in (None, "j1", "j2")}) == 3
 
 
 # --- entrypoint or command, code, requirements, image ----------------------------------------
