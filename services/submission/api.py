@@ -25,9 +25,10 @@ Contract:
   same request (the same JSON, however ordered or spaced: ``schemas.request_fingerprint``)
   answers 200 with the job the key stored, as it is now, before the budgets or the
   registry are asked (a budget spent or raised since, or one that now refuses new jobs,
-  changes nothing of a retry), with no budget warning; a different request answers 409
-  naming ``Idempotency-Key``. The body is still checked first (422), flavors included, and
-  the rate limit spent (429).
+  changes nothing of a retry, nor does its flavor retired since), with no budget warning;
+  a different request answers 409 naming ``Idempotency-Key``. The body is still checked
+  first (422; a retired flavor's refusal stands for a different request), and the rate
+  limit spent (429).
 - Code bundles are per team: ``HEAD /v1/bundles/{sha256}`` answers 200 when the caller's
   team has uploaded it, else 404; ``PUT /v1/bundles/{sha256}`` stores the body after
   checking that its sha256 is the one in the path and that it is a bundle a runner unpacks
@@ -480,7 +481,16 @@ async def submit_job(
     screening = await request_screening(request, front.pool, front.settings, caller.team)
     if body is None:
         body = await json_body(request, _JOB_FREE_TEXT)
-    job = parse_job_request(body, screening.flavors)
+    try:
+        job = parse_job_request(body, screening.flavors)
+    except RequestInvalid as refused:
+        held = held_connection(request)
+        replayed = await commands.replay_despite_flavor(
+            front.pool, caller, key, body, refused, held
+        )
+        if replayed is None:
+            raise
+        return _checked(replayed, []) if dry_run else _submitted(replayed, False, [])
     key = parse_idempotency_key(key)
     fingerprint = None
     if key is not None:

@@ -22,7 +22,8 @@ Contract:
   never by what the server made of it (a budget's lowering, a resolved dataset version), so
   a retry is a replay whatever changed in between; a different request is ``Conflict``
   naming ``Idempotency-Key``. ``replay`` answers it before any admission, so one that would
-  refuse or change a new job cannot refuse or change a retry. A job stored before
+  refuse or change a new job cannot refuse or change a retry (``replay_despite_flavor``:
+  nor can a flavor retired since). A job stored before
   fingerprints were kept (none) is compared by its spec as stored.
 - ``cancel_job`` announces ``JobCancelRequested`` once; the status turns CANCELLED only when
   the scheduler confirms with ``JobCancelled``.
@@ -61,6 +62,9 @@ from trainyard_platform.services.submission.schemas import (
     JobView,
     LogChunk,
     LogPage,
+    parse_idempotency_key,
+    parse_job_request,
+    request_fingerprint,
 )
 from trainyard_platform.services.submission.views import (
     job_summary,
@@ -353,6 +357,31 @@ async def replay(
         if row["request_fingerprint"] != fingerprint:
             raise _used_for_another()
         return await _read_view(conn, caller, str(row["id"]))
+
+
+async def replay_despite_flavor(
+    pool: asyncpg.Pool,
+    caller: Caller,
+    idempotency_key: str | None,
+    body: bytes,
+    refused: RequestInvalid,
+    held: asyncpg.Connection | None = None,
+    reproduces: str | None = None,
+) -> JobView | None:
+    """``replay`` for a request ``body`` refused (``refused``) only for its ``gpu_flavor``:
+    a flavor retired since the key's job was admitted with it, which a retry is not a new
+    job of. None for anything else, the refusal standing: no key, another fault, another
+    request under the key. ``reproduces``: as ``schemas.request_fingerprint``'s."""
+    if idempotency_key is None or {e.field for e in refused.errors} != {"gpu_flavor"}:
+        return None
+    try:
+        request = parse_job_request(body, None)
+        key = parse_idempotency_key(idempotency_key)
+        assert key is not None  # one was given
+        fingerprint = request_fingerprint(request, reproduces)
+        return await replay(pool, caller, key, fingerprint, held)
+    except (RequestInvalid, Conflict):
+        return None
 
 
 def _used_for_another() -> Conflict:

@@ -17,7 +17,7 @@ Contract:
   names what differs. Unknown fields are refused (422 naming them).
 - An ``Idempotency-Key`` used before by this user for the same reproduction (the same job,
   the same changes) answers 200 with the job it stored, before the budgets or the registry
-  are asked, as ``POST /v1/jobs`` does (``commands.replay``); anything else under it, 409.
+  are asked and though its flavor is retired since, as ``POST /v1/jobs`` does (``commands.replay``); anything else under it, 409.
 - When the reproduction ends, the registry records the verdict (``GET /v1/jobs/{id}/
   reproduction`` on the registry; docs/reproducibility.md).
 """
@@ -57,7 +57,12 @@ from trainyard_platform.shared.events.payloads import (
     JobSpec,
 )
 from trainyard_platform.shared.http_app import error_responses, json_request_body
-from trainyard_platform.shared.http_errors import parse_body, read_body, read_json_body
+from trainyard_platform.shared.http_errors import (
+    RequestInvalid,
+    parse_body,
+    read_body,
+    read_json_body,
+)
 from trainyard_platform.shared.identity import Role
 
 Pool = NamedDependency[asyncpg.Pool]
@@ -150,7 +155,16 @@ async def reproduce_job(
         )
     original = JobSpec.model_validate(row["spec"])
     screening = await governance.screening(pool, settings.flavors, caller.team)
-    job = parse_job_request(reproduction_body(original, changes), screening.flavors)
+    body = reproduction_body(original, changes)
+    try:
+        job = parse_job_request(body, screening.flavors)
+    except RequestInvalid as refused:
+        replayed = await commands.replay_despite_flavor(
+            pool, caller, key, body, refused, reproduces=job_id
+        )
+        if replayed is None:
+            raise
+        return Response(replayed, status_code=200, headers=_located(replayed))
     checked_key = parse_idempotency_key(key)
     fingerprint = None
     if checked_key is not None:

@@ -679,10 +679,12 @@ class JobView(BaseModel):
     off, or the job predates trace ids."""
 
 
-def parse_job_request(body: bytes, flavors: Sequence[str]) -> JobRequest:
-    """Validate a ``POST /v1/jobs`` body; raise ``RequestInvalid`` naming every bad field."""
+def parse_job_request(body: bytes, flavors: Sequence[str] | None) -> JobRequest:
+    """Validate a ``POST /v1/jobs`` body; raise ``RequestInvalid`` naming every bad field.
+    ``flavors``: those ``gpu_flavor`` may name (None: any name matching ``FLAVOR_PATTERN``)."""
+    allowed = None if flavors is None else list(flavors)
     try:
-        return JobRequest.model_validate_json(body, context={"flavors": list(flavors)})
+        return JobRequest.model_validate_json(body, context={"flavors": allowed})
     except ValidationError as exc:
         errors = [_without_tag(_suggested(e)) for e in field_errors(exc)]
         # The model check of entrypoint/command runs only once every field is valid; name

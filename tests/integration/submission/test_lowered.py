@@ -119,7 +119,7 @@ async def test_a_group_commits_batch_keeps_each_jobs_own_first_reason(
     assert [tuple(r) for r in stored] == [("j1", LOWERED), ("j2", "submitted")]
 
 
-# --- a retry under an Idempotency-Key is its key's job, whatever the budgets say since -------
+# --- a retry under an Idempotency-Key is its key's job, whatever admission says since -----------
 
 
 def _keyed(
@@ -240,3 +240,35 @@ async def test_a_job_stored_before_fingerprints_is_replayed_by_its_spec(
         again = await _keyed(c, admin, "old-1")
         assert _replayed(again, first.json()["id"])
         assert _refused_for_the_key(await _keyed(c, admin, "old-1", {**SPEC, "seed": 8}))
+
+
+async def _retire(pool: asyncpg.Pool, flavor: str) -> None:
+    await pool.execute(
+        """INSERT INTO flavor_replica (name, description, revision, retired, changed_at)
+           VALUES ($1, '', 1, true, now())""",
+        flavor,
+    )
+
+
+async def test_a_retry_is_its_keys_job_once_its_flavor_is_retired(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    """A flavor retired since refuses a new job naming it (422), not the retry of a job
+    admitted with it; another body under the key keeps its refusal."""
+    admin = await identity.bootstrap_user(pool, "ml", "alice")
+    async with open_pool(settings.database, NAME) as front, await _client(settings, front) as c:
+        member = await _member(c, admin)
+        first = {}
+        for token in (admin, member):
+            answer = await _keyed(c, token, "nightly-4")
+            assert answer.status_code == 201, answer.text
+            first[token] = answer.json()["id"]
+        await _retire(pool, SPEC["gpu_flavor"])
+        for token in (admin, member):
+            assert _replayed(await _keyed(c, token, "nightly-4"), first[token])
+            assert _replayed(await _keyed(c, token, "nightly-4", dry_run=True), first[token])
+            for key, spec in (("nightly-5", SPEC), ("nightly-4", {**SPEC, "seed": 8})):
+                refused = await _keyed(c, token, key, spec)
+                assert refused.status_code == 422, refused.text
+                assert [e["field"] for e in refused.json()["errors"]] == ["gpu_flavor"]
+    assert await pool.fetchval("SELECT count(*) FROM jobs") == 2

@@ -82,12 +82,12 @@ async def test_another_teams_job_is_not_found(submission: Submission) -> None:
     assert missing.status_code == 404
 
 
-async def test_a_retried_reproduction_is_the_job_its_key_made_whatever_the_budget_says(
+async def test_a_retried_reproduction_is_the_job_its_key_made_whatever_admission_says(
     submission: Submission,
 ) -> None:
     """A retry under the same ``Idempotency-Key`` is answered with the reproduction its key
-    made, even once a spent budget would lower (or refuse) a new one; another reproduction
-    under that key is refused naming the key."""
+    made, even once a spent budget would lower (or refuse) a new one, or its flavor is
+    retired; another reproduction under that key is refused naming the key."""
     job = await ended_job(submission)
     headers = {**submission.auth(), "Idempotency-Key": "repro-1"}
     url = f"/v1/jobs/{job}/reproduce"
@@ -110,3 +110,10 @@ async def test_a_retried_reproduction_is_the_job_its_key_made_whatever_the_budge
     other = await submission.client.post(url, json={"seed": 9}, headers=headers)
     assert other.status_code == 409, other.text
     assert "Idempotency-Key" in other.json()["detail"]
+    await submission.pool.execute(  # its flavor retired since: still the job its key made
+        """INSERT INTO flavor_replica (name, description, revision, retired, changed_at)
+           VALUES ('cpu', '', 1, true, now())"""
+    )
+    again = await submission.client.post(url, json={"seed": 8}, headers=headers)
+    assert again.status_code == 200, again.text
+    assert again.json()["id"] == first.json()["id"]
