@@ -219,6 +219,9 @@ async def test_a_retry_is_its_keys_job_once_the_budget_is_spent_or_refuses(
                 assert again.json()["spec"]["priority"] == "normal"
                 dry = await _keyed(c, token, "nightly-2", dry_run=True)
                 assert _replayed(dry, first[token])
+        # The member's token now remembers the refusing budget: the refusal its screening
+        # makes (before the one statement) is not the retry's answer either.
+        assert _replayed(await _keyed(c, member, "nightly-2"), first[member])
         for token in (admin, member):
             refused = await _keyed(c, token, "nightly-3")  # a new job is refused
             assert refused.status_code == 409, refused.text
