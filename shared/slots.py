@@ -17,7 +17,8 @@ Contract:
   other tries the next. So at most ``most`` of a scope are held at once, whatever the
   replicas. Cancelled, ``take`` gives back a place it took anyway.
 - While held, a place's lease (``lease_s``, by the database's clock) is renewed every
-  third of it, one ``UPDATE`` for all of this instance's places. A replica that dies, or
+  third of it, one ``UPDATE`` for all of this instance's places, by a task of its own run
+  outside every request's context (in no request's trace). A replica that dies, or
   cannot reach its database for longer than the lease, renews nothing: its places free
   themselves when their leases end (and, in the second case, its work may then run beside
   a newcomer's past the share until it ends).
@@ -44,6 +45,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import socket
@@ -225,7 +227,12 @@ class Slots:
 
     def _renew_while_held(self) -> None:
         if self._renewer is None or self._renewer.done():
-            self._renewer = asyncio.get_running_loop().create_task(self._renew())
+            # Outside every request's context: started by the take of whichever request came
+            # first, it outlives it, and its renewals and sweeps are in no request's trace
+            # (nor its log lines tagged with that request's ids).
+            self._renewer = asyncio.get_running_loop().create_task(
+                self._renew(), context=contextvars.Context()
+            )
 
     async def _renew(self) -> None:
         failed_rounds_from_zero(RENEWAL_LOOP)

@@ -15,10 +15,14 @@ from typing import Any, TypeVar
 
 import asyncpg
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from trainyard_platform.shared.db import open_pool
 from trainyard_platform.shared.settings import DatabaseSettings
 from trainyard_platform.shared.slots import SWEPT_PER_ROUND, Slot, Slots
+from trainyard_platform.shared.telemetry import instrument_database
 
 pytestmark = pytest.mark.integration
 
@@ -199,3 +203,41 @@ async def test_rows_of_holders_long_gone_are_deleted_while_places_are_renewed(
     assert {"team:vision", "team:ml"} <= scopes, "a live place was swept"
     await slots.give_back(live)
     await slots.close()
+
+
+async def test_lease_renewals_are_in_no_requests_trace(
+    pool: asyncpg.Pool, spans: InMemorySpanExporter
+) -> None:
+    """Before, the renewing task was started inside the first request that took a place,
+    and so ran in its context: while that request lasted (a bundle upload, a model
+    transfer: minutes), every renewal and sweep -- of every place of the replica, other
+    teams' too -- was a span of its trace, and its log lines carried that request's ids.
+    Now the task runs outside every request's context, as the group commit's batches do;
+    the take stays the request's own."""
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    assert instrument_database(provider)
+    slots = Slots(pool, "traced", lease_s=0.6)
+    expiry = "SELECT expires_at FROM held_slots WHERE kind = 'traced'"
+    spans.clear()
+    with trace.get_tracer("test").start_as_current_span("request") as request:
+        slot = await slots.take("team:vision", 1)
+        assert slot is not None
+        with trace.use_span(trace.INVALID_SPAN):  # the test's own reads: in no trace
+            taken = await pool.fetchval(expiry)
+            async with asyncio.timeout(30):  # renewed at least once while it runs
+                while await pool.fetchval(expiry) == taken:
+                    await asyncio.sleep(0.05)
+    await slots.give_back(slot)
+    await slots.close()
+    ours = request.get_span_context().trace_id
+    statements = [
+        str((s.attributes or {}).get("db.statement", ""))
+        for s in spans.get_finished_spans()
+        if s.context is not None
+        and s.context.trace_id == ours
+        and s.instrumentation_scope is not None
+        and s.instrumentation_scope.name == "opentelemetry.instrumentation.asyncpg"
+    ]
+    assert len(statements) == 1, statements
+    assert "WITH free AS" in statements[0], statements
