@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.fixtures.json_log import json_lines
+from tests.fixtures.refusals import refused_before_entering
 from tests.integration.registry.test_registry import ENV, client_of, envelopes, grant_of
 from trainyard_platform.services.registry import metrics, tracking_api
 from trainyard_platform.services.registry.api import create_app
@@ -660,6 +661,24 @@ async def test_a_run_has_at_most_max_run_tags(
     assert "one-more" in (await vision.put(f"/v1/jobs/{j}/tags/one-more")).json()["tags"]
 
 
+def _comparisons_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[asyncio.Event, asyncio.Queue[int]]:
+    """Comparisons held once under way, before they read the runs, until the event is set;
+    the queue gets an item as each one gets there."""
+    release = asyncio.Event()
+    under_way: asyncio.Queue[int] = asyncio.Queue()
+    slow = tracking_api.repo.runs
+
+    async def held_runs(*args: Any, **kwargs: Any) -> Any:
+        under_way.put_nowait(1)
+        await release.wait()
+        return await slow(*args, **kwargs)
+
+    monkeypatch.setattr(tracking_api.repo, "runs", held_runs)
+    return release, under_way
+
+
 async def test_a_team_runs_at_most_its_share_of_comparisons_at_once(
     pool: asyncpg.Pool, vision: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -676,29 +695,18 @@ async def test_a_team_runs_at_most_its_share_of_comparisons_at_once(
     ml_job = job()
     await applying(pool)([wrapped(started(ml_job, spec(team="ml", experiment=experiment)))])
 
-    release = asyncio.Event()
-    under_way: asyncio.Queue[int] = asyncio.Queue()
-    slow = tracking_api.repo.runs
-
-    async def held_runs(*args: Any, **kwargs: Any) -> Any:
-        under_way.put_nowait(1)
-        await release.wait()
-        return await slow(*args, **kwargs)
-
-    monkeypatch.setattr(tracking_api.repo, "runs", held_runs)
+    release, under_way = _comparisons_held(monkeypatch)
     share = tracking_api.COMPARISONS_PER_TEAM
     first = [
         asyncio.create_task(vision.get(f"/v1/experiments/{eid}/compare")) for _ in range(share)
     ]
     for _ in range(share):
         await asyncio.wait_for(under_way.get(), 30)
-    extra = asyncio.create_task(vision.get(f"/v1/experiments/{eid}/compare"))
-    entered = asyncio.create_task(under_way.get())
-    done, _ = await asyncio.wait({extra, entered}, return_when=asyncio.FIRST_COMPLETED)
-    assert extra in done, f"comparison {share + 1} of one team was let in"
-    entered.cancel()
-    refused = extra.result()
-    assert refused.status_code == 429, refused.text
+    refused = await refused_before_entering(
+        vision.get(f"/v1/experiments/{eid}/compare"),
+        under_way,
+        lambda: f"comparison {share + 1} of one team was let in",
+    )
     assert int(refused.headers["retry-after"]) >= 1
     assert "team 'vision'" in refused.json()["detail"], refused.text
     async with app_as(pool, ML) as ml:
@@ -725,16 +733,7 @@ async def test_a_teams_share_of_comparisons_holds_across_replicas(
     await applying(pool)([wrapped(started(j, spec(experiment=experiment)))])
     listed = (await vision.get("/v1/experiments?project=vision-research")).json()["experiments"]
     eid = next(e["id"] for e in listed if e["name"] == experiment)
-    release = asyncio.Event()
-    under_way: asyncio.Queue[int] = asyncio.Queue()
-    slow = tracking_api.repo.runs
-
-    async def held_runs(*args: Any, **kwargs: Any) -> Any:
-        under_way.put_nowait(1)
-        await release.wait()
-        return await slow(*args, **kwargs)
-
-    monkeypatch.setattr(tracking_api.repo, "runs", held_runs)
+    release, under_way = _comparisons_held(monkeypatch)
     share = tracking_api.COMPARISONS_PER_TEAM
     async with app_as(pool, VISION) as other:
         replicas = [vision, other]
@@ -745,13 +744,11 @@ async def test_a_teams_share_of_comparisons_holds_across_replicas(
         for _ in range(share):
             await asyncio.wait_for(under_way.get(), 30)
         for replica in replicas:
-            extra = asyncio.create_task(replica.get(f"/v1/experiments/{eid}/compare"))
-            entered = asyncio.create_task(under_way.get())
-            done, _ = await asyncio.wait({extra, entered}, return_when=asyncio.FIRST_COMPLETED)
-            assert extra in done, f"comparison {share + 1} of one team was let in"
-            entered.cancel()
-            refused = extra.result()
-            assert refused.status_code == 429, refused.text
+            refused = await refused_before_entering(
+                replica.get(f"/v1/experiments/{eid}/compare"),
+                under_way,
+                lambda: f"comparison {share + 1} of one team was let in",
+            )
             assert "team 'vision'" in refused.json()["detail"], refused.text
         release.set()
         for task in first:

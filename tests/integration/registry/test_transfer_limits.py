@@ -21,6 +21,7 @@ import asyncpg
 import httpx
 import pytest
 
+from tests.fixtures.refusals import refused_before_entering
 from tests.integration.registry.modelkit import ML, VISION, app_as, job_with_checkpoints, register
 from trainyard_platform.services.registry.service import NAME
 from trainyard_platform.shared.db import open_pool
@@ -55,6 +56,9 @@ class Held:
             with self.lock:
                 self.now -= 1
 
+    def let_in(self) -> str:
+        return f"a third transfer of one team was let in ({self.most} at once)"
+
 
 async def _download(client: httpx.AsyncClient, team: str, name: str) -> httpx.Response:
     return await client.get(f"/v1/models/{team}/{name}/versions/1/download")
@@ -73,13 +77,9 @@ async def test_a_team_has_at_most_its_share_of_transfers_at_once(
         for _ in range(2):
             await asyncio.wait_for(held.entered.get(), 30)
         # A third of the same team: refused at once, its artifact never read.
-        third = asyncio.create_task(_download(vision, "vision", "digits"))
-        entered = asyncio.create_task(held.entered.get())
-        done, _ = await asyncio.wait({third, entered}, return_when=asyncio.FIRST_COMPLETED)
-        assert third in done, f"a third transfer of one team was let in ({held.most} at once)"
-        entered.cancel()
-        refused = third.result()
-        assert refused.status_code == 429, refused.text
+        refused = await refused_before_entering(
+            _download(vision, "vision", "digits"), held.entered, held.let_in
+        )
         assert int(refused.headers["retry-after"]) >= 1
         assert "transfers" in refused.json()["detail"], refused.text
         assert "vision" in refused.json()["detail"], refused.text
@@ -113,13 +113,9 @@ async def test_a_teams_share_of_transfers_holds_across_replicas(
         for _ in range(2):
             await asyncio.wait_for(held.entered.get(), 30)
         for replica in (first, second):
-            third = asyncio.create_task(_download(replica, "vision", "digits"))
-            entered = asyncio.create_task(held.entered.get())
-            done, _ = await asyncio.wait({third, entered}, return_when=asyncio.FIRST_COMPLETED)
-            assert third in done, f"a third transfer of one team was let in ({held.most} at once)"
-            entered.cancel()
-            refused = third.result()
-            assert refused.status_code == 429, refused.text
+            refused = await refused_before_entering(
+                _download(replica, "vision", "digits"), held.entered, held.let_in
+            )
             assert "TRAINYARD_REGISTRY_MAX_TRANSFERS_PER_TEAM" in refused.json()["detail"]
         held.release.set()
         for task in under_way:

@@ -9,11 +9,13 @@ import io
 import os
 import tarfile
 import tracemalloc
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.fixtures.refusals import refused_before_entering
 from tests.integration.submission.conftest import SPEC, Submission
 from tests.unit.submission import factories as ev
 from trainyard_platform.services.submission.api import AppDeps, create_app
@@ -405,16 +407,9 @@ async def test_a_job_that_never_started_has_complete_empty_logs(submission: Subm
     assert page["chunks"] == [] and page["streams_complete"] and page["job_terminal"]
 
 
-async def test_a_team_has_at_most_its_share_of_uploads_under_way(
-    submission: Submission, settings: Settings
-) -> None:
-    """Each upload under way takes up to the bundle limit of the service's disk (it is
-    spooled there). Before, a team had as many at once as its write bursts allow (hundreds
-    of 100 MiB each, every team's front door's disk); now ``bundle_uploads_per_team`` (an
-    upload past them: 429 with ``Retry-After``, nothing read), and another team's go on."""
-    limited = settings.model_copy(update={"bundle_uploads_per_team": 2})
-    app = create_app(limited, AppDeps(pool=submission.pool, store=submission.store))
-    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+def _slow_bodies() -> tuple[asyncio.Event, asyncio.Queue[int], Callable[[bytes], Any]]:
+    """Upload bodies (``slow(data)``) that send their first 10 bytes, put an item in the
+    queue and send the rest once the event is set."""
     release = asyncio.Event()
     started = asyncio.Queue[int]()
 
@@ -426,6 +421,25 @@ async def test_a_team_has_at_most_its_share_of_uploads_under_way(
             yield data[10:]
 
         return chunks()
+
+    return release, started, slow
+
+
+def _third_was_read() -> str:
+    return "a third upload of one team was read while two were under way"
+
+
+async def test_a_team_has_at_most_its_share_of_uploads_under_way(
+    submission: Submission, settings: Settings
+) -> None:
+    """Each upload under way takes up to the bundle limit of the service's disk (it is
+    spooled there). Before, a team had as many at once as its write bursts allow (hundreds
+    of 100 MiB each, every team's front door's disk); now ``bundle_uploads_per_team`` (an
+    upload past them: 429 with ``Retry-After``, nothing read), and another team's go on."""
+    limited = settings.model_copy(update={"bundle_uploads_per_team": 2})
+    app = create_app(limited, AppDeps(pool=submission.pool, store=submission.store))
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    release, started, slow = _slow_bodies()
 
     async with httpx.AsyncClient(transport=transport, base_url="http://s") as client:
 
@@ -440,13 +454,7 @@ async def test_a_team_has_at_most_its_share_of_uploads_under_way(
         under_way = [asyncio.create_task(put(b)) for b in bundles[:2]]
         for _ in range(2):
             await asyncio.wait_for(started.get(), 30)
-        third = asyncio.create_task(put(bundles[2]))
-        body_read = asyncio.create_task(started.get())
-        done, _ = await asyncio.wait({third, body_read}, return_when=asyncio.FIRST_COMPLETED)
-        assert third in done, "a third upload of one team was read while two were under way"
-        body_read.cancel()
-        refused = third.result()
-        assert refused.status_code == 429, refused.text
+        refused = await refused_before_entering(put(bundles[2]), started, _third_was_read)
         assert int(refused.headers["retry-after"]) >= 1
         assert "team ml" in refused.json()["detail"], refused.text
         other = await put(bundles[3], submission.other_team_token, slowly=False)
@@ -466,17 +474,7 @@ async def test_a_teams_share_of_uploads_holds_across_replicas(
     service's database (``shared.slots``), so a third is refused whichever replica it
     reaches, and given back, they are free on either."""
     limited = settings.model_copy(update={"bundle_uploads_per_team": 2})
-    release = asyncio.Event()
-    started = asyncio.Queue[int]()
-
-    def slow(data: bytes) -> Any:
-        async def chunks() -> Any:
-            yield data[:10]
-            started.put_nowait(1)
-            await release.wait()
-            yield data[10:]
-
-        return chunks()
+    release, started, slow = _slow_bodies()
 
     def replica() -> httpx.AsyncClient:
         app = create_app(limited, AppDeps(pool=submission.pool, store=submission.store))
@@ -500,13 +498,7 @@ async def test_a_teams_share_of_uploads_holds_across_replicas(
         for _ in range(2):
             await asyncio.wait_for(started.get(), 30)
         for client, bundle in zip((first, second), bundles[2:4], strict=True):
-            third = asyncio.create_task(put(client, bundle))
-            body_read = asyncio.create_task(started.get())
-            done, _ = await asyncio.wait({third, body_read}, return_when=asyncio.FIRST_COMPLETED)
-            assert third in done, "a third upload of one team was read while two were under way"
-            body_read.cancel()
-            refused = third.result()
-            assert refused.status_code == 429, refused.text
+            refused = await refused_before_entering(put(client, bundle), started, _third_was_read)
             assert "BUNDLE_UPLOADS_PER_TEAM" in refused.json()["detail"], refused.text
         release.set()
         for task in under_way:
