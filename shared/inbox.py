@@ -12,6 +12,20 @@ the transaction, for the whole batch (e.g. a leader check: it raises to refuse t
 ``idempotent_batches(pool, consumer, handler)`` is the same with a handler of
 ``(deliveries, connection)`` that gets the batch's first-time deliveries at once, in order,
 and opens their spans itself: for a consumer that applies runs of events in bulk.
+
+``prepared_batches(pool, consumer, prepare)`` is ``idempotent_batches`` for a consumer whose
+handling has a slow part that is not the database's (copying or reading an object, hashing
+a large file, an HTTP call): nothing slow may run on the transaction's connection, since it
+holds one of the pool's connections (every HTTP request and other handler of the service
+waits for one) and an open transaction (which holds back PostgreSQL's vacuum) all along.
+``prepare(deliveries)`` gets the deliveries the inbox has not recorded when the batch
+begins (read on a connection given back at once), runs holding no connection, and answers
+the transactional handler that finishes them, which then runs as ``idempotent_batches``
+runs one. What ``prepare`` does must be safe to repeat and to go unused: the batch may fail
+and be prepared again (one event at a time, or after an outage), and another replica may
+apply an event first. The transactional handler decides again on what it reads in the
+transaction, uses what was prepared only where it still fits, and raises (``bus.NotYet``:
+the event is prepared again when redelivered) where nothing fitting was prepared.
 """
 
 from __future__ import annotations
@@ -27,6 +41,9 @@ TransactionalHandler = Callable[[Envelope[Payload], asyncpg.Connection], Awaitab
 TransactionalBatchHandler = Callable[[Sequence[Delivery], asyncpg.Connection], Awaitable[None]]
 Guard = Callable[[asyncpg.Connection], Awaitable[None]]
 """Raises unless the transaction on this connection may go on."""
+Prepare = Callable[[Sequence[Delivery]], Awaitable[TransactionalBatchHandler]]
+"""Does the slow part of handling these deliveries, holding no connection, and answers the
+transactional handler that finishes them (``prepared_batches``)."""
 
 
 async def no_guard(_: asyncpg.Connection) -> None:
@@ -52,20 +69,47 @@ def idempotent_batches(
     guard: Guard = no_guard,
 ) -> BatchHandler:
     async def handle(deliveries: Sequence[Delivery]) -> None:
-        async with pool.acquire() as conn, conn.transaction():
-            await guard(conn)
+        await _apply(pool, consumer, deliveries, handler, guard)
+
+    return handle
+
+
+def prepared_batches(
+    pool: asyncpg.Pool, consumer: str, prepare: Prepare, *, guard: Guard = no_guard
+) -> BatchHandler:
+    async def handle(deliveries: Sequence[Delivery]) -> None:
+        async with pool.acquire() as conn:
             rows = await conn.fetch(
-                "INSERT INTO inbox (consumer, event_id) SELECT $1, unnest($2::text[]) "
-                "ON CONFLICT DO NOTHING RETURNING event_id",
+                "SELECT event_id FROM inbox WHERE consumer = $1 AND event_id = ANY($2::text[])",
                 consumer,
                 [d.envelope.id for d in deliveries],
             )
-            first_time = {r["event_id"] for r in rows}
-            fresh = []
-            for delivery in deliveries:
-                if delivery.envelope.id in first_time:
-                    first_time.discard(delivery.envelope.id)  # a repeat inside the batch
-                    fresh.append(delivery)
-            await handler(fresh, conn)
+        seen = {r["event_id"] for r in rows}
+        handler = await prepare([d for d in deliveries if d.envelope.id not in seen])
+        await _apply(pool, consumer, deliveries, handler, guard)
 
     return handle
+
+
+async def _apply(
+    pool: asyncpg.Pool,
+    consumer: str,
+    deliveries: Sequence[Delivery],
+    handler: TransactionalBatchHandler,
+    guard: Guard,
+) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await guard(conn)
+        rows = await conn.fetch(
+            "INSERT INTO inbox (consumer, event_id) SELECT $1, unnest($2::text[]) "
+            "ON CONFLICT DO NOTHING RETURNING event_id",
+            consumer,
+            [d.envelope.id for d in deliveries],
+        )
+        first_time = {r["event_id"] for r in rows}
+        fresh = []
+        for delivery in deliveries:
+            if delivery.envelope.id in first_time:
+                first_time.discard(delivery.envelope.id)  # a repeat inside the batch
+                fresh.append(delivery)
+        await handler(fresh, conn)

@@ -1,6 +1,12 @@
 """Event handlers of the registry: one ``dispatch`` for every event it consumes.
 
-Runs inside the transaction of ``shared.inbox.idempotent``.
+Wired through ``RegistryHandlers.consumer`` (``shared.inbox.prepared_batches``): for
+each fetched batch, ``prepare`` makes the copies its successes register, holding no
+connection of the pool and no transaction, and then ``dispatch_batch`` applies the batch
+inside the transaction of the inbox. A copy of a large model takes minutes: made in the
+transaction, a few registering at once held every connection of the pool, so every HTTP
+request and every other event of the registry waited for one and failed (503), and the
+open transactions held back PostgreSQL's vacuum.
 - ``allocation.granted``: the scheduler's grant is remembered (its job, node, attempt, epoch
   and spec digest). A runner may publish ``job.*`` events for any job id, so what a runner
   says is believed only of what the scheduler granted: a ``job.started`` only as its grant
@@ -15,15 +21,22 @@ Runs inside the transaction of ``shared.inbox.idempotent``.
   audit) and its parent model version (``job_inputs``).
 - ``checkpoint.saved``: the checkpoint is recorded (once per job and object).
 - ``job.succeeded``: when the job's spec asks for it (``register_model: true``), a model
-  version is registered (``models.register``: the checkpoint is copied to the registry's own
-  key and verified first) and ``model.registered`` goes to the outbox, both in this
-  transaction. A job whose spec does not ask registers nothing (its checkpoints can still be
-  registered by ``POST /v1/models/{team}/{name}/versions``). A checkpoint that is missing, outside the store, or
-  changed since it was committed registers nothing (logged at ERROR, not retried), and so
-  does a job whose team or model name is not a valid model name (``names``). A job
-  registers at most one version on success: a second success
-  (a redelivery under another event id, a fenced runner that finished too) is a logged
-  no-op, and the unique job id makes a concurrent one fail and retry into that no-op. If the
+  version is registered: ``prepare`` reads what the success registers (``plan``) on a
+  connection it gives back at once, and copies the checkpoint to a new key of the registry's
+  own and verifies it (``models.copy_in``) holding none; the transaction reads ``plan``
+  again and, with the copy made for that very team, model, job and checkpoint, numbers and
+  stores the version and puts ``model.registered`` in the outbox (``models.record``), once
+  per event. Where no such copy was made (the run's start came in the same batch, what is
+  registered changed since), it raises ``CopyNotMade`` (a ``bus.NotYet``) rather than copy
+  in the transaction: the event is handled again and copied first. A copy that goes unused
+  (the batch failed, another delivery registered the job first) is freed by the storage
+  collector. A job whose spec does not ask registers nothing (its checkpoints can still be
+  registered by ``POST /v1/models/{team}/{name}/versions``). A checkpoint that is missing,
+  outside the store, or changed since it was committed registers nothing (logged at ERROR,
+  not retried), and so does a job whose team or model name is not a valid model name
+  (``names``). A job registers at most one version on success: a second success (a
+  redelivery under another event id, a fenced runner that finished too) is a logged no-op,
+  and the unique job id makes a concurrent one fail and retry into that no-op. If the
   run's ``job.started`` is not recorded yet, the handler raises ``RunNotRecorded`` (a
   ``bus.NotYet``) so the event is redelivered after it, past ``ack_wait`` if need be (another
   replica that died may hold the start). A success without any checkpoint (reported or recorded)
@@ -50,8 +63,10 @@ Runs inside the transaction of ``shared.inbox.idempotent``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import MappingProxyType
 
 import asyncpg
 
@@ -74,10 +89,11 @@ from trainyard_platform.services.registry.domain import (
     spec_digest,
     unlike_its_grant,
 )
-from trainyard_platform.shared.bus import Delivery, NotYet, Reject
+from trainyard_platform.shared.bus import BatchHandler, Delivery, NotYet, Reject
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
+    CheckpointRef,
     CheckpointSaved,
     CostRecorded,
     JobCancelled,
@@ -87,6 +103,7 @@ from trainyard_platform.shared.events.payloads import (
     JobSucceeded,
 )
 from trainyard_platform.shared.events.trust import SCHEDULER
+from trainyard_platform.shared.inbox import TransactionalBatchHandler, prepared_batches
 from trainyard_platform.shared.storage import ObjectNotFound, ObjectStore
 
 log = logging.getLogger(__name__)
@@ -108,6 +125,43 @@ class NotGranted(NotYet, LookupError):
     dead-letters it with this reason (a start never granted: forged)."""
 
 
+class CopyNotMade(NotYet):
+    """A success that registers a version, but no copy of its checkpoint was made for it
+    before the transaction (``RegistryHandlers.prepare``): its start came in the same batch,
+    or what it registers changed since the copy (another spelling of its model, another
+    checkpoint). Never copied in the transaction: the event is handled again, and copied
+    first (``bus.NotYet``)."""
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Why a success registers nothing (logged at ``level``)."""
+
+    level: int
+    reason: str
+
+
+CopyKey = tuple[str, str, str, CheckpointRef]
+"""What a registration's copy depends on: team, model, job and checkpoint."""
+
+
+def copy_key(what: models.Registration) -> CopyKey:
+    return (what.team, what.model, what.job_id, what.checkpoint)
+
+
+@dataclass(frozen=True)
+class Made:
+    """A copy ``prepare`` made for a registration (``key``), or the error that refused it."""
+
+    key: CopyKey
+    copy: models.Copy | Exception
+
+
+Copies = Mapping[str, Made]
+"""By event id."""
+NO_COPIES: Copies = MappingProxyType({})
+
+
 class RegistryHandlers:
     def __init__(self, store: ObjectStore | None = None, clock: Clock = utc_now) -> None:
         """``store``: where checkpoints are and registered copies go; without one (tests of
@@ -115,10 +169,59 @@ class RegistryHandlers:
         self._store = store
         self._clock = clock
 
+    def consumer(self, pool: asyncpg.Pool) -> BatchHandler:
+        """The registry's handler of fetched batches for ``Bus.consume_batches``: ``prepare``
+        without a transaction, then ``dispatch_batch`` in the inbox's
+        (``shared.inbox.prepared_batches``). With a store, ``dispatch_batch`` wired any other
+        way has no copies and registers no version (``CopyNotMade``)."""
+
+        async def prepare(deliveries: Sequence[Delivery]) -> TransactionalBatchHandler:
+            copies = await self.prepare(pool, deliveries)
+
+            async def finish(fresh: Sequence[Delivery], conn: asyncpg.Connection) -> None:
+                await self.dispatch_batch(fresh, conn, copies)
+
+            return finish
+
+        return prepared_batches(pool, CONSUMER, prepare)
+
+    async def prepare(self, pool: asyncpg.Pool, deliveries: Sequence[Delivery]) -> Copies:
+        """The copies the successes among ``deliveries`` register, made holding no
+        connection (module docstring), by event id. A success that registers nothing as
+        committed now (or cannot be judged yet) gets none; a copy that failed for good
+        (``SourceOutsideStore``, ``ArtifactMismatch``, ``ObjectNotFound``) is kept as that
+        error. Any other error (the store unreachable) is raised."""
+        successes = [
+            (d.envelope.id, d.envelope.data)
+            for d in deliveries
+            if isinstance(d.envelope.data, JobSucceeded)
+        ]
+        if self._store is None or not successes:
+            return {}
+        plans: dict[str, models.Registration] = {}
+        async with pool.acquire() as conn:
+            for event_id, succeeded in successes:
+                try:
+                    await self.believe_report(conn, "job.succeeded", succeeded)
+                    plan = await self.plan(conn, succeeded)
+                except (NotYet, Reject):
+                    continue  # the transaction decides, and says why
+                if not isinstance(plan, Skip):
+                    plans[event_id] = plan
+        copies: dict[str, Made] = {}
+        for event_id, plan in plans.items():
+            try:
+                made: models.Copy | Exception = await models.copy_in(self._store, plan)
+            except (SourceOutsideStore, ArtifactMismatch, ObjectNotFound) as exc:
+                made = exc
+            copies[event_id] = Made(copy_key(plan), made)
+        return copies
+
     async def dispatch_batch(
-        self, deliveries: Sequence[Delivery], conn: asyncpg.Connection
+        self, deliveries: Sequence[Delivery], conn: asyncpg.Connection, copies: Copies = NO_COPIES
     ) -> None:
-        """Every first-time event of a fetched batch, in one transaction (``shared.inbox``)."""
+        """Every first-time event of a fetched batch, in one transaction (``shared.inbox``);
+        ``copies``: what ``prepare`` made for them."""
         points: list[JobMetrics] = []
         for delivery in deliveries:
             with delivery.span(CONSUMER):
@@ -126,11 +229,13 @@ class RegistryHandlers:
                     await self.check_metrics(conn, delivery.envelope.data)
                     points.append(delivery.envelope.data)
                 else:
-                    await self.dispatch(delivery.envelope, conn)
+                    await self.dispatch(delivery.envelope, conn, copies)
         if points:
             await metric_ingest.ingest(conn, points)
 
-    async def dispatch(self, envelope: Envelope[Payload], conn: asyncpg.Connection) -> None:
+    async def dispatch(
+        self, envelope: Envelope[Payload], conn: asyncpg.Connection, copies: Copies = NO_COPIES
+    ) -> None:
         match envelope.data:
             case AllocationGranted() as grant:
                 await repo.insert_grant(conn, grant, spec_digest(grant.spec), self._clock())
@@ -141,7 +246,7 @@ class RegistryHandlers:
                 await self.on_checkpoint(conn, saved)
             case JobSucceeded() as succeeded:
                 await self.believe_report(conn, "job.succeeded", succeeded)
-                await self.on_succeeded(conn, succeeded)
+                await self.on_succeeded(conn, envelope.id, succeeded, copies)
                 await tracking.record_ended(
                     conn, succeeded.job_id, "succeeded", succeeded.finished_at
                 )
@@ -223,18 +328,51 @@ class RegistryHandlers:
         if not await repo.insert_checkpoint(conn, saved):
             log.info("checkpoint %s of job %s recorded already", saved.checkpoint.uri, saved.job_id)
 
-    async def on_succeeded(self, conn: asyncpg.Connection, succeeded: JobSucceeded) -> None:
+    async def on_succeeded(
+        self, conn: asyncpg.Connection, event_id: str, succeeded: JobSucceeded, copies: Copies
+    ) -> None:
+        """Register ``succeeded``'s version with the copy ``prepare`` made for it (module
+        docstring); ``CopyNotMade`` when none fits what is to be registered now."""
+        plan = await self.plan(conn, succeeded)
+        if isinstance(plan, Skip):
+            log.log(plan.level, "job %s: %s", succeeded.job_id, plan.reason)
+            return
+        if self._store is None:
+            log.warning("job %s: no object store configured; no version registered", plan.job_id)
+            return
+        made = copies.get(event_id)
+        if made is None or made.key != copy_key(plan):
+            raise CopyNotMade(
+                f"job {succeeded.job_id}: what to register changed since its checkpoint was "
+                "copied, or it was not copied (its start came in the same batch); copied again "
+                "when redelivered"
+            )
+        if isinstance(made.copy, Exception):
+            # Permanent: redelivery cannot make a changed or missing checkpoint right.
+            log.error("job %s: %s; no model version registered", succeeded.job_id, made.copy)
+            return
+        if plan.model != plan.final.spec.name:
+            log.info(
+                "job %s: model %r of team %r is spelled %r; the version is registered there",
+                plan.job_id,
+                plan.final.spec.name,
+                plan.team,
+                plan.model,
+            )
+        await models.record(conn, self._store, plan, self._clock(), made.copy)
+
+    async def plan(
+        self, conn: asyncpg.Connection, succeeded: JobSucceeded
+    ) -> models.Registration | Skip:
+        """What ``succeeded`` registers, as committed now, or why it registers nothing;
+        ``RunNotRecorded`` while its run's start is not recorded. Reads only."""
         existing = await repo.version_of_job(conn, succeeded.job_id)
         if existing is not None:
-            log.info(
-                "job %s is registered already as %s/%s v%d; success of allocation %s ignored",
-                succeeded.job_id,
-                existing.team,
-                existing.model_name,
-                existing.version,
-                succeeded.allocation_id,
+            return Skip(
+                logging.INFO,
+                f"registered already as {existing.team}/{existing.model_name} "
+                f"v{existing.version}; success of allocation {succeeded.allocation_id} ignored",
             )
-            return
         runs = await repo.runs_of_job(conn, succeeded.job_id)
         final = next((r for r in runs if r.allocation_id == succeeded.allocation_id), None)
         if final is None:
@@ -244,24 +382,20 @@ class RegistryHandlers:
                 "is not recorded yet"
             )
         if not final.spec.register_model:
-            log.info("job %s: its spec does not ask for a model version", succeeded.job_id)
-            return
+            return Skip(logging.INFO, "its spec does not ask for a model version")
         try:
             artifact = domain.choose_artifact(
                 succeeded.artifact, await repo.checkpoints_of_job(conn, succeeded.job_id)
             )
         except NoArtifact as exc:
-            log.info("job %s: %s; no model version registered", succeeded.job_id, exc)
-            return
+            return Skip(logging.INFO, f"{exc}; no model version registered")
         spec = final.spec
         if not (names.is_valid("team", spec.team) and names.is_valid("model", spec.name)):
-            log.warning(
-                "job %s: %r/%r is not a valid model name (names.py); no version registered",
-                succeeded.job_id,
-                spec.team,
-                spec.name,
+            return Skip(
+                logging.WARNING,
+                f"{spec.team!r}/{spec.name!r} is not a valid model name (names.py); no "
+                "version registered",
             )
-            return
         # Model names are unique in a team regardless of case: a job named 'ResNet' in a
         # team with a model 'resnet' adds a version to 'resnet' (the one model a person
         # reads both names as), never a second model; refusing would lose the version, as
@@ -269,15 +403,7 @@ class RegistryHandlers:
         # another spelling's first version commit meanwhile, lock_model's NameTaken fails
         # this delivery and the redelivered event is registered there.)
         model = await repo.model_spelling(conn, spec.team, spec.name) or spec.name
-        if model != spec.name:
-            log.info(
-                "job %s: model %r of team %r is spelled %r; the version is registered there",
-                succeeded.job_id,
-                spec.name,
-                spec.team,
-                model,
-            )
-        what = models.Registration(
+        return models.Registration(
             team=spec.team,
             model=model,
             project=spec.project,
@@ -289,11 +415,3 @@ class RegistryHandlers:
             origin="job_success",
             created_by=spec.user,
         )
-        if self._store is None:
-            log.warning("job %s: no object store configured; no version registered", what.job_id)
-            return
-        try:
-            await models.register(conn, self._store, what, self._clock())
-        except (SourceOutsideStore, ArtifactMismatch, ObjectNotFound) as exc:
-            # Permanent: redelivery cannot make a changed or missing checkpoint right.
-            log.error("job %s: %s; no model version registered", succeeded.job_id, exc)

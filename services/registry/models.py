@@ -2,16 +2,18 @@
 the HTTP API go through.
 
 Contract:
-- ``register`` copies the committed checkpoint server-side to the registry's own key
-  ``registry/<team>/<model>/<version id>/checkpoint.pt`` and checks the copy's size and
-  sha256 against what the job committed (``artifacts.copy_verified``) *before* it takes the
-  model's row lock, so slow copies never hold up other registrations. Then, on the caller's
-  connection and transaction, it numbers the version under the lock, stores it and puts
-  ``model.registered`` in the outbox. If storing fails, the copy is deleted; if the caller's
-  transaction rolls back later, the copy is an unreferenced object the storage collector
-  frees after its grace period. Its two steps are also ``copy_in`` (holding no connection)
-  and ``record`` (in the caller's transaction), for a caller whose copy takes a place
-  through the pool (the HTTP route's ``transfers``).
+- A version is registered in two steps. ``copy_in`` copies the committed checkpoint
+  server-side to the registry's own key ``registry/<team>/<model>/<version id>/checkpoint.pt``
+  and checks the copy's size and sha256 against what the job committed
+  (``artifacts.copy_verified``); it takes minutes for a large model, so it runs holding no
+  connection of the registry's pool and no transaction (the HTTP route before it opens
+  its transaction, the event handler in its ``prepare`` step, ``shared.inbox``). Each call
+  copies to a new key, so it is safe to repeat. ``record`` then, on the caller's connection
+  and transaction, numbers the version under the model's row lock, stores it and puts
+  ``model.registered`` in the outbox; it refuses (``ValueError``) a copy made for another
+  team, model or checkpoint. If storing fails, the copy is deleted; a copy that is never
+  recorded (the caller's transaction rolled back, the job was registered meanwhile) is an
+  unreferenced object the storage collector frees after its grace period.
 - ``delete_version`` refuses (``AliasInUse``) while any alias points at the version; else
   the version becomes a tombstone (its number is never reused) in the caller's
   transaction, and ``free_objects`` — called after that commits — removes its objects and
@@ -96,10 +98,18 @@ class Freed:
 
 @dataclass(frozen=True)
 class Copy:
-    """A committed checkpoint copied and verified to a new version's own key (``copy_in``)."""
+    """A committed checkpoint copied and verified to a new version's own key (``copy_in``),
+    for a version of ``team``/``model``."""
 
     version_id: str
     key: str
+    team: str
+    model: str
+    checkpoint: CheckpointRef
+
+    def fits(self, what: Registration) -> bool:
+        """Whether this copy is the one ``what`` needs: its checkpoint, at its model's key."""
+        return (self.team, self.model, self.checkpoint) == (what.team, what.model, what.checkpoint)
 
 
 async def copy_in(store: ObjectStore, what: Registration, transfer: Transfer | None = None) -> Copy:
@@ -107,29 +117,28 @@ async def copy_in(store: ObjectStore, what: Registration, transfer: Transfer | N
     docstring); raises ``artifacts.SourceOutsideStore``, ``artifacts.ArtifactMismatch`` or
     ``shared.storage.ObjectNotFound`` when it cannot be registered. ``transfer`` runs the
     copy (``transfers.Transfers.run`` for a caller's team, which may refuse it); without
-    one, ``asyncio.to_thread``. Call it holding no connection of the registry's pool: a
-    ``transfer`` takes its place through that pool (``shared.slots``)."""
+    one, ``asyncio.to_thread``. Call it holding no connection of the registry's pool and no
+    transaction: it takes as long as the artifact is large, and a ``transfer`` takes its
+    place through that pool (``shared.slots``)."""
     version_id = str(uuid.uuid4())
     key = names.artifact_key(what.team, what.model, version_id, ARTIFACT_FILE)
     source = artifacts.source_key(store, what.checkpoint.uri, what.job_id)
     expected = artifacts.Digest(what.checkpoint.size_bytes, what.checkpoint.sha256)
     await (transfer or asyncio.to_thread)(artifacts.copy_verified, store, source, key, expected)
-    return Copy(version_id, key)
-
-
-async def register(
-    conn: asyncpg.Connection, store: ObjectStore, what: Registration, now: datetime
-) -> ModelVersion:
-    """Copy, verify and store a new version (module docstring): ``copy_in`` on
-    ``asyncio.to_thread``, then ``record``; raises as they do."""
-    return await record(conn, store, what, now, await copy_in(store, what))
+    return Copy(version_id, key, what.team, what.model, what.checkpoint)
 
 
 async def record(
     conn: asyncpg.Connection, store: ObjectStore, what: Registration, now: datetime, copied: Copy
 ) -> ModelVersion:
     """Number, store and announce the version ``copied`` holds, on the caller's connection
-    and transaction (module docstring); if that fails, the copy is deleted."""
+    and transaction (module docstring); if that fails, the copy is deleted. ``ValueError``
+    (nothing done) when ``copied`` was not made for ``what``."""
+    if not copied.fits(what):
+        raise ValueError(
+            f"the copy {copied.key} is not of {what.team}/{what.model}'s checkpoint "
+            f"{what.checkpoint.uri}"
+        )
     version_id, key = copied.version_id, copied.key
     try:
         model_id, latest = await repo.lock_model(conn, what.team, what.model, now, what.project)

@@ -23,7 +23,6 @@ from trainyard_platform.shared.events.payloads import (
     JobStarted,
     JobSucceeded,
 )
-from trainyard_platform.shared.inbox import idempotent_batches
 from trainyard_platform.shared.outbox import OutboxRelay
 from trainyard_platform.shared.retention import Retention
 from trainyard_platform.shared.runtime import ServiceRuntime, open_service_store, store_answers
@@ -68,7 +67,7 @@ async def serve(settings: Settings) -> int:
             bus.consume_batches(
                 NAME,
                 SUBJECTS,
-                idempotent_batches(pool, NAME, handlers.dispatch_batch),
+                handlers.consumer(pool),
                 rt.stopping,
             ),
             "events",

@@ -20,7 +20,6 @@ from trainyard_platform.services.registry.service import MIGRATIONS, NAME, SUBJE
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.db import migrate, open_pool
 from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
-from trainyard_platform.shared.inbox import idempotent_batches
 from trainyard_platform.shared.outbox import OutboxRelay
 from trainyard_platform.shared.settings import DatabaseSettings, NatsSettings
 from trainyard_platform.shared.storage import ObjectStore, open_store
@@ -59,11 +58,7 @@ async def registry(pool: asyncpg.Pool, bus: Bus, store: ObjectStore) -> AsyncIte
     handlers = RegistryHandlers(store)
     tasks = [
         asyncio.create_task(OutboxRelay(pool, bus, idle_poll_s=0.2).run(stop)),
-        asyncio.create_task(
-            bus.consume_batches(
-                NAME, SUBJECTS, idempotent_batches(pool, NAME, handlers.dispatch_batch), stop
-            )
-        ),
+        asyncio.create_task(bus.consume_batches(NAME, SUBJECTS, handlers.consumer(pool), stop)),
     ]
     yield
     stop.set()

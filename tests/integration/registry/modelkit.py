@@ -26,7 +26,6 @@ from trainyard_platform.shared.bus import Delivery
 from trainyard_platform.shared.events import Payload
 from trainyard_platform.shared.events.payloads import CheckpointRef, CheckpointSaved
 from trainyard_platform.shared.identity import Principal, Role
-from trainyard_platform.shared.inbox import idempotent
 from trainyard_platform.shared.storage import ObjectStore
 
 VISION = Principal(user="alice", team="vision", role=Role.MEMBER, token_id=1)
@@ -67,7 +66,7 @@ class Job:
 
 async def apply(pool: asyncpg.Pool, store: ObjectStore, job_id: str, payload: Payload) -> None:
     """Hand ``payload`` (from its owner) to the registry's handlers, as the bus would."""
-    handle = idempotent(pool, "registry", RegistryHandlers(store).dispatch)
+    handle = RegistryHandlers(store).consumer(pool)
     for envelope in envelopes(payload, job_id):
         await handle([Delivery(envelope)])
 
@@ -101,7 +100,7 @@ async def job_with_checkpoints(
     """A started job of ``team`` that committed a checkpoint at each of ``steps`` (objects in
     ``store``; ``checkpoint.saved`` recorded by the registry's handlers)."""
     job_id = f"job-{uuid.uuid4().hex[:8]}"
-    apply = idempotent(pool, "registry", RegistryHandlers(store).dispatch)
+    apply = RegistryHandlers(store).consumer(pool)
 
     async def handle(payload: Payload) -> None:
         for envelope in envelopes(payload, job_id):

@@ -33,14 +33,13 @@ from trainyard_platform.shared.bus import Delivery, NotYet, Reject
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import CheckpointSaved
 from trainyard_platform.shared.events.trust import owner
-from trainyard_platform.shared.inbox import idempotent
 from trainyard_platform.shared.storage import ObjectStore
 
 pytestmark = pytest.mark.integration
 
 
 async def _apply(pool: asyncpg.Pool, store: ObjectStore, payload: Payload) -> None:
-    handle = idempotent(pool, "registry", RegistryHandlers(store).dispatch)
+    handle = RegistryHandlers(store).consumer(pool)
     job = payload.job_id
     await handle([Delivery(Envelope.wrap(payload, source=owner(payload), subject=job))])
 

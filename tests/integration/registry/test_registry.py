@@ -30,7 +30,6 @@ from trainyard_platform.shared.events.payloads import (
     ModelRegistered,
 )
 from trainyard_platform.shared.events.trust import RUNNER, owner, routing_key_of
-from trainyard_platform.shared.inbox import idempotent
 from trainyard_platform.shared.storage import ObjectStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("registry")]
@@ -339,7 +338,7 @@ async def test_concurrent_registrations_of_one_model_take_turns(
     """Replicas registering versions of one existing model at once: the model row's lock
     makes them take turns (without it several would read the same latest version, and
     all but one would fail on the unique (model, version) constraint)."""
-    apply = idempotent(pool, "registry", RegistryHandlers(store).dispatch)
+    apply = RegistryHandlers(store).consumer(pool)
 
     async def handle(envelope: Envelope[Payload]) -> None:
         await apply([Delivery(envelope)])

@@ -2,8 +2,8 @@
 
 The bus hands a handler whole fetched batches; JetStream may put the same event in one batch
 twice (a redelivery fetched beside its first delivery, an event published twice under two
-message ids). These tests drive ``idempotent`` / ``idempotent_batches`` directly with such
-batches, on a real database.
+message ids). These tests drive ``idempotent`` / ``idempotent_batches`` / ``prepared_batches`` directly
+with such batches, on a real database.
 """
 
 from __future__ import annotations
@@ -15,10 +15,17 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from trainyard_platform.shared.bus import Delivery
+from trainyard_platform.shared.db import open_pool
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import JobCancelRequested
 from trainyard_platform.shared.events.trust import SUBMISSION
-from trainyard_platform.shared.inbox import idempotent, idempotent_batches
+from trainyard_platform.shared.inbox import (
+    TransactionalBatchHandler,
+    idempotent,
+    idempotent_batches,
+    prepared_batches,
+)
+from trainyard_platform.shared.settings import DatabaseSettings
 
 pytestmark = pytest.mark.integration
 
@@ -150,3 +157,39 @@ async def test_each_event_is_handled_in_a_span_of_its_consumer(
         b.envelope.id,
     ]
     assert {s.attributes["messaging.consumer.group.name"] for s in handled} == {"c1"}
+
+
+async def test_prepare_runs_holding_no_connection_on_events_not_applied_before(
+    effects: asyncpg.Pool, database_url: str
+) -> None:
+    """``prepared_batches``: the slow part runs before the transaction, holding none of the
+    pool's connections (with a pool of one, another user of it gets that connection
+    meanwhile), and only for events the inbox has not recorded; what it prepared reaches
+    the transactional handler, which applies each event once."""
+    a, b, c = _delivery("job-a"), _delivery("job-b"), _delivery("job-c")
+    await idempotent(effects, "c1", _apply)([b])
+    prepared: list[list[str]] = []
+    settings = DatabaseSettings(
+        url=database_url, pool_min_size=1, pool_max_size=1, acquire_timeout_seconds=3
+    )
+    async with open_pool(settings, "t") as one:
+
+        async def prepare(deliveries: Sequence[Delivery]) -> TransactionalBatchHandler:
+            subjects = [d.envelope.subject or "" for d in deliveries]
+            prepared.append(subjects)
+            async with one.acquire() as conn:  # free: the inbox's read gave it back
+                await conn.fetchval("SELECT 1")
+
+            async def finish(fresh: Sequence[Delivery], conn: asyncpg.Connection) -> None:
+                for delivery in fresh:
+                    assert delivery.envelope.subject in subjects
+                    await _apply(delivery.envelope, conn)
+
+            return finish
+
+        handle = prepared_batches(one, "c1", prepare)
+        await handle([a, b, a, c])
+        await handle([c, b])
+
+    assert prepared == [["job-a", "job-a", "job-c"], []]
+    assert await _effects(effects) == ["job-b", "job-a", "job-c"]
