@@ -503,8 +503,10 @@ async def submit_job(
         if replayed is not None:
             return _checked(replayed, []) if dry_run else _submitted(replayed, False, [])
     job, warnings, lowered = screening.admit(job)
-    if front.admission.asks_registry(job):
-        # It waits on the registry (up to its timeout): no pooled connection is held then.
+    if front.admission.asks_registry(job) or commands.reads_the_store(job):
+        # It waits on the registry or the object store (up to their timeouts): no pooled
+        # connection is held then, or a stalled one would take every connection of the
+        # pool with as many submissions, and every other request would fail meanwhile.
         await give_back_held(request)
     job = await front.admission.admit(job, request.headers.get("authorization", ""))
     if dry_run:

@@ -31,6 +31,8 @@ Contract:
   bundle (``PUT /v1/bundles/{sha256}``), otherwise 422 on ``code.sha256``; and only when
   its ``code.size_bytes`` is that bundle's size, otherwise 422 on ``code.size_bytes``
   naming both sizes (a runner reads no more than the spec's size: ``bundle_problem``).
+  That check reads the object store (``reads_the_store``): ``submit_job`` and ``check_job``
+  must not be given a ``held`` connection for such a job, which would be held through it.
 - ``job_logs`` reads a job's log chunks from the object store, scoped like ``get_job``.
 """
 
@@ -220,6 +222,12 @@ async def prepare(
     if reproduces is not None:
         spec = spec.model_copy(update={"reproduces": reproduces})
     return Prepared(str(uuid.uuid4()), spec, dump(spec), datetime.now(UTC), lowered, fingerprint)
+
+
+def reads_the_store(request: JobRequest) -> bool:
+    """Whether ``prepare`` reads the object store for ``request`` (the size of the bundle it
+    names): a caller holding a pooled connection gives it back first."""
+    return isinstance(request.code, BundleCode)
 
 
 def bundle_problem(team: str, code: BundleCode, stored_bytes: int | None) -> FieldError | None:

@@ -5,6 +5,9 @@ limit or by a check of the body), the connection is back in its pool once it is 
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -84,3 +87,52 @@ async def test_every_answer_gives_the_connection_back(
             )
             assert response.status_code == expected, response.text
             assert _all_idle(front), (expected, front.get_idle_size(), front.get_size())
+
+
+async def test_a_submission_checking_its_bundle_in_the_store_holds_no_connection(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    """A job naming a bundle is checked against the object store (the bundle's size: an
+    S3 HEAD, up to the store's timeouts when it stalls). Before, the connection the guard
+    took for the request was held meanwhile: a stalled store held every connection of the
+    pool with as many submissions, and every other request failed with 503. Now it is
+    given back first: with a pool of one connection, another request is answered while
+    the check waits."""
+    admin = await identity.bootstrap_user(pool, "ml", "alice")
+    one = settings.database.model_copy(
+        update={"pool_min_size": 1, "pool_max_size": 1, "acquire_timeout_seconds": 3}
+    )
+    store = open_store(settings.storage.uri, settings.storage)
+    data = b"a bundle, as far as its size goes\n"
+    sha = hashlib.sha256(data).hexdigest()
+    store.put_bytes(f"bundles/ml/{sha}.tar.gz", data)
+    release = threading.Event()
+    asked = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    size = store.size
+
+    def slow_size(key: str) -> int | None:
+        loop.call_soon_threadsafe(asked.set)
+        release.wait(60)
+        return size(key)
+
+    store.size = slow_size  # type: ignore[method-assign]
+    async with open_pool(one, NAME) as front:
+        app = create_app(settings, AppDeps(pool=front, store=store))
+        transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://submission") as client:
+            auth = {"Authorization": f"Bearer {admin}"}
+            job = {**SPEC, "code": {"kind": "bundle", "sha256": sha, "size_bytes": len(data)}}
+            submitting = asyncio.create_task(client.post("/v1/jobs", json=job, headers=auth))
+            try:
+                async with asyncio.timeout(30):
+                    await asked.wait()
+                async with asyncio.timeout(20):
+                    me = await client.get("/v1/me", headers=auth)
+                assert me.status_code == 200, me.text
+                assert not submitting.done()
+            finally:
+                release.set()
+            async with asyncio.timeout(30):
+                submitted = await submitting
+            assert submitted.status_code == 201, submitted.text
