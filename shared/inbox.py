@@ -18,8 +18,9 @@ handling has a slow part that is not the database's (copying or reading an objec
 a large file, an HTTP call): nothing slow may run on the transaction's connection, since it
 holds one of the pool's connections (every HTTP request and other handler of the service
 waits for one) and an open transaction (which holds back PostgreSQL's vacuum) all along.
-``prepare(deliveries)`` gets the deliveries the inbox has not recorded when the batch
-begins (read on a connection given back at once), runs holding no connection, and answers
+``prepare(deliveries)`` gets the deliveries it ``wants`` (all, by default) that the inbox
+has not recorded when the batch begins (read on a connection given back at once; not read
+when it wants none of the batch), runs holding no connection, and answers
 the transactional handler that finishes them, which then runs as ``idempotent_batches``
 runs one. What ``prepare`` does must be safe to repeat and to go unused: the batch may fail
 and be prepared again (one event at a time, or after an outage), and another replica may
@@ -74,18 +75,30 @@ def idempotent_batches(
     return handle
 
 
+def _every(_: Delivery) -> bool:
+    return True
+
+
 def prepared_batches(
-    pool: asyncpg.Pool, consumer: str, prepare: Prepare, *, guard: Guard = no_guard
+    pool: asyncpg.Pool,
+    consumer: str,
+    prepare: Prepare,
+    *,
+    guard: Guard = no_guard,
+    wants: Callable[[Delivery], bool] = _every,
 ) -> BatchHandler:
     async def handle(deliveries: Sequence[Delivery]) -> None:
-        async with pool.acquire() as conn:
-            rows = await conn.fetch(
-                "SELECT event_id FROM inbox WHERE consumer = $1 AND event_id = ANY($2::text[])",
-                consumer,
-                [d.envelope.id for d in deliveries],
-            )
-        seen = {r["event_id"] for r in rows}
-        handler = await prepare([d for d in deliveries if d.envelope.id not in seen])
+        wanted = [d for d in deliveries if wants(d)]
+        if wanted:
+            async with pool.acquire() as conn:
+                rows = await conn.fetch(
+                    "SELECT event_id FROM inbox WHERE consumer = $1 AND event_id = ANY($2::text[])",
+                    consumer,
+                    [d.envelope.id for d in wanted],
+                )
+            seen = {r["event_id"] for r in rows}
+            wanted = [d for d in wanted if d.envelope.id not in seen]
+        handler = await prepare(wanted)
         await _apply(pool, consumer, deliveries, handler, guard)
 
     return handle

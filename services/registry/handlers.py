@@ -162,6 +162,12 @@ Copies = Mapping[str, Made]
 NO_COPIES: Copies = MappingProxyType({})
 
 
+def _is_success(delivery: Delivery) -> bool:
+    """What ``prepare`` works on: the rest of a batch (metric batches above all) costs no
+    read before its transaction."""
+    return isinstance(delivery.envelope.data, JobSucceeded)
+
+
 class RegistryHandlers:
     def __init__(self, store: ObjectStore | None = None, clock: Clock = utc_now) -> None:
         """``store``: where checkpoints are and registered copies go; without one (tests of
@@ -183,7 +189,7 @@ class RegistryHandlers:
 
             return finish
 
-        return prepared_batches(pool, CONSUMER, prepare)
+        return prepared_batches(pool, CONSUMER, prepare, wants=_is_success)
 
     async def prepare(self, pool: asyncpg.Pool, deliveries: Sequence[Delivery]) -> Copies:
         """The copies the successes among ``deliveries`` register, made holding no
