@@ -5,7 +5,7 @@
     trainyard submit SPEC [--follow] [--set K=V] [--label K=V]    submit a spec file (YAML/JSON)
     trainyard ls [--status S] [--mine] [--project P] [--after C]  the team's jobs, newest first
     trainyard get JOB... | describe JOB                           a job as a row | in full
-    trainyard logs JOB [-f]                                       its output
+    trainyard logs JOB [-f] [--raw]                               its output
     trainyard attach JOB | wait JOB                               follow it | wait for its end
     trainyard cancel JOB... | rerun JOB                           cancel | submit its spec again
     trainyard sweep SPEC --grid K=V1,V2 [--random N] [--metric M]  hyper-parameter search
@@ -303,6 +303,12 @@ def _parser() -> argparse.ArgumentParser:
     logs = command("logs", cli_jobs.logs, "a job's output")
     logs.add_argument("job", metavar="JOB")
     logs.add_argument("-f", "--follow", action="store_true", help="until the job has ended")
+    logs.add_argument(
+        "--raw",
+        action="store_true",
+        help="on a terminal too, print the output's escape sequences as the job printed them "
+        "(by default only colours and line-bound cursor moves act; the rest is written out)",
+    )
     attach = command("attach", cli_jobs.attach, "follow a job: status, output, metrics")
     attach.add_argument("job", metavar="JOB")
     attach.add_argument("--timeout", type=seconds_arg, default=86_400.0, help="seconds (1 day)")
