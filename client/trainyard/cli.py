@@ -91,6 +91,7 @@ from trainyard.cli_jobs import LogFollower, status_arg, upload_code
 from trainyard.cli_render import table
 from trainyard.client import TrainyardClient, TrainyardError, client_version
 from trainyard.spec import SpecError, schema_text
+from trainyard.terminal_text import guarded_terminal
 
 __all__ = ["LogFollower", "main", "upload_code"]
 
@@ -427,6 +428,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(exc), exc.code)
     except KeyboardInterrupt:  # building the parser takes a moment too
         return _interrupted()
+    # Everything the command prints, its errors too, on a terminal (``terminal_text``).
+    with guarded_terminal(raw=getattr(args, "raw", False)):
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     session: Session | None = None
     try:
         session = Session(_settings(), args, lambda url, token: TrainyardClient(url, token))

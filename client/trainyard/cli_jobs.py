@@ -51,7 +51,6 @@ from trainyard.client import (
 from trainyard.secret_names import looks_secret
 from trainyard.spec import SECRET_WARNING, SpecFile, load, load_stream, plain_scalar
 from trainyard.suggest import closest
-from trainyard.terminal_text import TerminalText
 
 LOG_POLL_SECONDS = 1.0
 ESTIMATE_WAIT_SECONDS = 2.0
@@ -605,9 +604,7 @@ class LogFollower:
     whose output follows whenever the stream (attempt and node) changes. Following ends once the job has
     ended and all its streams are complete, or ``grace_s`` after the job ended (a runner
     that died never completes its streams). ``best_effort`` (for ``submit --follow``):
-    an error reading the logs stops printing them instead of failing. On a terminal the
-    output's escape sequences other than colours and line-bound cursor moves are written
-    out, not obeyed (``terminal_text``), unless ``raw``."""
+    an error reading the logs stops printing them instead of failing."""
 
     def __init__(
         self,
@@ -616,7 +613,6 @@ class LogFollower:
         *,
         as_json: bool = False,
         best_effort: bool = False,
-        raw: bool = False,
         out: TextIO | None = None,
         err: TextIO | None = None,
         poll_s: float = LOG_POLL_SECONDS,
@@ -628,9 +624,7 @@ class LogFollower:
         self._job_id = job_id
         self._as_json = as_json
         self._best_effort = best_effort
-        self._raw = raw
         self._out = out
-        self._text: TerminalText | None = None
         self._err = err
         self._poll_s = poll_s
         self._grace_s = grace_s
@@ -650,8 +644,6 @@ class LogFollower:
         """Print what there is; with ``follow``, poll until the job's output is complete."""
         while not self.poll() and follow:
             self._sleep(self._poll_s)
-        if self._text is not None:
-            (self._out or sys.stdout).write(self._text.flush())
 
     def poll(self) -> bool:
         """Print every chunk available now; True once there will be no more."""
@@ -684,11 +676,7 @@ class LogFollower:
         if self._as_json:
             print(dumps_line(chunk), file=out, flush=True)
             return
-        if self._text is None and not self._raw and out.isatty():
-            self._text = TerminalText()
         if chunk["stream"] != self._stream:
-            if self._text is not None:
-                out.write(self._text.flush())
             if self._open_line:
                 out.write("\n")
             out.flush()
@@ -698,7 +686,7 @@ class LogFollower:
             self._stream = chunk["stream"]
         text = chunk["text"]
         if text:
-            out.write(text if self._text is None else self._text.feed(text))
+            out.write(text)
             out.flush()
             self._open_line = not text.endswith("\n")
 
@@ -710,7 +698,7 @@ def dumps_line(value: object) -> str:
 def logs(session: Session) -> int:
     client = session.client
     job_id = resolve(client, session.args.job)
-    follower = LogFollower(client, job_id, as_json=session.as_json, raw=session.args.raw)
+    follower = LogFollower(client, job_id, as_json=session.as_json)
     try:
         follower.run(follow=session.args.follow)
     except KeyboardInterrupt:

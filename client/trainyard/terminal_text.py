@@ -1,7 +1,9 @@
-"""A job's output made safe to print on a terminal, keeping what progress bars and colours use.
+"""What the CLI prints made safe for a terminal, keeping what progress bars and colours use.
 
-A job's output is whatever its code printed, and whoever reads it with ``trainyard logs``
-(its team, an operator) reads it on their own terminal. Written there as it is, an escape
+The CLI prints what servers answer: a job's output (``logs``, ``attach``, ``submit
+--follow``), the last lines of a failed job's output and its reason (``describe``), names,
+notes and labels. A job's output is whatever its code printed, and whoever reads it (its
+team, an operator) reads it on their own terminal. Written there as it is, an escape
 sequence in it acts on that terminal: an OSC one sets the window title or, where the
 terminal allows it, the clipboard; a device or window report (``ESC [ 6 n``, ``ESC [ 21 t``)
 makes the terminal type an answer into the reader's shell; clearing the screen or moving
@@ -18,15 +20,21 @@ Contract:
 - A sequence split across two chunks of output is judged whole: the unfinished tail of
   one ``feed`` (at most ``HELD_MAX`` characters) is held and judged with the next;
   ``flush()`` returns what is held, written out, once no more text comes.
-- Pure text in, text out: the caller decides when to apply it (``trainyard logs`` does on a
-  terminal unless asked for ``--raw``; into a file or a pipe the output is the job's, as
-  printed).
+- ``guarded_terminal(raw)``: while it lasts, ``sys.stdout`` and ``sys.stderr`` that are
+  terminals write through a ``TerminalText`` each (``TerminalStream``); a pipe or a file,
+  and any stream with ``raw``, get the text as it is. The CLI's ``main`` runs every command
+  so (``trainyard logs --raw`` asks for ``raw``): one guard for all it prints, since the CLI
+  itself prints no escape sequence (its tables are plain text).
 """
 
 from __future__ import annotations
 
+import io
 import re
-from typing import Final
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Final, TextIO
 
 KEPT_FINALS: Final = frozenset("mKABCDG")
 """Final bytes of the ``ESC [`` sequences passed through (module docstring)."""
@@ -64,3 +72,68 @@ def _judged(match: re.Match[str]) -> str:
     if len(found) > 2 and found[-1] in KEPT_FINALS:
         return found
     return found.encode("unicode_escape").decode("ascii")
+
+
+class TerminalStream(io.TextIOBase):
+    """``stream`` (a terminal), written through a ``TerminalText``; ``close`` writes what it
+    holds and leaves ``stream`` open."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._text = TerminalText()
+
+    def write(self, text: str) -> int:
+        self._stream.write(self._text.feed(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def close(self) -> None:
+        self._stream.write(self._text.flush())
+        self._stream.flush()
+        super().close()
+
+    def isatty(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]  # the wrapped stream's
+        return self._stream.encoding
+
+    @property
+    def buffer(self) -> object:
+        """The terminal's bytes as they are (what a binary download to stdout writes)."""
+        return self._stream.buffer
+
+
+@contextmanager
+def guarded_terminal(raw: bool = False) -> Iterator[None]:
+    """The module docstring's guard over ``sys.stdout`` and ``sys.stderr``."""
+    if raw:
+        yield
+        return
+    swapped: list[tuple[str, TerminalStream]] = []
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, TerminalStream) and _is_terminal(stream):
+            guard = TerminalStream(stream)
+            setattr(sys, name, guard)
+            swapped.append((name, guard))
+    try:
+        yield
+    finally:
+        for name, guard in swapped:
+            setattr(sys, name, guard._stream)
+            with suppress(OSError, ValueError):  # the terminal went away (a hang-up)
+                guard.close()
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (OSError, ValueError):  # a closed stream
+        return False

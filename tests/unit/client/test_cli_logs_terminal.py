@@ -1,11 +1,13 @@
-"""``trainyard logs`` on a terminal: a job's output cannot act on its reader's terminal.
+"""What the CLI prints on a terminal cannot act on it: a job's output, the last lines of a
+failed job's output, any text a server answers.
 
-Seen: ``logs`` wrote a job's output to the terminal as it was, so a job that printed
-``ESC ] 0 ; ... BEL`` retitled the reader's window, one that printed ``ESC [ 6 n`` made the
-terminal type a cursor report into the reader's shell, and ``ESC [ 2 J`` cleared what was
-read before. Whoever reads a job's logs (its team, an operator) reads what any member's
-code printed. Colours and the cursor moves of progress bars still act; into a file or a
-pipe, and with ``--raw``, the output is as the job printed it."""
+Seen: ``logs`` wrote a job's output to the terminal as it was (and ``describe`` the last
+lines of a failed job's), so a job that printed ``ESC ] 0 ; ... BEL`` retitled the reader's
+window, one that printed ``ESC [ 6 n`` made the terminal type a cursor report into the
+reader's shell, and ``ESC [ 2 J`` cleared what was read before. Whoever reads a job's logs
+(its team, an operator) reads what any member's code printed. Colours and the cursor moves
+of progress bars still act; into a file or a pipe, and with ``logs --raw``, the output is as
+the job printed it."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from trainyard import cli
 from trainyard.terminal_text import HELD_MAX, TerminalText
 
 from .conftest import routed_api
+from .test_cli_answer_types import JOB as VIEW
 
 JOB = "abc12345-0000-4000-8000-000000000001"
 
@@ -109,3 +112,23 @@ def test_logs_with_raw_or_into_a_pipe_are_as_printed(
     monkeypatch.setattr("sys.stdout", terminal)
     assert cli.main(["logs", "--raw", JOB]) == 0
     assert terminal.getvalue() == "".join(PRINTED)
+
+
+def test_describe_on_a_terminal_writes_out_a_failed_jobs_escapes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = routed_api(tmp_path, monkeypatch, {"TRAINYARD_URL": "http://api.test"})
+    monkeypatch.setenv("TRAINYARD_TOKEN", "ty_a")
+    failure = {"reason": "exit 1", "exit_code": 1, "failure_kind": "user_error"}
+    view = {**VIEW, "id": JOB, "status": "FAILED", "failure": {**failure, "log_tail": PAYLOAD}}
+    state["route"] = lambda request: httpx.Response(200, json=view)
+    terminal, errors = Terminal(), Terminal()
+    monkeypatch.setattr("sys.stdout", terminal)
+    monkeypatch.setattr("sys.stderr", errors)
+    assert cli.main(["describe", JOB]) == 0
+    shown = terminal.getvalue()
+    assert "\\x1b]0;pwned\\x07" in shown and "\x1b]" not in shown, shown
+    assert "\\x1b[6n" in shown and "\x1b[6n" not in shown, shown
+
+
+PAYLOAD = "Traceback\n\x1b]0;pwned\x07\x1b[6nValueError: boom\n"
