@@ -13,6 +13,11 @@ Contract:
   left registered, session advisory locks released before the connection is; a leader's
   lock lives on a connection of its own). Functions given to ``on_release`` run as each
   connection goes back.
+- A session advisory lock held across work that is not one statement (a pass of many
+  statements, object store calls) is taken with ``session_lock``, on a connection of its
+  own, never on one of the pool's: held on a pooled connection it would be one connection
+  fewer for every request while the work waits on the store, and the work's own
+  statements, which take the pool's connections, would wait for ever on a pool of one.
 - PostgreSQL that stops answering (a paused server, a network path that holds the
   connection open and passes nothing) never holds a caller for ever: every statement waits
   at most ``DatabaseSettings.query_timeout_seconds`` (asyncpg's ``command_timeout``; asyncpg
@@ -34,6 +39,7 @@ Contract:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -88,6 +94,35 @@ async def connect(*args: Any, **kwargs: Any) -> asyncpg.Connection:
         raise
     POSTGRES.answered()
     return conn
+
+
+@asynccontextmanager
+async def session_lock(
+    settings: DatabaseSettings, key: str, *, purpose: str
+) -> AsyncIterator[bool]:
+    """Try PostgreSQL's session advisory lock ``hashtext(key)`` once (never waiting for its
+    holder) on a connection opened for it alone, not one of a pool's; yield whether it was
+    taken. On exit the connection is closed, which frees the lock.
+
+    The connection is opened within ``settings.connect_timeout_seconds``, its statements
+    are bounded by ``query_timeout_seconds``, and it is named ``trainyard-<purpose>`` in
+    ``pg_stat_activity``. It is one more connection to PostgreSQL per holder, for as long
+    as the ``async with`` lasts. Should it drop meanwhile (PostgreSQL restarted), the lock
+    is gone with it and the holder is not told: use it where two holders at once are a
+    waste, not a fault (a leader that must know uses ``scheduler.leader``)."""
+    conn = await connect(
+        settings.url,
+        timeout=settings.connect_timeout_seconds,
+        command_timeout=settings.query_timeout_seconds,
+        server_settings={"application_name": f"trainyard-{purpose}"},
+    )
+    try:
+        yield bool(await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", key))
+    finally:
+        try:
+            await asyncio.wait_for(conn.close(), timeout=settings.connect_timeout_seconds)
+        except DATABASE_FAULTS:
+            conn.terminate()  # the lock goes with the session either way
 
 
 class _PoolFloorOutage(logging.Filter):

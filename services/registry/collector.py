@@ -3,7 +3,11 @@ references, after a grace period, never anything in use (``collector_plan`` says
 
 A pass (``StorageCollector.collect_once``):
 1. takes a PostgreSQL advisory lock, so one registry replica collects at a time (another's
-   pass is skipped, not queued);
+   pass is skipped, not queued). The lock is held for the whole pass, store calls
+   included, so it lives on a connection of its own (``db.session_lock``), never on one
+   of the pool's: the pass's statements take the pool's connections one at a time and give
+   each back before the store is asked, so requests and events are served meanwhile, on a
+   pool of one connection too;
 2. lists the store's ``jobs/`` and ``registry/`` keys — *before* reading the references, so
    an object written during the pass is either not listed or listed and then looked up;
 3. reads the references (recorded checkpoints, live versions' artifacts and lineage
@@ -55,8 +59,10 @@ from trainyard_platform.shared.db import (
     log_failed_round,
     migrate,
     open_pool,
+    session_lock,
 )
 from trainyard_platform.shared.runtime import settings_or_exit
+from trainyard_platform.shared.settings import DatabaseSettings
 from trainyard_platform.shared.storage import ObjectStore, S3Store, open_store
 from trainyard_platform.shared.storage.s3 import client_from_settings
 
@@ -89,17 +95,21 @@ class StorageCollector:
     def __init__(
         self,
         pool: asyncpg.Pool,
+        database: DatabaseSettings,
         store: ObjectStore,
         keep: int,
         grace: timedelta,
         clock: Clock = lambda: datetime.now(UTC),
         uploads: S3Uploads | None = None,
     ) -> None:
-        """``uploads``: the store's incomplete multipart uploads (an S3 store's; see
-        ``for_store``), aborted once they have stayed incomplete for ``grace``."""
+        """``database``: the settings ``pool`` was opened with, for the pass's lock
+        connection (``db.session_lock``). ``uploads``: the store's incomplete multipart
+        uploads (an S3 store's; see ``for_store``), aborted once they have stayed incomplete
+        for ``grace``."""
         if keep < 1:
             raise ValueError(f"keep must be at least 1, not {keep}")
         self._pool = pool
+        self._database = database
         self._store = store
         self._keep = keep
         self._grace = grace
@@ -134,14 +144,11 @@ class StorageCollector:
         """One pass (module docstring). ``pause(phase)`` is awaited after the listing
         (``"listed"``) and after the marks (``"marked"``): where a test makes a checkpoint
         arrive in the middle of a pass."""
-        async with self._pool.acquire() as lock_conn:
-            if not await lock_conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", LOCK_KEY):
+        async with session_lock(self._database, LOCK_KEY, purpose="storage-collector") as held:
+            if not held:
                 log.info("storage collector: another pass is running; skipped")
                 return Report(ran=False)
-            try:
-                return await self._pass(pause)
-            finally:
-                await lock_conn.execute("SELECT pg_advisory_unlock(hashtext($1))", LOCK_KEY)
+            return await self._pass(pause)
 
     async def _pass(self, pause: Pause) -> Report:
         keys = await asyncio.to_thread(self._listing)
@@ -290,6 +297,7 @@ def for_store(pool: asyncpg.Pool, store: ObjectStore, settings: Settings) -> Sto
         uploads = S3Uploads(client, store.bucket, prefixes)
     return StorageCollector(
         pool,
+        settings.database,
         store,
         settings.collector_keep_checkpoints,
         timedelta(seconds=settings.collector_grace_seconds),

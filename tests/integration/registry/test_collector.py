@@ -27,8 +27,11 @@ from tests.integration.registry.modelkit import (
 )
 from trainyard_platform.deploy.local.s3 import S3Server
 from trainyard_platform.services.registry.collector import StorageCollector
+from trainyard_platform.services.registry.service import NAME
 from trainyard_platform.services.registry.uploads import S3Uploads
+from trainyard_platform.shared.db import open_pool
 from trainyard_platform.shared.events.payloads import JobCancelled
+from trainyard_platform.shared.settings import DatabaseSettings
 from trainyard_platform.shared.storage import ObjectStore, S3Store
 from trainyard_platform.shared.storage.local import LocalStore
 from trainyard_platform.shared.storage.s3 import client_from_settings
@@ -37,6 +40,12 @@ pytestmark = pytest.mark.integration
 
 T = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 GRACE = timedelta(hours=1)
+
+
+@pytest.fixture
+def database(database_url: str) -> DatabaseSettings:
+    """The settings the registry's pool was opened with (the collector's lock connection)."""
+    return DatabaseSettings(url=database_url)
 
 
 class Clock:
@@ -52,7 +61,7 @@ def folder_keys(store: ObjectStore, job_id: str, step: int) -> set[str]:
 
 
 async def test_the_collector_frees_exactly_what_nothing_references(
-    pool: asyncpg.Pool, store: ObjectStore
+    pool: asyncpg.Pool, database: DatabaseSettings, store: ObjectStore
 ) -> None:
     done = await job_with_checkpoints(pool, store, [])  # ended: only retention keeps its own
     sizes = {}
@@ -77,7 +86,7 @@ async def test_the_collector_frees_exactly_what_nothing_references(
     before = set(store.list(""))
 
     clock = Clock()
-    collector = StorageCollector(pool, store, keep=2, grace=GRACE, clock=clock)
+    collector = StorageCollector(pool, database, store, keep=2, grace=GRACE, clock=clock)
     first = await collector.collect_once()
     # Everything deletable is only marked: nothing has been deletable for the grace period.
     assert (first.deleted, first.marked) == (0, 2 + 2 + 2 + 2 + 1)
@@ -126,11 +135,11 @@ def folder_keys_before(before: set[str], job_id: str, steps: tuple[int, ...]) ->
 
 
 async def test_a_checkpoint_listed_before_it_is_recorded_is_not_deleted(
-    pool: asyncpg.Pool, store: ObjectStore
+    pool: asyncpg.Pool, database: DatabaseSettings, store: ObjectStore
 ) -> None:
     job = await job_with_checkpoints(pool, store, [])
     clock = Clock()
-    collector = StorageCollector(pool, store, keep=1, grace=timedelta(0), clock=clock)
+    collector = StorageCollector(pool, database, store, keep=1, grace=timedelta(0), clock=clock)
     await commit_checkpoint(pool, store, job.id, 1, record=False)
 
     async def recorded_meanwhile(phase: str) -> None:
@@ -188,7 +197,7 @@ async def test_one_pass_as_a_command(
 
 
 async def test_incomplete_uploads_are_aborted_after_the_grace_period(
-    pool: asyncpg.Pool, store: ObjectStore, s3_server: S3Server
+    pool: asyncpg.Pool, database: DatabaseSettings, store: ObjectStore, s3_server: S3Server
 ) -> None:
     assert isinstance(store, S3Store)
     client = client_from_settings(s3_server.storage_settings())
@@ -200,6 +209,7 @@ async def test_incomplete_uploads_are_aborted_after_the_grace_period(
     clock = Clock()
     collector = StorageCollector(
         pool,
+        database,
         store,
         keep=1,
         grace=GRACE,
@@ -221,7 +231,7 @@ async def test_incomplete_uploads_are_aborted_after_the_grace_period(
 
 
 async def test_the_periodic_collector_waits_out_an_object_store_outage(
-    pool: asyncpg.Pool, tmp_path: Path
+    pool: asyncpg.Pool, database: DatabaseSettings, tmp_path: Path
 ) -> None:
     """The service's loop (``run``): a pass the object store failed (unreachable: what the
     S3 client raises when its endpoint refuses) is logged and tried again, instead of ending
@@ -239,5 +249,41 @@ async def test_the_periodic_collector_waits_out_an_object_store_outage(
             return super().list(prefix)
 
     store = Unreachable(tmp_path / "store")
-    await asyncio.wait_for(StorageCollector(pool, store, keep=2, grace=GRACE).run(stop, 0.01), 60)
+    await asyncio.wait_for(
+        StorageCollector(pool, database, store, keep=2, grace=GRACE).run(stop, 0.01), 60
+    )
     assert store.listings >= 2
+
+
+async def test_a_pass_holds_no_connection_of_the_pool_while_it_waits_on_the_store(
+    pool: asyncpg.Pool, database: DatabaseSettings, tmp_path: Path
+) -> None:
+    """With a registry pool of one connection, a statement is served while a pass waits on
+    the object store (held here after its listing), and the pass then runs to its end.
+    Before its lock moved to a connection of its own, the lock held the pool's only
+    connection for the whole pass: the statement and the pass's own next one each waited
+    for it until the acquire timeout."""
+    one = database.model_copy(
+        update={"pool_min_size": 1, "pool_max_size": 1, "acquire_timeout_seconds": 2.0}
+    )
+    store = LocalStore(tmp_path / "store")
+    store.put_bytes("jobs/job-gone/checkpoints/step-00000001/checkpoint.pt", b"nothing's")
+    listed, release = asyncio.Event(), asyncio.Event()
+
+    async def store_slow(phase: str) -> None:
+        if phase == "listed":
+            listed.set()
+            await release.wait()
+
+    async with open_pool(one, NAME) as small:
+        collector = StorageCollector(small, one, store, keep=1, grace=timedelta(0))
+        passing = asyncio.create_task(collector.collect_once(store_slow))
+        try:
+            async with asyncio.timeout(20):
+                await listed.wait()
+                assert await small.fetchval("SELECT 1") == 1
+        finally:
+            release.set()
+        async with asyncio.timeout(20):
+            report = await passing
+    assert report.ran and report.deleted == 1
