@@ -162,6 +162,10 @@ Copies = Mapping[str, Made]
 NO_COPIES: Copies = MappingProxyType({})
 
 
+def _made(copies: Copies) -> list[models.Copy]:
+    return [m.copy for m in copies.values() if isinstance(m.copy, models.Copy)]
+
+
 def _is_success(delivery: Delivery) -> bool:
     """What ``prepare`` works on: the rest of a batch (metric batches above all) costs no
     read before its transaction."""
@@ -179,17 +183,32 @@ class RegistryHandlers:
         """The registry's handler of fetched batches for ``Bus.consume_batches``: ``prepare``
         without a transaction, then ``dispatch_batch`` in the inbox's
         (``shared.inbox.prepared_batches``). With a store, ``dispatch_batch`` wired any other
-        way has no copies and registers no version (``CopyNotMade``)."""
+        way has no copies and registers no version (``CopyNotMade``). When the transaction
+        raised (rolled back), the batch's copies are deleted after it, holding no connection
+        (``models.Unrecorded``); the batch's error is then raised."""
 
-        async def prepare(deliveries: Sequence[Delivery]) -> TransactionalBatchHandler:
-            copies = await self.prepare(pool, deliveries)
+        async def handle(deliveries: Sequence[Delivery]) -> None:
+            made: list[models.Unrecorded] = []
 
-            async def finish(fresh: Sequence[Delivery], conn: asyncpg.Connection) -> None:
-                await self.dispatch_batch(fresh, conn, copies)
+            async def prepare(wanted: Sequence[Delivery]) -> TransactionalBatchHandler:
+                copies = await self.prepare(pool, wanted)
+                unrecorded = models.Unrecorded(self._store, _made(copies))
+                made.append(unrecorded)
 
-            return finish
+                async def finish(fresh: Sequence[Delivery], conn: asyncpg.Connection) -> None:
+                    with unrecorded.inside():
+                        await self.dispatch_batch(fresh, conn, copies)
 
-        return prepared_batches(pool, CONSUMER, prepare, wants=_is_success)
+                return finish
+
+            try:
+                await prepared_batches(pool, CONSUMER, prepare, wants=_is_success)(deliveries)
+            except Exception:
+                for unrecorded in made:
+                    await unrecorded.free()
+                raise
+
+        return handle
 
     async def prepare(self, pool: asyncpg.Pool, deliveries: Sequence[Delivery]) -> Copies:
         """The copies the successes among ``deliveries`` register, made holding no

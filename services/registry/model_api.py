@@ -286,19 +286,27 @@ def model_routes(
         # connections, each holding one while its place waited for another, all waited for
         # one none gave back, and answered 503 when the pool's acquire timeout ended.
         copied = await models.copy_in(storage(), what, transfer(principal))
-        async with pool.acquire() as conn:
-            async with conn.transaction():
-                version = await models.record(conn, storage(), what, clock(), copied)
-                if audit.must_record(principal):
-                    await audit.record(
-                        conn,
-                        principal,
-                        "register model version",
-                        f"{team}/{name}/{version.version}",
-                        {"job_id": body.job_id, "checkpoint_uri": chosen.ref.uri},
-                    )
-            # The shape GET answers: what the new version cost to make (its job and upstream).
-            return await model_cost.costed(conn, version, [], grants.reader_of(principal))
+        # A copy its transaction did not record is deleted after it, holding no connection.
+        unrecorded = models.Unrecorded(storage(), [copied])
+        try:
+            async with pool.acquire() as conn:
+                async with conn.transaction():
+                    with unrecorded.inside():
+                        version = await models.record(conn, storage(), what, clock(), copied)
+                        if audit.must_record(principal):
+                            await audit.record(
+                                conn,
+                                principal,
+                                "register model version",
+                                f"{team}/{name}/{version.version}",
+                                {"job_id": body.job_id, "checkpoint_uri": chosen.ref.uri},
+                            )
+                # The shape GET answers: what the new version cost to make (its job and
+                # upstream).
+                return await model_cost.costed(conn, version, [], grants.reader_of(principal))
+        except Exception:
+            await unrecorded.free()
+            raise
 
     @delete(
         "/v1/models/{team:str}/{name:str}/versions/{version:int}",

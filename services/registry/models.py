@@ -11,9 +11,11 @@ Contract:
   copies to a new key, so it is safe to repeat. ``record`` then, on the caller's connection
   and transaction, numbers the version under the model's row lock, stores it and puts
   ``model.registered`` in the outbox; it refuses (``ValueError``) a copy made for another
-  team, model or checkpoint. If storing fails, the copy is deleted; a copy that is never
-  recorded (the caller's transaction rolled back, the job was registered meanwhile) is an
-  unreferenced object the storage collector frees after its grace period.
+  team, model or checkpoint. The copies of a transaction that raised (rolled back, so
+  no version holds them) are deleted after it, holding no connection (``Unrecorded``); a
+  copy never recorded otherwise (the job was registered meanwhile, a commit that failed
+  and may have committed) is an unreferenced object the storage collector frees after its
+  grace period.
 - ``delete_version`` refuses (``AliasInUse``) while any alias points at the version; else
   the version becomes a tombstone (its number is never reused) in the caller's
   transaction, and ``free_objects`` — called after that commits — removes its objects and
@@ -27,9 +29,10 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -132,40 +135,37 @@ async def record(
     conn: asyncpg.Connection, store: ObjectStore, what: Registration, now: datetime, copied: Copy
 ) -> ModelVersion:
     """Number, store and announce the version ``copied`` holds, on the caller's connection
-    and transaction (module docstring); if that fails, the copy is deleted. ``ValueError``
-    (nothing done) when ``copied`` was not made for ``what``."""
+    and transaction (module docstring). It deletes nothing when it fails: the caller frees
+    the copy after its transaction (``Unrecorded``). ``ValueError`` (nothing done) when
+    ``copied`` was not made for ``what``."""
     if not copied.fits(what):
         raise ValueError(
             f"the copy {copied.key} is not of {what.team}/{what.model}'s checkpoint "
             f"{what.checkpoint.uri}"
         )
     version_id, key = copied.version_id, copied.key
-    try:
-        model_id, latest = await repo.lock_model(conn, what.team, what.model, now, what.project)
-        version = ModelVersion(
-            id=version_id,
-            team=what.team,
-            model_name=what.model,
-            version=domain.next_version(latest),
-            job_id=what.job_id,
-            allocation_id=what.final.allocation_id,
-            artifact=what.checkpoint.model_copy(update={"uri": store.uri_for(key)}),
-            metrics=what.metrics,
-            lineage=domain.build_lineage(what.final, what.runs),
-            registered_at=now,
-            origin=what.origin,
-            source_uri=what.checkpoint.uri,
-            artifact_key=key,
-            tags=what.tags,
-            description=what.description,
-            created_by=what.created_by,
-        )
-        await repo.insert_version(conn, model_id, version)
-        registered: Payload = version.to_event()
-        await outbox.enqueue(conn, Envelope.wrap(registered, source=SOURCE, subject=what.job_id))
-    except BaseException:
-        await asyncio.to_thread(store.delete, key)
-        raise
+    model_id, latest = await repo.lock_model(conn, what.team, what.model, now, what.project)
+    version = ModelVersion(
+        id=version_id,
+        team=what.team,
+        model_name=what.model,
+        version=domain.next_version(latest),
+        job_id=what.job_id,
+        allocation_id=what.final.allocation_id,
+        artifact=what.checkpoint.model_copy(update={"uri": store.uri_for(key)}),
+        metrics=what.metrics,
+        lineage=domain.build_lineage(what.final, what.runs),
+        registered_at=now,
+        origin=what.origin,
+        source_uri=what.checkpoint.uri,
+        artifact_key=key,
+        tags=what.tags,
+        description=what.description,
+        created_by=what.created_by,
+    )
+    await repo.insert_version(conn, model_id, version)
+    registered: Payload = version.to_event()
+    await outbox.enqueue(conn, Envelope.wrap(registered, source=SOURCE, subject=what.job_id))
     log.info(
         "registered %s/%s v%d from job %s (%s, copied to %s)",
         version.team,
@@ -176,6 +176,49 @@ async def record(
         key,
     )
     return version
+
+
+class Unrecorded:
+    """The copies a transaction was to record, freed if that transaction raised.
+
+    ``inside()`` wraps the transaction's body: an exception raised there rolls the
+    transaction back, so no version holds the copies. ``free()``, awaited after the
+    connection went back to the pool, then deletes them (one thread for all; a failure to
+    delete is logged, the storage collector frees what it left). It deletes nothing when the
+    body did not raise: the transaction committed, or its commit failed and may have
+    committed, so a version may hold them."""
+
+    def __init__(self, store: ObjectStore | None, copies: Iterable[Copy]) -> None:
+        """``store``: where the copies are (None: no store, so no copies)."""
+        self._store = store
+        self._keys = [c.key for c in copies]
+        self._rolled_back = False
+
+    @contextlib.contextmanager
+    def inside(self) -> Iterator[None]:
+        try:
+            yield
+        except BaseException:
+            self._rolled_back = True
+            raise
+
+    async def free(self) -> None:
+        """Delete the copies if the body raised (see the class). Call it holding no
+        connection of the registry's pool."""
+        if not self._rolled_back or not self._keys or self._store is None:
+            return
+        keys, self._keys = self._keys, []
+        try:
+            await asyncio.to_thread(_delete_all, self._store, keys)
+        except Exception as exc:
+            log.warning(
+                "unrecorded copies %s not deleted (the collector frees them): %s", keys, exc
+            )
+
+
+def _delete_all(store: ObjectStore, keys: list[str]) -> None:
+    for key in keys:
+        store.delete(key)
 
 
 async def delete_version(

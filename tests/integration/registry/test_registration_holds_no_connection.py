@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.integration.registry.modelkit import VISION, app_as, job_with_checkpoints
+from tests.integration.registry.modelkit import VISION, app_as, job_with_checkpoints, register
 from tests.integration.registry.test_registry import (
     envelopes,
     ref,
@@ -29,6 +29,7 @@ from tests.integration.registry.test_registry import (
     succeeded,
     version_rows,
 )
+from trainyard_platform.services.registry import repository as registry_repo
 from trainyard_platform.services.registry.handlers import CopyNotMade, RegistryHandlers
 from trainyard_platform.services.registry.service import NAME
 from trainyard_platform.shared.bus import Delivery
@@ -138,3 +139,90 @@ async def test_a_success_in_the_batch_of_its_start_is_copied_before_its_own_tran
     assert len(copied) == 1
     rows = await version_rows(pool, job)
     assert len(rows) == 1 and copied[0].endswith(f"/{rows[0]['id']}/checkpoint.pt")
+
+
+class SlowDelete:
+    """Makes ``store.delete`` wait until released (a store that answers slowly)."""
+
+    def __init__(self, store: Any) -> None:
+        self.release = threading.Event()
+        self.entered = asyncio.Event()
+        self.deleted: list[str] = []
+        self._loop = asyncio.get_running_loop()
+        self._delete = store.delete
+        store.delete = self.delete
+
+    def delete(self, key: str) -> None:
+        self._loop.call_soon_threadsafe(self.entered.set)
+        self.release.wait(60)
+        self._delete(key)
+        self.deleted.append(key)
+
+
+async def test_a_copy_its_transaction_did_not_record_is_deleted_holding_no_connection(
+    pool: asyncpg.Pool,
+    one_connection: asyncpg.Pool,
+    store: ObjectStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Storing the version fails: the batch's transaction rolls back, and the copy is
+    deleted after it. With a pool of one connection a statement is served while the store
+    deletes it. Before, the copy was deleted inside the transaction (``models.record``),
+    holding the pool's only connection: the statement waited until the acquire timeout."""
+    job = await job_with_checkpoints(pool, store, [1])
+
+    async def refused(*_: Any) -> None:
+        raise RuntimeError("the version was not stored")
+
+    monkeypatch.setattr(registry_repo, "insert_version", refused)
+    slow = SlowDelete(store)
+    handle = RegistryHandlers(store).consumer(one_connection)
+    success: Envelope[Payload] = Envelope.wrap(
+        succeeded(job.id, f"alloc-{job.id}", job.checkpoints[0]), source=RUNNER, subject=job.id
+    )
+    registering = asyncio.create_task(handle([Delivery(success)]))
+    try:
+        async with asyncio.timeout(30):
+            await slow.entered.wait()
+        async with asyncio.timeout(20):
+            assert await one_connection.fetchval("SELECT 1") == 1
+    finally:
+        slow.release.set()
+    with pytest.raises(RuntimeError, match="not stored"):
+        async with asyncio.timeout(30):
+            await registering
+    assert len(slow.deleted) == 1 and slow.deleted[0].startswith("registry/")
+    assert store.list("registry/") == []
+    assert await version_rows(pool, job.id) == []
+
+
+async def test_a_registration_whose_version_was_not_stored_frees_its_copy_holding_no_connection(
+    pool: asyncpg.Pool,
+    one_connection: asyncpg.Pool,
+    store: ObjectStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same through ``POST .../versions``: its transaction rolls back, the copy is
+    deleted after it, and another request is served meanwhile on a pool of one."""
+    job = await job_with_checkpoints(pool, store, [1])
+
+    async def refused(*_: Any) -> None:
+        raise RuntimeError("the version was not stored")
+
+    monkeypatch.setattr(registry_repo, "insert_version", refused)
+    slow = SlowDelete(store)
+    async with app_as(one_connection, store, VISION) as client:
+        registering = asyncio.create_task(register(client, "vision", "digits", job))
+        try:
+            async with asyncio.timeout(30):
+                await slow.entered.wait()
+            async with asyncio.timeout(20):
+                listed = await client.get("/v1/models")
+            assert listed.status_code == 200, listed.text
+        finally:
+            slow.release.set()
+        async with asyncio.timeout(30):
+            answered = await registering
+    assert answered.status_code == 500
+    assert len(slow.deleted) == 1 and store.list("registry/") == []
+    assert await version_rows(pool, job.id) == []
