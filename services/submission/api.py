@@ -952,12 +952,22 @@ async def _check_held(
     """The full check of a ``screened()`` route with ``release_held``: the token, caller
     and screening read on a connection held for the request (401 when the token is not
     valid), ``limits`` spent (none: already spent), the role enforced. What it read is
-    remembered for the token's next request (``known_callers``), audited callers aside."""
+    remembered for the token's next request (``known_callers``), audited callers aside.
+
+    The connection is held only once the request's body is in (``_body_in``): a client
+    sending its body slowly must not hold a connection of the pool meanwhile, or as many
+    such requests as the pool has connections would take them all. A body that cannot be
+    read here (no ``Content-Length``, or one past ``JSON_BODY_MAX_BYTES``) is checked on a
+    connection given back at once; the route then takes its own for its statement."""
     state = connection.scope["state"]
     held = state.get(_HELD)
-    if held is None:
+    if held is None and await _body_in(connection):
         held = state[_HELD] = (pool, await pool.acquire())
-    found = await known_callers.check(held[1], token_hash, flavors)
+    if held is not None:
+        found = await known_callers.check(held[1], token_hash, flavors)
+    else:
+        async with pool.acquire() as conn:
+            found = await known_callers.check(conn, token_hash, flavors)
     if found is None:
         known.forget(token_hash)
         raise NotAuthorizedException(UNAUTHENTICATED)
@@ -972,6 +982,25 @@ async def _check_held(
     enforce_least_role(caller.principal, connection, handler)
     state[_CALLER] = caller
     remember(connection, caller.principal)
+
+
+async def _body_in(connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
+    """Read the request's whole body now, kept for the route (``Request.body``), when its
+    ``Content-Length`` announces at most ``JSON_BODY_MAX_BYTES``: the server delivers no
+    more than that, so no more is held in memory than the route would read. False (nothing
+    read) for any other body, which the route reads and refuses itself. True when the
+    route read the body already (a token checked again after it)."""
+    if not isinstance(connection, Request):
+        return False
+    if not connection.is_connected:
+        return True  # the body's stream was read to its end
+    announced = connection.headers.get("content-length", "")
+    if not announced.isdigit():
+        return False
+    if int(announced) > JSON_BODY_MAX_BYTES:
+        return False
+    await connection.body()
+    return True
 
 
 async def request_screening(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -136,3 +137,53 @@ async def test_a_submission_checking_its_bundle_in_the_store_holds_no_connection
             async with asyncio.timeout(30):
                 submitted = await submitting
             assert submitted.status_code == 201, submitted.text
+
+
+@pytest.mark.parametrize("announced", [True, False], ids=["content-length", "chunked"])
+async def test_a_submission_whose_body_is_slow_to_come_holds_no_connection(
+    settings: Settings, pool: asyncpg.Pool, announced: bool
+) -> None:
+    """The client sends the job's body slowly (a slow link, or on purpose). Before, the
+    guard took the request's connection first and the route read the body holding it: as
+    many such submissions as the pool has connections held them all, and every other
+    request failed with 503. Now the connection is held only once the body is in: with a
+    pool of one connection, another request is answered while the body is awaited, and
+    the submission is then stored. An audited caller: its token is checked every time."""
+    admin = await identity.bootstrap_user(pool, "ml", "alice")
+    one = settings.database.model_copy(
+        update={"pool_min_size": 1, "pool_max_size": 1, "acquire_timeout_seconds": 3}
+    )
+    body = json.dumps(SPEC).encode()
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slowly() -> AsyncIterator[bytes]:
+        yield body[:10]
+        started.set()  # the app asked for more: it is reading the body
+        await release.wait()
+        yield body[10:]
+
+    auth = {"Authorization": f"Bearer {admin}"}
+    headers = {**auth, "Content-Type": "application/json"}
+    if announced:
+        headers["Content-Length"] = str(len(body))
+    store = open_store(settings.storage.uri, settings.storage)
+    async with open_pool(one, NAME) as front:
+        app = create_app(settings, AppDeps(pool=front, store=store))
+        transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://submission") as client:
+            submitting = asyncio.create_task(
+                client.post("/v1/jobs", content=slowly(), headers=headers)
+            )
+            try:
+                async with asyncio.timeout(30):
+                    await started.wait()
+                async with asyncio.timeout(20):
+                    me = await client.get("/v1/me", headers=auth)
+                assert me.status_code == 200, me.text
+                assert not submitting.done()
+            finally:
+                release.set()
+            async with asyncio.timeout(30):
+                submitted = await submitting
+            assert submitted.status_code == 201, submitted.text
+        assert _all_idle(front)
