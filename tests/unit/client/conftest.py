@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,3 +53,22 @@ def routed_api(
 
     monkeypatch.setattr(cli, "TrainyardClient", make)
     return state
+
+
+def log_pages(
+    ended: bool, chunks: list[dict[str, Any]]
+) -> Callable[[httpx.Request], httpx.Response]:
+    """A ``routed_api`` route answering ``GET /v1/jobs/{id}/logs``: ``chunks`` on the first
+    page, none after (cursor ``c1``); ``ended``: the job ended and its streams are complete."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        first = not request.url.params.get("after")
+        body = {
+            "chunks": chunks if first else [],
+            "cursor": "c1",
+            "job_terminal": ended,
+            "streams_complete": ended,
+        }
+        return httpx.Response(200, json=body)
+
+    return answer

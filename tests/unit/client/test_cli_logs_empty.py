@@ -6,28 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import pytest
 
 from trainyard import cli
 
-from .conftest import routed_api
+from .conftest import log_pages, routed_api
 
 JOB = "abc12345-0000-4000-8000-000000000001"
-
-
-def _logs(terminal: bool, chunks: list[dict[str, object]]):  # type: ignore[no-untyped-def]
-    def answer(request: httpx.Request) -> httpx.Response:
-        first = not request.url.params.get("after")
-        body = {
-            "chunks": chunks if first else [],
-            "cursor": "c1",
-            "job_terminal": terminal,
-            "streams_complete": terminal,
-        }
-        return httpx.Response(200, json=body)
-
-    return answer
 
 
 @pytest.fixture
@@ -39,7 +24,7 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
 def test_a_job_without_output_yet_says_so_and_how_to_follow_it(
     state: dict[str, object], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    state["route"] = _logs(False, [])
+    state["route"] = log_pages(False, [])
     assert cli.main(["logs", JOB]) == 0
     out, err = capsys.readouterr()
     assert out == ""
@@ -49,7 +34,7 @@ def test_a_job_without_output_yet_says_so_and_how_to_follow_it(
 def test_an_ended_job_without_output_says_it_printed_none(
     state: dict[str, object], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    state["route"] = _logs(True, [])
+    state["route"] = log_pages(True, [])
     assert cli.main(["logs", JOB]) == 0
     out, err = capsys.readouterr()
     assert out == "" and f"job {JOB} printed no output" in err
@@ -60,11 +45,11 @@ def test_an_ended_job_without_output_says_it_printed_none(
 def test_output_and_json_get_no_such_note(
     state: dict[str, object], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    state["route"] = _logs(True, [{"seq": 1, "stream": "a0000-n1", "text": "hi\n"}])
+    state["route"] = log_pages(True, [{"seq": 1, "stream": "a0000-n1", "text": "hi\n"}])
     assert cli.main(["logs", JOB]) == 0
     out, err = capsys.readouterr()
     assert out == "hi\n" and "no output" not in err
-    state["route"] = _logs(True, [])
+    state["route"] = log_pages(True, [])
     assert cli.main(["--json", "logs", JOB]) == 0
     out, err = capsys.readouterr()
     assert out == "" and "no output" not in err

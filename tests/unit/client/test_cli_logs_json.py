@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import httpx
 import pytest
 
 from trainyard import cli
 
-from .conftest import routed_api
+from .conftest import log_pages, routed_api
 
 ROOT = Path(__file__).resolve().parents[3]
 JOB = "abc12345-0000-4000-8000-000000000001"
@@ -28,17 +27,7 @@ def test_logs_as_json_are_json_lines_and_the_doc_says_so(
         {"seq": 2, "stream": "a0000-n1", "text": "epoch 2\n"},
     ]
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        first = not request.url.params.get("after")
-        body = {
-            "chunks": chunks if first else [],
-            "cursor": "c1",
-            "job_terminal": True,
-            "streams_complete": True,
-        }
-        return httpx.Response(200, json=body)
-
-    state["route"] = answer
+    state["route"] = log_pages(True, chunks)
     assert cli.main(["--json", "logs", JOB]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [json.loads(line) for line in lines] == chunks

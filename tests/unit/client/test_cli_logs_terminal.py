@@ -20,7 +20,7 @@ import pytest
 from trainyard import cli
 from trainyard.terminal_text import HELD_MAX, TerminalText
 
-from .conftest import routed_api
+from .conftest import log_pages, routed_api
 from .test_cli_answer_types import JOB as VIEW
 
 JOB = "abc12345-0000-4000-8000-000000000001"
@@ -76,17 +76,7 @@ def _logs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, texts: list[str]) -> 
         {"seq": n, "stream": "a0000-n1", "text": text} for n, text in enumerate(texts, start=1)
     ]
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        first = not request.url.params.get("after")
-        body = {
-            "chunks": chunks if first else [],
-            "cursor": "c1",
-            "job_terminal": True,
-            "streams_complete": True,
-        }
-        return httpx.Response(200, json=body)
-
-    state["route"] = answer
+    state["route"] = log_pages(True, chunks)
 
 
 PRINTED = ["\x1b[32mok\x1b[0m \x1b]0;pwned", "\x07\n", "last \x1b["]
