@@ -68,16 +68,21 @@ async def one_connection(database_url: str, pool: asyncpg.Pool) -> AsyncIterator
         yield small
 
 
+def _registering(job: Any, pool: asyncpg.Pool, store: ObjectStore) -> asyncio.Task[None]:
+    """The registry's consumer over ``pool`` handling ``job``'s success, as a task."""
+    handle = RegistryHandlers(store).consumer(pool)
+    success: Envelope[Payload] = Envelope.wrap(
+        succeeded(job.id, f"alloc-{job.id}", job.checkpoints[0]), source=RUNNER, subject=job.id
+    )
+    return asyncio.create_task(handle([Delivery(success)]))
+
+
 async def test_a_registration_copying_its_checkpoint_holds_no_connection(
     pool: asyncpg.Pool, one_connection: asyncpg.Pool, store: ObjectStore
 ) -> None:
     job = await job_with_checkpoints(pool, store, [1])
     slow = SlowCopy(store)
-    handle = RegistryHandlers(store).consumer(one_connection)
-    success: Envelope[Payload] = Envelope.wrap(
-        succeeded(job.id, f"alloc-{job.id}", job.checkpoints[0]), source=RUNNER, subject=job.id
-    )
-    registering = asyncio.create_task(handle([Delivery(success)]))
+    registering = _registering(job, one_connection, store)
     try:
         async with asyncio.timeout(30):
             await slow.entered.wait()
@@ -176,11 +181,7 @@ async def test_a_copy_its_transaction_did_not_record_is_deleted_holding_no_conne
 
     monkeypatch.setattr(registry_repo, "insert_version", refused)
     slow = SlowDelete(store)
-    handle = RegistryHandlers(store).consumer(one_connection)
-    success: Envelope[Payload] = Envelope.wrap(
-        succeeded(job.id, f"alloc-{job.id}", job.checkpoints[0]), source=RUNNER, subject=job.id
-    )
-    registering = asyncio.create_task(handle([Delivery(success)]))
+    registering = _registering(job, one_connection, store)
     try:
         async with asyncio.timeout(30):
             await slow.entered.wait()

@@ -125,17 +125,7 @@ async def test_a_submission_checking_its_bundle_in_the_store_holds_no_connection
             auth = {"Authorization": f"Bearer {admin}"}
             job = {**SPEC, "code": {"kind": "bundle", "sha256": sha, "size_bytes": len(data)}}
             submitting = asyncio.create_task(client.post("/v1/jobs", json=job, headers=auth))
-            try:
-                async with asyncio.timeout(30):
-                    await asked.wait()
-                async with asyncio.timeout(20):
-                    me = await client.get("/v1/me", headers=auth)
-                assert me.status_code == 200, me.text
-                assert not submitting.done()
-            finally:
-                release.set()
-            async with asyncio.timeout(30):
-                submitted = await submitting
+            submitted = await _served_meanwhile(client, auth, submitting, asked, release)
             assert submitted.status_code == 201, submitted.text
 
 
@@ -174,16 +164,29 @@ async def test_a_submission_whose_body_is_slow_to_come_holds_no_connection(
             submitting = asyncio.create_task(
                 client.post("/v1/jobs", content=slowly(), headers=headers)
             )
-            try:
-                async with asyncio.timeout(30):
-                    await started.wait()
-                async with asyncio.timeout(20):
-                    me = await client.get("/v1/me", headers=auth)
-                assert me.status_code == 200, me.text
-                assert not submitting.done()
-            finally:
-                release.set()
-            async with asyncio.timeout(30):
-                submitted = await submitting
+            submitted = await _served_meanwhile(client, auth, submitting, started, release)
             assert submitted.status_code == 201, submitted.text
         assert _all_idle(front)
+
+
+async def _served_meanwhile(
+    client: httpx.AsyncClient,
+    auth: dict[str, str],
+    submitting: asyncio.Task[httpx.Response],
+    held: asyncio.Event,
+    release: asyncio.Event,
+) -> httpx.Response:
+    """Once ``held`` is set (the submission waits on its slow part), another request
+    (``GET /v1/me``) must be answered while the submission still waits; then ``release``
+    it and return its answer. Every wait is bounded."""
+    try:
+        async with asyncio.timeout(30):
+            await held.wait()
+        async with asyncio.timeout(20):
+            me = await client.get("/v1/me", headers=auth)
+        assert me.status_code == 200, me.text
+        assert not submitting.done()
+    finally:
+        release.set()
+    async with asyncio.timeout(30):
+        return await submitting
