@@ -133,7 +133,8 @@ def guarded_terminal(raw: bool = False) -> Iterator[None]:
 
 
 def _is_terminal(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)  # a stand-in stream may have none
     try:
-        return stream.isatty()
+        return bool(isatty()) if callable(isatty) else False
     except (OSError, ValueError):  # a closed stream
         return False
