@@ -199,7 +199,10 @@ class JobRun:
         self._tail = LogTail(log_tail_lines)
         self._last_metrics: dict[str, float] = {}
         self._last_checkpoint: CheckpointRef | None = resumed_from
-        self._data_waits: list[float] = []
+        self._data_wait_total = 0.0
+        self._data_wait_count = 0
+        """The job's ``data_wait_fraction`` reports, summed: the job decides how many there
+        are, so none is kept one by one."""
         self._process: JobProcess | None = None
         self._log_file: CappedFile | None = None
         self._ranks: tuple[int, ...] = ()
@@ -501,7 +504,7 @@ class JobRun:
         metrics = domain.end_metrics(
             self._last_metrics,
             self._utilization,
-            self._data_waits,
+            [self._data_wait_total / self._data_wait_count] if self._data_wait_count else [],
             (datetime.now(UTC) - self.started_at).total_seconds(),
             self._gpus,
         )
@@ -655,7 +658,8 @@ class JobRun:
         self._last_metrics.update(message.metrics)
         wait = message.metrics.get("data_wait_fraction")
         if wait is not None and math.isfinite(wait):
-            self._data_waits.append(wait)
+            self._data_wait_total += wait
+            self._data_wait_count += 1
         ready = self._throttle.offer(message, now)
         if ready is not None:
             self._emit_progress(ready)
