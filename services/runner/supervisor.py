@@ -98,6 +98,12 @@ reports (a rank); each costs the runner a descriptor and a line buffer of up to
 ``MAX_CONTROL_LINE_BYTES``, so a job opening them without end would exhaust the runner's
 descriptors (and memory) for every job on the node. One more is closed at once."""
 
+MAX_WAITING_CHECKPOINTS = 64
+"""Checkpoints announced during an upload that the runner remembers, to remove the staged
+folders of all but the newest when the upload ends. The job decides how many it announces
+(one control line each, the same step again too): past this many the oldest is forgotten,
+so they cannot fill the runner's memory."""
+
 
 class JobRun:
     """One allocation being run on this node."""
@@ -184,7 +190,8 @@ class JobRun:
         self._connections: set[asyncio.Task[None]] = set()
         self._refused_connections = 0
         self._warnings: dict[str, int] = {}
-        self._staged_steps: list[int] = []
+        self._staged_steps: set[int] = set()
+        """Steps announced and not yet taken by the uploader (``MAX_WAITING_CHECKPOINTS``)."""
         self._staged = asyncio.Event()
         self._uploader: asyncio.Task[None] | None = None
         self._closing_control = False
@@ -755,15 +762,19 @@ class JobRun:
     def _on_checkpoint(self, message: CheckpointMessage) -> None:
         """Queue the staged checkpoint for the uploader; the reader never waits on it, so
         metrics keep flowing during an upload."""
-        self._staged_steps.append(message.checkpoint.step)
+        self._staged_steps.add(message.checkpoint.step)
+        if len(self._staged_steps) > MAX_WAITING_CHECKPOINTS:
+            # The oldest is forgotten (its staged folder stays, on the job's own disk
+            # allowance); the newest, the one uploaded next, never is.
+            self._staged_steps.discard(min(self._staged_steps))
         self._staged.set()
         if self._uploader is None:
             self._uploader = asyncio.create_task(self._upload_staged(), name="checkpoints")
 
     async def _upload_staged(self) -> None:
         """Commit staged checkpoints one at a time. When several wait (uploads slower than
-        the job checkpoints), only the newest is uploaded and the others are dropped from
-        staging: an older checkpoint is worth nothing once a newer one is durable, and
+        the job checkpoints), only the newest is uploaded and the others (up to
+        ``MAX_WAITING_CHECKPOINTS`` of them) are dropped from staging: an older checkpoint is worth nothing once a newer one is durable, and
         staging must not grow without bound."""
         while True:
             await self._staged.wait()

@@ -9,7 +9,7 @@ from typing import Any
 
 from trainyard_platform.services.runner.domain import JobIdentity
 from trainyard_platform.services.runner.supervisor import JobRun
-from trainyard_platform.shared.control import MetricsMessage
+from trainyard_platform.shared.control import CheckpointMessage, CheckpointRef, MetricsMessage
 
 
 class _Events:
@@ -67,3 +67,38 @@ def test_metric_reports_hold_no_memory_per_report(tmp_path: Path) -> None:
 
     few, many = asyncio.run(main())
     assert many == few
+
+
+def test_checkpoint_messages_during_an_upload_hold_bounded_memory(tmp_path: Path) -> None:
+    """A job announcing checkpoints while one uploads (an hours-long upload, a store
+    retried with back-off) has at most ``MAX_WAITING_CHECKPOINTS`` of them remembered, the
+    newest always among them: it is the one uploaded next."""
+
+    async def main() -> tuple[int, int, int]:
+        run = _run(tmp_path)
+        for step in range(100):
+            run._on_checkpoint(_checkpoint(step))
+        after_few = _held(run)
+        for step in range(100, 20_000):
+            run._on_checkpoint(_checkpoint(step))
+        after_many = _held(run)
+        newest = max(run._staged_steps)
+        assert run._uploader is not None
+        run._uploader.cancel()
+        return after_few, after_many, newest
+
+    few, many, newest = asyncio.run(main())
+    assert many == few
+    assert newest == 19_999
+
+
+def _checkpoint(step: int) -> CheckpointMessage:
+    return CheckpointMessage(
+        checkpoint=CheckpointRef(
+            uri=f"file:///staging/step-{step:08d}/checkpoint.pt",
+            manifest_uri=f"file:///staging/step-{step:08d}/manifest.json",
+            step=step,
+            size_bytes=1,
+            sha256="0" * 64,
+        )
+    )
