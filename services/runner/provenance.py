@@ -29,9 +29,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import platform
 import re
 import socket
+import stat
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -103,9 +105,41 @@ def diff_digest(code_dir: Path, as_job: AsJob | None = None) -> str | None:
     for name in sorted(n for n in untracked.split(b"\0") if n):
         path = code_dir / name.decode("utf-8", "surrogateescape")
         digest.update(b"\0untracked\0" + name + b"\0")
-        if path.is_file() and not path.is_symlink():
-            digest.update(source_digest(path).encode())
+        content = _confined_digest(code_dir, path)
+        if content is not None:
+            digest.update(content.encode())
     return digest.hexdigest()
+
+
+def _confined_digest(root: Path, path: Path) -> str | None:
+    """sha256 of ``path`` when it is a regular file of its own (no hard link) that really
+    lies inside ``root``; None for anything else. The names come from git run as the job
+    (maybe a ``git`` of the job's own environment), and the runner reads with its own
+    privileges: a name out of ``root`` (``..``, absolute, through a link) or a hard link to
+    a file the job cannot read would pin, and publish the sha256 of, a file of another
+    team or of the host."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        fds = Path("/proc/self/fd")
+        real = Path(os.readlink(fds / str(fd))) if fds.is_dir() else path.resolve()
+        info = os.fstat(fd)
+        if (
+            not real.is_relative_to(root.resolve())
+            or not stat.S_ISREG(info.st_mode)
+            or info.st_nlink != 1
+        ):
+            return None
+        digest = hashlib.sha256()
+        while chunk := os.read(fd, 1024 * 1024):
+            digest.update(chunk)
+        return digest.hexdigest()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _git_raw(code_dir: Path, *args: str, as_job: AsJob | None = None) -> bytes | None:

@@ -218,3 +218,40 @@ def test_an_interpreter_answering_what_no_version_is_is_recorded_as_unknown(
         code_is_jobs=True,
     )
     assert env.python == f"unknown ({python})" and env.torch == "not installed"
+
+
+FAKE_GIT = """#!/bin/sh
+# What the tenant's own git (a script of its environment's bin, first on the job's PATH)
+# may answer: a work tree with untracked files named anywhere.
+for arg in "$@"; do
+  case "$arg" in
+    --is-inside-work-tree) echo true; exit 0 ;;
+    HEAD) exit 1 ;;
+    ls-files) printf '%s\\0' "../secret.txt" "$OUTSIDE" "link/secret.txt" "hard.txt"; exit 0 ;;
+  esac
+done
+exit 1
+"""
+
+
+def test_untracked_files_are_read_only_inside_the_code(tmp_path: Path, code: Path) -> None:
+    """The runner reads the untracked files git (run as the job, maybe the job's own
+    ``git``) names to pin their content: a name out of the code folder (``..``, an absolute
+    path, a path through a link) or a hard link (another user's file, where the kernel
+    lets users link them) is never read, so its content never shows in the digest."""
+    secret = tmp_path / "secret.txt"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "git").write_text(FAKE_GIT)
+    (bin_dir / "git").chmod(0o755)
+    (code / "link").symlink_to(tmp_path)
+    secret.write_text("first secret\n")
+    os.link(secret, code / "hard.txt")
+    as_job = AsJob(
+        JobUser(None, None),
+        {"PATH": f"{bin_dir}:{os.environ['PATH']}", "OUTSIDE": str(secret)},
+    )
+    before = diff_digest(code, as_job)
+    assert before is not None
+    secret.write_text("second secret\n")  # the same inode: the hard link sees it too
+    assert diff_digest(code, as_job) == before
