@@ -8,13 +8,16 @@ counts as itself, never as what it points to), ``st_blocks * 512`` per entry, so
 file counts what it takes on disk, not its apparent size, and hard links to one inode count
 once. It stops as soon as the use is over the limit, and after ``MAX_ENTRIES`` files and
 folders: a job that makes more than that is over its limit too (inodes fill a disk as bytes
-do), so the bound on the walk leaves no way around the limit. Files and folders vanishing
+do), so the bound on the walk leaves no way around the limit. So is a job that nests
+folders deeper than a path can name (``ENAMETOOLONG``, 4096 bytes on Linux): the walk
+reaches each by its path, and what lies below would go uncounted. Files and folders vanishing
 or unreadable during the walk are skipped (the job writes while it is measured); the walk
 never raises for them.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Iterable
@@ -34,7 +37,11 @@ class DiskUse:
     entries: int
     """Files and folders counted."""
     stopped_early: bool
-    """The walk stopped before the end (over the limit in bytes, or ``max_entries``)."""
+    """The walk stopped before the end (over the limit in bytes, ``max_entries``, or a
+    path too long)."""
+    path_too_long: bool = False
+    """A file or folder's path was longer than the kernel takes (``ENAMETOOLONG``): what
+    lies there and below cannot be measured by its path."""
 
 
 def measure(
@@ -62,7 +69,9 @@ def measure(
                 for entry in listing:
                     try:
                         info = entry.stat(follow_symlinks=False)
-                    except OSError:  # gone since it was listed
+                    except OSError as exc:  # gone since it was listed
+                        if exc.errno == errno.ENAMETOOLONG:
+                            return DiskUse(total, entries, True, path_too_long=True)
                         continue
                     entries += 1
                     if info.st_nlink > 1:
@@ -75,7 +84,9 @@ def measure(
                         pending.append(entry.path)
                     if (limit_bytes is not None and total > limit_bytes) or entries > max_entries:
                         return DiskUse(total, entries, True)
-        except OSError:  # the folder gone, or not ours to read: what it held is not counted
+        except OSError as exc:  # the folder gone, or not ours to read: not counted
+            if exc.errno == errno.ENAMETOOLONG:  # not unreadable: a place to hide data
+                return DiskUse(total, entries, True, path_too_long=True)
             continue
     return DiskUse(total, entries, False)
 
@@ -92,6 +103,11 @@ def over_limit(use: DiskUse, limit_bytes: int, max_entries: int = MAX_ENTRIES) -
         return (
             f"the job made over {max_entries} files and folders in its sandbox, over its "
             f"disk limit ({SETTING} bounds {gib(limit_bytes)} in at most {max_entries} entries)"
+        )
+    if use.path_too_long:
+        return (
+            "the job nested folders in its sandbox deeper than a path can name, over its "
+            f"disk limit (what lies there cannot be measured; {SETTING})"
         )
     return None
 

@@ -93,3 +93,26 @@ def test_a_job_stopped_over_a_limit_fails_as_user_error_whatever_its_exit() -> N
             "user_error",
             "the job wrote ...",
         )
+
+
+def test_folders_nested_past_what_a_path_names_are_over_the_limit(tmp_path: Path) -> None:
+    """A folder whose path is longer than the kernel takes (``ENAMETOOLONG``) cannot be
+    listed by its path: what lies below it was not counted, so a job could keep any amount
+    of data there. Such nesting is over the limit, as too many entries are."""
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(20):  # 20 x 256 bytes: past the 4096 bytes of a path
+            os.mkdir("d" * 255, dir_fd=fd)
+            inner = os.open("d" * 255, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        data = os.open("data", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd)
+        try:
+            os.write(data, os.urandom(2 * MIB))
+        finally:
+            os.close(data)
+    finally:
+        os.close(fd)
+    use = measure([tmp_path], limit_bytes=1 * MIB)
+    why = over_limit(use, 1 * MIB)
+    assert why is not None and "path" in why
