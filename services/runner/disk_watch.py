@@ -4,7 +4,9 @@ staging) every few seconds, and a job over its limit is stopped (``JobRun``) and
 ``user_error``, its reason naming the limit and the setting.
 
 The walk is cheap and safe: ``os.scandir`` without following symbolic links (a link
-counts as itself, never as what it points to), ``st_blocks * 512`` per entry, so a sparse
+counts as itself, never as what it points to, and a folder the job swaps for a link while
+it is measured is not entered: each is opened ``O_NOFOLLOW`` and must still be where it
+was listed), ``st_blocks * 512`` per entry, so a sparse
 file counts what it takes on disk, not its apparent size, and hard links to one inode count
 once. It stops as soon as the use is over the limit, and after ``MAX_ENTRIES`` files and
 folders: a job that makes more than that is over its limit too (inodes fill a disk as bytes
@@ -61,17 +63,21 @@ def measure(
         total += info.st_blocks * 512
         entries += 1
         if stat.S_ISDIR(info.st_mode):
-            pending.append(str(root))
+            pending.append(os.path.realpath(root))
     while pending:
         folder = pending.pop()
         try:
-            with os.scandir(folder) as listing:
+            fd = _open_folder(folder)
+        except OSError as exc:  # the folder gone, not ours to read, or not where it was
+            if exc.errno == errno.ENAMETOOLONG:  # not unreadable: a place to hide data
+                return DiskUse(total, entries, True, path_too_long=True)
+            continue
+        try:
+            with os.scandir(fd) as listing:
                 for entry in listing:
                     try:
                         info = entry.stat(follow_symlinks=False)
-                    except OSError as exc:  # gone since it was listed
-                        if exc.errno == errno.ENAMETOOLONG:
-                            return DiskUse(total, entries, True, path_too_long=True)
+                    except OSError:  # gone since it was listed
                         continue
                     entries += 1
                     if info.st_nlink > 1:
@@ -81,14 +87,33 @@ def measure(
                         seen.add(key)
                     total += info.st_blocks * 512
                     if stat.S_ISDIR(info.st_mode):
-                        pending.append(entry.path)
+                        pending.append(os.path.join(folder, entry.name))
                     if (limit_bytes is not None and total > limit_bytes) or entries > max_entries:
                         return DiskUse(total, entries, True)
-        except OSError as exc:  # the folder gone, or not ours to read: not counted
-            if exc.errno == errno.ENAMETOOLONG:  # not unreadable: a place to hide data
-                return DiskUse(total, entries, True, path_too_long=True)
+        except OSError:  # the folder gone while listed: what it held is not counted
             continue
+        finally:
+            os.close(fd)
     return DiskUse(total, entries, False)
+
+
+def _open_folder(path: str) -> int:
+    """A descriptor of the folder ``path`` (a real path), opened only where it still is
+    that folder: the job may swap a folder of its sandbox for a link between the moment it
+    was listed and now (at the last step of the path or any before it), and the walk would
+    then measure, with the runner's privileges, whatever the link points to. ``OSError``
+    when it is not (``ELOOP``: a link)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        if _FDS.is_dir() and os.readlink(_FDS / str(fd)) != path:
+            raise OSError(errno.ELOOP, "reached through a link", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+_FDS = Path("/proc/self/fd")
 
 
 def over_limit(use: DiskUse, limit_bytes: int, max_entries: int = MAX_ENTRIES) -> str | None:

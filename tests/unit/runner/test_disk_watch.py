@@ -3,6 +3,7 @@ fails with."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -65,10 +66,11 @@ def test_what_vanishes_or_cannot_be_read_is_skipped(
     write(tmp_path / "vanishing" / "f", MIB)
     real_scandir = os.scandir
 
-    def scandir(path: str) -> object:  # the folder removed between listing and reading
+    def scandir(folder: str | int) -> object:  # the folder removed between listing and reading
+        path = folder if isinstance(folder, str) else os.readlink(f"/proc/self/fd/{folder}")
         if path.endswith("vanishing"):
             raise FileNotFoundError(path)
-        return real_scandir(path)
+        return real_scandir(folder)
 
     monkeypatch.setattr(disk_watch.os, "scandir", scandir)
     use = measure([tmp_path])
@@ -116,3 +118,35 @@ def test_folders_nested_past_what_a_path_names_are_over_the_limit(tmp_path: Path
     use = measure([tmp_path], limit_bytes=1 * MIB)
     why = over_limit(use, 1 * MIB)
     assert why is not None and "path" in why
+
+
+@pytest.mark.parametrize("listing", ["d", "e"])
+def test_a_folder_swapped_for_a_link_while_measured_is_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, listing: str
+) -> None:
+    """The job changes its sandbox while it is measured: ``sandbox/d`` is replaced by a
+    link once the walk has listed it as a folder (``listing`` "d": the next step is into it)
+    or once it has listed what ``d`` holds (``listing`` "e": a step into ``d/e`` then goes
+    through the link). Neither leads the walk, with the runner's privileges, out of the
+    sandbox."""
+    sandbox, outside = tmp_path / "sandbox", tmp_path / "outside"
+    (sandbox / "d" / "e").mkdir(parents=True)
+    write(outside / "e" / "data", 4 * MIB)
+    listed = os.scandir
+    swapped = []
+
+    def listing_then_swap(folder: object) -> object:
+        with listed(folder) as it:  # type: ignore[call-overload]
+            entries = list(it)
+        for entry in entries:
+            entry.stat(follow_symlinks=False)  # cached as the walk saw it
+        if not swapped and [e.name for e in entries] == [listing]:
+            swapped.append(True)
+            os.rename(sandbox / "d", tmp_path / "moved")
+            (sandbox / "d").symlink_to(outside)
+        return contextlib.nullcontext(entries)
+
+    monkeypatch.setattr(disk_watch.os, "scandir", listing_then_swap)
+    use = measure([sandbox])
+    assert swapped
+    assert use.bytes < 4 * MIB
