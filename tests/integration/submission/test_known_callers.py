@@ -152,6 +152,17 @@ async def test_a_known_tokens_201_is_the_full_paths_answer(
 Change = Callable[[asyncpg.Pool, str], Awaitable[Any]]
 
 
+async def _admin_caller(pool: asyncpg.Pool) -> tuple[str, Any, Any, Any, str]:
+    """A new admin alice of team ml, as ``repository.insert_job_if_caller`` takes its caller:
+    (token hash, token id, user id, team id, role)."""
+    token = await identity.bootstrap_user(pool, "ml", "alice")
+    row = await pool.fetchrow(
+        "SELECT k.id, u.id AS user_id, u.team_id FROM tokens k JOIN users u ON u.id = k.user_id"
+    )
+    assert row is not None
+    return (hash_token(token), row["id"], row["user_id"], row["team_id"], "admin")
+
+
 async def _revoke(pool: asyncpg.Pool, token: str) -> None:
     await pool.execute(
         "UPDATE tokens SET revoked_at = now() WHERE token_hash = $1", hash_token(token)
@@ -248,12 +259,7 @@ async def test_a_revoked_known_token_is_401_whatever_its_body(
 async def test_the_statement_stores_nothing_for_a_screening_that_changed(
     pool: asyncpg.Pool,
 ) -> None:
-    token = await identity.bootstrap_user(pool, "ml", "alice")
-    row = await pool.fetchrow(
-        "SELECT k.id, u.id AS user_id, u.team_id FROM tokens k JOIN users u ON u.id = k.user_id"
-    )
-    assert row is not None
-    caller = (hash_token(token), row["id"], row["user_id"], row["team_id"], "admin")
+    caller = await _admin_caller(pool)
     event = ("e1", "trainyard.job.submitted.j1", b"{}", {})
     job = (
         "j1",

@@ -16,13 +16,17 @@ import httpx
 import pytest
 
 from tests.integration.submission.conftest import SPEC
-from tests.integration.submission.test_known_callers import _client, _member, _post
+from tests.integration.submission.test_known_callers import (
+    _admin_caller,
+    _client,
+    _member,
+    _post,
+)
 from trainyard_platform.services.submission import identity
 from trainyard_platform.services.submission import repository as repo
 from trainyard_platform.services.submission.config import Settings
 from trainyard_platform.services.submission.governance import current_month
 from trainyard_platform.services.submission.service import NAME
-from trainyard_platform.shared.auth import hash_token
 from trainyard_platform.shared.db import open_pool
 
 pytestmark = pytest.mark.integration
@@ -96,12 +100,7 @@ async def test_a_lowered_job_says_from_what_class_on_every_path(
 async def test_a_group_commits_batch_keeps_each_jobs_own_first_reason(
     pool: asyncpg.Pool,
 ) -> None:
-    token = await identity.bootstrap_user(pool, "ml", "alice")
-    row = await pool.fetchrow(
-        "SELECT k.id, u.id AS user_id, u.team_id FROM tokens k JOIN users u ON u.id = k.user_id"
-    )
-    assert row is not None
-    caller = (hash_token(token), row["id"], row["user_id"], row["team_id"], "admin")
+    caller = await _admin_caller(pool)
     screening = (current_month(), [], [], "[]")
     at = await pool.fetchval("SELECT now()")
     rows = [
