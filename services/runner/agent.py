@@ -87,6 +87,7 @@ from trainyard_platform.services.runner import (
     disk_watch,
     domain,
     launch,
+    netns,
     publishing,
 )
 from trainyard_platform.services.runner.cgroups import NodeCgroups, runner_folder
@@ -259,6 +260,14 @@ class NodeAgent:
             for e in self._ledger.unfinished()
             if e.process_group is not None
         ]
+        loopback = self.settings.job_network == "loopback"
+        if loopback and can_switch_users() and not netns.available():
+            log.warning(
+                "jobs run in the host's network: this runner cannot give them a network of "
+                "their own (a kernel or container that refuses unshare of a network "
+                "namespace), so a job reaches every port of the host; "
+                "TRAINYARD_RUNNER_JOB_NETWORK=host says this is intended"
+            )
         uids = self.job_uids
         killed = kill_leftovers(uids, groups)
         if killed:

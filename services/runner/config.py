@@ -92,6 +92,13 @@ class Settings(GuardedServiceSettings):
     """First uid of this node's job users (a runner started as root runs each job as
     ``job_uid_base + slot``); 0: derived from the node id, in 200000-263999 (the next free
     range when another runner on the host holds that one)."""
+    job_network: Literal["loopback", "host"] = "loopback"
+    """The network a job on this node alone runs in. ``loopback``: a network namespace of
+    its own holding only its loopback (``netns``): it reaches no port of the host or of
+    another job (NATS, PostgreSQL, the object store, other jobs' torchrun stores) and nothing
+    beyond the node, while its ranks still reach each other on ``127.0.0.1``. ``host``: the
+    node's network, as every other process of the host. A gang across nodes, and a runner
+    that cannot make a namespace (not root; it says so at its start), use the host's."""
     job_max_processes: int = Field(default=16384, ge=16)
     """Processes and threads a job's user may have at once (``RLIMIT_NPROC``; only where
     jobs run as users of their own): a fork bomb spends its own budget, not the host's."""

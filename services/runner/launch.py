@@ -46,7 +46,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainyard_platform.services.runner import checkpoints, disk_watch
+from trainyard_platform.services.runner import checkpoints, disk_watch, netns
 from trainyard_platform.services.runner.cgroups import (
     JobCgroup,
     NodeCgroups,
@@ -215,7 +215,11 @@ def fetch(
             remove_leftovers_of(uid)
         cgroup = job_cgroup(grant, settings, cgroups, node_gpus)
         box = create_sandbox(
-            settings.sandboxes_dir, sandbox_name(grant.allocation_id), user, cgroup
+            settings.sandboxes_dir,
+            sandbox_name(grant.allocation_id),
+            user,
+            cgroup,
+            own_network(grant, settings, user),
         )
     except PlatformError:
         raise
@@ -226,6 +230,19 @@ def fetch(
     # What the job asked for: its failures say whose fault they are (``sandbox``).
     code_id = fetch_code(grant.spec, store, box, settings.job_max_processes)
     return Fetched(box, code_id, resume_from(grant, settings, store, box.checkpoints))
+
+
+def own_network(grant: AllocationGranted, settings: Settings, user: JobUser) -> bool:
+    """Whether the job runs in a network of its own, holding only its loopback (``netns``):
+    when the node's setting asks for it (``job_network`` ``loopback``), the job runs on this
+    node alone (a gang across nodes must reach its other nodes) as a user of its own, and
+    this runner can make one (``netns.available``; it said so at its start otherwise)."""
+    return (
+        settings.job_network == "loopback"
+        and len(grant.gang) <= 1
+        and user.isolated
+        and netns.available()
+    )
 
 
 def resume_from(
@@ -377,7 +394,13 @@ def _prepared(
         gpu_flavor=settings.gpu_flavor,
         gpus=gpus,
         gpu_indices=grant.gpu_indices,
-        as_job=AsJob(user, env, max_processes=settings.job_max_processes, cgroup=box.cgroup),
+        as_job=AsJob(
+            user,
+            env,
+            max_processes=settings.job_max_processes,
+            cgroup=box.cgroup,
+            own_network=box.own_network,
+        ),
         code_is_jobs=spec.code is not None,
         topology=settings.topology,
     ).model_copy(

@@ -65,11 +65,13 @@ class JobProcess:
         user: JobUser | None = None,
         max_processes: int | None = None,
         cgroup: JobCgroup | None = None,
+        own_network: bool = False,
     ) -> JobProcess:
         """Spawn the job (raises ``OSError`` and the like when it cannot be started) in its
         ``cgroup`` when it has one; when it runs as a ``user`` of its own, that user may have
         ``max_processes`` processes and threads at most (``sandbox.job_preexec``, which
-        also switches to the user)."""
+        also switches to the user); with ``own_network``, in a network of its own holding
+        only its loopback (``netns``)."""
         isolated = user is not None and user.isolated
         # Our own pipe, not asyncio's: asyncio's wait() also waits for its pipes to close,
         # which a grandchild that left the group (torchrun's workers do) could delay forever.
@@ -84,7 +86,9 @@ class JobProcess:
                 stderr=write_fd,
                 process_group=0,
                 umask=JOB_UMASK,
-                preexec_fn=sandbox.job_preexec(max_processes if isolated else None, user, cgroup),
+                preexec_fn=sandbox.job_preexec(
+                    max_processes if isolated else None, user, cgroup, own_network
+                ),
             )
         except BaseException:
             os.close(read_fd)

@@ -65,6 +65,7 @@ from trainyard_platform.services.runner.git_faults import (
     git_fault,
     git_not_run,
 )
+from trainyard_platform.services.runner.netns import enter_own_network
 from trainyard_platform.services.runner.node_faults import NODE_ERRNOS, node_fault
 from trainyard_platform.shared.bundle_archive import (
     MAX_BUNDLE_MEMBERS,
@@ -244,7 +245,10 @@ PR_SET_PDEATHSIG = 1
 
 
 def job_preexec(
-    max_processes: int | None, user: JobUser | None = None, cgroup: JobCgroup | None = None
+    max_processes: int | None,
+    user: JobUser | None = None,
+    cgroup: JobCgroup | None = None,
+    own_network: bool = False,
 ) -> Callable[[], None] | None:
     """What a process run as the job does before its program: the job's own
     (``process.JobProcess``) and whatever else runs as the job (``AsJob.run``), so this is
@@ -254,6 +258,8 @@ def job_preexec(
       it is still the runner's root (the cgroup's files are root's alone: the job can
       neither leave it nor move into another), and whatever it starts is born inside, so
       nothing of the job ever runs outside;
+    - with ``own_network``, it leaves the host's network for a namespace holding only its
+      own loopback (``netns.enter_own_network``), still root, since that needs it;
     - it becomes ``user`` when that is a user of its own (no supplementary groups, its own
       gid): the switch is done here, not by ``subprocess``, so it comes after the join;
     - it caps the processes (and threads) of that user at ``max_processes`` (None: no cap;
@@ -273,7 +279,7 @@ def job_preexec(
     )
     switch = user is not None and user.uid is not None and user.gid is not None
     join = cgroup.procs_files if cgroup is not None else ()
-    if limit is None and not death_signal and not switch and not join:
+    if limit is None and not death_signal and not switch and not join and not own_network:
         return None
     # Loaded in the parent: loading a library after fork in a threaded parent can hang.
     prctl = ctypes.CDLL(None, use_errno=True).prctl
@@ -288,6 +294,8 @@ def job_preexec(
                 os.write(fd, b"0")  # 0: the writing process itself
             finally:
                 os.close(fd)
+        if own_network:
+            enter_own_network()
         if uid is not None and gid is not None:
             os.setgroups([])
             os.setregid(gid, gid)
@@ -319,6 +327,11 @@ class AsJob:
     processes: ``process.JobProcess``); None: no limit. Only for a user of its own."""
     cgroup: JobCgroup | None = None
     """The attempt's cgroup (its memory and process limits), None where there is none."""
+    own_network: bool = False
+    """Whether it runs in a network of its own, as the job's own processes do
+    (``Sandbox.own_network``): what runs tenant code (the probe of its interpreter, which
+    runs its packages' ``.pth`` files) reaches no more than the job. Never for fetching
+    the job's repository, which needs the network."""
 
     def run(
         self, argv: Sequence[str], *, cwd: Path, timeout: float
@@ -341,7 +354,7 @@ class AsJob:
                 stderr=subprocess.PIPE,
                 process_group=0,
                 umask=0o077,  # as the job's own processes (process.JOB_UMASK)
-                preexec_fn=job_preexec(limit, self.user, self.cgroup),
+                preexec_fn=job_preexec(limit, self.user, self.cgroup, self.own_network),
             ) as process:
                 try:
                     stdout, stderr = _bounded_output(process, argv, timeout)
@@ -416,6 +429,9 @@ class Sandbox:
     user: JobUser
     cgroup: JobCgroup | None = None
     """The attempt's cgroup, which every process run as the job joins (``job_preexec``)."""
+    own_network: bool = False
+    """Whether the job's own processes run in a network of their own, only its loopback
+    (``netns``; ``launch.own_network`` decides)."""
 
     @property
     def code(self) -> Path:
@@ -445,7 +461,11 @@ class Sandbox:
 
 
 def create_sandbox(
-    parent: Path, name: str, user: JobUser, cgroup: JobCgroup | None = None
+    parent: Path,
+    name: str,
+    user: JobUser,
+    cgroup: JobCgroup | None = None,
+    own_network: bool = False,
 ) -> Sandbox:
     """A fresh, empty sandbox (an old one of the same name is removed first)."""
     parent.mkdir(parents=True, exist_ok=True)
@@ -457,7 +477,7 @@ def create_sandbox(
     # job owns what is inside but cannot rename or replace ``checkpoints/`` or the control
     # socket, which the runner (root) reaches by path.
     root.mkdir(mode=0o711 if user.isolated else 0o700)
-    box = Sandbox(root, user, cgroup)
+    box = Sandbox(root, user, cgroup, own_network)
     for folder in (box.code, box.home, box.tmp, box.checkpoints):
         folder.mkdir(mode=0o700)
     return box

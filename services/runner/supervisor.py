@@ -262,6 +262,7 @@ class JobRun:
                 user=self._sandbox.user,
                 max_processes=self._max_processes,
                 cgroup=self._sandbox.cgroup,
+                own_network=self._sandbox.own_network,
             )
         except BaseException:
             self._log_file.close()

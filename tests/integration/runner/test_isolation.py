@@ -15,6 +15,7 @@ import ctypes
 import errno
 import json
 import os
+import socket
 import subprocess
 import textwrap
 import time
@@ -846,3 +847,66 @@ def _beating(beat: Path, over_s: float, uid: int) -> bool:
     if beating:
         subprocess.run(["/bin/kill", "-9", "-1"], user=uid, group=uid, extra_groups=[], check=False)
     return beating
+
+
+PORT_PROBE = textwrap.dedent(
+    """
+    import socket, sys
+    report = {}
+    for name, port in (("host listener", int(sys.argv[1])), ("nats", int(sys.argv[2]))):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            report[name] = "REACHED"
+        except OSError as exc:
+            report[name] = f"refused ({exc.errno})"
+    own = socket.socket()  # what torchrun's store and gloo do between a job's ranks
+    own.bind(("127.0.0.1", 0))
+    own.listen()
+    socket.create_connection(own.getsockname(), timeout=5).close()
+    report["own loopback"] = "REACHED"
+    print("PORTS " + " | ".join(f"{k}: {v}" for k, v in sorted(report.items())), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("network", ["loopback", "host"])
+async def test_a_job_on_one_node_reaches_no_port_of_the_host(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    tmp_path: Path,
+    network: str,
+) -> None:
+    """In a network of its own (``job_network`` ``loopback``, the default) a job reaches
+    neither a port the host listens on at 127.0.0.1 nor NATS, yet its own processes still
+    reach each other on its loopback; with ``host`` it shares the host's network (so this
+    test tells the two apart)."""
+    settings = settings.model_copy(update={"job_network": network})
+    await start_runner(settings)
+    store = open_store(settings.storage.uri)
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        code_folder = tmp_path / "prober"
+        code_folder.mkdir()
+        (code_folder / "probe.py").write_text(PORT_PROBE)
+        code = upload_bundle(store, "team-a", code_folder)
+        nats_port = str(urlparse(settings.nats.url).port)
+        prober = grant(
+            settings.node_id,
+            [str(listener.getsockname()[1]), nats_port],
+            entrypoint="probe.py",
+            code=code,
+        )
+        await publish(bus, prober, settings.node_id)
+        await events.first(JobSucceeded, prober.job_id)
+    finally:
+        listener.close()
+    stream = f"logs/{prober.job_id}/a0001-{settings.node_id}"
+    output = b"".join(
+        store.get_bytes(k) for k in store.list(f"{stream}/") if k.endswith(".log")
+    ).decode()
+    [line] = [x for x in output.splitlines() if x.startswith("PORTS ")]
+    reached = "host listener: REACHED" in line, "nats: REACHED" in line
+    assert reached == ((False, False) if network == "loopback" else (True, True)), line
+    assert "own loopback: REACHED" in line

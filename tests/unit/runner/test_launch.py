@@ -357,3 +357,32 @@ def test_a_checkpoint_over_the_jobs_disk_limit_fails_it_up_front_as_its_own(
     for roomy in (Settings(job_disk_gib=1.0), Settings(job_disk_gib=0)):
         ref = launch.resume_from(GRANT, roomy, store, box)
         assert ref is not None and ref.step == 7
+
+
+@pytest.mark.parametrize(
+    ("network", "nodes", "user", "available", "own"),
+    [
+        ("loopback", 1, JobUser(200_001, 200_001), True, True),
+        ("host", 1, JobUser(200_001, 200_001), True, False),  # the operator's choice
+        ("loopback", 2, JobUser(200_001, 200_001), True, False),  # ranks on other nodes
+        ("loopback", 1, JobUser(None, None), True, False),  # a runner that is not root
+        ("loopback", 1, JobUser(200_001, 200_001), False, False),  # no namespace here
+    ],
+)
+def test_a_job_on_one_node_runs_in_a_network_of_its_own_where_one_can_be_made(
+    monkeypatch: pytest.MonkeyPatch,
+    network: str,
+    nodes: int,
+    user: JobUser,
+    available: bool,
+    own: bool,
+) -> None:
+    monkeypatch.setattr(launch.netns, "available", lambda: available)
+    monkeypatch.setenv("TRAINYARD_RUNNER_ADMIN_TOKEN", "op-token")
+    gang = [
+        GangMember(node_id=f"n{i}", allocation_id=f"a{i}", address="10.0.0.1", gpus=1, first_rank=i)
+        for i in range(nodes)
+    ]
+    grant = ONE_GPU.model_copy(update={"gang": gang if nodes > 1 else []})
+    settings = Settings(job_network=network)  # type: ignore[arg-type]
+    assert launch.own_network(grant, settings, user) is own
