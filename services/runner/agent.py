@@ -249,6 +249,13 @@ class NodeAgent:
         (a runner that is not root)."""
         return self.settings.job_uids if can_switch_users() else None
 
+    @property
+    def job_network(self) -> str:
+        """The network a job on this node alone runs in: ``loopback`` (a namespace of its
+        own, ``netns``) or ``host`` (the setting says so, or this runner cannot make one)."""
+        isolated = self.job_uids is not None and netns.available()
+        return "loopback" if self.settings.job_network == "loopback" and isolated else "host"
+
     def _kill_leftovers(self) -> None:
         if not can_switch_users():
             log.warning(

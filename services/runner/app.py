@@ -1,7 +1,8 @@
 """The runner's HTTP surface: health, readiness, and ``GET /v1/node`` for operators.
 
 ``/v1/node`` shows the node's GPUs, the uids its jobs run as (null where they run as the
-runner's own user) and the jobs it runs now (job and allocation ids, pids):
+runner's own user), the network a job on this node alone runs in (``job_network``:
+``loopback``, a network of its own, or ``host``) and the jobs it runs now (job and allocation ids, pids):
 operators only (403 for users). Authentication is the shared guard (``shared.access``): the
 ``admin_token`` setting or, with ``identity_url``, a user token.
 """
@@ -39,6 +40,7 @@ def create_app(
                 if agent.job_uids is not None
                 else None
             ),
+            "job_network": agent.job_network,
             "running": [
                 {
                     "job_id": run.job.job_id,

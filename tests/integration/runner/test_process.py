@@ -64,6 +64,7 @@ async def test_sigterm_drains_the_jobs_and_reports_them_preempted(
             node = (await client.get("/v1/node", headers=auth)).json()
             assert (await client.get("/healthz")).status_code == 200
         assert node["node_id"] == settings.node_id
+        assert node["job_network"] == ("loopback" if os.geteuid() == 0 else "host")
         assert [r["allocation_id"] for r in node["running"]] == [allocation.allocation_id]
 
         runner.send_signal(signal.SIGTERM)
