@@ -15,7 +15,7 @@ Contract:
   the months, then days and hours again. Answered from those rollups, a report sums
   exactly the hour parts of every ledger entry inside the range.
 - A query that groups or filters by job cannot use the rollups (they hold no job): it is
-  answered from the ledger entries themselves, split with the same ``buckets.split_hours``,
+  answered from the ledger entries themselves, split as the rollups split them (``LedgerEntry.hour_parts``),
   so both paths give the same figures.
 """
 

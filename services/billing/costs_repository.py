@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncpg
 
-from trainyard_platform.services.billing.buckets import floor, split_amounts
+from trainyard_platform.services.billing.buckets import floor
 from trainyard_platform.services.billing.costs import COLUMN, CostQuery, Dimension, pieces
 from trainyard_platform.services.billing.ledger import AMOUNTS, LedgerEntry
 
@@ -84,7 +84,8 @@ _ENTRY = (
 
 
 async def from_ledger(conn: asyncpg.Connection, query: CostQuery) -> list[CostLine]:
-    """The report from the ledger entries overlapping the range, split per hour."""
+    """The report from the ledger entries overlapping the range, split per hour as the
+    rollups split them (``LedgerEntry.hour_parts``)."""
     args: list[Any] = [query.end, query.start]
     where = ["started_at < $1", "ended_at > $2", *_filters(query, args)]
     sums: dict[tuple[Any, ...], tuple[Decimal, ...]] = {}
@@ -94,7 +95,7 @@ async def from_ledger(conn: asyncpg.Connection, query: CostQuery) -> list[CostLi
     ):
         entry = LedgerEntry.from_row(row)
         values = tuple(row[c] for c in columns)
-        for hour, parts in split_amounts(entry.started_at, entry.ended_at, entry.amounts):
+        for hour, parts in entry.hour_parts():
             if not query.start <= hour < query.end:
                 continue
             bucket = floor(hour, query.granularity) if query.granularity else None

@@ -14,9 +14,14 @@ Contract:
   (unit-seconds, the price charged or None for none, cost); its ``cost`` is the sum of
   the three lines' costs.
 - ``rollup_rows(entries)`` is what ``entries`` add to the rollups: per granularity (hour,
-  day, month), bucket and dimensions, the summed parts of ``buckets.split_amounts`` of
-  each entry's ``AMOUNTS``, one row per key, in key order (the order every writer locks
-  rollup rows in). Buckets whose amounts are all zero are left out.
+  day, month), bucket and dimensions, the summed ``hour_parts`` of each entry, one row per
+  key, in key order (the order every writer locks rollup rows in). Buckets whose amounts
+  are all zero are left out.
+- ``entry.hour_parts()`` is the entry's ``AMOUNTS`` per UTC hour: each line (GPU, CPU,
+  memory: time and cost) split by ``buckets.split_amounts``, and ``cost``, the whole, in
+  each hour the sum of its lines' costs there. So every line's hours sum to the line, the
+  whole's to the whole, and no hour of a charge has a negative line (``gpu_cost``, the
+  whole less the CPU and memory costs, included).
 """
 
 from __future__ import annotations
@@ -156,6 +161,22 @@ class LedgerEntry(CpuMemoryLines):
             self.memory_gib_seconds if self.price_per_memory_gib_hour is None else Decimal(0),
         )
 
+    def hour_parts(self) -> list[tuple[datetime, tuple[Decimal, ...]]]:
+        """``AMOUNTS`` per UTC hour (module contract), in order."""
+        lines = list(self.amounts)
+        lines[_COST] = self.gpu_cost  # the whole is never split beside its own lines
+        return [
+            (
+                hour,
+                (
+                    *parts[:_COST],
+                    sum((parts[i] for i in _LINE_COSTS), Decimal(0)),
+                    *parts[_COST + 1 :],
+                ),
+            )
+            for hour, parts in split_amounts(self.started_at, self.ended_at, lines)
+        ]
+
     @property
     def dimensions(self) -> tuple[str, str | None, str, str | None, str, str]:
         """The rollups' key beyond granularity and bucket."""
@@ -222,6 +243,12 @@ is the whole; the ``unpriced_`` ones are the CPU and memory time charged 0 for w
 price."""
 
 
+_COST = AMOUNTS.index("cost")
+_LINE_COSTS = (_COST, AMOUNTS.index("cpu_cost"), AMOUNTS.index("memory_cost"))
+"""Where ``hour_parts`` splits the GPU cost (in the whole's place), and the three line costs
+whose sum is the whole's hour part."""
+
+
 RollupKey = tuple[str, datetime, str, str | None, str, str | None, str, str]
 """(granularity, bucket, team, project, user, queue, flavor, currency)."""
 
@@ -230,7 +257,7 @@ def rollup_sums(entries: Iterable[LedgerEntry]) -> dict[RollupKey, tuple[Decimal
     """Summed ``AMOUNTS`` per rollup key that ``entries`` add."""
     sums: dict[RollupKey, tuple[Decimal, ...]] = {}
     for entry in entries:
-        hours = split_amounts(entry.started_at, entry.ended_at, entry.amounts)
+        hours = entry.hour_parts()
         unit: Unit
         for unit in UNITS:
             for bucket, parts in hours if unit == "hour" else roll_up_amounts(hours, unit):

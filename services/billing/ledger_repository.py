@@ -112,13 +112,18 @@ async def latest_charges(conn: asyncpg.Connection, allocation_id: str) -> list[L
     return [LedgerEntry.from_row(r) for r in rows]
 
 
-async def rollups_missing(conn: asyncpg.Connection) -> bool:
-    """True when the ledger has entries but no rollup does (after the migration that made
-    the ledger from earlier bills)."""
+async def rollups_stale(conn: asyncpg.Connection) -> bool:
+    """True when the rollups must be rebuilt: the ledger has entries but no rollup does
+    (after the migration that made the ledger from earlier bills), or a migration marked
+    them stale (``cost_rollups_stale``: made by a split since changed). Takes the rollups'
+    lock first (for the caller's transaction), so two replicas starting at once rebuild
+    once."""
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", ROLLUP_LOCK)
     return bool(
         await conn.fetchval(
-            "SELECT EXISTS (SELECT 1 FROM ledger_entries) "
-            "AND NOT EXISTS (SELECT 1 FROM cost_rollups)"
+            "SELECT (EXISTS (SELECT 1 FROM ledger_entries) "
+            "        AND NOT EXISTS (SELECT 1 FROM cost_rollups)) "
+            "OR EXISTS (SELECT 1 FROM cost_rollups_stale)"
         )
     )
 
@@ -126,10 +131,11 @@ async def rollups_missing(conn: asyncpg.Connection) -> bool:
 async def rebuild_rollups(conn: asyncpg.Connection, batch: int = 5000) -> int:
     """Recompute every rollup from the ledger (in the caller's transaction); returns the
     number of entries folded in. The rollups table is locked meanwhile, so no append can
-    interleave."""
+    interleave. They are no longer stale (``rollups_stale``) once it commits."""
     await conn.execute("SELECT pg_advisory_xact_lock($1)", ROLLUP_LOCK)  # appends' order
     await conn.execute("LOCK TABLE cost_rollups IN EXCLUSIVE MODE")
     await conn.execute("DELETE FROM cost_rollups")
+    await conn.execute("DELETE FROM cost_rollups_stale")
     folded = 0
     chunk: list[LedgerEntry] = []
     async for row in conn.cursor(f"SELECT {_COLUMNS} FROM ledger_entries ORDER BY entry_id"):

@@ -42,10 +42,11 @@ async def seed_prices(pool: asyncpg.Pool, settings: Settings) -> None:
 
 
 async def ensure_rollups(pool: asyncpg.Pool) -> None:
-    """Build the rollups from the ledger when it has entries and they have none (the first
-    start after the migration that turned earlier bills into ledger entries)."""
+    """Build the rollups from the ledger when they are stale (``ledger.rollups_stale``: the
+    ledger has entries and they have none, the first start after the migration that turned
+    earlier bills into ledger entries; or a migration marked them stale)."""
     async with pool.acquire() as conn, conn.transaction():
-        if await ledger.rollups_missing(conn):
+        if await ledger.rollups_stale(conn):
             folded = await ledger.rebuild_rollups(conn)
             log.info("cost rollups built from %d ledger entries", folded)
 

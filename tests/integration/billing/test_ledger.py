@@ -227,6 +227,26 @@ async def test_rollups_equal_the_ledger_sum_and_are_rebuilt_identically(
     assert await _rollups(pool) == kept
 
 
+async def test_rollups_a_migration_marks_stale_are_rebuilt_once_at_start(
+    pool: asyncpg.Pool,
+) -> None:
+    """Migration 0012 marks the rollups of an earlier split stale (``cost_rollups_stale``):
+    the service's start rebuilds them from the ledger, once, whatever appends came since."""
+    for n in range(3):
+        await bill(pool, released(f"s{n}", length=timedelta(minutes=50 + 7 * n)))
+    kept = await _rollups(pool)
+    await pool.execute("DELETE FROM cost_rollups_stale")
+    await ensure_rollups(pool)  # not stale: nothing rebuilt
+    # An hour as the earlier split could leave it, then the mark the migration leaves.
+    await pool.execute("UPDATE cost_rollups SET cost = cost + 0.000001 WHERE granularity = 'hour'")
+    await ensure_rollups(pool)
+    assert await _rollups(pool) != kept
+    await pool.execute("INSERT INTO cost_rollups_stale (reason) VALUES ('test')")
+    await ensure_rollups(pool)
+    assert await _rollups(pool) == kept
+    assert await pool.fetchval("SELECT count(*) FROM cost_rollups_stale") == 0
+
+
 async def test_bills_from_before_the_ledger_become_charges_with_rollups(
     database_url: str, tmp_path: Path
 ) -> None:

@@ -6,17 +6,19 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainyard_platform.services.billing.buckets import (
     Part,
+    apportion,
     floor,
     next_bucket,
     roll_up,
     split_hours,
 )
 from trainyard_platform.services.billing.domain import cost, gpu_seconds
+from trainyard_platform.services.billing.ledger import AMOUNTS, LedgerEntry, rollup_rows
 
 T = datetime(2026, 11, 30, 23, 30, tzinfo=UTC)
 
@@ -89,3 +91,95 @@ def test_parts_sum_exactly_and_a_reversal_cancels_every_bucket(
         rolled = roll_up(parts, unit)
         assert sum((p.cost for p in rolled), Decimal(0)) == money
         assert all(p.bucket == floor(p.bucket, unit) for p in rolled)
+
+
+def _entry(
+    start: datetime, end: datetime, gpu_cost: Decimal, cpu_cost: Decimal, memory_cost: Decimal
+) -> LedgerEntry:
+    """A charge whose lines cost these amounts (its ``cost`` their sum, as billed)."""
+    return LedgerEntry(
+        allocation_id="a1", revision=0, kind="charge", job_id="j1", team="ml", project=None,
+        user="ada", queue=None, gpu_flavor="a100", node_id="n1", attempt=None, epoch=None,
+        gpus=1, started_at=start, ended_at=end, outcome="succeeded",
+        gpu_seconds=gpu_seconds(1, start, end), price_per_gpu_hour=Decimal(0), currency="USD",
+        cost=gpu_cost + cpu_cost + memory_cost, cpus=1, memory_gib=1,
+        cpu_seconds=gpu_seconds(1, start, end), price_per_cpu_hour=Decimal("0.01"),
+        cpu_cost=cpu_cost, memory_gib_seconds=gpu_seconds(1, start, end),
+        price_per_memory_gib_hour=Decimal("0.01"), memory_cost=memory_cost,
+    )  # fmt: skip
+
+
+def _hour_lines(rows: list[tuple[object, ...]]) -> list[dict[str, Decimal]]:
+    """The hour rows of ``rollup_rows`` as a report's lines (``gpu_cost`` the whole less
+    the CPU and memory costs, as a report derives it)."""
+    keyed = [dict(zip(AMOUNTS, row[8:], strict=True)) for row in rows if row[0] == "hour"]
+    return [{**r, "gpu_cost": r["cost"] - r["cpu_cost"] - r["memory_cost"]} for r in keyed]
+
+
+def test_an_hour_of_a_charge_never_has_a_negative_gpu_cost() -> None:
+    # The whole (0.000084) split on its own gave the hour from 01:00 0.000015 while its
+    # CPU and memory lines, split on their own, gave 0.000007 and 0.000009: the GPU cost
+    # read as the rest was -0.000001.
+    start = datetime(2026, 1, 1, 0, 30, tzinfo=UTC)
+    entry = _entry(
+        start, start + timedelta(minutes=36, seconds=42), Decimal(0), Decimal("0.000036"),
+        Decimal("0.000048"),
+    )  # fmt: skip
+    lines = _hour_lines(rollup_rows([entry]))
+    assert [r["gpu_cost"] for r in lines] == [Decimal(0), Decimal(0)]
+    assert [r["cost"] for r in lines] == [r["cpu_cost"] + r["memory_cost"] for r in lines]
+    assert sum(r["cost"] for r in lines) == entry.cost
+
+
+micro_amounts = st.integers(0, 10**9).map(lambda n: Decimal(n).scaleb(-6))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    whole=st.decimals(min_value=0, max_value=10**9, places=9, allow_nan=False),
+    weights=st.lists(st.integers(0, 3600 * 10**6), min_size=1, max_size=50).filter(any),
+)
+def test_apportion_never_gives_a_negative_part_and_the_parts_sum_to_the_whole(
+    whole: Decimal, weights: list[int]
+) -> None:
+    parts = apportion(whole, weights)
+    assert len(parts) == len(weights)
+    assert all(p >= 0 for p in parts)
+    assert sum(parts, Decimal(0)) == whole
+    # No time, no share (the last part alone holds what a whole has past 6 places).
+    assert all(p == 0 for p, w in zip(parts[:-1], weights[:-1], strict=True) if w == 0)
+    assert apportion(-whole, weights) == [-p for p in parts]
+    assert apportion(whole, weights) == parts  # deterministic
+
+
+def test_apportion_refuses_weights_that_share_nothing_out() -> None:
+    with pytest.raises(ValueError, match="weights"):
+        apportion(Decimal(1), [0, 0])
+    with pytest.raises(ValueError, match="weights"):
+        apportion(Decimal(1), [2, -1])
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    start=moments,
+    length_us=st.integers(1, 5 * 24 * 3600 * 10**6),
+    gpu_cost=micro_amounts,
+    cpu_cost=micro_amounts,
+    memory_cost=micro_amounts,
+)
+def test_no_hour_day_or_month_of_a_charge_has_a_negative_line_and_each_sums_exactly(
+    start: datetime, length_us: int, gpu_cost: Decimal, cpu_cost: Decimal, memory_cost: Decimal
+) -> None:
+    entry = _entry(
+        start, start + timedelta(microseconds=length_us), gpu_cost, cpu_cost, memory_cost
+    )
+    rows = rollup_rows([entry])
+    for unit in ("hour", "day", "month"):
+        keyed = [dict(zip(AMOUNTS, row[8:], strict=True)) for row in rows if row[0] == unit]
+        for r in keyed:
+            assert all(v >= 0 for v in r.values())
+            assert r["cost"] - r["cpu_cost"] - r["memory_cost"] >= 0
+        for name, whole in zip(AMOUNTS, entry.amounts, strict=True):
+            assert sum((r[name] for r in keyed), Decimal(0)) == whole
+    reversed_rows = rollup_rows([entry, entry.reversal()])
+    assert reversed_rows == []  # a reversal cancels its charge in every bucket
