@@ -22,11 +22,20 @@ it):
   names declares ``merge_patch_request_body(Model)`` (a JSON Merge Patch of the ``PUT``
   body), reads it with ``read_merge_patch`` and judges the document it makes with
   ``patched``, as the ``PUT`` would.
-- A ``PUT`` that creates or replaces, whose caller may first have tried a ``PATCH`` (404:
-  none yet), takes ``If-None-Match: *`` (RFC 9110: create only) as a parameter of type
-  ``IfNoneMatch``, reads it with ``create_only`` and, under the resource's lock, raises
-  ``shared.http_errors.Exists`` (412) when the resource is there: another admin's, made
-  between the two requests, is not replaced. It documents 412 with ``error_responses``.
+- Conditional requests (RFC 9110, section 13), one mechanism for every write of a resource
+  (``PUT``, ``PATCH``, ``DELETE``): the route takes ``If-Match`` and ``If-None-Match`` as
+  parameters of types ``IfMatch`` and ``IfNoneMatch``, reads them with ``preconditions``
+  and, under the resource's lock and before changing anything, calls ``check`` with
+  whether the resource exists: ``If-Match: *`` proceeds only when it does,
+  ``If-None-Match: *`` only when it does not (a ``PUT`` that must create, not replace what
+  another admin made since the caller's ``PATCH`` found none); a false one raises
+  ``shared.http_errors.PreconditionFailed`` (412 naming the header and why). ``If-Match``
+  is judged first (section 13.2.2). A ``PATCH`` or ``DELETE`` of a resource that is not
+  there answers 404 whatever its conditions (section 13.2.1: preconditions are ignored
+  where the request would fail without them), so ``If-Match: *`` changes only a ``PUT``
+  (412 rather than creating). Resources have no entity tags, so ``*`` is the one value
+  either header takes (another: 422 naming the header). Each such route documents 412
+  with ``error_responses``.
 
 CORS (``cors_origins``, from ``TRAINYARD_CORS_ORIGINS``): off unless origins are configured;
 then pages of exactly those origins (the web dashboard's) may call the API from a browser.
@@ -77,6 +86,8 @@ from pydantic import BaseModel
 from trainyard_platform.shared.access import principal_dependency
 from trainyard_platform.shared.http_errors import (
     ErrorBody,
+    FieldError,
+    PreconditionFailed,
     RequestInvalid,
     check_parameters,
     declare_query_parameters,
@@ -95,7 +106,8 @@ ERRORS: Final[Mapping[int, str]] = {
     403: "the caller's role, or team, may not do this",
     404: "no such resource (or none the caller's team may see)",
     409: "conflicts with the resource's current state",
-    412: "a precondition the request sets failed (If-None-Match: * of a resource that exists)",
+    412: "a precondition the request sets failed (If-Match: * of a resource that does not exist,"
+    " If-None-Match: * of one that does), nothing changed",
     413: "request body over this endpoint's limit",
     415: "the body must be Content-Type: application/json (UTF-8)",
     422: "invalid input: every bad field named in errors",
@@ -115,27 +127,69 @@ IfNoneMatch = Annotated[
     str | None,
     HeaderParameter(
         name="If-None-Match",
-        schema_extra={"pattern": r"^\*$"},  # judged by create_only, naming the header
-        description="``*``: create only; 412 when the resource exists, nothing changed",
+        schema_extra={"pattern": r"^\*$"},  # judged by preconditions, naming the header
+        description="``*``: only when the resource does not exist (a PUT creates, never "
+        "replaces); 412 when it does, nothing changed",
     ),
 ]
-"""The ``If-None-Match`` header of a ``PUT`` that must not replace what another change made
-meanwhile (read with ``create_only``)."""
+"""The ``If-None-Match`` header of a write (read with ``preconditions``)."""
+IfMatch = Annotated[
+    str | None,
+    HeaderParameter(
+        name="If-Match",
+        schema_extra={"pattern": r"^\*$"},  # judged by preconditions, naming the header
+        description="``*``: only when the resource exists (a PUT replaces, never creates); "
+        "412 when it does not, nothing changed",
+    ),
+]
+"""The ``If-Match`` header of a write (read with ``preconditions``)."""
 
 
-def create_only(if_none_match: str | None) -> bool:
-    """Whether a ``PUT``'s ``If-None-Match`` (an ``IfNoneMatch`` parameter) asks it to create
-    only (``*``); absent: False. Any other value is ``RequestInvalid`` naming
-    ``If-None-Match``: Trainyard's resources have no entity tags, so ``*`` is the one value
+@dataclass(frozen=True)
+class Preconditions:
+    """What a write's ``If-Match: *`` (``exists``) and ``If-None-Match: *`` (``absent``)
+    ask of its resource (module docstring, "Conditional requests")."""
+
+    exists: bool = False
+    absent: bool = False
+
+    def check(self, what: str, found: bool) -> None:
+        """Raise ``PreconditionFailed`` unless the conditions hold for ``what`` (``the
+        budget of team ml``), ``found`` saying whether it exists now. Call it under the
+        resource's lock, before changing anything."""
+        if self.exists and not found:
+            raise PreconditionFailed(
+                "If-Match",
+                f"{what} does not exist, and If-Match: * asks that it does: nothing changed "
+                "(create it without the header)",
+            )
+        if self.absent and found:
+            raise PreconditionFailed(
+                "If-None-Match",
+                f"{what} exists already, and If-None-Match: * asks that it does not: nothing "
+                "changed (change it with PATCH, or send the request without the header)",
+            )
+
+
+def preconditions(if_match: str | None, if_none_match: str | None) -> Preconditions:
+    """The conditions of a write's ``If-Match`` and ``If-None-Match`` (``IfMatch`` and
+    ``IfNoneMatch`` parameters; absent: none). Any value but ``*`` is ``RequestInvalid``
+    naming the header: Trainyard's resources have no entity tags, so ``*`` is the one value
     understood."""
-    if if_none_match is None:
-        return False
-    if if_none_match.strip() != "*":
-        raise RequestInvalid.one(
-            "If-None-Match",
-            "only * is understood (create only): these resources have no entity tags",
+    errors = [
+        FieldError(
+            field=header,
+            message=f"only * is understood ({meaning}): these resources have no entity tags",
         )
-    return True
+        for header, value, meaning in (
+            ("If-Match", if_match, "only when it exists"),
+            ("If-None-Match", if_none_match, "only when it does not exist"),
+        )
+        if value is not None and value.strip() != "*"
+    ]
+    if errors:
+        raise RequestInvalid(errors)
+    return Preconditions(exists=if_match is not None, absent=if_none_match is not None)
 
 
 def error_responses(*statuses: int) -> dict[int, ResponseSpec]:

@@ -9,8 +9,9 @@ Contract:
 - ``NameTaken`` (a new name that differs only by case from one that exists, where names are
   unique regardless of case: docs/security.md) answers 409, its message as the detail and
   one error naming the field.
-- ``Exists`` (a create-only ``PUT``, ``If-None-Match: *``, of a resource that exists:
-  ``shared.http_app.create_only``) answers 412, its message as the detail; nothing changed.
+- ``PreconditionFailed`` (a conditional request, ``If-Match: *`` or ``If-None-Match: *``,
+  whose condition is false for the resource now: ``shared.http_app.Preconditions``) answers
+  412, its text as the detail and one error naming the header and why; nothing changed.
 - Litestar's HTTP errors keep their status and detail; a 401 adds ``WWW-Authenticate:
   Bearer``.
 - A service's own exceptions answer the status it maps them to, their message as the detail;
@@ -126,17 +127,16 @@ class NameTaken(Exception):
         super().__init__(f"{field}: {self.message}")
 
 
-class Exists(Exception):
-    """A ``PUT`` with ``If-None-Match: *`` (create only) found ``what`` there already,
-    another change having made it meanwhile; answered with 412 and left as it is. Its text:
-    ``<what> exists already (If-None-Match: *): change it with PATCH, or replace it without
-    the header``."""
+class PreconditionFailed(Exception):
+    """A conditional request's ``header`` (``If-Match`` or ``If-None-Match``) is false for
+    the resource now (``shared.http_app.Preconditions``): answered 412 with ``errors``
+    naming ``header`` (``field``) and ``message`` (why), and left as it is. Its text:
+    ``<header>: <message>``."""
 
-    def __init__(self, what: str) -> None:
-        super().__init__(
-            f"{what} exists already (If-None-Match: *): "
-            "change it with PATCH, or replace it without the header"
-        )
+    def __init__(self, header: str, message: str) -> None:
+        self.field = header
+        self.message = message
+        super().__init__(f"{header}: {message}")
 
 
 # --- validation into field errors ------------------------------------------------------------
@@ -482,7 +482,7 @@ def exception_handlers(
     handlers: ExceptionHandlersMap = {
         RequestInvalid: _invalid,
         NameTaken: _name_taken,
-        Exists: status_handler(412),
+        PreconditionFailed: _precondition_failed,
         ValidationException: _litestar_invalid,
         HTTPException: http,
         Denied: status_handler(403),
@@ -520,6 +520,10 @@ def _rate_limited(_: AnyRequest, exc: IdentityRateLimited) -> Response[ErrorBody
 
 def _name_taken(_: AnyRequest, exc: NameTaken) -> Response[ErrorBody]:
     return _error(409, str(exc), [FieldError(field=exc.field, message=exc.message)])
+
+
+def _precondition_failed(_: AnyRequest, exc: PreconditionFailed) -> Response[ErrorBody]:
+    return _error(412, str(exc), [FieldError(field=exc.field, message=exc.message)])
 
 
 def _invalid(_: AnyRequest, exc: RequestInvalid) -> Response[ErrorBody]:

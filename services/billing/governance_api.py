@@ -18,10 +18,14 @@
   ``GET|PUT|PATCH|DELETE /v1/budgets/{team}`` and ``/v1/budgets/{team}/{project}``: reads
   for the team's users, writes for its admins and operators. Another team's answers 404.
   ``PUT`` creates (201) or replaces (200) the whole budget, what its body leaves out taking
-  its default (with ``If-None-Match: *`` it only creates: 412 when the budget exists);
-  ``PATCH`` (a JSON Merge Patch of the ``PUT`` body) changes only the fields it names, read
-  and written under the budget's lock, so two admins changing different fields at once
-  both keep their change (404 when there is none: a patch never creates). A change
+  its default; ``PATCH`` (a JSON Merge Patch of the ``PUT`` body) changes only the fields
+  it names, read and written under the budget's lock, so two admins changing different
+  fields at once both keep their change (404 when there is none: a patch never creates).
+  ``PUT``, ``PATCH`` and ``DELETE`` are conditional (``shared.http_app.Preconditions``,
+  judged under the budget's lock): ``If-None-Match: *`` proceeds only when there is no
+  budget (412 when there is: a ``PUT`` only creates), ``If-Match: *`` only when there is
+  one (412 for a ``PUT`` when there is none; a ``PATCH`` or ``DELETE`` of none is 404 as
+  ever). A change
   says the budget's state (``budget.updated``) and any threshold the month's spending has
   reached already (``budget.threshold_crossed``), through the outbox.
 """
@@ -70,16 +74,17 @@ from trainyard_platform.services.billing.report_api import (
 from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import Teams, needs, only_reads
 from trainyard_platform.shared.http_app import (
+    IfMatch,
     IfNoneMatch,
-    create_only,
+    Preconditions,
     error_responses,
     json_request_body,
     merge_patch_request_body,
     patched,
+    preconditions,
     read_merge_patch,
 )
 from trainyard_platform.shared.http_errors import (
-    Exists,
     RequestInvalid,
     parse_body,
     read_json_body,
@@ -366,18 +371,17 @@ def governance_routes(
         teams: Teams,
         team: str,
         project: str | None,
-        if_none_match: str | None,
+        conditions: Preconditions,
     ) -> Response[BudgetView]:
         team_to_read(principal, team, "budget")
-        creating = create_only(if_none_match)
         body: BudgetRequest = await _body(BudgetRequest, request)
         if principal.is_operator:  # a user's own team exists; an operator's may not
             await teams.require(team, "team")
         now = clock()
         async with pool.acquire() as conn, conn.transaction():
             await budgets_repo.lock(conn, [(team, project)])  # budget_watch: in turns
-            if creating and await budgets_repo.get(conn, team, project) is not None:
-                raise Exists(f"the budget of {_scope(team, project)}")
+            found = await budgets_repo.get(conn, team, project) is not None
+            conditions.check(f"the budget of {_scope(team, project)}", found)
             view, created = await _write(conn, principal, team, project, body, now)
             await audit.record(
                 conn, principal, "put budget", _scope(team, project), body.model_dump(mode="json")
@@ -385,7 +389,11 @@ def governance_routes(
         return Response(view, status_code=201 if created else 200)
 
     async def _patch(
-        request: AnyRequest, principal: Caller, team: str, project: str | None
+        request: AnyRequest,
+        principal: Caller,
+        team: str,
+        project: str | None,
+        conditions: Preconditions,
     ) -> BudgetView:
         team_to_read(principal, team, "budget")
         changes = await read_merge_patch(request, BODY_MAX_BYTES, free_text=lambda path: True)
@@ -400,19 +408,24 @@ def governance_routes(
                     f"no budget of {_scope(team, project)}; create it with PUT "
                     f"/v1/budgets/{team}{'' if project is None else '/' + project}"
                 )
+            conditions.check(f"the budget of {_scope(team, project)}", True)
             body = patched(BudgetRequest, request_of(current), changes)
             view, _ = await _write(conn, principal, team, project, body, now)
             await audit.record(conn, principal, "patch budget", _scope(team, project), changes)
         return view
 
-    async def _delete(principal: Principal, team: str, project: str | None) -> None:
+    async def _delete(
+        principal: Principal, team: str, project: str | None, conditions: Preconditions
+    ) -> None:
         team_to_read(principal, team, "budget")
         now = clock()
         async with pool.acquire() as conn, conn.transaction():
             await budgets_repo.lock(conn, [(team, project)])
-            budget = await budgets_repo.delete(conn, team, project)
+            budget = await budgets_repo.get(conn, team, project)
             if budget is None:
                 raise NotFoundException(f"no budget of {_scope(team, project)}")
+            conditions.check(f"the budget of {_scope(team, project)}", True)
+            await budgets_repo.delete(conn, team, project)
             await budget_watch.say_state(conn, budget, now, deleted=True)
             await audit.record(conn, principal, "delete budget", _scope(team, project), {})
 
@@ -420,7 +433,8 @@ def governance_routes(
         201: ResponseSpec(BudgetView, description="created", generate_examples=False),
         **error_responses(404, 412, 413, 415, 422),
     }
-    patch_responses = error_responses(404, 413, 415)
+    patch_responses = error_responses(404, 412, 413, 415)
+    delete_responses = error_responses(404, 412)
     example = {"amount": "1000", "thresholds": [50, 80, 100], "policy": "warn"}
 
     @get("/v1/budgets/{team:str}", responses=error_responses(404))
@@ -444,11 +458,14 @@ def governance_routes(
         request: AnyRequest,
         principal: Caller,
         teams: TeamCheck,
+        if_match: IfMatch = None,
         if_none_match: IfNoneMatch = None,
     ) -> Response[BudgetView]:
         """Create the budget (201) or replace it whole (200); with ``If-None-Match: *``
-        only create it: 412 when it exists, nothing changed."""
-        return await _put(request, principal, teams, team, None, if_none_match)
+        only create it (412 when it exists), with ``If-Match: *`` only replace it (412 when
+        there is none); nothing changed on a 412."""
+        conditions = preconditions(if_match, if_none_match)
+        return await _put(request, principal, teams, team, None, conditions)
 
     @put(
         "/v1/budgets/{team:str}/{project:str}",
@@ -462,10 +479,12 @@ def governance_routes(
         request: AnyRequest,
         principal: Caller,
         teams: TeamCheck,
+        if_match: IfMatch = None,
         if_none_match: IfNoneMatch = None,
     ) -> Response[BudgetView]:
         """As ``PUT /v1/budgets/{team}``, of the project's budget."""
-        return await _put(request, principal, teams, team, project, if_none_match)
+        conditions = preconditions(if_match, if_none_match)
+        return await _put(request, principal, teams, team, project, conditions)
 
     @patch(
         "/v1/budgets/{team:str}",
@@ -474,13 +493,19 @@ def governance_routes(
         responses=patch_responses,
     )
     async def patch_team_budget(
-        team: TeamPath, request: AnyRequest, principal: Caller
+        team: TeamPath,
+        request: AnyRequest,
+        principal: Caller,
+        if_match: IfMatch = None,
+        if_none_match: IfNoneMatch = None,
     ) -> BudgetView:
         """Change only the fields the body names (a JSON Merge Patch, RFC 7396, of the
         ``PUT`` body: ``{"policy": "refuse"}``; ``null`` puts a field back to its default);
         the rest stays, whatever another change made of it meanwhile. 404 when there is no
-        budget: a patch never creates one."""
-        return await _patch(request, principal, team, None)
+        budget: a patch never creates one. 412 with ``If-None-Match: *`` (the budget
+        exists), nothing changed."""
+        conditions = preconditions(if_match, if_none_match)
+        return await _patch(request, principal, team, None, conditions)
 
     @patch(
         "/v1/budgets/{team:str}/{project:str}",
@@ -489,24 +514,42 @@ def governance_routes(
         responses=patch_responses,
     )
     async def patch_project_budget(
-        team: TeamPath, project: ProjectPath, request: AnyRequest, principal: Caller
+        team: TeamPath,
+        project: ProjectPath,
+        request: AnyRequest,
+        principal: Caller,
+        if_match: IfMatch = None,
+        if_none_match: IfNoneMatch = None,
     ) -> BudgetView:
         """As ``PATCH /v1/budgets/{team}``, of the project's budget."""
-        return await _patch(request, principal, team, project)
+        conditions = preconditions(if_match, if_none_match)
+        return await _patch(request, principal, team, project, conditions)
 
-    @delete("/v1/budgets/{team:str}", opt=needs(Role.ADMIN), responses=error_responses(404))
-    async def delete_team_budget(team: TeamPath, principal: Caller) -> None:
-        await _delete(principal, team, None)
+    @delete("/v1/budgets/{team:str}", opt=needs(Role.ADMIN), responses=delete_responses)
+    async def delete_team_budget(
+        team: TeamPath,
+        principal: Caller,
+        if_match: IfMatch = None,
+        if_none_match: IfNoneMatch = None,
+    ) -> None:
+        """Delete the budget (404 when there is none; 412 with ``If-None-Match: *``, the
+        budget existing, nothing deleted)."""
+        await _delete(principal, team, None, preconditions(if_match, if_none_match))
 
     @delete(
         "/v1/budgets/{team:str}/{project:str}",
         opt=needs(Role.ADMIN),
-        responses=error_responses(404),
+        responses=delete_responses,
     )
     async def delete_project_budget(
-        team: TeamPath, project: ProjectPath, principal: Caller
+        team: TeamPath,
+        project: ProjectPath,
+        principal: Caller,
+        if_match: IfMatch = None,
+        if_none_match: IfNoneMatch = None,
     ) -> None:
-        await _delete(principal, team, project)
+        """As ``DELETE /v1/budgets/{team}``, of the project's budget."""
+        await _delete(principal, team, project, preconditions(if_match, if_none_match))
 
     return [
         list_prices,

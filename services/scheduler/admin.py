@@ -21,9 +21,13 @@ Contract:
   still heartbeats, or the scheduler has not yet declared it lost) and for one that still
   holds a live allocation or GPU lease (naming the jobs). Retiring a retired node changes
   nothing. Its next heartbeat makes it an ordinary node again (``repo.upsert_node``).
-- ``put_queue`` and ``put_priority_class`` with ``create_only`` (``If-None-Match: *``)
-  create only: one that exists, made by another change since the caller found none, raises
-  ``shared.http_errors.Exists`` (412), judged under the lock, and is kept as it is.
+- Every ``put_*``, ``patch_*`` and ``delete_*`` of a flavor, cohort, queue or priority
+  class takes the request's ``conditions`` (``shared.http_app.Preconditions``: ``If-Match:
+  *``, ``If-None-Match: *``), judged under the lock before anything changes: a false one
+  raises ``shared.http_errors.PreconditionFailed`` (412) and the resource is kept as it is
+  (a ``PUT`` with ``If-None-Match: *`` only creates: one another change made since the
+  caller found none is not replaced). A ``patch_*`` or ``delete_*`` of an absent name is
+  ``NotFound`` whatever its conditions.
 - ``patch_queue`` and ``patch_priority_class`` change only the fields a JSON Merge Patch
   names (RFC 7396: ``null`` puts a field back to its default); the result is judged as the
   ``PUT`` of it would be, read and written under the lock. A patch never creates (404).
@@ -82,12 +86,15 @@ from trainyard_platform.services.scheduler.schemas import NodeCordonView, cordon
 from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import Teams
 from trainyard_platform.shared.events.payloads import FlavorDeclared, FlavorRetired
-from trainyard_platform.shared.http_app import patched
-from trainyard_platform.shared.http_errors import Exists, FieldError, RequestInvalid
+from trainyard_platform.shared.http_app import Preconditions, patched
+from trainyard_platform.shared.http_errors import FieldError, RequestInvalid
 from trainyard_platform.shared.identity import Principal
 
 _SHOWN = 5
 """How many of the things that block a delete its ``Conflict`` names (then "and N more")."""
+
+NO_CONDITIONS = Preconditions()
+"""A write that sets no condition (``If-Match`` or ``If-None-Match``)."""
 
 
 class NotFound(Exception):
@@ -133,10 +140,15 @@ def _few(names: Sequence[str]) -> str:
 
 
 async def put_flavor(
-    pool: asyncpg.Pool, name: str, body: FlavorRequest, by: Principal
+    pool: asyncpg.Pool,
+    name: str,
+    body: FlavorRequest,
+    by: Principal,
+    conditions: Preconditions = NO_CONDITIONS,
 ) -> tuple[FlavorView, bool]:
     check_name(name, FLAVOR_PATTERN)
     async with _writing(pool, by, "put flavor", name, body) as conn:
+        conditions.check(f"flavor {name}", await admin_repo.flavor(conn, name) is not None)
         created = await admin_repo.upsert_flavor(conn, name, body.description)
         row = await admin_repo.flavor(conn, name)
         revision = await admin_repo.next_flavor_revision(conn)
@@ -151,10 +163,13 @@ async def put_flavor(
     return flavor_view(row), created
 
 
-async def delete_flavor(pool: asyncpg.Pool, name: str, by: Principal) -> None:
+async def delete_flavor(
+    pool: asyncpg.Pool, name: str, by: Principal, conditions: Preconditions = NO_CONDITIONS
+) -> None:
     async with _writing(pool, by, "delete flavor", name) as conn:
         if await admin_repo.flavor(conn, name) is None:
             raise NotFound(f"no flavor {name}")
+        conditions.check(f"flavor {name}", True)
         _refuse_if_used(
             f"flavor {name}",
             {
@@ -244,21 +259,29 @@ async def _node_cordon(conn: asyncpg.Connection, node_id: str) -> NodeCordonView
 
 
 async def put_cohort(
-    pool: asyncpg.Pool, name: str, body: CohortRequest, by: Principal
+    pool: asyncpg.Pool,
+    name: str,
+    body: CohortRequest,
+    by: Principal,
+    conditions: Preconditions = NO_CONDITIONS,
 ) -> tuple[CohortView, bool]:
     check_name(name)
     async with _writing(pool, by, "put cohort", name, body) as conn:
+        conditions.check(f"cohort {name}", await admin_repo.cohort(conn, name) is not None)
         created = await admin_repo.upsert_cohort(conn, name, body.description)
         row = await admin_repo.cohort(conn, name)
     assert row is not None
     return cohort_view(row), created
 
 
-async def delete_cohort(pool: asyncpg.Pool, name: str, by: Principal) -> None:
+async def delete_cohort(
+    pool: asyncpg.Pool, name: str, by: Principal, conditions: Preconditions = NO_CONDITIONS
+) -> None:
     async with _writing(pool, by, "delete cohort", name) as conn:
         row = await admin_repo.cohort(conn, name)
         if row is None:
             raise NotFound(f"no cohort {name}")
+        conditions.check(f"cohort {name}", True)
         _refuse_if_used(f"cohort {name}", {"queues": list(row["queues"])})
         await admin_repo.delete_cohort(conn, name)
 
@@ -294,9 +317,9 @@ async def put_queue(
     body: QueueRequest,
     by: Principal,
     teams: Teams | None = None,
-    create_only: bool = False,
+    conditions: Preconditions = NO_CONDITIONS,
 ) -> tuple[QueueConfigView, bool]:
-    """Create or replace queue ``name`` (``create_only``: ``Exists`` when there is one). A
+    """Create or replace queue ``name`` (``conditions``: module contract). A
     queue for a team the scheduler has never seen (no queue of it, not even the implicit one
     its first job makes, which came through submission) is checked with ``teams`` once the
     rest of the request is valid (None: the caller vouches for the team, as the scheduler's
@@ -307,20 +330,22 @@ async def put_queue(
             await _check_references(conn, body)
             seen = await admin_repo.queue_of_team(conn, body.team) is not None
             replaced = await admin_repo.queue(conn, name) is not None
-        if create_only and replaced:
-            raise Exists(f"queue {name}")
+        conditions.check(f"queue {name}", replaced)  # before asking another service
         # Asked outside the scheduling lock: it is a request to another service.
         if not seen and not replaced:
             await teams.require(body.team, "team")
     async with _writing(pool, by, "put queue", name, body) as conn:
-        if create_only and await admin_repo.queue(conn, name) is not None:
-            raise Exists(f"queue {name}")
+        conditions.check(f"queue {name}", await admin_repo.queue(conn, name) is not None)
         await _check_references(conn, body)
         return await _write_queue(conn, name, body)
 
 
 async def patch_queue(
-    pool: asyncpg.Pool, name: str, patch: Mapping[str, Any], by: Principal
+    pool: asyncpg.Pool,
+    name: str,
+    patch: Mapping[str, Any],
+    by: Principal,
+    conditions: Preconditions = NO_CONDITIONS,
 ) -> QueueConfigView:
     """Change the fields of queue ``name`` that ``patch`` names (JSON Merge Patch of its
     ``PUT`` body, ``shared.merge_patch``) and keep the rest, read and written under the
@@ -331,6 +356,7 @@ async def patch_queue(
         row = await admin_repo.queue(conn, name)
         if row is None:
             raise NotFound(f"no queue {name}; create it with PUT /v1/admin/queues/{name}")
+        conditions.check(f"queue {name}", True)
         current = queue_config_view(row, await admin_repo.quotas(conn, [name]))
         body = patched(QueueRequest, queue_request_of(current), patch)
         await _check_references(conn, body)
@@ -369,11 +395,14 @@ async def _write_queue(
     return queue_config_view(row, await admin_repo.quotas(conn, [name])), created
 
 
-async def delete_queue(pool: asyncpg.Pool, name: str, by: Principal) -> None:
+async def delete_queue(
+    pool: asyncpg.Pool, name: str, by: Principal, conditions: Preconditions = NO_CONDITIONS
+) -> None:
     async with _writing(pool, by, "delete queue", name) as conn:
         row = await admin_repo.queue(conn, name)
         if row is None:
             raise NotFound(f"no queue {name}")
+        conditions.check(f"queue {name}", True)
         _refuse_if_used(
             f"queue {name}", {"unfinished jobs": await admin_repo.unfinished_jobs(conn, queue=name)}
         )
@@ -443,19 +472,22 @@ async def put_priority_class(
     name: str,
     body: PriorityClassRequest,
     by: Principal,
-    create_only: bool = False,
+    conditions: Preconditions = NO_CONDITIONS,
 ) -> tuple[PriorityClassView, bool]:
-    """Create or replace priority class ``name`` (``create_only``: ``Exists`` when there is
-    one)."""
+    """Create or replace priority class ``name`` (``conditions``: module contract)."""
     check_name(name)
     async with _writing(pool, by, "put priority-class", name, body) as conn:
-        if create_only and await admin_repo.priority_class(conn, name) is not None:
-            raise Exists(f"priority class {name}")
+        found = await admin_repo.priority_class(conn, name) is not None
+        conditions.check(f"priority class {name}", found)
         return await _write_priority_class(conn, name, body)
 
 
 async def patch_priority_class(
-    pool: asyncpg.Pool, name: str, patch: Mapping[str, Any], by: Principal
+    pool: asyncpg.Pool,
+    name: str,
+    patch: Mapping[str, Any],
+    by: Principal,
+    conditions: Preconditions = NO_CONDITIONS,
 ) -> PriorityClassView:
     """Change the fields of priority class ``name`` that ``patch`` names, keep the rest (as
     ``patch_queue``)."""
@@ -466,6 +498,7 @@ async def patch_priority_class(
             raise NotFound(
                 f"no priority class {name}; create it with PUT /v1/admin/priority-classes/{name}"
             )
+        conditions.check(f"priority class {name}", True)
         current = priority_class_view(row).model_dump(exclude={"name"})
         body = patched(PriorityClassRequest, current, patch)
         view, _ = await _write_priority_class(conn, name, body)
@@ -483,10 +516,13 @@ async def _write_priority_class(
     return priority_class_view(row), created
 
 
-async def delete_priority_class(pool: asyncpg.Pool, name: str, by: Principal) -> None:
+async def delete_priority_class(
+    pool: asyncpg.Pool, name: str, by: Principal, conditions: Preconditions = NO_CONDITIONS
+) -> None:
     async with _writing(pool, by, "delete priority-class", name) as conn:
         if await admin_repo.priority_class(conn, name) is None:
             raise NotFound(f"no priority class {name}")
+        conditions.check(f"priority class {name}", True)
         unfinished = await admin_repo.unfinished_jobs(conn, priority_class=name)
         _refuse_if_used(f"priority class {name}", {"unfinished jobs": unfinished})
         await admin_repo.delete_priority_class(conn, name)

@@ -12,8 +12,12 @@ Contract:
 - They read and write PostgreSQL directly, so they work on every replica, leader or not.
 - Admin routes: ``GET /v1/admin/flavors``, ``GET|PUT|DELETE /v1/admin/flavors/{name}``, and
   the same for ``cohorts``, ``queues`` and ``priority-classes``; ``PATCH`` of a queue or a
-  priority class changes only the fields its JSON Merge Patch names (404 when there is none),
-  and their ``PUT`` with ``If-None-Match: *`` only creates (412 when it exists). The four lists come a page at
+  priority class changes only the fields its JSON Merge Patch names (404 when there is none).
+  Every ``PUT``, ``PATCH`` and ``DELETE`` of them is conditional
+  (``shared.http_app.Preconditions``): with ``If-None-Match: *`` it proceeds only when the
+  resource does not exist (a ``PUT`` only creates; 412 when it exists), with ``If-Match:
+  *`` only when it does (412 for a ``PUT`` of none; a ``PATCH`` or ``DELETE`` of none is
+  404 as ever). The four lists come a page at
   a time (``shared.paging``: ``limit`` 1 to ``ADMIN_PAGE_MAX``, default 100, the next page in
   ``Link: <...>; rel="next"``). ``PUT`` creates (201) or
   replaces (200) and returns the resource; ``DELETE`` answers 204, or 409 naming what still
@@ -79,11 +83,12 @@ from trainyard_platform.shared import paging
 from trainyard_platform.shared.access import Teams, needs
 from trainyard_platform.shared.audit import audit_route
 from trainyard_platform.shared.http_app import (
+    IfMatch,
     IfNoneMatch,
-    create_only,
     error_responses,
     json_request_body,
     merge_patch_request_body,
+    preconditions,
     read_merge_patch,
     service_app,
 )
@@ -113,10 +118,14 @@ def _created(view: Any, created: bool) -> Response[Any]:
 
 def _put_responses(view: type[Any], *more: int) -> dict[int, ResponseSpec]:
     """A ``PUT``: 201 created besides 200 replaced; 409 when the change contradicts the
-    configuration in place, 413 for a body over ``ADMIN_BODY_MAX_BYTES``; ``more``: its own
-    (412 where it takes ``If-None-Match: *``)."""
+    configuration in place, 412 for a precondition (``If-Match``, ``If-None-Match``) that
+    fails, 413 for a body over ``ADMIN_BODY_MAX_BYTES``; ``more``: its own."""
     created = ResponseSpec(view, description="created", generate_examples=False)
-    return {201: created, **error_responses(409, 413, 415, *more)}
+    return {201: created, **error_responses(409, 412, 413, 415, *more)}
+
+
+DELETE_RESPONSES = error_responses(404, 409, 412)
+"""A ``DELETE``: 404 for none, 409 naming what still uses it, 412 for a precondition."""
 
 
 def admin_router(pool: asyncpg.Pool) -> Router:
@@ -143,13 +152,22 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         name: Annotated[str, PathParameter(schema_extra={"pattern": FLAVOR_PATTERN})],
         request: AnyRequest,
         principal: Caller,
+        if_match: IfMatch = None,
+        if_none_match: IfNoneMatch = None,
     ) -> Response[FlavorView]:
+        conditions = preconditions(if_match, if_none_match)
         body = await _body(FlavorRequest, request)
-        return _created(*await admin.put_flavor(pool, name, body, principal))
+        return _created(*await admin.put_flavor(pool, name, body, principal, conditions))
 
-    @delete("/flavors/{name:str}", opt=needs(Role.OPERATOR), responses=error_responses(404, 409))
-    async def delete_flavor(name: FromPath[str], principal: Caller) -> None:
-        await admin.delete_flavor(pool, name, principal)
+    @delete("/flavors/{name:str}", opt=needs(Role.OPERATOR), responses=DELETE_RESPONSES)
+    async def delete_flavor(
+        name: FromPath[str],
+        principal: Caller,
+        if_match: IfMatch = None,
+        if_none_match: IfNoneMatch = None,
+    ) -> None:
+        conditions = preconditions(if_match, if_none_match)
+        await admin.delete_flavor(pool, name, principal, conditions)
 
     @get("/cohorts")
     async def list_cohorts(
@@ -174,13 +192,22 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
         request: AnyRequest,
         principal: Caller,
+        if_match: IfMatch = None,
+        if_none_match: IfNoneMatch = None,
     ) -> Response[CohortView]:
+        conditions = preconditions(if_match, if_none_match)
         body = await _body(CohortRequest, request)
-        return _created(*await admin.put_cohort(pool, name, body, principal))
+        return _created(*await admin.put_cohort(pool, name, body, principal, conditions))
 
-    @delete("/cohorts/{name:str}", opt=needs(Role.OPERATOR), responses=error_responses(404, 409))
-    async def delete_cohort(name: FromPath[str], principal: Caller) -> None:
-        await admin.delete_cohort(pool, name, principal)
+    @delete("/cohorts/{name:str}", opt=needs(Role.OPERATOR), responses=DELETE_RESPONSES)
+    async def delete_cohort(
+        name: FromPath[str],
+        principal: Caller,
+        if_match: IfMatch = None,
+        if_none_match: IfNoneMatch = None,
+    ) -> None:
+        conditions = preconditions(if_match, if_none_match)
+        await admin.delete_cohort(pool, name, principal, conditions)
 
     @get("/queues")
     async def list_queues(
@@ -200,41 +227,54 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         "/queues/{name:str}",
         opt=needs(Role.OPERATOR),
         operation_class=json_request_body(QueueRequest),
-        responses=_put_responses(QueueConfigView, 412),
+        responses=_put_responses(QueueConfigView),
     )
     async def put_queue(
         name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
         request: AnyRequest,
         principal: Caller,
         teams: TeamCheck,
+        if_match: IfMatch = None,
         if_none_match: IfNoneMatch = None,
     ) -> Response[QueueConfigView]:
         """Create the queue (201) or replace it whole (200); with ``If-None-Match: *`` only
-        create it: 412 when it exists, nothing changed."""
-        creating = create_only(if_none_match)
+        create it (412 when it exists), with ``If-Match: *`` only replace it (412 when there
+        is none); nothing changed on a 412."""
+        conditions = preconditions(if_match, if_none_match)
         body = await _body(QueueRequest, request)
-        view, created = await admin.put_queue(pool, name, body, principal, teams, creating)
+        view, created = await admin.put_queue(pool, name, body, principal, teams, conditions)
         return _created(view, created)
 
     @patch(
         "/queues/{name:str}",
         opt=needs(Role.OPERATOR),
         operation_class=merge_patch_request_body(QueueRequest),
-        responses=error_responses(404, 409, 413, 415),
+        responses=error_responses(404, 409, 412, 413, 415),
     )
     async def patch_queue(
         name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
         request: AnyRequest,
         principal: Caller,
+        if_match: IfMatch = None,
+        if_none_match: IfNoneMatch = None,
     ) -> QueueConfigView:
         """Change only the fields the body names (a JSON Merge Patch, RFC 7396, of the
         ``PUT`` body: ``{"weight": 2}``, ``{"quotas": {"a100": {"nominal": 16}}}``, ``null``
-        to remove a quota or put a field back to its default); the rest stays."""
-        return await admin.patch_queue(pool, name, await _patch_body(request), principal)
+        to remove a quota or put a field back to its default); the rest stays. 412 with
+        ``If-None-Match: *`` (the queue exists), nothing changed."""
+        conditions = preconditions(if_match, if_none_match)
+        changes = await _patch_body(request)
+        return await admin.patch_queue(pool, name, changes, principal, conditions)
 
-    @delete("/queues/{name:str}", opt=needs(Role.OPERATOR), responses=error_responses(404, 409))
-    async def delete_queue(name: FromPath[str], principal: Caller) -> None:
-        await admin.delete_queue(pool, name, principal)
+    @delete("/queues/{name:str}", opt=needs(Role.OPERATOR), responses=DELETE_RESPONSES)
+    async def delete_queue(
+        name: FromPath[str],
+        principal: Caller,
+        if_match: IfMatch = None,
+        if_none_match: IfNoneMatch = None,
+    ) -> None:
+        conditions = preconditions(if_match, if_none_match)
+        await admin.delete_queue(pool, name, principal, conditions)
 
     @get("/priority-classes")
     async def list_classes(
@@ -253,40 +293,48 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         "/priority-classes/{name:str}",
         opt=needs(Role.OPERATOR),
         operation_class=json_request_body(PriorityClassRequest),
-        responses=_put_responses(PriorityClassView, 412),
+        responses=_put_responses(PriorityClassView),
     )
     async def put_class(
         name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
         request: AnyRequest,
         principal: Caller,
+        if_match: IfMatch = None,
         if_none_match: IfNoneMatch = None,
     ) -> Response[PriorityClassView]:
         """As ``PUT /v1/admin/queues/{name}``, of a priority class."""
-        creating = create_only(if_none_match)
+        conditions = preconditions(if_match, if_none_match)
         body = await _body(PriorityClassRequest, request)
-        return _created(*await admin.put_priority_class(pool, name, body, principal, creating))
+        return _created(*await admin.put_priority_class(pool, name, body, principal, conditions))
 
     @patch(
         "/priority-classes/{name:str}",
         opt=needs(Role.OPERATOR),
         operation_class=merge_patch_request_body(PriorityClassRequest),
-        responses=error_responses(404, 413, 415),
+        responses=error_responses(404, 412, 413, 415),
     )
     async def patch_class(
         name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
         request: AnyRequest,
         principal: Caller,
+        if_match: IfMatch = None,
+        if_none_match: IfNoneMatch = None,
     ) -> PriorityClassView:
-        """Change only the fields the body names (a JSON Merge Patch of the ``PUT`` body)."""
-        return await admin.patch_priority_class(pool, name, await _patch_body(request), principal)
+        """Change only the fields the body names (a JSON Merge Patch of the ``PUT`` body);
+        conditional as ``PATCH /v1/admin/queues/{name}``."""
+        conditions = preconditions(if_match, if_none_match)
+        changes = await _patch_body(request)
+        return await admin.patch_priority_class(pool, name, changes, principal, conditions)
 
-    @delete(
-        "/priority-classes/{name:str}",
-        opt=needs(Role.OPERATOR),
-        responses=error_responses(404, 409),
-    )
-    async def delete_class(name: FromPath[str], principal: Caller) -> None:
-        await admin.delete_priority_class(pool, name, principal)
+    @delete("/priority-classes/{name:str}", opt=needs(Role.OPERATOR), responses=DELETE_RESPONSES)
+    async def delete_class(
+        name: FromPath[str],
+        principal: Caller,
+        if_match: IfMatch = None,
+        if_none_match: IfNoneMatch = None,
+    ) -> None:
+        conditions = preconditions(if_match, if_none_match)
+        await admin.delete_priority_class(pool, name, principal, conditions)
 
     @post(
         "/nodes/{node_id:str}/cordon",

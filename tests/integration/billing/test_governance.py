@@ -556,6 +556,67 @@ async def test_a_put_with_if_none_match_creates_a_budget_and_never_replaces_one(
     assert [r["action"] for r in actions] == ["put budget"]
 
 
+def precondition_failed(response: httpx.Response) -> dict[str, str]:
+    """A 412's errors by field (the header that failed), its detail naming it too."""
+    assert response.status_code == 412, response.text
+    body = response.json()
+    assert len(body["errors"]) == 1 and body["errors"][0]["field"] in body["detail"], body
+    return {e["field"]: e["message"] for e in body["errors"]}
+
+
+async def test_if_none_match_and_if_match_hold_on_every_write_of_a_budget(
+    pool: asyncpg.Pool, client: httpx.AsyncClient
+) -> None:
+    """RFC 9110: ``If-None-Match: *`` proceeds only when there is no budget, ``If-Match: *``
+    only when there is one, on ``PUT``, ``PATCH`` and ``DELETE`` alike: a false one is 412
+    naming the header and why, nothing changed. (Before, ``PATCH`` and ``DELETE`` ignored
+    both headers, and ``PUT`` ignored ``If-Match``: it created.)"""
+    assert (
+        await client.put("/v1/budgets/ml", json={"amount": "5"}, headers=ML_ADMIN)
+    ).status_code == 201
+    absent_only = {**ML_ADMIN, "If-None-Match": "*"}
+    patched = await client.patch("/v1/budgets/ml", json={"amount": "9"}, headers=absent_only)
+    assert "exists already" in precondition_failed(patched)["If-None-Match"]
+    deleted = await client.delete("/v1/budgets/ml", headers=absent_only)
+    assert "exists already" in precondition_failed(deleted)["If-None-Match"]
+    kept = (await client.get("/v1/budgets/ml", headers=ML_VIEWER)).json()
+    assert kept["amount"] == "5.000000"
+    # If-Match: * of a budget that is not there: a PUT does not create it.
+    existing_only = {**ML_ADMIN, "If-Match": "*"}
+    created = await client.put("/v1/budgets/ml/nlp", json={"amount": "3"}, headers=existing_only)
+    assert "does not exist" in precondition_failed(created)["If-Match"]
+    assert (await client.get("/v1/budgets/ml/nlp", headers=ML_VIEWER)).status_code == 404
+    # A PATCH or DELETE of none is 404 whatever its conditions (RFC 9110, 13.2.1).
+    for method in ("PATCH", "DELETE"):
+        for conditions in (existing_only, absent_only):
+            gone = await client.request(
+                method, "/v1/budgets/ml/nlp", json={"amount": "3"}, headers=conditions
+            )
+            assert gone.status_code == 404, gone.text
+    # Both at once never proceed; If-Match is judged first (RFC 9110, 13.2.2).
+    both = {**ML_ADMIN, "If-Match": "*", "If-None-Match": "*"}
+    assert "If-None-Match" in precondition_failed(
+        await client.put("/v1/budgets/ml", json={"amount": "7"}, headers=both)
+    )
+    assert "If-Match" in precondition_failed(
+        await client.put("/v1/budgets/ml/nlp", json={"amount": "7"}, headers=both)
+    )
+    # Conditions that hold proceed.
+    replaced = await client.put("/v1/budgets/ml", json={"amount": "6"}, headers=existing_only)
+    assert replaced.status_code == 200, replaced.text
+    changed = await client.patch("/v1/budgets/ml", json={"amount": "8"}, headers=existing_only)
+    assert changed.status_code == 200 and changed.json()["amount"] == "8.000000", changed.text
+    assert (await client.delete("/v1/budgets/ml", headers=existing_only)).status_code == 204
+    made = await client.put("/v1/budgets/ml", json={"amount": "2"}, headers=absent_only)
+    assert made.status_code == 201, made.text
+    odd = await client.delete("/v1/budgets/ml", headers={**ML_ADMIN, "If-Match": '"v1"'})
+    assert odd.status_code == 422 and "If-Match" in errors(odd), odd.text
+    actions = await pool.fetch("SELECT action FROM audit_log WHERE target = 'team ml' ORDER BY id")
+    assert [r["action"] for r in actions] == [
+        "put budget", "put budget", "patch budget", "delete budget", "put budget"
+    ]  # fmt: skip
+
+
 async def test_budgets_are_written_by_the_team_s_admins_and_read_by_its_users(
     client: httpx.AsyncClient,
 ) -> None:

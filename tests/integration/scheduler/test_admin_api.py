@@ -843,3 +843,62 @@ async def test_a_put_with_if_none_match_creates_and_never_replaces(
     # Only the two creations (and the cohort) were written and audited.
     actions = [e["action"] for e in (await http.get("/v1/audit", headers=AUTH)).json()]
     assert sorted(actions) == ["put cohort", "put priority-class", "put queue"]
+
+
+def precondition_failed(response: Any) -> dict[str, str]:
+    """A 412's errors by field (the header that failed), its detail naming it too."""
+    assert response.status_code == 412, response.text
+    body = response.json()
+    assert len(body["errors"]) == 1 and body["errors"][0]["field"] in body["detail"], body
+    return {e["field"]: e["message"] for e in body["errors"]}
+
+
+async def test_if_none_match_and_if_match_hold_on_every_admin_write(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    """RFC 9110: ``If-None-Match: *`` proceeds only when the resource does not exist,
+    ``If-Match: *`` only when it does, on every ``PUT``, ``PATCH`` and ``DELETE`` of a
+    flavor, cohort, queue or priority class: a false one is 412 naming the header and why,
+    nothing changed nor audited. (Before, ``PATCH`` and ``DELETE`` ignored both headers,
+    as did the flavors' and cohorts' ``PUT``; ``If-Match`` was ignored everywhere.)"""
+    await known(pool, "vision")
+    absent_only = {**AUTH, "If-None-Match": "*"}
+    existing_only = {**AUTH, "If-Match": "*"}
+    resources = (
+        ("flavors/a100", {"description": "80 GB"}, None),
+        ("cohorts/research", {}, None),
+        ("queues/vision", {"team": "vision", "weight": 2}, {"weight": 3}),
+        ("priority-classes/urgent", {"value": 500, "preemptible": False}, {"value": 7}),
+    )
+    for path, body, change in resources:
+        url = f"/v1/admin/{path}"
+        created = await http.put(url, json=body, headers=existing_only)
+        assert "does not exist" in precondition_failed(created)["If-Match"], path
+        assert (await http.get(url, headers=AUTH)).status_code == 404
+        assert (await http.put(url, json=body, headers=absent_only)).status_code == 201
+        kept = (await http.get(url, headers=AUTH)).json()
+        if change is not None:
+            patched = await http.patch(url, json=change, headers=absent_only)
+            assert "exists already" in precondition_failed(patched)["If-None-Match"], path
+        deleted = await http.delete(url, headers=absent_only)
+        assert "exists already" in precondition_failed(deleted)["If-None-Match"], path
+        assert (await http.get(url, headers=AUTH)).json() == kept
+        replaced = await http.put(url, json=body, headers=existing_only)
+        assert replaced.status_code == 200, replaced.text
+        if change is not None:
+            patched = await http.patch(url, json=change, headers=existing_only)
+            assert patched.status_code == 200, patched.text
+        odd = await http.delete(url, headers={**AUTH, "If-Match": '"v1"'})
+        assert "If-Match" in fields(odd), path
+    audited = len((await http.get("/v1/audit", headers=AUTH)).json())
+    # A DELETE (or PATCH) of none is 404 whatever its conditions (RFC 9110, 13.2.1); with
+    # the conditions holding, each goes ahead.
+    for path, _, change in reversed(resources):
+        url = f"/v1/admin/{path}"
+        assert (await http.delete(url, headers=existing_only)).status_code == 204, path
+        for conditions in (existing_only, absent_only):
+            assert (await http.delete(url, headers=conditions)).status_code == 404, path
+            if change is not None:
+                missing = await http.patch(url, json=change, headers=conditions)
+                assert missing.status_code == 404, path
+    assert len((await http.get("/v1/audit", headers=AUTH)).json()) == audited + 4
