@@ -141,6 +141,7 @@ from types import TracebackType
 from typing import Literal
 
 from trainyard_platform.services.runner import disk_watch
+from trainyard_platform.shared.requirements import requirement_problem, without_credentials
 
 log = logging.getLogger(__name__)
 
@@ -291,8 +292,13 @@ def normalize_requirement(requirement: str) -> str:
     """A textual normal form of a PEP 508 requirement: canonical name, sorted extras,
     whitespace-free sorted version specifiers, marker stripped. Two spellings of the same
     requirement that still differ (say, in a marker's spacing) only cost an extra build.
-    Raises ValueError for anything that does not start with a distribution name (e.g. an
-    installer option) and for a URL that does not name a wheel."""
+    Raises ValueError, naming the requirement and why, for one the submission API would
+    refuse (``shared.requirements``: a ``file:`` URL, a local path, an installer option, a
+    URL that is not a wheel's...): a grant may come from an old job or another producer
+    than the API, and the installer runs as the runner."""
+    problem = requirement_problem(requirement)
+    if problem is not None:
+        raise ValueError(f"requirement {without_credentials(requirement)!r}: {problem}")
     if "\n" in requirement or "\r" in requirement:
         raise ValueError(f"requirement {requirement!r} spans several lines")
     match = _REQUIREMENT.match(requirement)

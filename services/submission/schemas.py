@@ -56,6 +56,11 @@ from trainyard_platform.shared.events.payloads import (
     JobSpec,
 )
 from trainyard_platform.shared.http_errors import FieldError, RequestInvalid, field_errors
+from trainyard_platform.shared.requirements import (
+    CREDENTIALS_IN_URL,
+    has_userinfo,
+    requirement_problem,
+)
 from trainyard_platform.shared.suggest import NOT_JOB_FIELDS, unknown_field
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,100}$"
@@ -102,37 +107,6 @@ GIT_URL = re.compile(
 )
 """``https://host/path``, ``ssh://[user@]host[:port]/path``, ``git://host/path`` or the
 scp form ``user@host:path``: no whitespace, no credentials, nothing option-like."""
-
-_REQ_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
-_REQ_EXTRAS = rf"\[ *{_REQ_NAME}(?: *, *{_REQ_NAME})* *\]"
-_REQ_VERSION = r"(?:===|==|!=|<=|>=|~=|<|>) *[A-Za-z0-9*][A-Za-z0-9.*+!_-]*"
-_REQ_VERSIONS = rf"{_REQ_VERSION}(?: *, *{_REQ_VERSION})*"
-_REQ_URL = r"(?:https|git\+https|git\+ssh)://[^\s;\x00-\x1f\x7f\"'\\]+"
-WHEEL_URL = re.compile(r"https://[^?#]+\.whl(?:[?#]\S*)?", re.IGNORECASE)
-"""The only URL a requirement may name: a wheel. Runners install wheels only (building a
-source distribution or a git checkout runs its code, as the runner)."""
-_MARKER_VAR = (
-    r"(?:python_version|python_full_version|os_name|sys_platform|platform_release"
-    r"|platform_system|platform_version|platform_machine|platform_python_implementation"
-    r"|implementation_name|implementation_version|extra)"
-)
-_MARKER_OP = r"(?:===|==|!=|<=|>=|~=|<|>|not +in|in)"
-_MARKER_STR = r"(?:'[A-Za-z0-9_.*+!<>=~-]*'|\"[A-Za-z0-9_.*+!<>=~-]*\")"
-_MARKER_ATOM = (
-    rf"\(* *(?:{_MARKER_VAR} *{_MARKER_OP} *{_MARKER_STR}"
-    rf"|{_MARKER_STR} *{_MARKER_OP} *{_MARKER_VAR}) *\)*"
-)
-_MARKER = rf"{_MARKER_ATOM}(?: +(?:and|or) +{_MARKER_ATOM})*"
-REQUIREMENT = re.compile(
-    rf"{_REQ_NAME} *(?:{_REQ_EXTRAS})? *"
-    rf"(?:{_REQ_VERSIONS}|\( *{_REQ_VERSIONS} *\)|@ *{_REQ_URL})? *"
-    rf"(?:; *{_MARKER})? *"
-)
-"""A conservative subset of PEP 508: ``name[extras] <versions> ; <marker>`` or
-``name @ https://...`` (which must also be a ``WHEEL_URL``). Spaces are the only whitespace,
-marker strings hold no spaces, and nothing can start with ``-``: a requirement never turns
-into a pip option (``--index-url``, ``-e``, ``--hash``), not even when written to a
-requirements file, where pip splits a line at spaces."""
 
 _IMAGE_DOMAIN = (
     r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
@@ -204,42 +178,10 @@ def program_problem_of_command(program: str) -> str | None:
     return None
 
 
-FILE_SUFFIXES = (".txt", ".in", ".toml", ".cfg", ".lock")
-"""A requirement whose name ends so is a requirements or project file a person meant to
-list the contents of (``requirements.txt``), not a package."""
-
-
 def _requirement(value: str) -> str:
-    if value.lstrip().startswith("-"):
-        raise ValueError("must be a requirement such as 'torch>=2.3', not a pip option")
-    if any(c in value for c in "\r\n\x00"):
-        raise ValueError("must be one line (no newline or NUL)")
-    if re.search(r"@ *file:", value, re.IGNORECASE):
-        raise ValueError("must not install from a file: URL")
-    if not value.strip():
-        raise ValueError("must not be blank")
-    if re.search(r"\s-", value) or not REQUIREMENT.fullmatch(value):
-        raise ValueError(
-            "must be a PEP 508 requirement: name[extras], optional versions "
-            "(torch>=2.3,<3), optional marker (; python_version>='3.11'), or "
-            "name @ https://.../name-1.0-py3-none-any.whl"
-        )
-    name = re.match(r"[A-Za-z0-9._-]+", value.strip())
-    if name is not None and name.group().lower().endswith(FILE_SUFFIXES):
-        # A valid project name, but what a person means is the file's contents.
-        raise ValueError(
-            f"{name.group()!r} is a file name, not a package: list the packages themselves, "
-            "one item each (the lines of a requirements file)"
-        )
-    url = re.search(r"@ *([^\s;]+)", value)
-    # (An ssh URL keeps its login name, git@host: no credential.)
-    if url is not None and url.group(1).startswith("https:") and _has_userinfo(url.group(1)):
-        raise ValueError(WHEEL_CREDENTIALS)
-    if url is not None and not WHEEL_URL.fullmatch(url.group(1)):
-        raise ValueError(
-            "a URL must name a wheel (https://.../name-1.0-py3-none-any.whl): source "
-            "distributions and git URLs are not installed, since building one runs its code"
-        )
+    problem = requirement_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
     return value
 
 
@@ -262,28 +204,10 @@ def _git_url(value: str) -> str:
             "must be an https://, ssh:// or git:// URL or user@host:path, without "
             "whitespace or credentials"
         )
-    if value.startswith(("https://", "git://")) and _has_userinfo(value):
+    if value.startswith(("https://", "git://")) and has_userinfo(value):
         # ssh needs its login name (git@host); https and git take none but a token.
         raise ValueError(CREDENTIALS_IN_URL)
     return value
-
-
-CREDENTIALS_IN_URL = (
-    "must not carry credentials (a user name, token or password before '@' in the host "
-    "part): a job's spec is readable by its whole team and travels in the platform's "
-    "events; give the URL without them"
-)
-WHEEL_CREDENTIALS = (
-    f"{CREDENTIALS_IN_URL} (packages of a private index come through the index the "
-    "operator sets for the runners)"
-)
-
-
-def _has_userinfo(url: str) -> bool:
-    """Whether ``url`` (``scheme://...``) names a user, token or password before its host:
-    ``https://TOKEN@host/...``, ``https://user:password@host/...``."""
-    authority = url.partition("://")[2].split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
-    return "@" in authority
 
 
 def _image(value: str) -> str:

@@ -448,17 +448,23 @@ def test_building_an_environment_runs_no_code_of_its_packages(
     monkeypatch.setenv("TRAINYARD_STORAGE_SECRET_KEY", "not-for-installers")
     markers = tmp_path / "markers"
     markers.mkdir()
-    wheel = _wheel(tmp_path, "pthmarker", _marking(markers))
-    cache = EnvironmentCache(tmp_path / "envs", BASE, installer)
-    env = cache.resolve([f"pthmarker @ {wheel.as_uri()}"])
+    # The wheel comes from a folder the operator names (a job's file: URL is refused).
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _wheel(wheels, "pthmarker", _marking(markers))
+    monkeypatch.setenv("UV_FIND_LINKS", str(wheels))
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    offline = {"UV_NO_INDEX": "1", "PIP_NO_INDEX": "1"}
+    cache = EnvironmentCache(tmp_path / "envs", BASE, installer, installer_env=offline)
+    env = cache.resolve(["pthmarker==1.0"])
     assert "pthmarker==1.0" in env.packages
     assert os.listdir(markers) == [], "a package's .pth ran while its environment was built"
 
     index = tmp_path / "index"
     index.mkdir()
-    sdist = _sdist(index, "trainyard-test-setupmarker", _marking(markers))
-    with pytest.raises(ValueError, match="not a wheel"):
-        cache.resolve([f"trainyard-test-setupmarker @ {sdist.as_uri()}"])
+    _sdist(index, "trainyard-test-setupmarker", _marking(markers))
+    with pytest.raises(ValueError, match="must name a wheel"):
+        cache.resolve(["trainyard-test-setupmarker @ https://example.org/setupmarker-1.0.tar.gz"])
     # The same source distribution found by the installer itself (an index that has no
     # wheel of a package): refused too.
     monkeypatch.setenv("UV_FIND_LINKS", str(index))
