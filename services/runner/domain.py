@@ -24,9 +24,10 @@ import json
 import math
 import re
 import signal
+import sys
 import uuid
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Generic, Literal, TypeVar
@@ -408,16 +409,68 @@ def decide_outcome(
     return Outcome("failed", describe_exit(exit_code), exit_code, "user_error")
 
 
+_COMPENSATED_SUM = sys.version_info >= (3, 12)
+"""Whether ``sum`` adds floats with compensation (Neumaier's), as it does from 3.12."""
+
+
+class RunningMean:
+    """The mean of the values added, in constant memory: for a series as long as the job
+    runs (a GPU sample every few seconds, a report per step), where keeping each value only
+    to average them at the end grows the runner's memory with the job's runtime.
+
+    Contract: ``mean`` is ``sum(values) / len(values)`` of every value added, to the last
+    bit (``sum``'s own float algorithm: compensated from Python 3.12, a plain running sum
+    before), None when none was added."""
+
+    __slots__ = ("_compensation", "_total", "count")
+
+    def __init__(self) -> None:
+        self._total = 0.0
+        self._compensation = 0.0
+        self.count = 0
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> RunningMean:
+        """A mean with ``values`` added."""
+        mean = cls()
+        for value in values:
+            mean.add(value)
+        return mean
+
+    def add(self, value: float) -> None:
+        x = float(value)
+        if _COMPENSATED_SUM:
+            total = self._total + x
+            if abs(self._total) >= abs(x):
+                self._compensation += (self._total - total) + x
+            else:
+                self._compensation += (x - total) + self._total
+            self._total = total
+        else:
+            self._total += x
+        self.count += 1
+
+    @property
+    def mean(self) -> float | None:
+        if not self.count:
+            return None
+        total = self._total
+        # As sum: the compensation never turns an infinite or overflowed sum into NaN.
+        if self._compensation and math.isfinite(self._compensation):
+            total += self._compensation
+        return total / self.count
+
+
 INPUT_BOUND_THRESHOLD = 0.25
 """A job whose loop waits for data more than this share of the time is input-bound."""
 
 
-def input_bound_metrics(data_waits: list[float], runtime_s: float, gpus: int) -> dict[str, float]:
+def input_bound_metrics(data_waits: RunningMean, runtime_s: float, gpus: int) -> dict[str, float]:
     """``data_wait_fraction_mean`` of the job's reports, and for an input-bound job
     ``input_bound`` (1.0) with the GPU-seconds its GPUs spent waiting for data."""
-    if not data_waits:
+    mean = data_waits.mean
+    if mean is None:
         return {}
-    mean = sum(data_waits) / len(data_waits)
     figures = {"data_wait_fraction_mean": mean}
     if mean > INPUT_BOUND_THRESHOLD:
         figures["input_bound"] = 1.0
@@ -443,8 +496,8 @@ what the job itself logged: ``end_metrics`` leaves them out of the job's own, an
 
 def end_metrics(
     reported: Mapping[str, float],
-    utilization: list[float],
-    data_waits: list[float],
+    utilization: RunningMean,
+    data_waits: RunningMean,
     runtime_s: float,
     gpus: int,
 ) -> dict[str, float]:
@@ -452,8 +505,8 @@ def end_metrics(
     reported, but for ``RUNNER_MEASURES``, which only the runner says: the mean of its GPU
     utilisation samples (none: not said) and ``input_bound_metrics`` of the data waits."""
     metrics = {k: v for k, v in reported.items() if k not in RUNNER_MEASURES}
-    if utilization:
-        metrics["gpu_utilization_mean"] = sum(utilization) / len(utilization)
+    if utilization.mean is not None:
+        metrics["gpu_utilization_mean"] = utilization.mean
     return metrics | input_bound_metrics(data_waits, runtime_s, gpus)
 
 

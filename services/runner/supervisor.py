@@ -151,7 +151,9 @@ class JobRun:
         self._usage = usage
         self._gpu_indices = list(gpu_indices)
         self._usage_interval_s = usage_interval_s
-        self._utilization: list[float] = []
+        self._utilization = domain.RunningMean()
+        """The GPU samples' mean: one every ``usage_interval_s`` for as long as the job runs,
+        so none is kept one by one."""
         self._last_step = 0
         self._checkpoints_keep = checkpoints_keep
         self._resumed_from = resumed_from
@@ -206,9 +208,8 @@ class JobRun:
         self._tail = LogTail(log_tail_lines)
         self._last_metrics: dict[str, float] = {}
         self._last_checkpoint: CheckpointRef | None = resumed_from
-        self._data_wait_total = 0.0
-        self._data_wait_count = 0
-        """The job's ``data_wait_fraction`` reports, summed: the job decides how many there
+        self._data_waits = domain.RunningMean()
+        """The job's ``data_wait_fraction`` reports' mean: the job decides how many there
         are, so none is kept one by one."""
         self._process: JobProcess | None = None
         self._log_file: CappedFile | None = None
@@ -512,7 +513,7 @@ class JobRun:
         metrics = domain.end_metrics(
             self._last_metrics,
             self._utilization,
-            [self._data_wait_total / self._data_wait_count] if self._data_wait_count else [],
+            self._data_waits,
             (datetime.now(UTC) - self.started_at).total_seconds(),
             self._gpus,
         )
@@ -666,8 +667,7 @@ class JobRun:
         self._last_metrics.update(message.metrics)
         wait = message.metrics.get("data_wait_fraction")
         if wait is not None and math.isfinite(wait):
-            self._data_wait_total += wait
-            self._data_wait_count += 1
+            self._data_waits.add(wait)
         ready = self._throttle.offer(message, now)
         if ready is not None:
             self._emit_progress(ready)
@@ -706,7 +706,7 @@ class JobRun:
                 await asyncio.sleep(self._usage_interval_s)
                 sample = await asyncio.to_thread(self._usage.sample, self._gpu_indices)
                 if sample:
-                    self._utilization.append(sample["gpu_utilization"])
+                    self._utilization.add(sample["gpu_utilization"])
                     self._record_metrics(self._last_step, sample)
                     usage_metrics.record(self, len(self._gpu_indices), sample["gpu_utilization"])
         finally:

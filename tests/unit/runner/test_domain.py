@@ -294,10 +294,10 @@ def test_non_finite_metrics_are_left_out_of_events_so_consumers_can_parse_them()
 
 
 def test_a_job_that_waits_on_input_is_flagged_with_the_gpu_time_it_wasted() -> None:
-    assert domain.input_bound_metrics([], 100.0, 2) == {}
-    busy = domain.input_bound_metrics([0.1, 0.2], 100.0, 2)
+    assert domain.input_bound_metrics(domain.RunningMean(), 100.0, 2) == {}
+    busy = domain.input_bound_metrics(domain.RunningMean.of([0.1, 0.2]), 100.0, 2)
     assert busy == {"data_wait_fraction_mean": pytest.approx(0.15)}
-    starved = domain.input_bound_metrics([0.5, 0.7], 100.0, 2)
+    starved = domain.input_bound_metrics(domain.RunningMean.of([0.5, 0.7]), 100.0, 2)
     assert starved["input_bound"] == 1.0
     assert starved["gpu_seconds_waiting_for_data"] == pytest.approx(0.6 * 100 * 2)
 
@@ -315,8 +315,12 @@ def test_the_runner_s_measurements_are_its_own_not_the_job_s_metrics() -> None:
         "input_bound": 0.0,
         "gpu_seconds_waiting_for_data": 0.0,
     }
-    assert domain.end_metrics(claimed, [], [], 100.0, 2) == {"loss": 0.1}
-    measured = domain.end_metrics(claimed, [1.0, 3.0], [0.5, 0.7], 100.0, 2)
+    assert domain.end_metrics(claimed, domain.RunningMean(), domain.RunningMean(), 100.0, 2) == {
+        "loss": 0.1
+    }
+    measured = domain.end_metrics(
+        claimed, domain.RunningMean.of([1.0, 3.0]), domain.RunningMean.of([0.5, 0.7]), 100.0, 2
+    )
     assert measured == {
         "loss": 0.1,
         "gpu_utilization_mean": 2.0,

@@ -114,7 +114,9 @@ def test_what_the_runner_measures_is_never_the_jobs_to_report() -> None:
 
 def test_every_measure_the_runner_adds_is_one_the_job_cannot_report() -> None:
     usage = GpuUsage(virtual_inventory(1), nvml=_FakeNvml())
-    added = set(usage.sample([0])) | set(domain.input_bound_metrics([0.9], 10.0, 1))
+    added = set(usage.sample([0])) | set(
+        domain.input_bound_metrics(domain.RunningMean.of([0.9]), 10.0, 1)
+    )
     assert added | {"gpu_utilization_mean"} <= RUNNER_MEASURES
 
 

@@ -4,9 +4,14 @@ reports it sends: the job decides their number, and the runner's memory is every
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from trainyard_platform.services.runner import domain
 from trainyard_platform.services.runner.domain import JobIdentity
 from trainyard_platform.services.runner.supervisor import JobRun
 from trainyard_platform.shared.control import CheckpointMessage, CheckpointRef, MetricsMessage
@@ -31,7 +36,7 @@ def _held(run: JobRun) -> int:
     return total
 
 
-def _run(tmp_path: Path) -> JobRun:
+def _run(tmp_path: Path, usage: Any = None) -> JobRun:
     job = JobIdentity("job-1", "alloc-1", "node-1", 1, 1)
     return JobRun(
         job,
@@ -45,6 +50,9 @@ def _run(tmp_path: Path) -> JobRun:
         progress_interval_s=60.0,
         log_tail_lines=10,
         metrics_points_per_second=1.0,
+        usage=usage,
+        gpu_indices=[0],
+        usage_interval_s=0.0,
     )
 
 
@@ -102,3 +110,59 @@ def _checkpoint(step: int) -> CheckpointMessage:
             sha256="0" * 64,
         )
     )
+
+
+class _Usage:
+    """GPU samples from ``values``, then the end of the sampling."""
+
+    def __init__(self, values: list[float]) -> None:
+        self._values = iter(values)
+
+    def sample(self, indices: Any) -> dict[str, float]:
+        value = next(self._values, None)
+        if value is None:
+            raise _SamplingOver
+        return {"gpu_utilization": value, "gpu_memory_used_bytes": 1.0}
+
+
+class _SamplingOver(Exception):
+    pass
+
+
+def test_gpu_samples_hold_no_memory_per_sample_and_keep_the_same_mean(tmp_path: Path) -> None:
+    """The runner samples a job's GPUs every few seconds for as long as it runs: a week
+    is over 100,000 samples. Before: each was kept in a list only to take their mean at the
+    end. Now a running sum: the run holds as much after 5,000 samples as after 100, and the
+    end's ``gpu_utilization_mean`` is what the mean of the list was, to the last bit."""
+    rng = random.Random(7)
+    samples = [rng.uniform(0.0, 100.0) for _ in range(5_000)]
+
+    async def main(count: int) -> JobRun:
+        run = _run(tmp_path, usage=_Usage(samples[:count]))
+        with contextlib.suppress(_SamplingOver):
+            await run._sample_usage()
+        return run
+
+    few = asyncio.run(main(100))
+    many = asyncio.run(main(len(samples)))
+    assert _held(many) == _held(few)
+    ended = domain.end_metrics({}, many._utilization, many._data_waits, 60.0, 1)
+    assert ended["gpu_utilization_mean"] == sum(samples) / len(samples)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[random.Random(seed).uniform(0.0, 100.0) for _ in range(100_000)] for seed in (1, 2)]
+    + [
+        [1e16, 1.0, -1e16, 3.5] * 1000,
+        [0.1] * 10_000,
+        [random.Random(3).uniform(-1e12, 1e12) for _ in range(10_000)],
+        [5.0],
+        [-0.0],
+    ],
+)
+def test_a_running_mean_is_the_mean_of_its_values_to_the_last_bit(values: list[float]) -> None:
+    mean = domain.RunningMean.of(values)
+    assert mean.count == len(values)
+    assert mean.mean == sum(values) / len(values)
+    assert domain.RunningMean().mean is None
