@@ -8,6 +8,9 @@ its reason (``BundleRefused``):
 - anything that is not a gzip-compressed tar archive (or is cut short);
 - an absolute path, a ``..`` part, an empty name (but for the bundle's own folder, ``./``,
   which ``tar -C code .`` writes first), or a name given twice;
+- a name no file system holds: a folder or file name over ``NAME_MAX`` (255) bytes, a
+  path over ``PATH_MAX`` (4095) bytes, or one nested more than ``MAX_BUNDLE_DEPTH`` (256)
+  levels deep; an entry inside a file (``data`` a file and ``data/x`` too);
 - a hard link to anything but a regular file before it; a device, a FIFO or any other
   special file;
 - a symbolic link with an absolute target, or whose target (through any other links of the
@@ -36,6 +39,15 @@ _HEADER_BYTES: Final = 3 * tarfile.BLOCKSIZE
 """What each entry may add beyond its data (its header, a PAX header, padding)."""
 _LINK_HOPS: Final = 40
 """As many symbolic links as a path may pass through (Linux's own limit)."""
+NAME_MAX: Final = 255
+"""The longest folder or file name (bytes) Linux file systems hold."""
+PATH_MAX: Final = 4095
+"""The longest path (bytes, without the final NUL) Linux takes: a bundle's path is
+unpacked below a folder of the node's, so it must be shorter still there."""
+MAX_BUNDLE_DEPTH: Final = 256
+"""The most levels of folders a bundle's path may have: deeper ones are no project's, and
+unpacking one folder level at a time runs out of stack before it runs out of path."""
+_SHOWN_CHARS: Final = 80
 
 
 class BundleRefused(ValueError):
@@ -78,6 +90,7 @@ def check_bundle(
     names: set[str] = set()
     links: dict[str, str] = {}
     files: set[str] = set()
+    not_folders: set[str] = set()
     unpacked = count = 0
     try:
         with tarfile.open(fileobj=stream, mode="r|") as tar:
@@ -88,9 +101,12 @@ def check_bundle(
                 if member.isdir() and set(member.name.split("/")) <= {"", "."}:
                     continue  # the bundle's own folder (tar -C dir . writes "./" first)
                 name = _relative(member.name)
+                _holdable(name)
                 if name in names:
                     raise BundleRefused(f"{member.name!r} is in it twice")
                 names.add(name)
+                if member.isreg() or member.islnk():
+                    not_folders.add(name)
                 if member.isreg():
                     files.add(name)
                     unpacked += member.size
@@ -128,6 +144,12 @@ def check_bundle(
         through = next((p for p in _parents(name) if p in links), None)
         if through is not None:
             raise BundleRefused(f"{name!r} is inside symbolic link {through!r}")
+        inside = next((p for p in _parents(name) if p in not_folders), None)
+        if inside is not None:
+            raise BundleRefused(
+                f"{shown(name)} is inside file {shown(inside)}: a name cannot be a file and a "
+                "folder both"
+            )
     for name, target in links.items():
         _inside(name, target, links)
 
@@ -142,6 +164,42 @@ def _relative(name: str) -> str:
     if not parts:
         raise BundleRefused(f"an entry has no name ({name!r})")
     return "/".join(parts)
+
+
+def _holdable(name: str) -> None:
+    """Refuse ``name`` (relative, normalised) when no file system could hold it."""
+    for part in name.split("/"):
+        size = len(_encoded(part))
+        if size > NAME_MAX:
+            raise BundleRefused(
+                f"{shown(name)} has a folder or file name of {size} bytes: file systems hold "
+                f"names of at most {NAME_MAX} bytes"
+            )
+    size = len(_encoded(name))
+    if size > PATH_MAX:
+        raise BundleRefused(
+            f"{shown(name)} is a path of {size} bytes: a path holds at most {PATH_MAX} bytes"
+        )
+    depth = name.count("/") + 1
+    if depth > MAX_BUNDLE_DEPTH:
+        raise BundleRefused(
+            f"{shown(name)} is {depth} levels deep: at most {MAX_BUNDLE_DEPTH} levels deep "
+            "are allowed"
+        )
+
+
+def _encoded(name: str) -> bytes:
+    # As tarfile writes the name to the file system (undecodable bytes kept as they were).
+    return name.encode("utf-8", "surrogateescape")
+
+
+def shown(name: str) -> str:
+    """``name`` quoted for a reason, its middle left out when it is long (a name may be
+    thousands of bytes)."""
+    if len(name) <= _SHOWN_CHARS:
+        return repr(name)
+    half = _SHOWN_CHARS // 2
+    return f"{name[:half]!r}...{name[-half:]!r} ({len(_encoded(name))} bytes)"
 
 
 def _parents(name: str) -> list[str]:

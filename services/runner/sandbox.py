@@ -23,7 +23,11 @@ unreadable to same-uid processes).
 Code. A bundle is fetched from ``bundles/<team>/<sha256>.tar.gz`` of the job's own team, its
 sha256 verified before anything is unpacked, checked by the same rule as at upload
 (``shared.bundle_archive.check_bundle``: no absolute paths, no ``..``, no links leaving the
-bundle, no devices, bounded size), and unpacked with the ``data`` filter too. A git source
+bundle, no devices, no name a file system cannot hold, bounded size), and unpacked with the
+``data`` filter too. What the node's file system still refuses of its names (a path too long
+with the node's folder before it, an encoding it does not take: ``BUNDLE_ERRNOS``) fails the
+job as its own error naming the entry; the node's disk failing (full, read-only, I/O
+errors) is the node's. A git source
 is cloned and the named commit checked out and verified. A bundle the object store cannot
 serve now (unreachable, not answering: ``bus.infrastructure_fault``) is no fault of the
 job: that error is raised as it is, and the runner lets the grant come again instead of
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import logging
 import os
@@ -70,8 +75,11 @@ from trainyard_platform.services.runner.node_faults import NODE_ERRNOS, node_fau
 from trainyard_platform.shared.bundle_archive import (
     MAX_BUNDLE_MEMBERS,
     MAX_UNPACKED_BYTES,
+    NAME_MAX,
+    PATH_MAX,
     BundleRefused,
     check_bundle,
+    shown,
 )
 from trainyard_platform.shared.bus import infrastructure_fault
 from trainyard_platform.shared.events.payloads import CodeBundle, CodeGit, FailureKind, JobSpec
@@ -586,13 +594,56 @@ def fetch_bundle(
                 f"spec.code.sha256: code bundle {bundle.sha256[:12]} cannot be unpacked: {exc}"
             ) from exc
         except OSError as exc:
-            # This node's disk (full, read-only) is not the bundle's fault, and counts
-            # against the node (the bundle's size is bounded); any other error (a name the
-            # file system refuses, a broken gzip stream) follows the bundle's contents.
-            raise (NodeFault if exc.errno in NODE_ERRNOS else PlatformError)(
+            # This node's disk (full, read-only, failing) is not the bundle's fault, and
+            # counts against the node (the bundle's size is bounded).
+            if exc.errno in NODE_ERRNOS:
+                raise NodeFault(
+                    f"spec.code.sha256: code bundle {bundle.sha256[:12]} could not be "
+                    f"unpacked on this node: {exc}"
+                ) from exc
+            # A name or path the file system refuses is the bundle's own, and would be on
+            # every node (the upload's rule catches what any file system would refuse).
+            why = BUNDLE_ERRNOS.get(exc.errno) if exc.errno is not None else None
+            if why is not None:
+                raise JobInputError(
+                    f"spec.code.sha256: code bundle {bundle.sha256[:12]} cannot be unpacked: "
+                    f"{_entry(exc.filename, dest)}: {exc.strerror} ({why})"
+                ) from exc
+            # Anything else (a broken gzip stream, a permission of the node's) is the
+            # platform's, but not surely the node's.
+            raise PlatformError(
                 f"spec.code.sha256: code bundle {bundle.sha256[:12]} could not be unpacked "
                 f"on this node: {exc}"
             ) from exc
+
+
+BUNDLE_ERRNOS: dict[int, str] = {
+    errno.ENAMETOOLONG: (
+        f"a name or path longer than this node's file system holds: at most {NAME_MAX} bytes "
+        f"a name, {PATH_MAX} a path, the folder the code is unpacked in included"
+    ),
+    errno.EILSEQ: "a name this node's file system refuses: not valid in its encoding",
+    errno.EINVAL: "a name this node's file system refuses",
+    errno.EMLINK: "too many entries in one folder for this node's file system",
+    errno.ENOTDIR: "a name that is both a file and a folder in the bundle",
+    errno.EEXIST: "a name that is both a file and a folder in the bundle",
+    errno.EISDIR: "a name that is both a file and a folder in the bundle",
+    errno.EFBIG: "a file larger than this node's file system holds",
+    errno.ELOOP: "too many symbolic links in a row",
+}
+"""Errors unpacking a bundle that follow from its names and contents, whatever the node
+(the folder it is unpacked in is new and empty), with what they mean: the job's input."""
+
+
+def _entry(filename: object, dest: Path) -> str:
+    """The bundle's entry an error names (``filename``, a path under ``dest``), quoted
+    without the node's own folders; "an entry" when it names none."""
+    if isinstance(filename, str | bytes):
+        path = os.fsdecode(filename)
+        root = os.path.join(os.fsdecode(dest), "")
+        if path.startswith(root) and len(path) > len(root):
+            return shown(path[len(root) :])
+    return "an entry"
 
 
 def checkout_git(

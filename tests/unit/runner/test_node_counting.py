@@ -133,16 +133,22 @@ def test_a_bundle_missing_or_other_bytes_in_the_store_never_counts(tmp_path: Pat
 
 
 @pytest.mark.parametrize(
-    ("error", "counts"),
+    ("error", "kind", "counts"),
     [
-        (OSError(errno.ENOSPC, "No space left on device"), True),
-        (OSError(errno.EROFS, "Read-only file system"), True),
-        (OSError(errno.ENAMETOOLONG, "File name too long"), False),
-        (OSError(errno.EILSEQ, "Invalid or incomplete multibyte or wide character"), False),
+        (OSError(errno.ENOSPC, "No space left on device"), "platform_error", True),
+        (OSError(errno.EROFS, "Read-only file system"), "platform_error", True),
+        # A name the file system refuses is the bundle's: the job's own error
+        # (test_bundle_paths).
+        (OSError(errno.ENAMETOOLONG, "File name too long"), "user_error", False),
+        (
+            OSError(errno.EILSEQ, "Invalid or incomplete multibyte or wide character"),
+            "user_error",
+            False,
+        ),
     ],
 )
 def test_unpacking_a_bundle_counts_only_when_the_nodes_disk_failed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: OSError, counts: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: OSError, kind: str, counts: bool
 ) -> None:
     store = LocalStore(tmp_path / "store")
     bundle = store_bundle(store, "a", {"train.py": b""})
@@ -153,7 +159,7 @@ def test_unpacking_a_bundle_counts_only_when_the_nodes_disk_failed(
     monkeypatch.setattr(tarfile.TarFile, "extractall", extractall)
     with pytest.raises(PlatformError) as raised:
         fetch_bundle(store, "a", bundle, tmp_path / "code")
-    assert failure_kind(raised.value) == "platform_error"
+    assert failure_kind(raised.value) == kind
     assert counts_against_node(raised.value) is counts
 
 

@@ -86,6 +86,13 @@ def test_a_packed_bundle_passes(tmp_path: Path) -> None:
         (archive(("tty", ord(tarfile.CHRTYPE))), "'tty' is a device"),
         (archive(("sda", ord(tarfile.BLKTYPE))), "'sda' is a device"),
         (archive(("p", ord(tarfile.FIFOTYPE))), "'p' is a FIFO"),
+        # Names no file system holds (a runner failed them as the platform's error).
+        (archive(("x" * 256, b"")), "has a folder or file name of 256 bytes"),
+        (archive(("d/" + "é" * 128 + "/f", b"")), "has a folder or file name of 256 bytes"),
+        (archive(("/".join(["d" * 200] * 21), b"")), "a path holds at most 4095 bytes"),
+        (archive(("a/" * 300 + "f", b"")), "is 301 levels deep: at most 256"),
+        (archive(("data", b"x"), ("data/f", b"")), "'data/f' is inside file 'data'"),
+        (archive(("t", b"x"), ("h", "=t"), ("h/f", b"")), "'h/f' is inside file 'h'"),
     ],
     # Each case is named by its reason: a gzip header holds the time it was written, so
     # the archive's bytes as an id would differ between parallel workers (pytest-xdist).
@@ -101,3 +108,14 @@ def test_a_bomb_is_refused_before_it_is_read_whole() -> None:
     assert "unpacks to more than 1000000 bytes" in refused(bomb, max_unpacked=1_000_000)
     many = archive(*((f"f{i}", b"") for i in range(11)))
     assert "more than 10 entries" in refused(many, max_members=10)
+
+
+def test_names_at_the_file_systems_limits_pass() -> None:
+    check_bundle(io.BytesIO(archive(("x" * 255, b""), ("é" * 127 + "x", b""))))
+    check_bundle(io.BytesIO(archive(("a/" * 255 + "f", b""))))
+    check_bundle(io.BytesIO(archive(("/".join(["d" * 199] * 20) + "/" + "f" * 95, b""))))
+
+
+def test_a_long_name_is_shortened_in_the_reason() -> None:
+    reason = refused(archive(("x" * 5000, b"")))
+    assert "(5000 bytes)" in reason and len(reason) < 300
