@@ -101,3 +101,18 @@ def test_submission_and_the_runner_refuse_the_same(requirement: str) -> None:
 )
 def test_packages_and_wheel_urls_are_still_accepted(requirement: str) -> None:
     assert requirement_problem(requirement) is None
+
+
+def test_the_runners_reason_never_quotes_a_wheel_urls_credentials(tmp_path: Path) -> None:
+    cache = EnvironmentCache(tmp_path / "envs", str(tmp_path / "no-python"))
+    secret = f"pkg @ https://alice:s3cret@pypi.example.com/{WHEEL}"
+    grant = GRANT.model_copy(
+        update={"spec": GRANT.spec.model_copy(update={"requirements": [secret]})}
+    )
+    with pytest.raises(PlatformError) as raised:
+        launch.prepare(grant, cast(Any, None), cast(Any, None), cast(Any, None), cache, {})
+    assert failure_kind(raised.value) == "user_error"
+    reason = str(raised.value)
+    assert "s3cret" not in reason and "alice" not in reason
+    assert f"'pkg @ https://***@pypi.example.com/{WHEEL}'" in reason
+    assert "must not carry credentials" in reason
