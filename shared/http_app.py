@@ -45,6 +45,15 @@ their CORS headers so the page can read them). No cookies are used (``allow_cred
 off): the dashboard sends ``Authorization: Bearer``. ``Link`` (the next page),
 ``Retry-After`` and ``Location`` are exposed to scripts.
 
+Every answer, error or not and whatever route (or none) made it, carries ``EDGE_HEADERS``
+unless it set that header itself (the dashboard's pages their own policy and caching): a
+browser never sniffs a JSON or CSV body that repeats a job name or log line as HTML
+(``nosniff``; no script or frame either: ``Content-Security-Policy``), no page of another
+site frames an answer (``frame-ancestors``, and ``X-Frame-Options`` for older browsers), a
+browser's or proxy's cache keeps nothing of a user's data (``no-store``), and no URL leaks
+in a ``Referer``. They are set as the first message of the answer is sent (``before_send``),
+so the 404 of a path that matches no route has them too.
+
 Building the app leaves the process's logging alone (``logging_config=None``): Litestar's
 default set-up replaced the root handler with a queue-listener thread writing to the stderr
 of that moment, in its own format, and kept the ``litestar`` logger on it; its records now
@@ -66,6 +75,7 @@ from typing import Annotated, Any, Final, TypeVar
 from litestar import Litestar, Request, Router
 from litestar.config.cors import CORSConfig
 from litestar.connection import ASGIConnection
+from litestar.datastructures import MutableScopeHeaders
 from litestar.di import Provide
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import OpenAPIConfig, ResponseSpec
@@ -80,7 +90,7 @@ from litestar.openapi.spec import (
 )
 from litestar.params import HeaderParameter
 from litestar.routes import HTTPRoute
-from litestar.types import ControllerRouterHandler, Guard
+from litestar.types import ControllerRouterHandler, Guard, Message, Scope
 from pydantic import BaseModel
 
 from trainyard_platform.shared.access import principal_dependency
@@ -368,6 +378,26 @@ def cors_config(origins: Sequence[str]) -> CORSConfig | None:
     )
 
 
+EDGE_HEADERS: Final[Mapping[str, str]] = {
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
+"""The headers every answer carries unless its route set them (see the module)."""
+
+
+async def _edge_headers(message: Message, scope: Scope) -> None:
+    """``EDGE_HEADERS`` added to the start of an HTTP answer, each one its route left unset."""
+    if message["type"] != "http.response.start":
+        return
+    headers = MutableScopeHeaders.from_message(message)
+    for name, value in EDGE_HEADERS.items():
+        if name not in headers:
+            headers[name] = value
+
+
 def service_app(
     title: str,
     route_handlers: Sequence[ControllerRouterHandler],
@@ -408,6 +438,7 @@ def service_app(
         debug=False,
         logging_config=None,  # the process's one set-up is shared.logs (see the module)
         cors_config=cors_config(cors_origins),
+        before_send=[_edge_headers],
         **litestar_options,
     )
     for route in app.routes:
