@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from litestar import Request, Response, Router, get
 from litestar.datastructures import CacheControlHeader
@@ -47,14 +48,18 @@ class DashboardConfig(BaseModel):
     billing_url: str | None
 
 
-def dashboard_routes(settings: Settings) -> list[Router]:
-    """The dashboard's routes (see the module), to add to the submission app."""
-    config = DashboardConfig(
+def page_config(settings: Settings) -> DashboardConfig:
+    """What ``GET /ui/config.json`` answers for ``settings``."""
+    return DashboardConfig(
         scheduler_url=settings.scheduler_public_url,
         registry_url=settings.registry_public_url,
         billing_url=settings.billing_public_url,
     )
 
+
+def dashboard_routes(settings: Settings) -> list[Router]:
+    """The dashboard's routes (see the module), to add to the submission app."""
+    config = page_config(settings)
     policy = content_security_policy(config)
 
     def secure(response: Response[Any]) -> Response[Any]:
@@ -100,9 +105,10 @@ def _no_such_file(
 
 def content_security_policy(config: DashboardConfig) -> str:
     """The pages' policy: own scripts and styles (inline style attributes for bar widths),
-    data: images (the icon), and requests to this origin and the configured APIs only."""
+    data: images (the icon), and requests to this origin and the configured APIs only
+    (``api_source``)."""
     apis = [
-        url.rstrip("/")
+        api_source(url)
         for url in (config.scheduler_url, config.registry_url, config.billing_url)
         if url
     ]
@@ -118,6 +124,15 @@ def content_security_policy(config: DashboardConfig) -> str:
             "frame-ancestors 'none'",
         ]
     )
+
+
+def api_source(url: str) -> str:
+    """The CSP source of every URL under the API at ``url`` (``http(s)://host[:port][/path]``):
+    its path ending in ``/``. A source path without the final ``/`` matches that one path
+    only (CSP3, "path-part match"), so ``https://host/registry`` would let the page call no
+    route of a registry served behind ``/registry``."""
+    parts = urlsplit(url.strip())
+    return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}/"
 
 
 _HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}

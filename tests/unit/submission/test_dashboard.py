@@ -12,7 +12,12 @@ from litestar.testing import TestClient
 from pydantic import SecretStr
 
 from trainyard_platform.services.submission.config import Settings
-from trainyard_platform.services.submission.dashboard import WEB, dashboard_routes
+from trainyard_platform.services.submission.dashboard import (
+    WEB,
+    content_security_policy,
+    dashboard_routes,
+    page_config,
+)
 from trainyard_platform.shared.access import service_guard
 from trainyard_platform.shared.http_app import service_app
 
@@ -71,3 +76,22 @@ def test_the_pages_never_insert_html() -> None:
             assert not re.search(
                 r"innerHTML|outerHTML|insertAdjacentHTML|document\.write", script.read_text()
             ), script
+
+
+@pytest.mark.parametrize(
+    ("public_url", "source"),
+    [
+        ("https://trainyard.example/registry", "https://trainyard.example/registry/"),
+        ("https://trainyard.example/registry/", "https://trainyard.example/registry/"),
+        (f"{REGISTRY}", f"{REGISTRY}/"),
+    ],
+)
+def test_the_policy_lets_the_page_call_an_api_behind_a_path(public_url: str, source: str) -> None:
+    """A CSP source whose path does not end in ``/`` matches that one path only (CSP3,
+    "path-part match"): ``https://host/registry`` let no request to
+    ``https://host/registry/v1/models`` through, and every page of a registry served behind a
+    path said it could not reach it."""
+    settings = Settings(registry_public_url=public_url)
+    policy = content_security_policy(page_config(settings))
+    connect = next(d for d in policy.split("; ") if d.startswith("connect-src "))
+    assert connect == f"connect-src 'self' {source}", policy
