@@ -437,3 +437,55 @@ def test_an_experiment_of_long_named_runs_stays_within_the_window(
     )
     assert width <= window, f"the page is {width} px wide in a {window} px window"
     assert not script_errors(driver)
+
+
+SLOW_LOGS = """
+const real = window.fetch;
+window.fetch = (url, options) => String(url).includes("/logs")
+  ? new Promise((resolve) => setTimeout(resolve, 2500)).then(() => real(url, options))
+  : real(url, options);
+"""
+"""Every read of a job's logs answered 2.5 s late: longer than the page's 2 s between reads
+(a slow network, a page of megabytes)."""
+
+
+def test_a_log_read_slower_than_the_refresh_shows_each_line_once(
+    browser: Any, small: Stack
+) -> None:
+    """A living job's log is read again every 2 s; a read still waiting for its answer when
+    the next began asked from the same place, and both added what they got: every line
+    came two to four times. The job prints only once the page is open (its first read,
+    which the page waits for, finds nothing), so the reads that follow overlap."""
+    lines = 40
+    job = _submit(
+        small.stack,
+        small.token,
+        "prints-lines",
+        gpus=1,
+        command=[
+            "sh",
+            "-c",
+            f"sleep 10; for i in $(seq 1 {lines}); do echo line-$i.; sleep 0.5; done",
+        ],
+    )
+    try:
+        driver = browser
+        sign_in(driver, small)
+        driver.execute_script(SLOW_LOGS)
+        driver.execute_script("location.hash = arguments[0]", f"/jobs/{job}")
+        wait(
+            driver,
+            "the last line",
+            lambda d: f"line-{lines}." in d.find_element("id", "logs").text,
+            120,
+        )
+        text = driver.find_element("id", "logs").text
+        repeated = [n for n in range(1, lines + 1) if text.count(f"line-{n}.") != 1]
+        assert not repeated, text
+        assert not script_errors(driver)
+    finally:
+        httpx.post(
+            f"{small.url}/v1/jobs/{job}/cancel",
+            headers={"Authorization": f"Bearer {small.token}"},
+            timeout=10,
+        )

@@ -205,8 +205,13 @@ export async function render(view, [jobId], { me }) {
   let logCursor = "";
   let lastStream = null;
   let logsDone = false;
+  let logsReading = false;
+  // One read at a time: a read that takes longer than LOG_MS (a slow network, a page of
+  // megabytes) would otherwise be joined by the next, from the same cursor, and both would
+  // add the same lines.
   async function pollLogs() {
-    if (logsDone) return;
+    if (logsDone || logsReading) return;
+    logsReading = true;
     try {
       for (let pages = 0; pages < 20; pages++) {
         const page = await get("submission", `/v1/jobs/${encodeURIComponent(job.id)}/logs`, { after: logCursor || undefined, limit: 50 });
@@ -230,6 +235,8 @@ export async function render(view, [jobId], { me }) {
       if (!logBox.textContent) logBox.textContent = logsDone ? "(no output)" : "";
     } catch (error) {
       replace(logState, error.message);
+    } finally {
+      logsReading = false;
     }
   }
 
