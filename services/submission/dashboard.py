@@ -5,11 +5,14 @@ Contract:
   library in ``web/`` (shipped with the package; no build step). ``GET /ui/config.json``
   gives the public URLs of the other services' APIs (``*_public_url`` settings; null when
   unset) and nothing else. ``GET /`` redirects to ``/ui/``.
-- Every answer carries a Content-Security-Policy that lets the page run only its own scripts
-  and talk only to this origin and the configured APIs (``connect-src``), refuses framing,
-  and ``X-Content-Type-Options: nosniff``: a job name or log line that looks like markup
-  stays text (the pages insert text only), and if it ever did not, the policy would keep it
-  from running or sending the token anywhere else.
+- Every file and ``config.json`` carries a Content-Security-Policy that lets the page run
+  only its own scripts and talk only to this origin and the configured APIs (``connect-src``,
+  each API's path and everything under it), refuses framing, and ``X-Content-Type-Options:
+  nosniff``: a job name or log line that looks like markup stays text (the pages insert
+  text only), and if it ever did not, the policy would keep it from running or sending the
+  token anywhere else. An error answer under ``/ui/`` (a 404 that repeats the path) carries
+  the policy of every other answer of the service, which allows nothing
+  (``shared.http_app.EDGE_HEADERS``).
 - These routes are ``public_asset`` routes (``shared.access``): no token is asked for, and
   they hold no data of any team. Every piece of data the pages show comes from the platform's
   APIs, called from the browser with the token the user typed in (kept in the tab's
