@@ -38,7 +38,7 @@ from typing import Annotated, Any, Literal
 import asyncpg
 from litestar import delete, get, post
 from litestar.di import NamedDependency
-from litestar.exceptions import HTTPException, NotFoundException
+from litestar.exceptions import NotFoundException
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, QueryParameter
 from nats.js import api
@@ -62,6 +62,7 @@ from trainyard_platform.shared.bus import (
 )
 from trainyard_platform.shared.events import EventParseError, parse_envelope
 from trainyard_platform.shared.http_app import error_responses
+from trainyard_platform.shared.http_errors import Conflicting
 from trainyard_platform.shared.identity import Principal, Role
 
 MAX_PAGE = 500
@@ -357,10 +358,12 @@ def deadletter_routes(
         if found is None:
             raise NotFoundException(f"no dead letter {sequence} of {consumer}")
         if not await letters.reads_redrives():
-            raise HTTPException(
-                status_code=409,
-                detail=f"consumer {consumer} does not read {redrive_subject(consumer)}; "
+            raise Conflicting(
+                f"consumer {consumer} does not read {redrive_subject(consumer)}; "
                 "the dead letter stays",
+                field="sequence",
+                message=f"cannot be redriven: consumer {consumer} does not read "
+                f"{redrive_subject(consumer)}",
             )
         await record(
             principal,
@@ -371,7 +374,9 @@ def deadletter_routes(
         try:
             redriven = await letters.redrive(sequence)
         except CannotRedrive as exc:
-            raise HTTPException(status_code=409, detail=str(exc)) from None
+            raise Conflicting(
+                str(exc), field="sequence", message=f"cannot be redriven: {exc}"
+            ) from None
         if redriven is None:
             raise NotFoundException(f"no dead letter {sequence} of {consumer}")
         return redriven

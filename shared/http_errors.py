@@ -6,15 +6,20 @@ Contract:
   or Litestar's validation of path and query parameters; every bad field is named by its
   path (``quotas.a100.nominal``, ``args[2]``; ``body`` for the body as a whole; a bad key
   of a mapping: the mapping, its message naming the key, ``key 'H100': ...``), all at once.
-- ``NameTaken`` (a new name that differs only by case from one that exists, where names are
-  unique regardless of case: docs/security.md) answers 409, its message as the detail and
-  one error naming the field.
-- ``PreconditionFailed`` (a conditional request, ``If-Match: *`` or ``If-None-Match: *``,
-  whose condition is false for the resource now: ``shared.http_app.Preconditions``) answers
-  412, its text as the detail and one error naming the header and why; nothing changed.
+- A refusal for what a request meets rather than for its shape (``Refused``: a conflict
+  with the current state, 409; a limit reached, 429 with ``Retry-After``; a conditional
+  request whose condition is false, 412) answers its status with its message as the detail
+  and one error naming the field it is about (a body field, a path parameter, a header) and
+  why: the field is a required argument, so no such answer has an empty ``errors``. So do
+  ``NameTaken`` (a new name that differs only by case from one that exists, where names
+  are unique regardless of case: docs/security.md; 409) and ``PreconditionFailed`` (a
+  conditional request, ``If-Match: *`` or ``If-None-Match: *``, whose condition is false
+  for the resource now: ``shared.http_app.Preconditions``; 412 naming the header and why;
+  nothing changed).
 - Litestar's HTTP errors keep their status and detail; a 401 adds ``WWW-Authenticate:
   Bearer``.
-- A service's own exceptions answer the status it maps them to, their message as the detail;
+- A service's own exceptions answer the status it maps them to, their message as the detail
+  (a ``Refused`` one: its detail and errors);
   every service answers ``shared.identity.Denied`` with 403, ``IdentityUnavailable``
   (user tokens cannot be checked now) with 503, and ``IdentityRateLimited`` (the user's own
   rate limit, which each check of the token spends) with 429 and its ``Retry-After``.
@@ -60,7 +65,7 @@ import re
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
@@ -112,11 +117,56 @@ class RequestInvalid(Exception):
         return cls([FieldError(field=field, message=message)])
 
 
-class NameTaken(Exception):
+class Refused(Exception):
+    """A request refused for what it meets (the state of things, a limit), not for its
+    shape (``RequestInvalid``): answered with ``status``, ``detail`` and ``errors`` naming
+    the field it is about (a body field, a path parameter, a header such as
+    ``Idempotency-Key`` or ``Authorization``) and why, with ``headers``. The field is a
+    required argument: no such refusal answers an empty ``errors``. A service's own
+    subclass may be mapped to another status (``exception_handlers``' ``statuses``)."""
+
+    status: ClassVar[int] = 409
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        field: str,
+        message: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.errors = [FieldError(field=field, message=message or detail)]
+        self.headers = dict(headers or {})
+
+
+class Conflicting(Refused):
+    """The request contradicts the current state (answered 409)."""
+
+    status = 409
+
+
+class RateLimited(Refused):
+    """A rate or concurrency limit is reached (answered 429, ``Retry-After: retry_after``
+    whole seconds); ``field`` is what the limit counts by (``Authorization``: the token's
+    user or team)."""
+
+    status = 429
+
+    def __init__(self, detail: str, *, retry_after: int, field: str, message: str) -> None:
+        super().__init__(
+            detail, field=field, message=message, headers={"Retry-After": str(retry_after)}
+        )
+
+
+class NameTaken(Refused):
     """A new name that differs only by case from the existing ``existing`` (where names are
     unique regardless of case: docs/security.md); answered with 409 and ``errors`` naming
     ``field``. Its text: ``<field>: a <kind> named '<existing>' exists[ in <where>]; names
     differ from it only by case``."""
+
+    status = 409
 
     def __init__(self, field: str, kind: str, existing: str, where: str = "") -> None:
         place = f" in {where}" if where else ""
@@ -124,19 +174,21 @@ class NameTaken(Exception):
         self.message = (
             f"a {kind} named {existing!r} exists{place}; names differ from it only by case"
         )
-        super().__init__(f"{field}: {self.message}")
+        super().__init__(f"{field}: {self.message}", field=field, message=self.message)
 
 
-class PreconditionFailed(Exception):
+class PreconditionFailed(Refused):
     """A conditional request's ``header`` (``If-Match`` or ``If-None-Match``) is false for
     the resource now (``shared.http_app.Preconditions``): answered 412 with ``errors``
-    naming ``header`` (``field``) and ``message`` (why), and left as it is. Its text:
+    naming ``header`` and ``message`` (why), and left as it is. Its text:
     ``<header>: <message>``."""
 
+    status = 412
+
     def __init__(self, header: str, message: str) -> None:
+        super().__init__(f"{header}: {message}", field=header, message=message)
         self.field = header
         self.message = message
-        super().__init__(f"{header}: {message}")
 
 
 # --- validation into field errors ------------------------------------------------------------
@@ -481,8 +533,7 @@ def exception_handlers(
 
     handlers: ExceptionHandlersMap = {
         RequestInvalid: _invalid,
-        NameTaken: _name_taken,
-        PreconditionFailed: _precondition_failed,
+        Refused: _refused,
         ValidationException: _litestar_invalid,
         HTTPException: http,
         Denied: status_handler(403),
@@ -496,9 +547,12 @@ def exception_handlers(
 
 
 def status_handler(status: int) -> Callable[[AnyRequest, Exception], Response[ErrorBody]]:
-    """A handler answering ``status`` with the exception's message as the detail."""
+    """A handler answering ``status`` with the exception's message as the detail (a
+    ``Refused``: its detail, errors and headers)."""
 
     def handle(_: AnyRequest, exc: Exception) -> Response[ErrorBody]:
+        if isinstance(exc, Refused):
+            return _error(status, exc.detail, exc.errors, exc.headers)
         return _error(status, str(exc))
 
     return handle
@@ -518,12 +572,8 @@ def _rate_limited(_: AnyRequest, exc: IdentityRateLimited) -> Response[ErrorBody
     return _error(429, str(exc), headers={"Retry-After": exc.retry_after})
 
 
-def _name_taken(_: AnyRequest, exc: NameTaken) -> Response[ErrorBody]:
-    return _error(409, str(exc), [FieldError(field=exc.field, message=exc.message)])
-
-
-def _precondition_failed(_: AnyRequest, exc: PreconditionFailed) -> Response[ErrorBody]:
-    return _error(412, str(exc), [FieldError(field=exc.field, message=exc.message)])
+def _refused(_: AnyRequest, exc: Refused) -> Response[ErrorBody]:
+    return _error(exc.status, exc.detail, exc.errors, exc.headers)
 
 
 def _invalid(_: AnyRequest, exc: RequestInvalid) -> Response[ErrorBody]:

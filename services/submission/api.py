@@ -6,8 +6,11 @@ Contract:
   anything else is looked at (an app-level guard, so a new route cannot be left open).
 - Every error is JSON ``{"detail": ..., "errors": [{"field": ..., "message": ...}]}``
   (``shared.http_errors``): 422 for invalid input (every bad field named, nothing stored),
-  401/403/404/409 as usual, 413 for a bundle over the limit, and 500 with a generic message
-  (the traceback goes to the log, never to the user).
+  401/403/404 as usual, 409 and 429 naming the field they are about and why
+  (``shared.http_errors.Refused``: ``Idempotency-Key`` used for another request, with the
+  job it made; a path's ``job_id``; ``Authorization`` for a token's spent rate limit), 413
+  for a bundle over the limit, and 500 with a generic message (the traceback goes to the
+  log, never to the user).
 - JSON bodies (``POST /v1/jobs``, ``POST /v1/admin/users``) are limited before they are
   read: 415 unless ``Content-Type: application/json`` (UTF-8), 413 over
   ``JSON_BODY_MAX_BYTES``; then ``shared.http_errors.check_json`` refuses (422, naming the
@@ -66,7 +69,7 @@ import httpx
 from litestar import Litestar, Request, Response, Router, delete, get, head, patch, post, put
 from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency, Provide
-from litestar.exceptions import HTTPException, NotAuthorizedException
+from litestar.exceptions import NotAuthorizedException
 from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
 from litestar.openapi import ResponseSpec
 from litestar.params import FromPath, FromQuery, HeaderParameter, PathParameter, QueryParameter
@@ -143,6 +146,7 @@ from trainyard_platform.shared.http_app import (
     service_app,
 )
 from trainyard_platform.shared.http_errors import (
+    RateLimited,
     RequestInvalid,
     parse_body,
     read_json_body,
@@ -687,17 +691,19 @@ class UploadsUnderWay:
 
     @asynccontextmanager
     async def held_by(self, caller: Caller) -> AsyncIterator[None]:
-        """A place for ``caller``'s team while the block runs; ``HTTPException`` 429 with
-        ``Retry-After`` when the team has ``per_team`` under way."""
+        """A place for ``caller``'s team while the block runs; ``RateLimited`` (429 with
+        ``Retry-After``) when the team has ``per_team`` under way."""
 
-        def refused() -> HTTPException:
-            return HTTPException(
-                status_code=429,
-                detail=f"too many bundle uploads at once: team {caller.team} has "
+        def refused() -> RateLimited:
+            return RateLimited(
+                f"too many bundle uploads at once: team {caller.team} has "
                 f"{self.per_team} under way, the most a team may "
                 f"(TRAINYARD_SUBMISSION_BUNDLE_UPLOADS_PER_TEAM); retry after "
                 f"{UPLOAD_RETRY_AFTER_S} s",
-                headers={"Retry-After": str(UPLOAD_RETRY_AFTER_S)},
+                retry_after=UPLOAD_RETRY_AFTER_S,
+                field="Authorization",
+                message=f"the token's team has {self.per_team} bundle uploads under way, "
+                "the most a team may",
             )
 
         async with self.places.held(f"team:{caller.team_id}", self.per_team, refused):
@@ -845,11 +851,11 @@ _COUNTED_AS_READ = "; a request that stores nothing, as this dry run, counts as 
 
 def _too_many(wait: float, limit: str, burst: int, why: str = "") -> NoReturn:
     retry = max(1, math.ceil(wait))
-    raise HTTPException(
-        status_code=429,
-        detail=f"rate limit exceeded: at most {limit} (bursts of {burst}){why}; "
-        f"retry after {retry} s",
-        headers={"Retry-After": str(retry)},
+    raise RateLimited(
+        f"rate limit exceeded: at most {limit} (bursts of {burst}){why}; retry after {retry} s",
+        retry_after=retry,
+        field="Authorization",
+        message=f"the token's rate limit is spent: at most {limit}",
     )
 
 
@@ -931,7 +937,7 @@ def _let_in_known(
     if limits is not None:
         try:
             limits.check(connection, handler, known.caller)
-        except HTTPException:
+        except RateLimited:
             # A refused take spends nothing: the full check takes (and refuses) again.
             return False
     state = connection.scope["state"]

@@ -363,7 +363,7 @@ async def replay(
         if row is None or row["request_fingerprint"] is None:
             return None
         if row["request_fingerprint"] != fingerprint:
-            raise _used_for_another()
+            raise _used_for_another(str(row["id"]))
         return await _read_view(conn, caller, str(row["id"]))
 
 
@@ -392,8 +392,15 @@ async def replay_despite_flavor(
         return None
 
 
-def _used_for_another() -> Conflict:
-    return Conflict("this Idempotency-Key was already used for a different job spec")
+def _used_for_another(job_id: str) -> Conflict:
+    """The refusal of a request under a key this user used for another request, which
+    made ``job_id``: the header named, with the job, so the client sees what it met."""
+    return Conflict(
+        "this Idempotency-Key was already used for a different job spec",
+        field="Idempotency-Key",
+        message=f"already used for a different request, which submitted job {job_id}: "
+        "a retry sends that request unchanged; a new job needs a new key",
+    )
 
 
 async def _replayed_job(conn: asyncpg.Connection, caller: Caller, key: str, job: Prepared) -> str:
@@ -405,7 +412,7 @@ async def _replayed_job(conn: asyncpg.Connection, caller: Caller, key: str, job:
     stored = row["request_fingerprint"]
     same = row["spec"] == job.stored if stored is None else stored == job.fingerprint
     if not same:
-        raise _used_for_another()
+        raise _used_for_another(str(row["id"]))
     return str(row["id"])
 
 
@@ -452,7 +459,11 @@ async def cancel_job(pool: asyncpg.Pool, caller: Caller, job_id: str) -> JobView
             raise Forbidden("members cancel their own jobs only; ask an admin of your team")
         status = JobStatus(row["status"])
         if status.is_terminal:
-            raise Conflict(f"job {job_id} has already ended ({status})")
+            raise Conflict(
+                f"job {job_id} has already ended ({status})",
+                field="job_id",
+                message=f"the job has already ended ({status}): there is nothing to cancel",
+            )
         if row["cancel_requested_at"] is None:
             await repo.set_cancel_requested(conn, team_id, job_id, datetime.now(UTC))
             event = JobCancelRequested(job_id=job_id, team=caller.team, user=caller.user)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from trainyard_platform.shared.http_errors import Conflicting
+
 
 class NotFound(Exception):
     """No such thing in the caller's team (answered 404)."""
@@ -11,8 +13,10 @@ class Forbidden(Exception):
     """The caller may not do this (answered 403)."""
 
 
-class Conflict(Exception):
-    """The request contradicts the current state (answered 409)."""
+class Conflict(Conflicting):
+    """The request contradicts the current state (answered 409): ``Conflict(detail,
+    field=..., message=...)``, naming the field it is about and why
+    (``shared.http_errors.Refused``)."""
 
 
 class UserExists(Exception):

@@ -262,7 +262,11 @@ def _by_budgets(
         scope = f"team {team}" if not row["project"] else f"project {row['project']} of {team}"
         spent = f"{row['spent']} of {row['amount']} {row['currency']} spent in {row['month']}"
         if row["policy"] == "refuse":
-            raise Conflict(f"the budget of {scope} is spent ({spent}); new jobs are refused")
+            raise Conflict(
+                f"the budget of {scope} is spent ({spent}); new jobs are refused",
+                field="project" if row["project"] else "team",
+                message=f"the budget of {scope} is spent and refuses new jobs",
+            )
         if row["policy"] == "deprioritize":
             if job.priority != DEPRIORITIZED_CLASS:  # the first budget that lowers it
                 lowered = Lowered(job.priority, f"the budget of {scope} is spent ({spent})")

@@ -230,7 +230,7 @@ async def create_user(
         try:
             token, row = await add_user(conn, team, request.name, role, ttl_days, caller.user_id)
         except UserExists as exc:
-            raise Conflict(str(exc)) from None
+            raise Conflict(str(exc), field="name", message="a user of this name exists") from None
         await audit.record(
             conn,
             caller.principal,
@@ -299,7 +299,11 @@ async def _other_user(
     if row is None:
         raise NotFound(f"no user {name!r} in team {team or caller.team!r}")
     if row["id"] == caller.user_id:
-        raise Conflict(f"you cannot {what}; ask another admin")
+        raise Conflict(
+            f"you cannot {what}; ask another admin",
+            field="name",
+            message=f"is you: you cannot {what}",
+        )
     return row
 
 
@@ -415,7 +419,11 @@ async def rotate_token(
     """A new token replacing the one the caller presented, which is revoked."""
     async with pool.acquire() as conn, conn.transaction():
         if not await repo.revoke_token(conn, caller.token_id, datetime.now(UTC)):
-            raise Conflict("this token was revoked meanwhile")
+            raise Conflict(
+                "this token was revoked meanwhile",
+                field="Authorization",
+                message="the token presented was revoked meanwhile; no new token was issued",
+            )
         name = request.name or caller.token_name
         return await _issue(conn, caller, name, request, ttl_days, "rotate token")
 
@@ -432,7 +440,9 @@ async def _issue(
     if held >= MAX_LIVE_TOKENS:
         raise Conflict(
             f"user {caller.team}/{caller.user} has {held} live tokens, the most a user may "
-            f"have is {MAX_LIVE_TOKENS}: revoke one first (DELETE /v1/tokens/{{id}})"
+            f"have is {MAX_LIVE_TOKENS}: revoke one first (DELETE /v1/tokens/{{id}})",
+            field="Authorization",
+            message=f"the token's user has {held} live tokens, the most a user may have",
         )
     token, token_hash = new_token()
     days = request.expires_in_days or ttl_days

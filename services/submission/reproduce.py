@@ -151,7 +151,9 @@ async def reproduce_job(
     if not status.is_terminal:
         raise Conflict(
             f"job {job_id} has not ended ({status}): a reproduction is compared with how it "
-            "ended; reproduce it once it has"
+            "ended; reproduce it once it has",
+            field="job_id",
+            message=f"the job has not ended ({status})",
         )
     original = JobSpec.model_validate(row["spec"])
     screening = await governance.screening(pool, settings.flavors, caller.team)

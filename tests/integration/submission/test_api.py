@@ -233,6 +233,49 @@ async def test_idempotency_key_returns_the_same_job(submission: Submission) -> N
     assert (await submission.client.post("/v1/jobs", json=SPEC, headers=other)).status_code == 201
 
 
+async def test_a_key_reused_for_another_request_names_the_header_and_its_job(
+    submission: Submission,
+) -> None:
+    """The 409 of a key used before for a different request says, as every error answer
+    does, which field and why: the ``Idempotency-Key`` header, used for another request,
+    and the job it made. Before, ``errors`` was empty."""
+    headers = {**submission.auth(), "Idempotency-Key": "nightly-2024-06-02"}
+    first = await submission.client.post("/v1/jobs", json=SPEC, headers=headers)
+    assert first.status_code == 201, first.text
+    for query in ("", "?dry_run=true"):
+        different = await submission.client.post(
+            f"/v1/jobs{query}", json={**SPEC, "seed": 8}, headers=headers
+        )
+        assert different.status_code == 409, different.text
+        errors = different.json()["errors"]
+        assert [e["field"] for e in errors] == ["Idempotency-Key"], errors
+        assert "different request" in errors[0]["message"], errors
+        assert first.json()["id"] in errors[0]["message"], errors
+
+
+async def test_every_conflict_names_its_field(submission: Submission) -> None:
+    """A 409 of any kind names the field it is about (a path parameter, a body field, the
+    token), never an empty ``errors``."""
+    job = await submission.submit()
+    async with submission.pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE jobs SET status = 'SUCCEEDED', finished_at = now() WHERE id = $1", job["id"]
+        )
+    ended = await submission.client.post(f"/v1/jobs/{job['id']}/cancel", headers=submission.auth())
+    taken = await submission.client.post(
+        "/v1/admin/users", json={"name": "alice"}, headers=submission.auth()
+    )
+    me = await submission.client.get("/v1/me", headers=submission.auth())
+    yourself = await submission.client.delete(
+        f"/v1/admin/users/{me.json()['user']}", headers=submission.auth()
+    )
+    for answer, field in ((ended, "job_id"), (taken, "name"), (yourself, "name")):
+        assert answer.status_code == 409, answer.text
+        errors = answer.json()["errors"]
+        assert [e["field"] for e in errors] == [field], answer.text
+        assert all(e["message"] for e in errors), answer.text
+
+
 async def test_cancel_announces_once_and_refuses_ended_jobs(submission: Submission) -> None:
     job = await submission.submit()
     url = f"/v1/jobs/{job['id']}/cancel"

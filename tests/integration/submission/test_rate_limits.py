@@ -229,3 +229,15 @@ async def test_more_users_do_not_give_a_team_more_requests(
         assert int(refused.headers["retry-after"]) >= 1
         other = await running.client.get("/v1/jobs", headers=running.auth(running.other_team_token))
         assert other.status_code == 200, other.text
+
+
+async def test_a_429_names_the_token_whose_limit_is_spent(limited: Submission) -> None:
+    """A 429 says, as every error answer does, what it is about (the token's limit) and
+    why, besides its detail and ``Retry-After``. Before, ``errors`` was empty."""
+    for _ in range(3):
+        assert (await limited.client.get("/v1/jobs", headers=limited.auth())).status_code == 200
+    refused = await limited.client.get("/v1/jobs", headers=limited.auth())
+    assert refused.status_code == 429, refused.text
+    errors = refused.json()["errors"]
+    assert [e["field"] for e in errors] == ["Authorization"], errors
+    assert "read requests per second per user" in errors[0]["message"], errors

@@ -17,7 +17,14 @@ from litestar.params import FromQuery
 from litestar.testing import TestClient
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from trainyard_platform.shared.http_errors import RequestInvalid, exception_handlers, parse_body
+from trainyard_platform.shared.http_errors import (
+    Conflicting,
+    PreconditionFailed,
+    RateLimited,
+    RequestInvalid,
+    exception_handlers,
+    parse_body,
+)
 
 
 class Missing(Exception):
@@ -289,3 +296,44 @@ def test_body_errors_are_reported_by_path_all_at_once() -> None:
     assert [(e.field, e.message) for e in caught.value.errors] == [
         ("body", "must be a JSON object")
     ]
+
+
+class Taken(Conflicting):
+    """A service's own conflict, mapped to its status as services map theirs."""
+
+
+@get("/taken")
+async def taken() -> None:
+    raise Taken("job j1 has already ended", field="job_id", message="the job has ended")
+
+
+@get("/limited")
+async def limited() -> None:
+    raise RateLimited("too many", retry_after=3, field="Authorization", message="spent")
+
+
+@get("/exists")
+async def exists() -> None:
+    raise PreconditionFailed("If-None-Match", "queue q exists already")
+
+
+def test_a_refusal_names_its_field_and_why_whatever_its_status() -> None:
+    """A 409, 412 or 429 names what in the request it is about, as a 422 does: before, a
+    service's conflict answered ``errors: []`` (one mechanism now: ``Refused``, whose field
+    is required)."""
+    app = Litestar([taken, limited, exists], exception_handlers=exception_handlers({Taken: 409}))
+    with TestClient(app) as client:
+        conflict = client.get("/taken")
+        assert conflict.status_code == 409
+        assert conflict.json() == {
+            "detail": "job j1 has already ended",
+            "errors": [{"field": "job_id", "message": "the job has ended"}],
+        }
+        refused = client.get("/limited")
+        assert refused.status_code == 429
+        assert refused.headers["Retry-After"] == "3"
+        assert refused.json()["errors"] == [{"field": "Authorization", "message": "spent"}]
+        there = client.get("/exists")
+        assert there.status_code == 412
+        assert [e["field"] for e in there.json()["errors"]] == ["If-None-Match"]
+        assert there.json()["detail"] == "If-None-Match: queue q exists already"
