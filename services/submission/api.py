@@ -25,7 +25,8 @@ Contract:
   the submission would get. It spends a read of the rate limits, not a write
   (``shared.access.only_reads``): the CLI checks a spec so before each submission.
 - ``POST /v1/jobs`` with an ``Idempotency-Key`` this user used before (``commands``): the
-  same request (the same JSON, however ordered or spaced: ``schemas.request_fingerprint``)
+  same request (``schemas.request_fingerprint``: the same JSON however ordered or spaced, a
+  field left out or sent with its default value alike)
   answers 200 with the job the key stored, as it is now, before the budgets or the
   registry are asked (a budget spent or raised since, or one that now refuses new jobs,
   changes nothing of a retry, nor does its flavor retired since), with no budget warning;
@@ -501,7 +502,7 @@ async def submit_job(
         # A retry is answered with the job its key stored before anything that could
         # refuse or change a new job (a spent budget, the registry) is asked: what they
         # say may have changed since, and that job was admitted then.
-        fingerprint = request_fingerprint(job)
+        fingerprint = request_fingerprint(job, team=caller.team)
         held = held_connection(request)
         replayed = await commands.replay(front.pool, caller, key, fingerprint, held)
         if replayed is not None:
@@ -578,7 +579,7 @@ async def _prepare_known(
     job = parse_job_request(body, known.screening.flavors)
     checked_key = parse_idempotency_key(key)
     # Of the request as sent: a replay compares it, whatever the budgets make of the job.
-    fingerprint = None if checked_key is None else request_fingerprint(job)
+    fingerprint = None if checked_key is None else request_fingerprint(job, team=known.caller.team)
     job, warnings, lowered = known.screening.admit(job)
     if front.admission.asks_registry(job):
         return None

@@ -18,13 +18,16 @@ Contract:
   event, no audit entry.
 - An idempotency key this user used before answers with the job it stored (a replay: no
   second job, 200) when the request is the same as the one that stored it, compared by the
-  fingerprint of what the client sent (``schemas.request_fingerprint``, kept with the job),
+  fingerprint of the request as validated, defaults applied (``schemas.request_fingerprint``,
+  kept with the job: a field left out or sent with its default value is the same request),
   never by what the server made of it (a budget's lowering, a resolved dataset version), so
   a retry is a replay whatever changed in between; a different request is ``Conflict``
   naming ``Idempotency-Key``. ``replay`` answers it before any admission, so one that would
   refuse or change a new job cannot refuse or change a retry (``replay_despite_flavor``:
   nor can a flavor retired since). A job stored before
-  fingerprints were kept (none) is compared by its spec as stored.
+  fingerprints were kept (none) is compared by its spec as stored; one stored with the
+  earlier form of fingerprint (of the fields its body set) by that form
+  (``Fingerprint.matches``).
 - ``cancel_job`` announces ``JobCancelRequested`` once; the status turns CANCELLED only when
   the scheduler confirms with ``JobCancelled``.
 - A job whose code is a bundle is accepted only when the caller's team uploaded that
@@ -58,6 +61,7 @@ from trainyard_platform.services.submission.known_callers import KnownCaller
 from trainyard_platform.services.submission.objects import Objects
 from trainyard_platform.services.submission.schemas import (
     BundleCode,
+    Fingerprint,
     JobFilters,
     JobRequest,
     JobSummary,
@@ -98,15 +102,15 @@ async def submit_job(
     reproduces: str | None = None,
     held: asyncpg.Connection | None = None,
     lowered: Lowered | None = None,
-    fingerprint: str | None = None,
+    fingerprint: Fingerprint | None = None,
 ) -> tuple[JobView, bool]:
     """Store and announce a job; return its view and whether it is new (False: the same
     idempotency key was used before, and the earlier job is returned). ``reproduces``: the
     id of the job this one reproduces (``reproduce``). ``held``: a connection of ``pool``
     the caller already holds (and gives back itself), used instead of taking another.
     ``lowered``: a spent budget lowered its class (``governance.admit``): its first history
-    entry and its ``job.submitted`` say from what class. ``fingerprint``: of the request as
-    the client sent it (``schemas.request_fingerprint``), given with an idempotency key."""
+    entry and its ``job.submitted`` say from what class. ``fingerprint``: of the request
+    (``schemas.request_fingerprint``), given with an idempotency key."""
     job = await prepare(objects, caller, request, reproduces, lowered, fingerprint)
     job_id, spec, stored, now = job.job_id, job.spec, job.stored, job.submitted_at
     if not audit.must_record(caller.principal):
@@ -123,7 +127,7 @@ async def submit_job(
             now,
             trace_id=recorded_trace_id(),
             reason=job.reason,
-            fingerprint=job.fingerprint,
+            fingerprint=job.stored_fingerprint,
         )
         if not created:
             assert idempotency_key is not None  # only a repeated key can conflict
@@ -145,7 +149,7 @@ async def check_job(
     idempotency_key: str | None,
     held: asyncpg.Connection | None = None,
     lowered: Lowered | None = None,
-    fingerprint: str | None = None,
+    fingerprint: Fingerprint | None = None,
 ) -> JobView:
     """What ``submit_job`` would answer for ``request``, with its checks, storing nothing (a
     dry run): ``prepare``'s (the role, the team, the bundle), and, for an idempotency key
@@ -177,9 +181,14 @@ class Prepared:
     submitted_at: datetime
     lowered: Lowered | None = None
     """A spent budget lowered its class (``governance.admit``)."""
-    fingerprint: str | None = None
-    """Of the request as its client sent it (``schemas.request_fingerprint``): stored with
+    fingerprint: Fingerprint | None = None
+    """Of the request (``schemas.request_fingerprint``): its ``stored`` form is kept with
     the job, what a replay of its idempotency key is compared by. None without a key."""
+
+    @property
+    def stored_fingerprint(self) -> str | None:
+        """What the job's row keeps of ``fingerprint`` (None without a key)."""
+        return None if self.fingerprint is None else self.fingerprint.stored
 
     @property
     def reason(self) -> str:
@@ -204,7 +213,7 @@ async def prepare(
     request: JobRequest,
     reproduces: str | None = None,
     lowered: Lowered | None = None,
-    fingerprint: str | None = None,
+    fingerprint: Fingerprint | None = None,
 ) -> Prepared:
     """What ``submit_job`` checks before it writes (the role, the team, the bundle), and
     the job's id, spec and time (``lowered``, ``fingerprint``: as ``submit_job``'s). Reads
@@ -276,7 +285,7 @@ async def submit_prepared_if_known(
                 job.submitted_at,
                 trace_id,
                 job.reason,
-                job.fingerprint,
+                job.stored_fingerprint,
             ),
             event,
         )
@@ -331,7 +340,7 @@ async def _store_announced(
             trace_id,
             event,
             job.reason,
-            job.fingerprint,
+            job.stored_fingerprint,
         )
         if not created:
             assert idempotency_key is not None  # only a repeated key can conflict
@@ -347,7 +356,7 @@ async def replay(
     pool: asyncpg.Pool,
     caller: Caller,
     idempotency_key: str,
-    fingerprint: str,
+    fingerprint: Fingerprint,
     held: asyncpg.Connection | None = None,
 ) -> JobView | None:
     """The view of the job this user stored with ``idempotency_key`` when the request that
@@ -362,7 +371,7 @@ async def replay(
         )
         if row is None or row["request_fingerprint"] is None:
             return None
-        if row["request_fingerprint"] != fingerprint:
+        if not fingerprint.matches(row["request_fingerprint"]):
             raise _used_for_another(str(row["id"]))
         return await _read_view(conn, caller, str(row["id"]))
 
@@ -386,7 +395,7 @@ async def replay_despite_flavor(
         request = parse_job_request(body, None)
         key = parse_idempotency_key(idempotency_key)
         assert key is not None  # one was given
-        fingerprint = request_fingerprint(request, reproduces)
+        fingerprint = request_fingerprint(request, reproduces, team=caller.team)
         return await replay(pool, caller, key, fingerprint, held)
     except (RequestInvalid, Conflict):
         return None
@@ -410,7 +419,10 @@ async def _replayed_job(conn: asyncpg.Connection, caller: Caller, key: str, job:
     row = await repo.job_by_idempotency_key(conn, caller.team_id, caller.user_id, key)
     assert row is not None  # the insert conflicted on exactly this row
     stored = row["request_fingerprint"]
-    same = row["spec"] == job.stored if stored is None else stored == job.fingerprint
+    if stored is None:
+        same = row["spec"] == job.stored
+    else:
+        same = job.fingerprint is not None and job.fingerprint.matches(stored)
     if not same:
         raise _used_for_another(str(row["id"]))
     return str(row["id"])

@@ -172,7 +172,7 @@ async def reproduce_job(
     if checked_key is not None:
         # As ``POST /v1/jobs``: a retry answers with its key's job before the budgets and
         # the registry, which may say otherwise now, are asked.
-        fingerprint = request_fingerprint(job, reproduces=job_id)
+        fingerprint = request_fingerprint(job, reproduces=job_id, team=caller.team)
         replayed = await commands.replay(pool, caller, checked_key, fingerprint)
         if replayed is not None:
             return Response(replayed, status_code=200, headers=_located(replayed))

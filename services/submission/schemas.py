@@ -14,6 +14,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -682,17 +683,63 @@ def parse_idempotency_key(value: str | None) -> str | None:
     return value
 
 
-def request_fingerprint(request: JobRequest, reproduces: str | None = None) -> str:
-    """What identifies a submission as its client sent it, for an ``Idempotency-Key``'s
-    replay: the sha256 (hex) of the canonical JSON (keys sorted, no spaces, ASCII) of the
-    fields the body set, as validated, and for a reproduction the id of the job it
-    reproduces. Equal for the same JSON however its keys are ordered or spaced; nothing the
-    server decides later (a budget's lowering, a dataset version the registry resolves, a
-    default) is in it, so a retry of the same body has the same fingerprint whenever it
-    comes. Fields left out are not the same as fields sent with their default value."""
-    fields = request.model_dump(mode="json", by_alias=True, exclude_unset=True)
+@dataclass(frozen=True)
+class Fingerprint:
+    """What identifies a submission, for an ``Idempotency-Key``'s replay
+    (``request_fingerprint``): ``stored`` is kept with a new job; ``matches`` tells whether
+    a job's stored fingerprint is of this same request, whichever form it was stored in."""
+
+    stored: str
+    """The sha256 (hex) of the request in its canonical form: what a new job keeps."""
+    as_sent: str
+    """The sha256 (hex) of the fields the body set, as validated: the form jobs stored
+    before the canonical one kept, still compared with their retries."""
+
+    def matches(self, stored: str) -> bool:
+        """Whether a job's stored fingerprint is of this request. The two forms hash texts
+        that differ (the canonical one alone has the key ``FINGERPRINT_FORM``), so a
+        fingerprint of one form never equals one of the other."""
+        return stored in (self.stored, self.as_sent)
+
+
+FINGERPRINT_FORM = "$form"
+"""The key the canonical form of ``request_fingerprint`` has and no request has (a job
+request forbids unknown fields): what sets its text apart from the form before it."""
+_CANONICAL = "defaults-applied"
+_FIELDS_NOT_THE_JOB = frozenset({"api_version", "kind"})
+"""Fields that say what a spec file is, not what the job is: each takes one value or none
+(by name: ``model_dump`` excludes by field name, not alias)."""
+
+
+def request_fingerprint(
+    request: JobRequest, reproduces: str | None = None, *, team: str
+) -> Fingerprint:
+    """What identifies a submission by the job its client asked for, for an
+    ``Idempotency-Key``'s replay: the sha256 (hex) of the canonical JSON (keys sorted, no
+    spaces, ASCII) of the request as validated, every default applied, and for a
+    reproduction the id of the job it reproduces. ``team``: the caller's, which a request
+    leaving ``team`` out means. Equal for the same request however its client spelled it:
+    keys in any order or spacing, a field left out or sent with its default value
+    (``"seed": 0``), ``team`` left out or naming the caller's team, ``apiVersion`` and
+    ``kind`` given or not. Any other difference in what the job would be (a value, a list's
+    order, a number's type: ``1`` is not ``1.0``) differs. Nothing the server decides later
+    (a budget's lowering, a dataset version the registry resolves) is in it, so a retry has
+    the same fingerprint whenever it comes; a default changed by a new version of the
+    service changes it (a retry across that change is another request, 409, never a job
+    different from the one it asked for). ``as_sent``: the form kept before, of the fields
+    the body set only, for jobs stored then (``Fingerprint.matches``)."""
+    fields = request.model_dump(mode="json", by_alias=True, exclude=set(_FIELDS_NOT_THE_JOB))
+    fields["team"] = request.team or team
     if reproduces is not None:
         fields["reproduces"] = reproduces  # not a field of a request (``extra="forbid"``)
+    fields[FINGERPRINT_FORM] = _CANONICAL
+    as_sent = request.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    if reproduces is not None:
+        as_sent["reproduces"] = reproduces
+    return Fingerprint(stored=_sha256_of_json(fields), as_sent=_sha256_of_json(as_sent))
+
+
+def _sha256_of_json(fields: dict[str, Any]) -> str:
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -9,10 +11,12 @@ import asyncpg
 import pytest
 
 from tests.integration.submission.conftest import SPEC, Submission, eventually
+from trainyard_platform.services.submission import identity
 from trainyard_platform.services.submission import identity_repository as identity_repo
 from trainyard_platform.services.submission.identity import MAX_LIVE_TOKENS
 from trainyard_platform.shared.events import nats_subject, parse_envelope
 from trainyard_platform.shared.events.payloads import JobCancelRequested, JobSubmitted
+from trainyard_platform.shared.identity import Role
 
 pytestmark = pytest.mark.integration
 
@@ -231,6 +235,66 @@ async def test_idempotency_key_returns_the_same_job(submission: Submission) -> N
         "Idempotency-Key": "nightly-2024-06-01",
     }
     assert (await submission.client.post("/v1/jobs", json=SPEC, headers=other)).status_code == 201
+
+
+DEFAULTS_SPELLED_OUT: dict[str, Any] = {
+    "apiVersion": "trainyard.dev/v1",
+    "kind": "Job",
+    "team": "ml",
+    "requirements": [],
+    "cpus_per_gpu": 0,
+    "memory_gib_per_gpu": 0,
+    "max_runtime_seconds": 3600,
+    "max_restarts": 3,
+    "priority": "normal",
+    "project": "default",
+    "labels": {},
+    "register_model": False,
+    "datasets": [],
+    "dataset": None,
+}
+
+
+async def test_a_retry_that_spells_out_the_defaults_is_the_same_request(
+    submission: Submission,
+) -> None:
+    """A client library that fills in the defaults on its retry sends the same request: 200
+    with the job its key made, for an audited caller and a remembered member alike (the
+    two ways a submission is stored), and a dry run says so too. Before, it was 409."""
+    member = await identity.bootstrap_user(submission.pool, "ml", "carol", Role.MEMBER)
+    for token in (submission.admin_token, member):
+        headers = {**submission.auth(token), "Idempotency-Key": "defaults-1"}
+        first = await submission.client.post("/v1/jobs", json=SPEC, headers=headers)
+        assert first.status_code == 201, first.text
+        spelled = {**SPEC, **DEFAULTS_SPELLED_OUT}
+        for query in ("?dry_run=true", ""):
+            again = await submission.client.post(f"/v1/jobs{query}", json=spelled, headers=headers)
+            assert again.status_code == 200, again.text
+            assert again.json()["id"] == first.json()["id"]
+        changed = await submission.client.post(
+            "/v1/jobs", json={**spelled, "max_restarts": 4}, headers=headers
+        )
+        assert changed.status_code == 409, changed.text
+
+
+async def test_a_job_fingerprinted_in_the_earlier_form_still_replays_its_same_body(
+    submission: Submission,
+) -> None:
+    """A job stored before defaults were part of the fingerprint kept the sha256 of the
+    fields its body set: a retry of that body is still its replay, another body is not."""
+    headers = {**submission.auth(), "Idempotency-Key": "earlier-form"}
+    first = await submission.client.post("/v1/jobs", json=SPEC, headers=headers)
+    assert first.status_code == 201, first.text
+    earlier = hashlib.sha256(
+        json.dumps(SPEC, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
+    async with submission.pool.acquire() as conn:
+        await conn.execute("UPDATE jobs SET request_fingerprint = $1", earlier)
+    again = await submission.client.post("/v1/jobs", json=SPEC, headers=headers)
+    assert again.status_code == 200, again.text
+    assert again.json()["id"] == first.json()["id"]
+    other = await submission.client.post("/v1/jobs", json={**SPEC, "seed": 8}, headers=headers)
+    assert other.status_code == 409, other.text
 
 
 async def test_a_key_reused_for_another_request_names_the_header_and_its_job(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from typing import Any
@@ -176,7 +177,7 @@ def test_idempotency_key_header() -> None:
 
 
 def _fingerprint(raw: bytes) -> str:
-    return request_fingerprint(parse_job_request(raw, DEFAULT_FLAVORS))
+    return request_fingerprint(parse_job_request(raw, DEFAULT_FLAVORS), team="ml").stored
 
 
 def test_a_request_fingerprint_is_of_the_json_not_its_spelling() -> None:
@@ -200,7 +201,14 @@ def test_a_request_fingerprint_is_of_the_json_not_its_spelling() -> None:
         {"gpus": 1},
         {"hyperparameters": {"lr": 0.2, "name": "caf\u00e9"}},
         {"labels": {"a": "c"}},
-        {"priority": "normal"},  # the default, but sent: not what the first request sent
+        {"priority": "high"},
+        {"seed": 1},
+        {"team": "vision"},  # another team than the caller's
+        {"hyperparameters": {"lr": 0.1, "name": "caf\u00e9", "extra": 1}},
+        {"args": ["--fast"]},
+        {"experiment": "e1"},
+        {"max_runtime_seconds": 3601},
+        {"register_model": True},
     ],
 )
 def test_a_changed_field_changes_the_request_fingerprint(change: dict[str, Any]) -> None:
@@ -211,8 +219,81 @@ def test_a_changed_field_changes_the_request_fingerprint(change: dict[str, Any])
 
 def test_a_reproductions_fingerprint_names_the_job_it_reproduces() -> None:
     job = parse_job_request(json.dumps(GOOD).encode(), DEFAULT_FLAVORS)
-    assert request_fingerprint(job, reproduces="j1") == request_fingerprint(job, reproduces="j1")
-    assert len({request_fingerprint(job, r) for r in (None, "j1", "j2")}) == 3
+    one = request_fingerprint(job, reproduces="j1", team="ml")
+    assert one == request_fingerprint(job, reproduces="j1", team="ml")
+    assert len({request_fingerprint(job, r, team="ml").stored for r in (None, "j1", "j2")}) == 3
+
+
+EVERY_DEFAULT: dict[str, Any] = {
+    "apiVersion": "trainyard.dev/v1",
+    "kind": "Job",
+    "team": "ml",  # the caller's
+    "command": None,
+    "code": None,
+    "requirements": [],
+    "image": None,
+    "args": [],
+    "cpus_per_gpu": 0,
+    "memory_gib_per_gpu": 0,
+    "hyperparameters": {},
+    "seed": 0,
+    "max_runtime_seconds": 3600,
+    "dataset": None,
+    "max_restarts": 3,
+    "priority": "normal",
+    "project": "default",
+    "experiment": None,
+    "labels": {},
+    "register_model": False,
+    "datasets": [],
+    "parent_model": None,
+}
+
+
+@pytest.mark.parametrize("spelled", [*({k: v} for k, v in EVERY_DEFAULT.items()), EVERY_DEFAULT])
+def test_a_default_left_out_or_spelled_out_is_the_same_request(spelled: dict[str, Any]) -> None:
+    """A client library that fills in defaults on a retry sends the same request: the
+    fingerprint is of the request with its defaults applied (and ``team`` as the caller's,
+    ``apiVersion``/``kind`` aside). Before, a field sent with its default value changed the
+    fingerprint, and the retry was refused 409."""
+    assert _fingerprint(json.dumps({**GOOD, **spelled}).encode()) == _fingerprint(
+        json.dumps(GOOD).encode()
+    )
+
+
+def test_the_same_values_of_another_type_are_another_request() -> None:
+    """What the job gets differs: ``1`` and ``1.0`` are not the same hyper-parameter."""
+    ints = _fingerprint(json.dumps({**GOOD, "hyperparameters": {"lr": 1}}).encode())
+    floats = _fingerprint(json.dumps({**GOOD, "hyperparameters": {"lr": 1.0}}).encode())
+    listed = _fingerprint(json.dumps({**GOOD, "requirements": ["a", "b"]}).encode())
+    reordered = _fingerprint(json.dumps({**GOOD, "requirements": ["b", "a"]}).encode())
+    assert ints != floats and listed != reordered
+
+
+def test_a_fingerprint_stored_in_the_earlier_form_still_matches_its_retry() -> None:
+    """Jobs stored before defaults were part of the fingerprint kept the sha256 of the
+    fields their body set; a retry of the same body still matches it, another body does
+    not, and neither form ever matches a fingerprint of the other form of another body."""
+    body = {**GOOD, "seed": 0}
+    fields = parse_job_request(json.dumps(body).encode(), DEFAULT_FLAVORS).model_dump(
+        mode="json", by_alias=True, exclude_unset=True
+    )
+    earlier = hashlib.sha256(
+        json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
+    retry = request_fingerprint(parse_job_request(json.dumps(body).encode(), None), team="ml")
+    assert retry.matches(earlier) and retry.stored != earlier
+    other = request_fingerprint(
+        parse_job_request(json.dumps({**body, "seed": 1}).encode(), None), team="ml"
+    )
+    assert not other.matches(earlier) and not other.matches(retry.stored)
+    # A body spelling every field out is, in the earlier form, the very text of the
+    # canonical one but for the form's own key: the two forms never meet.
+    spelled = {k: v for k, v in EVERY_DEFAULT.items() if k not in ("apiVersion", "kind")}
+    full = request_fingerprint(
+        parse_job_request(json.dumps({**GOOD, **spelled}).encode(), None), team="ml"
+    )
+    assert full.as_sent != full.stored and not retry.matches(full.as_sent)
 
 
 # --- entrypoint or command, code, requirements, image ----------------------------------------
