@@ -31,8 +31,11 @@ Contract:
   registry are asked (a budget spent or raised since, or one that now refuses new jobs,
   changes nothing of a retry, nor does its flavor retired since), with no budget warning;
   a different request answers 409 naming ``Idempotency-Key``. The body is still checked
-  first (422; a retired flavor's refusal stands for a different request), and the rate
-  limit spent (429).
+  first (422; a retired flavor's refusal stands for a different request). A retry so
+  answered spends a read of the rate limits, not a write (``ratelimit.replays_as_read``:
+  a client retrying after a lost answer is not pushed into 429 by its own retries);
+  anything else under a key (a new job, a different request, a refusal) spends a write,
+  as without one, and a job is stored only once its write is spent.
 - Code bundles are per team: ``HEAD /v1/bundles/{sha256}`` answers 200 when the caller's
   team has uploaded it, else 404; ``PUT /v1/bundles/{sha256}`` stores the body after
   checking that its sha256 is the one in the path and that it is a bundle a runner unpacks
@@ -42,15 +45,18 @@ Contract:
   the user id the guard resolves, never the token itself nor the client address): reads
   (``GET``, ``HEAD``) and writes (everything else) have buckets and settings of their own
   (``read_rate_per_s``/``read_burst``, ``write_rate_per_s``/``write_burst``), and a
-  request that stores nothing (a dry run) spends a read, so it never takes a write from
-  the requests that do, and is limited all the same; the other
+  request that stores nothing (a dry run, a retry answered from its ``Idempotency-Key``'s
+  job) spends a read, so it never takes a write from the requests that do, and is limited
+  all the same; the other
   services check the token of each of their writes with ``POST /v1/me``, a write, and of
   each read with ``GET /v1/me``, so a user's requests to any service share these buckets.
   Each request also spends a token of its team's bucket (``team_rate_factor`` times a
   user's rate and burst), so a team's users together, however many its admin creates, are
   limited too. An empty bucket answers 429 with ``Retry-After`` (whole seconds, at least
-  1) and the limit in the detail (a dry run's: that it counts as a read); a request
-  refused spends nothing. The probes are not limited.
+  1) and the limit in the detail (a dry run's: that it counts as a read), naming
+  ``Authorization``; a request refused spends nothing, but for a submission under an
+  ``Idempotency-Key`` refused for its write, which keeps the read its key's lookup spent.
+  The probes are not limited.
 """
 
 from __future__ import annotations
@@ -63,7 +69,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, cast
+from typing import Annotated, Any, cast
 
 import asyncpg
 import httpx
@@ -105,7 +111,16 @@ from trainyard_platform.services.submission.known_callers import (
     month_and_now,
 )
 from trainyard_platform.services.submission.objects import Objects
-from trainyard_platform.services.submission.ratelimit import RateLimiter
+from trainyard_platform.services.submission.ratelimit import (
+    Buckets,
+    OwedWrite,
+    RateLimiter,
+    charged_unless_replayed,
+    defers_its_write,
+    owe_write,
+    owed_write,
+    replays_as_read,
+)
 from trainyard_platform.services.submission.reproduce import reproduce_job
 from trainyard_platform.services.submission.schemas import (
     ID_PREFIX_PATTERN,
@@ -434,8 +449,13 @@ def _name(field: str, value: str) -> str:
     "/jobs",
     status_code=201,
     request_max_body_size=None,
-    # A dry run stores nothing: it spends a read, leaving the writes to submissions.
-    opt={**screened(Role.MEMBER, remembered=True), **only_reads(when="dry_run")},
+    # A dry run stores nothing: it spends a read, leaving the writes to submissions; so
+    # does a retry answered from its Idempotency-Key's job.
+    opt={
+        **screened(Role.MEMBER, remembered=True),
+        **only_reads(when="dry_run"),
+        **replays_as_read(),
+    },
     middleware=[release_held],
     operation_class=json_request_body(
         JobRequest,
@@ -453,6 +473,14 @@ def _name(field: str, value: str) -> str:
 )
 async def submit_job(
     request: AnyRequest, front: FrontDoor, key: IdempotencyKey = None, dry_run: DryRun = False
+) -> Response[JobView]:
+    # A replay is charged the read the guard spent; anything else a write (``ratelimit``).
+    with charged_unless_replayed(owed_write(request.scope["state"])) as owed:
+        return await _submit_job(request, front, key, dry_run, owed)
+
+
+async def _submit_job(
+    request: AnyRequest, front: Front, key: str | None, dry_run: bool, owed: OwedWrite | None
 ) -> Response[JobView]:
     body: bytes | None = None
     known = request.scope["state"].pop(_KNOWN, None)
@@ -474,12 +502,16 @@ async def submit_job(
             if body is None:
                 raise  # refused reading the body, which no caller changes
         else:
-            if ready is not None:
+            # Its write spent before the job may be stored; where the writes are spent, the
+            # full path tells a replay (a read) from a write refused (429).
+            if ready is not None and (owed is None or owed.took()):
                 job_ready, warnings, checked_key = ready
                 done = await commands.submit_prepared_if_known(
                     front.writer, known, job_ready, checked_key
                 )
                 if done is not None:
+                    if not done[1] and owed is not None:
+                        owed.replayed()
                     return _submitted(*done, warnings, new_job_id=job_ready.job_id)
             await _check_again(request, front)
     caller = resolve_caller(request)
@@ -495,7 +527,7 @@ async def submit_job(
         )
         if replayed is None:
             raise
-        return _checked(replayed, []) if dry_run else _submitted(replayed, False, [])
+        return _replayed(replayed, dry_run, owed)
     key = parse_idempotency_key(key)
     fingerprint = None
     if key is not None:
@@ -506,7 +538,9 @@ async def submit_job(
         held = held_connection(request)
         replayed = await commands.replay(front.pool, caller, key, fingerprint, held)
         if replayed is not None:
-            return _checked(replayed, []) if dry_run else _submitted(replayed, False, [])
+            return _replayed(replayed, dry_run, owed)
+    if owed is not None:
+        owed.spend()  # a new job from here on: a write, before anything is stored
     job, warnings, lowered = screening.admit(job)
     if front.admission.asks_registry(job) or commands.reads_the_store(job):
         # It waits on the registry or the object store (up to their timeouts): no pooled
@@ -536,7 +570,16 @@ async def submit_job(
         lowered=lowered,
         fingerprint=fingerprint,
     )
+    if not created and owed is not None:
+        owed.replayed()
     return _submitted(view, created, warnings)
+
+
+def _replayed(view: JobView, dry_run: bool, owed: OwedWrite | None) -> Response[JobView]:
+    """The answer of a request answered from its key's job: charged a read only."""
+    if owed is not None:
+        owed.replayed()
+    return _checked(view, []) if dry_run else _submitted(view, False, [])
 
 
 def _checked(view: JobView, warnings: list[str]) -> Response[JobView]:
@@ -826,38 +869,29 @@ class RateLimits:
         (``shared.access.is_write`` says which the request spends), and one of its team's;
         429 when either is empty, and then neither is spent. The team's bucket is asked
         second: a user past its own limit spends nothing of its teammates'. The 429 of a
-        request that is no read but spends one (a dry run) says that it counts as a read."""
-        kind, user, team = (
-            ("write", self.writes, self.team_writes)
-            if is_write(connection, handler)
-            else ("read", self.reads, self.team_reads)
-        )
+        request that is no read but spends one (a dry run) says that it counts as a read.
+        A write to a ``ratelimit.replays_as_read()`` route under an ``Idempotency-Key``
+        spends a read and owes its write (``ratelimit.owed_write``), or, where the reads
+        are spent, the write now."""
+        reads = Buckets(self.reads, self.team_reads, "read")
+        writes = Buckets(self.writes, self.team_writes, "write")
+        user, team = caller.user_id, caller.team_id
+        write = is_write(connection, handler)
+        if (
+            write
+            and defers_its_write(handler.opt, connection.headers)
+            # Where the reads are spent, the write is charged now, as for any submission.
+            and reads.take(user, team) is None
+        ):
+            owe_write(connection.scope["state"], OwedWrite(reads, writes, user, team))
+            return
         why = _COUNTED_AS_READ if stores_nothing(connection, handler) else ""
-        wait = user.take(caller.user_id)
-        if wait > 0:
-            _too_many(wait, f"{user.rate:g} {kind} requests per second per user", user.burst, why)
-        wait = team.take(caller.team_id)
-        if wait > 0:
-            user.give_back(caller.user_id)
-            _too_many(
-                wait,
-                f"{team.rate:g} {kind} requests per second per team, all its users together",
-                team.burst,
-                why,
-            )
+        refused = (writes if write else reads).take(user, team, why)
+        if refused is not None:
+            raise refused
 
 
 _COUNTED_AS_READ = "; a request that stores nothing, as this dry run, counts as a read"
-
-
-def _too_many(wait: float, limit: str, burst: int, why: str = "") -> NoReturn:
-    retry = max(1, math.ceil(wait))
-    raise RateLimited(
-        f"rate limit exceeded: at most {limit} (bursts of {burst}){why}; retry after {retry} s",
-        retry_after=retry,
-        field="Authorization",
-        message=f"the token's rate limit is spent: at most {limit}",
-    )
 
 
 def caller_guard(

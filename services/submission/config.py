@@ -34,12 +34,15 @@ class Settings(ServiceSettings):
     write_rate_per_s: float = Field(default=10.0, gt=0)
     """Writes (``POST``, ``PUT``, ``PATCH``, ``DELETE``) each user may make per second,
     sustained; past the burst the API answers 429 with ``Retry-After``. A request that
-    stores nothing (a dry run, a cost estimate) is a read (``shared.access.only_reads``)."""
+    stores nothing (a dry run, a cost estimate, a retry answered from its
+    ``Idempotency-Key``'s job) is a read (``shared.access.only_reads``,
+    ``ratelimit.replays_as_read``)."""
     write_burst: int = Field(default=50, ge=1)
     """Writes a user may make at once before ``write_rate_per_s`` applies."""
     read_rate_per_s: float = Field(default=50.0, gt=0)
-    """Reads (``GET``, ``HEAD``, and requests that store nothing: dry runs, cost estimates)
-    each user may make per second, sustained."""
+    """Reads (``GET``, ``HEAD``, and requests that store nothing: dry runs, cost estimates,
+    retries answered from their ``Idempotency-Key``'s job) each user may make per second,
+    sustained."""
     read_burst: int = Field(default=200, ge=1)
     """Reads a user may make at once before ``read_rate_per_s`` applies."""
     team_rate_factor: float = Field(default=10.0, ge=1, le=1_000_000)

@@ -18,6 +18,8 @@ Contract:
 - An ``Idempotency-Key`` used before by this user for the same reproduction (the same job,
   the same changes) answers 200 with the job it stored, before the budgets or the registry
   are asked and though its flavor is retired since, as ``POST /v1/jobs`` does (``commands.replay``); anything else under it, 409.
+  Such a retry spends a read of the rate limits, anything else a write, as ``POST /v1/jobs``
+  (``ratelimit.replays_as_read``).
 - When the reproduction ends, the registry records the verdict (``GET /v1/jobs/{id}/
   reproduction`` on the registry; docs/reproducibility.md).
 """
@@ -42,6 +44,12 @@ from trainyard_platform.services.submission.errors import Conflict, NotFound
 from trainyard_platform.services.submission.governance import BUDGET_WARNING_HEADER
 from trainyard_platform.services.submission.identity import Caller
 from trainyard_platform.services.submission.objects import Objects
+from trainyard_platform.services.submission.ratelimit import (
+    OwedWrite,
+    charged_unless_replayed,
+    owed_write,
+    replays_as_read,
+)
 from trainyard_platform.services.submission.schemas import (
     JobView,
     parse_idempotency_key,
@@ -113,6 +121,13 @@ def _located(view: JobView) -> dict[str, str]:
     return {"Location": f"/v1/jobs/{view.id}"}
 
 
+def _replayed(view: JobView, owed: OwedWrite | None) -> Response[JobView]:
+    """The answer of a retry answered from its key's job: charged a read only."""
+    if owed is not None:
+        owed.replayed()
+    return Response(view, status_code=200, headers=_located(view))
+
+
 async def _changes(request: Request[Any, Any, Any]) -> ReproduceRequest:
     announced = request.headers.get("content-length", "")
     if announced == "0" or (not announced and "transfer-encoding" not in request.headers):
@@ -126,7 +141,8 @@ async def _changes(request: Request[Any, Any, Any]) -> ReproduceRequest:
     "/jobs/{job_id:str}/reproduce",
     status_code=201,
     request_max_body_size=None,
-    opt=needs(Role.MEMBER),
+    # A retry answered from its Idempotency-Key's job spends a read (``ratelimit``).
+    opt={**needs(Role.MEMBER), **replays_as_read()},
     operation_class=json_request_body(ReproduceRequest, example={}),
     summary="Submit the same job again, linked to it; the registry judges the reproduction",
     responses=error_responses(404, 409, 413, 415),
@@ -140,6 +156,24 @@ async def reproduce_job(
     settings: Config,
     admission: Admission,
     key: IdempotencyKey = None,
+) -> Response[JobView]:
+    # A replay is charged the read the guard spent; anything else a write.
+    with charged_unless_replayed(owed_write(request.scope["state"])) as owed:
+        return await _reproduce(
+            job_id, request, pool, objects, caller, settings, admission, key, owed
+        )
+
+
+async def _reproduce(
+    job_id: str,
+    request: Request[Any, Any, Any],
+    pool: asyncpg.Pool,
+    objects: Objects,
+    caller: Caller,
+    settings: Settings,
+    admission: DataAdmission,
+    key: str | None,
+    owed: OwedWrite | None,
 ) -> Response[JobView]:
     caller.require(Role.MEMBER, "reproducing jobs")
     changes = await _changes(request)
@@ -166,7 +200,7 @@ async def reproduce_job(
         )
         if replayed is None:
             raise
-        return Response(replayed, status_code=200, headers=_located(replayed))
+        return _replayed(replayed, owed)
     checked_key = parse_idempotency_key(key)
     fingerprint = None
     if checked_key is not None:
@@ -175,7 +209,9 @@ async def reproduce_job(
         fingerprint = request_fingerprint(job, reproduces=job_id, team=caller.team)
         replayed = await commands.replay(pool, caller, checked_key, fingerprint)
         if replayed is not None:
-            return Response(replayed, status_code=200, headers=_located(replayed))
+            return _replayed(replayed, owed)
+    if owed is not None:
+        owed.spend()  # a new job from here on: a write, before anything is stored
     job, warnings, lowered = screening.admit(job)
     job = await admission.admit(job, request.headers.get("authorization", ""))
     view, created = await commands.submit_job(
@@ -188,6 +224,8 @@ async def reproduce_job(
         lowered=lowered,
         fingerprint=fingerprint,
     )
+    if not created and owed is not None:
+        owed.replayed()
     headers = _located(view)
     if warnings and created:
         headers[BUDGET_WARNING_HEADER] = "; ".join(warnings)

@@ -454,6 +454,28 @@ async def test_only_routes_that_store_nothing_count_as_reads(world: World) -> No
     assert declared == ONLY_READS
 
 
+REPLAYS_AS_READ = {
+    ("submission", "POST", "/v1/jobs"),
+    ("submission", "POST", "/v1/jobs/{job_id:str}/reproduce"),
+}
+"""Routes whose retries under an ``Idempotency-Key``, answered from the key's job, spend a
+read until they turn out to be anything else (``ratelimit.replays_as_read``): each is
+reviewed here, since one that stored a job before spending its write would carry new jobs
+past the write limit."""
+
+
+async def test_only_reviewed_routes_charge_their_replays_as_reads(world: World) -> None:
+    declared = {
+        (service, method, route.path)
+        for service, app in world.apps.items()
+        for route in app.routes
+        if isinstance(route, HTTPRoute)
+        for method, handlers in route.route_handler_map.items()
+        if handlers[0].opt.get("trainyard_replays_as_read")
+    }
+    assert declared == REPLAYS_AS_READ
+
+
 async def test_public_assets_hold_no_data(world: World) -> None:
     """The dashboard's routes are the only other open ones: its files and the services' URLs,
     the same for anyone; every data route behind them still answers 401 without a token."""

@@ -241,3 +241,80 @@ async def test_a_429_names_the_token_whose_limit_is_spent(limited: Submission) -
     errors = refused.json()["errors"]
     assert [e["field"] for e in errors] == ["Authorization"], errors
     assert "read requests per second per user" in errors[0]["message"], errors
+
+
+@pytest.mark.parametrize("who", ["admin", "member"])
+async def test_a_retry_under_its_idempotency_key_spends_a_read_not_a_write(
+    limited: Submission, who: str
+) -> None:
+    """A client retrying a submission whose answer it lost is answered from its key's job:
+    that costs a read, so its own retries never push it into 429 nor take the writes its
+    new jobs need. A new job, under a new key, still spends a write, and past the write
+    burst is refused (429) however many replays come between: replays carry no job past
+    the write limit. An audited admin and a remembered member are stored two ways: both
+    are charged alike. Before, each retry spent a write: the second new job got 429."""
+    token = limited.admin_token
+    if who == "member":
+        token = await identity.bootstrap_user(limited.pool, "ml", "carol", Role.MEMBER)
+
+    def under(key: str) -> dict[str, str]:
+        return {**limited.auth(token), "Idempotency-Key": key}
+
+    first = await limited.client.post("/v1/jobs", json=SPEC, headers=under("k1"))
+    assert first.status_code == 201, first.text
+    for _ in range(2):  # two reads of the burst of 3
+        again = await limited.client.post("/v1/jobs", json=SPEC, headers=under("k1"))
+        assert again.status_code == 200, again.text
+        assert again.json()["id"] == first.json()["id"]
+    second = await limited.client.post("/v1/jobs", json=SPEC, headers=under("k2"))
+    assert second.status_code == 201, second.text  # the second write of the burst of 2
+    again = await limited.client.post("/v1/jobs", json=SPEC, headers=under("k2"))
+    assert again.status_code == 200, again.text  # the last read
+    refused = await limited.client.post("/v1/jobs", json=SPEC, headers=under("k3"))
+    assert refused.status_code == 429, refused.text
+    assert "write requests per second per user" in refused.json()["detail"], refused.text
+    assert int(refused.headers["retry-after"]) >= 1
+    async with limited.pool.acquire() as conn:
+        keys = await conn.fetch("SELECT idempotency_key FROM jobs ORDER BY submitted_at")
+    assert [row["idempotency_key"] for row in keys] == ["k1", "k2"]
+
+
+async def test_another_request_under_a_used_key_spends_a_write(limited: Submission) -> None:
+    """Only a replay is a read: a different request under a key used before (409), like a
+    new key, is charged a write, so a used key is no way around the write limit."""
+
+    def under(key: str) -> dict[str, str]:
+        return {**limited.auth(), "Idempotency-Key": key}
+
+    first = await limited.client.post("/v1/jobs", json=SPEC, headers=under("k1"))
+    assert first.status_code == 201, first.text
+    other = await limited.client.post("/v1/jobs", json={**SPEC, "seed": 8}, headers=under("k1"))
+    assert other.status_code == 409, other.text  # the second write of the burst of 2
+    refused = await limited.client.post("/v1/jobs", json=SPEC, headers=under("k2"))
+    assert refused.status_code == 429, refused.text
+    assert "write requests per second per user" in refused.json()["detail"], refused.text
+    other = await limited.client.post("/v1/jobs", json={**SPEC, "seed": 8}, headers=under("k1"))
+    assert other.status_code == 429, other.text
+    again = await limited.client.post("/v1/jobs", json=SPEC, headers=under("k1"))
+    assert again.status_code == 200, again.text  # a replay: a read
+    assert again.json()["id"] == first.json()["id"]
+
+
+async def test_a_reproductions_retry_spends_a_read_not_a_write(limited: Submission) -> None:
+    """``POST /v1/jobs/{id}/reproduce`` answers a retry under its key as ``POST /v1/jobs``
+    does, and charges it alike: a read; a new reproduction still a write."""
+    job = await limited.client.post("/v1/jobs", json=SPEC, headers=limited.auth())
+    assert job.status_code == 201, job.text  # the first write of the burst of 2
+    async with limited.pool.acquire() as conn:
+        await conn.execute("UPDATE jobs SET status = 'SUCCEEDED', finished_at = now()")
+    url = f"/v1/jobs/{job.json()['id']}/reproduce"
+    headers = {**limited.auth(), "Idempotency-Key": "r1"}
+    first = await limited.client.post(url, headers=headers)
+    assert first.status_code == 201, first.text  # the second write
+    for _ in range(2):
+        again = await limited.client.post(url, headers=headers)
+        assert again.status_code == 200, again.text
+        assert again.json()["id"] == first.json()["id"]
+    refused = await limited.client.post(url, headers={**limited.auth(), "Idempotency-Key": "r2"})
+    assert refused.status_code == 429, refused.text
+    assert "write requests per second per user" in refused.json()["detail"], refused.text
