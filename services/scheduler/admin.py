@@ -87,7 +87,7 @@ from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import Teams
 from trainyard_platform.shared.events.payloads import FlavorDeclared, FlavorRetired
 from trainyard_platform.shared.http_app import Preconditions, patched
-from trainyard_platform.shared.http_errors import FieldError, RequestInvalid
+from trainyard_platform.shared.http_errors import Conflicting, FieldError, RequestInvalid
 from trainyard_platform.shared.identity import Principal
 
 _SHOWN = 5
@@ -101,8 +101,9 @@ class NotFound(Exception):
     """No such flavor, cohort, queue or priority class (404)."""
 
 
-class Conflict(Exception):
-    """The change contradicts the configuration in place (409)."""
+class Conflict(Conflicting):
+    """The change contradicts the configuration in place (409, naming ``field``: the path
+    parameter or body field the conflict is about)."""
 
 
 @asynccontextmanager
@@ -124,11 +125,13 @@ async def _writing(
         await admin_repo.notify_config_changed(conn)
 
 
-def _refuse_if_used(what: str, users: Mapping[str, Sequence[str]]) -> None:
-    """Raise ``Conflict`` naming, by kind, whatever still uses ``what``."""
+def _refuse_if_used(what: str, users: Mapping[str, Sequence[str]], field: str = "name") -> None:
+    """Raise ``Conflict`` naming, by kind, whatever still uses ``what`` (named by the path
+    parameter ``field``)."""
     named = [f"{kind} {_few(names)}" for kind, names in users.items() if names]
     if named:
-        raise Conflict(f"{what} is in use by {'; '.join(named)}")
+        message = f"{what} is in use by {'; '.join(named)}"
+        raise Conflict(message, field=field, message=f"{message}: nothing changed")
 
 
 def _few(names: Sequence[str]) -> str:
@@ -239,10 +242,14 @@ async def retire_node(pool: asyncpg.Pool, node_id: str, by: Principal) -> None:
         if row["status"] != "LOST":
             raise Conflict(
                 f"node {node_id} is ready (last heartbeat {row['last_heartbeat'].isoformat()}): "
-                "stop its runner, and retire it once the scheduler has declared it lost"
+                "stop its runner, and retire it once the scheduler has declared it lost",
+                field="node_id",
+                message="only a node the scheduler has declared lost can be retired",
             )
         holding = await admin_repo.jobs_holding(conn, node_id)
-        _refuse_if_used(f"node {node_id}", {"the live allocations or GPU leases of jobs": holding})
+        _refuse_if_used(
+            f"node {node_id}", {"the live allocations or GPU leases of jobs": holding}, "node_id"
+        )
         await admin_repo.retire_node(conn, node_id, await admin_repo.transaction_time(conn))
 
 
@@ -377,7 +384,11 @@ async def _write_queue(
             "team", f"queue {name} belongs to team {existing['team']}; a queue keeps its team"
         )
     if existing is None and current is not None and not current["implicit"]:
-        raise Conflict(f"team {body.team} already has queue {current['name']}")
+        raise Conflict(
+            f"team {body.team} already has queue {current['name']}",
+            field="team",
+            message=f"a team has one queue, and {body.team}'s is {current['name']}",
+        )
     if existing is None and current is not None:
         await admin_repo.adopt_implicit_queue(conn, current["name"], name, body.cohort, body.weight)
     else:

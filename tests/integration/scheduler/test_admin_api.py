@@ -52,9 +52,12 @@ async def delete(http: httpx.AsyncClient, path: str) -> Any:
 
 
 def conflict(response: Any) -> str:
+    """The detail of a 409, whose one error names the path parameter it is about."""
     assert response.status_code == 409, response.text
     body = response.json()
-    assert body["errors"] == []
+    parameter = "node_id" if "/v1/admin/nodes/" in str(response.request.url) else "name"
+    assert [e["field"] for e in body["errors"]] == [parameter], body
+    assert body["errors"][0]["message"]
     detail: str = body["detail"]
     return detail
 
@@ -210,6 +213,7 @@ async def test_a_team_has_one_queue_and_a_queue_keeps_its_team(
     response = await put(http, "queues/vision-2", {"team": "vision"})
     assert response.status_code == 409
     assert response.json()["detail"] == "team vision already has queue vision"
+    assert [e["field"] for e in response.json()["errors"]] == ["team"]
     assert fields(await put(http, "queues/vision", {"team": "nlp"})) == {
         "team": "queue vision belongs to team vision; a queue keeps its team"
     }
