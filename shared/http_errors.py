@@ -569,7 +569,9 @@ def _error(
 
 
 def _rate_limited(_: AnyRequest, exc: IdentityRateLimited) -> Response[ErrorBody]:
-    return _error(429, str(exc), headers={"Retry-After": exc.retry_after})
+    # As submission's own 429 (``RateLimited``): the limit counts by the token's user.
+    why = FieldError(field="Authorization", message=str(exc))
+    return _error(429, str(exc), [why], headers={"Retry-After": exc.retry_after})
 
 
 def _refused(_: AnyRequest, exc: Refused) -> Response[ErrorBody]:

@@ -47,7 +47,8 @@ def test_the_users_own_rate_limit_is_a_429_with_retry_after(
         answer = client.get("/v1/things", headers={"Authorization": "Bearer ty_alice"})
     assert answer.status_code == 429, answer.text
     assert answer.headers["Retry-After"] == passed_on
-    assert answer.json() == {"detail": LIMITED, "errors": []}
+    why = [{"field": "Authorization", "message": LIMITED}]  # as submission's own 429
+    assert answer.json() == {"detail": LIMITED, "errors": why}
 
 
 def test_other_refusals_of_the_identity_service_stay_503() -> None:
