@@ -678,6 +678,10 @@ class LocalStack:
         kind = self._kinds.get(name, name)
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")}
         env.update(self._infra_env)
+        if kind == "runner":
+            # It has no database: a node taken over must not hold every service's tables
+            # (docs/security.md, "Threat model").
+            env.pop("TRAINYARD_DATABASE_URL", None)
         env.update(self._own_env.get(name, {}))
         if name in self._ports:
             env[f"TRAINYARD_{kind.upper()}_PORT"] = str(self._ports[name])

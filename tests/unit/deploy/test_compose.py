@@ -89,6 +89,18 @@ def test_the_runner_runs_under_an_init_process_with_few_capabilities() -> None:
     assert "SYS_ADMIN" not in runner["cap_add"]
 
 
+def test_the_runner_gets_no_database_credentials() -> None:
+    """A runner has no database; a node taken over must not hold the URL (and password) of
+    every service's tables, or it could grant itself work and bill anyone (docs/security.md,
+    "Threat model"). The services that keep state there get it."""
+    all_services = services()
+    assert "TRAINYARD_DATABASE_URL" not in all_services["runner"]["environment"]
+    for name in ("submission", "scheduler", "registry", "billing"):
+        assert all_services[name]["environment"]["TRAINYARD_DATABASE_URL"].startswith(
+            "postgresql://"
+        )
+
+
 def test_nats_keeps_jetstream_on_a_volume_and_knows_every_service_user() -> None:
     nats = services()["nats"]
     command = nats["command"]

@@ -33,3 +33,13 @@ def test_the_other_services_check_user_tokens_with_submission(tmp_path: Path) ->
         env = stack._child_env(name)
         assert env[f"TRAINYARD_{name.upper()}_IDENTITY_URL"] == stack.submission_url
         assert "TRAINYARD_SUBMISSION_REGISTRY_URL" not in env
+
+
+def test_only_the_services_with_tables_are_told_where_the_database_is(tmp_path: Path) -> None:
+    """A runner has no database: a node taken over must not hold its address and credentials
+    (docs/security.md, "Threat model")."""
+    stack = stack_with_ports(tmp_path)
+    stack._infra_env = {"TRAINYARD_DATABASE_URL": "postgresql:///trainyard?host=/sock"}
+    assert "TRAINYARD_DATABASE_URL" not in stack._child_env("runner")
+    for name in ("submission", "scheduler", "registry", "billing"):
+        assert stack._child_env(name)["TRAINYARD_DATABASE_URL"].startswith("postgresql:")
