@@ -16,7 +16,7 @@ from pydantic_settings import SettingsConfigDict
 from trainyard_platform.services.runner.checkpoints import MAX_CHECKPOINT_BYTES
 from trainyard_platform.services.runner.disk_watch import GIB
 from trainyard_platform.services.runner.environments import DEFAULT_MAX_SHARE
-from trainyard_platform.shared.events.payloads import MAX_METRIC_POINTS
+from trainyard_platform.shared.events.payloads import MAX_METRIC_POINTS, MAX_NODE_GPUS
 from trainyard_platform.shared.settings import GuardedServiceSettings, Port, jetstream_duration
 
 NODE_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
@@ -55,7 +55,7 @@ class Settings(GuardedServiceSettings):
     topology: str = Field(default="default", pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
     """This node's topology domain (NVLink domain, rack, ...), sent in every heartbeat: the
     scheduler keeps the nodes of a multi-node job in one domain when it can."""
-    virtual_gpus: int | None = Field(default=None, ge=0)
+    virtual_gpus: int | None = Field(default=None, ge=0, le=MAX_NODE_GPUS)
     """Offer this many virtual GPUs (model ``virtual-cpu``; jobs run on CPU) instead of
     discovering real ones. Unset: discover with NVML, else torch."""
     heartbeat_interval_seconds: float = Field(default=2.0, gt=0)

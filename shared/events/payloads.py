@@ -24,6 +24,9 @@ GIT_COMMIT_PATTERN = r"^[0-9a-f]{40}$"
 # field), and the wire ``JobSpec`` holds every consumer to them too.
 MAX_JOB_GPUS = 64
 MAX_JOB_RESTARTS = 20
+MAX_NODE_GPUS = 256
+"""The most GPUs one node may say it has (``RunnerHeartbeat.gpu_count``): the scheduler
+works through each of a node's GPUs in every pass, so what a node says must be bounded."""
 MAX_JOB_RUNTIME_SECONDS = 7 * 24 * 3600
 MAX_SEED = 2**32 - 1
 """The widest seed every RNG a job may use (numpy's included) accepts."""
@@ -353,18 +356,69 @@ class JobCancelled(Payload):
 # --- runner ----------------------------------------------------------------------
 
 
+MAX_NODE_RUNNING = 1000
+"""The most allocations one heartbeat may say its node runs (``running_allocations``)."""
+
+
+def _within(low: int, high: int) -> AfterValidator:
+    """``low`` to ``high`` (a number), checked after parsing: the bounds a heartbeat gained
+    after its schema was published stay out of it (a schema changes within a version only
+    by optional additions), and consumers refuse what is past them."""
+
+    def check(value: int) -> int:
+        if not low <= value <= high:
+            raise ValueError(f"must be {low} to {high}, got {value}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _at_most(most: int, what: str) -> AfterValidator:
+    """At most ``most`` ``what`` (characters of a string, items of a list), as ``_within``."""
+
+    def check(value: Any) -> Any:
+        if len(value) > most:
+            raise ValueError(f"must hold at most {most} {what}, got {len(value)}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _within_length(least: int) -> AfterValidator:
+    """At least ``least`` characters, as ``_within``."""
+
+    def check(value: str) -> str:
+        if len(value) < least:
+            raise ValueError(f"must hold at least {least} character{'s' if least > 1 else ''}")
+        return value
+
+    return AfterValidator(check)
+
+
+NodeText = Annotated[Text, _at_most(100, "characters")]
+HostText = Annotated[Text, _at_most(253, "characters")]
+
+
 class RunnerHeartbeat(Payload):
+    """What a node says of itself every few seconds, bounded whoever sent it: the scheduler
+    places work by ``gpu_count`` and goes through each of a node's GPUs in every pass, and
+    operators read its strings in ``GET /v1/nodes``."""
+
     TYPE = "trainyard.runner.heartbeat.v1"
     node_id: str
-    hostname: str
-    gpu_flavor: str
-    gpu_count: int
-    gpu_names: list[str] = Field(default_factory=list)
-    running_allocations: list[str] = Field(default_factory=list)
+    hostname: HostText
+    gpu_flavor: Annotated[NodeText, _within_length(1)]
+    gpu_count: Annotated[int, _within(0, MAX_NODE_GPUS)]
+    gpu_names: Annotated[
+        list[Annotated[Text, _at_most(200, "characters")]], _at_most(MAX_NODE_GPUS, "names")
+    ] = Field(default_factory=list)
+    running_allocations: Annotated[list[NodeText], _at_most(MAX_NODE_RUNNING, "allocations")] = (
+        Field(default_factory=list)
+    )
     sent_at: datetime
-    topology: str = "default"
+    topology: NodeText = "default"
     """Topology domain of the node (NVLink domain, rack) for gang placement."""
-    address: str = "127.0.0.1"
+    address: HostText = "127.0.0.1"
     """Address other nodes reach this node's job processes at (distributed rendezvous)."""
 
 

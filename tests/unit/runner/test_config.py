@@ -7,6 +7,7 @@ from pydantic import ValidationError
 
 from trainyard_platform.services.runner.__main__ import main
 from trainyard_platform.services.runner.config import Settings, default_node_id
+from trainyard_platform.shared.events.payloads import MAX_NODE_GPUS
 
 
 @pytest.fixture(autouse=True)
@@ -46,6 +47,14 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     settings = Settings()
     assert settings.virtual_gpus == 4 and settings.gpu_flavor == "a100"
     assert settings.port == 8082
+
+
+def test_a_node_offers_no_more_virtual_gpus_than_a_heartbeat_may_say() -> None:
+    """A heartbeat with more GPUs than ``MAX_NODE_GPUS`` is dead-lettered: the node would
+    never be ready, so the runner refuses such a setting at start instead."""
+    assert Settings(virtual_gpus=MAX_NODE_GPUS).virtual_gpus == MAX_NODE_GPUS
+    with pytest.raises(ValidationError, match="virtual_gpus"):
+        Settings(virtual_gpus=MAX_NODE_GPUS + 1)
 
 
 def test_topology_defaults_and_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
