@@ -101,6 +101,20 @@ def test_the_runner_gets_no_database_credentials() -> None:
         )
 
 
+def test_the_runner_cannot_reach_postgres() -> None:
+    """Without the URL, a node taken over could still try PostgreSQL with compose's default
+    password: it shares no network with it, as the Kubernetes NetworkPolicy has it."""
+    all_services = services()
+
+    def networks(name: str) -> set[str]:
+        return set(all_services[name].get("networks", ["default"]))
+
+    assert not networks("runner") & networks("postgres")
+    for name in ("submission", "scheduler", "registry", "billing"):
+        assert networks(name) & networks("postgres"), name
+        assert "default" in networks(name), name  # NATS, the object store, Jaeger, users
+
+
 def test_nats_keeps_jetstream_on_a_volume_and_knows_every_service_user() -> None:
     nats = services()["nats"]
     command = nats["command"]
