@@ -5,13 +5,15 @@
 
 It needs only nats-py, none of Trainyard's code, and follows the consumer's obligations of
 docs/events.md: it creates (or resumes) its own durable consumer on the stream ``TRAINYARD``,
-so a restart goes on where it stopped; it deduplicates by the event's ``id`` (delivery is at
-least once); it acknowledges an event only after handling it (here: printing one line of JSON
+so a restart goes on where it stopped; it deduplicates by the event's ``source`` and ``id``
+(delivery is at least once; an id is unique only within its source, so another source's event
+under an id seen before is another event); it acknowledges an event only after handling it (here: printing one line of JSON
 to stdout). Non-finite numbers arrive as the strings "NaN", "Infinity" and "-Infinity", so the
 strict JSON parser below never meets a bare NaN.
 
-``--seen FILE`` keeps the ids handled across restarts (one per line); without it they are kept
-in memory only. ``--max-events N`` stops after N events were handled (for trying it out).
+``--seen FILE`` keeps the events handled across restarts (one per line: source, a tab, id; a
+line of an id alone, as earlier versions wrote, counts for that id from any source); without
+it they are kept in memory only. ``--max-events N`` stops after N events were handled (for trying it out).
 
 Bad options are refused naming the option (exit status 2). A NATS server that cannot be
 reached or refuses the credentials is said in one line on stderr, naming the server (its
@@ -38,31 +40,35 @@ from nats.js.errors import NotFoundError
 
 STREAM = "TRAINYARD"
 MAX_REMEMBERED = 1_000_000
-"""Most ids kept in memory; the oldest are forgotten first (redeliveries are recent)."""
+"""Most events kept in memory; the oldest are forgotten first (redeliveries are recent)."""
 
 
 class SeenIds:
-    """The event ids already handled: in memory, and appended to ``path`` when given."""
+    """The events already handled, by (source, id): in memory, and appended to ``path`` when
+    given. An id alone (a line without a source) stands for that id from any source."""
 
     def __init__(self, path: Path | None) -> None:
-        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._ids: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._path = path
         if path is not None and path.exists():
             for line in path.read_text().splitlines():
-                self._remember(line.strip())
+                source, _, event_id = line.strip().rpartition("\t")
+                self._remember((source, event_id))
 
-    def __contains__(self, event_id: object) -> bool:
-        return event_id in self._ids
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, tuple) or len(key) != 2:
+            return False
+        return key in self._ids or ("", key[1]) in self._ids
 
-    def add(self, event_id: str) -> None:
-        self._remember(event_id)
+    def add(self, source: str, event_id: str) -> None:
+        self._remember((source, event_id))
         if self._path is not None:
             with self._path.open("a") as out:
-                out.write(event_id + "\n")
+                out.write(f"{source}\t{event_id}\n")
 
-    def _remember(self, event_id: str) -> None:
-        if event_id:
-            self._ids[event_id] = None
+    def _remember(self, key: tuple[str, str]) -> None:
+        if key[1]:
+            self._ids[key] = None
             while len(self._ids) > MAX_REMEMBERED:
                 self._ids.popitem(last=False)
 
@@ -82,6 +88,7 @@ def handle(raw: bytes) -> dict[str, Any]:
         raise ValueError(f"not a Trainyard event (missing {', '.join(missing)})")
     return {
         "id": event["id"],
+        "source": event["source"],
         "type": event["type"],
         "subject": event["subject"],
         "time": event.get("time"),
@@ -132,11 +139,11 @@ async def consume(args: argparse.Namespace) -> int:
                     print(f"skipped message {msg.subject}: {exc}", file=sys.stderr)
                     await msg.term()  # never redelivered: it will not parse next time either
                     continue
-                if line["id"] in seen:
+                if (line["source"], line["id"]) in seen:
                     print(f"duplicate {line['id']} ignored", file=sys.stderr)
                 else:
                     print(json.dumps(line, allow_nan=False), flush=True)
-                    seen.add(line["id"])
+                    seen.add(line["source"], line["id"])
                     handled += 1
                 await msg.ack()  # after handling: a crash before it means a redelivery
                 if args.max_events is not None and handled >= args.max_events:
@@ -183,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         help="subject filter, repeatable (default: every event, trainyard.>)",
     )
     parser.add_argument("--new", action="store_true", help="start at new events, not the oldest")
-    parser.add_argument("--seen", type=Path, help="file keeping the handled ids across restarts")
+    parser.add_argument("--seen", type=Path, help="file keeping the handled events across restarts")
     parser.add_argument("--max-events", type=int, help="stop after this many events")
     args = parser.parse_args(argv)
     if args.max_events is not None and args.max_events < 1:

@@ -2,8 +2,10 @@
 
 ``idempotent(pool, consumer, handler)`` turns a handler of ``(event, connection)`` into a
 batch handler for ``Bus.consume_batches``: it opens one transaction, records
-``(consumer, event id)`` in the inbox for every event of the batch, and runs the handler, in
-order and inside each event's span, for the events not recorded before. JetStream redelivery
+``(consumer, source, event id)`` in the inbox for every event of the batch, and runs the
+handler, in order and inside each event's span, for the events not recorded before. An event
+is one per source and id (CloudEvents), so no publisher can keep another's event out by
+sending an event of its own under that id first. JetStream redelivery
 (a crash before the ack) therefore never applies an event twice, and a burst of events costs
 one commit. Events the handler enqueues in the outbox commit with the same transaction; if
 any event fails, none of the batch is applied. An optional ``guard`` runs once, first thing in
@@ -92,12 +94,13 @@ def prepared_batches(
         if wanted:
             async with pool.acquire() as conn:
                 rows = await conn.fetch(
-                    "SELECT event_id FROM inbox WHERE consumer = $1 AND event_id = ANY($2::text[])",
+                    "SELECT source, event_id FROM inbox "
+                    "WHERE consumer = $1 AND event_id = ANY($2::text[])",
                     consumer,
                     [d.envelope.id for d in wanted],
                 )
-            seen = {r["event_id"] for r in rows}
-            wanted = [d for d in wanted if d.envelope.id not in seen]
+            seen = {(r["source"], r["event_id"]) for r in rows}
+            wanted = [d for d in wanted if not _recorded(d, seen)]
         handler = await prepare(wanted)
         await _apply(pool, consumer, deliveries, handler, guard)
 
@@ -114,15 +117,33 @@ async def _apply(
     async with pool.acquire() as conn, conn.transaction():
         await guard(conn)
         rows = await conn.fetch(
-            "INSERT INTO inbox (consumer, event_id) SELECT $1, unnest($2::text[]) "
-            "ON CONFLICT DO NOTHING RETURNING event_id",
+            "INSERT INTO inbox (consumer, source, event_id) "
+            "SELECT $1, u.source, u.event_id "
+            "FROM unnest($2::text[], $3::text[]) AS u(source, event_id) "
+            "WHERE NOT EXISTS (SELECT 1 FROM inbox i WHERE i.consumer = $1 "
+            "AND i.event_id = u.event_id AND i.source = $4) "
+            "ON CONFLICT DO NOTHING RETURNING source, event_id",
             consumer,
+            [d.envelope.source for d in deliveries],
             [d.envelope.id for d in deliveries],
+            _ANY_SOURCE,
         )
-        first_time = {r["event_id"] for r in rows}
+        first_time = {(r["source"], r["event_id"]) for r in rows}
         fresh = []
         for delivery in deliveries:
-            if delivery.envelope.id in first_time:
-                first_time.discard(delivery.envelope.id)  # a repeat inside the batch
+            key = (delivery.envelope.source, delivery.envelope.id)
+            if key in first_time:
+                first_time.discard(key)  # a repeat inside the batch
                 fresh.append(delivery)
         await handler(fresh, conn)
+
+
+_ANY_SOURCE = ""
+"""The source of inbox rows recorded before the inbox kept sources: such a row counts for
+an event of its id from any source."""
+
+
+def _recorded(delivery: Delivery, seen: set[tuple[str, str]]) -> bool:
+    """Whether ``seen`` (inbox rows as (source, event id)) holds ``delivery``'s event."""
+    event_id = delivery.envelope.id
+    return (delivery.envelope.source, event_id) in seen or (_ANY_SOURCE, event_id) in seen

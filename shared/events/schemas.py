@@ -88,7 +88,10 @@ ENVELOPE_SCHEMA: dict[str, Any] = {
     "required": ["specversion", "id", "source", "type", "time", "subject", "data"],
     "properties": {
         "specversion": {"const": "1.0"},
-        "id": {"type": "string", "description": "Unique per event; deduplicate by it."},
+        "id": {
+            "type": "string",
+            "description": "Unique per event within its source; deduplicate by source and id.",
+        },
         "source": {"type": "string", "description": "The service that said it."},
         "type": {"type": "string", "description": "The payload's type and version."},
         "time": {"type": "string", "format": "date-time"},
@@ -104,8 +107,10 @@ Every Trainyard event is a CloudEvents 1.0 event in structured JSON mode, publis
 JetStream on the subject `<type>.<routing key>`. A consumer of its own (a durable JetStream
 consumer on the stream named in docs/events.md) must:
 
-- deduplicate by `id`: delivery is at least once (a redelivery, or an outbox relay retrying
-  after a crash, repeats an event with the same `id`); record the ids you have handled;
+- deduplicate by `id` within its `source`: delivery is at least once (a redelivery, or an outbox
+  relay retrying after a crash, repeats an event with the same `id`); record the (`source`,
+  `id`) pairs you have handled. An id is unique only within its source, and some can be
+  foreseen: another source's event under an id you have seen is another event;
 - rely on order only per `subject` (one job, one node, one flavor or one team): events about
   different subjects interleave in any order;
 - ignore fields it does not know: within a version (`...v1`) new optional fields are added;

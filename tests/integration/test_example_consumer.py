@@ -68,13 +68,27 @@ async def test_the_example_consumer_prints_each_event_once(
     finally:
         await nc.close()
     await bus.publish(progress)
+    # A runner's event under the id of submission's: another event (an id is unique only
+    # within its source), not a repeat to drop.
+    squat = Envelope.wrap(
+        JobProgress(job_id="j4", allocation_id="a", step=1, metrics={}),
+        source="trainyard/runner",
+        subject="j4",
+        event_id=first.id,
+    )
+    nc = await nats.connect(nats_settings.url)
+    try:
+        await nc.jetstream().publish(squat.nats_subject, squat.to_json())
+    finally:
+        await nc.close()
 
     seen = tmp_path / "seen"
     args = ["--name", "external-system", "--seen", str(seen)]
-    printed, err = await run_example(nats_settings.url, *args, "--max-events", "2")
+    printed, err = await run_example(nats_settings.url, *args, "--max-events", "3")
     assert [(e["id"], e["type"]) for e in printed] == [
         (first.id, first.type),
         (progress.id, progress.type),
+        (squat.id, squat.type),
     ]
     assert f"duplicate {first.id} ignored" in err
     assert printed[1]["data"] == {
@@ -87,4 +101,9 @@ async def test_the_example_consumer_prints_each_event_once(
     await bus.publish(later)
     printed, _ = await run_example(nats_settings.url, *args, "--max-events", "1")
     assert [e["id"] for e in printed] == [later.id]
-    assert seen.read_text().split() == [first.id, progress.id, later.id]
+    assert [line.split("\t") for line in seen.read_text().splitlines()] == [
+        [first.source, first.id],
+        [progress.source, progress.id],
+        [squat.source, squat.id],
+        [later.source, later.id],
+    ]

@@ -18,7 +18,7 @@ from trainyard_platform.shared.bus import Delivery
 from trainyard_platform.shared.db import open_pool
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import JobCancelRequested
-from trainyard_platform.shared.events.trust import SUBMISSION
+from trainyard_platform.shared.events.trust import BILLING, RUNNER, SUBMISSION
 from trainyard_platform.shared.inbox import (
     TransactionalBatchHandler,
     idempotent,
@@ -199,3 +199,53 @@ async def test_prepare_runs_holding_no_connection_on_events_not_applied_before(
 
     assert prepared == [["job-a", "job-a", "job-c"], [], [], ["job-e"]]
     assert await _effects(effects) == ["job-b", "job-a", "job-c", "job-d", "job-e"]
+
+
+def _said_by(source: str, event_id: str, job_id: str) -> Delivery:
+    """A delivery of ``job_id``'s cancel request, as if ``source`` had said it with ``event_id``
+    (the source check is the bus's, before the inbox)."""
+    envelope = Envelope.wrap(
+        JobCancelRequested(job_id=job_id, team="t", user="u"),
+        source=source,
+        subject=job_id,
+        event_id=event_id,
+    )
+    return Delivery(envelope)
+
+
+async def test_an_id_said_first_by_another_source_keeps_no_event_out(
+    effects: asyncpg.Pool, database_url: str
+) -> None:
+    """An event is one per source and id (CloudEvents): a runner node taken over that sent
+    one of its own events under an id billing will use (``budget:<team>::<revision>``, which
+    anyone can foresee) kept billing's event out of every consumer that reads both, and so a
+    spent budget held none of that team's jobs. Now each source's id is its own; rows
+    recorded before sources were (source '') still count for an event of any source."""
+    squat = _said_by(RUNNER, "budget:vision::7", "job-squat")
+    real = _said_by(BILLING, "budget:vision::7", "job-real")
+    await idempotent(effects, "c1", _apply)([squat])
+    await idempotent(effects, "c1", _apply)([real, squat])
+    await idempotent(effects, "c1", _apply)([real])
+    assert await _effects(effects) == ["job-squat", "job-real"]
+
+    prepared: list[list[str]] = []
+
+    async def prepare(deliveries: Sequence[Delivery]) -> TransactionalBatchHandler:
+        prepared.append([d.envelope.subject or "" for d in deliveries])
+
+        async def finish(fresh: Sequence[Delivery], conn: asyncpg.Connection) -> None:
+            for delivery in fresh:
+                await _apply(delivery.envelope, conn)
+
+        return finish
+
+    await prepared_batches(effects, "c2", prepare)([squat])
+    await prepared_batches(effects, "c2", prepare)([real])
+    assert prepared == [["job-squat"], ["job-real"]]
+
+    # Recorded before the inbox kept sources: still applied once, whoever says it.
+    await effects.execute("INSERT INTO inbox (consumer, event_id) VALUES ('c3', 'old-1')")
+    await idempotent(effects, "c3", _apply)([_said_by(BILLING, "old-1", "job-old")])
+    await prepared_batches(effects, "c3", prepare)([_said_by(RUNNER, "old-1", "job-old")])
+    assert prepared[2:] == [[]]
+    assert await _effects(effects) == ["job-squat", "job-real", "job-squat", "job-real"]
