@@ -7,6 +7,7 @@ unqualified (the pool's ``search_path`` is the ``billing`` schema).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -80,8 +81,11 @@ async def record_checkpoint(conn: asyncpg.Connection, saved: CheckpointSaved) ->
 
 
 def _measured(metrics: Mapping[str, float], name: str) -> Decimal | None:
+    """The runner's measurement ``name``, or None (unmeasured) when it is missing or no
+    finite number: a NaN kept would make every later rollup of the allocation fail, its
+    release among them, and so leave the allocation unbilled."""
     value = metrics.get(name)
-    return None if value is None else Decimal(str(value))
+    return None if value is None or not math.isfinite(value) else Decimal(str(value))
 
 
 async def record_run_report(

@@ -88,11 +88,17 @@ def allocation_of(r: Mapping[str, Any]) -> Allocation:
         outcome=r["outcome"],
         attempt=r["attempt"],
         priority=r["priority"],
-        gpu_utilization=r["gpu_utilization_mean"],
-        data_wait_fraction=r["data_wait_fraction_mean"],
+        gpu_utilization=_finite(r["gpu_utilization_mean"]),
+        data_wait_fraction=_finite(r["data_wait_fraction_mean"]),
         last_checkpoint=r["last_checkpoint"],
         failure_kind=r["failure_kind"],
     )
+
+
+def _finite(measured: Decimal | None) -> Decimal | None:
+    """A stored measurement, None (unmeasured) when no finite number: a NaN recorded before
+    billing refused them would fail every rollup of its allocation."""
+    return measured if measured is None or measured.is_finite() else None
 
 
 PART_COLUMNS = (

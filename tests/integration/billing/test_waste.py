@@ -507,3 +507,30 @@ async def test_a_range_longer_than_a_quarter_is_refused_naming_to(
     assert error["field"] == "to" and "93 days" in error["message"], error
     quarter = {"from": "2026-10-01T00:00:00Z", "to": "2027-01-02T00:00:00Z"}
     assert (await client.get("/v1/waste", params=quarter, headers=ML)).status_code == 200
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+async def test_a_measurement_that_is_no_number_leaves_the_allocation_billed(
+    pool: asyncpg.Pool, value: float
+) -> None:
+    """A runner's end report said a mean GPU utilisation of NaN: billing kept it, and when
+    the scheduler released the allocation its rollup compared NaN (an error), so the release
+    failed until it was dead-lettered and the allocation was never billed. A node taken over
+    so made its jobs free. A measurement that is no finite number is now unmeasured."""
+    await feed(pool, granted("x-1", "x", J, "n-1", at(10), "ml-q"))
+    await feed(
+        pool,
+        succeeded(
+            "x-1", "x", "n-1", at(11), gpu_utilization_mean=value, data_wait_fraction_mean=value
+        ),
+    )
+    await feed(pool, released("x-1", "x", J, "n-1", at(10), at(11), "succeeded"))
+    assert await pool.fetchval(
+        "SELECT gpu_seconds FROM usage_ledger WHERE allocation_id = 'x-1'"
+    ) == Decimal(2 * 3600)
+    measured = await pool.fetchrow(
+        "SELECT gpu_utilization_mean, data_wait_fraction_mean FROM waste_run_reports "
+        "WHERE allocation_id = 'x-1'"
+    )
+    assert measured is not None
+    assert (measured["gpu_utilization_mean"], measured["data_wait_fraction_mean"]) == (None, None)
