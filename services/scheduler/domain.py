@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from trainyard_platform.shared.events.payloads import FailureKind, JobSpec
@@ -512,3 +512,26 @@ def release_time(reported: datetime, granted_at: datetime, now: datetime) -> dat
     """When a lease ended for billing: the time the runner (or the last heartbeat) reported,
     kept between the grant and now so a skewed clock never bills negative or future time."""
     return min(max(reported, granted_at), max(now, granted_at))
+
+
+LATE_SUCCESS_ALLOWANCE = timedelta(hours=1)
+"""How long past its grant and its spec's ``max_runtime_seconds`` a late success may say it
+ended: the job's clock starts once the runner has set it up (code, environment, the
+checkpoint to resume from), and a job past its time gets the runner's kill grace."""
+
+
+def late_release_time(
+    reported: datetime,
+    granted_at: datetime,
+    released_at: datetime,
+    now: datetime,
+    max_runtime_s: int,
+) -> datetime:
+    """When a lost allocation whose runner reported success late ended, for its bill: what the
+    runner reported (``release_time``), never before its release (a bill is extended, never
+    cut), and never later than an attempt of the job could run: its grant plus the spec's
+    ``max_runtime_seconds`` and ``LATE_SUCCESS_ALLOWANCE``. Without that bound, a runner
+    silent for weeks billed the job's team for weeks of GPUs by saying it had just
+    finished."""
+    latest = granted_at + timedelta(seconds=max_runtime_s) + LATE_SUCCESS_ALLOWANCE
+    return max(released_at, min(release_time(reported, granted_at, now), latest))

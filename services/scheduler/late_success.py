@@ -12,7 +12,9 @@ transaction, under the scheduling lock; ``job`` and its ``live`` allocations rea
   and preemptions of an ended allocation never reach this (they stay fenced).
 - A kept success: the allocation's outcome becomes ``succeeded`` and it ends when it really
   ended, the later of its release (billed up to the node's last heartbeat) and the runner's
-  ``finished_at`` (kept between its grant and now; a bill is extended, never cut). A second
+  ``finished_at`` (kept between its grant and now, and no later than its grant plus the
+  spec's ``max_runtime_seconds`` and ``domain.LATE_SUCCESS_ALLOWANCE``: no attempt runs
+  longer; a bill is extended, never cut: ``domain.late_release_time``). A second
   ``AllocationReleased`` for it says so (outcome ``succeeded``, event id
   ``late-success:<allocation>``); billing amends that allocation's one bill to the longer
   interval (``services.billing``: one ledger row per allocation, so it is billed once, for
@@ -44,8 +46,8 @@ from trainyard_platform.services.scheduler.domain import (
     Allocation,
     Job,
     Outcome,
+    late_release_time,
     late_success,
-    release_time,
 )
 from trainyard_platform.services.scheduler.leases import charge_usage, fence_revocation
 from trainyard_platform.services.scheduler.scheduling import Tuning, traced
@@ -85,7 +87,9 @@ async def accept_late_success(
     if isinstance(verdict, str):
         log.info("job %s succeeded ignored: %s", job.job_id, verdict)
         return False
-    ended_at = max(released_at, release_time(report.finished_at, allocation.granted_at, now))
+    ended_at = late_release_time(
+        report.finished_at, allocation.granted_at, released_at, now, job.spec.max_runtime_seconds
+    )
     await allocation_repo.amend_lost_release(conn, allocation.allocation_id, ended_at)
     gpu_seconds = len(allocation.gpu_indices) * (ended_at - released_at).total_seconds()
     events = [

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from trainyard_platform.services.scheduler.domain import (
+    LATE_SUCCESS_ALLOWANCE,
     AllocationStatus,
     EndDecision,
     Failure,
@@ -16,6 +17,7 @@ from trainyard_platform.services.scheduler.domain import (
     allocation_ended,
     fence,
     format_seconds,
+    late_release_time,
     release_time,
     restart_backoff,
 )
@@ -401,3 +403,23 @@ def test_a_job_that_failed_by_its_own_fault_without_running_is_not_restarted() -
         "user_error: could not build the job's environment; user_error of a job that never "
         "ran is not restarted (attempt 1)"
     )
+
+
+def test_a_late_success_bills_no_longer_than_an_attempt_could_run() -> None:
+    """A runner node whose allocation was declared lost said weeks later that it had just
+    succeeded: the allocation's bill ran to that moment, weeks of GPUs charged to the job's
+    team. No attempt runs past its spec's max_runtime_seconds (the runner stops it), so a
+    late success ends at most that long (and LATE_SUCCESS_ALLOWANCE, for the runner's setup
+    and kill grace) after its grant; never before its release, never after now."""
+    granted = datetime(2025, 1, 1, 12, tzinfo=UTC)
+    lost = granted + timedelta(minutes=30)
+    max_runtime = 3600
+    latest = granted + timedelta(seconds=max_runtime) + LATE_SUCCESS_ALLOWANCE
+    weeks = granted + timedelta(weeks=3)
+    assert late_release_time(weeks, granted, lost, weeks, max_runtime) == latest
+    honest = granted + timedelta(minutes=50)  # finished while cut off, reported weeks later
+    assert late_release_time(honest, granted, lost, weeks, max_runtime) == honest
+    # A bill is extended, never cut; nor is it extended past now.
+    assert late_release_time(granted, granted, lost, weeks, max_runtime) == lost
+    soon = lost + timedelta(minutes=5)
+    assert late_release_time(weeks, granted, lost, soon, max_runtime) == soon
