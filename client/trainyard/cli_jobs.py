@@ -117,6 +117,9 @@ def idempotency_key_arg(value: str) -> str:
 
 
 def submit(session: Session) -> int:
+    # A usage error, said before the code is packed, checked or uploaded.
+    if session.args.dry_run and session.args.follow:
+        raise CliError("--follow cannot follow a dry run: nothing is submitted", Exit.USAGE)
     loaded, spec = prepared(session)
     return _submitted(session, spec, loaded)
 
@@ -429,8 +432,6 @@ def _submitted(
     args = session.args
     client = session.client
     dry_run = bool(getattr(args, "dry_run", False))
-    if dry_run and args.follow:
-        raise CliError("--follow cannot follow a dry run: nothing is submitted", Exit.USAGE)
     no_estimate = _say_estimate(session, spec)
     try:
         view, warning = client.submit_warned(

@@ -85,3 +85,16 @@ def test_a_dry_run_cannot_be_followed(
     assert _submit("--no-code", "--dry-run", "--follow") == Exit.USAGE
     assert "--follow cannot follow a dry run" in capsys.readouterr().err
     assert server["sent"] == []
+
+
+def test_a_followed_dry_run_is_refused_before_the_code_is_packed_or_checked(
+    server: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A usage error is said before any request: ``--dry-run --follow`` with code to pack
+    asked the server about the spec and the bundle first, then said it."""
+    Path("train.py").write_text("print('hi')\n")
+    assert _submit("--dry-run", "--follow") == Exit.USAGE
+    err = capsys.readouterr().err
+    assert "--follow cannot follow a dry run" in err
+    assert "code:" not in err
+    assert server["sent"] == []
