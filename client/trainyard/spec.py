@@ -392,11 +392,21 @@ def _validator() -> jsonschema.Draft202012Validator:
 def _schema_issues(spec: SpecFile) -> Iterator[SpecIssue]:
     """Every problem of the spec's values, one per value where one says it: a value of the
     wrong type is told its type alone (``seed: 1e400`` is ``must be an integer``, not also
-    ``must be at most 4294967295`` and ``must be a finite number``)."""
+    ``must be at most 4294967295`` and ``must be a finite number``); a value not of its form
+    is told the form, whose words say its length too (``name`` of 101 letters: not also
+    ``must be at most 100 characters``)."""
     leaves = [leaf for error in _validator().iter_errors(spec.spec) for leaf in _leaves(error)]
     mistyped = {tuple(leaf.absolute_path) for leaf in leaves if leaf.validator == "type"}
+    worded = {
+        tuple(leaf.absolute_path)
+        for leaf in leaves
+        if leaf.validator == "pattern" and pattern_message(leaf.validator_value)
+    }
     for leaf in leaves:
-        if leaf.validator == "type" or tuple(leaf.absolute_path) not in mistyped:
+        path = tuple(leaf.absolute_path)
+        if leaf.validator in ("minLength", "maxLength") and path in worded:
+            continue
+        if leaf.validator == "type" or path not in mistyped:
             yield from _issues(leaf, spec)
     for path in _not_finite(spec.spec):
         if not any(path[:depth] in mistyped for depth in range(len(path) + 1)):

@@ -37,3 +37,19 @@ def test_one_message_per_mistyped_value(more: str, says: list[str]) -> None:
     with pytest.raises(SpecError) as caught:
         parse(BASE + more, "j.yaml")
     assert str(caught.value).splitlines() == says
+
+
+@pytest.mark.parametrize(
+    ("more", "says"),
+    [
+        (f"name: {'a' * 101}\n", "must be 1 to 100 letters, digits, '.', '_' or '-'"),
+        ("name: a\nexperiment: ''\n", "must be 1 to 100 letters, digits, '.', '_' or '-'"),
+    ],
+)
+def test_a_value_too_long_for_its_form_is_told_the_form_once(more: str, says: str) -> None:
+    """``name`` of 101 letters was told ``must be at most 100 characters`` and then the
+    form, whose words say the bounds already: two lines for one mistake."""
+    with pytest.raises(SpecError) as caught:
+        parse("gpus: 1\nentrypoint: m\ngpu_flavor: cpu\n" + more, "j.yaml")
+    (line,) = str(caught.value).splitlines()
+    assert line.endswith(says)
