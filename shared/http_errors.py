@@ -223,12 +223,33 @@ def field_errors(exc: ValidationError) -> list[FieldError]:
             # The mapping is the field, the message names the key, as the CLI says it.
             key = repr(str(loc[-2]))
             loc, message = loc[:-2], message if key in message else f"key {key}: {message}"
+        tag = _union_tag(err["type"], err.get("ctx"))
+        if tag is not None:
+            # A tagged union (``code``) whose tag names no form: the tag's field is the
+            # mistake, not the union ("Unable to extract tag using discriminator 'kind'").
+            loc, message = (*loc, tag[0]), tag[1]
         path = field_path(loc)
         head, sep, rest = message.partition(": ")
         if err["type"] == "value_error" and sep and _OWN_FIELD.fullmatch(head):
             path, message = (f"{path}.{head}" if path != "body" else head), rest
         errors.append(FieldError(field=path, message=message))
     return errors
+
+
+_TAG_FIELD = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'")
+
+
+def _union_tag(kind: str, context: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    """The tag's field and what to say of it, for a union whose tag is missing or names
+    none of its forms; None for any other error (or a tag pydantic does not name)."""
+    if kind not in ("union_tag_not_found", "union_tag_invalid") or context is None:
+        return None
+    named = _TAG_FIELD.fullmatch(str(context.get("discriminator")))
+    if named is None:
+        return None
+    if kind == "union_tag_not_found":
+        return named.group(1), "field required"
+    return named.group(1), f"must be one of {context.get('expected_tags')}"
 
 
 def field_path(loc: Sequence[int | str]) -> str:

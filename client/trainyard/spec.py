@@ -462,6 +462,15 @@ def _issues(error: jsonschema.ValidationError, spec: SpecFile) -> Iterator[SpecI
             _field((*path, missing.group(1) if missing else "?")), "field required", *where
         )
         return
+    tagged = error.schema.get("discriminator") if isinstance(error.schema, dict) else None
+    if kind in ("anyOf", "oneOf") and isinstance(tagged, dict) and isinstance(error.instance, dict):
+        # No form fits a mapping whose tag names none (``code`` without a ``kind``): the tag is
+        # the mistake, and the forms it may name say how to write it.
+        tag = str(tagged.get("propertyName"))
+        kinds = "one of " + ", ".join(repr(k) for k in tagged.get("mapping", {}))
+        said = f"field required ({kinds})" if tag not in error.instance else f"must be {kinds}"
+        yield spec.issue(_field((*path, tag)), said)
+        return
     if "propertyNames" in error.schema_path:
         yield spec.issue(name, f"key {error.instance!r}: {_message(error)}")
         return

@@ -419,8 +419,8 @@ def test_git_repository_urls_accepted(repository: str) -> None:
             {"kind": "git", "repository": "https://h/" + "x" * 500, "commit": COMMIT},
             "code.repository",
         ),
-        ({"kind": "svn", "repository": "https://h/r"}, "code"),
-        ({"sha256": SHA}, "code"),
+        ({"kind": "svn", "repository": "https://h/r"}, "code.kind"),
+        ({"sha256": SHA}, "code.kind"),
         ("bundle", "code"),
     ],
 )
