@@ -124,3 +124,20 @@ def test_the_alias_limit_does_not_say_the_alias_page_carries_all_of_them() -> No
     page = _text("docs/models.md")
     assert "`GET …/aliases` carry all of them" not in page
     assert "A model has at most 100 aliases" in page
+
+
+def test_a_job_without_an_experiment_is_a_run_of_the_one_named_after_it() -> None:
+    """docs/job-spec.md said `experiment` is "a name ..., or none" and that
+    examples/digits.job.json runs "in no experiment"; the registry files a job that names
+    none as a run of the experiment named after its ``name``
+    (``services.registry.tracking_repository.experiment_name``), as docs/tracking.md says,
+    and ``trainyard experiments`` lists it."""
+    from trainyard_platform.services.registry.tracking_repository import experiment_name
+    from trainyard_platform.shared.events.payloads import JobSpec
+
+    spec = JobSpec.model_construct(name="digits-cnn", experiment=None)
+    assert experiment_name(spec) == "digits-cnn"
+    page = _text("docs/job-spec.md")
+    assert "in no experiment" not in page
+    assert "a name like a project's, or none" not in page
+    assert "without one, the job is a run of the experiment named after its `name`" in page
