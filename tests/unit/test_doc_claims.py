@@ -141,3 +141,16 @@ def test_a_job_without_an_experiment_is_a_run_of_the_one_named_after_it() -> Non
     assert "in no experiment" not in page
     assert "a name like a project's, or none" not in page
     assert "without one, the job is a run of the experiment named after its `name`" in page
+
+
+def test_ls_after_and_all_are_not_said_to_exclude_each_other() -> None:
+    """docs/cli.md's synopsis wrote ``ls [--after C | --all]``, the form it uses for options
+    that exclude each other (``--mine | --user U``, which the parser refuses together); ``ls
+    --after C --all`` lists every page after C (``cli_jobs.ls``) and the parser takes both."""
+    from trainyard.cli import _parser
+
+    args = _parser().parse_args(["ls", "--after", "c", "--all"])
+    assert (args.after, args.all) == ("c", True)
+    page = _text("docs/cli.md")
+    assert "[--after C | --all]" not in page
+    assert "[--after C] [--all]" in page
