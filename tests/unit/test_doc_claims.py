@@ -154,3 +154,17 @@ def test_ls_after_and_all_are_not_said_to_exclude_each_other() -> None:
     page = _text("docs/cli.md")
     assert "[--after C | --all]" not in page
     assert "[--after C] [--all]" in page
+
+
+def test_prices_set_is_not_said_to_need_a_gpu_hour_price() -> None:
+    """docs/cli.md ("Governance") wrote ``admin prices set FLAVOR --gpu-hour P [--cpu-hour
+    P] ...``, as if a GPU-hour price were required; any one price will do (``cli_prices``:
+    ``--cpu-hour`` alone sets the CPU-hour price), none is the usage error."""
+    from trainyard.cli import _parser
+
+    args = _parser().parse_args(["admin", "prices", "set", "cpu", "--cpu-hour", "0.01"])
+    assert args.price_per_gpu_hour is None
+    page = _text("docs/cli.md")
+    assert "`admin prices set FLAVOR --gpu-hour P" not in page
+    assert "`admin prices set FLAVOR [--gpu-hour P] [--cpu-hour P]" in page
+    assert "(at least one price" in page
