@@ -84,6 +84,7 @@ from trainyard.cli_base import (
     dumps,
     exit_code_of,
     not_configured,
+    note,
     pick_context,
 )
 from trainyard.cli_deadletters import add_deadletter_commands, run_deadletters
@@ -486,11 +487,27 @@ def _run(session: Session) -> int:
     if args.command == "deadletters":
         return run_deadletters(session.client, args)
     if args.command in cli_access.COMMANDS:
+        rotated = args.command == "token" and args.action == "rotate"
+        context = session.token_context() if rotated else None
         shown = cli_access.run(session.client, args, session.as_json)
-        print(shown if isinstance(shown, str) else dumps(shown))
+        # Printed first: should the config file not be written, the new token is not lost.
+        print(shown if isinstance(shown, str) else dumps(shown), flush=True)
+        if context is not None:
+            _keep_rotated(session, context, shown)
         return Exit.OK
     run: Runner = args.run
     return run(session)
+
+
+def _keep_rotated(session: Session, name: str, shown: Any) -> None:
+    """Store the token a rotation made in context ``name``, whose token it revoked: left
+    there, the context's next command was refused (401) until the user logged in again."""
+    token = shown if isinstance(shown, str) else shown["token"]
+    path = session.config_path
+    config = cli_config.read(path)
+    config.named()[name].token = token
+    cli_config.write(path, config)
+    note(f"context {name!r} now holds the new token (the old one is revoked)")
 
 
 def _tokens(session: Session) -> int:

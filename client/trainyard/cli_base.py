@@ -269,6 +269,18 @@ class Session:
             "trainyard login URL, set TRAINYARD_TOKEN or pass --token",
         )
 
+    def token_context(self) -> str | None:
+        """The name of the context whose token ``token`` sends; None when ``--token`` or
+        ``TRAINYARD_TOKEN`` gives it (or there is none)."""
+        if getattr(self.args, "token", None) or (
+            self.settings.token and self.settings.token.get_secret_value()
+        ):
+            return None
+        ctx = self.context()
+        if ctx is not None and ctx.token and (not self._url_given() or self.url == ctx.url):
+            return self._context_name()
+        return None
+
     def unreachable(self, said: str) -> str | None:
         """What to add when the submission API did not answer (``said``: the error): where
         its URL came from and what to do; None for another service's URL."""
