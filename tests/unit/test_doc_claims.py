@@ -168,3 +168,29 @@ def test_prices_set_is_not_said_to_need_a_gpu_hour_price() -> None:
     assert "`admin prices set FLAVOR --gpu-hour P" not in page
     assert "`admin prices set FLAVOR [--gpu-hour P] [--cpu-hour P]" in page
     assert "(at least one price" in page
+
+
+def test_the_jobs_environment_lists_every_variable_the_runner_sets() -> None:
+    """docs/job-spec.md ("Inside the job", "Besides them") listed the job's variables but
+    left out ``LOGNAME``, ``PYTHONNOUSERSITE``, ``CUDA_DEVICE_ORDER`` and (there)
+    ``OMP_NUM_THREADS``, which a job printing its environment sees
+    (``services.runner.launch``, ``services.runner.gpus.GpuInventory.job_env``)."""
+    source = (ROOT / "services" / "runner" / "launch.py").read_text()
+    source += (ROOT / "services" / "runner" / "gpus.py").read_text()
+    [besides] = [p for p in _text("docs/job-spec.md").split("Besides them:")[1:]]
+    for name in (
+        "PATH",
+        "HOME",
+        "TMPDIR",
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "PYTHONUNBUFFERED",
+        "PYTHONNOUSERSITE",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "OMP_NUM_THREADS",
+        "TRACEPARENT",
+    ):
+        assert f'"{name}"' in source, name
+        assert f"`{name}" in besides, name
