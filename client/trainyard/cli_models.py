@@ -201,6 +201,17 @@ def _granted_to_us(registry: TrainyardClient, **params: str | None) -> list[dict
         raise
 
 
+def _no_models(args: argparse.Namespace) -> str:
+    """What an empty ``model ls`` says: what it looked for, not "no models yet" where the
+    team's own were never listed (``--granted``) or were filtered out."""
+    if args.granted:
+        return "no models granted to your team by another team"
+    given = [f"--{o} {getattr(args, o)}" for o in ("team", "project") if getattr(args, o)]
+    if given:
+        return f"no models match {' '.join(given)}"
+    return "no models yet (trainyard model register TEAM/NAME --job JOB)"
+
+
 def run_ls(session: Session) -> int:
     args = session.args
     registry = session.service("registry")
@@ -228,7 +239,7 @@ def run_ls(session: Session) -> int:
         lambda: table(
             ("MODEL", "PROJECT", "VERSIONS", "LATEST", "ALIASES", "CREATED", "ACCESS"),
             rows,
-            empty="no models yet (trainyard model register TEAM/NAME --job JOB)",
+            empty=_no_models(args),
         ),
     )
     return Exit.OK

@@ -175,7 +175,9 @@ def test_models_are_registered_listed_and_shown(
     assert listed[1].split()[:4] == [f"{TEAM}/linear", "lineage", "1", "1"]
     assert listed[1].split()[-1] == "-"  # the team's own
     assert "cost" in version  # the registration answers the version as GET does
-    assert run(env, "model", "ls", "--project", "elsewhere").startswith("no models yet")
+    assert run(env, "model", "ls", "--project", "elsewhere").startswith(
+        "no models match --project elsewhere"
+    )
     shown = run(env, "model", "show", f"{TEAM}/linear")
     assert "VERSION  ALIASES  JOB" in shown and job[:8] in shown
     one = run(env, "model", "show", f"{TEAM}/linear:1")
