@@ -86,6 +86,7 @@ from trainyard.cli_base import (
     not_configured,
     note,
     pick_context,
+    positive_arg,
 )
 from trainyard.cli_deadletters import add_deadletter_commands, run_deadletters
 from trainyard.cli_jobs import LogFollower, status_arg, upload_code
@@ -287,7 +288,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     listing.add_argument(
         "--limit",
-        type=_positive,
+        type=positive_arg,
         default=cli_jobs.LS_LIMIT,
         help=f"at most this many ({cli_jobs.LS_LIMIT})",
     )
@@ -320,7 +321,7 @@ def _parser() -> argparse.ArgumentParser:
     cancel = command("cancel", cli_jobs.cancel, "ask for jobs to be cancelled")
     cancel.add_argument("jobs", nargs="+", metavar="JOB")
     queue = command("queue", cli_jobs.queue, "the team's waiting jobs and why they wait")
-    queue.add_argument("--limit", type=_positive, default=100, help="at most this many")
+    queue.add_argument("--limit", type=positive_arg, default=100, help="at most this many")
     cli_tracking.add_commands(command)
     cli_waste.add_command(command)
     cli_models.add_commands(command, common)
@@ -350,16 +351,6 @@ def folder_arg(value: str) -> Path:
         missing = "" if path.expanduser().exists() else ": nothing has that path"
         raise argparse.ArgumentTypeError(f"{value!r} is not a folder{missing}")
     return path
-
-
-def _positive(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
-    return number
 
 
 def seconds_arg(value: str) -> float:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from trainyard.cli_base import whole_arg
+from trainyard.cli_base import positive_arg, whole_arg
 from trainyard.cli_render import table, time_text
 from trainyard.client import TrainyardClient
 
@@ -54,7 +54,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
             help=f"lifetime in days, {TOKEN_DAYS_MIN} to {TOKEN_DAYS_MAX} (server default: 90)",
         )
     revoke = tokens.add_parser("revoke", parents=[common], help="revoke a token by id")
-    revoke.add_argument("token_id", metavar="ID", type=int)
+    revoke.add_argument("token_id", metavar="ID", type=positive_arg)
     user = commands.add_parser(
         "user", parents=[common], help="list, add, change the role of, disable users"
     )
@@ -74,8 +74,8 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     disable.add_argument("name", metavar="NAME")
     disable.add_argument("--team", help="another team (operators)")
     audit = commands.add_parser("audit", parents=[common], help="the audit log (operators)")
-    audit.add_argument("--limit", type=int, default=50)
-    audit.add_argument("--before", type=int, help="entries older than this id")
+    audit.add_argument("--limit", type=positive_arg, default=50)
+    audit.add_argument("--before", type=positive_arg, help="entries older than this id")
 
 
 def run(client: TrainyardClient, args: argparse.Namespace, as_json: bool) -> Any:

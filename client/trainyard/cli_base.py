@@ -365,6 +365,22 @@ class Session:
         print(dumps(value) if self.as_json else text())
 
 
+ID_MAX = 2**63 - 1
+"""The largest id, sequence or count the services take (a signed 64-bit integer)."""
+
+
+def positive_arg(value: str) -> int:
+    """An argparse ``type`` for a whole number from 1 to ``ID_MAX`` (a limit, an id), judged
+    on the command line so that the error names the option, not the API's field."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if not 1 <= number <= ID_MAX:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
+    return number
+
+
 def whole_arg(low: int, high: int, unit: str = "") -> Callable[[str], int]:
     """An argparse ``type`` for a whole number from ``low`` to ``high`` (of ``unit``, when
     given), judged on the command line so that the error names the option, not the API's

@@ -24,10 +24,12 @@ import json
 import sys
 from typing import Any
 
-from trainyard.cli_base import CliError, Exit
+from trainyard.cli_base import ID_MAX, CliError, Exit, whole_arg
 from trainyard.client import Answer, TrainyardClient, TrainyardError, malformed
 
 _PAGE = 200
+PAGE_MAX = 500
+"""The most dead letters ``GET /v1/deadletters`` answers in one page (its ``limit``)."""
 
 
 def add_deadletter_commands(
@@ -45,8 +47,15 @@ def add_deadletter_commands(
     actions = command.add_subparsers(dest="deadletters_action", required=True, metavar="ACTION")
     listing = actions.add_parser("list", parents=[common], help="the dead letters, oldest first")
     listing.add_argument("--reason", help="only those whose reason contains this text")
-    listing.add_argument("--after", type=int, default=0, help="only those after this sequence")
-    listing.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    listing.add_argument(
+        "--after", type=whole_arg(0, ID_MAX), default=0, help="only those after this sequence"
+    )
+    listing.add_argument(
+        "--limit",
+        type=whole_arg(1, PAGE_MAX),
+        default=50,
+        help=f"at most this many, 1 to {PAGE_MAX} (default 50)",
+    )
     show = actions.add_parser("show", parents=[common], help="one dead letter, with its event")
     show.add_argument("sequence", metavar="SEQ", type=int)
     for name, what in (
