@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainyard.cli_base import CliError, Exit, Session, dumps, resolve
+from trainyard.cli_base import ID_MAX, CliError, Exit, Session, dumps, resolve, whole_arg
 from trainyard.cli_models import parse_ref
 from trainyard.cli_render import short, table, time_text
 from trainyard.client import segment
@@ -39,7 +39,9 @@ def add_commands(
     register.add_argument("dataset", metavar="TEAM/NAME")
     register.add_argument("--uri", required=True, help="where the data is")
     register.add_argument("--sha256", required=True, help="its content hash (hex)")
-    register.add_argument("--size", type=int, required=True, help="its size in bytes")
+    register.add_argument(
+        "--size", type=whole_arg(0, ID_MAX, "bytes"), required=True, help="its size in bytes"
+    )
     register.add_argument("--schema", type=Path, metavar="FILE", help="a JSON file: its schema")
     register.add_argument("--feature-version", default="", help="the code that made it")
     register.add_argument("--job", metavar="JOB", help="the job that produced it")

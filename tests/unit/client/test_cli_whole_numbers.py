@@ -27,6 +27,7 @@ BASE = ["--url", "http://api.test", "--token", "ty_a"]
         (["deadletters", "list", "--limit", "0"], "--limit"),
         (["deadletters", "list", "--limit", "501"], "--limit"),
         (["deadletters", "list", "--after", "-1"], "--after"),
+        (["dataset", "register", "a/b", "--uri", "u", "--sha256", "x", "--size", "-1"], "--size"),
     ],
 )
 def test_an_out_of_bounds_whole_number_is_a_usage_error_naming_its_option(
