@@ -194,3 +194,16 @@ def test_the_jobs_environment_lists_every_variable_the_runner_sets() -> None:
     ):
         assert f'"{name}"' in source, name
         assert f"`{name}" in besides, name
+
+
+def test_a_dry_run_is_not_said_to_find_what_the_scheduler_refuses() -> None:
+    """docs/cli.md said ``submit --dry-run`` has the server check the job "exactly as it
+    checks a submission", and a spec with an unknown ``priority`` class or an ``image`` got
+    ``the job would be accepted``; submitted, it ended FAILED (exit 10) at once: the
+    scheduler refuses those on arrival (``services.scheduler.admission``), after the
+    submission service's checks, which are all a dry run makes."""
+    admission = (ROOT / "services" / "scheduler" / "admission.py").read_text()
+    assert "does not exist; existing:" in admission
+    assert "runs container images" in admission
+    page = _text("docs/cli.md")
+    assert "a dry run does not find: it says `would be accepted`" in page
