@@ -207,3 +207,15 @@ def test_a_dry_run_is_not_said_to_find_what_the_scheduler_refuses() -> None:
     assert "runs container images" in admission
     page = _text("docs/cli.md")
     assert "a dry run does not find: it says `would be accepted`" in page
+
+
+def test_cpus_per_gpu_is_said_to_be_whole_cpus() -> None:
+    """docs/job-spec.md gave ``cpus_per_gpu`` "(0 to 1024)" beside "1.5 CPUs" of a quota, and
+    ``cpus_per_gpu: 1.5`` is refused (``must be an integer``): the field is whole CPUs
+    (``JobSpec.cpus_per_gpu``, the published schema), as ``memory_gib_per_gpu`` is whole
+    GiB."""
+    import json
+
+    schema = json.loads((ROOT / "client" / "trainyard" / "schemas" / "job.v1.json").read_text())
+    assert schema["properties"]["cpus_per_gpu"]["type"] == "integer"
+    assert "`cpus_per_gpu` (0 to 1024, whole CPUs)" in _text("docs/job-spec.md")
