@@ -219,3 +219,13 @@ def test_cpus_per_gpu_is_said_to_be_whole_cpus() -> None:
     schema = json.loads((ROOT / "client" / "trainyard" / "schemas" / "job.v1.json").read_text())
     assert schema["properties"]["cpus_per_gpu"]["type"] == "integer"
     assert "`cpus_per_gpu` (0 to 1024, whole CPUs)" in _text("docs/job-spec.md")
+
+
+def test_the_job_spec_says_no_runner_runs_an_image() -> None:
+    """docs/job-spec.md did not name ``image``, which the schema offers as "A container image
+    to run the job in"; a spec with one is accepted by the API, then refused by the
+    scheduler on arrival (``services.scheduler.admission``), so the job ends FAILED at once."""
+    admission = (ROOT / "services" / "scheduler" / "admission.py").read_text()
+    assert "runs container images" in admission
+    page = _text("docs/job-spec.md")
+    assert "`image` (a container image to run the job in) is in the schema, but no runner" in page
