@@ -229,3 +229,18 @@ def test_the_job_spec_says_no_runner_runs_an_image() -> None:
     assert "runs container images" in admission
     page = _text("docs/job-spec.md")
     assert "`image` (a container image to run the job in) is in the schema, but no runner" in page
+
+
+def test_metrics_without_a_registry_url_is_not_said_to_exit_7() -> None:
+    """docs/cli.md listed ``metrics`` among the registry's commands, whose missing URL is
+    exit 7; without a registry URL ``metrics JOB`` shows the job's latest step from the
+    submission API instead (``cli_tracking.run_metrics``; README's quick start says so),
+    and only ``metrics JOB KEY`` stops with "no registry URL"."""
+    import inspect
+
+    from trainyard import cli_tracking
+
+    source = inspect.getsource(cli_tracking.run_metrics)
+    assert "except CliError:\n        if args.key:\n            raise" in source
+    page = _text("docs/cli.md")
+    assert "without a registry URL, `metrics JOB` shows the job's latest step" in page
