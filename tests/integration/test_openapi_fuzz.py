@@ -164,6 +164,7 @@ async def fuzzed(database_url: str, tmp_path: Path) -> AsyncIterator[Fuzzed]:
             settings=SimpleNamespace(gpu_flavor="cpu"),
             gpus=SimpleNamespace(source="virtual", names=[]),
             job_uids=range(300_000, 300_064),
+            job_network="loopback",
             running=list,
         )
         apps = {
