@@ -76,7 +76,7 @@ from litestar import Litestar, Request, Router
 from litestar.config.cors import CORSConfig
 from litestar.connection import ASGIConnection
 from litestar.datastructures import MutableScopeHeaders
-from litestar.di import Provide
+from litestar.di import NamedDependency, Provide
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.spec import (
@@ -200,6 +200,17 @@ def preconditions(if_match: str | None, if_none_match: str | None) -> Preconditi
     if errors:
         raise RequestInvalid(errors)
     return Preconditions(exists=if_match is not None, absent=if_none_match is not None)
+
+
+def _conditions(if_match: IfMatch = None, if_none_match: IfNoneMatch = None) -> Preconditions:
+    return preconditions(if_match, if_none_match)
+
+
+CONDITIONS: Final = {"conditions": Provide(_conditions, sync_to_thread=False)}
+Conditions = NamedDependency[Preconditions]
+"""The app dependency ``conditions``: a write's handler that takes ``conditions:
+Conditions`` is conditional (its ``If-Match`` and ``If-None-Match`` headers, read by
+``preconditions``, in its OpenAPI document too); every service's app has it."""
 
 
 def error_responses(*statuses: int) -> dict[int, ResponseSpec]:
@@ -417,7 +428,7 @@ def service_app(
     app = Litestar(
         route_handlers=list(route_handlers),
         guards=[guard],
-        dependencies={**principal_dependency(), **(dependencies or {})},
+        dependencies={**principal_dependency(), **CONDITIONS, **(dependencies or {})},
         middleware=[tracing_middleware],
         exception_handlers=exception_handlers(statuses),
         before_request=check_parameters,

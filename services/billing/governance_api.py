@@ -74,14 +74,12 @@ from trainyard_platform.services.billing.report_api import (
 from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import Teams, needs, only_reads
 from trainyard_platform.shared.http_app import (
-    IfMatch,
-    IfNoneMatch,
+    Conditions,
     Preconditions,
     error_responses,
     json_request_body,
     merge_patch_request_body,
     patched,
-    preconditions,
     read_merge_patch,
 )
 from trainyard_platform.shared.http_errors import (
@@ -458,13 +456,11 @@ def governance_routes(
         request: AnyRequest,
         principal: Caller,
         teams: TeamCheck,
-        if_match: IfMatch = None,
-        if_none_match: IfNoneMatch = None,
+        conditions: Conditions,
     ) -> Response[BudgetView]:
         """Create the budget (201) or replace it whole (200); with ``If-None-Match: *``
         only create it (412 when it exists), with ``If-Match: *`` only replace it (412 when
         there is none); nothing changed on a 412."""
-        conditions = preconditions(if_match, if_none_match)
         return await _put(request, principal, teams, team, None, conditions)
 
     @put(
@@ -479,11 +475,9 @@ def governance_routes(
         request: AnyRequest,
         principal: Caller,
         teams: TeamCheck,
-        if_match: IfMatch = None,
-        if_none_match: IfNoneMatch = None,
+        conditions: Conditions,
     ) -> Response[BudgetView]:
         """As ``PUT /v1/budgets/{team}``, of the project's budget."""
-        conditions = preconditions(if_match, if_none_match)
         return await _put(request, principal, teams, team, project, conditions)
 
     @patch(
@@ -496,15 +490,13 @@ def governance_routes(
         team: TeamPath,
         request: AnyRequest,
         principal: Caller,
-        if_match: IfMatch = None,
-        if_none_match: IfNoneMatch = None,
+        conditions: Conditions,
     ) -> BudgetView:
         """Change only the fields the body names (a JSON Merge Patch, RFC 7396, of the
         ``PUT`` body: ``{"policy": "refuse"}``; ``null`` puts a field back to its default);
         the rest stays, whatever another change made of it meanwhile. 404 when there is no
         budget: a patch never creates one. 412 with ``If-None-Match: *`` (the budget
         exists), nothing changed."""
-        conditions = preconditions(if_match, if_none_match)
         return await _patch(request, principal, team, None, conditions)
 
     @patch(
@@ -518,23 +510,20 @@ def governance_routes(
         project: ProjectPath,
         request: AnyRequest,
         principal: Caller,
-        if_match: IfMatch = None,
-        if_none_match: IfNoneMatch = None,
+        conditions: Conditions,
     ) -> BudgetView:
         """As ``PATCH /v1/budgets/{team}``, of the project's budget."""
-        conditions = preconditions(if_match, if_none_match)
         return await _patch(request, principal, team, project, conditions)
 
     @delete("/v1/budgets/{team:str}", opt=needs(Role.ADMIN), responses=delete_responses)
     async def delete_team_budget(
         team: TeamPath,
         principal: Caller,
-        if_match: IfMatch = None,
-        if_none_match: IfNoneMatch = None,
+        conditions: Conditions,
     ) -> None:
         """Delete the budget (404 when there is none; 412 with ``If-None-Match: *``, the
         budget existing, nothing deleted)."""
-        await _delete(principal, team, None, preconditions(if_match, if_none_match))
+        await _delete(principal, team, None, conditions)
 
     @delete(
         "/v1/budgets/{team:str}/{project:str}",
@@ -545,11 +534,10 @@ def governance_routes(
         team: TeamPath,
         project: ProjectPath,
         principal: Caller,
-        if_match: IfMatch = None,
-        if_none_match: IfNoneMatch = None,
+        conditions: Conditions,
     ) -> None:
         """As ``DELETE /v1/budgets/{team}``, of the project's budget."""
-        await _delete(principal, team, project, preconditions(if_match, if_none_match))
+        await _delete(principal, team, project, conditions)
 
     return [
         list_prices,

@@ -83,12 +83,10 @@ from trainyard_platform.shared import paging
 from trainyard_platform.shared.access import Teams, needs
 from trainyard_platform.shared.audit import audit_route
 from trainyard_platform.shared.http_app import (
-    IfMatch,
-    IfNoneMatch,
+    Conditions,
     error_responses,
     json_request_body,
     merge_patch_request_body,
-    preconditions,
     read_merge_patch,
     service_app,
 )
@@ -152,10 +150,8 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         name: Annotated[str, PathParameter(schema_extra={"pattern": FLAVOR_PATTERN})],
         request: AnyRequest,
         principal: Caller,
-        if_match: IfMatch = None,
-        if_none_match: IfNoneMatch = None,
+        conditions: Conditions,
     ) -> Response[FlavorView]:
-        conditions = preconditions(if_match, if_none_match)
         body = await _body(FlavorRequest, request)
         return _created(*await admin.put_flavor(pool, name, body, principal, conditions))
 
@@ -163,10 +159,8 @@ def admin_router(pool: asyncpg.Pool) -> Router:
     async def delete_flavor(
         name: FromPath[str],
         principal: Caller,
-        if_match: IfMatch = None,
-        if_none_match: IfNoneMatch = None,
+        conditions: Conditions,
     ) -> None:
-        conditions = preconditions(if_match, if_none_match)
         await admin.delete_flavor(pool, name, principal, conditions)
 
     @get("/cohorts")
@@ -192,10 +186,8 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
         request: AnyRequest,
         principal: Caller,
-        if_match: IfMatch = None,
-        if_none_match: IfNoneMatch = None,
+        conditions: Conditions,
     ) -> Response[CohortView]:
-        conditions = preconditions(if_match, if_none_match)
         body = await _body(CohortRequest, request)
         return _created(*await admin.put_cohort(pool, name, body, principal, conditions))
 
@@ -203,10 +195,8 @@ def admin_router(pool: asyncpg.Pool) -> Router:
     async def delete_cohort(
         name: FromPath[str],
         principal: Caller,
-        if_match: IfMatch = None,
-        if_none_match: IfNoneMatch = None,
+        conditions: Conditions,
     ) -> None:
-        conditions = preconditions(if_match, if_none_match)
         await admin.delete_cohort(pool, name, principal, conditions)
 
     @get("/queues")
@@ -234,13 +224,11 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         request: AnyRequest,
         principal: Caller,
         teams: TeamCheck,
-        if_match: IfMatch = None,
-        if_none_match: IfNoneMatch = None,
+        conditions: Conditions,
     ) -> Response[QueueConfigView]:
         """Create the queue (201) or replace it whole (200); with ``If-None-Match: *`` only
         create it (412 when it exists), with ``If-Match: *`` only replace it (412 when there
         is none); nothing changed on a 412."""
-        conditions = preconditions(if_match, if_none_match)
         body = await _body(QueueRequest, request)
         view, created = await admin.put_queue(pool, name, body, principal, teams, conditions)
         return _created(view, created)
@@ -255,14 +243,12 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
         request: AnyRequest,
         principal: Caller,
-        if_match: IfMatch = None,
-        if_none_match: IfNoneMatch = None,
+        conditions: Conditions,
     ) -> QueueConfigView:
         """Change only the fields the body names (a JSON Merge Patch, RFC 7396, of the
         ``PUT`` body: ``{"weight": 2}``, ``{"quotas": {"a100": {"nominal": 16}}}``, ``null``
         to remove a quota or put a field back to its default); the rest stays. 412 with
         ``If-None-Match: *`` (the queue exists), nothing changed."""
-        conditions = preconditions(if_match, if_none_match)
         changes = await _patch_body(request)
         return await admin.patch_queue(pool, name, changes, principal, conditions)
 
@@ -270,10 +256,8 @@ def admin_router(pool: asyncpg.Pool) -> Router:
     async def delete_queue(
         name: FromPath[str],
         principal: Caller,
-        if_match: IfMatch = None,
-        if_none_match: IfNoneMatch = None,
+        conditions: Conditions,
     ) -> None:
-        conditions = preconditions(if_match, if_none_match)
         await admin.delete_queue(pool, name, principal, conditions)
 
     @get("/priority-classes")
@@ -299,11 +283,9 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
         request: AnyRequest,
         principal: Caller,
-        if_match: IfMatch = None,
-        if_none_match: IfNoneMatch = None,
+        conditions: Conditions,
     ) -> Response[PriorityClassView]:
         """As ``PUT /v1/admin/queues/{name}``, of a priority class."""
-        conditions = preconditions(if_match, if_none_match)
         body = await _body(PriorityClassRequest, request)
         return _created(*await admin.put_priority_class(pool, name, body, principal, conditions))
 
@@ -317,12 +299,10 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
         request: AnyRequest,
         principal: Caller,
-        if_match: IfMatch = None,
-        if_none_match: IfNoneMatch = None,
+        conditions: Conditions,
     ) -> PriorityClassView:
         """Change only the fields the body names (a JSON Merge Patch of the ``PUT`` body);
         conditional as ``PATCH /v1/admin/queues/{name}``."""
-        conditions = preconditions(if_match, if_none_match)
         changes = await _patch_body(request)
         return await admin.patch_priority_class(pool, name, changes, principal, conditions)
 
@@ -330,10 +310,8 @@ def admin_router(pool: asyncpg.Pool) -> Router:
     async def delete_class(
         name: FromPath[str],
         principal: Caller,
-        if_match: IfMatch = None,
-        if_none_match: IfNoneMatch = None,
+        conditions: Conditions,
     ) -> None:
-        conditions = preconditions(if_match, if_none_match)
         await admin.delete_priority_class(pool, name, principal, conditions)
 
     @post(
