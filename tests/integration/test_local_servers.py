@@ -657,7 +657,9 @@ def test_stack_starts_services_and_stops_everything(work_dir: Path) -> None:
         port = int(urls["runner"].rsplit(":", 1)[1])
         env = _recorded_env(work_dir, "runner", port)
         assert env["TRAINYARD_NATS_URL"] == stack.nats_url
-        assert env["TRAINYARD_DATABASE_URL"] == stack.database_url
+        assert "TRAINYARD_DATABASE_URL" not in env  # a runner node has no tables
+        scheduler = _recorded_env(work_dir, "scheduler", int(urls["scheduler"].rsplit(":", 1)[1]))
+        assert scheduler["TRAINYARD_DATABASE_URL"] == stack.database_url
         assert env["TRAINYARD_STORAGE_URI"] == stack.storage_uri
         assert stack.storage_uri == (work_dir / "stack" / "objects").resolve().as_uri()
         assert env["TRAINYARD_RUNNER_NODE_ID"] == "local-node-1"
