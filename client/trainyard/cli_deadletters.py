@@ -57,13 +57,13 @@ def add_deadletter_commands(
         help=f"at most this many, 1 to {PAGE_MAX} (default 50)",
     )
     show = actions.add_parser("show", parents=[common], help="one dead letter, with its event")
-    show.add_argument("sequence", metavar="SEQ", type=int)
+    show.add_argument("sequence", metavar="SEQ", type=whole_arg(1, ID_MAX))
     for name, what in (
         ("redrive", "hand dead letters back to their consumer"),
         ("discard", "delete dead letters for good"),
     ):
         action = actions.add_parser(name, parents=[common], help=what)
-        action.add_argument("sequences", type=int, nargs="*", metavar="SEQ")
+        action.add_argument("sequences", type=whole_arg(1, ID_MAX), nargs="*", metavar="SEQ")
         action.add_argument("--all", action="store_true", help="every dead letter there is now")
         action.add_argument("--reason", help="with --all: only those whose reason contains this")
     command.set_defaults(run=run_deadletters)

@@ -30,7 +30,16 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from trainyard.cli_base import CliError, Exit, Session, exit_code_of, note
+from trainyard.cli_base import (
+    ID_MAX,
+    CliError,
+    Exit,
+    Session,
+    exit_code_of,
+    note,
+    positive_arg,
+    whole_arg,
+)
 from trainyard.cli_jobs import explained, prepared, scalar
 from trainyard.cli_render import short, table
 from trainyard.cli_tracking import metric_key_path
@@ -128,14 +137,16 @@ def add_arguments(sub: argparse.ArgumentParser) -> None:
         metavar="K=LO:HI",
         help="with --random: draw K uniformly on a log scale (lr=1e-5:1e-1)",
     )
-    sub.add_argument("--random", type=int, metavar="N", help="draw N trials (default: the grid)")
+    sub.add_argument(
+        "--random", type=positive_arg, metavar="N", help="draw N trials (default: the grid)"
+    )
     sub.add_argument("--seed", type=int, default=0, help="the draws' seed (0)")
     sub.add_argument("--parallel", type=int, default=2, help="trials unfinished at once (2)")
     sub.add_argument("--metric", help="rank the trials by this metric's last value")
     sub.add_argument("--goal", choices=("max", "min"), default="max", help="best is (max)")
     sub.add_argument(
         "--median-stop",
-        type=int,
+        type=whole_arg(0, ID_MAX),
         metavar="STEP",
         help="from STEP on, stop a trial whose best --metric is worse than the median of the "
         "finished trials' by the same step (needs the registry and 3 finished trials)",

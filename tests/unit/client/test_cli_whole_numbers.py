@@ -28,6 +28,10 @@ BASE = ["--url", "http://api.test", "--token", "ty_a"]
         (["deadletters", "list", "--limit", "501"], "--limit"),
         (["deadletters", "list", "--after", "-1"], "--after"),
         (["dataset", "register", "a/b", "--uri", "u", "--sha256", "x", "--size", "-1"], "--size"),
+        (["sweep", "job.yaml", "--grid", "lr=1", "--median-stop", "-1"], "--median-stop"),
+        (["sweep", "job.yaml", "--uniform", "lr=0:1", "--random", "0"], "--random"),
+        (["deadletters", "show", "0"], "SEQ"),
+        (["deadletters", "redrive", "1", "-2"], "SEQ"),
     ],
 )
 def test_an_out_of_bounds_whole_number_is_a_usage_error_naming_its_option(
