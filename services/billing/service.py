@@ -18,12 +18,13 @@ from trainyard_platform.services.billing.handlers import SUBJECTS, BillingHandle
 from trainyard_platform.services.billing.metrics import billing_readings
 from trainyard_platform.shared.access import guard_for
 from trainyard_platform.shared.bus import Bus
-from trainyard_platform.shared.db import migrate, ping
+from trainyard_platform.shared.db import migrate, open_pool, ping
 from trainyard_platform.shared.deadletters import deadletter_routes
 from trainyard_platform.shared.inbox import idempotent
 from trainyard_platform.shared.outbox import OutboxRelay
 from trainyard_platform.shared.retention import Retention
 from trainyard_platform.shared.runtime import ServiceRuntime
+from trainyard_platform.shared.settings import DatabaseSettings
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +42,22 @@ async def seed_prices(pool: asyncpg.Pool, settings: Settings) -> None:
         log.info("price book: %d flavors priced from the settings", seeded)
 
 
-async def ensure_rollups(pool: asyncpg.Pool) -> None:
+async def ensure_rollups(database: DatabaseSettings) -> None:
     """Build the rollups from the ledger when they are stale (``ledger.rollups_stale``: the
     ledger has entries and they have none, the first start after the migration that turned
-    earlier bills into ledger entries; or a migration marked them stale)."""
-    async with pool.acquire() as conn, conn.transaction():
+    earlier bills into ledger entries; or a migration marked them stale).
+
+    Runs on a pool of its own whose statements have no time bound
+    (``open_pool(long_statements=True)``): a rebuild reads the whole ledger, and a replica
+    starting beside one waits on the rollups' lock until it commits, either of which may
+    outlast ``TRAINYARD_DATABASE_QUERY_TIMEOUT_SECONDS`` and would fail every start."""
+    async with (
+        open_pool(database, NAME, long_statements=True) as pool,
+        pool.acquire() as conn,
+        conn.transaction(),
+    ):
         if await ledger.rollups_stale(conn):
+            log.info("cost rollups are stale: rebuilding them from the ledger")
             folded = await ledger.rebuild_rollups(conn)
             log.info("cost rollups built from %d ledger entries", folded)
 
@@ -56,7 +67,7 @@ async def serve(settings: Settings) -> int:
         pool = await rt.open_pool(settings.database, NAME)
         await migrate(pool, NAME, MIGRATIONS)
         await seed_prices(pool, settings)
-        await ensure_rollups(pool)
+        await ensure_rollups(settings.database)
         bus = await rt.resources.enter_async_context(Bus.connect(settings.nats, NAME))
         rt.add_readiness_check("database", lambda: ping(pool))
         rt.add_readiness_check("nats", bus.ping)

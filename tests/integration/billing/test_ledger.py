@@ -228,7 +228,7 @@ async def test_rollups_equal_the_ledger_sum_and_are_rebuilt_identically(
 
 
 async def test_rollups_a_migration_marks_stale_are_rebuilt_once_at_start(
-    pool: asyncpg.Pool,
+    pool: asyncpg.Pool, database_url: str
 ) -> None:
     """Migration 0012 marks the rollups of an earlier split stale (``cost_rollups_stale``):
     the service's start rebuilds them from the ledger, once, whatever appends came since."""
@@ -236,13 +236,35 @@ async def test_rollups_a_migration_marks_stale_are_rebuilt_once_at_start(
         await bill(pool, released(f"s{n}", length=timedelta(minutes=50 + 7 * n)))
     kept = await _rollups(pool)
     await pool.execute("DELETE FROM cost_rollups_stale")
-    await ensure_rollups(pool)  # not stale: nothing rebuilt
+    database = DatabaseSettings(url=database_url)
+    await ensure_rollups(database)  # not stale: nothing rebuilt
     # An hour as the earlier split could leave it, then the mark the migration leaves.
     await pool.execute("UPDATE cost_rollups SET cost = cost + 0.000001 WHERE granularity = 'hour'")
-    await ensure_rollups(pool)
+    await ensure_rollups(database)
     assert await _rollups(pool) != kept
     await pool.execute("INSERT INTO cost_rollups_stale (reason) VALUES ('test')")
-    await ensure_rollups(pool)
+    await ensure_rollups(database)
+    assert await _rollups(pool) == kept
+    assert await pool.fetchval("SELECT count(*) FROM cost_rollups_stale") == 0
+
+
+async def test_a_start_rebuilds_stale_rollups_however_long_the_rebuild_waits(
+    pool: asyncpg.Pool, database_url: str
+) -> None:
+    """The rebuild at start is not held to the per-statement bound of the service's pool:
+    here a replica already rebuilding holds the rollups' lock for longer than that bound,
+    and the start waits for it instead of failing (as it would, every time, on a ledger
+    whose rebuild takes longer than the bound)."""
+    await bill(pool, released())
+    kept = await _rollups(pool)
+    await pool.execute("INSERT INTO cost_rollups_stale (reason) VALUES ('test')")
+    bound = DatabaseSettings(url=database_url, query_timeout_seconds=0.2)
+    async with pool.acquire() as other, other.transaction():
+        await other.execute("SELECT pg_advisory_xact_lock($1)", ledger.ROLLUP_LOCK)
+        start = asyncio.create_task(ensure_rollups(bound))
+        await asyncio.sleep(4 * bound.query_timeout_seconds)
+        assert not start.done()  # still waiting for the lock, not failed
+    await start
     assert await _rollups(pool) == kept
     assert await pool.fetchval("SELECT count(*) FROM cost_rollups_stale") == 0
 
@@ -263,8 +285,8 @@ async def test_bills_from_before_the_ledger_become_charges_with_rollups(
             T0 + timedelta(minutes=90),
         )
         await migrate(pool, NAME, MIGRATIONS)
-        await ensure_rollups(pool)
-        await ensure_rollups(pool)  # once only
+        await ensure_rollups(DatabaseSettings(url=database_url))
+        await ensure_rollups(DatabaseSettings(url=database_url))  # once only
         entry = await pool.fetchrow("SELECT * FROM ledger_entries")
         assert (entry["allocation_id"], entry["kind"], entry["cost"]) == (
             "old-1",
