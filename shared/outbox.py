@@ -15,8 +15,8 @@ Contract:
 - ``OutboxRelay.run`` publishes unpublished events in commit order with ``Nats-Msg-Id`` = event
   id and marks them published. A batch is published pipelined (all sent in order, then the
   acknowledgements awaited together). A crash between publish and mark re-publishes the
-  event on restart; JetStream drops the duplicate inside its window, so each event is
-  published once.
+  event (once the crashed relay's claim ran out, below); JetStream drops the duplicate
+  inside its window, so each event is published once.
 - Under load a round gathers several commits: after a round that published something, the
   next one starts no sooner than ``busy_round_s`` (10 ms) after it began, so a busy relay
   pays its fixed cost per round (a pool round, its transaction and statements, one wait on
@@ -25,7 +25,22 @@ Contract:
   followed at once: only a busy relay adds that much delay, at most. ``run``'s final flush
   does not wait. A service whose rows come at a high rate may gather longer (the
   submission service: ``outbox_busy_round_s``, 40 ms).
-- Several replicas may relay one outbox: rows are claimed with ``FOR UPDATE SKIP LOCKED``.
+- No connection is held while the relay waits for NATS: a round claims its rows (one short
+  transaction), gives its connection back, publishes, and marks them on another (one
+  statement). A connection held through the publish would be one fewer for the service's
+  requests and handlers for as long as a slow or stalled NATS takes to answer, and a pool of
+  a few (``TRAINYARD_DATABASE_POOL_MAX_SIZE``) would starve.
+- Several replicas may relay one outbox. A claim (``claimed_by``, ``claimed_until``) lasts
+  ``claim_s`` (``default_claim_s``: three publish timeouts, at most half the duplicate
+  window); a relay claims only the rows before the first one another relay's live claim
+  holds (claims are taken one at a time, under a transaction advisory lock), so no replica
+  publishes a row another is publishing, nor one after it: the outbox's order holds across
+  replicas, and one replica publishes at a time. A round that ends in a failure gives back
+  the rows it could not publish (the next round, any relay's, starts with them), as does a
+  round cancelled in the middle (or whose process exits then). A relay gone for good (killed, hung)
+  holds its rows until its claim runs out; then another publishes them again. JetStream
+  drops what the first had stored (duplicate ids), and as every relay sends its rows in
+  order from the oldest unpublished one, the stream keeps the outbox's order.
 - A row the bus will never accept is *parked*, not retried: larger than the bus's maximum
   payload (body and headers; the server's ``max_payload`` or ``max_payload=`` if smaller),
   or refused for a reason that does not pass (maximum payload exceeded, a permissions
@@ -51,6 +66,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import socket
+import uuid
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -64,6 +82,7 @@ from trainyard_platform.shared import db, outages
 from trainyard_platform.shared.bus import Bus, StreamMissingError, infrastructure_fault
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.logs import error_text
+from trainyard_platform.shared.settings import NatsSettings
 from trainyard_platform.shared.telemetry import inject
 
 log = logging.getLogger(__name__)
@@ -77,6 +96,50 @@ _PERMANENT_MARKERS = (
 )
 _PERMANENT_JS_ERRORS = frozenset({10054})  # JSStreamMessageExceedsMaximumErr
 _STREAM_MISSING_RETRY_S = 2.0
+
+_CLAIM_LOCK = (
+    "SELECT pg_advisory_xact_lock(hashtext('trainyard.outbox.claim:' || current_schema()))"
+)
+# Claims are taken one relay at a time (the lock ends with the claim's short transaction),
+# so each sees the claims made before its own.
+_CLAIM = """
+WITH head AS (
+    SELECT seq, claimed_by IS DISTINCT FROM $2 AND claimed_until > now() AS claimed_by_another
+    FROM outbox
+    WHERE published_at IS NULL AND parked_at IS NULL
+    ORDER BY seq
+    LIMIT $1
+), free AS (
+    SELECT seq FROM head
+    WHERE seq < coalesce((SELECT min(seq) FROM head WHERE claimed_by_another),
+                         9223372036854775807)
+)
+UPDATE outbox AS o
+SET claimed_by = $2, claimed_until = now() + make_interval(secs => $3)
+FROM free
+WHERE o.seq = free.seq AND o.published_at IS NULL AND o.parked_at IS NULL
+RETURNING o.seq, o.event_id, o.subject, o.body, o.headers
+"""
+# Only the rows before the first one another relay holds: taking the rows after it would
+# publish them before it. A claim that ran out is no one's. A row published or parked
+# meanwhile (by a relay whose claim had run out) is checked again by the update and left.
+_MARK = """
+UPDATE outbox AS o
+SET published_at = CASE WHEN r.published THEN now() ELSE o.published_at END,
+    parked_at = CASE WHEN r.reason IS NULL THEN o.parked_at ELSE now() END,
+    parked_reason = coalesce(r.reason, o.parked_reason),
+    claimed_by = NULL,
+    claimed_until = NULL
+FROM unnest($1::bigint[], $2::boolean[], $3::text[]) AS r(seq, published, reason)
+WHERE o.seq = r.seq AND (r.published OR r.reason IS NOT NULL OR o.claimed_by = $4)
+"""
+# One statement: the round's rows published, parked, or given back (a row left by a failure
+# is free for the next round, this relay's or another's; one another relay claimed after
+# this one's claim ran out stays its).
+_UNCLAIM = """
+UPDATE outbox SET claimed_by = NULL, claimed_until = NULL
+WHERE seq = ANY($1::bigint[]) AND claimed_by = $2
+"""
 
 
 Traced = tuple[Envelope[Payload], dict[str, str]]
@@ -152,6 +215,7 @@ class OutboxRelay:
         max_backoff_s: float = 30.0,
         stream_check_s: float = 1.0,
         busy_round_s: float = 0.01,
+        claim_s: float | None = None,
     ):
         self._pool = pool
         self._bus = bus
@@ -161,8 +225,17 @@ class OutboxRelay:
         self._max_backoff_s = max(max_backoff_s, idle_poll_s)
         self._stream_check_s = stream_check_s
         self._busy_round_s = busy_round_s
+        self._claim_s = claim_s
+        self._claimant = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         self._stream_checked: tuple[float, int] | None = None  # (monotonic time, reconnects)
         self._wake = asyncio.Event()
+
+    @property
+    def claim_s(self) -> float:
+        """How long this relay's claim on a round's rows lasts (``default_claim_s``)."""
+        if self._claim_s is None:
+            self._claim_s = default_claim_s(self._bus.settings)
+        return self._claim_s
 
     @property
     def busy_round_s(self) -> float:
@@ -283,17 +356,12 @@ class OutboxRelay:
     async def relay_once(self) -> int:
         """Publish up to one batch of committed, unpublished events; return how many rows it
         dealt with (published or parked). Raises on a transient failure before any row was
-        dealt with (after it, the rows dealt with are kept and the next call raises)."""
-        error: Exception | None = None
-        async with self._pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(
-                "SELECT seq, event_id, subject, body, headers FROM outbox "
-                "WHERE published_at IS NULL AND parked_at IS NULL "
-                "ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED",
-                self._batch,
-            )
-            if not rows:
-                return 0
+        dealt with (after it, the rows dealt with are kept and the next call raises). No
+        connection is held while it publishes: the rows are claimed first, and marked after."""
+        rows = await self._claim()
+        if not rows:
+            return 0
+        try:
             limit = self.max_payload()
             parked: dict[int, str] = {}
             sendable: list[_Message] = []
@@ -306,19 +374,16 @@ class OutboxRelay:
                 else:
                     sendable.append(message)
             published, error = await self._publish(sendable, parked)
-            if published:
-                await conn.execute(
-                    "UPDATE outbox SET published_at = now() WHERE seq = ANY($1::bigint[])",
-                    published,
-                )
-            if parked:
-                await conn.execute(
-                    "UPDATE outbox SET parked_at = now(), parked_reason = r.reason "
-                    "FROM unnest($1::bigint[], $2::text[]) AS r(seq, reason) "
-                    "WHERE outbox.seq = r.seq",
-                    list(parked),
-                    list(parked.values()),
-                )
+        except BaseException:  # cancelled, or the process exits: another relay may go on
+            await self._unclaim(rows)
+            raise
+        await self._pool.execute(
+            _MARK,
+            [r["seq"] for r in rows],
+            [r["seq"] in published for r in rows],
+            [parked.get(r["seq"]) for r in rows],
+            self._claimant,
+        )
         if parked:
             total = await parked_count(self._pool)
             for message in (_Message.of(r) for r in rows if r["seq"] in parked):
@@ -335,6 +400,23 @@ class OutboxRelay:
         if error is not None and handled == 0:
             raise error
         return handled
+
+    async def _claim(self) -> list[asyncpg.Record]:
+        """Claim the next batch for this relay, in order, and return its rows (by ``seq``)."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(_CLAIM_LOCK)
+            rows = await conn.fetch(_CLAIM, self._batch, self._claimant, self.claim_s)
+        return sorted(rows, key=lambda r: int(r["seq"]))
+
+    async def _unclaim(self, rows: Sequence[asyncpg.Record]) -> None:
+        try:
+            await self._pool.execute(_UNCLAIM, [r["seq"] for r in rows], self._claimant)
+        except db.DATABASE_FAULTS as exc:  # they are free when the claim runs out
+            log.warning(
+                "outbox relay: could not give back its claim (free within %.0f s): %s",
+                self.claim_s,
+                error_text(exc),
+            )
 
     def max_payload(self) -> int:
         """The largest message (body and headers) the bus accepts: the server's limit, or the
@@ -421,6 +503,14 @@ async def parked_count(pool: asyncpg.Pool) -> int:
     async with pool.acquire() as conn:
         count: int = await conn.fetchval("SELECT count(*) FROM outbox WHERE parked_at IS NOT NULL")
         return count
+
+
+def default_claim_s(settings: NatsSettings) -> float:
+    """How long a relay's claim on the rows of a round lasts: three publish timeouts (a round
+    waits at most about two on an outage, the batch's and then its first row's), but at most
+    half the duplicate window, so that another relay's publish of rows it takes over when a
+    claim ran out still reaches the stream as a duplicate it drops."""
+    return min(3 * settings.publish_timeout_seconds, settings.duplicate_window_seconds / 2)
 
 
 def permanent_failure(

@@ -1,9 +1,10 @@
 """The scheduler's composition root: ``serve(settings)`` runs it until SIGTERM.
 
 Every replica serves HTTP (health, readiness with its role, the queue view, the admin API)
-and relays its outbox (rows are claimed with SKIP LOCKED, so replicas never publish one
-twice). Only the leader (``leader.Leadership``) consumes events, runs passes and sweeps for
-lost nodes (``loops.LeaderWork``); the others stand by and take over within seconds.
+and relays its outbox (``shared.outbox``: rows are claimed, so replicas do not publish one
+twice nor out of order). Only the leader (``leader.Leadership``) consumes events, runs
+passes and sweeps for lost nodes (``loops.LeaderWork``); the others stand by and take over
+within seconds.
 """
 
 from __future__ import annotations
