@@ -18,6 +18,9 @@ Contract:
   own, never on one of the pool's: held on a pooled connection it would be one connection
   fewer for every request while the work waits on the store, and the work's own
   statements, which take the pool's connections, would wait for ever on a pool of one.
+- Work that must not wait for a busy pool (a lease renewed in time, ``shared.slots``) runs
+  on ``connection_beside(pool)``: a connection of its own to the pool's database and schema,
+  with the pool's bounds, that the caller closes.
 - PostgreSQL that stops answering (a paused server, a network path that holds the
   connection open and passes nothing) never holds a caller for ever: every statement waits
   at most ``DatabaseSettings.query_timeout_seconds`` (asyncpg's ``command_timeout``; asyncpg
@@ -144,11 +147,19 @@ logging.getLogger("asyncpg.pool").addFilter(_POOL_FLOOR_FILTER)
 class BoundedPool(asyncpg.Pool):  # type: ignore[misc]  # asyncpg ships no types
     """asyncpg's pool, whose ``acquire`` without a timeout of its own waits at most
     ``acquire_timeout`` (asyncpg's own acquire timeout, which also bounds the release): its
-    ``fetch``, ``execute`` and the like acquire that way too."""
+    ``fetch``, ``execute`` and the like acquire that way too. ``opened_with`` is the
+    settings and schema ``open_pool`` opened it with (``connection_beside``)."""
 
-    def __init__(self, *args: Any, acquire_timeout: float, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        acquire_timeout: float,
+        opened_with: tuple[DatabaseSettings, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.acquire_timeout = acquire_timeout
+        self.opened_with = opened_with
 
     def acquire(self, *, timeout: float | None = None) -> Any:
         return super().acquire(timeout=self.acquire_timeout if timeout is None else timeout)
@@ -166,6 +177,7 @@ async def open_pool(
     pool = BoundedPool(
         settings.url,
         acquire_timeout=settings.acquire_timeout_seconds,
+        opened_with=(settings, schema),
         min_size=settings.pool_min_size,
         max_size=settings.pool_max_size,
         max_queries=50_000,  # asyncpg's defaults (create_pool's)
@@ -186,6 +198,30 @@ async def open_pool(
         yield pool
     finally:
         await pool.close()
+
+
+async def connection_beside(pool: asyncpg.Pool, *, purpose: str) -> asyncpg.Connection | None:
+    """A connection of its own to the database and schema of ``pool`` (one ``open_pool``
+    opened; None for any other pool), with the same bounds on its statements and its
+    opening, named ``trainyard-<purpose>`` in ``pg_stat_activity``; the caller closes it.
+    For work that must go on however busy the pool is (a lease renewed in time): waiting for
+    a connection of the pool, it could wait past ``acquire_timeout_seconds`` and give up."""
+    opened_with = getattr(pool, "opened_with", None)
+    if opened_with is None:
+        return None
+    settings, schema = opened_with
+    conn = await connect(
+        settings.url,
+        timeout=settings.connect_timeout_seconds,
+        command_timeout=settings.query_timeout_seconds,
+        server_settings={"search_path": schema, "application_name": f"trainyard-{purpose}"},
+    )
+    try:
+        await _init_connection(conn)
+    except BaseException:
+        conn.terminate()
+        raise
+    return conn
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:

@@ -18,10 +18,16 @@ Contract:
   replicas. Cancelled, ``take`` gives back a place it took anyway.
 - While held, a place's lease (``lease_s``, by the database's clock) is renewed every
   third of it, one ``UPDATE`` for all of this instance's places, by a task of its own run
-  outside every request's context (in no request's trace). A replica that dies, or
-  cannot reach its database for longer than the lease, renews nothing: its places free
-  themselves when their leases end (and, in the second case, its work may then run beside
-  a newcomer's past the share until it ends).
+  outside every request's context (in no request's trace), on a connection of its own
+  (``db.connection_beside``: named ``trainyard-slots-<kind>``, opened at its first renewal
+  and closed when this instance holds no place any more), not one of ``pool``'s: a pool
+  whose every connection is in use for longer than a lease (slow requests, a pool of a
+  few) would make each renewal give up waiting for one, and a holder lose its place while
+  its work runs. A pool not opened by ``db.open_pool``, or PostgreSQL refusing another
+  connection, renews on ``pool``. A replica that dies, or cannot reach its database for
+  longer than the lease, renews nothing: its places free themselves when their leases end
+  (and, in the second case, its work may then run beside a newcomer's past the share until
+  it ends).
 - Rows of holders gone (a dead replica's, one whose delete failed, numbers past a share
   since lowered) would otherwise stay until a take of the same number: up to kinds x
   scopes (teams) x ``most`` rows, read by every take of their scope. Each renewal round
@@ -37,7 +43,8 @@ Contract:
   at once as it has connections, each holding one while waiting for another, would all
   wait for one none gives back. A block under ``held`` may take one (a place is taken
   before the connection and given back after it).
-- ``close()`` (a shutdown) stops renewing and gives back what is still held.
+- ``close()`` (a shutdown) stops renewing (closing the renewals' connection) and gives back
+  what is still held.
 - A database fault (``db.DATABASE_FAULTS``) of ``take`` is raised to its caller: an HTTP
   request then answers 503, as for any query.
 """
@@ -59,7 +66,12 @@ from typing import Any, Final, TypeVar
 
 import asyncpg
 
-from trainyard_platform.shared.db import DATABASE_FAULTS, failed_rounds_from_zero, log_failed_round
+from trainyard_platform.shared.db import (
+    DATABASE_FAULTS,
+    connection_beside,
+    failed_rounds_from_zero,
+    log_failed_round,
+)
 from trainyard_platform.shared.logs import error_text
 
 log = logging.getLogger(__name__)
@@ -69,6 +81,7 @@ LEASE_S: Final = 30.0
 """How long a place outlives its holder's last renewal: a dead replica's places are free
 again at most this long after it died."""
 RENEWAL_LOOP: Final = "slot_renewal"
+_CLOSE_TIMEOUT_S: Final = 5.0
 
 _TAKE = """
 WITH free AS (
@@ -209,6 +222,7 @@ class Slots:
     async def close(self) -> None:
         if self._renewer is not None:
             self._renewer.cancel()
+            await asyncio.wait([self._renewer])  # it closes its connection
         for slot in list(self._held.values()):
             await self.give_back(slot)
 
@@ -236,24 +250,48 @@ class Slots:
 
     async def _renew(self) -> None:
         failed_rounds_from_zero(RENEWAL_LOOP)
-        while self._held:
-            await asyncio.sleep(self.lease_s / 3)
-            holders = list(self._held)
-            if not holders:
-                return
-            try:
-                await self._pool.execute(_RENEW, self.kind, holders, self.lease_s)
-            except DATABASE_FAULTS as exc:
-                log_failed_round(
-                    log, RENEWAL_LOOP, f"could not renew the leases of {self.kind}: %s", exc
-                )
-                continue
-            try:
-                await self._pool.execute(_SWEEP, self.kind, self.lease_s, SWEPT_PER_ROUND)
-            except DATABASE_FAULTS as exc:
-                log_failed_round(
-                    log, RENEWAL_LOOP, f"could not delete the dead places of {self.kind}: %s", exc
-                )
+        own: asyncpg.Connection | None = None
+        try:
+            while self._held:
+                await asyncio.sleep(self.lease_s / 3)
+                holders = list(self._held)
+                if not holders:
+                    return
+                if own is None or own.is_closed():
+                    own = await self._connection_of_its_own()
+                on = own if own is not None else self._pool
+                try:
+                    await on.execute(_RENEW, self.kind, holders, self.lease_s)
+                except DATABASE_FAULTS as exc:
+                    log_failed_round(
+                        log, RENEWAL_LOOP, f"could not renew the leases of {self.kind}: %s", exc
+                    )
+                    _drop(own)
+                    own = None
+                    continue
+                try:
+                    await on.execute(_SWEEP, self.kind, self.lease_s, SWEPT_PER_ROUND)
+                except DATABASE_FAULTS as exc:
+                    log_failed_round(
+                        log,
+                        RENEWAL_LOOP,
+                        f"could not delete the dead places of {self.kind}: %s",
+                        exc,
+                    )
+                    _drop(own)
+                    own = None
+        finally:
+            if own is not None:
+                await _close(own)
+
+    async def _connection_of_its_own(self) -> asyncpg.Connection | None:
+        """A connection for the renewals alone, or None to renew on the pool (one not
+        opened by ``db.open_pool``, or PostgreSQL refusing another connection now: told to
+        ``outages.POSTGRES`` by ``db.connect``)."""
+        try:
+            return await connection_beside(self._pool, purpose=f"slots-{self.kind}")
+        except DATABASE_FAULTS:
+            return None
 
     def _spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         task = asyncio.get_running_loop().create_task(work)
@@ -265,6 +303,23 @@ class Slots:
         self._counts[scope] -= 1
         if self._counts[scope] <= 0:
             del self._counts[scope]
+
+
+def _drop(conn: asyncpg.Connection | None) -> None:
+    """Close ``conn`` at once: after a fault it may be mid-operation (the next round opens
+    another)."""
+    if conn is not None:
+        conn.terminate()
+
+
+async def _close(conn: asyncpg.Connection) -> None:
+    try:
+        await asyncio.wait_for(conn.close(), timeout=_CLOSE_TIMEOUT_S)
+    except DATABASE_FAULTS:  # a timeout among them
+        conn.terminate()
+    except BaseException:  # cancelled again while closing
+        conn.terminate()
+        raise
 
 
 __all__: Sequence[str] = ["LEASE_S", "SWEPT_PER_ROUND", "Slot", "Slots"]

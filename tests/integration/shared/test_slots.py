@@ -241,3 +241,32 @@ async def test_lease_renewals_are_in_no_requests_trace(
     ]
     assert len(statements) == 1, statements
     assert "WITH free AS" in statements[0], statements
+
+
+async def test_a_busy_pool_does_not_cost_a_holder_its_place(
+    pool: asyncpg.Pool, database_url: str
+) -> None:
+    """Before, the leases were renewed on the pool the requests use: with every connection
+    of it in use for longer than a lease (slow requests, a pool of a few), each renewal gave
+    up waiting for one, the lease ran out, and another replica took the place while its
+    holder's work still ran, past the team's share. Now the renewals have a connection of
+    their own."""
+    lease_s = 3.0
+    settings = DatabaseSettings(
+        url=database_url, pool_min_size=1, pool_max_size=1, acquire_timeout_seconds=0.5
+    )
+    async with open_pool(settings, "t") as busy, replica(database_url) as other:
+        holder = Slots(busy, "work", lease_s=lease_s)
+        rival = Slots(other, "work", lease_s=lease_s)
+        slot = await holder.take("team:vision", 1)
+        assert slot is not None
+        async with busy.acquire():  # the pool's one connection, in use for three leases
+            loop = asyncio.get_running_loop()
+            until = loop.time() + 3 * lease_s
+            while loop.time() < until:
+                assert await rival.take("team:vision", 1) is None, "the holder lost its place"
+                await asyncio.sleep(0.2)
+        await holder.give_back(slot)
+        await holder.close()
+        await rival.close()
+    assert await pool.fetchval("SELECT count(*) FROM held_slots") == 0
