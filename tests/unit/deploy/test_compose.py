@@ -102,8 +102,8 @@ def test_the_runner_gets_no_database_credentials() -> None:
 
 
 def test_the_runner_cannot_reach_postgres() -> None:
-    """Without the URL, a node taken over could still try PostgreSQL with compose's default
-    password: it shares no network with it, as the Kubernetes NetworkPolicy has it."""
+    """Without the URL, a node taken over could still try PostgreSQL with a password it
+    guessed: it shares no network with it, as the Kubernetes NetworkPolicy has it."""
     all_services = services()
 
     def networks(name: str) -> set[str]:
@@ -219,3 +219,42 @@ def test_jaegers_pipelines_use_only_components_it_configures() -> None:
     assert jaeger["exporters"]["jaeger_storage_exporter"]["trace_storage"] == storage
     ui_port = jaeger["extensions"]["jaeger_query"]["http"]["endpoint"].rpartition(":")[2]
     assert f"127.0.0.1:{ui_port}:{ui_port}" in services()["jaeger"]["ports"]
+
+
+_INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:?[-?+])?([^}]*)\}")
+_SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN", re.IGNORECASE)
+
+
+def _strings(node: Any, path: str = "") -> list[tuple[str, str]]:
+    """Every (path, string) of the file: keys' values, lists' items, at any depth."""
+    if isinstance(node, dict):
+        return [s for k, v in node.items() for s in _strings(v, f"{path}.{k}")]
+    if isinstance(node, list):
+        return [s for i, v in enumerate(node) for s in _strings(v, f"{path}[{i}]")]
+    return [(path, node)] if isinstance(node, str) else []
+
+
+def test_no_password_has_a_default() -> None:
+    """Compose started PostgreSQL, MinIO and Grafana with passwords everyone can read here
+    (``${POSTGRES_PASSWORD:-trainyard}``), and a stack started without ``.env`` kept them:
+    PostgreSQL and MinIO keep the credentials of their first start. Every password, secret
+    key and token now comes from the environment or ``.env``, and compose refuses to start
+    without it (``${VAR:?message}``), naming it."""
+    found = []
+    for path, text in _strings(compose()):
+        for name, operator, rest in _INTERPOLATION.findall(text):
+            if _SECRET_NAME.search(name) and operator != ":?":
+                found.append(f"{path}: ${{{name}{operator}{rest}}} has a default")
+            if operator == ":?":
+                assert name in rest, f"{path}: the message for {name} does not name it"
+        key = path.rsplit(".", 1)[-1]
+        if _SECRET_NAME.search(key) and not _INTERPOLATION.fullmatch(text):
+            found.append(f"{path}: a literal value")
+    assert found == [], "\n".join(found)
+    env = services()
+    assert env["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith("${POSTGRES_PASSWORD:?")
+    assert env["minio"]["environment"]["MINIO_ROOT_PASSWORD"].startswith("${MINIO_ROOT_PASSWORD:?")
+    url = compose()["x-database-env"]["TRAINYARD_DATABASE_URL"]
+    assert "${POSTGRES_PASSWORD:?" in url
+    secret_key = compose()["x-infra-env"]["TRAINYARD_STORAGE_S3_SECRET_KEY"]
+    assert secret_key.startswith("${MINIO_ROOT_PASSWORD:?")

@@ -2,11 +2,14 @@
 OpenAPI schemas that kubernetes-validate bundles (offline), and the deployment holds
 together: the kustomization lists every file, each service has probes on its real health
 routes and resources, the runner is a DaemonSet on GPU nodes holding nvidia.com/gpu, every
-Secret and ConfigMap a pod names exists with that key, Secrets hold only placeholders, NATS
-gets the same users as compose, and only the four services reach PostgreSQL."""
+ConfigMap a pod names exists with that key, no manifest ships a Secret or a password (the
+operator creates the Secrets: every one a pod names, with that key, is created by
+docs/operations.md's commands), NATS gets the same users as compose, and only the four
+services reach PostgreSQL."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -26,6 +29,7 @@ from trainyard_platform.services.runner.config import default_node_id
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "deploy" / "k8s"
+OPERATIONS = ROOT / "docs" / "operations.md"
 KUBERNETES_VERSION = "1.33.0"
 """The oldest Kubernetes these manifests are checked against (any later release has the
 same fields)."""
@@ -134,8 +138,21 @@ def test_nats_has_the_users_of_compose() -> None:
     assert by_kind("ConfigMap")["nats-config"]["data"]["nats.conf"] == compose_config()
 
 
+def secrets_the_docs_create() -> dict[str, set[str]]:
+    """The Secrets docs/operations.md has the operator create (``kubectl create secret
+    generic NAME --from-literal=KEY=...``), with their keys."""
+    created: dict[str, set[str]] = {}
+    commands = re.findall(
+        r"create secret generic ([a-z0-9-]+)(.*?)(?=kubectl|```)", OPERATIONS.read_text(), re.S
+    )
+    for name, options in commands:
+        keys = re.findall(r"--from-literal=([A-Za-z0-9_.-]+)=", options)
+        created.setdefault(name, set()).update(keys)
+    return created
+
+
 def test_every_referenced_secret_and_configmap_key_exists() -> None:
-    secrets = {n: set(d["stringData"]) for n, d in by_kind("Secret").items()}
+    secrets = secrets_the_docs_create()
     configmaps = {n: set(d["data"]) for n, d in by_kind("ConfigMap").items()}
     for owner, spec in pod_specs():
         for container in spec["containers"]:
@@ -158,11 +175,20 @@ def test_every_referenced_secret_and_configmap_key_exists() -> None:
                 assert volume["configMap"]["name"] in configmaps
 
 
-def test_secrets_hold_placeholders_only() -> None:
-    for name, secret in by_kind("Secret").items():
-        assert "data" not in secret, f"{name}: base64 data hides real values; use stringData"
-        for key, value in secret["stringData"].items():
-            assert value == "REPLACE_ME" or key == "POSTGRES_USER", f"{name}.{key}"
+def test_no_manifest_ships_a_secret_or_a_password() -> None:
+    """secrets.yaml shipped the Secrets with the value REPLACE_ME, and
+    ``kubectl apply -k`` applied them: PostgreSQL, MinIO and every NATS user then started
+    with a password anyone could read here. The operator creates the Secrets
+    (docs/operations.md); until each exists, the pods that name it do not start."""
+    assert by_kind("Secret") == {}
+    assert not (K8S / "secrets.yaml").exists()
+    for owner, spec in pod_specs():
+        for container in spec["containers"]:
+            for entry in container.get("env", []):
+                if re.search(r"PASSWORD|SECRET|TOKEN", entry["name"]):
+                    assert "valueFrom" in entry, f"{owner}: {entry['name']} is a literal"
+    for name in ("trainyard-admin", "trainyard-postgres", "trainyard-s3", "trainyard-nats"):
+        assert name in secrets_the_docs_create(), name
 
 
 def test_only_the_four_services_reach_postgres() -> None:
