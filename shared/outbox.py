@@ -37,10 +37,11 @@ Contract:
   publishes a row another is publishing, nor one after it: the outbox's order holds across
   replicas, and one replica publishes at a time. A round that ends in a failure gives back
   the rows it could not publish (the next round, any relay's, starts with them), as does a
-  round cancelled in the middle (or whose process exits then). A relay gone for good (killed, hung)
-  holds its rows until its claim runs out; then another publishes them again. JetStream
-  drops what the first had stored (duplicate ids), and as every relay sends its rows in
-  order from the oldest unpublished one, the stream keeps the outbox's order.
+  round cancelled in the middle (or whose process exits then). A relay gone for good
+  (killed, hung) holds its rows until its claim runs out; then another publishes them
+  again. JetStream drops what the first had stored (duplicate ids), and as every relay
+  sends its rows in order from the oldest unpublished one, the stream keeps the outbox's
+  order.
 - A row the bus will never accept is *parked*, not retried: larger than the bus's maximum
   payload (body and headers; the server's ``max_payload`` or ``max_payload=`` if smaller),
   or refused for a reason that does not pass (maximum payload exceeded, a permissions
