@@ -73,7 +73,7 @@ def closest(name: str, candidates: Iterable[str]) -> str | None:
     """The candidate ``name`` most likely stands for, or None (see the module)."""
     plain = {_plain(c): c for c in sorted(set(candidates))}
     wanted = _plain(name)
-    if not wanted or len(wanted) > MAX_GUESSED:
+    if not wanted or not plain or len(wanted) > MAX_GUESSED:
         return None
     if wanted in plain:
         return plain[wanted]

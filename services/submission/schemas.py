@@ -638,7 +638,12 @@ def _suggested(error: FieldError) -> FieldError:
     """An unknown field's error names the closest known field, if one is close."""
     if error.message != "unknown field":
         return error
-    parent, _, name = error.field.rpartition(".")
+    # The object it is in, by the longest path of one that field names are known in: a key
+    # may hold a dot itself (``{"a.b": 1}`` is the field ``a.b`` of the spec).
+    parent = next(
+        (p for p in ("code.bundle", "code.git", "code") if error.field.startswith(f"{p}.")), ""
+    )
+    name = error.field.removeprefix(f"{parent}.") if parent else error.field
     message = unknown_field(name, known_fields(parent), NOT_JOB_FIELDS if not parent else None)
     return FieldError(field=error.field, message=message)
 

@@ -30,6 +30,11 @@ def test_nothing_close_is_nothing(name: str) -> None:
     assert closest(name, FIELDS) is None
 
 
+def test_no_candidates_is_no_suggestion() -> None:
+    assert closest("colour", []) is None
+    assert unknown_field("colour", []) == "unknown field 'colour'"
+
+
 def test_the_message() -> None:
     assert unknown_field("hyperparameter", FIELDS) == (
         "unknown field 'hyperparameter': did you mean 'hyperparameters'?"

@@ -120,6 +120,17 @@ def test_unknown_field_is_named() -> None:
     assert _errors({**GOOD, "colour": "blue"}) == {"colour": "unknown field 'colour'"}
 
 
+def test_an_unknown_field_whose_name_holds_a_dot_is_named_whole() -> None:
+    # Was a ValueError (an internal error, 500): the dot read as a path into an object
+    # whose field names nobody knows.
+    assert _errors({**GOOD, "a.b": 1}) == {"a.b": "unknown field 'a.b'"}
+    assert _errors({**GOOD, "resources.gpus": 1}) == {
+        "resources.gpus": "unknown field 'resources.gpus'"
+    }
+    code = {"kind": "bundle", "sha256": "0" * 64, "size_bytes": 1, "x.y": 1}
+    assert _errors({**GOOD, "code": code}) == {"code.x.y": "unknown field 'x.y'"}
+
+
 def test_priority_is_a_class_name_defaulting_to_normal() -> None:
     assert parse_job_request(json.dumps(GOOD).encode(), DEFAULT_FLAVORS).priority == "normal"
     job = parse_job_request(json.dumps({**GOOD, "priority": "high"}).encode(), DEFAULT_FLAVORS)
