@@ -6,6 +6,9 @@ Contract:
   or Litestar's validation of path and query parameters; every bad field is named by its
   path (``quotas.a100.nominal``, ``args[2]``; ``body`` for the body as a whole; a bad key
   of a mapping: the mapping, its message naming the key, ``key 'H100': ...``), all at once.
+  Each message says what is wrong in plain words (``plain_message``: ``must be an integer``,
+  ``must be at most 64``, ``unknown field``), a parameter's as a body field's, never
+  pydantic's or msgspec's phrasing (``Input should be ...``, ``Expected `int`, got `str```).
 - A refusal for what a request meets rather than for its shape (``Refused``: a conflict
   with the current state, 409; a limit reached, 429 with ``Retry-After``; a conditional
   request whose condition is false, 412) answers its status with its message as the detail
@@ -64,6 +67,8 @@ import math
 import re
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from decimal import Decimal
+from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -216,7 +221,7 @@ def field_errors(exc: ValidationError) -> list[FieldError]:
     on that field, below the model's own path."""
     errors = []
     for err in exc.errors(include_url=False):
-        loc, message = err["loc"], _message(err["type"], err["msg"], err.get("ctx"))
+        loc, message = err["loc"], plain_message(err)
         if len(loc) >= 2 and loc[-1] == "[key]":
             # A mapping's key, not its value: pydantic's loc ("labels", "-bad", "[key]") read
             # as the path "labels.-bad.[key]" (and an empty key "hyperparameters..[key]").
@@ -261,17 +266,176 @@ def field_path(loc: Sequence[int | str]) -> str:
     return path or "body"
 
 
-def _message(kind: str, message: str, context: Mapping[str, Any] | None = None) -> str:
-    if kind == "string_pattern_mismatch" and context is not None:
+def plain_message(err: Mapping[str, Any]) -> str:
+    """What is wrong with a field, in plain words, for one pydantic error (``err``, as
+    ``ValidationError.errors`` gives it): ``must be an integer``, ``must be at most 64``,
+    never pydantic's own phrasing (``Input should be ...``, ``Value error, ...``)."""
+    kind, message = str(err["type"]), str(err["msg"])
+    context: Mapping[str, Any] = err.get("ctx") or {}
+    if kind == "string_pattern_mismatch":
         # In words where the pattern has them (``trainyard.patterns``), not as a regex.
-        return pattern_message(str(context.get("pattern"))) or message
-    if kind == "extra_forbidden":
-        return "unknown field"
-    if kind == "missing":
-        return "field required"
-    if kind == "model_type":
-        return "must be a JSON object"
-    return message.removeprefix("Value error, ")
+        pattern = str(context.get("pattern"))
+        return pattern_message(pattern) or f"must match the pattern {pattern}"
+    if kind in ("value_error", "assertion_error"):
+        # The model's own words: pydantic prefixes them.
+        return message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    said = _PLAIN.get(kind)
+    if said is not None:
+        return said(context) + _hint(kind, err.get("input"))
+    for prefix, kinds in _PLAIN_FAMILIES:
+        if kind.startswith(prefix):
+            return kinds + _reason(context)
+    return _plain_fallback(message)
+
+
+def _number(value: Any) -> str:
+    """A bound as a user writes it: ``1000000000000000`` and ``1000``, not ``Decimal('1E+15')``
+    nor ``1000.0`` (pydantic gives a ``Decimal`` bound as its repr)."""
+    text = str(value)
+    found = re.fullmatch(r"Decimal\('([^']*)'\)", text)
+    try:
+        number = Decimal(found.group(1) if found else text)
+    except ArithmeticError:
+        return text
+    if number.is_finite() and number == number.to_integral_value() and abs(number) < 10**30:
+        return str(int(number))
+    return text if found is None else format(number, "f")
+
+
+def _count(n: Any, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _items(context: Mapping[str, Any]) -> tuple[str, str]:
+    """What a list (``items``) or a mapping (``entries``) holds, one and many."""
+    if str(context.get("field_type", "")).startswith("Dict"):
+        return "entry", "entries"
+    return "item", "items"
+
+
+def _reason(context: Mapping[str, Any]) -> str:
+    """Why a date, time or URL did not parse (pydantic's ``error`` context), in brackets."""
+    error = context.get("error")
+    return f" ({error})" if error else ""
+
+
+_PLAIN: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "missing": lambda _: "field required",
+    "extra_forbidden": lambda _: "unknown field",
+    "model_type": lambda _: "must be a JSON object",
+    "model_attributes_type": lambda _: "must be a JSON object",
+    "dataclass_type": lambda _: "must be a JSON object",
+    "dict_type": lambda _: "must be a JSON object",
+    "mapping_type": lambda _: "must be a JSON object",
+    "list_type": lambda _: "must be a list",
+    "tuple_type": lambda _: "must be a list",
+    "set_type": lambda _: "must be a list",
+    "frozen_set_type": lambda _: "must be a list",
+    "iterable_type": lambda _: "must be a list",
+    "set_item_not_hashable": lambda _: "must hold only strings, numbers or booleans",
+    "string_type": lambda _: "must be a string",
+    "string_unicode": lambda _: "must be valid Unicode text",
+    "string_not_ascii": lambda _: "must be ASCII",
+    "string_too_short": lambda c: (
+        f"must be at least {_count(c.get('min_length'), 'character', 'characters')}"
+    ),
+    "string_too_long": lambda c: (
+        f"must be at most {_count(c.get('max_length'), 'character', 'characters')}"
+    ),
+    "bytes_type": lambda _: "must be a string",
+    "bytes_too_short": lambda c: f"must be at least {_count(c.get('min_length'), 'byte', 'bytes')}",
+    "bytes_too_long": lambda c: f"must be at most {_count(c.get('max_length'), 'byte', 'bytes')}",
+    "bytes_invalid_encoding": lambda _: "must be validly encoded",
+    "too_short": lambda c: f"must have at least {_count(c.get('min_length'), *_items(c))}",
+    "too_long": lambda c: f"must have at most {_count(c.get('max_length'), *_items(c))}",
+    "int_type": lambda _: "must be an integer",
+    "int_parsing": lambda _: "must be an integer",
+    "int_from_float": lambda _: "must be an integer",
+    "int_parsing_size": lambda _: _TOO_LARGE,
+    "float_type": lambda _: "must be a number",
+    "float_parsing": lambda _: "must be a number",
+    "finite_number": lambda _: "must be a finite number",
+    "decimal_type": lambda _: "must be a decimal number",
+    "decimal_parsing": lambda _: "must be a decimal number",
+    "decimal_max_digits": lambda c: (
+        f"must have at most {_count(c.get('max_digits'), 'digit', 'digits')}"
+    ),
+    "decimal_max_places": lambda c: (
+        f"must have at most {_count(c.get('decimal_places'), 'digit', 'digits')} "
+        "after the decimal point"
+    ),
+    "decimal_whole_digits": lambda c: (
+        f"must have at most {_count(c.get('whole_digits'), 'digit', 'digits')} "
+        "before the decimal point"
+    ),
+    "is_instance_of": lambda c: (
+        "must be a decimal number" if c.get("class") == "Decimal" else "has the wrong type"
+    ),
+    "bool_type": lambda _: "must be true or false",
+    "bool_parsing": lambda _: "must be true or false",
+    "none_required": lambda _: "must be null",
+    "greater_than": lambda c: f"must be greater than {_number(c.get('gt'))}",
+    "greater_than_equal": lambda c: f"must be at least {_number(c.get('ge'))}",
+    "less_than": lambda c: f"must be less than {_number(c.get('lt'))}",
+    "less_than_equal": lambda c: f"must be at most {_number(c.get('le'))}",
+    "multiple_of": lambda c: f"must be a multiple of {_number(c.get('multiple_of'))}",
+    "enum": lambda c: f"must be {c.get('expected')}",
+    "literal_error": lambda c: f"must be {c.get('expected')}",
+    "timezone_naive": lambda _: "must not name a time zone",
+    "timezone_aware": lambda _: "must name its time zone (Z or an offset such as +01:00)",
+    "timezone_offset": lambda c: f"must have the time zone offset {c.get('tz_expected')} seconds",
+    "datetime_past": lambda _: "must be in the past",
+    "datetime_future": lambda _: "must be in the future",
+    "date_past": lambda _: "must be in the past",
+    "date_future": lambda _: "must be in the future",
+    "url_scheme": lambda c: f"must be a URL of scheme {c.get('expected_schemes')}",
+    "url_too_long": lambda c: (
+        f"must be a URL of at most {_count(c.get('max_length'), 'character', 'characters')}"
+    ),
+    "json_invalid": lambda c: "must be valid JSON" + _reason(c),
+    "json_type": lambda _: "must be a JSON string",
+    "recursion_loop": lambda _: "is nested too deeply",
+    "recursion_depth_exceeded": lambda _: "is nested too deeply",
+}
+"""Each pydantic error type (``pydantic_core.ErrorType``) a request body can meet, said in
+plain words from its context. Types a body cannot meet (Python objects, call arguments) fall
+back to pydantic's message, reworded (``_plain_fallback``)."""
+
+_PLAIN_FAMILIES: tuple[tuple[str, str], ...] = (
+    ("datetime_", "must be a date and time in ISO 8601, such as 2026-01-31T09:30:00Z"),
+    ("date_", "must be a date in ISO 8601, such as 2026-01-31"),
+    ("time_delta_", "must be a duration, in seconds or ISO 8601 (PT1H30M)"),
+    ("time_", "must be a time of day in ISO 8601, such as 09:30:00"),
+    ("url_", "must be a URL"),
+    ("uuid_", "must be a UUID"),
+)
+"""The rest of a family of types (``datetime_parsing``, ``date_type``), by the prefix of its
+name, in the order they are tried; pydantic's reason the value did not parse follows."""
+
+
+def _hint(kind: str, value: Any) -> str:
+    """How to write ``value`` where the fix is plain, as the CLI says it of a spec file
+    (``trainyard.spec``): a number sent as a string, a string sent as a number."""
+    if kind in ("int_type", "float_type", "decimal_type") and isinstance(value, str):
+        text = value.strip()
+        wanted = _DIGITS if kind == "int_type" else _DECIMAL
+        if wanted.fullmatch(text) and math.isfinite(float(text)):
+            return f" (remove the quotes: {text})"
+    if kind == "string_type" and isinstance(value, bool | int | float):
+        return f' (quote it: "{json.dumps(value)}")'
+    return ""
+
+
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def _plain_fallback(message: str) -> str:
+    """Pydantic's message for a type no request body should meet, in the same voice as the
+    rest: ``Input should be a valid X`` -> ``must be a valid X``."""
+    for theirs, ours in (("Input should be ", "must be "), ("Input should ", "must ")):
+        if message.startswith(theirs):
+            return ours + message.removeprefix(theirs)
+    return message[:1].lower() + message[1:]
 
 
 # --- screening raw JSON -----------------------------------------------------------------------
@@ -603,14 +767,70 @@ def _invalid(_: AnyRequest, exc: RequestInvalid) -> Response[ErrorBody]:
     return _error(422, exc.detail, exc.errors)
 
 
-def _litestar_invalid(_: AnyRequest, exc: ValidationException) -> Response[ErrorBody]:
+def _litestar_invalid(request: AnyRequest, exc: ValidationException) -> Response[ErrorBody]:
     extra = exc.extra if isinstance(exc.extra, list) else []
-    errors = [
-        FieldError(field=str(e.get("key") or "body"), message=str(e.get("message", "invalid")))
-        for e in extra
-        if isinstance(e, dict)
-    ]
+    errors = []
+    for e in extra:
+        if isinstance(e, dict):
+            field = str(e.get("key") or "body")
+            said = _parameter_message(str(e.get("message", "invalid")), request, field)
+            errors.append(FieldError(field=field, message=said))
     return _error(422, "invalid request", errors)
+
+
+_PARAMETER_TYPES = {
+    "int": "an integer",
+    "float": "a number",
+    "str": "a string",
+    "bool": "true or false",
+    "array": "a list",
+    "object": "a JSON object",
+    "datetime": "a date and time in ISO 8601, such as 2026-01-31T09:30:00Z",
+    "date": "a date in ISO 8601, such as 2026-01-31",
+    "uuid": "a UUID",
+}
+_BOUNDS = {">=": "at least", "<=": "at most", ">": "greater than", "<": "less than"}
+_EXPECTED_TYPE = re.compile(r"Expected `(\w+)`, got `\w+`")
+_EXPECTED_BOUND = re.compile(r"Expected `(\w+)` (>=|<=|>|<) (\S+)")
+_EXPECTED_LENGTH = re.compile(r"Expected `(\w+)` of length (>=|<=|>|<) (\d+)")
+_EXPECTED_PATTERN = re.compile(r"Expected `str` matching regex '(.*)'")
+_BAD_ENUM = re.compile(r"Invalid enum value (.*)")
+
+
+def _parameter_message(message: str, request: AnyRequest, name: str) -> str:
+    """Litestar's (msgspec's) words for a bad path or query parameter, said as a body's
+    errors are (``must be an integer``, ``must be at most 100``), never ``Expected `int`,
+    got `str```."""
+    if found := _EXPECTED_TYPE.fullmatch(message):
+        return f"must be {_PARAMETER_TYPES.get(found.group(1), found.group(1))}"
+    if found := _EXPECTED_LENGTH.fullmatch(message):
+        unit = "characters" if found.group(1) == "str" else "items"
+        return f"must be {_BOUNDS[found.group(2)]} {found.group(3)} {unit}"
+    if found := _EXPECTED_BOUND.fullmatch(message):
+        return f"must be {_BOUNDS[found.group(2)]} {_number(found.group(3))}"
+    if found := _EXPECTED_PATTERN.fullmatch(message):
+        pattern = found.group(1)
+        return pattern_message(pattern) or f"must match the pattern {pattern}"
+    if found := _BAD_ENUM.fullmatch(message):
+        choices = _choices(request.scope.get("route_handler"), name)
+        said = f"{found.group(1)} is not one of the values it takes"
+        return said if not choices else f"must be one of {', '.join(map(repr, choices))}"
+    return message.replace("`", "")
+
+
+def _choices(handler: Any, name: str) -> list[str]:
+    """The values of the enumeration the parameter ``name`` (as a caller sends it) of
+    ``handler`` is read as; empty when it is none."""
+    if handler is None:
+        return []
+    for key, field in handler.parsed_fn_signature.parameters.items():
+        alias = getattr(field.kwarg_definition, "query", None)
+        if (alias or key) != name:
+            continue
+        for kind in (field.annotation, *(a.annotation for a in field.inner_types)):
+            if isinstance(kind, type) and issubclass(kind, Enum):
+                return [str(member.value) for member in kind]
+    return []
 
 
 def _http(request: AnyRequest, exc: HTTPException, throttle: Throttle) -> Response[ErrorBody]:

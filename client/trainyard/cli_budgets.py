@@ -26,7 +26,7 @@ What the command line alone shows to be wrong is a usage error before any reques
 ``set`` without any of its options, an amount that is no finite decimal number, thresholds
 that are no list of whole numbers, a policy or an ``--on-exhausted`` that is none of the
 choices. The values' bounds are billing's to judge: its refusal is one line naming the
-field, ``billing: 422 invalid request (amount: Input should be greater than 0)`` (exit 1);
+field, ``billing: 422 invalid request (amount: must be greater than 0)`` (exit 1);
 a budget that does not exist, or another team's, ``billing: 404 ...`` (exit 3); a member
 who is no admin writing one, ``billing: 403 ...`` (exit 4).
 """

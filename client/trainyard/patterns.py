@@ -21,6 +21,12 @@ PATTERN_WORDS: dict[str, str] = {
     r"^[a-z0-9][a-z0-9-]{0,39}$": (
         "a lower-case letter or a digit, then at most 39 lower-case letters, digits or '-'"
     ),
+    r"^[A-Za-z0-9._ -]{1,100}$": "1 to 100 letters, digits, spaces, '.', '_' or '-'",
+    r"^[\x20-\x7e]*$": "printable ASCII (no control characters or non-ASCII letters)",
+    r"^[A-Za-z][A-Za-z0-9+.-]{0,31}:[^\s\x00-\x1f\x7f]+$": (
+        "a URI: its scheme (a letter, then at most 31 letters, digits, '+', '.' or '-'), "
+        "':', then the rest without spaces or control characters"
+    ),
     r"^[0-9a-f]{64}$": "a sha256: 64 lower-case hexadecimal digits",
     r"^[0-9a-f]{40}$": "a whole commit id: 40 lower-case hexadecimal digits",
     rf"^{_REF_NAME}/{_REF_NAME}(?::[1-9][0-9]{{0,8}})?$": (

@@ -31,6 +31,7 @@ from trainyard_platform.shared.events.payloads import (
     GrantOfInvalidSpec,
 )
 from trainyard_platform.shared.events.trust import node_subjects
+from trainyard_platform.shared.http_errors import plain_message
 from trainyard_platform.shared.logs import job_scope
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ def parse_event(raw: bytes) -> Envelope[Payload]:
             raise exc from None
         if envelope.type != AllocationGranted.TYPE:
             raise
-        problem = _spec_problem([(e["loc"][1:], e["msg"]) for e in errors])
+        problem = _spec_problem([(e["loc"][1:], plain_message(e)) for e in errors])
         data = envelope.data.model_copy(update={"problem": problem})
         return envelope.model_copy(update={"data": data})
 
@@ -81,7 +82,7 @@ def _spec_problem(errors: Sequence[tuple[tuple[int | str, ...], str]]) -> str:
             else:
                 shown = NOT_IN_A_NAME.sub(lambda m: f"\\u{ord(m.group()):04x}", part)
                 path += f".{shown}" if path else shown
-        said.append(f"{path}: {message.removeprefix('Value error, ')}")
+        said.append(f"{path}: {message}")
     if len(errors) > _SPEC_PROBLEMS_SAID:
         said.append(f"and {len(errors) - _SPEC_PROBLEMS_SAID} more")
     return "; ".join(said)

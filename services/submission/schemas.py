@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from trainyard.patterns import pattern_message
 from trainyard_platform.services.submission.domain import JobStatus
 from trainyard_platform.shared.events.payloads import (
     BUNDLE_SHA256_PATTERN,
@@ -408,7 +409,7 @@ class JobRequest(BaseModel):
         if flavors is not None and value not in flavors:
             raise ValueError(f"unknown flavor {value!r}; allowed: {', '.join(flavors)}")
         if flavors is None and not re.fullmatch(FLAVOR_PATTERN, value):
-            raise ValueError(f"must be a flavor name matching {FLAVOR_PATTERN}")
+            raise ValueError(pattern_message(FLAVOR_PATTERN) or f"must match {FLAVOR_PATTERN}")
         return value
 
     @field_validator("command")

@@ -5,8 +5,8 @@ Each service's app is built in-process as ``service.serve`` builds it, over its 
 schema on a real PostgreSQL (as ``test_endpoint_auth.py`` does); the document is the one the
 app serves at ``/schema/openapi.json``. Schemathesis turns each operation into a Hypothesis
 strategy, positive (valid per the document) and negative (invalid), and judges every answer
-with ``not_a_server_error``, ``status_code_conformance``, ``content_type_conformance`` and
-``response_schema_conformance``.
+with ``not_a_server_error``, ``status_code_conformance``, ``content_type_conformance``,
+``response_schema_conformance`` and ``plain_words`` (no error in pydantic's words).
 
 Schemathesis' own ASGI transport runs the app on an event loop of its own in another thread,
 where the asyncpg pools (bound to the test's loop) cannot go; so Hypothesis runs in a worker
@@ -93,11 +93,51 @@ REQUEST_TIMEOUT_S = 10.0
 DEADLINE = timedelta(seconds=5)
 """Per case (token, request, checks): far above what one takes, so only a hang or a
 pathological slowness (a regular expression backtracking on a crafted input) fails it."""
+NOT_PLAIN = (
+    "Input should",
+    "Value error",
+    "Assertion failed",
+    "Extra inputs",
+    "Field required",
+    "String should",
+    "List should",
+    "Dictionary should",
+    "Tuple should",
+    "should have at",
+    "Decimal(",
+    "Expected `",
+    "Invalid enum value",
+    "[key]",
+    "function-",
+    "tagged-union",
+    "validation error",
+    "errors.pydantic.dev",
+)
+"""Pydantic's and msgspec's phrasing and paths, which no error an API answers may hold: each
+says what is wrong in plain words (``shared.http_errors.plain_message``)."""
+
+
+@schemathesis.check
+def plain_words(ctx: Any, response: Any, case: schemathesis.Case) -> bool | None:
+    """A 4xx answer's errors say what is wrong in plain words (``NOT_PLAIN``)."""
+    if not 400 <= response.status_code < 500 or not response.content:
+        return None
+    try:
+        errors = json.loads(response.content).get("errors", [])
+    except (ValueError, AttributeError):
+        return None  # not the error shape: the schema conformance check says so
+    said = [f"{e.get('field')}: {e.get('message')}" for e in errors if isinstance(e, dict)]
+    unplain = [text for text in said if any(phrase in text for phrase in NOT_PLAIN)]
+    assert not unplain, f"not in plain words: {unplain}"
+    return None
+
+
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
     content_type_conformance,
     response_schema_conformance,
+    plain_words,
 ]
 
 

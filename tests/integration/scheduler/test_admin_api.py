@@ -572,7 +572,7 @@ async def test_cordon_needs_a_known_node_and_a_reason(
         ({"reason": ""}, "at least 1 character"),
         ({"reason": "   "}, "must not be blank"),
         ({"reason": "x" * 501}, "at most 500 characters"),
-        ({"reason": 7}, "valid string"),
+        ({"reason": 7}, 'must be a string (quote it: "7")'),
     ):
         response = await http.post("/v1/admin/nodes/n1/cordon", json=body, headers=AUTH)
         assert message in fields(response)["reason"], (body, response.text)
@@ -783,8 +783,8 @@ async def test_a_bad_patch_names_the_field_and_changes_nothing(
     before = (await http.get("/v1/admin/queues/vision", headers=AUTH)).json()
     audited = len((await http.get("/v1/audit", headers=AUTH)).json())
     for patch_body, field, message in (
-        ({"weight": -1}, "weight", "greater than 0"),
-        ({"weight": "3"}, "weight", "valid number"),
+        ({"weight": -1}, "weight", "must be greater than 0"),
+        ({"weight": "3"}, "weight", "must be a number (remove the quotes: 3)"),
         ({"quotas": {"a100": {"lending_limit": 9}}}, "quotas.a100.lending_limit", "nominal"),
         ({"quotas": {"h100": {"nominal": 1}}}, "quotas.h100", "unknown flavor"),
         ({"quotas": {"a100": {"nominal": None}}}, "quotas.a100.nominal", "field required"),

@@ -427,10 +427,10 @@ def _refusal(status: int, detail: str, errors: list[dict[str, str]] | None = Non
             _refusal(
                 422,
                 "invalid request",
-                [{"field": "quotas.h200.nominal", "message": "Input should be >= 0"}],
+                [{"field": "quotas.h200.nominal", "message": "must be at least 0"}],
             ),
             Exit.ERROR,
-            "scheduler: 422 invalid request (quotas.h200.nominal: Input should be >= 0)",
+            "scheduler: 422 invalid request (quotas.h200.nominal: must be at least 0)",
         ),
         (
             ["prices", "set", "h200", "--gpu-hour", "2.75", "--from", "2020-01-01T00:00:00Z"],

@@ -252,10 +252,10 @@ def _refusal(status: int, detail: str, errors: list[dict[str, str]] | None = Non
             _refusal(
                 422,
                 "invalid request",
-                [{"field": "amount", "message": "Input should be greater than 0"}],
+                [{"field": "amount", "message": "must be greater than 0"}],
             ),
             Exit.ERROR,
-            "billing: 422 invalid request (amount: Input should be greater than 0)",
+            "billing: 422 invalid request (amount: must be greater than 0)",
         ),
         (
             ["set", "ml", "--thresholds", "50,50", "--replace"],

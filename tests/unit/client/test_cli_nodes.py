@@ -195,10 +195,10 @@ def _refusal(status: int, detail: str, errors: list[dict[str, str]] | None = Non
             _refusal(
                 422,
                 "invalid request",
-                [{"field": "reason", "message": "String should have at most 500 characters"}],
+                [{"field": "reason", "message": "must be at most 500 characters"}],
             ),
             Exit.ERROR,
-            "scheduler: 422 invalid request (reason: String should have at most 500 characters)",
+            "scheduler: 422 invalid request (reason: must be at most 500 characters)",
         ),
     ],
 )

@@ -288,7 +288,7 @@ def test_body_errors_are_reported_by_path_all_at_once() -> None:
         parse_body(Body, raw)
     assert {e.field: e.message for e in caught.value.errors} == {
         "limits.a100.lending": "must not exceed nominal",
-        "limits.h200.nominal": "Input should be a valid integer",
+        "limits.h200.nominal": "must be an integer",
         "x": "unknown field",
     }
     with pytest.raises(RequestInvalid) as caught:

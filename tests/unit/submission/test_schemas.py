@@ -100,7 +100,7 @@ def test_out_of_range_or_malformed_value_is_named(field: str, value: object) -> 
 
 
 def test_negative_gpus_message_says_why() -> None:
-    assert "greater than or equal to 1" in _errors({**GOOD, "gpus": -4})["gpus"]
+    assert _errors({**GOOD, "gpus": -4})["gpus"] == "must be at least 1"
 
 
 def test_unknown_flavor_lists_the_allowed_ones() -> None:
