@@ -18,6 +18,12 @@
   devices are skipped.
 - **Size.** A bundle larger than ``max_bytes`` (compressed; default 100 MiB) raises
   ``BundleTooLarge`` naming the largest files and how to leave them out.
+- **The platform's rules** (``trainyard.bundle_archive``, the code the submission service
+  and the runner check bundles with): a file or folder whose name no file system holds
+  (over 255 bytes; a path over 4095 bytes or more than 256 levels deep), more than 200,000
+  entries, or more than 4 GiB of files raises ``BundleRefusedHere`` naming the file and
+  the rule before anything is written; the packed archive is then checked whole by
+  ``check_bundle``, as the service will check it, before it is returned.
 """
 
 from __future__ import annotations
@@ -35,6 +41,14 @@ from pathlib import Path
 from typing import IO, NamedTuple
 
 import pathspec
+
+from trainyard.bundle_archive import (
+    MAX_BUNDLE_MEMBERS,
+    MAX_UNPACKED_BYTES,
+    BundleRefused,
+    check_bundle,
+    check_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +78,11 @@ class BundleError(Exception):
 
 class BundleTooLarge(BundleError):
     """The compressed bundle would exceed the size limit."""
+
+
+class BundleRefusedHere(BundleError):
+    """The directory would pack into a bundle the platform refuses
+    (``trainyard.bundle_archive``); the message names the file and the rule."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +132,7 @@ def pack(
         raise BundleError(f"{workdir} is not a directory")
     root = root.resolve()
     entries = _collect(root, say)
+    _platform_rules(root, entries)
     fd, name = tempfile.mkstemp(prefix="trainyard-bundle-", suffix=".tar.gz", dir=out_dir)
     path = Path(name)
     try:
@@ -121,6 +141,11 @@ def pack(
         size = path.stat().st_size
         if size > max_bytes:
             raise _too_large(entries, max_bytes)
+        with path.open("rb") as packed:
+            check_bundle(packed)  # as the submission service will, before it is uploaded
+    except BundleRefused as exc:
+        path.unlink(missing_ok=True)
+        raise _refused(root, str(exc)) from None
     except BaseException:
         path.unlink(missing_ok=True)
         raise
@@ -218,6 +243,37 @@ def _add_spec(rules: _Rules, base: str, path: Path, say: Callable[[str], None]) 
 
 def _raise(exc: OSError) -> None:
     raise BundleError(f"cannot read {exc.filename}: {exc.strerror or exc}")
+
+
+def _platform_rules(root: Path, entries: list[_Entry]) -> None:
+    """Raise ``BundleRefusedHere`` when ``entries`` break a rule the platform holds
+    bundles to (``trainyard.bundle_archive``), naming the first file that does."""
+    if len(entries) > MAX_BUNDLE_MEMBERS:
+        raise _refused(
+            root, f"it has {len(entries)} files and folders to pack, more than {MAX_BUNDLE_MEMBERS}"
+        )
+    for entry in entries:
+        try:
+            check_name(entry.name)
+        except BundleRefused as exc:
+            raise _refused(root, str(exc)) from None
+    total = sum(e.size for e in entries if e.kind == "file")
+    if total > MAX_UNPACKED_BYTES:
+        files = sorted((e for e in entries if e.kind == "file"), key=lambda e: (-e.size, e.name))
+        largest = ", ".join(f"{e.name} ({format_size(e.size)})" for e in files[:_LARGEST_SHOWN])
+        raise _refused(
+            root,
+            f"its files add up to {format_size(total)}, more than a bundle may unpack to "
+            f"({format_size(MAX_UNPACKED_BYTES)}); largest files: {largest}",
+        )
+
+
+def _refused(root: Path, reason: str) -> BundleRefusedHere:
+    return BundleRefusedHere(
+        f"the code in {root} cannot be uploaded: {reason}. The platform refuses such a "
+        f"bundle: leave it out with {IGNORE_FILE} (gitignore syntax) in the working "
+        "directory, or submit with --no-code"
+    )
 
 
 # --- writing ---------------------------------------------------------------------------------
