@@ -28,7 +28,9 @@ each of its lines with its global rank (``ranks``).
 
 Two steps, both blocking (run them in a thread), both raising ``PlatformError`` when the job
 cannot be started (a ``NodeFault`` when this node itself failed, which alone counts towards
-its cordon; a ``JobInputError`` when the job's spec is surely at fault): ``fetch`` takes what comes from the object store (the sandbox, with the
+its cordon; a ``JobInputError`` when the job's spec is surely at fault): ``fetch`` first
+refuses requirements the runner would never install (``check_requirements``), before it
+makes a sandbox or downloads anything, then takes what comes from the object store (the sandbox, with the
 attempt's cgroup and its memory limit where the node has cgroups, the code, the checkpoint
 to resume from; an unreachable store raises as it is, and the agent's launch waits it
 out and fetches again), ``prepare`` the rest (the environment, built in minutes maybe, and the job's
@@ -62,6 +64,7 @@ from trainyard_platform.services.runner.environments import (
     InstallError,
     JobEnvironment,
     RequirementsError,
+    normalize_requirement,
 )
 from trainyard_platform.services.runner.gpus import GpuInventory
 from trainyard_platform.services.runner.ledger import safe_file_name
@@ -205,7 +208,9 @@ def fetch(
 ) -> Fetched:
     """A fresh sandbox for ``grant`` run as ``user``, in a cgroup of its own when the node
     has ``cgroups`` (``job_cgroup``; this node has ``node_gpus`` GPUs), with the job's code
-    and the newest checkpoint it resumes from."""
+    and the newest checkpoint it resumes from; ``RequirementsUnmet`` before any of them for a
+    requirement the runner refuses (``check_requirements``)."""
+    check_requirements(grant.spec.requirements)
     try:
         if user.uid is not None:
             # The slot's uid starts clean, however its last job ended (one whose start
@@ -230,6 +235,21 @@ def fetch(
     # What the job asked for: its failures say whose fault they are (``sandbox``).
     code_id = fetch_code(grant.spec, store, box, settings.job_max_processes)
     return Fetched(box, code_id, resume_from(grant, settings, store, box.checkpoints))
+
+
+def check_requirements(requirements: Sequence[str]) -> None:
+    """``RequirementsUnmet`` (``user_error``) naming the first of ``requirements`` the
+    runner would refuse to install (``shared.requirements``, by ``normalize_requirement``:
+    an installer option, a local path, a ``file:`` URL, a URL that is no wheel's), by its
+    place in the spec: checked before the job's code or checkpoint is downloaded, since a
+    grant may come from an old job or another producer than the API, which refuses them."""
+    for index, requirement in enumerate(requirements):
+        try:
+            normalize_requirement(requirement)
+        except ValueError as exc:
+            raise RequirementsUnmet(
+                f"spec.requirements[{index}]: {exc} (refused before the job's code was downloaded)"
+            ) from None
 
 
 def own_network(grant: AllocationGranted, settings: Settings, user: JobUser) -> bool:
