@@ -3,8 +3,12 @@ nothing outside its folder; and every module the pages import is there."""
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -95,3 +99,50 @@ def test_the_policy_lets_the_page_call_an_api_behind_a_path(public_url: str, sou
     policy = content_security_policy(page_config(settings))
     connect = next(d for d in policy.split("; ") if d.startswith("connect-src "))
     assert connect == f"connect-src 'self' {source}", policy
+
+
+def test_the_policy_allows_no_inline_style(client: TestClient[Any]) -> None:
+    """``style-src 'unsafe-inline'`` let an injected ``style`` attribute or element restyle
+    the page (hide a warning, overlay a control); the pages' own bar widths and colours go
+    through the CSSOM instead (``ui.js`` ``h``), which the policy does not judge."""
+    policy = client.get("/ui/").headers["content-security-policy"]
+    assert "style-src 'self';" in policy and "unsafe-inline" not in policy
+    index = (WEB / "index.html").read_text()
+    assert not re.search(r"<style|\sstyle=", index)
+    for script in WEB.rglob("*.js"):
+        if "vendor" not in script.parts:
+            text = script.read_text()
+            assert not re.search(r"""setAttribute\(\s*["']style|\.cssText|<style""", text), script
+
+
+HTML_HELPER = """
+const set = [], attributes = [];
+globalThis.Node = class {};
+globalThis.document = {
+  createElement: (tag) => ({
+    tag, dataset: {}, append() {},
+    style: { setProperty: (name, value) => set.push([name, value]) },
+    setAttribute: (name, value) => attributes.push([name, value]),
+  }),
+};
+const { h } = await import(process.argv[2]);
+h("span", { class: "bar", style: "width:40%; --c:hsl(120, 50%, 40%);", title: "t" });
+console.log(JSON.stringify({ set, attributes }));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the page's module")
+def test_the_pages_set_styles_through_the_cssom_not_an_attribute(tmp_path: Path) -> None:
+    script = tmp_path / "h.mjs"
+    script.write_text(HTML_HELPER)
+    ran = subprocess.run(
+        ["node", str(script), (WEB / "ui.js").as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert json.loads(ran.stdout) == {
+        "set": [["width", "40%"], ["--c", "hsl(120, 50%, 40%)"]],
+        "attributes": [["title", "t"]],
+    }
