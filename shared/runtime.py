@@ -259,6 +259,7 @@ class ServiceRuntime:
                     log_config=None,  # uvicorn's loggers go to the one set-up (shared.logs)
                     lifespan="off",
                     http=SlowClientDeadlines,
+                    server_header=False,  # "server: uvicorn" tells a prober what to try
                 )
             )
             serving = asyncio.create_task(server.serve(sockets=[listener]), name="http")
