@@ -775,7 +775,16 @@ def _litestar_invalid(request: AnyRequest, exc: ValidationException) -> Response
             field = str(e.get("key") or "body")
             said = _parameter_message(str(e.get("message", "invalid")), request, field)
             errors.append(FieldError(field=field, message=said))
+    missing = _MISSING.match(str(exc.detail))
+    if not errors and missing is not None:
+        # Litestar says it in its detail alone, with the request's path and query: the
+        # parameter is named as any other bad one, and nothing of the request repeated.
+        what = f"required (a {missing.group(1)} parameter of this route)"
+        errors.append(FieldError(field=missing.group(2), message=what))
     return _error(422, "invalid request", errors)
+
+
+_MISSING = re.compile(r"Missing required (\w+) parameter '([^']*)'")
 
 
 _PARAMETER_TYPES = {
@@ -795,6 +804,7 @@ _EXPECTED_BOUND = re.compile(r"Expected `(\w+)` (>=|<=|>|<) (\S+)")
 _EXPECTED_LENGTH = re.compile(r"Expected `(\w+)` of length (>=|<=|>|<) (\d+)")
 _EXPECTED_PATTERN = re.compile(r"Expected `str` matching regex '(.*)'")
 _BAD_ENUM = re.compile(r"Invalid enum value (.*)")
+_BAD_ENCODING = re.compile(r"Invalid (?:RFC3339 encoded )?(\w+)")
 
 
 def _parameter_message(message: str, request: AnyRequest, name: str) -> str:
@@ -815,6 +825,9 @@ def _parameter_message(message: str, request: AnyRequest, name: str) -> str:
         choices = _choices(request.scope.get("route_handler"), name)
         said = f"{found.group(1)} is not one of the values it takes"
         return said if not choices else f"must be one of {', '.join(map(repr, choices))}"
+    if found := _BAD_ENCODING.fullmatch(message):  # "Invalid RFC3339 encoded datetime"
+        kind = found.group(1).lower()
+        return f"must be {_PARAMETER_TYPES.get(kind, f'a valid {kind}')}"
     return message.replace("`", "")
 
 

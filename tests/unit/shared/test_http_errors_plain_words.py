@@ -11,6 +11,7 @@ through the parser its route uses; and a Hypothesis search sends arbitrary JSON.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any
 
@@ -18,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from litestar import Litestar, get
-from litestar.params import FromQuery, Parameter
+from litestar.params import FromQuery, HeaderParameter, Parameter
 from litestar.testing import TestClient
 from pydantic import BaseModel
 
@@ -145,6 +146,8 @@ async def items(
     verbose: FromQuery[bool] = False,
     status: FromQuery[Phase | None] = None,
     prefix: Annotated[str | None, Parameter(max_length=5)] = None,
+    since: FromQuery[datetime | None] = None,
+    sort: Annotated[str | None, Parameter(pattern=r"^[a-z]+$")] = None,
 ) -> None:
     """A route of every kind of parameter the services read."""
 
@@ -159,6 +162,12 @@ async def items(
         ("verbose=maybe", "verbose", "must be true or false"),
         ("status=DONE", "status", "must be one of 'QUEUED', 'RUNNING'"),
         ("prefix=abcdefg", "prefix", "must be at most 5 characters"),
+        (
+            "since=yesterday",
+            "since",
+            "must be a date and time in ISO 8601, such as 2026-01-31T09:30:00Z",
+        ),
+        ("sort=ABC", "sort", "must match the pattern ^[a-z]+$"),
     ],
 )
 def test_a_bad_parameter_is_said_in_the_same_words(query: str, field: str, message: str) -> None:
@@ -167,3 +176,23 @@ def test_a_bad_parameter_is_said_in_the_same_words(query: str, field: str, messa
         answer = client.get(f"/items?{query}")
     assert answer.status_code == 422
     assert answer.json()["errors"] == [{"field": field, "message": message}]
+
+
+@get("/needs")
+async def needs(team: FromQuery[str], key: Annotated[str, HeaderParameter(name="X-Key")]) -> None:
+    """A route whose parameters are required."""
+
+
+def test_a_missing_required_parameter_is_named() -> None:
+    # Was 422 with no error at all: Litestar said it in a detail the handler dropped.
+    app = Litestar([needs], exception_handlers=exception_handlers())
+    with TestClient(app) as client:
+        answer = client.get("/needs", headers={"X-Key": "k"})
+        assert answer.status_code == 422
+        assert answer.json()["errors"] == [
+            {"field": "team", "message": "required (a query parameter of this route)"}
+        ]
+        answer = client.get("/needs?team=a")
+        assert answer.json()["errors"] == [
+            {"field": "X-Key", "message": "required (a header parameter of this route)"}
+        ]
