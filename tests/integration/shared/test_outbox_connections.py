@@ -172,3 +172,30 @@ async def test_the_rows_of_a_relay_gone_for_good_are_published_once_its_claim_ra
     # It comes back after all: its publish is a duplicate JetStream drops.
     assert await gone == 2
     assert await _stream_ids(bus) == [e.id for e in events]
+
+
+async def test_relays_of_three_replicas_at_once_keep_the_order_and_publish_each_once(
+    pool: asyncpg.Pool, bus: Bus, database_url: str
+) -> None:
+    """Three replicas' relays running together while events are committed one after
+    another: with rows locked through the publish, a second relay skipped the rows a
+    first one held and published the ones after them first."""
+    settings = DatabaseSettings(url=database_url)
+    async with open_pool(settings, "t") as second, open_pool(settings, "t") as third:
+        stop = asyncio.Event()
+        relays = [
+            asyncio.create_task(OutboxRelay(p, bus, batch=7, idle_poll_s=0.01).run(stop))
+            for p in (pool, second, third)
+        ]
+        events = [_event(f"j{i}") for i in range(120)]
+        try:
+            for i in range(0, len(events), 3):
+                async with pool.acquire() as conn, conn.transaction():
+                    await enqueue(conn, *events[i : i + 3])
+            async with asyncio.timeout(60):  # a guard, not a timing assertion
+                while await _unpublished(pool):
+                    await asyncio.sleep(0.05)
+        finally:
+            stop.set()
+            await asyncio.gather(*relays)
+    assert await _stream_ids(bus) == [e.id for e in events]
