@@ -6,7 +6,8 @@ Contract:
   ``RequestInvalid`` naming each bad field and why: ``group_by`` is a comma-separated list
   of distinct dimensions (``DIMENSIONS``); ``from`` and ``to`` are whole UTC hours (a
   datetime without a zone is UTC) from 1970 to 9000, ``from < to``; ``from`` is by default the start of the
-  current UTC month and ``to`` the end of ``from``'s month; a range covers at most
+  current UTC month and ``to`` the end of ``from``'s month, read in ``from``'s own offset
+  (UTC's without one); a range covers at most
   ``MAX_RANGE[granularity]`` (hour: 31 days, day: 366 days, month or none: 3660 days), or
   the tighter bound the caller gives (the waste report: ``WASTE_MAX_RANGE``).
 - ``pieces(start, end, coarsest)`` covers ``[start, end)`` (whole hours) with rollup
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Literal
 
 from trainyard_platform.services.billing.buckets import UNITS, Unit, floor, next_bucket
@@ -60,6 +61,18 @@ EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 """The range ``from`` and ``to`` must lie in (far beyond any bill, and within what dates
 can hold once a month is added)."""
+
+
+def _month_end_in_its_offset(text: str | None, begin: datetime) -> datetime:
+    """The end of the month holding ``begin`` as ``from`` was written: in its own offset
+    (``2026-12-01T00:00:00+05:00`` asks for December there, which ends at 19:00 UTC on
+    December 31st, not for the 5 hours left of November in UTC), in UTC without one."""
+    offset = datetime.fromisoformat(text).utcoffset() if text is not None else None
+    if not offset:
+        return next_bucket(floor(begin, "month"), "month")
+    local = begin.astimezone(timezone(offset))
+    first = local.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    return next_bucket(first, "month").astimezone(UTC)
 
 
 def _whole_hour(name: str, text: str, errors: list[FieldError]) -> datetime:
@@ -130,8 +143,10 @@ class CostQuery:
         begin = _whole_hour("from", start, errors) if start is not None else floor(now, "month")
         if end is not None:
             finish = _whole_hour("to", end, errors)
-        else:
+        elif errors:  # ``from`` refused: nothing may compute with it
             finish = next_bucket(floor(begin, "month"), "month")
+        else:
+            finish = _month_end_in_its_offset(start, begin)
         if not errors and finish <= begin:
             errors.append(FieldError(field="to", message="must be after from"))
         longest = min(MAX_RANGE[granularity], longest or MAX_RANGE[granularity])

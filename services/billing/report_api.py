@@ -53,7 +53,7 @@ To = Annotated[
         name="to",
         format="date-time",
         max_length=40,
-        description="ISO 8601, a whole UTC hour; default: the end of from's month",
+        description="ISO 8601, a whole UTC hour; default: the end of from's month (in its offset)",
     ),
 ]
 Format = Annotated[Literal["json", "csv"] | None, QueryParameter(description="default: by Accept")]

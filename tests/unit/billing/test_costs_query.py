@@ -47,6 +47,24 @@ def test_the_default_range_is_the_current_utc_month() -> None:
     assert parse(start="2026-02-10T05:00").end == datetime(2026, 3, 1, tzinfo=UTC)
 
 
+def test_the_default_to_ends_the_month_of_from_in_its_own_offset() -> None:
+    # December 1st at midnight in UTC+5 is 19:00 UTC on November 30th: the month asked for
+    # is December there, not the five hours left of November in UTC.
+    query = parse(start="2026-12-01T00:00:00+05:00")
+    assert (query.start, query.end) == (
+        datetime(2026, 11, 30, 19, tzinfo=UTC),
+        datetime(2026, 12, 31, 19, tzinfo=UTC),
+    )
+    west = parse(start="2026-02-01T00:00:00-08:00")
+    assert (west.start, west.end) == (
+        datetime(2026, 2, 1, 8, tzinfo=UTC),
+        datetime(2026, 3, 1, 8, tzinfo=UTC),
+    )
+    # Without an offset, or in UTC, the month is UTC's, as before.
+    assert parse(start="2026-12-01T00:00:00").end == datetime(2027, 1, 1, tzinfo=UTC)
+    assert parse(start="2026-12-31T23:00:00Z").end == datetime(2027, 1, 1, tzinfo=UTC)
+
+
 def test_group_by_names_known_distinct_dimensions() -> None:
     assert parse(group_by="team, flavor").group_by == ("team", "flavor")
     assert errors(group_by="team,colour,team") == [
