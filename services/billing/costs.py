@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Literal
 
 from trainyard_platform.services.billing.buckets import UNITS, Unit, floor, next_bucket
+from trainyard_platform.services.billing.domain import utc_text
 from trainyard_platform.shared.http_errors import FieldError, RequestInvalid
 
 Dimension = Literal["team", "project", "user", "queue", "flavor", "job"]
@@ -148,7 +149,14 @@ class CostQuery:
         else:
             finish = _month_end_in_its_offset(start, begin)
         if not errors and finish <= begin:
-            errors.append(FieldError(field="to", message="must be after from"))
+            given = (
+                ""
+                if start is not None
+                else (": not given, the start of the current UTC month; give from too")
+            )
+            errors.append(
+                FieldError(field="to", message=f"must be after from ({utc_text(begin)}{given})")
+            )
         longest = min(MAX_RANGE[granularity], longest or MAX_RANGE[granularity])
         if not errors and finish - begin > longest:
             errors.append(

@@ -65,6 +65,18 @@ def test_the_default_to_ends_the_month_of_from_in_its_own_offset() -> None:
     assert parse(start="2026-12-31T23:00:00Z").end == datetime(2027, 1, 1, tzinfo=UTC)
 
 
+def test_a_to_before_the_default_from_says_from_was_defaulted() -> None:
+    # In December, a report of November asked for with only its end: the 'from' that 'to'
+    # must follow was never given, so the answer says what it was and what to do.
+    assert errors(end="2026-11-01T00:00Z") == [
+        (
+            "to",
+            "must be after from (2026-12-01T00:00:00Z: not given, the start of the current "
+            "UTC month; give from too)",
+        )
+    ]
+
+
 def test_group_by_names_known_distinct_dimensions() -> None:
     assert parse(group_by="team, flavor").group_by == ("team", "flavor")
     assert errors(group_by="team,colour,team") == [
@@ -81,7 +93,7 @@ def test_bad_ranges_name_the_field_and_the_reason() -> None:
         )
     ]
     assert errors(start="2026-12-01T10:00Z", end="2026-12-01T10:00Z") == [
-        ("to", "must be after from")
+        ("to", "must be after from (2026-12-01T10:00:00Z)")
     ]
     assert errors(start="2026-12-01", end="2027-01-02", granularity="hour") == [
         ("to", "a report by hour covers at most 31 days")
