@@ -16,7 +16,7 @@ from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from trainyard.cli_base import CliError, Exit, Session, exit_code_of, resolve, whole_arg
+from trainyard.cli_base import CliError, Exit, Session, exit_code_of, note, resolve, whole_arg
 from trainyard.cli_render import (
     attempt_number,
     duration,
@@ -26,7 +26,7 @@ from trainyard.cli_render import (
     table,
     time_text,
 )
-from trainyard.client import TrainyardClient, TrainyardError, get_text, segment
+from trainyard.client import TrainyardClient, TrainyardError, get_response, segment
 
 
 def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
@@ -458,7 +458,7 @@ def run_cost(session: Session) -> int:
             **{d: getattr(args, d) for d in COST_DIMENSIONS if d != "job"},
         }
         if args.csv:
-            sys.stdout.write(billing_csv(billing, params))
+            sys.stdout.write(billing_csv(billing, "/v1/costs", params))
             return Exit.OK
         report = billing.get("/v1/costs", **params)
     except TrainyardError as exc:
@@ -467,9 +467,19 @@ def run_cost(session: Session) -> int:
     return Exit.OK
 
 
-def billing_csv(billing: TrainyardClient, params: dict[str, str | None]) -> str:
-    """Billing's CSV report, unchanged (its cells are already safe for spreadsheets)."""
-    return get_text(billing, "/v1/costs", format="csv", **params)
+def billing_csv(billing: TrainyardClient, path: str, params: dict[str, str | None]) -> str:
+    """Billing's CSV report at ``path`` (``/v1/costs``, ``/v1/waste``), unchanged (its
+    cells are already safe for spreadsheets). A CSV holds no ``truncated`` of its own: when
+    billing's header says it left rows out past its row limit, a note on stderr says so
+    and what to do, so a file cut short is not taken for the whole report."""
+    answer = get_response(billing, path, format="csv", **params)
+    if answer.headers.get("Trainyard-Truncated") == "true":
+        note(
+            "billing left rows out of this CSV: the report has more rows than its limit "
+            "(10,000); ask for less at a time (a shorter --from/--to, or filters such as "
+            "--team or --project) to have them all"
+        )
+    return answer.text
 
 
 def _amount(value: Any, digits: int = 2) -> str:

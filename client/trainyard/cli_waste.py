@@ -18,7 +18,8 @@ from typing import Any
 
 from trainyard.cli_base import CliError, Exit, Session, exit_code_of, resolve
 from trainyard.cli_render import short, table, time_text
-from trainyard.client import TrainyardError, get_text
+from trainyard.cli_tracking import billing_csv
+from trainyard.client import TrainyardError
 
 DIMENSIONS = ("team", "project", "user", "queue", "flavor", "job")
 """What billing's ``GET /v1/waste`` groups and filters by (docs/billing.md)."""
@@ -68,7 +69,7 @@ def run_waste(session: Session) -> int:
         if args.job is not None:  # an id or a unique prefix, as everywhere
             params["job"] = resolve(session.client, args.job)
         if args.csv:
-            sys.stdout.write(get_text(billing, "/v1/waste", format="csv", **params))
+            sys.stdout.write(billing_csv(billing, "/v1/waste", params))
             return Exit.OK
         report = billing.get("/v1/waste", **params)
     except TrainyardError as exc:

@@ -739,5 +739,12 @@ def download(
 def get_text(client: TrainyardClient, path: str, **params: str | None) -> str:
     """The text body of ``GET path`` on ``client``'s base URL (a CSV report, say), as the
     server wrote it; errors as for every call (``TrainyardError``)."""
+    return get_response(client, path, **params).text
+
+
+def get_response(client: TrainyardClient, path: str, **params: str | None) -> httpx.Response:
+    """The successful response to ``GET path`` (``params`` that are None left out): its
+    text and its headers, for an answer whose headers say more than its body (a CSV
+    report's ``Trainyard-Truncated``); errors as for every call (``TrainyardError``)."""
     query = {k: v for k, v in params.items() if v is not None}
-    return client._response("GET", path, params=query).text
+    return client._response("GET", path, params=query)

@@ -45,6 +45,7 @@ from trainyard_platform.services.billing.report_api import (
     Rows,
     To,
     check_parameters,
+    csv_answer,
     dimension_filters,
     team_to_read,
     utc_now,
@@ -103,7 +104,7 @@ def cost_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRouteHan
         ):
             report = cost_report(query, await repo.report(conn, query), limit)
         if wants_csv(request, format):
-            return Response(csv_text(report), media_type="text/csv")
+            return csv_answer(csv_text(report), report.truncated)
         return Response(report)
 
     @get("/v1/jobs/{job_id:str}/cost", responses=error_responses(404, 422))

@@ -14,10 +14,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from litestar import Request
+from litestar import Request, Response
 from litestar.di import NamedDependency
 from litestar.exceptions import NotFoundException
-from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, OpenAPIType, Operation, Schema
+from litestar.openapi.spec import (
+    OpenAPIHeader,
+    OpenAPIMediaType,
+    OpenAPIResponse,
+    OpenAPIType,
+    Operation,
+    Schema,
+)
 from litestar.params import QueryParameter
 
 from trainyard_platform.services.billing.costs import Dimension
@@ -122,9 +129,22 @@ def wants_csv(request: Request[Any, Any, Any], fmt: str | None) -> bool:
     return "text/csv" in accept and "application/json" not in accept
 
 
+TRUNCATED = "Trainyard-Truncated"
+"""The header of a CSV report saying whether rows past ``limit`` were left out (``true``)
+or not (``false``): the JSON's ``truncated``, which the CSV, rows only, cannot hold."""
+
+
+def csv_answer(text: str, truncated: bool) -> Response[str]:
+    """A report's CSV, saying in ``TRUNCATED`` whether rows were left out of it."""
+    return Response(
+        text, media_type="text/csv", headers={TRUNCATED: "true" if truncated else "false"}
+    )
+
+
 @dataclass
 class JsonOrCsvOperation(Operation):
-    """A report's operation: its 200 answer is JSON or, when asked for, ``text/csv``."""
+    """A report's operation: its 200 answer is JSON or, when asked for, ``text/csv``
+    (with ``TRUNCATED``)."""
 
     def __post_init__(self) -> None:
         ok = (self.responses or {}).get("200")
@@ -135,3 +155,10 @@ class JsonOrCsvOperation(Operation):
                     description="a header row, then one row per report row (docs/billing.md)",
                 )
             )
+            ok.headers = {
+                **(ok.headers or {}),
+                TRUNCATED: OpenAPIHeader(
+                    schema=Schema(type=OpenAPIType.STRING, enum=["true", "false"]),
+                    description="of a CSV answer: whether rows past limit were left out",
+                ),
+            }

@@ -39,6 +39,7 @@ from trainyard_platform.services.billing.report_api import (
     Rows,
     To,
     check_parameters,
+    csv_answer,
     dimension_filters,
     team_to_read,
     utc_now,
@@ -159,7 +160,7 @@ def waste_routes(
             since=since,
         )
         if wants_csv(request, format):
-            return Response(waste_csv(report), media_type="text/csv")
+            return csv_answer(waste_csv(report), report.truncated)
         return Response(report)
 
     return [waste]

@@ -232,6 +232,21 @@ async def test_csv_by_accept_header_or_format(client: httpx.AsyncClient) -> None
         ]
 
 
+async def test_a_csv_says_whether_it_left_rows_out(client: httpx.AsyncClient) -> None:
+    """A CSV has no totals and no ``truncated``: its answer says in a header whether rows
+    past ``limit`` were left out, so an export cut short is never taken for the whole."""
+    params = {"group_by": "team", "from": "2026-12-01T00:00:00Z", "format": "csv"}
+    cut = await client.get("/v1/costs", params={**params, "limit": "1"}, headers=OPERATOR)
+    assert cut.status_code == 200, cut.text
+    assert len(cut.text.splitlines()) == 2  # the header and one row of two
+    assert cut.headers["trainyard-truncated"] == "true"
+    whole = await client.get("/v1/costs", params=params, headers=OPERATOR)
+    assert whole.headers["trainyard-truncated"] == "false"
+    document = (await client.get("/schema/openapi.json", headers=OPERATOR)).json()
+    ok = document["paths"]["/v1/costs"]["get"]["responses"]["200"]
+    assert "Trainyard-Truncated" in ok["headers"]
+
+
 async def test_a_jobs_cost_per_allocation(client: httpx.AsyncClient) -> None:
     response = await client.get("/v1/jobs/ml-2/cost", headers=ML)
     assert response.status_code == 200, response.text

@@ -458,6 +458,15 @@ async def test_csv(client: httpx.AsyncClient) -> None:
     lines = list(csv.DictReader(io.StringIO(response.text)))
     lost = next(r for r in lines if r["job"] == "j" and r["figure"] == "lost_work")
     assert (lost["gpu_seconds"], lost["cost"]) == ("2400.000000", "1.666667")
+    assert response.headers["trainyard-truncated"] == "false"
+    # Cut short at ``limit``: the CSV has no ``truncated`` of its own, its header says so.
+    cut = await client.get(
+        "/v1/waste",
+        params={**RANGE, "group_by": "job", "format": "csv", "limit": "1"},
+        headers=OPERATOR,
+    )
+    assert len(cut.text.splitlines()) == 2 < len(lines) + 1
+    assert cut.headers["trainyard-truncated"] == "true"
 
 
 async def test_the_facts_arrive_through_the_bus(billing: Billing, pool: asyncpg.Pool) -> None:
