@@ -562,12 +562,26 @@ def cost_report_text(report: dict[str, Any]) -> str:
     ]
     span = f"{time_text(report.get('start'))} to {time_text(report.get('end'))}"
     totals = ", ".join(_total_text(t, lines_shown) for t in report.get("totals") or [])
-    lines = [table(header, rows, empty=f"nothing billed from {span}")]
+    lines = [table(header, rows, empty=f"nothing billed from {span}{filtered_text(report)}")]
     if rows:
         lines.append(f"\ntotal {span}: {totals or '0'}")
     if report.get("truncated"):
         lines.append("(more rows than the limit: totals cover them all)")
     return "\n".join(lines)
+
+
+def filtered_text(report: dict[str, Any]) -> str:
+    """What an empty report of billing's (``/v1/costs``, ``/v1/waste``) was filtered by and
+    how to check those names (`` to team ml, project visoin: check the names (...)``), or
+    '' when it was not: billing finds nothing for a name nothing was billed to (a
+    misspelt one) rather than refuse it, so the answer must show the name asked for."""
+    filters = {d: v for d, v in (report.get("filters") or {}).items() if v is not None}
+    if not filters:
+        return ""
+    named = ", ".join(f"{d} {v}" for d, v in filters.items())
+    return (
+        f" to {named}: check the names (trainyard cost --by {','.join(filters)} lists those billed)"
+    )
 
 
 def job_cost_text(bill: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 from trainyard.cli_base import CliError, Exit, Session, exit_code_of, resolve
 from trainyard.cli_render import short, table, time_text
-from trainyard.cli_tracking import billing_csv
+from trainyard.cli_tracking import billing_csv, filtered_text
 from trainyard.client import TrainyardError
 
 DIMENSIONS = ("team", "project", "user", "queue", "flavor", "job")
@@ -115,7 +115,7 @@ def waste_text(report: dict[str, Any]) -> str:
     header = (*(d.upper() for d in dims), "FIGURE", "GPU-HOURS", "COST", "WAIT-HOURS")
     lines = [
         f"waste {span} (idle: under {report.get('idle_threshold_percent')} % utilisation)",
-        table(header, rows, empty="no waste measured"),
+        table(header, rows, empty=f"no waste measured{filtered_text(report)}"),
     ]
     if report.get("truncated"):
         lines.append("(more rows than the limit: the totals cover them all)")

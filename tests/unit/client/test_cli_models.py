@@ -473,3 +473,24 @@ def test_a_download_never_replaces_a_link_a_device_or_a_pipe(
     assert link.is_symlink() and current.read_bytes() == body
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.pt", "pipe", "to-pipe", "weights"]
     assert [p.name for p in (tmp_path / "weights").iterdir()] == ["v3.pt"]
+
+
+def test_an_empty_cost_report_names_its_filters_and_how_to_check_them() -> None:
+    # A team lead's misspelt project finds nothing: the answer says what it was filtered
+    # by, so the typo shows, and how to list the names that were billed.
+    report = {
+        "start": "2026-12-01T00:00:00Z",
+        "end": "2027-01-01T00:00:00Z",
+        "group_by": ["user"],
+        "filters": {"team": "ml", "project": "visoin"},
+        "rows": [],
+        "totals": [],
+        "truncated": False,
+    }
+    assert cost_report_text(report) == (
+        "nothing billed from 2026-12-01 00:00:00Z to 2027-01-01 00:00:00Z to team ml, "
+        "project visoin: check the names (trainyard cost --by team,project lists those "
+        "billed)"
+    )
+    unfiltered = cost_report_text({**report, "filters": {}})
+    assert unfiltered == "nothing billed from 2026-12-01 00:00:00Z to 2027-01-01 00:00:00Z"

@@ -137,3 +137,12 @@ def test_dimensions_are_checked() -> None:
     for bad in ("colour", "team,team", ","):
         with pytest.raises(argparse.ArgumentTypeError):
             dimensions_arg(bad)
+
+
+def test_an_empty_waste_report_names_its_filters_and_how_to_check_them() -> None:
+    empty = {**REPORT, "rows": [], "totals": [], "filters": {"team": "ml", "queue": "ml-qq"}}
+    lines = waste_text(empty).splitlines()
+    assert lines[1] == (
+        "no waste measured to team ml, queue ml-qq: check the names (trainyard cost "
+        "--by team,queue lists those billed)"
+    )
