@@ -33,7 +33,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from decimal import Decimal
+from decimal import ROUND_DOWN, Decimal
 from typing import Annotated, Any
 
 import asyncpg
@@ -142,7 +142,9 @@ def budget_view(budget: Budget, spent: Decimal, now: datetime) -> BudgetView:
         month=month_label(month_start(now)),
         spent=spent,
         remaining=max(budget.amount - spent, Decimal(0)),
-        percent_spent=(spent * 100 / budget.amount).quantize(Decimal("0.01")),
+        # Cut, never rounded up: 100.00 only once spent, and a threshold's percent only
+        # once it is crossed (``budgets.reached``), as the state beside it says.
+        percent_spent=(spent * 100 / budget.amount).quantize(Decimal("0.01"), ROUND_DOWN),
         exhausted=exhausted,
         runs_out_at=runs_out,
         forecast=said,

@@ -117,6 +117,8 @@ class BudgetView(BaseModel):
     """Billed this month so far (allocations are billed when they end)."""
     remaining: Decimal
     percent_spent: Decimal
+    """``spent`` in percent of ``amount``, to 2 places, cut (never rounded up): 100.00 only
+    once ``exhausted``, and a threshold's percent only once it is reached."""
     exhausted: bool
     runs_out_at: datetime | None
     """At this month's rate so far, when the budget runs out (None: not this month, or

@@ -8,6 +8,7 @@ from decimal import Decimal
 import pytest
 
 from trainyard_platform.services.billing.budgets import (
+    Budget,
     forecast,
     month_label,
     month_start,
@@ -15,6 +16,7 @@ from trainyard_platform.services.billing.budgets import (
     reached,
 )
 from trainyard_platform.services.billing.domain import Price, UnknownFlavor
+from trainyard_platform.services.billing.governance_api import budget_view
 from trainyard_platform.services.billing.prices import (
     BEGINNING,
     DatedPrice,
@@ -121,3 +123,20 @@ def test_the_forecast_is_the_month_s_rate_so_far() -> None:
     assert forecast(Decimal(1000), Decimal(40), now) is None  # lasts the month
     assert forecast(Decimal(100), Decimal(0), now) is None  # nothing spent yet
     assert forecast(Decimal(100), Decimal(100), now) is None  # spent already
+
+
+def test_the_percent_spent_shows_a_threshold_only_once_it_is_reached() -> None:
+    """A budget's ``percent_spent`` is cut, never rounded up: 99.995 of 100 spent shows
+    99.99 % (not 100.00 % beside "not exhausted"), 49.995 shows 49.99 % (the 50 % threshold
+    is not crossed yet), and 100 % shows only once the budget is spent."""
+    budget = Budget("ml", None, Decimal(100), "USD", (50, 80, 100), "refuse", 1, "ann", T)
+
+    def shown(spent: str) -> tuple[str, bool]:
+        view = budget_view(budget, Decimal(spent), T)
+        return str(view.percent_spent), view.exhausted
+
+    assert shown("99.995") == ("99.99", False)
+    assert shown("49.995") == ("49.99", False)
+    assert shown("100") == ("100.00", True)
+    assert shown("0.000001") == ("0.00", False)
+    assert reached(budget.amount, Decimal("49.995"), budget.thresholds) == []
