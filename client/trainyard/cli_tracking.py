@@ -76,8 +76,18 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
         metavar="DIMS",
         help=f"group by these, comma-separated (default user): {', '.join(COST_DIMENSIONS)}",
     )
-    cost.add_argument("--from", dest="start", metavar="TIME", help="ISO 8601, a whole UTC hour")
-    cost.add_argument("--to", dest="end", metavar="TIME", help="ISO 8601 (excluded)")
+    cost.add_argument(
+        "--from",
+        dest="start",
+        metavar="TIME",
+        help="ISO 8601, a whole UTC hour, or a month: 2026-11 (default: this month)",
+    )
+    cost.add_argument(
+        "--to",
+        dest="end",
+        metavar="TIME",
+        help="ISO 8601 or a month, excluded (default: the end of --from's month)",
+    )
     cost.add_argument("--granularity", choices=("hour", "day", "month"), help="one row per bucket")
     for dim in COST_DIMENSIONS:
         if dim != "job":

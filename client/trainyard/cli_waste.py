@@ -47,8 +47,18 @@ def add_command(command: Callable[..., argparse.ArgumentParser]) -> None:
         metavar="DIMS",
         help=f"group by these, comma-separated (default team): {', '.join(DIMENSIONS)}",
     )
-    waste.add_argument("--from", dest="start", metavar="TIME", help="ISO 8601, a whole UTC hour")
-    waste.add_argument("--to", dest="end", metavar="TIME", help="ISO 8601 (excluded)")
+    waste.add_argument(
+        "--from",
+        dest="start",
+        metavar="TIME",
+        help="ISO 8601, a whole UTC hour, or a month: 2026-11 (default: this month)",
+    )
+    waste.add_argument(
+        "--to",
+        dest="end",
+        metavar="TIME",
+        help="ISO 8601 or a month, excluded (default: the end of --from's month)",
+    )
     for dim in DIMENSIONS:
         waste.add_argument(f"--{dim}", help=f"only this {dim}")
     waste.add_argument("--csv", action="store_true", help="billing's CSV of the rows, as it is")

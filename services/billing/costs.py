@@ -2,7 +2,8 @@
 
 Contract:
 - ``CostQuery.parse(...)`` checks the raw parameters of ``GET /v1/costs`` (``from`` and
-  ``to`` as given: ISO 8601 text) and raises
+  ``to`` as given: ISO 8601 text, or a month alone, ``2026-12``, its first instant in UTC)
+  and raises
   ``RequestInvalid`` naming each bad field and why: ``group_by`` is a comma-separated list
   of distinct dimensions (``DIMENSIONS``); ``from`` and ``to`` are whole UTC hours (a
   datetime without a zone is UTC) from 1970 to 9000, ``from < to``; ``from`` is by default the start of the
@@ -22,6 +23,7 @@ Contract:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
@@ -64,11 +66,26 @@ LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 can hold once a month is added)."""
 
 
+_MONTH = re.compile(r"(\d{4})-(\d{2})")
+"""A calendar month alone (ISO 8601's ``YYYY-MM``): its first instant, in UTC."""
+EXAMPLES = "such as 2026-12-01T00:00:00Z, 2026-12-01 or 2026-12"
+"""What a report's bound may look like, said when one is not a date."""
+
+
+def _instant(text: str) -> datetime:
+    """``text`` as ISO 8601 (``datetime.fromisoformat``, or a month alone: its first
+    instant, UTC); ValueError when it is neither."""
+    month = _MONTH.fullmatch(text)
+    if month is not None:
+        return datetime(int(month[1]), int(month[2]), 1, tzinfo=UTC)
+    return datetime.fromisoformat(text)
+
+
 def _month_end_in_its_offset(text: str | None, begin: datetime) -> datetime:
     """The end of the month holding ``begin`` as ``from`` was written: in its own offset
     (``2026-12-01T00:00:00+05:00`` asks for December there, which ends at 19:00 UTC on
     December 31st, not for the 5 hours left of November in UTC), in UTC without one."""
-    offset = datetime.fromisoformat(text).utcoffset() if text is not None else None
+    offset = _instant(text).utcoffset() if text is not None else None
     if not offset:
         return next_bucket(floor(begin, "month"), "month")
     local = begin.astimezone(timezone(offset))
@@ -78,10 +95,12 @@ def _month_end_in_its_offset(text: str | None, begin: datetime) -> datetime:
 
 def _whole_hour(name: str, text: str, errors: list[FieldError]) -> datetime:
     try:
-        value = datetime.fromisoformat(text)
+        value = _instant(text)
         utc = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     except ValueError:
-        errors.append(FieldError(field=name, message=f"not an ISO 8601 date and time: {text!r}"))
+        errors.append(
+            FieldError(field=name, message=f"not an ISO 8601 date and time: {text!r} ({EXAMPLES})")
+        )
         return EARLIEST
     except OverflowError:  # in UTC it falls outside what a datetime holds
         errors.append(FieldError(field=name, message=f"out of range: {text!r}"))

@@ -51,7 +51,7 @@ From = Annotated[
         name="from",
         format="date-time",
         max_length=40,
-        description="ISO 8601, a whole UTC hour; default: the current month's start",
+        description="ISO 8601, a whole UTC hour, or a month (2026-12); default: the current month's start",
     ),
 ]
 To = Annotated[
@@ -60,7 +60,7 @@ To = Annotated[
         name="to",
         format="date-time",
         max_length=40,
-        description="ISO 8601, a whole UTC hour; default: the end of from's month (in its offset)",
+        description="ISO 8601, a whole UTC hour, or a month (2026-12); default: the end of from's month (in its offset)",
     ),
 ]
 Format = Annotated[Literal["json", "csv"] | None, QueryParameter(description="default: by Accept")]

@@ -77,6 +77,26 @@ def test_a_to_before_the_default_from_says_from_was_defaulted() -> None:
     ]
 
 
+EXAMPLES = "such as 2026-12-01T00:00:00Z, 2026-12-01 or 2026-12"
+
+
+def test_a_month_alone_is_its_first_hour_and_the_default_to_its_end() -> None:
+    # 'trainyard cost --from 2026-11' is November, as a team lead writes it.
+    november = parse(start="2026-11")
+    assert (november.start, november.end) == (
+        datetime(2026, 11, 1, tzinfo=UTC),
+        datetime(2026, 12, 1, tzinfo=UTC),
+    )
+    autumn = parse(start="2026-09", end="2026-12")
+    assert (autumn.start, autumn.end) == (
+        datetime(2026, 9, 1, tzinfo=UTC),
+        datetime(2026, 12, 1, tzinfo=UTC),
+    )
+    assert errors(start="2026-13") == [
+        ("from", f"not an ISO 8601 date and time: '2026-13' ({EXAMPLES})")
+    ]
+
+
 def test_group_by_names_known_distinct_dimensions() -> None:
     assert parse(group_by="team, flavor").group_by == ("team", "flavor")
     assert errors(group_by="team,colour,team") == [
@@ -103,8 +123,8 @@ def test_bad_ranges_name_the_field_and_the_reason() -> None:
         ("to", "must be from 1970-01-01 to 9000-01-01, got 9999-12-31T23:00:00+00:00"),
     ]
     assert errors(start="yesterday", end="2026-13-01") == [
-        ("from", "not an ISO 8601 date and time: 'yesterday'"),
-        ("to", "not an ISO 8601 date and time: '2026-13-01'"),
+        ("from", f"not an ISO 8601 date and time: 'yesterday' ({EXAMPLES})"),
+        ("to", f"not an ISO 8601 date and time: '2026-13-01' ({EXAMPLES})"),
     ]
 
 
