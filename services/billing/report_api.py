@@ -98,7 +98,10 @@ def team_to_read(principal: Principal, team: str | None, what: str) -> str | Non
         return team
     team = team or principal.team
     if team is None or not principal.may_see_team(team):
-        raise NotFoundException(f"no {what} of team {team!r} for you to read")
+        # Said as for a team that does not exist (nothing of another team shows), with the
+        # one team the caller does read, so a misspelt name shows and what to ask instead.
+        own = f": you read your own team's, {principal.team}'s" if principal.team else ""
+        raise NotFoundException(f"no {what} of team {team!r} for you to read{own}")
     return team
 
 

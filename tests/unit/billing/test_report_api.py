@@ -27,4 +27,6 @@ def test_a_member_reads_their_own_team_by_default_and_when_naming_it() -> None:
 def test_a_member_naming_another_team_gets_404_naming_what_and_which() -> None:
     with pytest.raises(NotFoundException) as refused:
         team_to_read(member("vision"), "audio", "waste")
-    assert refused.value.detail == "no waste of team 'audio' for you to read"
+    assert refused.value.detail == (
+        "no waste of team 'audio' for you to read: you read your own team's, vision's"
+    )
