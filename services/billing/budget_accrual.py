@@ -7,8 +7,9 @@ Contract:
   (bills and accrued cost, ``budgets_repository.spent``) has reached and that are not
   recorded yet are recorded and said as ``budget.threshold_crossed``, then the budget's
   state (``budget.updated``, exhausted or not), exactly as after a bill
-  (``budget_watch.check``); with no threshold crossed, the state is said when the budget
-  became exhausted (``budget_watch.state_changed``). Each budget is checked holding its scope
+  (``budget_watch.check``); with no threshold crossed, the state is said when it is no
+  longer what was last said this month (``budget_watch.state_changed``: became exhausted,
+  or no longer is). Each budget is checked holding its scope
   (``budgets_repository.try_lock``, as a bill and a change of it do); one held by another
   transaction at that moment is left to the next pass. Returns how many budgets crossed a
   threshold.

@@ -11,9 +11,13 @@ Contract:
   down (a reversal) un-crosses nothing; when the entries lower it (an attempt's charges
   moved to the platform), each budget's state is said, so a budget they had exhausted is
   said not to be. The state is also said whenever the current month's spending makes the
-  budget exhausted and what was last said of that month was not (``state_changed``),
+  budget's state other than what was last said of that month (``state_changed``),
   whatever its thresholds: a budget without a threshold of 100 %, or raised after its
-  thresholds were crossed this month, is still said exhausted once spent.
+  thresholds were crossed this month, is still said exhausted once spent; one said spent
+  by what its running allocations had accrued is said not spent when their bills come in
+  smaller (an allocation billed up to its lost node's last heartbeat, before the check
+  that counted it) or are the platform's (``recheck``, after a release the team pays
+  nothing for).
 - ``say_state(conn, budget, now, deleted=False)`` says a budget's state for the current
   month (after a change through the API, or a crossing): the amount, what is spent, whether
   it is exhausted (spent >= amount), its policy and ``on_exhausted``, with the next budget
@@ -28,7 +32,7 @@ Contract:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -78,12 +82,31 @@ async def after_charges(
 
 
 async def state_changed(conn: asyncpg.Connection, budget: Budget, now: datetime) -> bool:
-    """Whether ``budget`` is exhausted this month while what was last said of this month
-    (or nothing) says it is not: its state must be said, a threshold crossed or not."""
+    """Whether ``budget``'s state this month differs from what was last said of this month
+    (nothing said: not exhausted), either way, so it must be said, a threshold crossed or
+    not: exhausted now and said not, or said exhausted and not now. The latter happens with
+    no charge lowered: what running allocations had accrued when the budget was said spent
+    was counted up to that check, and a bill may come in smaller (a lost node's allocation
+    is billed up to its last heartbeat) or not at all (the platform pays for an attempt
+    that failed through it)."""
     month = month_start(now)
-    if await repo.said_exhausted(conn, budget, month):
-        return False  # said so already; only a lowering (said apart) can undo it
-    return await repo.spent(conn, budget, month, now) >= budget.amount
+    said = await repo.said_exhausted(conn, budget, month)
+    return said != (await repo.spent(conn, budget, month, now) >= budget.amount)
+
+
+async def recheck(
+    conn: asyncpg.Connection, scopes: Iterable[tuple[str, str | None]], now: datetime
+) -> None:
+    """Say the state of each budget of ``scopes`` (a team and a project, None for the
+    team's) whose state this month is no longer what was last said (``state_changed``):
+    after a change of its spending that is no charge, such as a running allocation the
+    platform pays for, billed at last with nothing of the team's."""
+    wanted = set(scopes)
+    await repo.lock(conn, wanted)
+    for team, project in sorted(wanted, key=lambda s: (s[0], s[1] or "")):
+        budget = await repo.get(conn, team, project)
+        if budget is not None and await state_changed(conn, budget, now):
+            await say_state(conn, budget, now)
 
 
 async def check(

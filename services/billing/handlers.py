@@ -234,6 +234,10 @@ class BillingHandlers:
         if usage.charged_to == "platform":  # the team pays nothing: no charge
             await waste_rollups.refresh(conn, [usage.allocation_id])
             await _recorded(conn, usage, f"cost:{usage.allocation_id}")
+            # It accrued to the team's budgets while it ran: one said spent by that is
+            # said not spent now that it is the platform's.
+            scopes = [(usage.team, None), (usage.team, grant["project"])]
+            await budget_watch.recheck(conn, scopes, now)
             log.info(
                 "job %s allocation %s failed through the platform: %s GPU-s of %s charged "
                 "to the platform",

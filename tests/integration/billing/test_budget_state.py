@@ -17,11 +17,12 @@ import pytest
 
 from tests.integration.billing.conftest import feed
 from tests.integration.billing.test_platform_failures import ML, P, client
-from tests.integration.billing.test_waste import granted, released, submitted
+from tests.integration.billing.test_waste import failed, granted, released, submitted
 from trainyard_platform.services.billing.budget_accrual import check_running
 from trainyard_platform.services.billing.budgets import month_start
 from trainyard_platform.shared.events import parse_envelope
 from trainyard_platform.shared.events.payloads import BudgetUpdated
+from trainyard_platform.shared.events.trust import RUNNER
 
 pytestmark = pytest.mark.integration
 
@@ -95,3 +96,45 @@ async def test_running_allocations_spend_a_budget_without_a_threshold_left(
     assert await _states(pool) == [False, True]
     await check_running(pool, now)
     assert await _states(pool) == [False, True]
+
+
+async def test_a_budget_spent_by_accrual_is_said_not_spent_when_the_bill_comes_in_smaller(
+    pool: asyncpg.Pool, client: httpx.AsyncClient
+) -> None:
+    """The check of running allocations counts a running attempt up to now and says the
+    budget spent; the attempt's node was lost, and the scheduler releases it at the node's
+    last heartbeat, earlier: its bill is less than what was counted, less than the amount.
+    The state submission refuses by is said again, not exhausted (before, it stayed spent
+    for the month: every new job of the team refused, its running ones stopped)."""
+    now = datetime.now(UTC)
+    start = max(month_start(now), now - timedelta(hours=1))
+    accrued = Decimal(2) * Decimal("2.5") * Decimal((now - start).total_seconds()) / 3600
+    amount = max(Decimal("0.000001"), (accrued * 3 / 4).quantize(Decimal("0.000001")))
+    await feed(pool, submitted("b", P, start))
+    await _budget(client, amount=str(amount), thresholds=[1000], policy="refuse")
+    await feed(pool, granted("b-1", "b", P, "n1", start, "q"))
+    await check_running(pool, now)
+    assert await _states(pool) == [False, True]
+    last_heartbeat = start + (now - start) / 2  # half of what was counted: under the amount
+    await feed(pool, released("b-1", "b", P, "n1", start, last_heartbeat, "lost"))
+    assert await _states(pool) == [False, True, False]
+
+
+async def test_a_budget_spent_by_accrual_is_said_not_spent_when_the_platform_pays(
+    pool: asyncpg.Pool, client: httpx.AsyncClient
+) -> None:
+    """As above, but the runner says the attempt failed through the platform, before its
+    release: the platform pays for it, nothing of it is the team's, and the budget is said
+    not exhausted once the release makes it so."""
+    now = datetime.now(UTC)
+    start = max(month_start(now), now - timedelta(hours=1))
+    accrued = Decimal(2) * Decimal("2.5") * Decimal((now - start).total_seconds()) / 3600
+    amount = max(Decimal("0.000001"), (accrued / 2).quantize(Decimal("0.000001")))
+    await feed(pool, submitted("b", P, start))
+    await _budget(client, amount=str(amount), thresholds=[1000], policy="refuse")
+    await feed(pool, granted("b-1", "b", P, "n1", start, "q"))
+    await check_running(pool, now)
+    assert await _states(pool) == [False, True]
+    await feed(pool, failed("b-1", "b", "n1", now, RUNNER, "platform_error"))
+    await feed(pool, released("b-1", "b", P, "n1", start, now, "failed"))
+    assert await _states(pool) == [False, True, False]
