@@ -120,7 +120,10 @@ def cost_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRouteHan
         ):
             entries = await repo.job_entries(conn, job_id)
         if not entries or not principal.may_see_team(entries[0].team):
-            raise NotFoundException(f"no billed cost of job {job_id!r}")
+            raise NotFoundException(
+                f"no billed cost of job {job_id!r} yet: an allocation is billed when it "
+                "ends, so a job on its first attempt has none"
+            )
         return job_cost(job_id, entries)
 
     return [costs, cost_of_job]
