@@ -492,7 +492,12 @@ def billing_csv(billing: TrainyardClient, path: str, params: dict[str, str | Non
     return answer.text
 
 
-def _amount(value: Any, digits: int = 2) -> str:
+MONEY_PLACES = 6
+"""Money is shown to billing's places, never rounded for the table: a report's rows then
+add up to its total on the screen as they do in the ledger."""
+
+
+def _amount(value: Any, digits: int = MONEY_PLACES) -> str:
     try:
         return f"{Decimal(str(value)):.{digits}f}"
     except (InvalidOperation, ValueError):
@@ -525,12 +530,12 @@ def _has_cpu_or_memory(report: dict[str, Any]) -> bool:
 
 
 def _total_text(t: dict[str, Any], per_resource: bool) -> str:
-    text = f"{_amount(t['cost'], 4)} {t['currency']} ({_hours(t['gpu_seconds'])} GPU-hours"
+    text = f"{_amount(t['cost'])} {t['currency']} ({_hours(t['gpu_seconds'])} GPU-hours"
     if per_resource:
         text += (
-            f"; GPU {_amount(t.get('gpu_cost'), 4)}, CPU {_amount(t.get('cpu_cost'), 4)}"
+            f"; GPU {_amount(t.get('gpu_cost'))}, CPU {_amount(t.get('cpu_cost'))}"
             f" for {_hours(t.get('cpu_seconds'))} CPU-hours, memory"
-            f" {_amount(t.get('memory_cost'), 4)} for {_hours(t.get('memory_gib_seconds'))}"
+            f" {_amount(t.get('memory_cost'))} for {_hours(t.get('memory_gib_seconds'))}"
             " GiB-hours"
         )
         unpriced = [
@@ -565,8 +570,8 @@ def cost_report_text(report: dict[str, Any]) -> str:
             *((time_text(r.get("bucket")),) if bucketed else ()),
             *((short(str(r[d])) if d == "job" and r.get(d) else r.get(d) or "-") for d in dims),
             _hours(r.get("gpu_seconds")),
-            *(_amount(r.get(field), 4) for _, field in extra),
-            f"{_amount(r.get('cost'), 4)} {r.get('currency', '')}".rstrip(),
+            *(_amount(r.get(field)) for _, field in extra),
+            f"{_amount(r.get('cost'))} {r.get('currency', '')}".rstrip(),
         )
         for r in report.get("rows") or []
     ]
@@ -607,20 +612,20 @@ def job_cost_text(bill: dict[str, Any]) -> str:
             duration(a["started_at"], a["ended_at"]),
             a["outcome"],
             _hours(a["gpu_seconds"]),
-            f"{_amount(a['price_per_gpu_hour'], 4)}/h",
+            f"{a['price_per_gpu_hour']}/h",  # as set: up to six places
             *(
                 (
-                    f"{a.get('cpus', 0)} CPU {_amount(a.get('cpu_cost'), 4)}, "
-                    f"{a.get('memory_gib', 0)} GiB {_amount(a.get('memory_cost'), 4)}",
+                    f"{a.get('cpus', 0)} CPU {_amount(a.get('cpu_cost'))}, "
+                    f"{a.get('memory_gib', 0)} GiB {_amount(a.get('memory_cost'))}",
                 )
                 if held
                 else ()
             ),
-            f"{_amount(a['cost'], 4)} {a['currency']}",
+            f"{_amount(a['cost'])} {a['currency']}",
         )
         for a in allocations
     ]
-    totals = ", ".join(f"{_amount(t['cost'], 4)} {t['currency']}" for t in bill.get("totals") or [])
+    totals = ", ".join(f"{_amount(t['cost'])} {t['currency']}" for t in bill.get("totals") or [])
     head = f"job {bill['job_id']} ({bill['team']}/{bill.get('project') or '-'}, {bill['user']})"
     return "\n".join(
         [

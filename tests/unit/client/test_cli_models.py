@@ -196,8 +196,8 @@ def test_cost_reports_render_buckets_dimensions_and_totals() -> None:
     }
     lines = cost_report_text(report).splitlines()
     assert lines[0].split() == ["BUCKET", "TEAM", "JOB", "GPU-HOURS", "COST"]
-    assert lines[1].split()[-5:] == ["ml", "abcdef01", "2.00", "2.5000", "USD"]
-    assert lines[-2].endswith("2.5000 USD (2.00 GPU-hours)") and "truncated" not in lines[-1]
+    assert lines[1].split()[-5:] == ["ml", "abcdef01", "2.00", "2.500000", "USD"]
+    assert lines[-2].endswith("2.500000 USD (2.00 GPU-hours)") and "truncated" not in lines[-1]
     assert "more rows than the limit" in lines[-1]
     empty = cost_report_text({**report, "rows": [], "totals": [], "truncated": False})
     assert empty.startswith("nothing billed from")
@@ -221,10 +221,10 @@ def test_cost_reports_show_cpu_and_memory_apart_when_billed() -> None:
     report |= {"rows": [row], "totals": [{k: v for k, v in row.items() if k != "team"}]}
     lines = cost_report_text(report).splitlines()
     assert lines[0].split() == ["TEAM", "GPU-HOURS", "GPU-COST", "CPU-COST", "MEM-COST", "COST"]
-    assert lines[1].split() == ["ml", "2.00", "2.5000", "0.4000", "0.2000", "3.1000", "USD"]
+    assert lines[1].split() == ["ml", "2.00", "2.500000", "0.400000", "0.200000", "3.100000", "USD"]
     assert lines[-1].endswith(
-        "3.1000 USD (2.00 GPU-hours; GPU 2.5000, CPU 0.4000 for 12.00 CPU-hours, "
-        "memory 0.2000 for 10.00 GiB-hours; memory partly unpriced, charged 0)"
+        "3.100000 USD (2.00 GPU-hours; GPU 2.500000, CPU 0.400000 for 12.00 CPU-hours, "
+        "memory 0.200000 for 10.00 GiB-hours; memory partly unpriced, charged 0)"
     )
 
 
@@ -250,7 +250,7 @@ def test_a_job_bill_shows_cpus_and_memory_when_declared() -> None:
     bill |= {"allocations": [allocation], "totals": [{"currency": "USD", "cost": "5.76"}]}
     lines = job_cost_text(bill).splitlines()
     assert lines[1].split()[-2:] == ["CPU-AND-MEMORY", "COST"]
-    assert "12 CPU 0.3600, 80 GiB 0.4000  5.7600 USD" in lines[2]
+    assert "12 CPU 0.360000, 80 GiB 0.400000  5.760000 USD" in lines[2]
 
 
 def test_a_job_bill_shows_each_allocation() -> None:
@@ -286,11 +286,11 @@ def test_a_job_bill_shows_each_allocation() -> None:
         "1h00m",
         "succeeded",
         "2.00",
-        "2.5000/h",
-        "5.0000",
+        "2.5/h",
+        "5.000000",
         "USD",
     ]
-    assert lines[-1] == "total: 5.0000 USD"
+    assert lines[-1] == "total: 5.000000 USD"
 
 
 def _registry(body: bytes, seen: list[httpx.Request]) -> TrainyardClient:
@@ -494,3 +494,38 @@ def test_an_empty_cost_report_names_its_filters_and_how_to_check_them() -> None:
     )
     unfiltered = cost_report_text({**report, "filters": {}})
     assert unfiltered == "nothing billed from 2026-12-01 00:00:00Z to 2027-01-01 00:00:00Z"
+
+
+def test_a_cost_table_s_rows_add_up_to_its_total_and_prices_show_as_set() -> None:
+    """Money is shown to billing's six places, never rounded for the table: three rows of
+    0.333333 read 0.999999 in all, as the total says (at four places they read 0.3333 each
+    beside a total of 1.0000); a price is shown as it was set, not cut to four places."""
+    rows = [
+        {"user": user, "currency": "USD", "gpu_seconds": "3600", "cost": "0.333333"}
+        for user in ("ann", "bob", "cy")
+    ]
+    report = {"start": "2026-12-01T00:00:00Z", "end": "2027-01-01T00:00:00Z", "group_by": ["user"]}
+    report |= {
+        "rows": rows,
+        "totals": [{"currency": "USD", "gpu_seconds": "10800", "cost": "0.999999"}],
+    }
+    lines = cost_report_text(report).splitlines()
+    assert [line.split()[-2] for line in lines[1:4]] == ["0.333333"] * 3
+    assert lines[-1].endswith("0.999999 USD (3.00 GPU-hours)")
+    allocation = {
+        "attempt": 1,
+        "node_id": "n1",
+        "gpus": 1,
+        "gpu_flavor": "t4",
+        "started_at": "2026-12-01T00:00:00+00:00",
+        "ended_at": "2026-12-01T01:00:00+00:00",
+        "outcome": "succeeded",
+        "gpu_seconds": "3600",
+        "price_per_gpu_hour": "0.123456",
+        "cost": "0.123456",
+        "currency": "USD",
+    }
+    bill = {"job_id": "j-1", "team": "ml", "project": None, "user": "ann"}
+    bill |= {"allocations": [allocation], "totals": [{"currency": "USD", "cost": "0.123456"}]}
+    text = job_cost_text(bill)
+    assert "0.123456/h" in text and text.endswith("total: 0.123456 USD")
