@@ -138,3 +138,26 @@ async def test_a_budget_spent_by_accrual_is_said_not_spent_when_the_platform_pay
     await feed(pool, failed("b-1", "b", "n1", now, RUNNER, "platform_error"))
     await feed(pool, released("b-1", "b", P, "n1", start, now, "failed"))
     assert await _states(pool) == [False, True, False]
+
+
+async def test_the_check_of_running_allocations_says_a_budget_no_longer_spent(
+    pool: asyncpg.Pool, client: httpx.AsyncClient
+) -> None:
+    """The runner says the running attempt that spent the budget failed through the
+    platform; its release has not come yet. The next check of running allocations counts
+    nothing of it for the team and says the budget not exhausted, without waiting for the
+    release."""
+    now = datetime.now(UTC)
+    start = max(month_start(now), now - timedelta(hours=1))
+    accrued = Decimal(2) * Decimal("2.5") * Decimal((now - start).total_seconds()) / 3600
+    amount = max(Decimal("0.000001"), (accrued / 2).quantize(Decimal("0.000001")))
+    await feed(pool, submitted("b", P, start))
+    await _budget(client, amount=str(amount), thresholds=[1000], policy="refuse")
+    await feed(pool, granted("b-1", "b", P, "n1", start, "q"))
+    await check_running(pool, now)
+    assert await _states(pool) == [False, True]
+    await feed(pool, failed("b-1", "b", "n1", now, RUNNER, "platform_error"))
+    await check_running(pool, now)
+    assert await _states(pool) == [False, True, False]
+    await check_running(pool, now)  # said once
+    assert await _states(pool) == [False, True, False]
