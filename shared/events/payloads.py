@@ -91,6 +91,22 @@ def _free_hyper_value(value: Any) -> Any:
     return _free_text(value) if isinstance(value, str) else value
 
 
+def _with_time_zone(value: datetime) -> datetime:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(
+            "must carry a time zone (Z or an offset such as +00:00): a time without one "
+            "names a different instant on every host that reads it"
+        )
+    return value
+
+
+Instant = Annotated[datetime, AfterValidator(_with_time_zone)]
+"""Every point in time an event carries, in any payload model (the one rule, kept in this
+one place): a timestamp with a time zone or UTC offset, as RFC 3339 has it. One without
+(``2026-12-01T10:00:00``) is refused whoever sent it, the error naming the field, never
+taken for UTC or the reader's local time. Offsets other than UTC are kept as given."""
+
+
 Text = Annotated[str, AfterValidator(_name_text)]
 """A string of a spec that is no free text: no control character (``NOT_IN_A_NAME``), as
 the submission API's screen of bodies (``shared.http_errors.check_json``) has it."""
@@ -233,7 +249,7 @@ class JobSubmitted(Payload):
     TYPE = "trainyard.job.submitted.v1"
     job_id: str
     spec: JobSpec
-    submitted_at: datetime
+    submitted_at: Instant
     lowered_from: Text | None = None
     """The priority class the job asked for when a spent budget (policy ``deprioritize``)
     admitted it at ``spec.priority`` (``low``) instead; None: admitted at the class asked for
@@ -274,7 +290,7 @@ class AllocationGranted(Payload):
     gpu_indices: list[int]
     epoch: int
     attempt: int
-    granted_at: datetime
+    granted_at: Instant
     spec: JobSpec
     gang: list[GangMember] = Field(default_factory=list)
     """Every allocation of the job's gang in rank order, this one included; empty for a
@@ -298,7 +314,7 @@ class GrantOfInvalidSpec(Payload):
     gpu_indices: list[int]
     epoch: int
     attempt: int
-    granted_at: datetime
+    granted_at: Instant
     problem: str = ""
 
 
@@ -328,8 +344,8 @@ class AllocationReleased(Payload):
     user: str
     gpu_flavor: str
     gpus: int
-    granted_at: datetime
-    released_at: datetime
+    granted_at: Instant
+    released_at: Instant
     outcome: Literal["succeeded", "failed", "cancelled", "preempted", "lost"]
 
 
@@ -340,7 +356,7 @@ class JobPending(Payload):
     job_id: str
     reason: str
     position: int
-    estimated_start: datetime | None = None
+    estimated_start: Instant | None = None
     blocking: str | None = None
     """Who or what holds what the job needs (a team, a job, a quota)."""
     suggestion: str | None = None
@@ -415,7 +431,7 @@ class RunnerHeartbeat(Payload):
     running_allocations: Annotated[list[NodeText], _at_most(MAX_NODE_RUNNING, "allocations")] = (
         Field(default_factory=list)
     )
-    sent_at: datetime
+    sent_at: Instant
     topology: NodeText = "default"
     """Topology domain of the node (NVLink domain, rack) for gang placement."""
     address: HostText = "127.0.0.1"
@@ -467,7 +483,7 @@ class JobStarted(Payload):
     node_id: str
     attempt: int
     epoch: int
-    started_at: datetime
+    started_at: Instant
     code_version: str
     environment: Environment
     spec: JobSpec
@@ -495,7 +511,7 @@ class MetricPoint(BaseModel):
 
     key: str = Field(min_length=1, max_length=MAX_METRIC_KEY)
     step: int = Field(ge=0, le=2**63 - 1)
-    time: datetime
+    time: Instant
     value: float
     """Any float: NaN and infinities are kept; the event's JSON writes them as the strings
     ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` (bare ``NaN`` is not JSON), and parsing
@@ -522,7 +538,7 @@ class CheckpointSaved(Payload):
     allocation_id: str
     epoch: int
     checkpoint: CheckpointRef
-    saved_at: datetime
+    saved_at: Instant
 
 
 class JobSucceeded(Payload):
@@ -531,7 +547,7 @@ class JobSucceeded(Payload):
     allocation_id: str
     node_id: str
     epoch: int
-    finished_at: datetime
+    finished_at: Instant
     metrics: dict[str, float] = Field(default_factory=dict)
     artifact: CheckpointRef | None = None
 
@@ -542,7 +558,7 @@ class JobFailed(Payload):
     allocation_id: str
     node_id: str
     epoch: int
-    finished_at: datetime
+    finished_at: Instant
     exit_code: int | None
     reason: str
     log_tail: str = ""
@@ -566,7 +582,7 @@ class JobPreempted(Payload):
     allocation_id: str
     node_id: str
     epoch: int
-    finished_at: datetime
+    finished_at: Instant
     reason: str
     checkpoint: CheckpointRef | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
@@ -624,8 +640,8 @@ class CostRecorded(Payload):
     user: str
     gpu_flavor: str
     gpus: int
-    started_at: datetime
-    ended_at: datetime
+    started_at: Instant
+    ended_at: Instant
     gpu_seconds: float
     price_per_gpu_hour: float
     cost: float
@@ -681,7 +697,7 @@ class FlavorDeclared(Payload):
     name: str = Field(min_length=1, max_length=100)
     description: str = Field(default="", max_length=1000)
     revision: int = Field(ge=1)
-    declared_at: datetime
+    declared_at: Instant
 
 
 class FlavorRetired(Payload):
@@ -691,7 +707,7 @@ class FlavorRetired(Payload):
     TYPE = "trainyard.flavor.retired.v1"
     name: str = Field(min_length=1, max_length=100)
     revision: int = Field(ge=1)
-    retired_at: datetime
+    retired_at: Instant
 
 
 BudgetPolicy = Literal["refuse", "deprioritize", "warn"]
@@ -739,7 +755,7 @@ class BudgetThresholdCrossed(Payload):
     spent: str
     currency: str
     policy: BudgetPolicy
-    crossed_at: datetime
+    crossed_at: Instant
 
 
 for _model in (FlavorDeclared, FlavorRetired, BudgetUpdated, BudgetThresholdCrossed):
