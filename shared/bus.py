@@ -13,8 +13,16 @@ Contract:
   start). ``stream_created`` is the event stream's identity (a stream made again has a new
   one); the outbox relay (``shared.outbox``) uses it to publish again what the lost stream
   held.
-- ``publish`` sends an envelope with ``Nats-Msg-Id`` = event id, so a re-publish inside the
-  duplicate window is dropped by the server (this is what makes the outbox relay exactly-once).
+- ``publish`` sends an envelope with ``Nats-Msg-Id`` = ``Bus.msg_id(subject, event id)``, so a
+  re-publish inside the duplicate window is dropped by the server (this is what makes the
+  outbox relay exactly-once). That id is keyed with a secret of the publisher's own NATS
+  credentials (``dedup_key``) and names the subject: JetStream's duplicate window is one
+  for the whole stream, whoever published, so with the bare event id as ``Nats-Msg-Id`` a
+  publisher that foresees another's id (``preempt:<allocation>``, a runner's
+  ``uuid5(<allocation>:end)``) could send a message of its own under it first and have the
+  server drop the real event. Every process and replica of one service (one NATS user) makes
+  the same id for the same event, so a re-publish after a lost acknowledgement, a relay's
+  after a crash, or another replica's is still dropped once; no other user can make it.
 - The event stream keeps events ``retention_hours`` (7 days by default), but a message with a
   ``Nats-TTL`` header (``TTL_HEADER``; the stream allows per-message TTLs) is removed when its
   TTL ends: high-rate, short-lived facts (runner heartbeats, every 2 s per node) say so
@@ -99,7 +107,10 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
 import random
@@ -120,6 +131,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Final, TypeVar
+from urllib.parse import urlsplit
 
 import asyncpg
 import nats
@@ -379,6 +391,38 @@ RECORDED_DELIVERIES_KEPT = 16
 replicas that may hold one message in turn while a write of theirs is retried."""
 DELIVERY_ID_CHARS = 16
 """Hex characters of a delivery's own id in a tally (random, one per delivery in hand)."""
+
+
+MSG_ID_BYTES: Final = 16
+"""Bytes of a keyed ``Nats-Msg-Id`` (``Bus.msg_id``; 22 characters of base64url): 128 bits,
+which no other publisher can guess, in fewer characters than an event id (a uuid has 36)."""
+
+
+def dedup_key(settings: NatsSettings) -> bytes | None:
+    """The key of the ``Nats-Msg-Id`` this connection's publishes carry (``Bus.msg_id``):
+    derived from its NATS credentials (the password of ``user``, or the one in ``url``),
+    which only its service's processes hold, so every replica and restart of one service
+    shares it and no other user can compute it. None for a connection with no password (a
+    server that lets anyone in, which the project never runs): its ids are the event ids."""
+    found = urlsplit(settings.url.split(",", 1)[0])
+    if settings.password is not None:
+        secret, user = settings.password.get_secret_value(), settings.user or ""
+    else:
+        secret, user = found.password or "", settings.user or found.username or ""
+    if not secret:
+        return None
+    label = f"trainyard Nats-Msg-Id\0{user}".encode()
+    return hmac.new(secret.encode(), label, hashlib.sha256).digest()
+
+
+def keyed_msg_id(key: bytes | None, subject: str, event_id: str) -> str:
+    """``Nats-Msg-Id`` of ``event_id`` published on ``subject`` with ``key`` (``dedup_key``):
+    the HMAC of both, so it is the publisher's alone and one subject's; ``event_id`` itself
+    where there is no key."""
+    if key is None:
+        return event_id
+    mac = hmac.new(key, f"{subject}\0{event_id}".encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(mac[:MSG_ID_BYTES]).decode().rstrip("=")
 
 
 def attempts_subject(consumer: str, sequence: int) -> str:
@@ -712,6 +756,7 @@ class Bus:
         when it starts and one when it ends, not one a try."""
         self._js: JetStreamContext = nc.jetstream()
         self._settings = settings
+        self._dedup_key = dedup_key(settings)
         self._paused: dict[str, str] = {}
         self._stops: dict[str, asyncio.Event] = {}
         self._parsers: dict[str, Callable[[bytes], Envelope[Payload]]] = {}
@@ -1051,24 +1096,34 @@ class Bus:
                 envelope.nats_subject, envelope.to_json(), envelope.id, inject(headers)
             )
 
+    def msg_id(self, subject: str, event_id: str) -> str:
+        """The ``Nats-Msg-Id`` this connection publishes ``event_id`` on ``subject`` under
+        (module docstring; ``keyed_msg_id``): the same in every process of its service,
+        unknown to every other publisher."""
+        return keyed_msg_id(self._dedup_key, subject, event_id)
+
     async def publish_raw(
         self, subject: str, body: bytes, event_id: str, headers: dict[str, str]
     ) -> api.PubAck:
+        """Publish ``body`` on ``subject`` once: a re-publish of ``event_id`` there inside the
+        duplicate window is dropped (``msg_id``; any ``Nats-Msg-Id`` in ``headers`` is
+        replaced)."""
         return await self._js.publish(
             subject,
             body,
             timeout=self._settings.publish_timeout_seconds,
-            headers={**headers, "Nats-Msg-Id": event_id},
+            headers={**headers, MSG_ID_HEADER: self.msg_id(subject, event_id)},
         )
 
     async def publish_many(
         self, messages: Iterable[tuple[str, bytes, str, dict[str, str]]]
     ) -> None:
         """Publish ``(subject, body, event id, headers)`` messages in order, pipelined: all are
-        sent before the first acknowledgement is awaited. Raises if any was not stored."""
+        sent before the first acknowledgement is awaited, each under its ``msg_id``. Raises
+        if any was not stored."""
         acks = [
             await self._js.publish_async(
-                subject, body, headers={**headers, "Nats-Msg-Id": event_id}
+                subject, body, headers={**headers, MSG_ID_HEADER: self.msg_id(subject, event_id)}
             )
             for subject, body, event_id, headers in messages
         ]
@@ -1641,10 +1696,11 @@ class Bus:
             ORIGINAL_SEQUENCE_HEADER: str(seq),
             DELIVERIES_HEADER: str(msg.metadata.num_delivered),
         }
-        if "Nats-Msg-Id" in original:
-            ours[ORIGINAL_MSG_ID_HEADER] = original["Nats-Msg-Id"]
+        if MSG_ID_HEADER in original:
+            ours[ORIGINAL_MSG_ID_HEADER] = original[MSG_ID_HEADER]
         letter_id = f"deadletter:{consumer}:{seq}"
-        body, headers = _fit(msg.data, copied, ours, letter_id, self.max_payload)
+        letter_msg_id = self.msg_id(deadletter_subject(consumer), letter_id)
+        body, headers = _fit(msg.data, copied, ours, letter_msg_id, self.max_payload)
 
         async def publish() -> None:
             try:

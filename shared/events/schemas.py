@@ -144,7 +144,9 @@ def asyncapi_document() -> dict[str, Any]:
                 "properties": {
                     "Nats-Msg-Id": {
                         "type": "string",
-                        "description": "The event's id (JetStream drops duplicates by it).",
+                        "description": "The publisher's keyed hash of the subject and the"
+                        " event's id: JetStream drops duplicates by it. Read the id from the"
+                        " event, not from this header.",
                     },
                     "traceparent": {"type": "string", "description": "W3C trace context."},
                 },

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,13 +58,17 @@ async def _enqueue(pool: asyncpg.Pool, *events: Envelope[JobCancelRequested]) ->
         await enqueue(conn, *events)
 
 
-async def _msg_ids(bus: Bus) -> list[str]:
+async def _msg_ids(bus: Bus, said_by: Bus | None = None) -> list[str]:
+    """The event ids in the stream, in order, each under the ``Nats-Msg-Id`` its publisher's
+    bus gives it (``said_by``, or ``bus``)."""
     info = await bus.jetstream.stream_info(bus.settings.stream)
     ids = []
     for seq in range(info.state.first_seq, info.state.last_seq + 1):
         msg = await bus.jetstream.get_msg(bus.settings.stream, seq)
-        assert msg.headers is not None
-        ids.append(msg.headers["Nats-Msg-Id"])
+        assert msg.headers is not None and msg.data is not None
+        event_id = json.loads(msg.data)["id"]
+        assert msg.headers["Nats-Msg-Id"] == (said_by or bus).msg_id(msg.subject, event_id)
+        ids.append(event_id)
     return ids
 
 
@@ -75,7 +80,7 @@ async def _published(nats_url: str) -> AsyncIterator[list[str]]:
     ids: list[str] = []
 
     async def heard(msg: Msg) -> None:
-        ids.append((msg.headers or {}).get("Nats-Msg-Id", ""))
+        ids.append(json.loads(msg.data)["id"])
 
     try:
         sub = await nc.subscribe("trainyard.>", cb=heard)
@@ -140,7 +145,7 @@ async def test_a_service_that_may_not_make_the_stream_waits_for_it(
         await bus.ensure_streams()  # the scheduler makes it again
         assert await relay.check_stream() == 1
         assert await relay.relay_once() == 1
-        assert await _msg_ids(bus) == [event.id]
+        assert await _msg_ids(bus, service) == [event.id]
 
 
 async def test_the_running_relay_says_everything_again_after_the_loss(

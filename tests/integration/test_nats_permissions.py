@@ -42,7 +42,14 @@ from trainyard_platform.deploy.local.nats import (
     service_user_name,
 )
 from trainyard_platform.deploy.local.stack import RUNNER_NODE_ID, SERVICES
-from trainyard_platform.shared.bus import Bus, Reject, attempts_subject
+from trainyard_platform.services.runner import domain as runner_domain
+from trainyard_platform.shared.bus import (
+    Bus,
+    Reject,
+    attempts_subject,
+    dedup_key,
+    keyed_msg_id,
+)
 from trainyard_platform.shared.events import Envelope, Payload, nats_subject
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
@@ -53,6 +60,8 @@ from trainyard_platform.shared.events.payloads import (
     JobPreempted,
     JobSpec,
     JobSubmitted,
+    JobSucceeded,
+    RunnerHeartbeat,
 )
 from trainyard_platform.shared.events.trust import RUNNER, SCHEDULER, node_subjects
 from trainyard_platform.shared.settings import NatsSettings
@@ -566,6 +575,72 @@ async def test_a_runner_cannot_pass_its_report_off_as_the_schedulers_decision(
         f"travels on {JobFailed.TYPE}.by-scheduler, not on {report.nats_subject}" in m
         for m in forged
     ), forged
+
+
+async def test_no_publisher_can_have_anothers_event_dropped_as_a_duplicate(
+    server: NatsServer,
+) -> None:
+    """JetStream's duplicate window is the stream's, not a subject's: a runner that sends, on
+    its own heartbeat subject, messages under the ids the scheduler's fence and preemption of
+    its allocation and a gang peer's end report will carry must not have those dropped as
+    duplicates (``Bus.msg_id``). A re-publish by the same service, from another connection
+    too (a replica, a restart), still is."""
+    allocation, peer_allocation, job = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
+    fence = Envelope.wrap(
+        AllocationRevoked(
+            allocation_id=allocation, job_id=job, node_id=NODE_A, epoch=1, reason="fenced"
+        ),
+        source=SCHEDULER,
+        subject=NODE_A,
+        event_id=f"fence:{allocation}:{NODE_A}",
+    )
+    preempt = Envelope.wrap(
+        AllocationRevoked(
+            allocation_id=allocation, job_id=job, node_id=NODE_A, epoch=1, reason="preempted"
+        ),
+        source=SCHEDULER,
+        subject=NODE_A,
+        event_id=f"preempt:{allocation}",
+    )
+    peer_end = Envelope.wrap(
+        JobSucceeded(
+            job_id=job,
+            allocation_id=peer_allocation,
+            node_id=NODE_B,
+            epoch=1,
+            finished_at=datetime.now(UTC),
+        ),
+        source=RUNNER,
+        subject=job,
+        event_id=runner_domain.event_id(peer_allocation, "end"),
+    )
+    real = [fence, preempt, peer_end]
+    scheduler = _settings(server, _user(server, "scheduler"))
+    async with Bus.connect(scheduler, "scheduler"):
+        pass  # the streams are there
+    async with session(server, _user(server, "runner", NODE_A)) as attacker:
+        squat = f"{RunnerHeartbeat.TYPE}.{NODE_A}"
+        own_key = dedup_key(_settings(server, _user(server, "runner", NODE_A)))
+        for event in real:
+            # The event's id, and what the runner's own key makes of it.
+            for msg_id in (event.id, keyed_msg_id(own_key, event.nats_subject, event.id)):
+                ack = await attacker.nc.jetstream().publish(
+                    squat, b"{}", headers={"Nats-Msg-Id": msg_id}, timeout=5
+                )
+                assert not ack.duplicate
+        assert not attacker.violations
+
+    runner_b = _settings(server, _user(server, "runner", NODE_B))
+    async with Bus.connect(scheduler, "scheduler") as bus, Bus.connect(runner_b, "r") as peer:
+        for publisher, event in ((bus, fence), (bus, preempt), (peer, peer_end)):
+            stored = await publisher.publish_raw(event.nats_subject, event.to_json(), event.id, {})
+            assert not stored.duplicate, f"{event.id} was dropped as the squatter's duplicate"
+            # A re-publish after a lost acknowledgement is still dropped once.
+            again = await publisher.publish_raw(event.nats_subject, event.to_json(), event.id, {})
+            assert again.duplicate and again.seq == stored.seq
+    async with Bus.connect(scheduler, "scheduler") as replica:
+        again = await replica.publish_raw(fence.nats_subject, fence.to_json(), fence.id, {})
+        assert again.duplicate
 
 
 def _grant(node_id: str) -> Envelope[Payload]:

@@ -258,8 +258,7 @@ async def test_an_event_id_is_published_once_and_a_batch_in_its_order(own_bus: B
         await bus.jetstream.get_msg(bus.settings.stream, seq) for seq in range(first, first + 6)
     ]
     assert [m.headers["Nats-Msg-Id"] for m in stored if m.headers] == [
-        one.id,
-        *(e.id for e in batch),
+        bus.msg_id(e.nats_subject, e.id) for e in (one, *batch)
     ]
     assert [m.subject for m in stored] == [e.nats_subject for e in (one, *batch)]
     assert [m.data for m in stored] == [e.to_json() for e in (one, *batch)]
@@ -267,7 +266,7 @@ async def test_an_event_id_is_published_once_and_a_batch_in_its_order(own_bus: B
     ack = await bus.publish_raw(one.nats_subject, one.to_json(), "raw-id", {"X-Raw": "1"})
     assert ack.seq == first + 6 and ack.stream == bus.settings.stream
     raw = await bus.jetstream.get_msg(bus.settings.stream, first + 6)
-    assert raw.headers == {"X-Raw": "1", "Nats-Msg-Id": "raw-id"}
+    assert raw.headers == {"X-Raw": "1", "Nats-Msg-Id": bus.msg_id(one.nats_subject, "raw-id")}
 
 
 async def test_a_dead_letter_carries_the_event_the_reason_and_where_it_came_from(
@@ -305,9 +304,11 @@ async def test_a_dead_letter_carries_the_event_the_reason_and_where_it_came_from
         CONSUMER_HEADER: "dl-test",
         ORIGINAL_SEQUENCE_HEADER: str(stored.seq),
         DELIVERIES_HEADER: "1",
-        ORIGINAL_MSG_ID_HEADER: poison.id,
+        ORIGINAL_MSG_ID_HEADER: bus.msg_id(poison.nats_subject, poison.id),
     }
-    assert dead.headers["Nats-Msg-Id"] == f"deadletter:dl-test:{stored.seq}"
+    assert dead.headers["Nats-Msg-Id"] == bus.msg_id(
+        "deadletter.dl-test", f"deadletter:dl-test:{stored.seq}"
+    )
     # Terminated: a consumer started again finds nothing to handle.
     await settled(bus, "dl-test")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterable
 
 import asyncpg
@@ -94,4 +95,6 @@ async def test_crash_between_publish_and_mark_publishes_exactly_once(
     assert await OutboxRelay(pool, bus).relay_once() == 1
     assert await _stream_messages(bus) == 1
     msg = await bus.jetstream.get_msg("TRAINYARD", 1)
-    assert msg.headers is not None and msg.headers["Nats-Msg-Id"] == event.id
+    assert msg.headers is not None and msg.data is not None
+    assert json.loads(msg.data)["id"] == event.id
+    assert msg.headers["Nats-Msg-Id"] == bus.msg_id(event.nats_subject, event.id)
