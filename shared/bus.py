@@ -151,7 +151,7 @@ from opentelemetry.sdk.trace import SpanLimits
 from trainyard_platform.shared.event_metrics import EventMetrics
 from trainyard_platform.shared.events import Envelope, EventParseError, Payload, parse_envelope
 from trainyard_platform.shared.events.payloads import JobMetrics, JobProgress, RunnerHeartbeat
-from trainyard_platform.shared.events.trust import forged_because, misrouted_because
+from trainyard_platform.shared.events.trust import forged_because, misrouted_because, speaker_of
 from trainyard_platform.shared.exception_chain import exception_chain
 from trainyard_platform.shared.logs import Throttle, error_text, held_back, job_scope, span_job_id
 from trainyard_platform.shared.settings import NatsSettings
@@ -1298,7 +1298,11 @@ class Bus:
         # A redrive comes on the consumer's own redrive subject, which only operators publish.
         came_on = None if msg.subject == redrive_subject(consumer) else msg.subject
         forged = forged_because(
-            envelope.type, envelope.source, routing_key=envelope.subject, subject=came_on
+            envelope.type,
+            envelope.source,
+            routing_key=envelope.subject,
+            subject=came_on,
+            node=speaker_of(envelope.data),
         ) or misrouted_because(envelope.data, envelope.subject)
         if forged is not None:
             await self._dead_letter(consumer, msg, f"forged event: {forged}")

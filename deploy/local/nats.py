@@ -197,11 +197,14 @@ def service_permissions(
         if owner(said) != source:
             produces.append(f"{said.TYPE}.{delegate_key(source)}")
             continue
-        produces.extend(
-            [f"{said.TYPE}.{node_id}"]
-            if said in RUNNER_NODE_ONLY and kind == "runner"
-            else _every(said)
-        )
+        if kind == "runner" and said in RUNNER_NODE_ONLY:
+            produces.append(f"{said.TYPE}.{node_id}")
+        elif kind == "runner" and said.SAID_BY_A_NODE:
+            # Its reports on its allocations: only on its own node's subjects, so the node a
+            # report names is the node that sent it (``trust.nats_subject_for``).
+            produces.append(f"{said.TYPE}.*.{node_id}")
+        else:
+            produces.extend(_every(said))
         for key in delegated_keys(said):
             denied.extend([f"{said.TYPE}.{key}", f"{said.TYPE}.{key}.>"])
     api = "$JS.API"

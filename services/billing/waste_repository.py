@@ -68,14 +68,19 @@ async def record_grant(conn: asyncpg.Connection, grant: AllocationGranted, now: 
 
 async def record_checkpoint(conn: asyncpg.Connection, saved: CheckpointSaved) -> None:
     """Keep the checkpoint with the allocation and epoch it claims: it counts only for its
-    job's own allocation at that epoch (``waste_rollups.LAST_CHECKPOINT``)."""
+    job's own allocation at that epoch (``waste_rollups.LAST_CHECKPOINT``). One whose node
+    (``node_id``, the sender's: ``shared.events.trust``) is not the node the allocation was
+    announced on is a gang peer's word about it, and is not kept."""
     await conn.execute(
         "INSERT INTO waste_checkpoints (job_id, allocation_id, saved_at, epoch) "
-        "VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+        "SELECT $1, $2, $3, $4 WHERE $5::text IS NULL OR NOT EXISTS ("
+        "SELECT 1 FROM announced_allocations WHERE allocation_id = $2 AND node_id <> $5) "
+        "ON CONFLICT DO NOTHING",
         saved.job_id,
         saved.allocation_id,
         saved.saved_at,
         saved.epoch,
+        saved.node_id,
     )
     await rollups.refresh_job(conn, saved.job_id)  # its allocations' lost work
 

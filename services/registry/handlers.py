@@ -13,7 +13,8 @@ open transactions held back PostgreSQL's vacuum.
   says (``domain.unlike_its_grant``; one whose grant is not recorded yet is retried,
   ``NotGranted``, and dead-lettered after the bus's last delivery, one that says otherwise
   is rejected), a ``checkpoint.saved`` or ``job.succeeded`` only of a run so started of that
-  job at that epoch (``believe_report``; retried while the run is not recorded), and a
+  job at that epoch, from the node it started on (``believe_report``; retried while the run
+  is not recorded), and a
   version is registered only from a checkpoint under the job's own prefix
   (``artifacts.source_key``).
 - ``job.started``: the run is recorded (once per allocation).
@@ -319,19 +320,23 @@ class RegistryHandlers:
     async def believe_report(
         self, conn: asyncpg.Connection, what: str, report: CheckpointSaved | JobSucceeded
     ) -> None:
-        """Raise unless ``report`` is about a run of its job at its epoch (module docstring):
-        ``RunNotRecorded`` (retried) while no run of its allocation is recorded, ``Reject``
-        when the allocation's run is another job's or of another epoch."""
+        """Raise unless ``report`` is about a run of its job at its epoch, from the node it
+        ran on (module docstring): ``RunNotRecorded`` (retried) while no run of its
+        allocation is recorded, ``Reject`` when the allocation's run is another job's, of
+        another epoch, or another node's (a gang peer's: the node a report names is the one
+        that sent it, ``shared.events.trust``)."""
         run = await repo.run_identity(conn, report.allocation_id)
         if run is None:
             raise RunNotRecorded(
                 f"job {report.job_id}: {what} of allocation {report.allocation_id}, whose "
                 "job.started is not recorded (yet)"
             )
-        if run != (report.job_id, report.epoch):
+        node = report.node_id if report.node_id is not None else run[2]
+        if run != (report.job_id, report.epoch, node):
             raise Reject(
-                f"{what} of job {report.job_id} at epoch {report.epoch}: allocation "
-                f"{report.allocation_id} is job {run[0]}'s at epoch {run[1]}"
+                f"{what} of job {report.job_id} at epoch {report.epoch} from node {node}: "
+                f"allocation {report.allocation_id} is job {run[0]}'s at epoch {run[1]} on "
+                f"node {run[2]}"
             )
 
     async def on_started(self, conn: asyncpg.Connection, started: JobStarted) -> None:

@@ -72,12 +72,13 @@ async def grant_of(conn: asyncpg.Connection, allocation_id: str) -> asyncpg.Reco
     )
 
 
-async def run_identity(conn: asyncpg.Connection, allocation_id: str) -> tuple[str, int] | None:
-    """``(job id, epoch)`` of the run of ``allocation_id``, or None when none is recorded."""
+async def run_identity(conn: asyncpg.Connection, allocation_id: str) -> tuple[str, int, str] | None:
+    """``(job id, epoch, node id)`` of the run of ``allocation_id``, or None when none is
+    recorded."""
     row = await conn.fetchrow(
-        "SELECT job_id, epoch FROM runs WHERE allocation_id = $1", allocation_id
+        "SELECT job_id, epoch, node_id FROM runs WHERE allocation_id = $1", allocation_id
     )
-    return None if row is None else (row["job_id"], row["epoch"])
+    return None if row is None else (row["job_id"], row["epoch"], row["node_id"])
 
 
 async def runs_of_job(conn: asyncpg.Connection, job_id: str) -> list[Run]:

@@ -239,6 +239,7 @@ def progress_event(job: JobIdentity, message: MetricsMessage) -> JobProgress:
         allocation_id=job.allocation_id,
         step=message.step,
         metrics=publishable_metrics(message.metrics),
+        node_id=job.node_id,
     )
 
 
@@ -251,6 +252,7 @@ def checkpoint_event(
         epoch=job.epoch,
         checkpoint=message.checkpoint,
         saved_at=now,
+        node_id=job.node_id,
     )
 
 

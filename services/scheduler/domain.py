@@ -236,15 +236,23 @@ class LiveAllocation:
 
 
 def fence(
-    live: LiveAllocation | Sequence[LiveAllocation] | None, allocation_id: str, epoch: int
+    live: LiveAllocation | Sequence[LiveAllocation] | None,
+    allocation_id: str,
+    epoch: int,
+    node_id: str | None = None,
 ) -> str | None:
     """None when an event about ``allocation_id``/``epoch`` applies to one of the job's live
-    allocations (``live``: the one, or all of a gang's); otherwise why it is stale."""
+    allocations (``live``: the one, or all of a gang's); otherwise why it is stale. A
+    runner's report names the node that sent it (``node_id``, which the bus vouches for:
+    ``shared.events.trust``): one about an allocation of another node (a gang peer's) is
+    never its own to make."""
     lives = [] if live is None else [live] if isinstance(live, LiveAllocation) else list(live)
     if not lives:
         return "the job holds no live allocation"
     for one in lives:
         if one.allocation_id == allocation_id:
+            if node_id is not None and one.node_id != node_id:
+                return f"allocation {allocation_id} is node {one.node_id}'s, not {node_id}'s"
             if one.epoch != epoch:
                 return f"epoch {epoch} is stale (live epoch {one.epoch})"
             return None

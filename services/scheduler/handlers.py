@@ -465,7 +465,9 @@ class SchedulerHandlers:
     ) -> None:
         job = await repo.job_for_update(conn, started.job_id)
         allocations = await allocation_repo.live_allocations(conn, started.job_id)
-        stale = fence([a.live for a in allocations], started.allocation_id, started.epoch)
+        stale = fence(
+            [a.live for a in allocations], started.allocation_id, started.epoch, started.node_id
+        )
         if job is None or stale:
             log.info("JobStarted for %s ignored: %s", started.job_id, stale or "unknown job")
             return
@@ -484,7 +486,9 @@ class SchedulerHandlers:
         """Remember when the job last saved a complete checkpoint (victims are chosen to lose
         the least work)."""
         allocations = await allocation_repo.live_allocations(conn, saved.job_id)
-        stale = fence([a.live for a in allocations], saved.allocation_id, saved.epoch)
+        stale = fence(
+            [a.live for a in allocations], saved.allocation_id, saved.epoch, saved.node_id
+        )
         if stale:
             log.info("checkpoint of %s ignored: %s", saved.job_id, stale)
             return
@@ -527,7 +531,9 @@ class SchedulerHandlers:
         handled in a span of its own, as is every report outside a run."""
         job = known.jobs.get(report.job_id)
         allocations = known.live.get(report.job_id, [])
-        stale = fence([a.live for a in allocations], report.allocation_id, report.epoch)
+        stale = fence(
+            [a.live for a in allocations], report.allocation_id, report.epoch, report.node_id
+        )
         kind = _END_KINDS[type(report)]
         late = job is not None and stale is not None and isinstance(report, JobSucceeded)
         own_span = not in_run or late or delivery.carried is None

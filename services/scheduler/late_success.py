@@ -75,6 +75,15 @@ async def accept_late_success(
             report.allocation_id,
         )
         return False
+    if found[0].node_id != report.node_id:  # a gang peer's (``domain.fence``)
+        log.info(
+            "job %s succeeded ignored: allocation %s is node %s's, not %s's",
+            job.job_id,
+            report.allocation_id,
+            found[0].node_id,
+            report.node_id,
+        )
+        return False
     allocation, outcome, released_at = found
     verdict = late_success(
         job.status,

@@ -337,9 +337,12 @@ async def _runner_report(
     envelope: Envelope[Payload], event: JobProgress | CheckpointSaved, conn: asyncpg.Connection
 ) -> None:
     """Apply a runner's ``job.progress`` or ``checkpoint.saved`` only for an allocation the
-    scheduler granted this very job (``job_allocations``): any runner may say them for any
-    job id (their subjects cannot name the node), so this keeps a forged report from writing
-    another job's step, metrics or checkpoints. One of an allocation not granted (yet) waits
+    scheduler granted this very job on the node that says it (``job_allocations``): any
+    runner may say them for any job id, but only under its own node (``node_id``, which the
+    bus vouches for: ``shared.events.trust``), so this keeps a forged report from writing
+    another job's step, metrics or checkpoints, and a gang member from writing a peer's. An
+    event from before the field existed names no node and is held to the rest. One of an
+    allocation not granted (yet) waits
     for the grant like the other reports (``early_reports``: applied when it comes, forgotten
     when the job ends, refused beyond ``MAX_KEPT_PER_JOB``); one for a job that has ended is
     dropped."""
@@ -347,12 +350,22 @@ async def _runner_report(
     if row is None:
         _unknown(envelope, event.job_id)
         return
-    granted = await conn.fetchval(
-        "SELECT true FROM job_allocations WHERE allocation_id = $1 AND job_id = $2",
+    granted_to = await conn.fetchval(
+        "SELECT node_id FROM job_allocations WHERE allocation_id = $1 AND job_id = $2",
         event.allocation_id,
         event.job_id,
     )
-    if granted:
+    if granted_to is not None and event.node_id not in (None, granted_to):
+        log.warning(
+            "ignoring %s (%s) for job %s: allocation %s is node %s's, not %s's",
+            envelope.type,
+            envelope.id,
+            event.job_id,
+            event.allocation_id,
+            granted_to,
+            event.node_id,
+        )
+    elif granted_to is not None:
         if isinstance(event, CheckpointSaved):
             await _checkpoint(event, conn)
         else:

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainyard_platform.shared.events.payloads import EVENT_TYPES, Payload
-from trainyard_platform.shared.events.trust import nats_subject_for
+from trainyard_platform.shared.events.trust import nats_subject_for, speaker_of
 
 P = TypeVar("P", bound=Payload)
 
@@ -94,8 +94,9 @@ class Envelope(BaseModel, Generic[P]):
     @property
     def nats_subject(self) -> str:
         """The NATS subject this event is published on: ``<type>.<subject>``, but
-        ``<type>.by-<service>`` for one said on its owner's behalf (``trust.nats_subject_for``)."""
-        return nats_subject_for(self.type, self.source, self.subject)
+        ``<type>.by-<service>`` for one said on its owner's behalf, ``<type>.<subject>.<node>``
+        for a runner's report on its node's allocation (``trust.nats_subject_for``)."""
+        return nats_subject_for(self.type, self.source, self.subject, speaker_of(self.data))
 
     def to_json(self) -> bytes:
         """Serialise to CloudEvents structured JSON (an event without ``dataschema``, one

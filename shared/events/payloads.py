@@ -138,6 +138,11 @@ class Payload(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore", ser_json_inf_nan="strings")
     TYPE: ClassVar[str]
+    SAID_BY_A_NODE: ClassVar[bool] = False
+    """A runner's report about one of its allocations, routed by job: from a runner it
+    travels on ``<type>.<job>.<node>``, a subject only that node's NATS user may publish,
+    and names that node in ``node_id`` (``trust.nats_subject_for``), so a node speaks only
+    for its own part of a job, never for a gang peer's."""
 
     @classmethod
     def event_type(cls) -> str:
@@ -478,6 +483,7 @@ class Environment(BaseModel):
 
 class JobStarted(Payload):
     TYPE = "trainyard.job.started.v1"
+    SAID_BY_A_NODE = True
     job_id: str
     allocation_id: str
     node_id: str
@@ -492,10 +498,14 @@ class JobStarted(Payload):
 
 class JobProgress(Payload):
     TYPE = "trainyard.job.progress.v1"
+    SAID_BY_A_NODE = True
     job_id: str
     allocation_id: str
     step: int
     metrics: dict[str, float]
+    node_id: str | None = None
+    """The node that says it (its allocation's); required of a runner (``SAID_BY_A_NODE``),
+    absent only from events published before the field existed."""
 
 
 MAX_METRIC_POINTS = 2000
@@ -534,15 +544,19 @@ class JobMetrics(Payload):
 
 class CheckpointSaved(Payload):
     TYPE = "trainyard.checkpoint.saved.v1"
+    SAID_BY_A_NODE = True
     job_id: str
     allocation_id: str
     epoch: int
     checkpoint: CheckpointRef
     saved_at: Instant
+    node_id: str | None = None
+    """The node that says it, as ``JobProgress.node_id``."""
 
 
 class JobSucceeded(Payload):
     TYPE = "trainyard.job.succeeded.v1"
+    SAID_BY_A_NODE = True
     job_id: str
     allocation_id: str
     node_id: str
@@ -554,6 +568,7 @@ class JobSucceeded(Payload):
 
 class JobFailed(Payload):
     TYPE = "trainyard.job.failed.v1"
+    SAID_BY_A_NODE = True
     job_id: str
     allocation_id: str
     node_id: str
@@ -578,6 +593,7 @@ class JobPreempted(Payload):
     """The job stopped because its allocation was revoked; it resumes from ``checkpoint``."""
 
     TYPE = "trainyard.job.preempted.v1"
+    SAID_BY_A_NODE = True
     job_id: str
     allocation_id: str
     node_id: str
@@ -674,7 +690,11 @@ EVENT_TYPES: dict[str, type[Payload]] = {
 
 
 def nats_subject(payload_type: type[Payload], key: str = "*") -> str:
-    """The NATS subject (or filter, with the default ``*``) for events of one type."""
+    """The NATS subject (or filter, with the default ``*``) for events of one type; the
+    filter of a type ``SAID_BY_A_NODE`` is ``<type>.>``, matching its runners' subjects
+    (``<type>.<job>.<node>``) and its delegate's (``<type>.by-scheduler``)."""
+    if key == "*" and payload_type.SAID_BY_A_NODE:
+        return f"{payload_type.TYPE}.>"
     return f"{payload_type.TYPE}.{key}"
 
 

@@ -12,6 +12,15 @@ event only on the subject its type, source and routing key give (``forged_becaus
 ``subject``), so a runner cannot pass its own report off as the scheduler's decision. Nor
 is an event believed whose payload is about another node or job than it is routed to
 (``misrouted_because``: a grant on node A's subject for node B).
+
+A runner node speaks only for its own part of a job: what it says about one of its
+allocations (``Payload.SAID_BY_A_NODE``: its start, progress, checkpoints and end) travels on
+``<type>.<job>.<node>`` and names that node in ``node_id`` (``nats_subject_for`` with
+``node``), and the bus lets each runner's NATS user publish those types only on its own
+node's subjects, as its heartbeat and metric batches. So the node a report names is the
+node that sent it, and a consumer that checks the report's allocation was granted on that
+node (as each does: the scheduler's ``fence``, billing's and the registry's comparison with
+the grant, submission's ``job_allocations``) believes no node about a gang peer's allocation.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from trainyard_platform.shared.events.payloads import (
+    EVENT_TYPES,
     AllocationGranted,
     AllocationReleased,
     AllocationRevoked,
@@ -99,13 +109,33 @@ def delegate_key(source: str) -> str:
     return "by-" + source.rsplit("/", 1)[-1]
 
 
-def nats_subject_for(event_type: str, source: str, routing_key: str) -> str:
+def said_by_a_node(event_type: str, source: str) -> bool:
+    """Whether an event of ``event_type`` from ``source`` is a runner node's report on one of
+    its allocations (``Payload.SAID_BY_A_NODE``), whose subject names the node."""
+    payload = EVENT_TYPES.get(event_type)
+    return payload is not None and payload.SAID_BY_A_NODE and source == OWNERS.get(event_type)
+
+
+def speaker_of(payload: Payload) -> str | None:
+    """The node a report ``SAID_BY_A_NODE`` names as its sender (``node_id``), or None."""
+    node = getattr(payload, "node_id", None) if payload.SAID_BY_A_NODE else None
+    return node if isinstance(node, str) else None
+
+
+def nats_subject_for(
+    event_type: str, source: str, routing_key: str, node: str | None = None
+) -> str:
     """The NATS subject of an event: ``<type>.<routing key>``, but ``<type>.by-<delegate>``
     for one said on its owner's behalf (the scheduler's ``job.failed``: on
-    ``trainyard.job.failed.v1.by-scheduler``). The bus lets only the delegate publish on its
-    subject and keeps the owner off it (deploy.local.nats.service_permissions)."""
+    ``trainyard.job.failed.v1.by-scheduler``), and ``<type>.<routing key>.<node>`` for a
+    runner's report on an allocation of ``node`` (``said_by_a_node``; without a node, the
+    plain subject, which no runner may publish). The bus lets only the delegate publish on
+    its subject and keeps the owner off it, and lets a runner publish its reports only on
+    its own node's (deploy.local.nats.service_permissions)."""
     if source != OWNERS.get(event_type) and source in ALLOWED_SOURCES.get(event_type, ()):
         return f"{event_type}.{delegate_key(source)}"
+    if node is not None and said_by_a_node(event_type, source):
+        return f"{event_type}.{routing_key}.{node}"
     return f"{event_type}.{routing_key}"
 
 
@@ -176,18 +206,20 @@ def forged_because(
     *,
     routing_key: str | None = None,
     subject: str | None = None,
+    node: str | None = None,
 ) -> str | None:
     """Why an event of ``event_type`` from ``source`` is not to be believed, or None. Given
-    the NATS ``subject`` it came on (and its ``routing_key``), also why that subject is not
-    the one such an event travels on (``nats_subject_for``): the subject is what the bus's
-    permissions vouch for, the envelope is what the sender wrote."""
+    the NATS ``subject`` it came on (and its ``routing_key``, and for a runner's report the
+    ``node`` it names, ``speaker_of``), also why that subject is not the one such an event
+    travels on (``nats_subject_for``): the subject is what the bus's permissions vouch for,
+    the envelope is what the sender wrote."""
     allowed = ALLOWED_SOURCES.get(event_type)
     if allowed is None:
         return f"no source may send {event_type}"
     if source not in allowed:
         return f"{event_type} may come only from {', '.join(sorted(allowed))}, not {source!r}"
     if subject is not None and routing_key is not None:
-        expected = nats_subject_for(event_type, source, routing_key)
+        expected = nats_subject_for(event_type, source, routing_key, node)
         if subject != expected:
             return f"{event_type} from {source} travels on {expected}, not on {subject}"
     return None

@@ -55,10 +55,13 @@ from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
     AllocationRevoked,
+    CheckpointSaved,
     CostRecorded,
     JobFailed,
     JobPreempted,
+    JobProgress,
     JobSpec,
+    JobStarted,
     JobSubmitted,
     JobSucceeded,
     RunnerHeartbeat,
@@ -279,7 +282,8 @@ async def test_only_the_scheduler_may_create_or_change_the_streams(server: NatsS
             NODE_A,
             [
                 f"trainyard.runner.heartbeat.v1.{NODE_A}",
-                _subject(JobSubmitted).replace("job.submitted", "job.started"),
+                f"{_subject(JobStarted)}.{NODE_A}",
+                f"{_subject(JobSucceeded)}.{NODE_A}",
                 f"deadletter.runner-{NODE_A}",
             ],
             [
@@ -291,6 +295,11 @@ async def test_only_the_scheduler_may_create_or_change_the_streams(server: NatsS
                 _subject(JobFailed, "by-scheduler"),  # the scheduler's decision, not a report
                 _subject(JobPreempted, "by-scheduler"),
                 _subject(JobFailed, "by-scheduler") + ".x",
+                # A report names its node in its subject: only its own (not a gang peer's).
+                _subject(JobStarted),
+                f"{_subject(JobSucceeded)}.{NODE_B}",
+                f"{_subject(JobProgress)}.{NODE_B}",
+                f"{_subject(CheckpointSaved)}.{NODE_B}",
             ],
         ),
         (
@@ -545,7 +554,7 @@ async def test_a_runner_cannot_pass_its_report_off_as_the_schedulers_decision(
 
     claim, report, decision = failed(SCHEDULER), failed(RUNNER), failed(SCHEDULER)
     assert claim.nats_subject == f"{JobFailed.TYPE}.by-scheduler"
-    assert report.nats_subject == f"{JobFailed.TYPE}.{job}"
+    assert report.nats_subject == f"{JobFailed.TYPE}.{job}.{NODE_A}"
     seen: list[str] = []
     stop = asyncio.Event()
 

@@ -70,6 +70,7 @@ async def test_progress_of_an_allocation_never_granted_changes_nothing(
                 allocation_id=made_up,
                 step=6 + n,
                 metrics={f"k{i}": 1.0 for i in range(3000)},
+                node_id=forged.NODE_A,  # the node it is (it may say no other)
             ),
             source=RUNNER,
             subject=job,
@@ -113,6 +114,7 @@ async def test_a_checkpoint_of_an_allocation_never_granted_changes_nothing(
                 sha256="0" * 64,
             ),
             saved_at=datetime.now(UTC),
+            node_id=forged.NODE_A,  # the node it is (it may say no other)
         ),
         source=RUNNER,
         subject=job,

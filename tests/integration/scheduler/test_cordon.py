@@ -226,3 +226,39 @@ async def test_platform_failures_that_follow_the_jobs_input_never_cordon_the_nod
         return bool((await node_row(scheduler.pool, "n1"))["platform_failures"] == 1)
 
     await until(counted)
+
+
+async def test_a_gang_member_cannot_end_its_peers_allocation_nor_cordon_its_node(
+    scheduler_with: Tuned,
+) -> None:
+    """A node's grant names every member of its gang (allocation, node), and their epochs: a
+    report about a peer's allocation is still not believed of it. The node a report names
+    is the one that sent it (its subject, which only that node may publish), so node n1's
+    word on n2's allocation ends nothing and counts nothing against n2; n2's own does."""
+    scheduler = await scheduler_with(
+        restart_backoff_s=0.1, platform_retries=5, cordon_after_platform_failures=1
+    )
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.heartbeat("n2", gpus=1)
+    await scheduler.submit("job-1", gpus=2)
+    grants = await scheduler.wait_for(AllocationGranted, count=2)
+    mine, peer = sorted(grants, key=lambda g: g.node_id)
+    assert (mine.node_id, peer.node_id) == ("n1", "n2")
+    assert {m.allocation_id for m in mine.gang} == {mine.allocation_id, peer.allocation_id}
+
+    lie = platform_failure(peer).model_copy(update={"node_id": "n1"})
+    await scheduler.send(lie, "job-1")
+    row = await node_row(scheduler.pool, "n2")
+    assert (row["cordoned_at"], row["platform_failures"]) == (None, 0)
+    assert not scheduler.events(AllocationRevoked)
+    live = await scheduler.pool.fetchval(
+        "SELECT count(*) FROM allocations WHERE job_id = 'job-1' AND released_at IS NULL"
+    )
+    assert live == 2
+
+    await scheduler.send(platform_failure(peer), "job-1")  # n2's own word is believed
+
+    async def cordoned() -> bool:
+        return (await node_row(scheduler.pool, "n2"))["cordoned_at"] is not None
+
+    await until(cordoned)

@@ -109,7 +109,7 @@ def test_a_metrics_line_becomes_job_progress() -> None:
     assert isinstance(message, MetricsMessage)
     event = domain.progress_event(JOB, message)
     assert event == JobProgress(
-        job_id="job-1", allocation_id="alloc-1", step=7, metrics={"loss": 0.25}
+        job_id="job-1", allocation_id="alloc-1", step=7, metrics={"loss": 0.25}, node_id="node-a"
     )
 
 
@@ -118,7 +118,12 @@ def test_a_checkpoint_line_becomes_checkpoint_saved_with_the_allocation_epoch() 
     assert isinstance(message, CheckpointMessage)
     event = domain.checkpoint_event(JOB, message, NOW)
     assert event == CheckpointSaved(
-        job_id="job-1", allocation_id="alloc-1", epoch=4, checkpoint=REF, saved_at=NOW
+        job_id="job-1",
+        allocation_id="alloc-1",
+        epoch=4,
+        checkpoint=REF,
+        saved_at=NOW,
+        node_id="node-a",
     )
     other = CheckpointMessage(checkpoint=REF.model_copy(update={"uri": "file:///elsewhere"}))
     assert domain.checkpoint_event_id(JOB, message) != domain.checkpoint_event_id(JOB, other)

@@ -41,6 +41,20 @@ def test_fence_of_a_gang_applies_to_each_member_with_its_own_epoch() -> None:
     assert fence(gang, "alloc-3", 8) == "allocation alloc-3 is not the live one (alloc-1, alloc-2)"
 
 
+def test_a_gang_member_speaks_only_for_its_own_allocation() -> None:
+    """The node a report names is the node that sent it (the bus vouches for it): node-1
+    knows node-2's allocation and epoch from its grant, and is still not believed of it."""
+    gang = [LIVE, LiveAllocation("alloc-2", "node-2", epoch=8)]
+    assert fence(gang, "alloc-1", 7, "node-1") is None
+    assert fence(gang, "alloc-2", 8, "node-2") is None
+    assert (
+        fence(gang, "alloc-2", 8, "node-1") == "allocation alloc-2 is node node-2's, not node-1's"
+    )
+    assert (
+        fence(gang, "alloc-1", 7, "node-2") == "allocation alloc-1 is node node-1's, not node-2's"
+    )
+
+
 @pytest.mark.parametrize(
     ("old", "new"),
     [

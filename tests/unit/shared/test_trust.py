@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import pytest
 
+from trainyard_platform.deploy.local.nats import service_permissions
 from trainyard_platform.shared.events import EVENT_TYPES
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
+    CheckpointSaved,
     CostRecorded,
     JobFailed,
+    JobPreempted,
+    JobProgress,
+    JobStarted,
+    JobSucceeded,
+    Payload,
     RunnerHeartbeat,
 )
 from trainyard_platform.shared.events.trust import (
@@ -17,6 +24,7 @@ from trainyard_platform.shared.events.trust import (
     SCHEDULER,
     SUBMISSION,
     forged_because,
+    nats_subject_for,
     owner,
 )
 
@@ -48,3 +56,56 @@ def test_the_scheduler_may_speak_for_a_runner_about_an_ending_only() -> None:
 
 def test_an_unknown_type_is_refused() -> None:
     assert forged_because("trainyard.unknown.v1", RUNNER) is not None
+
+
+def _reports() -> list[type[Payload]]:
+    return [p for p in EVENT_TYPES.values() if p.SAID_BY_A_NODE]
+
+
+def test_a_runners_reports_are_the_ones_said_by_a_node() -> None:
+    assert {p.TYPE for p in _reports()} == {
+        JobStarted.TYPE,
+        JobProgress.TYPE,
+        CheckpointSaved.TYPE,
+        JobSucceeded.TYPE,
+        JobFailed.TYPE,
+        JobPreempted.TYPE,
+    }
+    assert all(owner(p) == RUNNER for p in _reports())
+
+
+@pytest.mark.parametrize("payload", _reports(), ids=lambda p: p.TYPE)
+def test_a_runners_report_travels_on_its_own_nodes_subject(payload: type[Payload]) -> None:
+    """A gang member that knows a peer's allocation and epoch may say a report about it only
+    on its own node's subject and naming its own node: the subject (which NATS lets only
+    that node publish) and the node named must agree."""
+    own = f"{payload.TYPE}.job-1.node-a"
+    assert nats_subject_for(payload.TYPE, RUNNER, "job-1", "node-a") == own
+    assert (
+        forged_because(payload.TYPE, RUNNER, routing_key="job-1", subject=own, node="node-a")
+        is None
+    )
+    # Naming the peer's node on its own subject, or its own node on the peer's.
+    for subject, node in ((own, "node-b"), (f"{payload.TYPE}.job-1.node-b", "node-a")):
+        reason = forged_because(
+            payload.TYPE, RUNNER, routing_key="job-1", subject=subject, node=node
+        )
+        assert reason is not None and "travels on" in reason, reason
+    # A report that names no node (from before ``node_id``) travels on the job's subject,
+    # which no runner may publish (deploy.local.nats.service_permissions).
+    assert nats_subject_for(payload.TYPE, RUNNER, "job-1") == f"{payload.TYPE}.job-1"
+
+
+def test_the_runners_nats_user_may_say_its_reports_only_under_its_own_node() -> None:
+    allowed = service_permissions("runner", "node-a")["publish"]["allow"]
+    for payload in _reports():
+        assert f"{payload.TYPE}.*.node-a" in allowed
+        assert not any(
+            a.startswith(f"{payload.TYPE}.") and a != f"{payload.TYPE}.*.node-a" for a in allowed
+        )
+
+
+def test_the_schedulers_word_on_a_runners_behalf_names_no_node_in_its_subject() -> None:
+    assert nats_subject_for(JobFailed.TYPE, SCHEDULER, "job-1", "node-a") == (
+        f"{JobFailed.TYPE}.by-scheduler"
+    )
