@@ -2,10 +2,12 @@
 
 ``idempotent(pool, consumer, handler)`` turns a handler of ``(event, connection)`` into a
 batch handler for ``Bus.consume_batches``: it opens one transaction, records
-``(consumer, source, event id)`` in the inbox for every event of the batch, and runs the
+``(consumer, sender, event id)`` in the inbox for every event of the batch, and runs the
 handler, in order and inside each event's span, for the events not recorded before. An event
-is one per source and id (CloudEvents), so no publisher can keep another's event out by
-sending an event of its own under that id first. JetStream redelivery
+is one per source and id (CloudEvents), and the sender is its source and, for a runner's
+event, the node its subject names (``trust.sender_of``: every node says one source), so no
+publisher, no runner node either, can keep another's event out by sending an event of its
+own under that id first. JetStream redelivery
 (a crash before the ack) therefore never applies an event twice, and a burst of events costs
 one commit. Events the handler enqueues in the outbox commit with the same transaction; if
 any event fails, none of the batch is applied. An optional ``guard`` runs once, first thing in
@@ -39,6 +41,7 @@ import asyncpg
 
 from trainyard_platform.shared.bus import BatchHandler, Delivery
 from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.trust import sender_of
 
 TransactionalHandler = Callable[[Envelope[Payload], asyncpg.Connection], Awaitable[None]]
 TransactionalBatchHandler = Callable[[Sequence[Delivery], asyncpg.Connection], Awaitable[None]]
@@ -118,20 +121,21 @@ async def _apply(
         await guard(conn)
         rows = await conn.fetch(
             "INSERT INTO inbox (consumer, source, event_id) "
-            "SELECT $1, u.source, u.event_id "
-            "FROM unnest($2::text[], $3::text[]) AS u(source, event_id) "
+            "SELECT $1, u.sender, u.event_id "
+            "FROM unnest($2::text[], $3::text[], $5::text[]) AS u(sender, event_id, source) "
             "WHERE NOT EXISTS (SELECT 1 FROM inbox i WHERE i.consumer = $1 "
-            "AND i.event_id = u.event_id AND i.source = $4) "
+            "AND i.event_id = u.event_id AND i.source IN ($4, u.source)) "
             "ON CONFLICT DO NOTHING RETURNING source, event_id",
             consumer,
-            [d.envelope.source for d in deliveries],
+            [_sender(d) for d in deliveries],
             [d.envelope.id for d in deliveries],
             _ANY_SOURCE,
+            [d.envelope.source for d in deliveries],
         )
         first_time = {(r["source"], r["event_id"]) for r in rows}
         fresh = []
         for delivery in deliveries:
-            key = (delivery.envelope.source, delivery.envelope.id)
+            key = (_sender(delivery), delivery.envelope.id)
             if key in first_time:
                 first_time.discard(key)  # a repeat inside the batch
                 fresh.append(delivery)
@@ -140,10 +144,18 @@ async def _apply(
 
 _ANY_SOURCE = ""
 """The source of inbox rows recorded before the inbox kept sources: such a row counts for
-an event of its id from any source."""
+an event of its id from any source. A row of a runner's event recorded before the inbox kept
+its node (source ``trainyard/runner``) counts for an event of its id from any node."""
+
+
+def _sender(delivery: Delivery) -> str:
+    return sender_of(delivery.envelope.source, delivery.envelope.data)
 
 
 def _recorded(delivery: Delivery, seen: set[tuple[str, str]]) -> bool:
-    """Whether ``seen`` (inbox rows as (source, event id)) holds ``delivery``'s event."""
+    """Whether ``seen`` (inbox rows as (sender, event id)) holds ``delivery``'s event."""
     event_id = delivery.envelope.id
-    return (delivery.envelope.source, event_id) in seen or (_ANY_SOURCE, event_id) in seen
+    return any(
+        (who, event_id) in seen
+        for who in (_sender(delivery), delivery.envelope.source, _ANY_SOURCE)
+    )

@@ -122,6 +122,22 @@ def speaker_of(payload: Payload) -> str | None:
     return node if isinstance(node, str) else None
 
 
+def sender_of(source: str, payload: Payload) -> str:
+    """Who sent an event, as far as the bus vouches for it: its ``source``, and for a
+    runner's event whose subject names its node (its heartbeat and metric batches, its
+    reports on its allocations) that node too, ``trainyard/runner/<node>``. Every runner
+    node says the one source ``trainyard/runner``, so an inbox that kept events apart by
+    source alone let a node send an event of its own under the id a gang peer's coming
+    report will carry (``uuid5(<allocation>:<kind>)``) and have that report skipped as a
+    repeat (``shared.inbox`` keys on this instead)."""
+    if source != RUNNER:
+        return source
+    node = speaker_of(payload)
+    if node is None and isinstance(payload, RUNNER_NODE_ONLY):
+        node = routing_key_of(payload)  # its node id
+    return source if node is None else f"{source}/{node}"
+
+
 def nats_subject_for(
     event_type: str, source: str, routing_key: str, node: str | None = None
 ) -> str:

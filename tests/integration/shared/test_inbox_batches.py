@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from trainyard_platform.shared.bus import Delivery
 from trainyard_platform.shared.db import open_pool
 from trainyard_platform.shared.events import Envelope, Payload
-from trainyard_platform.shared.events.payloads import JobCancelRequested
+from trainyard_platform.shared.events.payloads import JobCancelRequested, JobProgress
 from trainyard_platform.shared.events.trust import BILLING, RUNNER, SUBMISSION
 from trainyard_platform.shared.inbox import (
     TransactionalBatchHandler,
@@ -249,3 +249,39 @@ async def test_an_id_said_first_by_another_source_keeps_no_event_out(
     await prepared_batches(effects, "c3", prepare)([_said_by(RUNNER, "old-1", "job-old")])
     assert prepared[2:] == [[]]
     assert await _effects(effects) == ["job-squat", "job-real", "job-squat", "job-real"]
+
+
+def _reported_by(node_id: str, event_id: str, job_id: str) -> Delivery:
+    """A delivery of a runner's report from ``node_id`` under ``event_id`` (the bus checked
+    that its subject names that node)."""
+    envelope = Envelope.wrap(
+        JobProgress(job_id=job_id, allocation_id="a", step=1, metrics={}, node_id=node_id),
+        source=RUNNER,
+        subject=job_id,
+        event_id=event_id,
+    )
+    return Delivery(envelope)
+
+
+async def test_a_runner_node_keeps_no_other_nodes_event_out_under_its_id(
+    effects: asyncpg.Pool,
+) -> None:
+    """Every runner node says one source, ``trainyard/runner``: a node that sent a report of
+    its own under the id a gang peer's coming report will carry (``uuid5`` of the peer's
+    allocation and kind, which its grant lets it foresee) had the peer's skipped as a repeat
+    by every consumer. Now the node its subject names is part of who said it
+    (``trust.sender_of``); rows recorded before that (source ``trainyard/runner``) still
+    count for the id from any node."""
+    peer_end = "3b0c8f4e-5a8e-5b53-9c1f-1f0f3a0f6c2d"
+    squat = _reported_by("node-a", peer_end, "job-squat")
+    real = _reported_by("node-b", peer_end, "job-real")
+    await idempotent(effects, "c1", _apply)([squat])
+    await idempotent(effects, "c1", _apply)([real, squat])
+    await idempotent(effects, "c1", _apply)([real])
+    assert await _effects(effects) == ["job-squat", "job-real"]
+
+    await effects.execute(
+        "INSERT INTO inbox (consumer, source, event_id) VALUES ('c3', $1, 'old-2')", RUNNER
+    )
+    await idempotent(effects, "c3", _apply)([_reported_by("node-b", "old-2", "job-old")])
+    assert await _effects(effects) == ["job-squat", "job-real"]
