@@ -1,7 +1,7 @@
 """Another system reading Trainyard's events: a durable JetStream consumer of its own.
 
     python examples/consumer.py --url nats://user:password@nats:4222 --name billing-export \
-        --filter 'trainyard.job.*.v1.*'
+        --filter 'trainyard.job.*.v1.>'
 
 It needs only nats-py, none of Trainyard's code, and follows the consumer's obligations of
 docs/events.md: it creates (or resumes) its own durable consumer on the stream ``TRAINYARD``,
