@@ -110,7 +110,8 @@ consumer on the stream named in docs/events.md) must:
 - deduplicate by `id` within its `source`: delivery is at least once (a redelivery, or an outbox
   relay retrying after a crash, repeats an event with the same `id`); record the (`source`,
   `id`) pairs you have handled. An id is unique only within its source, and some can be
-  foreseen: another source's event under an id you have seen is another event;
+  foreseen: another source's event under an id you have seen is another event. Every runner
+  node says one source: keep a runner's events apart by its `node_id` too;
 - rely on order only per `subject` (one job, one node, one flavor or one team): events about
   different subjects interleave in any order;
 - ignore fields it does not know: within a version (`...v1`) new optional fields are added;
@@ -135,6 +136,11 @@ def asyncapi_document() -> dict[str, Any]:
             if delegates
             else ""
         )
+        if payload.SAID_BY_A_NODE:
+            address_note += (
+                f" From a runner: on `{event_type}.{{routingKey}}.{{nodeId}}`, the node that"
+                " says it (its `node_id`, the only node whose user may publish there)."
+            )
         messages[key] = {
             "name": event_type,
             "title": event_type,
