@@ -9,7 +9,8 @@ Contract:
   sequence that belongs to another consumer is "not found".
 - ``redrive`` republishes the original bytes and trace headers to
   ``trainyard.redrive.<consumer>`` (read by that consumer alone: the event's other consumers
-  handled it already) with ``Nats-Msg-Id`` ``redrive:<consumer>:<sequence>``, then deletes the
+  handled it already) under the id ``redrive:<consumer>:<sequence>`` (its ``Nats-Msg-Id`` is
+  the bus's keyed one, ``Bus.msg_id``), then deletes the
   dead letter. The event keeps its id, so the consumer's inbox still applies it at most once;
   redriving the same dead letter twice inside the duplicate window publishes it once. If it
   fails again it comes back as a new dead letter with the new reason. A consumer whose

@@ -1,11 +1,14 @@
 """The CloudEvents 1.0 envelope (structured JSON mode) that carries every Trainyard event.
 
 Contract:
-- ``id`` is a UUID unique per event; it is published as ``Nats-Msg-Id`` so JetStream
-  drops duplicates, and consumers record it to stay idempotent.
+- ``id`` is unique per event within its source (a UUID, or a deterministic id for an event
+  said again); consumers record it with its sender to stay idempotent. The bus publishes
+  it under a ``Nats-Msg-Id`` of its own keyed from it (``shared.bus.Bus.msg_id``), so
+  JetStream drops a re-publish and no other publisher can have it dropped.
 - ``type`` names the payload model and its version (``trainyard.job.submitted.v1``).
 - ``subject`` is the routing key (a job id or a node id); the NATS subject is
-  ``<type>.<subject>`` so consumers can filter per node or per job.
+  ``<type>.<subject>`` so consumers can filter per node or per job (a runner's report on
+  its allocation: ``<type>.<subject>.<node>``, ``nats_subject``).
 - ``data`` is validated against the payload model registered for ``type``.
 - ``dataschema`` is the URI of the JSON Schema of ``data`` (``schema_uri``): the base
   ``TRAINYARD_EVENTS_SCHEMA_BASE`` (default ``https://trainyard.dev/schemas/events``) and
