@@ -12,9 +12,9 @@ Contract:
   ``idle_poll_s``. Not ``NOTIFY``: PostgreSQL serializes the commits of all transactions
   that notify (a database-wide lock held through the commit's flush), which made every
   submission wait for the ones before it.
-- ``OutboxRelay.run`` publishes unpublished events in commit order with ``Nats-Msg-Id`` = event
-  id and marks them published. A batch is published pipelined (all sent in order, then the
-  acknowledgements awaited together). A crash between publish and mark re-publishes the
+- ``OutboxRelay.run`` publishes unpublished events in commit order with ``Nats-Msg-Id`` = the
+  bus's keyed id of the event (``Bus.msg_id``) and marks them published. A batch is
+  published pipelined (all sent in order, then the acknowledgements awaited together). A crash between publish and mark re-publishes the
   event (once the crashed relay's claim ran out, below); JetStream drops the duplicate
   inside its window, so each event is published once.
 - Under load a round gathers several commits: after a round that published something, the
@@ -80,7 +80,12 @@ from nats.errors import Error as NatsError
 from nats.js.errors import APIError
 
 from trainyard_platform.shared import db, outages
-from trainyard_platform.shared.bus import Bus, StreamMissingError, infrastructure_fault
+from trainyard_platform.shared.bus import (
+    MSG_ID_HEADER,
+    Bus,
+    StreamMissingError,
+    infrastructure_fault,
+)
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.logs import error_text
 from trainyard_platform.shared.settings import NatsSettings
@@ -368,10 +373,9 @@ class OutboxRelay:
             sendable: list[_Message] = []
             for row in rows:
                 message = _Message.of(row)
-                if message.size > limit:
-                    parked[message.seq] = (
-                        f"{message.size} bytes, more than the bus accepts ({limit} bytes)"
-                    )
+                size = message.size(self._bus)
+                if size > limit:
+                    parked[message.seq] = f"{size} bytes, more than the bus accepts ({limit} bytes)"
                 else:
                     sendable.append(message)
             published, error = await self._publish(sendable, parked)
@@ -393,7 +397,7 @@ class OutboxRelay:
                     "(%d parked rows in all; see outbox.parked_reason)",
                     message.event_id,
                     message.subject,
-                    message.size,
+                    message.size(self._bus),
                     parked[message.seq],
                     total,
                 )
@@ -573,10 +577,10 @@ class _Message:
             row["seq"], row["event_id"], row["subject"], row["body"], _headers(row["headers"])
         )
 
-    @property
-    def size(self) -> int:
-        """Bytes the server counts against its maximum payload: body and header block."""
-        headers = {**self.headers, "Nats-Msg-Id": self.event_id}
+    def size(self, bus: Bus) -> int:
+        """Bytes the server counts against its maximum payload: body and header block, with
+        the ``Nats-Msg-Id`` ``bus`` publishes it under (``Bus.msg_id``)."""
+        headers = {**self.headers, MSG_ID_HEADER: bus.msg_id(self.subject, self.event_id)}
         block = "NATS/1.0\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
         return len(self.body) + len(block.encode())
 

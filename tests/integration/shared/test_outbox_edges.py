@@ -24,11 +24,11 @@ def _event(job_id: str) -> Envelope[JobCancelRequested]:
     )
 
 
-async def _size(pool: asyncpg.Pool, event_id: str) -> int:
+async def _size(pool: asyncpg.Pool, bus: Bus, event_id: str) -> int:
     row = await pool.fetchrow(
         "SELECT seq, event_id, subject, body, headers FROM outbox WHERE event_id = $1", event_id
     )
-    return _Message.of(row).size
+    return _Message.of(row).size(bus)
 
 
 async def _state(pool: asyncpg.Pool, event_id: str) -> tuple[bool, str | None]:
@@ -44,13 +44,13 @@ async def test_a_message_of_exactly_the_limit_goes_out_one_byte_more_is_parked(
     fits, over = _event("job-fits"), _event("job-over")
     async with pool.acquire() as conn, conn.transaction():
         await enqueue(conn, fits)
-    size = await _size(pool, fits.id)
+    size = await _size(pool, bus, fits.id)
     assert await OutboxRelay(pool, bus, max_payload=size).relay_once() == 1
     assert await _state(pool, fits.id) == (True, None)
 
     async with pool.acquire() as conn, conn.transaction():
         await enqueue(conn, over)
-    size = await _size(pool, over.id)
+    size = await _size(pool, bus, over.id)
     with caplog.at_level(logging.ERROR, logger="trainyard_platform.shared.outbox"):
         assert await OutboxRelay(pool, bus, max_payload=size - 1).relay_once() == 1
     reason = f"{size} bytes, more than the bus accepts ({size - 1} bytes)"
