@@ -5,14 +5,16 @@
 
 It needs only nats-py, none of Trainyard's code, and follows the consumer's obligations of
 docs/events.md: it creates (or resumes) its own durable consumer on the stream ``TRAINYARD``,
-so a restart goes on where it stopped; it deduplicates by the event's ``source`` and ``id``
-(delivery is at least once; an id is unique only within its source, so another source's event
-under an id seen before is another event); it acknowledges an event only after handling it (here: printing one line of JSON
+so a restart goes on where it stopped; it deduplicates by the event's sender and ``id``
+(delivery is at least once; an id is unique only within its sender, so another sender's event
+under an id seen before is another event: the sender is the ``source``, and for the runner's
+events, which every node sends as ``trainyard/runner``, the node named by ``data.node_id``
+too, as docs/events.md asks); it acknowledges an event only after handling it (here: printing one line of JSON
 to stdout). Non-finite numbers arrive as the strings "NaN", "Infinity" and "-Infinity", so the
 strict JSON parser below never meets a bare NaN.
 
-``--seen FILE`` keeps the events handled across restarts (one per line: source, a tab, id; a
-line of an id alone, as earlier versions wrote, counts for that id from any source); without
+``--seen FILE`` keeps the events handled across restarts (one per line: sender, a tab, id; a
+line of an id alone, as earlier versions wrote, counts for that id from any sender); without
 it they are kept in memory only. ``--max-events N`` stops after N events were handled (for trying it out).
 
 Bad options are refused naming the option (exit status 2). A NATS server that cannot be
@@ -44,8 +46,8 @@ MAX_REMEMBERED = 1_000_000
 
 
 class SeenIds:
-    """The events already handled, by (source, id): in memory, and appended to ``path`` when
-    given. An id alone (a line without a source) stands for that id from any source."""
+    """The events already handled, by (sender, id): in memory, and appended to ``path`` when
+    given. An id alone (a line without a sender) stands for that id from any sender."""
 
     def __init__(self, path: Path | None) -> None:
         self._ids: OrderedDict[tuple[str, str], None] = OrderedDict()
@@ -75,6 +77,19 @@ class SeenIds:
 
 def _no_bare_constants(token: str) -> Any:
     raise ValueError(f"{token} is not JSON")
+
+
+RUNNER = "trainyard/runner"
+
+
+def sender(event: dict[str, Any]) -> str:
+    """Who sent ``event``, as far as deduplication goes: its ``source``; for a runner's event
+    the node too (``trainyard/runner/<node>``), as every runner node says one source."""
+    data = event.get("data")
+    node = data.get("node_id") if isinstance(data, dict) else None
+    if event["source"] == RUNNER and isinstance(node, str) and node:
+        return f"{RUNNER}/{node}"
+    return str(event["source"])
 
 
 def handle(raw: bytes) -> dict[str, Any]:
@@ -139,11 +154,11 @@ async def consume(args: argparse.Namespace) -> int:
                     print(f"skipped message {msg.subject}: {exc}", file=sys.stderr)
                     await msg.term()  # never redelivered: it will not parse next time either
                     continue
-                if (line["source"], line["id"]) in seen:
+                if (sender(line), line["id"]) in seen:
                     print(f"duplicate {line['id']} ignored", file=sys.stderr)
                 else:
                     print(json.dumps(line, allow_nan=False), flush=True)
-                    seen.add(line["source"], line["id"])
+                    seen.add(sender(line), line["id"])
                     handled += 1
                 await msg.ack()  # after handling: a crash before it means a redelivery
                 if args.max_events is not None and handled >= args.max_events:

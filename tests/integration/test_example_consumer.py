@@ -82,13 +82,33 @@ async def test_the_example_consumer_prints_each_event_once(
     finally:
         await nc.close()
 
+    # Two runner nodes' reports under one id: every node says the source trainyard/runner,
+    # so the node they name keeps them apart (docs/events.md).
+    on_n1, on_n2 = (
+        Envelope.wrap(
+            JobProgress(job_id="j5", allocation_id="a5", step=1, metrics={}, node_id=node),
+            source="trainyard/runner",
+            subject="j5",
+            event_id="report-5",
+        )
+        for node in ("n1", "n2")
+    )
+    nc = await nats.connect(nats_settings.url)
+    try:
+        for report in (on_n1, on_n2):
+            await nc.jetstream().publish(report.nats_subject, report.to_json())
+    finally:
+        await nc.close()
+
     seen = tmp_path / "seen"
     args = ["--name", "external-system", "--seen", str(seen)]
-    printed, err = await run_example(nats_settings.url, *args, "--max-events", "3")
+    printed, err = await run_example(nats_settings.url, *args, "--max-events", "5")
     assert [(e["id"], e["type"]) for e in printed] == [
         (first.id, first.type),
         (progress.id, progress.type),
         (squat.id, squat.type),
+        (on_n1.id, on_n1.type),
+        (on_n2.id, on_n2.type),
     ]
     assert f"duplicate {first.id} ignored" in err
     assert printed[1]["data"] == {
@@ -105,5 +125,7 @@ async def test_the_example_consumer_prints_each_event_once(
         [first.source, first.id],
         [progress.source, progress.id],
         [squat.source, squat.id],
+        ["trainyard/runner/n1", "report-5"],
+        ["trainyard/runner/n2", "report-5"],
         [later.source, later.id],
     ]
