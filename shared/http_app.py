@@ -23,26 +23,31 @@ it):
   body), reads it with ``read_merge_patch`` and judges the document it makes with
   ``patched``, as the ``PUT`` would.
 - Conditional requests (RFC 9110, section 13), one mechanism for every write of a resource
-  (``PUT``, ``PATCH``, ``DELETE``): the route takes ``If-Match`` and ``If-None-Match`` as
-  parameters of types ``IfMatch`` and ``IfNoneMatch``, reads them with ``preconditions``
-  and, under the resource's lock and before changing anything, calls ``check`` with
-  whether the resource exists: ``If-Match: *`` proceeds only when it does,
-  ``If-None-Match: *`` only when it does not (a ``PUT`` that must create, not replace what
-  another admin made since the caller's ``PATCH`` found none); a false one raises
-  ``shared.http_errors.PreconditionFailed`` (412 naming the header and why). ``If-Match``
-  is judged first (section 13.2.2). A ``PATCH`` or ``DELETE`` of a resource that is not
-  there answers 404 whatever its conditions (section 13.2.1: preconditions are ignored
-  where the request would fail without them), so ``If-Match: *`` changes only a ``PUT``
-  (412 rather than creating). Resources have no entity tags, so ``*`` is the one value
-  either header takes (another: 422 naming the header). Each such route documents 412
-  with ``error_responses``.
+  (``PUT``, ``PATCH``, ``DELETE``, and a ``POST`` that changes one resource, such as a
+  node's cordon): its ``GET`` (and the write's own answer) carries ``ETag``, the
+  ``entity_tag`` of what is stored (``tagged``); the write takes ``If-Match`` and
+  ``If-None-Match`` as the app dependency ``conditions: Conditions`` (parameters of types
+  ``IfMatch`` and ``IfNoneMatch``, read by ``preconditions``) and, under the resource's
+  lock and before changing anything, calls ``check`` with the resource's tag now (None:
+  it does not exist). ``If-Match: "<etag>"`` proceeds only when the resource is as it was
+  read (a read-modify-write that another change fell into is 412, not a silent
+  overwrite); ``If-Match: *`` only when it exists; ``If-None-Match: *`` only when it does
+  not (a ``PUT`` that must create, not replace what another admin made since the caller's
+  ``PATCH`` found none); a false one raises ``shared.http_errors.PreconditionFailed``
+  (412 naming the header and what changed). ``If-Match`` is judged first (section
+  13.2.2). A ``PATCH`` or ``DELETE`` of a resource that is not there answers 404 whatever
+  its conditions (section 13.2.1: preconditions are ignored where the request would fail
+  without them), so ``If-Match`` on a missing resource is 412 only for a ``PUT``. A write
+  without either header is unconditional, as before. Tags are strong; a weak one
+  (``W/``), or any other value of either header, is 422 naming the header. Each such
+  route documents 412 with ``error_responses``.
 
 CORS (``cors_origins``, from ``TRAINYARD_CORS_ORIGINS``): off unless origins are configured;
 then pages of exactly those origins (the web dashboard's) may call the API from a browser.
 Preflights (``OPTIONS`` with ``Origin``) are answered before the guard, since browsers send
 them without credentials; every other request still needs its token and role (401/403 keep
 their CORS headers so the page can read them). No cookies are used (``allow_credentials`` is
-off): the dashboard sends ``Authorization: Bearer``. ``Link`` (the next page),
+off): the dashboard sends ``Authorization: Bearer``. ``Link`` (the next page), ``ETag``,
 ``Retry-After`` and ``Location`` are exposed to scripts.
 
 Every answer, error or not and whatever route (or none) made it, carries ``EDGE_HEADERS``
@@ -66,13 +71,15 @@ a guard reads the handler (its ``opt``), it never changes it.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MethodType
 from typing import Annotated, Any, Final, TypeVar
 
-from litestar import Litestar, Request, Router
+from litestar import Litestar, Request, Response, Router
 from litestar.config.cors import CORSConfig
 from litestar.connection import ASGIConnection
 from litestar.datastructures import MutableScopeHeaders
@@ -109,6 +116,7 @@ from trainyard_platform.shared.http_tracing import tracing_middleware
 from trainyard_platform.shared.merge_patch import merge_patch
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 ERRORS: Final[Mapping[int, str]] = {
     400: "malformed request (a bad Content-Length or Host header), refused before it is read",
@@ -116,8 +124,9 @@ ERRORS: Final[Mapping[int, str]] = {
     403: "the caller's role, or team, may not do this",
     404: "no such resource (or none the caller's team may see)",
     409: "conflicts with the resource's current state",
-    412: "a precondition the request sets failed (If-Match: * of a resource that does not exist,"
-    " If-None-Match: * of one that does), nothing changed",
+    412: "a precondition the request sets failed (If-Match with an ETag the resource no longer"
+    " has, If-Match: * of a resource that does not exist, If-None-Match: * of one that does),"
+    " nothing changed",
     413: "request body over this endpoint's limit",
     415: "the body must be Content-Type: application/json (UTF-8)",
     422: "invalid input: every bad field named in errors",
@@ -137,7 +146,7 @@ IfNoneMatch = Annotated[
     str | None,
     HeaderParameter(
         name="If-None-Match",
-        schema_extra={"pattern": r"^\*$"},  # judged by preconditions, naming the header
+        schema_extra={"pattern": r"^\s*\*\s*$"},  # judged by preconditions, naming the header
         description="``*``: only when the resource does not exist (a PUT creates, never "
         "replaces); 412 when it does, nothing changed",
     ),
@@ -147,33 +156,69 @@ IfMatch = Annotated[
     str | None,
     HeaderParameter(
         name="If-Match",
-        schema_extra={"pattern": r"^\*$"},  # judged by preconditions, naming the header
-        description="``*``: only when the resource exists (a PUT replaces, never creates); "
-        "412 when it does not, nothing changed",
+        # Judged by preconditions, naming the header; a weak tag (W/) is refused there.
+        schema_extra={"pattern": r'^\s*(\*|"[\x21\x23-\x7e]*"(\s*,\s*"[\x21\x23-\x7e]*")*)\s*$'},
+        description="the ``ETag`` the resource's ``GET`` (or the last write) answered: only "
+        "when the resource is still as it was read; 412 when it changed since, nothing "
+        "changed. ``*``: only when the resource exists (a PUT replaces, never creates); 412 "
+        "when it does not",
     ),
 ]
 """The ``If-Match`` header of a write (read with ``preconditions``)."""
 
+_ENTITY_TAG = re.compile(r'"([\x21\x23-\x7e]*)"')
+"""A strong entity tag (RFC 9110, section 8.8.3): its opaque part, quoted."""
+
+
+def entity_tag(state: BaseModel | Mapping[str, Any]) -> str:
+    """The strong entity tag (the ``ETag`` header's value, quoted) of a resource whose stored
+    state is ``state``: what a write of it sets, never what is computed when it is read (a
+    budget's spending, a flavor's nodes), so that it changes exactly when a write changes
+    the resource. The same state has the same tag on every replica and after a restart; a
+    write that puts back what was read gives back its tag, which is right, since what the
+    caller read is what is there."""
+    document = state.model_dump(mode="json") if isinstance(state, BaseModel) else state
+    text = json.dumps(document, sort_keys=True, separators=(",", ":"), default=str)
+    return '"' + hashlib.sha256(text.encode()).hexdigest()[:32] + '"'
+
+
+def tagged(content: T, tag: str, status_code: int = 200) -> Response[T]:
+    """An answer of ``content``, the resource as it is now, with its ``ETag`` (``tag``, from
+    ``entity_tag``): what a later write sends back as ``If-Match``."""
+    return Response(content, status_code=status_code, headers={"ETag": tag})
+
 
 @dataclass(frozen=True)
 class Preconditions:
-    """What a write's ``If-Match: *`` (``exists``) and ``If-None-Match: *`` (``absent``)
-    ask of its resource (module docstring, "Conditional requests")."""
+    """What a write's ``If-Match`` (``exists``: ``*``; ``tags``: the entity tags given, as
+    sent, quotes included) and ``If-None-Match: *`` (``absent``) ask of its resource (module
+    docstring, "Conditional requests")."""
 
     exists: bool = False
     absent: bool = False
+    tags: tuple[str, ...] = ()
 
-    def check(self, what: str, found: bool) -> None:
+    def check(self, what: str, current: str | None) -> None:
         """Raise ``PreconditionFailed`` unless the conditions hold for ``what`` (``the
-        budget of team ml``), ``found`` saying whether it exists now. Call it under the
-        resource's lock, before changing anything."""
-        if self.exists and not found:
+        budget of team ml``), ``current`` being its entity tag now (``entity_tag`` of what
+        is stored), None when it does not exist. Call it under the resource's lock, before
+        changing anything."""
+        if (self.exists or self.tags) and current is None:
+            asked = "If-Match: *" if self.exists else "If-Match"
             raise PreconditionFailed(
                 "If-Match",
-                f"{what} does not exist, and If-Match: * asks that it does: nothing changed "
-                "(create it without the header)",
+                f"{what} does not exist, and {asked} asks that it does"
+                + ("" if self.exists else " as it was read (deleted since?)")
+                + ": nothing changed (create it without the header)",
             )
-        if self.absent and found:
+        if self.tags and current not in self.tags:
+            raise PreconditionFailed(
+                "If-Match",
+                f"{what} was changed since it was read (its ETag is now {current}, not "
+                f"{', '.join(self.tags)}): nothing changed; read it again and make the "
+                "change to what it is now",
+            )
+        if self.absent and current is not None:
             raise PreconditionFailed(
                 "If-None-Match",
                 f"{what} exists already, and If-None-Match: * asks that it does not: nothing "
@@ -182,24 +227,47 @@ class Preconditions:
 
 
 def preconditions(if_match: str | None, if_none_match: str | None) -> Preconditions:
-    """The conditions of a write's ``If-Match`` and ``If-None-Match`` (``IfMatch`` and
-    ``IfNoneMatch`` parameters; absent: none). Any value but ``*`` is ``RequestInvalid``
-    naming the header: Trainyard's resources have no entity tags, so ``*`` is the one value
-    understood."""
-    errors = [
-        FieldError(
-            field=header,
-            message=f"only * is understood ({meaning}): these resources have no entity tags",
+    """The conditions of a write's ``If-Match`` (``*``, or strong entity tags separated by
+    commas, each as an ``ETag`` header gave it) and ``If-None-Match`` (``*``) headers
+    (``IfMatch`` and ``IfNoneMatch`` parameters; absent: none). Anything else is
+    ``RequestInvalid`` naming the header: a weak tag (``W/"..."``) too, since a write's
+    condition is judged by strong comparison (RFC 9110, section 13.1.1) and Trainyard's
+    tags are strong."""
+    errors = []
+    exists = False
+    tags: tuple[str, ...] = ()
+    if if_match is not None:
+        exists, tags, problem = _if_match(if_match)
+        if problem:
+            errors.append(FieldError(field="If-Match", message=problem))
+    if if_none_match is not None and if_none_match.strip() != "*":
+        errors.append(
+            FieldError(
+                field="If-None-Match",
+                message="only * is understood (only when it does not exist)",
+            )
         )
-        for header, value, meaning in (
-            ("If-Match", if_match, "only when it exists"),
-            ("If-None-Match", if_none_match, "only when it does not exist"),
-        )
-        if value is not None and value.strip() != "*"
-    ]
     if errors:
         raise RequestInvalid(errors)
-    return Preconditions(exists=if_match is not None, absent=if_none_match is not None)
+    return Preconditions(exists=exists, absent=if_none_match is not None, tags=tags)
+
+
+def _if_match(value: str) -> tuple[bool, tuple[str, ...], str | None]:
+    """(``*``, the tags, what is wrong) of an ``If-Match`` header."""
+    text = value.strip()
+    if text == "*":
+        return True, (), None
+    parts = [part.strip() for part in text.split(",")]
+    tags = tuple(part for part in parts if _ENTITY_TAG.fullmatch(part))
+    if len(tags) == len(parts) and tags:
+        return False, tags, None
+    weak = any(part.startswith("W/") for part in parts)
+    why = (
+        "a weak entity tag (W/) cannot condition a write: send the ETag as the answer gave it"
+        if weak
+        else 'give * (only when it exists) or the ETag as the answer gave it, quotes included ("...")'
+    )
+    return False, (), why
 
 
 def _conditions(if_match: IfMatch = None, if_none_match: IfNoneMatch = None) -> Preconditions:
@@ -370,7 +438,7 @@ def _http_handlers(route_handlers: Iterable[ControllerRouterHandler]) -> Iterato
 
 
 CORS_ALLOW_HEADERS: Final = ("Authorization", "Content-Type", "Idempotency-Key")
-CORS_EXPOSE_HEADERS: Final = ("Link", "Retry-After", "Location")
+CORS_EXPOSE_HEADERS: Final = ("Link", "Retry-After", "Location", "ETag")
 
 
 def cors_config(origins: Sequence[str]) -> CORSConfig | None:

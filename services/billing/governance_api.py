@@ -22,10 +22,12 @@
   it names, read and written under the budget's lock, so two admins changing different
   fields at once both keep their change (404 when there is none: a patch never creates).
   ``PUT``, ``PATCH`` and ``DELETE`` are conditional (``shared.http_app.Preconditions``,
-  judged under the budget's lock): ``If-None-Match: *`` proceeds only when there is no
-  budget (412 when there is: a ``PUT`` only creates), ``If-Match: *`` only when there is
-  one (412 for a ``PUT`` when there is none; a ``PATCH`` or ``DELETE`` of none is 404 as
-  ever). A change
+  judged under the budget's lock): the ``GET`` of a budget, and the answer of its ``PUT``
+  or ``PATCH``, carries ``ETag`` (``budget_tag``: of what a write sets, not of the
+  spending); ``If-Match: <that ETag>`` proceeds only while the budget is as it was read
+  (412 naming what changed), ``If-None-Match: *`` only when there is no budget (412 when
+  there is: a ``PUT`` only creates), ``If-Match: *`` only when there is one (412 for a
+  ``PUT`` when there is none; a ``PATCH`` or ``DELETE`` of none is 404 as ever). A change
   says the budget's state (``budget.updated``) and any threshold the month's spending has
   reached already (``budget.threshold_crossed``), through the outbox.
 """
@@ -76,11 +78,13 @@ from trainyard_platform.shared.access import Teams, needs, only_reads
 from trainyard_platform.shared.http_app import (
     Conditions,
     Preconditions,
+    entity_tag,
     error_responses,
     json_request_body,
     merge_patch_request_body,
     patched,
     read_merge_patch,
+    tagged,
 )
 from trainyard_platform.shared.http_errors import (
     RequestInvalid,
@@ -118,6 +122,20 @@ ProjectPath = Annotated[str, PathParameter(pattern=NAME, min_length=1, max_lengt
 async def _body(model: type[Any], request: AnyRequest) -> Any:
     body = await read_json_body(request, BODY_MAX_BYTES, free_text=lambda path: True)
     return parse_body(model, body)
+
+
+def budget_tag(budget: Budget | None) -> str | None:
+    """The ETag of ``budget`` (None: there is none): of what a write of it sets, its amount
+    as a number (so ``2000`` and ``2000.000000`` are one), never of its spending."""
+    if budget is None:
+        return None
+    return entity_tag(
+        {
+            **request_of(budget),
+            "amount": f"{budget.amount.normalize():f}",
+            "currency": budget.currency,
+        }
+    )
 
 
 def budget_view(budget: Budget, spent: Decimal, now: datetime) -> BudgetView:
@@ -328,7 +346,7 @@ def governance_routes(
         query = {**({"team": team} if team else {}), "limit": str(limit)}
         return paging.listed(views, "/v1/budgets", query, cursor)
 
-    async def _get(principal: Principal, team: str, project: str | None) -> BudgetView:
+    async def _get(principal: Principal, team: str, project: str | None) -> Response[BudgetView]:
         team_to_read(principal, team, "budget")
         now = clock()
         async with pool.acquire() as conn:
@@ -336,7 +354,7 @@ def governance_routes(
             if budget is None:
                 raise NotFoundException(f"no budget of {_scope(team, project)}")
             spent = await budgets_repo.spent(conn, budget, month_start(now), now)
-        return budget_view(budget, spent, now)
+        return tagged(budget_view(budget, spent, now), budget_tag(budget) or "")
 
     async def _write(
         conn: asyncpg.Connection,
@@ -345,9 +363,9 @@ def governance_routes(
         project: str | None,
         body: BudgetRequest,
         now: datetime,
-    ) -> tuple[BudgetView, bool]:
+    ) -> tuple[BudgetView, bool, str]:
         """Store ``body`` as the budget of ``team`` (``project``), under its lock, and say
-        its state: its view, and whether it was created."""
+        its state: its view, whether it was created, and its ETag."""
         budget = Budget(
             team=team,
             project=project,
@@ -363,7 +381,7 @@ def governance_routes(
         created = await budgets_repo.put(conn, budget)
         await budget_watch.check(conn, budget, [month_start(now)], now)
         spent = await budget_watch.say_state(conn, budget, now)
-        return budget_view(budget, spent, now), created
+        return budget_view(budget, spent, now), created, budget_tag(budget) or ""
 
     async def _put(
         request: AnyRequest,
@@ -380,13 +398,13 @@ def governance_routes(
         now = clock()
         async with pool.acquire() as conn, conn.transaction():
             await budgets_repo.lock(conn, [(team, project)])  # budget_watch: in turns
-            found = await budgets_repo.get(conn, team, project) is not None
-            conditions.check(f"the budget of {_scope(team, project)}", found)
-            view, created = await _write(conn, principal, team, project, body, now)
+            found = await budgets_repo.get(conn, team, project)
+            conditions.check(f"the budget of {_scope(team, project)}", budget_tag(found))
+            view, created, tag = await _write(conn, principal, team, project, body, now)
             await audit.record(
                 conn, principal, "put budget", _scope(team, project), body.model_dump(mode="json")
             )
-        return Response(view, status_code=201 if created else 200)
+        return tagged(view, tag, status_code=201 if created else 200)
 
     async def _patch(
         request: AnyRequest,
@@ -394,7 +412,7 @@ def governance_routes(
         team: str,
         project: str | None,
         conditions: Preconditions,
-    ) -> BudgetView:
+    ) -> Response[BudgetView]:
         team_to_read(principal, team, "budget")
         changes = await read_merge_patch(request, BODY_MAX_BYTES, free_text=lambda path: True)
         now = clock()
@@ -408,11 +426,11 @@ def governance_routes(
                     f"no budget of {_scope(team, project)}; create it with PUT "
                     f"/v1/budgets/{team}{'' if project is None else '/' + project}"
                 )
-            conditions.check(f"the budget of {_scope(team, project)}", True)
+            conditions.check(f"the budget of {_scope(team, project)}", budget_tag(current))
             body = patched(BudgetRequest, request_of(current), changes)
-            view, _ = await _write(conn, principal, team, project, body, now)
+            view, _, tag = await _write(conn, principal, team, project, body, now)
             await audit.record(conn, principal, "patch budget", _scope(team, project), changes)
-        return view
+        return tagged(view, tag)
 
     async def _delete(
         principal: Principal, team: str, project: str | None, conditions: Preconditions
@@ -424,7 +442,7 @@ def governance_routes(
             budget = await budgets_repo.get(conn, team, project)
             if budget is None:
                 raise NotFoundException(f"no budget of {_scope(team, project)}")
-            conditions.check(f"the budget of {_scope(team, project)}", True)
+            conditions.check(f"the budget of {_scope(team, project)}", budget_tag(budget))
             await budgets_repo.delete(conn, team, project)
             await budget_watch.say_state(conn, budget, now, deleted=True)
             await audit.record(conn, principal, "delete budget", _scope(team, project), {})
@@ -438,13 +456,14 @@ def governance_routes(
     example = {"amount": "1000", "thresholds": [50, 80, 100], "policy": "warn"}
 
     @get("/v1/budgets/{team:str}", responses=error_responses(404))
-    async def get_team_budget(team: TeamPath, principal: Caller) -> BudgetView:
+    async def get_team_budget(team: TeamPath, principal: Caller) -> Response[BudgetView]:
+        """The budget, spent this month, with its ``ETag`` (for ``If-Match``)."""
         return await _get(principal, team, None)
 
     @get("/v1/budgets/{team:str}/{project:str}", responses=error_responses(404))
     async def get_project_budget(
         team: TeamPath, project: ProjectPath, principal: Caller
-    ) -> BudgetView:
+    ) -> Response[BudgetView]:
         return await _get(principal, team, project)
 
     @put(
@@ -460,9 +479,10 @@ def governance_routes(
         teams: TeamCheck,
         conditions: Conditions,
     ) -> Response[BudgetView]:
-        """Create the budget (201) or replace it whole (200); with ``If-None-Match: *``
-        only create it (412 when it exists), with ``If-Match: *`` only replace it (412 when
-        there is none); nothing changed on a 412."""
+        """Create the budget (201) or replace it whole (200); with ``If-Match: <ETag>`` only
+        replace it as it was read, with ``If-None-Match: *`` only create it (412 when it
+        exists), with ``If-Match: *`` only replace it (412 when there is none); nothing
+        changed on a 412."""
         return await _put(request, principal, teams, team, None, conditions)
 
     @put(
@@ -493,12 +513,12 @@ def governance_routes(
         request: AnyRequest,
         principal: Caller,
         conditions: Conditions,
-    ) -> BudgetView:
+    ) -> Response[BudgetView]:
         """Change only the fields the body names (a JSON Merge Patch, RFC 7396, of the
         ``PUT`` body: ``{"policy": "refuse"}``; ``null`` puts a field back to its default);
         the rest stays, whatever another change made of it meanwhile. 404 when there is no
-        budget: a patch never creates one. 412 with ``If-None-Match: *`` (the budget
-        exists), nothing changed."""
+        budget: a patch never creates one. 412 with ``If-Match: <ETag>`` when it changed
+        since it was read, or ``If-None-Match: *`` (the budget exists), nothing changed."""
         return await _patch(request, principal, team, None, conditions)
 
     @patch(
@@ -513,7 +533,7 @@ def governance_routes(
         request: AnyRequest,
         principal: Caller,
         conditions: Conditions,
-    ) -> BudgetView:
+    ) -> Response[BudgetView]:
         """As ``PATCH /v1/budgets/{team}``, of the project's budget."""
         return await _patch(request, principal, team, project, conditions)
 
@@ -523,8 +543,9 @@ def governance_routes(
         principal: Caller,
         conditions: Conditions,
     ) -> None:
-        """Delete the budget (404 when there is none; 412 with ``If-None-Match: *``, the
-        budget existing, nothing deleted)."""
+        """Delete the budget (404 when there is none; 412 with ``If-Match: <ETag>`` when it
+        changed since it was read, or ``If-None-Match: *``, the budget existing, nothing
+        deleted)."""
         await _delete(principal, team, None, conditions)
 
     @delete(

@@ -23,11 +23,13 @@ Contract:
   nothing. Its next heartbeat makes it an ordinary node again (``repo.upsert_node``).
 - Every ``put_*``, ``patch_*`` and ``delete_*`` of a flavor, cohort, queue or priority
   class takes the request's ``conditions`` (``shared.http_app.Preconditions``: ``If-Match:
-  *``, ``If-None-Match: *``), judged under the lock before anything changes: a false one
-  raises ``shared.http_errors.PreconditionFailed`` (412) and the resource is kept as it is
-  (a ``PUT`` with ``If-None-Match: *`` only creates: one another change made since the
-  caller found none is not replaced). A ``patch_*`` or ``delete_*`` of an absent name is
-  ``NotFound`` whatever its conditions.
+  "<etag>"`` or ``*``, ``If-None-Match: *``), judged under the lock, against the
+  resource's tag now (``*_tag``: of what a write sets, the same tag its ``GET`` answers),
+  before anything changes: a false one raises ``shared.http_errors.PreconditionFailed``
+  (412) and the resource is kept as it is (a ``PUT`` with ``If-None-Match: *`` only
+  creates: one another change made since the caller found none is not replaced; a write
+  with the ETag the caller read is refused when another change fell between). A
+  ``patch_*`` or ``delete_*`` of an absent name is ``NotFound`` whatever its conditions.
 - ``patch_queue`` and ``patch_priority_class`` change only the fields a JSON Merge Patch
   names (RFC 7396: ``null`` puts a field back to its default); the result is judged as the
   ``PUT`` of it would be, read and written under the lock. A patch never creates (404).
@@ -86,7 +88,7 @@ from trainyard_platform.services.scheduler.schemas import NodeCordonView, cordon
 from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import Teams
 from trainyard_platform.shared.events.payloads import FlavorDeclared, FlavorRetired
-from trainyard_platform.shared.http_app import Preconditions, patched
+from trainyard_platform.shared.http_app import Preconditions, entity_tag, patched
 from trainyard_platform.shared.http_errors import Conflicting, FieldError, RequestInvalid
 from trainyard_platform.shared.identity import Principal
 
@@ -95,6 +97,48 @@ _SHOWN = 5
 
 NO_CONDITIONS = Preconditions()
 """A write that sets no condition (``If-Match`` or ``If-None-Match``)."""
+
+
+def flavor_tag(view: FlavorView) -> str:
+    """The ETag of a flavor: of its description (its nodes and GPUs are counted, not set)."""
+    return entity_tag({"description": view.description})
+
+
+def cohort_tag(view: CohortView) -> str:
+    """The ETag of a cohort: of its description (its queues are theirs to change)."""
+    return entity_tag({"description": view.description})
+
+
+def queue_tag(view: QueueConfigView) -> str:
+    """The ETag of a queue: of its definition (a ``PUT`` body) and whether it is implicit."""
+    return entity_tag({**queue_request_of(view), "implicit": view.implicit})
+
+
+def priority_class_tag(view: PriorityClassView) -> str:
+    """The ETag of a priority class: of its definition."""
+    return entity_tag(view.model_dump(mode="json", exclude={"name"}))
+
+
+async def _flavor_tag(conn: asyncpg.Connection, name: str) -> str | None:
+    row = await admin_repo.flavor(conn, name)
+    return None if row is None else flavor_tag(flavor_view(row))
+
+
+async def _cohort_tag(conn: asyncpg.Connection, name: str) -> str | None:
+    row = await admin_repo.cohort(conn, name)
+    return None if row is None else cohort_tag(cohort_view(row))
+
+
+async def _queue_tag(conn: asyncpg.Connection, name: str) -> str | None:
+    row = await admin_repo.queue(conn, name)
+    if row is None:
+        return None
+    return queue_tag(queue_config_view(row, await admin_repo.quotas(conn, [name])))
+
+
+async def _priority_class_tag(conn: asyncpg.Connection, name: str) -> str | None:
+    row = await admin_repo.priority_class(conn, name)
+    return None if row is None else priority_class_tag(priority_class_view(row))
 
 
 class NotFound(Exception):
@@ -151,7 +195,7 @@ async def put_flavor(
 ) -> tuple[FlavorView, bool]:
     check_name(name, FLAVOR_PATTERN)
     async with _writing(pool, by, "put flavor", name, body) as conn:
-        conditions.check(f"flavor {name}", await admin_repo.flavor(conn, name) is not None)
+        conditions.check(f"flavor {name}", await _flavor_tag(conn, name))
         created = await admin_repo.upsert_flavor(conn, name, body.description)
         row = await admin_repo.flavor(conn, name)
         revision = await admin_repo.next_flavor_revision(conn)
@@ -170,9 +214,10 @@ async def delete_flavor(
     pool: asyncpg.Pool, name: str, by: Principal, conditions: Preconditions = NO_CONDITIONS
 ) -> None:
     async with _writing(pool, by, "delete flavor", name) as conn:
-        if await admin_repo.flavor(conn, name) is None:
+        tag = await _flavor_tag(conn, name)
+        if tag is None:
             raise NotFound(f"no flavor {name}")
-        conditions.check(f"flavor {name}", True)
+        conditions.check(f"flavor {name}", tag)
         _refuse_if_used(
             f"flavor {name}",
             {
@@ -274,7 +319,7 @@ async def put_cohort(
 ) -> tuple[CohortView, bool]:
     check_name(name)
     async with _writing(pool, by, "put cohort", name, body) as conn:
-        conditions.check(f"cohort {name}", await admin_repo.cohort(conn, name) is not None)
+        conditions.check(f"cohort {name}", await _cohort_tag(conn, name))
         created = await admin_repo.upsert_cohort(conn, name, body.description)
         row = await admin_repo.cohort(conn, name)
     assert row is not None
@@ -288,7 +333,7 @@ async def delete_cohort(
         row = await admin_repo.cohort(conn, name)
         if row is None:
             raise NotFound(f"no cohort {name}")
-        conditions.check(f"cohort {name}", True)
+        conditions.check(f"cohort {name}", cohort_tag(cohort_view(row)))
         _refuse_if_used(f"cohort {name}", {"queues": list(row["queues"])})
         await admin_repo.delete_cohort(conn, name)
 
@@ -336,13 +381,14 @@ async def put_queue(
         async with pool.acquire() as conn:
             await _check_references(conn, body)
             seen = await admin_repo.queue_of_team(conn, body.team) is not None
-            replaced = await admin_repo.queue(conn, name) is not None
-        conditions.check(f"queue {name}", replaced)  # before asking another service
+            tag = await _queue_tag(conn, name)
+        replaced = tag is not None
+        conditions.check(f"queue {name}", tag)  # before asking another service
         # Asked outside the scheduling lock: it is a request to another service.
         if not seen and not replaced:
             await teams.require(body.team, "team")
     async with _writing(pool, by, "put queue", name, body) as conn:
-        conditions.check(f"queue {name}", await admin_repo.queue(conn, name) is not None)
+        conditions.check(f"queue {name}", await _queue_tag(conn, name))
         await _check_references(conn, body)
         return await _write_queue(conn, name, body)
 
@@ -363,8 +409,8 @@ async def patch_queue(
         row = await admin_repo.queue(conn, name)
         if row is None:
             raise NotFound(f"no queue {name}; create it with PUT /v1/admin/queues/{name}")
-        conditions.check(f"queue {name}", True)
         current = queue_config_view(row, await admin_repo.quotas(conn, [name]))
+        conditions.check(f"queue {name}", queue_tag(current))
         body = patched(QueueRequest, queue_request_of(current), patch)
         await _check_references(conn, body)
         view, _ = await _write_queue(conn, name, body)
@@ -413,7 +459,7 @@ async def delete_queue(
         row = await admin_repo.queue(conn, name)
         if row is None:
             raise NotFound(f"no queue {name}")
-        conditions.check(f"queue {name}", True)
+        conditions.check(f"queue {name}", await _queue_tag(conn, name))
         _refuse_if_used(
             f"queue {name}", {"unfinished jobs": await admin_repo.unfinished_jobs(conn, queue=name)}
         )
@@ -488,8 +534,7 @@ async def put_priority_class(
     """Create or replace priority class ``name`` (``conditions``: module contract)."""
     check_name(name)
     async with _writing(pool, by, "put priority-class", name, body) as conn:
-        found = await admin_repo.priority_class(conn, name) is not None
-        conditions.check(f"priority class {name}", found)
+        conditions.check(f"priority class {name}", await _priority_class_tag(conn, name))
         return await _write_priority_class(conn, name, body)
 
 
@@ -509,7 +554,7 @@ async def patch_priority_class(
             raise NotFound(
                 f"no priority class {name}; create it with PUT /v1/admin/priority-classes/{name}"
             )
-        conditions.check(f"priority class {name}", True)
+        conditions.check(f"priority class {name}", priority_class_tag(priority_class_view(row)))
         current = priority_class_view(row).model_dump(exclude={"name"})
         body = patched(PriorityClassRequest, current, patch)
         view, _ = await _write_priority_class(conn, name, body)
@@ -531,9 +576,10 @@ async def delete_priority_class(
     pool: asyncpg.Pool, name: str, by: Principal, conditions: Preconditions = NO_CONDITIONS
 ) -> None:
     async with _writing(pool, by, "delete priority-class", name) as conn:
-        if await admin_repo.priority_class(conn, name) is None:
+        tag = await _priority_class_tag(conn, name)
+        if tag is None:
             raise NotFound(f"no priority class {name}")
-        conditions.check(f"priority class {name}", True)
+        conditions.check(f"priority class {name}", tag)
         unfinished = await admin_repo.unfinished_jobs(conn, priority_class=name)
         _refuse_if_used(f"priority class {name}", {"unfinished jobs": unfinished})
         await admin_repo.delete_priority_class(conn, name)

@@ -14,10 +14,12 @@ Contract:
   the same for ``cohorts``, ``queues`` and ``priority-classes``; ``PATCH`` of a queue or a
   priority class changes only the fields its JSON Merge Patch names (404 when there is none).
   Every ``PUT``, ``PATCH`` and ``DELETE`` of them is conditional
-  (``shared.http_app.Preconditions``): with ``If-None-Match: *`` it proceeds only when the
-  resource does not exist (a ``PUT`` only creates; 412 when it exists), with ``If-Match:
-  *`` only when it does (412 for a ``PUT`` of none; a ``PATCH`` or ``DELETE`` of none is
-  404 as ever). The four lists come a page at
+  (``shared.http_app.Preconditions``): the ``GET`` of one, and the answer of its ``PUT`` or
+  ``PATCH``, carries ``ETag``; with ``If-Match: <that ETag>`` a write proceeds only while
+  the resource is as it was read (412 naming what changed when another change fell
+  between), with ``If-None-Match: *`` only when the resource does not exist (a ``PUT``
+  only creates; 412 when it exists), with ``If-Match: *`` only when it does (412 for a
+  ``PUT`` of none; a ``PATCH`` or ``DELETE`` of none is 404 as ever). The four lists come a page at
   a time (``shared.paging``: ``limit`` 1 to ``ADMIN_PAGE_MAX``, default 100, the next page in
   ``Link: <...>; rel="next"``). ``PUT`` creates (201) or
   replaces (200) and returns the resource; ``DELETE`` answers 204, or 409 naming what still
@@ -89,6 +91,7 @@ from trainyard_platform.shared.http_app import (
     merge_patch_request_body,
     read_merge_patch,
     service_app,
+    tagged,
 )
 from trainyard_platform.shared.http_errors import parse_body, read_json_body
 from trainyard_platform.shared.identity import Principal, Role
@@ -110,8 +113,8 @@ Readiness = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
 """(ready, body) of ``GET /readyz``."""
 
 
-def _created(view: Any, created: bool) -> Response[Any]:
-    return Response(view, status_code=201 if created else 200)
+def _created(view: Any, created: bool, tag: Callable[[Any], str]) -> Response[Any]:
+    return tagged(view, tag(view), status_code=201 if created else 200)
 
 
 def _put_responses(view: type[Any], *more: int) -> dict[int, ResponseSpec]:
@@ -137,8 +140,10 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         return paging.listed(flavors, "/v1/admin/flavors", {"limit": str(limit)}, cursor)
 
     @get("/flavors/{name:str}", responses=error_responses(404))
-    async def get_flavor(name: FromPath[str]) -> FlavorView:
-        return await admin.get_flavor(pool, name)
+    async def get_flavor(name: FromPath[str]) -> Response[FlavorView]:
+        """The flavor, with its ``ETag`` (for ``If-Match``)."""
+        view = await admin.get_flavor(pool, name)
+        return tagged(view, admin.flavor_tag(view))
 
     @put(
         "/flavors/{name:str}",
@@ -153,7 +158,9 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         conditions: Conditions,
     ) -> Response[FlavorView]:
         body = await _body(FlavorRequest, request)
-        return _created(*await admin.put_flavor(pool, name, body, principal, conditions))
+        return _created(
+            *await admin.put_flavor(pool, name, body, principal, conditions), admin.flavor_tag
+        )
 
     @delete("/flavors/{name:str}", opt=needs(Role.OPERATOR), responses=DELETE_RESPONSES)
     async def delete_flavor(
@@ -173,8 +180,10 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         return paging.listed(cohorts, "/v1/admin/cohorts", {"limit": str(limit)}, cursor)
 
     @get("/cohorts/{name:str}", responses=error_responses(404))
-    async def get_cohort(name: FromPath[str]) -> CohortView:
-        return await admin.get_cohort(pool, name)
+    async def get_cohort(name: FromPath[str]) -> Response[CohortView]:
+        """The cohort, with its ``ETag`` (for ``If-Match``)."""
+        view = await admin.get_cohort(pool, name)
+        return tagged(view, admin.cohort_tag(view))
 
     @put(
         "/cohorts/{name:str}",
@@ -189,7 +198,9 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         conditions: Conditions,
     ) -> Response[CohortView]:
         body = await _body(CohortRequest, request)
-        return _created(*await admin.put_cohort(pool, name, body, principal, conditions))
+        return _created(
+            *await admin.put_cohort(pool, name, body, principal, conditions), admin.cohort_tag
+        )
 
     @delete("/cohorts/{name:str}", opt=needs(Role.OPERATOR), responses=DELETE_RESPONSES)
     async def delete_cohort(
@@ -210,8 +221,10 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         return paging.listed(queues, "/v1/admin/queues", {"limit": str(limit)}, cursor)
 
     @get("/queues/{name:str}", responses=error_responses(404))
-    async def get_queue(name: FromPath[str]) -> QueueConfigView:
-        return await admin.get_queue(pool, name)
+    async def get_queue(name: FromPath[str]) -> Response[QueueConfigView]:
+        """The queue and its quotas, with its ``ETag`` (for ``If-Match``)."""
+        view = await admin.get_queue(pool, name)
+        return tagged(view, admin.queue_tag(view))
 
     @put(
         "/queues/{name:str}",
@@ -226,12 +239,13 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         teams: TeamCheck,
         conditions: Conditions,
     ) -> Response[QueueConfigView]:
-        """Create the queue (201) or replace it whole (200); with ``If-None-Match: *`` only
-        create it (412 when it exists), with ``If-Match: *`` only replace it (412 when there
-        is none); nothing changed on a 412."""
+        """Create the queue (201) or replace it whole (200); with ``If-Match: <ETag>`` only
+        replace it as it was read, with ``If-None-Match: *`` only create it (412 when it
+        exists), with ``If-Match: *`` only replace it (412 when there is none); nothing
+        changed on a 412."""
         body = await _body(QueueRequest, request)
         view, created = await admin.put_queue(pool, name, body, principal, teams, conditions)
-        return _created(view, created)
+        return _created(view, created, admin.queue_tag)
 
     @patch(
         "/queues/{name:str}",
@@ -244,13 +258,15 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         request: AnyRequest,
         principal: Caller,
         conditions: Conditions,
-    ) -> QueueConfigView:
+    ) -> Response[QueueConfigView]:
         """Change only the fields the body names (a JSON Merge Patch, RFC 7396, of the
         ``PUT`` body: ``{"weight": 2}``, ``{"quotas": {"a100": {"nominal": 16}}}``, ``null``
         to remove a quota or put a field back to its default); the rest stays. 412 with
-        ``If-None-Match: *`` (the queue exists), nothing changed."""
+        ``If-Match: <ETag>`` when it changed since, or ``If-None-Match: *`` (the queue
+        exists), nothing changed."""
         changes = await _patch_body(request)
-        return await admin.patch_queue(pool, name, changes, principal, conditions)
+        view = await admin.patch_queue(pool, name, changes, principal, conditions)
+        return tagged(view, admin.queue_tag(view))
 
     @delete("/queues/{name:str}", opt=needs(Role.OPERATOR), responses=DELETE_RESPONSES)
     async def delete_queue(
@@ -270,8 +286,10 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         return paging.listed(classes, "/v1/admin/priority-classes", {"limit": str(limit)}, cursor)
 
     @get("/priority-classes/{name:str}", responses=error_responses(404))
-    async def get_class(name: FromPath[str]) -> PriorityClassView:
-        return await admin.get_priority_class(pool, name)
+    async def get_class(name: FromPath[str]) -> Response[PriorityClassView]:
+        """The priority class, with its ``ETag`` (for ``If-Match``)."""
+        view = await admin.get_priority_class(pool, name)
+        return tagged(view, admin.priority_class_tag(view))
 
     @put(
         "/priority-classes/{name:str}",
@@ -287,7 +305,8 @@ def admin_router(pool: asyncpg.Pool) -> Router:
     ) -> Response[PriorityClassView]:
         """As ``PUT /v1/admin/queues/{name}``, of a priority class."""
         body = await _body(PriorityClassRequest, request)
-        return _created(*await admin.put_priority_class(pool, name, body, principal, conditions))
+        made = await admin.put_priority_class(pool, name, body, principal, conditions)
+        return _created(*made, admin.priority_class_tag)
 
     @patch(
         "/priority-classes/{name:str}",
@@ -300,11 +319,12 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         request: AnyRequest,
         principal: Caller,
         conditions: Conditions,
-    ) -> PriorityClassView:
+    ) -> Response[PriorityClassView]:
         """Change only the fields the body names (a JSON Merge Patch of the ``PUT`` body);
         conditional as ``PATCH /v1/admin/queues/{name}``."""
         changes = await _patch_body(request)
-        return await admin.patch_priority_class(pool, name, changes, principal, conditions)
+        view = await admin.patch_priority_class(pool, name, changes, principal, conditions)
+        return tagged(view, admin.priority_class_tag(view))
 
     @delete("/priority-classes/{name:str}", opt=needs(Role.OPERATOR), responses=DELETE_RESPONSES)
     async def delete_class(

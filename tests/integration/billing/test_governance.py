@@ -609,12 +609,57 @@ async def test_if_none_match_and_if_match_hold_on_every_write_of_a_budget(
     assert (await client.delete("/v1/budgets/ml", headers=existing_only)).status_code == 204
     made = await client.put("/v1/budgets/ml", json={"amount": "2"}, headers=absent_only)
     assert made.status_code == 201, made.text
-    odd = await client.delete("/v1/budgets/ml", headers={**ML_ADMIN, "If-Match": '"v1"'})
+    odd = await client.delete("/v1/budgets/ml", headers={**ML_ADMIN, "If-Match": "v1"})
     assert odd.status_code == 422 and "If-Match" in errors(odd), odd.text
     actions = await pool.fetch("SELECT action FROM audit_log WHERE target = 'team ml' ORDER BY id")
     assert [r["action"] for r in actions] == [
         "put budget", "put budget", "patch budget", "delete budget", "put budget"
     ]  # fmt: skip
+
+
+async def test_a_budget_write_with_a_stale_etag_is_412_and_the_fresh_one_proceeds(
+    pool: asyncpg.Pool, client: httpx.AsyncClient
+) -> None:
+    """The ``GET`` of a budget, and the answer of its ``PUT`` and ``PATCH``, carries
+    ``ETag`` (of what a write sets: the spending does not change it); ``If-Match: <it>``
+    proceeds while the budget is as it was read and is 412, naming ``If-Match`` and that it
+    changed, once another admin's change fell between. Without a condition, as before.
+    (Before, there was no ``ETag``, and a tag in ``If-Match`` was refused with 422.)"""
+    for path in ("/v1/budgets/ml", "/v1/budgets/ml/nlp"):
+        made = await client.put(path, json={"amount": "5"}, headers=ML_ADMIN)
+        assert made.status_code == 201, made.text
+        read = await client.get(path, headers=ML_VIEWER)
+        tag = read.headers["ETag"]
+        assert tag == made.headers["ETag"] and tag.startswith('"'), read.headers
+        # Another admin changes it between this read and this write.
+        other = await client.patch(
+            path, json={"policy": "refuse"}, headers={**ML_ADMIN, "If-Match": tag}
+        )
+        assert other.status_code == 200, other.text
+        assert other.headers["ETag"] not in (tag, None)
+        assert (await client.get(path, headers=ML_VIEWER)).headers["ETag"] == other.headers["ETag"]
+        stale = {**ML_ADMIN, "If-Match": tag}
+        for response in (
+            await client.put(path, json={"amount": "7"}, headers=stale),
+            await client.patch(path, json={"amount": "7"}, headers=stale),
+            await client.delete(path, headers=stale),
+        ):
+            message = precondition_failed(response)["If-Match"]
+            assert "was changed since it was read" in message, message
+            assert other.headers["ETag"] in message, message
+        kept = (await client.get(path, headers=ML_VIEWER)).json()
+        assert kept["policy"] == "refuse" and kept["amount"] == "5.000000", kept
+        fresh = {**ML_ADMIN, "If-Match": other.headers["ETag"]}
+        changed = await client.patch(path, json={"amount": "7"}, headers=fresh)
+        assert changed.status_code == 200 and changed.json()["amount"] == "7.000000", changed.text
+        replaced = await client.put(
+            path, json={"amount": "8"}, headers={**ML_ADMIN, "If-Match": changed.headers["ETag"]}
+        )
+        assert replaced.status_code == 200, replaced.text
+        # Without a condition, as before.
+        assert (await client.patch(path, json={"amount": "9"}, headers=ML_ADMIN)).status_code == 200
+        now = (await client.get(path, headers=ML_VIEWER)).headers["ETag"]
+        assert (await client.delete(path, headers={**ML_ADMIN, "If-Match": now})).status_code == 204
 
 
 async def test_budgets_are_written_by_the_team_s_admins_and_read_by_its_users(

@@ -892,7 +892,7 @@ async def test_if_none_match_and_if_match_hold_on_every_admin_write(
         if change is not None:
             patched = await http.patch(url, json=change, headers=existing_only)
             assert patched.status_code == 200, patched.text
-        odd = await http.delete(url, headers={**AUTH, "If-Match": '"v1"'})
+        odd = await http.delete(url, headers={**AUTH, "If-Match": "v1"})  # unquoted
         assert "If-Match" in fields(odd), path
     audited = len((await http.get("/v1/audit", headers=AUTH)).json())
     # A DELETE (or PATCH) of none is 404 whatever its conditions (RFC 9110, 13.2.1); with
@@ -906,3 +906,70 @@ async def test_if_none_match_and_if_match_hold_on_every_admin_write(
                 missing = await http.patch(url, json=change, headers=conditions)
                 assert missing.status_code == 404, path
     assert len((await http.get("/v1/audit", headers=AUTH)).json()) == audited + 4
+
+
+async def test_every_admin_write_with_a_stale_etag_is_412_and_the_fresh_one_proceeds(
+    http: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    """The ``GET`` of a flavor, cohort, queue or priority class carries ``ETag``; a write
+    with ``If-Match: <it>`` proceeds while the resource is as it was read, and is 412,
+    naming ``If-Match`` and that it changed, once another change fell between: two
+    operators' read-modify-writes no longer overwrite each other silently. A write
+    without a condition goes ahead as before. (Before, there was no ``ETag``, and an
+    ``If-Match`` other than ``*`` was refused with 422.)"""
+    await known(pool, "vision")
+    resources = (
+        ("flavors/a100", {"description": "80 GB"}, {"description": "80 GB, NVLink"}),
+        ("cohorts/research", {"description": "r"}, {"description": "research"}),
+        ("queues/vision", {"team": "vision", "weight": 2}, {"team": "vision", "weight": 3}),
+        (
+            "priority-classes/urgent",
+            {"value": 500, "preemptible": False},
+            {"value": 7, "preemptible": False},
+        ),
+    )
+    for path, first, theirs in resources:
+        url = f"/v1/admin/{path}"
+        made = await http.put(url, json=first, headers=AUTH)
+        assert made.status_code == 201, made.text
+        read = await http.get(url, headers=AUTH)
+        tag = read.headers["ETag"]
+        assert tag == made.headers["ETag"] and tag.startswith('"'), path
+        # Another operator's change falls between this read and this write.
+        other = await http.put(url, json=theirs, headers={**AUTH, "If-Match": tag})
+        assert other.status_code == 200, other.text
+        assert other.headers["ETag"] != tag, path
+        kept = (await http.get(url, headers=AUTH)).json()
+        audited = len((await http.get("/v1/audit", headers=AUTH)).json())
+        stale = {**AUTH, "If-Match": tag}
+        refused = [await http.put(url, json=first, headers=stale)]
+        if path.startswith(("queues", "priority-classes")):
+            refused.append(
+                await http.patch(
+                    url, json={"value" if "class" in path else "weight": 9}, headers=stale
+                )
+            )
+        refused.append(await http.delete(url, headers=stale))
+        for response in refused:
+            message = precondition_failed(response)["If-Match"]
+            assert "was changed since it was read" in message, (path, message)
+            assert other.headers["ETag"] in message, (path, message)
+        assert (await http.get(url, headers=AUTH)).json() == kept, path
+        assert len((await http.get("/v1/audit", headers=AUTH)).json()) == audited, path
+        fresh = {**AUTH, "If-Match": other.headers["ETag"]}
+        if path.startswith(("queues", "priority-classes")):
+            change = {"value": 9} if "class" in path else {"weight": 9}
+            patched = await http.patch(url, json=change, headers=fresh)
+            assert patched.status_code == 200, patched.text
+            assert patched.headers["ETag"] == (await http.get(url, headers=AUTH)).headers["ETag"]
+            fresh = {**AUTH, "If-Match": patched.headers["ETag"]}
+        # Without a condition, as before.
+        assert (await http.put(url, json=first, headers=AUTH)).status_code == 200, path
+        stale = {**AUTH, "If-Match": fresh["If-Match"]}
+        assert (
+            "was changed" in precondition_failed(await http.delete(url, headers=stale))["If-Match"]
+        )
+        now = (await http.get(url, headers=AUTH)).headers["ETag"]
+        assert (await http.delete(url, headers={**AUTH, "If-Match": now})).status_code == 204, path
+    weak = await http.delete("/v1/admin/flavors/a100", headers={**AUTH, "If-Match": 'W/"x"'})
+    assert weak.status_code == 422 and "weak entity tag" in fields(weak)["If-Match"]
