@@ -164,10 +164,10 @@ async def price_book_page(
     conn: asyncpg.Connection,
     flavor: str | None,
     now: datetime,
-    limit: int,
+    limit: int | None,
     after: PriceKey | None,
 ) -> list[Row]:
-    """At most ``limit`` prices of the book (of ``flavor``, or every one), GPU, CPU and
+    """At most ``limit`` (None: every one) prices of the book (of ``flavor``, or every one), GPU, CPU and
     memory alike, by flavor, date and resource (``rank``: GPU 0, CPU 1, memory 2), after the
     key ``after``; each with ``in_force``: whether it is its resource's price at ``now``."""
     rows: list[Row] = await conn.fetch(
@@ -198,6 +198,14 @@ async def price_book_page(
         *(after if after else (None, None, None)),
     )
     return rows
+
+
+async def lock_prices(conn: asyncpg.Connection, flavor: str) -> None:
+    """Hold ``flavor``'s prices until the transaction ends: a price change reads them (its
+    ``If-Match``) and writes them in turn with any other."""
+    await conn.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended('billing:prices:' || $1, 0))", flavor
+    )
 
 
 async def price_rows(conn: asyncpg.Connection, flavor: str | None = None) -> list[Row]:

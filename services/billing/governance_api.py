@@ -4,7 +4,14 @@
   GPU-hour, per CPU-hour, per GiB-hour of memory), dated, a page at a time
   (``shared.paging``: ``limit`` 1 to ``PRICES_PAGE_MAX``, default 100, the next page in the
   ``Link`` header).
-  ``PUT /v1/prices/{flavor}`` (operators): new prices (any of the three, at least one) from
+  ``GET /v1/prices/{flavor}`` (any user): every price of the flavor's book, with its
+  ``ETag`` (``price_tag``: of the prices, not of which is in force now); 404 when it has
+  none. ``PUT /v1/prices/{flavor}`` (operators): new prices (any of the three, at least
+  one), conditional (``shared.http_app.Preconditions``, judged under the flavor's prices'
+  lock): ``If-Match: <that ETag>`` proceeds only while its book is as it was read (412
+  naming what changed when another operator priced it since), ``If-None-Match: *`` only
+  for its first price, ``If-Match: *`` only when it has one; its answer carries the new
+  ``ETag``. From
   ``effective_from`` (default now;
   a time in the past is refused: usage already made keeps its price). A flavor's first
   price, without ``effective_from``, applies from the beginning (nothing of it was billed). The flavor must be in
@@ -124,6 +131,27 @@ async def _body(model: type[Any], request: AnyRequest) -> Any:
     return parse_body(model, body)
 
 
+def price_tag(rows: list[Any]) -> str | None:
+    """The ETag of a flavor's prices (rows of ``catalogue.price_book_page``; none: None):
+    of each price, its date and who set it, not of which is in force now."""
+    if not rows:
+        return None
+    fields = ("resource", "effective_from", "price", "currency", "set_by")
+    return entity_tag({"prices": [{f: str(r[f]) for f in fields} for r in rows]})
+
+
+def price_view(r: Any) -> PriceView:
+    """A row of ``catalogue.price_book_page`` as the answer shows it."""
+    return PriceView(
+        flavor=r["flavor"],
+        effective_from=r["effective_from"],
+        currency=r["currency"],
+        set_by=r["set_by"],
+        in_force=r["in_force"],
+        **{"price_per_gpu_hour": None, PRICE_FIELD[r["resource"]]: r["price"]},
+    )
+
+
 def budget_tag(budget: Budget | None) -> str | None:
     """The ETag of ``budget`` (None: there is none): of what a write of it sets, its amount
     as a number (so ``2000`` and ``2000.000000`` are one), never of its spending."""
@@ -193,17 +221,7 @@ def governance_routes(
                 conn, flavor, clock(), limit + 1, (key[0], key[1], key[2]) if key else None
             )
         rows, more = paging.split(fetched, limit)
-        views = [
-            PriceView(
-                flavor=r["flavor"],
-                effective_from=r["effective_from"],
-                currency=r["currency"],
-                set_by=r["set_by"],
-                in_force=r["in_force"],
-                **{"price_per_gpu_hour": None, PRICE_FIELD[r["resource"]]: r["price"]},
-            )
-            for r in rows
-        ]
+        views = [price_view(r) for r in rows]
         last = rows[-1] if more else None
         cursor = (
             PRICES.write(last["flavor"], last["effective_from"], last["rank"]) if last else None
@@ -211,20 +229,38 @@ def governance_routes(
         query = {**({"flavor": flavor} if flavor else {}), "limit": str(limit)}
         return paging.listed(views, "/v1/prices", query, cursor)
 
+    @get("/v1/prices/{flavor:str}", responses=error_responses(404))
+    async def get_prices(
+        flavor: Annotated[str, PathParameter(pattern=FLAVOR, min_length=1, max_length=40)],
+    ) -> Response[list[PriceView]]:
+        """Every price of the flavor's book, by date and resource, with its ``ETag`` (for
+        ``If-Match`` on ``PUT /v1/prices/{flavor}``); 404 when it has none."""
+        async with pool.acquire() as conn:
+            rows = await catalogue.price_book_page(conn, flavor, clock(), None, None)
+        tag = price_tag(rows)
+        if tag is None:
+            raise NotFoundException(f"flavor {flavor} has no price")
+        return tagged([price_view(r) for r in rows], tag)
+
     @put(
         "/v1/prices/{flavor:str}",
         opt=needs(Role.OPERATOR),
         operation_class=json_request_body(PriceRequest, example={"price_per_gpu_hour": "2.75"}),
         responses={
             201: ResponseSpec(PriceView, description="created", generate_examples=False),
-            **error_responses(413, 415, 422),
+            **error_responses(412, 413, 415, 422),
         },
     )
     async def put_price(
         flavor: Annotated[str, PathParameter(pattern=FLAVOR, min_length=1, max_length=40)],
         request: AnyRequest,
         principal: Caller,
+        conditions: Conditions,
     ) -> Response[PriceView]:
+        """New prices of the flavor; with ``If-Match: <ETag>`` (of ``GET
+        /v1/prices/{flavor}``) only while its prices are as they were read, with
+        ``If-None-Match: *`` only its first, with ``If-Match: *`` only when it has one;
+        nothing changed on a 412."""
         body: PriceRequest = await _body(PriceRequest, request)
         prices = body.model_dump(include=set(PRICE_FIELDS), exclude_none=True)
         if not prices:
@@ -240,6 +276,9 @@ def governance_routes(
                 "its price",
             )
         async with pool.acquire() as conn, conn.transaction():
+            await catalogue.lock_prices(conn, flavor)
+            book = await catalogue.price_book_page(conn, flavor, now, None, None)
+            conditions.check(f"the prices of flavor {flavor}", price_tag(book))
             known = await catalogue.flavor(conn, flavor)
             priced = await catalogue.price_rows(conn, flavor)
             if (known is None or known["retired"]) and not priced:
@@ -268,6 +307,7 @@ def governance_routes(
                 "effective_from": effective.isoformat(),
             }
             await audit.record(conn, principal, "put price", flavor, detail)
+            tag = price_tag(await catalogue.price_book_page(conn, flavor, now, None, None))
         view = PriceView(
             flavor=flavor,
             effective_from=effective,
@@ -276,7 +316,7 @@ def governance_routes(
             in_force=effective <= now,
             **{"price_per_gpu_hour": None, **prices},
         )
-        return Response(view, status_code=201 if created else 200)
+        return tagged(view, tag or "", status_code=201 if created else 200)
 
     @post(
         "/v1/costs/estimate",
@@ -564,6 +604,7 @@ def governance_routes(
 
     return [
         list_prices,
+        get_prices,
         put_price,
         estimate,
         list_budgets,

@@ -156,6 +156,7 @@ POLICY: dict[str, dict[tuple[str, str], Role]] = {
         ("GET", "/v1/jobs/{job_id:str}/cost"): V,
         ("GET", "/v1/audit"): OP,
         ("GET", "/v1/prices"): V,
+        ("GET", "/v1/prices/{flavor:str}"): V,
         ("PUT", "/v1/prices/{flavor:str}"): OP,
         ("POST", "/v1/costs/estimate"): V,
         ("GET", "/v1/budgets"): V,

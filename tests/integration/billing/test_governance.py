@@ -204,6 +204,63 @@ async def test_prices_are_set_by_operators_for_catalogue_flavors_from_now_on(
     assert cost == Decimal("3.000000")
 
 
+async def test_a_price_change_with_a_stale_etag_is_412_and_the_fresh_one_proceeds(
+    pool: asyncpg.Pool, client: httpx.AsyncClient
+) -> None:
+    """``GET /v1/prices/{flavor}`` is the flavor's book with its ``ETag``; ``PUT`` with
+    ``If-Match: <it>`` proceeds while the book is as it was read and is 412, naming
+    ``If-Match`` and that it changed, once another operator priced the flavor since; its
+    answer carries the new tag. Without a condition, as before. (Before, there was no such
+    ``GET`` nor tag, and ``PUT`` ignored both headers.)"""
+    assert (await client.get("/v1/prices/l40s", headers=ML_VIEWER)).status_code == 404
+    read = await client.get("/v1/prices/a100", headers=ML_VIEWER)
+    assert read.status_code == 200, read.text
+    assert {p["flavor"] for p in read.json()} == {"a100"}
+    tag = read.headers["ETag"]
+    later = (datetime.now(UTC) + timedelta(days=1)).isoformat()
+    other = await client.put(
+        "/v1/prices/a100",
+        json={"price_per_gpu_hour": "3", "effective_from": later},
+        headers={**OPERATOR, "If-Match": tag},
+    )
+    assert other.status_code == 201, other.text
+    assert other.headers["ETag"] not in (tag, None)
+    assert (await client.get("/v1/prices/a100", headers=ML_VIEWER)).headers[
+        "ETag"
+    ] == other.headers["ETag"]
+    book = (await client.get("/v1/prices/a100", headers=ML_VIEWER)).json()
+    stale = await client.put(
+        "/v1/prices/a100",
+        json={"price_per_gpu_hour": "4", "effective_from": later},
+        headers={**OPERATOR, "If-Match": tag},
+    )
+    message = precondition_failed(stale)["If-Match"]
+    assert "the prices of flavor a100 was changed since it was read" in message, message
+    assert other.headers["ETag"] in message
+    assert (await client.get("/v1/prices/a100", headers=ML_VIEWER)).json() == book
+    first = await client.put(
+        "/v1/prices/a100",
+        json={"price_per_gpu_hour": "4"},
+        headers={**OPERATOR, "If-None-Match": "*"},
+    )
+    assert "exists already" in precondition_failed(first)["If-None-Match"]
+    fresh = await client.put(
+        "/v1/prices/a100",
+        json={"price_per_gpu_hour": "4", "effective_from": later},
+        headers={**OPERATOR, "If-Match": other.headers["ETag"]},
+    )
+    assert fresh.status_code == 200, fresh.text
+    # Without a condition, as before.
+    plain = await client.put(
+        "/v1/prices/a100",
+        json={"price_per_gpu_hour": "5", "effective_from": later},
+        headers=OPERATOR,
+    )
+    assert plain.status_code == 200, plain.text
+    actions = await pool.fetch("SELECT action FROM audit_log WHERE target = 'a100'")
+    assert [r["action"] for r in actions] == ["put price"] * 3
+
+
 # --- the estimate ----------------------------------------------------------------------
 
 
