@@ -12,6 +12,10 @@ Contract:
   is refused (422 naming ``team``); queues of teams it knows stay editable with it (quota
   changes while the submission service is down).
 - ``cordon_node`` and ``uncordon_node`` raise ``NotFound`` (404) for a node never heard of.
+  Both take ``conditions`` as the other writes do, judged against the node's cordon
+  (``cordon_tag``, what ``get_node_cordon`` answers; an automatic cordon or its end
+  changes it too) with the node's row locked: an operator who read the node uncordoned
+  does not replace a cordon another operator, or the scheduler, put in place since.
 - ``retire_node`` forgets a node taken out for good without deleting its row (the
   allocations and GPU leases of its past reference it): it sets ``retired_at``, and every
   read of live nodes leaves it out (the snapshot reads READY nodes only, and a retired node
@@ -259,23 +263,60 @@ async def get_flavor(pool: asyncpg.Pool, name: str) -> FlavorView:
 # --- nodes -----------------------------------------------------------------------------
 
 
+def cordon_tag(view: NodeCordonView) -> str:
+    """The ETag of a node's cordon (none, or its reason, who, since and until)."""
+    return entity_tag({"cordon": None if view.cordon is None else view.cordon.model_dump()})
+
+
+async def get_node_cordon(pool: asyncpg.Pool, node_id: str) -> NodeCordonView:
+    """The cordon of ``node_id`` (None: it takes new work); ``NotFound`` for a node never
+    heard of."""
+    async with pool.acquire() as conn:
+        view = await _node_cordon(conn, node_id)
+    if view is None:
+        raise NotFound(f"no node {node_id}")
+    return view
+
+
+async def _cordon_to_change(
+    conn: asyncpg.Connection, node_id: str, conditions: Preconditions
+) -> None:
+    """Lock the row of ``node_id`` and judge ``conditions`` against its cordon now."""
+    view = await _node_cordon(conn, node_id, lock=True)
+    if view is None:
+        raise NotFound(f"no node {node_id}")
+    conditions.check(f"the cordon of node {node_id}", cordon_tag(view))
+
+
 async def cordon_node(
-    pool: asyncpg.Pool, node_id: str, body: CordonRequest, by: Principal
+    pool: asyncpg.Pool,
+    node_id: str,
+    body: CordonRequest,
+    by: Principal,
+    conditions: Preconditions = NO_CONDITIONS,
 ) -> NodeCordonView:
     """Cordon ``node_id`` until uncordoned (``cordon.cordon``)."""
     async with _writing(pool, by, "cordon node", node_id, body) as conn:
+        await _cordon_to_change(conn, node_id, conditions)
         now = await admin_repo.transaction_time(conn)
         if not await cordon.cordon(conn, node_id, body.reason, by.actor, now):
             raise NotFound(f"no node {node_id}")
-        return await _node_cordon(conn, node_id)
+        view = await _node_cordon(conn, node_id)
+    assert view is not None
+    return view
 
 
-async def uncordon_node(pool: asyncpg.Pool, node_id: str, by: Principal) -> NodeCordonView:
+async def uncordon_node(
+    pool: asyncpg.Pool, node_id: str, by: Principal, conditions: Preconditions = NO_CONDITIONS
+) -> NodeCordonView:
     """Lift any cordon of ``node_id``, an automatic one too (``cordon.uncordon``)."""
     async with _writing(pool, by, "uncordon node", node_id) as conn:
+        await _cordon_to_change(conn, node_id, conditions)
         if not await cordon.uncordon(conn, node_id):
             raise NotFound(f"no node {node_id}")
-        return await _node_cordon(conn, node_id)
+        view = await _node_cordon(conn, node_id)
+    assert view is not None
+    return view
 
 
 async def retire_node(pool: asyncpg.Pool, node_id: str, by: Principal) -> None:
@@ -298,13 +339,16 @@ async def retire_node(pool: asyncpg.Pool, node_id: str, by: Principal) -> None:
         await admin_repo.retire_node(conn, node_id, await admin_repo.transaction_time(conn))
 
 
-async def _node_cordon(conn: asyncpg.Connection, node_id: str) -> NodeCordonView:
+async def _node_cordon(
+    conn: asyncpg.Connection, node_id: str, lock: bool = False
+) -> NodeCordonView | None:
+    """The cordon of ``node_id`` (None: no such node), its row locked with ``lock``."""
     row = await conn.fetchrow(
         "SELECT cordoned_at, cordon_reason, cordoned_by, cordoned_until FROM nodes "
-        "WHERE node_id = $1",
+        "WHERE node_id = $1" + (" FOR UPDATE" if lock else ""),
         node_id,
     )
-    return NodeCordonView(node_id=node_id, cordon=cordon_view(row))
+    return None if row is None else NodeCordonView(node_id=node_id, cordon=cordon_view(row))
 
 
 # --- cohorts ---------------------------------------------------------------------------

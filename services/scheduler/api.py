@@ -25,7 +25,9 @@ Contract:
   replaces (200) and returns the resource; ``DELETE`` answers 204, or 409 naming what still
   uses the resource (see ``admin``). ``POST /v1/admin/nodes/{node_id}/cordon`` (body
   ``{"reason": ...}``) and ``POST /v1/admin/nodes/{node_id}/uncordon`` (operators; 200 with
-  the node's cordon, 404 for an unknown node) take a node out of placement and back.
+  the node's cordon, 404 for an unknown node) take a node out of placement and back;
+  ``GET /v1/admin/nodes/{node_id}/cordon`` (operators) is that cordon with its ``ETag``,
+  and both writes are conditional on it as the others (``If-Match``, 412).
   ``DELETE /v1/admin/nodes/{node_id}`` (operators; 204) retires a node taken out for good:
   409 naming why for a ready node or one that still holds a live allocation, 404 for an
   unknown node (``admin.retire_node``). ``GET /v1/queue`` leaves retired nodes out unless
@@ -334,29 +336,43 @@ def admin_router(pool: asyncpg.Pool) -> Router:
     ) -> None:
         await admin.delete_priority_class(pool, name, principal, conditions)
 
+    @get("/nodes/{node_id:str}/cordon", opt=needs(Role.OPERATOR), responses=error_responses(404))
+    async def get_node_cordon(node_id: FromPath[str]) -> Response[NodeCordonView]:
+        """The node's cordon (null: it takes new work), with its ``ETag`` (for ``If-Match``
+        on ``cordon`` and ``uncordon``)."""
+        view = await admin.get_node_cordon(pool, node_id)
+        return tagged(view, admin.cordon_tag(view))
+
     @post(
         "/nodes/{node_id:str}/cordon",
         opt=needs(Role.OPERATOR),
         operation_class=json_request_body(CordonRequest),
-        responses=error_responses(404, 413, 415),
+        responses=error_responses(404, 412, 413, 415),
         status_code=200,
     )
     async def cordon_node(
-        node_id: FromPath[str], request: AnyRequest, principal: Caller
-    ) -> NodeCordonView:
-        """No new allocation on the node until uncordoned; its running jobs go on."""
+        node_id: FromPath[str], request: AnyRequest, principal: Caller, conditions: Conditions
+    ) -> Response[NodeCordonView]:
+        """No new allocation on the node until uncordoned; its running jobs go on. With
+        ``If-Match: <ETag>`` (of ``GET .../cordon``) only while its cordon is as it was
+        read; 412 when it changed since, nothing changed."""
         body = await _body(CordonRequest, request)
-        return await admin.cordon_node(pool, node_id, body, principal)
+        view = await admin.cordon_node(pool, node_id, body, principal, conditions)
+        return tagged(view, admin.cordon_tag(view))
 
     @post(
         "/nodes/{node_id:str}/uncordon",
         opt=needs(Role.OPERATOR),
-        responses=error_responses(404),
+        responses=error_responses(404, 412),
         status_code=200,
     )
-    async def uncordon_node(node_id: FromPath[str], principal: Caller) -> NodeCordonView:
-        """The node takes new work again (an automatic cordon too is lifted)."""
-        return await admin.uncordon_node(pool, node_id, principal)
+    async def uncordon_node(
+        node_id: FromPath[str], principal: Caller, conditions: Conditions
+    ) -> Response[NodeCordonView]:
+        """The node takes new work again (an automatic cordon too is lifted); conditional
+        as ``cordon``."""
+        view = await admin.uncordon_node(pool, node_id, principal, conditions)
+        return tagged(view, admin.cordon_tag(view))
 
     @delete("/nodes/{node_id:str}", opt=needs(Role.OPERATOR), responses=error_responses(404, 409))
     async def retire_node(node_id: FromPath[str], principal: Caller) -> None:
@@ -369,6 +385,7 @@ def admin_router(pool: asyncpg.Pool) -> Router:
     return Router(
         "/v1/admin",
         route_handlers=[
+            get_node_cordon,
             cordon_node,
             uncordon_node,
             retire_node,

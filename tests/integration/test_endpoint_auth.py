@@ -94,6 +94,7 @@ POLICY: dict[str, dict[tuple[str, str], Role]] = {
         ("GET", "/v1/queue"): OP,
         ("GET", "/v1/queue/{name:str}/pending"): OP,
         ("GET", "/v1/audit"): OP,
+        ("GET", "/v1/admin/nodes/{node_id:str}/cordon"): OP,
         ("POST", "/v1/admin/nodes/{node_id:str}/cordon"): OP,
         ("POST", "/v1/admin/nodes/{node_id:str}/uncordon"): OP,
         ("DELETE", "/v1/admin/nodes/{node_id:str}"): OP,

@@ -262,3 +262,54 @@ async def test_a_gang_member_cannot_end_its_peers_allocation_nor_cordon_its_node
         return (await node_row(scheduler.pool, "n2"))["cordoned_at"] is not None
 
     await until(cordoned)
+
+
+async def test_a_cordon_change_with_a_stale_etag_is_412_and_the_fresh_one_proceeds(
+    scheduler: Scheduler, http: httpx.AsyncClient
+) -> None:
+    """``GET /v1/admin/nodes/{node}/cordon`` is the node's cordon with its ``ETag``;
+    ``cordon`` and ``uncordon`` with ``If-Match: <it>`` proceed while the cordon is as it
+    was read and are 412, naming ``If-Match`` and that it changed, once another operator
+    changed it since: one operator's uncordon no longer lifts a cordon another put in place
+    after the first looked. Without a condition, as before. (Before, there was no such
+    ``GET`` nor tag, and both writes ignored the headers.)"""
+    await scheduler.heartbeat("n1", gpus=1)
+    assert (await http.get("/v1/admin/nodes/nope/cordon", headers=AUTH)).status_code == 404
+    read = await http.get("/v1/admin/nodes/n1/cordon", headers=AUTH)
+    assert read.status_code == 200 and read.json() == {"node_id": "n1", "cordon": None}
+    tag = read.headers["ETag"]
+    # Another operator cordons it after this one looked.
+    other = await http.post(
+        "/v1/admin/nodes/n1/cordon",
+        json={"reason": "replacing a fan"},
+        headers={**AUTH, "If-Match": tag},
+    )
+    assert other.status_code == 200, other.text
+    assert other.headers["ETag"] not in (tag, None)
+    stale = {**AUTH, "If-Match": tag}
+    for response in (
+        await http.post("/v1/admin/nodes/n1/uncordon", headers=stale),
+        await http.post("/v1/admin/nodes/n1/cordon", json={"reason": "mine"}, headers=stale),
+    ):
+        assert response.status_code == 412, response.text
+        (error,) = response.json()["errors"]
+        assert error["field"] == "If-Match"
+        assert "the cordon of node n1 was changed since it was read" in error["message"]
+    now = await http.get("/v1/admin/nodes/n1/cordon", headers=AUTH)
+    assert now.json()["cordon"]["reason"] == "replacing a fan"
+    assert now.headers["ETag"] == other.headers["ETag"]
+    lifted = await http.post(
+        "/v1/admin/nodes/n1/uncordon", headers={**AUTH, "If-Match": now.headers["ETag"]}
+    )
+    assert lifted.status_code == 200 and lifted.json()["cordon"] is None, lifted.text
+    # Without a condition, as before.
+    plain = await http.post("/v1/admin/nodes/n1/cordon", json={"reason": "again"}, headers=AUTH)
+    assert plain.status_code == 200, plain.text
+    assert (await http.post("/v1/admin/nodes/n1/uncordon", headers=AUTH)).status_code == 200
+    log = (await http.get("/v1/audit", headers=AUTH)).json()
+    assert [e["action"] for e in reversed(log)] == [
+        "cordon node",
+        "uncordon node",
+        "cordon node",
+        "uncordon node",
+    ]
