@@ -20,9 +20,16 @@ downloading versions, and aliases.
   ``transfers.per_team`` of the caller's team run at once across the registry's replicas
   (429), ``transfers.most`` in all on this one (503), both with ``Retry-After``
   (``transfers``).
-- ``GET .../aliases?limit&after`` (a page by name, ``next``), ``PUT``/``DELETE
-  .../aliases/{alias}`` (members), ``GET .../aliases/{alias}/moves``: aliases and their
-  append-only history.
+- ``GET .../aliases?limit&after`` (a page by name, ``next``), ``GET``, ``PUT`` and
+  ``DELETE .../aliases/{alias}`` (writes: members), ``GET .../aliases/{alias}/moves``:
+  aliases and their append-only history. ``GET`` of an alias answers its ``ETag``
+  (``alias_tag``: of the version it points at), and ``PUT`` and ``DELETE`` are
+  conditional on it (``shared.http_app.Preconditions``, judged with the model's row
+  locked): ``If-Match: <ETag>`` moves or deletes the alias only while it points where it
+  was read (412 naming what changed when another member moved it since), ``If-None-Match:
+  *`` makes a ``PUT`` only create the alias, ``If-Match: *`` only move an existing one; a
+  ``DELETE`` of none is 404 whatever its conditions. The answer of a ``PUT`` carries the
+  new ``ETag``.
 - ``PUT``/``DELETE /v1/models/{team}/{name}/grants/{grantee_team}`` (admins of ``team``,
   operators): let another team read the model, or stop it; audited (``model_grants``).
 
@@ -43,7 +50,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import asyncpg
-from litestar import Request, delete, get, post, put
+from litestar import Request, Response, delete, get, post, put
 from litestar.background_tasks import BackgroundTask
 from litestar.di import NamedDependency
 from litestar.exceptions import HTTPException, NotFoundException, PermissionDeniedException
@@ -74,6 +81,7 @@ from trainyard_platform.services.registry.schemas import (
     AliasHistory,
     AliasList,
     AliasMoveRead,
+    AliasRead,
     AliasRequest,
     Download,
     Freed,
@@ -84,7 +92,13 @@ from trainyard_platform.services.registry.schemas import (
 from trainyard_platform.services.registry.transfers import Transfers
 from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import Teams, needs
-from trainyard_platform.shared.http_app import error_responses, json_request_body
+from trainyard_platform.shared.http_app import (
+    Conditions,
+    entity_tag,
+    error_responses,
+    json_request_body,
+    tagged,
+)
 from trainyard_platform.shared.http_errors import (
     FieldError,
     RequestInvalid,
@@ -131,6 +145,11 @@ STATUSES: dict[type[Exception], int] = {
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+def alias_tag(version: int | None) -> str | None:
+    """The ETag of an alias pointing at ``version`` (None: there is no such alias)."""
+    return None if version is None else entity_tag({"version": version})
 
 
 def model_routes(
@@ -443,13 +462,32 @@ def model_routes(
             next=ALIASES.write(page[-1][0], of=f"{team}/{name}") if more else None,
         )
 
+    @get(
+        "/v1/models/{team:str}/{name:str}/aliases/{alias:str}",
+        summary="Where an alias points, with its ETag (for If-Match on PUT and DELETE)",
+        responses=error_responses(404),
+    )
+    async def get_alias(
+        team: FromPath[str], name: FromPath[str], alias: FromPath[str], principal: Caller
+    ) -> Response[AliasRead]:
+        names.check_model(team, name)
+        names.check("alias", alias)
+        async with pool.acquire() as conn:
+            await readable(conn, principal, team, name)
+            found = await models_repo.model(conn, team, name)
+        version = found.aliases.get(alias) if found is not None else None
+        tag = alias_tag(version)
+        if version is None or tag is None:
+            raise NotFoundException(f"no alias {alias!r} of model {name!r} in team {team!r}")
+        return tagged(AliasRead(team=team, model=name, alias=alias, version=version), tag)
+
     @put(
         "/v1/models/{team:str}/{name:str}/aliases/{alias:str}",
         summary="Point an alias at a version, atomically and audited (members)",
         opt=needs(Role.MEMBER),
         status_code=200,
         operation_class=json_request_body(AliasRequest),
-        responses=error_responses(404, 409, 413, 415),
+        responses=error_responses(404, 409, 412, 413, 415),
     )
     async def put_alias(
         team: FromPath[str],
@@ -457,7 +495,11 @@ def model_routes(
         alias: FromPath[str],
         request: Request[Any, Any, Any],
         principal: Caller,
-    ) -> AliasChange:
+        conditions: Conditions,
+    ) -> Response[AliasChange]:
+        """Point the alias at the body's version; with ``If-Match: <ETag>`` only while it
+        points where it was read, with ``If-None-Match: *`` only when there is no such
+        alias, with ``If-Match: *`` only when there is; nothing changed on a 412."""
         visible(principal, team, name)
         names.check("alias", alias)
         body = parse_body(
@@ -467,6 +509,9 @@ def model_routes(
             model_id = await models_repo.lock_existing_model(conn, team, name)
             if model_id is None:
                 raise NotFoundException(f"no model {name!r} in team {team!r}")
+            current = await models_repo.model(conn, team, name)
+            pointing = current.aliases.get(alias) if current is not None else None
+            conditions.check(f"alias {alias!r} of model {team}/{name}", alias_tag(pointing))
             target = await repo.model_version(conn, team, name, body.version)
             if target is None:
                 raise NotFoundException(f"no version {body.version} of model {name!r}")
@@ -481,20 +526,27 @@ def model_routes(
                     f"{team}/{name}/{alias}",
                     {"from": previous, "to": body.version},
                 )
-        return AliasChange(
+        change = AliasChange(
             team=team, model=name, alias=alias, version=body.version, previous=previous
         )
+        return tagged(change, alias_tag(body.version) or "")
 
     @delete(
         "/v1/models/{team:str}/{name:str}/aliases/{alias:str}",
         summary="Delete an alias, audited (members)",
         opt=needs(Role.MEMBER),
         status_code=200,
-        responses=error_responses(404),
+        responses=error_responses(404, 412),
     )
     async def delete_alias(
-        team: FromPath[str], name: FromPath[str], alias: FromPath[str], principal: Caller
+        team: FromPath[str],
+        name: FromPath[str],
+        alias: FromPath[str],
+        principal: Caller,
+        conditions: Conditions,
     ) -> AliasChange:
+        """Delete the alias (404 when there is none); with ``If-Match: <ETag>`` only while
+        it points where it was read; nothing changed on a 412."""
         visible(principal, team, name)
         names.check("alias", alias)
         missing = NotFoundException(f"no alias {alias!r} of model {name!r} in team {team!r}")
@@ -502,6 +554,11 @@ def model_routes(
             model_id = await models_repo.lock_existing_model(conn, team, name)
             if model_id is None:
                 raise missing
+            current = await models_repo.model(conn, team, name)
+            pointing = current.aliases.get(alias) if current is not None else None
+            if pointing is None:
+                raise missing
+            conditions.check(f"alias {alias!r} of model {team}/{name}", alias_tag(pointing))
             previous = await models_repo.remove_alias(
                 conn, model_id, alias, principal.actor, clock()
             )
@@ -655,6 +712,7 @@ def model_routes(
         download,
         content,
         list_aliases,
+        get_alias,
         put_alias,
         delete_alias,
         alias_history,

@@ -201,6 +201,16 @@ class AliasMoveRead(_Schema):
     at: datetime
 
 
+class AliasRead(_Schema):
+    """``GET /v1/models/{team}/{name}/aliases/{alias}``: where the alias points (its
+    ``ETag`` in the header)."""
+
+    team: str
+    model: str
+    alias: str
+    version: int
+
+
 class AliasChange(_Schema):
     """The answer to a move or a deletion of an alias."""
 

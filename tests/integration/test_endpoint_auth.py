@@ -123,6 +123,7 @@ POLICY: dict[str, dict[tuple[str, str], Role]] = {
         ("GET", "/v1/models/{team:str}/{name:str}/aliases/{alias:str}/moves"): V,
         ("POST", "/v1/models/{team:str}/{name:str}/versions"): M,
         ("DELETE", "/v1/models/{team:str}/{name:str}/versions/{version:int}"): M,
+        ("GET", "/v1/models/{team:str}/{name:str}/aliases/{alias:str}"): V,
         ("PUT", "/v1/models/{team:str}/{name:str}/aliases/{alias:str}"): M,
         ("DELETE", "/v1/models/{team:str}/{name:str}/aliases/{alias:str}"): M,
         ("PUT", "/v1/models/{team:str}/{name:str}/grants/{grantee_team:str}"): A,

@@ -194,6 +194,62 @@ async def test_aliases_move_atomically_and_every_move_is_recorded(
             await conn.execute("DELETE FROM model_alias_moves")
 
 
+async def test_an_alias_change_with_a_stale_etag_is_412_and_the_fresh_one_proceeds(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """``GET .../aliases/{alias}`` answers where the alias points with its ``ETag``; a
+    ``PUT`` or ``DELETE`` with ``If-Match: <it>`` proceeds while the alias points where it
+    was read and is 412, naming ``If-Match`` and that it changed, once another member
+    moved it since: a promotion decided on what was read no longer undoes another's.
+    ``If-None-Match: *`` only creates. Without a condition, as before. (Before, there was
+    no such ``GET`` nor tag, and both writes ignored the headers.)"""
+    job = await job_with_checkpoints(pool, store, [1, 2, 3])
+    path = "/v1/models/vision/digits/aliases/production"
+    async with app_as(pool, store, VISION) as client:
+        for checkpoint in job.checkpoints:
+            made = await register(client, "vision", "digits", job, checkpoint_uri=checkpoint.uri)
+            assert made.status_code == 201
+        assert (await client.get(path)).status_code == 404
+        created = await client.put(path, json={"version": 1}, headers={"If-None-Match": "*"})
+        assert created.status_code == 200, created.text
+        again = await client.put(path, json={"version": 2}, headers={"If-None-Match": "*"})
+        assert again.status_code == 412 and again.json()["errors"][0]["field"] == "If-None-Match"
+        read = await client.get(path)
+        assert read.json() == {
+            "team": "vision",
+            "model": "digits",
+            "alias": "production",
+            "version": 1,
+        }
+        tag = read.headers["ETag"]
+        assert tag == created.headers["ETag"]
+        # Another member moves it after this one looked.
+        other = await client.put(path, json={"version": 2}, headers={"If-Match": tag})
+        assert other.status_code == 200, other.text
+        assert other.headers["ETag"] not in (tag, None)
+        for response in (
+            await client.put(path, json={"version": 3}, headers={"If-Match": tag}),
+            await client.delete(path, headers={"If-Match": tag}),
+        ):
+            assert response.status_code == 412, response.text
+            (error,) = response.json()["errors"]
+            assert error["field"] == "If-Match"
+            assert "alias 'production' of model vision/digits was changed" in error["message"]
+        assert (await client.get(path)).json()["version"] == 2
+        fresh = await client.put(
+            path, json={"version": 3}, headers={"If-Match": other.headers["ETag"]}
+        )
+        assert fresh.status_code == 200 and fresh.json()["previous"] == 2, fresh.text
+        # Without a condition, as before.
+        assert (await client.put(path, json={"version": 1})).status_code == 200
+        now = (await client.get(path)).headers["ETag"]
+        gone = await client.delete(path, headers={"If-Match": now})
+        assert gone.status_code == 200 and gone.json()["previous"] == 1, gone.text
+        assert (await client.delete(path, headers={"If-Match": now})).status_code == 404
+        moves = (await client.get(f"{path}/moves")).json()["moves"]
+        assert [m["to_version"] for m in moves] == [1, 2, 3, 1, None]
+
+
 async def test_deleting_a_version_frees_its_objects_unless_an_alias_points_at_it(
     pool: asyncpg.Pool, store: ObjectStore
 ) -> None:
