@@ -19,6 +19,11 @@ another ``sort`` or ``order`` it answers 422 naming ``after``.
   at most ``COMPARISONS_PER_TEAM`` under way at once, across every replica: one more is a
   429 with ``Retry-After``, before anything is read.
 - ``PUT``/``DELETE /v1/jobs/{job_id}/tags/{tag}``, ``PUT /v1/jobs/{job_id}/note``: members.
+  ``GET /v1/jobs/{job_id}/note`` answers the run's tags and note with the note's ``ETag``
+  (``note_tag``), and ``PUT`` of the note is conditional on it
+  (``shared.http_app.Preconditions``, judged with the run's row locked): ``If-Match:
+  <ETag>`` replaces the note only while it is as it was read (412 naming what changed
+  when another member edited it since); its answer carries the new ``ETag``.
   A run has at most ``MAX_RUN_TAGS`` tags: a new one past them is a 422 naming ``tag``.
 
 A job or experiment of another team answers 404, exactly like one that does not exist.
@@ -34,7 +39,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import asyncpg
-from litestar import Request, delete, get, put
+from litestar import Request, Response, delete, get, put
 from litestar.di import NamedDependency
 from litestar.exceptions import HTTPException, NotFoundException
 from litestar.handlers import HTTPRouteHandler
@@ -68,7 +73,13 @@ from trainyard_platform.services.registry.tracking_schemas import (
 )
 from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import needs
-from trainyard_platform.shared.http_app import error_responses, json_request_body
+from trainyard_platform.shared.http_app import (
+    Conditions,
+    entity_tag,
+    error_responses,
+    json_request_body,
+    tagged,
+)
 from trainyard_platform.shared.http_errors import RequestInvalid, parse_body, read_json_body
 from trainyard_platform.shared.identity import Principal, Role
 from trainyard_platform.shared.slots import Slots
@@ -402,28 +413,43 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
             tags, note = await repo.tags_and_note(conn, job_id)
         return RunAnnotations(job_id=job_id, tags=tags, note=note)
 
+    @get("/v1/jobs/{job_id:str}/note", responses=error_responses(404))
+    async def get_note(job_id: FromPath[str], principal: Caller) -> Response[RunAnnotations]:
+        """The run's tags and note, with the note's ``ETag`` (for ``If-Match`` on ``PUT``)."""
+        async with pool.acquire() as conn:
+            await visible_job(conn, job_id, principal)
+            tags, note = await repo.tags_and_note(conn, job_id)
+        return tagged(RunAnnotations(job_id=job_id, tags=tags, note=note), note_tag(note))
+
     @put(
         "/v1/jobs/{job_id:str}/note",
         summary="Replace a run's note (members)",
         opt=needs(Role.MEMBER),
         status_code=200,
         operation_class=json_request_body(NoteBody),
-        responses=error_responses(404, 413, 415),
+        responses=error_responses(404, 412, 413, 415),
     )
     async def put_note(
-        job_id: FromPath[str], request: Request[Any, Any, Any], principal: Caller
-    ) -> RunAnnotations:
+        job_id: FromPath[str],
+        request: Request[Any, Any, Any],
+        principal: Caller,
+        conditions: Conditions,
+    ) -> Response[RunAnnotations]:
+        """Replace the run's note; with ``If-Match: <ETag>`` (of ``GET``) only while it is
+        as it was read; nothing changed on a 412."""
         # Read by hand, as every JSON body of the platform: bounded, screened (a note may
         # hold tabs and newlines, nothing else of control characters), then validated.
         raw = await read_json_body(request, NOTE_BODY_MAX_BYTES, lambda path: path == "note")
         data = parse_body(NoteBody, raw)
         async with pool.acquire() as conn, conn.transaction():
             await visible_job(conn, job_id, principal)
+            current = await repo.note_to_change(conn, job_id)
+            conditions.check(f"the note of run {job_id}", note_tag(current))
             await repo.set_note(conn, job_id, data.note)
             if audit.must_record(principal):
                 await audit.record(conn, principal, "note run", job_id, {"note": data.note})
             tags, note = await repo.tags_and_note(conn, job_id)
-        return RunAnnotations(job_id=job_id, tags=tags, note=note)
+        return tagged(RunAnnotations(job_id=job_id, tags=tags, note=note), note_tag(note))
 
     return [
         job_metrics,
@@ -433,5 +459,11 @@ def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
         compare,
         put_tag,
         delete_tag,
+        get_note,
         put_note,
     ]
+
+
+def note_tag(note: str) -> str:
+    """The ETag of a run's note."""
+    return entity_tag({"note": note})

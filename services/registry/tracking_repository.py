@@ -258,6 +258,15 @@ async def remove_tag(conn: asyncpg.Connection, job_id: str, tag: str) -> bool:
     return bool(removed)
 
 
+async def note_to_change(conn: asyncpg.Connection, job_id: str) -> str:
+    """The run's note, its row locked until the transaction ends (a change judges its
+    conditions on it, then writes, in turn with any other)."""
+    note: str = await conn.fetchval(
+        "SELECT note FROM tracked_jobs WHERE job_id = $1 FOR UPDATE", job_id
+    )
+    return note
+
+
 async def set_note(conn: asyncpg.Connection, job_id: str, note: str) -> None:
     await conn.execute("UPDATE tracked_jobs SET note = $2 WHERE job_id = $1", job_id, note)
 

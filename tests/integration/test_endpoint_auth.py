@@ -148,6 +148,7 @@ POLICY: dict[str, dict[tuple[str, str], Role]] = {
         ("GET", "/v1/experiments/{experiment_id:int}/compare"): V,
         ("PUT", "/v1/jobs/{job_id:str}/tags/{tag:str}"): M,
         ("DELETE", "/v1/jobs/{job_id:str}/tags/{tag:str}"): M,
+        ("GET", "/v1/jobs/{job_id:str}/note"): V,
         ("PUT", "/v1/jobs/{job_id:str}/note"): M,
         ("GET", "/v1/audit"): OP,
     },

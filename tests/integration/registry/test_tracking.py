@@ -438,6 +438,44 @@ async def test_tags_and_notes(bus: Bus, pool: asyncpg.Pool, vision: httpx.AsyncC
     assert [(r["action"], r["detail"]) for r in audit] == [("tag run", {"tag": "checked"})]
 
 
+async def test_a_note_change_with_a_stale_etag_is_412_and_the_fresh_one_proceeds(
+    bus: Bus, pool: asyncpg.Pool, vision: httpx.AsyncClient
+) -> None:
+    """``GET /v1/jobs/{id}/note`` answers the run's note with its ``ETag``; ``PUT`` with
+    ``If-Match: <it>`` replaces the note while it is as it was read and is 412, naming
+    ``If-Match`` and that it changed, once another member edited it since: an edit made
+    from what was read no longer erases another's. Without a condition, as before.
+    (Before, there was no such ``GET`` nor tag, and ``PUT`` ignored the headers.)"""
+    j = job()
+    await publish(bus, started(j, spec()), j)
+    await publish(bus, batch(j, 0, "loss", [1.0]), j)
+    await wait_points(pool, j, 1)
+    read = await vision.get(f"/v1/jobs/{j}/note")
+    assert read.status_code == 200 and read.json() == {"job_id": j, "tags": [], "note": ""}
+    tag = read.headers["ETag"]
+    other = await vision.put(
+        f"/v1/jobs/{j}/note", json={"note": "theirs"}, headers={"If-Match": tag}
+    )
+    assert other.status_code == 200, other.text
+    assert other.headers["ETag"] not in (tag, None)
+    stale = await vision.put(f"/v1/jobs/{j}/note", json={"note": "mine"}, headers={"If-Match": tag})
+    assert stale.status_code == 412, stale.text
+    (error,) = stale.json()["errors"]
+    assert error["field"] == "If-Match"
+    assert f"the note of run {j} was changed since it was read" in error["message"]
+    assert (await vision.get(f"/v1/jobs/{j}/note")).json()["note"] == "theirs"
+    fresh = await vision.put(
+        f"/v1/jobs/{j}/note",
+        json={"note": "theirs\nmine"},
+        headers={"If-Match": other.headers["ETag"]},
+    )
+    assert fresh.status_code == 200 and fresh.json()["note"] == "theirs\nmine", fresh.text
+    # Without a condition, as before.
+    plain = await vision.put(f"/v1/jobs/{j}/note", json={"note": "plain"})
+    assert plain.status_code == 200 and plain.json()["note"] == "plain"
+    assert (await vision.get("/v1/jobs/no-such-job/note")).status_code == 404
+
+
 async def test_another_teams_job_and_experiment_answer_404(
     bus: Bus, pool: asyncpg.Pool, vision: httpx.AsyncClient
 ) -> None:
