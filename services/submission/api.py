@@ -156,10 +156,12 @@ from trainyard_platform.shared.auth import hash_token, presented_token
 from trainyard_platform.shared.bundle_archive import BundleRefused, check_bundle
 from trainyard_platform.shared.events.payloads import BUNDLE_SHA256_PATTERN
 from trainyard_platform.shared.http_app import (
+    Conditions,
     bytes_request_body,
     error_responses,
     json_request_body,
     service_app,
+    tagged,
 )
 from trainyard_platform.shared.http_errors import (
     RateLimited,
@@ -649,8 +651,10 @@ async def _check_again(request: AnyRequest, front: Front) -> None:
 
 
 @get("/jobs/{job_id:str}", responses=error_responses(404))
-async def get_job(job_id: FromPath[str], pool: Pool, caller: Me) -> JobView:
-    return await commands.get_job(pool, caller, job_id)
+async def get_job(job_id: FromPath[str], pool: Pool, caller: Me) -> Response[JobView]:
+    """The job, with its ``ETag`` (``commands.job_tag``; for ``If-Match`` on its cancel)."""
+    view = await commands.get_job(pool, caller, job_id)
+    return tagged(view, commands.job_tag(view))
 
 
 @get("/schemas/job.v1.json", opt=public_asset(), include_in_schema=False, sync_to_thread=False)
@@ -690,10 +694,16 @@ async def list_jobs(
     "/jobs/{job_id:str}/cancel",
     status_code=202,
     opt=needs(Role.MEMBER),
-    responses=error_responses(404, 409),
+    responses=error_responses(404, 409, 412),
 )
-async def cancel_job(job_id: FromPath[str], pool: Pool, caller: Me) -> JobView:
-    return await commands.cancel_job(pool, caller, job_id)
+async def cancel_job(
+    job_id: FromPath[str], pool: Pool, caller: Me, conditions: Conditions
+) -> Response[JobView]:
+    """Ask for the job's cancel; with ``If-Match: <ETag>`` (of ``GET``) only while the job
+    is where it was read in its life (412 naming what changed: it was requeued, restarted,
+    its cancel already asked); nothing changed on a 412."""
+    view = await commands.cancel_job(pool, caller, job_id, conditions)
+    return tagged(view, commands.job_tag(view), status_code=202)
 
 
 @get("/jobs/{job_id:str}/logs", responses=error_responses(404))

@@ -29,7 +29,10 @@ Contract:
   earlier form of fingerprint (of the fields its body set) by that form
   (``Fingerprint.matches``).
 - ``cancel_job`` announces ``JobCancelRequested`` once; the status turns CANCELLED only when
-  the scheduler confirms with ``JobCancelled``.
+  the scheduler confirms with ``JobCancelled``. It is conditional
+  (``shared.http_app.Preconditions``) on the job's ``job_tag``, the ``ETag`` of ``GET
+  /v1/jobs/{id}``: with ``If-Match: <it>`` only while the job is where it was read in its
+  life (412 otherwise, nothing asked).
 - A job whose code is a bundle is accepted only when the caller's team uploaded that
   bundle (``PUT /v1/bundles/{sha256}``), otherwise 422 on ``code.sha256``; and only when
   its ``code.size_bytes`` is that bundle's size, otherwise 422 on ``code.size_bytes``
@@ -86,6 +89,7 @@ from trainyard_platform.shared.events.payloads import (
     JobSubmitted,
     dump,
 )
+from trainyard_platform.shared.http_app import Preconditions, entity_tag
 from trainyard_platform.shared.http_errors import FieldError, RequestInvalid
 from trainyard_platform.shared.identity import Role
 from trainyard_platform.shared.telemetry import inject, recorded_trace_id
@@ -428,6 +432,10 @@ async def _replayed_job(conn: asyncpg.Connection, caller: Caller, key: str, job:
     return str(row["id"])
 
 
+NO_CONDITIONS = Preconditions()
+"""A write that sets no condition (``If-Match`` or ``If-None-Match``)."""
+
+
 async def get_job(pool: asyncpg.Pool, caller: Caller, job_id: str) -> JobView:
     async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
         return await _read_view(conn, caller, job_id)
@@ -459,8 +467,20 @@ async def list_jobs(
     return [job_summary(row) for row in page], cursor
 
 
-async def cancel_job(pool: asyncpg.Pool, caller: Caller, job_id: str) -> JobView:
-    """Ask the scheduler to cancel the job (once; asking again changes nothing)."""
+def job_tag(view: JobView) -> str:
+    """The ETag of a job: of where it is in its life (status, attempt, whether its cancel
+    was asked), not of what it reports as it runs (step, metrics, checkpoints, cost)."""
+    return entity_tag(
+        {"status": view.status, "attempt": view.attempt, "cancel_requested": view.cancel_requested}
+    )
+
+
+async def cancel_job(
+    pool: asyncpg.Pool, caller: Caller, job_id: str, conditions: Preconditions = NO_CONDITIONS
+) -> JobView:
+    """Ask the scheduler to cancel the job (once; asking again changes nothing), when
+    ``conditions`` hold for it as it is (``job_tag``), judged with its row locked after the
+    404, 403 and 409 a request without them would get (RFC 9110, section 13.2.1)."""
     caller.require(Role.MEMBER, "cancelling jobs")
     async with pool.acquire() as conn, conn.transaction():
         team_id = await _team_of_job(conn, caller, job_id)
@@ -476,6 +496,7 @@ async def cancel_job(pool: asyncpg.Pool, caller: Caller, job_id: str) -> JobView
                 field="job_id",
                 message=f"the job has already ended ({status}): there is nothing to cancel",
             )
+        conditions.check(f"job {job_id}", job_tag(await _read_view(conn, caller, job_id)))
         if row["cancel_requested_at"] is None:
             await repo.set_cancel_requested(conn, team_id, job_id, datetime.now(UTC))
             event = JobCancelRequested(job_id=job_id, team=caller.team, user=caller.user)

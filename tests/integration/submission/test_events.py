@@ -187,6 +187,49 @@ async def test_cancelled_job_whose_process_failed_ends_cancelled(submission: Sub
     assert view["failure"]["exit_code"] == -15
 
 
+async def test_a_cancel_with_a_stale_etag_is_412_and_the_fresh_one_proceeds(
+    submission: Submission,
+) -> None:
+    """``GET /v1/jobs/{id}`` answers the job's ``ETag`` (where it is in its life, not what
+    it reports); a cancel with ``If-Match: <it>`` goes ahead while the job is where it was
+    read and is 412, naming ``If-Match`` and that it changed, once it moved on (a script
+    that decided to cancel a queued job does not cancel it once it runs). Without a
+    condition, as before. (Before, there was no ``ETag`` and the cancel ignored it.)"""
+    job = (await submission.submit())["id"]
+    path = f"/v1/jobs/{job}"
+    read = await submission.client.get(path, headers=submission.auth())
+    queued = read.headers["ETag"]
+    await submission.publish(ev.granted(job))
+    await submission.publish(ev.progress(job, 3, loss=0.5))
+    view = await submission.wait_for(job, lambda v: v["step"] == 3)
+    assert view["status"] == "SCHEDULED"
+    scheduled = (await submission.client.get(path, headers=submission.auth())).headers["ETag"]
+    assert scheduled != queued
+    await submission.publish(ev.progress(job, 4, loss=0.4))  # what it reports: same tag
+    await submission.wait_for(job, lambda v: v["step"] == 4)
+    assert (await submission.client.get(path, headers=submission.auth())).headers[
+        "ETag"
+    ] == scheduled
+    stale = await submission.client.post(
+        f"{path}/cancel", headers={**submission.auth(), "If-Match": queued}
+    )
+    assert stale.status_code == 412, stale.text
+    (error,) = stale.json()["errors"]
+    assert error["field"] == "If-Match"
+    assert f"job {job} was changed since it was read" in error["message"]
+    assert (await submission.client.get(path, headers=submission.auth())).json()[
+        "cancel_requested"
+    ] is False
+    fresh = await submission.client.post(
+        f"{path}/cancel", headers={**submission.auth(), "If-Match": scheduled}
+    )
+    assert fresh.status_code == 202 and fresh.json()["cancel_requested"] is True, fresh.text
+    assert fresh.headers["ETag"] not in (scheduled, None)
+    # Without a condition, as before (asking again changes nothing).
+    again = await submission.client.post(f"{path}/cancel", headers=submission.auth())
+    assert again.status_code == 202, again.text
+
+
 async def test_a_cancelled_running_job_is_not_said_preempted(submission: Submission) -> None:
     # Seen on a local stack: the history of a running job its user cancelled read RUNNING,
     # "PREEMPTED cancelled", "CANCELLED cancelled by user": the runner reports the stop the
