@@ -32,6 +32,13 @@ instead: what it leaves out takes the route's default (no cohort, weight 1, no q
 empty description).
 A flavor's or a cohort's only field is its description, so their ``set`` is always a ``PUT``.
 
+``show`` prints the resource's ``etag`` last (the scheduler's ``ETag``). ``set`` and ``rm``
+with ``--if-match ETAG`` send it as ``If-Match``: the change goes ahead only while the
+resource is as ``show`` printed it. When another operator changed it since, the scheduler
+refuses (412) and nothing changes: the command says so in one line, and to run ``show``
+again (exit 1). With ``--if-match``, ``set`` of a queue or a class only patches (one
+deleted since is a 404, not created again). Without it, as before.
+
 What the command line alone shows to be wrong is a usage error before any request (exit 2):
 a ``--quota h200=abc`` (no whole number), a flavor given twice to one option or both set and
 removed, a weight or a runtime that is no finite number; and, for a ``PUT``, a ``--borrow``
@@ -49,7 +56,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainyard import cli_prices
-from trainyard.cli_base import CliError, Exit, Session, asked, created, patch_or_create
+from trainyard.cli_base import (
+    IF_MATCH_HELP,
+    CliError,
+    Exit,
+    Session,
+    asked,
+    created,
+    etag_line,
+    if_match,
+    patch_or_create,
+)
 from trainyard.cli_render import table, time_text
 from trainyard.client import segment
 
@@ -356,8 +373,10 @@ def _add_kind(
     put = action("set", _setter(kind), text)
     put.add_argument("name", metavar="NAME")
     kind.options(put)
+    put.add_argument("--if-match", metavar="ETAG", help=IF_MATCH_HELP)
     rm = action("rm", _remover(kind), f"delete a {kind.noun} (operators)")
     rm.add_argument("name", metavar="NAME")
+    rm.add_argument("--if-match", metavar="ETAG", help=IF_MATCH_HELP)
 
 
 def _lister(kind: Kind) -> Callable[[Session], int]:
@@ -377,7 +396,7 @@ def _shower(kind: Kind) -> Callable[[Session], int]:
     def run(session: Session) -> int:
         path = kind.path(session.args.name)
         found = asked("scheduler", lambda: session.service("scheduler").get(path))
-        session.emit(found, lambda: table(kind.header, [kind.row(found)]))
+        session.emit(found, lambda: table(kind.header, [kind.row(found)]) + etag_line(found))
         return Exit.OK
 
     return run
@@ -388,18 +407,27 @@ def _setter(kind: Kind) -> Callable[[Session], int]:
         args = session.args
         path = kind.path(args.name)
         scheduler = session.service("scheduler")
+        conditions = if_match(args)
+        reread = _show_command(kind, args.name)
         if kind.patch is not None and not args.replace:
             patch = kind.patch(args)  # usage errors before any request
             found, made = patch_or_create(
-                "scheduler", scheduler, path, patch, lambda: kind.body(args)
+                "scheduler", scheduler, path, patch, lambda: kind.body(args), conditions, reread
             )
         else:
             body = kind.body(args)
-            found = asked("scheduler", lambda: scheduler.call("PUT", path, body))
+            found = asked(
+                "scheduler", lambda: scheduler.call("PUT", path, body, conditions), reread
+            )
             made = created(found)
         return _show_set(session, kind, "created" if made else "set", found)
 
     return run
+
+
+def _show_command(kind: Kind, name: str) -> str:
+    """The command that shows ``name`` (after a 412: it changed since it was read)."""
+    return f"trainyard admin {kind.name} show {name}"
 
 
 def _show_set(session: Session, kind: Kind, done: str, found: dict[str, Any]) -> int:
@@ -413,7 +441,10 @@ def _show_set(session: Session, kind: Kind, done: str, found: dict[str, Any]) ->
 def _remover(kind: Kind) -> Callable[[Session], int]:
     def run(session: Session) -> int:
         name = session.args.name
-        asked("scheduler", lambda: session.service("scheduler").delete(kind.path(name)))
+        scheduler = session.service("scheduler")
+        conditions = if_match(session.args)
+        reread = _show_command(kind, name)
+        asked("scheduler", lambda: scheduler.delete(kind.path(name), conditions), reread)
         session.emit({"removed": name}, lambda: f"removed {kind.noun} {name}")
         return Exit.OK
 

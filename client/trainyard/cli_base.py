@@ -164,23 +164,76 @@ def exit_code_of(exc: TrainyardError) -> Exit:
     return Exit.ERROR
 
 
-def asked(service: str, call: Callable[[], Any]) -> Any:
+def asked(service: str, call: Callable[[], Any], reread: str | None = None) -> Any:
     """``call()``'s answer; ``service``'s refusal (``TrainyardError``) as one line naming the
-    service (``scheduler: 409 ...``), with the exit code of its status (``exit_code_of``)."""
+    service (``scheduler: 409 ...``), with the exit code of its status (``exit_code_of``).
+    A write refused because what it was conditional on changed (412 on ``If-Match``:
+    ``--if-match``) says so plainly, and how to go on: ``reread``, the command that shows
+    the resource as it is now."""
     try:
         return call()
     except TrainyardError as exc:
-        raise CliError(f"{service}: {exc}", exit_code_of(exc)) from None
+        raise CliError(refusal_text(service, exc, reread), exit_code_of(exc)) from None
+
+
+def refusal_text(service: str, exc: TrainyardError, reread: str | None = None) -> str:
+    """``service``'s refusal as the user reads it (see ``asked``)."""
+    stale = next((e for e in exc.errors if e.get("field") == "If-Match"), None)
+    if exc.status != 412 or stale is None:
+        return f"{service}: {exc}"
+    what = str(stale.get("message", "")).split(": nothing changed")[0]
+    look = f"run `{reread}`" if reread else "read it again"
+    return (
+        f"{service}: nothing was changed: someone else changed it since you read it ({what}). "
+        f"{look.capitalize()} to see it as it is now, then repeat the command with "
+        "--if-match set to its new ETag if your change still applies."
+    )
+
+
+IF_MATCH_HELP = (
+    "only if it is still as you read it: the ETag `show` printed; when someone changed it "
+    "since, nothing is changed (exit 1)"
+)
+"""The help of ``--if-match`` of every command that takes it."""
+
+
+def if_match(args: argparse.Namespace) -> dict[str, str]:
+    """The ``If-Match`` header of the command's ``--if-match`` (none: no header, the write
+    goes ahead whatever changed since)."""
+    tag = getattr(args, "if_match", None)
+    return {"If-Match": tag} if tag else {}
+
+
+def etag_of(answer: Any) -> str | None:
+    """The ``ETag`` an answer of ``TrainyardClient`` came with (None: none)."""
+    response = getattr(answer, "response", None)
+    return None if response is None else response.headers.get("ETag")
+
+
+def etag_line(answer: Any) -> str:
+    """``etag: "..."`` (for ``--if-match``) under what a ``show`` prints; empty without one."""
+    tag = etag_of(answer)
+    return f"\netag: {tag}" if tag else ""
 
 
 def patch_or_create(
-    service: str, client: TrainyardClient, path: str, patch: Any, body: Callable[[], Any]
+    service: str,
+    client: TrainyardClient,
+    path: str,
+    patch: Any,
+    body: Callable[[], Any],
+    conditions: dict[str, str] | None = None,
+    reread: str | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Change the resource at ``path`` with ``PATCH`` of ``patch`` (only the fields it names);
     when there is none (404), create it with ``PUT`` of ``body()`` saying ``If-None-Match:
     *``, so that one another admin created between the two requests is not replaced: on 412
     patch that one instead, once. The answer and whether it was created (201). A refusal is
-    ``asked``'s one line naming ``service``."""
+    ``asked``'s one line naming ``service``. With ``conditions`` (``if_match``: the user
+    read the resource) it only patches, under them: one deleted since is a 404, never
+    created again."""
+    if conditions:
+        return asked(service, lambda: client.call("PATCH", path, patch, conditions), reread), False
     try:
         return client.call("PATCH", path, patch), False
     except TrainyardError as exc:

@@ -4,8 +4,9 @@
     trainyard budget ls [--team T]                   every budget you may read, spent so far
     trainyard budget show TEAM [--project P]         one, with its thresholds and forecast
     trainyard budget set TEAM [--project P] [--amount A] [--policy refuse|deprioritize|warn]
-        [--on-exhausted finish|stop] [--thresholds N,N,...] [--replace]   (team admins)
-    trainyard budget rm TEAM [--project P]           (team admins)
+        [--on-exhausted finish|stop] [--thresholds N,N,...] [--replace] [--if-match ETAG]
+                                                     (team admins)
+    trainyard budget rm TEAM [--project P] [--if-match ETAG]   (team admins)
 
 ``ls`` is every page of ``GET /v1/budgets`` (``?team=``: operators, another team's); ``show``
 ``GET /v1/budgets/{team}[/{project}]``; ``set`` ``PATCH`` (or ``PUT``) and ``rm`` ``DELETE``
@@ -21,6 +22,13 @@ its options alone, billing defaulting the rest (policy ``warn``, ``on_exhausted`
 says ``If-None-Match: *``, so a budget another admin created since the patch is not
 replaced: billing answers 412 and ``set`` patches that one instead, once. ``--replace``
 sends only the options with ``PUT`` instead: what they leave out takes its default.
+
+``show`` prints the budget's ``etag`` last (billing's ``ETag``). ``set`` and ``rm`` with
+``--if-match ETAG`` send it as ``If-Match``: the change goes ahead only while the budget is
+as ``show`` printed it. When another admin changed it since, billing refuses (412) and
+nothing changes: the command says so in one line, and to run ``show`` again (exit 1). With
+``--if-match``, ``set`` only patches (a budget deleted since is a 404, not created again).
+Without it, as before: the change goes ahead whatever changed since.
 
 What the command line alone shows to be wrong is a usage error before any request (exit 2):
 ``set`` without any of its options, an amount that is no finite decimal number, thresholds
@@ -39,12 +47,15 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from trainyard.cli_base import (
+    IF_MATCH_HELP,
     CliError,
     Exit,
     Session,
     asked,
     created,
     decimal_arg,
+    etag_line,
+    if_match,
     patch_or_create,
 )
 from trainyard.cli_render import table, time_text
@@ -135,8 +146,10 @@ def add_commands(
         action="store_true",
         help="replace the whole budget (PUT): what the options leave out takes its default",
     )
+    put.add_argument("--if-match", metavar="ETAG", help=IF_MATCH_HELP)
     rm = action("rm", run_remove, "delete a budget (team admins)")
     _scope_arguments(rm)
+    rm.add_argument("--if-match", metavar="ETAG", help=IF_MATCH_HELP)
 
 
 def _scope_arguments(sub: argparse.ArgumentParser) -> None:
@@ -165,8 +178,13 @@ def run_show(session: Session) -> int:
     args = session.args
     path = path_of(args.team, args.project)
     found = asked("billing", lambda: session.service("billing").get(path))
-    session.emit(found, lambda: budget_text(found))
+    session.emit(found, lambda: budget_text(found) + etag_line(found))
     return Exit.OK
+
+
+def _show_command(team: str, project: str | None) -> str:
+    """The command that shows the budget (after a 412: it changed since it was read)."""
+    return f"trainyard budget show {team}" + ("" if project is None else f" --project {project}")
 
 
 def run_set(session: Session) -> int:
@@ -177,11 +195,15 @@ def run_set(session: Session) -> int:
         raise CliError(f"give at least one of {options}", Exit.USAGE)
     path = path_of(args.team, args.project)
     billing = session.service("billing")
+    conditions = if_match(args)
+    reread = _show_command(args.team, args.project)
     if args.replace:
-        found = asked("billing", lambda: billing.call("PUT", path, given))
+        found = asked("billing", lambda: billing.call("PUT", path, given, conditions), reread)
         made = created(found)
     else:
-        found, made = patch_or_create("billing", billing, path, given, lambda: given)
+        found, made = patch_or_create(
+            "billing", billing, path, given, lambda: given, conditions, reread
+        )
     return _show_set(session, "created" if made else "set", found)
 
 
@@ -194,7 +216,9 @@ def _show_set(session: Session, done: str, found: dict[str, Any]) -> int:
 def run_remove(session: Session) -> int:
     args = session.args
     path = path_of(args.team, args.project)
-    asked("billing", lambda: session.service("billing").delete(path))
+    billing = session.service("billing")
+    reread = _show_command(args.team, args.project)
+    asked("billing", lambda: billing.delete(path, if_match(args)), reread)
     session.emit(
         {"removed": {"team": args.team, "project": args.project}},
         lambda: f"removed budget of {scope_text(args.team, args.project)}",

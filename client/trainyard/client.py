@@ -263,10 +263,11 @@ class TrainyardClient:
         query = {k: v for k, v in params.items() if v is not None}
         return self._list("GET", path, params=query)
 
-    def delete(self, path: str) -> None:
-        """``DELETE path``, whose success answers nothing (204); a body it has anyway must
-        be JSON (``MalformedAnswer`` else: a proxy's page, JSON nested too deeply)."""
-        response = self._response("DELETE", path)
+    def delete(self, path: str, headers: dict[str, str] | None = None) -> None:
+        """``DELETE path`` (with ``headers``), whose success answers nothing (204); a body it
+        has anyway must be JSON (``MalformedAnswer`` else: a proxy's page, JSON nested too
+        deeply)."""
+        response = self._response("DELETE", path, headers)
         if response.content:
             _json(response)
 

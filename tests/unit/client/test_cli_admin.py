@@ -535,3 +535,58 @@ def test_rm_with_a_body_that_is_no_json_is_one_line(
         "trainyard: error: scheduler: unexpected answer to DELETE /v1/admin/queues/q: "
         "it is not JSON\n"
     )
+
+
+def test_show_prints_the_etag_and_set_and_rm_send_it_back_with_if_match(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``show`` prints the scheduler's ETag; ``set`` and ``rm`` with ``--if-match`` send it
+    as ``If-Match`` (a queue's ``set``: with its patch only), so the change goes ahead only
+    while the resource is as shown; on the scheduler's 412 nothing else is sent and one
+    plain line says someone changed it and to run ``show`` again (exit 1). (Before, there
+    was no tag to show nor option to send it.)"""
+
+    def route(request: httpx.Request) -> httpx.Response:
+        if request.method == "DELETE":
+            return httpx.Response(204)
+        if "/cohorts/" in request.url.path:
+            cohort = {"name": "research", "description": "", "queues": [], "created_at": T0}
+            return httpx.Response(200, json={**cohort, "updated_at": T0})
+        return httpx.Response(200, json=QUEUE, headers={"ETag": '"q1"'})
+
+    api["route"] = route
+    assert cli.main([*BASE, "admin", "queues", "show", "vision"]) == Exit.OK
+    assert capsys.readouterr().out.splitlines()[-1] == 'etag: "q1"'
+    tagged = ["--if-match", '"q1"']
+    assert cli.main([*BASE, "admin", "queues", "set", "vision", "--weight", "2", *tagged]) == 0
+    assert cli.main([*BASE, "admin", "cohorts", "set", "research", *tagged]) == 0
+    assert cli.main([*BASE, "admin", "flavors", "rm", "a100", *tagged]) == 0
+    assert cli.main([*BASE, "admin", "queues", "rm", "vision"]) == 0
+    sent = [(r.method, r.headers.get("If-Match")) for r in api["sent"]]
+    assert sent == [
+        ("GET", None),
+        ("PATCH", '"q1"'),
+        ("PUT", '"q1"'),
+        ("DELETE", '"q1"'),
+        ("DELETE", None),
+    ]
+    capsys.readouterr()
+    api["sent"].clear()
+    stale = 'queue vision was changed since it was read (its ETag is now "q2", not "q1")'
+    api["route"] = lambda r: httpx.Response(
+        412,
+        json={
+            "detail": f"If-Match: {stale}: nothing changed; read it again",
+            "errors": [
+                {"field": "If-Match", "message": f"{stale}: nothing changed; read it again"}
+            ],
+        },
+    )
+    assert cli.main([*BASE, "admin", "queues", "set", "vision", "--weight", "3", *tagged]) == 1
+    assert [r.method for r in api["sent"]] == ["PATCH"]
+    assert capsys.readouterr().err == (
+        f"trainyard: error: scheduler: nothing was changed: someone else changed it since you "
+        f"read it ({stale}). Run `trainyard admin queues show vision` to see it as it is now, "
+        "then repeat the command with --if-match set to its new ETag if your change still "
+        "applies.\n"
+    )

@@ -368,3 +368,93 @@ def test_the_state_says_spent_or_when_it_runs_out(answer: dict[str, Any], state:
     from trainyard.cli_budgets import state_text
 
     assert state_text(answer) == state
+
+
+STALE = {
+    "detail": 'If-Match: the budget of team ml was changed since it was read (its ETag is now "b", '
+    'not "a"): nothing changed; read it again and make the change to what it is now',
+    "errors": [
+        {
+            "field": "If-Match",
+            "message": 'the budget of team ml was changed since it was read (its ETag is now "b", '
+            'not "a"): nothing changed; read it again and make the change to what it is now',
+        }
+    ],
+}
+"""Billing's 412 when the budget changed since its ETag ``"a"`` was read."""
+
+
+def test_show_prints_the_etag_set_and_rm_send_it_back_with_if_match(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``show`` prints the budget's ETag; ``set`` and ``rm`` with ``--if-match`` send it as
+    ``If-Match`` (``set``: with its patch only), so the change goes ahead only while the
+    budget is as shown. Without the option, no condition, as before. (Before, ``show``
+    printed no tag and no command could send one: a change made between a ``show`` and a
+    ``set`` was overwritten silently.)"""
+
+    def route(request: httpx.Request) -> httpx.Response:
+        if request.method == "DELETE":
+            return httpx.Response(204)
+        return httpx.Response(200, json=BUDGET, headers={"ETag": '"a"'})
+
+    api["route"] = route
+    assert cli.main([*BASE, "budget", "show", "ml"]) == Exit.OK
+    assert capsys.readouterr().out.splitlines()[-1] == 'etag: "a"'
+    assert cli.main([*BASE, "budget", "set", "ml", "--amount", "9", "--if-match", '"a"']) == Exit.OK
+    assert (
+        cli.main([*BASE, "budget", "set", "ml", "--amount", "9", "--replace", "--if-match", '"a"'])
+        == Exit.OK
+    )
+    assert cli.main([*BASE, "budget", "rm", "ml", "--project", "v", "--if-match", '"a"']) == Exit.OK
+    assert cli.main([*BASE, "budget", "set", "ml", "--amount", "9"]) == Exit.OK
+    assert cli.main([*BASE, "budget", "rm", "ml"]) == Exit.OK
+    sent = [(r.method, r.headers.get("If-Match")) for r in api["sent"]]
+    assert sent == [
+        ("GET", None),
+        ("PATCH", '"a"'),
+        ("PUT", '"a"'),
+        ("DELETE", '"a"'),
+        ("PATCH", None),
+        ("DELETE", None),
+    ]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["set", "ml", "--amount", "9", "--if-match", '"a"'],
+        ["set", "ml", "--amount", "9", "--replace", "--if-match", '"a"'],
+        ["rm", "ml", "--if-match", '"a"'],
+    ],
+)
+def test_a_change_refused_as_stale_says_plainly_what_happened_and_what_to_do(
+    argv: list[str], api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another admin changed the budget since its ETag was read: billing's 412 is one
+    plain line (someone changed it, nothing was changed, run ``show`` and repeat with the
+    new ETag), exit 1, no traceback, and nothing else is sent (no ``PUT`` after the
+    patch)."""
+    api["route"] = lambda r: httpx.Response(412, json=STALE)
+    assert cli.main([*BASE, "budget", *argv]) == Exit.ERROR
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "trainyard: error: billing: nothing was changed: someone else changed it since you "
+        'read it (the budget of team ml was changed since it was read (its ETag is now "b", '
+        'not "a")). Run `trainyard budget show ml` to see it as it is now, then repeat the '
+        "command with --if-match set to its new ETag if your change still applies.\n"
+    )
+    assert len(api["sent"]) == 1
+
+
+def test_set_with_if_match_of_a_budget_deleted_since_does_not_create_it(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The budget read was deleted since: the patch's 404 is the answer, never a ``PUT``
+    that would make a new one from the options alone."""
+    api["route"] = _refusal(404, "no budget of team ml")
+    argv = ["budget", "set", "ml", "--amount", "9", "--if-match", '"a"']
+    assert cli.main([*BASE, *argv]) == Exit.NOT_FOUND
+    assert [r.method for r in api["sent"]] == ["PATCH"]
+    assert capsys.readouterr().err == "trainyard: error: billing: 404 no budget of team ml\n"
