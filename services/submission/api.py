@@ -353,38 +353,60 @@ async def list_users(
     return paging.listed(users, "/v1/admin/users", query, cursor)
 
 
+@get("/admin/users/{name:str}", opt=needs(Role.ADMIN), responses=error_responses(404))
+async def get_user(
+    name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
+    pool: Pool,
+    caller: Me,
+    team: TeamName = None,
+) -> Response[UserView]:
+    """A user of the team, with its ``ETag`` (``identity.user_tag``; for ``If-Match`` on its
+    role change or disabling)."""
+    view = await identity.get_user(pool, caller, _name("name", name), team)
+    return tagged(view, identity.user_tag(view.role, view.disabled_at))
+
+
 @patch(
     "/admin/users/{name:str}",
     request_max_body_size=None,
     opt=needs(Role.ADMIN),
     operation_class=json_request_body(RoleChange),
-    responses=error_responses(404, 409, 413, 415),
+    responses=error_responses(404, 409, 412, 413, 415),
 )
 async def change_role(
     name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
     request: AnyRequest,
     pool: Pool,
     caller: Me,
+    conditions: Conditions,
     team: TeamName = None,
-) -> UserView:
-    """Give a user another role (effective from its tokens' next request)."""
+) -> Response[UserView]:
+    """Give a user another role (effective from its tokens' next request); with ``If-Match:
+    <ETag>`` (of ``GET``) only while the user is as it was read (412 otherwise, nothing
+    changed)."""
     body = parse_body(RoleChange, await json_body(request))
-    return await identity.change_role(pool, caller, _name("name", name), team, Role(body.role))
+    view = await identity.change_role(
+        pool, caller, _name("name", name), team, Role(body.role), conditions
+    )
+    return tagged(view, identity.user_tag(view.role, view.disabled_at))
 
 
 @delete(
     "/admin/users/{name:str}",
     status_code=204,
     opt=needs(Role.ADMIN),
-    responses=error_responses(404, 409),
+    responses=error_responses(404, 409, 412),
 )
 async def disable_user(
     name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
     pool: Pool,
     caller: Me,
+    conditions: Conditions,
     team: TeamName = None,
 ) -> None:
-    await identity.disable_user(pool, caller, _name("name", name), team)
+    """Disable the user and revoke its tokens; with ``If-Match: <ETag>`` only while it is
+    as it was read (412 otherwise, nothing changed)."""
+    await identity.disable_user(pool, caller, _name("name", name), team, conditions)
 
 
 @get("/tokens", responses=error_responses(404))
@@ -1115,6 +1137,7 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
             team,
             create_user,
             list_users,
+            get_user,
             change_role,
             disable_user,
             list_tokens,

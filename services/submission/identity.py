@@ -15,6 +15,9 @@ Contract:
 - Rotation issues a new token with the old one's label and revokes the presented one, in
   one transaction: a client that got the answer holds a working token, and the old one is
   dead.
+- A user's role change and disabling are conditional (``shared.http_app.Preconditions``)
+  on its ``user_tag``, the ``ETag`` of ``GET /v1/admin/users/{name}``: with ``If-Match:
+  <it>`` only while the user is as it was read (412 otherwise, nothing changed).
 - A user has at most ``MAX_LIVE_TOKENS`` unrevoked, unexpired tokens: issuing one more is a
   ``Conflict`` (409) saying so; every token is checked on every request and listed in
   ``GET /v1/tokens``.
@@ -47,6 +50,7 @@ from trainyard_platform.services.submission.schemas import (
 )
 from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.auth import hash_token, new_token
+from trainyard_platform.shared.http_app import Preconditions, entity_tag
 from trainyard_platform.shared.http_errors import RequestInvalid
 from trainyard_platform.shared.identity import Principal, Role
 
@@ -290,12 +294,39 @@ async def list_users(
     ], cursor
 
 
+NO_CONDITIONS = Preconditions()
+"""A write that sets no condition (``If-Match`` or ``If-None-Match``)."""
+
+
+def user_tag(role: str, disabled_at: datetime | None) -> str:
+    """The ETag of a user: of what an admin changes (its role, whether it is disabled)."""
+    return entity_tag({"role": role, "disabled_at": disabled_at})
+
+
+async def get_user(pool: asyncpg.Pool, caller: Caller, name: str, team: str | None) -> UserView:
+    """The user ``name`` of ``team`` (default: the caller's; operators: any team), for its
+    admins; ``NotFound`` outside the caller's reach."""
+    caller.require(Role.ADMIN, "reading users")
+    async with pool.acquire() as conn:
+        row = await repo.user(conn, await _team_in_reach(conn, caller, team), name)
+    if row is None:
+        raise NotFound(f"no user {name!r} in team {team or caller.team!r}")
+    return UserView(
+        name=row["name"],
+        team=team or caller.team,
+        role=row["role"],
+        created_at=row["created_at"],
+        disabled_at=row["disabled_at"],
+    )
+
+
 async def _other_user(
     conn: asyncpg.Connection, caller: Caller, name: str, team: str | None, what: str
 ) -> asyncpg.Record:
-    """The user ``name`` of ``team`` (default: the caller's) that the caller may manage:
-    ``NotFound`` outside its reach, ``Conflict`` when it is the caller (``you cannot what``)."""
-    row = await repo.user(conn, await _team_in_reach(conn, caller, team), name)
+    """The user ``name`` of ``team`` (default: the caller's) that the caller may manage, its
+    row locked: ``NotFound`` outside its reach, ``Conflict`` when it is the caller (``you
+    cannot what``)."""
+    row = await repo.user(conn, await _team_in_reach(conn, caller, team), name, lock=True)
     if row is None:
         raise NotFound(f"no user {name!r} in team {team or caller.team!r}")
     if row["id"] == caller.user_id:
@@ -307,29 +338,46 @@ async def _other_user(
     return row
 
 
-async def disable_user(pool: asyncpg.Pool, caller: Caller, name: str, team: str | None) -> None:
-    """Disable a user of the caller's team (operators: any team) and revoke its tokens."""
+async def disable_user(
+    pool: asyncpg.Pool,
+    caller: Caller,
+    name: str,
+    team: str | None,
+    conditions: Preconditions = NO_CONDITIONS,
+) -> None:
+    """Disable a user of the caller's team (operators: any team) and revoke its tokens, when
+    ``conditions`` hold for it as it is (``user_tag``), judged after the 404, 409 and 403 a
+    request without them would get."""
     caller.require(Role.ADMIN, "disabling users")
     async with pool.acquire() as conn, conn.transaction():
         row = await _other_user(conn, caller, name, team, "disable yourself")
         if row["role"] == Role.OPERATOR and not caller.principal.is_operator:
             raise Forbidden("only operators disable operators")
+        conditions.check(f"user {name}", user_tag(row["role"], row["disabled_at"]))
         await repo.disable_user(conn, row["id"], datetime.now(UTC))
         await audit.record(conn, caller.principal, "disable user", f"{team or caller.team}/{name}")
 
 
 async def change_role(
-    pool: asyncpg.Pool, caller: Caller, name: str, team: str | None, role: Role
+    pool: asyncpg.Pool,
+    caller: Caller,
+    name: str,
+    team: str | None,
+    role: Role,
+    conditions: Preconditions = NO_CONDITIONS,
 ) -> UserView:
     """Give a user of the caller's team (operators: any team) another role, from its tokens'
     next request on (no token caches a role). Nobody changes their own role, and only
-    operators make or unmake operators. Audited with the old and the new role."""
+    operators make or unmake operators. Audited with the old and the new role. Only when
+    ``conditions`` hold for the user as it is (``user_tag``), judged after the 404, 409 and
+    403 a request without them would get."""
     caller.require(Role.ADMIN, "changing roles")
     shown = team or caller.team
     async with pool.acquire() as conn, conn.transaction():
         row = await _other_user(conn, caller, name, team, "change your own role")
         if Role.OPERATOR in (role, row["role"]) and not caller.principal.is_operator:
             raise Forbidden("only operators make or unmake operators")
+        conditions.check(f"user {name}", user_tag(row["role"], row["disabled_at"]))
         if row["role"] != role:
             await repo.set_role(conn, row["id"], str(role))
             await audit.record(

@@ -105,9 +105,14 @@ async def insert_user(conn: asyncpg.Connection, team_id: int, name: str, role: s
     raise AssertionError(f"user {name!r}: neither found nor created")
 
 
-async def user(conn: asyncpg.Connection, team_id: int, name: str) -> asyncpg.Record | None:
+async def user(
+    conn: asyncpg.Connection, team_id: int, name: str, lock: bool = False
+) -> asyncpg.Record | None:
+    """The user ``name`` of the team (None: none), its row locked until the transaction ends
+    with ``lock`` (a change judges its conditions on it, then writes, in turn)."""
     return await conn.fetchrow(
-        "SELECT id, name, role, created_at, disabled_at FROM users WHERE team_id = $1 AND name = $2",
+        "SELECT id, name, role, created_at, disabled_at FROM users WHERE team_id = $1 AND name = $2"
+        + (" FOR UPDATE" if lock else ""),
         team_id,
         name,
     )

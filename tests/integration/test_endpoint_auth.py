@@ -86,6 +86,7 @@ POLICY: dict[str, dict[tuple[str, str], Role]] = {
         ("DELETE", "/v1/tokens/{token_id:int}"): V,
         ("GET", "/v1/admin/users"): A,
         ("POST", "/v1/admin/users"): A,
+        ("GET", "/v1/admin/users/{name:str}"): A,
         ("PATCH", "/v1/admin/users/{name:str}"): A,
         ("DELETE", "/v1/admin/users/{name:str}"): A,
         ("GET", "/v1/audit"): OP,

@@ -430,6 +430,54 @@ async def test_an_admin_changes_a_users_role_from_its_next_request_on(
     ]
 
 
+async def test_a_user_change_with_a_stale_etag_is_412_and_the_fresh_one_proceeds(
+    submission: Submission,
+) -> None:
+    """``GET /v1/admin/users/{name}`` answers the user with its ``ETag`` (its role and
+    whether it is disabled); a role change or a disabling with ``If-Match: <it>`` goes
+    ahead while the user is as it was read and is 412, naming ``If-Match`` and that it
+    changed, once another admin changed it since: an admin who read carol as a viewer
+    and disables her for it does not disable her once another admin made her an admin.
+    Without a condition, as before. (Before, there was no such ``GET`` nor tag.)"""
+    admin = submission.auth()
+    made = await submission.client.post("/v1/admin/users", json={"name": "carol"}, headers=admin)
+    assert made.status_code == 201, made.text
+    read = await submission.client.get("/v1/admin/users/carol", headers=admin)
+    assert read.status_code == 200, read.text
+    assert (read.json()["name"], read.json()["role"]) == ("carol", "member")
+    tag = read.headers["ETag"]
+    assert (await submission.client.get("/v1/admin/users/nobody", headers=admin)).status_code == 404
+    other = await submission.client.patch(
+        "/v1/admin/users/carol", json={"role": "admin"}, headers={**admin, "If-Match": tag}
+    )
+    assert other.status_code == 200, other.text
+    assert other.headers["ETag"] not in (tag, None)
+    stale = {**admin, "If-Match": tag}
+    for response in (
+        await submission.client.patch(
+            "/v1/admin/users/carol", json={"role": "viewer"}, headers=stale
+        ),
+        await submission.client.delete("/v1/admin/users/carol", headers=stale),
+    ):
+        assert response.status_code == 412, response.text
+        (error,) = response.json()["errors"]
+        assert error["field"] == "If-Match"
+        assert "user carol was changed since it was read" in error["message"]
+    now = await submission.client.get("/v1/admin/users/carol", headers=admin)
+    assert (now.json()["role"], now.json()["disabled_at"]) == ("admin", None)
+    assert now.headers["ETag"] == other.headers["ETag"]
+    gone = await submission.client.delete(
+        "/v1/admin/users/carol", headers={**admin, "If-Match": now.headers["ETag"]}
+    )
+    assert gone.status_code == 204, gone.text
+    # Without a condition, as before.
+    made = await submission.client.post("/v1/admin/users", json={"name": "dave"}, headers=admin)
+    plain = await submission.client.patch(
+        "/v1/admin/users/dave", json={"role": "viewer"}, headers=admin
+    )
+    assert plain.status_code == 200, plain.text
+
+
 async def test_tokens_are_stored_hashed(submission: Submission) -> None:
     async with submission.pool.acquire() as conn:
         stored = [r["token_hash"] for r in await conn.fetch("SELECT token_hash FROM tokens")]
