@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Annotated
 
 import asyncpg
-from litestar import Litestar, get
+from litestar import Litestar, Response, get
 from litestar.di import NamedDependency
 from litestar.exceptions import NotFoundException
 from litestar.handlers import HTTPRouteHandler
@@ -42,7 +42,7 @@ from trainyard_platform.services.registry import repository as repo
 from trainyard_platform.services.registry.dataset_api import dataset_routes
 from trainyard_platform.services.registry.grantee_view import shown
 from trainyard_platform.services.registry.lineage_api import lineage_routes
-from trainyard_platform.services.registry.model_api import STATUSES, model_routes
+from trainyard_platform.services.registry.model_api import STATUSES, model_routes, version_tag
 from trainyard_platform.services.registry.model_cost import CostedVersion
 from trainyard_platform.services.registry.reproduction_api import reproduction_routes
 from trainyard_platform.services.registry.schemas import VersionList, VersionSummary
@@ -54,7 +54,7 @@ from trainyard_platform.services.registry.transfers import (
 )
 from trainyard_platform.shared import paging
 from trainyard_platform.shared.audit import audit_route
-from trainyard_platform.shared.http_app import error_responses, service_app
+from trainyard_platform.shared.http_app import error_responses, service_app, tagged
 from trainyard_platform.shared.identity import Principal
 from trainyard_platform.shared.slots import Slots
 from trainyard_platform.shared.storage import ObjectStore
@@ -118,7 +118,8 @@ def create_app(
         name: FromPath[str],
         version: Annotated[int, PathParameter(ge=1, le=2**31 - 1)],  # the column's integer
         principal: Caller,
-    ) -> CostedVersion:
+    ) -> Response[CostedVersion]:
+        """The version, with its ``ETag`` (for ``If-Match`` on its ``DELETE``)."""
         missing = NotFoundException(f"no version {version} of model {name!r} in team {team!r}")
         async with pool.acquire() as conn:
             await model_grants.readable_or_404(conn, principal, team, name)
@@ -129,7 +130,8 @@ def create_app(
             assert model_id is not None  # the version's model
             pointing = await models_repo.aliases_of_version(conn, model_id, version)
             reader = grants.reader_of(principal)
-            return shown(await model_cost.costed(conn, found, pointing, reader), team, reader)
+            costed = shown(await model_cost.costed(conn, found, pointing, reader), team, reader)
+        return tagged(costed, version_tag(found))
 
     return service_app(
         "registry",

@@ -11,7 +11,10 @@ downloading versions, and aliases.
 - ``POST /v1/models/{team}/{name}/versions`` (members): register a committed checkpoint;
   answers the version as ``GET`` does, with its ``cost``.
 - ``DELETE /v1/models/{team}/{name}/versions/{version}`` (members): 409 while an alias
-  points at it; else frees its objects and says what it freed.
+  points at it; else frees its objects and says what it freed. Conditional
+  (``shared.http_app.Preconditions``, with the model's row locked) on ``version_tag``, the
+  ``ETag`` of ``GET .../versions/{version}``: with ``If-Match: <it>`` only the
+  registration that was read is deleted (412 otherwise).
 - ``GET .../versions/by-alias/{alias}``: the version an alias points at.
 - ``GET .../versions/{version}/download``: a presigned URL of the version's one object,
   after its sha256 is verified (S3); on a local store, the ``.../content`` route instead.
@@ -145,6 +148,12 @@ STATUSES: dict[type[Exception], int] = {
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+def version_tag(version: ModelVersion) -> str:
+    """The ETag of a model version: of the registration it is (its id; a version is never
+    changed, only deleted)."""
+    return entity_tag({"id": version.id})
 
 
 def alias_tag(version: int | None) -> str | None:
@@ -332,10 +341,14 @@ def model_routes(
         summary="Delete a version and free its objects (members)",
         opt=needs(Role.MEMBER),
         status_code=200,
-        responses=error_responses(404, 409),
+        responses=error_responses(404, 409, 412),
     )
     async def delete_version(
-        team: FromPath[str], name: FromPath[str], version: Version, principal: Caller
+        team: FromPath[str],
+        name: FromPath[str],
+        version: Version,
+        principal: Caller,
+        conditions: Conditions,
     ) -> Freed:
         visible(principal, team, name)
         async with pool.acquire() as conn, conn.transaction():
@@ -343,6 +356,7 @@ def model_routes(
             if model_id is None:
                 raise NotFoundException(f"no model {name!r} in team {team!r}")
             found = await live_version(conn, team, name, version)
+            conditions.check(f"version {version} of model {team}/{name}", version_tag(found))
             source = storage() if found.owned else None  # 503 before anything changes
             await models.delete_version(conn, model_id, found, principal.actor, clock())
             if audit.must_record(principal):

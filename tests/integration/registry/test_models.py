@@ -250,6 +250,37 @@ async def test_an_alias_change_with_a_stale_etag_is_412_and_the_fresh_one_procee
         assert [m["to_version"] for m in moves] == [1, 2, 3, 1, None]
 
 
+async def test_a_version_delete_is_conditional_on_the_etag_of_the_version_read(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """``GET .../versions/{version}`` answers the version's ``ETag`` (of its
+    registration); a ``DELETE`` with ``If-Match`` deletes only the registration that was
+    read (412, nothing freed, for any other tag), ``If-None-Match: *`` never deletes, and
+    a ``DELETE`` without a condition goes ahead as before. (Before, the version had no tag
+    and the ``DELETE`` ignored the headers.)"""
+    job = await job_with_checkpoints(pool, store, [1, 2, 3])
+    base = "/v1/models/vision/digits/versions"
+    async with app_as(pool, store, VISION) as client:
+        for checkpoint in job.checkpoints:
+            made = await register(client, "vision", "digits", job, checkpoint_uri=checkpoint.uri)
+            assert made.status_code == 201
+        first = (await client.get(f"{base}/1")).headers["ETag"]
+        second = (await client.get(f"{base}/2")).headers["ETag"]
+        assert first != second
+        other = await client.delete(f"{base}/2", headers={"If-Match": first})
+        assert other.status_code == 412, other.text
+        (error,) = other.json()["errors"]
+        assert error["field"] == "If-Match"
+        assert "version 2 of model vision/digits was changed" in error["message"]
+        absent = await client.delete(f"{base}/2", headers={"If-None-Match": "*"})
+        assert absent.status_code == 412 and absent.json()["errors"][0]["field"] == "If-None-Match"
+        assert (await client.get(f"{base}/2")).status_code == 200
+        assert (await client.delete(f"{base}/2", headers={"If-Match": second})).status_code == 200
+        assert (await client.delete(f"{base}/2", headers={"If-Match": second})).status_code == 404
+        assert (await client.delete(f"{base}/3")).status_code == 200  # no condition
+    assert len(store.list("registry/")) == 1
+
+
 async def test_deleting_a_version_frees_its_objects_unless_an_alias_points_at_it(
     pool: asyncpg.Pool, store: ObjectStore
 ) -> None:
