@@ -86,6 +86,8 @@ def test_cross_origin_calls_still_need_a_token_and_the_role(client: TestClient[A
     assert ok.status_code == 200 and ok.json() == ["a"]
     assert ok.headers["access-control-allow-origin"] == DASHBOARD
     assert "link" in ok.headers["access-control-expose-headers"].lower()
+    # The dashboard reads a resource's ETag to send it back as If-Match.
+    assert "etag" in ok.headers["access-control-expose-headers"].lower()
 
 
 def test_a_role_below_the_route_is_still_refused_with_403(client: TestClient[Any]) -> None:
