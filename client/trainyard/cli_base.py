@@ -176,8 +176,14 @@ def asked(service: str, call: Callable[[], Any], reread: str | None = None) -> A
         raise CliError(refusal_text(service, exc, reread), exit_code_of(exc)) from None
 
 
-def refusal_text(service: str, exc: TrainyardError, reread: str | None = None) -> str:
-    """``service``'s refusal as the user reads it (see ``asked``)."""
+def refusal_text(
+    service: str,
+    exc: TrainyardError,
+    reread: str | None = None,
+    again: str = "--if-match set to its new ETag",
+) -> str:
+    """``service``'s refusal as the user reads it (see ``asked``); ``again``: what the
+    command is repeated with after a 412."""
     stale = next((e for e in exc.errors if e.get("field") == "If-Match"), None)
     if exc.status != 412 or stale is None:
         return f"{service}: {exc}"
@@ -186,7 +192,7 @@ def refusal_text(service: str, exc: TrainyardError, reread: str | None = None) -
     return (
         f"{service}: nothing was changed: someone else changed it since you read it ({what}). "
         f"{look.capitalize()} to see it as it is now, then repeat the command with "
-        "--if-match set to its new ETag if your change still applies."
+        f"{again} if your change still applies."
     )
 
 

@@ -14,6 +14,14 @@ names, which is replaced and the link kept), checks their size and sha256 agains
 registry answered, and only then renames the file into place: a failed or interrupted
 download leaves no file at all, and an existing file is replaced only by verified bytes.
 An ``-o`` that is a device or a pipe is refused: it would be replaced, not written to.
+
+``alias set`` and ``alias rm`` with ``--from VERSION`` change the alias only while it still
+points at VERSION (``--from none``: ``set`` only while there is no such alias): the command
+reads the alias (its ``ETag``), refuses without writing when it points elsewhere, and sends
+the tag it read as ``If-Match`` (``If-None-Match: *`` for ``none``), so a move another
+member makes between the read and the write is refused too (412, nothing changed). Each
+refusal is one line saying where the alias is and to look at ``alias history`` (exit 1).
+Without ``--from``, as before: the alias moves whatever moved it since.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainyard.cli_base import CliError, Exit, Session, note
+from trainyard.cli_base import CliError, Exit, Session, etag_of, note, refusal_text
 from trainyard.cli_render import short, table, time_text
 from trainyard.client import TrainyardClient, TrainyardError, amended, download, segment
 
@@ -121,6 +129,11 @@ def version_arg(value: str) -> int:
     return int(value)
 
 
+def from_arg(value: str) -> int:
+    """``--from``: a version, or ``none`` (0: no such alias)."""
+    return 0 if value == "none" else version_arg(value)
+
+
 def add_commands(
     command: Callable[..., argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
@@ -157,6 +170,15 @@ def add_commands(
     alias_rm = alias_actions.add_parser("rm", parents=[common], help="delete an alias")
     alias_rm.add_argument("model", metavar="TEAM/NAME")
     alias_rm.add_argument("alias", type=alias_arg, metavar="ALIAS")
+    for sub in (alias_set, alias_rm):
+        sub.add_argument(
+            "--from",
+            dest="expected",
+            type=from_arg,
+            metavar="VERSION",
+            help="only while ALIAS still points at VERSION (set: none, only while there is "
+            "no such alias); else nothing changes (exit 1)",
+        )
     history = alias_actions.add_parser("history", parents=[common], help="every move of an alias")
     history.add_argument("model", metavar="TEAM/NAME")
     history.add_argument("alias", type=alias_arg, metavar="ALIAS")
@@ -379,8 +401,14 @@ def run_alias(session: Session) -> int:
     ref = parse_ref(args.model, "TEAM/NAME")
     registry = session.service("registry")
     path = f"/v1/models/{ref.path}/aliases/{segment(args.alias)}"
+    if args.alias_action in ("set", "rm"):
+        conditions = _alias_conditions(registry, f"{ref}@{args.alias}", path, args.expected)
     if args.alias_action == "set":
-        moved = registry.call("PUT", path, {"version": args.version})
+        moved = _conditional(
+            f"{ref}@{args.alias}",
+            lambda: registry.call("PUT", path, {"version": args.version}, conditions),
+            f"trainyard model alias history {ref} {args.alias}",
+        )
         was = moved.get("previous")
         session.emit(
             moved,
@@ -390,7 +418,11 @@ def run_alias(session: Session) -> int:
             ),
         )
     elif args.alias_action == "rm":
-        gone = registry.call("DELETE", path)
+        gone = _conditional(
+            f"{ref}@{args.alias}",
+            lambda: registry.call("DELETE", path, None, conditions),
+            f"trainyard model alias history {ref} {args.alias}",
+        )
         session.emit(
             gone, lambda: f"removed {ref}@{args.alias} (was version {gone.get('previous')})"
         )
@@ -407,6 +439,51 @@ def run_alias(session: Session) -> int:
         ]
         session.emit(moves, lambda: table(("AT", "FROM", "TO", "BY"), rows, empty="no moves"))
     return Exit.OK
+
+
+def _alias_conditions(
+    registry: TrainyardClient, alias: str, path: str, expected: int | None
+) -> dict[str, str]:
+    """The conditions of ``--from`` (None: not given, none): read the alias, refuse when it
+    points elsewhere, else ``If-Match`` with the tag read (``--from none``: ``If-None-Match:
+    *``, only while there is no such alias)."""
+    if expected is None:
+        return {}
+    if expected == 0:
+        return {"If-None-Match": "*"}
+    try:
+        found = registry.get(path)
+    except TrainyardError as exc:
+        if exc.status != 404:
+            raise
+        raise CliError(
+            f"{alias} does not exist (any more), not version {expected}: nothing changed",
+            Exit.ERROR,
+        ) from None
+    if found["version"] != expected:
+        raise CliError(
+            f"{alias} points at version {found['version']}, not {expected}: someone moved it; "
+            "nothing changed",
+            Exit.ERROR,
+        )
+    tag = etag_of(found)
+    return {"If-Match": tag} if tag else {}
+
+
+def _conditional(alias: str, call: Callable[[], Any], reread: str) -> Any:
+    """``call()``'s answer; a 412 (``--from``) as one plain line."""
+    try:
+        return call()
+    except TrainyardError as exc:
+        if exc.status != 412:
+            raise
+        if any(e.get("field") == "If-None-Match" for e in exc.errors):
+            raise CliError(
+                f"{alias} exists already (someone set it): nothing changed; see `{reread}`",
+                Exit.ERROR,
+            ) from None
+        again = "--from set to where it points now"
+        raise CliError(refusal_text("registry", exc, reread, again), Exit.ERROR) from None
 
 
 def run_rm(session: Session) -> int:
