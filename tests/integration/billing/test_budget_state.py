@@ -106,15 +106,7 @@ async def test_a_budget_spent_by_accrual_is_said_not_spent_when_the_bill_comes_i
     last heartbeat, earlier: its bill is less than what was counted, less than the amount.
     The state submission refuses by is said again, not exhausted (before, it stayed spent
     for the month: every new job of the team refused, its running ones stopped)."""
-    now = datetime.now(UTC)
-    start = max(month_start(now), now - timedelta(hours=1))
-    accrued = Decimal(2) * Decimal("2.5") * Decimal((now - start).total_seconds()) / 3600
-    amount = max(Decimal("0.000001"), (accrued * 3 / 4).quantize(Decimal("0.000001")))
-    await feed(pool, submitted("b", P, start))
-    await _budget(client, amount=str(amount), thresholds=[1000], policy="refuse")
-    await feed(pool, granted("b-1", "b", P, "n1", start, "q"))
-    await check_running(pool, now)
-    assert await _states(pool) == [False, True]
+    now, start = await _spent_by_one_running_attempt(pool, client, share=Decimal("0.75"))
     last_heartbeat = start + (now - start) / 2  # half of what was counted: under the amount
     await feed(pool, released("b-1", "b", P, "n1", start, last_heartbeat, "lost"))
     assert await _states(pool) == [False, True, False]
@@ -126,15 +118,7 @@ async def test_a_budget_spent_by_accrual_is_said_not_spent_when_the_platform_pay
     """As above, but the runner says the attempt failed through the platform, before its
     release: the platform pays for it, nothing of it is the team's, and the budget is said
     not exhausted once the release makes it so."""
-    now = datetime.now(UTC)
-    start = max(month_start(now), now - timedelta(hours=1))
-    accrued = Decimal(2) * Decimal("2.5") * Decimal((now - start).total_seconds()) / 3600
-    amount = max(Decimal("0.000001"), (accrued / 2).quantize(Decimal("0.000001")))
-    await feed(pool, submitted("b", P, start))
-    await _budget(client, amount=str(amount), thresholds=[1000], policy="refuse")
-    await feed(pool, granted("b-1", "b", P, "n1", start, "q"))
-    await check_running(pool, now)
-    assert await _states(pool) == [False, True]
+    now, start = await _spent_by_one_running_attempt(pool, client, share=Decimal("0.5"))
     await feed(pool, failed("b-1", "b", "n1", now, RUNNER, "platform_error"))
     await feed(pool, released("b-1", "b", P, "n1", start, now, "failed"))
     assert await _states(pool) == [False, True, False]
@@ -147,17 +131,27 @@ async def test_the_check_of_running_allocations_says_a_budget_no_longer_spent(
     platform; its release has not come yet. The next check of running allocations counts
     nothing of it for the team and says the budget not exhausted, without waiting for the
     release."""
-    now = datetime.now(UTC)
-    start = max(month_start(now), now - timedelta(hours=1))
-    accrued = Decimal(2) * Decimal("2.5") * Decimal((now - start).total_seconds()) / 3600
-    amount = max(Decimal("0.000001"), (accrued / 2).quantize(Decimal("0.000001")))
-    await feed(pool, submitted("b", P, start))
-    await _budget(client, amount=str(amount), thresholds=[1000], policy="refuse")
-    await feed(pool, granted("b-1", "b", P, "n1", start, "q"))
-    await check_running(pool, now)
-    assert await _states(pool) == [False, True]
+    now, _ = await _spent_by_one_running_attempt(pool, client, share=Decimal("0.5"))
     await feed(pool, failed("b-1", "b", "n1", now, RUNNER, "platform_error"))
     await check_running(pool, now)
     assert await _states(pool) == [False, True, False]
     await check_running(pool, now)  # said once
     assert await _states(pool) == [False, True, False]
+
+
+async def _spent_by_one_running_attempt(
+    pool: asyncpg.Pool, client: httpx.AsyncClient, share: Decimal
+) -> tuple[datetime, datetime]:
+    """A refusing budget of ``share`` of what one running 2-GPU attempt, granted an hour ago
+    (or at the month's start), has accrued by now; the check of running allocations has
+    said it spent. Returns (now, the attempt's start)."""
+    now = datetime.now(UTC)
+    start = max(month_start(now), now - timedelta(hours=1))
+    accrued = Decimal(2) * Decimal("2.5") * Decimal((now - start).total_seconds()) / 3600
+    amount = max(Decimal("0.000001"), (accrued * share).quantize(Decimal("0.000001")))
+    await feed(pool, submitted("b", P, start))
+    await _budget(client, amount=str(amount), thresholds=[1000], policy="refuse")
+    await feed(pool, granted("b-1", "b", P, "n1", start, "q"))
+    await check_running(pool, now)
+    assert await _states(pool) == [False, True]
+    return now, start
