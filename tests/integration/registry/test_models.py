@@ -505,3 +505,48 @@ async def test_aliases_come_a_page_at_a_time(pool: asyncpg.Pool, store: ObjectSt
             assert refused.status_code == 422, (bad, refused.text)
             assert refused.json()["errors"][0]["field"] == next(iter(bad)), refused.text
         assert (await client.get("/v1/models/vision/ghost/aliases")).status_code == 404
+
+
+async def test_the_database_refuses_to_change_a_version_and_allows_one_deletion(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """A version is immutable in the database itself, as a dataset version is: no statement
+    changes its artifact, metrics, lineage, tags or description, un-deletes it, deletes it
+    again or removes its row. Deleting it (its tombstone: ``deleted_at``, ``deleted_by``,
+    once) is the one change. Before, only the API's lack of a route kept a version as
+    published: an UPDATE by anything with the registry's credentials went through."""
+    job = await job_with_checkpoints(pool, store, [4])
+    async with app_as(pool, store, VISION) as client:
+        assert (await register(client, "vision", "frozen", job)).status_code == 201
+    changes = [
+        "artifact_sha256 = repeat('0', 64)",
+        "artifact_key = NULL",
+        "artifact_uri = 'file:///elsewhere'",
+        "metrics = '{\"val_accuracy\": 1.0}'",
+        "lineage = '{}'",
+        "tags = '{forged}'",
+        "description = 'changed'",
+        "version = 99",
+        "job_id = 'another-job'",
+        "deleted_at = now(), deleted_by = 'vision/mallory', description = 'changed'",
+    ]
+    async with pool.acquire() as conn:
+        before = dict(await conn.fetchrow("SELECT * FROM model_versions"))
+        for change in changes:
+            with pytest.raises(asyncpg.RaiseError, match="model versions are immutable"):
+                await conn.execute(f"UPDATE model_versions SET {change}")
+        with pytest.raises(asyncpg.RaiseError, match="model versions are immutable"):
+            await conn.execute("DELETE FROM model_versions")
+        assert dict(await conn.fetchrow("SELECT * FROM model_versions")) == before
+    async with app_as(pool, store, VISION) as client:
+        deleted = await client.delete("/v1/models/vision/frozen/versions/1")
+        assert deleted.status_code == 200, deleted.text
+    async with pool.acquire() as conn:
+        tombstone = dict(await conn.fetchrow("SELECT * FROM model_versions"))
+        assert tombstone["deleted_by"] == "vision/alice"
+        assert {k: v for k, v in tombstone.items() if not k.startswith("deleted_")} == {
+            k: v for k, v in before.items() if not k.startswith("deleted_")
+        }
+        for change in ("deleted_at = NULL, deleted_by = NULL", "deleted_by = 'vision/mallory'"):
+            with pytest.raises(asyncpg.RaiseError, match="model versions are immutable"):
+                await conn.execute(f"UPDATE model_versions SET {change}")
