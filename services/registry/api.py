@@ -31,12 +31,11 @@ from typing import Annotated
 import asyncpg
 from litestar import Litestar, Response, get
 from litestar.di import NamedDependency
-from litestar.exceptions import NotFoundException
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, PathParameter, QueryParameter
 from litestar.types import Guard
 
-from trainyard_platform.services.registry import grants, model_cost, model_grants
+from trainyard_platform.services.registry import grants, model_cost, model_grants, not_found
 from trainyard_platform.services.registry import model_repository as models_repo
 from trainyard_platform.services.registry import repository as repo
 from trainyard_platform.services.registry.dataset_api import dataset_routes
@@ -91,7 +90,6 @@ def create_app(
         limit: Annotated[int, QueryParameter(ge=1, le=VERSIONS_PAGE_MAX)] = 100,
         after: Annotated[str | None, QueryParameter(description="the next of a page")] = None,
     ) -> VersionList:
-        missing = NotFoundException(f"no model {name!r} in team {team!r}")
         key = VERSIONS.read(after, of=f"{team}/{name}")
         async with pool.acquire() as conn:
             await model_grants.readable_or_404(conn, principal, team, name)
@@ -99,7 +97,7 @@ def create_app(
                 conn, team, name, limit + 1, key[0] if key else 0
             )
             if not fetched and not await repo.model_exists(conn, team, name):
-                raise missing
+                raise await not_found.model(conn, grants.reader_of(principal), team, name)
         versions, more = paging.split(fetched, limit)
         page = VersionList(
             team=team,
@@ -120,12 +118,12 @@ def create_app(
         principal: Caller,
     ) -> Response[CostedVersion]:
         """The version, with its ``ETag`` (for ``If-Match`` on its ``DELETE``)."""
-        missing = NotFoundException(f"no version {version} of model {name!r} in team {team!r}")
         async with pool.acquire() as conn:
             await model_grants.readable_or_404(conn, principal, team, name)
             found = await repo.model_version(conn, team, name, version)
             if found is None or found.deleted_at is not None:
-                raise missing
+                reader = grants.reader_of(principal)
+                raise await not_found.version(conn, reader, team, name, version)
             model_id = await models_repo.model_id(conn, team, name)
             assert model_id is not None  # the version's model
             pointing = await models_repo.aliases_of_version(conn, model_id, version)

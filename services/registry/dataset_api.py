@@ -31,7 +31,7 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, PathParameter, QueryParameter
 
 from trainyard_platform.services.registry import dataset_repository as datasets
-from trainyard_platform.services.registry import grants, names
+from trainyard_platform.services.registry import grants, names, not_found
 from trainyard_platform.services.registry import repository as repo
 from trainyard_platform.services.registry.dataset_schemas import (
     DatasetDetail,
@@ -69,11 +69,10 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
     async def readable(
         conn: asyncpg.Connection, principal: Principal, team: str, name: str
     ) -> datasets.Dataset:
+        reader = grants.reader_of(principal)
         found = await datasets.dataset(conn, team, name)
-        if found is None or not await datasets.readable(
-            conn, grants.reader_of(principal), team, name
-        ):
-            raise NotFoundException(f"no dataset {name!r} in team {team!r}")
+        if found is None or not await datasets.readable(conn, reader, team, name):
+            raise await not_found.dataset(conn, reader, team, name)
         return found
 
     @post(
@@ -191,8 +190,9 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
         async with pool.acquire() as conn:
             await readable(conn, principal, team, name)
             found = await datasets.version(conn, team, name, version)
-        if found is None:
-            raise NotFoundException(f"no version {version} of dataset {name!r} in team {team!r}")
+            if found is None:
+                reader = grants.reader_of(principal)
+                raise await not_found.dataset_version(conn, reader, team, name, version)
         return shown(DatasetVersionRead.of(found), team, grants.reader_of(principal))
 
     async def change_grant(
@@ -209,9 +209,8 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
         nothing, so it asks nothing."""
         names.check_model(team, name)
         names.check("team", grantee_team, "grantee_team")
-        missing = NotFoundException(f"no dataset {name!r} in team {team!r}")
         if not principal.may_see_team(team):
-            raise missing
+            raise NotFoundException(f"no dataset {name!r} in team {team!r}")
         if not principal.has(Role.ADMIN):
             raise PermissionDeniedException("granting needs the admin role of the dataset's team")
         if grantee_team == team:
@@ -221,7 +220,7 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
         async with pool.acquire() as conn, conn.transaction():
             found = await datasets.dataset(conn, team, name)
             if found is None:
-                raise missing
+                raise await not_found.dataset(conn, grants.reader_of(principal), team, name)
             if granted:
                 changed = await datasets.grant(
                     conn, found.id, grantee_team, principal.actor, clock()

@@ -21,12 +21,11 @@ from typing import Annotated, Any, Literal
 import asyncpg
 from litestar import get
 from litestar.di import NamedDependency
-from litestar.exceptions import NotFoundException
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, PathParameter, QueryParameter
 
 from trainyard_platform.services.registry import dataset_repository as datasets
-from trainyard_platform.services.registry import grants, lineage, model_grants, names
+from trainyard_platform.services.registry import grants, lineage, model_grants, names, not_found
 from trainyard_platform.services.registry import repository as repo
 from trainyard_platform.shared.http_app import error_responses
 from trainyard_platform.shared.identity import Principal
@@ -67,13 +66,11 @@ def lineage_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
         format: Format = "json",
     ) -> dict[str, Any]:
         names.check_model(team, name)
-        missing = NotFoundException(f"no version {version} of model {name!r} in team {team!r}")
+        reader = grants.reader_of(principal)
         async with pool.acquire() as conn:
-            if not await model_grants.readable(conn, grants.reader_of(principal), team, name):
-                raise missing
             found = await repo.model_version(conn, team, name, version)
-            if found is None:
-                raise missing
+            if found is None or not await model_grants.readable(conn, reader, team, name):
+                raise await not_found.version(conn, reader, team, name, version)
             return await answer(conn, await lineage.upstream(conn, found), principal, format)
 
     @get(
@@ -89,14 +86,11 @@ def lineage_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
         format: Format = "json",
     ) -> dict[str, Any]:
         names.check_model(team, name)
-        missing = NotFoundException(f"no version {version} of dataset {name!r} in team {team!r}")
         reader = grants.reader_of(principal)
         async with pool.acquire() as conn:
-            if not await datasets.readable(conn, reader, team, name):
-                raise missing
             found = await datasets.version(conn, team, name, version)
-            if found is None:
-                raise missing
+            if found is None or not await datasets.readable(conn, reader, team, name):
+                raise await not_found.dataset_version(conn, reader, team, name, version)
             return await answer(conn, await lineage.downstream(conn, found), principal, format)
 
     return [model_upstream, dataset_downstream]

@@ -69,6 +69,7 @@ from trainyard_platform.services.registry import (
     model_grants,
     models,
     names,
+    not_found,
 )
 from trainyard_platform.services.registry import model_repository as models_repo
 from trainyard_platform.services.registry import repository as repo
@@ -188,16 +189,22 @@ def model_routes(
     readable = model_grants.readable_or_404
 
     async def live_version(
-        conn: asyncpg.Connection, team: str, name: str, number: int
+        conn: asyncpg.Connection, principal: Principal, team: str, name: str, number: int
     ) -> ModelVersion:
         found = await repo.model_version(conn, team, name, number)
-        if found is None:
-            raise NotFoundException(f"no version {number} of model {name!r} in team {team!r}")
-        if found.deleted_at is not None:
-            raise NotFoundException(
-                f"version {number} of model {name!r} in team {team!r} was deleted"
-            )
+        if found is None or found.deleted_at is not None:
+            raise await not_found.version(conn, grants.reader_of(principal), team, name, number)
         return found
+
+    async def no_model(
+        conn: asyncpg.Connection, principal: Principal, team: str, name: str
+    ) -> NotFoundException:
+        return await not_found.model(conn, grants.reader_of(principal), team, name)
+
+    async def no_alias(
+        conn: asyncpg.Connection, principal: Principal, team: str, name: str, alias: str
+    ) -> NotFoundException:
+        return await not_found.alias(conn, grants.reader_of(principal), team, name, alias)
 
     @get(
         "/v1/models",
@@ -250,7 +257,7 @@ def model_routes(
             await readable(conn, principal, team, name)
             found = await models_repo.model(conn, team, name)
             if found is None:
-                raise NotFoundException(f"no model {name!r} in team {team!r}")
+                raise await no_model(conn, principal, team, name)
             granted_to = await model_grants.grants_of(conn, found.id)
         detail = ModelDetail(**_summary(found).model_dump(), grants=granted_to)
         return shown(detail, team, grants.reader_of(principal))
@@ -354,8 +361,8 @@ def model_routes(
         async with pool.acquire() as conn, conn.transaction():
             model_id = await models_repo.lock_existing_model(conn, team, name)
             if model_id is None:
-                raise NotFoundException(f"no model {name!r} in team {team!r}")
-            found = await live_version(conn, team, name, version)
+                raise await no_model(conn, principal, team, name)
+            found = await live_version(conn, principal, team, name, version)
             conditions.check(f"version {version} of model {team}/{name}", version_tag(found))
             source = storage() if found.owned else None  # 503 before anything changes
             await models.delete_version(conn, model_id, found, principal.actor, clock())
@@ -387,8 +394,8 @@ def model_routes(
             await readable(conn, principal, team, name)
             found = await models_repo.model(conn, team, name)
             if found is None or alias not in found.aliases:
-                raise NotFoundException(f"no alias {alias!r} of model {name!r} in team {team!r}")
-            version = await live_version(conn, team, name, found.aliases[alias])
+                raise await no_alias(conn, principal, team, name, alias)
+            version = await live_version(conn, principal, team, name, found.aliases[alias])
             pointing = await models_repo.aliases_of_version(conn, found.id, version.version)
             reader = grants.reader_of(principal)
             return shown(await model_cost.costed(conn, version, pointing, reader), team, reader)
@@ -403,7 +410,7 @@ def model_routes(
     ) -> Download:
         async with pool.acquire() as conn:
             await readable(conn, principal, team, name)
-            found = await live_version(conn, team, name, version)
+            found = await live_version(conn, principal, team, name, version)
         key = _owned_key(found, grants.reader_of(principal))
         source = storage()
         url = await asyncio.to_thread(source.presign_get, key, download_url_seconds)
@@ -439,7 +446,7 @@ def model_routes(
     ) -> File:
         async with pool.acquire() as conn:
             await readable(conn, principal, team, name)
-            found = await live_version(conn, team, name, version)
+            found = await live_version(conn, principal, team, name, version)
         key = _owned_key(found, grants.reader_of(principal))
         verified = await transfers.run(principal.team, _fetch, storage(), key, found)
         return File(
@@ -466,7 +473,7 @@ def model_routes(
             await readable(conn, principal, team, name)
             found = await models_repo.model_id(conn, team, name)
             if found is None:
-                raise NotFoundException(f"no model {name!r} in team {team!r}")
+                raise await no_model(conn, principal, team, name)
             fetched = await models_repo.aliases_page(conn, found, limit + 1, key[0] if key else "")
         page, more = paging.split(fetched, limit)
         return AliasList(
@@ -489,10 +496,10 @@ def model_routes(
         async with pool.acquire() as conn:
             await readable(conn, principal, team, name)
             found = await models_repo.model(conn, team, name)
-        version = found.aliases.get(alias) if found is not None else None
-        tag = alias_tag(version)
-        if version is None or tag is None:
-            raise NotFoundException(f"no alias {alias!r} of model {name!r} in team {team!r}")
+            version = found.aliases.get(alias) if found is not None else None
+            tag = alias_tag(version)
+            if version is None or tag is None:
+                raise await no_alias(conn, principal, team, name, alias)
         return tagged(AliasRead(team=team, model=name, alias=alias, version=version), tag)
 
     @put(
@@ -522,13 +529,15 @@ def model_routes(
         async with pool.acquire() as conn, conn.transaction():
             model_id = await models_repo.lock_existing_model(conn, team, name)
             if model_id is None:
-                raise NotFoundException(f"no model {name!r} in team {team!r}")
+                raise await no_model(conn, principal, team, name)
             current = await models_repo.model(conn, team, name)
             pointing = current.aliases.get(alias) if current is not None else None
             conditions.check(f"alias {alias!r} of model {team}/{name}", alias_tag(pointing))
             target = await repo.model_version(conn, team, name, body.version)
             if target is None:
-                raise NotFoundException(f"no version {body.version} of model {name!r}")
+                raise await not_found.version(
+                    conn, grants.reader_of(principal), team, name, body.version
+                )
             previous = await models.move_alias(
                 conn, model_id, alias, target, principal.actor, clock()
             )
@@ -563,21 +572,20 @@ def model_routes(
         it points where it was read; nothing changed on a 412."""
         visible(principal, team, name)
         names.check("alias", alias)
-        missing = NotFoundException(f"no alias {alias!r} of model {name!r} in team {team!r}")
         async with pool.acquire() as conn, conn.transaction():
             model_id = await models_repo.lock_existing_model(conn, team, name)
             if model_id is None:
-                raise missing
+                raise await no_model(conn, principal, team, name)
             current = await models_repo.model(conn, team, name)
             pointing = current.aliases.get(alias) if current is not None else None
             if pointing is None:
-                raise missing
+                raise await no_alias(conn, principal, team, name, alias)
             conditions.check(f"alias {alias!r} of model {team}/{name}", alias_tag(pointing))
             previous = await models_repo.remove_alias(
                 conn, model_id, alias, principal.actor, clock()
             )
             if previous is None:
-                raise missing
+                raise await no_alias(conn, principal, team, name, alias)
             if audit.must_record(principal):
                 await audit.record(
                     conn,
@@ -618,8 +626,8 @@ def model_routes(
             known = bool(fetched) or bool(
                 found and key and await models_repo.alias_moves(conn, found.id, alias, 1)
             )
-        if not known:
-            raise NotFoundException(f"no alias {alias!r} of model {name!r} in team {team!r}")
+            if not known:
+                raise await no_alias(conn, principal, team, name, alias)
         moves, more = paging.split(fetched, limit)
         history = AliasHistory(
             team=team,
@@ -653,9 +661,8 @@ def model_routes(
         nothing, so it asks nothing."""
         names.check_model(team, name)
         names.check("team", grantee_team, "grantee_team")
-        missing = NotFoundException(f"no model {name!r} in team {team!r}")
         if not principal.may_see_team(team):
-            raise missing
+            raise NotFoundException(f"no model {name!r} in team {team!r}")
         if not principal.has(Role.ADMIN):
             raise PermissionDeniedException("granting needs the admin role of the model's team")
         if grantee_team == team:
@@ -665,7 +672,7 @@ def model_routes(
         async with pool.acquire() as conn, conn.transaction():
             model_id = await models_repo.lock_existing_model(conn, team, name)
             if model_id is None:
-                raise missing
+                raise await no_model(conn, principal, team, name)
             if granted:
                 changed = await model_grants.grant(
                     conn, model_id, grantee_team, principal.actor, clock()

@@ -12,7 +12,7 @@ Contract:
 - ``readable(conn, reader, team, name)`` is the one read-permission rule of models: the
   owning team, a granted team, or an operator (``reader`` None).
 - ``readable_or_404`` raises ``NotFoundException`` for a model the caller may not read,
-  exactly as for one that does not exist, so existence does not leak.
+  exactly as for one that does not exist (``not_found.model``), so existence does not leak.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from datetime import datetime
 from typing import ClassVar
 
 import asyncpg
-from litestar.exceptions import NotFoundException
 from pydantic import Field
 
-from trainyard_platform.services.registry import grants, names
+from trainyard_platform.services.registry import grants, names, not_found
 from trainyard_platform.services.registry.schemas import GRANTEE_NULL, ModelSummary
 from trainyard_platform.shared.identity import Principal
 
@@ -48,8 +47,9 @@ async def readable_or_404(
 ) -> None:
     """Check the names (422 naming the field), then 404 unless the caller may read it."""
     names.check_model(team, name)
-    if not await readable(conn, grants.reader_of(principal), team, name):
-        raise NotFoundException(f"no model {name!r} in team {team!r}")
+    reader = grants.reader_of(principal)
+    if not await readable(conn, reader, team, name):
+        raise await not_found.model(conn, reader, team, name)
 
 
 async def grants_of(conn: asyncpg.Connection, model_id: int) -> list[str]:

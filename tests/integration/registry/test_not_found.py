@@ -1,0 +1,112 @@
+"""A model, version, alias or dataset that is not there answers a 404 that says what is there
+and what to do, drawn only from what the caller may read.
+
+Before, every such 404 was a dead end: ``no model 'digit' in team 'vision'`` beside a model
+``digits``, ``no version 1`` for a version that was deleted (while ``download`` said it was
+deleted), ``no alias 'prd'`` beside ``prod``; the CLI printed it as it came."""
+
+from __future__ import annotations
+
+import asyncpg
+import httpx
+import pytest
+
+from tests.integration.registry.modelkit import (
+    ML,
+    VISION,
+    VISION_ADMIN,
+    app_as,
+    job_with_checkpoints,
+    register,
+)
+from trainyard_platform.shared.storage import ObjectStore
+
+pytestmark = pytest.mark.integration
+
+DATASET = {"uri": "s3://data/mnist.parquet", "sha256": "a" * 64, "size_bytes": 10}
+
+
+async def detail(answer: httpx.Response) -> str:
+    assert answer.status_code == 404, answer.text
+    text: str = answer.json()["detail"]
+    return text
+
+
+async def test_what_is_not_there_says_what_is(pool: asyncpg.Pool, store: ObjectStore) -> None:
+    job = await job_with_checkpoints(pool, store, [1, 2])
+    async with app_as(pool, store, VISION) as client:
+        for _ in range(2):
+            assert (await register(client, "vision", "digits", job)).status_code == 201
+        prod = await client.put("/v1/models/vision/digits/aliases/prod", json={"version": 2})
+        assert prod.status_code == 200
+        assert (await client.delete("/v1/models/vision/digits/versions/1")).status_code == 200
+        made = await client.post("/v1/datasets/vision/mnist/versions", json=DATASET)
+        assert made.status_code == 201
+
+        model = "/v1/models/vision/digits"
+        typo = await detail(await client.get("/v1/models/vision/digit"))
+        assert typo == (
+            "no model 'digit' in team 'vision': did you mean 'digits'? "
+            "(trainyard model ls lists the models you may read)"
+        )
+        for path in (
+            "/v1/models/vision/Digits/versions/2",
+            "/v1/models/vision/Digits/versions",
+            "/v1/models/vision/Digits/aliases",
+            "/v1/models/vision/Digits/versions/by-alias/prod",
+            "/v1/lineage/models/vision/Digits/versions/2/upstream",
+        ):
+            assert "did you mean 'digits'?" in await detail(await client.get(path)), path
+        deleted = (
+            "version 1 of model 'digits' in team 'vision' was deleted; its latest live version "
+            "is 2 (trainyard model show vision/digits lists them)"
+        )
+        for path in (f"{model}/versions/1", f"{model}/versions/1/download"):
+            assert await detail(await client.get(path)) == deleted, path
+        never = await detail(await client.get(f"{model}/versions/9"))
+        assert never.startswith("no version 9 of model 'digits' in team 'vision'; its latest")
+        moved = await client.put(f"{model}/aliases/stable", json={"version": 9})
+        assert "its latest live version is 2" in await detail(moved)
+        prd = await detail(await client.get(f"{model}/versions/by-alias/prd"))
+        assert prd == "no alias 'prd' of model 'digits' in team 'vision': did you mean 'prod'?"
+        other = await detail(await client.get(f"{model}/versions/by-alias/staging"))
+        assert other.endswith("its aliases are prod")
+        assert "its aliases are prod" in await detail(await client.delete(f"{model}/aliases/x"))
+
+        mnst = await detail(await client.get("/v1/datasets/vision/mnst"))
+        assert mnst == (
+            "no dataset 'mnst' in team 'vision': did you mean 'mnist'? "
+            "(trainyard dataset ls lists the datasets you may read)"
+        )
+        for path in (
+            "/v1/datasets/vision/mnist/versions/5",
+            "/v1/lineage/datasets/vision/mnist/versions/5/downstream",
+        ):
+            assert await detail(await client.get(path)) == (
+                "no version 5 of dataset 'mnist' in team 'vision'; its latest version is 1 "
+                "(trainyard dataset show vision/mnist lists them)"
+            ), path
+
+    # Another team: what it may not read answers as what does not exist, hint included.
+    nothing = (
+        "no model 'digits' in team 'vision' (trainyard model ls lists the models you may read)"
+    )
+    async with app_as(pool, store, ML) as client:
+        for path in (
+            "/v1/models/vision/digits",
+            "/v1/models/vision/digits/versions/2",
+            "/v1/models/vision/digits/versions/by-alias/prod",
+            "/v1/lineage/models/vision/digits/versions/2/upstream",
+        ):
+            assert await detail(await client.get(path)) == nothing, path
+        assert "did you mean" not in await detail(await client.get("/v1/models/vision/digit"))
+        assert "did you mean" not in await detail(await client.get("/v1/datasets/vision/mnst"))
+    async with app_as(pool, store, VISION_ADMIN) as client:
+        granted = await client.put("/v1/models/vision/digits/grants/ml")
+        assert granted.status_code == 200, granted.text
+    async with app_as(pool, store, ML) as client:
+        typo = await detail(await client.get("/v1/models/vision/digit"))
+        assert "did you mean 'digits'?" in typo
+        assert "latest live version is 2" in await detail(
+            await client.get("/v1/models/vision/digits/versions/1")
+        )
