@@ -5,8 +5,8 @@ value must be rather than quoting a regular expression.
 submit`` and ``String should match pattern '^[A-Za-z0-9._-]{1,100}$'`` by ``POST /v1/jobs``.
 Both now say ``must be 1 to 100 letters, digits, '.', '_' or '-'``: the client reads the
 words here (``trainyard.spec``), the services' error answers too (``shared.http_errors``).
-A pattern without words keeps the old message. A unit test holds every pattern of the job
-spec's JSON Schema to having words here."""
+A pattern without words keeps the old message. Unit tests hold every pattern of the job
+spec's JSON Schema and of the registry's request bodies to having words here."""
 
 from __future__ import annotations
 
@@ -29,6 +29,13 @@ PATTERN_WORDS: dict[str, str] = {
     ),
     r"^[0-9a-f]{64}$": "a sha256: 64 lower-case hexadecimal digits",
     r"^[0-9a-f]{40}$": "a whole commit id: 40 lower-case hexadecimal digits",
+    # A dataset version's ``uri`` and ``feature_version`` (the registry's
+    # ``dataset_schemas``).
+    r"^[A-Za-z][A-Za-z0-9+.-]{0,31}:[^\s\x00-\x1f\x7f]+$": (
+        "a URI on one line: a scheme, ':' and the rest with no spaces or control characters "
+        "(s3://bucket/key, https://host/path, file:///path)"
+    ),
+    r"^[\x20-\x7e]*$": "printable ASCII (letters, digits, punctuation and spaces)",
     rf"^{_REF_NAME}/{_REF_NAME}(?::[1-9][0-9]{{0,8}})?$": (
         f"TEAM/NAME or TEAM/NAME:VERSION ({_REF_NAME_WORDS}; a version from 1 to 999999999)"
     ),
