@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainyard.cli_base import ID_MAX, CliError, Exit, Session, dumps, resolve, whole_arg
-from trainyard.cli_models import parse_ref
+from trainyard.cli_models import name_arg, parse_ref
 from trainyard.cli_render import short, table, time_text
 from trainyard.client import segment
 
@@ -48,7 +48,7 @@ def add_commands(
     for name, text in (("grant", "let a team read it"), ("revoke", "stop a team reading it")):
         change = action(name, run_grant, text)
         change.add_argument("dataset", metavar="TEAM/NAME")
-        change.add_argument("grantee", metavar="TEAM", help="the team")
+        change.add_argument("grantee", type=name_arg("team"), metavar="TEAM", help="the team")
 
     lineage = command("lineage", None, "where a model version came from, what a dataset made")
     ways = lineage.add_subparsers(dest="action", required=True, metavar="ACTION")

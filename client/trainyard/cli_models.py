@@ -108,6 +108,31 @@ def parse_ref(value: str, what: str, *, version: bool | None = False, alias: boo
     return Ref(found["team"], found["name"], number, found["alias"])
 
 
+NAME_RULE = "1 to 100 letters, digits, _ . or -, not starting with ."
+"""The registry's rule for team, model, dataset and project names, in words."""
+
+
+def name_arg(kind: str) -> Callable[[str], str]:
+    """An argparse ``type`` for a ``kind`` name (team, model, dataset, project) that goes into
+    a registry URL or query: one that cannot be a name is a usage error naming the argument,
+    before any request (an encoded ``/`` would reach no route, and be told so in words about
+    the URL). An empty value passes, for the CLI's own check of empty values."""
+
+    def check(value: str) -> str:
+        if value.strip() and not re.fullmatch(_NAME, value):
+            found = _REF.fullmatch(value.strip()) if "/" in value else None
+            hint = (
+                f"; for a model as TEAM/NAME: trainyard model show {value.strip()}"
+                if found and kind == "model"
+                else ""
+            )
+            raise argparse.ArgumentTypeError(f"{value!r} is not a {kind} name ({NAME_RULE}){hint}")
+        return value
+
+    check.__name__ = f"{kind} name"
+    return check
+
+
 def alias_arg(value: str) -> str:
     """An alias as argparse checks it (lower-case, as the registry requires)."""
     if not re.fullmatch(_ALIAS, value):
@@ -147,12 +172,14 @@ def add_commands(
 
     ls = action("ls", run_ls, "the team's models, then those other teams granted to it")
     ls.add_argument(
-        "--team", help="another team's (operators; members: those it granted to their team)"
+        "--team",
+        type=name_arg("team"),
+        help="another team's (operators; members: those it granted to their team)",
     )
     ls.add_argument(
         "--granted", action="store_true", help="only the models other teams granted to yours"
     )
-    ls.add_argument("--project", help="only models of this project")
+    ls.add_argument("--project", type=name_arg("project"), help="only models of this project")
     show = action("show", run_show, "a model: its versions and aliases, or one version")
     show.add_argument("model", metavar="TEAM/NAME[:V|@ALIAS]")
     register = action("register", run_register, "register a job's committed checkpoint")
@@ -194,7 +221,7 @@ def add_commands(
     ):
         change = action(name, run_grant, text)
         change.add_argument("model", metavar="TEAM/NAME")
-        change.add_argument("grantee", metavar="TEAM", help="the team")
+        change.add_argument("grantee", type=name_arg("team"), metavar="TEAM", help="the team")
 
 
 def _metrics(metrics: dict[str, Any] | None) -> str:

@@ -17,6 +17,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from trainyard.cli_base import CliError, Exit, Session, exit_code_of, note, resolve, whole_arg
+from trainyard.cli_models import name_arg
 from trainyard.cli_render import (
     attempt_number,
     duration,
@@ -64,8 +65,13 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     note.add_argument("job", metavar="JOB")
     note.add_argument("text", metavar="TEXT")
     models = command("models", run_models, "the versions of one of the team's models")
-    models.add_argument("name", metavar="NAME", help="the model's name (a job's model shows it)")
-    models.add_argument("--team", help="another team's (operators)")
+    models.add_argument(
+        "name",
+        type=name_arg("model"),
+        metavar="NAME",
+        help="the model's name (a job's model shows it)",
+    )
+    models.add_argument("--team", type=name_arg("team"), help="another team's (operators)")
     cost = command(
         "cost", run_cost, "exact costs from billing's ledger: a report, or one job's bill"
     )
