@@ -21,7 +21,7 @@ from tests.integration.registry.modelkit import (
     job_with_checkpoints,
     register,
 )
-from tests.integration.registry.test_registry import succeeded
+from tests.integration.registry.test_registry import spec, started, succeeded
 from trainyard_platform.services.registry.model_api import MODELS
 from trainyard_platform.services.registry.models import MAX_ALIASES
 from trainyard_platform.shared.storage import ObjectStore
@@ -550,3 +550,27 @@ async def test_the_database_refuses_to_change_a_version_and_allows_one_deletion(
         for change in ("deleted_at = NULL, deleted_by = NULL", "deleted_by = 'vision/mallory'"):
             with pytest.raises(asyncpg.RaiseError, match="model versions are immutable"):
                 await conn.execute(f"UPDATE model_versions SET {change}")
+
+
+async def test_a_job_started_after_its_parent_was_deleted_is_its_tombstones_child(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """A job admitted naming a parent version, which is deleted before the job starts: the
+    lineage edge is written to the version's tombstone (its row stays), and the parent's
+    lineage shows it deleted. docs/models.md said the edge was left unwritten."""
+    job = await job_with_checkpoints(pool, store, [1])
+    async with app_as(pool, store, VISION) as client:
+        assert (await register(client, "vision", "base", job)).status_code == 201
+        assert (await client.delete("/v1/models/vision/base/versions/1")).status_code == 200
+        child = spec("child", "vision").model_copy(update={"parent_model": "vision/base:1"})
+        await apply(pool, store, "job-child", started("job-child", "alloc-job-child", 0, child))
+        async with pool.acquire() as conn:
+            parent = await conn.fetchval(
+                "SELECT v.version FROM job_parents p "
+                "JOIN model_versions v ON v.id = p.parent_version_id "
+                "WHERE p.job_id = 'job-child' AND v.deleted_at IS NOT NULL"
+            )
+        assert parent == 1
+        graph = await client.get("/v1/lineage/models/vision/base/versions/1/upstream")
+        assert graph.status_code == 200, graph.text
+        assert graph.json()["nodes"][0]["deleted"] is True
