@@ -292,8 +292,7 @@ def model_routes(
                     conn, body.job_id, body.checkpoint_uri
                 )
             if chosen is None:
-                which = body.checkpoint_uri or "any"
-                raise NotFoundException(f"job {body.job_id!r} has no committed checkpoint {which}")
+                raise await not_found.checkpoint(conn, body.job_id, body.checkpoint_uri)
             final = next((r for r in runs if r.allocation_id == chosen.allocation_id), None)
             if final is None:
                 raise HTTPException(

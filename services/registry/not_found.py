@@ -15,6 +15,9 @@ Contract:
   the model's or dataset's own answer when that is what is missing.
 - ``alias``: ``no alias 'a' of ...``, then the closest alias, or the model's aliases, or that
   it has none and how to make one.
+- ``checkpoint``: a registration naming a checkpoint its job did not commit (or a job that
+  committed none): the latest it committed, or that it committed none yet. Only for a job
+  of the caller's team (the route checks that first).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import asyncpg
 from litestar.exceptions import NotFoundException
 
 from trainyard_platform.services.registry import grants
+from trainyard_platform.services.registry import repository as repo
+from trainyard_platform.services.registry.domain import latest_checkpoint
 from trainyard_platform.shared.suggest import closest
 
 CANDIDATES = 1000
@@ -124,6 +129,22 @@ async def alias(
     return NotFoundException(
         f"{head}; it has no aliases (trainyard model alias set {team}/{name} {wanted} VERSION "
         "makes one)"
+    )
+
+
+async def checkpoint(conn: asyncpg.Connection, job_id: str, uri: str | None) -> NotFoundException:
+    """The 404 of registering job ``job_id``'s checkpoint ``uri`` (None: its latest) when the
+    job committed no such checkpoint."""
+    latest = latest_checkpoint(await repo.checkpoints_of_job(conn, job_id))
+    if latest is None:
+        return NotFoundException(
+            f"job {job_id!r} has committed no checkpoint yet: a job's runner reports each "
+            "checkpoint it commits, and only those can be registered"
+        )
+    return NotFoundException(
+        f"job {job_id!r} has no committed checkpoint {uri!r}; the latest it committed is "
+        f"{latest.ref.uri} (step {latest.ref.step}), the one registered when checkpoint_uri "
+        "(trainyard model register --checkpoint) is left out"
     )
 
 

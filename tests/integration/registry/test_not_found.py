@@ -110,3 +110,28 @@ async def test_what_is_not_there_says_what_is(pool: asyncpg.Pool, store: ObjectS
         assert "latest live version is 2" in await detail(
             await client.get("/v1/models/vision/digits/versions/1")
         )
+
+
+async def test_a_checkpoint_not_committed_says_which_is(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """Registering a job's checkpoint it did not commit names the one it did commit last;
+    a job that committed none says so in words (it said ``has no committed checkpoint
+    any``)."""
+    job = await job_with_checkpoints(pool, store, [10, 20])
+    empty = await job_with_checkpoints(pool, store, [])
+    async with app_as(pool, store, VISION) as client:
+        wrong = await register(client, "vision", "digits", job, checkpoint_uri="s3://x/y.pt")
+        assert await detail(wrong) == (
+            f"job {job.id!r} has no committed checkpoint 's3://x/y.pt'; the latest it "
+            f"committed is {job.checkpoints[1].uri} (step 20), the one registered when "
+            "checkpoint_uri (trainyard model register --checkpoint) is left out"
+        )
+        none = await register(client, "vision", "digits", empty)
+        assert await detail(none) == (
+            f"job {empty.id!r} has committed no checkpoint yet: a job's runner reports each "
+            "checkpoint it commits, and only those can be registered"
+        )
+        named = await register(client, "vision", "digits", empty, checkpoint_uri="s3://x/y.pt")
+        assert "has committed no checkpoint yet" in await detail(named)
+    assert store.list("registry/") == []
