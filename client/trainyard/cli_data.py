@@ -77,7 +77,10 @@ def run_ls(session: Session) -> int:
     session.emit(
         found,
         lambda: table(
-            ("DATASET", "LATEST", "CREATED"), rows, empty="no datasets your team may read"
+            ("DATASET", "LATEST", "CREATED"),
+            rows,
+            empty="no datasets your team may read (trainyard dataset register TEAM/NAME "
+            "--uri URI --sha256 HEX --size BYTES adds one)",
         ),
     )
     return Exit.OK

@@ -400,7 +400,13 @@ def run_show(session: Session) -> int:
             + table(
                 ("VERSION", "ALIASES", "JOB", "REGISTERED", "METRICS"),
                 rows,
-                empty="no live versions",
+                # Its own team may add one; a team it is granted to (no grants shown) not.
+                empty="no live versions"
+                + (
+                    ""
+                    if grants is None
+                    else f" (trainyard model register {ref} --job JOB adds one)"
+                ),
             )
         )
 
