@@ -229,10 +229,15 @@ async def delete_version(
     running job is fine-tuning from it (a lineage edge needs its artifact). False when it was deleted already."""
     pointing = await models_repo.aliases_of_version(conn, model_id, version.version)
     if pointing:
-        names_ = ", ".join(repr(a) for a in pointing)
+        quoted = [repr(a) for a in pointing]
+        which = (
+            f"alias {quoted[0]} points at; move or delete it first"
+            if len(quoted) == 1
+            else f"aliases {', '.join(quoted[:-1])} and {quoted[-1]} point at; move or delete "
+            "them first"
+        )
         raise AliasInUse(
-            f"version {version.version} of {version.team}/{version.model_name} is what "
-            f"alias {names_} points at; move or delete the alias first"
+            f"version {version.version} of {version.team}/{version.model_name} is what {which}"
         )
     # A lineage edge needs it: a live version made by a job that fine-tuned from it, or a
     # job fine-tuning from it that is still running (tracking's status).

@@ -295,6 +295,11 @@ async def test_deleting_a_version_frees_its_objects_unless_an_alias_points_at_it
         assert (
             "'production'" in refused.json()["detail"] and "'rollback'" in refused.json()["detail"]
         )
+        # Said as a sentence ("is what alias 'production', 'rollback' points at" before).
+        assert refused.json()["detail"] == (
+            "version 1 of vision/digits is what aliases 'production' and 'rollback' point at; "
+            "move or delete them first"
+        )
         assert len(store.list("registry/")) == 2
 
         await client.delete("/v1/models/vision/digits/aliases/production")
