@@ -26,7 +26,7 @@ from typing import Annotated, Any
 import asyncpg
 from litestar import Request, delete, get, post, put
 from litestar.di import NamedDependency
-from litestar.exceptions import NotFoundException, PermissionDeniedException
+from litestar.exceptions import PermissionDeniedException
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, PathParameter, QueryParameter
 
@@ -96,7 +96,7 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
             await read_json_body(request, BODY_MAX_BYTES, lambda _: False),
         )
         if not principal.may_see_team(team):
-            raise NotFoundException(f"no team {team!r}")  # another team's: like none
+            raise not_found.not_yours("dataset", team, name)
         if principal.is_operator:  # a user's own team exists; an operator's may not
             await teams.require(team, "team")
         async with pool.acquire() as conn, conn.transaction():
@@ -210,7 +210,7 @@ def dataset_routes(pool: asyncpg.Pool, clock: Clock = utc_now) -> list[HTTPRoute
         names.check_model(team, name)
         names.check("team", grantee_team, "grantee_team")
         if not principal.may_see_team(team):
-            raise NotFoundException(f"no dataset {name!r} in team {team!r}")
+            raise not_found.not_yours("dataset", team, name)
         if not principal.has(Role.ADMIN):
             raise PermissionDeniedException("granting needs the admin role of the dataset's team")
         if grantee_team == team:

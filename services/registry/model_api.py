@@ -184,7 +184,7 @@ def model_routes(
         """For writes: the model's own team (or an operator), else 404."""
         names.check_model(team, name)
         if not principal.may_see_team(team):
-            raise NotFoundException(f"no model {name!r} in team {team!r}")
+            raise not_found.not_yours("model", team, name)
 
     readable = model_grants.readable_or_404
 
@@ -280,7 +280,7 @@ def model_routes(
             names.check("tag", tag, f"tags[{i}]")
         missing_job = NotFoundException(f"no job {body.job_id!r} in team {team!r}")
         if not principal.may_see_team(team):
-            raise missing_job
+            raise not_found.not_yours("model", team, name)
         async with pool.acquire() as conn:
             runs = await repo.runs_of_job(conn, body.job_id)
             if not runs or runs[0].spec.team != team:
@@ -661,7 +661,7 @@ def model_routes(
         names.check_model(team, name)
         names.check("team", grantee_team, "grantee_team")
         if not principal.may_see_team(team):
-            raise NotFoundException(f"no model {name!r} in team {team!r}")
+            raise not_found.not_yours("model", team, name)
         if not principal.has(Role.ADMIN):
             raise PermissionDeniedException("granting needs the admin role of the model's team")
         if grantee_team == team:

@@ -15,6 +15,9 @@ Contract:
   the model's or dataset's own answer when that is what is missing.
 - ``alias``: ``no alias 'a' of ...``, then the closest alias, or the model's aliases, or that
   it has none and how to make one.
+- ``not_yours``: a change (registering, deleting, aliasing, granting) to a model or dataset
+  of a team that is not the caller's: whose it is, the same words whether it exists or not
+  (the caller may read it through a grant, or not at all), and no lookup.
 - ``checkpoint``: a registration naming a checkpoint its job did not commit (or a job that
   committed none): the latest it committed, or that it committed none yet. Only for a job
   of the caller's team (the route checks that first).
@@ -129,6 +132,15 @@ async def alias(
     return NotFoundException(
         f"{head}; it has no aliases (trainyard model alias set {team}/{name} {wanted} VERSION "
         "makes one)"
+    )
+
+
+def not_yours(kind: str, team: str, name: str) -> NotFoundException:
+    """The 404 of a change to ``team``'s ``kind`` (model, dataset) ``name`` by a caller of
+    another team: it says whose it is, existing or not."""
+    return NotFoundException(
+        f"no {kind} {name!r} in team {team!r} that your team may change: only team {team!r} "
+        f"changes its {kind}s (a grant lets another team read them)"
     )
 
 

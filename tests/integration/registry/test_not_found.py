@@ -135,3 +135,49 @@ async def test_a_checkpoint_not_committed_says_which_is(
         named = await register(client, "vision", "digits", empty, checkpoint_uri="s3://x/y.pt")
         assert "has committed no checkpoint yet" in await detail(named)
     assert store.list("registry/") == []
+
+
+async def test_a_change_to_another_teams_model_or_dataset_says_whose_it_is(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """A team a model is granted to reads it, and was told ``no model 'digits' in team
+    'vision'`` when it tried to move an alias of it or register a version, as if the model
+    it had just listed did not exist. Every change to another team's model or dataset now
+    says whose it is, in words that are the same whether it exists or not."""
+    job = await job_with_checkpoints(pool, store, [1])
+    async with app_as(pool, store, VISION) as client:
+        assert (await register(client, "vision", "digits", job)).status_code == 201
+        made = await client.post("/v1/datasets/vision/mnist/versions", json=DATASET)
+        assert made.status_code == 201
+    async with app_as(pool, store, VISION_ADMIN) as client:
+        assert (await client.put("/v1/models/vision/digits/grants/ml")).status_code == 200
+    async with app_as(pool, store, ML) as client:
+        assert (await client.get("/v1/models/vision/digits")).status_code == 200
+        for name in ("digits", "nothing-here"):
+            model = f"/v1/models/vision/{name}"
+            says = (
+                f"no model {name!r} in team 'vision' that your team may change: only team "
+                "'vision' changes its models (a grant lets another team read them)"
+            )
+            for method, path, body in (
+                ("PUT", f"{model}/aliases/prod", {"version": 1}),
+                ("DELETE", f"{model}/aliases/prod", None),
+                ("DELETE", f"{model}/versions/1", None),
+                ("POST", f"{model}/versions", {"job_id": job.id}),
+                ("PUT", f"{model}/grants/audio", None),
+            ):
+                answer = await client.request(method, path, json=body)
+                assert await detail(answer) == says, (method, path)
+        for name in ("mnist", "nothing-here"):
+            dataset = f"/v1/datasets/vision/{name}"
+            says = (
+                f"no dataset {name!r} in team 'vision' that your team may change: only team "
+                "'vision' changes its datasets (a grant lets another team read them)"
+            )
+            for method, path, body in (
+                ("POST", f"{dataset}/versions", DATASET),
+                ("PUT", f"{dataset}/grants/audio", None),
+                ("DELETE", f"{dataset}/grants/audio", None),
+            ):
+                answer = await client.request(method, path, json=body)
+                assert await detail(answer) == says, (method, path)
