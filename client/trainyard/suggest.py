@@ -14,8 +14,8 @@ first of these rules that picks exactly one candidate (names compared after came
    (``hparams`` -> ``hyperparameters``), for names of four letters or more.
 
 A rule that fits several candidates equally picks none; None when no rule picks one
-(``model``: ``parent_model`` or ``register_model``): a wrong guess (``cpus`` -> ``gpus``)
-sends a person the wrong way. Pure
+(``model``: ``parent_model`` or ``register_model``), or when there is no candidate at all: a
+wrong guess (``cpus`` -> ``gpus``) sends a person the wrong way. Pure
 standard library: the client and the services use the same words.
 """
 
@@ -84,7 +84,7 @@ def closest(name: str, candidates: Iterable[str]) -> str | None:
     ]
     for score in rules:
         scores = {c: score(c) for c in plain}
-        best = max(scores.values())
+        best = max(scores.values(), default=0)  # no candidates: no guess
         found = [c for c, n in scores.items() if n == best]
         if best and len(found) == 1:
             return plain[found[0]]

@@ -72,6 +72,13 @@ async def test_what_is_not_there_says_what_is(pool: asyncpg.Pool, store: ObjectS
         other = await detail(await client.get(f"{model}/versions/by-alias/staging"))
         assert other.endswith("its aliases are prod")
         assert "its aliases are prod" in await detail(await client.delete(f"{model}/aliases/x"))
+        # A model with no alias at all (there is nothing to guess from).
+        assert (await register(client, "vision", "plain", job)).status_code == 201
+        bare = await detail(await client.get("/v1/models/vision/plain/versions/by-alias/prod"))
+        assert bare == (
+            "no alias 'prod' of model 'plain' in team 'vision'; it has no aliases "
+            "(trainyard model alias set vision/plain prod VERSION makes one)"
+        )
 
         mnst = await detail(await client.get("/v1/datasets/vision/mnst"))
         assert mnst == (

@@ -119,3 +119,10 @@ def test_a_key_of_a_requests_size_is_no_field_and_is_not_repeated_whole() -> Non
     message = unknown_field(key, ["hyperparameters", "requirements", "gpus"])
     assert len(message) < 100, message
     assert message.startswith("unknown field 'kkkk") and message.endswith("…'")
+
+
+def test_no_candidates_is_no_guess() -> None:
+    """With nothing to choose from there is no guess (it raised ``ValueError``: the registry
+    answered 500 for an alias asked of a model that has none)."""
+    assert closest("prod", []) is None
+    assert unknown_field("prod", []) == "unknown field 'prod'"
