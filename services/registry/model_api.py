@@ -278,7 +278,10 @@ def model_routes(
         body = parse_body(RegisterRequest, raw)
         for i, tag in enumerate(body.tags):
             names.check("tag", tag, f"tags[{i}]")
-        missing_job = NotFoundException(f"no job {body.job_id!r} in team {team!r}")
+        missing_job = NotFoundException(
+            f"no started job {body.job_id!r} in team {team!r}: the registry learns a job when "
+            "it starts, and registers only checkpoints a started job of the team committed"
+        )
         if not principal.may_see_team(team):
             raise not_found.not_yours("model", team, name)
         async with pool.acquire() as conn:

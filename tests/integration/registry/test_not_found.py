@@ -188,3 +188,17 @@ async def test_a_change_to_another_teams_model_or_dataset_says_whose_it_is(
             ):
                 answer = await client.request(method, path, json=body)
                 assert await detail(answer) == says, (method, path)
+
+
+async def test_a_job_the_registry_has_not_seen_start_says_so(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """A job submitted but not started yet (or of another team, or none) was ``no job 'x' in
+    team 'vision'``, though ``trainyard ls`` lists it: the registry learns a job when it
+    starts, and registers only what a started job committed."""
+    async with app_as(pool, store, VISION) as client:
+        queued = await client.post("/v1/models/vision/digits/versions", json={"job_id": "j-1"})
+        assert await detail(queued) == (
+            "no started job 'j-1' in team 'vision': the registry learns a job when it starts, "
+            "and registers only checkpoints a started job of the team committed"
+        )
