@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainyard.cli_base import ID_MAX, CliError, Exit, Session, dumps, resolve, whole_arg
-from trainyard.cli_models import name_arg, parse_ref
+from trainyard.cli_models import Ref, name_arg, parse_ref
 from trainyard.cli_render import short, table, time_text
 from trainyard.client import segment
 
@@ -53,7 +53,7 @@ def add_commands(
     lineage = command("lineage", None, "where a model version came from, what a dataset made")
     ways = lineage.add_subparsers(dest="action", required=True, metavar="ACTION")
     for name, metavar, text in (
-        ("up", "TEAM/MODEL:V", "everything a model version came from"),
+        ("up", "TEAM/MODEL:V|@ALIAS", "everything a model version came from"),
         ("down", "TEAM/DATASET:V", "everything made from a dataset version"),
     ):
         way = ways.add_parser(name, parents=[common], help=text, description=text)
@@ -178,12 +178,18 @@ def run_grant(session: Session) -> int:
 
 def run_lineage(session: Session) -> int:
     args = session.args
-    ref = parse_ref(args.ref, "TEAM/NAME:V", version=True)
-    kind, way = ("models", "upstream") if args.action == "up" else ("datasets", "downstream")
+    up = args.action == "up"
+    # A model version may be named by an alias, as model show and download take it; a
+    # dataset has none.
+    ref = parse_ref(args.ref, "TEAM/NAME:V", version=True, alias=up)
+    kind, way = ("models", "upstream") if up else ("datasets", "downstream")
+    registry = session.service("registry")
+    if ref.alias:
+        pointed = registry.get(f"/v1/models/{ref.path}/versions/by-alias/{segment(ref.alias)}")
+        ref = Ref(ref.team, ref.name, int(pointed["version"]))
     path = (
         f"/v1/lineage/{kind}/{segment(ref.team)}/{segment(ref.name)}/versions/{ref.version}/{way}"
     )
-    registry = session.service("registry")
     if args.openlineage:
         print(dumps(registry.get(path, format="openlineage")))
         return Exit.OK
