@@ -42,7 +42,7 @@ VALUES = {
     "TEAM/NAME": "vision/cnn",
     "TEAM/NAME[:V|@ALIAS]": "vision/cnn:1",
     "TEAM/NAME[:V]": "vision/digits:1",
-    "TEAM/MODEL:V": "vision/cnn:1",
+    "TEAM/MODEL:V|@ALIAS": "vision/cnn:1",
     "TEAM/DATASET:V": "vision/digits:1",
     "ALIAS": "prod",
     "VERSION": "1",
