@@ -24,18 +24,12 @@ PATTERN_WORDS: dict[str, str] = {
     r"^[A-Za-z0-9._ -]{1,100}$": "1 to 100 letters, digits, spaces, '.', '_' or '-'",
     r"^[\x20-\x7e]*$": "printable ASCII (no control characters or non-ASCII letters)",
     r"^[A-Za-z][A-Za-z0-9+.-]{0,31}:[^\s\x00-\x1f\x7f]+$": (
-        "a URI: its scheme (a letter, then at most 31 letters, digits, '+', '.' or '-'), "
-        "':', then the rest without spaces or control characters"
+        "a URI on one line: its scheme (a letter, then at most 31 letters, digits, '+', '.' "
+        "or '-'), ':', then the rest without spaces or control characters (s3://bucket/key, "
+        "https://host/path, file:///path)"
     ),
     r"^[0-9a-f]{64}$": "a sha256: 64 lower-case hexadecimal digits",
     r"^[0-9a-f]{40}$": "a whole commit id: 40 lower-case hexadecimal digits",
-    # A dataset version's ``uri`` and ``feature_version`` (the registry's
-    # ``dataset_schemas``).
-    r"^[A-Za-z][A-Za-z0-9+.-]{0,31}:[^\s\x00-\x1f\x7f]+$": (
-        "a URI on one line: a scheme, ':' and the rest with no spaces or control characters "
-        "(s3://bucket/key, https://host/path, file:///path)"
-    ),
-    r"^[\x20-\x7e]*$": "printable ASCII (letters, digits, punctuation and spaces)",
     rf"^{_REF_NAME}/{_REF_NAME}(?::[1-9][0-9]{{0,8}})?$": (
         f"TEAM/NAME or TEAM/NAME:VERSION ({_REF_NAME_WORDS}; a version from 1 to 999999999)"
     ),
