@@ -84,7 +84,7 @@ def closest(name: str, candidates: Iterable[str]) -> str | None:
     ]
     for score in rules:
         scores = {c: score(c) for c in plain}
-        best = max(scores.values(), default=0)  # no candidates: no guess
+        best = max(scores.values())  # (``plain`` is not empty: checked above)
         found = [c for c, n in scores.items() if n == best]
         if best and len(found) == 1:
             return plain[found[0]]
