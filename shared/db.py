@@ -43,6 +43,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -222,6 +223,75 @@ async def connection_beside(pool: asyncpg.Pool, *, purpose: str) -> asyncpg.Conn
         conn.terminate()
         raise
     return conn
+
+
+class Listening:
+    """``LISTEN channel`` on a connection of its own beside ``pool`` (``connection_beside``;
+    on one of ``pool``'s for a pool ``open_pool`` did not open), ``on_notify`` called for each
+    ``NOTIFY``, ``on_lost`` when the connection is lost (a database restart, a terminated
+    backend): a listener kept on a pooled connection was one connection fewer for the whole
+    leadership, and one lost was never heard from again.
+
+    ``ensure()`` opens it when there is none (first, or since it was lost) and says whether it
+    did: notifications sent while there was none are missed, so a caller that opened one
+    again catches up (a scheduler runs a pass). It raises what opening raises (one of
+    ``DATABASE_FAULTS``), leaving none open. ``close()`` ends it (idempotent)."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        channel: str,
+        on_notify: Callable[..., object],
+        on_lost: Callable[[], object],
+        *,
+        purpose: str,
+    ) -> None:
+        self._pool = pool
+        self._channel = channel
+        self._on_notify = on_notify
+        self._on_lost = on_lost
+        self._purpose = purpose
+        self._conn: asyncpg.Connection | None = None
+        self._pooled = False
+
+    async def ensure(self) -> bool:
+        if self._conn is not None and not self._conn.is_closed():
+            return False
+        await self.close()
+        conn = await connection_beside(self._pool, purpose=self._purpose)
+        self._pooled = conn is None
+        if conn is None:
+            conn = await self._pool.acquire()
+        try:
+            await conn.add_listener(self._channel, self._on_notify)
+        except BaseException:
+            await self._drop(conn)
+            raise
+        conn.add_termination_listener(self._lost)
+        self._conn = conn
+        return True
+
+    def _lost(self, conn: object) -> None:
+        if conn is self._conn:
+            self._on_lost()
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        conn.remove_termination_listener(self._lost)
+        with contextlib.suppress(*DATABASE_FAULTS):
+            await conn.remove_listener(self._channel, self._on_notify)
+        await self._drop(conn)
+
+    async def _drop(self, conn: asyncpg.Connection) -> None:
+        if self._pooled:
+            await self._pool.release(conn)
+        else:
+            with contextlib.suppress(*DATABASE_FAULTS):
+                await conn.close(timeout=5)
+            if not conn.is_closed():
+                conn.terminate()
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:

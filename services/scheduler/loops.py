@@ -4,7 +4,9 @@ Contract:
 - ``PassLoop`` runs a scheduling pass (in its own transaction, under the scheduling lock and
   the leader check) whenever it is poked -- by a handler after a change of supply or demand
   has committed, or by an admin change of queues, quotas or classes (``NOTIFY`` on
-  ``CONFIG_CHANNEL``) -- and at least every ``interval_s``. Pokes that arrive while a pass
+  ``CONFIG_CHANNEL``, heard on a connection of its own, ``db.Listening``: one lost is opened
+  again at once, followed by a pass for what it may have missed) -- and at least every
+  ``interval_s``. Pokes that arrive while a pass
   runs are coalesced into the next pass, and after each pass the loop rests as long as the
   pass took, so passes use at most about half of the leader's time and a burst of events
   gathers into a few passes, not one each (a 10 ms pass delays the next by 10 ms). Before
@@ -29,7 +31,6 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -52,7 +53,12 @@ from trainyard_platform.services.scheduler.scheduling import (
     utc_now,
 )
 from trainyard_platform.shared.bus import Bus, Delivery
-from trainyard_platform.shared.db import DATABASE_FAULTS, failed_rounds_from_zero, log_failed_round
+from trainyard_platform.shared.db import (
+    DATABASE_FAULTS,
+    Listening,
+    failed_rounds_from_zero,
+    log_failed_round,
+)
 from trainyard_platform.shared.inbox import Guard, idempotent_batches, no_guard
 
 log = logging.getLogger(__name__)
@@ -143,13 +149,22 @@ class PassLoop:
     async def run(self, stop: asyncio.Event) -> None:
         failed_rounds_from_zero("scheduling-pass")
         failed_rounds_from_zero("fast-path")
-        listener = await self._pool.acquire()
+        failed_rounds_from_zero("config-listener")
+        listening = Listening(
+            self._pool,
+            CONFIG_CHANNEL,
+            self._on_notify,
+            self.poke,  # lost: the next round listens again
+            purpose="scheduler-config",
+        )
         try:
-            # Inside: a database that fails right after the acquire must not keep the
-            # connection from the pool (each such term would take one for good).
-            await listener.add_listener(CONFIG_CHANNEL, self._on_notify)
-            self.poke()
             while not stop.is_set():
+                try:
+                    if await listening.ensure():
+                        self._on_notify()  # changes said while none listened are missed
+                except DATABASE_FAULTS as exc:
+                    # The pass below likely fails too; either way, the next round tries again.
+                    log_failed_round(log, "config-listener", "cannot listen: %s; retrying", exc)
                 await self._sleep(stop)
                 if stop.is_set():
                     return
@@ -168,9 +183,7 @@ class PassLoop:
                 finished = time.monotonic()
                 self._rest_until = finished + (finished - started)
         finally:
-            with contextlib.suppress(*DATABASE_FAULTS):
-                await listener.remove_listener(CONFIG_CHANNEL, self._on_notify)
-            await self._pool.release(listener)
+            await listening.close()
 
     async def run_once(self) -> None:
         """One pass now: forced releases first, then the policy, in one transaction; a
