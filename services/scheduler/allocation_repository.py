@@ -13,6 +13,7 @@ import asyncpg
 
 from trainyard_platform.services.scheduler.domain import Allocation, AllocationStatus, Outcome
 from trainyard_platform.services.scheduler.repository import Row
+from trainyard_platform.shared.events.payloads import CheckpointRef
 
 # --- allocations and leases ------------------------------------------------------------
 
@@ -210,6 +211,50 @@ async def record_checkpoint(
         uuid.UUID(allocation_id),
         saved_at,
     )
+
+
+async def record_resume_point(
+    conn: asyncpg.Connection, job_id: str, ref: CheckpointRef, saved_at: datetime
+) -> None:
+    """Keep ``ref`` as the checkpoint ``job_id`` resumes from unless the one kept is of a
+    later step (one of the same step is replaced: the later report is the later attempt's)."""
+    await conn.execute(
+        "INSERT INTO resume_checkpoints "
+        "(job_id, uri, manifest_uri, step, size_bytes, sha256, saved_at) "
+        "VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (job_id) DO UPDATE SET "
+        "uri = EXCLUDED.uri, manifest_uri = EXCLUDED.manifest_uri, step = EXCLUDED.step, "
+        "size_bytes = EXCLUDED.size_bytes, sha256 = EXCLUDED.sha256, "
+        "saved_at = EXCLUDED.saved_at WHERE resume_checkpoints.step <= EXCLUDED.step",
+        job_id,
+        ref.uri,
+        ref.manifest_uri,
+        ref.step,
+        ref.size_bytes,
+        ref.sha256,
+        saved_at,
+    )
+
+
+async def resume_points(
+    conn: asyncpg.Connection, job_ids: Sequence[str]
+) -> dict[str, CheckpointRef]:
+    """The checkpoint each of ``job_ids`` resumes from (``record_resume_point``); a job
+    without one is absent."""
+    rows = await conn.fetch(
+        "SELECT job_id, uri, manifest_uri, step, size_bytes, sha256 FROM resume_checkpoints "
+        "WHERE job_id = ANY($1::text[])",
+        list(job_ids),
+    )
+    return {
+        r["job_id"]: CheckpointRef(
+            uri=r["uri"],
+            manifest_uri=r["manifest_uri"],
+            step=r["step"],
+            size_bytes=r["size_bytes"],
+            sha256=r["sha256"],
+        )
+        for r in rows
+    }
 
 
 # --- fair-share usage ------------------------------------------------------------------

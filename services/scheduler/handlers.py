@@ -484,7 +484,9 @@ class SchedulerHandlers:
 
     async def on_checkpoint(self, conn: asyncpg.Connection, saved: CheckpointSaved) -> None:
         """Remember when the job last saved a complete checkpoint (victims are chosen to lose
-        the least work)."""
+        the least work), and which one its next attempt resumes from (the newest by step:
+        ``allocation.granted``'s ``resume``). Only a report from the node of the job's live
+        allocation at its epoch counts (``fence``): no other node names a job's checkpoint."""
         allocations = await allocation_repo.live_allocations(conn, saved.job_id)
         stale = fence(
             [a.live for a in allocations], saved.allocation_id, saved.epoch, saved.node_id
@@ -494,6 +496,9 @@ class SchedulerHandlers:
             return
         self._stale()  # victims are chosen by their last checkpoint
         await allocation_repo.record_checkpoint(conn, saved.allocation_id, saved.saved_at)
+        await allocation_repo.record_resume_point(
+            conn, saved.job_id, saved.checkpoint, saved.saved_at
+        )
 
     async def on_ended(
         self, conn: asyncpg.Connection, delivery: Delivery, report: EndReport, now: datetime

@@ -270,6 +270,7 @@ async def _grant(
     if not placements:
         return
     jobs = await repo.jobs_by_id(conn, [p.job_id for p in placements])
+    resumes = await allocation_repo.resume_points(conn, list(jobs))
     members = [(p, sorted(p.gpus.items())) for p in placements]
     epochs = iter(await allocation_repo.next_epochs(conn, sum(len(m) for _, m in members)))
     counts = {n.node_id: n.gpu_count for n in built.snapshot.nodes}
@@ -317,6 +318,7 @@ async def _grant(
                     spec=job.spec,
                     gang=rendezvous,
                     queue=job.queue or None,
+                    resume=resumes.get(job.job_id),
                 )
                 events.append(outbox.traced(_envelope(granted, allocation.node_id)))
     await allocation_repo.insert_allocations(conn, allocations)

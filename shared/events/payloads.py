@@ -303,6 +303,13 @@ class AllocationGranted(Payload):
     queue: str | None = None
     """The scheduler's queue the job was placed from (billing attributes cost to it); None
     from a publisher that does not say."""
+    resume: CheckpointRef | None = None
+    """The checkpoint this attempt resumes from: the newest one the job's own allocations
+    reported committed (``checkpoint.saved``, believed only from the node of the job's
+    allocation), with the size and sha256 they committed. The runner restores exactly this
+    one, verified against it, and never another it finds in the store; None: the job
+    starts from nothing (its first attempt, one that never saved, a publisher that does
+    not say)."""
 
 
 class GrantOfInvalidSpec(Payload):

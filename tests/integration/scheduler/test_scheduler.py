@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import uuid
@@ -36,6 +37,8 @@ from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
     AllocationRevoked,
+    CheckpointRef,
+    CheckpointSaved,
     JobCancelled,
     JobCancelRequested,
     JobFailed,
@@ -280,6 +283,50 @@ async def test_preempted_job_is_requeued_for_its_next_attempt(scheduler: Schedul
     grants = await scheduler.wait_for(AllocationGranted, count=2)
     assert grants[1].attempt == 1
     assert grants[1].epoch > grant.epoch
+
+
+def saved(grant: AllocationGranted, step: int, **overrides: object) -> CheckpointSaved:
+    """``grant``'s node's report that the job committed a checkpoint of ``step``."""
+    data = f"weights {step}".encode()
+    key = f"jobs/{grant.job_id}/checkpoints/step-{step:08d}-a0000"
+    report = CheckpointSaved(
+        job_id=grant.job_id,
+        allocation_id=grant.allocation_id,
+        epoch=grant.epoch,
+        node_id=grant.node_id,
+        saved_at=datetime.now(UTC),
+        checkpoint=CheckpointRef(
+            uri=f"s3://trainyard/{key}/checkpoint.pt",
+            manifest_uri=f"s3://trainyard/{key}/manifest.json",
+            step=step,
+            size_bytes=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+        ),
+    )
+    return report.model_copy(update=overrides)
+
+
+async def test_the_next_attempt_is_granted_the_checkpoint_its_job_reported(
+    scheduler: Scheduler,
+) -> None:
+    """A grant named no checkpoint: the runner restored the newest folder under the job's
+    prefix, which any node can write. The next attempt's grant names the newest checkpoint
+    the job's own allocation reported committed, with its size and sha256; a lower step
+    reported later does not replace it, and a report of another node or another epoch is
+    not believed."""
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.submit("job-1", gpus=1)
+    (grant,) = await scheduler.wait_for(AllocationGranted)
+    assert grant.resume is None  # nothing reported yet: a fresh start
+    kept = saved(grant, 20)
+    await scheduler.send(kept, "job-1")
+    await scheduler.send(saved(grant, 10), "job-1")
+    await scheduler.send(saved(grant, 90, node_id="n2"), "job-1")
+    await scheduler.send(saved(grant, 91, epoch=grant.epoch + 1000), "job-1")
+    await scheduler.send(preempted(grant, "revoked"), "job-1")
+    grants = await scheduler.wait_for(AllocationGranted, count=2)
+    assert grants[1].attempt == 1
+    assert grants[1].resume == kept.checkpoint
 
 
 async def test_a_running_job_carries_its_place_in_its_queues_order(scheduler: Scheduler) -> None:
