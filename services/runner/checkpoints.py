@@ -25,16 +25,18 @@ or exceeds ``max_bytes`` (``TRAINYARD_RUNNER_MAX_CHECKPOINT_BYTES``), and when i
 shrinks while read. The private copy keeps the holes as holes (``SEEK_DATA``/``SEEK_HOLE``),
 so it takes no more of the runner's disk than the staged file takes of the job's.
 
-``stage_resume`` is the way back: it downloads the newest complete checkpoint whose object
-matches its manifest into the staging folder, in the SDK's layout, so the job restores
-exactly what the runner verified, and ``resumed_from`` names what was really loaded. A
-checkpoint the store cannot serve now (an outage: ``bus.infrastructure_fault``, such as a
-store folder on a mount that does not answer) is no unusable checkpoint: the error is
-raised, and the launch fetches again once the store answers, rather than the job
-resuming from an older one. Nor is one larger by its manifest than the job's disk allowance
-(``ResumeTooLarge``, before any download): the job fails as its own fault. Nothing is read
-past what its manifest says (nor a manifest past ``MAX_MANIFEST_BYTES``): an object larger
-than its manifest is unusable after at most that much more of it, never downloaded whole.
+``stage_resume`` is the way back, and the store chooses nothing in it: every runner node
+can write any key of the store, so a newer folder under a job's prefix, and a manifest that
+matches its object, may be another node's. The checkpoint restored is the one the grant
+names (``AllocationGranted.resume``: the newest the job's own allocations reported
+committed, ``checkpoint.saved``), downloaded into the staging folder in the SDK's layout and
+verified against the size and sha256 of that report, never of the store's manifest. One that
+is missing or is other bytes is refused (``ResumeRefused``), and no other is taken instead;
+one larger than the job's disk allowance is refused before its download
+(``ResumeTooLarge``); no more of an object is read than the grant says it holds. A store
+that cannot serve it now (an outage: ``bus.infrastructure_fault``, such as a store folder
+on a mount that does not answer) raises as it is, and the launch fetches again once the
+store answers.
 
 Each ``commit_staged`` is a ``checkpoint upload`` span (kind ``CLIENT``) in the job's trace
 (``parent``: the context its events are published in): the job id, step and attempt, the
@@ -59,12 +61,12 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import unquote
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trainyard_platform.shared.bus import infrastructure_fault
 from trainyard_platform.shared.events.payloads import CheckpointRef
 from trainyard_platform.shared.metrics import instrument
 from trainyard_platform.shared.storage import (
@@ -320,8 +322,8 @@ def complete_folders(store: ObjectStore) -> list[tuple[int, int, str]]:
 
 
 class ResumeTooLarge(Exception):
-    """The newest usable checkpoint is larger, by its manifest, than the job may hold on
-    disk (``max_bytes`` of ``stage_resume``): it is not downloaded."""
+    """The checkpoint to resume from is larger, by what its job committed, than the job may
+    hold on disk (``max_bytes`` of ``stage_resume``): it is not downloaded."""
 
     def __init__(self, step: int, size_bytes: int, max_bytes: int) -> None:
         super().__init__(f"checkpoint of step {step} is {size_bytes} bytes, over {max_bytes}")
@@ -330,55 +332,105 @@ class ResumeTooLarge(Exception):
         self.max_bytes = max_bytes
 
 
+class ResumeRefused(Exception):
+    """The checkpoint the grant names is not restored (the message says why: not one of
+    the job's own checkpoints, missing from the store, or not the bytes its job committed).
+    Nothing of it is left in the staging folder, and no other checkpoint is taken instead."""
+
+    def __init__(self, ref: CheckpointRef, why: str) -> None:
+        super().__init__(f"checkpoint of step {ref.step} ({ref.uri}) refused: {why}")
+        self.ref = ref
+        self.why = why
+
+
+_COMMITTED_OBJECT = re.compile(r"^step-\d{8,}(?:-a\d{4,})?/" + re.escape(OBJECT_NAME) + "$")
+
+
+def committed_key(store: ObjectStore, uri: str) -> str | None:
+    """The key in ``store`` (one job's checkpoint prefix) of the committed object ``uri``
+    names: one of ``commit_staged``'s (``step-.../checkpoint.pt``) right under its root, or
+    None for any other URI (another job's, another store's, a manifest)."""
+    root = store.root_uri.rstrip("/") + "/"
+    if not uri.startswith(root):
+        return None
+    rest = uri[len(root) :]
+    key = unquote(rest) if root.startswith("file:") else rest
+    try:
+        validate_key(key)
+    except ValueError:
+        return None
+    if not _COMMITTED_OBJECT.match(key) or store.uri_for(key) != uri:
+        return None
+    return key
+
+
 def stage_resume(
-    store: ObjectStore, staging: Path, max_bytes: int | None = None
+    store: ObjectStore,
+    ref: CheckpointRef | None,
+    staging: Path,
+    max_bytes: int | None = None,
+    *,
+    job_id: str = "",
 ) -> CheckpointRef | None:
-    """Download the newest checkpoint that matches its manifest into ``staging`` (the SDK's
-    layout); returns its reference in the store, or None when there is none. One whose
-    manifest says more than ``max_bytes`` (None: no bound) raises ``ResumeTooLarge`` before
-    a byte of it is downloaded; no older one is taken instead, which would drop the job's
-    newer steps unsaid."""
-    for step, _attempt, folder in reversed(complete_folders(store)):
-        try:
-            manifest = Manifest.model_validate_json(
-                store.get_bytes(f"{folder}/{MANIFEST_NAME}", max_bytes=MAX_MANIFEST_BYTES)
-            )
-            object_key = validate_key(manifest.object)
-            if max_bytes is not None and manifest.size_bytes > max_bytes:
-                raise ResumeTooLarge(step, manifest.size_bytes, max_bytes)
-            local = staging / staged_folder(step)
-            # Read no more than the manifest says: a larger object cannot match it, and
-            # may be larger than the job's disk allowance, which its manifest's size met.
-            store.get_file(object_key, local / OBJECT_NAME, max_bytes=manifest.size_bytes)
-            size = (local / OBJECT_NAME).stat().st_size
-            digest = file_sha256(local / OBJECT_NAME)
-        except (ObjectNotFound, ObjectTooLarge, ValidationError, ValueError, OSError) as exc:
-            if isinstance(exc, OSError) and infrastructure_fault(exc) is not None:
-                raise  # the store not answering now: not a reason to lose the newer steps
-            log.warning("checkpoint %s is unusable, trying an older one: %s", folder, exc)
-            shutil.rmtree(staging / staged_folder(step), ignore_errors=True)
-            continue
-        if (size, digest) != (manifest.size_bytes, manifest.sha256):
-            log.warning(
-                "checkpoint %s does not match its manifest (%d bytes, sha256 %s): skipped",
-                folder,
-                size,
-                digest[:12],
-            )
-            shutil.rmtree(local, ignore_errors=True)
-            continue
-        local_manifest = manifest.model_dump(mode="json") | {
-            "object": f"{staged_folder(step)}/{OBJECT_NAME}"
-        }
-        (local / MANIFEST_NAME).write_text(json.dumps(local_manifest))
-        return CheckpointRef(
-            uri=store.uri_for(object_key),
-            manifest_uri=store.uri_for(f"{folder}/{MANIFEST_NAME}"),
-            step=step,
-            size_bytes=size,
-            sha256=digest,
+    """Download exactly the checkpoint ``ref`` names (the grant's ``resume``: what the job's
+    own allocations reported committed) from ``store`` (the job's checkpoint prefix) into
+    ``staging``, in the SDK's layout, and return ``ref``; None, staging nothing, when
+    ``ref`` is None. The store's listing and manifests choose nothing: any node can write
+    any key, so a newer folder there, or a manifest matching its object, proves nothing.
+
+    Raises, with nothing of it left staged and no other checkpoint taken instead:
+    ``ResumeTooLarge`` when ``ref`` is larger than ``max_bytes`` (None: no bound), before
+    a byte is read; ``ResumeRefused`` when ``ref`` names no committed object of ``store``,
+    when the object is missing, or when its size or sha256 is not ``ref``'s (no more than
+    ``ref.size_bytes`` is read). A store that does not answer now raises as it is
+    (``bus.infrastructure_fault``)."""
+    if ref is None:
+        return None
+    key = committed_key(store, ref.uri)
+    if key is None:
+        raise ResumeRefused(ref, f"not a checkpoint of this job's store {store.root_uri}")
+    if max_bytes is not None and ref.size_bytes > max_bytes:
+        raise ResumeTooLarge(ref.step, ref.size_bytes, max_bytes)
+    local = staging / staged_folder(ref.step)
+    try:
+        store.get_file(key, local / OBJECT_NAME, max_bytes=ref.size_bytes)
+        size = (local / OBJECT_NAME).stat().st_size
+        digest = file_sha256(local / OBJECT_NAME)
+    except ObjectNotFound:
+        shutil.rmtree(local, ignore_errors=True)
+        raise ResumeRefused(ref, "it is missing from the store (deleted since)") from None
+    except ObjectTooLarge as exc:
+        shutil.rmtree(local, ignore_errors=True)
+        raise ResumeRefused(
+            ref,
+            f"the store's object is {exc.size}, not the {ref.size_bytes} bytes the job "
+            "committed: it was overwritten since",
+        ) from None
+    except BaseException:
+        shutil.rmtree(local, ignore_errors=True)
+        raise
+    if (size, digest) != (ref.size_bytes, ref.sha256):
+        shutil.rmtree(local, ignore_errors=True)
+        raise ResumeRefused(
+            ref,
+            f"the store's object is {size} bytes with sha256 {digest}, not the "
+            f"{ref.size_bytes} bytes with sha256 {ref.sha256} the job committed: it was "
+            "overwritten since",
         )
-    return None
+    attempt = re.match(r"^step-\d+-a(\d+)/", key)
+    local_manifest = {
+        "step": ref.step,
+        "object": f"{staged_folder(ref.step)}/{OBJECT_NAME}",
+        "size_bytes": ref.size_bytes,
+        "sha256": ref.sha256,
+        # The SDK's manifest has these too. The store's manifest, which any node could have
+        # written, is not read: the time is the restore's, the attempt the folder's.
+        "created_at": datetime.now(UTC).isoformat(),
+        "job_id": job_id,
+        "attempt": int(attempt.group(1)) if attempt else 0,
+    }
+    (local / MANIFEST_NAME).write_text(json.dumps(local_manifest))
+    return ref
 
 
 def apply_retention(store: ObjectStore, keep: int, protected: set[str]) -> int:

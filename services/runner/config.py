@@ -167,7 +167,7 @@ class Settings(GuardedServiceSettings):
     """Disk a job may take in its sandbox (its code, home, tmp and checkpoint staging), in
     GiB, measured every ``job_disk_check_seconds`` (``disk_watch``); a job over it is
     stopped (SIGTERM, SIGKILL after ``kill_grace_seconds``) and fails as ``user_error``.
-    A checkpoint to resume from that is larger, by its manifest, fails the job before its
+    A checkpoint to resume from that is larger, as committed, fails the job before its
     download (``launch.resume_from``). The default holds two checkpoints of the largest size
     committed; 0: no limit."""
     job_disk_check_seconds: float = Field(default=5.0, gt=0)

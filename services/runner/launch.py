@@ -208,7 +208,7 @@ def fetch(
 ) -> Fetched:
     """A fresh sandbox for ``grant`` run as ``user``, in a cgroup of its own when the node
     has ``cgroups`` (``job_cgroup``; this node has ``node_gpus`` GPUs), with the job's code
-    and the newest checkpoint it resumes from; ``RequirementsUnmet`` before any of them for a
+    and the checkpoint its grant says to resume from; ``RequirementsUnmet`` before any of them for a
     requirement the runner refuses (``check_requirements``)."""
     check_requirements(grant.spec.requirements)
     try:
@@ -268,31 +268,49 @@ def own_network(grant: AllocationGranted, settings: Settings, user: JobUser) -> 
 def resume_from(
     grant: AllocationGranted, settings: Settings, store: ObjectStore, staging: Path
 ) -> CheckpointRef | None:
-    """Stage the job's newest usable checkpoint in ``staging`` (``checkpoints.stage_resume``);
-    its reference, None when it has none. One larger by its manifest than the job's disk
-    allowance (``job_disk_gib``; 0: none) is a ``JobInputError`` naming both sizes, raised
-    before the download: restored, it would fill the sandbox before the job ran, and no
-    node with that allowance could hold it."""
+    """Stage in ``staging`` exactly the checkpoint the grant names (``grant.resume``,
+    ``checkpoints.stage_resume``) and return it; None when it names none (the job starts
+    from nothing, whatever the store holds under its prefix). A ``JobInputError``, raised
+    before the job runs and never held against the node: ``CheckpointRefused`` when that
+    checkpoint is not the one the job committed (missing, other bytes, another job's), and
+    one naming both sizes when it is larger than the job's disk allowance
+    (``job_disk_gib``; 0: none), before its download: restored, it would fill the sandbox
+    before the job ran, and no node with that allowance could hold it."""
     limit = int(settings.job_disk_gib * disk_watch.GIB) or None
     try:
         return checkpoints.stage_resume(
             open_store(store.uri_for(checkpoints.job_prefix(grant.job_id)), settings.storage),
+            grant.resume,
             staging,
             limit,
+            job_id=grant.job_id,
         )
     except checkpoints.ResumeTooLarge as exc:
         raise JobInputError(
             f"checkpoint: the job's checkpoint of step {exc.step}, to resume from, is "
-            f"{disk_watch.gib(exc.size_bytes)} ({exc.size_bytes} bytes by its manifest), over "
+            f"{disk_watch.gib(exc.size_bytes)} ({exc.size_bytes} bytes as committed), over "
             f"its disk limit of {disk_watch.gib(exc.max_bytes)} ({exc.max_bytes} bytes, "
             f"{disk_watch.SETTING}): not downloaded"
+        ) from None
+    except checkpoints.ResumeRefused as exc:
+        raise CheckpointRefused(
+            f"checkpoint: the job's checkpoint of step {exc.ref.step} to resume from "
+            f"({exc.ref.uri}) was refused: {exc.why}. It is not loaded, and no other "
+            "checkpoint is taken in its place; submit the job again to start it afresh"
         ) from None
     except Exception as exc:
         if infrastructure_fault(exc) is not None:
             raise  # the store away: the grant comes again
-        # A checkpoint that is unusable is skipped (``stage_resume``): what is left is the
-        # store refusing this node (its credentials) or this node's disk.
+        # What is left is the store refusing this node (its credentials) or this node's disk.
         raise NodeFault(f"could not fetch the job's checkpoint to resume from: {exc}") from exc
+
+
+class CheckpointRefused(JobInputError):
+    """The checkpoint the grant says to resume from is not what the job committed: it is
+    missing from the store or has other bytes (another node overwrote or deleted it), or is
+    no checkpoint of the job's own. The job fails before it runs, as ``user_error`` (a new
+    attempt would be refused the same way), with this reason in its ``job.failed``: it
+    neither loads bytes the job never wrote nor drops its progress unsaid."""
 
 
 def job_cgroup(

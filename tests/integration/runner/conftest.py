@@ -99,6 +99,17 @@ FAKE_JOB = textwrap.dedent(
         send({"kind": "not-a-kind"})
         print("done", flush=True)
         sys.exit(0)
+    if mode == "restored":
+        # What the runner staged for the job to load: each folder's object, as read.
+        root = unquote(urlparse(os.environ["TRAINYARD_CHECKPOINT_URI"]).path)
+        staged = {}
+        for folder in sorted(os.listdir(root)):
+            with open(os.path.join(root, folder, "checkpoint.pt"), "rb") as f:
+                staged[folder] = f.read().decode("latin-1")
+        with open(os.path.join(launches, "restored"), "w") as f:
+            json.dump(staged, f)
+        checkpoint(5)
+        sys.exit(0)
     if mode == "checkpoint-twice":
         checkpoint(1)
         while not os.path.exists(os.path.join(launches, "go")):

@@ -10,6 +10,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from tests.integration.runner.conftest import (
     publish,
     upload_bundle,
 )
+from trainyard_platform.deploy.local.s3 import S3Server
 from trainyard_platform.services.runner import checkpoints, domain, launch, supervisor
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.ledger import Ledger, safe_file_name
@@ -32,6 +34,7 @@ from trainyard_platform.shared.events import parse_envelope
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationRevoked,
+    CheckpointRef,
     CheckpointSaved,
     CodeGit,
     JobFailed,
@@ -317,34 +320,98 @@ async def test_a_grant_naming_missing_gpus_fails_without_running(
     assert not events.of(JobStarted, allocation.job_id)
 
 
-async def test_the_job_resumes_from_the_latest_checkpoint_that_verifies(
+async def test_the_job_resumes_only_from_the_checkpoint_its_grant_names(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    launches: Path,
+    code_dir: Path,
+) -> None:
+    """Every runner node can write any key of the store. A hostile one planted, under the
+    job's prefix, a newer checkpoint with a manifest to match it (and a newer one still,
+    torn): the next attempt restored the newest folder whose object matched its manifest,
+    the attacker's, for the job to load. Now it restores the checkpoint its grant names
+    (what the job's own allocation reported committed), verified against the grant, on a
+    real S3 endpoint; the forged one is neither staged nor read."""
+    with S3Server() as s3:
+        storage = s3.storage_settings(f"s3://runner-{uuid.uuid4().hex[:12]}")
+        settings = settings.model_copy(update={"storage": storage})
+        store = open_store(storage.uri, storage)
+        code = upload_bundle(store, "team-a", code_dir)
+        allocation = grant(settings.node_id, ["restored", str(launches)], code=code)
+        folder = f"jobs/{allocation.job_id}/checkpoints"
+
+        def put(step: int, data: bytes, attempt: int, manifest: bool = True) -> CheckpointRef:
+            key = f"step-{step:08d}-a{attempt:04d}"
+            store.put_bytes(f"{folder}/{key}/checkpoint.pt", data)
+            if manifest:
+                said = {
+                    "step": step,
+                    "object": f"{key}/checkpoint.pt",
+                    "size_bytes": len(data),
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                }
+                store.put_bytes(f"{folder}/{key}/manifest.json", json.dumps(said).encode())
+            return CheckpointRef(
+                uri=store.uri_for(f"{folder}/{key}/checkpoint.pt"),
+                manifest_uri=store.uri_for(f"{folder}/{key}/manifest.json"),
+                step=step,
+                size_bytes=len(data),
+                sha256=hashlib.sha256(data).hexdigest(),
+            )
+
+        put(10, b"weights 10", attempt=1)
+        committed = put(20, b"weights 20", attempt=1)
+        put(30, b"cos\nsystem\n(S'touch /tmp/pwned'\ntR.", attempt=9)  # forged, matching
+        put(40, b"torn", attempt=9, manifest=False)
+        allocation = allocation.model_copy(update={"resume": committed})
+        await start_runner(settings)
+        await publish(bus, allocation, settings.node_id)
+        started = await events.first(JobStarted, allocation.job_id)
+        assert started.resumed_from == committed.uri
+        await events.first(JobSucceeded, allocation.job_id)
+        restored = json.loads((launches / "restored").read_text())
+        assert restored == {"step-00000020": "weights 20"}
+        # Retention never deletes the checkpoint resumed from or the one just committed.
+        kept = {k.split("/")[0] for k in open_store(store.uri_for(folder), storage).list("step-")}
+        assert {"step-00000005-a0001", "step-00000020-a0001"} <= kept
+
+
+async def test_a_checkpoint_overwritten_since_its_commit_fails_the_job_saying_why(
     settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
 ) -> None:
-    allocation = grant(settings.node_id, ["succeed", str(launches)])
+    """The grant's checkpoint overwritten in the store, its manifest rewritten to match:
+    the job is neither started on those bytes nor on an older checkpoint, and its
+    ``job.failed`` says which checkpoint was refused and why."""
+    allocation = grant(settings.node_id, ["restored", str(launches)])
     store = open_store(settings.storage.uri)
-    folder = f"jobs/{allocation.job_id}/checkpoints"
-    for step, state in ((10, "complete"), (20, "complete"), (30, "tampered"), (40, "torn")):
-        data = f"weights {step}".encode()
-        key = f"step-{step:08d}-a0001/checkpoint.pt"
-        store.put_bytes(f"{folder}/{key}", b"zeroed" if state == "tampered" else data)
-        if state != "torn":
-            manifest = {
-                "step": step,
-                "object": key,
-                "size_bytes": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(),
-            }
-            store.put_bytes(
-                f"{folder}/step-{step:08d}-a0001/manifest.json", json.dumps(manifest).encode()
-            )
+    key = f"jobs/{allocation.job_id}/checkpoints/step-00000020-a0001"
+    data = b"weights 20"
+    committed = CheckpointRef(
+        uri=store.uri_for(f"{key}/checkpoint.pt"),
+        manifest_uri=store.uri_for(f"{key}/manifest.json"),
+        step=20,
+        size_bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+    )
+    evil = b"weights 66"
+    store.put_bytes(f"{key}/checkpoint.pt", evil)
+    said = {
+        "step": 20,
+        "object": "step-00000020-a0001/checkpoint.pt",
+        "size_bytes": len(evil),
+        "sha256": hashlib.sha256(evil).hexdigest(),
+    }
+    store.put_bytes(f"{key}/manifest.json", json.dumps(said).encode())
     await start_runner(settings)
-    await publish(bus, allocation, settings.node_id)
-    started = await events.first(JobStarted, allocation.job_id)
-    assert started.resumed_from == store.uri_for(f"{folder}/step-00000020-a0001/checkpoint.pt")
-    await events.first(JobSucceeded, allocation.job_id)
-    # Retention never deletes the checkpoint resumed from or the one just committed.
-    kept = {k.split("/")[0] for k in open_store(store.uri_for(folder)).list("step-")}
-    assert {"step-00000005-a0001", "step-00000020-a0001"} <= kept
+    await publish(bus, allocation.model_copy(update={"resume": committed}), settings.node_id)
+    failed = await events.first(JobFailed, allocation.job_id)
+    assert failed.failure_kind == "user_error" and not failed.node_fault
+    assert "step 20" in failed.reason and "refused" in failed.reason
+    assert committed.sha256 in failed.reason
+    assert launched(launches) == []
+    assert not events.of(JobStarted, allocation.job_id)
 
 
 async def test_a_restarted_runner_reports_what_its_predecessor_left_unsaid(

@@ -5,13 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from trainyard_platform.services.runner.checkpoints import (
-    MAX_MANIFEST_BYTES,
+    ResumeRefused,
     ResumeTooLarge,
     StagedCheckpointInvalid,
     apply_retention,
@@ -19,6 +20,7 @@ from trainyard_platform.services.runner.checkpoints import (
     complete_folders,
     stage_resume,
 )
+from trainyard_platform.shared.events.payloads import CheckpointRef
 from trainyard_platform.shared.storage import LocalStore
 
 
@@ -114,29 +116,121 @@ def test_a_manifest_naming_another_object_is_refused(tmp_path: Path, object_key:
         commit_staged(staging, 1, store, attempt=1)
 
 
-def test_resume_stages_the_newest_checkpoint_that_verifies(tmp_path: Path) -> None:
+def forge(store: LocalStore, step: int, data: bytes, attempt: int = 9) -> None:
+    """What a hostile node writes under a job's prefix: an object and a manifest that
+    matches it, in the runner's own layout, at a newer step."""
+    folder = f"step-{step:08d}-a{attempt:04d}"
+    store.put_bytes(f"{folder}/checkpoint.pt", data)
+    manifest = {
+        "step": step,
+        "object": f"{folder}/checkpoint.pt",
+        "size_bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "created_at": datetime.now(UTC).isoformat(),
+        "job_id": "job-1",
+        "attempt": attempt,
+    }
+    store.put_bytes(f"{folder}/manifest.json", json.dumps(manifest).encode())
+
+
+def test_resume_stages_exactly_the_checkpoint_it_is_given_not_the_newest_in_the_store(
+    tmp_path: Path,
+) -> None:
+    """The newest folder whose object matched its manifest was restored: any node can write
+    any key, so a forged newer folder under the job's prefix, with a manifest written to
+    match, was the checkpoint the job loaded (pickle: code run in the job's sandbox). Now
+    the one the grant names is restored, verified against its own size and sha256."""
     staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
-    for step, data in ((5, b"five"), (9, b"nine")):
-        stage(staging, step, data)
-        commit_staged(staging, step, store, attempt=1)
-    # The newest one is tampered with after its manifest was written.
-    store.put_bytes("step-00000009-a0001/checkpoint.pt", b"zeroed")
+    stage(staging, 5, b"five")
+    committed = commit_staged(staging, 5, store, attempt=1)
+    forge(store, 900, b"cos\nsystem\n(S'touch pwned'\ntR.")
     resume = tmp_path / "resume"
-    ref = stage_resume(store, resume)
-    assert ref is not None and ref.step == 5
-    assert ref.uri == store.uri_for("step-00000005-a0001/checkpoint.pt")
+    ref = stage_resume(store, committed, resume, job_id="job-1")
+    assert ref == committed
     assert (resume / "step-00000005" / "checkpoint.pt").read_bytes() == b"five"
     local = json.loads((resume / "step-00000005" / "manifest.json").read_text())
     assert local["object"] == "step-00000005/checkpoint.pt"
-    assert not (resume / "step-00000009").exists()
+    assert (local["step"], local["size_bytes"], local["sha256"]) == (
+        5,
+        4,
+        hashlib.sha256(b"five").hexdigest(),
+    )
+    assert (local["job_id"], local["attempt"]) == ("job-1", 1)
+    assert [p.name for p in resume.iterdir()] == ["step-00000005"]
 
 
-def test_a_checkpoint_the_store_cannot_serve_now_is_not_skipped_for_an_older_one(
+def test_no_checkpoint_given_means_a_fresh_start_whatever_the_store_holds(
     tmp_path: Path,
 ) -> None:
-    """A store folder on a mount that times out raised an OSError (TimeoutError) that was
-    taken for an unusable checkpoint: the job resumed from an older step, its newer ones
-    lost to a passing outage. The error is raised now (the grant comes again)."""
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    stage(staging, 5)
+    commit_staged(staging, 5, store, attempt=1)
+    forge(store, 900, b"forged")
+    resume = tmp_path / "resume"
+    assert stage_resume(store, None, resume) is None
+    assert not resume.exists() or list(resume.rglob("*")) == []
+
+
+def test_a_checkpoint_overwritten_since_its_commit_is_refused_not_replaced(
+    tmp_path: Path,
+) -> None:
+    """Its object overwritten with other bytes, its manifest too (both as the writer likes):
+    the store's manifest proves nothing, the committed sha256 does. It is refused, naming
+    both digests, nothing of it is left staged, and no other checkpoint (an older one that
+    verifies) is taken in its place."""
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    stage(staging, 5, b"five")
+    commit_staged(staging, 5, store, attempt=1)
+    stage(staging, 9, b"nine")
+    committed = commit_staged(staging, 9, store, attempt=1)
+    forge(store, 9, b"evil", attempt=1)  # same size, its manifest rewritten to match
+    resume = tmp_path / "resume"
+    with pytest.raises(ResumeRefused) as refused:
+        stage_resume(store, committed, resume)
+    said = str(refused.value)
+    assert "step 9" in said and committed.sha256 in said
+    assert hashlib.sha256(b"evil").hexdigest() in said
+    assert not resume.exists() or list(resume.rglob("*.pt")) == []
+
+
+def test_a_checkpoint_deleted_since_its_commit_is_refused(tmp_path: Path) -> None:
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    stage(staging, 5, b"five")
+    committed = commit_staged(staging, 5, store, attempt=1)
+    store.delete("step-00000005-a0001/checkpoint.pt")
+    with pytest.raises(ResumeRefused, match="missing"):
+        stage_resume(store, committed, tmp_path / "resume")
+
+
+@pytest.mark.parametrize(
+    "uri_of",
+    [
+        lambda root: root.parent.parent / "other-job" / "checkpoints" / "x" / "checkpoint.pt",
+        lambda root: root / "step-00000005-a0001" / "manifest.json",
+        lambda root: root / "step-00000005-a0001" / ".." / ".." / "secret",
+        lambda root: root / "elsewhere.pt",
+    ],
+)
+def test_a_checkpoint_that_is_not_one_of_the_jobs_own_commits_is_refused_unread(
+    tmp_path: Path, uri_of: Callable[[Path], Path]
+) -> None:
+    """The reference names another job's object, a manifest, a path out of the prefix or a
+    key that no commit writes: refused before the store is read."""
+    root = tmp_path / "store" / "jobs" / "job-1" / "checkpoints"
+    store = LocalStore(root)
+    stage(tmp_path / "staging", 5, b"five")
+    committed = commit_staged(tmp_path / "staging", 5, store, attempt=1)
+    other = committed.model_copy(update={"uri": uri_of(root).as_uri()})
+    with pytest.raises(ResumeRefused, match="not a checkpoint of this job"):
+        stage_resume(store, other, tmp_path / "resume")
+    assert not (tmp_path / "resume").exists()
+
+
+def test_a_checkpoint_the_store_cannot_serve_now_raises_as_it_is(
+    tmp_path: Path,
+) -> None:
+    """A store folder on a mount that times out raised an OSError (TimeoutError): it is
+    raised as it is (the grant comes again), never taken for a refused checkpoint."""
     staging = tmp_path / "staging"
 
     class NotAnswering(LocalStore):
@@ -146,34 +240,26 @@ def test_a_checkpoint_the_store_cannot_serve_now_is_not_skipped_for_an_older_one
             super().get_file(key, path, max_bytes=max_bytes)
 
     store = NotAnswering(tmp_path / "store")
-    for step in (5, 9):
-        stage(staging, step)
-        commit_staged(staging, step, store, attempt=1)
+    stage(staging, 9)
+    committed = commit_staged(staging, 9, store, attempt=1)
     with pytest.raises(TimeoutError):
-        stage_resume(store, tmp_path / "resume")
+        stage_resume(store, committed, tmp_path / "resume")
 
 
-def test_resume_reads_the_older_layout_and_skips_broken_manifests(tmp_path: Path) -> None:
+def test_resume_reads_the_older_layout(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "store")
     data = b"old"
     store.put_bytes("step-00000001/checkpoint.pt", data)
-    manifest = {
-        "step": 1,
-        "object": "step-00000001/checkpoint.pt",
-        "size_bytes": 3,
-        "sha256": hashlib.sha256(data).hexdigest(),
-    }
-    store.put_bytes("step-00000001/manifest.json", json.dumps(manifest).encode())
-    store.put_bytes("step-00000002/manifest.json", b"{not json")
-    store.put_bytes(
-        "step-00000003/manifest.json", json.dumps(manifest | {"object": "../x"}).encode()
+    ref = CheckpointRef(
+        uri=store.uri_for("step-00000001/checkpoint.pt"),
+        manifest_uri=store.uri_for("step-00000001/manifest.json"),
+        step=1,
+        size_bytes=3,
+        sha256=hashlib.sha256(data).hexdigest(),
     )
-    ref = stage_resume(store, tmp_path / "resume")
-    assert ref is not None and ref.step == 1
-
-
-def test_no_checkpoint_means_a_fresh_start(tmp_path: Path) -> None:
-    assert stage_resume(LocalStore(tmp_path / "store"), tmp_path / "resume") is None
+    assert stage_resume(store, ref, tmp_path / "resume") == ref
+    local = json.loads((tmp_path / "resume" / "step-00000001" / "manifest.json").read_text())
+    assert local["attempt"] == 0
 
 
 def test_retention_keeps_the_newest_and_protected_ones(tmp_path: Path) -> None:
@@ -251,7 +337,7 @@ def test_a_sparse_checkpoint_within_the_cap_is_copied_with_its_holes(
 def test_a_checkpoint_larger_than_the_allowance_is_refused_before_its_download(
     tmp_path: Path,
 ) -> None:
-    """Its manifest gives its size: a checkpoint over ``max_bytes`` (the job's disk
+    """Its committed size is known: a checkpoint over ``max_bytes`` (the job's disk
     allowance) raised nothing and was downloaded whole, filling the node's disk. It is
     refused now, naming the step and both sizes, and nothing is downloaded; an older one
     that fits is not taken instead (the job would lose its newer steps unsaid)."""
@@ -259,27 +345,24 @@ def test_a_checkpoint_larger_than_the_allowance_is_refused_before_its_download(
     stage(staging, 5, b"x" * 10)
     commit_staged(staging, 5, store, attempt=1)
     stage(staging, 9, b"x" * 4096)
-    commit_staged(staging, 9, store, attempt=1)
+    committed = commit_staged(staging, 9, store, attempt=1)
     resume = tmp_path / "resume"
     with pytest.raises(ResumeTooLarge) as refused:
-        stage_resume(store, resume, max_bytes=4095)
+        stage_resume(store, committed, resume, max_bytes=4095)
     assert (refused.value.step, refused.value.size_bytes, refused.value.max_bytes) == (
         9,
         4096,
         4095,
     )
     assert not resume.exists() or list(resume.rglob("*.pt")) == []
-    ref = stage_resume(store, resume, max_bytes=4096)  # one that fits is staged as ever
+    ref = stage_resume(store, committed, resume, max_bytes=4096)  # one that fits is staged
     assert ref is not None and ref.step == 9
 
 
-def test_no_more_of_a_checkpoint_is_read_than_its_manifest_says(tmp_path: Path) -> None:
-    """The allowance is checked against the manifest's size: a manifest that understated
-    its object (3 MiB, said to be 4096 bytes, over an allowance of 1 MiB) had the runner
-    download the whole object before the size check skipped it. The store is now asked
-    for no more than the manifest says (a manifest for no more than ``MAX_MANIFEST_BYTES``),
-    so the object is refused unread and an older checkpoint is taken, as for any object
-    that does not match its manifest."""
+def test_no_more_of_a_checkpoint_is_read_than_its_job_committed(tmp_path: Path) -> None:
+    """An object grown since its commit (3 MiB, committed as 4096 bytes, under an allowance
+    of 1 MiB) is refused after at most the committed size is read, and no manifest of the
+    store is read at all."""
     reads: list[tuple[str, int | None]] = []
 
     class Recording(LocalStore):
@@ -292,16 +375,12 @@ def test_no_more_of_a_checkpoint_is_read_than_its_manifest_says(tmp_path: Path) 
             return super().get_bytes(key, max_bytes=max_bytes)
 
     staging, store = tmp_path / "staging", Recording(tmp_path / "store")
-    stage(staging, 5, b"five")
-    commit_staged(staging, 5, store, attempt=1)
     stage(staging, 9, b"x" * 4096)
-    commit_staged(staging, 9, store, attempt=1)
+    committed = commit_staged(staging, 9, store, attempt=1)
     store.put_bytes("step-00000009-a0001/checkpoint.pt", b"x" * (3 * 1024 * 1024))
     reads.clear()
     resume = tmp_path / "resume"
-    ref = stage_resume(store, resume, max_bytes=1024 * 1024)
-    assert ref is not None and ref.step == 5
-    assert ("step-00000009-a0001/checkpoint.pt", 4096) in reads
-    assert ("step-00000009-a0001/manifest.json", MAX_MANIFEST_BYTES) in reads
-    assert None not in {bound for _, bound in reads}
+    with pytest.raises(ResumeRefused, match="not the 4096 bytes the job committed"):
+        stage_resume(store, committed, resume, max_bytes=1024 * 1024)
+    assert reads == [("step-00000009-a0001/checkpoint.pt", 4096)]
     assert not (resume / "step-00000009").exists()

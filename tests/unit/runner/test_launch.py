@@ -23,7 +23,12 @@ from trainyard_platform.services.runner.sandbox import (
     failure_kind,
 )
 from trainyard_platform.shared.control import JobRuntimeEnv
-from trainyard_platform.shared.events.payloads import AllocationGranted, GangMember, JobSpec
+from trainyard_platform.shared.events.payloads import (
+    AllocationGranted,
+    CheckpointRef,
+    GangMember,
+    JobSpec,
+)
 from trainyard_platform.shared.storage import LocalStore
 
 GRANT = AllocationGranted(
@@ -326,7 +331,7 @@ def test_a_checkpoint_over_the_jobs_disk_limit_fails_it_up_front_as_its_own(
 ) -> None:
     """A job resumed from a checkpoint larger than its disk allowance
     (``TRAINYARD_RUNNER_JOB_DISK_GIB``) downloaded it whole into its sandbox before it ran,
-    filling the disk. Its manifest says its size: the job fails before the download, as
+    filling the disk. Its grant says its size: the job fails before the download, as
     ``user_error`` naming both sizes, and it never counts against the node."""
     store = LocalStore(tmp_path / "store")
     staging = tmp_path / "staging"
@@ -342,12 +347,13 @@ def test_a_checkpoint_over_the_jobs_disk_limit_fails_it_up_front_as_its_own(
     }
     (folder / "manifest.json").write_text(json.dumps(manifest))
     job_store = LocalStore(tmp_path / "store" / checkpoints.job_prefix(GRANT.job_id))
-    checkpoints.commit_staged(staging, 7, job_store, attempt=1)
+    committed = checkpoints.commit_staged(staging, 7, job_store, attempt=1)
+    grant = GRANT.model_copy(update={"resume": committed})
     box = tmp_path / "box"
     monkeypatch.setenv("TRAINYARD_RUNNER_ADMIN_TOKEN", "op-token")
     small = Settings(job_disk_gib=1000 / disk_watch.GIB)  # 1000 bytes
     with pytest.raises(launch.JobInputError) as refused:
-        launch.resume_from(GRANT, small, store, box)
+        launch.resume_from(grant, small, store, box)
     said = str(refused.value)
     assert "step 7" in said and "4096 bytes" in said and "TRAINYARD_RUNNER_JOB_DISK_GIB" in said
     assert failure_kind(refused.value) == "user_error"
@@ -355,8 +361,76 @@ def test_a_checkpoint_over_the_jobs_disk_limit_fails_it_up_front_as_its_own(
     assert not box.exists() or list(box.rglob("*.pt")) == []
     # Within the limit (or with none: 0) it is staged as ever.
     for roomy in (Settings(job_disk_gib=1.0), Settings(job_disk_gib=0)):
-        ref = launch.resume_from(GRANT, roomy, store, box)
+        ref = launch.resume_from(grant, roomy, store, box)
         assert ref is not None and ref.step == 7
+
+
+def _committed(store: LocalStore, tmp_path: Path, step: int, data: bytes) -> CheckpointRef:
+    staging = tmp_path / "staging"
+    folder = staging / f"step-{step:08d}"
+    folder.mkdir(parents=True)
+    (folder / "checkpoint.pt").write_bytes(data)
+    manifest = {
+        "step": step,
+        "object": f"step-{step:08d}/checkpoint.pt",
+        "size_bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    job_store = LocalStore(store.root / checkpoints.job_prefix(GRANT.job_id))
+    return checkpoints.commit_staged(staging, step, job_store, attempt=1)
+
+
+def test_the_job_resumes_only_from_the_checkpoint_its_grant_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner took the newest complete folder under the job's prefix: another node's
+    forged one, newer, with a manifest to match, was restored. Now the grant's checkpoint is
+    (and none without one), whatever else the job's prefix holds."""
+    monkeypatch.setenv("TRAINYARD_RUNNER_ADMIN_TOKEN", "op-token")
+    store = LocalStore(tmp_path / "store")
+    committed = _committed(store, tmp_path, 7, b"mine")
+    job_store = LocalStore(store.root / checkpoints.job_prefix(GRANT.job_id))
+    forged = b"not the job's"
+    job_store.put_bytes("step-00000900-a0009/checkpoint.pt", forged)
+    job_store.put_bytes(
+        "step-00000900-a0009/manifest.json",
+        json.dumps(
+            {
+                "step": 900,
+                "object": "step-00000900-a0009/checkpoint.pt",
+                "size_bytes": len(forged),
+                "sha256": hashlib.sha256(forged).hexdigest(),
+            }
+        ).encode(),
+    )
+    box = tmp_path / "box"
+    grant = GRANT.model_copy(update={"resume": committed})
+    assert launch.resume_from(grant, Settings(), store, box) == committed
+    assert [p.parent.name for p in box.rglob("*.pt")] == ["step-00000007"]
+    assert launch.resume_from(GRANT, Settings(), store, tmp_path / "fresh") is None
+    assert not (tmp_path / "fresh").exists() or list((tmp_path / "fresh").rglob("*")) == []
+
+
+def test_a_refused_checkpoint_fails_the_job_before_it_runs_saying_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grant's checkpoint overwritten in the store (any node can write any key): the
+    job fails as ``user_error`` (another attempt would be refused alike), the reason naming
+    the step and the mismatch, never held against the node, and nothing else restored."""
+    monkeypatch.setenv("TRAINYARD_RUNNER_ADMIN_TOKEN", "op-token")
+    store = LocalStore(tmp_path / "store")
+    committed = _committed(store, tmp_path, 7, b"mine")
+    job_store = LocalStore(store.root / checkpoints.job_prefix(GRANT.job_id))
+    job_store.put_bytes("step-00000007-a0001/checkpoint.pt", b"evil")
+    box = tmp_path / "box"
+    with pytest.raises(launch.CheckpointRefused) as refused:
+        launch.resume_from(GRANT.model_copy(update={"resume": committed}), Settings(), store, box)
+    said = str(refused.value)
+    assert said.startswith("checkpoint: ") and "step 7" in said and committed.sha256 in said
+    assert failure_kind(refused.value) == "user_error"
+    assert not counts_against_node(refused.value)
+    assert not box.exists() or list(box.rglob("*.pt")) == []
 
 
 @pytest.mark.parametrize(
