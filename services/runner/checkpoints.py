@@ -343,13 +343,15 @@ class ResumeRefused(Exception):
         self.why = why
 
 
-_COMMITTED_OBJECT = re.compile(r"^step-\d{8,}(?:-a\d{4,})?/" + re.escape(OBJECT_NAME) + "$")
+_COMMITTED_OBJECT = re.compile(r"^step-(\d{8,})(?:-a(\d{4,}))?/" + re.escape(OBJECT_NAME) + "$")
 
 
-def committed_key(store: ObjectStore, uri: str) -> str | None:
-    """The key in ``store`` (one job's checkpoint prefix) of the committed object ``uri``
-    names: one of ``commit_staged``'s (``step-.../checkpoint.pt``) right under its root, or
-    None for any other URI (another job's, another store's, a manifest)."""
+def committed_key(store: ObjectStore, ref: CheckpointRef) -> str | None:
+    """The key in ``store`` (one job's checkpoint prefix) of the committed object ``ref``
+    names: one of ``commit_staged``'s (``step-<ref.step>-.../checkpoint.pt``) right under
+    its root, or None for any other URI (another job's, another store's, a manifest,
+    another step's folder)."""
+    uri = ref.uri
     root = store.root_uri.rstrip("/") + "/"
     if not uri.startswith(root):
         return None
@@ -359,7 +361,8 @@ def committed_key(store: ObjectStore, uri: str) -> str | None:
         validate_key(key)
     except ValueError:
         return None
-    if not _COMMITTED_OBJECT.match(key) or store.uri_for(key) != uri:
+    match = _COMMITTED_OBJECT.match(key)
+    if match is None or int(match.group(1)) != ref.step or store.uri_for(key) != uri:
         return None
     return key
 
@@ -386,7 +389,7 @@ def stage_resume(
     (``bus.infrastructure_fault``)."""
     if ref is None:
         return None
-    key = committed_key(store, ref.uri)
+    key = committed_key(store, ref)
     if key is None:
         raise ResumeRefused(ref, f"not a checkpoint of this job's store {store.root_uri}")
     if max_bytes is not None and ref.size_bytes > max_bytes:
@@ -417,7 +420,7 @@ def stage_resume(
             f"{ref.size_bytes} bytes with sha256 {ref.sha256} the job committed: it was "
             "overwritten since",
         )
-    attempt = re.match(r"^step-\d+-a(\d+)/", key)
+    attempt = _COMMITTED_OBJECT.match(key)
     local_manifest = {
         "step": ref.step,
         "object": f"{staged_folder(ref.step)}/{OBJECT_NAME}",
@@ -427,7 +430,7 @@ def stage_resume(
         # written, is not read: the time is the restore's, the attempt the folder's.
         "created_at": datetime.now(UTC).isoformat(),
         "job_id": job_id,
-        "attempt": int(attempt.group(1)) if attempt else 0,
+        "attempt": int(attempt.group(2) or 0) if attempt else 0,
     }
     (local / MANIFEST_NAME).write_text(json.dumps(local_manifest))
     return ref

@@ -209,6 +209,7 @@ def test_a_checkpoint_deleted_since_its_commit_is_refused(tmp_path: Path) -> Non
         lambda root: root / "step-00000005-a0001" / "manifest.json",
         lambda root: root / "step-00000005-a0001" / ".." / ".." / "secret",
         lambda root: root / "elsewhere.pt",
+        lambda root: root / "step-00000006-a0001" / "checkpoint.pt",  # another step's
     ],
 )
 def test_a_checkpoint_that_is_not_one_of_the_jobs_own_commits_is_refused_unread(
