@@ -532,6 +532,11 @@ class LostCheckpoint:
     error: str
     """Why its latest upload failed."""
     waited_s: float
+    store_failed: bool = True
+    """Whether the object store failed (an error, a request timed out) since the last upload
+    that worked. False: the store took every request, and the upload was still going when
+    the wait ran out: the checkpoint was too large for the runner's limit, which is the
+    job's doing, not the platform's."""
 
 
 def with_lost_checkpoint(
@@ -540,9 +545,13 @@ def with_lost_checkpoint(
     """``outcome``, told that the checkpoint ``lost`` was never uploaded (``kept``: the
     latest one that was). Never silent: a job that succeeded would otherwise end with
     ``kept`` as its artifact, an older checkpoint that the registry would register as its
-    model. It fails instead as ``platform_error`` (the job did nothing wrong), which the
-    scheduler retries on the platform's budget from ``kept``: at most the work since
-    ``kept`` is done again. Any other outcome keeps its kind and its reason says so too."""
+    model. It fails instead: as ``platform_error`` when the object store failed
+    (``lost.store_failed``: the job did nothing wrong), which the scheduler retries on the
+    platform's budget from ``kept`` (at most the work since ``kept`` is done again); as
+    ``user_error`` when the store took every request and the upload simply did not finish
+    in time (the job's checkpoint was too large for the runner's limit: retried on the job's
+    ``max_restarts`` and billed to its team, so no job rides free on a slow final upload of
+    its own making). Any other outcome keeps its kind and its reason says so too."""
     if lost is None:
         return outcome
     since = (
@@ -550,17 +559,22 @@ def with_lost_checkpoint(
         if kept is not None
         else "none of its checkpoints was uploaded"
     )
-    what = (
-        f"its checkpoint of step {lost.step} could not be uploaded to the object store "
-        f"within {lost.waited_s:g} s ({lost.error}); {since}"
-    )
-    if outcome.kind == "succeeded":
-        return Outcome(
-            "failed",
-            f"the job finished, but {what}",
-            outcome.exit_code,
-            "platform_error",
+    if lost.store_failed:
+        what = (
+            f"its checkpoint of step {lost.step} could not be uploaded to the object store "
+            f"within {lost.waited_s:g} s ({lost.error}); {since}"
         )
+        kind: FailureKind = "platform_error"
+    else:
+        what = (
+            f"its checkpoint of step {lost.step} was still uploading after {lost.waited_s:g} s, "
+            "the runner's limit for the uploads at a job's end, with no error from the object "
+            f"store: the checkpoint is too large to upload in that time (save a smaller one, "
+            f"or save it earlier); {since}"
+        )
+        kind = "user_error"
+    if outcome.kind == "succeeded":
+        return Outcome("failed", f"the job finished, but {what}", outcome.exit_code, kind)
     return replace(outcome, reason=f"{outcome.reason}; {what}")
 
 

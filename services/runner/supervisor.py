@@ -170,7 +170,8 @@ class JobRun:
         self._committing: int | None = None
         """The step being uploaded, until it is committed or given up for a newer one."""
         self._upload_error = ""
-        """Why the latest upload failed, for the report of a checkpoint left unuploaded."""
+        """Why the latest upload failed since the last one that worked ("": none failed),
+        for the report of a checkpoint left unuploaded and whose failure that is."""
         self._lost_checkpoint: domain.LostCheckpoint | None = None
         """A checkpoint the job staged that its end could not wait to upload."""
         self._refused_checkpoint: domain.RefusedCheckpoint | None = None
@@ -632,6 +633,10 @@ class JobRun:
                         max(left),
                         self._upload_error or error_text(exc) or type(exc).__name__,
                         self._upload_wait_s,
+                        # The wait ran out with no store error since the last upload
+                        # that worked: the upload was just too long for it, a size of the
+                        # job's making. Anything else is the platform's.
+                        store_failed=bool(self._upload_error) or not isinstance(exc, TimeoutError),
                     )
                 log.error(
                     "job %s: checkpoint of step %s left unuploaded after %g s: %s",
@@ -821,6 +826,7 @@ class JobRun:
                     parent=self._events.parent,
                     max_bytes=self._max_checkpoint_bytes,
                 )
+                self._upload_error = ""  # the store works again
                 break
             except checkpoints.StagedCheckpointInvalid as exc:
                 self._committing = None

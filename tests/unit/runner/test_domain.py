@@ -417,6 +417,28 @@ def test_a_success_whose_final_checkpoint_was_not_uploaded_fails_as_the_platform
     assert isinstance(event, JobFailed)
 
 
+def test_a_success_whose_final_checkpoint_was_too_slow_to_upload_is_the_jobs_failure() -> None:
+    """A job that succeeded but whose final checkpoint was still uploading, with no error
+    from the store, when the runner's wait ran out was ended as the platform's error: its
+    attempt and the retries were free to its team, so a job could ride free on a huge
+    final checkpoint of its own making. The store took every request: the size is the
+    job's, so it fails as the job's own error (billed to its team, on its max_restarts)."""
+    lost = domain.LostCheckpoint(20, "TimeoutError", 900.0, store_failed=False)
+    outcome = domain.with_lost_checkpoint(domain.Outcome("succeeded", "", 0), lost, REF)
+    assert outcome.kind == "failed"
+    assert outcome.failure_kind == "user_error"
+    assert "checkpoint of step 20 was still uploading after 900 s" in outcome.reason
+    assert "too large to upload in that time" in outcome.reason
+    assert "the latest uploaded is step 10" in outcome.reason
+    event = domain.terminal_event(JOB, outcome, domain.JobResults({}, REF, ""), NOW)
+    assert isinstance(event, JobFailed)
+    assert event.failure_kind == "user_error"
+    # The store's own failure stays the platform's, as before.
+    failed_store = domain.LostCheckpoint(20, "connection refused", 900.0, store_failed=True)
+    outcome = domain.with_lost_checkpoint(domain.Outcome("succeeded", "", 0), failed_store, REF)
+    assert outcome.failure_kind == "platform_error"
+
+
 def test_other_outcomes_keep_their_kind_and_say_which_checkpoint_was_lost() -> None:
     lost = domain.LostCheckpoint(20, "timed out", 5.0)
     outcome = domain.with_lost_checkpoint(domain.Outcome("preempted", "cancelled", 75), lost, None)
