@@ -86,6 +86,17 @@ async def seed_prices(conn: asyncpg.Connection, prices: Iterable[Price], now: da
     return seeded
 
 
+async def currencies(conn: asyncpg.Connection) -> tuple[dict[str, int], dict[str, int]]:
+    """How many prices (GPU, CPU and memory) and how many budgets there are per currency."""
+    book = await conn.fetch(
+        """SELECT currency, count(*) AS n FROM (
+               SELECT currency FROM prices UNION ALL SELECT currency FROM resource_prices) p
+            GROUP BY currency"""
+    )
+    budgets = await conn.fetch("SELECT currency, count(*) AS n FROM budgets GROUP BY currency")
+    return {r["currency"]: r["n"] for r in book}, {r["currency"]: r["n"] for r in budgets}
+
+
 async def set_price(
     conn: asyncpg.Connection,
     flavor: str,

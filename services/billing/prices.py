@@ -12,7 +12,9 @@ Contract:
   at all, or only prices that take effect later): billing dead-letters such a release
   rather than bill it at a made-up price.
 - One currency per book (billing's ``currency`` setting): a schedule of several currencies
-  is refused when built.
+  is refused when built, and billing refuses to start when its book or its budgets hold
+  another currency than the setting (``currency_refusal``), rather than refuse every
+  release and fail every budget check after.
 - CPU and memory (``RESOURCES``) have dated prices of their own per flavor
   (``DatedResourcePrice``: per CPU-hour, per GiB-hour), by the same rule.
   ``segments(..., cpus, memory_gib)`` also splits at each change of the price of a resource
@@ -186,3 +188,35 @@ class PriceSchedule:
         secs = Decimal(units) * duration_seconds(a, b)
         price = self.resource_in_force(flavor, resource, a)
         return secs, price, cost(secs, price) if price is not None else Decimal(0)
+
+
+def currency_refusal(
+    setting: str, book: Mapping[str, int], budgets: Mapping[str, int]
+) -> str | None:
+    """Why billing must not start with the currency ``setting`` when its price book holds
+    ``book`` (prices per currency, GPU, CPU and memory alike) and its budgets ``budgets``
+    (per currency); None when every one is in ``setting`` (or there is none). One line,
+    naming the setting, what is held and what to do."""
+    others = sorted((set(book) | set(budgets)) - {setting})
+    if not others:
+        return None
+
+    def held(counts: Mapping[str, int], what: str) -> list[str]:
+        return [f"{n} {what}{'s' if n != 1 else ''} in {c}" for c, n in sorted(counts.items())]
+
+    holds = ", ".join([*held(book, "price"), *held(budgets, "budget")])
+    if len(others) == 1 and set(book) <= {others[0]}:
+        todo = (
+            f"set TRAINYARD_BILLING_CURRENCY={others[0]} again (an installation's currency "
+            "cannot be changed once it has prices or budgets: they are not converted)"
+        )
+    else:
+        todo = (
+            "put the price book and the budgets in one currency in billing's database "
+            "(tables prices, resource_prices, budgets) and set TRAINYARD_BILLING_CURRENCY to it"
+        )
+    return (
+        f"TRAINYARD_BILLING_CURRENCY is {setting}, but billing holds {holds}: a price book "
+        "has one currency, and every release would be refused and every budget check "
+        f"fail; {todo}"
+    )

@@ -16,6 +16,7 @@ from trainyard_platform.services.billing.config import Settings
 from trainyard_platform.services.billing.domain import PriceBook
 from trainyard_platform.services.billing.handlers import SUBJECTS, BillingHandlers
 from trainyard_platform.services.billing.metrics import billing_readings
+from trainyard_platform.services.billing.prices import currency_refusal
 from trainyard_platform.shared.access import guard_for
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.db import migrate, open_pool, ping
@@ -23,7 +24,7 @@ from trainyard_platform.shared.deadletters import deadletter_routes
 from trainyard_platform.shared.inbox import idempotent
 from trainyard_platform.shared.outbox import OutboxRelay
 from trainyard_platform.shared.retention import Retention
-from trainyard_platform.shared.runtime import ServiceRuntime
+from trainyard_platform.shared.runtime import ServiceRuntime, StartupRefused
 from trainyard_platform.shared.settings import DatabaseSettings
 
 log = logging.getLogger(__name__)
@@ -34,9 +35,14 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 
 async def seed_prices(pool: asyncpg.Pool, settings: Settings) -> None:
     """Give the configured prices, from the beginning, to flavors the price book has no
-    price for (see ``Settings.prices``); prices already there are kept."""
+    price for (see ``Settings.prices``); prices already there are kept. ``StartupRefused``
+    (one line: ``prices.currency_refusal``) when the book or the budgets hold another
+    currency than ``settings.currency``: the setting changed on a running installation."""
     book = PriceBook.from_settings(settings.prices, settings.currency)
     async with pool.acquire() as conn, conn.transaction():
+        refusal = currency_refusal(settings.currency, *await catalogue.currencies(conn))
+        if refusal is not None:
+            raise StartupRefused(refusal)
         seeded = await catalogue.seed_prices(conn, book.prices.values(), datetime.now(UTC))
     if seeded:
         log.info("price book: %d flavors priced from the settings", seeded)

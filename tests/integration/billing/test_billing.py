@@ -20,6 +20,7 @@ from trainyard_platform.shared.bus import REASON_HEADER, Reject
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import AllocationReleased
 from trainyard_platform.shared.events.trust import owner
+from trainyard_platform.shared.runtime import StartupRefused
 
 pytestmark = pytest.mark.integration
 
@@ -152,6 +153,28 @@ async def test_settings_price_only_flavors_without_a_price(pool: asyncpg.Pool) -
         ("h200", Decimal("5.5")),  # new: priced from the settings
     ]
     assert {r["effective_from"].year for r in rows} == {1970}
+
+
+async def test_a_changed_currency_is_refused_at_start_naming_the_setting(
+    pool: asyncpg.Pool,
+) -> None:
+    """TRAINYARD_BILLING_CURRENCY changed from USD to EUR on a running installation: billing
+    started, and the first price set or flavor seeded in EUR made the book mix currencies,
+    so every release was refused and every budget check failed after. It now refuses to
+    start, in one line, and the book is left as it was."""
+    before = await pool.fetch("SELECT * FROM prices ORDER BY flavor")
+    with pytest.raises(StartupRefused) as refused:
+        await seed_prices(
+            pool,
+            Settings(prices={"h200": 5.5}, currency="EUR", admin_token=SecretStr("t")),
+        )
+    said = str(refused.value)
+    assert said.startswith("TRAINYARD_BILLING_CURRENCY is EUR, but billing holds 2 prices in USD")
+    assert "set TRAINYARD_BILLING_CURRENCY=USD again" in said
+    assert await pool.fetch("SELECT * FROM prices ORDER BY flavor") == before  # no h200
+    await seed_prices(  # the same currency starts as before
+        pool, Settings(prices={"h200": 5.5}, currency="USD", admin_token=SecretStr("t"))
+    )
 
 
 async def test_usage_summary_per_team_user_and_job(billing: Billing) -> None:

@@ -22,6 +22,7 @@ from trainyard_platform.services.billing.prices import (
     DatedPrice,
     DatedResourcePrice,
     PriceSchedule,
+    currency_refusal,
 )
 
 T = datetime(2026, 12, 10, 12, tzinfo=UTC)
@@ -98,6 +99,24 @@ def test_a_book_of_two_currencies_is_refused() -> None:
                 DatedPrice(BEGINNING, Price("cpu", Decimal(1), "EUR")),
             ]
         )
+
+
+def test_a_currency_other_than_the_books_is_refused_in_one_line_saying_what_to_do() -> None:
+    """TRAINYARD_BILLING_CURRENCY changed on a running installation: the book then mixed
+    currencies, and billing refused every release and failed every budget check after,
+    with nothing said at start."""
+    assert currency_refusal("USD", {"USD": 7}, {"USD": 2}) is None
+    assert currency_refusal("EUR", {}, {}) is None  # a fresh install: anything goes
+    said = currency_refusal("EUR", {"USD": 7}, {"USD": 1})
+    assert said is not None and "\n" not in said
+    assert said.startswith("TRAINYARD_BILLING_CURRENCY is EUR, but billing holds 7 prices in USD")
+    assert "1 budget in USD" in said
+    assert "set TRAINYARD_BILLING_CURRENCY=USD again" in said
+    mixed = currency_refusal("EUR", {"USD": 7, "EUR": 1}, {})
+    assert mixed is not None and "1 price in EUR, 7 prices in USD" in mixed
+    assert "put the price book and the budgets in one currency" in mixed
+    budgets_only = currency_refusal("EUR", {"EUR": 3}, {"USD": 2})
+    assert budgets_only is not None and "2 budgets in USD" in budgets_only
 
 
 def test_the_current_book_holds_the_prices_in_force() -> None:
