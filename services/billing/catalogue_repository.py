@@ -212,11 +212,35 @@ async def price_book_page(
 
 
 async def lock_prices(conn: asyncpg.Connection, flavor: str) -> None:
-    """Hold ``flavor``'s prices until the transaction ends: a price change reads them (its
-    ``If-Match``) and writes them in turn with any other."""
+    """Hold ``flavor``'s prices alone until the transaction ends: a price change reads them
+    (its ``If-Match``) and writes them in turn with any other, and after every bill being
+    made by them has committed (``hold_prices``)."""
     await conn.execute(
         "SELECT pg_advisory_xact_lock(hashtextextended('billing:prices:' || $1, 0))", flavor
     )
+
+
+async def hold_prices(conn: asyncpg.Connection, flavor: str) -> None:
+    """Hold ``flavor``'s prices unchanged until the transaction ends (shared with other
+    bills, exclusive of a price change, ``lock_prices``): a bill made by the book it reads
+    commits before a change of the flavor's prices is made, or is made by the changed book.
+    So no bill priced by the old book can commit after a change that reprices its time."""
+    await conn.execute(
+        "SELECT pg_advisory_xact_lock_shared(hashtextextended('billing:prices:' || $1, 0))",
+        flavor,
+    )
+
+
+async def billed_until(conn: asyncpg.Connection, flavor: str, after: datetime) -> datetime | None:
+    """The latest end of ``flavor``'s usage billed in the ledger, when it is after ``after``
+    (an allocation released by a scheduler whose clock is ahead); else None. Read under
+    ``lock_prices``, so every bill made by the current prices is counted."""
+    until: datetime | None = await conn.fetchval(
+        "SELECT max(ended_at) FROM ledger_entries WHERE ended_at > $2 AND gpu_flavor = $1",
+        flavor,
+        after,
+    )
+    return until
 
 
 async def price_rows(conn: asyncpg.Connection, flavor: str | None = None) -> list[Row]:

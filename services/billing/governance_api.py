@@ -12,8 +12,10 @@
   naming what changed when another operator priced it since), ``If-None-Match: *`` only
   for its first price, ``If-Match: *`` only when it has one; its answer carries the new
   ``ETag``. From
-  ``effective_from`` (default now;
-  a time in the past is refused: usage already made keeps its price). A flavor's first
+  ``effective_from`` (default: now as the change is made, under the flavor's prices' lock,
+  after every bill being made by them has committed, or the latest end of the flavor's
+  usage billed already when that is later; a time before either is refused: usage already
+  made or billed keeps its price, so the ledger never disagrees with the book). A flavor's first
   price, without ``effective_from``, applies from the beginning (nothing of it was billed). The flavor must be in
   the scheduler's catalogue as billing learned it (``flavor.declared``), or priced already
   (the settings' bootstrap); else 422 naming ``flavor``.
@@ -267,16 +269,27 @@ def governance_routes(
             raise RequestInvalid.one(
                 "price_per_gpu_hour", f"give at least one of {', '.join(PRICE_FIELDS)}"
             )
-        now = clock()
-        effective = body.effective_from or now  # in UTC (``UtcInstant``)
-        if effective < now:
-            raise RequestInvalid.one(
-                "effective_from",
-                f"must not be in the past (now {now.isoformat()}): usage already made keeps "
-                "its price",
-            )
         async with pool.acquire() as conn, conn.transaction():
+            # Under the lock, once every bill made by the flavor's current prices has
+            # committed (``catalogue.hold_prices``), and before any other is made: the
+            # change's time is taken then, never when the request came, so no bill
+            # committed before the change holds time the change reprices.
             await catalogue.lock_prices(conn, flavor)
+            now = clock()
+            billed = await catalogue.billed_until(conn, flavor, now)
+            effective = body.effective_from or billed or now  # in UTC (``UtcInstant``)
+            if effective < now:
+                raise RequestInvalid.one(
+                    "effective_from",
+                    f"must not be in the past (now {now.isoformat()}): usage already made "
+                    "keeps its price",
+                )
+            if billed is not None and effective < billed:
+                raise RequestInvalid.one(
+                    "effective_from",
+                    f"must not be before {billed.isoformat()}: usage of flavor {flavor} up "
+                    "to then is billed already and keeps its price",
+                )
             book = await catalogue.price_book_page(conn, flavor, now, None, None)
             conditions.check(f"the prices of flavor {flavor}", price_tag(book))
             known = await catalogue.flavor(conn, flavor)

@@ -42,8 +42,10 @@ UtcInstant = Annotated[AwareDatetime, AfterValidator(_in_utc)]
 
 class PriceRequest(BaseModel):
     """``PUT /v1/prices/{flavor}``: a price per GPU-hour, per CPU-hour and/or per GiB-hour
-    of memory (at least one), all from ``effective_from`` (default: now, or the beginning
-    for a flavor's first price; never in the past), in billing's currency."""
+    of memory (at least one), all from ``effective_from`` (default: now as the change is
+    made, or the latest end of the flavor's usage billed already when that is later, or the
+    beginning for a flavor's first price; never in the past nor before usage billed), in
+    billing's currency."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

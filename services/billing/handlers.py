@@ -212,6 +212,7 @@ class BillingHandlers:
             raise NotAnnounced(problem or "unannounced")
         if problem is not None:
             raise Reject(problem)
+        await catalogue.hold_prices(conn, released.gpu_flavor)  # unchanged until committed
         book = await catalogue.schedule(conn)
         try:
             segments = book.segments(
@@ -282,6 +283,7 @@ class BillingHandlers:
             raise RuntimeError(f"allocation {amended.allocation_id}: a bill without a charge")
         # The longer interval is priced by the book, like a first bill: time after a price
         # change is billed at the new price.
+        await catalogue.hold_prices(conn, amended.gpu_flavor)  # unchanged until committed
         book = await catalogue.schedule(conn)
         try:
             segments = book.segments(

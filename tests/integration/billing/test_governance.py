@@ -19,8 +19,11 @@ from pydantic import SecretStr
 
 from tests.integration.billing.conftest import Billing, feed, grant_of, release_event, until
 from trainyard_platform.services.billing import budgets_repository as budgets_repo
+from trainyard_platform.services.billing import catalogue_repository as catalogue
+from trainyard_platform.services.billing import ledger_repository as ledger_repo
 from trainyard_platform.services.billing.api import create_app
 from trainyard_platform.services.billing.budgets import month_start
+from trainyard_platform.services.billing.handlers import BillingHandlers
 from trainyard_platform.shared.access import service_guard
 from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
 from trainyard_platform.shared.events.payloads import (
@@ -160,6 +163,83 @@ async def test_a_bill_straddling_a_price_change_is_split_at_the_change(
         (Decimal("2.5"), True),
         (Decimal(4), False),
     ]
+
+
+async def _ledger_disagrees_with_book(pool: asyncpg.Pool, flavor: str) -> list[str]:
+    """Each bill of ``flavor`` whose latest charges are not what the price book prices its
+    interval at now (interval, price and cost of each segment)."""
+    async with pool.acquire() as conn:
+        book = await catalogue.schedule(conn)
+        bills = await conn.fetch(
+            "SELECT * FROM usage_ledger WHERE gpu_flavor = $1 ORDER BY allocation_id", flavor
+        )
+        wrong = []
+        for bill in bills:
+            charges = await ledger_repo.latest_charges(conn, bill["allocation_id"])
+            charged = [(c.started_at, c.ended_at, c.price_per_gpu_hour, c.cost) for c in charges]
+            priced = [
+                (g.started_at, g.ended_at, g.price_per_gpu_hour, g.cost)
+                for g in book.segments(flavor, bill["gpus"], bill["started_at"], bill["ended_at"])
+            ]
+            if charged != priced:
+                wrong.append(f"{bill['allocation_id']}: charged {charged}, the book {priced}")
+    return wrong
+
+
+async def test_a_price_change_made_while_a_bill_is_made_agrees_with_the_bill(
+    pool: asyncpg.Pool, client: httpx.AsyncClient
+) -> None:
+    """Two transactions at once: a release being billed (it read a100 at 2.5) and a price
+    change of a100 without a date. Before, the change took effect from the moment its
+    request came and committed while the bill was still open: the bill then committed the
+    old price for its time after that moment, and the ledger disagreed with the price book
+    (4.00 from the change on). Now the change waits for the bill, and takes effect after
+    the usage billed (here the release ends after the request came: a scheduler's clock a
+    little ahead), so every bill is what the book prices it at."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    bill = released("race", now - timedelta(hours=1), timedelta(hours=1, minutes=5))
+    async with pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            handlers = BillingHandlers()
+            await handlers.dispatch(grant_of(bill), conn)
+            await handlers.dispatch(release_event(bill), conn)  # read the book: 2.5
+            change = asyncio.create_task(
+                client.put("/v1/prices/a100", json={"price_per_gpu_hour": "4.00"}, headers=OPERATOR)
+            )
+
+            async def change_done_or_waiting() -> bool:
+                return change.done() or await _lock_waiters(pool) >= 1
+
+            await until(change_done_or_waiting)
+        finally:
+            await tx.commit()
+    answer = await change
+    assert answer.status_code == 201, answer.text
+    assert await _ledger_disagrees_with_book(pool, "a100") == []
+    assert answer.json()["effective_from"] == bill.released_at.isoformat().replace("+00:00", "Z")
+
+    # A date before usage billed already is refused: that usage keeps its price.
+    early = bill.released_at - timedelta(minutes=1)
+    said = errors(
+        await client.put(
+            "/v1/prices/a100",
+            json={"price_per_gpu_hour": "5", "effective_from": early.isoformat()},
+            headers=OPERATOR,
+        )
+    )
+    assert "is billed already and keeps its price" in said["effective_from"]
+
+    # A bill made once the change has committed is priced by the changed book, split at it.
+    after = released("after", now - timedelta(minutes=30), timedelta(hours=1))
+    await feed(pool, grant_of(after), release_event(after))
+    assert await _ledger_disagrees_with_book(pool, "a100") == []
+    prices = await pool.fetch(
+        "SELECT price_per_gpu_hour FROM ledger_entries WHERE allocation_id = 'after' "
+        "ORDER BY segment"
+    )
+    assert [p["price_per_gpu_hour"] for p in prices] == [Decimal("2.5"), Decimal("4.00")]
 
 
 async def test_prices_are_set_by_operators_for_catalogue_flavors_from_now_on(
