@@ -69,11 +69,12 @@ from litestar.handlers import HTTPRouteHandler
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 from pydantic import ValidationError
-from pydantic_settings import BaseSettings
+from pydantic_settings import BaseSettings, SettingsError
 
 from trainyard_platform.shared import outages
 from trainyard_platform.shared.bus import Bus, infrastructure_fault
 from trainyard_platform.shared.db import open_pool
+from trainyard_platform.shared.events.envelope import EventSchemaSettings
 from trainyard_platform.shared.http_deadline import SlowClientDeadlines
 from trainyard_platform.shared.logs import configure_logging, error_text, formatter
 from trainyard_platform.shared.metrics import metrics_route, setup_metrics
@@ -609,14 +610,19 @@ def settings_or_exit(prog: str, settings_type: type[SettingsT], **overrides: Any
 def service_settings_or_exit(
     prog: str, settings_type: type[SettingsT], **overrides: Any
 ) -> SettingsT:
-    """``settings_or_exit`` for a service: its settings and the ``OTEL_*`` variables the
-    services read themselves (``OtelExportSettings``), every bad one of both named before
-    the service starts anything (a bad ``OTEL_*`` would otherwise fail inside the start-up,
-    with a traceback). Every service's command line goes through here. Under
-    ``TRAINYARD_LOG_FORMAT=json`` (when that setting itself is good) the refusal is one log
-    line of that format, as a log pipeline reads the service's other lines."""
+    """``settings_or_exit`` for a service: its settings, the ``OTEL_*`` variables the
+    services read themselves (``OtelExportSettings``) and the events' schema base
+    (``EventSchemaSettings``, read when the first event is made), every bad one named
+    before the service starts anything (a bad ``OTEL_*`` would otherwise fail inside the
+    start-up, with a traceback; a bad schema base every publish). Every service's command
+    line goes through here. Under ``TRAINYARD_LOG_FORMAT=json`` (when that setting itself
+    is good) the refusal is one log line of that format, as a log pipeline reads the
+    service's other lines."""
     settings, bad = _settings_and_errors(settings_type, **overrides)
-    _, bad_otel = _settings_and_errors(OtelExportSettings)
+    bad_otel = [
+        *_settings_and_errors(OtelExportSettings)[1],
+        *_settings_and_errors(EventSchemaSettings)[1],
+    ]
     if bad or bad_otel:
         chosen, _ = _settings_and_errors(LogFormatSettings)
         if chosen is not None and chosen.log_format == "json":
@@ -647,7 +653,7 @@ def _settings_and_errors(
 ) -> tuple[SettingsT | None, list[str]]:
     try:
         return settings_type(**overrides), []
-    except ValidationError as error:
+    except (ValidationError, SettingsError) as error:
         return None, invalid_settings(settings_type, error)
 
 

@@ -10,6 +10,7 @@ the prefix ``TRAINYARD_<SERVICE>_``. Nothing outside this module's subclasses re
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from typing import Annotated, Literal, TypeVar
@@ -22,7 +23,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_core import ErrorDetails
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 # Jobs read it too (the SDK opens its checkpoint store), so the client distribution owns it.
 from trainyard.storage.settings import StorageSettings as StorageSettings
@@ -180,9 +182,9 @@ class NatsSettings(PlatformSettings):
         ):
             if self.duplicate_window_seconds > age:
                 raise ValueError(
-                    f"duplicate_window_seconds ({self.duplicate_window_seconds:g} s) must not "
-                    f"exceed {name} ({age:g} s): JetStream refuses a stream whose duplicate "
-                    "window is longer than its max age"
+                    f"duplicate_window_seconds: must not exceed {name} "
+                    f"({self.duplicate_window_seconds:g} s > {age:g} s): JetStream refuses a "
+                    "stream whose duplicate window is longer than its max age"
                 )
         return self
 
@@ -213,8 +215,8 @@ class DatabaseSettings(PlatformSettings):
     def _pool_bounds(self) -> DatabaseSettings:
         if self.pool_min_size > self.pool_max_size:
             raise ValueError(
-                f"pool_min_size ({self.pool_min_size}) must not exceed pool_max_size "
-                f"({self.pool_max_size})"
+                "pool_min_size: must not exceed pool_max_size "
+                f"({self.pool_min_size} > {self.pool_max_size})"
             )
         return self
 
@@ -270,7 +272,10 @@ class ServiceSettings(LogFormatSettings):
     def _origins(cls, value: object) -> object:
         if isinstance(value, str):
             text = value.strip()
-            value = json.loads(text) if text.startswith("[") else text.split(",")
+            try:
+                value = json.loads(text) if text.startswith("[") else text.split(",")
+            except ValueError as exc:
+                raise ValueError(f"must be valid JSON ({exc})") from None
         if not isinstance(value, list):
             return value
         origins = [str(item).strip().rstrip("/") for item in value if str(item).strip()]
@@ -313,36 +318,105 @@ class GuardedServiceSettings(ServiceSettings):
         return value
 
 
-def invalid_settings(settings_type: type[BaseSettings], error: ValidationError) -> list[str]:
+def invalid_settings(
+    settings_type: type[BaseSettings], error: ValidationError | SettingsError
+) -> list[str]:
     """One line per bad setting of ``settings_type`` (or of the shared settings it holds),
-    naming its environment variable, the reason and the value given -- except a secret's
-    value (``SecretStr`` settings) and the whole input a missing setting or a rule across
-    settings reports, which are never echoed."""
-    kinds = {settings_type.__name__: settings_type}
+    ``VARIABLE: reason (got 'value')``: its environment variable, never the field's name in
+    the code, and what is wrong in plain words, as the API says it of a bad field
+    (``http_errors.plain_message``: ``must be an integer``, ``must be at most 65535``).
+    A rule across settings names its first setting, and the others by their variables too.
+    The value is never echoed for a secret (``SecretStr`` settings), a missing setting, or
+    a rule across settings (its input is every setting given). ``error`` may be
+    pydantic-settings' own refusal of a value that is not JSON where JSON is read."""
+    kinds: dict[str, type[BaseSettings]] = {settings_type.__name__: settings_type}
     for held in settings_type.model_fields.values():
         if isinstance(held.annotation, type) and issubclass(held.annotation, BaseSettings):
             kinds[held.annotation.__name__] = held.annotation
-    failing = kinds.get(error.title)
-    prefix = failing.model_config.get("env_prefix", "") if failing is not None else ""
-    fields = failing.model_fields if failing is not None else {}
-    lines = []
-    for e in error.errors():
-        if not e["loc"]:
-            # A rule across settings: its message names them.
-            lines.append(f"{prefix}*: {e['msg']}")
-            continue
-        name, *within = (str(part) for part in e["loc"])
-        field = fields.get(name)
-        # A field read from a variable of its own (``validation_alias``) is reported by it.
-        variable = name if field is None else f"{prefix}{name}".upper()
-        # An entry of a JSON value (a price book's flavor) is named inside its variable.
-        where = ""
-        if within:
-            part = "key" if within[-1] == "[key]" else "entry"
-            where = f" ({part} {within[0]!r})"
-        secret = field is not None and "SecretStr" in str(field.annotation)
-        # A URL's password is hidden (a DSN or a NATS URL may carry one).
-        shown = redact_password(e["input"]) if isinstance(e["input"], str) else e["input"]
-        got = "" if e["type"] == "missing" or secret else f" (got {shown!r})"
-        lines.append(f"{variable}{where}: {e['msg']}{got}")
-    return lines
+    if isinstance(error, SettingsError):
+        return [_unreadable(list(kinds.values()), error)]
+    failing = kinds.get(error.title, settings_type)
+    return [_bad_setting(failing, e) for e in error.errors()]
+
+
+def setting_variable(kind: type[BaseSettings], name: str) -> str:
+    """The environment variable of ``kind``'s field ``name``: its own (``validation_alias``)
+    or the class's prefix and the name, in capitals."""
+    field = kind.model_fields.get(name)
+    alias = field.validation_alias if field is not None else None
+    if isinstance(alias, str):
+        return alias
+    return f"{kind.model_config.get('env_prefix', '')}{name}".upper()
+
+
+_SETTINGS_ERROR = re.compile(r'error (?:parsing|getting) value for field "(\w+)"')
+
+
+def _unreadable(kinds: list[type[BaseSettings]], error: SettingsError) -> str:
+    """pydantic-settings refuses a value it reads as JSON (a list, a mapping) before any
+    validation, naming the field alone: its variable (of the class that has the field and
+    whose variable is set) and the parser's reason."""
+    found = _SETTINGS_ERROR.search(str(error))
+    name = found.group(1) if found else ""
+    candidates = [setting_variable(kind, name) for kind in kinds if name in kind.model_fields]
+    variable = next(
+        (v for v in candidates if v in os.environ), candidates[0] if candidates else "settings"
+    )
+    cause = error.__cause__
+    reason = f"must be valid JSON ({cause})" if cause is not None else "cannot be read"
+    given = os.environ.get(variable)
+    return f"{variable}: {reason}" + ("" if given is None else f" (got {given!r})")
+
+
+def _bad_setting(kind: type[BaseSettings], e: ErrorDetails) -> str:
+    """The line of one pydantic error of ``kind``'s settings."""
+    # Imported here: http_errors stands on the bus, which stands on these settings.
+    from trainyard_platform.shared.http_errors import plain_message
+
+    fields = kind.model_fields
+    names = {name: setting_variable(kind, name) for name in fields}
+    reason = _setting_message(e) or plain_message(e)
+    # A model's own words name its settings by their fields: said by their variables (a
+    # field of one word, ``url``, ``stream``, is a word of the reason too, and left as it is).
+    for name, variable in names.items():
+        if "_" in name:
+            reason = re.sub(rf"(?<![\w]){re.escape(name)}(?![\w])", variable, reason)
+    if not e["loc"]:
+        # A rule across settings: ``<field>: why`` names the setting it is about, else the
+        # first one it names; no value echoed (the input is every setting given).
+        head, sep, rest = reason.partition(": ")
+        if sep and head in names.values():
+            return f"{head}: {rest}"
+        named = sorted((reason.find(v), v) for v in names.values() if v in reason)
+        if named:
+            first = named[0][1]
+            rest = reason.removeprefix(f"{first} ")
+            return f"{first}: {rest if rest.startswith('must') else reason}"
+        return f"{kind.model_config.get('env_prefix', '')}*: {reason}"
+    name, *within = (str(part) for part in e["loc"])
+    field = fields.get(name)
+    # A field read from a variable of its own (``validation_alias``) is reported by it.
+    variable = name if field is None else names[name]
+    # An entry of a JSON value (a price book's flavor) is named inside its variable.
+    where = ""
+    if within:
+        part = "key" if within[-1] == "[key]" else "entry"
+        where = f" ({part} {within[0]!r})"
+    secret = field is not None and "SecretStr" in str(field.annotation)
+    # A URL's password is hidden (a DSN or a NATS URL may carry one).
+    shown = redact_password(e["input"]) if isinstance(e["input"], str) else e["input"]
+    got = "" if e["type"] == "missing" or secret else f" (got {shown!r})"
+    return f"{variable}{where}: {reason}{got}"
+
+
+def _setting_message(e: ErrorDetails) -> str | None:
+    """What an environment variable is told where the API's words for a body field would
+    not fit it (None elsewhere): a variable is set or not, and its value is text."""
+    if e["type"] == "missing":
+        return "must be set"
+    context = e.get("ctx") or {}
+    if e["type"] == "too_short" and context.get("field_type") == "Value":
+        # A constrained secret (``SecretStr``): its length is in characters, not items.
+        least = context.get("min_length")
+        return "must not be empty" if least == 1 else f"must be at least {least} characters"
+    return None
