@@ -144,6 +144,12 @@ class _Head(BaseModel):
 
 
 def _describe(exc: ValidationError) -> str:
+    """Why an event is refused, as the API says a bad field (``http_errors.field_errors``):
+    each field by its path (``data.spec.args[1]``; ``event``: the event as a whole) and
+    what is wrong in plain words, ``; `` between them."""
+    # Imported here: http_errors stands on the bus, which stands on this module.
+    from trainyard_platform.shared.http_errors import field_errors
+
     return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in exc.errors()
+        f"{'event' if e.field == 'body' else e.field}: {e.message}" for e in field_errors(exc)
     )

@@ -14,6 +14,7 @@ from tests.integration.test_forged_events import SAMPLES, sample
 from trainyard_platform.shared.events import Envelope, EventParseError, Payload, parse_envelope
 from trainyard_platform.shared.events.payloads import GrantOfInvalidSpec, JobPending
 from trainyard_platform.shared.events.trust import ALLOWED_SOURCES, routing_key_of
+from trainyard_platform.shared.http_errors import field_path
 
 JOB = "0b6f1d6e-4c1e-4b55-9a43-6f7d0f0c7a10"
 Path = tuple[str | int, ...]
@@ -106,8 +107,8 @@ def test_on_the_wire_the_reason_names_the_field(kind: type[Payload]) -> None:
     wire["data"] = data
     with pytest.raises(EventParseError) as refused:
         parse_envelope(json.dumps(wire).encode())
-    field = ".".join(str(p) for p in ("data", *paths[0]))
-    assert f"{field}: Value error, must carry a time zone" in str(refused.value)
+    field = field_path(("data", *paths[0]))
+    assert f"{field}: must carry a time zone" in str(refused.value)
 
 
 def test_a_naive_datetime_in_code_is_refused_too() -> None:
