@@ -68,6 +68,7 @@ from opentelemetry import trace
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainyard_platform.shared.events.payloads import CheckpointRef
+from trainyard_platform.shared.http_errors import field_errors
 from trainyard_platform.shared.metrics import instrument
 from trainyard_platform.shared.storage import (
     ObjectNotFound,
@@ -163,9 +164,18 @@ def _commit_staged(
     manifest_bytes = _read_confined(staging, folder / MANIFEST_NAME, MAX_MANIFEST_BYTES)
     try:
         manifest = Manifest.model_validate_json(manifest_bytes)
+    except ValidationError as exc:
+        # The job's failure reason, read by its user: each field and why, in plain words.
+        said = "; ".join(
+            e.message if e.field == "body" else f"{e.field}: {e.message}" for e in field_errors(exc)
+        )
+        raise StagedCheckpointInvalid(f"manifest of step {step} is invalid: {said}") from None
+    try:
         object_key = validate_key(manifest.object)
-    except (ValidationError, ValueError) as exc:
-        raise StagedCheckpointInvalid(f"manifest of step {step} is invalid: {exc}") from None
+    except ValueError as exc:
+        raise StagedCheckpointInvalid(
+            f"manifest of step {step} is invalid: object: {exc}"
+        ) from None
     # The SDK names the object relative to the checkpoint root: it must be in this step's
     # folder, one level down, and nowhere else.
     inside = object_key.removeprefix(staged_folder(step) + "/")
