@@ -59,6 +59,14 @@ browser's or proxy's cache keeps nothing of a user's data (``no-store``), and no
 in a ``Referer``. They are set as the first message of the answer is sent (``before_send``),
 so the 404 of a path that matches no route has them too.
 
+Every ``GET`` route answers ``HEAD`` too (RFC 9110, section 9.3.2: load balancers' checks,
+``curl -I``): the same guard, parameters, handler, status and headers, and no body. Where a
+path has no ``HEAD`` route of its own, ``service_app`` adds one that shares the ``GET``
+handler (``head_routes``), outside the OpenAPI document (it says no more than the ``GET``
+operation does; ``opt[HEAD_OF_GET]`` marks it, and its query parameters are checked as the
+``GET``'s); every answer to a ``HEAD`` leaves its body out, whatever made it (an error, a
+401). The OpenAPI document's own routes (``/schema``, Litestar's) are not the services'.
+
 Building the app leaves the process's logging alone (``logging_config=None``): Litestar's
 default set-up replaced the root handler with a queue-listener thread writing to the stderr
 of that moment, in its own format, and kept the ``litestar`` logger on it; its records now
@@ -75,11 +83,12 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from copy import copy
 from dataclasses import dataclass, field
 from types import MethodType
 from typing import Annotated, Any, Final, TypeVar
 
-from litestar import Litestar, Request, Response, Router
+from litestar import HttpMethod, Litestar, Request, Response, Router
 from litestar.config.cors import CORSConfig
 from litestar.connection import ASGIConnection
 from litestar.datastructures import MutableScopeHeaders
@@ -98,6 +107,7 @@ from litestar.openapi.spec import (
 from litestar.params import HeaderParameter
 from litestar.routes import HTTPRoute
 from litestar.types import ControllerRouterHandler, Guard, Message, Scope
+from litestar.utils import join_paths
 from pydantic import BaseModel
 
 from trainyard_platform.shared.access import principal_dependency
@@ -477,6 +487,57 @@ async def _edge_headers(message: Message, scope: Scope) -> None:
             headers[name] = value
 
 
+async def _no_body_for_head(message: Message, scope: Scope) -> None:
+    """A ``HEAD`` request's answer without its body (its headers, ``Content-Length`` among
+    them, as the ``GET``'s): whoever made it, a route, an error handler or the guard."""
+    if message["type"] == "http.response.body" and scope.get("method") == "HEAD":
+        message["body"] = b""
+
+
+HEAD_OF_GET: Final = "trainyard_head_of_get"
+"""The ``opt`` key of a ``HEAD`` route ``head_routes`` added for a ``GET`` one."""
+
+
+def head_routes(
+    route_handlers: Sequence[ControllerRouterHandler],
+) -> list[ControllerRouterHandler]:
+    """``route_handlers`` with a ``HEAD`` route for each path a ``GET`` handler serves and
+    no handler serves ``HEAD``: a copy of the ``GET`` handler for ``HEAD`` alone, left out
+    of the OpenAPI document (``opt[HEAD_OF_GET]``), so that it answers as the ``GET`` does
+    (its guard, its ``opt``, its parameters) with no body. A ``Router``'s are added to that
+    router, in place (under its path, its guards and ``opt``), once however often it is
+    given."""
+    added: list[ControllerRouterHandler] = []
+    top = [h for h in route_handlers if isinstance(h, HTTPRouteHandler)]
+    headed = {path for h in top if HttpMethod.HEAD in h.http_methods for path in h.paths}
+    for handler in top:
+        if HttpMethod.GET in handler.http_methods and handler.paths - headed:
+            added.append(_head_of(handler, handler.paths - headed))
+    for router in (r for r in route_handlers if isinstance(r, Router)):
+        served = router.route_handler_method_map
+        headed = {path for path, methods in served.items() if HttpMethod.HEAD in methods}
+        gets = {
+            id(get): get
+            for methods in served.values()
+            if isinstance(get := methods.get(HttpMethod.GET), HTTPRouteHandler)
+        }
+        for get in gets.values():
+            paths = {p for p in get.paths if join_paths([router.path, p]) not in headed}
+            if paths:
+                router.register(_head_of(get, paths))
+    return [*route_handlers, *added]
+
+
+def _head_of(handler: HTTPRouteHandler, paths: set[str]) -> HTTPRouteHandler:
+    head = copy(handler)
+    head.paths = paths
+    head.http_methods = {HttpMethod.HEAD}
+    head.include_in_schema = False
+    head.opt = {**handler.opt, HEAD_OF_GET: True}
+    head.name = None  # a handler's name names one handler
+    return head
+
+
 def service_app(
     title: str,
     route_handlers: Sequence[ControllerRouterHandler],
@@ -491,6 +552,7 @@ def service_app(
     ``errors``: the error statuses every route of the service may answer besides
     ``EVERY_ROUTE``; ``cors_origins``: the web origins that may call it from a browser."""
     everywhere = error_responses(*EVERY_ROUTE, *errors)
+    route_handlers = head_routes(route_handlers)
     for handler in _http_handlers(route_handlers):
         handler.responses = dict(sorted({**everywhere, **(handler.responses or {})}.items()))
     app = Litestar(
@@ -517,7 +579,7 @@ def service_app(
         debug=False,
         logging_config=None,  # the process's one set-up is shared.logs (see the module)
         cors_config=cors_config(cors_origins),
-        before_send=[_edge_headers],
+        before_send=[_edge_headers, _no_body_for_head],
         **litestar_options,
     )
     for route in app.routes:
@@ -531,10 +593,11 @@ def service_app(
 def _declare_query_parameters(route: HTTPRoute) -> None:
     """Tell ``check_parameters`` the query parameters each documented handler of ``route``
     declares (its own and its dependencies', as Litestar parses them for it, so as its
-    OpenAPI operation lists them): any other is refused. Handlers outside the document (the
+    OpenAPI operation lists them): any other is refused; a ``HEAD`` route added for a
+    ``GET`` one (``head_routes``) as that ``GET``. Handlers outside the document (the
     probes, the dashboard's files, ``OPTIONS``) are not checked."""
     for handler, kwargs_model in route.route_handler_map.values():
-        if handler.resolve_include_in_schema():
+        if handler.resolve_include_in_schema() or handler.opt.get(HEAD_OF_GET):
             query = kwargs_model.expected_query_params
             headers = kwargs_model.expected_header_params
             declare_query_parameters(

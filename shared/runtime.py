@@ -75,6 +75,7 @@ from trainyard_platform.shared import outages
 from trainyard_platform.shared.bus import Bus, infrastructure_fault
 from trainyard_platform.shared.db import open_pool
 from trainyard_platform.shared.events.envelope import EventSchemaSettings
+from trainyard_platform.shared.http_app import head_routes
 from trainyard_platform.shared.http_deadline import SlowClientDeadlines
 from trainyard_platform.shared.logs import configure_logging, error_text, formatter
 from trainyard_platform.shared.metrics import metrics_route, setup_metrics
@@ -233,7 +234,9 @@ class ServiceRuntime:
         """Serve HTTP (``app``, or the health endpoints alone) until stopped; return the exit
         status."""
         self.work_begins()
-        app = app or Litestar(route_handlers=self.health_handlers(), logging_config=None)
+        app = app or Litestar(
+            route_handlers=head_routes(self.health_handlers()), logging_config=None
+        )
         host, port = self.settings.host, self.settings.port
         try:
             listener = _listening_socket(host, port)

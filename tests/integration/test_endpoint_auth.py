@@ -359,6 +359,9 @@ def _policy(service: str, method: str, path: str) -> Role | None:
         return V  # CORS preflight and the OpenAPI document: any valid token
     if path.startswith("/v1/deadletters"):
         return OP  # shared.deadletters, on every service whose app is given its routes
+    if method == "HEAD" and (method, path) not in POLICY[service]:
+        # The HEAD every GET route answers (http_app.head_routes): the GET's least role.
+        method = "GET"
     return POLICY[service].get((method, path))
 
 
