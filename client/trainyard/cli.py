@@ -7,12 +7,12 @@
     trainyard get JOB... | describe JOB                           a job as a row | in full
     trainyard logs JOB [-f] [--raw]                               its output
     trainyard attach JOB | wait JOB                               follow it | wait for its end
-    trainyard cancel JOB... | rerun JOB                           cancel | submit its spec again
+    trainyard cancel JOB... [--if-match ETAG] | rerun JOB         cancel | submit its spec again
     trainyard sweep SPEC --grid K=V1,V2 [--random N] [--metric M]  hyper-parameter search
     trainyard rerun --reproduce JOB [--follow] | reproduction JOB reproduce it | the verdict
     trainyard queue                                               the team's waiting line, why
     trainyard metrics JOB [KEY] | experiments [EXP] | compare EXP curves, experiments, runs
-    trainyard tag JOB TAG... [--rm] | note JOB TEXT               tags and notes on runs
+    trainyard tag JOB TAG... [--rm] | note JOB [TEXT]             tags and notes on runs
     trainyard models NAME                                         a model's versions (older)
     trainyard model ls|show|register|alias|download|rm            models, versions, aliases
     trainyard dataset ls|show|register|grant|revoke               datasets and grants
@@ -20,10 +20,10 @@
     trainyard cost [JOB] [--by DIMS] [--from T] [--to T] [--csv]  exact costs (billing)
     trainyard waste [--by DIMS] [--from T] [--to T] [--csv]       waste priced, success rate
     trainyard trace JOB [--file PATH]                             its spans as a tree, timed
-    trainyard nodes ls | cordon NODE --reason T | uncordon NODE   nodes (operators, scheduler)
+    trainyard nodes ls | show | cordon NODE --reason T | uncordon  nodes (operators, scheduler)
     trainyard nodes retire NODE                                   forget a node gone for good
     trainyard admin flavors|cohorts|queues|priority-classes ls|show|set|rm   configuration
-    trainyard admin prices ls | set FLAVOR --gpu-hour P [--from T]  billing's price book
+    trainyard admin prices ls | show FLAVOR | set FLAVOR --gpu-hour P  billing's price book
     trainyard budget ls | show TEAM | set TEAM --amount A | rm TEAM   monthly budgets (billing)
     trainyard whoami | tokens | token ... | user ... | audit      who may do what
     trainyard schema | version | completion bash|zsh|tcsh
@@ -79,6 +79,7 @@ from trainyard.cli_base import (
     CliSettings,
     Exit,
     Session,
+    add_if_match,
     checked_token,
     checked_url,
     dumps,
@@ -320,6 +321,7 @@ def _parser() -> argparse.ArgumentParser:
     wait.add_argument("--timeout", type=seconds_arg, default=86_400.0, help="seconds (1 day)")
     cancel = command("cancel", cli_jobs.cancel, "ask for jobs to be cancelled")
     cancel.add_argument("jobs", nargs="+", metavar="JOB")
+    add_if_match(cancel)  # one JOB only: the ETag is of one job (``describe`` prints it)
     queue = command("queue", cli_jobs.queue, "the team's waiting jobs and why they wait")
     queue.add_argument("--limit", type=positive_arg, default=100, help="at most this many")
     cli_tracking.add_commands(command)
@@ -482,7 +484,8 @@ def _run(session: Session) -> int:
         context = session.token_context() if rotated else None
         shown = cli_access.run(session.client, args, session.as_json)
         # Printed first: should the config file not be written, the new token is not lost.
-        print(shown if isinstance(shown, str) else dumps(shown), flush=True)
+        if shown is not None:
+            print(shown if isinstance(shown, str) else dumps(shown), flush=True)
         if context is not None:
             _keep_rotated(session, context, shown)
         return Exit.OK

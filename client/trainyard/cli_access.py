@@ -7,13 +7,21 @@
     trainyard token revoke ID                        revoke a token at once
     trainyard user list [--team T]                   the team's users (admins)
     trainyard user add NAME [--role R] [--team T]    a user and its first token (admins)
-    trainyard user role NAME ROLE [--team T]         give a user another role (admins)
-    trainyard user disable NAME [--team T]           disable a user, revoke its tokens (admins)
+    trainyard user show NAME [--team T]              a user, with its etag (admins)
+    trainyard user role NAME ROLE [--team T] [--if-match ETAG]
+                                                     give a user another role (admins)
+    trainyard user disable NAME [--team T] [--if-match ETAG]
+                                                     disable a user, revoke its tokens (admins)
     trainyard audit [--limit N] [--before ID]        the submission service's audit log
                                                      (operators)
 
 A new token is printed once, alone on stdout with ``--json`` off, so that
 ``export TRAINYARD_TOKEN=$(trainyard token rotate)`` works.
+
+``user show`` prints the user's ``etag`` last (the submission API's ``ETag``; with ``--json``
+on stderr, ``cli_base.emit_tagged``); ``user role`` and ``user disable`` with ``--if-match
+ETAG`` change the user only while it is as ``show`` printed it: when another admin changed
+it since, nothing changes and one line says so and to run ``show`` again (exit 1).
 """
 
 from __future__ import annotations
@@ -21,7 +29,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from trainyard.cli_base import positive_arg, whole_arg
+from trainyard.cli_base import (
+    add_if_match,
+    conditional,
+    emit_tagged,
+    if_match,
+    positive_arg,
+    whole_arg,
+)
 from trainyard.cli_render import table, time_text
 from trainyard.client import TrainyardClient
 
@@ -66,20 +81,26 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     add.add_argument("name", metavar="NAME")
     add.add_argument("--role", choices=ROLES, default="member")
     add.add_argument("--team", help="another team (operators)")
+    show = users.add_parser("show", parents=[common], help="a user, with its etag")
+    show.add_argument("name", metavar="NAME")
+    show.add_argument("--team", help="another team (operators)")
     role = users.add_parser("role", parents=[common], help="give a user another role")
     role.add_argument("name", metavar="NAME")
     role.add_argument("role", choices=ROLES)
     role.add_argument("--team", help="another team (operators)")
+    add_if_match(role)
     disable = users.add_parser("disable", parents=[common], help="disable a user")
     disable.add_argument("name", metavar="NAME")
     disable.add_argument("--team", help="another team (operators)")
+    add_if_match(disable)
     audit = commands.add_parser("audit", parents=[common], help="the audit log (operators)")
     audit.add_argument("--limit", type=positive_arg, default=50)
     audit.add_argument("--before", type=positive_arg, help="entries older than this id")
 
 
 def run(client: TrainyardClient, args: argparse.Namespace, as_json: bool) -> Any:
-    """Do the command; return what to print (a string for people, or JSON data)."""
+    """Do the command; return what to print (a string for people, or JSON data), or None
+    when it printed it itself (``user show``: the ETag too)."""
     if args.command == "whoami":
         me = client.whoami()
         return me if as_json else render_whoami(me)
@@ -110,10 +131,20 @@ def _user(client: TrainyardClient, args: argparse.Namespace, as_json: bool) -> A
     if args.action == "add":
         made = client.create_user(args.name, args.role, team=args.team)
         return made if as_json else str(made["token"])
+    if args.action == "show":
+        found = client.user(args.name, team=args.team)
+        emit_tagged(as_json, found, lambda: render_users([found]))
+        return None
+    conditions = if_match(args)
+    reread = f"trainyard user show {args.name}" + (f" --team {args.team}" if args.team else "")
     if args.action == "role":
-        changed = client.change_role(args.name, args.role, team=args.team)
+        changed = conditional(
+            "submission",
+            lambda: client.change_role(args.name, args.role, args.team, conditions),
+            reread,
+        )
         return changed if as_json else f"user {args.name} is {changed['role']} now"
-    client.disable_user(args.name, team=args.team)
+    conditional("submission", lambda: client.disable_user(args.name, args.team, conditions), reread)
     return {"disabled": args.name} if as_json else f"user {args.name} disabled, tokens revoked"
 
 

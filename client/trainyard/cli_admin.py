@@ -57,13 +57,12 @@ from typing import Any
 
 from trainyard import cli_prices
 from trainyard.cli_base import (
-    IF_MATCH_HELP,
     CliError,
     Exit,
     Session,
+    add_if_match,
     asked,
     created,
-    etag_line,
     if_match,
     patch_or_create,
 )
@@ -373,10 +372,10 @@ def _add_kind(
     put = action("set", _setter(kind), text)
     put.add_argument("name", metavar="NAME")
     kind.options(put)
-    put.add_argument("--if-match", metavar="ETAG", help=IF_MATCH_HELP)
+    add_if_match(put)
     rm = action("rm", _remover(kind), f"delete a {kind.noun} (operators)")
     rm.add_argument("name", metavar="NAME")
-    rm.add_argument("--if-match", metavar="ETAG", help=IF_MATCH_HELP)
+    add_if_match(rm)
 
 
 def _lister(kind: Kind) -> Callable[[Session], int]:
@@ -396,7 +395,7 @@ def _shower(kind: Kind) -> Callable[[Session], int]:
     def run(session: Session) -> int:
         path = kind.path(session.args.name)
         found = asked("scheduler", lambda: session.service("scheduler").get(path))
-        session.emit(found, lambda: table(kind.header, [kind.row(found)]) + etag_line(found))
+        session.emit_tagged(found, lambda: table(kind.header, [kind.row(found)]))
         return Exit.OK
 
     return run

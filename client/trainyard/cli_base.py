@@ -197,10 +197,15 @@ def refusal_text(
 
 
 IF_MATCH_HELP = (
-    "only if it is still as you read it: the ETag `show` printed; when someone changed it "
-    "since, nothing is changed (exit 1)"
+    "only if it is still as you read it: the etag its show (for a job: describe) printed; "
+    "when someone changed it since, nothing is changed (exit 1)"
 )
 """The help of ``--if-match`` of every command that takes it."""
+
+
+def add_if_match(parser: argparse.ArgumentParser) -> None:
+    """Give a conditional write's command its ``--if-match ETAG`` (``IF_MATCH_HELP``)."""
+    parser.add_argument("--if-match", metavar="ETAG", help=IF_MATCH_HELP)
 
 
 def if_match(args: argparse.Namespace) -> dict[str, str]:
@@ -220,6 +225,32 @@ def etag_line(answer: Any) -> str:
     """``etag: "..."`` (for ``--if-match``) under what a ``show`` prints; empty without one."""
     tag = etag_of(answer)
     return f"\netag: {tag}" if tag else ""
+
+
+def emit_tagged(as_json: bool, answer: Any, text: Callable[[], str]) -> None:
+    """What a ``show`` of a resource with an ``ETag`` prints: ``text()`` with ``etag: "..."``
+    last (``etag_line``); with ``--json`` (``as_json``) the service's answer as it is on
+    stdout and that same ``etag:`` line on stderr, one rule for every such ``show``, the
+    answer a list or an object."""
+    if not as_json:
+        print(text() + etag_line(answer))
+        return
+    print(dumps(answer))
+    tag = etag_of(answer)
+    if tag:
+        print(f"etag: {tag}", file=sys.stderr)
+
+
+def conditional(service: str, call: Callable[[], Any], reread: str) -> Any:
+    """``call()``'s answer, for a command whose other refusals the CLI reports as they come
+    (``TrainyardError``): a 412 on its ``--if-match`` is ``refusal_text``'s line (exit 1),
+    as ``asked`` says it."""
+    try:
+        return call()
+    except TrainyardError as exc:
+        if exc.status != 412:
+            raise
+        raise CliError(refusal_text(service, exc, reread), exit_code_of(exc)) from None
 
 
 def patch_or_create(
@@ -422,6 +453,10 @@ class Session:
     def emit(self, value: Any, text: Callable[[], str]) -> None:
         """``value`` as JSON with ``--json``, else ``text()``."""
         print(dumps(value) if self.as_json else text())
+
+    def emit_tagged(self, answer: Any, text: Callable[[], str]) -> None:
+        """``answer`` and its ``ETag`` as a ``show`` prints them (``emit_tagged``)."""
+        emit_tagged(self.as_json, answer, text)
 
 
 ID_MAX = 2**63 - 1

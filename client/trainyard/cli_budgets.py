@@ -47,14 +47,13 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from trainyard.cli_base import (
-    IF_MATCH_HELP,
     CliError,
     Exit,
     Session,
+    add_if_match,
     asked,
     created,
     decimal_arg,
-    etag_line,
     if_match,
     patch_or_create,
 )
@@ -146,10 +145,10 @@ def add_commands(
         action="store_true",
         help="replace the whole budget (PUT): what the options leave out takes its default",
     )
-    put.add_argument("--if-match", metavar="ETAG", help=IF_MATCH_HELP)
+    add_if_match(put)
     rm = action("rm", run_remove, "delete a budget (team admins)")
     _scope_arguments(rm)
-    rm.add_argument("--if-match", metavar="ETAG", help=IF_MATCH_HELP)
+    add_if_match(rm)
 
 
 def _scope_arguments(sub: argparse.ArgumentParser) -> None:
@@ -178,7 +177,7 @@ def run_show(session: Session) -> int:
     args = session.args
     path = path_of(args.team, args.project)
     found = asked("billing", lambda: session.service("billing").get(path))
-    session.emit(found, lambda: budget_text(found) + etag_line(found))
+    session.emit_tagged(found, lambda: budget_text(found))
     return Exit.OK
 
 

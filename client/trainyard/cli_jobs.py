@@ -24,8 +24,10 @@ from trainyard.cli_base import (
     CliError,
     Exit,
     Session,
+    conditional,
     dumps,
     exit_code_of,
+    if_match,
     note,
     resolve,
 )
@@ -795,7 +797,7 @@ def _summary(view: dict[str, Any]) -> dict[str, Any]:
 def describe(session: Session) -> int:
     client = session.client
     view = client.get_job(resolve(client, session.args.job))
-    session.emit(view, lambda: render_job(view))
+    session.emit_tagged(view, lambda: render_job(view))
     return Exit.OK
 
 
@@ -806,7 +808,19 @@ def cancel(session: Session) -> int:
     with the exit code of the first. It stopped at the first refusal and printed nothing,
     so a user did not learn that the jobs before it had been cancelled."""
     client = session.client
+    conditions = if_match(session.args)
+    if conditions and len(session.args.jobs) > 1:  # an ETag is of one job
+        raise CliError("--if-match takes one JOB: the ETag `describe` printed for it", Exit.USAGE)
     ids = [resolve(client, ref) for ref in session.args.jobs]
+    if conditions:
+        job_id = ids[0]
+        view = conditional(
+            "submission",
+            lambda: client.cancel(job_id, conditions),
+            f"trainyard describe {job_id}",
+        )
+        session.emit(view, lambda: _cancel_text(view))
+        return Exit.OK
     views, refused = [], []
     for job_id in ids:
         try:

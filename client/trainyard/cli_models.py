@@ -22,6 +22,11 @@ the tag it read as ``If-Match`` (``If-None-Match: *`` for ``none``), so a move a
 member makes between the read and the write is refused too (412, nothing changed). Each
 refusal is one line saying where the alias is and to look at ``alias history`` (exit 1).
 Without ``--from``, as before: the alias moves whatever moved it since.
+
+``show TEAM/NAME:V`` prints the version's ``etag`` last (the registry's ``ETag``; with
+``--json`` on stderr, ``cli_base.emit_tagged``); ``rm TEAM/NAME VERSION --if-match ETAG``
+deletes it only while it is the registration ``show`` printed: otherwise nothing is deleted
+and one line says so and to run ``show`` again (exit 1).
 """
 
 from __future__ import annotations
@@ -36,7 +41,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainyard.cli_base import CliError, Exit, Session, etag_of, note, refusal_text
+from trainyard.cli_base import (
+    CliError,
+    Exit,
+    Session,
+    add_if_match,
+    conditional,
+    etag_of,
+    if_match,
+    note,
+    refusal_text,
+)
 from trainyard.cli_render import short, table, time_text
 from trainyard.client import TrainyardClient, TrainyardError, amended, download, segment
 
@@ -215,6 +230,7 @@ def add_commands(
     rm = action("rm", run_rm, "delete a version (frees its stored bytes)")
     rm.add_argument("model", metavar="TEAM/NAME")
     rm.add_argument("version", type=version_arg, metavar="VERSION")
+    add_if_match(rm)
     for name, text in (
         ("grant", "let another team read, download and fine-tune from it (admins)"),
         ("revoke", "stop another team reading it (admins)"),
@@ -366,7 +382,7 @@ def run_show(session: Session) -> int:
     registry = session.service("registry")
     if ref.version or ref.alias:
         found = registry.get(_version_path(ref))
-        session.emit(found, lambda: render_version(found))
+        session.emit_tagged(found, lambda: render_version(found))
         return Exit.OK
     model = registry.get(f"/v1/models/{ref.path}")
     versions = registry.get_every(f"/v1/models/{ref.path}/versions", "versions", limit=500)[
@@ -522,8 +538,13 @@ def _conditional(alias: str, call: Callable[[], Any], reread: str) -> Any:
 def run_rm(session: Session) -> int:
     args = session.args
     ref = parse_ref(args.model, "TEAM/NAME")
-    freed = session.service("registry").call(
-        "DELETE", f"/v1/models/{ref.path}/versions/{args.version}"
+    registry = session.service("registry")
+    freed = conditional(
+        "registry",
+        lambda: registry.call(
+            "DELETE", f"/v1/models/{ref.path}/versions/{args.version}", None, if_match(args)
+        ),
+        f"trainyard model show {ref}:{args.version}",
     )
     session.emit(
         freed,

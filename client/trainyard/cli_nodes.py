@@ -2,8 +2,11 @@
 scheduler's API).
 
     trainyard nodes ls [--retired]           every node: flavor, GPUs, state, last heard, cordon
-    trainyard nodes cordon NODE --reason T   no new allocation on NODE; its running jobs go on
-    trainyard nodes uncordon NODE            NODE takes new work again (an automatic cordon too)
+    trainyard nodes show NODE                NODE's cordon and its etag
+    trainyard nodes cordon NODE --reason T [--if-match ETAG]
+                                             no new allocation on NODE; its running jobs go on
+    trainyard nodes uncordon NODE [--if-match ETAG]
+                                             NODE takes new work again (an automatic cordon too)
     trainyard nodes retire NODE              forget a lost NODE taken out for good
 
 The list is the ``nodes`` of the scheduler's ``GET /v1/queue`` (what the dashboard's nodes
@@ -16,19 +19,23 @@ refuses with 409 naming why for a node that is ready or still holds a live alloc
 it has never heard of; both are one line (exit 4, exit 3). A blank ``--reason`` is refused
 before any request (exit 2); one the scheduler refuses (over 500 characters, a control
 character) is its 422 naming ``reason`` (exit 1).
+
+``show`` is ``GET /v1/admin/nodes/{node}/cordon`` and prints the cordon's ``etag`` last (the
+scheduler's ``ETag``; with ``--json`` on stderr, ``cli_base.emit_tagged``). ``cordon`` and
+``uncordon`` with ``--if-match ETAG`` send it as ``If-Match``: the change goes ahead only
+while the cordon is as ``show`` printed it; when another operator changed it since, nothing
+changes and one line says so and to run ``show`` again (exit 1, ``cli_base.refusal_text``).
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-from trainyard.cli_base import CliError, Exit, Session, exit_code_of
+from trainyard.cli_base import Exit, Session, add_if_match, asked, if_match
 from trainyard.cli_render import table, time_text
-from trainyard.client import TrainyardError, segment
-
-T = TypeVar("T")
+from trainyard.client import segment
 
 HEADER = ("NODE", "FLAVOR", "GPUS", "USED", "FREE", "STATE", "LAST HEARD", "CORDON")
 
@@ -48,11 +55,15 @@ def add_commands(
 
     ls = action("ls", run_list, "every node: flavor, GPUs used and free, state, last heard, cordon")
     ls.add_argument("--retired", action="store_true", help="list retired nodes too")
+    show = action("show", run_show, "NODE's cordon (none: it takes new work) and its etag")
+    show.add_argument("node", metavar="NODE", help="the node's id (as `nodes ls` shows it)")
     cordon = action("cordon", run_cordon, "no new allocation on NODE; its running jobs go on")
     cordon.add_argument("node", metavar="NODE", help="the node's id (as `nodes ls` shows it)")
     cordon.add_argument("--reason", required=True, help="why, for the other operators")
+    add_if_match(cordon)
     uncordon = action("uncordon", run_uncordon, "NODE takes new work again (any cordon lifted)")
     uncordon.add_argument("node", metavar="NODE", help="the node's id")
+    add_if_match(uncordon)
     retire = action(
         "retire", run_retire, "forget NODE, lost and taken out for good (its history stays)"
     )
@@ -67,17 +78,40 @@ def run_list(session: Session) -> int:
     return Exit.OK
 
 
+def run_show(session: Session) -> int:
+    path = f"/v1/admin/nodes/{segment(session.args.node)}/cordon"
+    found = _asked(lambda: session.service("scheduler").get(path))
+    session.emit_tagged(found, lambda: f"{found['node_id']}: cordon {cordon_text(found['cordon'])}")
+    return Exit.OK
+
+
+def _show_command(node: str) -> str:
+    """The command that shows NODE's cordon (after a 412: it changed since it was read)."""
+    return f"trainyard nodes show {node}"
+
+
 def run_cordon(session: Session) -> int:
     args = session.args
     path = f"/v1/admin/nodes/{segment(args.node)}/cordon"
-    found = _asked(lambda: session.service("scheduler").call("POST", path, {"reason": args.reason}))
+    scheduler = session.service("scheduler")
+    found = asked(
+        "scheduler",
+        lambda: scheduler.call("POST", path, {"reason": args.reason}, if_match(args)),
+        _show_command(args.node),
+    )
     session.emit(found, lambda: f"cordoned {found['node_id']}: {cordon_text(found['cordon'])}")
     return Exit.OK
 
 
 def run_uncordon(session: Session) -> int:
-    path = f"/v1/admin/nodes/{segment(session.args.node)}/uncordon"
-    found = _asked(lambda: session.service("scheduler").call("POST", path))
+    args = session.args
+    path = f"/v1/admin/nodes/{segment(args.node)}/uncordon"
+    scheduler = session.service("scheduler")
+    found = asked(
+        "scheduler",
+        lambda: scheduler.call("POST", path, None, if_match(args)),
+        _show_command(args.node),
+    )
     session.emit(found, lambda: f"uncordoned {found['node_id']}: it takes new work")
     return Exit.OK
 
@@ -90,13 +124,10 @@ def run_retire(session: Session) -> int:
     return Exit.OK
 
 
-def _asked(call: Callable[[], T]) -> T:
+def _asked(call: Callable[[], Any]) -> Any:
     """``call()``'s answer; the scheduler's refusal as one line naming it, with its exit code
-    (403: 4, 404: 3, unreachable: 5, else 1)."""
-    try:
-        return call()
-    except TrainyardError as exc:
-        raise CliError(f"scheduler: {exc}", exit_code_of(exc)) from None
+    (403: 4, 404: 3, unreachable: 5, else 1; ``cli_base.asked``)."""
+    return asked("scheduler", call)
 
 
 def nodes_text(nodes: list[dict[str, Any]]) -> str:

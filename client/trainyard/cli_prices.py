@@ -2,8 +2,9 @@
 ``TRAINYARD_BILLING_URL``).
 
     trainyard admin prices ls [--flavor F]         every price, dated, in force or not
+    trainyard admin prices show FLAVOR             a flavor's prices, with their etag
     trainyard admin prices set FLAVOR [--gpu-hour P] [--cpu-hour P] [--memory-gib-hour P]
-        [--from TIME]                              new prices (operators)
+        [--from TIME] [--if-match ETAG]            new prices (operators)
 
 ``ls`` is every page of ``GET /v1/prices`` (one row per flavor, date and resource); ``set``
 is ``PUT /v1/prices/{flavor}`` with the prices given, from ``--from`` (ISO 8601; default
@@ -11,6 +12,12 @@ now, or the beginning for a flavor's first price). ``--json`` prints billing's a
 ``set`` without any price, or with a price that is no finite decimal number, is a usage
 error before any request (exit 2); a time in the past, an unknown flavor or a price out of
 bounds is billing's 422 naming the field, one line (exit 1).
+
+``show`` is ``GET /v1/prices/{flavor}`` and prints the flavor's prices with their ``etag``
+last (billing's ``ETag``; with ``--json`` on stderr, ``cli_base.emit_tagged``). ``set`` with
+``--if-match ETAG`` sends it as ``If-Match``: the new prices are made only while the flavor's
+prices are as ``show`` printed them; when another operator set some since, nothing changes
+and one line says so and to run ``show`` again (exit 1).
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from trainyard.cli_base import CliError, Exit, Session, asked, decimal_arg
+from trainyard.cli_base import CliError, Exit, Session, add_if_match, asked, decimal_arg, if_match
 from trainyard.cli_render import table, time_text
 from trainyard.client import segment
 
@@ -45,6 +52,9 @@ def add_commands(
     listing = actions.add_parser("ls", parents=[common], help="every price, dated")
     listing.add_argument("--flavor", help="only this flavor's prices")
     listing.set_defaults(run=run_list)
+    show = actions.add_parser("show", parents=[common], help="a flavor's prices and their etag")
+    show.add_argument("flavor", metavar="FLAVOR")
+    show.set_defaults(run=run_show)
     put = actions.add_parser("set", parents=[common], help="new prices of a flavor (operators)")
     put.add_argument("flavor", metavar="FLAVOR")
     for option, field, per in PRICES:
@@ -52,6 +62,7 @@ def add_commands(
     put.add_argument(
         "--from", dest="start", metavar="TIME", help="ISO 8601, not in the past (default: now)"
     )
+    add_if_match(put)
     put.set_defaults(run=run_set)
 
 
@@ -62,6 +73,13 @@ def run_list(session: Session) -> int:
         rows,
         lambda: table(HEADER, [row for r in rows for row in price_rows(r)], empty="no prices"),
     )
+    return Exit.OK
+
+
+def run_show(session: Session) -> int:
+    path = f"/v1/prices/{segment(session.args.flavor)}"
+    found = asked("billing", lambda: session.service("billing").get_list(path))
+    session.emit_tagged(found, lambda: table(HEADER, [row for r in found for row in price_rows(r)]))
     return Exit.OK
 
 
@@ -76,7 +94,12 @@ def run_set(session: Session) -> int:
     if args.start is not None:
         body["effective_from"] = args.start
     path = f"/v1/prices/{segment(args.flavor)}"
-    found = asked("billing", lambda: session.service("billing").call("PUT", path, body))
+    billing = session.service("billing")
+    found = asked(
+        "billing",
+        lambda: billing.call("PUT", path, body, if_match(args)),
+        f"trainyard admin prices show {args.flavor}",
+    )
     session.emit(found, lambda: table(HEADER, price_rows(found)))
     return Exit.OK
 

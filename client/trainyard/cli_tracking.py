@@ -4,6 +4,12 @@ Metric series and experiments come from the registry (``--registry-url`` at logi
 ``TRAINYARD_REGISTRY_URL``), costs from billing's exact ledger (``TRAINYARD_BILLING_URL``):
 ``GET /v1/costs`` for reports, ``GET /v1/jobs/{id}/cost`` for one job. Without the
 registry, ``metrics`` shows the job's latest values from the submission API.
+
+``note JOB`` without TEXT shows the run's note and tags with the note's ``etag`` last (the
+registry's ``ETag`` of ``GET /v1/jobs/{id}/note``; with ``--json`` on stderr,
+``cli_base.emit_tagged``); ``note JOB TEXT --if-match ETAG`` replaces the note only while it
+is as shown: when another member edited it since, nothing changes and one line says so and
+to run ``note JOB`` again (exit 1).
 """
 
 from __future__ import annotations
@@ -16,7 +22,18 @@ from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from trainyard.cli_base import CliError, Exit, Session, exit_code_of, note, resolve, whole_arg
+from trainyard.cli_base import (
+    CliError,
+    Exit,
+    Session,
+    add_if_match,
+    conditional,
+    exit_code_of,
+    if_match,
+    note,
+    resolve,
+    whole_arg,
+)
 from trainyard.cli_models import name_arg
 from trainyard.cli_render import (
     attempt_number,
@@ -61,9 +78,10 @@ def add_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     tag.add_argument("job", metavar="JOB")
     tag.add_argument("tags", nargs="+", metavar="TAG")
     tag.add_argument("--rm", action="store_true", help="remove the tags instead")
-    note = command("note", run_note, "set a run's note ('' clears it)")
+    note = command("note", run_note, "show a run's note, or set it ('' clears it)")
     note.add_argument("job", metavar="JOB")
-    note.add_argument("text", metavar="TEXT")
+    note.add_argument("text", metavar="TEXT", nargs="?", help="the new note (none: show it)")
+    add_if_match(note)
     models = command("models", run_models, "the versions of one of the team's models")
     models.add_argument(
         "name",
@@ -401,9 +419,26 @@ def run_note(session: Session) -> int:
     args = session.args
     job_id = resolve(session.client, args.job)
     path = f"/v1/jobs/{segment(job_id)}/note"
-    answer = session.service("registry").call("PUT", path, {"note": args.text})
+    registry = session.service("registry")
+    if args.text is None:
+        if args.if_match:
+            raise CliError("--if-match is of a change: give TEXT, the new note", Exit.USAGE)
+        found = registry.get(path)
+        session.emit_tagged(found, lambda: _note_text(job_id, found))
+        return Exit.OK
+    answer = conditional(
+        "registry",
+        lambda: registry.call("PUT", path, {"note": args.text}, if_match(args)),
+        f"trainyard note {args.job}",
+    )
     session.emit(answer, lambda: f"{short(job_id)} note: {answer['note'] or '(none)'}")
     return Exit.OK
+
+
+def _note_text(job_id: str, found: dict[str, Any]) -> str:
+    """A run's note, then its tags (``note JOB``)."""
+    tags = " ".join(found.get("tags") or []) or "(none)"
+    return f"{short(job_id)} note: {found['note'] or '(none)'}\ntags: {tags}"
 
 
 def run_models(session: Session) -> int:

@@ -263,6 +263,16 @@ class TrainyardClient:
         query = {k: v for k, v in params.items() if v is not None}
         return self._list("GET", path, params=query)
 
+    def get_list(self, path: str, **params: str | int | None) -> list[Any]:
+        """The JSON list that answers ``GET path``, one answer (no pages), with its response
+        (its ``ETag``); anything else: ``MalformedAnswer``."""
+        query = {k: v for k, v in params.items() if v is not None}
+        response = self._response("GET", path, None, params=query)
+        body = _json(response)
+        if not isinstance(body, list):
+            raise MalformedAnswer(response, "not a JSON list")
+        return body
+
     def delete(self, path: str, headers: dict[str, str] | None = None) -> None:
         """``DELETE path`` (with ``headers``), whose success answers nothing (204); a body it
         has anyway must be JSON (``MalformedAnswer`` else: a proxy's page, JSON nested too
@@ -284,10 +294,10 @@ class TrainyardClient:
                 break
         return jobs
 
-    def cancel(self, job_id: str) -> dict[str, Any]:
-        """Ask for the job to be cancelled; return its view (status changes when the
-        scheduler confirms)."""
-        return self._object("POST", f"/v1/jobs/{segment(job_id)}/cancel")
+    def cancel(self, job_id: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+        """Ask for the job to be cancelled (with ``headers``: ``If-Match``); return its view
+        (status changes when the scheduler confirms)."""
+        return _object(self._response("POST", f"/v1/jobs/{segment(job_id)}/cancel", headers))
 
     def logs(self, job_id: str, after: str = "", limit: int | None = None) -> dict[str, Any]:
         """One page of the job's output after the cursor ``after`` (``""``: from the start):
@@ -335,14 +345,28 @@ class TrainyardClient:
         body = {"name": name, "role": role, **({"team": team} if team else {})}
         return self._object("POST", "/v1/admin/users", json=body)
 
-    def change_role(self, name: str, role: str, team: str | None = None) -> dict[str, Any]:
+    def user(self, name: str, team: str | None = None) -> dict[str, Any]:
+        """The user (with its ``ETag``, for ``If-Match`` on ``change_role`` and
+        ``disable_user``)."""
+        params = {"team": team} if team else {}
+        return self._object("GET", f"/v1/admin/users/{segment(name)}", params=params)
+
+    def change_role(
+        self,
+        name: str,
+        role: str,
+        team: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
         params = {"team": team} if team else {}
         path = f"/v1/admin/users/{segment(name)}"
-        return self._object("PATCH", path, json={"role": role}, params=params)
+        return _object(self._response("PATCH", path, headers, json={"role": role}, params=params))
 
-    def disable_user(self, name: str, team: str | None = None) -> None:
+    def disable_user(
+        self, name: str, team: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         params = {"team": team} if team else {}
-        self._response("DELETE", f"/v1/admin/users/{segment(name)}", params=params)
+        self._response("DELETE", f"/v1/admin/users/{segment(name)}", headers, params=params)
 
     def audit(self, before: int | None = None, limit: int = 100) -> list[dict[str, Any]]:
         """The newest ``limit`` entries of the audit log (below the id ``before``), page after
