@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from trainyard.cli_base import (
@@ -57,7 +56,7 @@ from trainyard.cli_base import (
     if_match,
     patch_or_create,
 )
-from trainyard.cli_render import table, time_text
+from trainyard.cli_render import money, table, time_text
 from trainyard.client import segment
 
 POLICIES = ("refuse", "deprioritize", "warn")
@@ -223,16 +222,6 @@ def run_remove(session: Session) -> int:
         lambda: f"removed budget of {scope_text(args.team, args.project)}",
     )
     return Exit.OK
-
-
-def money(value: Any, currency: str | None = None) -> str:
-    """An amount billing sent (a decimal string, kept to six places) to the cent, with its
-    currency when given."""
-    try:
-        text = f"{Decimal(str(value)):.2f}"
-    except (InvalidOperation, ValueError):
-        text = str(value)
-    return f"{text} {currency}" if currency else text
 
 
 def state_text(budget: dict[str, Any]) -> str:

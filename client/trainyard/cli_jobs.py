@@ -35,6 +35,7 @@ from trainyard.cli_render import (
     LIST_HEADER,
     FollowPrinter,
     list_row,
+    money,
     pending_text,
     render_job,
     stream_text,
@@ -489,9 +490,9 @@ def _say_estimate(session: Session, spec: dict[str, Any]) -> str | None:
     except (TrainyardError, CliError) as exc:
         return f"no cost estimate: {exc}"
     note(
-        f"estimated cost: at most {cost['estimated_cost']} {cost['currency']} "
+        f"estimated cost: at most {money(cost['estimated_cost'], cost['currency'])} "
         f"({cost['gpus']} x {cost['gpu_flavor']} for {cost['max_runtime_seconds']} s; "
-        f"{cost['worst_case_cost']} {cost['currency']} if every restart is used)"
+        f"{money(cost['worst_case_cost'], cost['currency'])} if every restart is used)"
     )
     return None
 

@@ -52,7 +52,7 @@ from trainyard.cli_base import (
     note,
     refusal_text,
 )
-from trainyard.cli_render import short, table, time_text
+from trainyard.cli_render import money, short, table, time_text
 from trainyard.client import TrainyardClient, TrainyardError, amended, download, segment
 
 _NAME = r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,99}"
@@ -346,7 +346,7 @@ def render_version(v: dict[str, Any]) -> str:
 
 
 def _amounts(amounts: dict[str, str]) -> str:
-    return " + ".join(f"{amount} {currency}" for currency, amount in sorted(amounts.items()))
+    return " + ".join(money(amount, currency) for currency, amount in sorted(amounts.items()))
 
 
 def cost_lines(cost: dict[str, Any]) -> list[str]:
@@ -357,7 +357,8 @@ def cost_lines(cost: dict[str, Any]) -> list[str]:
         head = "nothing billed yet"
     else:
         head = "; ".join(
-            f"{t['total']} {t['currency']} (own job {t['own_job']}, upstream {t['upstream']})"
+            f"{money(t['total'], t['currency'])} (own job {money(t['own_job'])}, "
+            f"upstream {money(t['upstream'])})"
             for t in totals
         )
     if not cost.get("complete", True):

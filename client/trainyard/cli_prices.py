@@ -26,7 +26,7 @@ import argparse
 from typing import Any
 
 from trainyard.cli_base import CliError, Exit, Session, add_if_match, asked, decimal_arg, if_match
-from trainyard.cli_render import table, time_text
+from trainyard.cli_render import money, table, time_text
 from trainyard.client import segment
 
 PRICES = (
@@ -111,7 +111,7 @@ def price_rows(price: dict[str, Any]) -> list[tuple[object, ...]]:
             price["flavor"],
             time_text(price["effective_from"]),
             per,
-            price[field],
+            money(price[field]),
             price["currency"],
             "yes" if price["in_force"] else "no",
             price["set_by"],

@@ -12,6 +12,7 @@ import re
 import shlex
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from trainyard.bundle import format_size
@@ -31,6 +32,26 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]], empty: str = 
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in cells
     )
+
+
+MONEY_PLACES = 6
+"""The places every amount of money is shown to: billing's, never rounded for a view or a
+table, so that rows add up to their total on the screen as they do in the ledger, and one
+cost reads the same in ``describe``, ``ls``, ``cost``, ``waste``, ``budget`` and ``model
+show``."""
+
+
+def money(value: Any, currency: str | None = None) -> str:
+    """An amount of money (a decimal string as billing sends it, or a number) as every
+    command shows it: to ``MONEY_PLACES`` places, then its ``currency`` when given; ``-``
+    for none, and what is no number as it came."""
+    if value is None:
+        return "-"
+    try:
+        text = f"{Decimal(str(value)):.{MONEY_PLACES}f}"
+    except (InvalidOperation, ValueError):
+        text = str(value)
+    return f"{text} {currency}" if currency else text
 
 
 def short(job_id: str) -> str:
@@ -253,7 +274,7 @@ def list_row(job: dict[str, Any]) -> tuple[str, ...]:
         f"{job['gpus']}x{job['gpu_flavor']}",
         time_text(job["submitted_at"]),
         duration(job.get("started_at"), job.get("finished_at")),
-        f"{job['cost']:.4f} {job['currency']}" if job.get("currency") else "-",
+        money(job["cost"], job["currency"]) if job.get("currency") else "-",
     )
 
 
@@ -301,8 +322,8 @@ def cost_text(cost: dict[str, Any]) -> str:
         return "nothing billed (final)" if cost["final"] else "nothing billed yet (so far)"
     hours = cost["gpu_seconds"] / 3600
     price = cost.get("price_per_gpu_hour")
-    at_price = f" at {price:.2f} {cost['currency']}/GPU-hour" if price is not None else ""
-    return f"{cost['cost']:.4f} {cost['currency']} for {hours:.3f} GPU-hours{at_price} ({state})"
+    at_price = f" at {money(price, cost['currency'])}/GPU-hour" if price is not None else ""
+    return f"{money(cost['cost'], cost['currency'])} for {hours:.3f} GPU-hours{at_price} ({state})"
 
 
 def _size(size: int) -> str:

@@ -39,6 +39,7 @@ from trainyard.cli_render import (
     attempt_number,
     duration,
     metrics_text,
+    money,
     short,
     sparkline,
     table,
@@ -533,18 +534,6 @@ def billing_csv(billing: TrainyardClient, path: str, params: dict[str, str | Non
     return answer.text
 
 
-MONEY_PLACES = 6
-"""Money is shown to billing's places, never rounded for the table: a report's rows then
-add up to its total on the screen as they do in the ledger."""
-
-
-def _amount(value: Any, digits: int = MONEY_PLACES) -> str:
-    try:
-        return f"{Decimal(str(value)):.{digits}f}"
-    except (InvalidOperation, ValueError):
-        return str(value)
-
-
 def _hours(seconds: Any) -> str:
     try:
         return f"{Decimal(str(seconds)) / 3600:.2f}"
@@ -571,12 +560,12 @@ def _has_cpu_or_memory(report: dict[str, Any]) -> bool:
 
 
 def _total_text(t: dict[str, Any], per_resource: bool) -> str:
-    text = f"{_amount(t['cost'])} {t['currency']} ({_hours(t['gpu_seconds'])} GPU-hours"
+    text = f"{money(t['cost'])} {t['currency']} ({_hours(t['gpu_seconds'])} GPU-hours"
     if per_resource:
         text += (
-            f"; GPU {_amount(t.get('gpu_cost'))}, CPU {_amount(t.get('cpu_cost'))}"
+            f"; GPU {money(t.get('gpu_cost'))}, CPU {money(t.get('cpu_cost'))}"
             f" for {_hours(t.get('cpu_seconds'))} CPU-hours, memory"
-            f" {_amount(t.get('memory_cost'))} for {_hours(t.get('memory_gib_seconds'))}"
+            f" {money(t.get('memory_cost'))} for {_hours(t.get('memory_gib_seconds'))}"
             " GiB-hours"
         )
         unpriced = [
@@ -611,8 +600,8 @@ def cost_report_text(report: dict[str, Any]) -> str:
             *((time_text(r.get("bucket")),) if bucketed else ()),
             *((short(str(r[d])) if d == "job" and r.get(d) else r.get(d) or "-") for d in dims),
             _hours(r.get("gpu_seconds")),
-            *(_amount(r.get(field)) for _, field in extra),
-            f"{_amount(r.get('cost'))} {r.get('currency', '')}".rstrip(),
+            *(money(r.get(field)) for _, field in extra),
+            f"{money(r.get('cost'))} {r.get('currency', '')}".rstrip(),
         )
         for r in report.get("rows") or []
     ]
@@ -656,17 +645,17 @@ def job_cost_text(bill: dict[str, Any]) -> str:
             f"{a['price_per_gpu_hour']}/h",  # as set: up to six places
             *(
                 (
-                    f"{a.get('cpus', 0)} CPU {_amount(a.get('cpu_cost'))}, "
-                    f"{a.get('memory_gib', 0)} GiB {_amount(a.get('memory_cost'))}",
+                    f"{a.get('cpus', 0)} CPU {money(a.get('cpu_cost'))}, "
+                    f"{a.get('memory_gib', 0)} GiB {money(a.get('memory_cost'))}",
                 )
                 if held
                 else ()
             ),
-            f"{_amount(a['cost'])} {a['currency']}",
+            f"{money(a['cost'])} {a['currency']}",
         )
         for a in allocations
     ]
-    totals = ", ".join(f"{_amount(t['cost'])} {t['currency']}" for t in bill.get("totals") or [])
+    totals = ", ".join(f"{money(t['cost'])} {t['currency']}" for t in bill.get("totals") or [])
     head = f"job {bill['job_id']} ({bill['team']}/{bill.get('project') or '-'}, {bill['user']})"
     return "\n".join(
         [

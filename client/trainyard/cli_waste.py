@@ -17,7 +17,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from trainyard.cli_base import CliError, Exit, Session, exit_code_of, resolve
-from trainyard.cli_render import short, table, time_text
+from trainyard.cli_render import money, short, table, time_text
 from trainyard.cli_tracking import billing_csv, filtered_text
 from trainyard.client import TrainyardError
 
@@ -88,13 +88,6 @@ def run_waste(session: Session) -> int:
     return Exit.OK
 
 
-def _amount(value: Any, digits: int = 4) -> str:
-    try:
-        return f"{Decimal(str(value)):.{digits}f}"
-    except (InvalidOperation, ValueError):
-        return str(value)
-
-
 def _hours(seconds: Any) -> str:
     try:
         return f"{Decimal(str(seconds)) / 3600:.2f}"
@@ -103,7 +96,7 @@ def _hours(seconds: Any) -> str:
 
 
 def _money(row: dict[str, Any]) -> str:
-    text = f"{_amount(row.get('cost'))} {row.get('currency', '')}".rstrip()
+    text = f"{money(row.get('cost'))} {row.get('currency', '')}".rstrip()
     unpriced = Decimal(str(row.get("unpriced_gpu_seconds") or 0))
     return f"{text} (+{_hours(unpriced)} GPU-h unpriced)" if unpriced else text
 
@@ -149,8 +142,8 @@ def waste_text(report: dict[str, Any]) -> str:
         )
     for u in report.get("unattributed") or []:
         lines.append(
-            f"\nunattributed spend: {_amount(u['cost'])} {u['currency']} "
-            f"({_hours(u['gpu_seconds'])} GPU-hours) of {_amount(u['ledger_cost'])} "
+            f"\nunattributed spend: {money(u['cost'])} {u['currency']} "
+            f"({_hours(u['gpu_seconds'])} GPU-hours) of {money(u['ledger_cost'])} "
             f"{u['currency']} billed"
         )
     success = report.get("success") or []

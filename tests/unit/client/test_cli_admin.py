@@ -469,9 +469,9 @@ def test_prices_ls_shows_a_row_per_resource_priced(
     assert cli.main([*BASE, "admin", "prices", "ls", "--flavor", "h200"]) == Exit.OK
     assert [url for _, url, _ in _sent(api)] == [f"{BILLING}/v1/prices?flavor=h200"]
     assert capsys.readouterr().out.splitlines() == [
-        "FLAVOR  FROM                  PER                 PRICE  CURRENCY  IN FORCE  SET BY",
-        "h200    2026-12-01 10:00:00Z  GPU-hour            2.75   EUR       no        ops",
-        "h200    2026-12-01 10:00:00Z  GiB-hour of memory  0.01   EUR       no        ops",
+        "FLAVOR  FROM                  PER                 PRICE     CURRENCY  IN FORCE  SET BY",
+        "h200    2026-12-01 10:00:00Z  GPU-hour            2.750000  EUR       no        ops",
+        "h200    2026-12-01 10:00:00Z  GiB-hour of memory  0.010000  EUR       no        ops",
     ]
 
 

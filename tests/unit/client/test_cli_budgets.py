@@ -84,10 +84,12 @@ def test_ls_follows_every_page_and_shows_spent_and_state(
         f"{BILLING}/v1/budgets?team=ml&limit=100&after=c1",
     ]
     assert capsys.readouterr().out.splitlines() == [
-        "TEAM  PROJECT  MONTH    AMOUNT       SPENT   SPENT %  STATE                "
+        "TEAM  PROJECT  MONTH    AMOUNT           SPENT       SPENT %  STATE                "
         "POLICY  ON EXHAUSTED",
-        "ml    -        2026-12  1000.00 EUR  812.50  81.25%   runs out 2026-12-19  refuse  stop",
-        "ml    vision   2026-12  200.00 EUR   200.00  100.00%  exhausted            warn    finish",
+        "ml    -        2026-12  1000.000000 EUR  812.504000  81.25%   runs out 2026-12-19  "
+        "refuse  stop",
+        "ml    vision   2026-12  200.000000 EUR   200.000000  100.00%  exhausted            "
+        "warn    finish",
     ]
 
 
@@ -115,7 +117,7 @@ def test_show_names_the_team_or_the_project_as_one_path_segment_each(
     shown = capsys.readouterr().out.splitlines()[:6]  # the first of the two
     assert shown[1].split()[:2] == ["ml", "vision"]
     assert shown[2:] == [
-        "remaining: 200.00 EUR",
+        "remaining: 200.000000 EUR",
         "thresholds: 50%, 80%, 100%",
         "forecast: nothing spent this month",
         "updated by ann at 2026-12-01 10:00:00Z",
@@ -144,7 +146,7 @@ def test_set_of_a_new_budget_sends_only_its_options(
     assert api["sent"][1].headers["If-None-Match"] == "*"  # creates, replaces nothing
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "created budget of team ml"
-    assert out[2].split()[:4] == ["ml", "-", "2026-12", "1000.00"]
+    assert out[2].split()[:4] == ["ml", "-", "2026-12", "1000.000000"]
 
 
 def test_set_does_not_replace_a_budget_another_admin_created_since_its_patch(

@@ -123,10 +123,10 @@ def test_the_text_shows_rows_unpriced_time_unattributed_and_success() -> None:
     lines = waste_text(REPORT).splitlines()
     assert lines[0].startswith("waste ") and "under 5 % utilisation" in lines[0]
     assert lines[1].split() == ["TEAM", "JOB", "FIGURE", "GPU-HOURS", "COST", "WAIT-HOURS"]
-    assert lines[2].split() == ["ml", "abcdef01", "queueing", "2.00", "5.0000", "USD", "1.00"]
+    assert lines[2].split() == ["ml", "abcdef01", "queueing", "2.00", "5.000000", "USD", "1.00"]
     assert "(+1.00 GPU-h unpriced)" in lines[3]
     text = "\n".join(lines)
-    assert "unattributed spend: 0.0000 USD (0.00 GPU-hours) of 10.0000 USD billed" in text
+    assert "unattributed spend: 0.000000 USD (0.00 GPU-hours) of 10.000000 USD billed" in text
     assert "2026-11-02" in text and "75.0 %" in text
     empty = waste_text({**REPORT, "rows": [], "totals": [], "success": []})
     assert "no waste measured" in empty
