@@ -91,7 +91,7 @@ from trainyard.cli_base import (
 )
 from trainyard.cli_deadletters import add_deadletter_commands, run_deadletters
 from trainyard.cli_jobs import LogFollower, status_arg, upload_code
-from trainyard.cli_render import table
+from trainyard.cli_render import none_yet, table
 from trainyard.client import TrainyardClient, TrainyardError, client_version
 from trainyard.spec import SpecError, schema_text
 from trainyard.terminal_text import guarded_terminal
@@ -616,7 +616,7 @@ def _context_ls(session: Session) -> int:
         lambda: table(
             ("CURRENT", "NAME", "URL", "USER"),
             [("*" if r["current"] else "", r["name"], r["url"], r["user"]) for r in rows],
-            empty="no contexts: trainyard login URL",
+            empty=none_yet("no contexts", "trainyard login URL", "stores one"),
         ),
     )
     return Exit.OK

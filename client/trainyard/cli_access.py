@@ -37,7 +37,7 @@ from trainyard.cli_base import (
     positive_arg,
     whole_arg,
 )
-from trainyard.cli_render import table, time_text
+from trainyard.cli_render import none_yet, table, time_text
 from trainyard.client import TrainyardClient
 
 ROLES = ("viewer", "member", "admin", "operator")
@@ -167,12 +167,20 @@ def render_tokens(tokens: list[dict[str, Any]]) -> str:
         )
         for t in tokens
     ]
-    return table(("ID", "NAME", "USER", "EXPIRES", "STATE"), rows)
+    return table(
+        ("ID", "NAME", "USER", "EXPIRES", "STATE"),
+        rows,
+        empty=none_yet("no tokens", "trainyard token create", "makes one"),
+    )
 
 
 def render_users(users: list[dict[str, Any]]) -> str:
     rows = [(u["name"], u["role"], "disabled" if u.get("disabled_at") else "active") for u in users]
-    return table(("NAME", "ROLE", "STATE"), rows)
+    return table(
+        ("NAME", "ROLE", "STATE"),
+        rows,
+        empty=none_yet("no users", "trainyard user add NAME", "adds one"),
+    )
 
 
 def render_audit(entries: list[dict[str, Any]]) -> str:

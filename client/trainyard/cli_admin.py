@@ -66,7 +66,7 @@ from trainyard.cli_base import (
     if_match,
     patch_or_create,
 )
-from trainyard.cli_render import table, time_text
+from trainyard.cli_render import none_yet, table, time_text
 from trainyard.client import segment
 
 Row = tuple[object, ...]
@@ -118,6 +118,10 @@ class Kind:
     options: Callable[[argparse.ArgumentParser], None]
     body: Callable[[argparse.Namespace], dict[str, Any]]
     patch: Callable[[argparse.Namespace], dict[str, Any]] | None = None
+    """The merge patch of ``set``'s options, for a kind the scheduler patches (None: ``set``
+    is always a ``PUT``)."""
+    create: str = "NAME"
+    """What ``set`` needs to create one (an empty ``ls`` says it)."""
     """The merge patch of ``set``'s options, for a kind the scheduler patches (None: ``set``
     is always a ``PUT``)."""
 
@@ -314,6 +318,7 @@ KINDS = (
         _queue_options,
         _queue_body,
         _queue_patch,
+        "NAME --team T",
     ),
     Kind(
         "priority-classes",
@@ -329,6 +334,7 @@ KINDS = (
         _class_options,
         _class_body,
         _class_body,
+        "NAME --value N --preemptible",
     ),
 )
 
@@ -384,7 +390,11 @@ def _lister(kind: Kind) -> Callable[[Session], int]:
         # In the scheduler's order: by name, priority classes highest value first.
         session.emit(
             rows,
-            lambda: table(kind.header, [kind.row(r) for r in rows], empty=f"no {kind.name}"),
+            lambda: table(
+                kind.header,
+                [kind.row(r) for r in rows],
+                empty=none_yet(f"no {kind.name}", f"trainyard admin {kind.name} set {kind.create}"),
+            ),
         )
         return Exit.OK
 

@@ -56,7 +56,7 @@ from trainyard.cli_base import (
     if_match,
     patch_or_create,
 )
-from trainyard.cli_render import money, table, time_text
+from trainyard.cli_render import money, none_yet, table, time_text
 from trainyard.client import segment
 
 POLICIES = ("refuse", "deprioritize", "warn")
@@ -168,7 +168,12 @@ def scope_text(team: str, project: str | None) -> str:
 def run_list(session: Session) -> int:
     billing = session.service("billing")
     rows = asked("billing", lambda: billing.get_all("/v1/budgets", team=session.args.team))
-    session.emit(rows, lambda: table(HEADER, [budget_row(r) for r in rows], empty="no budgets"))
+    team = session.args.team
+    empty = none_yet(
+        f"no budgets of team {team}" if team else "no budgets",
+        f"trainyard budget set {team or 'TEAM'} --amount A",
+    )
+    session.emit(rows, lambda: table(HEADER, [budget_row(r) for r in rows], empty=empty))
     return Exit.OK
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from trainyard.cli_base import ID_MAX, CliError, Exit, Session, dumps, resolve, whole_arg
 from trainyard.cli_models import Ref, name_arg, parse_ref
-from trainyard.cli_render import short, table, time_text
+from trainyard.cli_render import none_yet, short, table, time_text
 from trainyard.client import segment
 
 
@@ -79,8 +79,11 @@ def run_ls(session: Session) -> int:
         lambda: table(
             ("DATASET", "LATEST", "CREATED"),
             rows,
-            empty="no datasets your team may read (trainyard dataset register TEAM/NAME "
-            "--uri URI --sha256 HEX --size BYTES adds one)",
+            empty=none_yet(
+                "no datasets your team may read",
+                "trainyard dataset register TEAM/NAME --uri URI --sha256 HEX --size BYTES",
+                "adds one",
+            ),
         ),
     )
     return Exit.OK

@@ -33,6 +33,7 @@ from trainyard.cli_base import (
 )
 from trainyard.cli_render import (
     LIST_HEADER,
+    NO_JOBS,
     FollowPrinter,
     list_row,
     money,
@@ -742,7 +743,7 @@ def ls(session: Session) -> int:
         jobs += [j for j in page if all(_matches(j, k, v) for k, v in filters.items())]
         if not cursor or not page or (len(jobs) >= args.limit and not args.all):
             break
-    session.emit(jobs, lambda: table(LIST_HEADER, [list_row(j) for j in jobs], empty="no jobs"))
+    session.emit(jobs, lambda: table(LIST_HEADER, [list_row(j) for j in jobs], empty=NO_JOBS))
     if cursor and not session.as_json and not args.all:
         note(f"more jobs: {_next_page_command(args, cursor)}")
     return Exit.OK

@@ -52,7 +52,7 @@ from trainyard.cli_base import (
     note,
     refusal_text,
 )
-from trainyard.cli_render import money, short, table, time_text
+from trainyard.cli_render import money, none_yet, short, table, time_text
 from trainyard.client import TrainyardClient, TrainyardError, amended, download, segment
 
 _NAME = r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,99}"
@@ -274,7 +274,9 @@ def _no_models(args: argparse.Namespace) -> str:
     given = [f"--{o} {getattr(args, o)}" for o in ("team", "project") if getattr(args, o)]
     if given:
         return f"no models match {' '.join(given)}"
-    return "no models yet (trainyard model register TEAM/NAME --job JOB)"
+    return none_yet(
+        "no models yet", "trainyard model register TEAM/NAME --job JOB", "registers one"
+    )
 
 
 def run_ls(session: Session) -> int:
@@ -419,10 +421,9 @@ def run_show(session: Session) -> int:
                 rows,
                 # Its own team may add one; a team it is granted to (no grants shown) not.
                 empty="no live versions"
-                + (
-                    ""
-                    if grants is None
-                    else f" (trainyard model register {ref} --job JOB adds one)"
+                if grants is None
+                else none_yet(
+                    "no live versions", f"trainyard model register {ref} --job JOB", "adds one"
                 ),
             )
         )
@@ -487,7 +488,10 @@ def run_alias(session: Session) -> int:
             )
             for m in moves["moves"]
         ]
-        session.emit(moves, lambda: table(("AT", "FROM", "TO", "BY"), rows, empty="no moves"))
+        empty = none_yet(
+            "no moves", f"trainyard model alias set {ref} {args.alias} VERSION", "sets it"
+        )
+        session.emit(moves, lambda: table(("AT", "FROM", "TO", "BY"), rows, empty=empty))
     return Exit.OK
 
 

@@ -26,7 +26,7 @@ import argparse
 from typing import Any
 
 from trainyard.cli_base import CliError, Exit, Session, add_if_match, asked, decimal_arg, if_match
-from trainyard.cli_render import money, table, time_text
+from trainyard.cli_render import money, none_yet, table, time_text
 from trainyard.client import segment
 
 PRICES = (
@@ -68,10 +68,19 @@ def add_commands(
 
 def run_list(session: Session) -> int:
     billing = session.service("billing")
-    rows = asked("billing", lambda: billing.get_all("/v1/prices", flavor=session.args.flavor))
+    flavor = session.args.flavor
+    rows = asked("billing", lambda: billing.get_all("/v1/prices", flavor=flavor))
     session.emit(
         rows,
-        lambda: table(HEADER, [row for r in rows for row in price_rows(r)], empty="no prices"),
+        lambda: table(
+            HEADER,
+            [row for r in rows for row in price_rows(r)],
+            empty=none_yet(
+                f"no prices of {flavor}" if flavor else "no prices",
+                f"trainyard admin prices set {flavor or 'FLAVOR'} --gpu-hour P",
+                "sets one",
+            ),
+        ),
     )
     return Exit.OK
 

@@ -54,6 +54,14 @@ def money(value: Any, currency: str | None = None) -> str:
     return f"{text} {currency}" if currency else text
 
 
+def none_yet(nothing: str, command: str, does: str = "creates one") -> str:
+    """What a listing with no rows says: ``nothing`` (``no budgets``), then the next step,
+    the command that makes one and what it ``does``: ``no budgets (trainyard budget set TEAM
+    --amount A creates one)``. Every listing that can be empty says it this way, so that
+    none ends with nothing to do."""
+    return f"{nothing} ({command} {does})"
+
+
 def short(job_id: str) -> str:
     return job_id[:SHORT_ID]
 
@@ -235,13 +243,15 @@ def render_job(view: dict[str, Any]) -> str:
     )
 
 
+NO_JOBS = none_yet("no jobs", "trainyard submit SPEC", "submits one")
+"""What an empty job listing says."""
 LIST_HEADER = ("ID", "NAME", "USER", "STATUS", "REASON", "GPUS", "SUBMITTED", "DURATION", "COST")
 REASON_WIDTH = 48
 
 
 def render_list(jobs: list[dict[str, Any]]) -> str:
     """The job list as a table (``no jobs`` when empty)."""
-    return table(LIST_HEADER, [list_row(j) for j in jobs], empty="no jobs")
+    return table(LIST_HEADER, [list_row(j) for j in jobs], empty=NO_JOBS)
 
 
 def summary_reason(view: dict[str, Any]) -> str | None:

@@ -40,6 +40,7 @@ from trainyard.cli_render import (
     duration,
     metrics_text,
     money,
+    none_yet,
     short,
     sparkline,
     table,
@@ -362,7 +363,16 @@ def run_experiments(session: Session) -> int:
             table(
                 ("ID", "NAME", "USER", "STATUS", "DURATION", *(k.upper() for k in keys)),
                 rows,
-                empty="no runs",
+                empty=(
+                    "no runs match the filter"
+                    if args.filter
+                    else none_yet(
+                        "no runs",
+                        f"trainyard submit SPEC --experiment "
+                        f"{found['experiment'].get('name') or args.experiment}",
+                        "adds one",
+                    )
+                ),
             )
             + (cut if not args.filter and shown < total else "")
         ),
@@ -459,7 +469,13 @@ def run_models(session: Session) -> int:
     ]
     session.emit(
         found,
-        lambda: table(("VERSION", "JOB", "REGISTERED", "METRICS"), rows, empty="no versions"),
+        lambda: table(
+            ("VERSION", "JOB", "REGISTERED", "METRICS"),
+            rows,
+            empty=none_yet(
+                "no versions", f"trainyard model register {team}/{args.name} --job JOB", "adds one"
+            ),
+        ),
     )
     return Exit.OK
 

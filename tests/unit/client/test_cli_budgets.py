@@ -101,7 +101,9 @@ def test_ls_json_is_billings_answer_and_none_is_said(
     assert json.loads(capsys.readouterr().out) == [BUDGET, PROJECT]
     api["route"] = lambda r: httpx.Response(200, json=[])
     assert cli.main([*BASE, "budget", "ls"]) == Exit.OK
-    assert capsys.readouterr().out == "no budgets\n"
+    assert (
+        capsys.readouterr().out == "no budgets (trainyard budget set TEAM --amount A creates one)\n"
+    )
 
 
 def test_show_names_the_team_or_the_project_as_one_path_segment_each(

@@ -45,7 +45,7 @@ def test_no_model_at_all_still_says_how_to_register_one(
 ) -> None:
     assert _ls() == Exit.OK
     out = capsys.readouterr().out
-    assert out == "no models yet (trainyard model register TEAM/NAME --job JOB)\n"
+    assert out == "no models yet (trainyard model register TEAM/NAME --job JOB registers one)\n"
 
 
 def test_a_filtered_empty_listing_names_the_filters(capsys: pytest.CaptureFixture[str]) -> None:
