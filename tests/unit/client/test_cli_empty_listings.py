@@ -97,3 +97,29 @@ def test_an_empty_listing_names_the_command_that_makes_one(
     api["route"] = _empty
     assert cli.main([*BASE, *argv]) == Exit.OK
     assert capsys.readouterr().out == said + "\n"
+
+
+def test_an_experiment_without_runs_names_how_to_add_one(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    experiment = {
+        "id": 7,
+        "team": "ml",
+        "project": "p",
+        "name": "sweep",
+        "created_at": "2026-12-01T00:00:00Z",
+        "runs": 0,
+        "running": 0,
+        "last_started_at": None,
+    }
+
+    def route(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/experiments":
+            return httpx.Response(200, json={"experiments": [experiment], "next": None})
+        return httpx.Response(200, json={"experiment": experiment, "runs": [], "next": None})
+
+    api["route"] = route
+    assert cli.main([*BASE, "experiments", "sweep"]) == Exit.OK
+    assert capsys.readouterr().out == (
+        "no runs (trainyard submit SPEC --experiment sweep adds one)\n"
+    )
