@@ -27,10 +27,13 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote
 
 from trainyard_platform.services.registry.names import REGISTRY_PREFIX
-from trainyard_platform.shared.storage import ObjectStore, ObjectTooLarge, validate_key
+from trainyard_platform.shared.storage import (
+    ObjectStore,
+    ObjectTooLarge,
+    key_in_store,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,20 +56,6 @@ class ArtifactCorrupt(RuntimeError):
 class Digest:
     size_bytes: int
     sha256: str
-
-
-def key_in_store(store: ObjectStore, uri: str) -> str | None:
-    """The key ``uri`` names in ``store``, or None when it names no valid key there."""
-    root = store.root_uri.rstrip("/") + "/"
-    if not uri.startswith(root):
-        return None
-    rest = uri[len(root) :]
-    key = unquote(rest) if root.startswith("file:") else rest
-    try:
-        validate_key(key)
-    except ValueError:
-        return None
-    return key if store.uri_for(key) == uri else None
 
 
 def source_key(store: ObjectStore, uri: str, job_id: str | None = None) -> str:

@@ -42,7 +42,6 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from trainyard_platform.services.registry import artifacts
 from trainyard_platform.services.registry.collector_plan import (
     Recorded,
     References,
@@ -63,7 +62,7 @@ from trainyard_platform.shared.db import (
 )
 from trainyard_platform.shared.runtime import settings_or_exit
 from trainyard_platform.shared.settings import DatabaseSettings
-from trainyard_platform.shared.storage import ObjectStore, S3Store, open_store
+from trainyard_platform.shared.storage import ObjectStore, S3Store, key_in_store, open_store
 from trainyard_platform.shared.storage.s3 import client_from_settings
 
 log = logging.getLogger(__name__)
@@ -219,7 +218,7 @@ class StorageCollector:
 
     async def _recorded_sizes(self, conn: asyncpg.Connection) -> dict[str, int]:
         rows = await conn.fetch("SELECT uri, size_bytes FROM checkpoints")
-        found = ((artifacts.key_in_store(self._store, r["uri"]), r["size_bytes"]) for r in rows)
+        found = ((key_in_store(self._store, r["uri"]), r["size_bytes"]) for r in rows)
         return {key: size for key, size in found if key is not None}
 
     def _delete_all(self, keys: list[str]) -> None:
@@ -249,12 +248,12 @@ class StorageCollector:
             )
         recorded = []
         for row in checkpoint_rows:
-            key = artifacts.key_in_store(self._store, row["uri"])
+            key = key_in_store(self._store, row["uri"])
             if key is not None:
                 recorded.append(Recorded(row["job_id"], key, row["step"], row["saved_at"]))
         protected = {r["artifact_key"] for r in owned}
         for row in protected_uris:
-            key = artifacts.key_in_store(self._store, row["uri"])
+            key = key_in_store(self._store, row["uri"])
             if key is not None:
                 protected.add(key)
         return References(recorded=recorded, protected=protected)

@@ -61,7 +61,6 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import unquote
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -74,6 +73,7 @@ from trainyard_platform.shared.storage import (
     ObjectNotFound,
     ObjectStore,
     ObjectTooLarge,
+    key_in_store,
     validate_key,
 )
 from trainyard_platform.shared.telemetry import tracer
@@ -361,18 +361,9 @@ def committed_key(store: ObjectStore, ref: CheckpointRef) -> str | None:
     names: one of ``commit_staged``'s (``step-<ref.step>-.../checkpoint.pt``) right under
     its root, or None for any other URI (another job's, another store's, a manifest,
     another step's folder)."""
-    uri = ref.uri
-    root = store.root_uri.rstrip("/") + "/"
-    if not uri.startswith(root):
-        return None
-    rest = uri[len(root) :]
-    key = unquote(rest) if root.startswith("file:") else rest
-    try:
-        validate_key(key)
-    except ValueError:
-        return None
-    match = _COMMITTED_OBJECT.match(key)
-    if match is None or int(match.group(1)) != ref.step or store.uri_for(key) != uri:
+    key = key_in_store(store, ref.uri)
+    match = None if key is None else _COMMITTED_OBJECT.match(key)
+    if match is None or int(match.group(1)) != ref.step:
         return None
     return key
 

@@ -36,6 +36,7 @@ __all__ = [
     "ObjectStore",
     "ObjectTooLarge",
     "StorageSettings",
+    "key_in_store",
     "open_store",
     "parse_uri",
     "split_uri",
@@ -81,6 +82,21 @@ def split_uri(uri: str) -> tuple[str, str]:
         name = unquote(name)
     # "file:///x" lives in the filesystem root, whose URI keeps its "/".
     return f"{scheme}://{head or '/'}", validate_key(name)
+
+
+def key_in_store(store: ObjectStore, uri: str) -> str | None:
+    """The key ``uri`` names in ``store``, or None when it names no valid key there (another
+    store's object, a path that leaves it, a spelling ``store.uri_for`` would not write)."""
+    root = store.root_uri.rstrip("/") + "/"
+    if not uri.startswith(root):
+        return None
+    rest = uri[len(root) :]
+    key = unquote(rest) if root.startswith("file:") else rest
+    try:
+        validate_key(key)
+    except ValueError:
+        return None
+    return key if store.uri_for(key) == uri else None
 
 
 def parse_uri(uri: str) -> tuple[str, str]:
