@@ -161,7 +161,7 @@ def test_status_is_readable(api: list[httpx.Request], capsys: pytest.CaptureFixt
     assert "SUCCEEDED (attempt 1 on node-1, GPUs 0,1)" in out
     assert "acc=0.97 loss=0.1235" in out
     assert "digits v2 s3://m/2" in out
-    assert "4.0000 USD for 2.000 GPU-hours at 2.00 USD/GPU-hour (final)" in out
+    assert "4.000000 USD for 2.000 GPU-hours at 2.000000 USD/GPU-hour (final)" in out
     assert "2024-06-01 12:00:00Z  QUEUED     submitted" in out
     assert api[0].headers["Authorization"] == "Bearer ty_env"
     assert str(api[0].url).startswith("http://env.test/")
@@ -229,7 +229,7 @@ def test_submit_and_follow(api: Seen, tmp_path: Path, capsys: pytest.CaptureFixt
     assert cli.main(["submit", str(spec), "--follow"]) == 0
     captured = capsys.readouterr()
     assert "SUCCEEDED" in captured.out and "model registered: digits v2" in captured.out
-    assert "cost: 4.0000 USD" in captured.out
+    assert "cost: 4.000000 USD" in captured.out
     assert "epoch 1\n" in captured.out and "==> attempt 1 on node-1 <==" in captured.err
 
 
