@@ -108,13 +108,16 @@ def env(stack: LocalStack, project: Path) -> dict[str, str]:
     }
 
 
-def run(env: dict[str, str], *args: str, code: int = 0, timeout: float = 300) -> str:
+def run(
+    env: dict[str, str], *args: str, code: int = 0, timeout: float = 300, stdout_only: bool = False
+) -> str:
     done = subprocess.run(
         [str(CLI), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
     assert done.returncode == code, f"trainyard {' '.join(args)}: {done.stderr}\n{done.stdout}"
     assert "Traceback" not in done.stderr
-    return done.stdout + done.stderr
+    # A --json answer is stdout alone: a show's ``etag:`` line goes to stderr.
+    return done.stdout if stdout_only else done.stdout + done.stderr
 
 
 def submitted(output: str) -> str:
@@ -162,21 +165,23 @@ def test_a_job_submitted_from_yaml_is_listed_described_and_followed(
     ]  # fmt: skip
     row = next(line for line in table if line.startswith(short))
     assert row.split()[1:4] == ["ok", "carol", "SUCCEEDED"]
-    listed = json.loads(run(env, "ls", "--json"))
+    listed = json.loads(run(env, "ls", "--json", stdout_only=True))
     assert succeeded in [job["id"] for job in listed]
-    in_project = json.loads(run(env, "ls", "--project", "cli", "--mine", "--json"))
+    in_project = json.loads(
+        run(env, "ls", "--project", "cli", "--mine", "--json", stdout_only=True)
+    )
     assert succeeded in [job["id"] for job in in_project]
     assert {(j["project"], j["user"]) for j in in_project} == {("cli", "carol")}
-    assert json.loads(run(env, "ls", "--project", "elsewhere", "--json")) == []
-    assert json.loads(run(env, "get", short, "--json"))["id"] == succeeded
+    assert json.loads(run(env, "ls", "--project", "elsewhere", "--json", stdout_only=True)) == []
+    assert json.loads(run(env, "get", short, "--json", stdout_only=True))["id"] == succeeded
     described = run(env, "describe", short)
     assert "project     cli" in described and "experiment  cli-e2e" in described
     assert "labels      suite=e2e" in described
-    spec = json.loads(run(env, "describe", short, "--json"))["spec"]
+    spec = json.loads(run(env, "describe", short, "--json", stdout_only=True))["spec"]
     assert spec["hyperparameters"] == {"steps": 3, "lr": 0.001}
     assert "step 3" in run(env, "logs", short)
     assert "SUCCEEDED" in run(env, "attach", short)
-    assert json.loads(run(env, "wait", short, "--json"))["status"] == "SUCCEEDED"
+    assert json.loads(run(env, "wait", short, "--json", stdout_only=True))["status"] == "SUCCEEDED"
 
 
 def eventually(check: Callable[[], str | None], timeout_s: float = 90) -> str:
@@ -201,7 +206,7 @@ def test_metrics_experiments_and_compare(env: dict[str, str], succeeded: str) ->
     assert table[1].split()[:4] == ["loss", "3", "1..3", "0.3333"]
     curve = run(env, "metrics", short, "loss").splitlines()
     assert curve[0].startswith("loss  █") and curve[1].startswith("steps 1..3, 3 points")
-    points = json.loads(run(env, "metrics", short, "loss", "--json"))["points"]
+    points = json.loads(run(env, "metrics", short, "loss", "--json", stdout_only=True))["points"]
     assert [p["step"] for p in points] == [1, 2, 3]
     assert "cli-e2e" in run(env, "experiments", "--project", "cli")
     runs = run(env, "experiments", "cli-e2e")
@@ -212,7 +217,7 @@ def test_metrics_experiments_and_compare(env: dict[str, str], succeeded: str) ->
     assert f"{short} tags: baseline best" in run(env, "tag", short, "best", "baseline")
     assert f"{short} tags: baseline" in run(env, "tag", short, "best", "--rm")
     assert f"{short} note: first try" in run(env, "note", short, "first try")
-    (row,) = json.loads(run(env, "experiments", "cli-e2e", "--json"))["runs"][:1]
+    (row,) = json.loads(run(env, "experiments", "cli-e2e", "--json", stdout_only=True))["runs"][:1]
     assert (row["tags"], row["note"]) == (["baseline"], "first try")
 
     def cost() -> str | None:
@@ -240,11 +245,14 @@ def test_exit_codes_say_how_a_job_ended(env: dict[str, str], project: Path) -> N
 def test_rerun_submits_the_same_spec_again(env: dict[str, str], succeeded: str) -> None:
     again = submitted(run(env, "rerun", succeeded[:8], "--set", "steps=2"))
     assert again != succeeded
-    view = json.loads(run(env, "wait", again, "--json", timeout=400))
+    view = json.loads(run(env, "wait", again, "--json", timeout=400, stdout_only=True))
     assert view["status"] == "SUCCEEDED"
     assert view["spec"]["labels"] == {"suite": "e2e", "trainyard.dev/rerun-of": succeeded}
     assert view["spec"]["hyperparameters"]["steps"] == 2
-    assert view["spec"]["code"] == json.loads(run(env, "get", succeeded, "--json"))["spec"]["code"]
+    assert (
+        view["spec"]["code"]
+        == json.loads(run(env, "get", succeeded, "--json", stdout_only=True))["spec"]["code"]
+    )
 
 
 def test_a_sweep_runs_one_job_per_trial_and_ranks_them(env: dict[str, str], project: Path) -> None:
@@ -254,7 +262,7 @@ def test_a_sweep_runs_one_job_per_trial_and_ranks_them(env: dict[str, str], proj
     said = run(env, "sweep", *refused, code=1)
     assert "trial 2 of 2 (note='b\\x01c') would be refused, so no trial was submitted" in said
     assert "--grid note: hyperparameters.note: " in said
-    assert json.loads(run(env, "ls", "--experiment", "cli-bad", "--json")) == []
+    assert json.loads(run(env, "ls", "--experiment", "cli-bad", "--json", stdout_only=True)) == []
     sweep = (str(project / "job.yaml"), "--grid", "steps=2,4", "--experiment", "cli-sweep")
     done = subprocess.run(
         [str(CLI), "--json", "sweep", *sweep, "--metric", "loss", "--goal", "min"],
@@ -270,18 +278,29 @@ def test_a_sweep_runs_one_job_per_trial_and_ranks_them(env: dict[str, str], proj
     assert [t["status"] for t in report["trials"]] == ["SUCCEEDED", "SUCCEEDED"]
     assert report["best"]["hyperparameters"] == {"steps": 4}
     assert report["best"]["metric"] == pytest.approx(0.25)
-    trials = json.loads(run(env, "ls", "--label", f"sweep={report['sweep']}", "--json"))
+    trials = json.loads(
+        run(env, "ls", "--label", f"sweep={report['sweep']}", "--json", stdout_only=True)
+    )
     assert sorted(t["id"] for t in trials) == sorted(t["job_id"] for t in report["trials"])
 
     def runs() -> str | None:
-        found = json.loads(run(env, "experiments", "cli-sweep", "--project", "cli", "--json"))
+        found = json.loads(
+            run(env, "experiments", "cli-sweep", "--project", "cli", "--json", stdout_only=True)
+        )
         ids = sorted(r["job_id"] for r in found["runs"])
         return " ".join(ids) if len(ids) == 2 else None
 
     assert eventually(runs) == " ".join(sorted(t["id"] for t in trials))  # one experiment
     again = run(env, "sweep", *sweep, "--metric", "loss", "--goal", "min")
     assert f"best: trial 2, job {report['best']['job_id'][:8]}: loss=0.25 (steps=4)" in again
-    assert len(json.loads(run(env, "ls", "--label", f"sweep={report['sweep']}", "--json"))) == 2
+    assert (
+        len(
+            json.loads(
+                run(env, "ls", "--label", f"sweep={report['sweep']}", "--json", stdout_only=True)
+            )
+        )
+        == 2
+    )
 
 
 def test_nodes_are_listed_and_cordoned_by_an_operator_only(
@@ -292,7 +311,7 @@ def test_nodes_are_listed_and_cordoned_by_an_operator_only(
         **scheduler,
         "TRAINYARD_TOKEN": stack.bootstrap_admin("ops", "olga", role="operator"),
     }
-    first = json.loads(run(operator, "--json", "nodes", "ls"))[0]
+    first = json.loads(run(operator, "--json", "nodes", "ls", stdout_only=True))[0]
     node = first["node_id"]
     assert first["status"] == "READY" and first["cordon"] is None
     try:
@@ -302,7 +321,7 @@ def test_nodes_are_listed_and_cordoned_by_an_operator_only(
         assert " cordoned " in row and row.endswith(": e2e: replacing a fan"), row
     finally:
         assert run(operator, "nodes", "uncordon", node).startswith(f"uncordoned {node}")
-    after = json.loads(run(operator, "--json", "nodes", "ls"))
+    after = json.loads(run(operator, "--json", "nodes", "ls", stdout_only=True))
     assert [n["cordon"] for n in after if n["node_id"] == node] == [None]
     assert "scheduler: 403 " in run(scheduler, "nodes", "ls", code=4)  # a team's admin
     assert "scheduler: 404 " in run(operator, "nodes", "uncordon", "no-such-node", code=3)
@@ -362,7 +381,11 @@ def test_a_team_admin_sets_lists_changes_and_removes_a_budget(env: dict[str, str
     said = run(env, "budget", "set", *scope, "--amount", "1e3", "--on-exhausted", "stop")
     assert said.startswith("created budget of project cli-team/budget-e2e\n"), said
     try:
-        mine = [b for b in json.loads(run(env, "--json", "budget", "ls")) if b["project"]]
+        mine = [
+            b
+            for b in json.loads(run(env, "--json", "budget", "ls", stdout_only=True))
+            if b["project"]
+        ]
         assert [
             (b["team"], b["project"], Decimal(b["amount"]), b["policy"], b["on_exhausted"])
             for b in mine
@@ -370,12 +393,12 @@ def test_a_team_admin_sets_lists_changes_and_removes_a_budget(env: dict[str, str
         assert (Decimal(mine[0]["spent"]), mine[0]["exhausted"]) == (0, False)
         row = next(line for line in run(env, "budget", "ls").splitlines() if "budget-e2e" in line)
         assert row.split() == [
-            *("cli-team", "budget-e2e", mine[0]["month"], "1000.00", mine[0]["currency"]),
-            *("0.00", "0.00%", "ok", "warn", "stop"),
+            *("cli-team", "budget-e2e", mine[0]["month"], "1000.000000", mine[0]["currency"]),
+            *("0.000000", "0.00%", "ok", "warn", "stop"),
         ], row
         # A set of a budget that exists changes only what it names.
         run(env, "budget", "set", *scope, "--policy", "refuse", "--thresholds", "50,90")
-        shown = json.loads(run(env, "budget", "show", *scope, "--json"))
+        shown = json.loads(run(env, "budget", "show", *scope, "--json", stdout_only=True))
         assert (Decimal(shown["amount"]), shown["policy"], shown["on_exhausted"]) == (
             Decimal(1000),
             "refuse",
@@ -405,7 +428,7 @@ def test_queue_shows_why_a_job_waits(env: dict[str, str], project: Path) -> None
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
-            listed = json.loads(run(env, "queue", "--json"))
+            listed = json.loads(run(env, "queue", "--json", stdout_only=True))
             mine = [v for v in listed if v["id"] == waiting]
             if mine and mine[0]["status"] == "PENDING" and mine[0]["pending"]["reason"]:
                 break

@@ -100,13 +100,16 @@ def env(stack: LocalStack, folder: Path) -> dict[str, str]:
     }
 
 
-def run(env: dict[str, str], *args: str, code: int = 0, timeout: float = 300) -> str:
+def run(
+    env: dict[str, str], *args: str, code: int = 0, timeout: float = 300, stdout_only: bool = False
+) -> str:
     done = subprocess.run(
         [str(CLI), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
     assert done.returncode == code, f"trainyard {' '.join(args)}: {done.stderr}\n{done.stdout}"
     assert "Traceback" not in done.stderr
-    return done.stdout + done.stderr
+    # A --json answer is stdout alone: a show's ``etag:`` line goes to stderr.
+    return done.stdout if stdout_only else done.stdout + done.stderr
 
 
 def eventually(check: Callable[[], str | None], timeout_s: float = 90) -> str:
@@ -189,7 +192,9 @@ def test_models_are_registered_listed_and_shown(
 def test_aliases_move_and_keep_their_history(
     env: dict[str, str], job: str, version: dict[str, object]
 ) -> None:
-    second = json.loads(run(env, "model", "register", f"{TEAM}/linear", "--job", job, "--json"))
+    second = json.loads(
+        run(env, "model", "register", f"{TEAM}/linear", "--job", job, "--json", stdout_only=True)
+    )
     assert second["version"] == 2
     assert "-> version 1 (new)" in run(env, "model", "alias", "set", f"{TEAM}/linear", "prod", "1")
     assert "-> version 2 (was 1)" in run(
@@ -253,7 +258,9 @@ def test_datasets_grants_and_lineage(env: dict[str, str], job: str, version: obj
     assert any(f"dataset {TEAM}/digits:1" in line and "read_by" in line for line in up)
     down = run(env, "lineage", "down", f"{TEAM}/digits:1")
     assert f"model {TEAM}/linear:1" in down
-    events = json.loads(run(env, "lineage", "up", f"{TEAM}/linear:1", "--openlineage"))["events"]
+    events = json.loads(
+        run(env, "lineage", "up", f"{TEAM}/linear:1", "--openlineage", stdout_only=True)
+    )["events"]
     assert [e["run"]["runId"] for e in events] == [job]
     run(env, "lineage", "down", f"{TEAM}/nothing:1", code=3)
 
@@ -265,7 +272,7 @@ def test_costs_from_the_ledger(env: dict[str, str], job: str) -> None:
 
     table = eventually(billed).splitlines()
     assert table[0].split() == ["BUCKET", "PROJECT", "GPU-HOURS", "COST"]
-    report = json.loads(run(env, "cost", "--by", "team,project", "--json"))
+    report = json.loads(run(env, "cost", "--by", "team,project", "--json", stdout_only=True))
     assert report["group_by"] == ["team", "project"]
     assert {(r["team"], r["project"]) for r in report["rows"]} == {(TEAM, "lineage")}
     csv = run(env, "cost", "--by", "project", "--csv").splitlines()
@@ -285,12 +292,14 @@ def test_a_versions_cost_is_its_bill_and_a_grant_opens_it_to_another_team(
     stack: LocalStack, env: dict[str, str], folder: Path, job: str, version: object
 ) -> None:
     def costed() -> str | None:
-        shown = json.loads(run(env, "model", "show", f"{TEAM}/linear:1", "--json"))
+        shown = json.loads(
+            run(env, "model", "show", f"{TEAM}/linear:1", "--json", stdout_only=True)
+        )
         return json.dumps(shown["cost"]) if shown["cost"]["by_currency"] else None
 
     # Billing's cost.recorded reached the registry over the real bus (its NATS user's rules).
     cost = json.loads(eventually(costed))
-    bill = json.loads(run(env, "cost", job[:8], "--json"))
+    bill = json.loads(run(env, "cost", job[:8], "--json", stdout_only=True))
     totals = {t["currency"]: Decimal(str(t["cost"])) for t in bill["totals"]}
     assert Decimal(cost["own_job"]) == totals[cost["currency"]] > 0
     assert (cost["upstream"], cost["total"], cost["complete"]) == (
@@ -312,7 +321,7 @@ def test_a_versions_cost_is_its_bill_and_a_grant_opens_it_to_another_team(
     listed = run(guest, "model", "ls")
     assert f"{TEAM}/linear" in listed and f"granted by {TEAM}" in listed
     assert f"granted by {TEAM}" in run(guest, "model", "ls", "--team", TEAM)
-    granted = json.loads(run(guest, "model", "ls", "--granted", "--json"))
+    granted = json.loads(run(guest, "model", "ls", "--granted", "--json", stdout_only=True))
     assert [(m["team"], m["name"], m["granted"]) for m in granted] == [(TEAM, "linear", True)]
     assert f"granted by {TEAM}" not in run(env, "model", "ls")  # the owner's own: not granted
     assert "cost:" in run(guest, "model", "show", f"{TEAM}/linear:1")

@@ -69,13 +69,16 @@ def env(stack: LocalStack, folder: Path) -> dict[str, str]:
     }
 
 
-def run(env: dict[str, str], *args: str, code: int = 0, timeout: float = 400) -> str:
+def run(
+    env: dict[str, str], *args: str, code: int = 0, timeout: float = 400, stdout_only: bool = False
+) -> str:
     done = subprocess.run(
         [str(CLI), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
     assert done.returncode == code, f"trainyard {' '.join(args)}: {done.stderr}\n{done.stdout}"
     assert "Traceback" not in done.stderr
-    return done.stdout + done.stderr
+    # A --json answer is stdout alone: a show's ``etag:`` line goes to stderr.
+    return done.stdout if stdout_only else done.stdout + done.stderr
 
 
 def eventually(check: Callable[[], Any], timeout_s: float = 90) -> Any:
@@ -173,7 +176,7 @@ def test_a_reproduction_of_the_example_is_identical(
     assert all(m["relative_difference"] == 0 for m in compared.values())
     assert "samples_per_s" in verdict["metrics"] and "samples_per_s" not in compared
     assert "val_accuracy" in verdict["metrics"]
-    view = json.loads(run(env, "describe", job, "--json"))
+    view = json.loads(run(env, "describe", job, "--json", stdout_only=True))
     assert view["spec"]["reproduces"] == original and view["spec"]["register_model"] is False
 
 

@@ -116,7 +116,7 @@ async def test_malformed_events_are_dead_lettered_and_consumption_goes_on(bus: B
     await _consume_until(bus, record, good_one_seen)
     letters = await _dead_letters(bus)
     assert len(letters) == 2
-    assert "Invalid JSON" in letters[0][0] and letters[0][1] == subject
+    assert "must be valid JSON" in letters[0][0] and letters[0][1] == subject
     assert "data.team" in letters[1][0]
 
 

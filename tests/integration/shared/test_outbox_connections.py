@@ -9,6 +9,7 @@ them only until its claim runs out."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -90,8 +91,10 @@ async def _stream_ids(bus: Bus) -> list[str]:
     ids = []
     for seq in range(info.state.first_seq, info.state.last_seq + 1):
         msg = await bus.jetstream.get_msg("TRAINYARD", seq)
-        assert msg.headers is not None
-        ids.append(msg.headers["Nats-Msg-Id"])
+        assert msg.headers is not None and msg.data is not None
+        event_id = json.loads(msg.data)["id"]
+        assert msg.headers["Nats-Msg-Id"] == bus.msg_id(msg.subject, event_id)
+        ids.append(event_id)
     return ids
 
 

@@ -56,7 +56,9 @@ async def test_a_refused_job_is_failed_with_the_reason(submission: Submission, n
 
 async def test_only_the_schedulers_refusal_counts(submission: Submission) -> None:
     job = (await submission.submit())["id"]
-    await submission.publish(refused(job), source="trainyard/runner")
+    # A runner's report travels on its own node's subject, naming that node.
+    by_a_node = refused(job).model_copy(update={"node_id": "n1"})
+    await submission.publish(by_a_node, source="trainyard/runner")
     # A marker: the refusal was seen (a scheduler's note, applied to a queued job).
     await submission.publish(ev.pending(job, reason="marker"))
     view = await submission.wait_for(job, lambda v: (v["pending"] or {}).get("reason") == "marker")
