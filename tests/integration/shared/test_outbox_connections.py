@@ -9,7 +9,6 @@ them only until its claim runs out."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -18,23 +17,15 @@ import asyncpg
 import pytest
 
 from tests.fixtures.tcp_proxy import TcpProxy
+from tests.integration.shared.outbox_stream import cancel_event, stream_ids, unpublished
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.db import migrate, open_pool
-from trainyard_platform.shared.events import Envelope
-from trainyard_platform.shared.events.payloads import JobCancelRequested
-from trainyard_platform.shared.events.trust import SUBMISSION
 from trainyard_platform.shared.outbox import OutboxRelay, enqueue
 from trainyard_platform.shared.settings import DatabaseSettings, NatsSettings
 
 pytestmark = pytest.mark.integration
 
 EMPTY = Path(__file__).parent / "no-migrations"
-
-
-def _event(job_id: str) -> Envelope[JobCancelRequested]:
-    return Envelope.wrap(
-        JobCancelRequested(job_id=job_id, team="t", user="u"), source=SUBMISSION, subject=job_id
-    )
 
 
 class _Publishing(Bus):
@@ -84,30 +75,11 @@ async def one_connection(database_url: str) -> AsyncIterator[asyncpg.Pool]:
         yield pool
 
 
-async def _stream_ids(bus: Bus) -> list[str]:
-    info = await bus.jetstream.stream_info("TRAINYARD")
-    if not info.state.messages:
-        return []
-    ids = []
-    for seq in range(info.state.first_seq, info.state.last_seq + 1):
-        msg = await bus.jetstream.get_msg("TRAINYARD", seq)
-        assert msg.headers is not None and msg.data is not None
-        event_id = json.loads(msg.data)["id"]
-        assert msg.headers["Nats-Msg-Id"] == bus.msg_id(msg.subject, event_id)
-        ids.append(event_id)
-    return ids
-
-
-async def _unpublished(pool: asyncpg.Pool) -> list[str]:
-    rows = await pool.fetch("SELECT event_id FROM outbox WHERE published_at IS NULL ORDER BY seq")
-    return [r["event_id"] for r in rows]
-
-
 async def test_the_pool_serves_others_while_the_relay_waits_for_a_stalled_nats(
     one_connection: asyncpg.Pool, stalling_bus: _Publishing, proxy: TcpProxy, bus: Bus
 ) -> None:
     pool = one_connection
-    events = [_event("j1"), _event("j2")]
+    events = [cancel_event("j1"), cancel_event("j2")]
     async with pool.acquire() as conn, conn.transaction():
         await enqueue(conn, *events)
 
@@ -123,14 +95,14 @@ async def test_the_pool_serves_others_while_the_relay_waits_for_a_stalled_nats(
     finally:
         proxy.restore()
     assert await relaying == 2
-    assert await _stream_ids(bus) == [e.id for e in events]
-    assert await _unpublished(pool) == []
+    assert await stream_ids(bus) == [e.id for e in events]
+    assert await unpublished(pool) == []
 
 
 async def test_a_second_relay_neither_takes_nor_overtakes_the_rows_of_one_waiting(
     pool: asyncpg.Pool, stalling_bus: _Publishing, proxy: TcpProxy, bus: Bus
 ) -> None:
-    first = [_event("j1"), _event("j2")]
+    first = [cancel_event("j1"), cancel_event("j2")]
     async with pool.acquire() as conn, conn.transaction():
         await enqueue(conn, *first)
 
@@ -139,24 +111,24 @@ async def test_a_second_relay_neither_takes_nor_overtakes_the_rows_of_one_waitin
         waiting = asyncio.create_task(OutboxRelay(pool, stalling_bus, batch=2).relay_once())
         async with asyncio.timeout(30):
             await stalling_bus.started.wait()
-        later = _event("j3")
+        later = cancel_event("j3")
         async with pool.acquire() as conn, conn.transaction():
             await enqueue(conn, later)
         # Another replica's relay: the first two are claimed, and the third may not go first.
         assert await OutboxRelay(pool, bus).relay_once() == 0
-        assert await _stream_ids(bus) == []
+        assert await stream_ids(bus) == []
     finally:
         proxy.restore()
     assert await waiting == 2
     assert await OutboxRelay(pool, bus).relay_once() == 1
-    assert await _stream_ids(bus) == [e.id for e in [*first, later]]
-    assert await _unpublished(pool) == []
+    assert await stream_ids(bus) == [e.id for e in [*first, later]]
+    assert await unpublished(pool) == []
 
 
 async def test_the_rows_of_a_relay_gone_for_good_are_published_once_its_claim_ran_out(
     pool: asyncpg.Pool, stalling_bus: _Publishing, proxy: TcpProxy, bus: Bus
 ) -> None:
-    events = [_event("j1"), _event("j2")]
+    events = [cancel_event("j1"), cancel_event("j2")]
     async with pool.acquire() as conn, conn.transaction():
         await enqueue(conn, *events)
 
@@ -168,13 +140,13 @@ async def test_the_rows_of_a_relay_gone_for_good_are_published_once_its_claim_ra
         # Its process hangs: the claim runs out (made to, rather than waited for).
         await pool.execute("UPDATE outbox SET claimed_until = now() - interval '1 second'")
         assert await OutboxRelay(pool, bus).relay_once() == 2
-        assert await _stream_ids(bus) == [e.id for e in events]
-        assert await _unpublished(pool) == []
+        assert await stream_ids(bus) == [e.id for e in events]
+        assert await unpublished(pool) == []
     finally:
         proxy.restore()
     # It comes back after all: its publish is a duplicate JetStream drops.
     assert await gone == 2
-    assert await _stream_ids(bus) == [e.id for e in events]
+    assert await stream_ids(bus) == [e.id for e in events]
 
 
 async def test_relays_of_three_replicas_at_once_keep_the_order_and_publish_each_once(
@@ -190,15 +162,15 @@ async def test_relays_of_three_replicas_at_once_keep_the_order_and_publish_each_
             asyncio.create_task(OutboxRelay(p, bus, batch=7, idle_poll_s=0.01).run(stop))
             for p in (pool, second, third)
         ]
-        events = [_event(f"j{i}") for i in range(120)]
+        events = [cancel_event(f"j{i}") for i in range(120)]
         try:
             for i in range(0, len(events), 3):
                 async with pool.acquire() as conn, conn.transaction():
                     await enqueue(conn, *events[i : i + 3])
             async with asyncio.timeout(60):  # a guard, not a timing assertion
-                while await _unpublished(pool):
+                while await unpublished(pool):
                     await asyncio.sleep(0.05)
         finally:
             stop.set()
             await asyncio.gather(*relays)
-    assert await _stream_ids(bus) == [e.id for e in events]
+    assert await stream_ids(bus) == [e.id for e in events]

@@ -4,45 +4,17 @@ relay batches and through a failure in the middle of a batch."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 
 import asyncpg
 import pytest
 from nats.errors import Error as NatsError
 
+from tests.integration.shared.outbox_stream import cancel_event, stream_ids, unpublished
 from trainyard_platform.shared.bus import Bus
-from trainyard_platform.shared.events import Envelope
-from trainyard_platform.shared.events.payloads import JobCancelRequested
-from trainyard_platform.shared.events.trust import SUBMISSION
 from trainyard_platform.shared.outbox import OutboxRelay, enqueue, enqueue_traced
 
 pytestmark = pytest.mark.integration
-
-
-def _event(job_id: str) -> Envelope[JobCancelRequested]:
-    return Envelope.wrap(
-        JobCancelRequested(job_id=job_id, team="t", user="u"), source=SUBMISSION, subject=job_id
-    )
-
-
-async def _stream_ids(bus: Bus) -> list[str]:
-    info = await bus.jetstream.stream_info("TRAINYARD")
-    if not info.state.messages:
-        return []
-    ids = []
-    for seq in range(info.state.first_seq, info.state.last_seq + 1):
-        msg = await bus.jetstream.get_msg("TRAINYARD", seq)
-        assert msg.headers is not None and msg.data is not None
-        event_id = json.loads(msg.data)["id"]
-        assert msg.headers["Nats-Msg-Id"] == bus.msg_id(msg.subject, event_id)
-        ids.append(event_id)
-    return ids
-
-
-async def _unpublished(pool: asyncpg.Pool) -> list[str]:
-    rows = await pool.fetch("SELECT event_id FROM outbox WHERE published_at IS NULL ORDER BY seq")
-    return [r["event_id"] for r in rows]
 
 
 async def _relay_all(relay: OutboxRelay) -> list[int]:
@@ -54,7 +26,7 @@ async def _relay_all(relay: OutboxRelay) -> list[int]:
 
 
 async def test_events_leave_in_commit_order_across_batches(pool: asyncpg.Pool, bus: Bus) -> None:
-    events = [_event(f"job-{i}") for i in range(8)]
+    events = [cancel_event(f"job-{i}") for i in range(8)]
     async with pool.acquire() as conn, conn.transaction():
         await enqueue(conn, *events[0:3])  # several in one call keep their order
     async with pool.acquire() as conn, conn.transaction():
@@ -69,15 +41,15 @@ async def test_events_leave_in_commit_order_across_batches(pool: asyncpg.Pool, b
 
     # Batches smaller than the backlog: the order must hold from one batch to the next.
     assert await _relay_all(OutboxRelay(pool, bus, batch=3)) == [3, 3, 2]
-    assert await _stream_ids(bus) == ids
-    assert await _unpublished(pool) == []
+    assert await stream_ids(bus) == ids
+    assert await unpublished(pool) == []
 
 
 async def test_a_later_transaction_never_overtakes_an_earlier_one(
     pool: asyncpg.Pool, bus: Bus
 ) -> None:
     relay = OutboxRelay(pool, bus, batch=2)
-    first, second, third = _event("job-1"), _event("job-2"), _event("job-3")
+    first, second, third = cancel_event("job-1"), cancel_event("job-2"), cancel_event("job-3")
     async with pool.acquire() as conn, conn.transaction():
         await enqueue(conn, first)
     assert await relay.relay_once() == 1
@@ -86,7 +58,7 @@ async def test_a_later_transaction_never_overtakes_an_earlier_one(
     async with pool.acquire() as conn, conn.transaction():
         await enqueue(conn, third)
     assert await _relay_all(relay) == [2]
-    assert await _stream_ids(bus) == [first.id, second.id, third.id]
+    assert await stream_ids(bus) == [first.id, second.id, third.id]
 
 
 class _FailsFromTheThird(Bus):
@@ -112,7 +84,7 @@ class _FailsFromTheThird(Bus):
 async def test_a_failure_in_the_middle_of_a_batch_keeps_the_order(
     pool: asyncpg.Pool, bus: Bus
 ) -> None:
-    events = [_event(f"job-{i}") for i in range(5)]
+    events = [cancel_event(f"job-{i}") for i in range(5)]
     async with pool.acquire() as conn, conn.transaction():
         await enqueue(conn, *events)
     ids = [e.id for e in events]
@@ -121,13 +93,13 @@ async def test_a_failure_in_the_middle_of_a_batch_keeps_the_order(
 
     # The batch fails; one at a time the first two go out, the third meets the outage.
     assert await relay.relay_once() == 2
-    assert await _stream_ids(bus) == ids[:2]
-    assert await _unpublished(pool) == ids[2:]
+    assert await stream_ids(bus) == ids[:2]
+    assert await unpublished(pool) == ids[2:]
     with pytest.raises(NatsError):  # nothing could be dealt with: the failure is raised
         await relay.relay_once()
-    assert await _unpublished(pool) == ids[2:]
+    assert await unpublished(pool) == ids[2:]
 
     flaky.outage = False
     assert await _relay_all(relay) == [3]
-    assert await _stream_ids(bus) == ids
-    assert await _unpublished(pool) == []
+    assert await stream_ids(bus) == ids
+    assert await unpublished(pool) == []
