@@ -1203,17 +1203,21 @@ class Bus:
         self._parsers[consumer] = parse
         self._counters_from_zero(consumer)
         asked_at = _utc_now()
+        lost_cancel = _LostCancellation()
 
         async def fetch() -> list[Msg]:
             nonlocal asked_at
             asked_at = _utc_now()
             try:
-                return await sub.fetch(batch, timeout=0.5)
+                fetched = await sub.fetch(batch, timeout=0.5)
             except (TimeoutError, NatsTimeoutError):
-                return []
+                fetched = []
             except Exception:
                 self._fetching_since.pop(consumer, None)  # a gap: hearing begins again
                 raise
+            if lost_cancel.was_asked():
+                raise asyncio.CancelledError
+            return fetched
 
         try:
             while not stop.is_set():
@@ -1458,6 +1462,7 @@ class Bus:
         failures = 0
         ended = "stopped while paused,"  # what the last line says, unless the end is another
         started = asyncio.get_running_loop().time()
+        lost_cancel = _LostCancellation()
         try:
             while True:
                 try:
@@ -1466,6 +1471,9 @@ class Bus:
                     ended = "cancelled while paused,"
                     raise
                 except Exception as exc:
+                    if lost_cancel.was_asked():  # else lost in the try, it would retry for good
+                        ended = "cancelled while paused,"
+                        raise asyncio.CancelledError from exc
                     fault = infrastructure_fault(exc)
                     if fault is None:
                         ended = f"outage over, the next try failed ({type(exc).__name__}),"
@@ -1793,6 +1801,26 @@ def _msg_id(msg: Msg) -> str:
 def _reconnects(nc: NatsClient) -> int:
     """How many times ``nc`` has reconnected (nats-py counts them in ``stats``)."""
     return int(getattr(nc, "stats", {}).get("reconnects", 0))
+
+
+class _LostCancellation:
+    """Whether the task that made it was asked to cancel since, though no cancellation came.
+
+    Python 3.11's ``asyncio.wait_for``, which nats-py awaits in every fetch and request,
+    returns its result when that is ready as the cancellation comes, and the cancellation is
+    lost (CPython gh-86296, fixed in 3.12). The task still counts the request
+    (``Task.cancelling``), so a loop that asks after each fetch or failed try, and raises
+    ``CancelledError`` itself, stops as it was told to instead of going on for good (a
+    consumer cancelled at its service's stop, or under an ``asyncio.timeout``)."""
+
+    def __init__(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._before = task.cancelling()
+
+    def was_asked(self) -> bool:
+        return self._task.cancelling() > self._before
 
 
 class _DurablePull:

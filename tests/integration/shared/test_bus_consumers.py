@@ -1208,3 +1208,35 @@ async def test_a_lost_dead_letter_stream_is_made_again_and_the_dead_letter_writt
         letter = await bus.jetstream.get_msg(own_settings.deadletter_stream, 1)
         assert letter.headers is not None
         assert letter.headers[REASON_HEADER] == "rejected: never valid"
+
+
+async def test_a_cancellation_the_nats_client_swallowed_still_stops_the_consumer(
+    own_bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python 3.11's ``asyncio.wait_for``, which nats-py's fetch awaits, loses a cancellation
+    that comes as the message it waited for arrives (CPython gh-86296, fixed in 3.12): the
+    fetch returns as if never cancelled. A consumer cancelled there (its service's stop
+    grace over, or an ``asyncio.timeout`` around it) went on fetching for good: a test so
+    bounded once hung to pytest's own timeout. It now stops at the fetch's return."""
+    real = bus_module._DurablePull.fetch
+    fetching = asyncio.Event()
+
+    async def swallowing(self: Any, batch: int, timeout: float) -> list[Msg]:
+        fetching.set()
+        try:
+            return await real(self, batch, timeout)
+        except asyncio.CancelledError:
+            return []  # as wait_for does when what it awaits is done as the cancel comes
+
+    monkeypatch.setattr(bus_module._DurablePull, "fetch", swallowing)
+    stop = asyncio.Event()
+    consuming = asyncio.create_task(own_bus.consume("swallowed", [SUBJECT], _noop, stop))
+    try:
+        await asyncio.wait_for(fetching.wait(), 30)
+        consuming.cancel()
+        done, _ = await asyncio.wait({consuming}, timeout=10)
+        assert done == {consuming} and consuming.cancelled()
+    finally:
+        stop.set()  # the old loop ends only so
+        with contextlib.suppress(asyncio.CancelledError):
+            await consuming
