@@ -253,23 +253,31 @@ async def price_rows(conn: asyncpg.Connection, flavor: str | None = None) -> lis
 
 
 async def schedule(conn: asyncpg.Connection, flavor: str | None = None) -> PriceSchedule:
-    """The dated price book (of one flavor, or all): GPU, CPU and memory prices."""
+    """The dated price book (of one flavor, or all): GPU, CPU and memory prices, read in one
+    statement, so from one snapshot whatever the transaction's isolation: a price change
+    committing meanwhile (``lock_prices``; it may change a flavor's GPU and CPU prices
+    together) is in the book whole or not at all, never its GPU price without its CPU price."""
+    rows = await conn.fetch(
+        """SELECT flavor, NULL::text AS resource, effective_from,
+                  price_per_gpu_hour AS price, currency
+             FROM prices WHERE $1::text IS NULL OR flavor = $1
+           UNION ALL
+           SELECT flavor, resource, effective_from, price_per_unit_hour, currency
+             FROM resource_prices WHERE $1::text IS NULL OR flavor = $1
+           ORDER BY 1, 2 NULLS FIRST, 3""",
+        flavor,
+    )
     return PriceSchedule.of(
         (
-            DatedPrice(
-                r["effective_from"],
-                Price(r["flavor"], Decimal(r["price_per_gpu_hour"]), r["currency"]),
-            )
-            for r in await price_rows(conn, flavor)
+            DatedPrice(r["effective_from"], Price(r["flavor"], Decimal(r["price"]), r["currency"]))
+            for r in rows
+            if r["resource"] is None
         ),
         (
             DatedResourcePrice(
-                r["flavor"],
-                r["resource"],
-                r["effective_from"],
-                Decimal(r["price_per_unit_hour"]),
-                r["currency"],
+                r["flavor"], r["resource"], r["effective_from"], Decimal(r["price"]), r["currency"]
             )
-            for r in await resource_price_rows(conn, flavor)
+            for r in rows
+            if r["resource"] is not None
         ),
     )

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import asyncpg
 import pytest
 
 from tests.integration.billing.conftest import feed, grant_of, release_event
 from trainyard_platform.services.billing import budgets_repository as repo
+from trainyard_platform.services.billing import catalogue_repository as catalogue
 from trainyard_platform.services.billing.budget_accrual import check_running
 from trainyard_platform.services.billing.budget_watch import say_state
 from trainyard_platform.services.billing.budgets import Budget, month_start
@@ -107,3 +109,54 @@ async def test_a_budget_a_bill_holds_is_left_to_the_next_check(pool: asyncpg.Poo
         await repo.lock(holder, [("ml", None)])  # a bill of ml's, being made
         assert await check_running(pool, NOW) == 0
     assert await check_running(pool, NOW) == 1
+
+
+class _ChangeBetweenReads:
+    """A connection that commits ``change`` (on another connection) right after its first
+    read of the price book, as a price change committing in the middle of a reader would."""
+
+    def __init__(self, conn: asyncpg.Connection, change: Any) -> None:
+        self._conn = conn
+        self._change = change
+        self.changed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    async def fetch(self, query: str, *args: Any) -> Any:
+        rows = await self._conn.fetch(query, *args)
+        if not self.changed and "prices" in query:
+            self.changed = True
+            await self._change()
+        return rows
+
+
+async def test_accrual_reads_one_price_book_whatever_change_commits_meanwhile(
+    pool: asyncpg.Pool,
+) -> None:
+    # 2 a100 with 4 CPUs each, running from NOW - 1 h: at 2.50 per GPU-hour and 0.10 per
+    # CPU-hour, 5.00 + 0.80. A change of both prices (GPU 10, CPU 1, from NOW - 30 min)
+    # commits while the accrual reads the book: it counts the book before (5.80) or after
+    # it (2.50 + 0.40 + 10 + 4 = 16.90), never the GPU price of one and the CPU price of the
+    # other.
+    b = await budget(pool, "ml", None, "1000")
+    async with pool.acquire() as conn:
+        await catalogue.set_resource_price(
+            conn, "a100", "cpu", NOW - timedelta(days=30), Decimal("0.10"), "USD", "op", NOW
+        )
+    job = running("r1", "ml", NOW - timedelta(hours=1))
+    await feed(pool, grant_of(job, cpus_per_gpu=4))
+
+    async def change() -> None:
+        async with pool.acquire() as other, other.transaction():
+            at = NOW - timedelta(minutes=30)
+            await catalogue.set_price(other, "a100", at, Decimal(10), "USD", "op", at)
+            await catalogue.set_resource_price(
+                other, "a100", "cpu", at, Decimal(1), "USD", "op", at
+            )
+
+    async with pool.acquire() as conn:
+        reader = _ChangeBetweenReads(conn, change)
+        accrued = await repo.accrued(reader, b, month_start(NOW), NOW)  # type: ignore[arg-type]
+        assert reader.changed
+        assert accrued in (Decimal("5.8"), Decimal("16.9")), accrued
